@@ -1,0 +1,204 @@
+//! What flows through the `McpService` stack: an [`McpRequest`] goes down once, an [`McpReply`]
+//! comes back up through the same layers.
+//!
+//! A request is one Streamable HTTP operation (2025-11-25 basic/transports): a POST carrying one
+//! JSON-RPC [`Message`], the GET that opens the standalone SSE stream, or the DELETE that ends a
+//! session. Its [`RequestContext`] says who sent it, on which `Mcp-Session-Id`, to which upstream.
+//! A reply is the upstream's answer: one JSON message, a stream of SSE events (inspected event by
+//! event by the layers that need to, never buffered whole), an empty body (202), or any other body
+//! passed through as it came (upstream HTTP errors).
+
+use crate::jsonrpc::{self, Id, Message};
+use crate::sse::EventStream;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use std::sync::Arc;
+
+/// The Streamable HTTP operation a client performed.
+#[derive(Debug, Clone)]
+pub enum Operation {
+    /// `POST`: one JSON-RPC message.
+    Post(Message),
+    /// `GET`: open (or resume, with `Last-Event-ID`) the standalone SSE stream.
+    OpenStream,
+    /// `DELETE`: end the session.
+    EndSession,
+}
+
+/// Who a caller is: the spec's "authorization context" (2025-11-25 tasks: Security Considerations).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Principal {
+    /// Authenticated by a configured bearer token; the token's principal name.
+    Token(Arc<str>),
+    /// No authentication configured: callers are told apart only by their `Mcp-Session-Id`.
+    Anonymous,
+}
+
+/// Everything about a request except its message.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    /// The upstream's configured name.
+    pub upstream: Arc<str>,
+    /// The client's `Mcp-Session-Id`, sent upstream as it is unless a layer routes the request to
+    /// another upstream session (a task's recorded session).
+    pub session_id: Option<HeaderValue>,
+    /// The client's `MCP-Protocol-Version` header.
+    pub protocol_version: Option<HeaderValue>,
+    /// Who the caller is.
+    pub principal: Principal,
+    /// End-to-end headers to forward upstream (hop-by-hop, `Host`, `Origin`, `Mcp-Session-Id`,
+    /// and, unless configured otherwise, `Authorization` already removed).
+    pub headers: HeaderMap,
+}
+
+/// A request travelling down the stack.
+#[derive(Debug, Clone)]
+pub struct McpRequest {
+    /// What the client asked for.
+    pub op: Operation,
+    /// Who asked, and where it goes.
+    pub ctx: RequestContext,
+}
+
+impl McpRequest {
+    /// The JSON-RPC method of a POSTed request or notification.
+    pub fn method(&self) -> Option<&str> {
+        match &self.op {
+            Operation::Post(m) => m.method(),
+            _ => None,
+        }
+    }
+
+    /// The JSON-RPC id of a POSTed message.
+    pub fn id(&self) -> Option<&Id> {
+        match &self.op {
+            Operation::Post(m) => m.id(),
+            _ => None,
+        }
+    }
+}
+
+/// The body of a reply.
+pub enum ReplyBody {
+    /// `application/json`: one JSON-RPC message, as bytes (parse with [`Message::parse`] if needed).
+    Json(Bytes),
+    /// `text/event-stream`: SSE events as they arrive.
+    Stream(EventStream),
+    /// No body (202 Accepted, DELETE answers).
+    Empty,
+    /// Any other body, passed through unchanged (for example an upstream's 404 page).
+    Raw(Bytes),
+}
+
+impl std::fmt::Debug for ReplyBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplyBody::Json(b) => write!(f, "Json({} bytes)", b.len()),
+            ReplyBody::Stream(_) => f.write_str("Stream"),
+            ReplyBody::Empty => f.write_str("Empty"),
+            ReplyBody::Raw(b) => write!(f, "Raw({} bytes)", b.len()),
+        }
+    }
+}
+
+/// A reply travelling up the stack.
+#[derive(Debug)]
+pub struct McpReply {
+    /// HTTP status to send to the client.
+    pub status: StatusCode,
+    /// End-to-end response headers (`Mcp-Session-Id`, `Content-Type`, ...).
+    pub headers: HeaderMap,
+    /// The body.
+    pub body: ReplyBody,
+}
+
+impl McpReply {
+    /// A JSON-RPC message answered by taskgate itself (HTTP 200, `application/json`).
+    pub fn local_json(bytes: Bytes) -> McpReply {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        McpReply {
+            status: StatusCode::OK,
+            headers,
+            body: ReplyBody::Json(bytes),
+        }
+    }
+
+    /// A JSON-RPC error answered by taskgate itself under the request's id (HTTP 200).
+    pub fn local_error(id: Option<&Id>, code: i64, message: &str) -> McpReply {
+        McpReply::local_json(jsonrpc::error_response(id, code, message))
+    }
+
+    /// 202 Accepted with no body: what a POSTed notification or response gets.
+    pub fn accepted() -> McpReply {
+        McpReply {
+            status: StatusCode::ACCEPTED,
+            headers: HeaderMap::new(),
+            body: ReplyBody::Empty,
+        }
+    }
+}
+
+/// Why the stack could not produce a reply. Each variant maps to one HTTP status and JSON-RPC code,
+/// here and nowhere else.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The upstream could not be reached (connection refused, reset, DNS): HTTP 502.
+    #[error("upstream `{upstream}` is unreachable: {detail}")]
+    UpstreamUnreachable {
+        /// Upstream name.
+        upstream: Arc<str>,
+        /// What failed.
+        detail: String,
+    },
+    /// The upstream did not answer within its `timeout_ms`: HTTP 504.
+    #[error("upstream `{upstream}` did not answer within {timeout_ms} ms")]
+    UpstreamTimeout {
+        /// Upstream name.
+        upstream: Arc<str>,
+        /// The configured timeout.
+        timeout_ms: u64,
+    },
+    /// The upstream answered something that is not valid Streamable HTTP: HTTP 502.
+    #[error("upstream `{upstream}` sent an invalid response: {detail}")]
+    UpstreamProtocol {
+        /// Upstream name.
+        upstream: Arc<str>,
+        /// What was wrong.
+        detail: String,
+    },
+    /// taskgate is shutting down and takes no new work: HTTP 503.
+    #[error("taskgate is shutting down")]
+    ShuttingDown,
+}
+
+impl GatewayError {
+    /// The HTTP status for this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::UpstreamUnreachable { .. } | GatewayError::UpstreamProtocol { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The JSON-RPC error code for this error (all are `-32603` Internal error).
+    pub fn code(&self) -> i64 {
+        jsonrpc::INTERNAL_ERROR
+    }
+
+    /// The `outcome` label of `taskgate_requests_total` for this error.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            GatewayError::UpstreamUnreachable { .. } => "unreachable",
+            GatewayError::UpstreamTimeout { .. } => "timeout",
+            GatewayError::UpstreamProtocol { .. } => "upstream_invalid",
+            GatewayError::ShuttingDown => "rejected",
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Assembles taskgate: the edge, the `McpService` stack per upstream, the upstream clients and the
+//! admin listener. The only module that knows all the parts.
+//!
+//! ```text
+//! client ─HTTP─▶ http::streamable (edge) ─▶ [layers] ─▶ upstream::HttpUpstream ─HTTP─▶ MCP server
+//! ```
+
+use crate::auth::Authenticator;
+use crate::config::Config;
+use crate::exchange::{GatewayError, McpReply, McpRequest};
+use crate::http::admin::{Admin, UpstreamTarget};
+use crate::http::server::serve;
+use crate::http::streamable::{Edge, EdgeSettings, Route};
+use crate::metrics::Metrics;
+use crate::upstream::HttpUpstream;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tower::util::BoxCloneSyncService;
+
+/// The stack in front of one upstream: every layer and the upstream client, boxed.
+pub type McpStack = BoxCloneSyncService<McpRequest, McpReply, GatewayError>;
+
+/// Why taskgate could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listener could not bind its address.
+    #[error("cannot listen on {addr} ({which}): {source}")]
+    Bind {
+        /// `gateway` or `admin`.
+        which: &'static str,
+        /// The configured address.
+        addr: SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// A started taskgate: its bound addresses and the handle that stops it.
+pub struct Running {
+    /// Where the MCP endpoint listens (port resolved when the config said 0).
+    pub gateway_addr: SocketAddr,
+    /// Where the admin endpoints listen.
+    pub admin_addr: SocketAddr,
+    /// The metrics registry (for tests and embedding).
+    pub metrics: Arc<Metrics>,
+    shutdown: watch::Sender<bool>,
+    servers: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stops accepting connections, lets in-flight exchanges finish within the drain timeout,
+    /// ends GET streams, and returns when both listeners are closed.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for s in self.servers {
+            let _ = s.await;
+        }
+    }
+}
+
+/// Binds both listeners and starts serving. Returns once the listeners are bound.
+///
+/// Errors: [`StartError::Bind`] when an address is taken or not allowed.
+pub async fn start(config: Config) -> Result<Running, StartError> {
+    let upstream_names: Vec<String> = config.upstream.iter().map(|u| u.name.clone()).collect();
+    let metrics = Arc::new(Metrics::new(&upstream_names));
+
+    let gateway_listener = TcpListener::bind(config.gateway.listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            which: "gateway",
+            addr: config.gateway.listen,
+            source,
+        })?;
+    let admin_listener = TcpListener::bind(config.admin.listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            which: "admin",
+            addr: config.admin.listen,
+            source,
+        })?;
+    let gateway_addr = gateway_listener.local_addr().expect("bound socket");
+    let admin_addr = admin_listener.local_addr().expect("bound socket");
+
+    let routes: Vec<Route> = config
+        .upstream
+        .iter()
+        .map(|u| {
+            let upstream = HttpUpstream::new(u, metrics.clone());
+            Route {
+                name: upstream.name().clone(),
+                stack: BoxCloneSyncService::new(upstream),
+            }
+        })
+        .collect();
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let settings = EdgeSettings {
+        allowed_hosts: allowed_hosts(&config.gateway.allowed_hosts, gateway_addr),
+        allowed_origins: allowed_origins(&config.gateway.allowed_origins, gateway_addr),
+        max_body_bytes: config.gateway.max_body_bytes,
+        sse_keepalive: Duration::from_millis(config.gateway.sse_keepalive_ms),
+    };
+    let edge = Arc::new(Edge::new(
+        routes,
+        settings,
+        Authenticator::new(&config.auth),
+        metrics.clone(),
+        shutdown_rx.clone(),
+    ));
+    let targets = config
+        .upstream
+        .iter()
+        .map(|u| {
+            let uri: http::Uri = u.url.parse().expect("validated url");
+            let authority = uri.authority().expect("validated url");
+            UpstreamTarget {
+                name: u.name.clone(),
+                authority: format!(
+                    "{}:{}",
+                    authority.host(),
+                    authority.port_u16().unwrap_or(80)
+                ),
+            }
+        })
+        .collect();
+    let admin = Arc::new(Admin::new(metrics.clone(), targets));
+    let drain = Duration::from_millis(config.gateway.drain_timeout_ms);
+    let servers = vec![
+        tokio::spawn(serve(gateway_listener, edge, shutdown_rx.clone(), drain)),
+        tokio::spawn(serve(admin_listener, admin, shutdown_rx, drain)),
+    ];
+    tracing::info!(%gateway_addr, %admin_addr, upstreams = ?upstream_names, "taskgate listening");
+    Ok(Running {
+        gateway_addr,
+        admin_addr,
+        metrics,
+        shutdown: shutdown_tx,
+        servers,
+    })
+}
+
+fn loopback_names(port: u16) -> Vec<String> {
+    let mut v = Vec::new();
+    for host in ["localhost", "127.0.0.1", "[::1]"] {
+        v.push(host.to_string());
+        v.push(format!("{host}:{port}"));
+    }
+    v
+}
+
+/// Accepted `Host` values: the listen address, `localhost`, `127.0.0.1`, `[::1]` (with or without
+/// the port) and the configured extras; `None` (any) if the extras contain `"*"`.
+fn allowed_hosts(extra: &[String], listen: SocketAddr) -> Option<Vec<String>> {
+    if extra.iter().any(|h| h == "*") {
+        return None;
+    }
+    let mut v = loopback_names(listen.port());
+    v.push(listen.to_string());
+    v.push(listen.ip().to_string());
+    v.extend(extra.iter().map(|h| h.to_ascii_lowercase()));
+    Some(v)
+}
+
+/// Accepted `Origin` values: `http://` + the loopback names, plus the configured extras; `None`
+/// (any) if the extras contain `"*"`.
+fn allowed_origins(extra: &[String], listen: SocketAddr) -> Option<Vec<String>> {
+    if extra.iter().any(|h| h == "*") {
+        return None;
+    }
+    let mut v: Vec<String> = loopback_names(listen.port())
+        .into_iter()
+        .map(|h| format!("http://{h}"))
+        .collect();
+    v.extend(
+        extra
+            .iter()
+            .map(|o| o.trim_end_matches('/').to_ascii_lowercase()),
+    );
+    Some(v)
+}

@@ -1,0 +1,6 @@
+//! The HTTP edge: the MCP endpoint (Streamable HTTP decoding), the admin endpoints, and the
+//! accept loop they share.
+
+pub mod admin;
+pub mod server;
+pub mod streamable;

@@ -1,0 +1,82 @@
+//! The accept loop shared by the gateway and admin listeners: HTTP/1.1 with keep-alive, one task
+//! per connection, graceful shutdown (stop accepting, let in-flight exchanges finish).
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// The response body type of both listeners.
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// A request handler: one call per HTTP request.
+pub trait Handler: Send + Sync + 'static {
+    /// Answers one request. Never fails: errors are HTTP responses.
+    fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> impl Future<Output = Response<Body>> + Send + 'static;
+}
+
+/// Accepts connections on `listener` until `shutdown` turns true, then waits up to `drain` for
+/// open connections to finish their in-flight requests, and returns.
+pub async fn serve<H: Handler>(
+    listener: TcpListener,
+    handler: Arc<H>,
+    mut shutdown: watch::Receiver<bool>,
+    drain: Duration,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .keep_alive(true)
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _peer) = match accepted {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let handler = handler.clone();
+                let service = hyper::service::service_fn(move |req| {
+                    let handler = handler.clone();
+                    async move { Ok::<_, Infallible>(handler.handle(req).await) }
+                });
+                let conn = builder.serve_connection(TokioIo::new(stream), service);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            drain_ms = drain.as_millis() as u64,
+            "drain timeout reached; closing the remaining connections"
+        );
+    }
+}

@@ -1,0 +1,485 @@
+//! The MCP endpoint: Streamable HTTP decoding on the client side (2025-11-25 basic/transports).
+//!
+//! Routes `POST|GET|DELETE /mcp` (first upstream) and `/mcp/<name>`, checks what the transport
+//! requires before anything reaches the stack, and turns the stack's [`McpReply`] back into HTTP.
+//!
+//! | input | answer |
+//! |---|---|
+//! | unknown path / upstream name | 404, JSON naming the configured upstreams |
+//! | `Host` not allowed (DNS rebinding) | 403, JSON-RPC error `-32600`, id `null` |
+//! | `Origin` present and not allowed | 403, JSON-RPC error `-32600`, id `null` |
+//! | `[auth] mode = "bearer"` and no valid token | 401 with `WWW-Authenticate: Bearer` |
+//! | method other than POST, GET, DELETE | 405 with `Allow` |
+//! | POST `Content-Type` not `application/json` | 415 |
+//! | POST `Accept` not listing both `application/json` and `text/event-stream` | 406 |
+//! | GET `Accept` not listing `text/event-stream` | 406 |
+//! | body over `gateway.max_body_bytes` | 413, `-32600` |
+//! | invalid JSON | 400, `-32700` |
+//! | a JSON array (batch) or not a JSON-RPC message | 400, `-32600` |
+//! | upstream unreachable / invalid answer / timeout | 502 / 502 / 504, `-32603` naming the upstream |
+//!
+//! None of these touch the upstream or the client's session: one bad request never ends a session.
+
+use super::server::{Body, Handler};
+use crate::auth::Authenticator;
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestContext};
+use crate::gateway::McpStack;
+use crate::jsonrpc::{self, EnvelopeError, Id, Message};
+use crate::metrics::{method_label, Metrics};
+use crate::sse::KeepAlive;
+use crate::upstream::http::{strip_hop_by_hop, MCP_SESSION_ID};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+/// One route: an upstream's name and the stack in front of it.
+#[derive(Clone)]
+pub struct Route {
+    /// The upstream's name.
+    pub name: Arc<str>,
+    /// The layers and the upstream client.
+    pub stack: McpStack,
+}
+
+/// Settings of the MCP endpoint, from `[gateway]`.
+pub struct EdgeSettings {
+    /// Accepted `Host` values (lowercase), or `None` for any.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Accepted `Origin` values (lowercase), or `None` for any.
+    pub allowed_origins: Option<Vec<String>>,
+    /// Largest body, in bytes.
+    pub max_body_bytes: usize,
+    /// Idle time before an SSE keep-alive comment.
+    pub sse_keepalive: Duration,
+}
+
+/// The MCP endpoint handler.
+pub struct Edge {
+    routes: HashMap<Arc<str>, Route>,
+    first: Route,
+    names: Vec<Arc<str>>,
+    settings: EdgeSettings,
+    auth: Authenticator,
+    metrics: Arc<Metrics>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Edge {
+    /// Builds the endpoint; `routes` in config order (the first is the default route).
+    pub fn new(
+        routes: Vec<Route>,
+        settings: EdgeSettings,
+        auth: Authenticator,
+        metrics: Arc<Metrics>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Edge {
+        let first = routes.first().expect("at least one upstream").clone();
+        let names = routes.iter().map(|r| r.name.clone()).collect();
+        Edge {
+            routes: routes.into_iter().map(|r| (r.name.clone(), r)).collect(),
+            first,
+            names,
+            settings,
+            auth,
+            metrics,
+            shutdown,
+        }
+    }
+
+    fn route(&self, path: &str) -> Result<&Route, Response<Body>> {
+        let rest = path.strip_prefix("/mcp");
+        match rest {
+            Some("") | Some("/") => Ok(&self.first),
+            Some(r) if r.starts_with('/') => {
+                let name = r[1..].trim_end_matches('/');
+                self.routes.get(name).ok_or_else(|| {
+                    let body = serde_json::json!({
+                        "error": format!("no upstream named {name:?}"),
+                        "upstreams": self.names.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
+                    });
+                    json_response(StatusCode::NOT_FOUND, body.to_string().into())
+                })
+            }
+            _ => {
+                let body = serde_json::json!({
+                    "error": format!("no MCP endpoint at {path:?}; use /mcp or /mcp/<upstream>"),
+                    "upstreams": self.names.iter().map(|n| n.as_ref()).collect::<Vec<_>>(),
+                });
+                Err(json_response(
+                    StatusCode::NOT_FOUND,
+                    body.to_string().into(),
+                ))
+            }
+        }
+    }
+
+    fn reject(&self, reason: &'static str, response: Response<Body>) -> Response<Body> {
+        self.metrics
+            .http_rejections_total
+            .with_label_values(&[reason])
+            .inc();
+        response
+    }
+
+    async fn serve(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        let route = match self.route(req.uri().path()) {
+            Ok(r) => r.clone(),
+            Err(resp) => return self.reject("route", resp),
+        };
+        if let Err(resp) = self.check_host_and_origin(req.headers()) {
+            return resp;
+        }
+        let principal = match self.auth.authenticate(req.headers()) {
+            Ok(p) => p,
+            Err(message) => {
+                let mut resp = rpc_error_response(
+                    StatusCode::UNAUTHORIZED,
+                    None,
+                    jsonrpc::INVALID_REQUEST,
+                    message,
+                );
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Bearer realm=\"taskgate\""),
+                );
+                return self.reject("auth", resp);
+            }
+        };
+        let op_method = req.method().clone();
+        let (parts, body) = req.into_parts();
+        let op = match op_method {
+            Method::POST => match self.decode_post(&parts.headers, body).await {
+                Ok(msg) => Operation::Post(msg),
+                Err(resp) => return resp,
+            },
+            Method::GET => {
+                if !accept_lists(&parts.headers, &["text/event-stream"]) {
+                    return self.reject(
+                        "accept",
+                        rpc_error_response(
+                            StatusCode::NOT_ACCEPTABLE,
+                            None,
+                            jsonrpc::INVALID_REQUEST,
+                            "Not Acceptable: a GET must accept text/event-stream",
+                        ),
+                    );
+                }
+                Operation::OpenStream
+            }
+            Method::DELETE => Operation::EndSession,
+            _ => {
+                let mut resp = rpc_error_response(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    None,
+                    jsonrpc::INVALID_REQUEST,
+                    "Method Not Allowed: the MCP endpoint takes POST, GET and DELETE",
+                );
+                resp.headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+                return self.reject("method", resp);
+            }
+        };
+
+        let mut headers = parts.headers;
+        strip_hop_by_hop(&mut headers);
+        let session_id = headers.remove(&MCP_SESSION_ID);
+        headers.remove(header::HOST);
+        headers.remove(header::ORIGIN);
+        headers.remove(header::CONTENT_LENGTH);
+        let protocol_version = headers.get("mcp-protocol-version").cloned();
+        let request = McpRequest {
+            op,
+            ctx: RequestContext {
+                upstream: route.name.clone(),
+                session_id,
+                protocol_version,
+                principal,
+                headers,
+            },
+        };
+        let method = match &request.op {
+            Operation::Post(m) => m.method().map(method_label).unwrap_or(match m.kind() {
+                jsonrpc::Kind::Error => "(error)",
+                _ => "(response)",
+            }),
+            Operation::OpenStream => "GET",
+            Operation::EndSession => "DELETE",
+        };
+        let stream_kind = if matches!(request.op, Operation::OpenStream) {
+            "get"
+        } else {
+            "post"
+        };
+        let rpc_id = request.id().cloned();
+        let span = tracing::info_span!(
+            "request",
+            upstream = %route.name,
+            method,
+            id = rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
+            session = request.ctx.session_id.as_ref().and_then(|s| s.to_str().ok()),
+        );
+        let started = Instant::now();
+        let result =
+            tracing::Instrument::instrument(route.stack.oneshot(request), span.clone()).await;
+        self.metrics
+            .request_duration_seconds
+            .with_label_values(&[&route.name, method])
+            .observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(reply) => {
+                let outcome = if reply.status.is_success() {
+                    "ok"
+                } else {
+                    "upstream_status"
+                };
+                self.metrics
+                    .requests_total
+                    .with_label_values(&[&route.name, method, outcome])
+                    .inc();
+                self.encode_reply(reply, &route.name, stream_kind)
+            }
+            Err(e) => {
+                self.metrics
+                    .requests_total
+                    .with_label_values(&[&route.name, method, e.outcome()])
+                    .inc();
+                span.in_scope(|| tracing::warn!(error = %e, "request failed"));
+                gateway_error_response(&e, rpc_id.as_ref())
+            }
+        }
+    }
+
+    fn check_host_and_origin(&self, headers: &HeaderMap) -> Result<(), Response<Body>> {
+        if let (Some(allowed), Some(host)) =
+            (&self.settings.allowed_hosts, headers.get(header::HOST))
+        {
+            let host = host.to_str().unwrap_or("").to_ascii_lowercase();
+            if !allowed.iter().any(|a| *a == host) {
+                return Err(self.reject(
+                    "host",
+                    rpc_error_response(
+                        StatusCode::FORBIDDEN,
+                        None,
+                        jsonrpc::INVALID_REQUEST,
+                        &format!("Forbidden: Host {host:?} is not allowed (gateway.allowed_hosts; DNS-rebinding protection)"),
+                    ),
+                ));
+            }
+        }
+        if let (Some(allowed), Some(origin)) =
+            (&self.settings.allowed_origins, headers.get(header::ORIGIN))
+        {
+            let origin = origin.to_str().unwrap_or("").to_ascii_lowercase();
+            if !allowed.iter().any(|a| *a == origin) {
+                return Err(self.reject(
+                    "origin",
+                    rpc_error_response(
+                        StatusCode::FORBIDDEN,
+                        None,
+                        jsonrpc::INVALID_REQUEST,
+                        &format!(
+                            "Forbidden: Origin {origin:?} is not allowed (gateway.allowed_origins)"
+                        ),
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    async fn decode_post(
+        &self,
+        headers: &HeaderMap,
+        body: Incoming,
+    ) -> Result<Message, Response<Body>> {
+        let content_type_ok = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+        if !content_type_ok {
+            return Err(self.reject(
+                "content_type",
+                rpc_error_response(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    None,
+                    jsonrpc::INVALID_REQUEST,
+                    "Unsupported Media Type: Content-Type must be application/json",
+                ),
+            ));
+        }
+        if !accept_lists(headers, &["application/json", "text/event-stream"]) {
+            return Err(self.reject(
+                "accept",
+                rpc_error_response(
+                    StatusCode::NOT_ACCEPTABLE,
+                    None,
+                    jsonrpc::INVALID_REQUEST,
+                    "Not Acceptable: Accept must list both application/json and text/event-stream",
+                ),
+            ));
+        }
+        let limit = self.settings.max_body_bytes;
+        let too_large = || {
+            rpc_error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                None,
+                jsonrpc::INVALID_REQUEST,
+                &format!(
+                    "Payload Too Large: the body exceeds {limit} bytes (gateway.max_body_bytes)"
+                ),
+            )
+        };
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(self.reject("body_too_large", too_large()));
+        }
+        let bytes = match Limited::new(body, limit).collect().await {
+            Ok(c) => c.to_bytes(),
+            Err(e) => {
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
+                    return Err(self.reject("body_too_large", too_large()));
+                }
+                return Err(self.reject(
+                    "invalid",
+                    rpc_error_response(
+                        StatusCode::BAD_REQUEST,
+                        None,
+                        jsonrpc::INVALID_REQUEST,
+                        &format!("Bad Request: reading the body failed: {e}"),
+                    ),
+                ));
+            }
+        };
+        Message::parse(bytes).map_err(|e| {
+            let reason = match e {
+                EnvelopeError::Parse(_) => "parse",
+                EnvelopeError::Batch => "batch",
+                EnvelopeError::Invalid(_) => "invalid",
+            };
+            self.reject(
+                reason,
+                rpc_error_response(StatusCode::BAD_REQUEST, None, e.code(), &e.to_string()),
+            )
+        })
+    }
+
+    fn encode_reply(
+        &self,
+        reply: McpReply,
+        upstream: &Arc<str>,
+        kind: &'static str,
+    ) -> Response<Body> {
+        let mut builder = Response::builder().status(reply.status);
+        *builder.headers_mut().expect("fresh builder") = reply.headers;
+        let body: Body = match reply.body {
+            ReplyBody::Json(b) | ReplyBody::Raw(b) => Full::new(b).map_err(never).boxed_unsync(),
+            ReplyBody::Empty => Empty::new().map_err(never).boxed_unsync(),
+            ReplyBody::Stream(events) => {
+                let gauge = self
+                    .metrics
+                    .sse_streams_open
+                    .with_label_values(&[upstream, kind]);
+                gauge.inc();
+                let guard = GaugeGuard(gauge);
+                let mut shutdown = self.shutdown.clone();
+                // GET streams end when taskgate shuts down (clients reconnect); POST streams
+                // carry a pending response and may run until the drain timeout.
+                let stop: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = if kind == "get" {
+                    Box::pin(async move {
+                        let _ = shutdown.wait_for(|s| *s).await;
+                    })
+                } else {
+                    Box::pin(std::future::pending())
+                };
+                let bytes = KeepAlive::new(events, self.settings.sse_keepalive)
+                    .take_until(stop)
+                    .map(move |b| {
+                        let _ = &guard;
+                        Ok::<_, Infallible>(Frame::data(b))
+                    });
+                StreamBody::new(bytes).boxed_unsync()
+            }
+        };
+        builder.body(body).expect("valid response parts")
+    }
+}
+
+impl Handler for Edge {
+    fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+    ) -> impl Future<Output = Response<Body>> + Send + 'static {
+        self.serve(req)
+    }
+}
+
+struct GaugeGuard(prometheus::IntGauge);
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+fn never(e: Infallible) -> Infallible {
+    e
+}
+
+/// True when the `Accept` header(s) list every media type in `needed` (case-insensitive,
+/// parameters ignored). The 2025-11-25 transport requires the literal types, as SDK servers do.
+fn accept_lists(headers: &HeaderMap, needed: &[&str]) -> bool {
+    let listed: Vec<String> = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| {
+            t.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .collect();
+    needed.iter().all(|n| listed.iter().any(|l| l == n))
+}
+
+/// A JSON body with the given status.
+pub fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body).map_err(never).boxed_unsync())
+        .expect("valid response parts")
+}
+
+/// An HTTP error carrying a JSON-RPC error body.
+pub fn rpc_error_response(
+    status: StatusCode,
+    id: Option<&Id>,
+    code: i64,
+    message: &str,
+) -> Response<Body> {
+    json_response(status, jsonrpc::error_response(id, code, message))
+}
+
+/// The HTTP answer for a [`GatewayError`]: its status, and a JSON-RPC error under the request's id.
+pub fn gateway_error_response(e: &GatewayError, id: Option<&Id>) -> Response<Body> {
+    rpc_error_response(e.status(), id, e.code(), &e.to_string())
+}

@@ -1,0 +1,349 @@
+//! JSON-RPC 2.0 envelope, ids and error codes, as MCP uses them.
+//!
+//! taskgate parses only the envelope of a message (`jsonrpc`, `id`, `method`, and whether it
+//! carries `result` or `error`) and keeps the bytes that arrived. A message that no layer changes
+//! is forwarded as those bytes. Ids are kept as their raw JSON text, so `0` stays the number `0`
+//! and `"0"` stays the string `"0"` (2025-11-25 basic: "Requests": ids are strings or integers).
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::fmt;
+
+/// `-32700` Parse error: the body is not JSON.
+pub const PARSE_ERROR: i64 = -32700;
+/// `-32600` Invalid Request: JSON, but not one JSON-RPC 2.0 message (for example a batch array).
+pub const INVALID_REQUEST: i64 = -32600;
+/// `-32601` Method not found.
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// `-32602` Invalid params: also unknown, expired or foreign `taskId` (2025-11-25 tasks: Error Handling).
+pub const INVALID_PARAMS: i64 = -32602;
+/// `-32603` Internal error: also used for upstream failures (unreachable, timeout) taskgate reports.
+pub const INTERNAL_ERROR: i64 = -32603;
+
+/// A JSON-RPC request id, kept as its raw JSON text (`0`, `"0"`, `"abc"`).
+///
+/// Equality is textual: `1` and `"1"` are different ids, as JSON-RPC requires.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Id(Box<str>);
+
+impl Id {
+    /// The id's JSON text, ready to splice into a message.
+    pub fn as_json(&self) -> &str {
+        &self.0
+    }
+
+    /// Builds an id from its JSON text. Returns `None` unless the text is a JSON string or integer.
+    pub fn from_json(text: &str) -> Option<Id> {
+        let v: serde_json::Value = serde_json::from_str(text).ok()?;
+        match v {
+            serde_json::Value::String(_) => Some(Id(text.into())),
+            serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Some(Id(text.into())),
+            _ => None,
+        }
+    }
+
+    /// An id from a `serde_json::Value` (string or integer), for ids taskgate reads out of params.
+    pub fn from_value(v: &serde_json::Value) -> Option<Id> {
+        match v {
+            serde_json::Value::String(_) | serde_json::Value::Number(_) => {
+                Id::from_json(&v.to_string())
+            }
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Debug for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Display for Id {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What kind of JSON-RPC message a [`Message`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Has `method` and `id`.
+    Request,
+    /// Has `method`, no `id`.
+    Notification,
+    /// Has `id` and `result`.
+    Response,
+    /// Has `error` (and usually `id`).
+    Error,
+}
+
+/// Why bytes are not one JSON-RPC message. Each maps to one JSON-RPC code.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvelopeError {
+    /// Not JSON at all (`-32700`).
+    #[error("parse error: body is not valid JSON: {0}")]
+    Parse(String),
+    /// A JSON array: batches were removed in 2025-06-18 (`-32600`).
+    #[error("invalid request: JSON-RPC batches are not supported (MCP 2025-06-18 removed batching); send one message per POST")]
+    Batch,
+    /// JSON, but not a JSON-RPC 2.0 message (`-32600`).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+}
+
+impl EnvelopeError {
+    /// The JSON-RPC error code for this error.
+    pub fn code(&self) -> i64 {
+        match self {
+            EnvelopeError::Parse(_) => PARSE_ERROR,
+            EnvelopeError::Batch | EnvelopeError::Invalid(_) => INVALID_REQUEST,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow)]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow)]
+    method: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    result: Option<&'a RawValue>,
+    #[serde(borrow)]
+    error: Option<&'a RawValue>,
+}
+
+/// One JSON-RPC message: the bytes as they arrived plus the parsed envelope.
+///
+/// Cloning is cheap (the bytes are reference-counted).
+#[derive(Clone)]
+pub struct Message {
+    raw: Bytes,
+    kind: Kind,
+    id: Option<Id>,
+    method: Option<Box<str>>,
+}
+
+impl fmt::Debug for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Message")
+            .field("kind", &self.kind)
+            .field("id", &self.id)
+            .field("method", &self.method)
+            .field("bytes", &self.raw.len())
+            .finish()
+    }
+}
+
+impl Message {
+    /// Parses the envelope of `raw` and keeps `raw` for forwarding.
+    ///
+    /// Errors: [`EnvelopeError::Parse`] for invalid JSON, [`EnvelopeError::Batch`] for an array,
+    /// [`EnvelopeError::Invalid`] for anything else that is not one JSON-RPC 2.0 message.
+    pub fn parse(raw: Bytes) -> Result<Message, EnvelopeError> {
+        let first = raw.iter().find(|b| !b.is_ascii_whitespace()).copied();
+        match first {
+            Some(b'[') => {
+                // Distinguish a batch from an array that is not even JSON.
+                return match serde_json::from_slice::<serde::de::IgnoredAny>(&raw) {
+                    Ok(_) => Err(EnvelopeError::Batch),
+                    Err(e) => Err(EnvelopeError::Parse(e.to_string())),
+                };
+            }
+            Some(b'{') => {}
+            None => return Err(EnvelopeError::Parse("empty body".into())),
+            Some(_) => {
+                return match serde_json::from_slice::<serde::de::IgnoredAny>(&raw) {
+                    Ok(_) => Err(EnvelopeError::Invalid(
+                        "a JSON-RPC message must be a JSON object".into(),
+                    )),
+                    Err(e) => Err(EnvelopeError::Parse(e.to_string())),
+                };
+            }
+        }
+        let env: Envelope<'_> = serde_json::from_slice(&raw).map_err(|e| {
+            if e.is_syntax() || e.is_eof() {
+                EnvelopeError::Parse(e.to_string())
+            } else {
+                EnvelopeError::Invalid(e.to_string())
+            }
+        })?;
+        match env.jsonrpc.map(|v| v.get()) {
+            Some("\"2.0\"") => {}
+            _ => return Err(EnvelopeError::Invalid("`jsonrpc` must be \"2.0\"".into())),
+        }
+        let id = match env.id {
+            None => None,
+            Some(raw_id) => match Id::from_json(raw_id.get()) {
+                Some(id) => Some(id),
+                None if raw_id.get() == "null" && env.error.is_some() => None,
+                None => {
+                    return Err(EnvelopeError::Invalid(format!(
+                        "`id` must be a string or an integer, got {}",
+                        raw_id.get()
+                    )))
+                }
+            },
+        };
+        let kind = match (&env.method, &id, env.result.is_some(), env.error.is_some()) {
+            (Some(_), Some(_), false, false) => Kind::Request,
+            (Some(_), None, false, false) => Kind::Notification,
+            (None, Some(_), true, false) => Kind::Response,
+            (None, _, false, true) => Kind::Error,
+            _ => {
+                return Err(EnvelopeError::Invalid(
+                    "not a JSON-RPC request, notification, result or error".into(),
+                ))
+            }
+        };
+        let method = env.method.map(|m| m.into_owned().into_boxed_str());
+        Ok(Message {
+            raw,
+            kind,
+            id,
+            method,
+        })
+    }
+
+    /// The bytes of the message, exactly as they arrived (or as a layer rewrote them).
+    pub fn bytes(&self) -> &Bytes {
+        &self.raw
+    }
+
+    /// Consumes the message, returning its bytes.
+    pub fn into_bytes(self) -> Bytes {
+        self.raw
+    }
+
+    /// Request, notification, result or error.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The id of a request, result or error.
+    pub fn id(&self) -> Option<&Id> {
+        self.id.as_ref()
+    }
+
+    /// The method of a request or notification (`tools/call`, `tasks/get`, ...).
+    pub fn method(&self) -> Option<&str> {
+        self.method.as_deref()
+    }
+
+    /// True for requests and notifications, which get 202 (notifications) or an answer (requests).
+    pub fn expects_response(&self) -> bool {
+        self.kind == Kind::Request
+    }
+
+    /// Deserialises the whole message into `T` (for layers that need fields beyond the envelope).
+    pub fn parse_as<'a, T: Deserialize<'a>>(&'a self) -> Result<T, serde_json::Error> {
+        serde_json::from_slice(&self.raw)
+    }
+}
+
+/// Builds the bytes of a JSON-RPC error response.
+///
+/// `id` is `None` when the request's id could not be read (the error then carries `"id": null`).
+pub fn error_response(id: Option<&Id>, code: i64, message: &str) -> Bytes {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "error": { "code": code, "message": message },
+    });
+    let mut text = String::with_capacity(96 + message.len());
+    text.push_str("{\"jsonrpc\":\"2.0\",\"id\":");
+    text.push_str(id.map(Id::as_json).unwrap_or("null"));
+    text.push_str(",\"error\":");
+    text.push_str(&body["error"].to_string());
+    text.push('}');
+    Bytes::from(text)
+}
+
+/// Builds the bytes of a JSON-RPC result response from a result's JSON text.
+pub fn result_response(id: &Id, result_json: &str) -> Bytes {
+    let mut text = String::with_capacity(40 + result_json.len());
+    text.push_str("{\"jsonrpc\":\"2.0\",\"id\":");
+    text.push_str(id.as_json());
+    text.push_str(",\"result\":");
+    text.push_str(result_json);
+    text.push('}');
+    Bytes::from(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Message, EnvelopeError> {
+        Message::parse(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    #[test]
+    fn ids_keep_their_json_type() {
+        let n = parse(r#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#).unwrap();
+        let s = parse(r#"{"jsonrpc":"2.0","id":"0","method":"ping"}"#).unwrap();
+        assert_eq!(n.id().unwrap().as_json(), "0");
+        assert_eq!(s.id().unwrap().as_json(), "\"0\"");
+        assert_ne!(n.id(), s.id());
+        let err = error_response(s.id(), INVALID_PARAMS, "x");
+        assert_eq!(
+            &err[..],
+            br#"{"jsonrpc":"2.0","id":"0","error":{"code":-32602,"message":"x"}}"#
+        );
+    }
+
+    #[test]
+    fn kinds() {
+        assert_eq!(
+            parse(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+                .unwrap()
+                .kind(),
+            Kind::Notification
+        );
+        assert_eq!(
+            parse(r#"{"jsonrpc":"2.0","id":3,"result":{}}"#)
+                .unwrap()
+                .kind(),
+            Kind::Response
+        );
+        assert_eq!(
+            parse(r#"{"jsonrpc":"2.0","id":null,"error":{"code":-1,"message":"m"}}"#)
+                .unwrap()
+                .kind(),
+            Kind::Error
+        );
+    }
+
+    #[test]
+    fn bad_input_maps_to_codes() {
+        assert_eq!(parse("{nope").unwrap_err().code(), PARSE_ERROR);
+        assert_eq!(parse("").unwrap_err().code(), PARSE_ERROR);
+        assert!(matches!(
+            parse(r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#).unwrap_err(),
+            EnvelopeError::Batch
+        ));
+        assert_eq!(parse("[1,").unwrap_err().code(), PARSE_ERROR);
+        assert_eq!(parse("42").unwrap_err().code(), INVALID_REQUEST);
+        assert_eq!(
+            parse(r#"{"jsonrpc":"1.0","id":1,"method":"ping"}"#)
+                .unwrap_err()
+                .code(),
+            INVALID_REQUEST
+        );
+        assert_eq!(
+            parse(r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#)
+                .unwrap_err()
+                .code(),
+            INVALID_REQUEST
+        );
+        assert_eq!(
+            parse(r#"{"jsonrpc":"2.0","id":{},"method":"ping"}"#)
+                .unwrap_err()
+                .code(),
+            INVALID_REQUEST
+        );
+    }
+}

@@ -1,0 +1,18 @@
+//! taskgate: a tasks-aware transparent gateway for the Model Context Protocol (MCP 2025-11-25).
+//!
+//! The data path, outermost first (see `gateway`):
+//! [`http::streamable`] (edge) → the `McpService` stack → [`upstream::HttpUpstream`].
+//! Messages travel as [`exchange::McpRequest`] / [`exchange::McpReply`]; only the JSON-RPC
+//! envelope is parsed ([`jsonrpc::Message`]), bytes nobody changes are forwarded as they came.
+
+#![warn(missing_docs)]
+
+pub mod auth;
+pub mod config;
+pub mod exchange;
+pub mod gateway;
+pub mod http;
+pub mod jsonrpc;
+pub mod metrics;
+pub mod sse;
+pub mod upstream;

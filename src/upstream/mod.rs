@@ -1,0 +1,9 @@
+//! Upstream clients: the innermost service of the stack, which sends an [`McpRequest`] to an MCP
+//! server and turns its answer into an [`McpReply`].
+//!
+//! [`McpRequest`]: crate::exchange::McpRequest
+//! [`McpReply`]: crate::exchange::McpReply
+
+pub mod http;
+
+pub use self::http::HttpUpstream;
