@@ -1,0 +1,1 @@
+//! One tower layer per concern.

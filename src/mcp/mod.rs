@@ -1,0 +1,3 @@
+//! MCP protocol vocabulary (2025-11-25), no I/O: tasks and their status machine.
+
+pub mod task;

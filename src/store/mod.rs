@@ -1,0 +1,89 @@
+//! The task registry: the [`TaskStore`] trait and its embedded sled implementation.
+//!
+//! The trait is narrow on purpose (DESIGN.md: another embedded or a shared backend could replace
+//! sled). Reads and in-place updates are synchronous and fast; [`TaskStore::create`] and
+//! [`TaskStore::sync`] return only once what was written is on disk (flush + `fdatasync`).
+
+pub mod record;
+pub mod sled_store;
+
+pub use record::{AuditEvent, Origin, TaskRecord};
+pub use sled_store::SledStore;
+
+use futures_util::future::BoxFuture;
+
+/// Why the store failed. Mapped to JSON-RPC `-32603` when a client request depends on it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be opened (for example another taskgate holds its lock).
+    #[error("cannot open the task store at {path}: {detail}")]
+    Open {
+        /// The configured path.
+        path: String,
+        /// sled's message (it names the lock when another process holds it).
+        detail: String,
+    },
+    /// A read or write failed.
+    #[error("task store error: {0}")]
+    Db(String),
+    /// A stored value could not be decoded.
+    #[error("task store holds a corrupt record: {0}")]
+    Corrupt(String),
+}
+
+/// A position in an owner's `tasks/list`, opaque to clients.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListCursor(pub Vec<u8>);
+
+/// The task registry.
+pub trait TaskStore: Send + Sync + 'static {
+    /// Inserts a new record (replacing one with the same key) and returns once it is durable.
+    fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// The record of `(upstream, task_id)`, expired or not.
+    fn get(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError>;
+
+    /// Atomically applies `change` to the record; `change` returns false to leave it as it was.
+    /// Returns `(before, after)` when a record exists. Made durable by the next group commit
+    /// (call [`TaskStore::sync`] to wait for it).
+    fn update(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        change: &mut dyn FnMut(&mut TaskRecord) -> bool,
+    ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError>;
+
+    /// Removes a record and its index entries.
+    fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError>;
+
+    /// One page of `owner`'s records on `upstream`, newest first, starting after `cursor`.
+    /// Returns the page and the cursor of the next page, if more remain.
+    fn list_owner(
+        &self,
+        upstream: &str,
+        owner: &str,
+        cursor: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<(Vec<TaskRecord>, Option<ListCursor>), StoreError>;
+
+    /// Whether `cursor` is one this store could have issued for `(upstream, owner)`.
+    fn cursor_is_valid(&self, upstream: &str, owner: &str, cursor: &ListCursor) -> bool;
+
+    /// Keys `(upstream, task_id)` of records expired at `now_ms`, oldest first, at most `limit`.
+    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<(String, String)>, StoreError>;
+
+    /// Calls `visit` with every record until it returns false.
+    fn scan(&self, visit: &mut dyn FnMut(TaskRecord) -> bool) -> Result<(), StoreError>;
+
+    /// Appends an audit event (durable with the next group commit).
+    fn append_audit(&self, event: &AuditEvent) -> Result<(), StoreError>;
+
+    /// The audit events of one task, oldest first.
+    fn audit_for(&self, upstream: &str, task_id: &str) -> Result<Vec<AuditEvent>, StoreError>;
+
+    /// Returns once every write made before the call is durable.
+    fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Asks for a group commit soon without waiting for it.
+    fn sync_soon(&self);
+}

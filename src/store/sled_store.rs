@@ -1,0 +1,489 @@
+//! The sled implementation of [`TaskStore`] (sled 0.34).
+//!
+//! Trees:
+//! - `tasks`: `(upstream, taskId)` → JSON [`TaskRecord`];
+//! - `by_owner`: `(upstream, owner, recorded_at, taskId)` → `()`, for `tasks/list`, newest first;
+//! - `by_expiry`: `(expires_at, upstream, taskId)` → `()`, for the sweeper;
+//! - `audit`: `(upstream, taskId, seq)` → JSON [`AuditEvent`], append-only.
+//!
+//! Keys are length-prefixed strings and big-endian integers, so any `taskId` bytes are safe and
+//! ranges sort by time. A record and its index entries change in one multi-tree transaction.
+//!
+//! Durability (DESIGN.md, sled facts measured here): `flush_async` deadlocks under concurrency and
+//! `flush` alone does not empty the disk's write cache. One committer thread does group commit:
+//! it takes every pending sync request, runs `flush()` and then `fdatasync` on the database file
+//! once, and answers them all. [`TaskStore::create`] waits for that before it returns.
+
+use super::{AuditEvent, ListCursor, StoreError, TaskRecord, TaskStore};
+use crate::metrics::Metrics;
+use futures_util::future::BoxFuture;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::Transactional;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use tokio::sync::oneshot;
+
+type SyncReply = oneshot::Sender<Result<(), String>>;
+
+/// The sled-backed registry. Drop it (every clone of the `Arc`) to release the database lock;
+/// [`SledStore::close`] flushes and stops the committer first.
+pub struct SledStore {
+    db: sled::Db,
+    tasks: sled::Tree,
+    by_owner: sled::Tree,
+    by_expiry: sled::Tree,
+    audit: sled::Tree,
+    syncer: Mutex<Option<mpsc::Sender<Option<SyncReply>>>>,
+    committer: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn push_str(buf: &mut Vec<u8>, s: &str) {
+    buf.extend_from_slice(&(s.len() as u32).to_be_bytes());
+    buf.extend_from_slice(s.as_bytes());
+}
+
+fn read_str<'a>(buf: &mut &'a [u8]) -> Option<&'a str> {
+    let len = u32::from_be_bytes(buf.get(..4)?.try_into().ok()?) as usize;
+    let s = std::str::from_utf8(buf.get(4..4 + len)?).ok()?;
+    *buf = &buf[4 + len..];
+    Some(s)
+}
+
+fn read_u64(buf: &mut &[u8]) -> Option<u64> {
+    let v = u64::from_be_bytes(buf.get(..8)?.try_into().ok()?);
+    *buf = &buf[8..];
+    Some(v)
+}
+
+fn task_key(upstream: &str, task_id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + upstream.len() + task_id.len());
+    push_str(&mut k, upstream);
+    push_str(&mut k, task_id);
+    k
+}
+
+fn owner_prefix(upstream: &str, owner: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + upstream.len() + owner.len());
+    push_str(&mut k, upstream);
+    push_str(&mut k, owner);
+    k
+}
+
+fn owner_key(r: &TaskRecord) -> Vec<u8> {
+    let mut k = owner_prefix(&r.upstream, &r.owner);
+    k.extend_from_slice(&r.recorded_at.to_be_bytes());
+    push_str(&mut k, &r.task_id);
+    k
+}
+
+fn expiry_key(r: &TaskRecord) -> Vec<u8> {
+    let mut k = Vec::with_capacity(16 + r.upstream.len() + r.task_id.len());
+    k.extend_from_slice(&r.expires_at.to_be_bytes());
+    push_str(&mut k, &r.upstream);
+    push_str(&mut k, &r.task_id);
+    k
+}
+
+fn decode(bytes: &[u8]) -> Result<TaskRecord, StoreError> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn encode(r: &TaskRecord) -> Vec<u8> {
+    serde_json::to_vec(r).expect("a record always serialises")
+}
+
+fn db_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Db(e.to_string())
+}
+
+impl SledStore {
+    /// Opens (or creates) the store at `path` with a page cache of `cache_capacity_bytes`.
+    ///
+    /// Errors: [`StoreError::Open`] when the directory cannot be created or another process
+    /// holds the database (the message then says "could not acquire lock").
+    pub fn open(
+        path: &Path,
+        cache_capacity_bytes: u64,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Result<Arc<SledStore>, StoreError> {
+        let open_err = |detail: String| StoreError::Open {
+            path: path.display().to_string(),
+            detail,
+        };
+        std::fs::create_dir_all(path).map_err(|e| open_err(e.to_string()))?;
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(cache_capacity_bytes)
+            .mode(sled::Mode::LowSpace)
+            .open()
+            .map_err(|e| open_err(e.to_string()))?;
+        let tree = |name: &str| db.open_tree(name).map_err(|e| open_err(e.to_string()));
+        let (tasks, by_owner, by_expiry, audit) =
+            (tree("tasks")?, tree("by_owner")?, tree("by_expiry")?, tree("audit")?);
+        let (tx, rx) = mpsc::channel::<Option<SyncReply>>();
+        let committer_db = db.clone();
+        let db_file = path.join("db");
+        let committer = std::thread::Builder::new()
+            .name("taskgate-store-commit".into())
+            .spawn(move || commit_loop(committer_db, db_file, rx, metrics))
+            .map_err(|e| open_err(e.to_string()))?;
+        Ok(Arc::new(SledStore {
+            db,
+            tasks,
+            by_owner,
+            by_expiry,
+            audit,
+            syncer: Mutex::new(Some(tx)),
+            committer: Mutex::new(Some(committer)),
+        }))
+    }
+
+    /// Flushes everything, stops the committer thread and waits for it. Later writes still
+    /// apply but are only made durable by sled's own background flush or on drop.
+    pub fn close(&self) {
+        let sender = self.syncer.lock().expect("syncer lock").take();
+        drop(sender);
+        if let Some(handle) = self.committer.lock().expect("committer lock").take() {
+            let _ = handle.join();
+        }
+        let _ = self.db.flush();
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// True when no record is stored.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    fn request_sync(&self, reply: Option<SyncReply>) -> bool {
+        let guard = self.syncer.lock().expect("syncer lock");
+        match guard.as_ref() {
+            Some(tx) => tx.send(reply).is_ok(),
+            None => false,
+        }
+    }
+}
+
+fn commit_loop(
+    db: sled::Db,
+    db_file: PathBuf,
+    rx: mpsc::Receiver<Option<SyncReply>>,
+    metrics: Option<Arc<Metrics>>,
+) {
+    let file = std::fs::File::open(&db_file).ok();
+    while let Ok(first) = rx.recv() {
+        let mut waiting: Vec<SyncReply> = first.into_iter().collect();
+        while let Ok(more) = rx.try_recv() {
+            waiting.extend(more);
+        }
+        let started = std::time::Instant::now();
+        let result = db
+            .flush()
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+            .and_then(|()| match &file {
+                Some(f) => f.sync_data().map_err(|e| e.to_string()),
+                None => Ok(()),
+            });
+        if let Some(m) = &metrics {
+            m.store_write_duration_seconds
+                .observe(started.elapsed().as_secs_f64());
+            if result.is_err() {
+                m.store_write_failures_total.inc();
+            }
+        }
+        if let Err(e) = &result {
+            tracing::error!(error = %e, "task store commit failed");
+        }
+        for reply in waiting {
+            let _ = reply.send(result.clone());
+        }
+    }
+    let _ = db.flush();
+}
+
+impl TaskStore for SledStore {
+    fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
+        let applied = (&self.tasks, &self.by_owner, &self.by_expiry).transaction(|(t, o, e)| {
+            let key = task_key(&record.upstream, &record.task_id);
+            if let Some(old) = t.get(&key)? {
+                if let Ok(old) = serde_json::from_slice::<TaskRecord>(&old) {
+                    o.remove(owner_key(&old))?;
+                    e.remove(expiry_key(&old))?;
+                }
+            }
+            t.insert(key, encode(&record))?;
+            o.insert(owner_key(&record), &[][..])?;
+            e.insert(expiry_key(&record), &[][..])?;
+            Ok::<_, ConflictableTransactionError<()>>(())
+        });
+        Box::pin(async move {
+            applied.map_err(|e| match e {
+                TransactionError::Abort(()) => StoreError::Db("create aborted".into()),
+                TransactionError::Storage(e) => db_err(e),
+            })?;
+            self.sync().await
+        })
+    }
+
+    fn get(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        match self.tasks.get(task_key(upstream, task_id)).map_err(db_err)? {
+            Some(v) => decode(&v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn update(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        change: &mut dyn FnMut(&mut TaskRecord) -> bool,
+    ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
+        let key = task_key(upstream, task_id);
+        let change = std::cell::RefCell::new(change);
+        let result = (&self.tasks, &self.by_expiry).transaction(|(t, e)| {
+            let Some(bytes) = t.get(&key)? else {
+                return Ok(None);
+            };
+            let before: TaskRecord = serde_json::from_slice(&bytes)
+                .map_err(|err| ConflictableTransactionError::Abort(err.to_string()))?;
+            let mut after = before.clone();
+            if !(change.borrow_mut())(&mut after) || after == before {
+                return Ok(Some((before.clone(), before)));
+            }
+            if after.expires_at != before.expires_at {
+                e.remove(expiry_key(&before))?;
+                e.insert(expiry_key(&after), &[][..])?;
+            }
+            t.insert(key.as_slice(), encode(&after))?;
+            Ok(Some((before, after)))
+        });
+        match result {
+            Ok(v) => Ok(v),
+            Err(TransactionError::Abort(msg)) => Err(StoreError::Corrupt(msg)),
+            Err(TransactionError::Storage(e)) => Err(db_err(e)),
+        }
+    }
+
+    fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        let key = task_key(upstream, task_id);
+        let result = (&self.tasks, &self.by_owner, &self.by_expiry).transaction(|(t, o, e)| {
+            let Some(bytes) = t.remove(key.as_slice())? else {
+                return Ok(None);
+            };
+            let old: TaskRecord = serde_json::from_slice(&bytes)
+                .map_err(|err| ConflictableTransactionError::Abort(err.to_string()))?;
+            o.remove(owner_key(&old))?;
+            e.remove(expiry_key(&old))?;
+            Ok(Some(old))
+        });
+        match result {
+            Ok(v) => Ok(v),
+            Err(TransactionError::Abort(msg)) => Err(StoreError::Corrupt(msg)),
+            Err(TransactionError::Storage(e)) => Err(db_err(e)),
+        }
+    }
+
+    fn list_owner(
+        &self,
+        upstream: &str,
+        owner: &str,
+        cursor: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<(Vec<TaskRecord>, Option<ListCursor>), StoreError> {
+        let prefix = owner_prefix(upstream, owner);
+        let iter = match cursor {
+            Some(c) => self.by_owner.range(prefix.clone()..c.0.clone()),
+            None => self.by_owner.scan_prefix(&prefix),
+        };
+        let mut page = Vec::with_capacity(limit.min(256));
+        let mut last_key = None;
+        for item in iter.rev() {
+            let (k, _) = item.map_err(db_err)?;
+            if !k.starts_with(&prefix) {
+                break;
+            }
+            if page.len() == limit {
+                return Ok((page, last_key.map(ListCursor)));
+            }
+            let mut rest = &k[prefix.len()..];
+            let (Some(_), Some(task_id)) = (read_u64(&mut rest), read_str(&mut rest)) else {
+                continue;
+            };
+            if let Some(r) = self.get(upstream, task_id)? {
+                page.push(r);
+                last_key = Some(k.to_vec());
+            }
+        }
+        Ok((page, None))
+    }
+
+    fn cursor_is_valid(&self, upstream: &str, owner: &str, cursor: &ListCursor) -> bool {
+        let prefix = owner_prefix(upstream, owner);
+        let Some(mut rest) = cursor.0.strip_prefix(prefix.as_slice()) else {
+            return false;
+        };
+        read_u64(&mut rest).is_some() && read_str(&mut rest).is_some() && rest.is_empty()
+    }
+
+    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.by_expiry.range(..(now_ms + 1).to_be_bytes().to_vec()) {
+            let (k, _) = item.map_err(db_err)?;
+            let mut rest = &k[..];
+            if let (Some(_), Some(up), Some(id)) =
+                (read_u64(&mut rest), read_str(&mut rest), read_str(&mut rest))
+            {
+                out.push((up.to_string(), id.to_string()));
+            }
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn scan(&self, visit: &mut dyn FnMut(TaskRecord) -> bool) -> Result<(), StoreError> {
+        for item in self.tasks.iter() {
+            let (_, v) = item.map_err(db_err)?;
+            if !visit(decode(&v)?) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn append_audit(&self, event: &AuditEvent) -> Result<(), StoreError> {
+        let mut key = task_key(&event.upstream, &event.task_id);
+        let seq = self.db.generate_id().map_err(db_err)?;
+        key.extend_from_slice(&seq.to_be_bytes());
+        let value = serde_json::to_vec(event).expect("an audit event always serialises");
+        self.audit.insert(key, value).map_err(db_err)?;
+        Ok(())
+    }
+
+    fn audit_for(&self, upstream: &str, task_id: &str) -> Result<Vec<AuditEvent>, StoreError> {
+        let prefix = task_key(upstream, task_id);
+        let mut out = Vec::new();
+        for item in self.audit.scan_prefix(&prefix) {
+            let (k, v) = item.map_err(db_err)?;
+            if k.len() != prefix.len() + 8 {
+                continue;
+            }
+            out.push(serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(e.to_string()))?);
+        }
+        Ok(out)
+    }
+
+    fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        let sent = self.request_sync(Some(tx));
+        Box::pin(async move {
+            if !sent {
+                return self.db.flush().map(|_| ()).map_err(db_err);
+            }
+            match rx.await {
+                Ok(r) => r.map_err(StoreError::Db),
+                Err(_) => Err(StoreError::Db("the store committer stopped".into())),
+            }
+        })
+    }
+
+    fn sync_soon(&self) {
+        self.request_sync(None);
+    }
+}
+
+impl Drop for SledStore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mcp::task::TaskStatus;
+    use crate::store::Origin;
+
+    fn record(id: &str, owner: &str, recorded_at: u64) -> TaskRecord {
+        TaskRecord {
+            upstream: "up".into(),
+            task_id: id.into(),
+            owner: owner.into(),
+            upstream_session: Some("s1".into()),
+            origin: Origin::Client,
+            tool: Some("slow".into()),
+            protocol_version: Some("2025-11-25".into()),
+            status: TaskStatus::Working,
+            status_message: None,
+            created_at: "2025-11-25T10:30:00Z".into(),
+            last_updated_at: "2025-11-25T10:30:00Z".into(),
+            ttl_ms: Some(60_000),
+            poll_interval_ms: Some(500),
+            recorded_at,
+            cancel_requested_at: None,
+            cancelled_at: None,
+            released_at: None,
+            terminal_at: None,
+            expires_at: 1_000 + recorded_at,
+        }
+    }
+
+    #[tokio::test]
+    async fn records_survive_reopen_and_list_newest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+            for i in 0..5u64 {
+                store.create(record(&format!("t:{i}"), "alice", i)).await.unwrap();
+            }
+            store.create(record("b", "bob", 9)).await.unwrap();
+            let (page, next) = store.list_owner("up", "alice", None, 2).unwrap();
+            let ids: Vec<_> = page.iter().map(|r| r.task_id.as_str()).collect();
+            assert_eq!(ids, ["t:4", "t:3"]);
+            let next = next.unwrap();
+            assert!(store.cursor_is_valid("up", "alice", &next));
+            assert!(!store.cursor_is_valid("up", "bob", &next));
+            let (page, next) = store.list_owner("up", "alice", Some(&next), 2).unwrap();
+            assert_eq!(page[0].task_id, "t:2");
+            let (page, next) = store.list_owner("up", "alice", next.as_ref(), 2).unwrap();
+            assert_eq!(page.len(), 1);
+            assert!(next.is_none());
+        }
+        let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+        assert_eq!(store.len(), 6);
+        let (before, after) = store
+            .update("up", "t:1", &mut |r| {
+                r.status = TaskStatus::Cancelled;
+                r.expires_at = 5;
+                true
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(before.status, TaskStatus::Working);
+        assert_eq!(after.status, TaskStatus::Cancelled);
+        assert_eq!(store.expired(5, 10).unwrap(), vec![("up".into(), "t:1".into())]);
+        assert!(store.remove("up", "t:1").unwrap().is_some());
+        assert!(store.get("up", "t:1").unwrap().is_none());
+        assert_eq!(store.list_owner("up", "alice", None, 10).unwrap().0.len(), 4);
+    }
+
+    #[test]
+    fn a_second_open_names_the_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+        // sled locks per process with flock; a second process is what fails in practice, but a
+        // second open in one process fails the same way while the first is alive.
+        match SledStore::open(dir.path(), 1 << 20, None) {
+            Err(e) => assert!(e.to_string().contains("lock"), "{e}"),
+            Ok(_) => panic!("second open of a locked store succeeded"),
+        }
+    }
+}
