@@ -11,7 +11,9 @@ use crate::exchange::{GatewayError, McpReply, McpRequest};
 use crate::http::admin::{Admin, UpstreamTarget};
 use crate::http::server::serve;
 use crate::http::streamable::{Edge, EdgeSettings, Route};
+use crate::layers::tasks::{Registry, TasksLayer};
 use crate::metrics::Metrics;
+use crate::store::{SledStore, StoreError, TaskStore};
 use crate::upstream::HttpUpstream;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,6 +39,9 @@ pub enum StartError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The task store could not be opened (another taskgate may hold its lock).
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// A started taskgate: its bound addresses and the handle that stops it.
@@ -47,8 +52,12 @@ pub struct Running {
     pub admin_addr: SocketAddr,
     /// The metrics registry (for tests and embedding).
     pub metrics: Arc<Metrics>,
+    /// The task registry.
+    pub registry: Arc<Registry>,
+    store: Arc<SledStore>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
+    sweeper: JoinHandle<()>,
 }
 
 impl Running {
@@ -59,6 +68,8 @@ impl Running {
         for s in self.servers {
             let _ = s.await;
         }
+        self.sweeper.abort();
+        self.store.close();
     }
 }
 
@@ -68,6 +79,17 @@ impl Running {
 pub async fn start(config: Config) -> Result<Running, StartError> {
     let upstream_names: Vec<String> = config.upstream.iter().map(|u| u.name.clone()).collect();
     let metrics = Arc::new(Metrics::new(&upstream_names));
+    let store = SledStore::open(
+        &config.store.path,
+        config.store.cache_capacity_bytes,
+        Some(metrics.clone()),
+    )?;
+    let registry = Registry::new(
+        store.clone() as Arc<dyn TaskStore>,
+        metrics.clone(),
+        config.tasks.clone(),
+    )?;
+    let authenticated = config.auth.mode == crate::config::AuthMode::Bearer;
 
     let gateway_listener = TcpListener::bind(config.gateway.listen)
         .await
@@ -91,9 +113,13 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         .iter()
         .map(|u| {
             let upstream = HttpUpstream::new(u, metrics.clone());
+            let name = upstream.name().clone();
+            let stack = tower::ServiceBuilder::new()
+                .layer(TasksLayer::new(registry.clone(), authenticated))
+                .service(upstream);
             Route {
-                name: upstream.name().clone(),
-                stack: BoxCloneSyncService::new(upstream),
+                name,
+                stack: BoxCloneSyncService::new(stack),
             }
         })
         .collect();
@@ -128,7 +154,23 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             }
         })
         .collect();
-    let admin = Arc::new(Admin::new(metrics.clone(), targets));
+    let admin = Arc::new(Admin::new(
+        metrics.clone(),
+        targets,
+        store.clone() as Arc<dyn TaskStore>,
+    ));
+    let sweep_every = Duration::from_millis(config.tasks.sweep_interval_ms.max(10));
+    let sweeper = {
+        let registry = registry.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(sweep_every);
+            loop {
+                tick.tick().await;
+                let registry = registry.clone();
+                let _ = tokio::task::spawn_blocking(move || registry.sweep()).await;
+            }
+        })
+    };
     let drain = Duration::from_millis(config.gateway.drain_timeout_ms);
     let servers = vec![
         tokio::spawn(serve(gateway_listener, edge, shutdown_rx.clone(), drain)),
@@ -139,8 +181,11 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         gateway_addr,
         admin_addr,
         metrics,
+        registry,
+        store,
         shutdown: shutdown_tx,
         servers,
+        sweeper,
     })
 }
 

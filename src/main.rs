@@ -36,6 +36,44 @@ enum Command {
         /// The TOML file to check.
         file: PathBuf,
     },
+    /// Inspect the task registry (works while the gateway is stopped: the store is locked
+    /// while it runs; use the admin endpoint /admin/tasks then).
+    Tasks {
+        #[command(subcommand)]
+        command: TasksCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum TasksCommand {
+    /// List task records as JSON lines, newest first.
+    List {
+        /// Store directory ([store] path).
+        #[arg(long)]
+        store: PathBuf,
+        /// Only this owner (principal:<name>, session:<id>, anonymous).
+        #[arg(long)]
+        owner: Option<String>,
+        /// Only this status (working, input_required, completed, failed, cancelled).
+        #[arg(long)]
+        status: Option<String>,
+        /// Only this upstream.
+        #[arg(long)]
+        upstream: Option<String>,
+        /// At most this many records.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
+    /// Show one task record with its audit events, as JSON.
+    Show {
+        /// Store directory ([store] path).
+        #[arg(long)]
+        store: PathBuf,
+        /// The upstream's name.
+        upstream: String,
+        /// The taskId.
+        task_id: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -57,6 +95,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Tasks { command } => tasks_command(command),
         Command::Serve { config } => {
             let config = match config {
                 Some(path) => Config::from_file(&path),
@@ -75,6 +114,82 @@ fn main() -> ExitCode {
                 .expect("tokio runtime");
             runtime.block_on(serve(config))
         }
+    }
+}
+
+fn tasks_command(command: TasksCommand) -> ExitCode {
+    use taskgate::http::admin::{task_detail, TaskFilter};
+    use taskgate::store::SledStore;
+    let path = match &command {
+        TasksCommand::List { store, .. } | TasksCommand::Show { store, .. } => store.clone(),
+    };
+    if !path.join("db").exists() {
+        eprintln!("taskgate: no task store at {}", path.display());
+        return ExitCode::FAILURE;
+    }
+    let store = match SledStore::open(&path, 16 * 1024 * 1024, None) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("taskgate: {e} (is taskgate running on this store? use the admin endpoint /admin/tasks)");
+            return ExitCode::FAILURE;
+        }
+    };
+    match command {
+        TasksCommand::List {
+            owner,
+            status,
+            upstream,
+            limit,
+            ..
+        } => {
+            let status = match status
+                .as_deref()
+                .map(taskgate::mcp::task::TaskStatus::parse)
+            {
+                Some(None) => {
+                    eprintln!("taskgate: unknown status; one of working, input_required, completed, failed, cancelled");
+                    return ExitCode::FAILURE;
+                }
+                Some(s) => s,
+                None => None,
+            };
+            let filter = TaskFilter {
+                owner,
+                upstream,
+                status,
+                limit,
+            };
+            match filter.collect(store.as_ref()) {
+                Ok(records) => {
+                    let mut out = std::io::stdout().lock();
+                    for r in records {
+                        let _ =
+                            writeln!(out, "{}", serde_json::to_string(&r).expect("record json"));
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("taskgate: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        TasksCommand::Show {
+            upstream, task_id, ..
+        } => match task_detail(store.as_ref(), &upstream, &task_id) {
+            Ok(Some(v)) => {
+                println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+                ExitCode::SUCCESS
+            }
+            Ok(None) => {
+                eprintln!("taskgate: no task {task_id:?} on upstream {upstream:?}");
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("taskgate: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

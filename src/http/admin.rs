@@ -3,7 +3,9 @@
 
 use super::server::{Body, Handler};
 use super::streamable::json_response;
+use crate::mcp::task::TaskStatus;
 use crate::metrics::Metrics;
+use crate::store::{TaskRecord, TaskStore};
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -25,12 +27,21 @@ pub struct UpstreamTarget {
 pub struct Admin {
     metrics: Arc<Metrics>,
     upstreams: Vec<UpstreamTarget>,
+    store: Arc<dyn TaskStore>,
 }
 
 impl Admin {
     /// Builds the handler.
-    pub fn new(metrics: Arc<Metrics>, upstreams: Vec<UpstreamTarget>) -> Admin {
-        Admin { metrics, upstreams }
+    pub fn new(
+        metrics: Arc<Metrics>,
+        upstreams: Vec<UpstreamTarget>,
+        store: Arc<dyn TaskStore>,
+    ) -> Admin {
+        Admin {
+            metrics,
+            upstreams,
+            store,
+        }
     }
 
     async fn serve(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
@@ -54,14 +65,86 @@ impl Admin {
                         .boxed_unsync(),
                 )
                 .expect("valid response"),
+            "/admin/tasks" => self.tasks(req.uri().query().unwrap_or("")),
+            path if path.starts_with("/admin/tasks/") => {
+                self.task(&path["/admin/tasks/".len()..])
+            }
             other => json_response(
                 StatusCode::NOT_FOUND,
                 serde_json::json!({
                     "error": format!("no admin endpoint at {other:?}"),
-                    "endpoints": ["/healthz", "/readyz", "/metrics"],
+                    "endpoints": ["/healthz", "/readyz", "/metrics", "/admin/tasks", "/admin/tasks/<upstream>/<taskId>"],
                 })
                 .to_string()
                 .into(),
+            ),
+        }
+    }
+
+    /// `GET /admin/tasks?owner=&status=&upstream=&limit=`: records as JSON, newest first.
+    fn tasks(&self, query: &str) -> Response<Body> {
+        let mut filter = TaskFilter::default();
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            let v = v.into_owned();
+            match k.as_ref() {
+                "owner" => filter.owner = Some(v),
+                "upstream" => filter.upstream = Some(v),
+                "status" => match TaskStatus::parse(&v) {
+                    Some(s) => filter.status = Some(s),
+                    None => {
+                        return json_response(
+                            StatusCode::BAD_REQUEST,
+                            serde_json::json!({"error": format!("unknown status {v:?}; one of working, input_required, completed, failed, cancelled")}).to_string().into(),
+                        )
+                    }
+                },
+                "limit" => match v.parse() {
+                    Ok(n) => filter.limit = n,
+                    Err(_) => {
+                        return json_response(
+                            StatusCode::BAD_REQUEST,
+                            serde_json::json!({"error": format!("limit must be a number, got {v:?}")}).to_string().into(),
+                        )
+                    }
+                },
+                other => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        serde_json::json!({"error": format!("unknown query parameter {other:?}; use owner, status, upstream, limit")}).to_string().into(),
+                    )
+                }
+            }
+        }
+        match filter.collect(self.store.as_ref()) {
+            Ok(records) => json_response(
+                StatusCode::OK,
+                serde_json::json!({ "tasks": records }).to_string().into(),
+            ),
+            Err(e) => json_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                serde_json::json!({ "error": e }).to_string().into(),
+            ),
+        }
+    }
+
+    /// `GET /admin/tasks/<upstream>/<taskId>`: one record with its audit events.
+    fn task(&self, rest: &str) -> Response<Body> {
+        let Some((upstream, task_id)) = rest.split_once('/') else {
+            return json_response(
+                StatusCode::NOT_FOUND,
+                Bytes::from_static(br#"{"error":"use /admin/tasks/<upstream>/<taskId>"}"#),
+            );
+        };
+        let (upstream, task_id) = (percent_decode(upstream), percent_decode(task_id));
+        match task_detail(self.store.as_ref(), &upstream, &task_id) {
+            Ok(Some(v)) => json_response(StatusCode::OK, v.to_string().into()),
+            Ok(None) => json_response(
+                StatusCode::NOT_FOUND,
+                serde_json::json!({"error": format!("no task {task_id:?} on upstream {upstream:?}")}).to_string().into(),
+            ),
+            Err(e) => json_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                serde_json::json!({ "error": e }).to_string().into(),
             ),
         }
     }
@@ -103,4 +186,70 @@ impl Handler for Admin {
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
         self.serve(req)
     }
+}
+
+/// A filter over task records, shared by `/admin/tasks` and `taskgate tasks list`.
+#[derive(Debug, Clone)]
+pub struct TaskFilter {
+    /// Only this owner (`principal:<name>`, `session:<id>`, `anonymous`).
+    pub owner: Option<String>,
+    /// Only this upstream.
+    pub upstream: Option<String>,
+    /// Only this status.
+    pub status: Option<TaskStatus>,
+    /// At most this many records (default 1000).
+    pub limit: usize,
+}
+
+impl Default for TaskFilter {
+    fn default() -> Self {
+        TaskFilter {
+            owner: None,
+            upstream: None,
+            status: None,
+            limit: 1000,
+        }
+    }
+}
+
+impl TaskFilter {
+    /// The matching records, newest first.
+    pub fn collect(&self, store: &dyn TaskStore) -> Result<Vec<TaskRecord>, String> {
+        let mut out = Vec::new();
+        store
+            .scan(&mut |r| {
+                let keep = self.owner.as_ref().is_none_or(|o| *o == r.owner)
+                    && self.upstream.as_ref().is_none_or(|u| *u == r.upstream)
+                    && self.status.is_none_or(|s| s == r.status);
+                if keep {
+                    out.push(r);
+                }
+                true
+            })
+            .map_err(|e| e.to_string())?;
+        out.sort_by(|a, b| b.recorded_at.cmp(&a.recorded_at));
+        out.truncate(self.limit);
+        Ok(out)
+    }
+}
+
+/// One record and its audit events as JSON (`{"task": ..., "audit": [...]}`), or `None`.
+pub fn task_detail(
+    store: &dyn TaskStore,
+    upstream: &str,
+    task_id: &str,
+) -> Result<Option<serde_json::Value>, String> {
+    let Some(record) = store.get(upstream, task_id).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let audit = store
+        .audit_for(upstream, task_id)
+        .map_err(|e| e.to_string())?;
+    Ok(Some(serde_json::json!({ "task": record, "audit": audit })))
+}
+
+fn percent_decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s)
+        .decode_utf8_lossy()
+        .into_owned()
 }

@@ -1,1 +1,5 @@
-//! One tower layer per concern.
+//! One tower layer per concern, outermost first: `tasks` (record, authorise, route, observe),
+//! `cancel` (single-flight `tasks/cancel`, audit facts). Each module's doc says which messages it
+//! touches.
+
+pub mod tasks;

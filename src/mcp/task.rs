@@ -100,7 +100,10 @@ pub fn parse_rfc3339_ms(s: &str) -> Option<u64> {
 pub fn format_rfc3339_ms(ms: u64) -> String {
     time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_default()
 }
 

@@ -120,8 +120,12 @@ impl SledStore {
             .open()
             .map_err(|e| open_err(e.to_string()))?;
         let tree = |name: &str| db.open_tree(name).map_err(|e| open_err(e.to_string()));
-        let (tasks, by_owner, by_expiry, audit) =
-            (tree("tasks")?, tree("by_owner")?, tree("by_expiry")?, tree("audit")?);
+        let (tasks, by_owner, by_expiry, audit) = (
+            tree("tasks")?,
+            tree("by_owner")?,
+            tree("by_expiry")?,
+            tree("audit")?,
+        );
         let (tx, rx) = mpsc::channel::<Option<SyncReply>>();
         let committer_db = db.clone();
         let db_file = path.join("db");
@@ -233,7 +237,11 @@ impl TaskStore for SledStore {
     }
 
     fn get(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
-        match self.tasks.get(task_key(upstream, task_id)).map_err(db_err)? {
+        match self
+            .tasks
+            .get(task_key(upstream, task_id))
+            .map_err(db_err)?
+        {
             Some(v) => decode(&v).map(Some),
             None => Ok(None),
         }
@@ -337,9 +345,11 @@ impl TaskStore for SledStore {
         for item in self.by_expiry.range(..(now_ms + 1).to_be_bytes().to_vec()) {
             let (k, _) = item.map_err(db_err)?;
             let mut rest = &k[..];
-            if let (Some(_), Some(up), Some(id)) =
-                (read_u64(&mut rest), read_str(&mut rest), read_str(&mut rest))
-            {
+            if let (Some(_), Some(up), Some(id)) = (
+                read_u64(&mut rest),
+                read_str(&mut rest),
+                read_str(&mut rest),
+            ) {
                 out.push((up.to_string(), id.to_string()));
             }
             if out.len() >= limit {
@@ -442,7 +452,10 @@ mod tests {
         {
             let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
             for i in 0..5u64 {
-                store.create(record(&format!("t:{i}"), "alice", i)).await.unwrap();
+                store
+                    .create(record(&format!("t:{i}"), "alice", i))
+                    .await
+                    .unwrap();
             }
             store.create(record("b", "bob", 9)).await.unwrap();
             let (page, next) = store.list_owner("up", "alice", None, 2).unwrap();
@@ -469,10 +482,16 @@ mod tests {
             .unwrap();
         assert_eq!(before.status, TaskStatus::Working);
         assert_eq!(after.status, TaskStatus::Cancelled);
-        assert_eq!(store.expired(5, 10).unwrap(), vec![("up".into(), "t:1".into())]);
+        assert_eq!(
+            store.expired(5, 10).unwrap(),
+            vec![("up".into(), "t:1".into())]
+        );
         assert!(store.remove("up", "t:1").unwrap().is_some());
         assert!(store.get("up", "t:1").unwrap().is_none());
-        assert_eq!(store.list_owner("up", "alice", None, 10).unwrap().0.len(), 4);
+        assert_eq!(
+            store.list_owner("up", "alice", None, 10).unwrap().0.len(),
+            4
+        );
     }
 
     #[test]
