@@ -42,6 +42,8 @@ pub struct RequestContext {
     /// The client's `Mcp-Session-Id`, sent upstream as it is unless a layer routes the request to
     /// another upstream session (a task's recorded session).
     pub session_id: Option<HeaderValue>,
+    /// The client's own `Mcp-Session-Id`, as it arrived (never rewritten by layers).
+    pub client_session_id: Option<HeaderValue>,
     /// The client's `MCP-Protocol-Version` header.
     pub protocol_version: Option<HeaderValue>,
     /// Who the caller is.
@@ -144,7 +146,7 @@ impl McpReply {
 
 /// Why the stack could not produce a reply. Each variant maps to one HTTP status and JSON-RPC code,
 /// here and nowhere else.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum GatewayError {
     /// The upstream could not be reached (connection refused, reset, DNS): HTTP 502.
     #[error("upstream `{upstream}` is unreachable: {detail}")]

@@ -11,6 +11,7 @@ use crate::exchange::{GatewayError, McpReply, McpRequest};
 use crate::http::admin::{Admin, UpstreamTarget};
 use crate::http::server::serve;
 use crate::http::streamable::{Edge, EdgeSettings, Route};
+use crate::layers::cancel::{CancelLayer, CancelState};
 use crate::layers::tasks::{Registry, TasksLayer};
 use crate::metrics::Metrics;
 use crate::store::{SledStore, StoreError, TaskStore};
@@ -90,6 +91,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         config.tasks.clone(),
     )?;
     let authenticated = config.auth.mode == crate::config::AuthMode::Bearer;
+    let cancel_state = CancelState::new(registry.clone());
 
     let gateway_listener = TcpListener::bind(config.gateway.listen)
         .await
@@ -116,6 +118,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             let name = upstream.name().clone();
             let stack = tower::ServiceBuilder::new()
                 .layer(TasksLayer::new(registry.clone(), authenticated))
+                .layer(CancelLayer::new(cancel_state.clone()))
                 .service(upstream);
             Route {
                 name,

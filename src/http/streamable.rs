@@ -201,6 +201,7 @@ impl Edge {
             op,
             ctx: RequestContext {
                 upstream: route.name.clone(),
+                client_session_id: session_id.clone(),
                 session_id,
                 protocol_version,
                 principal,

@@ -2,4 +2,5 @@
 //! `cancel` (single-flight `tasks/cancel`, audit facts). Each module's doc says which messages it
 //! touches.
 
+pub mod cancel;
 pub mod tasks;

@@ -32,6 +32,7 @@
 use crate::config::TasksConfig;
 use crate::exchange::{McpReply, McpRequest, Operation, Principal, ReplyBody, RequestContext};
 use crate::jsonrpc::{self, Id, Kind, Message};
+use crate::layers::cancel::Releases;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, TaskStatus};
 use crate::metrics::Metrics;
 use crate::sse::{Event, EventStream};
@@ -60,7 +61,24 @@ pub struct Registry {
     /// Live (non-terminal) tasks per (upstream, owner), including reservations for creations in
     /// flight.
     live: Mutex<HashMap<(Arc<str>, String), usize>>,
+    /// Request facts `notifications/cancelled` routing needs (bounded).
+    requests: Mutex<RequestNotes>,
+    /// The "resources released" tracker.
+    releases: Arc<Releases>,
 }
+
+/// Bounded in-memory notes about client requests (cleared when they grow past a limit).
+#[derive(Default)]
+struct RequestNotes {
+    /// (upstream, session) → the id of that session's `initialize`.
+    initialize: HashMap<(Arc<str>, Option<HeaderValue>), Id>,
+    /// (upstream, session, request id) → the taskId its `CreateTaskResult` carried.
+    creations: HashMap<(Arc<str>, Option<HeaderValue>, Id), String>,
+    /// (upstream, progressToken JSON) → taskId, for tasks not yet released.
+    progress: HashMap<(Arc<str>, String), String>,
+}
+
+const NOTES_LIMIT: usize = 100_000;
 
 /// What a status report did to the record.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,12 +131,172 @@ impl Registry {
                 .with_label_values(&[&up, status.as_str()])
                 .set(n);
         }
-        Ok(Arc::new(Registry {
+        let quiet = std::time::Duration::from_millis(config.release_quiet_ms);
+        let mut unreleased = Vec::new();
+        store.scan(&mut |r| {
+            if r.cancelled_at.is_some() && r.released_at.is_none() {
+                unreleased.push((r.upstream, r.task_id));
+            }
+            true
+        })?;
+        metrics
+            .tasks_cancelled_unreleased
+            .set(unreleased.len() as i64);
+        let registry = Arc::new_cyclic(|weak| Registry {
             store,
             metrics,
             config,
             live: Mutex::new(live),
-        }))
+            requests: Mutex::new(RequestNotes::default()),
+            releases: Arc::new(Releases::new(weak.clone(), quiet)),
+        });
+        for (up, id) in unreleased {
+            registry.releases.cancelled(&up, &id, "restart");
+        }
+        Ok(registry)
+    }
+
+    /// The "resources released" tracker.
+    pub fn releases(&self) -> &Arc<Releases> {
+        &self.releases
+    }
+
+    /// Remembers the `initialize` id of a session.
+    pub fn note_initialize(&self, upstream: &Arc<str>, session: Option<HeaderValue>, id: Id) {
+        let mut notes = self.requests.lock().expect("notes lock");
+        if notes.initialize.len() >= NOTES_LIMIT {
+            notes.initialize.clear();
+        }
+        notes.initialize.insert((upstream.clone(), session), id);
+    }
+
+    /// Whether `id` is the `initialize` of that session.
+    pub fn is_initialize_id(
+        &self,
+        upstream: &Arc<str>,
+        session: Option<&HeaderValue>,
+        id: &Id,
+    ) -> bool {
+        let notes = self.requests.lock().expect("notes lock");
+        notes
+            .initialize
+            .get(&(upstream.clone(), session.cloned()))
+            .is_some_and(|i| i == id)
+    }
+
+    /// The taskId a request of that session created, if it did.
+    pub fn task_of_request(
+        &self,
+        upstream: &Arc<str>,
+        session: Option<&HeaderValue>,
+        id: &Id,
+    ) -> Option<String> {
+        let notes = self.requests.lock().expect("notes lock");
+        notes
+            .creations
+            .get(&(upstream.clone(), session.cloned(), id.clone()))
+            .cloned()
+    }
+
+    fn note_creation(
+        &self,
+        upstream: &Arc<str>,
+        session: Option<HeaderValue>,
+        id: Id,
+        task_id: &str,
+        progress_token: Option<String>,
+    ) {
+        let mut notes = self.requests.lock().expect("notes lock");
+        if notes.creations.len() >= NOTES_LIMIT {
+            notes.creations.clear();
+        }
+        notes
+            .creations
+            .insert((upstream.clone(), session, id), task_id.to_string());
+        if let Some(token) = progress_token {
+            if notes.progress.len() >= NOTES_LIMIT {
+                notes.progress.clear();
+            }
+            notes
+                .progress
+                .insert((upstream.clone(), token), task_id.to_string());
+        }
+    }
+
+    /// The upstream sent something about a message's task (progress on its token, related-task
+    /// `_meta`, a status notification): restarts the release quiet window.
+    pub fn note_activity_in(&self, upstream: &Arc<str>, msg: &Value) {
+        let params = msg.get("params");
+        let mut task_id = None;
+        if msg.get("method").and_then(Value::as_str) == Some("notifications/progress") {
+            if let Some(token) = params.and_then(|p| p.get("progressToken")) {
+                let notes = self.requests.lock().expect("notes lock");
+                task_id = notes
+                    .progress
+                    .get(&(upstream.clone(), token.to_string()))
+                    .cloned();
+            }
+        }
+        if task_id.is_none() {
+            task_id = [params, msg.get("result")]
+                .into_iter()
+                .flatten()
+                .find_map(|p| {
+                    p.pointer("/_meta/io.modelcontextprotocol~1related-task/taskId")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                });
+        }
+        if task_id.is_none()
+            && msg.get("method").and_then(Value::as_str) == Some("notifications/tasks/status")
+        {
+            task_id = params
+                .and_then(|p| p.get("taskId"))
+                .and_then(Value::as_str)
+                .map(str::to_string);
+        }
+        if let Some(task_id) = task_id {
+            if self.releases.activity(upstream, &task_id) {
+                self.metrics
+                    .task_activity_after_cancel_total
+                    .with_label_values(&[upstream])
+                    .inc();
+            }
+        }
+    }
+
+    /// Records the "resources released" audit fact (once).
+    pub fn record_released(&self, upstream: &str, task_id: &str, reason: &'static str) {
+        let now = now_ms();
+        let updated = self.store.update(upstream, task_id, &mut |r| {
+            if r.released_at.is_some() || r.cancelled_at.is_none() {
+                return false;
+            }
+            r.released_at = Some(now);
+            true
+        });
+        let Ok(Some((before, after))) = updated else {
+            return;
+        };
+        if before.released_at.is_some() || after.released_at.is_none() {
+            return;
+        }
+        self.metrics
+            .task_resources_released_total
+            .with_label_values(&[upstream, reason])
+            .inc();
+        self.metrics.tasks_cancelled_unreleased.dec();
+        if let Some(c) = after.cancelled_at {
+            self.metrics
+                .cancelled_to_released_seconds
+                .observe(now.saturating_sub(c) as f64 / 1000.0);
+        }
+        {
+            let mut notes = self.requests.lock().expect("notes lock");
+            notes.progress.retain(|_, t| t != task_id);
+        }
+        self.audit(&after, "resources_released", format!("reason={reason}"));
+        self.store.sync_soon();
     }
 
     /// The store behind the registry.
@@ -340,6 +518,7 @@ impl Registry {
                     .observe(done.saturating_sub(asked) as f64 / 1000.0);
             }
             self.audit(after, "status_cancelled", format!("seen in {source}"));
+            self.releases.cancelled(up, &after.task_id, "quiet");
         }
     }
 
@@ -412,7 +591,12 @@ impl Registry {
                         self.release_slot(&up, &r.owner);
                     }
                     if r.cancelled_at.is_some() && r.released_at.is_none() {
+                        self.releases.forget(&up, &id);
                         self.metrics.tasks_cancelled_unreleased.dec();
+                        self.metrics
+                            .task_resources_released_total
+                            .with_label_values(&[&up, "expired"])
+                            .inc();
                     }
                     tracing::debug!(upstream = %up, task_id = %id, "expired task record removed");
                 }
@@ -473,15 +657,22 @@ enum Expect {
     /// Nothing beyond status notifications.
     Nothing,
     /// A `CreateTaskResult` answering `id`; the record to write is completed from it.
-    Creation { id: Id, template: Box<TaskRecord> },
+    Creation {
+        id: Id,
+        template: Box<TaskRecord>,
+        /// The client's own session (for `notifications/cancelled` routing).
+        client_session: Option<HeaderValue>,
+        /// `params._meta.progressToken` as JSON text.
+        progress_token: Option<String>,
+    },
     /// The reply to `tasks/get` / `tasks/cancel` (a Task) or `tasks/result` (the payload).
     TaskReply {
         id: Id,
         method: &'static str,
         task_id: String,
     },
-    /// An `InitializeResult` whose `capabilities.tasks.list` must be removed.
-    HideList { id: Id },
+    /// An `InitializeResult`; `capabilities.tasks.list` is removed when `hide_list` is set.
+    Initialize { id: Id, hide_list: bool },
 }
 
 impl<S> tower::Service<McpRequest> for TasksService<S>
@@ -518,8 +709,9 @@ where
                 let reply = self.list(&req);
                 return Box::pin(async move { Ok(reply) });
             }
-            Some("initialize") if !self.authenticated => Expect::HideList {
+            Some("initialize") => Expect::Initialize {
                 id: req.id().cloned().expect("a request has an id"),
+                hide_list: !self.authenticated,
             },
             _ => Expect::Nothing,
         };
@@ -535,8 +727,11 @@ where
                     return Err(e);
                 }
             };
-            if let Expect::HideList { .. } = &expect {
-                if reply.headers.contains_key("mcp-session-id") {
+            if let Expect::Initialize { id, .. } = &expect {
+                let session = reply.headers.get("mcp-session-id").cloned();
+                let has_session = session.is_some();
+                registry.note_initialize(&upstream, session, id.clone());
+                if has_session {
                     // A session tells callers apart: nothing to hide.
                     return Ok(reply);
                 }
@@ -549,6 +744,7 @@ where
                 registry,
                 upstream,
                 expect: Mutex::new(expect),
+                hold: Mutex::new(None),
             });
             // Dropped when the reply is done with: gives back a creation's slot if no
             // CreateTaskResult came (an error, a plain answer, a broken stream).
@@ -634,9 +830,14 @@ impl<S> TasksService<S> {
             terminal_at: None,
             expires_at: 0,
         };
+        let progress_token = value
+            .pointer("/params/_meta/progressToken")
+            .map(Value::to_string);
         Ok(Expect::Creation {
             id,
             template: Box::new(template),
+            client_session: req.ctx.client_session_id.clone(),
+            progress_token,
         })
     }
 
@@ -764,6 +965,8 @@ struct ReplyWatch {
     registry: Arc<Registry>,
     upstream: Arc<str>,
     expect: Mutex<Expect>,
+    /// Held while this reply's stream relays a task's messages (see `layers::cancel`).
+    hold: Mutex<Option<crate::layers::cancel::ResourceHold>>,
 }
 
 impl ReplyWatch {
@@ -786,19 +989,26 @@ impl ReplyWatch {
     /// Inspects one JSON-RPC message of the reply; returns it, rewritten if needed.
     async fn on_message(self: Arc<Self>, bytes: Bytes) -> Bytes {
         let is_status = memmem(&bytes, b"notifications/tasks/status");
+        let is_activity = memmem(&bytes, b"notifications/progress")
+            || memmem(&bytes, crate::mcp::task::RELATED_TASK_META.as_bytes());
         let expect = self.expect.lock().expect("expect lock").clone();
         let waiting_for = match &expect {
             Expect::Nothing => None,
             Expect::Creation { id, .. }
             | Expect::TaskReply { id, .. }
-            | Expect::HideList { id } => Some(id.clone()),
+            | Expect::Initialize { id, .. } => Some(id.clone()),
         };
-        if !is_status && waiting_for.is_none() {
+        if !is_status && !is_activity && waiting_for.is_none() {
             return bytes;
         }
         let Ok(msg) = Message::parse(bytes.clone()) else {
             return bytes;
         };
+        if is_status || is_activity {
+            if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
+                self.registry.note_activity_in(&self.upstream, &value);
+            }
+        }
         if msg.method() == Some("notifications/tasks/status") {
             return self.on_status_notification(bytes);
         }
@@ -810,11 +1020,33 @@ impl ReplyWatch {
         }
         *self.expect.lock().expect("expect lock") = Expect::Nothing;
         match expect {
-            Expect::Creation { id, template } => self.on_creation(bytes, &id, *template).await,
+            Expect::Creation {
+                id,
+                template,
+                client_session,
+                progress_token,
+            } => {
+                let out = self.on_creation(bytes, &id, *template).await;
+                if let Some(task_id) = created_task_id(&out) {
+                    self.registry.note_creation(
+                        &self.upstream,
+                        client_session,
+                        id,
+                        &task_id,
+                        progress_token,
+                    );
+                    *self.hold.lock().expect("hold lock") =
+                        Some(self.registry.releases().hold(&self.upstream, &task_id));
+                }
+                out
+            }
             Expect::TaskReply {
                 method, task_id, ..
             } => self.on_task_reply(bytes, method, &task_id),
-            Expect::HideList { .. } => hide_tasks_list(bytes),
+            Expect::Initialize {
+                hide_list: true, ..
+            } => hide_tasks_list(bytes),
+            Expect::Initialize { .. } => bytes,
             Expect::Nothing => bytes,
         }
     }
@@ -989,6 +1221,14 @@ fn hide_tasks_list(bytes: Bytes) -> Bytes {
     }
     tracing::info!("no auth and no session: tasks.list removed from the upstream's capabilities");
     Bytes::from(serde_json::to_vec(&value).expect("re-serialise"))
+}
+
+/// The taskId of a `CreateTaskResult` message, if it is one.
+fn created_task_id(bytes: &[u8]) -> Option<String> {
+    let v: Value = serde_json::from_slice(bytes).ok()?;
+    v.pointer("/result/task/taskId")?
+        .as_str()
+        .map(str::to_string)
 }
 
 fn task_id_param(msg: &Message) -> Option<String> {

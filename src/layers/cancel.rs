@@ -1,0 +1,634 @@
+//! The `cancel` layer: `tasks/cancel` sent upstream once, cancels of terminal tasks answered
+//! here, `notifications/cancelled` routed and de-duplicated, and the two audit facts
+//! (2025-11-25 basic/utilities/tasks: Task Cancellation; basic/utilities/cancellation).
+//!
+//! It sits inside the `tasks` layer, so a `tasks/cancel` reaching it names a task the caller owns,
+//! already routed to the task's upstream session.
+//!
+//! - **Terminal**: a task the registry holds as `completed`, `failed` or `cancelled` is answered
+//!   `-32602` naming the status; the upstream is not called (`outcome="rejected_terminal"`).
+//! - **Single-flight**: while one `tasks/cancel` for `(upstream, taskId)` is in flight upstream,
+//!   identical requests wait for it and each gets the same outcome under its own JSON-RPC id
+//!   (`outcome="deduplicated"`). The first is `forwarded` (or `upstream_error` when the upstream
+//!   answers an error or cannot be reached). Its answer is applied to the registry before the
+//!   waiters are released, so a cancel arriving afterwards finds the task terminal. Every caller
+//!   gets the answer as one `application/json` message, even if the upstream streamed it.
+//! - `notifications/cancelled` (ordinary cancellation): dropped when its `requestId` is the
+//!   session's `initialize` (reason `initialize`), a request that produced a `CreateTaskResult`
+//!   (reason `task`: tasks are cancelled with `tasks/cancel` only), or already forwarded once
+//!   (reason `duplicate`); otherwise it goes to the upstream session that carries the request (a
+//!   pending `tasks/result` may have been routed to the task's session).
+//!
+//! ## The two audit facts
+//!
+//! - **status cancelled** (`cancelled_at`): the first time taskgate sees `cancelled` for the task,
+//!   in a `tasks/cancel` reply, a `tasks/get` reply or a `notifications/tasks/status`. Recorded by
+//!   the registry when the status changes ([`crate::layers::tasks::Registry`]).
+//! - **resources released** (`released_at`): after status cancelled, when (a) no gateway-side
+//!   resource is held for the task any more: no `tasks/result` for it is open upstream through
+//!   taskgate, and no SSE stream that carries its messages (the task-augmented `tools/call`'s own
+//!   stream included) is still being relayed; and (b) the upstream has sent nothing about the task
+//!   for `tasks.release_quiet_ms` (default 2 s): no `notifications/progress` on the task's
+//!   `progressToken`, no message whose `_meta["io.modelcontextprotocol/related-task"]` names it,
+//!   no `notifications/tasks/status` for it. `released_at` is the moment both held, i.e. the last
+//!   of those events plus the quiet window. Activity after status cancelled is counted
+//!   (`taskgate_task_activity_after_cancel_total`) and restarts the window. Records still
+//!   unreleased at start-up (a restart) are released after one quiet window with
+//!   `reason="restart"`; records removed by the TTL sweeper first count `reason="expired"`.
+
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::jsonrpc::{self, Id, Kind, Message};
+use crate::layers::tasks::Registry;
+use crate::mcp::task::now_ms;
+use bytes::Bytes;
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use futures_util::StreamExt;
+use http::HeaderValue;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+/// The upstream's answer to one forwarded `tasks/cancel`, shared by every waiting caller.
+#[derive(Clone)]
+enum CancelOutcome {
+    /// A JSON-RPC result: its `result` JSON text.
+    Result(String),
+    /// A JSON-RPC error: its `error` JSON text.
+    Error(String),
+    /// The upstream answered with an HTTP error or no message at all.
+    Http(Arc<Mutex<Option<McpReply>>>, u16),
+    /// The upstream could not be reached.
+    Failed(Arc<GatewayError>),
+}
+
+type SharedCancel = Shared<BoxFuture<'static, CancelOutcome>>;
+
+/// Per-session facts about client requests needed to route `notifications/cancelled`.
+#[derive(Default)]
+struct CancelNotes {
+    /// (upstream, client session, request id) → upstream session the request went out on.
+    in_flight: HashMap<(Arc<str>, Option<HeaderValue>, Id), Option<HeaderValue>>,
+    /// (upstream, client session, request id) already cancelled once.
+    forwarded: HashMap<(Arc<str>, Option<HeaderValue>, Id), u64>,
+}
+
+/// Shared state of the cancel layer.
+pub struct CancelState {
+    registry: Arc<Registry>,
+    flights: Mutex<HashMap<(Arc<str>, String), SharedCancel>>,
+    notes: Mutex<CancelNotes>,
+}
+
+impl CancelState {
+    /// Creates the state over the registry.
+    pub fn new(registry: Arc<Registry>) -> Arc<CancelState> {
+        Arc::new(CancelState {
+            registry,
+            flights: Mutex::new(HashMap::new()),
+            notes: Mutex::new(CancelNotes::default()),
+        })
+    }
+}
+
+/// Builds [`CancelService`]s.
+#[derive(Clone)]
+pub struct CancelLayer {
+    state: Arc<CancelState>,
+}
+
+impl CancelLayer {
+    /// A layer sharing `state` (one per process, shared by every upstream's stack).
+    pub fn new(state: Arc<CancelState>) -> CancelLayer {
+        CancelLayer { state }
+    }
+}
+
+impl<S> tower::Layer<S> for CancelLayer {
+    type Service = CancelService<S>;
+    fn layer(&self, inner: S) -> CancelService<S> {
+        CancelService {
+            inner,
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// The `cancel` layer's service (see the module docs).
+#[derive(Clone)]
+pub struct CancelService<S> {
+    inner: S,
+    state: Arc<CancelState>,
+}
+
+type BoxFut = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send>>;
+
+impl<S> tower::Service<McpRequest> for CancelService<S>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = McpReply;
+    type Error = GatewayError;
+    type Future = BoxFut;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: McpRequest) -> BoxFut {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let state = self.state.clone();
+        match req.method() {
+            Some("tasks/cancel") => Box::pin(cancel_task(state, inner, req)),
+            Some("notifications/cancelled") => {
+                if let Some(reason) = state.route_cancelled(&mut req) {
+                    state
+                        .registry
+                        .metrics()
+                        .cancelled_notifications_dropped_total
+                        .with_label_values(&[&req.ctx.upstream, reason])
+                        .inc();
+                    tracing::info!(reason, "notifications/cancelled dropped");
+                    return Box::pin(async { Ok(McpReply::accepted()) });
+                }
+                Box::pin(inner.call(req))
+            }
+            _ => {
+                let Some(key) = state.note_request(&req) else {
+                    return Box::pin(inner.call(req));
+                };
+                let task = (req.method() == Some("tasks/result"))
+                    .then(|| task_id_of(&req))
+                    .flatten();
+                let resource = task.map(|t| state.registry.releases().hold(&req.ctx.upstream, &t));
+                Box::pin(async move {
+                    let result = inner.call(req).await;
+                    let done = InFlightGuard {
+                        state: state.clone(),
+                        key: Some(key),
+                        _resource: resource,
+                    };
+                    match result {
+                        Ok(mut reply) => {
+                            if let ReplyBody::Stream(events) = reply.body {
+                                reply.body = ReplyBody::Stream(Box::pin(events.map(move |e| {
+                                    let _ = &done;
+                                    e
+                                })));
+                            }
+                            Ok(reply)
+                        }
+                        Err(e) => Err(e),
+                    }
+                })
+            }
+        }
+    }
+}
+
+/// Removes a request from the in-flight table (and drops its resource hold) when its reply is
+/// finished: at once for JSON, when the stream ends for SSE.
+struct InFlightGuard {
+    state: Arc<CancelState>,
+    key: Option<(Arc<str>, Option<HeaderValue>, Id)>,
+    _resource: Option<ResourceHold>,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.state
+                .notes
+                .lock()
+                .expect("notes lock")
+                .in_flight
+                .remove(&key);
+        }
+    }
+}
+
+impl CancelState {
+    /// Notes a client request (with an id) going upstream; returns its in-flight key.
+    fn note_request(&self, req: &McpRequest) -> Option<(Arc<str>, Option<HeaderValue>, Id)> {
+        let Operation::Post(msg) = &req.op else {
+            return None;
+        };
+        if msg.kind() != Kind::Request {
+            return None;
+        }
+        let id = msg.id()?.clone();
+        // The client's own session: the `tasks` layer may have routed the request elsewhere.
+        let key = (
+            req.ctx.upstream.clone(),
+            req.ctx.client_session_id.clone(),
+            id,
+        );
+        if msg.method() == Some("initialize") {
+            return None;
+        }
+        self.notes
+            .lock()
+            .expect("notes lock")
+            .in_flight
+            .insert(key.clone(), req.ctx.session_id.clone());
+        Some(key)
+    }
+
+    /// Decides what to do with a client's `notifications/cancelled`; returns the drop reason, or
+    /// `None` to forward it (possibly re-routed to another upstream session).
+    fn route_cancelled(&self, req: &mut McpRequest) -> Option<&'static str> {
+        let Operation::Post(msg) = &req.op else {
+            return None;
+        };
+        let request_id = msg
+            .parse_as::<Value>()
+            .ok()
+            .and_then(|v| v.pointer("/params/requestId").cloned())
+            .and_then(|v| Id::from_value(&v));
+        let Some(request_id) = request_id else {
+            // Without a requestId nothing can be cancelled; the receiver ignores it anyway.
+            return None;
+        };
+        let session = req.ctx.session_id.clone();
+        let upstream = req.ctx.upstream.clone();
+        if self
+            .registry
+            .is_initialize_id(&upstream, session.as_ref(), &request_id)
+        {
+            return Some("initialize");
+        }
+        if self
+            .registry
+            .task_of_request(&upstream, session.as_ref(), &request_id)
+            .is_some()
+        {
+            return Some("task");
+        }
+        let key = (upstream, session, request_id);
+        let mut notes = self.notes.lock().expect("notes lock");
+        if notes.forwarded.contains_key(&key) {
+            return Some("duplicate");
+        }
+        if notes.forwarded.len() > 100_000 {
+            notes.forwarded.clear();
+        }
+        notes.forwarded.insert(key.clone(), now_ms());
+        if let Some(target) = notes.in_flight.get(&key) {
+            req.ctx.session_id = target.clone();
+        }
+        None
+    }
+}
+
+fn task_id_of(req: &McpRequest) -> Option<String> {
+    let Operation::Post(msg) = &req.op else {
+        return None;
+    };
+    msg.parse_as::<Value>()
+        .ok()?
+        .pointer("/params/taskId")?
+        .as_str()
+        .map(str::to_string)
+}
+
+async fn cancel_task<S>(
+    state: Arc<CancelState>,
+    inner: S,
+    req: McpRequest,
+) -> Result<McpReply, GatewayError>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let registry = state.registry.clone();
+    let metrics = registry.metrics().clone();
+    let upstream = req.ctx.upstream.clone();
+    let id = req.id().cloned().expect("tasks/cancel is a request");
+    let Some(task_id) = task_id_of(&req) else {
+        return Ok(McpReply::local_error(
+            Some(&id),
+            jsonrpc::INVALID_PARAMS,
+            "tasks/cancel: params.taskId (a string) is required",
+        ));
+    };
+    let count = |outcome: &str| {
+        metrics
+            .cancel_requests_total
+            .with_label_values(&[&upstream, outcome])
+            .inc()
+    };
+    let key = (upstream.clone(), task_id.clone());
+    let (flight, first) = {
+        let mut flights = state.flights.lock().expect("flights lock");
+        if let Some(f) = flights.get(&key) {
+            (f.clone(), false)
+        } else {
+            // Checked under the flights lock: a finished flight has applied its answer to the
+            // registry before leaving the table, so this sees the terminal status.
+            match registry.store().get(&upstream, &task_id) {
+                Ok(Some(r)) if r.status.is_terminal() => {
+                    drop(flights);
+                    count("rejected_terminal");
+                    return Ok(McpReply::local_error(
+                        Some(&id),
+                        jsonrpc::INVALID_PARAMS,
+                        &format!(
+                            "Cannot cancel task {task_id}: it is already {} (a terminal status)",
+                            r.status
+                        ),
+                    ));
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => {
+                    drop(flights);
+                    count("rejected_unknown");
+                    return Ok(McpReply::local_error(
+                        Some(&id),
+                        jsonrpc::INVALID_PARAMS,
+                        &format!("Task not found: {task_id}"),
+                    ));
+                }
+            }
+            let flight = forward_cancel(state.clone(), inner, req, key.clone())
+                .boxed()
+                .shared();
+            flights.insert(key.clone(), flight.clone());
+            (flight, true)
+        }
+    };
+    let outcome = flight.await;
+    let upstream_failed = !matches!(outcome, CancelOutcome::Result(_));
+    count(match (first, upstream_failed) {
+        (true, false) => "forwarded",
+        (true, true) => "upstream_error",
+        (false, _) => "deduplicated",
+    });
+    match outcome {
+        CancelOutcome::Result(result) => {
+            Ok(McpReply::local_json(jsonrpc::result_response(&id, &result)))
+        }
+        CancelOutcome::Error(error) => {
+            let mut text = String::with_capacity(48 + error.len());
+            text.push_str("{\"jsonrpc\":\"2.0\",\"id\":");
+            text.push_str(id.as_json());
+            text.push_str(",\"error\":");
+            text.push_str(&error);
+            text.push('}');
+            Ok(McpReply::local_json(Bytes::from(text)))
+        }
+        CancelOutcome::Http(reply, status) => match reply.lock().expect("reply lock").take() {
+            Some(r) if first => Ok(r),
+            _ => Ok(McpReply::local_error(
+                Some(&id),
+                jsonrpc::INTERNAL_ERROR,
+                &format!("upstream `{upstream}` answered tasks/cancel with HTTP {status}"),
+            )),
+        },
+        CancelOutcome::Failed(e) => Err((*e).clone()),
+    }
+}
+
+/// Sends the one `tasks/cancel` upstream, reads its answer (JSON or SSE) and applies it to the
+/// registry, then leaves the in-flight table.
+async fn forward_cancel<S>(
+    state: Arc<CancelState>,
+    mut inner: S,
+    req: McpRequest,
+    key: (Arc<str>, String),
+) -> CancelOutcome
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let registry = state.registry.clone();
+    let (upstream, task_id) = key.clone();
+    let _ = registry.store().update(&upstream, &task_id, &mut |r| {
+        if r.cancel_requested_at.is_some() {
+            return false;
+        }
+        r.cancel_requested_at = Some(now_ms());
+        true
+    });
+    if let Some(r) = registry.store().get(&upstream, &task_id).ok().flatten() {
+        registry.audit(
+            &r,
+            "cancel_requested",
+            "tasks/cancel forwarded upstream".into(),
+        );
+    }
+    let id = req.id().cloned().expect("tasks/cancel is a request");
+    let outcome = match inner.call(req).await {
+        Err(e) => CancelOutcome::Failed(Arc::new(e)),
+        Ok(reply) => {
+            let status = reply.status.as_u16();
+            let message = match reply.body {
+                ReplyBody::Json(bytes) => Some(bytes),
+                ReplyBody::Stream(mut events) => {
+                    let mut found = None;
+                    while let Some(ev) = events.next().await {
+                        let Some(data) = ev.data else { continue };
+                        let bytes = Bytes::from(data);
+                        if let Ok(m) = Message::parse(bytes.clone()) {
+                            if m.id() == Some(&id)
+                                && matches!(m.kind(), Kind::Response | Kind::Error)
+                            {
+                                found = Some(bytes);
+                                break;
+                            }
+                        }
+                    }
+                    found
+                }
+                body => {
+                    let reply = McpReply {
+                        status: reply.status,
+                        headers: reply.headers,
+                        body,
+                    };
+                    return finish(
+                        &state,
+                        &key,
+                        CancelOutcome::Http(Arc::new(Mutex::new(Some(reply))), status),
+                    );
+                }
+            };
+            match message.and_then(|b| serde_json::from_slice::<Value>(&b).ok()) {
+                Some(v) if v.get("result").is_some() => {
+                    let result = &v["result"];
+                    // Apply before the flight ends (see `cancel_task`).
+                    let observed = registry.observe_task(&upstream, &with_task_id(result, &task_id), "tasks/cancel");
+                    let mut result = result.clone();
+                    if let crate::layers::tasks::Observed::Rewrite {
+                        status,
+                        status_message,
+                    } = observed
+                    {
+                        result["status"] = Value::String(status.as_str().into());
+                        match status_message {
+                            Some(m) => result["statusMessage"] = Value::String(m),
+                            None => {
+                                if let Some(o) = result.as_object_mut() {
+                                    o.remove("statusMessage");
+                                }
+                            }
+                        }
+                    }
+                    CancelOutcome::Result(result.to_string())
+                }
+                Some(v) if v.get("error").is_some() => CancelOutcome::Error(v["error"].to_string()),
+                _ => CancelOutcome::Error(
+                    serde_json::json!({
+                        "code": jsonrpc::INTERNAL_ERROR,
+                        "message": format!("upstream `{upstream}` sent no answer to tasks/cancel (HTTP {status})"),
+                    })
+                    .to_string(),
+                ),
+            }
+        }
+    };
+    finish(&state, &key, outcome)
+}
+
+fn finish(state: &CancelState, key: &(Arc<str>, String), outcome: CancelOutcome) -> CancelOutcome {
+    state.flights.lock().expect("flights lock").remove(key);
+    outcome
+}
+
+fn with_task_id(result: &Value, task_id: &str) -> Value {
+    let mut v = result.clone();
+    if v.get("taskId").is_none() {
+        v["taskId"] = Value::String(task_id.to_string());
+    }
+    v
+}
+
+/// Tracks what is still held or happening for tasks, to record the "resources released" fact
+/// (see the module docs for the definition).
+pub struct Releases {
+    registry: std::sync::Weak<Registry>,
+    quiet: std::time::Duration,
+    tracks: Mutex<HashMap<(String, String), Track>>,
+}
+
+#[derive(Default)]
+struct Track {
+    holds: usize,
+    last_activity: Option<std::time::Instant>,
+    cancelled: bool,
+}
+
+/// A gateway-side resource held for a task (an open `tasks/result`, a relayed stream); dropping
+/// it releases the hold.
+pub struct ResourceHold {
+    releases: Arc<Releases>,
+    key: (String, String),
+}
+
+impl Drop for ResourceHold {
+    fn drop(&mut self) {
+        let mut tracks = self.releases.tracks.lock().expect("tracks lock");
+        if let Some(t) = tracks.get_mut(&self.key) {
+            t.holds = t.holds.saturating_sub(1);
+            t.last_activity = Some(std::time::Instant::now());
+            if t.holds == 0 && !t.cancelled {
+                tracks.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl Releases {
+    /// A tracker reporting to `registry`; `quiet` is `tasks.release_quiet_ms`.
+    pub fn new(registry: std::sync::Weak<Registry>, quiet: std::time::Duration) -> Releases {
+        Releases {
+            registry,
+            quiet,
+            tracks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes a hold on `(upstream, task_id)` until the returned guard is dropped.
+    pub fn hold(self: &Arc<Self>, upstream: &str, task_id: &str) -> ResourceHold {
+        let key = (upstream.to_string(), task_id.to_string());
+        self.tracks
+            .lock()
+            .expect("tracks lock")
+            .entry(key.clone())
+            .or_default()
+            .holds += 1;
+        ResourceHold {
+            releases: self.clone(),
+            key,
+        }
+    }
+
+    /// The upstream sent something about the task; returns true if the task is already
+    /// recorded cancelled (the caller counts it as activity after cancel).
+    pub fn activity(&self, upstream: &str, task_id: &str) -> bool {
+        let mut tracks = self.tracks.lock().expect("tracks lock");
+        match tracks.get_mut(&(upstream.to_string(), task_id.to_string())) {
+            Some(t) => {
+                t.last_activity = Some(std::time::Instant::now());
+                t.cancelled
+            }
+            None => false,
+        }
+    }
+
+    /// Starts waiting for the release of a task just recorded cancelled (`reason` is the label
+    /// used when it is released: `quiet`, or `restart` for records found at start-up).
+    pub fn cancelled(self: &Arc<Self>, upstream: &str, task_id: &str, reason: &'static str) {
+        let key = (upstream.to_string(), task_id.to_string());
+        {
+            let mut tracks = self.tracks.lock().expect("tracks lock");
+            let t = tracks.entry(key.clone()).or_default();
+            t.cancelled = true;
+            t.last_activity = Some(std::time::Instant::now());
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = self.clone();
+        handle.spawn(async move { this.wait_for_release(key, reason).await });
+    }
+
+    async fn wait_for_release(self: Arc<Self>, key: (String, String), reason: &'static str) {
+        loop {
+            let wait = {
+                let tracks = self.tracks.lock().expect("tracks lock");
+                let Some(t) = tracks.get(&key) else { return };
+                let since = t.last_activity.map(|l| l.elapsed()).unwrap_or(self.quiet);
+                if t.holds > 0 {
+                    Some(self.quiet.min(std::time::Duration::from_millis(100)))
+                } else if since >= self.quiet {
+                    None
+                } else {
+                    Some(self.quiet - since)
+                }
+            };
+            match wait {
+                Some(d) => tokio::time::sleep(d).await,
+                None => break,
+            }
+        }
+        self.tracks.lock().expect("tracks lock").remove(&key);
+        if let Some(registry) = self.registry.upgrade() {
+            registry.record_released(&key.0, &key.1, reason);
+        }
+    }
+
+    /// Forgets a task (its record was removed).
+    pub fn forget(&self, upstream: &str, task_id: &str) {
+        self.tracks
+            .lock()
+            .expect("tracks lock")
+            .remove(&(upstream.to_string(), task_id.to_string()));
+    }
+}
