@@ -1,51 +1,177 @@
 //! Server-Sent Events codec, used by both sides: the upstream client decodes the upstream's
-//! `text/event-stream` into [`Event`]s (with the `sse-stream` crate), the edge encodes them again
-//! for the client with [`encode`], adding keep-alive comments on idle streams ([`KeepAlive`]).
+//! `text/event-stream` into [`Event`]s as bytes arrive, the edge encodes them again for the
+//! client with [`encode`], adding keep-alive comments on idle streams ([`KeepAlive`]).
 //!
+//! The decoder follows the WHATWG "event stream interpretation" rules: lines end in CRLF, LF or
+//! CR; a line without a colon is a field name with an empty value; unknown fields are ignored;
+//! comments (`:` lines) are dropped (taskgate sends its own keep-alives). The `sse-stream` crate
+//! was tried first and rejected: it fails on such lines and drops the events around them.
 //! The fields `id`, `event`, `retry` and `data` (including an empty `data`, which the spec's
 //! "priming" event uses, 2025-11-25 basic/transports: Resumability) are preserved exactly.
-//! Comments from the upstream are not forwarded; taskgate sends its own keep-alives.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures_util::Stream;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// One SSE event: `event`, `data` (lines joined with `\n`), `id`, `retry` (ms).
-pub type Event = sse_stream::Sse;
+/// One SSE event. `None` means the field was absent; `data` lines are joined with `\n`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Event {
+    /// `event:` (the event type).
+    pub event: Option<String>,
+    /// `data:` lines, joined with `\n`.
+    pub data: Option<String>,
+    /// `id:` (the event id, for `Last-Event-ID`).
+    pub id: Option<String>,
+    /// `retry:` in ms.
+    pub retry: Option<u64>,
+}
 
-/// A stream of SSE events. Decoding errors are logged and skipped inside; the stream ends when
-/// the underlying connection ends.
+/// A stream of SSE events. The stream ends when the underlying body ends or fails.
 pub type EventStream = Pin<Box<dyn Stream<Item = Event> + Send>>;
 
 /// The keep-alive comment sent on idle streams.
 pub const KEEPALIVE_COMMENT: &[u8] = b": keep-alive\n\n";
 
-/// Decodes an HTTP body carrying `text/event-stream` into an [`EventStream`].
-///
-/// `label` names the source in the logs (the upstream's name).
+/// Incremental `text/event-stream` decoder: feed bytes, take complete events.
+#[derive(Default)]
+pub struct Decoder {
+    buf: BytesMut,
+    current: Event,
+    has_field: bool,
+    /// The previous chunk ended in CR: a leading LF of the next one belongs to it.
+    skip_lf: bool,
+    bom_checked: bool,
+}
+
+impl Decoder {
+    /// Adds bytes and appends every event they complete to `out`.
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Event>) {
+        self.buf.extend_from_slice(chunk);
+        if !self.bom_checked && self.buf.len() >= 3 {
+            if self.buf.starts_with(b"\xEF\xBB\xBF") {
+                self.buf.advance(3);
+            }
+            self.bom_checked = true;
+        }
+        loop {
+            if self.skip_lf && !self.buf.is_empty() {
+                if self.buf[0] == b'\n' {
+                    self.buf.advance(1);
+                }
+                self.skip_lf = false;
+            }
+            let Some(end) = memchr::memchr2(b'\n', b'\r', &self.buf) else {
+                return;
+            };
+            let line = self.buf.split_to(end);
+            let terminator = self.buf[0];
+            self.buf.advance(1);
+            if terminator == b'\r' {
+                self.skip_lf = true;
+            }
+            self.line(&line, out);
+        }
+    }
+
+    fn line(&mut self, line: &[u8], out: &mut Vec<Event>) {
+        if line.is_empty() {
+            if self.has_field {
+                out.push(std::mem::take(&mut self.current));
+                self.has_field = false;
+            }
+            return;
+        }
+        if line[0] == b':' {
+            return;
+        }
+        let (name, value) = match memchr::memchr(b':', line) {
+            Some(i) => {
+                let v = &line[i + 1..];
+                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+            }
+            None => (line, &b""[..]),
+        };
+        let value = String::from_utf8_lossy(value);
+        match name {
+            b"data" => {
+                match &mut self.current.data {
+                    Some(d) => {
+                        d.push('\n');
+                        d.push_str(&value);
+                    }
+                    None => self.current.data = Some(value.into_owned()),
+                }
+                self.has_field = true;
+            }
+            b"event" => {
+                self.current.event = Some(value.into_owned());
+                self.has_field = true;
+            }
+            b"id" => {
+                if !value.contains('\0') {
+                    self.current.id = Some(value.into_owned());
+                    self.has_field = true;
+                }
+            }
+            b"retry" => {
+                if let Ok(ms) = value.parse::<u64>() {
+                    self.current.retry = Some(ms);
+                    self.has_field = true;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Decodes an HTTP body carrying `text/event-stream` into an [`EventStream`], event by event as
+/// bytes arrive. `label` names the source in the logs (the upstream's name).
 pub fn decode<B>(body: B, label: std::sync::Arc<str>) -> EventStream
 where
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: std::error::Error + Send + Sync + 'static,
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: std::fmt::Display,
 {
-    use futures_util::StreamExt;
-    let stream = sse_stream::SseStream::new(body);
-    Box::pin(stream.filter_map(move |item| {
-        let out = match item {
-            Ok(event) => Some(event),
-            Err(sse_stream::Error::Body(e)) => {
-                tracing::debug!(upstream = %label, error = %e, "upstream SSE stream ended with an error");
-                None
+    struct State<B> {
+        body: B,
+        decoder: Decoder,
+        ready: std::collections::VecDeque<Event>,
+        label: std::sync::Arc<str>,
+        done: bool,
+    }
+    let state = State {
+        body,
+        decoder: Decoder::default(),
+        ready: Default::default(),
+        label,
+        done: false,
+    };
+    Box::pin(futures_util::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(ev) = st.ready.pop_front() {
+                return Some((ev, st));
             }
-            Err(e) => {
-                tracing::warn!(upstream = %label, error = %e, "skipping a malformed SSE line from upstream");
-                None
+            if st.done {
+                return None;
             }
-        };
-        std::future::ready(out)
+            let frame = std::future::poll_fn(|cx| Pin::new(&mut st.body).poll_frame(cx)).await;
+            match frame {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        let mut out = Vec::new();
+                        st.decoder.feed(&data, &mut out);
+                        st.ready.extend(out);
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(upstream = %st.label, error = %e, "upstream SSE stream ended with an error");
+                    st.done = true;
+                }
+                None => st.done = true,
+            }
+        }
     }))
 }
 
@@ -121,8 +247,6 @@ impl Stream for KeepAlive {
     }
 }
 
-use std::future::Future;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,7 +255,7 @@ mod tests {
 
     #[tokio::test]
     async fn round_trip_keeps_fields() {
-        let wire = "id: 7\ndata: \n\nevent: message\nid: s1-8\nretry: 2500\ndata: {\"jsonrpc\":\"2.0\"}\n\n: comment\n\ndata: a\ndata: b\n\n";
+        let wire = "id: 7\ndata: \n\nevent: message\nid: s1-8\nretry: 2500\ndata: {\"jsonrpc\":\"2.0\"}\n\n: comment\n\ndata: a\r\ndata: b\rx-unknown: 1\n\n";
         let events: Vec<Event> = decode(Full::new(Bytes::from(wire)), "t".into())
             .collect()
             .await;
@@ -149,6 +273,20 @@ mod tests {
             .collect()
             .await;
         assert_eq!(events, reparsed);
+    }
+
+    #[test]
+    fn decoder_handles_split_chunks_and_colonless_lines() {
+        let mut d = Decoder::default();
+        let mut out = Vec::new();
+        for chunk in ["id: 1\r", "\ndata", "\n\nda", "ta: x\n", "\n"] {
+            d.feed(chunk.as_bytes(), &mut out);
+        }
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].id.as_deref(), Some("1"));
+        assert_eq!(out[0].data.as_deref(), Some(""));
+        assert_eq!(out[1].data.as_deref(), Some("x"));
+        assert_eq!(out[1].id, None);
     }
 
     #[tokio::test(start_paused = true)]

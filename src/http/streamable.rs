@@ -132,13 +132,14 @@ impl Edge {
     }
 
     async fn serve(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+        // DNS-rebinding protection first: nothing (not even the upstream names) for a bad Host.
+        if let Err(resp) = self.check_host_and_origin(req.headers()) {
+            return resp;
+        }
         let route = match self.route(req.uri().path()) {
             Ok(r) => r.clone(),
             Err(resp) => return self.reject("route", resp),
         };
-        if let Err(resp) = self.check_host_and_origin(req.headers()) {
-            return resp;
-        }
         let principal = match self.auth.authenticate(req.headers()) {
             Ok(p) => p,
             Err(message) => {
