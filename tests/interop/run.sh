@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# Interop harness: real third-party MCP peers, direct and through taskgate.
+#
+#   tests/interop/run.sh TASKGATE_BIN      e.g. tests/interop/run.sh target/debug/taskgate
+#   tests/interop/run.sh none              direct only (no gateway): checks the peers and fixtures
+#
+# Needs node + npm (Node 22 for the conformance suite comes from node_modules, `npm ci` runs here
+# when node_modules is missing) and python3 (a venv under tests/interop/.venv is created from
+# requirements.txt when missing). Everything listens on 127.0.0.1; every process started here is
+# stopped on exit. Exit 0 only when every step passed.
+#
+# Environment:
+#   INTEROP_WORK=DIR            keep logs and results there (default: a new /tmp/taskgate-interop.* dir)
+#   INTEROP_CHECK_LEVEL=report  conformance: only report per-check status differences (default strict:
+#                               any SUCCESS/FAILURE/WARNING check whose status through the gateway
+#                               differs from direct fails the run, besides the scenario pass sets)
+#   INTEROP_SKIP_PYTHON=1       skip the Python (mcp 1.30.0) task peer
+#   INTEROP_TRACE=1             task clients record every HTTP exchange in their JSON summaries
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BIN=${1:-}
+if [[ -z "$BIN" ]]; then
+    echo "usage: $0 TASKGATE_BIN|none" >&2
+    exit 2
+fi
+if [[ "$BIN" != none ]]; then
+    [[ "$BIN" == /* ]] || BIN="$PWD/$BIN"
+    if [[ ! -x "$BIN" ]]; then
+        echo "taskgate binary not found or not executable: $BIN" >&2
+        exit 2
+    fi
+fi
+
+WORK=${INTEROP_WORK:-$(mktemp -d /tmp/taskgate-interop.XXXXXX)}
+mkdir -p "$WORK"
+NODE22="$HERE/node_modules/node/bin/node"
+CONFORMANCE="$HERE/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+VENV="$HERE/.venv"
+TRACE_FLAG=()
+[[ "${INTEROP_TRACE:-0}" == 1 ]] && TRACE_FLAG=(--trace)
+
+log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+# ---- processes --------------------------------------------------------------------------------
+declare -A PID=()
+FG=""
+cleanup() {
+    local name pid
+    [[ -n "$FG" ]] && kill -TERM "$FG" 2>/dev/null
+    for name in "${!PID[@]}"; do
+        pid=${PID[$name]}
+        kill -TERM "$pid" 2>/dev/null
+    done
+    for _ in $(seq 1 50); do
+        local alive=0
+        for name in "${!PID[@]}"; do
+            kill -0 "${PID[$name]}" 2>/dev/null && alive=1
+        done
+        [[ $alive == 0 ]] && break
+        sleep 0.1
+    done
+    for name in "${!PID[@]}"; do
+        if kill -0 "${PID[$name]}" 2>/dev/null; then
+            echo "warning: $name (pid ${PID[$name]}) ignored SIGTERM, killing it" >&2
+            kill -KILL "${PID[$name]}" 2>/dev/null
+        fi
+    done
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# start NAME CMD...: runs CMD in the background, stdout/stderr in $WORK/NAME.{out,err}
+start() {
+    local name=$1
+    shift
+    "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    PID[$name]=$!
+}
+
+# run_fg CMD...: runs CMD as a child and waits for it; unlike a plain foreground command, a signal
+# to this script is handled at once (the trap stops CMD too)
+run_fg() {
+    "$@" &
+    FG=$!
+    wait "$FG"
+    local rc=$?
+    FG=""
+    return $rc
+}
+
+# wait_ready NAME SECONDS: waits for the first JSON line on NAME's stdout
+wait_ready() {
+    local name=$1 secs=$2 i
+    for ((i = 0; i < secs * 10; i++)); do
+        if grep -q '^{' "$WORK/$name.out" 2>/dev/null; then
+            return 0
+        fi
+        if ! kill -0 "${PID[$name]}" 2>/dev/null; then
+            echo "$name exited before it was ready; stderr:" >&2
+            tail -n 20 "$WORK/$name.err" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+    echo "$name not ready after ${secs}s; stderr:" >&2
+    tail -n 20 "$WORK/$name.err" >&2
+    return 1
+}
+
+# alive NAME: true while NAME runs; otherwise says so, with the end of its stderr
+alive() {
+    kill -0 "${PID[$1]}" 2>/dev/null && return 0
+    echo "FAIL $1 (pid ${PID[$1]}) is gone; results that used it are void. stderr tail:"
+    tail -n 5 "$WORK/$1.err" | sed 's/^/     /'
+    return 1
+}
+
+field() { "$NODE22" "$HERE/harness.mjs" json-field "$WORK/$1.out" "$2"; }
+
+# ---- results ----------------------------------------------------------------------------------
+PASSED=()
+FAILED=()
+result() { # result NAME STATUS
+    if [[ $2 == 0 ]]; then PASSED+=("$1"); else FAILED+=("$1"); fi
+}
+
+# ---- install ----------------------------------------------------------------------------------
+if [[ ! -x "$NODE22" || ! -f "$CONFORMANCE" ]]; then
+    log "npm ci in $HERE"
+    (cd "$HERE" && npm ci --no-audit --no-fund) >"$WORK/npm-ci.log" 2>&1 || {
+        echo "npm ci failed:" >&2
+        tail -n 30 "$WORK/npm-ci.log" >&2
+        exit 1
+    }
+fi
+if [[ ! -x "$NODE22" ]] || ! "$NODE22" --version | grep -q '^v22\.'; then
+    echo "Node 22 missing at $NODE22 after npm ci (the npm package 'node' installs it in a preinstall script)" >&2
+    exit 1
+fi
+
+PYTHON_ON=1
+[[ "${INTEROP_SKIP_PYTHON:-0}" == 1 ]] && PYTHON_ON=0
+if [[ $PYTHON_ON == 1 && ! -x "$VENV/bin/python" ]]; then
+    log "creating $VENV from requirements.txt"
+    { python3 -m venv "$VENV" && "$VENV/bin/pip" install --disable-pip-version-check -q -r "$HERE/requirements.txt"; } >"$WORK/pip.log" 2>&1 || {
+        echo "creating the Python venv failed:" >&2
+        tail -n 30 "$WORK/pip.log" >&2
+        rm -rf "$VENV"
+        exit 1
+    }
+fi
+
+log "work dir: $WORK"
+log "node $("$NODE22" --version) for the harness; gateway: $BIN"
+
+# ---- upstream fixtures ------------------------------------------------------------------------
+start conformance-server "$NODE22" "$HERE/conformance-server.mjs" --port 0
+MODES=(stateful stateless json)
+for mode in "${MODES[@]}"; do
+    start "ts-$mode" "$NODE22" "$HERE/task-server.mjs" --mode "$mode" --port 0
+done
+if [[ $PYTHON_ON == 1 ]]; then
+    start py-stateful "$VENV/bin/python" "$HERE/py_task_server.py" --port 0
+fi
+
+UPSTREAMS=(conformance-server "${MODES[@]/#/ts-}")
+[[ $PYTHON_ON == 1 ]] && UPSTREAMS+=(py-stateful)
+declare -A DIRECT=()
+for name in "${UPSTREAMS[@]}"; do
+    wait_ready "$name" 30 || exit 1
+    DIRECT[$name]=$(field "$name" listening)
+    log "$name: ${DIRECT[$name]}"
+done
+
+# ---- taskgate ---------------------------------------------------------------------------------
+declare -A VIA=()
+if [[ "$BIN" != none ]]; then
+    CONFIG="$WORK/taskgate.toml"
+    {
+        printf '[gateway]\nlisten = "127.0.0.1:0"\ndrain_timeout_ms = 1000\n\n'
+        printf '[admin]\nlisten = "127.0.0.1:0"\n\n'
+        printf '[store]\npath = "%s"\n\n' "$WORK/taskgate-store"
+        printf '[auth]\nmode = "none"\n\n[upgrade]\nenabled = false\n'
+        for name in "${UPSTREAMS[@]}"; do
+            printf '\n[[upstream]]\nname = "%s"\nurl = "%s"\n' "$name" "${DIRECT[$name]}"
+        done
+    } >"$CONFIG"
+    start taskgate "$BIN" serve --config "$CONFIG"
+    wait_ready taskgate 60 || exit 1
+    GW=$(field taskgate listening.gateway)
+    ADMIN=$(field taskgate listening.admin)
+    log "taskgate: gateway $GW, admin $ADMIN"
+    for name in "${UPSTREAMS[@]}"; do
+        VIA[$name]="http://$GW/mcp/$name"
+    done
+fi
+
+# ---- a. conformance server scenarios ----------------------------------------------------------
+"$NODE22" "$CONFORMANCE" list --server >"$WORK/conformance-scenarios.txt" 2>&1
+run_conformance() { # run_conformance LABEL URL
+    log "conformance --suite all against $2 ($1)"
+    run_fg timeout 600 "$NODE22" "$CONFORMANCE" server --url "$2" --suite all -o "$WORK/conformance-$1" >"$WORK/conformance-$1.log" 2>&1
+    local rc=$?
+    [[ $rc == 124 ]] && echo "conformance run $1 timed out after 600 s" >>"$WORK/conformance-$1.log"
+    return 0
+}
+run_conformance direct "${DIRECT[conformance-server]}"
+CONF_ARGS=(--scenarios "$WORK/conformance-scenarios.txt" --expected "$HERE/conformance-expected-failures.txt"
+    --direct-log "$WORK/conformance-direct.log" --direct-dir "$WORK/conformance-direct"
+    --check-level "${INTEROP_CHECK_LEVEL:-strict}")
+if [[ "$BIN" != none ]]; then
+    run_conformance via "${VIA[conformance-server]}"
+    CONF_ARGS+=(--via-log "$WORK/conformance-via.log" --via-dir "$WORK/conformance-via")
+fi
+"$NODE22" "$HERE/harness.mjs" conformance "${CONF_ARGS[@]}" | tee "$WORK/conformance-report.txt"
+result "conformance$([[ "$BIN" != none ]] && echo ' direct = via taskgate' || echo ' direct')" "${PIPESTATUS[0]}"
+
+# ---- client runs, direct and via taskgate -----------------------------------------------------
+run_pair() { # run_pair LABEL UPSTREAM CLIENT...: CLIENT URL --label L, direct then via taskgate
+    local label=$1 upstream=$2
+    shift 2
+    log "$label: direct ${DIRECT[$upstream]}"
+    run_fg timeout 120 "$@" "${DIRECT[$upstream]}" --label "$label direct" "${TRACE_FLAG[@]}" >"$WORK/tasks-$label-direct.json" 2>"$WORK/tasks-$label-direct.err"
+    local args=(--label "$label" --direct "$WORK/tasks-$label-direct.json")
+    if [[ -n "${VIA[$upstream]:-}" ]]; then
+        log "$label: via ${VIA[$upstream]}"
+        run_fg timeout 120 "$@" "${VIA[$upstream]}" --label "$label via" "${TRACE_FLAG[@]}" >"$WORK/tasks-$label-via.json" 2>"$WORK/tasks-$label-via.err"
+        args+=(--via "$WORK/tasks-$label-via.json")
+    fi
+    "$NODE22" "$HERE/harness.mjs" tasks "${args[@]}" | tee "$WORK/tasks-$label-report.txt"
+    local rc=${PIPESTATUS[0]}
+    alive "$upstream" || rc=1
+    [[ -n "${VIA[$upstream]:-}" ]] && { alive taskgate || rc=1; }
+    result "$label$([[ -n "${VIA[$upstream]:-}" ]] && echo ' direct + via taskgate' || echo ' direct')" "$rc"
+}
+
+# ---- b. SSE resumption (priming event, retry, Last-Event-ID), which the suite does not reach -----
+run_pair sse-resume conformance-server "$NODE22" "$HERE/sse-resume-check.mjs"
+
+# ---- c. task lifecycle, TypeScript SDK client against TypeScript SDK servers -------------------
+for mode in "${MODES[@]}"; do
+    run_pair "ts-client-ts-$mode" "ts-$mode" "$NODE22" "$HERE/task-client.mjs"
+done
+
+# ---- d. task lifecycle with the Python SDK (mcp 1.30.0), and across SDKs ------------------------
+if [[ $PYTHON_ON == 1 ]]; then
+    run_pair py-client-py-server py-stateful "$VENV/bin/python" "$HERE/py_task_client.py"
+    run_pair ts-client-py-server py-stateful "$NODE22" "$HERE/task-client.mjs"
+    run_pair py-client-ts-server ts-stateful "$VENV/bin/python" "$HERE/py_task_client.py"
+fi
+
+# ---- gateway health after all of it ---------------------------------------------------------
+if [[ "$BIN" != none ]]; then
+    if ! kill -0 "${PID[taskgate]}" 2>/dev/null; then
+        echo "FAIL taskgate exited during the run; stderr tail:"
+        tail -n 30 "$WORK/taskgate.err"
+        result "taskgate still running" 1
+    else
+        result "taskgate still running" 0
+        curl -fsS "http://$ADMIN/metrics" >"$WORK/taskgate-metrics.txt" 2>/dev/null || true
+    fi
+fi
+
+# ---- summary ----------------------------------------------------------------------------------
+echo
+echo "== interop summary (logs: $WORK) =="
+for name in "${PASSED[@]}"; do echo "PASS $name"; done
+for name in "${FAILED[@]}"; do echo "FAIL $name"; done
+echo "interop: ${#PASSED[@]} passed, ${#FAILED[@]} failed"
+[[ ${#FAILED[@]} == 0 ]]
