@@ -469,14 +469,27 @@ impl Registry {
                     .with_label_values(&[up])
                     .inc();
             }
-            tracing::warn!(
-                upstream = up,
-                task_id = %after.task_id,
-                recorded = %after.status,
-                reported = %status,
-                source,
-                "upstream reported another status for a terminal task; showing the recorded one"
-            );
+            if status.is_terminal() {
+                tracing::warn!(
+                    upstream = up,
+                    task_id = %after.task_id,
+                    recorded = %after.status,
+                    reported = %status,
+                    source,
+                    "upstream reported another terminal status for a terminal task; showing the recorded one"
+                );
+            } else {
+                // Usually a benign race: a reply saying `working` overtaken by the terminal
+                // status notification.
+                tracing::debug!(
+                    upstream = up,
+                    task_id = %after.task_id,
+                    recorded = %after.status,
+                    reported = %status,
+                    source,
+                    "stale non-terminal status for a terminal task; showing the recorded one"
+                );
+            }
             return Observed::Rewrite {
                 status: after.status,
                 status_message: after.status_message.clone(),
@@ -1144,7 +1157,19 @@ impl ReplyWatch {
         };
         match method {
             "tasks/result" => {
-                // A payload means the task is terminal: failed for an isError tool result.
+                // A payload means the task is terminal: failed for an isError tool result. It
+                // carries no status, so it never contradicts a recorded terminal status (the
+                // Python SDK answers an empty result for a cancelled task).
+                if self
+                    .registry
+                    .store
+                    .get(&self.upstream, task_id)
+                    .ok()
+                    .flatten()
+                    .is_none_or(|r| r.status.is_terminal())
+                {
+                    return bytes;
+                }
                 let failed = result.get("isError").and_then(Value::as_bool) == Some(true);
                 let status = if failed {
                     TaskStatus::Failed
