@@ -482,6 +482,58 @@ mod tests {
         assert!(err.contains("not built yet"), "{err}");
     }
 
+    /// The field names serde expects in a section, read from its unknown-field error.
+    fn fields_of(section_header: &str) -> Vec<String> {
+        let text = format!("{section_header}\nzz_not_a_key = 1\n");
+        let err = toml::from_str::<Config>(&text).unwrap_err().to_string();
+        let expected = err
+            .split("expected one of ")
+            .nth(1)
+            .or_else(|| err.split("expected ").nth(1))
+            .unwrap_or_else(|| panic!("no field list in: {err}"));
+        expected
+            .split('`')
+            .enumerate()
+            .filter(|(i, _)| i % 2 == 1)
+            .map(|(_, f)| f.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn reference_lists_every_key() {
+        let reference = include_str!("../config/REFERENCE.md");
+        let readme = include_str!("../README.md");
+        let mut keys = Vec::new();
+        for section in fields_of("") {
+            let header = match section.as_str() {
+                "upstream" => "[[upstream]]".to_string(),
+                s => format!("[{s}]"),
+            };
+            for field in fields_of(&header) {
+                keys.push(format!("{section}.{field}"));
+            }
+        }
+        for field in fields_of("[[auth.token]]") {
+            keys.push(format!("auth.token.{field}"));
+        }
+        assert!(keys.len() > 20, "too few keys found: {keys:?}");
+        assert!(readme.contains("config/REFERENCE.md"), "README.md must link the reference");
+        for key in &keys {
+            assert!(
+                reference.contains(&format!("`{key}`")),
+                "config/REFERENCE.md does not document `{key}`"
+            );
+        }
+        // And the other way: every documented key exists.
+        for line in reference.lines().filter(|l| l.starts_with("| `")) {
+            let key = line.split('`').nth(1).unwrap();
+            assert!(
+                keys.iter().any(|k| k == key) || ["auth.token", "upstream"].contains(&key),
+                "config/REFERENCE.md documents `{key}`, which the config does not have"
+            );
+        }
+    }
+
     #[test]
     fn upstream_url_must_be_http() {
         let text = MINIMAL.replace("http://127.0.0.1:1/mcp", "ftp://x/mcp");
