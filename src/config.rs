@@ -517,7 +517,10 @@ mod tests {
             keys.push(format!("auth.token.{field}"));
         }
         assert!(keys.len() > 20, "too few keys found: {keys:?}");
-        assert!(readme.contains("config/REFERENCE.md"), "README.md must link the reference");
+        assert!(
+            readme.contains("config/REFERENCE.md"),
+            "README.md must link the reference"
+        );
         for key in &keys {
             assert!(
                 reference.contains(&format!("`{key}`")),

@@ -201,29 +201,43 @@ async fn serve(config: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let line = serde_json::json!({"listening": {
-        "gateway": running.gateway_addr.to_string(),
-        "admin": running.admin_addr.to_string(),
-    }});
+    // Handlers first: a signal right after the listening line must drain, not kill.
+    let signals = Signals::install();
+    let line = format!(
+        "{{\"listening\":{{\"gateway\":\"{}\",\"admin\":\"{}\"}}}}",
+        running.gateway_addr, running.admin_addr
+    );
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "{line}");
     let _ = stdout.flush();
     drop(stdout);
 
-    wait_for_signal().await;
+    signals.wait().await;
     tracing::info!("shutdown signal received; draining");
     running.shutdown().await;
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Signals {
+        use tokio::signal::unix::{signal, SignalKind};
+        Signals {
+            term: signal(SignalKind::terminate()).expect("SIGTERM handler"),
+            int: signal(SignalKind::interrupt()).expect("SIGINT handler"),
+        }
+    }
+
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
     }
 }
 

@@ -468,6 +468,84 @@ async fn sse_field_line_without_colon_accepted() {
     );
 }
 
+/// A client that sends `Accept-Encoding: gzip` (Node's fetch and Python's httpx do by default)
+/// still gets readable SSE answers from an upstream that compresses when asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_answer_readable_when_client_accepts_gzip() {
+    let result = r#"{"jsonrpc":"2.0","id":12,"result":{"ok":true}}"#;
+    let up = Upstream::start(move |req| {
+        let events = [
+            ev().id("z-0").data("").wire(),
+            ev().id("z-1").data(result).wire(),
+        ];
+        let asked = req
+            .header_all("accept-encoding")
+            .iter()
+            .any(|v| v.contains("gzip"));
+        if !asked {
+            return ScriptedResponse::sse(events.iter().map(|e| SseStep::Raw(e.clone())).collect());
+        }
+        let all = events.concat();
+        let mut first = gzip_header();
+        first.extend(deflate_stored_block(events[0].as_bytes(), false));
+        let mut last = deflate_stored_block(&[], true);
+        last.extend(gzip_trailer(all.as_bytes()));
+        ScriptedResponse::sse(vec![
+            SseStep::Bytes(first.into()),
+            SseStep::Bytes(deflate_stored_block(events[1].as_bytes(), false).into()),
+            SseStep::Bytes(last.into()),
+        ])
+        .header("content-encoding", "gzip")
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("12", "tools/call", r#"{"name":"x"}"#))
+        .header("accept-encoding", "gzip, deflate")
+        .send()
+        .await;
+
+    assert_eq!(r.status(), 200);
+    if r.header("content-encoding")
+        .is_some_and(|v| v.contains("gzip"))
+    {
+        let body = r.bytes().await;
+        let plain = gunzip_stored(&body).unwrap_or_else(|| {
+            panic!(
+                "the client got Content-Encoding: gzip but the body is not a gzip stream: {:?}",
+                String::from_utf8_lossy(&body)
+            )
+        });
+        let text = String::from_utf8(plain).unwrap();
+        assert!(text.contains(&format!("data: {result}\n")), "{text}");
+    } else {
+        let (got, raw) = all_events(r).await;
+        assert!(
+            got.contains(&id_data("z-1", result)),
+            "events {got:?}; raw {raw:?}"
+        );
+    }
+}
+
+/// When the upstream connection dies in the middle of an SSE answer, the client's stream ends
+/// (it does not hang).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_answer_upstream_connection_lost_ends_client_stream() {
+    let up = Upstream::start(|_| {
+        ScriptedResponse::sse(vec![ev().id("l-0").data("").into(), SseStep::HoldOpen])
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("1", "tools/call", r#"{"name":"x"}"#))
+        .send()
+        .await;
+    let mut s = r.sse();
+    s.next_event(STEP).await;
+    up.stop();
+    s.expect_end(Duration::from_secs(5)).await;
+}
+
 /// An SSE answer that is idle (the tool is working, nothing to report) gets keep-alive comments.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_answer_idle_gets_keepalive_comments() {
@@ -1400,17 +1478,22 @@ async fn chunked_body_over_limit_is_413() {
     assert_session_works(&gw, &up, &sid).await;
 }
 
-/// The default limit is 4 MiB: 4 MiB passes, 4 MiB + 1 is 413.
+/// The default limit is 4 MiB: 4 MiB passes, 4 MiB + 1 is 413. The client must actually get the
+/// 413 (not a reset connection while it is still sending the body), every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_body_limit_is_4_mib() {
     let up = Upstream::mcp().await;
     let gw = GatewayBuilder::single(&up.url()).start().await;
     const MIB4: usize = 4 * 1024 * 1024;
 
-    let r = Req::mcp_post(&gw.url("/mcp"), body_of_len(MIB4 + 1))
-        .send()
-        .await;
-    assert_eq!(r.status(), 413);
+    let over = Bytes::from(body_of_len(MIB4 + 1));
+    for attempt in 1..=5 {
+        let r = Req::mcp_post(&gw.url("/mcp"), over.clone())
+            .try_send()
+            .await
+            .unwrap_or_else(|e| panic!("attempt {attempt}: no 413 for a 4 MiB + 1 body: {e}"));
+        assert_eq!(r.status(), 413, "attempt {attempt}");
+    }
     assert_eq!(up.count(), 0);
 
     let r = Req::mcp_post(&gw.url("/mcp"), body_of_len(MIB4))
@@ -1880,6 +1963,43 @@ async fn admin_metrics_sse_streams_open_tracks_open_get_stream() {
     }
 }
 
+/// In-process shutdown ends open GET streams at once (clients reconnect elsewhere) instead of
+/// waiting out the drain timeout, and lets go of the upstream stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_get_streams_promptly() {
+    let up = Upstream::start(|req| {
+        if req.method == "GET" {
+            ScriptedResponse::sse(vec![
+                ev().id("sd-1").data(&server_note(1)).into(),
+                SseStep::HoldOpen,
+            ])
+        } else {
+            mcp_handler(req)
+        }
+    })
+    .await;
+    let mut gw = GatewayBuilder::single(&up.url())
+        .gateway_opt("drain_timeout_ms = 10000")
+        .start()
+        .await;
+    let r = Req::mcp_get(&gw.url("/mcp"))
+        .header("mcp-session-id", "s-sd")
+        .send()
+        .await;
+    let mut s = r.sse();
+    s.next_event(STEP).await;
+
+    let shutdown = gw.shutdown_future();
+    tokio::time::timeout(Duration::from_secs(5), shutdown)
+        .await
+        .expect("shutdown must not wait out drain_timeout_ms for a GET stream");
+    s.expect_end(Duration::from_secs(2)).await;
+    assert!(
+        up.wait_for_sse_disconnects(1, Duration::from_secs(5)).await,
+        "upstream GET stream still held after shutdown"
+    );
+}
+
 // =============================================================================================
 // CLI and config (the real binary)
 // =============================================================================================
@@ -2036,16 +2156,35 @@ async fn binary_prints_listening_line_and_exits_0_on_sigterm() {
         Vec::<String>::new(),
         "stdout holds only the listening line"
     );
+    assert_eq!(
+        p.listening_line.as_deref(),
+        Some(format!(r#"{{"listening":{{"gateway":"{gw}","admin":"{admin}"}}}}"#).as_str()),
+        "the contract's exact line (gateway first, then admin)"
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn binary_exits_0_on_sigint() {
+/// The listening line means "ready": SIGINT or SIGTERM sent the moment it is printed is a
+/// graceful stop with exit 0, never death by the signal (handlers must be installed first).
+#[test]
+fn binary_signal_right_after_listening_line_exits_0() {
     let f = ConfigFile::from_builder(&GatewayBuilder::single(&dead_url()));
-    let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
-    p.listening();
-    p.signal(libc::SIGINT);
-    let status = p.wait_exit(STEP).expect("exit within 10 s of SIGINT");
-    assert_eq!(status.code(), Some(0), "stderr: {}", p.stderr());
+    for round in 0..40 {
+        let sig = if round % 2 == 0 {
+            libc::SIGINT
+        } else {
+            libc::SIGTERM
+        };
+        let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
+        p.listening();
+        p.signal(sig);
+        let status = p.wait_exit(STEP).expect("exit within 10 s of the signal");
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "round {round}, signal {sig}: {status:?}; stderr: {}",
+            p.stderr()
+        );
+    }
 }
 
 /// `serve` with a header naming an unset `${VAR}` fails to start, naming the variable.

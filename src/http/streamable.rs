@@ -32,7 +32,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Empty, Full, Limited, StreamBody};
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -346,17 +346,14 @@ impl Edge {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit as u64) {
+        if declared.is_some_and(|n| n > (limit + DISCARD_LIMIT) as u64) {
+            // Too large to even read away: answer at once (the connection is closed after it).
             return Err(self.reject("body_too_large", too_large()));
         }
-        let bytes = match Limited::new(body, limit).collect().await {
-            Ok(c) => c.to_bytes(),
-            Err(e) => {
-                if e.downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some()
-                {
-                    return Err(self.reject("body_too_large", too_large()));
-                }
+        let bytes = match read_body(body, limit).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => return Err(self.reject("body_too_large", too_large())),
+            Err(BodyError::Read(e)) => {
                 return Err(self.reject(
                     "invalid",
                     rpc_error_response(
@@ -460,6 +457,39 @@ fn accept_lists(headers: &HeaderMap, needed: &[&str]) -> bool {
         })
         .collect();
     needed.iter().all(|n| listed.iter().any(|l| l == n))
+}
+
+/// How much of an oversized body is read and discarded so the client, still sending, can read
+/// the 413 (closing while it writes would give it a broken pipe instead), in bytes.
+const DISCARD_LIMIT: usize = 64 * 1024 * 1024;
+
+enum BodyError {
+    TooLarge,
+    Read(hyper::Error),
+}
+
+/// Reads a body of at most `limit` bytes. An oversized body is read to its end and dropped
+/// (up to [`DISCARD_LIMIT`] more bytes) before [`BodyError::TooLarge`] is returned.
+async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes, BodyError> {
+    let mut buf = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(BodyError::Read)?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen += data.len();
+        if seen > limit + DISCARD_LIMIT {
+            return Err(BodyError::TooLarge);
+        }
+        if seen <= limit {
+            buf.extend_from_slice(&data);
+        }
+    }
+    if seen > limit {
+        return Err(BodyError::TooLarge);
+    }
+    Ok(buf.freeze())
 }
 
 /// A JSON body with the given status.

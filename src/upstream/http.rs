@@ -6,6 +6,8 @@
 //!   `Mcp-Session-Id` is the one in the request context (a layer may route to a task's session);
 //!   configured headers are added; the client's `Authorization` is removed unless
 //!   `forward_authorization = true`.
+//! - `Accept-Encoding` is not forwarded: answers must be readable to the layers, so the upstream
+//!   sends them uncompressed.
 //! - Timeouts: `timeout_ms` bounds the time to the response headers and, for a JSON answer, to its
 //!   whole body. `tasks/result` (which blocks until the task is terminal) has no timeout; GET
 //!   streams and SSE answers have none once their headers arrived.
@@ -124,6 +126,8 @@ impl Inner {
             headers.remove(header::AUTHORIZATION);
         }
         headers.insert(header::HOST, self.host.clone());
+        // taskgate reads the messages it relays (task records, status): ask for plain bodies.
+        headers.remove(header::ACCEPT_ENCODING);
         match req.ctx.session_id {
             Some(sid) => headers.insert(MCP_SESSION_ID.clone(), sid),
             None => headers.remove(&MCP_SESSION_ID),

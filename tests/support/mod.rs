@@ -205,6 +205,8 @@ impl RecordedRequest {
 pub enum SseStep {
     /// Bytes written exactly as given (full control over the wire format).
     Raw(String),
+    /// Bytes written exactly as given, for bodies that are not text (a gzip stream).
+    Bytes(Bytes),
     Sleep(Duration),
     /// Wait until the test opens the gate.
     Wait(Gate),
@@ -580,6 +582,11 @@ async fn run_sse(shared: Arc<UpstreamShared>, tx: mpsc::Sender<Bytes>, steps: Ve
         match step {
             SseStep::Raw(s) => {
                 if tx.send(Bytes::from(s)).await.is_err() {
+                    return gone(&shared);
+                }
+            }
+            SseStep::Bytes(b) => {
+                if tx.send(b).await.is_err() {
                     return gone(&shared);
                 }
             }
@@ -1213,6 +1220,8 @@ pub struct TaskgateProcess {
     stderr_thread: Option<std::thread::JoinHandle<()>>,
     stdout_thread: Option<std::thread::JoinHandle<()>>,
     exited: Option<ExitStatus>,
+    /// The raw `{"listening":...}` line, once [`TaskgateProcess::listening`] read it.
+    pub listening_line: Option<String>,
 }
 
 impl TaskgateProcess {
@@ -1261,6 +1270,7 @@ impl TaskgateProcess {
             stderr_thread: Some(stderr_thread),
             stdout_thread: Some(stdout_thread),
             exited: None,
+            listening_line: None,
         }
     }
 
@@ -1339,6 +1349,7 @@ impl TaskgateProcess {
             .expect("listening.admin")
             .parse()
             .unwrap();
+        self.listening_line = Some(line);
         (g, a)
     }
 }
@@ -1381,4 +1392,75 @@ impl ConfigFile {
     pub fn store_path(&self) -> String {
         self.dir.path().join("store").to_str().unwrap().to_string()
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// gzip with stored (uncompressed) deflate blocks: enough to script a `Content-Encoding: gzip`
+// upstream without a compression library
+// ---------------------------------------------------------------------------------------------
+
+pub fn crc32(data: &[u8]) -> u32 {
+    let mut crc = 0xFFFF_FFFFu32;
+    for &b in data {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// The 10-byte gzip header.
+pub fn gzip_header() -> Vec<u8> {
+    vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff]
+}
+
+/// One stored deflate block (at most 65535 bytes of `data`).
+pub fn deflate_stored_block(data: &[u8], last: bool) -> Vec<u8> {
+    assert!(data.len() <= 0xFFFF);
+    let len = data.len() as u16;
+    let mut v = vec![u8::from(last)];
+    v.extend_from_slice(&len.to_le_bytes());
+    v.extend_from_slice(&(!len).to_le_bytes());
+    v.extend_from_slice(data);
+    v
+}
+
+/// The gzip trailer for the whole uncompressed `data`.
+pub fn gzip_trailer(data: &[u8]) -> Vec<u8> {
+    let mut v = crc32(data).to_le_bytes().to_vec();
+    v.extend_from_slice(&(data.len() as u32).to_le_bytes());
+    v
+}
+
+/// Decodes a gzip stream made of stored deflate blocks; None if it is anything else or corrupt.
+pub fn gunzip_stored(gz: &[u8]) -> Option<Vec<u8>> {
+    if gz.len() < 18 || gz[..3] != [0x1f, 0x8b, 8] || gz[3] != 0 {
+        return None;
+    }
+    let mut i = 10;
+    let mut out = Vec::new();
+    loop {
+        let hdr = *gz.get(i)?;
+        if hdr & 0b110 != 0 {
+            return None; // not a stored block
+        }
+        let len = u16::from_le_bytes([*gz.get(i + 1)?, *gz.get(i + 2)?]);
+        let nlen = u16::from_le_bytes([*gz.get(i + 3)?, *gz.get(i + 4)?]);
+        if len != !nlen {
+            return None;
+        }
+        let start = i + 5;
+        out.extend_from_slice(gz.get(start..start + len as usize)?);
+        i = start + len as usize;
+        if hdr & 1 == 1 {
+            break;
+        }
+    }
+    let crc = u32::from_le_bytes(gz.get(i..i + 4)?.try_into().ok()?);
+    (crc == crc32(&out)).then_some(out)
 }
