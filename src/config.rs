@@ -244,14 +244,51 @@ impl Default for TasksConfig {
     }
 }
 
-/// `[upgrade]`.
-#[derive(Debug, Clone, Deserialize, Default)]
+fn default_upgrade_ttl_ms() -> u64 {
+    600_000
+}
+fn default_disconnect_grace_ms() -> u64 {
+    5_000
+}
+
+/// `[upgrade] on_client_disconnect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDisconnect {
+    /// Cancel the upstream task (after `disconnect_grace_ms`).
+    #[default]
+    Cancel,
+    /// Let the task run to its end upstream; taskgate stops following it.
+    Keep,
+}
+
+/// `[upgrade]`: plain `tools/call` to a `taskSupport: "required"` tool becomes a task upstream.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpgradeConfig {
-    /// Turn plain `tools/call` to `taskSupport: "required"` tools into tasks. Not built yet: only
-    /// `false` is accepted.
+    /// Turn plain `tools/call` to `required` tools into tasks (default false).
     #[serde(default)]
     pub enabled: bool,
+    /// `params.task.ttl` of upgraded calls, in ms (default 600000).
+    #[serde(default = "default_upgrade_ttl_ms")]
+    pub ttl_ms: u64,
+    /// What happens to the task when the client's stream goes away: `"cancel"` (default) or `"keep"`.
+    #[serde(default)]
+    pub on_client_disconnect: OnDisconnect,
+    /// With `"cancel"`: how long after the disconnect the task is cancelled, in ms (default 5000).
+    #[serde(default = "default_disconnect_grace_ms")]
+    pub disconnect_grace_ms: u64,
+}
+
+impl Default for UpgradeConfig {
+    fn default() -> Self {
+        UpgradeConfig {
+            enabled: false,
+            ttl_ms: default_upgrade_ttl_ms(),
+            on_client_disconnect: OnDisconnect::Cancel,
+            disconnect_grace_ms: default_disconnect_grace_ms(),
+        }
+    }
 }
 
 fn default_timeout_ms() -> u64 {
@@ -323,10 +360,8 @@ impl Config {
         if self.gateway.sse_keepalive_ms == 0 {
             return invalid("gateway.sse_keepalive_ms must be greater than 0".into());
         }
-        if self.upgrade.enabled {
-            return invalid(
-                "upgrade.enabled = true: upgrading plain tools/call to tasks is not built yet in this version; set it to false".into(),
-            );
+        if self.upgrade.ttl_ms == 0 {
+            return invalid("upgrade.ttl_ms must be greater than 0".into());
         }
         if self.auth.mode == AuthMode::Bearer {
             if self.auth.token.is_empty() {
@@ -476,10 +511,15 @@ mod tests {
     }
 
     #[test]
-    fn features_not_built_are_refused() {
-        let text = format!("{MINIMAL}[upgrade]\nenabled = true\n");
+    fn upgrade_section() {
+        let text = format!("{MINIMAL}[upgrade]\nenabled = true\non_client_disconnect = \"keep\"\n");
+        let c = Config::from_toml_str(&text).unwrap();
+        assert!(c.upgrade.enabled);
+        assert_eq!(c.upgrade.on_client_disconnect, OnDisconnect::Keep);
+        assert_eq!(c.upgrade.ttl_ms, 600_000);
+        let text = format!("{MINIMAL}[upgrade]\non_client_disconnect = \"maybe\"\n");
         let err = Config::from_toml_str(&text).unwrap_err().to_string();
-        assert!(err.contains("not built yet"), "{err}");
+        assert!(err.contains("maybe"), "{err}");
     }
 
     /// The field names serde expects in a section, read from its unknown-field error.

@@ -48,6 +48,9 @@ pub struct RequestContext {
     pub protocol_version: Option<HeaderValue>,
     /// Who the caller is.
     pub principal: Principal,
+    /// Set by the `upgrade` layer on a plain `tools/call` it turned into a task (the record's
+    /// origin is then `upgraded`).
+    pub upgraded: bool,
     /// End-to-end headers to forward upstream (hop-by-hop, `Host`, `Origin`, `Mcp-Session-Id`,
     /// and, unless configured otherwise, `Authorization` already removed).
     pub headers: HeaderMap,

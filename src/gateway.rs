@@ -12,7 +12,9 @@ use crate::http::admin::{Admin, UpstreamTarget};
 use crate::http::server::serve;
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::cancel::{CancelLayer, CancelState};
+use crate::layers::session::{SessionLayer, Sessions};
 use crate::layers::tasks::{Registry, TasksLayer};
+use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};
 use crate::metrics::Metrics;
 use crate::store::{SledStore, StoreError, TaskStore};
 use crate::upstream::HttpUpstream;
@@ -92,6 +94,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     )?;
     let authenticated = config.auth.mode == crate::config::AuthMode::Bearer;
     let cancel_state = CancelState::new(registry.clone());
+    let sessions = Sessions::new();
+    let upgrade_state =
+        UpgradeState::new(sessions.clone(), registry.clone(), config.upgrade.clone());
+    let mut orphan_jobs = Vec::new();
 
     let gateway_listener = TcpListener::bind(config.gateway.listen)
         .await
@@ -110,22 +116,33 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let gateway_addr = gateway_listener.local_addr().expect("bound socket");
     let admin_addr = admin_listener.local_addr().expect("bound socket");
 
-    let routes: Vec<Route> = config
-        .upstream
-        .iter()
-        .map(|u| {
-            let upstream = HttpUpstream::new(u, metrics.clone());
-            let name = upstream.name().clone();
-            let stack = tower::ServiceBuilder::new()
-                .layer(TasksLayer::new(registry.clone(), authenticated))
-                .layer(CancelLayer::new(cancel_state.clone()))
-                .service(upstream);
-            Route {
-                name,
-                stack: BoxCloneSyncService::new(stack),
+    let mut routes: Vec<Route> = Vec::new();
+    for u in &config.upstream {
+        let upstream = HttpUpstream::new(u, metrics.clone());
+        let name = upstream.name().clone();
+        let inner = tower::ServiceBuilder::new()
+            .layer(SessionLayer::new(sessions.clone()))
+            .layer(TasksLayer::new(registry.clone(), authenticated))
+            .layer(CancelLayer::new(cancel_state.clone()))
+            .service(upstream);
+        if config.upgrade.enabled {
+            orphan_jobs.push((name.clone(), inner.clone()));
+        }
+        let stack = tower::Layer::layer(&UpgradeLayer::new(upgrade_state.clone()), inner);
+        routes.push(Route {
+            name,
+            stack: BoxCloneSyncService::new(stack),
+        });
+    }
+    for (name, inner) in orphan_jobs {
+        let state = upgrade_state.clone();
+        tokio::spawn(async move {
+            let n = cancel_orphans(&state, &name, inner).await;
+            if n > 0 {
+                tracing::info!(upstream = %name, count = n, "cancelled upgraded tasks orphaned by a restart");
             }
-        })
-        .collect();
+        });
+    }
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let settings = EdgeSettings {

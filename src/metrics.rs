@@ -120,6 +120,9 @@ pub struct Metrics {
     /// `taskgate_task_activity_after_cancel_total{upstream}`: upstream messages about a task after
     /// it was recorded `cancelled`.
     pub task_activity_after_cancel_total: IntCounterVec,
+    /// `taskgate_upgraded_calls_total{upstream,outcome}`: plain `tools/call` turned into tasks, by
+    /// outcome (see `layers::upgrade`).
+    pub upgraded_calls_total: IntCounterVec,
     /// `taskgate_cancelled_notifications_dropped_total{upstream,reason}`: client
     /// `notifications/cancelled` not forwarded (`initialize`, `task`, `duplicate`).
     pub cancelled_notifications_dropped_total: IntCounterVec,
@@ -287,6 +290,11 @@ impl Metrics {
                 "Upstream messages about a task after it was recorded cancelled.",
                 &["upstream"],
             ),
+            upgraded_calls_total: counter(
+                "taskgate_upgraded_calls_total",
+                "Plain tools/call upgraded to tasks by taskgate, by outcome.",
+                &["upstream", "outcome"],
+            ),
             cancelled_notifications_dropped_total: counter(
                 "taskgate_cancelled_notifications_dropped_total",
                 "Client notifications/cancelled not forwarded upstream, by reason.",
@@ -316,6 +324,15 @@ impl Metrics {
                 m.cancel_requests_total.with_label_values(&[up, outcome]);
             }
             m.tasks_cancelled_total.with_label_values(&[up]);
+            for outcome in [
+                "completed",
+                "failed",
+                "cancelled",
+                "orphaned",
+                "upstream_error",
+            ] {
+                m.upgraded_calls_total.with_label_values(&[up, outcome]);
+            }
             m.task_late_results_total.with_label_values(&[up]);
             m.task_activity_after_cancel_total.with_label_values(&[up]);
             m.task_terminal_rewrites_total.with_label_values(&[up]);

@@ -206,6 +206,7 @@ impl Edge {
                 session_id,
                 protocol_version,
                 principal,
+                upgraded: false,
                 headers,
             },
         };

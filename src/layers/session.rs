@@ -12,7 +12,6 @@
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::Id;
 use crate::layers::tasks::memmem;
-use bytes::Bytes;
 use futures_util::StreamExt;
 use http::HeaderValue;
 use serde_json::Value;
@@ -37,7 +36,10 @@ pub enum TaskSupport {
 
 impl TaskSupport {
     fn of(tool: &Value) -> TaskSupport {
-        match tool.pointer("/execution/taskSupport").and_then(Value::as_str) {
+        match tool
+            .pointer("/execution/taskSupport")
+            .and_then(Value::as_str)
+        {
             Some("required") => TaskSupport::Required,
             Some("optional") => TaskSupport::Optional,
             _ => TaskSupport::Forbidden,
@@ -87,8 +89,6 @@ type Key = (Arc<str>, Option<HeaderValue>);
 #[derive(Default)]
 pub struct Sessions {
     table: Mutex<HashMap<Key, SessionInfo>>,
-    /// `initialize` requests waiting for their answer: (upstream, id) → client capabilities.
-    pending_init: Mutex<HashMap<(Arc<str>, Id), Value>>,
     seq: std::sync::atomic::AtomicU64,
 }
 
@@ -155,10 +155,17 @@ impl Sessions {
         self.with(upstream, session, |s| s.tools.clear());
     }
 
-    fn on_upstream_message(&self, upstream: &Arc<str>, session: Option<&HeaderValue>, bytes: &[u8]) {
+    fn on_upstream_message(
+        &self,
+        upstream: &Arc<str>,
+        session: Option<&HeaderValue>,
+        bytes: &[u8],
+    ) {
         if memmem(bytes, b"notifications/tools/list_changed") {
             if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
-                if v.get("method").and_then(Value::as_str) == Some("notifications/tools/list_changed") {
+                if v.get("method").and_then(Value::as_str)
+                    == Some("notifications/tools/list_changed")
+                {
                     self.tools_changed(upstream, session);
                 }
             }
@@ -289,6 +296,3 @@ enum Watch {
     ToolsList,
     Stream,
 }
-
-#[allow(dead_code)]
-fn _bytes(_: Bytes) {}

@@ -827,7 +827,11 @@ impl<S> TasksService<S> {
             task_id: String::new(),
             owner,
             upstream_session: header_string(req.ctx.session_id.as_ref()),
-            origin: Origin::Client,
+            origin: if req.ctx.upgraded {
+                Origin::Upgraded
+            } else {
+                Origin::Client
+            },
             tool,
             protocol_version: header_string(req.ctx.protocol_version.as_ref()),
             status: TaskStatus::Working,

@@ -1,0 +1,790 @@
+//! The `upgrade` layer: a plain `tools/call` to a tool whose `execution.taskSupport` is
+//! `"required"` becomes a task upstream, and the client gets the task's result as the answer to
+//! its original request (2025-11-25 server/tools: taskSupport; basic/utilities/tasks).
+//!
+//! Active when `[upgrade] enabled = true`. Messages it touches:
+//! - `tools/call` without `params.task`, on a session whose upstream declared
+//!   `capabilities.tasks.requests.tools.call`, to a tool the session's `tools/list` marked
+//!   `required` (a tool not yet seen triggers one `tools/list`, all pages): sent upstream with
+//!   `params.task = {ttl: upgrade.ttl_ms}` (recorded with `origin = upgraded`). The client's answer
+//!   becomes an SSE stream on which taskgate relays, while the task runs:
+//!   - `notifications/progress` the upstream sends (on the client's `progressToken`, kept in the
+//!     upgraded request);
+//!   - status changes seen by polling `tasks/get` at the task's `pollInterval` (at least 100 ms)
+//!     and `notifications/tasks/status`, as `notifications/progress` messages on the client's
+//!     `progressToken` (only when the client gave one);
+//!   - `elicitation/create` and `sampling/createMessage` requests from the upstream, when the
+//!     client declared `capabilities.elicitation` / `capabilities.sampling`; the client's answers
+//!     are ordinary POSTs that taskgate forwards upstream. Without the capability the task is
+//!     cancelled upstream and the client gets a JSON-RPC error (`-32603`) saying why.
+//!   The last event is the `tasks/result` answer (a `CallToolResult`, `isError` ones included, or
+//!   the JSON-RPC error) under the client's original id.
+//! - `notifications/cancelled` naming an upgraded call's id: becomes one `tasks/cancel` through the
+//!   `cancel` layer (single-flight, audit facts); the client gets no further message for that id.
+//! - The client's stream closing early (disconnect): `on_client_disconnect = "cancel"` cancels the
+//!   task after `disconnect_grace_ms`; `"keep"` lets it run upstream (taskgate stops following it;
+//!   the record stays and the client's principal can still reach it with `tasks/*`).
+//! - `tools/list` answers to a client that did not declare `capabilities.tasks`, from an upstream
+//!   that declares `tasks.requests.tools.call`: `required` tools are shown as `"optional"`, so such
+//!   clients call them. Task-capable clients see the upstream's values.
+//! - After a restart, upgraded tasks that are not terminal have lost their client: taskgate cancels
+//!   them upstream ([`cancel_orphans`]), counted as `taskgate_upgraded_calls_total{outcome="orphaned"}`.
+//!
+//! Outcomes of `taskgate_upgraded_calls_total{upstream,outcome}`: `completed`, `failed` (error or
+//! `isError` result), `cancelled` (client's `notifications/cancelled`), `disconnected`,
+//! `refused_capability`, `not_a_task` (the upstream answered without a task), `upstream_error`,
+//! `orphaned`.
+//!
+//! Limitation: the session table is in memory, so after a restart calls on sessions opened
+//! before it are forwarded as they are until the client lists tools again.
+
+use crate::config::{OnDisconnect, UpgradeConfig};
+use crate::exchange::{
+    GatewayError, McpReply, McpRequest, Operation, Principal, ReplyBody, RequestContext,
+};
+use crate::jsonrpc::{self, Id, Kind, Message};
+use crate::layers::session::{Sessions, TaskSupport};
+use crate::layers::tasks::Registry;
+use crate::mcp::task::TaskStatus;
+use crate::sse::{Event, EventStream};
+use crate::store::{Origin, TaskRecord};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tower::ServiceExt;
+
+type CallKey = (Arc<str>, Option<HeaderValue>, Id);
+
+/// Shared state of the upgrade layer.
+pub struct UpgradeState {
+    sessions: Arc<Sessions>,
+    registry: Arc<Registry>,
+    config: UpgradeConfig,
+    /// Upgraded calls being followed: client's (upstream, session, id) → cancel signal.
+    active: Mutex<HashMap<CallKey, oneshot::Sender<()>>>,
+    seq: AtomicU64,
+}
+
+impl UpgradeState {
+    /// The state for one process.
+    pub fn new(
+        sessions: Arc<Sessions>,
+        registry: Arc<Registry>,
+        config: UpgradeConfig,
+    ) -> Arc<UpgradeState> {
+        Arc::new(UpgradeState {
+            sessions,
+            registry,
+            config,
+            active: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(1),
+        })
+    }
+
+    fn next_id(&self) -> Id {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        Id::from_json(&format!("\"taskgate-{n}\"")).expect("a string id")
+    }
+
+    fn count(&self, upstream: &str, outcome: &str) {
+        self.registry
+            .metrics()
+            .upgraded_calls_total
+            .with_label_values(&[upstream, outcome])
+            .inc();
+    }
+}
+
+/// Builds [`UpgradeService`]s.
+#[derive(Clone)]
+pub struct UpgradeLayer {
+    state: Arc<UpgradeState>,
+}
+
+impl UpgradeLayer {
+    /// A layer sharing `state`.
+    pub fn new(state: Arc<UpgradeState>) -> UpgradeLayer {
+        UpgradeLayer { state }
+    }
+}
+
+impl<S> tower::Layer<S> for UpgradeLayer {
+    type Service = UpgradeService<S>;
+    fn layer(&self, inner: S) -> UpgradeService<S> {
+        UpgradeService {
+            inner,
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// The `upgrade` layer's service (see the module docs).
+#[derive(Clone)]
+pub struct UpgradeService<S> {
+    inner: S,
+    state: Arc<UpgradeState>,
+}
+
+type BoxFut = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send>>;
+
+impl<S> tower::Service<McpRequest> for UpgradeService<S>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = McpReply;
+    type Error = GatewayError;
+    type Future = BoxFut;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: McpRequest) -> BoxFut {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let state = self.state.clone();
+        if !state.config.enabled {
+            let mut inner = inner;
+            return Box::pin(inner.call(req));
+        }
+        match req.method() {
+            Some("tools/call") => Box::pin(tools_call(state, inner, req)),
+            Some("tools/list") => Box::pin(tools_list(state, inner, req)),
+            Some("notifications/cancelled") => {
+                if let Some(key) = cancelled_call(&req) {
+                    if let Some(signal) = state.active.lock().expect("active lock").remove(&key) {
+                        let _ = signal.send(());
+                        return Box::pin(async { Ok(McpReply::accepted()) });
+                    }
+                }
+                let mut inner = inner;
+                Box::pin(inner.call(req))
+            }
+            _ => {
+                let mut inner = inner;
+                Box::pin(inner.call(req))
+            }
+        }
+    }
+}
+
+fn cancelled_call(req: &McpRequest) -> Option<CallKey> {
+    let Operation::Post(msg) = &req.op else {
+        return None;
+    };
+    let v: Value = msg.parse_as().ok()?;
+    let id = Id::from_value(v.pointer("/params/requestId")?)?;
+    Some((
+        req.ctx.upstream.clone(),
+        req.ctx.client_session_id.clone(),
+        id,
+    ))
+}
+
+/// Shows `required` tools as `optional` to clients without `capabilities.tasks`.
+async fn tools_list<S>(
+    state: Arc<UpgradeState>,
+    inner: S,
+    req: McpRequest,
+) -> Result<McpReply, GatewayError>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let upstream = req.ctx.upstream.clone();
+    let session = req.ctx.client_session_id.clone();
+    let mut reply = inner.oneshot(req).await?;
+    let Some(info) = state.sessions.get(&upstream, session.as_ref()) else {
+        return Ok(reply);
+    };
+    if info.client_declares_tasks() || !info.upstream_tasks_tools_call() {
+        return Ok(reply);
+    }
+    reply.body = match reply.body {
+        ReplyBody::Json(bytes) => ReplyBody::Json(relax_required(bytes)),
+        ReplyBody::Stream(events) => ReplyBody::Stream(Box::pin(events.map(|mut ev| {
+            if let Some(data) = ev.data.take() {
+                let out = relax_required(Bytes::from(data));
+                ev.data = Some(String::from_utf8_lossy(&out).into_owned());
+            }
+            ev
+        }))),
+        other => other,
+    };
+    Ok(reply)
+}
+
+/// `taskSupport: "required"` → `"optional"` in a `tools/list` result.
+fn relax_required(bytes: Bytes) -> Bytes {
+    if !crate::layers::tasks::memmem(&bytes, b"\"required\"") {
+        return bytes;
+    }
+    let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
+        return bytes;
+    };
+    let mut changed = false;
+    if let Some(tools) = v.pointer_mut("/result/tools").and_then(Value::as_array_mut) {
+        for tool in tools {
+            if let Some(ts) = tool.pointer_mut("/execution/taskSupport") {
+                if ts == "required" {
+                    *ts = Value::String("optional".into());
+                    changed = true;
+                }
+            }
+        }
+    }
+    if !changed {
+        return bytes;
+    }
+    Bytes::from(serde_json::to_vec(&v).expect("re-serialise"))
+}
+
+/// A request taskgate sends on its own (tasks/get, tasks/result, tasks/cancel, tools/list), in the
+/// client's context so the `tasks` layer authorises and routes it as the client's.
+fn own_request(ctx: &RequestContext, id: &Id, method: &str, params: Value) -> McpRequest {
+    let body = serde_json::json!({"jsonrpc": "2.0", "method": method, "params": params});
+    let mut text = body.to_string();
+    // Splice the id in as raw JSON (keeps its type).
+    text.insert_str(1, &format!("\"id\":{},", id.as_json()));
+    let msg = Message::parse(Bytes::from(text)).expect("a well-formed request");
+    let mut ctx = ctx.clone();
+    ctx.upgraded = false;
+    McpRequest {
+        op: Operation::Post(msg),
+        ctx,
+    }
+}
+
+/// Reads a reply until the message answering `id`; other messages go to `on_other`.
+async fn answer_of(reply: McpReply, id: &Id, mut on_other: impl FnMut(Event)) -> Option<Value> {
+    match reply.body {
+        ReplyBody::Json(bytes) => serde_json::from_slice(&bytes).ok(),
+        ReplyBody::Stream(mut events) => {
+            while let Some(ev) = events.next().await {
+                let answers = ev.data.as_ref().and_then(|d| {
+                    let m = Message::parse(Bytes::copy_from_slice(d.as_bytes())).ok()?;
+                    (m.id() == Some(id) && matches!(m.kind(), Kind::Response | Kind::Error))
+                        .then(|| serde_json::from_str::<Value>(d).ok())
+                        .flatten()
+                });
+                match answers {
+                    Some(v) => return Some(v),
+                    None => on_other(ev),
+                }
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+async fn tool_support<S>(
+    state: &UpgradeState,
+    inner: &S,
+    ctx: &RequestContext,
+    tool: &str,
+) -> Option<TaskSupport>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let session = ctx.client_session_id.as_ref();
+    if let Some(ts) = state
+        .sessions
+        .get(&ctx.upstream, session)
+        .and_then(|s| s.tools.get(tool).copied())
+    {
+        return Some(ts);
+    }
+    // Not seen yet: one tools/list, every page (the session layer records what passes).
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let id = state.next_id();
+        let params = match &cursor {
+            Some(c) => serde_json::json!({ "cursor": c }),
+            None => serde_json::json!({}),
+        };
+        let reply = inner
+            .clone()
+            .oneshot(own_request(ctx, &id, "tools/list", params))
+            .await
+            .ok()?;
+        let answer = answer_of(reply, &id, |_| {}).await?;
+        cursor = answer
+            .pointer("/result/nextCursor")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    state
+        .sessions
+        .get(&ctx.upstream, session)
+        .and_then(|s| s.tools.get(tool).copied())
+}
+
+async fn tools_call<S>(
+    state: Arc<UpgradeState>,
+    inner: S,
+    mut req: McpRequest,
+) -> Result<McpReply, GatewayError>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let Operation::Post(msg) = &req.op else {
+        return inner.oneshot(req).await;
+    };
+    let Ok(mut value) = msg.parse_as::<Value>() else {
+        return inner.oneshot(req).await;
+    };
+    let plain = value.pointer("/params/task").is_none();
+    let tool = value
+        .pointer("/params/name")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let info = state
+        .sessions
+        .get(&req.ctx.upstream, req.ctx.client_session_id.as_ref());
+    let (Some(tool), Some(info), true) = (tool, info, plain) else {
+        return inner.oneshot(req).await;
+    };
+    if !info.upstream_tasks_tools_call()
+        || tool_support(&state, &inner, &req.ctx, &tool).await != Some(TaskSupport::Required)
+    {
+        return inner.oneshot(req).await;
+    }
+    let original_id = msg.id().cloned().expect("tools/call is a request");
+    let progress_token = value.pointer("/params/_meta/progressToken").cloned();
+    value["params"]["task"] = serde_json::json!({ "ttl": state.config.ttl_ms });
+    let bytes = Bytes::from(serde_json::to_vec(&value).expect("re-serialise"));
+    req.op = Operation::Post(Message::parse(bytes).expect("a re-serialised request"));
+    req.ctx.upgraded = true;
+    let ctx = req.ctx.clone();
+    let upstream = ctx.upstream.clone();
+    tracing::info!(
+        tool,
+        "plain tools/call to a required tool: upgraded to a task"
+    );
+
+    let reply = inner.clone().oneshot(req).await?;
+    let status = reply.status;
+    let headers = reply.headers.clone();
+    let (tx, rx) = mpsc::channel::<Event>(64);
+    let mut early = Vec::new();
+    let answer = answer_of(reply, &original_id, |ev| early.push(ev)).await;
+    let Some(answer) = answer else {
+        state.count(&upstream, "upstream_error");
+        return Ok(McpReply::local_error(
+            Some(&original_id),
+            jsonrpc::INTERNAL_ERROR,
+            &format!("upstream `{upstream}` sent no answer to the upgraded tools/call"),
+        ));
+    };
+    let Some(task) = answer
+        .pointer("/result/task")
+        .filter(|t| t.get("taskId").is_some())
+    else {
+        // Not a task after all (an error, or the call ran plainly): the answer as it came.
+        state.count(&upstream, "not_a_task");
+        let mut reply = McpReply::local_json(Bytes::from(answer.to_string()));
+        reply.status = if status.is_success() {
+            StatusCode::OK
+        } else {
+            status
+        };
+        return Ok(reply);
+    };
+    let task_id = task["taskId"].as_str().unwrap_or_default().to_string();
+    let poll = task
+        .get("pollInterval")
+        .and_then(Value::as_u64)
+        .unwrap_or(1000)
+        .max(100);
+    let (cancel_tx, cancel_rx) = oneshot::channel();
+    let key: CallKey = (
+        upstream.clone(),
+        ctx.client_session_id.clone(),
+        original_id.clone(),
+    );
+    state
+        .active
+        .lock()
+        .expect("active lock")
+        .insert(key.clone(), cancel_tx);
+    let follower = Follower {
+        state: state.clone(),
+        inner: Arc::new(inner),
+        ctx,
+        task_id,
+        original_id,
+        progress_token,
+        poll: Duration::from_millis(poll),
+        tx,
+        progress: 0,
+        key,
+    };
+    for ev in early {
+        follower.relay_other(ev).await;
+    }
+    tokio::spawn(follower.run(cancel_rx));
+
+    let mut out_headers = HeaderMap::new();
+    out_headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    out_headers.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    if let Some(sid) = headers.get("mcp-session-id") {
+        out_headers.insert("mcp-session-id", sid.clone());
+    }
+    let events: EventStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|ev| (ev, rx))
+    }));
+    Ok(McpReply {
+        status: StatusCode::OK,
+        headers: out_headers,
+        body: ReplyBody::Stream(events),
+    })
+}
+
+/// Follows one upgraded task to its end and writes to the client's stream.
+struct Follower<S> {
+    state: Arc<UpgradeState>,
+    inner: Arc<S>,
+    ctx: RequestContext,
+    task_id: String,
+    original_id: Id,
+    progress_token: Option<Value>,
+    poll: Duration,
+    tx: mpsc::Sender<Event>,
+    progress: u64,
+    key: CallKey,
+}
+
+enum End {
+    Answer(Value),
+    NeedsCapability(&'static str, &'static str),
+    ClientCancelled,
+    Disconnected,
+    Failed(String),
+}
+
+fn event(data: String) -> Event {
+    Event {
+        event: Some("message".into()),
+        data: Some(data),
+        id: None,
+        retry: None,
+    }
+}
+
+impl<S> Follower<S>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    async fn send(&self, data: String) -> bool {
+        self.tx.send(event(data)).await.is_ok()
+    }
+
+    async fn progress(&mut self, message: String) {
+        let Some(token) = &self.progress_token else {
+            return;
+        };
+        self.progress += 1;
+        let msg = serde_json::json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/progress",
+            "params": { "progressToken": token, "progress": self.progress, "message": message },
+        });
+        let _ = self.tx.send(event(msg.to_string())).await;
+    }
+
+    /// Relays what the upstream sends on the task's streams; status notifications become progress.
+    async fn relay_other(&self, ev: Event) {
+        let Some(data) = &ev.data else { return };
+        if crate::layers::tasks::memmem(data.as_bytes(), b"notifications/tasks/status") {
+            if let Ok(v) = serde_json::from_str::<Value>(data) {
+                if let Some(p) = v.get("params") {
+                    let status = p.get("status").and_then(Value::as_str).unwrap_or("");
+                    let message = p.get("statusMessage").and_then(Value::as_str).unwrap_or("");
+                    if let Some(token) = &self.progress_token {
+                        let msg = serde_json::json!({
+                            "jsonrpc": "2.0",
+                            "method": "notifications/progress",
+                            "params": { "progressToken": token, "progress": 0, "message": format!("{status}: {message}").trim_end_matches(": ").to_string() },
+                        });
+                        let _ = self.tx.send(event(msg.to_string())).await;
+                    }
+                }
+            }
+            return;
+        }
+        let _ = self.tx.send(ev).await;
+    }
+
+    async fn run(mut self, mut cancel_rx: oneshot::Receiver<()>) {
+        let upstream = self.ctx.upstream.clone();
+        let _hold = self
+            .state
+            .registry
+            .releases()
+            .hold(&upstream, &self.task_id);
+        let result_id = self.state.next_id();
+        let result_req = own_request(
+            &self.ctx,
+            &result_id,
+            "tasks/result",
+            serde_json::json!({ "taskId": self.task_id }),
+        );
+        let inner = (*self.inner).clone();
+        let (relay_tx, mut relay_rx) = mpsc::channel::<Event>(64);
+        let client_caps = self
+            .state
+            .sessions
+            .get(&upstream, self.ctx.client_session_id.as_ref());
+        let result_fut = async move {
+            let reply = match inner.oneshot(result_req).await {
+                Ok(r) => r,
+                Err(e) => return End::Failed(e.to_string()),
+            };
+            let answer = answer_of(reply, &result_id, |ev| {
+                let _ = relay_tx.try_send(ev);
+            })
+            .await;
+            match answer {
+                Some(v) => End::Answer(v),
+                None => End::Failed("the tasks/result stream ended without an answer".into()),
+            }
+        };
+        tokio::pin!(result_fut);
+        let mut ticker = tokio::time::interval(self.poll);
+        ticker.tick().await;
+        let mut last_status: Option<(String, String)> = None;
+        let end = loop {
+            tokio::select! {
+                end = &mut result_fut => break end,
+                _ = &mut cancel_rx => break End::ClientCancelled,
+                _ = self.tx.closed() => break End::Disconnected,
+                Some(ev) = relay_rx.recv() => {
+                    if let Some(data) = &ev.data {
+                        let method = serde_json::from_str::<Value>(data).ok().and_then(|v| v.get("method").and_then(Value::as_str).map(str::to_string));
+                        let needs = match method.as_deref() {
+                            Some("elicitation/create") => Some(("elicitation/create", "/elicitation")),
+                            Some("sampling/createMessage") => Some(("sampling/createMessage", "/sampling")),
+                            _ => None,
+                        };
+                        if let Some((method, pointer)) = needs {
+                            if !client_caps.as_ref().is_some_and(|c| c.client_has(pointer)) {
+                                break End::NeedsCapability(method, pointer);
+                            }
+                        }
+                    }
+                    self.relay_other(ev).await;
+                }
+                _ = ticker.tick() => {
+                    if let Some(st) = self.poll_status().await {
+                        if last_status.as_ref() != Some(&st) {
+                            let message = if st.1.is_empty() { st.0.clone() } else { format!("{}: {}", st.0, st.1) };
+                            last_status = Some(st);
+                            self.progress(message).await;
+                        }
+                    }
+                }
+            }
+        };
+        self.state
+            .active
+            .lock()
+            .expect("active lock")
+            .remove(&self.key);
+        match end {
+            End::Answer(mut v) => {
+                let failed = v.get("error").is_some()
+                    || v.pointer("/result/isError").and_then(Value::as_bool) == Some(true);
+                self.state
+                    .count(&upstream, if failed { "failed" } else { "completed" });
+                v["id"] = serde_json::from_str(self.original_id.as_json()).expect("an id is JSON");
+                self.send(v.to_string()).await;
+            }
+            End::NeedsCapability(method, pointer) => {
+                self.state.count(&upstream, "refused_capability");
+                self.cancel_upstream().await;
+                let message = format!(
+                    "the tool needs {method}, but this client did not declare capabilities.{}; the task was cancelled",
+                    pointer.trim_start_matches('/')
+                );
+                let err = jsonrpc::error_response(
+                    Some(&self.original_id),
+                    jsonrpc::INTERNAL_ERROR,
+                    &message,
+                );
+                self.send(String::from_utf8_lossy(&err).into_owned()).await;
+            }
+            End::ClientCancelled => {
+                self.state.count(&upstream, "cancelled");
+                self.cancel_upstream().await;
+            }
+            End::Disconnected => {
+                self.state.count(&upstream, "disconnected");
+                if self.state.config.on_client_disconnect == OnDisconnect::Cancel {
+                    tokio::time::sleep(Duration::from_millis(
+                        self.state.config.disconnect_grace_ms,
+                    ))
+                    .await;
+                    self.cancel_upstream().await;
+                }
+            }
+            End::Failed(why) => {
+                self.state.count(&upstream, "upstream_error");
+                let err = jsonrpc::error_response(
+                    Some(&self.original_id),
+                    jsonrpc::INTERNAL_ERROR,
+                    &format!("following the upgraded task failed: {why}"),
+                );
+                self.send(String::from_utf8_lossy(&err).into_owned()).await;
+            }
+        }
+    }
+
+    async fn poll_status(&self) -> Option<(String, String)> {
+        let id = self.state.next_id();
+        let req = own_request(
+            &self.ctx,
+            &id,
+            "tasks/get",
+            serde_json::json!({ "taskId": self.task_id }),
+        );
+        let reply = (*self.inner).clone().oneshot(req).await.ok()?;
+        let v = answer_of(reply, &id, |_| {}).await?;
+        let r = v.get("result")?;
+        Some((
+            r.get("status")?.as_str()?.to_string(),
+            r.get("statusMessage")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+        ))
+    }
+
+    async fn cancel_upstream(&self) {
+        cancel_task(&*self.inner, &self.state, &self.ctx, &self.task_id).await;
+    }
+}
+
+async fn cancel_task<S>(inner: &S, state: &UpgradeState, ctx: &RequestContext, task_id: &str)
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let id = state.next_id();
+    let req = own_request(
+        ctx,
+        &id,
+        "tasks/cancel",
+        serde_json::json!({ "taskId": task_id }),
+    );
+    match inner.clone().oneshot(req).await {
+        Ok(reply) => {
+            let answer = answer_of(reply, &id, |_| {}).await;
+            tracing::info!(task_id, answer = ?answer.map(|v| v.to_string()), "upgraded task cancelled upstream");
+        }
+        Err(e) => tracing::warn!(task_id, error = %e, "could not cancel an upgraded task upstream"),
+    }
+}
+
+/// After a restart: cancels every non-terminal upgraded task (its client is gone), through the
+/// upstream's stack so the `cancel` layer records it. Returns how many were cancelled.
+pub async fn cancel_orphans<S>(state: &UpgradeState, upstream: &Arc<str>, stack: S) -> usize
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let mut orphans: Vec<TaskRecord> = Vec::new();
+    let _ = state.registry.store().scan(&mut |r| {
+        if r.origin == Origin::Upgraded
+            && !r.status.is_terminal()
+            && r.upstream == upstream.as_ref()
+        {
+            orphans.push(r);
+        }
+        true
+    });
+    for r in &orphans {
+        let session = r
+            .upstream_session
+            .as_deref()
+            .and_then(|s| HeaderValue::from_str(s).ok());
+        let principal = match r.owner.strip_prefix("principal:") {
+            Some(p) => Principal::Token(p.into()),
+            None => Principal::Anonymous,
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            http::header::ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        if let Some(v) = r
+            .protocol_version
+            .as_deref()
+            .and_then(|v| HeaderValue::from_str(v).ok())
+        {
+            headers.insert("mcp-protocol-version", v);
+        }
+        let ctx = RequestContext {
+            upstream: upstream.clone(),
+            session_id: session.clone(),
+            client_session_id: session,
+            protocol_version: None,
+            principal,
+            upgraded: false,
+            headers,
+        };
+        state.count(upstream, "orphaned");
+        cancel_task(&stack, state, &ctx, &r.task_id).await;
+        if r.status != TaskStatus::Cancelled {
+            tracing::info!(task_id = %r.task_id, "orphaned upgraded task cancelled after restart");
+        }
+    }
+    orphans.len()
+}
