@@ -881,6 +881,13 @@ impl<S> TasksService<S> {
                 .task_lookups_rejected_total
                 .with_label_values(&[&req.ctx.upstream, method])
                 .inc();
+            if method == "tasks/cancel" {
+                self.registry
+                    .metrics
+                    .cancel_requests_total
+                    .with_label_values(&[&req.ctx.upstream, "rejected_unknown"])
+                    .inc();
+            }
             return Err(McpReply::local_error(
                 Some(&id),
                 jsonrpc::INVALID_PARAMS,

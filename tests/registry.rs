@@ -1,0 +1,1084 @@
+//! The durable task registry and the `tasks` layer (issue 3), shown against a scripted MCP task
+//! server (tests/tasks_support) and, where a crash or restart is the point, the real binary.
+//!
+//! Each test builds the smallest setup for one rule and asserts what users and operators rely on:
+//! JSON-RPC codes, what the upstream received (and did not), what the store, `/admin/tasks`,
+//! `taskgate tasks show|list` and `/metrics` hold.
+
+mod support;
+mod tasks_support;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::BodyExt;
+use rand::Rng;
+use serde_json::{json, Value};
+use support::*;
+use taskgate::mcp::task::{parse_rfc3339_ms, TaskStatus};
+use taskgate::store::Origin;
+use tasks_support::*;
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Starts the real binary with `config`; returns it and its (gateway, admin) addresses.
+fn spawn_binary(config: &str) -> (TaskgateProcess, std::net::SocketAddr, std::net::SocketAddr) {
+    blocking(|| {
+        let mut p = TaskgateProcess::spawn(&["serve", "--config", config], &[]);
+        let (g, a) = p.listening();
+        (p, g, a)
+    })
+}
+
+fn sigkill(p: &mut TaskgateProcess) {
+    blocking(|| {
+        p.signal(libc::SIGKILL);
+        p.wait_exit(STEP).expect("taskgate did not die on SIGKILL");
+    })
+}
+
+fn task_ids_in_store(store: &str) -> Vec<String> {
+    let ran = blocking(|| {
+        run_taskgate(
+            &["tasks", "list", "--store", store, "--limit", "10000000"],
+            &[],
+        )
+    });
+    assert!(ran.status.success(), "tasks list failed: {}", ran.stderr);
+    ran.stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            parse_json(l.as_bytes())["task_id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+// =============================================================================================
+// Recording CreateTaskResult
+// =============================================================================================
+
+/// A `CreateTaskResult` in a JSON body is recorded with the fields DESIGN.md lists, passed to the
+/// client unchanged, and visible on the admin endpoint and in the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_task_result_in_json_body_is_recorded() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    assert_eq!(c.session.as_deref(), Some("sess-1"));
+
+    let v = c.rpc(Client::create_body("1", Some(60_000))).await;
+    let task = &v["result"]["task"];
+    let task_id = task["taskId"]
+        .as_str()
+        .expect("CreateTaskResult")
+        .to_string();
+    let server_view = up.state.lock().unwrap().tasks[&task_id].to_json(&task_id);
+    assert_eq!(
+        task, &server_view,
+        "client sees the upstream's task unchanged"
+    );
+
+    // Recorded before the reply reached us: no waiting.
+    let r = tg
+        .record(&task_id)
+        .expect("record written before the reply");
+    assert_eq!(r.upstream, "default");
+    assert_eq!(r.task_id, task_id, "the upstream's taskId, never rewritten");
+    assert_eq!(r.owner, "session:sess-1");
+    assert_eq!(r.upstream_session.as_deref(), Some("sess-1"));
+    assert_eq!(r.origin, Origin::Client);
+    assert_eq!(r.tool.as_deref(), Some("slow"));
+    assert_eq!(r.protocol_version.as_deref(), Some(PROTOCOL_VERSION));
+    assert_eq!(r.status, TaskStatus::Working);
+    assert_eq!(r.created_at, task["createdAt"].as_str().unwrap());
+    assert_eq!(r.ttl_ms, Some(60_000));
+    assert_eq!(r.poll_interval_ms, Some(100));
+    assert_eq!(
+        r.expires_at,
+        parse_rfc3339_ms(&r.created_at).unwrap() + 60_000,
+        "expires at createdAt + ttl"
+    );
+    assert!(r.cancelled_at.is_none() && r.released_at.is_none() && r.terminal_at.is_none());
+
+    let (s, detail) = tg.admin(&format!("/admin/tasks/default/{task_id}")).await;
+    assert_eq!(s, 200, "{detail}");
+    assert_eq!(detail["task"]["task_id"], json!(task_id));
+    assert_eq!(detail["task"]["status"], json!("working"));
+    let (s, list) = tg.admin("/admin/tasks?owner=session:sess-1").await;
+    assert_eq!(s, 200);
+    assert_eq!(list["tasks"].as_array().unwrap().len(), 1, "{list}");
+    let (_, none) = tg.admin("/admin/tasks?owner=session:sess-2").await;
+    assert_eq!(none["tasks"], json!([]));
+
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(&m, "taskgate_tasks_created_total", &[("origin", "client")]),
+        1.0
+    );
+    assert_eq!(
+        metric(&m, "taskgate_tasks", &[("status", "working")]),
+        1.0,
+        "{m}"
+    );
+}
+
+/// A `CreateTaskResult` inside an SSE stream (after a progress event, with the stream still open)
+/// is recorded by the time the client reads that event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_task_result_inside_sse_is_recorded_before_the_event_is_relayed() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let up = TaskServer::start(Behaviour {
+        creation_sse: true,
+        creation_head: Some(Arc::new(|_, _| {
+            vec![ev().data(&progress_notification(&json!("pt-1"), 0)).into()]
+        })),
+        creation_tail: Some(Arc::new(move |_, _| vec![SseStep::Wait(g.clone())])),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+
+    let r = c.send(Client::create_body("1", Some(60_000))).await;
+    assert_eq!(r.status(), 200);
+    assert!(r
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let mut sse = r.sse();
+    let first = sse.next_event(STEP).await.json();
+    assert_eq!(first["method"], json!("notifications/progress"));
+    let created = sse.next_event(STEP).await.json();
+    let task_id = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("CreateTaskResult in the stream")
+        .to_string();
+    assert_eq!(created["id"], json!(1));
+
+    let rec = tg
+        .record(&task_id)
+        .expect("recorded before the SSE event was relayed");
+    assert_eq!(rec.owner, "session:sess-1");
+    assert_eq!(rec.status, TaskStatus::Working);
+    let (s, _) = tg.admin(&format!("/admin/tasks/default/{task_id}")).await;
+    assert_eq!(s, 200);
+
+    gate.open();
+    sse.expect_end(STEP).await;
+    // Only one record, and the stream's end changed nothing.
+    let (_, list) = tg.admin("/admin/tasks").await;
+    assert_eq!(list["tasks"].as_array().unwrap().len(), 1);
+}
+
+// =============================================================================================
+// Durability: the real binary, SIGKILL
+// =============================================================================================
+
+/// The client reads a taskId, the gateway is SIGKILLed at once, and `taskgate tasks show` finds
+/// the task in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_is_durable_before_the_client_sees_its_id() {
+    let up = TaskServer::default().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
+    let store = dir.path().join("store").to_str().unwrap().to_string();
+    let (mut p, gw, _) = spawn_binary(&cfg);
+
+    let c = Client::new(&format!("http://{gw}/mcp"));
+    let task_id = c.create_task("1").await;
+    sigkill(&mut p);
+
+    let ran = blocking(|| {
+        run_taskgate(
+            &["tasks", "show", "--store", &store, "default", &task_id],
+            &[],
+        )
+    });
+    assert!(
+        ran.status.success(),
+        "tasks show after SIGKILL: {}",
+        ran.stderr
+    );
+    let shown = parse_json(ran.stdout.as_bytes());
+    assert_eq!(shown["task"]["task_id"], json!(task_id));
+    assert_eq!(shown["task"]["status"], json!("working"));
+    assert_eq!(shown["task"]["owner"], json!("anonymous"));
+    assert_eq!(task_ids_in_store(&store), vec![task_id]);
+}
+
+/// Several rounds: a burst of concurrent creations while the binary is SIGKILLed at a random
+/// moment, then restarted on the same store. Every taskId any client received is in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_loop_every_received_task_id_survives_sigkill() {
+    const ROUNDS: usize = 10;
+    const CREATORS: usize = 16;
+    let up = TaskServer::default().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1000000")
+        .write_for_binary(dir.path());
+    let store = dir.path().join("store").to_str().unwrap().to_string();
+    let received: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut per_round = Vec::new();
+
+    for round in 0..ROUNDS {
+        let (mut p, gw, _) = spawn_binary(&cfg);
+        let url = format!("http://{gw}/mcp");
+        let stop = Arc::new(AtomicBool::new(false));
+        let before = received.lock().unwrap().len();
+        let mut creators = Vec::new();
+        for k in 0..CREATORS {
+            let (url, stop, received) = (url.clone(), stop.clone(), received.clone());
+            creators.push(tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    n += 1;
+                    let body =
+                        Client::create_body(&format!("\"r{round}-c{k}-{n}\""), Some(600_000));
+                    let Ok(resp) = Req::mcp_post(&url, body).try_send().await else {
+                        break;
+                    };
+                    if resp.status() != 200 {
+                        break;
+                    }
+                    let Ok(collected) = resp.body.collect().await else {
+                        break;
+                    };
+                    let v: Value = match serde_json::from_slice(&collected.to_bytes()) {
+                        Ok(v) => v,
+                        Err(_) => break,
+                    };
+                    if let Some(id) = v.pointer("/result/task/taskId").and_then(Value::as_str) {
+                        received.lock().unwrap().push(id.to_string());
+                    }
+                }
+            }));
+        }
+        let kill_after = rand::thread_rng().gen_range(30..250);
+        tokio::time::sleep(Duration::from_millis(kill_after)).await;
+        sigkill(&mut p);
+        stop.store(true, Ordering::SeqCst);
+        for c in creators {
+            tokio::time::timeout(STEP, c)
+                .await
+                .expect("creators stop once taskgate is gone")
+                .unwrap();
+        }
+        per_round.push((kill_after, received.lock().unwrap().len() - before));
+    }
+
+    let received = received.lock().unwrap().clone();
+    let found: HashSet<String> = task_ids_in_store(&store).into_iter().collect();
+    let missing: Vec<&String> = received.iter().filter(|id| !found.contains(*id)).collect();
+    println!(
+        "crash loop: rounds={ROUNDS} creators={CREATORS} ids_received={} ids_found_in_store={} \
+         upstream_creations={} missing={} per_round(kill_after_ms, ids_received)={per_round:?}",
+        received.len(),
+        found.len(),
+        up.count("tools/call"),
+        missing.len()
+    );
+    assert!(
+        received.len() >= ROUNDS,
+        "the bursts must actually hand out task ids"
+    );
+    assert!(
+        missing.is_empty(),
+        "task ids a client received are missing from the store: {missing:?}"
+    );
+    // The store also opens for a normal start after the last kill.
+    let (p, gw, _) = spawn_binary(&cfg);
+    let c = Client::new(&format!("http://{gw}/mcp"));
+    let v = c.get("\"after\"", &received[0]).await;
+    assert_eq!(v["result"]["taskId"], json!(received[0]), "{v}");
+    drop(p);
+}
+
+// =============================================================================================
+// Binding: principals and sessions
+// =============================================================================================
+
+/// With bearer auth, another principal's tasks/get|result|cancel get -32602 exactly like an
+/// unknown task, the upstream sees nothing, and a missing or wrong token gets 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_principal_gets_task_not_found_and_upstream_sees_nothing() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .token("bob", "bob-token")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let mut bob = tg.client().with_token("bob-token");
+    bob.initialize().await;
+    let task_id = alice.create_task("1").await;
+    let record = tg.record(&task_id).unwrap();
+    assert_eq!(record.owner, "principal:alice");
+
+    let seen_before = up.up.count();
+    // Bob on his own session, and Bob presenting Alice's session id.
+    let bob_on_alice_session = bob.clone().with_session(alice.session.as_deref().unwrap());
+    for who in [&bob, &bob_on_alice_session] {
+        for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
+            let foreign = who.task_call("\"b-1\"", method, &task_id).await;
+            let unknown = who
+                .task_call("\"b-2\"", method, "task-does-not-exist")
+                .await;
+            assert_eq!(err_code(&foreign), -32602, "{method}: {foreign}");
+            assert_eq!(foreign["id"], json!("b-1"));
+            assert_eq!(err_code(&unknown), -32602);
+            assert_eq!(
+                err_message(&foreign).replace(&task_id, "X"),
+                err_message(&unknown).replace("task-does-not-exist", "X"),
+                "a foreign task must be indistinguishable from an unknown one"
+            );
+        }
+    }
+    assert_eq!(
+        up.up.count(),
+        seen_before,
+        "nothing reached the upstream: {:?}",
+        up.task_requests()
+    );
+    assert_eq!(tg.record(&task_id).unwrap().status, TaskStatus::Working);
+
+    // No token / a wrong token: 401 with WWW-Authenticate: Bearer, upstream untouched.
+    for token in [None, Some("mallory")] {
+        let mut c = tg.client();
+        c.token = token.map(str::to_string);
+        let r = c
+            .send(rpc(
+                "1",
+                "tasks/get",
+                &json!({"taskId": task_id}).to_string(),
+            ))
+            .await;
+        assert_eq!(r.status(), 401);
+        assert!(r
+            .header("www-authenticate")
+            .is_some_and(|h| h.starts_with("Bearer")));
+    }
+    assert_eq!(up.up.count(), seen_before);
+
+    // Alice herself is served.
+    let mine = alice.get("2", &task_id).await;
+    assert_eq!(mine["result"]["status"], json!("working"), "{mine}");
+    assert_eq!(up.count("tasks/get"), 1);
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(&m, "taskgate_task_lookups_rejected_total", &[]),
+        12.0,
+        "every refused lookup counted"
+    );
+}
+
+/// Without auth a task belongs to the session that created it: another session, or no session,
+/// gets -32602 for tasks/get|result|cancel and the upstream sees nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_session_gets_task_not_found_without_auth() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut a = tg.client();
+    a.initialize().await;
+    let mut b = tg.client();
+    b.initialize().await;
+    assert_ne!(a.session, b.session);
+    let nobody = tg.client();
+    let task_id = a.create_task("1").await;
+    assert_eq!(tg.record(&task_id).unwrap().owner, "session:sess-1");
+
+    let seen_before = up.up.count();
+    for who in [&b, &nobody] {
+        for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
+            let v = who.task_call("7", method, &task_id).await;
+            assert_eq!(err_code(&v), -32602, "{method} from {:?}: {v}", who.session);
+            assert_eq!(v["id"], json!(7));
+        }
+    }
+    assert_eq!(
+        up.up.count(),
+        seen_before,
+        "the upstream saw: {:?}",
+        up.task_requests()
+    );
+
+    let v = a.get("8", &task_id).await;
+    assert_eq!(v["result"]["taskId"], json!(task_id));
+    assert_eq!(
+        up.received("tasks/get")[0]
+            .header("mcp-session-id")
+            .as_deref(),
+        Some("sess-1")
+    );
+}
+
+/// The same principal on a new MCP session (or without one) reaches its task, and taskgate sends
+/// tasks/get|result|cancel upstream on the session the task was created on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_principal_new_session_reaches_task_on_original_session() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .start()
+        .await;
+    let mut first = tg.client().with_token("alice-token");
+    first.initialize().await;
+    let task_id = first.create_task("1").await;
+    assert_eq!(
+        up.received("tools/call")[0]
+            .header("mcp-session-id")
+            .as_deref(),
+        Some("sess-1")
+    );
+
+    let mut second = tg.client().with_token("alice-token");
+    second.initialize().await;
+    assert_eq!(second.session.as_deref(), Some("sess-2"));
+    let sessionless = tg.client().with_token("alice-token");
+
+    let v = second.get("\"g\"", &task_id).await;
+    assert_eq!(v["result"]["status"], json!("working"), "{v}");
+    let v = sessionless.get("\"g2\"", &task_id).await;
+    assert_eq!(v["result"]["taskId"], json!(task_id), "{v}");
+    let v = second.result("\"r\"", &task_id).await;
+    assert_eq!(
+        v["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        json!(task_id),
+        "{v}"
+    );
+    // tasks/result made it completed upstream; use a second task for cancel.
+    let task2 = first.create_task("2").await;
+    let v = second.cancel("\"c\"", &task2).await;
+    assert_eq!(v["result"]["status"], json!("cancelled"), "{v}");
+
+    let routed = up.task_requests();
+    assert_eq!(routed.len(), 4, "{routed:?}");
+    for r in &routed {
+        assert_eq!(
+            r.header("mcp-session-id").as_deref(),
+            Some("sess-1"),
+            "{} must go out on the task's original session",
+            r.body_str()
+        );
+    }
+}
+
+// =============================================================================================
+// Status tracking
+// =============================================================================================
+
+/// Once recorded `completed`, a task stays `completed`: when the upstream later reports
+/// `working` or `cancelled`, the client is shown `completed` and the rewrite is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_status_is_final_and_later_reports_are_rewritten() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let task_id = c.create_task("1").await;
+
+    up.set(&task_id, "completed");
+    let v = c.get("2", &task_id).await;
+    assert_eq!(v["result"]["status"], json!("completed"));
+    let rec = tg.record(&task_id).unwrap();
+    assert_eq!(rec.status, TaskStatus::Completed);
+    assert!(rec.terminal_at.is_some());
+
+    up.script_get(&task_id, &["working", "cancelled"]);
+    for (id, reported) in [("3", "working"), ("4", "cancelled")] {
+        let v = c.get(id, &task_id).await;
+        assert_eq!(v["id"], json!(id.parse::<u64>().unwrap()));
+        assert_eq!(
+            v["result"]["status"],
+            json!("completed"),
+            "upstream said {reported}; the client must see the recorded terminal status: {v}"
+        );
+        assert_eq!(v["result"]["taskId"], json!(task_id));
+    }
+    assert_eq!(up.count("tasks/get"), 3, "the gets were forwarded");
+    assert_eq!(tg.record(&task_id).unwrap().status, TaskStatus::Completed);
+
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(&m, "taskgate_task_terminal_rewrites_total", &[]),
+        2.0
+    );
+    assert_eq!(metric(&m, "taskgate_task_late_results_total", &[]), 1.0);
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_task_status_transitions_total",
+            &[("from", "working"), ("to", "completed")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_task_status_transitions_total",
+            &[("from", "completed")]
+        ),
+        0.0
+    );
+}
+
+/// `notifications/tasks/status` on the GET stream updates the record (seen on /admin/tasks);
+/// one reporting a non-terminal status after a terminal one is rewritten for the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_notification_on_get_stream_updates_record() {
+    let (g1, g2, g3) = (Gate::new(), Gate::new(), Gate::new());
+    let (a, b, c3) = (g1.clone(), g2.clone(), g3.clone());
+    let up = TaskServer::start(Behaviour {
+        get_stream: Some(Arc::new(move || {
+            vec![
+                SseStep::Wait(a.clone()),
+                ev().data(&status_notification("task-1", "input_required"))
+                    .into(),
+                SseStep::Wait(b.clone()),
+                ev().data(&status_notification("task-1", "completed"))
+                    .into(),
+                SseStep::Wait(c3.clone()),
+                ev().data(&status_notification("task-1", "working")).into(),
+                SseStep::HoldOpen,
+            ]
+        })),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    assert_eq!(c.create_task("1").await, "task-1");
+
+    let r = Req::mcp_get(&tg.mcp_url())
+        .header("mcp-session-id", c.session.as_deref().unwrap())
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(r.status(), 200);
+    let mut get_stream = r.sse();
+
+    let owner = "/admin/tasks?owner=session:sess-1";
+    g1.open();
+    let n = get_stream.next_event(STEP).await.json();
+    assert_eq!(n["params"]["status"], json!("input_required"));
+    let (_, v) = tg.admin(&format!("{owner}&status=input_required")).await;
+    assert_eq!(v["tasks"][0]["task_id"], json!("task-1"), "{v}");
+
+    g2.open();
+    let n = get_stream.next_event(STEP).await.json();
+    assert_eq!(n["params"]["status"], json!("completed"));
+    let (_, v) = tg.admin(&format!("{owner}&status=completed")).await;
+    assert_eq!(v["tasks"][0]["task_id"], json!("task-1"), "{v}");
+    let (_, v) = tg.admin(&format!("{owner}&status=working")).await;
+    assert_eq!(v["tasks"], json!([]));
+
+    g3.open();
+    let n = get_stream.next_event(STEP).await.json();
+    assert_eq!(
+        n["params"]["status"],
+        json!("completed"),
+        "a status after the terminal one is shown as the recorded terminal status"
+    );
+    assert_eq!(tg.record("task-1").unwrap().status, TaskStatus::Completed);
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_task_status_transitions_total",
+            &[("from", "working"), ("to", "input_required")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_task_status_transitions_total",
+            &[("from", "input_required"), ("to", "completed")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(&m, "taskgate_task_terminal_rewrites_total", &[]),
+        1.0
+    );
+}
+
+// =============================================================================================
+// TTL and limits
+// =============================================================================================
+
+/// A requested ttl above `tasks.max_ttl_ms` reaches the upstream lowered to the cap (the rest of
+/// the request unchanged); a ttl under the cap goes upstream as the exact bytes sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_above_cap_is_lowered_before_it_goes_upstream() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_ttl_ms = 60000")
+        .start()
+        .await;
+    let c = tg.client();
+
+    let sent = Client::create_body("1", Some(3_600_000));
+    let v = c.rpc(sent.clone()).await;
+    let task_id = v["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    let got = up.received("tools/call")[0].json();
+    assert_eq!(got["params"]["task"]["ttl"], json!(60_000), "{got}");
+    let mut expected: Value = serde_json::from_str(&sent).unwrap();
+    expected["params"]["task"]["ttl"] = json!(60_000);
+    assert_eq!(got, expected, "only the ttl changes");
+    assert_eq!(tg.record(&task_id).unwrap().ttl_ms, Some(60_000));
+
+    let under = Client::create_body("2", Some(5_000));
+    c.rpc(under.clone()).await;
+    assert_eq!(
+        up.received("tools/call")[1].body_str(),
+        under,
+        "bytes untouched"
+    );
+
+    let at = Client::create_body("3", Some(60_000));
+    c.rpc(at.clone()).await;
+    assert_eq!(up.received("tools/call")[2].body_str(), at);
+}
+
+/// A record expires at createdAt + the ttl the upstream reported; the sweeper removes it, then
+/// tasks/get|result|cancel get -32602 without reaching the upstream and the metric counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_task_is_swept_and_answered_not_found() {
+    // The client asks for a minute, the upstream grants 400 ms.
+    let up = TaskServer::start(Behaviour {
+        ttl_override: Some(json!(400)),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("sweep_interval_ms = 50")
+        .start()
+        .await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let created = Instant::now();
+    let task_id = c.create_task("1").await;
+    let rec = tg.record(&task_id).unwrap();
+    assert_eq!(rec.ttl_ms, Some(400));
+    assert_eq!(
+        rec.expires_at,
+        parse_rfc3339_ms(&rec.created_at).unwrap() + 400
+    );
+
+    let v = c.get("2", &task_id).await;
+    assert_eq!(
+        v["result"]["status"],
+        json!("working"),
+        "alive before its ttl"
+    );
+
+    let path = format!("/admin/tasks/default/{task_id}");
+    let gone = eventually(Duration::from_secs(3), || async {
+        let (s, _) = tg.admin(&path).await;
+        (s == 404).then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_some(),
+        "the sweeper did not remove the expired record"
+    );
+    assert!(
+        created.elapsed() >= Duration::from_millis(350),
+        "removed before its ttl was over"
+    );
+    assert!(tg.record(&task_id).is_none());
+
+    let forwarded = up.task_requests().len();
+    for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
+        let v = c.task_call("3", method, &task_id).await;
+        assert_eq!(err_code(&v), -32602, "{method}: {v}");
+    }
+    assert_eq!(
+        up.task_requests().len(),
+        forwarded,
+        "nothing forwarded after expiry"
+    );
+    let list = c.list("4", None).await;
+    assert_eq!(list["result"]["tasks"], json!([]), "{list}");
+    let m = tg.metrics_text().await;
+    assert_eq!(metric(&m, "taskgate_tasks_expired_total", &[]), 1.0);
+    assert_eq!(metric(&m, "taskgate_tasks", &[]), 0.0, "{m}");
+}
+
+/// `max_live_tasks_per_owner = 2`: the third creation gets JSON-RPC -32029 and never reaches the
+/// upstream; another owner is not affected; a task that finishes frees a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_over_live_task_limit_is_refused_locally() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 2")
+        .start()
+        .await;
+    let mut a = tg.client();
+    a.initialize().await;
+    let t1 = a.create_task("1").await;
+    a.create_task("2").await;
+
+    let v = a.rpc(Client::create_body("3", Some(60_000))).await;
+    assert_eq!(err_code(&v), -32029, "{v}");
+    assert_eq!(v["id"], json!(3));
+    assert!(
+        err_message(&v).to_lowercase().contains("limit"),
+        "the message must say what happened: {v}"
+    );
+    assert_eq!(
+        up.count("tools/call"),
+        2,
+        "the refused creation never went upstream"
+    );
+
+    // A plain tools/call is not a task and is not limited.
+    let plain = a
+        .rpc(rpc("4", "tools/call", r#"{"name":"slow","arguments":{}}"#))
+        .await;
+    assert!(plain.get("result").is_some(), "{plain}");
+
+    let mut b = tg.client();
+    b.initialize().await;
+    b.create_task("1").await;
+
+    // One of a's tasks finishes: a may create again.
+    up.set(&t1, "completed");
+    assert_eq!(
+        a.get("5", &t1).await["result"]["status"],
+        json!("completed")
+    );
+    a.create_task("6").await;
+    let v = a.rpc(Client::create_body("7", Some(60_000))).await;
+    assert_eq!(err_code(&v), -32029, "{v}");
+    assert_eq!(up.count("tools/call"), 5);
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_task_creation_refused_total",
+            &[("reason", "owner_limit")]
+        ),
+        2.0
+    );
+}
+
+/// A burst of concurrent creations by one owner with `max_live_tasks_per_owner = 3`: exactly
+/// three reach the upstream, every other one gets -32029.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_limit_holds_under_concurrent_creations() {
+    let up = TaskServer::start(Behaviour {
+        // A slow CreateTaskResult: the creations are in flight together.
+        creation_delay: Duration::from_millis(200),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 3")
+        .start()
+        .await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let go = Gate::new();
+    let mut calls = Vec::new();
+    for i in 0..20 {
+        let (c, go) = (c.clone(), go.clone());
+        calls.push(tokio::spawn(async move {
+            go.wait().await;
+            c.rpc(Client::create_body(&i.to_string(), Some(60_000)))
+                .await
+        }));
+    }
+    go.open();
+    let (mut created, mut refused) = (0, 0);
+    for h in calls {
+        let v = h.await.unwrap();
+        if v.pointer("/result/task/taskId").is_some() {
+            created += 1;
+        } else {
+            assert_eq!(err_code(&v), -32029, "{v}");
+            refused += 1;
+        }
+    }
+    assert_eq!((created, refused), (3, 17));
+    assert_eq!(
+        up.count("tools/call"),
+        3,
+        "refused creations never go upstream"
+    );
+}
+
+// =============================================================================================
+// tasks/list
+// =============================================================================================
+
+/// tasks/list is answered from the registry: the caller's tasks only, newest first, across pages
+/// of `list_page_size` with an opaque nextCursor; a bad or foreign cursor is -32602.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_list_pages_newest_first_only_callers_tasks() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .token("bob", "bob-token")
+        .tasks("list_page_size = 2")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let mut bob = tg.client().with_token("bob-token");
+    bob.initialize().await;
+    let mut mine = Vec::new();
+    for i in 0..5 {
+        mine.push(alice.create_task(&i.to_string()).await);
+        if i == 2 {
+            bob.create_task("\"b\"").await;
+        }
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    // Freshness: a status taskgate saw is what the list shows.
+    up.set(&mine[2], "completed");
+    alice.get("\"g\"", &mine[2]).await;
+
+    let mut pages = Vec::new();
+    let mut cursor = None;
+    let mut first_cursor = None;
+    loop {
+        let v = alice
+            .list(&format!("\"l{}\"", pages.len()), cursor.clone())
+            .await;
+        let result = v.get("result").unwrap_or_else(|| panic!("{v}"));
+        let ids: Vec<String> = result["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                assert!(
+                    t.get("createdAt").is_some() && t.get("status").is_some(),
+                    "{t}"
+                );
+                if t["taskId"] == json!(mine[2]) {
+                    assert_eq!(t["status"], json!("completed"));
+                }
+                t["taskId"].as_str().unwrap().to_string()
+            })
+            .collect();
+        pages.push(ids);
+        match result.get("nextCursor") {
+            Some(c) => {
+                assert!(c.is_string());
+                if first_cursor.is_none() {
+                    first_cursor = Some(c.clone());
+                    // A task created between pages does not shift the following pages.
+                    alice.create_task("\"between\"").await;
+                }
+                cursor = Some(c.clone());
+            }
+            None => break,
+        }
+        assert!(pages.len() < 10, "pagination does not end: {pages:?}");
+    }
+    let newest_first: Vec<String> = mine.iter().rev().cloned().collect();
+    assert_eq!(
+        pages,
+        vec![
+            newest_first[0..2].to_vec(),
+            newest_first[2..4].to_vec(),
+            newest_first[4..5].to_vec()
+        ]
+    );
+
+    let v = alice.list("\"fresh\"", None).await;
+    assert_eq!(
+        v["result"]["tasks"][0]["taskId"],
+        json!("task-7"),
+        "the task created between pages is newest on a fresh listing: {v}"
+    );
+
+    let v = bob.list("1", None).await;
+    let bobs: Vec<&Value> = v["result"]["tasks"].as_array().unwrap().iter().collect();
+    assert_eq!(bobs.len(), 1, "bob sees only his own task: {v}");
+    assert!(!mine.contains(&bobs[0]["taskId"].as_str().unwrap().to_string()));
+
+    for bad in [
+        json!("not-a-cursor!"),
+        json!(""),
+        json!(12),
+        json!({"a": 1}),
+    ] {
+        let v = alice.list("\"bad\"", Some(bad.clone())).await;
+        assert_eq!(err_code(&v), -32602, "cursor {bad}: {v}");
+    }
+    let v = bob.list("\"foreign\"", first_cursor).await;
+    assert_eq!(err_code(&v), -32602, "alice's cursor used by bob: {v}");
+    assert_eq!(
+        up.count("tasks/list"),
+        0,
+        "tasks/list is answered by taskgate"
+    );
+}
+
+/// Without auth and without a session nobody can be told apart: `capabilities.tasks.list` is
+/// removed from the initialize result and tasks/list gets -32601. With bearer auth the same
+/// upstream keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_auth_and_no_session_hides_tasks_list() {
+    let up = TaskServer::start(Behaviour {
+        sessions: false,
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    let init = c.initialize().await;
+    assert!(c.session.is_none());
+    let tasks = &init["result"]["capabilities"]["tasks"];
+    assert!(
+        tasks.get("list").is_none(),
+        "tasks.list must be removed: {init}"
+    );
+    assert_eq!(tasks["cancel"], json!({}), "the rest is kept: {init}");
+    assert_eq!(tasks["requests"], json!({"tools":{"call":{}}}));
+    let v = c.list("2", None).await;
+    assert_eq!(err_code(&v), -32601, "{v}");
+    assert_eq!(up.count("tasks/list"), 0);
+
+    let tg2 = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .start()
+        .await;
+    let mut alice = tg2.client().with_token("alice-token");
+    let init = alice.initialize().await;
+    assert_eq!(
+        init["result"]["capabilities"]["tasks"]["list"],
+        json!({}),
+        "{init}"
+    );
+    let v = alice.list("2", None).await;
+    assert_eq!(v["result"]["tasks"], json!([]), "{v}");
+}
+
+// =============================================================================================
+// Restart and lock: the real binary
+// =============================================================================================
+
+/// After SIGKILL and a restart on the same store every record is there and tasks/get,
+/// tasks/result and tasks/cancel for tasks created before work (on the original upstream
+/// session); the owner binding survives too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_keeps_records_and_tasks_keep_working() {
+    let up = TaskServer::default().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
+    let store = dir.path().join("store").to_str().unwrap().to_string();
+
+    let (mut p, gw, _) = spawn_binary(&cfg);
+    let mut c = Client::new(&format!("http://{gw}/mcp"));
+    c.initialize().await;
+    let t1 = c.create_task("1").await;
+    let t2 = c.create_task("2").await;
+    let t3 = c.create_task("3").await;
+    sigkill(&mut p);
+
+    let (_p2, gw, admin) = spawn_binary(&cfg);
+    c.url = format!("http://{gw}/mcp");
+    let (_, list) = admin_json(admin, "/admin/tasks").await;
+    let ids: HashSet<&str> = list["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["task_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, HashSet::from([t1.as_str(), t2.as_str(), t3.as_str()]));
+
+    let v = c.get("4", &t1).await;
+    assert_eq!(v["result"]["status"], json!("working"), "{v}");
+    let v = c.result("5", &t2).await;
+    assert_eq!(
+        v["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        json!(t2),
+        "{v}"
+    );
+    let v = c.cancel("6", &t3).await;
+    assert_eq!(v["result"]["status"], json!("cancelled"), "{v}");
+    for r in up.task_requests() {
+        assert_eq!(r.header("mcp-session-id").as_deref(), Some("sess-1"));
+    }
+    assert_eq!(up.task_requests().len(), 3);
+    let (_, d) = admin_json(admin, &format!("/admin/tasks/default/{t3}")).await;
+    assert_eq!(d["task"]["status"], json!("cancelled"), "{d}");
+
+    // Another session still cannot reach them after the restart.
+    let mut other = Client::new(&c.url);
+    other.initialize().await;
+    let v = other.get("7", &t1).await;
+    assert_eq!(err_code(&v), -32602, "{v}");
+    assert_eq!(up.task_requests().len(), 3);
+    let _ = store;
+}
+
+/// The live-task limit counts what the store holds after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_limit_survives_restart() {
+    let up = TaskServer::default().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .tasks("max_live_tasks_per_owner = 2")
+        .write_for_binary(dir.path());
+    let (mut p, gw, _) = spawn_binary(&cfg);
+    let c = Client::new(&format!("http://{gw}/mcp")).with_token("alice-token");
+    c.create_task("1").await;
+    c.create_task("2").await;
+    sigkill(&mut p);
+
+    let (_p, gw, _) = spawn_binary(&cfg);
+    let c = Client::new(&format!("http://{gw}/mcp")).with_token("alice-token");
+    let v = c.rpc(Client::create_body("3", Some(60_000))).await;
+    assert_eq!(err_code(&v), -32029, "{v}");
+    assert_eq!(up.count("tools/call"), 2);
+}
+
+/// A second taskgate on the same store path fails at start with a message naming the lock; the
+/// first keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_gateway_on_same_store_fails_naming_the_lock() {
+    let up = TaskServer::default().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
+    let (_first, gw, _) = spawn_binary(&cfg);
+    let c = Client::new(&format!("http://{gw}/mcp"));
+    let task_id = c.create_task("1").await;
+
+    let second = blocking(|| run_taskgate(&["serve", "--config", &cfg], &[]));
+    assert!(
+        !second.status.success(),
+        "the second taskgate must not start"
+    );
+    assert!(
+        second.stderr.to_lowercase().contains("lock"),
+        "stderr must name the lock: {}",
+        second.stderr
+    );
+    assert!(!second.stdout.contains("listening"), "{}", second.stdout);
+
+    let v = c.get("2", &task_id).await;
+    assert_eq!(
+        v["result"]["taskId"],
+        json!(task_id),
+        "the first still serves: {v}"
+    );
+}
