@@ -2072,7 +2072,7 @@ fn check_config_unknown_key_names_key_and_line() {
 /// Values of later features (`auth.mode` other than none, `upgrade.enabled = true`) are rejected
 /// with an error naming the feature; a missing file is an error too.
 #[test]
-fn check_config_rejects_unbuilt_features_and_missing_file() {
+fn check_config_rejects_bad_feature_settings_and_missing_file() {
     let base = GatewayBuilder::single("http://127.0.0.1:3000/mcp").to_toml(
         "data/x",
         "127.0.0.1:0",
@@ -2090,16 +2090,24 @@ fn check_config_rejects_unbuilt_features_and_missing_file() {
         ran.stderr
     );
 
+    // The upgrade is built: enabling it is valid, an unknown disconnect policy is not.
     let upgrade = base.replace("enabled = false", "enabled = true");
     assert_ne!(upgrade, base);
     let f = ConfigFile::write(&upgrade);
     let ran = run_taskgate(&["check-config", f.path_str()], &[]);
     assert_eq!(
         ran.status.code(),
-        Some(1),
+        Some(0),
         "upgrade.enabled = true: {ran:?}"
     );
-    assert!(ran.stderr.contains("upgrade"), "{}", ran.stderr);
+    let bad_policy = base.replace(
+        "enabled = false",
+        "enabled = true\non_client_disconnect = \"sometimes\"",
+    );
+    let f = ConfigFile::write(&bad_policy);
+    let ran = run_taskgate(&["check-config", f.path_str()], &[]);
+    assert_eq!(ran.status.code(), Some(1), "bad policy: {ran:?}");
+    assert!(ran.stderr.contains("sometimes"), "{}", ran.stderr);
 
     let ran = run_taskgate(&["check-config", "/nonexistent/taskgate.toml"], &[]);
     assert_eq!(ran.status.code(), Some(1), "missing file: {ran:?}");

@@ -98,6 +98,33 @@ impl Sessions {
         Arc::new(Sessions::default())
     }
 
+    /// Whether the session's upstream declared `tasks.requests.tools.call` (no copy made).
+    pub fn upstream_tasks_tools_call(
+        &self,
+        upstream: &Arc<str>,
+        session: Option<&HeaderValue>,
+    ) -> bool {
+        self.table
+            .lock()
+            .expect("sessions lock")
+            .get(&(upstream.clone(), session.cloned()))
+            .is_some_and(SessionInfo::upstream_tasks_tools_call)
+    }
+
+    /// The cached `taskSupport` of a tool (no copy of the session made).
+    pub fn tool_support(
+        &self,
+        upstream: &Arc<str>,
+        session: Option<&HeaderValue>,
+        tool: &str,
+    ) -> Option<TaskSupport> {
+        self.table
+            .lock()
+            .expect("sessions lock")
+            .get(&(upstream.clone(), session.cloned()))
+            .and_then(|s| s.tools.get(tool).copied())
+    }
+
     /// A copy of what is known of a session.
     pub fn get(&self, upstream: &Arc<str>, session: Option<&HeaderValue>) -> Option<SessionInfo> {
         self.table
@@ -241,6 +268,11 @@ where
             _ => Watch::Nothing,
         };
         let id = req.id().cloned();
+        let watch_kind = match &watch {
+            Watch::Initialize(_) => WatchKind::Initialize,
+            Watch::ToolsList => WatchKind::ToolsList,
+            _ => WatchKind::Other,
+        };
         Box::pin(async move {
             let mut reply = inner.call(req).await?;
             let reply_session = reply.headers.get("mcp-session-id").cloned().or(session);
@@ -272,7 +304,10 @@ where
                     sessions.on_upstream_message(&upstream, reply_session.as_ref(), bytes)
                 }
             };
+            let json_matters = matches!(watch_kind, WatchKind::Initialize | WatchKind::ToolsList);
             reply.body = match reply.body {
+                // A JSON answer is the one response: only initialize and tools/list answers matter.
+                ReplyBody::Json(bytes) if !json_matters => ReplyBody::Json(bytes),
                 ReplyBody::Json(bytes) => {
                     observe(&bytes);
                     ReplyBody::Json(bytes)
@@ -288,6 +323,12 @@ where
             Ok(reply)
         })
     }
+}
+
+enum WatchKind {
+    Initialize,
+    ToolsList,
+    Other,
 }
 
 enum Watch {

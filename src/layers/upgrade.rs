@@ -306,11 +306,7 @@ where
     S::Future: Send + 'static,
 {
     let session = ctx.client_session_id.as_ref();
-    if let Some(ts) = state
-        .sessions
-        .get(&ctx.upstream, session)
-        .and_then(|s| s.tools.get(tool).copied())
-    {
+    if let Some(ts) = state.sessions.tool_support(&ctx.upstream, session, tool) {
         return Some(ts);
     }
     // Not seen yet: one tools/list, every page (the session layer records what passes).
@@ -335,10 +331,7 @@ where
             break;
         }
     }
-    state
-        .sessions
-        .get(&ctx.upstream, session)
-        .and_then(|s| s.tools.get(tool).copied())
+    state.sessions.tool_support(&ctx.upstream, session, tool)
 }
 
 async fn tools_call<S>(
@@ -357,22 +350,25 @@ where
     let Operation::Post(msg) = &req.op else {
         return inner.oneshot(req).await;
     };
+    // Cheap checks first: most calls are not candidates and are not parsed again.
+    if !state
+        .sessions
+        .upstream_tasks_tools_call(&req.ctx.upstream, req.ctx.client_session_id.as_ref())
+    {
+        return inner.oneshot(req).await;
+    }
     let Ok(mut value) = msg.parse_as::<Value>() else {
         return inner.oneshot(req).await;
     };
     let plain = value.pointer("/params/task").is_none();
-    let tool = value
+    let Some(tool) = value
         .pointer("/params/name")
         .and_then(Value::as_str)
-        .map(str::to_string);
-    let info = state
-        .sessions
-        .get(&req.ctx.upstream, req.ctx.client_session_id.as_ref());
-    let (Some(tool), Some(info), true) = (tool, info, plain) else {
+        .map(str::to_string)
+    else {
         return inner.oneshot(req).await;
     };
-    if !info.upstream_tasks_tools_call()
-        || tool_support(&state, &inner, &req.ctx, &tool).await != Some(TaskSupport::Required)
+    if !plain || tool_support(&state, &inner, &req.ctx, &tool).await != Some(TaskSupport::Required)
     {
         return inner.oneshot(req).await;
     }
