@@ -207,3 +207,7 @@ impl GatewayError {
         }
     }
 }
+
+/// The stack in front of one upstream: every layer and the upstream client, boxed
+/// (`tower::Service<McpRequest, Response = McpReply, Error = GatewayError>`).
+pub type McpStack = tower::util::BoxCloneSyncService<McpRequest, McpReply, GatewayError>;

@@ -7,13 +7,14 @@
 
 use crate::auth::Authenticator;
 use crate::config::Config;
-use crate::exchange::{GatewayError, McpReply, McpRequest};
+
 use crate::http::admin::{Admin, UpstreamTarget};
 use crate::http::server::serve;
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::cancel::{CancelLayer, CancelState};
+use crate::layers::registry::Registry;
 use crate::layers::session::{SessionLayer, Sessions};
-use crate::layers::tasks::{Registry, TasksLayer};
+use crate::layers::tasks::TasksLayer;
 use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};
 use crate::metrics::Metrics;
 use crate::store::{SledStore, StoreError, TaskStore};
@@ -26,8 +27,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower::util::BoxCloneSyncService;
 
-/// The stack in front of one upstream: every layer and the upstream client, boxed.
-pub type McpStack = BoxCloneSyncService<McpRequest, McpReply, GatewayError>;
+pub use crate::exchange::McpStack;
 
 /// Why taskgate could not start.
 #[derive(Debug, thiserror::Error)]

@@ -273,6 +273,12 @@ pub fn result_response(id: &Id, result_json: &str) -> Bytes {
     Bytes::from(text)
 }
 
+/// Whether `needle` occurs in `haystack` (SIMD search; layers use it to skip parsing messages
+/// that cannot concern them).
+pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    memchr::memmem::find(haystack, needle).is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

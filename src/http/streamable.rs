@@ -22,8 +22,9 @@
 
 use super::server::{Body, Handler};
 use crate::auth::Authenticator;
-use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestContext};
-use crate::gateway::McpStack;
+use crate::exchange::{
+    GatewayError, McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext,
+};
 use crate::jsonrpc::{self, EnvelopeError, Id, Message};
 use crate::metrics::{method_label, Metrics};
 use crate::sse::KeepAlive;

@@ -38,7 +38,7 @@
 
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind, Message};
-use crate::layers::tasks::Registry;
+use crate::layers::registry::{Observed, Registry, ResourceHold};
 use crate::mcp::task::now_ms;
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -465,7 +465,7 @@ where
                     // Apply before the flight ends (see `cancel_task`).
                     let observed = registry.observe_task(&upstream, &with_task_id(result, &task_id), "tasks/cancel");
                     let mut result = result.clone();
-                    if let crate::layers::tasks::Observed::Rewrite {
+                    if let Observed::Rewrite {
                         status,
                         status_message,
                     } = observed
@@ -507,128 +507,4 @@ fn with_task_id(result: &Value, task_id: &str) -> Value {
         v["taskId"] = Value::String(task_id.to_string());
     }
     v
-}
-
-/// Tracks what is still held or happening for tasks, to record the "resources released" fact
-/// (see the module docs for the definition).
-pub struct Releases {
-    registry: std::sync::Weak<Registry>,
-    quiet: std::time::Duration,
-    tracks: Mutex<HashMap<(String, String), Track>>,
-}
-
-#[derive(Default)]
-struct Track {
-    holds: usize,
-    last_activity: Option<std::time::Instant>,
-    cancelled: bool,
-}
-
-/// A gateway-side resource held for a task (an open `tasks/result`, a relayed stream); dropping
-/// it releases the hold.
-pub struct ResourceHold {
-    releases: Arc<Releases>,
-    key: (String, String),
-}
-
-impl Drop for ResourceHold {
-    fn drop(&mut self) {
-        let mut tracks = self.releases.tracks.lock().expect("tracks lock");
-        if let Some(t) = tracks.get_mut(&self.key) {
-            t.holds = t.holds.saturating_sub(1);
-            t.last_activity = Some(std::time::Instant::now());
-            if t.holds == 0 && !t.cancelled {
-                tracks.remove(&self.key);
-            }
-        }
-    }
-}
-
-impl Releases {
-    /// A tracker reporting to `registry`; `quiet` is `tasks.release_quiet_ms`.
-    pub fn new(registry: std::sync::Weak<Registry>, quiet: std::time::Duration) -> Releases {
-        Releases {
-            registry,
-            quiet,
-            tracks: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Takes a hold on `(upstream, task_id)` until the returned guard is dropped.
-    pub fn hold(self: &Arc<Self>, upstream: &str, task_id: &str) -> ResourceHold {
-        let key = (upstream.to_string(), task_id.to_string());
-        self.tracks
-            .lock()
-            .expect("tracks lock")
-            .entry(key.clone())
-            .or_default()
-            .holds += 1;
-        ResourceHold {
-            releases: self.clone(),
-            key,
-        }
-    }
-
-    /// The upstream sent something about the task; returns true if the task is already
-    /// recorded cancelled (the caller counts it as activity after cancel).
-    pub fn activity(&self, upstream: &str, task_id: &str) -> bool {
-        let mut tracks = self.tracks.lock().expect("tracks lock");
-        match tracks.get_mut(&(upstream.to_string(), task_id.to_string())) {
-            Some(t) => {
-                t.last_activity = Some(std::time::Instant::now());
-                t.cancelled
-            }
-            None => false,
-        }
-    }
-
-    /// Starts waiting for the release of a task just recorded cancelled (`reason` is the label
-    /// used when it is released: `quiet`, or `restart` for records found at start-up).
-    pub fn cancelled(self: &Arc<Self>, upstream: &str, task_id: &str, reason: &'static str) {
-        let key = (upstream.to_string(), task_id.to_string());
-        {
-            let mut tracks = self.tracks.lock().expect("tracks lock");
-            let t = tracks.entry(key.clone()).or_default();
-            t.cancelled = true;
-            t.last_activity = Some(std::time::Instant::now());
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let this = self.clone();
-        handle.spawn(async move { this.wait_for_release(key, reason).await });
-    }
-
-    async fn wait_for_release(self: Arc<Self>, key: (String, String), reason: &'static str) {
-        loop {
-            let wait = {
-                let tracks = self.tracks.lock().expect("tracks lock");
-                let Some(t) = tracks.get(&key) else { return };
-                let since = t.last_activity.map(|l| l.elapsed()).unwrap_or(self.quiet);
-                if t.holds > 0 {
-                    Some(self.quiet.min(std::time::Duration::from_millis(100)))
-                } else if since >= self.quiet {
-                    None
-                } else {
-                    Some(self.quiet - since)
-                }
-            };
-            match wait {
-                Some(d) => tokio::time::sleep(d).await,
-                None => break,
-            }
-        }
-        self.tracks.lock().expect("tracks lock").remove(&key);
-        if let Some(registry) = self.registry.upgrade() {
-            registry.record_released(&key.0, &key.1, reason);
-        }
-    }
-
-    /// Forgets a task (its record was removed).
-    pub fn forget(&self, upstream: &str, task_id: &str) {
-        self.tracks
-            .lock()
-            .expect("tracks lock")
-            .remove(&(upstream.to_string(), task_id.to_string()));
-    }
 }

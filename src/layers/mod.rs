@@ -4,6 +4,7 @@
 //! messages it touches.
 
 pub mod cancel;
+pub mod registry;
 pub mod session;
 pub mod tasks;
 pub mod upgrade;

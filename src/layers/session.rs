@@ -10,8 +10,8 @@
 //! are then simply not upgraded until a `tools/list` is seen again).
 
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody};
+use crate::jsonrpc::contains as memmem;
 use crate::jsonrpc::Id;
-use crate::layers::tasks::memmem;
 use futures_util::StreamExt;
 use http::HeaderValue;
 use serde_json::Value;

@@ -43,8 +43,8 @@ use crate::exchange::{
     GatewayError, McpReply, McpRequest, Operation, Principal, ReplyBody, RequestContext,
 };
 use crate::jsonrpc::{self, Id, Kind, Message};
+use crate::layers::registry::Registry;
 use crate::layers::session::{Sessions, TaskSupport};
-use crate::layers::tasks::Registry;
 use crate::mcp::task::TaskStatus;
 use crate::sse::{Event, EventStream};
 use crate::store::{Origin, TaskRecord};
@@ -230,7 +230,7 @@ where
 
 /// `taskSupport: "required"` → `"optional"` in a `tools/list` result.
 fn relax_required(bytes: Bytes) -> Bytes {
-    if !crate::layers::tasks::memmem(&bytes, b"\"required\"") {
+    if !crate::jsonrpc::contains(&bytes, b"\"required\"") {
         return bytes;
     }
     let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
@@ -529,7 +529,7 @@ where
     /// Relays what the upstream sends on the task's streams; status notifications become progress.
     async fn relay_other(&self, ev: Event) {
         let Some(data) = &ev.data else { return };
-        if crate::layers::tasks::memmem(data.as_bytes(), b"notifications/tasks/status") {
+        if crate::jsonrpc::contains(data.as_bytes(), b"notifications/tasks/status") {
             if let Ok(v) = serde_json::from_str::<Value>(data) {
                 if let Some(p) = v.get("params") {
                     let status = p.get("status").and_then(Value::as_str).unwrap_or("");

@@ -481,7 +481,7 @@ pub struct Tg {
     pub gw: SocketAddr,
     pub admin: SocketAddr,
     pub metrics: Arc<taskgate::metrics::Metrics>,
-    pub registry: Arc<taskgate::layers::tasks::Registry>,
+    pub registry: Arc<taskgate::layers::registry::Registry>,
     pub running: Option<taskgate::gateway::Running>,
     pub dir: tempfile::TempDir,
 }

@@ -1,0 +1,711 @@
+//! The task registry's shared state, used by the `tasks`, `cancel` and `upgrade` layers and the
+//! sweeper: the [`TaskStore`], live-task counts per owner, the status machine applied to what the
+//! upstream reports ([`Registry::observe_task`]), the audit facts, and the [`Releases`] tracker
+//! behind the "resources released" fact (defined in `layers::cancel`).
+
+use crate::config::TasksConfig;
+use crate::exchange::{Principal, RequestContext};
+use crate::jsonrpc::Id;
+use crate::mcp::task::{now_ms, TaskStatus};
+use crate::metrics::Metrics;
+use crate::store::{AuditEvent, StoreError, TaskRecord, TaskStore};
+use http::HeaderValue;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The registry's shared state: the store, the live-task counts and the status logic. Used by
+/// the `tasks` and `cancel` layers and the sweeper.
+pub struct Registry {
+    store: Arc<dyn TaskStore>,
+    metrics: Arc<Metrics>,
+    config: TasksConfig,
+    /// Live (non-terminal) tasks per (upstream, owner), including reservations for creations in
+    /// flight.
+    live: Mutex<HashMap<(Arc<str>, String), usize>>,
+    /// Request facts `notifications/cancelled` routing needs (bounded).
+    requests: Mutex<RequestNotes>,
+    /// The "resources released" tracker.
+    releases: Arc<Releases>,
+}
+
+/// Bounded in-memory notes about client requests (cleared when they grow past a limit).
+#[derive(Default)]
+struct RequestNotes {
+    /// (upstream, session) → the id of that session's `initialize`.
+    initialize: HashMap<(Arc<str>, Option<HeaderValue>), Id>,
+    /// (upstream, session, request id) → the taskId its `CreateTaskResult` carried.
+    creations: HashMap<(Arc<str>, Option<HeaderValue>, Id), String>,
+    /// (upstream, progressToken JSON) → taskId, for tasks not yet released.
+    progress: HashMap<(Arc<str>, String), String>,
+}
+
+const NOTES_LIMIT: usize = 100_000;
+
+/// What a status report did to the record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observed {
+    /// The task is not in the registry.
+    Unknown,
+    /// The record now holds this status (possibly unchanged).
+    Recorded(TaskStatus),
+    /// The record is terminal with another status; the message must show `status`.
+    Rewrite {
+        /// The recorded terminal status.
+        status: TaskStatus,
+        /// The recorded `statusMessage`.
+        status_message: Option<String>,
+    },
+}
+
+/// The owner key of a caller (see the module docs).
+pub fn owner_of(ctx: &RequestContext) -> String {
+    match &ctx.principal {
+        Principal::Token(p) => format!("principal:{p}"),
+        Principal::Anonymous => match ctx.session_id.as_ref().and_then(|s| s.to_str().ok()) {
+            Some(s) => format!("session:{s}"),
+            None => "anonymous".to_string(),
+        },
+    }
+}
+
+impl Registry {
+    /// Builds the registry over `store` and counts what it holds (for the gauges and limits).
+    pub fn new(
+        store: Arc<dyn TaskStore>,
+        metrics: Arc<Metrics>,
+        config: TasksConfig,
+    ) -> Result<Arc<Registry>, StoreError> {
+        let mut live: HashMap<(Arc<str>, String), usize> = HashMap::new();
+        let mut by_status: HashMap<(String, TaskStatus), i64> = HashMap::new();
+        store.scan(&mut |r| {
+            if !r.status.is_terminal() {
+                *live
+                    .entry((Arc::from(r.upstream.as_str()), r.owner.clone()))
+                    .or_default() += 1;
+            }
+            *by_status.entry((r.upstream.clone(), r.status)).or_default() += 1;
+            true
+        })?;
+        for ((up, status), n) in by_status {
+            metrics
+                .tasks
+                .with_label_values(&[&up, status.as_str()])
+                .set(n);
+        }
+        let quiet = std::time::Duration::from_millis(config.release_quiet_ms);
+        let mut unreleased = Vec::new();
+        store.scan(&mut |r| {
+            if r.cancelled_at.is_some() && r.released_at.is_none() {
+                unreleased.push((r.upstream, r.task_id));
+            }
+            true
+        })?;
+        metrics
+            .tasks_cancelled_unreleased
+            .set(unreleased.len() as i64);
+        let registry = Arc::new_cyclic(|weak| Registry {
+            store,
+            metrics,
+            config,
+            live: Mutex::new(live),
+            requests: Mutex::new(RequestNotes::default()),
+            releases: Arc::new(Releases::new(weak.clone(), quiet)),
+        });
+        for (up, id) in unreleased {
+            registry.releases.cancelled(&up, &id, "restart");
+        }
+        Ok(registry)
+    }
+
+    /// The "resources released" tracker.
+    pub fn releases(&self) -> &Arc<Releases> {
+        &self.releases
+    }
+
+    /// Remembers the `initialize` id of a session.
+    pub fn note_initialize(&self, upstream: &Arc<str>, session: Option<HeaderValue>, id: Id) {
+        let mut notes = self.requests.lock().expect("notes lock");
+        if notes.initialize.len() >= NOTES_LIMIT {
+            notes.initialize.clear();
+        }
+        notes.initialize.insert((upstream.clone(), session), id);
+    }
+
+    /// Whether `id` is the `initialize` of that session.
+    pub fn is_initialize_id(
+        &self,
+        upstream: &Arc<str>,
+        session: Option<&HeaderValue>,
+        id: &Id,
+    ) -> bool {
+        let notes = self.requests.lock().expect("notes lock");
+        notes
+            .initialize
+            .get(&(upstream.clone(), session.cloned()))
+            .is_some_and(|i| i == id)
+    }
+
+    /// The taskId a request of that session created, if it did.
+    pub fn task_of_request(
+        &self,
+        upstream: &Arc<str>,
+        session: Option<&HeaderValue>,
+        id: &Id,
+    ) -> Option<String> {
+        let notes = self.requests.lock().expect("notes lock");
+        notes
+            .creations
+            .get(&(upstream.clone(), session.cloned(), id.clone()))
+            .cloned()
+    }
+
+    pub(crate) fn note_creation(
+        &self,
+        upstream: &Arc<str>,
+        session: Option<HeaderValue>,
+        id: Id,
+        task_id: &str,
+        progress_token: Option<String>,
+    ) {
+        let mut notes = self.requests.lock().expect("notes lock");
+        if notes.creations.len() >= NOTES_LIMIT {
+            notes.creations.clear();
+        }
+        notes
+            .creations
+            .insert((upstream.clone(), session, id), task_id.to_string());
+        if let Some(token) = progress_token {
+            if notes.progress.len() >= NOTES_LIMIT {
+                notes.progress.clear();
+            }
+            notes
+                .progress
+                .insert((upstream.clone(), token), task_id.to_string());
+        }
+    }
+
+    /// The upstream sent something about a message's task (progress on its token, related-task
+    /// `_meta`, a status notification): restarts the release quiet window.
+    pub fn note_activity_in(&self, upstream: &Arc<str>, msg: &Value) {
+        let params = msg.get("params");
+        let mut task_id = None;
+        if msg.get("method").and_then(Value::as_str) == Some("notifications/progress") {
+            if let Some(token) = params.and_then(|p| p.get("progressToken")) {
+                let notes = self.requests.lock().expect("notes lock");
+                task_id = notes
+                    .progress
+                    .get(&(upstream.clone(), token.to_string()))
+                    .cloned();
+            }
+        }
+        if task_id.is_none() {
+            task_id = [params, msg.get("result")]
+                .into_iter()
+                .flatten()
+                .find_map(|p| {
+                    p.pointer("/_meta/io.modelcontextprotocol~1related-task/taskId")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                });
+        }
+        if task_id.is_none()
+            && msg.get("method").and_then(Value::as_str) == Some("notifications/tasks/status")
+        {
+            task_id = params
+                .and_then(|p| p.get("taskId"))
+                .and_then(Value::as_str)
+                .map(str::to_string);
+        }
+        if let Some(task_id) = task_id {
+            if self.releases.activity(upstream, &task_id) {
+                self.metrics
+                    .task_activity_after_cancel_total
+                    .with_label_values(&[upstream])
+                    .inc();
+            }
+        }
+    }
+
+    /// Records the "resources released" audit fact (once).
+    pub fn record_released(&self, upstream: &str, task_id: &str, reason: &'static str) {
+        let now = now_ms();
+        let updated = self.store.update(upstream, task_id, &mut |r| {
+            if r.released_at.is_some() || r.cancelled_at.is_none() {
+                return false;
+            }
+            r.released_at = Some(now);
+            true
+        });
+        let Ok(Some((before, after))) = updated else {
+            return;
+        };
+        if before.released_at.is_some() || after.released_at.is_none() {
+            return;
+        }
+        self.metrics
+            .task_resources_released_total
+            .with_label_values(&[upstream, reason])
+            .inc();
+        self.metrics.tasks_cancelled_unreleased.dec();
+        if let Some(c) = after.cancelled_at {
+            self.metrics
+                .cancelled_to_released_seconds
+                .observe(now.saturating_sub(c) as f64 / 1000.0);
+        }
+        {
+            let mut notes = self.requests.lock().expect("notes lock");
+            notes.progress.retain(|_, t| t != task_id);
+        }
+        self.audit(&after, "resources_released", format!("reason={reason}"));
+        self.store.sync_soon();
+    }
+
+    /// The store behind the registry.
+    pub fn store(&self) -> &Arc<dyn TaskStore> {
+        &self.store
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The `[tasks]` settings.
+    pub fn config(&self) -> &TasksConfig {
+        &self.config
+    }
+
+    /// Reserves a live-task slot for `owner`; false when the owner is at the limit.
+    pub(crate) fn reserve(&self, upstream: &Arc<str>, owner: &str) -> bool {
+        let mut live = self.live.lock().expect("live lock");
+        let n = live
+            .entry((upstream.clone(), owner.to_string()))
+            .or_default();
+        if *n >= self.config.max_live_tasks_per_owner {
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    pub(crate) fn release_slot(&self, upstream: &str, owner: &str) {
+        let mut live = self.live.lock().expect("live lock");
+        if let Some(n) = live.get_mut(&(Arc::from(upstream), owner.to_string())) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// The record of a task if `owner` may see it now; `None` for unknown, expired or foreign.
+    pub fn lookup(&self, upstream: &str, task_id: &str, owner: &str) -> Option<TaskRecord> {
+        match self.store.get(upstream, task_id) {
+            Ok(Some(r)) if r.owner == owner && !r.is_expired(now_ms()) => Some(r),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::error!(error = %e, "task store read failed");
+                None
+            }
+        }
+    }
+
+    /// Appends an audit event and logs it with target `taskgate::audit`.
+    pub fn audit(&self, record: &TaskRecord, event: &str, detail: String) {
+        tracing::info!(
+            target: "taskgate::audit",
+            upstream = %record.upstream,
+            task_id = %record.task_id,
+            owner = %record.owner,
+            event,
+            detail = %detail,
+            "task audit event"
+        );
+        let ev = AuditEvent {
+            time: now_ms(),
+            upstream: record.upstream.clone(),
+            task_id: record.task_id.clone(),
+            owner: record.owner.clone(),
+            event: event.to_string(),
+            detail,
+        };
+        if let Err(e) = self.store.append_audit(&ev) {
+            self.metrics.store_write_failures_total.inc();
+            tracing::error!(error = %e, "audit append failed");
+        }
+    }
+
+    /// Applies a status report (a `Task` object: `tasks/get` / `tasks/cancel` result,
+    /// `notifications/tasks/status` params) to the record of `(upstream, taskId)`.
+    pub fn observe_task(&self, upstream: &str, task: &Value, source: &str) -> Observed {
+        let Some(task_id) = task.get("taskId").and_then(Value::as_str) else {
+            return Observed::Unknown;
+        };
+        let Some(status) = task
+            .get("status")
+            .and_then(Value::as_str)
+            .and_then(TaskStatus::parse)
+        else {
+            return Observed::Unknown;
+        };
+        let message = task
+            .get("statusMessage")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let updated_at = task
+            .get("lastUpdatedAt")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let poll = task.get("pollInterval").and_then(Value::as_u64);
+        self.apply_status(upstream, task_id, status, message, updated_at, poll, source)
+    }
+
+    /// Records that the task reached `status` (see [`Registry::observe_task`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_status(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        status: TaskStatus,
+        message: Option<String>,
+        updated_at: Option<String>,
+        poll_interval_ms: Option<u64>,
+        source: &str,
+    ) -> Observed {
+        let now = now_ms();
+        let result = self.store.update(upstream, task_id, &mut |r| {
+            if !r.status.can_become(status) {
+                return false;
+            }
+            r.status = status;
+            if message.is_some() {
+                r.status_message = message.clone();
+            }
+            if let Some(u) = &updated_at {
+                r.last_updated_at = u.clone();
+            }
+            if poll_interval_ms.is_some() {
+                r.poll_interval_ms = poll_interval_ms;
+            }
+            if status.is_terminal() && r.terminal_at.is_none() {
+                r.terminal_at = Some(now);
+            }
+            if status == TaskStatus::Cancelled && r.cancelled_at.is_none() {
+                r.cancelled_at = Some(now);
+            }
+            true
+        });
+        let (before, after) = match result {
+            Ok(Some(pair)) => pair,
+            Ok(None) => return Observed::Unknown,
+            Err(e) => {
+                self.metrics.store_write_failures_total.inc();
+                tracing::error!(error = %e, "task store update failed");
+                return Observed::Unknown;
+            }
+        };
+        if before.status != after.status {
+            self.on_transition(&before, &after, source);
+            self.store.sync_soon();
+            return Observed::Recorded(after.status);
+        }
+        if after.status.is_terminal() && status != after.status {
+            // The first terminal state wins forever (2025-11-25 tasks: a terminal status MUST NOT change).
+            let up = after.upstream.as_str();
+            self.metrics
+                .task_terminal_rewrites_total
+                .with_label_values(&[up])
+                .inc();
+            if status.is_terminal() {
+                self.metrics
+                    .task_late_results_total
+                    .with_label_values(&[up])
+                    .inc();
+                self.audit(
+                    &after,
+                    "late_result",
+                    format!("{source} reported {status} after {}", after.status),
+                );
+            }
+            if after.status == TaskStatus::Cancelled {
+                self.metrics
+                    .task_activity_after_cancel_total
+                    .with_label_values(&[up])
+                    .inc();
+            }
+            if status.is_terminal() {
+                tracing::warn!(
+                    upstream = up,
+                    task_id = %after.task_id,
+                    recorded = %after.status,
+                    reported = %status,
+                    source,
+                    "upstream reported another terminal status for a terminal task; showing the recorded one"
+                );
+            } else {
+                // Usually a benign race: a reply saying `working` overtaken by the terminal
+                // status notification.
+                tracing::debug!(
+                    upstream = up,
+                    task_id = %after.task_id,
+                    recorded = %after.status,
+                    reported = %status,
+                    source,
+                    "stale non-terminal status for a terminal task; showing the recorded one"
+                );
+            }
+            return Observed::Rewrite {
+                status: after.status,
+                status_message: after.status_message.clone(),
+            };
+        }
+        if before != after {
+            self.store.sync_soon();
+        }
+        Observed::Recorded(after.status)
+    }
+
+    fn on_transition(&self, before: &TaskRecord, after: &TaskRecord, source: &str) {
+        let up = after.upstream.as_str();
+        self.metrics
+            .task_status_transitions_total
+            .with_label_values(&[up, before.status.as_str(), after.status.as_str()])
+            .inc();
+        self.metrics
+            .tasks
+            .with_label_values(&[up, before.status.as_str()])
+            .dec();
+        self.metrics
+            .tasks
+            .with_label_values(&[up, after.status.as_str()])
+            .inc();
+        if after.status.is_terminal() && !before.status.is_terminal() {
+            self.release_slot(up, &after.owner);
+        }
+        if after.cancelled_at.is_some() && before.cancelled_at.is_none() {
+            // Audit fact 1: status cancelled.
+            self.metrics
+                .tasks_cancelled_total
+                .with_label_values(&[up])
+                .inc();
+            self.metrics.tasks_cancelled_unreleased.inc();
+            if let (Some(asked), Some(done)) = (after.cancel_requested_at, after.cancelled_at) {
+                self.metrics
+                    .cancel_to_cancelled_seconds
+                    .observe(done.saturating_sub(asked) as f64 / 1000.0);
+            }
+            self.audit(after, "status_cancelled", format!("seen in {source}"));
+            self.releases.cancelled(up, &after.task_id, "quiet");
+        }
+    }
+
+    /// Writes a new record durably and counts it. The owner's slot must have been reserved.
+    pub(crate) async fn record_creation(&self, record: TaskRecord) -> Result<(), StoreError> {
+        let up = record.upstream.clone();
+        let status = record.status;
+        let origin = record.origin;
+        let result = self.store.create(record.clone()).await;
+        match &result {
+            Ok(()) => {
+                self.metrics
+                    .tasks_created_total
+                    .with_label_values(&[&up, origin.as_str()])
+                    .inc();
+                self.metrics
+                    .tasks
+                    .with_label_values(&[&up, status.as_str()])
+                    .inc();
+                if status.is_terminal() {
+                    self.release_slot(&up, &record.owner);
+                }
+                tracing::info!(
+                    target: "taskgate::audit",
+                    upstream = %up,
+                    task_id = %record.task_id,
+                    owner = %record.owner,
+                    tool = record.tool.as_deref().unwrap_or(""),
+                    event = "created",
+                    "task created"
+                );
+            }
+            Err(e) => {
+                self.metrics.store_write_failures_total.inc();
+                self.metrics
+                    .task_creation_refused_total
+                    .with_label_values(&[&up, "store"])
+                    .inc();
+                self.release_slot(&up, &record.owner);
+                tracing::error!(error = %e, upstream = %up, task_id = %record.task_id, "could not record a task");
+            }
+        }
+        result
+    }
+
+    /// Removes records whose ttl is over; returns how many were removed.
+    pub fn sweep(&self) -> usize {
+        let now = now_ms();
+        let keys = match self.store.expired(now, 10_000) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::error!(error = %e, "sweeper could not read the expiry index");
+                return 0;
+            }
+        };
+        let mut removed = 0;
+        for (up, id) in keys {
+            match self.store.remove(&up, &id) {
+                Ok(Some(r)) => {
+                    removed += 1;
+                    self.metrics
+                        .tasks_expired_total
+                        .with_label_values(&[&up])
+                        .inc();
+                    self.metrics
+                        .tasks
+                        .with_label_values(&[&up, r.status.as_str()])
+                        .dec();
+                    if !r.status.is_terminal() {
+                        self.release_slot(&up, &r.owner);
+                    }
+                    if r.cancelled_at.is_some() && r.released_at.is_none() {
+                        self.releases.forget(&up, &id);
+                        self.metrics.tasks_cancelled_unreleased.dec();
+                        self.metrics
+                            .task_resources_released_total
+                            .with_label_values(&[&up, "expired"])
+                            .inc();
+                    }
+                    tracing::debug!(upstream = %up, task_id = %id, "expired task record removed");
+                }
+                Ok(None) => {}
+                Err(e) => tracing::error!(error = %e, "sweeper could not remove a record"),
+            }
+        }
+        if removed > 0 {
+            self.store.sync_soon();
+        }
+        removed
+    }
+}
+
+/// Tracks what is still held or happening for tasks, to record the "resources released" fact
+/// (see the module docs for the definition).
+pub struct Releases {
+    registry: std::sync::Weak<Registry>,
+    quiet: std::time::Duration,
+    tracks: Mutex<HashMap<(String, String), Track>>,
+}
+
+#[derive(Default)]
+struct Track {
+    holds: usize,
+    last_activity: Option<std::time::Instant>,
+    cancelled: bool,
+}
+
+/// A gateway-side resource held for a task (an open `tasks/result`, a relayed stream); dropping
+/// it releases the hold.
+pub struct ResourceHold {
+    releases: Arc<Releases>,
+    key: (String, String),
+}
+
+impl Drop for ResourceHold {
+    fn drop(&mut self) {
+        let mut tracks = self.releases.tracks.lock().expect("tracks lock");
+        if let Some(t) = tracks.get_mut(&self.key) {
+            t.holds = t.holds.saturating_sub(1);
+            t.last_activity = Some(std::time::Instant::now());
+            if t.holds == 0 && !t.cancelled {
+                tracks.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl Releases {
+    /// A tracker reporting to `registry`; `quiet` is `tasks.release_quiet_ms`.
+    pub fn new(registry: std::sync::Weak<Registry>, quiet: std::time::Duration) -> Releases {
+        Releases {
+            registry,
+            quiet,
+            tracks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes a hold on `(upstream, task_id)` until the returned guard is dropped.
+    pub fn hold(self: &Arc<Self>, upstream: &str, task_id: &str) -> ResourceHold {
+        let key = (upstream.to_string(), task_id.to_string());
+        self.tracks
+            .lock()
+            .expect("tracks lock")
+            .entry(key.clone())
+            .or_default()
+            .holds += 1;
+        ResourceHold {
+            releases: self.clone(),
+            key,
+        }
+    }
+
+    /// The upstream sent something about the task; returns true if the task is already
+    /// recorded cancelled (the caller counts it as activity after cancel).
+    pub fn activity(&self, upstream: &str, task_id: &str) -> bool {
+        let mut tracks = self.tracks.lock().expect("tracks lock");
+        match tracks.get_mut(&(upstream.to_string(), task_id.to_string())) {
+            Some(t) => {
+                t.last_activity = Some(std::time::Instant::now());
+                t.cancelled
+            }
+            None => false,
+        }
+    }
+
+    /// Starts waiting for the release of a task just recorded cancelled (`reason` is the label
+    /// used when it is released: `quiet`, or `restart` for records found at start-up).
+    pub fn cancelled(self: &Arc<Self>, upstream: &str, task_id: &str, reason: &'static str) {
+        let key = (upstream.to_string(), task_id.to_string());
+        {
+            let mut tracks = self.tracks.lock().expect("tracks lock");
+            let t = tracks.entry(key.clone()).or_default();
+            t.cancelled = true;
+            t.last_activity = Some(std::time::Instant::now());
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = self.clone();
+        handle.spawn(async move { this.wait_for_release(key, reason).await });
+    }
+
+    async fn wait_for_release(self: Arc<Self>, key: (String, String), reason: &'static str) {
+        loop {
+            let wait = {
+                let tracks = self.tracks.lock().expect("tracks lock");
+                let Some(t) = tracks.get(&key) else { return };
+                let since = t.last_activity.map(|l| l.elapsed()).unwrap_or(self.quiet);
+                if t.holds > 0 {
+                    Some(self.quiet.min(std::time::Duration::from_millis(100)))
+                } else if since >= self.quiet {
+                    None
+                } else {
+                    Some(self.quiet - since)
+                }
+            };
+            match wait {
+                Some(d) => tokio::time::sleep(d).await,
+                None => break,
+            }
+        }
+        self.tracks.lock().expect("tracks lock").remove(&key);
+        if let Some(registry) = self.registry.upgrade() {
+            registry.record_released(&key.0, &key.1, reason);
+        }
+    }
+
+    /// Forgets a task (its record was removed).
+    pub fn forget(&self, upstream: &str, task_id: &str) {
+        self.tracks
+            .lock()
+            .expect("tracks lock")
+            .remove(&(upstream.to_string(), task_id.to_string()));
+    }
+}
