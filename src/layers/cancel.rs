@@ -38,7 +38,7 @@
 
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind, Message};
-use crate::layers::registry::{Observed, Registry, ResourceHold};
+use crate::layers::registry::{Registry, ResourceHold};
 use crate::mcp::task::now_ms;
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -465,21 +465,7 @@ where
                     // Apply before the flight ends (see `cancel_task`).
                     let observed = registry.observe_task(&upstream, &with_task_id(result, &task_id), "tasks/cancel");
                     let mut result = result.clone();
-                    if let Observed::Rewrite {
-                        status,
-                        status_message,
-                    } = observed
-                    {
-                        result["status"] = Value::String(status.as_str().into());
-                        match status_message {
-                            Some(m) => result["statusMessage"] = Value::String(m),
-                            None => {
-                                if let Some(o) = result.as_object_mut() {
-                                    o.remove("statusMessage");
-                                }
-                            }
-                        }
-                    }
+                    observed.rewrite(&mut result);
                     CancelOutcome::Result(result.to_string())
                 }
                 Some(v) if v.get("error").is_some() => CancelOutcome::Error(v["error"].to_string()),

@@ -58,6 +58,30 @@ pub enum Observed {
     },
 }
 
+impl Observed {
+    /// For [`Observed::Rewrite`]: sets `status` (and `statusMessage`) of a Task object to the
+    /// recorded ones. Returns whether anything was rewritten.
+    pub fn rewrite(&self, task: &mut Value) -> bool {
+        let Observed::Rewrite {
+            status,
+            status_message,
+        } = self
+        else {
+            return false;
+        };
+        task["status"] = Value::String(status.as_str().to_string());
+        match status_message {
+            Some(m) => task["statusMessage"] = Value::String(m.clone()),
+            None => {
+                if let Some(o) = task.as_object_mut() {
+                    o.remove("statusMessage");
+                }
+            }
+        }
+        true
+    }
+}
+
 /// The owner key of a caller (see the module docs).
 pub fn owner_of(ctx: &RequestContext) -> String {
     match &ctx.principal {

@@ -511,11 +511,8 @@ impl ReplyWatch {
             .registry
             .observe_task(&self.upstream, params, "notifications/tasks/status")
         {
-            Observed::Rewrite {
-                status,
-                status_message,
-            } => {
-                rewrite_status(&mut value["params"], status, status_message);
+            observed @ Observed::Rewrite { .. } => {
+                observed.rewrite(&mut value["params"]);
                 Bytes::from(serde_json::to_vec(&value).expect("re-serialise"))
             }
             _ => bytes,
@@ -624,11 +621,8 @@ impl ReplyWatch {
                 bytes
             }
             _ => match self.registry.observe_task(&self.upstream, result, method) {
-                Observed::Rewrite {
-                    status,
-                    status_message,
-                } => {
-                    rewrite_status(&mut value["result"], status, status_message);
+                observed @ Observed::Rewrite { .. } => {
+                    observed.rewrite(&mut value["result"]);
                     Bytes::from(serde_json::to_vec(&value).expect("re-serialise"))
                 }
                 _ => bytes,
@@ -651,18 +645,6 @@ impl Drop for CreationGuard {
             self.0
                 .registry
                 .release_slot(&template.upstream, &template.owner);
-        }
-    }
-}
-
-fn rewrite_status(task: &mut Value, status: TaskStatus, message: Option<String>) {
-    task["status"] = Value::String(status.as_str().to_string());
-    match message {
-        Some(m) => task["statusMessage"] = Value::String(m),
-        None => {
-            if let Some(o) = task.as_object_mut() {
-                o.remove("statusMessage");
-            }
         }
     }
 }
