@@ -302,8 +302,34 @@ impl Metrics {
             ),
             registry,
         };
+        for reason in [
+            "parse",
+            "batch",
+            "invalid",
+            "accept",
+            "content_type",
+            "body_too_large",
+            "host",
+            "origin",
+            "auth",
+            "route",
+            "method",
+        ] {
+            m.http_rejections_total.with_label_values(&[reason]);
+        }
         for up in upstreams {
             let up = up.as_str();
+            for (from, to) in [
+                ("working", "input_required"),
+                ("working", "completed"),
+                ("working", "failed"),
+                ("working", "cancelled"),
+                ("input_required", "working"),
+                ("input_required", "cancelled"),
+            ] {
+                m.task_status_transitions_total
+                    .with_label_values(&[up, from, to]);
+            }
             for kind in ["connect", "timeout", "protocol"] {
                 m.upstream_errors_total.with_label_values(&[up, kind]);
             }

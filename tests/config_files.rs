@@ -20,15 +20,15 @@ fn check_config(path: &str, envs: &[(&str, &str)]) -> (bool, String) {
 #[test]
 fn shipped_configs_are_valid() {
     let root = env!("CARGO_MANIFEST_DIR");
-    let envs = [
-        ("TASKGATE_CI_TOKEN", "ci-token"),
-        ("FILES_API_KEY", "k"),
-    ];
+    let envs = [("TASKGATE_CI_TOKEN", "ci-token"), ("FILES_API_KEY", "k")];
     let mut files = vec![format!("{root}/config/taskgate.toml")];
     for entry in std::fs::read_dir(format!("{root}/config/examples")).unwrap() {
         files.push(entry.unwrap().path().display().to_string());
     }
-    assert!(files.len() >= 4, "expected the default and three examples: {files:?}");
+    assert!(
+        files.len() >= 4,
+        "expected the default and three examples: {files:?}"
+    );
     for f in &files {
         let (ok, text) = check_config(f, &envs);
         assert!(ok, "{f}: {text}");

@@ -1082,3 +1082,97 @@ async fn second_gateway_on_same_store_fails_naming_the_lock() {
         "the first still serves: {v}"
     );
 }
+
+/// Graceful shutdown with work in flight (issue 6): SIGTERM while a GET stream is open and a
+/// `tasks/result` is blocked upstream. New connections are refused at once, the GET stream ends
+/// at once, the blocked `tasks/result` is cut at the drain timeout, the process exits 0, and a
+/// restart on the same store finds every record (including the cancel recorded just before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_stream_and_task_in_flight_drains_and_keeps_records() {
+    let gate = Gate::new();
+    let up = TaskServer::start(Behaviour {
+        result_gate: Some(gate.clone()),
+        get_stream: Some(Arc::new(|| {
+            vec![ev().id("g-1").data("").into(), SseStep::HoldOpen]
+        })),
+        ..Default::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url())
+        .gateway("drain_timeout_ms = 1500")
+        .write_for_binary(dir.path());
+    let store = dir.path().join("store").to_str().unwrap().to_string();
+
+    let (mut p, gw, _) = spawn_binary(&cfg);
+    let mut c = Client::new(&format!("http://{gw}/mcp"));
+    c.initialize().await;
+    let t1 = c.create_task("1").await;
+    let t2 = c.create_task("2").await;
+    let v = c.cancel("3", &t2).await;
+    assert_eq!(v["result"]["status"], json!("cancelled"), "{v}");
+
+    // The standalone GET stream, open.
+    let session = c.session.clone().expect("a session");
+    let mut get = Req::mcp_get(&format!("http://{gw}/mcp"))
+        .header("mcp-session-id", &session)
+        .send()
+        .await
+        .sse();
+    let first = get.next_event(STEP).await;
+    assert_eq!(first.id().as_deref(), Some("g-1"));
+
+    // A tasks/result that blocks upstream until the gate opens (never, here).
+    let pending = {
+        let c = c.clone();
+        let t1 = t1.clone();
+        tokio::spawn(async move { c.result("4", &t1).await })
+    };
+    let started = Instant::now();
+    while up.count("tasks/result") == 0 {
+        assert!(
+            started.elapsed() < STEP,
+            "tasks/result never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let sent = Instant::now();
+    p.signal(libc::SIGTERM);
+    // The GET stream ends promptly (GET streams are not drained).
+    loop {
+        match get.next(Duration::from_millis(1000)).await {
+            Next::End => break,
+            Next::Item(_) => continue,
+            Next::Timeout => panic!("the GET stream did not end after SIGTERM"),
+        }
+    }
+    assert!(sent.elapsed() < Duration::from_millis(1000));
+    // New connections are refused while draining.
+    let refused = tokio::net::TcpStream::connect(gw).await;
+    assert!(
+        refused.is_err(),
+        "a new connection was accepted during the drain"
+    );
+    // The process exits 0 once the drain timeout cut the blocked tasks/result.
+    let status = blocking(|| p.wait_exit(Duration::from_secs(10))).expect("no exit after SIGTERM");
+    assert_eq!(status.code(), Some(0), "stderr: {}", p.stderr());
+    let took = sent.elapsed();
+    assert!(
+        took >= Duration::from_millis(1400) && took < Duration::from_secs(5),
+        "exit after {took:?}, drain timeout 1500 ms"
+    );
+    let _ = pending.await;
+
+    // Everything is in the store, readable without the gateway.
+    let mut ids = task_ids_in_store(&store);
+    ids.sort();
+    let mut want = vec![t1.clone(), t2.clone()];
+    want.sort();
+    assert_eq!(ids, want);
+    let (_p2, _gw, admin) = spawn_binary(&cfg);
+    let (_, d) = admin_json(admin, &format!("/admin/tasks/default/{t2}")).await;
+    assert_eq!(d["task"]["status"], json!("cancelled"), "{d}");
+    assert!(d["task"]["cancelled_at"].is_u64(), "{d}");
+    gate.open();
+}

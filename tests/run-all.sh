@@ -6,7 +6,8 @@
 # 2. cargo test (unit tests, integration tests against scripted upstreams, crash/restart tests);
 # 3. tests/interop/run.sh: real peers (MCP conformance suite, TypeScript SDK, Python SDK) direct
 #    and through taskgate;
-# 4. deploy/check.sh: Kubernetes schemas, promtool rules/tests, dashboard and metric names.
+# 4. a real Prometheus server scraping taskgate; deploy/check.sh: Kubernetes schemas, promtool
+#    rules/tests, dashboard and metric names against a real /metrics scrape, container image.
 # Exit 0 only when every part passed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -38,10 +39,27 @@ echo "== interop with real MCP peers"
 cargo build --locked --quiet
 bash tests/interop/run.sh target/debug/taskgate || status=1
 
-if [[ -f deploy/check.sh ]]; then
-    echo "== deploy checks"
-    bash deploy/check.sh || status=1
-fi
+echo "== a real Prometheus scrapes taskgate (promtool check metrics, query API)"
+python3 tests/prometheus-scrape.py || status=1
+
+echo "== deploy checks (with the metric names of a real /metrics scrape)"
+scrape=$(mktemp /tmp/taskgate-scrape.XXXXXX)
+python3 - "$scrape" <<'PY' || status=1
+import json, subprocess, sys, tempfile, urllib.request, os
+out = sys.argv[1]
+with tempfile.TemporaryDirectory() as d:
+    cfg = os.path.join(d, "c.toml")
+    open(cfg, "w").write(f"""[gateway]\nlisten = "127.0.0.1:0"\n[admin]\nlisten = "127.0.0.1:0"\n[store]\npath = "{d}/store"\n[upgrade]\nenabled = true\n[[upstream]]\nname = "default"\nurl = "http://127.0.0.1:9/mcp"\n""")
+    p = subprocess.Popen(["target/debug/taskgate", "serve", "--config", cfg], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        admin = json.loads(p.stdout.readline())["listening"]["admin"]
+        body = urllib.request.urlopen(f"http://{admin}/metrics", timeout=10).read()
+        open(out, "wb").write(body)
+    finally:
+        p.terminate(); p.wait(timeout=15)
+PY
+TASKGATE_METRICS_FILE="$scrape" bash deploy/check.sh || status=1
+rm -f "$scrape"
 
 if ((status == 0)); then echo "== all tests passed"; else echo "== SOME TESTS FAILED" >&2; fi
 exit $status
