@@ -205,12 +205,18 @@ fn put_field(buf: &mut BytesMut, name: &[u8], value: &str) {
 }
 
 /// Encodes an [`EventStream`] as SSE bytes and inserts [`KEEPALIVE_COMMENT`] whenever the stream
-/// has been idle for `interval`. Ends when the events end.
+/// has been idle for `interval`. Events that are ready together are written as one chunk (one
+/// write to the client instead of one per event). Ends when the events end.
 pub struct KeepAlive {
     events: EventStream,
     interval: Duration,
     sleep: Pin<Box<tokio::time::Sleep>>,
+    last_sent: tokio::time::Instant,
+    done: bool,
 }
+
+/// Largest chunk assembled from events that are ready at once, in bytes.
+const BATCH_BYTES: usize = 256 * 1024;
 
 impl KeepAlive {
     /// Wraps `events`; `interval` is the idle time before a keep-alive comment.
@@ -219,6 +225,8 @@ impl KeepAlive {
             events,
             interval,
             sleep: Box::pin(tokio::time::sleep(interval)),
+            last_sent: tokio::time::Instant::now(),
+            done: false,
         }
     }
 }
@@ -228,21 +236,54 @@ impl Stream for KeepAlive {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
         let this = self.get_mut();
-        match this.events.as_mut().poll_next(cx) {
-            Poll::Ready(Some(event)) => {
-                let deadline = tokio::time::Instant::now() + this.interval;
-                this.sleep.as_mut().reset(deadline);
-                Poll::Ready(Some(encode(&event)))
-            }
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => match this.sleep.as_mut().poll(cx) {
-                Poll::Ready(()) => {
-                    let deadline = tokio::time::Instant::now() + this.interval;
-                    this.sleep.as_mut().reset(deadline);
-                    Poll::Ready(Some(Bytes::from_static(KEEPALIVE_COMMENT)))
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let mut batch: Option<BytesMut> = None;
+        loop {
+            match this.events.as_mut().poll_next(cx) {
+                Poll::Ready(Some(event)) => {
+                    let encoded = encode(&event);
+                    match &mut batch {
+                        None => {
+                            let mut b = BytesMut::with_capacity(encoded.len().max(512));
+                            b.extend_from_slice(&encoded);
+                            batch = Some(b);
+                        }
+                        Some(b) => b.extend_from_slice(&encoded),
+                    }
+                    if batch.as_ref().is_some_and(|b| b.len() >= BATCH_BYTES) {
+                        break;
+                    }
                 }
-                Poll::Pending => Poll::Pending,
-            },
+                Poll::Ready(None) => {
+                    this.done = true;
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        if let Some(b) = batch {
+            // The idle timer is not reset per event: it re-arms from `last_sent` when it fires.
+            this.last_sent = tokio::time::Instant::now();
+            return Poll::Ready(Some(b.freeze()));
+        }
+        if this.done {
+            return Poll::Ready(None);
+        }
+        loop {
+            match this.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    let due = this.last_sent + this.interval;
+                    if tokio::time::Instant::now() >= due {
+                        this.last_sent = tokio::time::Instant::now();
+                        this.sleep.as_mut().reset(this.last_sent + this.interval);
+                        return Poll::Ready(Some(Bytes::from_static(KEEPALIVE_COMMENT)));
+                    }
+                    this.sleep.as_mut().reset(due);
+                }
+                Poll::Pending => return Poll::Pending,
+            }
         }
     }
 }

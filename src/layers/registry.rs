@@ -655,6 +655,12 @@ impl Releases {
         }
     }
 
+    /// Whether any task is tracked (held, or cancelled and not yet released): when none is,
+    /// upstream activity needs no attention.
+    pub fn is_tracking(&self) -> bool {
+        !self.tracks.lock().expect("tracks lock").is_empty()
+    }
+
     /// Takes a hold on `(upstream, task_id)` until the returned guard is dropped.
     pub fn hold(self: &Arc<Self>, upstream: &str, task_id: &str) -> ResourceHold {
         let key = (upstream.to_string(), task_id.to_string());

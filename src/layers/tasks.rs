@@ -427,19 +427,41 @@ impl ReplyWatch {
     }
 
     async fn on_event(self: Arc<Self>, mut event: Event) -> Event {
-        let Some(data) = event.data.take() else {
+        // Most events (progress, logging, results of ordinary calls) concern nothing here: they
+        // pass without a copy or a parse.
+        let Some(data) = event.data.as_ref().filter(|d| self.cares(d.as_bytes())) else {
             return event;
         };
-        let bytes = self.on_message(Bytes::from(data)).await;
-        event.data = Some(String::from_utf8(bytes.to_vec()).unwrap_or_default());
+        let original = Bytes::copy_from_slice(data.as_bytes());
+        let bytes = self.on_message(original.clone()).await;
+        if bytes != original {
+            event.data = Some(String::from_utf8_lossy(&bytes).into_owned());
+        }
         event
+    }
+
+    /// Whether a message may concern this watch: a status or task-related message, or (while
+    /// the answer is awaited) any message.
+    fn cares(&self, bytes: &[u8]) -> bool {
+        !matches!(*self.expect.lock().expect("expect lock"), Expect::Nothing)
+            || crate::jsonrpc::contains(bytes, b"notifications/tasks/status")
+            || (self.registry.releases().is_tracking()
+                && (crate::jsonrpc::contains(bytes, b"notifications/progress")
+                    || crate::jsonrpc::contains(
+                        bytes,
+                        crate::mcp::task::RELATED_TASK_META.as_bytes(),
+                    )))
     }
 
     /// Inspects one JSON-RPC message of the reply; returns it, rewritten if needed.
     async fn on_message(self: Arc<Self>, bytes: Bytes) -> Bytes {
         let is_status = crate::jsonrpc::contains(&bytes, b"notifications/tasks/status");
-        let is_activity = crate::jsonrpc::contains(&bytes, b"notifications/progress")
-            || crate::jsonrpc::contains(&bytes, crate::mcp::task::RELATED_TASK_META.as_bytes());
+        let is_activity = self.registry.releases().is_tracking()
+            && (crate::jsonrpc::contains(&bytes, b"notifications/progress")
+                || crate::jsonrpc::contains(
+                    &bytes,
+                    crate::mcp::task::RELATED_TASK_META.as_bytes(),
+                ));
         let expect = self.expect.lock().expect("expect lock").clone();
         let waiting_for = match &expect {
             Expect::Nothing => None,

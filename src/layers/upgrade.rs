@@ -439,7 +439,7 @@ where
         progress_token,
         poll: Duration::from_millis(poll),
         tx,
-        progress: 0,
+        progress: Mutex::new(0.0),
         key,
     };
     for ev in early {
@@ -479,7 +479,8 @@ struct Follower<S> {
     progress_token: Option<Value>,
     poll: Duration,
     tx: mpsc::Sender<Event>,
-    progress: u64,
+    /// The last progress value sent on the client's token.
+    progress: Mutex<f64>,
     key: CallKey,
 }
 
@@ -513,85 +514,149 @@ where
         self.tx.send(event(data)).await.is_ok()
     }
 
-    async fn progress(&mut self, message: String) {
+    /// The next progress value on the client's token: above every value sent so far (the spec
+    /// requires progress to increase), below `total` when there is one.
+    fn next_progress(&self, wanted: Option<f64>, total: Option<f64>) -> f64 {
+        let mut last = self.progress.lock().expect("progress lock");
+        let next = match wanted {
+            Some(p) if p > *last => p,
+            _ => match total {
+                Some(t) if t > *last => *last + (t - *last) / 100.0,
+                _ => *last + 1.0,
+            },
+        };
+        *last = next;
+        next
+    }
+
+    /// Sends a status change as a progress message on the client's token (if it gave one).
+    async fn progress(&self, message: String) {
         let Some(token) = &self.progress_token else {
             return;
         };
-        self.progress += 1;
+        let value = self.next_progress(None, None);
         let msg = serde_json::json!({
             "jsonrpc": "2.0",
             "method": "notifications/progress",
-            "params": { "progressToken": token, "progress": self.progress, "message": message },
+            "params": { "progressToken": token, "progress": value, "message": message },
         });
         let _ = self.tx.send(event(msg.to_string())).await;
     }
 
-    /// Relays what the upstream sends on the task's streams; status notifications become progress.
-    async fn relay_other(&self, ev: Event) {
+    /// Relays what the upstream sends on the task's streams: status notifications become
+    /// progress messages, progress on the client's token is kept increasing, the rest as it came.
+    async fn relay_other(&self, mut ev: Event) {
         let Some(data) = &ev.data else { return };
-        if crate::jsonrpc::contains(data.as_bytes(), b"notifications/tasks/status") {
+        let bytes = data.as_bytes();
+        if crate::jsonrpc::contains(bytes, b"notifications/tasks/status") {
             if let Ok(v) = serde_json::from_str::<Value>(data) {
                 if let Some(p) = v.get("params") {
                     let status = p.get("status").and_then(Value::as_str).unwrap_or("");
                     let message = p.get("statusMessage").and_then(Value::as_str).unwrap_or("");
-                    if let Some(token) = &self.progress_token {
-                        let msg = serde_json::json!({
-                            "jsonrpc": "2.0",
-                            "method": "notifications/progress",
-                            "params": { "progressToken": token, "progress": 0, "message": format!("{status}: {message}").trim_end_matches(": ").to_string() },
-                        });
-                        let _ = self.tx.send(event(msg.to_string())).await;
-                    }
+                    let text = if message.is_empty() {
+                        status.to_string()
+                    } else {
+                        format!("{status}: {message}")
+                    };
+                    self.progress(text).await;
                 }
             }
             return;
         }
+        if self.progress_token.is_some()
+            && crate::jsonrpc::contains(bytes, b"notifications/progress")
+        {
+            if let Ok(mut v) = serde_json::from_str::<Value>(data) {
+                let on_token = v.pointer("/params/progressToken") == self.progress_token.as_ref();
+                if on_token {
+                    let wanted = v.pointer("/params/progress").and_then(Value::as_f64);
+                    let total = v.pointer("/params/total").and_then(Value::as_f64);
+                    let value = self.next_progress(wanted, total);
+                    if Some(value) != wanted {
+                        v["params"]["progress"] = Value::from(value);
+                        ev.data = Some(v.to_string());
+                    }
+                }
+            }
+        }
         let _ = self.tx.send(ev).await;
     }
 
-    async fn run(mut self, mut cancel_rx: oneshot::Receiver<()>) {
+    async fn run(self, mut cancel_rx: oneshot::Receiver<()>) {
         let upstream = self.ctx.upstream.clone();
         let _hold = self
             .state
             .registry
             .releases()
             .hold(&upstream, &self.task_id);
-        let result_id = self.state.next_id();
-        let result_req = own_request(
-            &self.ctx,
-            &result_id,
-            "tasks/result",
-            serde_json::json!({ "taskId": self.task_id }),
-        );
         let inner = (*self.inner).clone();
-        let (relay_tx, mut relay_rx) = mpsc::channel::<Event>(64);
+        let (relay_tx, mut relay_rx) = mpsc::unbounded_channel::<Event>();
         let client_caps = self
             .state
             .sessions
             .get(&upstream, self.ctx.client_session_id.as_ref());
-        let result_fut = async move {
-            let reply = match inner.oneshot(result_req).await {
-                Ok(r) => r,
-                Err(e) => return End::Failed(e.to_string()),
-            };
-            let answer = answer_of(reply, &result_id, |ev| {
-                let _ = relay_tx.try_send(ev);
-            })
-            .await;
-            match answer {
-                Some(v) => End::Answer(v),
-                None => End::Failed("the tasks/result stream ended without an answer".into()),
+        let result_fut = {
+            let state = self.state.clone();
+            let ctx = self.ctx.clone();
+            let task_id = self.task_id.clone();
+            async move {
+                // A server may close the tasks/result stream before the answer (SSE polling):
+                // ask again, a few times, as a reconnecting client would.
+                for _ in 0..5 {
+                    let result_id = state.next_id();
+                    let result_req = own_request(
+                        &ctx,
+                        &result_id,
+                        "tasks/result",
+                        serde_json::json!({ "taskId": task_id }),
+                    );
+                    let reply = match inner.clone().oneshot(result_req).await {
+                        Ok(r) => r,
+                        Err(e) => return End::Failed(e.to_string()),
+                    };
+                    let relay = relay_tx.clone();
+                    if let Some(v) = answer_of(reply, &result_id, |ev| {
+                        let _ = relay.send(ev);
+                    })
+                    .await
+                    {
+                        return End::Answer(v);
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                End::Failed("the tasks/result stream ended without an answer, five times".into())
             }
         };
         tokio::pin!(result_fut);
         let mut ticker = tokio::time::interval(self.poll);
         ticker.tick().await;
         let mut last_status: Option<(String, String)> = None;
+        // One tasks/get at a time, polled alongside (a slow one never delays the answer).
+        let mut polling: Option<Pin<Box<dyn Future<Output = Option<(String, String)>> + Send>>> =
+            None;
         let end = loop {
             tokio::select! {
                 end = &mut result_fut => break end,
                 _ = &mut cancel_rx => break End::ClientCancelled,
                 _ = self.tx.closed() => break End::Disconnected,
+                _ = ticker.tick(), if polling.is_none() => {
+                    polling = Some(Box::pin(poll_status(
+                        (*self.inner).clone(),
+                        self.state.clone(),
+                        self.ctx.clone(),
+                        self.task_id.clone(),
+                    )));
+                }
+                st = async { polling.as_mut().expect("guarded").await }, if polling.is_some() => {
+                    polling = None;
+                    if let Some(st) = st {
+                        if last_status.as_ref() != Some(&st) {
+                            let message = if st.1.is_empty() { st.0.clone() } else { format!("{}: {}", st.0, st.1) };
+                            last_status = Some(st);
+                            self.progress(message).await;
+                        }
+                    }
+                }
                 Some(ev) = relay_rx.recv() => {
                     if let Some(data) = &ev.data {
                         let method = serde_json::from_str::<Value>(data).ok().and_then(|v| v.get("method").and_then(Value::as_str).map(str::to_string));
@@ -608,15 +673,6 @@ where
                     }
                     self.relay_other(ev).await;
                 }
-                _ = ticker.tick() => {
-                    if let Some(st) = self.poll_status().await {
-                        if last_status.as_ref() != Some(&st) {
-                            let message = if st.1.is_empty() { st.0.clone() } else { format!("{}: {}", st.0, st.1) };
-                            last_status = Some(st);
-                            self.progress(message).await;
-                        }
-                    }
-                }
             }
         };
         self.state
@@ -624,6 +680,12 @@ where
             .lock()
             .expect("active lock")
             .remove(&self.key);
+        if matches!(end, End::Answer(_) | End::Failed(_)) {
+            // What the upstream sent before its answer goes out before the answer.
+            while let Ok(ev) = relay_rx.try_recv() {
+                self.relay_other(ev).await;
+            }
+        }
         match end {
             End::Answer(mut v) => {
                 let failed = v.get("error").is_some()
@@ -673,29 +735,39 @@ where
         }
     }
 
-    async fn poll_status(&self) -> Option<(String, String)> {
-        let id = self.state.next_id();
-        let req = own_request(
-            &self.ctx,
-            &id,
-            "tasks/get",
-            serde_json::json!({ "taskId": self.task_id }),
-        );
-        let reply = (*self.inner).clone().oneshot(req).await.ok()?;
-        let v = answer_of(reply, &id, |_| {}).await?;
-        let r = v.get("result")?;
-        Some((
-            r.get("status")?.as_str()?.to_string(),
-            r.get("statusMessage")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-        ))
-    }
-
     async fn cancel_upstream(&self) {
         cancel_task(&*self.inner, &self.state, &self.ctx, &self.task_id).await;
     }
+}
+
+/// One `tasks/get` for the follower: the task's `(status, statusMessage)`.
+async fn poll_status<S>(
+    inner: S,
+    state: Arc<UpgradeState>,
+    ctx: RequestContext,
+    task_id: String,
+) -> Option<(String, String)>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let id = state.next_id();
+    let req = own_request(
+        &ctx,
+        &id,
+        "tasks/get",
+        serde_json::json!({ "taskId": task_id }),
+    );
+    let reply = inner.oneshot(req).await.ok()?;
+    let v = answer_of(reply, &id, |_| {}).await?;
+    let r = v.get("result")?;
+    Some((
+        r.get("status")?.as_str()?.to_string(),
+        r.get("statusMessage")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+    ))
 }
 
 async fn cancel_task<S>(inner: &S, state: &UpgradeState, ctx: &RequestContext, task_id: &str)
