@@ -279,6 +279,27 @@ pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(haystack, needle).is_some()
 }
 
+/// Substring searches built once, for the needles layers look for in every relayed message.
+pub mod needles {
+    use memchr::memmem::Finder;
+    use std::sync::LazyLock;
+
+    /// `notifications/tasks/status`.
+    pub static TASK_STATUS: LazyLock<Finder<'static>> =
+        LazyLock::new(|| Finder::new("notifications/tasks/status"));
+    /// `notifications/progress`.
+    pub static PROGRESS: LazyLock<Finder<'static>> =
+        LazyLock::new(|| Finder::new("notifications/progress"));
+    /// The related-task `_meta` key.
+    pub static RELATED_TASK: LazyLock<Finder<'static>> =
+        LazyLock::new(|| Finder::new(crate::mcp::task::RELATED_TASK_META));
+
+    /// Whether `finder`'s needle occurs in `haystack`.
+    pub fn found(finder: &LazyLock<Finder<'static>>, haystack: &[u8]) -> bool {
+        finder.find(haystack).is_some()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -213,6 +213,8 @@ pub struct KeepAlive {
     sleep: Pin<Box<tokio::time::Sleep>>,
     last_sent: tokio::time::Instant,
     done: bool,
+    /// Events held back for one turn of the scheduler (see `poll_next`).
+    held: Option<BytesMut>,
 }
 
 /// Largest chunk assembled from events that are ready at once, in bytes.
@@ -227,6 +229,7 @@ impl KeepAlive {
             sleep: Box::pin(tokio::time::sleep(interval)),
             last_sent: tokio::time::Instant::now(),
             done: false,
+            held: None,
         }
     }
 }
@@ -239,7 +242,10 @@ impl Stream for KeepAlive {
         if this.done {
             return Poll::Ready(None);
         }
-        let mut batch: Option<BytesMut> = None;
+        // Events held back on the previous call go out now, with whatever arrived since.
+        let deferred = this.held.is_some();
+        let mut batch: Option<BytesMut> = this.held.take();
+        let mut upstream_pending = false;
         loop {
             match this.events.as_mut().poll_next(cx) {
                 Poll::Ready(Some(event)) => {
@@ -260,8 +266,19 @@ impl Stream for KeepAlive {
                     this.done = true;
                     break;
                 }
-                Poll::Pending => break,
+                Poll::Pending => {
+                    upstream_pending = true;
+                    break;
+                }
             }
+        }
+        if upstream_pending && !deferred && batch.is_some() {
+            // The upstream connection's task hands its body over one chunk at a time: yield
+            // once so the chunks it already has arrive, and write them all in one go instead of
+            // one write per event.
+            this.held = batch;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
         }
         if let Some(b) = batch {
             // The idle timer is not reset per event: it re-arms from `last_sent` when it fires.

@@ -225,7 +225,9 @@ impl Edge {
             "post"
         };
         let rpc_id = request.id().cloned();
-        let span = tracing::info_span!(
+        // Debug level: at the default `info` the span costs nothing per request; warnings carry
+        // the same fields themselves.
+        let span = tracing::debug_span!(
             "request",
             upstream = %route.name,
             method,
@@ -257,7 +259,15 @@ impl Edge {
                     .requests_total
                     .with_label_values(&[&route.name, method, e.outcome()])
                     .inc();
-                span.in_scope(|| tracing::warn!(error = %e, "request failed"));
+                span.in_scope(|| {
+                    tracing::warn!(
+                        upstream = %route.name,
+                        method,
+                        id = rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
+                        error = %e,
+                        "request failed"
+                    )
+                });
                 gateway_error_response(&e, rpc_id.as_ref())
             }
         }
@@ -445,20 +455,20 @@ fn never(e: Infallible) -> Infallible {
 /// True when the `Accept` header(s) list every media type in `needed` (case-insensitive,
 /// parameters ignored). The 2025-11-25 transport requires the literal types, as SDK servers do.
 fn accept_lists(headers: &HeaderMap, needed: &[&str]) -> bool {
-    let listed: Vec<String> = headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|t| {
-            t.split(';')
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .collect();
-    needed.iter().all(|n| listed.iter().any(|l| l == n))
+    needed.iter().all(|n| {
+        headers
+            .get_all(header::ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| {
+                t.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .eq_ignore_ascii_case(n)
+            })
+    })
 }
 
 /// How much of an oversized body is read and discarded so the client, still sending, can read

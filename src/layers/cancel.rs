@@ -161,18 +161,20 @@ where
                 Box::pin(inner.call(req))
             }
             _ => {
-                let Some(key) = state.note_request(&req) else {
-                    return Box::pin(inner.call(req));
-                };
                 let task = (req.method() == Some("tasks/result"))
                     .then(|| task_id_of(&req))
                     .flatten();
                 let resource = task.map(|t| state.registry.releases().hold(&req.ctx.upstream, &t));
+                let key = state.note_request(&req);
+                if key.is_none() && resource.is_none() {
+                    // The common case: nothing to track while this request is in flight.
+                    return Box::pin(inner.call(req));
+                }
                 Box::pin(async move {
                     let result = inner.call(req).await;
                     let done = InFlightGuard {
                         state: state.clone(),
-                        key: Some(key),
+                        key,
                         _resource: resource,
                     };
                     match result {
@@ -215,7 +217,8 @@ impl Drop for InFlightGuard {
 }
 
 impl CancelState {
-    /// Notes a client request (with an id) going upstream; returns its in-flight key.
+    /// Notes a client request (with an id) going upstream on another session than the client's;
+    /// returns its in-flight key.
     fn note_request(&self, req: &McpRequest) -> Option<(Arc<str>, Option<HeaderValue>, Id)> {
         let Operation::Post(msg) = &req.op else {
             return None;
@@ -223,8 +226,12 @@ impl CancelState {
         if msg.kind() != Kind::Request {
             return None;
         }
+        // Only requests the `tasks` layer routed to another upstream session need a note: a
+        // notifications/cancelled for any other request reaches it on the client's own session.
+        if req.ctx.session_id == req.ctx.client_session_id {
+            return None;
+        }
         let id = msg.id()?.clone();
-        // The client's own session: the `tasks` layer may have routed the request elsewhere.
         let key = (
             req.ctx.upstream.clone(),
             req.ctx.client_session_id.clone(),

@@ -100,8 +100,11 @@ impl Registry {
         metrics: Arc<Metrics>,
         config: TasksConfig,
     ) -> Result<Arc<Registry>, StoreError> {
+        // One pass over the store: live counts per owner, records per status, and the
+        // cancelled tasks still waiting for their "resources released" fact.
         let mut live: HashMap<(Arc<str>, String), usize> = HashMap::new();
         let mut by_status: HashMap<(String, TaskStatus), i64> = HashMap::new();
+        let mut unreleased = Vec::new();
         store.scan(&mut |r| {
             if !r.status.is_terminal() {
                 *live
@@ -109,6 +112,9 @@ impl Registry {
                     .or_default() += 1;
             }
             *by_status.entry((r.upstream.clone(), r.status)).or_default() += 1;
+            if r.cancelled_at.is_some() && r.released_at.is_none() {
+                unreleased.push((r.upstream, r.task_id));
+            }
             true
         })?;
         for ((up, status), n) in by_status {
@@ -118,13 +124,6 @@ impl Registry {
                 .set(n);
         }
         let quiet = std::time::Duration::from_millis(config.release_quiet_ms);
-        let mut unreleased = Vec::new();
-        store.scan(&mut |r| {
-            if r.cancelled_at.is_some() && r.released_at.is_none() {
-                unreleased.push((r.upstream, r.task_id));
-            }
-            true
-        })?;
         metrics
             .tasks_cancelled_unreleased
             .set(unreleased.len() as i64);

@@ -30,6 +30,7 @@
 //! `anonymous` without a session (no binding at all; task ids are the upstream's).
 
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody};
+use crate::jsonrpc::needles::{self, found};
 use crate::jsonrpc::{self, Id, Kind, Message};
 use crate::layers::registry::{owner_of, Observed, Registry};
 use crate::mcp::task::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, TaskStatus};
@@ -444,24 +445,16 @@ impl ReplyWatch {
     /// the answer is awaited) any message.
     fn cares(&self, bytes: &[u8]) -> bool {
         !matches!(*self.expect.lock().expect("expect lock"), Expect::Nothing)
-            || crate::jsonrpc::contains(bytes, b"notifications/tasks/status")
+            || found(&needles::TASK_STATUS, bytes)
             || (self.registry.releases().is_tracking()
-                && (crate::jsonrpc::contains(bytes, b"notifications/progress")
-                    || crate::jsonrpc::contains(
-                        bytes,
-                        crate::mcp::task::RELATED_TASK_META.as_bytes(),
-                    )))
+                && (found(&needles::PROGRESS, bytes) || found(&needles::RELATED_TASK, bytes)))
     }
 
     /// Inspects one JSON-RPC message of the reply; returns it, rewritten if needed.
     async fn on_message(self: Arc<Self>, bytes: Bytes) -> Bytes {
-        let is_status = crate::jsonrpc::contains(&bytes, b"notifications/tasks/status");
+        let is_status = found(&needles::TASK_STATUS, &bytes);
         let is_activity = self.registry.releases().is_tracking()
-            && (crate::jsonrpc::contains(&bytes, b"notifications/progress")
-                || crate::jsonrpc::contains(
-                    &bytes,
-                    crate::mcp::task::RELATED_TASK_META.as_bytes(),
-                ));
+            && (found(&needles::PROGRESS, &bytes) || found(&needles::RELATED_TASK, &bytes));
         let expect = self.expect.lock().expect("expect lock").clone();
         let waiting_for = match &expect {
             Expect::Nothing => None,

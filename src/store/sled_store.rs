@@ -254,6 +254,17 @@ impl TaskStore for SledStore {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
         let key = task_key(upstream, task_id);
+        // Most status reports change nothing (a tasks/get poll of a working task): decide that
+        // on a plain read, because a sled transaction writes to the log even when it changes
+        // nothing.
+        let Some(current) = self.tasks.get(&key).map_err(db_err)? else {
+            return Ok(None);
+        };
+        let current = decode(&current)?;
+        let mut probe = current.clone();
+        if !change(&mut probe) || probe == current {
+            return Ok(Some((current.clone(), current)));
+        }
         let change = std::cell::RefCell::new(change);
         let result = (&self.tasks, &self.by_expiry).transaction(|(t, e)| {
             let Some(bytes) = t.get(&key)? else {
