@@ -85,6 +85,19 @@ impl SessionInfo {
 
 type Key = (Arc<str>, Option<HeaderValue>);
 
+/// The key of a caller's session: its `Mcp-Session-Id`; without one (an upstream without
+/// sessions), its bearer principal; without either, `None`, under which only the upstream's
+/// facts (capabilities, tools) are kept, never a client's.
+pub fn session_key(ctx: &crate::exchange::RequestContext) -> Option<HeaderValue> {
+    match (&ctx.client_session_id, &ctx.principal) {
+        (Some(s), _) => Some(s.clone()),
+        (None, crate::exchange::Principal::Token(p)) => {
+            HeaderValue::from_str(&format!("principal:{p}")).ok()
+        }
+        (None, crate::exchange::Principal::Anonymous) => None,
+    }
+}
+
 /// The session table, shared by the `session` and `upgrade` layers.
 #[derive(Default)]
 pub struct Sessions {
@@ -249,7 +262,9 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let sessions = self.sessions.clone();
         let upstream = req.ctx.upstream.clone();
-        let session = req.ctx.client_session_id.clone();
+        let session = session_key(&req.ctx);
+        let has_identity = req.ctx.client_session_id.is_some()
+            || matches!(req.ctx.principal, crate::exchange::Principal::Token(_));
         let watch = match (&req.op, req.method()) {
             (Operation::Post(msg), Some("initialize")) => {
                 let caps = msg
@@ -276,13 +291,16 @@ where
         Box::pin(async move {
             let mut reply = inner.call(req).await?;
             let reply_session = reply.headers.get("mcp-session-id").cloned().or(session);
+            // Without a session or a principal every client shares one entry: keep the
+            // upstream's facts there, never one client's capabilities.
+            let keep_client_caps = has_identity || reply.headers.contains_key("mcp-session-id");
             let observe = move |bytes: &[u8]| match &watch {
                 Watch::Initialize(caps) => {
                     if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
                         if v.get("id").and_then(Id::from_value).as_ref() == id.as_ref() {
                             if let Some(result) = v.get("result") {
                                 sessions.with(&upstream, reply_session.as_ref(), |s| {
-                                    s.client_capabilities = Some(caps.clone());
+                                    s.client_capabilities = keep_client_caps.then(|| caps.clone());
                                     s.upstream_capabilities = result.get("capabilities").cloned();
                                     s.tools.clear();
                                 });

@@ -35,8 +35,20 @@
 //! `refused_capability`, `not_a_task` (the upstream answered without a task), `upstream_error`,
 //! `orphaned`.
 //!
-//! Limitation: the session table is in memory, so after a restart calls on sessions opened
-//! before it are forwarded as they are until the client lists tools again.
+//! A `notifications/cancelled` that arrives before the upstream's `CreateTaskResult` is held and
+//! becomes the `tasks/cancel` once the task exists. The upstream side of an upgraded call runs
+//! on its own task, so a client that disconnects before the `CreateTaskResult` still leaves a
+//! recorded task that `on_client_disconnect` handles.
+//!
+//! Progress values on the client's token always increase (2025-11-25 basic/utilities/progress),
+//! across the call's own stream and the session's GET stream, where some servers send progress.
+//!
+//! Limitations: the session table is in memory, so after a restart calls on sessions opened
+//! before it are forwarded as they are until the client lists tools again. With an upstream
+//! without sessions and no `[auth]`, clients cannot be told apart: no client's capabilities are
+//! kept, so every client is treated as one without `capabilities.tasks` (required tools listed
+//! as optional, plain calls upgraded) and relayed elicitation/sampling is not checked against
+//! capabilities.
 
 use crate::config::{OnDisconnect, UpgradeConfig};
 use crate::exchange::{
@@ -44,7 +56,7 @@ use crate::exchange::{
 };
 use crate::jsonrpc::{self, Id, Kind, Message};
 use crate::layers::registry::Registry;
-use crate::layers::session::{Sessions, TaskSupport};
+use crate::layers::session::{session_key, Sessions, TaskSupport};
 use crate::mcp::task::TaskStatus;
 use crate::sse::{Event, EventStream};
 use crate::store::{Origin, TaskRecord};
@@ -63,6 +75,26 @@ use tokio::sync::{mpsc, oneshot};
 use tower::ServiceExt;
 
 type CallKey = (Arc<str>, Option<HeaderValue>, Id);
+/// (upstream, session key, progressToken JSON) of an upgraded call with a progress token.
+type TokenKey = (Arc<str>, Option<HeaderValue>, String);
+
+/// The next progress value on a token whose last value is `last`: the upstream's own value when
+/// it increases, otherwise a little more than the last (below `total` when there is one), so the
+/// values a client sees always increase (2025-11-25 basic/utilities/progress).
+fn next_progress(last: &Mutex<Option<f64>>, wanted: Option<f64>, total: Option<f64>) -> f64 {
+    let mut last = last.lock().expect("progress lock");
+    let next = match (*last, wanted) {
+        (None, Some(p)) => p,
+        (None, None) => 0.0,
+        (Some(l), Some(p)) if p > l => p,
+        (Some(l), _) => match total {
+            Some(t) if t > l => l + (t - l) / 100.0,
+            _ => l + 1.0,
+        },
+    };
+    *last = Some(next);
+    next
+}
 
 /// Shared state of the upgrade layer.
 pub struct UpgradeState {
@@ -71,6 +103,9 @@ pub struct UpgradeState {
     config: UpgradeConfig,
     /// Upgraded calls being followed: client's (upstream, session, id) → cancel signal.
     active: Mutex<HashMap<CallKey, oneshot::Sender<()>>>,
+    /// Progress state of upgraded calls by token, for progress the upstream sends on the
+    /// session's GET stream.
+    tokens: Mutex<HashMap<TokenKey, Arc<Mutex<Option<f64>>>>>,
     seq: AtomicU64,
 }
 
@@ -86,6 +121,7 @@ impl UpgradeState {
             registry,
             config,
             active: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(1),
         })
     }
@@ -164,6 +200,9 @@ where
         match req.method() {
             Some("tools/call") => Box::pin(tools_call(state, inner, req)),
             Some("tools/list") => Box::pin(tools_list(state, inner, req)),
+            None if matches!(req.op, Operation::OpenStream) => {
+                Box::pin(get_stream(state, inner, req))
+            }
             Some("notifications/cancelled") => {
                 if let Some(key) = cancelled_call(&req) {
                     if let Some(signal) = state.active.lock().expect("active lock").remove(&key) {
@@ -180,6 +219,58 @@ where
             }
         }
     }
+}
+
+/// The standalone GET stream: progress the upstream sends there on an upgraded call's token
+/// (the TypeScript SDK does) keeps increasing together with the call's own stream.
+async fn get_stream<S>(
+    state: Arc<UpgradeState>,
+    inner: S,
+    req: McpRequest,
+) -> Result<McpReply, GatewayError>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let upstream = req.ctx.upstream.clone();
+    let session = session_key(&req.ctx);
+    let mut reply = inner.oneshot(req).await?;
+    if let ReplyBody::Stream(events) = reply.body {
+        reply.body = ReplyBody::Stream(Box::pin(events.map(move |mut ev| {
+            let Some(data) = &ev.data else { return ev };
+            if state.tokens.lock().expect("tokens lock").is_empty()
+                || !crate::jsonrpc::needles::found(
+                    &crate::jsonrpc::needles::PROGRESS,
+                    data.as_bytes(),
+                )
+            {
+                return ev;
+            }
+            let Ok(mut v) = serde_json::from_str::<Value>(data) else {
+                return ev;
+            };
+            let Some(token) = v.pointer("/params/progressToken").map(Value::to_string) else {
+                return ev;
+            };
+            let last = state
+                .tokens
+                .lock()
+                .expect("tokens lock")
+                .get(&(upstream.clone(), session.clone(), token))
+                .cloned();
+            if let Some(last) = last {
+                let wanted = v.pointer("/params/progress").and_then(Value::as_f64);
+                let total = v.pointer("/params/total").and_then(Value::as_f64);
+                let value = next_progress(&last, wanted, total);
+                if Some(value) != wanted {
+                    v["params"]["progress"] = Value::from(value);
+                    ev.data = Some(v.to_string());
+                }
+            }
+            ev
+        })));
+    }
+    Ok(reply)
 }
 
 fn cancelled_call(req: &McpRequest) -> Option<CallKey> {
@@ -206,7 +297,7 @@ where
     S::Future: Send + 'static,
 {
     let upstream = req.ctx.upstream.clone();
-    let session = req.ctx.client_session_id.clone();
+    let session = session_key(&req.ctx);
     let mut reply = inner.oneshot(req).await?;
     let Some(info) = state.sessions.get(&upstream, session.as_ref()) else {
         return Ok(reply);
@@ -305,7 +396,8 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let session = ctx.client_session_id.as_ref();
+    let key = session_key(ctx);
+    let session = key.as_ref();
     if let Some(ts) = state.sessions.tool_support(&ctx.upstream, session, tool) {
         return Some(ts);
     }
@@ -353,7 +445,7 @@ where
     // Cheap checks first: most calls are not candidates and are not parsed again.
     if !state
         .sessions
-        .upstream_tasks_tools_call(&req.ctx.upstream, req.ctx.client_session_id.as_ref())
+        .upstream_tasks_tools_call(&req.ctx.upstream, session_key(&req.ctx).as_ref())
     {
         return inner.oneshot(req).await;
     }
@@ -385,40 +477,8 @@ where
         "plain tools/call to a required tool: upgraded to a task"
     );
 
-    let reply = inner.clone().oneshot(req).await?;
-    let status = reply.status;
-    let headers = reply.headers.clone();
-    let (tx, rx) = mpsc::channel::<Event>(64);
-    let mut early = Vec::new();
-    let answer = answer_of(reply, &original_id, |ev| early.push(ev)).await;
-    let Some(answer) = answer else {
-        state.count(&upstream, "upstream_error");
-        return Ok(McpReply::local_error(
-            Some(&original_id),
-            jsonrpc::INTERNAL_ERROR,
-            &format!("upstream `{upstream}` sent no answer to the upgraded tools/call"),
-        ));
-    };
-    let Some(task) = answer
-        .pointer("/result/task")
-        .filter(|t| t.get("taskId").is_some())
-    else {
-        // Not a task after all (an error, or the call ran plainly): the answer as it came.
-        state.count(&upstream, "not_a_task");
-        let mut reply = McpReply::local_json(Bytes::from(answer.to_string()));
-        reply.status = if status.is_success() {
-            StatusCode::OK
-        } else {
-            status
-        };
-        return Ok(reply);
-    };
-    let task_id = task["taskId"].as_str().unwrap_or_default().to_string();
-    let poll = task
-        .get("pollInterval")
-        .and_then(Value::as_u64)
-        .unwrap_or(1000)
-        .max(100);
+    // The call is known as upgraded from now on: a notifications/cancelled for its id, even one
+    // that arrives before the CreateTaskResult, becomes a tasks/cancel.
     let (cancel_tx, cancel_rx) = oneshot::channel();
     let key: CallKey = (
         upstream.clone(),
@@ -430,6 +490,125 @@ where
         .lock()
         .expect("active lock")
         .insert(key.clone(), cancel_tx);
+    // The upstream side runs on its own task: a client that goes away before the
+    // CreateTaskResult still leaves a recorded task, handled by `on_client_disconnect`.
+    let (first_tx, first_rx) = oneshot::channel();
+    tokio::spawn(drive(
+        Upgraded {
+            state,
+            inner,
+            ctx,
+            original_id: original_id.clone(),
+            progress_token,
+            key,
+        },
+        req,
+        cancel_rx,
+        first_tx,
+    ));
+    match first_rx.await {
+        Ok(reply) => reply,
+        Err(_) => Ok(McpReply::local_error(
+            Some(&original_id),
+            jsonrpc::INTERNAL_ERROR,
+            "the upgraded call ended without an answer",
+        )),
+    }
+}
+
+/// One upgraded call, before its task exists.
+struct Upgraded<S> {
+    state: Arc<UpgradeState>,
+    inner: S,
+    ctx: RequestContext,
+    original_id: Id,
+    progress_token: Option<Value>,
+    key: CallKey,
+}
+
+/// Sends the upgraded call, answers the client (`first`) with its stream or, when no task came
+/// of it, with the upstream's answer, and follows the task.
+async fn drive<S>(
+    call: Upgraded<S>,
+    req: McpRequest,
+    cancel_rx: oneshot::Receiver<()>,
+    first: oneshot::Sender<Result<McpReply, GatewayError>>,
+) where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let Upgraded {
+        state,
+        inner,
+        ctx,
+        original_id,
+        progress_token,
+        key,
+    } = call;
+    let upstream = ctx.upstream.clone();
+    let forget = |state: &UpgradeState| {
+        state.active.lock().expect("active lock").remove(&key);
+    };
+    let reply = match inner.clone().oneshot(req).await {
+        Ok(r) => r,
+        Err(e) => {
+            forget(&state);
+            state.count(&upstream, "upstream_error");
+            let _ = first.send(Err(e));
+            return;
+        }
+    };
+    let status = reply.status;
+    let headers = reply.headers.clone();
+    let mut early = Vec::new();
+    let answer = answer_of(reply, &original_id, |ev| early.push(ev)).await;
+    let Some(answer) = answer else {
+        forget(&state);
+        state.count(&upstream, "upstream_error");
+        let _ = first.send(Ok(McpReply::local_error(
+            Some(&original_id),
+            jsonrpc::INTERNAL_ERROR,
+            &format!("upstream `{upstream}` sent no answer to the upgraded tools/call"),
+        )));
+        return;
+    };
+    let Some(task) = answer
+        .pointer("/result/task")
+        .filter(|t| t.get("taskId").is_some())
+    else {
+        // Not a task after all (an error, or the call ran plainly): the answer as it came.
+        forget(&state);
+        state.count(&upstream, "not_a_task");
+        let mut reply = McpReply::local_json(Bytes::from(answer.to_string()));
+        reply.status = if status.is_success() {
+            StatusCode::OK
+        } else {
+            status
+        };
+        let _ = first.send(Ok(reply));
+        return;
+    };
+    let task_id = task["taskId"].as_str().unwrap_or_default().to_string();
+    let poll = task
+        .get("pollInterval")
+        .and_then(Value::as_u64)
+        .unwrap_or(1000)
+        .max(100);
+    let (tx, rx) = mpsc::channel::<Event>(256);
+    let progress = Arc::new(Mutex::new(None));
+    let token_key = progress_token.as_ref().map(|t| {
+        let k = (upstream.clone(), session_key(&ctx), t.to_string());
+        state
+            .tokens
+            .lock()
+            .expect("tokens lock")
+            .insert(k.clone(), progress.clone());
+        k
+    });
     let follower = Follower {
         state: state.clone(),
         inner: Arc::new(inner),
@@ -439,13 +618,10 @@ where
         progress_token,
         poll: Duration::from_millis(poll),
         tx,
-        progress: Mutex::new(0.0),
+        progress,
         key,
+        token_key,
     };
-    for ev in early {
-        follower.relay_other(ev).await;
-    }
-    tokio::spawn(follower.run(cancel_rx));
 
     let mut out_headers = HeaderMap::new();
     out_headers.insert(
@@ -462,11 +638,16 @@ where
     let events: EventStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|ev| (ev, rx))
     }));
-    Ok(McpReply {
+    // If the client is gone, this drops the stream and the follower sees a disconnect.
+    let _ = first.send(Ok(McpReply {
         status: StatusCode::OK,
         headers: out_headers,
         body: ReplyBody::Stream(events),
-    })
+    }));
+    for ev in early {
+        follower.relay_other(ev).await;
+    }
+    follower.run(cancel_rx).await;
 }
 
 /// Follows one upgraded task to its end and writes to the client's stream.
@@ -479,8 +660,10 @@ struct Follower<S> {
     progress_token: Option<Value>,
     poll: Duration,
     tx: mpsc::Sender<Event>,
-    /// The last progress value sent on the client's token.
-    progress: Mutex<f64>,
+    /// The last progress value sent on the client's token (shared with the GET-stream relay).
+    progress: Arc<Mutex<Option<f64>>>,
+    /// This call's entry in `UpgradeState::tokens`.
+    token_key: Option<TokenKey>,
     key: CallKey,
 }
 
@@ -517,16 +700,7 @@ where
     /// The next progress value on the client's token: above every value sent so far (the spec
     /// requires progress to increase), below `total` when there is one.
     fn next_progress(&self, wanted: Option<f64>, total: Option<f64>) -> f64 {
-        let mut last = self.progress.lock().expect("progress lock");
-        let next = match wanted {
-            Some(p) if p > *last => p,
-            _ => match total {
-                Some(t) if t > *last => *last + (t - *last) / 100.0,
-                _ => *last + 1.0,
-            },
-        };
-        *last = next;
-        next
+        next_progress(&self.progress, wanted, total)
     }
 
     /// Sends a status change as a progress message on the client's token (if it gave one).
@@ -594,7 +768,7 @@ where
         let client_caps = self
             .state
             .sessions
-            .get(&upstream, self.ctx.client_session_id.as_ref());
+            .get(&upstream, session_key(&self.ctx).as_ref());
         let result_fut = {
             let state = self.state.clone();
             let ctx = self.ctx.clone();
@@ -680,6 +854,9 @@ where
             .lock()
             .expect("active lock")
             .remove(&self.key);
+        if let Some(k) = &self.token_key {
+            self.state.tokens.lock().expect("tokens lock").remove(k);
+        }
         if matches!(end, End::Answer(_) | End::Failed(_)) {
             // What the upstream sent before its answer goes out before the answer.
             while let Ok(ev) = relay_rx.try_recv() {

@@ -14,6 +14,12 @@
 //       Reads client summaries (task-client.mjs, py_task_client.py, sse-resume-check.mjs), reports
 //       failed checks, notes where what was observed differs between the direct run and the run
 //       through the gateway. Exit 1 when a run failed or progress got lost through the gateway.
+//   node harness.mjs upgrade --label L --direct FILE [--via FILE --admin HOST:PORT --upstream NAME
+//                            --tool TOOL --status STATUS]
+//       Reads upgrade-client.mjs / py_upgrade_client.py summaries: the direct run must have failed
+//       as expected, the run through the upgrading gateway must have succeeded (both "ok"), and the
+//       gateway's newest record for TOOL on NAME (GET /admin/tasks) must be origin "upgraded" with
+//       STATUS. Prints a report; exit 1 otherwise.
 
 import { createServer } from 'node:net';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
@@ -233,6 +239,52 @@ function scrub(v) {
     return v === undefined ? v : JSON.parse(JSON.stringify(v).replace(/[0-9a-f]{32}|[0-9a-f-]{36}/g, 'ID'));
 }
 
+// ---- upgrade ------------------------------------------------------------------------------------
+
+async function upgrade(o) {
+    let bad = 0;
+    const brief = s =>
+        s.error ? `error ${s.error.code ?? ''} ${s.error.message}` : `${s.isError ? 'isError' : 'result'}: ${JSON.stringify((s.text ?? '').split('\n')[0].slice(0, 90))}`;
+    const direct = readSummary(o.direct);
+    if (direct.ok) console.log(`PASS ${o.label} direct: fails as expected (${brief(direct)}; taskSupport seen ${direct.taskSupportSeen ?? 'not listed'})`);
+    else {
+        bad++;
+        console.log(`FAIL ${o.label} direct: ${(direct.problems ?? direct.failed ?? []).join('; ')} (${brief(direct)})`);
+    }
+    if (!o.via) return bad ? 1 : 0;
+    const via = readSummary(o.via);
+    const facts = `${brief(via)}; taskSupport seen ${via.taskSupportSeen ?? 'not listed'}; ${via.progress?.length ?? 0} progress (first after ${via.firstProgressMs ?? '-'} ms); ${via.elicitations ?? 0} elicitations; ${via.ms} ms`;
+    if (via.ok) console.log(`PASS ${o.label} via gateway: ${facts}`);
+    else {
+        bad++;
+        console.log(`FAIL ${o.label} via gateway: ${(via.problems ?? via.failed ?? []).join('; ')} (${facts})`);
+    }
+    if ((via.progress ?? []).length) console.log(`     progress: ${via.progress.join(' | ').slice(0, 400)}`);
+    // 2025-11-25 progress: "The progress value MUST increase with each notification" (on one token).
+    const values = (via.progress ?? []).map(p => parseFloat(p));
+    const down = values.findIndex((v, i) => i > 0 && !(v > values[i - 1]));
+    if (down > 0) console.log(`  note ${o.label} progress values do not increase: ${values[down - 1]} then ${values[down]} (${values.join(', ')})`);
+    if (o.admin) {
+        let records = [];
+        try {
+            const r = await fetch(`http://${o.admin}/admin/tasks?upstream=${encodeURIComponent(o.upstream)}`);
+            records = (await r.json()).tasks ?? [];
+        } catch (error) {
+            console.log(`FAIL ${o.label} admin: ${error.message}`);
+            return 1;
+        }
+        const rec = records.find(r => r.tool === o.tool && r.origin === 'upgraded');
+        if (!rec) {
+            bad++;
+            console.log(`FAIL ${o.label} registry: no upgraded record for ${o.tool} on ${o.upstream}`);
+        } else if (rec.status !== o.status) {
+            bad++;
+            console.log(`FAIL ${o.label} registry: newest upgraded ${o.tool} record is ${rec.status}, want ${o.status}`);
+        } else console.log(`PASS ${o.label} registry: task ${rec.task_id} origin upgraded, ${rec.status}`);
+    }
+    return bad ? 1 : 0;
+}
+
 // ---- misc ---------------------------------------------------------------------------------------
 
 switch (cmd) {
@@ -257,7 +309,10 @@ switch (cmd) {
     case 'tasks':
         process.exit(tasks(options(rest)));
         break;
+    case 'upgrade':
+        process.exit(await upgrade(options(rest)));
+        break;
     default:
-        console.error('usage: harness.mjs free-port | json-field FILE PATH | conformance ... | tasks ...');
+        console.error('usage: harness.mjs free-port | json-field FILE PATH | conformance ... | tasks ... | upgrade ...');
         process.exit(2);
 }

@@ -6,8 +6,10 @@
 #
 # Needs node + npm (Node 22 for the conformance suite comes from node_modules, `npm ci` runs here
 # when node_modules is missing) and python3 (a venv under tests/interop/.venv is created from
-# requirements.txt when missing). Everything listens on 127.0.0.1; every process started here is
-# stopped on exit. Exit 0 only when every step passed.
+# requirements.txt when missing). Everything listens on 127.0.0.1 (server-everything, which takes a
+# port from $PORT, binds every interface); every process started here is stopped on exit. Two
+# gateways run: `taskgate` ([upgrade] disabled) for steps a-d and `taskgate-upgrade` ([upgrade]
+# enabled) for step e. Exit 0 only when every step passed.
 #
 # Environment:
 #   INTEROP_WORK=DIR            keep logs and results there (default: a new /tmp/taskgate-interop.* dir)
@@ -109,6 +111,26 @@ wait_ready() {
     return 1
 }
 
+# wait_port NAME PORT SECONDS: waits until 127.0.0.1:PORT accepts connections (for peers that print
+# no listening line)
+wait_port() {
+    local name=$1 port=$2 secs=$3 i
+    for ((i = 0; i < secs * 10; i++)); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return 0
+        fi
+        if ! kill -0 "${PID[$name]}" 2>/dev/null; then
+            echo "$name exited before it listened on $port; stderr:" >&2
+            tail -n 20 "$WORK/$name.err" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+    echo "$name not listening on $port after ${secs}s; stderr:" >&2
+    tail -n 20 "$WORK/$name.err" >&2
+    return 1
+}
+
 # alive NAME: true while NAME runs; otherwise says so, with the end of its stderr
 alive() {
     kill -0 "${PID[$1]}" 2>/dev/null && return 0
@@ -165,6 +187,11 @@ if [[ $PYTHON_ON == 1 ]]; then
     start py-stateful "$VENV/bin/python" "$HERE/py_task_server.py" --port 0
 fi
 
+# server-everything takes its port from $PORT and does not report what it bound (PORT=0 would be
+# lost), so it gets an ephemeral port picked by binding 127.0.0.1:0; it listens on every interface.
+EVERYTHING_PORT=$("$NODE22" "$HERE/harness.mjs" free-port)
+start everything env PORT="$EVERYTHING_PORT" "$NODE22" "$HERE/node_modules/@modelcontextprotocol/server-everything/dist/index.js" streamableHttp
+
 UPSTREAMS=(conformance-server "${MODES[@]/#/ts-}")
 [[ $PYTHON_ON == 1 ]] && UPSTREAMS+=(py-stateful)
 declare -A DIRECT=()
@@ -173,6 +200,9 @@ for name in "${UPSTREAMS[@]}"; do
     DIRECT[$name]=$(field "$name" listening)
     log "$name: ${DIRECT[$name]}"
 done
+wait_port everything "$EVERYTHING_PORT" 30 || exit 1
+DIRECT[everything]="http://127.0.0.1:$EVERYTHING_PORT/mcp"
+log "everything: ${DIRECT[everything]}"
 
 # ---- taskgate ---------------------------------------------------------------------------------
 declare -A VIA=()
@@ -194,6 +224,31 @@ if [[ "$BIN" != none ]]; then
     log "taskgate: gateway $GW, admin $ADMIN"
     for name in "${UPSTREAMS[@]}"; do
         VIA[$name]="http://$GW/mcp/$name"
+    done
+fi
+
+# A second taskgate, with [upgrade] enabled, for the upgrade steps (e.): the first one must leave
+# plain calls alone, which the lifecycle clients check.
+UPGRADE_UPSTREAMS=(ts-stateful everything)
+declare -A UPGRADE_VIA=()
+if [[ "$BIN" != none ]]; then
+    UPGRADE_CONFIG="$WORK/taskgate-upgrade.toml"
+    {
+        printf '[gateway]\nlisten = "127.0.0.1:0"\ndrain_timeout_ms = 1000\n\n'
+        printf '[admin]\nlisten = "127.0.0.1:0"\n\n'
+        printf '[store]\npath = "%s"\n\n' "$WORK/taskgate-upgrade-store"
+        printf '[auth]\nmode = "none"\n\n[upgrade]\nenabled = true\n'
+        for name in "${UPGRADE_UPSTREAMS[@]}"; do
+            printf '\n[[upstream]]\nname = "%s"\nurl = "%s"\n' "$name" "${DIRECT[$name]}"
+        done
+    } >"$UPGRADE_CONFIG"
+    start taskgate-upgrade "$BIN" serve --config "$UPGRADE_CONFIG"
+    wait_ready taskgate-upgrade 60 || exit 1
+    UPGRADE_GW=$(field taskgate-upgrade listening.gateway)
+    UPGRADE_ADMIN=$(field taskgate-upgrade listening.admin)
+    log "taskgate-upgrade ([upgrade] enabled): gateway $UPGRADE_GW, admin $UPGRADE_ADMIN"
+    for name in "${UPGRADE_UPSTREAMS[@]}"; do
+        UPGRADE_VIA[$name]="http://$UPGRADE_GW/mcp/$name"
     done
 fi
 
@@ -251,16 +306,72 @@ if [[ $PYTHON_ON == 1 ]]; then
     run_pair py-client-ts-server ts-stateful "$VENV/bin/python" "$HERE/py_task_client.py"
 fi
 
+# ---- e. upgrade of plain calls: clients without capabilities.tasks call required tools ----------
+# run_upgrade LABEL UPSTREAM TOOL ARGS_JSON STATUS "VIA_CHECKS" CLIENT...
+#   direct: CLIENT --expect error --list=false URL TOOL ARGS_JSON: the server's own refusal;
+#   via taskgate-upgrade: CLIENT VIA_CHECKS URL TOOL ARGS_JSON must succeed (VIA_CHECKS: the
+#   client's --expect/--min-*/--text options, no spaces inside values), and taskgate's newest
+#   record for TOOL must be origin=upgraded with STATUS.
+run_upgrade() {
+    local label=$1 upstream=$2 tool=$3 args=$4 status=$5 checks
+    read -ra checks <<<"$6"
+    shift 6
+    log "$label: direct ${DIRECT[$upstream]}"
+    run_fg timeout 120 "$@" --expect error --list=false --label "$label direct" "${DIRECT[$upstream]}" "$tool" "$args" >"$WORK/upgrade-$label-direct.json" 2>"$WORK/upgrade-$label-direct.err"
+    local hargs=(--label "$label" --direct "$WORK/upgrade-$label-direct.json")
+    if [[ -n "${UPGRADE_VIA[$upstream]:-}" ]]; then
+        log "$label: via ${UPGRADE_VIA[$upstream]}"
+        run_fg timeout 120 "$@" "${checks[@]}" --label "$label via" "${UPGRADE_VIA[$upstream]}" "$tool" "$args" >"$WORK/upgrade-$label-via.json" 2>"$WORK/upgrade-$label-via.err"
+        hargs+=(--via "$WORK/upgrade-$label-via.json" --admin "$UPGRADE_ADMIN" --upstream "$upstream" --tool "$tool" --status "$status")
+    fi
+    "$NODE22" "$HERE/harness.mjs" upgrade "${hargs[@]}" | tee "$WORK/upgrade-$label-report.txt"
+    local rc=${PIPESTATUS[0]}
+    alive "$upstream" || rc=1
+    [[ -n "${UPGRADE_VIA[$upstream]:-}" ]] && { alive taskgate-upgrade || rc=1; }
+    result "$label$([[ -n "${UPGRADE_VIA[$upstream]:-}" ]] && echo ' direct fails + via taskgate upgrades' || echo ' direct')" "$rc"
+}
+TS_UPGRADE=("$NODE22" "$HERE/upgrade-client.mjs")
+PY_UPGRADE=("$VENV/bin/python" "$HERE/py_upgrade_client.py")
+SLOW='{"duration_ms":1500,"steps":5}'
+RESEARCH='{"topic":"python"}'
+AMBIGUOUS='{"topic":"python","ambiguous":true}'
+run_upgrade upgrade-ts-client-ts-server ts-stateful slow_task "$SLOW" completed \
+    "--min-progress 2 --text ^slow_task.done" "${TS_UPGRADE[@]}"
+run_upgrade upgrade-ts-client-everything everything simulate-research-query "$RESEARCH" completed \
+    "--min-progress 2 --text Research.Report:.python" "${TS_UPGRADE[@]}"
+run_upgrade upgrade-ts-client-everything-elicit everything simulate-research-query "$AMBIGUOUS" completed \
+    "--min-progress 2 --min-elicitations 1 --text Clarification" "${TS_UPGRADE[@]}" --elicit accept
+run_upgrade upgrade-ts-client-ts-server-elicit ts-stateful ask_task '{}' completed \
+    "--min-elicitations 1 --text ^ask_task:.accept" "${TS_UPGRADE[@]}" --elicit accept
+run_upgrade upgrade-ts-client-ts-server-no-elicitation ts-stateful ask_task '{}' cancelled \
+    "--expect error --error-text capabilities\.elicitation.*cancelled" "${TS_UPGRADE[@]}"
+if [[ $PYTHON_ON == 1 ]]; then
+    run_upgrade upgrade-py-client-ts-server ts-stateful slow_task "$SLOW" completed \
+        "--min-progress 2 --text ^slow_task.done" "${PY_UPGRADE[@]}"
+    run_upgrade upgrade-py-client-everything everything simulate-research-query "$RESEARCH" completed \
+        "--min-progress 2 --text Research.Report:.python" "${PY_UPGRADE[@]}"
+    run_upgrade upgrade-py-client-everything-elicit everything simulate-research-query "$AMBIGUOUS" completed \
+        "--min-progress 2 --min-elicitations 1 --text Clarification" "${PY_UPGRADE[@]}" --elicit accept
+    run_upgrade upgrade-py-client-ts-server-elicit ts-stateful ask_task '{}' completed \
+        "--min-elicitations 1 --text ^ask_task:.accept" "${PY_UPGRADE[@]}" --elicit accept
+    run_upgrade upgrade-py-client-ts-server-no-elicitation ts-stateful ask_task '{}' cancelled \
+        "--expect error --error-text capabilities\.elicitation.*cancelled" "${PY_UPGRADE[@]}"
+fi
+
 # ---- gateway health after all of it ---------------------------------------------------------
 if [[ "$BIN" != none ]]; then
-    if ! kill -0 "${PID[taskgate]}" 2>/dev/null; then
-        echo "FAIL taskgate exited during the run; stderr tail:"
-        tail -n 30 "$WORK/taskgate.err"
-        result "taskgate still running" 1
-    else
-        result "taskgate still running" 0
-        curl -fsS "http://$ADMIN/metrics" >"$WORK/taskgate-metrics.txt" 2>/dev/null || true
-    fi
+    for gw in taskgate taskgate-upgrade; do
+        if ! kill -0 "${PID[$gw]}" 2>/dev/null; then
+            echo "FAIL $gw exited during the run; stderr tail:"
+            tail -n 30 "$WORK/$gw.err"
+            result "$gw still running" 1
+        else
+            result "$gw still running" 0
+        fi
+    done
+    curl -fsS "http://$ADMIN/metrics" >"$WORK/taskgate-metrics.txt" 2>/dev/null || true
+    curl -fsS "http://$UPGRADE_ADMIN/metrics" >"$WORK/taskgate-upgrade-metrics.txt" 2>/dev/null || true
+    grep '^taskgate_upgraded_calls_total' "$WORK/taskgate-upgrade-metrics.txt" 2>/dev/null | grep -v ' 0$' | sed 's/^/  /'
 fi
 
 # ---- summary ----------------------------------------------------------------------------------

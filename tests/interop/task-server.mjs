@@ -10,6 +10,9 @@
 //   fast_task     taskSupport optional  args {text="fast"}: completes after ~50 ms
 //   failing_task  taskSupport optional  no args: ends `failed` with a CallToolResult {isError:true}
 //   plain_echo    no taskSupport        args {text}: answers at once (plain tools/call only)
+//   ask_task      taskSupport required  args {question}: goes input_required and sends elicitation/create
+//                 (related to the task, so it is queued and delivered on the tasks/result stream)
+//                 whatever the client declared; completes with the answer, or stays put if none comes
 //
 // Modes:
 //   stateful   one McpServer + StreamableHTTPServerTransport per Mcp-Session-Id, SSE responses.
@@ -31,7 +34,7 @@ import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { createMcpExpressApp } from '@modelcontextprotocol/sdk/server/express.js';
 import { InMemoryTaskMessageQueue, InMemoryTaskStore, isTerminal } from '@modelcontextprotocol/sdk/experimental/tasks';
-import { isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
+import { ElicitResultSchema, isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 import * as z from 'zod';
 import { listenAndAnnounce, newSessionId, parseArgs, sendJsonRpcHttpError, sleep } from './lib.mjs';
 
@@ -179,6 +182,49 @@ function buildServer() {
             },
             getTask: async extra => extra.taskStore.getTask(extra.taskId),
             getTaskResult: async extra => extra.taskStore.getTaskResult(extra.taskId)
+        }
+    );
+
+    mcp.experimental.tasks.registerToolTask(
+        'ask_task',
+        {
+            description: 'Asks the client a question (elicitation/create tied to the task), then completes with the answer (task required)',
+            inputSchema: { question: z.string().default('Proceed?').describe('The question to ask') },
+            execution: { taskSupport: 'required' }
+        },
+        {
+            createTask: async ({ question }, extra) => {
+                const task = await extra.taskStore.createTask({ ttl: extra.taskRequestedTtl, pollInterval: args['poll-interval-ms'] });
+                const { taskId } = task;
+                const store = extra.taskStore;
+                (async () => {
+                    await sleep(100);
+                    await store.updateTaskStatus(taskId, 'input_required', `asking: ${question}`);
+                    // Sent even when the client did not declare elicitation (the SDK does not check
+                    // unless enforceStrictCapabilities): a gateway must cope with such servers.
+                    const answer = await extra.sendRequest(
+                        {
+                            method: 'elicitation/create',
+                            params: {
+                                message: question,
+                                requestedSchema: { type: 'object', properties: { answer: { type: 'string', enum: ['yes', 'no'] } }, required: ['answer'] }
+                            }
+                        },
+                        ElicitResultSchema,
+                        { relatedTask: { taskId } }
+                    );
+                    const now = await taskStore.getTask(taskId, extra.sessionId);
+                    if (!now || isTerminal(now.status)) {
+                        log(`task ${taskId} is ${now?.status ?? 'gone'}: answer ${JSON.stringify(answer)} discarded`);
+                        return;
+                    }
+                    await store.updateTaskStatus(taskId, 'working', `answer: ${answer.action}`);
+                    await sleep(100);
+                    await store.storeTaskResult(taskId, 'completed', { content: [text(`ask_task: ${answer.action} ${JSON.stringify(answer.content ?? {})}`)] });
+                })().catch(e => log(`ask_task ${taskId}: ${e.message}`));
+                return { task };
+            },
+            ...taskReaders
         }
     );
 

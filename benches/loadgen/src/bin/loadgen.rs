@@ -1,0 +1,1364 @@
+//! taskgate's load generator (hyper 1 client, one keep-alive connection per concurrent worker).
+//!
+//! ```text
+//! loadgen run --url URL --scenario S --target NAME --case TEXT [--concurrency N]
+//!             [--duration SECS --warmup SECS | --count N] [--cpu-pid PID[,PID..]]
+//!             [--stats-url URL] [--session-file F] [--interval-ms N] [--json-out F]
+//! loadgen spawn-ready --stdout F --stderr F [--label L] [--json-out F] -- CMD ARGS..
+//! loadgen mem --pid PID --label L [--json-out F]
+//! loadgen free-port
+//! loadgen report --in F
+//! ```
+//!
+//! Scenarios (`--scenario`):
+//! - `small`: `tools/call` answered with ~1 KiB JSON; `big`: ~1 MiB JSON;
+//! - `sse`: `tools/call {name:"progress"}` answered as SSE, 100 progress events then the result
+//!   (`--interval-ms` between events, default 0): time to the first event and to the last;
+//! - `lifecycle`: per task: task-augmented `tools/call`, 10 × `tasks/get`, `tasks/result`;
+//! - `cancel`: creates one long-running task, opens `--concurrency` connections, then sends one
+//!   identical `tasks/cancel` on each at once; with `--stats-url` reports how many cancels the
+//!   upstream received;
+//! - `create`: task creations, all on one MCP session (written to `--session-file`);
+//! - `list`: `tasks/list` first page on the session read from `--session-file`;
+//!   `list-walk`: follows `nextCursor` to the end once.
+//!
+//! Every worker of `small`, `big`, `sse` and `lifecycle` opens its own MCP session (initialize)
+//! before measuring. Timed runs measure requests that start after the warm-up and end before the
+//! deadline; the CPU time of `--cpu-pid` (utime + stime from /proc/PID/stat, summed over the
+//! PIDs) is sampled at the same two instants. Each run appends one JSON line to `--json-out`.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+type Sender = SendRequest<Full<Bytes>>;
+
+// ---------------------------------------------------------------------------------------------
+// Arguments
+
+struct Args(Vec<String>);
+
+impl Args {
+    fn get(&self, name: &str) -> Option<String> {
+        self.0
+            .iter()
+            .position(|a| a == name)
+            .and_then(|i| self.0.get(i + 1).cloned())
+    }
+    fn num<T: std::str::FromStr>(&self, name: &str, default: T) -> T {
+        match self.get(name) {
+            Some(v) => v
+                .parse()
+                .unwrap_or_else(|_| die(&format!("{name}: not a number: {v}"))),
+            None => default,
+        }
+    }
+    fn need(&self, name: &str) -> String {
+        self.get(name)
+            .unwrap_or_else(|| die(&format!("missing {name}")))
+    }
+}
+
+fn die(msg: &str) -> ! {
+    eprintln!("loadgen: {msg}");
+    std::process::exit(2)
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP client
+
+#[derive(Clone)]
+struct Target {
+    addr: String,
+    path: String,
+}
+
+impl Target {
+    fn parse(url: &str) -> Target {
+        let rest = url
+            .strip_prefix("http://")
+            .unwrap_or_else(|| die(&format!("only http:// URLs: {url}")));
+        let (addr, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        Target {
+            addr: addr.to_string(),
+            path: path.to_string(),
+        }
+    }
+
+    async fn connect(&self) -> Result<Sender, Error> {
+        let stream = TcpStream::connect(&self.addr).await?;
+        stream.set_nodelay(true)?;
+        let (sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    async fn post(
+        &self,
+        sender: &mut Sender,
+        session: Option<&str>,
+        body: String,
+    ) -> Result<Response<hyper::body::Incoming>, Error> {
+        let mut b = Request::post(self.path.as_str())
+            .header("host", self.addr.as_str())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25");
+        if let Some(s) = session {
+            b = b.header("mcp-session-id", s);
+        }
+        let req = b.body(Full::new(Bytes::from(body)))?;
+        sender.ready().await?;
+        Ok(sender.send_request(req).await?)
+    }
+
+    /// POST and read the whole (JSON) answer.
+    async fn call(
+        &self,
+        sender: &mut Sender,
+        session: Option<&str>,
+        body: String,
+    ) -> Result<Bytes, Error> {
+        let resp = self.post(sender, session, body).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        if !status.is_success() {
+            return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes)).into());
+        }
+        Ok(bytes)
+    }
+
+    async fn get(&self, path: &str) -> Result<(u16, Bytes), Error> {
+        let mut sender = self.connect().await?;
+        let req = Request::get(path)
+            .header("host", self.addr.as_str())
+            .body(Full::new(Bytes::new()))?;
+        sender.ready().await?;
+        let resp = sender.send_request(req).await?;
+        let status = resp.status().as_u16();
+        Ok((status, resp.into_body().collect().await?.to_bytes()))
+    }
+
+    /// `initialize`; returns the session id the server gave, if any.
+    async fn initialize(&self, sender: &mut Sender) -> Result<Option<String>, Error> {
+        let body = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+            "protocolVersion":"2025-11-25","capabilities":{},
+            "clientInfo":{"name":"taskgate-loadgen","version":"0.1.0"}}})
+        .to_string();
+        let resp = self.post(sender, None, body).await?;
+        let session = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        if !status.is_success() || !contains(&bytes, b"\"result\"") {
+            return Err(format!("initialize failed: HTTP {status}").into());
+        }
+        let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_string();
+        let resp = self.post(sender, session.as_deref(), note).await?;
+        let _ = resp.into_body().collect().await?;
+        Ok(session)
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn parse_json(bytes: &[u8]) -> Result<Value, Error> {
+    Ok(serde_json::from_slice(bytes)?)
+}
+
+fn rpc(id: u64, method: &str, params: Value) -> String {
+    json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}).to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// CPU and memory of other processes
+
+fn clk_tck() -> f64 {
+    std::env::var("CLK_TCK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// utime + stime of the PIDs, in µs (summed; a PID that vanished counts 0).
+fn cpu_us(pids: &[u32]) -> f64 {
+    let mut ticks = 0u64;
+    for pid in pids {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // After "pid (comm)": state=0 … utime=11, stime=12.
+        let u: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let s: u64 = f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+        ticks += u + s;
+    }
+    ticks as f64 * 1e6 / clk_tck()
+}
+
+fn proc_status_kib(pid: u32, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runs
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Scenario {
+    Small,
+    Big,
+    Sse,
+    Lifecycle,
+    Cancel,
+    Create,
+    List,
+    ListWalk,
+}
+
+impl Scenario {
+    fn parse(s: &str) -> Scenario {
+        match s {
+            "small" => Scenario::Small,
+            "big" => Scenario::Big,
+            "sse" => Scenario::Sse,
+            "lifecycle" => Scenario::Lifecycle,
+            "cancel" => Scenario::Cancel,
+            "create" => Scenario::Create,
+            "list" => Scenario::List,
+            "list-walk" => Scenario::ListWalk,
+            other => die(&format!("unknown scenario {other}")),
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Small => "small",
+            Scenario::Big => "big",
+            Scenario::Sse => "sse",
+            Scenario::Lifecycle => "lifecycle",
+            Scenario::Cancel => "cancel",
+            Scenario::Create => "create",
+            Scenario::List => "list",
+            Scenario::ListWalk => "list-walk",
+        }
+    }
+    /// Whether each worker opens its own MCP session.
+    fn own_session(self) -> bool {
+        matches!(
+            self,
+            Scenario::Small | Scenario::Big | Scenario::Sse | Scenario::Lifecycle
+        )
+    }
+}
+
+struct Ctx {
+    target: Target,
+    scenario: Scenario,
+    session: Option<String>,
+    interval_ms: u64,
+    /// Count-based runs: ops claimed so far, and the total.
+    claimed: AtomicU64,
+    count: u64,
+    warm_end: Instant,
+    end: Instant,
+}
+
+#[derive(Default)]
+struct WorkerOut {
+    /// Latency of each measured op (ns): request, lifecycle, or stream to its last event.
+    lat: Vec<u64>,
+    /// SSE: time to the first event (ns).
+    first: Vec<u64>,
+    /// HTTP requests behind the measured ops.
+    requests: u64,
+    errors: u64,
+    first_error: Option<String>,
+    /// list / list-walk: tasks seen.
+    items: u64,
+}
+
+/// What one op did: HTTP requests made, tasks seen, time to the first SSE event.
+struct OpDone {
+    requests: u64,
+    items: u64,
+    first: Option<Instant>,
+}
+
+impl Ctx {
+    fn next_op(&self) -> bool {
+        if self.count > 0 {
+            self.claimed.fetch_add(1, Ordering::Relaxed) < self.count
+        } else {
+            Instant::now() < self.end
+        }
+    }
+
+    async fn op(
+        &self,
+        sender: &mut Sender,
+        session: Option<&str>,
+        ids: &mut u64,
+        worker: usize,
+    ) -> Result<OpDone, Error> {
+        let t = &self.target;
+        let mut next_id = || {
+            *ids += 1;
+            *ids
+        };
+        let one = OpDone {
+            requests: 1,
+            items: 0,
+            first: None,
+        };
+        match self.scenario {
+            Scenario::Small => {
+                let b = t
+                    .call(
+                        sender,
+                        session,
+                        rpc(
+                            next_id(),
+                            "tools/call",
+                            json!({"name":"echo","arguments":{"text":"hello"}}),
+                        ),
+                    )
+                    .await?;
+                if b.len() < 1000 || !contains(&b[..64.min(b.len())], b"\"result\"") {
+                    return Err(format!("bad small answer: {}", String::from_utf8_lossy(&b)).into());
+                }
+                Ok(one)
+            }
+            Scenario::Big => {
+                let b = t
+                    .call(
+                        sender,
+                        session,
+                        rpc(next_id(), "tools/call", json!({"name":"big","arguments":{}})),
+                    )
+                    .await?;
+                if b.len() < 1024 * 1024 {
+                    return Err(format!("short big answer: {} bytes", b.len()).into());
+                }
+                Ok(one)
+            }
+            Scenario::Sse => {
+                let id = next_id();
+                let body = rpc(
+                    id,
+                    "tools/call",
+                    json!({"name":"progress","arguments":{"count":100,"interval_ms":self.interval_ms},
+                           "_meta":{"progressToken":format!("p-{worker}-{id}")}}),
+                );
+                let resp = t.post(sender, session, body).await?;
+                if !resp.status().is_success() {
+                    return Err(format!("HTTP {}", resp.status()).into());
+                }
+                let mut body = resp.into_body();
+                let mut buf: Vec<u8> = Vec::with_capacity(32 * 1024);
+                let mut scanned = 0usize;
+                let mut events = 0u32;
+                let mut first = None;
+                let mut saw_result = false;
+                while let Some(frame) = body.frame().await {
+                    let Ok(data) = frame?.into_data() else {
+                        continue;
+                    };
+                    buf.extend_from_slice(&data);
+                    while let Some(pos) = find(&buf[scanned..], b"\n\n") {
+                        let ev = &buf[scanned..scanned + pos];
+                        scanned += pos + 2;
+                        if !contains(ev, b"data:") {
+                            continue; // a comment (keep-alive) or an empty event
+                        }
+                        events += 1;
+                        if first.is_none() {
+                            first = Some(Instant::now());
+                        }
+                        if contains(ev, b"\"result\"") {
+                            saw_result = true;
+                        }
+                    }
+                }
+                if events != 101 || !saw_result {
+                    return Err(format!("SSE: {events} events, result seen: {saw_result}").into());
+                }
+                Ok(OpDone {
+                    requests: 1,
+                    items: 0,
+                    first,
+                })
+            }
+            Scenario::Lifecycle => {
+                let b = t
+                    .call(
+                        sender,
+                        session,
+                        rpc(
+                            next_id(),
+                            "tools/call",
+                            json!({"name":"echo","arguments":{"text":"hello"},"task":{"ttl":600000}}),
+                        ),
+                    )
+                    .await?;
+                let v = parse_json(&b)?;
+                let Some(task_id) = v.pointer("/result/task/taskId").and_then(Value::as_str)
+                else {
+                    return Err(format!("no CreateTaskResult: {v}").into());
+                };
+                for _ in 0..10 {
+                    let b = t
+                        .call(
+                            sender,
+                            session,
+                            rpc(next_id(), "tasks/get", json!({ "taskId": task_id })),
+                        )
+                        .await?;
+                    if !contains(&b, b"\"status\"") {
+                        return Err(
+                            format!("tasks/get: {}", String::from_utf8_lossy(&b)).into()
+                        );
+                    }
+                }
+                let b = t
+                    .call(
+                        sender,
+                        session,
+                        rpc(next_id(), "tasks/result", json!({ "taskId": task_id })),
+                    )
+                    .await?;
+                if !contains(&b, b"\"content\"") {
+                    return Err(format!("tasks/result: {}", String::from_utf8_lossy(&b)).into());
+                }
+                Ok(OpDone {
+                    requests: 12,
+                    items: 1,
+                    first: None,
+                })
+            }
+            Scenario::Create => {
+                let b = t
+                    .call(
+                        sender,
+                        session,
+                        rpc(
+                            next_id(),
+                            "tools/call",
+                            json!({"name":"echo","arguments":{"text":"hello"},"task":{"ttl":3600000}}),
+                        ),
+                    )
+                    .await?;
+                if !contains(&b, b"\"taskId\"") {
+                    return Err(format!("create: {}", String::from_utf8_lossy(&b)).into());
+                }
+                Ok(one)
+            }
+            Scenario::List => {
+                let b = t
+                    .call(sender, session, rpc(next_id(), "tasks/list", json!({})))
+                    .await?;
+                let v = parse_json(&b)?;
+                let n = v
+                    .pointer("/result/tasks")
+                    .and_then(Value::as_array)
+                    .map(Vec::len)
+                    .ok_or_else(|| format!("tasks/list: {v}"))?;
+                Ok(OpDone {
+                    requests: 1,
+                    items: n as u64,
+                    first: None,
+                })
+            }
+            Scenario::ListWalk | Scenario::Cancel => unreachable!("not a loop scenario"),
+        }
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+async fn worker(ctx: Arc<Ctx>, index: usize) -> WorkerOut {
+    let mut out = WorkerOut::default();
+    let mut ids = 0u64;
+    let mut conn: Option<(Sender, Option<String>)> = None;
+    while ctx.next_op() {
+        if conn.is_none() {
+            let attempt = async {
+                let mut s = ctx.target.connect().await?;
+                let session = if ctx.scenario.own_session() {
+                    ctx.target.initialize(&mut s).await?
+                } else {
+                    ctx.session.clone()
+                };
+                Ok::<_, Error>((s, session))
+            };
+            match attempt.await {
+                Ok(c) => conn = Some(c),
+                Err(e) => {
+                    out.errors += 1;
+                    out.first_error.get_or_insert_with(|| e.to_string());
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            }
+        }
+        let (sender, session) = conn.as_mut().expect("connected");
+        let t0 = Instant::now();
+        let result = ctx.op(sender, session.as_deref(), &mut ids, index).await;
+        let t1 = Instant::now();
+        match result {
+            Ok(done) => {
+                if ctx.count > 0 || (t0 >= ctx.warm_end && t1 <= ctx.end) {
+                    out.lat.push((t1 - t0).as_nanos() as u64);
+                    if let Some(f) = done.first {
+                        out.first.push((f - t0).as_nanos() as u64);
+                    }
+                    out.requests += done.requests;
+                    out.items += done.items;
+                }
+            }
+            Err(e) => {
+                out.errors += 1;
+                out.first_error.get_or_insert_with(|| e.to_string());
+                conn = None;
+            }
+        }
+    }
+    out
+}
+
+fn pct(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx] as f64 / 1000.0
+}
+
+fn num(v: f64) -> Value {
+    if v.is_finite() {
+        json!((v * 100.0).round() / 100.0)
+    } else {
+        Value::Null
+    }
+}
+
+struct Common {
+    case: String,
+    target_name: String,
+    concurrency: usize,
+    cpu_pids: Vec<u32>,
+}
+
+fn record(common: &Common, scenario: Scenario, fields: Value) -> Value {
+    let mut v = json!({
+        "kind": "run",
+        "case": common.case,
+        "scenario": scenario.name(),
+        "target": common.target_name,
+        "concurrency": common.concurrency,
+    });
+    if let (Value::Object(a), Value::Object(b)) = (&mut v, fields) {
+        a.extend(b);
+    }
+    v
+}
+
+async fn run_loop(args: &Args, common: &Common, scenario: Scenario, target: Target) -> Value {
+    let warmup = args.num("--warmup", 0.5f64);
+    let duration = args.num("--duration", 3.0f64);
+    let count = args.num("--count", 0u64);
+    let session = match args.get("--session-file") {
+        Some(f) if scenario == Scenario::List => Some(
+            std::fs::read_to_string(&f)
+                .unwrap_or_else(|e| die(&format!("{f}: {e}")))
+                .trim()
+                .to_string(),
+        ),
+        Some(f) if scenario == Scenario::Create => {
+            let mut s = target
+                .connect()
+                .await
+                .unwrap_or_else(|e| die(&e.to_string()));
+            let sid = target
+                .initialize(&mut s)
+                .await
+                .unwrap_or_else(|e| die(&e.to_string()))
+                .unwrap_or_else(|| die("the server gave no Mcp-Session-Id"));
+            std::fs::write(&f, &sid).unwrap_or_else(|e| die(&format!("{f}: {e}")));
+            Some(sid)
+        }
+        _ => None,
+    };
+    let start = Instant::now();
+    let (warm_end, end) = if count > 0 {
+        (start, start + Duration::from_secs(3600))
+    } else {
+        let w = start + Duration::from_secs_f64(warmup);
+        (w, w + Duration::from_secs_f64(duration))
+    };
+    let ctx = Arc::new(Ctx {
+        target,
+        scenario,
+        session,
+        interval_ms: args.num("--interval-ms", 0u64),
+        claimed: AtomicU64::new(0),
+        count,
+        warm_end,
+        end,
+    });
+    let cpu_before_count = cpu_us(&common.cpu_pids);
+    let handles: Vec<_> = (0..common.concurrency)
+        .map(|i| tokio::spawn(worker(ctx.clone(), i)))
+        .collect();
+    let (cpu0, cpu1, measured_from, measured_to);
+    if count > 0 {
+        cpu0 = cpu_before_count;
+        measured_from = start;
+        let mut outs = Vec::new();
+        for h in handles {
+            outs.push(h.await.expect("worker"));
+        }
+        measured_to = Instant::now();
+        cpu1 = cpu_us(&common.cpu_pids);
+        return summarize(
+            common,
+            scenario,
+            outs,
+            measured_to - measured_from,
+            cpu1 - cpu0,
+        );
+    }
+    tokio::time::sleep_until(warm_end.into()).await;
+    cpu0 = cpu_us(&common.cpu_pids);
+    tokio::time::sleep_until(end.into()).await;
+    cpu1 = cpu_us(&common.cpu_pids);
+    let mut outs = Vec::new();
+    for h in handles {
+        outs.push(h.await.expect("worker"));
+    }
+    summarize(common, scenario, outs, end - warm_end, cpu1 - cpu0)
+}
+
+fn summarize(
+    common: &Common,
+    scenario: Scenario,
+    outs: Vec<WorkerOut>,
+    elapsed: Duration,
+    cpu: f64,
+) -> Value {
+    let mut lat: Vec<u64> = outs.iter().flat_map(|o| o.lat.iter().copied()).collect();
+    let mut first: Vec<u64> = outs.iter().flat_map(|o| o.first.iter().copied()).collect();
+    lat.sort_unstable();
+    first.sort_unstable();
+    let requests: u64 = outs.iter().map(|o| o.requests).sum();
+    let errors: u64 = outs.iter().map(|o| o.errors).sum();
+    let items: u64 = outs.iter().map(|o| o.items).sum();
+    let first_error = outs.iter().find_map(|o| o.first_error.clone());
+    let secs = elapsed.as_secs_f64();
+    let ops = lat.len() as f64;
+    let cpu_per_req = if common.cpu_pids.is_empty() || requests == 0 {
+        f64::NAN
+    } else {
+        cpu / requests as f64
+    };
+    let mut fields = json!({
+        "ops": lat.len(),
+        "requests": requests,
+        "seconds": num(secs),
+        "ops_per_s": num(ops / secs),
+        "req_per_s": num(requests as f64 / secs),
+        "p50_us": num(pct(&lat, 0.5)),
+        "p99_us": num(pct(&lat, 0.99)),
+        "cpu_us_per_req": num(cpu_per_req),
+        "cpu_ms": num(cpu / 1000.0),
+        "errors": errors,
+    });
+    if scenario == Scenario::Sse {
+        fields["first_p50_us"] = num(pct(&first, 0.5));
+        fields["first_p99_us"] = num(pct(&first, 0.99));
+    }
+    if matches!(scenario, Scenario::List | Scenario::ListWalk) {
+        fields["items"] = json!(items);
+    }
+    if let Some(e) = first_error {
+        fields["first_error"] = json!(e);
+    }
+    record(common, scenario, fields)
+}
+
+async fn upstream_cancels(stats: &Option<Target>) -> Option<u64> {
+    let t = stats.as_ref()?;
+    let (status, body) = t.get(&t.path).await.ok()?;
+    if status != 200 {
+        return None;
+    }
+    parse_json(&body).ok()?.get("cancels")?.as_u64()
+}
+
+async fn run_cancel(args: &Args, common: &Common, target: Target) -> Value {
+    let stats = args.get("--stats-url").map(|u| Target::parse(&u));
+    let n = common.concurrency;
+    // One task that stays `working` until cancelled, on one session.
+    let mut s = target
+        .connect()
+        .await
+        .unwrap_or_else(|e| die(&e.to_string()));
+    let session = target
+        .initialize(&mut s)
+        .await
+        .unwrap_or_else(|e| die(&e.to_string()));
+    let created = target
+        .call(
+            &mut s,
+            session.as_deref(),
+            rpc(
+                1,
+                "tools/call",
+                json!({"name":"slow","arguments":{},"task":{"ttl":600000}}),
+            ),
+        )
+        .await
+        .unwrap_or_else(|e| die(&e.to_string()));
+    let task_id = parse_json(&created)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/result/task/taskId")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| {
+            die(&format!(
+                "no task created: {}",
+                String::from_utf8_lossy(&created)
+            ))
+        });
+    // Open every connection first, then fire all cancels at once.
+    let mut senders = Vec::with_capacity(n);
+    for _ in 0..n {
+        senders.push(
+            target
+                .connect()
+                .await
+                .unwrap_or_else(|e| die(&format!("connect: {e}"))),
+        );
+    }
+    let before = upstream_cancels(&stats).await;
+    let cpu0 = cpu_us(&common.cpu_pids);
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let start = Instant::now();
+    let handles: Vec<_> = senders
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut sender)| {
+            let target = target.clone();
+            let session = session.clone();
+            let task_id = task_id.clone();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                let body = rpc(100 + i as u64, "tasks/cancel", json!({ "taskId": task_id }));
+                barrier.wait().await;
+                let t0 = Instant::now();
+                let r = target.call(&mut sender, session.as_deref(), body).await;
+                let lat = t0.elapsed().as_nanos() as u64;
+                (r, lat)
+            })
+        })
+        .collect();
+    let (mut results, mut rpc_errors, mut failures) = (0u64, 0u64, 0u64);
+    let mut first_error = None;
+    let mut lat = Vec::with_capacity(n);
+    for h in handles {
+        let (r, l) = h.await.expect("cancel task");
+        lat.push(l);
+        match r {
+            Ok(b) => match parse_json(&b) {
+                Ok(v) if v.get("result").is_some() => results += 1,
+                Ok(v) if v.get("error").is_some() => {
+                    rpc_errors += 1;
+                    if first_error.is_none() {
+                        first_error = v.pointer("/error/message").map(|m| m.to_string());
+                    }
+                }
+                _ => failures += 1,
+            },
+            Err(e) => {
+                failures += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    let cpu = cpu_us(&common.cpu_pids) - cpu0;
+    let after = upstream_cancels(&stats).await;
+    lat.sort_unstable();
+    let cpu_per_req = if common.cpu_pids.is_empty() {
+        f64::NAN
+    } else {
+        cpu / n as f64
+    };
+    let mut fields = json!({
+        "ops": n,
+        "requests": n,
+        "seconds": num(elapsed.as_secs_f64()),
+        "ops_per_s": num(n as f64 / elapsed.as_secs_f64()),
+        "req_per_s": num(n as f64 / elapsed.as_secs_f64()),
+        "p50_us": num(pct(&lat, 0.5)),
+        "p99_us": num(pct(&lat, 0.99)),
+        "cpu_us_per_req": num(cpu_per_req),
+        "cpu_ms": num(cpu / 1000.0),
+        "results": results,
+        "rpc_errors": rpc_errors,
+        "errors": failures,
+        "upstream_cancels": match (before, after) { (Some(b), Some(a)) => json!(a - b), _ => Value::Null },
+    });
+    if let Some(e) = first_error {
+        fields["first_error"] = json!(e);
+    }
+    record(common, Scenario::Cancel, fields)
+}
+
+async fn run_list_walk(args: &Args, common: &Common, target: Target) -> Value {
+    let f = args.need("--session-file");
+    let session = std::fs::read_to_string(&f)
+        .unwrap_or_else(|e| die(&format!("{f}: {e}")))
+        .trim()
+        .to_string();
+    let mut s = target
+        .connect()
+        .await
+        .unwrap_or_else(|e| die(&e.to_string()));
+    let cpu0 = cpu_us(&common.cpu_pids);
+    let start = Instant::now();
+    let mut cursor: Option<String> = None;
+    let mut lat = Vec::new();
+    let mut items = 0u64;
+    let mut error = None;
+    let mut id = 0;
+    loop {
+        id += 1;
+        let params = match &cursor {
+            Some(c) => json!({ "cursor": c }),
+            None => json!({}),
+        };
+        let t0 = Instant::now();
+        let r = target
+            .call(&mut s, Some(&session), rpc(id, "tasks/list", params))
+            .await;
+        lat.push(t0.elapsed().as_nanos() as u64);
+        let v = match r.and_then(|b| parse_json(&b)) {
+            Ok(v) => v,
+            Err(e) => {
+                error = Some(e.to_string());
+                break;
+            }
+        };
+        let Some(tasks) = v.pointer("/result/tasks").and_then(Value::as_array) else {
+            error = Some(v.to_string());
+            break;
+        };
+        items += tasks.len() as u64;
+        match v.pointer("/result/nextCursor").and_then(Value::as_str) {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    let elapsed = start.elapsed();
+    let cpu = cpu_us(&common.cpu_pids) - cpu0;
+    let pages = lat.len();
+    lat.sort_unstable();
+    let mut fields = json!({
+        "ops": pages,
+        "requests": pages,
+        "items": items,
+        "seconds": num(elapsed.as_secs_f64()),
+        "ops_per_s": num(pages as f64 / elapsed.as_secs_f64()),
+        "req_per_s": num(pages as f64 / elapsed.as_secs_f64()),
+        "p50_us": num(pct(&lat, 0.5)),
+        "p99_us": num(pct(&lat, 0.99)),
+        "cpu_us_per_req": num(if common.cpu_pids.is_empty() { f64::NAN } else { cpu / pages as f64 }),
+        "cpu_ms": num(cpu / 1000.0),
+        "errors": if error.is_some() { 1 } else { 0 },
+    });
+    if let Some(e) = error {
+        fields["first_error"] = json!(e);
+    }
+    record(common, Scenario::ListWalk, fields)
+}
+
+fn append_json(args: &Args, v: &Value) {
+    println!("{v}");
+    if let Some(f) = args.get("--json-out") {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&f)
+            .unwrap_or_else(|e| die(&format!("{f}: {e}")));
+        writeln!(file, "{v}").unwrap_or_else(|e| die(&format!("{f}: {e}")));
+    }
+}
+
+fn cmd_run(args: &Args) {
+    let scenario = Scenario::parse(&args.need("--scenario"));
+    let target = Target::parse(&args.need("--url"));
+    let common = Common {
+        case: args.get("--case").unwrap_or_else(|| scenario.name().to_string()),
+        target_name: args.get("--target").unwrap_or_else(|| "target".into()),
+        concurrency: args.num("--concurrency", 1usize).max(1),
+        cpu_pids: args
+            .get("--cpu-pid")
+            .map(|s| {
+                s.split(',')
+                    .filter(|p| !p.is_empty())
+                    .map(|p| p.parse().unwrap_or_else(|_| die("--cpu-pid PID[,PID]")))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    let threads = args.num("--threads", 1usize);
+    let runtime = if threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+    }
+    .expect("tokio runtime");
+    let v = runtime.block_on(async {
+        match scenario {
+            Scenario::Cancel => run_cancel(args, &common, target).await,
+            Scenario::ListWalk => run_list_walk(args, &common, target).await,
+            _ => run_loop(args, &common, scenario, target).await,
+        }
+    });
+    append_json(args, &v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Process helpers
+
+/// Spawns CMD (stdout and stderr to files), waits for its `{"listening":…}` line and, when it
+/// names an admin address, for `/readyz` to answer 200. Leaves the process running.
+fn cmd_spawn_ready(args: &Args) {
+    let dash = args
+        .0
+        .iter()
+        .position(|a| a == "--")
+        .unwrap_or_else(|| die("spawn-ready: -- CMD ARGS.. missing"));
+    let cmd = &args.0[dash + 1..];
+    if cmd.is_empty() {
+        die("spawn-ready: empty command");
+    }
+    let out_path = args.need("--stdout");
+    let err_path = args.need("--stderr");
+    let timeout = Duration::from_secs_f64(args.num("--timeout", 60.0f64));
+    let stdout = std::fs::File::create(&out_path).unwrap_or_else(|e| die(&e.to_string()));
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&err_path)
+        .unwrap_or_else(|e| die(&e.to_string()));
+    let start = Instant::now();
+    let child = std::process::Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .unwrap_or_else(|e| die(&format!("spawn {}: {e}", cmd[0])));
+    let pid = child.id();
+    let exited = |child_pid: u32| {
+        std::fs::read_to_string(format!("/proc/{child_pid}/stat"))
+            .map(|s| s.contains(") Z"))
+            .unwrap_or(true)
+    };
+    let listening: Value = loop {
+        if start.elapsed() > timeout {
+            die(&format!("{}: no listening line after {timeout:?}", cmd[0]));
+        }
+        if exited(pid) {
+            die(&format!("{} exited before listening; see {err_path}", cmd[0]));
+        }
+        if let Ok(text) = std::fs::read_to_string(&out_path) {
+            if let Some(line) = text.lines().find(|l| l.contains("\"listening\"")) {
+                if let Ok(v) = serde_json::from_str::<Value>(line) {
+                    break v["listening"].clone();
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    };
+    let listening_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let mut out = json!({
+        "kind": "ready",
+        "label": args.get("--label").unwrap_or_default(),
+        "pid": pid,
+        "listening_ms": num(listening_ms),
+    });
+    match &listening {
+        Value::String(addr) => out["addr"] = json!(addr),
+        Value::Object(o) => {
+            out["gateway"] = o.get("gateway").cloned().unwrap_or(Value::Null);
+            out["admin"] = o.get("admin").cloned().unwrap_or(Value::Null);
+        }
+        _ => {}
+    }
+    if let Some(admin) = out["admin"].as_str().map(str::to_string) {
+        let t = Target::parse(&format!("http://{admin}/readyz"));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let ready_ms = rt.block_on(async {
+            loop {
+                if let Ok((200, _)) = t.get("/readyz").await {
+                    return start.elapsed().as_secs_f64() * 1000.0;
+                }
+                if start.elapsed() > timeout {
+                    die("readyz did not answer 200 in time");
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        out["ready_ms"] = num(ready_ms);
+    }
+    // The child is deliberately left running (the caller kills it by pid).
+    std::mem::forget(child);
+    append_json(args, &out);
+}
+
+fn cmd_mem(args: &Args) {
+    let pid: u32 = args.num("--pid", 0);
+    let v = json!({
+        "kind": "mem",
+        "label": args.get("--label").unwrap_or_default(),
+        "pid": pid,
+        "vm_rss_kib": proc_status_kib(pid, "VmRSS:"),
+        "vm_hwm_kib": proc_status_kib(pid, "VmHWM:"),
+        "rss_anon_kib": proc_status_kib(pid, "RssAnon:"),
+        "rss_file_kib": proc_status_kib(pid, "RssFile:"),
+    });
+    append_json(args, &v);
+}
+
+fn cmd_free_port() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    println!("{}", l.local_addr().expect("addr").port());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Report
+
+fn f(v: &Value, key: &str) -> f64 {
+    v.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN)
+}
+
+fn fmt(x: f64, digits: usize) -> String {
+    if x.is_finite() {
+        format!("{x:.digits$}")
+    } else {
+        "–".into()
+    }
+}
+
+fn signed(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:+.0}")
+    } else {
+        "–".into()
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if a.is_finite() && b.is_finite() && b != 0.0 {
+        format!("{:.2}×", a / b)
+    } else {
+        "–".into()
+    }
+}
+
+fn cmd_report(args: &Args) {
+    let path = args.need("--in");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| die(&format!("{path}: {e}")));
+    let all: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let runs: Vec<&Value> = all.iter().filter(|v| v["kind"] == "run").collect();
+    let mut cases: Vec<String> = Vec::new();
+    for r in &runs {
+        let c = r["case"].as_str().unwrap_or("").to_string();
+        if !c.starts_with('6') && !cases.contains(&c) {
+            cases.push(c);
+        }
+    }
+    let find = |case: &str, target: &str| -> Option<&Value> {
+        runs.iter()
+            .rev()
+            .find(|r| r["case"] == case && r["target"] == target)
+            .copied()
+    };
+    let mut md = String::new();
+    for case in &cases {
+        let scenario = runs
+            .iter()
+            .find(|r| r["case"] == case.as_str())
+            .map(|r| r["scenario"].as_str().unwrap_or("").to_string())
+            .unwrap_or_default();
+        let direct = find(case, "direct");
+        md.push_str(&format!("\n### {case}\n\n"));
+        let d = |k: &str| direct.map(|v| f(v, k)).unwrap_or(f64::NAN);
+        match scenario.as_str() {
+            "sse" => {
+                md.push_str("| path | streams/s | ×direct | first event p50 µs | p99 µs | first p50 − direct µs | last event p50 µs | p99 µs | ×direct p50 | proxy CPU µs/stream | errors |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+                for t in ["direct", "nginx", "taskgate"] {
+                    let Some(r) = find(case, t) else { continue };
+                    md.push_str(&format!(
+                        "| {t} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                        fmt(f(r, "ops_per_s"), 0),
+                        ratio(f(r, "ops_per_s"), d("ops_per_s")),
+                        fmt(f(r, "first_p50_us"), 0),
+                        fmt(f(r, "first_p99_us"), 0),
+                        fmt(f(r, "first_p50_us") - d("first_p50_us"), 0),
+                        fmt(f(r, "p50_us"), 0),
+                        fmt(f(r, "p99_us"), 0),
+                        ratio(f(r, "p50_us"), d("p50_us")),
+                        fmt(f(r, "cpu_us_per_req"), 1),
+                        r["errors"],
+                    ));
+                }
+            }
+            "cancel" => {
+                md.push_str("| path | cancels sent | upstream cancels received | results | JSON-RPC errors | p50 µs | p99 µs | all done ms | proxy CPU µs/req | failures |\n|---|---|---|---|---|---|---|---|---|---|\n");
+                for t in ["direct", "nginx", "taskgate"] {
+                    let Some(r) = find(case, t) else { continue };
+                    md.push_str(&format!(
+                        "| {t} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                        r["requests"],
+                        r["upstream_cancels"],
+                        r["results"],
+                        r["rpc_errors"],
+                        fmt(f(r, "p50_us"), 0),
+                        fmt(f(r, "p99_us"), 0),
+                        fmt(f(r, "seconds") * 1000.0, 1),
+                        fmt(f(r, "cpu_us_per_req"), 1),
+                        r["errors"],
+                    ));
+                }
+            }
+            "lifecycle" => {
+                md.push_str("| path | tasks/s | ×direct | requests/s | lifecycle p50 µs | p99 µs | ×direct p50 | added p50 µs | proxy CPU µs/req | errors |\n|---|---|---|---|---|---|---|---|---|---|\n");
+                for t in ["direct", "nginx", "taskgate"] {
+                    let Some(r) = find(case, t) else { continue };
+                    md.push_str(&format!(
+                        "| {t} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                        fmt(f(r, "ops_per_s"), 0),
+                        ratio(f(r, "ops_per_s"), d("ops_per_s")),
+                        fmt(f(r, "req_per_s"), 0),
+                        fmt(f(r, "p50_us"), 0),
+                        fmt(f(r, "p99_us"), 0),
+                        ratio(f(r, "p50_us"), d("p50_us")),
+                        fmt(f(r, "p50_us") - d("p50_us"), 0),
+                        fmt(f(r, "cpu_us_per_req"), 1),
+                        r["errors"],
+                    ));
+                }
+            }
+            _ => {
+                md.push_str("| path | req/s | ×direct | p50 µs | p99 µs | ×direct p50 | ×direct p99 | added p50 µs | proxy CPU µs/req | errors |\n|---|---|---|---|---|---|---|---|---|---|\n");
+                for t in ["direct", "nginx", "taskgate"] {
+                    let Some(r) = find(case, t) else { continue };
+                    md.push_str(&format!(
+                        "| {t} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                        fmt(f(r, "req_per_s"), 0),
+                        ratio(f(r, "req_per_s"), d("req_per_s")),
+                        fmt(f(r, "p50_us"), 0),
+                        fmt(f(r, "p99_us"), 0),
+                        ratio(f(r, "p50_us"), d("p50_us")),
+                        ratio(f(r, "p99_us"), d("p99_us")),
+                        fmt(f(r, "p50_us") - d("p50_us"), 0),
+                        fmt(f(r, "cpu_us_per_req"), 1),
+                        r["errors"],
+                    ));
+                }
+            }
+        }
+        if find(case, "nginx").is_none() {
+            md.push_str("\n(nginx skipped: not installed)\n");
+        }
+    }
+    // Scenario 6: taskgate only.
+    let s6: Vec<&Value> = all
+        .iter()
+        .filter(|v| {
+            v["case"].as_str().is_some_and(|c| c.starts_with('6'))
+                || v["label"].as_str().is_some_and(|l| l.starts_with('6'))
+        })
+        .collect();
+    let mut rss_mib = f64::NAN;
+    let mut ready_ms = f64::NAN;
+    if !s6.is_empty() {
+        md.push_str("\n### 6. registry scale (taskgate only: direct and nginx keep no registry)\n\n| measurement | value |\n|---|---|\n");
+        for v in &s6 {
+            match v["kind"].as_str() {
+                Some("run") => {
+                    let name = v["case"].as_str().unwrap_or("");
+                    md.push_str(&format!(
+                        "| {name}: {} requests at c={} | {} req/s, p50 {} µs, p99 {} µs, {} taskgate CPU µs/req, {} errors{} |\n",
+                        v["requests"],
+                        v["concurrency"],
+                        fmt(f(v, "req_per_s"), 0),
+                        fmt(f(v, "p50_us"), 0),
+                        fmt(f(v, "p99_us"), 0),
+                        fmt(f(v, "cpu_us_per_req"), 1),
+                        v["errors"],
+                        match (v.get("items").and_then(Value::as_u64), v["scenario"].as_str()) {
+                            (Some(i), Some("list")) => format!(
+                                ", {} tasks per page",
+                                fmt(i as f64 / f(v, "requests"), 0)
+                            ),
+                            (Some(i), _) => format!(", {i} tasks in all pages"),
+                            _ => String::new(),
+                        },
+                    ));
+                }
+                Some("mem") => {
+                    let rss = f(v, "vm_rss_kib") / 1024.0;
+                    if !(rss <= rss_mib) {
+                        rss_mib = rss;
+                    }
+                    md.push_str(&format!(
+                        "| {}: RSS | {} MiB (peak {} MiB; anon {} MiB, file {} MiB) |\n",
+                        v["label"].as_str().unwrap_or(""),
+                        fmt(rss, 1),
+                        fmt(f(v, "vm_hwm_kib") / 1024.0, 1),
+                        fmt(f(v, "rss_anon_kib") / 1024.0, 1),
+                        fmt(f(v, "rss_file_kib") / 1024.0, 1),
+                    ));
+                }
+                Some("ready") => {
+                    ready_ms = f(v, "ready_ms");
+                    md.push_str(&format!(
+                        "| {}: restart to listening / to /readyz 200 | {} ms / {} ms |\n",
+                        v["label"].as_str().unwrap_or(""),
+                        fmt(f(v, "listening_ms"), 1),
+                        fmt(ready_ms, 1),
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    // Goals (issue 7).
+    md.push_str("\n### Goals\n\n| goal | measured | met |\n|---|---|---|\n");
+    let yes = |ok: bool| if ok { "yes" } else { "**no**" };
+    let s1 = cases
+        .iter()
+        .find(|c| c.starts_with('1') && c.contains("c=16"));
+    if let Some(c) = s1 {
+        let (d, n, t) = (find(c, "direct"), find(c, "nginx"), find(c, "taskgate"));
+        if let (Some(d), Some(n), Some(t)) = (d, n, t) {
+            let thr = f(t, "req_per_s") / f(n, "req_per_s");
+            let add_n = f(n, "p50_us") - f(d, "p50_us");
+            let add_t = f(t, "p50_us") - f(d, "p50_us");
+            let cpu = f(t, "cpu_us_per_req") / f(n, "cpu_us_per_req");
+            md.push_str(&format!(
+                "| 1, c=16: throughput ≥ 0.8 × nginx | {:.2} × nginx ({} vs {} req/s) | {} |\n",
+                thr,
+                fmt(f(t, "req_per_s"), 0),
+                fmt(f(n, "req_per_s"), 0),
+                yes(thr >= 0.8)
+            ));
+            md.push_str(&format!(
+                "| 1, c=16: added p50 ≤ 1.5 × nginx's added p50 | taskgate {} µs, nginx {} µs ({}) | {} |\n",
+                signed(add_t),
+                signed(add_n),
+                ratio(add_t, add_n),
+                yes(add_t <= 1.5 * add_n)
+            ));
+            md.push_str(&format!(
+                "| 1, c=16: CPU/request ≤ 1.5 × nginx's | taskgate {} µs, nginx {} µs ({:.2}×) | {} |\n",
+                fmt(f(t, "cpu_us_per_req"), 1),
+                fmt(f(n, "cpu_us_per_req"), 1),
+                cpu,
+                yes(cpu <= 1.5)
+            ));
+        } else {
+            md.push_str("| scenario 1 goals | nginx or a path missing | – |\n");
+        }
+    }
+    for c in cases.iter().filter(|c| c.starts_with('3')) {
+        if let (Some(d), Some(t)) = (find(c, "direct"), find(c, "taskgate")) {
+            let gap = f(t, "first_p50_us") - f(d, "first_p50_us");
+            md.push_str(&format!(
+                "| 3 ({c}): first event within 1 ms of direct (p50) | {} µs (p99 {} µs) | {} |\n",
+                signed(gap),
+                signed(f(t, "first_p99_us") - f(d, "first_p99_us")),
+                yes(gap <= 1000.0)
+            ));
+        }
+    }
+    for c in cases.iter().filter(|c| c.starts_with('5')) {
+        if let Some(t) = find(c, "taskgate") {
+            let n = t["upstream_cancels"].as_u64();
+            md.push_str(&format!(
+                "| 5: exactly one upstream cancel | {} | {} |\n",
+                n.map(|n| n.to_string()).unwrap_or("–".into()),
+                yes(n == Some(1))
+            ));
+        }
+    }
+    if !s6.is_empty() {
+        md.push_str(&format!(
+            "| 6: ≤ 100 MiB RSS with 100,000 records (largest sample) | {} MiB | {} |\n| 6: ready ≤ 1 s after restart | {} ms | {} |\n",
+            fmt(rss_mib, 1),
+            yes(rss_mib <= 100.0),
+            fmt(ready_ms, 1),
+            yes(ready_ms <= 1000.0)
+        ));
+    }
+    print!("{md}");
+}
+
+fn main() {
+    let all: Vec<String> = std::env::args().collect();
+    let args = Args(all.clone());
+    match all.get(1).map(String::as_str) {
+        Some("run") => cmd_run(&args),
+        Some("spawn-ready") => cmd_spawn_ready(&args),
+        Some("mem") => cmd_mem(&args),
+        Some("free-port") => cmd_free_port(),
+        Some("report") => cmd_report(&args),
+        _ => die("usage: loadgen run|spawn-ready|mem|free-port|report … (see the source header)"),
+    }
+}

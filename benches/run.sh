@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# taskgate benchmark: the direct path, nginx and taskgate side by side, in one run (issue 7).
+#
+#   bash benches/run.sh                       # everything; writes benches/RESULTS.md
+#   DURATION=2 RECORDS=20000 bash benches/run.sh
+#
+# Builds taskgate (--release) and benches/loadgen (--release, its own target dir
+# benches/loadgen/target), starts on 127.0.0.1 ephemeral ports the bench upstream, taskgate (temp
+# store) and nginx (plain reverse proxy; installed from Debian when missing and root, else
+# skipped), runs scenarios 1-6 and prints one table per scenario. Everything started here is
+# killed on exit.
+#
+# Settings (environment): DURATION (s per timed case, default 3), WARMUP (s, 0.5),
+# LIFECYCLE_TASKS (1000), CANCELS (1000), RECORDS (100000), SCENARIOS (which ones, default
+# "1 2 3 4 5 6"), RESULTS (output file, benches/RESULTS.md; "-" for none), KEEP=1 keeps the temp
+# directory (logs, configs, raw JSON).
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+DURATION=${DURATION:-3}
+WARMUP=${WARMUP:-0.5}
+LIFECYCLE_TASKS=${LIFECYCLE_TASKS:-1000}
+CANCELS=${CANCELS:-1000}
+RECORDS=${RECORDS:-100000}
+RESULTS=${RESULTS:-$HERE/RESULTS.md}
+SCENARIOS=${SCENARIOS:-1 2 3 4 5 6}
+want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
+COMMAND="bash benches/run.sh"
+ENVSET=""
+for v in DURATION WARMUP LIFECYCLE_TASKS CANCELS RECORDS SCENARIOS; do
+  case " $(env | cut -d= -f1 | tr '\n' ' ') " in *" $v "*) ENVSET="$ENVSET$v='${!v}' " ;; esac
+done
+COMMAND="${ENVSET}${COMMAND}"
+export CLK_TCK=$(getconf CLK_TCK)
+
+say() { printf '\n== %s\n' "$*" >&2; }
+
+# ---- build ------------------------------------------------------------------------------------
+say "building taskgate (release)"
+(cd "$ROOT" && cargo build --release --quiet --bin taskgate)
+TASKGATE="${CARGO_TARGET_DIR:-$ROOT/target}/release/taskgate"
+say "building benches/loadgen (release, target dir benches/loadgen/target)"
+(cd "$HERE/loadgen" && CARGO_TARGET_DIR="$HERE/loadgen/target" cargo build --release --quiet)
+LG="$HERE/loadgen/target/release/loadgen"
+UPSTREAM_BIN="$HERE/loadgen/target/release/upstream"
+
+# ---- nginx ------------------------------------------------------------------------------------
+NGINX_BIN=$(command -v nginx || true)
+[ -z "$NGINX_BIN" ] && [ -x /usr/sbin/nginx ] && NGINX_BIN=/usr/sbin/nginx
+if [ -z "$NGINX_BIN" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  say "nginx missing: apt-get install -y nginx"
+  if DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null 2>&1 ||
+     { apt-get update -qq >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null 2>&1; }; then
+    NGINX_BIN=$(command -v nginx || echo /usr/sbin/nginx)
+  fi
+fi
+if [ -n "$NGINX_BIN" ] && [ -x "$NGINX_BIN" ]; then
+  NGINX_VERSION=$("$NGINX_BIN" -v 2>&1 | sed 's/^nginx version: //')
+else
+  NGINX_BIN=""
+  NGINX_VERSION="not available"
+  say "nginx is not installed (and could not be installed): nginx is skipped"
+fi
+
+# ---- processes --------------------------------------------------------------------------------
+LOAD_AT_START=$(cut -d' ' -f1-3 /proc/loadavg)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/taskgate-bench.XXXXXX")
+RAW="$WORK/results.jsonl"
+PIDS=()
+gone() { [ ! -e "/proc/$1" ] || grep -q ') Z' "/proc/$1/stat" 2>/dev/null; }
+stop_pid() { # SIGTERM, wait up to 10 s, then SIGKILL
+  local pid=$1 i
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for i in $(seq 1000); do gone "$pid" && return 0; sleep 0.01; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $WORK" >&2; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+json_field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^\",}]*\).*/\1/p" "$1" | head -1; }
+
+say "starting the bench upstream"
+"$LG" spawn-ready --stdout "$WORK/upstream.out" --stderr "$WORK/upstream.err" --label upstream \
+  -- "$UPSTREAM_BIN" --listen 127.0.0.1:0 --threads 1 > "$WORK/upstream.json"
+UP_PID=$(json_field "$WORK/upstream.json" pid); PIDS+=("$UP_PID")
+UP_ADDR=$(json_field "$WORK/upstream.json" addr)
+echo "upstream $UP_ADDR (pid $UP_PID)" >&2
+
+taskgate_config() { # $1 file, $2 store dir, $3 extra [tasks] lines
+  cat > "$1" <<EOF
+[gateway]
+listen = "127.0.0.1:0"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[store]
+path = "$2"
+
+[tasks]
+$3
+
+[[upstream]]
+name = "bench"
+url = "http://$UP_ADDR/mcp"
+EOF
+}
+start_taskgate() { # $1 config, $2 label, $3 json out; sets TG_PID TG_ADDR TG_ADMIN
+  "$LG" spawn-ready --stdout "$WORK/taskgate.out" --stderr "$WORK/taskgate.err" --label "$2" \
+    ${4:+--json-out "$4"} -- "$TASKGATE" serve --config "$1" > "$3"
+  TG_PID=$(json_field "$3" pid); PIDS+=("$TG_PID")
+  TG_ADDR=$(json_field "$3" gateway); TG_ADMIN=$(json_field "$3" admin)
+}
+
+say "starting taskgate"
+taskgate_config "$WORK/taskgate.toml" "$WORK/store" ""
+start_taskgate "$WORK/taskgate.toml" taskgate "$WORK/taskgate.json"
+echo "taskgate $TG_ADDR admin $TG_ADMIN (pid $TG_PID)" >&2
+
+NG_ADDR=""; NG_CPU=""
+if [ -n "$NGINX_BIN" ]; then
+  say "starting nginx ($NGINX_VERSION)"
+  NG_PORT=$("$LG" free-port)
+  mkdir -p "$WORK/nginx"
+  USER_LINE=""; [ "$(id -u)" = 0 ] && USER_LINE="user root;"
+  cat > "$WORK/nginx/nginx.conf" <<EOF
+$USER_LINE
+worker_processes auto;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx/body;
+  proxy_temp_path $WORK/nginx/proxy;
+  fastcgi_temp_path $WORK/nginx/fastcgi;
+  uwsgi_temp_path $WORK/nginx/uwsgi;
+  scgi_temp_path $WORK/nginx/scgi;
+  upstream mcp {
+    server $UP_ADDR;
+    keepalive 256;
+    keepalive_requests 1000000;
+  }
+  server {
+    listen 127.0.0.1:$NG_PORT;
+    keepalive_requests 1000000;
+    location / {
+      proxy_pass http://mcp;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+EOF
+  "$NGINX_BIN" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g 'daemon off;' \
+    > "$WORK/nginx/stdout" 2>&1 &
+  NG_MASTER=$!; PIDS+=("$NG_MASTER")
+  for _ in $(seq 400); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$NG_PORT") 2>/dev/null && break
+    gone "$NG_MASTER" && { cat "$WORK/nginx/error.log" "$WORK/nginx/stdout" >&2; exit 1; }
+    sleep 0.025
+  done
+  sleep 0.2
+  NG_CPU=$(echo "$NG_MASTER" $(ps -o pid= --ppid "$NG_MASTER") | tr -s ' ' ',')
+  NG_ADDR="127.0.0.1:$NG_PORT"
+  echo "nginx $NG_ADDR (master and workers: $NG_CPU)" >&2
+fi
+
+# ---- scenarios 1-5 ----------------------------------------------------------------------------
+# run CASE TARGET ARGS..: one loadgen run against one path.
+run() {
+  local case=$1 target=$2 url cpu=""
+  shift 2
+  case $target in
+    direct) url="http://$UP_ADDR/mcp" ;;
+    nginx) url="http://$NG_ADDR/mcp"; cpu=$NG_CPU ;;
+    taskgate) url="http://$TG_ADDR/mcp"; cpu=$TG_PID ;;
+  esac
+  "$LG" run --url "$url" --target "$target" --case "$case" ${cpu:+--cpu-pid "$cpu"} \
+    --json-out "$RAW" "$@" > /dev/null
+}
+targets() { echo direct; [ -n "$NG_ADDR" ] && echo nginx; echo taskgate; }
+each() { # each CASE ARGS..: the case against every path, in turn
+  local case=$1 t
+  shift
+  say "$case"
+  for t in $(targets); do run "$case" "$t" "$@"; echo "  $t done" >&2; done
+}
+TIMED=(--duration "$DURATION" --warmup "$WARMUP")
+
+want 1 && for c in 1 16 64; do
+  each "1. small tools/call (~1 KiB JSON answer), c=$c" --scenario small --concurrency "$c" "${TIMED[@]}"
+done
+want 2 && each "2. large tools/call (~1 MiB JSON answer), c=4" --scenario big --concurrency 4 "${TIMED[@]}"
+want 3 && each "3. SSE answer, 100 progress events + result sent at once, c=1" --scenario sse --concurrency 1 "${TIMED[@]}"
+want 3 && each "3. SSE answer, 100 progress events + result sent at once, c=16" --scenario sse --concurrency 16 "${TIMED[@]}"
+want 3 && each "3. SSE answer, 100 progress events 1 ms apart + result, c=16" --scenario sse --concurrency 16 --interval-ms 1 "${TIMED[@]}"
+want 4 && each "4. task lifecycle (create, 10 × tasks/get, tasks/result), $LIFECYCLE_TASKS tasks, c=16" \
+  --scenario lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
+want 5 && each "5. cancel storm: $CANCELS concurrent identical tasks/cancel for one task" \
+  --scenario cancel --concurrency "$CANCELS" --stats-url "http://$UP_ADDR/stats"
+
+# ---- scenario 6: registry scale (a taskgate of its own, fresh store) --------------------------
+scenario6() {
+say "6. registry scale: $RECORDS task records"
+stop_pid "$TG_PID"
+taskgate_config "$WORK/taskgate6.toml" "$WORK/store6" "max_live_tasks_per_owner = 10000000"
+start_taskgate "$WORK/taskgate6.toml" "6. fresh start, empty store" "$WORK/tg6.json"
+SESSION6="$WORK/session6"
+"$LG" mem --pid "$TG_PID" --label "6. fresh taskgate, empty store" --json-out "$RAW" > /dev/null
+"$LG" run --url "http://$TG_ADDR/mcp" --target taskgate --case "6. create $RECORDS tasks on one session" \
+  --scenario create --concurrency 64 --count "$RECORDS" --session-file "$SESSION6" \
+  --cpu-pid "$TG_PID" --json-out "$RAW" > /dev/null
+echo "  created" >&2
+"$LG" mem --pid "$TG_PID" --label "6. after creating $RECORDS records" --json-out "$RAW" > /dev/null
+"$LG" run --url "http://$TG_ADDR/mcp" --target taskgate --case "6. tasks/list first page, before restart" \
+  --scenario list --concurrency 1 --duration 2 --warmup 0.2 --session-file "$SESSION6" \
+  --cpu-pid "$TG_PID" --json-out "$RAW" > /dev/null
+T0=$(date +%s%N); stop_pid "$TG_PID"; T1=$(date +%s%N)
+echo "  stopped in $(( (T1 - T0) / 1000000 )) ms" >&2
+start_taskgate "$WORK/taskgate6.toml" "6. restart on the same store ($RECORDS records)" "$WORK/tg6b.json" "$RAW"
+echo "  restarted: $(cat "$WORK/tg6b.json")" >&2
+"$LG" mem --pid "$TG_PID" --label "6. after restart" --json-out "$RAW" > /dev/null
+"$LG" run --url "http://$TG_ADDR/mcp" --target taskgate --case "6. tasks/list first page, after restart" \
+  --scenario list --concurrency 1 --duration 2 --warmup 0.2 --session-file "$SESSION6" \
+  --cpu-pid "$TG_PID" --json-out "$RAW" > /dev/null
+"$LG" run --url "http://$TG_ADDR/mcp" --target taskgate --case "6. tasks/list, every page (nextCursor walk)" \
+  --scenario list-walk --session-file "$SESSION6" --cpu-pid "$TG_PID" --json-out "$RAW" > /dev/null
+"$LG" mem --pid "$TG_PID" --label "6. after restart and the full list walk" --json-out "$RAW" > /dev/null
+}
+want 6 && scenario6
+
+# ---- report -----------------------------------------------------------------------------------
+REPORT=$("$LG" report --in "$RAW")
+MEM_GIB=$(awk '/^MemTotal:/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
+CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+REV=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+DIRTY=$(cd "$ROOT" && git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null | wc -l)
+[ "$DIRTY" != 0 ] && REV="$REV + uncommitted changes in src/"
+STORE_FS=$(df -PT "$WORK" | awk 'NR==2 {print $2 " (" $1 ")"}')
+HEADER="# taskgate benchmark results
+
+Produced by \`$COMMAND\` (from the repository root) on $(date -u '+%Y-%m-%d %H:%M UTC').
+
+| machine | |
+|---|---|
+| cores (nproc) | $(nproc) ($CPU_MODEL) |
+| memory (MemTotal) | $MEM_GIB GiB |
+| kernel | $(uname -sr) |
+| load average (1, 5, 15 min) | $LOAD_AT_START at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end |
+| taskgate | $REV, release build, default log level (info, to a file) |
+| nginx | $NGINX_VERSION, \`worker_processes auto\`, \`proxy_buffering off\`, \`proxy_http_version 1.1\`, keepalive pool of 256 |
+| upstream | benches/loadgen \`upstream\`, 1 tokio worker thread |
+| load generator | benches/loadgen \`loadgen\`, 1 thread, one keep-alive HTTP/1.1 connection per concurrent client, each with its own MCP session (scenarios 1-4) |
+| timed cases | ${WARMUP} s warm-up, then ${DURATION} s measured |
+| task store | temp directory on $STORE_FS |
+
+Everything runs on this one machine: load generator, proxy and upstream share the cores, so
+absolute numbers move with the machine's load; compare the rows of one table (measured side by side,
+one after another, in the same run). *p50/p99* are per request (scenario 3: per stream; scenario 4:
+per task lifecycle of 12 requests). *added p50* = p50 − the direct path's p50. *proxy CPU µs/req* =
+(utime + stime of the proxy process(es), from /proc/PID/stat, over the measured window) / requests;
+for nginx the master and all workers are summed; /proc counts in ${CLK_TCK} Hz ticks, so a short
+case (scenario 5 takes tens of ms) has a coarse CPU figure. Scenario 6 uses a taskgate of its own on
+a fresh store, with \`tasks.max_live_tasks_per_owner\` raised (all records belong to one session).
+"
+printf '%s\n%s\n' "$HEADER" "$REPORT"
+if [ "$RESULTS" != "-" ]; then
+  printf '%s\n%s\n' "$HEADER" "$REPORT" > "$RESULTS"
+  say "written to $RESULTS"
+fi
+if [ "${KEEP:-0}" = 1 ]; then cp "$RAW" "$WORK/results-copy.jsonl"; fi

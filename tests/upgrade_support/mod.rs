@@ -1,0 +1,815 @@
+//! Support for `tests/upgrade.rs` (issue 5), on top of `tests/support` and `tests/tasks_support`
+//! (declared next to them as `mod upgrade_support;`).
+//!
+//! - [`UpServer`]: a scripted MCP 2025-11-25 server with tools and tasks, built on
+//!   [`support::Upstream`]: `initialize` hands out `sess-N` and declares the configured
+//!   `capabilities.tasks`; `tools/list` pages through a tool list the test can change (JSON or SSE);
+//!   a plain `tools/call` to a `required` tool is refused the way the SDKs refuse it (a
+//!   `CallToolResult` with `isError: true`); a task-augmented one creates a task that completes
+//!   after a fixed time (or never). `tasks/result` blocks until then, optionally sending scripted
+//!   events first (progress, `notifications/tasks/status`, an `elicitation/create` or
+//!   `sampling/createMessage` request whose answer the client POSTs back); `tasks/get` reports the
+//!   status with a `statusMessage` that changes over time; `tasks/cancel` cancels.
+//! - [`UgConfig`]: taskgate's TOML with an `[upgrade]` section (in process, or for the binary).
+//! - Client helpers: `initialize` with chosen capabilities, a `tools/call` body, reading an
+//!   upgraded call's stream to its answer.
+#![allow(dead_code)]
+
+use crate::support::*;
+use crate::tasks_support::*;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub const RELATED: &str = "io.modelcontextprotocol/related-task";
+
+/// What `tasks/result` ends with.
+#[derive(Clone, Debug)]
+pub enum Payload {
+    /// A `CallToolResult` with text `result of <taskId>`.
+    Result,
+    /// A `CallToolResult` with `isError: true`; the task ends `failed`.
+    IsError,
+    /// A JSON-RPC error (code, message) with `data: {"taskId": ...}`; the task ends `failed`.
+    RpcError(i64, String),
+}
+
+type Steps = Arc<dyn Fn(&str, &Value) -> Vec<SseStep> + Send + Sync>;
+
+/// How the scripted server behaves.
+#[derive(Clone)]
+pub struct UpBehaviour {
+    /// `capabilities.tasks` in the InitializeResult; None: no tasks capability at all.
+    pub tasks_capability: Option<Value>,
+    /// The tools `tools/list` returns (shared: a test may change them between calls).
+    pub tools: Arc<Mutex<Vec<Value>>>,
+    /// Tools per `tools/list` page (0: one page).
+    pub page_size: usize,
+    /// `tools/list` answered as an SSE stream instead of JSON.
+    pub list_sse: bool,
+    /// Time from creation (or from the elicitation answer) to the task's end; None: never.
+    pub task_ms: Option<u64>,
+    /// `pollInterval` the tasks report.
+    pub poll_interval: u64,
+    pub payload: Payload,
+    /// SSE events on the task-augmented `tools/call` stream before the CreateTaskResult.
+    pub creation_head: Option<Steps>,
+    /// SSE events on the `tasks/result` stream before it waits for the end (the closure gets
+    /// the taskId and the `tools/call` request that created the task).
+    pub result_head: Option<Steps>,
+    /// `tasks/result` sends this server→client request (`elicitation/create` or
+    /// `sampling/createMessage`, id `ask-<taskId>`), sets `input_required` and waits for the
+    /// client's answer; the task ends `task_ms` after the answer.
+    pub ask: Option<&'static str>,
+    /// A GET opens a stream with these steps (default 405).
+    pub get_stream: Option<Arc<dyn Fn() -> Vec<SseStep> + Send + Sync>>,
+    /// `tasks/get` answers after this delay.
+    pub get_delay: Duration,
+    /// A task-augmented `tools/call` creates its task at once but answers after this delay.
+    pub creation_delay: Duration,
+    /// `initialize` hands out `Mcp-Session-Id: sess-N` (default true).
+    pub sessions: bool,
+    /// A task-augmented `tools/call` is not made a task: answered with this JSON-RPC error, or
+    /// (code 0) with a plain CallToolResult `ran without a task`.
+    pub refuse_task: Option<(i64, String)>,
+    /// The first N `tasks/result` of each task send only a priming event (`id`, `retry: 100`,
+    /// empty data) and close the stream, as a server that polls with SSE (SEP-1699) does; the
+    /// client is expected to come back for the result.
+    pub result_drops: usize,
+}
+
+impl Default for UpBehaviour {
+    fn default() -> Self {
+        UpBehaviour {
+            tasks_capability: Some(
+                json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}),
+            ),
+            tools: Arc::new(Mutex::new(standard_tools())),
+            page_size: 0,
+            list_sse: false,
+            task_ms: Some(150),
+            poll_interval: 100,
+            payload: Payload::Result,
+            creation_head: None,
+            result_head: None,
+            ask: None,
+            get_stream: None,
+            get_delay: Duration::ZERO,
+            creation_delay: Duration::ZERO,
+            sessions: true,
+            refuse_task: None,
+            result_drops: 0,
+        }
+    }
+}
+
+/// A tool object with `execution.taskSupport` (None: no `execution` at all).
+pub fn tool(name: &str, task_support: Option<&str>) -> Value {
+    let mut t = json!({
+        "name": name,
+        "description": format!("scripted tool {name}"),
+        "inputSchema": {"type": "object", "properties": {"n": {"type": "number"}}},
+    });
+    if let Some(ts) = task_support {
+        t["execution"] = json!({ "taskSupport": ts });
+    }
+    t
+}
+
+/// `research` (required), `maybe` (optional), `never` (forbidden), `plain` (no execution).
+pub fn standard_tools() -> Vec<Value> {
+    vec![
+        tool("research", Some("required")),
+        tool("maybe", Some("optional")),
+        tool("never", Some("forbidden")),
+        tool("plain", None),
+    ]
+}
+
+/// One task as the scripted server holds it.
+#[derive(Clone)]
+pub struct UpTask {
+    pub status: String,
+    pub created_at: String,
+    pub created: Instant,
+    /// When the task ends on its own (None: not scheduled).
+    pub ends_at: Option<Instant>,
+    pub ttl: Value,
+    pub session: Option<String>,
+    pub tool: String,
+    /// The JSON-RPC id of the `tools/call` that created it.
+    pub request_id: Value,
+    /// That `tools/call` request.
+    pub call: Value,
+    /// Opened when the client answered the task's server→client request.
+    pub answered: Gate,
+    /// The JSON-RPC message the client answered it with.
+    pub answer: Option<Value>,
+}
+
+#[derive(Default)]
+pub struct UpState {
+    pub next_session: usize,
+    pub next_task: usize,
+    pub tasks: HashMap<String, UpTask>,
+    /// The exact `tasks/result` body sent per task.
+    pub results_sent: HashMap<String, String>,
+    /// (taskId, time) of every `tasks/get`, `tasks/result`, `tasks/cancel` received.
+    pub seen: Vec<(String, String, Instant)>,
+    /// `tasks/result` calls per task.
+    pub result_calls: HashMap<String, usize>,
+}
+
+impl UpState {
+    /// Moves a task to its end status when its time has come.
+    fn refresh(&mut self, b: &UpBehaviour, task_id: &str) {
+        if let Some(t) = self.tasks.get_mut(task_id) {
+            if matches!(t.status.as_str(), "working")
+                && t.ends_at.is_some_and(|e| Instant::now() >= e)
+            {
+                t.status = match b.payload {
+                    Payload::Result => "completed",
+                    _ => "failed",
+                }
+                .into();
+            }
+        }
+    }
+}
+
+/// The scripted upgrade-capable server (see the module docs).
+pub struct UpServer {
+    pub up: Upstream,
+    pub state: Arc<Mutex<UpState>>,
+    pub tools: Arc<Mutex<Vec<Value>>>,
+}
+
+impl UpServer {
+    pub async fn start(b: UpBehaviour) -> UpServer {
+        let state: Arc<Mutex<UpState>> = Arc::default();
+        let tools = b.tools.clone();
+        let s = state.clone();
+        let b = Arc::new(b);
+        let up = Upstream::start(move |req| up_handle(&b, &s, req)).await;
+        UpServer { up, state, tools }
+    }
+    pub async fn default() -> UpServer {
+        UpServer::start(UpBehaviour::default()).await
+    }
+    pub fn url(&self) -> String {
+        self.up.url()
+    }
+    /// Every JSON-RPC message with this method the server received.
+    pub fn received(&self, method: &str) -> Vec<RecordedRequest> {
+        self.up
+            .requests()
+            .into_iter()
+            .filter(|r| r.rpc_method().as_deref() == Some(method))
+            .collect()
+    }
+    pub fn count(&self, method: &str) -> usize {
+        self.received(method).len()
+    }
+    pub fn status(&self, task_id: &str) -> String {
+        self.state.lock().unwrap().tasks[task_id].status.clone()
+    }
+    pub fn task(&self, task_id: &str) -> UpTask {
+        self.state.lock().unwrap().tasks[task_id].clone()
+    }
+    /// The only task created so far (panics unless exactly one).
+    pub fn only_task(&self) -> String {
+        let st = self.state.lock().unwrap();
+        assert_eq!(
+            st.tasks.len(),
+            1,
+            "expected one task, have {:?}",
+            st.tasks.keys()
+        );
+        st.tasks.keys().next().unwrap().clone()
+    }
+    /// The task created by the `tools/call` with this JSON-RPC id.
+    pub fn task_of_request(&self, id: &Value) -> Option<String> {
+        let st = self.state.lock().unwrap();
+        st.tasks
+            .iter()
+            .find(|(_, t)| &t.request_id == id)
+            .map(|(k, _)| k.clone())
+    }
+    pub fn result_sent(&self, task_id: &str) -> Option<String> {
+        self.state
+            .lock()
+            .unwrap()
+            .results_sent
+            .get(task_id)
+            .cloned()
+    }
+    /// Times at which `method` was received for `task_id`.
+    pub fn seen(&self, method: &str, task_id: &str) -> Vec<Instant> {
+        self.state
+            .lock()
+            .unwrap()
+            .seen
+            .iter()
+            .filter(|(m, t, _)| m == method && t == task_id)
+            .map(|(_, _, at)| *at)
+            .collect()
+    }
+    /// Waits until the server received `n` messages with `method`.
+    pub async fn wait_count(&self, method: &str, n: usize, within: Duration) -> bool {
+        eventually(within, || async { (self.count(method) >= n).then_some(()) })
+            .await
+            .is_some()
+    }
+}
+
+fn err_json(id: &str, code: i64, message: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"error":{}}}"#,
+        json!({"code": code, "message": message})
+    )
+}
+
+fn task_json(t: &UpTask, task_id: &str, b: &UpBehaviour) -> Value {
+    let mut v = json!({
+        "taskId": task_id,
+        "status": t.status,
+        "createdAt": t.created_at,
+        "lastUpdatedAt": format_rfc3339_ms(now_ms()),
+        "ttl": t.ttl,
+        "pollInterval": b.poll_interval,
+    });
+    if t.status == "working" {
+        // Changes every 200 ms, so polling sees new status messages.
+        let stage = t.created.elapsed().as_millis() / 200;
+        v["statusMessage"] = json!(format!("stage {stage}"));
+    }
+    if t.status == "input_required" {
+        v["statusMessage"] = json!("waiting for the client");
+    }
+    v
+}
+
+/// The `tasks/result` answer for a task (body text).
+fn result_body(b: &UpBehaviour, id: &str, task_id: &str) -> String {
+    let meta = json!({ RELATED: { "taskId": task_id } });
+    match &b.payload {
+        Payload::Result => rpc_result(
+            id,
+            &json!({"content": [{"type": "text", "text": format!("result of {task_id}")}], "_meta": meta})
+                .to_string(),
+        ),
+        Payload::IsError => rpc_result(
+            id,
+            &json!({"content": [{"type": "text", "text": format!("tool failed in {task_id}")}], "isError": true, "_meta": meta})
+                .to_string(),
+        ),
+        Payload::RpcError(code, message) => format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"error":{}}}"#,
+            json!({"code": code, "message": message, "data": {"taskId": task_id}})
+        ),
+    }
+}
+
+fn up_handle(b: &UpBehaviour, state: &Mutex<UpState>, req: &RecordedRequest) -> ScriptedResponse {
+    match req.method.as_str() {
+        "GET" => {
+            return match &b.get_stream {
+                Some(f) => ScriptedResponse::sse(f()),
+                None => ScriptedResponse::status(405, None, ""),
+            }
+        }
+        "DELETE" => return ScriptedResponse::status(200, None, ""),
+        _ => {}
+    }
+    let v: Value = match serde_json::from_slice(&req.body) {
+        Ok(v) => v,
+        Err(_) => return ScriptedResponse::status(400, Some("text/plain"), "bad json"),
+    };
+    let method = v.get("method").and_then(Value::as_str);
+    if method.is_none() {
+        // A client's answer to a server→client request.
+        if let Some(ask_id) = v.get("id").and_then(Value::as_str) {
+            if let Some(task_id) = ask_id.strip_prefix("ask-") {
+                let mut st = state.lock().unwrap();
+                if let Some(t) = st.tasks.get_mut(task_id) {
+                    t.answer = Some(v.clone());
+                    if t.status == "input_required" {
+                        t.status = "working".into();
+                        t.ends_at = b
+                            .task_ms
+                            .map(|ms| Instant::now() + Duration::from_millis(ms));
+                    }
+                    t.answered.open();
+                }
+            }
+        }
+        return ScriptedResponse::accepted();
+    }
+    let method = method.unwrap();
+    if v.get("id").is_none() {
+        return ScriptedResponse::accepted();
+    }
+    let id = req.rpc_id_json();
+    let task_id = v
+        .pointer("/params/taskId")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if method.starts_with("tasks/") {
+        let mut st = state.lock().unwrap();
+        st.seen
+            .push((method.to_string(), task_id.clone(), Instant::now()));
+        st.refresh(b, &task_id);
+    }
+    match method {
+        "initialize" => {
+            let mut st = state.lock().unwrap();
+            st.next_session += 1;
+            let mut caps = json!({"tools": {"listChanged": true}});
+            if let Some(t) = &b.tasks_capability {
+                caps["tasks"] = t.clone();
+            }
+            let result = json!({
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": caps,
+                "serverInfo": {"name": "scripted-upgrade", "version": "1"},
+            });
+            let r = ScriptedResponse::json(rpc_result(&id, &result.to_string()));
+            if b.sessions {
+                r.header("mcp-session-id", &format!("sess-{}", st.next_session))
+            } else {
+                r
+            }
+        }
+        "tools/list" => {
+            let tools = b.tools.lock().unwrap().clone();
+            let start: usize = v
+                .pointer("/params/cursor")
+                .and_then(Value::as_str)
+                .and_then(|c| c.strip_prefix("page-"))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            let size = if b.page_size == 0 {
+                tools.len().max(1)
+            } else {
+                b.page_size
+            };
+            let end = (start + size).min(tools.len());
+            let mut result = json!({ "tools": tools[start.min(end)..end] });
+            if end < tools.len() {
+                result["nextCursor"] = json!(format!("page-{end}"));
+            }
+            let body = rpc_result(&id, &result.to_string());
+            if b.list_sse {
+                ScriptedResponse::sse(vec![ev().event("message").data(&body).into()])
+            } else {
+                ScriptedResponse::json(body)
+            }
+        }
+        "tools/call" => {
+            let name = v
+                .pointer("/params/name")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let support = b
+                .tools
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|t| t["name"] == json!(name))
+                .and_then(|t| {
+                    t.pointer("/execution/taskSupport")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                })
+                .unwrap_or_else(|| "forbidden".into());
+            let Some(task) = v.pointer("/params/task") else {
+                if support == "required" {
+                    // What both SDKs answer: an isError CallToolResult, not a JSON-RPC error.
+                    return ScriptedResponse::json(rpc_result(
+                        &id,
+                        &json!({"content": [{"type": "text", "text": format!("MCP error -32601: Tool {name} requires task augmentation (taskSupport: 'required')")}], "isError": true}).to_string(),
+                    ));
+                }
+                return ScriptedResponse::json(rpc_result(
+                    &id,
+                    &json!({"content": [{"type": "text", "text": format!("plain {name}")}]})
+                        .to_string(),
+                ));
+            };
+            if let Some((code, message)) = &b.refuse_task {
+                return ScriptedResponse::json(if *code == 0 {
+                    rpc_result(
+                        &id,
+                        r#"{"content":[{"type":"text","text":"ran without a task"}]}"#,
+                    )
+                } else {
+                    err_json(&id, *code, message)
+                });
+            }
+            if support == "forbidden" {
+                return ScriptedResponse::json(err_json(
+                    &id,
+                    -32602,
+                    &format!("Tool {name} does not support task augmentation"),
+                ));
+            }
+            let mut st = state.lock().unwrap();
+            st.next_task += 1;
+            let task_id = format!("up-task-{}", st.next_task);
+            let now = format_rfc3339_ms(now_ms());
+            let t = UpTask {
+                status: "working".into(),
+                created_at: now,
+                created: Instant::now(),
+                ends_at: match (b.ask, b.task_ms) {
+                    (None, Some(ms)) => Some(Instant::now() + Duration::from_millis(ms)),
+                    _ => None,
+                },
+                ttl: task.get("ttl").cloned().unwrap_or(Value::Null),
+                session: req.header("mcp-session-id"),
+                tool: name,
+                request_id: v["id"].clone(),
+                call: v.clone(),
+                answered: Gate::new(),
+                answer: None,
+            };
+            let body = rpc_result(
+                &id,
+                &json!({ "task": task_json(&t, &task_id, b) }).to_string(),
+            );
+            st.tasks.insert(task_id.clone(), t);
+            drop(st);
+            let r = match &b.creation_head {
+                None => ScriptedResponse::json(body),
+                Some(head) => {
+                    let mut steps = head(&task_id, &v);
+                    steps.push(ev().event("message").data(&body).into());
+                    ScriptedResponse::sse(steps)
+                }
+            };
+            if b.creation_delay.is_zero() {
+                r
+            } else {
+                r.after(b.creation_delay)
+            }
+        }
+        "tasks/get" => {
+            let st = state.lock().unwrap();
+            let r = match st.tasks.get(&task_id) {
+                Some(t) => {
+                    ScriptedResponse::json(rpc_result(&id, &task_json(t, &task_id, b).to_string()))
+                }
+                None => ScriptedResponse::json(err_json(&id, -32602, "Task not found")),
+            };
+            if b.get_delay.is_zero() {
+                r
+            } else {
+                r.after(b.get_delay)
+            }
+        }
+        "tasks/cancel" => {
+            let mut st = state.lock().unwrap();
+            let Some(t) = st.tasks.get_mut(&task_id) else {
+                return ScriptedResponse::json(err_json(&id, -32602, "Task not found"));
+            };
+            if matches!(t.status.as_str(), "completed" | "failed" | "cancelled") {
+                let m = format!("Cannot cancel task: already {}", t.status);
+                return ScriptedResponse::json(err_json(&id, -32602, &m));
+            }
+            t.status = "cancelled".into();
+            let t = t.clone();
+            ScriptedResponse::json(rpc_result(&id, &task_json(&t, &task_id, b).to_string()))
+        }
+        "tasks/result" => {
+            let mut st = state.lock().unwrap();
+            let Some(t) = st.tasks.get(&task_id).cloned() else {
+                return ScriptedResponse::json(err_json(&id, -32602, "Task not found"));
+            };
+            let calls = {
+                let n = st.result_calls.entry(task_id.clone()).or_default();
+                *n += 1;
+                *n
+            };
+            if calls <= b.result_drops {
+                return ScriptedResponse::sse(vec![
+                    ev().id(&format!("{task_id}-prime-{calls}"))
+                        .retry(100)
+                        .data("")
+                        .into(),
+                    SseStep::Sleep(Duration::from_millis(50)),
+                ]);
+            }
+            let mut steps: Vec<SseStep> = Vec::new();
+            if let Some(head) = &b.result_head {
+                steps.extend(head(&task_id, &t.call));
+            }
+            if let Some(ask) = b.ask {
+                if t.answer.is_none() {
+                    st.tasks.get_mut(&task_id).unwrap().status = "input_required".into();
+                    let params = if ask == "elicitation/create" {
+                        json!({
+                            "message": "Which one?",
+                            "requestedSchema": {"type": "object", "properties": {"choice": {"type": "string"}}, "required": ["choice"]},
+                            "_meta": { RELATED: { "taskId": task_id } },
+                        })
+                    } else {
+                        json!({
+                            "messages": [{"role": "user", "content": {"type": "text", "text": "Say hi"}}],
+                            "maxTokens": 10,
+                            "_meta": { RELATED: { "taskId": task_id } },
+                        })
+                    };
+                    let request = json!({"jsonrpc": "2.0", "id": format!("ask-{task_id}"), "method": ask, "params": params});
+                    steps.push(ev().event("message").data(&request.to_string()).into());
+                    steps.push(SseStep::Wait(t.answered.clone()));
+                    if let Some(ms) = b.task_ms {
+                        steps.push(SseStep::Sleep(Duration::from_millis(ms)));
+                    } else {
+                        steps.push(SseStep::HoldOpen);
+                    }
+                }
+            } else if !matches!(t.status.as_str(), "completed" | "failed" | "cancelled") {
+                match t.ends_at {
+                    Some(at) => {
+                        steps.push(SseStep::Sleep(at.saturating_duration_since(Instant::now())))
+                    }
+                    None => steps.push(SseStep::HoldOpen),
+                }
+            }
+            let body = result_body(b, &id, &task_id);
+            st.results_sent.insert(task_id.clone(), body.clone());
+            steps.push(ev().event("message").data(&body).into());
+            ScriptedResponse::sse(steps)
+        }
+        "tasks/list" => ScriptedResponse::json(rpc_result(&id, r#"{"tasks":[]}"#)),
+        m => ScriptedResponse::json(rpc_result(&id, &json!({ "echo": m }).to_string())),
+    }
+}
+
+// =============================================================================================
+// taskgate with [upgrade]
+// =============================================================================================
+
+/// A [`TgConfig`] plus `[upgrade]` lines (default `enabled = true`).
+#[derive(Clone)]
+pub struct UgConfig {
+    pub tg: TgConfig,
+    pub upgrade: Vec<String>,
+}
+
+impl UgConfig {
+    pub fn new(upstream_url: &str) -> UgConfig {
+        UgConfig {
+            tg: TgConfig::new(upstream_url),
+            upgrade: vec!["enabled = true".into()],
+        }
+    }
+    /// Replaces the `[upgrade]` lines.
+    pub fn upgrade(mut self, lines: &[&str]) -> Self {
+        self.upgrade = lines.iter().map(|l| l.to_string()).collect();
+        self
+    }
+    /// An extra line in `[upgrade]`.
+    pub fn with(mut self, line: &str) -> Self {
+        self.upgrade.push(line.into());
+        self
+    }
+    pub fn gateway(mut self, line: &str) -> Self {
+        self.tg = self.tg.gateway(line);
+        self
+    }
+    pub fn tasks(mut self, line: &str) -> Self {
+        self.tg = self.tg.tasks(line);
+        self
+    }
+    pub fn to_toml(&self, store: &str) -> String {
+        let mut s = self.tg.to_toml(store);
+        s.push_str("\n[upgrade]\n");
+        for l in &self.upgrade {
+            s.push_str(l);
+            s.push('\n');
+        }
+        s
+    }
+    /// Starts taskgate in this process on a fresh temporary store.
+    pub async fn start(&self) -> Tg {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("store");
+        let text = self.to_toml(store.to_str().unwrap());
+        let config = taskgate::config::Config::from_toml_str(&text)
+            .unwrap_or_else(|e| panic!("config error: {e}\n{text}"));
+        let running = taskgate::gateway::start(config)
+            .await
+            .unwrap_or_else(|e| panic!("taskgate did not start: {e}"));
+        Tg {
+            gw: running.gateway_addr,
+            admin: running.admin_addr,
+            metrics: running.metrics.clone(),
+            registry: running.registry.clone(),
+            running: Some(running),
+            dir,
+        }
+    }
+    /// Writes the TOML for the binary into `dir` (store at `dir/store`); returns the config path.
+    pub fn write_for_binary(&self, dir: &std::path::Path) -> String {
+        let store = dir.join("store");
+        let path = dir.join("taskgate.toml");
+        std::fs::write(&path, self.to_toml(store.to_str().unwrap())).unwrap();
+        path.to_str().unwrap().to_string()
+    }
+}
+
+// =============================================================================================
+// Client side
+// =============================================================================================
+
+/// `initialize` with these client capabilities (then `notifications/initialized`); returns a
+/// client holding the session id taskgate relayed.
+pub async fn client_with(url: &str, capabilities: Value) -> Client {
+    let mut c = Client::new(url);
+    let body = rpc(
+        "\"init\"",
+        "initialize",
+        &json!({
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": capabilities,
+            "clientInfo": {"name": "taskgate-upgrade-tests", "version": "0"},
+        })
+        .to_string(),
+    );
+    let r = c.send(body).await;
+    assert_eq!(r.status(), 200, "initialize");
+    c.session = r.header("mcp-session-id");
+    let v = r.json().await;
+    assert!(v.get("result").is_some(), "initialize failed: {v}");
+    assert_eq!(c.notify("notifications/initialized", json!({})).await, 202);
+    c
+}
+
+/// A plain `tools/call` body (no `params.task`); `progressToken` in `_meta` when given.
+pub fn call_body(id_json: &str, tool: &str, progress_token: Option<Value>) -> String {
+    let mut params = json!({ "name": tool, "arguments": {"n": 1} });
+    if let Some(t) = progress_token {
+        params["_meta"] = json!({ "progressToken": t });
+    }
+    rpc(id_json, "tools/call", &params.to_string())
+}
+
+/// What the client got for one call: every message before the answer, and the answer.
+#[derive(Debug)]
+pub struct Outcome {
+    pub content_type: String,
+    pub before: Vec<Value>,
+    pub answer: Value,
+    /// Messages after the answer on the same stream (should be none).
+    pub after: Vec<Value>,
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    /// The `notifications/progress` messages before the answer.
+    pub fn progress(&self) -> Vec<Value> {
+        self.before
+            .iter()
+            .filter(|m| m["method"] == json!("notifications/progress"))
+            .cloned()
+            .collect()
+    }
+}
+
+/// Sends `body`, reads JSON or the SSE stream up to the message answering `id`, then to the
+/// end of the stream.
+pub async fn call(c: &Client, body: &str, id: &Value) -> Outcome {
+    let start = Instant::now();
+    let r = c.send(body.to_string()).await;
+    assert_eq!(r.status(), 200, "HTTP status for {body}");
+    let content_type = r.header("content-type").unwrap_or_default();
+    if !content_type.starts_with("text/event-stream") {
+        let answer = r.json().await;
+        return Outcome {
+            content_type,
+            before: vec![],
+            answer,
+            after: vec![],
+            elapsed: start.elapsed(),
+        };
+    }
+    let mut sse = r.sse();
+    read_to_answer(&mut sse, id, content_type, start).await
+}
+
+pub async fn read_to_answer(
+    sse: &mut SseReader,
+    id: &Value,
+    content_type: String,
+    start: Instant,
+) -> Outcome {
+    let mut before = Vec::new();
+    let answer = loop {
+        let e = sse.next_event(STEP).await;
+        let Some(data) = e.data() else { continue };
+        if data.is_empty() {
+            continue;
+        }
+        let v = parse_json(data.as_bytes());
+        if v.get("method").is_none() && &v["id"] == id {
+            break v;
+        }
+        before.push(v);
+    };
+    let elapsed = start.elapsed();
+    let mut after = Vec::new();
+    loop {
+        match sse.next(STEP).await {
+            Next::Item(SseItem::Event(e)) => {
+                if let Some(d) = e.data().filter(|d| !d.is_empty()) {
+                    after.push(parse_json(d.as_bytes()));
+                }
+            }
+            Next::Item(SseItem::Comment(_)) => {}
+            Next::End => break,
+            Next::Timeout => panic!("the stream did not end after the answer"),
+        }
+    }
+    Outcome {
+        content_type,
+        before,
+        answer,
+        after,
+        elapsed,
+    }
+}
+
+/// `taskgate_upgraded_calls_total{outcome}` summed over upstreams.
+pub fn upgraded(m: &str, outcome: &str) -> f64 {
+    metric(m, "taskgate_upgraded_calls_total", &[("outcome", outcome)])
+}
+
+/// The audit event names of `/admin/tasks/default/<taskId>`.
+pub async fn audit_events(tg: &Tg, task_id: &str) -> (Value, Vec<String>) {
+    let (s, d) = tg.admin(&format!("/admin/tasks/default/{task_id}")).await;
+    assert_eq!(s, 200, "{d}");
+    let names = d["audit"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| e["event"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    (d, names)
+}
+
+/// p-th percentile (0..=100) of sorted durations, in ms.
+pub fn pct(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1000.0
+}
