@@ -214,6 +214,19 @@ taskgate_config "$WORK/taskgate6.toml" "$WORK/store6" "max_live_tasks_per_owner 
 start_taskgate "$WORK/taskgate6.toml" "6. fresh start, empty store" "$WORK/tg6.json"
 SESSION6="$WORK/session6"
 "$LG" mem --pid "$TG_PID" --label "6. fresh taskgate, empty store" --json-out "$RAW" > /dev/null
+# Issue 3's creation cost: a task creation (record written and fdatasync'ed before the reply)
+# against a plain tools/call through the same taskgate, at 1 and 64 concurrent clients.
+for c in 1 64; do
+  for t in direct taskgate; do
+    url="http://$UP_ADDR/mcp"; cpu=""
+    [ "$t" = taskgate ] && { url="http://$TG_ADDR/mcp"; cpu="$TG_PID"; }
+    "$LG" run --url "$url" --target "$t" --case "6a. task creation (durable record before the reply), c=$c" \
+      --scenario create --concurrency "$c" "${TIMED[@]}" --session-file "$WORK/session6a-$t-$c" \
+      ${cpu:+--cpu-pid "$cpu"} --json-out "$RAW" > /dev/null
+    "$LG" run --url "$url" --target "$t" --case "6a. plain tools/call on the same taskgate, c=$c" \
+      --scenario small --concurrency "$c" "${TIMED[@]}" ${cpu:+--cpu-pid "$cpu"} --json-out "$RAW" > /dev/null
+  done
+done
 "$LG" run --url "http://$TG_ADDR/mcp" --target taskgate --case "6. create $RECORDS tasks on one session" \
   --scenario create --concurrency 64 --count "$RECORDS" --session-file "$SESSION6" \
   --cpu-pid "$TG_PID" --json-out "$RAW" > /dev/null
