@@ -68,8 +68,6 @@ if [ "${TASKGATE_SKIP_IMAGE:-0}" != 1 ]; then
     missing=()
     command -v podman >/dev/null 2>&1 || missing+=(podman)
     command -v runc >/dev/null 2>&1 || missing+=(runc)
-    # musl-gcc: the static build compiles mimalloc's C code for the musl target.
-    command -v musl-gcc >/dev/null 2>&1 || missing+=(musl-tools)
     if [ ${#missing[@]} -gt 0 ]; then
         apt_install "${missing[@]}" || echo "check: could not install ${missing[*]}; the image test will SKIP"
     fi

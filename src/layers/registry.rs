@@ -40,7 +40,9 @@ struct RequestNotes {
     progress: HashMap<(Arc<str>, String), String>,
 }
 
-const NOTES_LIMIT: usize = 100_000;
+/// Notes kept per kind before they are cleared (a `notifications/cancelled` for a task-creating
+/// request comes right after it, not 10,000 requests later).
+const NOTES_LIMIT: usize = 10_000;
 
 /// What a status report did to the record.
 #[derive(Debug, Clone, PartialEq)]
