@@ -14,6 +14,7 @@
 //! - The answer's body becomes [`ReplyBody::Json`], [`ReplyBody::Stream`] (decoded event by event
 //!   as it arrives), [`ReplyBody::Empty`] or [`ReplyBody::Raw`].
 
+use super::pool::{Pool, PoolError};
 use crate::config::UpstreamConfig;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::metrics::Metrics;
@@ -22,9 +23,6 @@ use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -42,9 +40,10 @@ pub struct HttpUpstream {
 
 struct Inner {
     name: Arc<str>,
-    uri: Uri,
+    /// Origin-form request target (`/mcp?x`), sent to the pooled connection.
+    target: Uri,
     host: HeaderValue,
-    client: Client<HttpConnector, Full<Bytes>>,
+    pool: Arc<Pool>,
     timeout: Duration,
     timeout_ms: u64,
     headers: HeaderMap,
@@ -56,15 +55,23 @@ impl HttpUpstream {
     /// Builds the client for one `[[upstream]]` (the config is already validated).
     pub fn new(config: &UpstreamConfig, metrics: Arc<Metrics>) -> HttpUpstream {
         let uri: Uri = config.url.parse().expect("validated upstream url");
-        let host = HeaderValue::from_str(uri.authority().expect("validated").as_str())
+        let authority = uri.authority().expect("validated");
+        let host = HeaderValue::from_str(authority.as_str())
             .expect("an authority is a valid header value");
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(Duration::from_millis(config.connect_timeout_ms)));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(256)
-            .build(connector);
+        let pool = Pool::new(
+            format!(
+                "{}:{}",
+                authority.host(),
+                authority.port_u16().unwrap_or(80)
+            ),
+            Duration::from_millis(config.connect_timeout_ms),
+        );
+        let target: Uri = uri
+            .path_and_query()
+            .map(|pq| pq.as_str())
+            .unwrap_or("/")
+            .parse()
+            .expect("a path is a valid origin-form target");
         let mut headers = HeaderMap::new();
         for (k, v) in &config.headers {
             headers.insert(
@@ -75,9 +82,9 @@ impl HttpUpstream {
         HttpUpstream {
             inner: Arc::new(Inner {
                 name: config.name.as_str().into(),
-                uri,
+                target,
                 host,
-                client,
+                pool,
                 timeout: Duration::from_millis(config.timeout_ms),
                 timeout_ms: config.timeout_ms,
                 headers,
@@ -119,7 +126,7 @@ impl Inner {
             Operation::OpenStream => (Method::GET, Bytes::new(), Some(self.timeout)),
             Operation::EndSession => (Method::DELETE, Bytes::new(), Some(self.timeout)),
         };
-        let mut builder = Request::builder().method(method).uri(self.uri.clone());
+        let mut builder = Request::builder().method(method).uri(self.target.clone());
         let headers = builder.headers_mut().expect("fresh builder");
         *headers = req.ctx.headers;
         if !self.forward_authorization {
@@ -143,7 +150,7 @@ impl Inner {
         let request = builder.body(Full::new(body)).expect("valid request parts");
 
         let started = tokio::time::Instant::now();
-        let sent = self.client.request(request);
+        let sent = self.pool.send(request);
         let response = match deadline {
             Some(t) => match tokio::time::timeout(t, sent).await {
                 Ok(r) => r,
@@ -220,21 +227,14 @@ impl Inner {
         }
     }
 
-    fn unreachable(&self, e: hyper_util::client::legacy::Error) -> GatewayError {
+    fn unreachable(&self, e: PoolError) -> GatewayError {
         self.metrics
             .upstream_errors_total
             .with_label_values(&[&self.name, "connect"])
             .inc();
-        let mut detail = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            detail.push_str(": ");
-            detail.push_str(&s.to_string());
-            source = s.source();
-        }
         GatewayError::UpstreamUnreachable {
             upstream: self.name.clone(),
-            detail,
+            detail: e.to_string(),
         }
     }
 }

@@ -5,5 +5,6 @@
 //! [`McpReply`]: crate::exchange::McpReply
 
 pub mod http;
+pub mod pool;
 
 pub use self::http::HttpUpstream;

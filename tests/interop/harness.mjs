@@ -10,10 +10,11 @@
 //       Compares conformance-suite runs: the direct pass set against the expected-failures file, and
 //       the pass set through the gateway against the direct one (plus, unless --check-level report,
 //       the status of every SUCCESS/FAILURE/WARNING check). Prints a report; exit 1 on a mismatch.
-//   node harness.mjs tasks --label L --direct FILE [--via FILE]
-//       Reads client summaries (task-client.mjs, py_task_client.py, sse-resume-check.mjs), reports
-//       failed checks, notes where what was observed differs between the direct run and the run
-//       through the gateway. Exit 1 when a run failed or progress got lost through the gateway.
+//   node harness.mjs tasks --label L --direct FILE [--via FILE] [--same KEY,...]
+//       Reads client summaries (task-client.mjs, py_task_client.py, sse-resume-check.mjs,
+//       cancel-check.mjs), reports failed checks, notes where what was observed differs between the
+//       direct run and the run through the gateway. Exit 1 when a run failed, progress got lost
+//       through the gateway, or an `info` KEY named by --same differs (task ids scrubbed).
 //   node harness.mjs upgrade --label L --direct FILE [--via FILE --admin HOST:PORT --upstream NAME
 //                            --tool TOOL --status STATUS]
 //       Reads upgrade-client.mjs / py_upgrade_client.py summaries: the direct run must have failed
@@ -223,7 +224,16 @@ function tasks(o) {
     const onlyDirect = [...dr].filter(n => !gr.has(n)), onlyVia = [...gr].filter(n => !dr.has(n));
     if (onlyDirect.length) console.log(`  note ${o.label} checks run direct only: ${onlyDirect.join(', ')}`);
     if (onlyVia.length) console.log(`  note ${o.label} checks run through the gateway only: ${onlyVia.join(', ')}`);
+    const same = new Set((o.same ?? '').split(',').filter(Boolean));
+    for (const key of same) {
+        const a = JSON.stringify(scrub(direct.info?.[key])), b = JSON.stringify(scrub(via.info?.[key]));
+        if (a === undefined || a !== b) {
+            bad++;
+            console.log(`FAIL ${o.label} ${key} must be the same: ${a} direct, ${b} through the gateway`);
+        } else console.log(`PASS ${o.label} ${key} the same direct and through the gateway: ${a}`.slice(0, 300));
+    }
     for (const key of new Set([...Object.keys(direct.info ?? {}), ...Object.keys(via.info ?? {})])) {
+        if (same.has(key)) continue;
         if (key === 'sessionId' || key === 'resultOfCancelled' || key === 'crossSessionGet' || key === 'requiredWithoutTask') {
             const a = JSON.stringify(scrub(direct.info?.[key])), b = JSON.stringify(scrub(via.info?.[key]));
             if (a !== b) console.log(`  note ${o.label} ${key}: ${a} direct, ${b} through the gateway`);

@@ -6,17 +6,19 @@
 #
 # Needs node + npm (Node 22 for the conformance suite comes from node_modules, `npm ci` runs here
 # when node_modules is missing) and python3 (a venv under tests/interop/.venv is created from
-# requirements.txt when missing). Everything listens on 127.0.0.1 (server-everything, which takes a
-# port from $PORT, binds every interface); every process started here is stopped on exit. Two
-# gateways run: `taskgate` ([upgrade] disabled) for steps a-d and `taskgate-upgrade` ([upgrade]
-# enabled) for step e. Exit 0 only when every step passed.
+# requirements.txt when missing, and brought up to date when requirements.txt changed since).
+# Everything listens on 127.0.0.1 (server-everything, which takes a port from $PORT, binds every
+# interface); every process started here is stopped on exit. Two gateways run: `taskgate`
+# ([upgrade] disabled) for steps a-d and f and `taskgate-upgrade` ([upgrade] enabled) for step e.
+# Exit 0 only when every step passed.
 #
 # Environment:
 #   INTEROP_WORK=DIR            keep logs and results there (default: a new /tmp/taskgate-interop.* dir)
 #   INTEROP_CHECK_LEVEL=report  conformance: only report per-check status differences (default strict:
 #                               any SUCCESS/FAILURE/WARNING check whose status through the gateway
 #                               differs from direct fails the run, besides the scenario pass sets)
-#   INTEROP_SKIP_PYTHON=1       skip the Python (mcp 1.30.0) task peer
+#   INTEROP_SKIP_PYTHON=1       skip the Python task peers (mcp 1.30.0, fastmcp 3.4.11)
+#   INTEROP_RACE_ROUNDS=N       rounds of the cancel-vs-completion race (step f; default 30)
 #   INTEROP_TRACE=1             task clients record every HTTP exchange in their JSON summaries
 set -uo pipefail
 
@@ -164,14 +166,19 @@ fi
 
 PYTHON_ON=1
 [[ "${INTEROP_SKIP_PYTHON:-0}" == 1 ]] && PYTHON_ON=0
-if [[ $PYTHON_ON == 1 && ! -x "$VENV/bin/python" ]]; then
-    log "creating $VENV from requirements.txt"
-    { python3 -m venv "$VENV" && "$VENV/bin/pip" install --disable-pip-version-check -q -r "$HERE/requirements.txt"; } >"$WORK/pip.log" 2>&1 || {
-        echo "creating the Python venv failed:" >&2
+# The venv remembers the requirements.txt it was built from; a changed file is installed again.
+REQ_SUM=$(sha256sum "$HERE/requirements.txt" | cut -d' ' -f1)
+if [[ $PYTHON_ON == 1 ]] && [[ ! -x "$VENV/bin/python" || "$(cat "$VENV/.requirements.sha256" 2>/dev/null)" != "$REQ_SUM" ]]; then
+    log "installing requirements.txt into $VENV"
+    { { [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"; } &&
+        "$VENV/bin/pip" install --disable-pip-version-check -q -r "$HERE/requirements.txt" &&
+        "$VENV/bin/pip" check --disable-pip-version-check; } >"$WORK/pip.log" 2>&1 || {
+        echo "installing the Python requirements failed:" >&2
         tail -n 30 "$WORK/pip.log" >&2
         rm -rf "$VENV"
         exit 1
     }
+    echo "$REQ_SUM" >"$VENV/.requirements.sha256"
 fi
 
 log "work dir: $WORK"
@@ -183,8 +190,12 @@ MODES=(stateful stateless json)
 for mode in "${MODES[@]}"; do
     start "ts-$mode" "$NODE22" "$HERE/task-server.mjs" --mode "$mode" --port 0
 done
+# Without capabilities.tasks (step f): the SDK as it is, and one that ignores params.task.
+start ts-notasks "$NODE22" "$HERE/task-server.mjs" --mode notasks --port 0
+start ts-legacy "$NODE22" "$HERE/task-server.mjs" --mode legacy --port 0
 if [[ $PYTHON_ON == 1 ]]; then
     start py-stateful "$VENV/bin/python" "$HERE/py_task_server.py" --port 0
+    start fastmcp "$VENV/bin/python" "$HERE/fastmcp_task_server.py" --port 0
 fi
 
 # server-everything takes its port from $PORT and does not report what it bound (PORT=0 would be
@@ -192,8 +203,8 @@ fi
 EVERYTHING_PORT=$("$NODE22" "$HERE/harness.mjs" free-port)
 start everything env PORT="$EVERYTHING_PORT" "$NODE22" "$HERE/node_modules/@modelcontextprotocol/server-everything/dist/index.js" streamableHttp
 
-UPSTREAMS=(conformance-server "${MODES[@]/#/ts-}")
-[[ $PYTHON_ON == 1 ]] && UPSTREAMS+=(py-stateful)
+UPSTREAMS=(conformance-server "${MODES[@]/#/ts-}" ts-notasks ts-legacy)
+[[ $PYTHON_ON == 1 ]] && UPSTREAMS+=(py-stateful fastmcp)
 declare -A DIRECT=()
 for name in "${UPSTREAMS[@]}"; do
     wait_ready "$name" 30 || exit 1
@@ -358,6 +369,49 @@ if [[ $PYTHON_ON == 1 ]]; then
         "--expect error --error-text capabilities\.elicitation.*cancelled" "${PY_UPGRADE[@]}"
 fi
 
+# ---- f. cancellation (issue 4) against real task servers ----------------------------------------
+# run_cancel LABEL UPSTREAM SCENARIO "VIA_ARGS" [ARGS...]: cancel-check.mjs SCENARIO, direct against
+#   the server (with ARGS), then through taskgate with --admin/--upstream (taskgate's /metrics and
+#   registry are checked too) plus VIA_ARGS (no spaces inside values); compared by harness.mjs
+#   tasks, which fails when an info key named by --same differs between the two runs.
+CANCEL_CHECK=("$NODE22" "$HERE/cancel-check.mjs")
+run_cancel() {
+    local label=$1 upstream=$2 scenario=$3 via_args same=""
+    read -ra via_args <<<"$4"
+    shift 4
+    [[ $scenario == no-capability ]] && same=answer
+    log "$label: direct ${DIRECT[$upstream]}"
+    run_fg timeout 180 "${CANCEL_CHECK[@]}" "$scenario" "${DIRECT[$upstream]}" --label "$label direct" "$@" >"$WORK/$label-direct.json" 2>"$WORK/$label-direct.err"
+    local args=(--label "$label" --direct "$WORK/$label-direct.json")
+    [[ -n $same ]] && args+=(--same "$same")
+    if [[ -n "${VIA[$upstream]:-}" ]]; then
+        log "$label: via ${VIA[$upstream]}"
+        run_fg timeout 180 "${CANCEL_CHECK[@]}" "$scenario" "${VIA[$upstream]}" --label "$label via" --admin "$ADMIN" --upstream "$upstream" "${via_args[@]}" "$@" >"$WORK/$label-via.json" 2>"$WORK/$label-via.err"
+        args+=(--via "$WORK/$label-via.json")
+    fi
+    "$NODE22" "$HERE/harness.mjs" tasks "${args[@]}" | tee "$WORK/$label-report.txt"
+    local rc=${PIPESTATUS[0]}
+    alive "$upstream" || rc=1
+    [[ -n "${VIA[$upstream]:-}" ]] && { alive taskgate || rc=1; }
+    result "$label$([[ -n "${VIA[$upstream]:-}" ]] && echo ' direct + via taskgate' || echo ' direct')" "$rc"
+}
+# The seed's four paths with the TypeScript SDK 1.32.2 task server (stateful).
+run_cancel cancel-ts-notasks-no-task ts-notasks no-capability ""
+run_cancel cancel-ts-legacy-no-task ts-legacy no-capability ""
+run_cancel cancel-ts-working ts-stateful cancel-working ""
+run_cancel cancel-ts-completed ts-stateful cancel-completed ""
+run_cancel cancel-ts-race ts-stateful race "" --rounds "${INTEROP_RACE_ROUNDS:-30}"
+# fastmcp 3.4.11 accepts tasks/cancel of a completed task (the spec says -32602): direct that is
+# what it answers; through taskgate the cancel is refused and never reaches it.
+if [[ $PYTHON_ON == 1 ]]; then
+    FASTMCP_RECEIVED=$(field fastmcp received)
+    run_cancel cancel-fastmcp-completed fastmcp fastmcp-terminal "--direct-url ${DIRECT[fastmcp]}" --received "$FASTMCP_RECEIVED"
+    # The same peer when taskgate has not seen the completion (a client without a GET stream): the
+    # cancel goes upstream, fastmcp accepts it, and taskgate keeps `cancelled` against fastmcp's
+    # later `completed`.
+    run_cancel cancel-fastmcp-unseen-completion fastmcp fastmcp-unseen-completion "" --received "$FASTMCP_RECEIVED"
+fi
+
 # ---- gateway health after all of it ---------------------------------------------------------
 if [[ "$BIN" != none ]]; then
     for gw in taskgate taskgate-upgrade; do
@@ -372,6 +426,7 @@ if [[ "$BIN" != none ]]; then
     curl -fsS "http://$ADMIN/metrics" >"$WORK/taskgate-metrics.txt" 2>/dev/null || true
     curl -fsS "http://$UPGRADE_ADMIN/metrics" >"$WORK/taskgate-upgrade-metrics.txt" 2>/dev/null || true
     grep '^taskgate_upgraded_calls_total' "$WORK/taskgate-upgrade-metrics.txt" 2>/dev/null | grep -v ' 0$' | sed 's/^/  /'
+    grep '^taskgate_cancel_requests_total' "$WORK/taskgate-metrics.txt" 2>/dev/null | grep -v ' 0$' | sed 's/^/  /'
 fi
 
 # ---- summary ----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Task-capable MCP server (2025-11-25 experimental tasks) built with the TypeScript SDK 1.32.2.
 //
-//   node task-server.mjs --mode stateful|stateless|json [--port N]
+//   node task-server.mjs --mode stateful|stateless|json|notasks|legacy [--port N]
 //
 // Prints one line `{"listening":"http://127.0.0.1:PORT/mcp","port":PORT,"mode":MODE}` on stdout.
 //
@@ -13,10 +13,18 @@
 //   ask_task      taskSupport required  args {question}: goes input_required and sends elicitation/create
 //                 (related to the task, so it is queued and delivered on the tasks/result stream)
 //                 whatever the client declared; completes with the answer, or stays put if none comes
+//   race_task     taskSupport optional  args {delay_ms=0..60000}: completes after delay_ms (the client
+//                 picks it at random for cancel-vs-completion races), unless cancelled first
 //
 // Modes:
 //   stateful   one McpServer + StreamableHTTPServerTransport per Mcp-Session-Id, SSE responses.
 //   json       as stateful, but enableJsonResponse: true (POST answers are application/json).
+//   notasks    as stateful, but WITHOUT capabilities.tasks (no task store): tools plain_echo and
+//              fast_task, both plain (no execution.taskSupport). The SDK refuses a tools/call carrying
+//              params.task itself, as the Protocol checks the server's tasks capability first
+//              (a JSON-RPC error "Server does not support task creation ...").
+//   legacy     as notasks, but tools/call's params.task is dropped before the SDK sees it, like a
+//              server from before tasks that ignores unknown params: a plain CallToolResult comes back.
 //   stateless  sessionIdGenerator undefined: a fresh McpServer + transport per POST, closed when the
 //              response ends. The InMemoryTaskStore and InMemoryTaskMessageQueue are created once
 //              and shared by every per-request server, so a task outlives the request that created
@@ -39,8 +47,9 @@ import * as z from 'zod';
 import { listenAndAnnounce, newSessionId, parseArgs, sendJsonRpcHttpError, sleep } from './lib.mjs';
 
 const args = parseArgs(process.argv.slice(2), { mode: 'stateful', port: Number(process.env.PORT ?? 0), 'poll-interval-ms': 200 });
-if (!['stateful', 'stateless', 'json'].includes(args.mode)) {
-    console.error(`--mode must be stateful, stateless or json, not ${args.mode}`);
+const NO_TASKS = ['notasks', 'legacy'].includes(args.mode);
+if (!['stateful', 'stateless', 'json', 'notasks', 'legacy'].includes(args.mode)) {
+    console.error(`--mode must be stateful, stateless, json, notasks or legacy, not ${args.mode}`);
     process.exit(2);
 }
 
@@ -90,7 +99,27 @@ const taskReaders = {
     getTaskResult: async (_args, extra) => extra.taskStore.getTaskResult(extra.taskId)
 };
 
+/** notasks / legacy: no capabilities.tasks, no task store, plain tools only. */
+function buildPlainServer() {
+    const mcp = new McpServer({ name: `taskgate-task-fixture-${args.mode}`, version: '1.0.0' }, { capabilities: { logging: {} } });
+    mcp.registerTool(
+        'plain_echo',
+        { description: 'Echoes text at once', inputSchema: { text: z.string().describe('Text to echo') } },
+        async ({ text: t }) => ({ content: [text(`echo: ${t}`)] })
+    );
+    mcp.registerTool(
+        'fast_task',
+        { description: 'Answers after ~50 ms, echoing text (a plain tool: this server has no tasks)', inputSchema: { text: z.string().default('fast').describe('Text to echo') } },
+        async ({ text: t }) => {
+            await sleep(50);
+            return { content: [text(`fast_task: ${t}`)] };
+        }
+    );
+    return mcp;
+}
+
 function buildServer() {
+    if (NO_TASKS) return buildPlainServer();
     const mcp = new McpServer(
         { name: `taskgate-task-fixture-${args.mode}`, version: '1.0.0' },
         {
@@ -228,6 +257,31 @@ function buildServer() {
         }
     );
 
+    mcp.experimental.tasks.registerToolTask(
+        'race_task',
+        {
+            description: 'Completes after delay_ms unless cancelled first (task optional)',
+            inputSchema: { delay_ms: z.number().int().min(0).max(60000).default(25).describe('Time until completion in ms') },
+            execution: { taskSupport: 'optional' }
+        },
+        {
+            createTask: async ({ delay_ms }, extra) => {
+                const task = await extra.taskStore.createTask({ ttl: extra.taskRequestedTtl, pollInterval: args['poll-interval-ms'] });
+                runInBackground({
+                    taskId: task.taskId,
+                    sessionId: extra.sessionId,
+                    store: extra.taskStore,
+                    steps: 1,
+                    stepMs: delay_ms,
+                    status: 'completed',
+                    result: { content: [text(`race_task completed after ${delay_ms} ms`)] }
+                });
+                return { task };
+            },
+            ...taskReaders
+        }
+    );
+
     mcp.registerTool(
         'plain_echo',
         { description: 'Echoes text at once (no task support)', inputSchema: { text: z.string().describe('Text to echo') } },
@@ -261,6 +315,18 @@ if (args.mode === 'stateless') {
     app.get('/mcp', notAllowed);
     app.delete('/mcp', notAllowed);
 } else {
+    if (args.mode === 'legacy') {
+        // A server from before tasks ignores params it does not know: drop params.task.
+        app.post('/mcp', (req, _res, next) => {
+            for (const m of Array.isArray(req.body) ? req.body : [req.body]) {
+                if (m?.method === 'tools/call' && m.params && 'task' in m.params) {
+                    log(`legacy: ignoring params.task of tools/call ${m.params.name}`);
+                    delete m.params.task;
+                }
+            }
+            next();
+        });
+    }
     app.post('/mcp', async (req, res) => {
         const sessionId = req.headers['mcp-session-id'];
         try {
