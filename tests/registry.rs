@@ -524,6 +524,27 @@ async fn terminal_status_is_final_and_later_reports_are_rewritten() {
         ),
         1.0
     );
+    // The upstream repeating the late `cancelled` on every poll is still one late result (one
+    // audit event), while each rewritten reply is counted.
+    up.script_get(&task_id, &["cancelled", "cancelled", "cancelled"]);
+    for id in ["5", "6", "7"] {
+        let v = c.get(id, &task_id).await;
+        assert_eq!(v["result"]["status"], json!("completed"), "{v}");
+    }
+    let m = tg.metrics_text().await;
+    assert_eq!(metric(&m, "taskgate_task_late_results_total", &[]), 1.0);
+    assert_eq!(
+        metric(&m, "taskgate_task_terminal_rewrites_total", &[]),
+        5.0
+    );
+    let (_, d) = tg.admin(&format!("/admin/tasks/default/{task_id}")).await;
+    let late_events = d["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == json!("late_result"))
+        .count();
+    assert_eq!(late_events, 1, "{d}");
     assert_eq!(
         metric(
             &m,

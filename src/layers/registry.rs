@@ -439,7 +439,20 @@ impl Registry {
                 .task_terminal_rewrites_total
                 .with_label_values(&[up])
                 .inc();
-            if status.is_terminal() {
+            // A late result is one fact per task: counted, audited and logged the first time,
+            // however often the upstream repeats it (every poll of tasks/get would).
+            let first_late = status.is_terminal()
+                && matches!(
+                    self.store.update(&after.upstream, &after.task_id, &mut |r| {
+                        if r.late_result_at.is_some() {
+                            return false;
+                        }
+                        r.late_result_at = Some(now);
+                        true
+                    }),
+                    Ok(Some((ref b, _))) if b.late_result_at.is_none()
+                );
+            if first_late {
                 self.metrics
                     .task_late_results_total
                     .with_label_values(&[up])
@@ -449,14 +462,6 @@ impl Registry {
                     "late_result",
                     format!("{source} reported {status} after {}", after.status),
                 );
-            }
-            if after.status == TaskStatus::Cancelled {
-                self.metrics
-                    .task_activity_after_cancel_total
-                    .with_label_values(&[up])
-                    .inc();
-            }
-            if status.is_terminal() {
                 tracing::warn!(
                     upstream = up,
                     task_id = %after.task_id,
@@ -466,15 +471,15 @@ impl Registry {
                     "upstream reported another terminal status for a terminal task; showing the recorded one"
                 );
             } else {
-                // Usually a benign race: a reply saying `working` overtaken by the terminal
-                // status notification.
+                // A repeat, or a benign race: a reply saying `working` overtaken by the
+                // terminal status notification.
                 tracing::debug!(
                     upstream = up,
                     task_id = %after.task_id,
                     recorded = %after.status,
                     reported = %status,
                     source,
-                    "stale non-terminal status for a terminal task; showing the recorded one"
+                    "stale status for a terminal task; showing the recorded one"
                 );
             }
             return Observed::Rewrite {

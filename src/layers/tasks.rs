@@ -271,6 +271,7 @@ impl<S> TasksService<S> {
             cancelled_at: None,
             released_at: None,
             terminal_at: None,
+            late_result_at: None,
             expires_at: 0,
         };
         let progress_token = value

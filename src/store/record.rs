@@ -64,6 +64,9 @@ pub struct TaskRecord {
     pub released_at: Option<u64>,
     /// When the status became terminal.
     pub terminal_at: Option<u64>,
+    /// First time the upstream reported another terminal status after this one was recorded.
+    #[serde(default)]
+    pub late_result_at: Option<u64>,
     /// When the record expires: `createdAt + ttl`, or `createdAt + tasks.max_ttl_ms` when the
     /// upstream gave no ttl.
     pub expires_at: u64,

@@ -453,6 +453,7 @@ mod tests {
             cancelled_at: None,
             released_at: None,
             terminal_at: None,
+            late_result_at: None,
             expires_at: 1_000 + recorded_at,
         }
     }
