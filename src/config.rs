@@ -72,6 +72,12 @@ fn default_drain_timeout_ms() -> u64 {
 fn default_sse_keepalive_ms() -> u64 {
     15_000
 }
+fn default_max_connections() -> usize {
+    10_000
+}
+fn default_request_timeout_ms() -> u64 {
+    30_000
+}
 
 /// `[gateway]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -97,6 +103,14 @@ pub struct GatewayConfig {
     /// Interval of SSE keep-alive comments on idle streams, in ms (default 15000).
     #[serde(default = "default_sse_keepalive_ms")]
     pub sse_keepalive_ms: u64,
+    /// Open client connections at most; beyond it new connections wait to be accepted
+    /// (default 10000). The admin listener has its own budget.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers and its whole body, in ms (default 30000);
+    /// a slower body gets 408.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -108,6 +122,8 @@ impl Default for GatewayConfig {
             max_body_bytes: default_max_body_bytes(),
             drain_timeout_ms: default_drain_timeout_ms(),
             sse_keepalive_ms: default_sse_keepalive_ms(),
+            max_connections: default_max_connections(),
+            request_timeout_ms: default_request_timeout_ms(),
         }
     }
 }
@@ -356,6 +372,12 @@ impl Config {
         }
         if self.gateway.max_body_bytes == 0 {
             return invalid("gateway.max_body_bytes must be greater than 0".into());
+        }
+        if self.gateway.max_connections == 0 || self.gateway.request_timeout_ms == 0 {
+            return invalid(
+                "gateway.max_connections and gateway.request_timeout_ms must be greater than 0"
+                    .into(),
+            );
         }
         if self.gateway.sse_keepalive_ms == 0 {
             return invalid("gateway.sse_keepalive_ms must be greater than 0".into());

@@ -74,6 +74,24 @@ impl McpRequest {
         }
     }
 
+    /// The method of a POSTed *request* (with an id); `None` for notifications, so a
+    /// notification that names a request method (`{"method":"tasks/get"}` without an id) is
+    /// never handled as that request.
+    pub fn request_method(&self) -> Option<&str> {
+        match &self.op {
+            Operation::Post(m) if m.kind() == jsonrpc::Kind::Request => m.method(),
+            _ => None,
+        }
+    }
+
+    /// The method of a POSTed notification (no id).
+    pub fn notification_method(&self) -> Option<&str> {
+        match &self.op {
+            Operation::Post(m) if m.kind() == jsonrpc::Kind::Notification => m.method(),
+            _ => None,
+        }
+    }
+
     /// The JSON-RPC id of a POSTed message.
     pub fn id(&self) -> Option<&Id> {
         match &self.op {

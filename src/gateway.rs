@@ -9,7 +9,7 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 
 use crate::http::admin::{Admin, UpstreamTarget};
-use crate::http::server::serve;
+use crate::http::server::{serve, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::cancel::{CancelLayer, CancelState};
 use crate::layers::registry::Registry;
@@ -149,6 +149,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         allowed_hosts: allowed_hosts(&config.gateway.allowed_hosts, gateway_addr),
         allowed_origins: allowed_origins(&config.gateway.allowed_origins, gateway_addr),
         max_body_bytes: config.gateway.max_body_bytes,
+        body_timeout: Duration::from_millis(config.gateway.request_timeout_ms),
         sse_keepalive: Duration::from_millis(config.gateway.sse_keepalive_ms),
     };
     let edge = Arc::new(Edge::new(
@@ -192,9 +193,29 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         })
     };
     let drain = Duration::from_millis(config.gateway.drain_timeout_ms);
+    let gateway_limits = Limits {
+        max_connections: config.gateway.max_connections,
+        header_timeout: Duration::from_millis(config.gateway.request_timeout_ms),
+    };
+    let admin_limits = Limits {
+        max_connections: 256,
+        header_timeout: Duration::from_secs(10),
+    };
     let servers = vec![
-        tokio::spawn(serve(gateway_listener, edge, shutdown_rx.clone(), drain)),
-        tokio::spawn(serve(admin_listener, admin, shutdown_rx, drain)),
+        tokio::spawn(serve(
+            gateway_listener,
+            edge,
+            shutdown_rx.clone(),
+            drain,
+            gateway_limits,
+        )),
+        tokio::spawn(serve(
+            admin_listener,
+            admin,
+            shutdown_rx,
+            drain,
+            admin_limits,
+        )),
     ];
     tracing::info!(%gateway_addr, %admin_addr, upstreams = ?upstream_names, "taskgate listening");
     Ok(Running {

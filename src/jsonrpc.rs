@@ -34,9 +34,15 @@ impl Id {
     }
 
     /// Builds an id from its JSON text. Returns `None` unless the text is a JSON string or integer.
+    ///
+    /// A string id with escapes is kept in serde_json's canonical spelling, so `"\u0061"` and
+    /// `"a"` (the same string) are the same id when an upstream echoes it differently.
     pub fn from_json(text: &str) -> Option<Id> {
         let v: serde_json::Value = serde_json::from_str(text).ok()?;
         match v {
+            serde_json::Value::String(s) if text.contains('\\') => {
+                Some(Id(serde_json::to_string(&s).ok()?.into()))
+            }
             serde_json::Value::String(_) => Some(Id(text.into())),
             serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Some(Id(text.into())),
             _ => None,
@@ -103,11 +109,16 @@ impl EnvelopeError {
     }
 }
 
+/// Keeps a present JSON `null` as `Some("null")` (serde's `Option` would make it `None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&'de RawValue>::deserialize(d).map(Some)
+}
+
 #[derive(Deserialize)]
 struct Envelope<'a> {
     #[serde(borrow)]
     jsonrpc: Option<&'a RawValue>,
-    #[serde(borrow)]
+    #[serde(borrow, default, deserialize_with = "present")]
     id: Option<&'a RawValue>,
     #[serde(borrow)]
     method: Option<std::borrow::Cow<'a, str>>,
@@ -181,6 +192,11 @@ impl Message {
             Some(raw_id) => match Id::from_json(raw_id.get()) {
                 Some(id) => Some(id),
                 None if raw_id.get() == "null" && env.error.is_some() => None,
+                None if raw_id.get() == "null" => {
+                    return Err(EnvelopeError::Invalid(
+                        "`id` must not be null (MCP: request ids are strings or integers; a notification has no id)".into(),
+                    ))
+                }
                 None => {
                     return Err(EnvelopeError::Invalid(format!(
                         "`id` must be a string or an integer, got {}",
@@ -320,6 +336,19 @@ mod tests {
             &err[..],
             br#"{"jsonrpc":"2.0","id":"0","error":{"code":-32602,"message":"x"}}"#
         );
+    }
+
+    #[test]
+    fn null_ids_and_escaped_ids() {
+        assert_eq!(
+            parse(r#"{"jsonrpc":"2.0","id":null,"method":"tasks/get","params":{}}"#)
+                .unwrap_err()
+                .code(),
+            INVALID_REQUEST
+        );
+        let escaped = parse(r#"{"jsonrpc":"2.0","id":"\u0061bc","method":"ping"}"#).unwrap();
+        let plain = parse(r#"{"jsonrpc":"2.0","id":"abc","result":{}}"#).unwrap();
+        assert_eq!(escaped.id(), plain.id());
     }
 
     #[test]

@@ -309,6 +309,7 @@ impl Metrics {
             "accept",
             "content_type",
             "body_too_large",
+            "body_timeout",
             "host",
             "origin",
             "auth",

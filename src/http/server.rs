@@ -26,6 +26,15 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl Future<Output = Response<Body>> + Send + 'static;
 }
 
+/// Limits of one listener.
+#[derive(Clone, Copy)]
+pub struct Limits {
+    /// Open connections at most (further ones wait in the listen backlog).
+    pub max_connections: usize,
+    /// Time to receive a request's headers.
+    pub header_timeout: Duration,
+}
+
 /// Accepts connections on `listener` until `shutdown` turns true, then waits up to `drain` for
 /// open connections to finish their in-flight requests, and returns.
 pub async fn serve<H: Handler>(
@@ -33,14 +42,23 @@ pub async fn serve<H: Handler>(
     handler: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
     drain: Duration,
+    limits: Limits,
 ) {
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .keep_alive(true)
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30));
+        .header_read_timeout(limits.header_timeout)
+        // Request heads above 64 KiB get 431 here instead of reaching an upstream.
+        .max_buf_size(64 * 1024);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {
+        // At the connection limit, stop accepting until one closes (no fd exhaustion).
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+            _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, _peer) = match accepted {
@@ -64,6 +82,7 @@ pub async fn serve<H: Handler>(
                     if let Err(e) = conn.await {
                         tracing::debug!(error = %e, "connection ended with an error");
                     }
+                    drop(permit);
                 });
             }
             _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => break,

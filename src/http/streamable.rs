@@ -60,6 +60,8 @@ pub struct EdgeSettings {
     pub allowed_origins: Option<Vec<String>>,
     /// Largest body, in bytes.
     pub max_body_bytes: usize,
+    /// Time to receive the whole body.
+    pub body_timeout: Duration,
     /// Idle time before an SSE keep-alive comment.
     pub sse_keepalive: Duration,
 }
@@ -133,14 +135,11 @@ impl Edge {
     }
 
     async fn serve(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        // DNS-rebinding protection first: nothing (not even the upstream names) for a bad Host.
-        if let Err(resp) = self.check_host_and_origin(req.headers()) {
+        // DNS-rebinding protection first, then authentication: nothing (not even the upstream
+        // names of a 404) for a bad Host or a caller without credentials.
+        if let Err(resp) = self.check_host_and_origin(req.uri(), req.headers()) {
             return resp;
         }
-        let route = match self.route(req.uri().path()) {
-            Ok(r) => r.clone(),
-            Err(resp) => return self.reject("route", resp),
-        };
         let principal = match self.auth.authenticate(req.headers()) {
             Ok(p) => p,
             Err(message) => {
@@ -156,6 +155,10 @@ impl Edge {
                 );
                 return self.reject("auth", resp);
             }
+        };
+        let route = match self.route(req.uri().path()) {
+            Ok(r) => r.clone(),
+            Err(resp) => return self.reject("route", resp),
         };
         let op_method = req.method().clone();
         let (parts, body) = req.into_parts();
@@ -273,11 +276,19 @@ impl Edge {
         }
     }
 
-    fn check_host_and_origin(&self, headers: &HeaderMap) -> Result<(), Response<Body>> {
-        if let (Some(allowed), Some(host)) =
-            (&self.settings.allowed_hosts, headers.get(header::HOST))
-        {
-            let host = host.to_str().unwrap_or("").to_ascii_lowercase();
+    fn check_host_and_origin(
+        &self,
+        uri: &http::Uri,
+        headers: &HeaderMap,
+    ) -> Result<(), Response<Body>> {
+        // An absolute-form request line (`POST http://evil.example/mcp`) names the host too.
+        let host = uri.authority().map(|a| a.as_str().to_string()).or_else(|| {
+            headers
+                .get(header::HOST)
+                .map(|h| h.to_str().unwrap_or("").to_string())
+        });
+        if let (Some(allowed), Some(host)) = (&self.settings.allowed_hosts, host) {
+            let host = host.to_ascii_lowercase();
             if !allowed.iter().any(|a| *a == host) {
                 return Err(self.reject(
                     "host",
@@ -362,7 +373,22 @@ impl Edge {
             // Too large to even read away: answer at once (the connection is closed after it).
             return Err(self.reject("body_too_large", too_large()));
         }
-        let bytes = match read_body(body, limit).await {
+        let read = tokio::time::timeout(self.settings.body_timeout, read_body(body, limit)).await;
+        let Ok(read) = read else {
+            let mut resp = rpc_error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                None,
+                jsonrpc::INVALID_REQUEST,
+                &format!(
+                    "Request Timeout: the body did not arrive within {} ms (gateway.request_timeout_ms)",
+                    self.settings.body_timeout.as_millis()
+                ),
+            );
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return Err(self.reject("body_timeout", resp));
+        };
+        let bytes = match read {
             Ok(b) => b,
             Err(BodyError::TooLarge) => return Err(self.reject("body_too_large", too_large())),
             Err(BodyError::Read(e)) => {

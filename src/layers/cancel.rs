@@ -145,9 +145,9 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let state = self.state.clone();
-        match req.method() {
-            Some("tasks/cancel") => Box::pin(cancel_task(state, inner, req)),
-            Some("notifications/cancelled") => {
+        match (req.request_method(), req.notification_method()) {
+            (Some("tasks/cancel"), _) => Box::pin(cancel_task(state, inner, req)),
+            (_, Some("notifications/cancelled")) => {
                 if let Some(reason) = state.route_cancelled(&mut req) {
                     state
                         .registry
@@ -161,7 +161,7 @@ where
                 Box::pin(inner.call(req))
             }
             _ => {
-                let task = (req.method() == Some("tasks/result"))
+                let task = (req.request_method() == Some("tasks/result"))
                     .then(|| task_id_of(&req))
                     .flatten();
                 let resource = task.map(|t| state.registry.releases().hold(&req.ctx.upstream, &t));
@@ -170,13 +170,15 @@ where
                     // The common case: nothing to track while this request is in flight.
                     return Box::pin(inner.call(req));
                 }
+                // Made before the call: a client that goes away before the answer still
+                // removes its note.
+                let done = InFlightGuard {
+                    state: state.clone(),
+                    key,
+                    _resource: resource,
+                };
                 Box::pin(async move {
                     let result = inner.call(req).await;
-                    let done = InFlightGuard {
-                        state: state.clone(),
-                        key,
-                        _resource: resource,
-                    };
                     match result {
                         Ok(mut reply) => {
                             if let ReplyBody::Stream(events) = reply.body {
@@ -416,6 +418,12 @@ where
 {
     let registry = state.registry.clone();
     let (upstream, task_id) = key.clone();
+    // Leaves the in-flight table however this future ends: answered, failed, panicked, or
+    // dropped because every caller went away (the next tasks/cancel is then sent again).
+    let _flight = FlightGuard {
+        state: state.clone(),
+        key: key.clone(),
+    };
     let _ = registry.store().update(&upstream, &task_id, &mut |r| {
         if r.cancel_requested_at.is_some() {
             return false;
@@ -467,6 +475,13 @@ where
                 }
             };
             match message.and_then(|b| serde_json::from_slice::<Value>(&b).ok()) {
+                Some(v) if v.get("result").is_some_and(|r| !r.is_object()) => CancelOutcome::Error(
+                    serde_json::json!({
+                        "code": jsonrpc::INTERNAL_ERROR,
+                        "message": format!("upstream `{upstream}` answered tasks/cancel with a result that is not a Task object"),
+                    })
+                    .to_string(),
+                ),
                 Some(v) if v.get("result").is_some() => {
                     let result = &v["result"];
                     // Apply before the flight ends (see `cancel_task`).
@@ -492,6 +507,20 @@ where
 fn finish(state: &CancelState, key: &(Arc<str>, String), outcome: CancelOutcome) -> CancelOutcome {
     state.flights.lock().expect("flights lock").remove(key);
     outcome
+}
+
+/// Removes a `tasks/cancel` flight from the table when its future ends in any way.
+struct FlightGuard {
+    state: Arc<CancelState>,
+    key: (Arc<str>, String),
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        if let Ok(mut flights) = self.state.flights.lock() {
+            flights.remove(&self.key);
+        }
+    }
 }
 
 fn with_task_id(result: &Value, task_id: &str) -> Value {

@@ -316,8 +316,13 @@ impl Registry {
 
     pub(crate) fn release_slot(&self, upstream: &str, owner: &str) {
         let mut live = self.live.lock().expect("live lock");
-        if let Some(n) = live.get_mut(&(Arc::from(upstream), owner.to_string())) {
+        let key = (Arc::from(upstream), owner.to_string());
+        if let Some(n) = live.get_mut(&key) {
             *n = n.saturating_sub(1);
+            if *n == 0 {
+                // Owners come and go (a session each, without auth): keep only live ones.
+                live.remove(&key);
+            }
         }
     }
 

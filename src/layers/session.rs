@@ -265,7 +265,7 @@ where
         let session = session_key(&req.ctx);
         let has_identity = req.ctx.client_session_id.is_some()
             || matches!(req.ctx.principal, crate::exchange::Principal::Token(_));
-        let watch = match (&req.op, req.method()) {
+        let watch = match (&req.op, req.request_method()) {
             (Operation::Post(msg), Some("initialize")) => {
                 let caps = msg
                     .parse_as::<Value>()

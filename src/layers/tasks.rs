@@ -132,7 +132,7 @@ where
         let registry = self.registry.clone();
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
-        let method = req.method().map(str::to_string);
+        let method = req.request_method().map(str::to_string);
         let expect = match method.as_deref() {
             Some("tools/call") => match self.prepare_creation(&mut req) {
                 Ok(e) => e,
@@ -204,12 +204,25 @@ impl<S> TasksService<S> {
         let Operation::Post(msg) = &req.op else {
             return Ok(Expect::Nothing);
         };
-        // Cheap pre-check: plain tool calls (the common case) are not parsed twice.
-        if !crate::jsonrpc::contains(msg.bytes(), b"\"task\"") {
+        // Cheap pre-check: plain tool calls (the common case) are not parsed twice. A message
+        // with escapes may spell the key `"t\u0061sk"`: those are always parsed.
+        if !crate::jsonrpc::contains(msg.bytes(), b"\"task\"")
+            && !crate::jsonrpc::contains(msg.bytes(), b"\\u")
+        {
             return Ok(Expect::Nothing);
         }
-        let Ok(mut value) = serde_json::from_slice::<Value>(msg.bytes()) else {
-            return Ok(Expect::Nothing);
+        let id = msg.id().cloned().expect("a request has an id");
+        let mut value = match serde_json::from_slice::<Value>(msg.bytes()) {
+            Ok(v) => v,
+            // taskgate must know whether this is a task before it goes upstream; a message it
+            // cannot read (numbers beyond f64, nesting deeper than 128) is not forwarded.
+            Err(e) => {
+                return Err(McpReply::local_error(
+                    Some(&id),
+                    jsonrpc::INVALID_PARAMS,
+                    &format!("tools/call: params cannot be read: {e}"),
+                ))
+            }
         };
         let Some(task_meta) = value.pointer("/params/task") else {
             return Ok(Expect::Nothing);
@@ -217,7 +230,6 @@ impl<S> TasksService<S> {
         if !task_meta.is_object() {
             return Ok(Expect::Nothing);
         }
-        let id = msg.id().cloned().expect("tools/call is a request");
         let owner = owner_of(&req.ctx);
         let registry = &self.registry;
         let upstream = req.ctx.upstream.clone();
@@ -237,8 +249,12 @@ impl<S> TasksService<S> {
             ));
         }
         let cap = registry.config().max_ttl_ms;
-        let requested = task_meta.get("ttl").and_then(Value::as_u64);
-        if requested.is_some_and(|t| t > cap) {
+        // Any number above the cap (1e12 included), or a non-integer, is lowered to the cap.
+        let over_cap = match task_meta.get("ttl") {
+            Some(Value::Number(n)) => n.as_u64().is_none_or(|t| t > cap),
+            _ => false,
+        };
+        if over_cap {
             value["params"]["task"]["ttl"] = Value::from(cap);
             let bytes = Bytes::from(serde_json::to_vec(&value).expect("re-serialise a message"));
             req.op =
@@ -582,8 +598,12 @@ impl ReplyWatch {
         if record.status.is_terminal() {
             record.terminal_at = Some(now);
         }
-        let created = parse_rfc3339_ms(&record.created_at).unwrap_or(now);
         let ttl = record.ttl_ms.unwrap_or(self.registry.config().max_ttl_ms);
+        // The upstream's createdAt, unless its clock is off: in the future, or so far in the
+        // past that the task would be expired on arrival; then taskgate's clock.
+        let created = parse_rfc3339_ms(&record.created_at)
+            .filter(|c| *c <= now && now - c < ttl)
+            .unwrap_or(now);
         record.expires_at = created.saturating_add(ttl);
         match self.registry.record_creation(record).await {
             Ok(()) => bytes,
@@ -691,16 +711,12 @@ fn created_task_id(bytes: &[u8]) -> Option<String> {
 }
 
 fn task_id_param(msg: &Message) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Params {
-        #[serde(rename = "taskId")]
-        task_id: String,
-    }
-    #[derive(serde::Deserialize)]
-    struct Req {
-        params: Params,
-    }
-    msg.parse_as::<Req>().ok().map(|r| r.params.task_id)
+    let v: Value = msg.parse_as().ok()?;
+    v.get("params")?
+        .as_object()?
+        .get("taskId")?
+        .as_str()
+        .map(str::to_string)
 }
 
 fn header_string(v: Option<&HeaderValue>) -> Option<String> {

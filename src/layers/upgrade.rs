@@ -197,13 +197,14 @@ where
             let mut inner = inner;
             return Box::pin(inner.call(req));
         }
+        let is_request = req.request_method().is_some();
         match req.method() {
-            Some("tools/call") => Box::pin(tools_call(state, inner, req)),
-            Some("tools/list") => Box::pin(tools_list(state, inner, req)),
+            Some("tools/call") if is_request => Box::pin(tools_call(state, inner, req)),
+            Some("tools/list") if is_request => Box::pin(tools_list(state, inner, req)),
             None if matches!(req.op, Operation::OpenStream) => {
                 Box::pin(get_stream(state, inner, req))
             }
-            Some("notifications/cancelled") => {
+            Some("notifications/cancelled") if !is_request => {
                 if let Some(key) = cancelled_call(&req) {
                     if let Some(signal) = state.active.lock().expect("active lock").remove(&key) {
                         let _ = signal.send(());

@@ -26,6 +26,9 @@ pub enum StoreError {
     /// A read or write failed.
     #[error("task store error: {0}")]
     Db(String),
+    /// `create` of a `(upstream, taskId)` that is already recorded (an upstream reusing an id).
+    #[error("taskId {0:?} is already recorded for this upstream; a taskId is never reused")]
+    Conflict(String),
     /// A stored value could not be decoded.
     #[error("task store holds a corrupt record: {0}")]
     Corrupt(String),
@@ -37,7 +40,8 @@ pub struct ListCursor(pub Vec<u8>);
 
 /// The task registry.
 pub trait TaskStore: Send + Sync + 'static {
-    /// Inserts a new record (replacing one with the same key) and returns once it is durable.
+    /// Inserts a new record and returns once it is durable. Fails with [`StoreError::Conflict`]
+    /// when the key is already recorded (nothing is overwritten).
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>>;
 
     /// The record of `(upstream, task_id)`, expired or not.
@@ -53,7 +57,7 @@ pub trait TaskStore: Send + Sync + 'static {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError>;
 
-    /// Removes a record and its index entries.
+    /// Removes a record, its index entries and its audit events.
     fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError>;
 
     /// One page of `owner`'s records on `upstream`, newest first, starting after `cursor`.

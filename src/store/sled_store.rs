@@ -216,11 +216,9 @@ impl TaskStore for SledStore {
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
         let applied = (&self.tasks, &self.by_owner, &self.by_expiry).transaction(|(t, o, e)| {
             let key = task_key(&record.upstream, &record.task_id);
-            if let Some(old) = t.get(&key)? {
-                if let Ok(old) = serde_json::from_slice::<TaskRecord>(&old) {
-                    o.remove(owner_key(&old))?;
-                    e.remove(expiry_key(&old))?;
-                }
+            if t.get(&key)?.is_some() {
+                // A taskId is never rewritten: an upstream handing out one twice is refused.
+                return Err(ConflictableTransactionError::Abort(()));
             }
             t.insert(key, encode(&record))?;
             o.insert(owner_key(&record), &[][..])?;
@@ -229,7 +227,7 @@ impl TaskStore for SledStore {
         });
         Box::pin(async move {
             applied.map_err(|e| match e {
-                TransactionError::Abort(()) => StoreError::Db("create aborted".into()),
+                TransactionError::Abort(()) => StoreError::Conflict(record.task_id.clone()),
                 TransactionError::Storage(e) => db_err(e),
             })?;
             self.sync().await
@@ -302,11 +300,19 @@ impl TaskStore for SledStore {
             e.remove(expiry_key(&old))?;
             Ok(Some(old))
         });
-        match result {
-            Ok(v) => Ok(v),
-            Err(TransactionError::Abort(msg)) => Err(StoreError::Corrupt(msg)),
-            Err(TransactionError::Storage(e)) => Err(db_err(e)),
+        let removed = match result {
+            Ok(v) => v,
+            Err(TransactionError::Abort(msg)) => return Err(StoreError::Corrupt(msg)),
+            Err(TransactionError::Storage(e)) => return Err(db_err(e)),
+        };
+        if removed.is_some() {
+            // The task's audit events go with it (the tree would otherwise only grow).
+            for item in self.audit.scan_prefix(&key) {
+                let (k, _) = item.map_err(db_err)?;
+                self.audit.remove(k).map_err(db_err)?;
+            }
         }
+        Ok(removed)
     }
 
     fn list_owner(
