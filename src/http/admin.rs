@@ -1,5 +1,11 @@
 //! The admin listener: `/healthz` (the process answers), `/readyz` (every upstream accepts TCP
-//! connections), `/metrics` (Prometheus text format 0.0.4).
+//! connections), `/metrics` (Prometheus text format 0.0.4), `/admin/tasks?owner=&status=&upstream=&limit=`
+//! (task records as JSON, newest first) and `/admin/tasks/<upstream>/<taskId>` (one record with
+//! its audit events).
+//!
+//! It has no authentication and shows owners (session ids in `[auth] mode = "none"`, which act as
+//! credentials there): bind it to loopback or a network only operators and Prometheus reach (the
+//! Kubernetes manifest limits it with a NetworkPolicy).
 
 use super::server::{Body, Handler};
 use super::streamable::json_response;

@@ -51,7 +51,8 @@ pub async fn serve<H: Handler>(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         // Request heads above 64 KiB get 431 here instead of reaching an upstream.
-        .max_buf_size(64 * 1024);
+        .max_buf_size(64 * 1024)
+        .max_header_size(64 * 1024);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     loop {
         // At the connection limit, stop accepting until one closes (no fd exhaustion).

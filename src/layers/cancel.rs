@@ -23,7 +23,7 @@
 //!
 //! - **status cancelled** (`cancelled_at`): the first time taskgate sees `cancelled` for the task,
 //!   in a `tasks/cancel` reply, a `tasks/get` reply or a `notifications/tasks/status`. Recorded by
-//!   the registry when the status changes ([`crate::layers::tasks::Registry`]).
+//!   the registry when the status changes ([`crate::layers::registry::Registry`]).
 //! - **resources released** (`released_at`): after status cancelled, when (a) no gateway-side
 //!   resource is held for the task any more: no `tasks/result` for it is open upstream through
 //!   taskgate, and no SSE stream that carries its messages (the task-augmented `tools/call`'s own

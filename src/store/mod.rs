@@ -1,6 +1,6 @@
 //! The task registry: the [`TaskStore`] trait and its embedded sled implementation.
 //!
-//! The trait is narrow on purpose (DESIGN.md: another embedded or a shared backend could replace
+//! The trait is narrow on purpose (another embedded store, redb for one, or a shared backend could replace
 //! sled). Reads and in-place updates are synchronous and fast; [`TaskStore::create`] and
 //! [`TaskStore::sync`] return only once what was written is on disk (flush + `fdatasync`).
 

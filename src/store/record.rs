@@ -1,4 +1,4 @@
-//! The task record: one per `(upstream, taskId)`, as DESIGN.md "Task registry" lists it, and the
+//! The task record: one per `(upstream, taskId)`, with what was last seen of the task and the
 //! audit event appended for the two cancellation facts.
 
 use crate::mcp::task::{Task, TaskStatus};

@@ -9,7 +9,7 @@
 //! Keys are length-prefixed strings and big-endian integers, so any `taskId` bytes are safe and
 //! ranges sort by time. A record and its index entries change in one multi-tree transaction.
 //!
-//! Durability (DESIGN.md, sled facts measured here): `flush_async` deadlocks under concurrency and
+//! Durability (sled 0.34.7 as measured on a 2-core ext4 machine): `flush_async` deadlocks under concurrency and
 //! `flush` alone does not empty the disk's write cache. One committer thread does group commit:
 //! it takes every pending sync request, runs `flush()` and then `fdatasync` on the database file
 //! once, and answers them all. [`TaskStore::create`] waits for that before it returns.

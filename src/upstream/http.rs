@@ -119,7 +119,7 @@ impl Inner {
     async fn send(&self, req: McpRequest) -> Result<McpReply, GatewayError> {
         let (method, body, deadline) = match &req.op {
             Operation::Post(msg) => {
-                // tasks/result blocks until the task is terminal: no timeout (DESIGN: Timeouts).
+                // tasks/result blocks until the task is terminal (2025-11-25 tasks): no timeout.
                 let deadline = (msg.method() != Some("tasks/result")).then_some(self.timeout);
                 (Method::POST, msg.bytes().clone(), deadline)
             }
