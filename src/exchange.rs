@@ -113,6 +113,34 @@ pub enum ReplyBody {
     Raw(Bytes),
 }
 
+impl ReplyBody {
+    /// Applies `rewrite` to every JSON-RPC message of the body: the JSON message, or the `data`
+    /// of each SSE event as it passes (`rewrite` returns its input to leave a message as it is;
+    /// nothing is copied then). Other bodies are returned unchanged.
+    pub fn map_messages<F>(self, mut rewrite: F) -> ReplyBody
+    where
+        F: FnMut(&str) -> Option<String> + Send + 'static,
+    {
+        match self {
+            ReplyBody::Json(bytes) => match std::str::from_utf8(&bytes).ok().and_then(&mut rewrite)
+            {
+                Some(new) => ReplyBody::Json(Bytes::from(new)),
+                None => ReplyBody::Json(bytes),
+            },
+            ReplyBody::Stream(events) => {
+                use futures_util::StreamExt;
+                ReplyBody::Stream(Box::pin(events.map(move |mut ev| {
+                    if let Some(new) = ev.data.as_deref().and_then(&mut rewrite) {
+                        ev.data = Some(new);
+                    }
+                    ev
+                })))
+            }
+            other => other,
+        }
+    }
+}
+
 impl std::fmt::Debug for ReplyBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

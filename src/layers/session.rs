@@ -12,7 +12,6 @@
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::contains as memmem;
 use crate::jsonrpc::Id;
-use futures_util::StreamExt;
 use http::HeaderValue;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -323,21 +322,13 @@ where
                 }
             };
             let json_matters = matches!(watch_kind, WatchKind::Initialize | WatchKind::ToolsList);
-            reply.body = match reply.body {
-                // A JSON answer is the one response: only initialize and tools/list answers matter.
-                ReplyBody::Json(bytes) if !json_matters => ReplyBody::Json(bytes),
-                ReplyBody::Json(bytes) => {
-                    observe(&bytes);
-                    ReplyBody::Json(bytes)
-                }
-                ReplyBody::Stream(events) => ReplyBody::Stream(Box::pin(events.map(move |ev| {
-                    if let Some(data) = &ev.data {
-                        observe(data.as_bytes());
-                    }
-                    ev
-                }))),
-                other => other,
-            };
+            // A JSON answer is the one response: only initialize and tools/list answers matter.
+            if json_matters || matches!(reply.body, ReplyBody::Stream(_)) {
+                reply.body = reply.body.map_messages(move |data| {
+                    observe(data.as_bytes());
+                    None
+                });
+            }
             Ok(reply)
         })
     }

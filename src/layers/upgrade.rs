@@ -236,41 +236,28 @@ where
     let upstream = req.ctx.upstream.clone();
     let session = session_key(&req.ctx);
     let mut reply = inner.oneshot(req).await?;
-    if let ReplyBody::Stream(events) = reply.body {
-        reply.body = ReplyBody::Stream(Box::pin(events.map(move |mut ev| {
-            let Some(data) = &ev.data else { return ev };
-            if state.tokens.lock().expect("tokens lock").is_empty()
-                || !crate::jsonrpc::needles::found(
-                    &crate::jsonrpc::needles::PROGRESS,
-                    data.as_bytes(),
-                )
-            {
-                return ev;
-            }
-            let Ok(mut v) = serde_json::from_str::<Value>(data) else {
-                return ev;
-            };
-            let Some(token) = v.pointer("/params/progressToken").map(Value::to_string) else {
-                return ev;
-            };
-            let last = state
-                .tokens
-                .lock()
-                .expect("tokens lock")
-                .get(&(upstream.clone(), session.clone(), token))
-                .cloned();
-            if let Some(last) = last {
-                let wanted = v.pointer("/params/progress").and_then(Value::as_f64);
-                let total = v.pointer("/params/total").and_then(Value::as_f64);
-                let value = next_progress(&last, wanted, total);
-                if Some(value) != wanted {
-                    v["params"]["progress"] = Value::from(value);
-                    ev.data = Some(v.to_string());
-                }
-            }
-            ev
-        })));
-    }
+    reply.body = reply.body.map_messages(move |data| {
+        if state.tokens.lock().expect("tokens lock").is_empty()
+            || !crate::jsonrpc::needles::found(&crate::jsonrpc::needles::PROGRESS, data.as_bytes())
+        {
+            return None;
+        }
+        let mut v = serde_json::from_str::<Value>(data).ok()?;
+        let token = v.pointer("/params/progressToken").map(Value::to_string)?;
+        let last = state
+            .tokens
+            .lock()
+            .expect("tokens lock")
+            .get(&(upstream.clone(), session.clone(), token))
+            .cloned()?;
+        let wanted = v.pointer("/params/progress").and_then(Value::as_f64);
+        let total = v.pointer("/params/total").and_then(Value::as_f64);
+        let value = next_progress(&last, wanted, total);
+        (Some(value) != wanted).then(|| {
+            v["params"]["progress"] = Value::from(value);
+            v.to_string()
+        })
+    });
     Ok(reply)
 }
 
@@ -306,28 +293,16 @@ where
     if info.client_declares_tasks() || !info.upstream_tasks_tools_call() {
         return Ok(reply);
     }
-    reply.body = match reply.body {
-        ReplyBody::Json(bytes) => ReplyBody::Json(relax_required(bytes)),
-        ReplyBody::Stream(events) => ReplyBody::Stream(Box::pin(events.map(|mut ev| {
-            if let Some(data) = ev.data.take() {
-                let out = relax_required(Bytes::from(data));
-                ev.data = Some(String::from_utf8_lossy(&out).into_owned());
-            }
-            ev
-        }))),
-        other => other,
-    };
+    reply.body = reply.body.map_messages(relax_required);
     Ok(reply)
 }
 
-/// `taskSupport: "required"` → `"optional"` in a `tools/list` result.
-fn relax_required(bytes: Bytes) -> Bytes {
-    if !crate::jsonrpc::contains(&bytes, b"\"required\"") {
-        return bytes;
+/// `taskSupport: "required"` → `"optional"` in a `tools/list` result; `None` when nothing changes.
+fn relax_required(text: &str) -> Option<String> {
+    if !crate::jsonrpc::contains(text.as_bytes(), b"\"required\"") {
+        return None;
     }
-    let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
-        return bytes;
-    };
+    let mut v = serde_json::from_str::<Value>(text).ok()?;
     let mut changed = false;
     if let Some(tools) = v.pointer_mut("/result/tools").and_then(Value::as_array_mut) {
         for tool in tools {
@@ -339,10 +314,7 @@ fn relax_required(bytes: Bytes) -> Bytes {
             }
         }
     }
-    if !changed {
-        return bytes;
-    }
-    Bytes::from(serde_json::to_vec(&v).expect("re-serialise"))
+    changed.then(|| v.to_string())
 }
 
 /// A request taskgate sends on its own (tasks/get, tasks/result, tasks/cancel, tools/list), in the
