@@ -208,12 +208,11 @@ want 5 && each "5. cancel storm: $CANCELS concurrent identical tasks/cancel for 
 
 # ---- scenario 6: registry scale (a taskgate of its own, fresh store) --------------------------
 scenario6() {
-say "6. registry scale: $RECORDS task records"
+say "6a. task creation: durable record before the reply, against a plain tools/call"
 stop_pid "$TG_PID"
-taskgate_config "$WORK/taskgate6.toml" "$WORK/store6" "max_live_tasks_per_owner = 10000000"
-start_taskgate "$WORK/taskgate6.toml" "6. fresh start, empty store" "$WORK/tg6.json"
-SESSION6="$WORK/session6"
-"$LG" mem --pid "$TG_PID" --label "6. fresh taskgate, empty store" --json-out "$RAW" > /dev/null
+# A taskgate of its own, so scenario 6 below measures exactly $RECORDS records.
+taskgate_config "$WORK/taskgate6a.toml" "$WORK/store6a" "max_live_tasks_per_owner = 10000000"
+start_taskgate "$WORK/taskgate6a.toml" "6a. taskgate for creations" "$WORK/tg6a.json"
 # Issue 3's creation cost: a task creation (record written and fdatasync'ed before the reply)
 # against a plain tools/call through the same taskgate, at 1 and 64 concurrent clients.
 for c in 1 64; do
@@ -227,6 +226,12 @@ for c in 1 64; do
       --scenario small --concurrency "$c" "${TIMED[@]}" ${cpu:+--cpu-pid "$cpu"} --json-out "$RAW" > /dev/null
   done
 done
+stop_pid "$TG_PID"
+say "6. registry scale: $RECORDS task records"
+taskgate_config "$WORK/taskgate6.toml" "$WORK/store6" "max_live_tasks_per_owner = 10000000"
+start_taskgate "$WORK/taskgate6.toml" "6. fresh start, empty store" "$WORK/tg6.json"
+SESSION6="$WORK/session6"
+"$LG" mem --pid "$TG_PID" --label "6. fresh taskgate, empty store" --json-out "$RAW" > /dev/null
 "$LG" run --url "http://$TG_ADDR/mcp" --target taskgate --case "6. create $RECORDS tasks on one session" \
   --scenario create --concurrency 64 --count "$RECORDS" --session-file "$SESSION6" \
   --cpu-pid "$TG_PID" --json-out "$RAW" > /dev/null

@@ -306,6 +306,9 @@ pub mod needles {
     /// `notifications/progress`.
     pub static PROGRESS: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new("notifications/progress"));
+    /// `notifications/tools/list_changed`.
+    pub static TOOLS_LIST_CHANGED: LazyLock<Finder<'static>> =
+        LazyLock::new(|| Finder::new("notifications/tools/list_changed"));
     /// The related-task `_meta` key.
     pub static RELATED_TASK: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new(crate::mcp::task::RELATED_TASK_META));

@@ -56,24 +56,28 @@ impl Decoder {
             }
             self.bom_checked = true;
         }
+        // Lines are read in place and the buffer is advanced once: no handle per line.
+        let buf = std::mem::take(&mut self.buf);
+        let mut pos = 0;
         loop {
-            if self.skip_lf && !self.buf.is_empty() {
-                if self.buf[0] == b'\n' {
-                    self.buf.advance(1);
+            if self.skip_lf && pos < buf.len() {
+                if buf[pos] == b'\n' {
+                    pos += 1;
                 }
                 self.skip_lf = false;
             }
-            let Some(end) = memchr::memchr2(b'\n', b'\r', &self.buf) else {
-                return;
+            let Some(end) = memchr::memchr2(b'\n', b'\r', &buf[pos..]) else {
+                break;
             };
-            let line = self.buf.split_to(end);
-            let terminator = self.buf[0];
-            self.buf.advance(1);
-            if terminator == b'\r' {
+            let line_end = pos + end;
+            if buf[line_end] == b'\r' {
                 self.skip_lf = true;
             }
-            self.line(&line, out);
+            self.line(&buf[pos..line_end], out);
+            pos = line_end + 1;
         }
+        self.buf = buf;
+        self.buf.advance(pos);
     }
 
     fn line(&mut self, line: &[u8], out: &mut Vec<Event>) {
@@ -94,7 +98,10 @@ impl Decoder {
             }
             None => (line, &b""[..]),
         };
-        let value = String::from_utf8_lossy(value);
+        let value = match std::str::from_utf8(value) {
+            Ok(v) => std::borrow::Cow::Borrowed(v),
+            Err(_) => String::from_utf8_lossy(value),
+        };
         match name {
             b"data" => {
                 match &mut self.current.data {

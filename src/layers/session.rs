@@ -11,6 +11,7 @@
 
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::contains as memmem;
+use crate::jsonrpc::needles;
 use crate::jsonrpc::Id;
 use http::HeaderValue;
 use serde_json::Value;
@@ -200,7 +201,7 @@ impl Sessions {
         session: Option<&HeaderValue>,
         bytes: &[u8],
     ) {
-        if memmem(bytes, b"notifications/tools/list_changed") {
+        if needles::found(&needles::TOOLS_LIST_CHANGED, bytes) {
             if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
                 if v.get("method").and_then(Value::as_str)
                     == Some("notifications/tools/list_changed")

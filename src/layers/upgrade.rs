@@ -695,7 +695,7 @@ where
     async fn relay_other(&self, mut ev: Event) {
         let Some(data) = &ev.data else { return };
         let bytes = data.as_bytes();
-        if crate::jsonrpc::contains(bytes, b"notifications/tasks/status") {
+        if crate::jsonrpc::needles::found(&crate::jsonrpc::needles::TASK_STATUS, bytes) {
             if let Ok(v) = serde_json::from_str::<Value>(data) {
                 if let Some(p) = v.get("params") {
                     let status = p.get("status").and_then(Value::as_str).unwrap_or("");
@@ -711,7 +711,7 @@ where
             return;
         }
         if self.progress_token.is_some()
-            && crate::jsonrpc::contains(bytes, b"notifications/progress")
+            && crate::jsonrpc::needles::found(&crate::jsonrpc::needles::PROGRESS, bytes)
         {
             if let Ok(mut v) = serde_json::from_str::<Value>(data) {
                 let on_token = v.pointer("/params/progressToken") == self.progress_token.as_ref();
