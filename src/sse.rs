@@ -222,6 +222,8 @@ pub struct KeepAlive {
     done: bool,
     /// Events held back for one turn of the scheduler (see `poll_next`).
     held: Option<BytesMut>,
+    /// Whether any event was written yet.
+    sent_any: bool,
 }
 
 /// Largest chunk assembled from events that are ready at once, in bytes.
@@ -237,6 +239,7 @@ impl KeepAlive {
             last_sent: tokio::time::Instant::now(),
             done: false,
             held: None,
+            sent_any: false,
         }
     }
 }
@@ -279,7 +282,8 @@ impl Stream for KeepAlive {
                 }
             }
         }
-        if upstream_pending && !deferred && batch.is_some() {
+        // The first event of a stream goes out at once (time to first event matters most).
+        if upstream_pending && !deferred && batch.is_some() && this.sent_any {
             // The upstream connection's task hands its body over one chunk at a time: yield
             // once so the chunks it already has arrive, and write them all in one go instead of
             // one write per event.
@@ -288,6 +292,7 @@ impl Stream for KeepAlive {
             return Poll::Pending;
         }
         if let Some(b) = batch {
+            this.sent_any = true;
             // The idle timer is not reset per event: it re-arms from `last_sent` when it fires.
             this.last_sent = tokio::time::Instant::now();
             return Poll::Ready(Some(b.freeze()));
