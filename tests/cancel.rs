@@ -323,8 +323,8 @@ async fn cancel_racing_completion_agrees_everywhere() {
         }
     }
 
-    let stats = stats.lock().unwrap();
     let m = tg.metrics_text().await;
+    let stats = stats.lock().unwrap();
     println!(
         "race: rounds={ROUNDS} cancel_won={} completion_won={} rejected_locally={} \
          by_mode(cancel_won, completion_won)={:?} late_results={} terminal_rewrites={} \
