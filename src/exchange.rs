@@ -48,6 +48,9 @@ pub struct RequestContext {
     pub protocol_version: Option<HeaderValue>,
     /// Who the caller is.
     pub principal: Principal,
+    /// The `taskId` of a `tasks/get|result|cancel` the `tasks` layer authorised (inner layers
+    /// use it instead of parsing the params again).
+    pub task_id: Option<Arc<str>>,
     /// Set by the `upgrade` layer on a plain `tools/call` it turned into a task (the record's
     /// origin is then `upgraded`).
     pub upgraded: bool,

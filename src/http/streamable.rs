@@ -210,6 +210,7 @@ impl Edge {
                 session_id,
                 protocol_version,
                 principal,
+                task_id: None,
                 upgraded: false,
                 headers,
             },

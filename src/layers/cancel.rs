@@ -296,7 +296,12 @@ impl CancelState {
     }
 }
 
+/// The taskId of a `tasks/*` request: the one the `tasks` layer authorised, or read from the
+/// params when this layer runs without it.
 fn task_id_of(req: &McpRequest) -> Option<String> {
+    if let Some(t) = &req.ctx.task_id {
+        return Some(t.to_string());
+    }
     let Operation::Post(msg) = &req.op else {
         return None;
     };

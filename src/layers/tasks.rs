@@ -337,6 +337,7 @@ impl<S> TasksService<S> {
                 &format!("Task not found: {task_id}"),
             ));
         };
+        req.ctx.task_id = Some(task_id.as_str().into());
         req.ctx.session_id = record
             .upstream_session
             .as_deref()
@@ -486,12 +487,13 @@ impl ReplyWatch {
             return bytes;
         };
         if is_status || is_activity {
+            // One parse serves the activity note and the status update.
             if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
                 self.registry.note_activity_in(&self.upstream, &value);
+                if msg.method() == Some("notifications/tasks/status") {
+                    return self.on_status_notification(bytes, value);
+                }
             }
-        }
-        if msg.method() == Some("notifications/tasks/status") {
-            return self.on_status_notification(bytes);
         }
         if msg.id().is_none()
             || msg.id() != waiting_for.as_ref()
@@ -507,8 +509,8 @@ impl ReplyWatch {
                 client_session,
                 progress_token,
             } => {
-                let out = self.on_creation(bytes, &id, *template).await;
-                if let Some(task_id) = created_task_id(&out) {
+                let (out, created) = self.on_creation(bytes, &id, *template).await;
+                if let Some(task_id) = created {
                     self.registry.note_creation(
                         &self.upstream,
                         client_session,
@@ -532,10 +534,7 @@ impl ReplyWatch {
         }
     }
 
-    fn on_status_notification(&self, bytes: Bytes) -> Bytes {
-        let Ok(mut value) = serde_json::from_slice::<Value>(&bytes) else {
-            return bytes;
-        };
+    fn on_status_notification(&self, bytes: Bytes, mut value: Value) -> Bytes {
         let Some(params) = value.get("params") else {
             return bytes;
         };
@@ -551,12 +550,18 @@ impl ReplyWatch {
         }
     }
 
-    async fn on_creation(&self, bytes: Bytes, id: &Id, mut record: TaskRecord) -> Bytes {
+    /// Records a `CreateTaskResult`; returns the message to pass on and the recorded taskId.
+    async fn on_creation(
+        &self,
+        bytes: Bytes,
+        id: &Id,
+        mut record: TaskRecord,
+    ) -> (Bytes, Option<String>) {
         let value: Value = match serde_json::from_slice(&bytes) {
             Ok(v) => v,
             Err(_) => {
                 self.registry.release_slot(&record.upstream, &record.owner);
-                return bytes;
+                return (bytes, None);
             }
         };
         let Some(task) = value
@@ -565,11 +570,11 @@ impl ReplyWatch {
         else {
             // Not a CreateTaskResult (an error, or a server that ran the call plainly).
             self.registry.release_slot(&record.upstream, &record.owner);
-            return bytes;
+            return (bytes, None);
         };
         let Some(task_id) = task.get("taskId").and_then(Value::as_str) else {
             self.registry.release_slot(&record.upstream, &record.owner);
-            return bytes;
+            return (bytes, None);
         };
         let now = now_ms();
         record.task_id = task_id.to_string();
@@ -605,14 +610,18 @@ impl ReplyWatch {
             .filter(|c| *c <= now && now - c < ttl)
             .unwrap_or(now);
         record.expires_at = created.saturating_add(ttl);
+        let task_id = record.task_id.clone();
         match self.registry.record_creation(record).await {
-            Ok(()) => bytes,
-            Err(e) => jsonrpc::error_response(
-                Some(id),
-                jsonrpc::INTERNAL_ERROR,
-                &format!(
-                    "taskgate could not record the task durably ({e}); the task was not handed out"
+            Ok(()) => (bytes, Some(task_id)),
+            Err(e) => (
+                jsonrpc::error_response(
+                    Some(id),
+                    jsonrpc::INTERNAL_ERROR,
+                    &format!(
+                        "taskgate could not record the task durably ({e}); the task was not handed out"
+                    ),
                 ),
+                None,
             ),
         }
     }
@@ -700,14 +709,6 @@ fn hide_tasks_list(bytes: Bytes) -> Bytes {
     }
     tracing::info!("no auth and no session: tasks.list removed from the upstream's capabilities");
     Bytes::from(serde_json::to_vec(&value).expect("re-serialise"))
-}
-
-/// The taskId of a `CreateTaskResult` message, if it is one.
-fn created_task_id(bytes: &[u8]) -> Option<String> {
-    let v: Value = serde_json::from_slice(bytes).ok()?;
-    v.pointer("/result/task/taskId")?
-        .as_str()
-        .map(str::to_string)
 }
 
 fn task_id_param(msg: &Message) -> Option<String> {

@@ -327,6 +327,7 @@ fn own_request(ctx: &RequestContext, id: &Id, method: &str, params: Value) -> Mc
     let msg = Message::parse(Bytes::from(text)).expect("a well-formed request");
     let mut ctx = ctx.clone();
     ctx.upgraded = false;
+    ctx.task_id = None;
     McpRequest {
         op: Operation::Post(msg),
         ctx,
@@ -995,6 +996,7 @@ where
             client_session_id: session,
             protocol_version: None,
             principal,
+            task_id: None,
             upgraded: false,
             headers,
         };
