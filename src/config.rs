@@ -29,6 +29,79 @@ pub enum ConfigError {
     /// A value that parses but is not acceptable (names the key).
     #[error("invalid configuration: {0}")]
     Invalid(String),
+    /// A number outside its accepted range (`config/REFERENCE.md`): names the key (`section.key`,
+    /// or `upstream[i].key`) and, when it is written in the text, its line.
+    #[error("invalid configuration: `{key}` = {value}{}: must be {expected}", at_line(.line))]
+    OutOfRange {
+        /// `section.key`, or `upstream[i].key` for the i-th `[[upstream]]` (from 0).
+        key: String,
+        /// The value given.
+        value: u64,
+        /// The accepted range, in words.
+        expected: String,
+        /// 1-based line of the key in the TOML text, where found.
+        line: Option<usize>,
+    },
+}
+
+fn at_line(line: &Option<usize>) -> String {
+    line.map(|l| format!(" (line {l})")).unwrap_or_default()
+}
+
+/// No upper bound for [`check_range`].
+const UNBOUNDED: u64 = u64::MAX;
+/// One hour, the upper bound of most intervals and timeouts, in ms.
+const HOUR_MS: u64 = 3_600_000;
+
+/// `min <= value <= max` (`max` [`UNBOUNDED`]: no upper bound), else [`ConfigError::OutOfRange`]
+/// naming `key` (the line is filled in by [`Config::from_toml_str`]).
+fn check_range(key: &str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if (min..=max).contains(&value) {
+        return Ok(());
+    }
+    let expected = if max == UNBOUNDED {
+        format!("at least {min}")
+    } else {
+        format!("between {min} and {max}")
+    };
+    Err(ConfigError::OutOfRange {
+        key: key.to_string(),
+        value,
+        expected,
+        line: None,
+    })
+}
+
+/// [`check_range`] over `(key, value, min, max)` rows, in order.
+fn check_ranges(rows: &[(&str, u64, u64, u64)]) -> Result<(), ConfigError> {
+    rows.iter()
+        .try_for_each(|&(key, value, min, max)| check_range(key, value, min, max))
+}
+
+/// The 1-based line where `key` (`section.field` or `upstream[i].field`) is assigned as
+/// `field = ...` under its `[section]` (the i-th `[[upstream]]`) header, if it is.
+fn line_of(text: &str, key: &str) -> Option<usize> {
+    let (section, field) = key.rsplit_once('.')?;
+    let (name, index) = match section.split_once('[') {
+        Some((name, rest)) => (name, rest.trim_end_matches(']').parse::<usize>().ok()?),
+        None => (section, 0),
+    };
+    let (mut inside, mut seen) = (false, 0);
+    for (n, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            let header = t.split('#').next().unwrap_or_default().trim();
+            let header = header.trim_matches(|c| c == '[' || c == ']').trim();
+            inside = header == name && seen == index;
+            seen += usize::from(header == name);
+        } else if inside {
+            let rest = t.strip_prefix(field).map(str::trim_start);
+            if rest.is_some_and(|r| r.starts_with('=')) {
+                return Some(n + 1);
+            }
+        }
+    }
+    None
 }
 
 /// The whole configuration file.
@@ -113,6 +186,44 @@ pub struct GatewayConfig {
     pub request_timeout_ms: u64,
 }
 
+impl GatewayConfig {
+    /// Checks every numeric key against its range in `config/REFERENCE.md`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_ranges(&[
+            (
+                "gateway.max_body_bytes",
+                self.max_body_bytes as u64,
+                1,
+                1 << 30,
+            ),
+            (
+                "gateway.drain_timeout_ms",
+                self.drain_timeout_ms,
+                1,
+                HOUR_MS,
+            ),
+            (
+                "gateway.sse_keepalive_ms",
+                self.sse_keepalive_ms,
+                1,
+                HOUR_MS,
+            ),
+            (
+                "gateway.max_connections",
+                self.max_connections as u64,
+                1,
+                1_000_000,
+            ),
+            (
+                "gateway.request_timeout_ms",
+                self.request_timeout_ms,
+                1,
+                HOUR_MS,
+            ),
+        ])
+    }
+}
+
 impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
@@ -135,6 +246,13 @@ pub struct AdminConfig {
     /// Address of `/healthz`, `/readyz`, `/metrics` and `/admin/*` (default `127.0.0.1:9090`).
     #[serde(default = "default_admin_listen")]
     pub listen: SocketAddr,
+}
+
+impl AdminConfig {
+    /// `[admin]` has no numeric keys; `listen` is checked by parsing.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        Ok(())
+    }
 }
 
 impl Default for AdminConfig {
@@ -162,6 +280,18 @@ pub struct StoreConfig {
     /// sled page cache size in bytes (default 16 MiB; bounds the store's share of RSS).
     #[serde(default = "default_cache_capacity_bytes")]
     pub cache_capacity_bytes: u64,
+}
+
+impl StoreConfig {
+    /// Checks every numeric key against its range in `config/REFERENCE.md`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_range(
+            "store.cache_capacity_bytes",
+            self.cache_capacity_bytes,
+            1,
+            UNBOUNDED,
+        )
+    }
 }
 
 impl Default for StoreConfig {
@@ -248,6 +378,26 @@ pub struct TasksConfig {
     pub release_quiet_ms: u64,
 }
 
+impl TasksConfig {
+    /// Checks every key against its range in `config/REFERENCE.md` (a zero window or interval
+    /// would make the sweeper or the release tracker spin).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let live = self.max_live_tasks_per_owner as u64;
+        check_ranges(&[
+            ("tasks.max_ttl_ms", self.max_ttl_ms, 1, 365 * 24 * HOUR_MS),
+            ("tasks.max_live_tasks_per_owner", live, 1, UNBOUNDED),
+            (
+                "tasks.sweep_interval_ms",
+                self.sweep_interval_ms,
+                1,
+                24 * HOUR_MS,
+            ),
+            ("tasks.list_page_size", self.list_page_size as u64, 1, 1000),
+            ("tasks.release_quiet_ms", self.release_quiet_ms, 1, HOUR_MS),
+        ])
+    }
+}
+
 impl Default for TasksConfig {
     fn default() -> Self {
         TasksConfig {
@@ -294,6 +444,22 @@ pub struct UpgradeConfig {
     /// With `"cancel"`: how long after the disconnect the task is cancelled, in ms (default 5000).
     #[serde(default = "default_disconnect_grace_ms")]
     pub disconnect_grace_ms: u64,
+}
+
+impl UpgradeConfig {
+    /// Checks every numeric key against its range in `config/REFERENCE.md`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        // A grace of 0 is meaningful: cancel as soon as the client is gone.
+        check_ranges(&[
+            ("upgrade.ttl_ms", self.ttl_ms, 1, 365 * 24 * HOUR_MS),
+            (
+                "upgrade.disconnect_grace_ms",
+                self.disconnect_grace_ms,
+                0,
+                HOUR_MS,
+            ),
+        ])
+    }
 }
 
 impl Default for UpgradeConfig {
@@ -344,7 +510,20 @@ impl Config {
     /// [`ConfigError::Invalid`] (names the offending key).
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
         let mut config: Config = toml::from_str(text)?;
-        config.validate_and_expand()?;
+        config.validate_and_expand().map_err(|e| match e {
+            ConfigError::OutOfRange {
+                key,
+                value,
+                expected,
+                line: None,
+            } => ConfigError::OutOfRange {
+                line: line_of(text, &key),
+                key,
+                value,
+                expected,
+            },
+            other => other,
+        })?;
         Ok(config)
     }
 
@@ -370,21 +549,11 @@ impl Config {
         if self.upstream.is_empty() {
             return invalid("at least one [[upstream]] is required".into());
         }
-        if self.gateway.max_body_bytes == 0 {
-            return invalid("gateway.max_body_bytes must be greater than 0".into());
-        }
-        if self.gateway.max_connections == 0 || self.gateway.request_timeout_ms == 0 {
-            return invalid(
-                "gateway.max_connections and gateway.request_timeout_ms must be greater than 0"
-                    .into(),
-            );
-        }
-        if self.gateway.sse_keepalive_ms == 0 {
-            return invalid("gateway.sse_keepalive_ms must be greater than 0".into());
-        }
-        if self.upgrade.ttl_ms == 0 {
-            return invalid("upgrade.ttl_ms must be greater than 0".into());
-        }
+        self.gateway.validate()?;
+        self.admin.validate()?;
+        self.store.validate()?;
+        self.tasks.validate()?;
+        self.upgrade.validate()?;
         if self.auth.mode == AuthMode::Bearer {
             if self.auth.token.is_empty() {
                 return invalid("auth.mode = \"bearer\" needs at least one [[auth.token]]".into());
@@ -440,12 +609,14 @@ impl Config {
                     up.name, up.url
                 ));
             }
-            if up.timeout_ms == 0 || up.connect_timeout_ms == 0 {
-                return invalid(format!(
-                    "upstream {:?}: timeout_ms and connect_timeout_ms must be greater than 0",
-                    up.name
-                ));
-            }
+            check_range(
+                &format!("upstream[{i}].timeout_ms"),
+                up.timeout_ms,
+                1,
+                HOUR_MS,
+            )?;
+            let key = format!("upstream[{i}].connect_timeout_ms");
+            check_range(&key, up.connect_timeout_ms, 1, 5 * 60_000)?;
             for (k, v) in up.headers.iter_mut() {
                 http::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
                     ConfigError::Invalid(format!(
@@ -597,6 +768,28 @@ mod tests {
                 "config/REFERENCE.md documents `{key}`, which the config does not have"
             );
         }
+    }
+
+    #[test]
+    fn out_of_range_value_names_its_key_and_line() {
+        let text = format!(
+            "{MINIMAL}[tasks]\nlist_page_size = 10\n[[upstream]]\nname = \"b\"\nurl = \"http://127.0.0.1:2/mcp\"\ntimeout_ms = 0\n"
+        );
+        let err = Config::from_toml_str(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("`upstream[1].timeout_ms` = 0 (line 11)"),
+            "{err}"
+        );
+        let text = format!("{MINIMAL}[tasks]\nrelease_quiet_ms = 0 # spin\n");
+        let err = Config::from_toml_str(&text).unwrap_err().to_string();
+        assert!(
+            err.contains("`tasks.release_quiet_ms` = 0 (line 7)"),
+            "{err}"
+        );
+        // A key not written as `key = value` under its header is still named, without a line.
+        let text = format!("{MINIMAL}[tasks]\n\"list_page_size\" = 1001\n");
+        let err = Config::from_toml_str(&text).unwrap_err().to_string();
+        assert!(err.contains("`tasks.list_page_size` = 1001"), "{err}");
     }
 
     #[test]

@@ -62,3 +62,68 @@ fn misspelt_key_in_an_example_is_named_with_its_line() {
     assert!(text.contains("drain_timeout_msec"), "{text}");
     assert!(text.contains(&format!("line {line}")), "{text}");
 }
+
+/// A minimal valid config with `line` added under `section` (a new header unless the section is
+/// `gateway` or `upstream`, which the base already has).
+fn config_with(section: &str, line: &str) -> String {
+    let base = "[gateway]\nlisten = \"127.0.0.1:0\"\n\n[[upstream]]\nname = \"a\"\nurl = \"http://127.0.0.1:1/mcp\"\n";
+    match section {
+        "gateway" => base.replacen("[gateway]\n", &format!("[gateway]\n{line}\n"), 1),
+        "upstream" => format!("{base}{line}\n"),
+        s => format!("{base}\n[{s}]\n{line}\n"),
+    }
+}
+
+/// Numbers that make no sense (zero pages, zero live tasks, zero-length windows, intervals and
+/// timeouts, page sizes beyond 1000) are refused at load, naming the key and its line; the
+/// bounds themselves are accepted. `release_quiet_ms = 0` used to be accepted and made the
+/// release tracker spin.
+#[test]
+fn out_of_range_numbers_are_refused_naming_key_and_line() {
+    // (section, assignment, refused)
+    let cases: &[(&str, &str, bool)] = &[
+        ("tasks", "release_quiet_ms = 0", true),
+        ("tasks", "release_quiet_ms = 1", false),
+        ("tasks", "max_live_tasks_per_owner = 0", true),
+        ("tasks", "list_page_size = 0", true),
+        ("tasks", "list_page_size = 1001", true),
+        ("tasks", "list_page_size = 1000", false),
+        ("tasks", "max_ttl_ms = 0", true),
+        ("tasks", "sweep_interval_ms = 0", true),
+        ("gateway", "max_body_bytes = 0", true),
+        ("gateway", "drain_timeout_ms = 0", true),
+        ("gateway", "sse_keepalive_ms = 0", true),
+        ("gateway", "max_connections = 0", true),
+        ("gateway", "request_timeout_ms = 0", true),
+        ("store", "cache_capacity_bytes = 0", true),
+        ("upgrade", "ttl_ms = 0", true),
+        ("upgrade", "disconnect_grace_ms = 0", false),
+        ("upstream", "timeout_ms = 0", true),
+        ("upstream", "connect_timeout_ms = 0", true),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut wrong = Vec::new();
+    for (i, &(section, assignment, refused)) in cases.iter().enumerate() {
+        let text = config_with(section, assignment);
+        let line = text.lines().position(|l| l == assignment).unwrap() + 1;
+        let field = assignment.split(' ').next().unwrap();
+        let key = match section {
+            "upstream" => format!("upstream[0].{field}"),
+            s => format!("{s}.{field}"),
+        };
+        let path = dir.path().join(format!("case{i}.toml"));
+        std::fs::write(&path, &text).unwrap();
+        let (ok, out) = check_config(path.to_str().unwrap(), &[]);
+        let right = if refused {
+            !ok && out.contains(&format!("`{key}`")) && out.contains(&format!("line {line}"))
+        } else {
+            ok
+        };
+        if !right {
+            wrong.push(format!(
+                "[{section}] {assignment} (line {line}): ok={ok}: {out}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
