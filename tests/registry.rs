@@ -675,6 +675,58 @@ async fn ttl_above_cap_is_lowered_before_it_goes_upstream() {
     assert_eq!(up.received("tools/call")[2].body_str(), at);
 }
 
+/// An upstream that reports a ttl above `tasks.max_ttl_ms` (here 10^12 ms) does not escape the
+/// cap: the record's ttl is the cap and it expires within the cap of its creation. The client
+/// still sees the `CreateTaskResult` bytes the upstream sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_reported_ttl_above_cap_is_capped_in_the_record() {
+    let up = TaskServer::start(Behaviour {
+        ttl_override: Some(json!(1_000_000_000_000u64)),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_ttl_ms = 60000")
+        .start()
+        .await;
+    let c = tg.client();
+    let v = c.rpc(Client::create_body("1", Some(30_000))).await;
+    let task_id = v["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    assert_eq!(
+        v["result"]["task"]["ttl"],
+        json!(1_000_000_000_000u64),
+        "the reply passes as the upstream sent it: {v}"
+    );
+    let rec = tg.record(&task_id).unwrap();
+    assert_eq!(rec.ttl_ms, Some(60_000));
+    let created = parse_rfc3339_ms(&rec.created_at).unwrap();
+    assert!(
+        rec.expires_at > created && rec.expires_at <= created + 60_000,
+        "expires_at {} is not within 60 s of createdAt {created}",
+        rec.expires_at
+    );
+    let (status, admin) = tg.admin(&format!("/admin/tasks/default/{task_id}")).await;
+    assert_eq!(status, 200, "{admin}");
+}
+
+/// A `null` ttl from the upstream means `tasks.max_ttl_ms`, as for a request without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_reported_null_ttl_expires_after_the_cap() {
+    let up = TaskServer::start(Behaviour {
+        ttl_override: Some(Value::Null),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_ttl_ms = 60000")
+        .start()
+        .await;
+    let task_id = tg.client().create_task("1").await;
+    let rec = tg.record(&task_id).unwrap();
+    let created = parse_rfc3339_ms(&rec.created_at).unwrap();
+    assert_eq!(rec.expires_at, created + 60_000);
+}
+
 /// A record expires at createdAt + the ttl the upstream reported; the sweeper removes it, then
 /// tasks/get|result|cancel get -32602 without reaching the upstream and the metric counts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,11 @@
 //!   when the owner already has `tasks.max_live_tasks_per_owner` live tasks on this upstream;
 //!   `params.task.ttl` above `tasks.max_ttl_ms` is lowered to it; the `CreateTaskResult` in the
 //!   reply (JSON body or SSE event) is written to the registry and made durable **before** that
-//!   reply is passed on.
+//!   reply is passed on. The ttl the upstream reports there is capped the same way in the record
+//!   (`ttl_ms` and `expires_at` use the smaller of it and `tasks.max_ttl_ms`; `null` or none means
+//!   `tasks.max_ttl_ms`), so no upstream can make a record outlive the cap. The reply itself is
+//!   passed on with the bytes the upstream sent (the request is rewritten on its way up, replies
+//!   are not rewritten on their way down); `tasks/list` shows the capped ttl.
 //! - `tasks/get`, `tasks/result`, `tasks/cancel`: a `taskId` that is unknown, expired or owned by
 //!   someone else is answered `-32602` "Task not found" here and never forwarded. A known one goes
 //!   upstream on the task's recorded `Mcp-Session-Id` (SDK task stores are per session), so a
@@ -402,7 +406,8 @@ impl<S> TasksService<S> {
                 )
             }
         };
-        let limit = self.registry.config().list_page_size.max(1);
+        // `[tasks] list_page_size` is 1..=1000, checked at load.
+        let limit = self.registry.config().list_page_size;
         match store.list_owner(upstream, &owner, cursor.as_ref(), limit) {
             Ok((page, next)) => {
                 let now = now_ms();
@@ -597,13 +602,19 @@ impl ReplyWatch {
             .and_then(Value::as_str)
             .map(str::to_string)
             .unwrap_or_else(|| record.created_at.clone());
-        record.ttl_ms = task.get("ttl").and_then(Value::as_u64);
+        // The upstream's ttl is capped like a requested one: a number above the cap (or not an
+        // integer) counts as the cap; `null` or no ttl means the cap too (below).
+        let cap = self.registry.config().max_ttl_ms;
+        record.ttl_ms = match task.get("ttl") {
+            Some(Value::Number(n)) => Some(n.as_u64().map_or(cap, |t| t.min(cap))),
+            _ => None,
+        };
         record.poll_interval_ms = task.get("pollInterval").and_then(Value::as_u64);
         record.recorded_at = now;
         if record.status.is_terminal() {
             record.terminal_at = Some(now);
         }
-        let ttl = record.ttl_ms.unwrap_or(self.registry.config().max_ttl_ms);
+        let ttl = record.ttl_ms.unwrap_or(cap);
         // The upstream's createdAt, unless its clock is off: in the future, or so far in the
         // past that the task would be expired on arrival; then taskgate's clock.
         let created = parse_rfc3339_ms(&record.created_at)
