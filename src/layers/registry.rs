@@ -717,18 +717,23 @@ impl Releases {
         handle.spawn(async move { this.wait_for_release(key, reason).await });
     }
 
+    /// Polls until the task has no holds and `quiet` has passed since its last activity. Every
+    /// sleep is at least 1 ms, so even a zero quiet window (refused at load, but possible through
+    /// [`Releases::new`]) never turns this into a busy loop.
     async fn wait_for_release(self: Arc<Self>, key: (String, String), reason: &'static str) {
+        const MIN_POLL: std::time::Duration = std::time::Duration::from_millis(1);
+        const MAX_POLL: std::time::Duration = std::time::Duration::from_millis(100);
         loop {
             let wait = {
                 let tracks = self.tracks.lock().expect("tracks lock");
                 let Some(t) = tracks.get(&key) else { return };
                 let since = t.last_activity.map(|l| l.elapsed()).unwrap_or(self.quiet);
                 if t.holds > 0 {
-                    Some(self.quiet.min(std::time::Duration::from_millis(100)))
+                    Some(self.quiet.clamp(MIN_POLL, MAX_POLL))
                 } else if since >= self.quiet {
                     None
                 } else {
-                    Some(self.quiet - since)
+                    Some((self.quiet - since).max(MIN_POLL))
                 }
             };
             match wait {
