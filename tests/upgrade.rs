@@ -1686,3 +1686,36 @@ async fn too_many_events_before_the_task_end_the_exchange_with_an_error() {
     let m = tg.metrics_text().await;
     assert_eq!(upgraded(&m, "relay_overflow"), 1.0);
 }
+
+/// An upstream without sessions and no auth, two live upgraded calls with the same id: a
+/// `notifications/cancelled` for that id cannot say whose call it means, so it cancels neither
+/// (documented in the upgrade module); both calls complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_cancel_on_a_sessionless_upstream_cancels_no_call() {
+    let up = UpServer::start(UpBehaviour {
+        sessions: false,
+        task_ms: Some(600),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let a = client_with(&tg.mcp_url(), json!({})).await;
+    let b = client_with(&tg.mcp_url(), json!({})).await;
+    let id = json!(1);
+    let body = call_body("1", "research", None);
+    let cancel = async {
+        assert!(
+            up.wait_count("tools/call", 2, Duration::from_secs(5)).await,
+            "both calls reach the upstream"
+        );
+        let s = a
+            .notify("notifications/cancelled", json!({"requestId": 1}))
+            .await;
+        assert_eq!(s, 202);
+    };
+    let (oa, ob, ()) = tokio::join!(call(&a, &body, &id), call(&b, &body, &id), cancel);
+    println!("client A got {}, client B got {}", oa.answer, ob.answer);
+    assert!(oa.answer.get("result").is_some(), "A: {oa:?}");
+    assert!(ob.answer.get("result").is_some(), "B: {ob:?}");
+    assert_eq!(up.count("tasks/cancel"), 0, "nothing was cancelled");
+}

@@ -568,8 +568,13 @@ where
         "task".into(),
         serde_json::json!({ "ttl": state.config.ttl_ms }),
     );
-    let bytes = Bytes::from(serde_json::to_vec(&value).expect("re-serialise"));
-    req.op = Operation::Post(Message::parse(bytes).expect("a re-serialised request"));
+    let upgraded = serde_json::to_vec(&value)
+        .ok()
+        .and_then(|bytes| Message::parse(Bytes::from(bytes)).ok());
+    let Some(upgraded) = upgraded else {
+        return inner.oneshot(req).await;
+    };
+    req.op = Operation::Post(upgraded);
     req.ctx.upgraded = true;
     let ctx = req.ctx.clone();
     tracing::info!(
