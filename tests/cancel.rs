@@ -945,11 +945,21 @@ async fn cancelled_notifications_are_told_apart_by_caller_on_a_sessionless_upstr
     assert!(a.session.is_none() && b.session.is_none(), "no sessions");
 
     // Both have a plain request 7 in flight; A cancels, then B cancels its own.
-    let call_a = a.send(rpc("7", "tools/call", r#"{"name":"slow","arguments":{}}"#)).await;
-    let call_b = b.send(rpc("7", "tools/call", r#"{"name":"slow","arguments":{}}"#)).await;
+    let call_a = a
+        .send(rpc("7", "tools/call", r#"{"name":"slow","arguments":{}}"#))
+        .await;
+    let call_b = b
+        .send(rpc("7", "tools/call", r#"{"name":"slow","arguments":{}}"#))
+        .await;
     let params = json!({"requestId": 7, "reason": "stop"});
-    assert_eq!(a.notify("notifications/cancelled", params.clone()).await, 202);
-    assert_eq!(b.notify("notifications/cancelled", params.clone()).await, 202);
+    assert_eq!(
+        a.notify("notifications/cancelled", params.clone()).await,
+        202
+    );
+    assert_eq!(
+        b.notify("notifications/cancelled", params.clone()).await,
+        202
+    );
     assert_eq!(cancelled(), 2, "B's cancel is not a duplicate of A's");
     // A repeats itself: that one is a duplicate.
     assert_eq!(a.notify("notifications/cancelled", params).await, 202);
@@ -957,14 +967,31 @@ async fn cancelled_notifications_are_told_apart_by_caller_on_a_sessionless_upstr
 
     // A's request 8 created a task; B's request 8 is a plain call B may cancel.
     let created = a
-        .rpc(rpc("8", "tools/call", r#"{"name":"slow","arguments":{},"task":{"ttl":60000}}"#))
+        .rpc(rpc(
+            "8",
+            "tools/call",
+            r#"{"name":"slow","arguments":{},"task":{"ttl":60000}}"#,
+        ))
         .await;
-    assert_eq!(created["result"]["task"]["taskId"], json!("t-a"), "{created}");
-    let call_b8 = b.send(rpc("8", "tools/call", r#"{"name":"slow","arguments":{}}"#)).await;
+    assert_eq!(
+        created["result"]["task"]["taskId"],
+        json!("t-a"),
+        "{created}"
+    );
+    let call_b8 = b
+        .send(rpc("8", "tools/call", r#"{"name":"slow","arguments":{}}"#))
+        .await;
     let params = json!({"requestId": 8});
-    assert_eq!(a.notify("notifications/cancelled", params.clone()).await, 202);
+    assert_eq!(
+        a.notify("notifications/cancelled", params.clone()).await,
+        202
+    );
     assert_eq!(cancelled(), 2, "A's cancel of its task request is dropped");
     assert_eq!(b.notify("notifications/cancelled", params).await, 202);
-    assert_eq!(cancelled(), 3, "B's cancel of its own request 8 reaches the upstream");
+    assert_eq!(
+        cancelled(),
+        3,
+        "B's cancel of its own request 8 reaches the upstream"
+    );
     drop((call_a, call_b, call_b8));
 }

@@ -1580,10 +1580,22 @@ async fn sessionless_upstream_two_clients_same_id_each_get_their_own_answer() {
     let body = call_body("1", "research", None);
     let (oa, ob) = tokio::join!(call(&a, &body, &id), call(&b, &body, &id));
     println!("client A got {}, client B got {}", oa.answer, ob.answer);
-    let ta = oa.answer["result"]["content"][0]["text"].as_str().map(str::to_string);
-    let tb = ob.answer["result"]["content"][0]["text"].as_str().map(str::to_string);
-    assert!(ta.as_deref().is_some_and(|t| t.starts_with("result of up-task-")), "A: {oa:?}");
-    assert!(tb.as_deref().is_some_and(|t| t.starts_with("result of up-task-")), "B: {ob:?}");
+    let ta = oa.answer["result"]["content"][0]["text"]
+        .as_str()
+        .map(str::to_string);
+    let tb = ob.answer["result"]["content"][0]["text"]
+        .as_str()
+        .map(str::to_string);
+    assert!(
+        ta.as_deref()
+            .is_some_and(|t| t.starts_with("result of up-task-")),
+        "A: {oa:?}"
+    );
+    assert!(
+        tb.as_deref()
+            .is_some_and(|t| t.starts_with("result of up-task-")),
+        "B: {ob:?}"
+    );
     assert_ne!(ta, tb, "each client gets its own task's result");
     assert_eq!(up.count("tasks/cancel"), 0, "nothing was cancelled");
     let m = tg.metrics_text().await;
@@ -1678,9 +1690,14 @@ async fn too_many_events_before_the_task_end_the_exchange_with_an_error() {
     let o = call(&c, &call_body("1", "research", None), &id).await;
     println!("client got {} after {} messages", o.answer, o.before.len());
     assert_eq!(o.answer["error"]["code"], json!(-32603), "{:?}", o.answer);
-    assert!(o.before.len() <= 1024, "{} messages relayed", o.before.len());
     assert!(
-        up.wait_count("tasks/cancel", 1, Duration::from_secs(5)).await,
+        o.before.len() <= 1024,
+        "{} messages relayed",
+        o.before.len()
+    );
+    assert!(
+        up.wait_count("tasks/cancel", 1, Duration::from_secs(5))
+            .await,
         "the task is cancelled upstream"
     );
     let m = tg.metrics_text().await;

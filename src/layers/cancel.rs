@@ -50,11 +50,11 @@ use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use futures_util::StreamExt;
 use http::HeaderValue;
+use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use parking_lot::Mutex;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -215,11 +215,7 @@ struct InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
-            self.state
-                .notes
-                .lock()
-                .in_flight
-                .remove(&key);
+            self.state.notes.lock().in_flight.remove(&key);
         }
     }
 }

@@ -9,9 +9,9 @@ use crate::jsonrpc::Id;
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::Metrics;
 use crate::store::{AuditEvent, StoreError, TaskRecord, TaskStore};
+use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
-use parking_lot::Mutex;
 use std::sync::Arc;
 
 /// The registry's shared state: the store, the live-task counts and the status logic. Used by
@@ -659,11 +659,7 @@ impl Releases {
     /// Takes a hold on `(upstream, task_id)` until the returned guard is dropped.
     pub fn hold(self: &Arc<Self>, upstream: &str, task_id: &str) -> ResourceHold {
         let key = (upstream.to_string(), task_id.to_string());
-        self.tracks
-            .lock()
-            .entry(key.clone())
-            .or_default()
-            .holds += 1;
+        self.tracks.lock().entry(key.clone()).or_default().holds += 1;
         ResourceHold {
             releases: self.clone(),
             key,

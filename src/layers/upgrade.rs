@@ -85,12 +85,12 @@ use crate::store::{Origin, TaskRecord};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode};
+use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use parking_lot::Mutex;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -1035,7 +1035,10 @@ where
         self.state.forget(&self.key, self.call_token);
         if let Some(k) = &self.token_key {
             let mut tokens = self.state.tokens.lock();
-            if tokens.get(k).is_some_and(|p| Arc::ptr_eq(p, &self.progress)) {
+            if tokens
+                .get(k)
+                .is_some_and(|p| Arc::ptr_eq(p, &self.progress))
+            {
                 tokens.remove(k);
             }
         }
@@ -1108,7 +1111,8 @@ where
 
     /// Answers the client's original request with a JSON-RPC error (`-32603`).
     async fn send_error(&self, message: &str) {
-        let err = jsonrpc::error_response(Some(&self.original_id), jsonrpc::INTERNAL_ERROR, message);
+        let err =
+            jsonrpc::error_response(Some(&self.original_id), jsonrpc::INTERNAL_ERROR, message);
         self.send(String::from_utf8_lossy(&err).into_owned()).await;
     }
 
