@@ -34,6 +34,49 @@ pub enum Principal {
     Anonymous,
 }
 
+/// Who sent a request, as far as taskgate can tell: the authenticated principal and the
+/// client's own `Mcp-Session-Id` (as it arrived, never a session a layer routed to). Tables that
+/// hold per-request facts (upgraded calls, `notifications/cancelled` routing) key them by
+/// `(upstream, Caller, id)`, so two clients using the same JSON-RPC id never share an entry.
+///
+/// A caller with neither a principal nor a session ([`Caller::is_identified`] is false) cannot
+/// be told apart from another such caller: users of the key must not let one such call replace
+/// or drop another's.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Caller {
+    /// The authenticated principal ([`Principal::Anonymous`] without auth).
+    pub principal: Principal,
+    /// The client's own `Mcp-Session-Id`.
+    pub client_session: Option<HeaderValue>,
+}
+
+impl Caller {
+    /// Whether anything tells this caller apart from other callers (a principal or a session).
+    pub fn is_identified(&self) -> bool {
+        self.client_session.is_some() || matches!(self.principal, Principal::Token(_))
+    }
+
+    /// The key of this caller's request `id` on `upstream`.
+    pub fn call_key(&self, upstream: &Arc<str>, id: &Id) -> CallKey {
+        CallKey {
+            upstream: upstream.clone(),
+            caller: self.clone(),
+            id: id.clone(),
+        }
+    }
+}
+
+/// One client request, named by who sent it: see [`Caller`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CallKey {
+    /// The upstream's configured name.
+    pub upstream: Arc<str>,
+    /// Who sent the request.
+    pub caller: Caller,
+    /// The request's JSON-RPC id (its exact type kept).
+    pub id: Id,
+}
+
 /// Everything about a request except its message.
 #[derive(Debug, Clone)]
 pub struct RequestContext {
@@ -57,6 +100,21 @@ pub struct RequestContext {
     /// End-to-end headers to forward upstream (hop-by-hop, `Host`, `Origin`, `Mcp-Session-Id`,
     /// and, unless configured otherwise, `Authorization` already removed).
     pub headers: HeaderMap,
+}
+
+impl RequestContext {
+    /// Who sent the request (see [`Caller`]).
+    pub fn caller(&self) -> Caller {
+        Caller {
+            principal: self.principal.clone(),
+            client_session: self.client_session_id.clone(),
+        }
+    }
+
+    /// The key of this caller's request `id` on this request's upstream.
+    pub fn call_key(&self, id: &Id) -> CallKey {
+        self.caller().call_key(&self.upstream, id)
+    }
 }
 
 /// A request travelling down the stack.

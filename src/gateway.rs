@@ -120,6 +120,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     for u in &config.upstream {
         let upstream = HttpUpstream::new(u, metrics.clone());
         let name = upstream.name().clone();
+        upgrade_state.set_upstream_timeout(&name, Duration::from_millis(u.timeout_ms));
         let inner = tower::ServiceBuilder::new()
             .layer(SessionLayer::new(sessions.clone()))
             .layer(TasksLayer::new(registry.clone(), authenticated))

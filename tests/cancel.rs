@@ -902,3 +902,96 @@ async fn audit_facts_cancelled_first_released_after_last_activity_and_quiet_wind
     assert_eq!(r.status, TaskStatus::Cancelled);
     assert_eq!(r.released_at, Some(released_at));
 }
+
+/// An upstream without sessions, two bearer principals using the same request ids: B's
+/// notifications/cancelled is not a "duplicate" of A's, and B's cancel of its own plain request
+/// is not dropped because A's request with that id created a task. Without auth (nothing tells
+/// the clients apart) none is dropped as a duplicate either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_notifications_are_told_apart_by_caller_on_a_sessionless_upstream() {
+    let up = Upstream::start(|req| {
+        let v: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+        match (req.rpc_method().as_deref(), v.pointer("/params/task").is_some()) {
+            (Some("initialize"), _) => ScriptedResponse::result_for(
+                req,
+                &format!(
+                    r#"{{"protocolVersion":"{PROTOCOL_VERSION}","capabilities":{{"tools":{{}},"tasks":{{"requests":{{"tools":{{"call":{{}}}}}}}}}},"serverInfo":{{"name":"no-sessions","version":"1"}}}}"#
+                ),
+            ),
+            (Some("tools/call"), true) => ScriptedResponse::result_for(
+                req,
+                r#"{"task":{"taskId":"t-a","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":60000}}"#,
+            ),
+            (Some("tools/call"), false) => ScriptedResponse::sse(vec![SseStep::HoldOpen]),
+            _ => mcp_handler(req),
+        }
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .token("bob", "tok-b")
+        .start()
+        .await;
+    let cancelled = || {
+        up.requests()
+            .into_iter()
+            .filter(|r| r.rpc_method().as_deref() == Some("notifications/cancelled"))
+            .count()
+    };
+    let mut a = tg.client().with_token("tok-a");
+    let mut b = tg.client().with_token("tok-b");
+    a.initialize().await;
+    b.initialize().await;
+    assert!(a.session.is_none() && b.session.is_none(), "no sessions");
+
+    // Both have a plain request 7 in flight; A cancels, then B cancels its own.
+    let call_a = a
+        .send(rpc("7", "tools/call", r#"{"name":"slow","arguments":{}}"#))
+        .await;
+    let call_b = b
+        .send(rpc("7", "tools/call", r#"{"name":"slow","arguments":{}}"#))
+        .await;
+    let params = json!({"requestId": 7, "reason": "stop"});
+    assert_eq!(
+        a.notify("notifications/cancelled", params.clone()).await,
+        202
+    );
+    assert_eq!(
+        b.notify("notifications/cancelled", params.clone()).await,
+        202
+    );
+    assert_eq!(cancelled(), 2, "B's cancel is not a duplicate of A's");
+    // A repeats itself: that one is a duplicate.
+    assert_eq!(a.notify("notifications/cancelled", params).await, 202);
+    assert_eq!(cancelled(), 2, "A's second cancel is a duplicate");
+
+    // A's request 8 created a task; B's request 8 is a plain call B may cancel.
+    let created = a
+        .rpc(rpc(
+            "8",
+            "tools/call",
+            r#"{"name":"slow","arguments":{},"task":{"ttl":60000}}"#,
+        ))
+        .await;
+    assert_eq!(
+        created["result"]["task"]["taskId"],
+        json!("t-a"),
+        "{created}"
+    );
+    let call_b8 = b
+        .send(rpc("8", "tools/call", r#"{"name":"slow","arguments":{}}"#))
+        .await;
+    let params = json!({"requestId": 8});
+    assert_eq!(
+        a.notify("notifications/cancelled", params.clone()).await,
+        202
+    );
+    assert_eq!(cancelled(), 2, "A's cancel of its task request is dropped");
+    assert_eq!(b.notify("notifications/cancelled", params).await, 202);
+    assert_eq!(
+        cancelled(),
+        3,
+        "B's cancel of its own request 8 reaches the upstream"
+    );
+    drop((call_a, call_b, call_b8));
+}

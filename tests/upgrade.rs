@@ -1523,3 +1523,216 @@ async fn bench_upgraded_call_added_latency() {
         pct(&upgraded_added, 99.0) - pct(&direct_added, 99.0)
     );
 }
+
+// =============================================================================================
+// Issue 10: hostile upstream bodies, callers told apart, bounded relay, terminal polls
+// =============================================================================================
+
+/// `tasks/result` answered with a JSON body that is not an object (`[]`, `42`, `"x"`): the
+/// client gets a JSON-RPC error under its id (no panic in the follower), and later calls work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_object_tasks_result_body_is_an_error_and_later_calls_work() {
+    let bodies = ["[]", "42", "\"x\""];
+    let up = UpServer::start(UpBehaviour {
+        task_ms: Some(50),
+        hook: Some(Arc::new(move |method, _id, task_id, _n| {
+            let n: usize = task_id.strip_prefix("up-task-")?.parse().ok()?;
+            (method == "tasks/result" && n <= 3)
+                .then(|| ScriptedResponse::json(bodies[n - 1].to_string()))
+        })),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    for (i, body) in bodies.iter().enumerate() {
+        let id = json!(i + 1);
+        let o = call(&c, &call_body(&id.to_string(), "research", None), &id).await;
+        println!("tasks/result body {body}: client got {}", o.answer);
+        assert_eq!(o.answer["id"], id);
+        assert_eq!(o.answer["error"]["code"], json!(-32603), "{body}: {o:?}");
+        let message = o.answer["error"]["message"].as_str().unwrap_or("");
+        assert!(message.contains("non-object"), "{body}: {message}");
+    }
+    let id = json!(4);
+    let o = call(&c, &call_body("4", "research", None), &id).await;
+    assert_eq!(
+        o.answer["result"]["content"][0]["text"],
+        json!("result of up-task-4"),
+        "{o:?}"
+    );
+}
+
+/// An upstream without sessions and no auth: two clients whose upgraded calls use the same
+/// JSON-RPC id must not cancel each other; each gets its own task's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessionless_upstream_two_clients_same_id_each_get_their_own_answer() {
+    let up = UpServer::start(UpBehaviour {
+        sessions: false,
+        task_ms: Some(400),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let a = client_with(&tg.mcp_url(), json!({})).await;
+    let b = client_with(&tg.mcp_url(), json!({})).await;
+    let id = json!(1);
+    let body = call_body("1", "research", None);
+    let (oa, ob) = tokio::join!(call(&a, &body, &id), call(&b, &body, &id));
+    println!("client A got {}, client B got {}", oa.answer, ob.answer);
+    let ta = oa.answer["result"]["content"][0]["text"]
+        .as_str()
+        .map(str::to_string);
+    let tb = ob.answer["result"]["content"][0]["text"]
+        .as_str()
+        .map(str::to_string);
+    assert!(
+        ta.as_deref()
+            .is_some_and(|t| t.starts_with("result of up-task-")),
+        "A: {oa:?}"
+    );
+    assert!(
+        tb.as_deref()
+            .is_some_and(|t| t.starts_with("result of up-task-")),
+        "B: {ob:?}"
+    );
+    assert_ne!(ta, tb, "each client gets its own task's result");
+    assert_eq!(up.count("tasks/cancel"), 0, "nothing was cancelled");
+    let m = tg.metrics_text().await;
+    assert_eq!(upgraded(&m, "completed"), 2.0);
+    assert_eq!(upgraded(&m, "cancelled"), 0.0);
+}
+
+/// `tasks/result` hangs while `tasks/get` says `completed`: the terminal poll ends the wait,
+/// taskgate asks `tasks/result` again and the client gets the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_poll_while_tasks_result_hangs_asks_again() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: Some(100),
+        poll_interval: 100,
+        hook: Some(Arc::new(|method, _id, _task, n| {
+            (method == "tasks/result" && n == 1)
+                .then(|| ScriptedResponse::sse(vec![SseStep::HoldOpen]))
+        })),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let id = json!(1);
+    let o = tokio::time::timeout(
+        Duration::from_secs(5),
+        call(&c, &call_body("1", "research", None), &id),
+    )
+    .await
+    .expect("the client is answered after the terminal tasks/get");
+    assert_eq!(
+        o.answer["result"]["content"][0]["text"],
+        json!("result of up-task-1"),
+        "{o:?}"
+    );
+    assert_eq!(up.count("tasks/result"), 2);
+}
+
+/// `tasks/result` hangs every time while `tasks/get` says `completed`: after one more
+/// `tasks/result` (bounded by the upstream timeout) the client gets an error naming the status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_poll_with_tasks_result_hanging_twice_answers_with_the_status() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: Some(100),
+        poll_interval: 100,
+        hook: Some(Arc::new(|method, _id, _task, _n| {
+            (method == "tasks/result").then(|| ScriptedResponse::sse(vec![SseStep::HoldOpen]))
+        })),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url())
+        .upstream_line("timeout_ms = 300")
+        .start()
+        .await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let id = json!(1);
+    let o = tokio::time::timeout(
+        Duration::from_secs(5),
+        call(&c, &call_body("1", "research", None), &id),
+    )
+    .await
+    .expect("the client is answered after the terminal tasks/get");
+    println!("client got {}", o.answer);
+    assert_eq!(o.answer["error"]["code"], json!(-32603), "{o:?}");
+    let message = o.answer["error"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("completed"), "{message}");
+    assert_eq!(up.count("tasks/result"), 2);
+}
+
+/// More events before the CreateTaskResult than the relay buffers: the exchange ends with a
+/// JSON-RPC error, the task is cancelled upstream, and the overflow is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_events_before_the_task_end_the_exchange_with_an_error() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: None,
+        creation_head: Some(Arc::new(|_task, _call| {
+            (0..1100)
+                .map(|i| {
+                    let n = json!({"jsonrpc": "2.0", "method": "notifications/message",
+                        "params": {"level": "info", "data": format!("line {i}")}});
+                    ev().event("message").data(&n.to_string()).into()
+                })
+                .collect()
+        })),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let id = json!(1);
+    let o = call(&c, &call_body("1", "research", None), &id).await;
+    println!("client got {} after {} messages", o.answer, o.before.len());
+    assert_eq!(o.answer["error"]["code"], json!(-32603), "{:?}", o.answer);
+    assert!(
+        o.before.len() <= 1024,
+        "{} messages relayed",
+        o.before.len()
+    );
+    assert!(
+        up.wait_count("tasks/cancel", 1, Duration::from_secs(5))
+            .await,
+        "the task is cancelled upstream"
+    );
+    let m = tg.metrics_text().await;
+    assert_eq!(upgraded(&m, "relay_overflow"), 1.0);
+}
+
+/// An upstream without sessions and no auth, two live upgraded calls with the same id: a
+/// `notifications/cancelled` for that id cannot say whose call it means, so it cancels neither
+/// (documented in the upgrade module); both calls complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_cancel_on_a_sessionless_upstream_cancels_no_call() {
+    let up = UpServer::start(UpBehaviour {
+        sessions: false,
+        task_ms: Some(600),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let a = client_with(&tg.mcp_url(), json!({})).await;
+    let b = client_with(&tg.mcp_url(), json!({})).await;
+    let id = json!(1);
+    let body = call_body("1", "research", None);
+    let cancel = async {
+        assert!(
+            up.wait_count("tools/call", 2, Duration::from_secs(5)).await,
+            "both calls reach the upstream"
+        );
+        let s = a
+            .notify("notifications/cancelled", json!({"requestId": 1}))
+            .await;
+        assert_eq!(s, 202);
+    };
+    let (oa, ob, ()) = tokio::join!(call(&a, &body, &id), call(&b, &body, &id), cancel);
+    println!("client A got {}, client B got {}", oa.answer, ob.answer);
+    assert!(oa.answer.get("result").is_some(), "A: {oa:?}");
+    assert!(ob.answer.get("result").is_some(), "B: {ob:?}");
+    assert_eq!(up.count("tasks/cancel"), 0, "nothing was cancelled");
+}

@@ -17,7 +17,13 @@
 //!   session's `initialize` (reason `initialize`), a request that produced a `CreateTaskResult`
 //!   (reason `task`: tasks are cancelled with `tasks/cancel` only), or already forwarded once
 //!   (reason `duplicate`); otherwise it goes to the upstream session that carries the request (a
-//!   pending `tasks/result` may have been routed to the task's session).
+//!   pending `tasks/result` may have been routed to the task's session). Requests are named by
+//!   who sent them ([`crate::exchange::CallKey`]: upstream, principal and client session, id),
+//!   so one client's cancel is never taken for another's. A caller with neither a principal nor
+//!   a session cannot be told apart from another one: its cancels are never dropped as
+//!   `duplicate` (a second `notifications/cancelled` is harmless; dropping another client's is
+//!   not), while the `initialize` and `task` checks still apply (they protect a session and a
+//!   task from being cancelled by the wrong message).
 //!
 //! ## The two audit facts
 //!
@@ -36,7 +42,7 @@
 //!   unreleased at start-up (a restart) are released after one quiet window with
 //!   `reason="restart"`; records removed by the TTL sweeper first count `reason="expired"`.
 
-use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind, Message};
 use crate::layers::registry::{Registry, ResourceHold};
 use crate::mcp::task::now_ms;
@@ -44,11 +50,12 @@ use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use futures_util::StreamExt;
 use http::HeaderValue;
+use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// The upstream's answer to one forwarded `tasks/cancel`, shared by every waiting caller.
@@ -69,10 +76,10 @@ type SharedCancel = Shared<BoxFuture<'static, CancelOutcome>>;
 /// Per-session facts about client requests needed to route `notifications/cancelled`.
 #[derive(Default)]
 struct CancelNotes {
-    /// (upstream, client session, request id) → upstream session the request went out on.
-    in_flight: HashMap<(Arc<str>, Option<HeaderValue>, Id), Option<HeaderValue>>,
-    /// (upstream, client session, request id) already cancelled once.
-    forwarded: HashMap<(Arc<str>, Option<HeaderValue>, Id), u64>,
+    /// The caller's request → upstream session the request went out on.
+    in_flight: HashMap<CallKey, Option<HeaderValue>>,
+    /// The caller's requests already cancelled once.
+    forwarded: HashMap<CallKey, u64>,
 }
 
 /// Shared state of the cancel layer.
@@ -201,19 +208,14 @@ where
 /// finished: at once for JSON, when the stream ends for SSE.
 struct InFlightGuard {
     state: Arc<CancelState>,
-    key: Option<(Arc<str>, Option<HeaderValue>, Id)>,
+    key: Option<CallKey>,
     _resource: Option<ResourceHold>,
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
-            self.state
-                .notes
-                .lock()
-                .expect("notes lock")
-                .in_flight
-                .remove(&key);
+            self.state.notes.lock().in_flight.remove(&key);
         }
     }
 }
@@ -221,7 +223,7 @@ impl Drop for InFlightGuard {
 impl CancelState {
     /// Notes a client request (with an id) going upstream on another session than the client's;
     /// returns its in-flight key.
-    fn note_request(&self, req: &McpRequest) -> Option<(Arc<str>, Option<HeaderValue>, Id)> {
+    fn note_request(&self, req: &McpRequest) -> Option<CallKey> {
         let Operation::Post(msg) = &req.op else {
             return None;
         };
@@ -233,18 +235,12 @@ impl CancelState {
         if req.ctx.session_id == req.ctx.client_session_id {
             return None;
         }
-        let id = msg.id()?.clone();
-        let key = (
-            req.ctx.upstream.clone(),
-            req.ctx.client_session_id.clone(),
-            id,
-        );
+        let key = req.ctx.call_key(msg.id()?);
         if msg.method() == Some("initialize") {
             return None;
         }
         self.notes
             .lock()
-            .expect("notes lock")
             .in_flight
             .insert(key.clone(), req.ctx.session_id.clone());
         Some(key)
@@ -265,24 +261,15 @@ impl CancelState {
             // Without a requestId nothing can be cancelled; the receiver ignores it anyway.
             return None;
         };
-        let session = req.ctx.session_id.clone();
-        let upstream = req.ctx.upstream.clone();
-        if self
-            .registry
-            .is_initialize_id(&upstream, session.as_ref(), &request_id)
-        {
+        let key = req.ctx.call_key(&request_id);
+        if self.registry.is_initialize_id(&key) {
             return Some("initialize");
         }
-        if self
-            .registry
-            .task_of_request(&upstream, session.as_ref(), &request_id)
-            .is_some()
-        {
+        if self.registry.task_of_request(&key).is_some() {
             return Some("task");
         }
-        let key = (upstream, session, request_id);
-        let mut notes = self.notes.lock().expect("notes lock");
-        if notes.forwarded.contains_key(&key) {
+        let mut notes = self.notes.lock();
+        if key.caller.is_identified() && notes.forwarded.contains_key(&key) {
             return Some("duplicate");
         }
         if notes.forwarded.len() > 100_000 {
@@ -340,7 +327,7 @@ where
     };
     let key = (upstream.clone(), task_id.clone());
     let (flight, first) = {
-        let mut flights = state.flights.lock().expect("flights lock");
+        let mut flights = state.flights.lock();
         if let Some(f) = flights.get(&key) {
             (f.clone(), false)
         } else {
@@ -397,7 +384,7 @@ where
             text.push('}');
             Ok(McpReply::local_json(Bytes::from(text)))
         }
-        CancelOutcome::Http(reply, status) => match reply.lock().expect("reply lock").take() {
+        CancelOutcome::Http(reply, status) => match reply.lock().take() {
             Some(r) if first => Ok(r),
             _ => Ok(McpReply::local_error(
                 Some(&id),
@@ -510,7 +497,7 @@ where
 }
 
 fn finish(state: &CancelState, key: &(Arc<str>, String), outcome: CancelOutcome) -> CancelOutcome {
-    state.flights.lock().expect("flights lock").remove(key);
+    state.flights.lock().remove(key);
     outcome
 }
 
@@ -522,9 +509,7 @@ struct FlightGuard {
 
 impl Drop for FlightGuard {
     fn drop(&mut self) {
-        if let Ok(mut flights) = self.state.flights.lock() {
-            flights.remove(&self.key);
-        }
+        self.state.flights.lock().remove(&self.key);
     }
 }
 

@@ -4,15 +4,15 @@
 //! behind the "resources released" fact (defined in `layers::cancel`).
 
 use crate::config::TasksConfig;
-use crate::exchange::{Principal, RequestContext};
+use crate::exchange::{CallKey, Caller, Principal, RequestContext};
 use crate::jsonrpc::Id;
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::Metrics;
 use crate::store::{AuditEvent, StoreError, TaskRecord, TaskStore};
-use http::HeaderValue;
+use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// The registry's shared state: the store, the live-task counts and the status logic. Used by
 /// the `tasks` and `cancel` layers and the sweeper.
@@ -32,10 +32,10 @@ pub struct Registry {
 /// Bounded in-memory notes about client requests (cleared when they grow past a limit).
 #[derive(Default)]
 struct RequestNotes {
-    /// (upstream, session) → the id of that session's `initialize`.
-    initialize: HashMap<(Arc<str>, Option<HeaderValue>), Id>,
-    /// (upstream, session, request id) → the taskId its `CreateTaskResult` carried.
-    creations: HashMap<(Arc<str>, Option<HeaderValue>, Id), String>,
+    /// (upstream, caller) → the id of that caller's `initialize`.
+    initialize: HashMap<(Arc<str>, Caller), Id>,
+    /// The caller's request → the taskId its `CreateTaskResult` carried.
+    creations: HashMap<CallKey, String>,
     /// (upstream, progressToken JSON) → taskId, for tasks not yet released.
     progress: HashMap<(Arc<str>, String), String>,
 }
@@ -148,65 +148,49 @@ impl Registry {
         &self.releases
     }
 
-    /// Remembers the `initialize` id of a session.
-    pub fn note_initialize(&self, upstream: &Arc<str>, session: Option<HeaderValue>, id: Id) {
-        let mut notes = self.requests.lock().expect("notes lock");
+    /// Remembers the `initialize` id of a caller (its principal and the session the
+    /// `initialize` opened).
+    pub fn note_initialize(&self, upstream: &Arc<str>, caller: Caller, id: Id) {
+        let mut notes = self.requests.lock();
         if notes.initialize.len() >= NOTES_LIMIT {
             notes.initialize.clear();
         }
-        notes.initialize.insert((upstream.clone(), session), id);
+        notes.initialize.insert((upstream.clone(), caller), id);
     }
 
-    /// Whether `id` is the `initialize` of that session.
-    pub fn is_initialize_id(
-        &self,
-        upstream: &Arc<str>,
-        session: Option<&HeaderValue>,
-        id: &Id,
-    ) -> bool {
-        let notes = self.requests.lock().expect("notes lock");
+    /// Whether the request `key` names is its caller's `initialize`.
+    pub fn is_initialize_id(&self, key: &CallKey) -> bool {
+        let notes = self.requests.lock();
         notes
             .initialize
-            .get(&(upstream.clone(), session.cloned()))
-            .is_some_and(|i| i == id)
+            .get(&(key.upstream.clone(), key.caller.clone()))
+            .is_some_and(|i| *i == key.id)
     }
 
-    /// The taskId a request of that session created, if it did.
-    pub fn task_of_request(
-        &self,
-        upstream: &Arc<str>,
-        session: Option<&HeaderValue>,
-        id: &Id,
-    ) -> Option<String> {
-        let notes = self.requests.lock().expect("notes lock");
-        notes
-            .creations
-            .get(&(upstream.clone(), session.cloned(), id.clone()))
-            .cloned()
+    /// The taskId the request `key` names created, if it did.
+    pub fn task_of_request(&self, key: &CallKey) -> Option<String> {
+        self.requests.lock().creations.get(key).cloned()
     }
 
     pub(crate) fn note_creation(
         &self,
-        upstream: &Arc<str>,
-        session: Option<HeaderValue>,
-        id: Id,
+        key: CallKey,
         task_id: &str,
         progress_token: Option<String>,
     ) {
-        let mut notes = self.requests.lock().expect("notes lock");
+        let upstream = key.upstream.clone();
+        let mut notes = self.requests.lock();
         if notes.creations.len() >= NOTES_LIMIT {
             notes.creations.clear();
         }
-        notes
-            .creations
-            .insert((upstream.clone(), session, id), task_id.to_string());
+        notes.creations.insert(key, task_id.to_string());
         if let Some(token) = progress_token {
             if notes.progress.len() >= NOTES_LIMIT {
                 notes.progress.clear();
             }
             notes
                 .progress
-                .insert((upstream.clone(), token), task_id.to_string());
+                .insert((upstream, token), task_id.to_string());
         }
     }
 
@@ -217,7 +201,7 @@ impl Registry {
         let mut task_id = None;
         if msg.get("method").and_then(Value::as_str) == Some("notifications/progress") {
             if let Some(token) = params.and_then(|p| p.get("progressToken")) {
-                let notes = self.requests.lock().expect("notes lock");
+                let notes = self.requests.lock();
                 task_id = notes
                     .progress
                     .get(&(upstream.clone(), token.to_string()))
@@ -279,7 +263,7 @@ impl Registry {
                 .observe(now.saturating_sub(c) as f64 / 1000.0);
         }
         {
-            let mut notes = self.requests.lock().expect("notes lock");
+            let mut notes = self.requests.lock();
             notes.progress.retain(|_, t| t != task_id);
         }
         self.audit(&after, "resources_released", format!("reason={reason}"));
@@ -303,7 +287,7 @@ impl Registry {
 
     /// Reserves a live-task slot for `owner`; false when the owner is at the limit.
     pub(crate) fn reserve(&self, upstream: &Arc<str>, owner: &str) -> bool {
-        let mut live = self.live.lock().expect("live lock");
+        let mut live = self.live.lock();
         let n = live
             .entry((upstream.clone(), owner.to_string()))
             .or_default();
@@ -315,7 +299,7 @@ impl Registry {
     }
 
     pub(crate) fn release_slot(&self, upstream: &str, owner: &str) {
-        let mut live = self.live.lock().expect("live lock");
+        let mut live = self.live.lock();
         let key = (Arc::from(upstream), owner.to_string());
         if let Some(n) = live.get_mut(&key) {
             *n = n.saturating_sub(1);
@@ -645,7 +629,7 @@ pub struct ResourceHold {
 
 impl Drop for ResourceHold {
     fn drop(&mut self) {
-        let mut tracks = self.releases.tracks.lock().expect("tracks lock");
+        let mut tracks = self.releases.tracks.lock();
         if let Some(t) = tracks.get_mut(&self.key) {
             t.holds = t.holds.saturating_sub(1);
             t.last_activity = Some(std::time::Instant::now());
@@ -669,18 +653,13 @@ impl Releases {
     /// Whether any task is tracked (held, or cancelled and not yet released): when none is,
     /// upstream activity needs no attention.
     pub fn is_tracking(&self) -> bool {
-        !self.tracks.lock().expect("tracks lock").is_empty()
+        !self.tracks.lock().is_empty()
     }
 
     /// Takes a hold on `(upstream, task_id)` until the returned guard is dropped.
     pub fn hold(self: &Arc<Self>, upstream: &str, task_id: &str) -> ResourceHold {
         let key = (upstream.to_string(), task_id.to_string());
-        self.tracks
-            .lock()
-            .expect("tracks lock")
-            .entry(key.clone())
-            .or_default()
-            .holds += 1;
+        self.tracks.lock().entry(key.clone()).or_default().holds += 1;
         ResourceHold {
             releases: self.clone(),
             key,
@@ -690,7 +669,7 @@ impl Releases {
     /// The upstream sent something about the task; returns true if the task is already
     /// recorded cancelled (the caller counts it as activity after cancel).
     pub fn activity(&self, upstream: &str, task_id: &str) -> bool {
-        let mut tracks = self.tracks.lock().expect("tracks lock");
+        let mut tracks = self.tracks.lock();
         match tracks.get_mut(&(upstream.to_string(), task_id.to_string())) {
             Some(t) => {
                 t.last_activity = Some(std::time::Instant::now());
@@ -705,7 +684,7 @@ impl Releases {
     pub fn cancelled(self: &Arc<Self>, upstream: &str, task_id: &str, reason: &'static str) {
         let key = (upstream.to_string(), task_id.to_string());
         {
-            let mut tracks = self.tracks.lock().expect("tracks lock");
+            let mut tracks = self.tracks.lock();
             let t = tracks.entry(key.clone()).or_default();
             t.cancelled = true;
             t.last_activity = Some(std::time::Instant::now());
@@ -725,7 +704,7 @@ impl Releases {
         const MAX_POLL: std::time::Duration = std::time::Duration::from_millis(100);
         loop {
             let wait = {
-                let tracks = self.tracks.lock().expect("tracks lock");
+                let tracks = self.tracks.lock();
                 let Some(t) = tracks.get(&key) else { return };
                 let since = t.last_activity.map(|l| l.elapsed()).unwrap_or(self.quiet);
                 if t.holds > 0 {
@@ -741,7 +720,7 @@ impl Releases {
                 None => break,
             }
         }
-        self.tracks.lock().expect("tracks lock").remove(&key);
+        self.tracks.lock().remove(&key);
         if let Some(registry) = self.registry.upgrade() {
             registry.record_released(&key.0, &key.1, reason);
         }
@@ -751,7 +730,6 @@ impl Releases {
     pub fn forget(&self, upstream: &str, task_id: &str) {
         self.tracks
             .lock()
-            .expect("tracks lock")
             .remove(&(upstream.to_string(), task_id.to_string()));
     }
 }

@@ -103,8 +103,8 @@ enum Expect {
     Creation {
         id: Id,
         template: Box<TaskRecord>,
-        /// The client's own session (for `notifications/cancelled` routing).
-        client_session: Option<HeaderValue>,
+        /// The client's request (for `notifications/cancelled` routing).
+        key: crate::exchange::CallKey,
         /// `params._meta.progressToken` as JSON text.
         progress_token: Option<String>,
     },
@@ -159,6 +159,7 @@ where
             _ => Expect::Nothing,
         };
         let upstream = req.ctx.upstream.clone();
+        let principal = req.ctx.principal.clone();
         Box::pin(async move {
             let reply = inner.call(req).await;
             let mut reply = match reply {
@@ -173,7 +174,11 @@ where
             if let Expect::Initialize { id, .. } = &expect {
                 let session = reply.headers.get("mcp-session-id").cloned();
                 let has_session = session.is_some();
-                registry.note_initialize(&upstream, session, id.clone());
+                let caller = crate::exchange::Caller {
+                    principal,
+                    client_session: session,
+                };
+                registry.note_initialize(&upstream, caller, id.clone());
                 if has_session {
                     // A session tells callers apart: nothing to hide.
                     return Ok(reply);
@@ -298,9 +303,9 @@ impl<S> TasksService<S> {
             .pointer("/params/_meta/progressToken")
             .map(Value::to_string);
         Ok(Expect::Creation {
+            key: req.ctx.call_key(&id),
             id,
             template: Box::new(template),
-            client_session: req.ctx.client_session_id.clone(),
             progress_token,
         })
     }
@@ -511,18 +516,12 @@ impl ReplyWatch {
             Expect::Creation {
                 id,
                 template,
-                client_session,
+                key,
                 progress_token,
             } => {
                 let (out, created) = self.on_creation(bytes, &id, *template).await;
                 if let Some(task_id) = created {
-                    self.registry.note_creation(
-                        &self.upstream,
-                        client_session,
-                        id,
-                        &task_id,
-                        progress_token,
-                    );
+                    self.registry.note_creation(key, &task_id, progress_token);
                     *self.hold.lock().expect("hold lock") =
                         Some(self.registry.releases().hold(&self.upstream, &task_id));
                 }

@@ -33,12 +33,33 @@
 //! Outcomes of `taskgate_upgraded_calls_total{upstream,outcome}`: `completed`, `failed` (error or
 //! `isError` result), `cancelled` (client's `notifications/cancelled`), `disconnected`,
 //! `refused_capability`, `not_a_task` (the upstream answered without a task), `upstream_error`,
-//! `orphaned`.
+//! `orphaned`, `relay_overflow` (too many events before the `CreateTaskResult`).
 //!
 //! A `notifications/cancelled` that arrives before the upstream's `CreateTaskResult` is held and
 //! becomes the `tasks/cancel` once the task exists. The upstream side of an upgraded call runs
 //! on its own task, so a client that disconnects before the `CreateTaskResult` still leaves a
 //! recorded task that `on_client_disconnect` handles.
+//!
+//! Who a call belongs to: an upgraded call is named by `(upstream, Caller, id)`
+//! ([`crate::exchange::CallKey`]: the principal and the client's own session), plus a token
+//! unique to the call, so a second call never replaces the first one's entry. A caller with
+//! neither a principal nor a session cannot be told apart from another such caller; when more
+//! than one upgraded call with the same key is live, a `notifications/cancelled` for that id is
+//! ambiguous and cancels none of them (it is passed on down the stack like any other): taskgate
+//! never cancels a call that may be another client's. With a single live call it cancels that one.
+//!
+//! Bounds: what the upstream sends before the `CreateTaskResult` is buffered up to
+//! [`EARLY_LIMIT`] events; past it the exchange ends with a JSON-RPC error (`-32603`), the task
+//! (once its `CreateTaskResult` arrives) is cancelled upstream, counted as
+//! `outcome="relay_overflow"`. Afterwards the relay from the `tasks/result` stream to the client
+//! goes through bounded channels ([`RELAY_CAPACITY`]), so a slow client slows the reading of the
+//! upstream's stream instead of growing a buffer.
+//!
+//! Terminal polls: when a `tasks/get` poll reports a terminal status while `tasks/result` has not
+//! answered, taskgate waits one more poll interval for it, then asks `tasks/result` once more
+//! (bounded by the upstream's `timeout_ms`); if that gives no answer either, the client gets a
+//! JSON-RPC error (`-32603`) naming the status (`outcome="upstream_error"`). An upstream answer
+//! that is not a JSON object gets the same error code, never a panic.
 //!
 //! Progress values on the client's token always increase (2025-11-25 basic/utilities/progress),
 //! across the call's own stream and the session's GET stream, where some servers send progress.
@@ -52,7 +73,8 @@
 
 use crate::config::{OnDisconnect, UpgradeConfig};
 use crate::exchange::{
-    GatewayError, McpReply, McpRequest, Operation, Principal, ReplyBody, RequestContext,
+    CallKey, Caller, GatewayError, McpReply, McpRequest, Operation, Principal, ReplyBody,
+    RequestContext,
 };
 use crate::jsonrpc::{self, Id, Kind, Message};
 use crate::layers::registry::Registry;
@@ -63,26 +85,40 @@ use crate::store::{Origin, TaskRecord};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode};
+use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tower::ServiceExt;
 
-type CallKey = (Arc<str>, Option<HeaderValue>, Id);
-/// (upstream, session key, progressToken JSON) of an upgraded call with a progress token.
-type TokenKey = (Arc<str>, Option<HeaderValue>, String);
+/// (upstream, caller, progressToken JSON) of an upgraded call with a progress token.
+type TokenKey = (Arc<str>, Caller, String);
+
+/// Events buffered before the upstream's `CreateTaskResult`; past it the exchange ends.
+pub const EARLY_LIMIT: usize = 1024;
+/// Capacity of the channels that relay the task's messages to the client.
+pub const RELAY_CAPACITY: usize = 256;
+/// Deadline of the `tasks/result` asked again after a terminal poll, when the upstream's own
+/// `timeout_ms` is not known.
+const DEFAULT_RESULT_DEADLINE: Duration = Duration::from_secs(30);
+
+/// One live upgraded call: a token unique to it and its cancel signal.
+struct ActiveCall {
+    token: u64,
+    cancel: oneshot::Sender<()>,
+}
 
 /// The next progress value on a token whose last value is `last`: the upstream's own value when
 /// it increases, otherwise a little more than the last (below `total` when there is one), so the
 /// values a client sees always increase (2025-11-25 basic/utilities/progress).
 fn next_progress(last: &Mutex<Option<f64>>, wanted: Option<f64>, total: Option<f64>) -> f64 {
-    let mut last = last.lock().expect("progress lock");
+    let mut last = last.lock();
     let next = match (*last, wanted) {
         (None, Some(p)) => p,
         (None, None) => 0.0,
@@ -101,8 +137,11 @@ pub struct UpgradeState {
     sessions: Arc<Sessions>,
     registry: Arc<Registry>,
     config: UpgradeConfig,
-    /// Upgraded calls being followed: client's (upstream, session, id) → cancel signal.
-    active: Mutex<HashMap<CallKey, oneshot::Sender<()>>>,
+    /// Upgraded calls being followed: the client's call → every live call with that key (more
+    /// than one only for callers that cannot be told apart; see the module docs).
+    active: Mutex<HashMap<CallKey, Vec<ActiveCall>>>,
+    /// Each upstream's `timeout_ms` (the deadline of a `tasks/result` asked after a terminal poll).
+    timeouts: Mutex<HashMap<Arc<str>, Duration>>,
     /// Progress state of upgraded calls by token, for progress the upstream sends on the
     /// session's GET stream.
     tokens: Mutex<HashMap<TokenKey, Arc<Mutex<Option<f64>>>>>,
@@ -122,10 +161,64 @@ impl UpgradeState {
             config,
             active: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
+            timeouts: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(1),
         })
     }
 
+    /// Records an upstream's `timeout_ms`.
+    pub fn set_upstream_timeout(&self, upstream: &Arc<str>, timeout: Duration) {
+        self.timeouts.lock().insert(upstream.clone(), timeout);
+    }
+
+    fn result_deadline(&self, upstream: &Arc<str>) -> Duration {
+        self.timeouts
+            .lock()
+            .get(upstream)
+            .copied()
+            .unwrap_or(DEFAULT_RESULT_DEADLINE)
+    }
+
+    /// Registers a live upgraded call; never replaces another call's entry. Returns its token.
+    fn register(&self, key: &CallKey, cancel: oneshot::Sender<()>) -> u64 {
+        let token = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.active
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .push(ActiveCall { token, cancel });
+        token
+    }
+
+    /// Forgets one live upgraded call (only that one).
+    fn forget(&self, key: &CallKey, token: u64) {
+        let mut active = self.active.lock();
+        if let Some(calls) = active.get_mut(key) {
+            calls.retain(|c| c.token != token);
+            if calls.is_empty() {
+                active.remove(key);
+            }
+        }
+    }
+
+    /// A client's `notifications/cancelled` for `key`: signals the call when exactly one live
+    /// call has that key. Returns whether it did.
+    fn cancel_call(&self, key: &CallKey) -> bool {
+        let mut active = self.active.lock();
+        let Some(calls) = active.get_mut(key) else {
+            return false;
+        };
+        if calls.len() != 1 {
+            tracing::info!(
+                live = calls.len(),
+                "notifications/cancelled names more than one upgraded call of callers that cannot be told apart: none is cancelled"
+            );
+            return false;
+        }
+        let call = calls.pop().expect("one call");
+        active.remove(key);
+        call.cancel.send(()).is_ok()
+    }
     fn next_id(&self) -> Id {
         let n = self.seq.fetch_add(1, Ordering::Relaxed);
         Id::from_json(&format!("\"taskgate-{n}\"")).expect("a string id")
@@ -206,8 +299,7 @@ where
             }
             Some("notifications/cancelled") if !is_request => {
                 if let Some(key) = cancelled_call(&req) {
-                    if let Some(signal) = state.active.lock().expect("active lock").remove(&key) {
-                        let _ = signal.send(());
+                    if state.cancel_call(&key) {
                         return Box::pin(async { Ok(McpReply::accepted()) });
                     }
                 }
@@ -234,10 +326,10 @@ where
     S::Future: Send + 'static,
 {
     let upstream = req.ctx.upstream.clone();
-    let session = session_key(&req.ctx);
+    let caller = req.ctx.caller();
     let mut reply = inner.oneshot(req).await?;
     reply.body = reply.body.map_messages(move |data| {
-        if state.tokens.lock().expect("tokens lock").is_empty()
+        if state.tokens.lock().is_empty()
             || !crate::jsonrpc::needles::found(&crate::jsonrpc::needles::PROGRESS, data.as_bytes())
         {
             return None;
@@ -247,8 +339,7 @@ where
         let last = state
             .tokens
             .lock()
-            .expect("tokens lock")
-            .get(&(upstream.clone(), session.clone(), token))
+            .get(&(upstream.clone(), caller.clone(), token))
             .cloned()?;
         let wanted = v.pointer("/params/progress").and_then(Value::as_f64);
         let total = v.pointer("/params/total").and_then(Value::as_f64);
@@ -267,11 +358,7 @@ fn cancelled_call(req: &McpRequest) -> Option<CallKey> {
     };
     let v: Value = msg.parse_as().ok()?;
     let id = Id::from_value(v.pointer("/params/requestId")?)?;
-    Some((
-        req.ctx.upstream.clone(),
-        req.ctx.client_session_id.clone(),
-        id,
-    ))
+    Some(req.ctx.call_key(&id))
 }
 
 /// Shows `required` tools as `optional` to clients without `capabilities.tasks`.
@@ -334,8 +421,40 @@ fn own_request(ctx: &RequestContext, id: &Id, method: &str, params: Value) -> Mc
     }
 }
 
-/// Reads a reply until the message answering `id`; other messages go to `on_other`.
-async fn answer_of(reply: McpReply, id: &Id, mut on_other: impl FnMut(Event)) -> Option<Value> {
+/// Where [`answer_of`] puts the messages that are not the answer.
+enum Others<'a> {
+    /// Dropped.
+    Discard,
+    /// Sent on a bounded channel (waits while it is full: backpressure on the upstream stream).
+    Relay(&'a mpsc::Sender<Event>),
+    /// Kept, up to [`EARLY_LIMIT`]; past it the rest is dropped and `overflowed` set.
+    Buffer {
+        events: &'a mut Vec<Event>,
+        overflowed: &'a mut bool,
+    },
+}
+
+impl Others<'_> {
+    async fn put(&mut self, ev: Event) {
+        match self {
+            Others::Discard => {}
+            Others::Relay(tx) => {
+                let _ = tx.send(ev).await;
+            }
+            Others::Buffer { events, overflowed } => {
+                if events.len() < EARLY_LIMIT && !**overflowed {
+                    events.push(ev);
+                } else {
+                    **overflowed = true;
+                    events.clear();
+                }
+            }
+        }
+    }
+}
+
+/// Reads a reply until the message answering `id`; other messages go to `others`.
+async fn answer_of(reply: McpReply, id: &Id, mut others: Others<'_>) -> Option<Value> {
     match reply.body {
         ReplyBody::Json(bytes) => serde_json::from_slice(&bytes).ok(),
         ReplyBody::Stream(mut events) => {
@@ -348,7 +467,7 @@ async fn answer_of(reply: McpReply, id: &Id, mut on_other: impl FnMut(Event)) ->
                 });
                 match answers {
                     Some(v) => return Some(v),
-                    None => on_other(ev),
+                    None => others.put(ev).await,
                 }
             }
             None
@@ -388,7 +507,7 @@ where
             .oneshot(own_request(ctx, &id, "tools/list", params))
             .await
             .ok()?;
-        let answer = answer_of(reply, &id, |_| {}).await?;
+        let answer = answer_of(reply, &id, Others::Discard).await?;
         cursor = answer
             .pointer("/result/nextCursor")
             .and_then(Value::as_str)
@@ -438,14 +557,26 @@ where
     {
         return inner.oneshot(req).await;
     }
-    let original_id = msg.id().cloned().expect("tools/call is a request");
+    let Some(original_id) = msg.id().cloned() else {
+        return inner.oneshot(req).await;
+    };
     let progress_token = value.pointer("/params/_meta/progressToken").cloned();
-    value["params"]["task"] = serde_json::json!({ "ttl": state.config.ttl_ms });
-    let bytes = Bytes::from(serde_json::to_vec(&value).expect("re-serialise"));
-    req.op = Operation::Post(Message::parse(bytes).expect("a re-serialised request"));
+    let Some(params) = value.get_mut("params").and_then(Value::as_object_mut) else {
+        return inner.oneshot(req).await;
+    };
+    params.insert(
+        "task".into(),
+        serde_json::json!({ "ttl": state.config.ttl_ms }),
+    );
+    let upgraded = serde_json::to_vec(&value)
+        .ok()
+        .and_then(|bytes| Message::parse(Bytes::from(bytes)).ok());
+    let Some(upgraded) = upgraded else {
+        return inner.oneshot(req).await;
+    };
+    req.op = Operation::Post(upgraded);
     req.ctx.upgraded = true;
     let ctx = req.ctx.clone();
-    let upstream = ctx.upstream.clone();
     tracing::info!(
         tool,
         "plain tools/call to a required tool: upgraded to a task"
@@ -454,16 +585,8 @@ where
     // The call is known as upgraded from now on: a notifications/cancelled for its id, even one
     // that arrives before the CreateTaskResult, becomes a tasks/cancel.
     let (cancel_tx, cancel_rx) = oneshot::channel();
-    let key: CallKey = (
-        upstream.clone(),
-        ctx.client_session_id.clone(),
-        original_id.clone(),
-    );
-    state
-        .active
-        .lock()
-        .expect("active lock")
-        .insert(key.clone(), cancel_tx);
+    let key = ctx.call_key(&original_id);
+    let call_token = state.register(&key, cancel_tx);
     // The upstream side runs on its own task: a client that goes away before the
     // CreateTaskResult still leaves a recorded task, handled by `on_client_disconnect`.
     let (first_tx, first_rx) = oneshot::channel();
@@ -475,6 +598,7 @@ where
             original_id: original_id.clone(),
             progress_token,
             key,
+            call_token,
         },
         req,
         cancel_rx,
@@ -498,6 +622,7 @@ struct Upgraded<S> {
     original_id: Id,
     progress_token: Option<Value>,
     key: CallKey,
+    call_token: u64,
 }
 
 /// Sends the upgraded call, answers the client (`first`) with its stream or, when no task came
@@ -522,11 +647,10 @@ async fn drive<S>(
         original_id,
         progress_token,
         key,
+        call_token,
     } = call;
     let upstream = ctx.upstream.clone();
-    let forget = |state: &UpgradeState| {
-        state.active.lock().expect("active lock").remove(&key);
-    };
+    let forget = |state: &UpgradeState| state.forget(&key, call_token);
     let reply = match inner.clone().oneshot(req).await {
         Ok(r) => r,
         Err(e) => {
@@ -539,7 +663,32 @@ async fn drive<S>(
     let status = reply.status;
     let headers = reply.headers.clone();
     let mut early = Vec::new();
-    let answer = answer_of(reply, &original_id, |ev| early.push(ev)).await;
+    let mut overflowed = false;
+    let others = Others::Buffer {
+        events: &mut early,
+        overflowed: &mut overflowed,
+    };
+    let answer = answer_of(reply, &original_id, others).await;
+    if overflowed {
+        forget(&state);
+        state.count(&upstream, "relay_overflow");
+        let task_id = answer
+            .as_ref()
+            .and_then(|a| a.pointer("/result/task/taskId"))
+            .and_then(Value::as_str);
+        let _ = first.send(Ok(McpReply::local_error(
+            Some(&original_id),
+            jsonrpc::INTERNAL_ERROR,
+            &format!(
+                "upstream `{upstream}` sent more than {EARLY_LIMIT} messages before answering the upgraded tools/call; the exchange was ended{}",
+                if task_id.is_some() { " and the task cancelled" } else { "" }
+            ),
+        )));
+        if let Some(task_id) = task_id {
+            cancel_task(&inner, &state, &ctx, task_id).await;
+        }
+        return;
+    }
     let Some(answer) = answer else {
         forget(&state);
         state.count(&upstream, "upstream_error");
@@ -566,21 +715,28 @@ async fn drive<S>(
         let _ = first.send(Ok(reply));
         return;
     };
-    let task_id = task["taskId"].as_str().unwrap_or_default().to_string();
+    let task_id = task
+        .get("taskId")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     let poll = task
         .get("pollInterval")
         .and_then(Value::as_u64)
         .unwrap_or(1000)
         .max(100);
-    let (tx, rx) = mpsc::channel::<Event>(256);
-    let progress = Arc::new(Mutex::new(None));
+    let (tx, rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
+    let mut progress = Arc::new(Mutex::new(None));
     let token_key = progress_token.as_ref().map(|t| {
-        let k = (upstream.clone(), session_key(&ctx), t.to_string());
-        state
+        let k = (upstream.clone(), ctx.caller(), t.to_string());
+        // Two calls of callers that cannot be told apart may use one token: they share its
+        // progress state (values still increase), neither replaces the other's.
+        progress = state
             .tokens
             .lock()
-            .expect("tokens lock")
-            .insert(k.clone(), progress.clone());
+            .entry(k.clone())
+            .or_insert_with(|| progress.clone())
+            .clone();
         k
     });
     let follower = Follower {
@@ -594,6 +750,7 @@ async fn drive<S>(
         tx,
         progress,
         key,
+        call_token,
         token_key,
     };
 
@@ -639,10 +796,14 @@ struct Follower<S> {
     /// This call's entry in `UpgradeState::tokens`.
     token_key: Option<TokenKey>,
     key: CallKey,
+    call_token: u64,
 }
 
 enum End {
     Answer(Value),
+    /// A `tasks/get` poll said the task ended (status, statusMessage) and `tasks/result` has not
+    /// answered within one more poll interval.
+    Terminal(String, String),
     NeedsCapability(&'static str, &'static str),
     ClientCancelled,
     Disconnected,
@@ -730,6 +891,39 @@ where
         let _ = self.tx.send(ev).await;
     }
 
+    /// Asks `tasks/result` until it answers (a server may close the stream before the answer,
+    /// as SSE polling does: ask again, a few times, as a reconnecting client would); what the
+    /// upstream sends before the answer goes to `relay`.
+    async fn ask_result(
+        inner: S,
+        state: Arc<UpgradeState>,
+        ctx: RequestContext,
+        task_id: String,
+        relay: mpsc::Sender<Event>,
+        attempts: usize,
+    ) -> End {
+        for _ in 0..attempts {
+            let result_id = state.next_id();
+            let result_req = own_request(
+                &ctx,
+                &result_id,
+                "tasks/result",
+                serde_json::json!({ "taskId": task_id }),
+            );
+            let reply = match inner.clone().oneshot(result_req).await {
+                Ok(r) => r,
+                Err(e) => return End::Failed(e.to_string()),
+            };
+            if let Some(v) = answer_of(reply, &result_id, Others::Relay(&relay)).await {
+                return End::Answer(v);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        End::Failed(format!(
+            "the tasks/result stream ended without an answer, {attempts} times"
+        ))
+    }
+
     async fn run(self, mut cancel_rx: oneshot::Receiver<()>) {
         let upstream = self.ctx.upstream.clone();
         let _hold = self
@@ -737,57 +931,45 @@ where
             .registry
             .releases()
             .hold(&upstream, &self.task_id);
-        let inner = (*self.inner).clone();
-        let (relay_tx, mut relay_rx) = mpsc::unbounded_channel::<Event>();
+        let (relay_tx, mut relay_rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
         let client_caps = self
             .state
             .sessions
             .get(&upstream, session_key(&self.ctx).as_ref());
-        let result_fut = {
-            let state = self.state.clone();
-            let ctx = self.ctx.clone();
-            let task_id = self.task_id.clone();
-            async move {
-                // A server may close the tasks/result stream before the answer (SSE polling):
-                // ask again, a few times, as a reconnecting client would.
-                for _ in 0..5 {
-                    let result_id = state.next_id();
-                    let result_req = own_request(
-                        &ctx,
-                        &result_id,
-                        "tasks/result",
-                        serde_json::json!({ "taskId": task_id }),
-                    );
-                    let reply = match inner.clone().oneshot(result_req).await {
-                        Ok(r) => r,
-                        Err(e) => return End::Failed(e.to_string()),
-                    };
-                    let relay = relay_tx.clone();
-                    if let Some(v) = answer_of(reply, &result_id, |ev| {
-                        let _ = relay.send(ev);
-                    })
-                    .await
-                    {
-                        return End::Answer(v);
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                End::Failed("the tasks/result stream ended without an answer, five times".into())
-            }
-        };
-        tokio::pin!(result_fut);
+        let mut result_fut = Box::pin(Self::ask_result(
+            (*self.inner).clone(),
+            self.state.clone(),
+            self.ctx.clone(),
+            self.task_id.clone(),
+            relay_tx.clone(),
+            5,
+        ));
         let mut ticker = tokio::time::interval(self.poll);
         ticker.tick().await;
         let mut last_status: Option<(String, String)> = None;
         // One tasks/get at a time, polled alongside (a slow one never delays the answer).
         let mut polling: Option<Pin<Box<dyn Future<Output = Option<(String, String)>> + Send>>> =
             None;
+        // Set once a poll reported a terminal status: tasks/result gets one more poll interval.
+        let mut terminal: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        // The cancel signal can only end in Ok (a client's cancel) or Err (the entry is gone);
+        // only Ok is a cancel, and a finished receiver is not polled again.
+        let mut cancel_open = true;
         let end = loop {
             tokio::select! {
                 end = &mut result_fut => break end,
-                _ = &mut cancel_rx => break End::ClientCancelled,
+                signal = &mut cancel_rx, if cancel_open => {
+                    cancel_open = false;
+                    if signal.is_ok() {
+                        break End::ClientCancelled;
+                    }
+                }
                 _ = self.tx.closed() => break End::Disconnected,
-                _ = ticker.tick(), if polling.is_none() => {
+                _ = async { terminal.as_mut().expect("guarded").await }, if terminal.is_some() => {
+                    let (status, message) = last_status.clone().unwrap_or_default();
+                    break End::Terminal(status, message);
+                }
+                _ = ticker.tick(), if polling.is_none() && terminal.is_none() => {
                     polling = Some(Box::pin(poll_status(
                         (*self.inner).clone(),
                         self.state.clone(),
@@ -800,8 +982,12 @@ where
                     if let Some(st) = st {
                         if last_status.as_ref() != Some(&st) {
                             let message = if st.1.is_empty() { st.0.clone() } else { format!("{}: {}", st.0, st.1) };
+                            let ended = TaskStatus::parse(&st.0).is_some_and(|s| s.is_terminal());
                             last_status = Some(st);
                             self.progress(message).await;
+                            if ended {
+                                terminal = Some(Box::pin(tokio::time::sleep(self.poll)));
+                            }
                         }
                     }
                 }
@@ -823,28 +1009,74 @@ where
                 }
             }
         };
-        self.state
-            .active
-            .lock()
-            .expect("active lock")
-            .remove(&self.key);
+        // The pending tasks/result (if any) is given up.
+        drop(result_fut);
+        let end = match end {
+            End::Terminal(status, message) => {
+                // Ask once more, bounded: the task has ended, so its result is there or never.
+                tracing::info!(task_id = %self.task_id, status, "tasks/get says the upgraded task ended; tasks/result asked again");
+                let again = Self::ask_result(
+                    (*self.inner).clone(),
+                    self.state.clone(),
+                    self.ctx.clone(),
+                    self.task_id.clone(),
+                    relay_tx.clone(),
+                    1,
+                );
+                let deadline = self.state.result_deadline(&upstream);
+                match tokio::time::timeout(deadline, again).await {
+                    Ok(End::Answer(v)) => End::Answer(v),
+                    _ => End::Terminal(status, message),
+                }
+            }
+            end => end,
+        };
+        drop(relay_tx);
+        self.state.forget(&self.key, self.call_token);
         if let Some(k) = &self.token_key {
-            self.state.tokens.lock().expect("tokens lock").remove(k);
+            let mut tokens = self.state.tokens.lock();
+            if tokens
+                .get(k)
+                .is_some_and(|p| Arc::ptr_eq(p, &self.progress))
+            {
+                tokens.remove(k);
+            }
         }
-        if matches!(end, End::Answer(_) | End::Failed(_)) {
+        if matches!(end, End::Answer(_) | End::Failed(_) | End::Terminal(..)) {
             // What the upstream sent before its answer goes out before the answer.
             while let Ok(ev) = relay_rx.try_recv() {
                 self.relay_other(ev).await;
             }
         }
         match end {
-            End::Answer(mut v) => {
+            End::Answer(Value::Object(mut v)) => {
                 let failed = v.get("error").is_some()
-                    || v.pointer("/result/isError").and_then(Value::as_bool) == Some(true);
+                    || v.get("result")
+                        .and_then(|r| r.get("isError"))
+                        .and_then(Value::as_bool)
+                        == Some(true);
                 self.state
                     .count(&upstream, if failed { "failed" } else { "completed" });
-                v["id"] = serde_json::from_str(self.original_id.as_json()).expect("an id is JSON");
-                self.send(v.to_string()).await;
+                let id = serde_json::from_str(self.original_id.as_json()).unwrap_or(Value::Null);
+                v.insert("id".into(), id);
+                self.send(Value::Object(v).to_string()).await;
+            }
+            End::Answer(_) => {
+                self.state.count(&upstream, "upstream_error");
+                self.send_error("upstream answered tasks/result with a non-object body")
+                    .await;
+            }
+            End::Terminal(status, message) => {
+                self.state.count(&upstream, "upstream_error");
+                let message = if message.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({message})")
+                };
+                self.send_error(&format!(
+                    "the upgraded task ended with status `{status}`{message}, but tasks/result gave no answer"
+                ))
+                .await;
             }
             End::NeedsCapability(method, pointer) => {
                 self.state.count(&upstream, "refused_capability");
@@ -853,12 +1085,7 @@ where
                     "the tool needs {method}, but this client did not declare capabilities.{}; the task was cancelled",
                     pointer.trim_start_matches('/')
                 );
-                let err = jsonrpc::error_response(
-                    Some(&self.original_id),
-                    jsonrpc::INTERNAL_ERROR,
-                    &message,
-                );
-                self.send(String::from_utf8_lossy(&err).into_owned()).await;
+                self.send_error(&message).await;
             }
             End::ClientCancelled => {
                 self.state.count(&upstream, "cancelled");
@@ -876,14 +1103,17 @@ where
             }
             End::Failed(why) => {
                 self.state.count(&upstream, "upstream_error");
-                let err = jsonrpc::error_response(
-                    Some(&self.original_id),
-                    jsonrpc::INTERNAL_ERROR,
-                    &format!("following the upgraded task failed: {why}"),
-                );
-                self.send(String::from_utf8_lossy(&err).into_owned()).await;
+                self.send_error(&format!("following the upgraded task failed: {why}"))
+                    .await;
             }
         }
+    }
+
+    /// Answers the client's original request with a JSON-RPC error (`-32603`).
+    async fn send_error(&self, message: &str) {
+        let err =
+            jsonrpc::error_response(Some(&self.original_id), jsonrpc::INTERNAL_ERROR, message);
+        self.send(String::from_utf8_lossy(&err).into_owned()).await;
     }
 
     async fn cancel_upstream(&self) {
@@ -910,7 +1140,7 @@ where
         serde_json::json!({ "taskId": task_id }),
     );
     let reply = inner.oneshot(req).await.ok()?;
-    let v = answer_of(reply, &id, |_| {}).await?;
+    let v = answer_of(reply, &id, Others::Discard).await?;
     let r = v.get("result")?;
     Some((
         r.get("status")?.as_str()?.to_string(),
@@ -938,7 +1168,7 @@ where
     );
     match inner.clone().oneshot(req).await {
         Ok(reply) => {
-            let answer = answer_of(reply, &id, |_| {}).await;
+            let answer = answer_of(reply, &id, Others::Discard).await;
             tracing::info!(task_id, answer = ?answer.map(|v| v.to_string()), "upgraded task cancelled upstream");
         }
         Err(e) => tracing::warn!(task_id, error = %e, "could not cancel an upgraded task upstream"),

@@ -79,7 +79,12 @@ pub struct UpBehaviour {
     /// empty data) and close the stream, as a server that polls with SSE (SEP-1699) does; the
     /// client is expected to come back for the result.
     pub result_drops: usize,
+    /// Overrides the server's answer to a request (method, JSON-RPC id as JSON, taskId, how
+    /// many times this method was asked about this task so far, 1-based); None: as scripted.
+    pub hook: Option<Hook>,
 }
+
+pub type Hook = Arc<dyn Fn(&str, &str, &str, usize) -> Option<ScriptedResponse> + Send + Sync>;
 
 impl Default for UpBehaviour {
     fn default() -> Self {
@@ -102,6 +107,7 @@ impl Default for UpBehaviour {
             sessions: true,
             refuse_task: None,
             result_drops: 0,
+            hook: None,
         }
     }
 }
@@ -161,6 +167,8 @@ pub struct UpState {
     pub seen: Vec<(String, String, Instant)>,
     /// `tasks/result` calls per task.
     pub result_calls: HashMap<String, usize>,
+    /// (method, taskId) → requests seen by [`UpBehaviour::hook`].
+    pub hook_calls: HashMap<(String, String), usize>,
 }
 
 impl UpState {
@@ -363,6 +371,20 @@ fn up_handle(b: &UpBehaviour, state: &Mutex<UpState>, req: &RecordedRequest) -> 
         st.seen
             .push((method.to_string(), task_id.clone(), Instant::now()));
         st.refresh(b, &task_id);
+    }
+    if let Some(hook) = &b.hook {
+        let n = {
+            let mut st = state.lock().unwrap();
+            let n = st
+                .hook_calls
+                .entry((method.to_string(), task_id.clone()))
+                .or_default();
+            *n += 1;
+            *n
+        };
+        if let Some(r) = hook(method, &id, &task_id, n) {
+            return r;
+        }
     }
     match method {
         "initialize" => {
@@ -600,6 +622,8 @@ fn up_handle(b: &UpBehaviour, state: &Mutex<UpState>, req: &RecordedRequest) -> 
 pub struct UgConfig {
     pub tg: TgConfig,
     pub upgrade: Vec<String>,
+    /// Extra `key = value` lines of the `[[upstream]]` table.
+    pub upstream: Vec<String>,
 }
 
 impl UgConfig {
@@ -607,6 +631,7 @@ impl UgConfig {
         UgConfig {
             tg: TgConfig::new(upstream_url),
             upgrade: vec!["enabled = true".into()],
+            upstream: vec![],
         }
     }
     /// Replaces the `[upgrade]` lines.
@@ -627,8 +652,17 @@ impl UgConfig {
         self.tg = self.tg.tasks(line);
         self
     }
+    /// An extra line in the `[[upstream]]` table (`timeout_ms = 300`).
+    pub fn upstream_line(mut self, line: &str) -> Self {
+        self.upstream.push(line.into());
+        self
+    }
     pub fn to_toml(&self, store: &str) -> String {
         let mut s = self.tg.to_toml(store);
+        for l in &self.upstream {
+            s.push_str(l);
+            s.push('\n');
+        }
         s.push_str("\n[upgrade]\n");
         for l in &self.upgrade {
             s.push_str(l);
