@@ -313,6 +313,9 @@ fn default_timeout_ms() -> u64 {
 fn default_connect_timeout_ms() -> u64 {
     5_000
 }
+fn default_max_message_bytes() -> usize {
+    16 * 1024 * 1024
+}
 
 /// `[[upstream]]`: one MCP server reached over Streamable HTTP.
 #[derive(Debug, Clone, Deserialize)]
@@ -335,6 +338,10 @@ pub struct UpstreamConfig {
     /// Forward the client's `Authorization` header upstream (default false: it is taskgate's).
     #[serde(default)]
     pub forward_authorization: bool,
+    /// Largest upstream answer taskgate reads, in bytes (default 16 MiB, at least 1024): a whole
+    /// JSON body, or one SSE line or event. A larger one ends that exchange with a JSON-RPC error.
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
 }
 
 impl Config {
@@ -444,6 +451,12 @@ impl Config {
                 return invalid(format!(
                     "upstream {:?}: timeout_ms and connect_timeout_ms must be greater than 0",
                     up.name
+                ));
+            }
+            if up.max_message_bytes < 1024 {
+                return invalid(format!(
+                    "upstream {:?}: max_message_bytes must be at least 1024 (got {})",
+                    up.name, up.max_message_bytes
                 ));
             }
             for (k, v) in up.headers.iter_mut() {
