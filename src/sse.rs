@@ -51,7 +51,11 @@ pub struct Oversize {
 
 impl std::fmt::Display for Oversize {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "an SSE line or event exceeded max_message_bytes={}", self.limit)
+        write!(
+            f,
+            "an SSE line or event exceeded max_message_bytes={}",
+            self.limit
+        )
     }
 }
 
@@ -245,9 +249,7 @@ where
             if st.done {
                 return None;
             }
-            let Some(body) = st.body.as_mut() else {
-                return None;
-            };
+            let body = st.body.as_mut()?;
             let frame = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await;
             match frame {
                 Some(Ok(frame)) => {

@@ -70,12 +70,9 @@ async fn oversize_json_answer_is_a_jsonrpc_error_naming_the_limit() {
     assert_eq!(oversize(&m, "sse_event"), 0.0);
 
     // A small answer still passes.
-    let r = Req::mcp_post(
-        &gw.url("/mcp"),
-        rpc("2", "tools/list", "{}"),
-    )
-    .send()
-    .await;
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("2", "tools/list", "{}"))
+        .send()
+        .await;
     let v = r.json().await;
     assert_eq!(v["result"]["echo"], json!("tools/list"), "{v}");
 }
@@ -255,10 +252,18 @@ async fn cancel_answered_by_silent_sse_stream_times_out_for_every_waiter() {
         );
     }
     assert!(elapsed >= Duration::from_millis(900), "{elapsed:?}");
-    assert_eq!(count_cancels(), 1, "the upstream saw exactly one tasks/cancel");
+    assert_eq!(
+        count_cancels(),
+        1,
+        "the upstream saw exactly one tasks/cancel"
+    );
     let m = tg.metrics_text().await;
     assert_eq!(
-        metric(&m, "taskgate_cancel_requests_total", &[("outcome", "deduplicated")]),
+        metric(
+            &m,
+            "taskgate_cancel_requests_total",
+            &[("outcome", "deduplicated")]
+        ),
         1.0
     );
     assert!(

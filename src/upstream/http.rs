@@ -30,9 +30,9 @@ use crate::jsonrpc::{self, Id};
 use crate::metrics::Metrics;
 use crate::sse;
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
-use futures_util::StreamExt;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use std::future::Future;
 use std::pin::Pin;
@@ -273,11 +273,8 @@ impl Inner {
         impl St {
             fn error_event(&mut self, message: &str) -> sse::Event {
                 self.events = None;
-                let body = jsonrpc::error_response(
-                    self.rpc_id.as_ref(),
-                    jsonrpc::INTERNAL_ERROR,
-                    message,
-                );
+                let body =
+                    jsonrpc::error_response(self.rpc_id.as_ref(), jsonrpc::INTERNAL_ERROR, message);
                 sse::Event {
                     data: Some(String::from_utf8_lossy(&body).into_owned()),
                     ..Default::default()
