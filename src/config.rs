@@ -479,6 +479,9 @@ fn default_timeout_ms() -> u64 {
 fn default_connect_timeout_ms() -> u64 {
     5_000
 }
+fn default_max_message_bytes() -> usize {
+    16 * 1024 * 1024
+}
 
 /// `[[upstream]]`: one MCP server reached over Streamable HTTP.
 #[derive(Debug, Clone, Deserialize)]
@@ -489,7 +492,8 @@ pub struct UpstreamConfig {
     /// The upstream's MCP endpoint, `http://host:port/path`.
     pub url: String,
     /// Time to the upstream's response headers (and a JSON body), in ms (default 30000). Not applied
-    /// to `tasks/result`, to GET streams, or to an SSE response once it has started.
+    /// to `tasks/result`, to GET streams, or to an SSE response once it has started, except an SSE
+    /// answer to `tasks/cancel`, whose whole exchange it bounds (others share that single flight).
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
     /// TCP connect timeout, in ms (default 5000).
@@ -501,6 +505,10 @@ pub struct UpstreamConfig {
     /// Forward the client's `Authorization` header upstream (default false: it is taskgate's).
     #[serde(default)]
     pub forward_authorization: bool,
+    /// Largest upstream answer taskgate reads, in bytes (default 16 MiB, at least 1024): a whole
+    /// JSON body, or one SSE line or event. A larger one ends that exchange with a JSON-RPC error.
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
 }
 
 impl Config {
@@ -617,6 +625,8 @@ impl Config {
             )?;
             let key = format!("upstream[{i}].connect_timeout_ms");
             check_range(&key, up.connect_timeout_ms, 1, 5 * 60_000)?;
+            let key = format!("upstream[{i}].max_message_bytes");
+            check_range(&key, up.max_message_bytes as u64, 1024, 1 << 30)?;
             for (k, v) in up.headers.iter_mut() {
                 http::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
                     ConfigError::Invalid(format!(

@@ -126,6 +126,10 @@ pub struct Metrics {
     /// `taskgate_cancelled_notifications_dropped_total{upstream,reason}`: client
     /// `notifications/cancelled` not forwarded (`initialize`, `task`, `duplicate`).
     pub cancelled_notifications_dropped_total: IntCounterVec,
+    /// `taskgate_upstream_oversize_total{upstream,kind}`: upstream answers cut off because they
+    /// exceeded the upstream's `max_message_bytes` (`json`: a whole JSON body; `sse_event`: one
+    /// SSE line or event).
+    pub upstream_oversize_total: IntCounterVec,
 }
 
 impl Metrics {
@@ -300,6 +304,11 @@ impl Metrics {
                 "Client notifications/cancelled not forwarded upstream, by reason.",
                 &["upstream", "reason"],
             ),
+            upstream_oversize_total: counter(
+                "taskgate_upstream_oversize_total",
+                "Upstream answers cut off for exceeding max_message_bytes (kind: json, sse_event).",
+                &["upstream", "kind"],
+            ),
             registry,
         };
         for reason in [
@@ -370,6 +379,9 @@ impl Metrics {
                 .with_label_values(&[up, "tools/call", "ok"]);
             m.request_duration_seconds
                 .with_label_values(&[up, "tools/call"]);
+            for kind in ["json", "sse_event"] {
+                m.upstream_oversize_total.with_label_values(&[up, kind]);
+            }
         }
         m
     }

@@ -5,7 +5,11 @@
 //! The decoder follows the WHATWG "event stream interpretation" rules: lines end in CRLF, LF or
 //! CR; a line without a colon is a field name with an empty value; unknown fields are ignored;
 //! comments (`:` lines) are dropped (taskgate sends its own keep-alives). The `sse-stream` crate
-//! was tried first and rejected: it fails on such lines and drops the events around them.
+//! was tried first (0.2.x) and rejected: 0.2.5 fails on colonless lines (`src/stream.rs` returns
+//! `Error::InvalidLine`) and drops the events around them. 0.3.0 accepts such lines but ends the
+//! stream on invalid UTF-8, which this decoder replaces lossily (U+FFFD) instead.
+//! A line or an event larger than the decoder's limit (`max_message_bytes` of the upstream) ends
+//! the stream with [`Oversize`]: one newline-free body cannot take all memory.
 //! The fields `id`, `event`, `retry` and `data` (including an empty `data`, which the spec's
 //! "priming" event uses, 2025-11-25 basic/transports: Resumability) are preserved exactly.
 
@@ -32,11 +36,33 @@ pub struct Event {
 /// A stream of SSE events. The stream ends when the underlying body ends or fails.
 pub type EventStream = Pin<Box<dyn Stream<Item = Event> + Send>>;
 
+/// A decoded upstream stream: events, then possibly one [`Oversize`] error after which it ends.
+pub type DecodedStream = Pin<Box<dyn Stream<Item = Result<Event, Oversize>> + Send>>;
+
+/// Default limit of one line or event, in bytes (16 MiB).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// A line or an event exceeded the decoder's limit; the stream ends here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Oversize {
+    /// The limit in bytes.
+    pub limit: usize,
+}
+
+impl std::fmt::Display for Oversize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "an SSE line or event exceeded max_message_bytes={}",
+            self.limit
+        )
+    }
+}
+
 /// The keep-alive comment sent on idle streams.
 pub const KEEPALIVE_COMMENT: &[u8] = b": keep-alive\n\n";
 
 /// Incremental `text/event-stream` decoder: feed bytes, take complete events.
-#[derive(Default)]
 pub struct Decoder {
     buf: BytesMut,
     current: Event,
@@ -44,11 +70,41 @@ pub struct Decoder {
     /// The previous chunk ended in CR: a leading LF of the next one belongs to it.
     skip_lf: bool,
     bom_checked: bool,
+    /// Largest line, and largest event (the sum of its field lines), in bytes.
+    max: usize,
+    /// Bytes of the field lines of the event being assembled.
+    event_bytes: usize,
+    /// The limit was exceeded: every later `feed` fails at once.
+    failed: bool,
+}
+
+impl Default for Decoder {
+    fn default() -> Decoder {
+        Decoder::new(DEFAULT_MAX_MESSAGE_BYTES)
+    }
 }
 
 impl Decoder {
-    /// Adds bytes and appends every event they complete to `out`.
-    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Event>) {
+    /// A decoder whose lines and events may hold at most `max` bytes each.
+    pub fn new(max: usize) -> Decoder {
+        Decoder {
+            buf: BytesMut::new(),
+            current: Event::default(),
+            has_field: false,
+            skip_lf: false,
+            bom_checked: false,
+            max,
+            event_bytes: 0,
+            failed: false,
+        }
+    }
+
+    /// Adds bytes and appends every event they complete to `out`. Fails (now and on every later
+    /// call) when a line or an event exceeds the limit; events completed before it are in `out`.
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Event>) -> Result<(), Oversize> {
+        if self.failed {
+            return Err(Oversize { limit: self.max });
+        }
         self.buf.extend_from_slice(chunk);
         if !self.bom_checked && self.buf.len() >= 3 {
             if self.buf.starts_with(b"\xEF\xBB\xBF") {
@@ -73,23 +129,44 @@ impl Decoder {
             if buf[line_end] == b'\r' {
                 self.skip_lf = true;
             }
-            self.line(&buf[pos..line_end], out);
+            let line = &buf[pos..line_end];
+            if line.len() > self.max || !self.line(line, out) {
+                return self.fail();
+            }
             pos = line_end + 1;
         }
         self.buf = buf;
         self.buf.advance(pos);
+        // What is left is one incomplete line.
+        if self.buf.len() > self.max {
+            return self.fail();
+        }
+        Ok(())
     }
 
-    fn line(&mut self, line: &[u8], out: &mut Vec<Event>) {
+    fn fail(&mut self) -> Result<(), Oversize> {
+        self.failed = true;
+        self.buf = BytesMut::new();
+        self.current = Event::default();
+        Err(Oversize { limit: self.max })
+    }
+
+    /// Applies one line; false when the event it belongs to grew past the limit.
+    fn line(&mut self, line: &[u8], out: &mut Vec<Event>) -> bool {
         if line.is_empty() {
             if self.has_field {
                 out.push(std::mem::take(&mut self.current));
                 self.has_field = false;
             }
-            return;
+            self.event_bytes = 0;
+            return true;
         }
         if line[0] == b':' {
-            return;
+            return true;
+        }
+        self.event_bytes += line.len() + 1;
+        if self.event_bytes > self.max {
+            return false;
         }
         let (name, value) = match memchr::memchr(b':', line) {
             Some(i) => {
@@ -131,45 +208,62 @@ impl Decoder {
             }
             _ => {}
         }
+        true
     }
 }
 
-/// Decodes an HTTP body carrying `text/event-stream` into an [`EventStream`], event by event as
-/// bytes arrive. `label` names the source in the logs (the upstream's name).
-pub fn decode<B>(body: B, label: std::sync::Arc<str>) -> EventStream
+/// Decodes an HTTP body carrying `text/event-stream` into a [`DecodedStream`], event by event as
+/// bytes arrive. `label` names the source in the logs (the upstream's name). A line or event
+/// larger than `max` bytes ends the stream with `Err(Oversize)` (the body is dropped); a body
+/// error ends it (logged).
+pub fn decode<B>(body: B, label: std::sync::Arc<str>, max: usize) -> DecodedStream
 where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: std::fmt::Display,
 {
     struct State<B> {
-        body: B,
+        body: Option<B>,
         decoder: Decoder,
         ready: std::collections::VecDeque<Event>,
         label: std::sync::Arc<str>,
         done: bool,
+        /// Reported after the events decoded before it.
+        oversize: Option<Oversize>,
     }
     let state = State {
-        body,
-        decoder: Decoder::default(),
+        body: Some(body),
+        decoder: Decoder::new(max),
         ready: Default::default(),
         label,
         done: false,
+        oversize: None,
     };
     Box::pin(futures_util::stream::unfold(state, |mut st| async move {
         loop {
             if let Some(ev) = st.ready.pop_front() {
-                return Some((ev, st));
+                return Some((Ok(ev), st));
+            }
+            if let Some(e) = st.oversize.take() {
+                return Some((Err(e), st));
             }
             if st.done {
                 return None;
             }
-            let frame = std::future::poll_fn(|cx| Pin::new(&mut st.body).poll_frame(cx)).await;
+            let body = st.body.as_mut()?;
+            let frame = std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await;
             match frame {
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         let mut out = Vec::new();
-                        st.decoder.feed(&data, &mut out);
+                        let fed = st.decoder.feed(&data, &mut out);
                         st.ready.extend(out);
+                        if let Err(e) = fed {
+                            tracing::warn!(upstream = %st.label, limit = e.limit, "upstream SSE line or event exceeded max_message_bytes; stream ended");
+                            // Dropping the body closes the connection: nothing more is read.
+                            st.body = None;
+                            st.oversize = Some(e);
+                            st.done = true;
+                        }
                     }
                 }
                 Some(Err(e)) => {
@@ -284,9 +378,9 @@ impl Stream for KeepAlive {
         }
         // The first event of a stream goes out at once (time to first event matters most).
         if upstream_pending && !deferred && batch.is_some() && this.sent_any {
-            // The upstream connection's task hands its body over one chunk at a time: yield
-            // once so the chunks it already has arrive, and write them all in one go instead of
-            // one write per event.
+            // Yield once so that events whose bytes are already readable (the upstream
+            // connection is driven by this task, see `upstream::pool`) join this batch: one
+            // write for them all instead of one per event. Not re-measured since the pool.
             this.held = batch;
             cx.waker().wake_by_ref();
             return Poll::Pending;
@@ -326,7 +420,8 @@ mod tests {
     #[tokio::test]
     async fn round_trip_keeps_fields() {
         let wire = "id: 7\ndata: \n\nevent: message\nid: s1-8\nretry: 2500\ndata: {\"jsonrpc\":\"2.0\"}\n\n: comment\n\ndata: a\r\ndata: b\rx-unknown: 1\n\n";
-        let events: Vec<Event> = decode(Full::new(Bytes::from(wire)), "t".into())
+        let events: Vec<Event> = decode(Full::new(Bytes::from(wire)), "t".into(), 1024)
+            .map(|e| e.unwrap())
             .collect()
             .await;
         assert_eq!(events.len(), 3);
@@ -339,7 +434,8 @@ mod tests {
             .iter()
             .map(|e| String::from_utf8(encode(e).to_vec()).unwrap())
             .collect();
-        let reparsed: Vec<Event> = decode(Full::new(Bytes::from(again)), "t".into())
+        let reparsed: Vec<Event> = decode(Full::new(Bytes::from(again)), "t".into(), 1024)
+            .map(|e| e.unwrap())
             .collect()
             .await;
         assert_eq!(events, reparsed);
@@ -350,13 +446,100 @@ mod tests {
         let mut d = Decoder::default();
         let mut out = Vec::new();
         for chunk in ["id: 1\r", "\ndata", "\n\nda", "ta: x\n", "\n"] {
-            d.feed(chunk.as_bytes(), &mut out);
+            d.feed(chunk.as_bytes(), &mut out).unwrap();
         }
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].id.as_deref(), Some("1"));
         assert_eq!(out[0].data.as_deref(), Some(""));
         assert_eq!(out[1].data.as_deref(), Some("x"));
         assert_eq!(out[1].id, None);
+    }
+
+    /// Every split of the input into two chunks, and the input fed byte by byte, decode to the
+    /// same events as the whole input at once (CR/LF pairs, BOM, colonless lines, multi-byte
+    /// UTF-8 and invalid UTF-8 across the split).
+    #[test]
+    fn decoder_same_events_at_every_chunk_split() {
+        let wire: &[u8] = b"\xEF\xBB\xBFid: 1\r\ndata\r\n\r\n: c\rdata: a\xC3\xA9\rdata: b\xFF\n\nevent: e\nretry: 5\r\r\
+            data:x\ndata: {\"k\":\"\xE2\x82\xAC\"}\r\nid\n\ndata: tail";
+        let decode_all = |chunks: &[&[u8]]| {
+            let mut d = Decoder::new(1024);
+            let mut out = Vec::new();
+            for c in chunks {
+                d.feed(c, &mut out).unwrap();
+            }
+            out
+        };
+        let whole = decode_all(&[wire]);
+        assert_eq!(whole.len(), 4, "{whole:?}");
+        assert_eq!(whole[0].id.as_deref(), Some("1"));
+        assert_eq!(whole[0].data.as_deref(), Some(""));
+        assert_eq!(whole[1].data.as_deref(), Some("a\u{e9}\nb\u{FFFD}"));
+        assert_eq!(whole[2].retry, Some(5));
+        assert_eq!(whole[3].data.as_deref(), Some("x\n{\"k\":\"\u{20AC}\"}"));
+        assert_eq!(whole[3].id.as_deref(), Some(""));
+        for at in 0..=wire.len() {
+            let (a, b) = wire.split_at(at);
+            assert_eq!(decode_all(&[a, b]), whole, "split at {at}");
+        }
+        let bytes: Vec<&[u8]> = wire.chunks(1).collect();
+        assert_eq!(decode_all(&bytes), whole, "byte by byte");
+    }
+
+    /// A line without an end (no newline ever) and an event of many small lines without a blank
+    /// line both fail once they pass the limit, and stay failed; the buffers are released.
+    #[test]
+    fn decoder_caps_line_and_event_size() {
+        let mut d = Decoder::new(1024);
+        let mut out = Vec::new();
+        d.feed(b"data: ok\n\n", &mut out).unwrap();
+        let mut failed = false;
+        for _ in 0..100 {
+            if d.feed(&[b'x'; 100], &mut out).is_err() {
+                failed = true;
+                break;
+            }
+        }
+        assert!(failed, "a newline-free line must hit the cap");
+        assert!(d.buf.capacity() <= 1024 + 100);
+        assert_eq!(out.len(), 1);
+        assert_eq!(d.feed(b"\n\n", &mut out), Err(Oversize { limit: 1024 }));
+
+        let mut d = Decoder::new(1024);
+        let mut out = Vec::new();
+        let mut failed = false;
+        for _ in 0..1000 {
+            if d.feed(b"data: 0123456789\n", &mut out).is_err() {
+                failed = true;
+                break;
+            }
+        }
+        assert!(failed, "an event without end must hit the cap");
+        assert!(d.current.data.is_none());
+        assert!(out.is_empty());
+
+        // Exactly at the limit is fine: a 1023-byte line, 1024 bytes with its newline.
+        let mut d = Decoder::new(1024);
+        let mut out = Vec::new();
+        let mut line = b"data:".to_vec();
+        line.resize(1023, b'y');
+        line.extend_from_slice(b"\n\n");
+        d.feed(&line, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+    }
+
+    /// `decode` yields the events before the oversize line, then `Err(Oversize)`, then ends.
+    #[tokio::test]
+    async fn decode_reports_oversize_after_earlier_events() {
+        let mut wire = b"data: first\n\ndata: ".to_vec();
+        wire.resize(5000, b'z');
+        let items: Vec<Result<Event, Oversize>> =
+            decode(Full::new(Bytes::from(wire)), "t".into(), 1024)
+                .collect()
+                .await;
+        assert_eq!(items.len(), 2, "{items:?}");
+        assert_eq!(items[0].as_ref().unwrap().data.as_deref(), Some("first"));
+        assert_eq!(items[1], Err(Oversize { limit: 1024 }));
     }
 
     #[tokio::test(start_paused = true)]

@@ -10,19 +10,30 @@
 //!   sends them uncompressed.
 //! - Timeouts: `timeout_ms` bounds the time to the response headers and, for a JSON answer, to its
 //!   whole body. `tasks/result` (which blocks until the task is terminal) has no timeout; GET
-//!   streams and SSE answers have none once their headers arrived.
+//!   streams and SSE answers have none once their headers arrived, except the SSE answer to
+//!   `tasks/cancel`: its whole exchange is bounded by `timeout_ms` (the cancel layer shares one
+//!   flight between callers; a stream that never answers must not pin it), and past it the stream
+//!   ends with a JSON-RPC error for the request (`-32603`, "upstream did not answer tasks/cancel
+//!   within N ms").
+//! - Size: `max_message_bytes` bounds a JSON (or other non-SSE) body as a whole, and each SSE line
+//!   and event. A larger JSON body is an error reply (`-32603`, naming the limit); a larger SSE
+//!   line or event ends the stream with a JSON-RPC error event for the request (id `null` on a GET
+//!   stream), so the client never sees a clean end. Both count
+//!   `taskgate_upstream_oversize_total{kind}` and `taskgate_upstream_errors_total{kind="protocol"}`.
 //! - The answer's body becomes [`ReplyBody::Json`], [`ReplyBody::Stream`] (decoded event by event
 //!   as it arrives), [`ReplyBody::Empty`] or [`ReplyBody::Raw`].
 
 use super::pool::{Pool, PoolError};
 use crate::config::UpstreamConfig;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::jsonrpc::{self, Id};
 use crate::metrics::Metrics;
 use crate::sse;
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -48,6 +59,7 @@ struct Inner {
     timeout_ms: u64,
     headers: HeaderMap,
     forward_authorization: bool,
+    max_message_bytes: usize,
     metrics: Arc<Metrics>,
 }
 
@@ -89,6 +101,7 @@ impl HttpUpstream {
                 timeout_ms: config.timeout_ms,
                 headers,
                 forward_authorization: config.forward_authorization,
+                max_message_bytes: config.max_message_bytes,
                 metrics,
             }),
         }
@@ -117,10 +130,15 @@ impl tower::Service<McpRequest> for HttpUpstream {
 
 impl Inner {
     async fn send(&self, req: McpRequest) -> Result<McpReply, GatewayError> {
+        // The request's id (for error messages) and whether it is a tasks/cancel.
+        let mut rpc_id: Option<Id> = None;
+        let mut is_cancel = false;
         let (method, body, deadline) = match &req.op {
             Operation::Post(msg) => {
                 // tasks/result blocks until the task is terminal (2025-11-25 tasks): no timeout.
                 let deadline = (msg.method() != Some("tasks/result")).then_some(self.timeout);
+                rpc_id = msg.id().cloned();
+                is_cancel = msg.method() == Some("tasks/cancel");
                 (Method::POST, msg.bytes().clone(), deadline)
             }
             Operation::OpenStream => (Method::GET, Bytes::new(), Some(self.timeout)),
@@ -169,13 +187,18 @@ impl Inner {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"));
         if is_sse {
+            let events = sse::decode(incoming, self.name.clone(), self.max_message_bytes);
+            let cancel_deadline = match deadline {
+                Some(t) if is_cancel => Some(started + t),
+                _ => None,
+            };
             return Ok(McpReply {
                 status: parts.status,
                 headers,
-                body: ReplyBody::Stream(sse::decode(incoming, self.name.clone())),
+                body: ReplyBody::Stream(self.bounded_events(events, rpc_id, cancel_deadline)),
             });
         }
-        let collect = incoming.collect();
+        let collect = Limited::new(incoming, self.max_message_bytes).collect();
         let collected = match deadline {
             Some(t) => {
                 let left = t.saturating_sub(started.elapsed());
@@ -192,6 +215,20 @@ impl Inner {
                     .upstream_errors_total
                     .with_label_values(&[&self.name, "protocol"])
                     .inc();
+                if e.downcast_ref::<LengthLimitError>().is_some() {
+                    self.metrics
+                        .upstream_oversize_total
+                        .with_label_values(&[&self.name, "json"])
+                        .inc();
+                    tracing::warn!(upstream = %self.name, limit = self.max_message_bytes, "upstream answer exceeded max_message_bytes");
+                    return GatewayError::UpstreamProtocol {
+                        upstream: self.name.clone(),
+                        detail: format!(
+                            "the upstream answer exceeded max_message_bytes={}",
+                            self.max_message_bytes
+                        ),
+                    };
+                }
                 GatewayError::UpstreamProtocol {
                     upstream: self.name.clone(),
                     detail: format!("body ended early: {e}"),
@@ -214,6 +251,83 @@ impl Inner {
             headers,
             body,
         })
+    }
+
+    /// The upstream's decoded SSE answer as relayed: an [`sse::Oversize`] becomes a JSON-RPC error
+    /// event for the request (counted), and past `cancel_deadline` (tasks/cancel only) a JSON-RPC
+    /// error event saying so; the stream ends after either (the upstream body is dropped).
+    fn bounded_events(
+        &self,
+        events: sse::DecodedStream,
+        rpc_id: Option<Id>,
+        cancel_deadline: Option<tokio::time::Instant>,
+    ) -> sse::EventStream {
+        struct St {
+            events: Option<sse::DecodedStream>,
+            rpc_id: Option<Id>,
+            deadline: Option<tokio::time::Instant>,
+            name: Arc<str>,
+            timeout_ms: u64,
+            metrics: Arc<Metrics>,
+        }
+        impl St {
+            fn error_event(&mut self, message: &str) -> sse::Event {
+                self.events = None;
+                let body =
+                    jsonrpc::error_response(self.rpc_id.as_ref(), jsonrpc::INTERNAL_ERROR, message);
+                sse::Event {
+                    data: Some(String::from_utf8_lossy(&body).into_owned()),
+                    ..Default::default()
+                }
+            }
+        }
+        let st = St {
+            events: Some(events),
+            rpc_id,
+            deadline: cancel_deadline,
+            name: self.name.clone(),
+            timeout_ms: self.timeout_ms,
+            metrics: self.metrics.clone(),
+        };
+        Box::pin(futures_util::stream::unfold(st, |mut st| async move {
+            let events = st.events.as_mut()?;
+            let next = match st.deadline {
+                Some(at) => match tokio::time::timeout_at(at, events.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        st.metrics
+                            .upstream_errors_total
+                            .with_label_values(&[&st.name, "timeout"])
+                            .inc();
+                        let message = format!(
+                            "upstream did not answer tasks/cancel within {} ms",
+                            st.timeout_ms
+                        );
+                        let ev = st.error_event(&message);
+                        return Some((ev, st));
+                    }
+                },
+                None => events.next().await,
+            };
+            match next {
+                Some(Ok(ev)) => Some((ev, st)),
+                Some(Err(oversize)) => {
+                    for (metric, kind) in [
+                        (&st.metrics.upstream_oversize_total, "sse_event"),
+                        (&st.metrics.upstream_errors_total, "protocol"),
+                    ] {
+                        metric.with_label_values(&[&st.name, kind]).inc();
+                    }
+                    let message = format!(
+                        "upstream `{}` sent an invalid response: the upstream answer exceeded max_message_bytes={}",
+                        st.name, oversize.limit
+                    );
+                    let ev = st.error_event(&message);
+                    Some((ev, st))
+                }
+                None => None,
+            }
+        }))
     }
 
     fn timeout_error(&self) -> GatewayError {

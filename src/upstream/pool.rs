@@ -11,6 +11,12 @@
 //!
 //! An idle connection is checked before reuse (a closed one is dropped); a request that hyper
 //! could not send on a reused connection is sent again on a fresh one.
+//!
+//! Every connection has TCP keepalive on ([`KEEPALIVE_TIME`], [`KEEPALIVE_INTERVAL`]):
+//! `tasks/result` and GET streams have no timeout by design, so without it a half-open socket
+//! (the upstream host vanished, a NAT or load balancer dropped the flow) would wait forever. With
+//! it the kernel probes an idle connection and fails it after a few unanswered probes; the waiting
+//! exchange then ends with an error instead of hanging.
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -25,6 +31,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
+
+/// Idle time before the first TCP keepalive probe.
+pub const KEEPALIVE_TIME: Duration = Duration::from_secs(30);
+/// Time between unanswered TCP keepalive probes (the OS default count, 9 on Linux, applies).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
 type Driver = Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>;
 
@@ -121,6 +132,19 @@ impl Pool {
     }
 
     async fn connect(&self) -> Result<Conn, PoolError> {
+        let stream = self.connect_tcp().await?;
+        let (sender, driver) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(PoolError::Http)?;
+        Ok(Conn {
+            sender,
+            driver: Box::pin(driver),
+            closed: false,
+        })
+    }
+
+    /// Opens the TCP connection of a new pooled connection: no Nagle delay, TCP keepalive on.
+    async fn connect_tcp(&self) -> Result<TcpStream, PoolError> {
         let stream = tokio::time::timeout(
             self.connect_timeout,
             TcpStream::connect(self.authority.as_str()),
@@ -135,14 +159,13 @@ impl Pool {
         })?
         .map_err(|e| PoolError::Connect(format!("{}: {e}", self.authority)))?;
         let _ = stream.set_nodelay(true);
-        let (sender, driver) = http1::handshake(TokioIo::new(stream))
-            .await
-            .map_err(PoolError::Http)?;
-        Ok(Conn {
-            sender,
-            driver: Box::pin(driver),
-            closed: false,
-        })
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(KEEPALIVE_TIME)
+            .with_interval(KEEPALIVE_INTERVAL);
+        if let Err(e) = socket2::SockRef::from(&stream).set_tcp_keepalive(&keepalive) {
+            tracing::debug!(upstream = %self.authority, error = %e, "could not enable TCP keepalive");
+        }
+        Ok(stream)
     }
 
     /// Sends `req` (origin-form URI) and returns the response once its head arrived. The body
@@ -244,5 +267,24 @@ impl Body for PooledBody {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pooled connection has SO_KEEPALIVE set (and the probe timing where the OS reports it).
+    #[tokio::test]
+    async fn pooled_connection_has_tcp_keepalive() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pool = Pool::new(addr.to_string(), Duration::from_secs(5));
+        let (stream, accepted) = tokio::join!(pool.connect_tcp(), listener.accept());
+        let stream = stream.expect("connect");
+        let _server_side = accepted.unwrap();
+        let sock = socket2::SockRef::from(&stream);
+        assert!(sock.keepalive().unwrap(), "SO_KEEPALIVE must be set");
+        assert!(stream.nodelay().unwrap());
     }
 }
