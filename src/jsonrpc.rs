@@ -5,6 +5,8 @@
 //! is forwarded as those bytes. Ids are kept as their raw JSON text, so `0` stays the number `0`
 //! and `"0"` stays the string `"0"` (2025-11-25 basic: "Requests": ids are strings or integers).
 
+pub mod splice;
+
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;

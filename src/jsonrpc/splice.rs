@@ -1,0 +1,240 @@
+//! Rewrites of one field inside a JSON message that leave every other byte as it arrived.
+//!
+//! A gateway that re-serialises a whole message after changing one field changes what it does not
+//! own: `serde_json` (built here without `preserve_order` or `arbitrary_precision`) sorts object
+//! keys and turns integers beyond 64 bits into floats. taskgate instead finds the field's value
+//! with a borrowing parse (`&RawValue` points into the original bytes), and splices the new text
+//! into the original bytes: key order, whitespace and the precision of every other number stay
+//! exactly as the client or upstream sent them.
+//!
+//! Paths are object keys from the root (`["params", "task", "ttl"]`). Keys are compared after
+//! JSON unescaping, so `"t\u0061sk"` is `task`. With duplicate keys the last one counts, as for
+//! `serde_json::Value`. Only values whose member key is written without escapes can be removed
+//! (a removal needs the key's position); [`remove`] returns `None` otherwise and the caller falls
+//! back to a full rewrite.
+
+use bytes::Bytes;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::fmt;
+use std::ops::Range;
+
+/// The value at `path` in `json`, borrowed from `json`.
+///
+/// `Ok(None)` when a key is missing or a value on the way is not an object. Errors: `json` is not
+/// valid JSON (or nests deeper than serde_json's 128 levels).
+pub fn raw_at<'a>(json: &'a [u8], path: &[&str]) -> Result<Option<&'a RawValue>, serde_json::Error> {
+    let mut current: &'a RawValue = serde_json::from_slice(json)?;
+    for key in path {
+        match member(current, key)? {
+            Some(m) => current = m.value,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(current))
+}
+
+/// The byte range `inner` occupies in `outer`; `None` when `inner` does not borrow from `outer`.
+pub fn span_of(outer: &[u8], inner: &RawValue) -> Option<Range<usize>> {
+    let base = outer.as_ptr() as usize;
+    let start = (inner.get().as_ptr() as usize).checked_sub(base)?;
+    let end = start.checked_add(inner.get().len())?;
+    (end <= outer.len()).then_some(start..end)
+}
+
+/// `json` with the value at `path` replaced by `replacement` (JSON text, inserted as it is).
+///
+/// `Ok(None)` when there is no value at `path`. Errors: `json` is not valid JSON.
+pub fn replace(json: &[u8], path: &[&str], replacement: &str) -> Result<Option<Bytes>, serde_json::Error> {
+    let Some(value) = raw_at(json, path)? else {
+        return Ok(None);
+    };
+    let Some(span) = span_of(json, value) else {
+        return Ok(None);
+    };
+    Ok(Some(splice(json, span, replacement.as_bytes())))
+}
+
+/// `json` without the member at `path` (its key, value and one separating comma).
+///
+/// `Ok(None)` when there is no such member, or when its key is written with escapes. Errors:
+/// `json` is not valid JSON.
+pub fn remove(json: &[u8], path: &[&str]) -> Result<Option<Bytes>, serde_json::Error> {
+    let Some((last, parents)) = path.split_last() else {
+        return Ok(None);
+    };
+    let Some(object) = raw_at(json, parents)? else {
+        return Ok(None);
+    };
+    let Some(m) = member(object, last)? else {
+        return Ok(None);
+    };
+    let (Some(key), Some(value)) = (m.key_span, span_of(json, m.value)) else {
+        return Ok(None);
+    };
+    let Some(key) = span_of_str(json, key) else {
+        return Ok(None);
+    };
+    // The key's opening quote is the byte before its text.
+    let start = key.start - 1;
+    let before = json[..start].iter().rposition(|b| !b.is_ascii_whitespace());
+    let after = json[value.end..]
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .map(|i| value.end + i);
+    let range = match (before.map(|i| json[i]), after.map(|i| json[i])) {
+        // `…, "k": v` → drop from the comma before.
+        (Some(b','), _) => before.unwrap_or(start)..value.end,
+        // `{ "k": v, …` → drop through the comma after.
+        (_, Some(b',')) => start..after.map_or(value.end, |i| i + 1),
+        // The only member.
+        _ => start..value.end,
+    };
+    Ok(Some(splice(json, range, b"")))
+}
+
+/// `bytes` with `range` replaced by `with`.
+pub fn splice(bytes: &[u8], range: Range<usize>, with: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(bytes.len() - range.len() + with.len());
+    out.extend_from_slice(&bytes[..range.start]);
+    out.extend_from_slice(with);
+    out.extend_from_slice(&bytes[range.end..]);
+    Bytes::from(out)
+}
+
+fn span_of_str(outer: &[u8], inner: &str) -> Option<Range<usize>> {
+    let start = (inner.as_ptr() as usize).checked_sub(outer.as_ptr() as usize)?;
+    let end = start.checked_add(inner.len())?;
+    (end <= outer.len() && start >= 1).then_some(start..end)
+}
+
+/// One member of an object: its value, and its key's text when the key is written without escapes
+/// (borrowed from the input, so its position is known).
+struct Member<'a> {
+    key_span: Option<&'a str>,
+    value: &'a RawValue,
+}
+
+/// The member `key` of `object` (the last one, when repeated); `None` if absent or not an object.
+fn member<'a>(object: &'a RawValue, key: &str) -> Result<Option<Member<'a>>, serde_json::Error> {
+    if !object.get().starts_with('{') {
+        return Ok(None);
+    }
+    let mut de = serde_json::Deserializer::from_str(object.get());
+    FindMember(key).deserialize(&mut de)
+}
+
+struct FindMember<'k>(&'k str);
+
+impl<'de> DeserializeSeed<'de> for FindMember<'_> {
+    type Value = Option<Member<'de>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FindMember<'_> {
+    type Value = Option<Member<'de>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut found = None;
+        while let Some(k) = map.next_key_seed(Key)? {
+            if k == self.0 {
+                let value: &'de RawValue = map.next_value()?;
+                let key_span = match k {
+                    Cow::Borrowed(s) => Some(s),
+                    Cow::Owned(_) => None,
+                };
+                found = Some(Member { key_span, value });
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// A member key, borrowed from the input when it has no escapes (`Cow<str>`'s own `Deserialize`
+/// always copies).
+struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Key {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(b: Bytes) -> String {
+        String::from_utf8(b.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn replace_keeps_key_order_whitespace_and_big_numbers() {
+        let msg = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t","arguments":{"z":1,"a":123456789012345678901234567890,"f":1.10},"task":{ "ttl" : 99999999999 }}}"#;
+        let out = replace(msg, &["params", "task", "ttl"], "60000").unwrap().unwrap();
+        assert_eq!(
+            s(out),
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t","arguments":{"z":1,"a":123456789012345678901234567890,"f":1.10},"task":{ "ttl" : 60000 }}}"#
+        );
+    }
+
+    #[test]
+    fn escaped_keys_are_found_and_the_last_duplicate_counts() {
+        let msg = br#"{"params":{"t\u0061sk":{"ttl":1,"ttl":2}}}"#;
+        let out = replace(msg, &["params", "task", "ttl"], "3").unwrap().unwrap();
+        assert_eq!(s(out), r#"{"params":{"t\u0061sk":{"ttl":1,"ttl":3}}}"#);
+    }
+
+    #[test]
+    fn missing_paths_and_non_objects_are_none_and_invalid_json_is_an_error() {
+        assert!(replace(br#"{"a":[1]}"#, &["a", "b"], "1").unwrap().is_none());
+        assert!(replace(br#"{"a":1}"#, &["b"], "1").unwrap().is_none());
+        assert!(replace(br#"[1,2]"#, &["a"], "1").unwrap().is_none());
+        assert!(replace(br#"{"a":"#, &["a"], "1").is_err());
+    }
+
+    #[test]
+    fn remove_takes_one_comma_wherever_the_member_sits() {
+        let cases: &[(&str, &str)] = &[
+            (r#"{"a":1,"list":{},"b":2}"#, r#"{"a":1,"b":2}"#),
+            (r#"{"list":{} , "b":2}"#, r#"{ "b":2}"#),
+            (r#"{"a":1 ,"list":{"x":[1]}}"#, r#"{"a":1 }"#),
+            (r#"{ "list" : true }"#, r#"{  }"#),
+        ];
+        for (input, want) in cases {
+            let out = remove(input.as_bytes(), &["list"]).unwrap().unwrap();
+            assert_eq!(s(out), *want, "{input}");
+            serde_json::from_str::<serde_json::Value>(want).unwrap();
+        }
+        assert!(remove(br#"{"l\u0069st":1}"#, &["list"]).unwrap().is_none());
+        assert!(remove(br#"{"a":1}"#, &["list"]).unwrap().is_none());
+    }
+}
