@@ -1,13 +1,14 @@
 //! Findings of a cold review ("Hardening from a cold review"), one test each. Every test fails
 //! on the code before that commit (a panic, a hang, a wrong routing or status) and passes now.
 //!
-//! The scripted upstreams come from tests/support and tests/tasks_support; [`Evil`] below is a
+//! The scripted upstreams come from tests/common; [`Evil`] below is a
 //! small task server that can answer what a well-behaved one would not (a number as the
 //! `tasks/cancel` result, one taskId for every creation, a skewed `createdAt`, a `tasks/result`
 //! that never answers, creation errors).
 
-mod support;
-mod tasks_support;
+mod common;
+
+use common::*;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,8 +16,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::*;
-use tasks_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
