@@ -30,6 +30,16 @@ pub fn initialize_body(id_json: &str) -> String {
     )
 }
 
+/// A body of exactly `n` bytes that is a valid JSON-RPC request.
+pub fn body_of_len(n: usize) -> String {
+    let head = r#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"pad":""#;
+    let tail = r#""}}"#;
+    let pad = n - head.len() - tail.len();
+    let s = format!("{head}{}{tail}", "x".repeat(pad));
+    assert_eq!(s.len(), n);
+    s
+}
+
 /// Parses bytes as JSON or panics with the text.
 pub fn parse_json(bytes: &[u8]) -> Value {
     serde_json::from_slice(bytes)

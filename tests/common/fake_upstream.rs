@@ -522,6 +522,13 @@ fn put_headers(map: &mut HeaderMap, headers: &[(String, String)]) {
     }
 }
 
+/// A server-to-client notification (`notifications/message` "note N").
+pub fn server_note(n: u32) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"level":"info","data":"note {n}"}}}}"#
+    )
+}
+
 /// Session id the standard upstream hands out on `initialize`.
 pub const UPSTREAM_SESSION: &str = "up-session-7f3a";
 
