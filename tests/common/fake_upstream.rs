@@ -280,6 +280,17 @@ struct UpstreamShared {
     /// SSE bodies whose reader went away before the script ended.
     sse_disconnects: AtomicUsize,
     sse_disconnect_tx: watch::Sender<usize>,
+    /// Requests answered with [`ScriptedResponse::hang`] whose caller went away.
+    hangs_abandoned: watch::Sender<usize>,
+}
+
+/// Counts a hanging request as abandoned when hyper drops it (its connection closed).
+struct HangGuard(Arc<UpstreamShared>);
+
+impl Drop for HangGuard {
+    fn drop(&mut self) {
+        self.0.hangs_abandoned.send_modify(|n| *n += 1);
+    }
 }
 
 /// A scripted upstream MCP server on 127.0.0.1.
@@ -312,6 +323,7 @@ impl Upstream {
             count: watch::channel(0).0,
             sse_disconnects: AtomicUsize::new(0),
             sse_disconnect_tx: watch::channel(0).0,
+            hangs_abandoned: watch::channel(0).0,
         });
         let conns: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
         let accept = {
@@ -391,6 +403,18 @@ impl Upstream {
             .is_ok();
         ok
     }
+    /// How many requests answered with [`ScriptedResponse::hang`] lost their caller.
+    pub fn hangs_abandoned(&self) -> usize {
+        *self.shared.hangs_abandoned.borrow()
+    }
+    /// Waits until at least `n` hanging requests lost their caller; false on timeout.
+    pub async fn wait_for_hangs_abandoned(&self, n: usize, within: Duration) -> bool {
+        let mut rx = self.shared.hangs_abandoned.subscribe();
+        let ok = tokio::time::timeout(within, rx.wait_for(|c| *c >= n))
+            .await
+            .is_ok();
+        ok
+    }
     /// Stops listening and drops every open connection.
     pub fn stop(&self) {
         self.accept.abort();
@@ -442,7 +466,10 @@ async fn render(shared: Arc<UpstreamShared>, mut resp: ScriptedResponse) -> Resp
                 g.wait().await;
                 resp = *inner;
             }
-            ScriptedResponse::Hang => std::future::pending::<()>().await,
+            ScriptedResponse::Hang => {
+                let _abandoned = HangGuard(shared.clone());
+                std::future::pending::<()>().await
+            }
             ScriptedResponse::Full {
                 status,
                 headers,
