@@ -379,6 +379,13 @@ impl Upstream {
     pub fn count(&self) -> usize {
         self.shared.log.lock().unwrap().len()
     }
+    /// Every JSON-RPC message with this method received so far.
+    pub fn received(&self, method: &str) -> Vec<RecordedRequest> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.rpc_method().as_deref() == Some(method))
+            .collect()
+    }
     /// The last request received (panics when there is none).
     pub fn last(&self) -> RecordedRequest {
         self.requests().pop().expect("upstream received no request")

@@ -150,11 +150,7 @@ impl TaskServer {
     }
     /// Every JSON-RPC message with this method the server received.
     pub fn received(&self, method: &str) -> Vec<RecordedRequest> {
-        self.up
-            .requests()
-            .into_iter()
-            .filter(|r| r.rpc_method().as_deref() == Some(method))
-            .collect()
+        self.up.received(method)
     }
     pub fn count(&self, method: &str) -> usize {
         self.received(method).len()
@@ -545,11 +541,7 @@ impl UpServer {
     }
     /// Every JSON-RPC message with this method the server received.
     pub fn received(&self, method: &str) -> Vec<RecordedRequest> {
-        self.up
-            .requests()
-            .into_iter()
-            .filter(|r| r.rpc_method().as_deref() == Some(method))
-            .collect()
+        self.up.received(method)
     }
     pub fn count(&self, method: &str) -> usize {
         self.received(method).len()
