@@ -3,14 +3,12 @@
 //! over an SSE stream that never delivers the answer (the single flight must not be pinned), and
 //! the `max_message_bytes` config key.
 
-mod support;
-mod tasks_support;
+mod common;
 
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::*;
-use tasks_support::*;
+use common::*;
 
 /// Every test ends within this, whatever the gateway does.
 const BOUND: Duration = Duration::from_secs(6);

@@ -1,10 +1,11 @@
 //! Cancellation (issue 4): single-flight `tasks/cancel`, terminal tasks answered locally, the
 //! race between a cancel and a completion, `notifications/cancelled` routing, and the two audit
 //! facts ("status cancelled", "resources released") with real timing, against a scripted MCP
-//! task server (tests/tasks_support).
+//! task server (tests/common).
 
-mod support;
-mod tasks_support;
+mod common;
+
+use common::*;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,9 +13,7 @@ use std::time::Duration;
 
 use rand::Rng;
 use serde_json::{json, Value};
-use support::*;
 use taskgate::mcp::task::TaskStatus;
-use tasks_support::*;
 
 fn cancel_count(m: &str, outcome: &str) -> f64 {
     metric(m, "taskgate_cancel_requests_total", &[("outcome", outcome)])

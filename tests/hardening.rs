@@ -1,13 +1,14 @@
 //! Findings of a cold review ("Hardening from a cold review"), one test each. Every test fails
 //! on the code before that commit (a panic, a hang, a wrong routing or status) and passes now.
 //!
-//! The scripted upstreams come from tests/support and tests/tasks_support; [`Evil`] below is a
+//! The scripted upstreams come from tests/common; [`Evil`] below is a
 //! small task server that can answer what a well-behaved one would not (a number as the
 //! `tasks/cancel` result, one taskId for every creation, a skewed `createdAt`, a `tasks/result`
 //! that never answers, creation errors).
 
-mod support;
-mod tasks_support;
+mod common;
+
+use common::*;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -15,8 +16,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::*;
-use tasks_support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -414,11 +413,31 @@ async fn connection_limit_holds_further_connections_until_one_closes() {
         .gateway("max_connections = 4")
         .start()
         .await;
+    // Each connection is served once (so the gateway holds it), then stays open and idle.
     let mut idle = Vec::new();
-    for _ in 0..4 {
-        idle.push(TcpStream::connect(tg.gw).await.unwrap());
+    for i in 0..4 {
+        let mut s = TcpStream::connect(tg.gw).await.unwrap();
+        s.write_all(&raw_post(
+            tg.gw,
+            "/mcp",
+            &[],
+            &rpc(&i.to_string(), "ping", "{}"),
+        ))
+        .await
+        .unwrap();
+        let mut got = Vec::new();
+        while !String::from_utf8_lossy(&got).contains(r#""echo":"ping""#) {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(STEP, s.read(&mut chunk))
+                .await
+                .expect("answer on an idle-to-be connection")
+                .unwrap();
+            assert!(n > 0, "connection {i} closed before its answer");
+            got.extend_from_slice(&chunk[..n]);
+        }
+        idle.push(s);
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(up.count(), 4);
 
     let url = tg.mcp_url();
     let mut fifth = tokio::spawn(async move {
@@ -430,7 +449,7 @@ async fn connection_limit_holds_further_connections_until_one_closes() {
     });
     let waited = tokio::time::timeout(Duration::from_millis(700), &mut fifth).await;
     assert!(waited.is_err(), "the fifth connection was served at once");
-    assert_eq!(up.count(), 0);
+    assert_eq!(up.count(), 4);
     let (s, _) = admin_json(tg.admin, "/healthz").await;
     assert_eq!(s, 200, "admin answers while the gateway is full");
 
@@ -459,15 +478,20 @@ async fn assert_head_refused(kib: usize) {
     let req = raw_post(tg.gw, "/mcp", &[big], &rpc("1", "ping", "{}"));
     let r = raw_exchange(tg.gw, &req, Duration::from_secs(3)).await;
     assert_eq!(r.status, 431, "a {kib} KiB head: {}", r.head);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(up.count(), 0, "the upstream receives nothing");
+    let v = rpc_or_fail(&tg.client(), rpc("2", "ping", "{}")).await;
+    assert_eq!(v["result"]["echo"], json!("ping"));
+    // The later ping is the upstream's only request: the refused one never got there.
+    let got: Vec<_> = up.requests().iter().map(|r| r.rpc_id_json()).collect();
+    assert_eq!(
+        got,
+        ["2"],
+        "the upstream receives nothing but the later ping"
+    );
     assert_eq!(
         upstream_errors(&tg.metrics_text().await),
         errors_before,
         "no upstream error"
     );
-    let v = rpc_or_fail(&tg.client(), rpc("2", "ping", "{}")).await;
-    assert_eq!(v["result"]["echo"], json!("ping"));
 }
 
 /// A request head over 64 KiB is answered 431 by taskgate; the upstream receives nothing and no
@@ -809,7 +833,12 @@ async fn abandoned_rerouted_requests_leave_no_in_flight_note() {
     assert!(routed
         .iter()
         .all(|r| r.header("mcp-session-id").as_deref() == Some("sess-1")));
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // taskgate drops its note when it drops the request; the upstream then sees the request go.
+    assert!(
+        up.wait_for_hangs_abandoned(N, STEP).await,
+        "{} of {N} abandoned tasks/result went away upstream",
+        up.hangs_abandoned()
+    );
 
     for id in ["r0", &format!("r{}", N - 1)] {
         let s = second

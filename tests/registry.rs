@@ -1,12 +1,13 @@
 //! The durable task registry and the `tasks` layer (issue 3), shown against a scripted MCP task
-//! server (tests/tasks_support) and, where a crash or restart is the point, the real binary.
+//! server (tests/common) and, where a crash or restart is the point, the real binary.
 //!
 //! Each test builds the smallest setup for one rule and asserts what users and operators rely on:
 //! JSON-RPC codes, what the upstream received (and did not), what the store, `/admin/tasks`,
 //! `taskgate tasks show|list` and `/metrics` hold.
 
-mod support;
-mod tasks_support;
+mod common;
+
+use common::*;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,10 +17,8 @@ use std::time::{Duration, Instant};
 use http_body_util::BodyExt;
 use rand::Rng;
 use serde_json::{json, Value};
-use support::*;
 use taskgate::mcp::task::{parse_rfc3339_ms, TaskStatus};
 use taskgate::store::Origin;
-use tasks_support::*;
 
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)

@@ -1,21 +1,18 @@
 //! Upgrade of plain calls (issue 5): a plain `tools/call` to a tool whose `taskSupport` is
 //! `required` becomes a task upstream, is followed to its end, and is answered under the client's
-//! original id, against a scripted MCP task server (tests/upgrade_support). Also what must stay
+//! original id, against a scripted MCP task server (tests/common). Also what must stay
 //! untouched, progress and status relay, server→client requests, cancellation, disconnects, the
 //! orphan sweep after a restart of the real binary, and a printed latency benchmark (#[ignore]).
 
-mod support;
-mod tasks_support;
-mod upgrade_support;
+mod common;
+
+use common::*;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::*;
 use taskgate::mcp::task::TaskStatus;
-use tasks_support::*;
-use upgrade_support::*;
 
 async fn list_tools(c: &Client, id_json: &str, cursor: Option<&str>) -> Value {
     let params = match cursor {

@@ -1,28 +1,365 @@
-//! Support for `tests/upgrade.rs` (issue 5), on top of `tests/support` and `tests/tasks_support`
-//! (declared next to them as `mod upgrade_support;`).
+//! Stateful scripted MCP 2025-11-25 servers built on [`Upstream`].
 //!
-//! - [`UpServer`]: a scripted MCP 2025-11-25 server with tools and tasks, built on
-//!   [`support::Upstream`]: `initialize` hands out `sess-N` and declares the configured
-//!   `capabilities.tasks`; `tools/list` pages through a tool list the test can change (JSON or SSE);
-//!   a plain `tools/call` to a `required` tool is refused the way the SDKs refuse it (a
-//!   `CallToolResult` with `isError: true`); a task-augmented one creates a task that completes
-//!   after a fixed time (or never). `tasks/result` blocks until then, optionally sending scripted
-//!   events first (progress, `notifications/tasks/status`, an `elicitation/create` or
-//!   `sampling/createMessage` request whose answer the client POSTs back); `tasks/get` reports the
-//!   status with a `statusMessage` that changes over time; `tasks/cancel` cancels.
-//! - [`UgConfig`]: taskgate's TOML with an `[upgrade]` section (in process, or for the binary).
-//! - Client helpers: `initialize` with chosen capabilities, a `tools/call` body, reading an
-//!   upgraded call's stream to its answer.
-#![allow(dead_code)]
+//! - [`TaskServer`]: `initialize` hands out `sess-N`, a task-augmented `tools/call` answers a
+//!   `CreateTaskResult` (JSON or inside SSE, with scripted events before/after it), `tasks/get`,
+//!   `tasks/cancel`, `tasks/result` follow a per-task status the test can change at any moment.
+//! - [`UpServer`]: tools and tasks, for upgraded calls. `initialize` hands out `sess-N` and
+//!   declares the configured `capabilities.tasks`; `tools/list` pages through a tool list the test
+//!   can change (JSON or SSE); a plain `tools/call` to a `required` tool is refused the way the
+//!   SDKs refuse it (a `CallToolResult` with `isError: true`); a task-augmented one creates a task
+//!   that completes after a fixed time (or never). `tasks/result` blocks until then, optionally
+//!   sending scripted events first (progress, `notifications/tasks/status`, an `elicitation/create`
+//!   or `sampling/createMessage` request whose answer the client POSTs back); `tasks/get` reports
+//!   the status with a `statusMessage` that changes over time; `tasks/cancel` cancels.
 
-use crate::support::*;
-use crate::tasks_support::*;
+use super::*;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+// =============================================================================================
+// Scripted task server
+// =============================================================================================
 
-use serde_json::{json, Value};
+/// One task as the scripted server holds it.
+#[derive(Clone, Debug)]
+pub struct ServerTask {
+    pub status: String,
+    pub status_message: Option<String>,
+    pub created_at: String,
+    pub last_updated_at: String,
+    pub ttl: Value,
+    /// The `Mcp-Session-Id` the creating request came on.
+    pub session: Option<String>,
+}
+
+impl ServerTask {
+    pub fn to_json(&self, task_id: &str) -> Value {
+        let mut t = json!({
+            "taskId": task_id,
+            "status": self.status,
+            "createdAt": self.created_at,
+            "lastUpdatedAt": self.last_updated_at,
+            "ttl": self.ttl,
+            "pollInterval": 100,
+        });
+        if let Some(m) = &self.status_message {
+            t["statusMessage"] = Value::from(m.clone());
+        }
+        t
+    }
+}
+
+/// Mutable state of the scripted server; tests lock it to change a task's status at will.
+#[derive(Default)]
+pub struct ServerState {
+    pub next_session: usize,
+    pub next_task: usize,
+    pub tasks: HashMap<String, ServerTask>,
+    /// Statuses `tasks/get` reports for a task instead of its real one, one per call.
+    pub get_script: HashMap<String, VecDeque<String>>,
+}
+
+impl ServerState {
+    /// Sets a task's status (the upstream's own view).
+    pub fn set(&mut self, task_id: &str, status: &str) {
+        let t = self
+            .tasks
+            .get_mut(task_id)
+            .unwrap_or_else(|| panic!("scripted server has no task {task_id}"));
+        t.status = status.to_string();
+        t.last_updated_at = format_rfc3339_ms(now_ms());
+    }
+    pub fn status(&self, task_id: &str) -> String {
+        self.tasks[task_id].status.clone()
+    }
+}
+
+type StepsFn = Arc<dyn Fn(&str, &Value) -> Vec<SseStep> + Send + Sync>;
+
+/// How the scripted server behaves. Closures get the taskId and the whole request JSON.
+#[derive(Clone)]
+pub struct Behaviour {
+    /// `initialize` answers with `Mcp-Session-Id: sess-N` (default true).
+    pub sessions: bool,
+    /// `capabilities.tasks` in the `InitializeResult` (default list, cancel, tools/call).
+    pub tasks_capability: Value,
+    /// Answer a task-augmented `tools/call` with SSE instead of JSON.
+    pub creation_sse: bool,
+    /// SSE events sent before the `CreateTaskResult` (needs `creation_sse`).
+    pub creation_head: Option<StepsFn>,
+    /// SSE steps after the `CreateTaskResult` (needs `creation_sse`); the stream ends after them.
+    pub creation_tail: Option<StepsFn>,
+    /// The `ttl` the server reports (default: the requested one, or null).
+    pub ttl_override: Option<Value>,
+    /// Delay before the `tasks/cancel` answer (the status changes when the request arrives).
+    pub cancel_delay: Arc<dyn Fn(&str) -> Duration + Send + Sync>,
+    /// Called when a `tasks/cancel` for a working task was accepted.
+    pub on_cancel: Option<Arc<dyn Fn(&str) + Send + Sync>>,
+    /// Answer every `tasks/cancel` with this JSON-RPC error instead.
+    pub cancel_error: Option<(i64, String)>,
+    /// A GET (standalone stream) answers these SSE steps (default 405).
+    pub get_stream: Option<Arc<dyn Fn() -> Vec<SseStep> + Send + Sync>>,
+    /// taskId prefix (default `task-`).
+    pub id_prefix: String,
+    /// `tasks/result` answers in an SSE stream that waits for this gate before the result.
+    pub result_gate: Option<Gate>,
+    /// `tasks/cancel` answers in an SSE stream instead of JSON.
+    pub cancel_sse: bool,
+    /// Delay before a JSON `CreateTaskResult` is sent.
+    pub creation_delay: Duration,
+}
+
+impl Default for Behaviour {
+    fn default() -> Self {
+        Behaviour {
+            sessions: true,
+            tasks_capability: json!({"list":{},"cancel":{},"requests":{"tools":{"call":{}}}}),
+            creation_sse: false,
+            creation_head: None,
+            creation_tail: None,
+            ttl_override: None,
+            cancel_delay: Arc::new(|_| Duration::ZERO),
+            on_cancel: None,
+            cancel_error: None,
+            get_stream: None,
+            id_prefix: "task-".into(),
+            result_gate: None,
+            cancel_sse: false,
+            creation_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// A scripted MCP task server (see the module docs).
+pub struct TaskServer {
+    pub up: Upstream,
+    pub state: Arc<Mutex<ServerState>>,
+}
+
+impl TaskServer {
+    pub async fn start(b: Behaviour) -> TaskServer {
+        let state: Arc<Mutex<ServerState>> = Arc::default();
+        let s = state.clone();
+        let b = Arc::new(b);
+        let up = Upstream::start(move |req| handle(&b, &s, req)).await;
+        TaskServer { up, state }
+    }
+    pub async fn default() -> TaskServer {
+        TaskServer::start(Behaviour::default()).await
+    }
+    pub fn url(&self) -> String {
+        self.up.url()
+    }
+    /// Every JSON-RPC message with this method the server received.
+    pub fn received(&self, method: &str) -> Vec<RecordedRequest> {
+        self.up.received(method)
+    }
+    pub fn count(&self, method: &str) -> usize {
+        self.received(method).len()
+    }
+    /// Every `tasks/*` request received (get, result, cancel, list).
+    pub fn task_requests(&self) -> Vec<RecordedRequest> {
+        self.up
+            .requests()
+            .into_iter()
+            .filter(|r| r.rpc_method().is_some_and(|m| m.starts_with("tasks/")))
+            .collect()
+    }
+    pub fn set(&self, task_id: &str, status: &str) {
+        self.state.lock().unwrap().set(task_id, status)
+    }
+    pub fn status(&self, task_id: &str) -> String {
+        self.state.lock().unwrap().status(task_id)
+    }
+    /// `tasks/get` reports these statuses for `task_id`, one per call, before the real one again.
+    pub fn script_get(&self, task_id: &str, statuses: &[&str]) {
+        self.state
+            .lock()
+            .unwrap()
+            .get_script
+            .entry(task_id.into())
+            .or_default()
+            .extend(statuses.iter().map(|s| s.to_string()));
+    }
+}
+
+fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> ScriptedResponse {
+    match req.method.as_str() {
+        "GET" => {
+            return match &b.get_stream {
+                Some(f) => ScriptedResponse::sse(f()),
+                None => ScriptedResponse::status(405, None, ""),
+            }
+        }
+        "DELETE" => return ScriptedResponse::status(200, None, ""),
+        _ => {}
+    }
+    let v: Value = match serde_json::from_slice(&req.body) {
+        Ok(v) => v,
+        Err(_) => return ScriptedResponse::status(400, Some("text/plain"), "bad json"),
+    };
+    let (Some(method), Some(_)) = (v.get("method").and_then(Value::as_str), v.get("id")) else {
+        return ScriptedResponse::accepted(); // notifications and responses
+    };
+    let id = req.rpc_id_json();
+    let task_id_param = v
+        .pointer("/params/taskId")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    match method {
+        "initialize" => {
+            let mut st = state.lock().unwrap();
+            st.next_session += 1;
+            let result = json!({
+                "protocolVersion": PROTOCOL_VERSION,
+                "capabilities": {"tools": {}, "tasks": b.tasks_capability},
+                "serverInfo": {"name": "scripted-tasks", "version": "1"},
+            });
+            let r = ScriptedResponse::json(rpc_result(&id, &result.to_string()));
+            if b.sessions {
+                r.header("mcp-session-id", &format!("sess-{}", st.next_session))
+            } else {
+                r
+            }
+        }
+        "tools/call" => {
+            let Some(task) = v.pointer("/params/task") else {
+                return ScriptedResponse::json(rpc_result(
+                    &id,
+                    r#"{"content":[{"type":"text","text":"plain"}]}"#,
+                ));
+            };
+            let mut st = state.lock().unwrap();
+            st.next_task += 1;
+            let task_id = format!("{}{}", b.id_prefix, st.next_task);
+            let now = format_rfc3339_ms(now_ms());
+            let ttl = b
+                .ttl_override
+                .clone()
+                .or_else(|| task.get("ttl").cloned())
+                .unwrap_or(Value::Null);
+            let t = ServerTask {
+                status: "working".into(),
+                status_message: None,
+                created_at: now.clone(),
+                last_updated_at: now,
+                ttl,
+                session: req.header("mcp-session-id"),
+            };
+            let body = rpc_result(&id, &json!({ "task": t.to_json(&task_id) }).to_string());
+            st.tasks.insert(task_id.clone(), t);
+            drop(st);
+            if !b.creation_sse {
+                let r = ScriptedResponse::json(body);
+                return if b.creation_delay.is_zero() {
+                    r
+                } else {
+                    r.after(b.creation_delay)
+                };
+            }
+            let mut steps = Vec::new();
+            if let Some(head) = &b.creation_head {
+                steps.extend(head(&task_id, &v));
+            }
+            steps.push(ev().data(&body).into());
+            if let Some(tail) = &b.creation_tail {
+                steps.extend(tail(&task_id, &v));
+            }
+            ScriptedResponse::sse(steps)
+        }
+        "tasks/get" => {
+            let mut st = state.lock().unwrap();
+            let scripted = st
+                .get_script
+                .get_mut(&task_id_param)
+                .and_then(VecDeque::pop_front);
+            let Some(t) = st.tasks.get(&task_id_param) else {
+                return ScriptedResponse::json(rpc_error_json(&id, -32602, "Task not found"));
+            };
+            let mut t = t.clone();
+            if let Some(s) = scripted {
+                t.status = s;
+            }
+            ScriptedResponse::json(rpc_result(&id, &t.to_json(&task_id_param).to_string()))
+        }
+        "tasks/cancel" => {
+            if let Some((code, message)) = &b.cancel_error {
+                return ScriptedResponse::json(rpc_error_json(&id, *code, message));
+            }
+            let mut st = state.lock().unwrap();
+            let Some(t) = st.tasks.get_mut(&task_id_param) else {
+                return ScriptedResponse::json(rpc_error_json(&id, -32602, "Task not found"));
+            };
+            if matches!(t.status.as_str(), "completed" | "failed" | "cancelled") {
+                let msg = format!("Cannot cancel task: it is already {}", t.status);
+                return ScriptedResponse::json(rpc_error_json(&id, -32602, &msg));
+            }
+            t.status = "cancelled".into();
+            t.last_updated_at = format_rfc3339_ms(now_ms());
+            let body = rpc_result(&id, &t.to_json(&task_id_param).to_string());
+            drop(st);
+            if let Some(f) = &b.on_cancel {
+                f(&task_id_param);
+            }
+            let delay = (b.cancel_delay)(&task_id_param);
+            let r = if b.cancel_sse {
+                ScriptedResponse::sse(vec![ev().data(&body).into()])
+            } else {
+                ScriptedResponse::json(body)
+            };
+            if delay.is_zero() {
+                r
+            } else {
+                r.after(delay)
+            }
+        }
+        "tasks/result" => {
+            let mut st = state.lock().unwrap();
+            let Some(t) = st.tasks.get_mut(&task_id_param) else {
+                return ScriptedResponse::json(rpc_error_json(&id, -32602, "Task not found"));
+            };
+            if t.status == "working" {
+                t.status = "completed".into();
+            }
+            let result = json!({
+                "content": [{"type": "text", "text": format!("result of {task_id_param}")}],
+                "_meta": {"io.modelcontextprotocol/related-task": {"taskId": task_id_param}},
+            });
+            let body = rpc_result(&id, &result.to_string());
+            match &b.result_gate {
+                Some(g) => {
+                    ScriptedResponse::sse(vec![SseStep::Wait(g.clone()), ev().data(&body).into()])
+                }
+                None => ScriptedResponse::json(body),
+            }
+        }
+        "tasks/list" => ScriptedResponse::json(rpc_result(&id, r#"{"tasks":[]}"#)),
+        m => ScriptedResponse::json(rpc_result(&id, &json!({ "echo": m }).to_string())),
+    }
+}
+
+/// A `notifications/tasks/status` message for `task_id` (params are the Task fields).
+pub fn status_notification(task_id: &str, status: &str) -> String {
+    let now = format_rfc3339_ms(now_ms());
+    json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/tasks/status",
+        "params": {
+            "taskId": task_id, "status": status, "createdAt": now, "lastUpdatedAt": now,
+            "ttl": 60000, "pollInterval": 100,
+        }
+    })
+    .to_string()
+}
+
+/// A `notifications/progress` message.
+pub fn progress_notification(token: &Value, progress: u64) -> String {
+    json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {"progressToken": token, "progress": progress, "message": format!("step {progress}")},
+    })
+    .to_string()
+}
 
 pub const RELATED: &str = "io.modelcontextprotocol/related-task";
 
@@ -212,11 +549,7 @@ impl UpServer {
     }
     /// Every JSON-RPC message with this method the server received.
     pub fn received(&self, method: &str) -> Vec<RecordedRequest> {
-        self.up
-            .requests()
-            .into_iter()
-            .filter(|r| r.rpc_method().as_deref() == Some(method))
-            .collect()
+        self.up.received(method)
     }
     pub fn count(&self, method: &str) -> usize {
         self.received(method).len()
@@ -271,13 +604,6 @@ impl UpServer {
             .await
             .is_some()
     }
-}
-
-fn err_json(id: &str, code: i64, message: &str) -> String {
-    format!(
-        r#"{{"jsonrpc":"2.0","id":{id},"error":{}}}"#,
-        json!({"code": code, "message": message})
-    )
 }
 
 fn task_json(t: &UpTask, task_id: &str, b: &UpBehaviour) -> Value {
@@ -470,11 +796,11 @@ fn up_handle(b: &UpBehaviour, state: &Mutex<UpState>, req: &RecordedRequest) -> 
                         r#"{"content":[{"type":"text","text":"ran without a task"}]}"#,
                     )
                 } else {
-                    err_json(&id, *code, message)
+                    rpc_error_json(&id, *code, message)
                 });
             }
             if support == "forbidden" {
-                return ScriptedResponse::json(err_json(
+                return ScriptedResponse::json(rpc_error_json(
                     &id,
                     -32602,
                     &format!("Tool {name} does not support task augmentation"),
@@ -526,7 +852,7 @@ fn up_handle(b: &UpBehaviour, state: &Mutex<UpState>, req: &RecordedRequest) -> 
                 Some(t) => {
                     ScriptedResponse::json(rpc_result(&id, &task_json(t, &task_id, b).to_string()))
                 }
-                None => ScriptedResponse::json(err_json(&id, -32602, "Task not found")),
+                None => ScriptedResponse::json(rpc_error_json(&id, -32602, "Task not found")),
             };
             if b.get_delay.is_zero() {
                 r
@@ -537,11 +863,11 @@ fn up_handle(b: &UpBehaviour, state: &Mutex<UpState>, req: &RecordedRequest) -> 
         "tasks/cancel" => {
             let mut st = state.lock().unwrap();
             let Some(t) = st.tasks.get_mut(&task_id) else {
-                return ScriptedResponse::json(err_json(&id, -32602, "Task not found"));
+                return ScriptedResponse::json(rpc_error_json(&id, -32602, "Task not found"));
             };
             if matches!(t.status.as_str(), "completed" | "failed" | "cancelled") {
                 let m = format!("Cannot cancel task: already {}", t.status);
-                return ScriptedResponse::json(err_json(&id, -32602, &m));
+                return ScriptedResponse::json(rpc_error_json(&id, -32602, &m));
             }
             t.status = "cancelled".into();
             let t = t.clone();
@@ -550,7 +876,7 @@ fn up_handle(b: &UpBehaviour, state: &Mutex<UpState>, req: &RecordedRequest) -> 
         "tasks/result" => {
             let mut st = state.lock().unwrap();
             let Some(t) = st.tasks.get(&task_id).cloned() else {
-                return ScriptedResponse::json(err_json(&id, -32602, "Task not found"));
+                return ScriptedResponse::json(rpc_error_json(&id, -32602, "Task not found"));
             };
             let calls = {
                 let n = st.result_calls.entry(task_id.clone()).or_default();
@@ -611,239 +937,4 @@ fn up_handle(b: &UpBehaviour, state: &Mutex<UpState>, req: &RecordedRequest) -> 
         "tasks/list" => ScriptedResponse::json(rpc_result(&id, r#"{"tasks":[]}"#)),
         m => ScriptedResponse::json(rpc_result(&id, &json!({ "echo": m }).to_string())),
     }
-}
-
-// =============================================================================================
-// taskgate with [upgrade]
-// =============================================================================================
-
-/// A [`TgConfig`] plus `[upgrade]` lines (default `enabled = true`).
-#[derive(Clone)]
-pub struct UgConfig {
-    pub tg: TgConfig,
-    pub upgrade: Vec<String>,
-    /// Extra `key = value` lines of the `[[upstream]]` table.
-    pub upstream: Vec<String>,
-}
-
-impl UgConfig {
-    pub fn new(upstream_url: &str) -> UgConfig {
-        UgConfig {
-            tg: TgConfig::new(upstream_url),
-            upgrade: vec!["enabled = true".into()],
-            upstream: vec![],
-        }
-    }
-    /// Replaces the `[upgrade]` lines.
-    pub fn upgrade(mut self, lines: &[&str]) -> Self {
-        self.upgrade = lines.iter().map(|l| l.to_string()).collect();
-        self
-    }
-    /// An extra line in `[upgrade]`.
-    pub fn with(mut self, line: &str) -> Self {
-        self.upgrade.push(line.into());
-        self
-    }
-    pub fn gateway(mut self, line: &str) -> Self {
-        self.tg = self.tg.gateway(line);
-        self
-    }
-    pub fn tasks(mut self, line: &str) -> Self {
-        self.tg = self.tg.tasks(line);
-        self
-    }
-    /// An extra line in the `[[upstream]]` table (`timeout_ms = 300`).
-    pub fn upstream_line(mut self, line: &str) -> Self {
-        self.upstream.push(line.into());
-        self
-    }
-    pub fn to_toml(&self, store: &str) -> String {
-        let mut s = self.tg.to_toml(store);
-        for l in &self.upstream {
-            s.push_str(l);
-            s.push('\n');
-        }
-        s.push_str("\n[upgrade]\n");
-        for l in &self.upgrade {
-            s.push_str(l);
-            s.push('\n');
-        }
-        s
-    }
-    /// Starts taskgate in this process on a fresh temporary store.
-    pub async fn start(&self) -> Tg {
-        let dir = tempfile::tempdir().unwrap();
-        let store = dir.path().join("store");
-        let text = self.to_toml(store.to_str().unwrap());
-        let config = taskgate::config::Config::from_toml_str(&text)
-            .unwrap_or_else(|e| panic!("config error: {e}\n{text}"));
-        let running = taskgate::gateway::start(config)
-            .await
-            .unwrap_or_else(|e| panic!("taskgate did not start: {e}"));
-        Tg {
-            gw: running.gateway_addr,
-            admin: running.admin_addr,
-            metrics: running.metrics.clone(),
-            registry: running.registry.clone(),
-            running: Some(running),
-            dir,
-        }
-    }
-    /// Writes the TOML for the binary into `dir` (store at `dir/store`); returns the config path.
-    pub fn write_for_binary(&self, dir: &std::path::Path) -> String {
-        let store = dir.join("store");
-        let path = dir.join("taskgate.toml");
-        std::fs::write(&path, self.to_toml(store.to_str().unwrap())).unwrap();
-        path.to_str().unwrap().to_string()
-    }
-}
-
-// =============================================================================================
-// Client side
-// =============================================================================================
-
-/// `initialize` with these client capabilities (then `notifications/initialized`); returns a
-/// client holding the session id taskgate relayed.
-pub async fn client_with(url: &str, capabilities: Value) -> Client {
-    let mut c = Client::new(url);
-    let body = rpc(
-        "\"init\"",
-        "initialize",
-        &json!({
-            "protocolVersion": PROTOCOL_VERSION,
-            "capabilities": capabilities,
-            "clientInfo": {"name": "taskgate-upgrade-tests", "version": "0"},
-        })
-        .to_string(),
-    );
-    let r = c.send(body).await;
-    assert_eq!(r.status(), 200, "initialize");
-    c.session = r.header("mcp-session-id");
-    let v = r.json().await;
-    assert!(v.get("result").is_some(), "initialize failed: {v}");
-    assert_eq!(c.notify("notifications/initialized", json!({})).await, 202);
-    c
-}
-
-/// A plain `tools/call` body (no `params.task`); `progressToken` in `_meta` when given.
-pub fn call_body(id_json: &str, tool: &str, progress_token: Option<Value>) -> String {
-    let mut params = json!({ "name": tool, "arguments": {"n": 1} });
-    if let Some(t) = progress_token {
-        params["_meta"] = json!({ "progressToken": t });
-    }
-    rpc(id_json, "tools/call", &params.to_string())
-}
-
-/// What the client got for one call: every message before the answer, and the answer.
-#[derive(Debug)]
-pub struct Outcome {
-    pub content_type: String,
-    pub before: Vec<Value>,
-    pub answer: Value,
-    /// Messages after the answer on the same stream (should be none).
-    pub after: Vec<Value>,
-    pub elapsed: Duration,
-}
-
-impl Outcome {
-    /// The `notifications/progress` messages before the answer.
-    pub fn progress(&self) -> Vec<Value> {
-        self.before
-            .iter()
-            .filter(|m| m["method"] == json!("notifications/progress"))
-            .cloned()
-            .collect()
-    }
-}
-
-/// Sends `body`, reads JSON or the SSE stream up to the message answering `id`, then to the
-/// end of the stream.
-pub async fn call(c: &Client, body: &str, id: &Value) -> Outcome {
-    let start = Instant::now();
-    let r = c.send(body.to_string()).await;
-    assert_eq!(r.status(), 200, "HTTP status for {body}");
-    let content_type = r.header("content-type").unwrap_or_default();
-    if !content_type.starts_with("text/event-stream") {
-        let answer = r.json().await;
-        return Outcome {
-            content_type,
-            before: vec![],
-            answer,
-            after: vec![],
-            elapsed: start.elapsed(),
-        };
-    }
-    let mut sse = r.sse();
-    read_to_answer(&mut sse, id, content_type, start).await
-}
-
-pub async fn read_to_answer(
-    sse: &mut SseReader,
-    id: &Value,
-    content_type: String,
-    start: Instant,
-) -> Outcome {
-    let mut before = Vec::new();
-    let answer = loop {
-        let e = sse.next_event(STEP).await;
-        let Some(data) = e.data() else { continue };
-        if data.is_empty() {
-            continue;
-        }
-        let v = parse_json(data.as_bytes());
-        if v.get("method").is_none() && &v["id"] == id {
-            break v;
-        }
-        before.push(v);
-    };
-    let elapsed = start.elapsed();
-    let mut after = Vec::new();
-    loop {
-        match sse.next(STEP).await {
-            Next::Item(SseItem::Event(e)) => {
-                if let Some(d) = e.data().filter(|d| !d.is_empty()) {
-                    after.push(parse_json(d.as_bytes()));
-                }
-            }
-            Next::Item(SseItem::Comment(_)) => {}
-            Next::End => break,
-            Next::Timeout => panic!("the stream did not end after the answer"),
-        }
-    }
-    Outcome {
-        content_type,
-        before,
-        answer,
-        after,
-        elapsed,
-    }
-}
-
-/// `taskgate_upgraded_calls_total{outcome}` summed over upstreams.
-pub fn upgraded(m: &str, outcome: &str) -> f64 {
-    metric(m, "taskgate_upgraded_calls_total", &[("outcome", outcome)])
-}
-
-/// The audit event names of `/admin/tasks/default/<taskId>`.
-pub async fn audit_events(tg: &Tg, task_id: &str) -> (Value, Vec<String>) {
-    let (s, d) = tg.admin(&format!("/admin/tasks/default/{task_id}")).await;
-    assert_eq!(s, 200, "{d}");
-    let names = d["audit"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|e| e["event"].as_str().unwrap_or("").to_string())
-                .collect()
-        })
-        .unwrap_or_default();
-    (d, names)
-}
-
-/// p-th percentile (0..=100) of sorted durations, in ms.
-pub fn pct(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1000.0
 }

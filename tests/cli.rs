@@ -1,0 +1,359 @@
+//! The real binary: `check-config` on good and bad files, `--version` and `--help`, the listening
+//! line, exit 0 on SIGTERM or SIGINT, draining in-flight streams up to `drain_timeout_ms`, a missing
+//! `${VAR}` at start-up, and JSON logs that carry no bodies.
+//!
+//! Every test builds the smallest setup that shows its rule and asserts what a user relies on:
+//! status codes, JSON-RPC codes, the bytes/ids/headers the upstream received, and SSE events
+//! arriving while the upstream still holds the stream open.
+
+mod common;
+
+use common::*;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+// =============================================================================================
+// CLI and config (the real binary)
+// =============================================================================================
+
+fn manifest_path(rel: &str) -> String {
+    format!("{}/{rel}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `check-config` accepts a complete file and the shipped default config.
+#[test]
+fn check_config_accepts_good_files() {
+    let b = GatewayBuilder::new()
+        .gateway_opt("max_body_bytes = 1024")
+        .upstream("default", "http://127.0.0.1:3000/mcp")
+        .upstream_opt("timeout_ms = 30000")
+        .upstream_opt("connect_timeout_ms = 5000")
+        .upstream_opt("forward_authorization = false");
+    let f = ConfigFile::from_builder(&b);
+    let ran = run_taskgate(&["check-config", f.path_str()], &[]);
+    assert!(
+        ran.status.success(),
+        "{ran:?}\n{}",
+        std::fs::read_to_string(&f.path).unwrap()
+    );
+
+    let shipped = manifest_path("config/taskgate.toml");
+    let ran = run_taskgate(&["check-config", &shipped], &[]);
+    assert!(
+        ran.status.success(),
+        "shipped config/taskgate.toml: {ran:?}"
+    );
+}
+
+/// An unknown key is an error (exit 1) that names the key and its line.
+#[test]
+fn check_config_unknown_key_names_key_and_line() {
+    let text = "[gateway]\nlisten = \"127.0.0.1:0\"\nlisten_backlog = 5\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\npath = \"data/x\"\n\n[[upstream]]\nname = \"default\"\nurl = \"http://127.0.0.1:3000/mcp\"\n";
+    assert_eq!(text.lines().nth(2), Some("listen_backlog = 5"));
+    let f = ConfigFile::write(text);
+    let ran = run_taskgate(&["check-config", f.path_str()], &[]);
+    assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+    assert!(
+        ran.stderr.contains("listen_backlog"),
+        "names the key: {}",
+        ran.stderr
+    );
+    assert!(
+        ran.stderr.to_lowercase().contains("line 3"),
+        "names line 3: {}",
+        ran.stderr
+    );
+
+    let text = "[gateway]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\npath = \"data/x\"\n\n[[upstream]]\nname = \"default\"\nurl = \"http://127.0.0.1:3000/mcp\"\ntimeout_secs = 3\n";
+    assert_eq!(text.lines().nth(12), Some("timeout_secs = 3"));
+    let f = ConfigFile::write(text);
+    let ran = run_taskgate(&["check-config", f.path_str()], &[]);
+    assert_eq!(ran.status.code(), Some(1), "{ran:?}");
+    assert!(
+        ran.stderr.contains("timeout_secs"),
+        "names the key: {}",
+        ran.stderr
+    );
+    assert!(
+        ran.stderr.to_lowercase().contains("line 13"),
+        "names line 13: {}",
+        ran.stderr
+    );
+}
+
+/// Values of later features (`auth.mode` other than none, `upgrade.enabled = true`) are rejected
+/// with an error naming the feature; a missing file is an error too.
+#[test]
+fn check_config_rejects_bad_feature_settings_and_missing_file() {
+    let base = GatewayBuilder::single("http://127.0.0.1:3000/mcp").to_toml(
+        "data/x",
+        "127.0.0.1:0",
+        "127.0.0.1:0",
+    );
+
+    let bearer = base.replace("mode = \"none\"", "mode = \"bearer\"");
+    assert_ne!(bearer, base);
+    let f = ConfigFile::write(&bearer);
+    let ran = run_taskgate(&["check-config", f.path_str()], &[]);
+    assert_eq!(ran.status.code(), Some(1), "auth.mode = bearer: {ran:?}");
+    assert!(
+        ran.stderr.contains("auth") || ran.stderr.contains("bearer"),
+        "{}",
+        ran.stderr
+    );
+
+    // The upgrade is built: enabling it is valid, an unknown disconnect policy is not.
+    let upgrade = base.replace("enabled = false", "enabled = true");
+    assert_ne!(upgrade, base);
+    let f = ConfigFile::write(&upgrade);
+    let ran = run_taskgate(&["check-config", f.path_str()], &[]);
+    assert_eq!(
+        ran.status.code(),
+        Some(0),
+        "upgrade.enabled = true: {ran:?}"
+    );
+    let bad_policy = base.replace(
+        "enabled = false",
+        "enabled = true\non_client_disconnect = \"sometimes\"",
+    );
+    let f = ConfigFile::write(&bad_policy);
+    let ran = run_taskgate(&["check-config", f.path_str()], &[]);
+    assert_eq!(ran.status.code(), Some(1), "bad policy: {ran:?}");
+    assert!(ran.stderr.contains("sometimes"), "{}", ran.stderr);
+
+    let ran = run_taskgate(&["check-config", "/nonexistent/taskgate.toml"], &[]);
+    assert_eq!(ran.status.code(), Some(1), "missing file: {ran:?}");
+    assert!(!ran.stderr.is_empty());
+}
+
+#[test]
+fn version_flag_prints_name_and_version() {
+    let ran = run_taskgate(&["--version"], &[]);
+    assert!(ran.status.success(), "{ran:?}");
+    assert_eq!(
+        ran.stdout.trim(),
+        format!("taskgate {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn help_lists_subcommands() {
+    let ran = run_taskgate(&["--help"], &[]);
+    assert!(ran.status.success(), "{ran:?}");
+    assert!(
+        ran.stdout.contains("serve") && ran.stdout.contains("check-config"),
+        "{}",
+        ran.stdout
+    );
+}
+
+/// `serve` prints exactly one listening line on stdout, serves, and exits 0 on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_prints_listening_line_and_exits_0_on_sigterm() {
+    let up = Upstream::mcp().await;
+    let f = ConfigFile::from_builder(&GatewayBuilder::single(&up.url()));
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
+    let (gw, admin) = p.listening();
+    assert!(gw.ip().is_loopback() && gw.port() != 0, "{gw}");
+    assert!(
+        admin.ip().is_loopback() && admin.port() != 0 && admin != gw,
+        "{admin}"
+    );
+
+    let r = Req::get(&format!("http://{admin}/healthz")).send().await;
+    assert_eq!(r.status(), 200);
+    let r = Req::mcp_post(&format!("http://{gw}/mcp"), rpc("1", "ping", "{}"))
+        .send()
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(up.count(), 1);
+
+    p.sigterm();
+    let status = p.wait_exit(STEP).expect("exit within 10 s of SIGTERM");
+    assert_eq!(status.code(), Some(0), "stderr: {}", p.stderr());
+    assert_eq!(
+        p.drain_stdout(),
+        Vec::<String>::new(),
+        "stdout holds only the listening line"
+    );
+    assert_eq!(
+        p.listening_line.as_deref(),
+        Some(format!(r#"{{"listening":{{"gateway":"{gw}","admin":"{admin}"}}}}"#).as_str()),
+        "the contract's exact line (gateway first, then admin)"
+    );
+}
+
+/// The listening line means "ready": SIGINT or SIGTERM sent the moment it is printed is a
+/// graceful stop with exit 0, never death by the signal (handlers must be installed first).
+#[test]
+fn binary_signal_right_after_listening_line_exits_0() {
+    let f = ConfigFile::from_builder(&GatewayBuilder::single(&dead_url()));
+    for round in 0..40 {
+        let sig = if round % 2 == 0 {
+            libc::SIGINT
+        } else {
+            libc::SIGTERM
+        };
+        let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
+        p.listening();
+        p.signal(sig);
+        let status = p.wait_exit(STEP).expect("exit within 10 s of the signal");
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "round {round}, signal {sig}: {status:?}; stderr: {}",
+            p.stderr()
+        );
+    }
+}
+
+/// `serve` with a header naming an unset `${VAR}` fails to start, naming the variable.
+#[test]
+fn binary_missing_env_var_fails_to_start() {
+    let var = "TASKGATE_IT_BIN_UNSET_VAR";
+    let b = GatewayBuilder::single("http://127.0.0.1:3000/mcp").upstream_opt(&format!(
+        "headers = {{ Authorization = \"Bearer ${{{var}}}\" }}"
+    ));
+    let f = ConfigFile::from_builder(&b);
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
+    let status = p
+        .wait_exit(STEP)
+        .expect("serve must exit when a variable is missing");
+    assert!(!status.success(), "{status:?}");
+    assert_eq!(p.drain_stdout(), Vec::<String>::new(), "no listening line");
+    let stderr = p.stderr();
+    assert!(stderr.contains(var), "stderr names the variable: {stderr}");
+}
+
+/// On SIGTERM an in-flight SSE answer is allowed to finish; new connections are refused; then 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_sigterm_drains_in_flight_stream() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let up = Upstream::start(move |req| {
+        ScriptedResponse::sse(vec![
+            ev().id("d-0").data("").into(),
+            SseStep::Wait(g.clone()),
+            ev().data(&rpc_result(&req.rpc_id_json(), "{\"drained\":true}"))
+                .into(),
+        ])
+    })
+    .await;
+    let f = ConfigFile::from_builder(
+        &GatewayBuilder::single(&up.url()).gateway_opt("drain_timeout_ms = 10000"),
+    );
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
+    let (gw, _) = p.listening();
+
+    let r = Req::mcp_post(
+        &format!("http://{gw}/mcp"),
+        rpc("9", "tools/call", r#"{"name":"x"}"#),
+    )
+    .send()
+    .await;
+    let mut s = r.sse();
+    s.next_event(STEP).await;
+
+    p.sigterm();
+    // The listener closing shows the signal was handled; the stream still holds the exit.
+    let closed = eventually(STEP, || async move {
+        tokio::net::TcpStream::connect(gw)
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        closed.is_some(),
+        "still accepting connections after SIGTERM"
+    );
+    assert!(
+        p.wait_exit(Duration::ZERO).is_none(),
+        "exited with a stream in flight"
+    );
+    let refused = Req::mcp_post(&format!("http://{gw}/mcp"), rpc("10", "ping", "{}"))
+        .try_send()
+        .await;
+    assert!(
+        refused.is_err(),
+        "new requests must not be accepted while draining: {:?}",
+        refused.map(|r| r.status())
+    );
+
+    gate.open();
+    let e = s.next_event(STEP).await;
+    assert_eq!(e.json()["result"]["drained"], json!(true));
+    s.expect_end(STEP).await;
+    let status = p.wait_exit(STEP).expect("exit after the stream ended");
+    assert_eq!(status.code(), Some(0), "stderr: {}", p.stderr());
+}
+
+/// A stream that never ends does not hold shutdown past `drain_timeout_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_sigterm_gives_up_after_drain_timeout() {
+    let up = Upstream::start(|_| {
+        ScriptedResponse::sse(vec![ev().id("h-0").data("").into(), SseStep::HoldOpen])
+    })
+    .await;
+    let f = ConfigFile::from_builder(
+        &GatewayBuilder::single(&up.url()).gateway_opt("drain_timeout_ms = 500"),
+    );
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
+    let (gw, _) = p.listening();
+    let r = Req::mcp_post(
+        &format!("http://{gw}/mcp"),
+        rpc("1", "tools/call", r#"{"name":"x"}"#),
+    )
+    .send()
+    .await;
+    let mut s = r.sse();
+    s.next_event(STEP).await;
+
+    let started = Instant::now();
+    p.sigterm();
+    let status = p
+        .wait_exit(Duration::from_secs(5))
+        .expect("exit within 5 s with drain_timeout_ms = 500");
+    assert_eq!(status.code(), Some(0), "stderr: {}", p.stderr());
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "did not wait for the drain: {:?}",
+        started.elapsed()
+    );
+}
+
+/// `--log-format json` writes JSON lines to stderr, and bodies are not logged at info level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_json_logs_without_bodies() {
+    let up = Upstream::mcp().await;
+    let f = ConfigFile::from_builder(&GatewayBuilder::single(&up.url()));
+    let mut p = TaskgateProcess::spawn(
+        &["serve", "--config", f.path_str(), "--log-format", "json"],
+        &[("RUST_LOG", "info")],
+    );
+    let (gw, _) = p.listening();
+    let marker = "BODY-MARKER-5c1e";
+    let r = Req::mcp_post(
+        &format!("http://{gw}/mcp"),
+        rpc(
+            "1",
+            "tools/call",
+            &format!(r#"{{"name":"x","arguments":{{"secret":"{marker}"}}}}"#),
+        ),
+    )
+    .send()
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(!r.text().await.is_empty());
+    p.sigterm();
+    p.wait_exit(STEP).expect("exit");
+    let stderr = p.stderr();
+    assert!(!stderr.trim().is_empty(), "some logs at info");
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        serde_json::from_str::<Value>(line)
+            .unwrap_or_else(|e| panic!("log line not JSON ({e}): {line}"));
+    }
+    assert!(!stderr.contains(marker), "body logged:\n{stderr}");
+}

@@ -1,0 +1,109 @@
+//! The one harness of taskgate's integration tests. Every test crate declares `mod common;` and
+//! `use common::*;`.
+//!
+//! - [`fake_upstream`]: [`Upstream`], a scripted HTTP upstream that records every request
+//!   ([`RecordedRequest`]) and answers what the test's handler returns ([`ScriptedResponse`]).
+//! - [`task_server`]: stateful scripted MCP servers on top of it: [`TaskServer`] (tasks) and
+//!   [`UpServer`] (tools and tasks, for upgraded calls).
+//! - [`harness`]: taskgate in process ([`GatewayBuilder`], [`TgConfig`], [`UgConfig`]) or as the
+//!   real binary ([`TaskgateProcess`]).
+//! - [`client`]: [`Req`] / [`Resp`] / [`SseReader`] and the JSON-RPC [`Client`].
+//! - [`metrics`]: admin API and `/metrics` readers.
+//! - Here: timing constants, [`free_port`], [`eventually`].
+// Each test crate uses a different part of the harness.
+#![allow(dead_code)]
+
+pub mod client;
+pub mod fake_upstream;
+pub mod harness;
+pub mod metrics;
+pub mod task_server;
+
+// A crate that uses nothing of one part would warn about its re-export.
+#[allow(unused_imports)]
+pub use {
+    client::*,
+    fake_upstream::*,
+    harness::*,
+    metrics::*,
+    task_server::*,
+    taskgate::mcp::task::{format_rfc3339_ms, now_ms},
+};
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::pin::Pin;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, watch};
+use tokio::task::AbortHandle;
+
+/// The longest any single step of a test waits before it fails (network answers, events).
+pub const STEP: Duration = Duration::from_secs(10);
+
+/// Body type used on both the scripted upstream and the test client.
+pub type TestBody = UnsyncBoxBody<Bytes, Infallible>;
+
+pub const ACCEPT_BOTH: &str = "application/json, text/event-stream";
+pub const PROTOCOL_VERSION: &str = "2025-11-25";
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound, read, released).
+pub fn free_port() -> u16 {
+    let l = StdTcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().unwrap().port()
+}
+
+/// An MCP URL on which nothing listens (connection refused).
+pub fn dead_url() -> String {
+    format!("http://127.0.0.1:{}/mcp", free_port())
+}
+
+/// Polls `f` every 20 ms until it returns Some, for at most `within`.
+pub async fn eventually<T, F, Fut>(within: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() >= until {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A JSON-RPC error message with `id_json` inserted verbatim.
+fn rpc_error_json(id: &str, code: i64, message: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"error":{}}}"#,
+        json!({"code": code, "message": message})
+    )
+}
+
+fn full_body(b: impl Into<Bytes>) -> TestBody {
+    Full::new(b.into()).boxed_unsync()
+}
+
+fn empty_body() -> TestBody {
+    Empty::<Bytes>::new().boxed_unsync()
+}
