@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# taskgate benchmark: the direct path, nginx and taskgate side by side, in one run (issue 7).
+# taskgate benchmark: the direct path, nginx and taskgate side by side, in one run (issue 7),
+# with taskgate's two HTTP/1 upstream clients A/B'd (issue 10) and repeated runs (issue 15).
 #
 #   bash benches/run.sh                       # everything; writes benches/RESULTS.md
 #   DURATION=2 RECORDS=20000 bash benches/run.sh
+#   SCENARIOS="1 3" REPEAT=5 bash benches/run.sh   # the client A/B only, 5 runs per cell
 #
 # Builds taskgate (--release) and benches/loadgen (--release, its own target dir
 # benches/loadgen/target), starts on 127.0.0.1 ephemeral ports the bench upstream, taskgate (temp
@@ -10,7 +12,18 @@
 # skipped), runs scenarios 1-6 and prints one table per scenario. Everything started here is
 # killed on exit.
 #
-# Settings (environment): DURATION (s per timed case, default 3), WARMUP (s, 0.5),
+# A/B (issue 10): beside `taskgate` (TASKGATE_UPSTREAM_CLIENT=pool, the own pool) a second
+# taskgate, path `taskgate-hyper-util`, runs with TASKGATE_UPSTREAM_CLIENT=hyper-util
+# (hyper_util's pooled client; see src/upstream/client.rs) in scenarios 1-5; AB=0 leaves it out.
+#
+# Repeats (issue 15): scenarios 1-5 run REPEAT times, interleaved: direct, nginx, taskgate,
+# taskgate-hyper-util, then again, so a slow spell of the machine hits every path. Tables show
+# the median and the min–max spread; every run's numbers are kept under "Raw runs". Each run
+# records the CPU that other processes used meanwhile (/proc/stat minus the benchmark's own
+# processes) and the load average; past QUIET_PCT % of one core RESULTS says "machine not quiet".
+#
+# Settings (environment): DURATION (s per timed case, default 2), WARMUP (s, 0.5), REPEAT (runs
+# per case and path in scenarios 1-5, default 3), AB (1), QUIET_PCT (10),
 # LIFECYCLE_TASKS (1000), CANCELS (1000), RECORDS (100000), SCENARIOS (which ones, default
 # "1 2 3 4 5 6"), RESULTS (output file, benches/RESULTS.md; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
@@ -18,8 +31,11 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$HERE")
-DURATION=${DURATION:-3}
+DURATION=${DURATION:-2}
 WARMUP=${WARMUP:-0.5}
+REPEAT=${REPEAT:-3}
+AB=${AB:-1}
+QUIET_PCT=${QUIET_PCT:-10}
 LIFECYCLE_TASKS=${LIFECYCLE_TASKS:-1000}
 CANCELS=${CANCELS:-1000}
 RECORDS=${RECORDS:-100000}
@@ -28,7 +44,7 @@ SCENARIOS=${SCENARIOS:-1 2 3 4 5 6}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
-for v in DURATION WARMUP LIFECYCLE_TASKS CANCELS RECORDS SCENARIOS; do
+for v in DURATION WARMUP REPEAT AB QUIET_PCT LIFECYCLE_TASKS CANCELS RECORDS SCENARIOS; do
   case " $(env | cut -d= -f1 | tr '\n' ' ') " in *" $v "*) ENVSET="$ENVSET$v='${!v}' " ;; esac
 done
 COMMAND="${ENVSET}${COMMAND}"
@@ -110,17 +126,41 @@ name = "bench"
 url = "http://$UP_ADDR/mcp"
 EOF
 }
-start_taskgate() { # $1 config, $2 label, $3 json out; sets TG_PID TG_ADDR TG_ADMIN
-  "$LG" spawn-ready --stdout "$WORK/taskgate.out" --stderr "$WORK/taskgate.err" --label "$2" \
-    ${4:+--json-out "$4"} -- "$TASKGATE" serve --config "$1" > "$3"
+start_taskgate() { # $1 config, $2 label, $3 json out, [$4 ready json out, $5 upstream client]
+  # sets TG_PID TG_ADDR TG_ADMIN; logs in $3 with .out / .err for .json
+  local log=${3%.json}
+  "$LG" spawn-ready --stdout "$log.out" --stderr "$log.err" --label "$2" \
+    ${4:+--json-out "$4"} -- env TASKGATE_UPSTREAM_CLIENT="${5:-pool}" \
+    "$TASKGATE" serve --config "$1" > "$3"
   TG_PID=$(json_field "$3" pid); PIDS+=("$TG_PID")
   TG_ADDR=$(json_field "$3" gateway); TG_ADMIN=$(json_field "$3" admin)
+  # The client actually in use, from taskgate's own log line (a typo must not pass silently).
+  local want=${5:-pool} i
+  for i in $(seq 100); do
+    grep -q "upstream HTTP/1 client" "$log.out" "$log.err" 2>/dev/null && break
+    sleep 0.02
+  done
+  if ! grep -h "upstream HTTP/1 client" "$log.out" "$log.err" 2>/dev/null | grep -q "$want"; then
+    echo "taskgate ($2) does not log the upstream client $want:" >&2
+    cat "$log.out" "$log.err" >&2
+    exit 1
+  fi
 }
 
-say "starting taskgate"
+say "starting taskgate (upstream client: own pool)"
 taskgate_config "$WORK/taskgate.toml" "$WORK/store" ""
-start_taskgate "$WORK/taskgate.toml" taskgate "$WORK/taskgate.json"
+start_taskgate "$WORK/taskgate.toml" taskgate "$WORK/taskgate.json" "" pool
 echo "taskgate $TG_ADDR admin $TG_ADMIN (pid $TG_PID)" >&2
+TGP_PID=$TG_PID; TGP_ADDR=$TG_ADDR
+TGH_PID=""; TGH_ADDR=""
+if [ "$AB" = 1 ]; then
+  say "starting taskgate-hyper-util (upstream client: hyper_util)"
+  taskgate_config "$WORK/taskgate-hu.toml" "$WORK/store-hu" ""
+  start_taskgate "$WORK/taskgate-hu.toml" taskgate-hyper-util "$WORK/taskgate-hu.json" "" hyper-util
+  echo "taskgate-hyper-util $TG_ADDR admin $TG_ADMIN (pid $TG_PID)" >&2
+  TGH_PID=$TG_PID; TGH_ADDR=$TG_ADDR
+  TG_PID=$TGP_PID; TG_ADDR=$TGP_ADDR
+fi
 
 NG_ADDR=""; NG_CPU=""
 if [ -n "$NGINX_BIN" ]; then
@@ -173,24 +213,35 @@ EOF
 fi
 
 # ---- scenarios 1-5 ----------------------------------------------------------------------------
-# run CASE TARGET ARGS..: one loadgen run against one path.
+# Every process of the benchmark (their CPU is not "other processes'" CPU).
+bench_pids() { echo "$UP_PID" $TG_PID $TGH_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
+# run CASE TARGET REP ARGS..: one loadgen run against one path.
 run() {
-  local case=$1 target=$2 url cpu=""
-  shift 2
+  local case=$1 target=$2 rep=$3 url cpu=""
+  shift 3
   case $target in
     direct) url="http://$UP_ADDR/mcp" ;;
     nginx) url="http://$NG_ADDR/mcp"; cpu=$NG_CPU ;;
     taskgate) url="http://$TG_ADDR/mcp"; cpu=$TG_PID ;;
+    taskgate-hyper-util) url="http://$TGH_ADDR/mcp"; cpu=$TGH_PID ;;
   esac
   "$LG" run --url "$url" --target "$target" --case "$case" ${cpu:+--cpu-pid "$cpu"} \
-    --json-out "$RAW" "$@" > /dev/null
+    --rep "$rep" --bench-pids "$(bench_pids)" --json-out "$RAW" "$@" > /dev/null
 }
-targets() { echo direct; [ -n "$NG_ADDR" ] && echo nginx; echo taskgate; }
-each() { # each CASE ARGS..: the case against every path, in turn
-  local case=$1 t
+targets() {
+  echo direct; [ -n "$NG_ADDR" ] && echo nginx; echo taskgate
+  [ -n "$TGH_ADDR" ] && echo taskgate-hyper-util
+  return 0
+}
+each() { # each CASE ARGS..: the case against every path, REPEAT times, interleaved
+  local case=$1 t rep
   shift
   say "$case"
-  for t in $(targets); do run "$case" "$t" "$@"; echo "  $t done" >&2; done
+  for rep in $(seq "$REPEAT"); do
+    printf '  run %s:' "$rep" >&2
+    for t in $(targets); do run "$case" "$t" "$rep" "$@"; printf ' %s' "$t" >&2; done
+    echo >&2
+  done
 }
 TIMED=(--duration "$DURATION" --warmup "$WARMUP")
 
@@ -210,6 +261,8 @@ want 5 && each "5. cancel storm: $CANCELS concurrent identical tasks/cancel for 
 scenario6() {
 say "6a. task creation: durable record before the reply, against a plain tools/call"
 stop_pid "$TG_PID"
+# The hyper_util taskgate takes no part in scenario 6.
+[ -n "$TGH_PID" ] && { stop_pid "$TGH_PID"; TGH_PID=""; TGH_ADDR=""; }
 # A taskgate of its own, so scenario 6 below measures exactly $RECORDS records.
 taskgate_config "$WORK/taskgate6a.toml" "$WORK/store6a" "max_live_tasks_per_owner = 10000000"
 start_taskgate "$WORK/taskgate6a.toml" "6a. taskgate for creations" "$WORK/tg6a.json"
@@ -221,9 +274,10 @@ for c in 1 64; do
     [ "$t" = taskgate ] && { url="http://$TG_ADDR/mcp"; cpu="$TG_PID"; }
     "$LG" run --url "$url" --target "$t" --case "6a. task creation (durable record before the reply), c=$c" \
       --scenario create --concurrency "$c" "${TIMED[@]}" --session-file "$WORK/session6a-$t-$c" \
-      ${cpu:+--cpu-pid "$cpu"} --json-out "$RAW" > /dev/null
+      ${cpu:+--cpu-pid "$cpu"} --bench-pids "$(bench_pids)" --json-out "$RAW" > /dev/null
     "$LG" run --url "$url" --target "$t" --case "6a. plain tools/call on the same taskgate, c=$c" \
-      --scenario small --concurrency "$c" "${TIMED[@]}" ${cpu:+--cpu-pid "$cpu"} --json-out "$RAW" > /dev/null
+      --scenario small --concurrency "$c" "${TIMED[@]}" ${cpu:+--cpu-pid "$cpu"} \
+      --bench-pids "$(bench_pids)" --json-out "$RAW" > /dev/null
   done
 done
 stop_pid "$TG_PID"
@@ -234,12 +288,12 @@ SESSION6="$WORK/session6"
 "$LG" mem --pid "$TG_PID" --label "6. fresh taskgate, empty store" --json-out "$RAW" > /dev/null
 "$LG" run --url "http://$TG_ADDR/mcp" --target taskgate --case "6. create $RECORDS tasks on one session" \
   --scenario create --concurrency 64 --count "$RECORDS" --session-file "$SESSION6" \
-  --cpu-pid "$TG_PID" --json-out "$RAW" > /dev/null
+  --cpu-pid "$TG_PID" --bench-pids "$(bench_pids)" --json-out "$RAW" > /dev/null
 echo "  created" >&2
 "$LG" mem --pid "$TG_PID" --label "6. after creating $RECORDS records" --json-out "$RAW" > /dev/null
 "$LG" run --url "http://$TG_ADDR/mcp" --target taskgate --case "6. tasks/list first page, before restart" \
   --scenario list --concurrency 1 --duration 2 --warmup 0.2 --session-file "$SESSION6" \
-  --cpu-pid "$TG_PID" --json-out "$RAW" > /dev/null
+  --cpu-pid "$TG_PID" --bench-pids "$(bench_pids)" --json-out "$RAW" > /dev/null
 T0=$(date +%s%N); stop_pid "$TG_PID"; T1=$(date +%s%N)
 echo "  stopped in $(( (T1 - T0) / 1000000 )) ms" >&2
 start_taskgate "$WORK/taskgate6.toml" "6. restart on the same store ($RECORDS records)" "$WORK/tg6b.json" "$RAW"
@@ -247,15 +301,15 @@ echo "  restarted: $(cat "$WORK/tg6b.json")" >&2
 "$LG" mem --pid "$TG_PID" --label "6. after restart" --json-out "$RAW" > /dev/null
 "$LG" run --url "http://$TG_ADDR/mcp" --target taskgate --case "6. tasks/list first page, after restart" \
   --scenario list --concurrency 1 --duration 2 --warmup 0.2 --session-file "$SESSION6" \
-  --cpu-pid "$TG_PID" --json-out "$RAW" > /dev/null
+  --cpu-pid "$TG_PID" --bench-pids "$(bench_pids)" --json-out "$RAW" > /dev/null
 "$LG" run --url "http://$TG_ADDR/mcp" --target taskgate --case "6. tasks/list, every page (nextCursor walk)" \
-  --scenario list-walk --session-file "$SESSION6" --cpu-pid "$TG_PID" --json-out "$RAW" > /dev/null
+  --scenario list-walk --session-file "$SESSION6" --cpu-pid "$TG_PID" --bench-pids "$(bench_pids)" --json-out "$RAW" > /dev/null
 "$LG" mem --pid "$TG_PID" --label "6. after restart and the full list walk" --json-out "$RAW" > /dev/null
 }
 want 6 && scenario6
 
 # ---- report -----------------------------------------------------------------------------------
-REPORT=$("$LG" report --in "$RAW")
+REPORT=$("$LG" report --in "$RAW" --quiet-pct "$QUIET_PCT")
 MEM_GIB=$(awk '/^MemTotal:/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
 CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 REV=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -272,16 +326,19 @@ Produced by \`$COMMAND\` (from the repository root) on $(date -u '+%Y-%m-%d %H:%
 | memory (MemTotal) | $MEM_GIB GiB |
 | kernel | $(uname -sr) |
 | load average (1, 5, 15 min) | $LOAD_AT_START at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end |
-| taskgate | $REV, release build, default log level (info, to a file) |
+| taskgate | $REV, release build, default log level (info, to a file); path \`taskgate\`: own pool (TASKGATE_UPSTREAM_CLIENT=pool), path \`taskgate-hyper-util\`: hyper_util's client (TASKGATE_UPSTREAM_CLIENT=hyper-util)$( [ "$AB" = 1 ] || echo ", not run (AB=0)") |
 | nginx | $NGINX_VERSION, \`worker_processes auto\`, \`proxy_buffering off\`, \`proxy_http_version 1.1\`, keepalive pool of 256 |
 | upstream | benches/loadgen \`upstream\`, 1 tokio worker thread |
 | load generator | benches/loadgen \`loadgen\`, 1 thread, one keep-alive HTTP/1.1 connection per concurrent client, each with its own MCP session (scenarios 1-4) |
 | timed cases | ${WARMUP} s warm-up, then ${DURATION} s measured |
+| repeats | scenarios 1-5: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, taskgate-hyper-util, then again); scenario 6: one |
 | task store | temp directory on $STORE_FS |
 
 Everything runs on this one machine: load generator, proxy and upstream share the cores, so
 absolute numbers move with the machine's load; compare the rows of one table (measured side by side,
-one after another, in the same run). *p50/p99* are per request (scenario 3: per stream; scenario 4:
+interleaved, in the same run). Each cell is the median over the runs with the min–max spread in
+parentheses; ratios and differences are of medians; errors are summed over the runs. See
+*Machine quietness* for the CPU other processes used meanwhile. *p50/p99* are per request (scenario 3: per stream; scenario 4:
 per task lifecycle of 12 requests). *added p50* = p50 − the direct path's p50. *proxy CPU µs/req* =
 (utime + stime of the proxy process(es), from /proc/PID/stat, over the measured window) / requests;
 for nginx the master and all workers are summed; /proc counts in ${CLK_TCK} Hz ticks, so a short

@@ -1,6 +1,7 @@
 //! Streamable HTTP upstream client (2025-11-25 basic/transports: Streamable HTTP).
 //!
-//! One [`HttpUpstream`] per configured `[[upstream]]`, with a pooled keep-alive connection pool.
+//! One [`HttpUpstream`] per configured `[[upstream]]`, with a keep-alive connection pool (the
+//! HTTP/1 client is chosen in [`super::client`]).
 //! - POST carries the message bytes unchanged; GET opens the standalone stream; DELETE ends a session.
 //! - `Host` is the upstream's authority (SDK servers validate it against DNS rebinding);
 //!   `Mcp-Session-Id` is the one in the request context (a layer may route to a task's session);
@@ -23,7 +24,8 @@
 //! - The answer's body becomes [`ReplyBody::Json`], [`ReplyBody::Stream`] (decoded event by event
 //!   as it arrives), [`ReplyBody::Empty`] or [`ReplyBody::Raw`].
 
-use super::pool::{Pool, PoolError};
+use super::client::{Client, ClientKind};
+use super::pool::PoolError;
 use crate::config::UpstreamConfig;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id};
@@ -51,10 +53,10 @@ pub struct HttpUpstream {
 
 struct Inner {
     name: Arc<str>,
-    /// Origin-form request target (`/mcp?x`), sent to the pooled connection.
+    /// The request target, in the form the client wants (see [`Client::target`]).
     target: Uri,
     host: HeaderValue,
-    pool: Arc<Pool>,
+    client: Client,
     timeout: Duration,
     timeout_ms: u64,
     headers: HeaderMap,
@@ -70,7 +72,8 @@ impl HttpUpstream {
         let authority = uri.authority().expect("validated");
         let host = HeaderValue::from_str(authority.as_str())
             .expect("an authority is a valid header value");
-        let pool = Pool::new(
+        let client = Client::new(
+            ClientKind::from_env(),
             format!(
                 "{}:{}",
                 authority.host(),
@@ -78,12 +81,7 @@ impl HttpUpstream {
             ),
             Duration::from_millis(config.connect_timeout_ms),
         );
-        let target: Uri = uri
-            .path_and_query()
-            .map(|pq| pq.as_str())
-            .unwrap_or("/")
-            .parse()
-            .expect("a path is a valid origin-form target");
+        let target = client.target(&uri);
         let mut headers = HeaderMap::new();
         for (k, v) in &config.headers {
             headers.insert(
@@ -96,7 +94,7 @@ impl HttpUpstream {
                 name: config.name.as_str().into(),
                 target,
                 host,
-                pool,
+                client,
                 timeout: Duration::from_millis(config.timeout_ms),
                 timeout_ms: config.timeout_ms,
                 headers,
@@ -168,7 +166,7 @@ impl Inner {
         let request = builder.body(Full::new(body)).expect("valid request parts");
 
         let started = tokio::time::Instant::now();
-        let sent = self.pool.send(request);
+        let sent = self.client.send(request);
         let response = match deadline {
             Some(t) => match tokio::time::timeout(t, sent).await {
                 Ok(r) => r,

@@ -4,6 +4,7 @@
 //! [`McpRequest`]: crate::exchange::McpRequest
 //! [`McpReply`]: crate::exchange::McpReply
 
+pub mod client;
 pub mod http;
 pub mod pool;
 

@@ -12,6 +12,14 @@
 //! An idle connection is checked before reuse (a closed one is dropped); a request that hyper
 //! could not send on a reused connection is sent again on a fresh one.
 //!
+//! Limits ([`PoolLimits`]): at most `max_connections` open connections per upstream (idle and in
+//! use; past it a request fails at once with [`PoolError::Limit`] rather than queueing), at most
+//! `max_idle` kept idle, and an idle connection older than `idle_timeout` is dropped, on checkout
+//! and on checkin, rather than kept in the idle list.
+//!
+//! The pool is the default HTTP/1 client; `hyper_util`'s pooled client is the other one, behind
+//! the switch in [`super::client`], kept until a benchmark A/B decides between them.
+//!
 //! Every connection has TCP keepalive on ([`KEEPALIVE_TIME`], [`KEEPALIVE_INTERVAL`]):
 //! `tasks/result` and GET streams have no timeout by design, so without it a half-open socket
 //! (the upstream host vanished, a NAT or load balancer dropped the flow) would wait forever. With
@@ -27,6 +35,7 @@ use hyper::client::conn::http1::{self, Connection, SendRequest};
 use hyper_util::rt::TokioIo;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -37,6 +46,36 @@ pub const KEEPALIVE_TIME: Duration = Duration::from_secs(30);
 /// Time between unanswered TCP keepalive probes (the OS default count, 9 on Linux, applies).
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
+/// Default cap on the open connections (idle and in use) of one upstream.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Default cap on the idle connections kept for one upstream.
+pub const MAX_IDLE: usize = 256;
+/// Default idle time after which a connection is not reused. Below the 5 s keep-alive timeout of
+/// Node's and uvicorn's HTTP servers, so an idle connection is not reused just as the server
+/// closes it.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// The bounds of one upstream's pool.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolLimits {
+    /// Open connections (idle and in use); past it [`Pool::send`] fails with [`PoolError::Limit`].
+    pub max_connections: usize,
+    /// Idle connections kept; a connection checked in past it is closed.
+    pub max_idle: usize,
+    /// An idle connection older than this is closed instead of reused.
+    pub idle_timeout: Duration,
+}
+
+impl Default for PoolLimits {
+    fn default() -> Self {
+        PoolLimits {
+            max_connections: MAX_CONNECTIONS,
+            max_idle: MAX_IDLE,
+            idle_timeout: IDLE_TIMEOUT,
+        }
+    }
+}
+
 type Driver = Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>;
 
 /// One HTTP/1.1 connection: the request sender and the I/O future that must be polled for it
@@ -46,6 +85,28 @@ struct Conn {
     driver: Driver,
     /// The I/O future finished: the connection is closed.
     closed: bool,
+    /// Counts this connection among the pool's open ones until dropped.
+    _slot: Slot,
+}
+
+/// One unit of a pool's open-connection count, given back on drop.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    /// Takes a unit unless `max` are taken.
+    fn take(open: &Arc<AtomicUsize>, max: usize) -> Option<Slot> {
+        open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+            (n < max).then_some(n + 1)
+        })
+        .ok()
+        .map(|_| Slot(open.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Conn {
@@ -64,61 +125,94 @@ pub enum PoolError {
     Connect(String),
     /// The HTTP exchange failed.
     Http(hyper::Error),
+    /// The upstream already has the maximum number of open connections.
+    Limit(usize),
+    /// `hyper_util`'s client failed (the A/B alternative, see [`super::client`]).
+    Client(hyper_util::client::legacy::Error),
 }
 
 impl std::fmt::Display for PoolError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             PoolError::Connect(m) => write!(f, "connect: {m}"),
-            PoolError::Http(e) => {
-                write!(f, "{e}")?;
-                let mut source = std::error::Error::source(e);
-                while let Some(s) = source {
-                    write!(f, ": {s}")?;
-                    source = s.source();
-                }
-                Ok(())
-            }
+            PoolError::Http(e) => chain(f, e),
+            PoolError::Limit(max) => write!(
+                f,
+                "taskgate's limit of {max} open connections to this upstream is reached"
+            ),
+            PoolError::Client(e) => chain(f, e),
         }
     }
+}
+
+/// Writes `e` and its sources, `: `-separated.
+fn chain(f: &mut std::fmt::Formatter<'_>, e: &dyn std::error::Error) -> std::fmt::Result {
+    write!(f, "{e}")?;
+    let mut source = e.source();
+    while let Some(s) = source {
+        write!(f, ": {s}")?;
+        source = s.source();
+    }
+    Ok(())
 }
 
 /// The pool of one upstream (`host:port`).
 pub struct Pool {
     authority: String,
     connect_timeout: Duration,
+    /// Idle connections with the instant each was checked in, oldest first (LIFO reuse).
     idle: Mutex<Vec<(Conn, Instant)>>,
-    max_idle: usize,
-    idle_timeout: Duration,
+    limits: PoolLimits,
+    /// Open connections, idle and in use (see [`Slot`]).
+    open: Arc<AtomicUsize>,
 }
 
 impl Pool {
-    /// A pool for `authority` (`host:port`).
+    /// A pool for `authority` (`host:port`) with the default [`PoolLimits`].
     pub fn new(authority: String, connect_timeout: Duration) -> Arc<Pool> {
+        Pool::with_limits(authority, connect_timeout, PoolLimits::default())
+    }
+
+    /// A pool for `authority` (`host:port`).
+    pub fn with_limits(
+        authority: String,
+        connect_timeout: Duration,
+        limits: PoolLimits,
+    ) -> Arc<Pool> {
         Arc::new(Pool {
             authority,
             connect_timeout,
             idle: Mutex::new(Vec::new()),
-            max_idle: 256,
-            // Below the 5 s keep-alive timeout of Node's and uvicorn's HTTP servers, so an idle
-            // connection is not reused just as the server closes it.
-            idle_timeout: Duration::from_secs(4),
+            limits,
+            open: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// Removes the idle connections older than the idle timeout (the oldest come first).
+    fn expire(&self, idle: &mut Vec<(Conn, Instant)>) -> Vec<(Conn, Instant)> {
+        let now = Instant::now();
+        let fresh = idle
+            .iter()
+            .position(|(_, since)| now.duration_since(*since) <= self.limits.idle_timeout)
+            .unwrap_or(idle.len());
+        idle.drain(..fresh).collect()
     }
 
     fn checkout(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().expect("pool lock");
-        while let Some((mut conn, since)) = idle.pop() {
-            if since.elapsed() > self.idle_timeout {
-                continue;
-            }
+        let expired = self.expire(&mut idle);
+        let mut found = None;
+        while let Some((mut conn, _)) = idle.pop() {
             // A connection the upstream closed while idle shows it now (EOF).
             conn.drive(&mut Context::from_waker(std::task::Waker::noop()));
             if !conn.closed && !conn.sender.is_closed() {
-                return Some(conn);
+                found = Some(conn);
+                break;
             }
         }
-        None
+        drop(idle);
+        drop(expired);
+        found
     }
 
     fn checkin(&self, conn: Conn) {
@@ -126,12 +220,20 @@ impl Pool {
             return;
         }
         let mut idle = self.idle.lock().expect("pool lock");
-        if idle.len() < self.max_idle {
+        let expired = self.expire(&mut idle);
+        let rejected = if idle.len() < self.limits.max_idle {
             idle.push((conn, Instant::now()));
-        }
+            None
+        } else {
+            Some(conn)
+        };
+        drop(idle);
+        drop((expired, rejected));
     }
 
     async fn connect(&self) -> Result<Conn, PoolError> {
+        let slot = Slot::take(&self.open, self.limits.max_connections)
+            .ok_or(PoolError::Limit(self.limits.max_connections))?;
         let stream = self.connect_tcp().await?;
         let (sender, driver) = http1::handshake(TokioIo::new(stream))
             .await
@@ -140,6 +242,7 @@ impl Pool {
             sender,
             driver: Box::pin(driver),
             closed: false,
+            _slot: slot,
         })
     }
 
@@ -271,8 +374,185 @@ impl Body for PooledBody {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use http_body_util::BodyExt;
+    use std::net::SocketAddr;
+
+    /// A hyper HTTP/1 server on 127.0.0.1:0 answering `ok` to every request, counting the TCP
+    /// connections it accepted; it can close its (idle) connections on demand.
+    pub(crate) struct TestServer {
+        pub addr: SocketAddr,
+        accepted: Arc<AtomicUsize>,
+        closed: Arc<AtomicUsize>,
+        close: Arc<tokio::sync::watch::Sender<u32>>,
+    }
+
+    impl TestServer {
+        pub fn accepted(&self) -> usize {
+            self.accepted.load(Ordering::SeqCst)
+        }
+
+        /// Closes every open connection (without a `Connection: close` answer) and waits until
+        /// they are closed.
+        pub async fn close_connections(&self) {
+            let n = self.accepted();
+            self.close.send_modify(|v| *v += 1);
+            while self.closed.load(Ordering::SeqCst) < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+
+    pub(crate) async fn counting_server() -> TestServer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let closed = Arc::new(AtomicUsize::new(0));
+        let close = Arc::new(tokio::sync::watch::channel(0u32).0);
+        let (acc, clo, tx) = (accepted.clone(), closed.clone(), close.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                acc.fetch_add(1, Ordering::SeqCst);
+                let (closed, mut rx) = (clo.clone(), tx.subscribe());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(|_req| async {
+                        Ok::<_, std::convert::Infallible>(Response::new(Full::new(
+                            Bytes::from_static(b"ok"),
+                        )))
+                    });
+                    let conn = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service);
+                    let mut conn = std::pin::pin!(conn);
+                    tokio::select! {
+                        _ = conn.as_mut() => {}
+                        _ = rx.changed() => {
+                            conn.as_mut().graceful_shutdown();
+                            let _ = conn.as_mut().await;
+                        }
+                    }
+                    closed.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        TestServer {
+            addr,
+            accepted,
+            closed,
+            close,
+        }
+    }
+
+    fn request() -> Request<Full<Bytes>> {
+        Request::builder()
+            .uri("/mcp")
+            .header(http::header::HOST, "test")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    }
+
+    /// One request, its body read to the end (the connection goes back to the pool).
+    async fn fetch(pool: &Arc<Pool>) -> Bytes {
+        let resp = pool.send(request()).await.expect("send");
+        resp.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    fn pool_for(server: &TestServer, limits: PoolLimits) -> Arc<Pool> {
+        Pool::with_limits(server.addr.to_string(), Duration::from_secs(5), limits)
+    }
+
+    fn idle_len(pool: &Pool) -> usize {
+        pool.idle.lock().unwrap().len()
+    }
+
+    #[tokio::test]
+    async fn sequential_requests_reuse_one_connection() {
+        let server = counting_server().await;
+        let pool = pool_for(&server, PoolLimits::default());
+        for _ in 0..5 {
+            assert_eq!(&fetch(&pool).await[..], b"ok");
+        }
+        assert_eq!(server.accepted(), 1);
+        assert_eq!(idle_len(&pool), 1);
+        assert_eq!(pool.open.load(Ordering::SeqCst), 1);
+    }
+
+    /// The upstream closes an idle connection: the next request goes out on a fresh one, with no
+    /// error (the closed connection is noticed at checkout, or the unsent request is retried).
+    #[tokio::test]
+    async fn connection_closed_while_idle_is_replaced_transparently() {
+        let server = counting_server().await;
+        let pool = pool_for(&server, PoolLimits::default());
+        assert_eq!(&fetch(&pool).await[..], b"ok");
+        server.close_connections().await;
+        // Let the FIN reach the pool's socket.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(&fetch(&pool).await[..], b"ok");
+        assert_eq!(server.accepted(), 2);
+        assert_eq!(pool.open.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn connection_idle_past_the_timeout_is_not_reused() {
+        let server = counting_server().await;
+        let limits = PoolLimits {
+            idle_timeout: Duration::from_millis(50),
+            ..PoolLimits::default()
+        };
+        let pool = pool_for(&server, limits);
+        assert_eq!(&fetch(&pool).await[..], b"ok");
+        assert_eq!(&fetch(&pool).await[..], b"ok");
+        assert_eq!(server.accepted(), 1, "reused within the idle timeout");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        assert_eq!(&fetch(&pool).await[..], b"ok");
+        assert_eq!(
+            server.accepted(),
+            2,
+            "a fresh connection past the idle timeout"
+        );
+        // The expired connection was dropped, not kept in the idle list.
+        assert_eq!(idle_len(&pool), 1);
+        assert_eq!(pool.open.load(Ordering::SeqCst), 1);
+    }
+
+    /// An expired connection is dropped when another one is checked in.
+    #[tokio::test]
+    async fn checkin_drops_expired_idle_connections() {
+        let server = counting_server().await;
+        let limits = PoolLimits {
+            idle_timeout: Duration::from_millis(50),
+            ..PoolLimits::default()
+        };
+        let pool = pool_for(&server, limits);
+        // Two connections in use at once, then both idle.
+        let a = pool.send(request()).await.unwrap();
+        let b = pool.send(request()).await.unwrap();
+        a.into_body().collect().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        b.into_body().collect().await.unwrap();
+        assert_eq!(server.accepted(), 2);
+        assert_eq!(idle_len(&pool), 1, "the expired one went at checkin");
+        assert_eq!(pool.open.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn open_connections_are_capped() {
+        let server = counting_server().await;
+        let limits = PoolLimits {
+            max_connections: 1,
+            ..PoolLimits::default()
+        };
+        let pool = pool_for(&server, limits);
+        let held = pool.send(request()).await.unwrap();
+        match pool.send(request()).await {
+            Err(e @ PoolError::Limit(1)) => assert!(e.to_string().contains("limit of 1 open")),
+            other => panic!("expected the connection limit, got {:?}", other.map(|_| ())),
+        }
+        // A body dropped early closes its connection, which frees its place.
+        drop(held);
+        assert_eq!(&fetch(&pool).await[..], b"ok");
+        assert_eq!(server.accepted(), 2);
+    }
 
     /// A pooled connection has SO_KEEPALIVE set (and the probe timing where the OS reports it).
     #[tokio::test]

@@ -4,6 +4,7 @@
 //! loadgen run --url URL --scenario S --target NAME --case TEXT [--concurrency N]
 //!             [--duration SECS --warmup SECS | --count N] [--cpu-pid PID[,PID..]]
 //!             [--stats-url URL] [--session-file F] [--interval-ms N] [--json-out F]
+//!             [--rep N] [--bench-pids PID[,PID..]]
 //! loadgen spawn-ready --stdout F --stderr F [--label L] [--json-out F] -- CMD ARGS..
 //! loadgen mem --pid PID --label L [--json-out F]
 //! loadgen free-port
@@ -26,6 +27,12 @@
 //! before measuring. Timed runs measure requests that start after the warm-up and end before the
 //! deadline; the CPU time of `--cpu-pid` (utime + stime from /proc/PID/stat, summed over the
 //! PIDs) is sampled at the same two instants. Each run appends one JSON line to `--json-out`.
+//!
+//! With `--bench-pids` (every process of the benchmark: upstream, proxies) a run also records
+//! the CPU time used by the rest of the machine while it ran, from its start to its end:
+//! busy time in /proc/stat minus the bench PIDs' and this process's utime + stime
+//! (`others_cpu_ms`, `others_core_pct` = percent of one core), and the 1-minute load average at
+//! its end. `--rep` is recorded as is (the repetition number of the case).
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -199,6 +206,74 @@ fn clk_tck() -> f64 {
         .unwrap_or(100.0)
 }
 
+/// Busy CPU time of the whole machine since boot, in µs (/proc/stat `cpu` line: user, nice,
+/// system, irq, softirq, steal; guest time is part of user).
+fn machine_busy_us() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let f: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    let at = |i: usize| f.get(i).copied().unwrap_or(0);
+    let ticks = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
+    ticks as f64 * 1e6 / clk_tck()
+}
+
+/// CPU used by processes other than `bench` and this one, between two [`Others::sample`]s.
+struct Others {
+    bench: Vec<u32>,
+    at: Instant,
+    busy: f64,
+    own: f64,
+}
+
+impl Others {
+    fn sample(bench: Vec<u32>) -> Others {
+        let mut own = bench.clone();
+        own.push(std::process::id());
+        Others {
+            at: Instant::now(),
+            busy: machine_busy_us(),
+            own: cpu_us(&own),
+            bench,
+        }
+    }
+
+    /// Adds `others_cpu_ms`, `others_core_pct`, `window_s` and `load1` to `v`.
+    fn finish(self, v: &mut Value) {
+        let end = Others::sample(self.bench.clone());
+        let secs = (end.at - self.at).as_secs_f64();
+        let others_us = (end.busy - self.busy) - (end.own - self.own);
+        v["others_cpu_ms"] = num(others_us / 1000.0);
+        v["others_core_pct"] = num(others_us / 1e4 / secs);
+        v["window_s"] = num(secs);
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        v["load1"] = num(load
+            .split_whitespace()
+            .next()
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(f64::NAN));
+    }
+}
+
+fn pid_list(args: &Args, name: &str) -> Vec<u32> {
+    args.get(name)
+        .map(|s| {
+            s.split(',')
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    p.parse()
+                        .unwrap_or_else(|_| die(&format!("{name} PID[,PID]")))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// utime + stime of the PIDs, in µs (summed; a PID that vanished counts 0).
 fn cpu_us(pids: &[u32]) -> f64 {
     let mut ticks = 0u64;
@@ -360,7 +435,11 @@ impl Ctx {
                     .call(
                         sender,
                         session,
-                        rpc(next_id(), "tools/call", json!({"name":"big","arguments":{}})),
+                        rpc(
+                            next_id(),
+                            "tools/call",
+                            json!({"name":"big","arguments":{}}),
+                        ),
                     )
                     .await?;
                 if b.len() < 1024 * 1024 {
@@ -428,8 +507,7 @@ impl Ctx {
                     )
                     .await?;
                 let v = parse_json(&b)?;
-                let Some(task_id) = v.pointer("/result/task/taskId").and_then(Value::as_str)
-                else {
+                let Some(task_id) = v.pointer("/result/task/taskId").and_then(Value::as_str) else {
                     return Err(format!("no CreateTaskResult: {v}").into());
                 };
                 for _ in 0..10 {
@@ -441,9 +519,7 @@ impl Ctx {
                         )
                         .await?;
                     if !contains(&b, b"\"status\"") {
-                        return Err(
-                            format!("tasks/get: {}", String::from_utf8_lossy(&b)).into()
-                        );
+                        return Err(format!("tasks/get: {}", String::from_utf8_lossy(&b)).into());
                     }
                 }
                 let b = t
@@ -929,19 +1005,15 @@ fn cmd_run(args: &Args) {
     let scenario = Scenario::parse(&args.need("--scenario"));
     let target = Target::parse(&args.need("--url"));
     let common = Common {
-        case: args.get("--case").unwrap_or_else(|| scenario.name().to_string()),
+        case: args
+            .get("--case")
+            .unwrap_or_else(|| scenario.name().to_string()),
         target_name: args.get("--target").unwrap_or_else(|| "target".into()),
         concurrency: args.num("--concurrency", 1usize).max(1),
-        cpu_pids: args
-            .get("--cpu-pid")
-            .map(|s| {
-                s.split(',')
-                    .filter(|p| !p.is_empty())
-                    .map(|p| p.parse().unwrap_or_else(|_| die("--cpu-pid PID[,PID]")))
-                    .collect()
-            })
-            .unwrap_or_default(),
+        cpu_pids: pid_list(args, "--cpu-pid"),
     };
+    let bench = pid_list(args, "--bench-pids");
+    let others = (!bench.is_empty()).then(|| Others::sample(bench));
     let threads = args.num("--threads", 1usize);
     let runtime = if threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -954,13 +1026,20 @@ fn cmd_run(args: &Args) {
             .build()
     }
     .expect("tokio runtime");
-    let v = runtime.block_on(async {
+    let mut v = runtime.block_on(async {
         match scenario {
             Scenario::Cancel => run_cancel(args, &common, target).await,
             Scenario::ListWalk => run_list_walk(args, &common, target).await,
             _ => run_loop(args, &common, scenario, target).await,
         }
     });
+    drop(runtime);
+    if let Some(others) = others {
+        others.finish(&mut v);
+    }
+    if let Some(rep) = args.get("--rep") {
+        v["rep"] = json!(rep.parse::<u64>().unwrap_or(0));
+    }
     append_json(args, &v);
 }
 
@@ -1007,7 +1086,10 @@ fn cmd_spawn_ready(args: &Args) {
             die(&format!("{}: no listening line after {timeout:?}", cmd[0]));
         }
         if exited(pid) {
-            die(&format!("{} exited before listening; see {err_path}", cmd[0]));
+            die(&format!(
+                "{} exited before listening; see {err_path}",
+                cmd[0]
+            ));
         }
         if let Ok(text) = std::fs::read_to_string(&out_path) {
             if let Some(line) = text.lines().find(|l| l.contains("\"listening\"")) {
@@ -1107,6 +1189,84 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
+/// The paths of a case, in table order.
+const TARGETS: [&str; 4] = ["direct", "nginx", "taskgate", "taskgate-hyper-util"];
+
+fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    match xs.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => xs[n / 2],
+        n => (xs[n / 2 - 1] + xs[n / 2]) / 2.0,
+    }
+}
+
+/// The runs of one (case, path) as one record: each numeric field's median, with its min and
+/// max as `FIELD__lo` and `FIELD__hi`; `errors` summed; `_n` the number of runs; other fields
+/// from the last run.
+fn aggregate(runs: &[&Value]) -> Option<Value> {
+    let last = (*runs.last()?).clone();
+    let mut out = last.clone();
+    let Value::Object(fields) = &last else {
+        return Some(out);
+    };
+    for (key, value) in fields {
+        if !value.is_number() || key == "rep" {
+            continue;
+        }
+        let mut xs: Vec<f64> = runs.iter().filter_map(|r| r[key].as_f64()).collect();
+        if key == "errors" {
+            out[key] = json!(xs.iter().sum::<f64>() as u64);
+            continue;
+        }
+        let (lo, hi) = xs
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                (lo.min(x), hi.max(x))
+            });
+        out[key] = num(median(&mut xs));
+        out[format!("{key}__lo")] = num(lo);
+        out[format!("{key}__hi")] = num(hi);
+    }
+    out["_n"] = json!(runs.len());
+    Some(out)
+}
+
+/// `median (min–max)` of an aggregated field; the median alone when there is one run.
+fn sp(r: &Value, key: &str, digits: usize) -> String {
+    let (m, lo, hi) = (
+        f(r, key),
+        f(r, &format!("{key}__lo")),
+        f(r, &format!("{key}__hi")),
+    );
+    if r["_n"].as_u64().unwrap_or(1) > 1 && lo.is_finite() && hi.is_finite() {
+        format!(
+            "{} ({}–{})",
+            fmt(m, digits),
+            fmt(lo, digits),
+            fmt(hi, digits)
+        )
+    } else {
+        fmt(m, digits)
+    }
+}
+
+/// Which side is ahead on `key` when the two min–max ranges do not overlap.
+fn apart(pool: &Value, hu: &Value, key: &str, higher_is_better: bool) -> &'static str {
+    let lo = |r: &Value| f(r, &format!("{key}__lo"));
+    let hi = |r: &Value| f(r, &format!("{key}__hi"));
+    let (pool_better, hu_better) = if higher_is_better {
+        (lo(pool) > hi(hu), lo(hu) > hi(pool))
+    } else {
+        (hi(pool) < lo(hu), hi(hu) < lo(pool))
+    };
+    match (pool_better, hu_better) {
+        (true, _) => "pool",
+        (_, true) => "hyper-util",
+        _ => "overlap",
+    }
+}
+
 fn cmd_report(args: &Args) {
     let path = args.need("--in");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| die(&format!("{path}: {e}")));
@@ -1122,11 +1282,15 @@ fn cmd_report(args: &Args) {
             cases.push(c);
         }
     }
-    let find = |case: &str, target: &str| -> Option<&Value> {
-        runs.iter()
-            .rev()
-            .find(|r| r["case"] == case && r["target"] == target)
+    // Every run of (case, path) folded into one: medians, with each numeric field's min and max
+    // as `FIELD__lo` / `FIELD__hi`; errors summed; `_n` the number of runs.
+    let find = |case: &str, target: &str| -> Option<Value> {
+        let these: Vec<&Value> = runs
+            .iter()
+            .filter(|r| r["case"] == case && r["target"] == target)
             .copied()
+            .collect();
+        aggregate(&these)
     };
     let mut md = String::new();
     for case in &cases {
@@ -1137,77 +1301,77 @@ fn cmd_report(args: &Args) {
             .unwrap_or_default();
         let direct = find(case, "direct");
         md.push_str(&format!("\n### {case}\n\n"));
-        let d = |k: &str| direct.map(|v| f(v, k)).unwrap_or(f64::NAN);
+        let d = |k: &str| direct.as_ref().map(|v| f(v, k)).unwrap_or(f64::NAN);
         match scenario.as_str() {
             "sse" => {
                 md.push_str("| path | streams/s | ×direct | first event p50 µs | p99 µs | first p50 − direct µs | last event p50 µs | p99 µs | ×direct p50 | proxy CPU µs/stream | errors |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-                for t in ["direct", "nginx", "taskgate"] {
+                for t in TARGETS {
                     let Some(r) = find(case, t) else { continue };
                     md.push_str(&format!(
                         "| {t} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                        fmt(f(r, "ops_per_s"), 0),
-                        ratio(f(r, "ops_per_s"), d("ops_per_s")),
-                        fmt(f(r, "first_p50_us"), 0),
-                        fmt(f(r, "first_p99_us"), 0),
-                        fmt(f(r, "first_p50_us") - d("first_p50_us"), 0),
-                        fmt(f(r, "p50_us"), 0),
-                        fmt(f(r, "p99_us"), 0),
-                        ratio(f(r, "p50_us"), d("p50_us")),
-                        fmt(f(r, "cpu_us_per_req"), 1),
+                        sp(&r, "ops_per_s", 0),
+                        ratio(f(&r, "ops_per_s"), d("ops_per_s")),
+                        sp(&r, "first_p50_us", 0),
+                        sp(&r, "first_p99_us", 0),
+                        fmt(f(&r, "first_p50_us") - d("first_p50_us"), 0),
+                        sp(&r, "p50_us", 0),
+                        sp(&r, "p99_us", 0),
+                        ratio(f(&r, "p50_us"), d("p50_us")),
+                        sp(&r, "cpu_us_per_req", 1),
                         r["errors"],
                     ));
                 }
             }
             "cancel" => {
                 md.push_str("| path | cancels sent | upstream cancels received | results | JSON-RPC errors | p50 µs | p99 µs | all done ms | proxy CPU µs/req | failures |\n|---|---|---|---|---|---|---|---|---|---|\n");
-                for t in ["direct", "nginx", "taskgate"] {
+                for t in TARGETS {
                     let Some(r) = find(case, t) else { continue };
                     md.push_str(&format!(
                         "| {t} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                        r["requests"],
-                        r["upstream_cancels"],
-                        r["results"],
-                        r["rpc_errors"],
-                        fmt(f(r, "p50_us"), 0),
-                        fmt(f(r, "p99_us"), 0),
-                        fmt(f(r, "seconds") * 1000.0, 1),
-                        fmt(f(r, "cpu_us_per_req"), 1),
+                        sp(&r, "requests", 0),
+                        sp(&r, "upstream_cancels", 0),
+                        sp(&r, "results", 0),
+                        sp(&r, "rpc_errors", 0),
+                        sp(&r, "p50_us", 0),
+                        sp(&r, "p99_us", 0),
+                        fmt(f(&r, "seconds") * 1000.0, 1),
+                        sp(&r, "cpu_us_per_req", 1),
                         r["errors"],
                     ));
                 }
             }
             "lifecycle" => {
                 md.push_str("| path | tasks/s | ×direct | requests/s | lifecycle p50 µs | p99 µs | ×direct p50 | added p50 µs | proxy CPU µs/req | errors |\n|---|---|---|---|---|---|---|---|---|---|\n");
-                for t in ["direct", "nginx", "taskgate"] {
+                for t in TARGETS {
                     let Some(r) = find(case, t) else { continue };
                     md.push_str(&format!(
                         "| {t} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                        fmt(f(r, "ops_per_s"), 0),
-                        ratio(f(r, "ops_per_s"), d("ops_per_s")),
-                        fmt(f(r, "req_per_s"), 0),
-                        fmt(f(r, "p50_us"), 0),
-                        fmt(f(r, "p99_us"), 0),
-                        ratio(f(r, "p50_us"), d("p50_us")),
-                        fmt(f(r, "p50_us") - d("p50_us"), 0),
-                        fmt(f(r, "cpu_us_per_req"), 1),
+                        sp(&r, "ops_per_s", 0),
+                        ratio(f(&r, "ops_per_s"), d("ops_per_s")),
+                        sp(&r, "req_per_s", 0),
+                        sp(&r, "p50_us", 0),
+                        sp(&r, "p99_us", 0),
+                        ratio(f(&r, "p50_us"), d("p50_us")),
+                        fmt(f(&r, "p50_us") - d("p50_us"), 0),
+                        sp(&r, "cpu_us_per_req", 1),
                         r["errors"],
                     ));
                 }
             }
             _ => {
                 md.push_str("| path | req/s | ×direct | p50 µs | p99 µs | ×direct p50 | ×direct p99 | added p50 µs | proxy CPU µs/req | errors |\n|---|---|---|---|---|---|---|---|---|---|\n");
-                for t in ["direct", "nginx", "taskgate"] {
+                for t in TARGETS {
                     let Some(r) = find(case, t) else { continue };
                     md.push_str(&format!(
                         "| {t} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                        fmt(f(r, "req_per_s"), 0),
-                        ratio(f(r, "req_per_s"), d("req_per_s")),
-                        fmt(f(r, "p50_us"), 0),
-                        fmt(f(r, "p99_us"), 0),
-                        ratio(f(r, "p50_us"), d("p50_us")),
-                        ratio(f(r, "p99_us"), d("p99_us")),
-                        fmt(f(r, "p50_us") - d("p50_us"), 0),
-                        fmt(f(r, "cpu_us_per_req"), 1),
+                        sp(&r, "req_per_s", 0),
+                        ratio(f(&r, "req_per_s"), d("req_per_s")),
+                        sp(&r, "p50_us", 0),
+                        sp(&r, "p99_us", 0),
+                        ratio(f(&r, "p50_us"), d("p50_us")),
+                        ratio(f(&r, "p99_us"), d("p99_us")),
+                        fmt(f(&r, "p50_us") - d("p50_us"), 0),
+                        sp(&r, "cpu_us_per_req", 1),
                         r["errors"],
                     ));
                 }
@@ -1288,15 +1452,15 @@ fn cmd_report(args: &Args) {
     if let Some(c) = s1 {
         let (d, n, t) = (find(c, "direct"), find(c, "nginx"), find(c, "taskgate"));
         if let (Some(d), Some(n), Some(t)) = (d, n, t) {
-            let thr = f(t, "req_per_s") / f(n, "req_per_s");
-            let add_n = f(n, "p50_us") - f(d, "p50_us");
-            let add_t = f(t, "p50_us") - f(d, "p50_us");
-            let cpu = f(t, "cpu_us_per_req") / f(n, "cpu_us_per_req");
+            let thr = f(&t, "req_per_s") / f(&n, "req_per_s");
+            let add_n = f(&n, "p50_us") - f(&d, "p50_us");
+            let add_t = f(&t, "p50_us") - f(&d, "p50_us");
+            let cpu = f(&t, "cpu_us_per_req") / f(&n, "cpu_us_per_req");
             md.push_str(&format!(
                 "| 1, c=16: throughput ≥ 0.8 × nginx | {:.2} × nginx ({} vs {} req/s) | {} |\n",
                 thr,
-                fmt(f(t, "req_per_s"), 0),
-                fmt(f(n, "req_per_s"), 0),
+                fmt(f(&t, "req_per_s"), 0),
+                fmt(f(&n, "req_per_s"), 0),
                 yes(thr >= 0.8)
             ));
             md.push_str(&format!(
@@ -1308,8 +1472,8 @@ fn cmd_report(args: &Args) {
             ));
             md.push_str(&format!(
                 "| 1, c=16: CPU/request ≤ 1.5 × nginx's | taskgate {} µs, nginx {} µs ({:.2}×) | {} |\n",
-                fmt(f(t, "cpu_us_per_req"), 1),
-                fmt(f(n, "cpu_us_per_req"), 1),
+                fmt(f(&t, "cpu_us_per_req"), 1),
+                fmt(f(&n, "cpu_us_per_req"), 1),
                 cpu,
                 yes(cpu <= 1.5)
             ));
@@ -1319,23 +1483,31 @@ fn cmd_report(args: &Args) {
     }
     for c in cases.iter().filter(|c| c.starts_with('3')) {
         if let (Some(d), Some(t)) = (find(c, "direct"), find(c, "taskgate")) {
-            let gap = f(t, "first_p50_us") - f(d, "first_p50_us");
+            let gap = f(&t, "first_p50_us") - f(&d, "first_p50_us");
             md.push_str(&format!(
                 "| 3 ({c}): first event within 1 ms of direct (p50) | {} µs (p99 {} µs) | {} |\n",
                 signed(gap),
-                signed(f(t, "first_p99_us") - f(d, "first_p99_us")),
+                signed(f(&t, "first_p99_us") - f(&d, "first_p99_us")),
                 yes(gap <= 1000.0)
             ));
         }
     }
     for c in cases.iter().filter(|c| c.starts_with('5')) {
-        if let Some(t) = find(c, "taskgate") {
-            let n = t["upstream_cancels"].as_u64();
-            md.push_str(&format!(
-                "| 5: exactly one upstream cancel | {} | {} |\n",
-                n.map(|n| n.to_string()).unwrap_or("–".into()),
-                yes(n == Some(1))
-            ));
+        for path in ["taskgate", "taskgate-hyper-util"] {
+            if let Some(t) = find(c, path) {
+                let (lo, hi) = (f(&t, "upstream_cancels__lo"), f(&t, "upstream_cancels__hi"));
+                let lo = if lo.is_finite() {
+                    lo
+                } else {
+                    f(&t, "upstream_cancels")
+                };
+                let hi = if hi.is_finite() { hi } else { lo };
+                md.push_str(&format!(
+                    "| 5 ({path}): exactly one upstream cancel (every run) | {} | {} |\n",
+                    sp(&t, "upstream_cancels", 0),
+                    yes(lo == 1.0 && hi == 1.0)
+                ));
+            }
         }
     }
     if !s6.is_empty() {
@@ -1345,6 +1517,100 @@ fn cmd_report(args: &Args) {
             yes(rss_mib <= 100.0),
             fmt(ready_ms, 1),
             yes(ready_ms <= 1000.0)
+        ));
+    }
+    // Issue 10: taskgate's two HTTP/1 clients, side by side.
+    let ab: Vec<(&String, Value, Value)> = cases
+        .iter()
+        .filter(|c| !c.starts_with('5'))
+        .filter_map(|c| Some((c, find(c, "taskgate")?, find(c, "taskgate-hyper-util")?)))
+        .collect();
+    if !ab.is_empty() {
+        md.push_str("\n### A/B: taskgate's HTTP/1 upstream client, own pool (`taskgate`) against hyper_util's (`taskgate-hyper-util`)\n\n");
+        md.push_str("Medians (min–max) over the runs. *ahead* names the client whose whole min–max range is better than the other's (\"overlap\": not clearly apart). Scenario 3's p50 is the first event's.\n\n");
+        md.push_str("| case | ops/s pool | ops/s hyper-util | hyper-util ÷ pool | ahead (ops/s) | p50 µs pool | p50 µs hyper-util | ahead (p50) | CPU µs/op pool | CPU µs/op hyper-util | ahead (CPU) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+        for (case, pool, hu) in &ab {
+            let lat = if pool.get("first_p50_us").is_some() {
+                "first_p50_us"
+            } else {
+                "p50_us"
+            };
+            md.push_str(&format!(
+                "| {case} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                sp(pool, "ops_per_s", 0),
+                sp(hu, "ops_per_s", 0),
+                ratio(f(hu, "ops_per_s"), f(pool, "ops_per_s")),
+                apart(pool, hu, "ops_per_s", true),
+                sp(pool, lat, 0),
+                sp(hu, lat, 0),
+                apart(pool, hu, lat, false),
+                sp(pool, "cpu_us_per_req", 1),
+                sp(hu, "cpu_us_per_req", 1),
+                apart(pool, hu, "cpu_us_per_req", false),
+            ));
+        }
+    }
+    // Issue 15: how quiet the machine was.
+    let quiet_pct = args.num("--quiet-pct", 10.0f64);
+    let measured: Vec<&&Value> = runs
+        .iter()
+        .filter(|r| r.get("others_core_pct").is_some())
+        .collect();
+    if !measured.is_empty() {
+        let mut pcts: Vec<f64> = measured.iter().map(|r| f(r, "others_core_pct")).collect();
+        let total_ms: f64 = measured.iter().map(|r| f(r, "others_cpu_ms")).sum();
+        let total_s: f64 = measured.iter().map(|r| f(r, "window_s")).sum();
+        let overall = total_ms / 10.0 / total_s;
+        let noisy: Vec<String> = measured
+            .iter()
+            .filter(|r| f(r, "others_core_pct") > quiet_pct)
+            .map(|r| {
+                format!(
+                    "{} / {} / run {}",
+                    r["case"].as_str().unwrap_or(""),
+                    r["target"].as_str().unwrap_or(""),
+                    r["rep"]
+                )
+            })
+            .collect();
+        let max = pcts.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let med = median(&mut pcts);
+        md.push_str("\n### Machine quietness\n\n");
+        md.push_str(&format!(
+            "CPU used by processes other than the benchmark's own (upstream, proxies, load generator) while each run ran, from /proc/stat: {} % of one core over all {} runs ({} ms in {} s); per run median {} %, max {} %. Threshold: {} % of one core.\n\n",
+            fmt(overall, 1), measured.len(), fmt(total_ms, 0), fmt(total_s, 1), fmt(med, 1), fmt(max, 1), fmt(quiet_pct, 0)
+        ));
+        if overall > quiet_pct || !noisy.is_empty() {
+            md.push_str(&format!(
+                "**Warning: machine not quiet**: other processes used {} % of a core overall; {} of {} runs above {} %: {}. The figures of those runs are suspect.\n",
+                fmt(overall, 1), noisy.len(), measured.len(), fmt(quiet_pct, 0),
+                match noisy.len() {
+                    0 => "none".to_string(),
+                    1..=5 => noisy.join("; "),
+                    n => format!("{}; and {} more (see *others % core* under Raw runs)", noisy[..5].join("; "), n - 5),
+                }
+            ));
+        } else {
+            md.push_str("The machine was quiet: no run above the threshold.\n");
+        }
+    }
+    // Every run as measured.
+    md.push_str("\n### Raw runs\n\n| case | path | run | ops/s | req/s | p50 µs | p99 µs | first event p50 µs | proxy CPU µs/req | errors | others % core | load1 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in &runs {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r["case"].as_str().unwrap_or(""),
+            r["target"].as_str().unwrap_or(""),
+            r.get("rep").map(|v| v.to_string()).unwrap_or("–".into()),
+            fmt(f(r, "ops_per_s"), 0),
+            fmt(f(r, "req_per_s"), 0),
+            fmt(f(r, "p50_us"), 0),
+            fmt(f(r, "p99_us"), 0),
+            fmt(f(r, "first_p50_us"), 0),
+            fmt(f(r, "cpu_us_per_req"), 1),
+            r["errors"],
+            fmt(f(r, "others_core_pct"), 1),
+            fmt(f(r, "load1"), 2),
         ));
     }
     print!("{md}");
