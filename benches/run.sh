@@ -22,6 +22,9 @@
 # records the CPU that other processes used meanwhile (/proc/stat minus the benchmark's own
 # processes) and the load average; past QUIET_PCT % of one core RESULTS says "machine not quiet".
 #
+# TASKGATE_BIN=PATH runs that taskgate binary instead of building this checkout (for a before/after
+# pair of runs of two revisions; use AB=0 with a binary older than the upstream client switch).
+#
 # Settings (environment): DURATION (s per timed case, default 2), WARMUP (s, 0.5), REPEAT (runs
 # per case and path in scenarios 1-5, default 3), AB (1), QUIET_PCT (10),
 # LIFECYCLE_TASKS (1000), CANCELS (1000), RECORDS (100000), SCENARIOS (which ones, default
@@ -53,9 +56,15 @@ export CLK_TCK=$(getconf CLK_TCK)
 say() { printf '\n== %s\n' "$*" >&2; }
 
 # ---- build ------------------------------------------------------------------------------------
-say "building taskgate (release)"
-(cd "$ROOT" && cargo build --release --quiet --bin taskgate)
-TASKGATE="${CARGO_TARGET_DIR:-$ROOT/target}/release/taskgate"
+if [ -n "${TASKGATE_BIN:-}" ]; then
+  # Another build of taskgate (an older revision, for a before/after pair of runs).
+  TASKGATE=$TASKGATE_BIN
+  say "taskgate: $TASKGATE (TASKGATE_BIN, not built here)"
+else
+  say "building taskgate (release)"
+  (cd "$ROOT" && cargo build --release --quiet --bin taskgate)
+  TASKGATE="${CARGO_TARGET_DIR:-$ROOT/target}/release/taskgate"
+fi
 say "building benches/loadgen (release, target dir benches/loadgen/target)"
 (cd "$HERE/loadgen" && CARGO_TARGET_DIR="$HERE/loadgen/target" cargo build --release --quiet)
 LG="$HERE/loadgen/target/release/loadgen"
@@ -136,6 +145,8 @@ start_taskgate() { # $1 config, $2 label, $3 json out, [$4 ready json out, $5 up
   TG_ADDR=$(json_field "$3" gateway); TG_ADMIN=$(json_field "$3" admin)
   # The client actually in use, from taskgate's own log line (a typo must not pass silently).
   local want=${5:-pool} i
+  # A TASKGATE_BIN from before the client switch logs no client: it has only the own pool.
+  [ -n "${TASKGATE_BIN:-}" ] && [ "$want" = pool ] && return 0
   for i in $(seq 100); do
     grep -q "upstream HTTP/1 client" "$log.out" "$log.err" 2>/dev/null && break
     sleep 0.02
