@@ -664,6 +664,19 @@ impl Metrics {
             .inc();
     }
 
+    /// One durable registry commit took `seconds` (`taskgate_store_write_duration_seconds`);
+    /// a failed one also counts in `taskgate_store_write_failures_total`.
+    pub fn store_commit(&self, seconds: f64, ok: bool) {
+        self.store_write_duration_seconds.observe(seconds);
+        if !ok {
+            self.store_write_failures_total.inc();
+        }
+    }
+    /// A registry write that failed (`taskgate_store_write_failures_total`).
+    pub fn store_write_failed(&self) {
+        self.store_write_failures_total.inc();
+    }
+
     // ---- recording: tasks (registry, tasks, cancel and upgrade layers) ----
 
     /// Sets the number of task records with `status` (`taskgate_tasks`).
