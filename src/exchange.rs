@@ -9,6 +9,7 @@
 //! passed through as it came (upstream HTTP errors).
 
 use crate::jsonrpc::{self, Id, Message};
+use crate::metrics::RequestOutcome;
 use crate::sse::EventStream;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -305,12 +306,12 @@ impl GatewayError {
     }
 
     /// The `outcome` label of `taskgate_requests_total` for this error.
-    pub fn outcome(&self) -> &'static str {
+    pub fn outcome(&self) -> RequestOutcome {
         match self {
-            GatewayError::UpstreamUnreachable { .. } => "unreachable",
-            GatewayError::UpstreamTimeout { .. } => "timeout",
-            GatewayError::UpstreamProtocol { .. } => "upstream_invalid",
-            GatewayError::ShuttingDown => "rejected",
+            GatewayError::UpstreamUnreachable { .. } => RequestOutcome::Unreachable,
+            GatewayError::UpstreamTimeout { .. } => RequestOutcome::Timeout,
+            GatewayError::UpstreamProtocol { .. } => RequestOutcome::UpstreamInvalid,
+            GatewayError::ShuttingDown => RequestOutcome::Rejected,
         }
     }
 }

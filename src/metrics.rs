@@ -1,112 +1,505 @@
 //! Prometheus registry and metric handles, exposed in the text format on the admin `/metrics`.
 //!
 //! Names follow Prometheus conventions (`_total` counters, `_seconds` base units). Labels are
-//! bounded: upstream names come from the config, methods from the MCP method list (anything else
-//! is `other`), outcomes and statuses from fixed sets. A task id, session id or principal is never
-//! a label. Label values that alerts and dashboards use are created at start-up for every
-//! configured upstream, so their series exist (at 0) before the first event.
+//! bounded: upstream names come from the config, every other label is one of the enums below
+//! (a [`Label`]: `as_str()` is the label value, `ALL` every value it can take). A task id, session
+//! id or principal is never a label.
+//!
+//! This module is the one place metric names and label values live. Callers record through the
+//! typed methods of [`Metrics`] (`metrics.cancel_request(upstream, CancelOutcome::Forwarded)`), and
+//! [`Metrics::new`] pre-creates every series those methods can record, from the same `ALL`s, for
+//! every configured upstream, so each exists (at 0) before the first event.
 
+use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-/// MCP methods used as the `method` label; others are counted as `other`.
-const KNOWN_METHODS: &[&str] = &[
-    "initialize",
-    "ping",
-    "tools/list",
-    "tools/call",
-    "resources/list",
-    "resources/read",
-    "resources/templates/list",
-    "resources/subscribe",
-    "resources/unsubscribe",
-    "prompts/list",
-    "prompts/get",
-    "completion/complete",
-    "logging/setLevel",
-    "tasks/get",
-    "tasks/result",
-    "tasks/list",
-    "tasks/cancel",
-    "notifications/initialized",
-    "notifications/cancelled",
-    "notifications/progress",
-    "notifications/roots/list_changed",
-    "notifications/tasks/status",
-];
+pub use crate::mcp::task::TaskStatus;
+pub use crate::store::record::Origin;
 
-/// The `method` label for a JSON-RPC method (bounded set).
-pub fn method_label(method: &str) -> &'static str {
-    KNOWN_METHODS
-        .iter()
-        .find(|m| **m == method)
-        .copied()
-        .unwrap_or("other")
+/// A label with a fixed set of values.
+pub trait Label: Copy + 'static {
+    /// Every value, in the order they are pre-created.
+    const ALL: &'static [Self];
+    /// The label value as exposed.
+    fn as_str(self) -> &'static str;
 }
 
-/// Status values of the 2025-11-25 `TaskStatus` enum, used as label values.
-pub const TASK_STATUSES: &[&str] = &[
-    "working",
-    "input_required",
-    "completed",
-    "failed",
-    "cancelled",
+/// Defines a label enum: variants with their label values, `as_str()`, `ALL` and [`Label`].
+macro_rules! label_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $var:ident = $val:literal,)+ }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vdoc])* #[doc = concat!("`", $val, "`")] $var,)+
+        }
+        impl $name {
+            /// Every value of this label.
+            pub const ALL: &'static [Self] = &[$(Self::$var,)+];
+            /// The label value.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$var => $val,)+
+                }
+            }
+        }
+        impl Label for $name {
+            const ALL: &'static [Self] = $name::ALL;
+            fn as_str(self) -> &'static str {
+                $name::as_str(self)
+            }
+        }
+    };
+}
+
+impl Label for TaskStatus {
+    const ALL: &'static [Self] = TaskStatus::ALL;
+    fn as_str(self) -> &'static str {
+        TaskStatus::as_str(self)
+    }
+}
+
+impl Label for Origin {
+    const ALL: &'static [Self] = Origin::ALL;
+    fn as_str(self) -> &'static str {
+        Origin::as_str(self)
+    }
+}
+
+label_enum! {
+    /// `method` of `taskgate_requests_total` and `taskgate_request_duration_seconds`: the MCP
+    /// method (anything unknown is `other`), or what a POST without a method or a GET/DELETE is.
+    McpMethod {
+        Initialize = "initialize",
+        Ping = "ping",
+        ToolsList = "tools/list",
+        ToolsCall = "tools/call",
+        ResourcesList = "resources/list",
+        ResourcesRead = "resources/read",
+        ResourcesTemplatesList = "resources/templates/list",
+        ResourcesSubscribe = "resources/subscribe",
+        ResourcesUnsubscribe = "resources/unsubscribe",
+        PromptsList = "prompts/list",
+        PromptsGet = "prompts/get",
+        CompletionComplete = "completion/complete",
+        LoggingSetLevel = "logging/setLevel",
+        TasksGet = "tasks/get",
+        TasksResult = "tasks/result",
+        TasksList = "tasks/list",
+        TasksCancel = "tasks/cancel",
+        NotificationsInitialized = "notifications/initialized",
+        NotificationsCancelled = "notifications/cancelled",
+        NotificationsProgress = "notifications/progress",
+        NotificationsRootsListChanged = "notifications/roots/list_changed",
+        NotificationsTasksStatus = "notifications/tasks/status",
+        /// Any other method.
+        Other = "other",
+        /// A POSTed JSON-RPC error response.
+        ErrorResponse = "(error)",
+        /// A POSTed JSON-RPC result response.
+        Response = "(response)",
+        /// A GET (open the server-to-client stream).
+        Get = "GET",
+        /// A DELETE (end the session).
+        Delete = "DELETE",
+    }
+}
+
+impl McpMethod {
+    /// The label of a JSON-RPC method name; `Other` when it is not a known MCP method.
+    pub fn of(method: &str) -> McpMethod {
+        // The values before `Other` in `ALL` are the MCP method names.
+        McpMethod::ALL
+            .iter()
+            .take_while(|m| **m != McpMethod::Other)
+            .find(|m| m.as_str() == method)
+            .copied()
+            .unwrap_or(McpMethod::Other)
+    }
+}
+
+label_enum! {
+    /// `outcome` of `taskgate_requests_total`.
+    RequestOutcome {
+        /// A 2xx reply, from the upstream or from taskgate itself.
+        Ok = "ok",
+        /// The upstream answered non-2xx.
+        UpstreamStatus = "upstream_status",
+        /// The upstream could not be reached.
+        Unreachable = "unreachable",
+        /// The upstream did not answer in time.
+        Timeout = "timeout",
+        /// The upstream's answer was not valid.
+        UpstreamInvalid = "upstream_invalid",
+        /// taskgate refused the request (shutting down).
+        Rejected = "rejected",
+    }
+}
+
+label_enum! {
+    /// `kind` of `taskgate_upstream_errors_total`.
+    UpstreamErrorKind {
+        Connect = "connect",
+        Timeout = "timeout",
+        Protocol = "protocol",
+    }
+}
+
+label_enum! {
+    /// `kind` of `taskgate_sse_streams_open`: the stream of a POST reply or a GET stream.
+    SseKind {
+        Post = "post",
+        Get = "get",
+    }
+}
+
+label_enum! {
+    /// `reason` of `taskgate_http_rejections_total`.
+    RejectReason {
+        Parse = "parse",
+        Batch = "batch",
+        Invalid = "invalid",
+        Accept = "accept",
+        ContentType = "content_type",
+        BodyTooLarge = "body_too_large",
+        BodyTimeout = "body_timeout",
+        Host = "host",
+        Origin = "origin",
+        Auth = "auth",
+        Route = "route",
+        Method = "method",
+    }
+}
+
+label_enum! {
+    /// `reason` of `taskgate_task_creation_refused_total`.
+    CreationRefusal {
+        OwnerLimit = "owner_limit",
+        Store = "store",
+    }
+}
+
+label_enum! {
+    /// `method` of `taskgate_task_lookups_rejected_total`.
+    TaskMethod {
+        Get = "tasks/get",
+        Result = "tasks/result",
+        Cancel = "tasks/cancel",
+    }
+}
+
+impl TaskMethod {
+    /// The label of `tasks/get|result|cancel`; `None` for any other method.
+    pub fn parse(method: &str) -> Option<TaskMethod> {
+        TaskMethod::ALL
+            .iter()
+            .find(|m| m.as_str() == method)
+            .copied()
+    }
+}
+
+label_enum! {
+    /// `outcome` of `taskgate_cancel_requests_total`.
+    CancelOutcome {
+        Forwarded = "forwarded",
+        Deduplicated = "deduplicated",
+        RejectedTerminal = "rejected_terminal",
+        RejectedUnknown = "rejected_unknown",
+        UpstreamError = "upstream_error",
+    }
+}
+
+label_enum! {
+    /// `reason` of `taskgate_task_resources_released_total`.
+    ReleaseReason {
+        /// The upstream went quiet about the task for `release_quiet_ms`.
+        Quiet = "quiet",
+        /// Released after a restart found the task cancelled but not released.
+        Restart = "restart",
+        /// The record expired before a release was seen.
+        Expired = "expired",
+    }
+}
+
+label_enum! {
+    /// `outcome` of `taskgate_upgraded_calls_total` (see `layers::upgrade`).
+    UpgradeOutcome {
+        Completed = "completed",
+        Failed = "failed",
+        Cancelled = "cancelled",
+        Orphaned = "orphaned",
+        UpstreamError = "upstream_error",
+        Disconnected = "disconnected",
+        RefusedCapability = "refused_capability",
+        NotATask = "not_a_task",
+        RelayOverflow = "relay_overflow",
+    }
+}
+
+label_enum! {
+    /// `reason` of `taskgate_cancelled_notifications_dropped_total`.
+    DropReason {
+        Initialize = "initialize",
+        Task = "task",
+        Duplicate = "duplicate",
+    }
+}
+
+label_enum! {
+    /// `kind` of `taskgate_upstream_oversize_total`: a whole JSON body, or one SSE line or event.
+    OversizeKind {
+        Json = "json",
+        SseEvent = "sse_event",
+    }
+}
+
+/// Name, help and label names of one metric.
+struct Spec {
+    name: &'static str,
+    help: &'static str,
+    labels: &'static [&'static str],
+}
+
+const fn spec(name: &'static str, help: &'static str, labels: &'static [&'static str]) -> Spec {
+    Spec { name, help, labels }
+}
+
+const UP: &[&str] = &["upstream"];
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+const STORE_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+];
+const AUDIT_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 ];
 
-/// Outcomes of `taskgate_cancel_requests_total`.
-pub const CANCEL_OUTCOMES: &[&str] = &[
-    "forwarded",
-    "deduplicated",
-    "rejected_terminal",
-    "rejected_unknown",
-    "upstream_error",
-];
+const REQUESTS_TOTAL: Spec = spec(
+    "taskgate_requests_total",
+    "Client requests by upstream, MCP method and outcome.",
+    &["upstream", "method", "outcome"],
+);
+const REQUEST_DURATION_SECONDS: Spec = spec(
+    "taskgate_request_duration_seconds",
+    "Time from a client request to the reply's headers, in seconds.",
+    &["upstream", "method"],
+);
+const UPSTREAM_ERRORS_TOTAL: Spec = spec(
+    "taskgate_upstream_errors_total",
+    "Failed exchanges with an upstream by kind (connect, timeout, protocol).",
+    &["upstream", "kind"],
+);
+const SSE_STREAMS_OPEN: Spec = spec(
+    "taskgate_sse_streams_open",
+    "SSE streams being relayed to clients (kind: post, get).",
+    &["upstream", "kind"],
+);
+const HTTP_REJECTIONS_TOTAL: Spec = spec(
+    "taskgate_http_rejections_total",
+    "Requests refused at the HTTP edge, by reason.",
+    &["reason"],
+);
+const TASKS: Spec = spec(
+    "taskgate_tasks",
+    "Task records in the registry by upstream and status.",
+    &["upstream", "status"],
+);
+const TASKS_CREATED_TOTAL: Spec = spec(
+    "taskgate_tasks_created_total",
+    "Tasks recorded, by origin (client: the client asked for a task; upgraded: taskgate did).",
+    &["upstream", "origin"],
+);
+const TASK_CREATION_REFUSED_TOTAL: Spec = spec(
+    "taskgate_task_creation_refused_total",
+    "Task-augmented requests refused before reaching the upstream, by reason.",
+    &["upstream", "reason"],
+);
+const STORE_WRITE_FAILURES_TOTAL: Spec = spec(
+    "taskgate_store_write_failures_total",
+    "Task registry writes that failed.",
+    &[],
+);
+const STORE_WRITE_DURATION_SECONDS: Spec = spec(
+    "taskgate_store_write_duration_seconds",
+    "Duration of one durable registry commit (apply, flush, fdatasync), in seconds.",
+    &[],
+);
+const TASK_STATUS_TRANSITIONS_TOTAL: Spec = spec(
+    "taskgate_task_status_transitions_total",
+    "Task status transitions recorded in the registry.",
+    &["upstream", "from", "to"],
+);
+const TASK_TERMINAL_REWRITES_TOTAL: Spec = spec(
+    "taskgate_task_terminal_rewrites_total",
+    "Upstream replies that reported another status for a terminal task; the recorded status was shown instead.",
+    UP,
+);
+const TASKS_EXPIRED_TOTAL: Spec = spec(
+    "taskgate_tasks_expired_total",
+    "Task records removed after their ttl.",
+    UP,
+);
+const TASK_LOOKUPS_REJECTED_TOTAL: Spec = spec(
+    "taskgate_task_lookups_rejected_total",
+    "tasks/* requests answered -32602 because the task is unknown, expired or another principal's.",
+    &["upstream", "method"],
+);
+const CANCEL_REQUESTS_TOTAL: Spec = spec(
+    "taskgate_cancel_requests_total",
+    "tasks/cancel requests by outcome.",
+    &["upstream", "outcome"],
+);
+const TASKS_CANCELLED_TOTAL: Spec = spec(
+    "taskgate_tasks_cancelled_total",
+    "Audit fact 'status cancelled': tasks first seen cancelled.",
+    UP,
+);
+const TASK_RESOURCES_RELEASED_TOTAL: Spec = spec(
+    "taskgate_task_resources_released_total",
+    "Audit fact 'resources released' for cancelled tasks, by reason.",
+    &["upstream", "reason"],
+);
+const TASKS_CANCELLED_UNRELEASED: Spec = spec(
+    "taskgate_tasks_cancelled_unreleased",
+    "Tasks whose status is cancelled but whose resources are not yet released.",
+    &[],
+);
+const CANCEL_TO_CANCELLED_SECONDS: Spec = spec(
+    "taskgate_cancel_to_cancelled_seconds",
+    "Time from the first tasks/cancel to the status cancelled, in seconds.",
+    &[],
+);
+const CANCELLED_TO_RELEASED_SECONDS: Spec = spec(
+    "taskgate_cancelled_to_released_seconds",
+    "Time from the status cancelled to the resources released, in seconds.",
+    &[],
+);
+const TASK_LATE_RESULTS_TOTAL: Spec = spec(
+    "taskgate_task_late_results_total",
+    "Terminal statuses reported after a different terminal status was recorded.",
+    UP,
+);
+const TASK_ACTIVITY_AFTER_CANCEL_TOTAL: Spec = spec(
+    "taskgate_task_activity_after_cancel_total",
+    "Upstream messages about a task after it was recorded cancelled.",
+    UP,
+);
+const UPGRADED_CALLS_TOTAL: Spec = spec(
+    "taskgate_upgraded_calls_total",
+    "Plain tools/call upgraded to tasks by taskgate, by outcome.",
+    &["upstream", "outcome"],
+);
+const CANCELLED_NOTIFICATIONS_DROPPED_TOTAL: Spec = spec(
+    "taskgate_cancelled_notifications_dropped_total",
+    "Client notifications/cancelled not forwarded upstream, by reason.",
+    &["upstream", "reason"],
+);
+const UPSTREAM_OVERSIZE_TOTAL: Spec = spec(
+    "taskgate_upstream_oversize_total",
+    "Upstream answers cut off for exceeding max_message_bytes (kind: json, sse_event).",
+    &["upstream", "kind"],
+);
+
+/// Creates metrics from their [`Spec`] and registers them.
+struct Builder(Registry);
+
+impl Builder {
+    fn register<C: Collector + Clone + 'static>(&self, c: C) -> C {
+        self.0.register(Box::new(c.clone())).expect("unique metric");
+        c
+    }
+    fn opts(s: &Spec) -> Opts {
+        Opts::new(s.name, s.help)
+    }
+    fn hopts(s: &Spec, buckets: &[f64]) -> HistogramOpts {
+        HistogramOpts::new(s.name, s.help).buckets(buckets.to_vec())
+    }
+    fn counter(&self, s: &Spec) -> IntCounter {
+        self.register(IntCounter::with_opts(Self::opts(s)).expect("valid metric"))
+    }
+    fn counter_vec(&self, s: &Spec) -> IntCounterVec {
+        self.register(IntCounterVec::new(Self::opts(s), s.labels).expect("valid metric"))
+    }
+    fn gauge(&self, s: &Spec) -> IntGauge {
+        self.register(IntGauge::with_opts(Self::opts(s)).expect("valid metric"))
+    }
+    fn gauge_vec(&self, s: &Spec) -> IntGaugeVec {
+        self.register(IntGaugeVec::new(Self::opts(s), s.labels).expect("valid metric"))
+    }
+    fn histogram(&self, s: &Spec, buckets: &[f64]) -> Histogram {
+        self.register(Histogram::with_opts(Self::hopts(s, buckets)).expect("valid metric"))
+    }
+    fn histogram_vec(&self, s: &Spec, buckets: &[f64]) -> HistogramVec {
+        let h = HistogramVec::new(Self::hopts(s, buckets), s.labels).expect("valid metric");
+        self.register(h)
+    }
+}
+
+/// Creates the series `{upstream=up, <label>=v}` for every `v` of `L`.
+fn touch<T: MetricVecBuilder, L: Label>(vec: &MetricVec<T>, up: &str) {
+    for v in L::ALL {
+        vec.with_label_values(&[up, v.as_str()]);
+    }
+}
+
+/// Increments a gauge for as long as it lives (an SSE stream being relayed).
+pub struct GaugeGuard(IntGauge);
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
 
 /// Every metric handle taskgate records into. Built once per process and shared by `Arc`.
+///
+/// Record through the typed methods below. The public fields remain for callers not yet
+/// converted; their label values must be `as_str()` of the label enums.
 pub struct Metrics {
     registry: Registry,
-    /// `taskgate_requests_total{upstream,method,outcome}`: client requests by outcome
+    /// `taskgate_requests_total{upstream,method,outcome}`: client requests by [`RequestOutcome`]
     /// (`ok`, `upstream_status` (upstream answered non-2xx), `unreachable`, `timeout`,
-    /// `upstream_invalid`, `rejected` (taskgate refused it), `local` (taskgate answered it)).
+    /// `upstream_invalid`, `rejected` (taskgate refused it)). Answers taskgate gives itself are
+    /// 2xx and count as `ok`.
     pub requests_total: IntCounterVec,
     /// `taskgate_request_duration_seconds{upstream,method}`: time from the request to the reply's
     /// headers (for SSE replies: to the start of the stream), in seconds.
     pub request_duration_seconds: HistogramVec,
-    /// `taskgate_upstream_errors_total{upstream,kind}`: `connect`, `timeout`, `protocol`.
+    /// `taskgate_upstream_errors_total{upstream,kind}`: [`UpstreamErrorKind`].
     pub upstream_errors_total: IntCounterVec,
-    /// `taskgate_sse_streams_open{upstream,kind}`: SSE streams being relayed now (`post`, `get`).
+    /// `taskgate_sse_streams_open{upstream,kind}`: SSE streams being relayed now ([`SseKind`]).
     pub sse_streams_open: IntGaugeVec,
-    /// `taskgate_http_rejections_total{reason}`: requests refused at the edge (reason: `parse`,
-    /// `batch`, `invalid`, `accept`, `content_type`, `body_too_large`, `host`, `origin`, `auth`,
-    /// `route`, `method`).
+    /// `taskgate_http_rejections_total{reason}`: requests refused at the edge ([`RejectReason`]).
     pub http_rejections_total: IntCounterVec,
-    /// `taskgate_tasks{upstream,status}`: task records in the registry by status.
+    /// `taskgate_tasks{upstream,status}`: task records in the registry by [`TaskStatus`].
     pub tasks: IntGaugeVec,
-    /// `taskgate_tasks_created_total{upstream,origin}` (`client`, `upgraded`).
+    /// `taskgate_tasks_created_total{upstream,origin}` ([`Origin`]: `client`, `upgraded`).
     pub tasks_created_total: IntCounterVec,
-    /// `taskgate_task_creation_refused_total{upstream,reason}` (`owner_limit`, `store`).
+    /// `taskgate_task_creation_refused_total{upstream,reason}` ([`CreationRefusal`]).
     pub task_creation_refused_total: IntCounterVec,
     /// `taskgate_store_write_failures_total`: failed registry writes (each also logged).
     pub store_write_failures_total: IntCounter,
     /// `taskgate_store_write_duration_seconds`: one group commit (apply + flush + fdatasync).
     pub store_write_duration_seconds: Histogram,
-    /// `taskgate_task_status_transitions_total{upstream,from,to}`.
+    /// `taskgate_task_status_transitions_total{upstream,from,to}` ([`TaskStatus`] twice).
     pub task_status_transitions_total: IntCounterVec,
     /// `taskgate_task_terminal_rewrites_total{upstream}`: replies where the upstream reported a
     /// different status for a task the registry holds as terminal (the reply shows the recorded one).
     pub task_terminal_rewrites_total: IntCounterVec,
     /// `taskgate_tasks_expired_total{upstream}`: records removed by the TTL sweeper.
     pub tasks_expired_total: IntCounterVec,
-    /// `taskgate_task_lookups_rejected_total{upstream,method}`: tasks/get|result|cancel refused with
-    /// -32602 because the task is unknown, expired or another principal's.
+    /// `taskgate_task_lookups_rejected_total{upstream,method}` ([`TaskMethod`]): tasks/get|result|cancel
+    /// refused with -32602 because the task is unknown, expired or another principal's.
     pub task_lookups_rejected_total: IntCounterVec,
-    /// `taskgate_cancel_requests_total{upstream,outcome}`.
+    /// `taskgate_cancel_requests_total{upstream,outcome}` ([`CancelOutcome`]).
     pub cancel_requests_total: IntCounterVec,
     /// `taskgate_tasks_cancelled_total{upstream}`: "status cancelled" audit facts.
     pub tasks_cancelled_total: IntCounterVec,
-    /// `taskgate_task_resources_released_total{upstream,reason}`: "resources released" audit facts.
+    /// `taskgate_task_resources_released_total{upstream,reason}` ([`ReleaseReason`]): "resources
+    /// released" audit facts.
     pub task_resources_released_total: IntCounterVec,
     /// `taskgate_tasks_cancelled_unreleased`: tasks with "status cancelled" but not yet "released".
     pub tasks_cancelled_unreleased: IntGauge,
@@ -121,269 +514,103 @@ pub struct Metrics {
     /// it was recorded `cancelled`.
     pub task_activity_after_cancel_total: IntCounterVec,
     /// `taskgate_upgraded_calls_total{upstream,outcome}`: plain `tools/call` turned into tasks, by
-    /// outcome (see `layers::upgrade`).
+    /// [`UpgradeOutcome`] (see `layers::upgrade`).
     pub upgraded_calls_total: IntCounterVec,
     /// `taskgate_cancelled_notifications_dropped_total{upstream,reason}`: client
-    /// `notifications/cancelled` not forwarded (`initialize`, `task`, `duplicate`).
+    /// `notifications/cancelled` not forwarded ([`DropReason`]).
     pub cancelled_notifications_dropped_total: IntCounterVec,
     /// `taskgate_upstream_oversize_total{upstream,kind}`: upstream answers cut off because they
-    /// exceeded the upstream's `max_message_bytes` (`json`: a whole JSON body; `sse_event`: one
-    /// SSE line or event).
+    /// exceeded the upstream's `max_message_bytes` ([`OversizeKind`]).
     pub upstream_oversize_total: IntCounterVec,
 }
 
 impl Metrics {
-    /// Creates and registers every metric; pre-creates the label values alerts rely on for each
+    /// Creates and registers every metric, and pre-creates every labelled series for each
     /// upstream name in `upstreams`.
     pub fn new(upstreams: &[String]) -> Metrics {
-        let registry = Registry::new();
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("unique metric");
-            c
-        };
-        let gauge = |name: &str, help: &str, labels: &[&str]| {
-            let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("unique metric");
-            g
-        };
-        let latency_buckets = vec![
-            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-            30.0,
-        ];
-        let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
-            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
-                .expect("valid metric");
-            registry
-                .register(Box::new(h.clone()))
-                .expect("unique metric");
-            h
-        };
-        let request_duration_seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "taskgate_request_duration_seconds",
-                "Time from a client request to the reply's headers, in seconds.",
-            )
-            .buckets(latency_buckets.clone()),
-            &["upstream", "method"],
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(request_duration_seconds.clone()))
-            .expect("unique metric");
-        let audit_buckets = vec![
-            0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
-        ];
-        let store_write_failures_total = IntCounter::new(
-            "taskgate_store_write_failures_total",
-            "Task registry writes that failed.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(store_write_failures_total.clone()))
-            .expect("unique metric");
-        let tasks_cancelled_unreleased = IntGauge::new(
-            "taskgate_tasks_cancelled_unreleased",
-            "Tasks whose status is cancelled but whose resources are not yet released.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(tasks_cancelled_unreleased.clone()))
-            .expect("unique metric");
-
+        let b = Builder(Registry::new());
         let m = Metrics {
-            requests_total: counter(
-                "taskgate_requests_total",
-                "Client requests by upstream, MCP method and outcome.",
-                &["upstream", "method", "outcome"],
-            ),
-            request_duration_seconds,
-            upstream_errors_total: counter(
-                "taskgate_upstream_errors_total",
-                "Failed exchanges with an upstream by kind (connect, timeout, protocol).",
-                &["upstream", "kind"],
-            ),
-            sse_streams_open: gauge(
-                "taskgate_sse_streams_open",
-                "SSE streams being relayed to clients (kind: post, get).",
-                &["upstream", "kind"],
-            ),
-            http_rejections_total: counter(
-                "taskgate_http_rejections_total",
-                "Requests refused at the HTTP edge, by reason.",
-                &["reason"],
-            ),
-            tasks: gauge(
-                "taskgate_tasks",
-                "Task records in the registry by upstream and status.",
-                &["upstream", "status"],
-            ),
-            tasks_created_total: counter(
-                "taskgate_tasks_created_total",
-                "Tasks recorded, by origin (client: the client asked for a task; upgraded: taskgate did).",
-                &["upstream", "origin"],
-            ),
-            task_creation_refused_total: counter(
-                "taskgate_task_creation_refused_total",
-                "Task-augmented requests refused before reaching the upstream, by reason.",
-                &["upstream", "reason"],
-            ),
-            store_write_failures_total,
-            store_write_duration_seconds: histogram(
-                "taskgate_store_write_duration_seconds",
-                "Duration of one durable registry commit (apply, flush, fdatasync), in seconds.",
-                vec![0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5],
-            ),
-            task_status_transitions_total: counter(
-                "taskgate_task_status_transitions_total",
-                "Task status transitions recorded in the registry.",
-                &["upstream", "from", "to"],
-            ),
-            task_terminal_rewrites_total: counter(
-                "taskgate_task_terminal_rewrites_total",
-                "Upstream replies that reported another status for a terminal task; the recorded status was shown instead.",
-                &["upstream"],
-            ),
-            tasks_expired_total: counter(
-                "taskgate_tasks_expired_total",
-                "Task records removed after their ttl.",
-                &["upstream"],
-            ),
-            task_lookups_rejected_total: counter(
-                "taskgate_task_lookups_rejected_total",
-                "tasks/* requests answered -32602 because the task is unknown, expired or another principal's.",
-                &["upstream", "method"],
-            ),
-            cancel_requests_total: counter(
-                "taskgate_cancel_requests_total",
-                "tasks/cancel requests by outcome.",
-                &["upstream", "outcome"],
-            ),
-            tasks_cancelled_total: counter(
-                "taskgate_tasks_cancelled_total",
-                "Audit fact 'status cancelled': tasks first seen cancelled.",
-                &["upstream"],
-            ),
-            task_resources_released_total: counter(
-                "taskgate_task_resources_released_total",
-                "Audit fact 'resources released' for cancelled tasks, by reason.",
-                &["upstream", "reason"],
-            ),
-            tasks_cancelled_unreleased,
-            cancel_to_cancelled_seconds: histogram(
-                "taskgate_cancel_to_cancelled_seconds",
-                "Time from the first tasks/cancel to the status cancelled, in seconds.",
-                audit_buckets.clone(),
-            ),
-            cancelled_to_released_seconds: histogram(
-                "taskgate_cancelled_to_released_seconds",
-                "Time from the status cancelled to the resources released, in seconds.",
-                audit_buckets,
-            ),
-            task_late_results_total: counter(
-                "taskgate_task_late_results_total",
-                "Terminal statuses reported after a different terminal status was recorded.",
-                &["upstream"],
-            ),
-            task_activity_after_cancel_total: counter(
-                "taskgate_task_activity_after_cancel_total",
-                "Upstream messages about a task after it was recorded cancelled.",
-                &["upstream"],
-            ),
-            upgraded_calls_total: counter(
-                "taskgate_upgraded_calls_total",
-                "Plain tools/call upgraded to tasks by taskgate, by outcome.",
-                &["upstream", "outcome"],
-            ),
-            cancelled_notifications_dropped_total: counter(
-                "taskgate_cancelled_notifications_dropped_total",
-                "Client notifications/cancelled not forwarded upstream, by reason.",
-                &["upstream", "reason"],
-            ),
-            upstream_oversize_total: counter(
-                "taskgate_upstream_oversize_total",
-                "Upstream answers cut off for exceeding max_message_bytes (kind: json, sse_event).",
-                &["upstream", "kind"],
-            ),
-            registry,
+            requests_total: b.counter_vec(&REQUESTS_TOTAL),
+            request_duration_seconds: b.histogram_vec(&REQUEST_DURATION_SECONDS, LATENCY_BUCKETS),
+            upstream_errors_total: b.counter_vec(&UPSTREAM_ERRORS_TOTAL),
+            sse_streams_open: b.gauge_vec(&SSE_STREAMS_OPEN),
+            http_rejections_total: b.counter_vec(&HTTP_REJECTIONS_TOTAL),
+            tasks: b.gauge_vec(&TASKS),
+            tasks_created_total: b.counter_vec(&TASKS_CREATED_TOTAL),
+            task_creation_refused_total: b.counter_vec(&TASK_CREATION_REFUSED_TOTAL),
+            store_write_failures_total: b.counter(&STORE_WRITE_FAILURES_TOTAL),
+            store_write_duration_seconds: b.histogram(&STORE_WRITE_DURATION_SECONDS, STORE_BUCKETS),
+            task_status_transitions_total: b.counter_vec(&TASK_STATUS_TRANSITIONS_TOTAL),
+            task_terminal_rewrites_total: b.counter_vec(&TASK_TERMINAL_REWRITES_TOTAL),
+            tasks_expired_total: b.counter_vec(&TASKS_EXPIRED_TOTAL),
+            task_lookups_rejected_total: b.counter_vec(&TASK_LOOKUPS_REJECTED_TOTAL),
+            cancel_requests_total: b.counter_vec(&CANCEL_REQUESTS_TOTAL),
+            tasks_cancelled_total: b.counter_vec(&TASKS_CANCELLED_TOTAL),
+            task_resources_released_total: b.counter_vec(&TASK_RESOURCES_RELEASED_TOTAL),
+            tasks_cancelled_unreleased: b.gauge(&TASKS_CANCELLED_UNRELEASED),
+            cancel_to_cancelled_seconds: b.histogram(&CANCEL_TO_CANCELLED_SECONDS, AUDIT_BUCKETS),
+            cancelled_to_released_seconds: b
+                .histogram(&CANCELLED_TO_RELEASED_SECONDS, AUDIT_BUCKETS),
+            task_late_results_total: b.counter_vec(&TASK_LATE_RESULTS_TOTAL),
+            task_activity_after_cancel_total: b.counter_vec(&TASK_ACTIVITY_AFTER_CANCEL_TOTAL),
+            upgraded_calls_total: b.counter_vec(&UPGRADED_CALLS_TOTAL),
+            cancelled_notifications_dropped_total: b
+                .counter_vec(&CANCELLED_NOTIFICATIONS_DROPPED_TOTAL),
+            upstream_oversize_total: b.counter_vec(&UPSTREAM_OVERSIZE_TOTAL),
+            registry: b.0,
         };
-        for reason in [
-            "parse",
-            "batch",
-            "invalid",
-            "accept",
-            "content_type",
-            "body_too_large",
-            "body_timeout",
-            "host",
-            "origin",
-            "auth",
-            "route",
-            "method",
-        ] {
-            m.http_rejections_total.with_label_values(&[reason]);
+        for reason in RejectReason::ALL {
+            m.http_rejections_total
+                .with_label_values(&[reason.as_str()]);
         }
         for up in upstreams {
-            let up = up.as_str();
-            for (from, to) in [
-                ("working", "input_required"),
-                ("working", "completed"),
-                ("working", "failed"),
-                ("working", "cancelled"),
-                ("input_required", "working"),
-                ("input_required", "cancelled"),
-            ] {
-                m.task_status_transitions_total
-                    .with_label_values(&[up, from, to]);
-            }
-            for kind in ["connect", "timeout", "protocol"] {
-                m.upstream_errors_total.with_label_values(&[up, kind]);
-            }
-            for kind in ["post", "get"] {
-                m.sse_streams_open.with_label_values(&[up, kind]);
-            }
-            for status in TASK_STATUSES {
-                m.tasks.with_label_values(&[up, status]);
-            }
-            for origin in ["client", "upgraded"] {
-                m.tasks_created_total.with_label_values(&[up, origin]);
-            }
-            for reason in ["owner_limit", "store"] {
-                m.task_creation_refused_total
-                    .with_label_values(&[up, reason]);
-            }
-            for outcome in CANCEL_OUTCOMES {
-                m.cancel_requests_total.with_label_values(&[up, outcome]);
-            }
-            m.tasks_cancelled_total.with_label_values(&[up]);
-            for outcome in [
-                "completed",
-                "failed",
-                "cancelled",
-                "orphaned",
-                "upstream_error",
-            ] {
-                m.upgraded_calls_total.with_label_values(&[up, outcome]);
-            }
-            m.task_late_results_total.with_label_values(&[up]);
-            m.task_activity_after_cancel_total.with_label_values(&[up]);
-            m.task_terminal_rewrites_total.with_label_values(&[up]);
-            m.tasks_expired_total.with_label_values(&[up]);
-            m.task_resources_released_total
-                .with_label_values(&[up, "quiet"]);
-            m.requests_total
-                .with_label_values(&[up, "tools/call", "ok"]);
-            m.request_duration_seconds
-                .with_label_values(&[up, "tools/call"]);
-            for kind in ["json", "sse_event"] {
-                m.upstream_oversize_total.with_label_values(&[up, kind]);
-            }
+            m.precreate(up);
         }
         m
+    }
+
+    /// Creates, at 0, every series with `upstream=up` that the recording methods can record.
+    fn precreate(&self, up: &str) {
+        for method in McpMethod::ALL {
+            let method = method.as_str();
+            self.request_duration_seconds
+                .with_label_values(&[up, method]);
+            for outcome in RequestOutcome::ALL {
+                self.requests_total
+                    .with_label_values(&[up, method, outcome.as_str()]);
+            }
+        }
+        for &from in TaskStatus::ALL {
+            for &to in TaskStatus::ALL {
+                if from != to && from.can_become(to) {
+                    self.task_status_transitions_total.with_label_values(&[
+                        up,
+                        from.as_str(),
+                        to.as_str(),
+                    ]);
+                }
+            }
+        }
+        touch::<_, UpstreamErrorKind>(&self.upstream_errors_total, up);
+        touch::<_, SseKind>(&self.sse_streams_open, up);
+        touch::<_, TaskStatus>(&self.tasks, up);
+        touch::<_, Origin>(&self.tasks_created_total, up);
+        touch::<_, CreationRefusal>(&self.task_creation_refused_total, up);
+        touch::<_, TaskMethod>(&self.task_lookups_rejected_total, up);
+        touch::<_, CancelOutcome>(&self.cancel_requests_total, up);
+        touch::<_, ReleaseReason>(&self.task_resources_released_total, up);
+        touch::<_, UpgradeOutcome>(&self.upgraded_calls_total, up);
+        touch::<_, DropReason>(&self.cancelled_notifications_dropped_total, up);
+        touch::<_, OversizeKind>(&self.upstream_oversize_total, up);
+        for vec in [
+            &self.task_terminal_rewrites_total,
+            &self.tasks_expired_total,
+            &self.tasks_cancelled_total,
+            &self.task_late_results_total,
+            &self.task_activity_after_cancel_total,
+        ] {
+            vec.with_label_values(&[up]);
+        }
     }
 
     /// The Prometheus text exposition (format 0.0.4) of every metric.
@@ -393,5 +620,343 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut buf)
             .expect("text encoding into a Vec cannot fail");
         buf
+    }
+
+    // ---- recording: the edge and the upstream client ----
+
+    /// One client request answered (`taskgate_requests_total`).
+    pub fn request(&self, upstream: &str, method: McpMethod, outcome: RequestOutcome) {
+        self.requests_total
+            .with_label_values(&[upstream, method.as_str(), outcome.as_str()])
+            .inc();
+    }
+    /// Time from a request to its reply's headers (`taskgate_request_duration_seconds`).
+    pub fn request_duration(&self, upstream: &str, method: McpMethod, seconds: f64) {
+        self.request_duration_seconds
+            .with_label_values(&[upstream, method.as_str()])
+            .observe(seconds);
+    }
+    /// A request refused at the edge (`taskgate_http_rejections_total`).
+    pub fn http_rejection(&self, reason: RejectReason) {
+        self.http_rejections_total
+            .with_label_values(&[reason.as_str()])
+            .inc();
+    }
+    /// An SSE stream starts being relayed; it counts in `taskgate_sse_streams_open` until the
+    /// returned guard is dropped.
+    pub fn sse_stream_opened(&self, upstream: &str, kind: SseKind) -> GaugeGuard {
+        let gauge = self
+            .sse_streams_open
+            .with_label_values(&[upstream, kind.as_str()]);
+        gauge.inc();
+        GaugeGuard(gauge)
+    }
+    /// A failed exchange with an upstream (`taskgate_upstream_errors_total`).
+    pub fn upstream_error(&self, upstream: &str, kind: UpstreamErrorKind) {
+        self.upstream_errors_total
+            .with_label_values(&[upstream, kind.as_str()])
+            .inc();
+    }
+    /// An upstream answer cut off at `max_message_bytes` (`taskgate_upstream_oversize_total`).
+    pub fn upstream_oversize(&self, upstream: &str, kind: OversizeKind) {
+        self.upstream_oversize_total
+            .with_label_values(&[upstream, kind.as_str()])
+            .inc();
+    }
+
+    /// One durable registry commit took `seconds` (`taskgate_store_write_duration_seconds`);
+    /// a failed one also counts in `taskgate_store_write_failures_total`.
+    pub fn store_commit(&self, seconds: f64, ok: bool) {
+        self.store_write_duration_seconds.observe(seconds);
+        if !ok {
+            self.store_write_failures_total.inc();
+        }
+    }
+    /// A registry write that failed (`taskgate_store_write_failures_total`).
+    pub fn store_write_failed(&self) {
+        self.store_write_failures_total.inc();
+    }
+
+    // ---- recording: tasks (registry, tasks, cancel and upgrade layers) ----
+
+    /// Sets the number of task records with `status` (`taskgate_tasks`).
+    pub fn tasks_set(&self, upstream: &str, status: TaskStatus, n: i64) {
+        self.tasks
+            .with_label_values(&[upstream, status.as_str()])
+            .set(n);
+    }
+    /// One more task record with `status` (`taskgate_tasks`).
+    pub fn tasks_inc(&self, upstream: &str, status: TaskStatus) {
+        self.tasks
+            .with_label_values(&[upstream, status.as_str()])
+            .inc();
+    }
+    /// One task record fewer with `status` (`taskgate_tasks`).
+    pub fn tasks_dec(&self, upstream: &str, status: TaskStatus) {
+        self.tasks
+            .with_label_values(&[upstream, status.as_str()])
+            .dec();
+    }
+    /// A task recorded (`taskgate_tasks_created_total`).
+    pub fn task_created(&self, upstream: &str, origin: Origin) {
+        self.tasks_created_total
+            .with_label_values(&[upstream, origin.as_str()])
+            .inc();
+    }
+    /// A task-augmented request refused (`taskgate_task_creation_refused_total`).
+    pub fn task_creation_refused(&self, upstream: &str, reason: CreationRefusal) {
+        self.task_creation_refused_total
+            .with_label_values(&[upstream, reason.as_str()])
+            .inc();
+    }
+    /// A recorded status change (`taskgate_task_status_transitions_total`).
+    pub fn task_transition(&self, upstream: &str, from: TaskStatus, to: TaskStatus) {
+        self.task_status_transitions_total
+            .with_label_values(&[upstream, from.as_str(), to.as_str()])
+            .inc();
+    }
+    /// `taskgate_task_terminal_rewrites_total`.
+    pub fn task_terminal_rewrite(&self, upstream: &str) {
+        self.task_terminal_rewrites_total
+            .with_label_values(&[upstream])
+            .inc();
+    }
+    /// `taskgate_tasks_expired_total`.
+    pub fn task_expired(&self, upstream: &str) {
+        self.tasks_expired_total
+            .with_label_values(&[upstream])
+            .inc();
+    }
+    /// `taskgate_task_lookups_rejected_total`.
+    pub fn task_lookup_rejected(&self, upstream: &str, method: TaskMethod) {
+        self.task_lookups_rejected_total
+            .with_label_values(&[upstream, method.as_str()])
+            .inc();
+    }
+    /// `taskgate_cancel_requests_total`.
+    pub fn cancel_request(&self, upstream: &str, outcome: CancelOutcome) {
+        self.cancel_requests_total
+            .with_label_values(&[upstream, outcome.as_str()])
+            .inc();
+    }
+    /// Audit fact "status cancelled" (`taskgate_tasks_cancelled_total`).
+    pub fn task_cancelled(&self, upstream: &str) {
+        self.tasks_cancelled_total
+            .with_label_values(&[upstream])
+            .inc();
+    }
+    /// Audit fact "resources released" (`taskgate_task_resources_released_total`).
+    pub fn task_released(&self, upstream: &str, reason: ReleaseReason) {
+        self.task_resources_released_total
+            .with_label_values(&[upstream, reason.as_str()])
+            .inc();
+    }
+    /// `taskgate_task_late_results_total`.
+    pub fn task_late_result(&self, upstream: &str) {
+        self.task_late_results_total
+            .with_label_values(&[upstream])
+            .inc();
+    }
+    /// `taskgate_task_activity_after_cancel_total`.
+    pub fn task_activity_after_cancel(&self, upstream: &str) {
+        self.task_activity_after_cancel_total
+            .with_label_values(&[upstream])
+            .inc();
+    }
+    /// `taskgate_upgraded_calls_total`.
+    pub fn upgraded_call(&self, upstream: &str, outcome: UpgradeOutcome) {
+        self.upgraded_calls_total
+            .with_label_values(&[upstream, outcome.as_str()])
+            .inc();
+    }
+    /// `taskgate_cancelled_notifications_dropped_total`.
+    pub fn cancelled_notification_dropped(&self, upstream: &str, reason: DropReason) {
+        self.cancelled_notifications_dropped_total
+            .with_label_values(&[upstream, reason.as_str()])
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The exposed metric names and types: the contract with `deploy/` (rules, dashboard,
+    /// `deploy/testdata/metrics-contract-sample.txt`). Change it only together with them.
+    const CONTRACT: &[(&str, &str)] = &[
+        ("taskgate_cancel_requests_total", "counter"),
+        ("taskgate_cancel_to_cancelled_seconds", "histogram"),
+        ("taskgate_cancelled_notifications_dropped_total", "counter"),
+        ("taskgate_cancelled_to_released_seconds", "histogram"),
+        ("taskgate_http_rejections_total", "counter"),
+        ("taskgate_request_duration_seconds", "histogram"),
+        ("taskgate_requests_total", "counter"),
+        ("taskgate_sse_streams_open", "gauge"),
+        ("taskgate_store_write_duration_seconds", "histogram"),
+        ("taskgate_store_write_failures_total", "counter"),
+        ("taskgate_task_activity_after_cancel_total", "counter"),
+        ("taskgate_task_creation_refused_total", "counter"),
+        ("taskgate_task_late_results_total", "counter"),
+        ("taskgate_task_lookups_rejected_total", "counter"),
+        ("taskgate_task_resources_released_total", "counter"),
+        ("taskgate_task_status_transitions_total", "counter"),
+        ("taskgate_task_terminal_rewrites_total", "counter"),
+        ("taskgate_tasks", "gauge"),
+        ("taskgate_tasks_cancelled_total", "counter"),
+        ("taskgate_tasks_cancelled_unreleased", "gauge"),
+        ("taskgate_tasks_created_total", "counter"),
+        ("taskgate_tasks_expired_total", "counter"),
+        ("taskgate_upgraded_calls_total", "counter"),
+        ("taskgate_upstream_errors_total", "counter"),
+        ("taskgate_upstream_oversize_total", "counter"),
+    ];
+
+    fn scrape(upstreams: &[&str]) -> String {
+        let ups: Vec<String> = upstreams.iter().map(|u| u.to_string()).collect();
+        String::from_utf8(Metrics::new(&ups).encode()).expect("utf-8")
+    }
+
+    /// The value of the one sample `name{labels}` (labels in any order, all of them given).
+    fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+        let mut found = text.lines().filter_map(|l| {
+            let (series, v) = l.rsplit_once(' ')?;
+            let rest = series.strip_prefix(name)?;
+            let inner = rest.strip_prefix('{')?.strip_suffix('}')?;
+            let mut have: Vec<&str> = inner.split(',').collect();
+            have.sort_unstable();
+            let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
+            want.sort_unstable();
+            (have == want).then(|| v.parse().expect("a number"))
+        });
+        let first = found.next();
+        assert!(found.next().is_none(), "two samples {name}{labels:?}");
+        first
+    }
+
+    fn assert_zero(text: &str, name: &str, labels: &[(&str, &str)]) {
+        assert_eq!(
+            value(text, name, labels),
+            Some(0.0),
+            "{name}{labels:?} not pre-created"
+        );
+    }
+
+    /// `{upstream=up, label=v}` exists at 0 for every `v` of `L`.
+    fn assert_all<L: Label>(text: &str, name: &str, label: &str, up: &str) {
+        for v in L::ALL {
+            assert_zero(text, name, &[("upstream", up), (label, v.as_str())]);
+        }
+    }
+
+    #[test]
+    fn every_label_value_is_pre_created_at_start_up() {
+        let text = scrape(&["a", "b"]);
+        for r in RejectReason::ALL {
+            assert_zero(
+                &text,
+                "taskgate_http_rejections_total",
+                &[("reason", r.as_str())],
+            );
+        }
+        for up in ["a", "b"] {
+            for m in McpMethod::ALL {
+                let (u, m) = (("upstream", up), ("method", m.as_str()));
+                assert_zero(&text, "taskgate_request_duration_seconds_count", &[u, m]);
+                for o in RequestOutcome::ALL {
+                    assert_zero(
+                        &text,
+                        "taskgate_requests_total",
+                        &[u, m, ("outcome", o.as_str())],
+                    );
+                }
+            }
+            for (from, to) in [
+                ("working", "input_required"),
+                ("working", "completed"),
+                ("working", "failed"),
+                ("working", "cancelled"),
+                ("input_required", "working"),
+                ("input_required", "completed"),
+                ("input_required", "failed"),
+                ("input_required", "cancelled"),
+            ] {
+                let labels = [("upstream", up), ("from", from), ("to", to)];
+                assert_zero(&text, "taskgate_task_status_transitions_total", &labels);
+            }
+            assert_all::<UpstreamErrorKind>(&text, "taskgate_upstream_errors_total", "kind", up);
+            assert_all::<SseKind>(&text, "taskgate_sse_streams_open", "kind", up);
+            assert_all::<TaskStatus>(&text, "taskgate_tasks", "status", up);
+            assert_all::<Origin>(&text, "taskgate_tasks_created_total", "origin", up);
+            let refused = "taskgate_task_creation_refused_total";
+            assert_all::<CreationRefusal>(&text, refused, "reason", up);
+            let lookups = "taskgate_task_lookups_rejected_total";
+            assert_all::<TaskMethod>(&text, lookups, "method", up);
+            assert_all::<CancelOutcome>(&text, "taskgate_cancel_requests_total", "outcome", up);
+            let released = "taskgate_task_resources_released_total";
+            assert_all::<ReleaseReason>(&text, released, "reason", up);
+            assert_all::<UpgradeOutcome>(&text, "taskgate_upgraded_calls_total", "outcome", up);
+            let dropped = "taskgate_cancelled_notifications_dropped_total";
+            assert_all::<DropReason>(&text, dropped, "reason", up);
+            assert_all::<OversizeKind>(&text, "taskgate_upstream_oversize_total", "kind", up);
+            for name in [
+                "taskgate_task_terminal_rewrites_total",
+                "taskgate_tasks_expired_total",
+                "taskgate_tasks_cancelled_total",
+                "taskgate_task_late_results_total",
+                "taskgate_task_activity_after_cancel_total",
+            ] {
+                assert_zero(&text, name, &[("upstream", up)]);
+            }
+        }
+    }
+
+    #[test]
+    fn label_values_are_the_documented_ones() {
+        // The values dashboards, alert rules and tests/interop select on.
+        let values = |all: &[&'static str]| all.join(" ");
+        let s = |v: Vec<&'static str>| v.join(" ");
+        assert_eq!(
+            s(UpgradeOutcome::ALL.iter().map(|o| o.as_str()).collect()),
+            values(&[
+                "completed",
+                "failed",
+                "cancelled",
+                "orphaned",
+                "upstream_error",
+                "disconnected",
+                "refused_capability",
+                "not_a_task",
+                "relay_overflow",
+            ])
+        );
+        assert_eq!(
+            s(CancelOutcome::ALL.iter().map(|o| o.as_str()).collect()),
+            "forwarded deduplicated rejected_terminal rejected_unknown upstream_error"
+        );
+        assert_eq!(
+            s(RequestOutcome::ALL.iter().map(|o| o.as_str()).collect()),
+            "ok upstream_status unreachable timeout upstream_invalid rejected"
+        );
+        assert_eq!(McpMethod::of("tools/call"), McpMethod::ToolsCall);
+        assert_eq!(McpMethod::of("tasks/list"), McpMethod::TasksList);
+        assert_eq!(McpMethod::of("GET"), McpMethod::Other);
+        assert_eq!(McpMethod::of("(error)"), McpMethod::Other);
+        assert_eq!(McpMethod::of("x/y"), McpMethod::Other);
+        assert_eq!(TaskMethod::parse("tasks/result"), Some(TaskMethod::Result));
+        assert_eq!(TaskMethod::parse("tasks/list"), None);
+    }
+
+    #[test]
+    fn rendered_names_match_the_contract() {
+        // With one upstream every family has a series, so every name is rendered.
+        let text = scrape(&["a"]);
+        let mut names: Vec<(&str, &str)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_once(' '))
+            .collect();
+        names.sort_unstable();
+        assert_eq!(names, CONTRACT);
     }
 }

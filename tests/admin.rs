@@ -51,7 +51,8 @@ async fn admin_readyz_follows_upstream_reachability() {
     assert_eq!(status, 503, "one of two upstreams down: {body}");
 }
 
-/// The value of the sample of `name` whose labels include all of `labels`.
+/// The value of the first sample of `name` whose labels include all of `labels`. Every label
+/// combination is pre-created at 0, so name enough labels to pick one series.
 fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
@@ -106,7 +107,11 @@ async fn admin_metrics_has_core_metrics_after_traffic() {
     let calls = sample(
         &text,
         "taskgate_requests_total",
-        &[("upstream", "default"), ("method", "tools/call")],
+        &[
+            ("upstream", "default"),
+            ("method", "tools/call"),
+            ("outcome", "ok"),
+        ],
     );
     assert!(
         calls.unwrap_or(0.0) >= 1.0,
@@ -115,7 +120,11 @@ async fn admin_metrics_has_core_metrics_after_traffic() {
     let inits = sample(
         &text,
         "taskgate_requests_total",
-        &[("upstream", "default"), ("method", "initialize")],
+        &[
+            ("upstream", "default"),
+            ("method", "initialize"),
+            ("outcome", "ok"),
+        ],
     );
     assert!(
         inits.unwrap_or(0.0) >= 1.0,
@@ -129,7 +138,7 @@ async fn admin_metrics_has_core_metrics_after_traffic() {
         sample(
             &text,
             "taskgate_request_duration_seconds_count",
-            &[("upstream", "default")]
+            &[("upstream", "default"), ("method", "tools/call")]
         )
         .unwrap_or(0.0)
             >= 1.0,

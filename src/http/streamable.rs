@@ -26,7 +26,7 @@ use crate::exchange::{
     GatewayError, McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext,
 };
 use crate::jsonrpc::{self, EnvelopeError, Id, Message};
-use crate::metrics::{method_label, Metrics};
+use crate::metrics::{McpMethod, Metrics, RejectReason, RequestOutcome, SseKind};
 use crate::sse::KeepAlive;
 use crate::upstream::http::{strip_hop_by_hop, MCP_SESSION_ID};
 use bytes::Bytes;
@@ -126,11 +126,8 @@ impl Edge {
         }
     }
 
-    fn reject(&self, reason: &'static str, response: Response<Body>) -> Response<Body> {
-        self.metrics
-            .http_rejections_total
-            .with_label_values(&[reason])
-            .inc();
+    fn reject(&self, reason: RejectReason, response: Response<Body>) -> Response<Body> {
+        self.metrics.http_rejection(reason);
         response
     }
 
@@ -153,12 +150,12 @@ impl Edge {
                     header::WWW_AUTHENTICATE,
                     HeaderValue::from_static("Bearer realm=\"taskgate\""),
                 );
-                return self.reject("auth", resp);
+                return self.reject(RejectReason::Auth, resp);
             }
         };
         let route = match self.route(req.uri().path()) {
             Ok(r) => r.clone(),
-            Err(resp) => return self.reject("route", resp),
+            Err(resp) => return self.reject(RejectReason::Route, resp),
         };
         let op_method = req.method().clone();
         let (parts, body) = req.into_parts();
@@ -170,7 +167,7 @@ impl Edge {
             Method::GET => {
                 if !accept_lists(&parts.headers, &["text/event-stream"]) {
                     return self.reject(
-                        "accept",
+                        RejectReason::Accept,
                         rpc_error_response(
                             StatusCode::NOT_ACCEPTABLE,
                             None,
@@ -191,7 +188,7 @@ impl Edge {
                 );
                 resp.headers_mut()
                     .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
-                return self.reject("method", resp);
+                return self.reject(RejectReason::Method, resp);
             }
         };
 
@@ -216,17 +213,17 @@ impl Edge {
             },
         };
         let method = match &request.op {
-            Operation::Post(m) => m.method().map(method_label).unwrap_or(match m.kind() {
-                jsonrpc::Kind::Error => "(error)",
-                _ => "(response)",
+            Operation::Post(m) => m.method().map(McpMethod::of).unwrap_or(match m.kind() {
+                jsonrpc::Kind::Error => McpMethod::ErrorResponse,
+                _ => McpMethod::Response,
             }),
-            Operation::OpenStream => "GET",
-            Operation::EndSession => "DELETE",
+            Operation::OpenStream => McpMethod::Get,
+            Operation::EndSession => McpMethod::Delete,
         };
         let stream_kind = if matches!(request.op, Operation::OpenStream) {
-            "get"
+            SseKind::Get
         } else {
-            "post"
+            SseKind::Post
         };
         let rpc_id = request.id().cloned();
         // Debug level: at the default `info` the span costs nothing per request; warnings carry
@@ -234,7 +231,7 @@ impl Edge {
         let span = tracing::debug_span!(
             "request",
             upstream = %route.name,
-            method,
+            method = method.as_str(),
             id = rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
             session = request.ctx.session_id.as_ref().and_then(|s| s.to_str().ok()),
         );
@@ -242,31 +239,23 @@ impl Edge {
         let result =
             tracing::Instrument::instrument(route.stack.oneshot(request), span.clone()).await;
         self.metrics
-            .request_duration_seconds
-            .with_label_values(&[&route.name, method])
-            .observe(started.elapsed().as_secs_f64());
+            .request_duration(&route.name, method, started.elapsed().as_secs_f64());
         match result {
             Ok(reply) => {
                 let outcome = if reply.status.is_success() {
-                    "ok"
+                    RequestOutcome::Ok
                 } else {
-                    "upstream_status"
+                    RequestOutcome::UpstreamStatus
                 };
-                self.metrics
-                    .requests_total
-                    .with_label_values(&[&route.name, method, outcome])
-                    .inc();
+                self.metrics.request(&route.name, method, outcome);
                 self.encode_reply(reply, &route.name, stream_kind)
             }
             Err(e) => {
-                self.metrics
-                    .requests_total
-                    .with_label_values(&[&route.name, method, e.outcome()])
-                    .inc();
+                self.metrics.request(&route.name, method, e.outcome());
                 span.in_scope(|| {
                     tracing::warn!(
                         upstream = %route.name,
-                        method,
+                        method = method.as_str(),
                         id = rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
                         error = %e,
                         "request failed"
@@ -292,7 +281,7 @@ impl Edge {
             let host = host.to_ascii_lowercase();
             if !allowed.iter().any(|a| *a == host) {
                 return Err(self.reject(
-                    "host",
+                    RejectReason::Host,
                     rpc_error_response(
                         StatusCode::FORBIDDEN,
                         None,
@@ -308,7 +297,7 @@ impl Edge {
             let origin = origin.to_str().unwrap_or("").to_ascii_lowercase();
             if !allowed.iter().any(|a| *a == origin) {
                 return Err(self.reject(
-                    "origin",
+                    RejectReason::Origin,
                     rpc_error_response(
                         StatusCode::FORBIDDEN,
                         None,
@@ -335,7 +324,7 @@ impl Edge {
             .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
         if !content_type_ok {
             return Err(self.reject(
-                "content_type",
+                RejectReason::ContentType,
                 rpc_error_response(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     None,
@@ -346,7 +335,7 @@ impl Edge {
         }
         if !accept_lists(headers, &["application/json", "text/event-stream"]) {
             return Err(self.reject(
-                "accept",
+                RejectReason::Accept,
                 rpc_error_response(
                     StatusCode::NOT_ACCEPTABLE,
                     None,
@@ -372,7 +361,7 @@ impl Edge {
             .and_then(|v| v.parse::<u64>().ok());
         if declared.is_some_and(|n| n > (limit + DISCARD_LIMIT) as u64) {
             // Too large to even read away: answer at once (the connection is closed after it).
-            return Err(self.reject("body_too_large", too_large()));
+            return Err(self.reject(RejectReason::BodyTooLarge, too_large()));
         }
         let read = tokio::time::timeout(self.settings.body_timeout, read_body(body, limit)).await;
         let Ok(read) = read else {
@@ -387,14 +376,16 @@ impl Edge {
             );
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return Err(self.reject("body_timeout", resp));
+            return Err(self.reject(RejectReason::BodyTimeout, resp));
         };
         let bytes = match read {
             Ok(b) => b,
-            Err(BodyError::TooLarge) => return Err(self.reject("body_too_large", too_large())),
+            Err(BodyError::TooLarge) => {
+                return Err(self.reject(RejectReason::BodyTooLarge, too_large()))
+            }
             Err(BodyError::Read(e)) => {
                 return Err(self.reject(
-                    "invalid",
+                    RejectReason::Invalid,
                     rpc_error_response(
                         StatusCode::BAD_REQUEST,
                         None,
@@ -406,9 +397,9 @@ impl Edge {
         };
         Message::parse(bytes).map_err(|e| {
             let reason = match e {
-                EnvelopeError::Parse(_) => "parse",
-                EnvelopeError::Batch => "batch",
-                EnvelopeError::Invalid(_) => "invalid",
+                EnvelopeError::Parse(_) => RejectReason::Parse,
+                EnvelopeError::Batch => RejectReason::Batch,
+                EnvelopeError::Invalid(_) => RejectReason::Invalid,
             };
             self.reject(
                 reason,
@@ -417,34 +408,25 @@ impl Edge {
         })
     }
 
-    fn encode_reply(
-        &self,
-        reply: McpReply,
-        upstream: &Arc<str>,
-        kind: &'static str,
-    ) -> Response<Body> {
+    fn encode_reply(&self, reply: McpReply, upstream: &Arc<str>, kind: SseKind) -> Response<Body> {
         let mut builder = Response::builder().status(reply.status);
         *builder.headers_mut().expect("fresh builder") = reply.headers;
         let body: Body = match reply.body {
             ReplyBody::Json(b) | ReplyBody::Raw(b) => Full::new(b).map_err(never).boxed_unsync(),
             ReplyBody::Empty => Empty::new().map_err(never).boxed_unsync(),
             ReplyBody::Stream(events) => {
-                let gauge = self
-                    .metrics
-                    .sse_streams_open
-                    .with_label_values(&[upstream, kind]);
-                gauge.inc();
-                let guard = GaugeGuard(gauge);
+                let guard = self.metrics.sse_stream_opened(upstream, kind);
                 let mut shutdown = self.shutdown.clone();
                 // GET streams end when taskgate shuts down (clients reconnect); POST streams
                 // carry a pending response and may run until the drain timeout.
-                let stop: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = if kind == "get" {
-                    Box::pin(async move {
-                        let _ = shutdown.wait_for(|s| *s).await;
-                    })
-                } else {
-                    Box::pin(std::future::pending())
-                };
+                let stop: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> =
+                    if kind == SseKind::Get {
+                        Box::pin(async move {
+                            let _ = shutdown.wait_for(|s| *s).await;
+                        })
+                    } else {
+                        Box::pin(std::future::pending())
+                    };
                 let bytes = KeepAlive::new(events, self.settings.sse_keepalive)
                     .take_until(stop)
                     .map(move |b| {
@@ -464,14 +446,6 @@ impl Handler for Edge {
         req: Request<Incoming>,
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
         self.serve(req)
-    }
-}
-
-struct GaugeGuard(prometheus::IntGauge);
-
-impl Drop for GaugeGuard {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }
 

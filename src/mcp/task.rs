@@ -23,6 +23,15 @@ pub enum TaskStatus {
 }
 
 impl TaskStatus {
+    /// Every status, in the spec's order.
+    pub const ALL: &'static [TaskStatus] = &[
+        TaskStatus::Working,
+        TaskStatus::InputRequired,
+        TaskStatus::Completed,
+        TaskStatus::Failed,
+        TaskStatus::Cancelled,
+    ];
+
     /// The wire name (`"working"`, ...).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -15,6 +15,9 @@ pub enum Origin {
 }
 
 impl Origin {
+    /// Every origin.
+    pub const ALL: &'static [Origin] = &[Origin::Client, Origin::Upgraded];
+
     /// The label value (`client`, `upgraded`).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -196,11 +196,7 @@ fn commit_loop(
                 None => Ok(()),
             });
         if let Some(m) = &metrics {
-            m.store_write_duration_seconds
-                .observe(started.elapsed().as_secs_f64());
-            if result.is_err() {
-                m.store_write_failures_total.inc();
-            }
+            m.store_commit(started.elapsed().as_secs_f64(), result.is_ok());
         }
         if let Err(e) = &result {
             tracing::error!(error = %e, "task store commit failed");

@@ -29,7 +29,7 @@ use super::pool::PoolError;
 use crate::config::UpstreamConfig;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
 use crate::sse;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -210,14 +210,10 @@ impl Inner {
         let bytes = collected
             .map_err(|e| {
                 self.metrics
-                    .upstream_errors_total
-                    .with_label_values(&[&self.name, "protocol"])
-                    .inc();
+                    .upstream_error(&self.name, UpstreamErrorKind::Protocol);
                 if e.downcast_ref::<LengthLimitError>().is_some() {
                     self.metrics
-                        .upstream_oversize_total
-                        .with_label_values(&[&self.name, "json"])
-                        .inc();
+                        .upstream_oversize(&self.name, OversizeKind::Json);
                     tracing::warn!(upstream = %self.name, limit = self.max_message_bytes, "upstream answer exceeded max_message_bytes");
                     return GatewayError::UpstreamProtocol {
                         upstream: self.name.clone(),
@@ -294,9 +290,7 @@ impl Inner {
                     Ok(next) => next,
                     Err(_) => {
                         st.metrics
-                            .upstream_errors_total
-                            .with_label_values(&[&st.name, "timeout"])
-                            .inc();
+                            .upstream_error(&st.name, UpstreamErrorKind::Timeout);
                         let message = format!(
                             "upstream did not answer tasks/cancel within {} ms",
                             st.timeout_ms
@@ -310,12 +304,10 @@ impl Inner {
             match next {
                 Some(Ok(ev)) => Some((ev, st)),
                 Some(Err(oversize)) => {
-                    for (metric, kind) in [
-                        (&st.metrics.upstream_oversize_total, "sse_event"),
-                        (&st.metrics.upstream_errors_total, "protocol"),
-                    ] {
-                        metric.with_label_values(&[&st.name, kind]).inc();
-                    }
+                    st.metrics
+                        .upstream_oversize(&st.name, OversizeKind::SseEvent);
+                    st.metrics
+                        .upstream_error(&st.name, UpstreamErrorKind::Protocol);
                     let message = format!(
                         "upstream `{}` sent an invalid response: the upstream answer exceeded max_message_bytes={}",
                         st.name, oversize.limit
@@ -330,9 +322,7 @@ impl Inner {
 
     fn timeout_error(&self) -> GatewayError {
         self.metrics
-            .upstream_errors_total
-            .with_label_values(&[&self.name, "timeout"])
-            .inc();
+            .upstream_error(&self.name, UpstreamErrorKind::Timeout);
         GatewayError::UpstreamTimeout {
             upstream: self.name.clone(),
             timeout_ms: self.timeout_ms,
@@ -341,9 +331,7 @@ impl Inner {
 
     fn unreachable(&self, e: PoolError) -> GatewayError {
         self.metrics
-            .upstream_errors_total
-            .with_label_values(&[&self.name, "connect"])
-            .inc();
+            .upstream_error(&self.name, UpstreamErrorKind::Connect);
         GatewayError::UpstreamUnreachable {
             upstream: self.name.clone(),
             detail: e.to_string(),
