@@ -10,6 +10,7 @@
 
 use crate::jsonrpc::{self, Id, Message};
 use crate::sse::EventStream;
+use crate::store::Owner;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::sync::Arc;
@@ -54,6 +55,21 @@ impl Caller {
     /// Whether anything tells this caller apart from other callers (a principal or a session).
     pub fn is_identified(&self) -> bool {
         self.client_session.is_some() || matches!(self.principal, Principal::Token(_))
+    }
+
+    /// The owner of the tasks this caller creates: its principal with auth; without auth the
+    /// client's own session (as it arrived, never a session a layer routed to), else
+    /// [`Owner::Anonymous`].
+    pub fn owner(&self) -> Owner {
+        match (&self.principal, &self.client_session) {
+            (Principal::Token(p), _) => Owner::Principal(p.to_string()),
+            (Principal::Anonymous, Some(s)) => match s.to_str() {
+                Ok(s) => Owner::Session(s.to_string()),
+                // Not visible ASCII: no session can be named by it.
+                Err(_) => Owner::Anonymous,
+            },
+            (Principal::Anonymous, None) => Owner::Anonymous,
+        }
     }
 
     /// The key of this caller's request `id` on `upstream`.

@@ -12,7 +12,7 @@ use crate::http::admin::{Admin, UpstreamTarget};
 use crate::http::server::{serve, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::cancel::{CancelLayer, CancelState};
-use crate::layers::registry::Registry;
+use crate::registry::Registry;
 use crate::layers::session::{SessionLayer, Sessions};
 use crate::layers::tasks::TasksLayer;
 use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};

@@ -224,7 +224,7 @@ impl TaskFilter {
         let mut out = Vec::new();
         store
             .scan(&mut |r| {
-                let keep = self.owner.as_ref().is_none_or(|o| *o == r.owner)
+                let keep = self.owner.as_ref().is_none_or(|o| r.owner == o.as_str())
                     && self.upstream.as_ref().is_none_or(|u| *u == r.upstream)
                     && self.status.is_none_or(|s| s == r.status);
                 if keep {

@@ -29,7 +29,7 @@
 //!
 //! - **status cancelled** (`cancelled_at`): the first time taskgate sees `cancelled` for the task,
 //!   in a `tasks/cancel` reply, a `tasks/get` reply or a `notifications/tasks/status`. Recorded by
-//!   the registry when the status changes ([`crate::layers::registry::Registry`]).
+//!   the registry when the status changes ([`crate::registry::Registry`]).
 //! - **resources released** (`released_at`): after status cancelled, when (a) no gateway-side
 //!   resource is held for the task any more: no `tasks/result` for it is open upstream through
 //!   taskgate, and no SSE stream that carries its messages (the task-augmented `tools/call`'s own
@@ -44,7 +44,7 @@
 
 use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind, Message};
-use crate::layers::registry::{Registry, ResourceHold};
+use crate::registry::{Registry, ResourceHold};
 use crate::mcp::task::now_ms;
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};

@@ -36,10 +36,10 @@
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::needles::{self, found};
 use crate::jsonrpc::{self, Id, Kind, Message};
-use crate::layers::registry::{owner_of, Observed, Registry};
+use crate::registry::{Observed, Registry};
 use crate::mcp::task::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, TaskStatus};
 use crate::sse::{Event, EventStream};
-use crate::store::{ListCursor, Origin, TaskRecord};
+use crate::store::{ListCursor, Origin, Owner, TaskRecord};
 use base64::Engine;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -239,10 +239,10 @@ impl<S> TasksService<S> {
         if !task_meta.is_object() {
             return Ok(Expect::Nothing);
         }
-        let owner = owner_of(&req.ctx);
+        let owner = req.ctx.caller().owner();
         let registry = &self.registry;
         let upstream = req.ctx.upstream.clone();
-        if !registry.reserve(&upstream, &owner) {
+        let Some(reservation) = registry.reserve(&upstream, &owner) else {
             registry
                 .metrics()
                 .task_creation_refused_total
@@ -256,7 +256,9 @@ impl<S> TasksService<S> {
                     "Task limit reached: this caller already has {limit} unfinished tasks on upstream `{upstream}` (tasks.max_live_tasks_per_owner); wait for one to finish or cancel one"
                 ),
             ));
-        }
+        };
+        // The slot is given back by `release_slot` below when no task is recorded.
+        reservation.keep();
         let cap = registry.config().max_ttl_ms;
         // Any number above the cap (1e12 included), or a non-integer, is lowered to the cap.
         let over_cap = match task_meta.get("ttl") {
@@ -326,7 +328,7 @@ impl<S> TasksService<S> {
                 ))
             }
         };
-        let owner = owner_of(&req.ctx);
+        let owner = req.ctx.caller().owner();
         let Some(record) = self.registry.lookup(&req.ctx.upstream, &task_id, &owner) else {
             self.registry
                 .metrics()
@@ -369,8 +371,8 @@ impl<S> TasksService<S> {
             return McpReply::accepted();
         };
         let id = msg.id().cloned().expect("tasks/list is a request");
-        let owner = owner_of(&req.ctx);
-        if owner == "anonymous" && !self.authenticated {
+        let owner = req.ctx.caller().owner();
+        if owner == Owner::Anonymous && !self.authenticated {
             return McpReply::local_error(
                 Some(&id),
                 jsonrpc::METHOD_NOT_FOUND,
@@ -444,7 +446,7 @@ struct ReplyWatch {
     upstream: Arc<str>,
     expect: Mutex<Expect>,
     /// Held while this reply's stream relays a task's messages (see `layers::cancel`).
-    hold: Mutex<Option<crate::layers::registry::ResourceHold>>,
+    hold: Mutex<Option<crate::registry::ResourceHold>>,
 }
 
 impl ReplyWatch {

@@ -77,7 +77,7 @@ use crate::exchange::{
     RequestContext,
 };
 use crate::jsonrpc::{self, Id, Kind, Message};
-use crate::layers::registry::Registry;
+use crate::registry::Registry;
 use crate::layers::session::{session_key, Sessions, TaskSupport};
 use crate::mcp::task::TaskStatus;
 use crate::sse::{Event, EventStream};
@@ -1200,9 +1200,9 @@ where
             .upstream_session
             .as_deref()
             .and_then(|s| HeaderValue::from_str(s).ok());
-        let principal = match r.owner.strip_prefix("principal:") {
-            Some(p) => Principal::Token(p.into()),
-            None => Principal::Anonymous,
+        let principal = match &r.owner {
+            crate::store::Owner::Principal(p) => Principal::Token(p.as_str().into()),
+            _ => Principal::Anonymous,
         };
         let mut headers = HeaderMap::new();
         headers.insert(

@@ -1,28 +1,40 @@
-//! The task registry's shared state, used by the `tasks`, `cancel` and `upgrade` layers and the
-//! sweeper: the [`TaskStore`], live-task counts per owner, the status machine applied to what the
-//! upstream reports ([`Registry::observe_task`]), the audit facts, and the [`Releases`] tracker
-//! behind the "resources released" fact (defined in `layers::cancel`).
+//! The owner of task facts (not a layer): the status machine over the [`TaskStore`], the
+//! durable record of a creation, the audit events, and the authorising lookup.
+//!
+//! - [`owners`]: live-task slots per owner and the [`Reservation`] guard;
+//! - [`releases`]: the "resources released" tracker and the `progressToken` → `taskId` map;
+//! - [`sweep`]: the TTL sweep.
+//!
+//! Layers read and write task facts only through [`Registry`]: `tasks` looks records up to
+//! authorise and reserves slots, `cancel` records `cancel_requested_at`, and `observe` (the
+//! innermost layer) applies everything the upstream reports.
+
+pub mod owners;
+pub mod releases;
+pub mod sweep;
+
+pub use owners::{Owners, Reservation};
+pub use releases::{Releases, ResourceHold};
 
 use crate::config::TasksConfig;
-use crate::exchange::{CallKey, Caller, Principal, RequestContext};
+use crate::exchange::{CallKey, Caller};
 use crate::jsonrpc::Id;
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::Metrics;
-use crate::store::{AuditEvent, StoreError, TaskRecord, TaskStore};
+use crate::store::{AuditEvent, Owner, StoreError, TaskRecord, TaskStore};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The registry's shared state: the store, the live-task counts and the status logic. Used by
-/// the `tasks` and `cancel` layers and the sweeper.
+/// The registry: the store, the live-task slots, the release tracker and the status logic.
 pub struct Registry {
     store: Arc<dyn TaskStore>,
     metrics: Arc<Metrics>,
     config: TasksConfig,
     /// Live (non-terminal) tasks per (upstream, owner), including reservations for creations in
     /// flight.
-    live: Mutex<HashMap<(Arc<str>, String), usize>>,
+    owners: Arc<Owners>,
     /// Request facts `notifications/cancelled` routing needs (bounded).
     requests: Mutex<RequestNotes>,
     /// The "resources released" tracker.
@@ -36,8 +48,6 @@ struct RequestNotes {
     initialize: HashMap<(Arc<str>, Caller), Id>,
     /// The caller's request → the taskId its `CreateTaskResult` carried.
     creations: HashMap<CallKey, String>,
-    /// (upstream, progressToken JSON) → taskId, for tasks not yet released.
-    progress: HashMap<(Arc<str>, String), String>,
 }
 
 /// Notes kept per kind before they are cleared (a `notifications/cancelled` for a task-creating
@@ -84,17 +94,6 @@ impl Observed {
     }
 }
 
-/// The owner key of a caller (see the module docs).
-pub fn owner_of(ctx: &RequestContext) -> String {
-    match &ctx.principal {
-        Principal::Token(p) => format!("principal:{p}"),
-        Principal::Anonymous => match ctx.session_id.as_ref().and_then(|s| s.to_str().ok()) {
-            Some(s) => format!("session:{s}"),
-            None => "anonymous".to_string(),
-        },
-    }
-}
-
 impl Registry {
     /// Builds the registry over `store` and counts what it holds (for the gauges and limits).
     pub fn new(
@@ -104,7 +103,7 @@ impl Registry {
     ) -> Result<Arc<Registry>, StoreError> {
         // One pass over the store: live counts per owner, records per status, and the
         // cancelled tasks still waiting for their "resources released" fact.
-        let mut live: HashMap<(Arc<str>, String), usize> = HashMap::new();
+        let mut live: HashMap<(Arc<str>, Owner), usize> = HashMap::new();
         let mut by_status: HashMap<(String, TaskStatus), i64> = HashMap::new();
         let mut unreleased = Vec::new();
         store.scan(&mut |r| {
@@ -129,11 +128,12 @@ impl Registry {
         metrics
             .tasks_cancelled_unreleased
             .set(unreleased.len() as i64);
+        let owners = Owners::new(config.max_live_tasks_per_owner, live);
         let registry = Arc::new_cyclic(|weak| Registry {
             store,
             metrics,
             config,
-            live: Mutex::new(live),
+            owners,
             requests: Mutex::new(RequestNotes::default()),
             releases: Arc::new(Releases::new(weak.clone(), quiet)),
         });
@@ -179,18 +179,16 @@ impl Registry {
         progress_token: Option<String>,
     ) {
         let upstream = key.upstream.clone();
-        let mut notes = self.requests.lock();
-        if notes.creations.len() >= NOTES_LIMIT {
-            notes.creations.clear();
-        }
-        notes.creations.insert(key, task_id.to_string());
-        if let Some(token) = progress_token {
-            if notes.progress.len() >= NOTES_LIMIT {
-                notes.progress.clear();
+        {
+            let mut notes = self.requests.lock();
+            if notes.creations.len() >= NOTES_LIMIT {
+                notes.creations.clear();
             }
-            notes
-                .progress
-                .insert((upstream, token), task_id.to_string());
+            notes.creations.insert(key, task_id.to_string());
+        }
+        if let Some(token) = progress_token {
+            self.releases
+                .note_progress_token(&upstream, token, task_id);
         }
     }
 
@@ -201,11 +199,9 @@ impl Registry {
         let mut task_id = None;
         if msg.get("method").and_then(Value::as_str) == Some("notifications/progress") {
             if let Some(token) = params.and_then(|p| p.get("progressToken")) {
-                let notes = self.requests.lock();
-                task_id = notes
-                    .progress
-                    .get(&(upstream.clone(), token.to_string()))
-                    .cloned();
+                task_id = self
+                    .releases
+                    .task_of_progress(upstream, &token.to_string());
             }
         }
         if task_id.is_none() {
@@ -262,10 +258,6 @@ impl Registry {
                 .cancelled_to_released_seconds
                 .observe(now.saturating_sub(c) as f64 / 1000.0);
         }
-        {
-            let mut notes = self.requests.lock();
-            notes.progress.retain(|_, t| t != task_id);
-        }
         self.audit(&after, "resources_released", format!("reason={reason}"));
         self.store.sync_soon();
     }
@@ -285,35 +277,19 @@ impl Registry {
         &self.config
     }
 
-    /// Reserves a live-task slot for `owner`; false when the owner is at the limit.
-    pub(crate) fn reserve(&self, upstream: &Arc<str>, owner: &str) -> bool {
-        let mut live = self.live.lock();
-        let n = live
-            .entry((upstream.clone(), owner.to_string()))
-            .or_default();
-        if *n >= self.config.max_live_tasks_per_owner {
-            return false;
-        }
-        *n += 1;
-        true
+    /// Reserves a live-task slot for `owner`; `None` when the owner is at the limit.
+    pub fn reserve(&self, upstream: &Arc<str>, owner: &Owner) -> Option<Reservation> {
+        self.owners.reserve(upstream, owner)
     }
 
-    pub(crate) fn release_slot(&self, upstream: &str, owner: &str) {
-        let mut live = self.live.lock();
-        let key = (Arc::from(upstream), owner.to_string());
-        if let Some(n) = live.get_mut(&key) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                // Owners come and go (a session each, without auth): keep only live ones.
-                live.remove(&key);
-            }
-        }
+    pub(crate) fn release_slot(&self, upstream: &str, owner: &Owner) {
+        self.owners.release(upstream, owner);
     }
 
     /// The record of a task if `owner` may see it now; `None` for unknown, expired or foreign.
-    pub fn lookup(&self, upstream: &str, task_id: &str, owner: &str) -> Option<TaskRecord> {
+    pub fn lookup(&self, upstream: &str, task_id: &str, owner: &Owner) -> Option<TaskRecord> {
         match self.store.get(upstream, task_id) {
-            Ok(Some(r)) if r.owner == owner && !r.is_expired(now_ms()) => Some(r),
+            Ok(Some(r)) if r.owner == *owner && !r.is_expired(now_ms()) => Some(r),
             Ok(_) => None,
             Err(e) => {
                 tracing::error!(error = %e, "task store read failed");
@@ -556,180 +532,5 @@ impl Registry {
             }
         }
         result
-    }
-
-    /// Removes records whose ttl is over; returns how many were removed.
-    pub fn sweep(&self) -> usize {
-        let now = now_ms();
-        let keys = match self.store.expired(now, 10_000) {
-            Ok(k) => k,
-            Err(e) => {
-                tracing::error!(error = %e, "sweeper could not read the expiry index");
-                return 0;
-            }
-        };
-        let mut removed = 0;
-        for (up, id) in keys {
-            match self.store.remove(&up, &id) {
-                Ok(Some(r)) => {
-                    removed += 1;
-                    self.metrics
-                        .tasks_expired_total
-                        .with_label_values(&[&up])
-                        .inc();
-                    self.metrics
-                        .tasks
-                        .with_label_values(&[&up, r.status.as_str()])
-                        .dec();
-                    if !r.status.is_terminal() {
-                        self.release_slot(&up, &r.owner);
-                    }
-                    if r.cancelled_at.is_some() && r.released_at.is_none() {
-                        self.releases.forget(&up, &id);
-                        self.metrics.tasks_cancelled_unreleased.dec();
-                        self.metrics
-                            .task_resources_released_total
-                            .with_label_values(&[&up, "expired"])
-                            .inc();
-                    }
-                    tracing::debug!(upstream = %up, task_id = %id, "expired task record removed");
-                }
-                Ok(None) => {}
-                Err(e) => tracing::error!(error = %e, "sweeper could not remove a record"),
-            }
-        }
-        if removed > 0 {
-            self.store.sync_soon();
-        }
-        removed
-    }
-}
-
-/// Tracks what is still held or happening for tasks, to record the "resources released" fact
-/// (see the module docs for the definition).
-pub struct Releases {
-    registry: std::sync::Weak<Registry>,
-    quiet: std::time::Duration,
-    tracks: Mutex<HashMap<(String, String), Track>>,
-}
-
-#[derive(Default)]
-struct Track {
-    holds: usize,
-    last_activity: Option<std::time::Instant>,
-    cancelled: bool,
-}
-
-/// A gateway-side resource held for a task (an open `tasks/result`, a relayed stream); dropping
-/// it releases the hold.
-pub struct ResourceHold {
-    releases: Arc<Releases>,
-    key: (String, String),
-}
-
-impl Drop for ResourceHold {
-    fn drop(&mut self) {
-        let mut tracks = self.releases.tracks.lock();
-        if let Some(t) = tracks.get_mut(&self.key) {
-            t.holds = t.holds.saturating_sub(1);
-            t.last_activity = Some(std::time::Instant::now());
-            if t.holds == 0 && !t.cancelled {
-                tracks.remove(&self.key);
-            }
-        }
-    }
-}
-
-impl Releases {
-    /// A tracker reporting to `registry`; `quiet` is `tasks.release_quiet_ms`.
-    pub fn new(registry: std::sync::Weak<Registry>, quiet: std::time::Duration) -> Releases {
-        Releases {
-            registry,
-            quiet,
-            tracks: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Whether any task is tracked (held, or cancelled and not yet released): when none is,
-    /// upstream activity needs no attention.
-    pub fn is_tracking(&self) -> bool {
-        !self.tracks.lock().is_empty()
-    }
-
-    /// Takes a hold on `(upstream, task_id)` until the returned guard is dropped.
-    pub fn hold(self: &Arc<Self>, upstream: &str, task_id: &str) -> ResourceHold {
-        let key = (upstream.to_string(), task_id.to_string());
-        self.tracks.lock().entry(key.clone()).or_default().holds += 1;
-        ResourceHold {
-            releases: self.clone(),
-            key,
-        }
-    }
-
-    /// The upstream sent something about the task; returns true if the task is already
-    /// recorded cancelled (the caller counts it as activity after cancel).
-    pub fn activity(&self, upstream: &str, task_id: &str) -> bool {
-        let mut tracks = self.tracks.lock();
-        match tracks.get_mut(&(upstream.to_string(), task_id.to_string())) {
-            Some(t) => {
-                t.last_activity = Some(std::time::Instant::now());
-                t.cancelled
-            }
-            None => false,
-        }
-    }
-
-    /// Starts waiting for the release of a task just recorded cancelled (`reason` is the label
-    /// used when it is released: `quiet`, or `restart` for records found at start-up).
-    pub fn cancelled(self: &Arc<Self>, upstream: &str, task_id: &str, reason: &'static str) {
-        let key = (upstream.to_string(), task_id.to_string());
-        {
-            let mut tracks = self.tracks.lock();
-            let t = tracks.entry(key.clone()).or_default();
-            t.cancelled = true;
-            t.last_activity = Some(std::time::Instant::now());
-        }
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let this = self.clone();
-        handle.spawn(async move { this.wait_for_release(key, reason).await });
-    }
-
-    /// Polls until the task has no holds and `quiet` has passed since its last activity. Every
-    /// sleep is at least 1 ms, so even a zero quiet window (refused at load, but possible through
-    /// [`Releases::new`]) never turns this into a busy loop.
-    async fn wait_for_release(self: Arc<Self>, key: (String, String), reason: &'static str) {
-        const MIN_POLL: std::time::Duration = std::time::Duration::from_millis(1);
-        const MAX_POLL: std::time::Duration = std::time::Duration::from_millis(100);
-        loop {
-            let wait = {
-                let tracks = self.tracks.lock();
-                let Some(t) = tracks.get(&key) else { return };
-                let since = t.last_activity.map(|l| l.elapsed()).unwrap_or(self.quiet);
-                if t.holds > 0 {
-                    Some(self.quiet.clamp(MIN_POLL, MAX_POLL))
-                } else if since >= self.quiet {
-                    None
-                } else {
-                    Some((self.quiet - since).max(MIN_POLL))
-                }
-            };
-            match wait {
-                Some(d) => tokio::time::sleep(d).await,
-                None => break,
-            }
-        }
-        self.tracks.lock().remove(&key);
-        if let Some(registry) = self.registry.upgrade() {
-            registry.record_released(&key.0, &key.1, reason);
-        }
-    }
-
-    /// Forgets a task (its record was removed).
-    pub fn forget(&self, upstream: &str, task_id: &str) {
-        self.tracks
-            .lock()
-            .remove(&(upstream.to_string(), task_id.to_string()));
     }
 }
