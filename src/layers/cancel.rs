@@ -44,8 +44,8 @@
 
 use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind, Message};
-use crate::registry::{Registry, ResourceHold};
 use crate::mcp::task::now_ms;
+use crate::registry::{Registry, ResourceHold};
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use futures_util::StreamExt;

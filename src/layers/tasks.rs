@@ -36,8 +36,8 @@
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::needles::{self, found};
 use crate::jsonrpc::{self, Id, Kind, Message};
-use crate::registry::{Observed, Registry};
 use crate::mcp::task::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, TaskStatus};
+use crate::registry::{Observed, Registry};
 use crate::sse::{Event, EventStream};
 use crate::store::{ListCursor, Origin, Owner, TaskRecord};
 use base64::Engine;

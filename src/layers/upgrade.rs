@@ -77,9 +77,9 @@ use crate::exchange::{
     RequestContext,
 };
 use crate::jsonrpc::{self, Id, Kind, Message};
-use crate::registry::Registry;
 use crate::layers::session::{session_key, Sessions, TaskSupport};
 use crate::mcp::task::TaskStatus;
+use crate::registry::Registry;
 use crate::sse::{Event, EventStream};
 use crate::store::{Origin, TaskRecord};
 use bytes::Bytes;

@@ -187,8 +187,7 @@ impl Registry {
             notes.creations.insert(key, task_id.to_string());
         }
         if let Some(token) = progress_token {
-            self.releases
-                .note_progress_token(&upstream, token, task_id);
+            self.releases.note_progress_token(&upstream, token, task_id);
         }
     }
 
@@ -199,9 +198,7 @@ impl Registry {
         let mut task_id = None;
         if msg.get("method").and_then(Value::as_str) == Some("notifications/progress") {
             if let Some(token) = params.and_then(|p| p.get("progressToken")) {
-                task_id = self
-                    .releases
-                    .task_of_progress(upstream, &token.to_string());
+                task_id = self.releases.task_of_progress(upstream, &token.to_string());
             }
         }
         if task_id.is_none() {

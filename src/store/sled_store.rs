@@ -509,10 +509,7 @@ mod tests {
         );
         assert!(store.remove("up", "t:1").unwrap().is_some());
         assert!(store.get("up", "t:1").unwrap().is_none());
-        assert_eq!(
-            store.list_owner("up", &alice, None, 10).unwrap().0.len(),
-            4
-        );
+        assert_eq!(store.list_owner("up", &alice, None, 10).unwrap().0.len(), 4);
     }
 
     #[test]
