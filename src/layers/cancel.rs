@@ -520,3 +520,56 @@ fn with_task_id(result: &Value, task_id: &str) -> Value {
     }
     v
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::tasks::TasksLayer;
+    use crate::layers::testing::{json_of, record, registry, request};
+    use tower::{Layer, ServiceExt};
+
+    /// An upstream that answers every `tasks/cancel` with the task cancelled.
+    fn upstream(
+        calls: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> impl tower::Service<
+        McpRequest,
+        Response = McpReply,
+        Error = GatewayError,
+        Future = impl Future<Output = Result<McpReply, GatewayError>> + Send,
+    > + Clone
+           + Send
+           + 'static {
+        tower::service_fn(move |req: McpRequest| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                let id = req.id().unwrap().as_json().to_string();
+                let body = format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"result":{{"taskId":"t1","status":"cancelled","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:01Z","ttl":60000}}}}"#
+                );
+                Ok(McpReply::local_json(Bytes::from(body)))
+            }
+        })
+    }
+
+    const CANCEL: &str =
+        r#"{"jsonrpc":"2.0","id":7,"method":"tasks/cancel","params":{"taskId":"t1"}}"#;
+
+    /// The store accesses of one forwarded `tasks/cancel` through `tasks` and `cancel`.
+    #[tokio::test]
+    async fn one_forwarded_cancel_touches_the_store_this_often() {
+        let (registry, store) = registry();
+        registry.record_creation(record("t1")).await.unwrap();
+        let calls = Arc::default();
+        let stack = TasksLayer::new(registry.clone(), false)
+            .layer(CancelLayer::new(CancelState::new(registry.clone())).layer(upstream(calls)));
+        store.counts.reset();
+        let reply = stack.oneshot(request(CANCEL)).await.unwrap();
+        assert_eq!(json_of(&reply)["result"]["status"], "cancelled");
+        let [gets, updates, creates, audits, scans] = store.counts.snapshot();
+        eprintln!("tasks/cancel trace: gets={gets} updates={updates} creates={creates} audits={audits} scans={scans}");
+        let r = registry.store().get("up", "t1").unwrap().unwrap();
+        assert_eq!(r.status, crate::mcp::task::TaskStatus::Cancelled);
+        assert!(r.cancel_requested_at.is_some() && r.cancelled_at.is_some());
+    }
+}

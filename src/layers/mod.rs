@@ -8,6 +8,9 @@ pub mod session;
 pub mod tasks;
 pub mod upgrade;
 
+#[cfg(test)]
+pub(crate) mod testing;
+
 /// The registry used to live here; it is [`crate::registry`] now. This alias keeps the path the
 /// integration-test harness names (`taskgate::layers::registry::Registry`) until that harness
 /// moves to `crate::registry`.
