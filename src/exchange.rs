@@ -103,22 +103,19 @@ pub struct RequestContext {
     pub session_id: Option<HeaderValue>,
     /// The client's own `Mcp-Session-Id`, as it arrived (never rewritten by layers).
     pub client_session_id: Option<HeaderValue>,
-    /// The client's `MCP-Protocol-Version` header.
-    pub protocol_version: Option<HeaderValue>,
     /// Who the caller is.
     pub principal: Principal,
-    /// The `taskId` of a `tasks/get|result|cancel` the `tasks` layer authorised (inner layers
-    /// use it instead of parsing the params again).
-    pub task_id: Option<Arc<str>>,
-    /// Set by the `upgrade` layer on a plain `tools/call` it turned into a task (the record's
-    /// origin is then `upgraded`).
-    pub upgraded: bool,
     /// End-to-end headers to forward upstream (hop-by-hop, `Host`, `Origin`, `Mcp-Session-Id`,
     /// and, unless configured otherwise, `Authorization` already removed).
     pub headers: HeaderMap,
 }
 
 impl RequestContext {
+    /// The client's `MCP-Protocol-Version` header (kept in [`RequestContext::headers`]).
+    pub fn protocol_version(&self) -> Option<&HeaderValue> {
+        self.headers.get("mcp-protocol-version")
+    }
+
     /// Who sent the request (see [`Caller`]).
     pub fn caller(&self) -> Caller {
         Caller {
@@ -140,6 +137,8 @@ pub struct McpRequest {
     pub op: Operation,
     /// Who asked, and where it goes.
     pub ctx: RequestContext,
+    /// Facts a layer learned for the layers below it (see `layers::extensions`).
+    pub extensions: http::Extensions,
 }
 
 impl McpRequest {

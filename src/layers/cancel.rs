@@ -44,6 +44,7 @@
 
 use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind, Message};
+use crate::layers::extensions::AuthorisedTask;
 use crate::mcp::task::now_ms;
 use crate::registry::{Registry, ResourceHold};
 use bytes::Bytes;
@@ -283,20 +284,11 @@ impl CancelState {
     }
 }
 
-/// The taskId of a `tasks/*` request: the one the `tasks` layer authorised, or read from the
-/// params when this layer runs without it.
+/// The taskId of a `tasks/*` request the `tasks` layer authorised.
 fn task_id_of(req: &McpRequest) -> Option<String> {
-    if let Some(t) = &req.ctx.task_id {
-        return Some(t.to_string());
-    }
-    let Operation::Post(msg) = &req.op else {
-        return None;
-    };
-    msg.parse_as::<Value>()
-        .ok()?
-        .pointer("/params/taskId")?
-        .as_str()
-        .map(str::to_string)
+    req.extensions
+        .get::<AuthorisedTask>()
+        .map(|a| a.record.task_id.clone())
 }
 
 async fn cancel_task<S>(

@@ -4,6 +4,7 @@
 //! messages it touches. The task registry they share is [`crate::registry`] (not a layer).
 
 pub mod cancel;
+pub mod extensions;
 pub mod session;
 pub mod tasks;
 pub mod upgrade;

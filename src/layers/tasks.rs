@@ -36,6 +36,7 @@
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::needles::{self, found};
 use crate::jsonrpc::{self, Id, Kind, Message};
+use crate::layers::extensions::{AuthorisedTask, Upgraded};
 use crate::mcp::task::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, TaskStatus};
 use crate::registry::{Observed, Registry};
 use crate::sse::{Event, EventStream};
@@ -280,13 +281,13 @@ impl<S> TasksService<S> {
             task_id: String::new(),
             owner,
             upstream_session: header_string(req.ctx.session_id.as_ref()),
-            origin: if req.ctx.upgraded {
+            origin: if req.extensions.get::<Upgraded>().is_some() {
                 Origin::Upgraded
             } else {
                 Origin::Client
             },
             tool,
-            protocol_version: header_string(req.ctx.protocol_version.as_ref()),
+            protocol_version: header_string(req.ctx.protocol_version()),
             status: TaskStatus::Working,
             status_message: None,
             created_at: String::new(),
@@ -348,11 +349,11 @@ impl<S> TasksService<S> {
                 &format!("Task not found: {task_id}"),
             ));
         };
-        req.ctx.task_id = Some(task_id.as_str().into());
         req.ctx.session_id = record
             .upstream_session
             .as_deref()
             .and_then(|s| HeaderValue::from_str(s).ok());
+        req.extensions.insert(AuthorisedTask { record });
         let method = match method {
             "tasks/get" => "tasks/get",
             "tasks/result" => "tasks/result",

@@ -181,12 +181,10 @@ pub fn request(json: &str) -> McpRequest {
             upstream: "up".into(),
             session_id: Some(session.clone()),
             client_session_id: Some(session),
-            protocol_version: None,
             principal: Principal::Anonymous,
-            task_id: None,
-            upgraded: false,
             headers: HeaderMap::new(),
         },
+        extensions: http::Extensions::new(),
     }
 }
 

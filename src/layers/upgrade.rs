@@ -412,12 +412,10 @@ fn own_request(ctx: &RequestContext, id: &Id, method: &str, params: Value) -> Mc
     // Splice the id in as raw JSON (keeps its type).
     text.insert_str(1, &format!("\"id\":{},", id.as_json()));
     let msg = Message::parse(Bytes::from(text)).expect("a well-formed request");
-    let mut ctx = ctx.clone();
-    ctx.upgraded = false;
-    ctx.task_id = None;
     McpRequest {
         op: Operation::Post(msg),
-        ctx,
+        ctx: ctx.clone(),
+        extensions: http::Extensions::new(),
     }
 }
 
@@ -575,7 +573,7 @@ where
         return inner.oneshot(req).await;
     };
     req.op = Operation::Post(upgraded);
-    req.ctx.upgraded = true;
+    req.extensions.insert(crate::layers::extensions::Upgraded);
     let ctx = req.ctx.clone();
     tracing::info!(
         tool,
@@ -1224,10 +1222,7 @@ where
             upstream: upstream.clone(),
             session_id: session.clone(),
             client_session_id: session,
-            protocol_version: None,
             principal,
-            task_id: None,
-            upgraded: false,
             headers,
         };
         state.count(upstream, "orphaned");
