@@ -12,6 +12,7 @@ use crate::http::admin::{Admin, UpstreamTarget};
 use crate::http::server::{serve, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::cancel::{CancelLayer, CancelState};
+use crate::layers::observe::ObserveLayer;
 use crate::layers::session::{SessionLayer, Sessions};
 use crate::layers::tasks::TasksLayer;
 use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};
@@ -93,7 +94,6 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         config.tasks.clone(),
     )?;
     let authenticated = config.auth.mode == crate::config::AuthMode::Bearer;
-    let cancel_state = CancelState::new(registry.clone());
     let sessions = Sessions::new();
     let upgrade_state =
         UpgradeState::new(sessions.clone(), registry.clone(), config.upgrade.clone());
@@ -121,10 +121,12 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         let upstream = HttpUpstream::new(u, metrics.clone());
         let name = upstream.name().clone();
         upgrade_state.set_upstream_timeout(&name, Duration::from_millis(u.timeout_ms));
+        // Outermost first; see `layers` for why this order. Each stack has its own cancel state.
         let inner = tower::ServiceBuilder::new()
             .layer(SessionLayer::new(sessions.clone()))
             .layer(TasksLayer::new(registry.clone(), authenticated))
-            .layer(CancelLayer::new(cancel_state.clone()))
+            .layer(CancelLayer::new(CancelState::new(registry.clone())))
+            .layer(ObserveLayer::new(registry.clone()))
             .service(upstream);
         if config.upgrade.enabled {
             orphan_jobs.push((name.clone(), inner.clone()));

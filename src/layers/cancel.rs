@@ -1,35 +1,39 @@
 //! The `cancel` layer: `tasks/cancel` sent upstream once, cancels of terminal tasks answered
-//! here, `notifications/cancelled` routed and de-duplicated, and the two audit facts
+//! here, and `notifications/cancelled` routed and de-duplicated
 //! (2025-11-25 basic/utilities/tasks: Task Cancellation; basic/utilities/cancellation).
 //!
 //! It sits inside the `tasks` layer, so a `tasks/cancel` reaching it names a task the caller owns,
-//! already routed to the task's upstream session.
+//! already routed to the task's upstream session, with the record `tasks` read
+//! ([`AuthorisedTask`]). It sits above `observe`, so the answer it reads has already been applied
+//! to the registry (and rewritten to a recorded terminal status) when it reaches this layer.
+//! Its state belongs to one upstream's stack.
 //!
-//! - **Terminal**: a task the registry holds as `completed`, `failed` or `cancelled` is answered
-//!   `-32602` naming the status; the upstream is not called (`outcome="rejected_terminal"`).
-//! - **Single-flight**: while one `tasks/cancel` for `(upstream, taskId)` is in flight upstream,
-//!   identical requests wait for it and each gets the same outcome under its own JSON-RPC id
+//! - **Terminal**: a task whose record is `completed`, `failed` or `cancelled` (the authorised
+//!   record, or the outcome of a flight that just ended) is answered `-32602` naming the status;
+//!   the upstream is not called (`outcome="rejected_terminal"`).
+//! - **Single-flight**: while one `tasks/cancel` for a task is in flight upstream, identical
+//!   requests wait for it and each gets the same outcome under its own JSON-RPC id
 //!   (`outcome="deduplicated"`). The first is `forwarded` (or `upstream_error` when the upstream
-//!   answers an error or cannot be reached). Its answer is applied to the registry before the
-//!   waiters are released, so a cancel arriving afterwards finds the task terminal. Every caller
+//!   answers an error or cannot be reached); it records `cancel_requested_at` and the
+//!   `cancel_requested` audit event. A flight that ends with a terminal status leaves it behind
+//!   before it leaves the table, so a cancel arriving afterwards is answered here. Every caller
 //!   gets the answer as one `application/json` message, even if the upstream streamed it.
 //! - `notifications/cancelled` (ordinary cancellation): dropped when its `requestId` is the
 //!   session's `initialize` (reason `initialize`), a request that produced a `CreateTaskResult`
 //!   (reason `task`: tasks are cancelled with `tasks/cancel` only), or already forwarded once
 //!   (reason `duplicate`); otherwise it goes to the upstream session that carries the request (a
 //!   pending `tasks/result` may have been routed to the task's session). Requests are named by
-//!   who sent them ([`crate::exchange::CallKey`]: upstream, principal and client session, id),
-//!   so one client's cancel is never taken for another's. A caller with neither a principal nor
-//!   a session cannot be told apart from another one: its cancels are never dropped as
-//!   `duplicate` (a second `notifications/cancelled` is harmless; dropping another client's is
-//!   not), while the `initialize` and `task` checks still apply (they protect a session and a
-//!   task from being cancelled by the wrong message).
+//!   who sent them ([`Caller`] and id), so one client's cancel is never taken for another's. A
+//!   caller with neither a principal nor a session cannot be told apart from another one: its
+//!   cancels are never dropped as `duplicate` (a second `notifications/cancelled` is harmless;
+//!   dropping another client's is not), while the `initialize` and `task` checks still apply
+//!   (they protect a session and a task from being cancelled by the wrong message).
 //!
 //! ## The two audit facts
 //!
 //! - **status cancelled** (`cancelled_at`): the first time taskgate sees `cancelled` for the task,
-//!   in a `tasks/cancel` reply, a `tasks/get` reply or a `notifications/tasks/status`. Recorded by
-//!   the registry when the status changes ([`crate::registry::Registry`]).
+//!   in a `tasks/cancel` reply, a `tasks/get` reply or a `notifications/tasks/status`. Applied by
+//!   `observe` through [`crate::registry::Registry`] when the status changes.
 //! - **resources released** (`released_at`): after status cancelled, when (a) no gateway-side
 //!   resource is held for the task any more: no `tasks/result` for it is open upstream through
 //!   taskgate, and no SSE stream that carries its messages (the task-augmented `tools/call`'s own
@@ -41,22 +45,25 @@
 //!   (`taskgate_task_activity_after_cancel_total`) and restarts the window. Records still
 //!   unreleased at start-up (a restart) are released after one quiet window with
 //!   `reason="restart"`; records removed by the TTL sweeper first count `reason="expired"`.
+//!   Holds and activity are taken by `observe`; the tracker is `crate::registry::releases`.
 
-use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::exchange::{Caller, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind, Message};
-use crate::layers::extensions::AuthorisedTask;
-use crate::mcp::task::now_ms;
-use crate::registry::{Registry, ResourceHold};
+use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::mcp::task::TaskStatus;
+use crate::registry::Registry;
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use futures_util::StreamExt;
 use http::HeaderValue;
 use parking_lot::Mutex;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 /// The upstream's answer to one forwarded `tasks/cancel`, shared by every waiting caller.
@@ -74,28 +81,50 @@ enum CancelOutcome {
 
 type SharedCancel = Shared<BoxFuture<'static, CancelOutcome>>;
 
-/// Per-session facts about client requests needed to route `notifications/cancelled`.
+/// A client request, named by who sent it.
+type RequestKey = (Caller, Id);
+
+/// Entries a note table holds before it is cleared (a `notifications/cancelled` comes right
+/// after its request, not 10,000 requests later).
+const NOTES_LIMIT: usize = 10_000;
+
+/// Facts about client requests needed to route `notifications/cancelled` (bounded).
 #[derive(Default)]
 struct CancelNotes {
-    /// The caller's request → upstream session the request went out on.
-    in_flight: HashMap<CallKey, Option<HeaderValue>>,
-    /// The caller's requests already cancelled once.
-    forwarded: HashMap<CallKey, u64>,
+    /// Caller (with the session its `initialize` opened) → that `initialize`'s id.
+    initialize: HashMap<Caller, Id>,
+    /// Task-augmented requests → the taskId once `observe` recorded their creation.
+    creations: HashMap<RequestKey, Arc<OnceLock<String>>>,
+    /// Requests routed to another upstream session than the client's → that session.
+    in_flight: HashMap<RequestKey, Option<HeaderValue>>,
+    /// Requests already cancelled once.
+    forwarded: HashSet<RequestKey>,
 }
 
-/// Shared state of the cancel layer.
+fn bounded_insert<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, k: K, v: V) {
+    if map.len() >= NOTES_LIMIT {
+        map.clear();
+    }
+    map.insert(k, v);
+}
+
+/// State of the cancel layer for one upstream.
 pub struct CancelState {
     registry: Arc<Registry>,
-    flights: Mutex<HashMap<(Arc<str>, String), SharedCancel>>,
+    /// taskId → the flight of its forwarded `tasks/cancel`.
+    flights: Mutex<HashMap<String, SharedCancel>>,
+    /// taskId → the terminal status a finished flight's answer showed (bounded).
+    settled: Mutex<HashMap<String, TaskStatus>>,
     notes: Mutex<CancelNotes>,
 }
 
 impl CancelState {
-    /// Creates the state over the registry.
+    /// Creates the state of one upstream's cancel layer.
     pub fn new(registry: Arc<Registry>) -> Arc<CancelState> {
         Arc::new(CancelState {
             registry,
             flights: Mutex::new(HashMap::new()),
+            settled: Mutex::new(HashMap::new()),
             notes: Mutex::new(CancelNotes::default()),
         })
     }
@@ -108,7 +137,7 @@ pub struct CancelLayer {
 }
 
 impl CancelLayer {
-    /// A layer sharing `state` (one per process, shared by every upstream's stack).
+    /// A layer over `state` (one per upstream's stack).
     pub fn new(state: Arc<CancelState>) -> CancelLayer {
         CancelLayer { state }
     }
@@ -155,6 +184,15 @@ where
         let state = self.state.clone();
         match (req.request_method(), req.notification_method()) {
             (Some("tasks/cancel"), _) => Box::pin(cancel_task(state, inner, req)),
+            (Some("initialize"), _) => Box::pin(async move {
+                let caller = req.ctx.caller();
+                let id = req.id().cloned();
+                let reply = inner.call(req).await?;
+                if let Some(id) = id {
+                    state.note_initialize(caller, &reply, id);
+                }
+                Ok(reply)
+            }),
             (_, Some("notifications/cancelled")) => {
                 if let Some(reason) = state.route_cancelled(&mut req) {
                     state
@@ -169,62 +207,70 @@ where
                 Box::pin(inner.call(req))
             }
             _ => {
-                let task = (req.request_method() == Some("tasks/result"))
-                    .then(|| task_id_of(&req))
-                    .flatten();
-                let resource = task.map(|t| state.registry.releases().hold(&req.ctx.upstream, &t));
-                let key = state.note_request(&req);
-                if key.is_none() && resource.is_none() {
+                state.note_creation(&req);
+                let Some(key) = state.note_request(&req) else {
                     // The common case: nothing to track while this request is in flight.
                     return Box::pin(inner.call(req));
-                }
+                };
                 // Made before the call: a client that goes away before the answer still
                 // removes its note.
-                let done = InFlightGuard {
-                    state: state.clone(),
-                    key,
-                    _resource: resource,
-                };
+                let done = InFlightGuard { state, key };
                 Box::pin(async move {
-                    let result = inner.call(req).await;
-                    match result {
-                        Ok(mut reply) => {
-                            if let ReplyBody::Stream(events) = reply.body {
-                                reply.body = ReplyBody::Stream(Box::pin(events.map(move |e| {
-                                    let _ = &done;
-                                    e
-                                })));
-                            }
-                            Ok(reply)
-                        }
-                        Err(e) => Err(e),
+                    let mut reply = inner.call(req).await?;
+                    if let ReplyBody::Stream(events) = reply.body {
+                        reply.body = ReplyBody::Stream(Box::pin(events.map(move |e| {
+                            let _ = &done;
+                            e
+                        })));
                     }
+                    Ok(reply)
                 })
             }
         }
     }
 }
 
-/// Removes a request from the in-flight table (and drops its resource hold) when its reply is
-/// finished: at once for JSON, when the stream ends for SSE.
+/// Removes a request from the in-flight table when its reply is finished: at once for JSON,
+/// when the stream ends for SSE.
 struct InFlightGuard {
     state: Arc<CancelState>,
-    key: Option<CallKey>,
-    _resource: Option<ResourceHold>,
+    key: RequestKey,
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            self.state.notes.lock().in_flight.remove(&key);
-        }
+        self.state.notes.lock().in_flight.remove(&self.key);
     }
 }
 
 impl CancelState {
+    /// Remembers the `initialize` id of a caller (its principal and the session the
+    /// `initialize` opened, from the reply).
+    fn note_initialize(&self, caller: Caller, reply: &McpReply, id: Id) {
+        let caller = Caller {
+            principal: caller.principal,
+            client_session: reply.headers.get("mcp-session-id").cloned(),
+        };
+        bounded_insert(&mut self.notes.lock().initialize, caller, id);
+    }
+
+    /// Remembers a task-augmented request: once `observe` records its creation, a
+    /// `notifications/cancelled` for it is dropped.
+    fn note_creation(&self, req: &McpRequest) {
+        let (Some(pending), Some(id)) = (req.extensions.get::<PendingCreation>(), req.id()) else {
+            return;
+        };
+        let key = (req.ctx.caller(), id.clone());
+        bounded_insert(
+            &mut self.notes.lock().creations,
+            key,
+            pending.created.clone(),
+        );
+    }
+
     /// Notes a client request (with an id) going upstream on another session than the client's;
     /// returns its in-flight key.
-    fn note_request(&self, req: &McpRequest) -> Option<CallKey> {
+    fn note_request(&self, req: &McpRequest) -> Option<RequestKey> {
         let Operation::Post(msg) = &req.op else {
             return None;
         };
@@ -236,14 +282,12 @@ impl CancelState {
         if req.ctx.session_id == req.ctx.client_session_id {
             return None;
         }
-        let key = req.ctx.call_key(msg.id()?);
-        if msg.method() == Some("initialize") {
-            return None;
-        }
-        self.notes
-            .lock()
-            .in_flight
-            .insert(key.clone(), req.ctx.session_id.clone());
+        let key = (req.ctx.caller(), msg.id()?.clone());
+        bounded_insert(
+            &mut self.notes.lock().in_flight,
+            key.clone(),
+            req.ctx.session_id.clone(),
+        );
         Some(key)
     }
 
@@ -253,42 +297,56 @@ impl CancelState {
         let Operation::Post(msg) = &req.op else {
             return None;
         };
+        #[derive(Deserialize)]
+        struct Params {
+            #[serde(rename = "requestId")]
+            request_id: Option<Value>,
+        }
+        #[derive(Deserialize)]
+        struct Notification {
+            params: Option<Params>,
+        }
         let request_id = msg
-            .parse_as::<Value>()
+            .parse_as::<Notification>()
             .ok()
-            .and_then(|v| v.pointer("/params/requestId").cloned())
+            .and_then(|n| n.params?.request_id)
             .and_then(|v| Id::from_value(&v));
         let Some(request_id) = request_id else {
             // Without a requestId nothing can be cancelled; the receiver ignores it anyway.
             return None;
         };
-        let key = req.ctx.call_key(&request_id);
-        if self.registry.is_initialize_id(&key) {
+        let caller = req.ctx.caller();
+        let mut notes = self.notes.lock();
+        if notes.initialize.get(&caller) == Some(&request_id) {
             return Some("initialize");
         }
-        if self.registry.task_of_request(&key).is_some() {
+        let key = (caller, request_id);
+        if notes.creations.get(&key).is_some_and(|c| c.get().is_some()) {
             return Some("task");
         }
-        let mut notes = self.notes.lock();
-        if key.caller.is_identified() && notes.forwarded.contains_key(&key) {
+        if key.0.is_identified() && notes.forwarded.contains(&key) {
             return Some("duplicate");
         }
-        if notes.forwarded.len() > 100_000 {
+        if notes.forwarded.len() >= 100_000 {
             notes.forwarded.clear();
         }
-        notes.forwarded.insert(key.clone(), now_ms());
         if let Some(target) = notes.in_flight.get(&key) {
             req.ctx.session_id = target.clone();
         }
+        notes.forwarded.insert(key);
         None
     }
-}
 
-/// The taskId of a `tasks/*` request the `tasks` layer authorised.
-fn task_id_of(req: &McpRequest) -> Option<String> {
-    req.extensions
-        .get::<AuthorisedTask>()
-        .map(|a| a.record.task_id.clone())
+    /// The terminal status a task is known to have: left by a finished flight, else the record
+    /// the `tasks` layer authorised.
+    fn known_terminal(&self, record: &crate::store::TaskRecord) -> Option<TaskStatus> {
+        self.settled
+            .lock()
+            .get(&record.task_id)
+            .copied()
+            .or(Some(record.status))
+            .filter(|s| s.is_terminal())
+    }
 }
 
 async fn cancel_task<S>(
@@ -300,59 +358,52 @@ where
     S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
     S::Future: Send + 'static,
 {
-    let registry = state.registry.clone();
-    let metrics = registry.metrics().clone();
+    let metrics = state.registry.metrics().clone();
     let upstream = req.ctx.upstream.clone();
-    let id = req.id().cloned().expect("tasks/cancel is a request");
-    let Some(task_id) = task_id_of(&req) else {
-        return Ok(McpReply::local_error(
-            Some(&id),
-            jsonrpc::INVALID_PARAMS,
-            "tasks/cancel: params.taskId (a string) is required",
-        ));
-    };
+    let id = req.id().cloned();
     let count = |outcome: &str| {
         metrics
             .cancel_requests_total
             .with_label_values(&[&upstream, outcome])
             .inc()
     };
-    let key = (upstream.clone(), task_id.clone());
+    let (Some(id), Some(record)) = (
+        id,
+        req.extensions
+            .get::<AuthorisedTask>()
+            .map(|a| a.record.clone()),
+    ) else {
+        // Only without the `tasks` layer above: nothing was authorised.
+        count("rejected_unknown");
+        return Ok(McpReply::local_error(
+            req.id(),
+            jsonrpc::INVALID_PARAMS,
+            "tasks/cancel: no authorised task",
+        ));
+    };
+    let task_id = record.task_id.clone();
     let (flight, first) = {
         let mut flights = state.flights.lock();
-        if let Some(f) = flights.get(&key) {
+        if let Some(f) = flights.get(&task_id) {
             (f.clone(), false)
         } else {
-            // Checked under the flights lock: a finished flight has applied its answer to the
-            // registry before leaving the table, so this sees the terminal status.
-            match registry.store().get(&upstream, &task_id) {
-                Ok(Some(r)) if r.status.is_terminal() => {
-                    drop(flights);
-                    count("rejected_terminal");
-                    return Ok(McpReply::local_error(
-                        Some(&id),
-                        jsonrpc::INVALID_PARAMS,
-                        &format!(
-                            "Cannot cancel task {task_id}: it is already {} (a terminal status)",
-                            r.status
-                        ),
-                    ));
-                }
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => {
-                    drop(flights);
-                    count("rejected_unknown");
-                    return Ok(McpReply::local_error(
-                        Some(&id),
-                        jsonrpc::INVALID_PARAMS,
-                        &format!("Task not found: {task_id}"),
-                    ));
-                }
+            // Checked under the flights lock: a finished flight leaves its terminal status in
+            // `settled` before it leaves the table, so this sees it.
+            if let Some(status) = state.known_terminal(&record) {
+                drop(flights);
+                count("rejected_terminal");
+                return Ok(McpReply::local_error(
+                    Some(&id),
+                    jsonrpc::INVALID_PARAMS,
+                    &format!(
+                        "Cannot cancel task {task_id}: it is already {status} (a terminal status)"
+                    ),
+                ));
             }
-            let flight = forward_cancel(state.clone(), inner, req, key.clone())
+            let flight = forward_cancel(state.clone(), inner, req, task_id.clone())
                 .boxed()
                 .shared();
-            flights.insert(key.clone(), flight.clone());
+            flights.insert(task_id.clone(), flight.clone());
             (flight, true)
         }
     };
@@ -363,9 +414,9 @@ where
         (true, true) => "upstream_error",
         (false, _) => "deduplicated",
     });
-    match outcome {
+    Ok(match outcome {
         CancelOutcome::Result(result) => {
-            Ok(McpReply::local_json(jsonrpc::result_response(&id, &result)))
+            McpReply::local_json(jsonrpc::result_response(&id, &result))
         }
         CancelOutcome::Error(error) => {
             let mut text = String::with_capacity(48 + error.len());
@@ -374,155 +425,154 @@ where
             text.push_str(",\"error\":");
             text.push_str(&error);
             text.push('}');
-            Ok(McpReply::local_json(Bytes::from(text)))
+            McpReply::local_json(Bytes::from(text))
         }
         CancelOutcome::Http(reply, status) => match reply.lock().take() {
-            Some(r) if first => Ok(r),
-            _ => Ok(McpReply::local_error(
+            Some(r) if first => r,
+            _ => McpReply::local_error(
                 Some(&id),
                 jsonrpc::INTERNAL_ERROR,
                 &format!("upstream `{upstream}` answered tasks/cancel with HTTP {status}"),
-            )),
+            ),
         },
-        CancelOutcome::Failed(e) => Err((*e).clone()),
-    }
+        CancelOutcome::Failed(e) => return Err((*e).clone()),
+    })
 }
 
-/// Sends the one `tasks/cancel` upstream, reads its answer (JSON or SSE) and applies it to the
-/// registry, then leaves the in-flight table.
+/// The answer to a `tasks/cancel`, its parts kept as the bytes that came.
+#[derive(Deserialize)]
+struct Answer<'a> {
+    #[serde(borrow)]
+    result: Option<&'a RawValue>,
+    #[serde(borrow)]
+    error: Option<&'a RawValue>,
+}
+
+/// Sends the one `tasks/cancel` upstream and reads its answer (JSON or SSE; `observe` below has
+/// applied it), then leaves the in-flight table.
 async fn forward_cancel<S>(
     state: Arc<CancelState>,
     mut inner: S,
     req: McpRequest,
-    key: (Arc<str>, String),
+    task_id: String,
 ) -> CancelOutcome
 where
     S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
     S::Future: Send + 'static,
 {
-    let registry = state.registry.clone();
-    let (upstream, task_id) = key.clone();
+    let upstream = req.ctx.upstream.clone();
     // Leaves the in-flight table however this future ends: answered, failed, panicked, or
     // dropped because every caller went away (the next tasks/cancel is then sent again).
     let _flight = FlightGuard {
         state: state.clone(),
-        key: key.clone(),
+        task_id: task_id.clone(),
     };
-    let _ = registry.store().update(&upstream, &task_id, &mut |r| {
-        if r.cancel_requested_at.is_some() {
-            return false;
-        }
-        r.cancel_requested_at = Some(now_ms());
-        true
-    });
-    if let Some(r) = registry.store().get(&upstream, &task_id).ok().flatten() {
-        registry.audit(
-            &r,
-            "cancel_requested",
-            "tasks/cancel forwarded upstream".into(),
-        );
-    }
-    let id = req.id().cloned().expect("tasks/cancel is a request");
-    let outcome = match inner.call(req).await {
-        Err(e) => CancelOutcome::Failed(Arc::new(e)),
-        Ok(reply) => {
-            let status = reply.status.as_u16();
-            let message = match reply.body {
-                ReplyBody::Json(bytes) => Some(bytes),
-                ReplyBody::Stream(mut events) => {
-                    let mut found = None;
-                    while let Some(ev) = events.next().await {
-                        let Some(data) = ev.data else { continue };
-                        let bytes = Bytes::from(data);
-                        if let Ok(m) = Message::parse(bytes.clone()) {
-                            if m.id() == Some(&id)
-                                && matches!(m.kind(), Kind::Response | Kind::Error)
-                            {
-                                found = Some(bytes);
-                                break;
-                            }
-                        }
+    state.registry.request_cancel(&upstream, &task_id);
+    let Some(id) = req.id().cloned() else {
+        return CancelOutcome::Error(internal(format!("tasks/cancel without an id")));
+    };
+    let reply = match inner.call(req).await {
+        Err(e) => return CancelOutcome::Failed(Arc::new(e)),
+        Ok(reply) => reply,
+    };
+    let status = reply.status.as_u16();
+    let message = match reply.body {
+        ReplyBody::Json(bytes) => Some(bytes),
+        ReplyBody::Stream(mut events) => {
+            let mut found = None;
+            while let Some(ev) = events.next().await {
+                let Some(data) = ev.data else { continue };
+                let bytes = Bytes::from(data);
+                if let Ok(m) = Message::parse(bytes.clone()) {
+                    if m.id() == Some(&id) && matches!(m.kind(), Kind::Response | Kind::Error) {
+                        found = Some(bytes);
+                        break;
                     }
-                    found
                 }
-                body => {
-                    let reply = McpReply {
-                        status: reply.status,
-                        headers: reply.headers,
-                        body,
-                    };
-                    return finish(
-                        &state,
-                        &key,
-                        CancelOutcome::Http(Arc::new(Mutex::new(Some(reply))), status),
-                    );
-                }
-            };
-            match message.and_then(|b| serde_json::from_slice::<Value>(&b).ok()) {
-                Some(v) if v.get("result").is_some_and(|r| !r.is_object()) => CancelOutcome::Error(
-                    serde_json::json!({
-                        "code": jsonrpc::INTERNAL_ERROR,
-                        "message": format!("upstream `{upstream}` answered tasks/cancel with a result that is not a Task object"),
-                    })
-                    .to_string(),
-                ),
-                Some(v) if v.get("result").is_some() => {
-                    let result = &v["result"];
-                    // Apply before the flight ends (see `cancel_task`).
-                    let observed = registry.observe_task(&upstream, &with_task_id(result, &task_id), "tasks/cancel");
-                    let mut result = result.clone();
-                    observed.rewrite(&mut result);
-                    CancelOutcome::Result(result.to_string())
-                }
-                Some(v) if v.get("error").is_some() => CancelOutcome::Error(v["error"].to_string()),
-                _ => CancelOutcome::Error(
-                    serde_json::json!({
-                        "code": jsonrpc::INTERNAL_ERROR,
-                        "message": format!("upstream `{upstream}` sent no answer to tasks/cancel (HTTP {status})"),
-                    })
-                    .to_string(),
-                ),
             }
+            found
+        }
+        body => {
+            let reply = McpReply {
+                status: reply.status,
+                headers: reply.headers,
+                body,
+            };
+            return CancelOutcome::Http(Arc::new(Mutex::new(Some(reply))), status);
         }
     };
-    finish(&state, &key, outcome)
+    let answer = message
+        .as_deref()
+        .and_then(|b| serde_json::from_slice::<Answer>(b).ok());
+    match answer {
+        Some(Answer {
+            result: Some(r), ..
+        }) if !r.get().trim_start().starts_with('{') => CancelOutcome::Error(internal(format!(
+            "upstream `{upstream}` answered tasks/cancel with a result that is not a Task object"
+        ))),
+        Some(Answer {
+            result: Some(r), ..
+        }) => {
+            if let Some(s) = status_of(r).filter(|s| s.is_terminal()) {
+                // Before the flight leaves the table (see `cancel_task`).
+                let mut settled = state.settled.lock();
+                if settled.len() >= NOTES_LIMIT {
+                    settled.clear();
+                }
+                settled.insert(task_id, s);
+            }
+            CancelOutcome::Result(r.get().to_string())
+        }
+        Some(Answer { error: Some(e), .. }) => CancelOutcome::Error(e.get().to_string()),
+        _ => CancelOutcome::Error(internal(format!(
+            "upstream `{upstream}` sent no answer to tasks/cancel (HTTP {status})"
+        ))),
+    }
 }
 
-fn finish(state: &CancelState, key: &(Arc<str>, String), outcome: CancelOutcome) -> CancelOutcome {
-    state.flights.lock().remove(key);
-    outcome
+/// The `status` of a Task object.
+fn status_of(task: &RawValue) -> Option<TaskStatus> {
+    #[derive(Deserialize)]
+    struct Status<'a> {
+        #[serde(borrow)]
+        status: Option<&'a str>,
+    }
+    serde_json::from_str::<Status>(task.get())
+        .ok()?
+        .status
+        .and_then(TaskStatus::parse)
+}
+
+/// A JSON-RPC `error` object (`-32603`) as text.
+fn internal(message: String) -> String {
+    serde_json::json!({ "code": jsonrpc::INTERNAL_ERROR, "message": message }).to_string()
 }
 
 /// Removes a `tasks/cancel` flight from the table when its future ends in any way.
 struct FlightGuard {
     state: Arc<CancelState>,
-    key: (Arc<str>, String),
+    task_id: String,
 }
 
 impl Drop for FlightGuard {
     fn drop(&mut self) {
-        self.state.flights.lock().remove(&self.key);
+        self.state.flights.lock().remove(&self.task_id);
     }
-}
-
-fn with_task_id(result: &Value, task_id: &str) -> Value {
-    let mut v = result.clone();
-    if v.get("taskId").is_none() {
-        v["taskId"] = Value::String(task_id.to_string());
-    }
-    v
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layers::observe::ObserveLayer;
     use crate::layers::tasks::TasksLayer;
     use crate::layers::testing::{json_of, record, registry, request};
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use tower::{Layer, ServiceExt};
 
-    /// An upstream that answers every `tasks/cancel` with the task cancelled.
+    /// An upstream that answers every `tasks/cancel` (after `delay_ms`) with the task cancelled.
     fn upstream(
-        calls: Arc<std::sync::atomic::AtomicUsize>,
+        calls: Arc<AtomicUsize>,
+        delay_ms: u64,
     ) -> impl tower::Service<
         McpRequest,
         Response = McpReply,
@@ -532,10 +582,13 @@ mod tests {
            + Send
            + 'static {
         tower::service_fn(move |req: McpRequest| {
-            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            calls.fetch_add(1, Ordering::SeqCst);
             async move {
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                let id = req.id().unwrap().as_json().to_string();
+                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+                let id = req
+                    .id()
+                    .map(|i| i.as_json().to_string())
+                    .unwrap_or_default();
                 let body = format!(
                     r#"{{"jsonrpc":"2.0","id":{id},"result":{{"taskId":"t1","status":"cancelled","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:01Z","ttl":60000}}}}"#
                 );
@@ -544,24 +597,93 @@ mod tests {
         })
     }
 
-    const CANCEL: &str =
-        r#"{"jsonrpc":"2.0","id":7,"method":"tasks/cancel","params":{"taskId":"t1"}}"#;
+    fn cancel(id: u32) -> McpRequest {
+        request(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tasks/cancel","params":{{"taskId":"t1"}}}}"#
+        ))
+    }
 
-    /// The store accesses of one forwarded `tasks/cancel` through `tasks` and `cancel`.
+    async fn registry_with_t1() -> (Arc<Registry>, Arc<crate::layers::testing::CountingStore>) {
+        let (registry, store) = registry();
+        let slot = registry
+            .reserve(&"up".into(), &crate::layers::testing::owner())
+            .unwrap();
+        registry.record_creation(record("t1"), &slot).await.unwrap();
+        (registry, store)
+    }
+
+    /// The store accesses of one forwarded `tasks/cancel` through `tasks`, `cancel` and
+    /// `observe`: one read to authorise, one update for `cancel_requested_at`, one to apply the
+    /// reply (and the two audit events: cancel requested, status cancelled). Before `observe`
+    /// existed it was 3 reads, 3 updates (the reply applied twice) and 2 audit appends.
     #[tokio::test]
     async fn one_forwarded_cancel_touches_the_store_this_often() {
-        let (registry, store) = registry();
-        registry.record_creation(record("t1")).await.unwrap();
-        let calls = Arc::default();
-        let stack = TasksLayer::new(registry.clone(), false)
-            .layer(CancelLayer::new(CancelState::new(registry.clone())).layer(upstream(calls)));
+        let (registry, store) = registry_with_t1().await;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stack = TasksLayer::new(registry.clone(), false).layer(
+            CancelLayer::new(CancelState::new(registry.clone()))
+                .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 5))),
+        );
         store.counts.reset();
-        let reply = stack.oneshot(request(CANCEL)).await.unwrap();
+        let reply = stack.oneshot(cancel(7)).await.unwrap();
         assert_eq!(json_of(&reply)["result"]["status"], "cancelled");
         let [gets, updates, creates, audits, scans] = store.counts.snapshot();
         eprintln!("tasks/cancel trace: gets={gets} updates={updates} creates={creates} audits={audits} scans={scans}");
+        assert_eq!([gets, updates, creates, audits, scans], [1, 2, 0, 2, 0]);
         let r = registry.store().get("up", "t1").unwrap().unwrap();
-        assert_eq!(r.status, crate::mcp::task::TaskStatus::Cancelled);
+        assert_eq!(r.status, TaskStatus::Cancelled);
         assert!(r.cancel_requested_at.is_some() && r.cancelled_at.is_some());
+    }
+
+    /// Two concurrent cancels of one task: one goes upstream, both get its answer under their
+    /// own ids, and a third one afterwards is answered here (terminal) without a store read.
+    #[tokio::test]
+    async fn two_concurrent_cancels_forward_one() {
+        let (registry, store) = registry_with_t1().await;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stack = TasksLayer::new(registry.clone(), false).layer(
+            CancelLayer::new(CancelState::new(registry.clone()))
+                .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 50))),
+        );
+        let (a, b) = tokio::join!(
+            stack.clone().oneshot(cancel(1)),
+            stack.clone().oneshot(cancel(2))
+        );
+        let (a, b) = (json_of(&a.unwrap()), json_of(&b.unwrap()));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!((a["id"].clone(), b["id"].clone()), (1.into(), 2.into()));
+        assert_eq!(a["result"]["status"], "cancelled");
+        assert_eq!(b["result"], a["result"]);
+        store.counts.reset();
+        let c = json_of(&stack.clone().oneshot(cancel(4)).await.unwrap());
+        assert_eq!(c["error"]["code"], jsonrpc::INVALID_PARAMS);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            store.counts.snapshot()[..2],
+            [1, 0],
+            "only the authorising read"
+        );
+    }
+
+    /// A cancel whose authorised record is stale (read while the flight was still running) is
+    /// answered from what the finished flight left behind, not forwarded a second time.
+    #[tokio::test]
+    async fn a_stale_record_after_a_finished_flight_is_not_forwarded_again() {
+        let (registry, _store) = registry_with_t1().await;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stack = CancelLayer::new(CancelState::new(registry.clone()))
+            .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 0)));
+        let authorised = |id| {
+            let mut r = cancel(id);
+            r.extensions.insert(AuthorisedTask {
+                record: record("t1"),
+            });
+            r
+        };
+        let a = json_of(&stack.clone().oneshot(authorised(1)).await.unwrap());
+        assert_eq!(a["result"]["status"], "cancelled");
+        let b = json_of(&stack.clone().oneshot(authorised(2)).await.unwrap());
+        assert_eq!(b["error"]["code"], jsonrpc::INVALID_PARAMS, "{b}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 }

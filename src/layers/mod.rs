@@ -5,6 +5,7 @@
 
 pub mod cancel;
 pub mod extensions;
+pub mod observe;
 pub mod session;
 pub mod tasks;
 pub mod upgrade;

@@ -1,6 +1,7 @@
 //! The owner of task facts (not a layer): the status machine over the [`TaskStore`], the
 //! durable record of a creation, the audit events, and the authorising lookup.
 //!
+//! - `creation`: the record completed from a `CreateTaskResult` and written durably;
 //! - [`owners`]: live-task slots per owner and the [`Reservation`] guard;
 //! - [`releases`]: the "resources released" tracker and the `progressToken` → `taskId` map;
 //! - [`sweep`]: the TTL sweep.
@@ -9,6 +10,7 @@
 //! authorise and reserves slots, `cancel` records `cancel_requested_at`, and `observe` (the
 //! innermost layer) applies everything the upstream reports.
 
+mod creation;
 pub mod owners;
 pub mod releases;
 pub mod sweep;
@@ -17,12 +19,9 @@ pub use owners::{Owners, Reservation};
 pub use releases::{Releases, ResourceHold};
 
 use crate::config::TasksConfig;
-use crate::exchange::{CallKey, Caller};
-use crate::jsonrpc::Id;
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::Metrics;
 use crate::store::{AuditEvent, Owner, StoreError, TaskRecord, TaskStore};
-use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,24 +34,9 @@ pub struct Registry {
     /// Live (non-terminal) tasks per (upstream, owner), including reservations for creations in
     /// flight.
     owners: Arc<Owners>,
-    /// Request facts `notifications/cancelled` routing needs (bounded).
-    requests: Mutex<RequestNotes>,
     /// The "resources released" tracker.
     releases: Arc<Releases>,
 }
-
-/// Bounded in-memory notes about client requests (cleared when they grow past a limit).
-#[derive(Default)]
-struct RequestNotes {
-    /// (upstream, caller) → the id of that caller's `initialize`.
-    initialize: HashMap<(Arc<str>, Caller), Id>,
-    /// The caller's request → the taskId its `CreateTaskResult` carried.
-    creations: HashMap<CallKey, String>,
-}
-
-/// Notes kept per kind before they are cleared (a `notifications/cancelled` for a task-creating
-/// request comes right after it, not 10,000 requests later).
-const NOTES_LIMIT: usize = 10_000;
 
 /// What a status report did to the record.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,15 +65,14 @@ impl Observed {
         else {
             return false;
         };
-        task["status"] = Value::String(status.as_str().to_string());
+        let Some(task) = task.as_object_mut() else {
+            return false;
+        };
+        task.insert("status".into(), Value::String(status.as_str().to_string()));
         match status_message {
-            Some(m) => task["statusMessage"] = Value::String(m.clone()),
-            None => {
-                if let Some(o) = task.as_object_mut() {
-                    o.remove("statusMessage");
-                }
-            }
-        }
+            Some(m) => task.insert("statusMessage".into(), Value::String(m.clone())),
+            None => task.remove("statusMessage"),
+        };
         true
     }
 }
@@ -134,7 +117,6 @@ impl Registry {
             metrics,
             config,
             owners,
-            requests: Mutex::new(RequestNotes::default()),
             releases: Arc::new(Releases::new(weak.clone(), quiet)),
         });
         for (up, id) in unreleased {
@@ -146,49 +128,6 @@ impl Registry {
     /// The "resources released" tracker.
     pub fn releases(&self) -> &Arc<Releases> {
         &self.releases
-    }
-
-    /// Remembers the `initialize` id of a caller (its principal and the session the
-    /// `initialize` opened).
-    pub fn note_initialize(&self, upstream: &Arc<str>, caller: Caller, id: Id) {
-        let mut notes = self.requests.lock();
-        if notes.initialize.len() >= NOTES_LIMIT {
-            notes.initialize.clear();
-        }
-        notes.initialize.insert((upstream.clone(), caller), id);
-    }
-
-    /// Whether the request `key` names is its caller's `initialize`.
-    pub fn is_initialize_id(&self, key: &CallKey) -> bool {
-        let notes = self.requests.lock();
-        notes
-            .initialize
-            .get(&(key.upstream.clone(), key.caller.clone()))
-            .is_some_and(|i| *i == key.id)
-    }
-
-    /// The taskId the request `key` names created, if it did.
-    pub fn task_of_request(&self, key: &CallKey) -> Option<String> {
-        self.requests.lock().creations.get(key).cloned()
-    }
-
-    pub(crate) fn note_creation(
-        &self,
-        key: CallKey,
-        task_id: &str,
-        progress_token: Option<String>,
-    ) {
-        let upstream = key.upstream.clone();
-        {
-            let mut notes = self.requests.lock();
-            if notes.creations.len() >= NOTES_LIMIT {
-                notes.creations.clear();
-            }
-            notes.creations.insert(key, task_id.to_string());
-        }
-        if let Some(token) = progress_token {
-            self.releases.note_progress_token(&upstream, token, task_id);
-        }
     }
 
     /// The upstream sent something about a message's task (progress on its token, related-task
@@ -326,6 +265,18 @@ impl Registry {
         let Some(task_id) = task.get("taskId").and_then(Value::as_str) else {
             return Observed::Unknown;
         };
+        self.observe_task_as(upstream, task_id, task, source)
+    }
+
+    /// Applies a status report about `task_id` (a reply to a request about that task: its own
+    /// `taskId`, if any, is not trusted to name another task).
+    pub fn observe_task_as(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        task: &Value,
+        source: &str,
+    ) -> Observed {
         let Some(status) = task
             .get("status")
             .and_then(Value::as_str)
@@ -455,6 +406,69 @@ impl Registry {
         Observed::Recorded(after.status)
     }
 
+    /// A `tasks/result` payload arrived: the task ended (`failed` for an `isError` tool result).
+    /// Applied only to a record that is not terminal yet: a payload carries no status, so it
+    /// never contradicts a recorded terminal one (the Python SDK answers an empty result for a
+    /// cancelled task).
+    pub fn apply_result_payload(&self, upstream: &str, task_id: &str, failed: bool) {
+        let status = if failed {
+            TaskStatus::Failed
+        } else {
+            TaskStatus::Completed
+        };
+        let now = now_ms();
+        let result = self.store.update(upstream, task_id, &mut |r| {
+            if r.status.is_terminal() || !r.status.can_become(status) {
+                return false;
+            }
+            r.status = status;
+            if r.terminal_at.is_none() {
+                r.terminal_at = Some(now);
+            }
+            true
+        });
+        match result {
+            Ok(Some((before, after))) if before.status != after.status => {
+                self.on_transition(&before, &after, "tasks/result");
+                self.store.sync_soon();
+            }
+            Ok(_) => {}
+            Err(e) => {
+                self.metrics.store_write_failures_total.inc();
+                tracing::error!(error = %e, "task store update failed");
+            }
+        }
+    }
+
+    /// Records that a `tasks/cancel` for the task goes upstream: `cancel_requested_at` (set
+    /// once) and a `cancel_requested` audit event. One store update; returns the record after it.
+    pub fn request_cancel(&self, upstream: &str, task_id: &str) -> Option<TaskRecord> {
+        let now = now_ms();
+        let updated = self.store.update(upstream, task_id, &mut |r| {
+            if r.cancel_requested_at.is_some() {
+                return false;
+            }
+            r.cancel_requested_at = Some(now);
+            true
+        });
+        match updated {
+            Ok(Some((_, after))) => {
+                self.audit(
+                    &after,
+                    "cancel_requested",
+                    "tasks/cancel forwarded upstream".into(),
+                );
+                Some(after)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                self.metrics.store_write_failures_total.inc();
+                tracing::error!(error = %e, "task store update failed");
+                None
+            }
+        }
+    }
+
     fn on_transition(&self, before: &TaskRecord, after: &TaskRecord, source: &str) {
         let up = after.upstream.as_str();
         self.metrics
@@ -487,47 +501,5 @@ impl Registry {
             self.audit(after, "status_cancelled", format!("seen in {source}"));
             self.releases.cancelled(up, &after.task_id, "quiet");
         }
-    }
-
-    /// Writes a new record durably and counts it. The owner's slot must have been reserved.
-    pub(crate) async fn record_creation(&self, record: TaskRecord) -> Result<(), StoreError> {
-        let up = record.upstream.clone();
-        let status = record.status;
-        let origin = record.origin;
-        let result = self.store.create(record.clone()).await;
-        match &result {
-            Ok(()) => {
-                self.metrics
-                    .tasks_created_total
-                    .with_label_values(&[&up, origin.as_str()])
-                    .inc();
-                self.metrics
-                    .tasks
-                    .with_label_values(&[&up, status.as_str()])
-                    .inc();
-                if status.is_terminal() {
-                    self.release_slot(&up, &record.owner);
-                }
-                tracing::info!(
-                    target: "taskgate::audit",
-                    upstream = %up,
-                    task_id = %record.task_id,
-                    owner = %record.owner,
-                    tool = record.tool.as_deref().unwrap_or(""),
-                    event = "created",
-                    "task created"
-                );
-            }
-            Err(e) => {
-                self.metrics.store_write_failures_total.inc();
-                self.metrics
-                    .task_creation_refused_total
-                    .with_label_values(&[&up, "store"])
-                    .inc();
-                self.release_slot(&up, &record.owner);
-                tracing::error!(error = %e, upstream = %up, task_id = %record.task_id, "could not record a task");
-            }
-        }
-        result
     }
 }
