@@ -218,6 +218,11 @@ impl Registry {
         self.owners.reserve(upstream, owner)
     }
 
+    /// How many live-task slots `owner` holds on `upstream`.
+    pub fn owners_count(&self, upstream: &str, owner: &Owner) -> usize {
+        self.owners.count(upstream, owner)
+    }
+
     pub(crate) fn release_slot(&self, upstream: &str, owner: &Owner) {
         self.owners.release(upstream, owner);
     }
