@@ -73,7 +73,9 @@ impl Running {
             let _ = s.await;
         }
         self.sweeper.abort();
-        self.store.close();
+        // Flushes and joins the committer thread: not on a runtime worker.
+        let store = self.store;
+        let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }
 }
 
@@ -88,11 +90,17 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         config.store.cache_capacity_bytes,
         Some(metrics.clone()),
     )?;
-    let registry = Registry::new(
-        store.clone() as Arc<dyn TaskStore>,
-        metrics.clone(),
-        config.tasks.clone(),
-    )?;
+    // Counting what the store holds scans it: on the blocking pool, like every store call.
+    let registry = {
+        let (store, metrics, tasks) = (
+            store.clone() as Arc<dyn TaskStore>,
+            metrics.clone(),
+            config.tasks.clone(),
+        );
+        tokio::task::spawn_blocking(move || Registry::new(store, metrics, tasks))
+            .await
+            .map_err(|e| StoreError::Db(format!("counting the store failed: {e}")))??
+    };
     let authenticated = config.auth.mode == crate::config::AuthMode::Bearer;
     let sessions = Sessions::new();
     let upgrade_state =
@@ -190,8 +198,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             let mut tick = tokio::time::interval(sweep_every);
             loop {
                 tick.tick().await;
-                let registry = registry.clone();
-                let _ = tokio::task::spawn_blocking(move || registry.sweep()).await;
+                registry.sweep().await;
             }
         })
     };

@@ -467,7 +467,7 @@ where
         state: state.clone(),
         task_id: task_id.clone(),
     };
-    state.registry.request_cancel(&upstream, &task_id);
+    state.registry.request_cancel(&upstream, &task_id).await;
     let Some(id) = req.id().cloned() else {
         return CancelOutcome::Error(internal(format!("tasks/cancel without an id")));
     };

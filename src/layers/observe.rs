@@ -247,7 +247,7 @@ impl Watch {
             if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
                 self.registry.note_activity_in(&self.upstream, &value);
                 if msg.method() == Some("notifications/tasks/status") {
-                    return self.on_status_notification(bytes, value);
+                    return self.on_status_notification(bytes, value).await;
                 }
             }
         }
@@ -270,18 +270,19 @@ impl Watch {
             }
             Expect::TaskReply {
                 method, task_id, ..
-            } => self.on_task_reply(bytes, method, &task_id),
+            } => self.on_task_reply(bytes, method, &task_id).await,
             Expect::Nothing => bytes,
         }
     }
 
-    fn on_status_notification(&self, bytes: Bytes, mut value: Value) -> Bytes {
+    async fn on_status_notification(&self, bytes: Bytes, mut value: Value) -> Bytes {
         let Some(params) = value.get("params") else {
             return bytes;
         };
-        let observed =
-            self.registry
-                .observe_task(&self.upstream, params, "notifications/tasks/status");
+        let observed = self
+            .registry
+            .observe_task(&self.upstream, params.clone(), "notifications/tasks/status")
+            .await;
         let rewritten = value
             .get_mut("params")
             .is_some_and(|params| observed.rewrite(params));
@@ -338,7 +339,7 @@ impl Watch {
     }
 
     /// Applies the reply to a `tasks/get|result|cancel` about `task_id`.
-    fn on_task_reply(&self, bytes: Bytes, method: TaskMethod, task_id: &str) -> Bytes {
+    async fn on_task_reply(&self, bytes: Bytes, method: TaskMethod, task_id: &str) -> Bytes {
         let Ok(mut value) = serde_json::from_slice::<Value>(&bytes) else {
             return bytes;
         };
@@ -348,15 +349,17 @@ impl Watch {
         if method == TaskMethod::Result {
             let failed = result.get("isError").and_then(Value::as_bool) == Some(true);
             self.registry
-                .apply_result_payload(&self.upstream, task_id, failed);
+                .apply_result_payload(&self.upstream, task_id, failed)
+                .await;
             return bytes;
         }
         if !result.is_object() {
             return bytes;
         }
-        let observed =
-            self.registry
-                .observe_task_as(&self.upstream, task_id, result, method.source());
+        let observed = self
+            .registry
+            .observe_task_as(&self.upstream, task_id, result.clone(), method.source())
+            .await;
         let rewritten = value
             .get_mut("result")
             .is_some_and(|result| observed.rewrite(result));

@@ -102,13 +102,27 @@ where
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
+        let method = match req.request_method() {
+            Some("tasks/get") => Some("tasks/get"),
+            Some("tasks/result") => Some("tasks/result"),
+            Some("tasks/cancel") => Some("tasks/cancel"),
+            _ => None,
+        };
+        if let Some(method) = method {
+            let registry = self.registry.clone();
+            return Box::pin(async move {
+                match authorise(&registry, &mut req, method).await {
+                    Ok(()) => inner.call(req).await,
+                    Err(refused) => Ok(refused),
+                }
+            });
+        }
         let refused = match req.request_method() {
             Some("tools/call") => self.prepare_creation(&mut req).err(),
-            Some(m @ ("tasks/get" | "tasks/result" | "tasks/cancel")) => {
-                let method = m.to_string();
-                self.authorise(&mut req, &method).err()
+            Some("tasks/list") => {
+                let (registry, authenticated) = (self.registry.clone(), self.authenticated);
+                return Box::pin(async move { Ok(list(&registry, authenticated, &req).await) });
             }
-            Some("tasks/list") => Some(self.list(&req)),
             Some("initialize") if !self.authenticated => {
                 return Box::pin(async move {
                     let mut reply = inner.call(req).await?;
@@ -245,128 +259,140 @@ impl<S> TasksService<S> {
         });
         Ok(())
     }
+}
 
-    /// For `tasks/get|result|cancel`: authorise against the registry (→ [`AuthorisedTask`]) and
-    /// route to the task's session.
-    fn authorise(&self, req: &mut McpRequest, method: &str) -> Result<(), McpReply> {
-        let Operation::Post(msg) = &req.op else {
-            return Ok(());
-        };
-        let Some(id) = msg.id().cloned() else {
-            return Ok(());
-        };
-        let task_id = match task_id_param(msg) {
-            Some(t) => t,
-            None => {
-                return Err(McpReply::local_error(
-                    Some(&id),
-                    jsonrpc::INVALID_PARAMS,
-                    &format!("{method}: params.taskId (a string) is required"),
-                ))
-            }
-        };
-        let owner = req.ctx.caller().owner();
-        let Some(record) = self.registry.lookup(&req.ctx.upstream, &task_id, &owner) else {
-            self.registry
-                .metrics()
-                .task_lookups_rejected_total
-                .with_label_values(&[&req.ctx.upstream, method])
-                .inc();
-            if method == "tasks/cancel" {
-                self.registry
-                    .metrics()
-                    .cancel_requests_total
-                    .with_label_values(&[&req.ctx.upstream, "rejected_unknown"])
-                    .inc();
-            }
+/// For `tasks/get|result|cancel`: authorise against the registry (→ [`AuthorisedTask`]) and
+/// route to the task's session.
+async fn authorise(
+    registry: &Arc<Registry>,
+    req: &mut McpRequest,
+    method: &'static str,
+) -> Result<(), McpReply> {
+    let Operation::Post(msg) = &req.op else {
+        return Ok(());
+    };
+    let Some(id) = msg.id().cloned() else {
+        return Ok(());
+    };
+    let task_id = match task_id_param(msg) {
+        Some(t) => t,
+        None => {
             return Err(McpReply::local_error(
                 Some(&id),
                 jsonrpc::INVALID_PARAMS,
-                &format!("Task not found: {task_id}"),
-            ));
-        };
-        req.ctx.session_id = record
-            .upstream_session
-            .as_deref()
-            .and_then(|s| HeaderValue::from_str(s).ok());
-        req.extensions.insert(AuthorisedTask { record });
-        Ok(())
-    }
+                &format!("{method}: params.taskId (a string) is required"),
+            ))
+        }
+    };
+    let owner = req.ctx.caller().owner();
+    let Some(record) = registry.lookup(&req.ctx.upstream, &task_id, &owner).await else {
+        registry
+            .metrics()
+            .task_lookups_rejected_total
+            .with_label_values(&[&req.ctx.upstream, method])
+            .inc();
+        if method == "tasks/cancel" {
+            registry
+                .metrics()
+                .cancel_requests_total
+                .with_label_values(&[&req.ctx.upstream, "rejected_unknown"])
+                .inc();
+        }
+        return Err(McpReply::local_error(
+            Some(&id),
+            jsonrpc::INVALID_PARAMS,
+            &format!("Task not found: {task_id}"),
+        ));
+    };
+    req.ctx.session_id = record
+        .upstream_session
+        .as_deref()
+        .and_then(|s| HeaderValue::from_str(s).ok());
+    req.extensions.insert(AuthorisedTask { record });
+    Ok(())
+}
 
-    /// `tasks/list` from the registry.
-    fn list(&self, req: &McpRequest) -> McpReply {
-        let Operation::Post(msg) = &req.op else {
-            return McpReply::accepted();
-        };
-        let Some(id) = msg.id().cloned() else {
-            return McpReply::accepted();
-        };
-        let owner = req.ctx.caller().owner();
-        if owner == Owner::Anonymous && !self.authenticated {
+/// `tasks/list` from the registry.
+async fn list(registry: &Arc<Registry>, authenticated: bool, req: &McpRequest) -> McpReply {
+    let Operation::Post(msg) = &req.op else {
+        return McpReply::accepted();
+    };
+    let Some(id) = msg.id().cloned() else {
+        return McpReply::accepted();
+    };
+    let owner = req.ctx.caller().owner();
+    if owner == Owner::Anonymous && !authenticated {
+        return McpReply::local_error(
+            Some(&id),
+            jsonrpc::METHOD_NOT_FOUND,
+            "tasks/list is not available: without [auth] and without an Mcp-Session-Id taskgate cannot tell callers apart",
+        );
+    }
+    let params: Value = msg
+        .parse_as::<Value>()
+        .ok()
+        .and_then(|v| v.get("params").cloned())
+        .unwrap_or(Value::Null);
+    let upstream = &req.ctx.upstream;
+    let cursor = match params.get("cursor") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(c)) => {
+            let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(c)
+                .ok()
+                .map(ListCursor);
+            match decoded {
+                Some(c) => Some(c),
+                None => {
+                    return McpReply::local_error(
+                        Some(&id),
+                        jsonrpc::INVALID_PARAMS,
+                        "tasks/list: invalid cursor",
+                    )
+                }
+            }
+        }
+        Some(_) => {
             return McpReply::local_error(
                 Some(&id),
-                jsonrpc::METHOD_NOT_FOUND,
-                "tasks/list is not available: without [auth] and without an Mcp-Session-Id taskgate cannot tell callers apart",
-            );
+                jsonrpc::INVALID_PARAMS,
+                "tasks/list: invalid cursor (must be a string)",
+            )
         }
-        let params: Value = msg
-            .parse_as::<Value>()
-            .ok()
-            .and_then(|v| v.get("params").cloned())
-            .unwrap_or(Value::Null);
-        let store = &self.registry.store();
-        let upstream = &req.ctx.upstream;
-        let cursor = match params.get("cursor") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(c)) => {
-                let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
-                    .decode(c)
-                    .ok()
-                    .map(ListCursor)
-                    .filter(|c| store.cursor_is_valid(upstream, &owner, c));
-                match decoded {
-                    Some(c) => Some(c),
-                    None => {
-                        return McpReply::local_error(
-                            Some(&id),
-                            jsonrpc::INVALID_PARAMS,
-                            "tasks/list: invalid cursor",
-                        )
-                    }
-                }
+    };
+    // `[tasks] list_page_size` is 1..=1000, checked at load.
+    let limit = registry.config().list_page_size;
+    let invalid_cursor = cursor.is_some();
+    match registry.list_page(upstream, &owner, cursor, limit).await {
+        Ok(None) if invalid_cursor => McpReply::local_error(
+            Some(&id),
+            jsonrpc::INVALID_PARAMS,
+            "tasks/list: invalid cursor",
+        ),
+        Ok(None) => McpReply::local_error(
+            Some(&id),
+            jsonrpc::INTERNAL_ERROR,
+            "tasks/list: the task registry gave no page",
+        ),
+        Ok(Some((page, next))) => {
+            let now = now_ms();
+            let tasks: Vec<_> = page
+                .iter()
+                .filter(|r| !r.is_expired(now))
+                .map(TaskRecord::to_task)
+                .collect();
+            let mut result = serde_json::json!({ "tasks": tasks });
+            if let Some(next) = next {
+                result["nextCursor"] =
+                    Value::String(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(next.0));
             }
-            Some(_) => {
-                return McpReply::local_error(
-                    Some(&id),
-                    jsonrpc::INVALID_PARAMS,
-                    "tasks/list: invalid cursor (must be a string)",
-                )
-            }
-        };
-        // `[tasks] list_page_size` is 1..=1000, checked at load.
-        let limit = self.registry.config().list_page_size;
-        match store.list_owner(upstream, &owner, cursor.as_ref(), limit) {
-            Ok((page, next)) => {
-                let now = now_ms();
-                let tasks: Vec<_> = page
-                    .iter()
-                    .filter(|r| !r.is_expired(now))
-                    .map(TaskRecord::to_task)
-                    .collect();
-                let mut result = serde_json::json!({ "tasks": tasks });
-                if let Some(next) = next {
-                    result["nextCursor"] = Value::String(
-                        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(next.0),
-                    );
-                }
-                McpReply::local_json(jsonrpc::result_response(&id, &result.to_string()))
-            }
-            Err(e) => McpReply::local_error(
-                Some(&id),
-                jsonrpc::INTERNAL_ERROR,
-                &format!("tasks/list: the task registry failed: {e}"),
-            ),
+            McpReply::local_json(jsonrpc::result_response(&id, &result.to_string()))
         }
+        Err(e) => McpReply::local_error(
+            Some(&id),
+            jsonrpc::INTERNAL_ERROR,
+            &format!("tasks/list: the task registry failed: {e}"),
+        ),
     }
 }
 

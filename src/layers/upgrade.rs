@@ -81,7 +81,7 @@ use crate::layers::session::{session_key, Sessions, TaskSupport};
 use crate::mcp::task::TaskStatus;
 use crate::registry::Registry;
 use crate::sse::{Event, EventStream};
-use crate::store::{Origin, TaskRecord};
+
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -1183,16 +1183,8 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let mut orphans: Vec<TaskRecord> = Vec::new();
-    let _ = state.registry.store().scan(&mut |r| {
-        if r.origin == Origin::Upgraded
-            && !r.status.is_terminal()
-            && r.upstream == upstream.as_ref()
-        {
-            orphans.push(r);
-        }
-        true
-    });
+    // A scan of the whole store: on the blocking pool (see `registry`).
+    let orphans = state.registry.upgraded_live(upstream).await;
     for r in &orphans {
         let session = r
             .upstream_session

@@ -55,7 +55,16 @@ impl Registry {
         let up = record.upstream.clone();
         let status = record.status;
         let origin = record.origin;
-        let result = self.store.create(record.clone()).await;
+        // The store writes its transaction before it waits for the group commit: both on the
+        // blocking pool, never on a runtime worker.
+        let (store, copy) = (self.store.clone(), record.clone());
+        let handle = tokio::runtime::Handle::current();
+        let result =
+            match tokio::task::spawn_blocking(move || handle.block_on(store.create(copy))).await {
+                Ok(r) => r,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => Err(StoreError::Db(format!("the write was not run: {e}"))),
+            };
         match &result {
             Ok(()) => {
                 self.metrics

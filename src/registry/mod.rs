@@ -6,15 +6,20 @@
 //! - [`releases`]: the "resources released" tracker and the `progressToken` → `taskId` map;
 //! - [`sweep`]: the TTL sweep.
 //!
+//! Every method that touches the store is `async` and runs the store work on tokio's blocking
+//! pool (`offload`): no sled call runs on a runtime worker thread.
+//!
 //! Layers read and write task facts only through [`Registry`]: `tasks` looks records up to
 //! authorise and reserves slots, `cancel` records `cancel_requested_at`, and `observe` (the
 //! innermost layer) applies everything the upstream reports.
 
 mod creation;
+mod offload;
 pub mod owners;
 pub mod releases;
 pub mod sweep;
 
+pub use offload::ListPage;
 pub use owners::{Owners, Reservation};
 pub use releases::{Releases, ResourceHold};
 
@@ -169,7 +174,7 @@ impl Registry {
     }
 
     /// Records the "resources released" audit fact (once).
-    pub fn record_released(&self, upstream: &str, task_id: &str, reason: &'static str) {
+    fn record_released_now(&self, upstream: &str, task_id: &str, reason: &'static str) {
         let now = now_ms();
         let updated = self.store.update(upstream, task_id, &mut |r| {
             if r.released_at.is_some() || r.cancelled_at.is_none() {
@@ -228,7 +233,7 @@ impl Registry {
     }
 
     /// The record of a task if `owner` may see it now; `None` for unknown, expired or foreign.
-    pub fn lookup(&self, upstream: &str, task_id: &str, owner: &Owner) -> Option<TaskRecord> {
+    fn lookup_now(&self, upstream: &str, task_id: &str, owner: &Owner) -> Option<TaskRecord> {
         match self.store.get(upstream, task_id) {
             Ok(Some(r)) if r.owner == *owner && !r.is_expired(now_ms()) => Some(r),
             Ok(_) => None,
@@ -240,7 +245,7 @@ impl Registry {
     }
 
     /// Appends an audit event and logs it with target `taskgate::audit`.
-    pub fn audit(&self, record: &TaskRecord, event: &str, detail: String) {
+    fn audit(&self, record: &TaskRecord, event: &str, detail: String) {
         tracing::info!(
             target: "taskgate::audit",
             upstream = %record.upstream,
@@ -266,16 +271,16 @@ impl Registry {
 
     /// Applies a status report (a `Task` object: `tasks/get` / `tasks/cancel` result,
     /// `notifications/tasks/status` params) to the record of `(upstream, taskId)`.
-    pub fn observe_task(&self, upstream: &str, task: &Value, source: &str) -> Observed {
+    fn observe_task_now(&self, upstream: &str, task: &Value, source: &str) -> Observed {
         let Some(task_id) = task.get("taskId").and_then(Value::as_str) else {
             return Observed::Unknown;
         };
-        self.observe_task_as(upstream, task_id, task, source)
+        self.observe_task_as_now(upstream, task_id, task, source)
     }
 
     /// Applies a status report about `task_id` (a reply to a request about that task: its own
     /// `taskId`, if any, is not trusted to name another task).
-    pub fn observe_task_as(
+    fn observe_task_as_now(
         &self,
         upstream: &str,
         task_id: &str,
@@ -303,7 +308,7 @@ impl Registry {
 
     /// Records that the task reached `status` (see [`Registry::observe_task`]).
     #[allow(clippy::too_many_arguments)]
-    pub fn apply_status(
+    fn apply_status(
         &self,
         upstream: &str,
         task_id: &str,
@@ -415,7 +420,7 @@ impl Registry {
     /// Applied only to a record that is not terminal yet: a payload carries no status, so it
     /// never contradicts a recorded terminal one (the Python SDK answers an empty result for a
     /// cancelled task).
-    pub fn apply_result_payload(&self, upstream: &str, task_id: &str, failed: bool) {
+    fn apply_result_payload_now(&self, upstream: &str, task_id: &str, failed: bool) {
         let status = if failed {
             TaskStatus::Failed
         } else {
@@ -447,7 +452,7 @@ impl Registry {
 
     /// Records that a `tasks/cancel` for the task goes upstream: `cancel_requested_at` (set
     /// once) and a `cancel_requested` audit event. One store update; returns the record after it.
-    pub fn request_cancel(&self, upstream: &str, task_id: &str) -> Option<TaskRecord> {
+    fn request_cancel_now(&self, upstream: &str, task_id: &str) -> Option<TaskRecord> {
         let now = now_ms();
         let updated = self.store.update(upstream, task_id, &mut |r| {
             if r.cancel_requested_at.is_some() {

@@ -168,7 +168,7 @@ impl Releases {
             .lock()
             .retain(|(up, _), t| !(*up == key.0 && *t == key.1));
         if let Some(registry) = self.registry.upgrade() {
-            registry.record_released(&key.0, &key.1, reason);
+            registry.record_released(&key.0, &key.1, reason).await;
         }
     }
 

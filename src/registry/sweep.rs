@@ -5,8 +5,8 @@ use super::Registry;
 use crate::mcp::task::now_ms;
 
 impl Registry {
-    /// Removes records whose ttl is over; returns how many were removed.
-    pub fn sweep(&self) -> usize {
+    /// Removes records whose ttl is over; returns how many were removed (blocking).
+    pub(super) fn sweep_now(&self) -> usize {
         let now = now_ms();
         let keys = match self.store.expired(now, 10_000) {
             Ok(k) => k,
