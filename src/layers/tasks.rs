@@ -222,32 +222,7 @@ impl<S> TasksService<S> {
             .pointer("/params/name")
             .and_then(Value::as_str)
             .map(str::to_string);
-        let template = TaskRecord {
-            upstream: upstream.to_string(),
-            task_id: String::new(),
-            owner,
-            upstream_session: header_string(req.ctx.session_id.as_ref()),
-            origin: if req.extensions.get::<Upgraded>().is_some() {
-                Origin::Upgraded
-            } else {
-                Origin::Client
-            },
-            tool,
-            protocol_version: header_string(req.ctx.protocol_version()),
-            status: TaskStatus::Working,
-            status_message: None,
-            created_at: String::new(),
-            last_updated_at: String::new(),
-            ttl_ms: None,
-            poll_interval_ms: None,
-            recorded_at: 0,
-            cancel_requested_at: None,
-            cancelled_at: None,
-            released_at: None,
-            terminal_at: None,
-            late_result_at: None,
-            expires_at: 0,
-        };
+        let template = template(req, owner, tool);
         let progress_token = value
             .pointer("/params/_meta/progressToken")
             .map(Value::to_string);
@@ -393,6 +368,36 @@ async fn list(registry: &Arc<Registry>, authenticated: bool, req: &McpRequest) -
             jsonrpc::INTERNAL_ERROR,
             &format!("tasks/list: the task registry failed: {e}"),
         ),
+    }
+}
+
+/// The record of a creation, before the `CreateTaskResult` completes it.
+fn template(req: &McpRequest, owner: Owner, tool: Option<String>) -> TaskRecord {
+    TaskRecord {
+        upstream: req.ctx.upstream.to_string(),
+        task_id: String::new(),
+        owner,
+        upstream_session: header_string(req.ctx.session_id.as_ref()),
+        origin: if req.extensions.get::<Upgraded>().is_some() {
+            Origin::Upgraded
+        } else {
+            Origin::Client
+        },
+        tool,
+        protocol_version: header_string(req.ctx.protocol_version()),
+        status: TaskStatus::Working,
+        status_message: None,
+        created_at: String::new(),
+        last_updated_at: String::new(),
+        ttl_ms: None,
+        poll_interval_ms: None,
+        recorded_at: 0,
+        cancel_requested_at: None,
+        cancelled_at: None,
+        released_at: None,
+        terminal_at: None,
+        late_result_at: None,
+        expires_at: 0,
     }
 }
 

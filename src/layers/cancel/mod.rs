@@ -47,23 +47,24 @@
 //!   `reason="restart"`; records removed by the TTL sweeper first count `reason="expired"`.
 //!   Holds and activity are taken by `observe`; the tracker is `crate::registry::releases`.
 
-use crate::exchange::{Caller, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
-use crate::jsonrpc::{self, Id, Kind, Message};
-use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+mod notes;
+
+use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
+use crate::jsonrpc::{self, Kind, Message};
+use crate::layers::extensions::AuthorisedTask;
 use crate::mcp::task::TaskStatus;
 use crate::registry::Registry;
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use futures_util::StreamExt;
-use http::HeaderValue;
+use notes::{CancelNotes, InFlightGuard, NOTES_LIMIT};
 use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::Value;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 /// The upstream's answer to one forwarded `tasks/cancel`, shared by every waiting caller.
@@ -80,33 +81,6 @@ enum CancelOutcome {
 }
 
 type SharedCancel = Shared<BoxFuture<'static, CancelOutcome>>;
-
-/// A client request, named by who sent it.
-type RequestKey = (Caller, Id);
-
-/// Entries a note table holds before it is cleared (a `notifications/cancelled` comes right
-/// after its request, not 10,000 requests later).
-const NOTES_LIMIT: usize = 10_000;
-
-/// Facts about client requests needed to route `notifications/cancelled` (bounded).
-#[derive(Default)]
-struct CancelNotes {
-    /// Caller (with the session its `initialize` opened) → that `initialize`'s id.
-    initialize: HashMap<Caller, Id>,
-    /// Task-augmented requests → the taskId once `observe` recorded their creation.
-    creations: HashMap<RequestKey, Arc<OnceLock<String>>>,
-    /// Requests routed to another upstream session than the client's → that session.
-    in_flight: HashMap<RequestKey, Option<HeaderValue>>,
-    /// Requests already cancelled once.
-    forwarded: HashSet<RequestKey>,
-}
-
-fn bounded_insert<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, k: K, v: V) {
-    if map.len() >= NOTES_LIMIT {
-        map.clear();
-    }
-    map.insert(k, v);
-}
 
 /// State of the cancel layer for one upstream.
 pub struct CancelState {
@@ -230,113 +204,7 @@ where
     }
 }
 
-/// Removes a request from the in-flight table when its reply is finished: at once for JSON,
-/// when the stream ends for SSE.
-struct InFlightGuard {
-    state: Arc<CancelState>,
-    key: RequestKey,
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        self.state.notes.lock().in_flight.remove(&self.key);
-    }
-}
-
 impl CancelState {
-    /// Remembers the `initialize` id of a caller (its principal and the session the
-    /// `initialize` opened, from the reply).
-    fn note_initialize(&self, caller: Caller, reply: &McpReply, id: Id) {
-        let caller = Caller {
-            principal: caller.principal,
-            client_session: reply.headers.get("mcp-session-id").cloned(),
-        };
-        bounded_insert(&mut self.notes.lock().initialize, caller, id);
-    }
-
-    /// Remembers a task-augmented request: once `observe` records its creation, a
-    /// `notifications/cancelled` for it is dropped.
-    fn note_creation(&self, req: &McpRequest) {
-        let (Some(pending), Some(id)) = (req.extensions.get::<PendingCreation>(), req.id()) else {
-            return;
-        };
-        let key = (req.ctx.caller(), id.clone());
-        bounded_insert(
-            &mut self.notes.lock().creations,
-            key,
-            pending.created.clone(),
-        );
-    }
-
-    /// Notes a client request (with an id) going upstream on another session than the client's;
-    /// returns its in-flight key.
-    fn note_request(&self, req: &McpRequest) -> Option<RequestKey> {
-        let Operation::Post(msg) = &req.op else {
-            return None;
-        };
-        if msg.kind() != Kind::Request {
-            return None;
-        }
-        // Only requests the `tasks` layer routed to another upstream session need a note: a
-        // notifications/cancelled for any other request reaches it on the client's own session.
-        if req.ctx.session_id == req.ctx.client_session_id {
-            return None;
-        }
-        let key = (req.ctx.caller(), msg.id()?.clone());
-        bounded_insert(
-            &mut self.notes.lock().in_flight,
-            key.clone(),
-            req.ctx.session_id.clone(),
-        );
-        Some(key)
-    }
-
-    /// Decides what to do with a client's `notifications/cancelled`; returns the drop reason, or
-    /// `None` to forward it (possibly re-routed to another upstream session).
-    fn route_cancelled(&self, req: &mut McpRequest) -> Option<&'static str> {
-        let Operation::Post(msg) = &req.op else {
-            return None;
-        };
-        #[derive(Deserialize)]
-        struct Params {
-            #[serde(rename = "requestId")]
-            request_id: Option<Value>,
-        }
-        #[derive(Deserialize)]
-        struct Notification {
-            params: Option<Params>,
-        }
-        let request_id = msg
-            .parse_as::<Notification>()
-            .ok()
-            .and_then(|n| n.params?.request_id)
-            .and_then(|v| Id::from_value(&v));
-        let Some(request_id) = request_id else {
-            // Without a requestId nothing can be cancelled; the receiver ignores it anyway.
-            return None;
-        };
-        let caller = req.ctx.caller();
-        let mut notes = self.notes.lock();
-        if notes.initialize.get(&caller) == Some(&request_id) {
-            return Some("initialize");
-        }
-        let key = (caller, request_id);
-        if notes.creations.get(&key).is_some_and(|c| c.get().is_some()) {
-            return Some("task");
-        }
-        if key.0.is_identified() && notes.forwarded.contains(&key) {
-            return Some("duplicate");
-        }
-        if notes.forwarded.len() >= 100_000 {
-            notes.forwarded.clear();
-        }
-        if let Some(target) = notes.in_flight.get(&key) {
-            req.ctx.session_id = target.clone();
-        }
-        notes.forwarded.insert(key);
-        None
-    }
-
     /// The terminal status a task is known to have: left by a finished flight, else the record
     /// the `tasks` layer authorised.
     fn known_terminal(&self, record: &crate::store::TaskRecord) -> Option<TaskStatus> {
@@ -414,9 +282,20 @@ where
         (true, true) => "upstream_error",
         (false, _) => "deduplicated",
     });
+    reply_of(outcome, &id, first, &upstream)
+}
+
+/// The reply one caller gets from a flight's outcome, under its own id (`first`: the caller
+/// whose request went upstream gets an HTTP error reply as it came).
+fn reply_of(
+    outcome: CancelOutcome,
+    id: &jsonrpc::Id,
+    first: bool,
+    upstream: &str,
+) -> Result<McpReply, GatewayError> {
     Ok(match outcome {
         CancelOutcome::Result(result) => {
-            McpReply::local_json(jsonrpc::result_response(&id, &result))
+            McpReply::local_json(jsonrpc::result_response(id, &result))
         }
         CancelOutcome::Error(error) => {
             let mut text = String::with_capacity(48 + error.len());
@@ -430,7 +309,7 @@ where
         CancelOutcome::Http(reply, status) => match reply.lock().take() {
             Some(r) if first => r,
             _ => McpReply::local_error(
-                Some(&id),
+                Some(id),
                 jsonrpc::INTERNAL_ERROR,
                 &format!("upstream `{upstream}` answered tasks/cancel with HTTP {status}"),
             ),
@@ -469,7 +348,7 @@ where
     };
     state.registry.request_cancel(&upstream, &task_id).await;
     let Some(id) = req.id().cloned() else {
-        return CancelOutcome::Error(internal(format!("tasks/cancel without an id")));
+        return CancelOutcome::Error(internal("tasks/cancel without an id".to_string()));
     };
     let reply = match inner.call(req).await {
         Err(e) => return CancelOutcome::Failed(Arc::new(e)),
