@@ -356,64 +356,76 @@ impl Registry {
             return Observed::Recorded(after.status);
         }
         if after.status.is_terminal() && status != after.status {
-            // The first terminal state wins forever (2025-11-25 tasks: a terminal status MUST NOT change).
-            let up = after.upstream.as_str();
-            self.metrics
-                .task_terminal_rewrites_total
-                .with_label_values(&[up])
-                .inc();
-            // A late result is one fact per task: counted, audited and logged the first time,
-            // however often the upstream repeats it (every poll of tasks/get would).
-            let first_late = status.is_terminal()
-                && matches!(
-                    self.store.update(&after.upstream, &after.task_id, &mut |r| {
-                        if r.late_result_at.is_some() {
-                            return false;
-                        }
-                        r.late_result_at = Some(now);
-                        true
-                    }),
-                    Ok(Some((ref b, _))) if b.late_result_at.is_none()
-                );
-            if first_late {
-                self.metrics
-                    .task_late_results_total
-                    .with_label_values(&[up])
-                    .inc();
-                self.audit(
-                    &after,
-                    "late_result",
-                    format!("{source} reported {status} after {}", after.status),
-                );
-                tracing::warn!(
-                    upstream = up,
-                    task_id = %after.task_id,
-                    recorded = %after.status,
-                    reported = %status,
-                    source,
-                    "upstream reported another terminal status for a terminal task; showing the recorded one"
-                );
-            } else {
-                // A repeat, or a benign race: a reply saying `working` overtaken by the
-                // terminal status notification.
-                tracing::debug!(
-                    upstream = up,
-                    task_id = %after.task_id,
-                    recorded = %after.status,
-                    reported = %status,
-                    source,
-                    "stale status for a terminal task; showing the recorded one"
-                );
-            }
-            return Observed::Rewrite {
-                status: after.status,
-                status_message: after.status_message.clone(),
-            };
+            return self.on_stale_terminal(&after, status, source, now);
         }
         if before != after {
             self.store.sync_soon();
         }
         Observed::Recorded(after.status)
+    }
+
+    /// Another status was reported for a task recorded terminal: counted, the first late
+    /// terminal result audited and logged; the message must show the recorded status.
+    fn on_stale_terminal(
+        &self,
+        after: &TaskRecord,
+        status: TaskStatus,
+        source: &str,
+        now: u64,
+    ) -> Observed {
+        // The first terminal state wins forever (2025-11-25 tasks: a terminal status MUST NOT change).
+        let up = after.upstream.as_str();
+        self.metrics
+            .task_terminal_rewrites_total
+            .with_label_values(&[up])
+            .inc();
+        // A late result is one fact per task: counted, audited and logged the first time,
+        // however often the upstream repeats it (every poll of tasks/get would).
+        let first_late = status.is_terminal()
+            && matches!(
+                self.store.update(&after.upstream, &after.task_id, &mut |r| {
+                    if r.late_result_at.is_some() {
+                        return false;
+                    }
+                    r.late_result_at = Some(now);
+                    true
+                }),
+                Ok(Some((ref b, _))) if b.late_result_at.is_none()
+            );
+        if first_late {
+            self.metrics
+                .task_late_results_total
+                .with_label_values(&[up])
+                .inc();
+            self.audit(
+                &after,
+                "late_result",
+                format!("{source} reported {status} after {}", after.status),
+            );
+            tracing::warn!(
+                upstream = up,
+                task_id = %after.task_id,
+                recorded = %after.status,
+                reported = %status,
+                source,
+                "upstream reported another terminal status for a terminal task; showing the recorded one"
+            );
+        } else {
+            // A repeat, or a benign race: a reply saying `working` overtaken by the
+            // terminal status notification.
+            tracing::debug!(
+                upstream = up,
+                task_id = %after.task_id,
+                recorded = %after.status,
+                reported = %status,
+                source,
+                "stale status for a terminal task; showing the recorded one"
+            );
+        }
+        Observed::Rewrite {
+            status: after.status,
+            status_message: after.status_message.clone(),
+        }
     }
 
     /// A `tasks/result` payload arrived: the task ended (`failed` for an `isError` tool result).
