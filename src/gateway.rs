@@ -103,8 +103,6 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     };
     let authenticated = config.auth.mode == crate::config::AuthMode::Bearer;
     let sessions = Sessions::new();
-    let upgrade_state =
-        UpgradeState::new(sessions.clone(), registry.clone(), config.upgrade.clone());
     let mut orphan_jobs = Vec::new();
 
     let gateway_listener = TcpListener::bind(config.gateway.listen)
@@ -128,8 +126,14 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     for u in &config.upstream {
         let upstream = HttpUpstream::new(u, metrics.clone());
         let name = upstream.name().clone();
-        upgrade_state.set_upstream_timeout(&name, Duration::from_millis(u.timeout_ms));
-        // Outermost first; see `layers` for why this order. Each stack has its own cancel state.
+        // Outermost first; see `layers` for why this order. Each stack has its own upgrade and
+        // cancel state.
+        let upgrade_state = UpgradeState::new(
+            sessions.clone(),
+            registry.clone(),
+            config.upgrade.clone(),
+            Duration::from_millis(u.timeout_ms),
+        );
         let inner = tower::ServiceBuilder::new()
             .layer(SessionLayer::new(sessions.clone()))
             .layer(TasksLayer::new(registry.clone(), authenticated))
@@ -137,7 +141,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .layer(ObserveLayer::new(registry.clone()))
             .service(upstream);
         if config.upgrade.enabled {
-            orphan_jobs.push((name.clone(), inner.clone()));
+            orphan_jobs.push((name.clone(), upgrade_state.clone(), inner.clone()));
         }
         let stack = tower::Layer::layer(&UpgradeLayer::new(upgrade_state.clone()), inner);
         routes.push(Route {
@@ -145,8 +149,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             stack: BoxCloneSyncService::new(stack),
         });
     }
-    for (name, inner) in orphan_jobs {
-        let state = upgrade_state.clone();
+    for (name, state, inner) in orphan_jobs {
         tokio::spawn(async move {
             let n = cancel_orphans(&state, &name, inner).await;
             if n > 0 {
