@@ -203,7 +203,8 @@ impl Registry {
         self.store.sync_soon();
     }
 
-    /// The store behind the registry.
+    /// The store behind the registry, for tests and tools that inspect it off the runtime
+    /// (its calls block; layers use the registry's async methods instead).
     pub fn store(&self) -> &Arc<dyn TaskStore> {
         &self.store
     }

@@ -1,8 +1,11 @@
-//! The task registry: the [`TaskStore`] trait and its embedded sled implementation.
+//! Task storage: the [`TaskStore`] trait and its embedded sled implementation (the status
+//! machine over it is [`crate::registry`]).
 //!
 //! The trait is narrow on purpose (another embedded store, redb for one, or a shared backend could replace
-//! sled). Reads and in-place updates are synchronous and fast; [`TaskStore::create`] and
-//! [`TaskStore::sync`] return only once what was written is on disk (flush + `fdatasync`).
+//! sled). Reads and in-place updates are synchronous and fast, but they block: callers on the
+//! runtime go through [`crate::registry::Registry`], which runs them on the blocking pool.
+//! [`TaskStore::create`] and [`TaskStore::sync`] return only once what was written is on disk
+//! (flush + `fdatasync`).
 
 pub mod record;
 pub mod sled_store;
