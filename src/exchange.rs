@@ -11,6 +11,7 @@
 use crate::jsonrpc::{self, Id, Message};
 use crate::metrics::RequestOutcome;
 use crate::sse::EventStream;
+use crate::store::Owner;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::sync::Arc;
@@ -57,6 +58,21 @@ impl Caller {
         self.client_session.is_some() || matches!(self.principal, Principal::Token(_))
     }
 
+    /// The owner of the tasks this caller creates: its principal with auth; without auth the
+    /// client's own session (as it arrived, never a session a layer routed to), else
+    /// [`Owner::Anonymous`].
+    pub fn owner(&self) -> Owner {
+        match (&self.principal, &self.client_session) {
+            (Principal::Token(p), _) => Owner::Principal(p.to_string()),
+            (Principal::Anonymous, Some(s)) => match s.to_str() {
+                Ok(s) => Owner::Session(s.to_string()),
+                // Not visible ASCII: no session can be named by it.
+                Err(_) => Owner::Anonymous,
+            },
+            (Principal::Anonymous, None) => Owner::Anonymous,
+        }
+    }
+
     /// The key of this caller's request `id` on `upstream`.
     pub fn call_key(&self, upstream: &Arc<str>, id: &Id) -> CallKey {
         CallKey {
@@ -88,22 +104,19 @@ pub struct RequestContext {
     pub session_id: Option<HeaderValue>,
     /// The client's own `Mcp-Session-Id`, as it arrived (never rewritten by layers).
     pub client_session_id: Option<HeaderValue>,
-    /// The client's `MCP-Protocol-Version` header.
-    pub protocol_version: Option<HeaderValue>,
     /// Who the caller is.
     pub principal: Principal,
-    /// The `taskId` of a `tasks/get|result|cancel` the `tasks` layer authorised (inner layers
-    /// use it instead of parsing the params again).
-    pub task_id: Option<Arc<str>>,
-    /// Set by the `upgrade` layer on a plain `tools/call` it turned into a task (the record's
-    /// origin is then `upgraded`).
-    pub upgraded: bool,
     /// End-to-end headers to forward upstream (hop-by-hop, `Host`, `Origin`, `Mcp-Session-Id`,
     /// and, unless configured otherwise, `Authorization` already removed).
     pub headers: HeaderMap,
 }
 
 impl RequestContext {
+    /// The client's `MCP-Protocol-Version` header (kept in [`RequestContext::headers`]).
+    pub fn protocol_version(&self) -> Option<&HeaderValue> {
+        self.headers.get("mcp-protocol-version")
+    }
+
     /// Who sent the request (see [`Caller`]).
     pub fn caller(&self) -> Caller {
         Caller {
@@ -125,6 +138,8 @@ pub struct McpRequest {
     pub op: Operation,
     /// Who asked, and where it goes.
     pub ctx: RequestContext,
+    /// Facts a layer learned for the layers below it (see `layers::extensions`).
+    pub extensions: http::Extensions,
 }
 
 impl McpRequest {

@@ -12,11 +12,12 @@ use crate::http::admin::{Admin, UpstreamTarget};
 use crate::http::server::{serve, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::cancel::{CancelLayer, CancelState};
-use crate::layers::registry::Registry;
+use crate::layers::observe::ObserveLayer;
 use crate::layers::session::{SessionLayer, Sessions};
 use crate::layers::tasks::TasksLayer;
 use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};
 use crate::metrics::Metrics;
+use crate::registry::Registry;
 use crate::store::{SledStore, StoreError, TaskStore};
 use crate::upstream::HttpUpstream;
 use std::net::SocketAddr;
@@ -72,7 +73,9 @@ impl Running {
             let _ = s.await;
         }
         self.sweeper.abort();
-        self.store.close();
+        // Flushes and joins the committer thread: not on a runtime worker.
+        let store = self.store;
+        let _ = tokio::task::spawn_blocking(move || store.close()).await;
     }
 }
 
@@ -87,16 +90,19 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         config.store.cache_capacity_bytes,
         Some(metrics.clone()),
     )?;
-    let registry = Registry::new(
-        store.clone() as Arc<dyn TaskStore>,
-        metrics.clone(),
-        config.tasks.clone(),
-    )?;
+    // Counting what the store holds scans it: on the blocking pool, like every store call.
+    let registry = {
+        let (store, metrics, tasks) = (
+            store.clone() as Arc<dyn TaskStore>,
+            metrics.clone(),
+            config.tasks.clone(),
+        );
+        tokio::task::spawn_blocking(move || Registry::new(store, metrics, tasks))
+            .await
+            .map_err(|e| StoreError::Db(format!("counting the store failed: {e}")))??
+    };
     let authenticated = config.auth.mode == crate::config::AuthMode::Bearer;
-    let cancel_state = CancelState::new(registry.clone());
     let sessions = Sessions::new();
-    let upgrade_state =
-        UpgradeState::new(sessions.clone(), registry.clone(), config.upgrade.clone());
     let mut orphan_jobs = Vec::new();
 
     let gateway_listener = TcpListener::bind(config.gateway.listen)
@@ -120,14 +126,22 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     for u in &config.upstream {
         let upstream = HttpUpstream::new(u, metrics.clone());
         let name = upstream.name().clone();
-        upgrade_state.set_upstream_timeout(&name, Duration::from_millis(u.timeout_ms));
+        // Outermost first; see `layers` for why this order. Each stack has its own upgrade and
+        // cancel state.
+        let upgrade_state = UpgradeState::new(
+            sessions.clone(),
+            registry.clone(),
+            config.upgrade.clone(),
+            Duration::from_millis(u.timeout_ms),
+        );
         let inner = tower::ServiceBuilder::new()
             .layer(SessionLayer::new(sessions.clone()))
             .layer(TasksLayer::new(registry.clone(), authenticated))
-            .layer(CancelLayer::new(cancel_state.clone()))
+            .layer(CancelLayer::new(CancelState::new(registry.clone())))
+            .layer(ObserveLayer::new(registry.clone()))
             .service(upstream);
         if config.upgrade.enabled {
-            orphan_jobs.push((name.clone(), inner.clone()));
+            orphan_jobs.push((name.clone(), upgrade_state.clone(), inner.clone()));
         }
         let stack = tower::Layer::layer(&UpgradeLayer::new(upgrade_state.clone()), inner);
         routes.push(Route {
@@ -135,8 +149,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             stack: BoxCloneSyncService::new(stack),
         });
     }
-    for (name, inner) in orphan_jobs {
-        let state = upgrade_state.clone();
+    for (name, state, inner) in orphan_jobs {
         tokio::spawn(async move {
             let n = cancel_orphans(&state, &name, inner).await;
             if n > 0 {
@@ -188,8 +201,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             let mut tick = tokio::time::interval(sweep_every);
             loop {
                 tick.tick().await;
-                let registry = registry.clone();
-                let _ = tokio::task::spawn_blocking(move || registry.sweep()).await;
+                registry.sweep().await;
             }
         })
     };

@@ -16,6 +16,7 @@ pub mod jsonrpc;
 pub mod layers;
 pub mod mcp;
 pub mod metrics;
+pub mod registry;
 pub mod sse;
 pub mod store;
 pub mod upstream;

@@ -71,9 +71,14 @@ impl Admin {
                         .boxed_unsync(),
                 )
                 .expect("valid response"),
-            "/admin/tasks" => self.tasks(req.uri().query().unwrap_or("")),
+            // Store scans and reads run on the blocking pool, never on a runtime worker.
+            "/admin/tasks" => {
+                let query = req.uri().query().unwrap_or("").to_string();
+                self.blocking(move |store| Admin::tasks(store, &query)).await
+            }
             path if path.starts_with("/admin/tasks/") => {
-                self.task(&path["/admin/tasks/".len()..])
+                let rest = path["/admin/tasks/".len()..].to_string();
+                self.blocking(move |store| Admin::task(store, &rest)).await
             }
             other => json_response(
                 StatusCode::NOT_FOUND,
@@ -88,7 +93,7 @@ impl Admin {
     }
 
     /// `GET /admin/tasks?owner=&status=&upstream=&limit=`: records as JSON, newest first.
-    fn tasks(&self, query: &str) -> Response<Body> {
+    fn tasks(store: &dyn TaskStore, query: &str) -> Response<Body> {
         let mut filter = TaskFilter::default();
         for (k, v) in form_urlencoded::parse(query.as_bytes()) {
             let v = v.into_owned();
@@ -121,7 +126,7 @@ impl Admin {
                 }
             }
         }
-        match filter.collect(self.store.as_ref()) {
+        match filter.collect(store) {
             Ok(records) => json_response(
                 StatusCode::OK,
                 serde_json::json!({ "tasks": records }).to_string().into(),
@@ -134,7 +139,7 @@ impl Admin {
     }
 
     /// `GET /admin/tasks/<upstream>/<taskId>`: one record with its audit events.
-    fn task(&self, rest: &str) -> Response<Body> {
+    fn task(store: &dyn TaskStore, rest: &str) -> Response<Body> {
         let Some((upstream, task_id)) = rest.split_once('/') else {
             return json_response(
                 StatusCode::NOT_FOUND,
@@ -142,7 +147,7 @@ impl Admin {
             );
         };
         let (upstream, task_id) = (percent_decode(upstream), percent_decode(task_id));
-        match task_detail(self.store.as_ref(), &upstream, &task_id) {
+        match task_detail(store, &upstream, &task_id) {
             Ok(Some(v)) => json_response(StatusCode::OK, v.to_string().into()),
             Ok(None) => json_response(
                 StatusCode::NOT_FOUND,
@@ -151,6 +156,23 @@ impl Admin {
             Err(e) => json_response(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 serde_json::json!({ "error": e }).to_string().into(),
+            ),
+        }
+    }
+
+    /// Runs a store query on the blocking pool.
+    async fn blocking<F>(&self, query: F) -> Response<Body>
+    where
+        F: FnOnce(&dyn TaskStore) -> Response<Body> + Send + 'static,
+    {
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || query(store.as_ref())).await {
+            Ok(response) => response,
+            Err(e) => json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({ "error": e.to_string() })
+                    .to_string()
+                    .into(),
             ),
         }
     }
@@ -224,7 +246,7 @@ impl TaskFilter {
         let mut out = Vec::new();
         store
             .scan(&mut |r| {
-                let keep = self.owner.as_ref().is_none_or(|o| *o == r.owner)
+                let keep = self.owner.as_ref().is_none_or(|o| r.owner == o.as_str())
                     && self.upstream.as_ref().is_none_or(|u| *u == r.upstream)
                     && self.status.is_none_or(|s| s == r.status);
                 if keep {

@@ -198,19 +198,16 @@ impl Edge {
         headers.remove(header::HOST);
         headers.remove(header::ORIGIN);
         headers.remove(header::CONTENT_LENGTH);
-        let protocol_version = headers.get("mcp-protocol-version").cloned();
         let request = McpRequest {
             op,
             ctx: RequestContext {
                 upstream: route.name.clone(),
                 client_session_id: session_id.clone(),
                 session_id,
-                protocol_version,
                 principal,
-                task_id: None,
-                upgraded: false,
                 headers,
             },
+            extensions: http::Extensions::new(),
         };
         let method = match &request.op {
             Operation::Post(m) => m.method().map(McpMethod::of).unwrap_or(match m.kind() {

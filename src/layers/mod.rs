@@ -1,10 +1,40 @@
-//! One tower layer per concern, outermost first: `upgrade` (plain calls to `required` tools become
-//! tasks), `session` (capabilities and tool cache per session), `tasks` (record, authorise, route,
-//! observe), `cancel` (single-flight `tasks/cancel`, audit facts). Each module's doc says which
-//! messages it touches.
+//! One tower layer per concern. A request goes down the stack once; its reply comes back up
+//! once. Facts travel down as typed request extensions ([`extensions`]); facts about tasks are
+//! applied to the registry ([`crate::registry`], not a layer) in one place, `observe`.
+//!
+//! Order, outermost first (assembled per upstream in `gateway`):
+//! 1. `upgrade`: plain calls to `required` tools become tasks; it follows them with its own
+//!    `tools/list`, `tasks/get`, `tasks/result` and `tasks/cancel` requests, sent into the rest of
+//!    the stack as the client's, so they are authorised, routed, single-flighted and observed
+//!    like any client's.
+//! 2. `session`: capabilities and the tool cache per session. It stays *inside* `upgrade`
+//!    (DESIGN.md puts it outermost) because `upgrade` reads the tool cache it fills, including
+//!    from the `tools/list` requests `upgrade` sends itself; with `session` outside, those
+//!    answers would never pass it. Moving it out means `upgrade` owning its tool cache.
+//! 3. `tasks`: policy: owner limit, ttl cap, authorise `tasks/*`, route to the task's session,
+//!    `tasks/list`, hiding `tasks.list` when callers cannot be told apart.
+//! 4. `cancel`: single-flight `tasks/cancel`, the terminal check, `notifications/cancelled`
+//!    routing.
+//! 5. `observe`: innermost, just above the upstream client: every upstream message passes it
+//!    once. It records creations, applies statuses, notes activity, holds resources and rewrites
+//!    terminal statuses. Being below `cancel`, it has applied an SSE `tasks/cancel` answer
+//!    before `cancel` reads it from the stream, so a finished flight has applied its answer
+//!    before it leaves the flight table.
+//!
+//! Each module's doc says which messages it touches.
 
 pub mod cancel;
-pub mod registry;
+pub mod extensions;
+pub mod observe;
 pub mod session;
 pub mod tasks;
 pub mod upgrade;
+
+#[cfg(test)]
+pub(crate) mod testing;
+
+/// The registry used to live here; it is [`crate::registry`] now. This alias keeps the path the
+/// integration-test harness names (`taskgate::layers::registry::Registry`) until that harness
+/// moves to `crate::registry`.
+#[doc(hidden)]
+pub use crate::registry;

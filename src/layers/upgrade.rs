@@ -77,11 +77,11 @@ use crate::exchange::{
     RequestContext,
 };
 use crate::jsonrpc::{self, Id, Kind, Message};
-use crate::layers::registry::Registry;
 use crate::layers::session::{session_key, Sessions, TaskSupport};
 use crate::mcp::task::TaskStatus;
+use crate::registry::Registry;
 use crate::sse::{Event, EventStream};
-use crate::store::{Origin, TaskRecord};
+
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -97,8 +97,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tower::ServiceExt;
 
-/// (upstream, caller, progressToken JSON) of an upgraded call with a progress token.
-type TokenKey = (Arc<str>, Caller, String);
+/// (caller, progressToken JSON) of an upgraded call with a progress token.
+type TokenKey = (Caller, String);
 
 /// Events buffered before the upstream's `CreateTaskResult`; past it the exchange ends.
 pub const EARLY_LIMIT: usize = 1024;
@@ -132,7 +132,7 @@ fn next_progress(last: &Mutex<Option<f64>>, wanted: Option<f64>, total: Option<f
     next
 }
 
-/// Shared state of the upgrade layer.
+/// State of the upgrade layer for one upstream (built per stack in `gateway`).
 pub struct UpgradeState {
     sessions: Arc<Sessions>,
     registry: Arc<Registry>,
@@ -140,8 +140,8 @@ pub struct UpgradeState {
     /// Upgraded calls being followed: the client's call → every live call with that key (more
     /// than one only for callers that cannot be told apart; see the module docs).
     active: Mutex<HashMap<CallKey, Vec<ActiveCall>>>,
-    /// Each upstream's `timeout_ms` (the deadline of a `tasks/result` asked after a terminal poll).
-    timeouts: Mutex<HashMap<Arc<str>, Duration>>,
+    /// The upstream's `timeout_ms` (the deadline of a `tasks/result` asked after a terminal poll).
+    result_deadline: Duration,
     /// Progress state of upgraded calls by token, for progress the upstream sends on the
     /// session's GET stream.
     tokens: Mutex<HashMap<TokenKey, Arc<Mutex<Option<f64>>>>>,
@@ -149,11 +149,12 @@ pub struct UpgradeState {
 }
 
 impl UpgradeState {
-    /// The state for one process.
+    /// The state of one upstream's upgrade layer; `upstream_timeout` is its `timeout_ms`.
     pub fn new(
         sessions: Arc<Sessions>,
         registry: Arc<Registry>,
         config: UpgradeConfig,
+        upstream_timeout: Duration,
     ) -> Arc<UpgradeState> {
         Arc::new(UpgradeState {
             sessions,
@@ -161,22 +162,17 @@ impl UpgradeState {
             config,
             active: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
-            timeouts: Mutex::new(HashMap::new()),
+            result_deadline: upstream_timeout,
             seq: AtomicU64::new(1),
         })
     }
 
-    /// Records an upstream's `timeout_ms`.
-    pub fn set_upstream_timeout(&self, upstream: &Arc<str>, timeout: Duration) {
-        self.timeouts.lock().insert(upstream.clone(), timeout);
-    }
-
-    fn result_deadline(&self, upstream: &Arc<str>) -> Duration {
-        self.timeouts
-            .lock()
-            .get(upstream)
-            .copied()
-            .unwrap_or(DEFAULT_RESULT_DEADLINE)
+    fn result_deadline(&self) -> Duration {
+        if self.result_deadline.is_zero() {
+            DEFAULT_RESULT_DEADLINE
+        } else {
+            self.result_deadline
+        }
     }
 
     /// Registers a live upgraded call; never replaces another call's entry. Returns its token.
@@ -325,7 +321,6 @@ where
     S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
     S::Future: Send + 'static,
 {
-    let upstream = req.ctx.upstream.clone();
     let caller = req.ctx.caller();
     let mut reply = inner.oneshot(req).await?;
     reply.body = reply.body.map_messages(move |data| {
@@ -336,11 +331,7 @@ where
         }
         let mut v = serde_json::from_str::<Value>(data).ok()?;
         let token = v.pointer("/params/progressToken").map(Value::to_string)?;
-        let last = state
-            .tokens
-            .lock()
-            .get(&(upstream.clone(), caller.clone(), token))
-            .cloned()?;
+        let last = state.tokens.lock().get(&(caller.clone(), token)).cloned()?;
         let wanted = v.pointer("/params/progress").and_then(Value::as_f64);
         let total = v.pointer("/params/total").and_then(Value::as_f64);
         let value = next_progress(&last, wanted, total);
@@ -412,12 +403,10 @@ fn own_request(ctx: &RequestContext, id: &Id, method: &str, params: Value) -> Mc
     // Splice the id in as raw JSON (keeps its type).
     text.insert_str(1, &format!("\"id\":{},", id.as_json()));
     let msg = Message::parse(Bytes::from(text)).expect("a well-formed request");
-    let mut ctx = ctx.clone();
-    ctx.upgraded = false;
-    ctx.task_id = None;
     McpRequest {
         op: Operation::Post(msg),
-        ctx,
+        ctx: ctx.clone(),
+        extensions: http::Extensions::new(),
     }
 }
 
@@ -575,7 +564,7 @@ where
         return inner.oneshot(req).await;
     };
     req.op = Operation::Post(upgraded);
-    req.ctx.upgraded = true;
+    req.extensions.insert(crate::layers::extensions::Upgraded);
     let ctx = req.ctx.clone();
     tracing::info!(
         tool,
@@ -728,7 +717,7 @@ async fn drive<S>(
     let (tx, rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
     let mut progress = Arc::new(Mutex::new(None));
     let token_key = progress_token.as_ref().map(|t| {
-        let k = (upstream.clone(), ctx.caller(), t.to_string());
+        let k = (ctx.caller(), t.to_string());
         // Two calls of callers that cannot be told apart may use one token: they share its
         // progress state (values still increase), neither replaces the other's.
         progress = state
@@ -1023,7 +1012,7 @@ where
                     relay_tx.clone(),
                     1,
                 );
-                let deadline = self.state.result_deadline(&upstream);
+                let deadline = self.state.result_deadline();
                 match tokio::time::timeout(deadline, again).await {
                     Ok(End::Answer(v)) => End::Answer(v),
                     _ => End::Terminal(status, message),
@@ -1185,24 +1174,16 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    let mut orphans: Vec<TaskRecord> = Vec::new();
-    let _ = state.registry.store().scan(&mut |r| {
-        if r.origin == Origin::Upgraded
-            && !r.status.is_terminal()
-            && r.upstream == upstream.as_ref()
-        {
-            orphans.push(r);
-        }
-        true
-    });
+    // A scan of the whole store: on the blocking pool (see `registry`).
+    let orphans = state.registry.upgraded_live(upstream).await;
     for r in &orphans {
         let session = r
             .upstream_session
             .as_deref()
             .and_then(|s| HeaderValue::from_str(s).ok());
-        let principal = match r.owner.strip_prefix("principal:") {
-            Some(p) => Principal::Token(p.into()),
-            None => Principal::Anonymous,
+        let principal = match &r.owner {
+            crate::store::Owner::Principal(p) => Principal::Token(p.as_str().into()),
+            _ => Principal::Anonymous,
         };
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -1224,10 +1205,7 @@ where
             upstream: upstream.clone(),
             session_id: session.clone(),
             client_session_id: session,
-            protocol_version: None,
             principal,
-            task_id: None,
-            upgraded: false,
             headers,
         };
         state.count(upstream, "orphaned");

@@ -1,13 +1,16 @@
-//! The task registry: the [`TaskStore`] trait and its embedded sled implementation.
+//! Task storage: the [`TaskStore`] trait and its embedded sled implementation (the status
+//! machine over it is [`crate::registry`]).
 //!
 //! The trait is narrow on purpose (another embedded store, redb for one, or a shared backend could replace
-//! sled). Reads and in-place updates are synchronous and fast; [`TaskStore::create`] and
-//! [`TaskStore::sync`] return only once what was written is on disk (flush + `fdatasync`).
+//! sled). Reads and in-place updates are synchronous and fast, but they block: callers on the
+//! runtime go through [`crate::registry::Registry`], which runs them on the blocking pool.
+//! [`TaskStore::create`] and [`TaskStore::sync`] return only once what was written is on disk
+//! (flush + `fdatasync`).
 
 pub mod record;
 pub mod sled_store;
 
-pub use record::{AuditEvent, Origin, TaskRecord};
+pub use record::{AuditEvent, Origin, Owner, TaskRecord};
 pub use sled_store::SledStore;
 
 use futures_util::future::BoxFuture;
@@ -48,6 +51,9 @@ pub trait TaskStore: Send + Sync + 'static {
     fn get(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError>;
 
     /// Atomically applies `change` to the record; `change` returns false to leave it as it was.
+    /// `change` may run more than once for one call (sled retries a transaction that conflicted,
+    /// and the implementation re-reads the record on a lost compare-and-swap): it must compute
+    /// the same change from the same record every time and have no other effect.
     /// Returns `(before, after)` when a record exists. Made durable by the next group commit
     /// (call [`TaskStore::sync`] to wait for it).
     fn update(
@@ -65,13 +71,13 @@ pub trait TaskStore: Send + Sync + 'static {
     fn list_owner(
         &self,
         upstream: &str,
-        owner: &str,
+        owner: &Owner,
         cursor: Option<&ListCursor>,
         limit: usize,
     ) -> Result<(Vec<TaskRecord>, Option<ListCursor>), StoreError>;
 
     /// Whether `cursor` is one this store could have issued for `(upstream, owner)`.
-    fn cursor_is_valid(&self, upstream: &str, owner: &str, cursor: &ListCursor) -> bool;
+    fn cursor_is_valid(&self, upstream: &str, owner: &Owner, cursor: &ListCursor) -> bool;
 
     /// Keys `(upstream, task_id)` of records expired at `now_ms`, oldest first, at most `limit`.
     fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<(String, String)>, StoreError>;

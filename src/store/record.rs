@@ -2,7 +2,77 @@
 //! audit event appended for the two cancellation facts.
 
 use crate::mcp::task::{Task, TaskStatus};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+
+/// Who owns a task: the caller that created it (see [`crate::exchange::Caller::owner`]).
+///
+/// Stored as the same strings taskgate always wrote (`principal:<name>`, `session:<id>`,
+/// `anonymous`), so stores written before the type existed read unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Owner {
+    /// An authenticated principal (bearer auth).
+    Principal(String),
+    /// Without auth: the client's own `Mcp-Session-Id` as it arrived (whoever holds the session
+    /// id is the owner).
+    Session(String),
+    /// Without auth and without a session: no binding at all (task ids are the only key).
+    Anonymous,
+}
+
+impl Owner {
+    /// Parses the stored form; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Owner> {
+        if let Some(p) = s.strip_prefix("principal:") {
+            Some(Owner::Principal(p.to_string()))
+        } else if let Some(id) = s.strip_prefix("session:") {
+            Some(Owner::Session(id.to_string()))
+        } else if s == "anonymous" {
+            Some(Owner::Anonymous)
+        } else {
+            None
+        }
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Owner::Principal(p) => write!(f, "principal:{p}"),
+            Owner::Session(s) => write!(f, "session:{s}"),
+            Owner::Anonymous => f.write_str("anonymous"),
+        }
+    }
+}
+
+impl Serialize for Owner {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Owner {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Owner, D::Error> {
+        let s = String::deserialize(d)?;
+        Owner::parse(&s).ok_or_else(|| serde::de::Error::custom(format!("not an owner: {s:?}")))
+    }
+}
+
+impl PartialEq<str> for Owner {
+    fn eq(&self, other: &str) -> bool {
+        match self {
+            Owner::Principal(p) => other.strip_prefix("principal:") == Some(p.as_str()),
+            Owner::Session(s) => other.strip_prefix("session:") == Some(s.as_str()),
+            Owner::Anonymous => other == "anonymous",
+        }
+    }
+}
+
+impl PartialEq<&str> for Owner {
+    fn eq(&self, other: &&str) -> bool {
+        *self == **other
+    }
+}
 
 /// Who made a call a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,8 +105,8 @@ pub struct TaskRecord {
     pub upstream: String,
     /// The upstream's `taskId`, never rewritten.
     pub task_id: String,
-    /// The owner: `principal:<name>` (bearer auth), `session:<Mcp-Session-Id>`, or `anonymous`.
-    pub owner: String,
+    /// Who created it (stored as `principal:<name>`, `session:<Mcp-Session-Id>` or `anonymous`).
+    pub owner: Owner,
     /// The `Mcp-Session-Id` the task was created on; `tasks/*` for it go out on that session.
     pub upstream_session: Option<String>,
     /// `client` or `upgraded`.
@@ -63,7 +133,7 @@ pub struct TaskRecord {
     pub cancel_requested_at: Option<u64>,
     /// Audit fact "status cancelled": first time taskgate saw `cancelled`.
     pub cancelled_at: Option<u64>,
-    /// Audit fact "resources released" (see `layers::cancel`).
+    /// Audit fact "resources released" (see `registry::releases`).
     pub released_at: Option<u64>,
     /// When the status became terminal.
     pub terminal_at: Option<u64>,
@@ -106,10 +176,40 @@ pub struct AuditEvent {
     #[serde(rename = "taskId")]
     pub task_id: String,
     /// The task's owner.
-    pub owner: String,
+    pub owner: Owner,
     /// `created`, `cancel_requested`, `status_cancelled`, `resources_released`, `late_result`,
     /// `terminal_rewrite`, `expired`.
     pub event: String,
     /// Free-form detail.
     pub detail: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records written before `Owner` existed (owner as a prefixed string) read unchanged, and
+    /// write back the same bytes.
+    #[test]
+    fn owner_round_trips_the_old_strings() {
+        for (old, owner) in [
+            ("principal:alice", Owner::Principal("alice".into())),
+            ("principal:a:b", Owner::Principal("a:b".into())),
+            ("session:sess-1", Owner::Session("sess-1".into())),
+            ("anonymous", Owner::Anonymous),
+        ] {
+            let json = format!("{old:?}");
+            let parsed: Owner = serde_json::from_str(&json).unwrap();
+            assert_eq!(parsed, owner);
+            assert_eq!(serde_json::to_string(&parsed).unwrap(), json);
+            assert!(parsed == old);
+        }
+        assert!(serde_json::from_str::<Owner>("\"alice\"").is_err());
+        let old_record = br#"{"upstream":"up","task_id":"t1","owner":"session:sess-1","upstream_session":"sess-1","origin":"client","tool":"slow","protocol_version":"2025-11-25","status":"working","status_message":null,"created_at":"2026-01-01T00:00:00Z","last_updated_at":"2026-01-01T00:00:00Z","ttl_ms":60000,"poll_interval_ms":null,"recorded_at":1,"cancel_requested_at":null,"cancelled_at":null,"released_at":null,"terminal_at":null,"expires_at":60001}"#;
+        let r: TaskRecord = serde_json::from_slice(old_record).unwrap();
+        assert_eq!(r.owner, Owner::Session("sess-1".into()));
+        let again = serde_json::to_vec(&r).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&again).unwrap();
+        assert_eq!(v["owner"], "session:sess-1");
+    }
 }

@@ -14,7 +14,7 @@
 //! it takes every pending sync request, runs `flush()` and then `fdatasync` on the database file
 //! once, and answers them all. [`TaskStore::create`] waits for that before it returns.
 
-use super::{AuditEvent, ListCursor, StoreError, TaskRecord, TaskStore};
+use super::{AuditEvent, ListCursor, Owner, StoreError, TaskRecord, TaskStore};
 use crate::metrics::Metrics;
 use futures_util::future::BoxFuture;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
@@ -64,10 +64,11 @@ fn task_key(upstream: &str, task_id: &str) -> Vec<u8> {
     k
 }
 
-fn owner_prefix(upstream: &str, owner: &str) -> Vec<u8> {
+fn owner_prefix(upstream: &str, owner: &Owner) -> Vec<u8> {
+    let owner = owner.to_string();
     let mut k = Vec::with_capacity(8 + upstream.len() + owner.len());
     push_str(&mut k, upstream);
-    push_str(&mut k, owner);
+    push_str(&mut k, &owner);
     k
 }
 
@@ -314,7 +315,7 @@ impl TaskStore for SledStore {
     fn list_owner(
         &self,
         upstream: &str,
-        owner: &str,
+        owner: &Owner,
         cursor: Option<&ListCursor>,
         limit: usize,
     ) -> Result<(Vec<TaskRecord>, Option<ListCursor>), StoreError> {
@@ -345,7 +346,7 @@ impl TaskStore for SledStore {
         Ok((page, None))
     }
 
-    fn cursor_is_valid(&self, upstream: &str, owner: &str, cursor: &ListCursor) -> bool {
+    fn cursor_is_valid(&self, upstream: &str, owner: &Owner, cursor: &ListCursor) -> bool {
         let prefix = owner_prefix(upstream, owner);
         let Some(mut rest) = cursor.0.strip_prefix(prefix.as_slice()) else {
             return false;
@@ -439,7 +440,7 @@ mod tests {
         TaskRecord {
             upstream: "up".into(),
             task_id: id.into(),
-            owner: owner.into(),
+            owner: Owner::Principal(owner.into()),
             upstream_session: Some("s1".into()),
             origin: Origin::Client,
             tool: Some("slow".into()),
@@ -463,6 +464,8 @@ mod tests {
     #[tokio::test]
     async fn records_survive_reopen_and_list_newest_first() {
         let dir = tempfile::tempdir().unwrap();
+        let alice = Owner::Principal("alice".into());
+        let bob = Owner::Principal("bob".into());
         {
             let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
             for i in 0..5u64 {
@@ -472,15 +475,15 @@ mod tests {
                     .unwrap();
             }
             store.create(record("b", "bob", 9)).await.unwrap();
-            let (page, next) = store.list_owner("up", "alice", None, 2).unwrap();
+            let (page, next) = store.list_owner("up", &alice, None, 2).unwrap();
             let ids: Vec<_> = page.iter().map(|r| r.task_id.as_str()).collect();
             assert_eq!(ids, ["t:4", "t:3"]);
             let next = next.unwrap();
-            assert!(store.cursor_is_valid("up", "alice", &next));
-            assert!(!store.cursor_is_valid("up", "bob", &next));
-            let (page, next) = store.list_owner("up", "alice", Some(&next), 2).unwrap();
+            assert!(store.cursor_is_valid("up", &alice, &next));
+            assert!(!store.cursor_is_valid("up", &bob, &next));
+            let (page, next) = store.list_owner("up", &alice, Some(&next), 2).unwrap();
             assert_eq!(page[0].task_id, "t:2");
-            let (page, next) = store.list_owner("up", "alice", next.as_ref(), 2).unwrap();
+            let (page, next) = store.list_owner("up", &alice, next.as_ref(), 2).unwrap();
             assert_eq!(page.len(), 1);
             assert!(next.is_none());
         }
@@ -502,10 +505,7 @@ mod tests {
         );
         assert!(store.remove("up", "t:1").unwrap().is_some());
         assert!(store.get("up", "t:1").unwrap().is_none());
-        assert_eq!(
-            store.list_owner("up", "alice", None, 10).unwrap().0.len(),
-            4
-        );
+        assert_eq!(store.list_owner("up", &alice, None, 10).unwrap().0.len(), 4);
     }
 
     #[test]

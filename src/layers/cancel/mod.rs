@@ -1,0 +1,568 @@
+//! The `cancel` layer: `tasks/cancel` sent upstream once, cancels of terminal tasks answered
+//! here, and `notifications/cancelled` routed and de-duplicated
+//! (2025-11-25 basic/utilities/tasks: Task Cancellation; basic/utilities/cancellation).
+//!
+//! It sits inside the `tasks` layer, so a `tasks/cancel` reaching it names a task the caller owns,
+//! already routed to the task's upstream session, with the record `tasks` read
+//! ([`AuthorisedTask`]). It sits above `observe`, so the answer it reads has already been applied
+//! to the registry (and rewritten to a recorded terminal status) when it reaches this layer.
+//! Its state belongs to one upstream's stack.
+//!
+//! - **Terminal**: a task whose record is `completed`, `failed` or `cancelled` (the authorised
+//!   record, or the outcome of a flight that just ended) is answered `-32602` naming the status;
+//!   the upstream is not called (`outcome="rejected_terminal"`).
+//! - **Single-flight**: while one `tasks/cancel` for a task is in flight upstream, identical
+//!   requests wait for it and each gets the same outcome under its own JSON-RPC id
+//!   (`outcome="deduplicated"`). The first is `forwarded` (or `upstream_error` when the upstream
+//!   answers an error or cannot be reached); it records `cancel_requested_at` and the
+//!   `cancel_requested` audit event. A flight that ends with a terminal status leaves it behind
+//!   before it leaves the table, so a cancel arriving afterwards is answered here. Every caller
+//!   gets the answer as one `application/json` message, even if the upstream streamed it.
+//! - `notifications/cancelled` (ordinary cancellation): dropped when its `requestId` is the
+//!   session's `initialize` (reason `initialize`), a request that produced a `CreateTaskResult`
+//!   (reason `task`: tasks are cancelled with `tasks/cancel` only), or already forwarded once
+//!   (reason `duplicate`); otherwise it goes to the upstream session that carries the request (a
+//!   pending `tasks/result` may have been routed to the task's session). Requests are named by
+//!   who sent them ([`Caller`] and id), so one client's cancel is never taken for another's. A
+//!   caller with neither a principal nor a session cannot be told apart from another one: its
+//!   cancels are never dropped as `duplicate` (a second `notifications/cancelled` is harmless;
+//!   dropping another client's is not), while the `initialize` and `task` checks still apply
+//!   (they protect a session and a task from being cancelled by the wrong message).
+//!
+//! ## The two audit facts
+//!
+//! - **status cancelled** (`cancelled_at`): the first time taskgate sees `cancelled` for the task,
+//!   in a `tasks/cancel` reply, a `tasks/get` reply or a `notifications/tasks/status`. Applied by
+//!   `observe` through [`crate::registry::Registry`] when the status changes.
+//! - **resources released** (`released_at`): after status cancelled, when (a) no gateway-side
+//!   resource is held for the task any more: no `tasks/result` for it is open upstream through
+//!   taskgate, and no SSE stream that carries its messages (the task-augmented `tools/call`'s own
+//!   stream included) is still being relayed; and (b) the upstream has sent nothing about the task
+//!   for `tasks.release_quiet_ms` (default 2 s): no `notifications/progress` on the task's
+//!   `progressToken`, no message whose `_meta["io.modelcontextprotocol/related-task"]` names it,
+//!   no `notifications/tasks/status` for it. `released_at` is the moment both held, i.e. the last
+//!   of those events plus the quiet window. Activity after status cancelled is counted
+//!   (`taskgate_task_activity_after_cancel_total`) and restarts the window. Records still
+//!   unreleased at start-up (a restart) are released after one quiet window with
+//!   `reason="restart"`; records removed by the TTL sweeper first count `reason="expired"`.
+//!   Holds and activity are taken by `observe`; the tracker is `crate::registry::releases`.
+
+mod notes;
+
+use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
+use crate::jsonrpc::{self, Kind, Message};
+use crate::layers::extensions::AuthorisedTask;
+use crate::mcp::task::TaskStatus;
+use crate::registry::Registry;
+use bytes::Bytes;
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use futures_util::StreamExt;
+use notes::{CancelNotes, InFlightGuard, NOTES_LIMIT};
+use parking_lot::Mutex;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// The upstream's answer to one forwarded `tasks/cancel`, shared by every waiting caller.
+#[derive(Clone)]
+enum CancelOutcome {
+    /// A JSON-RPC result: its `result` JSON text.
+    Result(String),
+    /// A JSON-RPC error: its `error` JSON text.
+    Error(String),
+    /// The upstream answered with an HTTP error or no message at all.
+    Http(Arc<Mutex<Option<McpReply>>>, u16),
+    /// The upstream could not be reached.
+    Failed(Arc<GatewayError>),
+}
+
+type SharedCancel = Shared<BoxFuture<'static, CancelOutcome>>;
+
+/// State of the cancel layer for one upstream.
+pub struct CancelState {
+    registry: Arc<Registry>,
+    /// taskId → the flight of its forwarded `tasks/cancel`.
+    flights: Mutex<HashMap<String, SharedCancel>>,
+    /// taskId → the terminal status a finished flight's answer showed (bounded).
+    settled: Mutex<HashMap<String, TaskStatus>>,
+    notes: Mutex<CancelNotes>,
+}
+
+impl CancelState {
+    /// Creates the state of one upstream's cancel layer.
+    pub fn new(registry: Arc<Registry>) -> Arc<CancelState> {
+        Arc::new(CancelState {
+            registry,
+            flights: Mutex::new(HashMap::new()),
+            settled: Mutex::new(HashMap::new()),
+            notes: Mutex::new(CancelNotes::default()),
+        })
+    }
+}
+
+/// Builds [`CancelService`]s.
+#[derive(Clone)]
+pub struct CancelLayer {
+    state: Arc<CancelState>,
+}
+
+impl CancelLayer {
+    /// A layer over `state` (one per upstream's stack).
+    pub fn new(state: Arc<CancelState>) -> CancelLayer {
+        CancelLayer { state }
+    }
+}
+
+impl<S> tower::Layer<S> for CancelLayer {
+    type Service = CancelService<S>;
+    fn layer(&self, inner: S) -> CancelService<S> {
+        CancelService {
+            inner,
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// The `cancel` layer's service (see the module docs).
+#[derive(Clone)]
+pub struct CancelService<S> {
+    inner: S,
+    state: Arc<CancelState>,
+}
+
+type BoxFut = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send>>;
+
+impl<S> tower::Service<McpRequest> for CancelService<S>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = McpReply;
+    type Error = GatewayError;
+    type Future = BoxFut;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: McpRequest) -> BoxFut {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let state = self.state.clone();
+        match (req.request_method(), req.notification_method()) {
+            (Some("tasks/cancel"), _) => Box::pin(cancel_task(state, inner, req)),
+            (Some("initialize"), _) => Box::pin(async move {
+                let caller = req.ctx.caller();
+                let id = req.id().cloned();
+                let reply = inner.call(req).await?;
+                if let Some(id) = id {
+                    state.note_initialize(caller, &reply, id);
+                }
+                Ok(reply)
+            }),
+            (_, Some("notifications/cancelled")) => {
+                if let Some(reason) = state.route_cancelled(&mut req) {
+                    state
+                        .registry
+                        .metrics()
+                        .cancelled_notifications_dropped_total
+                        .with_label_values(&[&req.ctx.upstream, reason])
+                        .inc();
+                    tracing::info!(reason, "notifications/cancelled dropped");
+                    return Box::pin(async { Ok(McpReply::accepted()) });
+                }
+                Box::pin(inner.call(req))
+            }
+            _ => {
+                state.note_creation(&req);
+                let Some(key) = state.note_request(&req) else {
+                    // The common case: nothing to track while this request is in flight.
+                    return Box::pin(inner.call(req));
+                };
+                // Made before the call: a client that goes away before the answer still
+                // removes its note.
+                let done = InFlightGuard { state, key };
+                Box::pin(async move {
+                    let mut reply = inner.call(req).await?;
+                    if let ReplyBody::Stream(events) = reply.body {
+                        reply.body = ReplyBody::Stream(Box::pin(events.map(move |e| {
+                            let _ = &done;
+                            e
+                        })));
+                    }
+                    Ok(reply)
+                })
+            }
+        }
+    }
+}
+
+impl CancelState {
+    /// The terminal status a task is known to have: left by a finished flight, else the record
+    /// the `tasks` layer authorised.
+    fn known_terminal(&self, record: &crate::store::TaskRecord) -> Option<TaskStatus> {
+        self.settled
+            .lock()
+            .get(&record.task_id)
+            .copied()
+            .or(Some(record.status))
+            .filter(|s| s.is_terminal())
+    }
+}
+
+async fn cancel_task<S>(
+    state: Arc<CancelState>,
+    inner: S,
+    req: McpRequest,
+) -> Result<McpReply, GatewayError>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let metrics = state.registry.metrics().clone();
+    let upstream = req.ctx.upstream.clone();
+    let id = req.id().cloned();
+    let count = |outcome: &str| {
+        metrics
+            .cancel_requests_total
+            .with_label_values(&[&upstream, outcome])
+            .inc()
+    };
+    let (Some(id), Some(record)) = (
+        id,
+        req.extensions
+            .get::<AuthorisedTask>()
+            .map(|a| a.record.clone()),
+    ) else {
+        // Only without the `tasks` layer above: nothing was authorised.
+        count("rejected_unknown");
+        return Ok(McpReply::local_error(
+            req.id(),
+            jsonrpc::INVALID_PARAMS,
+            "tasks/cancel: no authorised task",
+        ));
+    };
+    let task_id = record.task_id.clone();
+    let (flight, first) = {
+        let mut flights = state.flights.lock();
+        if let Some(f) = flights.get(&task_id) {
+            (f.clone(), false)
+        } else {
+            // Checked under the flights lock: a finished flight leaves its terminal status in
+            // `settled` before it leaves the table, so this sees it.
+            if let Some(status) = state.known_terminal(&record) {
+                drop(flights);
+                count("rejected_terminal");
+                return Ok(McpReply::local_error(
+                    Some(&id),
+                    jsonrpc::INVALID_PARAMS,
+                    &format!(
+                        "Cannot cancel task {task_id}: it is already {status} (a terminal status)"
+                    ),
+                ));
+            }
+            let flight = forward_cancel(state.clone(), inner, req, task_id.clone())
+                .boxed()
+                .shared();
+            flights.insert(task_id.clone(), flight.clone());
+            (flight, true)
+        }
+    };
+    let outcome = flight.await;
+    let upstream_failed = !matches!(outcome, CancelOutcome::Result(_));
+    count(match (first, upstream_failed) {
+        (true, false) => "forwarded",
+        (true, true) => "upstream_error",
+        (false, _) => "deduplicated",
+    });
+    reply_of(outcome, &id, first, &upstream)
+}
+
+/// The reply one caller gets from a flight's outcome, under its own id (`first`: the caller
+/// whose request went upstream gets an HTTP error reply as it came).
+fn reply_of(
+    outcome: CancelOutcome,
+    id: &jsonrpc::Id,
+    first: bool,
+    upstream: &str,
+) -> Result<McpReply, GatewayError> {
+    Ok(match outcome {
+        CancelOutcome::Result(result) => {
+            McpReply::local_json(jsonrpc::result_response(id, &result))
+        }
+        CancelOutcome::Error(error) => {
+            let mut text = String::with_capacity(48 + error.len());
+            text.push_str("{\"jsonrpc\":\"2.0\",\"id\":");
+            text.push_str(id.as_json());
+            text.push_str(",\"error\":");
+            text.push_str(&error);
+            text.push('}');
+            McpReply::local_json(Bytes::from(text))
+        }
+        CancelOutcome::Http(reply, status) => match reply.lock().take() {
+            Some(r) if first => r,
+            _ => McpReply::local_error(
+                Some(id),
+                jsonrpc::INTERNAL_ERROR,
+                &format!("upstream `{upstream}` answered tasks/cancel with HTTP {status}"),
+            ),
+        },
+        CancelOutcome::Failed(e) => return Err((*e).clone()),
+    })
+}
+
+/// The answer to a `tasks/cancel`, its parts kept as the bytes that came.
+#[derive(Deserialize)]
+struct Answer<'a> {
+    #[serde(borrow)]
+    result: Option<&'a RawValue>,
+    #[serde(borrow)]
+    error: Option<&'a RawValue>,
+}
+
+/// Sends the one `tasks/cancel` upstream and reads its answer (JSON or SSE; `observe` below has
+/// applied it), then leaves the in-flight table.
+async fn forward_cancel<S>(
+    state: Arc<CancelState>,
+    mut inner: S,
+    req: McpRequest,
+    task_id: String,
+) -> CancelOutcome
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let upstream = req.ctx.upstream.clone();
+    // Leaves the in-flight table however this future ends: answered, failed, panicked, or
+    // dropped because every caller went away (the next tasks/cancel is then sent again).
+    let _flight = FlightGuard {
+        state: state.clone(),
+        task_id: task_id.clone(),
+    };
+    state.registry.request_cancel(&upstream, &task_id).await;
+    let Some(id) = req.id().cloned() else {
+        return CancelOutcome::Error(internal("tasks/cancel without an id".to_string()));
+    };
+    let reply = match inner.call(req).await {
+        Err(e) => return CancelOutcome::Failed(Arc::new(e)),
+        Ok(reply) => reply,
+    };
+    let status = reply.status.as_u16();
+    let message = match reply.body {
+        ReplyBody::Json(bytes) => Some(bytes),
+        ReplyBody::Stream(mut events) => {
+            let mut found = None;
+            while let Some(ev) = events.next().await {
+                let Some(data) = ev.data else { continue };
+                let bytes = Bytes::from(data);
+                if let Ok(m) = Message::parse(bytes.clone()) {
+                    if m.id() == Some(&id) && matches!(m.kind(), Kind::Response | Kind::Error) {
+                        found = Some(bytes);
+                        break;
+                    }
+                }
+            }
+            found
+        }
+        body => {
+            let reply = McpReply {
+                status: reply.status,
+                headers: reply.headers,
+                body,
+            };
+            return CancelOutcome::Http(Arc::new(Mutex::new(Some(reply))), status);
+        }
+    };
+    let answer = message
+        .as_deref()
+        .and_then(|b| serde_json::from_slice::<Answer>(b).ok());
+    match answer {
+        Some(Answer {
+            result: Some(r), ..
+        }) if !r.get().trim_start().starts_with('{') => CancelOutcome::Error(internal(format!(
+            "upstream `{upstream}` answered tasks/cancel with a result that is not a Task object"
+        ))),
+        Some(Answer {
+            result: Some(r), ..
+        }) => {
+            if let Some(s) = status_of(r).filter(|s| s.is_terminal()) {
+                // Before the flight leaves the table (see `cancel_task`).
+                let mut settled = state.settled.lock();
+                if settled.len() >= NOTES_LIMIT {
+                    settled.clear();
+                }
+                settled.insert(task_id, s);
+            }
+            CancelOutcome::Result(r.get().to_string())
+        }
+        Some(Answer { error: Some(e), .. }) => CancelOutcome::Error(e.get().to_string()),
+        _ => CancelOutcome::Error(internal(format!(
+            "upstream `{upstream}` sent no answer to tasks/cancel (HTTP {status})"
+        ))),
+    }
+}
+
+/// The `status` of a Task object.
+fn status_of(task: &RawValue) -> Option<TaskStatus> {
+    #[derive(Deserialize)]
+    struct Status<'a> {
+        #[serde(borrow)]
+        status: Option<&'a str>,
+    }
+    serde_json::from_str::<Status>(task.get())
+        .ok()?
+        .status
+        .and_then(TaskStatus::parse)
+}
+
+/// A JSON-RPC `error` object (`-32603`) as text.
+fn internal(message: String) -> String {
+    serde_json::json!({ "code": jsonrpc::INTERNAL_ERROR, "message": message }).to_string()
+}
+
+/// Removes a `tasks/cancel` flight from the table when its future ends in any way.
+struct FlightGuard {
+    state: Arc<CancelState>,
+    task_id: String,
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        self.state.flights.lock().remove(&self.task_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::observe::ObserveLayer;
+    use crate::layers::tasks::TasksLayer;
+    use crate::layers::testing::{json_of, record, registry, request};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{Layer, ServiceExt};
+
+    /// An upstream that answers every `tasks/cancel` (after `delay_ms`) with the task cancelled.
+    fn upstream(
+        calls: Arc<AtomicUsize>,
+        delay_ms: u64,
+    ) -> impl tower::Service<
+        McpRequest,
+        Response = McpReply,
+        Error = GatewayError,
+        Future = impl Future<Output = Result<McpReply, GatewayError>> + Send,
+    > + Clone
+           + Send
+           + 'static {
+        tower::service_fn(move |req: McpRequest| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+                let id = req
+                    .id()
+                    .map(|i| i.as_json().to_string())
+                    .unwrap_or_default();
+                let body = format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"result":{{"taskId":"t1","status":"cancelled","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:01Z","ttl":60000}}}}"#
+                );
+                Ok(McpReply::local_json(Bytes::from(body)))
+            }
+        })
+    }
+
+    fn cancel(id: u32) -> McpRequest {
+        request(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tasks/cancel","params":{{"taskId":"t1"}}}}"#
+        ))
+    }
+
+    async fn registry_with_t1() -> (Arc<Registry>, Arc<crate::layers::testing::CountingStore>) {
+        let (registry, store) = registry();
+        let slot = registry
+            .reserve(&"up".into(), &crate::layers::testing::owner())
+            .unwrap();
+        registry.record_creation(record("t1"), &slot).await.unwrap();
+        (registry, store)
+    }
+
+    /// The store accesses of one forwarded `tasks/cancel` through `tasks`, `cancel` and
+    /// `observe`: one read to authorise, one update for `cancel_requested_at`, one to apply the
+    /// reply (and the two audit events: cancel requested, status cancelled). Before `observe`
+    /// existed it was 3 reads, 3 updates (the reply applied twice) and 2 audit appends.
+    #[tokio::test]
+    async fn one_forwarded_cancel_touches_the_store_this_often() {
+        let (registry, store) = registry_with_t1().await;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stack = TasksLayer::new(registry.clone(), false).layer(
+            CancelLayer::new(CancelState::new(registry.clone()))
+                .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 5))),
+        );
+        store.counts.reset();
+        let reply = stack.oneshot(cancel(7)).await.unwrap();
+        assert_eq!(json_of(&reply)["result"]["status"], "cancelled");
+        let [gets, updates, creates, audits, scans] = store.counts.snapshot();
+        eprintln!("tasks/cancel trace: gets={gets} updates={updates} creates={creates} audits={audits} scans={scans}");
+        assert_eq!([gets, updates, creates, audits, scans], [1, 2, 0, 2, 0]);
+        let r = registry.store().get("up", "t1").unwrap().unwrap();
+        assert_eq!(r.status, TaskStatus::Cancelled);
+        assert!(r.cancel_requested_at.is_some() && r.cancelled_at.is_some());
+    }
+
+    /// Two concurrent cancels of one task: one goes upstream, both get its answer under their
+    /// own ids, and a third one afterwards is answered here (terminal) without a store read.
+    #[tokio::test]
+    async fn two_concurrent_cancels_forward_one() {
+        let (registry, store) = registry_with_t1().await;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stack = TasksLayer::new(registry.clone(), false).layer(
+            CancelLayer::new(CancelState::new(registry.clone()))
+                .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 50))),
+        );
+        let (a, b) = tokio::join!(
+            stack.clone().oneshot(cancel(1)),
+            stack.clone().oneshot(cancel(2))
+        );
+        let (a, b) = (json_of(&a.unwrap()), json_of(&b.unwrap()));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!((a["id"].clone(), b["id"].clone()), (1.into(), 2.into()));
+        assert_eq!(a["result"]["status"], "cancelled");
+        assert_eq!(b["result"], a["result"]);
+        store.counts.reset();
+        let c = json_of(&stack.clone().oneshot(cancel(4)).await.unwrap());
+        assert_eq!(c["error"]["code"], jsonrpc::INVALID_PARAMS);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            store.counts.snapshot()[..2],
+            [1, 0],
+            "only the authorising read"
+        );
+    }
+
+    /// A cancel whose authorised record is stale (read while the flight was still running) is
+    /// answered from what the finished flight left behind, not forwarded a second time.
+    #[tokio::test]
+    async fn a_stale_record_after_a_finished_flight_is_not_forwarded_again() {
+        let (registry, _store) = registry_with_t1().await;
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stack = CancelLayer::new(CancelState::new(registry.clone()))
+            .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 0)));
+        let authorised = |id| {
+            let mut r = cancel(id);
+            r.extensions.insert(AuthorisedTask {
+                record: record("t1"),
+            });
+            r
+        };
+        let a = json_of(&stack.clone().oneshot(authorised(1)).await.unwrap());
+        assert_eq!(a["result"]["status"], "cancelled");
+        let b = json_of(&stack.clone().oneshot(authorised(2)).await.unwrap());
+        assert_eq!(b["error"]["code"], jsonrpc::INVALID_PARAMS, "{b}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}

@@ -1,0 +1,197 @@
+//! Helpers for the layer unit tests: a [`TaskStore`] that counts what reaches it, a registry over
+//! it, and requests and records built by hand.
+
+use crate::config::TasksConfig;
+use crate::exchange::{McpReply, McpRequest, Operation, Principal, RequestContext};
+use crate::jsonrpc::Message;
+use crate::mcp::task::{now_ms, TaskStatus};
+use crate::metrics::Metrics;
+use crate::registry::Registry;
+use crate::store::{
+    AuditEvent, ListCursor, Origin, Owner, SledStore, StoreError, TaskRecord, TaskStore,
+};
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{HeaderMap, HeaderValue};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Store calls counted by [`CountingStore`].
+#[derive(Default, Debug)]
+pub struct Counts {
+    pub gets: AtomicUsize,
+    pub updates: AtomicUsize,
+    pub creates: AtomicUsize,
+    pub audits: AtomicUsize,
+    pub scans: AtomicUsize,
+}
+
+impl Counts {
+    pub fn snapshot(&self) -> [usize; 5] {
+        [
+            self.gets.load(Ordering::SeqCst),
+            self.updates.load(Ordering::SeqCst),
+            self.creates.load(Ordering::SeqCst),
+            self.audits.load(Ordering::SeqCst),
+            self.scans.load(Ordering::SeqCst),
+        ]
+    }
+    pub fn reset(&self) {
+        for c in [
+            &self.gets,
+            &self.updates,
+            &self.creates,
+            &self.audits,
+            &self.scans,
+        ] {
+            c.store(0, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A sled store (in a temporary directory) that counts the calls that reach it.
+pub struct CountingStore {
+    inner: Arc<SledStore>,
+    pub counts: Arc<Counts>,
+    _dir: tempfile::TempDir,
+}
+
+impl CountingStore {
+    pub fn new() -> Arc<CountingStore> {
+        let dir = tempfile::tempdir().unwrap();
+        let inner = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+        Arc::new(CountingStore {
+            inner,
+            counts: Arc::default(),
+            _dir: dir,
+        })
+    }
+}
+
+fn inc(c: &AtomicUsize) {
+    c.fetch_add(1, Ordering::SeqCst);
+}
+
+impl TaskStore for CountingStore {
+    fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
+        inc(&self.counts.creates);
+        self.inner.create(record)
+    }
+    fn get(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        inc(&self.counts.gets);
+        self.inner.get(upstream, task_id)
+    }
+    fn update(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        change: &mut dyn FnMut(&mut TaskRecord) -> bool,
+    ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
+        inc(&self.counts.updates);
+        self.inner.update(upstream, task_id, change)
+    }
+    fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        self.inner.remove(upstream, task_id)
+    }
+    fn list_owner(
+        &self,
+        upstream: &str,
+        owner: &Owner,
+        cursor: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<(Vec<TaskRecord>, Option<ListCursor>), StoreError> {
+        self.inner.list_owner(upstream, owner, cursor, limit)
+    }
+    fn cursor_is_valid(&self, upstream: &str, owner: &Owner, cursor: &ListCursor) -> bool {
+        self.inner.cursor_is_valid(upstream, owner, cursor)
+    }
+    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
+        self.inner.expired(now_ms, limit)
+    }
+    fn scan(&self, visit: &mut dyn FnMut(TaskRecord) -> bool) -> Result<(), StoreError> {
+        inc(&self.counts.scans);
+        self.inner.scan(visit)
+    }
+    fn append_audit(&self, event: &AuditEvent) -> Result<(), StoreError> {
+        inc(&self.counts.audits);
+        self.inner.append_audit(event)
+    }
+    fn audit_for(&self, upstream: &str, task_id: &str) -> Result<Vec<AuditEvent>, StoreError> {
+        self.inner.audit_for(upstream, task_id)
+    }
+    fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.sync()
+    }
+    fn sync_soon(&self) {
+        self.inner.sync_soon()
+    }
+}
+
+/// A registry over a fresh counting store, with the counts.
+pub fn registry() -> (Arc<Registry>, Arc<CountingStore>) {
+    let store = CountingStore::new();
+    let metrics = Arc::new(Metrics::new(&["up".to_string()]));
+    let registry = Registry::new(
+        store.clone() as Arc<dyn TaskStore>,
+        metrics,
+        TasksConfig::default(),
+    )
+    .unwrap();
+    (registry, store)
+}
+
+/// The owner of [`request`]'s caller.
+pub fn owner() -> Owner {
+    Owner::Session("s1".into())
+}
+
+/// A working task `task_id` on upstream `up` owned by [`owner`].
+pub fn record(task_id: &str) -> TaskRecord {
+    let now = now_ms();
+    TaskRecord {
+        upstream: "up".into(),
+        task_id: task_id.into(),
+        owner: owner(),
+        upstream_session: Some("s1".into()),
+        origin: Origin::Client,
+        tool: Some("slow".into()),
+        protocol_version: None,
+        status: TaskStatus::Working,
+        status_message: None,
+        created_at: "2026-01-01T00:00:00Z".into(),
+        last_updated_at: "2026-01-01T00:00:00Z".into(),
+        ttl_ms: Some(60_000),
+        poll_interval_ms: None,
+        recorded_at: now,
+        cancel_requested_at: None,
+        cancelled_at: None,
+        released_at: None,
+        terminal_at: None,
+        late_result_at: None,
+        expires_at: now + 60_000,
+    }
+}
+
+/// A POSTed JSON-RPC message from the caller with session `s1` on upstream `up`.
+pub fn request(json: &str) -> McpRequest {
+    let session = HeaderValue::from_static("s1");
+    McpRequest {
+        op: Operation::Post(Message::parse(Bytes::from(json.to_string())).unwrap()),
+        ctx: RequestContext {
+            upstream: "up".into(),
+            session_id: Some(session.clone()),
+            client_session_id: Some(session),
+            principal: Principal::Anonymous,
+            headers: HeaderMap::new(),
+        },
+        extensions: http::Extensions::new(),
+    }
+}
+
+/// The bytes of a JSON reply.
+pub fn json_of(reply: &McpReply) -> serde_json::Value {
+    match &reply.body {
+        crate::exchange::ReplyBody::Json(b) => serde_json::from_slice(b).unwrap(),
+        other => panic!("not a JSON reply: {other:?}"),
+    }
+}

@@ -1,0 +1,102 @@
+//! A creation: the record completed from the upstream's `CreateTaskResult` and written durably
+//! before that message is passed on.
+
+use super::{Registry, Reservation};
+use crate::mcp::task::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, TaskStatus};
+use crate::store::{StoreError, TaskRecord};
+use serde_json::Value;
+
+impl Registry {
+    /// The record of a new task: `template` completed from the `Task` of a `CreateTaskResult`.
+    ///
+    /// The upstream's ttl is capped like a requested one (`ttl_ms` and `expires_at` use the
+    /// smaller of it and `tasks.max_ttl_ms`; `null` or none means the cap), so no upstream can
+    /// make a record outlive the cap. `None` when `task` has no string `taskId`.
+    pub fn creation_record(&self, template: &TaskRecord, task: &Value) -> Option<TaskRecord> {
+        let task_id = task.get("taskId").and_then(Value::as_str)?;
+        let text = |key: &str| task.get(key).and_then(Value::as_str).map(str::to_string);
+        let now = now_ms();
+        let mut record = template.clone();
+        record.task_id = task_id.to_string();
+        record.status = text("status")
+            .as_deref()
+            .and_then(TaskStatus::parse)
+            .unwrap_or(TaskStatus::Working);
+        record.status_message = text("statusMessage");
+        record.created_at = text("createdAt").unwrap_or_else(|| format_rfc3339_ms(now));
+        record.last_updated_at = text("lastUpdatedAt").unwrap_or_else(|| record.created_at.clone());
+        let cap = self.config.max_ttl_ms;
+        record.ttl_ms = match task.get("ttl") {
+            Some(Value::Number(n)) => Some(n.as_u64().map_or(cap, |t| t.min(cap))),
+            _ => None,
+        };
+        record.poll_interval_ms = task.get("pollInterval").and_then(Value::as_u64);
+        record.recorded_at = now;
+        if record.status.is_terminal() {
+            record.terminal_at = Some(now);
+        }
+        let ttl = record.ttl_ms.unwrap_or(cap);
+        // The upstream's createdAt, unless its clock is off: in the future, or so far in the
+        // past that the task would be expired on arrival; then taskgate's clock.
+        let created = parse_rfc3339_ms(&record.created_at)
+            .filter(|c| *c <= now && now - c < ttl)
+            .unwrap_or(now);
+        record.expires_at = created.saturating_add(ttl);
+        Some(record)
+    }
+
+    /// Writes a new record durably and counts it. A live task keeps the owner's `reservation`;
+    /// a terminal one, or a failed write, lets it go (the slot is given back when it drops).
+    pub async fn record_creation(
+        &self,
+        record: TaskRecord,
+        reservation: &Reservation,
+    ) -> Result<(), StoreError> {
+        let up = record.upstream.clone();
+        let status = record.status;
+        let origin = record.origin;
+        // The store writes its transaction before it waits for the group commit: both on the
+        // blocking pool, never on a runtime worker.
+        let (store, copy) = (self.store.clone(), record.clone());
+        let handle = tokio::runtime::Handle::current();
+        let result =
+            match tokio::task::spawn_blocking(move || handle.block_on(store.create(copy))).await {
+                Ok(r) => r,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => Err(StoreError::Db(format!("the write was not run: {e}"))),
+            };
+        match &result {
+            Ok(()) => {
+                self.metrics
+                    .tasks_created_total
+                    .with_label_values(&[&up, origin.as_str()])
+                    .inc();
+                self.metrics
+                    .tasks
+                    .with_label_values(&[&up, status.as_str()])
+                    .inc();
+                if !status.is_terminal() {
+                    reservation.keep();
+                }
+                tracing::info!(
+                    target: "taskgate::audit",
+                    upstream = %up,
+                    task_id = %record.task_id,
+                    owner = %record.owner,
+                    tool = record.tool.as_deref().unwrap_or(""),
+                    event = "created",
+                    "task created"
+                );
+            }
+            Err(e) => {
+                self.metrics.store_write_failures_total.inc();
+                self.metrics
+                    .task_creation_refused_total
+                    .with_label_values(&[&up, "store"])
+                    .inc();
+                tracing::error!(error = %e, upstream = %up, task_id = %record.task_id, "could not record a task");
+            }
+        }
+        result
+    }
+}

@@ -1,0 +1,528 @@
+//! The owner of task facts (not a layer): the status machine over the [`TaskStore`], the
+//! durable record of a creation, the audit events, and the authorising lookup.
+//!
+//! - `creation`: the record completed from a `CreateTaskResult` and written durably;
+//! - [`owners`]: live-task slots per owner and the [`Reservation`] guard;
+//! - [`releases`]: the "resources released" tracker and the `progressToken` → `taskId` map;
+//! - [`sweep`]: the TTL sweep.
+//!
+//! Every method that touches the store is `async` and runs the store work on tokio's blocking
+//! pool (`offload`): no sled call runs on a runtime worker thread.
+//!
+//! Layers read and write task facts only through [`Registry`]: `tasks` looks records up to
+//! authorise and reserves slots, `cancel` records `cancel_requested_at`, and `observe` (the
+//! innermost layer) applies everything the upstream reports.
+
+mod creation;
+mod offload;
+pub mod owners;
+pub mod releases;
+pub mod sweep;
+
+pub use offload::ListPage;
+pub use owners::{Owners, Reservation};
+pub use releases::{Releases, ResourceHold};
+
+use crate::config::TasksConfig;
+use crate::mcp::task::{now_ms, TaskStatus};
+use crate::metrics::Metrics;
+use crate::store::{AuditEvent, Owner, StoreError, TaskRecord, TaskStore};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// The registry: the store, the live-task slots, the release tracker and the status logic.
+pub struct Registry {
+    store: Arc<dyn TaskStore>,
+    metrics: Arc<Metrics>,
+    config: TasksConfig,
+    /// Live (non-terminal) tasks per (upstream, owner), including reservations for creations in
+    /// flight.
+    owners: Arc<Owners>,
+    /// The "resources released" tracker.
+    releases: Arc<Releases>,
+}
+
+/// What a status report did to the record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observed {
+    /// The task is not in the registry.
+    Unknown,
+    /// The record now holds this status (possibly unchanged).
+    Recorded(TaskStatus),
+    /// The record is terminal with another status; the message must show `status`.
+    Rewrite {
+        /// The recorded terminal status.
+        status: TaskStatus,
+        /// The recorded `statusMessage`.
+        status_message: Option<String>,
+    },
+}
+
+impl Observed {
+    /// For [`Observed::Rewrite`]: sets `status` (and `statusMessage`) of a Task object to the
+    /// recorded ones. Returns whether anything was rewritten.
+    pub fn rewrite(&self, task: &mut Value) -> bool {
+        let Observed::Rewrite {
+            status,
+            status_message,
+        } = self
+        else {
+            return false;
+        };
+        let Some(task) = task.as_object_mut() else {
+            return false;
+        };
+        task.insert("status".into(), Value::String(status.as_str().to_string()));
+        match status_message {
+            Some(m) => task.insert("statusMessage".into(), Value::String(m.clone())),
+            None => task.remove("statusMessage"),
+        };
+        true
+    }
+}
+
+impl Registry {
+    /// Builds the registry over `store` and counts what it holds (for the gauges and limits).
+    pub fn new(
+        store: Arc<dyn TaskStore>,
+        metrics: Arc<Metrics>,
+        config: TasksConfig,
+    ) -> Result<Arc<Registry>, StoreError> {
+        // One pass over the store: live counts per owner, records per status, and the
+        // cancelled tasks still waiting for their "resources released" fact.
+        let mut live: HashMap<(Arc<str>, Owner), usize> = HashMap::new();
+        let mut by_status: HashMap<(String, TaskStatus), i64> = HashMap::new();
+        let mut unreleased = Vec::new();
+        store.scan(&mut |r| {
+            if !r.status.is_terminal() {
+                *live
+                    .entry((Arc::from(r.upstream.as_str()), r.owner.clone()))
+                    .or_default() += 1;
+            }
+            *by_status.entry((r.upstream.clone(), r.status)).or_default() += 1;
+            if r.cancelled_at.is_some() && r.released_at.is_none() {
+                unreleased.push((r.upstream, r.task_id));
+            }
+            true
+        })?;
+        for ((up, status), n) in by_status {
+            metrics
+                .tasks
+                .with_label_values(&[&up, status.as_str()])
+                .set(n);
+        }
+        let quiet = std::time::Duration::from_millis(config.release_quiet_ms);
+        metrics
+            .tasks_cancelled_unreleased
+            .set(unreleased.len() as i64);
+        let owners = Owners::new(config.max_live_tasks_per_owner, live);
+        let registry = Arc::new_cyclic(|weak| Registry {
+            store,
+            metrics,
+            config,
+            owners,
+            releases: Arc::new(Releases::new(weak.clone(), quiet)),
+        });
+        for (up, id) in unreleased {
+            registry.releases.cancelled(&up, &id, "restart");
+        }
+        Ok(registry)
+    }
+
+    /// The "resources released" tracker.
+    pub fn releases(&self) -> &Arc<Releases> {
+        &self.releases
+    }
+
+    /// The upstream sent something about a message's task (progress on its token, related-task
+    /// `_meta`, a status notification): restarts the release quiet window.
+    pub fn note_activity_in(&self, upstream: &Arc<str>, msg: &Value) {
+        let params = msg.get("params");
+        let mut task_id = None;
+        if msg.get("method").and_then(Value::as_str) == Some("notifications/progress") {
+            if let Some(token) = params.and_then(|p| p.get("progressToken")) {
+                task_id = self.releases.task_of_progress(upstream, &token.to_string());
+            }
+        }
+        if task_id.is_none() {
+            task_id = [params, msg.get("result")]
+                .into_iter()
+                .flatten()
+                .find_map(|p| {
+                    p.pointer("/_meta/io.modelcontextprotocol~1related-task/taskId")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                });
+        }
+        if task_id.is_none()
+            && msg.get("method").and_then(Value::as_str) == Some("notifications/tasks/status")
+        {
+            task_id = params
+                .and_then(|p| p.get("taskId"))
+                .and_then(Value::as_str)
+                .map(str::to_string);
+        }
+        if let Some(task_id) = task_id {
+            if self.releases.activity(upstream, &task_id) {
+                self.metrics
+                    .task_activity_after_cancel_total
+                    .with_label_values(&[upstream])
+                    .inc();
+            }
+        }
+    }
+
+    /// Records the "resources released" audit fact (once).
+    fn record_released_now(&self, upstream: &str, task_id: &str, reason: &'static str) {
+        let now = now_ms();
+        let updated = self.store.update(upstream, task_id, &mut |r| {
+            if r.released_at.is_some() || r.cancelled_at.is_none() {
+                return false;
+            }
+            r.released_at = Some(now);
+            true
+        });
+        let Ok(Some((before, after))) = updated else {
+            return;
+        };
+        if before.released_at.is_some() || after.released_at.is_none() {
+            return;
+        }
+        self.metrics
+            .task_resources_released_total
+            .with_label_values(&[upstream, reason])
+            .inc();
+        self.metrics.tasks_cancelled_unreleased.dec();
+        if let Some(c) = after.cancelled_at {
+            self.metrics
+                .cancelled_to_released_seconds
+                .observe(now.saturating_sub(c) as f64 / 1000.0);
+        }
+        self.audit(&after, "resources_released", format!("reason={reason}"));
+        self.store.sync_soon();
+    }
+
+    /// The store behind the registry, for tests and tools that inspect it off the runtime
+    /// (its calls block; layers use the registry's async methods instead).
+    pub fn store(&self) -> &Arc<dyn TaskStore> {
+        &self.store
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The `[tasks]` settings.
+    pub fn config(&self) -> &TasksConfig {
+        &self.config
+    }
+
+    /// Reserves a live-task slot for `owner`; `None` when the owner is at the limit.
+    pub fn reserve(&self, upstream: &Arc<str>, owner: &Owner) -> Option<Reservation> {
+        self.owners.reserve(upstream, owner)
+    }
+
+    /// How many live-task slots `owner` holds on `upstream`.
+    pub fn owners_count(&self, upstream: &str, owner: &Owner) -> usize {
+        self.owners.count(upstream, owner)
+    }
+
+    pub(crate) fn release_slot(&self, upstream: &str, owner: &Owner) {
+        self.owners.release(upstream, owner);
+    }
+
+    /// The record of a task if `owner` may see it now; `None` for unknown, expired or foreign.
+    fn lookup_now(&self, upstream: &str, task_id: &str, owner: &Owner) -> Option<TaskRecord> {
+        match self.store.get(upstream, task_id) {
+            Ok(Some(r)) if r.owner == *owner && !r.is_expired(now_ms()) => Some(r),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::error!(error = %e, "task store read failed");
+                None
+            }
+        }
+    }
+
+    /// Appends an audit event and logs it with target `taskgate::audit`.
+    fn audit(&self, record: &TaskRecord, event: &str, detail: String) {
+        tracing::info!(
+            target: "taskgate::audit",
+            upstream = %record.upstream,
+            task_id = %record.task_id,
+            owner = %record.owner,
+            event,
+            detail = %detail,
+            "task audit event"
+        );
+        let ev = AuditEvent {
+            time: now_ms(),
+            upstream: record.upstream.clone(),
+            task_id: record.task_id.clone(),
+            owner: record.owner.clone(),
+            event: event.to_string(),
+            detail,
+        };
+        if let Err(e) = self.store.append_audit(&ev) {
+            self.metrics.store_write_failures_total.inc();
+            tracing::error!(error = %e, "audit append failed");
+        }
+    }
+
+    /// Applies a status report (a `Task` object: `tasks/get` / `tasks/cancel` result,
+    /// `notifications/tasks/status` params) to the record of `(upstream, taskId)`.
+    fn observe_task_now(&self, upstream: &str, task: &Value, source: &str) -> Observed {
+        let Some(task_id) = task.get("taskId").and_then(Value::as_str) else {
+            return Observed::Unknown;
+        };
+        self.observe_task_as_now(upstream, task_id, task, source)
+    }
+
+    /// Applies a status report about `task_id` (a reply to a request about that task: its own
+    /// `taskId`, if any, is not trusted to name another task).
+    fn observe_task_as_now(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        task: &Value,
+        source: &str,
+    ) -> Observed {
+        let Some(status) = task
+            .get("status")
+            .and_then(Value::as_str)
+            .and_then(TaskStatus::parse)
+        else {
+            return Observed::Unknown;
+        };
+        let message = task
+            .get("statusMessage")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let updated_at = task
+            .get("lastUpdatedAt")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let poll = task.get("pollInterval").and_then(Value::as_u64);
+        self.apply_status(upstream, task_id, status, message, updated_at, poll, source)
+    }
+
+    /// Records that the task reached `status` (see [`Registry::observe_task`]).
+    #[allow(clippy::too_many_arguments)]
+    fn apply_status(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        status: TaskStatus,
+        message: Option<String>,
+        updated_at: Option<String>,
+        poll_interval_ms: Option<u64>,
+        source: &str,
+    ) -> Observed {
+        let now = now_ms();
+        let result = self.store.update(upstream, task_id, &mut |r| {
+            if !r.status.can_become(status) {
+                return false;
+            }
+            r.status = status;
+            if message.is_some() {
+                r.status_message = message.clone();
+            }
+            if let Some(u) = &updated_at {
+                r.last_updated_at = u.clone();
+            }
+            if poll_interval_ms.is_some() {
+                r.poll_interval_ms = poll_interval_ms;
+            }
+            if status.is_terminal() && r.terminal_at.is_none() {
+                r.terminal_at = Some(now);
+            }
+            if status == TaskStatus::Cancelled && r.cancelled_at.is_none() {
+                r.cancelled_at = Some(now);
+            }
+            true
+        });
+        let (before, after) = match result {
+            Ok(Some(pair)) => pair,
+            Ok(None) => return Observed::Unknown,
+            Err(e) => {
+                self.metrics.store_write_failures_total.inc();
+                tracing::error!(error = %e, "task store update failed");
+                return Observed::Unknown;
+            }
+        };
+        if before.status != after.status {
+            self.on_transition(&before, &after, source);
+            self.store.sync_soon();
+            return Observed::Recorded(after.status);
+        }
+        if after.status.is_terminal() && status != after.status {
+            return self.on_stale_terminal(&after, status, source, now);
+        }
+        if before != after {
+            self.store.sync_soon();
+        }
+        Observed::Recorded(after.status)
+    }
+
+    /// Another status was reported for a task recorded terminal: counted, the first late
+    /// terminal result audited and logged; the message must show the recorded status.
+    fn on_stale_terminal(
+        &self,
+        after: &TaskRecord,
+        status: TaskStatus,
+        source: &str,
+        now: u64,
+    ) -> Observed {
+        // The first terminal state wins forever (2025-11-25 tasks: a terminal status MUST NOT change).
+        let up = after.upstream.as_str();
+        self.metrics
+            .task_terminal_rewrites_total
+            .with_label_values(&[up])
+            .inc();
+        // A late result is one fact per task: counted, audited and logged the first time,
+        // however often the upstream repeats it (every poll of tasks/get would).
+        let first_late = status.is_terminal()
+            && matches!(
+                self.store.update(&after.upstream, &after.task_id, &mut |r| {
+                    if r.late_result_at.is_some() {
+                        return false;
+                    }
+                    r.late_result_at = Some(now);
+                    true
+                }),
+                Ok(Some((ref b, _))) if b.late_result_at.is_none()
+            );
+        if first_late {
+            self.metrics
+                .task_late_results_total
+                .with_label_values(&[up])
+                .inc();
+            self.audit(
+                &after,
+                "late_result",
+                format!("{source} reported {status} after {}", after.status),
+            );
+            tracing::warn!(
+                upstream = up,
+                task_id = %after.task_id,
+                recorded = %after.status,
+                reported = %status,
+                source,
+                "upstream reported another terminal status for a terminal task; showing the recorded one"
+            );
+        } else {
+            // A repeat, or a benign race: a reply saying `working` overtaken by the
+            // terminal status notification.
+            tracing::debug!(
+                upstream = up,
+                task_id = %after.task_id,
+                recorded = %after.status,
+                reported = %status,
+                source,
+                "stale status for a terminal task; showing the recorded one"
+            );
+        }
+        Observed::Rewrite {
+            status: after.status,
+            status_message: after.status_message.clone(),
+        }
+    }
+
+    /// A `tasks/result` payload arrived: the task ended (`failed` for an `isError` tool result).
+    /// Applied only to a record that is not terminal yet: a payload carries no status, so it
+    /// never contradicts a recorded terminal one (the Python SDK answers an empty result for a
+    /// cancelled task).
+    fn apply_result_payload_now(&self, upstream: &str, task_id: &str, failed: bool) {
+        let status = if failed {
+            TaskStatus::Failed
+        } else {
+            TaskStatus::Completed
+        };
+        let now = now_ms();
+        let result = self.store.update(upstream, task_id, &mut |r| {
+            if r.status.is_terminal() || !r.status.can_become(status) {
+                return false;
+            }
+            r.status = status;
+            if r.terminal_at.is_none() {
+                r.terminal_at = Some(now);
+            }
+            true
+        });
+        match result {
+            Ok(Some((before, after))) if before.status != after.status => {
+                self.on_transition(&before, &after, "tasks/result");
+                self.store.sync_soon();
+            }
+            Ok(_) => {}
+            Err(e) => {
+                self.metrics.store_write_failures_total.inc();
+                tracing::error!(error = %e, "task store update failed");
+            }
+        }
+    }
+
+    /// Records that a `tasks/cancel` for the task goes upstream: `cancel_requested_at` (set
+    /// once) and a `cancel_requested` audit event. One store update; returns the record after it.
+    fn request_cancel_now(&self, upstream: &str, task_id: &str) -> Option<TaskRecord> {
+        let now = now_ms();
+        let updated = self.store.update(upstream, task_id, &mut |r| {
+            if r.cancel_requested_at.is_some() {
+                return false;
+            }
+            r.cancel_requested_at = Some(now);
+            true
+        });
+        match updated {
+            Ok(Some((_, after))) => {
+                self.audit(
+                    &after,
+                    "cancel_requested",
+                    "tasks/cancel forwarded upstream".into(),
+                );
+                Some(after)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                self.metrics.store_write_failures_total.inc();
+                tracing::error!(error = %e, "task store update failed");
+                None
+            }
+        }
+    }
+
+    fn on_transition(&self, before: &TaskRecord, after: &TaskRecord, source: &str) {
+        let up = after.upstream.as_str();
+        self.metrics
+            .task_status_transitions_total
+            .with_label_values(&[up, before.status.as_str(), after.status.as_str()])
+            .inc();
+        self.metrics
+            .tasks
+            .with_label_values(&[up, before.status.as_str()])
+            .dec();
+        self.metrics
+            .tasks
+            .with_label_values(&[up, after.status.as_str()])
+            .inc();
+        if after.status.is_terminal() && !before.status.is_terminal() {
+            self.release_slot(up, &after.owner);
+        }
+        if after.cancelled_at.is_some() && before.cancelled_at.is_none() {
+            // Audit fact 1: status cancelled.
+            self.metrics
+                .tasks_cancelled_total
+                .with_label_values(&[up])
+                .inc();
+            self.metrics.tasks_cancelled_unreleased.inc();
+            if let (Some(asked), Some(done)) = (after.cancel_requested_at, after.cancelled_at) {
+                self.metrics
+                    .cancel_to_cancelled_seconds
+                    .observe(done.saturating_sub(asked) as f64 / 1000.0);
+            }
+            self.audit(after, "status_cancelled", format!("seen in {source}"));
+            self.releases.cancelled(up, &after.task_id, "quiet");
+        }
+    }
+}

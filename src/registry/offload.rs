@@ -1,0 +1,172 @@
+//! The registry's store work, off the runtime: every method here runs its sled calls (reads,
+//! transactions, audit appends, scans) with [`tokio::task::spawn_blocking`] and awaits the
+//! result, so a sled stall or an fsync never occupies one of the (two, on the target machine)
+//! runtime workers.
+//!
+//! Why `spawn_blocking` and not a store thread of its own: it keeps [`crate::store::TaskStore`]
+//! synchronous and small (a PostgreSQL store can do the same, or grow async methods later),
+//! lets independent reads run in parallel (sled is thread-safe; one actor thread would queue
+//! every `tasks/get` authorisation behind every transaction), and the only place that must wait
+//! for the disk (group commit + `fdatasync`) already has its own committer thread.
+//!
+//! If the runtime is shutting down and the blocking task is cancelled, a read finds nothing and a
+//! write is not made (logged).
+
+use super::{Observed, Registry};
+use crate::store::{Owner, TaskRecord};
+use serde_json::Value;
+use std::sync::Arc;
+
+impl Registry {
+    /// Runs `work` on the blocking pool; `None` if it could not run (runtime shutting down).
+    async fn off_runtime<T, F>(self: &Arc<Self>, work: F) -> Option<T>
+    where
+        F: FnOnce(&Registry) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let this = self.clone();
+        match tokio::task::spawn_blocking(move || work(&this)).await {
+            Ok(v) => Some(v),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => {
+                tracing::warn!(error = %e, "task store work was not run");
+                None
+            }
+        }
+    }
+
+    /// The record of a task if `owner` may see it now; `None` for unknown, expired or foreign.
+    pub async fn lookup(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        owner: &Owner,
+    ) -> Option<TaskRecord> {
+        let (up, id, owner) = (upstream.to_string(), task_id.to_string(), owner.clone());
+        self.off_runtime(move |r| r.lookup_now(&up, &id, &owner))
+            .await
+            .flatten()
+    }
+
+    /// Applies a status report (a `Task` object naming its `taskId`: a
+    /// `notifications/tasks/status`'s params) to the record of `(upstream, taskId)`.
+    pub async fn observe_task(
+        self: &Arc<Self>,
+        upstream: &str,
+        task: Value,
+        source: &'static str,
+    ) -> Observed {
+        let up = upstream.to_string();
+        self.off_runtime(move |r| r.observe_task_now(&up, &task, source))
+            .await
+            .unwrap_or(Observed::Unknown)
+    }
+
+    /// Applies a status report about `task_id` (a reply to a request about that task: its own
+    /// `taskId`, if any, is not trusted to name another task).
+    pub async fn observe_task_as(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        task: Value,
+        source: &'static str,
+    ) -> Observed {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        self.off_runtime(move |r| r.observe_task_as_now(&up, &id, &task, source))
+            .await
+            .unwrap_or(Observed::Unknown)
+    }
+
+    /// A `tasks/result` payload arrived for `task_id` (see `apply_result_payload_now`).
+    pub async fn apply_result_payload(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        failed: bool,
+    ) {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        self.off_runtime(move |r| r.apply_result_payload_now(&up, &id, failed))
+            .await;
+    }
+
+    /// Records that a `tasks/cancel` for the task goes upstream (`cancel_requested_at`, set
+    /// once, and a `cancel_requested` audit event); one store update. Returns the record after it.
+    pub async fn request_cancel(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+    ) -> Option<TaskRecord> {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        self.off_runtime(move |r| r.request_cancel_now(&up, &id))
+            .await
+            .flatten()
+    }
+
+    /// Records the "resources released" audit fact (once).
+    pub async fn record_released(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        reason: &'static str,
+    ) {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        self.off_runtime(move |r| r.record_released_now(&up, &id, reason))
+            .await;
+    }
+
+    /// Removes records whose ttl is over; returns how many were removed.
+    pub async fn sweep(self: &Arc<Self>) -> usize {
+        self.off_runtime(Registry::sweep_now).await.unwrap_or(0)
+    }
+
+    /// Non-terminal tasks of `upstream` created by taskgate's upgrade (orphans after a restart).
+    pub async fn upgraded_live(self: &Arc<Self>, upstream: &str) -> Vec<TaskRecord> {
+        let up = upstream.to_string();
+        self.off_runtime(move |r| {
+            let mut found = Vec::new();
+            let scanned = r.store.scan(&mut |rec| {
+                if rec.origin == crate::store::Origin::Upgraded
+                    && !rec.status.is_terminal()
+                    && rec.upstream == up
+                {
+                    found.push(rec);
+                }
+                true
+            });
+            if let Err(e) = scanned {
+                tracing::error!(error = %e, "task store scan failed");
+            }
+            found
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    /// One page of `owner`'s tasks on `upstream` for `tasks/list`, newest first, after
+    /// `cursor` (see [`crate::store::TaskStore::list_owner`]). `Ok(None)` when the cursor is
+    /// not one this owner could have been given.
+    pub async fn list_page(
+        self: &Arc<Self>,
+        upstream: &str,
+        owner: &Owner,
+        cursor: Option<crate::store::ListCursor>,
+        limit: usize,
+    ) -> Result<Option<ListPage>, crate::store::StoreError> {
+        let (up, owner) = (upstream.to_string(), owner.clone());
+        self.off_runtime(move |r| {
+            if let Some(c) = &cursor {
+                if !r.store.cursor_is_valid(&up, &owner, c) {
+                    return Ok(None);
+                }
+            }
+            r.store
+                .list_owner(&up, &owner, cursor.as_ref(), limit)
+                .map(Some)
+        })
+        .await
+        .unwrap_or_else(|| Err(crate::store::StoreError::Db("shutting down".into())))
+    }
+}
+
+/// One page of `tasks/list`: the records and the cursor of the next page.
+pub type ListPage = (Vec<TaskRecord>, Option<crate::store::ListCursor>);

@@ -1,0 +1,53 @@
+//! The TTL sweep: records whose `expires_at` has passed are removed with their index entries and
+//! audit events (run by `gateway` every `tasks.sweep_interval_ms`).
+
+use super::Registry;
+use crate::mcp::task::now_ms;
+
+impl Registry {
+    /// Removes records whose ttl is over; returns how many were removed (blocking).
+    pub(super) fn sweep_now(&self) -> usize {
+        let now = now_ms();
+        let keys = match self.store.expired(now, 10_000) {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::error!(error = %e, "sweeper could not read the expiry index");
+                return 0;
+            }
+        };
+        let mut removed = 0;
+        for (up, id) in keys {
+            match self.store.remove(&up, &id) {
+                Ok(Some(r)) => {
+                    removed += 1;
+                    self.metrics
+                        .tasks_expired_total
+                        .with_label_values(&[&up])
+                        .inc();
+                    self.metrics
+                        .tasks
+                        .with_label_values(&[&up, r.status.as_str()])
+                        .dec();
+                    if !r.status.is_terminal() {
+                        self.release_slot(&up, &r.owner);
+                    }
+                    if r.cancelled_at.is_some() && r.released_at.is_none() {
+                        self.releases.forget(&up, &id);
+                        self.metrics.tasks_cancelled_unreleased.dec();
+                        self.metrics
+                            .task_resources_released_total
+                            .with_label_values(&[&up, "expired"])
+                            .inc();
+                    }
+                    tracing::debug!(upstream = %up, task_id = %id, "expired task record removed");
+                }
+                Ok(None) => {}
+                Err(e) => tracing::error!(error = %e, "sweeper could not remove a record"),
+            }
+        }
+        if removed > 0 {
+            self.store.sync_soon();
+        }
+        removed
+    }
+}
