@@ -32,9 +32,3 @@ pub mod upgrade;
 
 #[cfg(test)]
 pub(crate) mod testing;
-
-/// The registry used to live here; it is [`crate::registry`] now. This alias keeps the path the
-/// integration-test harness names (`taskgate::layers::registry::Registry`) until that harness
-/// moves to `crate::registry`.
-#[doc(hidden)]
-pub use crate::registry;

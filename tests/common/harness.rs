@@ -503,7 +503,7 @@ pub struct Tg {
     pub gw: SocketAddr,
     pub admin: SocketAddr,
     pub metrics: Arc<taskgate::metrics::Metrics>,
-    pub registry: Arc<taskgate::layers::registry::Registry>,
+    pub registry: Arc<taskgate::registry::Registry>,
     pub running: Option<taskgate::gateway::Running>,
     pub dir: tempfile::TempDir,
 }
