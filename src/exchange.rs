@@ -114,7 +114,7 @@ pub struct RequestContext {
 impl RequestContext {
     /// The client's `MCP-Protocol-Version` header (kept in [`RequestContext::headers`]).
     pub fn protocol_version(&self) -> Option<&HeaderValue> {
-        self.headers.get("mcp-protocol-version")
+        self.headers.get(&crate::headers::MCP_PROTOCOL_VERSION)
     }
 
     /// Who sent the request (see [`Caller`]).

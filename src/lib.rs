@@ -11,6 +11,7 @@ pub mod auth;
 pub mod config;
 pub mod exchange;
 pub mod gateway;
+pub mod headers;
 pub mod http;
 pub mod jsonrpc;
 pub mod layers;

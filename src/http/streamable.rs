@@ -28,7 +28,7 @@ use crate::exchange::{
 use crate::jsonrpc::{self, EnvelopeError, Id, Message};
 use crate::metrics::{McpMethod, Metrics, RejectReason, RequestOutcome, SseKind};
 use crate::sse::KeepAlive;
-use crate::upstream::http::{strip_hop_by_hop, MCP_SESSION_ID};
+use crate::headers::{strip_hop_by_hop, MCP_SESSION_ID};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderValue};

@@ -28,6 +28,7 @@ use super::client::{Client, ClientKind};
 use super::pool::PoolError;
 use crate::config::UpstreamConfig;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::headers::{strip_hop_by_hop, MCP_SESSION_ID};
 use crate::jsonrpc::{self, Id};
 use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
 use crate::sse;
@@ -42,8 +43,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// `Mcp-Session-Id` (case-insensitive on the wire).
-pub static MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
 
 /// A Streamable HTTP MCP server; a `tower::Service<McpRequest>`. Cloning shares the pool.
 #[derive(Clone)]
@@ -339,29 +338,3 @@ impl Inner {
     }
 }
 
-/// Removes hop-by-hop headers (RFC 9110 section 7.6.1), including those named in `Connection`.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in [
-        header::CONNECTION,
-        header::TRANSFER_ENCODING,
-        header::TE,
-        header::TRAILER,
-        header::UPGRADE,
-        header::PROXY_AUTHORIZATION,
-        header::PROXY_AUTHENTICATE,
-    ] {
-        headers.remove(name);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
-}
