@@ -23,7 +23,7 @@ use tower::ServiceExt;
 
 /// A request taskgate sends on its own (tasks/get, tasks/result, tasks/cancel, tools/list), in the
 /// client's context so the `tasks` layer authorises and routes it as the client's.
-pub(super) fn own_request(
+pub(super) fn internal_request(
     ctx: &RequestContext,
     id: &Id,
     method: &str,
@@ -262,7 +262,7 @@ async fn drive<S>(
             ),
         )));
         if let Some(task_id) = task_id {
-            cancel_task(&inner, &state, &ctx, task_id).await;
+            send_tasks_cancel(&inner, &state, &ctx, task_id).await;
         }
         return;
     }
@@ -358,7 +358,9 @@ async fn drive<S>(
     follower.run(cancel_rx).await;
 }
 
-pub(super) async fn cancel_task<S>(
+/// Sends one `tasks/cancel` for an upgraded task upstream, through the rest of the stack (so the
+/// `cancel` layer single-flights and records it), and logs the answer.
+pub(super) async fn send_tasks_cancel<S>(
     inner: &S,
     state: &UpgradeState,
     ctx: &RequestContext,
@@ -371,7 +373,7 @@ pub(super) async fn cancel_task<S>(
     S::Future: Send + 'static,
 {
     let id = state.next_id();
-    let req = own_request(
+    let req = internal_request(
         ctx,
         &id,
         "tasks/cancel",

@@ -1,6 +1,6 @@
 //! The follower: relays one upgraded task to the client until its end.
 
-use super::call::{answer_of, cancel_task, own_request, Others};
+use super::call::{answer_of, internal_request, send_tasks_cancel, Others};
 use super::progress::next_progress;
 use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
 use crate::config::OnDisconnect;
@@ -142,7 +142,7 @@ where
     ) -> End {
         for _ in 0..attempts {
             let result_id = state.next_id();
-            let result_req = own_request(
+            let result_req = internal_request(
                 &ctx,
                 &result_id,
                 "tasks/result",
@@ -355,7 +355,7 @@ where
     }
 
     async fn cancel_upstream(&self) {
-        cancel_task(&*self.inner, &self.state, &self.ctx, &self.task_id).await;
+        send_tasks_cancel(&*self.inner, &self.state, &self.ctx, &self.task_id).await;
     }
 }
 
@@ -371,7 +371,7 @@ where
     S::Future: Send + 'static,
 {
     let id = state.next_id();
-    let req = own_request(
+    let req = internal_request(
         &ctx,
         &id,
         "tasks/get",

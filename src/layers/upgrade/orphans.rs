@@ -1,6 +1,6 @@
 //! Upgraded tasks orphaned by a restart.
 
-use super::call::cancel_task;
+use super::call::send_tasks_cancel;
 use super::UpgradeState;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Principal, RequestContext};
 use crate::mcp::task::TaskStatus;
@@ -53,7 +53,7 @@ where
             headers,
         };
         state.count(upstream, "orphaned");
-        cancel_task(&stack, state, &ctx, &r.task_id).await;
+        send_tasks_cancel(&stack, state, &ctx, &r.task_id).await;
         if r.status != TaskStatus::Cancelled {
             tracing::info!(task_id = %r.task_id, "orphaned upgraded task cancelled after restart");
         }

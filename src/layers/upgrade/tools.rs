@@ -1,6 +1,6 @@
 //! Tools: `tools/list` shown to clients without `capabilities.tasks`, and a tool's `taskSupport`.
 
-use super::call::{answer_of, own_request, Others};
+use super::call::{answer_of, internal_request, Others};
 use super::UpgradeState;
 use crate::exchange::{GatewayError, McpReply, McpRequest, RequestContext};
 use crate::layers::session::{session_key, TaskSupport};
@@ -80,7 +80,7 @@ where
         };
         let reply = inner
             .clone()
-            .oneshot(own_request(ctx, &id, "tools/list", params))
+            .oneshot(internal_request(ctx, &id, "tools/list", params))
             .await
             .ok()?;
         let answer = answer_of(reply, &id, Others::Discard).await?;
