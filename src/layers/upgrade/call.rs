@@ -9,6 +9,7 @@ use crate::exchange::{
 };
 use crate::jsonrpc::{self, Id, Kind, Message};
 use crate::layers::session::{session_key, TaskSupport};
+use crate::metrics::UpgradeOutcome;
 use crate::sse::{Event, EventStream};
 
 use bytes::Bytes;
@@ -232,7 +233,7 @@ async fn drive<S>(
         Ok(r) => r,
         Err(e) => {
             forget(&state);
-            state.count(&upstream, "upstream_error");
+            state.count(&upstream, UpgradeOutcome::UpstreamError);
             let _ = first.send(Err(e));
             return;
         }
@@ -248,7 +249,7 @@ async fn drive<S>(
     let answer = answer_of(reply, &original_id, others).await;
     if overflowed {
         forget(&state);
-        state.count(&upstream, "relay_overflow");
+        state.count(&upstream, UpgradeOutcome::RelayOverflow);
         let task_id = answer
             .as_ref()
             .and_then(|a| a.pointer("/result/task/taskId"))
@@ -268,7 +269,7 @@ async fn drive<S>(
     }
     let Some(answer) = answer else {
         forget(&state);
-        state.count(&upstream, "upstream_error");
+        state.count(&upstream, UpgradeOutcome::UpstreamError);
         let _ = first.send(Ok(McpReply::local_error(
             Some(&original_id),
             jsonrpc::INTERNAL_ERROR,
@@ -282,7 +283,7 @@ async fn drive<S>(
     else {
         // Not a task after all (an error, or the call ran plainly): the answer as it came.
         forget(&state);
-        state.count(&upstream, "not_a_task");
+        state.count(&upstream, UpgradeOutcome::NotATask);
         let mut reply = McpReply::local_json(Bytes::from(answer.to_string()));
         reply.status = if status.is_success() {
             StatusCode::OK

@@ -8,6 +8,7 @@ use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, RequestContex
 use crate::jsonrpc::{self, Id};
 use crate::layers::session::session_key;
 use crate::mcp::task::TaskStatus;
+use crate::metrics::UpgradeOutcome;
 use crate::sse::Event;
 
 use parking_lot::Mutex;
@@ -293,19 +294,25 @@ where
                         .and_then(|r| r.get("isError"))
                         .and_then(Value::as_bool)
                         == Some(true);
-                self.state
-                    .count(&upstream, if failed { "failed" } else { "completed" });
+                self.state.count(
+                    &upstream,
+                    if failed {
+                        UpgradeOutcome::Failed
+                    } else {
+                        UpgradeOutcome::Completed
+                    },
+                );
                 let id = serde_json::from_str(self.original_id.as_json()).unwrap_or(Value::Null);
                 v.insert("id".into(), id);
                 self.send(Value::Object(v).to_string()).await;
             }
             End::Answer(_) => {
-                self.state.count(&upstream, "upstream_error");
+                self.state.count(&upstream, UpgradeOutcome::UpstreamError);
                 self.send_error("upstream answered tasks/result with a non-object body")
                     .await;
             }
             End::Terminal(status, message) => {
-                self.state.count(&upstream, "upstream_error");
+                self.state.count(&upstream, UpgradeOutcome::UpstreamError);
                 let message = if message.is_empty() {
                     String::new()
                 } else {
@@ -317,7 +324,8 @@ where
                 .await;
             }
             End::NeedsCapability(method, pointer) => {
-                self.state.count(&upstream, "refused_capability");
+                self.state
+                    .count(&upstream, UpgradeOutcome::RefusedCapability);
                 self.cancel_upstream().await;
                 let message = format!(
                     "the tool needs {method}, but this client did not declare capabilities.{}; the task was cancelled",
@@ -326,11 +334,11 @@ where
                 self.send_error(&message).await;
             }
             End::ClientCancelled => {
-                self.state.count(&upstream, "cancelled");
+                self.state.count(&upstream, UpgradeOutcome::Cancelled);
                 self.cancel_upstream().await;
             }
             End::Disconnected => {
-                self.state.count(&upstream, "disconnected");
+                self.state.count(&upstream, UpgradeOutcome::Disconnected);
                 if self.state.config.on_client_disconnect == OnDisconnect::Cancel {
                     tokio::time::sleep(Duration::from_millis(
                         self.state.config.disconnect_grace_ms,
@@ -340,7 +348,7 @@ where
                 }
             }
             End::Failed(why) => {
-                self.state.count(&upstream, "upstream_error");
+                self.state.count(&upstream, UpgradeOutcome::UpstreamError);
                 self.send_error(&format!("following the upgraded task failed: {why}"))
                     .await;
             }

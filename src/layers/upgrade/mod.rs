@@ -87,6 +87,7 @@ use crate::config::UpgradeConfig;
 use crate::exchange::{CallKey, Caller, GatewayError, McpReply, McpRequest, Operation};
 use crate::jsonrpc::Id;
 use crate::layers::session::Sessions;
+use crate::metrics::UpgradeOutcome;
 use crate::registry::Registry;
 
 use parking_lot::Mutex;
@@ -205,12 +206,8 @@ impl UpgradeState {
         Id::from_json(&format!("\"taskgate-{n}\"")).expect("a string id")
     }
 
-    fn count(&self, upstream: &str, outcome: &str) {
-        self.registry
-            .metrics()
-            .upgraded_calls_total
-            .with_label_values(&[upstream, outcome])
-            .inc();
+    fn count(&self, upstream: &str, outcome: UpgradeOutcome) {
+        self.registry.metrics().upgraded_call(upstream, outcome);
     }
 }
 

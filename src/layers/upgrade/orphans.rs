@@ -4,6 +4,7 @@ use super::call::send_tasks_cancel;
 use super::UpgradeState;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Principal, RequestContext};
 use crate::mcp::task::TaskStatus;
+use crate::metrics::UpgradeOutcome;
 
 use http::{HeaderMap, HeaderValue};
 use std::sync::Arc;
@@ -52,7 +53,7 @@ where
             principal,
             headers,
         };
-        state.count(upstream, "orphaned");
+        state.count(upstream, UpgradeOutcome::Orphaned);
         send_tasks_cancel(&stack, state, &ctx, &r.task_id).await;
         if r.status != TaskStatus::Cancelled {
             tracing::info!(task_id = %r.task_id, "orphaned upgraded task cancelled after restart");
