@@ -9,6 +9,7 @@ use crate::exchange::{
 };
 use crate::jsonrpc::{self, Id, Kind, Message};
 use crate::layers::session::{session_key, TaskSupport};
+use crate::layers::McpService;
 use crate::metrics::UpgradeOutcome;
 use crate::sse::{Event, EventStream};
 
@@ -97,19 +98,11 @@ pub(super) async fn answer_of(reply: McpReply, id: &Id, mut others: Others<'_>) 
     }
 }
 
-pub(super) async fn tools_call<S>(
+pub(super) async fn tools_call<S: McpService>(
     state: Arc<UpgradeState>,
     inner: S,
     mut req: McpRequest,
-) -> Result<McpReply, GatewayError>
-where
-    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-{
+) -> Result<McpReply, GatewayError> {
     let Operation::Post(msg) = &req.op else {
         return inner.oneshot(req).await;
     };
@@ -205,19 +198,12 @@ struct Upgraded<S> {
 
 /// Sends the upgraded call, answers the client (`first`) with its stream or, when no task came
 /// of it, with the upstream's answer, and follows the task.
-async fn drive<S>(
+async fn drive<S: McpService>(
     call: Upgraded<S>,
     req: McpRequest,
     cancel_rx: oneshot::Receiver<()>,
     first: oneshot::Sender<Result<McpReply, GatewayError>>,
-) where
-    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-{
+) {
     let Upgraded {
         state,
         inner,
@@ -361,18 +347,12 @@ async fn drive<S>(
 
 /// Sends one `tasks/cancel` for an upgraded task upstream, through the rest of the stack (so the
 /// `cancel` layer single-flights and records it), and logs the answer.
-pub(super) async fn send_tasks_cancel<S>(
+pub(super) async fn send_tasks_cancel<S: McpService>(
     inner: &S,
     state: &UpgradeState,
     ctx: &RequestContext,
     task_id: &str,
-) where
-    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+) {
     let id = state.next_id();
     let req = internal_request(
         ctx,

@@ -4,9 +4,10 @@ use super::call::{answer_of, internal_request, send_tasks_cancel, Others};
 use super::progress::next_progress;
 use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
 use crate::config::OnDisconnect;
-use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, RequestContext};
+use crate::exchange::{CallKey, RequestContext};
 use crate::jsonrpc::{self, Id};
 use crate::layers::session::session_key;
+use crate::layers::McpService;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::UpgradeOutcome;
 use crate::sse::Event;
@@ -58,15 +59,7 @@ fn event(data: String) -> Event {
     }
 }
 
-impl<S> Follower<S>
-where
-    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-{
+impl<S: McpService> Follower<S> {
     async fn send(&self, data: String) -> bool {
         self.tx.send(event(data)).await.is_ok()
     }
@@ -368,16 +361,12 @@ where
 }
 
 /// One `tasks/get` for the follower: the task's `(status, statusMessage)`.
-pub(super) async fn poll_status<S>(
+pub(super) async fn poll_status<S: McpService>(
     inner: S,
     state: Arc<UpgradeState>,
     ctx: RequestContext,
     task_id: String,
-) -> Option<(String, String)>
-where
-    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
-    S::Future: Send + 'static,
-{
+) -> Option<(String, String)> {
     let id = state.next_id();
     let req = internal_request(
         &ctx,

@@ -87,6 +87,7 @@ use crate::config::UpgradeConfig;
 use crate::exchange::{CallKey, Caller, GatewayError, McpReply, McpRequest, Operation};
 use crate::jsonrpc::Id;
 use crate::layers::session::Sessions;
+use crate::layers::McpService;
 use crate::metrics::UpgradeOutcome;
 use crate::registry::Registry;
 
@@ -243,15 +244,7 @@ pub struct UpgradeService<S> {
 
 type BoxFut = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send>>;
 
-impl<S> tower::Service<McpRequest> for UpgradeService<S>
-where
-    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-    S::Future: Send + 'static,
-{
+impl<S: McpService> tower::Service<McpRequest> for UpgradeService<S> {
     type Response = McpReply;
     type Error = GatewayError;
     type Future = BoxFut;

@@ -2,7 +2,8 @@
 
 use super::call::send_tasks_cancel;
 use super::UpgradeState;
-use crate::exchange::{GatewayError, McpReply, McpRequest, Principal, RequestContext};
+use crate::exchange::{Principal, RequestContext};
+use crate::layers::McpService;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::UpgradeOutcome;
 
@@ -11,14 +12,11 @@ use std::sync::Arc;
 
 /// After a restart: cancels every non-terminal upgraded task (its client is gone), through the
 /// upstream's stack so the `cancel` layer records it. Returns how many were cancelled.
-pub async fn cancel_orphans<S>(state: &UpgradeState, upstream: &Arc<str>, stack: S) -> usize
-where
-    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+pub async fn cancel_orphans<S: McpService>(
+    state: &UpgradeState,
+    upstream: &Arc<str>,
+    stack: S,
+) -> usize {
     // A scan of the whole store: on the blocking pool (see `registry`).
     let orphans = state.registry.upgraded_live(upstream).await;
     for r in &orphans {

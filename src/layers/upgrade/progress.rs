@@ -3,6 +3,7 @@
 
 use super::UpgradeState;
 use crate::exchange::{GatewayError, McpReply, McpRequest};
+use crate::layers::McpService;
 
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -33,15 +34,11 @@ pub(super) fn next_progress(
 
 /// The standalone GET stream: progress the upstream sends there on an upgraded call's token
 /// (the TypeScript SDK does) keeps increasing together with the call's own stream.
-pub(super) async fn get_stream<S>(
+pub(super) async fn get_stream<S: McpService>(
     state: Arc<UpgradeState>,
     inner: S,
     req: McpRequest,
-) -> Result<McpReply, GatewayError>
-where
-    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
-    S::Future: Send + 'static,
-{
+) -> Result<McpReply, GatewayError> {
     let caller = req.ctx.caller();
     let mut reply = inner.oneshot(req).await?;
     reply.body = reply.body.map_messages(move |data| {

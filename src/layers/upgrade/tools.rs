@@ -4,21 +4,18 @@ use super::call::{answer_of, internal_request, Others};
 use super::UpgradeState;
 use crate::exchange::{GatewayError, McpReply, McpRequest, RequestContext};
 use crate::layers::session::{session_key, TaskSupport};
+use crate::layers::McpService;
 
 use serde_json::Value;
 use std::sync::Arc;
 use tower::ServiceExt;
 
 /// Shows `required` tools as `optional` to clients without `capabilities.tasks`.
-pub(super) async fn tools_list<S>(
+pub(super) async fn tools_list<S: McpService>(
     state: Arc<UpgradeState>,
     inner: S,
     req: McpRequest,
-) -> Result<McpReply, GatewayError>
-where
-    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
-    S::Future: Send + 'static,
-{
+) -> Result<McpReply, GatewayError> {
     let upstream = req.ctx.upstream.clone();
     let session = session_key(&req.ctx);
     let mut reply = inner.oneshot(req).await?;
@@ -52,19 +49,12 @@ pub(super) fn relax_required(text: &str) -> Option<String> {
     changed.then(|| v.to_string())
 }
 
-pub(super) async fn tool_support<S>(
+pub(super) async fn tool_support<S: McpService>(
     state: &UpgradeState,
     inner: &S,
     ctx: &RequestContext,
     tool: &str,
-) -> Option<TaskSupport>
-where
-    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+) -> Option<TaskSupport> {
     let key = session_key(ctx);
     let session = key.as_ref();
     if let Some(ts) = state.sessions.tool_support(&ctx.upstream, session, tool) {
