@@ -98,60 +98,24 @@ pub(super) async fn answer_of(reply: McpReply, id: &Id, mut others: Others<'_>) 
     }
 }
 
+/// A `tools/call`: upgraded to a task when it is a plain call to a `required` tool (see the module
+/// docs), otherwise passed on as it is.
 pub(super) async fn tools_call<S: McpService>(
     state: Arc<UpgradeState>,
     inner: S,
     mut req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
-    let Operation::Post(msg) = &req.op else {
-        return inner.oneshot(req).await;
-    };
-    // Cheap checks first: most calls are not candidates and are not parsed again.
-    if !state
-        .sessions
-        .upstream_tasks_tools_call(&req.ctx.upstream, session_key(&req.ctx).as_ref())
-    {
-        return inner.oneshot(req).await;
-    }
-    let Ok(mut value) = msg.parse_as::<Value>() else {
-        return inner.oneshot(req).await;
-    };
-    let plain = value.pointer("/params/task").is_none();
-    let Some(tool) = value
-        .pointer("/params/name")
-        .and_then(Value::as_str)
-        .map(str::to_string)
+    let Some(Upgrade {
+        message,
+        original_id,
+        progress_token,
+    }) = upgrade(&state, &inner, &req).await
     else {
         return inner.oneshot(req).await;
     };
-    if !plain || tool_support(&state, &inner, &req.ctx, &tool).await != Some(TaskSupport::Required)
-    {
-        return inner.oneshot(req).await;
-    }
-    let Some(original_id) = msg.id().cloned() else {
-        return inner.oneshot(req).await;
-    };
-    let progress_token = value.pointer("/params/_meta/progressToken").cloned();
-    let Some(params) = value.get_mut("params").and_then(Value::as_object_mut) else {
-        return inner.oneshot(req).await;
-    };
-    params.insert(
-        "task".into(),
-        serde_json::json!({ "ttl": state.config.ttl_ms }),
-    );
-    let upgraded = serde_json::to_vec(&value)
-        .ok()
-        .and_then(|bytes| Message::parse(Bytes::from(bytes)).ok());
-    let Some(upgraded) = upgraded else {
-        return inner.oneshot(req).await;
-    };
-    req.op = Operation::Post(upgraded);
+    req.op = Operation::Post(message);
     req.extensions.insert(crate::layers::extensions::Upgraded);
     let ctx = req.ctx.clone();
-    tracing::info!(
-        tool,
-        "plain tools/call to a required tool: upgraded to a task"
-    );
 
     // The call is known as upgraded from now on: a notifications/cancelled for its id, even one
     // that arrives before the CreateTaskResult, becomes a tasks/cancel.
@@ -185,6 +149,63 @@ pub(super) async fn tools_call<S: McpService>(
     }
 }
 
+/// A plain `tools/call` to a `required` tool, upgraded: the message with `params.task` added.
+struct Upgrade {
+    message: Message,
+    original_id: Id,
+    progress_token: Option<Value>,
+}
+
+/// The upgraded message when `req` is a plain `tools/call` to a `required` tool of an upstream
+/// that runs `tools/call` as tasks; `None` when it is to be passed on as it is.
+async fn upgrade<S: McpService>(
+    state: &UpgradeState,
+    inner: &S,
+    req: &McpRequest,
+) -> Option<Upgrade> {
+    let Operation::Post(msg) = &req.op else {
+        return None;
+    };
+    // Cheap checks first: most calls are not candidates and are not parsed again.
+    if !state
+        .sessions
+        .upstream_tasks_tools_call(&req.ctx.upstream, session_key(&req.ctx).as_ref())
+    {
+        return None;
+    }
+    let mut value = msg.parse_as::<Value>().ok()?;
+    let plain = value.pointer("/params/task").is_none();
+    let tool = value
+        .pointer("/params/name")
+        .and_then(Value::as_str)
+        .map(str::to_string)?;
+    if !plain || tool_support(state, inner, &req.ctx, &tool).await != Some(TaskSupport::Required) {
+        return None;
+    }
+    let original_id = msg.id().cloned()?;
+    let progress_token = value.pointer("/params/_meta/progressToken").cloned();
+    let params = value.get_mut("params").and_then(Value::as_object_mut)?;
+    params.insert(
+        "task".into(),
+        serde_json::json!({ "ttl": state.config.ttl_ms }),
+    );
+    let message = serde_json::to_vec(&value)
+        .ok()
+        .and_then(|bytes| Message::parse(Bytes::from(bytes)).ok())?;
+    tracing::info!(
+        tool,
+        "plain tools/call to a required tool: upgraded to a task"
+    );
+    Some(Upgrade {
+        message,
+        original_id,
+        progress_token,
+    })
+}
+
+/// Where [`drive`] sends the client's answer: the task's stream, or the answer that ended it.
+type First = oneshot::Sender<Result<McpReply, GatewayError>>;
+
 /// One upgraded call, before its task exists.
 struct Upgraded<S> {
     state: Arc<UpgradeState>,
@@ -202,64 +223,37 @@ async fn drive<S: McpService>(
     call: Upgraded<S>,
     req: McpRequest,
     cancel_rx: oneshot::Receiver<()>,
-    first: oneshot::Sender<Result<McpReply, GatewayError>>,
+    first: First,
 ) {
-    let Upgraded {
-        state,
-        inner,
-        ctx,
-        original_id,
-        progress_token,
-        key,
-        call_token,
-    } = call;
-    let upstream = ctx.upstream.clone();
-    let forget = |state: &UpgradeState| state.forget(&key, call_token);
-    let reply = match inner.clone().oneshot(req).await {
+    let reply = match call.inner.clone().oneshot(req).await {
         Ok(r) => r,
         Err(e) => {
-            forget(&state);
-            state.count(&upstream, UpgradeOutcome::UpstreamError);
+            call.end(UpgradeOutcome::UpstreamError);
             let _ = first.send(Err(e));
             return;
         }
     };
     let status = reply.status;
-    let headers = reply.headers.clone();
+    let session_id = reply.headers.get("mcp-session-id").cloned();
     let mut early = Vec::new();
     let mut overflowed = false;
     let others = Others::Buffer {
         events: &mut early,
         overflowed: &mut overflowed,
     };
-    let answer = answer_of(reply, &original_id, others).await;
+    let answer = answer_of(reply, &call.original_id, others).await;
     if overflowed {
-        forget(&state);
-        state.count(&upstream, UpgradeOutcome::RelayOverflow);
-        let task_id = answer
-            .as_ref()
-            .and_then(|a| a.pointer("/result/task/taskId"))
-            .and_then(Value::as_str);
-        let _ = first.send(Ok(McpReply::local_error(
-            Some(&original_id),
-            jsonrpc::INTERNAL_ERROR,
-            &format!(
-                "upstream `{upstream}` sent more than {EARLY_LIMIT} messages before answering the upgraded tools/call; the exchange was ended{}",
-                if task_id.is_some() { " and the task cancelled" } else { "" }
-            ),
-        )));
-        if let Some(task_id) = task_id {
-            send_tasks_cancel(&inner, &state, &ctx, task_id).await;
-        }
-        return;
+        return call.overflowed(answer.as_ref(), first).await;
     }
     let Some(answer) = answer else {
-        forget(&state);
-        state.count(&upstream, UpgradeOutcome::UpstreamError);
+        call.end(UpgradeOutcome::UpstreamError);
         let _ = first.send(Ok(McpReply::local_error(
-            Some(&original_id),
+            Some(&call.original_id),
             jsonrpc::INTERNAL_ERROR,
-            &format!("upstream `{upstream}` sent no answer to the upgraded tools/call"),
+            &format!(
+                "upstream `{}` sent no answer to the upgraded tools/call",
+                call.ctx.upstream
+            ),
         )));
         return;
     };
@@ -268,8 +262,7 @@ async fn drive<S: McpService>(
         .filter(|t| t.get("taskId").is_some())
     else {
         // Not a task after all (an error, or the call ran plainly): the answer as it came.
-        forget(&state);
-        state.count(&upstream, UpgradeOutcome::NotATask);
+        call.end(UpgradeOutcome::NotATask);
         let mut reply = McpReply::local_json(Bytes::from(answer.to_string()));
         reply.status = if status.is_success() {
             StatusCode::OK
@@ -290,59 +283,111 @@ async fn drive<S: McpService>(
         .unwrap_or(1000)
         .max(100);
     let (tx, rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
-    let mut progress = Arc::new(Mutex::new(None));
-    let token_key = progress_token.as_ref().map(|t| {
-        let k = (ctx.caller(), t.to_string());
-        // Two calls of callers that cannot be told apart may use one token: they share its
-        // progress state (values still increase), neither replaces the other's.
-        progress = state
-            .tokens
-            .lock()
-            .entry(k.clone())
-            .or_insert_with(|| progress.clone())
-            .clone();
-        k
-    });
-    let follower = Follower {
-        state: state.clone(),
-        inner: Arc::new(inner),
-        ctx,
-        task_id,
-        original_id,
-        progress_token,
-        poll: Duration::from_millis(poll),
-        tx,
-        progress,
-        key,
-        call_token,
-        token_key,
-    };
-
-    let mut out_headers = HeaderMap::new();
-    out_headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    out_headers.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
-    if let Some(sid) = headers.get("mcp-session-id") {
-        out_headers.insert("mcp-session-id", sid.clone());
-    }
-    let events: EventStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|ev| (ev, rx))
-    }));
+    let follower = call.into_follower(task_id, Duration::from_millis(poll), tx);
     // If the client is gone, this drops the stream and the follower sees a disconnect.
-    let _ = first.send(Ok(McpReply {
-        status: StatusCode::OK,
-        headers: out_headers,
-        body: ReplyBody::Stream(events),
-    }));
+    let _ = first.send(Ok(event_stream(session_id, rx)));
     for ev in early {
         follower.relay_other(ev).await;
     }
     follower.run(cancel_rx).await;
+}
+
+impl<S: McpService> Upgraded<S> {
+    /// The call ended before its task was followed: forgets it and counts `outcome`.
+    fn end(&self, outcome: UpgradeOutcome) {
+        self.state.forget(&self.key, self.call_token);
+        self.state.count(&self.ctx.upstream, outcome);
+    }
+
+    /// More than [`EARLY_LIMIT`] messages came before the answer: ends the exchange with an
+    /// error and cancels the task, if the answer names one.
+    async fn overflowed(self, answer: Option<&Value>, first: First) {
+        self.end(UpgradeOutcome::RelayOverflow);
+        let task_id = answer
+            .and_then(|a| a.pointer("/result/task/taskId"))
+            .and_then(Value::as_str);
+        let _ = first.send(Ok(McpReply::local_error(
+            Some(&self.original_id),
+            jsonrpc::INTERNAL_ERROR,
+            &format!(
+                "upstream `{}` sent more than {EARLY_LIMIT} messages before answering the upgraded tools/call; the exchange was ended{}",
+                self.ctx.upstream,
+                if task_id.is_some() { " and the task cancelled" } else { "" }
+            ),
+        )));
+        if let Some(task_id) = task_id {
+            send_tasks_cancel(&self.inner, &self.state, &self.ctx, task_id).await;
+        }
+    }
+
+    /// The follower of the call's task `task_id`, writing to `tx`.
+    fn into_follower(
+        self,
+        task_id: String,
+        poll: Duration,
+        tx: mpsc::Sender<Event>,
+    ) -> Follower<S> {
+        let Upgraded {
+            state,
+            inner,
+            ctx,
+            original_id,
+            progress_token,
+            key,
+            call_token,
+        } = self;
+        let mut progress = Arc::new(Mutex::new(None));
+        let token_key = progress_token.as_ref().map(|t| {
+            let k = (ctx.caller(), t.to_string());
+            // Two calls of callers that cannot be told apart may use one token: they share its
+            // progress state (values still increase), neither replaces the other's.
+            progress = state
+                .tokens
+                .lock()
+                .entry(k.clone())
+                .or_insert_with(|| progress.clone())
+                .clone();
+            k
+        });
+        Follower {
+            state,
+            inner: Arc::new(inner),
+            ctx,
+            task_id,
+            original_id,
+            progress_token,
+            poll,
+            tx,
+            progress,
+            key,
+            call_token,
+            token_key,
+        }
+    }
+}
+
+/// The client's answer to an upgraded call: an SSE stream of what `rx` receives.
+fn event_stream(session_id: Option<HeaderValue>, rx: mpsc::Receiver<Event>) -> McpReply {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    if let Some(sid) = session_id {
+        headers.insert("mcp-session-id", sid);
+    }
+    let events: EventStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|ev| (ev, rx))
+    }));
+    McpReply {
+        status: StatusCode::OK,
+        headers,
+        body: ReplyBody::Stream(events),
+    }
 }
 
 /// Sends one `tasks/cancel` for an upgraded task upstream, through the rest of the stack (so the
