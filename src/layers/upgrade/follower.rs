@@ -6,7 +6,7 @@ use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
 use crate::config::OnDisconnect;
 use crate::exchange::{CallKey, RequestContext};
 use crate::jsonrpc::{self, Id};
-use crate::layers::session::session_key;
+use crate::layers::session::{session_key, SessionInfo};
 use crate::layers::McpService;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::UpgradeOutcome;
@@ -156,18 +156,42 @@ impl<S: McpService> Follower<S> {
         ))
     }
 
-    pub(super) async fn run(self, mut cancel_rx: oneshot::Receiver<()>) {
-        let upstream = self.ctx.upstream.clone();
+    /// Follows the task to its end ([`Self::follow`]), then answers the client and counts the
+    /// outcome ([`Self::finish`]).
+    pub(super) async fn run(self, cancel_rx: oneshot::Receiver<()>) {
         let _hold = self
             .state
             .registry
             .releases()
-            .hold(&upstream, &self.task_id);
+            .hold(&self.ctx.upstream, &self.task_id);
         let (relay_tx, mut relay_rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
+        let end = self.follow(cancel_rx, &relay_tx, &mut relay_rx).await;
+        let end = self.confirm_terminal(end, &relay_tx).await;
+        drop(relay_tx);
+        self.forget();
+        if matches!(end, End::Answer(_) | End::Failed(_) | End::Terminal(..)) {
+            // What the upstream sent before its answer goes out before the answer.
+            while let Ok(ev) = relay_rx.try_recv() {
+                self.relay_other(ev).await;
+            }
+        }
+        self.finish(end).await;
+    }
+
+    /// The `select!` loop: waits for the `tasks/result` answer while polling `tasks/get` and
+    /// relaying what the upstream sends (to `relay_tx`, read from `relay_rx`), until the answer,
+    /// a terminal poll, the client's cancel or disconnect, or a request the client cannot take.
+    async fn follow(
+        &self,
+        mut cancel_rx: oneshot::Receiver<()>,
+        relay_tx: &mpsc::Sender<Event>,
+        relay_rx: &mut mpsc::Receiver<Event>,
+    ) -> End {
         let client_caps = self
             .state
             .sessions
-            .get(&upstream, session_key(&self.ctx).as_ref());
+            .get(&self.ctx.upstream, session_key(&self.ctx).as_ref());
+        // Given up when the loop ends.
         let mut result_fut = Box::pin(Self::ask_result(
             (*self.inner).clone(),
             self.state.clone(),
@@ -187,7 +211,7 @@ impl<S: McpService> Follower<S> {
         // The cancel signal can only end in Ok (a client's cancel) or Err (the entry is gone);
         // only Ok is a cancel, and a finished receiver is not polled again.
         let mut cancel_open = true;
-        let end = loop {
+        loop {
             tokio::select! {
                 end = &mut result_fut => break end,
                 signal = &mut cancel_rx, if cancel_open => {
@@ -211,59 +235,66 @@ impl<S: McpService> Follower<S> {
                 }
                 st = async { polling.as_mut().expect("guarded").await }, if polling.is_some() => {
                     polling = None;
-                    if let Some(st) = st {
-                        if last_status.as_ref() != Some(&st) {
-                            let message = if st.1.is_empty() { st.0.clone() } else { format!("{}: {}", st.0, st.1) };
-                            let ended = TaskStatus::parse(&st.0).is_some_and(|s| s.is_terminal());
-                            last_status = Some(st);
-                            self.progress(message).await;
-                            if ended {
-                                terminal = Some(Box::pin(tokio::time::sleep(self.poll)));
-                            }
-                        }
+                    if self.on_status(st, &mut last_status).await {
+                        terminal = Some(Box::pin(tokio::time::sleep(self.poll)));
                     }
                 }
                 Some(ev) = relay_rx.recv() => {
-                    if let Some(data) = &ev.data {
-                        let method = serde_json::from_str::<Value>(data).ok().and_then(|v| v.get("method").and_then(Value::as_str).map(str::to_string));
-                        let needs = match method.as_deref() {
-                            Some("elicitation/create") => Some(("elicitation/create", "/elicitation")),
-                            Some("sampling/createMessage") => Some(("sampling/createMessage", "/sampling")),
-                            _ => None,
-                        };
-                        if let Some((method, pointer)) = needs {
-                            if !client_caps.as_ref().is_some_and(|c| c.client_has(pointer)) {
-                                break End::NeedsCapability(method, pointer);
-                            }
-                        }
+                    if let Some(end) = needs_capability(client_caps.as_ref(), &ev) {
+                        break end;
                     }
                     self.relay_other(ev).await;
                 }
             }
+        }
+    }
+
+    /// A `tasks/get` poll's `(status, statusMessage)`: a change goes to the client as progress.
+    /// Returns whether the task has newly reached a terminal status.
+    async fn on_status(
+        &self,
+        st: Option<(String, String)>,
+        last_status: &mut Option<(String, String)>,
+    ) -> bool {
+        let Some(st) = st else { return false };
+        if last_status.as_ref() == Some(&st) {
+            return false;
+        }
+        let message = if st.1.is_empty() {
+            st.0.clone()
+        } else {
+            format!("{}: {}", st.0, st.1)
         };
-        // The pending tasks/result (if any) is given up.
-        drop(result_fut);
-        let end = match end {
-            End::Terminal(status, message) => {
-                // Ask once more, bounded: the task has ended, so its result is there or never.
-                tracing::info!(task_id = %self.task_id, status, "tasks/get says the upgraded task ended; tasks/result asked again");
-                let again = Self::ask_result(
-                    (*self.inner).clone(),
-                    self.state.clone(),
-                    self.ctx.clone(),
-                    self.task_id.clone(),
-                    relay_tx.clone(),
-                    1,
-                );
-                let deadline = self.state.result_deadline();
-                match tokio::time::timeout(deadline, again).await {
-                    Ok(End::Answer(v)) => End::Answer(v),
-                    _ => End::Terminal(status, message),
-                }
-            }
-            end => end,
+        let ended = TaskStatus::parse(&st.0).is_some_and(|s| s.is_terminal());
+        *last_status = Some(st);
+        self.progress(message).await;
+        ended
+    }
+
+    /// After a terminal poll, asks `tasks/result` once more, bounded: the task has ended, so its
+    /// result is there or never. Other ends are returned as they are.
+    async fn confirm_terminal(&self, end: End, relay_tx: &mpsc::Sender<Event>) -> End {
+        let End::Terminal(status, message) = end else {
+            return end;
         };
-        drop(relay_tx);
+        tracing::info!(task_id = %self.task_id, status, "tasks/get says the upgraded task ended; tasks/result asked again");
+        let again = Self::ask_result(
+            (*self.inner).clone(),
+            self.state.clone(),
+            self.ctx.clone(),
+            self.task_id.clone(),
+            relay_tx.clone(),
+            1,
+        );
+        let deadline = self.state.result_deadline();
+        match tokio::time::timeout(deadline, again).await {
+            Ok(End::Answer(v)) => End::Answer(v),
+            _ => End::Terminal(status, message),
+        }
+    }
+
+    /// Forgets the call, and its progress token unless another call's state is there.
+    fn forget(&self) {
         self.state.forget(&self.key, self.call_token);
         if let Some(k) = &self.token_key {
             let mut tokens = self.state.tokens.lock();
@@ -274,12 +305,12 @@ impl<S: McpService> Follower<S> {
                 tokens.remove(k);
             }
         }
-        if matches!(end, End::Answer(_) | End::Failed(_) | End::Terminal(..)) {
-            // What the upstream sent before its answer goes out before the answer.
-            while let Ok(ev) = relay_rx.try_recv() {
-                self.relay_other(ev).await;
-            }
-        }
+    }
+
+    /// Answers the client (or cancels upstream) according to how following ended, and counts the
+    /// outcome.
+    async fn finish(&self, end: End) {
+        let upstream = &self.ctx.upstream;
         match end {
             End::Answer(Value::Object(mut v)) => {
                 let failed = v.get("error").is_some()
@@ -288,7 +319,7 @@ impl<S: McpService> Follower<S> {
                         .and_then(Value::as_bool)
                         == Some(true);
                 self.state.count(
-                    &upstream,
+                    upstream,
                     if failed {
                         UpgradeOutcome::Failed
                     } else {
@@ -300,12 +331,12 @@ impl<S: McpService> Follower<S> {
                 self.send(Value::Object(v).to_string()).await;
             }
             End::Answer(_) => {
-                self.state.count(&upstream, UpgradeOutcome::UpstreamError);
+                self.state.count(upstream, UpgradeOutcome::UpstreamError);
                 self.send_error("upstream answered tasks/result with a non-object body")
                     .await;
             }
             End::Terminal(status, message) => {
-                self.state.count(&upstream, UpgradeOutcome::UpstreamError);
+                self.state.count(upstream, UpgradeOutcome::UpstreamError);
                 let message = if message.is_empty() {
                     String::new()
                 } else {
@@ -318,7 +349,7 @@ impl<S: McpService> Follower<S> {
             }
             End::NeedsCapability(method, pointer) => {
                 self.state
-                    .count(&upstream, UpgradeOutcome::RefusedCapability);
+                    .count(upstream, UpgradeOutcome::RefusedCapability);
                 self.cancel_upstream().await;
                 let message = format!(
                     "the tool needs {method}, but this client did not declare capabilities.{}; the task was cancelled",
@@ -327,11 +358,11 @@ impl<S: McpService> Follower<S> {
                 self.send_error(&message).await;
             }
             End::ClientCancelled => {
-                self.state.count(&upstream, UpgradeOutcome::Cancelled);
+                self.state.count(upstream, UpgradeOutcome::Cancelled);
                 self.cancel_upstream().await;
             }
             End::Disconnected => {
-                self.state.count(&upstream, UpgradeOutcome::Disconnected);
+                self.state.count(upstream, UpgradeOutcome::Disconnected);
                 if self.state.config.on_client_disconnect == OnDisconnect::Cancel {
                     tokio::time::sleep(Duration::from_millis(
                         self.state.config.disconnect_grace_ms,
@@ -341,7 +372,7 @@ impl<S: McpService> Follower<S> {
                 }
             }
             End::Failed(why) => {
-                self.state.count(&upstream, UpgradeOutcome::UpstreamError);
+                self.state.count(upstream, UpgradeOutcome::UpstreamError);
                 self.send_error(&format!("following the upgraded task failed: {why}"))
                     .await;
             }
@@ -358,6 +389,22 @@ impl<S: McpService> Follower<S> {
     async fn cancel_upstream(&self) {
         send_tasks_cancel(&*self.inner, &self.state, &self.ctx, &self.task_id).await;
     }
+}
+
+/// The end of following when `ev` is an `elicitation/create` or `sampling/createMessage` request
+/// and the client (`client_caps`) did not declare the capability it needs.
+fn needs_capability(client_caps: Option<&SessionInfo>, ev: &Event) -> Option<End> {
+    let data = ev.data.as_ref()?;
+    let method = serde_json::from_str::<Value>(data)
+        .ok()
+        .and_then(|v| v.get("method").and_then(Value::as_str).map(str::to_string));
+    let (method, pointer) = match method.as_deref() {
+        Some("elicitation/create") => ("elicitation/create", "/elicitation"),
+        Some("sampling/createMessage") => ("sampling/createMessage", "/sampling"),
+        _ => return None,
+    };
+    (!client_caps.is_some_and(|c| c.client_has(pointer)))
+        .then_some(End::NeedsCapability(method, pointer))
 }
 
 /// One `tasks/get` for the follower: the task's `(status, statusMessage)`.
