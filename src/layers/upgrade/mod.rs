@@ -70,6 +70,12 @@
 //! kept, so every client is treated as one without `capabilities.tasks` (required tools listed
 //! as optional, plain calls upgraded) and relayed elicitation/sampling is not checked against
 //! capabilities.
+//!
+//! Files: this one holds the layer, its state and the dispatch (with the `notifications/cancelled`
+//! interception); `tools` the `tools/list` rewrite and `taskSupport` lookup; `call` the upgrade,
+//! the driver up to the `CreateTaskResult` and taskgate's internal requests; `follower` the
+//! task's follower; `progress` the increasing progress values and the GET-stream rewrite;
+//! `orphans` the sweep after a restart.
 
 mod call;
 mod follower;
