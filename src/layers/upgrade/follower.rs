@@ -21,6 +21,9 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tower::ServiceExt;
 
+/// A pending `tasks/get` poll (see [`poll_status`]).
+type PollFut = Pin<Box<dyn Future<Output = Option<(String, String)>> + Send>>;
+
 /// Follows one upgraded task to its end and writes to the client's stream.
 pub(super) struct Follower<S> {
     pub(super) state: Arc<UpgradeState>,
@@ -204,8 +207,7 @@ impl<S: McpService> Follower<S> {
         ticker.tick().await;
         let mut last_status: Option<(String, String)> = None;
         // One tasks/get at a time, polled alongside (a slow one never delays the answer).
-        let mut polling: Option<Pin<Box<dyn Future<Output = Option<(String, String)>> + Send>>> =
-            None;
+        let mut polling: Option<PollFut> = None;
         // Set once a poll reported a terminal status: tasks/result gets one more poll interval.
         let mut terminal: Option<Pin<Box<tokio::time::Sleep>>> = None;
         // The cancel signal can only end in Ok (a client's cancel) or Err (the entry is gone);
