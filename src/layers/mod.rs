@@ -32,3 +32,30 @@ pub mod upgrade;
 
 #[cfg(test)]
 pub(crate) mod testing;
+
+use crate::exchange::{GatewayError, McpReply, McpRequest};
+
+/// The service below a layer: one MCP exchange in, its reply out, cloneable and shareable across
+/// tasks. An alias for the long `tower::Service` bound, with a blanket impl (so every such
+/// service, [`crate::exchange::McpStack`] included, is one).
+pub trait McpService:
+    tower::Service<McpRequest, Response = McpReply, Error = GatewayError, Future: Send + 'static>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> McpService for S where
+    S: tower::Service<
+            McpRequest,
+            Response = McpReply,
+            Error = GatewayError,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}

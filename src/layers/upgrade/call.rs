@@ -1,0 +1,415 @@
+//! The upgraded `tools/call`: the upgrade, the driver up to the task's `CreateTaskResult`, and
+//! the requests taskgate sends on its own.
+
+use super::follower::Follower;
+use super::tools::tool_support;
+use super::{UpgradeState, EARLY_LIMIT, RELAY_CAPACITY};
+use crate::exchange::{
+    CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestContext,
+};
+use crate::jsonrpc::{self, Id, Kind, Message};
+use crate::layers::session::{session_key, TaskSupport};
+use crate::layers::McpService;
+use crate::metrics::UpgradeOutcome;
+use crate::sse::{Event, EventStream};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use parking_lot::Mutex;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tower::ServiceExt;
+
+/// A request taskgate sends on its own (tasks/get, tasks/result, tasks/cancel, tools/list), in the
+/// client's context so the `tasks` layer authorises and routes it as the client's.
+pub(super) fn internal_request(
+    ctx: &RequestContext,
+    id: &Id,
+    method: &str,
+    params: Value,
+) -> McpRequest {
+    let body = serde_json::json!({"jsonrpc": "2.0", "method": method, "params": params});
+    let mut text = body.to_string();
+    // Splice the id in as raw JSON (keeps its type).
+    text.insert_str(1, &format!("\"id\":{},", id.as_json()));
+    let msg = Message::parse(Bytes::from(text)).expect("a well-formed request");
+    McpRequest {
+        op: Operation::Post(msg),
+        ctx: ctx.clone(),
+        extensions: http::Extensions::new(),
+    }
+}
+
+/// Where [`answer_of`] puts the messages that are not the answer.
+pub(super) enum Others<'a> {
+    /// Dropped.
+    Discard,
+    /// Sent on a bounded channel (waits while it is full: backpressure on the upstream stream).
+    Relay(&'a mpsc::Sender<Event>),
+    /// Kept, up to [`EARLY_LIMIT`]; past it the rest is dropped and `overflowed` set.
+    Buffer {
+        events: &'a mut Vec<Event>,
+        overflowed: &'a mut bool,
+    },
+}
+
+impl Others<'_> {
+    async fn put(&mut self, ev: Event) {
+        match self {
+            Others::Discard => {}
+            Others::Relay(tx) => {
+                let _ = tx.send(ev).await;
+            }
+            Others::Buffer { events, overflowed } => {
+                if events.len() < EARLY_LIMIT && !**overflowed {
+                    events.push(ev);
+                } else {
+                    **overflowed = true;
+                    events.clear();
+                }
+            }
+        }
+    }
+}
+
+/// Reads a reply until the message answering `id`; other messages go to `others`.
+pub(super) async fn answer_of(reply: McpReply, id: &Id, mut others: Others<'_>) -> Option<Value> {
+    match reply.body {
+        ReplyBody::Json(bytes) => serde_json::from_slice(&bytes).ok(),
+        ReplyBody::Stream(mut events) => {
+            while let Some(ev) = events.next().await {
+                let answers = ev.data.as_ref().and_then(|d| {
+                    let m = Message::parse(Bytes::copy_from_slice(d.as_bytes())).ok()?;
+                    (m.id() == Some(id) && matches!(m.kind(), Kind::Response | Kind::Error))
+                        .then(|| serde_json::from_str::<Value>(d).ok())
+                        .flatten()
+                });
+                match answers {
+                    Some(v) => return Some(v),
+                    None => others.put(ev).await,
+                }
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+/// A `tools/call`: upgraded to a task when it is a plain call to a `required` tool (see the module
+/// docs), otherwise passed on as it is.
+pub(super) async fn tools_call<S: McpService>(
+    state: Arc<UpgradeState>,
+    inner: S,
+    mut req: McpRequest,
+) -> Result<McpReply, GatewayError> {
+    let Some(Upgrade {
+        message,
+        original_id,
+        progress_token,
+    }) = upgrade(&state, &inner, &req).await
+    else {
+        return inner.oneshot(req).await;
+    };
+    req.op = Operation::Post(message);
+    req.extensions.insert(crate::layers::extensions::Upgraded);
+    let ctx = req.ctx.clone();
+
+    // The call is known as upgraded from now on: a notifications/cancelled for its id, even one
+    // that arrives before the CreateTaskResult, becomes a tasks/cancel.
+    let (cancel_tx, cancel_rx) = oneshot::channel();
+    let key = ctx.call_key(&original_id);
+    let call_token = state.register(&key, cancel_tx);
+    // The upstream side runs on its own task: a client that goes away before the
+    // CreateTaskResult still leaves a recorded task, handled by `on_client_disconnect`.
+    let (first_tx, first_rx) = oneshot::channel();
+    tokio::spawn(drive(
+        Upgraded {
+            state,
+            inner,
+            ctx,
+            original_id: original_id.clone(),
+            progress_token,
+            key,
+            call_token,
+        },
+        req,
+        cancel_rx,
+        first_tx,
+    ));
+    match first_rx.await {
+        Ok(reply) => reply,
+        Err(_) => Ok(McpReply::local_error(
+            Some(&original_id),
+            jsonrpc::INTERNAL_ERROR,
+            "the upgraded call ended without an answer",
+        )),
+    }
+}
+
+/// A plain `tools/call` to a `required` tool, upgraded: the message with `params.task` added.
+struct Upgrade {
+    message: Message,
+    original_id: Id,
+    progress_token: Option<Value>,
+}
+
+/// The upgraded message when `req` is a plain `tools/call` to a `required` tool of an upstream
+/// that runs `tools/call` as tasks; `None` when it is to be passed on as it is.
+async fn upgrade<S: McpService>(
+    state: &UpgradeState,
+    inner: &S,
+    req: &McpRequest,
+) -> Option<Upgrade> {
+    let Operation::Post(msg) = &req.op else {
+        return None;
+    };
+    // Cheap checks first: most calls are not candidates and are not parsed again.
+    if !state
+        .sessions
+        .upstream_tasks_tools_call(&req.ctx.upstream, session_key(&req.ctx).as_ref())
+    {
+        return None;
+    }
+    let mut value = msg.parse_as::<Value>().ok()?;
+    let plain = value.pointer("/params/task").is_none();
+    let tool = value
+        .pointer("/params/name")
+        .and_then(Value::as_str)
+        .map(str::to_string)?;
+    if !plain || tool_support(state, inner, &req.ctx, &tool).await != Some(TaskSupport::Required) {
+        return None;
+    }
+    let original_id = msg.id().cloned()?;
+    let progress_token = value.pointer("/params/_meta/progressToken").cloned();
+    let params = value.get_mut("params").and_then(Value::as_object_mut)?;
+    params.insert(
+        "task".into(),
+        serde_json::json!({ "ttl": state.config.ttl_ms }),
+    );
+    let message = serde_json::to_vec(&value)
+        .ok()
+        .and_then(|bytes| Message::parse(Bytes::from(bytes)).ok())?;
+    tracing::info!(
+        tool,
+        "plain tools/call to a required tool: upgraded to a task"
+    );
+    Some(Upgrade {
+        message,
+        original_id,
+        progress_token,
+    })
+}
+
+/// Where [`drive`] sends the client's answer: the task's stream, or the answer that ended it.
+type First = oneshot::Sender<Result<McpReply, GatewayError>>;
+
+/// One upgraded call, before its task exists.
+struct Upgraded<S> {
+    state: Arc<UpgradeState>,
+    inner: S,
+    ctx: RequestContext,
+    original_id: Id,
+    progress_token: Option<Value>,
+    key: CallKey,
+    call_token: u64,
+}
+
+/// Sends the upgraded call, answers the client (`first`) with its stream or, when no task came
+/// of it, with the upstream's answer, and follows the task.
+async fn drive<S: McpService>(
+    call: Upgraded<S>,
+    req: McpRequest,
+    cancel_rx: oneshot::Receiver<()>,
+    first: First,
+) {
+    let reply = match call.inner.clone().oneshot(req).await {
+        Ok(r) => r,
+        Err(e) => {
+            call.end(UpgradeOutcome::UpstreamError);
+            let _ = first.send(Err(e));
+            return;
+        }
+    };
+    let status = reply.status;
+    let session_id = reply.headers.get("mcp-session-id").cloned();
+    let mut early = Vec::new();
+    let mut overflowed = false;
+    let others = Others::Buffer {
+        events: &mut early,
+        overflowed: &mut overflowed,
+    };
+    let answer = answer_of(reply, &call.original_id, others).await;
+    if overflowed {
+        return call.overflowed(answer.as_ref(), first).await;
+    }
+    let Some(answer) = answer else {
+        call.end(UpgradeOutcome::UpstreamError);
+        let _ = first.send(Ok(McpReply::local_error(
+            Some(&call.original_id),
+            jsonrpc::INTERNAL_ERROR,
+            &format!(
+                "upstream `{}` sent no answer to the upgraded tools/call",
+                call.ctx.upstream
+            ),
+        )));
+        return;
+    };
+    let Some(task) = answer
+        .pointer("/result/task")
+        .filter(|t| t.get("taskId").is_some())
+    else {
+        // Not a task after all (an error, or the call ran plainly): the answer as it came.
+        call.end(UpgradeOutcome::NotATask);
+        let mut reply = McpReply::local_json(Bytes::from(answer.to_string()));
+        reply.status = if status.is_success() {
+            StatusCode::OK
+        } else {
+            status
+        };
+        let _ = first.send(Ok(reply));
+        return;
+    };
+    let task_id = task
+        .get("taskId")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let poll = task
+        .get("pollInterval")
+        .and_then(Value::as_u64)
+        .unwrap_or(1000)
+        .max(100);
+    let (tx, rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
+    let follower = call.into_follower(task_id, Duration::from_millis(poll), tx);
+    // If the client is gone, this drops the stream and the follower sees a disconnect.
+    let _ = first.send(Ok(event_stream(session_id, rx)));
+    for ev in early {
+        follower.relay_other(ev).await;
+    }
+    follower.run(cancel_rx).await;
+}
+
+impl<S: McpService> Upgraded<S> {
+    /// The call ended before its task was followed: forgets it and counts `outcome`.
+    fn end(&self, outcome: UpgradeOutcome) {
+        self.state.forget(&self.key, self.call_token);
+        self.state.count(&self.ctx.upstream, outcome);
+    }
+
+    /// More than [`EARLY_LIMIT`] messages came before the answer: ends the exchange with an
+    /// error and cancels the task, if the answer names one.
+    async fn overflowed(self, answer: Option<&Value>, first: First) {
+        self.end(UpgradeOutcome::RelayOverflow);
+        let task_id = answer
+            .and_then(|a| a.pointer("/result/task/taskId"))
+            .and_then(Value::as_str);
+        let _ = first.send(Ok(McpReply::local_error(
+            Some(&self.original_id),
+            jsonrpc::INTERNAL_ERROR,
+            &format!(
+                "upstream `{}` sent more than {EARLY_LIMIT} messages before answering the upgraded tools/call; the exchange was ended{}",
+                self.ctx.upstream,
+                if task_id.is_some() { " and the task cancelled" } else { "" }
+            ),
+        )));
+        if let Some(task_id) = task_id {
+            send_tasks_cancel(&self.inner, &self.state, &self.ctx, task_id).await;
+        }
+    }
+
+    /// The follower of the call's task `task_id`, writing to `tx`.
+    fn into_follower(
+        self,
+        task_id: String,
+        poll: Duration,
+        tx: mpsc::Sender<Event>,
+    ) -> Follower<S> {
+        let Upgraded {
+            state,
+            inner,
+            ctx,
+            original_id,
+            progress_token,
+            key,
+            call_token,
+        } = self;
+        let mut progress = Arc::new(Mutex::new(None));
+        let token_key = progress_token.as_ref().map(|t| {
+            let k = (ctx.caller(), t.to_string());
+            // Two calls of callers that cannot be told apart may use one token: they share its
+            // progress state (values still increase), neither replaces the other's.
+            progress = state
+                .tokens
+                .lock()
+                .entry(k.clone())
+                .or_insert_with(|| progress.clone())
+                .clone();
+            k
+        });
+        Follower {
+            state,
+            inner: Arc::new(inner),
+            ctx,
+            task_id,
+            original_id,
+            progress_token,
+            poll,
+            tx,
+            progress,
+            key,
+            call_token,
+            token_key,
+        }
+    }
+}
+
+/// The client's answer to an upgraded call: an SSE stream of what `rx` receives.
+fn event_stream(session_id: Option<HeaderValue>, rx: mpsc::Receiver<Event>) -> McpReply {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    if let Some(sid) = session_id {
+        headers.insert("mcp-session-id", sid);
+    }
+    let events: EventStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|ev| (ev, rx))
+    }));
+    McpReply {
+        status: StatusCode::OK,
+        headers,
+        body: ReplyBody::Stream(events),
+    }
+}
+
+/// Sends one `tasks/cancel` for an upgraded task upstream, through the rest of the stack (so the
+/// `cancel` layer single-flights and records it), and logs the answer.
+pub(super) async fn send_tasks_cancel<S: McpService>(
+    inner: &S,
+    state: &UpgradeState,
+    ctx: &RequestContext,
+    task_id: &str,
+) {
+    let id = state.next_id();
+    let req = internal_request(
+        ctx,
+        &id,
+        "tasks/cancel",
+        serde_json::json!({ "taskId": task_id }),
+    );
+    match inner.clone().oneshot(req).await {
+        Ok(reply) => {
+            let answer = answer_of(reply, &id, Others::Discard).await;
+            tracing::info!(task_id, answer = ?answer.map(|v| v.to_string()), "upgraded task cancelled upstream");
+        }
+        Err(e) => tracing::warn!(task_id, error = %e, "could not cancel an upgraded task upstream"),
+    }
+}

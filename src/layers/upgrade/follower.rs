@@ -1,0 +1,436 @@
+//! The follower: relays one upgraded task to the client until its end.
+
+use super::call::{answer_of, internal_request, send_tasks_cancel, Others};
+use super::progress::next_progress;
+use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
+use crate::config::OnDisconnect;
+use crate::exchange::{CallKey, RequestContext};
+use crate::jsonrpc::{self, Id};
+use crate::layers::session::{session_key, SessionInfo};
+use crate::layers::McpService;
+use crate::mcp::task::TaskStatus;
+use crate::metrics::UpgradeOutcome;
+use crate::sse::Event;
+
+use parking_lot::Mutex;
+use serde_json::Value;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tower::ServiceExt;
+
+/// A pending `tasks/get` poll (see [`poll_status`]).
+type PollFut = Pin<Box<dyn Future<Output = Option<(String, String)>> + Send>>;
+
+/// Follows one upgraded task to its end and writes to the client's stream.
+pub(super) struct Follower<S> {
+    pub(super) state: Arc<UpgradeState>,
+    pub(super) inner: Arc<S>,
+    pub(super) ctx: RequestContext,
+    pub(super) task_id: String,
+    pub(super) original_id: Id,
+    pub(super) progress_token: Option<Value>,
+    pub(super) poll: Duration,
+    pub(super) tx: mpsc::Sender<Event>,
+    /// The last progress value sent on the client's token (shared with the GET-stream relay).
+    pub(super) progress: Arc<Mutex<Option<f64>>>,
+    /// This call's entry in `UpgradeState::tokens`.
+    pub(super) token_key: Option<TokenKey>,
+    pub(super) key: CallKey,
+    pub(super) call_token: u64,
+}
+
+enum End {
+    Answer(Value),
+    /// A `tasks/get` poll said the task ended (status, statusMessage) and `tasks/result` has not
+    /// answered within one more poll interval.
+    Terminal(String, String),
+    NeedsCapability(&'static str, &'static str),
+    ClientCancelled,
+    Disconnected,
+    Failed(String),
+}
+
+fn event(data: String) -> Event {
+    Event {
+        event: Some("message".into()),
+        data: Some(data),
+        id: None,
+        retry: None,
+    }
+}
+
+impl<S: McpService> Follower<S> {
+    async fn send(&self, data: String) -> bool {
+        self.tx.send(event(data)).await.is_ok()
+    }
+
+    /// The next progress value on the client's token: above every value sent so far (the spec
+    /// requires progress to increase), below `total` when there is one.
+    fn next_progress(&self, wanted: Option<f64>, total: Option<f64>) -> f64 {
+        next_progress(&self.progress, wanted, total)
+    }
+
+    /// Sends a status change as a progress message on the client's token (if it gave one).
+    async fn progress(&self, message: String) {
+        let Some(token) = &self.progress_token else {
+            return;
+        };
+        let value = self.next_progress(None, None);
+        let msg = serde_json::json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/progress",
+            "params": { "progressToken": token, "progress": value, "message": message },
+        });
+        let _ = self.tx.send(event(msg.to_string())).await;
+    }
+
+    /// Relays what the upstream sends on the task's streams: status notifications become
+    /// progress messages, progress on the client's token is kept increasing, the rest as it came.
+    pub(super) async fn relay_other(&self, mut ev: Event) {
+        let Some(data) = &ev.data else { return };
+        let bytes = data.as_bytes();
+        if crate::jsonrpc::needles::found(&crate::jsonrpc::needles::TASK_STATUS, bytes) {
+            if let Ok(v) = serde_json::from_str::<Value>(data) {
+                if let Some(p) = v.get("params") {
+                    let status = p.get("status").and_then(Value::as_str).unwrap_or("");
+                    let message = p.get("statusMessage").and_then(Value::as_str).unwrap_or("");
+                    let text = if message.is_empty() {
+                        status.to_string()
+                    } else {
+                        format!("{status}: {message}")
+                    };
+                    self.progress(text).await;
+                }
+            }
+            return;
+        }
+        if self.progress_token.is_some()
+            && crate::jsonrpc::needles::found(&crate::jsonrpc::needles::PROGRESS, bytes)
+        {
+            if let Ok(mut v) = serde_json::from_str::<Value>(data) {
+                let on_token = v.pointer("/params/progressToken") == self.progress_token.as_ref();
+                if on_token {
+                    let wanted = v.pointer("/params/progress").and_then(Value::as_f64);
+                    let total = v.pointer("/params/total").and_then(Value::as_f64);
+                    let value = self.next_progress(wanted, total);
+                    if Some(value) != wanted {
+                        v["params"]["progress"] = Value::from(value);
+                        ev.data = Some(v.to_string());
+                    }
+                }
+            }
+        }
+        let _ = self.tx.send(ev).await;
+    }
+
+    /// Asks `tasks/result` until it answers (a server may close the stream before the answer,
+    /// as SSE polling does: ask again, a few times, as a reconnecting client would); what the
+    /// upstream sends before the answer goes to `relay`.
+    async fn ask_result(
+        inner: S,
+        state: Arc<UpgradeState>,
+        ctx: RequestContext,
+        task_id: String,
+        relay: mpsc::Sender<Event>,
+        attempts: usize,
+    ) -> End {
+        for _ in 0..attempts {
+            let result_id = state.next_id();
+            let result_req = internal_request(
+                &ctx,
+                &result_id,
+                "tasks/result",
+                serde_json::json!({ "taskId": task_id }),
+            );
+            let reply = match inner.clone().oneshot(result_req).await {
+                Ok(r) => r,
+                Err(e) => return End::Failed(e.to_string()),
+            };
+            if let Some(v) = answer_of(reply, &result_id, Others::Relay(&relay)).await {
+                return End::Answer(v);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        End::Failed(format!(
+            "the tasks/result stream ended without an answer, {attempts} times"
+        ))
+    }
+
+    /// Follows the task to its end ([`Self::follow`]), then answers the client and counts the
+    /// outcome ([`Self::finish`]).
+    pub(super) async fn run(self, cancel_rx: oneshot::Receiver<()>) {
+        let _hold = self
+            .state
+            .registry
+            .releases()
+            .hold(&self.ctx.upstream, &self.task_id);
+        let (relay_tx, mut relay_rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
+        let end = self.follow(cancel_rx, &relay_tx, &mut relay_rx).await;
+        let end = self.confirm_terminal(end, &relay_tx).await;
+        drop(relay_tx);
+        self.forget();
+        if matches!(end, End::Answer(_) | End::Failed(_) | End::Terminal(..)) {
+            // What the upstream sent before its answer goes out before the answer.
+            while let Ok(ev) = relay_rx.try_recv() {
+                self.relay_other(ev).await;
+            }
+        }
+        self.finish(end).await;
+    }
+
+    /// The `select!` loop: waits for the `tasks/result` answer while polling `tasks/get` and
+    /// relaying what the upstream sends (to `relay_tx`, read from `relay_rx`), until the answer,
+    /// a terminal poll, the client's cancel or disconnect, or a request the client cannot take.
+    async fn follow(
+        &self,
+        mut cancel_rx: oneshot::Receiver<()>,
+        relay_tx: &mpsc::Sender<Event>,
+        relay_rx: &mut mpsc::Receiver<Event>,
+    ) -> End {
+        let client_caps = self
+            .state
+            .sessions
+            .get(&self.ctx.upstream, session_key(&self.ctx).as_ref());
+        // Given up when the loop ends.
+        let mut result_fut = Box::pin(Self::ask_result(
+            (*self.inner).clone(),
+            self.state.clone(),
+            self.ctx.clone(),
+            self.task_id.clone(),
+            relay_tx.clone(),
+            5,
+        ));
+        let mut ticker = tokio::time::interval(self.poll);
+        ticker.tick().await;
+        let mut last_status: Option<(String, String)> = None;
+        // One tasks/get at a time, polled alongside (a slow one never delays the answer).
+        let mut polling: Option<PollFut> = None;
+        // Set once a poll reported a terminal status: tasks/result gets one more poll interval.
+        let mut terminal: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        // The cancel signal can only end in Ok (a client's cancel) or Err (the entry is gone);
+        // only Ok is a cancel, and a finished receiver is not polled again.
+        let mut cancel_open = true;
+        loop {
+            tokio::select! {
+                end = &mut result_fut => break end,
+                signal = &mut cancel_rx, if cancel_open => {
+                    cancel_open = false;
+                    if signal.is_ok() {
+                        break End::ClientCancelled;
+                    }
+                }
+                _ = self.tx.closed() => break End::Disconnected,
+                _ = async { terminal.as_mut().expect("guarded").await }, if terminal.is_some() => {
+                    let (status, message) = last_status.clone().unwrap_or_default();
+                    break End::Terminal(status, message);
+                }
+                _ = ticker.tick(), if polling.is_none() && terminal.is_none() => {
+                    polling = Some(Box::pin(poll_status(
+                        (*self.inner).clone(),
+                        self.state.clone(),
+                        self.ctx.clone(),
+                        self.task_id.clone(),
+                    )));
+                }
+                st = async { polling.as_mut().expect("guarded").await }, if polling.is_some() => {
+                    polling = None;
+                    if self.on_status(st, &mut last_status).await {
+                        terminal = Some(Box::pin(tokio::time::sleep(self.poll)));
+                    }
+                }
+                Some(ev) = relay_rx.recv() => {
+                    if let Some(end) = needs_capability(client_caps.as_ref(), &ev) {
+                        break end;
+                    }
+                    self.relay_other(ev).await;
+                }
+            }
+        }
+    }
+
+    /// A `tasks/get` poll's `(status, statusMessage)`: a change goes to the client as progress.
+    /// Returns whether the task has newly reached a terminal status.
+    async fn on_status(
+        &self,
+        st: Option<(String, String)>,
+        last_status: &mut Option<(String, String)>,
+    ) -> bool {
+        let Some(st) = st else { return false };
+        if last_status.as_ref() == Some(&st) {
+            return false;
+        }
+        let message = if st.1.is_empty() {
+            st.0.clone()
+        } else {
+            format!("{}: {}", st.0, st.1)
+        };
+        let ended = TaskStatus::parse(&st.0).is_some_and(|s| s.is_terminal());
+        *last_status = Some(st);
+        self.progress(message).await;
+        ended
+    }
+
+    /// After a terminal poll, asks `tasks/result` once more, bounded: the task has ended, so its
+    /// result is there or never. Other ends are returned as they are.
+    async fn confirm_terminal(&self, end: End, relay_tx: &mpsc::Sender<Event>) -> End {
+        let End::Terminal(status, message) = end else {
+            return end;
+        };
+        tracing::info!(task_id = %self.task_id, status, "tasks/get says the upgraded task ended; tasks/result asked again");
+        let again = Self::ask_result(
+            (*self.inner).clone(),
+            self.state.clone(),
+            self.ctx.clone(),
+            self.task_id.clone(),
+            relay_tx.clone(),
+            1,
+        );
+        let deadline = self.state.result_deadline();
+        match tokio::time::timeout(deadline, again).await {
+            Ok(End::Answer(v)) => End::Answer(v),
+            _ => End::Terminal(status, message),
+        }
+    }
+
+    /// Forgets the call, and its progress token unless another call's state is there.
+    fn forget(&self) {
+        self.state.forget(&self.key, self.call_token);
+        if let Some(k) = &self.token_key {
+            let mut tokens = self.state.tokens.lock();
+            if tokens
+                .get(k)
+                .is_some_and(|p| Arc::ptr_eq(p, &self.progress))
+            {
+                tokens.remove(k);
+            }
+        }
+    }
+
+    /// Answers the client (or cancels upstream) according to how following ended, and counts the
+    /// outcome.
+    async fn finish(&self, end: End) {
+        let upstream = &self.ctx.upstream;
+        match end {
+            End::Answer(Value::Object(mut v)) => {
+                let failed = v.get("error").is_some()
+                    || v.get("result")
+                        .and_then(|r| r.get("isError"))
+                        .and_then(Value::as_bool)
+                        == Some(true);
+                self.state.count(
+                    upstream,
+                    if failed {
+                        UpgradeOutcome::Failed
+                    } else {
+                        UpgradeOutcome::Completed
+                    },
+                );
+                let id = serde_json::from_str(self.original_id.as_json()).unwrap_or(Value::Null);
+                v.insert("id".into(), id);
+                self.send(Value::Object(v).to_string()).await;
+            }
+            End::Answer(_) => {
+                self.state.count(upstream, UpgradeOutcome::UpstreamError);
+                self.send_error("upstream answered tasks/result with a non-object body")
+                    .await;
+            }
+            End::Terminal(status, message) => {
+                self.state.count(upstream, UpgradeOutcome::UpstreamError);
+                let message = if message.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({message})")
+                };
+                self.send_error(&format!(
+                    "the upgraded task ended with status `{status}`{message}, but tasks/result gave no answer"
+                ))
+                .await;
+            }
+            End::NeedsCapability(method, pointer) => {
+                self.state
+                    .count(upstream, UpgradeOutcome::RefusedCapability);
+                self.cancel_upstream().await;
+                let message = format!(
+                    "the tool needs {method}, but this client did not declare capabilities.{}; the task was cancelled",
+                    pointer.trim_start_matches('/')
+                );
+                self.send_error(&message).await;
+            }
+            End::ClientCancelled => {
+                self.state.count(upstream, UpgradeOutcome::Cancelled);
+                self.cancel_upstream().await;
+            }
+            End::Disconnected => {
+                self.state.count(upstream, UpgradeOutcome::Disconnected);
+                if self.state.config.on_client_disconnect == OnDisconnect::Cancel {
+                    tokio::time::sleep(Duration::from_millis(
+                        self.state.config.disconnect_grace_ms,
+                    ))
+                    .await;
+                    self.cancel_upstream().await;
+                }
+            }
+            End::Failed(why) => {
+                self.state.count(upstream, UpgradeOutcome::UpstreamError);
+                self.send_error(&format!("following the upgraded task failed: {why}"))
+                    .await;
+            }
+        }
+    }
+
+    /// Answers the client's original request with a JSON-RPC error (`-32603`).
+    async fn send_error(&self, message: &str) {
+        let err =
+            jsonrpc::error_response(Some(&self.original_id), jsonrpc::INTERNAL_ERROR, message);
+        self.send(String::from_utf8_lossy(&err).into_owned()).await;
+    }
+
+    async fn cancel_upstream(&self) {
+        send_tasks_cancel(&*self.inner, &self.state, &self.ctx, &self.task_id).await;
+    }
+}
+
+/// The end of following when `ev` is an `elicitation/create` or `sampling/createMessage` request
+/// and the client (`client_caps`) did not declare the capability it needs.
+fn needs_capability(client_caps: Option<&SessionInfo>, ev: &Event) -> Option<End> {
+    let data = ev.data.as_ref()?;
+    let method = serde_json::from_str::<Value>(data)
+        .ok()
+        .and_then(|v| v.get("method").and_then(Value::as_str).map(str::to_string));
+    let (method, pointer) = match method.as_deref() {
+        Some("elicitation/create") => ("elicitation/create", "/elicitation"),
+        Some("sampling/createMessage") => ("sampling/createMessage", "/sampling"),
+        _ => return None,
+    };
+    (!client_caps.is_some_and(|c| c.client_has(pointer)))
+        .then_some(End::NeedsCapability(method, pointer))
+}
+
+/// One `tasks/get` for the follower: the task's `(status, statusMessage)`.
+pub(super) async fn poll_status<S: McpService>(
+    inner: S,
+    state: Arc<UpgradeState>,
+    ctx: RequestContext,
+    task_id: String,
+) -> Option<(String, String)> {
+    let id = state.next_id();
+    let req = internal_request(
+        &ctx,
+        &id,
+        "tasks/get",
+        serde_json::json!({ "taskId": task_id }),
+    );
+    let reply = inner.oneshot(req).await.ok()?;
+    let v = answer_of(reply, &id, Others::Discard).await?;
+    let r = v.get("result")?;
+    Some((
+        r.get("status")?.as_str()?.to_string(),
+        r.get("statusMessage")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+    ))
+}

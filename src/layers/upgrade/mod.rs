@@ -1,0 +1,301 @@
+//! The `upgrade` layer: a plain `tools/call` to a tool whose `execution.taskSupport` is
+//! `"required"` becomes a task upstream, and the client gets the task's result as the answer to
+//! its original request (2025-11-25 server/tools: taskSupport; basic/utilities/tasks).
+//!
+//! Active when `[upgrade] enabled = true`. Messages it touches:
+//! - `tools/call` without `params.task`, on a session whose upstream declared
+//!   `capabilities.tasks.requests.tools.call`, to a tool the session's `tools/list` marked
+//!   `required` (a tool not yet seen triggers one `tools/list`, all pages): sent upstream with
+//!   `params.task = {ttl: upgrade.ttl_ms}` (recorded with `origin = upgraded`). The client's answer
+//!   becomes an SSE stream on which taskgate relays, while the task runs:
+//!   - `notifications/progress` the upstream sends (on the client's `progressToken`, kept in the
+//!     upgraded request);
+//!   - status changes seen by polling `tasks/get` at the task's `pollInterval` (at least 100 ms)
+//!     and `notifications/tasks/status`, as `notifications/progress` messages on the client's
+//!     `progressToken` (only when the client gave one);
+//!   - `elicitation/create` and `sampling/createMessage` requests from the upstream, when the
+//!     client declared `capabilities.elicitation` / `capabilities.sampling`; the client's answers
+//!     are ordinary POSTs that taskgate forwards upstream. Without the capability the task is
+//!     cancelled upstream and the client gets a JSON-RPC error (`-32603`) saying why.
+//!   The last event is the `tasks/result` answer (a `CallToolResult`, `isError` ones included, or
+//!   the JSON-RPC error) under the client's original id.
+//! - `notifications/cancelled` naming an upgraded call's id: becomes one `tasks/cancel` through the
+//!   `cancel` layer (single-flight, audit facts); the client gets no further message for that id.
+//! - The client's stream closing early (disconnect): `on_client_disconnect = "cancel"` cancels the
+//!   task after `disconnect_grace_ms`; `"keep"` lets it run upstream (taskgate stops following it;
+//!   the record stays and the client's principal can still reach it with `tasks/*`).
+//! - `tools/list` answers to a client that did not declare `capabilities.tasks`, from an upstream
+//!   that declares `tasks.requests.tools.call`: `required` tools are shown as `"optional"`, so such
+//!   clients call them. Task-capable clients see the upstream's values.
+//! - After a restart, upgraded tasks that are not terminal have lost their client: taskgate cancels
+//!   them upstream ([`cancel_orphans`]), counted as `taskgate_upgraded_calls_total{outcome="orphaned"}`.
+//!
+//! Outcomes of `taskgate_upgraded_calls_total{upstream,outcome}`: `completed`, `failed` (error or
+//! `isError` result), `cancelled` (client's `notifications/cancelled`), `disconnected`,
+//! `refused_capability`, `not_a_task` (the upstream answered without a task), `upstream_error`,
+//! `orphaned`, `relay_overflow` (too many events before the `CreateTaskResult`).
+//!
+//! A `notifications/cancelled` that arrives before the upstream's `CreateTaskResult` is held and
+//! becomes the `tasks/cancel` once the task exists. The upstream side of an upgraded call runs
+//! on its own task, so a client that disconnects before the `CreateTaskResult` still leaves a
+//! recorded task that `on_client_disconnect` handles.
+//!
+//! Who a call belongs to: an upgraded call is named by `(upstream, Caller, id)`
+//! ([`crate::exchange::CallKey`]: the principal and the client's own session), plus a token
+//! unique to the call, so a second call never replaces the first one's entry. A caller with
+//! neither a principal nor a session cannot be told apart from another such caller; when more
+//! than one upgraded call with the same key is live, a `notifications/cancelled` for that id is
+//! ambiguous and cancels none of them (it is passed on down the stack like any other): taskgate
+//! never cancels a call that may be another client's. With a single live call it cancels that one.
+//!
+//! Bounds: what the upstream sends before the `CreateTaskResult` is buffered up to
+//! [`EARLY_LIMIT`] events; past it the exchange ends with a JSON-RPC error (`-32603`), the task
+//! (once its `CreateTaskResult` arrives) is cancelled upstream, counted as
+//! `outcome="relay_overflow"`. Afterwards the relay from the `tasks/result` stream to the client
+//! goes through bounded channels ([`RELAY_CAPACITY`]), so a slow client slows the reading of the
+//! upstream's stream instead of growing a buffer.
+//!
+//! Terminal polls: when a `tasks/get` poll reports a terminal status while `tasks/result` has not
+//! answered, taskgate waits one more poll interval for it, then asks `tasks/result` once more
+//! (bounded by the upstream's `timeout_ms`); if that gives no answer either, the client gets a
+//! JSON-RPC error (`-32603`) naming the status (`outcome="upstream_error"`). An upstream answer
+//! that is not a JSON object gets the same error code, never a panic.
+//!
+//! Progress values on the client's token always increase (2025-11-25 basic/utilities/progress),
+//! across the call's own stream and the session's GET stream, where some servers send progress.
+//!
+//! Limitations: the session table is in memory, so after a restart calls on sessions opened
+//! before it are forwarded as they are until the client lists tools again. With an upstream
+//! without sessions and no `[auth]`, clients cannot be told apart: no client's capabilities are
+//! kept, so every client is treated as one without `capabilities.tasks` (required tools listed
+//! as optional, plain calls upgraded) and relayed elicitation/sampling is not checked against
+//! capabilities.
+//!
+//! Files: this one holds the layer, its state and the dispatch (with the `notifications/cancelled`
+//! interception); `tools` the `tools/list` rewrite and `taskSupport` lookup; `call` the upgrade,
+//! the driver up to the `CreateTaskResult` and taskgate's internal requests; `follower` the
+//! task's follower; `progress` the increasing progress values and the GET-stream rewrite;
+//! `orphans` the sweep after a restart.
+
+mod call;
+mod follower;
+mod orphans;
+mod progress;
+mod tools;
+
+pub use orphans::cancel_orphans;
+
+use call::tools_call;
+use progress::get_stream;
+use tools::tools_list;
+
+use crate::config::UpgradeConfig;
+use crate::exchange::{CallKey, Caller, GatewayError, McpReply, McpRequest, Operation};
+use crate::jsonrpc::Id;
+use crate::layers::session::Sessions;
+use crate::layers::McpService;
+use crate::metrics::UpgradeOutcome;
+use crate::registry::Registry;
+
+use parking_lot::Mutex;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// (caller, progressToken JSON) of an upgraded call with a progress token.
+type TokenKey = (Caller, String);
+
+/// Events buffered before the upstream's `CreateTaskResult`; past it the exchange ends.
+pub const EARLY_LIMIT: usize = 1024;
+/// Capacity of the channels that relay the task's messages to the client.
+pub const RELAY_CAPACITY: usize = 256;
+/// Deadline of the `tasks/result` asked again after a terminal poll, when the upstream's own
+/// `timeout_ms` is not known.
+const DEFAULT_RESULT_DEADLINE: Duration = Duration::from_secs(30);
+
+/// One live upgraded call: a token unique to it and its cancel signal.
+struct ActiveCall {
+    token: u64,
+    cancel: oneshot::Sender<()>,
+}
+
+/// State of the upgrade layer for one upstream (built per stack in `gateway`).
+pub struct UpgradeState {
+    sessions: Arc<Sessions>,
+    registry: Arc<Registry>,
+    config: UpgradeConfig,
+    /// Upgraded calls being followed: the client's call → every live call with that key (more
+    /// than one only for callers that cannot be told apart; see the module docs).
+    active: Mutex<HashMap<CallKey, Vec<ActiveCall>>>,
+    /// The upstream's `timeout_ms` (the deadline of a `tasks/result` asked after a terminal poll).
+    result_deadline: Duration,
+    /// Progress state of upgraded calls by token, for progress the upstream sends on the
+    /// session's GET stream.
+    tokens: Mutex<HashMap<TokenKey, Arc<Mutex<Option<f64>>>>>,
+    seq: AtomicU64,
+}
+
+impl UpgradeState {
+    /// The state of one upstream's upgrade layer; `upstream_timeout` is its `timeout_ms`.
+    pub fn new(
+        sessions: Arc<Sessions>,
+        registry: Arc<Registry>,
+        config: UpgradeConfig,
+        upstream_timeout: Duration,
+    ) -> Arc<UpgradeState> {
+        Arc::new(UpgradeState {
+            sessions,
+            registry,
+            config,
+            active: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(HashMap::new()),
+            result_deadline: upstream_timeout,
+            seq: AtomicU64::new(1),
+        })
+    }
+
+    fn result_deadline(&self) -> Duration {
+        if self.result_deadline.is_zero() {
+            DEFAULT_RESULT_DEADLINE
+        } else {
+            self.result_deadline
+        }
+    }
+
+    /// Registers a live upgraded call; never replaces another call's entry. Returns its token.
+    fn register(&self, key: &CallKey, cancel: oneshot::Sender<()>) -> u64 {
+        let token = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.active
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .push(ActiveCall { token, cancel });
+        token
+    }
+
+    /// Forgets one live upgraded call (only that one).
+    fn forget(&self, key: &CallKey, token: u64) {
+        let mut active = self.active.lock();
+        if let Some(calls) = active.get_mut(key) {
+            calls.retain(|c| c.token != token);
+            if calls.is_empty() {
+                active.remove(key);
+            }
+        }
+    }
+
+    /// A client's `notifications/cancelled` for `key`: signals the call when exactly one live
+    /// call has that key. Returns whether it did.
+    fn cancel_call(&self, key: &CallKey) -> bool {
+        let mut active = self.active.lock();
+        let Some(calls) = active.get_mut(key) else {
+            return false;
+        };
+        if calls.len() != 1 {
+            tracing::info!(
+                live = calls.len(),
+                "notifications/cancelled names more than one upgraded call of callers that cannot be told apart: none is cancelled"
+            );
+            return false;
+        }
+        let call = calls.pop().expect("one call");
+        active.remove(key);
+        call.cancel.send(()).is_ok()
+    }
+    fn next_id(&self) -> Id {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        Id::from_json(&format!("\"taskgate-{n}\"")).expect("a string id")
+    }
+
+    fn count(&self, upstream: &str, outcome: UpgradeOutcome) {
+        self.registry.metrics().upgraded_call(upstream, outcome);
+    }
+}
+
+/// Builds [`UpgradeService`]s.
+#[derive(Clone)]
+pub struct UpgradeLayer {
+    state: Arc<UpgradeState>,
+}
+
+impl UpgradeLayer {
+    /// A layer sharing `state`.
+    pub fn new(state: Arc<UpgradeState>) -> UpgradeLayer {
+        UpgradeLayer { state }
+    }
+}
+
+impl<S> tower::Layer<S> for UpgradeLayer {
+    type Service = UpgradeService<S>;
+    fn layer(&self, inner: S) -> UpgradeService<S> {
+        UpgradeService {
+            inner,
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// The `upgrade` layer's service (see the module docs).
+#[derive(Clone)]
+pub struct UpgradeService<S> {
+    inner: S,
+    state: Arc<UpgradeState>,
+}
+
+type BoxFut = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send>>;
+
+impl<S: McpService> tower::Service<McpRequest> for UpgradeService<S> {
+    type Response = McpReply;
+    type Error = GatewayError;
+    type Future = BoxFut;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: McpRequest) -> BoxFut {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let state = self.state.clone();
+        if !state.config.enabled {
+            let mut inner = inner;
+            return Box::pin(inner.call(req));
+        }
+        let is_request = req.request_method().is_some();
+        match req.method() {
+            Some("tools/call") if is_request => Box::pin(tools_call(state, inner, req)),
+            Some("tools/list") if is_request => Box::pin(tools_list(state, inner, req)),
+            None if matches!(req.op, Operation::OpenStream) => {
+                Box::pin(get_stream(state, inner, req))
+            }
+            Some("notifications/cancelled") if !is_request => {
+                if let Some(key) = cancelled_call(&req) {
+                    if state.cancel_call(&key) {
+                        return Box::pin(async { Ok(McpReply::accepted()) });
+                    }
+                }
+                let mut inner = inner;
+                Box::pin(inner.call(req))
+            }
+            _ => {
+                let mut inner = inner;
+                Box::pin(inner.call(req))
+            }
+        }
+    }
+}
+
+fn cancelled_call(req: &McpRequest) -> Option<CallKey> {
+    let Operation::Post(msg) = &req.op else {
+        return None;
+    };
+    let v: Value = msg.parse_as().ok()?;
+    let id = Id::from_value(v.pointer("/params/requestId")?)?;
+    Some(req.ctx.call_key(&id))
+}

@@ -1,0 +1,61 @@
+//! Upgraded tasks orphaned by a restart.
+
+use super::call::send_tasks_cancel;
+use super::UpgradeState;
+use crate::exchange::{Principal, RequestContext};
+use crate::layers::McpService;
+use crate::mcp::task::TaskStatus;
+use crate::metrics::UpgradeOutcome;
+
+use http::{HeaderMap, HeaderValue};
+use std::sync::Arc;
+
+/// After a restart: cancels every non-terminal upgraded task (its client is gone), through the
+/// upstream's stack so the `cancel` layer records it. Returns how many were cancelled.
+pub async fn cancel_orphans<S: McpService>(
+    state: &UpgradeState,
+    upstream: &Arc<str>,
+    stack: S,
+) -> usize {
+    // A scan of the whole store: on the blocking pool (see `registry`).
+    let orphans = state.registry.upgraded_live(upstream).await;
+    for r in &orphans {
+        let session = r
+            .upstream_session
+            .as_deref()
+            .and_then(|s| HeaderValue::from_str(s).ok());
+        let principal = match &r.owner {
+            crate::store::Owner::Principal(p) => Principal::Token(p.as_str().into()),
+            _ => Principal::Anonymous,
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(
+            http::header::ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream"),
+        );
+        if let Some(v) = r
+            .protocol_version
+            .as_deref()
+            .and_then(|v| HeaderValue::from_str(v).ok())
+        {
+            headers.insert("mcp-protocol-version", v);
+        }
+        let ctx = RequestContext {
+            upstream: upstream.clone(),
+            session_id: session.clone(),
+            client_session_id: session,
+            principal,
+            headers,
+        };
+        state.count(upstream, UpgradeOutcome::Orphaned);
+        send_tasks_cancel(&stack, state, &ctx, &r.task_id).await;
+        if r.status != TaskStatus::Cancelled {
+            tracing::info!(task_id = %r.task_id, "orphaned upgraded task cancelled after restart");
+        }
+    }
+    orphans.len()
+}

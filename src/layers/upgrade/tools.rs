@@ -1,0 +1,86 @@
+//! Tools: `tools/list` shown to clients without `capabilities.tasks`, and a tool's `taskSupport`.
+
+use super::call::{answer_of, internal_request, Others};
+use super::UpgradeState;
+use crate::exchange::{GatewayError, McpReply, McpRequest, RequestContext};
+use crate::layers::session::{session_key, TaskSupport};
+use crate::layers::McpService;
+
+use serde_json::Value;
+use std::sync::Arc;
+use tower::ServiceExt;
+
+/// Shows `required` tools as `optional` to clients without `capabilities.tasks`.
+pub(super) async fn tools_list<S: McpService>(
+    state: Arc<UpgradeState>,
+    inner: S,
+    req: McpRequest,
+) -> Result<McpReply, GatewayError> {
+    let upstream = req.ctx.upstream.clone();
+    let session = session_key(&req.ctx);
+    let mut reply = inner.oneshot(req).await?;
+    let Some(info) = state.sessions.get(&upstream, session.as_ref()) else {
+        return Ok(reply);
+    };
+    if info.client_declares_tasks() || !info.upstream_tasks_tools_call() {
+        return Ok(reply);
+    }
+    reply.body = reply.body.map_messages(relax_required);
+    Ok(reply)
+}
+
+/// `taskSupport: "required"` → `"optional"` in a `tools/list` result; `None` when nothing changes.
+pub(super) fn relax_required(text: &str) -> Option<String> {
+    if !crate::jsonrpc::contains(text.as_bytes(), b"\"required\"") {
+        return None;
+    }
+    let mut v = serde_json::from_str::<Value>(text).ok()?;
+    let mut changed = false;
+    if let Some(tools) = v.pointer_mut("/result/tools").and_then(Value::as_array_mut) {
+        for tool in tools {
+            if let Some(ts) = tool.pointer_mut("/execution/taskSupport") {
+                if ts == "required" {
+                    *ts = Value::String("optional".into());
+                    changed = true;
+                }
+            }
+        }
+    }
+    changed.then(|| v.to_string())
+}
+
+pub(super) async fn tool_support<S: McpService>(
+    state: &UpgradeState,
+    inner: &S,
+    ctx: &RequestContext,
+    tool: &str,
+) -> Option<TaskSupport> {
+    let key = session_key(ctx);
+    let session = key.as_ref();
+    if let Some(ts) = state.sessions.tool_support(&ctx.upstream, session, tool) {
+        return Some(ts);
+    }
+    // Not seen yet: one tools/list, every page (the session layer records what passes).
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let id = state.next_id();
+        let params = match &cursor {
+            Some(c) => serde_json::json!({ "cursor": c }),
+            None => serde_json::json!({}),
+        };
+        let reply = inner
+            .clone()
+            .oneshot(internal_request(ctx, &id, "tools/list", params))
+            .await
+            .ok()?;
+        let answer = answer_of(reply, &id, Others::Discard).await?;
+        cursor = answer
+            .pointer("/result/nextCursor")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    state.sessions.tool_support(&ctx.upstream, session, tool)
+}
