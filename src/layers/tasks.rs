@@ -33,8 +33,8 @@ use crate::mcp::task::{now_ms, TaskStatus};
 use crate::registry::Registry;
 use crate::store::{ListCursor, Origin, Owner, TaskRecord};
 use base64::Engine;
-use bytes::Bytes;
 use http::HeaderValue;
+use crate::jsonrpc::splice;
 use serde_json::Value;
 use std::future::Future;
 use std::pin::Pin;
@@ -159,7 +159,7 @@ impl<S> TasksService<S> {
         let Some(id) = msg.id().cloned() else {
             return Ok(());
         };
-        let mut value = match serde_json::from_slice::<Value>(msg.bytes()) {
+        let value = match serde_json::from_slice::<Value>(msg.bytes()) {
             Ok(v) => v,
             // taskgate must know whether this is a task before it goes upstream; a message it
             // cannot read (numbers beyond f64, nesting deeper than 128) is not forwarded.
@@ -202,11 +202,11 @@ impl<S> TasksService<S> {
             _ => false,
         };
         if over_cap {
-            // `params.task` is an object (checked above).
-            value["params"]["task"]["ttl"] = Value::from(cap);
-            let capped = serde_json::to_vec(&value)
+            // Only the ttl's digits change: every other byte goes upstream as the client sent it.
+            let capped = splice::replace(msg.bytes(), &["params", "task", "ttl"], &cap.to_string())
                 .ok()
-                .and_then(|b| Message::parse(Bytes::from(b)).ok());
+                .flatten()
+                .and_then(|b| Message::parse(b).ok());
             match capped {
                 Some(m) => req.op = Operation::Post(m),
                 None => {
@@ -407,13 +407,24 @@ fn hide_tasks_list(text: &str) -> Option<String> {
     if !text.contains("\"list\"") {
         return None;
     }
-    let mut value = serde_json::from_str::<Value>(text).ok()?;
-    value
-        .pointer_mut("/result/capabilities/tasks")
-        .and_then(Value::as_object_mut)
-        .and_then(|t| t.remove("list"))?;
+    let path = ["result", "capabilities", "tasks", "list"];
+    let spliced = match splice::remove(text.as_bytes(), &path) {
+        Ok(Some(b)) => String::from_utf8(b.to_vec()).ok(),
+        // Absent: nothing to hide.
+        Ok(None) if !matches!(splice::raw_at(text.as_bytes(), &path), Ok(Some(_))) => None,
+        // Present, but its key is written with escapes: a full rewrite.
+        Ok(None) => {
+            let mut value = serde_json::from_str::<Value>(text).ok()?;
+            value
+                .pointer_mut("/result/capabilities/tasks")
+                .and_then(Value::as_object_mut)
+                .and_then(|t| t.remove("list"))?;
+            serde_json::to_string(&value).ok()
+        }
+        Err(_) => None,
+    }?;
     tracing::info!("no auth and no session: tasks.list removed from the upstream's capabilities");
-    serde_json::to_string(&value).ok()
+    Some(spliced)
 }
 
 fn task_id_param(msg: &Message) -> Option<String> {

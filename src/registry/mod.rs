@@ -27,6 +27,8 @@ use crate::config::TasksConfig;
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::Metrics;
 use crate::store::{AuditEvent, Owner, StoreError, TaskRecord, TaskStore};
+use crate::jsonrpc::splice;
+use bytes::Bytes;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -79,6 +81,67 @@ impl Observed {
             None => task.remove("statusMessage"),
         };
         true
+    }
+
+    /// For [`Observed::Rewrite`]: `json` with the Task object at `path` showing the recorded
+    /// `status` and `statusMessage`, spliced into the original bytes (at most two splices: every
+    /// other byte stays as it arrived). Falls back to a full rewrite (keys sorted, big numbers
+    /// lossy) only when a splice is not possible (an escaped `statusMessage` key to remove, or no
+    /// `status` member). `None`: nothing to rewrite, or `json` cannot be read.
+    pub fn rewrite_bytes(&self, json: &[u8], path: &[&str]) -> Option<Bytes> {
+        let Observed::Rewrite {
+            status,
+            status_message,
+        } = self
+        else {
+            return None;
+        };
+        let task = splice::raw_at(json, path).ok()??;
+        if !task.get().starts_with('{') {
+            return None;
+        }
+        self.splice_rewrite(json, path, *status, status_message.as_deref())
+            .or_else(|| self.full_rewrite(json, path))
+    }
+
+    fn splice_rewrite(
+        &self,
+        json: &[u8],
+        path: &[&str],
+        status: TaskStatus,
+        status_message: Option<&str>,
+    ) -> Option<Bytes> {
+        let at = |key: &'static str| path.iter().copied().chain([key]).collect::<Vec<_>>();
+        let (status_path, message_path) = (at("status"), at("statusMessage"));
+        let status_text = serde_json::to_string(status.as_str()).ok()?;
+        let has_message = splice::raw_at(json, &message_path).ok()?.is_some();
+        match (status_message, has_message) {
+            (Some(m), true) => {
+                let with_status = splice::replace(json, &status_path, &status_text).ok()??;
+                let m = serde_json::to_string(m).ok()?;
+                splice::replace(&with_status, &message_path, &m).ok()?
+            }
+            // No `statusMessage` yet: it goes right after `status`, in the same splice.
+            (Some(m), false) => {
+                let m = serde_json::to_string(m).ok()?;
+                let text = format!("{status_text},\"statusMessage\":{m}");
+                splice::replace(json, &status_path, &text).ok()?
+            }
+            (None, true) => {
+                let with_status = splice::replace(json, &status_path, &status_text).ok()??;
+                splice::remove(&with_status, &message_path).ok()?
+            }
+            (None, false) => splice::replace(json, &status_path, &status_text).ok()?,
+        }
+    }
+
+    fn full_rewrite(&self, json: &[u8], path: &[&str]) -> Option<Bytes> {
+        let mut value = serde_json::from_slice::<Value>(json).ok()?;
+        let pointer: String = path.iter().map(|k| format!("/{}", k.replace('~', "~0").replace('/', "~1"))).collect();
+        if !self.rewrite(value.pointer_mut(&pointer)?) {
+            return None;
+        }
+        serde_json::to_vec(&value).ok().map(Bytes::from)
     }
 }
 
