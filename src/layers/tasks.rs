@@ -404,7 +404,8 @@ fn template(req: &McpRequest, owner: Owner, tool: Option<String>) -> TaskRecord 
 /// Removes `result.capabilities.tasks.list` from an `InitializeResult`.
 /// Returns the rewritten message, or `None` to leave it as it is.
 fn hide_tasks_list(text: &str) -> Option<String> {
-    if !text.contains("\"list\"") {
+    // A key may be spelled with escapes (`"l\u0069st"`): those are always looked at.
+    if !text.contains("\"list\"") && !text.contains("\\u") {
         return None;
     }
     let path = ["result", "capabilities", "tasks", "list"];
@@ -438,4 +439,22 @@ fn task_id_param(msg: &Message) -> Option<String> {
 
 fn header_string(v: Option<&HeaderValue>) -> Option<String> {
     v.and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hide_tasks_list;
+
+    #[test]
+    fn tasks_list_is_spliced_out() {
+        let text = r#"{"jsonrpc":"2.0","id":1,"result":{"capabilities":{"tasks":{"list":{},"cancel":{}},"x":1.10},"n":123456789012345678901234567890}}"#;
+        let want = r#"{"jsonrpc":"2.0","id":1,"result":{"capabilities":{"tasks":{"cancel":{}},"x":1.10},"n":123456789012345678901234567890}}"#;
+        assert_eq!(hide_tasks_list(text).as_deref(), Some(want));
+        assert_eq!(hide_tasks_list(r#"{"result":{"list":1}}"#), None);
+        let escaped = r#"{"result":{"capabilities":{"tasks":{"l\u0069st":{},"cancel":{}}}}}"#;
+        assert_eq!(
+            hide_tasks_list(escaped).as_deref(),
+            Some(r#"{"result":{"capabilities":{"tasks":{"cancel":{}}}}}"#)
+        );
+    }
 }
