@@ -1301,7 +1301,10 @@ async fn terminal_status_rewrite_splices_the_reply_bytes() {
     let c = tg.client();
     let task_id = c.create_task("1").await;
     assert_eq!(task_id, "t-big");
-    assert_eq!(c.get("2", &task_id).await["result"]["status"], json!("completed"));
+    assert_eq!(
+        c.get("2", &task_id).await["result"]["status"],
+        json!("completed")
+    );
 
     let text = c
         .send(rpc("3", "tasks/get", r#"{"taskId":"t-big"}"#))

@@ -27,14 +27,15 @@
 //! ids are the upstream's).
 
 use crate::exchange::{McpReply, McpRequest, Operation};
+use crate::jsonrpc::splice;
 use crate::jsonrpc::{self, Message};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation, Upgraded};
 use crate::mcp::task::{now_ms, TaskStatus};
+use crate::metrics::{CancelOutcome, CreationRefusal, TaskMethod};
 use crate::registry::Registry;
 use crate::store::{ListCursor, Origin, Owner, TaskRecord};
 use base64::Engine;
 use http::HeaderValue;
-use crate::jsonrpc::splice;
 use serde_json::Value;
 use std::future::Future;
 use std::pin::Pin;
@@ -102,12 +103,7 @@ where
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
-        let method = match req.request_method() {
-            Some("tasks/get") => Some("tasks/get"),
-            Some("tasks/result") => Some("tasks/result"),
-            Some("tasks/cancel") => Some("tasks/cancel"),
-            _ => None,
-        };
+        let method = req.request_method().and_then(TaskMethod::parse);
         if let Some(method) = method {
             let registry = self.registry.clone();
             return Box::pin(async move {
@@ -183,9 +179,7 @@ impl<S> TasksService<S> {
         let Some(reservation) = registry.reserve(&upstream, &owner) else {
             registry
                 .metrics()
-                .task_creation_refused_total
-                .with_label_values(&[&upstream, "owner_limit"])
-                .inc();
+                .task_creation_refused(&upstream, CreationRefusal::OwnerLimit);
             let limit = registry.config().max_live_tasks_per_owner;
             return Err(McpReply::local_error(
                 Some(&id),
@@ -241,7 +235,7 @@ impl<S> TasksService<S> {
 async fn authorise(
     registry: &Arc<Registry>,
     req: &mut McpRequest,
-    method: &'static str,
+    method: TaskMethod,
 ) -> Result<(), McpReply> {
     let Operation::Post(msg) = &req.op else {
         return Ok(());
@@ -255,7 +249,7 @@ async fn authorise(
             return Err(McpReply::local_error(
                 Some(&id),
                 jsonrpc::INVALID_PARAMS,
-                &format!("{method}: params.taskId (a string) is required"),
+                &format!("{}: params.taskId (a string) is required", method.as_str()),
             ))
         }
     };
@@ -263,15 +257,11 @@ async fn authorise(
     let Some(record) = registry.lookup(&req.ctx.upstream, &task_id, &owner).await else {
         registry
             .metrics()
-            .task_lookups_rejected_total
-            .with_label_values(&[&req.ctx.upstream, method])
-            .inc();
-        if method == "tasks/cancel" {
+            .task_lookup_rejected(&req.ctx.upstream, method);
+        if method == TaskMethod::Cancel {
             registry
                 .metrics()
-                .cancel_requests_total
-                .with_label_values(&[&req.ctx.upstream, "rejected_unknown"])
-                .inc();
+                .cancel_request(&req.ctx.upstream, CancelOutcome::RejectedUnknown);
         }
         return Err(McpReply::local_error(
             Some(&id),

@@ -24,10 +24,10 @@ pub use owners::{Owners, Reservation};
 pub use releases::{Releases, ResourceHold};
 
 use crate::config::TasksConfig;
-use crate::mcp::task::{now_ms, TaskStatus};
-use crate::metrics::Metrics;
-use crate::store::{AuditEvent, Owner, StoreError, TaskRecord, TaskStore};
 use crate::jsonrpc::splice;
+use crate::mcp::task::{now_ms, TaskStatus};
+use crate::metrics::{Metrics, ReleaseReason};
+use crate::store::{AuditEvent, Owner, StoreError, TaskRecord, TaskStore};
 use bytes::Bytes;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -137,7 +137,10 @@ impl Observed {
 
     fn full_rewrite(&self, json: &[u8], path: &[&str]) -> Option<Bytes> {
         let mut value = serde_json::from_slice::<Value>(json).ok()?;
-        let pointer: String = path.iter().map(|k| format!("/{}", k.replace('~', "~0").replace('/', "~1"))).collect();
+        let pointer: String = path
+            .iter()
+            .map(|k| format!("/{}", k.replace('~', "~0").replace('/', "~1")))
+            .collect();
         if !self.rewrite(value.pointer_mut(&pointer)?) {
             return None;
         }
@@ -170,10 +173,7 @@ impl Registry {
             true
         })?;
         for ((up, status), n) in by_status {
-            metrics
-                .tasks
-                .with_label_values(&[&up, status.as_str()])
-                .set(n);
+            metrics.tasks_set(&up, status, n);
         }
         let quiet = std::time::Duration::from_millis(config.release_quiet_ms);
         metrics
@@ -188,7 +188,9 @@ impl Registry {
             releases: Arc::new(Releases::new(weak.clone(), quiet)),
         });
         for (up, id) in unreleased {
-            registry.releases.cancelled(&up, &id, "restart");
+            registry
+                .releases
+                .cancelled(&up, &id, ReleaseReason::Restart);
         }
         Ok(registry)
     }
@@ -228,16 +230,13 @@ impl Registry {
         }
         if let Some(task_id) = task_id {
             if self.releases.activity(upstream, &task_id) {
-                self.metrics
-                    .task_activity_after_cancel_total
-                    .with_label_values(&[upstream])
-                    .inc();
+                self.metrics.task_activity_after_cancel(upstream);
             }
         }
     }
 
     /// Records the "resources released" audit fact (once).
-    fn record_released_now(&self, upstream: &str, task_id: &str, reason: &'static str) {
+    fn record_released_now(&self, upstream: &str, task_id: &str, reason: ReleaseReason) {
         let now = now_ms();
         let updated = self.store.update(upstream, task_id, &mut |r| {
             if r.released_at.is_some() || r.cancelled_at.is_none() {
@@ -252,17 +251,18 @@ impl Registry {
         if before.released_at.is_some() || after.released_at.is_none() {
             return;
         }
-        self.metrics
-            .task_resources_released_total
-            .with_label_values(&[upstream, reason])
-            .inc();
+        self.metrics.task_released(upstream, reason);
         self.metrics.tasks_cancelled_unreleased.dec();
         if let Some(c) = after.cancelled_at {
             self.metrics
                 .cancelled_to_released_seconds
                 .observe(now.saturating_sub(c) as f64 / 1000.0);
         }
-        self.audit(&after, "resources_released", format!("reason={reason}"));
+        self.audit(
+            &after,
+            "resources_released",
+            format!("reason={}", reason.as_str()),
+        );
         self.store.sync_soon();
     }
 
@@ -439,10 +439,7 @@ impl Registry {
     ) -> Observed {
         // The first terminal state wins forever (2025-11-25 tasks: a terminal status MUST NOT change).
         let up = after.upstream.as_str();
-        self.metrics
-            .task_terminal_rewrites_total
-            .with_label_values(&[up])
-            .inc();
+        self.metrics.task_terminal_rewrite(up);
         // A late result is one fact per task: counted, audited and logged the first time,
         // however often the upstream repeats it (every poll of tasks/get would).
         let first_late = status.is_terminal()
@@ -457,10 +454,7 @@ impl Registry {
                 Ok(Some((ref b, _))) if b.late_result_at.is_none()
             );
         if first_late {
-            self.metrics
-                .task_late_results_total
-                .with_label_values(&[up])
-                .inc();
+            self.metrics.task_late_result(up);
             self.audit(
                 &after,
                 "late_result",
@@ -558,26 +552,15 @@ impl Registry {
     fn on_transition(&self, before: &TaskRecord, after: &TaskRecord, source: &str) {
         let up = after.upstream.as_str();
         self.metrics
-            .task_status_transitions_total
-            .with_label_values(&[up, before.status.as_str(), after.status.as_str()])
-            .inc();
-        self.metrics
-            .tasks
-            .with_label_values(&[up, before.status.as_str()])
-            .dec();
-        self.metrics
-            .tasks
-            .with_label_values(&[up, after.status.as_str()])
-            .inc();
+            .task_transition(up, before.status, after.status);
+        self.metrics.tasks_dec(up, before.status);
+        self.metrics.tasks_inc(up, after.status);
         if after.status.is_terminal() && !before.status.is_terminal() {
             self.release_slot(up, &after.owner);
         }
         if after.cancelled_at.is_some() && before.cancelled_at.is_none() {
             // Audit fact 1: status cancelled.
-            self.metrics
-                .tasks_cancelled_total
-                .with_label_values(&[up])
-                .inc();
+            self.metrics.task_cancelled(up);
             self.metrics.tasks_cancelled_unreleased.inc();
             if let (Some(asked), Some(done)) = (after.cancel_requested_at, after.cancelled_at) {
                 self.metrics
@@ -585,7 +568,8 @@ impl Registry {
                     .observe(done.saturating_sub(asked) as f64 / 1000.0);
             }
             self.audit(after, "status_cancelled", format!("seen in {source}"));
-            self.releases.cancelled(up, &after.task_id, "quiet");
+            self.releases
+                .cancelled(up, &after.task_id, ReleaseReason::Quiet);
         }
     }
 }
@@ -607,15 +591,18 @@ mod tests {
     fn rewrite_bytes_splices_status_and_message() {
         let big = r#""n":123456789012345678901234567890"#;
         // Replace both.
-        let json = format!(r#"{{"result":{{"z":1,"status":"working","statusMessage":"x",{big}}}}}"#);
-        let want = format!(r#"{{"result":{{"z":1,"status":"completed","statusMessage":"done",{big}}}}}"#);
+        let json =
+            format!(r#"{{"result":{{"z":1,"status":"working","statusMessage":"x",{big}}}}}"#);
+        let want =
+            format!(r#"{{"result":{{"z":1,"status":"completed","statusMessage":"done",{big}}}}}"#);
         assert_eq!(rewrite(Some("done"), &json), want);
         // Remove the message.
         let want = format!(r#"{{"result":{{"z":1,"status":"completed",{big}}}}}"#);
         assert_eq!(rewrite(None, &json), want);
         // Insert a message after `status`.
         let json = format!(r#"{{"result":{{"status":"working",{big}}}}}"#);
-        let want = format!(r#"{{"result":{{"status":"completed","statusMessage":"a \"b\"",{big}}}}}"#);
+        let want =
+            format!(r#"{{"result":{{"status":"completed","statusMessage":"a \"b\"",{big}}}}}"#);
         assert_eq!(rewrite(Some("a \"b\""), &json), want);
         // No message on either side.
         let want = format!(r#"{{"result":{{"status":"completed",{big}}}}}"#);
@@ -634,6 +621,8 @@ mod tests {
             status: TaskStatus::Completed,
             status_message: None,
         };
-        assert!(o.rewrite_bytes(not_object.as_bytes(), &["result"]).is_none());
+        assert!(o
+            .rewrite_bytes(not_object.as_bytes(), &["result"])
+            .is_none());
     }
 }
