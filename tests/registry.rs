@@ -656,9 +656,13 @@ async fn ttl_above_cap_is_lowered_before_it_goes_upstream() {
     let task_id = v["result"]["task"]["taskId"].as_str().unwrap().to_string();
     let got = up.received("tools/call")[0].json();
     assert_eq!(got["params"]["task"]["ttl"], json!(60_000), "{got}");
-    let mut expected: Value = serde_json::from_str(&sent).unwrap();
-    expected["params"]["task"]["ttl"] = json!(60_000);
-    assert_eq!(got, expected, "only the ttl changes");
+    let expected = sent.replace(r#""ttl":3600000"#, r#""ttl":60000"#);
+    assert_ne!(expected, sent);
+    assert_eq!(
+        up.received("tools/call")[0].body_str(),
+        expected,
+        "only the ttl's bytes change"
+    );
     assert_eq!(tg.record(&task_id).unwrap().ttl_ms, Some(60_000));
 
     let under = Client::create_body("2", Some(5_000));
@@ -1251,4 +1255,62 @@ async fn sigterm_with_stream_and_task_in_flight_drains_and_keeps_records() {
     assert_eq!(d["task"]["status"], json!("cancelled"), "{d}");
     assert!(d["task"]["cancelled_at"].is_u64(), "{d}");
     gate.open();
+}
+
+/// The ttl cap changes the ttl's digits and nothing else: key order, a number beyond 64 bits and
+/// `1.10` reach the upstream byte for byte as the client sent them (compared as bytes, not as
+/// parsed values, which would go through the same lossy parse on both sides).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_cap_rewrites_only_the_ttl_bytes() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_ttl_ms = 60000")
+        .start()
+        .await;
+    let c = tg.client();
+    let sent = r#"{"jsonrpc":"2.0","method":"tools/call","id":"big","params":{"name":"slow","task":{"ttl":3600000},"arguments":{"z":123456789012345678901234567890,"b":1.10,"a":[1, 2]},"_meta":{"progressToken":"pt-big"}}}"#;
+    let v = c.rpc(sent).await;
+    assert!(v.pointer("/result/task/taskId").is_some(), "{v}");
+    let expected = sent.replace(r#""ttl":3600000"#, r#""ttl":60000"#);
+    assert_eq!(up.received("tools/call")[0].body_str(), expected);
+}
+
+/// A terminal-status rewrite of a `tasks/get` reply changes `status` and `statusMessage` and
+/// nothing else: the upstream's key order and a big number in `_meta` reach the client as bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminal_status_rewrite_splices_the_reply_bytes() {
+    let gets = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = gets.clone();
+    let up = Upstream::start(move |req| match req.rpc_method().as_deref() {
+        Some("tools/call") => ScriptedResponse::result_for(
+            req,
+            r#"{"task":{"taskId":"t-big","status":"working","ttl":60000}}"#,
+        ),
+        Some("tasks/get") => {
+            let body = if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+                r#"{"taskId":"t-big","status":"completed","statusMessage":"done","ttl":60000}"#
+            } else {
+                r#"{"ttl":60000,"status":"working","taskId":"t-big","_meta":{"z":123456789012345678901234567890,"a":1.10},"statusMessage":"still going"}"#
+            };
+            ScriptedResponse::result_for(req, body)
+        }
+        _ => mcp_handler(req),
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = tg.client();
+    let task_id = c.create_task("1").await;
+    assert_eq!(task_id, "t-big");
+    assert_eq!(
+        c.get("2", &task_id).await["result"]["status"],
+        json!("completed")
+    );
+
+    let text = c
+        .send(rpc("3", "tasks/get", r#"{"taskId":"t-big"}"#))
+        .await
+        .text()
+        .await;
+    let expected = r#"{"jsonrpc":"2.0","id":3,"result":{"ttl":60000,"status":"completed","taskId":"t-big","_meta":{"z":123456789012345678901234567890,"a":1.10},"statusMessage":"done"}}"#;
+    assert_eq!(text, expected);
 }

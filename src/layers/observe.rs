@@ -275,7 +275,7 @@ impl Watch {
         }
     }
 
-    async fn on_status_notification(&self, bytes: Bytes, mut value: Value) -> Bytes {
+    async fn on_status_notification(&self, bytes: Bytes, value: Value) -> Bytes {
         let Some(params) = value.get("params") else {
             return bytes;
         };
@@ -283,13 +283,7 @@ impl Watch {
             .registry
             .observe_task(&self.upstream, params.clone(), "notifications/tasks/status")
             .await;
-        let rewritten = value
-            .get_mut("params")
-            .is_some_and(|params| observed.rewrite(params));
-        if !rewritten {
-            return bytes;
-        }
-        reserialise(&value).unwrap_or(bytes)
+        observed.rewrite_bytes(&bytes, &["params"]).unwrap_or(bytes)
     }
 
     /// Records a `CreateTaskResult`; returns the message to pass on and the recorded taskId.
@@ -340,7 +334,7 @@ impl Watch {
 
     /// Applies the reply to a `tasks/get|result|cancel` about `task_id`.
     async fn on_task_reply(&self, bytes: Bytes, method: TaskMethod, task_id: &str) -> Bytes {
-        let Ok(mut value) = serde_json::from_slice::<Value>(&bytes) else {
+        let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
             return bytes;
         };
         let Some(result) = value.get("result") else {
@@ -360,19 +354,8 @@ impl Watch {
             .registry
             .observe_task_as(&self.upstream, task_id, result.clone(), method.source())
             .await;
-        let rewritten = value
-            .get_mut("result")
-            .is_some_and(|result| observed.rewrite(result));
-        if !rewritten {
-            return bytes;
-        }
-        reserialise(&value).unwrap_or(bytes)
+        observed.rewrite_bytes(&bytes, &["result"]).unwrap_or(bytes)
     }
-}
-
-/// A rewritten message as bytes.
-fn reserialise(value: &Value) -> Option<Bytes> {
-    serde_json::to_vec(value).ok().map(Bytes::from)
 }
 
 #[cfg(test)]

@@ -27,13 +27,14 @@
 //! ids are the upstream's).
 
 use crate::exchange::{McpReply, McpRequest, Operation};
+use crate::jsonrpc::splice;
 use crate::jsonrpc::{self, Message};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation, Upgraded};
 use crate::mcp::task::{now_ms, TaskStatus};
+use crate::metrics::{CancelOutcome, CreationRefusal, TaskMethod};
 use crate::registry::Registry;
 use crate::store::{ListCursor, Origin, Owner, TaskRecord};
 use base64::Engine;
-use bytes::Bytes;
 use http::HeaderValue;
 use serde_json::Value;
 use std::future::Future;
@@ -102,12 +103,7 @@ where
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
-        let method = match req.request_method() {
-            Some("tasks/get") => Some("tasks/get"),
-            Some("tasks/result") => Some("tasks/result"),
-            Some("tasks/cancel") => Some("tasks/cancel"),
-            _ => None,
-        };
+        let method = req.request_method().and_then(TaskMethod::parse);
         if let Some(method) = method {
             let registry = self.registry.clone();
             return Box::pin(async move {
@@ -159,7 +155,7 @@ impl<S> TasksService<S> {
         let Some(id) = msg.id().cloned() else {
             return Ok(());
         };
-        let mut value = match serde_json::from_slice::<Value>(msg.bytes()) {
+        let value = match serde_json::from_slice::<Value>(msg.bytes()) {
             Ok(v) => v,
             // taskgate must know whether this is a task before it goes upstream; a message it
             // cannot read (numbers beyond f64, nesting deeper than 128) is not forwarded.
@@ -183,9 +179,7 @@ impl<S> TasksService<S> {
         let Some(reservation) = registry.reserve(&upstream, &owner) else {
             registry
                 .metrics()
-                .task_creation_refused_total
-                .with_label_values(&[&upstream, "owner_limit"])
-                .inc();
+                .task_creation_refused(&upstream, CreationRefusal::OwnerLimit);
             let limit = registry.config().max_live_tasks_per_owner;
             return Err(McpReply::local_error(
                 Some(&id),
@@ -202,11 +196,11 @@ impl<S> TasksService<S> {
             _ => false,
         };
         if over_cap {
-            // `params.task` is an object (checked above).
-            value["params"]["task"]["ttl"] = Value::from(cap);
-            let capped = serde_json::to_vec(&value)
+            // Only the ttl's digits change: every other byte goes upstream as the client sent it.
+            let capped = splice::replace(msg.bytes(), &["params", "task", "ttl"], &cap.to_string())
                 .ok()
-                .and_then(|b| Message::parse(Bytes::from(b)).ok());
+                .flatten()
+                .and_then(|b| Message::parse(b).ok());
             match capped {
                 Some(m) => req.op = Operation::Post(m),
                 None => {
@@ -241,7 +235,7 @@ impl<S> TasksService<S> {
 async fn authorise(
     registry: &Arc<Registry>,
     req: &mut McpRequest,
-    method: &'static str,
+    method: TaskMethod,
 ) -> Result<(), McpReply> {
     let Operation::Post(msg) = &req.op else {
         return Ok(());
@@ -255,7 +249,7 @@ async fn authorise(
             return Err(McpReply::local_error(
                 Some(&id),
                 jsonrpc::INVALID_PARAMS,
-                &format!("{method}: params.taskId (a string) is required"),
+                &format!("{}: params.taskId (a string) is required", method.as_str()),
             ))
         }
     };
@@ -263,15 +257,11 @@ async fn authorise(
     let Some(record) = registry.lookup(&req.ctx.upstream, &task_id, &owner).await else {
         registry
             .metrics()
-            .task_lookups_rejected_total
-            .with_label_values(&[&req.ctx.upstream, method])
-            .inc();
-        if method == "tasks/cancel" {
+            .task_lookup_rejected(&req.ctx.upstream, method);
+        if method == TaskMethod::Cancel {
             registry
                 .metrics()
-                .cancel_requests_total
-                .with_label_values(&[&req.ctx.upstream, "rejected_unknown"])
-                .inc();
+                .cancel_request(&req.ctx.upstream, CancelOutcome::RejectedUnknown);
         }
         return Err(McpReply::local_error(
             Some(&id),
@@ -404,16 +394,28 @@ fn template(req: &McpRequest, owner: Owner, tool: Option<String>) -> TaskRecord 
 /// Removes `result.capabilities.tasks.list` from an `InitializeResult`.
 /// Returns the rewritten message, or `None` to leave it as it is.
 fn hide_tasks_list(text: &str) -> Option<String> {
-    if !text.contains("\"list\"") {
+    // A key may be spelled with escapes (`"l\u0069st"`): those are always looked at.
+    if !text.contains("\"list\"") && !text.contains("\\u") {
         return None;
     }
-    let mut value = serde_json::from_str::<Value>(text).ok()?;
-    value
-        .pointer_mut("/result/capabilities/tasks")
-        .and_then(Value::as_object_mut)
-        .and_then(|t| t.remove("list"))?;
+    let path = ["result", "capabilities", "tasks", "list"];
+    let spliced = match splice::remove(text.as_bytes(), &path) {
+        Ok(Some(b)) => String::from_utf8(b.to_vec()).ok(),
+        // Absent: nothing to hide.
+        Ok(None) if !matches!(splice::raw_at(text.as_bytes(), &path), Ok(Some(_))) => None,
+        // Present, but its key is written with escapes: a full rewrite.
+        Ok(None) => {
+            let mut value = serde_json::from_str::<Value>(text).ok()?;
+            value
+                .pointer_mut("/result/capabilities/tasks")
+                .and_then(Value::as_object_mut)
+                .and_then(|t| t.remove("list"))?;
+            serde_json::to_string(&value).ok()
+        }
+        Err(_) => None,
+    }?;
     tracing::info!("no auth and no session: tasks.list removed from the upstream's capabilities");
-    serde_json::to_string(&value).ok()
+    Some(spliced)
 }
 
 fn task_id_param(msg: &Message) -> Option<String> {
@@ -427,4 +429,22 @@ fn task_id_param(msg: &Message) -> Option<String> {
 
 fn header_string(v: Option<&HeaderValue>) -> Option<String> {
     v.and_then(|v| v.to_str().ok()).map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hide_tasks_list;
+
+    #[test]
+    fn tasks_list_is_spliced_out() {
+        let text = r#"{"jsonrpc":"2.0","id":1,"result":{"capabilities":{"tasks":{"list":{},"cancel":{}},"x":1.10},"n":123456789012345678901234567890}}"#;
+        let want = r#"{"jsonrpc":"2.0","id":1,"result":{"capabilities":{"tasks":{"cancel":{}},"x":1.10},"n":123456789012345678901234567890}}"#;
+        assert_eq!(hide_tasks_list(text).as_deref(), Some(want));
+        assert_eq!(hide_tasks_list(r#"{"result":{"list":1}}"#), None);
+        let escaped = r#"{"result":{"capabilities":{"tasks":{"l\u0069st":{},"cancel":{}}}}}"#;
+        assert_eq!(
+            hide_tasks_list(escaped).as_deref(),
+            Some(r#"{"result":{"capabilities":{"tasks":{"cancel":{}}}}}"#)
+        );
+    }
 }

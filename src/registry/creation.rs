@@ -3,6 +3,7 @@
 
 use super::{Registry, Reservation};
 use crate::mcp::task::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, TaskStatus};
+use crate::metrics::CreationRefusal;
 use crate::store::{StoreError, TaskRecord};
 use serde_json::Value;
 
@@ -67,14 +68,8 @@ impl Registry {
             };
         match &result {
             Ok(()) => {
-                self.metrics
-                    .tasks_created_total
-                    .with_label_values(&[&up, origin.as_str()])
-                    .inc();
-                self.metrics
-                    .tasks
-                    .with_label_values(&[&up, status.as_str()])
-                    .inc();
+                self.metrics.task_created(&up, origin);
+                self.metrics.tasks_inc(&up, status);
                 if !status.is_terminal() {
                     reservation.keep();
                 }
@@ -91,9 +86,7 @@ impl Registry {
             Err(e) => {
                 self.metrics.store_write_failures_total.inc();
                 self.metrics
-                    .task_creation_refused_total
-                    .with_label_values(&[&up, "store"])
-                    .inc();
+                    .task_creation_refused(&up, CreationRefusal::Store);
                 tracing::error!(error = %e, upstream = %up, task_id = %record.task_id, "could not record a task");
             }
         }

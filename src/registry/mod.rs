@@ -24,9 +24,11 @@ pub use owners::{Owners, Reservation};
 pub use releases::{Releases, ResourceHold};
 
 use crate::config::TasksConfig;
+use crate::jsonrpc::splice;
 use crate::mcp::task::{now_ms, TaskStatus};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ReleaseReason};
 use crate::store::{AuditEvent, Owner, StoreError, TaskRecord, TaskStore};
+use bytes::Bytes;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -80,6 +82,70 @@ impl Observed {
         };
         true
     }
+
+    /// For [`Observed::Rewrite`]: `json` with the Task object at `path` showing the recorded
+    /// `status` and `statusMessage`, spliced into the original bytes (at most two splices: every
+    /// other byte stays as it arrived). Falls back to a full rewrite (keys sorted, big numbers
+    /// lossy) only when a splice is not possible (an escaped `statusMessage` key to remove, or no
+    /// `status` member). `None`: nothing to rewrite, or `json` cannot be read.
+    pub fn rewrite_bytes(&self, json: &[u8], path: &[&str]) -> Option<Bytes> {
+        let Observed::Rewrite {
+            status,
+            status_message,
+        } = self
+        else {
+            return None;
+        };
+        let task = splice::raw_at(json, path).ok()??;
+        if !task.get().starts_with('{') {
+            return None;
+        }
+        self.splice_rewrite(json, path, *status, status_message.as_deref())
+            .or_else(|| self.full_rewrite(json, path))
+    }
+
+    fn splice_rewrite(
+        &self,
+        json: &[u8],
+        path: &[&str],
+        status: TaskStatus,
+        status_message: Option<&str>,
+    ) -> Option<Bytes> {
+        let at = |key: &'static str| path.iter().copied().chain([key]).collect::<Vec<_>>();
+        let (status_path, message_path) = (at("status"), at("statusMessage"));
+        let status_text = serde_json::to_string(status.as_str()).ok()?;
+        let has_message = splice::raw_at(json, &message_path).ok()?.is_some();
+        match (status_message, has_message) {
+            (Some(m), true) => {
+                let with_status = splice::replace(json, &status_path, &status_text).ok()??;
+                let m = serde_json::to_string(m).ok()?;
+                splice::replace(&with_status, &message_path, &m).ok()?
+            }
+            // No `statusMessage` yet: it goes right after `status`, in the same splice.
+            (Some(m), false) => {
+                let m = serde_json::to_string(m).ok()?;
+                let text = format!("{status_text},\"statusMessage\":{m}");
+                splice::replace(json, &status_path, &text).ok()?
+            }
+            (None, true) => {
+                let with_status = splice::replace(json, &status_path, &status_text).ok()??;
+                splice::remove(&with_status, &message_path).ok()?
+            }
+            (None, false) => splice::replace(json, &status_path, &status_text).ok()?,
+        }
+    }
+
+    fn full_rewrite(&self, json: &[u8], path: &[&str]) -> Option<Bytes> {
+        let mut value = serde_json::from_slice::<Value>(json).ok()?;
+        let pointer: String = path
+            .iter()
+            .map(|k| format!("/{}", k.replace('~', "~0").replace('/', "~1")))
+            .collect();
+        if !self.rewrite(value.pointer_mut(&pointer)?) {
+            return None;
+        }
+        serde_json::to_vec(&value).ok().map(Bytes::from)
+    }
 }
 
 impl Registry {
@@ -107,10 +173,7 @@ impl Registry {
             true
         })?;
         for ((up, status), n) in by_status {
-            metrics
-                .tasks
-                .with_label_values(&[&up, status.as_str()])
-                .set(n);
+            metrics.tasks_set(&up, status, n);
         }
         let quiet = std::time::Duration::from_millis(config.release_quiet_ms);
         metrics
@@ -125,7 +188,9 @@ impl Registry {
             releases: Arc::new(Releases::new(weak.clone(), quiet)),
         });
         for (up, id) in unreleased {
-            registry.releases.cancelled(&up, &id, "restart");
+            registry
+                .releases
+                .cancelled(&up, &id, ReleaseReason::Restart);
         }
         Ok(registry)
     }
@@ -165,16 +230,13 @@ impl Registry {
         }
         if let Some(task_id) = task_id {
             if self.releases.activity(upstream, &task_id) {
-                self.metrics
-                    .task_activity_after_cancel_total
-                    .with_label_values(&[upstream])
-                    .inc();
+                self.metrics.task_activity_after_cancel(upstream);
             }
         }
     }
 
     /// Records the "resources released" audit fact (once).
-    fn record_released_now(&self, upstream: &str, task_id: &str, reason: &'static str) {
+    fn record_released_now(&self, upstream: &str, task_id: &str, reason: ReleaseReason) {
         let now = now_ms();
         let updated = self.store.update(upstream, task_id, &mut |r| {
             if r.released_at.is_some() || r.cancelled_at.is_none() {
@@ -189,17 +251,18 @@ impl Registry {
         if before.released_at.is_some() || after.released_at.is_none() {
             return;
         }
-        self.metrics
-            .task_resources_released_total
-            .with_label_values(&[upstream, reason])
-            .inc();
+        self.metrics.task_released(upstream, reason);
         self.metrics.tasks_cancelled_unreleased.dec();
         if let Some(c) = after.cancelled_at {
             self.metrics
                 .cancelled_to_released_seconds
                 .observe(now.saturating_sub(c) as f64 / 1000.0);
         }
-        self.audit(&after, "resources_released", format!("reason={reason}"));
+        self.audit(
+            &after,
+            "resources_released",
+            format!("reason={}", reason.as_str()),
+        );
         self.store.sync_soon();
     }
 
@@ -376,10 +439,7 @@ impl Registry {
     ) -> Observed {
         // The first terminal state wins forever (2025-11-25 tasks: a terminal status MUST NOT change).
         let up = after.upstream.as_str();
-        self.metrics
-            .task_terminal_rewrites_total
-            .with_label_values(&[up])
-            .inc();
+        self.metrics.task_terminal_rewrite(up);
         // A late result is one fact per task: counted, audited and logged the first time,
         // however often the upstream repeats it (every poll of tasks/get would).
         let first_late = status.is_terminal()
@@ -394,10 +454,7 @@ impl Registry {
                 Ok(Some((ref b, _))) if b.late_result_at.is_none()
             );
         if first_late {
-            self.metrics
-                .task_late_results_total
-                .with_label_values(&[up])
-                .inc();
+            self.metrics.task_late_result(up);
             self.audit(
                 &after,
                 "late_result",
@@ -495,26 +552,15 @@ impl Registry {
     fn on_transition(&self, before: &TaskRecord, after: &TaskRecord, source: &str) {
         let up = after.upstream.as_str();
         self.metrics
-            .task_status_transitions_total
-            .with_label_values(&[up, before.status.as_str(), after.status.as_str()])
-            .inc();
-        self.metrics
-            .tasks
-            .with_label_values(&[up, before.status.as_str()])
-            .dec();
-        self.metrics
-            .tasks
-            .with_label_values(&[up, after.status.as_str()])
-            .inc();
+            .task_transition(up, before.status, after.status);
+        self.metrics.tasks_dec(up, before.status);
+        self.metrics.tasks_inc(up, after.status);
         if after.status.is_terminal() && !before.status.is_terminal() {
             self.release_slot(up, &after.owner);
         }
         if after.cancelled_at.is_some() && before.cancelled_at.is_none() {
             // Audit fact 1: status cancelled.
-            self.metrics
-                .tasks_cancelled_total
-                .with_label_values(&[up])
-                .inc();
+            self.metrics.task_cancelled(up);
             self.metrics.tasks_cancelled_unreleased.inc();
             if let (Some(asked), Some(done)) = (after.cancel_requested_at, after.cancelled_at) {
                 self.metrics
@@ -522,7 +568,61 @@ impl Registry {
                     .observe(done.saturating_sub(asked) as f64 / 1000.0);
             }
             self.audit(after, "status_cancelled", format!("seen in {source}"));
-            self.releases.cancelled(up, &after.task_id, "quiet");
+            self.releases
+                .cancelled(up, &after.task_id, ReleaseReason::Quiet);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rewrite(message: Option<&str>, json: &str) -> String {
+        let o = Observed::Rewrite {
+            status: TaskStatus::Completed,
+            status_message: message.map(str::to_string),
+        };
+        let out = o.rewrite_bytes(json.as_bytes(), &["result"]).unwrap();
+        String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn rewrite_bytes_splices_status_and_message() {
+        let big = r#""n":123456789012345678901234567890"#;
+        // Replace both.
+        let json =
+            format!(r#"{{"result":{{"z":1,"status":"working","statusMessage":"x",{big}}}}}"#);
+        let want =
+            format!(r#"{{"result":{{"z":1,"status":"completed","statusMessage":"done",{big}}}}}"#);
+        assert_eq!(rewrite(Some("done"), &json), want);
+        // Remove the message.
+        let want = format!(r#"{{"result":{{"z":1,"status":"completed",{big}}}}}"#);
+        assert_eq!(rewrite(None, &json), want);
+        // Insert a message after `status`.
+        let json = format!(r#"{{"result":{{"status":"working",{big}}}}}"#);
+        let want =
+            format!(r#"{{"result":{{"status":"completed","statusMessage":"a \"b\"",{big}}}}}"#);
+        assert_eq!(rewrite(Some("a \"b\""), &json), want);
+        // No message on either side.
+        let want = format!(r#"{{"result":{{"status":"completed",{big}}}}}"#);
+        assert_eq!(rewrite(None, &json), want);
+    }
+
+    #[test]
+    fn rewrite_bytes_falls_back_to_a_full_rewrite_for_an_escaped_key() {
+        let json = r#"{"result":{"status":"working","status\u004dessage":"x"}}"#;
+        let v: Value = serde_json::from_str(&rewrite(None, json)).unwrap();
+        assert_eq!(v, serde_json::json!({"result":{"status":"completed"}}));
+        let o = Observed::Recorded(TaskStatus::Working);
+        assert!(o.rewrite_bytes(json.as_bytes(), &["result"]).is_none());
+        let not_object = r#"{"result":[1]}"#;
+        let o = Observed::Rewrite {
+            status: TaskStatus::Completed,
+            status_message: None,
+        };
+        assert!(o
+            .rewrite_bytes(not_object.as_bytes(), &["result"])
+            .is_none());
     }
 }

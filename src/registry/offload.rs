@@ -107,7 +107,7 @@ impl Registry {
         self: &Arc<Self>,
         upstream: &str,
         task_id: &str,
-        reason: &'static str,
+        reason: crate::metrics::ReleaseReason,
     ) {
         let (up, id) = (upstream.to_string(), task_id.to_string());
         self.off_runtime(move |r| r.record_released_now(&up, &id, reason))

@@ -9,6 +9,7 @@
 //! the last activity has passed; it then reports to the [`Registry`], which records the fact.
 
 use super::Registry;
+use crate::metrics::ReleaseReason;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -121,7 +122,7 @@ impl Releases {
 
     /// Starts waiting for the release of a task just recorded cancelled (`reason` is the label
     /// used when it is released: `quiet`, or `restart` for records found at start-up).
-    pub fn cancelled(self: &Arc<Self>, upstream: &str, task_id: &str, reason: &'static str) {
+    pub fn cancelled(self: &Arc<Self>, upstream: &str, task_id: &str, reason: ReleaseReason) {
         let key = (upstream.to_string(), task_id.to_string());
         {
             let mut tracks = self.tracks.lock();
@@ -139,7 +140,7 @@ impl Releases {
     /// Waits until the task has no holds and `quiet` has passed since its last activity: on
     /// the track's [`Notify`] while holds remain, then until the end of the quiet window
     /// (activity in between moves the end, and the waiter sleeps again).
-    async fn wait_for_release(self: Arc<Self>, key: Key, reason: &'static str) {
+    async fn wait_for_release(self: Arc<Self>, key: Key, reason: ReleaseReason) {
         enum Wait {
             Changed(Arc<Notify>),
             Sleep(Duration),

@@ -3,6 +3,7 @@
 
 use super::Registry;
 use crate::mcp::task::now_ms;
+use crate::metrics::ReleaseReason;
 
 impl Registry {
     /// Removes records whose ttl is over; returns how many were removed (blocking).
@@ -20,24 +21,15 @@ impl Registry {
             match self.store.remove(&up, &id) {
                 Ok(Some(r)) => {
                     removed += 1;
-                    self.metrics
-                        .tasks_expired_total
-                        .with_label_values(&[&up])
-                        .inc();
-                    self.metrics
-                        .tasks
-                        .with_label_values(&[&up, r.status.as_str()])
-                        .dec();
+                    self.metrics.task_expired(&up);
+                    self.metrics.tasks_dec(&up, r.status);
                     if !r.status.is_terminal() {
                         self.release_slot(&up, &r.owner);
                     }
                     if r.cancelled_at.is_some() && r.released_at.is_none() {
                         self.releases.forget(&up, &id);
                         self.metrics.tasks_cancelled_unreleased.dec();
-                        self.metrics
-                            .task_resources_released_total
-                            .with_label_values(&[&up, "expired"])
-                            .inc();
+                        self.metrics.task_released(&up, ReleaseReason::Expired);
                     }
                     tracing::debug!(upstream = %up, task_id = %id, "expired task record removed");
                 }

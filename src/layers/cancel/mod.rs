@@ -53,6 +53,7 @@ use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc::{self, Kind, Message};
 use crate::layers::extensions::AuthorisedTask;
 use crate::mcp::task::TaskStatus;
+use crate::metrics;
 use crate::registry::Registry;
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -172,10 +173,8 @@ where
                     state
                         .registry
                         .metrics()
-                        .cancelled_notifications_dropped_total
-                        .with_label_values(&[&req.ctx.upstream, reason])
-                        .inc();
-                    tracing::info!(reason, "notifications/cancelled dropped");
+                        .cancelled_notification_dropped(&req.ctx.upstream, reason);
+                    tracing::info!(reason = reason.as_str(), "notifications/cancelled dropped");
                     return Box::pin(async { Ok(McpReply::accepted()) });
                 }
                 Box::pin(inner.call(req))
@@ -229,12 +228,7 @@ where
     let metrics = state.registry.metrics().clone();
     let upstream = req.ctx.upstream.clone();
     let id = req.id().cloned();
-    let count = |outcome: &str| {
-        metrics
-            .cancel_requests_total
-            .with_label_values(&[&upstream, outcome])
-            .inc()
-    };
+    let count = |outcome: metrics::CancelOutcome| metrics.cancel_request(&upstream, outcome);
     let (Some(id), Some(record)) = (
         id,
         req.extensions
@@ -242,7 +236,7 @@ where
             .map(|a| a.record.clone()),
     ) else {
         // Only without the `tasks` layer above: nothing was authorised.
-        count("rejected_unknown");
+        count(metrics::CancelOutcome::RejectedUnknown);
         return Ok(McpReply::local_error(
             req.id(),
             jsonrpc::INVALID_PARAMS,
@@ -259,7 +253,7 @@ where
             // `settled` before it leaves the table, so this sees it.
             if let Some(status) = state.known_terminal(&record) {
                 drop(flights);
-                count("rejected_terminal");
+                count(metrics::CancelOutcome::RejectedTerminal);
                 return Ok(McpReply::local_error(
                     Some(&id),
                     jsonrpc::INVALID_PARAMS,
@@ -278,9 +272,9 @@ where
     let outcome = flight.await;
     let upstream_failed = !matches!(outcome, CancelOutcome::Result(_));
     count(match (first, upstream_failed) {
-        (true, false) => "forwarded",
-        (true, true) => "upstream_error",
-        (false, _) => "deduplicated",
+        (true, false) => metrics::CancelOutcome::Forwarded,
+        (true, true) => metrics::CancelOutcome::UpstreamError,
+        (false, _) => metrics::CancelOutcome::Deduplicated,
     });
     reply_of(outcome, &id, first, &upstream)
 }

@@ -5,6 +5,7 @@ use super::CancelState;
 use crate::exchange::{Caller, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{Id, Kind};
 use crate::layers::extensions::PendingCreation;
+use crate::metrics::DropReason;
 use http::HeaderValue;
 use serde::Deserialize;
 use serde_json::Value;
@@ -101,7 +102,7 @@ impl CancelState {
 
     /// Decides what to do with a client's `notifications/cancelled`; returns the drop reason, or
     /// `None` to forward it (possibly re-routed to another upstream session).
-    pub(super) fn route_cancelled(&self, req: &mut McpRequest) -> Option<&'static str> {
+    pub(super) fn route_cancelled(&self, req: &mut McpRequest) -> Option<DropReason> {
         let Operation::Post(msg) = &req.op else {
             return None;
         };
@@ -126,14 +127,14 @@ impl CancelState {
         let caller = req.ctx.caller();
         let mut notes = self.notes.lock();
         if notes.initialize.get(&caller) == Some(&request_id) {
-            return Some("initialize");
+            return Some(DropReason::Initialize);
         }
         let key = (caller, request_id);
         if notes.creations.get(&key).is_some_and(|c| c.get().is_some()) {
-            return Some("task");
+            return Some(DropReason::Task);
         }
         if key.0.is_identified() && notes.forwarded.contains(&key) {
-            return Some("duplicate");
+            return Some(DropReason::Duplicate);
         }
         if notes.forwarded.len() >= 100_000 {
             notes.forwarded.clear();
