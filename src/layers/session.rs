@@ -18,7 +18,8 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 const MAX_SESSIONS: usize = 100_000;
@@ -83,17 +84,25 @@ impl SessionInfo {
     }
 }
 
-type Key = (Arc<str>, Option<HeaderValue>);
+type Key = (Arc<str>, Option<SessionKey>);
 
-/// The key of a caller's session: its `Mcp-Session-Id`; without one (an upstream without
-/// sessions), its bearer principal; without either, `None`, under which only the upstream's
-/// facts (capabilities, tools) are kept, never a client's.
-pub fn session_key(ctx: &crate::exchange::RequestContext) -> Option<HeaderValue> {
+/// The key of a caller's entry in the session table: its `Mcp-Session-Id`; without one (an
+/// upstream without sessions), its bearer principal. Typed, so a client that sends
+/// `Mcp-Session-Id: principal:alice` names a session, never alice's entry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SessionKey {
+    /// The client's `Mcp-Session-Id`.
+    Session(HeaderValue),
+    /// A bearer principal calling an upstream that issues no sessions.
+    Principal(Arc<str>),
+}
+
+/// The session-table key of a caller (see [`SessionKey`]); without a session or a principal,
+/// `None`, under which only the upstream's facts (capabilities, tools) are kept, never a client's.
+pub fn session_key(ctx: &crate::exchange::RequestContext) -> Option<SessionKey> {
     match (&ctx.client_session_id, &ctx.principal) {
-        (Some(s), _) => Some(s.clone()),
-        (None, crate::exchange::Principal::Token(p)) => {
-            HeaderValue::from_str(&format!("principal:{p}")).ok()
-        }
+        (Some(s), _) => Some(SessionKey::Session(s.clone())),
+        (None, crate::exchange::Principal::Token(p)) => Some(SessionKey::Principal(p.clone())),
         (None, crate::exchange::Principal::Anonymous) => None,
     }
 }
@@ -115,11 +124,10 @@ impl Sessions {
     pub fn upstream_tasks_tools_call(
         &self,
         upstream: &Arc<str>,
-        session: Option<&HeaderValue>,
+        session: Option<&SessionKey>,
     ) -> bool {
         self.table
             .lock()
-            .expect("sessions lock")
             .get(&(upstream.clone(), session.cloned()))
             .is_some_and(SessionInfo::upstream_tasks_tools_call)
     }
@@ -128,21 +136,19 @@ impl Sessions {
     pub fn tool_support(
         &self,
         upstream: &Arc<str>,
-        session: Option<&HeaderValue>,
+        session: Option<&SessionKey>,
         tool: &str,
     ) -> Option<TaskSupport> {
         self.table
             .lock()
-            .expect("sessions lock")
             .get(&(upstream.clone(), session.cloned()))
             .and_then(|s| s.tools.get(tool).copied())
     }
 
     /// A copy of what is known of a session.
-    pub fn get(&self, upstream: &Arc<str>, session: Option<&HeaderValue>) -> Option<SessionInfo> {
+    pub fn get(&self, upstream: &Arc<str>, session: Option<&SessionKey>) -> Option<SessionInfo> {
         self.table
             .lock()
-            .expect("sessions lock")
             .get(&(upstream.clone(), session.cloned()))
             .cloned()
     }
@@ -150,10 +156,10 @@ impl Sessions {
     fn with<R>(
         &self,
         upstream: &Arc<str>,
-        session: Option<&HeaderValue>,
+        session: Option<&SessionKey>,
         f: impl FnOnce(&mut SessionInfo) -> R,
     ) -> R {
-        let mut table = self.table.lock().expect("sessions lock");
+        let mut table = self.table.lock();
         if table.len() >= MAX_SESSIONS {
             let mut seqs: Vec<u64> = table.values().map(|s| s.seq).collect();
             seqs.sort_unstable();
@@ -171,7 +177,7 @@ impl Sessions {
     }
 
     /// Records the tools of one `tools/list` result page.
-    pub fn record_tools(&self, upstream: &Arc<str>, session: Option<&HeaderValue>, result: &Value) {
+    pub fn record_tools(&self, upstream: &Arc<str>, session: Option<&SessionKey>, result: &Value) {
         let Some(tools) = result.get("tools").and_then(Value::as_array) else {
             return;
         };
@@ -184,21 +190,20 @@ impl Sessions {
         });
     }
 
-    fn forget(&self, upstream: &Arc<str>, session: Option<&HeaderValue>) {
+    fn forget(&self, upstream: &Arc<str>, session: Option<&SessionKey>) {
         self.table
             .lock()
-            .expect("sessions lock")
             .remove(&(upstream.clone(), session.cloned()));
     }
 
-    fn tools_changed(&self, upstream: &Arc<str>, session: Option<&HeaderValue>) {
+    fn tools_changed(&self, upstream: &Arc<str>, session: Option<&SessionKey>) {
         self.with(upstream, session, |s| s.tools.clear());
     }
 
     fn on_upstream_message(
         &self,
         upstream: &Arc<str>,
-        session: Option<&HeaderValue>,
+        session: Option<&SessionKey>,
         bytes: &[u8],
     ) {
         if needles::found(&needles::TOOLS_LIST_CHANGED, bytes) {
@@ -290,7 +295,12 @@ where
         };
         Box::pin(async move {
             let mut reply = inner.call(req).await?;
-            let reply_session = reply.headers.get("mcp-session-id").cloned().or(session);
+            let reply_session = reply
+                .headers
+                .get("mcp-session-id")
+                .cloned()
+                .map(SessionKey::Session)
+                .or(session);
             // Without a session or a principal every client shares one entry: keep the
             // upstream's facts there, never one client's capabilities.
             let keep_client_caps = has_identity || reply.headers.contains_key("mcp-session-id");

@@ -370,6 +370,33 @@ impl Registry {
         self.apply_status(upstream, task_id, status, message, updated_at, poll, source)
     }
 
+    /// Whether applying the status report `task` (a `Task` object) to `record` would change it:
+    /// `false` only for a live record whose status, and every field the report carries
+    /// (`statusMessage`, `lastUpdatedAt`, `pollInterval`), already hold those values. Pure: no
+    /// store access.
+    pub fn would_change(record: &TaskRecord, task: &Value) -> bool {
+        let Some(status) = task
+            .get("status")
+            .and_then(Value::as_str)
+            .and_then(TaskStatus::parse)
+        else {
+            return true;
+        };
+        if record.status.is_terminal() || status != record.status {
+            return true;
+        }
+        let differs = |key: &str, held: Option<&str>| match task.get(key) {
+            None | Some(Value::Null) => false,
+            Some(v) => v.as_str() != held,
+        };
+        differs("statusMessage", record.status_message.as_deref())
+            || differs("lastUpdatedAt", Some(record.last_updated_at.as_str()))
+            || match task.get("pollInterval") {
+                None | Some(Value::Null) => false,
+                Some(v) => v.as_u64() != record.poll_interval_ms,
+            }
+    }
+
     /// Records that the task reached `status` (see [`Registry::observe_task`]).
     #[allow(clippy::too_many_arguments)]
     fn apply_status(

@@ -21,7 +21,8 @@ use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use tokio::sync::oneshot;
 
@@ -148,9 +149,9 @@ impl SledStore {
     /// Flushes everything, stops the committer thread and waits for it. Later writes still
     /// apply but are only made durable by sled's own background flush or on drop.
     pub fn close(&self) {
-        let sender = self.syncer.lock().expect("syncer lock").take();
+        let sender = self.syncer.lock().take();
         drop(sender);
-        if let Some(handle) = self.committer.lock().expect("committer lock").take() {
+        if let Some(handle) = self.committer.lock().take() {
             let _ = handle.join();
         }
         let _ = self.db.flush();
@@ -167,7 +168,7 @@ impl SledStore {
     }
 
     fn request_sync(&self, reply: Option<SyncReply>) -> bool {
-        let guard = self.syncer.lock().expect("syncer lock");
+        let guard = self.syncer.lock();
         match guard.as_ref() {
             Some(tx) => tx.send(reply).is_ok(),
             None => false,

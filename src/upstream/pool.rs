@@ -36,7 +36,8 @@ use hyper_util::rt::TokioIo;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
@@ -199,7 +200,7 @@ impl Pool {
     }
 
     fn checkout(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock().expect("pool lock");
+        let mut idle = self.idle.lock();
         let expired = self.expire(&mut idle);
         let mut found = None;
         while let Some((mut conn, _)) = idle.pop() {
@@ -219,7 +220,7 @@ impl Pool {
         if conn.closed || conn.sender.is_closed() {
             return;
         }
-        let mut idle = self.idle.lock().expect("pool lock");
+        let mut idle = self.idle.lock();
         let expired = self.expire(&mut idle);
         let rejected = if idle.len() < self.limits.max_idle {
             idle.push((conn, Instant::now()));
@@ -462,7 +463,7 @@ pub(crate) mod tests {
     }
 
     fn idle_len(pool: &Pool) -> usize {
-        pool.idle.lock().unwrap().len()
+        pool.idle.lock().len()
     }
 
     #[tokio::test]
