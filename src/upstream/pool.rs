@@ -17,8 +17,13 @@
 //! `max_idle` kept idle, and an idle connection older than `idle_timeout` is dropped, on checkout
 //! and on checkin, rather than kept in the idle list.
 //!
-//! The pool is the default HTTP/1 client; `hyper_util`'s pooled client is the other one, behind
-//! the switch in [`super::client`], kept until a benchmark A/B decides between them.
+//! Measured reason it stays (`benches/run.sh`, both clients in the same runs, 3 interleaved runs
+//! per case, medians, 2 runs on 2026-12-01; `benches/RESULTS.md`): an SSE answer of 100 events
+//! costs the pool 385-414 µs of CPU per stream and `hyper_util`'s client 1,768-1,798 µs at c=1
+//! (1,108-1,134 against 359-392 at c=16; streams/s 0.31-0.42× of the pool's), the cost of the
+//! per-event task hand-over above; small JSON calls at c=64 are 0.77-0.88× of the pool's
+//! throughput with hyper_util; at c=1 and c=16 the two overlap (hyper_util 13-23 % less CPU at
+//! c=1). `hyper_util`'s client stays behind the switch in [`super::client`] for the next A/B.
 //!
 //! Every connection has TCP keepalive on ([`KEEPALIVE_TIME`], [`KEEPALIVE_INTERVAL`]):
 //! `tasks/result` and GET streams have no timeout by design, so without it a half-open socket
