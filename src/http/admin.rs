@@ -11,11 +11,13 @@ use super::server::{Body, Handler};
 use super::streamable::json_response;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::Metrics;
-use crate::store::{TaskRecord, TaskStore};
+use crate::store::{Owner, TaskRecord, TaskStore};
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -241,23 +243,78 @@ impl Default for TaskFilter {
 }
 
 impl TaskFilter {
-    /// The matching records, newest first.
+    /// The matching records, newest first (by `recorded_at`), at most `limit`.
+    ///
+    /// With both `owner` and `upstream` it pages the owner index (`by_owner`, already newest
+    /// first) and reads only the records it returns. Otherwise it is one pass over the store that
+    /// keeps the newest `limit` matches in a bounded heap (memory `limit` records, not the store).
+    /// Errors: the store's, as text.
     pub fn collect(&self, store: &dyn TaskStore) -> Result<Vec<TaskRecord>, String> {
-        let mut out = Vec::new();
+        if let (Some(owner), Some(upstream)) =
+            (self.owner.as_deref().and_then(Owner::parse), &self.upstream)
+        {
+            let mut out = Vec::new();
+            let mut cursor = None;
+            loop {
+                let (page, next) = store
+                    .list_owner(upstream, &owner, cursor.as_ref(), 256)
+                    .map_err(|e| e.to_string())?;
+                out.extend(
+                    page.into_iter()
+                        .filter(|r| self.status.is_none_or(|s| s == r.status)),
+                );
+                if out.len() >= self.limit || next.is_none() {
+                    break;
+                }
+                cursor = next;
+            }
+            out.truncate(self.limit);
+            return Ok(out);
+        }
+        // Newest `limit` matches: a min-heap on recorded_at, the oldest kept one on top.
+        let mut newest: BinaryHeap<Reverse<ByRecordedAt>> = BinaryHeap::new();
         store
             .scan(&mut |r| {
                 let keep = self.owner.as_ref().is_none_or(|o| r.owner == o.as_str())
                     && self.upstream.as_ref().is_none_or(|u| *u == r.upstream)
                     && self.status.is_none_or(|s| s == r.status);
-                if keep {
-                    out.push(r);
+                if keep && self.limit > 0 {
+                    if newest.len() < self.limit {
+                        newest.push(Reverse(ByRecordedAt(r)));
+                    } else if newest
+                        .peek()
+                        .is_some_and(|Reverse(o)| o.0.recorded_at < r.recorded_at)
+                    {
+                        newest.pop();
+                        newest.push(Reverse(ByRecordedAt(r)));
+                    }
                 }
                 true
             })
             .map_err(|e| e.to_string())?;
+        let mut out: Vec<TaskRecord> = newest.into_iter().map(|Reverse(r)| r.0).collect();
         out.sort_by(|a, b| b.recorded_at.cmp(&a.recorded_at));
-        out.truncate(self.limit);
         Ok(out)
+    }
+}
+
+/// A record ordered by `recorded_at` only (for the bounded heap of [`TaskFilter::collect`]).
+struct ByRecordedAt(TaskRecord);
+
+impl PartialEq for ByRecordedAt {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.recorded_at == other.0.recorded_at
+    }
+}
+impl Eq for ByRecordedAt {}
+impl PartialOrd for ByRecordedAt {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for ByRecordedAt {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.recorded_at.cmp(&other.0.recorded_at)
     }
 }
 
@@ -280,4 +337,64 @@ fn percent_decode(s: &str) -> String {
     percent_encoding::percent_decode_str(s)
         .decode_utf8_lossy()
         .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::testing::record;
+    use crate::store::SledStore;
+
+    /// Records t0..t9 (t9 newest); odd ones owned by another session, t8 completed.
+    async fn store() -> (Arc<SledStore>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+        for i in 0..10u64 {
+            let mut r = record(&format!("t{i}"));
+            r.recorded_at = 1_000 + i;
+            if i % 2 == 1 {
+                r.owner = Owner::Session("other".into());
+            }
+            if i == 8 {
+                r.status = TaskStatus::Completed;
+            }
+            store.create(r).await.unwrap();
+        }
+        (store, dir)
+    }
+
+    fn ids(v: Vec<TaskRecord>) -> Vec<String> {
+        v.into_iter().map(|r| r.task_id).collect()
+    }
+
+    #[tokio::test]
+    async fn owner_and_upstream_page_the_owner_index_newest_first() {
+        let (store, _dir) = store().await;
+        let mut f = TaskFilter {
+            owner: Some("session:s1".into()),
+            upstream: Some("up".into()),
+            limit: 3,
+            ..Default::default()
+        };
+        assert_eq!(ids(f.collect(&*store).unwrap()), ["t8", "t6", "t4"]);
+        f.status = Some(TaskStatus::Working);
+        f.limit = 10;
+        assert_eq!(ids(f.collect(&*store).unwrap()), ["t6", "t4", "t2", "t0"]);
+    }
+
+    #[tokio::test]
+    async fn a_scan_keeps_only_the_newest_limit_matches_in_order() {
+        let (store, _dir) = store().await;
+        let f = TaskFilter {
+            limit: 4,
+            ..Default::default()
+        };
+        assert_eq!(ids(f.collect(&*store).unwrap()), ["t9", "t8", "t7", "t6"]);
+        let f = TaskFilter {
+            owner: Some("session:other".into()),
+            limit: 2,
+            ..Default::default()
+        };
+        assert_eq!(ids(f.collect(&*store).unwrap()), ["t9", "t7"]);
+    }
 }
