@@ -7,8 +7,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
 use common::*;
+use serde_json::{json, Value};
 
 /// Every test ends within this, whatever the gateway does.
 const BOUND: Duration = Duration::from_secs(6);

@@ -25,10 +25,10 @@ use crate::auth::Authenticator;
 use crate::exchange::{
     GatewayError, McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext,
 };
+use crate::headers::{strip_hop_by_hop, MCP_SESSION_ID};
 use crate::jsonrpc::{self, EnvelopeError, Id, Message};
 use crate::metrics::{McpMethod, Metrics, RejectReason, RequestOutcome, SseKind};
 use crate::sse::KeepAlive;
-use crate::headers::{strip_hop_by_hop, MCP_SESSION_ID};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderValue};

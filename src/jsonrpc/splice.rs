@@ -24,7 +24,10 @@ use std::ops::Range;
 ///
 /// `Ok(None)` when a key is missing or a value on the way is not an object. Errors: `json` is not
 /// valid JSON (or nests deeper than serde_json's 128 levels).
-pub fn raw_at<'a>(json: &'a [u8], path: &[&str]) -> Result<Option<&'a RawValue>, serde_json::Error> {
+pub fn raw_at<'a>(
+    json: &'a [u8],
+    path: &[&str],
+) -> Result<Option<&'a RawValue>, serde_json::Error> {
     let mut current: &'a RawValue = serde_json::from_slice(json)?;
     for key in path {
         match member(current, key)? {
@@ -46,7 +49,11 @@ pub fn span_of(outer: &[u8], inner: &RawValue) -> Option<Range<usize>> {
 /// `json` with the value at `path` replaced by `replacement` (JSON text, inserted as it is).
 ///
 /// `Ok(None)` when there is no value at `path`. Errors: `json` is not valid JSON.
-pub fn replace(json: &[u8], path: &[&str], replacement: &str) -> Result<Option<Bytes>, serde_json::Error> {
+pub fn replace(
+    json: &[u8],
+    path: &[&str],
+    replacement: &str,
+) -> Result<Option<Bytes>, serde_json::Error> {
     let Some(value) = raw_at(json, path)? else {
         return Ok(None);
     };
@@ -199,7 +206,9 @@ mod tests {
     #[test]
     fn replace_keeps_key_order_whitespace_and_big_numbers() {
         let msg = br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t","arguments":{"z":1,"a":123456789012345678901234567890,"f":1.10},"task":{ "ttl" : 99999999999 }}}"#;
-        let out = replace(msg, &["params", "task", "ttl"], "60000").unwrap().unwrap();
+        let out = replace(msg, &["params", "task", "ttl"], "60000")
+            .unwrap()
+            .unwrap();
         assert_eq!(
             s(out),
             r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t","arguments":{"z":1,"a":123456789012345678901234567890,"f":1.10},"task":{ "ttl" : 60000 }}}"#
@@ -209,13 +218,17 @@ mod tests {
     #[test]
     fn escaped_keys_are_found_and_the_last_duplicate_counts() {
         let msg = br#"{"params":{"t\u0061sk":{"ttl":1,"ttl":2}}}"#;
-        let out = replace(msg, &["params", "task", "ttl"], "3").unwrap().unwrap();
+        let out = replace(msg, &["params", "task", "ttl"], "3")
+            .unwrap()
+            .unwrap();
         assert_eq!(s(out), r#"{"params":{"t\u0061sk":{"ttl":1,"ttl":3}}}"#);
     }
 
     #[test]
     fn missing_paths_and_non_objects_are_none_and_invalid_json_is_an_error() {
-        assert!(replace(br#"{"a":[1]}"#, &["a", "b"], "1").unwrap().is_none());
+        assert!(replace(br#"{"a":[1]}"#, &["a", "b"], "1")
+            .unwrap()
+            .is_none());
         assert!(replace(br#"{"a":1}"#, &["b"], "1").unwrap().is_none());
         assert!(replace(br#"[1,2]"#, &["a"], "1").unwrap().is_none());
         assert!(replace(br#"{"a":"#, &["a"], "1").is_err());

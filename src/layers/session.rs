@@ -14,11 +14,11 @@ use crate::jsonrpc::contains as memmem;
 use crate::jsonrpc::needles;
 use crate::jsonrpc::Id;
 use http::HeaderValue;
+use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use parking_lot::Mutex;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -200,12 +200,7 @@ impl Sessions {
         self.with(upstream, session, |s| s.tools.clear());
     }
 
-    fn on_upstream_message(
-        &self,
-        upstream: &Arc<str>,
-        session: Option<&SessionKey>,
-        bytes: &[u8],
-    ) {
+    fn on_upstream_message(&self, upstream: &Arc<str>, session: Option<&SessionKey>, bytes: &[u8]) {
         if needles::found(&needles::TOOLS_LIST_CHANGED, bytes) {
             if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
                 if v.get("method").and_then(Value::as_str)

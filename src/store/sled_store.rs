@@ -17,11 +17,11 @@
 use super::{AuditEvent, ListCursor, Owner, StoreError, TaskRecord, TaskStore};
 use crate::metrics::Metrics;
 use futures_util::future::BoxFuture;
+use parking_lot::Mutex;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use parking_lot::Mutex;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use tokio::sync::oneshot;

@@ -43,7 +43,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-
 /// A Streamable HTTP MCP server; a `tower::Service<McpRequest>`. Cloning shares the pool.
 #[derive(Clone)]
 pub struct HttpUpstream {
@@ -337,4 +336,3 @@ impl Inner {
         }
     }
 }
-
