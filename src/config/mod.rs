@@ -1,0 +1,250 @@
+//! TOML configuration: schema, defaults and validation.
+//!
+//! The key names are taskgate's public interface. Unknown keys are rejected with the key and the
+//! line named. `${VAR}` in an upstream's `headers` values expands from the environment at load time;
+//! a missing variable is an error. `config/REFERENCE.md` documents every key.
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+mod check;
+mod sections;
+
+use check::*;
+pub use sections::*;
+
+/// The embedded default configuration (`config/taskgate.toml`), used by `serve` without `--config`.
+pub const DEFAULT_TOML: &str = include_str!("../../config/taskgate.toml");
+
+/// Why a configuration could not be loaded. The message names the file, key and line where known.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The path given.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// TOML syntax error, unknown key or wrong type (the message carries line and column).
+    #[error("{0}")]
+    Toml(#[from] toml::de::Error),
+    /// A value that parses but is not acceptable (names the key).
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    /// A number outside its accepted range (`config/REFERENCE.md`): names the key (`section.key`,
+    /// or `upstream[i].key`) and, when it is written in the text, its line.
+    #[error("invalid configuration: `{key}` = {value}{}: must be {expected}", at_line(.line))]
+    OutOfRange {
+        /// `section.key`, or `upstream[i].key` for the i-th `[[upstream]]` (from 0).
+        key: String,
+        /// The value given.
+        value: u64,
+        /// The accepted range, in words.
+        expected: String,
+        /// 1-based line of the key in the TOML text, where found.
+        line: Option<usize>,
+    },
+}
+
+fn at_line(line: &Option<usize>) -> String {
+    line.map(|l| format!(" (line {l})")).unwrap_or_default()
+}
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[gateway]`: the MCP listener clients connect to.
+    pub gateway: GatewayConfig,
+    /// `[admin]`: health, readiness, metrics and the admin API.
+    #[serde(default)]
+    pub admin: AdminConfig,
+    /// `[store]`: where the task registry lives.
+    #[serde(default)]
+    pub store: StoreConfig,
+    /// `[auth]`: who a caller is (the spec's authorization context).
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// `[tasks]`: limits on task records.
+    #[serde(default)]
+    pub tasks: TasksConfig,
+    /// `[upgrade]`: turning plain `tools/call` into tasks.
+    #[serde(default)]
+    pub upgrade: UpgradeConfig,
+    /// `[[upstream]]`: the MCP servers behind taskgate; the first is the default route `/mcp`.
+    #[serde(default)]
+    pub upstream: Vec<UpstreamConfig>,
+}
+
+impl Config {
+    /// Parses and validates a configuration from TOML text.
+    ///
+    /// Errors: [`ConfigError::Toml`] (syntax, unknown key, wrong type; with line and column) or
+    /// [`ConfigError::Invalid`] (names the offending key).
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+        let mut config: Config = toml::from_str(text)?;
+        config.validate_and_expand().map_err(|e| match e {
+            ConfigError::OutOfRange {
+                key,
+                value,
+                expected,
+                line: None,
+            } => ConfigError::OutOfRange {
+                line: line_of(text, &key),
+                key,
+                value,
+                expected,
+            },
+            other => other,
+        })?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates the file at `path`.
+    pub fn from_file(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Config::from_toml_str(&text).map_err(|e| match e {
+            ConfigError::Toml(t) => ConfigError::Invalid(format!("{}: {t}", path.display())),
+            other => other,
+        })
+    }
+
+    /// The embedded default configuration.
+    pub fn embedded_default() -> Config {
+        Config::from_toml_str(DEFAULT_TOML).expect("the embedded default config is valid")
+    }
+
+    fn validate_and_expand(&mut self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self.upstream.is_empty() {
+            return invalid("at least one [[upstream]] is required".into());
+        }
+        self.gateway.validate()?;
+        self.admin.validate()?;
+        self.store.validate()?;
+        self.tasks.validate()?;
+        self.upgrade.validate()?;
+        if self.auth.mode == AuthMode::Bearer {
+            if self.auth.token.is_empty() {
+                return invalid("auth.mode = \"bearer\" needs at least one [[auth.token]]".into());
+            }
+            for (i, t) in self.auth.token.iter().enumerate() {
+                match (&t.sha256, &t.token_env) {
+                    (Some(h), None) => {
+                        if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                            return invalid(format!(
+                                "auth.token[{i}].sha256 must be 64 hex digits (the SHA-256 of the token)"
+                            ));
+                        }
+                    }
+                    (None, Some(var)) => {
+                        if std::env::var(var).map(|v| v.is_empty()).unwrap_or(true) {
+                            return invalid(format!(
+                                "auth.token[{i}].token_env: environment variable {var} is not set or empty"
+                            ));
+                        }
+                    }
+                    _ => {
+                        return invalid(format!(
+                            "auth.token[{i}] needs exactly one of sha256 or token_env"
+                        ))
+                    }
+                }
+            }
+        } else if !self.auth.token.is_empty() {
+            return invalid("[[auth.token]] is set but auth.mode is \"none\"".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, up) in self.upstream.iter_mut().enumerate() {
+            if up.name.is_empty()
+                || !up
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            {
+                return invalid(format!(
+                    "upstream[{i}].name {:?} must be non-empty and use only letters, digits, '-', '_', '.'",
+                    up.name
+                ));
+            }
+            if !seen.insert(up.name.clone()) {
+                return invalid(format!("upstream name {:?} is used twice", up.name));
+            }
+            let uri: http::Uri = up.url.parse().map_err(|e| {
+                ConfigError::Invalid(format!("upstream {:?}: url {:?}: {e}", up.name, up.url))
+            })?;
+            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                return invalid(format!(
+                    "upstream {:?}: url {:?} must be http://host:port/path (https is not supported yet; terminate TLS in front of a sidecar)",
+                    up.name, up.url
+                ));
+            }
+            check_range(
+                &format!("upstream[{i}].timeout_ms"),
+                up.timeout_ms,
+                1,
+                HOUR_MS,
+            )?;
+            let key = format!("upstream[{i}].connect_timeout_ms");
+            check_range(&key, up.connect_timeout_ms, 1, 5 * 60_000)?;
+            let key = format!("upstream[{i}].max_message_bytes");
+            check_range(&key, up.max_message_bytes as u64, 1024, 1 << 30)?;
+            for (k, v) in up.headers.iter_mut() {
+                http::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "upstream {:?}: header name {k:?} is not a valid HTTP header name",
+                        up.name
+                    ))
+                })?;
+                *v = expand_env(v).map_err(|var| {
+                    ConfigError::Invalid(format!(
+                        "upstream {:?}: header {k:?} uses ${{{var}}}, but environment variable {var} is not set",
+                        up.name
+                    ))
+                })?;
+                http::HeaderValue::from_str(v).map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "upstream {:?}: header {k:?} has a value that is not a valid HTTP header value",
+                        up.name
+                    ))
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Expands `${VAR}` from the environment. `$$` is a literal `$`. Returns the missing variable's name.
+fn expand_env(text: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(pos) = rest.find('$') {
+        out.push_str(&rest[..pos]);
+        let after = &rest[pos + 1..];
+        if let Some(stripped) = after.strip_prefix('$') {
+            out.push('$');
+            rest = stripped;
+        } else if let Some(inner) = after.strip_prefix('{') {
+            let Some(end) = inner.find('}') else {
+                return Err(format!("unterminated ${{ in {text:?}"));
+            };
+            let name = &inner[..end];
+            let value = std::env::var(name).map_err(|_| name.to_string())?;
+            out.push_str(&value);
+            rest = &inner[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

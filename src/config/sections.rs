@@ -1,0 +1,391 @@
+//! One struct per TOML section (`[gateway]`, `[admin]`, `[store]`, `[auth]`, `[tasks]`,
+//! `[upgrade]`, `[[upstream]]`), with its defaults and its `validate()` (ranges in
+//! `config/REFERENCE.md`).
+
+use super::check::*;
+use super::ConfigError;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub(super) fn default_gateway_listen() -> SocketAddr {
+    "127.0.0.1:8080".parse().expect("literal address")
+}
+pub(super) fn default_admin_listen() -> SocketAddr {
+    "127.0.0.1:9090".parse().expect("literal address")
+}
+pub(super) fn default_max_body_bytes() -> usize {
+    4 * 1024 * 1024
+}
+pub(super) fn default_drain_timeout_ms() -> u64 {
+    10_000
+}
+pub(super) fn default_sse_keepalive_ms() -> u64 {
+    15_000
+}
+pub(super) fn default_max_connections() -> usize {
+    10_000
+}
+pub(super) fn default_request_timeout_ms() -> u64 {
+    30_000
+}
+
+/// `[gateway]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Address the MCP endpoint listens on (default `127.0.0.1:8080`; port 0 picks a free port).
+    #[serde(default = "default_gateway_listen")]
+    pub listen: SocketAddr,
+    /// Extra `Host` header values accepted (the listen address, `localhost` and `127.0.0.1`, with or
+    /// without the port, are always accepted). `"*"` accepts any Host.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Extra `Origin` values accepted (`http://localhost[:port]` and `http://127.0.0.1[:port]` always are).
+    /// Requests without `Origin` (non-browser clients) are accepted. `"*"` accepts any Origin.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Largest POST body accepted, in bytes (default 4 MiB); larger bodies get HTTP 413.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// On SIGTERM/SIGINT, how long in-flight requests and streams may take to finish, in ms.
+    #[serde(default = "default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+    /// Interval of SSE keep-alive comments on idle streams, in ms (default 15000).
+    #[serde(default = "default_sse_keepalive_ms")]
+    pub sse_keepalive_ms: u64,
+    /// Open client connections at most; beyond it new connections wait to be accepted
+    /// (default 10000). The admin listener has its own budget.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers and its whole body, in ms (default 30000);
+    /// a slower body gets 408.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+impl GatewayConfig {
+    /// Checks every numeric key against its range in `config/REFERENCE.md`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_ranges(&[
+            (
+                "gateway.max_body_bytes",
+                self.max_body_bytes as u64,
+                1,
+                1 << 30,
+            ),
+            (
+                "gateway.drain_timeout_ms",
+                self.drain_timeout_ms,
+                1,
+                HOUR_MS,
+            ),
+            (
+                "gateway.sse_keepalive_ms",
+                self.sse_keepalive_ms,
+                1,
+                HOUR_MS,
+            ),
+            (
+                "gateway.max_connections",
+                self.max_connections as u64,
+                1,
+                1_000_000,
+            ),
+            (
+                "gateway.request_timeout_ms",
+                self.request_timeout_ms,
+                1,
+                HOUR_MS,
+            ),
+        ])
+    }
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: default_gateway_listen(),
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            max_body_bytes: default_max_body_bytes(),
+            drain_timeout_ms: default_drain_timeout_ms(),
+            sse_keepalive_ms: default_sse_keepalive_ms(),
+            max_connections: default_max_connections(),
+            request_timeout_ms: default_request_timeout_ms(),
+        }
+    }
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address of `/healthz`, `/readyz`, `/metrics` and `/admin/*` (default `127.0.0.1:9090`).
+    #[serde(default = "default_admin_listen")]
+    pub listen: SocketAddr,
+}
+
+impl AdminConfig {
+    /// `[admin]` has no numeric keys; `listen` is checked by parsing.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        Ok(())
+    }
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: default_admin_listen(),
+        }
+    }
+}
+
+pub(super) fn default_store_path() -> PathBuf {
+    PathBuf::from("data/taskgate")
+}
+pub(super) fn default_cache_capacity_bytes() -> u64 {
+    16 * 1024 * 1024
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Directory of the sled database (created if missing; default `data/taskgate`).
+    #[serde(default = "default_store_path")]
+    pub path: PathBuf,
+    /// sled page cache size in bytes (default 16 MiB; bounds the store's share of RSS).
+    #[serde(default = "default_cache_capacity_bytes")]
+    pub cache_capacity_bytes: u64,
+}
+
+impl StoreConfig {
+    /// Checks every numeric key against its range in `config/REFERENCE.md`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_range(
+            "store.cache_capacity_bytes",
+            self.cache_capacity_bytes,
+            1,
+            UNBOUNDED,
+        )
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            path: default_store_path(),
+            cache_capacity_bytes: default_cache_capacity_bytes(),
+        }
+    }
+}
+
+/// `[auth] mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// No authentication: a task's owner is the client's `Mcp-Session-Id`.
+    #[default]
+    None,
+    /// `Authorization: Bearer <token>` must match a configured token; the owner is its principal.
+    Bearer,
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `"none"` (default) or `"bearer"`.
+    #[serde(default)]
+    pub mode: AuthMode,
+    /// `[[auth.token]]`: accepted bearer tokens.
+    #[serde(default)]
+    pub token: Vec<TokenConfig>,
+}
+
+/// `[[auth.token]]`: one accepted bearer token and the principal it stands for.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// The principal name (the task owner) this token authenticates.
+    pub principal: String,
+    /// Lowercase hex SHA-256 of the token.
+    #[serde(default)]
+    pub sha256: Option<String>,
+    /// Name of an environment variable holding the token itself.
+    #[serde(default)]
+    pub token_env: Option<String>,
+}
+
+pub(super) fn default_max_ttl_ms() -> u64 {
+    24 * 60 * 60 * 1000
+}
+pub(super) fn default_max_live_tasks_per_owner() -> usize {
+    100
+}
+pub(super) fn default_sweep_interval_ms() -> u64 {
+    30_000
+}
+pub(super) fn default_list_page_size() -> usize {
+    50
+}
+pub(super) fn default_release_quiet_ms() -> u64 {
+    2_000
+}
+
+/// `[tasks]`: limits the spec asks receivers to set and document (2025-11-25 tasks: Security).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TasksConfig {
+    /// Cap on `params.task.ttl`, in ms: a larger requested ttl is lowered to this before it goes
+    /// upstream; a task without ttl, or with ttl `null`, is recorded as expiring after it (default 24 h).
+    #[serde(default = "default_max_ttl_ms")]
+    pub max_ttl_ms: u64,
+    /// Live (non-terminal) tasks one owner may have per upstream; over it creation is refused (default 100).
+    #[serde(default = "default_max_live_tasks_per_owner")]
+    pub max_live_tasks_per_owner: usize,
+    /// How often the sweeper removes expired records, in ms (default 30000).
+    #[serde(default = "default_sweep_interval_ms")]
+    pub sweep_interval_ms: u64,
+    /// Tasks per `tasks/list` page (default 50).
+    #[serde(default = "default_list_page_size")]
+    pub list_page_size: usize,
+    /// Quiet window after which a cancelled task's resources count as released, in ms (default 2000).
+    #[serde(default = "default_release_quiet_ms")]
+    pub release_quiet_ms: u64,
+}
+
+impl TasksConfig {
+    /// Checks every key against its range in `config/REFERENCE.md` (a zero window or interval
+    /// would make the sweeper or the release tracker spin).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let live = self.max_live_tasks_per_owner as u64;
+        check_ranges(&[
+            ("tasks.max_ttl_ms", self.max_ttl_ms, 1, 365 * 24 * HOUR_MS),
+            ("tasks.max_live_tasks_per_owner", live, 1, UNBOUNDED),
+            (
+                "tasks.sweep_interval_ms",
+                self.sweep_interval_ms,
+                1,
+                24 * HOUR_MS,
+            ),
+            ("tasks.list_page_size", self.list_page_size as u64, 1, 1000),
+            ("tasks.release_quiet_ms", self.release_quiet_ms, 1, HOUR_MS),
+        ])
+    }
+}
+
+impl Default for TasksConfig {
+    fn default() -> Self {
+        TasksConfig {
+            max_ttl_ms: default_max_ttl_ms(),
+            max_live_tasks_per_owner: default_max_live_tasks_per_owner(),
+            sweep_interval_ms: default_sweep_interval_ms(),
+            list_page_size: default_list_page_size(),
+            release_quiet_ms: default_release_quiet_ms(),
+        }
+    }
+}
+
+pub(super) fn default_upgrade_ttl_ms() -> u64 {
+    600_000
+}
+pub(super) fn default_disconnect_grace_ms() -> u64 {
+    5_000
+}
+
+/// `[upgrade] on_client_disconnect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OnDisconnect {
+    /// Cancel the upstream task (after `disconnect_grace_ms`).
+    #[default]
+    Cancel,
+    /// Let the task run to its end upstream; taskgate stops following it.
+    Keep,
+}
+
+/// `[upgrade]`: plain `tools/call` to a `taskSupport: "required"` tool becomes a task upstream.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpgradeConfig {
+    /// Turn plain `tools/call` to `required` tools into tasks (default false).
+    #[serde(default)]
+    pub enabled: bool,
+    /// `params.task.ttl` of upgraded calls, in ms (default 600000).
+    #[serde(default = "default_upgrade_ttl_ms")]
+    pub ttl_ms: u64,
+    /// What happens to the task when the client's stream goes away: `"cancel"` (default) or `"keep"`.
+    #[serde(default)]
+    pub on_client_disconnect: OnDisconnect,
+    /// With `"cancel"`: how long after the disconnect the task is cancelled, in ms (default 5000).
+    #[serde(default = "default_disconnect_grace_ms")]
+    pub disconnect_grace_ms: u64,
+}
+
+impl UpgradeConfig {
+    /// Checks every numeric key against its range in `config/REFERENCE.md`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        // A grace of 0 is meaningful: cancel as soon as the client is gone.
+        check_ranges(&[
+            ("upgrade.ttl_ms", self.ttl_ms, 1, 365 * 24 * HOUR_MS),
+            (
+                "upgrade.disconnect_grace_ms",
+                self.disconnect_grace_ms,
+                0,
+                HOUR_MS,
+            ),
+        ])
+    }
+}
+
+impl Default for UpgradeConfig {
+    fn default() -> Self {
+        UpgradeConfig {
+            enabled: false,
+            ttl_ms: default_upgrade_ttl_ms(),
+            on_client_disconnect: OnDisconnect::Cancel,
+            disconnect_grace_ms: default_disconnect_grace_ms(),
+        }
+    }
+}
+
+pub(super) fn default_timeout_ms() -> u64 {
+    30_000
+}
+pub(super) fn default_connect_timeout_ms() -> u64 {
+    5_000
+}
+pub(super) fn default_max_message_bytes() -> usize {
+    16 * 1024 * 1024
+}
+
+/// `[[upstream]]`: one MCP server reached over Streamable HTTP.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// Route name: requests to `/mcp/<name>` go here. Letters, digits, `-`, `_`, `.`.
+    pub name: String,
+    /// The upstream's MCP endpoint, `http://host:port/path`.
+    pub url: String,
+    /// Time to the upstream's response headers (and a JSON body), in ms (default 30000). Not applied
+    /// to `tasks/result`, to GET streams, or to an SSE response once it has started, except an SSE
+    /// answer to `tasks/cancel`, whose whole exchange it bounds (others share that single flight).
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// TCP connect timeout, in ms (default 5000).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Headers added to every request sent upstream; `${VAR}` expands from the environment.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Forward the client's `Authorization` header upstream (default false: it is taskgate's).
+    #[serde(default)]
+    pub forward_authorization: bool,
+    /// Largest upstream answer taskgate reads, in bytes (default 16 MiB, at least 1024): a whole
+    /// JSON body, or one SSE line or event. A larger one ends that exchange with a JSON-RPC error.
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+}

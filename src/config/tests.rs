@@ -1,0 +1,128 @@
+//! Loading and validating configurations.
+
+use super::*;
+
+const MINIMAL: &str = "[gateway]\nlisten = \"127.0.0.1:0\"\n[[upstream]]\nname = \"a\"\nurl = \"http://127.0.0.1:1/mcp\"\n";
+
+#[test]
+fn embedded_default_is_valid() {
+    let c = Config::embedded_default();
+    assert_eq!(c.upstream[0].name, "default");
+    assert_eq!(c.gateway.max_body_bytes, 4 * 1024 * 1024);
+}
+
+#[test]
+fn unknown_key_is_named_with_its_line() {
+    let text = format!("{MINIMAL}bogus = 1\n");
+    let err = Config::from_toml_str(&text).unwrap_err().to_string();
+    assert!(err.contains("bogus"), "{err}");
+    assert!(err.contains("line 6"), "{err}");
+}
+
+#[test]
+fn env_expansion_and_missing_variable() {
+    std::env::set_var("TASKGATE_TEST_TOKEN_X", "s3cret");
+    assert_eq!(
+        expand_env("Bearer ${TASKGATE_TEST_TOKEN_X}").unwrap(),
+        "Bearer s3cret"
+    );
+    assert_eq!(expand_env("a$$b").unwrap(), "a$b");
+    let text = format!("{MINIMAL}headers = {{ X-Key = \"${{TASKGATE_TEST_UNSET_Y}}\" }}\n");
+    let err = Config::from_toml_str(&text).unwrap_err().to_string();
+    assert!(err.contains("TASKGATE_TEST_UNSET_Y"), "{err}");
+}
+
+#[test]
+fn upgrade_section() {
+    let text = format!("{MINIMAL}[upgrade]\nenabled = true\non_client_disconnect = \"keep\"\n");
+    let c = Config::from_toml_str(&text).unwrap();
+    assert!(c.upgrade.enabled);
+    assert_eq!(c.upgrade.on_client_disconnect, OnDisconnect::Keep);
+    assert_eq!(c.upgrade.ttl_ms, 600_000);
+    let text = format!("{MINIMAL}[upgrade]\non_client_disconnect = \"maybe\"\n");
+    let err = Config::from_toml_str(&text).unwrap_err().to_string();
+    assert!(err.contains("maybe"), "{err}");
+}
+
+/// The field names serde expects in a section, read from its unknown-field error.
+fn fields_of(section_header: &str) -> Vec<String> {
+    let text = format!("{section_header}\nzz_not_a_key = 1\n");
+    let err = toml::from_str::<Config>(&text).unwrap_err().to_string();
+    let expected = err
+        .split("expected one of ")
+        .nth(1)
+        .or_else(|| err.split("expected ").nth(1))
+        .unwrap_or_else(|| panic!("no field list in: {err}"));
+    expected
+        .split('`')
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .map(|(_, f)| f.to_string())
+        .collect()
+}
+
+#[test]
+fn reference_lists_every_key() {
+    let reference = include_str!("../../config/REFERENCE.md");
+    let readme = include_str!("../../README.md");
+    let mut keys = Vec::new();
+    for section in fields_of("") {
+        let header = match section.as_str() {
+            "upstream" => "[[upstream]]".to_string(),
+            s => format!("[{s}]"),
+        };
+        for field in fields_of(&header) {
+            keys.push(format!("{section}.{field}"));
+        }
+    }
+    for field in fields_of("[[auth.token]]") {
+        keys.push(format!("auth.token.{field}"));
+    }
+    assert!(keys.len() > 20, "too few keys found: {keys:?}");
+    assert!(
+        readme.contains("config/REFERENCE.md"),
+        "README.md must link the reference"
+    );
+    for key in &keys {
+        assert!(
+            reference.contains(&format!("`{key}`")),
+            "config/REFERENCE.md does not document `{key}`"
+        );
+    }
+    // And the other way: every documented key exists.
+    for line in reference.lines().filter(|l| l.starts_with("| `")) {
+        let key = line.split('`').nth(1).unwrap();
+        assert!(
+            keys.iter().any(|k| k == key) || ["auth.token", "upstream"].contains(&key),
+            "config/REFERENCE.md documents `{key}`, which the config does not have"
+        );
+    }
+}
+
+#[test]
+fn out_of_range_value_names_its_key_and_line() {
+    let text = format!(
+        "{MINIMAL}[tasks]\nlist_page_size = 10\n[[upstream]]\nname = \"b\"\nurl = \"http://127.0.0.1:2/mcp\"\ntimeout_ms = 0\n"
+    );
+    let err = Config::from_toml_str(&text).unwrap_err().to_string();
+    assert!(
+        err.contains("`upstream[1].timeout_ms` = 0 (line 11)"),
+        "{err}"
+    );
+    let text = format!("{MINIMAL}[tasks]\nrelease_quiet_ms = 0 # spin\n");
+    let err = Config::from_toml_str(&text).unwrap_err().to_string();
+    assert!(
+        err.contains("`tasks.release_quiet_ms` = 0 (line 7)"),
+        "{err}"
+    );
+    // A key not written as `key = value` under its header is still named, without a line.
+    let text = format!("{MINIMAL}[tasks]\n\"list_page_size\" = 1001\n");
+    let err = Config::from_toml_str(&text).unwrap_err().to_string();
+    assert!(err.contains("`tasks.list_page_size` = 1001"), "{err}");
+}
+
+#[test]
+fn upstream_url_must_be_http() {
+    let text = MINIMAL.replace("http://127.0.0.1:1/mcp", "ftp://x/mcp");
+    assert!(Config::from_toml_str(&text).is_err());
+}

@@ -1,0 +1,241 @@
+//! Label enums: every label with a fixed set of values, with `as_str()` (the exposed value) and
+//! `ALL` (every value, used both to pre-create series and, by construction, to record them).
+
+pub use crate::mcp::task::TaskStatus;
+pub use crate::store::record::Origin;
+
+/// A label with a fixed set of values.
+pub trait Label: Copy + 'static {
+    /// Every value, in the order they are pre-created.
+    const ALL: &'static [Self];
+    /// The label value as exposed.
+    fn as_str(self) -> &'static str;
+}
+
+/// Defines a label enum: variants with their label values, `as_str()`, `ALL` and [`Label`].
+macro_rules! label_enum {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $var:ident = $val:literal,)+ }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vdoc])* #[doc = concat!("`", $val, "`")] $var,)+
+        }
+        impl $name {
+            /// Every value of this label.
+            pub const ALL: &'static [Self] = &[$(Self::$var,)+];
+            /// The label value.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$var => $val,)+
+                }
+            }
+        }
+        impl Label for $name {
+            const ALL: &'static [Self] = $name::ALL;
+            fn as_str(self) -> &'static str {
+                $name::as_str(self)
+            }
+        }
+    };
+}
+
+impl Label for TaskStatus {
+    const ALL: &'static [Self] = TaskStatus::ALL;
+    fn as_str(self) -> &'static str {
+        TaskStatus::as_str(self)
+    }
+}
+
+impl Label for Origin {
+    const ALL: &'static [Self] = Origin::ALL;
+    fn as_str(self) -> &'static str {
+        Origin::as_str(self)
+    }
+}
+
+label_enum! {
+    /// `method` of `taskgate_requests_total` and `taskgate_request_duration_seconds`: the MCP
+    /// method (anything unknown is `other`), or what a POST without a method or a GET/DELETE is.
+    McpMethod {
+        Initialize = "initialize",
+        Ping = "ping",
+        ToolsList = "tools/list",
+        ToolsCall = "tools/call",
+        ResourcesList = "resources/list",
+        ResourcesRead = "resources/read",
+        ResourcesTemplatesList = "resources/templates/list",
+        ResourcesSubscribe = "resources/subscribe",
+        ResourcesUnsubscribe = "resources/unsubscribe",
+        PromptsList = "prompts/list",
+        PromptsGet = "prompts/get",
+        CompletionComplete = "completion/complete",
+        LoggingSetLevel = "logging/setLevel",
+        TasksGet = "tasks/get",
+        TasksResult = "tasks/result",
+        TasksList = "tasks/list",
+        TasksCancel = "tasks/cancel",
+        NotificationsInitialized = "notifications/initialized",
+        NotificationsCancelled = "notifications/cancelled",
+        NotificationsProgress = "notifications/progress",
+        NotificationsRootsListChanged = "notifications/roots/list_changed",
+        NotificationsTasksStatus = "notifications/tasks/status",
+        /// Any other method.
+        Other = "other",
+        /// A POSTed JSON-RPC error response.
+        ErrorResponse = "(error)",
+        /// A POSTed JSON-RPC result response.
+        Response = "(response)",
+        /// A GET (open the server-to-client stream).
+        Get = "GET",
+        /// A DELETE (end the session).
+        Delete = "DELETE",
+    }
+}
+
+impl McpMethod {
+    /// The label of a JSON-RPC method name; `Other` when it is not a known MCP method.
+    pub fn of(method: &str) -> McpMethod {
+        // The values before `Other` in `ALL` are the MCP method names.
+        McpMethod::ALL
+            .iter()
+            .take_while(|m| **m != McpMethod::Other)
+            .find(|m| m.as_str() == method)
+            .copied()
+            .unwrap_or(McpMethod::Other)
+    }
+}
+
+label_enum! {
+    /// `outcome` of `taskgate_requests_total`.
+    RequestOutcome {
+        /// A 2xx reply, from the upstream or from taskgate itself.
+        Ok = "ok",
+        /// The upstream answered non-2xx.
+        UpstreamStatus = "upstream_status",
+        /// The upstream could not be reached.
+        Unreachable = "unreachable",
+        /// The upstream did not answer in time.
+        Timeout = "timeout",
+        /// The upstream's answer was not valid.
+        UpstreamInvalid = "upstream_invalid",
+        /// taskgate refused the request (shutting down).
+        Rejected = "rejected",
+    }
+}
+
+label_enum! {
+    /// `kind` of `taskgate_upstream_errors_total`.
+    UpstreamErrorKind {
+        Connect = "connect",
+        Timeout = "timeout",
+        Protocol = "protocol",
+    }
+}
+
+label_enum! {
+    /// `kind` of `taskgate_sse_streams_open`: the stream of a POST reply or a GET stream.
+    SseKind {
+        Post = "post",
+        Get = "get",
+    }
+}
+
+label_enum! {
+    /// `reason` of `taskgate_http_rejections_total`.
+    RejectReason {
+        Parse = "parse",
+        Batch = "batch",
+        Invalid = "invalid",
+        Accept = "accept",
+        ContentType = "content_type",
+        BodyTooLarge = "body_too_large",
+        BodyTimeout = "body_timeout",
+        Host = "host",
+        Origin = "origin",
+        Auth = "auth",
+        Route = "route",
+        Method = "method",
+    }
+}
+
+label_enum! {
+    /// `reason` of `taskgate_task_creation_refused_total`.
+    CreationRefusal {
+        OwnerLimit = "owner_limit",
+        Store = "store",
+    }
+}
+
+label_enum! {
+    /// `method` of `taskgate_task_lookups_rejected_total`.
+    TaskMethod {
+        Get = "tasks/get",
+        Result = "tasks/result",
+        Cancel = "tasks/cancel",
+    }
+}
+
+impl TaskMethod {
+    /// The label of `tasks/get|result|cancel`; `None` for any other method.
+    pub fn parse(method: &str) -> Option<TaskMethod> {
+        TaskMethod::ALL
+            .iter()
+            .find(|m| m.as_str() == method)
+            .copied()
+    }
+}
+
+label_enum! {
+    /// `outcome` of `taskgate_cancel_requests_total`.
+    CancelOutcome {
+        Forwarded = "forwarded",
+        Deduplicated = "deduplicated",
+        RejectedTerminal = "rejected_terminal",
+        RejectedUnknown = "rejected_unknown",
+        UpstreamError = "upstream_error",
+    }
+}
+
+label_enum! {
+    /// `reason` of `taskgate_task_resources_released_total`.
+    ReleaseReason {
+        /// The upstream went quiet about the task for `release_quiet_ms`.
+        Quiet = "quiet",
+        /// Released after a restart found the task cancelled but not released.
+        Restart = "restart",
+        /// The record expired before a release was seen.
+        Expired = "expired",
+    }
+}
+
+label_enum! {
+    /// `outcome` of `taskgate_upgraded_calls_total` (see `layers::upgrade`).
+    UpgradeOutcome {
+        Completed = "completed",
+        Failed = "failed",
+        Cancelled = "cancelled",
+        Orphaned = "orphaned",
+        UpstreamError = "upstream_error",
+        Disconnected = "disconnected",
+        RefusedCapability = "refused_capability",
+        NotATask = "not_a_task",
+        RelayOverflow = "relay_overflow",
+    }
+}
+
+label_enum! {
+    /// `reason` of `taskgate_cancelled_notifications_dropped_total`.
+    DropReason {
+        Initialize = "initialize",
+        Task = "task",
+        Duplicate = "duplicate",
+    }
+}
+
+label_enum! {
+    /// `kind` of `taskgate_upstream_oversize_total`: a whole JSON body, or one SSE line or event.
+    OversizeKind {
+        Json = "json",
+        SseEvent = "sse_event",
+    }
+}

@@ -1,0 +1,182 @@
+//! The metric contract: names, types and pre-created series.
+
+use super::*;
+
+/// The exposed metric names and types: the contract with `deploy/` (rules, dashboard,
+/// `deploy/testdata/metrics-contract-sample.txt`). Change it only together with them.
+const CONTRACT: &[(&str, &str)] = &[
+    ("taskgate_cancel_requests_total", "counter"),
+    ("taskgate_cancel_to_cancelled_seconds", "histogram"),
+    ("taskgate_cancelled_notifications_dropped_total", "counter"),
+    ("taskgate_cancelled_to_released_seconds", "histogram"),
+    ("taskgate_http_rejections_total", "counter"),
+    ("taskgate_request_duration_seconds", "histogram"),
+    ("taskgate_requests_total", "counter"),
+    ("taskgate_sse_streams_open", "gauge"),
+    ("taskgate_store_write_duration_seconds", "histogram"),
+    ("taskgate_store_write_failures_total", "counter"),
+    ("taskgate_task_activity_after_cancel_total", "counter"),
+    ("taskgate_task_creation_refused_total", "counter"),
+    ("taskgate_task_late_results_total", "counter"),
+    ("taskgate_task_lookups_rejected_total", "counter"),
+    ("taskgate_task_resources_released_total", "counter"),
+    ("taskgate_task_status_transitions_total", "counter"),
+    ("taskgate_task_terminal_rewrites_total", "counter"),
+    ("taskgate_tasks", "gauge"),
+    ("taskgate_tasks_cancelled_total", "counter"),
+    ("taskgate_tasks_cancelled_unreleased", "gauge"),
+    ("taskgate_tasks_created_total", "counter"),
+    ("taskgate_tasks_expired_total", "counter"),
+    ("taskgate_upgraded_calls_total", "counter"),
+    ("taskgate_upstream_errors_total", "counter"),
+    ("taskgate_upstream_oversize_total", "counter"),
+];
+
+fn scrape(upstreams: &[&str]) -> String {
+    let ups: Vec<String> = upstreams.iter().map(|u| u.to_string()).collect();
+    String::from_utf8(Metrics::new(&ups).encode()).expect("utf-8")
+}
+
+/// The value of the one sample `name{labels}` (labels in any order, all of them given).
+fn value(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let want: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    let mut found = text.lines().filter_map(|l| {
+        let (series, v) = l.rsplit_once(' ')?;
+        let rest = series.strip_prefix(name)?;
+        let inner = rest.strip_prefix('{')?.strip_suffix('}')?;
+        let mut have: Vec<&str> = inner.split(',').collect();
+        have.sort_unstable();
+        let mut want: Vec<&str> = want.iter().map(String::as_str).collect();
+        want.sort_unstable();
+        (have == want).then(|| v.parse().expect("a number"))
+    });
+    let first = found.next();
+    assert!(found.next().is_none(), "two samples {name}{labels:?}");
+    first
+}
+
+fn assert_zero(text: &str, name: &str, labels: &[(&str, &str)]) {
+    assert_eq!(
+        value(text, name, labels),
+        Some(0.0),
+        "{name}{labels:?} not pre-created"
+    );
+}
+
+/// `{upstream=up, label=v}` exists at 0 for every `v` of `L`.
+fn assert_all<L: Label>(text: &str, name: &str, label: &str, up: &str) {
+    for v in L::ALL {
+        assert_zero(text, name, &[("upstream", up), (label, v.as_str())]);
+    }
+}
+
+#[test]
+fn every_label_value_is_pre_created_at_start_up() {
+    let text = scrape(&["a", "b"]);
+    for r in RejectReason::ALL {
+        assert_zero(
+            &text,
+            "taskgate_http_rejections_total",
+            &[("reason", r.as_str())],
+        );
+    }
+    for up in ["a", "b"] {
+        for m in [McpMethod::ToolsCall] {
+            let (u, m) = (("upstream", up), ("method", m.as_str()));
+            assert_zero(&text, "taskgate_request_duration_seconds_count", &[u, m]);
+            for o in RequestOutcome::ALL {
+                assert_zero(
+                    &text,
+                    "taskgate_requests_total",
+                    &[u, m, ("outcome", o.as_str())],
+                );
+            }
+        }
+        for (from, to) in [
+            ("working", "input_required"),
+            ("working", "completed"),
+            ("working", "failed"),
+            ("working", "cancelled"),
+            ("input_required", "working"),
+            ("input_required", "completed"),
+            ("input_required", "failed"),
+            ("input_required", "cancelled"),
+        ] {
+            let labels = [("upstream", up), ("from", from), ("to", to)];
+            assert_zero(&text, "taskgate_task_status_transitions_total", &labels);
+        }
+        assert_all::<UpstreamErrorKind>(&text, "taskgate_upstream_errors_total", "kind", up);
+        assert_all::<SseKind>(&text, "taskgate_sse_streams_open", "kind", up);
+        assert_all::<TaskStatus>(&text, "taskgate_tasks", "status", up);
+        assert_all::<Origin>(&text, "taskgate_tasks_created_total", "origin", up);
+        let refused = "taskgate_task_creation_refused_total";
+        assert_all::<CreationRefusal>(&text, refused, "reason", up);
+        let lookups = "taskgate_task_lookups_rejected_total";
+        assert_all::<TaskMethod>(&text, lookups, "method", up);
+        assert_all::<CancelOutcome>(&text, "taskgate_cancel_requests_total", "outcome", up);
+        let released = "taskgate_task_resources_released_total";
+        assert_all::<ReleaseReason>(&text, released, "reason", up);
+        assert_all::<UpgradeOutcome>(&text, "taskgate_upgraded_calls_total", "outcome", up);
+        let dropped = "taskgate_cancelled_notifications_dropped_total";
+        assert_all::<DropReason>(&text, dropped, "reason", up);
+        assert_all::<OversizeKind>(&text, "taskgate_upstream_oversize_total", "kind", up);
+        for name in [
+            "taskgate_task_terminal_rewrites_total",
+            "taskgate_tasks_expired_total",
+            "taskgate_tasks_cancelled_total",
+            "taskgate_task_late_results_total",
+            "taskgate_task_activity_after_cancel_total",
+        ] {
+            assert_zero(&text, name, &[("upstream", up)]);
+        }
+    }
+}
+
+#[test]
+fn label_values_are_the_documented_ones() {
+    // The values dashboards, alert rules and tests/interop select on.
+    let values = |all: &[&'static str]| all.join(" ");
+    let s = |v: Vec<&'static str>| v.join(" ");
+    assert_eq!(
+        s(UpgradeOutcome::ALL.iter().map(|o| o.as_str()).collect()),
+        values(&[
+            "completed",
+            "failed",
+            "cancelled",
+            "orphaned",
+            "upstream_error",
+            "disconnected",
+            "refused_capability",
+            "not_a_task",
+            "relay_overflow",
+        ])
+    );
+    assert_eq!(
+        s(CancelOutcome::ALL.iter().map(|o| o.as_str()).collect()),
+        "forwarded deduplicated rejected_terminal rejected_unknown upstream_error"
+    );
+    assert_eq!(
+        s(RequestOutcome::ALL.iter().map(|o| o.as_str()).collect()),
+        "ok upstream_status unreachable timeout upstream_invalid rejected"
+    );
+    assert_eq!(McpMethod::of("tools/call"), McpMethod::ToolsCall);
+    assert_eq!(McpMethod::of("tasks/list"), McpMethod::TasksList);
+    assert_eq!(McpMethod::of("GET"), McpMethod::Other);
+    assert_eq!(McpMethod::of("(error)"), McpMethod::Other);
+    assert_eq!(McpMethod::of("x/y"), McpMethod::Other);
+    assert_eq!(TaskMethod::parse("tasks/result"), Some(TaskMethod::Result));
+    assert_eq!(TaskMethod::parse("tasks/list"), None);
+}
+
+#[test]
+fn rendered_names_match_the_contract() {
+    // With one upstream every family has a series, so every name is rendered.
+    let text = scrape(&["a"]);
+    let mut names: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, CONTRACT);
+}

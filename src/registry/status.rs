@@ -1,0 +1,437 @@
+//! The status machine: what the upstream reports about a task, applied to its record following
+//! the spec's transitions (2025-11-25 basic/utilities/tasks: a terminal status never changes),
+//! and [`Observed`], what a report did (a message contradicting a recorded terminal status is
+//! rewritten to show it).
+
+use super::Registry;
+use crate::jsonrpc::splice;
+use crate::mcp::task::{now_ms, TaskStatus};
+use crate::metrics::ReleaseReason;
+use crate::store::TaskRecord;
+use bytes::Bytes;
+use serde_json::Value;
+
+/// What a status report did to the record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observed {
+    /// The task is not in the registry.
+    Unknown,
+    /// The record now holds this status (possibly unchanged).
+    Recorded(TaskStatus),
+    /// The record is terminal with another status; the message must show `status`.
+    Rewrite {
+        /// The recorded terminal status.
+        status: TaskStatus,
+        /// The recorded `statusMessage`.
+        status_message: Option<String>,
+    },
+}
+
+impl Observed {
+    /// For [`Observed::Rewrite`]: sets `status` (and `statusMessage`) of a Task object to the
+    /// recorded ones. Returns whether anything was rewritten.
+    pub fn rewrite(&self, task: &mut Value) -> bool {
+        let Observed::Rewrite {
+            status,
+            status_message,
+        } = self
+        else {
+            return false;
+        };
+        let Some(task) = task.as_object_mut() else {
+            return false;
+        };
+        task.insert("status".into(), Value::String(status.as_str().to_string()));
+        match status_message {
+            Some(m) => task.insert("statusMessage".into(), Value::String(m.clone())),
+            None => task.remove("statusMessage"),
+        };
+        true
+    }
+
+    /// For [`Observed::Rewrite`]: `json` with the Task object at `path` showing the recorded
+    /// `status` and `statusMessage`, spliced into the original bytes (at most two splices: every
+    /// other byte stays as it arrived). Falls back to a full rewrite (keys sorted, big numbers
+    /// lossy) only when a splice is not possible (an escaped `statusMessage` key to remove, or no
+    /// `status` member). `None`: nothing to rewrite, or `json` cannot be read.
+    pub fn rewrite_bytes(&self, json: &[u8], path: &[&str]) -> Option<Bytes> {
+        let Observed::Rewrite {
+            status,
+            status_message,
+        } = self
+        else {
+            return None;
+        };
+        let task = splice::raw_at(json, path).ok()??;
+        if !task.get().starts_with('{') {
+            return None;
+        }
+        self.splice_rewrite(json, path, *status, status_message.as_deref())
+            .or_else(|| self.full_rewrite(json, path))
+    }
+
+    fn splice_rewrite(
+        &self,
+        json: &[u8],
+        path: &[&str],
+        status: TaskStatus,
+        status_message: Option<&str>,
+    ) -> Option<Bytes> {
+        let at = |key: &'static str| path.iter().copied().chain([key]).collect::<Vec<_>>();
+        let (status_path, message_path) = (at("status"), at("statusMessage"));
+        let status_text = serde_json::to_string(status.as_str()).ok()?;
+        let has_message = splice::raw_at(json, &message_path).ok()?.is_some();
+        match (status_message, has_message) {
+            (Some(m), true) => {
+                let with_status = splice::replace(json, &status_path, &status_text).ok()??;
+                let m = serde_json::to_string(m).ok()?;
+                splice::replace(&with_status, &message_path, &m).ok()?
+            }
+            // No `statusMessage` yet: it goes right after `status`, in the same splice.
+            (Some(m), false) => {
+                let m = serde_json::to_string(m).ok()?;
+                let text = format!("{status_text},\"statusMessage\":{m}");
+                splice::replace(json, &status_path, &text).ok()?
+            }
+            (None, true) => {
+                let with_status = splice::replace(json, &status_path, &status_text).ok()??;
+                splice::remove(&with_status, &message_path).ok()?
+            }
+            (None, false) => splice::replace(json, &status_path, &status_text).ok()?,
+        }
+    }
+
+    fn full_rewrite(&self, json: &[u8], path: &[&str]) -> Option<Bytes> {
+        let mut value = serde_json::from_slice::<Value>(json).ok()?;
+        let pointer: String = path
+            .iter()
+            .map(|k| format!("/{}", k.replace('~', "~0").replace('/', "~1")))
+            .collect();
+        if !self.rewrite(value.pointer_mut(&pointer)?) {
+            return None;
+        }
+        serde_json::to_vec(&value).ok().map(Bytes::from)
+    }
+}
+
+impl Registry {
+    /// Applies a status report (a `Task` object: `tasks/get` / `tasks/cancel` result,
+    /// `notifications/tasks/status` params) to the record of `(upstream, taskId)`.
+    pub(super) fn observe_task_now(&self, upstream: &str, task: &Value, source: &str) -> Observed {
+        let Some(task_id) = task.get("taskId").and_then(Value::as_str) else {
+            return Observed::Unknown;
+        };
+        self.observe_task_as_now(upstream, task_id, task, source)
+    }
+
+    /// Applies a status report about `task_id` (a reply to a request about that task: its own
+    /// `taskId`, if any, is not trusted to name another task).
+    pub(super) fn observe_task_as_now(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        task: &Value,
+        source: &str,
+    ) -> Observed {
+        let Some(status) = task
+            .get("status")
+            .and_then(Value::as_str)
+            .and_then(TaskStatus::parse)
+        else {
+            return Observed::Unknown;
+        };
+        let message = task
+            .get("statusMessage")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let updated_at = task
+            .get("lastUpdatedAt")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let poll = task.get("pollInterval").and_then(Value::as_u64);
+        self.apply_status(upstream, task_id, status, message, updated_at, poll, source)
+    }
+
+    /// Whether applying the status report `task` (a `Task` object) to `record` would change it:
+    /// `false` only for a live record whose status, and every field the report carries
+    /// (`statusMessage`, `lastUpdatedAt`, `pollInterval`), already hold those values. Pure: no
+    /// store access.
+    pub fn would_change(record: &TaskRecord, task: &Value) -> bool {
+        let Some(status) = task
+            .get("status")
+            .and_then(Value::as_str)
+            .and_then(TaskStatus::parse)
+        else {
+            return true;
+        };
+        if record.status.is_terminal() || status != record.status {
+            return true;
+        }
+        let differs = |key: &str, held: Option<&str>| match task.get(key) {
+            None | Some(Value::Null) => false,
+            Some(v) => v.as_str() != held,
+        };
+        differs("statusMessage", record.status_message.as_deref())
+            || differs("lastUpdatedAt", Some(record.last_updated_at.as_str()))
+            || match task.get("pollInterval") {
+                None | Some(Value::Null) => false,
+                Some(v) => v.as_u64() != record.poll_interval_ms,
+            }
+    }
+
+    /// Records that the task reached `status` (see [`Registry::observe_task`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn apply_status(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        status: TaskStatus,
+        message: Option<String>,
+        updated_at: Option<String>,
+        poll_interval_ms: Option<u64>,
+        source: &str,
+    ) -> Observed {
+        let now = now_ms();
+        let result = self.store.update(upstream, task_id, &mut |r| {
+            if !r.status.can_become(status) {
+                return false;
+            }
+            r.status = status;
+            if message.is_some() {
+                r.status_message = message.clone();
+            }
+            if let Some(u) = &updated_at {
+                r.last_updated_at = u.clone();
+            }
+            if poll_interval_ms.is_some() {
+                r.poll_interval_ms = poll_interval_ms;
+            }
+            if status.is_terminal() && r.terminal_at.is_none() {
+                r.terminal_at = Some(now);
+            }
+            if status == TaskStatus::Cancelled && r.cancelled_at.is_none() {
+                r.cancelled_at = Some(now);
+            }
+            true
+        });
+        let (before, after) = match result {
+            Ok(Some(pair)) => pair,
+            Ok(None) => return Observed::Unknown,
+            Err(e) => {
+                self.metrics.store_write_failures_total.inc();
+                tracing::error!(error = %e, "task store update failed");
+                return Observed::Unknown;
+            }
+        };
+        if before.status != after.status {
+            self.on_transition(&before, &after, source);
+            self.store.sync_soon();
+            return Observed::Recorded(after.status);
+        }
+        if after.status.is_terminal() && status != after.status {
+            return self.on_stale_terminal(&after, status, source, now);
+        }
+        if before != after {
+            self.store.sync_soon();
+        }
+        Observed::Recorded(after.status)
+    }
+
+    /// Another status was reported for a task recorded terminal: counted, the first late
+    /// terminal result audited and logged; the message must show the recorded status.
+    pub(super) fn on_stale_terminal(
+        &self,
+        after: &TaskRecord,
+        status: TaskStatus,
+        source: &str,
+        now: u64,
+    ) -> Observed {
+        // The first terminal state wins forever (2025-11-25 tasks: a terminal status MUST NOT change).
+        let up = after.upstream.as_str();
+        self.metrics.task_terminal_rewrite(up);
+        // A late result is one fact per task: counted, audited and logged the first time,
+        // however often the upstream repeats it (every poll of tasks/get would).
+        let first_late = status.is_terminal()
+            && matches!(
+                self.store.update(&after.upstream, &after.task_id, &mut |r| {
+                    if r.late_result_at.is_some() {
+                        return false;
+                    }
+                    r.late_result_at = Some(now);
+                    true
+                }),
+                Ok(Some((ref b, _))) if b.late_result_at.is_none()
+            );
+        if first_late {
+            self.metrics.task_late_result(up);
+            self.audit(
+                &after,
+                "late_result",
+                format!("{source} reported {status} after {}", after.status),
+            );
+            tracing::warn!(
+                upstream = up,
+                task_id = %after.task_id,
+                recorded = %after.status,
+                reported = %status,
+                source,
+                "upstream reported another terminal status for a terminal task; showing the recorded one"
+            );
+        } else {
+            // A repeat, or a benign race: a reply saying `working` overtaken by the
+            // terminal status notification.
+            tracing::debug!(
+                upstream = up,
+                task_id = %after.task_id,
+                recorded = %after.status,
+                reported = %status,
+                source,
+                "stale status for a terminal task; showing the recorded one"
+            );
+        }
+        Observed::Rewrite {
+            status: after.status,
+            status_message: after.status_message.clone(),
+        }
+    }
+
+    /// A `tasks/result` payload arrived: the task ended (`failed` for an `isError` tool result).
+    /// Applied only to a record that is not terminal yet: a payload carries no status, so it
+    /// never contradicts a recorded terminal one (the Python SDK answers an empty result for a
+    /// cancelled task).
+    pub(super) fn apply_result_payload_now(&self, upstream: &str, task_id: &str, failed: bool) {
+        let status = if failed {
+            TaskStatus::Failed
+        } else {
+            TaskStatus::Completed
+        };
+        let now = now_ms();
+        let result = self.store.update(upstream, task_id, &mut |r| {
+            if r.status.is_terminal() || !r.status.can_become(status) {
+                return false;
+            }
+            r.status = status;
+            if r.terminal_at.is_none() {
+                r.terminal_at = Some(now);
+            }
+            true
+        });
+        match result {
+            Ok(Some((before, after))) if before.status != after.status => {
+                self.on_transition(&before, &after, "tasks/result");
+                self.store.sync_soon();
+            }
+            Ok(_) => {}
+            Err(e) => {
+                self.metrics.store_write_failures_total.inc();
+                tracing::error!(error = %e, "task store update failed");
+            }
+        }
+    }
+
+    /// Records that a `tasks/cancel` for the task goes upstream: `cancel_requested_at` (set
+    /// once) and a `cancel_requested` audit event. One store update; returns the record after it.
+    pub(super) fn request_cancel_now(&self, upstream: &str, task_id: &str) -> Option<TaskRecord> {
+        let now = now_ms();
+        let updated = self.store.update(upstream, task_id, &mut |r| {
+            if r.cancel_requested_at.is_some() {
+                return false;
+            }
+            r.cancel_requested_at = Some(now);
+            true
+        });
+        match updated {
+            Ok(Some((_, after))) => {
+                self.audit(
+                    &after,
+                    "cancel_requested",
+                    "tasks/cancel forwarded upstream".into(),
+                );
+                Some(after)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                self.metrics.store_write_failures_total.inc();
+                tracing::error!(error = %e, "task store update failed");
+                None
+            }
+        }
+    }
+
+    pub(super) fn on_transition(&self, before: &TaskRecord, after: &TaskRecord, source: &str) {
+        let up = after.upstream.as_str();
+        self.metrics
+            .task_transition(up, before.status, after.status);
+        self.metrics.tasks_dec(up, before.status);
+        self.metrics.tasks_inc(up, after.status);
+        if after.status.is_terminal() && !before.status.is_terminal() {
+            self.release_slot(up, &after.owner);
+        }
+        if after.cancelled_at.is_some() && before.cancelled_at.is_none() {
+            // Audit fact 1: status cancelled.
+            self.metrics.task_cancelled(up);
+            self.metrics.tasks_cancelled_unreleased.inc();
+            if let (Some(asked), Some(done)) = (after.cancel_requested_at, after.cancelled_at) {
+                self.metrics
+                    .cancel_to_cancelled_seconds
+                    .observe(done.saturating_sub(asked) as f64 / 1000.0);
+            }
+            self.audit(after, "status_cancelled", format!("seen in {source}"));
+            self.releases
+                .cancelled(up, &after.task_id, ReleaseReason::Quiet);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rewrite(message: Option<&str>, json: &str) -> String {
+        let o = Observed::Rewrite {
+            status: TaskStatus::Completed,
+            status_message: message.map(str::to_string),
+        };
+        let out = o.rewrite_bytes(json.as_bytes(), &["result"]).unwrap();
+        String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn rewrite_bytes_splices_status_and_message() {
+        let big = r#""n":123456789012345678901234567890"#;
+        // Replace both.
+        let json =
+            format!(r#"{{"result":{{"z":1,"status":"working","statusMessage":"x",{big}}}}}"#);
+        let want =
+            format!(r#"{{"result":{{"z":1,"status":"completed","statusMessage":"done",{big}}}}}"#);
+        assert_eq!(rewrite(Some("done"), &json), want);
+        // Remove the message.
+        let want = format!(r#"{{"result":{{"z":1,"status":"completed",{big}}}}}"#);
+        assert_eq!(rewrite(None, &json), want);
+        // Insert a message after `status`.
+        let json = format!(r#"{{"result":{{"status":"working",{big}}}}}"#);
+        let want =
+            format!(r#"{{"result":{{"status":"completed","statusMessage":"a \"b\"",{big}}}}}"#);
+        assert_eq!(rewrite(Some("a \"b\""), &json), want);
+        // No message on either side.
+        let want = format!(r#"{{"result":{{"status":"completed",{big}}}}}"#);
+        assert_eq!(rewrite(None, &json), want);
+    }
+
+    #[test]
+    fn rewrite_bytes_falls_back_to_a_full_rewrite_for_an_escaped_key() {
+        let json = r#"{"result":{"status":"working","status\u004dessage":"x"}}"#;
+        let v: Value = serde_json::from_str(&rewrite(None, json)).unwrap();
+        assert_eq!(v, serde_json::json!({"result":{"status":"completed"}}));
+        let o = Observed::Recorded(TaskStatus::Working);
+        assert!(o.rewrite_bytes(json.as_bytes(), &["result"]).is_none());
+        let not_object = r#"{"result":[1]}"#;
+        let o = Observed::Rewrite {
+            status: TaskStatus::Completed,
+            status_message: None,
+        };
+        assert!(o
+            .rewrite_bytes(not_object.as_bytes(), &["result"])
+            .is_none());
+    }
+}
