@@ -263,6 +263,13 @@ impl Message {
     }
 }
 
+/// Whether `text` is a JSON-RPC result or error answering `id` (how a reply that streams other
+/// messages first is searched for its answer).
+pub fn is_answer_to(text: &[u8], id: &Id) -> bool {
+    Message::parse(Bytes::copy_from_slice(text))
+        .is_ok_and(|m| m.id() == Some(id) && matches!(m.kind(), Kind::Response | Kind::Error))
+}
+
 /// Builds the bytes of a JSON-RPC error response.
 ///
 /// `id` is `None` when the request's id could not be read (the error then carries `"id": null`).

@@ -50,7 +50,7 @@
 mod notes;
 
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
-use crate::jsonrpc::{self, Kind, Message};
+use crate::jsonrpc;
 use crate::layers::extensions::AuthorisedTask;
 use crate::mcp::task::TaskStatus;
 use crate::metrics;
@@ -355,12 +355,9 @@ where
             let mut found = None;
             while let Some(ev) = events.next().await {
                 let Some(data) = ev.data else { continue };
-                let bytes = Bytes::from(data);
-                if let Ok(m) = Message::parse(bytes.clone()) {
-                    if m.id() == Some(&id) && matches!(m.kind(), Kind::Response | Kind::Error) {
-                        found = Some(bytes);
-                        break;
-                    }
+                if jsonrpc::is_answer_to(data.as_bytes(), &id) {
+                    found = Some(Bytes::from(data));
+                    break;
                 }
             }
             found

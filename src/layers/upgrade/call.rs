@@ -7,7 +7,7 @@ use super::{UpgradeState, EARLY_LIMIT, RELAY_CAPACITY};
 use crate::exchange::{
     CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestContext,
 };
-use crate::jsonrpc::{self, Id, Kind, Message};
+use crate::jsonrpc::{self, Id, Message};
 use crate::layers::session::{session_key, TaskSupport};
 use crate::layers::McpService;
 use crate::metrics::UpgradeOutcome;
@@ -81,12 +81,11 @@ pub(super) async fn answer_of(reply: McpReply, id: &Id, mut others: Others<'_>) 
         ReplyBody::Json(bytes) => serde_json::from_slice(&bytes).ok(),
         ReplyBody::Stream(mut events) => {
             while let Some(ev) = events.next().await {
-                let answers = ev.data.as_ref().and_then(|d| {
-                    let m = Message::parse(Bytes::copy_from_slice(d.as_bytes())).ok()?;
-                    (m.id() == Some(id) && matches!(m.kind(), Kind::Response | Kind::Error))
-                        .then(|| serde_json::from_str::<Value>(d).ok())
-                        .flatten()
-                });
+                let answers = ev
+                    .data
+                    .as_ref()
+                    .filter(|d| jsonrpc::is_answer_to(d.as_bytes(), id))
+                    .and_then(|d| serde_json::from_str::<Value>(d).ok());
                 match answers {
                     Some(v) => return Some(v),
                     None => others.put(ev).await,
