@@ -255,6 +255,10 @@ pub struct TasksConfig {
     /// Quiet window after which a cancelled task's resources count as released, in ms (default 2000).
     #[serde(default = "default_release_quiet_ms")]
     pub release_quiet_ms: u64,
+    /// Task records kept in memory for authorising reads (default 65536, about 0.5 KiB each; 0
+    /// turns the cache off). See `src/registry/cache.rs`.
+    #[serde(default = "default_record_cache_entries")]
+    pub record_cache_entries: usize,
 }
 
 impl TasksConfig {
@@ -273,6 +277,12 @@ impl TasksConfig {
             ),
             ("tasks.list_page_size", self.list_page_size as u64, 1, 1000),
             ("tasks.release_quiet_ms", self.release_quiet_ms, 1, HOUR_MS),
+            (
+                "tasks.record_cache_entries",
+                self.record_cache_entries as u64,
+                0,
+                10_000_000,
+            ),
         ])
     }
 }
@@ -285,8 +295,13 @@ impl Default for TasksConfig {
             sweep_interval_ms: default_sweep_interval_ms(),
             list_page_size: default_list_page_size(),
             release_quiet_ms: default_release_quiet_ms(),
+            record_cache_entries: default_record_cache_entries(),
         }
     }
+}
+
+fn default_record_cache_entries() -> usize {
+    65_536
 }
 
 pub(super) fn default_upgrade_ttl_ms() -> u64 {

@@ -354,10 +354,14 @@ impl Watch {
             return bytes;
         };
         if method == TaskMethod::Result {
-            let failed = result.get("isError").and_then(Value::as_bool) == Some(true);
-            self.registry
-                .apply_result_payload(&self.upstream, task_id, failed)
-                .await;
+            // A payload only ever ends a live record: for one authorised as terminal (final
+            // forever) there is nothing to apply and no store trip.
+            if !known.status.is_terminal() {
+                let failed = result.get("isError").and_then(Value::as_bool) == Some(true);
+                self.registry
+                    .apply_result_payload(&self.upstream, task_id, failed)
+                    .await;
+            }
             return bytes;
         }
         if !result.is_object() {

@@ -24,9 +24,12 @@ pub struct Counts {
     pub creates: AtomicUsize,
     pub audits: AtomicUsize,
     pub scans: AtomicUsize,
+    /// Waited syncs (`TaskStore::sync`: something must be durable before a message leaves).
+    pub syncs: AtomicUsize,
 }
 
 impl Counts {
+    /// `[gets, updates, creates, audits, scans]`.
     pub fn snapshot(&self) -> [usize; 5] {
         [
             self.gets.load(Ordering::SeqCst),
@@ -43,6 +46,7 @@ impl Counts {
             &self.creates,
             &self.audits,
             &self.scans,
+            &self.syncs,
         ] {
             c.store(0, Ordering::SeqCst);
         }
@@ -120,6 +124,7 @@ impl TaskStore for CountingStore {
         self.inner.audit_for(upstream, task_id)
     }
     fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        inc(&self.counts.syncs);
         self.inner.sync()
     }
     fn sync_soon(&self) {

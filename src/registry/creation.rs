@@ -59,6 +59,7 @@ impl Registry {
         // The store writes its transaction before it waits for the group commit: both on the
         // blocking pool, never on a runtime worker.
         let (store, copy) = (self.store.clone(), record.clone());
+        let seen = self.records.epoch();
         let handle = tokio::runtime::Handle::current();
         let result =
             match tokio::task::spawn_blocking(move || handle.block_on(store.create(copy))).await {
@@ -68,6 +69,8 @@ impl Registry {
             };
         match &result {
             Ok(()) => {
+                // The client's first tasks/get follows at once: it finds the record here.
+                self.records.fill(seen, &record);
                 self.metrics.task_created(&up, origin);
                 self.metrics.tasks_inc(&up, status);
                 if !status.is_terminal() {

@@ -14,6 +14,7 @@
 //! authorise and reserves slots, `cancel` records `cancel_requested_at`, and `observe` (the
 //! innermost layer) applies everything the upstream reports.
 
+mod cache;
 mod creation;
 mod offload;
 pub mod owners;
@@ -44,6 +45,8 @@ pub struct Registry {
     owners: Arc<Owners>,
     /// The "resources released" tracker.
     releases: Arc<Releases>,
+    /// Recently used records, so authorising reads skip the blocking pool (see `cache`).
+    records: cache::RecordCache,
 }
 
 impl Registry {
@@ -81,9 +84,10 @@ impl Registry {
         let registry = Arc::new_cyclic(|weak| Registry {
             store,
             metrics,
-            config,
+            records: cache::RecordCache::new(config.record_cache_entries),
             owners,
             releases: Arc::new(Releases::new(weak.clone(), quiet)),
+            config,
         });
         for (up, id) in unreleased {
             registry
@@ -136,7 +140,7 @@ impl Registry {
     /// Records the "resources released" audit fact (once).
     fn record_released_now(&self, upstream: &str, task_id: &str, reason: ReleaseReason) {
         let now = now_ms();
-        let updated = self.store.update(upstream, task_id, &mut |r| {
+        let updated = self.update(upstream, task_id, &mut |r| {
             if r.released_at.is_some() || r.cancelled_at.is_none() {
                 return false;
             }
@@ -194,16 +198,28 @@ impl Registry {
         self.owners.release(upstream, owner);
     }
 
-    /// The record of a task if `owner` may see it now; `None` for unknown, expired or foreign.
-    fn lookup_now(&self, upstream: &str, task_id: &str, owner: &Owner) -> Option<TaskRecord> {
-        match self.store.get(upstream, task_id) {
-            Ok(Some(r)) if r.owner == *owner && !r.is_expired(now_ms()) => Some(r),
-            Ok(_) => None,
-            Err(e) => {
-                tracing::error!(error = %e, "task store read failed");
-                None
-            }
+    /// [`TaskStore::update`], then the record cache forgets the record if it changed. Every
+    /// registry write to an existing record goes through here.
+    fn update(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        change: &mut dyn FnMut(&mut TaskRecord) -> bool,
+    ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
+        let result = self.store.update(upstream, task_id, change);
+        match &result {
+            Ok(Some((before, after))) if before == after => {}
+            // Changed, or failed half-way: the cache must not keep what it had.
+            _ => self.records.invalidate(upstream, task_id),
         }
+        result
+    }
+
+    /// [`TaskStore::remove`], then the record cache forgets the record.
+    fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        let result = self.store.remove(upstream, task_id);
+        self.records.invalidate(upstream, task_id);
+        result
     }
 
     /// Appends an audit event and logs it with target `taskgate::audit`.

@@ -12,7 +12,9 @@
 //! If the runtime is shutting down and the blocking task is cancelled, a read finds nothing and a
 //! write is not made (logged).
 
+use super::status::Applied;
 use super::{Observed, Registry};
+use crate::mcp::task::now_ms;
 use crate::store::{Owner, TaskRecord};
 use serde_json::Value;
 use std::sync::Arc;
@@ -36,16 +38,32 @@ impl Registry {
     }
 
     /// The record of a task if `owner` may see it now; `None` for unknown, expired or foreign.
+    /// Served from the record cache when it holds the record (no blocking-pool trip); otherwise
+    /// read off the runtime and cached.
     pub async fn lookup(
         self: &Arc<Self>,
         upstream: &str,
         task_id: &str,
         owner: &Owner,
     ) -> Option<TaskRecord> {
-        let (up, id, owner) = (upstream.to_string(), task_id.to_string(), owner.clone());
-        self.off_runtime(move |r| r.lookup_now(&up, &id, &owner))
-            .await
-            .flatten()
+        let visible = |r: &TaskRecord| r.owner == *owner && !r.is_expired(now_ms());
+        if let Some(r) = self.records.get(upstream, task_id) {
+            return visible(&r).then(|| TaskRecord::clone(&r));
+        }
+        let seen = self.records.epoch();
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        let read = self.off_runtime(move |r| r.store.get(&up, &id)).await?;
+        match read {
+            Ok(Some(r)) => {
+                self.records.fill(seen, &r);
+                visible(&r).then_some(r)
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(error = %e, "task store read failed");
+                None
+            }
+        }
     }
 
     /// Applies a status report (a `Task` object naming its `taskId`: a
@@ -57,9 +75,10 @@ impl Registry {
         source: &'static str,
     ) -> Observed {
         let up = upstream.to_string();
-        self.off_runtime(move |r| r.observe_task_now(&up, &task, source))
-            .await
-            .unwrap_or(Observed::Unknown)
+        let applied = self
+            .off_runtime(move |r| r.observe_task_now(&up, &task, source))
+            .await;
+        self.durable(applied).await
     }
 
     /// Applies a status report about `task_id` (a reply to a request about that task: its own
@@ -72,9 +91,31 @@ impl Registry {
         source: &'static str,
     ) -> Observed {
         let (up, id) = (upstream.to_string(), task_id.to_string());
-        self.off_runtime(move |r| r.observe_task_as_now(&up, &id, &task, source))
-            .await
-            .unwrap_or(Observed::Unknown)
+        let applied = self
+            .off_runtime(move |r| r.observe_task_as_now(&up, &id, &task, source))
+            .await;
+        self.durable(applied).await
+    }
+
+    /// Waits until a status that just became terminal is on disk (group commit + `fdatasync`)
+    /// before the message that reported it is passed on; a status that changed otherwise is
+    /// synced soon. A failed sync is logged and counted: the message still goes on (the
+    /// upstream's word stands; the record is only less durable).
+    async fn durable(self: &Arc<Self>, applied: Option<Applied>) -> Observed {
+        let Some((observed, terminal_now)) = applied else {
+            return Observed::Unknown;
+        };
+        if terminal_now {
+            self.sync_terminal().await;
+        }
+        observed
+    }
+
+    async fn sync_terminal(&self) {
+        if let Err(e) = self.store.sync().await {
+            self.metrics.store_write_failures_total.inc();
+            tracing::error!(error = %e, "a terminal status could not be made durable");
+        }
     }
 
     /// A `tasks/result` payload arrived for `task_id` (see `apply_result_payload_now`).
@@ -85,8 +126,12 @@ impl Registry {
         failed: bool,
     ) {
         let (up, id) = (upstream.to_string(), task_id.to_string());
-        self.off_runtime(move |r| r.apply_result_payload_now(&up, &id, failed))
+        let terminal_now = self
+            .off_runtime(move |r| r.apply_result_payload_now(&up, &id, failed))
             .await;
+        if terminal_now == Some(true) {
+            self.sync_terminal().await;
+        }
     }
 
     /// Records that a `tasks/cancel` for the task goes upstream (`cancel_requested_at`, set

@@ -114,12 +114,17 @@ impl Observed {
     }
 }
 
+/// What applying a report did, and whether it made the record terminal just now: then the
+/// caller waits for [`crate::store::TaskStore::sync`] before the message that told it leaves
+/// taskgate (a terminal status a client was told about survives a crash, like a creation).
+pub(super) type Applied = (Observed, bool);
+
 impl Registry {
     /// Applies a status report (a `Task` object: `tasks/get` / `tasks/cancel` result,
     /// `notifications/tasks/status` params) to the record of `(upstream, taskId)`.
-    pub(super) fn observe_task_now(&self, upstream: &str, task: &Value, source: &str) -> Observed {
+    pub(super) fn observe_task_now(&self, upstream: &str, task: &Value, source: &str) -> Applied {
         let Some(task_id) = task.get("taskId").and_then(Value::as_str) else {
-            return Observed::Unknown;
+            return (Observed::Unknown, false);
         };
         self.observe_task_as_now(upstream, task_id, task, source)
     }
@@ -132,13 +137,13 @@ impl Registry {
         task_id: &str,
         task: &Value,
         source: &str,
-    ) -> Observed {
+    ) -> Applied {
         let Some(status) = task
             .get("status")
             .and_then(Value::as_str)
             .and_then(TaskStatus::parse)
         else {
-            return Observed::Unknown;
+            return (Observed::Unknown, false);
         };
         let message = task
             .get("statusMessage")
@@ -190,9 +195,9 @@ impl Registry {
         updated_at: Option<String>,
         poll_interval_ms: Option<u64>,
         source: &str,
-    ) -> Observed {
+    ) -> Applied {
         let now = now_ms();
-        let result = self.store.update(upstream, task_id, &mut |r| {
+        let result = self.update(upstream, task_id, &mut |r| {
             if !r.status.can_become(status) {
                 return false;
             }
@@ -216,25 +221,28 @@ impl Registry {
         });
         let (before, after) = match result {
             Ok(Some(pair)) => pair,
-            Ok(None) => return Observed::Unknown,
+            Ok(None) => return (Observed::Unknown, false),
             Err(e) => {
                 self.metrics.store_write_failures_total.inc();
                 tracing::error!(error = %e, "task store update failed");
-                return Observed::Unknown;
+                return (Observed::Unknown, false);
             }
         };
         if before.status != after.status {
             self.on_transition(&before, &after, source);
-            self.store.sync_soon();
-            return Observed::Recorded(after.status);
+            let terminal_now = after.status.is_terminal();
+            if !terminal_now {
+                self.store.sync_soon();
+            }
+            return (Observed::Recorded(after.status), terminal_now);
         }
         if after.status.is_terminal() && status != after.status {
-            return self.on_stale_terminal(&after, status, source, now);
+            return (self.on_stale_terminal(&after, status, source, now), false);
         }
         if before != after {
             self.store.sync_soon();
         }
-        Observed::Recorded(after.status)
+        (Observed::Recorded(after.status), false)
     }
 
     /// Another status was reported for a task recorded terminal: counted, the first late
@@ -253,7 +261,7 @@ impl Registry {
         // however often the upstream repeats it (every poll of tasks/get would).
         let first_late = status.is_terminal()
             && matches!(
-                self.store.update(&after.upstream, &after.task_id, &mut |r| {
+                self.update(&after.upstream, &after.task_id, &mut |r| {
                     if r.late_result_at.is_some() {
                         return false;
                     }
@@ -299,14 +307,20 @@ impl Registry {
     /// Applied only to a record that is not terminal yet: a payload carries no status, so it
     /// never contradicts a recorded terminal one (the Python SDK answers an empty result for a
     /// cancelled task).
-    pub(super) fn apply_result_payload_now(&self, upstream: &str, task_id: &str, failed: bool) {
+    /// Returns whether the record became terminal just now (see [`Applied`]).
+    pub(super) fn apply_result_payload_now(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        failed: bool,
+    ) -> bool {
         let status = if failed {
             TaskStatus::Failed
         } else {
             TaskStatus::Completed
         };
         let now = now_ms();
-        let result = self.store.update(upstream, task_id, &mut |r| {
+        let result = self.update(upstream, task_id, &mut |r| {
             if r.status.is_terminal() || !r.status.can_become(status) {
                 return false;
             }
@@ -319,12 +333,13 @@ impl Registry {
         match result {
             Ok(Some((before, after))) if before.status != after.status => {
                 self.on_transition(&before, &after, "tasks/result");
-                self.store.sync_soon();
+                true
             }
-            Ok(_) => {}
+            Ok(_) => false,
             Err(e) => {
                 self.metrics.store_write_failures_total.inc();
                 tracing::error!(error = %e, "task store update failed");
+                false
             }
         }
     }
@@ -333,7 +348,7 @@ impl Registry {
     /// once) and a `cancel_requested` audit event. One store update; returns the record after it.
     pub(super) fn request_cancel_now(&self, upstream: &str, task_id: &str) -> Option<TaskRecord> {
         let now = now_ms();
-        let updated = self.store.update(upstream, task_id, &mut |r| {
+        let updated = self.update(upstream, task_id, &mut |r| {
             if r.cancel_requested_at.is_some() {
                 return false;
             }

@@ -18,7 +18,7 @@ impl Registry {
         };
         let mut removed = 0;
         for (up, id) in keys {
-            match self.store.remove(&up, &id) {
+            match self.remove(&up, &id) {
                 Ok(Some(r)) => {
                     removed += 1;
                     self.metrics.task_expired(&up);

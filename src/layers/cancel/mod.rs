@@ -483,9 +483,12 @@ mod tests {
     }
 
     /// The store accesses of one forwarded `tasks/cancel` through `tasks`, `cancel` and
-    /// `observe`: one read to authorise, one update for `cancel_requested_at`, one to apply the
-    /// reply (and the two audit events: cancel requested, status cancelled). Before `observe`
-    /// existed it was 3 reads, 3 updates (the reply applied twice) and 2 audit appends.
+    /// `observe`: the authorising read is served by the record cache (filled by the creation),
+    /// one update for `cancel_requested_at`, one to apply the reply (and the two audit events:
+    /// cancel requested, status cancelled), and one waited sync: the `cancelled` the client is
+    /// told is on disk before the answer leaves (issue 16 #2). Before `observe` existed it was
+    /// 3 reads, 3 updates (the reply applied twice) and 2 audit appends; after the redesign,
+    /// 1 read (off the runtime), 2 updates, 2 audits, and the status was only synced "soon".
     #[tokio::test]
     async fn one_forwarded_cancel_touches_the_store_this_often() {
         let (registry, store) = registry_with_t1().await;
@@ -498,8 +501,13 @@ mod tests {
         let reply = stack.oneshot(cancel(7)).await.unwrap();
         assert_eq!(json_of(&reply)["result"]["status"], "cancelled");
         let [gets, updates, creates, audits, scans] = store.counts.snapshot();
-        eprintln!("tasks/cancel trace: gets={gets} updates={updates} creates={creates} audits={audits} scans={scans}");
-        assert_eq!([gets, updates, creates, audits, scans], [1, 2, 0, 2, 0]);
+        let syncs = store.counts.syncs.load(Ordering::SeqCst);
+        eprintln!("tasks/cancel trace: gets={gets} updates={updates} creates={creates} audits={audits} scans={scans} syncs={syncs}");
+        assert_eq!([gets, updates, creates, audits, scans], [0, 2, 0, 2, 0]);
+        assert_eq!(
+            syncs, 1,
+            "the cancelled status is made durable before the answer"
+        );
         let r = registry.store().get("up", "t1").unwrap().unwrap();
         assert_eq!(r.status, TaskStatus::Cancelled);
         assert!(r.cancel_requested_at.is_some() && r.cancelled_at.is_some());

@@ -1,0 +1,247 @@
+//! Crash durability (issue 16 #2 and its script): what taskgate has told a client survives a
+//! `kill -9`. A `taskId` a client received is in the store after a restart (creations wait for
+//! the group commit), and so is a terminal status a client was told about: a `tasks/cancel`
+//! answered `cancelled` is still `cancelled` after the crash, so a second cancel is answered
+//! locally and a late completion cannot overwrite it.
+//!
+//! `crash_loop_acknowledged_creations_and_cancels_survive_sigkill` is also the crash script the
+//! issue asks for: `TASKGATE_CRASH_ROUNDS=100 cargo test --release --test durability -- --nocapture
+//! crash_loop` runs 100 rounds and prints what it received and found.
+
+mod common;
+
+use common::*;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use rand::Rng;
+use serde_json::{json, Value};
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Starts the real binary with `config`; returns it and its gateway address.
+fn spawn_binary(config: &str) -> (TaskgateProcess, std::net::SocketAddr) {
+    blocking(|| {
+        let mut p = TaskgateProcess::spawn(&["serve", "--config", config], &[]);
+        let (g, _) = p.listening();
+        (p, g)
+    })
+}
+
+fn sigkill(p: &mut TaskgateProcess) {
+    blocking(|| {
+        p.signal(libc::SIGKILL);
+        p.wait_exit(STEP).expect("taskgate did not die on SIGKILL");
+    })
+}
+
+/// `taskId` → status of every record in the store, read with `taskgate tasks list`.
+fn statuses_in_store(store: &str) -> HashMap<String, String> {
+    let ran = blocking(|| {
+        run_taskgate(
+            &["tasks", "list", "--store", store, "--limit", "10000000"],
+            &[],
+        )
+    });
+    assert!(ran.status.success(), "tasks list failed: {}", ran.stderr);
+    ran.stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v = parse_json(l.as_bytes());
+            (
+                v["task_id"].as_str().unwrap().to_string(),
+                v["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// One JSON-RPC exchange; `None` once taskgate is gone (or answered something else than 200).
+async fn try_rpc(url: &str, body: String) -> Option<Value> {
+    let resp = Req::mcp_post(url, body).try_send().await.ok()?;
+    if resp.status() != 200 {
+        return None;
+    }
+    let bytes = resp.body.collect().await.ok()?.to_bytes();
+    if let Ok(v) = serde_json::from_slice(&bytes) {
+        return Some(v);
+    }
+    // An SSE answer: the event that carries the response.
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|v| v.get("result").is_some() || v.get("error").is_some())
+}
+
+fn cancel_body(id_json: &str, task_id: &str) -> String {
+    rpc(
+        id_json,
+        "tasks/cancel",
+        &json!({ "taskId": task_id }).to_string(),
+    )
+}
+
+/// Tasks cancelled with `cancelled` acknowledged, then `kill -9` at once: after the restart every
+/// one of them is still `cancelled`, and cancelling one again is answered locally (the upstream
+/// sees no second cancel). On the code before the fix the status was synced "soon" after the
+/// answer, and records came back `working`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_cancels_survive_sigkill() {
+    const TASKS: usize = 40;
+    let up = TaskServer::default().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
+    let store = dir.path().join("store").to_str().unwrap().to_string();
+    let (mut p, gw) = spawn_binary(&cfg);
+    let c = Client::new(&format!("http://{gw}/mcp"));
+    let mut ids = Vec::new();
+    for n in 0..TASKS {
+        ids.push(c.create_task(&format!("\"c{n}\"")).await);
+    }
+    // All cancels at once, answered concurrently; the kill follows the last answer.
+    let answers = futures_util::future::join_all(
+        ids.iter()
+            .enumerate()
+            .map(|(n, id)| c.rpc(cancel_body(&format!("\"x{n}\""), id))),
+    )
+    .await;
+    sigkill(&mut p);
+    for a in &answers {
+        assert_eq!(a["result"]["status"], json!("cancelled"), "{a}");
+    }
+    let statuses = statuses_in_store(&store);
+    let lost: Vec<&String> = ids
+        .iter()
+        .filter(|id| statuses.get(*id).map(String::as_str) != Some("cancelled"))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "acknowledged cancels not durable after kill -9: {} of {TASKS}: {lost:?}",
+        lost.len()
+    );
+
+    let cancels_before = up.count("tasks/cancel");
+    let (_p, gw) = spawn_binary(&cfg);
+    let c = Client::new(&format!("http://{gw}/mcp"));
+    let again = c.cancel("\"again\"", &ids[TASKS - 1]).await;
+    assert_eq!(err_code(&again), -32602, "a terminal task: {again}");
+    assert_eq!(up.count("tasks/cancel"), cancels_before, "no second cancel");
+}
+
+/// The crash script: `TASKGATE_CRASH_ROUNDS` rounds (default 5) of 8 creators and 8 cancellers
+/// (each creates a task, then half of them cancel it), `kill -9` at a random moment (once the
+/// round has handed out ids and cancels, then 0 to 100 ms later), restart on the same store. Every `taskId` a client received is in the store, and
+/// every acknowledged `cancelled` is still `cancelled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_loop_acknowledged_creations_and_cancels_survive_sigkill() {
+    const WORKERS: usize = 16;
+    let rounds: usize = std::env::var("TASKGATE_CRASH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    let up = TaskServer::default().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1000000")
+        .write_for_binary(dir.path());
+    let store = dir.path().join("store").to_str().unwrap().to_string();
+    let created: Arc<Mutex<Vec<String>>> = Arc::default();
+    let cancelled: Arc<Mutex<Vec<String>>> = Arc::default();
+
+    for round in 0..rounds {
+        let (mut p, gw) = spawn_binary(&cfg);
+        let url = format!("http://{gw}/mcp");
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut workers = Vec::new();
+        for k in 0..WORKERS {
+            let (url, stop) = (url.clone(), stop.clone());
+            let (created, cancelled) = (created.clone(), cancelled.clone());
+            workers.push(tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    n += 1;
+                    let id = format!("\"r{round}-w{k}-{n}\"");
+                    let body = Client::create_body(&id, Some(600_000));
+                    let Some(v) = try_rpc(&url, body).await else {
+                        break;
+                    };
+                    let Some(task) = v.pointer("/result/task/taskId").and_then(Value::as_str)
+                    else {
+                        break;
+                    };
+                    created.lock().unwrap().push(task.to_string());
+                    if k % 2 == 1 {
+                        let Some(v) = try_rpc(&url, cancel_body(&id, task)).await else {
+                            break;
+                        };
+                        if v.pointer("/result/status") == Some(&json!("cancelled")) {
+                            cancelled.lock().unwrap().push(task.to_string());
+                        }
+                    }
+                }
+            }));
+        }
+        // The kill comes while creations and cancels are in full flow: once this round has
+        // acknowledged some of each (bounded wait), then after a random delay.
+        let (c0, x0) = (
+            created.lock().unwrap().len(),
+            cancelled.lock().unwrap().len(),
+        );
+        let deadline = tokio::time::Instant::now() + STEP;
+        while (created.lock().unwrap().len() < c0 + 4 || cancelled.lock().unwrap().len() < x0 + 2)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let kill_after = rand::thread_rng().gen_range(0..100);
+        tokio::time::sleep(Duration::from_millis(kill_after)).await;
+        sigkill(&mut p);
+        stop.store(true, Ordering::SeqCst);
+        for w in workers {
+            tokio::time::timeout(STEP, w)
+                .await
+                .expect("workers stop once taskgate is gone")
+                .unwrap();
+        }
+    }
+
+    let created = created.lock().unwrap().clone();
+    let cancelled = cancelled.lock().unwrap().clone();
+    let statuses = statuses_in_store(&store);
+    let missing: Vec<&String> = created
+        .iter()
+        .filter(|id| !statuses.contains_key(*id))
+        .collect();
+    let reverted: Vec<(&String, Option<&String>)> = cancelled
+        .iter()
+        .filter(|id| statuses.get(*id).map(String::as_str) != Some("cancelled"))
+        .map(|id| (id, statuses.get(id)))
+        .collect();
+    let unique: HashSet<&String> = created.iter().collect();
+    println!(
+        "crash loop: rounds={rounds} workers={WORKERS} ids_received={} acknowledged_cancels={} \
+         records_in_store={} missing={} cancels_not_durable={}",
+        unique.len(),
+        cancelled.len(),
+        statuses.len(),
+        missing.len(),
+        reverted.len()
+    );
+    assert!(
+        created.len() >= rounds && cancelled.len() >= rounds,
+        "the rounds must hand out task ids and acknowledge cancels"
+    );
+    assert!(missing.is_empty(), "received ids missing: {missing:?}");
+    assert!(
+        reverted.is_empty(),
+        "acknowledged cancels not durable: {reverted:?}"
+    );
+}
