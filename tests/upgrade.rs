@@ -313,17 +313,27 @@ async fn optional_forbidden_and_task_calls_are_forwarded_byte_exact() {
         .to_string();
     assert_eq!(up.up.count(), before + 1);
     assert_eq!(up.up.last().body_str(), body, "forwarded byte for byte");
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // No fixed wait for a follower that should not exist: taskgate follows only the tasks it
+    // created itself, and those are recorded (before the client sees anything) with origin
+    // `upgraded`. The client's own task is recorded `client` and no upgraded task exists.
+    let r = tg.record(&task_id).expect("recorded");
+    assert_eq!(r.origin, taskgate::store::Origin::Client);
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_tasks_created_total",
+            &[("origin", "upgraded")]
+        ),
+        0.0
+    );
+    assert_eq!(metric(&m, "taskgate_upgraded_calls_total", &[]), 0.0);
     assert_eq!(
         up.count("tasks/result"),
         0,
         "taskgate does not follow the client's own task"
     );
     assert_eq!(up.count("tasks/get"), 0);
-    let r = tg.record(&task_id).expect("recorded");
-    assert_eq!(r.origin, taskgate::store::Origin::Client);
-    let m = tg.metrics_text().await;
-    assert_eq!(metric(&m, "taskgate_upgraded_calls_total", &[]), 0.0);
 }
 
 async fn assert_untouched(up: &UpServer, tg: &Tg) {
@@ -865,7 +875,8 @@ async fn request_needing_an_undeclared_capability_cancels_the_task() {
             o.before
         );
         let task_id = up.only_task();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The call's end: its outcome counted and its cancel's answer recorded.
+        assert!(call_ended(&tg, &task_id, "refused_capability").await);
         assert_eq!(
             up.count("tasks/cancel"),
             1,
@@ -921,7 +932,7 @@ async fn notifications_cancelled_becomes_one_tasks_cancel() {
         assert_eq!(s, 202);
     }
     sse.expect_end(STEP).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(call_ended(&tg, &task_id, "cancelled").await);
     assert_eq!(up.count("tasks/cancel"), 1, "exactly one tasks/cancel");
     let cancel = &up.received("tasks/cancel")[0];
     assert_eq!(cancel.json()["params"]["taskId"], json!(task_id));
@@ -1039,7 +1050,7 @@ async fn disconnect_with_cancel_policy_cancels_after_the_grace_period() {
         "not before the grace period: {after:?}"
     );
     assert!(after < Duration::from_millis(GRACE + 2000), "{after:?}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(call_ended(&tg, &task_id, "disconnected").await);
     assert_eq!(up.count("tasks/cancel"), 1);
     assert_eq!(up.status(&task_id), "cancelled");
     let m = tg.metrics_text().await;
@@ -1072,8 +1083,9 @@ async fn disconnect_with_keep_policy_lets_the_task_run() {
     })
     .await;
     assert!(m.is_some(), "the disconnect is noticed and counted");
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(up.count("tasks/cancel"), 0, "keep: no tasks/cancel");
+    // No fixed wait: the task ends upstream 1200 ms after it started, long after the 100 ms
+    // grace, and its result (fetched below, which waits for that end) is the event after which
+    // "no tasks/cancel" is checked.
     let v = c.get("\"g\"", &task_id).await;
     assert_eq!(v["result"]["status"], json!("working"), "{v}");
     let v = c.result("\"r\"", &task_id).await;
@@ -1129,7 +1141,13 @@ async fn restart_cancels_orphaned_upgraded_tasks() {
         "the orphan is cancelled after the restart; stderr: {}",
         second.stderr()
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The orphan pass is over once its only orphan's cancel answer is recorded.
+    let recorded = eventually(STEP, || async {
+        let (_, d) = admin_json(admin, &format!("/admin/tasks/default/{upgraded_task}")).await;
+        (d["task"]["status"] == json!("cancelled")).then_some(())
+    })
+    .await;
+    assert!(recorded.is_some(), "the orphan's cancel is recorded");
     let cancels = up.received("tasks/cancel");
     assert_eq!(cancels.len(), 1, "only the upgraded task");
     assert_eq!(cancels[0].json()["params"]["taskId"], json!(upgraded_task));
@@ -1141,12 +1159,6 @@ async fn restart_cancels_orphaned_upgraded_tasks() {
     assert_eq!(up.status(&own_task), "working");
     let m = scrape(admin).await;
     assert_eq!(upgraded(&m, "orphaned"), 1.0, "{m}");
-    let rec = eventually(STEP, || async {
-        let (_, d) = admin_json(admin, &format!("/admin/tasks/default/{upgraded_task}")).await;
-        (d["task"]["status"] == json!("cancelled")).then_some(d)
-    })
-    .await;
-    assert!(rec.is_some(), "the record shows the orphan cancelled");
 }
 
 // =============================================================================================
@@ -1732,4 +1744,18 @@ async fn ambiguous_cancel_on_a_sessionless_upstream_cancels_no_call() {
     assert!(oa.answer.get("result").is_some(), "A: {oa:?}");
     assert!(ob.answer.get("result").is_some(), "B: {ob:?}");
     assert_eq!(up.count("tasks/cancel"), 0, "nothing was cancelled");
+}
+
+/// Waits (bounded) for the end of an upgraded call: its `outcome` counted in
+/// `taskgate_upgraded_calls_total` and its task recorded `cancelled`. After that nothing of the
+/// call is left to send another request upstream, so "exactly one tasks/cancel" can be checked
+/// without a fixed sleep.
+async fn call_ended(tg: &Tg, task_id: &str, outcome: &str) -> bool {
+    eventually(STEP, || async {
+        let m = tg.metrics_text().await;
+        let cancelled = tg.record(task_id).map(|r| r.status) == Some(TaskStatus::Cancelled);
+        (upgraded(&m, outcome) == 1.0 && cancelled).then_some(())
+    })
+    .await
+    .is_some()
 }
