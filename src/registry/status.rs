@@ -157,10 +157,12 @@ impl Registry {
         self.apply_status(upstream, task_id, status, message, updated_at, poll, source)
     }
 
-    /// Whether applying the status report `task` (a `Task` object) to `record` would change it:
-    /// `false` only for a live record whose status, and every field the report carries
-    /// (`statusMessage`, `lastUpdatedAt`, `pollInterval`), already hold those values. Pure: no
-    /// store access.
+    /// Whether the status report `task` (a `Task` object) needs the store: `false` for a report
+    /// that repeats a terminal record's status (a terminal record never changes: the common
+    /// poll of a finished task), and for a live record whose status, and every field the report
+    /// carries (`statusMessage`, `lastUpdatedAt`, `pollInterval`), already hold those values.
+    /// A report contradicting a terminal status needs it (the late result is counted once).
+    /// Pure: no store access.
     pub fn would_change(record: &TaskRecord, task: &Value) -> bool {
         let Some(status) = task
             .get("status")
@@ -169,7 +171,10 @@ impl Registry {
         else {
             return true;
         };
-        if record.status.is_terminal() || status != record.status {
+        if record.status.is_terminal() {
+            return status != record.status;
+        }
+        if status != record.status {
             return true;
         }
         let differs = |key: &str, held: Option<&str>| match task.get(key) {
@@ -409,6 +414,27 @@ mod tests {
         };
         let out = o.rewrite_bytes(json.as_bytes(), &["result"]).unwrap();
         String::from_utf8(out.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn would_change_is_false_for_a_poll_repeating_a_terminal_status() {
+        let mut r = crate::layers::testing::record("t1");
+        r.status = TaskStatus::Completed;
+        let same = serde_json::json!({"status": "completed", "lastUpdatedAt": "2030-01-01T00:00:00Z", "statusMessage": "x"});
+        assert!(
+            !Registry::would_change(&r, &same),
+            "a terminal record never changes"
+        );
+        let other = serde_json::json!({"status": "failed"});
+        assert!(
+            Registry::would_change(&r, &other),
+            "a contradiction is counted once"
+        );
+        r.status = TaskStatus::Working;
+        assert!(Registry::would_change(&r, &same), "working -> completed");
+        let poll =
+            serde_json::json!({"status": "working", "lastUpdatedAt": r.last_updated_at.clone()});
+        assert!(!Registry::would_change(&r, &poll));
     }
 
     #[test]
