@@ -25,7 +25,7 @@ for round in $(seq "$ROUNDS"); do
       { echo "run $name round $round failed: $OUT/$name-$round.log" >&2; cat "$OUT/$name-$round.log" >&2; exit 1; }
     # Each scenario table's taskgate row: | taskgate | ops/s | ... | proxy CPU µs/req | errors |
     awk -v n="$name" -v r="$round" '
-      /^#### / { scen = substr($0, 6) }
+      /^#+ [0-9]/ { scen = $0; sub(/^#+ /, "", scen) }
       /^\| taskgate \|/ && scen != "" { k = split($0, f, "|"); gsub(/ /, "", f[3]); gsub(/ /, "", f[k-2]);
                           printf "%s\tround %s\t%s\tops/s %s\tCPU µs/req %s\n", n, r, scen, f[3], f[k-2] }
     ' "$OUT/$name-$round.md" | tee -a "$OUT/all.tsv"
