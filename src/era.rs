@@ -157,6 +157,29 @@ pub fn missing_tasks_extension(id: Option<&Id>) -> Bytes {
     )
 }
 
+/// A 2026-07-28 `Task` / `DetailedTask` object seen with the field names the registry's status
+/// machine reads (2025-11-25 `ttl`, `pollInterval`): a copy of `task` with `ttlMs` as `ttl`
+/// (`null`, unlimited, as `cap`: the record's ttl is capped by `tasks.max_ttl_ms`) and
+/// `pollIntervalMs` as `pollInterval`. Other members are kept.
+pub fn as_registry_task(task: &Value, cap: u64) -> Value {
+    let mut out = task.clone();
+    if let Some(o) = out.as_object_mut() {
+        match o.remove("ttlMs") {
+            Some(Value::Null) => {
+                o.insert("ttl".into(), Value::from(cap));
+            }
+            Some(v) => {
+                o.insert("ttl".into(), v);
+            }
+            None => {}
+        }
+        if let Some(v) = o.remove("pollIntervalMs") {
+            o.insert("pollInterval".into(), v);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,6 +216,8 @@ mod tests {
         assert!(!declares_tasks_extension(None));
         let e: Value = serde_json::from_slice(&missing_tasks_extension(None)).unwrap();
         assert_eq!(e["error"]["code"], -32021);
-        assert!(e["error"]["data"]["requiredCapabilities"]["extensions"][TASKS_EXTENSION].is_object());
+        assert!(
+            e["error"]["data"]["requiredCapabilities"]["extensions"][TASKS_EXTENSION].is_object()
+        );
     }
 }

@@ -273,7 +273,8 @@ impl McpReply {
 /// Reply header a layer sets on an answer it gave itself, naming its [`LocalReason`]; the edge
 /// removes it (it never reaches the client), logs the answer at debug and counts it
 /// (`taskgate_local_answers_total`, `outcome="local"`).
-pub static LOCAL_ANSWER: http::HeaderName = http::HeaderName::from_static("x-taskgate-local-answer");
+pub static LOCAL_ANSWER: http::HeaderName =
+    http::HeaderName::from_static("x-taskgate-local-answer");
 
 impl McpReply {
     /// Marks this reply as answered by taskgate itself for `reason` (see [`LOCAL_ANSWER`]).
@@ -302,7 +303,12 @@ impl McpReply {
         message: &str,
         reason: LocalReason,
     ) -> McpReply {
-        McpReply::era_error_bytes(era, jsonrpc::error_response(id, code, message), code, reason)
+        McpReply::era_error_bytes(
+            era,
+            jsonrpc::error_response(id, code, message),
+            code,
+            reason,
+        )
     }
 
     /// [`McpReply::era_error`] for an error message already built (`bytes`, with `code`).

@@ -234,6 +234,9 @@ pub(super) fn default_list_page_size() -> usize {
 pub(super) fn default_release_quiet_ms() -> u64 {
     2_000
 }
+pub(super) fn default_max_stored_result_bytes() -> u64 {
+    1024 * 1024
+}
 
 /// `[tasks]`: limits the spec asks receivers to set and document (2025-11-25 tasks: Security).
 #[derive(Debug, Clone, Deserialize)]
@@ -255,6 +258,11 @@ pub struct TasksConfig {
     /// Quiet window after which a cancelled task's resources count as released, in ms (default 2000).
     #[serde(default = "default_release_quiet_ms")]
     pub release_quiet_ms: u64,
+    /// Largest terminal result kept in a task's record, in bytes of JSON text (default 1 MiB;
+    /// 0 turns it off): once a 2026-07-28 `tasks/get` reply of a terminal task passed through,
+    /// later `tasks/get` calls for it are answered from the record (stored at rest).
+    #[serde(default = "default_max_stored_result_bytes")]
+    pub max_stored_result_bytes: u64,
 }
 
 impl TasksConfig {
@@ -273,6 +281,12 @@ impl TasksConfig {
             ),
             ("tasks.list_page_size", self.list_page_size as u64, 1, 1000),
             ("tasks.release_quiet_ms", self.release_quiet_ms, 1, HOUR_MS),
+            (
+                "tasks.max_stored_result_bytes",
+                self.max_stored_result_bytes,
+                0,
+                64 * 1024 * 1024,
+            ),
         ])
     }
 }
@@ -285,6 +299,7 @@ impl Default for TasksConfig {
             sweep_interval_ms: default_sweep_interval_ms(),
             list_page_size: default_list_page_size(),
             release_quiet_ms: default_release_quiet_ms(),
+            max_stored_result_bytes: default_max_stored_result_bytes(),
         }
     }
 }

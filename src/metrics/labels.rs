@@ -261,6 +261,8 @@ label_enum! {
         MethodNotFound = "method_not_found",
         /// `tasks/cancel` of a task recorded terminal (2025: `-32602`; 2026: the ack).
         CancelTerminal = "cancel_terminal",
+        /// 2026-07-28 `tasks/cancel` of a task whose cancel the upstream already acknowledged.
+        CancelAcknowledged = "cancel_acknowledged",
         /// A terminal task's `tasks/get` / `tasks/result` served from the record.
         StoredResult = "stored_result",
         /// `tasks/list` served from the registry.

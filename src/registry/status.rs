@@ -115,6 +115,57 @@ impl Observed {
 }
 
 impl Registry {
+    /// A live-task slot for a 2026-07-28 `tools/call` (the server decides whether it becomes a
+    /// task, so the slot is taken even at `tasks.max_live_tasks_per_owner`).
+    pub fn reserve_modern(
+        &self,
+        upstream: &std::sync::Arc<str>,
+        owner: &crate::store::Owner,
+    ) -> super::Reservation {
+        self.owners.reserve_over_limit(upstream, owner)
+    }
+
+    /// Keeps `result_json` (a terminal `tasks/get` answer's `result`, as it passed through) in
+    /// the record of a task recorded with `status`, once: when the record holds no result yet,
+    /// its status is `status` and `result_json` is at most `tasks.max_stored_result_bytes`
+    /// (0 turns this off). Returns whether it was stored. Store work runs off the runtime.
+    pub async fn store_terminal_result(
+        self: &std::sync::Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        status: TaskStatus,
+        result_json: String,
+    ) -> bool {
+        let max = self.config.max_stored_result_bytes;
+        if max == 0 || result_json.len() as u64 > max || !status.is_terminal() {
+            return false;
+        }
+        let (this, up, id) = (self.clone(), upstream.to_string(), task_id.to_string());
+        let work = move || {
+            let updated = this.store.update(&up, &id, &mut |r| {
+                if r.status != status || r.terminal_result.is_some() {
+                    return false;
+                }
+                // A transaction may run this more than once: clone, never take.
+                r.terminal_result = Some(result_json.clone());
+                true
+            });
+            match updated {
+                Ok(Some((before, after))) if before != after => {
+                    this.store.sync_soon();
+                    true
+                }
+                Ok(_) => false,
+                Err(e) => {
+                    this.metrics.store_write_failures_total.inc();
+                    tracing::error!(error = %e, "task store update failed");
+                    false
+                }
+            }
+        };
+        tokio::task::spawn_blocking(work).await.unwrap_or(false)
+    }
+
     /// Applies a status report (a `Task` object: `tasks/get` / `tasks/cancel` result,
     /// `notifications/tasks/status` params) to the record of `(upstream, taskId)`.
     pub(super) fn observe_task_now(&self, upstream: &str, task: &Value, source: &str) -> Observed {

@@ -49,11 +49,12 @@
 
 mod notes;
 
+use crate::era::Era;
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc;
 use crate::layers::extensions::AuthorisedTask;
 use crate::mcp::task::TaskStatus;
-use crate::metrics;
+use crate::metrics::{self, LocalReason};
 use crate::registry::Registry;
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -90,6 +91,9 @@ pub struct CancelState {
     flights: Mutex<HashMap<String, SharedCancel>>,
     /// taskId → the terminal status a finished flight's answer showed (bounded).
     settled: Mutex<HashMap<String, TaskStatus>>,
+    /// 2026-07-28 taskIds whose forwarded `tasks/cancel` the upstream acknowledged (bounded):
+    /// later cancels of them are acknowledged here (one upstream cancel per task).
+    acked: Mutex<std::collections::HashSet<String>>,
     notes: Mutex<CancelNotes>,
 }
 
@@ -100,6 +104,7 @@ impl CancelState {
             registry,
             flights: Mutex::new(HashMap::new()),
             settled: Mutex::new(HashMap::new()),
+            acked: Mutex::new(Default::default()),
             notes: Mutex::new(CancelNotes::default()),
         })
     }
@@ -244,29 +249,38 @@ where
         ));
     };
     let task_id = record.task_id.clone();
-    let (flight, first) = {
+    let era = Era::of(&req);
+    let joined = {
         let mut flights = state.flights.lock();
         if let Some(f) = flights.get(&task_id) {
-            (f.clone(), false)
-        } else {
+            Ok((f.clone(), false))
+        } else if let Some(status) = state.known_terminal(&record) {
             // Checked under the flights lock: a finished flight leaves its terminal status in
             // `settled` before it leaves the table, so this sees it.
-            if let Some(status) = state.known_terminal(&record) {
-                drop(flights);
-                count(metrics::CancelOutcome::RejectedTerminal);
-                return Ok(McpReply::local_error(
-                    Some(&id),
-                    jsonrpc::INVALID_PARAMS,
-                    &format!(
-                        "Cannot cancel task {task_id}: it is already {status} (a terminal status)"
-                    ),
-                ));
-            }
+            Err(Some(status))
+        } else if era == Era::Modern && state.acked.lock().contains(&task_id) {
+            // 2026-07-28: one upstream cancel per task; the ack is all any caller gets.
+            Err(None)
+        } else {
             let flight = forward_cancel(state.clone(), inner, req, task_id.clone())
                 .boxed()
                 .shared();
             flights.insert(task_id.clone(), flight.clone());
-            (flight, true)
+            Ok((flight, true))
+        }
+    };
+    let (flight, first) = match joined {
+        Ok(joined) => joined,
+        Err(Some(status)) => {
+            count(metrics::CancelOutcome::RejectedTerminal);
+            return Ok(terminal_answer(&state, era, &upstream, &record, &id, status).await);
+        }
+        Err(None) => {
+            count(metrics::CancelOutcome::Deduplicated);
+            return Ok(
+                McpReply::local_json(jsonrpc::result_response(&id, MODERN_ACK))
+                    .answered_locally(LocalReason::CancelAcknowledged),
+            );
         }
     };
     let outcome = flight.await;
@@ -278,6 +292,36 @@ where
     });
     reply_of(outcome, &id, first, &upstream)
 }
+
+/// The answer to a `tasks/cancel` of a task known terminal, without calling the upstream:
+/// under 2025-11-25 `-32602` naming the status; under 2026-07-28 the ack
+/// `{"resultType":"complete"}` (the spec defines no error there), with the `cancel_requested`
+/// audit fact (the ack is not proof of anything: the status stays the recorded one).
+async fn terminal_answer(
+    state: &Arc<CancelState>,
+    era: Era,
+    upstream: &str,
+    record: &crate::store::TaskRecord,
+    id: &jsonrpc::Id,
+    status: TaskStatus,
+) -> McpReply {
+    let task_id = &record.task_id;
+    let reply = if era == Era::Modern {
+        state.registry.request_cancel(upstream, task_id).await;
+        tracing::debug!(task_id = %task_id, %status, "tasks/cancel of a terminal task: acknowledged here");
+        McpReply::local_json(jsonrpc::result_response(id, MODERN_ACK))
+    } else {
+        McpReply::local_error(
+            Some(id),
+            jsonrpc::INVALID_PARAMS,
+            &format!("Cannot cancel task {task_id}: it is already {status} (a terminal status)"),
+        )
+    };
+    reply.answered_locally(LocalReason::CancelTerminal)
+}
+
+/// The 2026-07-28 `tasks/cancel` (and `tasks/update`) ack: `{"resultType":"complete"}`.
+pub const MODERN_ACK: &str = r#"{"resultType":"complete"}"#;
 
 /// The reply one caller gets from a flight's outcome, under its own id (`first`: the caller
 /// whose request went upstream gets an HTTP error reply as it came).
@@ -334,6 +378,7 @@ where
     S::Future: Send + 'static,
 {
     let upstream = req.ctx.upstream.clone();
+    let era = Era::of(&req);
     // Leaves the in-flight table however this future ends: answered, failed, panicked, or
     // dropped because every caller went away (the next tasks/cancel is then sent again).
     let _flight = FlightGuard {
@@ -390,6 +435,13 @@ where
                     settled.clear();
                 }
                 settled.insert(task_id, s);
+            } else if era == Era::Modern {
+                // Before the flight leaves the table, like `settled`.
+                let mut acked = state.acked.lock();
+                if acked.len() >= NOTES_LIMIT {
+                    acked.clear();
+                }
+                acked.insert(task_id);
             }
             CancelOutcome::Result(r.get().to_string())
         }

@@ -1,0 +1,210 @@
+//! The `tasks` layer under MCP 2026-07-28 (the tasks extension `io.modelcontextprotocol/tasks`,
+//! SEP-2663; DESIGN.md "Two eras, one gateway"). Requests whose [`Era`] is modern come here.
+//!
+//! - `tools/call`: the server alone decides whether it becomes a task, so every call goes
+//!   upstream with a [`PendingCreation`] (era `modern`, the owner's slot taken even at
+//!   `tasks.max_live_tasks_per_owner`); `observe` records a `CreateTaskResult`
+//!   (`resultType:"task"`) durably before the reply is passed on, and gives the slot back for any
+//!   other answer.
+//! - `tasks/get`, `tasks/update`, `tasks/cancel`: the spec's gates first, in its order, then the
+//!   registry, all answered here and never forwarded when they refuse:
+//!   1. `params._meta` does not declare the extension → `-32021` with
+//!      `data.requiredCapabilities` (HTTP 400);
+//!   2. no string `params.taskId` → `-32602` (HTTP 400);
+//!   3. `Mcp-Name` missing or not equal to `params.taskId` → `-32020` (HTTP 400);
+//!   4. a `taskId` taskgate never recorded, expired, or another owner's → `-32602` (HTTP 400).
+//!      The owner is the bearer principal; with `[auth] mode = "none"` there is no session to
+//!      bind to in 2026, so the unguessable `taskId` is the only key (as the spec allows), and
+//!      ids taskgate never recorded are still refused.
+//!
+//!   A `tasks/get` of a task whose terminal result the record holds (see
+//!   `tasks.max_stored_result_bytes`) is answered from the record with the bytes that passed
+//!   through. Otherwise the request goes on with an [`AuthorisedTask`].
+//! - `tasks/result`, `tasks/list`: do not exist under 2026-07-28 → `-32601` (HTTP 404).
+
+use crate::era::{self, Era};
+use crate::exchange::{McpReply, McpRequest, Operation};
+use crate::jsonrpc::{self, Id};
+use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::metrics::{CancelOutcome, LocalReason, TaskMethod};
+use crate::registry::Registry;
+use crate::store::TaskRecord;
+use serde_json::Value;
+use std::sync::Arc;
+
+/// What the layer does with a modern request.
+pub(super) enum Decision {
+    /// Forward it (possibly after setting extensions).
+    Forward,
+    /// Answer it here.
+    Answer(McpReply),
+    /// A `tasks/get|update|cancel` to authorise against the registry.
+    Authorise,
+}
+
+/// The decision that needs no registry read.
+pub(super) fn decide(registry: &Registry, req: &mut McpRequest) -> Decision {
+    match req.request_method() {
+        Some("tools/call") => {
+            prepare_creation(registry, req);
+            Decision::Forward
+        }
+        Some("tasks/get" | "tasks/update" | "tasks/cancel") => Decision::Authorise,
+        Some(m @ ("tasks/result" | "tasks/list")) => Decision::Answer(McpReply::era_error(
+            Era::Modern,
+            req.id(),
+            jsonrpc::METHOD_NOT_FOUND,
+            &format!("Method not found: {m} does not exist under MCP 2026-07-28"),
+            LocalReason::MethodNotFound,
+        )),
+        _ => Decision::Forward,
+    }
+}
+
+/// Every modern `tools/call` may come back as a task: a [`PendingCreation`] for `observe`.
+fn prepare_creation(registry: &Registry, req: &mut McpRequest) {
+    let Operation::Post(msg) = &req.op else {
+        return;
+    };
+    if msg.id().is_none() {
+        return;
+    }
+    // The tool name only: a cheap borrowed parse.
+    #[derive(serde::Deserialize)]
+    struct Call<'a> {
+        #[serde(borrow)]
+        params: Option<Params<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        name: Option<std::borrow::Cow<'a, str>>,
+    }
+    let tool = msg
+        .parse_as::<Call>()
+        .ok()
+        .and_then(|c| c.params?.name.map(|n| n.into_owned()));
+    let owner = era::modern_owner(&req.ctx.caller());
+    let reservation = registry.reserve_modern(&req.ctx.upstream, &owner);
+    let template = TaskRecord {
+        upstream_session: None,
+        era: Era::Modern,
+        ..super::template(req, owner, tool)
+    };
+    req.extensions.insert(PendingCreation {
+        template: Arc::new(template),
+        reservation: Arc::new(reservation),
+        progress_token: None,
+        created: Arc::default(),
+    });
+}
+
+/// Gates and owner binding for `tasks/get|update|cancel` (see the module docs).
+pub(super) async fn authorise(
+    registry: &Arc<Registry>,
+    req: &mut McpRequest,
+) -> Result<(), McpReply> {
+    let Operation::Post(msg) = &req.op else {
+        return Ok(());
+    };
+    let (Some(id), Some(method)) = (msg.id().cloned(), msg.method().map(str::to_string)) else {
+        return Ok(());
+    };
+    let refuse = |code: i64, message: &str, reason: LocalReason| {
+        Err(McpReply::era_error(
+            Era::Modern,
+            Some(&id),
+            code,
+            message,
+            reason,
+        ))
+    };
+    let value: Value = msg.parse_as().unwrap_or(Value::Null);
+    let params = value.get("params");
+    if !era::declares_tasks_extension(params) {
+        tracing::debug!(method, "tasks request without the tasks extension in _meta");
+        return Err(McpReply::era_error_bytes(
+            Era::Modern,
+            era::missing_tasks_extension(Some(&id)),
+            era::MISSING_REQUIRED_CLIENT_CAPABILITY,
+            LocalReason::MissingExtension,
+        ));
+    }
+    let Some(task_id) = params
+        .and_then(|p| p.get("taskId"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        return refuse(
+            jsonrpc::INVALID_PARAMS,
+            &format!("{method}: params.taskId (a string) is required"),
+            LocalReason::InvalidParams,
+        );
+    };
+    if mcp_name(req).as_deref() != Some(task_id.as_str()) {
+        return refuse(
+            era::HEADER_MISMATCH,
+            &format!("Header mismatch: Mcp-Name must equal params.taskId for {method}"),
+            LocalReason::HeaderMismatch,
+        );
+    }
+    let owner = era::modern_owner(&req.ctx.caller());
+    let upstream = req.ctx.upstream.clone();
+    let Some(record) = registry.lookup(&upstream, &task_id, &owner).await else {
+        if let Some(m) = TaskMethod::parse(&method) {
+            registry.metrics().task_lookup_rejected(&upstream, m);
+        }
+        if method == "tasks/cancel" {
+            registry
+                .metrics()
+                .cancel_request(&upstream, CancelOutcome::RejectedUnknown);
+        }
+        return refuse(
+            jsonrpc::INVALID_PARAMS,
+            &format!("Task not found: {task_id}"),
+            LocalReason::TaskNotFound,
+        );
+    };
+    if method == "tasks/get" {
+        if let Some(reply) = stored_result(&record, &id) {
+            return Err(reply);
+        }
+    }
+    // A task created on a 2025 session keeps going out on it (dual-era servers serve it there).
+    if record.era == Era::Legacy {
+        req.ctx.session_id = record
+            .upstream_session
+            .as_deref()
+            .and_then(|s| http::HeaderValue::from_str(s).ok());
+    }
+    req.extensions.insert(AuthorisedTask { record });
+    Ok(())
+}
+
+/// The answer to a `tasks/get` of a terminal task from the result its record holds.
+fn stored_result(record: &TaskRecord, id: &Id) -> Option<McpReply> {
+    if !record.status.is_terminal() {
+        return None;
+    }
+    let result = record.terminal_result.as_deref()?;
+    Some(
+        McpReply::local_json(jsonrpc::result_response(id, result))
+            .answered_locally(LocalReason::StoredResult),
+    )
+}
+
+/// The request's `Mcp-Name` header, decoded when sent as `=?base64?…?=` (2026-07-28 transports).
+fn mcp_name(req: &McpRequest) -> Option<String> {
+    let raw = req.ctx.headers.get(&era::MCP_NAME)?.to_str().ok()?;
+    match raw
+        .strip_prefix("=?base64?")
+        .and_then(|r| r.strip_suffix("?="))
+    {
+        Some(b64) => {
+            use base64::Engine;
+            let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+            String::from_utf8(bytes).ok()
+        }
+        None => Some(raw.to_string()),
+    }
+}
