@@ -1,0 +1,112 @@
+//! What `observe` applies from 2026-07-28 messages (tasks extension, SEP-2663):
+//!
+//! - replies to `tasks/get`: a flat `DetailedTask` with `resultType:"complete"` (`completed`
+//!   with `isError: true` is still `completed`; `failed` carries `error`). Applied to the
+//!   authorised task; a status contradicting a recorded terminal one is rewritten (byte-exact
+//!   splice) to the recorded one, without the contradicting `result` / `error` when the recorded
+//!   status is `cancelled`. The first terminal answer's `result` member is kept in the record
+//!   (`tasks.max_stored_result_bytes`), so later polls are answered by the `tasks` layer.
+//! - replies to `tasks/cancel` and `tasks/update`: acks (`{"resultType":"complete"}`), nothing to
+//!   apply (the status cancelled is first seen in a later `tasks/get` or notification).
+//! - `notifications/tasks` on any stream (a `subscriptions/listen` stream included): a full
+//!   `DetailedTask` naming its `taskId`, applied like a `tasks/get` answer; activity for the
+//!   "resources released" fact.
+
+use super::{TaskMethod, Watch};
+use crate::era;
+use crate::jsonrpc::splice;
+use crate::mcp::task::TaskStatus;
+use crate::registry::{Observed, Registry};
+use crate::store::TaskRecord;
+use bytes::Bytes;
+use serde_json::Value;
+
+impl Watch {
+    /// Applies the reply to a 2026-07-28 `tasks/get|cancel` about `task_id`.
+    pub(super) async fn on_modern_task_reply(
+        &self,
+        bytes: Bytes,
+        method: TaskMethod,
+        task_id: &str,
+        known: &TaskRecord,
+    ) -> Bytes {
+        if method != TaskMethod::Get {
+            // Acks carry no status.
+            return bytes;
+        }
+        let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
+            return bytes;
+        };
+        let Some(result) = value.get("result").filter(|r| r.is_object()) else {
+            return bytes;
+        };
+        let task = era::as_registry_task(result, self.registry.config().max_ttl_ms);
+        if !Registry::would_change(known, &task) {
+            return bytes;
+        }
+        let observed = self
+            .registry
+            .observe_task_as(&self.upstream, task_id, task, "tasks/get")
+            .await;
+        match observed {
+            Observed::Recorded(status) if status.is_terminal() => {
+                if let Ok(Some(raw)) = splice::raw_at(&bytes, &["result"]) {
+                    self.registry
+                        .store_terminal_result(
+                            &self.upstream,
+                            task_id,
+                            status,
+                            raw.get().to_string(),
+                        )
+                        .await;
+                }
+                bytes
+            }
+            Observed::Rewrite { .. } => rewrite(&observed, &bytes, "result"),
+            _ => bytes,
+        }
+    }
+
+    /// Applies a `notifications/tasks` (a `DetailedTask` in `params`).
+    pub(super) async fn on_tasks_notification(&self, bytes: Bytes, value: Value) -> Bytes {
+        let Some(params) = value.get("params").filter(|p| p.is_object()) else {
+            return bytes;
+        };
+        if let Some(task_id) = params.get("taskId").and_then(Value::as_str) {
+            if self.registry.releases().activity(&self.upstream, task_id) {
+                self.registry
+                    .metrics()
+                    .task_activity_after_cancel(&self.upstream);
+            }
+        }
+        let task = era::as_registry_task(params, self.registry.config().max_ttl_ms);
+        let observed = self
+            .registry
+            .observe_task(&self.upstream, task, "notifications/tasks")
+            .await;
+        rewrite(&observed, &bytes, "params")
+    }
+}
+
+/// `bytes` with the `DetailedTask` at `member` showing the recorded terminal status; a
+/// contradicting `result` / `error` is removed when that status is `cancelled` (a
+/// `CancelledTask` carries neither). Unchanged when there is nothing to rewrite.
+fn rewrite(observed: &Observed, bytes: &Bytes, member: &str) -> Bytes {
+    let Some(mut out) = observed.rewrite_bytes(bytes, &[member]) else {
+        return bytes.clone();
+    };
+    if matches!(
+        observed,
+        Observed::Rewrite {
+            status: TaskStatus::Cancelled,
+            ..
+        }
+    ) {
+        for payload in ["result", "error"] {
+            if let Ok(Some(without)) = splice::remove(&out, &[member, payload]) {
+                out = without;
+            }
+        }
+    }
+    out
+}
