@@ -196,6 +196,11 @@ async fn task_call(
     .await
 }
 
+fn base64_of(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
 fn count(up: &Upstream, method: &str) -> usize {
     up.received(method).len()
 }
@@ -290,10 +295,21 @@ async fn gates_come_first_with_their_http_statuses() {
         .header("mcp-name", "other");
     let (status, v) = send(mismatch).await;
     assert_eq!((status, err_code(&v)), (400, -32020), "{v}");
-    let missing =
-        modern_req(&url, None, 4, "tasks/update", json!({"taskId": t})).without("mcp-name");
-    let (status, v) = send(missing).await;
+    let encoded = format!("=?base64?{}?=", base64_of("other"));
+    let mismatch = modern_req(&url, None, 4, "tasks/update", json!({"taskId": t}))
+        .without("mcp-name")
+        .header("mcp-name", &encoded);
+    let (status, v) = send(mismatch).await;
     assert_eq!((status, err_code(&v)), (400, -32020), "{v}");
+    // A missing Mcp-Name passes (FastMCP 4 accepts it; fastmcp.Client 4 sends none).
+    let missing =
+        modern_req(&url, None, 5, "tasks/update", json!({"taskId": t})).without("mcp-name");
+    let (status, v) = send(missing).await;
+    assert_eq!(
+        (status, v["result"]["resultType"].clone()),
+        (200, json!("complete")),
+        "{v}"
+    );
 
     for (i, m) in ["tasks/get", "tasks/update", "tasks/cancel"]
         .iter()
@@ -306,13 +322,12 @@ async fn gates_come_first_with_their_http_statuses() {
         let (status, v) = task_call(&url, None, 20, m, &t).await;
         assert_eq!((status, err_code(&v)), (404, -32601), "{m}: {v}");
     }
-    for m in [
-        "tasks/get",
-        "tasks/update",
-        "tasks/cancel",
-        "tasks/result",
-        "tasks/list",
-    ] {
+    assert_eq!(
+        count(&up, "tasks/update"),
+        1,
+        "only the one with a matching name"
+    );
+    for m in ["tasks/get", "tasks/cancel", "tasks/result", "tasks/list"] {
         assert_eq!(count(&up, m), 0, "{m} reached the upstream");
     }
     let text = tg.metrics_text().await;
@@ -358,7 +373,8 @@ async fn gates_come_first_with_their_http_statuses() {
                 ("outcome", "ok")
             ]
         ),
-        0.0
+        1.0,
+        "only the forwarded one"
     );
     assert_eq!(
         metric(

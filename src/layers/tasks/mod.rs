@@ -32,7 +32,7 @@ use crate::era::Era;
 use crate::exchange::{McpReply, McpRequest, Operation};
 use crate::jsonrpc::splice;
 use crate::jsonrpc::{self, Message};
-use crate::layers::extensions::{AuthorisedTask, PendingCreation, Upgraded};
+use crate::layers::extensions::{AuthorisedTask, PendingCreation, Upgraded, UpstreamWithoutTasks};
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::{CancelOutcome, CreationRefusal, LocalReason, TaskMethod};
 use crate::registry::Registry;
@@ -120,6 +120,10 @@ where
                     })
                 }
             };
+        }
+        if req.extensions.get::<UpstreamWithoutTasks>().is_some() {
+            // No tasks upstream: nothing to authorise, list or answer here.
+            return Box::pin(inner.call(req));
         }
         let method = req.request_method().and_then(TaskMethod::parse);
         if let Some(method) = method {

@@ -11,7 +11,8 @@
 //!   1. `params._meta` does not declare the extension → `-32021` with
 //!      `data.requiredCapabilities` (HTTP 400);
 //!   2. no string `params.taskId` → `-32602` (HTTP 400);
-//!   3. `Mcp-Name` missing or not equal to `params.taskId` → `-32020` (HTTP 400);
+//!   3. `Mcp-Name` present and not equal to `params.taskId` → `-32020` (HTTP 400; a missing
+//!      one passes, as FastMCP 4 accepts it and `fastmcp.Client` 4 sends none);
 //!   4. a `taskId` taskgate never recorded, expired, or another owner's → `-32602` (HTTP 400).
 //!      The owner is the bearer principal; with `[auth] mode = "none"` there is no session to
 //!      bind to in 2026, so the unguessable `taskId` is the only key (as the spec allows), and
@@ -141,7 +142,9 @@ pub(super) async fn authorise(
             LocalReason::InvalidParams,
         );
     };
-    if mcp_name(req).as_deref() != Some(task_id.as_str()) {
+    // A missing `Mcp-Name` passes: FastMCP 4.1.4 accepts it and `fastmcp.Client` 4.1.4 sends
+    // none, so refusing it would make taskgate less transparent than a byte-for-byte proxy.
+    if mcp_name(req).is_some_and(|name| name != task_id) {
         return refuse(
             era::HEADER_MISMATCH,
             &format!("Header mismatch: Mcp-Name must equal params.taskId for {method}"),
