@@ -586,3 +586,43 @@ async fn a_modern_task_survives_sigkill() {
     );
     assert_eq!(count(&up, "tasks/get"), 1);
 }
+
+/// Under 2026-07-28 a `notifications/cancelled` naming the `tools/call` that became a task never
+/// reaches the upstream (tasks are cancelled with `tasks/cancel` only).
+#[tokio::test]
+async fn notifications_cancelled_never_cancels_a_task() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let body = json!({"jsonrpc":"2.0","method":"notifications/cancelled",
+        "params":{"requestId":1,"reason":"user","_meta":meta(true)}})
+    .to_string();
+    let resp = Req::mcp_post(&url, body)
+        .header("mcp-protocol-version", MODERN)
+        .send()
+        .await;
+    assert_eq!(resp.status(), 202);
+    assert_eq!(count(&up, "notifications/cancelled"), 0);
+    assert_eq!(count(&up, "tasks/cancel"), 0);
+    let r = tg.record(&t).unwrap();
+    assert_eq!(r.status, taskgate::mcp::task::TaskStatus::Working);
+}
+
+/// 2025-11-25: a second `tasks/result` of a terminal task is answered from the record with the
+/// payload that passed through; the upstream sees one.
+#[tokio::test]
+async fn legacy_tasks_result_of_a_terminal_task_is_served_from_the_record() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = c.create_task("1").await;
+    up.set(&t, "completed");
+    let first = c.result("2", &t).await;
+    assert!(first.get("result").is_some(), "{first}");
+    let again = c.result("3", &t).await;
+    assert_eq!(again["id"], json!(3));
+    assert_eq!(again["result"], first["result"]);
+    assert_eq!(up.count("tasks/result"), 1);
+}

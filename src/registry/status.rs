@@ -125,25 +125,27 @@ impl Registry {
         self.owners.reserve_over_limit(upstream, owner)
     }
 
-    /// Keeps `result_json` (a terminal `tasks/get` answer's `result`, as it passed through) in
-    /// the record of a task recorded with `status`, once: when the record holds no result yet,
-    /// its status is `status` and `result_json` is at most `tasks.max_stored_result_bytes`
-    /// (0 turns this off). Returns whether it was stored. Store work runs off the runtime.
+    /// Keeps `result_json` (the `result` of a terminal 2026 `tasks/get` answer, or of a 2025
+    /// `tasks/result` answer, as it passed through) in the task's record, once: when the record
+    /// holds no result yet, its status is `status` (any terminal status for `None`) and
+    /// `result_json` is at most `tasks.max_stored_result_bytes` (0 turns this off). Returns
+    /// whether it was stored. Store work runs off the runtime.
     pub async fn store_terminal_result(
         self: &std::sync::Arc<Self>,
         upstream: &str,
         task_id: &str,
-        status: TaskStatus,
+        status: Option<TaskStatus>,
         result_json: String,
     ) -> bool {
         let max = self.config.max_stored_result_bytes;
-        if max == 0 || result_json.len() as u64 > max || !status.is_terminal() {
+        if max == 0 || result_json.len() as u64 > max || status.is_some_and(|s| !s.is_terminal()) {
             return false;
         }
         let (this, up, id) = (self.clone(), upstream.to_string(), task_id.to_string());
         let work = move || {
             let updated = this.store.update(&up, &id, &mut |r| {
-                if r.status != status || r.terminal_result.is_some() {
+                let wanted = status.map_or(r.status.is_terminal(), |s| r.status == s);
+                if !wanted || r.terminal_result.is_some() {
                     return false;
                 }
                 // A transaction may run this more than once: clone, never take.

@@ -29,7 +29,7 @@ mod modern;
 use crate::era::{self, Era};
 use crate::exchange::{McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc::needles::{self, found};
-use crate::jsonrpc::{self, Id, Kind, Message};
+use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
 use crate::registry::{Registry, ResourceHold};
 use crate::sse::{Event, EventStream};
@@ -394,6 +394,13 @@ impl Watch {
             self.registry
                 .apply_result_payload(&self.upstream, task_id, failed)
                 .await;
+            // The payload of a task now terminal: later tasks/result calls are answered from
+            // the record (`tasks.max_stored_result_bytes`).
+            if let Ok(Some(raw)) = splice::raw_at(&bytes, &["result"]) {
+                self.registry
+                    .store_terminal_result(&self.upstream, task_id, None, raw.get().to_string())
+                    .await;
+            }
             return bytes;
         }
         if !result.is_object() {

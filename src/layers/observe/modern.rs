@@ -55,7 +55,7 @@ impl Watch {
                         .store_terminal_result(
                             &self.upstream,
                             task_id,
-                            status,
+                            Some(status),
                             raw.get().to_string(),
                         )
                         .await;

@@ -297,6 +297,12 @@ async fn authorise(
         )
         .answered_locally(LocalReason::TaskNotFound));
     };
+    if method == TaskMethod::Result && record.status.is_terminal() {
+        if let Some(result) = record.terminal_result.as_deref() {
+            return Err(McpReply::local_json(jsonrpc::result_response(&id, result))
+                .answered_locally(LocalReason::StoredResult));
+        }
+    }
     req.ctx.session_id = record
         .upstream_session
         .as_deref()
