@@ -112,13 +112,7 @@ pub(super) async fn authorise(
         return Ok(());
     };
     let refuse = |code: i64, message: &str, reason: LocalReason| {
-        Err(McpReply::era_error(
-            Era::Modern,
-            Some(&id),
-            code,
-            message,
-            reason,
-        ))
+        McpReply::era_error(Era::Modern, Some(&id), code, message, reason)
     };
     let value: Value = msg.parse_as().unwrap_or(Value::Null);
     let params = value.get("params");
@@ -136,20 +130,20 @@ pub(super) async fn authorise(
         .and_then(Value::as_str)
         .map(str::to_string)
     else {
-        return refuse(
+        return Err(refuse(
             jsonrpc::INVALID_PARAMS,
             &format!("{method}: params.taskId (a string) is required"),
             LocalReason::InvalidParams,
-        );
+        ));
     };
     // A missing `Mcp-Name` passes: FastMCP 4.1.4 accepts it and `fastmcp.Client` 4.1.4 sends
     // none, so refusing it would make taskgate less transparent than a byte-for-byte proxy.
     if mcp_name(req).is_some_and(|name| name != task_id) {
-        return refuse(
+        return Err(refuse(
             era::HEADER_MISMATCH,
             &format!("Header mismatch: Mcp-Name must equal params.taskId for {method}"),
             LocalReason::HeaderMismatch,
-        );
+        ));
     }
     let owner = era::modern_owner(&req.ctx.caller());
     let upstream = req.ctx.upstream.clone();
@@ -162,11 +156,11 @@ pub(super) async fn authorise(
                 .metrics()
                 .cancel_request(&upstream, CancelOutcome::RejectedUnknown);
         }
-        return refuse(
+        return Err(refuse(
             jsonrpc::INVALID_PARAMS,
             &format!("Task not found: {task_id}"),
             LocalReason::TaskNotFound,
-        );
+        ));
     };
     if method == "tasks/get" {
         if let Some(reply) = stored_result(&record, &id) {
