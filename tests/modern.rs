@@ -626,3 +626,47 @@ async fn legacy_tasks_result_of_a_terminal_task_is_served_from_the_record() {
     assert_eq!(again["result"], first["result"]);
     assert_eq!(up.count("tasks/result"), 1);
 }
+
+/// `subscriptions/listen` names only the caller's tasks upstream: another principal's (or a
+/// never-recorded) taskId is removed from `params.notifications.taskIds`; the owner's own task
+/// stays.
+#[tokio::test]
+async fn listen_keeps_only_the_callers_tasks() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .token("bob", "tok-b")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, Some("tok-a"), "slow_compute").await;
+    let listen = |id: u64| json!({"notifications": {"taskIds": [t.clone(), "never-recorded"]}, "_meta": meta(true), "n": id});
+    let (status, _) = send(modern_req(
+        &url,
+        Some("tok-b"),
+        2,
+        "subscriptions/listen",
+        listen(2),
+    ))
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = send(modern_req(
+        &url,
+        Some("tok-a"),
+        3,
+        "subscriptions/listen",
+        listen(3),
+    ))
+    .await;
+    assert_eq!(status, 200);
+    let seen = up.received("subscriptions/listen");
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[0].json()["params"]["notifications"]["taskIds"],
+        json!([])
+    );
+    assert_eq!(
+        seen[1].json()["params"]["notifications"]["taskIds"],
+        json!([t])
+    );
+}

@@ -110,6 +110,15 @@ where
             return match modern::decide(&self.registry, &mut req) {
                 modern::Decision::Forward => Box::pin(inner.call(req)),
                 modern::Decision::Answer(reply) => Box::pin(async move { Ok(reply) }),
+                modern::Decision::Listen => {
+                    let registry = self.registry.clone();
+                    Box::pin(async move {
+                        match modern::filter_listen(&registry, &mut req).await {
+                            Ok(()) => inner.call(req).await,
+                            Err(answered) => Ok(answered),
+                        }
+                    })
+                }
                 modern::Decision::Authorise => {
                     let registry = self.registry.clone();
                     Box::pin(async move {

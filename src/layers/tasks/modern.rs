@@ -22,6 +22,10 @@
 //!   `tasks.max_stored_result_bytes`) is answered from the record with the bytes that passed
 //!   through. Otherwise the request goes on with an [`AuthorisedTask`].
 //! - `tasks/result`, `tasks/list`: do not exist under 2026-07-28 → `-32601` (HTTP 404).
+//! - `subscriptions/listen`: `params.notifications.taskIds` keeps only the caller's recorded tasks
+//!   (the others are removed from the request, byte-exact splice; the server then acknowledges
+//!   only those in `notifications/subscriptions/acknowledged`), so no caller can listen to
+//!   another owner's task. More than [`MAX_LISTEN_TASK_IDS`] ids → `-32602` (HTTP 400).
 
 use crate::era::{self, Era};
 use crate::exchange::{McpReply, McpRequest, Operation};
@@ -41,6 +45,8 @@ pub(super) enum Decision {
     Answer(McpReply),
     /// A `tasks/get|update|cancel` to authorise against the registry.
     Authorise,
+    /// A `subscriptions/listen` whose `notifications.taskIds` are filtered to the caller's tasks.
+    Listen,
 }
 
 /// The decision that needs no registry read.
@@ -51,6 +57,7 @@ pub(super) fn decide(registry: &Registry, req: &mut McpRequest) -> Decision {
             Decision::Forward
         }
         Some("tasks/get" | "tasks/update" | "tasks/cancel") => Decision::Authorise,
+        Some("subscriptions/listen") => Decision::Listen,
         Some(m @ ("tasks/result" | "tasks/list")) => Decision::Answer(McpReply::era_error(
             Era::Modern,
             req.id(),
@@ -203,5 +210,75 @@ fn mcp_name(req: &McpRequest) -> Option<String> {
             String::from_utf8(bytes).ok()
         }
         None => Some(raw.to_string()),
+    }
+}
+
+/// Most `taskIds` one `subscriptions/listen` may name (each is one registry read).
+pub const MAX_LISTEN_TASK_IDS: usize = 256;
+
+/// Filters `params.notifications.taskIds` of a `subscriptions/listen` to the caller's tasks.
+pub(super) async fn filter_listen(
+    registry: &Arc<Registry>,
+    req: &mut McpRequest,
+) -> Result<(), McpReply> {
+    let Operation::Post(msg) = &req.op else {
+        return Ok(());
+    };
+    const PATH: [&str; 3] = ["params", "notifications", "taskIds"];
+    let ids: Vec<String> = match crate::jsonrpc::splice::raw_at(msg.bytes(), &PATH) {
+        Ok(Some(raw)) => match serde_json::from_str::<Vec<Value>>(raw.get()) {
+            Ok(v) => v
+                .into_iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect(),
+            Err(_) => return Ok(()),
+        },
+        _ => return Ok(()),
+    };
+    if ids.len() > MAX_LISTEN_TASK_IDS {
+        return Err(McpReply::era_error(
+            Era::Modern,
+            msg.id(),
+            jsonrpc::INVALID_PARAMS,
+            &format!("subscriptions/listen: at most {MAX_LISTEN_TASK_IDS} taskIds"),
+            LocalReason::InvalidParams,
+        ));
+    }
+    let owner = era::modern_owner(&req.ctx.caller());
+    let mut kept = Vec::with_capacity(ids.len());
+    for id in &ids {
+        if registry
+            .lookup(&req.ctx.upstream, id, &owner)
+            .await
+            .is_some()
+        {
+            kept.push(id.as_str());
+        }
+    }
+    if kept.len() == ids.len() {
+        return Ok(());
+    }
+    tracing::debug!(
+        named = ids.len(),
+        kept = kept.len(),
+        "subscriptions/listen: taskIds of other owners or never recorded removed"
+    );
+    let list = serde_json::to_string(&kept).unwrap_or_else(|_| "[]".into());
+    let rewritten = crate::jsonrpc::splice::replace(msg.bytes(), &PATH, &list)
+        .ok()
+        .flatten()
+        .and_then(|b| crate::jsonrpc::Message::parse(b).ok());
+    match rewritten {
+        Some(m) => {
+            req.op = Operation::Post(m);
+            Ok(())
+        }
+        None => Err(McpReply::era_error(
+            Era::Modern,
+            msg.id(),
+            jsonrpc::INVALID_PARAMS,
+            "subscriptions/listen: params.notifications.taskIds cannot be read",
+            LocalReason::InvalidParams,
+        )),
     }
 }
