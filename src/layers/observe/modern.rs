@@ -110,3 +110,62 @@ fn rewrite(observed: &Observed, bytes: &Bytes, member: &str) -> Bytes {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::era::Era;
+    use crate::exchange::{GatewayError, McpReply, McpRequest};
+    use crate::layers::extensions::PendingCreation;
+    use crate::layers::observe::ObserveLayer;
+    use crate::layers::testing::{owner, record, registry, request};
+    use crate::mcp::task::TaskStatus;
+    use crate::store::TaskRecord;
+    use bytes::Bytes;
+    use std::sync::Arc;
+    use tower::{Layer, ServiceExt};
+
+    fn call(registry: &Arc<crate::registry::Registry>) -> McpRequest {
+        let mut req =
+            request(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow"}}"#);
+        req.extensions.insert(Era::Modern);
+        req.extensions.insert(PendingCreation {
+            template: Arc::new(TaskRecord {
+                task_id: String::new(),
+                era: Era::Modern,
+                ..record("")
+            }),
+            reservation: Arc::new(registry.reserve_modern(&"up".into(), &owner())),
+            progress_token: None,
+            created: Arc::default(),
+        });
+        req
+    }
+
+    /// A flat `CreateTaskResult` is recorded (ttlMs null capped) before the reply passes; a plain
+    /// result records nothing and gives the slot back.
+    #[tokio::test]
+    async fn flat_create_task_result_is_recorded() {
+        let (registry, _store) = registry();
+        let answer = |body: &'static str| {
+            ObserveLayer::new(registry.clone()).layer(tower::service_fn(
+                move |_r: McpRequest| async move {
+                    Ok::<_, GatewayError>(McpReply::local_json(Bytes::from_static(body.as_bytes())))
+                },
+            ))
+        };
+        let created = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":"m1","status":"working","createdAt":"2026-08-01T00:00:00Z","lastUpdatedAt":"2026-08-01T00:00:00Z","ttlMs":null,"pollIntervalMs":500}}"#;
+        answer(created).oneshot(call(&registry)).await.unwrap();
+        let r = registry.store().get("up", "m1").unwrap().expect("recorded");
+        assert_eq!((r.era, r.status), (Era::Modern, TaskStatus::Working));
+        assert_eq!(r.ttl_ms, Some(registry.config().max_ttl_ms));
+        assert_eq!(r.poll_interval_ms, Some(500));
+        assert_eq!(registry.owners_count("up", &owner()), 1);
+        let plain = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","content":[]}}"#;
+        answer(plain).oneshot(call(&registry)).await.unwrap();
+        assert_eq!(
+            registry.owners_count("up", &owner()),
+            1,
+            "the plain call's slot is back"
+        );
+    }
+}

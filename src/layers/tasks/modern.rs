@@ -282,3 +282,74 @@ pub(super) async fn filter_listen(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::GatewayError;
+    use crate::layers::tasks::TasksLayer;
+    use crate::layers::testing::{json_of, record, registry, request};
+    use crate::store::Owner;
+    use bytes::Bytes;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{Layer, ServiceExt};
+
+    const WITH_EXT: &str = r#"{"io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}"#;
+
+    fn modern(method: &str, params: &str, name: Option<&str>) -> McpRequest {
+        let mut req = request(&format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"{method}","params":{params}}}"#
+        ));
+        req.extensions.insert(Era::Modern);
+        if let Some(n) = name {
+            req.ctx
+                .headers
+                .insert(&era::MCP_NAME, http::HeaderValue::from_str(n).unwrap());
+        }
+        req
+    }
+
+    /// The gates in the spec's order, each answered here with its 2026 HTTP status; the
+    /// upstream is never called; the owner's own request goes through.
+    #[tokio::test]
+    async fn gates_then_registry_then_upstream() {
+        let (registry, _store) = registry();
+        let slot = registry.reserve(&"up".into(), &Owner::Anonymous).unwrap();
+        let mine = TaskRecord {
+            owner: Owner::Anonymous,
+            era: Era::Modern,
+            ..record("t1")
+        };
+        registry.record_creation(mine, &slot).await.unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let stack = TasksLayer::new(registry.clone(), false).layer(tower::service_fn(
+            move |_req: McpRequest| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, GatewayError>(McpReply::local_json(Bytes::from_static(b"{}"))) }
+            },
+        ));
+        let no_ext = modern("tasks/get", r#"{"taskId":"t1"}"#, Some("t1"));
+        let with = |id: &str| format!(r#"{{"taskId":"{id}","_meta":{WITH_EXT}}}"#);
+        let cases = [
+            (no_ext, 400, -32021),
+            (modern("tasks/get", &with("t1"), Some("t2")), 400, -32020),
+            (modern("tasks/cancel", &with("t9"), Some("t9")), 400, -32602),
+            (modern("tasks/result", &with("t1"), Some("t1")), 404, -32601),
+            (modern("tasks/list", "{}", None), 404, -32601),
+        ];
+        for (req, status, code) in cases {
+            let reply = stack.clone().oneshot(req).await.unwrap();
+            assert_eq!(reply.status.as_u16(), status);
+            assert_eq!(json_of(&reply)["error"]["code"], code);
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        let ok = stack
+            .clone()
+            .oneshot(modern("tasks/update", &with("t1"), None))
+            .await
+            .unwrap();
+        assert_eq!(ok.status.as_u16(), 200);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}
