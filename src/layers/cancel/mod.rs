@@ -10,7 +10,13 @@
 //!
 //! - **Terminal**: a task whose record is `completed`, `failed` or `cancelled` (the authorised
 //!   record, or the outcome of a flight that just ended) is answered `-32602` naming the status;
-//!   the upstream is not called (`outcome="rejected_terminal"`).
+//!   the upstream is not called (`outcome="rejected_terminal"`). Under 2026-07-28 it is the ack
+//!   `{"resultType":"complete"}` instead (the spec defines no error there), with the
+//!   `cancel_requested` audit fact; and a task whose forwarded cancel the upstream acknowledged
+//!   gets the ack here for every later cancel (one upstream cancel per task). The three audit
+//!   facts stay apart: cancel requested (the ack), status cancelled (first seen in a later
+//!   `tasks/get` or `notifications/tasks`; the task may end `completed` or `failed` instead) and
+//!   resources released. `notifications/cancelled` never cancels a 2026 task (reason `task`).
 //! - **Single-flight**: while one `tasks/cancel` for a task is in flight upstream, identical
 //!   requests wait for it and each gets the same outcome under its own JSON-RPC id
 //!   (`outcome="deduplicated"`). The first is `forwarded` (or `upstream_error` when the upstream
@@ -47,7 +53,11 @@
 //!   `reason="restart"`; records removed by the TTL sweeper first count `reason="expired"`.
 //!   Holds and activity are taken by `observe`; the tracker is `crate::registry::releases`.
 
+mod modern;
 mod notes;
+
+use modern::terminal_answer;
+pub use modern::MODERN_ACK;
 
 use crate::era::Era;
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
@@ -292,36 +302,6 @@ where
     });
     reply_of(outcome, &id, first, &upstream)
 }
-
-/// The answer to a `tasks/cancel` of a task known terminal, without calling the upstream:
-/// under 2025-11-25 `-32602` naming the status; under 2026-07-28 the ack
-/// `{"resultType":"complete"}` (the spec defines no error there), with the `cancel_requested`
-/// audit fact (the ack is not proof of anything: the status stays the recorded one).
-async fn terminal_answer(
-    state: &Arc<CancelState>,
-    era: Era,
-    upstream: &str,
-    record: &crate::store::TaskRecord,
-    id: &jsonrpc::Id,
-    status: TaskStatus,
-) -> McpReply {
-    let task_id = &record.task_id;
-    let reply = if era == Era::Modern {
-        state.registry.request_cancel(upstream, task_id).await;
-        tracing::debug!(task_id = %task_id, %status, "tasks/cancel of a terminal task: acknowledged here");
-        McpReply::local_json(jsonrpc::result_response(id, MODERN_ACK))
-    } else {
-        McpReply::local_error(
-            Some(id),
-            jsonrpc::INVALID_PARAMS,
-            &format!("Cannot cancel task {task_id}: it is already {status} (a terminal status)"),
-        )
-    };
-    reply.answered_locally(LocalReason::CancelTerminal)
-}
-
-/// The 2026-07-28 `tasks/cancel` (and `tasks/update`) ack: `{"resultType":"complete"}`.
-pub const MODERN_ACK: &str = r#"{"resultType":"complete"}"#;
 
 /// The reply one caller gets from a flight's outcome, under its own id (`first`: the caller
 /// whose request went upstream gets an HTTP error reply as it came).
