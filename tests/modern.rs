@@ -475,6 +475,18 @@ async fn cancel_of_a_terminal_task_is_acked_here() {
         "{v}"
     );
     assert_eq!(count(&up, "tasks/cancel"), 0);
+    // The ack is recorded as "cancel requested"; the status stays completed.
+    let (_, events) = audit_events(&tg, &t).await;
+    assert!(
+        events.contains(&"cancel_requested".to_string()),
+        "{events:?}"
+    );
+    assert!(
+        !events.contains(&"status_cancelled".to_string()),
+        "{events:?}"
+    );
+    let (_, v) = task_call(&url, None, 4, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "completed", "{v}");
 }
 
 /// After `cancelled` is recorded, a later `completed` (with its result) is shown as

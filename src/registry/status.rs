@@ -385,6 +385,33 @@ impl Registry {
     /// Records that a `tasks/cancel` for the task goes upstream: `cancel_requested_at` (set
     /// once) and a `cancel_requested` audit event. One store update; returns the record after it.
     pub(super) fn request_cancel_now(&self, upstream: &str, task_id: &str) -> Option<TaskRecord> {
+        self.cancel_requested_now(upstream, task_id, "tasks/cancel forwarded upstream")
+    }
+
+    /// Records the "cancel requested" fact for a 2026-07-28 `tasks/cancel` that taskgate
+    /// acknowledged itself (the task was already terminal: nothing went upstream).
+    pub async fn record_cancel_acknowledged(
+        self: &std::sync::Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+    ) {
+        let (this, up, id) = (self.clone(), upstream.to_string(), task_id.to_string());
+        let _ = tokio::task::spawn_blocking(move || {
+            this.cancel_requested_now(
+                &up,
+                &id,
+                "tasks/cancel of a terminal task acknowledged by taskgate (not forwarded)",
+            )
+        })
+        .await;
+    }
+
+    fn cancel_requested_now(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        detail: &str,
+    ) -> Option<TaskRecord> {
         let now = now_ms();
         let updated = self.store.update(upstream, task_id, &mut |r| {
             if r.cancel_requested_at.is_some() {
@@ -395,11 +422,7 @@ impl Registry {
         });
         match updated {
             Ok(Some((_, after))) => {
-                self.audit(
-                    &after,
-                    "cancel_requested",
-                    "tasks/cancel forwarded upstream".into(),
-                );
+                self.audit(&after, "cancel_requested", detail.to_string());
                 Some(after)
             }
             Ok(None) => None,

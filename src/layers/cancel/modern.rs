@@ -23,7 +23,10 @@ pub(super) async fn terminal_answer(
 ) -> McpReply {
     let task_id = &record.task_id;
     let reply = if era == Era::Modern {
-        state.registry.request_cancel(upstream, task_id).await;
+        state
+            .registry
+            .record_cancel_acknowledged(upstream, task_id)
+            .await;
         tracing::debug!(task_id = %task_id, %status, "tasks/cancel of a terminal task: acknowledged here");
         McpReply::local_json(jsonrpc::result_response(id, MODERN_ACK))
     } else {
