@@ -9,7 +9,7 @@
 //! passed through as it came (upstream HTTP errors).
 
 use crate::jsonrpc::{self, Id, Message};
-use crate::metrics::RequestOutcome;
+use crate::metrics::{LocalReason, RequestOutcome};
 use crate::sse::EventStream;
 use crate::store::Owner;
 use bytes::Bytes;
@@ -267,6 +267,62 @@ impl McpReply {
             headers: HeaderMap::new(),
             body: ReplyBody::Empty,
         }
+    }
+}
+
+/// Reply header a layer sets on an answer it gave itself, naming its [`LocalReason`]; the edge
+/// removes it (it never reaches the client), logs the answer at debug and counts it
+/// (`taskgate_local_answers_total`, `outcome="local"`).
+pub static LOCAL_ANSWER: http::HeaderName =
+    http::HeaderName::from_static("x-taskgate-local-answer");
+
+impl McpReply {
+    /// Marks this reply as answered by taskgate itself for `reason` (see [`LOCAL_ANSWER`]).
+    pub fn answered_locally(mut self, reason: LocalReason) -> McpReply {
+        self.headers
+            .insert(&LOCAL_ANSWER, HeaderValue::from_static(reason.as_str()));
+        self
+    }
+
+    /// Removes the [`LOCAL_ANSWER`] mark; the reason, if this reply was answered locally.
+    pub fn take_local_reason(&mut self) -> Option<LocalReason> {
+        let v = self.headers.remove(&LOCAL_ANSWER)?;
+        LocalReason::ALL
+            .iter()
+            .copied()
+            .find(|r| v.as_bytes() == r.as_str().as_bytes())
+    }
+
+    /// A JSON-RPC error taskgate answers itself, in the request's era: under 2026-07-28 with the
+    /// HTTP status its transport prescribes ([`crate::era::modern_error_status`]), else HTTP 200;
+    /// marked with `reason`.
+    pub fn era_error(
+        era: crate::era::Era,
+        id: Option<&Id>,
+        code: i64,
+        message: &str,
+        reason: LocalReason,
+    ) -> McpReply {
+        McpReply::era_error_bytes(
+            era,
+            jsonrpc::error_response(id, code, message),
+            code,
+            reason,
+        )
+    }
+
+    /// [`McpReply::era_error`] for an error message already built (`bytes`, with `code`).
+    pub fn era_error_bytes(
+        era: crate::era::Era,
+        bytes: Bytes,
+        code: i64,
+        reason: LocalReason,
+    ) -> McpReply {
+        let mut reply = McpReply::local_json(bytes).answered_locally(reason);
+        if era == crate::era::Era::Modern {
+            reply.status = crate::era::modern_error_status(code);
+        }
+        reply
     }
 }
 

@@ -287,6 +287,23 @@ pub fn error_response(id: Option<&Id>, code: i64, message: &str) -> Bytes {
     Bytes::from(text)
 }
 
+/// Builds the bytes of a JSON-RPC error response with an `error.data` member.
+pub fn error_response_with_data(
+    id: Option<&Id>,
+    code: i64,
+    message: &str,
+    data: &serde_json::Value,
+) -> Bytes {
+    let error = serde_json::json!({ "code": code, "message": message, "data": data });
+    let mut text = String::with_capacity(64 + message.len());
+    text.push_str("{\"jsonrpc\":\"2.0\",\"id\":");
+    text.push_str(id.map(Id::as_json).unwrap_or("null"));
+    text.push_str(",\"error\":");
+    text.push_str(&error.to_string());
+    text.push('}');
+    Bytes::from(text)
+}
+
 /// Builds the bytes of a JSON-RPC result response from a result's JSON text.
 pub fn result_response(id: &Id, result_json: &str) -> Bytes {
     let mut text = String::with_capacity(40 + result_json.len());
@@ -312,6 +329,10 @@ pub mod needles {
     /// `notifications/tasks/status`.
     pub static TASK_STATUS: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new("notifications/tasks/status"));
+    /// `"notifications/tasks"`, quoted: the 2026-07-28 tasks extension's notification (not
+    /// `notifications/tasks/status`).
+    pub static TASKS_NOTIFICATION: LazyLock<Finder<'static>> =
+        LazyLock::new(|| Finder::new("\"notifications/tasks\""));
     /// `notifications/progress`.
     pub static PROGRESS: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new("notifications/progress"));

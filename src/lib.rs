@@ -9,6 +9,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod era;
 pub mod exchange;
 pub mod gateway;
 pub mod headers;

@@ -234,6 +234,9 @@ pub(super) fn default_list_page_size() -> usize {
 pub(super) fn default_release_quiet_ms() -> u64 {
     2_000
 }
+pub(super) fn default_max_stored_result_bytes() -> u64 {
+    1024 * 1024
+}
 
 /// `[tasks]`: limits the spec asks receivers to set and document (2025-11-25 tasks: Security).
 #[derive(Debug, Clone, Deserialize)]
@@ -259,6 +262,11 @@ pub struct TasksConfig {
     /// turns the cache off). See `src/registry/cache.rs`.
     #[serde(default = "default_record_cache_entries")]
     pub record_cache_entries: usize,
+    /// Largest terminal result kept in a task's record, in bytes of JSON text (default 1 MiB;
+    /// 0 turns it off): once a 2026-07-28 `tasks/get` reply of a terminal task passed through,
+    /// later `tasks/get` calls for it are answered from the record (stored at rest).
+    #[serde(default = "default_max_stored_result_bytes")]
+    pub max_stored_result_bytes: u64,
 }
 
 impl TasksConfig {
@@ -283,6 +291,12 @@ impl TasksConfig {
                 0,
                 10_000_000,
             ),
+            (
+                "tasks.max_stored_result_bytes",
+                self.max_stored_result_bytes,
+                0,
+                64 * 1024 * 1024,
+            ),
         ])
     }
 }
@@ -296,6 +310,7 @@ impl Default for TasksConfig {
             list_page_size: default_list_page_size(),
             release_quiet_ms: default_release_quiet_ms(),
             record_cache_entries: default_record_cache_entries(),
+            max_stored_result_bytes: default_max_stored_result_bytes(),
         }
     }
 }

@@ -198,7 +198,14 @@ impl Edge {
         headers.remove(header::HOST);
         headers.remove(header::ORIGIN);
         headers.remove(header::CONTENT_LENGTH);
-        let request = McpRequest {
+        let era = crate::era::Era::of_request(
+            &headers,
+            match &op {
+                Operation::Post(m) => Some(m),
+                _ => None,
+            },
+        );
+        let mut request = McpRequest {
             op,
             ctx: RequestContext {
                 upstream: route.name.clone(),
@@ -209,6 +216,8 @@ impl Edge {
             },
             extensions: http::Extensions::new(),
         };
+        // Computed once here; layers read it with `Era::of` (DESIGN.md "Two eras, one gateway").
+        request.extensions.insert(era);
         let method = match &request.op {
             Operation::Post(m) => m.method().map(McpMethod::of).unwrap_or(match m.kind() {
                 jsonrpc::Kind::Error => McpMethod::ErrorResponse,
@@ -238,7 +247,22 @@ impl Edge {
         self.metrics
             .request_duration(&route.name, method, started.elapsed().as_secs_f64());
         match result {
-            Ok(reply) => {
+            Ok(mut reply) => {
+                if let Some(reason) = reply.take_local_reason() {
+                    self.metrics.local_answer(&route.name, reason);
+                    self.metrics
+                        .request(&route.name, method, RequestOutcome::Local);
+                    tracing::debug!(
+                        upstream = %route.name,
+                        method = method.as_str(),
+                        id = rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
+                        reason = reason.as_str(),
+                        status = reply.status.as_u16(),
+                        era = era.as_str(),
+                        "answered by taskgate"
+                    );
+                    return self.encode_reply(reply, &route.name, stream_kind);
+                }
                 let outcome = if reply.status.is_success() {
                     RequestOutcome::Ok
                 } else {

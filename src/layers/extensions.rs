@@ -9,6 +9,10 @@
 //!   record to complete from the `CreateTaskResult` and the owner's reserved slot. `observe`
 //!   takes it and records the creation.
 
+//! - [`UpstreamWithoutTasks`]: set by `session` on a 2025 `tasks/*` request whose upstream
+//!   session advertised no `capabilities.tasks`: `tasks` then serves nothing itself and passes
+//!   the request on.
+
 use crate::registry::Reservation;
 use crate::store::TaskRecord;
 use std::sync::{Arc, OnceLock};
@@ -38,3 +42,8 @@ pub struct PendingCreation {
     /// `notifications/cancelled` for this request: tasks are cancelled with `tasks/cancel`).
     pub created: Arc<OnceLock<String>>,
 }
+
+/// A 2025-11-25 `tasks/*` request on an upstream session whose `InitializeResult` advertised no
+/// `capabilities.tasks`: there are no tasks there for taskgate to answer about.
+#[derive(Debug, Clone, Copy)]
+pub struct UpstreamWithoutTasks;

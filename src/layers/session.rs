@@ -132,6 +132,20 @@ impl Sessions {
             .is_some_and(SessionInfo::upstream_tasks_tools_call)
     }
 
+    /// Whether the session's upstream answered `initialize` with capabilities that have no
+    /// `tasks` (unknown sessions: `false`).
+    pub fn upstream_without_tasks(
+        &self,
+        upstream: &Arc<str>,
+        session: Option<&SessionKey>,
+    ) -> bool {
+        self.table
+            .lock()
+            .get(&(upstream.clone(), session.cloned()))
+            .and_then(|s| s.upstream_capabilities.as_ref())
+            .is_some_and(|c| c.get("tasks").is_none())
+    }
+
     /// The cached `taskSupport` of a tool (no copy of the session made).
     pub fn tool_support(
         &self,
@@ -257,12 +271,21 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: McpRequest) -> Self::Future {
+    fn call(&mut self, mut req: McpRequest) -> Self::Future {
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let sessions = self.sessions.clone();
         let upstream = req.ctx.upstream.clone();
         let session = session_key(&req.ctx);
+        if req
+            .request_method()
+            .is_some_and(|m| m.starts_with("tasks/"))
+            && crate::era::Era::of(&req) == crate::era::Era::Legacy
+            && sessions.upstream_without_tasks(&upstream, session.as_ref())
+        {
+            req.extensions
+                .insert(crate::layers::extensions::UpstreamWithoutTasks);
+        }
         let has_identity = req.ctx.client_session_id.is_some()
             || matches!(req.ctx.principal, crate::exchange::Principal::Token(_));
         let watch = match (&req.op, req.request_method()) {

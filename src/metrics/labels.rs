@@ -79,6 +79,10 @@ label_enum! {
         NotificationsProgress = "notifications/progress",
         NotificationsRootsListChanged = "notifications/roots/list_changed",
         NotificationsTasksStatus = "notifications/tasks/status",
+        ServerDiscover = "server/discover",
+        TasksUpdate = "tasks/update",
+        SubscriptionsListen = "subscriptions/listen",
+        NotificationsTasks = "notifications/tasks",
         /// Any other method.
         Other = "other",
         /// A POSTed JSON-RPC error response.
@@ -108,8 +112,10 @@ impl McpMethod {
 label_enum! {
     /// `outcome` of `taskgate_requests_total`.
     RequestOutcome {
-        /// A 2xx reply, from the upstream or from taskgate itself.
+        /// A 2xx reply from the upstream.
         Ok = "ok",
+        /// Answered by taskgate itself, without the upstream (see [`LocalReason`]).
+        Local = "local",
         /// The upstream answered non-2xx.
         UpstreamStatus = "upstream_status",
         /// The upstream could not be reached.
@@ -237,5 +243,31 @@ label_enum! {
     OversizeKind {
         Json = "json",
         SseEvent = "sse_event",
+    }
+}
+
+label_enum! {
+    /// `reason` of `taskgate_local_answers_total`: why taskgate answered a request itself.
+    LocalReason {
+        /// `tasks/*` for a task that is unknown, expired or another owner's (`-32602`).
+        TaskNotFound = "task_not_found",
+        /// A `tasks/*` request without `params.taskId` (`-32602`).
+        InvalidParams = "invalid_params",
+        /// 2026-07-28 `tasks/*` without the tasks extension in `_meta` (`-32021`).
+        MissingExtension = "missing_extension",
+        /// 2026-07-28 `Mcp-Name` not equal to `params.taskId` (`-32020`).
+        HeaderMismatch = "header_mismatch",
+        /// A method the request's era does not have (`tasks/result`, `tasks/list` in 2026: `-32601`).
+        MethodNotFound = "method_not_found",
+        /// `tasks/cancel` of a task recorded terminal (2025: `-32602`; 2026: the ack).
+        CancelTerminal = "cancel_terminal",
+        /// 2026-07-28 `tasks/cancel` of a task whose cancel the upstream already acknowledged.
+        CancelAcknowledged = "cancel_acknowledged",
+        /// A terminal task's `tasks/get` / `tasks/result` served from the record.
+        StoredResult = "stored_result",
+        /// `tasks/list` served from the registry.
+        TasksList = "tasks_list",
+        /// A task-augmented call over `tasks.max_live_tasks_per_owner`.
+        OwnerLimit = "owner_limit",
     }
 }

@@ -168,6 +168,12 @@ const UPSTREAM_OVERSIZE_TOTAL: Spec = spec(
     &["upstream", "kind"],
 );
 
+const LOCAL_ANSWERS_TOTAL: Spec = spec(
+    "taskgate_local_answers_total",
+    "Requests taskgate answered itself without the upstream, by reason.",
+    &["upstream", "reason"],
+);
+
 /// Creates metrics from their [`Spec`] and registers them.
 struct Builder(Registry);
 
@@ -287,6 +293,9 @@ pub struct Metrics {
     /// `taskgate_upstream_oversize_total{upstream,kind}`: upstream answers cut off because they
     /// exceeded the upstream's `max_message_bytes` ([`OversizeKind`]).
     pub upstream_oversize_total: IntCounterVec,
+    /// `taskgate_local_answers_total{upstream,reason}`: requests taskgate answered itself, without
+    /// the upstream ([`LocalReason`]); counted in `taskgate_requests_total` as `outcome="local"`.
+    pub local_answers_total: IntCounterVec,
 }
 
 impl Metrics {
@@ -322,6 +331,7 @@ impl Metrics {
             cancelled_notifications_dropped_total: b
                 .counter_vec(&CANCELLED_NOTIFICATIONS_DROPPED_TOTAL),
             upstream_oversize_total: b.counter_vec(&UPSTREAM_OVERSIZE_TOTAL),
+            local_answers_total: b.counter_vec(&LOCAL_ANSWERS_TOTAL),
             registry: b.0,
         };
         for reason in RejectReason::ALL {
@@ -368,6 +378,7 @@ impl Metrics {
         touch::<_, UpgradeOutcome>(&self.upgraded_calls_total, up);
         touch::<_, DropReason>(&self.cancelled_notifications_dropped_total, up);
         touch::<_, OversizeKind>(&self.upstream_oversize_total, up);
+        touch::<_, LocalReason>(&self.local_answers_total, up);
         for vec in [
             &self.task_terminal_rewrites_total,
             &self.tasks_expired_total,
@@ -538,6 +549,13 @@ impl Metrics {
     /// `taskgate_cancelled_notifications_dropped_total`.
     pub fn cancelled_notification_dropped(&self, upstream: &str, reason: DropReason) {
         self.cancelled_notifications_dropped_total
+            .with_label_values(&[upstream, reason.as_str()])
+            .inc();
+    }
+
+    /// A request taskgate answered itself (`taskgate_local_answers_total`).
+    pub fn local_answer(&self, upstream: &str, reason: LocalReason) {
+        self.local_answers_total
             .with_label_values(&[upstream, reason.as_str()])
             .inc();
     }

@@ -10,6 +10,7 @@ const CONTRACT: &[(&str, &str)] = &[
     ("taskgate_cancelled_notifications_dropped_total", "counter"),
     ("taskgate_cancelled_to_released_seconds", "histogram"),
     ("taskgate_http_rejections_total", "counter"),
+    ("taskgate_local_answers_total", "counter"),
     ("taskgate_request_duration_seconds", "histogram"),
     ("taskgate_requests_total", "counter"),
     ("taskgate_sse_streams_open", "gauge"),
@@ -157,7 +158,13 @@ fn label_values_are_the_documented_ones() {
     );
     assert_eq!(
         s(RequestOutcome::ALL.iter().map(|o| o.as_str()).collect()),
-        "ok upstream_status unreachable timeout upstream_invalid rejected"
+        "ok local upstream_status unreachable timeout upstream_invalid rejected"
+    );
+    assert_eq!(McpMethod::of("tasks/update"), McpMethod::TasksUpdate);
+    assert_eq!(McpMethod::of("server/discover"), McpMethod::ServerDiscover);
+    assert_eq!(
+        McpMethod::of("subscriptions/listen"),
+        McpMethod::SubscriptionsListen
     );
     assert_eq!(McpMethod::of("tools/call"), McpMethod::ToolsCall);
     assert_eq!(McpMethod::of("tasks/list"), McpMethod::TasksList);

@@ -50,6 +50,19 @@ impl Owners {
         })
     }
 
+    /// Takes a slot for `owner` on `upstream` even at the limit: for 2026-07-28 `tools/call`
+    /// requests, where the server alone decides whether a call becomes a task (SEP-2663), so
+    /// whatever it creates is recorded; the slot counts like any other.
+    pub fn reserve_over_limit(self: &Arc<Self>, upstream: &Arc<str>, owner: &Owner) -> Reservation {
+        let key = (upstream.clone(), owner.clone());
+        *self.live.lock().entry(key.clone()).or_default() += 1;
+        Reservation {
+            owners: self.clone(),
+            key,
+            kept: AtomicBool::new(false),
+        }
+    }
+
     /// Gives back one slot of `owner` (its task became terminal or was removed).
     pub fn release(&self, upstream: &str, owner: &Owner) {
         let mut live = self.live.lock();

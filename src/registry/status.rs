@@ -120,6 +120,59 @@ impl Observed {
 pub(super) type Applied = (Observed, bool);
 
 impl Registry {
+    /// A live-task slot for a 2026-07-28 `tools/call` (the server decides whether it becomes a
+    /// task, so the slot is taken even at `tasks.max_live_tasks_per_owner`).
+    pub fn reserve_modern(
+        &self,
+        upstream: &std::sync::Arc<str>,
+        owner: &crate::store::Owner,
+    ) -> super::Reservation {
+        self.owners.reserve_over_limit(upstream, owner)
+    }
+
+    /// Keeps `result_json` (the `result` of a terminal 2026 `tasks/get` answer, or of a 2025
+    /// `tasks/result` answer, as it passed through) in the task's record, once: when the record
+    /// holds no result yet, its status is `status` (any terminal status for `None`) and
+    /// `result_json` is at most `tasks.max_stored_result_bytes` (0 turns this off). Returns
+    /// whether it was stored. Store work runs off the runtime.
+    pub async fn store_terminal_result(
+        self: &std::sync::Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        status: Option<TaskStatus>,
+        result_json: String,
+    ) -> bool {
+        let max = self.config.max_stored_result_bytes;
+        if max == 0 || result_json.len() as u64 > max || status.is_some_and(|s| !s.is_terminal()) {
+            return false;
+        }
+        let (this, up, id) = (self.clone(), upstream.to_string(), task_id.to_string());
+        let work = move || {
+            let updated = this.update(&up, &id, &mut |r| {
+                let wanted = status.map_or(r.status.is_terminal(), |s| r.status == s);
+                if !wanted || r.terminal_result.is_some() {
+                    return false;
+                }
+                // A transaction may run this more than once: clone, never take.
+                r.terminal_result = Some(result_json.clone());
+                true
+            });
+            match updated {
+                Ok(Some((before, after))) if before != after => {
+                    this.store.sync_soon();
+                    true
+                }
+                Ok(_) => false,
+                Err(e) => {
+                    this.metrics.store_write_failures_total.inc();
+                    tracing::error!(error = %e, "task store update failed");
+                    false
+                }
+            }
+        };
+        tokio::task::spawn_blocking(work).await.unwrap_or(false)
+    }
+
     /// Applies a status report (a `Task` object: `tasks/get` / `tasks/cancel` result,
     /// `notifications/tasks/status` params) to the record of `(upstream, taskId)`.
     pub(super) fn observe_task_now(&self, upstream: &str, task: &Value, source: &str) -> Applied {
@@ -352,6 +405,33 @@ impl Registry {
     /// Records that a `tasks/cancel` for the task goes upstream: `cancel_requested_at` (set
     /// once) and a `cancel_requested` audit event. One store update; returns the record after it.
     pub(super) fn request_cancel_now(&self, upstream: &str, task_id: &str) -> Option<TaskRecord> {
+        self.cancel_requested_now(upstream, task_id, "tasks/cancel forwarded upstream")
+    }
+
+    /// Records the "cancel requested" fact for a 2026-07-28 `tasks/cancel` that taskgate
+    /// acknowledged itself (the task was already terminal: nothing went upstream).
+    pub async fn record_cancel_acknowledged(
+        self: &std::sync::Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+    ) {
+        let (this, up, id) = (self.clone(), upstream.to_string(), task_id.to_string());
+        let _ = tokio::task::spawn_blocking(move || {
+            this.cancel_requested_now(
+                &up,
+                &id,
+                "tasks/cancel of a terminal task acknowledged by taskgate (not forwarded)",
+            )
+        })
+        .await;
+    }
+
+    fn cancel_requested_now(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        detail: &str,
+    ) -> Option<TaskRecord> {
         let now = now_ms();
         let updated = self.update(upstream, task_id, &mut |r| {
             if r.cancel_requested_at.is_some() {
@@ -362,11 +442,7 @@ impl Registry {
         });
         match updated {
             Ok(Some((_, after))) => {
-                self.audit(
-                    &after,
-                    "cancel_requested",
-                    "tasks/cancel forwarded upstream".into(),
-                );
+                self.audit(&after, "cancel_requested", detail.to_string());
                 Some(after)
             }
             Ok(None) => None,

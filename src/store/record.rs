@@ -143,6 +143,15 @@ pub struct TaskRecord {
     /// When the record expires: `createdAt + ttl`, or `createdAt + tasks.max_ttl_ms` when the
     /// upstream gave no ttl.
     pub expires_at: u64,
+    /// The protocol era the task was created under (`legacy` for records written before eras).
+    #[serde(default)]
+    pub era: crate::era::Era,
+    /// A terminal task's result as it passed through, JSON text: under 2026-07-28 the whole
+    /// `result` of the terminal `tasks/get` (`DetailedTask` with `result` / `error` inline).
+    /// At most `tasks.max_stored_result_bytes`; later `tasks/get` calls are answered from it.
+    /// Stored at rest with the record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal_result: Option<String>,
 }
 
 impl TaskRecord {

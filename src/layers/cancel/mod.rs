@@ -10,7 +10,13 @@
 //!
 //! - **Terminal**: a task whose record is `completed`, `failed` or `cancelled` (the authorised
 //!   record, or the outcome of a flight that just ended) is answered `-32602` naming the status;
-//!   the upstream is not called (`outcome="rejected_terminal"`).
+//!   the upstream is not called (`outcome="rejected_terminal"`). Under 2026-07-28 it is the ack
+//!   `{"resultType":"complete"}` instead (the spec defines no error there), with the
+//!   `cancel_requested` audit fact; and a task whose forwarded cancel the upstream acknowledged
+//!   gets the ack here for every later cancel (one upstream cancel per task). The three audit
+//!   facts stay apart: cancel requested (the ack), status cancelled (first seen in a later
+//!   `tasks/get` or `notifications/tasks`; the task may end `completed` or `failed` instead) and
+//!   resources released. `notifications/cancelled` never cancels a 2026 task (reason `task`).
 //! - **Single-flight**: while one `tasks/cancel` for a task is in flight upstream, identical
 //!   requests wait for it and each gets the same outcome under its own JSON-RPC id
 //!   (`outcome="deduplicated"`). The first is `forwarded` (or `upstream_error` when the upstream
@@ -47,13 +53,18 @@
 //!   `reason="restart"`; records removed by the TTL sweeper first count `reason="expired"`.
 //!   Holds and activity are taken by `observe`; the tracker is `crate::registry::releases`.
 
+mod modern;
 mod notes;
 
+use modern::terminal_answer;
+pub use modern::MODERN_ACK;
+
+use crate::era::Era;
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc;
 use crate::layers::extensions::AuthorisedTask;
 use crate::mcp::task::TaskStatus;
-use crate::metrics;
+use crate::metrics::{self, LocalReason};
 use crate::registry::Registry;
 use bytes::Bytes;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -90,6 +101,9 @@ pub struct CancelState {
     flights: Mutex<HashMap<String, SharedCancel>>,
     /// taskId → the terminal status a finished flight's answer showed (bounded).
     settled: Mutex<HashMap<String, TaskStatus>>,
+    /// 2026-07-28 taskIds whose forwarded `tasks/cancel` the upstream acknowledged (bounded):
+    /// later cancels of them are acknowledged here (one upstream cancel per task).
+    acked: Mutex<std::collections::HashSet<String>>,
     notes: Mutex<CancelNotes>,
 }
 
@@ -100,6 +114,7 @@ impl CancelState {
             registry,
             flights: Mutex::new(HashMap::new()),
             settled: Mutex::new(HashMap::new()),
+            acked: Mutex::new(Default::default()),
             notes: Mutex::new(CancelNotes::default()),
         })
     }
@@ -244,29 +259,38 @@ where
         ));
     };
     let task_id = record.task_id.clone();
-    let (flight, first) = {
+    let era = Era::of(&req);
+    let joined = {
         let mut flights = state.flights.lock();
         if let Some(f) = flights.get(&task_id) {
-            (f.clone(), false)
-        } else {
+            Ok((f.clone(), false))
+        } else if let Some(status) = state.known_terminal(&record) {
             // Checked under the flights lock: a finished flight leaves its terminal status in
             // `settled` before it leaves the table, so this sees it.
-            if let Some(status) = state.known_terminal(&record) {
-                drop(flights);
-                count(metrics::CancelOutcome::RejectedTerminal);
-                return Ok(McpReply::local_error(
-                    Some(&id),
-                    jsonrpc::INVALID_PARAMS,
-                    &format!(
-                        "Cannot cancel task {task_id}: it is already {status} (a terminal status)"
-                    ),
-                ));
-            }
+            Err(Some(status))
+        } else if era == Era::Modern && state.acked.lock().contains(&task_id) {
+            // 2026-07-28: one upstream cancel per task; the ack is all any caller gets.
+            Err(None)
+        } else {
             let flight = forward_cancel(state.clone(), inner, req, task_id.clone())
                 .boxed()
                 .shared();
             flights.insert(task_id.clone(), flight.clone());
-            (flight, true)
+            Ok((flight, true))
+        }
+    };
+    let (flight, first) = match joined {
+        Ok(joined) => joined,
+        Err(Some(status)) => {
+            count(metrics::CancelOutcome::RejectedTerminal);
+            return Ok(terminal_answer(&state, era, &upstream, &record, &id, status).await);
+        }
+        Err(None) => {
+            count(metrics::CancelOutcome::Deduplicated);
+            return Ok(
+                McpReply::local_json(jsonrpc::result_response(&id, MODERN_ACK))
+                    .answered_locally(LocalReason::CancelAcknowledged),
+            );
         }
     };
     let outcome = flight.await;
@@ -334,6 +358,7 @@ where
     S::Future: Send + 'static,
 {
     let upstream = req.ctx.upstream.clone();
+    let era = Era::of(&req);
     // Leaves the in-flight table however this future ends: answered, failed, panicked, or
     // dropped because every caller went away (the next tasks/cancel is then sent again).
     let _flight = FlightGuard {
@@ -390,6 +415,13 @@ where
                     settled.clear();
                 }
                 settled.insert(task_id, s);
+            } else if era == Era::Modern {
+                // Before the flight leaves the table, like `settled`.
+                let mut acked = state.acked.lock();
+                if acked.len() >= NOTES_LIMIT {
+                    acked.clear();
+                }
+                acked.insert(task_id);
             }
             CancelOutcome::Result(r.get().to_string())
         }

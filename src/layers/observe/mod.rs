@@ -24,9 +24,12 @@
 //! Messages that concern none of this pass without a parse (a byte search decides) and keep
 //! their bytes.
 
+mod modern;
+
+use crate::era::{self, Era};
 use crate::exchange::{McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc::needles::{self, found};
-use crate::jsonrpc::{self, Id, Kind, Message};
+use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
 use crate::registry::{Registry, ResourceHold};
 use crate::sse::{Event, EventStream};
@@ -103,6 +106,8 @@ enum Expect {
         task_id: String,
         /// The record `tasks` authorised the request against.
         known: Box<TaskRecord>,
+        /// The request's era (2026-07-28 `tasks/get` answers are flat `DetailedTask`s).
+        era: Era,
     },
 }
 
@@ -129,6 +134,7 @@ impl Expect {
                 method,
                 task_id: a.record.task_id.clone(),
                 known: Box::new(a.record.clone()),
+                era: Era::of(req),
             },
             None => Expect::Nothing,
         }
@@ -227,6 +233,7 @@ impl Watch {
     fn cares(&self, bytes: &[u8]) -> bool {
         self.expect.lock().id().is_some()
             || found(&needles::TASK_STATUS, bytes)
+            || found(&needles::TASKS_NOTIFICATION, bytes)
             || self.is_activity(bytes)
     }
 
@@ -237,7 +244,8 @@ impl Watch {
 
     /// Applies one JSON-RPC message of the reply; returns it, rewritten if needed.
     async fn on_message(self: &Arc<Self>, bytes: Bytes, in_stream: bool) -> Bytes {
-        let is_status = found(&needles::TASK_STATUS, &bytes);
+        let is_status =
+            found(&needles::TASK_STATUS, &bytes) || found(&needles::TASKS_NOTIFICATION, &bytes);
         let is_activity = self.is_activity(&bytes);
         let waiting_for = self.expect.lock().id().cloned();
         if !is_status && !is_activity && waiting_for.is_none() {
@@ -252,6 +260,9 @@ impl Watch {
                 self.registry.note_activity_in(&self.upstream, &value);
                 if msg.method() == Some("notifications/tasks/status") {
                     return self.on_status_notification(bytes, value).await;
+                }
+                if msg.method() == Some("notifications/tasks") {
+                    return self.on_tasks_notification(bytes, value).await;
                 }
             }
         }
@@ -271,6 +282,16 @@ impl Watch {
                     self.holds.lock().push(hold);
                 }
                 out
+            }
+            Expect::TaskReply {
+                method,
+                task_id,
+                known,
+                era: Era::Modern,
+                ..
+            } => {
+                self.on_modern_task_reply(bytes, method, &task_id, &known)
+                    .await
             }
             Expect::TaskReply {
                 method,
@@ -300,13 +321,28 @@ impl Watch {
         id: &Id,
         pending: PendingCreation,
     ) -> (Bytes, Option<String>) {
+        // Most 2026 calls end plainly: no `"task"` (nor an escape that could spell it), no parse.
+        if pending.template.era == Era::Modern
+            && !jsonrpc::contains(&bytes, b"\"task\"")
+            && !jsonrpc::contains(&bytes, b"\\u")
+        {
+            return (bytes, None);
+        }
         let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
             return (bytes, None);
         };
         // Not a CreateTaskResult (an error, or a server that ran the call plainly): nothing to
         // record, and dropping `pending` gives the owner's slot back.
-        let Some(record) = value
-            .pointer("/result/task")
+        let task = match pending.template.era {
+            Era::Legacy => value.pointer("/result/task").cloned(),
+            // 2026-07-28: a flat CreateTaskResult, whatever the request carried.
+            Era::Modern => value
+                .get("result")
+                .filter(|r| r.get("resultType").and_then(Value::as_str) == Some("task"))
+                .map(|r| era::as_registry_task(r, self.registry.config().max_ttl_ms)),
+        };
+        let Some(record) = task
+            .as_ref()
             .and_then(|task| self.registry.creation_record(&pending.template, task))
         else {
             return (bytes, None);
@@ -361,6 +397,15 @@ impl Watch {
                 self.registry
                     .apply_result_payload(&self.upstream, task_id, failed)
                     .await;
+            }
+            // The payload of a task now terminal: later tasks/result calls are answered from
+            // the record (`tasks.max_stored_result_bytes`), once.
+            if known.terminal_result.is_none() {
+                if let Ok(Some(raw)) = splice::raw_at(&bytes, &["result"]) {
+                    self.registry
+                        .store_terminal_result(&self.upstream, task_id, None, raw.get().to_string())
+                        .await;
+                }
             }
             return bytes;
         }

@@ -26,12 +26,15 @@
 //! holds the session id is the owner), or `anonymous` without a session (no binding at all; task
 //! ids are the upstream's).
 
+mod modern;
+
+use crate::era::Era;
 use crate::exchange::{McpReply, McpRequest, Operation};
 use crate::jsonrpc::splice;
 use crate::jsonrpc::{self, Message};
-use crate::layers::extensions::{AuthorisedTask, PendingCreation, Upgraded};
+use crate::layers::extensions::{AuthorisedTask, PendingCreation, Upgraded, UpstreamWithoutTasks};
 use crate::mcp::task::{now_ms, TaskStatus};
-use crate::metrics::{CancelOutcome, CreationRefusal, TaskMethod};
+use crate::metrics::{CancelOutcome, CreationRefusal, LocalReason, TaskMethod};
 use crate::registry::Registry;
 use crate::store::{ListCursor, Origin, Owner, TaskRecord};
 use base64::Engine;
@@ -103,6 +106,34 @@ where
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
         let inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, inner);
+        if Era::of(&req) == Era::Modern {
+            return match modern::decide(&self.registry, &mut req) {
+                modern::Decision::Forward => Box::pin(inner.call(req)),
+                modern::Decision::Answer(reply) => Box::pin(async move { Ok(reply) }),
+                modern::Decision::Listen => {
+                    let registry = self.registry.clone();
+                    Box::pin(async move {
+                        match modern::filter_listen(&registry, &mut req).await {
+                            Ok(()) => inner.call(req).await,
+                            Err(answered) => Ok(answered),
+                        }
+                    })
+                }
+                modern::Decision::Authorise => {
+                    let registry = self.registry.clone();
+                    Box::pin(async move {
+                        match modern::authorise(&registry, &mut req).await {
+                            Ok(()) => inner.call(req).await,
+                            Err(answered) => Ok(answered),
+                        }
+                    })
+                }
+            };
+        }
+        if req.extensions.get::<UpstreamWithoutTasks>().is_some() {
+            // No tasks upstream: nothing to authorise, list or answer here.
+            return Box::pin(inner.call(req));
+        }
         let method = req.request_method().and_then(TaskMethod::parse);
         if let Some(method) = method {
             let registry = self.registry.clone();
@@ -117,7 +148,10 @@ where
             Some("tools/call") => self.prepare_creation(&mut req).err(),
             Some("tasks/list") => {
                 let (registry, authenticated) = (self.registry.clone(), self.authenticated);
-                return Box::pin(async move { Ok(list(&registry, authenticated, &req).await) });
+                return Box::pin(async move {
+                    let reply = list(&registry, authenticated, &req).await;
+                    Ok(reply.answered_locally(LocalReason::TasksList))
+                });
             }
             Some("initialize") if !self.authenticated => {
                 return Box::pin(async move {
@@ -187,7 +221,8 @@ impl<S> TasksService<S> {
                 &format!(
                     "Task limit reached: this caller already has {limit} unfinished tasks on upstream `{upstream}` (tasks.max_live_tasks_per_owner); wait for one to finish or cancel one"
                 ),
-            ));
+            )
+            .answered_locally(LocalReason::OwnerLimit));
         };
         let cap = registry.config().max_ttl_ms;
         // Any number above the cap (1e12 included), or a non-integer, is lowered to the cap.
@@ -250,7 +285,8 @@ async fn authorise(
                 Some(&id),
                 jsonrpc::INVALID_PARAMS,
                 &format!("{}: params.taskId (a string) is required", method.as_str()),
-            ))
+            )
+            .answered_locally(LocalReason::InvalidParams))
         }
     };
     let owner = req.ctx.caller().owner();
@@ -267,8 +303,15 @@ async fn authorise(
             Some(&id),
             jsonrpc::INVALID_PARAMS,
             &format!("Task not found: {task_id}"),
-        ));
+        )
+        .answered_locally(LocalReason::TaskNotFound));
     };
+    if method == TaskMethod::Result && record.status.is_terminal() {
+        if let Some(result) = record.terminal_result.as_deref() {
+            return Err(McpReply::local_json(jsonrpc::result_response(&id, result))
+                .answered_locally(LocalReason::StoredResult));
+        }
+    }
     req.ctx.session_id = record
         .upstream_session
         .as_deref()
@@ -387,6 +430,8 @@ fn template(req: &McpRequest, owner: Owner, tool: Option<String>) -> TaskRecord 
         released_at: None,
         terminal_at: None,
         late_result_at: None,
+        era: crate::era::Era::Legacy,
+        terminal_result: None,
         expires_at: 0,
     }
 }

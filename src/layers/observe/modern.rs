@@ -1,0 +1,176 @@
+//! What `observe` applies from 2026-07-28 messages (tasks extension, SEP-2663):
+//!
+//! - replies to `tasks/get`: a flat `DetailedTask` with `resultType:"complete"` (`completed`
+//!   with `isError: true` is still `completed`; `failed` carries `error`). Applied to the
+//!   authorised task; a status contradicting a recorded terminal one is rewritten (byte-exact
+//!   splice) to the recorded one, without the contradicting `result` / `error` when the recorded
+//!   status is `cancelled`. The first terminal answer's `result` member is kept in the record
+//!   (`tasks.max_stored_result_bytes`), so later polls are answered by the `tasks` layer.
+//! - replies to `tasks/cancel` and `tasks/update`: acks (`{"resultType":"complete"}`), nothing to
+//!   apply (the status cancelled is first seen in a later `tasks/get` or notification).
+//! - `notifications/tasks` on any stream (a `subscriptions/listen` stream included): a full
+//!   `DetailedTask` naming its `taskId`, applied like a `tasks/get` answer; activity for the
+//!   "resources released" fact.
+
+use super::{TaskMethod, Watch};
+use crate::era;
+use crate::jsonrpc::splice;
+use crate::mcp::task::TaskStatus;
+use crate::registry::{Observed, Registry};
+use crate::store::TaskRecord;
+use bytes::Bytes;
+use serde_json::Value;
+
+impl Watch {
+    /// Applies the reply to a 2026-07-28 `tasks/get|cancel` about `task_id`.
+    pub(super) async fn on_modern_task_reply(
+        &self,
+        bytes: Bytes,
+        method: TaskMethod,
+        task_id: &str,
+        known: &TaskRecord,
+    ) -> Bytes {
+        if method != TaskMethod::Get {
+            // Acks carry no status.
+            return bytes;
+        }
+        let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
+            return bytes;
+        };
+        let Some(result) = value.get("result").filter(|r| r.is_object()) else {
+            return bytes;
+        };
+        let task = era::as_registry_task(result, self.registry.config().max_ttl_ms);
+        // A poll repeating what the record holds needs no store trip (a terminal record never
+        // changes); its result may still be the first one seen for the task (the status may
+        // have come by notifications/tasks).
+        let observed = if Registry::would_change(known, &task) {
+            self.registry
+                .observe_task_as(&self.upstream, task_id, task, "tasks/get")
+                .await
+        } else {
+            Observed::Recorded(known.status)
+        };
+        match observed {
+            Observed::Recorded(status)
+                if status.is_terminal() && known.terminal_result.is_none() =>
+            {
+                if let Ok(Some(raw)) = splice::raw_at(&bytes, &["result"]) {
+                    self.registry
+                        .store_terminal_result(
+                            &self.upstream,
+                            task_id,
+                            Some(status),
+                            raw.get().to_string(),
+                        )
+                        .await;
+                }
+                bytes
+            }
+            Observed::Rewrite { .. } => rewrite(&observed, &bytes, "result"),
+            _ => bytes,
+        }
+    }
+
+    /// Applies a `notifications/tasks` (a `DetailedTask` in `params`).
+    pub(super) async fn on_tasks_notification(&self, bytes: Bytes, value: Value) -> Bytes {
+        let Some(params) = value.get("params").filter(|p| p.is_object()) else {
+            return bytes;
+        };
+        if let Some(task_id) = params.get("taskId").and_then(Value::as_str) {
+            if self.registry.releases().activity(&self.upstream, task_id) {
+                self.registry
+                    .metrics()
+                    .task_activity_after_cancel(&self.upstream);
+            }
+        }
+        let task = era::as_registry_task(params, self.registry.config().max_ttl_ms);
+        let observed = self
+            .registry
+            .observe_task(&self.upstream, task, "notifications/tasks")
+            .await;
+        rewrite(&observed, &bytes, "params")
+    }
+}
+
+/// `bytes` with the `DetailedTask` at `member` showing the recorded terminal status; a
+/// contradicting `result` / `error` is removed when that status is `cancelled` (a
+/// `CancelledTask` carries neither). Unchanged when there is nothing to rewrite.
+fn rewrite(observed: &Observed, bytes: &Bytes, member: &str) -> Bytes {
+    let Some(mut out) = observed.rewrite_bytes(bytes, &[member]) else {
+        return bytes.clone();
+    };
+    if matches!(
+        observed,
+        Observed::Rewrite {
+            status: TaskStatus::Cancelled,
+            ..
+        }
+    ) {
+        for payload in ["result", "error"] {
+            if let Ok(Some(without)) = splice::remove(&out, &[member, payload]) {
+                out = without;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::era::Era;
+    use crate::exchange::{GatewayError, McpReply, McpRequest};
+    use crate::layers::extensions::PendingCreation;
+    use crate::layers::observe::ObserveLayer;
+    use crate::layers::testing::{owner, record, registry, request};
+    use crate::mcp::task::TaskStatus;
+    use crate::store::TaskRecord;
+    use bytes::Bytes;
+    use std::sync::Arc;
+    use tower::{Layer, ServiceExt};
+
+    fn call(registry: &Arc<crate::registry::Registry>) -> McpRequest {
+        let mut req =
+            request(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow"}}"#);
+        req.extensions.insert(Era::Modern);
+        req.extensions.insert(PendingCreation {
+            template: Arc::new(TaskRecord {
+                task_id: String::new(),
+                era: Era::Modern,
+                ..record("")
+            }),
+            reservation: Arc::new(registry.reserve_modern(&"up".into(), &owner())),
+            progress_token: None,
+            created: Arc::default(),
+        });
+        req
+    }
+
+    /// A flat `CreateTaskResult` is recorded (ttlMs null capped) before the reply passes; a plain
+    /// result records nothing and gives the slot back.
+    #[tokio::test]
+    async fn flat_create_task_result_is_recorded() {
+        let (registry, _store) = registry();
+        let answer = |body: &'static str| {
+            ObserveLayer::new(registry.clone()).layer(tower::service_fn(
+                move |_r: McpRequest| async move {
+                    Ok::<_, GatewayError>(McpReply::local_json(Bytes::from_static(body.as_bytes())))
+                },
+            ))
+        };
+        let created = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":"m1","status":"working","createdAt":"2026-08-01T00:00:00Z","lastUpdatedAt":"2026-08-01T00:00:00Z","ttlMs":null,"pollIntervalMs":500}}"#;
+        answer(created).oneshot(call(&registry)).await.unwrap();
+        let r = registry.store().get("up", "m1").unwrap().expect("recorded");
+        assert_eq!((r.era, r.status), (Era::Modern, TaskStatus::Working));
+        assert_eq!(r.ttl_ms, Some(registry.config().max_ttl_ms));
+        assert_eq!(r.poll_interval_ms, Some(500));
+        assert_eq!(registry.owners_count("up", &owner()), 1);
+        let plain = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","content":[]}}"#;
+        answer(plain).oneshot(call(&registry)).await.unwrap();
+        assert_eq!(
+            registry.owners_count("up", &owner()),
+            1,
+            "the plain call's slot is back"
+        );
+    }
+}

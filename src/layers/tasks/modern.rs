@@ -1,0 +1,355 @@
+//! The `tasks` layer under MCP 2026-07-28 (the tasks extension `io.modelcontextprotocol/tasks`,
+//! SEP-2663; DESIGN.md "Two eras, one gateway"). Requests whose [`Era`] is modern come here.
+//!
+//! - `tools/call`: the server alone decides whether it becomes a task, so every call goes
+//!   upstream with a [`PendingCreation`] (era `modern`, the owner's slot taken even at
+//!   `tasks.max_live_tasks_per_owner`); `observe` records a `CreateTaskResult`
+//!   (`resultType:"task"`) durably before the reply is passed on, and gives the slot back for any
+//!   other answer.
+//! - `tasks/get`, `tasks/update`, `tasks/cancel`: the spec's gates first, in its order, then the
+//!   registry, all answered here and never forwarded when they refuse:
+//!   1. `params._meta` does not declare the extension → `-32021` with
+//!      `data.requiredCapabilities` (HTTP 400);
+//!   2. no string `params.taskId` → `-32602` (HTTP 400);
+//!   3. `Mcp-Name` present and not equal to `params.taskId` → `-32020` (HTTP 400; a missing
+//!      one passes, as FastMCP 4 accepts it and `fastmcp.Client` 4 sends none);
+//!   4. a `taskId` taskgate never recorded, expired, or another owner's → `-32602` (HTTP 400).
+//!      The owner is the bearer principal; with `[auth] mode = "none"` there is no session to
+//!      bind to in 2026, so the unguessable `taskId` is the only key (as the spec allows), and
+//!      ids taskgate never recorded are still refused.
+//!
+//!   A `tasks/get` of a task whose terminal result the record holds (see
+//!   `tasks.max_stored_result_bytes`) is answered from the record with the bytes that passed
+//!   through. Otherwise the request goes on with an [`AuthorisedTask`].
+//! - `tasks/result`, `tasks/list`: do not exist under 2026-07-28 → `-32601` (HTTP 404).
+//! - `subscriptions/listen`: `params.notifications.taskIds` keeps only the caller's recorded tasks
+//!   (the others are removed from the request, byte-exact splice; the server then acknowledges
+//!   only those in `notifications/subscriptions/acknowledged`), so no caller can listen to
+//!   another owner's task. More than [`MAX_LISTEN_TASK_IDS`] ids → `-32602` (HTTP 400).
+
+use crate::era::{self, Era};
+use crate::exchange::{McpReply, McpRequest, Operation};
+use crate::jsonrpc::{self, Id};
+use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::metrics::{CancelOutcome, LocalReason, TaskMethod};
+use crate::registry::Registry;
+use crate::store::TaskRecord;
+use serde_json::Value;
+use std::sync::Arc;
+
+/// What the layer does with a modern request.
+pub(super) enum Decision {
+    /// Forward it (possibly after setting extensions).
+    Forward,
+    /// Answer it here.
+    Answer(McpReply),
+    /// A `tasks/get|update|cancel` to authorise against the registry.
+    Authorise,
+    /// A `subscriptions/listen` whose `notifications.taskIds` are filtered to the caller's tasks.
+    Listen,
+}
+
+/// The decision that needs no registry read.
+pub(super) fn decide(registry: &Registry, req: &mut McpRequest) -> Decision {
+    match req.request_method() {
+        Some("tools/call") => {
+            prepare_creation(registry, req);
+            Decision::Forward
+        }
+        Some("tasks/get" | "tasks/update" | "tasks/cancel") => Decision::Authorise,
+        Some("subscriptions/listen") => Decision::Listen,
+        Some(m @ ("tasks/result" | "tasks/list")) => Decision::Answer(McpReply::era_error(
+            Era::Modern,
+            req.id(),
+            jsonrpc::METHOD_NOT_FOUND,
+            &format!("Method not found: {m} does not exist under MCP 2026-07-28"),
+            LocalReason::MethodNotFound,
+        )),
+        _ => Decision::Forward,
+    }
+}
+
+/// Every modern `tools/call` may come back as a task: a [`PendingCreation`] for `observe`.
+fn prepare_creation(registry: &Registry, req: &mut McpRequest) {
+    let Operation::Post(msg) = &req.op else {
+        return;
+    };
+    if msg.id().is_none() {
+        return;
+    }
+    // The tool name only: a cheap borrowed parse.
+    #[derive(serde::Deserialize)]
+    struct Call<'a> {
+        #[serde(borrow)]
+        params: Option<Params<'a>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        name: Option<std::borrow::Cow<'a, str>>,
+    }
+    let tool = msg
+        .parse_as::<Call>()
+        .ok()
+        .and_then(|c| c.params?.name.map(|n| n.into_owned()));
+    let owner = era::modern_owner(&req.ctx.caller());
+    let reservation = registry.reserve_modern(&req.ctx.upstream, &owner);
+    let template = TaskRecord {
+        upstream_session: None,
+        era: Era::Modern,
+        ..super::template(req, owner, tool)
+    };
+    req.extensions.insert(PendingCreation {
+        template: Arc::new(template),
+        reservation: Arc::new(reservation),
+        progress_token: None,
+        created: Arc::default(),
+    });
+}
+
+/// Gates and owner binding for `tasks/get|update|cancel` (see the module docs).
+pub(super) async fn authorise(
+    registry: &Arc<Registry>,
+    req: &mut McpRequest,
+) -> Result<(), McpReply> {
+    let Operation::Post(msg) = &req.op else {
+        return Ok(());
+    };
+    let (Some(id), Some(method)) = (msg.id().cloned(), msg.method().map(str::to_string)) else {
+        return Ok(());
+    };
+    let refuse = |code: i64, message: &str, reason: LocalReason| {
+        McpReply::era_error(Era::Modern, Some(&id), code, message, reason)
+    };
+    let value: Value = msg.parse_as().unwrap_or(Value::Null);
+    let params = value.get("params");
+    if !era::declares_tasks_extension(params) {
+        tracing::debug!(method, "tasks request without the tasks extension in _meta");
+        return Err(McpReply::era_error_bytes(
+            Era::Modern,
+            era::missing_tasks_extension(Some(&id)),
+            era::MISSING_REQUIRED_CLIENT_CAPABILITY,
+            LocalReason::MissingExtension,
+        ));
+    }
+    let Some(task_id) = params
+        .and_then(|p| p.get("taskId"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        return Err(refuse(
+            jsonrpc::INVALID_PARAMS,
+            &format!("{method}: params.taskId (a string) is required"),
+            LocalReason::InvalidParams,
+        ));
+    };
+    // A missing `Mcp-Name` passes: FastMCP 4.1.4 accepts it and `fastmcp.Client` 4.1.4 sends
+    // none, so refusing it would make taskgate less transparent than a byte-for-byte proxy.
+    if mcp_name(req).is_some_and(|name| name != task_id) {
+        return Err(refuse(
+            era::HEADER_MISMATCH,
+            &format!("Header mismatch: Mcp-Name must equal params.taskId for {method}"),
+            LocalReason::HeaderMismatch,
+        ));
+    }
+    let owner = era::modern_owner(&req.ctx.caller());
+    let upstream = req.ctx.upstream.clone();
+    let Some(record) = registry.lookup(&upstream, &task_id, &owner).await else {
+        if let Some(m) = TaskMethod::parse(&method) {
+            registry.metrics().task_lookup_rejected(&upstream, m);
+        }
+        if method == "tasks/cancel" {
+            registry
+                .metrics()
+                .cancel_request(&upstream, CancelOutcome::RejectedUnknown);
+        }
+        return Err(refuse(
+            jsonrpc::INVALID_PARAMS,
+            &format!("Task not found: {task_id}"),
+            LocalReason::TaskNotFound,
+        ));
+    };
+    if method == "tasks/get" {
+        if let Some(reply) = stored_result(&record, &id) {
+            return Err(reply);
+        }
+    }
+    // A task created on a 2025 session keeps going out on it (dual-era servers serve it there).
+    if record.era == Era::Legacy {
+        req.ctx.session_id = record
+            .upstream_session
+            .as_deref()
+            .and_then(|s| http::HeaderValue::from_str(s).ok());
+    }
+    req.extensions.insert(AuthorisedTask { record });
+    Ok(())
+}
+
+/// The answer to a `tasks/get` of a terminal task from the result its record holds.
+fn stored_result(record: &TaskRecord, id: &Id) -> Option<McpReply> {
+    if !record.status.is_terminal() {
+        return None;
+    }
+    let result = record.terminal_result.as_deref()?;
+    Some(
+        McpReply::local_json(jsonrpc::result_response(id, result))
+            .answered_locally(LocalReason::StoredResult),
+    )
+}
+
+/// The request's `Mcp-Name` header, decoded when sent as `=?base64?…?=` (2026-07-28 transports).
+fn mcp_name(req: &McpRequest) -> Option<String> {
+    let raw = req.ctx.headers.get(&era::MCP_NAME)?.to_str().ok()?;
+    match raw
+        .strip_prefix("=?base64?")
+        .and_then(|r| r.strip_suffix("?="))
+    {
+        Some(b64) => {
+            use base64::Engine;
+            let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+            String::from_utf8(bytes).ok()
+        }
+        None => Some(raw.to_string()),
+    }
+}
+
+/// Most `taskIds` one `subscriptions/listen` may name (each is one registry read).
+pub const MAX_LISTEN_TASK_IDS: usize = 256;
+
+/// Filters `params.notifications.taskIds` of a `subscriptions/listen` to the caller's tasks.
+pub(super) async fn filter_listen(
+    registry: &Arc<Registry>,
+    req: &mut McpRequest,
+) -> Result<(), McpReply> {
+    let Operation::Post(msg) = &req.op else {
+        return Ok(());
+    };
+    const PATH: [&str; 3] = ["params", "notifications", "taskIds"];
+    let ids: Vec<String> = match crate::jsonrpc::splice::raw_at(msg.bytes(), &PATH) {
+        Ok(Some(raw)) => match serde_json::from_str::<Vec<Value>>(raw.get()) {
+            Ok(v) => v
+                .into_iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect(),
+            Err(_) => return Ok(()),
+        },
+        _ => return Ok(()),
+    };
+    if ids.len() > MAX_LISTEN_TASK_IDS {
+        return Err(McpReply::era_error(
+            Era::Modern,
+            msg.id(),
+            jsonrpc::INVALID_PARAMS,
+            &format!("subscriptions/listen: at most {MAX_LISTEN_TASK_IDS} taskIds"),
+            LocalReason::InvalidParams,
+        ));
+    }
+    let owner = era::modern_owner(&req.ctx.caller());
+    let mut kept = Vec::with_capacity(ids.len());
+    for id in &ids {
+        if registry
+            .lookup(&req.ctx.upstream, id, &owner)
+            .await
+            .is_some()
+        {
+            kept.push(id.as_str());
+        }
+    }
+    if kept.len() == ids.len() {
+        return Ok(());
+    }
+    tracing::debug!(
+        named = ids.len(),
+        kept = kept.len(),
+        "subscriptions/listen: taskIds of other owners or never recorded removed"
+    );
+    let list = serde_json::to_string(&kept).unwrap_or_else(|_| "[]".into());
+    let rewritten = crate::jsonrpc::splice::replace(msg.bytes(), &PATH, &list)
+        .ok()
+        .flatten()
+        .and_then(|b| crate::jsonrpc::Message::parse(b).ok());
+    match rewritten {
+        Some(m) => {
+            req.op = Operation::Post(m);
+            Ok(())
+        }
+        None => Err(McpReply::era_error(
+            Era::Modern,
+            msg.id(),
+            jsonrpc::INVALID_PARAMS,
+            "subscriptions/listen: params.notifications.taskIds cannot be read",
+            LocalReason::InvalidParams,
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::GatewayError;
+    use crate::layers::tasks::TasksLayer;
+    use crate::layers::testing::{json_of, record, registry, request};
+    use crate::store::Owner;
+    use bytes::Bytes;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{Layer, ServiceExt};
+
+    const WITH_EXT: &str = r#"{"io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}"#;
+
+    fn modern(method: &str, params: &str, name: Option<&str>) -> McpRequest {
+        let mut req = request(&format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"{method}","params":{params}}}"#
+        ));
+        req.extensions.insert(Era::Modern);
+        if let Some(n) = name {
+            req.ctx
+                .headers
+                .insert(&era::MCP_NAME, http::HeaderValue::from_str(n).unwrap());
+        }
+        req
+    }
+
+    /// The gates in the spec's order, each answered here with its 2026 HTTP status; the
+    /// upstream is never called; the owner's own request goes through.
+    #[tokio::test]
+    async fn gates_then_registry_then_upstream() {
+        let (registry, _store) = registry();
+        let slot = registry.reserve(&"up".into(), &Owner::Anonymous).unwrap();
+        let mine = TaskRecord {
+            owner: Owner::Anonymous,
+            era: Era::Modern,
+            ..record("t1")
+        };
+        registry.record_creation(mine, &slot).await.unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let stack = TasksLayer::new(registry.clone(), false).layer(tower::service_fn(
+            move |_req: McpRequest| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, GatewayError>(McpReply::local_json(Bytes::from_static(b"{}"))) }
+            },
+        ));
+        let no_ext = modern("tasks/get", r#"{"taskId":"t1"}"#, Some("t1"));
+        let with = |id: &str| format!(r#"{{"taskId":"{id}","_meta":{WITH_EXT}}}"#);
+        let cases = [
+            (no_ext, 400, -32021),
+            (modern("tasks/get", &with("t1"), Some("t2")), 400, -32020),
+            (modern("tasks/cancel", &with("t9"), Some("t9")), 400, -32602),
+            (modern("tasks/result", &with("t1"), Some("t1")), 404, -32601),
+            (modern("tasks/list", "{}", None), 404, -32601),
+        ];
+        for (req, status, code) in cases {
+            let reply = stack.clone().oneshot(req).await.unwrap();
+            assert_eq!(reply.status.as_u16(), status);
+            assert_eq!(json_of(&reply)["error"]["code"], code);
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        let ok = stack
+            .clone()
+            .oneshot(modern("tasks/update", &with("t1"), None))
+            .await
+            .unwrap();
+        assert_eq!(ok.status.as_u16(), 200);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}

@@ -1,0 +1,684 @@
+//! MCP 2026-07-28 tasks (the extension `io.modelcontextprotocol/tasks`, issue 11) through
+//! taskgate, against a scripted modern task server whose received requests are counted:
+//! records for flat `CreateTaskResult`s (JSON and SSE), the spec's gates and HTTP statuses,
+//! owner binding for `tasks/get|update|cancel`, one upstream cancel, the terminal ack, terminal
+//! statuses that stay final, terminal results served from the record, and the record surviving
+//! SIGKILL. Only the wire, `/admin` and `/metrics` are asserted.
+
+mod common;
+
+use common::*;
+
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const MODERN: &str = "2026-07-28";
+const EXT: &str = "io.modelcontextprotocol/tasks";
+
+// ---------------------------------------------------------------------------------------------
+// A scripted 2026-07-28 task server
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Modern {
+    /// taskId → status.
+    tasks: HashMap<String, String>,
+    /// taskId → the status `tasks/get` reports after the task was cancelled (a late result).
+    after_cancel: HashMap<String, String>,
+    next: u32,
+    /// Delay of every `tasks/cancel` answer.
+    cancel_delay: Duration,
+}
+
+type Shared = Arc<Mutex<Modern>>;
+
+fn detailed(task_id: &str, status: &str) -> Value {
+    let mut t = json!({
+        "resultType": "complete", "taskId": task_id, "status": status,
+        "createdAt": format_rfc3339_ms(now_ms()), "lastUpdatedAt": format_rfc3339_ms(now_ms()),
+        "ttlMs": 60000, "pollIntervalMs": 50
+    });
+    match status {
+        "completed" => {
+            t["result"] = json!({"content":[{"type":"text","text":format!("done {task_id}")}],"isError":false})
+        }
+        "failed" => t["error"] = json!({"code":-32603,"message":"boom"}),
+        _ => {}
+    }
+    t
+}
+
+fn modern_handler(state: Shared) -> impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync {
+    move |req| {
+        let v = req.json();
+        let id = req.rpc_id_json();
+        let method = v["method"].as_str().unwrap_or("").to_string();
+        let mut s = state.lock().unwrap();
+        let task_id = v["params"]["taskId"].as_str().unwrap_or("").to_string();
+        let result = |r: Value| ScriptedResponse::json(rpc_result(&id, &r.to_string()));
+        match method.as_str() {
+            "tools/call" => {
+                s.next += 1;
+                let tid = format!("mt-{}-{}", s.next, now_ms());
+                s.tasks.insert(tid.clone(), "working".into());
+                let created = json!({
+                    "resultType": "task", "taskId": tid, "status": "working",
+                    "createdAt": format_rfc3339_ms(now_ms()), "lastUpdatedAt": format_rfc3339_ms(now_ms()),
+                    "ttlMs": null, "pollIntervalMs": 50
+                });
+                if v["params"]["name"] == "sse_tool" {
+                    let done = json!({"jsonrpc":"2.0","method":"notifications/tasks",
+                        "params": detailed(&tid, "completed")});
+                    s.tasks.insert(tid.clone(), "completed".into());
+                    return ScriptedResponse::sse(vec![
+                        SseStep::Raw(ev().data(&rpc_result(&id, &created.to_string())).wire()),
+                        SseStep::Raw(ev().data(&done.to_string()).wire()),
+                    ]);
+                }
+                result(created)
+            }
+            "tasks/get" => match s.tasks.get(&task_id) {
+                Some(st) => result(detailed(&task_id, st)),
+                None => ScriptedResponse::status(
+                    400,
+                    Some("application/json"),
+                    format!(
+                        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"Task not found"}}}}"#
+                    ),
+                ),
+            },
+            "tasks/cancel" => {
+                let late = s.after_cancel.get(&task_id).cloned();
+                if let Some(st) = s.tasks.get_mut(&task_id) {
+                    if !matches!(st.as_str(), "completed" | "failed" | "cancelled") {
+                        *st = "cancelled".into();
+                    }
+                }
+                if let Some(late) = late {
+                    // A server that reports cancelled once, then a late terminal result.
+                    s.tasks.insert(task_id.clone(), "cancelled".into());
+                    s.after_cancel.insert(task_id.clone(), late);
+                }
+                let delay = s.cancel_delay;
+                result(json!({"resultType":"complete"})).after(delay)
+            }
+            "tasks/update" => result(json!({"resultType":"complete"})),
+            _ => result(json!({"resultType":"complete"})),
+        }
+    }
+}
+
+async fn modern_server() -> (Upstream, Shared) {
+    let state: Shared = Arc::default();
+    (Upstream::start(modern_handler(state.clone())).await, state)
+}
+
+fn meta(with_ext: bool) -> Value {
+    let caps = if with_ext {
+        json!({ "extensions": { EXT: {} } })
+    } else {
+        json!({})
+    };
+    json!({
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": caps,
+    })
+}
+
+/// A 2026-07-28 request: headers and `_meta` as the spec's clients send them.
+fn modern_req(url: &str, token: Option<&str>, id: u64, method: &str, params: Value) -> Req {
+    let mut params = params;
+    if params.get("_meta").is_none() {
+        params["_meta"] = meta(true);
+    }
+    let body = json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}).to_string();
+    let mut r = Req::mcp_post(url, body)
+        .header("mcp-protocol-version", MODERN)
+        .header("mcp-method", method);
+    if let Some(task_id) = params.get("taskId").and_then(Value::as_str) {
+        r = r.header("mcp-name", task_id);
+    }
+    if let Some(t) = token {
+        r = r.header("authorization", &format!("Bearer {t}"));
+    }
+    r
+}
+
+/// Sends and returns (HTTP status, the JSON-RPC answer; the response in an SSE body).
+async fn send(r: Req) -> (u16, Value) {
+    let resp = r.send().await;
+    let status = resp.status();
+    let sse = resp
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("text/event-stream"));
+    if !sse {
+        return (status, resp.json().await);
+    }
+    let mut reader = resp.sse();
+    loop {
+        let v = reader.next_event(STEP).await.json();
+        if v.get("id").is_some() && (v.get("result").is_some() || v.get("error").is_some()) {
+            return (status, v);
+        }
+    }
+}
+
+async fn create(url: &str, token: Option<&str>, tool: &str) -> String {
+    let (status, v) = send(modern_req(
+        url,
+        token,
+        1,
+        "tools/call",
+        json!({"name": tool, "arguments": {}}),
+    ))
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["resultType"], "task", "{v}");
+    v["result"]["taskId"].as_str().unwrap().to_string()
+}
+
+async fn task_call(
+    url: &str,
+    token: Option<&str>,
+    id: u64,
+    method: &str,
+    task_id: &str,
+) -> (u16, Value) {
+    send(modern_req(
+        url,
+        token,
+        id,
+        method,
+        json!({"taskId": task_id}),
+    ))
+    .await
+}
+
+fn base64_of(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+fn count(up: &Upstream, method: &str) -> usize {
+    up.received(method).len()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Records
+// ---------------------------------------------------------------------------------------------
+
+/// A flat `CreateTaskResult` is recorded (era modern, ttl `null` capped), listed in
+/// `/admin/tasks`, and the next `tasks/get` reaches the upstream and answers.
+#[tokio::test]
+async fn a_modern_task_is_recorded_and_reachable() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_ttl_ms = 3600000")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let r = tg
+        .record(&t)
+        .expect("the task is recorded before the reply");
+    assert_eq!(r.ttl_ms, Some(3_600_000), "ttlMs null is capped");
+    let (_, list) = tg.admin("/admin/tasks").await;
+    let row = list["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["task_id"] == json!(t))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(row["era"], "modern", "{list}");
+    let (status, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(
+        (status, v["result"]["status"].clone()),
+        (200, json!("working")),
+        "{v}"
+    );
+    assert_eq!(count(&up, "tasks/get"), 1);
+}
+
+/// A `CreateTaskResult` inside an SSE stream is recorded before its event is relayed, and a
+/// `notifications/tasks` on the same stream updates the record.
+#[tokio::test]
+async fn sse_creation_and_notifications_update_the_record() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let t = create(&tg.mcp_url(), None, "sse_tool").await;
+    assert!(
+        tg.record(&t).is_some(),
+        "recorded before the event reached the client"
+    );
+    let done = eventually(STEP, || async {
+        tg.record(&t)
+            .filter(|r| r.status == taskgate::mcp::task::TaskStatus::Completed)
+    })
+    .await;
+    assert!(done.is_some(), "notifications/tasks applied");
+    let _ = up;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gates and HTTP statuses
+// ---------------------------------------------------------------------------------------------
+
+/// The spec's order: no extension → -32021 (data.requiredCapabilities); Mcp-Name ≠ taskId →
+/// -32020; unknown taskId → -32602; all HTTP 400; tasks/result and tasks/list → -32601 with 404.
+/// None reaches the upstream; each is counted as a local answer, not as `ok`.
+#[tokio::test]
+async fn gates_come_first_with_their_http_statuses() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+
+    let no_ext = modern_req(
+        &url,
+        None,
+        2,
+        "tasks/get",
+        json!({"taskId": t, "_meta": meta(false)}),
+    );
+    let (status, v) = send(no_ext).await;
+    assert_eq!((status, err_code(&v)), (400, -32021), "{v}");
+    assert!(
+        v["error"]["data"]["requiredCapabilities"]["extensions"][EXT].is_object(),
+        "{v}"
+    );
+
+    let mismatch = modern_req(&url, None, 3, "tasks/cancel", json!({"taskId": t}))
+        .without("mcp-name")
+        .header("mcp-name", "other");
+    let (status, v) = send(mismatch).await;
+    assert_eq!((status, err_code(&v)), (400, -32020), "{v}");
+    let encoded = format!("=?base64?{}?=", base64_of("other"));
+    let mismatch = modern_req(&url, None, 4, "tasks/update", json!({"taskId": t}))
+        .without("mcp-name")
+        .header("mcp-name", &encoded);
+    let (status, v) = send(mismatch).await;
+    assert_eq!((status, err_code(&v)), (400, -32020), "{v}");
+    // A missing Mcp-Name passes (FastMCP 4 accepts it; fastmcp.Client 4 sends none).
+    let missing =
+        modern_req(&url, None, 5, "tasks/update", json!({"taskId": t})).without("mcp-name");
+    let (status, v) = send(missing).await;
+    assert_eq!(
+        (status, v["result"]["resultType"].clone()),
+        (200, json!("complete")),
+        "{v}"
+    );
+
+    for (i, m) in ["tasks/get", "tasks/update", "tasks/cancel"]
+        .iter()
+        .enumerate()
+    {
+        let (status, v) = task_call(&url, None, 10 + i as u64, m, "never-recorded").await;
+        assert_eq!((status, err_code(&v)), (400, -32602), "{m}: {v}");
+    }
+    for m in ["tasks/result", "tasks/list"] {
+        let (status, v) = task_call(&url, None, 20, m, &t).await;
+        assert_eq!((status, err_code(&v)), (404, -32601), "{m}: {v}");
+    }
+    assert_eq!(
+        count(&up, "tasks/update"),
+        1,
+        "only the one with a matching name"
+    );
+    for m in ["tasks/get", "tasks/cancel", "tasks/result", "tasks/list"] {
+        assert_eq!(count(&up, m), 0, "{m} reached the upstream");
+    }
+    let text = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &text,
+            "taskgate_local_answers_total",
+            &[("upstream", "default"), ("reason", "missing_extension")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "taskgate_local_answers_total",
+            &[("upstream", "default"), ("reason", "header_mismatch")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "taskgate_local_answers_total",
+            &[("upstream", "default"), ("reason", "task_not_found")]
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "taskgate_local_answers_total",
+            &[("upstream", "default"), ("reason", "method_not_found")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "taskgate_requests_total",
+            &[
+                ("upstream", "default"),
+                ("method", "tasks/update"),
+                ("outcome", "ok")
+            ]
+        ),
+        1.0,
+        "only the forwarded one"
+    );
+    assert_eq!(
+        metric(
+            &text,
+            "taskgate_requests_total",
+            &[
+                ("upstream", "default"),
+                ("method", "tasks/update"),
+                ("outcome", "local")
+            ]
+        ),
+        2.0
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Owner binding
+// ---------------------------------------------------------------------------------------------
+
+/// Principal B gets -32602 for tasks/get, tasks/update and tasks/cancel on A's task; the
+/// upstream sees none of them; A still reaches it.
+#[tokio::test]
+async fn another_principal_cannot_touch_a_task() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .token("bob", "tok-b")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, Some("tok-a"), "slow_compute").await;
+    for (i, m) in ["tasks/get", "tasks/update", "tasks/cancel"]
+        .iter()
+        .enumerate()
+    {
+        let (status, v) = task_call(&url, Some("tok-b"), 2 + i as u64, m, &t).await;
+        assert_eq!((status, err_code(&v)), (400, -32602), "{m}: {v}");
+    }
+    for m in ["tasks/get", "tasks/update", "tasks/cancel"] {
+        assert_eq!(count(&up, m), 0, "{m} of bob reached the upstream");
+    }
+    let (status, v) = task_call(&url, Some("tok-a"), 9, "tasks/update", &t).await;
+    assert_eq!(
+        (status, v["result"]["resultType"].clone()),
+        (200, json!("complete")),
+        "{v}"
+    );
+    assert_eq!(count(&up, "tasks/update"), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cancel
+// ---------------------------------------------------------------------------------------------
+
+/// 200 concurrent identical tasks/cancel: exactly one reaches the upstream, every caller gets
+/// the ack under its own id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_cancels_send_one() {
+    let (up, state) = modern_server().await;
+    state.lock().unwrap().cancel_delay = Duration::from_millis(300);
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let mut calls = Vec::new();
+    for i in 0..200u64 {
+        let (url, t) = (url.clone(), t.clone());
+        calls.push(tokio::spawn(async move {
+            task_call(&url, None, 1000 + i, "tasks/cancel", &t).await
+        }));
+    }
+    for (i, c) in calls.into_iter().enumerate() {
+        let (status, v) = c.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["id"], json!(1000 + i as u64));
+        assert_eq!(v["result"], json!({"resultType":"complete"}), "{v}");
+    }
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+}
+
+/// A cancel of a task recorded terminal is acknowledged without calling the upstream.
+#[tokio::test]
+async fn cancel_of_a_terminal_task_is_acked_here() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    state
+        .lock()
+        .unwrap()
+        .tasks
+        .insert(t.clone(), "completed".into());
+    let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "completed", "{v}");
+    let (status, v) = task_call(&url, None, 3, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, v["result"].clone()),
+        (200, json!({"resultType":"complete"})),
+        "{v}"
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 0);
+    // The ack is recorded as "cancel requested"; the status stays completed.
+    let (_, events) = audit_events(&tg, &t).await;
+    assert!(
+        events.contains(&"cancel_requested".to_string()),
+        "{events:?}"
+    );
+    assert!(
+        !events.contains(&"status_cancelled".to_string()),
+        "{events:?}"
+    );
+    let (_, v) = task_call(&url, None, 4, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "completed", "{v}");
+}
+
+/// After `cancelled` is recorded, a later `completed` (with its result) is shown as
+/// `cancelled` without the result, counted as a rewrite; the three audit facts stay apart.
+#[tokio::test]
+async fn a_late_completed_after_cancelled_is_shown_cancelled() {
+    let (up, state) = modern_server().await;
+    // Results not kept: every poll goes upstream, so the rewrite is what the client sees.
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_stored_result_bytes = 0")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let (_, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    let (_, v) = task_call(&url, None, 3, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    state
+        .lock()
+        .unwrap()
+        .tasks
+        .insert(t.clone(), "completed".into());
+    let (_, v) = task_call(&url, None, 4, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    assert!(v["result"].get("result").is_none(), "{v}");
+    assert_eq!(count(&up, "tasks/get"), 2);
+    let text = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &text,
+            "taskgate_task_terminal_rewrites_total",
+            &[("upstream", "default")]
+        ),
+        1.0
+    );
+    let (_, events) = audit_events(&tg, &t).await;
+    assert!(
+        events.contains(&"cancel_requested".to_string()),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&"status_cancelled".to_string()),
+        "{events:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Terminal results from the record
+// ---------------------------------------------------------------------------------------------
+
+/// Once a terminal tasks/get with its result passed through, later polls are answered from the
+/// record with the same bytes; the upstream sees only the first.
+#[tokio::test]
+async fn polls_of_a_terminal_task_are_not_forwarded() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    state
+        .lock()
+        .unwrap()
+        .tasks
+        .insert(t.clone(), "completed".into());
+    let (_, first) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(
+        first["result"]["result"]["content"][0]["text"],
+        json!(format!("done {t}")),
+        "{first}"
+    );
+    for i in 3..8 {
+        let (status, v) = task_call(&url, None, i, "tasks/get", &t).await;
+        assert_eq!(status, 200);
+        assert_eq!(v["id"], json!(i));
+        assert_eq!(v["result"], first["result"], "same result");
+    }
+    assert_eq!(count(&up, "tasks/get"), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Durability: the real binary, SIGKILL
+// ---------------------------------------------------------------------------------------------
+
+/// A task created before SIGKILL is still reachable with tasks/get after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_modern_task_survives_sigkill() {
+    let (up, _) = modern_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
+    let spawn = |cfg: String| {
+        tokio::task::block_in_place(move || {
+            let mut p = TaskgateProcess::spawn(&["serve", "--config", &cfg], &[]);
+            let (g, _) = p.listening();
+            (p, g)
+        })
+    };
+    let (mut p, gw) = spawn(cfg.clone());
+    let t = create(&format!("http://{gw}/mcp"), None, "slow_compute").await;
+    tokio::task::block_in_place(|| {
+        p.signal(libc::SIGKILL);
+        p.wait_exit(STEP).expect("taskgate did not die on SIGKILL");
+    });
+    let (_p2, gw) = spawn(cfg);
+    let (status, v) = task_call(&format!("http://{gw}/mcp"), None, 2, "tasks/get", &t).await;
+    assert_eq!(
+        (status, v["result"]["status"].clone()),
+        (200, json!("working")),
+        "{v}"
+    );
+    assert_eq!(count(&up, "tasks/get"), 1);
+}
+
+/// Under 2026-07-28 a `notifications/cancelled` naming the `tools/call` that became a task never
+/// reaches the upstream (tasks are cancelled with `tasks/cancel` only).
+#[tokio::test]
+async fn notifications_cancelled_never_cancels_a_task() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let body = json!({"jsonrpc":"2.0","method":"notifications/cancelled",
+        "params":{"requestId":1,"reason":"user","_meta":meta(true)}})
+    .to_string();
+    let resp = Req::mcp_post(&url, body)
+        .header("mcp-protocol-version", MODERN)
+        .send()
+        .await;
+    assert_eq!(resp.status(), 202);
+    assert_eq!(count(&up, "notifications/cancelled"), 0);
+    assert_eq!(count(&up, "tasks/cancel"), 0);
+    let r = tg.record(&t).unwrap();
+    assert_eq!(r.status, taskgate::mcp::task::TaskStatus::Working);
+}
+
+/// 2025-11-25: a second `tasks/result` of a terminal task is answered from the record with the
+/// payload that passed through; the upstream sees one.
+#[tokio::test]
+async fn legacy_tasks_result_of_a_terminal_task_is_served_from_the_record() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = c.create_task("1").await;
+    up.set(&t, "completed");
+    let first = c.result("2", &t).await;
+    assert!(first.get("result").is_some(), "{first}");
+    let again = c.result("3", &t).await;
+    assert_eq!(again["id"], json!(3));
+    assert_eq!(again["result"], first["result"]);
+    assert_eq!(up.count("tasks/result"), 1);
+}
+
+/// `subscriptions/listen` names only the caller's tasks upstream: another principal's (or a
+/// never-recorded) taskId is removed from `params.notifications.taskIds`; the owner's own task
+/// stays.
+#[tokio::test]
+async fn listen_keeps_only_the_callers_tasks() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .token("bob", "tok-b")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, Some("tok-a"), "slow_compute").await;
+    let listen = |id: u64| json!({"notifications": {"taskIds": [t.clone(), "never-recorded"]}, "_meta": meta(true), "n": id});
+    let (status, _) = send(modern_req(
+        &url,
+        Some("tok-b"),
+        2,
+        "subscriptions/listen",
+        listen(2),
+    ))
+    .await;
+    assert_eq!(status, 200);
+    let (status, _) = send(modern_req(
+        &url,
+        Some("tok-a"),
+        3,
+        "subscriptions/listen",
+        listen(3),
+    ))
+    .await;
+    assert_eq!(status, 200);
+    let seen = up.received("subscriptions/listen");
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[0].json()["params"]["notifications"]["taskIds"],
+        json!([])
+    );
+    assert_eq!(
+        seen[1].json()["params"]["notifications"]["taskIds"],
+        json!([t])
+    );
+}
