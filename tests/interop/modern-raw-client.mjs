@@ -79,7 +79,7 @@ function check(name, ok, detail = '') {
     checks.push({ name, ok: Boolean(ok), detail: ok ? '' : String(detail) });
     console.log(ok ? `PASS ${name}` : `FAIL ${name}: ${detail}`);
 }
-const show = r => JSON.stringify(r.body ?? null).slice(0, 300) + ` (HTTP ${r.http})`;
+const show = r => JSON.stringify(r.body ?? null).slice(0, 600) + ` (HTTP ${r.http})`;
 const ENVELOPE = ['taskId', 'status', 'result', 'error', 'inputRequests'];
 
 async function poll(taskId, until = s => TERMINAL.includes(s), ms = 20000) {
@@ -199,7 +199,7 @@ async function main() {
     }
     check('update-partial-keeps-input-required', partialOk, partialDetail);
     const miDone = mi.taskId ? await poll(mi.taskId) : { body: 'no task' };
-    check('update-all-answers-completes', miDone.result?.status === 'completed' && /one.*two/.test(miDone.result?.result?.content?.[0]?.text ?? ''), show(miDone));
+    check('update-all-answers-completes', miDone.result?.status === 'completed' && ['one', 'two'].every(w => (miDone.result?.result?.content?.[0]?.text ?? '').includes(w)), show(miDone));
 
     // -- cancel
     const long = await create('slow_compute', { seconds: 60, label: 'raw-cancel' });

@@ -44,6 +44,7 @@ import os
 import socket
 import sys
 from collections import defaultdict
+from datetime import timedelta
 from typing import Any
 
 import mcp_types
@@ -80,7 +81,11 @@ class FixtureTasks(TasksExtension):
 
 
 mcp = FastMCP("taskgate-modern-task-fixture")
-mcp.add_extension(FixtureTasks())
+# Up to 50 tasks at once: a gateway that loses a cancel leaves 60 s slow_compute runs behind, which
+# must not starve the checks that follow.
+mcp.add_extension(FixtureTasks(concurrency=50))
+# Clients are told to poll every 500 ms (fastmcp-tasks says 5 s by default), which keeps runs short.
+POLL = timedelta(milliseconds=500)
 
 
 def _elicit(message: str, props: dict[str, Any], required: list[str]) -> mcp_types.ElicitRequest:
@@ -122,28 +127,28 @@ async def greet(name: str = "World") -> str:
     return f"Hello, {name}!"
 
 
-@mcp.tool(task=TaskConfig(mode="optional"))
+@mcp.tool(task=TaskConfig(mode="optional", poll_interval=POLL))
 async def slow_compute(seconds: float = 1, label: str = "") -> str:
     """Sleeps `seconds`, then returns; runs as a task when the request declares the extension."""
     await asyncio.sleep(seconds)
     return f"slow_compute({label}) done after {seconds}s"
 
 
-@mcp.tool(task=TaskConfig(mode="required"))
+@mcp.tool(task=TaskConfig(mode="required", poll_interval=POLL))
 async def failing_job() -> str:
     """Task only; after ~1 s a tool execution error (completed + isError)."""
     await asyncio.sleep(1)
     raise ToolError("failing_job: the job failed on purpose")
 
 
-@mcp.tool(task=TaskConfig(mode="optional"))
+@mcp.tool(task=TaskConfig(mode="optional", poll_interval=POLL))
 async def protocol_error_job() -> str:
     """Raises a JSON-RPC error: the task ends failed with error {code, message}."""
     await asyncio.sleep(0.1)
     raise MCPError(code=-32603, message="protocol_error_job: internal failure on purpose")
 
 
-@mcp.tool(task=TaskConfig(mode="optional"))
+@mcp.tool(task=TaskConfig(mode="optional", poll_interval=POLL))
 async def confirm_delete(ctx: Context, filename: str = "file.txt"):
     """Asks one confirmation (elicitation/create), then completes with what was answered."""
     answers = ctx.input_responses
@@ -156,7 +161,7 @@ async def confirm_delete(ctx: Context, filename: str = "file.txt"):
     return f"confirm_delete({filename}): {_answer_text(answers, 'confirm')}"
 
 
-@mcp.tool(task=TaskConfig(mode="optional"))
+@mcp.tool(task=TaskConfig(mode="optional", poll_interval=POLL))
 async def multi_input(ctx: Context):
     """Asks two elicitations at once; completes when both are answered."""
     answers = dict(ctx.input_responses or {})
@@ -170,7 +175,7 @@ async def multi_input(ctx: Context):
     return f"multi_input: {_answer_text(answers, 'first')}, {_answer_text(answers, 'second')}"
 
 
-@mcp.tool(task=TaskConfig(mode="optional"))
+@mcp.tool(task=TaskConfig(mode="optional", poll_interval=POLL))
 async def test_tool_with_task(ctx: Context, user_name: str = ""):
     """MRTR, then a task (see FixtureTasks): asks user_name, the task's result names the user."""
     if not user_name:
