@@ -196,7 +196,7 @@ done
 
 # ---- modern clients ----------------------------------------------------------------------------
 run_client() { # run_client LABEL SECONDS CLIENT...: CLIENT URL --label L --json FILE per route
-    local label=$1 secs=$2 route
+    local label=$1 secs=$2 route rc
     shift 2
     for route in "${ROUTES[@]}"; do
         log "$label: $route ${URL[$route]}"
@@ -206,11 +206,13 @@ run_client() { # run_client LABEL SECONDS CLIENT...: CLIENT URL --label L --json
     done
     if [[ "$BIN" == none ]]; then
         "${COMPARE[@]}" clients --label "$label" --direct "$WORK/$label-direct.json" --level "$LEVEL"
-        result "$label direct" $?
+        rc=$?
+        result "$label direct" $rc
     fi
     for route in "${ROUTES[@]:1}"; do
         "${COMPARE[@]}" clients --label "$label" --direct "$WORK/$label-direct.json" --via "$WORK/$label-$route.json" --route "$route" --level "$LEVEL"
-        result "$label direct = $(route_name "$route")" $?
+        rc=$?
+        result "$label direct = $(route_name "$route")" $rc
     done
 }
 run_client modern-raw-client 120 "$NODE22" "$HERE/modern-raw-client.mjs"
