@@ -142,6 +142,7 @@ async function main() {
     // -- the 2026 gates on tasks/*
     const unknown = await rpc('tasks/get', { taskId: 'raw-client-unknown-task-id' });
     check('get-unknown-task-32602', unknown.error?.code === -32602, show(unknown));
+    check('get-unknown-task-http-400', unknown.http === 400, show(unknown));
     const noExt = taskId ? await rpc('tasks/get', { taskId }, { caps: NO_EXT }) : { body: 'no task' };
     check('get-without-extension-32021', noExt.error?.code === -32021, show(noExt));
     check('get-without-extension-http-400', noExt.http === 400, show(noExt));
@@ -213,6 +214,7 @@ async function main() {
     check('cancel-terminal-task-stays-completed', stillDone.result?.status === 'completed', show(stillDone));
     const cUnknown = await rpc('tasks/cancel', { taskId: 'raw-client-unknown-task-id' });
     check('cancel-unknown-task-32602', cUnknown.error?.code === -32602, show(cUnknown));
+    check('cancel-unknown-task-http-400', cUnknown.http === 400, show(cUnknown));
     const cNoExt = long.taskId ? await rpc('tasks/cancel', { taskId: long.taskId }, { caps: NO_EXT }) : { body: 'no task' };
     check('cancel-without-extension-32021-http-400', cNoExt.error?.code === -32021 && cNoExt.http === 400, show(cNoExt));
 
