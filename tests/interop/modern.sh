@@ -199,7 +199,8 @@ fi
 for route in "${ROUTES[@]:1}"; do
     "${COMPARE[@]}" "${CARGS[@]}" --via-log "$WORK/conformance-$route.log" --via-dir "$WORK/conformance-$route" --route "$route" |
         tee "$WORK/conformance-report-$route.txt"
-    result "modern-conformance direct = $(route_name "$route")" "${PIPESTATUS[0]}"
+    rc=${PIPESTATUS[0]}
+    result "modern-conformance direct = $(route_name "$route")" "$rc"
 done
 
 # ---- modern clients ----------------------------------------------------------------------------
@@ -245,11 +246,13 @@ props() { # props NAME ARGS...
 if [[ "$BIN" != none ]]; then
     log "modern-properties: via taskgate (auth none)"
     props properties-via "${URL[via]}" --admin "$(field taskgate-none listening.admin)" --received "$(field fixture-via received)" --label "properties via"
-    result "modern-properties $(route_name via)" $?
+    rc=$?
+    result "modern-properties $(route_name via)" $rc
     log "modern-properties: via taskgate (bearer; alice and bob)"
     props properties-bearer "http://$(field taskgate-bearer listening.gateway)/mcp/modern" --admin "$(field taskgate-bearer listening.admin)" \
         --received "$(field fixture-bearer received)" --token "$TOKEN" --token-b "$TOKEN_B" --label "properties bearer"
-    result "modern-properties via taskgate (bearer, two principals)" $?
+    rc=$?
+    result "modern-properties via taskgate (bearer, two principals)" $rc
     log "modern-restart: create, kill -9 taskgate, start it again, tasks/get"
     props restart-before "${URL[via]}" --admin "$(field taskgate-none listening.admin)" --received "$(field fixture-via received)" \
         --phase before-restart --state "$WORK/restart-state.json" --label "restart (before)"
