@@ -20,7 +20,9 @@ if (!opt.target || !opt.token) {
 const target = new URL(opt.target);
 
 const server = http.createServer((req, res) => {
-    const headers = { ...req.headers, host: target.host, authorization: `Bearer ${opt.token}` };
+    // Host and Origin pass as the client sent them: the hop is meant to be invisible (a gateway's Host/Origin
+    // checks then see what they would see without it).
+    const headers = { ...req.headers, authorization: `Bearer ${opt.token}` };
     const up = http.request(
         { hostname: target.hostname, port: target.port, path: req.url, method: req.method, headers },
         upRes => {

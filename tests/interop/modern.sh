@@ -17,7 +17,7 @@
 # (modern-compare.mjs; per check, not only totals):
 #   modern-conformance   conformance-next server --suite all; direct failures = exactly
 #                        conformance-next-expected-failures.txt (no tasks-* scenario there)
-#   modern-raw-client    modern-raw-client.mjs (38 checks)
+#   modern-raw-client    modern-raw-client.mjs (39 checks)
 #   modern-fastmcp-client modern_fastmcp_client.py (13 checks)
 # and taskgate's own properties (modern-properties.mjs; strict unless MODERN_LEVEL=report):
 #   modern-properties    /admin/tasks lists the task; terminal polls and the cancel of a terminal
