@@ -2,7 +2,7 @@
 // A header-adding hop for clients that cannot send headers (the conformance CLI): listens on
 // 127.0.0.1, adds `Authorization: Bearer TOKEN` to every request and forwards it to TARGET
 // (scheme://host:port; the request path is kept), streaming both bodies (SSE passes through as it
-// comes). node:* only.
+// comes). A Host/Origin naming the hop is rewritten to the target's port. node:* only.
 //
 //   node bearer-hop.mjs --target http://127.0.0.1:PORT --token TOKEN [--port 0]
 //
@@ -18,11 +18,18 @@ if (!opt.target || !opt.token) {
     process.exit(2);
 }
 const target = new URL(opt.target);
+let ownPort = 0;
 
 const server = http.createServer((req, res) => {
-    // Host and Origin pass as the client sent them: the hop is meant to be invisible (a gateway's Host/Origin
-    // checks then see what they would see without it).
+    // The hop is meant to be invisible: a Host (and Origin) naming the hop itself is rewritten to the
+    // same host name at the target's port, as if the client had connected to the target; any other
+    // Host or Origin (say a DNS-rebinding probe's) passes unchanged, so the target's checks see it.
     const headers = { ...req.headers, authorization: `Bearer ${opt.token}` };
+    const mine = /^(127\.0\.0\.1|localhost|\[::1\]):(\d+)$/;
+    const hostMatch = String(req.headers.host ?? '').match(mine);
+    if (hostMatch && Number(hostMatch[2]) === ownPort) headers.host = `${hostMatch[1]}:${target.port}`;
+    const originMatch = String(req.headers.origin ?? '').match(/^http:\/\/(127\.0\.0\.1|localhost|\[::1\]):(\d+)$/);
+    if (originMatch && Number(originMatch[2]) === ownPort) headers.origin = `http://${originMatch[1]}:${target.port}`;
     const up = http.request(
         { hostname: target.hostname, port: target.port, path: req.url, method: req.method, headers },
         upRes => {
@@ -47,6 +54,7 @@ const server = http.createServer((req, res) => {
 server.keepAliveTimeout = 5000;
 server.listen(Number(opt.port), '127.0.0.1', () => {
     const { port } = server.address();
+    ownPort = port;
     console.log(JSON.stringify({ listening: `http://127.0.0.1:${port}`, port, target: opt.target }));
 });
 for (const sig of ['SIGTERM', 'SIGINT']) {
