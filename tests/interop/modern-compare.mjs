@@ -4,6 +4,7 @@
 //
 //   node modern-compare.mjs conformance --scenarios FILE --expected FILE --direct-log F --direct-dir D
 //        [--via-log F --via-dir D --route NAME] [--gateway-fixes s1,s2] [--level strict|report]
+//        [--scenario-prefix P]   (only the scenarios whose name starts with P, e.g. tasks-)
 //     Conformance 0.2.0-alpha.12 runs (`=== SUMMARY ===` lines of the log; checks.json per scenario
 //     under D). Direct: the failing scenarios must be exactly those of the expected-failures file
 //     (`scenario  # reason`). Through the gateway: every scenario must pass or fail as direct, and
@@ -84,7 +85,8 @@ function conformance() {
     const scenarios = readFileSync(o.scenarios, 'utf8')
         .split('\n')
         .map(l => l.match(/^\s*-\s*(\S+)/)?.[1])
-        .filter(Boolean);
+        .filter(Boolean)
+        .filter(name => name.startsWith(o['scenario-prefix'] ?? ''));
     if (!scenarios.length) {
         console.log(`FAIL no scenarios listed in ${o.scenarios}`);
         return 1;
@@ -102,7 +104,8 @@ function conformance() {
     }
     const isTasks = n => n.startsWith('tasks-');
     const direct = readRun(o['direct-log'], o['direct-dir'], scenarios);
-    console.log(`conformance-next direct: ${tally(direct)}`);
+    const what = `conformance-next${o.upstream ? ` (${o.upstream})` : ''}`;
+    console.log(`${what} direct: ${tally(direct)}`);
     console.log(`  tasks-* direct: ${tally(direct, isTasks)}`);
     for (const [name, e] of direct) {
         if (!e.passed && !expected.has(name)) {
@@ -125,7 +128,7 @@ function conformance() {
         const route = o.route ?? 'via';
         const fixes = new Set((o['gateway-fixes'] ?? '').split(',').filter(Boolean));
         const via = readRun(o['via-log'], o['via-dir'], scenarios);
-        console.log(`conformance-next ${route}: ${tally(via)}`);
+        console.log(`${what} ${route}: ${tally(via)}`);
         console.log(`  tasks-* ${route}: ${tally(via, isTasks)}`);
         const say = line => {
             if (strict) {

@@ -149,23 +149,42 @@ done
 for route in "${ROUTES[@]}"; do
     wait_ready "fixture-$route" 90 || exit 1
 done
-declare -A URL=()
+RMCP=${TASKGATE_INTEROP_RMCP:-0}
+if [[ $RMCP == 1 ]]; then
+    # rmcp 3.11.0 as a second upstream (tasks-* scenarios only): built here, its own target dir.
+    log "building rmcp-server (rmcp 3.11.0)"
+    run_fg timeout 1200 cargo build --locked --quiet --manifest-path "$HERE/rmcp-server/Cargo.toml" >"$WORK/rmcp-build.log" 2>&1 || {
+        echo "building rmcp-server failed:" >&2
+        tail -n 30 "$WORK/rmcp-build.log" >&2
+        exit 1
+    }
+    for route in "${ROUTES[@]}"; do
+        start "rmcp-$route" "$HERE/rmcp-server/target/debug/taskgate-interop-rmcp-server" --port 0
+    done
+    for route in "${ROUTES[@]}"; do
+        wait_ready "rmcp-$route" 30 || exit 1
+    done
+fi
+declare -A URL=() RMCP_URL=()
 URL[direct]=$(field fixture-direct listening)
+[[ $RMCP == 1 ]] && RMCP_URL[direct]=$(field rmcp-direct listening)
 log "fixture (FastMCP $(field fixture-direct version)) direct: ${URL[direct]}"
 
-taskgate_config() { # taskgate_config NAME AUTH_BLOCK UPSTREAM_URL
+taskgate_config() { # taskgate_config NAME AUTH_BLOCK UPSTREAM_URL [RMCP_URL]
     printf '[gateway]\nlisten = "127.0.0.1:0"\ndrain_timeout_ms = 1000\n\n[admin]\nlisten = "127.0.0.1:0"\n\n'
     printf '[store]\npath = "%s"\n\n%s\n' "$WORK/$1-store" "$2"
     printf '[[upstream]]\nname = "modern"\nurl = "%s"\n' "$3"
+    [[ -n ${4:-} ]] && printf '\n[[upstream]]\nname = "rmcp"\nurl = "%s"\n' "$4"
+    return 0
 }
 if [[ "$BIN" != none ]]; then
-    taskgate_config taskgate-none $'[auth]\nmode = "none"\n' "$(field fixture-via listening)" >"$WORK/taskgate-none.toml"
+    taskgate_config taskgate-none $'[auth]\nmode = "none"\n' "$(field fixture-via listening)" "$([[ $RMCP == 1 ]] && field rmcp-via listening)" >"$WORK/taskgate-none.toml"
     TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
     TOKEN_SHA=$(printf %s "$TOKEN" | sha256sum | cut -d' ' -f1)
     TOKEN_B=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
     TOKEN_B_SHA=$(printf %s "$TOKEN_B" | sha256sum | cut -d' ' -f1)
     taskgate_config taskgate-bearer "$(printf '[auth]\nmode = "bearer"\n\n[[auth.token]]\nprincipal = "alice"\nsha256 = "%s"\n\n[[auth.token]]\nprincipal = "bob"\nsha256 = "%s"\n' "$TOKEN_SHA" "$TOKEN_B_SHA")" \
-        "$(field fixture-bearer listening)" >"$WORK/taskgate-bearer.toml"
+        "$(field fixture-bearer listening)" "$([[ $RMCP == 1 ]] && field rmcp-bearer listening)" >"$WORK/taskgate-bearer.toml"
     start taskgate-none "$BIN" serve --config "$WORK/taskgate-none.toml"
     start taskgate-bearer "$BIN" serve --config "$WORK/taskgate-bearer.toml"
     wait_ready taskgate-none 60 || exit 1
@@ -174,6 +193,8 @@ if [[ "$BIN" != none ]]; then
     start bearer-hop "$NODE22" "$HERE/bearer-hop.mjs" --target "http://$(field taskgate-bearer listening.gateway)" --token "$TOKEN"
     wait_ready bearer-hop 30 || exit 1
     URL[bearer]="$(field bearer-hop listening)/mcp/modern"
+    RMCP_URL[via]="http://$(field taskgate-none listening.gateway)/mcp/rmcp"
+    RMCP_URL[bearer]="$(field bearer-hop listening)/mcp/rmcp"
     log "taskgate (auth none) via: ${URL[via]}"
     log "taskgate (bearer) through bearer-hop: ${URL[bearer]}"
 fi
@@ -202,6 +223,29 @@ for route in "${ROUTES[@]:1}"; do
     rc=${PIPESTATUS[0]}
     result "modern-conformance direct = $(route_name "$route")" "$rc"
 done
+
+# ---- rmcp-conformance: the tasks-* scenarios against rmcp 3.11.0 (TASKGATE_INTEROP_RMCP=1) --------
+if [[ $RMCP == 1 ]]; then
+    for route in "${ROUTES[@]}"; do
+        log "rmcp-conformance: conformance-next server --suite all, $route ${RMCP_URL[$route]}"
+        run_fg timeout 300 "$NODE22" "$CONFORMANCE" server --url "${RMCP_URL[$route]}" --suite all -o "$WORK/rmcp-conformance-$route" \
+            >"$WORK/rmcp-conformance-$route.log" 2>&1
+    done
+    RARGS=(conformance --upstream rmcp --scenario-prefix tasks- --scenarios "$WORK/conformance-scenarios.txt"
+        --expected "$HERE/conformance-next-rmcp-expected-failures.txt" --level "$LEVEL"
+        --direct-log "$WORK/rmcp-conformance-direct.log" --direct-dir "$WORK/rmcp-conformance-direct")
+    if [[ "$BIN" == none ]]; then
+        "${COMPARE[@]}" "${RARGS[@]}" | tee "$WORK/rmcp-conformance-report-direct.txt"
+        rc=${PIPESTATUS[0]}
+        result "rmcp-conformance tasks-* direct" "$rc"
+    fi
+    for route in "${ROUTES[@]:1}"; do
+        "${COMPARE[@]}" "${RARGS[@]}" --via-log "$WORK/rmcp-conformance-$route.log" --via-dir "$WORK/rmcp-conformance-$route" --route "$route" |
+            tee "$WORK/rmcp-conformance-report-$route.txt"
+        rc=${PIPESTATUS[0]}
+        result "rmcp-conformance tasks-* direct = $(route_name "$route")" "$rc"
+    done
+fi
 
 # ---- modern clients ----------------------------------------------------------------------------
 run_client() { # run_client LABEL SECONDS CLIENT...: CLIENT URL --label L --json FILE per route
