@@ -34,7 +34,7 @@ function readRun(logFile, dir, scenarios) {
     const run = new Map();
     for (const line of summary.split('\n')) {
         const m = line.match(/^([✓✗]) (\S+): (\d+) passed, (\d+) failed/);
-        if (m) run.set(m[2], { passed: m[1] === '✓', checks: [] });
+        if (m && scenarios.includes(m[2])) run.set(m[2], { passed: m[1] === '✓', checks: [] });
     }
     const dirs = existsSync(dir) ? readdirSync(dir) : [];
     for (const scenario of scenarios) {
