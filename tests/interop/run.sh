@@ -21,6 +21,7 @@
 #   INTEROP_RACE_ROUNDS=N       rounds of the cancel-vs-completion race (step f; default 30)
 #   INTEROP_TRACE=1             task clients record every HTTP exchange in their JSON summaries
 #   TASKGATE_INTEROP_MODERN=1|report  also run step g, the 2026-07-28 peers (modern.sh; default off)
+#   TASKGATE_INTEROP_RMCP=1     step g also builds and runs rmcp-server/ (rmcp 3.11.0) as a second upstream
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
