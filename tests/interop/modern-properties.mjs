@@ -14,7 +14,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 
 const argv = process.argv.slice(2);
-const opt = { upstream: 'modern', phase: 'all', label: 'properties', token: '', 'token-b': '', json: '', state: '' };
+const opt = { upstream: 'modern', principal: 'alice', phase: 'all', label: 'properties', token: '', 'token-b': '', json: '', state: '' };
 let url = '';
 for (let i = 0; i < argv.length; i++) {
     if (argv[i].startsWith('--')) opt[argv[i].slice(2)] = argv[++i];
@@ -93,6 +93,10 @@ async function all() {
     check('admin-tasks-lists-modern-task', list.includes(t1), list.slice(0, 300));
     const one = await fetch(`http://${opt.admin}/admin/tasks/${encodeURIComponent(opt.upstream)}/${encodeURIComponent(t1)}`).catch(e => ({ status: String(e) }));
     check('admin-task-record-exists', one.status === 200, `HTTP ${one.status}`);
+    const rec = one.status === 200 ? await one.json().catch(() => null) : null;
+    check('admin-record-era-modern', rec?.task?.era === 'modern' && rec?.task?.protocol_version === '2026-07-28', rec?.task ?? rec);
+    // taskgate writes owners as `principal:<name>` (an `anonymous` owner without auth).
+    if (opt.token) check('admin-record-owner-is-principal', new RegExp(`(^|:)${opt.principal}$`).test(String(rec?.task?.owner ?? '')), rec?.task ?? rec);
 
     // Terminal results from the registry: polls after the first terminal one are not forwarded.
     const done = await poll(t1);
@@ -124,6 +128,12 @@ async function all() {
         check('cancel-200-concurrent-one-upstream-cancel', ups === 1, `upstream saw ${ups} tasks/cancel`);
         const settled = await poll(t2, undefined, 10000);
         check('cancel-200-settles-cancelled', settled.result?.status === 'cancelled', brief(settled));
+        const r2 = await fetch(`http://${opt.admin}/admin/tasks/${encodeURIComponent(opt.upstream)}/${encodeURIComponent(t2)}`).then(r => r.json()).catch(e => ({ error: String(e) }));
+        check(
+            'cancel-record-requested-and-cancelled-apart',
+            r2?.task?.status === 'cancelled' && r2.task.cancel_requested_at != null && r2.task.cancelled_at != null,
+            r2?.task ?? r2
+        );
     } else check('cancel-200-concurrent-all-acked', false, 'no task');
 
     // Ids taskgate never recorded are refused locally.
