@@ -20,6 +20,8 @@
 #   INTEROP_SKIP_PYTHON=1       skip the Python task peers (mcp 1.30.0, fastmcp 3.4.11)
 #   INTEROP_RACE_ROUNDS=N       rounds of the cancel-vs-completion race (step f; default 30)
 #   INTEROP_TRACE=1             task clients record every HTTP exchange in their JSON summaries
+#   TASKGATE_INTEROP_MODERN=1|report  also run step g, the 2026-07-28 peers (modern.sh; default off)
+#   TASKGATE_INTEROP_RMCP=1     step g also builds and runs rmcp-server/ (rmcp 3.11.0) as a second upstream
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -410,6 +412,35 @@ if [[ $PYTHON_ON == 1 ]]; then
     # cancel goes upstream, fastmcp accepts it, and taskgate keeps `cancelled` against fastmcp's
     # later `completed`.
     run_cancel cancel-fastmcp-unseen-completion fastmcp fastmcp-unseen-completion "" --received "$FASTMCP_RECEIVED"
+fi
+
+# ---- g. modern (2026-07-28): the tasks extension with real 2026-era peers (modern.sh) -------------
+# FastMCP 4.1.4 + fastmcp-tasks 4.1.4, conformance 0.2.0-alpha.12, a raw wire client and
+# fastmcp.Client 4, direct and through taskgate (auth none; bearer behind bearer-hop.mjs), compared
+# check by check. Behind a switch until taskgate passes them (issue 11):
+#   TASKGATE_INTEROP_MODERN=1       run, strict: any check that differs through taskgate fails
+#   TASKGATE_INTEROP_MODERN=report  run, print the differences as notes (direct failures still fail)
+#   unset / 0                       skipped
+case "${TASKGATE_INTEROP_MODERN:-0}" in
+1 | strict) MODERN_LEVEL=strict ;;
+report) MODERN_LEVEL=report ;;
+*) MODERN_LEVEL="" ;;
+esac
+if [[ -n $MODERN_LEVEL ]]; then
+    log "g. modern (2026-07-28) steps, level $MODERN_LEVEL"
+    run_fg timeout 900 env MODERN_LEVEL="$MODERN_LEVEL" INTEROP_WORK="$WORK/modern" bash "$HERE/modern.sh" "$BIN" >"$WORK/modern.log" 2>&1
+    modern_rc=$?
+    sed 's/^/  | /' "$WORK/modern.log"
+    if [[ -s "$WORK/modern/results.txt" ]]; then
+        while read -r status name; do
+            result "$name" "$([[ $status == PASS ]] && echo 0 || echo 1)"
+        done <"$WORK/modern/results.txt"
+        [[ $modern_rc != 0 ]] && ! grep -q '^FAIL' "$WORK/modern/results.txt" && result "modern.sh exit status $modern_rc" 1
+    else
+        result "modern.sh (no results, exit $modern_rc; see $WORK/modern.log)" 1
+    fi
+else
+    log "g. modern (2026-07-28) steps skipped: TASKGATE_INTEROP_MODERN=1 runs them (strict), =report only reports"
 fi
 
 # ---- gateway health after all of it ---------------------------------------------------------

@@ -1,0 +1,330 @@
+#!/usr/bin/env bash
+# Modern (2026-07-28) interop: the tasks extension (io.modelcontextprotocol/tasks, SEP-2663) with real
+# 2026-era peers, direct and through taskgate. run.sh calls it as step g when
+# TASKGATE_INTEROP_MODERN=1 (strict) or =report; it also runs alone:
+#
+#   tests/interop/modern.sh TASKGATE_BIN      direct, through taskgate (auth none) and through
+#                                             taskgate with bearer auth (behind bearer-hop.mjs)
+#   tests/interop/modern.sh none              direct only (checks the fixture and the clients)
+#
+# Peers: modern_task_server.py (FastMCP 4.1.4 + fastmcp-tasks 4.1.4, in .venv-modern from
+# requirements-modern.txt), conformance 0.2.0-alpha.12 (npm alias conformance-next, Node 22),
+# modern-raw-client.mjs (raw wire) and modern_fastmcp_client.py (fastmcp.Client 4).
+# One fixture process per route (direct, via, bearer), so what one route leaves running (say a
+# 60 s task whose cancel got lost) cannot disturb another.
+#
+# Steps, each direct then per route; a route passes when every check has its direct result
+# (modern-compare.mjs; per check, not only totals):
+#   modern-conformance   conformance-next server --suite all; direct failures = exactly
+#                        conformance-next-expected-failures.txt (no tasks-* scenario there)
+#   modern-raw-client    modern-raw-client.mjs (39 checks)
+#   modern-fastmcp-client modern_fastmcp_client.py (13 checks)
+# and taskgate's own properties (modern-properties.mjs; strict unless MODERN_LEVEL=report):
+#   modern-properties    /admin/tasks lists the task; terminal polls and the cancel of a terminal
+#                        task are not forwarded; 200 concurrent cancels -> 1 upstream cancel, 200
+#                        acks; never-recorded ids refused (-32602, HTTP 400); with bearer, bob gets
+#                        -32602 for alice's task on get/update/cancel and the upstream sees none
+#   modern-restart       a task created before kill -9 + restart of taskgate still resolves
+#
+# Environment: INTEROP_WORK=DIR (default a new /tmp dir), MODERN_LEVEL=strict|report (report:
+# differences through taskgate are printed as notes and do not fail; direct failures still do).
+# Writes DIR/results.txt (`PASS name` / `FAIL name` lines, read by run.sh). Exit 0 only when all passed.
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BIN=${1:-}
+if [[ -z "$BIN" ]]; then
+    echo "usage: $0 TASKGATE_BIN|none" >&2
+    exit 2
+fi
+if [[ "$BIN" != none ]]; then
+    [[ "$BIN" == /* ]] || BIN="$PWD/$BIN"
+    [[ -x "$BIN" ]] || {
+        echo "taskgate binary not found or not executable: $BIN" >&2
+        exit 2
+    }
+fi
+WORK=${INTEROP_WORK:-$(mktemp -d /tmp/taskgate-modern.XXXXXX)}
+mkdir -p "$WORK"
+LEVEL=${MODERN_LEVEL:-strict}
+NODE22="$HERE/node_modules/node/bin/node"
+CONFORMANCE="$HERE/node_modules/conformance-next/dist/index.js"
+VENV="$HERE/.venv-modern"
+COMPARE=("$NODE22" "$HERE/modern-compare.mjs")
+: >"$WORK/results.txt"
+
+log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+declare -A PID=()
+FG=""
+cleanup() {
+    local name
+    [[ -n "$FG" ]] && kill -TERM "$FG" 2>/dev/null
+    for name in "${!PID[@]}"; do kill -TERM "${PID[$name]}" 2>/dev/null; done
+    for _ in $(seq 1 50); do
+        local alive=0
+        for name in "${!PID[@]}"; do kill -0 "${PID[$name]}" 2>/dev/null && alive=1; done
+        [[ $alive == 0 ]] && break
+        sleep 0.1
+    done
+    for name in "${!PID[@]}"; do
+        if kill -0 "${PID[$name]}" 2>/dev/null; then
+            echo "warning: $name (pid ${PID[$name]}) ignored SIGTERM, killing it" >&2
+            kill -KILL "${PID[$name]}" 2>/dev/null
+        fi
+    done
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+start() {
+    local name=$1
+    shift
+    "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    PID[$name]=$!
+}
+run_fg() {
+    "$@" &
+    FG=$!
+    wait "$FG"
+    local rc=$?
+    FG=""
+    return $rc
+}
+wait_ready() {
+    local name=$1 secs=$2 i
+    for ((i = 0; i < secs * 10; i++)); do
+        grep -q '^{' "$WORK/$name.out" 2>/dev/null && return 0
+        if ! kill -0 "${PID[$name]}" 2>/dev/null; then
+            echo "$name exited before it was ready; stderr:" >&2
+            tail -n 20 "$WORK/$name.err" >&2
+            return 1
+        fi
+        sleep 0.1
+    done
+    echo "$name not ready after ${secs}s; stderr:" >&2
+    tail -n 20 "$WORK/$name.err" >&2
+    return 1
+}
+field() { "$NODE22" "$HERE/harness.mjs" json-field "$WORK/$1.out" "$2"; }
+STATUS=0
+result() { # result NAME RC
+    if [[ $2 == 0 ]]; then echo "PASS $1" >>"$WORK/results.txt"; else
+        echo "FAIL $1" >>"$WORK/results.txt"
+        STATUS=1
+    fi
+}
+
+# ---- install ------------------------------------------------------------------------------------
+if [[ ! -x "$NODE22" || ! -f "$CONFORMANCE" ]]; then
+    log "npm ci in $HERE"
+    (cd "$HERE" && npm ci --no-audit --no-fund) >"$WORK/npm-ci.log" 2>&1 || {
+        echo "npm ci failed:" >&2
+        tail -n 30 "$WORK/npm-ci.log" >&2
+        exit 1
+    }
+fi
+REQ_SUM=$(sha256sum "$HERE/requirements-modern.txt" | cut -d' ' -f1)
+if [[ ! -x "$VENV/bin/python" || "$(cat "$VENV/.requirements.sha256" 2>/dev/null)" != "$REQ_SUM" ]]; then
+    log "installing requirements-modern.txt into $VENV"
+    { { [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"; } &&
+        "$VENV/bin/pip" install --disable-pip-version-check -q -r "$HERE/requirements-modern.txt" &&
+        "$VENV/bin/pip" check --disable-pip-version-check; } >"$WORK/pip.log" 2>&1 || {
+        echo "installing the modern Python requirements failed:" >&2
+        tail -n 30 "$WORK/pip.log" >&2
+        rm -rf "$VENV"
+        exit 1
+    }
+    echo "$REQ_SUM" >"$VENV/.requirements.sha256"
+fi
+log "modern work dir: $WORK (level $LEVEL); gateway: $BIN"
+
+# ---- fixtures, gateways, hop ---------------------------------------------------------------------
+ROUTES=(direct)
+[[ "$BIN" != none ]] && ROUTES+=(via bearer)
+for route in "${ROUTES[@]}"; do
+    start "fixture-$route" "$VENV/bin/python" "$HERE/modern_task_server.py" --port 0
+done
+for route in "${ROUTES[@]}"; do
+    wait_ready "fixture-$route" 90 || exit 1
+done
+RMCP=${TASKGATE_INTEROP_RMCP:-0}
+if [[ $RMCP == 1 ]]; then
+    # rmcp 3.11.0 as a second upstream (tasks-* scenarios only): built here, its own target dir.
+    log "building rmcp-server (rmcp 3.11.0)"
+    run_fg timeout 1200 cargo build --locked --quiet --manifest-path "$HERE/rmcp-server/Cargo.toml" >"$WORK/rmcp-build.log" 2>&1 || {
+        echo "building rmcp-server failed:" >&2
+        tail -n 30 "$WORK/rmcp-build.log" >&2
+        exit 1
+    }
+    for route in "${ROUTES[@]}"; do
+        start "rmcp-$route" "$HERE/rmcp-server/target/debug/taskgate-interop-rmcp-server" --port 0
+    done
+    for route in "${ROUTES[@]}"; do
+        wait_ready "rmcp-$route" 30 || exit 1
+    done
+fi
+declare -A URL=() RMCP_URL=()
+URL[direct]=$(field fixture-direct listening)
+[[ $RMCP == 1 ]] && RMCP_URL[direct]=$(field rmcp-direct listening)
+log "fixture (FastMCP $(field fixture-direct version)) direct: ${URL[direct]}"
+
+taskgate_config() { # taskgate_config NAME AUTH_BLOCK UPSTREAM_URL [RMCP_URL]
+    printf '[gateway]\nlisten = "127.0.0.1:0"\ndrain_timeout_ms = 1000\n\n[admin]\nlisten = "127.0.0.1:0"\n\n'
+    printf '[store]\npath = "%s"\n\n%s\n' "$WORK/$1-store" "$2"
+    printf '[[upstream]]\nname = "modern"\nurl = "%s"\n' "$3"
+    [[ -n ${4:-} ]] && printf '\n[[upstream]]\nname = "rmcp"\nurl = "%s"\n' "$4"
+    return 0
+}
+if [[ "$BIN" != none ]]; then
+    taskgate_config taskgate-none $'[auth]\nmode = "none"\n' "$(field fixture-via listening)" "$([[ $RMCP == 1 ]] && field rmcp-via listening)" >"$WORK/taskgate-none.toml"
+    TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+    TOKEN_SHA=$(printf %s "$TOKEN" | sha256sum | cut -d' ' -f1)
+    TOKEN_B=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+    TOKEN_B_SHA=$(printf %s "$TOKEN_B" | sha256sum | cut -d' ' -f1)
+    taskgate_config taskgate-bearer "$(printf '[auth]\nmode = "bearer"\n\n[[auth.token]]\nprincipal = "alice"\nsha256 = "%s"\n\n[[auth.token]]\nprincipal = "bob"\nsha256 = "%s"\n' "$TOKEN_SHA" "$TOKEN_B_SHA")" \
+        "$(field fixture-bearer listening)" "$([[ $RMCP == 1 ]] && field rmcp-bearer listening)" >"$WORK/taskgate-bearer.toml"
+    start taskgate-none "$BIN" serve --config "$WORK/taskgate-none.toml"
+    start taskgate-bearer "$BIN" serve --config "$WORK/taskgate-bearer.toml"
+    wait_ready taskgate-none 60 || exit 1
+    wait_ready taskgate-bearer 60 || exit 1
+    URL[via]="http://$(field taskgate-none listening.gateway)/mcp/modern"
+    start bearer-hop "$NODE22" "$HERE/bearer-hop.mjs" --target "http://$(field taskgate-bearer listening.gateway)" --token "$TOKEN"
+    wait_ready bearer-hop 30 || exit 1
+    URL[bearer]="$(field bearer-hop listening)/mcp/modern"
+    RMCP_URL[via]="http://$(field taskgate-none listening.gateway)/mcp/rmcp"
+    RMCP_URL[bearer]="$(field bearer-hop listening)/mcp/rmcp"
+    log "taskgate (auth none) via: ${URL[via]}"
+    log "taskgate (bearer) through bearer-hop: ${URL[bearer]}"
+fi
+ROUTE_NAME_via="via taskgate (auth none)"
+ROUTE_NAME_bearer="via taskgate (bearer, through bearer-hop)"
+route_name() { local v="ROUTE_NAME_$1"; echo "${!v}"; }
+
+# ---- modern-conformance ---------------------------------------------------------------------------
+"$NODE22" "$CONFORMANCE" list --server >"$WORK/conformance-scenarios.txt" 2>&1
+for route in "${ROUTES[@]}"; do
+    log "modern-conformance: conformance-next server --suite all, $route ${URL[$route]}"
+    run_fg timeout 300 "$NODE22" "$CONFORMANCE" server --url "${URL[$route]}" --suite all -o "$WORK/conformance-$route" \
+        >"$WORK/conformance-$route.log" 2>&1
+    [[ $? == 124 ]] && echo "conformance run $route timed out after 300 s" >>"$WORK/conformance-$route.log"
+done
+CARGS=(conformance --scenarios "$WORK/conformance-scenarios.txt" --expected "$HERE/conformance-next-expected-failures.txt"
+    --direct-log "$WORK/conformance-direct.log" --direct-dir "$WORK/conformance-direct" --level "$LEVEL"
+    --gateway-fixes dns-rebinding-protection)
+if [[ "$BIN" == none ]]; then
+    "${COMPARE[@]}" "${CARGS[@]}" | tee "$WORK/conformance-report-direct.txt"
+    result "modern-conformance direct" "${PIPESTATUS[0]}"
+fi
+for route in "${ROUTES[@]:1}"; do
+    "${COMPARE[@]}" "${CARGS[@]}" --via-log "$WORK/conformance-$route.log" --via-dir "$WORK/conformance-$route" --route "$route" |
+        tee "$WORK/conformance-report-$route.txt"
+    rc=${PIPESTATUS[0]}
+    result "modern-conformance direct = $(route_name "$route")" "$rc"
+done
+
+# ---- rmcp-conformance: the tasks-* scenarios against rmcp 3.11.0 (TASKGATE_INTEROP_RMCP=1) --------
+if [[ $RMCP == 1 ]]; then
+    for route in "${ROUTES[@]}"; do
+        log "rmcp-conformance: conformance-next server --suite all, $route ${RMCP_URL[$route]}"
+        run_fg timeout 300 "$NODE22" "$CONFORMANCE" server --url "${RMCP_URL[$route]}" --suite all -o "$WORK/rmcp-conformance-$route" \
+            >"$WORK/rmcp-conformance-$route.log" 2>&1
+    done
+    RARGS=(conformance --upstream rmcp --scenario-prefix tasks- --scenarios "$WORK/conformance-scenarios.txt"
+        --expected "$HERE/conformance-next-rmcp-expected-failures.txt" --level "$LEVEL"
+        --direct-log "$WORK/rmcp-conformance-direct.log" --direct-dir "$WORK/rmcp-conformance-direct")
+    if [[ "$BIN" == none ]]; then
+        "${COMPARE[@]}" "${RARGS[@]}" | tee "$WORK/rmcp-conformance-report-direct.txt"
+        rc=${PIPESTATUS[0]}
+        result "rmcp-conformance tasks-* direct" "$rc"
+    fi
+    for route in "${ROUTES[@]:1}"; do
+        "${COMPARE[@]}" "${RARGS[@]}" --via-log "$WORK/rmcp-conformance-$route.log" --via-dir "$WORK/rmcp-conformance-$route" --route "$route" |
+            tee "$WORK/rmcp-conformance-report-$route.txt"
+        rc=${PIPESTATUS[0]}
+        result "rmcp-conformance tasks-* direct = $(route_name "$route")" "$rc"
+    done
+fi
+
+# ---- modern clients ----------------------------------------------------------------------------
+run_client() { # run_client LABEL SECONDS CLIENT...: CLIENT URL --label L --json FILE per route
+    local label=$1 secs=$2 route rc
+    shift 2
+    for route in "${ROUTES[@]}"; do
+        log "$label: $route ${URL[$route]}"
+        run_fg timeout "$secs" "$@" "${URL[$route]}" --label "$label $route" --json "$WORK/$label-$route.json" \
+            >"$WORK/$label-$route.log" 2>&1
+        tail -n 1 "$WORK/$label-$route.log" | sed 's/^/  /'
+    done
+    if [[ "$BIN" == none ]]; then
+        "${COMPARE[@]}" clients --label "$label" --direct "$WORK/$label-direct.json" --level "$LEVEL"
+        rc=$?
+        result "$label direct" $rc
+    fi
+    for route in "${ROUTES[@]:1}"; do
+        "${COMPARE[@]}" clients --label "$label" --direct "$WORK/$label-direct.json" --via "$WORK/$label-$route.json" --route "$route" --level "$LEVEL"
+        rc=$?
+        result "$label direct = $(route_name "$route")" $rc
+    done
+}
+run_client modern-raw-client 120 "$NODE22" "$HERE/modern-raw-client.mjs"
+run_client modern-fastmcp-client 180 "$VENV/bin/python" "$HERE/modern_fastmcp_client.py"
+
+# ---- modern-properties: taskgate's own (issue 11), upstream requests counted ------------------------
+# Not a direct-vs-gateway comparison: these hold only for a gateway (registry, owner binding,
+# single-flight cancel, terminal results served from the record, restart). The bearer run talks
+# to taskgate directly (no hop) as alice, and as bob for the foreign-owner checks.
+props() { # props NAME ARGS...
+    local name=$1 rc
+    shift
+    run_fg timeout 180 "$NODE22" "$HERE/modern-properties.mjs" "$@" >"$WORK/$name.log" 2>&1
+    rc=$?
+    grep -v '^PASS' "$WORK/$name.log" | sed 's/^/  /'
+    if [[ $rc != 0 && $LEVEL == report ]]; then
+        echo "  note $name: not enforced at level report"
+        rc=0
+    fi
+    return $rc
+}
+if [[ "$BIN" != none ]]; then
+    log "modern-properties: via taskgate (auth none)"
+    props properties-via "${URL[via]}" --admin "$(field taskgate-none listening.admin)" --received "$(field fixture-via received)" --label "properties via"
+    rc=$?
+    result "modern-properties $(route_name via)" $rc
+    log "modern-properties: via taskgate (bearer; alice and bob)"
+    props properties-bearer "http://$(field taskgate-bearer listening.gateway)/mcp/modern" --admin "$(field taskgate-bearer listening.admin)" \
+        --received "$(field fixture-bearer received)" --token "$TOKEN" --token-b "$TOKEN_B" --label "properties bearer"
+    rc=$?
+    result "modern-properties via taskgate (bearer, two principals)" $rc
+    log "modern-restart: create, kill -9 taskgate, start it again, tasks/get"
+    props restart-before "${URL[via]}" --admin "$(field taskgate-none listening.admin)" --received "$(field fixture-via received)" \
+        --phase before-restart --state "$WORK/restart-state.json" --label "restart (before)"
+    rc=$?
+    kill -KILL "${PID[taskgate-none]}" 2>/dev/null
+    wait "${PID[taskgate-none]}" 2>/dev/null
+    cp "$WORK/taskgate-none.err" "$WORK/taskgate-none-before-restart.err"
+    start taskgate-none "$BIN" serve --config "$WORK/taskgate-none.toml"
+    if wait_ready taskgate-none 60; then
+        URL[via]="http://$(field taskgate-none listening.gateway)/mcp/modern"
+        props restart-after "${URL[via]}" --admin "$(field taskgate-none listening.admin)" --received "$(field fixture-via received)" \
+            --phase after-restart --state "$WORK/restart-state.json" --label "restart (after)" || rc=1
+    else
+        rc=1
+    fi
+    result "modern-restart kill -9 $(route_name via)" $rc
+fi
+
+for name in "${!PID[@]}"; do
+    if ! kill -0 "${PID[$name]}" 2>/dev/null; then
+        echo "FAIL $name exited during the run; stderr tail:"
+        tail -n 20 "$WORK/$name.err"
+        result "$name still running" 1
+    fi
+done
+
+echo
+echo "== modern (2026-07-28) summary (logs: $WORK, level $LEVEL) =="
+cat "$WORK/results.txt"
+echo "modern: $(grep -c '^PASS' "$WORK/results.txt") passed, $(grep -c '^FAIL' "$WORK/results.txt") failed"
+exit $STATUS
