@@ -149,7 +149,7 @@ done
 for route in "${ROUTES[@]}"; do
     wait_ready "fixture-$route" 90 || exit 1
 done
-RMCP=${TASKGATE_INTEROP_RMCP:-0}
+RMCP=${TASKGATE_INTEROP_RMCP:-1}
 if [[ $RMCP == 1 ]]; then
     # rmcp 3.11.0 as a second upstream (tasks-* scenarios only): built here, its own target dir.
     log "building rmcp-server (rmcp 3.11.0)"

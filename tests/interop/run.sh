@@ -20,8 +20,8 @@
 #   INTEROP_SKIP_PYTHON=1       skip the Python task peers (mcp 1.30.0, fastmcp 3.4.11)
 #   INTEROP_RACE_ROUNDS=N       rounds of the cancel-vs-completion race (step f; default 30)
 #   INTEROP_TRACE=1             task clients record every HTTP exchange in their JSON summaries
-#   TASKGATE_INTEROP_MODERN=1|report  also run step g, the 2026-07-28 peers (modern.sh; default off)
-#   TASKGATE_INTEROP_RMCP=1     step g also builds and runs rmcp-server/ (rmcp 3.11.0) as a second upstream
+#   TASKGATE_INTEROP_MODERN=0|1|report  step g, the 2026-07-28 peers (modern.sh; default 1: strict)
+#   TASKGATE_INTEROP_RMCP=0|1   step g also builds and runs rmcp-server/ (rmcp 3.11.0) as a second upstream (default 1)
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -417,11 +417,11 @@ fi
 # ---- g. modern (2026-07-28): the tasks extension with real 2026-era peers (modern.sh) -------------
 # FastMCP 4.1.4 + fastmcp-tasks 4.1.4, conformance 0.2.0-alpha.12, a raw wire client and
 # fastmcp.Client 4, direct and through taskgate (auth none; bearer behind bearer-hop.mjs), compared
-# check by check. Behind a switch until taskgate passes them (issue 11):
+# check by check (issue 11), on by default:
 #   TASKGATE_INTEROP_MODERN=1       run, strict: any check that differs through taskgate fails
 #   TASKGATE_INTEROP_MODERN=report  run, print the differences as notes (direct failures still fail)
-#   unset / 0                       skipped
-case "${TASKGATE_INTEROP_MODERN:-0}" in
+#   0                               skipped (default: 1)
+case "${TASKGATE_INTEROP_MODERN:-1}" in
 1 | strict) MODERN_LEVEL=strict ;;
 report) MODERN_LEVEL=report ;;
 *) MODERN_LEVEL="" ;;
