@@ -78,6 +78,9 @@ fn reference_lists_every_key() {
     for field in fields_of("[[auth.token]]") {
         keys.push(format!("auth.token.{field}"));
     }
+    for field in fields_of("[auth.oauth]") {
+        keys.push(format!("auth.oauth.{field}"));
+    }
     assert!(keys.len() > 20, "too few keys found: {keys:?}");
     assert!(
         readme.contains("config/REFERENCE.md"),
@@ -93,7 +96,7 @@ fn reference_lists_every_key() {
     for line in reference.lines().filter(|l| l.starts_with("| `")) {
         let key = line.split('`').nth(1).unwrap();
         assert!(
-            keys.iter().any(|k| k == key) || ["auth.token", "upstream"].contains(&key),
+            keys.iter().any(|k| k == key) || ["auth.token", "auth.oauth", "upstream"].contains(&key),
             "config/REFERENCE.md documents `{key}`, which the config does not have"
         );
     }
