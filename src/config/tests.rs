@@ -96,7 +96,8 @@ fn reference_lists_every_key() {
     for line in reference.lines().filter(|l| l.starts_with("| `")) {
         let key = line.split('`').nth(1).unwrap();
         assert!(
-            keys.iter().any(|k| k == key) || ["auth.token", "auth.oauth", "upstream"].contains(&key),
+            keys.iter().any(|k| k == key)
+                || ["auth.token", "auth.oauth", "upstream"].contains(&key),
             "config/REFERENCE.md documents `{key}`, which the config does not have"
         );
     }
