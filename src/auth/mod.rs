@@ -202,3 +202,45 @@ fn quotable(s: &str) -> String {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_url_keeps_only_route_paths() {
+        let aud = "https://mcp.example.com/base/mcp";
+        let at = |p| metadata_url(aud, p);
+        assert_eq!(
+            at("/mcp"),
+            "https://mcp.example.com/.well-known/oauth-protected-resource/mcp"
+        );
+        assert_eq!(
+            at("/mcp/files/"),
+            "https://mcp.example.com/.well-known/oauth-protected-resource/mcp/files"
+        );
+        assert_eq!(
+            at("/other"),
+            "https://mcp.example.com/.well-known/oauth-protected-resource"
+        );
+        assert_eq!(
+            at("/mcp/a\"b"),
+            "https://mcp.example.com/.well-known/oauth-protected-resource"
+        );
+    }
+
+    #[test]
+    fn challenge_text_is_always_a_valid_quoted_string() {
+        assert_eq!(quotable("a \"b\" \\ c\n"), "a 'b' ' c?");
+        let auth = Authenticator::new(&AuthConfig::default()).unwrap();
+        let r = Refusal {
+            kind: RefusalKind::InsufficientScope("mcp tools".into()),
+            message: "Forbidden".into(),
+        };
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            auth.challenge(&r, "/mcp"),
+            "Bearer realm=\"taskgate\", error=\"insufficient_scope\", scope=\"mcp tools\""
+        );
+    }
+}
