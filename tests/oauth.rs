@@ -468,3 +468,24 @@ async fn in_flight_limit_in_bearer_mode() {
         1
     );
 }
+
+#[tokio::test]
+async fn a_remembered_token_is_refused_once_it_expires() {
+    let k1 = new_key("k1");
+    let idp = Idp::start(&[&k1]).await;
+    let up = Upstream::mcp().await;
+    let tg = Tg::start(oauth_toml(&idp, &up.url(), "leeway_s = 0")).await;
+    let mut c = claims(&idp, "alice");
+    c["exp"] = json!(now_ms() / 1000 + 2);
+    let token = sign(&k1, &c);
+    // Accepted (and remembered), then refused by the remembered entry's own expiry check.
+    assert_eq!(status_and_challenge(&tg, Some(&token)).await.0, 200);
+    assert_eq!(status_and_challenge(&tg, Some(&token)).await.0, 200);
+    let refused = eventually(STEP, || async {
+        let (status, _, body) = status_and_challenge(&tg, Some(&token)).await;
+        (status == 401).then_some(body)
+    })
+    .await
+    .expect("the token expires");
+    assert!(err_message(&refused).contains("expired"), "{refused}");
+}

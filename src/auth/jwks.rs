@@ -70,6 +70,8 @@ pub struct KeyCache {
     set: RwLock<Arc<KeySet>>,
     /// One refresh at a time; the others wait for it (bounded by the fetch deadline).
     refresh: tokio::sync::Mutex<String>,
+    /// Counts successful fetches: what was verified under an older generation is checked again.
+    generation: std::sync::atomic::AtomicU64,
 }
 
 impl KeyCache {
@@ -88,7 +90,17 @@ impl KeyCache {
             policy,
             set: RwLock::new(Arc::new(KeySet::default())),
             refresh: tokio::sync::Mutex::new(String::new()),
+            generation: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// The current key-set generation, when the set is fresh (younger than `jwks_cache_ms`);
+    /// `None` when it is stale or was never fetched (a caller then goes through [`KeyCache::key`]).
+    pub fn fresh_generation(&self) -> Option<u64> {
+        let set = self.set.read();
+        set.fetched_at
+            .is_some_and(|t| t.elapsed() < self.policy.max_age)
+            .then(|| self.generation.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// The key for a token's `kid`: from the cache, else after one (rate-limited) refresh.
@@ -137,6 +149,8 @@ impl KeyCache {
             Ok(mut fresh) => {
                 fresh.attempted_at = fresh.fetched_at;
                 *set = Arc::new(fresh);
+                self.generation
+                    .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
                 last_error.clear();
             }
             Err(e) => {

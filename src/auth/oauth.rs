@@ -29,6 +29,17 @@ use std::time::Duration;
 
 /// Longest principal claim value accepted, in bytes.
 const MAX_PRINCIPAL_BYTES: usize = 1024;
+/// Most accepted tokens remembered (the table is emptied when full).
+pub const MAX_VERIFIED: usize = 10_000;
+
+/// An accepted token: who it names, its validity window (seconds since the epoch, leeway
+/// included) and the key-set generation it was verified under.
+struct Verified {
+    principal: Principal,
+    not_after: u64,
+    not_before: u64,
+    generation: u64,
+}
 
 /// The access-token checker of `mode = "oauth"`.
 pub struct OAuth {
@@ -38,6 +49,8 @@ pub struct OAuth {
     required_scopes: Vec<String>,
     validations: HashMap<Algorithm, Validation>,
     keys: KeyCache,
+    leeway: u64,
+    verified: parking_lot::Mutex<HashMap<[u8; 32], Verified>>,
 }
 
 impl OAuth {
@@ -72,6 +85,8 @@ impl OAuth {
             required_scopes: config.required_scopes.clone(),
             validations,
             keys: KeyCache::new(fetcher, &config.issuer, jwks, policy),
+            leeway: config.leeway_s,
+            verified: parking_lot::Mutex::new(HashMap::new()),
         })
     }
 
@@ -97,6 +112,43 @@ impl OAuth {
 
     /// Checks one access token; the principal, or why it is refused.
     pub async fn verify(&self, token: &str) -> Result<Principal, Refusal> {
+        use sha2::{Digest, Sha256};
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let generation = self.keys.fresh_generation();
+        let now = jsonwebtoken::get_current_timestamp();
+        if let Some(g) = generation {
+            let table = self.verified.lock();
+            if let Some(v) = table.get(&digest).filter(|v| v.generation == g) {
+                if v.not_before <= now && now < v.not_after {
+                    return Ok(v.principal.clone());
+                }
+            }
+        }
+        let (principal, claims) = self.verify_fully(token).await?;
+        let seconds = |name: &str| claims.get(name).and_then(|v| v.as_f64()).map(|f| f as u64);
+        if let (Some(g), Some(exp)) = (generation, seconds("exp")) {
+            let mut table = self.verified.lock();
+            if table.len() >= MAX_VERIFIED {
+                table.clear();
+            }
+            table.insert(
+                digest,
+                Verified {
+                    principal: principal.clone(),
+                    not_after: exp.saturating_add(self.leeway),
+                    not_before: seconds("nbf").unwrap_or(0).saturating_sub(self.leeway),
+                    generation: g,
+                },
+            );
+        }
+        Ok(principal)
+    }
+
+    /// Every check of the module docs; the principal and the token's claims.
+    async fn verify_fully(
+        &self,
+        token: &str,
+    ) -> Result<(Principal, serde_json::Map<String, serde_json::Value>), Refusal> {
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| invalid(format!("the access token is not a valid JWT ({e})")))?;
         let validation = self.validations.get(&header.alg).ok_or_else(|| {
@@ -156,10 +208,8 @@ impl OAuth {
                 ),
             });
         }
-        Ok(Principal::Token(Arc::from(format!(
-            "{}#{subject}",
-            self.issuer
-        ))))
+        let principal = Principal::Token(Arc::from(format!("{}#{subject}", self.issuer)));
+        Ok((principal, claims))
     }
 }
 
