@@ -1204,7 +1204,13 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// The paths of a case, in table order.
-const TARGETS: [&str; 4] = ["direct", "nginx", "taskgate", "taskgate-hyper-util"];
+const TARGETS: [&str; 5] = [
+    "direct",
+    "nginx",
+    "taskgate",
+    "taskgate-hyper-util",
+    "taskgate-oauth",
+];
 
 fn median(xs: &mut [f64]) -> f64 {
     xs.sort_by(|a, b| a.total_cmp(b));
