@@ -9,7 +9,8 @@
 # Builds taskgate (--release) and benches/loadgen (--release, its own target dir
 # benches/loadgen/target), starts on 127.0.0.1 ephemeral ports the bench upstream, taskgate (temp
 # store) and nginx (plain reverse proxy; installed from Debian when missing and root, else
-# skipped), runs scenarios 1-6 and prints one table per scenario. Everything started here is
+# skipped), runs scenarios 1-7 and prints one table per scenario (7: OAuth, needs openssl and
+# python3). Everything started here is
 # killed on exit.
 #
 # A/B (issue 10): beside `taskgate` (TASKGATE_UPSTREAM_CLIENT=pool, the own pool) a second
@@ -28,7 +29,7 @@
 # Settings (environment): DURATION (s per timed case, default 2), WARMUP (s, 0.5), REPEAT (runs
 # per case and path in scenarios 1-5, default 3), AB (1), QUIET_PCT (10),
 # LIFECYCLE_TASKS (1000), CANCELS (1000), RECORDS (100000), SCENARIOS (which ones, default
-# "1 2 3 4 5 6"), RESULTS (output file, benches/RESULTS.md; "-" for none), KEEP=1 keeps the temp
+# "1 2 3 4 5 6 7"), RESULTS (output file, benches/RESULTS.md; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
 set -euo pipefail
 
@@ -43,7 +44,7 @@ LIFECYCLE_TASKS=${LIFECYCLE_TASKS:-1000}
 CANCELS=${CANCELS:-1000}
 RECORDS=${RECORDS:-100000}
 RESULTS=${RESULTS:-$HERE/RESULTS.md}
-SCENARIOS=${SCENARIOS:-1 2 3 4 5 6}
+SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
@@ -267,6 +268,65 @@ want 4 && each "4. task lifecycle (create, 10 × tasks/get, tasks/result), $LIFE
   --scenario lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
 want 5 && each "5. cancel storm: $CANCELS concurrent identical tasks/cancel for one task" \
   --scenario cancel --concurrency "$CANCELS" --stats-url "http://$UP_ADDR/stats"
+
+# ---- scenario 7: OAuth (issue 14): a JWT on every request against auth none ---------------------
+# A static authorization server (python3 http.server: OpenID configuration + a JWK Set with one
+# RSA-2048 key made by openssl), one RS256 access token minted with openssl, and a taskgate of its
+# own in `[auth] mode = "oauth"`; the small tools/call at c=16 through it and through the
+# `auth none` taskgate, interleaved. CPU per request is the figure to compare (the key is cached:
+# each request pays one RS256 verification and the claim checks).
+scenario7() {
+  local idp="$WORK/idp" port case rep jwt
+  say "7. small tools/call, c=16: auth none against oauth (a JWT on every request)"
+  mkdir -p "$idp/.well-known"
+  port=$("$LG" free-port)
+  openssl genrsa -out "$WORK/idp.key" 2048 2>/dev/null
+  python3 - "$WORK/idp.key" "$idp" "$port" > "$WORK/jwt" <<'PY'
+import base64, json, subprocess, sys, time
+key, d, port = sys.argv[1:]
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+out = subprocess.run(["openssl", "rsa", "-in", key, "-noout", "-modulus"], capture_output=True, text=True, check=True)
+modulus = bytes.fromhex(out.stdout.strip().split("=", 1)[1])
+iss = f"http://127.0.0.1:{port}"
+json.dump({"issuer": iss, "jwks_uri": f"{iss}/jwks"}, open(f"{d}/.well-known/openid-configuration", "w"))
+jwk = {"kty": "RSA", "kid": "bench", "alg": "RS256", "use": "sig", "n": b64(modulus), "e": "AQAB"}
+json.dump({"keys": [jwk]}, open(f"{d}/jwks", "w"))
+now = int(time.time())
+head = b64(json.dumps({"alg": "RS256", "kid": "bench", "typ": "at+jwt"}).encode())
+claims = b64(json.dumps({"iss": iss, "aud": "http://bench/mcp", "sub": "bench", "scope": "mcp",
+                         "iat": now, "exp": now + 86400}).encode())
+sig = subprocess.run(["openssl", "dgst", "-sha256", "-sign", key], input=f"{head}.{claims}".encode(),
+                     capture_output=True, check=True).stdout
+print(f"{head}.{claims}.{b64(sig)}")
+PY
+  python3 -m http.server "$port" --bind 127.0.0.1 --directory "$idp" > "$WORK/idp.log" 2>&1 &
+  PIDS+=("$!")
+  for _ in $(seq 400); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.025; done
+  taskgate_config "$WORK/taskgate7.toml" "$WORK/store7" "
+[auth]
+mode = \"oauth\"
+[auth.oauth]
+issuer = \"http://127.0.0.1:$port\"
+audience = \"http://bench/mcp\"
+required_scopes = [\"mcp\"]"
+  start_taskgate "$WORK/taskgate7.toml" "7. taskgate, auth oauth" "$WORK/tg7.json"
+  local TG7_PID=$TG_PID TG7_ADDR=$TG_ADDR
+  TG_PID=$TGP_PID; TG_ADDR=$TGP_ADDR
+  jwt=$(cat "$WORK/jwt")
+  case="7. small tools/call (~1 KiB JSON answer), c=16, auth none vs oauth (RS256 JWT on every request)"
+  for rep in $(seq "$REPEAT"); do
+    printf '  run %s: taskgate' "$rep" >&2
+    "$LG" run --url "http://$TG_ADDR/mcp" --target taskgate --case "$case" --scenario small \
+      --concurrency 16 "${TIMED[@]}" --cpu-pid "$TG_PID" --rep "$rep" \
+      --bench-pids "$(bench_pids),$TG7_PID" --json-out "$RAW" > /dev/null
+    printf ' taskgate-oauth\n' >&2
+    LOADGEN_AUTHORIZATION="Bearer $jwt" "$LG" run --url "http://$TG7_ADDR/mcp" --target taskgate-oauth \
+      --case "$case" --scenario small --concurrency 16 "${TIMED[@]}" --cpu-pid "$TG7_PID" --rep "$rep" \
+      --bench-pids "$(bench_pids),$TG7_PID" --json-out "$RAW" > /dev/null
+  done
+  stop_pid "$TG7_PID"
+}
+want 7 && scenario7
 
 # ---- scenario 6: registry scale (a taskgate of its own, fresh store) --------------------------
 scenario6() {

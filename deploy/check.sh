@@ -84,7 +84,7 @@ py="$venv/bin/python"
 echo "check: $(promtool --version 2>&1 | head -n 1); kubernetes-validate $("$venv/bin/kubernetes-validate" --version 2>&1)"
 
 # --- validators ----------------------------------------------------------------------------------
-manifests=(deploy/kubernetes/taskgate-sidecar.yaml deploy/kubernetes/taskgate-sidecar-pvc.yaml deploy/kubernetes/servicemonitor.yaml)
+manifests=(deploy/kubernetes/taskgate-sidecar.yaml deploy/kubernetes/taskgate-sidecar-pvc.yaml deploy/kubernetes/taskgate-sidecar-oauth.yaml deploy/kubernetes/servicemonitor.yaml)
 for k in 1.30 1.37; do
     step "kubernetes-validate --strict -k $k (Kubernetes schemas; ServiceMonitor is a CRD: see consistency)" \
         "$venv/bin/kubernetes-validate" --strict -k "$k" "${manifests[@]}"
@@ -98,7 +98,7 @@ check_configs() { # taskgate check-config on every TOML that deploy/ ships
         cargo build --quiet --bin taskgate || return 1
     fi
     tmp="$(mktemp -d)"
-    "$py" - "$tmp" deploy/kubernetes/taskgate-sidecar.yaml deploy/kubernetes/taskgate-sidecar-pvc.yaml <<'PY' || { rm -rf "$tmp"; return 1; }
+    "$py" - "$tmp" deploy/kubernetes/taskgate-sidecar.yaml deploy/kubernetes/taskgate-sidecar-pvc.yaml deploy/kubernetes/taskgate-sidecar-oauth.yaml <<'PY' || { rm -rf "$tmp"; return 1; }
 import sys, yaml
 out = sys.argv[1]
 for path in sys.argv[2:]:
@@ -115,7 +115,7 @@ PY
     rm -rf "$tmp"
     return $rc
 }
-step "taskgate check-config (image config, ConfigMap TOML of both manifests)" check_configs
+step "taskgate check-config (image config, ConfigMap TOML of the three manifests)" check_configs
 step "promtool check config deploy/prometheus/prometheus.yml" \
     "$py" deploy/prometheus/check_config.py deploy/prometheus/prometheus.yml
 step "promtool check rules deploy/prometheus/taskgate-rules.yml" \

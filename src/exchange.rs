@@ -30,7 +30,8 @@ pub enum Operation {
 /// Who a caller is: the spec's "authorization context" (2025-11-25 tasks: Security Considerations).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Principal {
-    /// Authenticated by a configured bearer token; the token's principal name.
+    /// Authenticated: a configured bearer token's principal name, or `<iss>#<sub>` of an OAuth
+    /// access token (`src/auth/oauth.rs`).
     Token(Arc<str>),
     /// No authentication configured: callers are told apart only by their `Mcp-Session-Id`.
     Anonymous,

@@ -46,6 +46,9 @@ pub enum StartError {
     /// The task store could not be opened (another taskgate may hold its lock).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// `[auth]` could not be set up (the HTTPS client of `mode = "oauth"`).
+    #[error("auth: {0}")]
+    Auth(String),
 }
 
 /// A started taskgate: its bound addresses and the handle that stops it.
@@ -165,11 +168,14 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         max_body_bytes: config.gateway.max_body_bytes,
         body_timeout: Duration::from_millis(config.gateway.request_timeout_ms),
         sse_keepalive: Duration::from_millis(config.gateway.sse_keepalive_ms),
+        limits: crate::limits::Limiter::new(&config.limits),
     };
+    let auth = Authenticator::new(&config.auth).map_err(StartError::Auth)?;
+    auth.warm_up();
     let edge = Arc::new(Edge::new(
         routes,
         settings,
-        Authenticator::new(&config.auth),
+        auth,
         metrics.clone(),
         shutdown_rx.clone(),
     ));

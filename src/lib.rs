@@ -16,6 +16,7 @@ pub mod headers;
 pub mod http;
 pub mod jsonrpc;
 pub mod layers;
+pub mod limits;
 pub mod mcp;
 pub mod metrics;
 pub mod registry;

@@ -27,7 +27,7 @@ fn shipped_configs_are_valid() {
     }
     assert!(
         files.len() >= 4,
-        "expected the default and three examples: {files:?}"
+        "expected the default and the examples: {files:?}"
     );
     for f in &files {
         let (ok, text) = check_config(f, &envs);

@@ -5,7 +5,8 @@
 #    root; npm packages with exact versions by `npm ci`; PyPI packages into venvs by pip);
 # 2. cargo test (unit tests, integration tests against scripted upstreams, crash/restart tests);
 # 3. tests/interop/run.sh: real peers (MCP conformance suite, TypeScript SDK, Python SDK) direct
-#    and through taskgate;
+#    and through taskgate; tests/oauth/run.sh: a real oidc-provider issuing JWT access tokens and
+#    the TypeScript SDK's OAuth client reaching a task server through taskgate in oauth mode;
 # 4. a real Prometheus server scraping taskgate; deploy/check.sh: Kubernetes schemas, promtool
 #    rules/tests, dashboard and metric names against a real /metrics scrape, container image.
 # Exit 0 only when every part passed.
@@ -38,6 +39,9 @@ cargo test --locked || status=1
 echo "== interop with real MCP peers"
 cargo build --locked --quiet
 bash tests/interop/run.sh target/debug/taskgate || status=1
+
+echo "== OAuth: a real oidc-provider and the TypeScript SDK client through taskgate"
+bash tests/oauth/run.sh target/debug/taskgate || status=1
 
 echo "== a real Prometheus scrapes taskgate (promtool check metrics, query API)"
 python3 tests/prometheus-scrape.py || status=1

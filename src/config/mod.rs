@@ -7,9 +7,11 @@
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
+mod auth;
 mod check;
 mod sections;
 
+pub use auth::*;
 use check::*;
 pub use sections::*;
 
@@ -73,6 +75,9 @@ pub struct Config {
     /// `[upgrade]`: turning plain `tools/call` into tasks.
     #[serde(default)]
     pub upgrade: UpgradeConfig,
+    /// `[limits]`: per-principal request rate and concurrency.
+    #[serde(default)]
+    pub limits: LimitsConfig,
     /// `[[upstream]]`: the MCP servers behind taskgate; the first is the default route `/mcp`.
     #[serde(default)]
     pub upstream: Vec<UpstreamConfig>,
@@ -129,6 +134,8 @@ impl Config {
         self.store.validate()?;
         self.tasks.validate()?;
         self.upgrade.validate()?;
+        self.limits.validate()?;
+        validate_oauth(&self.auth)?;
         if self.auth.mode == AuthMode::Bearer {
             if self.auth.token.is_empty() {
                 return invalid("auth.mode = \"bearer\" needs at least one [[auth.token]]".into());
@@ -157,7 +164,7 @@ impl Config {
                 }
             }
         } else if !self.auth.token.is_empty() {
-            return invalid("[[auth.token]] is set but auth.mode is \"none\"".into());
+            return invalid("[[auth.token]] is set but auth.mode is not \"bearer\"".into());
         }
         let mut seen = std::collections::HashSet::new();
         for (i, up) in self.upstream.iter_mut().enumerate() {
@@ -194,6 +201,14 @@ impl Config {
             check_range(&key, up.connect_timeout_ms, 1, 5 * 60_000)?;
             let key = format!("upstream[{i}].max_message_bytes");
             check_range(&key, up.max_message_bytes as u64, 1024, 1 << 30)?;
+            if let Some(h) = &up.principal_header {
+                http::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                    ConfigError::Invalid(format!(
+                        "upstream {:?}: principal_header {h:?} is not a valid HTTP header name",
+                        up.name
+                    ))
+                })?;
+            }
             for (k, v) in up.headers.iter_mut() {
                 http::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
                     ConfigError::Invalid(format!(

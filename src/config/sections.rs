@@ -191,18 +191,24 @@ pub enum AuthMode {
     None,
     /// `Authorization: Bearer <token>` must match a configured token; the owner is its principal.
     Bearer,
+    /// OAuth 2.1 resource server: a JWT access token checked against `[auth.oauth]`; the owner is
+    /// its issuer + subject (see `src/auth/oauth.rs`).
+    Oauth,
 }
 
 /// `[auth]`.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct AuthConfig {
-    /// `"none"` (default) or `"bearer"`.
+    /// `"none"` (default), `"bearer"` or `"oauth"`.
     #[serde(default)]
     pub mode: AuthMode,
     /// `[[auth.token]]`: accepted bearer tokens.
     #[serde(default)]
     pub token: Vec<TokenConfig>,
+    /// `[auth.oauth]`: the authorization server whose tokens are accepted (`mode = "oauth"`).
+    #[serde(default)]
+    pub oauth: Option<super::OAuthConfig>,
 }
 
 /// `[[auth.token]]`: one accepted bearer token and the principal it stands for.
@@ -414,6 +420,10 @@ pub struct UpstreamConfig {
     /// Forward the client's `Authorization` header upstream (default false: it is taskgate's).
     #[serde(default)]
     pub forward_authorization: bool,
+    /// A header that carries the caller's principal upstream (a client's own header of that name
+    /// is always removed first); absent: the principal is not sent.
+    #[serde(default)]
+    pub principal_header: Option<String>,
     /// Largest upstream answer taskgate reads, in bytes (default 16 MiB, at least 1024): a whole
     /// JSON body, or one SSE line or event. A larger one ends that exchange with a JSON-RPC error.
     #[serde(default = "default_max_message_bytes")]

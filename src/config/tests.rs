@@ -78,6 +78,9 @@ fn reference_lists_every_key() {
     for field in fields_of("[[auth.token]]") {
         keys.push(format!("auth.token.{field}"));
     }
+    for field in fields_of("[auth.oauth]") {
+        keys.push(format!("auth.oauth.{field}"));
+    }
     assert!(keys.len() > 20, "too few keys found: {keys:?}");
     assert!(
         readme.contains("config/REFERENCE.md"),
@@ -93,7 +96,8 @@ fn reference_lists_every_key() {
     for line in reference.lines().filter(|l| l.starts_with("| `")) {
         let key = line.split('`').nth(1).unwrap();
         assert!(
-            keys.iter().any(|k| k == key) || ["auth.token", "upstream"].contains(&key),
+            keys.iter().any(|k| k == key)
+                || ["auth.token", "auth.oauth", "upstream"].contains(&key),
             "config/REFERENCE.md documents `{key}`, which the config does not have"
         );
     }
@@ -125,4 +129,45 @@ fn out_of_range_value_names_its_key_and_line() {
 fn upstream_url_must_be_http() {
     let text = MINIMAL.replace("http://127.0.0.1:1/mcp", "ftp://x/mcp");
     assert!(Config::from_toml_str(&text).is_err());
+}
+
+#[test]
+fn oauth_and_limits_sections_are_checked() {
+    let auth = |extra: &str| {
+        format!("{MINIMAL}[auth]\nmode = \"oauth\"\n[auth.oauth]\naudience = \"https://mcp.example.com/mcp\"\n{extra}")
+    };
+    let ok = Config::from_toml_str(&auth("issuer = \"http://127.0.0.1:9000\"\n")).unwrap();
+    assert_eq!(ok.auth.oauth.unwrap().principal_claim, "sub");
+    let refused = [
+        (auth("issuer = \"http://idp.example.com\"\n"), "https://"),
+        (
+            auth("issuer = \"https://idp.example.com\"\nalgorithms = [\"HS256\"]\n"),
+            "HS256",
+        ),
+        (auth("issuer = \"https://idp.example.com#x\"\n"), "fragment"),
+        (
+            auth("issuer = \"https://idp.example.com\"\nleeway_s = 301\n"),
+            "leeway_s",
+        ),
+        (
+            format!("{MINIMAL}[auth]\nmode = \"oauth\"\n"),
+            "[auth.oauth]",
+        ),
+        (
+            format!("{MINIMAL}[limits]\nburst = 3\n"),
+            "requests_per_second",
+        ),
+        (
+            format!("{MINIMAL}[limits]\nmax_in_flight = 0\n"),
+            "limits.max_in_flight",
+        ),
+        (
+            format!("{MINIMAL}principal_header = \"bad header\"\n"),
+            "principal_header",
+        ),
+    ];
+    for (text, says) in refused {
+        let err = Config::from_toml_str(&text).unwrap_err().to_string();
+        assert!(err.contains(says), "{says}: {err}");
+    }
 }

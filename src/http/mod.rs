@@ -2,5 +2,6 @@
 //! accept loop they share.
 
 pub mod admin;
+mod gate;
 pub mod server;
 pub mod streamable;

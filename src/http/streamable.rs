@@ -8,7 +8,10 @@
 //! | unknown path / upstream name | 404, JSON naming the configured upstreams |
 //! | `Host` not allowed (DNS rebinding) | 403, JSON-RPC error `-32600`, id `null` |
 //! | `Origin` present and not allowed | 403, JSON-RPC error `-32600`, id `null` |
-//! | `[auth] mode = "bearer"` and no valid token | 401 with `WWW-Authenticate: Bearer` |
+//! | `GET /.well-known/oauth-protected-resource[/mcp[/<name>]]` (`mode = "oauth"`) | 200, RFC 9728 metadata |
+//! | `[auth] mode = "bearer"`/`"oauth"` and no valid token | 401 with `WWW-Authenticate: Bearer` (`resource_metadata`, `error`) |
+//! | `mode = "oauth"`, a valid token without a required scope | 403, `error="insufficient_scope"` |
+//! | over a per-principal `[limits]` limit | 429 with `Retry-After`, `-32029` |
 //! | method other than POST, GET, DELETE | 405 with `Allow` |
 //! | POST `Content-Type` not `application/json` | 415 |
 //! | POST `Accept` not listing both `application/json` and `text/event-stream` | 406 |
@@ -20,13 +23,16 @@
 //!
 //! None of these touch the upstream or the client's session: one bad request never ends a session.
 
+use super::gate::Gate;
 use super::server::{Body, Handler};
 use crate::auth::Authenticator;
+use crate::exchange::Principal;
 use crate::exchange::{
     GatewayError, McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext,
 };
 use crate::headers::{strip_hop_by_hop, MCP_SESSION_ID};
 use crate::jsonrpc::{self, EnvelopeError, Id, Message};
+use crate::limits::{Limiter, Permit};
 use crate::metrics::{McpMethod, Metrics, RejectReason, RequestOutcome, SseKind};
 use crate::sse::KeepAlive;
 use bytes::Bytes;
@@ -64,6 +70,8 @@ pub struct EdgeSettings {
     pub body_timeout: Duration,
     /// Idle time before an SSE keep-alive comment.
     pub sse_keepalive: Duration,
+    /// Per-principal limits (`[limits]`), if any.
+    pub limits: Option<Arc<Limiter>>,
 }
 
 /// The MCP endpoint handler.
@@ -132,27 +140,41 @@ impl Edge {
     }
 
     async fn serve(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        // DNS-rebinding protection first, then authentication: nothing (not even the upstream
-        // names of a 404) for a bad Host or a caller without credentials.
-        if let Err(resp) = self.check_host_and_origin(req.uri(), req.headers()) {
-            return resp;
-        }
-        let principal = match self.auth.authenticate(req.headers()) {
-            Ok(p) => p,
-            Err(message) => {
-                let mut resp = rpc_error_response(
-                    StatusCode::UNAUTHORIZED,
-                    None,
-                    jsonrpc::INVALID_REQUEST,
-                    message,
-                );
-                resp.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    HeaderValue::from_static("Bearer realm=\"taskgate\""),
-                );
-                return self.reject(RejectReason::Auth, resp);
-            }
+        let (principal, permit) = match self.gate(&req).await {
+            Ok(admitted) => admitted,
+            Err(resp) => return resp,
         };
+        let resp = self.serve_admitted(req, principal).await;
+        match permit {
+            // The slot is held until the answer's body (an SSE stream too) is done.
+            Some(permit) => resp.map(|b| {
+                b.map_frame(move |f| {
+                    let _ = &permit;
+                    f
+                })
+                .boxed_unsync()
+            }),
+            None => resp,
+        }
+    }
+
+    /// DNS-rebinding protection first, then authentication, then `[limits]`: nothing (not even
+    /// the upstream names of a 404) for a bad Host or a caller without credentials.
+    async fn gate(
+        &self,
+        req: &Request<Incoming>,
+    ) -> Result<(Principal, Option<Permit>), Response<Body>> {
+        self.check_host_and_origin(req.uri(), req.headers())?;
+        let gate = Gate {
+            auth: &self.auth,
+            limits: self.settings.limits.as_ref(),
+            metrics: &self.metrics,
+            is_route: &|p: &str| self.route(p).is_ok(),
+        };
+        gate.admit(req).await
+    }
+
+    async fn serve_admitted(&self, req: Request<Incoming>, principal: Principal) -> Response<Body> {
         let route = match self.route(req.uri().path()) {
             Ok(r) => r.clone(),
             Err(resp) => return self.reject(RejectReason::Route, resp),

@@ -159,6 +159,9 @@ label_enum! {
         Host = "host",
         Origin = "origin",
         Auth = "auth",
+        Scope = "scope",
+        RateLimit = "rate_limit",
+        InFlight = "in_flight",
         Route = "route",
         Method = "method",
     }

@@ -11,7 +11,7 @@ use std::fmt;
 /// `anonymous`), so stores written before the type existed read unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Owner {
-    /// An authenticated principal (bearer auth).
+    /// An authenticated principal (bearer or OAuth auth).
     Principal(String),
     /// Without auth: the client's own `Mcp-Session-Id` as it arrived (whoever holds the session
     /// id is the owner).

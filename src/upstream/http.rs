@@ -6,7 +6,9 @@
 //! - `Host` is the upstream's authority (SDK servers validate it against DNS rebinding);
 //!   `Mcp-Session-Id` is the one in the request context (a layer may route to a task's session);
 //!   configured headers are added; the client's `Authorization` is removed unless
-//!   `forward_authorization = true`.
+//!   `forward_authorization = true` (MCP 2025-11-25 authorization: no token passthrough).
+//! - `principal_header`: the client's own header of that name is always removed; an
+//!   authenticated caller's principal is sent in it (non-ASCII, controls and `%` percent-encoded).
 //! - `Accept-Encoding` is not forwarded: answers must be readable to the layers, so the upstream
 //!   sends them uncompressed.
 //! - Timeouts: `timeout_ms` bounds the time to the response headers and, for a JSON answer, to its
@@ -59,6 +61,7 @@ struct Inner {
     timeout_ms: u64,
     headers: HeaderMap,
     forward_authorization: bool,
+    principal_header: Option<HeaderName>,
     max_message_bytes: usize,
     metrics: Arc<Metrics>,
 }
@@ -97,6 +100,10 @@ impl HttpUpstream {
                 timeout_ms: config.timeout_ms,
                 headers,
                 forward_authorization: config.forward_authorization,
+                principal_header: config
+                    .principal_header
+                    .as_ref()
+                    .and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok()),
                 max_message_bytes: config.max_message_bytes,
                 metrics,
             }),
@@ -145,6 +152,14 @@ impl Inner {
         *headers = req.ctx.headers;
         if !self.forward_authorization {
             headers.remove(header::AUTHORIZATION);
+        }
+        if let Some(name) = &self.principal_header {
+            headers.remove(name);
+            if let crate::exchange::Principal::Token(p) = &req.ctx.principal {
+                if let Some(v) = principal_value(p) {
+                    headers.insert(name.clone(), v);
+                }
+            }
         }
         headers.insert(header::HOST, self.host.clone());
         // taskgate reads the messages it relays (task records, status): ask for plain bodies.
@@ -335,4 +350,11 @@ impl Inner {
             detail: e.to_string(),
         }
     }
+}
+
+/// A principal as a header value: controls, `%` and non-ASCII bytes percent-encoded.
+fn principal_value(principal: &str) -> Option<HeaderValue> {
+    const SET: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+    let encoded = percent_encoding::utf8_percent_encode(principal, SET).to_string();
+    HeaderValue::from_str(&encoded).ok()
 }

@@ -510,7 +510,7 @@ pub struct Tg {
 
 impl Tg {
     /// Starts taskgate in this process with the TOML `toml_for(store path)`.
-    async fn start(toml_for: impl FnOnce(&str) -> String) -> Tg {
+    pub async fn start(toml_for: impl FnOnce(&str) -> String) -> Tg {
         let InProcess { running, dir, .. } = start_in_process(toml_for)
             .await
             .unwrap_or_else(|e| panic!("taskgate did not start: {e}"));

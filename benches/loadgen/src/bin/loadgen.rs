@@ -33,6 +33,9 @@
 //! busy time in /proc/stat minus the bench PIDs' and this process's utime + stime
 //! (`others_cpu_ms`, `others_core_pct` = percent of one core), and the 1-minute load average at
 //! its end. `--rep` is recorded as is (the repetition number of the case).
+//!
+//! `LOADGEN_AUTHORIZATION` (environment), when set, is sent as the `Authorization` header of
+//! every POST (scenario 7: a JWT on every request).
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -51,6 +54,14 @@ type Sender = SendRequest<Full<Bytes>>;
 
 // ---------------------------------------------------------------------------------------------
 // Arguments
+
+/// `LOADGEN_AUTHORIZATION`, read once.
+fn authorization() -> Option<&'static str> {
+    static VALUE: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    VALUE
+        .get_or_init(|| std::env::var("LOADGEN_AUTHORIZATION").ok())
+        .as_deref()
+}
 
 struct Args(Vec<String>);
 
@@ -127,6 +138,9 @@ impl Target {
             .header("mcp-protocol-version", "2025-11-25");
         if let Some(s) = session {
             b = b.header("mcp-session-id", s);
+        }
+        if let Some(a) = authorization() {
+            b = b.header("authorization", a);
         }
         let req = b.body(Full::new(Bytes::from(body)))?;
         sender.ready().await?;
@@ -1190,7 +1204,13 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// The paths of a case, in table order.
-const TARGETS: [&str; 4] = ["direct", "nginx", "taskgate", "taskgate-hyper-util"];
+const TARGETS: [&str; 5] = [
+    "direct",
+    "nginx",
+    "taskgate",
+    "taskgate-hyper-util",
+    "taskgate-oauth",
+];
 
 fn median(xs: &mut [f64]) -> f64 {
     xs.sort_by(|a, b| a.total_cmp(b));

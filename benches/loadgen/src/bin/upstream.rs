@@ -468,7 +468,11 @@ fn main() {
         });
         {
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{}", serde_json::json!({ "listening": addr.to_string() }));
+            let _ = writeln!(
+                out,
+                "{}",
+                serde_json::json!({ "listening": addr.to_string() })
+            );
             let _ = out.flush();
         }
         loop {

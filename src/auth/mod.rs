@@ -1,0 +1,246 @@
+//! Who a caller is: `[auth]` turns request headers into a [`Principal`], the spec's
+//! "authorization context" that tasks are bound to (2025-11-25 tasks: Security Considerations).
+//!
+//! - `mode = "none"`: every caller is [`Principal::Anonymous`]; tasks are then bound to the
+//!   client's `Mcp-Session-Id`, which is weaker: anyone holding a session id acts as its owner.
+//! - `mode = "bearer"` ([`bearer`]): `Authorization: Bearer <token>` must match a configured token
+//!   (compared by SHA-256 digest); the principal is that token's `principal`.
+//! - `mode = "oauth"` ([`oauth`]): the bearer token is a JWT access token from `auth.oauth.issuer`
+//!   for `auth.oauth.audience`; the principal is `<iss>#<sub>`. taskgate serves its RFC 9728
+//!   protected-resource metadata ([`Authenticator::metadata`]) and names it in every 401.
+//!
+//! A refusal ([`Refusal`]) is HTTP 401 (no or bad credentials) or 403 (missing scope) with a
+//! `WWW-Authenticate` challenge (RFC 6750 §3), answered before any other check of the request.
+
+pub mod bearer;
+mod fetch;
+mod jwks;
+pub mod oauth;
+
+use crate::config::{AuthConfig, AuthMode};
+use crate::exchange::Principal;
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue, AUTHORIZATION};
+use http::StatusCode;
+use std::sync::Arc;
+
+/// The path of the protected-resource metadata (RFC 9728 §3); also served with a route's path
+/// appended (`/.well-known/oauth-protected-resource/mcp/<name>`, RFC 9728 §3.1).
+pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// Why a request's credentials were refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// No `Authorization: Bearer` credentials: 401 without an error code (RFC 6750 §3.1).
+    Missing,
+    /// A token that is not valid (malformed, unknown, expired, wrong issuer, audience or
+    /// signature): 401 `error="invalid_token"`.
+    InvalidToken,
+    /// A valid token without a required scope: 403 `error="insufficient_scope"` naming the
+    /// scopes needed (space-separated).
+    InsufficientScope(String),
+}
+
+/// A refused request: what kind of refusal and a message for the JSON-RPC error body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The kind (decides status and challenge).
+    pub kind: RefusalKind,
+    /// A one-line explanation, starting with `Unauthorized:` or `Forbidden:`.
+    pub message: String,
+}
+
+impl Refusal {
+    /// HTTP 401, or 403 for [`RefusalKind::InsufficientScope`].
+    pub fn status(&self) -> StatusCode {
+        match self.kind {
+            RefusalKind::InsufficientScope(_) => StatusCode::FORBIDDEN,
+            _ => StatusCode::UNAUTHORIZED,
+        }
+    }
+}
+
+enum Mode {
+    None,
+    Bearer(bearer::StaticTokens),
+    OAuth(Arc<oauth::OAuth>),
+}
+
+/// Checks credentials against `[auth]`.
+pub struct Authenticator {
+    mode: Mode,
+}
+
+impl Authenticator {
+    /// Builds the checker from a validated `[auth]` section (reads `token_env` variables now).
+    /// Errors only for `oauth` when its HTTPS client cannot be set up.
+    pub fn new(config: &AuthConfig) -> Result<Authenticator, String> {
+        let mode = match config.mode {
+            AuthMode::None => Mode::None,
+            AuthMode::Bearer => Mode::Bearer(bearer::StaticTokens::new(&config.token)),
+            AuthMode::Oauth => {
+                let o = config
+                    .oauth
+                    .as_ref()
+                    .ok_or("auth.mode = \"oauth\" needs [auth.oauth]")?;
+                Mode::OAuth(Arc::new(oauth::OAuth::new(o)?))
+            }
+        };
+        Ok(Authenticator { mode })
+    }
+
+    /// In `oauth` mode, starts fetching the issuer's keys in the background (needs a runtime).
+    pub fn warm_up(&self) {
+        if let Mode::OAuth(o) = &self.mode {
+            let o = o.clone();
+            tokio::spawn(async move { o.warm_up().await });
+        }
+    }
+
+    /// The caller's principal, or why the request is refused.
+    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, Refusal> {
+        let token = match &self.mode {
+            Mode::None => return Ok(Principal::Anonymous),
+            _ => bearer_token(headers)?,
+        };
+        match &self.mode {
+            Mode::None => Ok(Principal::Anonymous),
+            Mode::Bearer(tokens) => tokens.check(token),
+            Mode::OAuth(o) => o.verify(token).await,
+        }
+    }
+
+    /// The `WWW-Authenticate` challenge of `refusal` for a request to `path` (RFC 6750 §3; in
+    /// `oauth` mode with `resource_metadata`, RFC 9728 §5.1).
+    pub fn challenge(&self, refusal: &Refusal, path: &str) -> HeaderValue {
+        let mut v = match &self.mode {
+            Mode::OAuth(o) => format!(
+                "Bearer resource_metadata=\"{}\"",
+                metadata_url(o.audience(), path)
+            ),
+            _ => "Bearer realm=\"taskgate\"".to_string(),
+        };
+        match &refusal.kind {
+            RefusalKind::Missing => {}
+            RefusalKind::InvalidToken => v.push_str(&format!(
+                ", error=\"invalid_token\", error_description=\"{}\"",
+                quotable(&refusal.message)
+            )),
+            RefusalKind::InsufficientScope(scope) => v.push_str(&format!(
+                ", error=\"insufficient_scope\", scope=\"{}\"",
+                quotable(scope)
+            )),
+        }
+        HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("Bearer"))
+    }
+
+    /// The protected-resource metadata document (RFC 9728 §2) when `mode = "oauth"`:
+    /// `{"resource", "authorization_servers", "scopes_supported"?, "bearer_methods_supported"}`.
+    pub fn metadata(&self) -> Option<Bytes> {
+        let Mode::OAuth(o) = &self.mode else {
+            return None;
+        };
+        let mut doc = serde_json::json!({
+            "resource": o.audience(),
+            "authorization_servers": [o.issuer()],
+            "bearer_methods_supported": ["header"],
+            "resource_name": "taskgate",
+        });
+        if !o.required_scopes().is_empty() {
+            doc["scopes_supported"] = serde_json::json!(o.required_scopes());
+        }
+        Some(Bytes::from(doc.to_string()))
+    }
+}
+
+/// The token of `Authorization: Bearer <token>` (RFC 6750 §2.1).
+fn bearer_token(headers: &HeaderMap) -> Result<&str, Refusal> {
+    let missing = |m: &str| Refusal {
+        kind: RefusalKind::Missing,
+        message: m.to_string(),
+    };
+    let Some(value) = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
+        return Err(missing(
+            "Unauthorized: an Authorization: Bearer <token> header is required",
+        ));
+    };
+    value
+        .split_once(' ')
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| missing("Unauthorized: the Authorization header must use the Bearer scheme"))
+}
+
+/// `<origin of audience>/.well-known/oauth-protected-resource<route path>` for a request to
+/// `path` (`/mcp` or `/mcp/<name>` are kept; any other path gives the bare metadata URL).
+pub fn metadata_url(audience: &str, path: &str) -> String {
+    let origin = match audience.find("://").map(|i| i + 3) {
+        Some(start) => match audience[start..].find('/') {
+            Some(p) => &audience[..start + p],
+            None => audience,
+        },
+        None => audience,
+    };
+    let path = path.trim_end_matches('/');
+    let route = path == "/mcp"
+        || path.strip_prefix("/mcp/").is_some_and(|n| {
+            !n.is_empty()
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        });
+    format!("{origin}{METADATA_PATH}{}", if route { path } else { "" })
+}
+
+/// Text safe inside a quoted-string of a challenge (no `"`, `\` or control characters).
+fn quotable(s: &str) -> String {
+    s.chars()
+        .map(|c| match c {
+            '"' | '\\' => '\'',
+            c if c.is_ascii_graphic() || c == ' ' => c,
+            _ => '?',
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_url_keeps_only_route_paths() {
+        let aud = "https://mcp.example.com/base/mcp";
+        let at = |p| metadata_url(aud, p);
+        assert_eq!(
+            at("/mcp"),
+            "https://mcp.example.com/.well-known/oauth-protected-resource/mcp"
+        );
+        assert_eq!(
+            at("/mcp/files/"),
+            "https://mcp.example.com/.well-known/oauth-protected-resource/mcp/files"
+        );
+        assert_eq!(
+            at("/other"),
+            "https://mcp.example.com/.well-known/oauth-protected-resource"
+        );
+        assert_eq!(
+            at("/mcp/a\"b"),
+            "https://mcp.example.com/.well-known/oauth-protected-resource"
+        );
+    }
+
+    #[test]
+    fn challenge_text_is_always_a_valid_quoted_string() {
+        assert_eq!(quotable("a \"b\" \\ c\n"), "a 'b' ' c?");
+        let auth = Authenticator::new(&AuthConfig::default()).unwrap();
+        let r = Refusal {
+            kind: RefusalKind::InsufficientScope("mcp tools".into()),
+            message: "Forbidden".into(),
+        };
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        assert_eq!(
+            auth.challenge(&r, "/mcp"),
+            "Bearer realm=\"taskgate\", error=\"insufficient_scope\", scope=\"mcp tools\""
+        );
+    }
+}

@@ -1,0 +1,263 @@
+//! `[auth] mode = "oauth"`: taskgate as an OAuth 2.1 resource server (MCP 2025-11-25
+//! basic/authorization, "Access Token Usage" and "Token Audience Binding and Validation").
+//!
+//! A request's `Authorization: Bearer <JWT>` (RFC 6750 §2.1; RFC 9068 access token) is accepted
+//! when, in this order:
+//! 1. its JOSE header parses and its `alg` is in `auth.oauth.algorithms` (asymmetric only: `none`
+//!    and `HS*` never are);
+//! 2. the issuer's key named by `kid` is known (see [`super::jwks`]) and of that algorithm's family
+//!    (and, if the JWK names an `alg`, exactly it);
+//! 3. the signature verifies (`jsonwebtoken`), `iss` equals `auth.oauth.issuer`, `aud` contains
+//!    `auth.oauth.audience` (RFC 8707), `exp` is present and not past and `nbf`, if present, is
+//!    reached (both with `leeway_s`);
+//! 4. the principal claim (`sub` by default) is a non-empty string;
+//! 5. `scope` (space-separated, RFC 9068 §2.2.3) or `scp` carries every `required_scopes` entry.
+//!
+//! Failing 1–4 is HTTP 401 `error="invalid_token"`, failing 5 is HTTP 403
+//! `error="insufficient_scope"` (RFC 6750 §3.1). The principal is `<iss>#<claim>`: an issuer
+//! identifier has no fragment (RFC 8414 §2), so the `#` is unambiguous.
+
+use super::jwks::{CachePolicy, KeyCache, KeyError};
+use super::{Refusal, RefusalKind};
+use crate::config::OAuthConfig;
+use crate::exchange::Principal;
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, AlgorithmFamily, Validation};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest principal claim value accepted, in bytes.
+const MAX_PRINCIPAL_BYTES: usize = 1024;
+/// Most accepted tokens remembered (the table is emptied when full).
+pub const MAX_VERIFIED: usize = 10_000;
+
+/// An accepted token: who it names, its validity window (seconds since the epoch, leeway
+/// included) and the key-set generation it was verified under.
+struct Verified {
+    principal: Principal,
+    not_after: u64,
+    not_before: u64,
+    generation: u64,
+}
+
+/// The access-token checker of `mode = "oauth"`.
+pub struct OAuth {
+    issuer: String,
+    audience: String,
+    principal_claim: String,
+    required_scopes: Vec<String>,
+    validations: HashMap<Algorithm, Validation>,
+    keys: KeyCache,
+    leeway: u64,
+    verified: parking_lot::Mutex<HashMap<[u8; 32], Verified>>,
+}
+
+impl OAuth {
+    /// Builds the checker from a validated `[auth.oauth]`; nothing is fetched yet.
+    pub fn new(config: &OAuthConfig) -> Result<OAuth, String> {
+        let fetcher = super::fetch::Fetcher::new(Duration::from_millis(config.fetch_timeout_ms))?;
+        let jwks = match &config.jwks_url {
+            Some(u) => Some(u.parse().map_err(|e| format!("auth.oauth.jwks_url: {e}"))?),
+            None => None,
+        };
+        let policy = CachePolicy {
+            max_age: Duration::from_millis(config.jwks_cache_ms),
+            min_refresh: Duration::from_millis(config.jwks_min_refresh_ms),
+        };
+        let mut validations = HashMap::new();
+        for name in &config.algorithms {
+            let alg: Algorithm = name
+                .parse()
+                .map_err(|_| format!("auth.oauth.algorithms: unknown {name:?}"))?;
+            let mut v = Validation::new(alg);
+            v.leeway = config.leeway_s;
+            v.validate_nbf = true;
+            v.set_issuer(&[&config.issuer]);
+            v.set_audience(&[&config.audience]);
+            v.set_required_spec_claims(&["exp", "iss", "aud"]);
+            validations.insert(alg, v);
+        }
+        Ok(OAuth {
+            issuer: config.issuer.clone(),
+            audience: config.audience.clone(),
+            principal_claim: config.principal_claim.clone(),
+            required_scopes: config.required_scopes.clone(),
+            validations,
+            keys: KeyCache::new(fetcher, &config.issuer, jwks, policy),
+            leeway: config.leeway_s,
+            verified: parking_lot::Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The configured issuer (`authorization_servers` of the metadata).
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+
+    /// The resource identifier (`resource` of the metadata).
+    pub fn audience(&self) -> &str {
+        &self.audience
+    }
+
+    /// The scopes every token must carry (`scopes_supported` of the metadata).
+    pub fn required_scopes(&self) -> &[String] {
+        &self.required_scopes
+    }
+
+    /// Fetches the key set ahead of the first request (errors are logged and retried later).
+    pub async fn warm_up(&self) {
+        let _ = self.keys.key(Some("")).await;
+    }
+
+    /// Checks one access token; the principal, or why it is refused.
+    pub async fn verify(&self, token: &str) -> Result<Principal, Refusal> {
+        use sha2::{Digest, Sha256};
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let generation = self.keys.fresh_generation();
+        let now = jsonwebtoken::get_current_timestamp();
+        if let Some(g) = generation {
+            let table = self.verified.lock();
+            if let Some(v) = table.get(&digest).filter(|v| v.generation == g) {
+                if v.not_before <= now && now < v.not_after {
+                    return Ok(v.principal.clone());
+                }
+            }
+        }
+        let (principal, claims) = self.verify_fully(token).await?;
+        let seconds = |name: &str| claims.get(name).and_then(|v| v.as_f64()).map(|f| f as u64);
+        if let (Some(g), Some(exp)) = (generation, seconds("exp")) {
+            let mut table = self.verified.lock();
+            if table.len() >= MAX_VERIFIED {
+                table.clear();
+            }
+            table.insert(
+                digest,
+                Verified {
+                    principal: principal.clone(),
+                    not_after: exp.saturating_add(self.leeway),
+                    not_before: seconds("nbf").unwrap_or(0).saturating_sub(self.leeway),
+                    generation: g,
+                },
+            );
+        }
+        Ok(principal)
+    }
+
+    /// Every check of the module docs; the principal and the token's claims.
+    async fn verify_fully(
+        &self,
+        token: &str,
+    ) -> Result<(Principal, serde_json::Map<String, serde_json::Value>), Refusal> {
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|e| invalid(format!("the access token is not a valid JWT ({e})")))?;
+        let validation = self.validations.get(&header.alg).ok_or_else(|| {
+            invalid(format!(
+                "the token's algorithm {:?} is not accepted (auth.oauth.algorithms)",
+                header.alg
+            ))
+        })?;
+        let key = self
+            .keys
+            .key(header.kid.as_deref())
+            .await
+            .map_err(|e| match e {
+                KeyError::UnknownKid(k) => invalid(format!(
+                    "the token's key id {k:?} is not in the issuer's key set"
+                )),
+                KeyError::NoKid => invalid("the token names no key id (kid)".into()),
+                KeyError::Unavailable(why) => {
+                    invalid(format!("the issuer's signing keys are unavailable: {why}"))
+                }
+            })?;
+        if key.decoding.family() != family(header.alg) || key.alg.is_some_and(|a| a != header.alg) {
+            return Err(invalid(format!(
+                "the token's algorithm {:?} does not match its key",
+                header.alg
+            )));
+        }
+        let data = jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
+            token,
+            &key.decoding,
+            validation,
+        )
+        .map_err(|e| invalid(describe(e.kind())))?;
+        let claims = data.claims;
+        let subject = claims
+            .get(&self.principal_claim)
+            .and_then(|v| v.as_str())
+            .filter(|s| !s.is_empty() && s.len() <= MAX_PRINCIPAL_BYTES)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "the token has no usable {:?} claim (a string of 1 to {MAX_PRINCIPAL_BYTES} bytes)",
+                    self.principal_claim
+                ))
+            })?;
+        let missing: Vec<&str> = self
+            .required_scopes
+            .iter()
+            .filter(|s| !has_scope(&claims, s))
+            .map(|s| s.as_str())
+            .collect();
+        if !missing.is_empty() {
+            return Err(Refusal {
+                kind: RefusalKind::InsufficientScope(self.required_scopes.join(" ")),
+                message: format!(
+                    "Forbidden: the token lacks the scope(s) {}",
+                    missing.join(" ")
+                ),
+            });
+        }
+        let principal = Principal::Token(Arc::from(format!("{}#{subject}", self.issuer)));
+        Ok((principal, claims))
+    }
+}
+
+/// The key family of an algorithm (RFC 7518 §3.1).
+fn family(alg: Algorithm) -> AlgorithmFamily {
+    match alg {
+        Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => AlgorithmFamily::Hmac,
+        Algorithm::RS256
+        | Algorithm::RS384
+        | Algorithm::RS512
+        | Algorithm::PS256
+        | Algorithm::PS384
+        | Algorithm::PS512 => AlgorithmFamily::Rsa,
+        Algorithm::ES256 | Algorithm::ES384 => AlgorithmFamily::Ec,
+        Algorithm::EdDSA => AlgorithmFamily::Ed,
+    }
+}
+
+fn invalid(message: String) -> Refusal {
+    Refusal {
+        kind: RefusalKind::InvalidToken,
+        message: format!("Unauthorized: {message}"),
+    }
+}
+
+/// Whether the `scope` string (RFC 9068 §2.2.3) or the `scp` array/string names `scope`.
+fn has_scope(claims: &serde_json::Map<String, serde_json::Value>, scope: &str) -> bool {
+    let in_str =
+        |v: &serde_json::Value| v.as_str().is_some_and(|s| s.split(' ').any(|x| x == scope));
+    claims.get("scope").is_some_and(in_str)
+        || claims.get("scp").is_some_and(|v| {
+            in_str(v)
+                || v.as_array()
+                    .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(scope)))
+        })
+}
+
+fn describe(kind: &ErrorKind) -> String {
+    match kind {
+        ErrorKind::ExpiredSignature => "the token has expired".into(),
+        ErrorKind::ImmatureSignature => "the token is not valid yet (nbf)".into(),
+        ErrorKind::InvalidIssuer => "the token's issuer (iss) is not the configured one".into(),
+        ErrorKind::InvalidAudience => {
+            "the token was not issued for this resource (aud, RFC 8707)".into()
+        }
+        ErrorKind::InvalidSignature => "the token's signature does not verify".into(),
+        ErrorKind::MissingRequiredClaim(c) => format!("the token has no {c:?} claim"),
+        ErrorKind::InvalidAlgorithm => "the token's algorithm does not match its key".into(),
+        other => format!("the token is not valid ({other:?})"),
+    }
+}

@@ -1,0 +1,127 @@
+//! The first steps of every MCP-endpoint request after the Host/Origin check: RFC 9728
+//! protected-resource metadata (no credentials needed), authentication ([`crate::auth`]: 401/403
+//! with `WWW-Authenticate`, before any other check), then per-principal limits
+//! ([`crate::limits`]: 429 with `Retry-After`). Each refusal is counted in
+//! `taskgate_http_rejections_total{reason}` (`auth`, `scope`, `rate_limit`, `in_flight`).
+
+use super::server::Body;
+use super::streamable::{json_response, rpc_error_response};
+use crate::auth::{Authenticator, METADATA_PATH};
+use crate::exchange::Principal;
+use crate::jsonrpc;
+use crate::limits::{Limiter, Over, Permit};
+use crate::metrics::{Metrics, RejectReason};
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use std::sync::Arc;
+
+/// What the gate needs from the edge.
+pub struct Gate<'a> {
+    /// `[auth]`.
+    pub auth: &'a Authenticator,
+    /// `[limits]`, if any.
+    pub limits: Option<&'a Arc<Limiter>>,
+    /// Where refusals are counted.
+    pub metrics: &'a Metrics,
+    /// Whether a path (`/mcp`, `/mcp/<name>`) is an MCP route.
+    pub is_route: &'a (dyn Fn(&str) -> bool + Sync),
+}
+
+fn reject(metrics: &Metrics, reason: RejectReason, response: Response<Body>) -> Response<Body> {
+    metrics.http_rejection(reason);
+    response
+}
+
+impl Gate<'_> {
+    /// The protected-resource metadata (served without credentials), then authentication, then
+    /// `[limits]`: the caller's principal and its in-flight slot, or the refusal to send.
+    pub async fn admit(
+        &self,
+        req: &Request<Incoming>,
+    ) -> Result<(Principal, Option<Permit>), Response<Body>> {
+        let path = req.uri().path();
+        if let (Some(suffix), Some(doc)) = (path.strip_prefix(METADATA_PATH), self.auth.metadata())
+        {
+            return Err(self.metadata_response(req.method(), suffix, doc));
+        }
+        let principal = match self.auth.authenticate(req.headers()).await {
+            Ok(p) => p,
+            Err(refusal) => {
+                let mut resp = rpc_error_response(
+                    refusal.status(),
+                    None,
+                    jsonrpc::INVALID_REQUEST,
+                    &refusal.message,
+                );
+                resp.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    self.auth.challenge(&refusal, path),
+                );
+                let reason = match refusal.status() {
+                    StatusCode::FORBIDDEN => RejectReason::Scope,
+                    _ => RejectReason::Auth,
+                };
+                return Err(reject(self.metrics, reason, resp));
+            }
+        };
+        let Some(limits) = self.limits else {
+            return Ok((principal, None));
+        };
+        match limits.admit(&principal, req.method() == Method::POST) {
+            Ok(permit) => Ok((principal, Some(permit))),
+            Err(over) => {
+                let mut resp = rpc_error_response(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    None,
+                    crate::layers::tasks::TASK_LIMIT_EXCEEDED,
+                    &over.message(),
+                );
+                resp.headers_mut().insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(over.retry_after_secs()),
+                );
+                let reason = match over {
+                    Over::Rate(_) => RejectReason::RateLimit,
+                    Over::InFlight => RejectReason::InFlight,
+                };
+                Err(reject(self.metrics, reason, resp))
+            }
+        }
+    }
+
+    /// `GET /.well-known/oauth-protected-resource` plus `""`, `/mcp` or `/mcp/<name>` (RFC 9728
+    /// §3.1): the metadata document; other suffixes 404, other methods 405.
+    fn metadata_response(&self, method: &Method, suffix: &str, doc: Bytes) -> Response<Body> {
+        let suffix = suffix.trim_end_matches('/');
+        let known = suffix.is_empty() || ((self.is_route)(suffix) && suffix.starts_with("/mcp"));
+        if !known {
+            let body = serde_json::json!({"error": format!("no protected resource at {suffix:?}")});
+            return reject(
+                self.metrics,
+                RejectReason::Route,
+                json_response(StatusCode::NOT_FOUND, body.to_string().into()),
+            );
+        }
+        if method != Method::GET && method != Method::HEAD {
+            let mut resp = json_response(
+                StatusCode::METHOD_NOT_ALLOWED,
+                Bytes::from_static(b"{\"error\":\"use GET\"}"),
+            );
+            resp.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return reject(self.metrics, RejectReason::Method, resp);
+        }
+        let mut resp = json_response(StatusCode::OK, doc);
+        resp.headers_mut().insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("max-age=300"),
+        );
+        resp.headers_mut().insert(
+            header::ACCESS_CONTROL_ALLOW_ORIGIN,
+            HeaderValue::from_static("*"),
+        );
+        resp
+    }
+}

@@ -1,0 +1,491 @@
+//! `[auth] mode = "oauth"` (issue 14): taskgate as an OAuth 2.1 resource server, against an
+//! in-test authorization server (OpenID configuration + JWK Set on a loopback port) whose ES256
+//! keys are generated per test. Also `[limits]` (429 and recovery) in oauth and bearer modes.
+//! The real `oidc-provider` run is `tests/oauth/run.sh`.
+
+mod common;
+use common::*;
+
+use base64::Engine;
+use jsonwebtoken::jwk::Jwk;
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+use p256::pkcs8::EncodePrivateKey;
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const AUDIENCE: &str = "https://mcp.example.com/mcp";
+
+struct TestKey {
+    kid: String,
+    enc: EncodingKey,
+    jwk: Value,
+}
+
+fn new_key(kid: &str) -> TestKey {
+    let secret = p256::SecretKey::random(&mut rand::rngs::OsRng);
+    let der = secret.to_pkcs8_der().unwrap();
+    let enc = EncodingKey::from_ec_der(der.as_bytes());
+    let mut jwk =
+        serde_json::to_value(Jwk::from_encoding_key(&enc, Algorithm::ES256).unwrap()).unwrap();
+    jwk["kid"] = json!(kid);
+    jwk["use"] = json!("sig");
+    TestKey {
+        kid: kid.into(),
+        enc,
+        jwk,
+    }
+}
+
+#[derive(Default)]
+struct IdpState {
+    keys: Vec<Value>,
+    hang: bool,
+}
+
+/// A minimal authorization server: `/.well-known/openid-configuration` and `/jwks`.
+struct Idp {
+    up: Upstream,
+    state: Arc<Mutex<IdpState>>,
+}
+
+impl Idp {
+    async fn start(keys: &[&TestKey]) -> Idp {
+        let state = Arc::new(Mutex::new(IdpState {
+            keys: keys.iter().map(|k| k.jwk.clone()).collect(),
+            hang: false,
+        }));
+        let s = state.clone();
+        let issuer = Arc::new(Mutex::new(String::new()));
+        let iss = issuer.clone();
+        let up = Upstream::start(move |req| {
+            let st = s.lock().unwrap();
+            if st.hang {
+                return ScriptedResponse::Hang;
+            }
+            match req.path.as_str() {
+                "/.well-known/openid-configuration" => {
+                    let i = iss.lock().unwrap().clone();
+                    ScriptedResponse::json(
+                        json!({"issuer": i, "jwks_uri": format!("{i}/jwks")}).to_string(),
+                    )
+                }
+                "/jwks" => ScriptedResponse::json(json!({"keys": st.keys}).to_string()),
+                _ => ScriptedResponse::status(404, None, "not found"),
+            }
+        })
+        .await;
+        *issuer.lock().unwrap() = up.url_path("");
+        Idp { up, state }
+    }
+    fn issuer(&self) -> String {
+        self.up.url_path("")
+    }
+    fn set_keys(&self, keys: &[&TestKey]) {
+        self.state.lock().unwrap().keys = keys.iter().map(|k| k.jwk.clone()).collect();
+    }
+    fn jwks_fetches(&self) -> usize {
+        self.up
+            .requests()
+            .iter()
+            .filter(|r| r.path == "/jwks")
+            .count()
+    }
+}
+
+fn claims(idp: &Idp, sub: &str) -> Value {
+    let now = now_ms() / 1000;
+    json!({"iss": idp.issuer(), "aud": AUDIENCE, "sub": sub, "scope": "mcp other",
+           "iat": now, "exp": now + 300})
+}
+
+fn sign(key: &TestKey, claims: &Value) -> String {
+    let mut h = Header::new(Algorithm::ES256);
+    h.kid = Some(key.kid.clone());
+    encode(&h, claims, &key.enc).unwrap()
+}
+
+fn b64(v: &Value) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+}
+
+fn oauth_toml(idp: &Idp, upstream: &str, extra: &str) -> impl FnOnce(&str) -> String {
+    let (issuer, upstream, extra) = (idp.issuer(), upstream.to_string(), extra.to_string());
+    move |store| {
+        format!(
+            "[gateway]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+             [store]\npath = {store:?}\n[auth]\nmode = \"oauth\"\n[auth.oauth]\n\
+             issuer = {issuer:?}\naudience = {AUDIENCE:?}\nrequired_scopes = [\"mcp\"]\n\
+             jwks_min_refresh_ms = 1\nfetch_timeout_ms = 500\n{extra}\n\
+             [[upstream]]\nname = \"default\"\nurl = {upstream:?}\nprincipal_header = \"x-principal\"\n"
+        )
+    }
+}
+
+async fn status_and_challenge(tg: &Tg, token: Option<&str>) -> (u16, String, Value) {
+    let mut c = tg.client();
+    c.token = token.map(String::from);
+    let r = c.send(initialize_body("1")).await;
+    let challenge = r.header("www-authenticate").unwrap_or_default();
+    (r.status(), challenge, r.json().await)
+}
+
+#[tokio::test]
+async fn metadata_and_the_challenge_of_a_request_without_a_token() {
+    let k1 = new_key("k1");
+    let idp = Idp::start(&[&k1]).await;
+    let up = Upstream::mcp().await;
+    let tg = Tg::start(oauth_toml(&idp, &up.url(), "")).await;
+    for suffix in ["", "/mcp", "/mcp/default"] {
+        let url = format!(
+            "http://{}/.well-known/oauth-protected-resource{suffix}",
+            tg.gw
+        );
+        let r = Req::get(&url).send().await;
+        assert_eq!(r.status(), 200, "{suffix}");
+        let doc = r.json().await;
+        assert_eq!(doc["resource"], json!(AUDIENCE));
+        assert_eq!(doc["authorization_servers"], json!([idp.issuer()]));
+        assert_eq!(doc["scopes_supported"], json!(["mcp"]));
+        assert_eq!(doc["bearer_methods_supported"], json!(["header"]));
+    }
+    let url = format!("http://{}/.well-known/oauth-protected-resource/nope", tg.gw);
+    assert_eq!(Req::get(&url).send().await.status(), 404);
+
+    let (status, challenge, body) = status_and_challenge(&tg, None).await;
+    assert_eq!(status, 401);
+    assert_eq!(
+        challenge,
+        "Bearer resource_metadata=\"https://mcp.example.com/.well-known/oauth-protected-resource/mcp\""
+    );
+    assert_eq!(err_code(&body), -32600, "{body}");
+    let r = Req::mcp_post(
+        &format!("http://{}/mcp/default", tg.gw),
+        initialize_body("1"),
+    )
+    .send()
+    .await;
+    assert!(r
+        .header("www-authenticate")
+        .unwrap()
+        .contains("oauth-protected-resource/mcp/default\""));
+    // Unauthorised callers learn nothing else: not even that a route does not exist.
+    let r = Req::mcp_post(&format!("http://{}/mcp/nope", tg.gw), initialize_body("1"))
+        .send()
+        .await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(up.count(), 0);
+}
+
+#[tokio::test]
+async fn every_bad_token_is_refused_before_the_upstream_sees_anything() {
+    let k1 = new_key("k1");
+    let other = new_key("k1");
+    let idp = Idp::start(&[&k1]).await;
+    let up = Upstream::mcp().await;
+    let tg = Tg::start(oauth_toml(&idp, &up.url(), "")).await;
+    let good = claims(&idp, "alice");
+    let with = |k: &str, v: Value| {
+        let mut c = good.clone();
+        c[k] = v;
+        c
+    };
+    let now = now_ms() / 1000;
+    let none_token = format!("{}.{}.", b64(&json!({"alg":"none","kid":"k1"})), b64(&good));
+    let mut hs = Header::new(Algorithm::HS256);
+    hs.kid = Some("k1".into());
+    let hs_token = encode(
+        &hs,
+        &good,
+        &EncodingKey::from_secret(k1.jwk.to_string().as_bytes()),
+    )
+    .unwrap();
+    let no_sub = {
+        let mut c = good.clone();
+        c.as_object_mut().unwrap().remove("sub");
+        c
+    };
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("malformed", "not-a-jwt".into(), "not a valid JWT"),
+        ("wrong signature", sign(&other, &good), "signature"),
+        ("alg none", none_token, "not a valid JWT"),
+        ("HS256 with the public key", hs_token, "not accepted"),
+        (
+            "expired",
+            sign(&k1, &with("exp", json!(now - 600))),
+            "expired",
+        ),
+        (
+            "not yet valid",
+            sign(&k1, &with("nbf", json!(now + 600))),
+            "not valid yet",
+        ),
+        (
+            "wrong issuer",
+            sign(&k1, &with("iss", json!("https://evil.example"))),
+            "issuer",
+        ),
+        (
+            "wrong audience",
+            sign(&k1, &with("aud", json!("https://other.example/mcp"))),
+            "aud",
+        ),
+        ("no subject", sign(&k1, &no_sub), "\"sub\""),
+        ("unknown kid", sign(&new_key("k9"), &good), "key id"),
+    ];
+    for (what, token, says) in cases {
+        let (status, challenge, body) = status_and_challenge(&tg, Some(&token)).await;
+        assert_eq!(status, 401, "{what}: {body}");
+        assert!(
+            challenge.contains("error=\"invalid_token\""),
+            "{what}: {challenge}"
+        );
+        assert!(
+            challenge.starts_with("Bearer resource_metadata=\""),
+            "{what}"
+        );
+        assert!(err_message(&body).contains(says), "{what}: {body}");
+    }
+    let (status, challenge, body) =
+        status_and_challenge(&tg, Some(&sign(&k1, &with("scope", json!("other"))))).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        challenge.contains("error=\"insufficient_scope\", scope=\"mcp\""),
+        "{challenge}"
+    );
+    assert_eq!(up.count(), 0, "nothing reached the upstream");
+    let refused = tg
+        .metrics
+        .http_rejections_total
+        .with_label_values(&["auth"])
+        .get();
+    assert_eq!(refused, 10);
+    assert_eq!(
+        tg.metrics
+            .http_rejections_total
+            .with_label_values(&["scope"])
+            .get(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_valid_token_is_not_forwarded_and_the_principal_header_is_set() {
+    let k1 = new_key("k1");
+    let idp = Idp::start(&[&k1]).await;
+    let up = Upstream::mcp().await;
+    let tg = Tg::start(oauth_toml(&idp, &up.url(), "")).await;
+    let token = sign(&k1, &claims(&idp, "alice"));
+    let r = tg
+        .client()
+        .with_token(&token)
+        .req(initialize_body("1"))
+        .header("x-principal", "spoofed")
+        .send()
+        .await;
+    assert_eq!(r.status(), 200);
+    let seen = &up.requests()[0];
+    assert!(
+        !seen.has_header("authorization"),
+        "the token never goes upstream"
+    );
+    assert_eq!(
+        seen.header_all("x-principal"),
+        vec![format!("{}#alice", idp.issuer())]
+    );
+}
+
+#[tokio::test]
+async fn principals_own_their_tasks_across_sessions() {
+    let k1 = new_key("k1");
+    let idp = Idp::start(&[&k1]).await;
+    let up = TaskServer::default().await;
+    let tg = Tg::start(oauth_toml(&idp, &up.url(), "")).await;
+    let alice_token = sign(&k1, &claims(&idp, "alice"));
+    let mut alice = tg.client().with_token(&alice_token);
+    alice.initialize().await;
+    let mut bob = tg.client().with_token(&sign(&k1, &claims(&idp, "bob")));
+    bob.initialize().await;
+    let task_id = alice.create_task("1").await;
+    let owner = tg.record(&task_id).unwrap().owner;
+    assert_eq!(
+        owner.to_string(),
+        format!("principal:{}#alice", idp.issuer())
+    );
+    let bob_on_alice_session = bob.clone().with_session(alice.session.as_deref().unwrap());
+    for who in [&bob, &bob_on_alice_session] {
+        let v = who.get("\"b\"", &task_id).await;
+        assert_eq!(err_code(&v), -32602, "{v}");
+    }
+    let listed = bob.list("\"l\"", None).await;
+    assert_eq!(listed["result"]["tasks"], json!([]), "{listed}");
+    let mut again = tg.client().with_token(&alice_token);
+    again.initialize().await;
+    assert_ne!(again.session, alice.session);
+    let v = again.get("\"g\"", &task_id).await;
+    assert_eq!(v["result"]["taskId"], json!(task_id), "{v}");
+}
+
+#[tokio::test]
+async fn a_rotated_key_is_picked_up_and_a_removed_one_refused() {
+    let (k1, k2) = (new_key("k1"), new_key("k2"));
+    let idp = Idp::start(&[&k1]).await;
+    let up = Upstream::mcp().await;
+    let tg = Tg::start(oauth_toml(&idp, &up.url(), "")).await;
+    let old = sign(&k1, &claims(&idp, "alice"));
+    assert_eq!(status_and_challenge(&tg, Some(&old)).await.0, 200);
+    idp.set_keys(&[&k2]);
+    let new = sign(&k2, &claims(&idp, "alice"));
+    assert_eq!(
+        status_and_challenge(&tg, Some(&new)).await.0,
+        200,
+        "new kid fetched"
+    );
+    let (status, _, body) = status_and_challenge(&tg, Some(&old)).await;
+    assert_eq!(status, 401, "the removed key is refused: {body}");
+    assert!(err_message(&body).contains("\"k1\""), "{body}");
+}
+
+#[tokio::test]
+async fn with_the_key_set_unreachable_cached_keys_work_and_unknown_kids_fail_fast() {
+    let k1 = new_key("k1");
+    let idp = Idp::start(&[&k1]).await;
+    let up = Upstream::mcp().await;
+    let tg = Tg::start(oauth_toml(&idp, &up.url(), "")).await;
+    let token = sign(&k1, &claims(&idp, "alice"));
+    assert_eq!(status_and_challenge(&tg, Some(&token)).await.0, 200);
+    let fetches = idp.jwks_fetches();
+    idp.state.lock().unwrap().hang = true;
+    let unknown = sign(&new_key("k7"), &claims(&idp, "alice"));
+    let started = Instant::now();
+    let (status, _, body) = status_and_challenge(&tg, Some(&unknown)).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "bounded by fetch_timeout_ms"
+    );
+    assert_eq!(
+        status_and_challenge(&tg, Some(&token)).await.0,
+        200,
+        "cached key"
+    );
+    idp.up.stop();
+    let started = Instant::now();
+    assert_eq!(status_and_challenge(&tg, Some(&unknown)).await.0, 401);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(
+        status_and_challenge(&tg, Some(&token)).await.0,
+        200,
+        "cached key"
+    );
+    assert!(idp.jwks_fetches() >= fetches);
+}
+
+async fn until_admitted(tg: &Tg, token: Option<&str>) -> bool {
+    eventually(STEP, || async {
+        (status_and_challenge(tg, token).await.0 == 200).then_some(())
+    })
+    .await
+    .is_some()
+}
+
+#[tokio::test]
+async fn the_rate_limit_answers_429_and_recovers() {
+    let k1 = new_key("k1");
+    let idp = Idp::start(&[&k1]).await;
+    let up = Upstream::mcp().await;
+    let limits = "[limits]\nrequests_per_second = 2\nburst = 2\n";
+    let tg = Tg::start(oauth_toml(&idp, &up.url(), limits)).await;
+    let (alice, bob) = (
+        sign(&k1, &claims(&idp, "alice")),
+        sign(&k1, &claims(&idp, "bob")),
+    );
+    let mut statuses = vec![];
+    for _ in 0..3 {
+        let r = tg
+            .client()
+            .with_token(&alice)
+            .send(initialize_body("7"))
+            .await;
+        statuses.push((r.status(), r.header("retry-after"), r.json().await));
+    }
+    assert_eq!(statuses[0].0, 200);
+    let (status, retry_after, body) = &statuses[2];
+    assert_eq!(*status, 429, "{body}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert_eq!(err_code(body), -32029, "{body}");
+    assert_eq!(
+        status_and_challenge(&tg, Some(&bob)).await.0,
+        200,
+        "per principal"
+    );
+    assert!(until_admitted(&tg, Some(&alice)).await, "recovers");
+    assert!(
+        tg.metrics
+            .http_rejections_total
+            .with_label_values(&["rate_limit"])
+            .get()
+            >= 1
+    );
+}
+
+#[tokio::test]
+async fn in_flight_limit_in_bearer_mode() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let up = Upstream::start(move |req| {
+        ScriptedResponse::AfterGate(g.clone(), Box::new(ScriptedResponse::result_for(req, "{}")))
+    })
+    .await;
+    let url = up.url();
+    let tg = Tg::start(move |store| {
+        let mut s = TgConfig::new(&url)
+            .token("alice", "alice-token")
+            .to_toml(store);
+        s.push_str("\n[limits]\nmax_in_flight = 1\n");
+        s
+    })
+    .await;
+    let c = tg.client().with_token("alice-token");
+    let held = {
+        let c = c.clone();
+        tokio::spawn(async move { c.send(rpc("1", "ping", "{}")).await.status() })
+    };
+    tokio::time::timeout(STEP, up.wait_for_count(1))
+        .await
+        .unwrap();
+    let r = c.send(rpc("2", "ping", "{}")).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    gate.open();
+    assert_eq!(held.await.unwrap(), 200);
+    assert_eq!(c.send(rpc("3", "ping", "{}")).await.status(), 200);
+    assert_eq!(
+        tg.metrics
+            .http_rejections_total
+            .with_label_values(&["in_flight"])
+            .get(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_remembered_token_is_refused_once_it_expires() {
+    let k1 = new_key("k1");
+    let idp = Idp::start(&[&k1]).await;
+    let up = Upstream::mcp().await;
+    let tg = Tg::start(oauth_toml(&idp, &up.url(), "leeway_s = 0")).await;
+    let mut c = claims(&idp, "alice");
+    c["exp"] = json!(now_ms() / 1000 + 2);
+    let token = sign(&k1, &c);
+    // Accepted (and remembered), then refused by the remembered entry's own expiry check.
+    assert_eq!(status_and_challenge(&tg, Some(&token)).await.0, 200);
+    assert_eq!(status_and_challenge(&tg, Some(&token)).await.0, 200);
+    let refused = eventually(STEP, || async {
+        let (status, _, body) = status_and_challenge(&tg, Some(&token)).await;
+        (status == 401).then_some(body)
+    })
+    .await
+    .expect("the token expires");
+    assert!(err_message(&refused).contains("expired"), "{refused}");
+}
