@@ -14,6 +14,7 @@ use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::cancel::{CancelLayer, CancelState};
 use crate::layers::observe::ObserveLayer;
 use crate::layers::session::{SessionLayer, Sessions};
+use crate::layers::session_guard::SessionGuardLayer;
 use crate::layers::tasks::TasksLayer;
 use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};
 use crate::metrics::Metrics;
@@ -102,7 +103,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .map_err(|e| StoreError::Db(format!("counting the store failed: {e}")))??
     };
     let authenticated = config.auth.mode == crate::config::AuthMode::Bearer;
-    let sessions = Sessions::new();
+    let sessions = Sessions::with_limits(
+        config.gateway.max_sessions,
+        Duration::from_millis(config.gateway.session_idle_ms),
+    );
     let mut orphan_jobs = Vec::new();
 
     let gateway_listener = TcpListener::bind(config.gateway.listen)
@@ -143,7 +147,13 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         if config.upgrade.enabled {
             orphan_jobs.push((name.clone(), upgrade_state.clone(), inner.clone()));
         }
-        let stack = tower::Layer::layer(&UpgradeLayer::new(upgrade_state.clone()), inner);
+        let stack = tower::ServiceBuilder::new()
+            .layer(
+                SessionGuardLayer::new(sessions.clone(), authenticated)
+                    .defer_deletes(registry.clone()),
+            )
+            .layer(UpgradeLayer::new(upgrade_state.clone()))
+            .service(inner);
         routes.push(Route {
             name,
             stack: BoxCloneSyncService::new(stack),

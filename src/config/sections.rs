@@ -37,6 +37,12 @@ pub(super) fn default_request_timeout_ms() -> u64 {
 pub struct GatewayConfig {
     /// Address the MCP endpoint listens on (default `127.0.0.1:8080`; port 0 picks a free port).
     #[serde(default = "default_gateway_listen")]
+pub(super) fn default_max_sessions() -> usize {
+    100_000
+}
+pub(super) fn default_session_idle_ms() -> u64 {
+    3_600_000
+}
     pub listen: SocketAddr,
     /// Extra `Host` header values accepted (the listen address, `localhost` and `127.0.0.1`, with or
     /// without the port, are always accepted). `"*"` accepts any Host.
@@ -70,6 +76,14 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_ranges(&[
             (
+    /// Sessions taskgate keeps state for at most (default 100000); when full, sessions idle for
+    /// `session_idle_ms` are reclaimed, else a new `initialize` gets 503.
+    #[serde(default = "default_max_sessions")]
+    pub max_sessions: usize,
+    /// Idle time after which a session's entry may be reclaimed for a new session when the table
+    /// is full, in ms (default 3600000).
+    #[serde(default = "default_session_idle_ms")]
+    pub session_idle_ms: u64,
                 "gateway.max_body_bytes",
                 self.max_body_bytes as u64,
                 1,
@@ -106,6 +120,18 @@ impl GatewayConfig {
 impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
+            (
+                "gateway.max_sessions",
+                self.max_sessions as u64,
+                1,
+                10_000_000,
+            ),
+            (
+                "gateway.session_idle_ms",
+                self.session_idle_ms,
+                1_000,
+                30 * 24 * HOUR_MS,
+            ),
             listen: default_gateway_listen(),
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
@@ -121,6 +147,8 @@ impl Default for GatewayConfig {
 /// `[admin]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+            max_sessions: default_max_sessions(),
+            session_idle_ms: default_session_idle_ms(),
 pub struct AdminConfig {
     /// Address of `/healthz`, `/readyz`, `/metrics` and `/admin/*` (default `127.0.0.1:9090`).
     #[serde(default = "default_admin_listen")]
