@@ -227,6 +227,15 @@ impl Message {
         })
     }
 
+    /// [`Message::parse`] after checking that the whole of `raw` is JSON: valid UTF-8
+    /// everywhere (inside `params` too) and nested at most [`MAX_DEPTH`] levels. The check walks
+    /// the text once without building a DOM (serde's visitor, no value kept), so a client's body
+    /// that is not JSON is refused with `-32700` instead of being forwarded.
+    pub fn parse_checked(raw: Bytes) -> Result<Message, EnvelopeError> {
+        check_json(&raw)?;
+        Message::parse(raw)
+    }
+
     /// The bytes of the message, exactly as they arrived (or as a layer rewrote them).
     pub fn bytes(&self) -> &Bytes {
         &self.raw
@@ -268,6 +277,81 @@ impl Message {
 pub fn is_answer_to(text: &[u8], id: &Id) -> bool {
     Message::parse(Bytes::copy_from_slice(text))
         .is_ok_and(|m| m.id() == Some(id) && matches!(m.kind(), Kind::Response | Kind::Error))
+}
+
+/// Deepest nesting of arrays and objects accepted in a client's message (serde_json's own
+/// recursion limit).
+pub const MAX_DEPTH: usize = 128;
+
+/// Checks that `raw` is one JSON value: [`EnvelopeError::Parse`] naming what is wrong otherwise
+/// (invalid UTF-8, nesting deeper than [`MAX_DEPTH`], any syntax error).
+pub fn check_json(raw: &[u8]) -> Result<(), EnvelopeError> {
+    // The envelope parse validates the rest; invalid UTF-8 is named as such up front.
+    if let Err(e) = std::str::from_utf8(raw) {
+        return Err(EnvelopeError::Parse(format!(
+            "invalid UTF-8 at byte {}",
+            e.valid_up_to()
+        )));
+    }
+    serde_json::from_slice::<Walk>(raw)
+        .map(|_| ())
+        .map_err(|e| {
+            let msg = e.to_string();
+            if msg.starts_with("recursion limit exceeded") {
+                EnvelopeError::Parse(format!("nested deeper than {MAX_DEPTH} levels ({msg})"))
+            } else {
+                EnvelopeError::Parse(msg)
+            }
+        })
+}
+
+/// A JSON value visited and dropped: unlike `serde::de::IgnoredAny` (which serde_json skips
+/// without checking depth), every array and object goes through `deserialize_any`, where
+/// serde_json enforces its recursion limit, and every string is checked.
+struct Walk;
+
+impl<'de> serde::Deserialize<'de> for Walk {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Walk, D::Error> {
+        d.deserialize_any(WalkVisitor)
+    }
+}
+
+struct WalkVisitor;
+
+impl<'de> serde::de::Visitor<'de> for WalkVisitor {
+    type Value = Walk;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Walk, E> {
+        Ok(Walk)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Walk, E> {
+        Ok(Walk)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Walk, E> {
+        Ok(Walk)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Walk, E> {
+        Ok(Walk)
+    }
+    fn visit_borrowed_str<E>(self, _: &'de str) -> Result<Walk, E> {
+        Ok(Walk)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Walk, E> {
+        Ok(Walk)
+    }
+    fn visit_unit<E>(self) -> Result<Walk, E> {
+        Ok(Walk)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Walk, A::Error> {
+        while seq.next_element::<Walk>()?.is_some() {}
+        Ok(Walk)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Walk, A::Error> {
+        while map.next_entry::<Walk, Walk>()?.is_some() {}
+        Ok(Walk)
+    }
 }
 
 /// Builds the bytes of a JSON-RPC error response.

@@ -392,7 +392,7 @@ impl Edge {
                 ));
             }
         };
-        Message::parse(bytes).map_err(|e| {
+        Message::parse_checked(bytes).map_err(|e| {
             let reason = match e {
                 EnvelopeError::Parse(_) => RejectReason::Parse,
                 EnvelopeError::Batch => RejectReason::Batch,
