@@ -20,7 +20,7 @@
 //!
 //! None of these touch the upstream or the client's session: one bad request never ends a session.
 
-use super::server::{Body, Handler};
+use super::server::{Body, BodyError as ResponseError, Handler};
 use crate::auth::Authenticator;
 use crate::exchange::{
     GatewayError, McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext,
@@ -428,7 +428,7 @@ impl Edge {
                     .take_until(stop)
                     .map(move |b| {
                         let _ = &guard;
-                        Ok::<_, Infallible>(Frame::data(b))
+                        b.map(Frame::data).map_err(ResponseError::from)
                     });
                 StreamBody::new(bytes).boxed_unsync()
             }
@@ -446,8 +446,8 @@ impl Handler for Edge {
     }
 }
 
-fn never(e: Infallible) -> Infallible {
-    e
+fn never(e: Infallible) -> ResponseError {
+    match e {}
 }
 
 /// True when the `Accept` header(s) list every media type in `needed` (case-insensitive,

@@ -301,7 +301,14 @@ impl Inner {
             };
             match next {
                 Some(Ok(ev)) => Some((ev, st)),
-                Some(Err(oversize)) => {
+                Some(Err(sse::Cut::Reset(detail))) => {
+                    st.events = None;
+                    st.metrics
+                        .upstream_error(&st.name, UpstreamErrorKind::StreamReset);
+                    tracing::warn!(upstream = %st.name, id = st.rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())), error = %detail, "upstream SSE answer was cut before its end; aborting the client's stream");
+                    Some((sse::Event::abort(), st))
+                }
+                Some(Err(sse::Cut::Oversize(oversize))) => {
                     st.metrics
                         .upstream_oversize(&st.name, OversizeKind::SseEvent);
                     st.metrics
