@@ -17,6 +17,8 @@ pub mod jsonrpc;
 pub mod layers;
 pub mod mcp;
 pub mod metrics;
+#[doc(hidden)]
+pub mod props;
 pub mod registry;
 pub mod sse;
 pub mod store;

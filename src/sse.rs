@@ -135,9 +135,15 @@ impl Decoder {
             return Err(Oversize { limit: self.max });
         }
         self.buf.extend_from_slice(chunk);
-        if !self.bom_checked && self.buf.len() >= 3 {
-            if self.buf.starts_with(b"\xEF\xBB\xBF") {
-                self.buf.advance(3);
+        if !self.bom_checked {
+            // Only a BOM at the very start of the stream is removed. Until the first three
+            // bytes are known nothing is consumed, so `buf` still starts where the stream did.
+            const BOM: &[u8] = b"\xEF\xBB\xBF";
+            if self.buf.len() < BOM.len() && BOM.starts_with(&self.buf) {
+                return Ok(());
+            }
+            if self.buf.starts_with(BOM) {
+                self.buf.advance(BOM.len());
             }
             self.bom_checked = true;
         }
@@ -349,14 +355,14 @@ pub struct KeepAlive {
     held: Option<BytesMut>,
     /// Whether any event was written yet.
     sent_any: bool,
+    /// Set by [`Event::abort`]: the error this stream ends with.
+    aborted: Option<StreamAborted>,
 }
 
 /// Largest chunk assembled from events that are ready at once, in bytes.
 const BATCH_BYTES: usize = 256 * 1024;
 
 impl KeepAlive {
-    /// Set by [`Event::abort`]: the error this stream ends with.
-    aborted: Option<StreamAborted>,
     /// Wraps `events`; `interval` is the idle time before a keep-alive comment.
     pub fn new(events: EventStream, interval: Duration) -> KeepAlive {
         KeepAlive {
@@ -367,23 +373,23 @@ impl KeepAlive {
             done: false,
             held: None,
             sent_any: false,
+            aborted: None,
         }
     }
 }
 
-impl Stream for KeepAlive {
-    type Item = Result<Bytes, StreamAborted>;
-            aborted: None,
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = self.get_mut();
-        if this.done {
 /// The upstream's stream was cut ([`Event::abort`]): the client's stream must end with a
 /// transport error, not a clean end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the upstream's event stream was cut")]
 pub struct StreamAborted;
 
+impl Stream for KeepAlive {
+    type Item = Result<Bytes, StreamAborted>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
             return Poll::Ready(this.aborted.take().map(Err));
         }
         // Events held back on the previous call go out now, with whatever arrived since.
@@ -392,17 +398,17 @@ pub struct StreamAborted;
         let mut upstream_pending = false;
         loop {
             match this.events.as_mut().poll_next(cx) {
+                Poll::Ready(Some(event)) if event.is_abort() => {
+                    this.aborted = Some(StreamAborted);
+                    this.done = true;
+                    break;
+                }
                 Poll::Ready(Some(event)) => {
                     let encoded = encode(&event);
                     match &mut batch {
                         None => {
                             let mut b = BytesMut::with_capacity(encoded.len().max(512));
                             b.extend_from_slice(&encoded);
-                Poll::Ready(Some(event)) if event.is_abort() => {
-                    this.aborted = Some(StreamAborted);
-                    this.done = true;
-                    break;
-                }
                             batch = Some(b);
                         }
                         Some(b) => b.extend_from_slice(&encoded),
