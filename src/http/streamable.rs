@@ -25,7 +25,7 @@ use crate::auth::Authenticator;
 use crate::exchange::{
     GatewayError, McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext,
 };
-use crate::headers::{strip_hop_by_hop, MCP_SESSION_ID};
+use crate::headers::{content_type_is, strip_hop_by_hop, MCP_SESSION_ID};
 use crate::jsonrpc::{self, EnvelopeError, Id, Message};
 use crate::metrics::{McpMethod, Metrics, RejectReason, RequestOutcome, SseKind};
 use crate::sse::KeepAlive;
@@ -314,12 +314,16 @@ impl Edge {
         headers: &HeaderMap,
         body: Incoming,
     ) -> Result<Message, Response<Body>> {
-        let content_type_ok = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
-        if !content_type_ok {
+        let content_type = content_type_is(headers.get(header::CONTENT_TYPE), "application/json");
+        if content_type != Ok(true) {
+            let message = match content_type {
+                Err(charset) => {
+                    format!("Unsupported Media Type: charset={charset}; MCP messages are UTF-8")
+                }
+                Ok(_) => {
+                    "Unsupported Media Type: Content-Type must be application/json".to_string()
+                }
+            };
             return Err(self.reject(
                 RejectReason::ContentType,
                 rpc_error_response(
