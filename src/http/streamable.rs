@@ -5,6 +5,8 @@
 //!
 //! | input | answer |
 //! |---|---|
+//! | no `Host`, or more than one (RFC 9112 section 3.2) | 400, JSON-RPC error `-32600` |
+//! | `Expect: 100-continue` with a `Content-Length` over the limit | 413 at once, no `100 Continue` |
 //! | unknown path / upstream name | 404, JSON naming the configured upstreams |
 //! | `Host` not allowed (DNS rebinding) | 403, JSON-RPC error `-32600`, id `null` |
 //! | `Origin` present and not allowed | 403, JSON-RPC error `-32600`, id `null` |
@@ -134,7 +136,7 @@ impl Edge {
     async fn serve(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
         // DNS-rebinding protection first, then authentication: nothing (not even the upstream
         // names of a 404) for a bad Host or a caller without credentials.
-        if let Err(resp) = self.check_host_and_origin(req.uri(), req.headers()) {
+        if let Err(resp) = self.check_host_and_origin(req.uri(), req.version(), req.headers()) {
             return resp;
         }
         let principal = match self.auth.authenticate(req.headers()) {
@@ -266,8 +268,22 @@ impl Edge {
     fn check_host_and_origin(
         &self,
         uri: &http::Uri,
+        version: http::Version,
         headers: &HeaderMap,
     ) -> Result<(), Response<Body>> {
+        // RFC 9112 section 3.2: exactly one Host field in HTTP/1.1 (HTTP/1.0 may omit it).
+        let hosts = headers.get_all(header::HOST).iter().count();
+        if hosts > 1 || (hosts == 0 && version != http::Version::HTTP_10) {
+            return Err(self.reject(
+                RejectReason::Host,
+                rpc_error_response(
+                    StatusCode::BAD_REQUEST,
+                    None,
+                    jsonrpc::INVALID_REQUEST,
+                    &format!("Bad Request: a request must carry exactly one Host header field (got {hosts})"),
+                ),
+            ));
+        }
         // An absolute-form request line (`POST http://evil.example/mcp`) names the host too.
         let host = uri.authority().map(|a| a.as_str().to_string()).or_else(|| {
             headers
@@ -330,7 +346,7 @@ impl Edge {
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     None,
                     jsonrpc::INVALID_REQUEST,
-                    "Unsupported Media Type: Content-Type must be application/json",
+                    &message,
                 ),
             ));
         }
@@ -360,9 +376,21 @@ impl Edge {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > (limit + DISCARD_LIMIT) as u64) {
-            // Too large to even read away: answer at once (the connection is closed after it).
-            return Err(self.reject(RejectReason::BodyTooLarge, too_large()));
+        let expects_continue = headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        // Too large to even read away, or a client waiting for `100 Continue` (reading the body
+        // would send it): answer at once (the connection is closed after it).
+        let refuse_at = if expects_continue {
+            limit
+        } else {
+            limit + DISCARD_LIMIT
+        };
+        if declared.is_some_and(|n| n > refuse_at as u64) {
+            let mut resp = too_large();
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return Err(self.reject(RejectReason::BodyTooLarge, resp));
         }
         let read = tokio::time::timeout(self.settings.body_timeout, read_body(body, limit)).await;
         let Ok(read) = read else {
