@@ -9,6 +9,13 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+/// Smallest `gateway.max_body_bytes`: an `initialize` with client info and capabilities, or a
+/// small `tools/call`, must fit.
+const MIN_BODY_BYTES: u64 = 1024;
+/// Smallest `store.cache_capacity_bytes`: sled panics below 256 bytes, and a cache of less
+/// than 1 MiB makes every store read a disk read.
+const MIN_CACHE_BYTES: u64 = 1024 * 1024;
+
 pub(super) fn default_gateway_listen() -> SocketAddr {
     "127.0.0.1:8080".parse().expect("literal address")
 }
@@ -30,6 +37,12 @@ pub(super) fn default_max_connections() -> usize {
 pub(super) fn default_request_timeout_ms() -> u64 {
     30_000
 }
+pub(super) fn default_max_sessions() -> usize {
+    100_000
+}
+pub(super) fn default_session_idle_ms() -> u64 {
+    3_600_000
+}
 
 /// `[gateway]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -37,12 +50,6 @@ pub(super) fn default_request_timeout_ms() -> u64 {
 pub struct GatewayConfig {
     /// Address the MCP endpoint listens on (default `127.0.0.1:8080`; port 0 picks a free port).
     #[serde(default = "default_gateway_listen")]
-pub(super) fn default_max_sessions() -> usize {
-    100_000
-}
-pub(super) fn default_session_idle_ms() -> u64 {
-    3_600_000
-}
     pub listen: SocketAddr,
     /// Extra `Host` header values accepted (the listen address, `localhost` and `127.0.0.1`, with or
     /// without the port, are always accepted). `"*"` accepts any Host.
@@ -69,13 +76,6 @@ pub(super) fn default_session_idle_ms() -> u64 {
     /// a slower body gets 408.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
-}
-
-impl GatewayConfig {
-    /// Checks every numeric key against its range in `config/REFERENCE.md`.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        check_ranges(&[
-            (
     /// Sessions taskgate keeps state for at most (default 100000); when full, sessions idle for
     /// `session_idle_ms` are reclaimed, else a new `initialize` gets 503.
     #[serde(default = "default_max_sessions")]
@@ -84,9 +84,16 @@ impl GatewayConfig {
     /// is full, in ms (default 3600000).
     #[serde(default = "default_session_idle_ms")]
     pub session_idle_ms: u64,
+}
+
+impl GatewayConfig {
+    /// Checks every numeric key against its range in `config/REFERENCE.md`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_ranges(&[
+            (
                 "gateway.max_body_bytes",
                 self.max_body_bytes as u64,
-                1,
+                MIN_BODY_BYTES,
                 1 << 30,
             ),
             (
@@ -98,7 +105,7 @@ impl GatewayConfig {
             (
                 "gateway.sse_keepalive_ms",
                 self.sse_keepalive_ms,
-                1,
+                10,
                 HOUR_MS,
             ),
             (
@@ -110,16 +117,9 @@ impl GatewayConfig {
             (
                 "gateway.request_timeout_ms",
                 self.request_timeout_ms,
-                1,
+                100,
                 HOUR_MS,
             ),
-        ])
-    }
-}
-
-impl Default for GatewayConfig {
-    fn default() -> Self {
-        GatewayConfig {
             (
                 "gateway.max_sessions",
                 self.max_sessions as u64,
@@ -132,6 +132,13 @@ impl Default for GatewayConfig {
                 1_000,
                 30 * 24 * HOUR_MS,
             ),
+        ])
+    }
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
             listen: default_gateway_listen(),
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
@@ -140,6 +147,8 @@ impl Default for GatewayConfig {
             sse_keepalive_ms: default_sse_keepalive_ms(),
             max_connections: default_max_connections(),
             request_timeout_ms: default_request_timeout_ms(),
+            max_sessions: default_max_sessions(),
+            session_idle_ms: default_session_idle_ms(),
         }
     }
 }
@@ -147,8 +156,6 @@ impl Default for GatewayConfig {
 /// `[admin]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-            max_sessions: default_max_sessions(),
-            session_idle_ms: default_session_idle_ms(),
 pub struct AdminConfig {
     /// Address of `/healthz`, `/readyz`, `/metrics` and `/admin/*` (default `127.0.0.1:9090`).
     #[serde(default = "default_admin_listen")]
@@ -195,7 +202,7 @@ impl StoreConfig {
         check_range(
             "store.cache_capacity_bytes",
             self.cache_capacity_bytes,
-            1,
+            MIN_CACHE_BYTES,
             UNBOUNDED,
         )
     }
@@ -296,7 +303,7 @@ impl TasksConfig {
             (
                 "tasks.sweep_interval_ms",
                 self.sweep_interval_ms,
-                1,
+                10,
                 24 * HOUR_MS,
             ),
             ("tasks.list_page_size", self.list_page_size as u64, 1, 1000),
@@ -358,7 +365,7 @@ impl UpgradeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         // A grace of 0 is meaningful: cancel as soon as the client is gone.
         check_ranges(&[
-            ("upgrade.ttl_ms", self.ttl_ms, 1, 365 * 24 * HOUR_MS),
+            ("upgrade.ttl_ms", self.ttl_ms, 1_000, 365 * 24 * HOUR_MS),
             (
                 "upgrade.disconnect_grace_ms",
                 self.disconnect_grace_ms,
