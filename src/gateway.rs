@@ -199,12 +199,15 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             }
         })
         .collect();
-    let admin = Arc::new(Admin::new(
-        metrics.clone(),
-        targets,
-        store.clone() as Arc<dyn TaskStore>,
-    ));
-    let sweep_every = Duration::from_millis(config.tasks.sweep_interval_ms.max(10));
+    let admin = Arc::new(
+        Admin::new(
+            metrics.clone(),
+            targets,
+            store.clone() as Arc<dyn TaskStore>,
+        )
+        .with_token(config.admin.token_sha256()),
+    );
+    let sweep_every = Duration::from_millis(config.tasks.sweep_interval_ms);
     let sweeper = {
         let registry = registry.clone();
         tokio::spawn(async move {

@@ -160,12 +160,30 @@ pub struct AdminConfig {
     /// Address of `/healthz`, `/readyz`, `/metrics` and `/admin/*` (default `127.0.0.1:9090`).
     #[serde(default = "default_admin_listen")]
     pub listen: SocketAddr,
+    /// Name of an environment variable holding a bearer token that `/admin/*` requires
+    /// (`/healthz`, `/readyz` and `/metrics` stay open). Unset: no token (bind to loopback).
+    #[serde(default)]
+    pub token_env: Option<String>,
 }
 
 impl AdminConfig {
-    /// `[admin]` has no numeric keys; `listen` is checked by parsing.
+    /// `token_env`, when given, must name a set, non-empty environment variable.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        Ok(())
+        match &self.token_env {
+            Some(var) if std::env::var(var).map(|v| v.is_empty()).unwrap_or(true) => {
+                Err(ConfigError::Invalid(format!(
+                    "admin.token_env: environment variable {var} is not set or empty"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The SHA-256 of the admin token, when one is configured.
+    pub fn token_sha256(&self) -> Option<[u8; 32]> {
+        use sha2::Digest;
+        let token = std::env::var(self.token_env.as_ref()?).ok()?;
+        Some(sha2::Sha256::digest(token.as_bytes()).into())
     }
 }
 
@@ -173,6 +191,7 @@ impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             listen: default_admin_listen(),
+            token_env: None,
         }
     }
 }
