@@ -462,7 +462,12 @@ where
                 }
                 return Ok(reply);
             }
-            let issued = reply.headers.get("mcp-session-id").cloned();
+            // A copy: a clone would be a slice of hyper's whole read buffer (kilobytes), kept
+            // alive as long as the entry.
+            let issued = reply
+                .headers
+                .get("mcp-session-id")
+                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
             // Without a session or a principal every client shares one entry: keep the
             // upstream's facts there, never one client's capabilities.
             let keep_client_caps = has_identity || issued.is_some();
