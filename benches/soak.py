@@ -77,6 +77,8 @@ async def request(port, method, body, sid, stats, read_events=None):
         status = int(resp_head.split(" ")[1])
         if status >= 400:
             stats["errors"] += 1
+            stats.setdefault("statuses", {}).setdefault(status, 0)
+            stats["statuses"][status] += 1
         if read_events is not None:
             while True:
                 line = await reader.readline()
@@ -166,7 +168,7 @@ async def main(args):
             print(f"streams {args.streams}, {args.duration} s, taskgate {binary}")
             print(f"RSS first {samples[0]:.1f} MiB, max {max(samples):.1f} MiB, last {samples[-1]:.1f} MiB; "
                   f"events {stats['events']}, errors {stats['errors']}, GET streams ended early "
-                  f"{stats['stream_ends']}" + (f", first error {stats['first_error']}" if 'first_error' in stats else ""))
+                  f"{stats['stream_ends']}, error statuses {stats.get('statuses', {})}" + (f", first error {stats['first_error']}" if 'first_error' in stats else ""))
         finally:
             proc.terminate()
             proc.wait(timeout=30)
