@@ -137,7 +137,7 @@ def rss_mib(pid):
 async def main(args):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * args.streams + 1024)), hard))
-    server = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    server = await asyncio.start_server(upstream, "127.0.0.1", 0, backlog=8192)
     up_port = server.sockets[0].getsockname()[1]
     binary = os.environ.get("TASKGATE_BIN") or next(
         p for p in (f"{ROOT}/target/release/taskgate", f"{ROOT}/target/debug/taskgate") if os.path.exists(p))

@@ -9,7 +9,8 @@
 //! message.
 //!
 //! Only sessions the upstream issued (an `Mcp-Session-Id` on an `InitializeResult`) get an entry:
-//! a client-chosen session id never creates state. An entry costs about 100 bytes plus its id;
+//! a client-chosen session id never creates state. An entry is about 200 bytes plus its id (about
+//! 1 KiB of RSS per session with the allocator, `benches/session_rss.py`);
 //! tool caches equal to the upstream's last complete listing are shared, not copied. The table
 //! holds at most `gateway.max_sessions` entries and is never trimmed by other callers' traffic:
 //! when it is full, entries idle for `gateway.session_idle_ms` are reclaimed, and if none are,
