@@ -8,11 +8,13 @@ target/release/taskgate, else target/debug/taskgate), then sends
 printing taskgate's VmRSS before and after each phase. Everything stops by itself.
 
     python3 benches/session_rss.py [N]        # N defaults to 100000
+    PHASES=init python3 benches/session_rss.py   # only the initialize phase
 """
 import http.client, http.server, json, os, socket, subprocess, sys, tempfile, threading, time, uuid
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
 THREADS = 8
+PHASES = os.environ.get("PHASES", "list,init")  # which phases run
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = {"tools": [{"name": f"tool-{i}", "inputSchema": {"type": "object"},
                     "execution": {"taskSupport": "optional"}} for i in range(20)]}
@@ -115,14 +117,17 @@ def main():
             print(f"taskgate {binary}, N = {N}")
             print(f"start:                          RSS {rss_kib(proc.pid) / 1024:7.1f} MiB")
             t = time.time()
-            errs = phase(port, lambda i: json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/list"}),
-                         lambda i: uuid.uuid4().hex)
-            print(f"after {N} tools/list, random ids: RSS {rss_kib(proc.pid) / 1024:7.1f} MiB "
-                  f"({time.time() - t:.0f} s, {len(errs)} non-200)")
+            if "list" in PHASES:
+                errs = phase(port, lambda i: json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/list"}),
+                             lambda i: uuid.uuid4().hex)
+                print(f"after {N} tools/list, random ids: RSS {rss_kib(proc.pid) / 1024:7.1f} MiB "
+                      f"({time.time() - t:.0f} s, {len(errs)} non-200)")
             t = time.time()
             init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                 "protocolVersion": "2025-11-25", "capabilities": {"tasks": {}},
                 "clientInfo": {"name": "rss", "version": "1"}}}
+            if "init" not in PHASES:
+                return
             errs = phase(port, lambda i: json.dumps(init), lambda i: None)
             print(f"after {N} initialize:            RSS {rss_kib(proc.pid) / 1024:7.1f} MiB "
                   f"({time.time() - t:.0f} s, {len(errs)} non-200)")
