@@ -14,6 +14,7 @@ use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::cancel::{CancelLayer, CancelState};
 use crate::layers::observe::ObserveLayer;
 use crate::layers::session::{SessionLayer, Sessions};
+use crate::layers::session_guard::SessionGuardLayer;
 use crate::layers::tasks::TasksLayer;
 use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};
 use crate::metrics::Metrics;
@@ -105,7 +106,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .map_err(|e| StoreError::Db(format!("counting the store failed: {e}")))??
     };
     let authenticated = config.auth.mode == crate::config::AuthMode::Bearer;
-    let sessions = Sessions::new();
+    let sessions = Sessions::with_limits(
+        config.gateway.max_sessions,
+        Duration::from_millis(config.gateway.session_idle_ms),
+    );
     let mut orphan_jobs = Vec::new();
 
     let gateway_listener = TcpListener::bind(config.gateway.listen)
@@ -146,7 +150,13 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         if config.upgrade.enabled {
             orphan_jobs.push((name.clone(), upgrade_state.clone(), inner.clone()));
         }
-        let stack = tower::Layer::layer(&UpgradeLayer::new(upgrade_state.clone()), inner);
+        let stack = tower::ServiceBuilder::new()
+            .layer(
+                SessionGuardLayer::new(sessions.clone(), authenticated)
+                    .defer_deletes(registry.clone()),
+            )
+            .layer(UpgradeLayer::new(upgrade_state.clone()))
+            .service(inner);
         routes.push(Route {
             name,
             stack: BoxCloneSyncService::new(stack),
@@ -195,12 +205,15 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             }
         })
         .collect();
-    let admin = Arc::new(Admin::new(
-        metrics.clone(),
-        targets,
-        store.clone() as Arc<dyn TaskStore>,
-    ));
-    let sweep_every = Duration::from_millis(config.tasks.sweep_interval_ms.max(10));
+    let admin = Arc::new(
+        Admin::new(
+            metrics.clone(),
+            targets,
+            store.clone() as Arc<dyn TaskStore>,
+        )
+        .with_token(config.admin.token_sha256()),
+    );
+    let sweep_every = Duration::from_millis(config.tasks.sweep_interval_ms);
     let sweeper = {
         let registry = registry.clone();
         tokio::spawn(async move {

@@ -2,7 +2,7 @@
 //! (`upstream/`), so neither imports the other (2025-11-25 basic/transports: Session Management,
 //! Protocol Version Header).
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// `Mcp-Session-Id` (case-insensitive on the wire).
 pub static MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id");
@@ -35,4 +35,76 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
     headers.remove("keep-alive");
     headers.remove("proxy-connection");
+}
+
+/// Whether a `Content-Type` value names the media type `essence` (`"text/event-stream"`), per
+/// RFC 9110 section 8.3.1: type and subtype are case-insensitive, parameters follow `;` with
+/// optional whitespace, parameter names are case-insensitive and values may be quoted.
+/// `Err` carries the charset when the value names `essence` with a `charset` other than UTF-8
+/// (MCP messages are UTF-8).
+pub fn content_type_is(value: Option<&HeaderValue>, essence: &str) -> Result<bool, String> {
+    let Some(text) = value.and_then(|v| v.to_str().ok()) else {
+        return Ok(false);
+    };
+    let mut parts = text.split(';');
+    let named = parts
+        .next()
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case(essence));
+    if !named {
+        return Ok(false);
+    }
+    for param in parts {
+        let Some((name, value)) = param.split_once('=') else {
+            continue;
+        };
+        if !name.trim().eq_ignore_ascii_case("charset") {
+            continue;
+        }
+        let charset = value.trim().trim_matches('"');
+        if !(charset.eq_ignore_ascii_case("utf-8") || charset.eq_ignore_ascii_case("utf8")) {
+            return Err(charset.to_string());
+        }
+    }
+    Ok(true)
+}
+
+/// Whether a session id is in the spec's range: one or more visible ASCII characters (0x21 to
+/// 0x7E; 2025-11-25 basic/transports: Session Management).
+pub fn is_visible_ascii(value: &HeaderValue) -> bool {
+    !value.is_empty() && value.as_bytes().iter().all(|b| (0x21..=0x7e).contains(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn media_types_are_case_insensitive_and_charset_checked() {
+        let v = |s: &'static str| HeaderValue::from_static(s);
+        let sse = "text/event-stream";
+        assert_eq!(
+            content_type_is(Some(&v("Text/Event-Stream; Charset=UTF-8")), sse),
+            Ok(true)
+        );
+        assert_eq!(
+            content_type_is(Some(&v("text/event-stream;charset=\"utf-8\"")), sse),
+            Ok(true)
+        );
+        assert_eq!(
+            content_type_is(Some(&v(" TEXT/EVENT-STREAM ")), sse),
+            Ok(true)
+        );
+        assert_eq!(
+            content_type_is(Some(&v("text/event-streamx")), sse),
+            Ok(false)
+        );
+        assert_eq!(content_type_is(None, sse), Ok(false));
+        assert_eq!(
+            content_type_is(Some(&v("text/event-stream; charset=latin1")), sse),
+            Err("latin1".into())
+        );
+        assert!(is_visible_ascii(&v("abc-123_~")));
+        assert!(!is_visible_ascii(&v("a b")));
+        assert!(!is_visible_ascii(&v("")));
+    }
 }

@@ -227,6 +227,15 @@ impl Message {
         })
     }
 
+    /// [`Message::parse`] after [`check_json`]: valid UTF-8 everywhere (inside `params` too) and
+    /// nested at most [`MAX_DEPTH`] levels, then the envelope parse, which checks the syntax of
+    /// the whole text (serde_json's skip of unread fields validates grammar). No DOM is built, so
+    /// a client's body that is not JSON is refused with `-32700` instead of being forwarded.
+    pub fn parse_checked(raw: Bytes) -> Result<Message, EnvelopeError> {
+        check_json(&raw)?;
+        Message::parse(raw)
+    }
+
     /// The bytes of the message, exactly as they arrived (or as a layer rewrote them).
     pub fn bytes(&self) -> &Bytes {
         &self.raw
@@ -268,6 +277,72 @@ impl Message {
 pub fn is_answer_to(text: &[u8], id: &Id) -> bool {
     Message::parse(Bytes::copy_from_slice(text))
         .is_ok_and(|m| m.id() == Some(id) && matches!(m.kind(), Kind::Response | Kind::Error))
+}
+
+/// Deepest nesting of arrays and objects accepted in a client's message (serde_json's own
+/// recursion limit, which every later parse of the message applies too).
+pub const MAX_DEPTH: usize = 128;
+
+/// Checks what the envelope parse does not: that all of `raw` is UTF-8 (serde_json skips the
+/// fields it does not read, `params` included, without checking their strings) and nested at
+/// most [`MAX_DEPTH`] levels (its skipping has no depth limit). Syntax is the envelope
+/// parse's. [`EnvelopeError::Parse`] naming what is wrong.
+pub fn check_json(raw: &[u8]) -> Result<(), EnvelopeError> {
+    if let Err(e) = std::str::from_utf8(raw) {
+        return Err(EnvelopeError::Parse(format!(
+            "invalid UTF-8 at byte {}",
+            e.valid_up_to()
+        )));
+    }
+    match nesting_over(raw, MAX_DEPTH) {
+        Some(at) => Err(EnvelopeError::Parse(format!(
+            "nested deeper than {MAX_DEPTH} levels (at byte {at})"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The offset where arrays and objects outside strings nest deeper than `max`, if they do:
+/// one pass over the body.
+fn nesting_over(raw: &[u8], max: usize) -> Option<usize> {
+    let (mut depth, mut pos) = (0usize, 0usize);
+    while pos < raw.len() {
+        // Between strings (structure, numbers, literals): byte by byte. Inside strings, where
+        // large bodies spend their bytes: memchr.
+        let Some(off) = raw[pos..]
+            .iter()
+            .position(|b| matches!(b, b'"' | b'[' | b'{' | b']' | b'}'))
+        else {
+            return None;
+        };
+        pos += off;
+        match raw[pos] {
+            b'"' => {
+                // Skip the string: to the next quote not escaped.
+                pos += 1;
+                loop {
+                    let Some(q) = memchr::memchr2(b'"', b'\\', &raw[pos..]) else {
+                        return None;
+                    };
+                    pos += q;
+                    if raw[pos] == b'\\' {
+                        pos += 2;
+                    } else {
+                        break;
+                    }
+                }
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return Some(pos);
+                }
+            }
+            _ => depth = depth.saturating_sub(1),
+        }
+        pos += 1;
+    }
+    None
 }
 
 /// Builds the bytes of a JSON-RPC error response.
@@ -352,6 +427,20 @@ pub mod needles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Brackets inside strings (escaped quotes included) do not count as nesting; 128 levels
+    /// pass, 129 do not; invalid UTF-8 is named.
+    #[test]
+    fn check_json_counts_nesting_outside_strings_only() {
+        let nested = |n: usize| format!("{{\"a\":{}1{}}}", "[".repeat(n - 1), "]".repeat(n - 1));
+        assert!(check_json(nested(128).as_bytes()).is_ok());
+        let err = check_json(nested(129).as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("nested deeper than 128"), "{err}");
+        let in_string = format!("{{\"a\":\"\\\"{}\"}}", "[".repeat(500));
+        assert!(check_json(in_string.as_bytes()).is_ok(), "{in_string}");
+        let err = check_json(b"{\"a\":\"\xff\"}").unwrap_err().to_string();
+        assert!(err.contains("invalid UTF-8 at byte 6"), "{err}");
+    }
 
     fn parse(s: &str) -> Result<Message, EnvelopeError> {
         Message::parse(Bytes::copy_from_slice(s.as_bytes()))

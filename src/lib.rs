@@ -19,6 +19,8 @@ pub mod layers;
 pub mod limits;
 pub mod mcp;
 pub mod metrics;
+#[doc(hidden)]
+pub mod props;
 pub mod registry;
 pub mod sse;
 pub mod store;

@@ -36,8 +36,37 @@ pub struct Event {
 /// A stream of SSE events. The stream ends when the underlying body ends or fails.
 pub type EventStream = Pin<Box<dyn Stream<Item = Event> + Send>>;
 
-/// A decoded upstream stream: events, then possibly one [`Oversize`] error after which it ends.
-pub type DecodedStream = Pin<Box<dyn Stream<Item = Result<Event, Oversize>> + Send>>;
+/// A decoded upstream stream: events, then possibly one [`Cut`] after which it ends.
+pub type DecodedStream = Pin<Box<dyn Stream<Item = Result<Event, Cut>> + Send>>;
+
+/// Why a decoded upstream stream ended before its body's clean end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cut {
+    /// A line or an event exceeded the limit.
+    Oversize(Oversize),
+    /// The body failed (connection reset, truncated chunked encoding): the text of the error.
+    Reset(String),
+}
+
+/// The type of the marker event [`Event::abort`]: a decoded event type never holds a newline.
+const ABORT_TYPE: &str = "\n";
+
+impl Event {
+    /// A marker that travels up the stack like an event and makes the edge abort the client's
+    /// stream (a transport error instead of a clean end): the upstream's stream was cut. It
+    /// cannot come from the wire: decoded field values never contain a newline.
+    pub fn abort() -> Event {
+        Event {
+            event: Some(ABORT_TYPE.to_string()),
+            ..Default::default()
+        }
+    }
+
+    /// Whether this is the [`Event::abort`] marker.
+    pub fn is_abort(&self) -> bool {
+        self.event.as_deref() == Some(ABORT_TYPE) && self.data.is_none()
+    }
+}
 
 /// Default limit of one line or event, in bytes (16 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -106,9 +135,15 @@ impl Decoder {
             return Err(Oversize { limit: self.max });
         }
         self.buf.extend_from_slice(chunk);
-        if !self.bom_checked && self.buf.len() >= 3 {
-            if self.buf.starts_with(b"\xEF\xBB\xBF") {
-                self.buf.advance(3);
+        if !self.bom_checked {
+            // Only a BOM at the very start of the stream is removed. Until the first three
+            // bytes are known nothing is consumed, so `buf` still starts where the stream did.
+            const BOM: &[u8] = b"\xEF\xBB\xBF";
+            if self.buf.len() < BOM.len() && BOM.starts_with(&self.buf) {
+                return Ok(());
+            }
+            if self.buf.starts_with(BOM) {
+                self.buf.advance(BOM.len());
             }
             self.bom_checked = true;
         }
@@ -228,7 +263,7 @@ where
         label: std::sync::Arc<str>,
         done: bool,
         /// Reported after the events decoded before it.
-        oversize: Option<Oversize>,
+        cut: Option<Cut>,
     }
     let state = State {
         body: Some(body),
@@ -236,14 +271,14 @@ where
         ready: Default::default(),
         label,
         done: false,
-        oversize: None,
+        cut: None,
     };
     Box::pin(futures_util::stream::unfold(state, |mut st| async move {
         loop {
             if let Some(ev) = st.ready.pop_front() {
                 return Some((Ok(ev), st));
             }
-            if let Some(e) = st.oversize.take() {
+            if let Some(e) = st.cut.take() {
                 return Some((Err(e), st));
             }
             if st.done {
@@ -261,13 +296,15 @@ where
                             tracing::warn!(upstream = %st.label, limit = e.limit, "upstream SSE line or event exceeded max_message_bytes; stream ended");
                             // Dropping the body closes the connection: nothing more is read.
                             st.body = None;
-                            st.oversize = Some(e);
+                            st.cut = Some(Cut::Oversize(e));
                             st.done = true;
                         }
                     }
                 }
                 Some(Err(e)) => {
-                    tracing::debug!(upstream = %st.label, error = %e, "upstream SSE stream ended with an error");
+                    // Counted and logged by the upstream client, which knows the request.
+                    st.body = None;
+                    st.cut = Some(Cut::Reset(e.to_string()));
                     st.done = true;
                 }
                 None => st.done = true,
@@ -318,6 +355,8 @@ pub struct KeepAlive {
     held: Option<BytesMut>,
     /// Whether any event was written yet.
     sent_any: bool,
+    /// Set by [`Event::abort`]: the error this stream ends with.
+    aborted: Option<StreamAborted>,
 }
 
 /// Largest chunk assembled from events that are ready at once, in bytes.
@@ -334,17 +373,24 @@ impl KeepAlive {
             done: false,
             held: None,
             sent_any: false,
+            aborted: None,
         }
     }
 }
 
-impl Stream for KeepAlive {
-    type Item = Bytes;
+/// The upstream's stream was cut ([`Event::abort`]): the client's stream must end with a
+/// transport error, not a clean end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the upstream's event stream was cut")]
+pub struct StreamAborted;
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+impl Stream for KeepAlive {
+    type Item = Result<Bytes, StreamAborted>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         if this.done {
-            return Poll::Ready(None);
+            return Poll::Ready(this.aborted.take().map(Err));
         }
         // Events held back on the previous call go out now, with whatever arrived since.
         let deferred = this.held.is_some();
@@ -352,6 +398,11 @@ impl Stream for KeepAlive {
         let mut upstream_pending = false;
         loop {
             match this.events.as_mut().poll_next(cx) {
+                Poll::Ready(Some(event)) if event.is_abort() => {
+                    this.aborted = Some(StreamAborted);
+                    this.done = true;
+                    break;
+                }
                 Poll::Ready(Some(event)) => {
                     let encoded = encode(&event);
                     match &mut batch {
@@ -389,10 +440,10 @@ impl Stream for KeepAlive {
             this.sent_any = true;
             // The idle timer is not reset per event: it re-arms from `last_sent` when it fires.
             this.last_sent = tokio::time::Instant::now();
-            return Poll::Ready(Some(b.freeze()));
+            return Poll::Ready(Some(Ok(b.freeze())));
         }
         if this.done {
-            return Poll::Ready(None);
+            return Poll::Ready(this.aborted.take().map(Err));
         }
         loop {
             match this.sleep.as_mut().poll(cx) {
@@ -401,7 +452,7 @@ impl Stream for KeepAlive {
                     if tokio::time::Instant::now() >= due {
                         this.last_sent = tokio::time::Instant::now();
                         this.sleep.as_mut().reset(this.last_sent + this.interval);
-                        return Poll::Ready(Some(Bytes::from_static(KEEPALIVE_COMMENT)));
+                        return Poll::Ready(Some(Ok(Bytes::from_static(KEEPALIVE_COMMENT))));
                     }
                     this.sleep.as_mut().reset(due);
                 }
@@ -533,20 +584,19 @@ mod tests {
     async fn decode_reports_oversize_after_earlier_events() {
         let mut wire = b"data: first\n\ndata: ".to_vec();
         wire.resize(5000, b'z');
-        let items: Vec<Result<Event, Oversize>> =
-            decode(Full::new(Bytes::from(wire)), "t".into(), 1024)
-                .collect()
-                .await;
+        let items: Vec<Result<Event, Cut>> = decode(Full::new(Bytes::from(wire)), "t".into(), 1024)
+            .collect()
+            .await;
         assert_eq!(items.len(), 2, "{items:?}");
         assert_eq!(items[0].as_ref().unwrap().data.as_deref(), Some("first"));
-        assert_eq!(items[1], Err(Oversize { limit: 1024 }));
+        assert_eq!(items[1], Err(Cut::Oversize(Oversize { limit: 1024 })));
     }
 
     #[tokio::test(start_paused = true)]
     async fn keepalive_on_idle() {
         let events: EventStream = Box::pin(futures_util::stream::pending());
         let mut ka = KeepAlive::new(events, Duration::from_millis(50));
-        let first = ka.next().await.unwrap();
+        let first = ka.next().await.unwrap().unwrap();
         assert_eq!(&first[..], KEEPALIVE_COMMENT);
     }
 }

@@ -655,9 +655,9 @@ async fn float_ttl_above_the_cap_is_lowered() {
 // 11. Params taskgate cannot read
 // =============================================================================================
 
-/// A task-augmented tools/call whose params taskgate cannot parse (a number beyond f64, nesting
-/// deeper than serde_json's 128) is refused with -32602 and not forwarded (before: it went
-/// upstream unrecorded, bypassing the owner limit and the ttl cap).
+/// A task-augmented tools/call whose params taskgate cannot parse (a number beyond f64) is
+/// refused with -32602 and not forwarded (before: it went upstream unrecorded, bypassing the
+/// owner limit and the ttl cap); nesting deeper than serde_json's 128 is refused at the edge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreadable_task_params_are_refused_locally() {
     let up = TaskServer::default().await;
@@ -667,16 +667,10 @@ async fn unreadable_task_params_are_refused_locally() {
     let before = up.up.count();
 
     let deep = format!("{{\"x\":{}{}}}", "[".repeat(200), "]".repeat(200));
-    let cases = [
-        (
-            "huge number",
-            task_call("1", r#"{"x":1e400}"#, r#""task":{"ttl":60000}"#),
-        ),
-        (
-            "deep nesting",
-            task_call("2", &deep, r#""task":{"ttl":60000}"#),
-        ),
-    ];
+    let cases = [(
+        "huge number",
+        task_call("1", r#"{"x":1e400}"#, r#""task":{"ttl":60000}"#),
+    )];
     for (what, body) in cases {
         let r = c
             .req(body)
@@ -695,6 +689,15 @@ async fn unreadable_task_params_are_refused_locally() {
         assert_eq!(err_code(&v), -32602, "{what}: {v}");
         assert!(err_message(&v).contains("cannot be read"), "{what}: {v}");
     }
+    // Nesting over 128 levels is not JSON taskgate accepts at all: 400 -32700 at the edge
+    // (issue 16 item 5; tests/edge_attacks.rs), still nothing upstream.
+    let r = c
+        .req(task_call("2", &deep, r#""task":{"ttl":60000}"#))
+        .send()
+        .await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(err_code(&r.json().await), -32700);
+    assert_eq!(up.up.count(), before);
 }
 
 // =============================================================================================

@@ -239,9 +239,18 @@ async fn other_principal_gets_task_not_found_and_upstream_sees_nothing() {
     assert_eq!(record.owner, "principal:alice");
 
     let seen_before = up.up.count();
-    // Bob on his own session, and Bob presenting Alice's session id.
+    // Bob on his own session; Bob presenting Alice's session id gets 404 (the session is
+    // Alice's: tests/edge_sessions.rs) and reaches nothing either.
     let bob_on_alice_session = bob.clone().with_session(alice.session.as_deref().unwrap());
-    for who in [&bob, &bob_on_alice_session] {
+    let r = bob_on_alice_session
+        .send(rpc(
+            "\"b-0\"",
+            "tasks/get",
+            &format!(r#"{{"taskId":"{task_id}"}}"#),
+        ))
+        .await;
+    assert_eq!(r.status(), 404, "another principal's session");
+    for who in [&bob] {
         for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
             let foreign = who.task_call("\"b-1\"", method, &task_id).await;
             let unknown = who
@@ -290,8 +299,8 @@ async fn other_principal_gets_task_not_found_and_upstream_sees_nothing() {
     let m = tg.metrics_text().await;
     assert_eq!(
         metric(&m, "taskgate_task_lookups_rejected_total", &[]),
-        12.0,
-        "every refused lookup counted"
+        6.0,
+        "every refused lookup counted (Bob on Alice's session never reaches the lookup: 404)"
     );
 }
 

@@ -9,6 +9,13 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+/// Smallest `gateway.max_body_bytes`: an `initialize` with client info and capabilities, or a
+/// small `tools/call`, must fit.
+const MIN_BODY_BYTES: u64 = 1024;
+/// Smallest `store.cache_capacity_bytes`: sled panics below 256 bytes, and a cache of less
+/// than 1 MiB makes every store read a disk read.
+const MIN_CACHE_BYTES: u64 = 1024 * 1024;
+
 pub(super) fn default_gateway_listen() -> SocketAddr {
     "127.0.0.1:8080".parse().expect("literal address")
 }
@@ -29,6 +36,12 @@ pub(super) fn default_max_connections() -> usize {
 }
 pub(super) fn default_request_timeout_ms() -> u64 {
     30_000
+}
+pub(super) fn default_max_sessions() -> usize {
+    100_000
+}
+pub(super) fn default_session_idle_ms() -> u64 {
+    3_600_000
 }
 
 /// `[gateway]`.
@@ -63,6 +76,14 @@ pub struct GatewayConfig {
     /// a slower body gets 408.
     #[serde(default = "default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Sessions taskgate keeps state for at most (default 100000); when full, sessions idle for
+    /// `session_idle_ms` are reclaimed, else a new `initialize` gets 503.
+    #[serde(default = "default_max_sessions")]
+    pub max_sessions: usize,
+    /// Idle time after which a session's entry may be reclaimed for a new session when the table
+    /// is full, in ms (default 3600000).
+    #[serde(default = "default_session_idle_ms")]
+    pub session_idle_ms: u64,
 }
 
 impl GatewayConfig {
@@ -72,7 +93,7 @@ impl GatewayConfig {
             (
                 "gateway.max_body_bytes",
                 self.max_body_bytes as u64,
-                1,
+                MIN_BODY_BYTES,
                 1 << 30,
             ),
             (
@@ -84,7 +105,7 @@ impl GatewayConfig {
             (
                 "gateway.sse_keepalive_ms",
                 self.sse_keepalive_ms,
-                1,
+                10,
                 HOUR_MS,
             ),
             (
@@ -96,8 +117,20 @@ impl GatewayConfig {
             (
                 "gateway.request_timeout_ms",
                 self.request_timeout_ms,
-                1,
+                100,
                 HOUR_MS,
+            ),
+            (
+                "gateway.max_sessions",
+                self.max_sessions as u64,
+                1,
+                10_000_000,
+            ),
+            (
+                "gateway.session_idle_ms",
+                self.session_idle_ms,
+                1_000,
+                30 * 24 * HOUR_MS,
             ),
         ])
     }
@@ -114,6 +147,8 @@ impl Default for GatewayConfig {
             sse_keepalive_ms: default_sse_keepalive_ms(),
             max_connections: default_max_connections(),
             request_timeout_ms: default_request_timeout_ms(),
+            max_sessions: default_max_sessions(),
+            session_idle_ms: default_session_idle_ms(),
         }
     }
 }
@@ -125,12 +160,30 @@ pub struct AdminConfig {
     /// Address of `/healthz`, `/readyz`, `/metrics` and `/admin/*` (default `127.0.0.1:9090`).
     #[serde(default = "default_admin_listen")]
     pub listen: SocketAddr,
+    /// Name of an environment variable holding a bearer token that `/admin/*` requires
+    /// (`/healthz`, `/readyz` and `/metrics` stay open). Unset: no token (bind to loopback).
+    #[serde(default)]
+    pub token_env: Option<String>,
 }
 
 impl AdminConfig {
-    /// `[admin]` has no numeric keys; `listen` is checked by parsing.
+    /// `token_env`, when given, must name a set, non-empty environment variable.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        Ok(())
+        match &self.token_env {
+            Some(var) if std::env::var(var).map(|v| v.is_empty()).unwrap_or(true) => {
+                Err(ConfigError::Invalid(format!(
+                    "admin.token_env: environment variable {var} is not set or empty"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The SHA-256 of the admin token, when one is configured.
+    pub fn token_sha256(&self) -> Option<[u8; 32]> {
+        use sha2::Digest;
+        let token = std::env::var(self.token_env.as_ref()?).ok()?;
+        Some(sha2::Sha256::digest(token.as_bytes()).into())
     }
 }
 
@@ -138,6 +191,7 @@ impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
             listen: default_admin_listen(),
+            token_env: None,
         }
     }
 }
@@ -167,7 +221,7 @@ impl StoreConfig {
         check_range(
             "store.cache_capacity_bytes",
             self.cache_capacity_bytes,
-            1,
+            MIN_CACHE_BYTES,
             UNBOUNDED,
         )
     }
@@ -286,7 +340,7 @@ impl TasksConfig {
             (
                 "tasks.sweep_interval_ms",
                 self.sweep_interval_ms,
-                1,
+                10,
                 24 * HOUR_MS,
             ),
             ("tasks.list_page_size", self.list_page_size as u64, 1, 1000),
@@ -366,7 +420,7 @@ impl UpgradeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         // A grace of 0 is meaningful: cancel as soon as the client is gone.
         check_ranges(&[
-            ("upgrade.ttl_ms", self.ttl_ms, 1, 365 * 24 * HOUR_MS),
+            ("upgrade.ttl_ms", self.ttl_ms, 1_000, 365 * 24 * HOUR_MS),
             (
                 "upgrade.disconnect_grace_ms",
                 self.disconnect_grace_ms,

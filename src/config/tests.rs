@@ -171,3 +171,45 @@ fn oauth_and_limits_sections_are_checked() {
         assert!(err.contains(says), "{says}: {err}");
     }
 }
+
+/// Issue 16 item 7: values that validate but cannot run (sled panics below a 256-byte cache) or
+/// make taskgate useless are refused at load, naming the key and its line.
+#[test]
+fn values_that_cannot_run_are_refused_with_key_and_line() {
+    let cases = [
+        (
+            "[store]\ncache_capacity_bytes = 0\n",
+            "store.cache_capacity_bytes",
+        ),
+        (
+            "[store]\ncache_capacity_bytes = 255\n",
+            "store.cache_capacity_bytes",
+        ),
+        ("[gateway]\nmax_body_bytes = 1\n", "gateway.max_body_bytes"),
+        ("[upgrade]\nttl_ms = 1\n", "upgrade.ttl_ms"),
+        (
+            "[tasks]\nsweep_interval_ms = 5\n",
+            "tasks.sweep_interval_ms",
+        ),
+        (
+            "[gateway]\nsse_keepalive_ms = 1\n",
+            "gateway.sse_keepalive_ms",
+        ),
+        (
+            "[gateway]\nrequest_timeout_ms = 1\n",
+            "gateway.request_timeout_ms",
+        ),
+    ];
+    let upstream = "[[upstream]]\nname = \"a\"\nurl = \"http://127.0.0.1:1/mcp\"\n";
+    for (section, key) in cases {
+        let gateway = if section.starts_with("[gateway]") {
+            ""
+        } else {
+            "[gateway]\n"
+        };
+        let text = format!("# a comment\n{section}{gateway}{upstream}");
+        let err = Config::from_toml_str(&text).unwrap_err().to_string();
+        assert!(err.contains(key), "{section}: {err}");
+        assert!(err.contains("(line 3)"), "{section}: {err}");
+    }
+}

@@ -3,9 +3,11 @@
 //! (task records as JSON, newest first) and `/admin/tasks/<upstream>/<taskId>` (one record with
 //! its audit events).
 //!
-//! It has no authentication and shows owners (session ids in `[auth] mode = "none"`, which act as
-//! credentials there): bind it to loopback or a network only operators and Prometheus reach (the
-//! Kubernetes manifest limits it with a NetworkPolicy).
+//! `/admin/*` shows owners (session ids in `[auth] mode = "none"`, which act as credentials
+//! there). With `admin.token_env` it requires `Authorization: Bearer <token>` (401 with
+//! `WWW-Authenticate` otherwise); the probes and `/metrics` (no ids in it) stay open. Without a
+//! token, bind it to loopback or a network only operators and Prometheus reach (the Kubernetes
+//! manifest sets a token and limits the port with a NetworkPolicy).
 
 use super::server::{Body, Handler};
 use super::streamable::json_response;
@@ -36,6 +38,7 @@ pub struct Admin {
     metrics: Arc<Metrics>,
     upstreams: Vec<UpstreamTarget>,
     store: Arc<dyn TaskStore>,
+    token_sha256: Option<[u8; 32]>,
 }
 
 impl Admin {
@@ -49,7 +52,28 @@ impl Admin {
             metrics,
             upstreams,
             store,
+            token_sha256: None,
         }
+    }
+
+    /// Requires `Authorization: Bearer <token>` on `/admin/*`, the token given by its SHA-256.
+    pub fn with_token(mut self, token_sha256: Option<[u8; 32]>) -> Admin {
+        self.token_sha256 = token_sha256;
+        self
+    }
+
+    /// Whether the request may read `/admin/*`: no token configured, or the right one presented
+    /// (compared by digest, so the time taken says nothing about the token).
+    fn authorised(&self, headers: &http::HeaderMap) -> bool {
+        use sha2::Digest;
+        let Some(want) = &self.token_sha256 else {
+            return true;
+        };
+        headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| sha2::Sha256::digest(t.trim().as_bytes()).as_slice() == want)
     }
 
     async fn serve(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
@@ -58,6 +82,19 @@ impl Admin {
                 StatusCode::METHOD_NOT_ALLOWED,
                 Bytes::from_static(br#"{"error":"the admin endpoints take GET"}"#),
             );
+        }
+        if req.uri().path().starts_with("/admin") && !self.authorised(req.headers()) {
+            let mut resp = json_response(
+                StatusCode::UNAUTHORIZED,
+                Bytes::from_static(
+                    br#"{"error":"the admin endpoints need Authorization: Bearer <admin token> (admin.token_env)"}"#,
+                ),
+            );
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                http::HeaderValue::from_static("Bearer realm=\"taskgate-admin\""),
+            );
+            return resp;
         }
         match req.uri().path() {
             "/healthz" => json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#)),

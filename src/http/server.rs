@@ -14,8 +14,12 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+/// The error a response body can end with: hyper then aborts the response (no clean end of a
+/// chunked body), which is how a client learns that an upstream stream was cut.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
 /// The response body type of both listeners.
-pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+pub type Body = UnsyncBoxBody<Bytes, BodyError>;
 
 /// A request handler: one call per HTTP request.
 pub trait Handler: Send + Sync + 'static {

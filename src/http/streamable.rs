@@ -5,6 +5,8 @@
 //!
 //! | input | answer |
 //! |---|---|
+//! | no `Host`, or more than one (RFC 9112 section 3.2) | 400, JSON-RPC error `-32600` |
+//! | `Expect: 100-continue` with a `Content-Length` over the limit | 413 at once, no `100 Continue` |
 //! | unknown path / upstream name | 404, JSON naming the configured upstreams |
 //! | `Host` not allowed (DNS rebinding) | 403, JSON-RPC error `-32600`, id `null` |
 //! | `Origin` present and not allowed | 403, JSON-RPC error `-32600`, id `null` |
@@ -24,13 +26,13 @@
 //! None of these touch the upstream or the client's session: one bad request never ends a session.
 
 use super::gate::Gate;
-use super::server::{Body, Handler};
+use super::server::{Body, BodyError as ResponseError, Handler};
 use crate::auth::Authenticator;
 use crate::exchange::Principal;
 use crate::exchange::{
     GatewayError, McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext,
 };
-use crate::headers::{strip_hop_by_hop, MCP_SESSION_ID};
+use crate::headers::{content_type_is, strip_hop_by_hop, MCP_SESSION_ID};
 use crate::jsonrpc::{self, EnvelopeError, Id, Message};
 use crate::limits::{Limiter, Permit};
 use crate::metrics::{McpMethod, Metrics, RejectReason, RequestOutcome, SseKind};
@@ -164,7 +166,7 @@ impl Edge {
         &self,
         req: &Request<Incoming>,
     ) -> Result<(Principal, Option<Permit>), Response<Body>> {
-        self.check_host_and_origin(req.uri(), req.headers())?;
+        self.check_host_and_origin(req.uri(), req.version(), req.headers())?;
         let gate = Gate {
             auth: &self.auth,
             limits: self.settings.limits.as_ref(),
@@ -312,8 +314,22 @@ impl Edge {
     fn check_host_and_origin(
         &self,
         uri: &http::Uri,
+        version: http::Version,
         headers: &HeaderMap,
     ) -> Result<(), Response<Body>> {
+        // RFC 9112 section 3.2: exactly one Host field in HTTP/1.1 (HTTP/1.0 may omit it).
+        let hosts = headers.get_all(header::HOST).iter().count();
+        if hosts > 1 || (hosts == 0 && version != http::Version::HTTP_10) {
+            return Err(self.reject(
+                RejectReason::Host,
+                rpc_error_response(
+                    StatusCode::BAD_REQUEST,
+                    None,
+                    jsonrpc::INVALID_REQUEST,
+                    &format!("Bad Request: a request must carry exactly one Host header field (got {hosts})"),
+                ),
+            ));
+        }
         // An absolute-form request line (`POST http://evil.example/mcp`) names the host too.
         let host = uri.authority().map(|a| a.as_str().to_string()).or_else(|| {
             headers
@@ -360,19 +376,23 @@ impl Edge {
         headers: &HeaderMap,
         body: Incoming,
     ) -> Result<Message, Response<Body>> {
-        let content_type_ok = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split(';').next())
-            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
-        if !content_type_ok {
+        let content_type = content_type_is(headers.get(header::CONTENT_TYPE), "application/json");
+        if content_type != Ok(true) {
+            let message = match content_type {
+                Err(charset) => {
+                    format!("Unsupported Media Type: charset={charset}; MCP messages are UTF-8")
+                }
+                Ok(_) => {
+                    "Unsupported Media Type: Content-Type must be application/json".to_string()
+                }
+            };
             return Err(self.reject(
                 RejectReason::ContentType,
                 rpc_error_response(
                     StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     None,
                     jsonrpc::INVALID_REQUEST,
-                    "Unsupported Media Type: Content-Type must be application/json",
+                    &message,
                 ),
             ));
         }
@@ -402,9 +422,21 @@ impl Edge {
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > (limit + DISCARD_LIMIT) as u64) {
-            // Too large to even read away: answer at once (the connection is closed after it).
-            return Err(self.reject(RejectReason::BodyTooLarge, too_large()));
+        let expects_continue = headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        // Too large to even read away, or a client waiting for `100 Continue` (reading the body
+        // would send it): answer at once (the connection is closed after it).
+        let refuse_at = if expects_continue {
+            limit
+        } else {
+            limit + DISCARD_LIMIT
+        };
+        if declared.is_some_and(|n| n > refuse_at as u64) {
+            let mut resp = too_large();
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return Err(self.reject(RejectReason::BodyTooLarge, resp));
         }
         let read = tokio::time::timeout(self.settings.body_timeout, read_body(body, limit)).await;
         let Ok(read) = read else {
@@ -438,7 +470,7 @@ impl Edge {
                 ));
             }
         };
-        Message::parse(bytes).map_err(|e| {
+        Message::parse_checked(bytes).map_err(|e| {
             let reason = match e {
                 EnvelopeError::Parse(_) => RejectReason::Parse,
                 EnvelopeError::Batch => RejectReason::Batch,
@@ -474,7 +506,7 @@ impl Edge {
                     .take_until(stop)
                     .map(move |b| {
                         let _ = &guard;
-                        Ok::<_, Infallible>(Frame::data(b))
+                        b.map(Frame::data).map_err(ResponseError::from)
                     });
                 StreamBody::new(bytes).boxed_unsync()
             }
@@ -492,8 +524,8 @@ impl Handler for Edge {
     }
 }
 
-fn never(e: Infallible) -> Infallible {
-    e
+fn never(e: Infallible) -> ResponseError {
+    match e {}
 }
 
 /// True when the `Accept` header(s) list every media type in `needed` (case-insensitive,

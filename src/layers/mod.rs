@@ -3,6 +3,8 @@
 //! applied to the registry ([`crate::registry`], not a layer) in one place, `observe`.
 //!
 //! Order, outermost first (assembled per upstream in `gateway`):
+//! 0. `session_guard`: a session id is only usable by the principal that initialized it (404
+//!    otherwise); an `initialize` carries no session id upstream.
 //! 1. `upgrade`: plain calls to `required` tools become tasks; it follows them with its own
 //!    `tools/list`, `tasks/get`, `tasks/result` and `tasks/cancel` requests, sent into the rest of
 //!    the stack as the client's, so they are authorised, routed, single-flighted and observed
@@ -27,6 +29,7 @@ pub mod cancel;
 pub mod extensions;
 pub mod observe;
 pub mod session;
+pub mod session_guard;
 pub mod tasks;
 pub mod upgrade;
 

@@ -1,15 +1,22 @@
 //! The `session` layer: what taskgate knows about each MCP session (2025-11-25 basic/lifecycle).
 //!
-//! Per `(upstream, Mcp-Session-Id)` it keeps the client's capabilities (from the `initialize`
-//! request), the upstream's capabilities (from the `InitializeResult`) and a cache of the tools the
-//! upstream listed (`execution.taskSupport` per tool, accumulated over every page of every
-//! `tools/list` answer that passes by). `notifications/tools/list_changed` from the upstream
-//! empties the tool cache. A DELETE of the session forgets it. It changes no message.
+//! Per `(upstream, Mcp-Session-Id)` it keeps the principal that initialized the session, the
+//! client's capabilities that matter to taskgate (from the `initialize` request), whether the
+//! upstream declared `tasks.requests.tools.call` (from the `InitializeResult`) and a cache of the
+//! tools the upstream listed (`execution.taskSupport` per tool, accumulated over every page of
+//! every `tools/list` answer that passes by). `notifications/tools/list_changed` from the upstream
+//! empties the tool cache. A DELETE the upstream accepted forgets the session. It changes no
+//! message.
 //!
-//! The table is bounded: beyond 100,000 sessions the oldest half is forgotten (their later calls
-//! are then simply not upgraded until a `tools/list` is seen again).
+//! Only sessions the upstream issued (an `Mcp-Session-Id` on an `InitializeResult`) get an entry:
+//! a client-chosen session id never creates state. An entry is about 200 bytes plus its id (about
+//! 1 KiB of RSS per session with the allocator, `benches/session_rss.py`);
+//! tool caches equal to the upstream's last complete listing are shared, not copied. The table
+//! holds at most `gateway.max_sessions` entries and is never trimmed by other callers' traffic:
+//! when it is full, entries idle for `gateway.session_idle_ms` are reclaimed, and if none are,
+//! a new `initialize` is refused (see `session_guard`).
 
-use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody};
+use crate::exchange::{McpReply, McpRequest, Operation, Principal, ReplyBody};
 use crate::jsonrpc::contains as memmem;
 use crate::jsonrpc::needles;
 use crate::jsonrpc::Id;
@@ -21,8 +28,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-const MAX_SESSIONS: usize = 100_000;
+/// Default of `gateway.max_sessions`.
+pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
+/// Default of `gateway.session_idle_ms`.
+pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(3600);
 
 /// `execution.taskSupport` of a tool (absent means `forbidden`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,39 +59,63 @@ impl TaskSupport {
     }
 }
 
+/// The tool cache of a session: tool name → `taskSupport`.
+pub type ToolMap = HashMap<Box<str>, TaskSupport>;
+
+/// Client capabilities taskgate acts on, as bits (the capabilities object itself is not kept).
+const CAP_TASKS: u8 = 1;
+const CAP_ELICITATION: u8 = 2;
+const CAP_SAMPLING: u8 = 4;
+const CAP_ROOTS: u8 = 8;
+
+fn cap_bit(name: &str) -> u8 {
+    match name {
+        "tasks" => CAP_TASKS,
+        "elicitation" => CAP_ELICITATION,
+        "sampling" => CAP_SAMPLING,
+        "roots" => CAP_ROOTS,
+        _ => 0,
+    }
+}
+
+fn cap_bits(caps: &Value) -> u8 {
+    caps.as_object()
+        .map_or(0, |o| o.keys().fold(0, |bits, k| bits | cap_bit(k)))
+}
+
 /// What is known of one session.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SessionInfo {
-    /// `params.capabilities` of the client's `initialize`.
-    pub client_capabilities: Option<Value>,
-    /// `result.capabilities` of the upstream's `InitializeResult`.
-    pub upstream_capabilities: Option<Value>,
+    /// The principal that initialized the session (its owner).
+    pub owner: Principal,
+    client_caps: u8,
+    upstream_tasks_tools_call: bool,
+    /// The upstream's `InitializeResult` had capabilities without `tasks`.
+    upstream_without_tasks: bool,
     /// Tools seen in `tools/list` answers, with their `taskSupport`.
-    pub tools: HashMap<String, TaskSupport>,
-    /// Order of insertion, for bounding the table.
-    seq: u64,
+    pub tools: Arc<ToolMap>,
+    /// The protocol version the session negotiated (`protocolVersion` of the `InitializeResult`).
+    pub protocol_version: Option<HeaderValue>,
+    /// Seconds since the table was made, at the last use.
+    last_used: u32,
 }
 
 impl SessionInfo {
     /// Whether the client declared `capabilities.tasks`.
     pub fn client_declares_tasks(&self) -> bool {
-        self.client_capabilities
-            .as_ref()
-            .is_some_and(|c| c.get("tasks").is_some())
+        self.client_caps & CAP_TASKS != 0
     }
 
-    /// Whether the client declared a capability, by JSON pointer (`/elicitation`, `/sampling`).
+    /// Whether the client declared a top-level capability, by JSON pointer (`/elicitation`,
+    /// `/sampling`, `/tasks`, `/roots`; other capabilities are not kept and read as absent).
     pub fn client_has(&self, pointer: &str) -> bool {
-        self.client_capabilities
-            .as_ref()
-            .is_some_and(|c| c.pointer(pointer).is_some())
+        let bit = cap_bit(pointer.trim_start_matches('/'));
+        bit != 0 && self.client_caps & bit != 0
     }
 
     /// Whether the upstream declared `tasks.requests.tools.call`.
     pub fn upstream_tasks_tools_call(&self) -> bool {
-        self.upstream_capabilities
-            .as_ref()
-            .is_some_and(|c| c.pointer("/tasks/requests/tools/call").is_some())
+        self.upstream_tasks_tools_call
     }
 }
 
@@ -102,22 +137,162 @@ pub enum SessionKey {
 pub fn session_key(ctx: &crate::exchange::RequestContext) -> Option<SessionKey> {
     match (&ctx.client_session_id, &ctx.principal) {
         (Some(s), _) => Some(SessionKey::Session(s.clone())),
-        (None, crate::exchange::Principal::Token(p)) => Some(SessionKey::Principal(p.clone())),
-        (None, crate::exchange::Principal::Anonymous) => None,
+        (None, Principal::Token(p)) => Some(SessionKey::Principal(p.clone())),
+        (None, Principal::Anonymous) => None,
     }
 }
 
-/// The session table, shared by the `session` and `upgrade` layers.
-#[derive(Default)]
+/// Whether a caller may use a session id (see [`Sessions::access`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Access {
+    /// The session was issued through taskgate to this caller's principal; the protocol version
+    /// it negotiated, if known.
+    Owner(Option<HeaderValue>),
+    /// The session was issued to another principal.
+    Foreign,
+    /// taskgate has no entry for this session id.
+    Unknown,
+}
+
+struct Table {
+    map: HashMap<Key, SessionInfo>,
+    /// Per upstream, the tool cache of the last complete listing, shared by equal caches.
+    shared_tools: HashMap<Arc<str>, Arc<ToolMap>>,
+    /// When idle entries were last looked for (at most once a second).
+    last_reclaim: Option<Instant>,
+}
+
+/// The session table, shared by the `session`, `session_guard` and `upgrade` layers.
 pub struct Sessions {
-    table: Mutex<HashMap<Key, SessionInfo>>,
-    seq: std::sync::atomic::AtomicU64,
+    table: Mutex<Table>,
+    max: usize,
+    idle: Duration,
+    epoch: Instant,
 }
 
 impl Sessions {
-    /// An empty table.
+    /// An empty table with the default bounds.
     pub fn new() -> Arc<Sessions> {
-        Arc::new(Sessions::default())
+        Sessions::with_limits(DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_IDLE)
+    }
+
+    /// An empty table of at most `max` sessions; at `max`, sessions idle for `idle` may be
+    /// reclaimed for new ones.
+    pub fn with_limits(max: usize, idle: Duration) -> Arc<Sessions> {
+        Arc::new(Sessions {
+            table: Mutex::new(Table {
+                map: HashMap::new(),
+                shared_tools: HashMap::new(),
+                last_reclaim: None,
+            }),
+            max: max.max(1),
+            idle,
+            epoch: Instant::now(),
+        })
+    }
+
+    fn now(&self) -> u32 {
+        self.epoch.elapsed().as_secs().min(u32::MAX as u64) as u32
+    }
+
+    /// Number of sessions known.
+    pub fn len(&self) -> usize {
+        self.table.lock().map.len()
+    }
+
+    /// Whether no session is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether `principal` may use `session` on `upstream`; an owner's use counts as activity.
+    pub fn access(
+        &self,
+        upstream: &Arc<str>,
+        session: &HeaderValue,
+        principal: &Principal,
+    ) -> Access {
+        let now = self.now();
+        let mut table = self.table.lock();
+        let key = (upstream.clone(), Some(SessionKey::Session(session.clone())));
+        match table.map.get_mut(&key) {
+            Some(info) if info.owner == *principal => {
+                info.last_used = now;
+                Access::Owner(info.protocol_version.clone())
+            }
+            Some(_) => Access::Foreign,
+            None => Access::Unknown,
+        }
+    }
+
+    /// Whether one more session fits: true below `max_sessions`, or when idle sessions could be
+    /// reclaimed to make room. Never removes a session that is in use.
+    pub fn has_room(&self) -> bool {
+        let mut table = self.table.lock();
+        self.make_room(&mut table)
+    }
+
+    fn make_room(&self, table: &mut Table) -> bool {
+        if table.map.len() < self.max {
+            return true;
+        }
+        let now = Instant::now();
+        if table
+            .last_reclaim
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+        {
+            return false;
+        }
+        table.last_reclaim = Some(now);
+        let idle = self.idle.as_secs().min(u32::MAX as u64) as u32;
+        let cutoff = self.now().saturating_sub(idle);
+        if self.now() >= idle {
+            table.map.retain(|_, s| s.last_used > cutoff);
+        }
+        if table.map.len() < self.max {
+            tracing::info!(
+                sessions = table.map.len(),
+                "reclaimed sessions idle for gateway.session_idle_ms"
+            );
+        }
+        table.map.len() < self.max
+    }
+
+    /// Records a session the upstream issued (or, `session` being a principal or `None`, the
+    /// facts of an upstream without sessions) with its owner, capabilities and protocol version
+    /// (from `upstream_result`, the `InitializeResult`). An id issued again
+    /// belongs to its latest initializer. False when the table is full.
+    fn insert(
+        &self,
+        upstream: &Arc<str>,
+        session: Option<SessionKey>,
+        owner: Principal,
+        client_caps: Option<&Value>,
+        upstream_result: Option<&Value>,
+    ) -> bool {
+        let upstream_caps = upstream_result.and_then(|r| r.get("capabilities"));
+        let last_used = self.now();
+        let mut table = self.table.lock();
+        let key = (upstream.clone(), session);
+        if !table.map.contains_key(&key) && !self.make_room(&mut table) {
+            return false;
+        }
+        let info = SessionInfo {
+            owner,
+            client_caps: client_caps.map_or(0, cap_bits),
+            upstream_tasks_tools_call: upstream_caps
+                .is_some_and(|c| c.pointer("/tasks/requests/tools/call").is_some()),
+            upstream_without_tasks: upstream_caps.is_some_and(|c| c.get("tasks").is_none()),
+            tools: Arc::default(),
+            protocol_version: upstream_result
+                .and_then(|r| r.get("protocolVersion"))
+                .and_then(Value::as_str)
+                .filter(|v| v.len() <= 64)
+                .and_then(|v| HeaderValue::from_str(v).ok()),
+            last_used,
+        };
+        table.map.insert(key, info);
+        true
     }
 
     /// Whether the session's upstream declared `tasks.requests.tools.call` (no copy made).
@@ -128,6 +303,7 @@ impl Sessions {
     ) -> bool {
         self.table
             .lock()
+            .map
             .get(&(upstream.clone(), session.cloned()))
             .is_some_and(SessionInfo::upstream_tasks_tools_call)
     }
@@ -141,9 +317,9 @@ impl Sessions {
     ) -> bool {
         self.table
             .lock()
+            .map
             .get(&(upstream.clone(), session.cloned()))
-            .and_then(|s| s.upstream_capabilities.as_ref())
-            .is_some_and(|c| c.get("tasks").is_none())
+            .is_some_and(|s| s.upstream_without_tasks)
     }
 
     /// The cached `taskSupport` of a tool (no copy of the session made).
@@ -155,63 +331,63 @@ impl Sessions {
     ) -> Option<TaskSupport> {
         self.table
             .lock()
+            .map
             .get(&(upstream.clone(), session.cloned()))
             .and_then(|s| s.tools.get(tool).copied())
     }
 
-    /// A copy of what is known of a session.
+    /// A copy of what is known of a session (the tool cache is shared, not copied).
     pub fn get(&self, upstream: &Arc<str>, session: Option<&SessionKey>) -> Option<SessionInfo> {
         self.table
             .lock()
+            .map
             .get(&(upstream.clone(), session.cloned()))
             .cloned()
     }
 
-    fn with<R>(
-        &self,
-        upstream: &Arc<str>,
-        session: Option<&SessionKey>,
-        f: impl FnOnce(&mut SessionInfo) -> R,
-    ) -> R {
-        let mut table = self.table.lock();
-        if table.len() >= MAX_SESSIONS {
-            let mut seqs: Vec<u64> = table.values().map(|s| s.seq).collect();
-            seqs.sort_unstable();
-            let cut = seqs[seqs.len() / 2];
-            table.retain(|_, s| s.seq >= cut);
-        }
-        let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let info = table
-            .entry((upstream.clone(), session.cloned()))
-            .or_insert_with(|| SessionInfo {
-                seq,
-                ..Default::default()
-            });
-        f(info)
-    }
-
-    /// Records the tools of one `tools/list` result page.
+    /// Records the tools of one `tools/list` result page in a known session's cache (a session
+    /// taskgate has no entry for gets none).
     pub fn record_tools(&self, upstream: &Arc<str>, session: Option<&SessionKey>, result: &Value) {
         let Some(tools) = result.get("tools").and_then(Value::as_array) else {
             return;
         };
-        self.with(upstream, session, |s| {
-            for tool in tools {
-                if let Some(name) = tool.get("name").and_then(Value::as_str) {
-                    s.tools.insert(name.to_string(), TaskSupport::of(tool));
-                }
+        let complete = result.get("nextCursor").is_none();
+        let mut guard = self.table.lock();
+        let table = &mut *guard;
+        let Some(info) = table.map.get_mut(&(upstream.clone(), session.cloned())) else {
+            return;
+        };
+        let map = Arc::make_mut(&mut info.tools);
+        for tool in tools {
+            if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                map.insert(name.into(), TaskSupport::of(tool));
             }
-        });
+        }
+        match table.shared_tools.get(upstream) {
+            Some(shared) if **shared == *info.tools => info.tools = shared.clone(),
+            _ if complete => {
+                table
+                    .shared_tools
+                    .insert(upstream.clone(), info.tools.clone());
+            }
+            _ => {}
+        }
     }
 
-    fn forget(&self, upstream: &Arc<str>, session: Option<&SessionKey>) {
+    /// Forgets a session (its id becomes unknown to taskgate).
+    pub fn forget(&self, upstream: &Arc<str>, session: Option<&SessionKey>) {
         self.table
             .lock()
+            .map
             .remove(&(upstream.clone(), session.cloned()));
     }
 
     fn tools_changed(&self, upstream: &Arc<str>, session: Option<&SessionKey>) {
-        self.with(upstream, session, |s| s.tools.clear());
+        let mut table = self.table.lock();
+        table.shared_tools.remove(upstream);
+        if let Some(info) = table.map.get_mut(&(upstream.clone(), session.cloned())) {
+            info.tools = Arc::default();
+        }
     }
 
     fn on_upstream_message(&self, upstream: &Arc<str>, session: Option<&SessionKey>, bytes: &[u8]) {
@@ -286,8 +462,9 @@ where
             req.extensions
                 .insert(crate::layers::extensions::UpstreamWithoutTasks);
         }
-        let has_identity = req.ctx.client_session_id.is_some()
-            || matches!(req.ctx.principal, crate::exchange::Principal::Token(_));
+        let principal = req.ctx.principal.clone();
+        let has_identity =
+            req.ctx.client_session_id.is_some() || matches!(req.ctx.principal, Principal::Token(_));
         let watch = match (&req.op, req.request_method()) {
             (Operation::Post(msg), Some("initialize")) => {
                 let caps = msg
@@ -298,42 +475,47 @@ where
                 Watch::Initialize(caps)
             }
             (Operation::Post(_), Some("tools/list")) => Watch::ToolsList,
-            (Operation::EndSession, _) => {
-                sessions.forget(&upstream, session.as_ref());
-                Watch::Nothing
-            }
+            (Operation::EndSession, _) => Watch::End,
             (Operation::OpenStream, _) => Watch::Stream,
             _ => Watch::Nothing,
         };
         let id = req.id().cloned();
-        let watch_kind = match &watch {
-            Watch::Initialize(_) => WatchKind::Initialize,
-            Watch::ToolsList => WatchKind::ToolsList,
-            _ => WatchKind::Other,
-        };
         Box::pin(async move {
             let mut reply = inner.call(req).await?;
-            let reply_session = reply
+            if let Watch::End = watch {
+                // Forgotten once the upstream ended it (or does not know it).
+                if reply.status.is_success() || reply.status == http::StatusCode::NOT_FOUND {
+                    sessions.forget(&upstream, session.as_ref());
+                }
+                return Ok(reply);
+            }
+            // A copy: a clone would be a slice of hyper's whole read buffer (kilobytes), kept
+            // alive as long as the entry.
+            let issued = reply
                 .headers
                 .get("mcp-session-id")
-                .cloned()
-                .map(SessionKey::Session)
-                .or(session);
+                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
             // Without a session or a principal every client shares one entry: keep the
             // upstream's facts there, never one client's capabilities.
-            let keep_client_caps = has_identity || reply.headers.contains_key("mcp-session-id");
+            let keep_client_caps = has_identity || issued.is_some();
+            let reply_session = issued.map(SessionKey::Session).or(session);
+            let json_matters = matches!(watch, Watch::Initialize(_) | Watch::ToolsList);
             let observe = move |bytes: &[u8]| match &watch {
                 Watch::Initialize(caps) => {
-                    if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
-                        if v.get("id").and_then(Id::from_value).as_ref() == id.as_ref() {
-                            if let Some(result) = v.get("result") {
-                                sessions.with(&upstream, reply_session.as_ref(), |s| {
-                                    s.client_capabilities = keep_client_caps.then(|| caps.clone());
-                                    s.upstream_capabilities = result.get("capabilities").cloned();
-                                    s.tools.clear();
-                                });
-                            }
-                        }
+                    let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
+                        return;
+                    };
+                    if v.get("id").and_then(Id::from_value).as_ref() != id.as_ref() {
+                        return;
+                    }
+                    if let Some(result) = v.get("result") {
+                        sessions.insert(
+                            &upstream,
+                            reply_session.clone(),
+                            principal.clone(),
+                            keep_client_caps.then_some(caps),
+                            Some(result),
+                        );
                     }
                 }
                 Watch::ToolsList => {
@@ -346,11 +528,10 @@ where
                     }
                     sessions.on_upstream_message(&upstream, reply_session.as_ref(), bytes);
                 }
-                Watch::Stream | Watch::Nothing => {
+                Watch::Stream | Watch::Nothing | Watch::End => {
                     sessions.on_upstream_message(&upstream, reply_session.as_ref(), bytes)
                 }
             };
-            let json_matters = matches!(watch_kind, WatchKind::Initialize | WatchKind::ToolsList);
             // A JSON answer is the one response: only initialize and tools/list answers matter.
             if json_matters || matches!(reply.body, ReplyBody::Stream(_)) {
                 reply.body = reply.body.map_messages(move |data| {
@@ -363,15 +544,14 @@ where
     }
 }
 
-enum WatchKind {
-    Initialize,
-    ToolsList,
-    Other,
-}
-
 enum Watch {
     Nothing,
     Initialize(Value),
     ToolsList,
     Stream,
+    End,
 }
+
+#[cfg(test)]
+#[path = "session_tests.rs"]
+mod tests;

@@ -135,6 +135,8 @@ label_enum! {
         Connect = "connect",
         Timeout = "timeout",
         Protocol = "protocol",
+        /// An SSE answer or GET stream whose body failed before its end (reset, truncated).
+        StreamReset = "stream_reset",
     }
 }
 

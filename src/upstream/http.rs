@@ -30,7 +30,7 @@ use super::client::{Client, ClientKind};
 use super::pool::PoolError;
 use crate::config::UpstreamConfig;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
-use crate::headers::{strip_hop_by_hop, MCP_SESSION_ID};
+use crate::headers::{content_type_is, is_visible_ascii, strip_hop_by_hop, MCP_SESSION_ID};
 use crate::jsonrpc::{self, Id};
 use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
 use crate::sse;
@@ -193,10 +193,20 @@ impl Inner {
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
         headers.remove(header::CONTENT_LENGTH);
-        let is_sse = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"));
+        if let Some(sid) = headers.get(&MCP_SESSION_ID) {
+            if !is_visible_ascii(sid) {
+                return Err(self.protocol_error(format!(
+                    "its Mcp-Session-Id {:?} is not visible ASCII (0x21 to 0x7E)",
+                    String::from_utf8_lossy(sid.as_bytes())
+                )));
+            }
+        }
+        let content_type = headers.get(header::CONTENT_TYPE);
+        let is_sse = content_type_is(content_type, "text/event-stream").map_err(|c| {
+            self.protocol_error(format!(
+                "its event stream declares charset={c}; MCP messages are UTF-8"
+            ))
+        })?;
         if is_sse {
             let events = sse::decode(incoming, self.name.clone(), self.max_message_bytes);
             let cancel_deadline = match deadline {
@@ -242,10 +252,12 @@ impl Inner {
                 }
             })?
             .to_bytes();
-        let is_json = headers
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|ct| ct.trim_start().starts_with("application/json"));
+        let is_json = content_type_is(headers.get(header::CONTENT_TYPE), "application/json")
+            .map_err(|c| {
+                self.protocol_error(format!(
+                    "its JSON answer declares charset={c}; MCP messages are UTF-8"
+                ))
+            })?;
         let body = if bytes.is_empty() {
             ReplyBody::Empty
         } else if is_json {
@@ -316,7 +328,14 @@ impl Inner {
             };
             match next {
                 Some(Ok(ev)) => Some((ev, st)),
-                Some(Err(oversize)) => {
+                Some(Err(sse::Cut::Reset(detail))) => {
+                    st.events = None;
+                    st.metrics
+                        .upstream_error(&st.name, UpstreamErrorKind::StreamReset);
+                    tracing::warn!(upstream = %st.name, id = st.rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())), error = %detail, "upstream SSE answer was cut before its end; aborting the client's stream");
+                    Some((sse::Event::abort(), st))
+                }
+                Some(Err(sse::Cut::Oversize(oversize))) => {
                     st.metrics
                         .upstream_oversize(&st.name, OversizeKind::SseEvent);
                     st.metrics
@@ -331,6 +350,17 @@ impl Inner {
                 None => None,
             }
         }))
+    }
+
+    /// An invalid answer (counted): 502 naming the upstream and what was wrong.
+    fn protocol_error(&self, detail: String) -> GatewayError {
+        self.metrics
+            .upstream_error(&self.name, UpstreamErrorKind::Protocol);
+        tracing::warn!(upstream = %self.name, %detail, "invalid upstream answer");
+        GatewayError::UpstreamProtocol {
+            upstream: self.name.clone(),
+            detail,
+        }
     }
 
     fn timeout_error(&self) -> GatewayError {

@@ -49,6 +49,7 @@ struct UpstreamToml {
 #[derive(Default)]
 pub struct GatewayBuilder {
     gateway_lines: Vec<String>,
+    admin_lines: Vec<String>,
     upstreams: Vec<UpstreamToml>,
 }
 
@@ -63,6 +64,11 @@ impl GatewayBuilder {
     /// An extra `key = value` line in `[gateway]`.
     pub fn gateway_opt(mut self, line: &str) -> Self {
         self.gateway_lines.push(line.into());
+        self
+    }
+    /// An extra `key = value` line in `[admin]`.
+    pub fn admin_opt(mut self, line: &str) -> Self {
+        self.admin_lines.push(line.into());
         self
     }
     pub fn upstream(mut self, name: &str, url: &str) -> Self {
@@ -89,6 +95,10 @@ impl GatewayBuilder {
             s.push('\n');
         }
         s.push_str(&format!("\n[admin]\nlisten = \"{admin_listen}\"\n"));
+        for l in &self.admin_lines {
+            s.push_str(l);
+            s.push('\n');
+        }
         s.push_str(&format!("\n[store]\npath = {store_path:?}\n"));
         s.push_str("\n[auth]\nmode = \"none\"\n\n[upgrade]\nenabled = false\n");
         for u in &self.upstreams {

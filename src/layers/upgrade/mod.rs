@@ -64,8 +64,9 @@
 //! Progress values on the client's token always increase (2025-11-25 basic/utilities/progress),
 //! across the call's own stream and the session's GET stream, where some servers send progress.
 //!
-//! Limitations: the session table is in memory, so after a restart calls on sessions opened
-//! before it are forwarded as they are until the client lists tools again. With an upstream
+//! Limitations: the session table is in memory and holds only sessions initialized through
+//! taskgate, so after a restart calls on sessions opened before it are forwarded as they are
+//! (with bearer auth such sessions get 404 and clients initialize again). With an upstream
 //! without sessions and no `[auth]`, clients cannot be told apart: no client's capabilities are
 //! kept, so every client is treated as one without `capabilities.tasks` (required tools listed
 //! as optional, plain calls upgraded) and relayed elicitation/sampling is not checked against

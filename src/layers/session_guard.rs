@@ -1,0 +1,224 @@
+//! The `session_guard` layer, outermost: a session belongs to the principal that initialized it
+//! (2025-11-25 basic/transports: Session Management; security best practices: session hijacking).
+//!
+//! - A POST, GET or DELETE carrying an `Mcp-Session-Id` that taskgate saw issued to another
+//!   principal is answered 404 with JSON-RPC `-32001` "Session not found", exactly as a session the
+//!   upstream does not know; nothing is forwarded. With authentication, a session id taskgate has
+//!   no entry for (never issued through it, reclaimed, or issued before a restart) gets the same
+//!   answer: taskgate cannot tell whose it is, and the spec's answer to a 404 is a new
+//!   `initialize`. Without authentication every caller is the same principal and unknown ids
+//!   are forwarded (the upstream decides).
+//! - A request on a known session without `MCP-Protocol-Version` goes upstream with the version
+//!   the session negotiated (strict upstreams answer 400 without it).
+//! - An `initialize` never carries a session id upstream: a client's stale `Mcp-Session-Id` on it
+//!   is dropped (an upstream may refuse an initialize naming an id it never issued).
+//! - A DELETE of a session while its owner has live tasks on that upstream (the registry's
+//!   live-task slots) is answered 200 by taskgate and not forwarded yet: the client's session
+//!   ends at once (taskgate forgets it), but the upstream session stays open, so the owner can
+//!   still reach its tasks from a new session (taskgate routes `tasks/*` to the session a task
+//!   was created on; upstreams may keep tasks per session). taskgate sends the DELETE upstream
+//!   once the owner has no live task left there (checked every second, at most
+//!   `tasks.max_ttl_ms`, when every record has expired). At most 10,000 DELETEs wait at once;
+//!   beyond that they are forwarded at once.
+//! - An `initialize` while the session table is full (`gateway.max_sessions`, no session idle for
+//!   `gateway.session_idle_ms`) is answered 503 with `-32603` before it reaches the upstream.
+
+use super::session::{Access, SessionKey, Sessions};
+use crate::exchange::Operation;
+use crate::exchange::{McpReply, McpRequest};
+use crate::jsonrpc::{self, Id};
+use crate::registry::Registry;
+use futures_util::future::{self, Either, Ready};
+use http::{HeaderMap, HeaderValue, StatusCode};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// JSON-RPC code of "Session not found" (as the MCP SDKs answer it).
+pub const SESSION_NOT_FOUND: i64 = -32001;
+
+/// Builds [`SessionGuard`]s over the shared session table.
+#[derive(Clone)]
+pub struct SessionGuardLayer {
+    sessions: Arc<Sessions>,
+    authenticated: bool,
+    deferred: Option<Deferred>,
+}
+
+/// What deferring a DELETE needs: the registry's live-task counts, and how many wait.
+#[derive(Clone)]
+struct Deferred {
+    registry: Arc<Registry>,
+    waiting: Arc<AtomicUsize>,
+}
+
+/// DELETEs waiting for their owner's live tasks at most.
+const MAX_DEFERRED: usize = 10_000;
+
+impl SessionGuardLayer {
+    /// `authenticated`: callers carry principals (`[auth] mode` other than `none`).
+    pub fn new(sessions: Arc<Sessions>, authenticated: bool) -> SessionGuardLayer {
+        SessionGuardLayer {
+            sessions,
+            authenticated,
+            deferred: None,
+        }
+    }
+
+    /// Defers a session's DELETE while its owner has live tasks in `registry` (module docs).
+    pub fn defer_deletes(mut self, registry: Arc<Registry>) -> SessionGuardLayer {
+        self.deferred = Some(Deferred {
+            registry,
+            waiting: Arc::default(),
+        });
+        self
+    }
+}
+
+impl<S> tower::Layer<S> for SessionGuardLayer {
+    type Service = SessionGuard<S>;
+    fn layer(&self, inner: S) -> SessionGuard<S> {
+        SessionGuard {
+            inner,
+            sessions: self.sessions.clone(),
+            authenticated: self.authenticated,
+            deferred: self.deferred.clone(),
+        }
+    }
+}
+
+/// The `session_guard` layer's service (see the module docs).
+#[derive(Clone)]
+pub struct SessionGuard<S> {
+    inner: S,
+    sessions: Arc<Sessions>,
+    authenticated: bool,
+    deferred: Option<Deferred>,
+}
+
+fn local(status: StatusCode, id: Option<&Id>, code: i64, message: &str) -> McpReply {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    McpReply {
+        status,
+        headers,
+        body: crate::exchange::ReplyBody::Json(jsonrpc::error_response(id, code, message)),
+    }
+}
+
+impl<S> SessionGuard<S> {
+    /// The local answer for `req`, if it must not go on; drops a session id from an initialize.
+    fn check(&self, req: &mut McpRequest) -> Option<McpReply> {
+        if req.request_method() == Some("initialize") {
+            req.ctx.session_id = None;
+            req.ctx.client_session_id = None;
+            if !self.sessions.has_room() {
+                return Some(local(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    req.id(),
+                    jsonrpc::INTERNAL_ERROR,
+                    "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
+                ));
+            }
+            return None;
+        }
+        let session = req.ctx.client_session_id.as_ref()?;
+        let access = self
+            .sessions
+            .access(&req.ctx.upstream, session, &req.ctx.principal);
+        let refuse = match access {
+            Access::Owner(version) => {
+                // A request without `MCP-Protocol-Version` goes upstream with the negotiated one.
+                if let Some(v) = version {
+                    req.ctx
+                        .headers
+                        .entry(&crate::headers::MCP_PROTOCOL_VERSION)
+                        .or_insert(v);
+                }
+                false
+            }
+            Access::Foreign => true,
+            Access::Unknown => self.authenticated,
+        };
+        refuse.then(|| {
+            local(
+                StatusCode::NOT_FOUND,
+                req.id(),
+                SESSION_NOT_FOUND,
+                "Session not found: initialize a new session",
+            )
+        })
+    }
+}
+
+impl<S> SessionGuard<S>
+where
+    S: tower::Service<McpRequest, Response = McpReply> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    /// Answers a DELETE itself and sends it upstream later, when the owner has live tasks.
+    fn defer_delete(&self, req: &McpRequest) -> Option<McpReply> {
+        let deferred = self.deferred.as_ref()?;
+        if !matches!(req.op, Operation::EndSession) {
+            return None;
+        }
+        let session = req.ctx.client_session_id.clone()?;
+        let owner = req.ctx.caller().owner();
+        let upstream = req.ctx.upstream.clone();
+        let live = deferred.registry.owners_count(&upstream, &owner);
+        if live == 0 || deferred.waiting.fetch_add(1, Ordering::SeqCst) >= MAX_DEFERRED {
+            if live > 0 {
+                deferred.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+            return None;
+        }
+        self.sessions
+            .forget(&upstream, Some(&SessionKey::Session(session)));
+        tracing::info!(upstream = %upstream, live, "session DELETE deferred until the owner's live tasks end");
+        let (registry, waiting) = (deferred.registry.clone(), deferred.waiting.clone());
+        let give_up = Duration::from_millis(registry.config().max_ttl_ms);
+        let mut inner = self.inner.clone();
+        let later = McpRequest {
+            op: Operation::EndSession,
+            ctx: req.ctx.clone(),
+            extensions: http::Extensions::new(),
+        };
+        tokio::spawn(async move {
+            let started = tokio::time::Instant::now();
+            while registry.owners_count(&upstream, &owner) > 0 && started.elapsed() < give_up {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            let _ = futures_util::future::poll_fn(|cx| inner.poll_ready(cx)).await;
+            let _ = inner.call(later).await;
+            waiting.fetch_sub(1, Ordering::SeqCst);
+        });
+        let mut reply = McpReply::accepted();
+        reply.status = StatusCode::OK;
+        Some(reply)
+    }
+}
+
+impl<S> tower::Service<McpRequest> for SessionGuard<S>
+where
+    S: tower::Service<McpRequest, Response = McpReply> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = McpReply;
+    type Error = S::Error;
+    type Future = Either<S::Future, Ready<Result<McpReply, S::Error>>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: McpRequest) -> Self::Future {
+        match self.check(&mut req).or_else(|| self.defer_delete(&req)) {
+            Some(reply) => Either::Right(future::ready(Ok(reply))),
+            None => Either::Left(self.inner.call(req)),
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Sessions belong to the principal that initialized them (issue 16, item 1), only sessions an
+//! upstream issued get state (item 3), and an `initialize` never carries a session id upstream
+//! (item 11).
+
+mod common;
+use common::*;
+use serde_json::json;
+
+async fn bearer_pair() -> (TaskServer, Tg, Client, Client) {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .token("bob", "bob-token")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let mut bob = tg.client().with_token("bob-token");
+    bob.initialize().await;
+    assert_ne!(
+        alice.session, bob.session,
+        "the upstream issues one id per session"
+    );
+    (up, tg, alice, bob)
+}
+
+/// Bob, with his own valid token and alice's `Mcp-Session-Id`, gets 404 "Session not found" on
+/// a POSTed request, a notification (`notifications/cancelled`), the GET stream and DELETE;
+/// nothing reaches the upstream, and alice's session keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_principal_gets_404_on_a_session_it_did_not_initialize() {
+    let (up, tg, alice, bob) = bearer_pair().await;
+    let alice_sid = alice.session.clone().unwrap();
+    let bob_on_alice = bob.clone().with_session(&alice_sid);
+    let before = up.up.count();
+
+    let posts = [
+        rpc("\"b-1\"", "tools/list", "{}"),
+        rpc("\"b-2\"", "tools/call", r#"{"name":"echo","arguments":{}}"#),
+        notification("notifications/cancelled", r#"{"requestId":"a-1"}"#),
+    ];
+    for body in posts {
+        let r = bob_on_alice.send(body.clone()).await;
+        assert_eq!(r.status(), 404, "{body}");
+        let v = r.json().await;
+        assert_eq!(err_code(&v), -32001, "{body}: {v}");
+    }
+    let get = Req::mcp_get(&tg.mcp_url())
+        .header("authorization", "Bearer bob-token")
+        .header("mcp-session-id", &alice_sid)
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(
+        get.status(),
+        404,
+        "GET stream of another principal's session"
+    );
+    let delete = Req::delete(&tg.mcp_url())
+        .header("authorization", "Bearer bob-token")
+        .header("mcp-session-id", &alice_sid)
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(
+        delete.status(),
+        404,
+        "DELETE of another principal's session"
+    );
+    assert_eq!(up.up.count(), before, "nothing reached the upstream");
+
+    let v = alice.rpc(rpc("\"a-2\"", "tools/list", "{}")).await;
+    assert!(
+        v.get("result").is_some(),
+        "alice's session still works: {v}"
+    );
+    let r = bob.send(rpc("\"b-3\"", "tools/list", "{}")).await;
+    assert_eq!(r.status(), 200, "bob's own session works");
+}
+
+/// With authentication, a session id taskgate never saw issued is refused like a foreign one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_session_id_gets_404_with_auth() {
+    let (up, _tg, alice, _bob) = bearer_pair().await;
+    let before = up.up.count();
+    let guessed = alice.clone().with_session("sess-999");
+    let r = guessed.send(rpc("\"g\"", "tools/list", "{}")).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(err_code(&r.json().await), -32001);
+    assert_eq!(up.up.count(), before);
+}
+
+/// A stale `Mcp-Session-Id` sent with `initialize` does not go upstream (item 11).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initialize_drops_the_clients_session_id() {
+    let up = Upstream::mcp().await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+    let r = Req::mcp_post(&gw.url("/mcp"), initialize_body("1"))
+        .header("mcp-session-id", "stale-session-from-yesterday")
+        .send()
+        .await;
+    assert_eq!(r.status(), 200);
+    let init = up.received("initialize");
+    assert_eq!(init.len(), 1);
+    assert_eq!(
+        init[0].header("mcp-session-id"),
+        None,
+        "{:?}",
+        init[0].header_names()
+    );
+    let _ = json!(null);
+}
+
+/// Item 12: a session DELETE while its owner has a working task is answered by taskgate and not
+/// forwarded; the owner reaches the task from a new session (routed to the old upstream
+/// session, still open), and once the task is terminal the DELETE goes upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_delete_waits_for_the_owners_live_tasks() {
+    let (up, tg, alice, _bob) = bearer_pair().await;
+    let task_id = alice.create_task("1").await;
+    let old_sid = alice.session.clone().unwrap();
+    let delete = Req::delete(&tg.mcp_url())
+        .header("authorization", "Bearer alice-token")
+        .header("mcp-session-id", &old_sid)
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(delete.status(), 200);
+    let deletes = |up: &TaskServer| -> Vec<RecordedRequest> {
+        up.up
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "DELETE")
+            .collect()
+    };
+    assert_eq!(deletes(&up).len(), 0, "not forwarded while the task works");
+    let again = alice.send(rpc("\"x\"", "tools/list", "{}")).await;
+    assert_eq!(again.status(), 404, "the client's session has ended");
+
+    let mut alice2 = tg.client().with_token("alice-token");
+    alice2.initialize().await;
+    let v = alice2.get("\"g\"", &task_id).await;
+    assert_eq!(v["result"]["status"], json!("working"), "{v}");
+    let routed = up.received("tasks/get");
+    assert_eq!(
+        routed.last().unwrap().header("mcp-session-id").as_deref(),
+        Some(old_sid.as_str())
+    );
+
+    up.set(&task_id, "completed");
+    let v = alice2.get("\"g2\"", &task_id).await;
+    assert_eq!(v["result"]["status"], json!("completed"), "{v}");
+    let sent = eventually(STEP, || async { (deletes(&up).len() == 1).then_some(()) }).await;
+    assert!(
+        sent.is_some(),
+        "the DELETE goes upstream once the task is terminal"
+    );
+    let d = deletes(&up);
+    assert_eq!(
+        d[0].header("mcp-session-id").as_deref(),
+        Some(old_sid.as_str())
+    );
+}
