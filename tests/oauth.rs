@@ -312,11 +312,18 @@ async fn principals_own_their_tasks_across_sessions() {
         owner.to_string(),
         format!("principal:{}#alice", idp.issuer())
     );
+    let v = bob.get("\"b\"", &task_id).await;
+    assert_eq!(err_code(&v), -32602, "{v}");
+    // Alice's session is hers (issue 16 #1): Bob carrying its id gets 404 like an unknown one.
     let bob_on_alice_session = bob.clone().with_session(alice.session.as_deref().unwrap());
-    for who in [&bob, &bob_on_alice_session] {
-        let v = who.get("\"b\"", &task_id).await;
-        assert_eq!(err_code(&v), -32602, "{v}");
-    }
+    let r = bob_on_alice_session
+        .send(rpc(
+            "\"b2\"",
+            "tasks/get",
+            &json!({ "taskId": task_id }).to_string(),
+        ))
+        .await;
+    assert_eq!(r.status(), 404);
     let listed = bob.list("\"l\"", None).await;
     assert_eq!(listed["result"]["tasks"], json!([]), "{listed}");
     let mut again = tg.client().with_token(&alice_token);
