@@ -21,46 +21,9 @@ use http_body_util::BodyExt;
 use rand::Rng;
 use serde_json::{json, Value};
 
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
-
-/// Starts the real binary with `config`; returns it and its gateway address.
-fn spawn_binary(config: &str) -> (TaskgateProcess, std::net::SocketAddr) {
-    blocking(|| {
-        let mut p = TaskgateProcess::spawn(&["serve", "--config", config], &[]);
-        let (g, _) = p.listening();
-        (p, g)
-    })
-}
-
-fn sigkill(p: &mut TaskgateProcess) {
-    blocking(|| {
-        p.signal(libc::SIGKILL);
-        p.wait_exit(STEP).expect("taskgate did not die on SIGKILL");
-    })
-}
-
-/// `taskId` → status of every record in the store, read with `taskgate tasks list`.
+/// `taskId` → status of every record in the store.
 fn statuses_in_store(store: &str) -> HashMap<String, String> {
-    let ran = blocking(|| {
-        run_taskgate(
-            &["tasks", "list", "--store", store, "--limit", "10000000"],
-            &[],
-        )
-    });
-    assert!(ran.status.success(), "tasks list failed: {}", ran.stderr);
-    ran.stdout
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            let v = parse_json(l.as_bytes());
-            (
-                v["task_id"].as_str().unwrap().to_string(),
-                v["status"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
+    records_in_store(store).into_iter().collect()
 }
 
 /// One JSON-RPC exchange; `None` once taskgate is gone (or answered something else than 200).
@@ -100,7 +63,7 @@ async fn acknowledged_cancels_survive_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
     let store = dir.path().join("store").to_str().unwrap().to_string();
-    let (mut p, gw) = spawn_binary(&cfg);
+    let (mut p, gw, _) = spawn_binary(&cfg);
     let c = Client::new(&format!("http://{gw}/mcp"));
     let mut ids = Vec::new();
     for n in 0..TASKS {
@@ -129,7 +92,7 @@ async fn acknowledged_cancels_survive_sigkill() {
     );
 
     let cancels_before = up.count("tasks/cancel");
-    let (_p, gw) = spawn_binary(&cfg);
+    let (_p, gw, _) = spawn_binary(&cfg);
     let c = Client::new(&format!("http://{gw}/mcp"));
     let again = c.cancel("\"again\"", &ids[TASKS - 1]).await;
     assert_eq!(err_code(&again), -32602, "a terminal task: {again}");
@@ -157,7 +120,7 @@ async fn crash_loop_acknowledged_creations_and_cancels_survive_sigkill() {
     let cancelled: Arc<Mutex<Vec<String>>> = Arc::default();
 
     for round in 0..rounds {
-        let (mut p, gw) = spawn_binary(&cfg);
+        let (mut p, gw, _) = spawn_binary(&cfg);
         let url = format!("http://{gw}/mcp");
         let stop = Arc::new(AtomicBool::new(false));
         let mut workers = Vec::new();

@@ -18,43 +18,10 @@ use serde_json::{json, Value};
 use taskgate::mcp::task::{parse_rfc3339_ms, TaskStatus};
 use taskgate::store::Origin;
 
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(f)
-}
-
-/// Starts the real binary with `config`; returns it and its (gateway, admin) addresses.
-fn spawn_binary(config: &str) -> (TaskgateProcess, std::net::SocketAddr, std::net::SocketAddr) {
-    blocking(|| {
-        let mut p = TaskgateProcess::spawn(&["serve", "--config", config], &[]);
-        let (g, a) = p.listening();
-        (p, g, a)
-    })
-}
-
-fn sigkill(p: &mut TaskgateProcess) {
-    blocking(|| {
-        p.signal(libc::SIGKILL);
-        p.wait_exit(STEP).expect("taskgate did not die on SIGKILL");
-    })
-}
-
 fn task_ids_in_store(store: &str) -> Vec<String> {
-    let ran = blocking(|| {
-        run_taskgate(
-            &["tasks", "list", "--store", store, "--limit", "10000000"],
-            &[],
-        )
-    });
-    assert!(ran.status.success(), "tasks list failed: {}", ran.stderr);
-    ran.stdout
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            parse_json(l.as_bytes())["task_id"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
+    records_in_store(store)
+        .into_iter()
+        .map(|(id, _)| id)
         .collect()
 }
 

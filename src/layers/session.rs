@@ -301,11 +301,8 @@ impl Sessions {
         upstream: &Arc<str>,
         session: Option<&SessionKey>,
     ) -> bool {
-        self.table
-            .lock()
-            .map
-            .get(&(upstream.clone(), session.cloned()))
-            .is_some_and(SessionInfo::upstream_tasks_tools_call)
+        self.read(upstream, session, SessionInfo::upstream_tasks_tools_call)
+            .unwrap_or(false)
     }
 
     /// Whether the session's upstream answered `initialize` with capabilities that have no
@@ -315,11 +312,8 @@ impl Sessions {
         upstream: &Arc<str>,
         session: Option<&SessionKey>,
     ) -> bool {
-        self.table
-            .lock()
-            .map
-            .get(&(upstream.clone(), session.cloned()))
-            .is_some_and(|s| s.upstream_without_tasks)
+        self.read(upstream, session, |s| s.upstream_without_tasks)
+            .unwrap_or(false)
     }
 
     /// The cached `taskSupport` of a tool (no copy of the session made).
@@ -329,20 +323,27 @@ impl Sessions {
         session: Option<&SessionKey>,
         tool: &str,
     ) -> Option<TaskSupport> {
+        self.read(upstream, session, |s| s.tools.get(tool).copied())
+            .flatten()
+    }
+
+    /// `read` applied to the entry of a session, under the table's lock (no copy made).
+    fn read<T>(
+        &self,
+        upstream: &Arc<str>,
+        session: Option<&SessionKey>,
+        read: impl FnOnce(&SessionInfo) -> T,
+    ) -> Option<T> {
         self.table
             .lock()
             .map
             .get(&(upstream.clone(), session.cloned()))
-            .and_then(|s| s.tools.get(tool).copied())
+            .map(read)
     }
 
     /// A copy of what is known of a session (the tool cache is shared, not copied).
     pub fn get(&self, upstream: &Arc<str>, session: Option<&SessionKey>) -> Option<SessionInfo> {
-        self.table
-            .lock()
-            .map
-            .get(&(upstream.clone(), session.cloned()))
-            .cloned()
+        self.read(upstream, session, SessionInfo::clone)
     }
 
     /// Records the tools of one `tools/list` result page in a known session's cache (a session

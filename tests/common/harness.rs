@@ -617,3 +617,47 @@ impl UgConfig {
         write_for_binary(dir, |store| self.to_toml(store))
     }
 }
+
+/// Runs blocking work (the real binary's pipes, `taskgate tasks` runs) from a multi-thread test.
+pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+/// Starts the real binary with `config`; returns it and its (gateway, admin) addresses.
+pub fn spawn_binary(config: &str) -> (TaskgateProcess, SocketAddr, SocketAddr) {
+    blocking(|| {
+        let mut p = TaskgateProcess::spawn(&["serve", "--config", config], &[]);
+        let (g, a) = p.listening();
+        (p, g, a)
+    })
+}
+
+/// `kill -9` and wait for the exit.
+pub fn sigkill(p: &mut TaskgateProcess) {
+    blocking(|| {
+        p.signal(libc::SIGKILL);
+        p.wait_exit(STEP).expect("taskgate did not die on SIGKILL");
+    })
+}
+
+/// `(taskId, status)` of every record in a store, in `taskgate tasks list` order (newest first).
+pub fn records_in_store(store: &str) -> Vec<(String, String)> {
+    let ran = blocking(|| {
+        run_taskgate(
+            &["tasks", "list", "--store", store, "--limit", "10000000"],
+            &[],
+        )
+    });
+    assert!(ran.status.success(), "tasks list failed: {}", ran.stderr);
+    ran.stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v = parse_json(l.as_bytes());
+            (
+                v["task_id"].as_str().unwrap().to_string(),
+                v["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
