@@ -9,15 +9,16 @@
 # Builds taskgate (--release) and benches/loadgen (--release, its own target dir
 # benches/loadgen/target), starts on 127.0.0.1 ephemeral ports the bench upstream, taskgate (temp
 # store) and nginx (plain reverse proxy; installed from Debian when missing and root, else
-# skipped), runs scenarios 1-7 and prints one table per scenario (7: OAuth, needs openssl and
-# python3). Everything started here is
+# skipped), runs scenarios 1-8 and prints one table per scenario (7: OAuth, needs openssl and
+# python3; 8: scenario 4's task lifecycle under MCP 2026-07-28, the tasks extension: create,
+# 10 × tasks/get with the result inline, no session). Everything started here is
 # killed on exit.
 #
 # A/B (issue 10): beside `taskgate` (TASKGATE_UPSTREAM_CLIENT=pool, the own pool) a second
 # taskgate, path `taskgate-hyper-util`, runs with TASKGATE_UPSTREAM_CLIENT=hyper-util
 # (hyper_util's pooled client; see src/upstream/client.rs) in scenarios 1-5; AB=0 leaves it out.
 #
-# Repeats (issue 15): scenarios 1-5 run REPEAT times, interleaved: direct, nginx, taskgate,
+# Repeats (issue 15): scenarios 1-5 and 8 run REPEAT times, interleaved: direct, nginx, taskgate,
 # taskgate-hyper-util, then again, so a slow spell of the machine hits every path. Tables show
 # the median and the min–max spread; every run's numbers are kept under "Raw runs". Each run
 # records the CPU that other processes used meanwhile (/proc/stat minus the benchmark's own
@@ -27,9 +28,9 @@
 # pair of runs of two revisions; use AB=0 with a binary older than the upstream client switch).
 #
 # Settings (environment): DURATION (s per timed case, default 2), WARMUP (s, 0.5), REPEAT (runs
-# per case and path in scenarios 1-5, default 3), AB (1), QUIET_PCT (10),
-# LIFECYCLE_TASKS (1000), CANCELS (1000), RECORDS (100000), SCENARIOS (which ones, default
-# "1 2 3 4 5 6 7"), RESULTS (output file, benches/RESULTS.md; "-" for none), KEEP=1 keeps the temp
+# per case and path in scenarios 1-5 and 8, default 3), AB (1), QUIET_PCT (10),
+# LIFECYCLE_TASKS (1000, scenarios 4 and 8), CANCELS (1000), RECORDS (100000), SCENARIOS (which
+# ones, default "1 2 3 4 5 6 7 8"), RESULTS (output file, benches/RESULTS.md; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
 set -euo pipefail
 
@@ -44,7 +45,7 @@ LIFECYCLE_TASKS=${LIFECYCLE_TASKS:-1000}
 CANCELS=${CANCELS:-1000}
 RECORDS=${RECORDS:-100000}
 RESULTS=${RESULTS:-$HERE/RESULTS.md}
-SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7}
+SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
@@ -266,6 +267,8 @@ want 3 && each "3. SSE answer, 100 progress events + result sent at once, c=16" 
 want 3 && each "3. SSE answer, 100 progress events 1 ms apart + result, c=16" --scenario sse --concurrency 16 --interval-ms 1 "${TIMED[@]}"
 want 4 && each "4. task lifecycle (create, 10 × tasks/get, tasks/result), $LIFECYCLE_TASKS tasks, c=16" \
   --scenario lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
+want 8 && each "8. task lifecycle, 2026-07-28 (create, 10 × tasks/get with the result inline), $LIFECYCLE_TASKS tasks, c=16" \
+  --scenario modern-lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
 want 5 && each "5. cancel storm: $CANCELS concurrent identical tasks/cancel for one task" \
   --scenario cancel --concurrency "$CANCELS" --stats-url "http://$UP_ADDR/stats"
 
@@ -400,9 +403,9 @@ Produced by \`$COMMAND\` (from the repository root) on $(date -u '+%Y-%m-%d %H:%
 | taskgate | $REV, release build, default log level (info, to a file); path \`taskgate\`: own pool (TASKGATE_UPSTREAM_CLIENT=pool), path \`taskgate-hyper-util\`: hyper_util's client (TASKGATE_UPSTREAM_CLIENT=hyper-util)$( [ "$AB" = 1 ] || echo ", not run (AB=0)") |
 | nginx | $NGINX_VERSION, \`worker_processes auto\`, \`proxy_buffering off\`, \`proxy_http_version 1.1\`, keepalive pool of 256 |
 | upstream | benches/loadgen \`upstream\`, 1 tokio worker thread |
-| load generator | benches/loadgen \`loadgen\`, 1 thread, one keep-alive HTTP/1.1 connection per concurrent client, each with its own MCP session (scenarios 1-4) |
+| load generator | benches/loadgen \`loadgen\`, 1 thread, one keep-alive HTTP/1.1 connection per concurrent client, each with its own MCP session (scenarios 1-4; 8 is 2026-07-28, sessionless) |
 | timed cases | ${WARMUP} s warm-up, then ${DURATION} s measured |
-| repeats | scenarios 1-5: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, taskgate-hyper-util, then again); scenario 6: one |
+| repeats | scenarios 1-5 and 8: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, taskgate-hyper-util, then again); scenario 6: one |
 | task store | temp directory on $STORE_FS |
 
 Everything runs on this one machine: load generator, proxy and upstream share the cores, so
@@ -410,7 +413,7 @@ absolute numbers move with the machine's load; compare the rows of one table (me
 interleaved, in the same run). Each cell is the median over the runs with the min–max spread in
 parentheses; ratios and differences are of medians; errors are summed over the runs. See
 *Machine quietness* for the CPU other processes used meanwhile. *p50/p99* are per request (scenario 3: per stream; scenario 4:
-per task lifecycle of 12 requests). *added p50* = p50 − the direct path's p50. *proxy CPU µs/req* =
+per task lifecycle of 12 requests; scenario 8: of 11). *added p50* = p50 − the direct path's p50. *proxy CPU µs/req* =
 (utime + stime of the proxy process(es), from /proc/PID/stat, over the measured window) / requests;
 for nginx the master and all workers are summed; /proc counts in ${CLK_TCK} Hz ticks, so a short
 case (scenario 5 takes tens of ms) has a coarse CPU figure. Scenario 6 uses a taskgate of its own on

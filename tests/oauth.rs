@@ -496,3 +496,46 @@ async fn a_remembered_token_is_refused_once_it_expires() {
     .expect("the token expires");
     assert!(err_message(&refused).contains("expired"), "{refused}");
 }
+
+/// The 2026-07-28 era with OAuth principals (issue 14: "in either era"): Bob's `tasks/get`,
+/// `tasks/update` and `tasks/cancel` of Alice's task are answered by taskgate with `-32602` (HTTP
+/// 400) and never reach the upstream; Alice, with a fresh token, reaches her task.
+#[tokio::test]
+async fn principals_own_their_2026_tasks() {
+    let k1 = new_key("k1");
+    let idp = Idp::start(&[&k1]).await;
+    let (up, _state) = modern_server().await;
+    let tg = Tg::start(oauth_toml(&idp, &up.url(), "")).await;
+    let url = tg.mcp_url();
+    let alice = sign(&k1, &claims(&idp, "alice"));
+    let bob = sign(&k1, &claims(&idp, "bob"));
+    let task_id = create(&url, Some(&alice), "slow").await;
+    let owner = tg.record(&task_id).expect("recorded").owner;
+    assert_eq!(
+        owner.to_string(),
+        format!("principal:{}#alice", idp.issuer())
+    );
+    let forwarded = |up: &Upstream| {
+        ["tasks/get", "tasks/update", "tasks/cancel"]
+            .iter()
+            .map(|m| count(up, m))
+            .sum::<usize>()
+    };
+    for (n, method) in ["tasks/get", "tasks/update", "tasks/cancel"]
+        .iter()
+        .enumerate()
+    {
+        let (status, v) = task_call(&url, Some(&bob), 10 + n as u64, method, &task_id).await;
+        assert_eq!((status, err_code(&v)), (400, -32602), "{method}: {v}");
+    }
+    assert_eq!(
+        forwarded(&up),
+        0,
+        "none of Bob's requests reached the upstream"
+    );
+    let again = sign(&k1, &claims(&idp, "alice"));
+    let (status, v) = task_call(&url, Some(&again), 20, "tasks/get", &task_id).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["taskId"], json!(task_id), "{v}");
+    assert_eq!(forwarded(&up), 1);
+}

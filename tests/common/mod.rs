@@ -17,6 +17,7 @@ pub mod client;
 pub mod fake_upstream;
 pub mod harness;
 pub mod metrics;
+pub mod modern_server;
 pub mod task_server;
 
 // A crate that uses nothing of one part would warn about its re-export.
@@ -26,6 +27,7 @@ pub use {
     fake_upstream::*,
     harness::*,
     metrics::*,
+    modern_server::*,
     task_server::*,
     taskgate::mcp::task::{format_rfc3339_ms, now_ms},
 };

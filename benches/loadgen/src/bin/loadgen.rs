@@ -16,6 +16,10 @@
 //! - `sse`: `tools/call {name:"progress"}` answered as SSE, 100 progress events then the result
 //!   (`--interval-ms` between events, default 0): time to the first event and to the last;
 //! - `lifecycle`: per task: task-augmented `tools/call`, 10 × `tasks/get`, `tasks/result`;
+//! - `modern-lifecycle`: the same under MCP 2026-07-28 (tasks extension, SEP-2663; no session):
+//!   per task a `tools/call` declaring the extension in `_meta` (answered with a flat
+//!   `CreateTaskResult`), then 10 × `tasks/get` (a `DetailedTask`; once `completed` it carries the
+//!   tool's result inline), with `MCP-Protocol-Version: 2026-07-28`, `Mcp-Method` and `Mcp-Name`;
 //! - `cancel`: creates one long-running task, opens `--concurrency` connections, then sends one
 //!   identical `tasks/cancel` on each at once; with `--stats-url` reports how many cancels the
 //!   upstream received;
@@ -131,11 +135,28 @@ impl Target {
         session: Option<&str>,
         body: String,
     ) -> Result<Response<hyper::body::Incoming>, Error> {
+        self.post_as(sender, session, body, None).await
+    }
+
+    /// POST; `modern`: a 2026-07-28 request (`Mcp-Method`, `Mcp-Name`), else 2025-11-25.
+    async fn post_as(
+        &self,
+        sender: &mut Sender,
+        session: Option<&str>,
+        body: String,
+        modern: Option<(&str, &str)>,
+    ) -> Result<Response<hyper::body::Incoming>, Error> {
         let mut b = Request::post(self.path.as_str())
             .header("host", self.addr.as_str())
             .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2025-11-25");
+            .header("accept", "application/json, text/event-stream");
+        b = match modern {
+            Some((method, name)) => b
+                .header("mcp-protocol-version", MODERN_VERSION)
+                .header("mcp-method", method)
+                .header("mcp-name", name),
+            None => b.header("mcp-protocol-version", "2025-11-25"),
+        };
         if let Some(s) = session {
             b = b.header("mcp-session-id", s);
         }
@@ -154,7 +175,18 @@ impl Target {
         session: Option<&str>,
         body: String,
     ) -> Result<Bytes, Error> {
-        let resp = self.post(sender, session, body).await?;
+        self.call_as(sender, session, body, None).await
+    }
+
+    /// POST and read the whole (JSON) answer; `modern` as in [`Target::post_as`].
+    async fn call_as(
+        &self,
+        sender: &mut Sender,
+        session: Option<&str>,
+        body: String,
+        modern: Option<(&str, &str)>,
+    ) -> Result<Bytes, Error> {
+        let resp = self.post_as(sender, session, body, modern).await?;
         let status = resp.status();
         let bytes = resp.into_body().collect().await?.to_bytes();
         if !status.is_success() {
@@ -204,6 +236,19 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 
 fn parse_json(bytes: &[u8]) -> Result<Value, Error> {
     Ok(serde_json::from_slice(bytes)?)
+}
+
+const MODERN_VERSION: &str = "2026-07-28";
+
+/// The `_meta` every 2026-07-28 request carries: its version and its capabilities, here the
+/// tasks extension (`io.modelcontextprotocol/tasks`).
+fn modern_meta() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": MODERN_VERSION,
+        "io.modelcontextprotocol/clientCapabilities":
+            {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+        "io.modelcontextprotocol/clientInfo": {"name": "taskgate-loadgen", "version": "0.1.0"}
+    })
 }
 
 fn rpc(id: u64, method: &str, params: Value) -> String {
@@ -326,6 +371,7 @@ enum Scenario {
     Big,
     Sse,
     Lifecycle,
+    ModernLifecycle,
     Cancel,
     Create,
     List,
@@ -339,6 +385,7 @@ impl Scenario {
             "big" => Scenario::Big,
             "sse" => Scenario::Sse,
             "lifecycle" => Scenario::Lifecycle,
+            "modern-lifecycle" => Scenario::ModernLifecycle,
             "cancel" => Scenario::Cancel,
             "create" => Scenario::Create,
             "list" => Scenario::List,
@@ -352,13 +399,14 @@ impl Scenario {
             Scenario::Big => "big",
             Scenario::Sse => "sse",
             Scenario::Lifecycle => "lifecycle",
+            Scenario::ModernLifecycle => "modern-lifecycle",
             Scenario::Cancel => "cancel",
             Scenario::Create => "create",
             Scenario::List => "list",
             Scenario::ListWalk => "list-walk",
         }
     }
-    /// Whether each worker opens its own MCP session.
+    /// Whether each worker opens its own MCP session (2026-07-28 has none).
     fn own_session(self) -> bool {
         matches!(
             self,
@@ -508,49 +556,9 @@ impl Ctx {
                     first,
                 })
             }
-            Scenario::Lifecycle => {
-                let b = t
-                    .call(
-                        sender,
-                        session,
-                        rpc(
-                            next_id(),
-                            "tools/call",
-                            json!({"name":"echo","arguments":{"text":"hello"},"task":{"ttl":600000}}),
-                        ),
-                    )
-                    .await?;
-                let v = parse_json(&b)?;
-                let Some(task_id) = v.pointer("/result/task/taskId").and_then(Value::as_str) else {
-                    return Err(format!("no CreateTaskResult: {v}").into());
-                };
-                for _ in 0..10 {
-                    let b = t
-                        .call(
-                            sender,
-                            session,
-                            rpc(next_id(), "tasks/get", json!({ "taskId": task_id })),
-                        )
-                        .await?;
-                    if !contains(&b, b"\"status\"") {
-                        return Err(format!("tasks/get: {}", String::from_utf8_lossy(&b)).into());
-                    }
-                }
-                let b = t
-                    .call(
-                        sender,
-                        session,
-                        rpc(next_id(), "tasks/result", json!({ "taskId": task_id })),
-                    )
-                    .await?;
-                if !contains(&b, b"\"content\"") {
-                    return Err(format!("tasks/result: {}", String::from_utf8_lossy(&b)).into());
-                }
-                Ok(OpDone {
-                    requests: 12,
-                    items: 1,
-                    first: None,
-                })
+            Scenario::Lifecycle => self.lifecycle(sender, session, &mut next_id, false).await,
+            Scenario::ModernLifecycle => {
+                self.lifecycle(sender, session, &mut next_id, true).await
             }
             Scenario::Create => {
                 let b = t
@@ -587,6 +595,101 @@ impl Ctx {
             }
             Scenario::ListWalk | Scenario::Cancel => unreachable!("not a loop scenario"),
         }
+    }
+}
+
+impl Ctx {
+    /// One task's lifecycle. 2025-11-25 (`modern` false): task-augmented `tools/call` (nested
+    /// `CreateTaskResult`), 10 × `tasks/get`, `tasks/result`: 12 requests. 2026-07-28: `tools/call`
+    /// declaring the tasks extension (flat `CreateTaskResult`, `resultType:"task"`), 10 ×
+    /// `tasks/get` (`DetailedTask`, `resultType:"complete"`; the last must be `completed` with the
+    /// result inline): 11 requests, each with the 2026 headers and `_meta`.
+    async fn lifecycle(
+        &self,
+        sender: &mut Sender,
+        session: Option<&str>,
+        next_id: &mut impl FnMut() -> u64,
+        modern: bool,
+    ) -> Result<OpDone, Error> {
+        let t = &self.target;
+        let (params, headers) = if modern {
+            (
+                json!({"name":"echo","arguments":{"text":"hello"},"_meta":modern_meta()}),
+                Some(("tools/call", "echo")),
+            )
+        } else {
+            (
+                json!({"name":"echo","arguments":{"text":"hello"},"task":{"ttl":600000}}),
+                None,
+            )
+        };
+        let b = t
+            .call_as(sender, session, rpc(next_id(), "tools/call", params), headers)
+            .await?;
+        let v = parse_json(&b)?;
+        let created = if modern {
+            v.get("result")
+                .filter(|r| r["resultType"] == "task" && r["status"].is_string())
+                .and_then(|r| r["taskId"].as_str())
+        } else {
+            v.pointer("/result/task/taskId").and_then(Value::as_str)
+        };
+        let Some(task_id) = created else {
+            return Err(format!("no CreateTaskResult: {v}").into());
+        };
+        let get_params = if modern {
+            json!({ "taskId": task_id, "_meta": modern_meta() })
+        } else {
+            json!({ "taskId": task_id })
+        };
+        let get_headers = modern.then_some(("tasks/get", task_id));
+        for i in 0..10 {
+            let b = t
+                .call_as(
+                    sender,
+                    session,
+                    rpc(next_id(), "tasks/get", get_params.clone()),
+                    get_headers,
+                )
+                .await?;
+            if !modern {
+                if !contains(&b, b"\"status\"") {
+                    return Err(format!("tasks/get: {}", String::from_utf8_lossy(&b)).into());
+                }
+                continue;
+            }
+            let v = parse_json(&b)?;
+            let r = &v["result"];
+            let completed = r["status"] == "completed";
+            let ok = r["resultType"] == "complete"
+                && r["taskId"] == task_id
+                && matches!(
+                    r["status"].as_str(),
+                    Some("working" | "input_required" | "completed")
+                )
+                && (!completed || r.pointer("/result/content").is_some_and(Value::is_array))
+                && (i < 9 || completed);
+            if !ok {
+                return Err(format!("tasks/get ({}): {v}", i + 1).into());
+            }
+        }
+        if !modern {
+            let b = t
+                .call(
+                    sender,
+                    session,
+                    rpc(next_id(), "tasks/result", json!({ "taskId": task_id })),
+                )
+                .await?;
+            if !contains(&b, b"\"content\"") {
+                return Err(format!("tasks/result: {}", String::from_utf8_lossy(&b)).into());
+            }
+        }
+        Ok(OpDone {
+            requests: if modern { 11 } else { 12 },
+            items: 1,
+            first: None,
+        })
     }
 }
 
@@ -1360,7 +1463,7 @@ fn cmd_report(args: &Args) {
                     ));
                 }
             }
-            "lifecycle" => {
+            "lifecycle" | "modern-lifecycle" => {
                 md.push_str("| path | tasks/s | ×direct | requests/s | lifecycle p50 µs | p99 µs | ×direct p50 | added p50 µs | proxy CPU µs/req | errors |\n|---|---|---|---|---|---|---|---|---|---|\n");
                 for t in TARGETS {
                     let Some(r) = find(case, t) else { continue };

@@ -13,6 +13,16 @@
 //!   completes at once, except for `{name:"slow"}` which stays `working` until cancelled;
 //! - `tasks/get`, `tasks/result`, `tasks/cancel` (each one received is counted), `tasks/list`.
 //!
+//! MCP 2026-07-28 (tasks extension `io.modelcontextprotocol/tasks`, SEP-2663), told apart per
+//! request by `MCP-Protocol-Version: 2026-07-28` or `_meta["io.modelcontextprotocol/protocolVersion"]`:
+//! - `tools/call` whose `params._meta["io.modelcontextprotocol/clientCapabilities"].extensions`
+//!   declares the extension: a flat `CreateTaskResult` (`resultType:"task"`, `ttlMs`,
+//!   `pollIntervalMs`; `params.task` is ignored); the task is stored completed at once (`slow`:
+//!   working), as on the 2025 path. Without the declaration: the plain result (the spec forbids
+//!   a task then);
+//! - `tasks/get`: a `DetailedTask` (`resultType:"complete"`), carrying the tool's result (the same
+//!   ~1 KiB `content` the plain call returns) inline as `result` once completed.
+//!
 //! `GET /stats`: `{"requests":N,"cancels":N,"tasks":N}`. `DELETE /mcp`: 200.
 //!
 //! Task ids are global (not per session); the benchmark never needs more.
@@ -105,6 +115,27 @@ struct TaskEntry {
     ttl: u64,
 }
 
+const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
+const MODERN_VERSION: &str = "2026-07-28";
+
+/// Whether a request is 2026-07-28: the `MCP-Protocol-Version` header, else the `_meta` key.
+fn is_modern(header: Option<&str>, params: &Value) -> bool {
+    let version = header.or_else(|| {
+        params
+            .pointer("/_meta/io.modelcontextprotocol~1protocolVersion")
+            .and_then(Value::as_str)
+    });
+    version.is_some_and(|v| v.len() == MODERN_VERSION.len() && v >= MODERN_VERSION)
+}
+
+/// Whether `params._meta` declares the tasks extension (SEP-2663 §negotiation).
+fn declares_tasks_extension(params: &Value) -> bool {
+    params
+        .pointer("/_meta/io.modelcontextprotocol~1clientCapabilities/extensions")
+        .and_then(|e| e.get(TASKS_EXTENSION))
+        .is_some_and(Value::is_object)
+}
+
 struct State {
     tasks: Mutex<HashMap<String, TaskEntry>>,
     next_task: AtomicU64,
@@ -189,6 +220,21 @@ fn rpc_error(id: &str, code: i64, message: &str) -> Response<OutBody> {
     rpc(id, Bytes::from(format!("\"error\":{err}}}")))
 }
 
+/// The 2026-07-28 `Task` fields, without the closing brace: `{"resultType":R,"taskId":..`.
+fn modern_task_head(result_type: &str, id: &str, t: &TaskEntry) -> String {
+    let v = serde_json::json!({
+        "resultType": result_type,
+        "taskId": id,
+        "status": t.status.as_str(),
+        "createdAt": t.created_at,
+        "lastUpdatedAt": t.updated_at,
+        "ttlMs": t.ttl,
+        "pollIntervalMs": 100,
+    })
+    .to_string();
+    v[..v.len() - 1].to_string()
+}
+
 fn task_json(id: &str, t: &TaskEntry) -> String {
     serde_json::json!({
         "taskId": id,
@@ -228,6 +274,11 @@ impl State {
 
     async fn post(self: Arc<Self>, req: Request<Incoming>) -> Response<OutBody> {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        let version_header = req
+            .headers()
+            .get("mcp-protocol-version")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let bytes = match req.into_body().collect().await {
             Ok(c) => c.to_bytes(),
             Err(_) => return json_response(StatusCode::BAD_REQUEST, vec![]),
@@ -247,6 +298,7 @@ impl State {
         };
         let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
         let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        let modern = is_modern(version_header.as_deref(), &params);
         match method {
             "initialize" => {
                 let n = self.next_session.fetch_add(1, Ordering::Relaxed);
@@ -266,7 +318,23 @@ impl State {
                 resp
             }
             "ping" => rpc_result(&id, "{}"),
+            "tools/call" if modern && declares_tasks_extension(&params) => {
+                self.modern_tools_call(&id, &params)
+            }
             "tools/call" => self.tools_call(&id, &params),
+            "tasks/get" if modern => {
+                let small = self.small_result.clone();
+                self.with_task(&id, &params, |tid, t| {
+                    let head = modern_task_head("complete", tid, t);
+                    if t.status == Status::Completed {
+                        // small_result is `"result":{...}}`: the tool's result as `result`,
+                        // and the closing brace of the DetailedTask.
+                        Ok(format!("{head},{}", String::from_utf8_lossy(&small)))
+                    } else {
+                        Ok(format!("{head}}}"))
+                    }
+                })
+            }
             "tasks/get" => self.with_task(&id, &params, |tid, t| Ok(task_json(tid, t))),
             "tasks/result" => self.task_result(&id, &params).await,
             "tasks/cancel" => {
@@ -330,6 +398,32 @@ impl State {
             "progress" => self.progress(id, params),
             _ => rpc(id, self.small_result.clone()),
         }
+    }
+
+    /// A 2026-07-28 `tools/call` that declared the tasks extension: always a task (the server's
+    /// choice), answered with the flat `CreateTaskResult`.
+    fn modern_tools_call(&self, id: &str, params: &Value) -> Response<OutBody> {
+        let name = params.get("name").and_then(Value::as_str).unwrap_or("");
+        let n = self.next_task.fetch_add(1, Ordering::Relaxed);
+        let task_id = format!("t-{:x}-{n}", self.boot);
+        let now = rfc3339(now_ms());
+        let created = TaskEntry {
+            status: Status::Working,
+            created_at: now.clone(),
+            updated_at: now,
+            ttl: 3_600_000,
+        };
+        let body = format!("{}}}", modern_task_head("task", &task_id, &created));
+        let stored = TaskEntry {
+            status: if name == "slow" {
+                Status::Working
+            } else {
+                Status::Completed
+            },
+            ..created
+        };
+        self.tasks.lock().expect("tasks").insert(task_id, stored);
+        rpc_result(id, &body)
     }
 
     fn progress(&self, id: &str, params: &Value) -> Response<OutBody> {

@@ -1,0 +1,201 @@
+//! A scripted MCP 2026-07-28 task server (the extension `io.modelcontextprotocol/tasks`) and a
+//! client's requests to it, shared by `tests/modern.rs` and `tests/oauth.rs`.
+
+use super::*;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const MODERN: &str = "2026-07-28";
+pub const EXT: &str = "io.modelcontextprotocol/tasks";
+
+// ---------------------------------------------------------------------------------------------
+// A scripted 2026-07-28 task server
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Default)]
+pub struct Modern {
+    /// taskId → status.
+    pub tasks: HashMap<String, String>,
+    /// taskId → the status `tasks/get` reports after the task was cancelled (a late result).
+    pub after_cancel: HashMap<String, String>,
+    pub next: u32,
+    /// Delay of every `tasks/cancel` answer.
+    pub cancel_delay: Duration,
+}
+
+pub type Shared = Arc<Mutex<Modern>>;
+
+pub fn detailed(task_id: &str, status: &str) -> Value {
+    let mut t = json!({
+        "resultType": "complete", "taskId": task_id, "status": status,
+        "createdAt": format_rfc3339_ms(now_ms()), "lastUpdatedAt": format_rfc3339_ms(now_ms()),
+        "ttlMs": 60000, "pollIntervalMs": 50
+    });
+    match status {
+        "completed" => {
+            t["result"] = json!({"content":[{"type":"text","text":format!("done {task_id}")}],"isError":false})
+        }
+        "failed" => t["error"] = json!({"code":-32603,"message":"boom"}),
+        _ => {}
+    }
+    t
+}
+
+pub fn modern_handler(
+    state: Shared,
+) -> impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync {
+    move |req| {
+        let v = req.json();
+        let id = req.rpc_id_json();
+        let method = v["method"].as_str().unwrap_or("").to_string();
+        let mut s = state.lock().unwrap();
+        let task_id = v["params"]["taskId"].as_str().unwrap_or("").to_string();
+        let result = |r: Value| ScriptedResponse::json(rpc_result(&id, &r.to_string()));
+        match method.as_str() {
+            "tools/call" => {
+                s.next += 1;
+                let tid = format!("mt-{}-{}", s.next, now_ms());
+                s.tasks.insert(tid.clone(), "working".into());
+                let created = json!({
+                    "resultType": "task", "taskId": tid, "status": "working",
+                    "createdAt": format_rfc3339_ms(now_ms()), "lastUpdatedAt": format_rfc3339_ms(now_ms()),
+                    "ttlMs": null, "pollIntervalMs": 50
+                });
+                if v["params"]["name"] == "sse_tool" {
+                    let done = json!({"jsonrpc":"2.0","method":"notifications/tasks",
+                        "params": detailed(&tid, "completed")});
+                    s.tasks.insert(tid.clone(), "completed".into());
+                    return ScriptedResponse::sse(vec![
+                        SseStep::Raw(ev().data(&rpc_result(&id, &created.to_string())).wire()),
+                        SseStep::Raw(ev().data(&done.to_string()).wire()),
+                    ]);
+                }
+                result(created)
+            }
+            "tasks/get" => match s.tasks.get(&task_id) {
+                Some(st) => result(detailed(&task_id, st)),
+                None => ScriptedResponse::status(
+                    400,
+                    Some("application/json"),
+                    format!(
+                        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"Task not found"}}}}"#
+                    ),
+                ),
+            },
+            "tasks/cancel" => {
+                let late = s.after_cancel.get(&task_id).cloned();
+                if let Some(st) = s.tasks.get_mut(&task_id) {
+                    if !matches!(st.as_str(), "completed" | "failed" | "cancelled") {
+                        *st = "cancelled".into();
+                    }
+                }
+                if let Some(late) = late {
+                    // A server that reports cancelled once, then a late terminal result.
+                    s.tasks.insert(task_id.clone(), "cancelled".into());
+                    s.after_cancel.insert(task_id.clone(), late);
+                }
+                let delay = s.cancel_delay;
+                result(json!({"resultType":"complete"})).after(delay)
+            }
+            "tasks/update" => result(json!({"resultType":"complete"})),
+            _ => result(json!({"resultType":"complete"})),
+        }
+    }
+}
+
+pub async fn modern_server() -> (Upstream, Shared) {
+    let state: Shared = Arc::default();
+    (Upstream::start(modern_handler(state.clone())).await, state)
+}
+
+pub fn meta(with_ext: bool) -> Value {
+    let caps = if with_ext {
+        json!({ "extensions": { EXT: {} } })
+    } else {
+        json!({})
+    };
+    json!({
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": caps,
+    })
+}
+
+/// A 2026-07-28 request: headers and `_meta` as the spec's clients send them.
+pub fn modern_req(url: &str, token: Option<&str>, id: u64, method: &str, params: Value) -> Req {
+    let mut params = params;
+    if params.get("_meta").is_none() {
+        params["_meta"] = meta(true);
+    }
+    let body = json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}).to_string();
+    let mut r = Req::mcp_post(url, body)
+        .header("mcp-protocol-version", MODERN)
+        .header("mcp-method", method);
+    if let Some(task_id) = params.get("taskId").and_then(Value::as_str) {
+        r = r.header("mcp-name", task_id);
+    }
+    if let Some(t) = token {
+        r = r.header("authorization", &format!("Bearer {t}"));
+    }
+    r
+}
+
+/// Sends and returns (HTTP status, the JSON-RPC answer; the response in an SSE body).
+pub async fn send(r: Req) -> (u16, Value) {
+    let resp = r.send().await;
+    let status = resp.status();
+    let sse = resp
+        .header("content-type")
+        .is_some_and(|c| c.starts_with("text/event-stream"));
+    if !sse {
+        return (status, resp.json().await);
+    }
+    let mut reader = resp.sse();
+    loop {
+        let v = reader.next_event(STEP).await.json();
+        if v.get("id").is_some() && (v.get("result").is_some() || v.get("error").is_some()) {
+            return (status, v);
+        }
+    }
+}
+
+pub async fn create(url: &str, token: Option<&str>, tool: &str) -> String {
+    let (status, v) = send(modern_req(
+        url,
+        token,
+        1,
+        "tools/call",
+        json!({"name": tool, "arguments": {}}),
+    ))
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["resultType"], "task", "{v}");
+    v["result"]["taskId"].as_str().unwrap().to_string()
+}
+
+pub async fn task_call(
+    url: &str,
+    token: Option<&str>,
+    id: u64,
+    method: &str,
+    task_id: &str,
+) -> (u16, Value) {
+    send(modern_req(
+        url,
+        token,
+        id,
+        method,
+        json!({"taskId": task_id}),
+    ))
+    .await
+}
+
+pub fn base64_of(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+pub fn count(up: &Upstream, method: &str) -> usize {
+    up.received(method).len()
+}
