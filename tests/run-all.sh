@@ -17,6 +17,8 @@ need_apt=()
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v node >/dev/null 2>&1 || need_apt+=(nodejs npm)
 python3 -c 'import venv' >/dev/null 2>&1 || need_apt+=(python3-venv)
+# The container image check builds for musl; ring (rustls) compiles C with x86_64-linux-musl-gcc.
+command -v musl-gcc >/dev/null 2>&1 || need_apt+=(musl-tools)
 if ((${#need_apt[@]})); then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
         echo "== installing Debian packages: ${need_apt[*]}"
