@@ -321,7 +321,10 @@ fn nesting_over(raw: &[u8], max: usize) -> Option<usize> {
                 // Skip the string: to the next quote not escaped.
                 pos += 1;
                 loop {
-                    let Some(q) = memchr::memchr2(b'"', b'\\', &raw[pos..]) else {
+                    // `get`: an escape at the very end (`"\`) steps past the body; that is an
+                    // unterminated string, which the parse refuses (found by fuzz/envelope).
+                    let Some(q) = raw.get(pos..).and_then(|r| memchr::memchr2(b'"', b'\\', r))
+                    else {
                         return None;
                     };
                     pos += q;
@@ -427,6 +430,16 @@ pub mod needles {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body ending in an escape inside a string (`"\"\`, found by `fuzz/envelope`) used to
+    /// slice past its end and panic; it is now an ordinary parse error.
+    #[test]
+    fn an_escape_at_the_end_of_the_body_is_a_parse_error_not_a_panic() {
+        for body in [&b"\"\\\"\\"[..], b"\"\\", b"{\"a\":\"\\"] {
+            assert!(nesting_over(body, MAX_DEPTH).is_none());
+            assert!(Message::parse(bytes::Bytes::copy_from_slice(body)).is_err());
+        }
+    }
 
     /// Brackets inside strings (escaped quotes included) do not count as nesting; 128 levels
     /// pass, 129 do not; invalid UTF-8 is named.
