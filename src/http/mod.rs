@@ -3,5 +3,6 @@
 
 pub mod admin;
 mod gate;
+mod response;
 pub mod server;
 pub mod streamable;

@@ -26,25 +26,23 @@
 //! None of these touch the upstream or the client's session: one bad request never ends a session.
 
 use super::gate::Gate;
+use super::response::{accept_lists, never, read_body, BodyError, DISCARD_LIMIT};
+pub use super::response::{gateway_error_response, json_response, rpc_error_response};
 use super::server::{Body, BodyError as ResponseError, Handler};
 use crate::auth::Authenticator;
 use crate::exchange::Principal;
-use crate::exchange::{
-    GatewayError, McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext,
-};
+use crate::exchange::{McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext};
 use crate::headers::{content_type_is, strip_hop_by_hop, MCP_SESSION_ID};
-use crate::jsonrpc::{self, EnvelopeError, Id, Message};
+use crate::jsonrpc::{self, EnvelopeError, Message};
 use crate::limits::{Limiter, Permit};
 use crate::metrics::{McpMethod, Metrics, RejectReason, RequestOutcome, SseKind};
 use crate::sse::KeepAlive;
-use bytes::Bytes;
 use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -522,84 +520,4 @@ impl Handler for Edge {
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
         self.serve(req)
     }
-}
-
-fn never(e: Infallible) -> ResponseError {
-    match e {}
-}
-
-/// True when the `Accept` header(s) list every media type in `needed` (case-insensitive,
-/// parameters ignored). The 2025-11-25 transport requires the literal types, as SDK servers do.
-fn accept_lists(headers: &HeaderMap, needed: &[&str]) -> bool {
-    needed.iter().all(|n| {
-        headers
-            .get_all(header::ACCEPT)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| {
-                t.split(';')
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .eq_ignore_ascii_case(n)
-            })
-    })
-}
-
-/// How much of an oversized body is read and discarded so the client, still sending, can read
-/// the 413 (closing while it writes would give it a broken pipe instead), in bytes.
-const DISCARD_LIMIT: usize = 64 * 1024 * 1024;
-
-enum BodyError {
-    TooLarge,
-    Read(hyper::Error),
-}
-
-/// Reads a body of at most `limit` bytes. An oversized body is read to its end and dropped
-/// (up to [`DISCARD_LIMIT`] more bytes) before [`BodyError::TooLarge`] is returned.
-async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes, BodyError> {
-    let mut buf = bytes::BytesMut::new();
-    let mut seen = 0usize;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(BodyError::Read)?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        seen += data.len();
-        if seen > limit + DISCARD_LIMIT {
-            return Err(BodyError::TooLarge);
-        }
-        if seen <= limit {
-            buf.extend_from_slice(&data);
-        }
-    }
-    if seen > limit {
-        return Err(BodyError::TooLarge);
-    }
-    Ok(buf.freeze())
-}
-
-/// A JSON body with the given status.
-pub fn json_response(status: StatusCode, body: Bytes) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(body).map_err(never).boxed_unsync())
-        .expect("valid response parts")
-}
-
-/// An HTTP error carrying a JSON-RPC error body.
-pub fn rpc_error_response(
-    status: StatusCode,
-    id: Option<&Id>,
-    code: i64,
-    message: &str,
-) -> Response<Body> {
-    json_response(status, jsonrpc::error_response(id, code, message))
-}
-
-/// The HTTP answer for a [`GatewayError`]: its status, and a JSON-RPC error under the request's id.
-pub fn gateway_error_response(e: &GatewayError, id: Option<&Id>) -> Response<Body> {
-    rpc_error_response(e.status(), id, e.code(), &e.to_string())
 }

@@ -1,0 +1,131 @@
+//! The client side of an SSE answer: [`KeepAlive`] encodes an [`EventStream`], batches events
+//! that are ready together, inserts keep-alive comments on idle streams, and ends with
+//! [`StreamAborted`] when the upstream's stream was cut.
+
+use super::{encode, EventStream, KEEPALIVE_COMMENT};
+use bytes::{Bytes, BytesMut};
+use futures_util::Stream;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// Encodes an [`EventStream`] as SSE bytes and inserts [`KEEPALIVE_COMMENT`] whenever the stream
+/// has been idle for `interval`. Events that are ready together are written as one chunk (one
+/// write to the client instead of one per event). Ends when the events end.
+pub struct KeepAlive {
+    events: EventStream,
+    interval: Duration,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    last_sent: tokio::time::Instant,
+    done: bool,
+    /// Events held back for one turn of the scheduler (see `poll_next`).
+    held: Option<BytesMut>,
+    /// Whether any event was written yet.
+    sent_any: bool,
+    /// Set by [`Event::abort`]: the error this stream ends with.
+    aborted: Option<StreamAborted>,
+}
+
+/// Largest chunk assembled from events that are ready at once, in bytes.
+const BATCH_BYTES: usize = 256 * 1024;
+
+impl KeepAlive {
+    /// Wraps `events`; `interval` is the idle time before a keep-alive comment.
+    pub fn new(events: EventStream, interval: Duration) -> KeepAlive {
+        KeepAlive {
+            events,
+            interval,
+            sleep: Box::pin(tokio::time::sleep(interval)),
+            last_sent: tokio::time::Instant::now(),
+            done: false,
+            held: None,
+            sent_any: false,
+            aborted: None,
+        }
+    }
+}
+
+/// The upstream's stream was cut ([`Event::abort`]): the client's stream must end with a
+/// transport error, not a clean end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the upstream's event stream was cut")]
+pub struct StreamAborted;
+
+impl Stream for KeepAlive {
+    type Item = Result<Bytes, StreamAborted>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(this.aborted.take().map(Err));
+        }
+        // Events held back on the previous call go out now, with whatever arrived since.
+        let deferred = this.held.is_some();
+        let mut batch: Option<BytesMut> = this.held.take();
+        let mut upstream_pending = false;
+        loop {
+            match this.events.as_mut().poll_next(cx) {
+                Poll::Ready(Some(event)) if event.is_abort() => {
+                    this.aborted = Some(StreamAborted);
+                    this.done = true;
+                    break;
+                }
+                Poll::Ready(Some(event)) => {
+                    let encoded = encode(&event);
+                    match &mut batch {
+                        None => {
+                            let mut b = BytesMut::with_capacity(encoded.len().max(512));
+                            b.extend_from_slice(&encoded);
+                            batch = Some(b);
+                        }
+                        Some(b) => b.extend_from_slice(&encoded),
+                    }
+                    if batch.as_ref().is_some_and(|b| b.len() >= BATCH_BYTES) {
+                        break;
+                    }
+                }
+                Poll::Ready(None) => {
+                    this.done = true;
+                    break;
+                }
+                Poll::Pending => {
+                    upstream_pending = true;
+                    break;
+                }
+            }
+        }
+        // The first event of a stream goes out at once (time to first event matters most).
+        if upstream_pending && !deferred && batch.is_some() && this.sent_any {
+            // Yield once so that events whose bytes are already readable (the upstream
+            // connection is driven by this task, see `upstream::pool`) join this batch: one
+            // write for them all instead of one per event. Not re-measured since the pool.
+            this.held = batch;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        if let Some(b) = batch {
+            this.sent_any = true;
+            // The idle timer is not reset per event: it re-arms from `last_sent` when it fires.
+            this.last_sent = tokio::time::Instant::now();
+            return Poll::Ready(Some(Ok(b.freeze())));
+        }
+        if this.done {
+            return Poll::Ready(this.aborted.take().map(Err));
+        }
+        loop {
+            match this.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    let due = this.last_sent + this.interval;
+                    if tokio::time::Instant::now() >= due {
+                        this.last_sent = tokio::time::Instant::now();
+                        this.sleep.as_mut().reset(this.last_sent + this.interval);
+                        return Poll::Ready(Some(Ok(Bytes::from_static(KEEPALIVE_COMMENT))));
+                    }
+                    this.sleep.as_mut().reset(due);
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
