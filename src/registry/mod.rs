@@ -222,6 +222,12 @@ impl Registry {
         result
     }
 
+    /// A store write failed: counted in `taskgate_store_write_failures_total` and logged.
+    fn write_failed(&self, e: &StoreError, what: &str) {
+        self.metrics.store_write_failures_total.inc();
+        tracing::error!(error = %e, "{what}");
+    }
+
     /// Appends an audit event and logs it with target `taskgate::audit`.
     fn audit(&self, record: &TaskRecord, event: &str, detail: String) {
         tracing::info!(
@@ -242,8 +248,7 @@ impl Registry {
             detail,
         };
         if let Err(e) = self.store.append_audit(&ev) {
-            self.metrics.store_write_failures_total.inc();
-            tracing::error!(error = %e, "audit append failed");
+            self.write_failed(&e, "audit append failed");
         }
     }
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 impl Registry {
     /// Runs `work` on the blocking pool; `None` if it could not run (runtime shutting down).
-    async fn off_runtime<T, F>(self: &Arc<Self>, work: F) -> Option<T>
+    pub(super) async fn off_runtime<T, F>(self: &Arc<Self>, work: F) -> Option<T>
     where
         F: FnOnce(&Registry) -> T + Send + 'static,
         T: Send + 'static,
@@ -113,8 +113,7 @@ impl Registry {
 
     async fn sync_terminal(&self) {
         if let Err(e) = self.store.sync().await {
-            self.metrics.store_write_failures_total.inc();
-            tracing::error!(error = %e, "a terminal status could not be made durable");
+            self.write_failed(&e, "a terminal status could not be made durable");
         }
     }
 

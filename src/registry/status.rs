@@ -146,8 +146,8 @@ impl Registry {
         if max == 0 || result_json.len() as u64 > max || status.is_some_and(|s| !s.is_terminal()) {
             return false;
         }
-        let (this, up, id) = (self.clone(), upstream.to_string(), task_id.to_string());
-        let work = move || {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        self.off_runtime(move |this| {
             let updated = this.update(&up, &id, &mut |r| {
                 let wanted = status.map_or(r.status.is_terminal(), |s| r.status == s);
                 if !wanted || r.terminal_result.is_some() {
@@ -164,13 +164,13 @@ impl Registry {
                 }
                 Ok(_) => false,
                 Err(e) => {
-                    this.metrics.store_write_failures_total.inc();
-                    tracing::error!(error = %e, "task store update failed");
+                    this.write_failed(&e, "task store update failed");
                     false
                 }
             }
-        };
-        tokio::task::spawn_blocking(work).await.unwrap_or(false)
+        })
+        .await
+        .unwrap_or(false)
     }
 
     /// Applies a status report (a `Task` object: `tasks/get` / `tasks/cancel` result,
@@ -281,8 +281,7 @@ impl Registry {
             Ok(Some(pair)) => pair,
             Ok(None) => return (Observed::Unknown, false),
             Err(e) => {
-                self.metrics.store_write_failures_total.inc();
-                tracing::error!(error = %e, "task store update failed");
+                self.write_failed(&e, "task store update failed");
                 return (Observed::Unknown, false);
             }
         };
@@ -395,8 +394,7 @@ impl Registry {
             }
             Ok(_) => false,
             Err(e) => {
-                self.metrics.store_write_failures_total.inc();
-                tracing::error!(error = %e, "task store update failed");
+                self.write_failed(&e, "task store update failed");
                 false
             }
         }
@@ -447,8 +445,7 @@ impl Registry {
             }
             Ok(None) => None,
             Err(e) => {
-                self.metrics.store_write_failures_total.inc();
-                tracing::error!(error = %e, "task store update failed");
+                self.write_failed(&e, "task store update failed");
                 None
             }
         }
