@@ -6,24 +6,6 @@ mod common;
 use common::*;
 use serde_json::json;
 
-async fn bearer_pair() -> (TaskServer, Tg, Client, Client) {
-    let up = TaskServer::default().await;
-    let tg = TgConfig::new(&up.url())
-        .token("alice", "alice-token")
-        .token("bob", "bob-token")
-        .start()
-        .await;
-    let mut alice = tg.client().with_token("alice-token");
-    alice.initialize().await;
-    let mut bob = tg.client().with_token("bob-token");
-    bob.initialize().await;
-    assert_ne!(
-        alice.session, bob.session,
-        "the upstream issues one id per session"
-    );
-    (up, tg, alice, bob)
-}
-
 /// Bob, with his own valid token and alice's `Mcp-Session-Id`, gets 404 "Session not found" on
 /// a POSTed request, a notification (`notifications/cancelled`), the GET stream and DELETE;
 /// nothing reaches the upstream, and alice's session keeps working.

@@ -191,16 +191,7 @@ async fn task_is_durable_before_the_client_sees_its_id() {
 /// unknown task, the upstream sees nothing, and a missing or wrong token gets 401.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_principal_gets_task_not_found_and_upstream_sees_nothing() {
-    let up = TaskServer::default().await;
-    let tg = TgConfig::new(&up.url())
-        .token("alice", "alice-token")
-        .token("bob", "bob-token")
-        .start()
-        .await;
-    let mut alice = tg.client().with_token("alice-token");
-    alice.initialize().await;
-    let mut bob = tg.client().with_token("bob-token");
-    bob.initialize().await;
+    let (up, tg, alice, bob) = bearer_pair().await;
     let task_id = alice.create_task("1").await;
     let record = tg.record(&task_id).unwrap();
     assert_eq!(record.owner, "principal:alice");

@@ -661,3 +661,23 @@ pub fn records_in_store(store: &str) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// A scripted task server behind taskgate with bearer principals `alice` and `bob`, each with an
+/// initialized session of its own: `(upstream, gateway, alice, bob)`.
+pub async fn bearer_pair() -> (TaskServer, Tg, Client, Client) {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .token("bob", "bob-token")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let mut bob = tg.client().with_token("bob-token");
+    bob.initialize().await;
+    assert_ne!(
+        alice.session, bob.session,
+        "the upstream issues one id per session"
+    );
+    (up, tg, alice, bob)
+}
