@@ -140,6 +140,66 @@ async fn missing_or_duplicate_host_is_400() {
     assert_eq!(up.count(), 0);
 }
 
+/// A header-phase slowloris (part of a request head, then nothing) gets `408 Request Timeout`
+/// with `Connection: close` once the header timeout (`request_timeout_ms`) passes, and the
+/// connection closes; nothing is forwarded. RFC 9110 section 15.5.9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_phase_slowloris_gets_408() {
+    let up = Upstream::mcp().await;
+    let gw = GatewayBuilder::single(&up.url())
+        .gateway_opt("request_timeout_ms = 300")
+        .start()
+        .await;
+    let partial = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: app",
+        gw.addr
+    );
+    let resp = raw(gw.addr, partial.as_bytes(), STEP).await;
+    assert!(status_line(&resp).contains(" 408 "), "{resp}");
+    assert!(
+        resp.to_ascii_lowercase().contains("connection: close"),
+        "{resp}"
+    );
+    assert_eq!(up.count(), 0);
+}
+
+/// A keep-alive connection that was answered and then stays silent is closed without any
+/// unsolicited response: a client reusing it must never read a 408 as the answer to its next
+/// request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_connection_gets_no_unsolicited_408() {
+    let up = Upstream::mcp().await;
+    let gw = GatewayBuilder::single(&up.url())
+        .gateway_opt("request_timeout_ms = 300")
+        .start()
+        .await;
+    let body = rpc("1", "ping", "{}");
+    let req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nAccept: {ACCEPT_BOTH}\r\nContent-Length: {}\r\n\r\n{body}",
+        gw.addr,
+        body.len()
+    );
+    let mut s = TcpStream::connect(gw.addr).await.expect("connect");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    // Read the answer, then keep reading until the gateway closes the idle connection.
+    let closed = tokio::time::timeout(STEP, async {
+        loop {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 200 "), "{text}");
+    if closed.is_ok() {
+        assert_eq!(text.matches("HTTP/1.1 ").count(), 1, "{text}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Item 4: a reset upstream SSE answer
 // ---------------------------------------------------------------------------------------------

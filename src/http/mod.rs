@@ -3,6 +3,7 @@
 
 pub mod admin;
 mod gate;
+mod head_io;
 mod response;
 pub mod server;
 pub mod streamable;

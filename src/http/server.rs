@@ -9,10 +9,13 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+
+use super::head_io::{Dispatched, HeadTimeoutIo};
 
 /// The error a response body can end with: hyper then aborts the response (no clean end of a
 /// chunked body), which is how a client learns that an upstream stream was cut.
@@ -35,7 +38,7 @@ pub trait Handler: Send + Sync + 'static {
 pub struct Limits {
     /// Open connections at most (further ones wait in the listen backlog).
     pub max_connections: usize,
-    /// Time to receive a request's headers.
+    /// Time to receive a request's headers; a partial head then gets 408 (`head_io`).
     pub header_timeout: Duration,
 }
 
@@ -77,11 +80,14 @@ pub async fn serve<H: Handler>(
                 };
                 let _ = stream.set_nodelay(true);
                 let handler = handler.clone();
+                let dispatched = Dispatched::default();
+                let io = HeadTimeoutIo::new(stream, dispatched.clone());
                 let service = hyper::service::service_fn(move |req| {
+                    dispatched.store(true, Ordering::Relaxed);
                     let handler = handler.clone();
                     async move { Ok::<_, Infallible>(handler.handle(req).await) }
                 });
-                let conn = builder.serve_connection(TokioIo::new(stream), service);
+                let conn = builder.serve_connection(TokioIo::new(io), service);
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
