@@ -8,6 +8,10 @@
 //! - [`envelope`]: a body [`Message::parse_checked`] accepts is one JSON object whose `id`
 //!   round-trips; nothing panics.
 //! - [`config`]: loading any text never panics.
+//! - [`status_rewrite`]: the rewrite that keeps a recorded terminal status final (2025-11-25 and
+//!   2026-07-28 task shapes) changes only the status members of the task it targets.
+//! - [`modern_task`]: a 2026-07-28 `DetailedTask` read with the registry's field names keeps
+//!   every member but the renamed ones.
 
 use crate::jsonrpc::{Id, Kind, Message};
 use crate::sse::{self, Decoder, Event};
@@ -121,6 +125,123 @@ pub fn envelope(body: &[u8]) {
 /// Loading any text as a configuration returns a config or an error; it never panics.
 pub fn config(text: &str) {
     let _ = crate::config::Config::from_toml_str(text);
+}
+
+/// Where an upstream message carries a task: 2025-11-25 `result` (`tasks/get`), `result.task`
+/// (`CreateTaskResult`), `params` (`notifications/tasks/status`); 2026-07-28 `result`
+/// (`DetailedTask`) and `params` (`notifications/tasks`).
+const TASK_AT: &[&[&str]] = &[&["result"], &["result", "task"], &["params"]];
+
+/// The terminal-status rewrite on any upstream message `body`: the task at `TASK_AT[at % 3]` is
+/// rewritten to show the recorded terminal status `TaskStatus::ALL[2 + status % 3]` and
+/// `message`, by the 2025 path ([`Observed::rewrite_bytes`]) and, for one-member paths, the
+/// 2026 path (`observe::modern::rewrite`, which also drops `result`/`error` from a cancelled
+/// task). When either rewrites: the output is JSON; the task shows that status and
+/// `statusMessage` (absent when `message` is `None`); a 2026 cancelled task has no `result` or
+/// `error`; every other member of the message is as it was.
+///
+/// [`Observed::rewrite_bytes`]: crate::registry::Observed::rewrite_bytes
+pub fn status_rewrite(body: &[u8], at: u8, status: u8, message: Option<&str>) {
+    use crate::mcp::task::TaskStatus;
+    use crate::registry::Observed;
+    use serde_json::Value;
+    let path = TASK_AT[at as usize % TASK_AT.len()];
+    let status = TaskStatus::ALL[2 + status as usize % 3];
+    let observed = Observed::Rewrite {
+        status,
+        status_message: message.map(str::to_string),
+    };
+    let check = |out: &[u8], modern: bool| {
+        let before: Value = serde_json::from_slice(body).expect("rewritten ⇒ the input was JSON");
+        let after: Value = serde_json::from_slice(out).unwrap_or_else(|e| {
+            panic!(
+                "rewrite gave no JSON ({e}): {}",
+                String::from_utf8_lossy(out)
+            )
+        });
+        let task_of = |v: &Value| {
+            path.iter()
+                .try_fold(v.clone(), |v, k| v.get(k).cloned())
+                .expect("the task is still there")
+        };
+        let mut task = task_of(&after);
+        assert_eq!(task["status"], status.as_str(), "status: {task}");
+        assert_eq!(
+            task.get("statusMessage").and_then(Value::as_str),
+            message,
+            "statusMessage: {task}"
+        );
+        let mut dropped = vec!["status", "statusMessage"];
+        if modern && status == TaskStatus::Cancelled {
+            assert!(
+                task.get("result").is_none() && task.get("error").is_none(),
+                "{task}"
+            );
+            dropped.extend(["result", "error"]);
+        }
+        let mut was = task_of(&before);
+        for k in dropped {
+            for t in [&mut task, &mut was] {
+                if let Some(o) = t.as_object_mut() {
+                    o.remove(k);
+                }
+            }
+        }
+        assert_eq!(task, was, "other task members changed");
+        let (mut a, mut b) = (before, after);
+        for v in [&mut a, &mut b] {
+            let mut slot = &mut *v;
+            for k in path {
+                slot = &mut slot[*k];
+            }
+            *slot = Value::Null;
+        }
+        assert_eq!(a, b, "members outside the task changed");
+    };
+    if let Some(out) = observed.rewrite_bytes(body, path) {
+        check(&out, false);
+    }
+    if let [member] = path {
+        let bytes = Bytes::copy_from_slice(body);
+        let out = crate::layers::observe::modern::rewrite(&observed, &bytes, member);
+        if out != bytes {
+            check(&out, true);
+        }
+    }
+}
+
+/// A 2026-07-28 task object (any JSON in `body`) as the registry reads it
+/// ([`crate::era::as_registry_task`]): `ttlMs` becomes `ttl` (`null` becomes `cap`),
+/// `pollIntervalMs` becomes `pollInterval`, every other member (`taskId`, `status`, ...) is kept
+/// as it was, and a value that is not an object is returned unchanged.
+pub fn modern_task(body: &[u8], cap: u64) {
+    use serde_json::Value;
+    let Ok(task) = serde_json::from_slice::<Value>(body) else {
+        return;
+    };
+    let out = crate::era::as_registry_task(&task, cap);
+    let Some(obj) = task.as_object() else {
+        assert_eq!(out, task);
+        return;
+    };
+    let out = out.as_object().expect("an object stays an object");
+    for (k, v) in obj {
+        match k.as_str() {
+            "ttlMs" => {
+                let want = if v.is_null() {
+                    Value::from(cap)
+                } else {
+                    v.clone()
+                };
+                assert_eq!(out.get("ttl"), Some(&want), "ttl");
+            }
+            "pollIntervalMs" => assert_eq!(out.get("pollInterval"), Some(v), "pollInterval"),
+            "ttl" if obj.contains_key("ttlMs") => {}
+            "pollInterval" if obj.contains_key("pollIntervalMs") => {}
+            _ => assert_eq!(out.get(k), Some(v), "member {k}"),
+        }
+    }
+    assert!(!out.contains_key("ttlMs") && !out.contains_key("pollIntervalMs"));
 }
 
 #[cfg(test)]
@@ -239,6 +360,56 @@ mod tests {
         envelope(
             br#"{"jsonrpc":"2.0","id":"\u0061","method":"m","params":{"a":[1,2,{"b":null}]}}"#,
         );
+    }
+
+    /// The terminal-status rewrite on random task-shaped messages of both eras, with duplicate
+    /// members, escapes and odd values among them (20,000 messages, fixed seed).
+    #[test]
+    fn status_rewrite_changes_only_the_status() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let members: &[&str] = &[
+            r#""status":"working""#,
+            r#""status":"completed""#,
+            r#""status":1"#,
+            r#""statusMessage":"m""#,
+            r#""statusMessage":null"#,
+            r#""result":{"content":[]}"#,
+            r#""error":{"code":-1,"message":"x"}"#,
+            r#""taskId":"t""#,
+            r#""st\u0061tus":"working""#,
+            r#""ttlMs":null"#,
+            r#""resultType":"complete""#,
+        ];
+        for _ in 0..20_000 {
+            let n = rng.gen_range(0..6);
+            let task: Vec<&str> = (0..n)
+                .map(|_| members[rng.gen_range(0..members.len())])
+                .collect();
+            let task = format!("{{{}}}", task.join(","));
+            let body = match rng.gen_range(0..4) {
+                0 => format!(r#"{{"jsonrpc":"2.0","id":1,"result":{task}}}"#),
+                1 => format!(r#"{{"jsonrpc":"2.0","id":1,"result":{{"task":{task},"x":2}}}}"#),
+                2 => {
+                    format!(r#"{{"jsonrpc":"2.0","method":"notifications/tasks","params":{task}}}"#)
+                }
+                _ => format!(r#"{{"result":{task},"result":{{"status":"working"}}}}"#),
+            };
+            let message = [None, Some("done"), Some("a\"b")][rng.gen_range(0..3)];
+            status_rewrite(body.as_bytes(), rng.gen(), rng.gen(), message);
+        }
+    }
+
+    #[test]
+    fn modern_task_keeps_every_other_member() {
+        for body in [
+            r#"{"taskId":"t","status":"working","ttlMs":null,"pollIntervalMs":500}"#,
+            r#"{"taskId":"t","ttlMs":60000,"ttl":1}"#,
+            r#"[1,2]"#,
+            r#""x""#,
+            r#"{}"#,
+        ] {
+            modern_task(body.as_bytes(), 86_400_000);
+        }
     }
 
     #[test]

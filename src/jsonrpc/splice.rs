@@ -9,9 +9,11 @@
 //!
 //! Paths are object keys from the root (`["params", "task", "ttl"]`). Keys are compared after
 //! JSON unescaping, so `"t\u0061sk"` is `task`. With duplicate keys the last one counts, as for
-//! `serde_json::Value`. Only values whose member key is written without escapes can be removed
-//! (a removal needs the key's position); [`remove`] returns `None` otherwise and the caller falls
-//! back to a full rewrite.
+//! `serde_json::Value`, and [`replace`] changes that last one. [`remove`] splices out a member
+//! whose key is written once and without escapes (a removal needs the key's position); a key
+//! written with escapes, or repeated (where an earlier copy would surface once the last is gone),
+//! is removed by a full rewrite of the message instead: correct, but not byte-exact, for those
+//! malformed-looking messages only (found by `props::status_rewrite`).
 
 use bytes::Bytes;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -63,10 +65,10 @@ pub fn replace(
     Ok(Some(splice(json, span, replacement.as_bytes())))
 }
 
-/// `json` without the member at `path` (its key, value and one separating comma).
+/// `json` without the member at `path` (its key, value and one separating comma; every copy
+/// when the key is repeated).
 ///
-/// `Ok(None)` when there is no such member, or when its key is written with escapes. Errors:
-/// `json` is not valid JSON.
+/// `Ok(None)` when there is no such member. Errors: `json` is not valid JSON.
 pub fn remove(json: &[u8], path: &[&str]) -> Result<Option<Bytes>, serde_json::Error> {
     let Some((last, parents)) = path.split_last() else {
         return Ok(None);
@@ -77,11 +79,12 @@ pub fn remove(json: &[u8], path: &[&str]) -> Result<Option<Bytes>, serde_json::E
     let Some(m) = member(object, last)? else {
         return Ok(None);
     };
-    let (Some(key), Some(value)) = (m.key_span, span_of(json, m.value)) else {
-        return Ok(None);
+    let spans = match (m.key_span, m.copies) {
+        (Some(key), 1) => span_of_str(json, key).zip(span_of(json, m.value)),
+        _ => None,
     };
-    let Some(key) = span_of_str(json, key) else {
-        return Ok(None);
+    let Some((key, value)) = spans else {
+        return remove_rewriting(json, parents, last);
     };
     // The key's opening quote is the byte before its text.
     let start = key.start - 1;
@@ -99,6 +102,27 @@ pub fn remove(json: &[u8], path: &[&str]) -> Result<Option<Bytes>, serde_json::E
         _ => start..value.end,
     };
     Ok(Some(splice(json, range, b"")))
+}
+
+/// [`remove`] by a full rewrite: parse, drop the member, serialise.
+fn remove_rewriting(
+    json: &[u8],
+    parents: &[&str],
+    last: &str,
+) -> Result<Option<Bytes>, serde_json::Error> {
+    let mut value: serde_json::Value = serde_json::from_slice(json)?;
+    let mut slot = &mut value;
+    for key in parents {
+        match slot.get_mut(*key) {
+            Some(inner) => slot = inner,
+            None => return Ok(None),
+        }
+    }
+    let removed = slot.as_object_mut().and_then(|o| o.remove(last));
+    if removed.is_none() {
+        return Ok(None);
+    }
+    serde_json::to_vec(&value).map(|v| Some(Bytes::from(v)))
 }
 
 /// `bytes` with `range` replaced by `with`.
@@ -121,6 +145,8 @@ fn span_of_str(outer: &[u8], inner: &str) -> Option<Range<usize>> {
 struct Member<'a> {
     key_span: Option<&'a str>,
     value: &'a RawValue,
+    /// How many times the key occurs in the object.
+    copies: usize,
 }
 
 /// The member `key` of `object` (the last one, when repeated); `None` if absent or not an object.
@@ -150,7 +176,7 @@ impl<'de> Visitor<'de> for FindMember<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut found = None;
+        let mut found: Option<Member<'de>> = None;
         while let Some(k) = map.next_key_seed(Key)? {
             if k == self.0 {
                 let value: &'de RawValue = map.next_value()?;
@@ -158,7 +184,12 @@ impl<'de> Visitor<'de> for FindMember<'_> {
                     Cow::Borrowed(s) => Some(s),
                     Cow::Owned(_) => None,
                 };
-                found = Some(Member { key_span, value });
+                let copies = found.as_ref().map_or(1, |f| f.copies + 1);
+                found = Some(Member {
+                    key_span,
+                    value,
+                    copies,
+                });
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
@@ -247,7 +278,11 @@ mod tests {
             assert_eq!(s(out), *want, "{input}");
             serde_json::from_str::<serde_json::Value>(want).unwrap();
         }
-        assert!(remove(br#"{"l\u0069st":1}"#, &["list"]).unwrap().is_none());
+        // An escaped or a repeated key: removed by a full rewrite (every copy goes).
+        let escaped = remove(br#"{"l\u0069st":1,"b":2}"#, &["list"]).unwrap().unwrap();
+        assert_eq!(s(escaped), r#"{"b":2}"#);
+        let repeated = remove(br#"{"list":1,"b":2,"list":3}"#, &["list"]).unwrap().unwrap();
+        assert_eq!(s(repeated), r#"{"b":2}"#);
         assert!(remove(br#"{"a":1}"#, &["list"]).unwrap().is_none());
     }
 }

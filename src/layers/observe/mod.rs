@@ -24,7 +24,7 @@
 //! Messages that concern none of this pass without a parse (a byte search decides) and keep
 //! their bytes.
 
-mod modern;
+pub(crate) mod modern;
 
 use crate::era::{self, Era};
 use crate::exchange::{McpReply, McpRequest, ReplyBody};

@@ -96,7 +96,7 @@ impl Watch {
 /// `bytes` with the `DetailedTask` at `member` showing the recorded terminal status; a
 /// contradicting `result` / `error` is removed when that status is `cancelled` (a
 /// `CancelledTask` carries neither). Unchanged when there is nothing to rewrite.
-fn rewrite(observed: &Observed, bytes: &Bytes, member: &str) -> Bytes {
+pub(crate) fn rewrite(observed: &Observed, bytes: &Bytes, member: &str) -> Bytes {
     let Some(mut out) = observed.rewrite_bytes(bytes, &[member]) else {
         return bytes.clone();
     };
