@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Where taskgate's CPU goes per request, counted in instructions (issue 15): taskgate runs under
+# valgrind's callgrind, the bench upstream and loadgen drive one scenario through it, and the
+# counters cover only the measured part (zeroed after a warm-up, dumped after the run). Unlike
+# CPU time, instruction counts hardly move with the machine's load, so two binaries can be
+# compared on a busy shared machine; they do not show time spent waiting in the kernel.
+#
+#   bash benches/profile.sh [small|lifecycle|modern-lifecycle] [TASKGATE_BIN]
+#   COUNT=500 TOP=30 bash benches/profile.sh lifecycle /work/bins/taskgate-old
+#
+# Prints: requests measured, instructions per request (taskgate, all threads), and the TOP
+# functions by inclusive instructions per request. Needs valgrind (callgrind_control,
+# callgrind_annotate). Everything started here stops on exit.
+set -euo pipefail
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(dirname "$HERE")
+SCENARIO=${1:-small}
+TASKGATE=${2:-}
+COUNT=${COUNT:-300}
+TOP=${TOP:-25}
+command -v callgrind_control >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
+if [ -z "$TASKGATE" ]; then
+  (cd "$ROOT" && cargo build --release --quiet --bin taskgate)
+  TASKGATE="$ROOT/target/release/taskgate"
+fi
+(cd "$HERE/loadgen" && CARGO_TARGET_DIR="$HERE/loadgen/target" cargo build --release --quiet)
+LG="$HERE/loadgen/target/release/loadgen"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/taskgate-profile.XXXXXX")
+PIDS=()
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do
+    for _ in $(seq 500); do [ -e "/proc/$p" ] || break; sleep 0.02; done
+    kill -KILL "$p" 2>/dev/null || true
+  done
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $WORK" >&2; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^\",}]*\).*/\1/p" "$1" | head -1; }
+
+"$LG" spawn-ready --stdout "$WORK/up.out" --stderr "$WORK/up.err" --label upstream \
+  -- "$HERE/loadgen/target/release/upstream" --listen 127.0.0.1:0 --threads 1 > "$WORK/up.json"
+PIDS+=("$(field "$WORK/up.json" pid)")
+cat > "$WORK/tg.toml" <<EOF
+[gateway]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[store]
+path = "$WORK/store"
+[[upstream]]
+name = "bench"
+url = "http://$(field "$WORK/up.json" addr)/mcp"
+EOF
+"$LG" spawn-ready --stdout "$WORK/tg.out" --stderr "$WORK/tg.err" --label taskgate \
+  -- valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.%p" \
+  "$TASKGATE" serve --config "$WORK/tg.toml" > "$WORK/tg.json"
+TG_PID=$(field "$WORK/tg.json" pid); PIDS+=("$TG_PID")
+URL="http://$(field "$WORK/tg.json" gateway)/mcp"
+args=(--url "$URL" --target taskgate --case profile --rep 1 --concurrency 1)
+case $SCENARIO in
+  small) warm=(--scenario small --duration 2 --warmup 0); measured=(--scenario small --duration 20 --warmup 0) ;;
+  lifecycle | modern-lifecycle) warm=(--scenario "$SCENARIO" --count 10); measured=(--scenario "$SCENARIO" --count "$COUNT") ;;
+  *) echo "scenario: small, lifecycle or modern-lifecycle" >&2; exit 2 ;;
+esac
+"$LG" run "${args[@]}" "${warm[@]}" --json-out "$WORK/warm.jsonl" > /dev/null
+callgrind_control -z "$TG_PID" > /dev/null 2>&1
+"$LG" run "${args[@]}" "${measured[@]}" --json-out "$WORK/run.jsonl" > /dev/null
+callgrind_control -d "$TG_PID" > /dev/null 2>&1
+requests=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
+dump=$(ls -t "$WORK"/cg.* | head -1)
+total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(/,/, "", $1); print $1; exit }')
+echo "binary:       $TASKGATE"
+echo "scenario:     $SCENARIO, c=1"
+echo "requests:     $requests"
+echo "instructions: $total ($((total / requests)) per request)"
+# One line per function: instructions per request, then the function without its file path.
+per_request() {
+  # (Without --inclusive, callgrind_annotate 3.19 still lists the thread-start chain with the
+  # whole cost; lines at 95 % or more of the total are those and are skipped.)
+  awk -v n="$requests" -v top="$TOP" -v total="$total" -v own="${own:-0}" '
+    /^-+$/ { sep++; next }
+    sep >= 3 && /^ *[0-9,]+ / { v = $1; gsub(/,/, "", v); if (own && v >= 0.95 * total) next;
+      $1 = ""; sub(/\(.*%\) */, "");
+      sub(/^ *[^ ]*:/, ""); sub(/ \[[^]]*\]$/, "");
+      printf "%10.0f  %s\n", v / n, substr($0, 1, 140); if (++k >= top) exit }'
+}
+echo
+echo "top $TOP functions by their own instructions per request:"
+callgrind_annotate --threshold=100 "$dump" 2>/dev/null | own=1 per_request
+echo
+echo "top $TOP functions by inclusive instructions per request (callees included):"
+callgrind_annotate --inclusive=yes --threshold=100 "$dump" 2>/dev/null | per_request
