@@ -254,8 +254,10 @@ impl Watch {
         let Ok(msg) = Message::parse(bytes.clone()) else {
             return bytes;
         };
+        // One parse serves the activity note, the status update and the reply's handling below
+        // (a tasks/get answer was parsed twice before: about 10,000 instructions each).
+        let mut parsed = None;
         if is_status || is_activity {
-            // One parse serves the activity note and the status update.
             if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
                 self.registry.note_activity_in(&self.upstream, &value);
                 if msg.method() == Some("notifications/tasks/status") {
@@ -264,6 +266,7 @@ impl Watch {
                 if msg.method() == Some("notifications/tasks") {
                     return self.on_tasks_notification(bytes, value).await;
                 }
+                parsed = Some(value);
             }
         }
         let answers = waiting_for.is_some()
@@ -290,7 +293,7 @@ impl Watch {
                 era: Era::Modern,
                 ..
             } => {
-                self.on_modern_task_reply(bytes, method, &task_id, &known)
+                self.on_modern_task_reply(bytes, parsed, method, &task_id, &known)
                     .await
             }
             Expect::TaskReply {
@@ -298,7 +301,10 @@ impl Watch {
                 task_id,
                 known,
                 ..
-            } => self.on_task_reply(bytes, method, &task_id, &known).await,
+            } => {
+                self.on_task_reply(bytes, parsed, method, &task_id, &known)
+                    .await
+            }
             Expect::Nothing => bytes,
         }
     }
@@ -376,14 +382,16 @@ impl Watch {
     }
 
     /// Applies the reply to a `tasks/get|result|cancel` about `task_id`.
+    /// `parsed`: `bytes` as a `Value` when `on_message` already parsed it.
     async fn on_task_reply(
         &self,
         bytes: Bytes,
+        parsed: Option<Value>,
         method: TaskMethod,
         task_id: &str,
         known: &TaskRecord,
     ) -> Bytes {
-        let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
+        let Some(value) = parsed.or_else(|| serde_json::from_slice::<Value>(&bytes).ok()) else {
             return bytes;
         };
         let Some(result) = value.get("result") else {

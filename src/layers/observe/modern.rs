@@ -23,9 +23,11 @@ use serde_json::Value;
 
 impl Watch {
     /// Applies the reply to a 2026-07-28 `tasks/get|cancel` about `task_id`.
+    /// `parsed`: `bytes` as a `Value` when `on_message` already parsed it.
     pub(super) async fn on_modern_task_reply(
         &self,
         bytes: Bytes,
+        parsed: Option<Value>,
         method: TaskMethod,
         task_id: &str,
         known: &TaskRecord,
@@ -34,7 +36,7 @@ impl Watch {
             // Acks carry no status.
             return bytes;
         }
-        let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
+        let Some(value) = parsed.or_else(|| serde_json::from_slice::<Value>(&bytes).ok()) else {
             return bytes;
         };
         let Some(result) = value.get("result").filter(|r| r.is_object()) else {

@@ -463,13 +463,12 @@ fn hide_tasks_list(text: &str) -> Option<String> {
     Some(spliced)
 }
 
+/// `params.taskId` of a `tasks/*` request when it is a string. Found with the borrowing walk of
+/// `splice::raw_at`: the `Value` of the whole message it replaces cost about 5,000 instructions
+/// per `tasks/get`, 3 % of the task lifecycle (benches/profile.sh).
 fn task_id_param(msg: &Message) -> Option<String> {
-    let v: Value = msg.parse_as().ok()?;
-    v.get("params")?
-        .as_object()?
-        .get("taskId")?
-        .as_str()
-        .map(str::to_string)
+    let raw = splice::raw_at(msg.bytes(), &["params", "taskId"]).ok()??;
+    serde_json::from_str::<String>(raw.get()).ok()
 }
 
 fn header_string(v: Option<&HeaderValue>) -> Option<String> {
