@@ -1,0 +1,231 @@
+//! The bridged `tasks/get`, `tasks/result` (followed by polling) and `tasks/cancel`, and the
+//! `server/discover` probe (see the module docs of `bridge`).
+
+use super::translate::{self, Payload};
+use super::{answer_of, error_reply, legacy_reply, modern_request, BridgeState, UpstreamEra};
+use super::{MAX_POLL, MIN_POLL};
+use crate::exchange::{McpReply, McpRequest};
+use crate::jsonrpc::{self, Id};
+use crate::layers::extensions::AuthorisedTask;
+use crate::layers::McpService;
+use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
+use crate::registry::Observed;
+use crate::store::TaskRecord;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tower::ServiceExt;
+
+/// Asks the upstream `server/discover`; `None` when it could not be asked (transport error:
+/// try again later).
+pub(super) async fn discover<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: &McpRequest,
+) -> Option<UpstreamEra> {
+    let id = state.next_id();
+    let mut out = modern_request(
+        req,
+        &id,
+        "server/discover",
+        json!({ "_meta": translate::modern_meta(None) }),
+        None,
+    );
+    out.extensions = http::Extensions::new();
+    out.extensions.insert(crate::era::Era::Modern);
+    let reply = match inner.oneshot(out).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(error = %e, "server/discover could not be sent");
+            return None;
+        }
+    };
+    let answer = answer_of(reply, &id).await;
+    let modern = answer
+        .as_ref()
+        .and_then(|a| a.get("result"))
+        .is_some_and(translate::advertises_extension);
+    tracing::debug!(modern, "server/discover answered");
+    Some(if modern {
+        UpstreamEra::ModernTasks
+    } else {
+        UpstreamEra::Legacy
+    })
+}
+
+fn params_for(task_id: &str) -> Value {
+    json!({ "taskId": task_id, "_meta": translate::modern_meta(None) })
+}
+
+/// A bridged `tasks/get`: the `DetailedTask` answered as a 2025 `Task`.
+pub(super) async fn tasks_get<S: McpService>(
+    _state: &Arc<BridgeState>,
+    inner: S,
+    req: McpRequest,
+    record: TaskRecord,
+) -> McpReply {
+    let Some(id) = req.id().cloned() else {
+        return McpReply::accepted();
+    };
+    let out = modern_request(
+        &req,
+        &id,
+        "tasks/get",
+        params_for(&record.task_id),
+        Some(&record.task_id),
+    );
+    let answer = match inner.oneshot(out).await {
+        Ok(reply) => answer_of(reply, &id).await,
+        Err(e) => return McpReply::local_error(Some(&id), jsonrpc::INTERNAL_ERROR, &e.to_string()),
+    };
+    legacy_reply(&id, answer, |r| {
+        translate::legacy_task(r).unwrap_or_else(|| r.clone())
+    })
+}
+
+/// The wait before the next poll: the task's `pollIntervalMs`, clamped.
+fn poll_wait(task: &Value, record: &TaskRecord) -> Duration {
+    let ms = task
+        .get("pollIntervalMs")
+        .and_then(Value::as_u64)
+        .or(record.poll_interval_ms)
+        .unwrap_or(1000);
+    Duration::from_millis(ms).clamp(MIN_POLL, MAX_POLL)
+}
+
+/// The 2025 answer to `tasks/result` for a terminal `DetailedTask`.
+fn payload_reply(id: &Id, payload: Payload) -> McpReply {
+    match payload {
+        Payload::Result(r) => McpReply::local_json(jsonrpc::result_response(id, &r.to_string())),
+        Payload::Error(e) => error_reply(id, Some(&e)),
+        Payload::None(message) => {
+            McpReply::local_error(Some(id), jsonrpc::INTERNAL_ERROR, &message)
+        }
+    }
+}
+
+/// A bridged `tasks/result`: blocks, following the upstream's `tasks/get`, until the task is
+/// terminal (see the module docs). Dropping the future (the client went away) stops the polls.
+pub(super) async fn tasks_result<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: McpRequest,
+    record: TaskRecord,
+) -> McpReply {
+    let Some(id) = req.id().cloned() else {
+        return McpReply::accepted();
+    };
+    let task_id = record.task_id.clone();
+    if record.status.is_terminal() {
+        if let Some(stored) = record
+            .terminal_result
+            .as_deref()
+            .and_then(|s| serde_json::from_str::<Value>(s).ok())
+        {
+            if let Some(p) = translate::terminal_payload(&stored, &task_id) {
+                return payload_reply(&id, p)
+                    .answered_locally(crate::metrics::LocalReason::StoredResult);
+            }
+        }
+    }
+    // An open tasks/result holds its task (the "resources released" fact) until answered.
+    let _hold = state.registry.releases().hold(&req.ctx.upstream, &task_id);
+    let mut known = record;
+    loop {
+        let poll_id = state.next_id();
+        let mut out = modern_request(
+            &req,
+            &poll_id,
+            "tasks/get",
+            params_for(&task_id),
+            Some(&task_id),
+        );
+        out.extensions.insert(AuthorisedTask {
+            record: known.clone(),
+        });
+        let answer = match inner.clone().oneshot(out).await {
+            Ok(reply) => answer_of(reply, &poll_id).await,
+            Err(e) => {
+                return McpReply::local_error(Some(&id), jsonrpc::INTERNAL_ERROR, &e.to_string())
+            }
+        };
+        let Some(answer) = answer else {
+            return McpReply::local_error(
+                Some(&id),
+                jsonrpc::INTERNAL_ERROR,
+                &format!("the upstream gave no answer to tasks/get for task {task_id}"),
+            );
+        };
+        let Some(task) = answer.get("result").filter(|r| r.is_object()) else {
+            // The upstream no longer knows the task (expired, dropped: -32602), or failed.
+            return error_reply(&id, answer.get("error"));
+        };
+        if let Some(p) = translate::terminal_payload(task, &task_id) {
+            return payload_reply(&id, p);
+        }
+        if let Some(s) = task
+            .get("status")
+            .and_then(Value::as_str)
+            .and_then(TaskStatus::parse)
+        {
+            known.status = s;
+        }
+        tokio::time::sleep(poll_wait(task, &known)).await;
+    }
+}
+
+/// A bridged `tasks/cancel` (one per task: `cancel` above single-flights it).
+pub(super) async fn tasks_cancel<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: McpRequest,
+    record: TaskRecord,
+) -> McpReply {
+    let Some(id) = req.id().cloned() else {
+        return McpReply::accepted();
+    };
+    let task_id = record.task_id.clone();
+    let upstream = req.ctx.upstream.clone();
+    let out = modern_request(
+        &req,
+        &id,
+        "tasks/cancel",
+        params_for(&task_id),
+        Some(&task_id),
+    );
+    let answer = match inner.oneshot(out).await {
+        Ok(reply) => answer_of(reply, &id).await,
+        Err(e) => return McpReply::local_error(Some(&id), jsonrpc::INTERNAL_ERROR, &e.to_string()),
+    };
+    match &answer {
+        Some(a) if a.get("result").is_some() => {}
+        _ => return legacy_reply(&id, answer, Value::clone),
+    }
+    // The ack: the record (and the 2025 client) say cancelled, unless another terminal status
+    // was recorded first (first terminal state wins).
+    let mut task = record.to_task();
+    task.status = TaskStatus::Cancelled;
+    task.last_updated_at = format_rfc3339_ms(now_ms());
+    let task = serde_json::to_value(&task).unwrap_or(Value::Null);
+    let observed = state
+        .registry
+        .observe_task_as(&upstream, &task_id, task.clone(), "tasks/cancel")
+        .await;
+    match observed {
+        Observed::Rewrite { status, .. } if status != TaskStatus::Cancelled => {
+            McpReply::local_error(
+                Some(&id),
+                jsonrpc::INVALID_PARAMS,
+                &format!(
+                    "Cannot cancel task {task_id}: it is already {status} (a terminal status)"
+                ),
+            )
+        }
+        Observed::Unknown => McpReply::local_error(
+            Some(&id),
+            jsonrpc::INVALID_PARAMS,
+            &format!("Task not found: {task_id}"),
+        ),
+        _ => McpReply::local_json(jsonrpc::result_response(&id, &task.to_string())),
+    }
+}
