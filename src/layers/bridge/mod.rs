@@ -83,6 +83,8 @@ use tower::ServiceExt;
 pub const MIN_POLL: Duration = Duration::from_millis(20);
 /// Longest wait between two polls (an upstream's larger `pollIntervalMs` is lowered to it).
 pub const MAX_POLL: Duration = Duration::from_secs(5);
+/// Events of an SSE `initialize` answer kept before the answer itself (more are dropped).
+pub const MAX_EARLY_EVENTS: usize = 64;
 /// Most tool names remembered as task-only per upstream.
 pub const MAX_TASK_ONLY_TOOLS: usize = 4096;
 
@@ -258,31 +260,81 @@ async fn initialize<S: McpService>(
     inner: S,
     req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
+    let Some(id) = req.id().cloned() else {
+        return inner.oneshot(req).await;
+    };
     let probe_with = req.clone();
     let mut reply = inner.clone().oneshot(req).await?;
-    let ReplyBody::Json(bytes) = &reply.body else {
-        // An SSE initialize answer: rare; the era is learned on the first task request.
-        return Ok(reply);
+    // The answer, JSON or the SSE event carrying it (FastMCP answers `initialize` with SSE);
+    // the events before it are kept, bounded, and relayed in order.
+    let (answer, mut before, rest) = match reply.body {
+        ReplyBody::Json(bytes) => (bytes, Vec::new(), None),
+        ReplyBody::Stream(mut events) => {
+            let mut before = Vec::new();
+            let mut found = None;
+            while let Some(ev) = events.next().await {
+                if ev
+                    .data
+                    .as_deref()
+                    .is_some_and(|d| jsonrpc::is_answer_to(d.as_bytes(), &id))
+                {
+                    found = Some(ev);
+                    break;
+                }
+                if before.len() < MAX_EARLY_EVENTS {
+                    before.push(ev);
+                }
+            }
+            let Some(ev) = found else {
+                reply.body = ReplyBody::Stream(Box::pin(futures_util::stream::iter(before)));
+                return Ok(reply);
+            };
+            let data = Bytes::from(ev.data.clone().unwrap_or_default());
+            before.push(ev);
+            (data, before, Some(events))
+        }
+        other => {
+            reply.body = other;
+            return Ok(reply);
+        }
     };
-    let Ok(mut v) = serde_json::from_slice::<Value>(bytes) else {
-        return Ok(reply);
+    let rewritten = legacy_initialize(&state, &inner, &probe_with, &answer).await;
+    let answer = rewritten.unwrap_or(answer);
+    reply.body = match rest {
+        None => ReplyBody::Json(answer),
+        Some(rest) => {
+            if let Some(last) = before.last_mut() {
+                last.data = Some(String::from_utf8_lossy(&answer).into_owned());
+            }
+            ReplyBody::Stream(Box::pin(futures_util::stream::iter(before).chain(rest)))
+        }
     };
-    let Some(result) = v.get_mut("result").filter(|r| r.is_object()) else {
-        return Ok(reply);
-    };
+    Ok(reply)
+}
+
+/// An `InitializeResult` with the 2025 `capabilities.tasks` added when the upstream serves the
+/// 2026 tasks extension; `None` when it stays as it is. Learns the era on the way.
+async fn legacy_initialize<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+    answer: &[u8],
+) -> Option<Bytes> {
+    let mut v = serde_json::from_slice::<Value>(answer).ok()?;
+    let result = v.get_mut("result").filter(|r| r.is_object())?;
     if result.pointer("/capabilities/tasks").is_some() {
         state.learn(UpstreamEra::Legacy);
-        return Ok(reply);
+        return None;
     }
     if translate::advertises_extension(result) {
         state.learn(UpstreamEra::ModernTasks);
     }
-    if upstream_era(&state, &inner, &probe_with).await == UpstreamEra::ModernTasks
+    if upstream_era(state, inner, req).await == UpstreamEra::ModernTasks
         && translate::add_legacy_tasks_capability(result)
     {
-        reply.body = ReplyBody::Json(Bytes::from(v.to_string()));
+        return Some(Bytes::from(v.to_string()));
     }
-    Ok(reply)
+    None
 }
 
 async fn tools_list<S: McpService>(
