@@ -326,3 +326,91 @@ async fn a_bridged_task_survives_sigkill_mid_result() {
     let res = c.result("4", &t).await;
     assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Plain clients on a 2026 task server ([upgrade] enabled)
+// ---------------------------------------------------------------------------------------------
+
+fn only_task(state: &Shared) -> Option<String> {
+    state.lock().unwrap().tasks.keys().next().cloned()
+}
+
+/// A client without the tasks capability calls a tool the 2026 server only runs as a task (it
+/// answers `-32021`): taskgate sends the call again declaring the extension, records the task
+/// (origin `upgraded`), follows it and answers the original id with the real result.
+#[tokio::test]
+async fn a_plain_call_answered_32021_gets_the_real_result() {
+    let (up, state) = modern_server().await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let body = call_body("41", "task_only", Some(json!("pt-41")));
+    let answer = {
+        let c = Client {
+            url: c.url.clone(),
+            token: None,
+            session: c.session.clone(),
+        };
+        tokio::spawn(async move { call(&c, &body, &json!(41)).await })
+    };
+    assert!(
+        up.wait_for_method("tools/call", 2, STEP).await,
+        "sent again as a task"
+    );
+    let calls = up.received("tools/call");
+    assert!(calls[0].json()["params"]["_meta"]
+        .get("io.modelcontextprotocol/clientCapabilities")
+        .is_none());
+    assert!(
+        calls[1].json()["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]
+            ["extensions"][EXT]
+            .is_object()
+    );
+    let t = only_task(&state).expect("the upstream created the task");
+    assert!(up.wait_for_method("tasks/get", 1, STEP).await, "followed");
+    set(&state, &t, "completed");
+    let out = answer.await.unwrap();
+    assert_eq!(
+        out.answer["result"]["content"][0]["text"],
+        format!("done {t}"),
+        "{:?}",
+        out
+    );
+    assert_eq!(tg.record(&t).unwrap().origin, Origin::Upgraded);
+}
+
+/// The plain client's `notifications/cancelled` for an upgraded call becomes one upstream
+/// `tasks/cancel`.
+#[tokio::test]
+async fn notifications_cancelled_of_an_upgraded_call_cancels_once() {
+    let (up, state) = modern_server().await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let body = call_body("51", "task_only", None);
+    let _answer = {
+        let c = Client {
+            url: c.url.clone(),
+            token: None,
+            session: c.session.clone(),
+        };
+        tokio::spawn(async move { c.send(body).await.bytes().await })
+    };
+    assert!(up.wait_for_method("tasks/get", 1, STEP).await, "followed");
+    let t = only_task(&state).unwrap();
+    for _ in 0..2 {
+        c.notify(
+            "notifications/cancelled",
+            json!({"requestId": 51, "reason": "user"}),
+        )
+        .await;
+    }
+    assert!(up.wait_for_method("tasks/cancel", 1, STEP).await);
+    let r = eventually(STEP, || async {
+        tg.record(&t).filter(|r| r.status == TaskStatus::Cancelled)
+    })
+    .await;
+    assert!(r.is_some(), "recorded cancelled");
+    assert_eq!(count(&up, "tasks/cancel"), 1, "one upstream cancel");
+    assert_eq!(count(&up, "notifications/cancelled"), 0);
+}

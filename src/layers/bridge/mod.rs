@@ -400,7 +400,10 @@ async fn task_call<S: McpService>(
     if let Some(p) = req.extensions.get_mut::<PendingCreation>() {
         let mut template = (*p.template).clone();
         template.era = Era::Modern;
-        template.origin = Origin::Bridged;
+        // A call `upgrade` turned into a task keeps its origin.
+        if template.origin != Origin::Upgraded {
+            template.origin = Origin::Bridged;
+        }
         template.upstream_session = None;
         template.protocol_version = Some(era::MODERN_VERSION.to_string());
         p.template = Arc::new(template);

@@ -110,6 +110,8 @@ pub fn terminal_payload(task: &Value, task_id: &str) -> Option<Payload> {
         "completed" => match task.get("result") {
             Some(Value::Object(r)) => {
                 let mut r = r.clone();
+                // 2025 results carry no `resultType`.
+                r.remove("resultType");
                 let meta = r.entry("_meta").or_insert_with(|| json!({}));
                 if let Some(m) = meta.as_object_mut() {
                     m.insert(RELATED_TASK_META.into(), json!({ "taskId": task_id }));
@@ -231,11 +233,12 @@ mod tests {
 
     #[test]
     fn payloads_by_status() {
-        let done = json!({"taskId":"a","status":"completed","result":{"content":[]}});
+        let done = json!({"taskId":"a","status":"completed","result":{"content":[],"resultType":"complete"}});
         let Some(Payload::Result(r)) = terminal_payload(&done, "a") else {
             panic!("a result")
         };
         assert_eq!(r["_meta"][RELATED_TASK_META]["taskId"], "a");
+        assert!(r.get("resultType").is_none());
         let failed = json!({"taskId":"a","status":"failed","error":{"code":-32603,"message":"m"}});
         assert_eq!(
             terminal_payload(&failed, "a"),
