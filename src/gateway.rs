@@ -146,9 +146,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .layer(SessionLayer::new(sessions.clone()))
             .layer(TasksLayer::new(registry.clone(), authenticated))
             .layer(CancelLayer::new(CancelState::new(registry.clone())))
-            .layer(BridgeLayer::new(BridgeState::new(
+            .layer(BridgeLayer::new(BridgeState::with_sessions(
                 registry.clone(),
                 u.protocol,
+                sessions.clone(),
             )))
             .layer(ObserveLayer::new(registry.clone()))
             .service(upstream);

@@ -304,9 +304,11 @@ async fn a_bridged_task_survives_sigkill_mid_result() {
             t.clone(),
         );
         tokio::spawn(async move {
+            // Held open (the SSE answer): a client that goes away stops the polls.
             c.send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
                 .await
-                .status()
+                .bytes()
+                .await
         })
     };
     assert!(
@@ -413,4 +415,71 @@ async fn notifications_cancelled_of_an_upgraded_call_cancels_once() {
     assert!(r.is_some(), "recorded cancelled");
     assert_eq!(count(&up, "tasks/cancel"), 1, "one upstream cancel");
     assert_eq!(count(&up, "notifications/cancelled"), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// input_required
+// ---------------------------------------------------------------------------------------------
+
+/// `input_required`: the `inputRequests` entry becomes one `elicitation/create` on the
+/// `tasks/result` stream (related-task `_meta`), never asked again though every poll repeats it;
+/// the client's answer goes upstream as `tasks/update` under the key; then the result.
+#[tokio::test]
+async fn input_required_is_asked_once_and_answered_with_tasks_update() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({"elicitation": {}, "tasks": {}})).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "input_required");
+    let resp = c
+        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut sse = resp.sse();
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    assert_eq!(ask["params"]["_meta"][RELATED]["taskId"], json!(t), "{ask}");
+    assert_eq!(ask["params"]["message"], "your name?");
+    // The same snapshot on later polls is not asked again.
+    let polls = count(&up, "tasks/get");
+    assert!(up.wait_for_method("tasks/get", polls + 3, STEP).await);
+    let answer = json!({"jsonrpc":"2.0","id": ask["id"],
+        "result":{"action":"accept","content":{"name":"Luca"}}});
+    let r = c.send(answer.to_string()).await;
+    assert_eq!(r.status(), 202);
+    assert!(up.wait_for_method("tasks/update", 1, STEP).await);
+    let update = up.received("tasks/update").pop().unwrap().json();
+    assert_eq!(update["params"]["taskId"], json!(t));
+    assert_eq!(
+        update["params"]["inputResponses"]["name"]["content"]["name"], "Luca",
+        "{update}"
+    );
+    set(&state, &t, "completed");
+    let done = sse.next_event(STEP).await.json();
+    assert_eq!(
+        done["id"], 3,
+        "no second elicitation before the answer: {done}"
+    );
+    assert_eq!(
+        done["result"]["_meta"][RELATED]["taskId"],
+        json!(t),
+        "{done}"
+    );
+    assert_eq!(count(&up, "tasks/update"), 1);
+}
+
+/// A client that did not declare `capabilities.elicitation` gets a clear error from
+/// `tasks/result`, and the task is cancelled upstream once.
+#[tokio::test]
+async fn input_required_without_the_capability_cancels_the_task() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "input_required");
+    let res = c.result("3", &t).await;
+    assert_eq!(err_code(&res), -32603, "{res}");
+    assert!(err_message(&res).contains("elicitation/create"), "{res}");
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Cancelled);
 }

@@ -62,6 +62,10 @@ pub fn modern_handler(
         let mut s = state.lock().unwrap();
         let task_id = v["params"]["taskId"].as_str().unwrap_or("").to_string();
         let result = |r: Value| ScriptedResponse::json(rpc_result(&id, &r.to_string()));
+        if v.get("id").is_none() {
+            // A notification (or a client's response): accepted.
+            return ScriptedResponse::accepted();
+        }
         match method.as_str() {
             // Dual-era, like FastMCP 4: a 2025 `initialize` gets a session and no legacy
             // `capabilities.tasks`; `server/discover` advertises the tasks extension.

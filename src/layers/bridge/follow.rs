@@ -1,19 +1,23 @@
 //! The bridged `tasks/get`, `tasks/result` (followed by polling) and `tasks/cancel`, and the
 //! `server/discover` probe (see the module docs of `bridge`).
 
+use super::input::{self, Ask, Pending};
 use super::translate::{self, Payload};
 use super::{answer_of, error_reply, legacy_reply, modern_request, BridgeState, UpstreamEra};
 use super::{MAX_POLL, MIN_POLL};
-use crate::exchange::{McpReply, McpRequest};
+use crate::exchange::{McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::AuthorisedTask;
 use crate::layers::McpService;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::registry::Observed;
+use crate::sse::{Event, EventStream};
 use crate::store::TaskRecord;
+use http::{HeaderMap, HeaderValue, StatusCode};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tower::ServiceExt;
 
 /// Asks the upstream `server/discover`; `None` when it could not be asked (transport error:
@@ -105,7 +109,8 @@ fn payload_reply(id: &Id, payload: Payload) -> McpReply {
 }
 
 /// A bridged `tasks/result`: blocks, following the upstream's `tasks/get`, until the task is
-/// terminal (see the module docs). Dropping the future (the client went away) stops the polls.
+/// terminal (see the module docs). Answered as an SSE stream: `input_required` prompts (see
+/// `input`) come first, the answer last. The client closing the stream stops the polls.
 pub(super) async fn tasks_result<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
@@ -128,13 +133,75 @@ pub(super) async fn tasks_result<S: McpService>(
             }
         }
     }
+    let (tx, rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
+    let state = state.clone();
+    tokio::spawn(async move {
+        let closed = tx.clone();
+        tokio::select! {
+            answer = follow_result(&state, inner, &req, record, &tx) => {
+                let bytes = match answer.body {
+                    ReplyBody::Json(b) => b,
+                    _ => jsonrpc::error_response(Some(&id), jsonrpc::INTERNAL_ERROR, "no answer"),
+                };
+                let _ = tx.send(event(String::from_utf8_lossy(&bytes).into_owned())).await;
+            }
+            _ = closed.closed() => {
+                tracing::debug!(task_id, "bridged tasks/result: the client went away");
+            }
+        }
+    });
+    sse_reply(rx)
+}
+
+/// Capacity of the channel to a bridged `tasks/result` stream.
+const RELAY_CAPACITY: usize = 64;
+
+fn event(data: String) -> Event {
+    Event {
+        event: Some("message".into()),
+        data: Some(data),
+        id: None,
+        retry: None,
+    }
+}
+
+fn sse_reply(rx: mpsc::Receiver<Event>) -> McpReply {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    let events: EventStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|ev| (ev, rx))
+    }));
+    McpReply {
+        status: StatusCode::OK,
+        headers,
+        body: ReplyBody::Stream(events),
+    }
+}
+
+/// Polls until terminal; sends input requests on `tx`; returns the answer (JSON).
+async fn follow_result<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: &McpRequest,
+    record: TaskRecord,
+    tx: &mpsc::Sender<Event>,
+) -> McpReply {
+    let id = req.id().cloned().expect("a request");
+    let task_id = record.task_id.clone();
     // An open tasks/result holds its task (the "resources released" fact) until answered.
     let _hold = state.registry.releases().hold(&req.ctx.upstream, &task_id);
     let mut known = record;
     loop {
         let poll_id = state.next_id();
         let mut out = modern_request(
-            &req,
+            req,
             &poll_id,
             "tasks/get",
             params_for(&task_id),
@@ -161,6 +228,7 @@ pub(super) async fn tasks_result<S: McpService>(
             return error_reply(&id, answer.get("error"));
         };
         if let Some(p) = translate::terminal_payload(task, &task_id) {
+            state.inputs.forget(&task_id);
             return payload_reply(&id, p);
         }
         if let Some(s) = task
@@ -170,7 +238,81 @@ pub(super) async fn tasks_result<S: McpService>(
         {
             known.status = s;
         }
+        if let Some(requests) = task.get("inputRequests").and_then(Value::as_object) {
+            for (key, request) in requests {
+                match state
+                    .inputs
+                    .ask(state.sessions.as_ref(), &req.ctx, &task_id, key, request)
+                {
+                    Ask::Already => {}
+                    Ask::Send(message) => {
+                        if tx.send(event(message)).await.is_err() {
+                            return McpReply::accepted();
+                        }
+                    }
+                    Ask::Unsupported(method) => {
+                        cancel_for_input(state, inner.clone(), req, &known).await;
+                        return McpReply::local_error(
+                            Some(&id),
+                            jsonrpc::INTERNAL_ERROR,
+                            &format!(
+                                "task {task_id} needs input by `{method}`, which this client did not declare (or taskgate cannot relay); the task was cancelled"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
         tokio::time::sleep(poll_wait(task, &known)).await;
+    }
+}
+
+/// Cancels a task whose input the client cannot give (one upstream `tasks/cancel`, recorded).
+async fn cancel_for_input<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: &McpRequest,
+    record: &TaskRecord,
+) {
+    let id = state.next_id();
+    let cancel = super::internal_request(req, &id, "tasks/cancel", &record.task_id);
+    state
+        .registry
+        .request_cancel(&req.ctx.upstream, &record.task_id)
+        .await;
+    let answer = tasks_cancel(state, inner, cancel, record.clone()).await;
+    tracing::info!(task_id = %record.task_id, answer = ?answer.body, "task cancelled: its input cannot be asked");
+}
+
+/// Sends a client's answer to an input request upstream as `tasks/update`.
+pub(super) async fn send_update<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: &McpRequest,
+    pending: Pending,
+) {
+    let answer = match &req.op {
+        crate::exchange::Operation::Post(m) => m.parse_as::<Value>().unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    let id = state.next_id();
+    let params = json!({
+        "taskId": pending.task_id,
+        "inputResponses": { pending.key.clone(): input::response_value(&answer) },
+        "_meta": translate::modern_meta(None),
+    });
+    let base = McpRequest {
+        op: req.op.clone(),
+        ctx: pending.ctx.clone(),
+        extensions: http::Extensions::new(),
+    };
+    let out = modern_request(&base, &id, "tasks/update", params, Some(&pending.task_id));
+    match inner.oneshot(out).await {
+        Ok(reply) => {
+            let a = answer_of(reply, &id).await;
+            tracing::debug!(task_id = %pending.task_id, key = %pending.key, answer = ?a, "tasks/update sent");
+        }
+        Err(e) => tracing::warn!(task_id = %pending.task_id, error = %e, "tasks/update failed"),
     }
 }
 

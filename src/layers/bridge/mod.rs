@@ -55,6 +55,7 @@
 //! the discovery), `translate` (the pure shape translations).
 
 mod follow;
+pub mod input;
 pub mod translate;
 
 use crate::config::UpstreamProtocol;
@@ -105,6 +106,8 @@ pub struct BridgeState {
     probe: tokio::sync::Mutex<()>,
     task_only: Mutex<HashSet<String>>,
     next_id: AtomicU64,
+    inputs: input::Inputs,
+    sessions: Option<Arc<crate::layers::session::Sessions>>,
 }
 
 impl BridgeState {
@@ -117,7 +120,23 @@ impl BridgeState {
             probe: tokio::sync::Mutex::new(()),
             task_only: Mutex::new(HashSet::new()),
             next_id: AtomicU64::new(1),
+            inputs: input::Inputs::default(),
+            sessions: None,
         })
+    }
+
+    /// The state of one upstream, reading client capabilities (for `input_required`) from
+    /// `sessions`.
+    pub fn with_sessions(
+        registry: Arc<Registry>,
+        protocol: UpstreamProtocol,
+        sessions: Arc<crate::layers::session::Sessions>,
+    ) -> Arc<BridgeState> {
+        let mut state = BridgeState::new(registry, protocol);
+        if let Some(s) = Arc::get_mut(&mut state) {
+            s.sessions = Some(sessions);
+        }
+        state
     }
 
     /// The upstream's era when known without asking it.
@@ -199,6 +218,12 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
         if Era::of(&req) == Era::Modern || state.known() == Some(UpstreamEra::Legacy) {
             return Box::pin(inner.oneshot(req));
         }
+        if let Some(pending) = input_answer(&state, &req) {
+            return Box::pin(async move {
+                follow::send_update(&state, inner, &req, pending).await;
+                Ok(McpReply::accepted())
+            });
+        }
         match req.request_method() {
             Some("initialize") => Box::pin(initialize(state, inner, req)),
             Some("tools/list") => Box::pin(tools_list(state, inner, req)),
@@ -231,6 +256,33 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             _ => Box::pin(inner.oneshot(req)),
         }
     }
+}
+
+/// taskgate's own 2025 `method` about `task_id` under `id`, in `req`'s context (for
+/// `follow`'s `tasks/cancel` of a task whose input cannot be asked).
+fn internal_request(req: &McpRequest, id: &Id, method: &str, task_id: &str) -> McpRequest {
+    let text = format!(
+        r#"{{"jsonrpc":"2.0","id":{},"method":{},"params":{}}}"#,
+        id.as_json(),
+        Value::String(method.to_string()),
+        json!({ "taskId": task_id })
+    );
+    McpRequest {
+        op: Operation::Post(Message::parse(Bytes::from(text)).expect("a well-formed request")),
+        ctx: req.ctx.clone(),
+        extensions: http::Extensions::new(),
+    }
+}
+
+/// The input request a POSTed client response answers (see `input`), taken.
+fn input_answer(state: &BridgeState, req: &McpRequest) -> Option<input::Pending> {
+    let Operation::Post(msg) = &req.op else {
+        return None;
+    };
+    if !matches!(msg.kind(), jsonrpc::Kind::Response | jsonrpc::Kind::Error) {
+        return None;
+    }
+    state.inputs.take(msg.id()?, &req.ctx.caller())
 }
 
 /// The upstream's era, asking `server/discover` once when it is not known.
