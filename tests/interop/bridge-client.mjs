@@ -6,13 +6,16 @@
 //
 //   node bridge-client.mjs URL [--label NAME] [--timeout-ms 90000]
 //
+// 14 checks: the task lifecycle (12), an input_required task answered through elicitation, and a
+// plain client (no tasks capability) calling the task-only failing_job (needs [upgrade] enabled).
+//
 // Prints one JSON summary {label, url, ok, passed, failed:[names], checks:[{name,ok,detail}]} and
 // exits 0 only when every check passed.
 
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { InMemoryTaskStore } from '@modelcontextprotocol/sdk/experimental/tasks';
-import { CallToolResultSchema, CreateTaskResultSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
+import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
 import { parseArgs, sleep, withTimeout } from './lib.mjs';
 
 const RELATED_TASK = 'io.modelcontextprotocol/related-task';
@@ -55,7 +58,15 @@ async function pollTask(client, taskId, until, maxMs = 15000) {
 }
 
 async function lifecycle() {
-    const client = new Client({ name: 'taskgate-bridge-client', version: '1.0.0' }, { capabilities: { tasks: { list: {}, cancel: {} } }, taskStore: new InMemoryTaskStore() });
+    const client = new Client(
+        { name: 'taskgate-bridge-client', version: '1.0.0' },
+        { capabilities: { tasks: { list: {}, cancel: {} }, elicitation: {} }, taskStore: new InMemoryTaskStore() }
+    );
+    const elicited = [];
+    client.setRequestHandler(ElicitRequestSchema, async request => {
+        elicited.push({ message: request.params?.message, related: request.params?._meta?.[RELATED_TASK]?.taskId });
+        return { action: 'accept', content: { confirm: true } };
+    });
     const transport = new StreamableHTTPClientTransport(new URL(url));
     if (!(await step('initialize', async () => check('initialize', (await withTimeout(client.connect(transport, req), 20000, 'initialize'), true))))) return;
     const tasksCap = client.getServerCapabilities()?.tasks;
@@ -108,6 +119,27 @@ async function lifecycle() {
         const cancelled = await client.experimental.tasks.cancelTask(r.task.taskId, req);
         const now = await client.experimental.tasks.getTask(r.task.taskId, req);
         check('tasks-cancel-working', cancelled.status === 'cancelled' && now.status === 'cancelled', { cancel: cancelled, get: now });
+    });
+    await step('elicitation-input', async () => {
+        const r = await callAsTask(client, 'confirm_delete', { filename: 'bridge.txt' });
+        const result = await client.experimental.tasks.getTaskResult(r.task.taskId, CallToolResultSchema, req);
+        const text = result.content?.[0]?.text ?? '';
+        check('elicitation-input', text.startsWith('confirm_delete(bridge.txt)') && text.includes('true') && elicited.length === 1 && elicited[0].related === r.task.taskId, { text, elicited });
+    });
+    // A client that never asks for tasks calls a task-only tool (taskSupport "required"; the 2026
+    // server answers -32021 to a plain call): through taskgate with [upgrade] the real result.
+    await step('upgrade-plain-call', async () => {
+        const plain = new Client({ name: 'taskgate-bridge-plain-client', version: '1.0.0' }, { capabilities: {} });
+        const t = new StreamableHTTPClientTransport(new URL(url));
+        await withTimeout(plain.connect(t, req), 20000, 'initialize (plain)');
+        try {
+            const progress = [];
+            const result = await plain.callTool({ name: 'failing_job', arguments: {} }, CallToolResultSchema, { ...req, onprogress: p => progress.push(p.progress) });
+            check('upgrade-plain-call', result.isError === true && result.content?.[0]?.text?.includes('failed on purpose'), { result, progress });
+        } finally {
+            await t.terminateSession().catch(() => {});
+            await plain.close().catch(() => {});
+        }
     });
     if (slow) await expectError('tasks-cancel-terminal', client.experimental.tasks.cancelTask(slow.taskId, req), [-32602]);
     else check('tasks-cancel-terminal', false, { error: 'no task' });

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Issue 12: the Python SDK client (mcp==1.30.0, 2025-11-25 tasks) against a 2026-07-28 task
 server (modern_task_server.py: FastMCP 4.1.4 + fastmcp-tasks 4.1.4), directly or through taskgate's
-bridge. The same 12 checks, under the same names, as bridge-client.mjs.
+bridge. The same 14 checks, under the same names, as bridge-client.mjs (the task lifecycle,
+an input_required task answered through elicitation, a plain client calling a task-only tool).
 
     python py_bridge_client.py URL [--label NAME] [--timeout-ms 90000]
 
@@ -75,6 +76,29 @@ async def not_served(_context: Any, _params: Any) -> types.ErrorData:
     return types.ErrorData(code=types.INVALID_PARAMS, message="this client holds no tasks")
 
 
+ELICITED: list[dict[str, Any]] = []
+
+
+async def on_elicit(_context: Any, params: Any) -> types.ElicitResult:
+    meta = getattr(params, "meta", None)
+    related = None
+    if meta is not None:
+        extra = meta.model_dump(by_alias=True) if hasattr(meta, "model_dump") else dict(meta)
+        related = (extra.get(RELATED_TASK) or {}).get("taskId")
+    ELICITED.append({"message": getattr(params, "message", None), "related": related})
+    return types.ElicitResult(action="accept", content={"confirm": True})
+
+
+async def plain_call(url: str) -> None:
+    """A client without the tasks capability calls the task-only failing_job."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=300)) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write, _sid):
+            async with ClientSession(read, write, read_timeout_seconds=timedelta(seconds=20)) as session:
+                await session.initialize()
+                result = dump(await session.call_tool("failing_job", {}))
+                check("upgrade-plain-call", result.get("isError") is True and "failed on purpose" in first_text(result), {"result": result})
+
+
 async def poll(session: ClientSession, task_id: str, max_s: float = 15.0) -> dict[str, Any]:
     deadline = time.monotonic() + max_s
     while True:
@@ -94,8 +118,10 @@ async def lifecycle(url: str) -> None:
                 read_timeout_seconds=timedelta(seconds=20),
                 client_info=types.Implementation(name="taskgate-py-bridge-client", version="1.0.0"),
                 experimental_task_handlers=handlers,
+                elicitation_callback=on_elicit,
             ) as session:
                 await in_session(session)
+    await step("upgrade-plain-call", lambda: plain_call(url))
 
 
 async def in_session(session: ClientSession) -> None:
@@ -176,6 +202,14 @@ async def in_session(session: ClientSession) -> None:
         check("tasks-cancel-working", cancelled["status"] == "cancelled" and now["status"] == "cancelled", {"cancel": cancelled, "get": now})
 
     await step("tasks-cancel-working", cancel_working)
+    async def elicitation() -> None:
+        created = await session.experimental.call_tool_as_task("confirm_delete", {"filename": "bridge.txt"}, ttl=60000)
+        result = dump(await session.experimental.get_task_result(created.task.taskId, types.CallToolResult))
+        text = first_text(result)
+        ok = text.startswith("confirm_delete(bridge.txt)") and "true" in text and len(ELICITED) == 1 and ELICITED[0]["related"] == created.task.taskId
+        check("elicitation-input", ok, {"text": text, "elicited": ELICITED})
+
+    await step("elicitation-input", elicitation)
     if slow_id:
         await expect_error("tasks-cancel-terminal", session.experimental.cancel_task(slow_id), [-32602])
     else:

@@ -264,7 +264,9 @@ impl<S: McpService> tower::Service<McpRequest> for UpgradeService<S> {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let state = self.state.clone();
-        if !state.config.enabled {
+        // Upgrading is a 2025-11-25 notion (a 2026-07-28 client declares the tasks extension
+        // itself, or gets the upstream's -32021).
+        if !state.config.enabled || crate::era::Era::of(&req) == crate::era::Era::Modern {
             let mut inner = inner;
             return Box::pin(inner.call(req));
         }
