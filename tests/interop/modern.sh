@@ -175,6 +175,8 @@ log "fixture (FastMCP $(field fixture-direct version)) direct: ${URL[direct]}"
 taskgate_config() { # taskgate_config NAME AUTH_BLOCK UPSTREAM_URL [RMCP_URL]
     printf '[gateway]\nlisten = "127.0.0.1:0"\ndrain_timeout_ms = 1000\n\n[admin]\nlisten = "127.0.0.1:0"\n\n'
     printf '[store]\npath = "%s"\n\n%s\n' "$WORK/$1-store" "$2"
+    # [upgrade] for bridge-clients' plain client (2025 requests only; 2026 ones pass it untouched).
+    printf '[upgrade]\nenabled = true\n\n'
     printf '[[upstream]]\nname = "modern"\nurl = "%s"\n' "$3"
     [[ -n ${4:-} ]] && printf '\n[[upstream]]\nname = "rmcp"\nurl = "%s"\n' "$4"
     return 0
@@ -275,9 +277,11 @@ run_client modern-fastmcp-client 180 "$VENV/bin/python" "$HERE/modern_fastmcp_cl
 
 # ---- bridge-clients (issue 12): 2025-11-25 task clients on the 2026-07-28 fixture -----------------
 # The TS SDK 1.32.2 (bridge-client.mjs) and Python mcp 1.30.0 (py_bridge_client.py, in .venv from
-# requirements.txt, skipped with a note when that venv is missing) task clients, 12 checks each:
+# requirements.txt, skipped with a note when that venv is missing) task clients, 14 checks each:
 # create with params.task, tasks/get, tasks/list, blocking tasks/result, failing and protocol-error
-# tasks, cancel of a working task -> cancelled, cancel of a terminal task -> -32602. Directly they
+# tasks, cancel of a working task -> cancelled, cancel of a terminal task -> -32602, an input_required
+# task answered through elicitation, and a plain client's call of the task-only failing_job (taskgate
+# runs with [upgrade] enabled). Directly they
 # cannot work (the fixture runs params.task calls plainly, answers -32021 for task-only tools and has
 # no 2025 tasks/*): the direct count is recorded in bridge-counts.txt, never required. Through
 # taskgate (its bridge layer) every check must pass.
