@@ -483,3 +483,27 @@ async fn input_required_without_the_capability_cancels_the_task() {
     assert_eq!(count(&up, "tasks/cancel"), 1);
     assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Cancelled);
 }
+
+/// A call that asked for a task and was run plainly by the server is a task already
+/// `completed` for the 2025 client: recorded with its result; tasks/get, tasks/result and
+/// tasks/list answer from the record, without the upstream.
+#[tokio::test]
+async fn a_plain_answer_to_a_task_call_is_a_completed_task() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let v = c.rpc(create_body(2, "plain_tool")).await;
+    assert_eq!(v["result"]["task"]["status"], "completed", "{v}");
+    let t = v["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    assert_eq!(tg.record(&t).unwrap().origin, Origin::Bridged);
+    let got = c.get("3", &t).await;
+    assert_eq!(got["result"]["status"], "completed", "{got}");
+    let res = c.result("4", &t).await;
+    assert_eq!(res["result"]["content"][0]["text"], "plain", "{res}");
+    assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");
+    let list = c.list("5", None).await;
+    assert!(list.to_string().contains(&t), "{list}");
+    let cancel = c.cancel("6", &t).await;
+    assert_eq!(err_code(&cancel), -32602, "{cancel}");
+    assert_eq!(count(&up, "tasks/get") + count(&up, "tasks/cancel"), 0);
+}

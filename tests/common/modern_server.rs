@@ -98,6 +98,10 @@ pub fn modern_handler(
                     ),
                 )
             }
+            // Runs plainly even when the request declares the extension.
+            "tools/call" if v["params"]["name"] == "plain_tool" => result(json!({
+                "resultType": "complete", "content": [{"type": "text", "text": "plain"}]
+            })),
             "tools/call" => {
                 s.next += 1;
                 let tid = format!("mt-{}-{}", s.next, now_ms());

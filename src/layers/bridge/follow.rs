@@ -71,6 +71,10 @@ pub(super) async fn tasks_get<S: McpService>(
     let Some(id) = req.id().cloned() else {
         return McpReply::accepted();
     };
+    if let Some(task) = stored_task(&record) {
+        return McpReply::local_json(jsonrpc::result_response(&id, &task.to_string()))
+            .answered_locally(crate::metrics::LocalReason::StoredResult);
+    }
     let out = modern_request(
         &req,
         &id,
@@ -85,6 +89,20 @@ pub(super) async fn tasks_get<S: McpService>(
     legacy_reply(&id, answer, |r| {
         translate::legacy_task(r).unwrap_or_else(|| r.clone())
     })
+}
+
+/// The 2025 `Task` of a terminal record from the `DetailedTask` it holds.
+fn stored_task(record: &TaskRecord) -> Option<Value> {
+    if !record.status.is_terminal() {
+        return None;
+    }
+    let stored: Value = serde_json::from_str(record.terminal_result.as_deref()?).ok()?;
+    let mut task = translate::legacy_task(&stored)?;
+    // The recorded status wins (a cancel recorded before a late completion).
+    if record.status == TaskStatus::Cancelled {
+        task["status"] = json!("cancelled");
+    }
+    Some(task)
 }
 
 /// The wait before the next poll: the task's `pollIntervalMs`, clamped.
@@ -121,6 +139,13 @@ pub(super) async fn tasks_result<S: McpService>(
         return McpReply::accepted();
     };
     let task_id = record.task_id.clone();
+    if record.status == TaskStatus::Cancelled {
+        // Cancelled is final, whatever the upstream reports later: no result exists.
+        return payload_reply(
+            &id,
+            Payload::None(format!("task {task_id} was cancelled; it has no result")),
+        );
+    }
     if record.status.is_terminal() {
         if let Some(stored) = record
             .terminal_result

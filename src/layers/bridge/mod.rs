@@ -30,9 +30,11 @@
 //! - `tools/call` with `params.task`: sent as a 2026 `tools/call` without `params.task`; the flat
 //!   `CreateTaskResult` is recorded by `observe` (origin `bridged`, era `modern`) before the client
 //!   sees the id, and answered nested (`{task:{taskId, status, ttl, pollInterval, …}}`). A plain
-//!   answer (the server ran the call without a task) is passed on as it is;
+//!   result (the server ran the call without a task) is recorded as a task already `completed`
+//!   under an id taskgate mints, with the result, and answered as its `CreateTaskResult`;
 //! - `tasks/get`: 2026 `tasks/get`; the `DetailedTask` answered as a 2025 `Task` (a `completed`
-//!   with `isError: true` is a 2025 `failed`);
+//!   with `isError: true` is a 2025 `failed`); a terminal task whose result the record holds is
+//!   answered from the record;
 //! - `tasks/result`: served here by polling 2026 `tasks/get` at the task's `pollIntervalMs`
 //!   (clamped to [`MIN_POLL`]..[`MAX_POLL`]) until it is terminal, then answered with the
 //!   `CallToolResult` and the related-task `_meta`, the task's JSON-RPC `error` when it `failed`,
@@ -469,12 +471,68 @@ async fn task_call<S: McpService>(
         translate::modern_params(params.as_ref()),
         tool.as_deref(),
     );
-    req.extensions.clear();
+    let pending = req.extensions.remove::<PendingCreation>();
     let reply = inner.oneshot(out).await?;
     let answer = answer_of(reply, &id).await;
+    let plain = answer
+        .as_ref()
+        .and_then(|a| a.get("result"))
+        .filter(|r| r.is_object() && translate::legacy_create_result(r).is_none());
+    if let (Some(result), Some(pending)) = (plain, pending) {
+        return Ok(completed_task(&state, &id, result, pending).await);
+    }
     Ok(legacy_reply(&id, answer, |result| {
         translate::legacy_create_result(result).unwrap_or_else(|| result.clone())
     }))
+}
+
+/// The server ran a call that asked for a task plainly: a task already `completed` (an id
+/// taskgate mints, `taskgate-<random>`), recorded durably with the result, so `tasks/get`,
+/// `tasks/result` and `tasks/list` answer from the record; the client gets its
+/// `CreateTaskResult`. A result over `tasks.max_stored_result_bytes` cannot be kept: the client
+/// then gets the plain result as the upstream sent it.
+async fn completed_task(
+    state: &BridgeState,
+    id: &Id,
+    result: &Value,
+    pending: PendingCreation,
+) -> McpReply {
+    use std::hash::{BuildHasher, Hasher};
+    let plain = || McpReply::local_json(jsonrpc::result_response(id, &result.to_string()));
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(state.next_id.fetch_add(1, Ordering::Relaxed));
+    let task_id = format!("taskgate-{:016x}", h.finish());
+    let now = crate::mcp::task::format_rfc3339_ms(crate::mcp::task::now_ms());
+    let task = json!({"taskId": task_id, "status": "completed", "createdAt": now,
+        "lastUpdatedAt": now, "ttl": null});
+    let Some(mut record) = state.registry.creation_record(&pending.template, &task) else {
+        return plain();
+    };
+    let mut detailed = task.clone();
+    detailed["result"] = result.clone();
+    let stored = detailed.to_string();
+    if stored.len() as u64 > state.registry.config().max_stored_result_bytes {
+        return plain();
+    }
+    record.terminal_result = Some(stored);
+    let task = json!({ "task": serde_json::to_value(record.to_task()).unwrap_or(task) });
+    match state
+        .registry
+        .record_creation(record, &pending.reservation)
+        .await
+    {
+        Ok(()) => {
+            let _ = pending.created.set(task_id);
+            McpReply::local_json(jsonrpc::result_response(id, &task.to_string()))
+        }
+        Err(e) => McpReply::local_error(
+            Some(id),
+            jsonrpc::INTERNAL_ERROR,
+            &format!(
+                "taskgate could not record the task durably ({e}); the task was not handed out"
+            ),
+        ),
+    }
 }
 
 /// `params` of a POSTed message (cloned).
