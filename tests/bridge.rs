@@ -436,6 +436,9 @@ async fn input_required_is_asked_once_and_answered_with_tasks_update() {
         .await;
     assert_eq!(resp.status(), 200);
     let mut sse = resp.sse();
+    let status = sse.next_event(STEP).await.json();
+    assert_eq!(status["method"], "notifications/tasks/status", "{status}");
+    assert_eq!(status["params"]["status"], "input_required", "{status}");
     let ask = sse.next_event(STEP).await.json();
     assert_eq!(ask["method"], "elicitation/create", "{ask}");
     assert_eq!(ask["params"]["_meta"][RELATED]["taskId"], json!(t), "{ask}");

@@ -127,8 +127,9 @@ fn payload_reply(id: &Id, payload: Payload) -> McpReply {
 }
 
 /// A bridged `tasks/result`: blocks, following the upstream's `tasks/get`, until the task is
-/// terminal (see the module docs). Answered as an SSE stream: `input_required` prompts (see
-/// `input`) come first, the answer last. The client closing the stream stops the polls.
+/// terminal (see the module docs). Answered as an SSE stream: a `notifications/tasks/status` for
+/// each status change seen while following, the `input_required` prompts (see `input`), the
+/// answer last. The client closing the stream stops the polls.
 pub(super) async fn tasks_result<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
@@ -261,6 +262,15 @@ async fn follow_result<S: McpService>(
             .and_then(Value::as_str)
             .and_then(TaskStatus::parse)
         {
+            if s != known.status {
+                // A status change seen while following: `notifications/tasks/status` (2025).
+                if let Some(t) = translate::legacy_task(task) {
+                    let note = json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t});
+                    if tx.send(event(note.to_string())).await.is_err() {
+                        return McpReply::accepted();
+                    }
+                }
+            }
             known.status = s;
         }
         if let Some(requests) = task.get("inputRequests").and_then(Value::as_object) {

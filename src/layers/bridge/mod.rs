@@ -56,9 +56,12 @@
 //! - `input_required` while a bridged `tasks/result` follows the task: see `input` (prompts on
 //!   the `tasks/result` stream, answers upstream as `tasks/update`, keys asked once).
 //!
+//! - status changes seen while a bridged `tasks/result` follows the task are sent on its stream
+//!   as `notifications/tasks/status` (a 2025 `Task`).
+//!
 //! Not translated (yet): `notifications/tasks` the upstream sends on a creation's own stream
-//! (the bridged `tools/call` is answered with its one JSON message); a 2025 client's GET stream
-//! carries nothing from a 2026 upstream. The registry keeps the 2026 status (`completed` for a
+//! (the bridged `tools/call` is answered with its one JSON message) or on a
+//! `subscriptions/listen` stream; a 2025 client's GET stream carries nothing from a 2026 upstream. The registry keeps the 2026 status (`completed` for a
 //! tool error), so `tasks/list` shows `completed` where `tasks/get` shows the 2025 `failed`.
 //!
 //! Files: this one (the layer, the era, the dispatch, the request and answer helpers), `calls`
