@@ -41,11 +41,14 @@ pub struct Pending {
     pub ctx: RequestContext,
 }
 
+/// A bounded map: entries and their insertion order (the oldest is dropped first).
+type Bounded<V> = Mutex<(HashMap<String, V>, VecDeque<String>)>;
+
 /// The input requests of one upstream's bridged tasks.
 #[derive(Default)]
 pub struct Inputs {
-    pending: Mutex<(HashMap<String, Pending>, VecDeque<String>)>,
-    asked: Mutex<(HashMap<String, HashSet<String>>, VecDeque<String>)>,
+    pending: Bounded<Pending>,
+    asked: Bounded<HashSet<String>>,
 }
 
 /// What to do with one `inputRequests` entry.
