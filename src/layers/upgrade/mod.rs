@@ -19,6 +19,11 @@
 //!     cancelled upstream and the client gets a JSON-RPC error (`-32603`) saying why.
 //!   The last event is the `tasks/result` answer (a `CallToolResult`, `isError` ones included, or
 //!   the JSON-RPC error) under the client's original id.
+//! - a plain `tools/call` the upstream answers `-32021` naming the tasks extension (a 2026-07-28
+//!   server behind the `bridge` layer, whose session then declares `tasks.requests.tools.call`):
+//!   sent again with `params.task` like a `required` tool's (only the answer's JSON body or first
+//!   SSE event is looked at; anything else is relayed as it came). 2026-07-28 requests are never
+//!   upgraded.
 //! - `notifications/cancelled` naming an upgraded call's id: becomes one `tasks/cancel` through the
 //!   `cancel` layer (single-flight, audit facts); the client gets no further message for that id.
 //! - The client's stream closing early (disconnect): `on_client_disconnect = "cancel"` cancels the
