@@ -510,3 +510,22 @@ async fn a_plain_answer_to_a_task_call_is_a_completed_task() {
     assert_eq!(err_code(&cancel), -32602, "{cancel}");
     assert_eq!(count(&up, "tasks/get") + count(&up, "tasks/cancel"), 0);
 }
+
+/// Hostile 2026 answers never panic the gateway: a CreateTaskResult without a string taskId is
+/// `-32603` and records nothing; a `tasks/get` answer that is not an object ends a bridged
+/// `tasks/result` with `-32603`; taskgate keeps serving.
+#[tokio::test]
+async fn malformed_upstream_answers_are_errors_not_panics() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let v = c.rpc(create_body(2, "bad_task")).await;
+    assert_eq!(err_code(&v), -32603, "{v}");
+    let t = create(&c, 3).await;
+    set(&state, &t, "garbage");
+    let res = c.result("4", &t).await;
+    assert_eq!(err_code(&res), -32603, "{res}");
+    set(&state, &t, "completed");
+    let res = c.result("5", &t).await;
+    assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");
+}

@@ -98,6 +98,14 @@ pub fn modern_handler(
                     ),
                 )
             }
+            // A CreateTaskResult without a string taskId.
+            "tools/call" if v["params"]["name"] == "bad_task" => {
+                result(json!({"resultType": "task", "taskId": 5, "status": "working"}))
+            }
+            // A task whose tasks/get answer is not an object.
+            "tasks/get" if s.tasks.get(&task_id).is_some_and(|st| st == "garbage") => {
+                ScriptedResponse::json(rpc_result(&id, "\"oops\""))
+            }
             // Runs plainly even when the request declares the extension.
             "tools/call" if v["params"]["name"] == "plain_tool" => result(json!({
                 "resultType": "complete", "content": [{"type": "text", "text": "plain"}]

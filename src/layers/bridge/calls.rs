@@ -183,10 +183,20 @@ pub(super) async fn task_call<S: McpService>(
     let pending = req.extensions.remove::<PendingCreation>();
     let reply = inner.oneshot(out).await?;
     let answer = answer_of(reply, &id).await;
-    let plain = answer
-        .as_ref()
-        .and_then(|a| a.get("result"))
-        .filter(|r| r.is_object() && translate::legacy_create_result(r).is_none());
+    let result = answer.as_ref().and_then(|a| a.get("result"));
+    if let Some(r) = result.filter(|r| r.get("resultType").and_then(Value::as_str) == Some("task"))
+    {
+        if translate::legacy_create_result(r).is_none() {
+            // A CreateTaskResult without a string taskId and status: nothing to stand behind.
+            return Ok(McpReply::local_error(
+                Some(&id),
+                jsonrpc::INTERNAL_ERROR,
+                "the 2026-07-28 upstream answered with a malformed CreateTaskResult",
+            ));
+        }
+    }
+    let plain = result
+        .filter(|r| r.is_object() && r.get("resultType").and_then(Value::as_str) != Some("task"));
     if let (Some(result), Some(pending)) = (plain, pending) {
         return Ok(completed_task(&state, &id, result, pending).await);
     }

@@ -164,7 +164,7 @@ pub(super) async fn tasks_result<S: McpService>(
     tokio::spawn(async move {
         let closed = tx.clone();
         tokio::select! {
-            answer = follow_result(&state, inner, &req, record, &tx) => {
+            answer = follow_result(&state, inner, &req, &id, record, &tx) => {
                 let bytes = match answer.body {
                     ReplyBody::Json(b) => b,
                     _ => jsonrpc::error_response(Some(&id), jsonrpc::INTERNAL_ERROR, "no answer"),
@@ -216,10 +216,11 @@ async fn follow_result<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
     req: &McpRequest,
+    id: &Id,
     record: TaskRecord,
     tx: &mpsc::Sender<Event>,
 ) -> McpReply {
-    let id = req.id().cloned().expect("a request");
+    let id = id.clone();
     let task_id = record.task_id.clone();
     // An open tasks/result holds its task (the "resources released" fact) until answered.
     let _hold = state.registry.releases().hold(&req.ctx.upstream, &task_id);
