@@ -37,14 +37,23 @@ pub(super) async fn discover<S: McpService>(
     );
     out.extensions = http::Extensions::new();
     out.extensions.insert(crate::era::Era::Modern);
-    let reply = match inner.oneshot(out).await {
-        Ok(r) => r,
-        Err(e) => {
+    let asked = async {
+        match inner.oneshot(out).await {
+            Ok(reply) => Ok(answer_of(reply, &id).await),
+            Err(e) => Err(e),
+        }
+    };
+    let answer = match tokio::time::timeout(super::DISCOVER_DEADLINE, asked).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => {
             tracing::debug!(error = %e, "server/discover could not be sent");
             return None;
         }
+        Err(_) => {
+            tracing::info!("server/discover unanswered within the deadline: a 2025-11-25 upstream");
+            return Some(UpstreamEra::Legacy);
+        }
     };
-    let answer = answer_of(reply, &id).await;
     let modern = answer
         .as_ref()
         .and_then(|a| a.get("result"))

@@ -14,7 +14,8 @@
 //!   the first `initialize`, or the first task request when no `initialize` passed since start)
 //!   taskgate sends one `server/discover` (2026-07-28 server/discover) and bridges when its
 //!   result advertises the extension. A discovery the upstream could not be asked (transport
-//!   error) is tried again next time.
+//!   error) is tried again next time; one unanswered within [`DISCOVER_DEADLINE`] means
+//!   2025-11-25.
 //!
 //! **Dual-era upstreams** (FastMCP 4 serves 2025 `initialize` sessions and stateless 2026
 //! requests on one endpoint): the 2025 client keeps its upstream session for everything that is
@@ -100,6 +101,10 @@ pub const MIN_POLL: Duration = Duration::from_millis(20);
 pub const MAX_POLL: Duration = Duration::from_secs(5);
 /// Events of an SSE `initialize` answer kept before the answer itself (more are dropped).
 pub const MAX_EARLY_EVENTS: usize = 64;
+/// How long `server/discover` may take; an upstream that has not answered by then is taken for a
+/// 2025-11-25 one (2026-07-28 servers MUST implement it), so a client's `initialize` waits at
+/// most this long for the probe.
+pub const DISCOVER_DEADLINE: Duration = Duration::from_secs(3);
 /// Most tool names remembered as task-only per upstream.
 pub const MAX_TASK_ONLY_TOOLS: usize = 4096;
 
