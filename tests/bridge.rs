@@ -529,3 +529,29 @@ async fn malformed_upstream_answers_are_errors_not_panics() {
     let res = c.result("5", &t).await;
     assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");
 }
+
+/// An upstream that never answers `server/discover` is taken for a 2025-11-25 one after
+/// `DISCOVER_DEADLINE`: the client's `initialize` is answered (without `capabilities.tasks`)
+/// instead of waiting for the upstream timeout, and the upstream is not asked again.
+#[tokio::test]
+async fn an_unanswered_discover_means_2025() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state);
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        if req.rpc_method().as_deref() == Some("server/discover") {
+            return ScriptedResponse::hang();
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let started = std::time::Instant::now();
+    let (_c, init) = legacy_client(&tg).await;
+    assert!(
+        init["result"]["capabilities"].get("tasks").is_none(),
+        "{init}"
+    );
+    assert!(started.elapsed() < taskgate::layers::bridge::DISCOVER_DEADLINE * 2);
+    let (_c2, _) = legacy_client(&tg).await;
+    assert_eq!(count(&up, "server/discover"), 1);
+}
