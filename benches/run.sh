@@ -11,7 +11,8 @@
 # store) and nginx (plain reverse proxy; installed from Debian when missing and root, else
 # skipped), runs scenarios 1-8 and prints one table per scenario (7: OAuth, needs openssl and
 # python3; 8: scenario 4's task lifecycle under MCP 2026-07-28, the tasks extension: create,
-# 10 × tasks/get with the result inline, no session). Everything started here is
+# 10 × tasks/get with the result inline, no session; 9: scenario 4's 2025 lifecycle bridged by
+# taskgate to the 2026 tasks extension, beside the same-era path). Everything started here is
 # killed on exit.
 #
 # A/B (issue 10): beside `taskgate` (TASKGATE_UPSTREAM_CLIENT=pool, the own pool) a second
@@ -29,8 +30,8 @@
 #
 # Settings (environment): DURATION (s per timed case, default 2), WARMUP (s, 0.5), REPEAT (runs
 # per case and path in scenarios 1-5 and 8, default 3), AB (1), QUIET_PCT (10),
-# LIFECYCLE_TASKS (1000, scenarios 4 and 8), CANCELS (1000), RECORDS (100000), SCENARIOS (which
-# ones, default "1 2 3 4 5 6 7 8"), RESULTS (output file, benches/RESULTS.md; "-" for none), KEEP=1 keeps the temp
+# LIFECYCLE_TASKS (1000, scenarios 4, 8 and 9), CANCELS (1000), RECORDS (100000), SCENARIOS (which
+# ones, default "1 2 3 4 5 6 7 8 9"), RESULTS (output file, benches/RESULTS.md; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
 set -euo pipefail
 
@@ -45,7 +46,7 @@ LIFECYCLE_TASKS=${LIFECYCLE_TASKS:-1000}
 CANCELS=${CANCELS:-1000}
 RECORDS=${RECORDS:-100000}
 RESULTS=${RESULTS:-$HERE/RESULTS.md}
-SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8}
+SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
@@ -227,7 +228,8 @@ fi
 
 # ---- scenarios 1-5 ----------------------------------------------------------------------------
 # Every process of the benchmark (their CPU is not "other processes'" CPU).
-bench_pids() { echo "$UP_PID" $TG_PID $TGH_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
+TGB_PID=""; TGB_ADDR=""
+bench_pids() { echo "$UP_PID" $TG_PID $TGH_PID $TGB_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
 # run CASE TARGET REP ARGS..: one loadgen run against one path.
 run() {
   local case=$1 target=$2 rep=$3 url cpu=""
@@ -237,6 +239,7 @@ run() {
     nginx) url="http://$NG_ADDR/mcp"; cpu=$NG_CPU ;;
     taskgate) url="http://$TG_ADDR/mcp"; cpu=$TG_PID ;;
     taskgate-hyper-util) url="http://$TGH_ADDR/mcp"; cpu=$TGH_PID ;;
+    taskgate-bridged) url="http://$TGB_ADDR/mcp"; cpu=$TGB_PID ;;
   esac
   "$LG" run --url "$url" --target "$target" --case "$case" ${cpu:+--cpu-pid "$cpu"} \
     --rep "$rep" --bench-pids "$(bench_pids)" --json-out "$RAW" "$@" > /dev/null
@@ -269,6 +272,23 @@ want 4 && each "4. task lifecycle (create, 10 × tasks/get, tasks/result), $LIFE
   --scenario lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
 want 8 && each "8. task lifecycle, 2026-07-28 (create, 10 × tasks/get with the result inline), $LIFECYCLE_TASKS tasks, c=16" \
   --scenario modern-lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
+# Scenario 9 (issue 12): scenario 4's 2025-11-25 lifecycle through a second taskgate whose
+# upstream.protocol is "2026-07-28", so every task request is bridged to the tasks extension (the
+# bench upstream serves both eras), beside the same-era path `taskgate`; interleaved like the others.
+if want 9; then
+  say "starting taskgate-bridged (upstream.protocol = \"2026-07-28\")"
+  taskgate_config "$WORK/taskgate-br.toml" "$WORK/store-br" ""
+  printf 'protocol = "2026-07-28"\n' >> "$WORK/taskgate-br.toml"
+  start_taskgate "$WORK/taskgate-br.toml" taskgate-bridged "$WORK/taskgate-br.json" "" pool
+  TGB_PID=$TG_PID; TGB_ADDR=$TG_ADDR; TG_PID=$TGP_PID; TG_ADDR=$TGP_ADDR
+  case9="9. task lifecycle, 2025-11-25 client: same era (taskgate) and bridged to a 2026-07-28 upstream (taskgate-bridged), $LIFECYCLE_TASKS tasks, c=16"
+  say "$case9"
+  for rep in $(seq "$REPEAT"); do
+    for t in direct taskgate taskgate-bridged; do
+      run "$case9" "$t" "$rep" --scenario lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
+    done
+  done
+fi
 want 5 && each "5. cancel storm: $CANCELS concurrent identical tasks/cancel for one task" \
   --scenario cancel --concurrency "$CANCELS" --stats-url "http://$UP_ADDR/stats"
 

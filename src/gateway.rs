@@ -11,6 +11,7 @@ use crate::config::Config;
 use crate::http::admin::{Admin, UpstreamTarget};
 use crate::http::server::{serve, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
+use crate::layers::bridge::{BridgeLayer, BridgeState};
 use crate::layers::cancel::{CancelLayer, CancelState};
 use crate::layers::observe::ObserveLayer;
 use crate::layers::session::{SessionLayer, Sessions};
@@ -145,6 +146,11 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .layer(SessionLayer::new(sessions.clone()))
             .layer(TasksLayer::new(registry.clone(), authenticated))
             .layer(CancelLayer::new(CancelState::new(registry.clone())))
+            .layer(BridgeLayer::new(BridgeState::with_sessions(
+                registry.clone(),
+                u.protocol,
+                sessions.clone(),
+            )))
             .layer(ObserveLayer::new(registry.clone()))
             .service(upstream);
         if config.upgrade.enabled {

@@ -482,4 +482,26 @@ pub struct UpstreamConfig {
     /// JSON body, or one SSE line or event. A larger one ends that exchange with a JSON-RPC error.
     #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
+    /// The protocol era the upstream serves tasks in (default `auto`): see [`UpstreamProtocol`]
+    /// and `src/layers/bridge/mod.rs`.
+    #[serde(default)]
+    pub protocol: UpstreamProtocol,
+}
+
+/// `upstream.protocol`: which MCP revision's tasks the upstream speaks, which decides whether
+/// 2025-11-25 task requests are bridged to the 2026-07-28 tasks extension (`layers::bridge`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum UpstreamProtocol {
+    /// Learned: an `InitializeResult` with `capabilities.tasks` means 2025-11-25; otherwise one
+    /// `server/discover` (2026-07-28 server/discover) decides: a result advertising
+    /// `capabilities.extensions["io.modelcontextprotocol/tasks"]` means 2026-07-28.
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    /// 2025-11-25: never bridged, never probed.
+    #[serde(rename = "2025-11-25")]
+    Legacy,
+    /// 2026-07-28 with the tasks extension: 2025-11-25 task requests are always bridged.
+    #[serde(rename = "2026-07-28")]
+    Modern,
 }

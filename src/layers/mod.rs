@@ -17,7 +17,10 @@
 //!    `tasks/list`, hiding `tasks.list` when callers cannot be told apart.
 //! 4. `cancel`: single-flight `tasks/cancel`, the terminal check, `notifications/cancelled`
 //!    routing.
-//! 5. `observe`: innermost, just above the upstream client: every upstream message passes it
+//! 5. `bridge`: a 2025-11-25 client's task requests to a 2026-07-28 task server translated
+//!    (below `cancel`, so single-flight and the terminal check stay in the client's era; above
+//!    `observe`, which records what actually went upstream).
+//! 6. `observe`: innermost, just above the upstream client: every upstream message passes it
 //!    once. It records creations, applies statuses, notes activity, holds resources and rewrites
 //!    terminal statuses. Being below `cancel`, it has applied an SSE `tasks/cancel` answer
 //!    before `cancel` reads it from the stream, so a finished flight has applied its answer
@@ -25,6 +28,7 @@
 //!
 //! Each module's doc says which messages it touches.
 
+pub mod bridge;
 pub mod cancel;
 pub mod extensions;
 pub mod observe;

@@ -82,17 +82,21 @@ pub enum Origin {
     Client,
     /// taskgate turned a plain `tools/call` into a task.
     Upgraded,
+    /// A 2025-11-25 client's task-augmented `tools/call`, bridged to a 2026-07-28 upstream
+    /// (`layers::bridge`).
+    Bridged,
 }
 
 impl Origin {
     /// Every origin.
-    pub const ALL: &'static [Origin] = &[Origin::Client, Origin::Upgraded];
+    pub const ALL: &'static [Origin] = &[Origin::Client, Origin::Upgraded, Origin::Bridged];
 
-    /// The label value (`client`, `upgraded`).
+    /// The label value (`client`, `upgraded`, `bridged`).
     pub fn as_str(self) -> &'static str {
         match self {
             Origin::Client => "client",
             Origin::Upgraded => "upgraded",
+            Origin::Bridged => "bridged",
         }
     }
 }

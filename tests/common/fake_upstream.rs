@@ -398,6 +398,24 @@ impl Upstream {
             .unwrap_or_else(|_| panic!("upstream got {} requests, waited for {n}", self.count()))
             .unwrap();
     }
+    /// Waits (up to `within`) until at least `n` messages with `method` arrived; false if not.
+    #[allow(dead_code)]
+    pub async fn wait_for_method(&self, method: &str, n: usize, within: Duration) -> bool {
+        let mut rx = self.shared.count.subscribe();
+        tokio::time::timeout(within, async {
+            loop {
+                if self.received(method).len() >= n {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await
+        .is_ok()
+            && self.received(method).len() >= n
+    }
     /// How many SSE responses lost their reader before their script ended.
     pub fn sse_disconnects(&self) -> usize {
         self.shared.sse_disconnects.load(Ordering::SeqCst)

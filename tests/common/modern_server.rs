@@ -38,6 +38,15 @@ pub fn detailed(task_id: &str, status: &str) -> Value {
             t["result"] = json!({"content":[{"type":"text","text":format!("done {task_id}")}],"isError":false})
         }
         "failed" => t["error"] = json!({"code":-32603,"message":"boom"}),
+        // A tool error: 2026 `completed` with `isError: true` (a 2025 `failed`).
+        "tool_error" => {
+            t["status"] = json!("completed");
+            t["result"] = json!({"content":[{"type":"text","text":"tool failed"}],"isError":true});
+        }
+        "input_required" => {
+            t["inputRequests"] = json!({"name": {"method":"elicitation/create","params":{
+                "mode":"form","message":"your name?","requestedSchema":{"type":"object","properties":{"name":{"type":"string"}}}}}});
+        }
         _ => {}
     }
     t
@@ -53,7 +62,54 @@ pub fn modern_handler(
         let mut s = state.lock().unwrap();
         let task_id = v["params"]["taskId"].as_str().unwrap_or("").to_string();
         let result = |r: Value| ScriptedResponse::json(rpc_result(&id, &r.to_string()));
+        if v.get("id").is_none() {
+            // A notification (or a client's response): accepted.
+            return ScriptedResponse::accepted();
+        }
         match method.as_str() {
+            // Dual-era, like FastMCP 4: a 2025 `initialize` gets a session and no legacy
+            // `capabilities.tasks`; `server/discover` advertises the tasks extension.
+            "initialize" => ScriptedResponse::json(rpc_result(
+                &id,
+                &json!({"protocolVersion":"2025-11-25","capabilities":{"tools":{}},
+                    "serverInfo":{"name":"scripted-modern","version":"1"}})
+                .to_string(),
+            ))
+            .header("mcp-session-id", "modern-session-1"),
+            "server/discover" => {
+                result(json!({"resultType":"complete","supportedVersions":[MODERN],
+                "capabilities":{"tools":{},"extensions":{EXT:{}}},"ttlMs":0,"cacheScope":"private"}))
+            }
+            "tools/list" => result(
+                json!({"tools":[{"name":"slow_compute","inputSchema":{"type":"object"}},
+                {"name":"task_only","inputSchema":{"type":"object"}}]}),
+            ),
+            "tools/call"
+                if v["params"]["name"] == "task_only"
+                    && v["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]
+                        ["extensions"][EXT]
+                        .is_null() =>
+            {
+                ScriptedResponse::status(
+                    400,
+                    Some("application/json"),
+                    format!(
+                        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32021,"message":"Missing required client capability","data":{{"requiredCapabilities":{{"extensions":{{"{EXT}":{{}}}}}}}}}}}}"#
+                    ),
+                )
+            }
+            // A CreateTaskResult without a string taskId.
+            "tools/call" if v["params"]["name"] == "bad_task" => {
+                result(json!({"resultType": "task", "taskId": 5, "status": "working"}))
+            }
+            // A task whose tasks/get answer is not an object.
+            "tasks/get" if s.tasks.get(&task_id).is_some_and(|st| st == "garbage") => {
+                ScriptedResponse::json(rpc_result(&id, "\"oops\""))
+            }
+            // Runs plainly even when the request declares the extension.
+            "tools/call" if v["params"]["name"] == "plain_tool" => result(json!({
+                "resultType": "complete", "content": [{"type": "text", "text": "plain"}]
+            })),
             "tools/call" => {
                 s.next += 1;
                 let tid = format!("mt-{}-{}", s.next, now_ms());

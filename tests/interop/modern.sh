@@ -19,6 +19,8 @@
 #                        conformance-next-expected-failures.txt (no tasks-* scenario there)
 #   modern-raw-client    modern-raw-client.mjs (39 checks)
 #   modern-fastmcp-client modern_fastmcp_client.py (13 checks)
+#   bridge-ts-client, bridge-py-client  2025-11-25 task clients (TS SDK 1.32.2, Python mcp 1.30.0)
+#                        on the 2026 fixture: must pass through taskgate; direct counts only recorded
 # and taskgate's own properties (modern-properties.mjs; strict unless MODERN_LEVEL=report):
 #   modern-properties    /admin/tasks lists the task; terminal polls and the cancel of a terminal
 #                        task are not forwarded; 200 concurrent cancels -> 1 upstream cancel, 200
@@ -173,6 +175,8 @@ log "fixture (FastMCP $(field fixture-direct version)) direct: ${URL[direct]}"
 taskgate_config() { # taskgate_config NAME AUTH_BLOCK UPSTREAM_URL [RMCP_URL]
     printf '[gateway]\nlisten = "127.0.0.1:0"\ndrain_timeout_ms = 1000\n\n[admin]\nlisten = "127.0.0.1:0"\n\n'
     printf '[store]\npath = "%s"\n\n%s\n' "$WORK/$1-store" "$2"
+    # [upgrade] for bridge-clients' plain client (2025 requests only; 2026 ones pass it untouched).
+    printf '[upgrade]\nenabled = true\n\n'
     printf '[[upstream]]\nname = "modern"\nurl = "%s"\n' "$3"
     [[ -n ${4:-} ]] && printf '\n[[upstream]]\nname = "rmcp"\nurl = "%s"\n' "$4"
     return 0
@@ -270,6 +274,35 @@ run_client() { # run_client LABEL SECONDS CLIENT...: CLIENT URL --label L --json
 }
 run_client modern-raw-client 120 "$NODE22" "$HERE/modern-raw-client.mjs"
 run_client modern-fastmcp-client 180 "$VENV/bin/python" "$HERE/modern_fastmcp_client.py"
+
+# ---- bridge-clients (issue 12): 2025-11-25 task clients on the 2026-07-28 fixture -----------------
+# The TS SDK 1.32.2 (bridge-client.mjs) and Python mcp 1.30.0 (py_bridge_client.py, in .venv from
+# requirements.txt, skipped with a note when that venv is missing) task clients, 14 checks each:
+# create with params.task, tasks/get, tasks/list, blocking tasks/result, failing and protocol-error
+# tasks, cancel of a working task -> cancelled, cancel of a terminal task -> -32602, an input_required
+# task answered through elicitation, and a plain client's call of the task-only failing_job (taskgate
+# runs with [upgrade] enabled). Directly they
+# cannot work (the fixture runs params.task calls plainly, answers -32021 for task-only tools and has
+# no 2025 tasks/*): the direct count is recorded in bridge-counts.txt, never required. Through
+# taskgate (its bridge layer) every check must pass.
+bridge_client() { # bridge_client LABEL CLIENT...
+    local label=$1 route rc passed
+    shift
+    for route in "${ROUTES[@]}"; do
+        run_fg timeout 180 "$@" "${URL[$route]}" --label "$label $route" >"$WORK/$label-$route.json" 2>"$WORK/$label-$route.log"
+        rc=$?
+        passed=$("$NODE22" -e 'const s=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));console.log(`${s.passed}/${s.total}`+(s.failed.length?` (failed: ${s.failed.join(", ")})`:""))' "$WORK/$label-$route.json" 2>/dev/null || echo "no summary")
+        log "$label $route: $passed"
+        echo "$label $route $passed" >>"$WORK/bridge-counts.txt"
+        [[ $route == direct ]] || result "$label $(route_name "$route")" $rc
+    done
+}
+bridge_client bridge-ts-client "$NODE22" "$HERE/bridge-client.mjs"
+if [[ -x "$HERE/.venv/bin/python" ]]; then
+    bridge_client bridge-py-client "$HERE/.venv/bin/python" "$HERE/py_bridge_client.py"
+else
+    log "bridge-py-client skipped: $HERE/.venv missing (run.sh installs it from requirements.txt)"
+fi
 
 # ---- modern-properties: taskgate's own (issue 11), upstream requests counted ------------------------
 # Not a direct-vs-gateway comparison: these hold only for a gateway (registry, owner binding,

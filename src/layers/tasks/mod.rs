@@ -306,7 +306,8 @@ async fn authorise(
         )
         .answered_locally(LocalReason::TaskNotFound));
     };
-    if method == TaskMethod::Result && record.status.is_terminal() {
+    // A bridged (2026-07-28) record holds a `DetailedTask`: the `bridge` layer answers from it.
+    if method == TaskMethod::Result && record.status.is_terminal() && record.era == Era::Legacy {
         if let Some(result) = record.terminal_result.as_deref() {
             return Err(McpReply::local_json(jsonrpc::result_response(&id, result))
                 .answered_locally(LocalReason::StoredResult));

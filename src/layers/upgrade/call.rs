@@ -104,14 +104,27 @@ pub(super) async fn tools_call<S: McpService>(
     inner: S,
     mut req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
-    let Some(Upgrade {
+    let upgraded = match upgrade(&state, &inner, &req).await {
+        Some(u) => u,
+        None => {
+            // A 2026-07-28 upstream (bridged) names task-only tools only by answering `-32021`:
+            // then the call is sent again as a task (the tool is remembered by `bridge`).
+            let retry = req.clone();
+            let reply = inner.clone().oneshot(req).await?;
+            match needs_task(&state, &retry, reply).await {
+                Ok(reply) => return Ok(reply),
+                Err(u) => {
+                    req = retry;
+                    u
+                }
+            }
+        }
+    };
+    let Upgrade {
         message,
         original_id,
         progress_token,
-    }) = upgrade(&state, &inner, &req).await
-    else {
-        return inner.oneshot(req).await;
-    };
+    } = upgraded;
     req.op = Operation::Post(message);
     req.extensions.insert(crate::layers::extensions::Upgraded);
     let ctx = req.ctx.clone();
@@ -146,6 +159,82 @@ pub(super) async fn tools_call<S: McpService>(
             "the upgraded call ended without an answer",
         )),
     }
+}
+
+/// `Ok(reply)` to pass on, or `Err(upgrade)` when `reply` is the `-32021` naming the tasks
+/// extension (MCP 2026-07-28, SEP-2663: the tool only runs as a task), the first SSE event or the
+/// JSON body, from an upstream whose session declares `tasks.requests.tools.call` (the `bridge`
+/// layer adds it for 2026 task servers). Only the first event of a stream is looked at; it is
+/// relayed unchanged otherwise.
+async fn needs_task(
+    state: &UpgradeState,
+    req: &McpRequest,
+    mut reply: McpReply,
+) -> Result<McpReply, Upgrade> {
+    use futures_util::StreamExt;
+    if !state
+        .sessions
+        .upstream_tasks_tools_call(&req.ctx.upstream, session_key(&req.ctx).as_ref())
+    {
+        return Ok(reply);
+    }
+    let first = match reply.body {
+        ReplyBody::Json(bytes) => {
+            reply.body = ReplyBody::Json(bytes.clone());
+            Some(bytes)
+        }
+        ReplyBody::Stream(mut events) => {
+            let ev = events.next().await;
+            let data = ev.as_ref().and_then(|e| e.data.clone()).map(Bytes::from);
+            reply.body = ReplyBody::Stream(Box::pin(futures_util::stream::iter(ev).chain(events)));
+            data
+        }
+        other => {
+            reply.body = other;
+            None
+        }
+    };
+    let missing = first
+        .filter(|b| crate::jsonrpc::contains(b, b"-32021"))
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|v| v.get("error").cloned())
+        .is_some_and(|e| crate::layers::bridge::translate::is_missing_tasks_extension(&e));
+    if !missing {
+        return Ok(reply);
+    }
+    match as_task(state, req) {
+        Some(u) => {
+            tracing::info!("tools/call answered -32021 (task only): sent again as a task");
+            Err(u)
+        }
+        None => Ok(reply),
+    }
+}
+
+/// `req` (a plain `tools/call`) with `params.task = {ttl: upgrade.ttl_ms}`.
+fn as_task(state: &UpgradeState, req: &McpRequest) -> Option<Upgrade> {
+    let Operation::Post(msg) = &req.op else {
+        return None;
+    };
+    let mut value = msg.parse_as::<Value>().ok()?;
+    let original_id = msg.id().cloned()?;
+    let progress_token = value.pointer("/params/_meta/progressToken").cloned();
+    let params = value.get_mut("params").and_then(Value::as_object_mut)?;
+    if params.contains_key("task") {
+        return None;
+    }
+    params.insert(
+        "task".into(),
+        serde_json::json!({ "ttl": state.config.ttl_ms }),
+    );
+    let message = serde_json::to_vec(&value)
+        .ok()
+        .and_then(|bytes| Message::parse(Bytes::from(bytes)).ok())?;
+    Some(Upgrade {
+        message,
+        original_id,
+        progress_token,
+    })
 }
 
 /// A plain `tools/call` to a `required` tool, upgraded: the message with `params.task` added.

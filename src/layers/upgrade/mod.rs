@@ -19,6 +19,11 @@
 //!     cancelled upstream and the client gets a JSON-RPC error (`-32603`) saying why.
 //!   The last event is the `tasks/result` answer (a `CallToolResult`, `isError` ones included, or
 //!   the JSON-RPC error) under the client's original id.
+//! - a plain `tools/call` the upstream answers `-32021` naming the tasks extension (a 2026-07-28
+//!   server behind the `bridge` layer, whose session then declares `tasks.requests.tools.call`):
+//!   sent again with `params.task` like a `required` tool's (only the answer's JSON body or first
+//!   SSE event is looked at; anything else is relayed as it came). 2026-07-28 requests are never
+//!   upgraded.
 //! - `notifications/cancelled` naming an upgraded call's id: becomes one `tasks/cancel` through the
 //!   `cancel` layer (single-flight, audit facts); the client gets no further message for that id.
 //! - The client's stream closing early (disconnect): `on_client_disconnect = "cancel"` cancels the
@@ -264,7 +269,9 @@ impl<S: McpService> tower::Service<McpRequest> for UpgradeService<S> {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let state = self.state.clone();
-        if !state.config.enabled {
+        // Upgrading is a 2025-11-25 notion (a 2026-07-28 client declares the tasks extension
+        // itself, or gets the upstream's -32021).
+        if !state.config.enabled || crate::era::Era::of(&req) == crate::era::Era::Modern {
             let mut inner = inner;
             return Box::pin(inner.call(req));
         }

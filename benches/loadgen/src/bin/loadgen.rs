@@ -1307,12 +1307,13 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// The paths of a case, in table order.
-const TARGETS: [&str; 5] = [
+const TARGETS: [&str; 6] = [
     "direct",
     "nginx",
     "taskgate",
     "taskgate-hyper-util",
     "taskgate-oauth",
+    "taskgate-bridged",
 ];
 
 fn median(xs: &mut [f64]) -> f64 {

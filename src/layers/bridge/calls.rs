@@ -1,0 +1,270 @@
+//! The bridged `initialize`, `tools/list` and `tools/call` (see the module docs of `bridge`).
+
+use super::translate;
+use super::{
+    answer_of, legacy_reply, modern_request, upstream_era, BridgeState, UpstreamEra,
+    MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
+};
+use crate::era::{self, Era};
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::jsonrpc::{self, Id};
+use crate::layers::extensions::PendingCreation;
+use crate::layers::McpService;
+use crate::store::Origin;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tower::ServiceExt;
+
+pub(super) async fn initialize<S: McpService>(
+    state: Arc<BridgeState>,
+    inner: S,
+    req: McpRequest,
+) -> Result<McpReply, GatewayError> {
+    let Some(id) = req.id().cloned() else {
+        return inner.oneshot(req).await;
+    };
+    let probe_with = req.clone();
+    let mut reply = inner.clone().oneshot(req).await?;
+    // The answer, JSON or the SSE event carrying it (FastMCP answers `initialize` with SSE);
+    // the events before it are kept, bounded, and relayed in order.
+    let (answer, mut before, rest) = match reply.body {
+        ReplyBody::Json(bytes) => (bytes, Vec::new(), None),
+        ReplyBody::Stream(mut events) => {
+            let mut before = Vec::new();
+            let mut found = None;
+            while let Some(ev) = events.next().await {
+                if ev
+                    .data
+                    .as_deref()
+                    .is_some_and(|d| jsonrpc::is_answer_to(d.as_bytes(), &id))
+                {
+                    found = Some(ev);
+                    break;
+                }
+                if before.len() < MAX_EARLY_EVENTS {
+                    before.push(ev);
+                }
+            }
+            let Some(ev) = found else {
+                reply.body = ReplyBody::Stream(Box::pin(futures_util::stream::iter(before)));
+                return Ok(reply);
+            };
+            let data = Bytes::from(ev.data.clone().unwrap_or_default());
+            before.push(ev);
+            (data, before, Some(events))
+        }
+        other => {
+            reply.body = other;
+            return Ok(reply);
+        }
+    };
+    let rewritten = legacy_initialize(&state, &inner, &probe_with, &answer).await;
+    let answer = rewritten.unwrap_or(answer);
+    reply.body = match rest {
+        None => ReplyBody::Json(answer),
+        Some(rest) => {
+            if let Some(last) = before.last_mut() {
+                last.data = Some(String::from_utf8_lossy(&answer).into_owned());
+            }
+            ReplyBody::Stream(Box::pin(futures_util::stream::iter(before).chain(rest)))
+        }
+    };
+    Ok(reply)
+}
+
+/// An `InitializeResult` with the 2025 `capabilities.tasks` added when the upstream serves the
+/// 2026 tasks extension; `None` when it stays as it is. Learns the era on the way.
+async fn legacy_initialize<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+    answer: &[u8],
+) -> Option<Bytes> {
+    let mut v = serde_json::from_slice::<Value>(answer).ok()?;
+    let result = v.get_mut("result").filter(|r| r.is_object())?;
+    if result.pointer("/capabilities/tasks").is_some() {
+        state.learn(UpstreamEra::Legacy);
+        return None;
+    }
+    if translate::advertises_extension(result) {
+        state.learn(UpstreamEra::ModernTasks);
+    }
+    if upstream_era(state, inner, req).await == UpstreamEra::ModernTasks
+        && translate::add_legacy_tasks_capability(result)
+    {
+        return Some(Bytes::from(v.to_string()));
+    }
+    None
+}
+
+pub(super) async fn tools_list<S: McpService>(
+    state: Arc<BridgeState>,
+    inner: S,
+    req: McpRequest,
+) -> Result<McpReply, GatewayError> {
+    let reply = inner.clone().oneshot(req).await?;
+    if state.known() != Some(UpstreamEra::ModernTasks) {
+        return Ok(reply);
+    }
+    let st = state.clone();
+    let mut reply = reply;
+    reply.body = reply.body.map_messages(move |text| {
+        let mut v: Value = serde_json::from_str(text).ok()?;
+        let result = v.get_mut("result")?;
+        translate::mark_task_support(result, &|name| st.is_task_only(name)).then(|| v.to_string())
+    });
+    Ok(reply)
+}
+
+/// A plain 2025 `tools/call`: passed on; a `-32021` naming the tasks extension marks the tool
+/// task-only.
+pub(super) async fn plain_call<S: McpService>(
+    state: Arc<BridgeState>,
+    inner: S,
+    req: McpRequest,
+) -> Result<McpReply, GatewayError> {
+    let tool = tool_name(&req);
+    let mut reply = inner.oneshot(req).await?;
+    let st = state.clone();
+    reply.body = reply.body.map_messages(move |text| {
+        if !text.contains("-32021") {
+            return None;
+        }
+        let v: Value = serde_json::from_str(text).ok()?;
+        if translate::is_missing_tasks_extension(v.get("error")?) {
+            st.learn(UpstreamEra::ModernTasks);
+            if let Some(t) = &tool {
+                let mut set = st.task_only.lock();
+                if set.len() < MAX_TASK_ONLY_TOOLS {
+                    set.insert(t.clone());
+                }
+            }
+        }
+        None
+    });
+    Ok(reply)
+}
+
+/// A 2025 task-augmented `tools/call` (see the module docs).
+pub(super) async fn task_call<S: McpService>(
+    state: Arc<BridgeState>,
+    inner: S,
+    mut req: McpRequest,
+) -> Result<McpReply, GatewayError> {
+    if upstream_era(&state, &inner, &req).await != UpstreamEra::ModernTasks {
+        return inner.oneshot(req).await;
+    }
+    let Some(id) = req.id().cloned() else {
+        return inner.oneshot(req).await;
+    };
+    if let Some(p) = req.extensions.get_mut::<PendingCreation>() {
+        let mut template = (*p.template).clone();
+        template.era = Era::Modern;
+        // A call `upgrade` turned into a task keeps its origin.
+        if template.origin != Origin::Upgraded {
+            template.origin = Origin::Bridged;
+        }
+        template.upstream_session = None;
+        template.protocol_version = Some(era::MODERN_VERSION.to_string());
+        p.template = Arc::new(template);
+    }
+    let params = message_params(&req);
+    let tool = tool_name(&req);
+    let out = modern_request(
+        &req,
+        &id,
+        "tools/call",
+        translate::modern_params(params.as_ref()),
+        tool.as_deref(),
+    );
+    let pending = req.extensions.remove::<PendingCreation>();
+    let reply = inner.oneshot(out).await?;
+    let answer = answer_of(reply, &id).await;
+    let result = answer.as_ref().and_then(|a| a.get("result"));
+    if let Some(r) = result.filter(|r| r.get("resultType").and_then(Value::as_str) == Some("task"))
+    {
+        if translate::legacy_create_result(r).is_none() {
+            // A CreateTaskResult without a string taskId and status: nothing to stand behind.
+            return Ok(McpReply::local_error(
+                Some(&id),
+                jsonrpc::INTERNAL_ERROR,
+                "the 2026-07-28 upstream answered with a malformed CreateTaskResult",
+            ));
+        }
+    }
+    let plain = result
+        .filter(|r| r.is_object() && r.get("resultType").and_then(Value::as_str) != Some("task"));
+    if let (Some(result), Some(pending)) = (plain, pending) {
+        return Ok(completed_task(&state, &id, result, pending).await);
+    }
+    Ok(legacy_reply(&id, answer, |result| {
+        translate::legacy_create_result(result).unwrap_or_else(|| result.clone())
+    }))
+}
+
+/// The server ran a call that asked for a task plainly: a task already `completed` (an id
+/// taskgate mints, `taskgate-<random>`), recorded durably with the result, so `tasks/get`,
+/// `tasks/result` and `tasks/list` answer from the record; the client gets its
+/// `CreateTaskResult`. A result over `tasks.max_stored_result_bytes` cannot be kept: the client
+/// then gets the plain result as the upstream sent it.
+async fn completed_task(
+    state: &BridgeState,
+    id: &Id,
+    result: &Value,
+    pending: PendingCreation,
+) -> McpReply {
+    use std::hash::{BuildHasher, Hasher};
+    let plain = || McpReply::local_json(jsonrpc::result_response(id, &result.to_string()));
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(state.next_id.fetch_add(1, Ordering::Relaxed));
+    let task_id = format!("taskgate-{:016x}", h.finish());
+    let now = crate::mcp::task::format_rfc3339_ms(crate::mcp::task::now_ms());
+    let task = json!({"taskId": task_id, "status": "completed", "createdAt": now,
+        "lastUpdatedAt": now, "ttl": null});
+    let Some(mut record) = state.registry.creation_record(&pending.template, &task) else {
+        return plain();
+    };
+    let mut detailed = task.clone();
+    detailed["result"] = result.clone();
+    let stored = detailed.to_string();
+    if stored.len() as u64 > state.registry.config().max_stored_result_bytes {
+        return plain();
+    }
+    record.terminal_result = Some(stored);
+    let task = json!({ "task": serde_json::to_value(record.to_task()).unwrap_or(task) });
+    match state
+        .registry
+        .record_creation(record, &pending.reservation)
+        .await
+    {
+        Ok(()) => {
+            let _ = pending.created.set(task_id);
+            McpReply::local_json(jsonrpc::result_response(id, &task.to_string()))
+        }
+        Err(e) => McpReply::local_error(
+            Some(id),
+            jsonrpc::INTERNAL_ERROR,
+            &format!(
+                "taskgate could not record the task durably ({e}); the task was not handed out"
+            ),
+        ),
+    }
+}
+
+/// `params` of a POSTed message (cloned).
+fn message_params(req: &McpRequest) -> Option<Value> {
+    let Operation::Post(msg) = &req.op else {
+        return None;
+    };
+    msg.parse_as::<Value>().ok()?.get("params").cloned()
+}
+
+fn tool_name(req: &McpRequest) -> Option<String> {
+    message_params(req)?
+        .get("name")?
+        .as_str()
+        .map(str::to_string)
+}

@@ -1,0 +1,418 @@
+//! The bridged `tasks/get`, `tasks/result` (followed by polling) and `tasks/cancel`, and the
+//! `server/discover` probe (see the module docs of `bridge`).
+
+use super::input::{self, Ask, Pending};
+use super::translate::{self, Payload};
+use super::{answer_of, error_reply, legacy_reply, modern_request, BridgeState, UpstreamEra};
+use super::{MAX_POLL, MIN_POLL};
+use crate::exchange::{McpReply, McpRequest, ReplyBody};
+use crate::jsonrpc::{self, Id};
+use crate::layers::extensions::AuthorisedTask;
+use crate::layers::McpService;
+use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
+use crate::registry::Observed;
+use crate::sse::{Event, EventStream};
+use crate::store::TaskRecord;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tower::ServiceExt;
+
+/// Asks the upstream `server/discover`; `None` when it could not be asked (transport error:
+/// try again later).
+pub(super) async fn discover<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: &McpRequest,
+) -> Option<UpstreamEra> {
+    let id = state.next_id();
+    let mut out = modern_request(
+        req,
+        &id,
+        "server/discover",
+        json!({ "_meta": translate::modern_meta(None) }),
+        None,
+    );
+    out.extensions = http::Extensions::new();
+    out.extensions.insert(crate::era::Era::Modern);
+    let asked = async {
+        match inner.oneshot(out).await {
+            Ok(reply) => Ok(answer_of(reply, &id).await),
+            Err(e) => Err(e),
+        }
+    };
+    let answer = match tokio::time::timeout(super::DISCOVER_DEADLINE, asked).await {
+        Ok(Ok(a)) => a,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "server/discover could not be sent");
+            return None;
+        }
+        Err(_) => {
+            tracing::info!("server/discover unanswered within the deadline: a 2025-11-25 upstream");
+            return Some(UpstreamEra::Legacy);
+        }
+    };
+    let modern = answer
+        .as_ref()
+        .and_then(|a| a.get("result"))
+        .is_some_and(translate::advertises_extension);
+    tracing::debug!(modern, "server/discover answered");
+    Some(if modern {
+        UpstreamEra::ModernTasks
+    } else {
+        UpstreamEra::Legacy
+    })
+}
+
+fn params_for(task_id: &str) -> Value {
+    json!({ "taskId": task_id, "_meta": translate::modern_meta(None) })
+}
+
+/// A bridged `tasks/get`: the `DetailedTask` answered as a 2025 `Task`.
+pub(super) async fn tasks_get<S: McpService>(
+    _state: &Arc<BridgeState>,
+    inner: S,
+    req: McpRequest,
+    record: TaskRecord,
+) -> McpReply {
+    let Some(id) = req.id().cloned() else {
+        return McpReply::accepted();
+    };
+    if let Some(task) = stored_task(&record) {
+        return McpReply::local_json(jsonrpc::result_response(&id, &task.to_string()))
+            .answered_locally(crate::metrics::LocalReason::StoredResult);
+    }
+    let out = modern_request(
+        &req,
+        &id,
+        "tasks/get",
+        params_for(&record.task_id),
+        Some(&record.task_id),
+    );
+    let answer = match inner.oneshot(out).await {
+        Ok(reply) => answer_of(reply, &id).await,
+        Err(e) => return McpReply::local_error(Some(&id), jsonrpc::INTERNAL_ERROR, &e.to_string()),
+    };
+    legacy_reply(&id, answer, |r| {
+        translate::legacy_task(r).unwrap_or_else(|| r.clone())
+    })
+}
+
+/// The 2025 `Task` of a terminal record from the `DetailedTask` it holds.
+fn stored_task(record: &TaskRecord) -> Option<Value> {
+    if !record.status.is_terminal() {
+        return None;
+    }
+    let stored: Value = serde_json::from_str(record.terminal_result.as_deref()?).ok()?;
+    let mut task = translate::legacy_task(&stored)?;
+    // The recorded status wins (a cancel recorded before a late completion).
+    if record.status == TaskStatus::Cancelled {
+        task["status"] = json!("cancelled");
+    }
+    Some(task)
+}
+
+/// The wait before the next poll: the task's `pollIntervalMs`, clamped.
+fn poll_wait(task: &Value, record: &TaskRecord) -> Duration {
+    let ms = task
+        .get("pollIntervalMs")
+        .and_then(Value::as_u64)
+        .or(record.poll_interval_ms)
+        .unwrap_or(1000);
+    Duration::from_millis(ms).clamp(MIN_POLL, MAX_POLL)
+}
+
+/// The 2025 answer to `tasks/result` for a terminal `DetailedTask`.
+fn payload_reply(id: &Id, payload: Payload) -> McpReply {
+    match payload {
+        Payload::Result(r) => McpReply::local_json(jsonrpc::result_response(id, &r.to_string())),
+        Payload::Error(e) => error_reply(id, Some(&e)),
+        Payload::None(message) => {
+            McpReply::local_error(Some(id), jsonrpc::INTERNAL_ERROR, &message)
+        }
+    }
+}
+
+/// A bridged `tasks/result`: blocks, following the upstream's `tasks/get`, until the task is
+/// terminal (see the module docs). Answered as an SSE stream: a `notifications/tasks/status` for
+/// each status change seen while following, the `input_required` prompts (see `input`), the
+/// answer last. The client closing the stream stops the polls.
+pub(super) async fn tasks_result<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: McpRequest,
+    record: TaskRecord,
+) -> McpReply {
+    let Some(id) = req.id().cloned() else {
+        return McpReply::accepted();
+    };
+    let task_id = record.task_id.clone();
+    if record.status == TaskStatus::Cancelled {
+        // Cancelled is final, whatever the upstream reports later: no result exists.
+        return payload_reply(
+            &id,
+            Payload::None(format!("task {task_id} was cancelled; it has no result")),
+        );
+    }
+    if record.status.is_terminal() {
+        if let Some(stored) = record
+            .terminal_result
+            .as_deref()
+            .and_then(|s| serde_json::from_str::<Value>(s).ok())
+        {
+            if let Some(p) = translate::terminal_payload(&stored, &task_id) {
+                return payload_reply(&id, p)
+                    .answered_locally(crate::metrics::LocalReason::StoredResult);
+            }
+        }
+    }
+    let (tx, rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
+    let state = state.clone();
+    tokio::spawn(async move {
+        let closed = tx.clone();
+        tokio::select! {
+            answer = follow_result(&state, inner, &req, &id, record, &tx) => {
+                let bytes = match answer.body {
+                    ReplyBody::Json(b) => b,
+                    _ => jsonrpc::error_response(Some(&id), jsonrpc::INTERNAL_ERROR, "no answer"),
+                };
+                let _ = tx.send(event(String::from_utf8_lossy(&bytes).into_owned())).await;
+            }
+            _ = closed.closed() => {
+                tracing::debug!(task_id, "bridged tasks/result: the client went away");
+            }
+        }
+    });
+    sse_reply(rx)
+}
+
+/// Capacity of the channel to a bridged `tasks/result` stream.
+const RELAY_CAPACITY: usize = 64;
+
+fn event(data: String) -> Event {
+    Event {
+        event: Some("message".into()),
+        data: Some(data),
+        id: None,
+        retry: None,
+    }
+}
+
+fn sse_reply(rx: mpsc::Receiver<Event>) -> McpReply {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache"),
+    );
+    let events: EventStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|ev| (ev, rx))
+    }));
+    McpReply {
+        status: StatusCode::OK,
+        headers,
+        body: ReplyBody::Stream(events),
+    }
+}
+
+/// Polls until terminal; sends input requests on `tx`; returns the answer (JSON).
+async fn follow_result<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: &McpRequest,
+    id: &Id,
+    record: TaskRecord,
+    tx: &mpsc::Sender<Event>,
+) -> McpReply {
+    let id = id.clone();
+    let task_id = record.task_id.clone();
+    // An open tasks/result holds its task (the "resources released" fact) until answered.
+    let _hold = state.registry.releases().hold(&req.ctx.upstream, &task_id);
+    let mut known = record;
+    loop {
+        let poll_id = state.next_id();
+        let mut out = modern_request(
+            req,
+            &poll_id,
+            "tasks/get",
+            params_for(&task_id),
+            Some(&task_id),
+        );
+        out.extensions.insert(AuthorisedTask {
+            record: known.clone(),
+        });
+        let answer = match inner.clone().oneshot(out).await {
+            Ok(reply) => answer_of(reply, &poll_id).await,
+            Err(e) => {
+                return McpReply::local_error(Some(&id), jsonrpc::INTERNAL_ERROR, &e.to_string())
+            }
+        };
+        let Some(answer) = answer else {
+            return McpReply::local_error(
+                Some(&id),
+                jsonrpc::INTERNAL_ERROR,
+                &format!("the upstream gave no answer to tasks/get for task {task_id}"),
+            );
+        };
+        let Some(task) = answer.get("result").filter(|r| r.is_object()) else {
+            // The upstream no longer knows the task (expired, dropped: -32602), or failed.
+            return error_reply(&id, answer.get("error"));
+        };
+        if let Some(p) = translate::terminal_payload(task, &task_id) {
+            state.inputs.forget(&task_id);
+            return payload_reply(&id, p);
+        }
+        if let Some(s) = task
+            .get("status")
+            .and_then(Value::as_str)
+            .and_then(TaskStatus::parse)
+        {
+            if s != known.status {
+                // A status change seen while following: `notifications/tasks/status` (2025).
+                if let Some(t) = translate::legacy_task(task) {
+                    let note = json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t});
+                    if tx.send(event(note.to_string())).await.is_err() {
+                        return McpReply::accepted();
+                    }
+                }
+            }
+            known.status = s;
+        }
+        if let Some(requests) = task.get("inputRequests").and_then(Value::as_object) {
+            for (key, request) in requests {
+                match state
+                    .inputs
+                    .ask(state.sessions.as_ref(), &req.ctx, &task_id, key, request)
+                {
+                    Ask::Already => {}
+                    Ask::Send(message) => {
+                        if tx.send(event(message)).await.is_err() {
+                            return McpReply::accepted();
+                        }
+                    }
+                    Ask::Unsupported(method) => {
+                        cancel_for_input(state, inner.clone(), req, &known).await;
+                        return McpReply::local_error(
+                            Some(&id),
+                            jsonrpc::INTERNAL_ERROR,
+                            &format!(
+                                "task {task_id} needs input by `{method}`, which this client did not declare (or taskgate cannot relay); the task was cancelled"
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(poll_wait(task, &known)).await;
+    }
+}
+
+/// Cancels a task whose input the client cannot give (one upstream `tasks/cancel`, recorded).
+async fn cancel_for_input<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: &McpRequest,
+    record: &TaskRecord,
+) {
+    let id = state.next_id();
+    let cancel = super::internal_request(req, &id, "tasks/cancel", &record.task_id);
+    state
+        .registry
+        .request_cancel(&req.ctx.upstream, &record.task_id)
+        .await;
+    let answer = tasks_cancel(state, inner, cancel, record.clone()).await;
+    tracing::info!(task_id = %record.task_id, answer = ?answer.body, "task cancelled: its input cannot be asked");
+}
+
+/// Sends a client's answer to an input request upstream as `tasks/update`.
+pub(super) async fn send_update<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: &McpRequest,
+    pending: Pending,
+) {
+    let answer = match &req.op {
+        crate::exchange::Operation::Post(m) => m.parse_as::<Value>().unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
+    let id = state.next_id();
+    let params = json!({
+        "taskId": pending.task_id,
+        "inputResponses": { pending.key.clone(): input::response_value(&answer) },
+        "_meta": translate::modern_meta(None),
+    });
+    let base = McpRequest {
+        op: req.op.clone(),
+        ctx: pending.ctx.clone(),
+        extensions: http::Extensions::new(),
+    };
+    let out = modern_request(&base, &id, "tasks/update", params, Some(&pending.task_id));
+    match inner.oneshot(out).await {
+        Ok(reply) => {
+            let a = answer_of(reply, &id).await;
+            tracing::debug!(task_id = %pending.task_id, key = %pending.key, answer = ?a, "tasks/update sent");
+        }
+        Err(e) => tracing::warn!(task_id = %pending.task_id, error = %e, "tasks/update failed"),
+    }
+}
+
+/// A bridged `tasks/cancel` (one per task: `cancel` above single-flights it).
+pub(super) async fn tasks_cancel<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: McpRequest,
+    record: TaskRecord,
+) -> McpReply {
+    let Some(id) = req.id().cloned() else {
+        return McpReply::accepted();
+    };
+    let task_id = record.task_id.clone();
+    let upstream = req.ctx.upstream.clone();
+    let out = modern_request(
+        &req,
+        &id,
+        "tasks/cancel",
+        params_for(&task_id),
+        Some(&task_id),
+    );
+    let answer = match inner.oneshot(out).await {
+        Ok(reply) => answer_of(reply, &id).await,
+        Err(e) => return McpReply::local_error(Some(&id), jsonrpc::INTERNAL_ERROR, &e.to_string()),
+    };
+    match &answer {
+        Some(a) if a.get("result").is_some() => {}
+        _ => return legacy_reply(&id, answer, Value::clone),
+    }
+    // The ack: the record (and the 2025 client) say cancelled, unless another terminal status
+    // was recorded first (first terminal state wins).
+    let mut task = record.to_task();
+    task.status = TaskStatus::Cancelled;
+    task.last_updated_at = format_rfc3339_ms(now_ms());
+    let task = serde_json::to_value(&task).unwrap_or(Value::Null);
+    let observed = state
+        .registry
+        .observe_task_as(&upstream, &task_id, task.clone(), "tasks/cancel")
+        .await;
+    match observed {
+        Observed::Rewrite { status, .. } if status != TaskStatus::Cancelled => {
+            McpReply::local_error(
+                Some(&id),
+                jsonrpc::INVALID_PARAMS,
+                &format!(
+                    "Cannot cancel task {task_id}: it is already {status} (a terminal status)"
+                ),
+            )
+        }
+        Observed::Unknown => McpReply::local_error(
+            Some(&id),
+            jsonrpc::INVALID_PARAMS,
+            &format!("Task not found: {task_id}"),
+        ),
+        _ => McpReply::local_json(jsonrpc::result_response(&id, &task.to_string())),
+    }
+}

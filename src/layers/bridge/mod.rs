@@ -1,0 +1,426 @@
+//! The `bridge` layer: a 2025-11-25 client on a 2026-07-28 task server (DESIGN.md "Two eras,
+//! one gateway"; MCP 2026-07-28 tasks extension `io.modelcontextprotocol/tasks`, SEP-2663).
+//!
+//! It sits below `cancel` and above `observe`: the layers above it see the client's era (2025
+//! `tasks/*`, owner binding, single-flight cancel, `-32602` for a terminal cancel, `tasks/list`
+//! from the registry), `observe` sees what actually goes upstream (2026 requests, flat
+//! `CreateTaskResult`s, `DetailedTask`s) and records it as for a 2026 client.
+//!
+//! **The upstream's era** ([`UpstreamEra`]), from `upstream.protocol`:
+//! - `"2025-11-25"`: never bridged; `"2026-07-28"`: always bridged;
+//! - `"auto"` (default): learned once per upstream and kept for the process's life. An
+//!   `InitializeResult` with `capabilities.tasks` means 2025-11-25; one advertising
+//!   `capabilities.extensions["io.modelcontextprotocol/tasks"]` means 2026-07-28; otherwise (on
+//!   the first `initialize`, or the first task request when no `initialize` passed since start)
+//!   taskgate sends one `server/discover` (2026-07-28 server/discover) and bridges when its
+//!   result advertises the extension. A discovery the upstream could not be asked (transport
+//!   error) is tried again next time; one unanswered within [`DISCOVER_DEADLINE`] means
+//!   2025-11-25.
+//!
+//! **Dual-era upstreams** (FastMCP 4 serves 2025 `initialize` sessions and stateless 2026
+//! requests on one endpoint): the 2025 client keeps its upstream session for everything that is
+//! not a task (`initialize`, `tools/list`, plain `tools/call`, `ping`, the GET stream); its task
+//! requests go out as stateless 2026 requests (no `Mcp-Session-Id`, `MCP-Protocol-Version:
+//! 2026-07-28`, `Mcp-Method`, `Mcp-Name`, `_meta` with the protocol version and the client
+//! capabilities declaring the extension), because that is the only way such a server runs tasks.
+//!
+//! What it does, for 2025-11-25 requests when the upstream is 2026-07-28 with the extension:
+//! - `initialize` answer: `capabilities.tasks` (`cancel`, `list`, `requests.tools.call`) added;
+//! - `tools/list` answer: `execution.taskSupport` `"optional"` on every tool without one
+//!   (`"required"` for a tool the upstream answered `-32021` for, see below);
+//! - `tools/call` with `params.task`: sent as a 2026 `tools/call` without `params.task`; the flat
+//!   `CreateTaskResult` is recorded by `observe` (origin `bridged`, era `modern`) before the client
+//!   sees the id, and answered nested (`{task:{taskId, status, ttl, pollInterval, …}}`). A plain
+//!   result (the server ran the call without a task) is recorded as a task already `completed`
+//!   under an id taskgate mints, with the result, and answered as its `CreateTaskResult`;
+//! - `tasks/get`: 2026 `tasks/get`; the `DetailedTask` answered as a 2025 `Task` (a `completed`
+//!   with `isError: true` is a 2025 `failed`); a terminal task whose result the record holds is
+//!   answered from the record;
+//! - `tasks/result`: served here by polling 2026 `tasks/get` at the task's `pollIntervalMs`
+//!   (clamped to [`MIN_POLL`]..[`MAX_POLL`]) until it is terminal, then answered with the
+//!   `CallToolResult` and the related-task `_meta`, the task's JSON-RPC `error` when it `failed`,
+//!   and `-32603` when it was `cancelled` (no result exists). A terminal result the record holds
+//!   is answered without the upstream, so it survives a restart. An upstream that no longer knows
+//!   the task (`-32602`) is answered `-32602`.
+//! - `tasks/cancel` (reaches here once per task: `cancel` single-flights it and answers terminal
+//!   tasks `-32602`): 2026 `tasks/cancel`; on its ack the record becomes `cancelled` (through the
+//!   registry, so a later upstream completion is a counted late result and never changes it) and
+//!   the client gets the `Task` with status `cancelled`; if the task reached another terminal
+//!   status first, `-32602` naming it.
+//! - a plain `tools/call` answered `-32021` naming the extension: the tool is remembered as
+//!   task-only (see `tools/list`), so `[upgrade]` runs later calls of it as tasks.
+//!
+//! Answers from the upstream to bridged requests come back as one `application/json` message,
+//! HTTP 200 (the 2025 transport's status for a JSON-RPC error), even when the upstream streamed
+//! them or gave a 2026 HTTP 400.
+//!
+//! - `input_required` while a bridged `tasks/result` follows the task: see `input` (prompts on
+//!   the `tasks/result` stream, answers upstream as `tasks/update`, keys asked once).
+//!
+//! - status changes seen while a bridged `tasks/result` follows the task are sent on its stream
+//!   as `notifications/tasks/status` (a 2025 `Task`).
+//!
+//! Not translated (yet): `notifications/tasks` the upstream sends on a creation's own stream
+//! (the bridged `tools/call` is answered with its one JSON message) or on a
+//! `subscriptions/listen` stream; a 2025 client's GET stream carries nothing from a 2026 upstream. The registry keeps the 2026 status (`completed` for a
+//! tool error), so `tasks/list` shows `completed` where `tasks/get` shows the 2025 `failed`.
+//!
+//! Files: this one (the layer, the era, the dispatch, the request and answer helpers), `calls`
+//! (`initialize`, `tools/list`, `tools/call`), `follow` (tasks/get, tasks/result, tasks/cancel,
+//! `server/discover`), `input` (input requests), `translate` (the pure shape translations).
+
+mod calls;
+mod follow;
+pub mod input;
+pub mod translate;
+
+use crate::config::UpstreamProtocol;
+use crate::era::{self, Era};
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::jsonrpc::{self, Id, Message};
+use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::layers::McpService;
+use crate::registry::Registry;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::HeaderValue;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tower::ServiceExt;
+
+/// Shortest wait between two `tasks/get` polls of a bridged `tasks/result`.
+pub const MIN_POLL: Duration = Duration::from_millis(20);
+/// Longest wait between two polls (an upstream's larger `pollIntervalMs` is lowered to it).
+pub const MAX_POLL: Duration = Duration::from_secs(5);
+/// Events of an SSE `initialize` answer kept before the answer itself (more are dropped).
+pub const MAX_EARLY_EVENTS: usize = 64;
+/// How long `server/discover` may take; an upstream that has not answered by then is taken for a
+/// 2025-11-25 one (2026-07-28 servers MUST implement it), so a client's `initialize` waits at
+/// most this long for the probe.
+pub const DISCOVER_DEADLINE: Duration = Duration::from_secs(3);
+/// Most tool names remembered as task-only per upstream.
+pub const MAX_TASK_ONLY_TOOLS: usize = 4096;
+
+/// What an upstream serves tasks as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamEra {
+    /// 2025-11-25 tasks (or none): nothing is bridged.
+    Legacy,
+    /// 2026-07-28 with the tasks extension: 2025 task requests are bridged.
+    ModernTasks,
+}
+
+/// One upstream's bridge state: its era and the tools it answered `-32021` for.
+pub struct BridgeState {
+    registry: Arc<Registry>,
+    protocol: UpstreamProtocol,
+    learned: Mutex<Option<UpstreamEra>>,
+    probe: tokio::sync::Mutex<()>,
+    task_only: Mutex<HashSet<String>>,
+    next_id: AtomicU64,
+    inputs: input::Inputs,
+    sessions: Option<Arc<crate::layers::session::Sessions>>,
+}
+
+impl BridgeState {
+    /// The state of one upstream configured with `protocol`.
+    pub fn new(registry: Arc<Registry>, protocol: UpstreamProtocol) -> Arc<BridgeState> {
+        Arc::new(BridgeState {
+            registry,
+            protocol,
+            learned: Mutex::new(None),
+            probe: tokio::sync::Mutex::new(()),
+            task_only: Mutex::new(HashSet::new()),
+            next_id: AtomicU64::new(1),
+            inputs: input::Inputs::default(),
+            sessions: None,
+        })
+    }
+
+    /// The state of one upstream, reading client capabilities (for `input_required`) from
+    /// `sessions`.
+    pub fn with_sessions(
+        registry: Arc<Registry>,
+        protocol: UpstreamProtocol,
+        sessions: Arc<crate::layers::session::Sessions>,
+    ) -> Arc<BridgeState> {
+        let mut state = BridgeState::new(registry, protocol);
+        if let Some(s) = Arc::get_mut(&mut state) {
+            s.sessions = Some(sessions);
+        }
+        state
+    }
+
+    /// The upstream's era when known without asking it.
+    pub fn known(&self) -> Option<UpstreamEra> {
+        match self.protocol {
+            UpstreamProtocol::Legacy => Some(UpstreamEra::Legacy),
+            UpstreamProtocol::Modern => Some(UpstreamEra::ModernTasks),
+            UpstreamProtocol::Auto => *self.learned.lock(),
+        }
+    }
+
+    fn learn(&self, era: UpstreamEra) {
+        if self.protocol == UpstreamProtocol::Auto {
+            let mut l = self.learned.lock();
+            if l.is_none() {
+                tracing::info!(?era, "upstream era learned");
+                *l = Some(era);
+            }
+        }
+    }
+
+    /// An id for taskgate's own upstream requests (a string no client id equals by type and
+    /// prefix).
+    fn next_id(&self) -> Id {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Id::from_json(&format!("\"taskgate-bridge-{n}\"")).expect("a JSON string")
+    }
+
+    fn is_task_only(&self, tool: &str) -> bool {
+        self.task_only.lock().contains(tool)
+    }
+}
+
+/// Builds [`BridgeService`]s over one upstream's [`BridgeState`].
+#[derive(Clone)]
+pub struct BridgeLayer {
+    state: Arc<BridgeState>,
+}
+
+impl BridgeLayer {
+    /// A layer bridging with `state`.
+    pub fn new(state: Arc<BridgeState>) -> BridgeLayer {
+        BridgeLayer { state }
+    }
+}
+
+impl<S> tower::Layer<S> for BridgeLayer {
+    type Service = BridgeService<S>;
+    fn layer(&self, inner: S) -> BridgeService<S> {
+        BridgeService {
+            inner,
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// The `bridge` layer's service (see the module docs).
+#[derive(Clone)]
+pub struct BridgeService<S> {
+    inner: S,
+    state: Arc<BridgeState>,
+}
+
+type BoxFut = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send>>;
+
+impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
+    type Response = McpReply;
+    type Error = GatewayError;
+    type Future = BoxFut;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: McpRequest) -> BoxFut {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let state = self.state.clone();
+        if Era::of(&req) == Era::Modern || state.known() == Some(UpstreamEra::Legacy) {
+            return Box::pin(inner.oneshot(req));
+        }
+        if let Some(pending) = input_answer(&state, &req) {
+            return Box::pin(async move {
+                follow::send_update(&state, inner, &req, pending).await;
+                Ok(McpReply::accepted())
+            });
+        }
+        match req.request_method() {
+            Some("initialize") => Box::pin(calls::initialize(state, inner, req)),
+            Some("tools/list") => Box::pin(calls::tools_list(state, inner, req)),
+            Some("tools/call") if req.extensions.get::<PendingCreation>().is_some() => {
+                Box::pin(calls::task_call(state, inner, req))
+            }
+            Some("tools/call") => Box::pin(calls::plain_call(state, inner, req)),
+            Some(m @ ("tasks/get" | "tasks/result" | "tasks/cancel")) => {
+                let bridged = req
+                    .extensions
+                    .get::<AuthorisedTask>()
+                    .filter(|a| a.record.era == Era::Modern)
+                    .map(|a| a.record.clone());
+                match bridged {
+                    Some(record) => {
+                        let m = m.to_string();
+                        Box::pin(async move {
+                            Ok(match m.as_str() {
+                                "tasks/get" => follow::tasks_get(&state, inner, req, record).await,
+                                "tasks/result" => {
+                                    follow::tasks_result(&state, inner, req, record).await
+                                }
+                                _ => follow::tasks_cancel(&state, inner, req, record).await,
+                            })
+                        })
+                    }
+                    None => Box::pin(inner.oneshot(req)),
+                }
+            }
+            _ => Box::pin(inner.oneshot(req)),
+        }
+    }
+}
+
+/// taskgate's own 2025 `method` about `task_id` under `id`, in `req`'s context (for
+/// `follow`'s `tasks/cancel` of a task whose input cannot be asked).
+fn internal_request(req: &McpRequest, id: &Id, method: &str, task_id: &str) -> McpRequest {
+    let text = format!(
+        r#"{{"jsonrpc":"2.0","id":{},"method":{},"params":{}}}"#,
+        id.as_json(),
+        Value::String(method.to_string()),
+        json!({ "taskId": task_id })
+    );
+    McpRequest {
+        op: Operation::Post(Message::parse(Bytes::from(text)).expect("a well-formed request")),
+        ctx: req.ctx.clone(),
+        extensions: http::Extensions::new(),
+    }
+}
+
+/// The input request a POSTed client response answers (see `input`), taken.
+fn input_answer(state: &BridgeState, req: &McpRequest) -> Option<input::Pending> {
+    let Operation::Post(msg) = &req.op else {
+        return None;
+    };
+    if !matches!(msg.kind(), jsonrpc::Kind::Response | jsonrpc::Kind::Error) {
+        return None;
+    }
+    state.inputs.take(msg.id()?, &req.ctx.caller())
+}
+
+/// The upstream's era, asking `server/discover` once when it is not known.
+pub(super) async fn upstream_era<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+) -> UpstreamEra {
+    if let Some(e) = state.known() {
+        return e;
+    }
+    let _one = state.probe.lock().await;
+    if let Some(e) = state.known() {
+        return e;
+    }
+    match follow::discover(state, inner.clone(), req).await {
+        Some(e) => {
+            state.learn(e);
+            e
+        }
+        None => UpstreamEra::Legacy,
+    }
+}
+
+/// The 2026-07-28 request `method` with `params` under `id`, in `req`'s context: no upstream
+/// session, `MCP-Protocol-Version: 2026-07-28`, `Mcp-Method`, `Mcp-Name` (base64-encoded when it
+/// is not visible ASCII), era modern, and `req`'s extensions (its [`AuthorisedTask`] and
+/// [`PendingCreation`] for `observe`).
+fn modern_request(
+    req: &McpRequest,
+    id: &Id,
+    method: &str,
+    params: Value,
+    name: Option<&str>,
+) -> McpRequest {
+    let body = json!({"jsonrpc": "2.0", "method": method, "params": params});
+    let mut text = body.to_string();
+    text.insert_str(1, &format!("\"id\":{},", id.as_json()));
+    let msg = Message::parse(Bytes::from(text)).expect("a well-formed request");
+    let mut ctx = req.ctx.clone();
+    ctx.session_id = None;
+    ctx.headers.insert(
+        &crate::headers::MCP_PROTOCOL_VERSION,
+        HeaderValue::from_static(era::MODERN_VERSION),
+    );
+    if let Ok(m) = HeaderValue::from_str(method) {
+        ctx.headers
+            .insert(http::HeaderName::from_static("mcp-method"), m);
+    }
+    ctx.headers.remove(&era::MCP_NAME);
+    if let Some(n) = name {
+        let value = if n.bytes().all(|b| (0x20..0x7f).contains(&b)) && n.trim() == n {
+            HeaderValue::from_str(n).ok()
+        } else {
+            use base64::Engine;
+            let b64 = base64::engine::general_purpose::STANDARD.encode(n);
+            HeaderValue::from_str(&format!("=?base64?{b64}?=")).ok()
+        };
+        if let Some(v) = value {
+            ctx.headers.insert(&era::MCP_NAME, v);
+        }
+    }
+    let mut extensions = req.extensions.clone();
+    extensions.insert(Era::Modern);
+    McpRequest {
+        op: Operation::Post(msg),
+        ctx,
+        extensions,
+    }
+}
+
+/// The answer to `id` in `reply` (a JSON body, or the event of an SSE body that answers it; the
+/// stream's other messages are dropped). `None` when there is none (an HTTP error page, a
+/// stream that ended first, a body that is not JSON).
+async fn answer_of(reply: McpReply, id: &Id) -> Option<Value> {
+    match reply.body {
+        ReplyBody::Json(bytes) | ReplyBody::Raw(bytes) => serde_json::from_slice(&bytes).ok(),
+        ReplyBody::Stream(mut events) => {
+            while let Some(ev) = events.next().await {
+                let Some(data) = ev.data else { continue };
+                if jsonrpc::is_answer_to(data.as_bytes(), id) {
+                    return serde_json::from_str(&data).ok();
+                }
+            }
+            None
+        }
+        ReplyBody::Empty => None,
+    }
+}
+
+/// The 2025 answer under `id` for an upstream `answer`: its `result` mapped by `map`, its
+/// `error` as it is, or `-32603` when the upstream gave no answer. Always HTTP 200 JSON.
+fn legacy_reply(id: &Id, answer: Option<Value>, map: impl FnOnce(&Value) -> Value) -> McpReply {
+    let Some(answer) = answer else {
+        return McpReply::local_error(
+            Some(id),
+            jsonrpc::INTERNAL_ERROR,
+            "the 2026-07-28 upstream gave no answer to the bridged request",
+        );
+    };
+    if let Some(result) = answer.get("result") {
+        return McpReply::local_json(jsonrpc::result_response(id, &map(result).to_string()));
+    }
+    error_reply(id, answer.get("error"))
+}
+
+/// A 2025 JSON-RPC error answer under `id` carrying the upstream's `error` object (`-32603`
+/// when it is not one).
+fn error_reply(id: &Id, error: Option<&Value>) -> McpReply {
+    match error.filter(|e| e.get("code").is_some_and(Value::is_i64)) {
+        Some(e) => McpReply::local_json(Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
+            id.as_json(),
+            e
+        ))),
+        None => McpReply::local_error(
+            Some(id),
+            jsonrpc::INTERNAL_ERROR,
+            "the 2026-07-28 upstream answered the bridged request with neither a result nor an error",
+        ),
+    }
+}

@@ -1,0 +1,288 @@
+//! Pure translations between the 2025-11-25 task shapes and the 2026-07-28 tasks extension
+//! (SEP-2663), on `serde_json::Value`s. No I/O; every function accepts any JSON and never panics.
+//!
+//! | 2025-11-25 | 2026-07-28 |
+//! |---|---|
+//! | `tools/call` + `params.task` | `tools/call` declaring the extension in `_meta` (no `params.task`) |
+//! | `CreateTaskResult` `{task:{…, ttl, pollInterval}}` | flat `{resultType:"task", …, ttlMs, pollIntervalMs}` |
+//! | `GetTaskResult` (a `Task`) | `DetailedTask` with `resultType:"complete"` and `result` / `error` / `inputRequests` inline |
+//! | `failed` (a tool error too) | `completed` with `result.isError: true` is a 2025 `failed`; 2026 `failed` carries a JSON-RPC `error` |
+//! | `notifications/tasks/status` (a `Task`) | `notifications/tasks` (a `DetailedTask`) |
+
+use crate::era::{
+    CLIENT_CAPABILITIES_META, MODERN_VERSION, PROTOCOL_VERSION_META, TASKS_EXTENSION,
+};
+use crate::mcp::task::RELATED_TASK_META;
+use serde_json::{json, Map, Value};
+
+/// The `_meta` a bridged request carries upstream (2026-07-28 basic: required request `_meta`):
+/// the protocol version and client capabilities declaring the tasks extension, plus the
+/// client's own `_meta` members (a `progressToken`, say) except the 2025 related-task key.
+pub fn modern_meta(client_meta: Option<&Value>) -> Value {
+    let mut meta = Map::new();
+    if let Some(Value::Object(m)) = client_meta {
+        for (k, v) in m {
+            if k != RELATED_TASK_META {
+                meta.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    meta.insert(PROTOCOL_VERSION_META.into(), json!(MODERN_VERSION));
+    meta.insert(
+        CLIENT_CAPABILITIES_META.into(),
+        json!({ "extensions": { TASKS_EXTENSION: {} } }),
+    );
+    Value::Object(meta)
+}
+
+/// The 2026 params of a bridged request: `params` without `task`, with [`modern_meta`].
+pub fn modern_params(params: Option<&Value>) -> Value {
+    let mut out = match params {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    out.remove("task");
+    let meta = modern_meta(out.get("_meta"));
+    out.insert("_meta".into(), meta);
+    Value::Object(out)
+}
+
+/// A 2025 `Task` from a 2026 `Task` / `DetailedTask` (flat, `ttlMs`, `pollIntervalMs`):
+/// `resultType`, `result`, `error` and `inputRequests` dropped, fields renamed, and a
+/// `completed` whose `result.isError` is `true` shown as `failed` (2025-11-25: a tool error is a
+/// failed task). `None` when `task` is not an object with a string `taskId` and `status`.
+pub fn legacy_task(task: &Value) -> Option<Value> {
+    let o = task.as_object()?;
+    o.get("taskId")?.as_str()?;
+    let status = o.get("status")?.as_str()?;
+    let is_error = o
+        .get("result")
+        .and_then(|r| r.get("isError"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    let mut out = Map::new();
+    for (k, v) in o {
+        match k.as_str() {
+            "resultType" | "result" | "error" | "inputRequests" | "_meta" => {}
+            "ttlMs" => {
+                out.insert("ttl".into(), v.clone());
+            }
+            "pollIntervalMs" => {
+                out.insert("pollInterval".into(), v.clone());
+            }
+            _ => {
+                out.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    if status == "completed" && is_error {
+        out.insert("status".into(), json!("failed"));
+    }
+    out.entry("ttl").or_insert(Value::Null);
+    Some(Value::Object(out))
+}
+
+/// The 2025 `CreateTaskResult` (`{"task":{…}}`) for a flat 2026 one; `None` unless `result`
+/// carries `resultType:"task"`.
+pub fn legacy_create_result(result: &Value) -> Option<Value> {
+    if result.get("resultType").and_then(Value::as_str) != Some("task") {
+        return None;
+    }
+    Some(json!({ "task": legacy_task(result)? }))
+}
+
+/// What a terminal 2026 `DetailedTask` answers to a 2025 `tasks/result` (2025-11-25 tasks:
+/// exactly what the request would have returned, with the related-task `_meta`).
+#[derive(Debug, PartialEq)]
+pub enum Payload {
+    /// `completed`: the `CallToolResult` (an `isError` one too), related-task `_meta` added.
+    Result(Value),
+    /// `failed`: the task's JSON-RPC `error` object.
+    Error(Value),
+    /// `cancelled`, or a terminal task without its payload: no result exists.
+    None(String),
+}
+
+/// The [`Payload`] of a terminal `DetailedTask` about `task_id`; `None` while it is live.
+pub fn terminal_payload(task: &Value, task_id: &str) -> Option<Payload> {
+    let status = task.get("status").and_then(Value::as_str)?;
+    Some(match status {
+        "completed" => match task.get("result") {
+            Some(Value::Object(r)) => {
+                let mut r = r.clone();
+                // 2025 results carry no `resultType`.
+                r.remove("resultType");
+                let meta = r.entry("_meta").or_insert_with(|| json!({}));
+                if let Some(m) = meta.as_object_mut() {
+                    m.insert(RELATED_TASK_META.into(), json!({ "taskId": task_id }));
+                }
+                Payload::Result(Value::Object(r))
+            }
+            _ => Payload::None(format!(
+                "task {task_id} completed but the upstream gave no result object"
+            )),
+        },
+        "failed" => match task.get("error") {
+            Some(e @ Value::Object(_)) if e.get("code").is_some_and(Value::is_i64) => {
+                Payload::Error(e.clone())
+            }
+            _ => Payload::Error(json!({
+                "code": crate::jsonrpc::INTERNAL_ERROR,
+                "message": task.get("statusMessage").and_then(Value::as_str)
+                    .unwrap_or("the task failed upstream without an error object"),
+            })),
+        },
+        "cancelled" => Payload::None(format!("task {task_id} was cancelled; it has no result")),
+        _ => return None,
+    })
+}
+
+/// Adds `execution.taskSupport: "optional"` to every tool of a `tools/list` result that has no
+/// `taskSupport` (`"required"` for a tool in `task_only`). Returns whether anything changed.
+pub fn mark_task_support(result: &mut Value, task_only: &dyn Fn(&str) -> bool) -> bool {
+    let Some(tools) = result.get_mut("tools").and_then(Value::as_array_mut) else {
+        return false;
+    };
+    let mut changed = false;
+    for tool in tools.iter_mut() {
+        let Some(t) = tool.as_object_mut() else {
+            continue;
+        };
+        let name = t
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let exec = t.entry("execution").or_insert_with(|| json!({}));
+        let Some(exec) = exec.as_object_mut() else {
+            continue;
+        };
+        if exec.get("taskSupport").is_none() {
+            let support = if task_only(&name) {
+                "required"
+            } else {
+                "optional"
+            };
+            exec.insert("taskSupport".into(), json!(support));
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// Adds the 2025 `capabilities.tasks` taskgate serves for a 2026 task upstream to an
+/// `InitializeResult`: `cancel`, `list` and `requests.tools.call` (the `tasks` layer above
+/// removes `list` when callers cannot be told apart). Returns whether it changed.
+pub fn add_legacy_tasks_capability(result: &mut Value) -> bool {
+    let Some(caps) = result
+        .get_mut("capabilities")
+        .and_then(Value::as_object_mut)
+    else {
+        return false;
+    };
+    if caps.contains_key("tasks") {
+        return false;
+    }
+    caps.insert(
+        "tasks".into(),
+        json!({"cancel": {}, "list": {}, "requests": {"tools": {"call": {}}}}),
+    );
+    true
+}
+
+/// Whether an `InitializeResult` / `server/discover` result advertises the tasks extension
+/// (`capabilities.extensions["io.modelcontextprotocol/tasks"]`).
+pub fn advertises_extension(result: &Value) -> bool {
+    result
+        .pointer("/capabilities/extensions")
+        .and_then(|e| e.get(TASKS_EXTENSION))
+        .is_some_and(Value::is_object)
+}
+
+/// Whether a JSON-RPC error object is the 2026 `-32021` naming the tasks extension.
+pub fn is_missing_tasks_extension(error: &Value) -> bool {
+    error.get("code").and_then(Value::as_i64)
+        == Some(crate::era::MISSING_REQUIRED_CLIENT_CAPABILITY)
+        && error
+            .pointer("/data/requiredCapabilities/extensions")
+            .and_then(|e| e.get(TASKS_EXTENSION))
+            .is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flat_becomes_nested_and_is_error_becomes_failed() {
+        let flat = json!({"resultType":"task","taskId":"a","status":"working","createdAt":"x",
+            "lastUpdatedAt":"y","ttlMs":null,"pollIntervalMs":500});
+        let nested = legacy_create_result(&flat).unwrap();
+        assert_eq!(nested["task"]["pollInterval"], 500);
+        assert!(nested["task"]["ttl"].is_null());
+        assert!(nested["task"].get("resultType").is_none());
+        assert!(legacy_create_result(&json!({"resultType":"complete","content":[]})).is_none());
+        let done = json!({"resultType":"complete","taskId":"a","status":"completed",
+            "result":{"content":[],"isError":true}});
+        let t = legacy_task(&done).unwrap();
+        assert_eq!(t["status"], "failed");
+        assert!(t.get("result").is_none());
+        assert!(legacy_task(&json!([1])).is_none());
+        assert!(legacy_task(&json!({"taskId":1,"status":"working"})).is_none());
+    }
+
+    #[test]
+    fn payloads_by_status() {
+        let done = json!({"taskId":"a","status":"completed","result":{"content":[],"resultType":"complete"}});
+        let Some(Payload::Result(r)) = terminal_payload(&done, "a") else {
+            panic!("a result")
+        };
+        assert_eq!(r["_meta"][RELATED_TASK_META]["taskId"], "a");
+        assert!(r.get("resultType").is_none());
+        let failed = json!({"taskId":"a","status":"failed","error":{"code":-32603,"message":"m"}});
+        assert_eq!(
+            terminal_payload(&failed, "a"),
+            Some(Payload::Error(json!({"code":-32603,"message":"m"})))
+        );
+        let bad = json!({"taskId":"a","status":"failed","error":"nope"});
+        assert!(matches!(
+            terminal_payload(&bad, "a"),
+            Some(Payload::Error(_))
+        ));
+        assert!(matches!(
+            terminal_payload(&json!({"status":"cancelled"}), "a"),
+            Some(Payload::None(_))
+        ));
+        assert_eq!(terminal_payload(&json!({"status":"working"}), "a"), None);
+        assert_eq!(terminal_payload(&json!(null), "a"), None);
+    }
+
+    #[test]
+    fn params_lose_task_and_declare_the_extension() {
+        let p =
+            json!({"name":"t","task":{"ttl":5},"_meta":{"progressToken":3,RELATED_TASK_META:{}}});
+        let out = modern_params(Some(&p));
+        assert!(out.get("task").is_none());
+        assert_eq!(out["_meta"]["progressToken"], 3);
+        assert!(out["_meta"].get(RELATED_TASK_META).is_none());
+        assert!(crate::era::declares_tasks_extension(Some(&out)));
+        assert_eq!(out["_meta"][PROTOCOL_VERSION_META], MODERN_VERSION);
+        assert!(modern_params(Some(&json!("x"))).is_object());
+    }
+
+    #[test]
+    fn tools_and_capabilities() {
+        let mut list = json!({"tools":[{"name":"a"},{"name":"b","execution":{"taskSupport":"forbidden"}},{"name":"c"}, 7]});
+        assert!(mark_task_support(&mut list, &|n| n == "c"));
+        assert_eq!(list["tools"][0]["execution"]["taskSupport"], "optional");
+        assert_eq!(list["tools"][1]["execution"]["taskSupport"], "forbidden");
+        assert_eq!(list["tools"][2]["execution"]["taskSupport"], "required");
+        let mut init = json!({"capabilities":{"tools":{}}});
+        assert!(add_legacy_tasks_capability(&mut init));
+        assert!(init["capabilities"]["tasks"]["requests"]["tools"]["call"].is_object());
+        assert!(!add_legacy_tasks_capability(&mut json!({})));
+        let err: Value =
+            serde_json::from_slice(&crate::era::missing_tasks_extension(None)).unwrap();
+        assert!(is_missing_tasks_extension(&err["error"]));
+    }
+}

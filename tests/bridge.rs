@@ -1,0 +1,557 @@
+//! A 2025-11-25 client on a 2026-07-28 task server through taskgate (issue 12, the `bridge`
+//! layer), against the scripted dual-era server of `common/modern_server.rs` (a 2025
+//! `initialize` session without `capabilities.tasks`, `server/discover` advertising the tasks
+//! extension, stateless 2026 task requests). Only the wire, the upstream's received requests and
+//! the registry are asserted.
+
+mod common;
+
+use common::*;
+
+use serde_json::{json, Value};
+use taskgate::mcp::task::TaskStatus;
+use taskgate::store::Origin;
+
+const RELATED: &str = "io.modelcontextprotocol/related-task";
+
+/// A 2025 client (TS SDK style: `MCP-Protocol-Version: 2025-11-25`, a session) initialized
+/// through taskgate.
+async fn legacy_client(tg: &Tg) -> (Client, Value) {
+    let mut c = tg.client();
+    let init = c.initialize().await;
+    (c, init)
+}
+
+fn create_body(id: u64, tool: &str) -> String {
+    rpc(
+        &id.to_string(),
+        "tools/call",
+        &json!({"name": tool, "arguments": {}, "task": {"ttl": 60000}}).to_string(),
+    )
+}
+
+async fn create(c: &Client, id: u64) -> String {
+    let v = c.rpc(create_body(id, "slow_compute")).await;
+    v.pointer("/result/task/taskId")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("not a 2025 CreateTaskResult: {v}"))
+        .to_string()
+}
+
+fn set(state: &Shared, task_id: &str, status: &str) {
+    state
+        .lock()
+        .unwrap()
+        .tasks
+        .insert(task_id.into(), status.into());
+}
+
+/// initialize advertises 2025 `capabilities.tasks`, tools get `execution.taskSupport`, a
+/// task-augmented call goes upstream as a 2026 request declaring the extension (no
+/// `params.task`, no session, 2026 headers), comes back nested, recorded `bridged` before the
+/// client sees it; tasks/get, tasks/list, a blocking tasks/result with the related-task `_meta`,
+/// and a tool error shown as 2025 `failed`.
+#[tokio::test]
+async fn a_2025_client_runs_the_task_lifecycle_on_a_2026_server() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, init) = legacy_client(&tg).await;
+    let tasks = &init["result"]["capabilities"]["tasks"];
+    assert!(
+        tasks["requests"]["tools"]["call"].is_object() && tasks["cancel"].is_object(),
+        "{init}"
+    );
+    assert_eq!(
+        count(&up, "server/discover"),
+        1,
+        "the era was discovered once"
+    );
+    let tools = c.rpc(rpc("2", "tools/list", "{}")).await;
+    assert_eq!(
+        tools["result"]["tools"][0]["execution"]["taskSupport"], "optional",
+        "{tools}"
+    );
+
+    let t = create(&c, 3).await;
+    let r = tg
+        .record(&t)
+        .expect("recorded before the client saw the id");
+    assert_eq!(
+        (r.origin, r.era),
+        (Origin::Bridged, taskgate::era::Era::Modern)
+    );
+    let sent = up.received("tools/call").pop().unwrap();
+    let body = sent.json();
+    assert!(body["params"].get("task").is_none(), "{body}");
+    assert!(
+        body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]["extensions"][EXT]
+            .is_object(),
+        "{body}"
+    );
+    assert_eq!(
+        body["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"],
+        MODERN
+    );
+    assert_eq!(sent.header("mcp-protocol-version").as_deref(), Some(MODERN));
+    assert_eq!(sent.header("mcp-method").as_deref(), Some("tools/call"));
+    assert_eq!(sent.header("mcp-name").as_deref(), Some("slow_compute"));
+    assert!(!sent.has_header("mcp-session-id"));
+
+    let got = c.get("4", &t).await;
+    assert_eq!(got["result"]["status"], "working", "{got}");
+    assert!(got["result"].get("resultType").is_none(), "{got}");
+    assert_eq!(got["result"]["pollInterval"], 50, "{got}");
+    let sent = up.received("tasks/get").pop().unwrap();
+    assert_eq!(sent.header("mcp-name").as_deref(), Some(t.as_str()));
+
+    let list = c.list("5", None).await;
+    assert!(
+        list["result"]["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["taskId"] == json!(t)),
+        "{list}"
+    );
+
+    // tasks/result blocks until the upstream says completed.
+    let waiting = {
+        let c = Client {
+            url: c.url.clone(),
+            token: None,
+            session: c.session.clone(),
+        };
+        let t = t.clone();
+        tokio::spawn(async move { c.result("6", &t).await })
+    };
+    assert!(up.wait_for_method("tasks/get", 3, STEP).await);
+    assert!(!waiting.is_finished());
+    set(&state, &t, "completed");
+    let res = waiting.await.unwrap();
+    assert_eq!(
+        res["result"]["content"][0]["text"],
+        format!("done {t}"),
+        "{res}"
+    );
+    assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Completed);
+    let gets = count(&up, "tasks/get");
+    let again = c.result("7", &t).await;
+    assert_eq!(again["result"], res["result"], "served from the record");
+    assert_eq!(count(&up, "tasks/get"), gets, "without the upstream");
+
+    // A tool error (2026 completed + isError) is a 2025 failed; its result has isError.
+    let e = create(&c, 8).await;
+    set(&state, &e, "tool_error");
+    let got = c.get("9", &e).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    let res = c.result("10", &e).await;
+    assert_eq!(res["result"]["isError"], true, "{res}");
+    // A protocol error (2026 failed + error) is the same JSON-RPC error from tasks/result.
+    let f = create(&c, 11).await;
+    set(&state, &f, "failed");
+    let res = c.result("12", &f).await;
+    assert_eq!(err_code(&res), -32603, "{res}");
+}
+
+/// `upstream.protocol = "2025-11-25"` never bridges nor asks `server/discover`.
+#[tokio::test]
+async fn protocol_2025_is_never_bridged() {
+    let (up, _) = modern_server().await;
+    let cfg = TgConfig::new(&up.url());
+    let tg = Tg::start(|store| cfg.to_toml(store) + "protocol = \"2025-11-25\"\n").await;
+    let (_c, init) = legacy_client(&tg).await;
+    assert!(
+        init["result"]["capabilities"].get("tasks").is_none(),
+        "{init}"
+    );
+    assert_eq!(count(&up, "server/discover"), 0);
+}
+
+/// tasks/cancel of a working task: one upstream cancel, the reply and the record say
+/// cancelled; a second cancel is -32602 and not forwarded; a late upstream completion never
+/// changes what the 2025 client sees, and is counted as a late result.
+#[tokio::test]
+async fn cancel_is_forwarded_once_and_stays_cancelled() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    state
+        .lock()
+        .unwrap()
+        .after_cancel
+        .insert(t.clone(), "completed".into());
+    let v = c.cancel("3", &t).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    assert_eq!(v["result"]["taskId"], json!(t), "{v}");
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    let r = tg.record(&t).unwrap();
+    assert_eq!(r.status, TaskStatus::Cancelled);
+    assert!(r.cancel_requested_at.is_some() && r.cancelled_at.is_some());
+    let again = c.cancel("4", &t).await;
+    assert_eq!(err_code(&again), -32602, "{again}");
+    assert_eq!(
+        count(&up, "tasks/cancel"),
+        1,
+        "a terminal task's cancel is local"
+    );
+    // The upstream now reports the late completion.
+    set(&state, &t, "completed");
+    let got = c.get("5", &t).await;
+    assert_eq!(got["result"]["status"], "cancelled", "{got}");
+    let res = c.result("6", &t).await;
+    assert_eq!(
+        err_code(&res),
+        -32603,
+        "no result for a cancelled task: {res}"
+    );
+    let r = tg.record(&t).unwrap();
+    assert_eq!(r.status, TaskStatus::Cancelled);
+    assert!(r.late_result_at.is_some(), "the late completion is counted");
+}
+
+/// A cancel racing the task's completion, 200 rounds: the cancel's answer, later tasks/get
+/// answers and the record agree, and the client never sees a terminal status change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_racing_completion_agrees_everywhere() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1000")
+        .start()
+        .await;
+    let (c, _) = legacy_client(&tg).await;
+    let c = std::sync::Arc::new(c);
+    let mut cancelled = 0;
+    for round in 0..200u64 {
+        let t = create(&c, 10_000 + round * 10).await;
+        let canceller = {
+            let (c, t) = (c.clone(), t.clone());
+            tokio::spawn(async move { c.cancel(&(10_001 + round * 10).to_string(), &t).await })
+        };
+        let poller = {
+            let (c, t, state) = (c.clone(), t.clone(), state.clone());
+            tokio::spawn(async move {
+                set(&state, &t, "completed");
+                c.get(&(10_002 + round * 10).to_string(), &t).await
+            })
+        };
+        let cancel = canceller.await.unwrap();
+        let first = poller.await.unwrap();
+        let last = c.get(&(10_003 + round * 10).to_string(), &t).await;
+        let record = tg.record(&t).unwrap().status;
+        let last_status = last["result"]["status"].as_str().unwrap().to_string();
+        assert_eq!(record.as_str(), last_status, "round {round}: {last}");
+        if cancel.get("result").is_some() {
+            cancelled += 1;
+            assert_eq!(cancel["result"]["status"], "cancelled", "round {round}");
+            assert_eq!(last_status, "cancelled", "round {round}");
+        } else {
+            assert_eq!(err_code(&cancel), -32602, "round {round}: {cancel}");
+            assert_eq!(last_status, "completed", "round {round}");
+        }
+        let first_status = first["result"]["status"].as_str().unwrap_or("");
+        if ["completed", "failed", "cancelled"].contains(&first_status) {
+            assert_eq!(
+                first_status, last_status,
+                "round {round}: a terminal status changed"
+            );
+        }
+    }
+    assert!(count(&up, "tasks/cancel") <= 200);
+    eprintln!("{cancelled} of 200 rounds ended cancelled");
+}
+
+/// An upstream that dropped the task (expired): tasks/get and tasks/result are -32602.
+#[tokio::test]
+async fn a_task_the_upstream_dropped_is_32602() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    state.lock().unwrap().tasks.remove(&t);
+    let got = c.get("3", &t).await;
+    assert_eq!(err_code(&got), -32602, "{got}");
+    let res = c.result("4", &t).await;
+    assert_eq!(err_code(&res), -32602, "{res}");
+}
+
+/// kill -9 in the middle of a bridged tasks/result: after a restart the task is still
+/// reachable and tasks/result completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridged_task_survives_sigkill_mid_result() {
+    let (up, state) = modern_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
+    let spawn = |cfg: String| {
+        tokio::task::block_in_place(move || {
+            let mut p = TaskgateProcess::spawn(&["serve", "--config", &cfg], &[]);
+            let (g, _) = p.listening();
+            (p, g)
+        })
+    };
+    let (mut p, gw) = spawn(cfg.clone());
+    let mut c = Client::new(&format!("http://{gw}/mcp"));
+    c.initialize().await;
+    let t = create(&c, 2).await;
+    let pending = {
+        let (c, t) = (
+            Client {
+                url: c.url.clone(),
+                token: None,
+                session: c.session.clone(),
+            },
+            t.clone(),
+        );
+        tokio::spawn(async move {
+            // Held open (the SSE answer): a client that goes away stops the polls.
+            c.send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
+                .await
+                .bytes()
+                .await
+        })
+    };
+    assert!(
+        up.wait_for_method("tasks/get", 2, STEP).await,
+        "tasks/result is polling"
+    );
+    tokio::task::block_in_place(|| {
+        p.signal(libc::SIGKILL);
+        p.wait_exit(STEP).expect("taskgate did not die on SIGKILL");
+    });
+    pending.abort();
+    let (_p2, gw) = spawn(cfg);
+    let mut c = Client::new(&format!("http://{gw}/mcp"));
+    c.session = None;
+    c.initialize().await;
+    set(&state, &t, "completed");
+    let res = c.result("4", &t).await;
+    assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plain clients on a 2026 task server ([upgrade] enabled)
+// ---------------------------------------------------------------------------------------------
+
+fn only_task(state: &Shared) -> Option<String> {
+    state.lock().unwrap().tasks.keys().next().cloned()
+}
+
+/// A client without the tasks capability calls a tool the 2026 server only runs as a task (it
+/// answers `-32021`): taskgate sends the call again declaring the extension, records the task
+/// (origin `upgraded`), follows it and answers the original id with the real result.
+#[tokio::test]
+async fn a_plain_call_answered_32021_gets_the_real_result() {
+    let (up, state) = modern_server().await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let body = call_body("41", "task_only", Some(json!("pt-41")));
+    let answer = {
+        let c = Client {
+            url: c.url.clone(),
+            token: None,
+            session: c.session.clone(),
+        };
+        tokio::spawn(async move { call(&c, &body, &json!(41)).await })
+    };
+    assert!(
+        up.wait_for_method("tools/call", 2, STEP).await,
+        "sent again as a task"
+    );
+    let calls = up.received("tools/call");
+    assert!(calls[0].json()["params"]["_meta"]
+        .get("io.modelcontextprotocol/clientCapabilities")
+        .is_none());
+    assert!(
+        calls[1].json()["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]
+            ["extensions"][EXT]
+            .is_object()
+    );
+    let t = only_task(&state).expect("the upstream created the task");
+    assert!(up.wait_for_method("tasks/get", 1, STEP).await, "followed");
+    set(&state, &t, "completed");
+    let out = answer.await.unwrap();
+    assert_eq!(
+        out.answer["result"]["content"][0]["text"],
+        format!("done {t}"),
+        "{:?}",
+        out
+    );
+    assert_eq!(tg.record(&t).unwrap().origin, Origin::Upgraded);
+}
+
+/// The plain client's `notifications/cancelled` for an upgraded call becomes one upstream
+/// `tasks/cancel`.
+#[tokio::test]
+async fn notifications_cancelled_of_an_upgraded_call_cancels_once() {
+    let (up, state) = modern_server().await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let body = call_body("51", "task_only", None);
+    let _answer = {
+        let c = Client {
+            url: c.url.clone(),
+            token: None,
+            session: c.session.clone(),
+        };
+        tokio::spawn(async move { c.send(body).await.bytes().await })
+    };
+    assert!(up.wait_for_method("tasks/get", 1, STEP).await, "followed");
+    let t = only_task(&state).unwrap();
+    for _ in 0..2 {
+        c.notify(
+            "notifications/cancelled",
+            json!({"requestId": 51, "reason": "user"}),
+        )
+        .await;
+    }
+    assert!(up.wait_for_method("tasks/cancel", 1, STEP).await);
+    let r = eventually(STEP, || async {
+        tg.record(&t).filter(|r| r.status == TaskStatus::Cancelled)
+    })
+    .await;
+    assert!(r.is_some(), "recorded cancelled");
+    assert_eq!(count(&up, "tasks/cancel"), 1, "one upstream cancel");
+    assert_eq!(count(&up, "notifications/cancelled"), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// input_required
+// ---------------------------------------------------------------------------------------------
+
+/// `input_required`: the `inputRequests` entry becomes one `elicitation/create` on the
+/// `tasks/result` stream (related-task `_meta`), never asked again though every poll repeats it;
+/// the client's answer goes upstream as `tasks/update` under the key; then the result.
+#[tokio::test]
+async fn input_required_is_asked_once_and_answered_with_tasks_update() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({"elicitation": {}, "tasks": {}})).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "input_required");
+    let resp = c
+        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut sse = resp.sse();
+    let status = sse.next_event(STEP).await.json();
+    assert_eq!(status["method"], "notifications/tasks/status", "{status}");
+    assert_eq!(status["params"]["status"], "input_required", "{status}");
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    assert_eq!(ask["params"]["_meta"][RELATED]["taskId"], json!(t), "{ask}");
+    assert_eq!(ask["params"]["message"], "your name?");
+    // The same snapshot on later polls is not asked again.
+    let polls = count(&up, "tasks/get");
+    assert!(up.wait_for_method("tasks/get", polls + 3, STEP).await);
+    let answer = json!({"jsonrpc":"2.0","id": ask["id"],
+        "result":{"action":"accept","content":{"name":"Luca"}}});
+    let r = c.send(answer.to_string()).await;
+    assert_eq!(r.status(), 202);
+    assert!(up.wait_for_method("tasks/update", 1, STEP).await);
+    let update = up.received("tasks/update").pop().unwrap().json();
+    assert_eq!(update["params"]["taskId"], json!(t));
+    assert_eq!(
+        update["params"]["inputResponses"]["name"]["content"]["name"], "Luca",
+        "{update}"
+    );
+    set(&state, &t, "completed");
+    let done = sse.next_event(STEP).await.json();
+    assert_eq!(
+        done["id"], 3,
+        "no second elicitation before the answer: {done}"
+    );
+    assert_eq!(
+        done["result"]["_meta"][RELATED]["taskId"],
+        json!(t),
+        "{done}"
+    );
+    assert_eq!(count(&up, "tasks/update"), 1);
+}
+
+/// A client that did not declare `capabilities.elicitation` gets a clear error from
+/// `tasks/result`, and the task is cancelled upstream once.
+#[tokio::test]
+async fn input_required_without_the_capability_cancels_the_task() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "input_required");
+    let res = c.result("3", &t).await;
+    assert_eq!(err_code(&res), -32603, "{res}");
+    assert!(err_message(&res).contains("elicitation/create"), "{res}");
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Cancelled);
+}
+
+/// A call that asked for a task and was run plainly by the server is a task already
+/// `completed` for the 2025 client: recorded with its result; tasks/get, tasks/result and
+/// tasks/list answer from the record, without the upstream.
+#[tokio::test]
+async fn a_plain_answer_to_a_task_call_is_a_completed_task() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let v = c.rpc(create_body(2, "plain_tool")).await;
+    assert_eq!(v["result"]["task"]["status"], "completed", "{v}");
+    let t = v["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    assert_eq!(tg.record(&t).unwrap().origin, Origin::Bridged);
+    let got = c.get("3", &t).await;
+    assert_eq!(got["result"]["status"], "completed", "{got}");
+    let res = c.result("4", &t).await;
+    assert_eq!(res["result"]["content"][0]["text"], "plain", "{res}");
+    assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");
+    let list = c.list("5", None).await;
+    assert!(list.to_string().contains(&t), "{list}");
+    let cancel = c.cancel("6", &t).await;
+    assert_eq!(err_code(&cancel), -32602, "{cancel}");
+    assert_eq!(count(&up, "tasks/get") + count(&up, "tasks/cancel"), 0);
+}
+
+/// Hostile 2026 answers never panic the gateway: a CreateTaskResult without a string taskId is
+/// `-32603` and records nothing; a `tasks/get` answer that is not an object ends a bridged
+/// `tasks/result` with `-32603`; taskgate keeps serving.
+#[tokio::test]
+async fn malformed_upstream_answers_are_errors_not_panics() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let v = c.rpc(create_body(2, "bad_task")).await;
+    assert_eq!(err_code(&v), -32603, "{v}");
+    let t = create(&c, 3).await;
+    set(&state, &t, "garbage");
+    let res = c.result("4", &t).await;
+    assert_eq!(err_code(&res), -32603, "{res}");
+    set(&state, &t, "completed");
+    let res = c.result("5", &t).await;
+    assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");
+}
+
+/// An upstream that never answers `server/discover` is taken for a 2025-11-25 one after
+/// `DISCOVER_DEADLINE`: the client's `initialize` is answered (without `capabilities.tasks`)
+/// instead of waiting for the upstream timeout, and the upstream is not asked again.
+#[tokio::test]
+async fn an_unanswered_discover_means_2025() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state);
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        if req.rpc_method().as_deref() == Some("server/discover") {
+            return ScriptedResponse::hang();
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let started = std::time::Instant::now();
+    let (_c, init) = legacy_client(&tg).await;
+    assert!(
+        init["result"]["capabilities"].get("tasks").is_none(),
+        "{init}"
+    );
+    assert!(started.elapsed() < taskgate::layers::bridge::DISCOVER_DEADLINE * 2);
+    let (_c2, _) = legacy_client(&tg).await;
+    assert_eq!(count(&up, "server/discover"), 1);
+}

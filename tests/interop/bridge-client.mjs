@@ -1,0 +1,158 @@
+#!/usr/bin/env node
+// Issue 12: the TypeScript SDK 1.32.2 task client (2025-11-25 tasks: params.task,
+// client.experimental.tasks.*) against a 2026-07-28 task server (modern_task_server.py: FastMCP
+// 4.1.4 + fastmcp-tasks 4.1.4), directly (where it cannot work: the server runs params.task calls
+// plainly and has no 2025 tasks/*) or through taskgate's bridge.
+//
+//   node bridge-client.mjs URL [--label NAME] [--timeout-ms 90000]
+//
+// 14 checks: the task lifecycle (12), an input_required task answered through elicitation, and a
+// plain client (no tasks capability) calling the task-only failing_job (needs [upgrade] enabled).
+//
+// Prints one JSON summary {label, url, ok, passed, failed:[names], checks:[{name,ok,detail}]} and
+// exits 0 only when every check passed.
+
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { InMemoryTaskStore } from '@modelcontextprotocol/sdk/experimental/tasks';
+import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
+import { parseArgs, sleep, withTimeout } from './lib.mjs';
+
+const RELATED_TASK = 'io.modelcontextprotocol/related-task';
+const opts = parseArgs(process.argv.slice(2), { _: [], label: '', 'timeout-ms': 90000 });
+const url = opts._[0];
+if (!url || opts._.length !== 1) {
+    console.error('usage: node bridge-client.mjs URL [--label NAME] [--timeout-ms N]');
+    process.exit(2);
+}
+const req = { timeout: 20000 };
+const checks = [];
+const check = (name, ok, detail) => (checks.push({ name, ok: !!ok, ...(detail === undefined ? {} : { detail }) }), !!ok);
+const describe = e => (e instanceof McpError ? { code: e.code, message: e.message } : { message: e?.message ?? String(e) });
+async function step(name, fn) {
+    try {
+        return await fn();
+    } catch (error) {
+        check(name, false, { error: describe(error) });
+        return undefined;
+    }
+}
+async function expectError(name, promise, codes) {
+    try {
+        return check(name, false, { expected: codes, got: { result: await promise } });
+    } catch (error) {
+        const d = describe(error);
+        return check(name, codes.includes(d.code), { expected: codes, got: d });
+    }
+}
+const TERMINAL = ['completed', 'failed', 'cancelled'];
+const callAsTask = (client, name, args) =>
+    client.request({ method: 'tools/call', params: { name, arguments: args, task: { ttl: 60000 } } }, CreateTaskResultSchema, req);
+async function pollTask(client, taskId, until, maxMs = 15000) {
+    const deadline = Date.now() + maxMs;
+    for (;;) {
+        const task = await client.experimental.tasks.getTask(taskId, req);
+        if (until(task.status) || Date.now() > deadline) return task;
+        await sleep(Math.min(Math.max(task.pollInterval ?? 200, 100), 1000));
+    }
+}
+
+async function lifecycle() {
+    const client = new Client(
+        { name: 'taskgate-bridge-client', version: '1.0.0' },
+        { capabilities: { tasks: { list: {}, cancel: {} }, elicitation: {} }, taskStore: new InMemoryTaskStore() }
+    );
+    const elicited = [];
+    client.setRequestHandler(ElicitRequestSchema, async request => {
+        elicited.push({ message: request.params?.message, related: request.params?._meta?.[RELATED_TASK]?.taskId });
+        return { action: 'accept', content: { confirm: true } };
+    });
+    const transport = new StreamableHTTPClientTransport(new URL(url));
+    if (!(await step('initialize', async () => check('initialize', (await withTimeout(client.connect(transport, req), 20000, 'initialize'), true))))) return;
+    const tasksCap = client.getServerCapabilities()?.tasks;
+    check('server-capabilities-tasks', tasksCap?.cancel && tasksCap?.requests?.tools?.call, { tasks: tasksCap });
+    await step('tools-list-task-support', async () => {
+        const { tools } = await client.listTools(undefined, req);
+        const support = Object.fromEntries(tools.map(t => [t.name, t.execution?.taskSupport ?? 'absent']));
+        check('tools-list-task-support', ['optional', 'required'].includes(support.slow_compute) && ['optional', 'required'].includes(support.failing_job), { slow_compute: support.slow_compute, failing_job: support.failing_job });
+    });
+    const slow = await step('task-create', async () => {
+        const r = await callAsTask(client, 'slow_compute', { seconds: 1.5, label: 'bridge' });
+        check('task-create', r.task?.status === 'working' && typeof r.task?.taskId === 'string', { task: r.task });
+        return r.task;
+    });
+    if (slow) {
+        await step('tasks-get-working', async () => {
+            const t = await client.experimental.tasks.getTask(slow.taskId, req);
+            check('tasks-get-working', t.status === 'working' && t.taskId === slow.taskId, { task: t });
+        });
+        await step('tasks-list-contains', async () => {
+            const r = await client.experimental.tasks.listTasks(undefined, req);
+            check('tasks-list-contains', r.tasks.some(t => t.taskId === slow.taskId), { listed: r.tasks.length });
+        });
+        await step('tasks-result-blocks', async () => {
+            const started = Date.now();
+            const r = await client.experimental.tasks.getTaskResult(slow.taskId, CallToolResultSchema, req);
+            const waited = Date.now() - started;
+            check('tasks-result-blocks', r.content?.[0]?.text?.startsWith('slow_compute(bridge) done') && !r.isError && r._meta?.[RELATED_TASK]?.taskId === slow.taskId && waited >= 300, { waitedMs: waited, result: r });
+        });
+        await step('tasks-get-completed', async () => {
+            const t = await client.experimental.tasks.getTask(slow.taskId, req);
+            check('tasks-get-completed', t.status === 'completed', { task: t });
+        });
+    } else {
+        for (const n of ['tasks-get-working', 'tasks-list-contains', 'tasks-result-blocks', 'tasks-get-completed']) check(n, false, { error: 'no task' });
+    }
+    await step('failing-task-failed', async () => {
+        const r = await callAsTask(client, 'failing_job', {});
+        const task = await pollTask(client, r.task.taskId, s => TERMINAL.includes(s));
+        const result = await client.experimental.tasks.getTaskResult(r.task.taskId, CallToolResultSchema, req);
+        check('failing-task-failed', task.status === 'failed' && result.isError === true, { status: task.status, result });
+    });
+    await step('protocol-error-task', async () => {
+        const r = await callAsTask(client, 'protocol_error_job', {});
+        await pollTask(client, r.task.taskId, s => TERMINAL.includes(s));
+        await expectError('protocol-error-task', client.experimental.tasks.getTaskResult(r.task.taskId, CallToolResultSchema, req), [-32603]);
+    });
+    await step('tasks-cancel-working', async () => {
+        const r = await callAsTask(client, 'slow_compute', { seconds: 3, label: 'cancel' });
+        const cancelled = await client.experimental.tasks.cancelTask(r.task.taskId, req);
+        const now = await client.experimental.tasks.getTask(r.task.taskId, req);
+        check('tasks-cancel-working', cancelled.status === 'cancelled' && now.status === 'cancelled', { cancel: cancelled, get: now });
+    });
+    await step('elicitation-input', async () => {
+        const r = await callAsTask(client, 'confirm_delete', { filename: 'bridge.txt' });
+        const result = await client.experimental.tasks.getTaskResult(r.task.taskId, CallToolResultSchema, req);
+        const text = result.content?.[0]?.text ?? '';
+        check('elicitation-input', text.startsWith('confirm_delete(bridge.txt)') && text.includes('true') && elicited.length === 1 && elicited[0].related === r.task.taskId, { text, elicited });
+    });
+    // A client that never asks for tasks calls a task-only tool (taskSupport "required"; the 2026
+    // server answers -32021 to a plain call): through taskgate with [upgrade] the real result.
+    await step('upgrade-plain-call', async () => {
+        const plain = new Client({ name: 'taskgate-bridge-plain-client', version: '1.0.0' }, { capabilities: {} });
+        const t = new StreamableHTTPClientTransport(new URL(url));
+        await withTimeout(plain.connect(t, req), 20000, 'initialize (plain)');
+        try {
+            const progress = [];
+            const result = await plain.callTool({ name: 'failing_job', arguments: {} }, CallToolResultSchema, { ...req, onprogress: p => progress.push(p.progress) });
+            check('upgrade-plain-call', result.isError === true && result.content?.[0]?.text?.includes('failed on purpose'), { result, progress });
+        } finally {
+            await t.terminateSession().catch(() => {});
+            await plain.close().catch(() => {});
+        }
+    });
+    if (slow) await expectError('tasks-cancel-terminal', client.experimental.tasks.cancelTask(slow.taskId, req), [-32602]);
+    else check('tasks-cancel-terminal', false, { error: 'no task' });
+    await transport.terminateSession().catch(() => {});
+    await client.close().catch(() => {});
+}
+
+try {
+    await withTimeout(lifecycle(), opts['timeout-ms'], 'bridge lifecycle');
+} catch (error) {
+    check('lifecycle-finished', false, { error: describe(error) });
+}
+const failed = checks.filter(c => !c.ok).map(c => c.name);
+const summary = { label: opts.label || undefined, url, ok: failed.length === 0, passed: checks.length - failed.length, total: checks.length, failed, checks };
+process.stdout.write(JSON.stringify(summary, null, 2) + '\n');
+process.exit(summary.ok ? 0 : 1);
