@@ -279,9 +279,13 @@ mod tests {
             serde_json::from_str::<serde_json::Value>(want).unwrap();
         }
         // An escaped or a repeated key: removed by a full rewrite (every copy goes).
-        let escaped = remove(br#"{"l\u0069st":1,"b":2}"#, &["list"]).unwrap().unwrap();
+        let escaped = remove(br#"{"l\u0069st":1,"b":2}"#, &["list"])
+            .unwrap()
+            .unwrap();
         assert_eq!(s(escaped), r#"{"b":2}"#);
-        let repeated = remove(br#"{"list":1,"b":2,"list":3}"#, &["list"]).unwrap().unwrap();
+        let repeated = remove(br#"{"list":1,"b":2,"list":3}"#, &["list"])
+            .unwrap()
+            .unwrap();
         assert_eq!(s(repeated), r#"{"b":2}"#);
         assert!(remove(br#"{"a":1}"#, &["list"]).unwrap().is_none());
     }
