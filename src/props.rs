@@ -12,6 +12,9 @@
 //!   2026-07-28 task shapes) changes only the status members of the task it targets.
 //! - [`modern_task`]: a 2026-07-28 `DetailedTask` read with the registry's field names keeps
 //!   every member but the renamed ones.
+//! - [`bridge_translate`]: the bridge's 2026 → 2025 translations (task, `CreateTaskResult`,
+//!   `tasks/result` payload) and 2025 → 2026 request params keep what they must and drop what
+//!   the other era does not have.
 
 use crate::jsonrpc::{Id, Kind, Message};
 use crate::sse::{self, Decoder, Event};
@@ -244,6 +247,96 @@ pub fn modern_task(body: &[u8], cap: u64) {
     assert!(!out.contains_key("ttlMs") && !out.contains_key("pollIntervalMs"));
 }
 
+/// The bridge's translations (`layers::bridge::translate`) on any JSON value `body`:
+/// - `legacy_task`: a task only for an object with string `taskId` and `status`; the same
+///   `taskId`; `status` kept, except a `completed` with `result.isError: true` is `failed`;
+///   `ttlMs`/`pollIntervalMs` become `ttl`/`pollInterval` (`ttl` null when absent); `resultType`,
+///   `result`, `error`, `inputRequests`, `_meta` dropped; every other member kept;
+/// - `legacy_create_result`: `{"task": legacy_task}` exactly when `resultType` is `"task"`;
+/// - `modern_params`: no `task`; `_meta` declares the tasks extension and protocol 2026-07-28,
+///   keeps the client's other `_meta` members but the 2025 related-task key; other params kept;
+/// - `terminal_payload`: only for a terminal `status`; a result without `resultType` and with
+///   the related-task `_meta`; an error with an integer `code`.
+pub fn bridge_translate(body: &[u8]) {
+    use crate::era::{declares_tasks_extension, MODERN_VERSION, PROTOCOL_VERSION_META};
+    use crate::layers::bridge::translate::{self as t, Payload};
+    use crate::mcp::task::RELATED_TASK_META;
+    use serde_json::{json, Value};
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return;
+    };
+    let str_of = |k: &str| v.get(k).and_then(Value::as_str);
+    let legacy = t::legacy_task(&v);
+    let is_task = v.is_object() && str_of("taskId").is_some() && str_of("status").is_some();
+    assert_eq!(legacy.is_some(), is_task, "legacy_task of {v}");
+    if let Some(out) = &legacy {
+        let o = out.as_object().expect("a task is an object");
+        assert_eq!(o.get("taskId"), v.get("taskId"));
+        let tool_error = v.pointer("/result/isError") == Some(&json!(true));
+        let want = if str_of("status") == Some("completed") && tool_error {
+            "failed"
+        } else {
+            str_of("status").unwrap_or_default()
+        };
+        assert_eq!(o.get("status").and_then(Value::as_str), Some(want), "{out}");
+        let renamed = |new: &str, old: &str, default: Option<Value>| {
+            let want = v.get(old).or(v.get(new)).cloned().or(default);
+            assert_eq!(o.get(new).cloned(), want, "{new} of {v}");
+        };
+        renamed("ttl", "ttlMs", Some(Value::Null));
+        renamed("pollInterval", "pollIntervalMs", None);
+        for (k, val) in v.as_object().into_iter().flatten() {
+            match k.as_str() {
+                "resultType" | "result" | "error" | "inputRequests" | "_meta" | "ttlMs"
+                | "pollIntervalMs" => assert!(!o.contains_key(k), "{k} kept in {out}"),
+                "status" | "ttl" | "pollInterval" => {}
+                _ => assert_eq!(o.get(k), Some(val), "member {k}"),
+            }
+        }
+    }
+    let created = t::legacy_create_result(&v);
+    match (str_of("resultType") == Some("task"), &legacy) {
+        (true, Some(task)) => assert_eq!(created, Some(json!({ "task": task }))),
+        _ => assert_eq!(created, None),
+    }
+    let params = t::modern_params(Some(&v));
+    assert!(params.get("task").is_none(), "task kept: {params}");
+    assert!(declares_tasks_extension(Some(&params)), "{params}");
+    let meta = &params["_meta"];
+    assert_eq!(meta[PROTOCOL_VERSION_META], MODERN_VERSION);
+    assert!(meta.get(RELATED_TASK_META).is_none());
+    if let Some(client) = v.get("_meta").and_then(Value::as_object) {
+        for (k, val) in client {
+            if k != RELATED_TASK_META
+                && k != PROTOCOL_VERSION_META
+                && k != crate::era::CLIENT_CAPABILITIES_META
+            {
+                assert_eq!(meta.get(k), Some(val), "_meta member {k}");
+            }
+        }
+    }
+    for (k, val) in v.as_object().into_iter().flatten() {
+        if k != "task" && k != "_meta" {
+            assert_eq!(params.get(k), Some(val), "param {k}");
+        }
+    }
+    let terminal = matches!(str_of("status"), Some("completed" | "failed" | "cancelled"));
+    match t::terminal_payload(&v, "t") {
+        None => assert!(!terminal, "no payload for terminal {v}"),
+        Some(p) => {
+            assert!(terminal, "payload for live {v}");
+            match p {
+                Payload::Result(r) => {
+                    assert!(r.get("resultType").is_none(), "{r}");
+                    assert_eq!(r["_meta"][RELATED_TASK_META], json!({"taskId": "t"}), "{r}");
+                }
+                Payload::Error(e) => assert!(e["code"].is_i64(), "{e}"),
+                Payload::None(_) => {}
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,6 +503,43 @@ mod tests {
         ] {
             modern_task(body.as_bytes(), 86_400_000);
         }
+    }
+
+    /// The bridge's translations on random task-shaped objects (10,000, fixed seed).
+    #[test]
+    fn bridge_translations_keep_what_they_must() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+        let members: &[&str] = &[
+            r#""taskId":"t""#,
+            r#""taskId":7"#,
+            r#""status":"completed""#,
+            r#""status":"failed""#,
+            r#""status":"working""#,
+            r#""status":"cancelled""#,
+            r#""result":{"isError":true,"content":[]}"#,
+            r#""result":{"content":[],"resultType":"complete"}"#,
+            r#""result":3"#,
+            r#""error":{"code":-32000,"message":"x"}"#,
+            r#""error":{"code":1.5}"#,
+            r#""resultType":"task""#,
+            r#""ttlMs":null"#,
+            r#""ttl":5"#,
+            r#""pollIntervalMs":100"#,
+            r#""inputRequests":{}"#,
+            r#""task":{"ttl":1}"#,
+            r#""_meta":{"progressToken":1,"io.modelcontextprotocol/related-task":{}}"#,
+            r#""_meta":[1]"#,
+            r#""statusMessage":"s""#,
+        ];
+        for _ in 0..10_000 {
+            let n = rng.gen_range(0..7);
+            let picked: Vec<&str> = (0..n)
+                .map(|_| members[rng.gen_range(0..members.len())])
+                .collect();
+            bridge_translate(format!("{{{}}}", picked.join(",")).as_bytes());
+        }
+        bridge_translate(b"[1]");
+        bridge_translate(b"null");
     }
 
     #[test]
