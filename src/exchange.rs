@@ -261,6 +261,35 @@ impl McpReply {
         McpReply::local_json(jsonrpc::error_response(id, code, message))
     }
 
+    /// An SSE answer taskgate makes itself (HTTP 200, `text/event-stream`, `no-cache`): the
+    /// events `rx` receives, ending when every sender is gone; with the client's
+    /// `Mcp-Session-Id` when given.
+    pub fn event_stream(
+        rx: tokio::sync::mpsc::Receiver<crate::sse::Event>,
+        session_id: Option<HeaderValue>,
+    ) -> McpReply {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(
+            http::header::CACHE_CONTROL,
+            HeaderValue::from_static("no-cache"),
+        );
+        if let Some(sid) = session_id {
+            headers.insert("mcp-session-id", sid);
+        }
+        let events: EventStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|ev| (ev, rx))
+        }));
+        McpReply {
+            status: StatusCode::OK,
+            headers,
+            body: ReplyBody::Stream(events),
+        }
+    }
+
     /// 202 Accepted with no body: what a POSTed notification or response gets.
     pub fn accepted() -> McpReply {
         McpReply {

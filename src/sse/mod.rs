@@ -52,6 +52,17 @@ pub enum Cut {
 const ABORT_TYPE: &str = "\n";
 
 impl Event {
+    /// A `message` event carrying one JSON-RPC message (`data`): what taskgate sends on the SSE
+    /// streams it makes itself (an upgraded call's, a bridged `tasks/result`'s).
+    pub fn message(data: String) -> Event {
+        Event {
+            event: Some("message".into()),
+            data: Some(data),
+            id: None,
+            retry: None,
+        }
+    }
+
     /// A marker that travels up the stack like an event and makes the edge abort the client's
     /// stream (a transport error instead of a clean end): the upstream's stream was cut. It
     /// cannot come from the wire: decoded field values never contain a newline.

@@ -11,9 +11,8 @@ use crate::layers::extensions::AuthorisedTask;
 use crate::layers::McpService;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::registry::Observed;
-use crate::sse::{Event, EventStream};
+use crate::sse::Event;
 use crate::store::TaskRecord;
-use http::{HeaderMap, HeaderValue, StatusCode};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -178,47 +177,18 @@ pub(super) async fn tasks_result<S: McpService>(
                     ReplyBody::Json(b) => b,
                     _ => jsonrpc::error_response(Some(&id), jsonrpc::INTERNAL_ERROR, "no answer"),
                 };
-                let _ = tx.send(event(String::from_utf8_lossy(&bytes).into_owned())).await;
+                let _ = tx.send(Event::message(String::from_utf8_lossy(&bytes).into_owned())).await;
             }
             _ = closed.closed() => {
                 tracing::debug!(task_id, "bridged tasks/result: the client went away");
             }
         }
     });
-    sse_reply(rx)
+    McpReply::event_stream(rx, None)
 }
 
 /// Capacity of the channel to a bridged `tasks/result` stream.
 const RELAY_CAPACITY: usize = 64;
-
-fn event(data: String) -> Event {
-    Event {
-        event: Some("message".into()),
-        data: Some(data),
-        id: None,
-        retry: None,
-    }
-}
-
-fn sse_reply(rx: mpsc::Receiver<Event>) -> McpReply {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
-    let events: EventStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|ev| (ev, rx))
-    }));
-    McpReply {
-        status: StatusCode::OK,
-        headers,
-        body: ReplyBody::Stream(events),
-    }
-}
 
 /// Polls until terminal; sends input requests on `tx`; returns the answer (JSON).
 async fn follow_result<S: McpService>(
@@ -276,7 +246,7 @@ async fn follow_result<S: McpService>(
                 // A status change seen while following: `notifications/tasks/status` (2025).
                 if let Some(t) = translate::legacy_task(task) {
                     let note = json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t});
-                    if tx.send(event(note.to_string())).await.is_err() {
+                    if tx.send(Event::message(note.to_string())).await.is_err() {
                         return McpReply::accepted();
                     }
                 }
@@ -291,7 +261,7 @@ async fn follow_result<S: McpService>(
                 {
                     Ask::Already => {}
                     Ask::Send(message) => {
-                        if tx.send(event(message)).await.is_err() {
+                        if tx.send(Event::message(message)).await.is_err() {
                             return McpReply::accepted();
                         }
                     }

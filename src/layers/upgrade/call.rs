@@ -11,11 +11,11 @@ use crate::jsonrpc::{self, Id, Message};
 use crate::layers::session::{session_key, TaskSupport};
 use crate::layers::McpService;
 use crate::metrics::UpgradeOutcome;
-use crate::sse::{Event, EventStream};
+use crate::sse::Event;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::StatusCode;
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::sync::Arc;
@@ -373,7 +373,7 @@ async fn drive<S: McpService>(
     let (tx, rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
     let follower = call.into_follower(task_id, Duration::from_millis(poll), tx);
     // If the client is gone, this drops the stream and the follower sees a disconnect.
-    let _ = first.send(Ok(event_stream(session_id, rx)));
+    let _ = first.send(Ok(McpReply::event_stream(rx, session_id)));
     for ev in early {
         follower.relay_other(ev).await;
     }
@@ -451,30 +451,6 @@ impl<S: McpService> Upgraded<S> {
             call_token,
             token_key,
         }
-    }
-}
-
-/// The client's answer to an upgraded call: an SSE stream of what `rx` receives.
-fn event_stream(session_id: Option<HeaderValue>, rx: mpsc::Receiver<Event>) -> McpReply {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(
-        http::header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
-    if let Some(sid) = session_id {
-        headers.insert("mcp-session-id", sid);
-    }
-    let events: EventStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|ev| (ev, rx))
-    }));
-    McpReply {
-        status: StatusCode::OK,
-        headers,
-        body: ReplyBody::Stream(events),
     }
 }
 

@@ -53,18 +53,9 @@ enum End {
     Failed(String),
 }
 
-fn event(data: String) -> Event {
-    Event {
-        event: Some("message".into()),
-        data: Some(data),
-        id: None,
-        retry: None,
-    }
-}
-
 impl<S: McpService> Follower<S> {
     async fn send(&self, data: String) -> bool {
-        self.tx.send(event(data)).await.is_ok()
+        self.tx.send(Event::message(data)).await.is_ok()
     }
 
     /// The next progress value on the client's token: above every value sent so far (the spec
@@ -84,7 +75,7 @@ impl<S: McpService> Follower<S> {
             "method": "notifications/progress",
             "params": { "progressToken": token, "progress": value, "message": message },
         });
-        let _ = self.tx.send(event(msg.to_string())).await;
+        let _ = self.tx.send(Event::message(msg.to_string())).await;
     }
 
     /// Relays what the upstream sends on the task's streams: status notifications become
