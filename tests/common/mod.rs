@@ -18,6 +18,7 @@ pub mod fake_upstream;
 pub mod harness;
 pub mod metrics;
 pub mod modern_server;
+pub mod pg;
 pub mod task_server;
 
 // A crate that uses nothing of one part would warn about its re-export.
@@ -28,6 +29,7 @@ pub use {
     harness::*,
     metrics::*,
     modern_server::*,
+    pg::*,
     task_server::*,
     taskgate::mcp::task::{format_rfc3339_ms, now_ms},
 };
