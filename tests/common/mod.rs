@@ -13,6 +13,7 @@
 // Each test crate uses a different part of the harness.
 #![allow(dead_code)]
 
+pub mod balancer;
 pub mod client;
 pub mod fake_upstream;
 pub mod harness;
@@ -24,6 +25,7 @@ pub mod task_server;
 // A crate that uses nothing of one part would warn about its re-export.
 #[allow(unused_imports)]
 pub use {
+    balancer::*,
     client::*,
     fake_upstream::*,
     harness::*,
