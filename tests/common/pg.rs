@@ -14,6 +14,43 @@ pub struct PgCluster {
     pub url: String,
     child: Option<Child>,
     _dir: Option<tempfile::TempDir>,
+    /// With `TASKGATE_TEST_DATABASE_URL`: `(that URL, the database made for this test)`.
+    server: Option<(String, String)>,
+}
+
+static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
+
+/// `url` (`postgres://user@host:port/db?…`) naming database `db` instead.
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let host_end = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
+    format!("{}/{db}{query}", &base[..host_end])
+}
+
+/// Runs one statement on `url` (its own runtime and thread: callable from anywhere).
+fn admin_sql(url: &str, sql: &str) -> Result<(), String> {
+    let (url, sql) = (url.to_string(), sql.to_string());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            client.batch_execute(&sql).await.map_err(|e| e.to_string())
+        })
+    })
+    .join()
+    .unwrap()
 }
 
 fn bin_dir() -> Option<std::path::PathBuf> {
@@ -46,10 +83,19 @@ impl PgCluster {
     pub fn start(test: &str) -> Option<PgCluster> {
         if let Ok(url) = std::env::var("TASKGATE_TEST_DATABASE_URL") {
             if !url.is_empty() {
+                let name = format!(
+                    "tg_{}_{}_{}",
+                    std::process::id(),
+                    now_ms(),
+                    NEXT_DB.fetch_add(1, Ordering::SeqCst)
+                );
+                admin_sql(&url, &format!("CREATE DATABASE {name}"))
+                    .unwrap_or_else(|e| panic!("{test}: CREATE DATABASE in {url}: {e}"));
                 return Some(PgCluster {
-                    url,
+                    url: with_database(&url, &name),
                     child: None,
                     _dir: None,
+                    server: Some((url, name)),
                 });
             }
         }
@@ -129,6 +175,7 @@ impl PgCluster {
             url: format!("postgres://taskgate@127.0.0.1:{port}/postgres"),
             child: Some(child),
             _dir: Some(dir),
+            server: None,
         };
         let until = Instant::now() + STEP * 3;
         loop {
@@ -153,6 +200,12 @@ impl PgCluster {
 
 impl Drop for PgCluster {
     fn drop(&mut self) {
+        if let Some((url, name)) = self.server.take() {
+            let _ = admin_sql(
+                &url,
+                &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            );
+        }
         let Some(mut child) = self.child.take() else {
             return;
         };
