@@ -280,3 +280,62 @@ async fn postgres_unreachable_is_a_clear_error() {
     assert!(!text.contains("secret"), "{text}");
     assert!(text.contains(&port.to_string()), "{text}");
 }
+
+/// `check-config` reaches the database (read only) and says clearly when it cannot; `/readyz`
+/// turns 503 naming the store when the database goes away, and 200 again when it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_and_readyz_report_the_database() {
+    let Some(pg) = PgCluster::start("check_config_and_readyz_report_the_database") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tier.toml");
+    std::fs::write(
+        &file,
+        "[gateway]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [store]\nbackend = \"postgres\"\nurl_env = \"TG_TEST_DB\"\n\
+         [[upstream]]\nname = \"default\"\nurl = \"http://127.0.0.1:9/mcp\"\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let ok = run_taskgate(&["check-config", f], &[("TG_TEST_DB", &pg.url)]);
+    assert!(ok.status.success(), "{} {}", ok.stdout, ok.stderr);
+    assert!(ok.stdout.contains("reachable"), "{}", ok.stdout);
+    let dead = format!(
+        "postgres://taskgate:hunter2@127.0.0.1:{}/postgres?connect_timeout=2",
+        free_port()
+    );
+    let bad = run_taskgate(&["check-config", f], &[("TG_TEST_DB", &dead)]);
+    assert!(!bad.status.success());
+    assert!(bad.stderr.contains("unreachable"), "{}", bad.stderr);
+    assert!(!bad.stderr.contains("hunter2"), "{}", bad.stderr);
+    let unset = run_taskgate(&["check-config", f], &[]);
+    assert!(!unset.status.success());
+    assert!(unset.stderr.contains("TG_TEST_DB"), "{}", unset.stderr);
+
+    // /readyz follows the database.
+    std::env::set_var("TG_TEST_DB", &pg.url);
+    let upstream = Upstream::start(|_| ScriptedResponse::json("{}".to_string())).await;
+    let toml = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("http://127.0.0.1:9/mcp", &upstream.url());
+    let config = taskgate::config::Config::from_toml_str(&toml).unwrap();
+    let running = taskgate::gateway::start(config).await.unwrap();
+    let readyz = format!("http://{}/readyz", running.admin_addr);
+    let r = Req::get(&readyz).send().await;
+    let (status, body) = (r.status(), r.text().await);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""store":"ok""#), "{body}");
+    drop(pg);
+    let down = eventually(STEP * 2, || {
+        let readyz = readyz.clone();
+        async move {
+            let r = Req::get(&readyz).send().await;
+            let (status, body) = (r.status(), r.text().await);
+            (status == 503 && body.contains(r#""store":"unreachable"#)).then_some(body)
+        }
+    })
+    .await;
+    assert!(down.is_some(), "readyz reports the database gone");
+    running.shutdown().await;
+}

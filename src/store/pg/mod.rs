@@ -177,6 +177,55 @@ impl PgStore {
         Ok(store)
     }
 
+    /// Checks, without changing anything, that the database at `url` answers: for
+    /// `taskgate check-config`. Returns a line naming the server version and the schema
+    /// version found (0 before taskgate's first start on it).
+    ///
+    /// Errors: [`StoreError::Open`] with the reason (URL, connection, authentication).
+    pub async fn probe(url: &str) -> Result<String, StoreError> {
+        let shown = redact(url);
+        let open_err = |detail: String| StoreError::Open {
+            path: shown.clone(),
+            detail,
+        };
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| open_err(format!("not a PostgreSQL URL: {e}")))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(POOL_TIMEOUT);
+        }
+        let (client, conn) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| open_err(pg_err(e).to_string()))?;
+        let driver = tokio::spawn(conn);
+        let version: String = client
+            .query_one("SHOW server_version", &[])
+            .await
+            .map_err(|e| open_err(pg_err(e).to_string()))?
+            .get(0);
+        let fail = |e| open_err(pg_err(e).to_string());
+        let exists: bool = client
+            .query_one("SELECT to_regclass('taskgate_schema') IS NOT NULL", &[])
+            .await
+            .map_err(fail)?
+            .get(0);
+        let schema: i32 = if exists {
+            client
+                .query_one("SELECT coalesce(max(version), 0) FROM taskgate_schema", &[])
+                .await
+                .map_err(fail)?
+                .get(0)
+        } else {
+            0
+        };
+        drop(client);
+        driver.abort();
+        Ok(format!(
+            "PostgreSQL {version} at {shown} reachable; taskgate schema version {schema} (this taskgate: {})",
+            migrations::MIGRATIONS.last().map_or(0, |m| m.0)
+        ))
+    }
+
     /// Runs `work` with the pool on the store's runtime; the future waits for it.
     fn spawn<T, F, Fut>(&self, work: F) -> impl Future<Output = Result<T, StoreError>> + 'static
     where
