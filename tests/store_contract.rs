@@ -337,5 +337,18 @@ async fn check_config_and_readyz_report_the_database() {
     })
     .await;
     assert!(down.is_some(), "readyz reports the database gone");
+    // A task request that needs the registry gets -32603, not "Task not found".
+    let url = format!("http://{}/mcp", running.gateway_addr);
+    let (_, v) = task_call(&url, None, 7, "tasks/get", "t-any").await;
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    let m = Req::get(&format!("http://{}/metrics", running.admin_addr))
+        .send()
+        .await
+        .text()
+        .await;
+    assert!(
+        m.contains(r#"reason="store_unavailable",upstream="default"} 1"#),
+        "{m}"
+    );
     running.shutdown().await;
 }
