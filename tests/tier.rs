@@ -5,84 +5,39 @@
 //! - 500 concurrent identical `tasks/cancel` spread over the replicas → 1 upstream cancel, and
 //!   every caller gets the ack;
 //! - kill -9 of one replica while creators run: every acknowledged `taskId` stays reachable
-//!   (get, cancel) through the others; after a restart on its port it serves them again.
+//!   (get, cancel) through the others; after a restart on its port it serves them again;
+//! - 2025-11-25: a session's task is served by any replica on its recorded upstream session.
 
 mod common;
 
 use common::*;
 use serde_json::json;
-use std::net::SocketAddr;
 use std::time::Duration;
 
-/// One replica: its config (fixed ports, so a restart comes back where nginx expects it).
-struct Replica {
-    config: String,
-    gateway: SocketAddr,
-    process: Option<TaskgateProcess>,
-}
-
-impl Replica {
-    fn new(dir: &std::path::Path, n: usize, upstream: &str) -> Replica {
-        let (gp, ap) = (free_port(), free_port());
-        let toml = format!(
-            "[gateway]\nlisten = \"127.0.0.1:{gp}\"\n\n[admin]\nlisten = \"127.0.0.1:{ap}\"\n\n\
-             [store]\nbackend = \"postgres\"\nurl_env = \"TASKGATE_DATABASE_URL\"\npool_size = 8\n\n\
-             [auth]\nmode = \"none\"\n\n[upgrade]\nenabled = false\n\n\
-             [[upstream]]\nname = \"default\"\nurl = \"{upstream}\"\n"
-        );
-        let config = dir.join(format!("replica{n}.toml"));
-        std::fs::write(&config, toml).unwrap();
-        Replica {
-            config: config.to_str().unwrap().to_string(),
-            gateway: SocketAddr::from(([127, 0, 0, 1], gp)),
-            process: None,
-        }
-    }
-
-    fn start(&mut self, db: &str) {
-        let mut p = TaskgateProcess::spawn(
-            &["serve", "--config", &self.config],
-            &[("TASKGATE_DATABASE_URL", db), ("RUST_LOG", "warn")],
-        );
-        let (g, _) = p.listening();
-        assert_eq!(g, self.gateway);
-        self.process = Some(p);
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}/mcp", self.gateway)
-    }
-}
-
-struct Tier {
-    replicas: Vec<Replica>,
-    balancer: Balancer,
+/// The tier in front of a scripted 2026-07-28 task server.
+struct ModernTier {
+    tier: Tier,
     up: Upstream,
     state: Shared,
-    pg: PgCluster,
-    _dir: tempfile::TempDir,
 }
 
-async fn tier(test: &str) -> Option<Tier> {
-    let pg = PgCluster::start(test)?;
+async fn tier(test: &str) -> Option<ModernTier> {
     let (up, state) = modern_server().await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut replicas: Vec<Replica> = (0..3)
-        .map(|n| Replica::new(dir.path(), n, &up.url()))
-        .collect();
-    for r in &mut replicas {
-        r.start(&pg.url);
+    let tier = Tier::start(test, &up.url())?;
+    Some(ModernTier { tier, up, state })
+}
+
+impl std::ops::Deref for ModernTier {
+    type Target = Tier;
+    fn deref(&self) -> &Tier {
+        &self.tier
     }
-    let backends: Vec<SocketAddr> = replicas.iter().map(|r| r.gateway).collect();
-    let balancer = Balancer::start(test, &backends)?;
-    Some(Tier {
-        replicas,
-        balancer,
-        up,
-        state,
-        pg,
-        _dir: dir,
-    })
+}
+
+impl std::ops::DerefMut for ModernTier {
+    fn deref_mut(&mut self) -> &mut Tier {
+        &mut self.tier
+    }
 }
 
 /// Created on one replica, found on the next one at once; and through the balancer.
@@ -228,4 +183,48 @@ async fn a_killed_replica_loses_nothing() {
             "{v}"
         );
     }
+}
+
+/// 2025-11-25 through a tier: sessions are routed sticky (deploy/README.md), and when a session's
+/// replica is not the one a request reaches (its replica died, or a rebalance), the task's
+/// requests still work: any replica sends them on the task's recorded upstream session. Created
+/// on replica 0; `tasks/get` on replica 1 and `tasks/cancel` on replica 2 with the same
+/// `Mcp-Session-Id` reach the upstream on that session; another session's caller gets -32602.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2025_session_task_is_served_by_any_replica() {
+    let server = TaskServer::default().await;
+    let Some(t) = Tier::start(
+        "a_2025_session_task_is_served_by_any_replica",
+        &server.url(),
+    ) else {
+        return;
+    };
+    let mut c = Client::new(&t.replicas[0].url());
+    c.initialize().await;
+    let sid = c
+        .session
+        .clone()
+        .expect("the upstream's Mcp-Session-Id is passed through");
+    let task = c.create_task("\"c1\"").await;
+    let v = Client::new(&t.replicas[1].url())
+        .with_session(&sid)
+        .get("\"g1\"", &task)
+        .await;
+    assert_eq!(v["result"]["taskId"], json!(task), "{v}");
+    let get = server
+        .received("tasks/get")
+        .pop()
+        .expect("tasks/get forwarded");
+    assert_eq!(get.header("mcp-session-id").as_deref(), Some(sid.as_str()));
+    let v = Client::new(&t.replicas[2].url())
+        .with_session(&sid)
+        .cancel("\"x1\"", &task)
+        .await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    assert_eq!(server.count("tasks/cancel"), 1);
+    let v = Client::new(&t.replicas[1].url())
+        .with_session("another-session")
+        .get("\"g2\"", &task)
+        .await;
+    assert_eq!(v["error"]["code"], -32602, "{v}");
 }

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod modern_server;
 pub mod pg;
 pub mod task_server;
+pub mod tier;
 
 // A crate that uses nothing of one part would warn about its re-export.
 #[allow(unused_imports)]
@@ -34,6 +35,7 @@ pub use {
     pg::*,
     task_server::*,
     taskgate::mcp::task::{format_rfc3339_ms, now_ms},
+    tier::*,
 };
 
 use std::collections::{HashMap, VecDeque};
