@@ -56,7 +56,16 @@ where
             )))
         }
     };
+    // If this flight is dropped before the upstream answered (every caller went away), the
+    // claim is ended as failed at once, so other replicas' waiters do not sit out the lease.
+    let mut unfinished = Unfinished {
+        registry: Some(registry.clone()),
+        upstream: upstream.to_string(),
+        task_id: task_id.clone(),
+        generation,
+    };
     let outcome = forward_upstream(state, inner, req, task_id.clone()).await;
+    unfinished.registry = None;
     let shared = match &outcome {
         CancelOutcome::Result(r) => SharedCancelOutcome::Result(r.clone()),
         CancelOutcome::Error(e) => SharedCancelOutcome::Error(e.clone()),
@@ -70,6 +79,41 @@ where
         .finish_cancel(&upstream, &task_id, generation, shared)
         .await;
     outcome
+}
+
+/// Ends a claim whose flight was dropped mid-way (see `forward_cancel`).
+struct Unfinished {
+    /// `None` once the flight finished normally.
+    registry: Option<Arc<crate::registry::Registry>>,
+    upstream: String,
+    task_id: String,
+    generation: i64,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        let Some(registry) = self.registry.take() else {
+            return;
+        };
+        let (upstream, task_id, generation) = (
+            std::mem::take(&mut self.upstream),
+            std::mem::take(&mut self.task_id),
+            self.generation,
+        );
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let why = "the replica forwarding it stopped waiting for the upstream".to_string();
+                registry
+                    .finish_cancel(
+                        &upstream,
+                        &task_id,
+                        generation,
+                        SharedCancelOutcome::Failed(why),
+                    )
+                    .await;
+            });
+        }
+    }
 }
 
 fn kind(o: &CancelOutcome) -> &'static str {
