@@ -352,3 +352,29 @@ async fn check_config_and_readyz_report_the_database() {
     );
     running.shutdown().await;
 }
+
+/// Messages name the database without its password; the cancel outcome round-trips.
+#[test]
+fn redact_and_outcome_encoding() {
+    use taskgate::store::pg::redact;
+    assert_eq!(
+        redact("postgres://tg:s3cret@db:5432/tasks?sslmode=disable"),
+        "postgres://tg:***@db:5432/tasks?sslmode=disable"
+    );
+    assert_eq!(redact("postgres://tg@db/tasks"), "postgres://tg@db/tasks");
+    assert_eq!(
+        redact("host=db user=tg password=s3cret dbname=tasks"),
+        "host=db user=tg password=*** dbname=tasks"
+    );
+    for o in [
+        SharedCancelOutcome::Result(r#"{"resultType":"complete"}"#.into()),
+        SharedCancelOutcome::Error(r#"{"code":-32602,"message":"x"}"#.into()),
+        SharedCancelOutcome::Failed("HTTP 502".into()),
+    ] {
+        assert_eq!(SharedCancelOutcome::decode(&o.encode()), o);
+    }
+    assert!(matches!(
+        SharedCancelOutcome::decode(""),
+        SharedCancelOutcome::Failed(_)
+    ));
+}
