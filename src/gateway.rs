@@ -138,7 +138,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         let inner = tower::ServiceBuilder::new()
             .layer(SessionLayer::new(sessions.clone()))
             .layer(TasksLayer::new(registry.clone(), authenticated))
-            .layer(CancelLayer::new(CancelState::new(registry.clone())))
+            .layer(CancelLayer::new(CancelState::new(
+                registry.clone(),
+                Duration::from_millis(u.timeout_ms),
+            )))
             .layer(ObserveLayer::new(registry.clone()))
             .service(upstream);
         // On a shared store another live replica may be waiting on an upgraded task: orphans

@@ -8,12 +8,16 @@ mod common;
 
 use common::*;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use taskgate::era::Era;
 use taskgate::mcp::task::TaskStatus;
 use taskgate::store::{
-    AuditEvent, CancelClaim, Origin, Owner, PgStore, SharedCancelOutcome, SledStore, StoreError,
-    TaskRecord, TaskStore,
+    cancel_lease, AuditEvent, CancelClaim, Origin, Owner, PgStore, SharedCancelOutcome, SledStore,
+    StoreError, TaskRecord, TaskStore,
 };
+
+/// The cancel claim lease of an upstream with the default `timeout_ms` (30 s).
+const LEASE: Duration = Duration::from_secs(35);
 
 /// A fresh name per run, so suites sharing a database (`TASKGATE_TEST_DATABASE_URL`) never meet.
 fn unique(prefix: &str) -> String {
@@ -204,12 +208,12 @@ async fn postgres_replicas_share_one_truth() {
     );
 
     // Cancel claim: a forwards, b waits, b reads a's outcome; then the ack is final (2026).
-    let claim = a.claim_cancel(&up, "t1", true).unwrap();
+    let claim = a.claim_cancel(&up, "t1", true, LEASE).unwrap();
     let CancelClaim::Forward { generation } = claim else {
         panic!("first claim forwards: {claim:?}")
     };
     assert_eq!(
-        b.claim_cancel(&up, "t1", true).unwrap(),
+        b.claim_cancel(&up, "t1", true, LEASE).unwrap(),
         CancelClaim::Wait { generation }
     );
     assert_eq!(b.cancel_outcome(&up, "t1", generation).unwrap(), None);
@@ -217,7 +221,7 @@ async fn postgres_replicas_share_one_truth() {
     a.finish_cancel(&up, "t1", generation, &ack).unwrap();
     assert_eq!(b.cancel_outcome(&up, "t1", generation).unwrap(), Some(ack));
     assert_eq!(
-        b.claim_cancel(&up, "t1", true).unwrap(),
+        b.claim_cancel(&up, "t1", true, LEASE).unwrap(),
         CancelClaim::Acknowledged
     );
 
@@ -236,7 +240,7 @@ async fn postgres_replicas_share_one_truth() {
         "{undo:?}"
     );
     assert_eq!(
-        b.claim_cancel(&up, "t1", false).unwrap(),
+        b.claim_cancel(&up, "t1", false, LEASE).unwrap(),
         CancelClaim::Terminal(TaskStatus::Cancelled)
     );
 
@@ -351,6 +355,79 @@ async fn check_config_and_readyz_report_the_database() {
         "{m}"
     );
     running.shutdown().await;
+}
+
+/// The cancel claim's lease follows the upstream's `timeout_ms` (plus the margin): a slow
+/// upstream's cancel (40 s here, past the old fixed 30 s) is not claimed again while it may still
+/// be answering; a lease that ran out is claimed again, and the late outcome of the expired claim
+/// is not taken for the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_cancel_lease_follows_the_upstream_timeout() {
+    let Some(pg) = PgCluster::start("postgres_cancel_lease_follows_the_upstream_timeout") else {
+        return;
+    };
+    let a = PgStore::open(&pg.url, 2).await.unwrap();
+    let b = PgStore::open(&pg.url, 2).await.unwrap();
+    let up = unique("lease");
+    for id in ["slow", "short"] {
+        a.create(record(&up, id, "alice", now_ms())).await.unwrap();
+    }
+
+    let lease = cancel_lease(Duration::from_secs(40));
+    assert_eq!(lease, Duration::from_secs(45));
+    let before = now_ms() as i64;
+    let claim = a.claim_cancel(&up, "slow", false, lease).unwrap();
+    let after = now_ms() as i64;
+    assert_eq!(claim, CancelClaim::Forward { generation: 1 });
+    let (client, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let until: i64 = client
+        .query_one(
+            "SELECT cancel_lease_until FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2",
+            &[&up, &"slow"],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        (before + 45_000..=after + 45_000).contains(&until),
+        "lease until {until}, claimed between {before} and {after}"
+    );
+    assert_eq!(
+        b.claim_cancel(&up, "slow", false, lease).unwrap(),
+        CancelClaim::Wait { generation: 1 }
+    );
+
+    // A lease that ran out (a replica that died while forwarding) is claimed again.
+    let short = Duration::from_millis(300);
+    assert_eq!(
+        a.claim_cancel(&up, "short", false, short).unwrap(),
+        CancelClaim::Forward { generation: 1 }
+    );
+    assert_eq!(
+        b.claim_cancel(&up, "short", false, short).unwrap(),
+        CancelClaim::Wait { generation: 1 }
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let generation = loop {
+        match b.claim_cancel(&up, "short", false, short).unwrap() {
+            CancelClaim::Forward { generation } => break generation,
+            CancelClaim::Wait { .. } => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(Instant::now() < deadline, "the 300 ms lease never ran out");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(generation, 2);
+    let late = SharedCancelOutcome::Result("{}".into());
+    a.finish_cancel(&up, "short", 1, &late).unwrap();
+    assert!(matches!(
+        a.cancel_outcome(&up, "short", 1).unwrap(),
+        Some(SharedCancelOutcome::Failed(_))
+    ));
+    assert_eq!(b.cancel_outcome(&up, "short", 2).unwrap(), None);
 }
 
 /// Messages name the database without its password; the cancel outcome round-trips.

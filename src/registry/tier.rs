@@ -2,13 +2,17 @@
 //! `tasks/cancel` claim, run off the runtime like every store call, and the bounded wait for the
 //! outcome of a cancel another replica forwards.
 //!
+//! A claim's lease is the upstream's `timeout_ms` plus a margin ([`crate::store::cancel_lease`]):
+//! the forwarded cancel ends within `timeout_ms`, so a slow upstream's cancel is not claimed and
+//! sent again by another replica while it is still answering. The replicas of a tier share one
+//! configuration, so a waiter's lease is the forwarder's.
+//!
 //! The wait polls the store (every 10 ms, growing to 100 ms) until the forwarding replica has
 //! stored its outcome, for at most the claim's lease plus one second; past that deadline the
 //! caller gets `-32603` (the forwarding replica is presumed dead; its claim has expired and the
 //! next `tasks/cancel` claims again).
 
 use super::Registry;
-use crate::store::pg::CANCEL_LEASE_MS;
 use crate::store::{CancelClaim, SharedCancelOutcome, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,10 +30,11 @@ impl Registry {
         upstream: &str,
         task_id: &str,
         modern: bool,
+        lease: Duration,
     ) -> Result<CancelClaim, StoreError> {
         let (up, id) = (upstream.to_string(), task_id.to_string());
         let claimed = self
-            .off_runtime(move |r| r.store.claim_cancel(&up, &id, modern))
+            .off_runtime(move |r| r.store.claim_cancel(&up, &id, modern, lease))
             .await
             .unwrap_or_else(|| Err(StoreError::Db("shutting down".into())));
         if let Err(e) = &claimed {
@@ -56,15 +61,16 @@ impl Registry {
         }
     }
 
-    /// Waits for the outcome of cancel claim `generation`, forwarded by another replica (see
-    /// the module doc for the poll and its deadline).
+    /// Waits for the outcome of cancel claim `generation`, forwarded by another replica under
+    /// `lease` (see the module doc for the poll and its deadline).
     pub async fn await_cancel(
         self: &Arc<Self>,
         upstream: &str,
         task_id: &str,
         generation: i64,
+        lease: Duration,
     ) -> SharedCancelOutcome {
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(CANCEL_LEASE_MS + 1_000);
+        let deadline = tokio::time::Instant::now() + lease + Duration::from_secs(1);
         let mut pause = Duration::from_millis(10);
         loop {
             let (up, id) = (upstream.to_string(), task_id.to_string());

@@ -16,7 +16,7 @@ pub mod sled_store;
 
 pub use pg::PgStore;
 pub use record::{AuditEvent, Origin, Owner, TaskRecord};
-pub use shared::{CancelClaim, SharedCancelOutcome};
+pub use shared::{cancel_lease, CancelClaim, SharedCancelOutcome, CANCEL_LEASE_MARGIN};
 pub use sled_store::SledStore;
 
 use futures_util::future::BoxFuture;
@@ -123,6 +123,7 @@ pub trait TaskStore: Send + Sync + 'static {
         _upstream: &str,
         _task_id: &str,
         _modern: bool,
+        _lease: std::time::Duration,
     ) -> Result<CancelClaim, StoreError> {
         Ok(CancelClaim::Forward { generation: 0 })
     }

@@ -4,6 +4,20 @@
 //! the `cancel` layer's in-process single flight is enough there.
 
 use crate::mcp::task::TaskStatus;
+use std::time::Duration;
+
+/// Added to an upstream's `timeout_ms` to make the lease of a cross-replica cancel claim: the
+/// time to store the outcome after the upstream answered (or timed out).
+pub const CANCEL_LEASE_MARGIN: Duration = Duration::from_secs(5);
+
+/// The lease of a cancel claim on an upstream whose exchanges `timeout_ms` bounds: the whole
+/// forwarded `tasks/cancel` ends within `upstream_timeout` (answered or timed out), so a claim
+/// that outlives it by [`CANCEL_LEASE_MARGIN`] is never taken over while a slow upstream is still
+/// answering it (which would send that cancel twice); a replica that died while forwarding
+/// holds it no longer than that.
+pub fn cancel_lease(upstream_timeout: Duration) -> Duration {
+    upstream_timeout.saturating_add(CANCEL_LEASE_MARGIN)
+}
 
 /// What [`super::TaskStore::claim_cancel`] decided for one `tasks/cancel`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,5 +70,20 @@ impl SharedCancelOutcome {
             Some((_, t)) => SharedCancelOutcome::Failed(t.to_string()),
             None => SharedCancelOutcome::Failed("empty cancel outcome".into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lease outlives the forwarded cancel it covers, whatever the upstream's timeout.
+    #[test]
+    fn cancel_lease_outlives_the_upstream_timeout() {
+        for ms in [1, 1_000, 30_000, 120_000, 300_000] {
+            let timeout = Duration::from_millis(ms);
+            assert_eq!(cancel_lease(timeout), timeout + CANCEL_LEASE_MARGIN);
+        }
+        assert_eq!(cancel_lease(Duration::MAX), Duration::MAX);
     }
 }

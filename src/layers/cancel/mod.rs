@@ -79,6 +79,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 /// The upstream's answer to one forwarded `tasks/cancel`, shared by every waiting caller.
 #[derive(Clone)]
@@ -112,17 +113,22 @@ pub struct CancelState {
     /// later cancels of them are acknowledged here (one upstream cancel per task).
     acked: Mutex<std::collections::HashSet<String>>,
     notes: Mutex<CancelNotes>,
+    /// The lease of this upstream's cross-replica cancel claims (`timeout_ms` plus a margin).
+    lease: Duration,
 }
 
 impl CancelState {
-    /// Creates the state of one upstream's cancel layer.
-    pub fn new(registry: Arc<Registry>) -> Arc<CancelState> {
+    /// Creates the state of one upstream's cancel layer; `upstream_timeout` is the upstream's
+    /// `timeout_ms`, which bounds a forwarded `tasks/cancel` and sets the claim's lease on a
+    /// shared store ([`crate::store::cancel_lease`]).
+    pub fn new(registry: Arc<Registry>, upstream_timeout: Duration) -> Arc<CancelState> {
         Arc::new(CancelState {
             registry,
             flights: Mutex::new(HashMap::new()),
             settled: Mutex::new(HashMap::new()),
             acked: Mutex::new(Default::default()),
             notes: Mutex::new(CancelNotes::default()),
+            lease: crate::store::cancel_lease(upstream_timeout),
         })
     }
 }

@@ -22,7 +22,7 @@ fn upstream(
     tower::service_fn(move |req: McpRequest| {
         calls.fetch_add(1, Ordering::SeqCst);
         async move {
-            tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             let id = req
                 .id()
                 .map(|i| i.as_json().to_string())
@@ -62,7 +62,7 @@ async fn one_forwarded_cancel_touches_the_store_this_often() {
     let (registry, store) = registry_with_t1().await;
     let calls = Arc::new(AtomicUsize::new(0));
     let stack = TasksLayer::new(registry.clone(), false).layer(
-        CancelLayer::new(CancelState::new(registry.clone()))
+        CancelLayer::new(CancelState::new(registry.clone(), Duration::from_secs(30)))
             .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 5))),
     );
     store.counts.reset();
@@ -88,7 +88,7 @@ async fn two_concurrent_cancels_forward_one() {
     let (registry, store) = registry_with_t1().await;
     let calls = Arc::new(AtomicUsize::new(0));
     let stack = TasksLayer::new(registry.clone(), false).layer(
-        CancelLayer::new(CancelState::new(registry.clone()))
+        CancelLayer::new(CancelState::new(registry.clone(), Duration::from_secs(30)))
             .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 50))),
     );
     let (a, b) = tokio::join!(
@@ -117,7 +117,7 @@ async fn two_concurrent_cancels_forward_one() {
 async fn a_stale_record_after_a_finished_flight_is_not_forwarded_again() {
     let (registry, _store) = registry_with_t1().await;
     let calls = Arc::new(AtomicUsize::new(0));
-    let stack = CancelLayer::new(CancelState::new(registry.clone()))
+    let stack = CancelLayer::new(CancelState::new(registry.clone(), Duration::from_secs(30)))
         .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 0)));
     let authorised = |id| {
         let mut r = cancel(id);

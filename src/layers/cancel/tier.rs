@@ -36,12 +36,17 @@ where
     }
     let upstream = req.ctx.upstream.clone();
     let modern = Era::of(&req) == Era::Modern;
-    let generation = match registry.claim_cancel(&upstream, &task_id, modern).await {
+    let generation = match registry
+        .claim_cancel(&upstream, &task_id, modern, state.lease)
+        .await
+    {
         Ok(CancelClaim::Forward { generation }) => generation,
         Ok(CancelClaim::Terminal(status)) => return CancelOutcome::Terminal(status),
         Ok(CancelClaim::Acknowledged) => return CancelOutcome::Acknowledged,
         Ok(CancelClaim::Wait { generation }) => {
-            let shared = registry.await_cancel(&upstream, &task_id, generation).await;
+            let shared = registry
+                .await_cancel(&upstream, &task_id, generation, state.lease)
+                .await;
             return CancelOutcome::Elsewhere(Box::new(match shared {
                 SharedCancelOutcome::Result(r) => CancelOutcome::Result(r),
                 SharedCancelOutcome::Error(e) => CancelOutcome::Error(e),

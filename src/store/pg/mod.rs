@@ -34,7 +34,6 @@
 
 mod migrations;
 mod tier;
-pub use tier::CANCEL_LEASE_MS;
 
 use super::sled_store::{owner_prefix, push_str, read_str, read_u64};
 use super::{
@@ -560,8 +559,9 @@ impl TaskStore for PgStore {
         upstream: &str,
         task_id: &str,
         modern: bool,
+        lease: std::time::Duration,
     ) -> Result<CancelClaim, StoreError> {
-        self.claim_cancel_now(upstream, task_id, modern)
+        self.claim_cancel_now(upstream, task_id, modern, lease)
     }
 
     fn finish_cancel(

@@ -3,7 +3,8 @@
 //!
 //! **Cancel claim**: the task's row is locked (`SELECT … FOR UPDATE`) and the claim decided in
 //! that transaction: terminal → answered locally; a claim of another replica whose lease
-//! ([`CANCEL_LEASE_MS`]) still runs → wait for it; a 2026-07-28 task whose cancel was already
+//! (the upstream's `timeout_ms` plus a margin,
+//! [`crate::store::cancel_lease`]) still runs → wait for it; a 2026-07-28 task whose cancel was already
 //! acknowledged → the ack; otherwise this replica takes claim `generation + 1` and forwards.
 //! The forwarder stores the outcome with the claim's generation; waiting replicas poll for it
 //! (a bounded poll: the registry's deadline is the lease plus a second). A replica killed while
@@ -16,9 +17,6 @@
 use super::{pg_err, pool_err, PgStore};
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::store::{CancelClaim, SharedCancelOutcome, StoreError};
-
-/// How long a replica's cancel claim holds before another replica may claim again (ms).
-pub const CANCEL_LEASE_MS: u64 = 30_000;
 
 /// Advisory lock key of the TTL sweep (`'taskgate'` as bytes, plus 2).
 const SWEEP_LOCK: i64 = 0x7461_736b_6761_7402;
@@ -38,7 +36,9 @@ impl PgStore {
         upstream: &str,
         task_id: &str,
         modern: bool,
+        lease: std::time::Duration,
     ) -> Result<CancelClaim, StoreError> {
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
         let (up, id, me) = (
             upstream.to_string(),
             task_id.to_string(),
@@ -80,7 +80,7 @@ impl PgStore {
                 "UPDATE taskgate_tasks SET cancel_generation = $3, cancel_claimed_by = $4, \
                  cancel_lease_until = $5, cancel_outcome = NULL \
                  WHERE upstream = $1 AND task_id = $2",
-                &[&up, &id, &next, &me, &(now + super::ms(CANCEL_LEASE_MS))],
+                &[&up, &id, &next, &me, &(now + lease_ms)],
             )
             .await
             .map_err(pg_err)?;
