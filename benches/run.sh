@@ -12,8 +12,14 @@
 # skipped), runs scenarios 1-8 and prints one table per scenario (7: OAuth, needs openssl and
 # python3; 8: scenario 4's task lifecycle under MCP 2026-07-28, the tasks extension: create,
 # 10 × tasks/get with the result inline, no session; 9: scenario 4's 2025 lifecycle bridged by
-# taskgate to the 2026 tasks extension, beside the same-era path). Everything started here is
-# killed on exit.
+# taskgate to the 2026 tasks extension, beside the same-era path; 10: task creation and scenario
+# 4's lifecycle with the registry on PostgreSQL beside sled). Everything started here is killed
+# on exit.
+#
+# Scenario 10's PostgreSQL: TASKGATE_BENCH_DATABASE_URL (or TASKGATE_TEST_DATABASE_URL) names a
+# server where a database of its own is created; else a throwaway cluster is started as the tests
+# do (tests/pg/cluster.sh: Debian's postgresql, loopback port, `synchronous_commit` and `fsync`
+# on) and stopped on exit; without either, scenario 10 is skipped with a message.
 #
 # A/B (issue 10): beside `taskgate` (TASKGATE_UPSTREAM_CLIENT=pool, the own pool) a second
 # taskgate, path `taskgate-hyper-util`, runs with TASKGATE_UPSTREAM_CLIENT=hyper-util
@@ -30,8 +36,8 @@
 #
 # Settings (environment): DURATION (s per timed case, default 2), WARMUP (s, 0.5), REPEAT (runs
 # per case and path in scenarios 1-5 and 8, default 3), AB (1), QUIET_PCT (10),
-# LIFECYCLE_TASKS (1000, scenarios 4, 8 and 9), CANCELS (1000), RECORDS (100000), SCENARIOS (which
-# ones, default "1 2 3 4 5 6 7 8 9"), RESULTS (output file, benches/RESULTS.md; "-" for none), KEEP=1 keeps the temp
+# LIFECYCLE_TASKS (1000, scenarios 4, 8, 9 and 10), CANCELS (1000), RECORDS (100000), SCENARIOS (which
+# ones, default "1 2 3 4 5 6 7 8 9 10"), RESULTS (output file, benches/RESULTS.md; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
 set -euo pipefail
 
@@ -46,7 +52,7 @@ LIFECYCLE_TASKS=${LIFECYCLE_TASKS:-1000}
 CANCELS=${CANCELS:-1000}
 RECORDS=${RECORDS:-100000}
 RESULTS=${RESULTS:-$HERE/RESULTS.md}
-SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9}
+SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
@@ -103,9 +109,12 @@ stop_pid() { # SIGTERM, wait up to 10 s, then SIGKILL
   for i in $(seq 1000); do gone "$pid" && return 0; sleep 0.01; done
   kill -KILL "$pid" 2>/dev/null || true
 }
+OWN_PG=0
+PG_SETTINGS="not run"
 cleanup() {
   local pid
   for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+  if [ "$OWN_PG" = 1 ]; then pg_stop; fi
   if [ "${KEEP:-0}" = 1 ]; then echo "kept $WORK" >&2; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
@@ -402,6 +411,69 @@ echo "  restarted: $(cat "$WORK/tg6b.json")" >&2
 }
 want 6 && scenario6
 
+# ---- scenario 10: the task registry on PostgreSQL beside sled (issue 13) -----------------------------
+# Two taskgates of their own on the same upstream, one per store; task creation (the record is
+# committed, fdatasync'ed on sled, before the CreateTaskResult) at 1 and 16 clients, and scenario
+# 4's lifecycle; interleaved direct, taskgate-sled, taskgate-pg, REPEAT times.
+scenario10() {
+  local base="${TASKGATE_BENCH_DATABASE_URL:-${TASKGATE_TEST_DATABASE_URL:-}}" psql db pids9 rep t url cpu c
+  if [ -z "$base" ]; then
+    if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' > /dev/null; then
+      say "10. skipped: no PostgreSQL (apt-get install postgresql, or set TASKGATE_BENCH_DATABASE_URL)"
+      PG_SETTINGS="not available: scenario 10 skipped"
+      return 0
+    fi
+    say "10. starting a throwaway PostgreSQL (tests/pg/cluster.sh)"
+    # shellcheck source=../tests/pg/cluster.sh
+    source "$ROOT/tests/pg/cluster.sh" >&2 || { say "10. skipped: the PostgreSQL cluster did not start"; return 0; }
+    OWN_PG=1
+    base=$TASKGATE_TEST_DATABASE_URL
+  fi
+  psql="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)/psql"
+  db="taskgate_bench_$$"
+  "$psql" -q -v ON_ERROR_STOP=1 "$base" -c "CREATE DATABASE $db" >&2
+  export TASKGATE_DATABASE_URL="${base%/*}/$db"
+  PG_SETTINGS=$("$psql" -At "$TASKGATE_DATABASE_URL" -c "SELECT 'PostgreSQL ' || current_setting('server_version') || ' on 127.0.0.1, synchronous_commit=' || current_setting('synchronous_commit') || ', fsync=' || current_setting('fsync') || ', wal_sync_method=' || current_setting('wal_sync_method') || ', shared_buffers=' || current_setting('shared_buffers') || ', data directory on ' || '$(df -PT "${PG_DIR:-/}" | awk 'NR==2 {print $2}')'")
+  say "10. $PG_SETTINGS"
+  [ -n "$TGH_PID" ] && { stop_pid "$TGH_PID"; TGH_PID=""; TGH_ADDR=""; }
+  taskgate_config "$WORK/taskgate10s.toml" "$WORK/store9s" "max_live_tasks_per_owner = 10000000"
+  start_taskgate "$WORK/taskgate10s.toml" "10. taskgate, sled" "$WORK/tg10s.json"
+  local S_PID=$TG_PID S_ADDR=$TG_ADDR
+  taskgate_config "$WORK/taskgate10p.toml" "unused" "max_live_tasks_per_owner = 10000000"
+  sed -i 's|^path = "unused"$|backend = "postgres"\nurl_env = "TASKGATE_DATABASE_URL"\npool_size = 16|' "$WORK/taskgate10p.toml"
+  start_taskgate "$WORK/taskgate10p.toml" "10. taskgate, PostgreSQL" "$WORK/tg10p.json"
+  local P_PID=$TG_PID P_ADDR=$TG_ADDR
+  TG_PID=$TGP_PID; TG_ADDR=$TGP_ADDR
+  pids9="$(bench_pids),$S_PID,$P_PID"
+  ten() { # ten CASE ARGS..: direct, taskgate-sled, taskgate-pg, REPEAT times, interleaved
+    local case=$1
+    shift
+    say "$case"
+    for rep in $(seq "$REPEAT"); do
+      printf '  run %s:' "$rep" >&2
+      for t in direct taskgate-sled taskgate-pg; do
+        case $t in
+          direct) url="http://$UP_ADDR/mcp"; cpu="" ;;
+          taskgate-sled) url="http://$S_ADDR/mcp"; cpu=$S_PID ;;
+          taskgate-pg) url="http://$P_ADDR/mcp"; cpu=$P_PID ;;
+        esac
+        "$LG" run --url "$url" --target "$t" --case "$case" ${cpu:+--cpu-pid "$cpu"} --rep "$rep" \
+          --bench-pids "$pids9" --json-out "$RAW" "$@" --session-file "$WORK/session9-$t" > /dev/null
+        printf ' %s' "$t" >&2
+      done
+      echo >&2
+    done
+  }
+  for c in 1 16; do
+    ten "10. task creation (record committed before the reply), c=$c" --scenario create --concurrency "$c" "${TIMED[@]}"
+  done
+  ten "10. task lifecycle (create, 10 × tasks/get, tasks/result), $LIFECYCLE_TASKS tasks, c=16" \
+    --scenario lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
+  stop_pid "$S_PID"
+  stop_pid "$P_PID"
+}
+want 10 && scenario10
+
 # ---- report -----------------------------------------------------------------------------------
 REPORT=$("$LG" report --in "$RAW" --quiet-pct "$QUIET_PCT")
 MEM_GIB=$(awk '/^MemTotal:/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
@@ -426,7 +498,7 @@ Produced by \`$COMMAND\` (from the repository root) on $(date -u '+%Y-%m-%d %H:%
 | load generator | benches/loadgen \`loadgen\`, 1 thread, one keep-alive HTTP/1.1 connection per concurrent client, each with its own MCP session (scenarios 1-4; 8 is 2026-07-28, sessionless) |
 | timed cases | ${WARMUP} s warm-up, then ${DURATION} s measured |
 | repeats | scenarios 1-5 and 8: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, taskgate-hyper-util, then again); scenario 6: one |
-| task store | temp directory on $STORE_FS |
+| task store | temp directory on $STORE_FS (sled); scenario 10's \`taskgate-pg\`: $PG_SETTINGS, \`pool_size = 16\` |
 
 Everything runs on this one machine: load generator, proxy and upstream share the cores, so
 absolute numbers move with the machine's load; compare the rows of one table (measured side by side,

@@ -84,7 +84,7 @@ py="$venv/bin/python"
 echo "check: $(promtool --version 2>&1 | head -n 1); kubernetes-validate $("$venv/bin/kubernetes-validate" --version 2>&1)"
 
 # --- validators ----------------------------------------------------------------------------------
-manifests=(deploy/kubernetes/taskgate-sidecar.yaml deploy/kubernetes/taskgate-sidecar-pvc.yaml deploy/kubernetes/taskgate-sidecar-oauth.yaml deploy/kubernetes/servicemonitor.yaml)
+manifests=(deploy/kubernetes/taskgate-sidecar.yaml deploy/kubernetes/taskgate-sidecar-pvc.yaml deploy/kubernetes/taskgate-sidecar-oauth.yaml deploy/kubernetes/taskgate-tier.yaml deploy/kubernetes/servicemonitor.yaml)
 for k in 1.30 1.37; do
     step "kubernetes-validate --strict -k $k (Kubernetes schemas; ServiceMonitor is a CRD: see consistency)" \
         "$venv/bin/kubernetes-validate" --strict -k "$k" "${manifests[@]}"
@@ -98,7 +98,7 @@ check_configs() { # taskgate check-config on every TOML that deploy/ ships
         cargo build --quiet --bin taskgate || return 1
     fi
     tmp="$(mktemp -d)"
-    "$py" - "$tmp" deploy/kubernetes/taskgate-sidecar.yaml deploy/kubernetes/taskgate-sidecar-pvc.yaml deploy/kubernetes/taskgate-sidecar-oauth.yaml <<'PY' || { rm -rf "$tmp"; return 1; }
+    "$py" - "$tmp" deploy/kubernetes/taskgate-sidecar.yaml deploy/kubernetes/taskgate-sidecar-pvc.yaml deploy/kubernetes/taskgate-sidecar-oauth.yaml deploy/kubernetes/taskgate-tier.yaml <<'PY' || { rm -rf "$tmp"; return 1; }
 import sys, yaml
 out = sys.argv[1]
 for path in sys.argv[2:]:
@@ -109,14 +109,24 @@ for path in sys.argv[2:]:
                     name = path.rsplit("/", 1)[1].replace(".yaml", "") + "." + d["metadata"]["name"] + "." + key
                     open(f"{out}/{name}", "w").write(text)
 PY
+    # The tier manifest's store is PostgreSQL: check-config reaches a real one (the suite's,
+    # or a throwaway cluster of this step's own, tests/pg/cluster.sh).
+    local db="${TASKGATE_TEST_DATABASE_URL:-}" own_pg=0
+    if [ -z "$db" ]; then
+        # shellcheck source=../tests/pg/cluster.sh
+        source "$root/tests/pg/cluster.sh" || { rm -rf "$tmp"; return 1; }
+        db="$TASKGATE_TEST_DATABASE_URL" own_pg=1
+        trap pg_stop EXIT  # step() runs this in a subshell: stopped however it ends
+    fi
     for f in deploy/image/etc/taskgate/taskgate.toml "$tmp"/*.toml; do
-        # The manifests name the admin token's variable (from a Secret): any value checks.
-        TASKGATE_ADMIN_TOKEN=check "$bin" check-config "$f" || rc=1
+        # The manifests name the admin token's and database URL's variables (from Secrets).
+        TASKGATE_ADMIN_TOKEN=check TASKGATE_DATABASE_URL="$db" "$bin" check-config "$f" || rc=1
     done
+    [ $own_pg = 0 ] || pg_stop
     rm -rf "$tmp"
     return $rc
 }
-step "taskgate check-config (image config, ConfigMap TOML of the three manifests)" check_configs
+step "taskgate check-config (image config, ConfigMap TOML of the four manifests; the tier one against PostgreSQL)" check_configs
 step "promtool check config deploy/prometheus/prometheus.yml" \
     "$py" deploy/prometheus/check_config.py deploy/prometheus/prometheus.yml
 step "promtool check rules deploy/prometheus/taskgate-rules.yml" \

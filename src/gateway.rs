@@ -20,7 +20,7 @@ use crate::layers::tasks::TasksLayer;
 use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
-use crate::store::{SledStore, StoreError, TaskStore};
+use crate::store::{PgStore, SledStore, StoreError, TaskStore};
 use crate::upstream::HttpUpstream;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -63,7 +63,8 @@ pub struct Running {
     pub metrics: Arc<Metrics>,
     /// The task registry.
     pub registry: Arc<Registry>,
-    store: Arc<SledStore>,
+    /// The sled store, closed (flushed, committer joined) on shutdown; `None` on PostgreSQL.
+    sled: Option<Arc<SledStore>>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     sweeper: JoinHandle<()>,
@@ -79,8 +80,9 @@ impl Running {
         }
         self.sweeper.abort();
         // Flushes and joins the committer thread: not on a runtime worker.
-        let store = self.store;
-        let _ = tokio::task::spawn_blocking(move || store.close()).await;
+        if let Some(store) = self.sled {
+            let _ = tokio::task::spawn_blocking(move || store.close()).await;
+        }
     }
 }
 
@@ -90,18 +92,10 @@ impl Running {
 pub async fn start(config: Config) -> Result<Running, StartError> {
     let upstream_names: Vec<String> = config.upstream.iter().map(|u| u.name.clone()).collect();
     let metrics = Arc::new(Metrics::new(&upstream_names));
-    let store = SledStore::open(
-        &config.store.path,
-        config.store.cache_capacity_bytes,
-        Some(metrics.clone()),
-    )?;
+    let (store, sled) = open_store(&config, &metrics).await?;
     // Counting what the store holds scans it: on the blocking pool, like every store call.
     let registry = {
-        let (store, metrics, tasks) = (
-            store.clone() as Arc<dyn TaskStore>,
-            metrics.clone(),
-            config.tasks.clone(),
-        );
+        let (store, metrics, tasks) = (store.clone(), metrics.clone(), config.tasks.clone());
         tokio::task::spawn_blocking(move || Registry::new(store, metrics, tasks))
             .await
             .map_err(|e| StoreError::Db(format!("counting the store failed: {e}")))??
@@ -145,7 +139,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         let inner = tower::ServiceBuilder::new()
             .layer(SessionLayer::new(sessions.clone()))
             .layer(TasksLayer::new(registry.clone(), authenticated))
-            .layer(CancelLayer::new(CancelState::new(registry.clone())))
+            .layer(CancelLayer::new(CancelState::new(
+                registry.clone(),
+                Duration::from_millis(u.timeout_ms),
+            )))
             .layer(BridgeLayer::new(BridgeState::with_sessions(
                 registry.clone(),
                 u.protocol,
@@ -153,7 +150,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             )))
             .layer(ObserveLayer::new(registry.clone()))
             .service(upstream);
-        if config.upgrade.enabled {
+        // On a shared store another live replica may be waiting on an upgraded task: orphans
+        // are not guessed there (see ARCHITECTURE.md, "A tier on PostgreSQL").
+        if config.upgrade.enabled && !store.shared() {
             orphan_jobs.push((name.clone(), upgrade_state.clone(), inner.clone()));
         }
         let stack = tower::ServiceBuilder::new()
@@ -212,12 +211,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         })
         .collect();
     let admin = Arc::new(
-        Admin::new(
-            metrics.clone(),
-            targets,
-            store.clone() as Arc<dyn TaskStore>,
-        )
-        .with_token(config.admin.token_sha256()),
+        Admin::new(metrics.clone(), targets, store.clone()).with_token(config.admin.token_sha256()),
     );
     let sweep_every = Duration::from_millis(config.tasks.sweep_interval_ms);
     let sweeper = {
@@ -261,11 +255,40 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         admin_addr,
         metrics,
         registry,
-        store,
+        sled,
         shutdown: shutdown_tx,
         servers,
         sweeper,
     })
+}
+
+/// Opens the configured task store: sled at `store.path`, or PostgreSQL at the URL of
+/// `store.url_env` / `store.url` (migrated at start).
+async fn open_store(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> Result<(Arc<dyn TaskStore>, Option<Arc<SledStore>>), StoreError> {
+    match config.store.backend {
+        crate::config::StoreBackend::Sled => {
+            let store = SledStore::open(
+                &config.store.path,
+                config.store.cache_capacity_bytes,
+                Some(metrics.clone()),
+            )?;
+            Ok((store.clone(), Some(store)))
+        }
+        crate::config::StoreBackend::Postgres => {
+            let url = config
+                .store
+                .database_url()
+                .ok_or_else(|| StoreError::Open {
+                    path: config.store.url_env.clone().unwrap_or_default(),
+                    detail: "the database URL variable is not set".into(),
+                })?;
+            let store = PgStore::open(&url, config.store.pool_size as usize).await?;
+            Ok((store, None))
+        }
+    }
 }
 
 fn loopback_names(port: u16) -> Vec<String> {

@@ -89,7 +89,7 @@ fn main() -> ExitCode {
                     c.upstream.len(),
                     if c.upstream.len() == 1 { "" } else { "s" }
                 );
-                ExitCode::SUCCESS
+                check_database(&c)
             }
             Err(e) => {
                 eprintln!("{e}");
@@ -114,6 +114,32 @@ fn main() -> ExitCode {
                 .build()
                 .expect("tokio runtime");
             runtime.block_on(serve(config))
+        }
+    }
+}
+
+/// `check-config` with `[store] backend = "postgres"`: the database must answer (read only:
+/// nothing is created or migrated here).
+fn check_database(config: &Config) -> ExitCode {
+    if config.store.backend != taskgate::config::StoreBackend::Postgres {
+        return ExitCode::SUCCESS;
+    }
+    let Some(url) = config.store.database_url() else {
+        eprintln!("store: the database URL is not set");
+        return ExitCode::FAILURE;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(taskgate::store::PgStore::probe(&url)) {
+        Ok(line) => {
+            println!("store: {line}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("store: the PostgreSQL database is unreachable: {e}");
+            ExitCode::FAILURE
         }
     }
 }

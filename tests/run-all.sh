@@ -3,7 +3,8 @@
 #
 # 1. installs what the tests need when it is missing (Debian packages with apt-get when run as
 #    root; npm packages with exact versions by `npm ci`; PyPI packages into venvs by pip);
-# 2. cargo test (unit tests, integration tests against scripted upstreams, crash/restart tests);
+# 2. cargo test (unit tests, integration tests against scripted upstreams, crash/restart tests),
+#    with a throwaway PostgreSQL (tests/pg/cluster.sh) for the PostgreSQL store and tier tests;
 # 3. tests/interop/run.sh: real peers (MCP conformance suite, TypeScript SDK, Python SDK) direct
 #    and through taskgate; tests/oauth/run.sh: a real oidc-provider issuing JWT access tokens and
 #    the TypeScript SDK's OAuth client reaching a task server through taskgate in oauth mode;
@@ -19,6 +20,10 @@ command -v node >/dev/null 2>&1 || need_apt+=(nodejs npm)
 python3 -c 'import venv' >/dev/null 2>&1 || need_apt+=(python3-venv)
 # The container image check builds for musl; ring (rustls) compiles C with x86_64-linux-musl-gcc.
 command -v musl-gcc >/dev/null 2>&1 || need_apt+=(musl-tools)
+# The PostgreSQL store's tests (a throwaway cluster, tests/pg/cluster.sh) and the tier test's
+# load balancer.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
+[[ -x /usr/sbin/nginx ]] || need_apt+=(nginx)
 if ((${#need_apt[@]})); then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
         echo "== installing Debian packages: ${need_apt[*]}"
@@ -35,6 +40,9 @@ if [[ ! -d tests/interop/node_modules ]]; then
 fi
 
 status=0
+# A throwaway PostgreSQL for the whole run; the PostgreSQL tests must run, never skip.
+source tests/pg/cluster.sh
+trap pg_stop EXIT
 echo "== cargo test"
 cargo test --locked || status=1
 

@@ -213,3 +213,42 @@ fn values_that_cannot_run_are_refused_with_key_and_line() {
         assert!(err.contains("(line 3)"), "{section}: {err}");
     }
 }
+
+#[test]
+fn store_backend_postgres_keys() {
+    let with = |store: &str| format!("{MINIMAL}[store]\n{store}\n");
+    let err = |store: &str| Config::from_toml_str(&with(store)).unwrap_err().to_string();
+    // sled stays the default; the postgres keys are refused there.
+    let c = Config::from_toml_str(MINIMAL).unwrap();
+    assert_eq!(c.store.backend, StoreBackend::Sled);
+    assert!(err("url = \"postgres://h/db\"").contains("backend = \"postgres\""));
+    // postgres needs exactly one of url_env and url; a password never sits in the file.
+    assert!(err("backend = \"postgres\"").contains("url_env"));
+    let both = "backend = \"postgres\"\nurl = \"postgres://h/db\"\nurl_env = \"X\"";
+    assert!(err(both).contains("not both"));
+    for url in ["postgres://u:pw@h/db", "host=h user=u password=pw"] {
+        let e = err(&format!("backend = \"postgres\"\nurl = \"{url}\""));
+        assert!(e.contains("password") && !e.contains("pw@"), "{e}");
+    }
+    assert!(
+        err("backend = \"postgres\"\nurl_env = \"TASKGATE_TEST_UNSET_DB\"")
+            .contains("TASKGATE_TEST_UNSET_DB")
+    );
+    std::env::set_var("TASKGATE_TEST_DB_URL_Z", "postgres://u:pw@h/db");
+    let c = Config::from_toml_str(&with(
+        "backend = \"postgres\"\nurl_env = \"TASKGATE_TEST_DB_URL_Z\"\npool_size = 4",
+    ))
+    .unwrap();
+    assert_eq!(
+        c.store.database_url().as_deref(),
+        Some("postgres://u:pw@h/db")
+    );
+    assert_eq!(c.store.pool_size, 4);
+    let c = Config::from_toml_str(&with("backend = \"postgres\"\nurl = \"postgres://u@h/db\""))
+        .unwrap();
+    assert_eq!(c.store.database_url().as_deref(), Some("postgres://u@h/db"));
+    assert!(
+        err("backend = \"postgres\"\nurl = \"postgres://u@h/db\"\npool_size = 0")
+            .contains("store.pool_size")
+    );
+}

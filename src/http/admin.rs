@@ -1,5 +1,5 @@
 //! The admin listener: `/healthz` (the process answers), `/readyz` (every upstream accepts TCP
-//! connections), `/metrics` (Prometheus text format 0.0.4), `/admin/tasks?owner=&status=&upstream=&limit=`
+//! connections and the task store answers: `"store": "ok"` or `"unreachable: <why>"`), `/metrics` (Prometheus text format 0.0.4), `/admin/tasks?owner=&status=&upstream=&limit=`
 //! (task records as JSON, newest first) and `/admin/tasks/<upstream>/<taskId>` (one record with
 //! its audit events).
 //!
@@ -230,13 +230,21 @@ impl Admin {
             };
             (u.name.clone(), status)
         });
-        let results = futures_util::future::join_all(checks).await;
-        let ready = results.iter().all(|(_, s)| s == "ok");
+        let store = async {
+            match tokio::time::timeout(Duration::from_secs(2), self.store.ping()).await {
+                Ok(Ok(())) => "ok".to_string(),
+                Ok(Err(e)) => format!("unreachable: {e}"),
+                Err(_) => "unreachable: no answer within 2 s".to_string(),
+            }
+        };
+        let (results, store) =
+            futures_util::future::join(futures_util::future::join_all(checks), store).await;
+        let ready = store == "ok" && results.iter().all(|(_, s)| s == "ok");
         let upstreams: serde_json::Map<String, serde_json::Value> = results
             .into_iter()
             .map(|(n, s)| (n, serde_json::Value::String(s)))
             .collect();
-        let body = serde_json::json!({ "ready": ready, "upstreams": upstreams });
+        let body = serde_json::json!({ "ready": ready, "upstreams": upstreams, "store": store });
         let status = if ready {
             StatusCode::OK
         } else {

@@ -274,5 +274,8 @@ label_enum! {
         TasksList = "tasks_list",
         /// A task-augmented call over `tasks.max_live_tasks_per_owner`.
         OwnerLimit = "owner_limit",
+        /// `tasks/*` whose authorising registry read failed (the database is unreachable,
+        /// PostgreSQL store): `-32603`, never "not found".
+        StoreUnavailable = "store_unavailable",
     }
 }

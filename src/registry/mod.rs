@@ -21,6 +21,7 @@ pub mod owners;
 pub mod releases;
 mod status;
 pub mod sweep;
+mod tier;
 
 pub use offload::ListPage;
 pub use owners::{Owners, Reservation};
@@ -81,10 +82,16 @@ impl Registry {
             .tasks_cancelled_unreleased
             .set(unreleased.len() as i64);
         let owners = Owners::new(config.max_live_tasks_per_owner, live);
+        // A shared store's records change under this process: nothing is cached (see `cache`).
+        let cached = if store.shared() {
+            0
+        } else {
+            config.record_cache_entries
+        };
         let registry = Arc::new_cyclic(|weak| Registry {
             store,
             metrics,
-            records: cache::RecordCache::new(config.record_cache_entries),
+            records: cache::RecordCache::new(cached),
             owners,
             releases: Arc::new(Releases::new(weak.clone(), quiet)),
             config,

@@ -37,31 +37,50 @@ impl Registry {
         }
     }
 
-    /// The record of a task if `owner` may see it now; `None` for unknown, expired or foreign.
-    /// Served from the record cache when it holds the record (no blocking-pool trip); otherwise
-    /// read off the runtime and cached.
+    /// The record of a task if `owner` may see it now; `None` for unknown, expired or foreign,
+    /// and when the store read fails (logged; see [`Registry::lookup_checked`]).
     pub async fn lookup(
         self: &Arc<Self>,
         upstream: &str,
         task_id: &str,
         owner: &Owner,
     ) -> Option<TaskRecord> {
+        self.lookup_checked(upstream, task_id, owner)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// [`Registry::lookup`] that tells a failed store read apart (counted in
+    /// `taskgate_store_write_failures_total` and logged), so the caller answers `-32603` and not
+    /// "not found". Served from the record cache when it holds the record (no blocking-pool
+    /// trip; never on a shared store); otherwise read off the runtime and cached.
+    pub async fn lookup_checked(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        owner: &Owner,
+    ) -> Result<Option<TaskRecord>, crate::store::StoreError> {
         let visible = |r: &TaskRecord| r.owner == *owner && !r.is_expired(now_ms());
         if let Some(r) = self.records.get(upstream, task_id) {
-            return visible(&r).then(|| TaskRecord::clone(&r));
+            return Ok(visible(&r).then(|| TaskRecord::clone(&r)));
         }
         let seen = self.records.epoch();
         let (up, id) = (upstream.to_string(), task_id.to_string());
-        let read = self.off_runtime(move |r| r.store.get(&up, &id)).await?;
+        let read = self
+            .off_runtime(move |r| r.store.get(&up, &id))
+            .await
+            .unwrap_or_else(|| Err(crate::store::StoreError::Db("shutting down".into())));
         match read {
             Ok(Some(r)) => {
                 self.records.fill(seen, &r);
-                visible(&r).then_some(r)
+                Ok(visible(&r).then_some(r))
             }
-            Ok(None) => None,
+            Ok(None) => Ok(None),
             Err(e) => {
+                self.metrics.store_write_failures_total.inc();
                 tracing::error!(error = %e, "task store read failed");
-                None
+                Err(e)
             }
         }
     }

@@ -1,5 +1,7 @@
 //! The TTL sweep: records whose `expires_at` has passed are removed with their index entries and
-//! audit events (run by `gateway` every `tasks.sweep_interval_ms`).
+//! audit events (run by `gateway` every `tasks.sweep_interval_ms`). On a shared store only the
+//! replica holding the store's sweep lease sweeps; a record removed by two sweeps is counted by
+//! the one whose removal returned it.
 
 use super::Registry;
 use crate::mcp::task::now_ms;
@@ -8,6 +10,15 @@ use crate::metrics::ReleaseReason;
 impl Registry {
     /// Removes records whose ttl is over; returns how many were removed (blocking).
     pub(super) fn sweep_now(&self) -> usize {
+        // One sweeper at a time across the processes sharing the store (held to the end).
+        let _lease = match self.store.sweep_lease() {
+            Ok(Some(lease)) => lease,
+            Ok(None) => return 0,
+            Err(e) => {
+                tracing::error!(error = %e, "sweeper could not take the sweep lease");
+                return 0;
+            }
+        };
         let now = now_ms();
         let keys = match self.store.expired(now, 10_000) {
             Ok(k) => k,

@@ -1,16 +1,22 @@
-//! Task storage: the [`TaskStore`] trait and its embedded sled implementation (the status
-//! machine over it is [`crate::registry`]).
+//! Task storage: the [`TaskStore`] trait, its embedded sled implementation (the default) and its
+//! PostgreSQL implementation for a tier of replicas sharing one registry (the status machine over
+//! it is [`crate::registry`]).
 //!
-//! The trait is narrow on purpose (another embedded store, redb for one, or a shared backend could replace
-//! sled). Reads and in-place updates are synchronous and fast, but they block: callers on the
+//! The trait is narrow on purpose (another embedded store, redb for one, could replace sled).
+//! A store [`TaskStore::shared`] by several processes adds the cross-replica cancel claim and
+//! sweep lease ([`shared`]). Reads and in-place updates are synchronous and fast, but they block: callers on the
 //! runtime go through [`crate::registry::Registry`], which runs them on the blocking pool.
 //! [`TaskStore::create`] and [`TaskStore::sync`] return only once what was written is on disk
 //! (flush + `fdatasync`).
 
+pub mod pg;
 pub mod record;
+pub mod shared;
 pub mod sled_store;
 
+pub use pg::PgStore;
 pub use record::{AuditEvent, Origin, Owner, TaskRecord};
+pub use shared::{cancel_lease, CancelClaim, SharedCancelOutcome, CANCEL_LEASE_MARGIN};
 pub use sled_store::SledStore;
 
 use futures_util::future::BoxFuture;
@@ -96,4 +102,57 @@ pub trait TaskStore: Send + Sync + 'static {
 
     /// Asks for a group commit soon without waiting for it.
     fn sync_soon(&self);
+
+    /// True when other processes share this store (PostgreSQL): records may change under this
+    /// process, so nothing mutable is cached, and cancels and sweeps are coordinated through
+    /// the store. False (the default) for an embedded store one process owns.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Checks that the store answers (`/readyz`); an embedded store always does.
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Shared stores: decides whether this process forwards a `tasks/cancel` for the task (see
+    /// [`CancelClaim`]). The default (one process) always forwards: the `cancel` layer's
+    /// in-process single flight is the whole story there.
+    fn claim_cancel(
+        &self,
+        _upstream: &str,
+        _task_id: &str,
+        _modern: bool,
+        _lease: std::time::Duration,
+    ) -> Result<CancelClaim, StoreError> {
+        Ok(CancelClaim::Forward { generation: 0 })
+    }
+
+    /// Shared stores: stores the outcome of the cancel claimed as `generation`, for the processes
+    /// waiting on it, and ends the claim.
+    fn finish_cancel(
+        &self,
+        _upstream: &str,
+        _task_id: &str,
+        _generation: i64,
+        _outcome: &SharedCancelOutcome,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Shared stores: the outcome of cancel claim `generation`; `None` while it is in flight.
+    fn cancel_outcome(
+        &self,
+        _upstream: &str,
+        _task_id: &str,
+        _generation: i64,
+    ) -> Result<Option<SharedCancelOutcome>, StoreError> {
+        Ok(None)
+    }
+
+    /// The right to run the TTL sweep now, held until the returned guard is dropped; `None`
+    /// when another process holds it. The default (one process) always grants it.
+    fn sweep_lease(&self) -> Result<Option<Box<dyn Send>>, StoreError> {
+        Ok(Some(Box::new(())))
+    }
 }

@@ -40,19 +40,19 @@ pub struct SledStore {
     committer: Mutex<Option<JoinHandle<()>>>,
 }
 
-fn push_str(buf: &mut Vec<u8>, s: &str) {
+pub(super) fn push_str(buf: &mut Vec<u8>, s: &str) {
     buf.extend_from_slice(&(s.len() as u32).to_be_bytes());
     buf.extend_from_slice(s.as_bytes());
 }
 
-fn read_str<'a>(buf: &mut &'a [u8]) -> Option<&'a str> {
+pub(super) fn read_str<'a>(buf: &mut &'a [u8]) -> Option<&'a str> {
     let len = u32::from_be_bytes(buf.get(..4)?.try_into().ok()?) as usize;
     let s = std::str::from_utf8(buf.get(4..4 + len)?).ok()?;
     *buf = &buf[4 + len..];
     Some(s)
 }
 
-fn read_u64(buf: &mut &[u8]) -> Option<u64> {
+pub(super) fn read_u64(buf: &mut &[u8]) -> Option<u64> {
     let v = u64::from_be_bytes(buf.get(..8)?.try_into().ok()?);
     *buf = &buf[8..];
     Some(v)
@@ -65,7 +65,7 @@ fn task_key(upstream: &str, task_id: &str) -> Vec<u8> {
     k
 }
 
-fn owner_prefix(upstream: &str, owner: &Owner) -> Vec<u8> {
+pub(super) fn owner_prefix(upstream: &str, owner: &Owner) -> Vec<u8> {
     let owner = owner.to_string();
     let mut k = Vec::with_capacity(8 + upstream.len() + owner.len());
     push_str(&mut k, upstream);

@@ -13,23 +13,29 @@
 // Each test crate uses a different part of the harness.
 #![allow(dead_code)]
 
+pub mod balancer;
 pub mod client;
 pub mod fake_upstream;
 pub mod harness;
 pub mod metrics;
 pub mod modern_server;
+pub mod pg;
 pub mod task_server;
+pub mod tier;
 
 // A crate that uses nothing of one part would warn about its re-export.
 #[allow(unused_imports)]
 pub use {
+    balancer::*,
     client::*,
     fake_upstream::*,
     harness::*,
     metrics::*,
     modern_server::*,
+    pg::*,
     task_server::*,
     taskgate::mcp::task::{format_rfc3339_ms, now_ms},
+    tier::*,
 };
 
 use std::collections::{HashMap, VecDeque};

@@ -22,6 +22,7 @@
 #   INTEROP_TRACE=1             task clients record every HTTP exchange in their JSON summaries
 #   TASKGATE_INTEROP_MODERN=0|1|report  step g, the 2026-07-28 peers (modern.sh; default 1: strict)
 #   TASKGATE_INTEROP_RMCP=0|1   step g also builds and runs rmcp-server/ (rmcp 3.11.0) as a second upstream (default 1)
+#   TASKGATE_INTEROP_TIER=0|1   step h, a tier of three replicas on PostgreSQL behind nginx (tier.sh; default 1)
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -441,6 +442,28 @@ if [[ -n $MODERN_LEVEL ]]; then
     fi
 else
     log "g. modern (2026-07-28) steps skipped: TASKGATE_INTEROP_MODERN=1 runs them (strict), =report only reports"
+fi
+
+# ---- h. a tier: three taskgate replicas on one PostgreSQL behind nginx (issue 13, tier.sh) --------
+# conformance tasks-* through nginx round-robin = direct (FastMCP 4.1.4), and the TS SDK task
+# client's 2025-11-25 lifecycle through nginx hashing on Mcp-Session-Id; strict. PostgreSQL from
+# TASKGATE_TEST_DATABASE_URL (tests/run-all.sh starts one), else tier.sh starts its own.
+#   TASKGATE_INTEROP_TIER=0   skipped (default: 1)
+if [[ "$BIN" != none && ${TASKGATE_INTEROP_TIER:-1} == 1 ]]; then
+    log "h. tier: 3 replicas, PostgreSQL, nginx"
+    run_fg timeout 900 env INTEROP_WORK="$WORK/tier" bash "$HERE/tier.sh" "$BIN" >"$WORK/tier.log" 2>&1
+    tier_rc=$?
+    grep -v '^  note' "$WORK/tier.log" | sed 's/^/  | /'
+    if [[ -s "$WORK/tier/results.txt" ]]; then
+        while read -r status name; do
+            result "$name" "$([[ $status == PASS ]] && echo 0 || echo 1)"
+        done <"$WORK/tier/results.txt"
+        [[ $tier_rc != 0 ]] && ! grep -q '^FAIL' "$WORK/tier/results.txt" && result "tier.sh exit status $tier_rc" 1
+    else
+        result "tier.sh (no results, exit $tier_rc; see $WORK/tier.log)" 1
+    fi
+else
+    log "h. tier steps skipped"
 fi
 
 # ---- gateway health after all of it ---------------------------------------------------------

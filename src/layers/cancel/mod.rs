@@ -55,6 +55,7 @@
 
 mod modern;
 mod notes;
+mod tier;
 
 use modern::terminal_answer;
 pub use modern::MODERN_ACK;
@@ -78,6 +79,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 /// The upstream's answer to one forwarded `tasks/cancel`, shared by every waiting caller.
 #[derive(Clone)]
@@ -90,6 +92,12 @@ enum CancelOutcome {
     Http(Arc<Mutex<Option<McpReply>>>, u16),
     /// The upstream could not be reached.
     Failed(Arc<GatewayError>),
+    /// Shared store: the task was terminal (with this status) when the cancel was claimed.
+    Terminal(TaskStatus),
+    /// Shared store, 2026-07-28: a cancel of the task was already acknowledged upstream.
+    Acknowledged,
+    /// Shared store: another replica forwarded the cancel; this is its outcome.
+    Elsewhere(Box<CancelOutcome>),
 }
 
 type SharedCancel = Shared<BoxFuture<'static, CancelOutcome>>;
@@ -105,17 +113,22 @@ pub struct CancelState {
     /// later cancels of them are acknowledged here (one upstream cancel per task).
     acked: Mutex<std::collections::HashSet<String>>,
     notes: Mutex<CancelNotes>,
+    /// The lease of this upstream's cross-replica cancel claims (`timeout_ms` plus a margin).
+    lease: Duration,
 }
 
 impl CancelState {
-    /// Creates the state of one upstream's cancel layer.
-    pub fn new(registry: Arc<Registry>) -> Arc<CancelState> {
+    /// Creates the state of one upstream's cancel layer; `upstream_timeout` is the upstream's
+    /// `timeout_ms`, which bounds a forwarded `tasks/cancel` and sets the claim's lease on a
+    /// shared store ([`crate::store::cancel_lease`]).
+    pub fn new(registry: Arc<Registry>, upstream_timeout: Duration) -> Arc<CancelState> {
         Arc::new(CancelState {
             registry,
             flights: Mutex::new(HashMap::new()),
             settled: Mutex::new(HashMap::new()),
             acked: Mutex::new(Default::default()),
             notes: Mutex::new(CancelNotes::default()),
+            lease: crate::store::cancel_lease(upstream_timeout),
         })
     }
 }
@@ -272,7 +285,7 @@ where
             // 2026-07-28: one upstream cancel per task; the ack is all any caller gets.
             Err(None)
         } else {
-            let flight = forward_cancel(state.clone(), inner, req, task_id.clone())
+            let flight = tier::forward_cancel(state.clone(), inner, req, task_id.clone())
                 .boxed()
                 .shared();
             flights.insert(task_id.clone(), flight.clone());
@@ -293,7 +306,25 @@ where
             );
         }
     };
-    let outcome = flight.await;
+    let (outcome, here) = match flight.await {
+        CancelOutcome::Elsewhere(o) => (*o, false),
+        o => (o, true),
+    };
+    match outcome {
+        CancelOutcome::Terminal(status) => {
+            count(metrics::CancelOutcome::RejectedTerminal);
+            return Ok(terminal_answer(&state, era, &upstream, &record, &id, status).await);
+        }
+        CancelOutcome::Acknowledged => {
+            count(metrics::CancelOutcome::Deduplicated);
+            return Ok(
+                McpReply::local_json(jsonrpc::result_response(&id, MODERN_ACK))
+                    .answered_locally(LocalReason::CancelAcknowledged),
+            );
+        }
+        _ => {}
+    }
+    let first = first && here;
     let upstream_failed = !matches!(outcome, CancelOutcome::Result(_));
     count(match (first, upstream_failed) {
         (true, false) => metrics::CancelOutcome::Forwarded,
@@ -333,6 +364,13 @@ fn reply_of(
             ),
         },
         CancelOutcome::Failed(e) => return Err((*e).clone()),
+        CancelOutcome::Terminal(_) | CancelOutcome::Acknowledged | CancelOutcome::Elsewhere(_) => {
+            McpReply::local_error(
+                Some(id),
+                jsonrpc::INTERNAL_ERROR,
+                "tasks/cancel: no outcome",
+            )
+        }
     })
 }
 
@@ -346,8 +384,8 @@ struct Answer<'a> {
 }
 
 /// Sends the one `tasks/cancel` upstream and reads its answer (JSON or SSE; `observe` below has
-/// applied it), then leaves the in-flight table.
-async fn forward_cancel<S>(
+/// applied it). Called by `tier::forward_cancel`, which holds the flight's place in the table.
+async fn forward_upstream<S>(
     state: Arc<CancelState>,
     mut inner: S,
     req: McpRequest,
@@ -359,12 +397,6 @@ where
 {
     let upstream = req.ctx.upstream.clone();
     let era = Era::of(&req);
-    // Leaves the in-flight table however this future ends: answered, failed, panicked, or
-    // dropped because every caller went away (the next tasks/cancel is then sent again).
-    let _flight = FlightGuard {
-        state: state.clone(),
-        task_id: task_id.clone(),
-    };
     state.registry.request_cancel(&upstream, &task_id).await;
     let Some(id) = req.id().cloned() else {
         return CancelOutcome::Error(internal("tasks/cancel without an id".to_string()));
@@ -463,137 +495,4 @@ impl Drop for FlightGuard {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::layers::observe::ObserveLayer;
-    use crate::layers::tasks::TasksLayer;
-    use crate::layers::testing::{json_of, record, registry, request};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use tower::{Layer, ServiceExt};
-
-    /// An upstream that answers every `tasks/cancel` (after `delay_ms`) with the task cancelled.
-    fn upstream(
-        calls: Arc<AtomicUsize>,
-        delay_ms: u64,
-    ) -> impl tower::Service<
-        McpRequest,
-        Response = McpReply,
-        Error = GatewayError,
-        Future = impl Future<Output = Result<McpReply, GatewayError>> + Send,
-    > + Clone
-           + Send
-           + 'static {
-        tower::service_fn(move |req: McpRequest| {
-            calls.fetch_add(1, Ordering::SeqCst);
-            async move {
-                tokio::time::sleep(std::time::Duration::from_millis(delay_ms)).await;
-                let id = req
-                    .id()
-                    .map(|i| i.as_json().to_string())
-                    .unwrap_or_default();
-                let body = format!(
-                    r#"{{"jsonrpc":"2.0","id":{id},"result":{{"taskId":"t1","status":"cancelled","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:01Z","ttl":60000}}}}"#
-                );
-                Ok(McpReply::local_json(Bytes::from(body)))
-            }
-        })
-    }
-
-    fn cancel(id: u32) -> McpRequest {
-        request(&format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"method":"tasks/cancel","params":{{"taskId":"t1"}}}}"#
-        ))
-    }
-
-    async fn registry_with_t1() -> (Arc<Registry>, Arc<crate::layers::testing::CountingStore>) {
-        let (registry, store) = registry();
-        let slot = registry
-            .reserve(&"up".into(), &crate::layers::testing::owner())
-            .unwrap();
-        registry.record_creation(record("t1"), &slot).await.unwrap();
-        (registry, store)
-    }
-
-    /// The store accesses of one forwarded `tasks/cancel` through `tasks`, `cancel` and
-    /// `observe`: the authorising read is served by the record cache (filled by the creation),
-    /// one update for `cancel_requested_at`, one to apply the reply (and the two audit events:
-    /// cancel requested, status cancelled), and one waited sync: the `cancelled` the client is
-    /// told is on disk before the answer leaves (issue 16 #2). Before `observe` existed it was
-    /// 3 reads, 3 updates (the reply applied twice) and 2 audit appends; after the redesign,
-    /// 1 read (off the runtime), 2 updates, 2 audits, and the status was only synced "soon".
-    #[tokio::test]
-    async fn one_forwarded_cancel_touches_the_store_this_often() {
-        let (registry, store) = registry_with_t1().await;
-        let calls = Arc::new(AtomicUsize::new(0));
-        let stack = TasksLayer::new(registry.clone(), false).layer(
-            CancelLayer::new(CancelState::new(registry.clone()))
-                .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 5))),
-        );
-        store.counts.reset();
-        let reply = stack.oneshot(cancel(7)).await.unwrap();
-        assert_eq!(json_of(&reply)["result"]["status"], "cancelled");
-        let [gets, updates, creates, audits, scans] = store.counts.snapshot();
-        let syncs = store.counts.syncs.load(Ordering::SeqCst);
-        eprintln!("tasks/cancel trace: gets={gets} updates={updates} creates={creates} audits={audits} scans={scans} syncs={syncs}");
-        assert_eq!([gets, updates, creates, audits, scans], [0, 2, 0, 2, 0]);
-        assert_eq!(
-            syncs, 1,
-            "the cancelled status is made durable before the answer"
-        );
-        let r = registry.store().get("up", "t1").unwrap().unwrap();
-        assert_eq!(r.status, TaskStatus::Cancelled);
-        assert!(r.cancel_requested_at.is_some() && r.cancelled_at.is_some());
-    }
-
-    /// Two concurrent cancels of one task: one goes upstream, both get its answer under their
-    /// own ids, and a third one afterwards is answered here (terminal) without a store read.
-    #[tokio::test]
-    async fn two_concurrent_cancels_forward_one() {
-        let (registry, store) = registry_with_t1().await;
-        let calls = Arc::new(AtomicUsize::new(0));
-        let stack = TasksLayer::new(registry.clone(), false).layer(
-            CancelLayer::new(CancelState::new(registry.clone()))
-                .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 50))),
-        );
-        let (a, b) = tokio::join!(
-            stack.clone().oneshot(cancel(1)),
-            stack.clone().oneshot(cancel(2))
-        );
-        let (a, b) = (json_of(&a.unwrap()), json_of(&b.unwrap()));
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert_eq!((a["id"].clone(), b["id"].clone()), (1.into(), 2.into()));
-        assert_eq!(a["result"]["status"], "cancelled");
-        assert_eq!(b["result"], a["result"]);
-        store.counts.reset();
-        let c = json_of(&stack.clone().oneshot(cancel(4)).await.unwrap());
-        assert_eq!(c["error"]["code"], jsonrpc::INVALID_PARAMS);
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-        assert_eq!(
-            store.counts.snapshot()[..2],
-            [1, 0],
-            "only the authorising read"
-        );
-    }
-
-    /// A cancel whose authorised record is stale (read while the flight was still running) is
-    /// answered from what the finished flight left behind, not forwarded a second time.
-    #[tokio::test]
-    async fn a_stale_record_after_a_finished_flight_is_not_forwarded_again() {
-        let (registry, _store) = registry_with_t1().await;
-        let calls = Arc::new(AtomicUsize::new(0));
-        let stack = CancelLayer::new(CancelState::new(registry.clone()))
-            .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 0)));
-        let authorised = |id| {
-            let mut r = cancel(id);
-            r.extensions.insert(AuthorisedTask {
-                record: record("t1"),
-            });
-            r
-        };
-        let a = json_of(&stack.clone().oneshot(authorised(1)).await.unwrap());
-        assert_eq!(a["result"]["status"], "cancelled");
-        let b = json_of(&stack.clone().oneshot(authorised(2)).await.unwrap());
-        assert_eq!(b["error"]["code"], jsonrpc::INVALID_PARAMS, "{b}");
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-    }
-}
+mod tests;

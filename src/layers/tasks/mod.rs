@@ -290,7 +290,18 @@ async fn authorise(
         }
     };
     let owner = req.ctx.caller().owner();
-    let Some(record) = registry.lookup(&req.ctx.upstream, &task_id, &owner).await else {
+    let looked = registry
+        .lookup_checked(&req.ctx.upstream, &task_id, &owner)
+        .await;
+    let Ok(looked) = looked else {
+        return Err(McpReply::local_error(
+            Some(&id),
+            jsonrpc::INTERNAL_ERROR,
+            "task store unavailable; try again",
+        )
+        .answered_locally(LocalReason::StoreUnavailable));
+    };
+    let Some(record) = looked else {
         registry
             .metrics()
             .task_lookup_rejected(&req.ctx.upstream, method);

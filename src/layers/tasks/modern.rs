@@ -154,7 +154,14 @@ pub(super) async fn authorise(
     }
     let owner = era::modern_owner(&req.ctx.caller());
     let upstream = req.ctx.upstream.clone();
-    let Some(record) = registry.lookup(&upstream, &task_id, &owner).await else {
+    let Ok(looked) = registry.lookup_checked(&upstream, &task_id, &owner).await else {
+        return Err(refuse(
+            jsonrpc::INTERNAL_ERROR,
+            "task store unavailable; try again",
+            LocalReason::StoreUnavailable,
+        ));
+    };
+    let Some(record) = looked else {
         if let Some(m) = TaskMethod::parse(&method) {
             registry.metrics().task_lookup_rejected(&upstream, m);
         }

@@ -1,0 +1,134 @@
+//! Tests of the `cancel` layer.
+
+use super::*;
+use crate::layers::observe::ObserveLayer;
+use crate::layers::tasks::TasksLayer;
+use crate::layers::testing::{json_of, record, registry, request};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use tower::{Layer, ServiceExt};
+
+/// An upstream that answers every `tasks/cancel` (after `delay_ms`) with the task cancelled.
+fn upstream(
+    calls: Arc<AtomicUsize>,
+    delay_ms: u64,
+) -> impl tower::Service<
+    McpRequest,
+    Response = McpReply,
+    Error = GatewayError,
+    Future = impl Future<Output = Result<McpReply, GatewayError>> + Send,
+> + Clone
+       + Send
+       + 'static {
+    tower::service_fn(move |req: McpRequest| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+            let id = req
+                .id()
+                .map(|i| i.as_json().to_string())
+                .unwrap_or_default();
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"taskId":"t1","status":"cancelled","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:01Z","ttl":60000}}}}"#
+            );
+            Ok(McpReply::local_json(Bytes::from(body)))
+        }
+    })
+}
+
+fn cancel(id: u32) -> McpRequest {
+    request(&format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tasks/cancel","params":{{"taskId":"t1"}}}}"#
+    ))
+}
+
+async fn registry_with_t1() -> (Arc<Registry>, Arc<crate::layers::testing::CountingStore>) {
+    let (registry, store) = registry();
+    let slot = registry
+        .reserve(&"up".into(), &crate::layers::testing::owner())
+        .unwrap();
+    registry.record_creation(record("t1"), &slot).await.unwrap();
+    (registry, store)
+}
+
+/// The store accesses of one forwarded `tasks/cancel` through `tasks`, `cancel` and
+/// `observe`: the authorising read is served by the record cache (filled by the creation),
+/// one update for `cancel_requested_at`, one to apply the reply (and the two audit events:
+/// cancel requested, status cancelled), and one waited sync: the `cancelled` the client is
+/// told is on disk before the answer leaves (issue 16 #2). Before `observe` existed it was
+/// 3 reads, 3 updates (the reply applied twice) and 2 audit appends; after the redesign,
+/// 1 read (off the runtime), 2 updates, 2 audits, and the status was only synced "soon".
+#[tokio::test]
+async fn one_forwarded_cancel_touches_the_store_this_often() {
+    let (registry, store) = registry_with_t1().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let stack = TasksLayer::new(registry.clone(), false).layer(
+        CancelLayer::new(CancelState::new(registry.clone(), Duration::from_secs(30)))
+            .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 5))),
+    );
+    store.counts.reset();
+    let reply = stack.oneshot(cancel(7)).await.unwrap();
+    assert_eq!(json_of(&reply)["result"]["status"], "cancelled");
+    let [gets, updates, creates, audits, scans] = store.counts.snapshot();
+    let syncs = store.counts.syncs.load(Ordering::SeqCst);
+    eprintln!("tasks/cancel trace: gets={gets} updates={updates} creates={creates} audits={audits} scans={scans} syncs={syncs}");
+    assert_eq!([gets, updates, creates, audits, scans], [0, 2, 0, 2, 0]);
+    assert_eq!(
+        syncs, 1,
+        "the cancelled status is made durable before the answer"
+    );
+    let r = registry.store().get("up", "t1").unwrap().unwrap();
+    assert_eq!(r.status, TaskStatus::Cancelled);
+    assert!(r.cancel_requested_at.is_some() && r.cancelled_at.is_some());
+}
+
+/// Two concurrent cancels of one task: one goes upstream, both get its answer under their
+/// own ids, and a third one afterwards is answered here (terminal) without a store read.
+#[tokio::test]
+async fn two_concurrent_cancels_forward_one() {
+    let (registry, store) = registry_with_t1().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let stack = TasksLayer::new(registry.clone(), false).layer(
+        CancelLayer::new(CancelState::new(registry.clone(), Duration::from_secs(30)))
+            .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 50))),
+    );
+    let (a, b) = tokio::join!(
+        stack.clone().oneshot(cancel(1)),
+        stack.clone().oneshot(cancel(2))
+    );
+    let (a, b) = (json_of(&a.unwrap()), json_of(&b.unwrap()));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!((a["id"].clone(), b["id"].clone()), (1.into(), 2.into()));
+    assert_eq!(a["result"]["status"], "cancelled");
+    assert_eq!(b["result"], a["result"]);
+    store.counts.reset();
+    let c = json_of(&stack.clone().oneshot(cancel(4)).await.unwrap());
+    assert_eq!(c["error"]["code"], jsonrpc::INVALID_PARAMS);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        store.counts.snapshot()[..2],
+        [1, 0],
+        "only the authorising read"
+    );
+}
+
+/// A cancel whose authorised record is stale (read while the flight was still running) is
+/// answered from what the finished flight left behind, not forwarded a second time.
+#[tokio::test]
+async fn a_stale_record_after_a_finished_flight_is_not_forwarded_again() {
+    let (registry, _store) = registry_with_t1().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let stack = CancelLayer::new(CancelState::new(registry.clone(), Duration::from_secs(30)))
+        .layer(ObserveLayer::new(registry.clone()).layer(upstream(calls.clone(), 0)));
+    let authorised = |id| {
+        let mut r = cancel(id);
+        r.extensions.insert(AuthorisedTask {
+            record: record("t1"),
+        });
+        r
+    };
+    let a = json_of(&stack.clone().oneshot(authorised(1)).await.unwrap());
+    assert_eq!(a["result"]["status"], "cancelled");
+    let b = json_of(&stack.clone().oneshot(authorised(2)).await.unwrap());
+    assert_eq!(b["error"]["code"], jsonrpc::INVALID_PARAMS, "{b}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

@@ -1,0 +1,103 @@
+//! The schema, as versioned migrations embedded in the binary and applied at start.
+//!
+//! `taskgate_schema` records each applied version. [`apply`] runs in one transaction under a
+//! transaction-scoped advisory lock, so replicas starting together apply each migration once;
+//! a database whose schema is newer than this binary knows is refused (downgrade protection).
+//! Migrations are append-only: a released one is never edited, a change is a new version.
+
+use super::{pg_err, pool_err};
+use crate::store::StoreError;
+use deadpool_postgres::Pool;
+
+/// Advisory lock key for migrations (`'taskgate'` as bytes, plus 1).
+const MIGRATION_LOCK: i64 = 0x7461_736b_6761_7401;
+
+/// `(version, SQL)`, in order.
+pub(super) const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    r#"
+CREATE TABLE taskgate_tasks (
+    upstream           text    NOT NULL,
+    task_id            text    NOT NULL,
+    owner              text    NOT NULL,
+    recorded_at        bigint  NOT NULL,
+    expires_at         bigint  NOT NULL,
+    status             text    NOT NULL,
+    version            bigint  NOT NULL DEFAULT 0,
+    record             text    NOT NULL,
+    cancel_generation  bigint  NOT NULL DEFAULT 0,
+    cancel_claimed_by  text,
+    cancel_lease_until bigint,
+    cancel_outcome     text,
+    cancel_acked       boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (upstream, task_id)
+);
+CREATE INDEX taskgate_tasks_by_owner
+    ON taskgate_tasks (upstream, owner, recorded_at DESC, task_id DESC);
+CREATE INDEX taskgate_tasks_by_expiry ON taskgate_tasks (expires_at);
+
+CREATE TABLE taskgate_audit (
+    seq      bigserial PRIMARY KEY,
+    upstream text NOT NULL,
+    task_id  text NOT NULL,
+    event    text NOT NULL,
+    body     text NOT NULL
+);
+CREATE INDEX taskgate_audit_by_task ON taskgate_audit (upstream, task_id, seq);
+-- The facts that happen once per task are appended once, whichever replica tries.
+CREATE UNIQUE INDEX taskgate_audit_once ON taskgate_audit (upstream, task_id, event)
+    WHERE event IN ('created', 'status_cancelled', 'resources_released');
+
+-- A terminal status is final (2025-11-25 basic/utilities/tasks), whoever writes.
+CREATE FUNCTION taskgate_terminal_is_final() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.status IN ('completed', 'failed', 'cancelled') AND NEW.status <> OLD.status THEN
+        RAISE EXCEPTION 'task % is %, a terminal status is final', OLD.task_id, OLD.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER taskgate_terminal_is_final BEFORE UPDATE OF status ON taskgate_tasks
+    FOR EACH ROW EXECUTE FUNCTION taskgate_terminal_is_final();
+"#,
+)];
+
+/// Applies every migration the database has not seen, in order, in one transaction.
+///
+/// Errors: the database's (unreachable, no permission to create tables), or a schema version
+/// newer than [`MIGRATIONS`] knows.
+pub(super) async fn apply(pool: &Pool) -> Result<(), StoreError> {
+    let mut c = pool.get().await.map_err(pool_err)?;
+    let tx = c.transaction().await.map_err(pg_err)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(pg_err)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS taskgate_schema (\
+         version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .await
+    .map_err(pg_err)?;
+    let current: i32 = tx
+        .query_one("SELECT coalesce(max(version), 0) FROM taskgate_schema", &[])
+        .await
+        .map_err(pg_err)?
+        .get(0);
+    let known = MIGRATIONS.last().map_or(0, |m| m.0);
+    if current > known {
+        return Err(StoreError::Db(format!(
+            "the database schema is version {current}, newer than this taskgate knows ({known})"
+        )));
+    }
+    for (version, sql) in MIGRATIONS.iter().filter(|m| m.0 > current) {
+        tx.batch_execute(sql).await.map_err(pg_err)?;
+        tx.execute(
+            "INSERT INTO taskgate_schema (version) VALUES ($1)",
+            &[version],
+        )
+        .await
+        .map_err(pg_err)?;
+        tracing::info!(version, "task store schema migrated");
+    }
+    tx.commit().await.map_err(pg_err)
+}

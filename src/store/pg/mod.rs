@@ -1,0 +1,589 @@
+//! The PostgreSQL implementation of [`TaskStore`], for a tier of taskgate replicas sharing one
+//! registry (`[store] backend = "postgres"`).
+//!
+//! **Driver**: `tokio-postgres` (the maintained async driver of the `rust-postgres` project; no C
+//! library, binary protocol, prepared statements) with the `deadpool-postgres` pool (small, async,
+//! bounded: `store.pool_size` connections, a 5 s wait for a free one). `sqlx` was the other
+//! candidate; it brings a macro/runtime layer, its own migration tool and many more crates for
+//! nothing this store needs. TLS to the database is not built in (`NoTls`): run the database on a
+//! trusted network or through a local TLS proxy.
+//!
+//! **Off the runtime**: the pool's connections are driven by a runtime of the store's own (one
+//! worker thread, `taskgate-pg`). The trait's synchronous methods hand their query to that runtime
+//! and wait on a channel, so they run where the registry already runs store work (tokio's blocking
+//! pool, see `registry::offload`) and never on one of the gateway's runtime workers; the async
+//! methods ([`TaskStore::create`], [`TaskStore::ping`]) await the query's join handle.
+//!
+//! **Schema** (see `migrations`): `taskgate_tasks` (one row per `(upstream, taskId)`: the record
+//! as JSON text plus the columns queries need: owner, recorded_at, expires_at, status, a version
+//! for compare-and-swap, and the cross-replica cancel claim), `taskgate_audit` (append-only).
+//!
+//! **Guarantees across replicas, enforced by the database**:
+//! - `create` is one autocommitted `INSERT … ON CONFLICT DO NOTHING` (with the server's
+//!   `synchronous_commit`, on by default): committed before the `CreateTaskResult` is passed on;
+//! - `update` is a compare-and-swap on `version` (`UPDATE … WHERE version = $seen`), retried on a
+//!   lost race with the record re-read, so the status machine always decides on the latest
+//!   record; and a trigger refuses any change of a terminal `status` (terminal is final even
+//!   against a buggy writer);
+//! - the audit facts that happen once per task (`created`, `status_cancelled`,
+//!   `resources_released`) have a unique index: appended once even if two replicas try;
+//! - single-flight cancel and the sweep lease: see `tier`.
+//!
+//! Durability: every write is its own committed transaction, so [`TaskStore::sync`] has nothing
+//! left to wait for.
+
+mod migrations;
+mod tier;
+
+use super::sled_store::{owner_prefix, push_str, read_str, read_u64};
+use super::{
+    AuditEvent, CancelClaim, ListCursor, Owner, SharedCancelOutcome, StoreError, TaskRecord,
+    TaskStore,
+};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use std::future::Future;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::runtime::{Handle, Runtime};
+
+/// How long a query may wait for a free pooled connection, and a new connection may take.
+const POOL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The PostgreSQL-backed registry (see the module doc).
+pub struct PgStore {
+    pool: Pool,
+    /// Drives the pool's connections; shut down in the background on drop.
+    runtime: Option<Runtime>,
+    handle: Handle,
+    /// This process's name in cancel claims (`<hostname>:<pid>:<random>`).
+    replica: String,
+}
+
+impl Drop for PgStore {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            // Never blocks (a store may be dropped on a runtime worker).
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Maps a driver error to [`StoreError::Db`] with the server's message when there is one.
+pub(super) fn pg_err(e: tokio_postgres::Error) -> StoreError {
+    match e.as_db_error() {
+        Some(db) => StoreError::Db(format!("postgres: {} ({})", db.message(), db.code().code())),
+        None => {
+            let cause = std::error::Error::source(&e)
+                .map(|s| format!(": {s}"))
+                .unwrap_or_default();
+            StoreError::Db(format!("postgres: {e}{cause}"))
+        }
+    }
+}
+
+fn pool_err(e: deadpool_postgres::PoolError) -> StoreError {
+    match e {
+        deadpool_postgres::PoolError::Backend(e) => pg_err(e),
+        other => StoreError::Db(format!("postgres pool: {other}")),
+    }
+}
+
+fn decode(text: &str) -> Result<TaskRecord, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))
+}
+
+fn encode(r: &TaskRecord) -> String {
+    serde_json::to_string(r).expect("a record always serialises")
+}
+
+/// Milliseconds as the `bigint` columns hold them (saturating: a `u64` past `i64::MAX` is "never").
+fn ms(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The `tasks/list` cursor: the last row's `(upstream, owner, recorded_at, taskId)`, encoded like
+/// the sled store's owner index key.
+fn cursor_of(r: &TaskRecord) -> ListCursor {
+    let mut k = owner_prefix(&r.upstream, &r.owner);
+    k.extend_from_slice(&r.recorded_at.to_be_bytes());
+    push_str(&mut k, &r.task_id);
+    ListCursor(k)
+}
+
+fn cursor_parts(upstream: &str, owner: &Owner, c: &ListCursor) -> Option<(u64, String)> {
+    let prefix = owner_prefix(upstream, owner);
+    let mut rest = c.0.strip_prefix(prefix.as_slice())?;
+    let at = read_u64(&mut rest)?;
+    let id = read_str(&mut rest)?.to_string();
+    rest.is_empty().then_some((at, id))
+}
+
+impl PgStore {
+    /// Connects to the database at `url` (a libpq URL or key/value string) with a pool of
+    /// `pool_size` connections, and applies the embedded migrations (one replica at a time, under
+    /// an advisory lock).
+    ///
+    /// Errors: [`StoreError::Open`] (with `path` the URL without its password) when the URL does
+    /// not parse, the database cannot be reached within 5 s, or its schema is newer than this
+    /// taskgate knows.
+    pub async fn open(url: &str, pool_size: usize) -> Result<Arc<PgStore>, StoreError> {
+        let shown = redact(url);
+        let open_err = |detail: String| StoreError::Open {
+            path: shown.clone(),
+            detail,
+        };
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| open_err(format!("not a PostgreSQL URL: {e}")))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(POOL_TIMEOUT);
+        }
+        config.application_name("taskgate");
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("taskgate-pg")
+            .enable_all()
+            .build()
+            .map_err(|e| open_err(e.to_string()))?;
+        let handle = runtime.handle().clone();
+        let manager = Manager::from_config(
+            config,
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(POOL_TIMEOUT))
+            .create_timeout(Some(POOL_TIMEOUT))
+            .recycle_timeout(Some(POOL_TIMEOUT))
+            .build()
+            .map_err(|e| open_err(e.to_string()))?;
+        let store = Arc::new(PgStore {
+            pool,
+            runtime: Some(runtime),
+            handle,
+            replica: replica_name(),
+        });
+        store
+            .spawn(|pool| async move { migrations::apply(&pool).await })
+            .await
+            .map_err(|e| open_err(e.to_string()))?;
+        Ok(store)
+    }
+
+    /// Checks, without changing anything, that the database at `url` answers: for
+    /// `taskgate check-config`. Returns a line naming the server version and the schema
+    /// version found (0 before taskgate's first start on it).
+    ///
+    /// Errors: [`StoreError::Open`] with the reason (URL, connection, authentication).
+    pub async fn probe(url: &str) -> Result<String, StoreError> {
+        let shown = redact(url);
+        let open_err = |detail: String| StoreError::Open {
+            path: shown.clone(),
+            detail,
+        };
+        let mut config = tokio_postgres::Config::from_str(url)
+            .map_err(|e| open_err(format!("not a PostgreSQL URL: {e}")))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(POOL_TIMEOUT);
+        }
+        let (client, conn) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| open_err(pg_err(e).to_string()))?;
+        let driver = tokio::spawn(conn);
+        let version: String = client
+            .query_one("SHOW server_version", &[])
+            .await
+            .map_err(|e| open_err(pg_err(e).to_string()))?
+            .get(0);
+        let fail = |e| open_err(pg_err(e).to_string());
+        let exists: bool = client
+            .query_one("SELECT to_regclass('taskgate_schema') IS NOT NULL", &[])
+            .await
+            .map_err(fail)?
+            .get(0);
+        let schema: i32 = if exists {
+            client
+                .query_one("SELECT coalesce(max(version), 0) FROM taskgate_schema", &[])
+                .await
+                .map_err(fail)?
+                .get(0)
+        } else {
+            0
+        };
+        drop(client);
+        driver.abort();
+        Ok(format!(
+            "PostgreSQL {version} at {shown} reachable; taskgate schema version {schema} (this taskgate: {})",
+            migrations::MIGRATIONS.last().map_or(0, |m| m.0)
+        ))
+    }
+
+    /// Runs `work` with the pool on the store's runtime; the future waits for it.
+    fn spawn<T, F, Fut>(&self, work: F) -> impl Future<Output = Result<T, StoreError>> + 'static
+    where
+        F: FnOnce(Pool) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let job = self.handle.spawn(work(self.pool.clone()));
+        async move {
+            job.await
+                .unwrap_or_else(|e| Err(StoreError::Db(format!("database task ended: {e}"))))
+        }
+    }
+
+    /// Runs `work` on the store's runtime and blocks this thread until it is done: for the
+    /// trait's synchronous methods, which run on the blocking pool.
+    fn run<T, F, Fut>(&self, work: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Pool) -> Fut,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let fut = work(self.pool.clone());
+        self.handle.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv()
+            .unwrap_or_else(|_| Err(StoreError::Db("database task ended".into())))
+    }
+
+    /// The record and its version.
+    fn get_versioned(
+        &self,
+        upstream: &str,
+        task_id: &str,
+    ) -> Result<Option<(TaskRecord, i64)>, StoreError> {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        let row = self.run(|pool| async move {
+            let c = pool.get().await.map_err(pool_err)?;
+            c.query_opt(
+                "SELECT record, version FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2",
+                &[&up, &id],
+            )
+            .await
+            .map_err(pg_err)
+        })?;
+        match row {
+            None => Ok(None),
+            Some(row) => Ok(Some((decode(row.get(0))?, row.get(1)))),
+        }
+    }
+}
+
+/// `url` without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url
+            .split_whitespace()
+            .map(|kv| {
+                if kv.starts_with("password=") {
+                    "password=***"
+                } else {
+                    kv
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
+}
+
+fn replica_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{host}:{}:{nanos:x}", std::process::id())
+}
+
+impl TaskStore for PgStore {
+    fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
+        let text = encode(&record);
+        self.spawn(move |pool| async move {
+            let c = pool.get().await.map_err(pool_err)?;
+            let n = c
+                .execute(
+                    "INSERT INTO taskgate_tasks \
+                     (upstream, task_id, owner, recorded_at, expires_at, status, record) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+                    &[
+                        &record.upstream,
+                        &record.task_id,
+                        &record.owner.to_string(),
+                        &ms(record.recorded_at),
+                        &ms(record.expires_at),
+                        &record.status.as_str(),
+                        &text,
+                    ],
+                )
+                .await
+                .map_err(pg_err)?;
+            if n == 0 {
+                return Err(StoreError::Conflict(record.task_id));
+            }
+            Ok(())
+        })
+        .boxed()
+    }
+
+    fn get(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        Ok(self.get_versioned(upstream, task_id)?.map(|(r, _)| r))
+    }
+
+    fn update(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        change: &mut dyn FnMut(&mut TaskRecord) -> bool,
+    ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
+        // Compare-and-swap: a lost race re-reads and re-decides (bounded; a record changed 64
+        // times while one update runs is a bug elsewhere).
+        for _ in 0..64 {
+            let Some((before, version)) = self.get_versioned(upstream, task_id)? else {
+                return Ok(None);
+            };
+            let mut after = before.clone();
+            if !change(&mut after) {
+                return Ok(Some((before, after)));
+            }
+            let (up, id, text) = (upstream.to_string(), task_id.to_string(), encode(&after));
+            let (status, expires) = (after.status.as_str(), ms(after.expires_at));
+            let n = self.run(move |pool| async move {
+                let c = pool.get().await.map_err(pool_err)?;
+                c.execute(
+                    "UPDATE taskgate_tasks SET record = $3, status = $4, expires_at = $5, \
+                     version = version + 1 WHERE upstream = $1 AND task_id = $2 AND version = $6",
+                    &[&up, &id, &text, &status, &expires, &version],
+                )
+                .await
+                .map_err(pg_err)
+            })?;
+            if n == 1 {
+                return Ok(Some((before, after)));
+            }
+        }
+        Err(StoreError::Db(format!(
+            "task {task_id:?}: update lost 64 races in a row"
+        )))
+    }
+
+    fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        let row = self.run(|pool| async move {
+            let mut c = pool.get().await.map_err(pool_err)?;
+            let tx = c.transaction().await.map_err(pg_err)?;
+            let row = tx
+                .query_opt(
+                    "DELETE FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2 \
+                     RETURNING record",
+                    &[&up, &id],
+                )
+                .await
+                .map_err(pg_err)?;
+            tx.execute(
+                "DELETE FROM taskgate_audit WHERE upstream = $1 AND task_id = $2",
+                &[&up, &id],
+            )
+            .await
+            .map_err(pg_err)?;
+            tx.commit().await.map_err(pg_err)?;
+            Ok(row)
+        })?;
+        row.map(|r| decode(r.get(0))).transpose()
+    }
+
+    fn list_owner(
+        &self,
+        upstream: &str,
+        owner: &Owner,
+        cursor: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<(Vec<TaskRecord>, Option<ListCursor>), StoreError> {
+        let after = match cursor {
+            Some(c) => Some(
+                cursor_parts(upstream, owner, c)
+                    .ok_or_else(|| StoreError::Db("not a list cursor of this owner".into()))?,
+            ),
+            None => None,
+        };
+        let (up, who) = (upstream.to_string(), owner.to_string());
+        let take = i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1);
+        let rows = self.run(move |pool| async move {
+            let c = pool.get().await.map_err(pool_err)?;
+            let first = after.is_none();
+            let (at, id) = after.unwrap_or((0, String::new()));
+            c.query(
+                "SELECT record FROM taskgate_tasks WHERE upstream = $1 AND owner = $2 \
+                 AND ($5 OR (recorded_at, task_id) < ($3, $4)) \
+                 ORDER BY recorded_at DESC, task_id DESC LIMIT $6",
+                &[&up, &who, &ms(at), &id, &first, &take],
+            )
+            .await
+            .map_err(pg_err)
+        })?;
+        let mut page = Vec::with_capacity(rows.len().min(limit));
+        for row in rows.iter().take(limit) {
+            page.push(decode(row.get(0))?);
+        }
+        let next = (rows.len() > limit)
+            .then(|| page.last().map(cursor_of))
+            .flatten();
+        Ok((page, next))
+    }
+
+    fn cursor_is_valid(&self, upstream: &str, owner: &Owner, cursor: &ListCursor) -> bool {
+        cursor_parts(upstream, owner, cursor).is_some()
+    }
+
+    fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self.run(move |pool| async move {
+            let c = pool.get().await.map_err(pool_err)?;
+            c.query(
+                "SELECT upstream, task_id FROM taskgate_tasks WHERE expires_at <= $1 \
+                 ORDER BY expires_at LIMIT $2",
+                &[&ms(now_ms), &limit],
+            )
+            .await
+            .map_err(pg_err)
+        })?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    fn scan(&self, visit: &mut dyn FnMut(TaskRecord) -> bool) -> Result<(), StoreError> {
+        // Keyset pages, so a large registry is never held in memory at once.
+        let mut after: Option<(String, String)> = None;
+        loop {
+            let from = after.clone();
+            let rows = self.run(move |pool| async move {
+                let c = pool.get().await.map_err(pool_err)?;
+                let (up, id) = from.clone().unwrap_or_default();
+                c.query(
+                    "SELECT record, upstream, task_id FROM taskgate_tasks \
+                     WHERE $3 OR (upstream, task_id) > ($1, $2) \
+                     ORDER BY upstream, task_id LIMIT 500",
+                    &[&up, &id, &from.is_none()],
+                )
+                .await
+                .map_err(pg_err)
+            })?;
+            for row in &rows {
+                if !visit(decode(row.get(0))?) {
+                    return Ok(());
+                }
+            }
+            match rows.last() {
+                Some(last) if rows.len() == 500 => after = Some((last.get(1), last.get(2))),
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    fn append_audit(&self, event: &AuditEvent) -> Result<(), StoreError> {
+        let body = serde_json::to_string(event).expect("an audit event always serialises");
+        let (up, id, ev) = (
+            event.upstream.clone(),
+            event.task_id.clone(),
+            event.event.clone(),
+        );
+        self.run(move |pool| async move {
+            let c = pool.get().await.map_err(pool_err)?;
+            c.execute(
+                "INSERT INTO taskgate_audit (upstream, task_id, event, body) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                &[&up, &id, &ev, &body],
+            )
+            .await
+            .map_err(pg_err)
+        })
+        .map(|_| ())
+    }
+
+    fn audit_for(&self, upstream: &str, task_id: &str) -> Result<Vec<AuditEvent>, StoreError> {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        let rows = self.run(|pool| async move {
+            let c = pool.get().await.map_err(pool_err)?;
+            c.query(
+                "SELECT body FROM taskgate_audit WHERE upstream = $1 AND task_id = $2 \
+                 ORDER BY seq",
+                &[&up, &id],
+            )
+            .await
+            .map_err(pg_err)
+        })?;
+        rows.iter()
+            .map(|r| serde_json::from_str(r.get(0)).map_err(|e| StoreError::Corrupt(e.to_string())))
+            .collect()
+    }
+
+    fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        // Every write was its own committed transaction.
+        async { Ok(()) }.boxed()
+    }
+
+    fn sync_soon(&self) {}
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.spawn(|pool| async move {
+            let c = pool.get().await.map_err(pool_err)?;
+            c.simple_query("SELECT 1").await.map_err(pg_err)?;
+            Ok(())
+        })
+        .boxed()
+    }
+
+    fn claim_cancel(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        modern: bool,
+        lease: std::time::Duration,
+    ) -> Result<CancelClaim, StoreError> {
+        self.claim_cancel_now(upstream, task_id, modern, lease)
+    }
+
+    fn finish_cancel(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        generation: i64,
+        outcome: &SharedCancelOutcome,
+    ) -> Result<(), StoreError> {
+        self.finish_cancel_now(upstream, task_id, generation, outcome)
+    }
+
+    fn cancel_outcome(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        generation: i64,
+    ) -> Result<Option<SharedCancelOutcome>, StoreError> {
+        self.cancel_outcome_now(upstream, task_id, generation)
+    }
+
+    fn sweep_lease(&self) -> Result<Option<Box<dyn Send>>, StoreError> {
+        self.sweep_lease_now()
+    }
+}

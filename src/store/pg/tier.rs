@@ -1,0 +1,165 @@
+//! What makes a tier of replicas behave as one gateway: the single-flight `tasks/cancel` claim
+//! and the TTL sweep lease, both decided by the database.
+//!
+//! **Cancel claim**: the task's row is locked (`SELECT … FOR UPDATE`) and the claim decided in
+//! that transaction: terminal → answered locally; a claim of another replica whose lease
+//! (the upstream's `timeout_ms` plus a margin,
+//! [`crate::store::cancel_lease`]) still runs → wait for it; a 2026-07-28 task whose cancel was already
+//! acknowledged → the ack; otherwise this replica takes claim `generation + 1` and forwards.
+//! The forwarder stores the outcome with the claim's generation; waiting replicas poll for it
+//! (a bounded poll: the registry's deadline is the lease plus a second). A replica killed while
+//! forwarding leaves a claim that expires with its lease; the next cancel then claims again.
+//!
+//! **Sweep lease**: a session advisory lock taken with `pg_try_advisory_lock` on a connection
+//! detached from the pool; the sweep holds it, and dropping the lease closes that connection,
+//! which releases the lock (also when the process dies).
+
+use super::{pg_err, pool_err, PgStore};
+use crate::mcp::task::{now_ms, TaskStatus};
+use crate::store::{CancelClaim, SharedCancelOutcome, StoreError};
+
+/// Advisory lock key of the TTL sweep (`'taskgate'` as bytes, plus 2).
+const SWEEP_LOCK: i64 = 0x7461_736b_6761_7402;
+
+fn parse_status(s: &str) -> Option<TaskStatus> {
+    TaskStatus::ALL.iter().copied().find(|t| t.as_str() == s)
+}
+
+/// A held sweep lease: the connection that holds the advisory lock (closed on drop).
+struct SweepLease {
+    _client: deadpool_postgres::ClientWrapper,
+}
+
+impl PgStore {
+    pub(super) fn claim_cancel_now(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        modern: bool,
+        lease: std::time::Duration,
+    ) -> Result<CancelClaim, StoreError> {
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
+        let (up, id, me) = (
+            upstream.to_string(),
+            task_id.to_string(),
+            self.replica.clone(),
+        );
+        self.run(move |pool| async move {
+            let mut c = pool.get().await.map_err(pool_err)?;
+            let tx = c.transaction().await.map_err(pg_err)?;
+            let row = tx
+                .query_opt(
+                    "SELECT status, cancel_generation, cancel_claimed_by, cancel_lease_until, \
+                     cancel_acked FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2 \
+                     FOR UPDATE",
+                    &[&up, &id],
+                )
+                .await
+                .map_err(pg_err)?;
+            let Some(row) = row else {
+                // Removed meanwhile: nothing to single-flight on; the upstream decides.
+                return Ok(CancelClaim::Forward { generation: 0 });
+            };
+            let now = super::ms(now_ms());
+            let status: String = row.get(0);
+            let generation: i64 = row.get(1);
+            let claimed_by: Option<String> = row.get(2);
+            let lease_until: Option<i64> = row.get(3);
+            let acked: bool = row.get(4);
+            if let Some(s) = parse_status(&status).filter(|s| s.is_terminal()) {
+                return Ok(CancelClaim::Terminal(s));
+            }
+            if claimed_by.is_some() && lease_until.unwrap_or(0) > now {
+                return Ok(CancelClaim::Wait { generation });
+            }
+            if modern && acked {
+                return Ok(CancelClaim::Acknowledged);
+            }
+            let next = generation + 1;
+            tx.execute(
+                "UPDATE taskgate_tasks SET cancel_generation = $3, cancel_claimed_by = $4, \
+                 cancel_lease_until = $5, cancel_outcome = NULL \
+                 WHERE upstream = $1 AND task_id = $2",
+                &[&up, &id, &next, &me, &(now + lease_ms)],
+            )
+            .await
+            .map_err(pg_err)?;
+            tx.commit().await.map_err(pg_err)?;
+            Ok(CancelClaim::Forward { generation: next })
+        })
+    }
+
+    pub(super) fn finish_cancel_now(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        generation: i64,
+        outcome: &SharedCancelOutcome,
+    ) -> Result<(), StoreError> {
+        let acked = matches!(outcome, SharedCancelOutcome::Result(_));
+        let (up, id, text) = (upstream.to_string(), task_id.to_string(), outcome.encode());
+        self.run(move |pool| async move {
+            let c = pool.get().await.map_err(pool_err)?;
+            c.execute(
+                "UPDATE taskgate_tasks SET cancel_claimed_by = NULL, cancel_lease_until = NULL, \
+                 cancel_outcome = $4, cancel_acked = cancel_acked OR $5 \
+                 WHERE upstream = $1 AND task_id = $2 AND cancel_generation = $3",
+                &[&up, &id, &generation, &text, &acked],
+            )
+            .await
+            .map_err(pg_err)
+        })
+        .map(|_| ())
+    }
+
+    pub(super) fn cancel_outcome_now(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        generation: i64,
+    ) -> Result<Option<SharedCancelOutcome>, StoreError> {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        let row = self.run(move |pool| async move {
+            let c = pool.get().await.map_err(pool_err)?;
+            c.query_opt(
+                "SELECT cancel_generation, cancel_outcome, cancel_claimed_by \
+                 FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2",
+                &[&up, &id],
+            )
+            .await
+            .map_err(pg_err)
+        })?;
+        let Some(row) = row else {
+            return Ok(Some(SharedCancelOutcome::Failed(
+                "the task was removed while its cancel was in flight".into(),
+            )));
+        };
+        let (now_gen, outcome, claimed): (i64, Option<String>, Option<String>) =
+            (row.get(0), row.get(1), row.get(2));
+        Ok(if now_gen != generation {
+            Some(SharedCancelOutcome::Failed(
+                "the replica forwarding the cancel did not finish within its lease".into(),
+            ))
+        } else if claimed.is_none() {
+            Some(SharedCancelOutcome::decode(
+                outcome.as_deref().unwrap_or(""),
+            ))
+        } else {
+            None
+        })
+    }
+
+    pub(super) fn sweep_lease_now(&self) -> Result<Option<Box<dyn Send>>, StoreError> {
+        self.run(|pool| async move {
+            let obj = pool.get().await.map_err(pool_err)?;
+            let got: bool = obj
+                .query_one("SELECT pg_try_advisory_lock($1)", &[&SWEEP_LOCK])
+                .await
+                .map_err(pg_err)?
+                .get(0);
+            // Detached from the pool either way: closing it is what releases the lock.
+            let client = deadpool_postgres::Object::take(obj);
+            Ok(got.then(|| Box::new(SweepLease { _client: client }) as Box<dyn Send>))
+        })
+    }
+}

@@ -1,0 +1,224 @@
+//! A throwaway PostgreSQL for the tests that need one ([`PgCluster`]): the server named by
+//! `TASKGATE_TEST_DATABASE_URL` when set, else a cluster of its own (`initdb` in a temporary
+//! directory, a loopback port picked here, the socket directory inside the temporary directory,
+//! run as the `postgres` user when the tests run as root), stopped on drop. Without either, a
+//! test prints that it skipped, unless `TASKGATE_REQUIRE_PG=1` (set by `tests/run-all.sh` and
+//! `.ci/run`), where that is a failure.
+
+use super::*;
+use std::os::unix::process::CommandExt;
+
+/// A PostgreSQL the test may use; the cluster (if it started one) stops on drop.
+pub struct PgCluster {
+    /// `postgres://taskgate@127.0.0.1:PORT/postgres` (or the given URL).
+    pub url: String,
+    child: Option<Child>,
+    _dir: Option<tempfile::TempDir>,
+    /// With `TASKGATE_TEST_DATABASE_URL`: `(that URL, the database made for this test)`.
+    server: Option<(String, String)>,
+}
+
+static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
+
+/// `url` (`postgres://user@host:port/db?…`) naming database `db` instead.
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let host_end = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
+    format!("{}/{db}{query}", &base[..host_end])
+}
+
+/// Runs one statement on `url` (its own runtime and thread: callable from anywhere).
+fn admin_sql(url: &str, sql: &str) -> Result<(), String> {
+    let (url, sql) = (url.to_string(), sql.to_string());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            client.batch_execute(&sql).await.map_err(|e| e.to_string())
+        })
+    })
+    .join()
+    .unwrap()
+}
+
+fn bin_dir() -> Option<std::path::PathBuf> {
+    let mut dirs: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("bin"))
+        .filter(|p| p.join("initdb").exists())
+        .collect();
+    dirs.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    dirs.pop()
+}
+
+/// `(uid, gid)` of the `postgres` user, from `/etc/passwd`.
+fn postgres_ids() -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    let line = passwd.lines().find(|l| l.starts_with("postgres:"))?;
+    let f: Vec<&str> = line.split(':').collect();
+    Some((f.get(2)?.parse().ok()?, f.get(3)?.parse().ok()?))
+}
+
+impl PgCluster {
+    /// A database for `test`, or `None` (printed) when none can be had and none is required.
+    pub fn start(test: &str) -> Option<PgCluster> {
+        if let Ok(url) = std::env::var("TASKGATE_TEST_DATABASE_URL") {
+            if !url.is_empty() {
+                let name = format!(
+                    "tg_{}_{}_{}",
+                    std::process::id(),
+                    now_ms(),
+                    NEXT_DB.fetch_add(1, Ordering::SeqCst)
+                );
+                admin_sql(&url, &format!("CREATE DATABASE {name}"))
+                    .unwrap_or_else(|e| panic!("{test}: CREATE DATABASE in {url}: {e}"));
+                return Some(PgCluster {
+                    url: with_database(&url, &name),
+                    child: None,
+                    _dir: None,
+                    server: Some((url, name)),
+                });
+            }
+        }
+        match Self::own_cluster() {
+            Ok(c) => Some(c),
+            Err(why) => {
+                if std::env::var("TASKGATE_REQUIRE_PG").as_deref() == Ok("1") {
+                    panic!("{test}: PostgreSQL is required (TASKGATE_REQUIRE_PG=1) but: {why}");
+                }
+                eprintln!("SKIPPED {test}: no PostgreSQL ({why}); set TASKGATE_TEST_DATABASE_URL or install postgresql");
+                None
+            }
+        }
+    }
+
+    fn own_cluster() -> Result<PgCluster, String> {
+        let bin = bin_dir().ok_or("no /usr/lib/postgresql/*/bin/initdb")?;
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let root = unsafe { libc::geteuid() } == 0;
+        let ids = if root {
+            let ids = postgres_ids().ok_or("running as root and no postgres user")?;
+            let c = std::ffi::CString::new(dir.path().to_str().unwrap()).unwrap();
+            unsafe { libc::chown(c.as_ptr(), ids.0, ids.1) };
+            Some(ids)
+        } else {
+            None
+        };
+        let cmd = |name: &str| {
+            let mut c = Command::new(bin.join(name));
+            if let Some((uid, gid)) = ids {
+                c.uid(uid).gid(gid);
+            }
+            c.stdin(Stdio::null());
+            c
+        };
+        let data = dir.path().join("data");
+        let out = cmd("initdb")
+            .args([
+                "-D",
+                data.to_str().unwrap(),
+                "-U",
+                "taskgate",
+                "-A",
+                "trust",
+            ])
+            .args(["-E", "UTF8", "--no-sync", "--no-instructions"])
+            .output()
+            .map_err(|e| format!("initdb: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "initdb failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("postgres.log")).unwrap();
+        if let Some((uid, gid)) = ids {
+            let c =
+                std::ffi::CString::new(dir.path().join("postgres.log").to_str().unwrap()).unwrap();
+            unsafe { libc::chown(c.as_ptr(), uid, gid) };
+        }
+        let child = cmd("postgres")
+            .args(["-D", data.to_str().unwrap(), "-p", &port.to_string()])
+            .args(["-k", dir.path().to_str().unwrap()])
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "max_connections=300",
+            ])
+            .args(["-c", "fsync=off"])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("postgres: {e}"))?;
+        let mut cluster = PgCluster {
+            url: format!("postgres://taskgate@127.0.0.1:{port}/postgres"),
+            child: Some(child),
+            _dir: Some(dir),
+            server: None,
+        };
+        let until = Instant::now() + STEP * 3;
+        loop {
+            let ready = Command::new(bin.join("pg_isready"))
+                .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-q"])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ready {
+                return Ok(cluster);
+            }
+            if let Some(Ok(Some(s))) = cluster.child.as_mut().map(|c| c.try_wait()) {
+                return Err(format!("postgres exited: {s}"));
+            }
+            if Instant::now() > until {
+                return Err("postgres did not accept connections in 30 s".into());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        if let Some((url, name)) = self.server.take() {
+            let _ = admin_sql(
+                &url,
+                &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            );
+        }
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        // Immediate shutdown (SIGQUIT), then SIGKILL if it lingers.
+        unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

@@ -1,0 +1,74 @@
+//! A tier of taskgate replicas (the real binary) sharing one PostgreSQL ([`Tier`]), behind nginx
+//! round-robin ([`Balancer`]), in front of one upstream. Every process stops on drop.
+
+use super::*;
+
+/// One replica: its config (fixed ports, so a restart comes back where nginx expects it).
+pub struct Replica {
+    pub config: String,
+    pub gateway: SocketAddr,
+    pub process: Option<TaskgateProcess>,
+}
+
+impl Replica {
+    pub fn new(dir: &std::path::Path, n: usize, upstream: &str) -> Replica {
+        let (gp, ap) = (free_port(), free_port());
+        let toml = format!(
+            "[gateway]\nlisten = \"127.0.0.1:{gp}\"\n\n[admin]\nlisten = \"127.0.0.1:{ap}\"\n\n\
+             [store]\nbackend = \"postgres\"\nurl_env = \"TASKGATE_DATABASE_URL\"\npool_size = 8\n\n\
+             [auth]\nmode = \"none\"\n\n[upgrade]\nenabled = false\n\n\
+             [[upstream]]\nname = \"default\"\nurl = \"{upstream}\"\n"
+        );
+        let config = dir.join(format!("replica{n}.toml"));
+        std::fs::write(&config, toml).unwrap();
+        Replica {
+            config: config.to_str().unwrap().to_string(),
+            gateway: SocketAddr::from(([127, 0, 0, 1], gp)),
+            process: None,
+        }
+    }
+
+    pub fn start(&mut self, db: &str) {
+        let mut p = TaskgateProcess::spawn(
+            &["serve", "--config", &self.config],
+            &[("TASKGATE_DATABASE_URL", db), ("RUST_LOG", "warn")],
+        );
+        let (g, _) = p.listening();
+        assert_eq!(g, self.gateway);
+        self.process = Some(p);
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.gateway)
+    }
+}
+
+/// Three replicas on one PostgreSQL behind nginx.
+pub struct Tier {
+    pub replicas: Vec<Replica>,
+    pub balancer: Balancer,
+    pub pg: PgCluster,
+    _dir: tempfile::TempDir,
+}
+
+impl Tier {
+    /// `None` (printed) when PostgreSQL or nginx is missing and not required.
+    pub fn start(test: &str, upstream: &str) -> Option<Tier> {
+        let pg = PgCluster::start(test)?;
+        let dir = tempfile::tempdir().unwrap();
+        let mut replicas: Vec<Replica> = (0..3)
+            .map(|n| Replica::new(dir.path(), n, upstream))
+            .collect();
+        for r in &mut replicas {
+            r.start(&pg.url);
+        }
+        let backends: Vec<SocketAddr> = replicas.iter().map(|r| r.gateway).collect();
+        let balancer = Balancer::start(test, &backends)?;
+        Some(Tier {
+            replicas,
+            balancer,
+            pg,
+            _dir: dir,
+        })
+    }
+}

@@ -1,0 +1,457 @@
+//! The [`TaskStore`] contract, one suite run against both backends: sled (embedded) and
+//! PostgreSQL (a throwaway cluster, see `common::pg`). Then what only a store shared by several
+//! processes adds, with two `PgStore`s on one database standing for two replicas: the terminal
+//! status enforced by the database, compare-and-swap updates racing, the cancel claim, the sweep
+//! lease, and audit facts appended once.
+
+mod common;
+
+use common::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use taskgate::era::Era;
+use taskgate::mcp::task::TaskStatus;
+use taskgate::store::{
+    cancel_lease, AuditEvent, CancelClaim, Origin, Owner, PgStore, SharedCancelOutcome, SledStore,
+    StoreError, TaskRecord, TaskStore,
+};
+
+/// The cancel claim lease of an upstream with the default `timeout_ms` (30 s).
+const LEASE: Duration = Duration::from_secs(35);
+
+/// A fresh name per run, so suites sharing a database (`TASKGATE_TEST_DATABASE_URL`) never meet.
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}-{}", std::process::id(), now_ms())
+}
+
+fn record(upstream: &str, task_id: &str, owner: &str, recorded_at: u64) -> TaskRecord {
+    TaskRecord {
+        upstream: upstream.into(),
+        task_id: task_id.into(),
+        owner: Owner::Session(owner.into()),
+        upstream_session: Some("s1".into()),
+        origin: Origin::Client,
+        tool: Some("slow".into()),
+        protocol_version: None,
+        status: TaskStatus::Working,
+        status_message: None,
+        created_at: "2026-01-01T00:00:00Z".into(),
+        last_updated_at: "2026-01-01T00:00:00Z".into(),
+        ttl_ms: Some(60_000),
+        poll_interval_ms: None,
+        recorded_at,
+        cancel_requested_at: None,
+        cancelled_at: None,
+        released_at: None,
+        terminal_at: None,
+        late_result_at: None,
+        era: Era::Legacy,
+        terminal_result: None,
+        expires_at: recorded_at + 60_000,
+    }
+}
+
+/// The contract every backend keeps.
+async fn contract(store: Arc<dyn TaskStore>) {
+    let up = unique("up");
+    let t0 = now_ms();
+    // create, durable and readable; a second create of the key is a conflict, nothing overwritten.
+    store.create(record(&up, "t1", "alice", t0)).await.unwrap();
+    let mut other = record(&up, "t1", "mallory", t0);
+    other.tool = Some("evil".into());
+    assert!(matches!(
+        store.create(other).await,
+        Err(StoreError::Conflict(_))
+    ));
+    let got = store.get(&up, "t1").unwrap().expect("created");
+    assert_eq!(got, record(&up, "t1", "alice", t0));
+    assert!(store.get(&up, "nope").unwrap().is_none());
+    assert!(store.get("other-upstream", "t1").unwrap().is_none());
+
+    // update: (before, after); a change refused leaves it; unknown → None.
+    let (before, after) = store
+        .update(&up, "t1", &mut |r| {
+            r.status = TaskStatus::InputRequired;
+            true
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(before.status, TaskStatus::Working);
+    assert_eq!(after.status, TaskStatus::InputRequired);
+    let (b, a) = store.update(&up, "t1", &mut |_| false).unwrap().unwrap();
+    assert_eq!(b, a);
+    assert!(store.update(&up, "nope", &mut |_| true).unwrap().is_none());
+    assert_eq!(
+        store.get(&up, "t1").unwrap().unwrap().status,
+        TaskStatus::InputRequired
+    );
+
+    // list_owner: newest first, paged with a cursor valid only for its owner.
+    for i in 2..=6 {
+        store
+            .create(record(&up, &format!("t{i}"), "alice", t0 + i))
+            .await
+            .unwrap();
+    }
+    store.create(record(&up, "b1", "bob", t0)).await.unwrap();
+    let alice = Owner::Session("alice".into());
+    let (page, next) = store.list_owner(&up, &alice, None, 4).unwrap();
+    let ids: Vec<_> = page.iter().map(|r| r.task_id.as_str()).collect();
+    assert_eq!(ids, ["t6", "t5", "t4", "t3"]);
+    let next = next.expect("more remain");
+    assert!(store.cursor_is_valid(&up, &alice, &next));
+    assert!(!store.cursor_is_valid(&up, &Owner::Session("bob".into()), &next));
+    let (page, last) = store.list_owner(&up, &alice, Some(&next), 4).unwrap();
+    let ids: Vec<_> = page.iter().map(|r| r.task_id.as_str()).collect();
+    assert_eq!(ids, ["t2", "t1"]);
+    assert!(last.is_none());
+
+    // audit: appended in order, read back.
+    for ev in ["created", "cancel_requested"] {
+        store
+            .append_audit(&AuditEvent {
+                time: now_ms(),
+                upstream: up.clone(),
+                task_id: "t1".into(),
+                owner: alice.clone(),
+                event: ev.into(),
+                detail: String::new(),
+            })
+            .unwrap();
+    }
+    let events: Vec<_> = store
+        .audit_for(&up, "t1")
+        .unwrap()
+        .into_iter()
+        .map(|e| e.event)
+        .collect();
+    assert_eq!(events, ["created", "cancel_requested"]);
+
+    // expired: only records whose time is up; remove takes the audit with it.
+    let mut old = record(&up, "old", "alice", t0);
+    old.expires_at = 1;
+    store.create(old).await.unwrap();
+    let expired = store.expired(t0, 10_000).unwrap();
+    assert!(expired.contains(&(up.clone(), "old".to_string())));
+    assert!(!expired.iter().any(|(u, id)| u == &up && id == "t1"));
+    assert!(store.remove(&up, "t1").unwrap().is_some());
+    assert!(store.remove(&up, "t1").unwrap().is_none());
+    assert!(store.audit_for(&up, "t1").unwrap().is_empty());
+
+    // scan sees every record of this run.
+    let mut seen = 0;
+    store
+        .scan(&mut |r| {
+            seen += usize::from(r.upstream == up);
+            true
+        })
+        .unwrap();
+    assert_eq!(seen, 7, "t2..t6, b1, old");
+    store.sync().await.unwrap();
+    store.ping().await.unwrap();
+}
+
+#[tokio::test]
+async fn contract_sled() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    assert!(!store.shared());
+    contract(store.clone()).await;
+    store.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contract_postgres() {
+    let Some(pg) = PgCluster::start("contract_postgres") else {
+        return;
+    };
+    let store = PgStore::open(&pg.url, 4).await.unwrap();
+    assert!(store.shared());
+    contract(store.clone()).await;
+    // Opening again (a second replica, or a restart) finds the schema migrated: no error.
+    PgStore::open(&pg.url, 2).await.unwrap();
+}
+
+/// What a shared store adds, with two replicas' stores on one database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_replicas_share_one_truth() {
+    let Some(pg) = PgCluster::start("postgres_replicas_share_one_truth") else {
+        return;
+    };
+    let a = PgStore::open(&pg.url, 4).await.unwrap();
+    let b = PgStore::open(&pg.url, 4).await.unwrap();
+    let up = unique("tier");
+    a.create(record(&up, "t1", "alice", now_ms()))
+        .await
+        .unwrap();
+    // Created on a, read on b at once.
+    assert!(b.get(&up, "t1").unwrap().is_some());
+
+    // Racing compare-and-swap updates from both replicas: none lost.
+    let bump = |s: Arc<PgStore>, up: String| {
+        std::thread::spawn(move || {
+            for _ in 0..25 {
+                s.update(&up, "t1", &mut |r| {
+                    r.poll_interval_ms = Some(r.poll_interval_ms.unwrap_or(0) + 1);
+                    true
+                })
+                .unwrap();
+            }
+        })
+    };
+    let (ja, jb) = (bump(a.clone(), up.clone()), bump(b.clone(), up.clone()));
+    ja.join().unwrap();
+    jb.join().unwrap();
+    assert_eq!(
+        a.get(&up, "t1").unwrap().unwrap().poll_interval_ms,
+        Some(50)
+    );
+
+    // Cancel claim: a forwards, b waits, b reads a's outcome; then the ack is final (2026).
+    let claim = a.claim_cancel(&up, "t1", true, LEASE).unwrap();
+    let CancelClaim::Forward { generation } = claim else {
+        panic!("first claim forwards: {claim:?}")
+    };
+    assert_eq!(
+        b.claim_cancel(&up, "t1", true, LEASE).unwrap(),
+        CancelClaim::Wait { generation }
+    );
+    assert_eq!(b.cancel_outcome(&up, "t1", generation).unwrap(), None);
+    let ack = SharedCancelOutcome::Result(r#"{"resultType":"complete"}"#.into());
+    a.finish_cancel(&up, "t1", generation, &ack).unwrap();
+    assert_eq!(b.cancel_outcome(&up, "t1", generation).unwrap(), Some(ack));
+    assert_eq!(
+        b.claim_cancel(&up, "t1", true, LEASE).unwrap(),
+        CancelClaim::Acknowledged
+    );
+
+    // Terminal is final in the database: a replica's stale write cannot undo it.
+    a.update(&up, "t1", &mut |r| {
+        r.status = TaskStatus::Cancelled;
+        true
+    })
+    .unwrap();
+    let undo = b.update(&up, "t1", &mut |r| {
+        r.status = TaskStatus::Working;
+        true
+    });
+    assert!(
+        matches!(&undo, Err(StoreError::Db(m)) if m.contains("terminal status is final")),
+        "{undo:?}"
+    );
+    assert_eq!(
+        b.claim_cancel(&up, "t1", false, LEASE).unwrap(),
+        CancelClaim::Terminal(TaskStatus::Cancelled)
+    );
+
+    // Once-only audit facts are appended once, whichever replica tries.
+    let ev = AuditEvent {
+        time: now_ms(),
+        upstream: up.clone(),
+        task_id: "t1".into(),
+        owner: Owner::Session("alice".into()),
+        event: "status_cancelled".into(),
+        detail: String::new(),
+    };
+    a.append_audit(&ev).unwrap();
+    b.append_audit(&ev).unwrap();
+    assert_eq!(a.audit_for(&up, "t1").unwrap().len(), 1);
+
+    // The sweep lease: one holder at a time, free again once dropped.
+    let held = a.sweep_lease().unwrap().expect("a sweeps");
+    assert!(b.sweep_lease().unwrap().is_none(), "b must not sweep now");
+    drop(held);
+    let got = eventually(STEP, || {
+        let b = b.clone();
+        async move {
+            tokio::task::spawn_blocking(move || b.sweep_lease().unwrap())
+                .await
+                .unwrap()
+        }
+    })
+    .await;
+    assert!(got.is_some(), "the lease is free after a's sweep ends");
+}
+
+/// An unreachable database is a clear error at start, naming the URL without its password.
+#[tokio::test]
+async fn postgres_unreachable_is_a_clear_error() {
+    let port = free_port();
+    let url = format!("postgres://taskgate:secret@127.0.0.1:{port}/postgres?connect_timeout=2");
+    let err = PgStore::open(&url, 1).await.err().expect("nothing listens");
+    let text = err.to_string();
+    assert!(text.contains("cannot open the task store"), "{text}");
+    assert!(!text.contains("secret"), "{text}");
+    assert!(text.contains(&port.to_string()), "{text}");
+}
+
+/// `check-config` reaches the database (read only) and says clearly when it cannot; `/readyz`
+/// turns 503 naming the store when the database goes away, and 200 again when it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_and_readyz_report_the_database() {
+    let Some(pg) = PgCluster::start("check_config_and_readyz_report_the_database") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tier.toml");
+    std::fs::write(
+        &file,
+        "[gateway]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [store]\nbackend = \"postgres\"\nurl_env = \"TG_TEST_DB\"\n\
+         [[upstream]]\nname = \"default\"\nurl = \"http://127.0.0.1:9/mcp\"\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let ok = run_taskgate(&["check-config", f], &[("TG_TEST_DB", &pg.url)]);
+    assert!(ok.status.success(), "{} {}", ok.stdout, ok.stderr);
+    assert!(ok.stdout.contains("reachable"), "{}", ok.stdout);
+    let dead = format!(
+        "postgres://taskgate:hunter2@127.0.0.1:{}/postgres?connect_timeout=2",
+        free_port()
+    );
+    let bad = run_taskgate(&["check-config", f], &[("TG_TEST_DB", &dead)]);
+    assert!(!bad.status.success());
+    assert!(bad.stderr.contains("unreachable"), "{}", bad.stderr);
+    assert!(!bad.stderr.contains("hunter2"), "{}", bad.stderr);
+    let unset = run_taskgate(&["check-config", f], &[]);
+    assert!(!unset.status.success());
+    assert!(unset.stderr.contains("TG_TEST_DB"), "{}", unset.stderr);
+
+    // /readyz follows the database.
+    std::env::set_var("TG_TEST_DB", &pg.url);
+    let upstream = Upstream::start(|_| ScriptedResponse::json("{}".to_string())).await;
+    let toml = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("http://127.0.0.1:9/mcp", &upstream.url());
+    let config = taskgate::config::Config::from_toml_str(&toml).unwrap();
+    let running = taskgate::gateway::start(config).await.unwrap();
+    let readyz = format!("http://{}/readyz", running.admin_addr);
+    let r = Req::get(&readyz).send().await;
+    let (status, body) = (r.status(), r.text().await);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(r#""store":"ok""#), "{body}");
+    drop(pg);
+    let down = eventually(STEP * 2, || {
+        let readyz = readyz.clone();
+        async move {
+            let r = Req::get(&readyz).send().await;
+            let (status, body) = (r.status(), r.text().await);
+            (status == 503 && body.contains(r#""store":"unreachable"#)).then_some(body)
+        }
+    })
+    .await;
+    assert!(down.is_some(), "readyz reports the database gone");
+    // A task request that needs the registry gets -32603, not "Task not found".
+    let url = format!("http://{}/mcp", running.gateway_addr);
+    let (_, v) = task_call(&url, None, 7, "tasks/get", "t-any").await;
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    let m = Req::get(&format!("http://{}/metrics", running.admin_addr))
+        .send()
+        .await
+        .text()
+        .await;
+    assert!(
+        m.contains(r#"reason="store_unavailable",upstream="default"} 1"#),
+        "{m}"
+    );
+    running.shutdown().await;
+}
+
+/// The cancel claim's lease follows the upstream's `timeout_ms` (plus the margin): a slow
+/// upstream's cancel (40 s here, past the old fixed 30 s) is not claimed again while it may still
+/// be answering; a lease that ran out is claimed again, and the late outcome of the expired claim
+/// is not taken for the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_cancel_lease_follows_the_upstream_timeout() {
+    let Some(pg) = PgCluster::start("postgres_cancel_lease_follows_the_upstream_timeout") else {
+        return;
+    };
+    let a = PgStore::open(&pg.url, 2).await.unwrap();
+    let b = PgStore::open(&pg.url, 2).await.unwrap();
+    let up = unique("lease");
+    for id in ["slow", "short"] {
+        a.create(record(&up, id, "alice", now_ms())).await.unwrap();
+    }
+
+    let lease = cancel_lease(Duration::from_secs(40));
+    assert_eq!(lease, Duration::from_secs(45));
+    let before = now_ms() as i64;
+    let claim = a.claim_cancel(&up, "slow", false, lease).unwrap();
+    let after = now_ms() as i64;
+    assert_eq!(claim, CancelClaim::Forward { generation: 1 });
+    let (client, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let until: i64 = client
+        .query_one(
+            "SELECT cancel_lease_until FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2",
+            &[&up, &"slow"],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        (before + 45_000..=after + 45_000).contains(&until),
+        "lease until {until}, claimed between {before} and {after}"
+    );
+    assert_eq!(
+        b.claim_cancel(&up, "slow", false, lease).unwrap(),
+        CancelClaim::Wait { generation: 1 }
+    );
+
+    // A lease that ran out (a replica that died while forwarding) is claimed again.
+    let short = Duration::from_millis(300);
+    assert_eq!(
+        a.claim_cancel(&up, "short", false, short).unwrap(),
+        CancelClaim::Forward { generation: 1 }
+    );
+    assert_eq!(
+        b.claim_cancel(&up, "short", false, short).unwrap(),
+        CancelClaim::Wait { generation: 1 }
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let generation = loop {
+        match b.claim_cancel(&up, "short", false, short).unwrap() {
+            CancelClaim::Forward { generation } => break generation,
+            CancelClaim::Wait { .. } => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(Instant::now() < deadline, "the 300 ms lease never ran out");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(generation, 2);
+    let late = SharedCancelOutcome::Result("{}".into());
+    a.finish_cancel(&up, "short", 1, &late).unwrap();
+    assert!(matches!(
+        a.cancel_outcome(&up, "short", 1).unwrap(),
+        Some(SharedCancelOutcome::Failed(_))
+    ));
+    assert_eq!(b.cancel_outcome(&up, "short", 2).unwrap(), None);
+}
+
+/// Messages name the database without its password; the cancel outcome round-trips.
+#[test]
+fn redact_and_outcome_encoding() {
+    use taskgate::store::pg::redact;
+    assert_eq!(
+        redact("postgres://tg:s3cret@db:5432/tasks?sslmode=disable"),
+        "postgres://tg:***@db:5432/tasks?sslmode=disable"
+    );
+    assert_eq!(redact("postgres://tg@db/tasks"), "postgres://tg@db/tasks");
+    assert_eq!(
+        redact("host=db user=tg password=s3cret dbname=tasks"),
+        "host=db user=tg password=*** dbname=tasks"
+    );
+    for o in [
+        SharedCancelOutcome::Result(r#"{"resultType":"complete"}"#.into()),
+        SharedCancelOutcome::Error(r#"{"code":-32602,"message":"x"}"#.into()),
+        SharedCancelOutcome::Failed("HTTP 502".into()),
+    ] {
+        assert_eq!(SharedCancelOutcome::decode(&o.encode()), o);
+    }
+    assert!(matches!(
+        SharedCancelOutcome::decode(""),
+        SharedCancelOutcome::Failed(_)
+    ));
+}

@@ -1,0 +1,230 @@
+//! A gateway tier: three taskgate replicas (the real binary) sharing one PostgreSQL behind nginx
+//! (round-robin, no stickiness), in front of a scripted MCP 2026-07-28 task server whose
+//! received requests are counted. Proven on the wire:
+//! - a `tasks/get` on another replica right after the `CreateTaskResult` finds the task;
+//! - 500 concurrent identical `tasks/cancel` spread over the replicas → 1 upstream cancel, and
+//!   every caller gets the ack;
+//! - kill -9 of one replica while creators run: every acknowledged `taskId` stays reachable
+//!   (get, cancel) through the others; after a restart on its port it serves them again;
+//! - 2025-11-25: a session's task is served by any replica on its recorded upstream session.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+
+/// The tier in front of a scripted 2026-07-28 task server.
+struct ModernTier {
+    tier: Tier,
+    up: Upstream,
+    state: Shared,
+}
+
+async fn tier(test: &str) -> Option<ModernTier> {
+    let (up, state) = modern_server().await;
+    let tier = Tier::start(test, &up.url())?;
+    Some(ModernTier { tier, up, state })
+}
+
+impl std::ops::Deref for ModernTier {
+    type Target = Tier;
+    fn deref(&self) -> &Tier {
+        &self.tier
+    }
+}
+
+impl std::ops::DerefMut for ModernTier {
+    fn deref_mut(&mut self) -> &mut Tier {
+        &mut self.tier
+    }
+}
+
+/// Created on one replica, found on the next one at once; and through the balancer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_right_after_create_on_another_replica() {
+    let Some(t) = tier("get_right_after_create_on_another_replica").await else {
+        return;
+    };
+    for i in 0..30 {
+        let (a, b) = (&t.replicas[i % 3], &t.replicas[(i + 1) % 3]);
+        let id = create(&a.url(), None, "slow_compute").await;
+        let (status, v) = task_call(&b.url(), None, 2, "tasks/get", &id).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["result"]["status"], "working", "{v}");
+    }
+    for _ in 0..10 {
+        let id = create(&t.balancer.mcp_url(), None, "slow_compute").await;
+        let (status, v) = task_call(&t.balancer.mcp_url(), None, 2, "tasks/get", &id).await;
+        assert_eq!(
+            (status, v["result"]["taskId"].clone()),
+            (200, json!(id)),
+            "{v}"
+        );
+    }
+    // An unknown id is -32602 on every replica, without reaching the upstream.
+    let before = count(&t.up, "tasks/get");
+    for r in &t.replicas {
+        let (_, v) = task_call(&r.url(), None, 3, "tasks/get", "no-such-task").await;
+        assert_eq!(v["error"]["code"], -32602, "{v}");
+    }
+    assert_eq!(count(&t.up, "tasks/get"), before);
+}
+
+/// 500 concurrent identical `tasks/cancel` through the balancer: one reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_cancels_one_upstream_cancel() {
+    let Some(t) = tier("five_hundred_cancels_one_upstream_cancel").await else {
+        return;
+    };
+    t.state.lock().unwrap().cancel_delay = Duration::from_millis(500);
+    let id = create(&t.balancer.mcp_url(), None, "slow_compute").await;
+    let url = t.balancer.mcp_url();
+    let calls = (0..500u64).map(|i| {
+        let (url, id) = (url.clone(), id.clone());
+        tokio::spawn(async move { task_call(&url, None, 100 + i, "tasks/cancel", &id).await })
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    for a in answers {
+        let (status, v) = a.unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    }
+    assert_eq!(
+        count(&t.up, "tasks/cancel"),
+        1,
+        "exactly one upstream cancel"
+    );
+    // Later cancels, on any replica, are acknowledged without the upstream.
+    for r in &t.replicas {
+        let (_, v) = task_call(&r.url(), None, 9, "tasks/cancel", &id).await;
+        assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    }
+    assert_eq!(count(&t.up, "tasks/cancel"), 1);
+}
+
+/// kill -9 of a replica while creators run through the balancer: every acknowledged task stays
+/// reachable through the others, and through the replica again after its restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_loses_nothing() {
+    let Some(mut t) = tier("a_killed_replica_loses_nothing").await else {
+        return;
+    };
+    let url = t.balancer.mcp_url();
+    let creators = (0..4).map(|_| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for _ in 0..40 {
+                let resp = modern_req(
+                    &url,
+                    None,
+                    1,
+                    "tools/call",
+                    json!({"name": "slow_compute", "arguments": {}}),
+                )
+                .send()
+                .await;
+                // A request cut by the kill gets nginx's 502; only acknowledged tasks count.
+                if resp.status() != 200 {
+                    continue;
+                }
+                let v: serde_json::Value = resp.json().await;
+                if v["result"]["resultType"] == "task" {
+                    acked.push(v["result"]["taskId"].as_str().unwrap().to_string());
+                }
+            }
+            acked
+        })
+    });
+    let creators: Vec<_> = creators.collect();
+    // Kill replica 1 once tasks are being created.
+    let seen = eventually(STEP, || {
+        let n = count(&t.up, "tools/call");
+        async move { (n >= 20).then_some(()) }
+    })
+    .await;
+    assert!(seen.is_some(), "creators started");
+    t.replicas[1]
+        .process
+        .as_ref()
+        .unwrap()
+        .signal(libc::SIGKILL);
+    let mut acked = Vec::new();
+    for c in creators {
+        acked.extend(c.await.unwrap());
+    }
+    assert!(
+        acked.len() >= 100,
+        "most creations acknowledged: {}",
+        acked.len()
+    );
+    let survivors = [&t.replicas[0], &t.replicas[2]];
+    for (i, id) in acked.iter().enumerate() {
+        let r = survivors[i % 2];
+        let (status, v) = task_call(&r.url(), None, 2, "tasks/get", id).await;
+        assert_eq!(
+            (status, v["result"]["taskId"].clone()),
+            (200, json!(id)),
+            "{v}"
+        );
+    }
+    let (_, v) = task_call(&t.replicas[2].url(), None, 3, "tasks/cancel", &acked[0]).await;
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    // Restart on the same port: it serves the same tasks.
+    t.replicas[1].process = None;
+    let db = t.pg.url.clone();
+    t.replicas[1].start(&db);
+    for id in acked.iter().take(20) {
+        let (status, v) = task_call(&t.replicas[1].url(), None, 4, "tasks/get", id).await;
+        assert_eq!(
+            (status, v["result"]["taskId"].clone()),
+            (200, json!(id)),
+            "{v}"
+        );
+    }
+}
+
+/// 2025-11-25 through a tier: sessions are routed sticky (deploy/README.md), and when a session's
+/// replica is not the one a request reaches (its replica died, or a rebalance), the task's
+/// requests still work: any replica sends them on the task's recorded upstream session. Created
+/// on replica 0; `tasks/get` on replica 1 and `tasks/cancel` on replica 2 with the same
+/// `Mcp-Session-Id` reach the upstream on that session; another session's caller gets -32602.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2025_session_task_is_served_by_any_replica() {
+    let server = TaskServer::default().await;
+    let Some(t) = Tier::start(
+        "a_2025_session_task_is_served_by_any_replica",
+        &server.url(),
+    ) else {
+        return;
+    };
+    let mut c = Client::new(&t.replicas[0].url());
+    c.initialize().await;
+    let sid = c
+        .session
+        .clone()
+        .expect("the upstream's Mcp-Session-Id is passed through");
+    let task = c.create_task("\"c1\"").await;
+    let v = Client::new(&t.replicas[1].url())
+        .with_session(&sid)
+        .get("\"g1\"", &task)
+        .await;
+    assert_eq!(v["result"]["taskId"], json!(task), "{v}");
+    let get = server
+        .received("tasks/get")
+        .pop()
+        .expect("tasks/get forwarded");
+    assert_eq!(get.header("mcp-session-id").as_deref(), Some(sid.as_str()));
+    let v = Client::new(&t.replicas[2].url())
+        .with_session(&sid)
+        .cancel("\"x1\"", &task)
+        .await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    assert_eq!(server.count("tasks/cancel"), 1);
+    let v = Client::new(&t.replicas[1].url())
+        .with_session("another-session")
+        .get("\"g2\"", &task)
+        .await;
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+}
