@@ -345,13 +345,30 @@ async fn check_config_and_readyz_report_the_database() {
     let url = format!("http://{}/mcp", running.gateway_addr);
     let (_, v) = task_call(&url, None, 7, "tasks/get", "t-any").await;
     assert_eq!(v["error"]["code"], -32603, "{v}");
+    // So does a 2026-07-28 subscriptions/listen naming a task: it is refused, not narrowed
+    // silently to the tasks that could be read.
+    let listen = r#"{"jsonrpc":"2.0","id":8,"method":"subscriptions/listen","params":{"notifications":{"taskIds":["t-any"]},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+    let r = Req::mcp_post(&url, listen)
+        .header("mcp-protocol-version", "2026-07-28")
+        .send()
+        .await;
+    let v = r.json().await;
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("unavailable"),
+        "{v}"
+    );
+    assert_eq!(upstream.count(), 0, "nothing reached the upstream");
     let m = Req::get(&format!("http://{}/metrics", running.admin_addr))
         .send()
         .await
         .text()
         .await;
     assert!(
-        m.contains(r#"reason="store_unavailable",upstream="default"} 1"#),
+        m.contains(r#"reason="store_unavailable",upstream="default"} 2"#),
         "{m}"
     );
     running.shutdown().await;

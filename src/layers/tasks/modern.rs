@@ -254,12 +254,20 @@ pub(super) async fn filter_listen(
     let owner = era::modern_owner(&req.ctx.caller());
     let mut kept = Vec::with_capacity(ids.len());
     for id in &ids {
-        if registry
-            .lookup(&req.ctx.upstream, id, &owner)
-            .await
-            .is_some()
-        {
-            kept.push(id.as_str());
+        // A failed read is not "not yours": the listen is refused like a `tasks/*` request
+        // then, instead of silently listening to fewer tasks.
+        match registry.lookup_checked(&req.ctx.upstream, id, &owner).await {
+            Ok(Some(_)) => kept.push(id.as_str()),
+            Ok(None) => {}
+            Err(_) => {
+                return Err(McpReply::era_error(
+                    Era::Modern,
+                    msg.id(),
+                    jsonrpc::INTERNAL_ERROR,
+                    "subscriptions/listen: task store unavailable; try again",
+                    LocalReason::StoreUnavailable,
+                ))
+            }
         }
     }
     if kept.len() == ids.len() {
