@@ -453,13 +453,28 @@ fn redact_and_outcome_encoding() {
     use taskgate::store::pg::redact;
     assert_eq!(
         redact("postgres://tg:s3cret@db:5432/tasks?sslmode=disable"),
-        "postgres://tg:***@db:5432/tasks?sslmode=disable"
+        "postgres://tg@db:5432/tasks"
     );
-    assert_eq!(redact("postgres://tg@db/tasks"), "postgres://tg@db/tasks");
     assert_eq!(
-        redact("host=db user=tg password=s3cret dbname=tasks"),
-        "host=db user=tg password=*** dbname=tasks"
+        redact("postgres://tg@db/tasks"),
+        "postgres://tg@db:5432/tasks"
     );
+    // Every other way of writing the password (found by review: these were printed as given).
+    for url in [
+        "host=db user=tg password=s3cret dbname=tasks",
+        "host=db user=tg password = s3cret dbname=tasks",
+        "host=db user=tg password='s3 cret' dbname=tasks",
+        "postgresql://tg@db/tasks?password=s3cret",
+        "postgresql://tg:s3cret@db/tasks?password=s3cret&application_name=x",
+    ] {
+        let shown = redact(url);
+        assert!(!shown.contains("s3"), "{url} → {shown}");
+        assert!(
+            shown.starts_with("postgres://tg@db") && shown.ends_with("/tasks"),
+            "{url} → {shown}"
+        );
+    }
+    assert!(!redact("not a url password=s3cret").contains("s3cret"));
     for o in [
         SharedCancelOutcome::Result(r#"{"resultType":"complete"}"#.into()),
         SharedCancelOutcome::Error(r#"{"code":-32602,"message":"x"}"#.into()),

@@ -279,28 +279,36 @@ impl PgStore {
     }
 }
 
-/// `url` without its password, for messages.
+/// What a message may show of a connection string: its user, hosts, ports and database, read
+/// from the parsed config and written as a URL. Never the password, whatever form it was given
+/// in (URL userinfo, a `password=` query parameter, a key/value `password = '…'`), and never the
+/// other parameters; a string that does not parse is not echoed at all.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_string(),
+    let Ok(config) = tokio_postgres::Config::from_str(url) else {
+        return "(a connection string that does not parse)".into();
+    };
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let name = match host {
+                tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+            };
+            match ports.get(i).or(ports.first()) {
+                Some(port) => format!("{name}:{port}"),
+                None => name,
             }
-        }
-        _ => url
-            .split_whitespace()
-            .map(|kv| {
-                if kv.starts_with("password=") {
-                    "password=***"
-                } else {
-                    kv
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(" "),
-    }
+        })
+        .collect();
+    let user = config
+        .get_user()
+        .map(|u| format!("{u}@"))
+        .unwrap_or_default();
+    let db = config.get_dbname().unwrap_or_default();
+    format!("postgres://{user}{}/{db}", hosts.join(","))
 }
 
 fn replica_name() -> String {
