@@ -3,7 +3,9 @@
 
 use super::*;
 
-/// One replica: its config (fixed ports, so a restart comes back where nginx expects it).
+/// One replica: its config (a fixed gateway port, so a restart comes back where nginx expects
+/// it; the admin port is the system's pick each start: a fixed one freed by a kill can be taken
+/// by another test's ephemeral bind before the restart, which happened under load).
 pub struct Replica {
     pub config: String,
     pub gateway: SocketAddr,
@@ -12,9 +14,9 @@ pub struct Replica {
 
 impl Replica {
     pub fn new(dir: &std::path::Path, n: usize, upstream: &str) -> Replica {
-        let (gp, ap) = (free_port(), free_port());
+        let gp = free_port();
         let toml = format!(
-            "[gateway]\nlisten = \"127.0.0.1:{gp}\"\n\n[admin]\nlisten = \"127.0.0.1:{ap}\"\n\n\
+            "[gateway]\nlisten = \"127.0.0.1:{gp}\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n\
              [store]\nbackend = \"postgres\"\nurl_env = \"TASKGATE_DATABASE_URL\"\npool_size = 8\n\n\
              [auth]\nmode = \"none\"\n\n[upgrade]\nenabled = false\n\n\
              [[upstream]]\nname = \"default\"\nurl = \"{upstream}\"\n"
