@@ -15,7 +15,7 @@
 //! which releases the lock (also when the process dies).
 
 use super::{pg_err, pool_err, PgStore};
-use crate::mcp::task::{now_ms, TaskStatus};
+use crate::mcp::task::TaskStatus;
 use crate::store::{CancelClaim, SharedCancelOutcome, StoreError};
 
 /// Advisory lock key of the TTL sweep (`'taskgate'` as bytes, plus 2).
@@ -50,7 +50,8 @@ impl PgStore {
             let row = tx
                 .query_opt(
                     "SELECT status, cancel_generation, cancel_claimed_by, cancel_lease_until, \
-                     cancel_acked FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2 \
+                     cancel_acked, (extract(epoch FROM clock_timestamp()) * 1000)::bigint \
+                     FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2 \
                      FOR UPDATE",
                     &[&up, &id],
                 )
@@ -60,7 +61,10 @@ impl PgStore {
                 // Removed meanwhile: nothing to single-flight on; the upstream decides.
                 return Ok(CancelClaim::Forward { generation: 0 });
             };
-            let now = super::ms(now_ms());
+            // The lease is measured on the database's clock, the one clock every replica
+            // shares: with replicas' own clocks, a skew beyond the lease would let a second
+            // replica take a live claim and send the cancel again (found by review).
+            let now: i64 = row.get(5);
             let status: String = row.get(0);
             let generation: i64 = row.get(1);
             let claimed_by: Option<String> = row.get(2);
