@@ -492,6 +492,14 @@ mod tests {
         }
     }
 
+    /// The fuzz crash that found the 1-ulp float change in a whole-message rewrite (fixed by
+    /// serde_json's `float_roundtrip`): a task without `status` is rewritten whole.
+    #[test]
+    fn whole_rewrite_keeps_floats_exactly() {
+        let body = br#"{"jsonrpc":"2.0","id":0,"result":{"task":{"taskId":"t","sid":1,"id":0.0111111111111111119111111111111111111111111111111111}}}"#;
+        status_rewrite(body, 1, 0, None);
+    }
+
     #[test]
     fn modern_task_keeps_every_other_member() {
         for body in [
