@@ -400,10 +400,14 @@ pub struct TasksConfig {
     /// Quiet window after which a cancelled task's resources count as released, in ms (default 2000).
     #[serde(default = "default_release_quiet_ms")]
     pub release_quiet_ms: u64,
-    /// Task records kept in memory for authorising reads (default 65536, about 0.5 KiB each; 0
-    /// turns the cache off). See `src/registry/cache.rs`.
+    /// Most task records kept in memory for authorising reads (default 65536; 0 turns the
+    /// cache off). See `src/registry/cache.rs`.
     #[serde(default = "default_record_cache_entries")]
     pub record_cache_entries: usize,
+    /// Most heap those cached records may hold, in bytes, their stored terminal results included
+    /// (default 8 MiB; 0 turns the cache off). See `src/registry/cache.rs`.
+    #[serde(default = "default_record_cache_bytes")]
+    pub record_cache_bytes: u64,
     /// Largest terminal result kept in a task's record, in bytes of JSON text (default 1 MiB;
     /// 0 turns it off): once a 2026-07-28 `tasks/get` reply of a terminal task passed through,
     /// later `tasks/get` calls for it are answered from the record (stored at rest).
@@ -434,6 +438,12 @@ impl TasksConfig {
                 10_000_000,
             ),
             (
+                "tasks.record_cache_bytes",
+                self.record_cache_bytes,
+                0,
+                16 * 1024 * 1024 * 1024,
+            ),
+            (
                 "tasks.max_stored_result_bytes",
                 self.max_stored_result_bytes,
                 0,
@@ -452,6 +462,7 @@ impl Default for TasksConfig {
             list_page_size: default_list_page_size(),
             release_quiet_ms: default_release_quiet_ms(),
             record_cache_entries: default_record_cache_entries(),
+            record_cache_bytes: default_record_cache_bytes(),
             max_stored_result_bytes: default_max_stored_result_bytes(),
         }
     }
@@ -459,6 +470,10 @@ impl Default for TasksConfig {
 
 fn default_record_cache_entries() -> usize {
     65_536
+}
+
+fn default_record_cache_bytes() -> u64 {
+    8 * 1024 * 1024
 }
 
 pub(super) fn default_upgrade_ttl_ms() -> u64 {

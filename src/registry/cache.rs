@@ -12,8 +12,15 @@
 //! only if no invalidation happened between the moment the read was decided and the fill (one
 //! epoch counter, bumped and checked under one small lock), so a fill can never put back a record
 //! older than a write that already invalidated it. Unknown ids are not cached (each costs a store
-//! read). Bounded by `tasks.record_cache_entries` (quick_cache's S3-FIFO eviction; 0 turns the
-//! cache off).
+//! read). Bounded twice (quick_cache's S3-FIFO eviction over a weight): by bytes,
+//! `tasks.record_cache_bytes`, counting each record's heap (its strings, the stored terminal
+//! result included), and by entries, `tasks.record_cache_entries`, since each record weighs at
+//! least `record_cache_bytes / record_cache_entries`. 0 in either turns the cache off.
+//!
+//! Why bytes: a record may carry its terminal result (up to `tasks.max_stored_result_bytes`,
+//! 1 MiB by default), so a cache bounded by entries alone could hold 65,536 × 1 MiB. Measured on
+//! `benches/run.sh` scenario 6 (100,000 records created on one taskgate): see
+//! `benches/RESULTS.md` ("record cache by bytes").
 //!
 //! A store shared by several processes (PostgreSQL for a tier of replicas) must not use this
 //! cache for anything another replica can change: there, only the immutable parts of a record
@@ -21,7 +28,7 @@
 
 use crate::store::TaskRecord;
 use parking_lot::Mutex;
-use quick_cache::{sync::Cache, Equivalent};
+use quick_cache::{sync::Cache, Equivalent, Weighter};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
@@ -51,18 +58,40 @@ impl Equivalent<Key> for KeyRef<'_> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Epoch(u64);
 
-/// Task records by `(upstream, taskId)`, bounded.
+/// Weighs an entry by the heap it holds, at least `floor` (so the entry count stays bounded).
+#[derive(Clone)]
+struct ByHeap {
+    floor: u64,
+}
+
+impl Weighter<Key, Arc<TaskRecord>> for ByHeap {
+    fn weight(&self, key: &Key, record: &Arc<TaskRecord>) -> u64 {
+        let heap = std::mem::size_of::<Key>()
+            + key.0.len()
+            + key.1.len()
+            + std::mem::size_of::<TaskRecord>()
+            + record.heap_bytes();
+        (heap as u64).max(self.floor)
+    }
+}
+
+/// Task records by `(upstream, taskId)`, bounded in bytes and entries.
 pub(crate) struct RecordCache {
-    records: Option<Cache<Key, Arc<TaskRecord>>>,
+    records: Option<Cache<Key, Arc<TaskRecord>, ByHeap>>,
     /// Bumped by every invalidation; held while a fill checks it.
     epoch: Mutex<u64>,
 }
 
 impl RecordCache {
-    /// A cache of at most `entries` records; `0` caches nothing.
-    pub(crate) fn new(entries: usize) -> RecordCache {
+    /// A cache of at most `entries` records holding at most about `bytes` of heap; `0` in
+    /// either caches nothing.
+    pub(crate) fn new(entries: usize, bytes: u64) -> RecordCache {
         RecordCache {
-            records: (entries > 0).then(|| Cache::new(entries)),
+            records: (entries > 0 && bytes > 0).then(|| {
+                let floor = (bytes / entries as u64).max(1);
+                let estimated = entries.min((bytes / 512).max(1) as usize);
+                Cache::with_weighter(estimated, bytes, ByHeap { floor })
+            }),
             epoch: Mutex::new(0),
         }
     }
@@ -110,7 +139,7 @@ mod tests {
 
     #[test]
     fn a_fill_read_before_an_invalidation_is_refused() {
-        let cache = RecordCache::new(16);
+        let cache = RecordCache::new(16, 1 << 20);
         let r = record("t1");
         let seen = cache.epoch();
         // A write to the record committed and invalidated between the read and the fill.
@@ -128,9 +157,46 @@ mod tests {
 
     #[test]
     fn zero_entries_caches_nothing() {
-        let cache = RecordCache::new(0);
-        let r = record("t1");
-        cache.fill(cache.epoch(), &r);
-        assert!(cache.get(&r.upstream, &r.task_id).is_none());
+        for cache in [RecordCache::new(0, 1 << 20), RecordCache::new(16, 0)] {
+            let r = record("t1");
+            cache.fill(cache.epoch(), &r);
+            assert!(cache.get(&r.upstream, &r.task_id).is_none());
+        }
+    }
+
+    /// Records carrying their terminal result fill the cache by bytes, not by count: 64 records
+    /// of 256 KiB each in a cache of 1 MiB and 1,000 entries leave at most about 1 MiB cached.
+    #[test]
+    fn records_with_large_results_are_bounded_by_bytes() {
+        let cache = RecordCache::new(1000, 1 << 20);
+        let mut cached = 0;
+        for i in 0..64 {
+            let mut r = record(&format!("t{i}"));
+            r.terminal_result = Some("x".repeat(256 * 1024));
+            cache.fill(cache.epoch(), &r);
+        }
+        for i in 0..64 {
+            if cache.get("up", &format!("t{i}")).is_some() {
+                cached += 1;
+            }
+        }
+        assert!(cached <= 4, "{cached} records of 256 KiB cached in 1 MiB");
+    }
+
+    /// The entry bound holds for small records: at most `entries` of them are kept.
+    #[test]
+    fn small_records_are_bounded_by_entries() {
+        let cache = RecordCache::new(8, 1 << 20);
+        for i in 0..100 {
+            let r = record(&format!("t{i}"));
+            cache.fill(cache.epoch(), &r);
+        }
+        let cached = (0..100)
+            .filter(|i| cache.get("up", &format!("t{i}")).is_some())
+            .count();
+        assert!(
+            (1..=8).contains(&cached),
+            "{cached} entries cached, bound 8"
+        );
     }
 }

@@ -26,7 +26,7 @@ mod tier;
 pub use offload::ListPage;
 pub use owners::{Owners, Reservation};
 pub use releases::{Releases, ResourceHold};
-pub use status::Observed;
+pub use status::{Observed, TaskFields};
 
 use crate::config::TasksConfig;
 use crate::mcp::task::{now_ms, TaskStatus};
@@ -88,10 +88,11 @@ impl Registry {
         } else {
             config.record_cache_entries
         };
+        let cached_bytes = config.record_cache_bytes;
         let registry = Arc::new_cyclic(|weak| Registry {
             store,
             metrics,
-            records: cache::RecordCache::new(cached),
+            records: cache::RecordCache::new(cached, cached_bytes),
             owners,
             releases: Arc::new(Releases::new(weak.clone(), quiet)),
             config,

@@ -159,6 +159,28 @@ pub struct TaskRecord {
 }
 
 impl TaskRecord {
+    /// Bytes this record holds on the heap beyond its own size (its strings' capacities), for
+    /// the record cache's byte bound (`registry::cache`).
+    pub fn heap_bytes(&self) -> usize {
+        let opt = |s: &Option<String>| s.as_ref().map_or(0, String::capacity);
+        let owner = match &self.owner {
+            Owner::Principal(s) | Owner::Session(s) => s.capacity(),
+            Owner::Anonymous => 0,
+        };
+        self.upstream.capacity()
+            + self.task_id.capacity()
+            + owner
+            + opt(&self.upstream_session)
+            + opt(&self.tool)
+            + opt(&self.protocol_version)
+            + opt(&self.status_message)
+            + self.created_at.capacity()
+            + self.last_updated_at.capacity()
+            + opt(&self.terminal_result)
+    }
+}
+
+impl TaskRecord {
     /// The `Task` object as the spec shapes it (for `tasks/list` and rewrites).
     pub fn to_task(&self) -> Task {
         Task {
