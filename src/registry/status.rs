@@ -217,11 +217,12 @@ impl Registry {
     /// A report contradicting a terminal status needs it (the late result is counted once).
     /// Pure: no store access.
     pub fn would_change(record: &TaskRecord, task: &Value) -> bool {
-        let Some(status) = task
-            .get("status")
-            .and_then(Value::as_str)
-            .and_then(TaskStatus::parse)
-        else {
+        Registry::would_change_fields(record, &TaskFields::of(task))
+    }
+
+    /// [`Registry::would_change`] over the fields already read out of a `Task`.
+    pub fn would_change_fields(record: &TaskRecord, task: &TaskFields<'_>) -> bool {
+        let Some(status) = task.status.and_then(TaskStatus::parse) else {
             return true;
         };
         if record.status.is_terminal() {
@@ -230,15 +231,15 @@ impl Registry {
         if status != record.status {
             return true;
         }
-        let differs = |key: &str, held: Option<&str>| match task.get(key) {
-            None | Some(Value::Null) => false,
-            Some(v) => v.as_str() != held,
+        let differs = |field: Option<Option<&str>>, held: Option<&str>| match field {
+            None => false,
+            Some(v) => v != held,
         };
-        differs("statusMessage", record.status_message.as_deref())
-            || differs("lastUpdatedAt", Some(record.last_updated_at.as_str()))
-            || match task.get("pollInterval") {
-                None | Some(Value::Null) => false,
-                Some(v) => v.as_u64() != record.poll_interval_ms,
+        differs(task.status_message, record.status_message.as_deref())
+            || differs(task.last_updated_at, Some(record.last_updated_at.as_str()))
+            || match task.poll_interval {
+                None => false,
+                Some(v) => v != record.poll_interval_ms,
             }
     }
 
@@ -472,6 +473,34 @@ impl Registry {
             self.audit(after, "status_cancelled", format!("seen in {source}"));
             self.releases
                 .cancelled(up, &after.task_id, ReleaseReason::Quiet);
+        }
+    }
+}
+
+/// The fields of a `Task` that [`Registry::would_change_fields`] compares, borrowed. Each
+/// `Option<Option<_>>` is `None` when the field is absent or `null`, `Some(None)` when it holds a
+/// value of another type than expected (a string; `pollInterval`: an integer ≥ 0).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct TaskFields<'a> {
+    /// `status`, when a string.
+    pub status: Option<&'a str>,
+    /// `statusMessage`.
+    pub status_message: Option<Option<&'a str>>,
+    /// `lastUpdatedAt`.
+    pub last_updated_at: Option<Option<&'a str>>,
+    /// `pollInterval`, in ms.
+    pub poll_interval: Option<Option<u64>>,
+}
+
+impl<'a> TaskFields<'a> {
+    /// The fields of the `Task` object `task`.
+    pub fn of(task: &'a Value) -> TaskFields<'a> {
+        let present = |key: &str| task.get(key).filter(|v| !v.is_null());
+        TaskFields {
+            status: task.get("status").and_then(Value::as_str),
+            status_message: present("statusMessage").map(Value::as_str),
+            last_updated_at: present("lastUpdatedAt").map(Value::as_str),
+            poll_interval: present("pollInterval").map(Value::as_u64),
         }
     }
 }
