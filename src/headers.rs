@@ -10,8 +10,31 @@ pub static MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id"
 /// `MCP-Protocol-Version` (case-insensitive on the wire).
 pub static MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
 
+/// Whether `name` is hop-by-hop by itself (RFC 9110 section 7.6.1; `Keep-Alive` and
+/// `Proxy-Connection` by RFC 9112 and common practice), not counting names `Connection` lists.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TRANSFER_ENCODING
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::UPGRADE
+        || name == header::PROXY_AUTHORIZATION
+        || name == header::PROXY_AUTHENTICATE
+        || name.as_str() == "keep-alive"
+        || name.as_str() == "proxy-connection"
+}
+
 /// Removes hop-by-hop headers (RFC 9110 section 7.6.1), including those named in `Connection`.
+///
+/// Most messages carry none (a `Connection` header, which names the others, is itself
+/// hop-by-hop), so one pass over the few names present decides first. Why: nine hashed
+/// `HeaderMap::remove`s per message, twice per request, were about 2,700 of the ~81,000
+/// instructions of a small `tools/call` (benches/profile.sh small; the pair is in
+/// benches/RESULTS.md, "hop-by-hop scan").
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -106,5 +129,40 @@ mod tests {
         assert!(is_visible_ascii(&v("abc-123_~")));
         assert!(!is_visible_ascii(&v("a b")));
         assert!(!is_visible_ascii(&v("")));
+    }
+
+    /// Each hop-by-hop name alone is removed (the one-pass check must not let any through), a
+    /// name `Connection` lists goes with it, and end-to-end headers stay.
+    #[test]
+    fn every_hop_by_hop_header_is_removed_even_alone() {
+        for name in [
+            "connection",
+            "transfer-encoding",
+            "te",
+            "trailer",
+            "upgrade",
+            "proxy-authorization",
+            "proxy-authenticate",
+            "keep-alive",
+            "proxy-connection",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert("content-type", HeaderValue::from_static("application/json"));
+            h.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_static("x"),
+            );
+            strip_hop_by_hop(&mut h);
+            assert!(h.get(name).is_none(), "{name} kept");
+            assert!(h.get("content-type").is_some());
+        }
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("close, X-Private"));
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert(MCP_SESSION_ID.clone(), HeaderValue::from_static("s"));
+        strip_hop_by_hop(&mut h);
+        assert!(h.get("x-private").is_none());
+        assert!(h.get(&MCP_SESSION_ID).is_some());
+        assert_eq!(h.len(), 1);
     }
 }
