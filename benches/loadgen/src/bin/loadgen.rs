@@ -1571,43 +1571,32 @@ fn cmd_report(args: &Args) {
             }
         }
     }
-    // Goals (issue 7).
+    // Goals (issue 15: throughput and CPU against nginx; the SSE and lifecycle bounds).
     md.push_str("\n### Goals\n\n| goal | measured | met |\n|---|---|---|\n");
     let yes = |ok: bool| if ok { "yes" } else { "**no**" };
-    let s1 = cases
-        .iter()
-        .find(|c| c.starts_with('1') && c.contains("c=16"));
-    if let Some(c) = s1 {
-        let (d, n, t) = (find(c, "direct"), find(c, "nginx"), find(c, "taskgate"));
-        if let (Some(d), Some(n), Some(t)) = (d, n, t) {
-            let thr = f(&t, "req_per_s") / f(&n, "req_per_s");
-            let add_n = f(&n, "p50_us") - f(&d, "p50_us");
-            let add_t = f(&t, "p50_us") - f(&d, "p50_us");
-            let cpu = f(&t, "cpu_us_per_req") / f(&n, "cpu_us_per_req");
-            md.push_str(&format!(
-                "| 1, c=16: throughput ≥ 0.8 × nginx | {:.2} × nginx ({} vs {} req/s) | {} |\n",
-                thr,
-                fmt(f(&t, "req_per_s"), 0),
-                fmt(f(&n, "req_per_s"), 0),
-                yes(thr >= 0.8)
-            ));
-            md.push_str(&format!(
-                "| 1, c=16: added p50 ≤ 1.5 × nginx's added p50 | taskgate {} µs, nginx {} µs ({}) | {} |\n",
-                signed(add_t),
-                signed(add_n),
-                ratio(add_t, add_n),
-                yes(add_t <= 1.5 * add_n)
-            ));
-            md.push_str(&format!(
-                "| 1, c=16: CPU/request ≤ 1.5 × nginx's | taskgate {} µs, nginx {} µs ({:.2}×) | {} |\n",
-                fmt(f(&t, "cpu_us_per_req"), 1),
-                fmt(f(&n, "cpu_us_per_req"), 1),
-                cpu,
-                yes(cpu <= 1.5)
-            ));
-        } else {
-            md.push_str("| scenario 1 goals | nginx or a path missing | – |\n");
-        }
+    for c in cases.iter().filter(|c| c.starts_with("1. small")) {
+        let conc = c.rsplit("c=").next().unwrap_or("?");
+        let (n, t) = (find(c, "nginx"), find(c, "taskgate"));
+        let (Some(n), Some(t)) = (n, t) else {
+            md.push_str(&format!("| 1, c={conc} | nginx or taskgate missing | – |\n"));
+            continue;
+        };
+        let thr = f(&t, "req_per_s") / f(&n, "req_per_s");
+        let cpu = f(&t, "cpu_us_per_req") / f(&n, "cpu_us_per_req");
+        md.push_str(&format!(
+            "| 1, c={conc}: throughput ≥ 0.9 × nginx | {:.2} × nginx ({} vs {} req/s) | {} |\n",
+            thr,
+            fmt(f(&t, "req_per_s"), 0),
+            fmt(f(&n, "req_per_s"), 0),
+            yes(thr >= 0.9)
+        ));
+        md.push_str(&format!(
+            "| 1, c={conc}: CPU/request ≤ 1.2 × nginx's | taskgate {} µs, nginx {} µs ({:.2}×) | {} |\n",
+            fmt(f(&t, "cpu_us_per_req"), 1),
+            fmt(f(&n, "cpu_us_per_req"), 1),
+            cpu,
+            yes(cpu <= 1.2)
+        ));
     }
     for c in cases.iter().filter(|c| c.starts_with('3')) {
         if let (Some(d), Some(t)) = (find(c, "direct"), find(c, "taskgate")) {
@@ -1617,6 +1606,30 @@ fn cmd_report(args: &Args) {
                 signed(gap),
                 signed(f(&t, "first_p99_us") - f(&d, "first_p99_us")),
                 yes(gap <= 1000.0)
+            ));
+        }
+        if c.contains("at once") {
+            if let (Some(n), Some(t)) = (find(c, "nginx"), find(c, "taskgate")) {
+                let cpu = f(&t, "cpu_us_per_req") / f(&n, "cpu_us_per_req");
+                md.push_str(&format!(
+                    "| 3 ({c}): CPU/stream ≤ 1.2 × nginx's | taskgate {} µs, nginx {} µs ({:.2}×) | {} |\n",
+                    fmt(f(&t, "cpu_us_per_req"), 1),
+                    fmt(f(&n, "cpu_us_per_req"), 1),
+                    cpu,
+                    yes(cpu <= 1.2)
+                ));
+            }
+        }
+    }
+    for c in cases.iter().filter(|c| c.starts_with("4.")) {
+        if let (Some(n), Some(t)) = (find(c, "nginx"), find(c, "taskgate")) {
+            let cpu = f(&t, "cpu_us_per_req") / f(&n, "cpu_us_per_req");
+            md.push_str(&format!(
+                "| 4: lifecycle CPU/request ≤ 3 × nginx's plain-proxy CPU/request | taskgate {} µs, nginx {} µs ({:.2}×) | {} |\n",
+                fmt(f(&t, "cpu_us_per_req"), 1),
+                fmt(f(&n, "cpu_us_per_req"), 1),
+                cpu,
+                yes(cpu <= 3.0)
             ));
         }
     }
