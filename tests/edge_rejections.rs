@@ -177,6 +177,33 @@ async fn chunked_body_over_limit_is_413() {
     assert_session_works(&gw, &up, &sid).await;
 }
 
+/// A chunked body under the limit, in several chunks, reaches the upstream whole and in order
+/// (a body of one frame is passed on as that frame; more frames are joined).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_body_under_limit_is_forwarded_whole() {
+    let up = Upstream::mcp().await;
+    let gw = GatewayBuilder::single(&up.url())
+        .gateway_opt("max_body_bytes = 1024")
+        .start()
+        .await;
+    let sid = initialize(&gw, "/mcp").await;
+    for pieces in [1usize, 2, 3, 7] {
+        let body = Bytes::from(body_of_len(1000));
+        let step = body.len().div_ceil(pieces);
+        let chunks: Vec<Bytes> = (0..body.len())
+            .step_by(step)
+            .map(|at| body.slice(at..(at + step).min(body.len())))
+            .collect();
+        let r = Req::mcp_post(&gw.url("/mcp"), Bytes::new())
+            .header("mcp-session-id", &sid)
+            .chunked(chunks)
+            .send()
+            .await;
+        assert_eq!(r.status(), 200, "{pieces} chunks");
+        assert_eq!(up.last().body, body, "{pieces} chunks: the body as sent");
+    }
+}
+
 /// The default limit is 4 MiB: 4 MiB passes, 4 MiB + 1 is 413. The client must actually get the
 /// 413 (not a reset connection while it is still sending the body), every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
