@@ -44,14 +44,8 @@ pub(super) enum BodyError {
 
 /// Reads a body of at most `limit` bytes. An oversized body is read to its end and dropped
 /// (up to [`DISCARD_LIMIT`] more bytes) before [`BodyError::TooLarge`] is returned.
-///
-/// A body that arrives as one data frame (the common small request) is returned as that frame,
-/// without a copy; a second frame starts a buffer. Why: the copy's buffer growth was about 1,200
-/// of the ~81,000 instructions of a small `tools/call` (benches/profile.sh small; the pair is in
-/// benches/RESULTS.md, "hop-by-hop scan").
 pub(super) async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes, BodyError> {
-    let mut first: Option<Bytes> = None;
-    let mut buf: Option<bytes::BytesMut> = None;
+    let mut buf = bytes::BytesMut::new();
     let mut seen = 0usize;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(BodyError::Read)?;
@@ -62,31 +56,14 @@ pub(super) async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes,
         if seen > limit + DISCARD_LIMIT {
             return Err(BodyError::TooLarge);
         }
-        if seen > limit {
-            // Over the limit: read on (discarding) so the client can read the 413.
-            first = None;
-            buf = None;
-            continue;
-        }
-        match (&mut buf, first.take()) {
-            (Some(buf), _) => buf.extend_from_slice(&data),
-            (None, None) => first = Some(data),
-            (None, Some(held)) => {
-                let mut joined = bytes::BytesMut::with_capacity(held.len() + data.len());
-                joined.extend_from_slice(&held);
-                joined.extend_from_slice(&data);
-                buf = Some(joined);
-            }
+        if seen <= limit {
+            buf.extend_from_slice(&data);
         }
     }
     if seen > limit {
         return Err(BodyError::TooLarge);
     }
-    Ok(match (buf, first) {
-        (Some(buf), _) => buf.freeze(),
-        (None, Some(first)) => first,
-        (None, None) => Bytes::new(),
-    })
+    Ok(buf.freeze())
 }
 
 /// A JSON body with the given status.
