@@ -396,8 +396,7 @@ impl Watch {
     ) -> Bytes {
         // The common poll (a `tasks/get` answer repeating what the record holds) is decided on
         // a borrowing view of the answer, without a `Value` tree; see `poll_repeats`.
-        if parsed.is_none() && method == TaskMethod::Get && poll_repeats(&bytes, known, Era::Legacy)
-        {
+        if parsed.is_none() && method == TaskMethod::Get && poll_repeats(&bytes, known) {
             return bytes;
         }
         let Some(value) = parsed.or_else(|| serde_json::from_slice::<Value>(&bytes).ok()) else {

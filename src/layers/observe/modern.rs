@@ -36,28 +36,22 @@ impl Watch {
             // Acks carry no status.
             return bytes;
         }
+        let Some(value) = parsed.or_else(|| serde_json::from_slice::<Value>(&bytes).ok()) else {
+            return bytes;
+        };
+        let Some(result) = value.get("result").filter(|r| r.is_object()) else {
+            return bytes;
+        };
+        let task = era::as_registry_task(result, self.registry.config().max_ttl_ms);
         // A poll repeating what the record holds needs no store trip (a terminal record never
         // changes); its result may still be the first one seen for the task (the status may
-        // have come by notifications/tasks). The common case is decided on a typed view of the
-        // answer, without a `Value` tree (`poll::poll_repeats`).
-        let observed = if parsed.is_none() && super::poll_repeats(&bytes, known, era::Era::Modern) {
-            Observed::Recorded(known.status)
+        // have come by notifications/tasks).
+        let observed = if Registry::would_change(known, &task) {
+            self.registry
+                .observe_task_as(&self.upstream, task_id, task, "tasks/get")
+                .await
         } else {
-            let Some(value) = parsed.or_else(|| serde_json::from_slice::<Value>(&bytes).ok())
-            else {
-                return bytes;
-            };
-            let Some(result) = value.get("result").filter(|r| r.is_object()) else {
-                return bytes;
-            };
-            let task = era::as_registry_task(result, self.registry.config().max_ttl_ms);
-            if Registry::would_change(known, &task) {
-                self.registry
-                    .observe_task_as(&self.upstream, task_id, task, "tasks/get")
-                    .await
-            } else {
-                Observed::Recorded(known.status)
-            }
+            Observed::Recorded(known.status)
         };
         match observed {
             Observed::Recorded(status)

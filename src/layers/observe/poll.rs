@@ -1,13 +1,11 @@
 //! The common poll, decided without a `Value` tree (see [`poll_repeats`]).
 
-use crate::era::Era;
 use crate::registry::{Registry, TaskFields};
 use crate::store::TaskRecord;
 
-/// Whether `bytes`, a reply to a `tasks/get` of `era`, repeats what `known` holds (see
+/// Whether `bytes`, a reply to a 2025-11-25 `tasks/get`, repeats what `known` holds (see
 /// [`Registry::would_change`]), read through a typed, borrowing view: only `result`'s `status`,
-/// `statusMessage`, `lastUpdatedAt` and `pollInterval` are read (2026-07-28: `pollIntervalMs`,
-/// else `pollInterval`, as `era::as_registry_task` maps them), everything else is skipped
+/// `statusMessage`, `lastUpdatedAt` and `pollInterval` are read, everything else is skipped
 /// (and its syntax checked) without building a `Value`. `false` whenever the view cannot decide:
 /// an error reply, a `result` that is not an object, a field of an unexpected type, a repeated
 /// key; the caller then takes the `Value` path, which decides as before.
@@ -15,7 +13,7 @@ use crate::store::TaskRecord;
 /// Why: parsing the answer into a `Value` was the largest part of a poll's cost in taskgate's own
 /// code (benches/profile.sh, lifecycle; the before/after pair is in benches/RESULTS.md,
 /// "typed tasks/get view").
-pub(super) fn poll_repeats(bytes: &[u8], known: &TaskRecord, era: Era) -> bool {
+pub(super) fn poll_repeats(bytes: &[u8], known: &TaskRecord) -> bool {
     use std::borrow::Cow;
     #[derive(serde::Deserialize)]
     struct Reply<'a> {
@@ -32,8 +30,6 @@ pub(super) fn poll_repeats(bytes: &[u8], known: &TaskRecord, era: Era) -> bool {
         last_updated_at: Option<Cow<'a, str>>,
         #[serde(rename = "pollInterval")]
         poll_interval: Option<u64>,
-        #[serde(rename = "pollIntervalMs")]
-        poll_interval_ms: Option<u64>,
     }
     let Ok(Reply { result: Some(task) }) = serde_json::from_slice::<Reply<'_>>(bytes) else {
         return false;
@@ -42,11 +38,7 @@ pub(super) fn poll_repeats(bytes: &[u8], known: &TaskRecord, era: Era) -> bool {
         status: task.status.as_deref(),
         status_message: task.status_message.as_deref().map(Some),
         last_updated_at: task.last_updated_at.as_deref().map(Some),
-        poll_interval: match era {
-            Era::Legacy => task.poll_interval,
-            Era::Modern => task.poll_interval_ms.or(task.poll_interval),
-        }
-        .map(Some),
+        poll_interval: task.poll_interval.map(Some),
     };
     !Registry::would_change_fields(known, &fields)
 }
@@ -68,7 +60,7 @@ mod tests {
             r#"{{"taskId":"t1","status":"working","lastUpdatedAt":"{}","ttl":60000,"extra":{{"a":[1,2]}}}}"#,
             r.last_updated_at
         );
-        assert!(poll_repeats(&reply(&same), &r, Era::Legacy));
+        assert!(poll_repeats(&reply(&same), &r));
         // Anything else goes to the Value path: another status, message or time, an error
         // reply, a field of an unexpected type, a repeated key, escapes decoded alike.
         for other in [
@@ -82,13 +74,13 @@ mod tests {
             r#"{"taskId":"t1","status":"working","status":"failed"}"#.to_string(),
             r#"[]"#.to_string(),
         ] {
-            assert!(!poll_repeats(&reply(&other), &r, Era::Legacy), "{other}");
+            assert!(!poll_repeats(&reply(&other), &r), "{other}");
         }
         let error = br#"{"jsonrpc":"2.0","id":3,"error":{"code":-32602,"message":"x"}}"#;
-        assert!(!poll_repeats(error, &r, Era::Legacy));
+        assert!(!poll_repeats(error, &r));
         let escaped = r#"{"taskId":"t1","status":"work\u0069ng"}"#;
         assert!(
-            poll_repeats(&reply(escaped), &r, Era::Legacy),
+            poll_repeats(&reply(escaped), &r),
             "an escaped status reads as itself"
         );
     }
@@ -99,28 +91,7 @@ mod tests {
         r.status = TaskStatus::Completed;
         let poll =
             r#"{"taskId":"t1","status":"completed","statusMessage":"done","lastUpdatedAt":"x"}"#;
-        assert!(poll_repeats(&reply(poll), &r, Era::Legacy));
-        assert!(!poll_repeats(
-            &reply(r#"{"status":"failed"}"#),
-            &r,
-            Era::Legacy
-        ));
-    }
-
-    /// 2026-07-28: `pollIntervalMs` is the poll interval; a 2025 answer's stray
-    /// `pollIntervalMs` is not.
-    #[test]
-    fn the_modern_poll_interval_is_poll_interval_ms() {
-        let mut r = record("t1");
-        r.poll_interval_ms = Some(500);
-        let modern =
-            r#"{"resultType":"complete","taskId":"t1","status":"working","pollIntervalMs":500}"#;
-        assert!(poll_repeats(&reply(modern), &r, Era::Modern));
-        let changed = r#"{"taskId":"t1","status":"working","pollIntervalMs":900}"#;
-        assert!(!poll_repeats(&reply(changed), &r, Era::Modern));
-        assert!(
-            poll_repeats(&reply(changed), &r, Era::Legacy),
-            "2025-11-25 has no pollIntervalMs"
-        );
+        assert!(poll_repeats(&reply(poll), &r));
+        assert!(!poll_repeats(&reply(r#"{"status":"failed"}"#), &r));
     }
 }
