@@ -8,7 +8,9 @@
 //!   (get, cancel) through the others; after a restart on its port it serves them again;
 //! - 2025-11-25: a session's task is served by any replica on its recorded upstream session;
 //! - `tasks.max_live_tasks_per_owner` holds across replicas, and `taskgate_tasks` summed over
-//!   the replicas counts each record once (two and three replicas in process).
+//!   the replicas counts each record once (two and three replicas in process);
+//! - 2025-11-25 sessions under authentication stay on the replica that saw their `initialize`
+//!   behind HAProxy with the stickiness `deploy/README.md` documents.
 
 mod common;
 
@@ -334,4 +336,72 @@ async fn owner_limit_and_task_gauges_hold_across_replicas() {
     })
     .await;
     assert!(sums.is_some(), "one replica exports the database's counts");
+}
+
+/// 2025-11-25 sessions under bearer authentication through a tier (the choice: session-sticky
+/// routing, `deploy/README.md` "Routing"): HAProxy with the documented stickiness (stick on the
+/// `Mcp-Session-Id` the `initialize`'s response set) keeps each session on the replica that saw
+/// its `initialize`. Six sessions of two principals, placed round-robin, each run create, get,
+/// list and cancel without one refusal. Control: nginx round-robin without stickiness sends a
+/// session's next request to a replica that did not see its `initialize`, which answers 404
+/// `-32001` (under authentication it cannot tell whose the session is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authenticated_2025_sessions_stick_to_their_replica() {
+    let test = "authenticated_2025_sessions_stick_to_their_replica";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let up = TaskServer::default().await;
+    let config = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .token("bob", "bob-token")
+        .gateway("allowed_hosts = [\"*\"]");
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(tg_on_pg(&config, "TG_TIER_STICKY_DB", &pg.url).await);
+    }
+    let backends: Vec<std::net::SocketAddr> = replicas.iter().map(|r| r.gw).collect();
+    let Some(sticky) = Balancer::sticky(test, &backends) else {
+        return;
+    };
+    for i in 0..6 {
+        let token = if i % 2 == 0 {
+            "alice-token"
+        } else {
+            "bob-token"
+        };
+        let mut c = Client::new(&sticky.mcp_url()).with_token(token);
+        c.initialize().await;
+        assert!(
+            c.session.is_some(),
+            "the upstream's Mcp-Session-Id is passed on"
+        );
+        let task = c.create_task("1").await;
+        let v = c.get("2", &task).await;
+        assert_eq!(v["result"]["taskId"], json!(task), "session {i}: {v}");
+        let v = c.list("3", None).await;
+        assert!(v["result"]["tasks"].is_array(), "session {i}: {v}");
+        let v = c.cancel("4", &task).await;
+        assert_eq!(v["result"]["status"], "cancelled", "session {i}: {v}");
+    }
+    assert_eq!(up.count("tools/call"), 6);
+
+    // Control: round-robin without stickiness.
+    let Some(rr) = Balancer::start(test, &backends) else {
+        return;
+    };
+    let mut c = Client::new(&rr.mcp_url()).with_token("alice-token");
+    c.initialize().await;
+    let mut refused = 0;
+    for n in 0..3 {
+        let r = c.send(rpc(&n.to_string(), "tasks/list", "{}")).await;
+        if r.status() == 404 {
+            assert_eq!(err_code(&r.json().await), -32001);
+            refused += 1;
+        }
+    }
+    assert!(
+        refused > 0,
+        "a replica that did not see the initialize refuses the session"
+    );
 }
