@@ -193,10 +193,13 @@ pub trait TaskStore: Send + Sync + 'static {
     /// Shared stores: the records per `(upstream, status)` counted in the store, for the task
     /// gauges of the process that holds the sweep lease. `None` (the default): the process
     /// counts what it sees itself.
-    fn count_by_status(&self) -> Result<Option<Vec<(String, TaskStatus, i64)>>, StoreError> {
+    fn count_by_status(&self) -> Result<Option<StatusCounts>, StoreError> {
         Ok(None)
     }
 }
+
+/// Records per `(upstream, status)`: [`TaskStore::count_by_status`].
+pub type StatusCounts = Vec<(String, TaskStatus, i64)>;
 
 /// How long a live-task slot taken in a shared store ([`TaskStore::reserve_slot`]) counts while
 /// its creation is in flight: a replica killed between taking it and recording the task holds it

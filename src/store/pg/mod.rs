@@ -48,7 +48,6 @@ use super::{
     AuditEvent, CancelClaim, ListCursor, Owner, SharedCancelOutcome, StoreError, TaskRecord,
     TaskStore,
 };
-use crate::mcp::task::TaskStatus;
 use deadpool_postgres::Pool;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -481,7 +480,7 @@ impl TaskStore for PgStore {
             .boxed()
     }
 
-    fn count_by_status(&self) -> Result<Option<Vec<(String, TaskStatus, i64)>>, StoreError> {
+    fn count_by_status(&self) -> Result<Option<super::StatusCounts>, StoreError> {
         self.count_by_status_now().map(Some)
     }
 }

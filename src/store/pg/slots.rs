@@ -18,7 +18,7 @@
 
 use super::{encode, ms, pg_err, pool_err, PgStore};
 use crate::mcp::task::TaskStatus;
-use crate::store::{Owner, StoreError, TaskRecord};
+use crate::store::{Owner, StatusCounts, StoreError, TaskRecord};
 use std::time::Duration;
 
 /// The database's clock in ms, as the lease columns hold it.
@@ -138,7 +138,7 @@ impl PgStore {
         tx.commit().await.map_err(pg_err)
     }
 
-    pub(super) fn count_by_status_now(&self) -> Result<Vec<(String, TaskStatus, i64)>, StoreError> {
+    pub(super) fn count_by_status_now(&self) -> Result<StatusCounts, StoreError> {
         let rows = self.run(|pool| async move {
             let c = pool.get().await.map_err(pool_err)?;
             c.query(
