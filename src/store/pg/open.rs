@@ -1,10 +1,9 @@
 //! Connecting: [`PgStore::open`] (migrates), [`PgStore::open_read_only`], [`PgStore::probe`].
 
-use super::names::{redact, replica_name};
+use super::names::{parse, redact, replica_name};
 use super::{migrations, pg_err, PgStore, POOL_TIMEOUT};
 use crate::store::StoreError;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use std::str::FromStr;
 use std::sync::Arc;
 
 impl PgStore {
@@ -38,8 +37,7 @@ impl PgStore {
             path: shown.clone(),
             detail,
         };
-        let mut config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| open_err(format!("not a PostgreSQL URL: {e}")))?;
+        let mut config = parse(url).map_err(open_err)?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(POOL_TIMEOUT);
         }
@@ -102,8 +100,7 @@ impl PgStore {
             path: shown.clone(),
             detail,
         };
-        let mut config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| open_err(format!("not a PostgreSQL URL: {e}")))?;
+        let mut config = parse(url).map_err(open_err)?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(POOL_TIMEOUT);
         }
