@@ -1,4 +1,4 @@
-//! The `taskgate` command line: `serve`, `check-config`.
+//! The `taskgate` command line: `serve`, `check-config`, `tasks list|show`.
 
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::Write;
@@ -36,8 +36,8 @@ enum Command {
         /// The TOML file to check.
         file: PathBuf,
     },
-    /// Inspect the task registry (works while the gateway is stopped: the store is locked
-    /// while it runs; use the admin endpoint /admin/tasks then).
+    /// Inspect the task registry: a sled store while the gateway is stopped (it is locked while
+    /// taskgate runs; use the admin endpoint /admin/tasks then), a PostgreSQL one at any time.
     Tasks {
         #[command(subcommand)]
         command: TasksCommand,
@@ -48,9 +48,12 @@ enum Command {
 enum TasksCommand {
     /// List task records as JSON lines, newest first.
     List {
-        /// Store directory ([store] path).
+        /// Store directory ([store] path of a sled store).
+        #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+        store: Option<PathBuf>,
+        /// A taskgate config file: its [store] (sled path, or PostgreSQL URL from url_env/url).
         #[arg(long)]
-        store: PathBuf,
+        config: Option<PathBuf>,
         /// Only this owner (principal:<name>, session:<id>, anonymous).
         #[arg(long)]
         owner: Option<String>,
@@ -66,9 +69,12 @@ enum TasksCommand {
     },
     /// Show one task record with its audit events, as JSON.
     Show {
-        /// Store directory ([store] path).
+        /// Store directory ([store] path of a sled store).
+        #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+        store: Option<PathBuf>,
+        /// A taskgate config file: its [store] (sled path, or PostgreSQL URL from url_env/url).
         #[arg(long)]
-        store: PathBuf,
+        config: Option<PathBuf>,
         /// The upstream's name.
         upstream: String,
         /// The taskId.
@@ -146,18 +152,15 @@ fn check_database(config: &Config) -> ExitCode {
 
 fn tasks_command(command: TasksCommand) -> ExitCode {
     use taskgate::http::admin::{task_detail, TaskFilter};
-    use taskgate::store::SledStore;
-    let path = match &command {
-        TasksCommand::List { store, .. } | TasksCommand::Show { store, .. } => store.clone(),
+    let (store, config) = match &command {
+        TasksCommand::List { store, config, .. } | TasksCommand::Show { store, config, .. } => {
+            (store.clone(), config.clone())
+        }
     };
-    if !path.join("db").exists() {
-        eprintln!("taskgate: no task store at {}", path.display());
-        return ExitCode::FAILURE;
-    }
-    let store = match SledStore::open(&path, 16 * 1024 * 1024, None) {
+    let store = match open_store_for_cli(store, config) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("taskgate: {e} (is taskgate running on this store? use the admin endpoint /admin/tasks)");
+            eprintln!("taskgate: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -218,6 +221,45 @@ fn tasks_command(command: TasksCommand) -> ExitCode {
             }
         },
     }
+}
+
+/// The store `taskgate tasks` reads: the sled directory `--store`, or the `[store]` of the config
+/// file `--config` (sled at its path; PostgreSQL at its URL, opened without changing the schema).
+fn open_store_for_cli(
+    store: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> Result<std::sync::Arc<dyn taskgate::store::TaskStore>, String> {
+    use taskgate::config::StoreBackend;
+    use taskgate::store::{PgStore, SledStore};
+    let path = match (store, config) {
+        (Some(path), _) => path,
+        (None, Some(file)) => {
+            let config = Config::from_file(&file).map_err(|e| e.to_string())?;
+            if config.store.backend == StoreBackend::Postgres {
+                let url = config
+                    .store
+                    .database_url()
+                    .ok_or("the database URL is not set (store.url_env names an unset variable)")?;
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                let store = runtime
+                    .block_on(PgStore::open_read_only(&url, 2))
+                    .map_err(|e| e.to_string())?;
+                return Ok(store as std::sync::Arc<dyn taskgate::store::TaskStore>);
+            }
+            config.store.path
+        }
+        (None, None) => return Err("give --store DIR or --config FILE".into()),
+    };
+    if !path.join("db").exists() {
+        return Err(format!("no task store at {}", path.display()));
+    }
+    let store = SledStore::open(&path, 16 * 1024 * 1024, None).map_err(|e| {
+        format!("{e} (is taskgate running on this store? use the admin endpoint /admin/tasks)")
+    })?;
+    Ok(store as std::sync::Arc<dyn taskgate::store::TaskStore>)
 }
 
 async fn serve(config: Config) -> ExitCode {

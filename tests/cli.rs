@@ -1,6 +1,7 @@
 //! The real binary: `check-config` on good and bad files, `--version` and `--help`, the listening
 //! line, exit 0 on SIGTERM or SIGINT, draining in-flight streams up to `drain_timeout_ms`, a missing
-//! `${VAR}` at start-up, and JSON logs that carry no bodies.
+//! `${VAR}` at start-up, JSON logs that carry no bodies, and `taskgate tasks list|show` on the
+//! PostgreSQL store a config file names.
 //!
 //! Every test builds the smallest setup that shows its rule and asserts what a user relies on:
 //! status codes, JSON-RPC codes, the bytes/ids/headers the upstream received, and SSE events
@@ -356,4 +357,76 @@ async fn binary_json_logs_without_bodies() {
             .unwrap_or_else(|e| panic!("log line not JSON ({e}): {line}"));
     }
     assert!(!stderr.contains(marker), "body logged:\n{stderr}");
+}
+
+/// `taskgate tasks list|show --config FILE` reads the `[store]` of the file: with
+/// `backend = "postgres"`, the database at its URL (before: only a sled directory, `--store`),
+/// while the gateway runs; a database without taskgate's schema is a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_list_and_show_read_a_postgres_store() {
+    let Some(pg) = PgCluster::start("tasks_list_and_show_read_a_postgres_store") else {
+        return;
+    };
+    let up = TaskServer::default().await;
+    let config = TgConfig::new(&up.url()).token("alice", "alice-token");
+    let env = "TG_CLI_DB";
+    let tg = tg_on_pg(&config, env, &pg.url).await;
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let task = alice.create_task("1").await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tier.toml");
+    let toml = format!(
+        "[gateway]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [store]\nbackend = \"postgres\"\nurl_env = {env:?}\n\n\
+         [[upstream]]\nname = \"default\"\nurl = \"http://127.0.0.1:9/mcp\"\n"
+    );
+    std::fs::write(&file, toml).unwrap();
+    let f = file.to_str().unwrap();
+    let db = pg.url.as_str();
+    let listed = blocking(|| {
+        run_taskgate(
+            &["tasks", "list", "--config", f, "--owner", "principal:alice"],
+            &[(env, db)],
+        )
+    });
+    assert!(listed.status.success(), "{}", listed.stderr);
+    let lines: Vec<Value> = listed
+        .stdout
+        .lines()
+        .map(|l| parse_json(l.as_bytes()))
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", listed.stdout);
+    assert_eq!(lines[0]["task_id"], json!(task));
+    let shown = blocking(|| {
+        run_taskgate(
+            &["tasks", "show", "--config", f, "default", task.as_str()],
+            &[(env, db)],
+        )
+    });
+    assert!(shown.status.success(), "{}", shown.stderr);
+    let v = parse_json(shown.stdout.as_bytes());
+    assert_eq!(v["task"]["owner"], json!("principal:alice"), "{v}");
+    assert!(v["audit"].is_array(), "{v}");
+
+    // A database taskgate never ran on: said so, and nothing is created in it.
+    let (client, conn) = tokio_postgres::connect(db, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    client
+        .batch_execute("CREATE DATABASE tg_cli_bare")
+        .await
+        .unwrap();
+    let (base, query) = db.split_once('?').unwrap_or((db, ""));
+    let bare = format!("{}/tg_cli_bare?{query}", base.rsplit_once('/').unwrap().0);
+    let none =
+        blocking(|| run_taskgate(&["tasks", "list", "--config", f], &[(env, bare.as_str())]));
+    assert!(!none.status.success());
+    assert!(
+        none.stderr.contains("no taskgate schema"),
+        "{}",
+        none.stderr
+    );
+    drop(tg);
 }

@@ -24,6 +24,8 @@ command -v musl-gcc >/dev/null 2>&1 || need_apt+=(musl-tools)
 # load balancer.
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresql)
 [[ -x /usr/sbin/nginx ]] || need_apt+=(nginx)
+# tests/tier.rs: 2025-11-25 sessions under authentication behind HAProxy's session stickiness.
+[[ -x /usr/sbin/haproxy ]] || need_apt+=(haproxy)
 if ((${#need_apt[@]})); then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
         echo "== installing Debian packages: ${need_apt[*]}"

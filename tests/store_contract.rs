@@ -2,7 +2,8 @@
 //! PostgreSQL (a throwaway cluster, see `common::pg`). Then what only a store shared by several
 //! processes adds, with two `PgStore`s on one database standing for two replicas: the terminal
 //! status enforced by the database, compare-and-swap updates racing, the cancel claim, the sweep
-//! lease, and audit facts appended once.
+//! lease (kept by one replica, no connection churned per tick), audit facts appended once, and
+//! the owner's live-task limit counted in the database.
 
 mod common;
 
@@ -257,10 +258,67 @@ async fn postgres_replicas_share_one_truth() {
     b.append_audit(&ev).unwrap();
     assert_eq!(a.audit_for(&up, "t1").unwrap().len(), 1);
 
-    // The sweep lease: one holder at a time, free again once dropped.
-    let held = a.sweep_lease().unwrap().expect("a sweeps");
+    // The sweep lease: one holder at a time (more in `postgres_sweep_lease_...`).
+    assert!(a.sweep_lease().unwrap().is_some(), "a sweeps");
     assert!(b.sweep_lease().unwrap().is_none(), "b must not sweep now");
-    drop(held);
+}
+
+/// The sweep lease stays with the replica that took it while that replica lives, and neither
+/// the holder nor a replica that tries every tick opens or closes a connection per tick (before:
+/// each attempt took a connection out of the pool and closed it, on every replica, every tick).
+/// When the holder goes away, another replica takes the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sweep_lease_is_sticky_and_churns_no_connection() {
+    let Some(pg) = PgCluster::start("postgres_sweep_lease_is_sticky_and_churns_no_connection")
+    else {
+        return;
+    };
+    let sep = if pg.url.contains('?') { '&' } else { '?' };
+    let named = |name: &str| format!("{}{sep}application_name={name}", pg.url);
+    let a = PgStore::open(&named("tg-a"), 2).await.unwrap();
+    let b = PgStore::open(&named("tg-b"), 2).await.unwrap();
+    let (client, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut pids: std::collections::HashMap<String, std::collections::HashSet<i32>> =
+        Default::default();
+    let mut holders = Vec::new();
+    for _ in 0..20 {
+        let (sa, sb) = (a.clone(), b.clone());
+        let got = tokio::task::spawn_blocking(move || {
+            let got_a = sa.sweep_lease().unwrap().is_some();
+            (got_a, sb.sweep_lease().unwrap().is_some())
+        })
+        .await
+        .unwrap();
+        holders.push(got);
+        let rows = client
+            .query(
+                "SELECT application_name, pid FROM pg_stat_activity \
+                 WHERE application_name IN ('tg-a', 'tg-b')",
+                &[],
+            )
+            .await
+            .unwrap();
+        for r in rows {
+            pids.entry(r.get(0)).or_default().insert(r.get(1));
+        }
+    }
+    for name in ["tg-a", "tg-b"] {
+        let n = pids.get(name).map_or(0, |p| p.len());
+        assert!(
+            n <= 2,
+            "{name}: {n} connections over 20 ticks (pool of 2): {pids:?}"
+        );
+    }
+    assert_eq!(
+        holders,
+        vec![(true, false); 20],
+        "a keeps the lease, b never gets it"
+    );
+    // The holder goes away (its connection closes): b takes the lease at a later tick.
+    drop(a);
     let got = eventually(STEP, || {
         let b = b.clone();
         async move {
@@ -270,7 +328,92 @@ async fn postgres_replicas_share_one_truth() {
         }
     })
     .await;
-    assert!(got.is_some(), "the lease is free after a's sweep ends");
+    assert!(got.is_some(), "the lease is free once its holder is gone");
+}
+
+/// `tasks.max_live_tasks_per_owner` across replicas: 16 creators of one owner, half on each of
+/// two stores, all at once, take a slot and record their task in it: exactly `limit` succeed.
+/// A task turned terminal and a slot given back each make room; a slot whose lease ran out (a
+/// replica killed mid-creation) counts no more; another owner is not affected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_owner_limit_holds_across_replicas() {
+    let Some(pg) = PgCluster::start("postgres_owner_limit_holds_across_replicas") else {
+        return;
+    };
+    const LIMIT: usize = 3;
+    let a = PgStore::open(&pg.url, 4).await.unwrap();
+    let b = PgStore::open(&pg.url, 4).await.unwrap();
+    let up = unique("limit");
+    let alice = Owner::Session("alice".into());
+    let start = Arc::new(std::sync::Barrier::new(16));
+    let rt = tokio::runtime::Handle::current();
+    let creators: Vec<_> = (0..16)
+        .map(|i| {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let (up, alice, start, rt) = (up.clone(), alice.clone(), start.clone(), rt.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let slot = store.reserve_slot(&up, &alice, LIMIT, LEASE).unwrap()?;
+                let task = record(&up, &format!("t{i}"), "alice", now_ms());
+                rt.block_on(store.create_in_slot(task, slot)).unwrap();
+                Some(i)
+            })
+        })
+        .collect();
+    let created: Vec<_> = creators
+        .into_iter()
+        .filter_map(|c| c.join().unwrap())
+        .collect();
+    assert_eq!(created.len(), LIMIT, "{created:?}");
+    let (live, _) = a.list_owner(&up, &alice, None, 100).unwrap();
+    assert_eq!(live.len(), LIMIT);
+    assert_eq!(b.reserve_slot(&up, &alice, LIMIT, LEASE).unwrap(), None);
+    let bob = Owner::Session("bob".into());
+    assert!(b.reserve_slot(&up, &bob, LIMIT, LEASE).unwrap().is_some());
+
+    // A terminal task makes room; the slot, given back, makes room again.
+    let done = &live[0].task_id;
+    a.update(&up, done, &mut |r| {
+        r.status = TaskStatus::Completed;
+        true
+    })
+    .unwrap();
+    let slot = b
+        .reserve_slot(&up, &alice, LIMIT, LEASE)
+        .unwrap()
+        .expect("room");
+    assert_eq!(a.reserve_slot(&up, &alice, LIMIT, LEASE).unwrap(), None);
+    b.release_slot(slot);
+    let slot = eventually(STEP, || {
+        let a = a.clone();
+        let (up, alice) = (up.clone(), alice.clone());
+        async move {
+            tokio::task::spawn_blocking(move || a.reserve_slot(&up, &alice, LIMIT, LEASE).unwrap())
+                .await
+                .unwrap()
+        }
+    })
+    .await;
+    assert!(slot.is_some(), "the given-back slot is free");
+    // That slot's replica dies (nothing gives it back): it counts until its lease ends.
+    a.update(&up, &live[1].task_id, &mut |r| {
+        r.status = TaskStatus::Failed;
+        true
+    })
+    .unwrap();
+    let short = Duration::from_millis(1);
+    assert!(a.reserve_slot(&up, &alice, LIMIT, short).unwrap().is_some());
+    let after_lease = eventually(STEP, || {
+        let b = b.clone();
+        let (up, alice) = (up.clone(), alice.clone());
+        async move {
+            tokio::task::spawn_blocking(move || b.reserve_slot(&up, &alice, LIMIT, LEASE).unwrap())
+                .await
+                .unwrap()
+        }
+    })
+    .await;
+    assert!(after_lease.is_some(), "an expired slot counts no more");
 }
 
 /// An unreachable database is a clear error at start, naming the URL without its password.
@@ -445,45 +588,4 @@ async fn postgres_cancel_lease_follows_the_upstream_timeout() {
         Some(SharedCancelOutcome::Failed(_))
     ));
     assert_eq!(b.cancel_outcome(&up, "short", 2).unwrap(), None);
-}
-
-/// Messages name the database without its password; the cancel outcome round-trips.
-#[test]
-fn redact_and_outcome_encoding() {
-    use taskgate::store::pg::redact;
-    assert_eq!(
-        redact("postgres://tg:s3cret@db:5432/tasks?sslmode=disable"),
-        "postgres://tg@db:5432/tasks"
-    );
-    assert_eq!(
-        redact("postgres://tg@db/tasks"),
-        "postgres://tg@db:5432/tasks"
-    );
-    // Every other way of writing the password (found by review: these were printed as given).
-    for url in [
-        "host=db user=tg password=s3cret dbname=tasks",
-        "host=db user=tg password = s3cret dbname=tasks",
-        "host=db user=tg password='s3 cret' dbname=tasks",
-        "postgresql://tg@db/tasks?password=s3cret",
-        "postgresql://tg:s3cret@db/tasks?password=s3cret&application_name=x",
-    ] {
-        let shown = redact(url);
-        assert!(!shown.contains("s3"), "{url} → {shown}");
-        assert!(
-            shown.starts_with("postgres://tg@db") && shown.ends_with("/tasks"),
-            "{url} → {shown}"
-        );
-    }
-    assert!(!redact("not a url password=s3cret").contains("s3cret"));
-    for o in [
-        SharedCancelOutcome::Result(r#"{"resultType":"complete"}"#.into()),
-        SharedCancelOutcome::Error(r#"{"code":-32602,"message":"x"}"#.into()),
-        SharedCancelOutcome::Failed("HTTP 502".into()),
-    ] {
-        assert_eq!(SharedCancelOutcome::decode(&o.encode()), o);
-    }
-    assert!(matches!(
-        SharedCancelOutcome::decode(""),
-        SharedCancelOutcome::Failed(_)
-    ));
 }

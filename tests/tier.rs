@@ -6,7 +6,11 @@
 //!   every caller gets the ack;
 //! - kill -9 of one replica while creators run: every acknowledged `taskId` stays reachable
 //!   (get, cancel) through the others; after a restart on its port it serves them again;
-//! - 2025-11-25: a session's task is served by any replica on its recorded upstream session.
+//! - 2025-11-25: a session's task is served by any replica on its recorded upstream session;
+//! - `tasks.max_live_tasks_per_owner` holds across replicas, and `taskgate_tasks` summed over
+//!   the replicas counts each record once (two and three replicas in process);
+//! - 2025-11-25 sessions under authentication stay on the replica that saw their `initialize`
+//!   behind HAProxy with the stickiness `deploy/README.md` documents.
 
 mod common;
 
@@ -227,4 +231,177 @@ async fn a_2025_session_task_is_served_by_any_replica() {
         .get("\"g2\"", &task)
         .await;
     assert_eq!(v["error"]["code"], -32602, "{v}");
+}
+
+/// `tasks.max_live_tasks_per_owner` holds across replicas (the database counts), and
+/// `taskgate_tasks` summed over the replicas counts each record once. Two replicas (in process)
+/// with a limit of 2: ten concurrent creations by alice spread over both → 2 reach the upstream,
+/// 8 get -32029 (before: 2 per replica). A task created on replica A that ends as replica B sees
+/// it frees alice's slot on A (before: A's own count never heard of it). A third replica started
+/// later adds nothing to the gauges' sum (before: each replica counted the whole store at start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_limit_and_task_gauges_hold_across_replicas() {
+    let Some(pg) = PgCluster::start("owner_limit_and_task_gauges_hold_across_replicas") else {
+        return;
+    };
+    let up = TaskServer::start(Behaviour {
+        // A slow CreateTaskResult: the creations are in flight together.
+        creation_delay: Duration::from_millis(200),
+        ..Behaviour::default()
+    })
+    .await;
+    let config = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .tasks("max_live_tasks_per_owner = 2")
+        .tasks("sweep_interval_ms = 50");
+    let env = "TG_TIER_LIMIT_DB";
+    let a = tg_on_pg(&config, env, &pg.url).await;
+    let b = tg_on_pg(&config, env, &pg.url).await;
+    let mut on_a = a.client().with_token("alice-token");
+    on_a.initialize().await;
+    let mut on_b = b.client().with_token("alice-token");
+    on_b.initialize().await;
+    let go = Gate::new();
+    let calls: Vec<_> = (0..10)
+        .map(|i| {
+            let c = (if i % 2 == 0 { &on_a } else { &on_b }).clone();
+            let go = go.clone();
+            tokio::spawn(async move {
+                go.wait().await;
+                c.rpc(Client::create_body(&i.to_string(), Some(60_000)))
+                    .await
+            })
+        })
+        .collect();
+    go.open();
+    let mut created = Vec::new();
+    for (i, h) in calls.into_iter().enumerate() {
+        let v = h.await.unwrap();
+        match v.pointer("/result/task/taskId").and_then(|t| t.as_str()) {
+            Some(id) => created.push((i % 2, id.to_string())),
+            None => assert_eq!(err_code(&v), -32029, "{v}"),
+        }
+    }
+    assert_eq!(
+        created.len(),
+        2,
+        "the limit holds across replicas: {created:?}"
+    );
+    assert_eq!(
+        up.count("tools/call"),
+        2,
+        "refused creations never go upstream"
+    );
+
+    // One of alice's tasks ends; the replica that did not create it sees the end.
+    let (made_on, done) = created[0].clone();
+    up.set(&done, "completed");
+    let (creator, other) = if made_on == 0 {
+        (&on_a, &on_b)
+    } else {
+        (&on_b, &on_a)
+    };
+    assert_eq!(
+        other.get("\"g\"", &done).await["result"]["status"],
+        "completed"
+    );
+    let again = creator
+        .rpc(Client::create_body("\"again\"", Some(60_000)))
+        .await;
+    assert!(again.pointer("/result/task/taskId").is_some(), "{again}");
+
+    // The gauges: 2 working and 1 completed in the database; summed over the replicas, each
+    // record once, also with a replica started after the records were made.
+    let c = tg_on_pg(&config, env, &pg.url).await;
+    let sums = eventually(STEP, || {
+        let replicas = [&a, &b, &c];
+        async move {
+            let mut texts = Vec::new();
+            for r in replicas {
+                texts.push(r.metrics_text().await);
+            }
+            let sum = |status: &str| -> f64 {
+                texts
+                    .iter()
+                    .map(|t| metric(t, "taskgate_tasks", &[("status", status)]))
+                    .sum()
+            };
+            let exporting = texts
+                .iter()
+                .filter(|t| t.lines().any(|l| l.starts_with("taskgate_tasks{")))
+                .count();
+            let got = (sum("working"), sum("completed"), exporting);
+            (got == (2.0, 1.0, 1)).then_some(got)
+        }
+    })
+    .await;
+    assert!(sums.is_some(), "one replica exports the database's counts");
+}
+
+/// 2025-11-25 sessions under bearer authentication through a tier (the choice: session-sticky
+/// routing, `deploy/README.md` "Routing"): HAProxy with the documented stickiness (stick on the
+/// `Mcp-Session-Id` the `initialize`'s response set) keeps each session on the replica that saw
+/// its `initialize`. Six sessions of two principals, placed round-robin, each run create, get,
+/// list and cancel without one refusal. Control: nginx round-robin without stickiness sends a
+/// session's next request to a replica that did not see its `initialize`, which answers 404
+/// `-32001` (under authentication it cannot tell whose the session is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authenticated_2025_sessions_stick_to_their_replica() {
+    let test = "authenticated_2025_sessions_stick_to_their_replica";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let up = TaskServer::default().await;
+    let config = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .token("bob", "bob-token")
+        .gateway("allowed_hosts = [\"*\"]");
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(tg_on_pg(&config, "TG_TIER_STICKY_DB", &pg.url).await);
+    }
+    let backends: Vec<std::net::SocketAddr> = replicas.iter().map(|r| r.gw).collect();
+    let Some(sticky) = Balancer::sticky(test, &backends) else {
+        return;
+    };
+    for i in 0..6 {
+        let token = if i % 2 == 0 {
+            "alice-token"
+        } else {
+            "bob-token"
+        };
+        let mut c = Client::new(&sticky.mcp_url()).with_token(token);
+        c.initialize().await;
+        assert!(
+            c.session.is_some(),
+            "the upstream's Mcp-Session-Id is passed on"
+        );
+        let task = c.create_task("1").await;
+        let v = c.get("2", &task).await;
+        assert_eq!(v["result"]["taskId"], json!(task), "session {i}: {v}");
+        let v = c.list("3", None).await;
+        assert!(v["result"]["tasks"].is_array(), "session {i}: {v}");
+        let v = c.cancel("4", &task).await;
+        assert_eq!(v["result"]["status"], "cancelled", "session {i}: {v}");
+    }
+    assert_eq!(up.count("tools/call"), 6);
+
+    // Control: round-robin without stickiness.
+    let Some(rr) = Balancer::start(test, &backends) else {
+        return;
+    };
+    let mut c = Client::new(&rr.mcp_url()).with_token("alice-token");
+    c.initialize().await;
+    let mut refused = 0;
+    for n in 0..3 {
+        let r = c.send(rpc(&n.to_string(), "tasks/list", "{}")).await;
+        if r.status() == 404 {
+            assert_eq!(err_code(&r.json().await), -32001);
+            refused += 1;
+        }
+    }
+    assert!(
+        refused > 0,
+        "a replica that did not see the initialize refuses the session"
+    );
 }

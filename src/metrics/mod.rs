@@ -69,7 +69,7 @@ const HTTP_REJECTIONS_TOTAL: Spec = spec(
 );
 const TASKS: Spec = spec(
     "taskgate_tasks",
-    "Task records in the registry by upstream and status.",
+    "Task records in the registry by upstream and status (a tier on PostgreSQL: exported by one replica, counted in the database).",
     &["upstream", "status"],
 );
 const TASKS_CREATED_TOTAL: Spec = spec(

@@ -59,20 +59,27 @@ impl Registry {
         // The store writes its transaction before it waits for the group commit: both on the
         // blocking pool, never on a runtime worker.
         let (store, copy) = (self.store.clone(), record.clone());
+        let slot = reservation.store_slot();
         let seen = self.records.epoch();
         let handle = tokio::runtime::Handle::current();
-        let result =
-            match tokio::task::spawn_blocking(move || handle.block_on(store.create(copy))).await {
-                Ok(r) => r,
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                Err(e) => Err(StoreError::Db(format!("the write was not run: {e}"))),
-            };
+        let write = move || match slot {
+            // The slot taken in a shared store becomes the task in the same transaction.
+            Some(slot) => handle.block_on(store.create_in_slot(copy, slot)),
+            None => handle.block_on(store.create(copy)),
+        };
+        let result = match tokio::task::spawn_blocking(write).await {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(StoreError::Db(format!("the write was not run: {e}"))),
+        };
         match &result {
             Ok(()) => {
                 // The client's first tasks/get follows at once: it finds the record here.
                 self.records.fill(seen, &record);
                 self.metrics.task_created(&up, origin);
-                self.metrics.tasks_inc(&up, status);
+                if self.counts_own_gauges() {
+                    self.metrics.tasks_inc(&up, status);
+                }
                 if !status.is_terminal() {
                     reservation.keep();
                 }

@@ -74,8 +74,11 @@ impl Registry {
             }
             true
         })?;
-        for ((up, status), n) in by_status {
-            metrics.tasks_set(&up, status, n);
+        // A shared store's gauges come from the database, by the sweep lease holder (`sweep`).
+        if !store.shared() {
+            for ((up, status), n) in by_status {
+                metrics.tasks_set(&up, status, n);
+            }
         }
         let quiet = std::time::Duration::from_millis(config.release_quiet_ms);
         metrics
@@ -197,9 +200,49 @@ impl Registry {
         self.owners.reserve(upstream, owner)
     }
 
+    /// Reserves a live-task slot for a task-augmented `tools/call` of `owner`; `Ok(None)` when
+    /// the owner is at `tasks.max_live_tasks_per_owner`. On a shared store the limit holds across
+    /// every replica: the slot is taken in the store ([`TaskStore::reserve_slot`], off the
+    /// runtime, held at most [`crate::store::TASK_SLOT_LEASE`]). Errors: the store's (counted in
+    /// `taskgate_store_write_failures_total`).
+    pub async fn reserve_creation(
+        self: &Arc<Self>,
+        upstream: &Arc<str>,
+        owner: &Owner,
+    ) -> Result<Option<Reservation>, StoreError> {
+        if !self.store.shared() {
+            return Ok(self.owners.reserve(upstream, owner));
+        }
+        let (up, who) = (upstream.to_string(), owner.clone());
+        let limit = self.config.max_live_tasks_per_owner;
+        let lease = crate::store::TASK_SLOT_LEASE;
+        let taken = self
+            .off_runtime(move |r| r.store.reserve_slot(&up, &who, limit, lease))
+            .await
+            .unwrap_or_else(|| Err(StoreError::Db("shutting down".into())));
+        match taken {
+            Ok(Some(id)) => Ok(Some(
+                self.owners
+                    .reserve_over_limit(upstream, owner)
+                    .with_store_slot(self.store.clone(), id),
+            )),
+            Ok(None) => Ok(None),
+            Err(e) => {
+                self.write_failed(&e, "a live-task slot could not be taken");
+                Err(e)
+            }
+        }
+    }
+
     /// How many live-task slots `owner` holds on `upstream`.
     pub fn owners_count(&self, upstream: &str, owner: &Owner) -> usize {
         self.owners.count(upstream, owner)
+    }
+
+    /// Whether `taskgate_tasks` moves with what this process sees (an embedded store); a shared
+    /// store's is counted in the database (see `sweep`).
+    fn counts_own_gauges(&self) -> bool {
+        !self.store.shared()
     }
 
     pub(crate) fn release_slot(&self, upstream: &str, owner: &Owner) {

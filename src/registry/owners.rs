@@ -5,8 +5,13 @@
 //! ([`Reservation::keep`]); it is given back when the task reaches a terminal status or its
 //! record is swept. A reservation that is dropped without being kept (an error answer, a plain
 //! answer, a broken stream, a store failure) gives its slot back at once.
+//!
+//! On a shared store (a tier of replicas) the limit is the database's: a reservation also holds a
+//! slot taken in the store ([`crate::store::TaskStore::reserve_slot`]), which the recorded task
+//! replaces, or which is given back with the reservation. The in-process count is then only this
+//! replica's view (used to defer a session's DELETE), never a refusal.
 
-use crate::store::Owner;
+use crate::store::{Owner, TaskStore};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +52,7 @@ impl Owners {
             owners: self.clone(),
             key,
             kept: AtomicBool::new(false),
+            store_slot: None,
         })
     }
 
@@ -60,6 +66,7 @@ impl Owners {
             owners: self.clone(),
             key,
             kept: AtomicBool::new(false),
+            store_slot: None,
         }
     }
 
@@ -88,9 +95,23 @@ pub struct Reservation {
     owners: Arc<Owners>,
     key: Key,
     kept: AtomicBool,
+    /// The slot this reservation holds in a shared store, and that store.
+    store_slot: Option<(Arc<dyn TaskStore>, i64)>,
 }
 
 impl Reservation {
+    /// This reservation also holds slot `id` of `store` ([`TaskStore::reserve_slot`]): given
+    /// back with the reservation unless the task was recorded in it.
+    pub fn with_store_slot(mut self, store: Arc<dyn TaskStore>, id: i64) -> Reservation {
+        self.store_slot = Some((store, id));
+        self
+    }
+
+    /// The id of the store slot held, for [`TaskStore::create_in_slot`].
+    pub fn store_slot(&self) -> Option<i64> {
+        self.store_slot.as_ref().map(|(_, id)| *id)
+    }
+
     /// The creation was recorded with a live status: the slot now belongs to the task (it is
     /// given back by the status machine when the task ends).
     pub fn keep(&self) {
@@ -108,6 +129,11 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.kept.load(Ordering::Acquire) {
             self.owners.release(&self.key.0, &self.key.1);
+            // A kept slot became the task's row in the store; any other is given back (a
+            // terminal creation's slot is already gone: the delete finds nothing).
+            if let Some((store, id)) = self.store_slot.take() {
+                store.release_slot(id);
+            }
         }
     }
 }

@@ -456,8 +456,10 @@ impl Registry {
         let up = after.upstream.as_str();
         self.metrics
             .task_transition(up, before.status, after.status);
-        self.metrics.tasks_dec(up, before.status);
-        self.metrics.tasks_inc(up, after.status);
+        if self.counts_own_gauges() {
+            self.metrics.tasks_dec(up, before.status);
+            self.metrics.tasks_inc(up, after.status);
+        }
         if after.status.is_terminal() && !before.status.is_terminal() {
             self.release_slot(up, &after.owner);
         }

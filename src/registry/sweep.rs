@@ -2,9 +2,15 @@
 //! audit events (run by `gateway` every `tasks.sweep_interval_ms`). On a shared store only the
 //! replica holding the store's sweep lease sweeps; a record removed by two sweeps is counted by
 //! the one whose removal returned it.
+//!
+//! `taskgate_tasks` on a shared store: the replica holding the sweep lease (PostgreSQL keeps it
+//! with one replica while that replica lives) sets it each sweep from a count in the database;
+//! every other replica exports no series of it. So a Prometheus `sum` over the replicas counts
+//! each record once (a replica's own view would double-count the records every replica counted
+//! at start, and go negative for a task created on one replica and finished on another).
 
 use super::Registry;
-use crate::mcp::task::now_ms;
+use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::ReleaseReason;
 
 impl Registry {
@@ -13,9 +19,13 @@ impl Registry {
         // One sweeper at a time across the processes sharing the store (held to the end).
         let _lease = match self.store.sweep_lease() {
             Ok(Some(lease)) => lease,
-            Ok(None) => return 0,
+            Ok(None) => {
+                self.clear_shared_gauges();
+                return 0;
+            }
             Err(e) => {
                 tracing::error!(error = %e, "sweeper could not take the sweep lease");
+                self.clear_shared_gauges();
                 return 0;
             }
         };
@@ -33,7 +43,9 @@ impl Registry {
                 Ok(Some(r)) => {
                     removed += 1;
                     self.metrics.task_expired(&up);
-                    self.metrics.tasks_dec(&up, r.status);
+                    if self.counts_own_gauges() {
+                        self.metrics.tasks_dec(&up, r.status);
+                    }
                     if !r.status.is_terminal() {
                         self.release_slot(&up, &r.owner);
                     }
@@ -51,6 +63,40 @@ impl Registry {
         if removed > 0 {
             self.store.sync_soon();
         }
+        self.export_shared_gauges();
         removed
+    }
+
+    /// Not the sweep lease holder of a shared store: no `taskgate_tasks` series (see the module
+    /// doc).
+    fn clear_shared_gauges(&self) {
+        if self.store.shared() {
+            self.metrics.tasks.reset();
+        }
+    }
+
+    /// The sweep lease holder of a shared store: `taskgate_tasks` as the database counts it
+    /// (every status of an upstream that has records; 0 for those it has none of).
+    fn export_shared_gauges(&self) {
+        let counts = match self.store.count_by_status() {
+            Ok(Some(c)) => c,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(error = %e, "the task gauges could not be counted in the store");
+                self.metrics.tasks.reset();
+                return;
+            }
+        };
+        self.metrics.tasks.reset();
+        let upstreams: std::collections::BTreeSet<&str> =
+            counts.iter().map(|(up, _, _)| up.as_str()).collect();
+        for up in upstreams {
+            for &status in TaskStatus::ALL {
+                self.metrics.tasks_set(up, status, 0);
+            }
+        }
+        for (up, status, n) in &counts {
+            self.metrics.tasks_set(up, *status, *n);
+        }
     }
 }

@@ -19,6 +19,7 @@ pub use record::{AuditEvent, Origin, Owner, TaskRecord};
 pub use shared::{cancel_lease, CancelClaim, SharedCancelOutcome, CANCEL_LEASE_MARGIN};
 pub use sled_store::SledStore;
 
+use crate::mcp::task::TaskStatus;
 use futures_util::future::BoxFuture;
 
 /// Why the store failed. Mapped to JSON-RPC `-32603` when a client request depends on it.
@@ -150,9 +151,58 @@ pub trait TaskStore: Send + Sync + 'static {
         Ok(None)
     }
 
-    /// The right to run the TTL sweep now, held until the returned guard is dropped; `None`
-    /// when another process holds it. The default (one process) always grants it.
+    /// The right to run the TTL sweep now; `None` when another process holds it. A shared store
+    /// may keep the right past the returned guard (PostgreSQL keeps it for the life of the
+    /// process, so one replica sweeps and exports the shared gauges until it goes away). The
+    /// default (one process) always grants it.
     fn sweep_lease(&self) -> Result<Option<Box<dyn Send>>, StoreError> {
         Ok(Some(Box::new(())))
     }
+
+    /// Shared stores: takes one of `owner`'s live-task slots on `upstream` (for a task-augmented
+    /// `tools/call` about to go upstream) so that `limit` (`tasks.max_live_tasks_per_owner`)
+    /// holds across every process sharing the store: the owner's live tasks and the slots held
+    /// by all processes are counted atomically with the taking. Returns the slot's id, `None`
+    /// at the limit. A slot ends as the task ([`TaskStore::create_in_slot`]), with
+    /// [`TaskStore::release_slot`], or when `lease` is over (a process that died holding it).
+    /// The default (one process): `Some(0)`; the registry's in-process count is the whole story.
+    fn reserve_slot(
+        &self,
+        _upstream: &str,
+        _owner: &Owner,
+        _limit: usize,
+        _lease: std::time::Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(Some(0))
+    }
+
+    /// Shared stores: gives slot `slot` of [`TaskStore::reserve_slot`] back, without waiting
+    /// (a failure leaves it to its lease).
+    fn release_slot(&self, _slot: i64) {}
+
+    /// [`TaskStore::create`] of the task that slot `slot` was taken for: on a shared store the
+    /// slot becomes the task in one transaction (the owner's count never dips or doubles).
+    fn create_in_slot(
+        &self,
+        record: TaskRecord,
+        _slot: i64,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.create(record)
+    }
+
+    /// Shared stores: the records per `(upstream, status)` counted in the store, for the task
+    /// gauges of the process that holds the sweep lease. `None` (the default): the process
+    /// counts what it sees itself.
+    fn count_by_status(&self) -> Result<Option<StatusCounts>, StoreError> {
+        Ok(None)
+    }
 }
+
+/// Records per `(upstream, status)`: [`TaskStore::count_by_status`].
+pub type StatusCounts = Vec<(String, TaskStatus, i64)>;
+
+/// How long a live-task slot taken in a shared store ([`TaskStore::reserve_slot`]) counts while
+/// its creation is in flight: a replica killed between taking it and recording the task holds it
+/// no longer than this; a `CreateTaskResult` slower than this no longer holds a slot while it is
+/// awaited (the limit is then soft for that one creation).
+pub const TASK_SLOT_LEASE: std::time::Duration = std::time::Duration::from_secs(120);

@@ -86,4 +86,20 @@ mod tests {
         }
         assert_eq!(cancel_lease(Duration::MAX), Duration::MAX);
     }
+
+    /// The stored cancel outcome round-trips; anything else reads as a failure.
+    #[test]
+    fn cancel_outcome_round_trips() {
+        for o in [
+            SharedCancelOutcome::Result(r#"{"resultType":"complete"}"#.into()),
+            SharedCancelOutcome::Error(r#"{"code":-32602,"message":"x"}"#.into()),
+            SharedCancelOutcome::Failed("HTTP 502".into()),
+        ] {
+            assert_eq!(SharedCancelOutcome::decode(&o.encode()), o);
+        }
+        assert!(matches!(
+            SharedCancelOutcome::decode(""),
+            SharedCancelOutcome::Failed(_)
+        ));
+    }
 }

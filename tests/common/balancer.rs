@@ -1,7 +1,9 @@
 //! A real load balancer for tier tests ([`Balancer`]): nginx (Debian's `nginx`), round-robin, no
 //! stickiness, in front of the given backends; its own prefix, config and temp paths in a
 //! temporary directory; stopped on drop. `None` (printed) when nginx is not installed, unless
-//! `TASKGATE_REQUIRE_PG=1` (then a failure: `tests/run-all.sh` installs it).
+//! `TASKGATE_REQUIRE_PG=1` (then a failure: `.ci/run` installs it). [`Balancer::sticky`]:
+//! HAProxy (Debian's `haproxy`) with the session stickiness `deploy/README.md` documents for
+//! 2025-11-25 sessions under authentication (stick on the `Mcp-Session-Id` the response set).
 
 use super::*;
 
@@ -75,20 +77,82 @@ impl Balancer {
             child,
             dir,
         };
+        b.wait_listening("nginx");
+        Some(b)
+    }
+
+    /// HAProxy on 127.0.0.1, round-robin over `backends`, with a session sticking to the
+    /// replica whose response carried its `Mcp-Session-Id` (`deploy/README.md`, "Routing").
+    pub fn sticky(test: &str, backends: &[SocketAddr]) -> Option<Balancer> {
+        let Some(bin) = [
+            "/usr/sbin/haproxy",
+            "/usr/bin/haproxy",
+            "/usr/local/sbin/haproxy",
+        ]
+        .iter()
+        .map(std::path::PathBuf::from)
+        .find(|p| p.exists()) else {
+            if std::env::var("TASKGATE_REQUIRE_PG").as_deref() == Ok("1") {
+                panic!("{test}: haproxy is required (TASKGATE_REQUIRE_PG=1) but not installed");
+            }
+            eprintln!("SKIPPED {test}: haproxy is not installed (apt-get install haproxy)");
+            return None;
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let servers: String = backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| format!("    server r{i} {b}\n"))
+            .collect();
+        let conf = dir.path().join("haproxy.cfg");
+        std::fs::write(
+            &conf,
+            format!(
+                "global\n    maxconn 4096\n\
+                 defaults\n    mode http\n    timeout connect 5s\n    timeout client 60s\n\
+                 \x20   timeout server 60s\n\
+                 frontend mcp\n    bind 127.0.0.1:{port}\n    default_backend taskgate\n\
+                 backend taskgate\n    balance roundrobin\n\
+                 \x20   stick-table type string len 128 size 1m expire 1h\n\
+                 \x20   stick on req.hdr(mcp-session-id)\n\
+                 \x20   stick store-response res.hdr(mcp-session-id)\n{servers}"
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("error.log")).unwrap();
+        let child = Command::new(bin)
+            .arg("-db")
+            .arg("-f")
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("spawn haproxy");
+        let mut b = Balancer {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            child,
+            dir,
+        };
+        b.wait_listening("haproxy");
+        Some(b)
+    }
+
+    fn wait_listening(&mut self, name: &str) {
         let until = Instant::now() + STEP;
-        while std::net::TcpStream::connect(b.addr).is_err() {
-            if let Ok(Some(s)) = b.child.try_wait() {
+        while std::net::TcpStream::connect(self.addr).is_err() {
+            if let Ok(Some(s)) = self.child.try_wait() {
                 let log =
-                    std::fs::read_to_string(b.dir.path().join("error.log")).unwrap_or_default();
-                panic!("nginx exited ({s}): {log}");
+                    std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default();
+                panic!("{name} exited ({s}): {log}");
             }
             assert!(
                 Instant::now() < until,
-                "nginx did not listen within {STEP:?}"
+                "{name} did not listen within {STEP:?}"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Some(b)
     }
 
     /// `http://127.0.0.1:PORT/mcp`.

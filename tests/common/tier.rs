@@ -74,3 +74,16 @@ impl Tier {
         })
     }
 }
+
+/// taskgate in this process with its registry in the PostgreSQL at `url` (handed over in the
+/// environment variable `env`, which the test names uniquely): a replica of a tier.
+pub async fn tg_on_pg(config: &TgConfig, env: &str, url: &str) -> Tg {
+    std::env::set_var(env, url);
+    Tg::start(|store| {
+        config.to_toml(store).replace(
+            &format!("[store]\npath = {store:?}\n"),
+            &format!("[store]\nbackend = \"postgres\"\nurl_env = {env:?}\npool_size = 4\n"),
+        )
+    })
+    .await
+}

@@ -145,7 +145,15 @@ where
             });
         }
         let refused = match req.request_method() {
-            Some("tools/call") => self.prepare_creation(&mut req).err(),
+            Some("tools/call") => {
+                let registry = self.registry.clone();
+                return Box::pin(async move {
+                    match prepare_creation(&registry, &mut req).await {
+                        Ok(()) => inner.call(req).await,
+                        Err(refused) => Ok(refused),
+                    }
+                });
+            }
             Some("tasks/list") => {
                 let (registry, authenticated) = (self.registry.clone(), self.authenticated);
                 return Box::pin(async move {
@@ -172,97 +180,103 @@ where
     }
 }
 
-impl<S> TasksService<S> {
-    /// For a task-augmented `tools/call`: owner limit, ttl cap, and the [`PendingCreation`]
-    /// `observe` records from the answer.
-    fn prepare_creation(&self, req: &mut McpRequest) -> Result<(), McpReply> {
-        let Operation::Post(msg) = &req.op else {
-            return Ok(());
-        };
-        // Cheap pre-check: plain tool calls (the common case) are not parsed twice. A message
-        // with escapes may spell the key `"t\u0061sk"`: those are always parsed.
-        if !crate::jsonrpc::contains(msg.bytes(), b"\"task\"")
-            && !crate::jsonrpc::contains(msg.bytes(), b"\\u")
-        {
-            return Ok(());
-        }
-        let Some(id) = msg.id().cloned() else {
-            return Ok(());
-        };
-        let value = match serde_json::from_slice::<Value>(msg.bytes()) {
-            Ok(v) => v,
-            // taskgate must know whether this is a task before it goes upstream; a message it
-            // cannot read (numbers beyond f64, nesting deeper than 128) is not forwarded.
-            Err(e) => {
-                return Err(McpReply::local_error(
-                    Some(&id),
-                    jsonrpc::INVALID_PARAMS,
-                    &format!("tools/call: params cannot be read: {e}"),
-                ))
-            }
-        };
-        let Some(task_meta) = value.pointer("/params/task") else {
-            return Ok(());
-        };
-        if !task_meta.is_object() {
-            return Ok(());
-        }
-        let owner = req.ctx.caller().owner();
-        let registry = &self.registry;
-        let upstream = req.ctx.upstream.clone();
-        let Some(reservation) = registry.reserve(&upstream, &owner) else {
-            registry
-                .metrics()
-                .task_creation_refused(&upstream, CreationRefusal::OwnerLimit);
-            let limit = registry.config().max_live_tasks_per_owner;
+/// For a task-augmented `tools/call`: owner limit (across the tier on a shared store), ttl cap,
+/// and the [`PendingCreation`] `observe` records from the answer.
+async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(), McpReply> {
+    let Operation::Post(msg) = &req.op else {
+        return Ok(());
+    };
+    // Cheap pre-check: plain tool calls (the common case) are not parsed twice. A message
+    // with escapes may spell the key `"t\u0061sk"`: those are always parsed.
+    if !crate::jsonrpc::contains(msg.bytes(), b"\"task\"")
+        && !crate::jsonrpc::contains(msg.bytes(), b"\\u")
+    {
+        return Ok(());
+    }
+    let Some(id) = msg.id().cloned() else {
+        return Ok(());
+    };
+    let value = match serde_json::from_slice::<Value>(msg.bytes()) {
+        Ok(v) => v,
+        // taskgate must know whether this is a task before it goes upstream; a message it
+        // cannot read (numbers beyond f64, nesting deeper than 128) is not forwarded.
+        Err(e) => {
             return Err(McpReply::local_error(
                 Some(&id),
-                TASK_LIMIT_EXCEEDED,
-                &format!(
-                    "Task limit reached: this caller already has {limit} unfinished tasks on upstream `{upstream}` (tasks.max_live_tasks_per_owner); wait for one to finish or cancel one"
-                ),
-            )
-            .answered_locally(LocalReason::OwnerLimit));
-        };
-        let cap = registry.config().max_ttl_ms;
-        // Any number above the cap (1e12 included), or a non-integer, is lowered to the cap.
-        let over_cap = match task_meta.get("ttl") {
-            Some(Value::Number(n)) => n.as_u64().is_none_or(|t| t > cap),
-            _ => false,
-        };
-        if over_cap {
-            // Only the ttl's digits change: every other byte goes upstream as the client sent it.
-            let capped = splice::replace(msg.bytes(), &["params", "task", "ttl"], &cap.to_string())
-                .ok()
-                .flatten()
-                .and_then(|b| Message::parse(b).ok());
-            match capped {
-                Some(m) => req.op = Operation::Post(m),
-                None => {
-                    return Err(McpReply::local_error(
-                        Some(&id),
-                        jsonrpc::INVALID_PARAMS,
-                        "tools/call: params.task.ttl is above the cap and the message cannot be rewritten",
-                    ))
-                }
-            }
+                jsonrpc::INVALID_PARAMS,
+                &format!("tools/call: params cannot be read: {e}"),
+            ))
         }
-        let tool = value
-            .pointer("/params/name")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        let template = template(req, owner, tool);
-        let progress_token = value
-            .pointer("/params/_meta/progressToken")
-            .map(Value::to_string);
-        req.extensions.insert(PendingCreation {
-            template: Arc::new(template),
-            reservation: Arc::new(reservation),
-            progress_token,
-            created: Arc::default(),
-        });
-        Ok(())
+    };
+    let Some(task_meta) = value.pointer("/params/task") else {
+        return Ok(());
+    };
+    if !task_meta.is_object() {
+        return Ok(());
     }
+    let owner = req.ctx.caller().owner();
+    let upstream = req.ctx.upstream.clone();
+    let reserved = match registry.reserve_creation(&upstream, &owner).await {
+        Ok(r) => r,
+        Err(e) => {
+            return Err(McpReply::local_error(
+                Some(&id),
+                jsonrpc::INTERNAL_ERROR,
+                &format!("tools/call: the task store could not count this caller's tasks: {e}"),
+            )
+            .answered_locally(LocalReason::StoreUnavailable))
+        }
+    };
+    let Some(reservation) = reserved else {
+        registry
+            .metrics()
+            .task_creation_refused(&upstream, CreationRefusal::OwnerLimit);
+        let limit = registry.config().max_live_tasks_per_owner;
+        return Err(McpReply::local_error(
+            Some(&id),
+            TASK_LIMIT_EXCEEDED,
+            &format!(
+                "Task limit reached: this caller already has {limit} unfinished tasks on upstream `{upstream}` (tasks.max_live_tasks_per_owner); wait for one to finish or cancel one"
+            ),
+        )
+        .answered_locally(LocalReason::OwnerLimit));
+    };
+    let cap = registry.config().max_ttl_ms;
+    // Any number above the cap (1e12 included), or a non-integer, is lowered to the cap.
+    let over_cap = match task_meta.get("ttl") {
+        Some(Value::Number(n)) => n.as_u64().is_none_or(|t| t > cap),
+        _ => false,
+    };
+    if over_cap {
+        // Only the ttl's digits change: every other byte goes upstream as the client sent it.
+        let capped = splice::replace(msg.bytes(), &["params", "task", "ttl"], &cap.to_string())
+            .ok()
+            .flatten()
+            .and_then(|b| Message::parse(b).ok());
+        match capped {
+            Some(m) => req.op = Operation::Post(m),
+            None => return Err(McpReply::local_error(
+                Some(&id),
+                jsonrpc::INVALID_PARAMS,
+                "tools/call: params.task.ttl is above the cap and the message cannot be rewritten",
+            )),
+        }
+    }
+    let tool = value
+        .pointer("/params/name")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    let template = template(req, owner, tool);
+    let progress_token = value
+        .pointer("/params/_meta/progressToken")
+        .map(Value::to_string);
+    req.extensions.insert(PendingCreation {
+        template: Arc::new(template),
+        reservation: Arc::new(reservation),
+        progress_token,
+        created: Arc::default(),
+    });
+    Ok(())
 }
 
 /// For `tasks/get|result|cancel`: authorise against the registry (→ [`AuthorisedTask`]) and

@@ -13,9 +13,10 @@ use deadpool_postgres::Pool;
 const MIGRATION_LOCK: i64 = 0x7461_736b_6761_7401;
 
 /// `(version, SQL)`, in order.
-pub(super) const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    r#"
+pub(super) const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        r#"
 CREATE TABLE taskgate_tasks (
     upstream           text    NOT NULL,
     task_id            text    NOT NULL,
@@ -60,7 +61,27 @@ END $$;
 CREATE TRIGGER taskgate_terminal_is_final BEFORE UPDATE OF status ON taskgate_tasks
     FOR EACH ROW EXECUTE FUNCTION taskgate_terminal_is_final();
 "#,
-)];
+    ),
+    (
+        2,
+        r#"
+-- Live-task slots of creations in flight (tasks.max_live_tasks_per_owner across replicas):
+-- a row from the moment a task-augmented tools/call goes upstream until its task is recorded
+-- (the row becomes the task in one transaction) or the call ends without one; lease_until (ms,
+-- the database's clock) bounds a row a dead replica left.
+CREATE TABLE taskgate_slots (
+    id          bigserial PRIMARY KEY,
+    upstream    text   NOT NULL,
+    owner       text   NOT NULL,
+    lease_until bigint NOT NULL
+);
+CREATE INDEX taskgate_slots_by_owner ON taskgate_slots (upstream, owner);
+-- The owner's live tasks, counted when a slot is taken.
+CREATE INDEX taskgate_tasks_live_by_owner ON taskgate_tasks (upstream, owner)
+    WHERE status NOT IN ('completed', 'failed', 'cancelled');
+"#,
+    ),
+];
 
 /// Applies every migration the database has not seen, in order, in one transaction.
 ///
@@ -100,4 +121,37 @@ pub(super) async fn apply(pool: &Pool) -> Result<(), StoreError> {
         tracing::info!(version, "task store schema migrated");
     }
     tx.commit().await.map_err(pg_err)
+}
+
+/// Checks, without changing anything, that the database holds a taskgate schema this taskgate
+/// can read (version 1 up to its own; the reads `taskgate tasks` makes exist since version 1).
+///
+/// Errors: the database's, no taskgate schema, or a schema newer than [`MIGRATIONS`] knows.
+pub(super) async fn check(pool: &Pool) -> Result<(), StoreError> {
+    let c = pool.get().await.map_err(pool_err)?;
+    let exists: bool = c
+        .query_one("SELECT to_regclass('taskgate_schema') IS NOT NULL", &[])
+        .await
+        .map_err(pg_err)?
+        .get(0);
+    let current: i32 = if exists {
+        c.query_one("SELECT coalesce(max(version), 0) FROM taskgate_schema", &[])
+            .await
+            .map_err(pg_err)?
+            .get(0)
+    } else {
+        0
+    };
+    let known = MIGRATIONS.last().map_or(0, |m| m.0);
+    if current == 0 {
+        return Err(StoreError::Db(
+            "this database holds no taskgate schema (taskgate serve creates it at start)".into(),
+        ));
+    }
+    if current > known {
+        return Err(StoreError::Db(format!(
+            "the database schema is version {current}, newer than this taskgate knows ({known})"
+        )));
+    }
+    Ok(())
 }

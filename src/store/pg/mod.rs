@@ -16,7 +16,8 @@
 //!
 //! **Schema** (see `migrations`): `taskgate_tasks` (one row per `(upstream, taskId)`: the record
 //! as JSON text plus the columns queries need: owner, recorded_at, expires_at, status, a version
-//! for compare-and-swap, and the cross-replica cancel claim), `taskgate_audit` (append-only).
+//! for compare-and-swap, and the cross-replica cancel claim), `taskgate_audit` (append-only),
+//! `taskgate_slots` (live-task slots of creations in flight).
 //!
 //! **Guarantees across replicas, enforced by the database**:
 //! - `create` is one autocommitted `INSERT … ON CONFLICT DO NOTHING` (with the server's
@@ -27,25 +28,30 @@
 //!   against a buggy writer);
 //! - the audit facts that happen once per task (`created`, `status_cancelled`,
 //!   `resources_released`) have a unique index: appended once even if two replicas try;
-//! - single-flight cancel and the sweep lease: see `tier`.
+//! - single-flight cancel and the sweep lease: see `tier`;
+//! - `tasks.max_live_tasks_per_owner` across replicas (slots taken in `taskgate_slots` under a
+//!   per-owner advisory lock) and the counts behind the task gauges: see `slots`.
 //!
 //! Durability: every write is its own committed transaction, so [`TaskStore::sync`] has nothing
 //! left to wait for.
 
 mod migrations;
+mod names;
+mod open;
+mod slots;
 mod tier;
+
+pub use names::redact;
 
 use super::sled_store::{owner_prefix, push_str, read_str, read_u64};
 use super::{
     AuditEvent, CancelClaim, ListCursor, Owner, SharedCancelOutcome, StoreError, TaskRecord,
     TaskStore,
 };
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::Pool;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use std::future::Future;
-use std::str::FromStr;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::runtime::{Handle, Runtime};
 
@@ -60,6 +66,8 @@ pub struct PgStore {
     handle: Handle,
     /// This process's name in cancel claims (`<hostname>:<pid>:<random>`).
     replica: String,
+    /// The connection holding the sweep lease, once this process has it (see `tier`).
+    sweep_holder: tier::SweepHolder,
 }
 
 impl Drop for PgStore {
@@ -122,109 +130,6 @@ fn cursor_parts(upstream: &str, owner: &Owner, c: &ListCursor) -> Option<(u64, S
 }
 
 impl PgStore {
-    /// Connects to the database at `url` (a libpq URL or key/value string) with a pool of
-    /// `pool_size` connections, and applies the embedded migrations (one replica at a time, under
-    /// an advisory lock).
-    ///
-    /// Errors: [`StoreError::Open`] (with `path` the URL without its password) when the URL does
-    /// not parse, the database cannot be reached within 5 s, or its schema is newer than this
-    /// taskgate knows.
-    pub async fn open(url: &str, pool_size: usize) -> Result<Arc<PgStore>, StoreError> {
-        let shown = redact(url);
-        let open_err = |detail: String| StoreError::Open {
-            path: shown.clone(),
-            detail,
-        };
-        let mut config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| open_err(format!("not a PostgreSQL URL: {e}")))?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(POOL_TIMEOUT);
-        }
-        config.application_name("taskgate");
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("taskgate-pg")
-            .enable_all()
-            .build()
-            .map_err(|e| open_err(e.to_string()))?;
-        let handle = runtime.handle().clone();
-        let manager = Manager::from_config(
-            config,
-            tokio_postgres::NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(pool_size.max(1))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(POOL_TIMEOUT))
-            .create_timeout(Some(POOL_TIMEOUT))
-            .recycle_timeout(Some(POOL_TIMEOUT))
-            .build()
-            .map_err(|e| open_err(e.to_string()))?;
-        let store = Arc::new(PgStore {
-            pool,
-            runtime: Some(runtime),
-            handle,
-            replica: replica_name(),
-        });
-        store
-            .spawn(|pool| async move { migrations::apply(&pool).await })
-            .await
-            .map_err(|e| open_err(e.to_string()))?;
-        Ok(store)
-    }
-
-    /// Checks, without changing anything, that the database at `url` answers: for
-    /// `taskgate check-config`. Returns a line naming the server version and the schema
-    /// version found (0 before taskgate's first start on it).
-    ///
-    /// Errors: [`StoreError::Open`] with the reason (URL, connection, authentication).
-    pub async fn probe(url: &str) -> Result<String, StoreError> {
-        let shown = redact(url);
-        let open_err = |detail: String| StoreError::Open {
-            path: shown.clone(),
-            detail,
-        };
-        let mut config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| open_err(format!("not a PostgreSQL URL: {e}")))?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(POOL_TIMEOUT);
-        }
-        let (client, conn) = config
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| open_err(pg_err(e).to_string()))?;
-        let driver = tokio::spawn(conn);
-        let version: String = client
-            .query_one("SHOW server_version", &[])
-            .await
-            .map_err(|e| open_err(pg_err(e).to_string()))?
-            .get(0);
-        let fail = |e| open_err(pg_err(e).to_string());
-        let exists: bool = client
-            .query_one("SELECT to_regclass('taskgate_schema') IS NOT NULL", &[])
-            .await
-            .map_err(fail)?
-            .get(0);
-        let schema: i32 = if exists {
-            client
-                .query_one("SELECT coalesce(max(version), 0) FROM taskgate_schema", &[])
-                .await
-                .map_err(fail)?
-                .get(0)
-        } else {
-            0
-        };
-        drop(client);
-        driver.abort();
-        Ok(format!(
-            "PostgreSQL {version} at {shown} reachable; taskgate schema version {schema} (this taskgate: {})",
-            migrations::MIGRATIONS.last().map_or(0, |m| m.0)
-        ))
-    }
-
     /// Runs `work` with the pool on the store's runtime; the future waits for it.
     fn spawn<T, F, Fut>(&self, work: F) -> impl Future<Output = Result<T, StoreError>> + 'static
     where
@@ -277,49 +182,6 @@ impl PgStore {
             Some(row) => Ok(Some((decode(row.get(0))?, row.get(1)))),
         }
     }
-}
-
-/// What a message may show of a connection string: its user, hosts, ports and database, read
-/// from the parsed config and written as a URL. Never the password, whatever form it was given
-/// in (URL userinfo, a `password=` query parameter, a key/value `password = '…'`), and never the
-/// other parameters; a string that does not parse is not echoed at all.
-pub fn redact(url: &str) -> String {
-    let Ok(config) = tokio_postgres::Config::from_str(url) else {
-        return "(a connection string that does not parse)".into();
-    };
-    let ports = config.get_ports();
-    let hosts: Vec<String> = config
-        .get_hosts()
-        .iter()
-        .enumerate()
-        .map(|(i, host)| {
-            let name = match host {
-                tokio_postgres::config::Host::Tcp(h) => h.clone(),
-                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
-            };
-            match ports.get(i).or(ports.first()) {
-                Some(port) => format!("{name}:{port}"),
-                None => name,
-            }
-        })
-        .collect();
-    let user = config
-        .get_user()
-        .map(|u| format!("{u}@"))
-        .unwrap_or_default();
-    let db = config.get_dbname().unwrap_or_default();
-    format!("postgres://{user}{}/{db}", hosts.join(","))
-}
-
-fn replica_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "host".into());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{host}:{}:{nanos:x}", std::process::id())
 }
 
 impl TaskStore for PgStore {
@@ -593,5 +455,32 @@ impl TaskStore for PgStore {
 
     fn sweep_lease(&self) -> Result<Option<Box<dyn Send>>, StoreError> {
         self.sweep_lease_now()
+    }
+
+    fn reserve_slot(
+        &self,
+        upstream: &str,
+        owner: &Owner,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        self.reserve_slot_now(upstream, owner, limit, lease)
+    }
+
+    fn release_slot(&self, slot: i64) {
+        self.release_slot_now(slot)
+    }
+
+    fn create_in_slot(
+        &self,
+        record: TaskRecord,
+        slot: i64,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.spawn(move |pool| PgStore::create_in_slot_now(pool, record, slot))
+            .boxed()
+    }
+
+    fn count_by_status(&self) -> Result<Option<super::StatusCounts>, StoreError> {
+        self.count_by_status_now().map(Some)
     }
 }

@@ -10,13 +10,19 @@
 //! (a bounded poll: the registry's deadline is the lease plus a second). A replica killed while
 //! forwarding leaves a claim that expires with its lease; the next cancel then claims again.
 //!
-//! **Sweep lease**: a session advisory lock taken with `pg_try_advisory_lock` on a connection
-//! detached from the pool; the sweep holds it, and dropping the lease closes that connection,
-//! which releases the lock (also when the process dies).
+//! **Sweep lease**: a session advisory lock (`pg_try_advisory_lock`) that the replica which gets
+//! it keeps for its whole life, on a connection taken out of the pool (so `pool_size + 1`
+//! connections at most): one replica sweeps, and exports the task gauges counted in the database
+//! (`registry::sweep`), until it goes away; its connection closing (shutdown, kill -9, a broken
+//! network) releases the lock and another replica takes it at its next sweep tick. Each tick the
+//! holder checks that connection still answers. A replica that does not get the lock gives the
+//! pooled connection it tried with back to the pool (it holds nothing): no connection is opened
+//! or closed per tick, by the holder or the others.
 
 use super::{pg_err, pool_err, PgStore};
 use crate::mcp::task::TaskStatus;
 use crate::store::{CancelClaim, SharedCancelOutcome, StoreError};
+use deadpool_postgres::{ClientWrapper, Object};
 
 /// Advisory lock key of the TTL sweep (`'taskgate'` as bytes, plus 2).
 const SWEEP_LOCK: i64 = 0x7461_736b_6761_7402;
@@ -25,10 +31,8 @@ fn parse_status(s: &str) -> Option<TaskStatus> {
     TaskStatus::ALL.iter().copied().find(|t| t.as_str() == s)
 }
 
-/// A held sweep lease: the connection that holds the advisory lock (closed on drop).
-struct SweepLease {
-    _client: deadpool_postgres::ClientWrapper,
-}
+/// The connection holding this process's sweep lease, once it has it (see the module doc).
+pub(super) type SweepHolder = std::sync::Arc<tokio::sync::Mutex<Option<ClientWrapper>>>;
 
 impl PgStore {
     pub(super) fn claim_cancel_now(
@@ -154,16 +158,35 @@ impl PgStore {
     }
 
     pub(super) fn sweep_lease_now(&self) -> Result<Option<Box<dyn Send>>, StoreError> {
-        self.run(|pool| async move {
+        let holder = self.sweep_holder.clone();
+        self.run(move |pool| async move {
+            let mut held = holder.lock().await;
+            if let Some(client) = held.as_ref() {
+                // Still ours while the session that took the lock lives.
+                if client.simple_query("SELECT 1").await.is_ok() {
+                    return Ok(Some(Box::new(()) as Box<dyn Send>));
+                }
+                tracing::warn!("the connection holding the sweep lease broke; trying again");
+                *held = None;
+            }
             let obj = pool.get().await.map_err(pool_err)?;
-            let got: bool = obj
+            let got: bool = match obj
                 .query_one("SELECT pg_try_advisory_lock($1)", &[&SWEEP_LOCK])
                 .await
-                .map_err(pg_err)?
-                .get(0);
-            // Detached from the pool either way: closing it is what releases the lock.
-            let client = deadpool_postgres::Object::take(obj);
-            Ok(got.then(|| Box::new(SweepLease { _client: client }) as Box<dyn Send>))
+            {
+                Ok(row) => row.get(0),
+                Err(e) => {
+                    // Unknown whether the lock was granted: the connection is closed, not pooled.
+                    drop(Object::take(obj));
+                    return Err(pg_err(e));
+                }
+            };
+            if !got {
+                // It holds nothing: back to the pool when `obj` drops.
+                return Ok(None);
+            }
+            *held = Some(Object::take(obj));
+            Ok(Some(Box::new(()) as Box<dyn Send>))
         })
     }
 }

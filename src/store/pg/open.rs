@@ -1,0 +1,139 @@
+//! Connecting: [`PgStore::open`] (migrates), [`PgStore::open_read_only`], [`PgStore::probe`].
+
+use super::names::{parse, redact, replica_name};
+use super::{migrations, pg_err, PgStore, POOL_TIMEOUT};
+use crate::store::StoreError;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use std::sync::Arc;
+
+impl PgStore {
+    /// Connects to the database at `url` (a libpq URL or key/value string) with a pool of
+    /// `pool_size` connections, and applies the embedded migrations (one replica at a time, under
+    /// an advisory lock).
+    ///
+    /// Errors: [`StoreError::Open`] (with `path` the URL without its password) when the URL does
+    /// not parse, the database cannot be reached within 5 s, or its schema is newer than this
+    /// taskgate knows.
+    pub async fn open(url: &str, pool_size: usize) -> Result<Arc<PgStore>, StoreError> {
+        PgStore::connect(url, pool_size, true).await
+    }
+
+    /// Connects like [`PgStore::open`] without changing the schema, for `taskgate tasks` (a
+    /// read-only role will do).
+    ///
+    /// Errors: those of [`PgStore::open`], and a database whose taskgate schema is missing or
+    /// of another version than this taskgate's (start `taskgate serve` on it first).
+    pub async fn open_read_only(url: &str, pool_size: usize) -> Result<Arc<PgStore>, StoreError> {
+        PgStore::connect(url, pool_size, false).await
+    }
+
+    async fn connect(
+        url: &str,
+        pool_size: usize,
+        migrate: bool,
+    ) -> Result<Arc<PgStore>, StoreError> {
+        let shown = redact(url);
+        let open_err = |detail: String| StoreError::Open {
+            path: shown.clone(),
+            detail,
+        };
+        let mut config = parse(url).map_err(open_err)?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(POOL_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            // `pg_stat_activity` shows taskgate's connections; a URL's own name wins (replicas
+            // can be told apart).
+            config.application_name("taskgate");
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("taskgate-pg")
+            .enable_all()
+            .build()
+            .map_err(|e| open_err(e.to_string()))?;
+        let handle = runtime.handle().clone();
+        let manager = Manager::from_config(
+            config,
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(POOL_TIMEOUT))
+            .create_timeout(Some(POOL_TIMEOUT))
+            .recycle_timeout(Some(POOL_TIMEOUT))
+            .build()
+            .map_err(|e| open_err(e.to_string()))?;
+        let store = Arc::new(PgStore {
+            pool,
+            runtime: Some(runtime),
+            handle,
+            replica: replica_name(),
+            sweep_holder: Default::default(),
+        });
+        let check = move |pool| async move {
+            if migrate {
+                migrations::apply(&pool).await
+            } else {
+                migrations::check(&pool).await
+            }
+        };
+        store
+            .spawn(check)
+            .await
+            .map_err(|e| open_err(e.to_string()))?;
+        Ok(store)
+    }
+
+    /// Checks, without changing anything, that the database at `url` answers: for
+    /// `taskgate check-config`. Returns a line naming the server version and the schema
+    /// version found (0 before taskgate's first start on it).
+    ///
+    /// Errors: [`StoreError::Open`] with the reason (URL, connection, authentication).
+    pub async fn probe(url: &str) -> Result<String, StoreError> {
+        let shown = redact(url);
+        let open_err = |detail: String| StoreError::Open {
+            path: shown.clone(),
+            detail,
+        };
+        let mut config = parse(url).map_err(open_err)?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(POOL_TIMEOUT);
+        }
+        let (client, conn) = config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| open_err(pg_err(e).to_string()))?;
+        let driver = tokio::spawn(conn);
+        let version: String = client
+            .query_one("SHOW server_version", &[])
+            .await
+            .map_err(|e| open_err(pg_err(e).to_string()))?
+            .get(0);
+        let fail = |e| open_err(pg_err(e).to_string());
+        let exists: bool = client
+            .query_one("SELECT to_regclass('taskgate_schema') IS NOT NULL", &[])
+            .await
+            .map_err(fail)?
+            .get(0);
+        let schema: i32 = if exists {
+            client
+                .query_one("SELECT coalesce(max(version), 0) FROM taskgate_schema", &[])
+                .await
+                .map_err(fail)?
+                .get(0)
+        } else {
+            0
+        };
+        drop(client);
+        driver.abort();
+        Ok(format!(
+            "PostgreSQL {version} at {shown} reachable; taskgate schema version {schema} (this taskgate: {})",
+            migrations::MIGRATIONS.last().map_or(0, |m| m.0)
+        ))
+    }
+}

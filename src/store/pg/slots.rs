@@ -1,0 +1,163 @@
+//! `tasks.max_live_tasks_per_owner` across a tier, and the counts behind the task gauges.
+//!
+//! **Slots**: a task-augmented `tools/call` takes a slot before it goes upstream. On PostgreSQL
+//! the taking is one transaction under a per-owner transaction advisory lock
+//! (`pg_advisory_xact_lock` on a hash of `(upstream, owner)`): the owner's expired slot rows are
+//! deleted, its live tasks (`status` not terminal, a partial index) and slot rows are counted,
+//! and a row is inserted only below the limit. Two replicas taking a slot for one owner are
+//! serialised by the lock, and each count runs after the previous holder committed (the lock is
+//! released at commit; under READ COMMITTED every statement sees what was committed before it),
+//! so the limit holds across replicas. The recorded task replaces its slot row in one
+//! transaction ([`PgStore::create_in_slot_now`]): one statement's snapshot sees either the row or
+//! the task, never both or neither. A slot whose call ended without a task is deleted at once; a
+//! row a killed replica left ends with its lease ([`crate::store::TASK_SLOT_LEASE`], on the
+//! database's clock).
+//!
+//! **Counts**: `SELECT upstream, status, count(*) … GROUP BY`, read by the replica holding the
+//! sweep lease for `taskgate_tasks` (see `registry::sweep`).
+
+use super::{encode, ms, pg_err, pool_err, PgStore};
+use crate::mcp::task::TaskStatus;
+use crate::store::{Owner, StatusCounts, StoreError, TaskRecord};
+use std::time::Duration;
+
+/// The database's clock in ms, as the lease columns hold it.
+const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// Advisory lock keys of owners' slots: `hashtextextended(upstream || '\n' || owner, SEED)` (a
+/// collision only serialises two owners' slot takings).
+const SLOT_LOCK_SEED: i64 = 0x7461_736b_6761_7403;
+
+impl PgStore {
+    pub(super) fn reserve_slot_now(
+        &self,
+        upstream: &str,
+        owner: &Owner,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let (up, who) = (upstream.to_string(), owner.to_string());
+        self.run(move |pool| async move {
+            let mut c = pool.get().await.map_err(pool_err)?;
+            let tx = c.transaction().await.map_err(pg_err)?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1::text || E'\\n' || $2::text, $3::bigint))",
+                &[&up, &who, &SLOT_LOCK_SEED],
+            )
+            .await
+            .map_err(pg_err)?;
+            tx.execute(
+                &format!(
+                    "DELETE FROM taskgate_slots WHERE upstream = $1 AND owner = $2 \
+                     AND lease_until <= {DB_NOW_MS}"
+                ),
+                &[&up, &who],
+            )
+            .await
+            .map_err(pg_err)?;
+            let held: i64 = tx
+                .query_one(
+                    "SELECT (SELECT count(*) FROM taskgate_tasks WHERE upstream = $1 \
+                     AND owner = $2 AND status NOT IN ('completed', 'failed', 'cancelled')) \
+                     + (SELECT count(*) FROM taskgate_slots WHERE upstream = $1 AND owner = $2)",
+                    &[&up, &who],
+                )
+                .await
+                .map_err(pg_err)?
+                .get(0);
+            if held >= limit {
+                // Nothing written: the transaction's rollback releases the lock.
+                return Ok(None);
+            }
+            let id: i64 = tx
+                .query_one(
+                    &format!(
+                        "INSERT INTO taskgate_slots (upstream, owner, lease_until) \
+                         VALUES ($1, $2, {DB_NOW_MS} + $3) RETURNING id"
+                    ),
+                    &[&up, &who, &lease_ms],
+                )
+                .await
+                .map_err(pg_err)?
+                .get(0);
+            tx.commit().await.map_err(pg_err)?;
+            Ok(Some(id))
+        })
+    }
+
+    pub(super) fn release_slot_now(&self, slot: i64) {
+        let pool = self.pool.clone();
+        self.handle.spawn(async move {
+            let deleted = async {
+                let c = pool.get().await.map_err(pool_err)?;
+                c.execute("DELETE FROM taskgate_slots WHERE id = $1", &[&slot])
+                    .await
+                    .map_err(pg_err)
+            };
+            if let Err(e) = deleted.await {
+                tracing::warn!(error = %e, slot, "a live-task slot could not be given back; it ends with its lease");
+            }
+        });
+    }
+
+    /// The task's row inserted and its slot's row deleted in one transaction.
+    pub(super) async fn create_in_slot_now(
+        pool: deadpool_postgres::Pool,
+        record: TaskRecord,
+        slot: i64,
+    ) -> Result<(), StoreError> {
+        let text = encode(&record);
+        let mut c = pool.get().await.map_err(pool_err)?;
+        let tx = c.transaction().await.map_err(pg_err)?;
+        let n = tx
+            .execute(
+                "INSERT INTO taskgate_tasks \
+                 (upstream, task_id, owner, recorded_at, expires_at, status, record) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+                &[
+                    &record.upstream,
+                    &record.task_id,
+                    &record.owner.to_string(),
+                    &ms(record.recorded_at),
+                    &ms(record.expires_at),
+                    &record.status.as_str(),
+                    &text,
+                ],
+            )
+            .await
+            .map_err(pg_err)?;
+        if n == 0 {
+            // The slot stays the caller's: dropping its reservation gives it back.
+            return Err(StoreError::Conflict(record.task_id));
+        }
+        tx.execute("DELETE FROM taskgate_slots WHERE id = $1", &[&slot])
+            .await
+            .map_err(pg_err)?;
+        tx.commit().await.map_err(pg_err)
+    }
+
+    pub(super) fn count_by_status_now(&self) -> Result<StatusCounts, StoreError> {
+        let rows = self.run(|pool| async move {
+            let c = pool.get().await.map_err(pool_err)?;
+            c.query(
+                "SELECT upstream, status, count(*) FROM taskgate_tasks GROUP BY upstream, status",
+                &[],
+            )
+            .await
+            .map_err(pg_err)
+        })?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let status: String = r.get(1);
+                let status = TaskStatus::ALL
+                    .iter()
+                    .copied()
+                    .find(|s| s.as_str() == status)?;
+                Some((r.get(0), status, r.get(2)))
+            })
+            .collect())
+    }
+}
