@@ -128,6 +128,7 @@ pub(super) async fn plain_call<S: McpService>(
     req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
     let tool = tool_name(&req);
+    let map_errors = errors::is_revision_or_none(req.ctx.protocol_version());
     let mut reply = inner.oneshot(req).await?;
     let st = state.clone();
     reply.body = reply.body.map_messages(move |text| {
@@ -146,7 +147,11 @@ pub(super) async fn plain_call<S: McpService>(
         }
         None
     });
-    Ok(errors::legacy_reply(reply))
+    Ok(if map_errors {
+        errors::legacy_reply(reply)
+    } else {
+        reply
+    })
 }
 
 /// A 2025 task-augmented `tools/call` (see the module docs).

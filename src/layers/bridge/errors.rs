@@ -9,10 +9,14 @@
 //! | `-32020` HeaderMismatch | `MCP-Protocol-Version` / `Mcp-Method` / `Mcp-Name` do not match the body | `-32600` Invalid Request (2025-11-25 transports: an invalid `MCP-Protocol-Version` is a bad request) |
 //! | `-32022` UnsupportedProtocolVersion | the protocol version is not served | `-32602` Invalid params, `data: {supported, requested}` kept (2025-11-25 lifecycle: "Unsupported protocol version") |
 //!
-//! Every other code passes unchanged. A JSON answer that carried such an error with HTTP 400 (the
-//! 2026 transport's status for them) is answered HTTP 200, the 2025 transport's status for a
-//! JSON-RPC error. The `upgrade` layer above still recognises a mapped `-32021` by its
-//! `data.requiredCapabilities` ([`is_task_required`]).
+//! Every other code passes unchanged. Answers the bridge makes itself (to the requests it sends
+//! for a 2025 client) are HTTP 200. A passed-through answer is mapped only for a request of a
+//! 2025 client (no `MCP-Protocol-Version`, or a `YYYY-MM-DD` one: a request naming a version no
+//! revision has, such as `v999.0.0`, keeps the upstream's answer as it is); a JSON answer whose
+//! `-32021` was mapped is answered HTTP 200 (a JSON-RPC-level error in 2025), while `-32020` and
+//! `-32022` keep the upstream's HTTP status (400: the 2025 transport also answers a bad or
+//! unsupported `MCP-Protocol-Version` with 400). The `upgrade` layer above still recognises a
+//! mapped `-32021` by its `data.requiredCapabilities` ([`is_task_required`]).
 
 use crate::era::{
     HEADER_MISMATCH, MISSING_REQUIRED_CLIENT_CAPABILITY, UNSUPPORTED_PROTOCOL_VERSION,
@@ -46,23 +50,50 @@ pub fn legacy_error(error: &Value) -> Value {
 /// A JSON-RPC message (JSON text) whose `error` has a 2026-only code, with it mapped; `None`
 /// when there is nothing to map (the text is not parsed unless it mentions `-3202`).
 pub fn legacy_message(text: &str) -> Option<String> {
+    mapped_message(text).map(|(text, _)| text)
+}
+
+/// [`legacy_message`] with the code the upstream gave.
+fn mapped_message(text: &str) -> Option<(String, i64)> {
     if !text.contains("-3202") {
         return None;
     }
     let mut v: Value = serde_json::from_str(text).ok()?;
-    let code = legacy_code(v.get("error")?)?;
+    let error = v.get("error")?;
+    let was = error.get("code").and_then(Value::as_i64)?;
+    let code = legacy_code(error)?;
     v["error"]["code"] = Value::from(code);
-    Some(v.to_string())
+    Some((v.to_string(), was))
+}
+
+/// Whether a request with this `MCP-Protocol-Version` (none: a 2025 session's) is a 2025-11-25
+/// client's for the mapping: none, or a revision date (`YYYY-MM-DD`; the caller has already
+/// told 2026-07-28 and later apart).
+pub fn is_revision_or_none(version: Option<&http::HeaderValue>) -> bool {
+    version.is_none_or(|v| {
+        let b = v.as_bytes();
+        b.len() == 10
+            && b.iter().enumerate().all(|(i, c)| {
+                if i == 4 || i == 7 {
+                    *c == b'-'
+                } else {
+                    c.is_ascii_digit()
+                }
+            })
+    })
 }
 
 /// A passed-through reply for a 2025-11-25 client with every 2026-only error code mapped (its
-/// JSON body, or each event of its SSE body); a JSON body that was mapped is answered HTTP 200.
+/// JSON body, or each event of its SSE body); a JSON body whose `-32021` was mapped is answered
+/// HTTP 200 (see the module docs).
 pub fn legacy_reply(mut reply: McpReply) -> McpReply {
     if let ReplyBody::Json(bytes) = &reply.body {
-        let mapped = std::str::from_utf8(bytes).ok().and_then(legacy_message);
-        if let Some(text) = mapped {
+        let mapped = std::str::from_utf8(bytes).ok().and_then(mapped_message);
+        if let Some((text, was)) = mapped {
             reply.body = ReplyBody::Json(bytes::Bytes::from(text));
-            reply.status = http::StatusCode::OK;
+            if was == MISSING_REQUIRED_CLIENT_CAPABILITY {
+                reply.status = http::StatusCode::OK;
+            }
         }
         return reply;
     }
@@ -126,5 +157,38 @@ mod tests {
         assert!(legacy_message(text).unwrap().contains("-32600"));
         assert_eq!(legacy_message(r#"{"id":1,"result":{"n":-32021}}"#), None);
         assert_eq!(legacy_message("-32021 not json"), None);
+    }
+
+    #[test]
+    fn passed_through_answers_keep_the_transport_status_of_a_version_error() {
+        let reply = |status: u16, body: &str| McpReply {
+            status: http::StatusCode::from_u16(status).unwrap(),
+            headers: http::HeaderMap::new(),
+            body: ReplyBody::Json(bytes::Bytes::from(body.to_string())),
+        };
+        let json = |r: &McpReply| match &r.body {
+            ReplyBody::Json(b) => serde_json::from_slice::<Value>(b).unwrap(),
+            _ => panic!("not JSON"),
+        };
+        let tasks = r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32021,"message":"m","data":{"requiredCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}}}"#;
+        let r = legacy_reply(reply(400, tasks));
+        assert_eq!(
+            (r.status.as_u16(), json(&r)["error"]["code"].clone()),
+            (200, json!(-32601))
+        );
+        let version = r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32022,"message":"v"}}"#;
+        let r = legacy_reply(reply(400, version));
+        assert_eq!(
+            (r.status.as_u16(), json(&r)["error"]["code"].clone()),
+            (400, json!(-32602))
+        );
+        let other =
+            r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32000,"message":"-32021 in text"}}"#;
+        assert_eq!(legacy_reply(reply(400, other)).status.as_u16(), 400);
+        let hv = |s: &str| http::HeaderValue::from_str(s).unwrap();
+        assert!(is_revision_or_none(None));
+        assert!(is_revision_or_none(Some(&hv("2025-11-25"))));
+        assert!(!is_revision_or_none(Some(&hv("v999.0.0"))));
+        assert!(!is_revision_or_none(Some(&hv("2025-11-2x"))));
     }
 }

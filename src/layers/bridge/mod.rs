@@ -46,7 +46,8 @@
 //!   answered `-32602`. **Overall bound**: the follower stops at the record's expiry (the
 //!   task's `createdAt` + its ttl from the `CreateTaskResult`, or + `tasks.max_ttl_ms` when the
 //!   ttl is `null`, and never more than that cap) and answers `-32602` (2025-11-25: an expired
-//!   task); a client that closes the stream stops it at once (the poll in flight is dropped).
+//!   task); a client that closes the stream stops it (the poll in flight is dropped) once
+//!   taskgate notices, at the latest on the next keep-alive (`gateway.sse_keepalive_ms`).
 //! - `tasks/cancel` (reaches here once per task: `cancel` single-flights it and answers terminal
 //!   tasks `-32602`; taskgate's own cancel of a task whose input its client cannot give is sent
 //!   through that same single-flight, [`crate::layers::cancel::cancel_from_below`]): 2026
@@ -315,7 +316,10 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
                 })
             }
             // Other 2025 requests pass; a 2026-only error code in their answers is mapped.
-            Some(_) if state.known() == Some(UpstreamEra::ModernTasks) => {
+            Some(_)
+                if state.known() == Some(UpstreamEra::ModernTasks)
+                    && errors::is_revision_or_none(req.ctx.protocol_version()) =>
+            {
                 Box::pin(async move { Ok(errors::legacy_reply(inner.oneshot(req).await?)) })
             }
             _ => Box::pin(inner.oneshot(req)),
