@@ -136,17 +136,15 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             config.upgrade.clone(),
             Duration::from_millis(u.timeout_ms),
         );
+        let cancel_state = CancelState::new(registry.clone(), Duration::from_millis(u.timeout_ms));
         let inner = tower::ServiceBuilder::new()
             .layer(SessionLayer::new(sessions.clone()))
             .layer(TasksLayer::new(registry.clone(), authenticated))
-            .layer(CancelLayer::new(CancelState::new(
-                registry.clone(),
+            .layer(CancelLayer::new(cancel_state.clone()))
+            .layer(BridgeLayer::new(BridgeState::with_upstream(
+                BridgeState::with_sessions(registry.clone(), u.protocol, sessions.clone()),
                 Duration::from_millis(u.timeout_ms),
-            )))
-            .layer(BridgeLayer::new(BridgeState::with_sessions(
-                registry.clone(),
-                u.protocol,
-                sessions.clone(),
+                cancel_state,
             )))
             .layer(ObserveLayer::new(registry.clone()))
             .service(upstream);

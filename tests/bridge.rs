@@ -555,3 +555,357 @@ async fn an_unanswered_discover_means_2025() {
     let (_c2, _) = legacy_client(&tg).await;
     assert_eq!(count(&up, "server/discover"), 1);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Robustness: deadlines, polling, ttl, input bounds, cancel single-flight, roots, error codes
+// ---------------------------------------------------------------------------------------------
+
+/// The scripted 2026 server of `modern_server`, with `script` answering first: what it returns
+/// (`Some`) is the answer, otherwise the ordinary handler's.
+async fn scripted(
+    script: impl Fn(&RecordedRequest, &Value, &Shared) -> Option<ScriptedResponse>
+        + Send
+        + Sync
+        + 'static,
+) -> (Upstream, Shared) {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state.clone());
+    let st = state.clone();
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = serde_json::from_slice::<Value>(&req.body).unwrap_or(Value::Null);
+        script(req, &v, &st).unwrap_or_else(|| modern(req))
+    })
+    .await;
+    (up, state)
+}
+
+fn status_of(state: &Shared, task_id: &str) -> Option<String> {
+    state.lock().unwrap().tasks.get(task_id).cloned()
+}
+
+/// An SSE answer that opens and never carries the answer.
+fn stalled() -> ScriptedResponse {
+    ScriptedResponse::sse(vec![ev().id("1").data("").into(), SseStep::HoldOpen])
+}
+
+fn a_client(c: &Client) -> Client {
+    Client {
+        url: c.url.clone(),
+        token: None,
+        session: c.session.clone(),
+    }
+}
+
+/// An upstream that answers taskgate's own requests (the bridged `tools/call`, `tasks/get`, the
+/// polls of `tasks/result`) with an SSE stream that never carries the answer: each exchange ends
+/// at the upstream's `timeout_ms` with the upstream timeout's `-32603`, HTTP 200.
+#[tokio::test]
+async fn bridged_exchanges_end_at_the_upstream_timeout() {
+    let (up, _) = scripted(|_, v, _| {
+        let stall = match v["method"].as_str() {
+            Some("tasks/get") => true,
+            Some("tools/call") => v["params"]["name"] == "stalled",
+            _ => false,
+        };
+        stall.then(stalled)
+    })
+    .await;
+    let cfg = TgConfig::new(&up.url());
+    let tg = Tg::start(|store| cfg.to_toml(store) + "timeout_ms = 1000\n").await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    let timed_out = |what: &str, v: Value| {
+        assert_eq!(err_code(&v), -32603, "{what}: {v}");
+        assert!(
+            err_message(&v).contains("did not answer within 1000 ms"),
+            "{what}: {v}"
+        );
+    };
+    let got = tokio::time::timeout(STEP, c.get("3", &t)).await;
+    timed_out("tasks/get", got.expect("tasks/get answered"));
+    let res = tokio::time::timeout(STEP, c.result("4", &t)).await;
+    timed_out("tasks/result", res.expect("tasks/result answered"));
+    let call = tokio::time::timeout(STEP, c.rpc(create_body(5, "stalled"))).await;
+    timed_out("tools/call", call.expect("tools/call answered"));
+}
+
+/// An upstream that says `pollIntervalMs: 0` is not polled flat out: the waits back off from
+/// `MIN_POLL` (100 ms), doubling (the old follower polled every 20 ms).
+#[tokio::test]
+async fn a_zero_poll_interval_backs_off() {
+    let (up, _) = scripted(|req, v, _| {
+        (v["method"] == "tasks/get").then(|| {
+            let mut d = detailed(v["params"]["taskId"].as_str().unwrap_or(""), "working");
+            d["pollIntervalMs"] = json!(0);
+            ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &d.to_string()))
+        })
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    let started = std::time::Instant::now();
+    let body = rpc("3", "tasks/result", &json!({"taskId": t}).to_string());
+    let _open = c.send(body).await;
+    assert!(up.wait_for_method("tasks/get", 5, STEP).await);
+    // Four waits between five polls: at least 100 + 200 + 400 + 800 ms.
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= std::time::Duration::from_millis(1400),
+        "{elapsed:?}"
+    );
+}
+
+/// A bridged `tasks/result` stops following a task whose ttl (from its `CreateTaskResult`) has
+/// elapsed: `-32602` (2025-11-25: an expired task), not an endless wait.
+#[tokio::test]
+async fn tasks_result_ends_when_the_ttl_elapsed() {
+    let (up, _) = scripted(|req, v, st| {
+        (v["method"] == "tools/call" && v["params"]["name"] == "short_ttl").then(|| {
+            let mut s = st.lock().unwrap();
+            s.next += 1;
+            let tid = format!("ttl-{}", s.next);
+            s.tasks.insert(tid.clone(), "working".into());
+            let now = format_rfc3339_ms(now_ms());
+            let created = json!({"resultType": "task", "taskId": tid, "status": "working",
+                "createdAt": now, "lastUpdatedAt": now, "ttlMs": 2000, "pollIntervalMs": 50});
+            ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &created.to_string()))
+        })
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let v = c.rpc(create_body(2, "short_ttl")).await;
+    let t = v["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    assert_eq!(tg.record(&t).unwrap().ttl_ms, Some(2000), "{v}");
+    let res = tokio::time::timeout(STEP, c.result("3", &t)).await;
+    let res = res.expect("tasks/result answered once the ttl elapsed");
+    assert_eq!(err_code(&res), -32602, "{res}");
+    assert!(err_message(&res).contains("expired"), "{res}");
+}
+
+/// A client that closes its bridged `tasks/result` stream stops the follower: the poll in
+/// flight is abandoned (long before the upstream timeout) and no other follows.
+#[tokio::test]
+async fn a_client_that_goes_away_stops_the_follower() {
+    let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = polls.clone();
+    let (up, _) = scripted(move |_, v, _| {
+        let second = v["method"] == "tasks/get"
+            && seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 1;
+        second.then(ScriptedResponse::hang)
+    })
+    .await;
+    let cfg = TgConfig::new(&up.url()).gateway("sse_keepalive_ms = 50");
+    let tg = cfg.start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    let open = c
+        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
+        .await;
+    assert!(up.wait_for_method("tasks/get", 2, STEP).await, "following");
+    drop(open);
+    assert!(
+        up.wait_for_hangs_abandoned(1, STEP).await,
+        "the poll in flight was dropped with the client's stream"
+    );
+    assert_eq!(count(&up, "tasks/get"), 2, "no poll after the client left");
+}
+
+/// A task whose `inputRequests` would take it past `MAX_KEYS_PER_TASK` keys: none of them is
+/// asked, `tasks/result` ends with `-32603` saying why, the task is cancelled upstream once, and
+/// the refusal is counted.
+#[tokio::test]
+async fn too_many_input_keys_end_the_result_and_cancel_the_task() {
+    let (up, state) = scripted(|req, v, st| {
+        let t = v["params"]["taskId"].as_str().unwrap_or("").to_string();
+        let flood = st
+            .lock()
+            .unwrap()
+            .tasks
+            .get(&t)
+            .is_some_and(|s| s == "flood");
+        (v["method"] == "tasks/get" && flood).then(|| {
+            let mut d = detailed(&t, "input_required");
+            let one = d["inputRequests"]["name"].clone();
+            let max = taskgate::layers::bridge::input::MAX_KEYS_PER_TASK;
+            d["inputRequests"] = (0..=max).map(|n| (format!("k{n}"), one.clone())).collect();
+            ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &d.to_string()))
+        })
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({"elicitation": {}, "tasks": {}})).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "flood");
+    let resp = c
+        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
+        .await;
+    let mut sse = resp.sse();
+    let answer = loop {
+        let v = sse.next_event(STEP).await.json();
+        assert_ne!(v["method"], "elicitation/create", "nothing asked: {v}");
+        if v.get("id").is_some() {
+            break v;
+        }
+    };
+    assert_eq!(err_code(&answer), -32603, "{answer}");
+    assert!(
+        err_message(&answer).contains("more than taskgate relays"),
+        "{answer}"
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    assert_eq!(status_of(&state, &t).as_deref(), Some("cancelled"));
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Cancelled);
+    let text = tg.metrics_text().await;
+    let refused = metric(
+        &text,
+        "taskgate_bridge_input_refused_total",
+        &[("upstream", "default"), ("reason", "too_many_keys")],
+    );
+    assert_eq!(refused, 1.0, "{text}");
+}
+
+/// taskgate's own cancel (its client cannot answer an input request) goes through the `cancel`
+/// layer's single-flight: a client `tasks/cancel` racing it joins it, so the upstream gets one
+/// `tasks/cancel`; both answers, the record and the audit facts agree.
+#[tokio::test]
+async fn the_bridge_cancel_and_a_client_cancel_make_one_upstream_cancel() {
+    let (up, state) = modern_server().await;
+    state.lock().unwrap().cancel_delay = std::time::Duration::from_millis(1500);
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "input_required");
+    let result = {
+        let (c, t) = (a_client(&c), t.clone());
+        tokio::spawn(async move { c.result("3", &t).await })
+    };
+    assert!(
+        up.wait_for_method("tasks/cancel", 1, STEP).await,
+        "taskgate cancels the task"
+    );
+    let cancel = c.cancel("4", &t).await;
+    assert_eq!(cancel["result"]["status"], "cancelled", "{cancel}");
+    let res = result.await.unwrap();
+    assert_eq!(err_code(&res), -32603, "{res}");
+    assert_eq!(count(&up, "tasks/cancel"), 1, "one upstream tasks/cancel");
+    let r = tg.record(&t).unwrap();
+    assert_eq!(r.status, TaskStatus::Cancelled);
+    assert!(r.cancel_requested_at.is_some() && r.cancelled_at.is_some());
+    let audit = tg.registry.store().audit_for("default", &t).unwrap();
+    let requested = audit
+        .iter()
+        .filter(|e| e.event == "cancel_requested")
+        .count();
+    assert_eq!(requested, 1, "{audit:?}");
+}
+
+/// A `roots/list` input request goes to a client that declared `capabilities.roots` on its
+/// `tasks/result` stream, and its answer goes upstream as `tasks/update`; a client without the
+/// capability gets the clear error and the task is cancelled once.
+#[tokio::test]
+async fn roots_list_input_is_relayed_to_a_client_with_roots() {
+    let (up, state) = scripted(|req, v, st| {
+        let t = v["params"]["taskId"].as_str().unwrap_or("").to_string();
+        let roots = st
+            .lock()
+            .unwrap()
+            .tasks
+            .get(&t)
+            .is_some_and(|s| s == "roots");
+        (v["method"] == "tasks/get" && roots).then(|| {
+            let mut d = detailed(&t, "input_required");
+            d["inputRequests"] = json!({"where": {"method": "roots/list", "params": {}}});
+            ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &d.to_string()))
+        })
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({"roots": {}, "tasks": {}})).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "roots");
+    let resp = c
+        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
+        .await;
+    let mut sse = resp.sse();
+    let ask = loop {
+        let v = sse.next_event(STEP).await.json();
+        assert!(v.get("error").is_none(), "{v}");
+        if v["method"] == "roots/list" {
+            break v;
+        }
+    };
+    assert_eq!(ask["params"]["_meta"][RELATED]["taskId"], json!(t), "{ask}");
+    let answer = json!({"jsonrpc": "2.0", "id": ask["id"],
+        "result": {"roots": [{"uri": "file:///work", "name": "work"}]}});
+    assert_eq!(c.send(answer.to_string()).await.status(), 202);
+    assert!(up.wait_for_method("tasks/update", 1, STEP).await);
+    let update = up.received("tasks/update").pop().unwrap().json();
+    assert_eq!(
+        update["params"]["inputResponses"]["where"]["roots"][0]["uri"], "file:///work",
+        "{update}"
+    );
+    set(&state, &t, "completed");
+    let done = sse.next_event(STEP).await.json();
+    assert_eq!(
+        done["result"]["_meta"][RELATED]["taskId"],
+        json!(t),
+        "{done}"
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 0);
+
+    let (plain, _) = legacy_client(&tg).await;
+    let u = create(&plain, 4).await;
+    set(&state, &u, "roots");
+    let res = plain.result("5", &u).await;
+    assert_eq!(err_code(&res), -32603, "{res}");
+    assert!(err_message(&res).contains("roots/list"), "{res}");
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+}
+
+/// 2026-only error codes reach a 2025 client as what 2025-11-25 prescribes, with the upstream's
+/// message, HTTP 200: `-32021` for a task-only tool called plainly is `-32601`; `-32020` is
+/// `-32600`; `-32022` is `-32602` with its `data`.
+#[tokio::test]
+async fn modern_error_codes_are_mapped_for_2025_clients() {
+    let (up, _) = scripted(|req, v, _| {
+        let (code, message, data) = match v["params"]["name"].as_str() {
+            Some("mismatch") => (-32020, "Header mismatch: Mcp-Name", json!(null)),
+            Some("old_version") => (
+                -32022,
+                "Unsupported protocol version",
+                json!({"supported": [MODERN], "requested": "2025-11-25"}),
+            ),
+            _ => return None,
+        };
+        let mut error = json!({"code": code, "message": message});
+        if !data.is_null() {
+            error["data"] = data;
+        }
+        let body = json!({"jsonrpc": "2.0", "id": req.rpc_id(), "error": error});
+        Some(ScriptedResponse::status(
+            400,
+            Some("application/json"),
+            body.to_string(),
+        ))
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let plain = c.send(call_body("2", "task_only", None)).await;
+    assert_eq!(plain.status(), 200);
+    let plain = plain.json().await;
+    assert_eq!(err_code(&plain), -32601, "{plain}");
+    assert_eq!(err_message(&plain), "Missing required client capability");
+    assert!(
+        plain["error"]["data"]["requiredCapabilities"]["extensions"][EXT].is_object(),
+        "{plain}"
+    );
+    let v = c.rpc(create_body(3, "mismatch")).await;
+    assert_eq!(err_code(&v), -32600, "{v}");
+    assert_eq!(err_message(&v), "Header mismatch: Mcp-Name");
+    let v = c.rpc(create_body(4, "old_version")).await;
+    assert_eq!(err_code(&v), -32602, "{v}");
+    assert_eq!(v["error"]["data"]["supported"][0], MODERN, "{v}");
+}

@@ -235,6 +235,18 @@ label_enum! {
 }
 
 label_enum! {
+    /// `reason` of `taskgate_bridge_input_refused_total`: why a bridged task's input request was
+    /// not relayed to its 2025-11-25 client (the task is then cancelled; see `layers::bridge::input`).
+    InputRefusal {
+        /// The client did not declare the capability the request needs (or taskgate does not
+        /// relay its method).
+        Capability = "capability",
+        /// The task asked for more input keys than taskgate relays for one task.
+        TooManyKeys = "too_many_keys",
+    }
+}
+
+label_enum! {
     /// `reason` of `taskgate_cancelled_notifications_dropped_total`.
     DropReason {
         Initialize = "initialize",

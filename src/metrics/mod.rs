@@ -157,6 +157,11 @@ const UPGRADED_CALLS_TOTAL: Spec = spec(
     "Plain tools/call upgraded to tasks by taskgate, by outcome.",
     &["upstream", "outcome"],
 );
+const BRIDGE_INPUT_REFUSED_TOTAL: Spec = spec(
+    "taskgate_bridge_input_refused_total",
+    "Input requests of bridged tasks not relayed to the client (the task is cancelled), by reason.",
+    &["upstream", "reason"],
+);
 const CANCELLED_NOTIFICATIONS_DROPPED_TOTAL: Spec = spec(
     "taskgate_cancelled_notifications_dropped_total",
     "Client notifications/cancelled not forwarded upstream, by reason.",
@@ -287,6 +292,9 @@ pub struct Metrics {
     /// `taskgate_upgraded_calls_total{upstream,outcome}`: plain `tools/call` turned into tasks, by
     /// [`UpgradeOutcome`] (see `layers::upgrade`).
     pub upgraded_calls_total: IntCounterVec,
+    /// `taskgate_bridge_input_refused_total{upstream,reason}`: input requests of bridged tasks
+    /// not relayed to the 2025 client, by [`InputRefusal`] (see `layers::bridge::input`).
+    pub bridge_input_refused_total: IntCounterVec,
     /// `taskgate_cancelled_notifications_dropped_total{upstream,reason}`: client
     /// `notifications/cancelled` not forwarded ([`DropReason`]).
     pub cancelled_notifications_dropped_total: IntCounterVec,
@@ -328,6 +336,7 @@ impl Metrics {
             task_late_results_total: b.counter_vec(&TASK_LATE_RESULTS_TOTAL),
             task_activity_after_cancel_total: b.counter_vec(&TASK_ACTIVITY_AFTER_CANCEL_TOTAL),
             upgraded_calls_total: b.counter_vec(&UPGRADED_CALLS_TOTAL),
+            bridge_input_refused_total: b.counter_vec(&BRIDGE_INPUT_REFUSED_TOTAL),
             cancelled_notifications_dropped_total: b
                 .counter_vec(&CANCELLED_NOTIFICATIONS_DROPPED_TOTAL),
             upstream_oversize_total: b.counter_vec(&UPSTREAM_OVERSIZE_TOTAL),
@@ -376,6 +385,7 @@ impl Metrics {
         touch::<_, CancelOutcome>(&self.cancel_requests_total, up);
         touch::<_, ReleaseReason>(&self.task_resources_released_total, up);
         touch::<_, UpgradeOutcome>(&self.upgraded_calls_total, up);
+        touch::<_, InputRefusal>(&self.bridge_input_refused_total, up);
         touch::<_, DropReason>(&self.cancelled_notifications_dropped_total, up);
         touch::<_, OversizeKind>(&self.upstream_oversize_total, up);
         touch::<_, LocalReason>(&self.local_answers_total, up);
@@ -544,6 +554,12 @@ impl Metrics {
     pub fn upgraded_call(&self, upstream: &str, outcome: UpgradeOutcome) {
         self.upgraded_calls_total
             .with_label_values(&[upstream, outcome.as_str()])
+            .inc();
+    }
+    /// `taskgate_bridge_input_refused_total`.
+    pub fn bridge_input_refused(&self, upstream: &str, reason: InputRefusal) {
+        self.bridge_input_refused_total
+            .with_label_values(&[upstream, reason.as_str()])
             .inc();
     }
     /// `taskgate_cancelled_notifications_dropped_total`.

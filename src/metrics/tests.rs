@@ -5,6 +5,7 @@ use super::*;
 /// The exposed metric names and types: the contract with `deploy/` (rules, dashboard,
 /// `deploy/testdata/metrics-contract-sample.txt`). Change it only together with them.
 const CONTRACT: &[(&str, &str)] = &[
+    ("taskgate_bridge_input_refused_total", "counter"),
     ("taskgate_cancel_requests_total", "counter"),
     ("taskgate_cancel_to_cancelled_seconds", "histogram"),
     ("taskgate_cancelled_notifications_dropped_total", "counter"),

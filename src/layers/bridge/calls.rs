@@ -2,8 +2,8 @@
 
 use super::translate;
 use super::{
-    answer_of, legacy_reply, modern_request, upstream_era, BridgeState, UpstreamEra,
-    MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
+    ask, errors, failure_reply, legacy_reply, modern_request, upstream_era, BridgeState,
+    UpstreamEra, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
 };
 use crate::era::{self, Era};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
@@ -120,13 +120,15 @@ pub(super) async fn tools_list<S: McpService>(
 }
 
 /// A plain 2025 `tools/call`: passed on; a `-32021` naming the tasks extension marks the tool
-/// task-only.
+/// task-only; 2026-only error codes are mapped for the 2025 client (see `errors`; the
+/// `upgrade` layer above still recognises the mapped `-32021`).
 pub(super) async fn plain_call<S: McpService>(
     state: Arc<BridgeState>,
     inner: S,
     req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
     let tool = tool_name(&req);
+    let map_errors = errors::is_revision_or_none(req.ctx.protocol_version());
     let mut reply = inner.oneshot(req).await?;
     let st = state.clone();
     reply.body = reply.body.map_messages(move |text| {
@@ -145,7 +147,11 @@ pub(super) async fn plain_call<S: McpService>(
         }
         None
     });
-    Ok(reply)
+    Ok(if map_errors {
+        errors::legacy_reply(reply)
+    } else {
+        reply
+    })
 }
 
 /// A 2025 task-augmented `tools/call` (see the module docs).
@@ -181,8 +187,10 @@ pub(super) async fn task_call<S: McpService>(
         tool.as_deref(),
     );
     let pending = req.extensions.remove::<PendingCreation>();
-    let reply = inner.oneshot(out).await?;
-    let answer = answer_of(reply, &id).await;
+    let answer = match ask(&state, inner, out, &id).await {
+        Ok(answer) => answer,
+        Err(e) => return Ok(failure_reply(&id, &e)),
+    };
     let result = answer.as_ref().and_then(|a| a.get("result"));
     if let Some(r) = result.filter(|r| r.get("resultType").and_then(Value::as_str) == Some("task"))
     {

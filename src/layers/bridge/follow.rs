@@ -1,15 +1,16 @@
 //! The bridged `tasks/get`, `tasks/result` (followed by polling) and `tasks/cancel`, and the
 //! `server/discover` probe (see the module docs of `bridge`).
 
-use super::input::{self, Ask, Pending};
+use super::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use super::translate::{self, Payload};
-use super::{answer_of, error_reply, legacy_reply, modern_request, BridgeState, UpstreamEra};
-use super::{MAX_POLL, MIN_POLL};
-use crate::exchange::{McpReply, McpRequest, ReplyBody};
+use super::{answer_of, ask, error_reply, failure_reply, legacy_reply, modern_request};
+use super::{BridgeService, BridgeState, UpstreamEra, MAX_POLL, MIN_POLL};
+use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::AuthorisedTask;
 use crate::layers::McpService;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
+use crate::metrics::InputRefusal;
 use crate::registry::Observed;
 use crate::sse::Event;
 use crate::store::TaskRecord;
@@ -19,8 +20,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 
-/// Asks the upstream `server/discover`; `None` when it could not be asked (transport error:
-/// try again later).
+/// Asks the upstream `server/discover` (bounded by [`super::DISCOVER_DEADLINE`] or the
+/// upstream's `timeout_ms`, whichever is shorter); `None` when it could not be asked (transport
+/// error: try again later).
 pub(super) async fn discover<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
@@ -42,7 +44,8 @@ pub(super) async fn discover<S: McpService>(
             Err(e) => Err(e),
         }
     };
-    let answer = match tokio::time::timeout(super::DISCOVER_DEADLINE, asked).await {
+    let deadline = super::DISCOVER_DEADLINE.min(state.timeout);
+    let answer = match tokio::time::timeout(deadline, asked).await {
         Ok(Ok(a)) => a,
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "server/discover could not be sent");
@@ -69,34 +72,43 @@ fn params_for(task_id: &str) -> Value {
     json!({ "taskId": task_id, "_meta": translate::modern_meta(None) })
 }
 
+/// taskgate's 2026 `method` about `task_id` under `id`, in `req`'s context (its extensions, for
+/// `observe`; `record` as the [`AuthorisedTask`] when given), sent upstream and its answer
+/// read, the whole exchange bounded by the upstream's `timeout_ms` (see [`ask`]).
+async fn task_request<S: McpService>(
+    state: &BridgeState,
+    inner: S,
+    req: &McpRequest,
+    id: &Id,
+    method: &str,
+    task_id: &str,
+    record: Option<&TaskRecord>,
+) -> Result<Option<Value>, GatewayError> {
+    let mut out = modern_request(req, id, method, params_for(task_id), Some(task_id));
+    if let Some(r) = record {
+        out.extensions.insert(AuthorisedTask { record: r.clone() });
+    }
+    ask(state, inner, out, id).await
+}
+
 /// A bridged `tasks/get`: the `DetailedTask` answered as a 2025 `Task`.
 pub(super) async fn tasks_get<S: McpService>(
-    _state: &Arc<BridgeState>,
+    state: &Arc<BridgeState>,
     inner: S,
     req: McpRequest,
+    id: Id,
     record: TaskRecord,
 ) -> McpReply {
-    let Some(id) = req.id().cloned() else {
-        return McpReply::accepted();
-    };
     if let Some(task) = stored_task(&record) {
         return McpReply::local_json(jsonrpc::result_response(&id, &task.to_string()))
             .answered_locally(crate::metrics::LocalReason::StoredResult);
     }
-    let out = modern_request(
-        &req,
-        &id,
-        "tasks/get",
-        params_for(&record.task_id),
-        Some(&record.task_id),
-    );
-    let answer = match inner.oneshot(out).await {
-        Ok(reply) => answer_of(reply, &id).await,
-        Err(e) => return McpReply::local_error(Some(&id), jsonrpc::INTERNAL_ERROR, &e.to_string()),
-    };
-    legacy_reply(&id, answer, |r| {
-        translate::legacy_task(r).unwrap_or_else(|| r.clone())
-    })
+    match task_request(state, inner, &req, &id, "tasks/get", &record.task_id, None).await {
+        Ok(answer) => legacy_reply(&id, answer, |r| {
+            translate::legacy_task(r).unwrap_or_else(|| r.clone())
+        }),
+        Err(e) => failure_reply(&id, &e),
+    }
 }
 
 /// The 2025 `Task` of a terminal record from the `DetailedTask` it holds.
@@ -113,14 +125,23 @@ fn stored_task(record: &TaskRecord) -> Option<Value> {
     Some(task)
 }
 
-/// The wait before the next poll: the task's `pollIntervalMs`, clamped.
-fn poll_wait(task: &Value, record: &TaskRecord) -> Duration {
-    let ms = task
+/// The wait before the next poll: the task's `pollIntervalMs` (else the record's), clamped to
+/// [`MIN_POLL`]..[`MAX_POLL`]; when neither gives a positive interval (`0`, or none), `backoff`,
+/// which then doubles up to [`MAX_POLL`].
+fn poll_wait(task: &Value, record: &TaskRecord, backoff: &mut Duration) -> Duration {
+    let given = task
         .get("pollIntervalMs")
-        .and_then(Value::as_u64)
-        .or(record.poll_interval_ms)
-        .unwrap_or(1000);
-    Duration::from_millis(ms).clamp(MIN_POLL, MAX_POLL)
+        .map(Value::as_u64)
+        .unwrap_or(record.poll_interval_ms)
+        .filter(|ms| *ms > 0);
+    match given {
+        Some(ms) => Duration::from_millis(ms).clamp(MIN_POLL, MAX_POLL),
+        None => {
+            let wait = *backoff;
+            *backoff = (*backoff * 2).min(MAX_POLL);
+            wait
+        }
+    }
 }
 
 /// The 2025 answer to `tasks/result` for a terminal `DetailedTask`.
@@ -135,18 +156,17 @@ fn payload_reply(id: &Id, payload: Payload) -> McpReply {
 }
 
 /// A bridged `tasks/result`: blocks, following the upstream's `tasks/get`, until the task is
-/// terminal (see the module docs). Answered as an SSE stream: a `notifications/tasks/status` for
-/// each status change seen while following, the `input_required` prompts (see `input`), the
-/// answer last. The client closing the stream stops the polls.
+/// terminal or its ttl has elapsed (see the module docs). Answered as an SSE stream: a
+/// `notifications/tasks/status` for each status change seen while following, the
+/// `input_required` prompts (see `input`), the answer last. The client closing the stream stops
+/// the polls.
 pub(super) async fn tasks_result<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
     req: McpRequest,
+    id: Id,
     record: TaskRecord,
 ) -> McpReply {
-    let Some(id) = req.id().cloned() else {
-        return McpReply::accepted();
-    };
     let task_id = record.task_id.clone();
     if record.status == TaskStatus::Cancelled {
         // Cancelled is final, whatever the upstream reports later: no result exists.
@@ -180,7 +200,7 @@ pub(super) async fn tasks_result<S: McpService>(
                 let _ = tx.send(Event::message(String::from_utf8_lossy(&bytes).into_owned())).await;
             }
             _ = closed.closed() => {
-                tracing::debug!(task_id, "bridged tasks/result: the client went away");
+                tracing::debug!(task_id, "bridged tasks/result: the client went away; following stopped");
             }
         }
     });
@@ -190,7 +210,8 @@ pub(super) async fn tasks_result<S: McpService>(
 /// Capacity of the channel to a bridged `tasks/result` stream.
 const RELAY_CAPACITY: usize = 64;
 
-/// Polls until terminal; sends input requests on `tx`; returns the answer (JSON).
+/// Polls until terminal or expired; sends status changes and input requests on `tx`; returns
+/// the answer (JSON; `McpReply::accepted()` when the client went away).
 async fn follow_result<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
@@ -199,43 +220,65 @@ async fn follow_result<S: McpService>(
     record: TaskRecord,
     tx: &mpsc::Sender<Event>,
 ) -> McpReply {
-    let id = id.clone();
     let task_id = record.task_id.clone();
     // An open tasks/result holds its task (the "resources released" fact) until answered.
     let _hold = state.registry.releases().hold(&req.ctx.upstream, &task_id);
+    // The client capabilities its session declared, read once (they do not change).
+    let session = state.sessions.as_ref().and_then(|s| {
+        s.get(
+            &req.ctx.upstream,
+            crate::layers::session::session_key(&req.ctx).as_ref(),
+        )
+    });
+    let declared = move |pointer: &str| session.as_ref().is_some_and(|i| i.client_has(pointer));
     let mut known = record;
+    let mut backoff = MIN_POLL;
     loop {
+        if known.is_expired(now_ms()) {
+            // The ttl (the CreateTaskResult's, capped by tasks.max_ttl_ms) has elapsed: the
+            // upstream may have deleted the task (2025-11-25: expired is -32602).
+            state.inputs.forget(&task_id);
+            tracing::info!(
+                task_id,
+                "bridged tasks/result: the task's ttl elapsed while following it"
+            );
+            return McpReply::local_error(
+                Some(id),
+                jsonrpc::INVALID_PARAMS,
+                &format!(
+                    "Task {task_id} has expired: its ttl elapsed while tasks/result waited for it"
+                ),
+            );
+        }
         let poll_id = state.next_id();
-        let mut out = modern_request(
+        let answer = task_request(
+            state,
+            inner.clone(),
             req,
             &poll_id,
             "tasks/get",
-            params_for(&task_id),
-            Some(&task_id),
-        );
-        out.extensions.insert(AuthorisedTask {
-            record: known.clone(),
-        });
-        let answer = match inner.clone().oneshot(out).await {
-            Ok(reply) => answer_of(reply, &poll_id).await,
-            Err(e) => {
-                return McpReply::local_error(Some(&id), jsonrpc::INTERNAL_ERROR, &e.to_string())
+            &task_id,
+            Some(&known),
+        )
+        .await;
+        let answer = match answer {
+            Ok(Some(answer)) => answer,
+            Ok(None) => {
+                return McpReply::local_error(
+                    Some(id),
+                    jsonrpc::INTERNAL_ERROR,
+                    &format!("the upstream gave no answer to tasks/get for task {task_id}"),
+                )
             }
-        };
-        let Some(answer) = answer else {
-            return McpReply::local_error(
-                Some(&id),
-                jsonrpc::INTERNAL_ERROR,
-                &format!("the upstream gave no answer to tasks/get for task {task_id}"),
-            );
+            Err(e) => return failure_reply(id, &e),
         };
         let Some(task) = answer.get("result").filter(|r| r.is_object()) else {
             // The upstream no longer knows the task (expired, dropped: -32602), or failed.
-            return error_reply(&id, answer.get("error"));
+            return error_reply(id, answer.get("error"));
         };
         if let Some(p) = translate::terminal_payload(task, &task_id) {
             state.inputs.forget(&task_id);
-            return payload_reply(&id, p);
+            return payload_reply(id, p);
         }
         if let Some(s) = task
             .get("status")
@@ -244,6 +287,7 @@ async fn follow_result<S: McpService>(
         {
             if s != known.status {
                 // A status change seen while following: `notifications/tasks/status` (2025).
+                backoff = MIN_POLL;
                 if let Some(t) = translate::legacy_task(task) {
                     let note = json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t});
                     if tx.send(Event::message(note.to_string())).await.is_err() {
@@ -254,52 +298,113 @@ async fn follow_result<S: McpService>(
             known.status = s;
         }
         if let Some(requests) = task.get("inputRequests").and_then(Value::as_object) {
-            for (key, request) in requests {
-                match state
-                    .inputs
-                    .ask(state.sessions.as_ref(), &req.ctx, &task_id, key, request)
-                {
-                    Ask::Already => {}
-                    Ask::Send(message) => {
-                        if tx.send(Event::message(message)).await.is_err() {
-                            return McpReply::accepted();
-                        }
-                    }
-                    Ask::Unsupported(method) => {
-                        cancel_for_input(state, inner.clone(), req, &known).await;
-                        return McpReply::local_error(
-                            Some(&id),
-                            jsonrpc::INTERNAL_ERROR,
-                            &format!(
-                                "task {task_id} needs input by `{method}`, which this client did not declare (or taskgate cannot relay); the task was cancelled"
-                            ),
-                        );
-                    }
-                }
+            if let Err(reply) =
+                relay_inputs(state, &inner, req, id, &known, requests, &declared, tx).await
+            {
+                return reply;
             }
         }
-        tokio::time::sleep(poll_wait(task, &known)).await;
+        let wait = poll_wait(task, &known, &mut backoff);
+        let left = Duration::from_millis(known.expires_at.saturating_sub(now_ms()));
+        tokio::time::sleep(wait.min(left)).await;
     }
 }
 
-/// Cancels a task whose input the client cannot give (one upstream `tasks/cancel`, recorded).
+/// Sends the new keys of an `inputRequests` snapshot to the client (see `input`); `Err` with
+/// the answer that ends the `tasks/result` when the client cannot answer one or the task asks
+/// for too many (the task is then cancelled), or when the client went away.
+#[allow(clippy::too_many_arguments)]
+async fn relay_inputs<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+    id: &Id,
+    record: &TaskRecord,
+    requests: &serde_json::Map<String, Value>,
+    declared: &(dyn Fn(&str) -> bool + Send + Sync),
+    tx: &mpsc::Sender<Event>,
+) -> Result<(), McpReply> {
+    let task_id = &record.task_id;
+    let metrics = state.registry.metrics();
+    if let Some(total) = state.inputs.over_bound(task_id, requests) {
+        metrics.bridge_input_refused(&req.ctx.upstream, InputRefusal::TooManyKeys);
+        tracing::warn!(%task_id, keys = total, limit = MAX_KEYS_PER_TASK, "a bridged task asks for more input than taskgate relays for one task: cancelling it");
+        cancel_for_input(state, inner, req, record).await;
+        return Err(McpReply::local_error(
+            Some(id),
+            jsonrpc::INTERNAL_ERROR,
+            &format!(
+                "task {task_id} asks for {total} inputs, more than taskgate relays for one task ({MAX_KEYS_PER_TASK}); the task was cancelled"
+            ),
+        ));
+    }
+    for (key, request) in requests {
+        let decision = state.inputs.ask(declared, &req.ctx, task_id, key, request);
+        match decision {
+            Ask::Already => {}
+            Ask::Send(message) => {
+                if tx.send(Event::message(message)).await.is_err() {
+                    return Err(McpReply::accepted());
+                }
+            }
+            Ask::Unsupported(method) => {
+                metrics.bridge_input_refused(&req.ctx.upstream, InputRefusal::Capability);
+                cancel_for_input(state, inner, req, record).await;
+                return Err(McpReply::local_error(
+                    Some(id),
+                    jsonrpc::INTERNAL_ERROR,
+                    &format!(
+                        "task {task_id} needs input by `{method}`, which this client did not declare (or taskgate cannot relay); the task was cancelled"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Cancels a task whose input the client cannot give: one upstream `tasks/cancel` through the
+/// `cancel` layer's single-flight and claim (a client's `tasks/cancel` racing it joins the same
+/// flight; `cancel_requested` is recorded there once), with `inner` as the service below it.
 async fn cancel_for_input<S: McpService>(
     state: &Arc<BridgeState>,
-    inner: S,
+    inner: &S,
     req: &McpRequest,
     record: &TaskRecord,
 ) {
     let id = state.next_id();
-    let cancel = super::internal_request(req, &id, "tasks/cancel", &record.task_id);
-    state
-        .registry
-        .request_cancel(&req.ctx.upstream, &record.task_id)
-        .await;
-    let answer = tasks_cancel(state, inner, cancel, record.clone()).await;
-    tracing::info!(task_id = %record.task_id, answer = ?answer.body, "task cancelled: its input cannot be asked");
+    let mut cancel = super::internal_request(req, &id, "tasks/cancel", &record.task_id);
+    cancel.extensions.insert(AuthorisedTask {
+        record: record.clone(),
+    });
+    let answer = match &state.cancel {
+        Some(layer) => {
+            let below = BridgeService {
+                inner: inner.clone(),
+                state: state.clone(),
+            };
+            crate::layers::cancel::cancel_from_below(layer.clone(), below, cancel)
+                .await
+                .map(|r| r.body)
+        }
+        None => {
+            state
+                .registry
+                .request_cancel(&req.ctx.upstream, &record.task_id)
+                .await;
+            Ok(
+                tasks_cancel(state, inner.clone(), cancel, id, record.clone())
+                    .await
+                    .body,
+            )
+        }
+    };
+    state.inputs.forget(&record.task_id);
+    tracing::info!(task_id = %record.task_id, answer = ?answer, "task cancelled: its input cannot be asked");
 }
 
-/// Sends a client's answer to an input request upstream as `tasks/update`.
+/// Sends a client's answer to an input request upstream as `tasks/update` (bounded like every
+/// exchange of the bridge; the client already got its 202).
 pub(super) async fn send_update<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
@@ -313,7 +418,7 @@ pub(super) async fn send_update<S: McpService>(
     let id = state.next_id();
     let params = json!({
         "taskId": pending.task_id,
-        "inputResponses": { pending.key.clone(): input::response_value(&answer) },
+        "inputResponses": { pending.key.clone(): input::response_value(&pending.method, &answer) },
         "_meta": translate::modern_meta(None),
     });
     let base = McpRequest {
@@ -322,10 +427,9 @@ pub(super) async fn send_update<S: McpService>(
         extensions: http::Extensions::new(),
     };
     let out = modern_request(&base, &id, "tasks/update", params, Some(&pending.task_id));
-    match inner.oneshot(out).await {
-        Ok(reply) => {
-            let a = answer_of(reply, &id).await;
-            tracing::debug!(task_id = %pending.task_id, key = %pending.key, answer = ?a, "tasks/update sent");
+    match ask(state, inner, out, &id).await {
+        Ok(a) => {
+            tracing::debug!(task_id = %pending.task_id, key = %pending.key, answer = ?a, "tasks/update sent")
         }
         Err(e) => tracing::warn!(task_id = %pending.task_id, error = %e, "tasks/update failed"),
     }
@@ -336,23 +440,14 @@ pub(super) async fn tasks_cancel<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
     req: McpRequest,
+    id: Id,
     record: TaskRecord,
 ) -> McpReply {
-    let Some(id) = req.id().cloned() else {
-        return McpReply::accepted();
-    };
     let task_id = record.task_id.clone();
     let upstream = req.ctx.upstream.clone();
-    let out = modern_request(
-        &req,
-        &id,
-        "tasks/cancel",
-        params_for(&task_id),
-        Some(&task_id),
-    );
-    let answer = match inner.oneshot(out).await {
-        Ok(reply) => answer_of(reply, &id).await,
-        Err(e) => return McpReply::local_error(Some(&id), jsonrpc::INTERNAL_ERROR, &e.to_string()),
+    let answer = match task_request(state, inner, &req, &id, "tasks/cancel", &task_id, None).await {
+        Ok(answer) => answer,
+        Err(e) => return failure_reply(&id, &e),
     };
     match &answer {
         Some(a) if a.get("result").is_some() => {}

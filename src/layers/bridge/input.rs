@@ -1,30 +1,43 @@
 //! `input_required` on a bridged task (2026-07-28 tasks extension §input_required / 2025-11-25
 //! tasks: input_required): each new `inputRequests` entry of a `DetailedTask` becomes an
-//! `elicitation/create` or `sampling/createMessage` request to the 2025 client, sent on its
-//! `tasks/result` stream with the related-task `_meta` and an id taskgate mints
-//! (`"taskgate-input-<64 random bits>"`); the client's answer (a POSTed JSON-RPC response under that id,
-//! from the same caller) is consumed here (HTTP 202) and sent upstream as `tasks/update` with
-//! `inputResponses: {<key>: <result>}` (an error answer becomes `{"action":"decline"}`).
+//! `elicitation/create`, `sampling/createMessage` or `roots/list` request to the 2025 client,
+//! sent on its `tasks/result` stream with the related-task `_meta` and an id taskgate mints
+//! (`"taskgate-input-<64 random bits>"`); the client's answer (a POSTed JSON-RPC response under
+//! that id, from the same caller) is consumed here (HTTP 202) and sent upstream as `tasks/update`
+//! with `inputResponses: {<key>: <result>}`. An error answer becomes `{"action":"decline"}`
+//! (`{"roots":[]}` for `roots/list`: a client that cannot list its roots offers none).
 //!
 //! Keys are never asked twice for a task (the snapshot repeats on every poll), across
 //! `tasks/result` calls too, while taskgate runs. A key whose method the client did not declare
-//! (`capabilities.elicitation` / `capabilities.sampling` of its session), or any other method
-//! (`roots/list`), ends the `tasks/result` with `-32603` naming it, and the task is cancelled
-//! upstream. Bounds: [`MAX_PENDING`] unanswered requests and [`MAX_TASKS_ASKED`] tasks with asked
-//! keys; past them the oldest entries are dropped (a late answer then gets nothing upstream).
+//! (`capabilities.elicitation` / `capabilities.sampling` / `capabilities.roots` of its session),
+//! or any other method, ends the `tasks/result` with `-32603` naming it, and the task is
+//! cancelled upstream (counted in `taskgate_bridge_input_refused_total{reason="capability"}`).
+//!
+//! Bounds, per upstream:
+//! - [`MAX_KEYS_PER_TASK`] keys asked per task: a snapshot that would take a task past it ends
+//!   the `tasks/result` with `-32603` saying so, nothing of it is asked, and the task is
+//!   cancelled upstream (`reason="too_many_keys"`, logged at warn).
+//! - unanswered requests: [`MAX_PENDING_PER_CALLER`] per caller (a caller's own oldest is
+//!   dropped past it) and [`MAX_PENDING`] in all (past it the oldest of the caller with the most
+//!   is dropped), so requests for one task or one client never push out another client's. A
+//!   dropped request's late answer gets nothing upstream (HTTP 202, logged). A task's unanswered
+//!   requests are dropped when it ends.
+//! - [`MAX_TASKS_ASKED`] tasks with asked keys; past it the oldest task's keys are forgotten.
 
 use crate::exchange::{Caller, RequestContext};
 use crate::jsonrpc::Id;
-use crate::layers::session::{session_key, Sessions};
 use crate::mcp::task::RELATED_TASK_META;
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
 
 /// Most input requests sent to clients and not yet answered, per upstream.
 pub const MAX_PENDING: usize = 4096;
+/// Most unanswered input requests of one caller, per upstream.
+pub const MAX_PENDING_PER_CALLER: usize = 256;
+/// Most `inputRequests` keys asked of one task.
+pub const MAX_KEYS_PER_TASK: usize = 32;
 /// Most tasks whose asked keys are remembered, per upstream.
 pub const MAX_TASKS_ASKED: usize = 4096;
 
@@ -35,10 +48,86 @@ pub struct Pending {
     pub task_id: String,
     /// The `inputRequests` key.
     pub key: String,
+    /// The request's method (`elicitation/create`, `sampling/createMessage`, `roots/list`).
+    pub method: String,
     /// Who was asked (only that caller's answer counts).
     pub caller: Caller,
     /// The context the `tasks/update` goes out in.
     pub ctx: RequestContext,
+}
+
+/// Unanswered requests by id (JSON text), with each caller's ids in the order they were sent.
+#[derive(Default)]
+struct PendingTable {
+    by_id: HashMap<String, Pending>,
+    by_caller: HashMap<Caller, VecDeque<String>>,
+}
+
+impl PendingTable {
+    fn insert(&mut self, id: String, pending: Pending) {
+        let caller = pending.caller.clone();
+        if self
+            .by_caller
+            .get(&caller)
+            .is_some_and(|q| q.len() >= MAX_PENDING_PER_CALLER)
+        {
+            self.drop_oldest_of(&caller);
+        } else if self.by_id.len() >= MAX_PENDING {
+            // The caller with the most unanswered requests gives up its oldest.
+            let largest = self
+                .by_caller
+                .iter()
+                .max_by_key(|(_, q)| q.len())
+                .map(|(c, _)| c.clone());
+            if let Some(c) = largest {
+                self.drop_oldest_of(&c);
+            }
+        }
+        self.by_caller
+            .entry(caller)
+            .or_default()
+            .push_back(id.clone());
+        self.by_id.insert(id, pending);
+    }
+
+    fn drop_oldest_of(&mut self, caller: &Caller) {
+        let Some(q) = self.by_caller.get_mut(caller) else {
+            return;
+        };
+        if let Some(old) = q.pop_front() {
+            if let Some(p) = self.by_id.remove(&old) {
+                tracing::info!(task_id = %p.task_id, key = %p.key, "an unanswered input request was dropped (bound reached)");
+            }
+        }
+        if q.is_empty() {
+            self.by_caller.remove(caller);
+        }
+    }
+
+    fn take(&mut self, id: &str, caller: &Caller) -> Option<Pending> {
+        if self.by_id.get(id).is_none_or(|p| &p.caller != caller) {
+            return None;
+        }
+        if let Some(q) = self.by_caller.get_mut(caller) {
+            q.retain(|k| k != id);
+            if q.is_empty() {
+                self.by_caller.remove(caller);
+            }
+        }
+        self.by_id.remove(id)
+    }
+
+    fn forget_task(&mut self, task_id: &str) {
+        let ids: Vec<(String, Caller)> = self
+            .by_id
+            .iter()
+            .filter(|(_, p)| p.task_id == task_id)
+            .map(|(id, p)| (id.clone(), p.caller.clone()))
+            .collect();
+        for (id, caller) in ids {
+            self.take(&id, &caller);
+        }
+    }
 }
 
 /// A bounded map: entries and their insertion order (the oldest is dropped first).
@@ -47,7 +136,7 @@ type Bounded<V> = Mutex<(HashMap<String, V>, VecDeque<String>)>;
 /// The input requests of one upstream's bridged tasks.
 #[derive(Default)]
 pub struct Inputs {
-    pending: Bounded<Pending>,
+    pending: Mutex<PendingTable>,
     asked: Bounded<HashSet<String>>,
 }
 
@@ -62,12 +151,37 @@ pub enum Ask {
     Unsupported(String),
 }
 
+/// The client capability (JSON pointer) a 2026 input request's `method` needs; `None` for a
+/// method taskgate does not relay.
+pub fn capability_for(method: &str) -> Option<&'static str> {
+    match method {
+        "elicitation/create" => Some("/elicitation"),
+        "sampling/createMessage" => Some("/sampling"),
+        "roots/list" => Some("/roots"),
+        _ => None,
+    }
+}
+
 impl Inputs {
+    /// How many keys of `requests` `task_id` has not been asked yet, when asking them would
+    /// take it past [`MAX_KEYS_PER_TASK`] (`None`: within the bound).
+    pub fn over_bound(&self, task_id: &str, requests: &Map<String, Value>) -> Option<usize> {
+        let asked = self.asked.lock();
+        let before = asked.0.get(task_id);
+        let fresh = requests
+            .keys()
+            .filter(|k| before.is_none_or(|s| !s.contains(k.as_str())))
+            .count();
+        let total = before.map_or(0, HashSet::len) + fresh;
+        (total > MAX_KEYS_PER_TASK).then_some(total)
+    }
+
     /// Decides about `key` → `request` (`{method, params}`) of `task_id`, for the caller of
-    /// `ctx`; registers what it sends.
+    /// `ctx`, whose declared client capabilities `declared` answers (by JSON pointer:
+    /// `/elicitation`, ...); registers what it sends.
     pub fn ask(
         &self,
-        sessions: Option<&Arc<Sessions>>,
+        declared: &dyn Fn(&str) -> bool,
         ctx: &RequestContext,
         task_id: &str,
         key: &str,
@@ -80,15 +194,7 @@ impl Inputs {
             }
         }
         let method = request.get("method").and_then(Value::as_str).unwrap_or("");
-        let pointer = match method {
-            "elicitation/create" => "/elicitation",
-            "sampling/createMessage" => "/sampling",
-            other => return Ask::Unsupported(other.to_string()),
-        };
-        let declared = sessions
-            .and_then(|s| s.get(&ctx.upstream, session_key(ctx).as_ref()))
-            .is_some_and(|info| info.client_has(pointer));
-        if !declared {
+        if !capability_for(method).is_some_and(declared) {
             return Ask::Unsupported(method.to_string());
         }
         self.mark_asked(task_id, key);
@@ -100,31 +206,20 @@ impl Inputs {
         let id = format!("taskgate-input-{:016x}", h.finish());
         let mut params = request
             .get("params")
-            .filter(|p| p.is_object())
+            .and_then(Value::as_object)
             .cloned()
-            .unwrap_or_else(|| json!({}));
-        let meta = params
-            .as_object_mut()
-            .expect("an object")
-            .entry("_meta")
-            .or_insert_with(|| json!({}));
+            .unwrap_or_default();
+        let meta = params.entry("_meta").or_insert_with(|| json!({}));
         if let Some(m) = meta.as_object_mut() {
             m.insert(RELATED_TASK_META.into(), json!({ "taskId": task_id }));
         }
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let mut pending = self.pending.lock();
-        if pending.0.len() >= MAX_PENDING {
-            if let Some(old) = pending.1.pop_front() {
-                pending.0.remove(&old);
-            }
-        }
-        let id_json = Value::String(id).to_string();
-        pending.1.push_back(id_json.clone());
-        pending.0.insert(
-            id_json,
+        self.pending.lock().insert(
+            Value::String(id).to_string(),
             Pending {
                 task_id: task_id.to_string(),
                 key: key.to_string(),
+                method: method.to_string(),
                 caller: ctx.caller(),
                 ctx: ctx.clone(),
             },
@@ -151,28 +246,107 @@ impl Inputs {
 
     /// The pending request a client's response `id` answers, taken, when `caller` was asked.
     pub fn take(&self, id: &Id, caller: &Caller) -> Option<Pending> {
-        let mut pending = self.pending.lock();
-        let key = id.as_json();
-        if pending.0.get(key).is_some_and(|p| &p.caller == caller) {
-            pending.1.retain(|k| k != key);
-            return pending.0.remove(key);
-        }
-        None
+        self.pending.lock().take(id.as_json(), caller)
     }
 
-    /// Forgets a task's asked keys (it is terminal).
+    /// Forgets a task's asked keys and its unanswered requests (it is terminal).
     pub fn forget(&self, task_id: &str) {
-        let mut asked = self.asked.lock();
-        asked.0.remove(task_id);
-        asked.1.retain(|t| t != task_id);
+        {
+            let mut asked = self.asked.lock();
+            asked.0.remove(task_id);
+            asked.1.retain(|t| t != task_id);
+        }
+        self.pending.lock().forget_task(task_id);
     }
 }
 
-/// The `inputResponses` value for a client's answer message: its `result`, or
-/// `{"action":"decline"}` for an error.
-pub fn response_value(answer: &Value) -> Value {
+/// The `inputResponses` value for a client's answer message to a `method` request: its
+/// `result`; for an error, `{"roots":[]}` for `roots/list`, else `{"action":"decline"}`.
+pub fn response_value(method: &str, answer: &Value) -> Value {
     match answer.get("result") {
         Some(r) => r.clone(),
+        None if method == "roots/list" => json!({ "roots": [] }),
         None => json!({ "action": "decline" }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::Principal;
+
+    fn ctx(session: &str) -> RequestContext {
+        RequestContext {
+            upstream: "up".into(),
+            session_id: None,
+            client_session_id: Some(http::HeaderValue::from_str(session).unwrap()),
+            principal: Principal::Anonymous,
+            headers: http::HeaderMap::new(),
+        }
+    }
+
+    fn id_of(ask: Ask) -> Id {
+        let Ask::Send(m) = ask else {
+            panic!("not sent: {ask:?}")
+        };
+        let v: Value = serde_json::from_str(&m).unwrap();
+        Id::from_value(&v["id"]).unwrap()
+    }
+
+    /// A flood of input requests for other tasks and callers never pushes out one client's
+    /// unanswered request.
+    #[test]
+    fn a_flood_never_evicts_another_clients_pending_answer() {
+        let inputs = Inputs::default();
+        let all = |_: &str| true;
+        let request = json!({"method": "elicitation/create", "params": {"message": "?"}});
+        let alice = ctx("alice");
+        let first = id_of(inputs.ask(&all, &alice, "a-task", "k", &request));
+        let mallory = ctx("mallory");
+        for n in 0..(2 * MAX_PENDING) {
+            let task = format!("flood-{}", n / MAX_KEYS_PER_TASK);
+            let _ = inputs.ask(&all, &mallory, &task, &n.to_string(), &request);
+        }
+        let p = inputs
+            .take(&first, &alice.caller())
+            .expect("alice's request kept");
+        assert_eq!((p.task_id.as_str(), p.key.as_str()), ("a-task", "k"));
+        assert!(inputs.pending.lock().by_id.len() <= MAX_PENDING_PER_CALLER);
+    }
+
+    #[test]
+    fn capabilities_keys_and_bounds() {
+        let inputs = Inputs::default();
+        let c = ctx("s");
+        let roots = json!({"method": "roots/list"});
+        assert!(matches!(
+            inputs.ask(&|p| p == "/elicitation", &c, "t", "r", &roots),
+            Ask::Unsupported(m) if m == "roots/list"
+        ));
+        let id = id_of(inputs.ask(&|p| p == "/roots", &c, "t", "r", &roots));
+        assert!(matches!(
+            inputs.ask(&|_| true, &c, "t", "r", &roots),
+            Ask::Already
+        ));
+        assert!(inputs.take(&id, &ctx("other").caller()).is_none());
+        assert_eq!(inputs.take(&id, &c.caller()).unwrap().method, "roots/list");
+        let many: Map<String, Value> = (0..=MAX_KEYS_PER_TASK)
+            .map(|n| (n.to_string(), roots.clone()))
+            .collect();
+        assert_eq!(inputs.over_bound("t", &many), Some(MAX_KEYS_PER_TASK + 2));
+        let few: Map<String, Value> = many.into_iter().take(3).collect();
+        assert_eq!(inputs.over_bound("t", &few), None);
+        assert!(matches!(
+            inputs.ask(&|_| true, &c, "t", "x", &json!({"method": "ping"})),
+            Ask::Unsupported(_)
+        ));
+        assert_eq!(
+            response_value("roots/list", &json!({"error": {}})),
+            json!({"roots": []})
+        );
+        assert_eq!(
+            response_value("elicitation/create", &json!({"error": {}})),
+            json!({"action": "decline"})
+        );
     }
 }

@@ -37,13 +37,21 @@
 //!   with `isError: true` is a 2025 `failed`); a terminal task whose result the record holds is
 //!   answered from the record;
 //! - `tasks/result`: served here by polling 2026 `tasks/get` at the task's `pollIntervalMs`
-//!   (clamped to [`MIN_POLL`]..[`MAX_POLL`]) until it is terminal, then answered with the
-//!   `CallToolResult` and the related-task `_meta`, the task's JSON-RPC `error` when it `failed`,
-//!   and `-32603` when it was `cancelled` (no result exists). A terminal result the record holds
-//!   is answered without the upstream, so it survives a restart. An upstream that no longer knows
-//!   the task (`-32602`) is answered `-32602`.
+//!   (else the `CreateTaskResult`'s; clamped to [`MIN_POLL`]..[`MAX_POLL`]; when the upstream
+//!   gives `0` or none, a back-off from [`MIN_POLL`] doubling to [`MAX_POLL`], restarted by a
+//!   status change) until it is terminal, then answered with the `CallToolResult` and the
+//!   related-task `_meta`, the task's JSON-RPC `error` when it `failed`, and `-32603` when it was
+//!   `cancelled` (no result exists). A terminal result the record holds is answered without the
+//!   upstream, so it survives a restart. An upstream that no longer knows the task (`-32602`) is
+//!   answered `-32602`. **Overall bound**: the follower stops at the record's expiry (the
+//!   task's `createdAt` + its ttl from the `CreateTaskResult`, or + `tasks.max_ttl_ms` when the
+//!   ttl is `null`, and never more than that cap) and answers `-32602` (2025-11-25: an expired
+//!   task); a client that closes the stream stops it (the poll in flight is dropped) once
+//!   taskgate notices, at the latest on the next keep-alive (`gateway.sse_keepalive_ms`).
 //! - `tasks/cancel` (reaches here once per task: `cancel` single-flights it and answers terminal
-//!   tasks `-32602`): 2026 `tasks/cancel`; on its ack the record becomes `cancelled` (through the
+//!   tasks `-32602`; taskgate's own cancel of a task whose input its client cannot give is sent
+//!   through that same single-flight, [`crate::layers::cancel::cancel_from_below`]): 2026
+//!   `tasks/cancel`; on its ack the record becomes `cancelled` (through the
 //!   registry, so a later upstream completion is a counted late result and never changes it) and
 //!   the client gets the `Task` with status `cancelled`; if the task reached another terminal
 //!   status first, `-32602` naming it.
@@ -52,10 +60,20 @@
 //!
 //! Answers from the upstream to bridged requests come back as one `application/json` message,
 //! HTTP 200 (the 2025 transport's status for a JSON-RPC error), even when the upstream streamed
-//! them or gave a 2026 HTTP 400.
+//! them or gave a 2026 HTTP 400. 2026-only error codes (`-32020`, `-32021`, `-32022`) are shown
+//! as the 2025-11-25 code for the situation, message kept (table in `errors`), in those answers
+//! and in the answers to every other request of a 2025 client of a 2026 task upstream.
+//!
+//! **Deadlines**: each request taskgate sends itself (the bridged `tools/call`, `tasks/get`,
+//! every poll of `tasks/result`, `tasks/cancel`, `tasks/update`) is bounded as a whole, its SSE
+//! answer included, by the upstream's `timeout_ms`; past it the client gets the upstream
+//! timeout's message ("upstream `x` did not answer within N ms") as JSON-RPC `-32603`, HTTP
+//! 200, counted in `taskgate_upstream_errors_total{kind="timeout"}`. `server/discover` is bounded
+//! by [`DISCOVER_DEADLINE`] or `timeout_ms`, whichever is shorter.
 //!
 //! - `input_required` while a bridged `tasks/result` follows the task: see `input` (prompts on
-//!   the `tasks/result` stream, answers upstream as `tasks/update`, keys asked once).
+//!   the `tasks/result` stream: `elicitation/create`, `sampling/createMessage`, `roots/list`;
+//!   answers upstream as `tasks/update`; keys asked once; bounded per task and per caller).
 //!
 //! - status changes seen while a bridged `tasks/result` follows the task are sent on its stream
 //!   as `notifications/tasks/status` (a 2025 `Task`).
@@ -67,9 +85,11 @@
 //!
 //! Files: this one (the layer, the era, the dispatch, the request and answer helpers), `calls`
 //! (`initialize`, `tools/list`, `tools/call`), `follow` (tasks/get, tasks/result, tasks/cancel,
-//! `server/discover`), `input` (input requests), `translate` (the pure shape translations).
+//! `server/discover`), `input` (input requests), `translate` (the pure shape translations),
+//! `errors` (2026-only error codes for 2025 clients).
 
 mod calls;
+pub mod errors;
 mod follow;
 pub mod input;
 pub mod translate;
@@ -95,9 +115,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tower::ServiceExt;
 
-/// Shortest wait between two `tasks/get` polls of a bridged `tasks/result`.
-pub const MIN_POLL: Duration = Duration::from_millis(20);
-/// Longest wait between two polls (an upstream's larger `pollIntervalMs` is lowered to it).
+/// Shortest wait between two `tasks/get` polls of a bridged `tasks/result` (an upstream's
+/// smaller `pollIntervalMs` is raised to it), and the first wait of the back-off used when the
+/// upstream gives `pollIntervalMs: 0` or none.
+pub const MIN_POLL: Duration = Duration::from_millis(100);
+/// Longest wait between two polls (an upstream's larger `pollIntervalMs` is lowered to it; the
+/// back-off doubles up to it).
 pub const MAX_POLL: Duration = Duration::from_secs(5);
 /// Events of an SSE `initialize` answer kept before the answer itself (more are dropped).
 pub const MAX_EARLY_EVENTS: usize = 64;
@@ -127,6 +150,10 @@ pub struct BridgeState {
     next_id: AtomicU64,
     inputs: input::Inputs,
     sessions: Option<Arc<crate::layers::session::Sessions>>,
+    /// The upstream's `timeout_ms`: bounds each of taskgate's own exchanges (see [`ask`]).
+    timeout: Duration,
+    /// The `cancel` layer's state: taskgate's own `tasks/cancel` joins its single-flight.
+    cancel: Option<Arc<crate::layers::cancel::CancelState>>,
 }
 
 impl BridgeState {
@@ -141,7 +168,25 @@ impl BridgeState {
             next_id: AtomicU64::new(1),
             inputs: input::Inputs::default(),
             sessions: None,
+            // `upstream.timeout_ms`'s default; see `with_upstream`.
+            timeout: Duration::from_secs(30),
+            cancel: None,
         })
+    }
+
+    /// `state` bounding its own upstream exchanges by `timeout` (the upstream's `timeout_ms`)
+    /// and sending its own `tasks/cancel` through `cancel`'s single-flight. Call it before the
+    /// state is shared (it changes nothing afterwards).
+    pub fn with_upstream(
+        mut state: Arc<BridgeState>,
+        timeout: Duration,
+        cancel: Arc<crate::layers::cancel::CancelState>,
+    ) -> Arc<BridgeState> {
+        if let Some(s) = Arc::get_mut(&mut state) {
+            s.timeout = timeout;
+            s.cancel = Some(cancel);
+        }
+        state
     }
 
     /// The state of one upstream, reading client capabilities (for `input_required`) from
@@ -256,21 +301,26 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
                     .get::<AuthorisedTask>()
                     .filter(|a| a.record.era == Era::Modern)
                     .map(|a| a.record.clone());
-                match bridged {
-                    Some(record) => {
-                        let m = m.to_string();
-                        Box::pin(async move {
-                            Ok(match m.as_str() {
-                                "tasks/get" => follow::tasks_get(&state, inner, req, record).await,
-                                "tasks/result" => {
-                                    follow::tasks_result(&state, inner, req, record).await
-                                }
-                                _ => follow::tasks_cancel(&state, inner, req, record).await,
-                            })
-                        })
-                    }
-                    None => Box::pin(inner.oneshot(req)),
-                }
+                let (Some(record), Some(id)) = (bridged, req.id().cloned()) else {
+                    return Box::pin(inner.oneshot(req));
+                };
+                let m = m.to_string();
+                Box::pin(async move {
+                    Ok(match m.as_str() {
+                        "tasks/get" => follow::tasks_get(&state, inner, req, id, record).await,
+                        "tasks/result" => {
+                            follow::tasks_result(&state, inner, req, id, record).await
+                        }
+                        _ => follow::tasks_cancel(&state, inner, req, id, record).await,
+                    })
+                })
+            }
+            // Other 2025 requests pass; a 2026-only error code in their answers is mapped.
+            Some(_)
+                if state.known() == Some(UpstreamEra::ModernTasks)
+                    && errors::is_revision_or_none(req.ctx.protocol_version()) =>
+            {
+                Box::pin(async move { Ok(errors::legacy_reply(inner.oneshot(req).await?)) })
             }
             _ => Box::pin(inner.oneshot(req)),
         }
@@ -392,6 +442,45 @@ async fn answer_of(reply: McpReply, id: &Id) -> Option<Value> {
     }
 }
 
+/// Sends taskgate's own request `out` (under `id`) upstream and reads the answer to `id` (see
+/// [`answer_of`]). The whole exchange, an SSE stream's answer event included, is bounded by the
+/// upstream's `timeout_ms`: past it the error is the upstream timeout's
+/// ([`GatewayError::UpstreamTimeout`], "upstream `x` did not answer within N ms", counted in
+/// `taskgate_upstream_errors_total{kind="timeout"}`), which the bridge answers as JSON-RPC
+/// `-32603` (HTTP 200) like any error reaching the upstream.
+async fn ask<S: McpService>(
+    state: &BridgeState,
+    inner: S,
+    out: McpRequest,
+    id: &Id,
+) -> Result<Option<Value>, GatewayError> {
+    let upstream = out.ctx.upstream.clone();
+    let exchange = async {
+        let reply = inner.oneshot(out).await?;
+        Ok(answer_of(reply, id).await)
+    };
+    match tokio::time::timeout(state.timeout, exchange).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            state
+                .registry
+                .metrics()
+                .upstream_error(&upstream, crate::metrics::UpstreamErrorKind::Timeout);
+            tracing::warn!(%upstream, id = %id.as_json(), "the upstream did not answer a bridged request within timeout_ms");
+            Err(GatewayError::UpstreamTimeout {
+                upstream,
+                timeout_ms: state.timeout.as_millis().min(u64::MAX as u128) as u64,
+            })
+        }
+    }
+}
+
+/// The 2025 answer under `id` when taskgate's own exchange with the upstream failed (see
+/// [`ask`]): JSON-RPC `-32603` (HTTP 200) with the error's message.
+fn failure_reply(id: &Id, e: &GatewayError) -> McpReply {
+    McpReply::local_error(Some(id), jsonrpc::INTERNAL_ERROR, &e.to_string())
+}
+
 /// The 2025 answer under `id` for an upstream `answer`: its `result` mapped by `map`, its
 /// `error` as it is, or `-32603` when the upstream gave no answer. Always HTTP 200 JSON.
 fn legacy_reply(id: &Id, answer: Option<Value>, map: impl FnOnce(&Value) -> Value) -> McpReply {
@@ -408,14 +497,14 @@ fn legacy_reply(id: &Id, answer: Option<Value>, map: impl FnOnce(&Value) -> Valu
     error_reply(id, answer.get("error"))
 }
 
-/// A 2025 JSON-RPC error answer under `id` carrying the upstream's `error` object (`-32603`
-/// when it is not one).
+/// A 2025 JSON-RPC error answer under `id` carrying the upstream's `error` object, a 2026-only
+/// code mapped (see `errors`); `-32603` when it is not one.
 fn error_reply(id: &Id, error: Option<&Value>) -> McpReply {
     match error.filter(|e| e.get("code").is_some_and(Value::is_i64)) {
         Some(e) => McpReply::local_json(Bytes::from(format!(
             r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
             id.as_json(),
-            e
+            errors::legacy_error(e)
         ))),
         None => McpReply::local_error(
             Some(id),

@@ -244,6 +244,24 @@ impl CancelState {
     }
 }
 
+/// A `tasks/cancel` taskgate itself sends from below this layer (the `bridge` cancels a task
+/// whose input its client cannot give): `req` is a `tasks/cancel` with an id and the task's
+/// [`AuthorisedTask`], `inner` the service below this layer. It goes through the same
+/// single-flight, cross-replica claim, terminal check and audit facts as a client's, so a
+/// client's `tasks/cancel` racing it still makes one upstream `tasks/cancel`; it is counted in
+/// `taskgate_cancel_requests_total` like one.
+pub async fn cancel_from_below<S>(
+    state: Arc<CancelState>,
+    inner: S,
+    req: McpRequest,
+) -> Result<McpReply, GatewayError>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    cancel_task(state, inner, req).await
+}
+
 async fn cancel_task<S>(
     state: Arc<CancelState>,
     inner: S,

@@ -194,11 +194,13 @@ async fn needs_task(
             None
         }
     };
+    // The `bridge` layer below shows the 2026 `-32021` to 2025 clients as `-32601`, keeping
+    // its `data.requiredCapabilities`.
     let missing = first
-        .filter(|b| crate::jsonrpc::contains(b, b"-32021"))
+        .filter(|b| crate::jsonrpc::contains(b, b"requiredCapabilities"))
         .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
         .and_then(|v| v.get("error").cloned())
-        .is_some_and(|e| crate::layers::bridge::translate::is_missing_tasks_extension(&e));
+        .is_some_and(|e| crate::layers::bridge::errors::is_task_required(&e));
     if !missing {
         return Ok(reply);
     }
