@@ -138,7 +138,10 @@ fn check_database(config: &Config) -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(taskgate::store::PgStore::probe(&url)) {
+    match runtime.block_on(taskgate::store::PgStore::probe(
+        &url,
+        config.store.ca_file.as_deref(),
+    )) {
         Ok(line) => {
             println!("store: {line}");
             ExitCode::SUCCESS
@@ -245,7 +248,11 @@ fn open_store_for_cli(
                     .build()
                     .map_err(|e| e.to_string())?;
                 let store = runtime
-                    .block_on(PgStore::open_read_only(&url, 2))
+                    .block_on(PgStore::open_read_only(
+                        &url,
+                        2,
+                        config.store.ca_file.as_deref(),
+                    ))
                     .map_err(|e| e.to_string())?;
                 return Ok(store as std::sync::Arc<dyn taskgate::store::TaskStore>);
             }

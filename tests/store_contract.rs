@@ -589,3 +589,56 @@ async fn postgres_cancel_lease_follows_the_upstream_timeout() {
     ));
     assert_eq!(b.cancel_outcome(&up, "short", 2).unwrap(), None);
 }
+
+/// TLS to the database: with `sslmode=require` and `store.ca_file`, the pool's connections are
+/// encrypted (the server's `pg_stat_ssl` says so); without the CA, or under a host name the
+/// certificate does not name, taskgate refuses to connect instead of trusting the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_tls_verifies_the_server() {
+    let Some((pg, ca)) = PgCluster::start_tls("postgres_tls_verifies_the_server") else {
+        return;
+    };
+    let require = format!("{}?sslmode=require&application_name=tg-tls", pg.url);
+    let store = PgStore::open_tls(&require, 2, Some(&ca))
+        .await
+        .expect("TLS with the CA");
+    let store: Arc<dyn TaskStore> = store;
+    let r = record("up", &unique("tls"), "principal:a", 1);
+    store.create(r.clone()).await.expect("create over TLS");
+    assert!(store.get("up", &r.task_id).unwrap().is_some());
+    // The server's own view: taskgate's connections use TLS.
+    let plain = format!("{}?sslmode=disable", pg.url);
+    let (client, conn) = tokio_postgres::connect(&plain, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let encrypted: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE s.ssl AND a.application_name = 'tg-tls'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(encrypted >= 1, "no TLS connection from taskgate");
+    driver.abort();
+
+    let err = PgStore::open_tls(&require, 1, None)
+        .await
+        .err()
+        .expect("unknown CA refused");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+    let by_name = require.replace("127.0.0.1", "localhost");
+    let err = PgStore::open_tls(&by_name, 1, Some(&ca))
+        .await
+        .err()
+        .expect("a host name the certificate does not name is refused");
+    assert!(
+        err.to_string().to_lowercase().contains("certificate"),
+        "{err}"
+    );
+}

@@ -241,6 +241,11 @@ pub struct StoreConfig {
     /// `postgres`: connections in the pool (default 16).
     #[serde(default = "default_pool_size")]
     pub pool_size: u64,
+    /// `postgres`: PEM file of the CA certificate(s) the database's TLS certificate must chain
+    /// to (default: the Mozilla roots). TLS itself follows the URL's `sslmode`; the certificate
+    /// and host name are always verified when TLS is used.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Whether a PostgreSQL URL or key/value string carries a password.
@@ -270,6 +275,9 @@ impl StoreConfig {
         check_range("store.pool_size", self.pool_size, 1, 1000)?;
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         match (self.backend, &self.url_env, &self.url) {
+            (StoreBackend::Sled, None, None) if self.ca_file.is_some() => invalid(
+                "store.ca_file is for backend = \"postgres\" (TLS to the database)".into(),
+            ),
             (StoreBackend::Sled, None, None) => Ok(()),
             (StoreBackend::Sled, _, _) => invalid(
                 "store.url_env / store.url are for backend = \"postgres\" (the sled store uses store.path)".into(),
@@ -314,6 +322,7 @@ impl Default for StoreConfig {
             url_env: None,
             url: None,
             pool_size: default_pool_size(),
+            ca_file: None,
         }
     }
 }

@@ -99,7 +99,7 @@ impl PgCluster {
                 });
             }
         }
-        match Self::own_cluster() {
+        match Self::own_cluster(false) {
             Ok(c) => Some(c),
             Err(why) => {
                 if std::env::var("TASKGATE_REQUIRE_PG").as_deref() == Ok("1") {
@@ -111,7 +111,26 @@ impl PgCluster {
         }
     }
 
-    fn own_cluster() -> Result<PgCluster, String> {
+    /// A cluster of its own (never `TASKGATE_TEST_DATABASE_URL`'s) serving TLS with a certificate
+    /// for IP 127.0.0.1 only, issued by a throwaway CA; returns it and the CA's PEM file. `None`
+    /// (printed) as [`PgCluster::start`] when PostgreSQL or openssl is missing and not required.
+    pub fn start_tls(test: &str) -> Option<(PgCluster, std::path::PathBuf)> {
+        match Self::own_cluster(true) {
+            Ok(c) => {
+                let ca = c._dir.as_ref().unwrap().path().join("ca.crt");
+                Some((c, ca))
+            }
+            Err(why) => {
+                if std::env::var("TASKGATE_REQUIRE_PG").as_deref() == Ok("1") {
+                    panic!("{test}: PostgreSQL with TLS is required (TASKGATE_REQUIRE_PG=1) but: {why}");
+                }
+                eprintln!("SKIPPED {test}: no PostgreSQL with TLS ({why})");
+                None
+            }
+        }
+    }
+
+    fn own_cluster(tls: bool) -> Result<PgCluster, String> {
         let bin = bin_dir().ok_or("no /usr/lib/postgresql/*/bin/initdb")?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let root = unsafe { libc::geteuid() } == 0;
@@ -150,6 +169,9 @@ impl PgCluster {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
+        if tls {
+            make_certs(dir.path(), &data, ids)?;
+        }
         let port = free_port();
         let log = std::fs::File::create(dir.path().join("postgres.log")).unwrap();
         if let Some((uid, gid)) = ids {
@@ -167,6 +189,18 @@ impl PgCluster {
                 "max_connections=300",
             ])
             .args(["-c", "fsync=off"])
+            .args(if tls {
+                &[
+                    "-c",
+                    "ssl=on",
+                    "-c",
+                    "ssl_cert_file=server.crt",
+                    "-c",
+                    "ssl_key_file=server.key",
+                ][..]
+            } else {
+                &[][..]
+            })
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -221,4 +255,88 @@ impl Drop for PgCluster {
         let _ = child.kill();
         let _ = child.wait();
     }
+}
+
+/// A throwaway CA (`dir/ca.crt`) and a server certificate for IP 127.0.0.1 only
+/// (`data/server.crt`, `data/server.key`, owned by `ids` when given), with the openssl CLI.
+fn make_certs(
+    dir: &std::path::Path,
+    data: &std::path::Path,
+    ids: Option<(u32, u32)>,
+) -> Result<(), String> {
+    let run = |args: &[&str]| -> Result<(), String> {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("openssl: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "openssl {}: {}",
+                args[0],
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    };
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n")
+        .map_err(|e| e.to_string())?;
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=taskgate test CA",
+    ])?;
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=127.0.0.1",
+    ])?;
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ])?;
+    for name in ["server.crt", "server.key"] {
+        let to = data.join(name);
+        std::fs::copy(dir.join(name), &to).map_err(|e| e.to_string())?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| e.to_string())?;
+        if let Some((uid, gid)) = ids {
+            let c = std::ffi::CString::new(to.to_str().unwrap()).unwrap();
+            unsafe { libc::chown(c.as_ptr(), uid, gid) };
+        }
+    }
+    Ok(())
 }

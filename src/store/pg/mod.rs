@@ -5,8 +5,8 @@
 //! library, binary protocol, prepared statements) with the `deadpool-postgres` pool (small, async,
 //! bounded: `store.pool_size` connections, a 5 s wait for a free one). `sqlx` was the other
 //! candidate; it brings a macro/runtime layer, its own migration tool and many more crates for
-//! nothing this store needs. TLS to the database is not built in (`NoTls`): run the database on a
-//! trusted network or through a local TLS proxy.
+//! nothing this store needs. TLS to the database: rustls through `tokio-postgres-rustls`, the
+//! certificate and host name always verified (see `tls`; `sslmode` in the URL, `store.ca_file`).
 //!
 //! **Off the runtime**: the pool's connections are driven by a runtime of the store's own (one
 //! worker thread, `taskgate-pg`). The trait's synchronous methods hand their query to that runtime
@@ -40,6 +40,7 @@ mod names;
 mod open;
 mod slots;
 mod tier;
+mod tls;
 
 pub use names::redact;
 

@@ -4,14 +4,14 @@
 use std::str::FromStr;
 
 /// The driver's config of connection string `url`, or why not, in words an operator can act on.
-/// TLS to the database is not built in (`NoTls`): `sslmode=require` parses and then fails to
-/// connect (never falls back to plain text); `sslmode=verify-ca` / `verify-full` are refused
-/// here by name rather than as an "invalid connection string".
+/// `sslmode=verify-ca` / `verify-full` (libpq's) are refused here by name rather than as an
+/// "invalid connection string": `sslmode=require` already verifies the certificate and the host
+/// name (see `tls`).
 pub(super) fn parse(url: &str) -> Result<tokio_postgres::Config, String> {
     tokio_postgres::Config::from_str(url).map_err(|e| {
         if url.contains("sslmode=verify-") || url.contains("sslmode = verify-") {
-            "sslmode=verify-ca/verify-full: taskgate does not speak TLS to the database yet; \
-             reach it over a trusted network or a local TLS proxy (deploy/README.md)"
+            "sslmode=verify-ca/verify-full: use sslmode=require, with which taskgate verifies the \
+             server's certificate and host name (against store.ca_file, or the Mozilla roots)"
                 .to_string()
         } else {
             format!("not a PostgreSQL URL: {e}")
@@ -74,7 +74,7 @@ mod tests {
             "host=db user=tg sslmode=verify-ca",
         ] {
             let err = parse(url).unwrap_err();
-            assert!(err.contains("does not speak TLS"), "{url}: {err}");
+            assert!(err.contains("use sslmode=require"), "{url}: {err}");
         }
         assert!(parse("postgres://tg@db/tasks?sslmode=require").is_ok());
         assert!(parse("postgres://tg@db/tasks?sslmode=nonsense")

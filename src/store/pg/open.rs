@@ -4,6 +4,7 @@ use super::names::{parse, redact, replica_name};
 use super::{migrations, pg_err, PgStore, POOL_TIMEOUT};
 use crate::store::StoreError;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use std::path::Path;
 use std::sync::Arc;
 
 impl PgStore {
@@ -15,7 +16,20 @@ impl PgStore {
     /// not parse, the database cannot be reached within 5 s, or its schema is newer than this
     /// taskgate knows.
     pub async fn open(url: &str, pool_size: usize) -> Result<Arc<PgStore>, StoreError> {
-        PgStore::connect(url, pool_size, true).await
+        PgStore::connect(url, pool_size, true, None).await
+    }
+
+    /// [`PgStore::open`] trusting the CA certificates in `ca_file` (PEM; `store.ca_file`) for
+    /// TLS to the database instead of the Mozilla roots (see `tls`).
+    ///
+    /// Errors: those of [`PgStore::open`], and a `ca_file` that cannot be read or holds no
+    /// certificate; a server certificate that does not verify fails the connection.
+    pub async fn open_tls(
+        url: &str,
+        pool_size: usize,
+        ca_file: Option<&Path>,
+    ) -> Result<Arc<PgStore>, StoreError> {
+        PgStore::connect(url, pool_size, true, ca_file).await
     }
 
     /// Connects like [`PgStore::open`] without changing the schema, for `taskgate tasks` (a
@@ -23,14 +37,19 @@ impl PgStore {
     ///
     /// Errors: those of [`PgStore::open`], and a database whose taskgate schema is missing or
     /// of another version than this taskgate's (start `taskgate serve` on it first).
-    pub async fn open_read_only(url: &str, pool_size: usize) -> Result<Arc<PgStore>, StoreError> {
-        PgStore::connect(url, pool_size, false).await
+    pub async fn open_read_only(
+        url: &str,
+        pool_size: usize,
+        ca_file: Option<&Path>,
+    ) -> Result<Arc<PgStore>, StoreError> {
+        PgStore::connect(url, pool_size, false, ca_file).await
     }
 
     async fn connect(
         url: &str,
         pool_size: usize,
         migrate: bool,
+        ca_file: Option<&Path>,
     ) -> Result<Arc<PgStore>, StoreError> {
         let shown = redact(url);
         let open_err = |detail: String| StoreError::Open {
@@ -53,9 +72,10 @@ impl PgStore {
             .build()
             .map_err(|e| open_err(e.to_string()))?;
         let handle = runtime.handle().clone();
+        let tls = super::tls::connector(ca_file).map_err(open_err)?;
         let manager = Manager::from_config(
             config,
-            tokio_postgres::NoTls,
+            tls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -94,7 +114,7 @@ impl PgStore {
     /// version found (0 before taskgate's first start on it).
     ///
     /// Errors: [`StoreError::Open`] with the reason (URL, connection, authentication).
-    pub async fn probe(url: &str) -> Result<String, StoreError> {
+    pub async fn probe(url: &str, ca_file: Option<&Path>) -> Result<String, StoreError> {
         let shown = redact(url);
         let open_err = |detail: String| StoreError::Open {
             path: shown.clone(),
@@ -104,8 +124,9 @@ impl PgStore {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(POOL_TIMEOUT);
         }
+        let tls = super::tls::connector(ca_file).map_err(open_err)?;
         let (client, conn) = config
-            .connect(tokio_postgres::NoTls)
+            .connect(tls)
             .await
             .map_err(|e| open_err(pg_err(e).to_string()))?;
         let driver = tokio::spawn(conn);
