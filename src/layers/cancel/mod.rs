@@ -186,7 +186,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let state = self.state.clone();
         match (req.request_method(), req.notification_method()) {
-            (Some("tasks/cancel"), _) => Box::pin(cancel_task(state, inner, req)),
+            (Some("tasks/cancel"), _) => Box::pin(cancel_from_below(state, inner, req)),
             (Some("initialize"), _) => Box::pin(async move {
                 let caller = req.ctx.caller();
                 let id = req.id().cloned();
@@ -244,25 +244,14 @@ impl CancelState {
     }
 }
 
-/// A `tasks/cancel` taskgate itself sends from below this layer (the `bridge` cancels a task
+/// A `tasks/cancel` through the single-flight: a client's (from this layer's `call`), or one
+/// taskgate itself sends from below this layer (the `bridge` cancels a task
 /// whose input its client cannot give): `req` is a `tasks/cancel` with an id and the task's
 /// [`AuthorisedTask`], `inner` the service below this layer. It goes through the same
 /// single-flight, cross-replica claim, terminal check and audit facts as a client's, so a
 /// client's `tasks/cancel` racing it still makes one upstream `tasks/cancel`; it is counted in
 /// `taskgate_cancel_requests_total` like one.
 pub async fn cancel_from_below<S>(
-    state: Arc<CancelState>,
-    inner: S,
-    req: McpRequest,
-) -> Result<McpReply, GatewayError>
-where
-    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
-    S::Future: Send + 'static,
-{
-    cancel_task(state, inner, req).await
-}
-
-async fn cancel_task<S>(
     state: Arc<CancelState>,
     inner: S,
     req: McpRequest,
@@ -459,7 +448,7 @@ where
             result: Some(r), ..
         }) => {
             if let Some(s) = status_of(r).filter(|s| s.is_terminal()) {
-                // Before the flight leaves the table (see `cancel_task`).
+                // Before the flight leaves the table (see `cancel_from_below`).
                 let mut settled = state.settled.lock();
                 if settled.len() >= NOTES_LIMIT {
                     settled.clear();

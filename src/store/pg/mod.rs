@@ -185,28 +185,36 @@ impl PgStore {
     }
 }
 
+/// Inserts `record` (JSON `text`) as a new row, unless its `(upstream, taskId)` exists: the
+/// rows inserted, 0 or 1. On a pooled client or inside a transaction.
+pub(super) async fn insert_task<C: tokio_postgres::GenericClient>(
+    c: &C,
+    record: &TaskRecord,
+    text: &str,
+) -> Result<u64, tokio_postgres::Error> {
+    c.execute(
+        "INSERT INTO taskgate_tasks \
+         (upstream, task_id, owner, recorded_at, expires_at, status, record) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+        &[
+            &record.upstream,
+            &record.task_id,
+            &record.owner.to_string(),
+            &ms(record.recorded_at),
+            &ms(record.expires_at),
+            &record.status.as_str(),
+            &text,
+        ],
+    )
+    .await
+}
+
 impl TaskStore for PgStore {
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
         let text = encode(&record);
         self.spawn(move |pool| async move {
             let c = pool.get().await.map_err(pool_err)?;
-            let n = c
-                .execute(
-                    "INSERT INTO taskgate_tasks \
-                     (upstream, task_id, owner, recorded_at, expires_at, status, record) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
-                    &[
-                        &record.upstream,
-                        &record.task_id,
-                        &record.owner.to_string(),
-                        &ms(record.recorded_at),
-                        &ms(record.expires_at),
-                        &record.status.as_str(),
-                        &text,
-                    ],
-                )
-                .await
-                .map_err(pg_err)?;
+            let n = insert_task(&**c, &record, &text).await.map_err(pg_err)?;
             if n == 0 {
                 return Err(StoreError::Conflict(record.task_id));
             }

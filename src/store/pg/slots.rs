@@ -16,7 +16,7 @@
 //! **Counts**: `SELECT upstream, status, count(*) … GROUP BY`, read by the replica holding the
 //! sweep lease for `taskgate_tasks` (see `registry::sweep`).
 
-use super::{encode, ms, pg_err, pool_err, PgStore};
+use super::{encode, pg_err, pool_err, PgStore};
 use crate::mcp::task::TaskStatus;
 use crate::store::{Owner, StatusCounts, StoreError, TaskRecord};
 use std::time::Duration;
@@ -111,21 +111,7 @@ impl PgStore {
         let text = encode(&record);
         let mut c = pool.get().await.map_err(pool_err)?;
         let tx = c.transaction().await.map_err(pg_err)?;
-        let n = tx
-            .execute(
-                "INSERT INTO taskgate_tasks \
-                 (upstream, task_id, owner, recorded_at, expires_at, status, record) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
-                &[
-                    &record.upstream,
-                    &record.task_id,
-                    &record.owner.to_string(),
-                    &ms(record.recorded_at),
-                    &ms(record.expires_at),
-                    &record.status.as_str(),
-                    &text,
-                ],
-            )
+        let n = super::insert_task(&*tx, &record, &text)
             .await
             .map_err(pg_err)?;
         if n == 0 {
