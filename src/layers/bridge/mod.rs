@@ -17,6 +17,10 @@
 //!   error) is tried again next time; one unanswered within [`DISCOVER_DEADLINE`] means
 //!   2025-11-25.
 //!
+//! Whether taskgate holds 2025 sessions itself (see `held`) is learned apart from the era: the
+//! first `initialize` the upstream refuses while it answers `server/discover` (`"auto"` and
+//! `"2026-07-28"` alike; `"2025-11-25"` never holds sessions).
+//!
 //! **Dual-era upstreams** (FastMCP 4 serves 2025 `initialize` sessions and stateless 2026
 //! requests on one endpoint): the 2025 client keeps its upstream session for everything that is
 //! not a task (`initialize`, `tools/list`, plain `tools/call`, `ping`, the GET stream); its task
@@ -59,18 +63,29 @@
 //!
 //! - status changes seen while a bridged `tasks/result` follows the task are sent on its stream
 //!   as `notifications/tasks/status` (a 2025 `Task`).
+//! - `notifications/tasks` (a `DetailedTask`) the upstream sends on any stream that reaches a
+//!   2025 client become `notifications/tasks/status` (a 2025 `Task`, a tool error `failed`, no
+//!   payload): on a bridged creation's own stream (then answered as SSE: the nested
+//!   `CreateTaskResult`, then the stream's notifications as the upstream sends them), on plain
+//!   calls' streams, the GET stream, and any other stream passed on (a `subscriptions/listen`
+//!   a 2025-era request opened). `observe` below has recorded them first.
+//! - the registry keeps the 2026 status (`completed` for a tool error) and notes the tool error
+//!   (`TaskRecord::tool_error`), so `tasks/list` and every answer taken from a record show a
+//!   2025 client `failed`, as `tasks/get` does.
 //!
-//! Not translated (yet): `notifications/tasks` the upstream sends on a creation's own stream
-//! (the bridged `tools/call` is answered with its one JSON message) or on a
-//! `subscriptions/listen` stream; a 2025 client's GET stream carries nothing from a 2026 upstream. The registry keeps the 2026 status (`completed` for a
-//! tool error), so `tasks/list` shows `completed` where `tasks/get` shows the 2025 `failed`.
+//! **Held sessions** (an upstream without 2025 sessions, which refuses `initialize`, such as
+//! rmcp 3 with `legacy_session_mode` off): taskgate answers the client's `initialize` from the
+//! upstream's `server/discover`, mints and keeps the `Mcp-Session-Id`, and sends every request of
+//! that session upstream as a stateless 2026 request; see `held`.
 //!
 //! Files: this one (the layer, the era, the dispatch, the request and answer helpers), `calls`
 //! (`initialize`, `tools/list`, `tools/call`), `follow` (tasks/get, tasks/result, tasks/cancel,
-//! `server/discover`), `input` (input requests), `translate` (the pure shape translations).
+//! `server/discover`), `held` (held sessions), `input` (input requests), `translate` (the pure
+//! shape translations).
 
 mod calls;
 mod follow;
+mod held;
 pub mod input;
 pub mod translate;
 
@@ -78,7 +93,7 @@ use crate::config::UpstreamProtocol;
 use crate::era::{self, Era};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Message};
-use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::layers::extensions::{AuthorisedTask, HeldSession, PendingCreation};
 use crate::layers::McpService;
 use crate::registry::Registry;
 use bytes::Bytes;
@@ -89,7 +104,7 @@ use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -127,6 +142,9 @@ pub struct BridgeState {
     next_id: AtomicU64,
     inputs: input::Inputs,
     sessions: Option<Arc<crate::layers::session::Sessions>>,
+    /// The upstream refused a 2025 `initialize` and answered `server/discover`: taskgate holds
+    /// 2025 sessions itself (see `held`). Learned once, kept for the process's life.
+    holds_sessions: AtomicBool,
 }
 
 impl BridgeState {
@@ -141,6 +159,7 @@ impl BridgeState {
             next_id: AtomicU64::new(1),
             inputs: input::Inputs::default(),
             sessions: None,
+            holds_sessions: AtomicBool::new(false),
         })
     }
 
@@ -182,6 +201,11 @@ impl BridgeState {
     fn next_id(&self) -> Id {
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         Id::from_json(&format!("\"taskgate-bridge-{n}\"")).expect("a JSON string")
+    }
+
+    /// Whether taskgate holds 2025 sessions itself for this upstream (see `held`).
+    pub fn holds_sessions(&self) -> bool {
+        self.holds_sessions.load(Ordering::Relaxed)
     }
 
     fn is_task_only(&self, tool: &str) -> bool {
@@ -230,12 +254,24 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: McpRequest) -> BoxFut {
+    fn call(&mut self, mut req: McpRequest) -> BoxFut {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let state = self.state.clone();
-        if Era::of(&req) == Era::Modern || state.known() == Some(UpstreamEra::Legacy) {
+        if Era::of(&req) == Era::Modern {
             return Box::pin(inner.oneshot(req));
+        }
+        // A session taskgate holds: nothing of it goes upstream in the 2025 form.
+        let mut is_held = false;
+        if state.holds_sessions() {
+            match held::lookup(&state, &req) {
+                held::Lookup::Held(session) => {
+                    req.extensions.insert(session);
+                    is_held = true;
+                }
+                held::Lookup::Unknown => return Box::pin(async move { Ok(held::not_found(&req)) }),
+                held::Lookup::NotHeld | held::Lookup::NoSession => {}
+            }
         }
         if let Some(pending) = input_answer(&state, &req) {
             return Box::pin(async move {
@@ -243,11 +279,36 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
                 Ok(McpReply::accepted())
             });
         }
+        if is_held {
+            if let Some(reply) = held::local(&req) {
+                return Box::pin(async move { Ok(reply) });
+            }
+        } else if state.known() == Some(UpstreamEra::Legacy)
+            && !(state.holds_sessions() && req.request_method() == Some("initialize"))
+        {
+            // (A 2026 upstream without the tasks extension whose sessions taskgate holds still
+            // gets its `initialize` answered here.)
+            return Box::pin(inner.oneshot(req));
+        }
+        let tasks_bridged = state.known() == Some(UpstreamEra::ModernTasks);
         match req.request_method() {
             Some("initialize") => Box::pin(calls::initialize(state, inner, req)),
+            Some("tools/list") if is_held => {
+                Box::pin(held::forward_with(inner, req, |inner, out| {
+                    calls::tools_list(state, inner, out)
+                }))
+            }
             Some("tools/list") => Box::pin(calls::tools_list(state, inner, req)),
-            Some("tools/call") if req.extensions.get::<PendingCreation>().is_some() => {
+            Some("tools/call")
+                if req.extensions.get::<PendingCreation>().is_some()
+                    && (tasks_bridged || !is_held) =>
+            {
                 Box::pin(calls::task_call(state, inner, req))
+            }
+            Some("tools/call") if is_held => {
+                Box::pin(held::forward_with(inner, req, |inner, out| {
+                    calls::plain_call(state, inner, out)
+                }))
             }
             Some("tools/call") => Box::pin(calls::plain_call(state, inner, req)),
             Some(m @ ("tasks/get" | "tasks/result" | "tasks/cancel")) => {
@@ -269,10 +330,18 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
                             })
                         })
                     }
+                    None if is_held => Box::pin(held::forward(inner, req)),
                     None => Box::pin(inner.oneshot(req)),
                 }
             }
-            _ => Box::pin(inner.oneshot(req)),
+            _ if is_held => Box::pin(held::forward(inner, req)),
+            // Any stream a 2026 task server sends a 2025 client (the GET stream, a
+            // `subscriptions/listen`): its `notifications/tasks` as `notifications/tasks/status`.
+            _ => Box::pin(async move {
+                let mut reply = inner.oneshot(req).await?;
+                reply.body = reply.body.map_messages(translate::legacy_notification);
+                Ok(reply)
+            }),
         }
     }
 }
@@ -337,6 +406,10 @@ fn modern_request(
     params: Value,
     name: Option<&str>,
 ) -> McpRequest {
+    let mut params = params;
+    if let Some(session) = req.extensions.get::<Arc<HeldSession>>() {
+        held::add_session_meta(&mut params, session);
+    }
     let body = json!({"jsonrpc": "2.0", "method": method, "params": params});
     let mut text = body.to_string();
     text.insert_str(1, &format!("\"id\":{},", id.as_json()));
