@@ -256,3 +256,35 @@ async fn held_answers_are_2025_answers_and_plain_calls_are_upgraded() {
     assert_eq!(r.status(), 200);
     assert_eq!(err_code(&r.json().await), -32601);
 }
+
+/// taskgate's internal reply headers (`x-taskgate-*`: a local answer's reason, a held session's
+/// mark) cannot come from an upstream: they are removed from its replies, so an upstream neither
+/// reaches the client with them nor skews `taskgate_local_answers_total`.
+#[tokio::test]
+async fn an_upstream_cannot_set_taskgates_internal_headers() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state);
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        modern(req)
+            .header("x-taskgate-local-answer", "stored_result")
+            .header("x-taskgate-held-session", "1")
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let r = c.send(rpc("1", "tools/list", "{}")).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.header("x-taskgate-local-answer").is_none());
+    assert!(r.header("x-taskgate-held-session").is_none());
+    let _ = r.bytes().await;
+    let m = tg.metrics_text().await;
+    assert!(
+        m.contains(r#"taskgate_local_answers_total{reason="stored_result",upstream="default"} 0"#),
+        "{}",
+        m.lines()
+            .filter(|l| l.contains("local_answers"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
