@@ -288,3 +288,38 @@ async fn an_upstream_cannot_set_taskgates_internal_headers() {
             .join("\n")
     );
 }
+
+/// A plain client's `notifications/cancelled` for its call on a held session closes the upstream
+/// request (2026-07-28: closing the stream is the cancel); nothing is forwarded as a message.
+#[tokio::test]
+async fn a_cancelled_plain_call_of_a_held_session_is_closed_upstream() {
+    let state: Shared = Default::default();
+    let pure = pure_2026(state);
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        if req.rpc_method().as_deref() == Some("tools/call")
+            && req.json()["params"]["name"] == "hang"
+        {
+            return ScriptedResponse::hang();
+        }
+        pure(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let pending = {
+        let c = c.clone();
+        tokio::spawn(async move { c.send(call_body("5", "hang", None)).await.bytes().await })
+    };
+    assert!(up.wait_for_method("tools/call", 1, STEP).await);
+    assert_eq!(
+        c.notify("notifications/cancelled", json!({"requestId": 5}))
+            .await,
+        202
+    );
+    assert!(
+        up.wait_for_hangs_abandoned(1, STEP).await,
+        "the upstream request was closed"
+    );
+    assert_eq!(count(&up, "notifications/cancelled"), 0);
+    let _ = pending.await;
+}

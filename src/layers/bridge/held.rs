@@ -28,6 +28,9 @@
 //!   2025 client takes it: HTTP 200 for a JSON-RPC error (the 2026 transport's 400/404),
 //!   `notifications/tasks` as `notifications/tasks/status`; an MRTR `input_required` result
 //!   (2026 multi-round-trip requests, which taskgate does not bridge) becomes `-32603` saying so.
+//! - a `notifications/cancelled` naming a request of the session still in flight upstream ends
+//!   it: taskgate closes that upstream request (2026-07-28: closing the stream is the cancel)
+//!   and the client's stream ends without an answer (2025-11-25 cancellation: none is due).
 //! - answered here (counted as `taskgate_local_answers_total{reason="held_session"}`):
 //!   `notifications/initialized` and every other notification, and responses nothing waits for
 //!   (202); `ping` and `logging/setLevel` (`{}`; 2026-07-28 has neither); the GET stream (405,
@@ -43,17 +46,19 @@
 
 use super::{modern_request, translate, BridgeState, UpstreamEra, DISCOVER_DEADLINE};
 use crate::era::{self, CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
-use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind};
 use crate::layers::extensions::HeldSession;
 use crate::layers::session::HELD_SESSION;
 use crate::layers::McpService;
 use crate::metrics::LocalReason;
+use futures_util::StreamExt;
 use http::{HeaderValue, StatusCode};
 use serde_json::{json, Map, Value};
 use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use tokio::sync::oneshot;
 use tower::ServiceExt;
 
 /// `_meta` key of a 2026-07-28 request's `clientInfo`.
@@ -102,9 +107,75 @@ pub(super) fn not_found(req: &McpRequest) -> McpReply {
     reply
 }
 
+/// A request of a held session in flight upstream: its token, and the signal that ends it.
+pub(super) struct Flight {
+    token: u64,
+    cancel: oneshot::Sender<()>,
+}
+
+/// Keeps a request's entry in `held_calls` while it is in flight; removes it (only its own) when
+/// dropped.
+struct InFlight {
+    state: Arc<BridgeState>,
+    key: CallKey,
+    token: u64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut calls = self.state.held_calls.lock();
+        if calls.get(&self.key).is_some_and(|f| f.token == self.token) {
+            calls.remove(&self.key);
+        }
+    }
+}
+
+/// Registers `req` (a request) as in flight: the receiver a `notifications/cancelled` fires, and
+/// the guard of its entry. `None` when it cannot be: no id, its key already in flight (callers
+/// that cannot be told apart), or [`super::MAX_HELD_CALLS`] in flight.
+fn register(
+    state: &Arc<BridgeState>,
+    req: &McpRequest,
+) -> Option<(oneshot::Receiver<()>, InFlight)> {
+    let key = req.ctx.call_key(req.id()?);
+    let token = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    let mut calls = state.held_calls.lock();
+    if calls.contains_key(&key) || calls.len() >= super::MAX_HELD_CALLS {
+        return None;
+    }
+    calls.insert(key.clone(), Flight { token, cancel: tx });
+    drop(calls);
+    let flight = InFlight {
+        state: state.clone(),
+        key,
+        token,
+    };
+    Some((rx, flight))
+}
+
+/// A client's `notifications/cancelled`: ends the request it names, if in flight.
+fn cancel_in_flight(state: &BridgeState, req: &McpRequest) {
+    let Operation::Post(msg) = &req.op else {
+        return;
+    };
+    let Some(id) = msg
+        .parse_as::<Value>()
+        .ok()
+        .and_then(|v| v.pointer("/params/requestId").and_then(Id::from_value))
+    else {
+        return;
+    };
+    let flight = state.held_calls.lock().remove(&req.ctx.call_key(&id));
+    if let Some(flight) = flight {
+        tracing::debug!("notifications/cancelled: the held session's request is closed upstream");
+        let _ = flight.cancel.send(());
+    }
+}
+
 /// The answer taskgate gives itself to a request of a held session, if it is one of those it
 /// answers (see the module docs).
-pub(super) fn local(req: &McpRequest) -> Option<McpReply> {
+pub(super) fn local(state: &BridgeState, req: &McpRequest) -> Option<McpReply> {
     let reply = match &req.op {
         Operation::EndSession => {
             let mut r = McpReply::accepted();
@@ -121,6 +192,10 @@ pub(super) fn local(req: &McpRequest) -> Option<McpReply> {
             r
         }
         Operation::Post(msg) => match (msg.kind(), msg.method()) {
+            (Kind::Notification, Some("notifications/cancelled")) => {
+                cancel_in_flight(state, req);
+                McpReply::accepted()
+            }
             (Kind::Notification | Kind::Response | Kind::Error, _) => McpReply::accepted(),
             (Kind::Request, Some("ping" | "logging/setLevel")) => {
                 McpReply::local_json(jsonrpc::result_response(msg.id()?, "{}"))
@@ -208,6 +283,7 @@ fn modernize(req: &McpRequest) -> Option<McpRequest> {
 /// A request of a held session sent upstream as a 2026 request ([`modernize`]) through `send`,
 /// its answer made a 2025 one ([`legacy_answer`]).
 pub(super) async fn forward_with<S, F, Fut>(
+    state: Arc<BridgeState>,
     inner: S,
     req: McpRequest,
     send: F,
@@ -224,15 +300,37 @@ where
             "taskgate holds this session and cannot send this message to the 2026-07-28 upstream",
         ));
     };
-    Ok(legacy_answer(send(inner, out).await?))
+    let Some((mut cancelled, flight)) = register(&state, &req) else {
+        return Ok(legacy_answer(send(inner, out).await?));
+    };
+    let reply = tokio::select! {
+        reply = send(inner, out) => reply?,
+        _ = &mut cancelled => {
+            // Cancelled before the upstream answered: the upstream request is dropped (closed).
+            let (_, rx) = tokio::sync::mpsc::channel(1);
+            return Ok(McpReply::event_stream(rx, None));
+        }
+    };
+    let mut reply = legacy_answer(reply);
+    if let ReplyBody::Stream(events) = reply.body {
+        // Cancelled while streaming: the stream (and the upstream request) ends; the entry
+        // lives as long as the stream.
+        let events = events.take_until(cancelled).map(move |ev| {
+            let _ = &flight;
+            ev
+        });
+        reply.body = ReplyBody::Stream(Box::pin(events));
+    }
+    Ok(reply)
 }
 
 /// [`forward_with`] sending the request as it is.
 pub(super) async fn forward<S: McpService>(
+    state: Arc<BridgeState>,
     inner: S,
     req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
-    forward_with(inner, req, |inner, out| inner.oneshot(out)).await
+    forward_with(state, inner, req, |inner, out| inner.oneshot(out)).await
 }
 
 /// A 2026 upstream's reply as a 2025 client takes it (see the module docs).

@@ -120,6 +120,9 @@ pub const MAX_EARLY_EVENTS: usize = 64;
 /// 2025-11-25 one (2026-07-28 servers MUST implement it), so a client's `initialize` waits at
 /// most this long for the probe.
 pub const DISCOVER_DEADLINE: Duration = Duration::from_secs(3);
+/// Most requests of held sessions in flight per upstream that a `notifications/cancelled` can
+/// end (more are sent all the same, without that).
+pub const MAX_HELD_CALLS: usize = 4096;
 /// Most tool names remembered as task-only per upstream.
 pub const MAX_TASK_ONLY_TOOLS: usize = 4096;
 
@@ -145,6 +148,9 @@ pub struct BridgeState {
     /// The upstream refused a 2025 `initialize` and answered `server/discover`: taskgate holds
     /// 2025 sessions itself (see `held`). Learned once, kept for the process's life.
     holds_sessions: AtomicBool,
+    /// Requests of held sessions in flight upstream, by caller and id: the client's
+    /// `notifications/cancelled` ends them (see `held`). At most [`MAX_HELD_CALLS`].
+    held_calls: Mutex<std::collections::HashMap<crate::exchange::CallKey, held::Flight>>,
 }
 
 impl BridgeState {
@@ -160,6 +166,7 @@ impl BridgeState {
             inputs: input::Inputs::default(),
             sessions: None,
             holds_sessions: AtomicBool::new(false),
+            held_calls: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -280,7 +287,7 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             });
         }
         if is_held {
-            if let Some(reply) = held::local(&req) {
+            if let Some(reply) = held::local(&state, &req) {
                 return Box::pin(async move { Ok(reply) });
             }
         } else if state.known() == Some(UpstreamEra::Legacy)
@@ -294,7 +301,8 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
         match req.request_method() {
             Some("initialize") => Box::pin(calls::initialize(state, inner, req)),
             Some("tools/list") if is_held => {
-                Box::pin(held::forward_with(inner, req, |inner, out| {
+                let st = state.clone();
+                Box::pin(held::forward_with(st, inner, req, |inner, out| {
                     calls::tools_list(state, inner, out)
                 }))
             }
@@ -306,7 +314,8 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
                 Box::pin(calls::task_call(state, inner, req))
             }
             Some("tools/call") if is_held => {
-                Box::pin(held::forward_with(inner, req, |inner, out| {
+                let st = state.clone();
+                Box::pin(held::forward_with(st, inner, req, |inner, out| {
                     calls::plain_call(state, inner, out)
                 }))
             }
@@ -330,11 +339,11 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
                             })
                         })
                     }
-                    None if is_held => Box::pin(held::forward(inner, req)),
+                    None if is_held => Box::pin(held::forward(state, inner, req)),
                     None => Box::pin(inner.oneshot(req)),
                 }
             }
-            _ if is_held => Box::pin(held::forward(inner, req)),
+            _ if is_held => Box::pin(held::forward(state, inner, req)),
             // Any stream a 2026 task server sends a 2025 client (the GET stream, a
             // `subscriptions/listen`): its `notifications/tasks` as `notifications/tasks/status`.
             _ => Box::pin(async move {
