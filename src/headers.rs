@@ -60,6 +60,19 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
+/// Removes the reply headers taskgate's layers use among themselves (`x-taskgate-*`: a local
+/// answer's reason, a held session's mark), so an upstream cannot set them.
+pub fn strip_internal(headers: &mut HeaderMap) {
+    let internal: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-taskgate-"))
+        .cloned()
+        .collect();
+    for name in internal {
+        headers.remove(name);
+    }
+}
+
 /// Whether a `Content-Type` value names the media type `essence` (`"text/event-stream"`), per
 /// RFC 9110 section 8.3.1: type and subtype are case-insensitive, parameters follow `;` with
 /// optional whitespace, parameter names are case-insensitive and values may be quoted.

@@ -46,6 +46,7 @@ fn record(upstream: &str, task_id: &str, owner: &str, recorded_at: u64) -> TaskR
         released_at: None,
         terminal_at: None,
         late_result_at: None,
+        tool_error: false,
         era: Era::Legacy,
         terminal_result: None,
         expires_at: recorded_at + 60_000,

@@ -13,8 +13,13 @@
 //!   session advertised no `capabilities.tasks`: `tasks` then serves nothing itself and passes
 //!   the request on.
 
+//! - [`HeldSession`]: set by `bridge` on a request of a 2025 session taskgate holds itself (an
+//!   upstream without 2025 sessions): what the client declared in its `initialize`, carried
+//!   upstream in every request's `_meta`. The session table keeps it with the session.
+
 use crate::registry::Reservation;
 use crate::store::TaskRecord;
+use serde_json::{json, Value};
 use std::sync::{Arc, OnceLock};
 
 /// The `upgrade` layer's own `tools/call`: a plain call it turned into a task.
@@ -47,3 +52,74 @@ pub struct PendingCreation {
 /// `capabilities.tasks`: there are no tasks there for taskgate to answer about.
 #[derive(Debug, Clone, Copy)]
 pub struct UpstreamWithoutTasks;
+
+/// Longest `capabilities` object (JSON text, bytes) a held session keeps as the client sent it;
+/// a longer one is kept as the capability names taskgate acts on (`elicitation`, `sampling`,
+/// `roots`, each `{}`).
+pub const MAX_HELD_CAPABILITIES: usize = 4096;
+/// Longest `clientInfo` (JSON text, bytes) a held session keeps; a longer one is not kept.
+pub const MAX_HELD_CLIENT_INFO: usize = 1024;
+
+/// A 2025-11-25 session taskgate holds itself for an upstream without 2025 sessions (see the
+/// `bridge` layer, "held sessions"): what every request of the session carries upstream in its
+/// 2026-07-28 `_meta`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldSession {
+    /// `io.modelcontextprotocol/clientCapabilities`: the client's `initialize`
+    /// `params.capabilities` (an object; the 2025 `tasks` member removed: 2026-07-28 tasks are
+    /// the extension, declared per request where the bridge wants a task).
+    pub client_capabilities: Value,
+    /// `io.modelcontextprotocol/clientInfo`: the client's `params.clientInfo`, when it gave one.
+    pub client_info: Option<Value>,
+}
+
+impl HeldSession {
+    /// What to keep of a 2025 `initialize` request's `params` (bounded: see
+    /// [`MAX_HELD_CAPABILITIES`], [`MAX_HELD_CLIENT_INFO`]).
+    pub fn from_initialize(params: Option<&Value>) -> HeldSession {
+        let mut caps = match params.and_then(|p| p.get("capabilities")) {
+            Some(Value::Object(m)) => m.clone(),
+            _ => serde_json::Map::new(),
+        };
+        caps.remove("tasks");
+        if Value::Object(caps.clone()).to_string().len() > MAX_HELD_CAPABILITIES {
+            let names = ["elicitation", "sampling", "roots"];
+            caps.retain(|k, _| names.contains(&k.as_str()));
+            for v in caps.values_mut() {
+                *v = json!({});
+            }
+        }
+        let client_info = params
+            .and_then(|p| p.get("clientInfo"))
+            .filter(|i| i.is_object() && i.to_string().len() <= MAX_HELD_CLIENT_INFO)
+            .cloned();
+        HeldSession {
+            client_capabilities: Value::Object(caps),
+            client_info,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_held_session_keeps_bounded_capabilities() {
+        let p = json!({"capabilities": {"elicitation": {"form": {}}, "tasks": {"list": {}}},
+            "clientInfo": {"name": "c", "version": "1"}});
+        let h = HeldSession::from_initialize(Some(&p));
+        assert_eq!(h.client_capabilities, json!({"elicitation": {"form": {}}}));
+        assert_eq!(h.client_info, Some(json!({"name": "c", "version": "1"})));
+        let big = "x".repeat(MAX_HELD_CAPABILITIES);
+        let p = json!({"capabilities": {"sampling": {"big": big}, "experimental": {"a": 1}},
+            "clientInfo": {"name": big}});
+        let h = HeldSession::from_initialize(Some(&p));
+        assert_eq!(h.client_capabilities, json!({"sampling": {}}));
+        assert_eq!(h.client_info, None);
+        assert_eq!(
+            HeldSession::from_initialize(None).client_capabilities,
+            json!({})
+        );
+    }
+}

@@ -9,7 +9,9 @@
 //! message.
 //!
 //! Only sessions the upstream issued (an `Mcp-Session-Id` on an `InitializeResult`) get an entry:
-//! a client-chosen session id never creates state. An entry is about 200 bytes plus its id (about
+//! a client-chosen session id never creates state. A session the `bridge` holds itself (its
+//! `initialize` answer carries [`HELD_SESSION`], removed here) also keeps what the client declared
+//! ([`HeldSession`], bounded). An entry is about 200 bytes plus its id (about
 //! 1 KiB of RSS per session with the allocator, `benches/session_rss.py`);
 //! tool caches equal to the upstream's last complete listing are shared, not copied. The table
 //! holds at most `gateway.max_sessions` entries and is never trimmed by other callers' traffic:
@@ -20,6 +22,7 @@ use crate::exchange::{McpReply, McpRequest, Operation, Principal, ReplyBody};
 use crate::jsonrpc::contains as memmem;
 use crate::jsonrpc::needles;
 use crate::jsonrpc::Id;
+use crate::layers::extensions::HeldSession;
 use http::HeaderValue;
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -98,6 +101,8 @@ pub struct SessionInfo {
     pub protocol_version: Option<HeaderValue>,
     /// Seconds since the table was made, at the last use.
     last_used: u32,
+    /// A session taskgate holds itself (no upstream session; see `bridge`).
+    pub held: Option<Arc<HeldSession>>,
 }
 
 impl SessionInfo {
@@ -269,6 +274,7 @@ impl Sessions {
         owner: Principal,
         client_caps: Option<&Value>,
         upstream_result: Option<&Value>,
+        held: Option<Arc<HeldSession>>,
     ) -> bool {
         let upstream_caps = upstream_result.and_then(|r| r.get("capabilities"));
         let last_used = self.now();
@@ -290,9 +296,21 @@ impl Sessions {
                 .filter(|v| v.len() <= 64)
                 .and_then(|v| HeaderValue::from_str(v).ok()),
             last_used,
+            held,
         };
         table.map.insert(key, info);
         true
+    }
+
+    /// For a session id: `Some(held)` when taskgate knows it (`held`: the session is one taskgate
+    /// holds itself, see `bridge`), `None` when it does not.
+    pub fn held(
+        &self,
+        upstream: &Arc<str>,
+        session: &HeaderValue,
+    ) -> Option<Option<Arc<HeldSession>>> {
+        let key = SessionKey::Session(session.clone());
+        self.read(upstream, Some(&key), |s| s.held.clone())
     }
 
     /// Whether the session's upstream declared `tasks.requests.tools.call` (no copy made).
@@ -404,6 +422,12 @@ impl Sessions {
     }
 }
 
+/// Reply header the `bridge` sets on an `initialize` answer it gave for a session it holds
+/// itself; the `session` layer removes it (it never reaches the client) and keeps the session's
+/// [`HeldSession`].
+pub static HELD_SESSION: http::HeaderName =
+    http::HeaderName::from_static("x-taskgate-held-session");
+
 /// Builds [`SessionService`]s over a shared [`Sessions`] table.
 #[derive(Clone)]
 pub struct SessionLayer {
@@ -468,12 +492,12 @@ where
             req.ctx.client_session_id.is_some() || matches!(req.ctx.principal, Principal::Token(_));
         let watch = match (&req.op, req.request_method()) {
             (Operation::Post(msg), Some("initialize")) => {
-                let caps = msg
+                let params = msg
                     .parse_as::<Value>()
                     .ok()
-                    .and_then(|v| v.pointer("/params/capabilities").cloned())
-                    .unwrap_or(Value::Null);
-                Watch::Initialize(caps)
+                    .and_then(|v| v.get("params").cloned());
+                let caps = params.as_ref().and_then(|p| p.get("capabilities").cloned());
+                Watch::Initialize(caps.unwrap_or(Value::Null), params)
             }
             (Operation::Post(_), Some("tools/list")) => Watch::ToolsList,
             (Operation::EndSession, _) => Watch::End,
@@ -483,6 +507,7 @@ where
         let id = req.id().cloned();
         Box::pin(async move {
             let mut reply = inner.call(req).await?;
+            let held = reply.headers.remove(&HELD_SESSION).is_some();
             if let Watch::End = watch {
                 // Forgotten once the upstream ended it (or does not know it).
                 if reply.status.is_success() || reply.status == http::StatusCode::NOT_FOUND {
@@ -500,9 +525,9 @@ where
             // upstream's facts there, never one client's capabilities.
             let keep_client_caps = has_identity || issued.is_some();
             let reply_session = issued.map(SessionKey::Session).or(session);
-            let json_matters = matches!(watch, Watch::Initialize(_) | Watch::ToolsList);
+            let json_matters = matches!(watch, Watch::Initialize(..) | Watch::ToolsList);
             let observe = move |bytes: &[u8]| match &watch {
-                Watch::Initialize(caps) => {
+                Watch::Initialize(caps, params) => {
                     let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
                         return;
                     };
@@ -516,6 +541,7 @@ where
                             principal.clone(),
                             keep_client_caps.then_some(caps),
                             Some(result),
+                            held.then(|| Arc::new(HeldSession::from_initialize(params.as_ref()))),
                         );
                     }
                 }
@@ -547,7 +573,8 @@ where
 
 enum Watch {
     Nothing,
-    Initialize(Value),
+    /// The client's capabilities, and the whole `params` (for a held session).
+    Initialize(Value, Option<Value>),
     ToolsList,
     Stream,
     End,

@@ -139,7 +139,7 @@ fn equal_tool_caches_are_shared() {
         .collect();
     let result = serde_json::json!({"tools":[{"name":"a"},{"name":"b","execution":{"taskSupport":"optional"}}]});
     for k in &keys {
-        assert!(sessions.insert(&up, Some(k.clone()), Principal::Anonymous, None, None));
+        assert!(sessions.insert(&up, Some(k.clone()), Principal::Anonymous, None, None, None));
         sessions.record_tools(&up, Some(k), &result);
     }
     let a = sessions.get(&up, Some(&keys[0])).unwrap().tools;

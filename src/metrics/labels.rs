@@ -289,5 +289,9 @@ label_enum! {
         /// `tasks/*` whose authorising registry read failed (the database is unreachable,
         /// PostgreSQL store): `-32603`, never "not found".
         StoreUnavailable = "store_unavailable",
+        /// A 2025-11-25 session taskgate holds itself for an upstream without 2025 sessions
+        /// (`layers::bridge`, held sessions): its `initialize`, `notifications/initialized`,
+        /// `ping`, GET (405) and DELETE.
+        HeldSession = "held_session",
     }
 }

@@ -114,6 +114,24 @@ impl Observed {
     }
 }
 
+/// One status report about a task, as `Registry::apply_status` applies it.
+#[derive(Debug, Clone)]
+pub(super) struct Report {
+    pub(super) status: TaskStatus,
+    pub(super) message: Option<String>,
+    pub(super) updated_at: Option<String>,
+    pub(super) poll_interval_ms: Option<u64>,
+    /// The report is a 2026 `completed` whose `result.isError` is `true`.
+    pub(super) tool_error: bool,
+}
+
+/// Whether a status report (a 2026 `DetailedTask`) is a tool error: `completed` with
+/// `result.isError: true` (SEP-2663: `completed` includes results with `isError`).
+fn is_tool_error(task: &Value) -> bool {
+    task.get("status").and_then(Value::as_str) == Some("completed")
+        && task.pointer("/result/isError").and_then(Value::as_bool) == Some(true)
+}
+
 /// What applying a report did, and whether it made the record terminal just now: then the
 /// caller waits for [`crate::store::TaskStore::sync`] before the message that told it leaves
 /// taskgate (a terminal status a client was told about survives a crash, like a creation).
@@ -207,7 +225,14 @@ impl Registry {
             .and_then(Value::as_str)
             .map(str::to_string);
         let poll = task.get("pollInterval").and_then(Value::as_u64);
-        self.apply_status(upstream, task_id, status, message, updated_at, poll, source)
+        let report = Report {
+            status,
+            message,
+            updated_at,
+            poll_interval_ms: poll,
+            tool_error: is_tool_error(task),
+        };
+        self.apply_status(upstream, task_id, report, source)
     }
 
     /// Whether the status report `task` (a `Task` object) needs the store: `false` for a report
@@ -226,7 +251,9 @@ impl Registry {
             return true;
         };
         if record.status.is_terminal() {
-            return status != record.status;
+            // A tool error's `isError` may come after the `completed` status itself.
+            return status != record.status
+                || (status == TaskStatus::Completed && !record.tool_error && task.tool_error);
         }
         if status != record.status {
             return true;
@@ -243,23 +270,34 @@ impl Registry {
             }
     }
 
-    /// Records that the task reached `status` (see [`Registry::observe_task`]).
-    #[allow(clippy::too_many_arguments)]
+    /// Records that the task reached `report.status` (see [`Registry::observe_task`]).
     pub(super) fn apply_status(
         &self,
         upstream: &str,
         task_id: &str,
-        status: TaskStatus,
-        message: Option<String>,
-        updated_at: Option<String>,
-        poll_interval_ms: Option<u64>,
+        report: Report,
         source: &str,
     ) -> Applied {
+        let Report {
+            status,
+            message,
+            updated_at,
+            poll_interval_ms,
+            tool_error,
+        } = report;
         let now = now_ms();
         let result = self.update(upstream, task_id, &mut |r| {
+            // A 2026 tool error (`completed` + `isError`), noted once, also when the
+            // `completed` itself was recorded before (a notification without its result).
+            let note_tool_error = tool_error && status == TaskStatus::Completed && !r.tool_error;
             if !r.status.can_become(status) {
+                if note_tool_error && r.status == TaskStatus::Completed {
+                    r.tool_error = true;
+                    return true;
+                }
                 return false;
             }
+            r.tool_error |= note_tool_error;
             r.status = status;
             if message.is_some() {
                 r.status_message = message.clone();
@@ -492,6 +530,8 @@ pub struct TaskFields<'a> {
     pub last_updated_at: Option<Option<&'a str>>,
     /// `pollInterval`, in ms.
     pub poll_interval: Option<Option<u64>>,
+    /// `completed` with `result.isError: true` (a 2026-07-28 `DetailedTask`'s tool error).
+    pub tool_error: bool,
 }
 
 impl<'a> TaskFields<'a> {
@@ -503,6 +543,7 @@ impl<'a> TaskFields<'a> {
             status_message: present("statusMessage").map(Value::as_str),
             last_updated_at: present("lastUpdatedAt").map(Value::as_str),
             poll_interval: present("pollInterval").map(Value::as_u64),
+            tool_error: is_tool_error(task),
         }
     }
 }

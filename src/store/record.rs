@@ -156,6 +156,12 @@ pub struct TaskRecord {
     /// Stored at rest with the record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminal_result: Option<String>,
+    /// A 2026-07-28 task that ended `completed` with `result.isError: true` (a tool error;
+    /// SEP-2663: `completed` includes tool errors). `status` keeps the 2026 `completed`; the
+    /// 2025-11-25 form ([`TaskRecord::to_task`]) shows it `failed`, as the bridge's `tasks/get`
+    /// does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tool_error: bool,
 }
 
 impl TaskRecord {
@@ -181,16 +187,27 @@ impl TaskRecord {
 }
 
 impl TaskRecord {
-    /// The `Task` object as the spec shapes it (for `tasks/list` and rewrites).
+    /// The `Task` object as the 2025-11-25 spec shapes it (for `tasks/list` and rewrites): a
+    /// 2026 tool error ([`TaskRecord::tool_error`]) is `failed`, as 2025-11-25 has it.
     pub fn to_task(&self) -> Task {
         Task {
             task_id: self.task_id.clone(),
-            status: self.status,
+            status: self.legacy_status(),
             status_message: self.status_message.clone(),
             created_at: self.created_at.clone(),
             last_updated_at: self.last_updated_at.clone(),
             ttl: self.ttl_ms,
             poll_interval: self.poll_interval_ms,
+        }
+    }
+
+    /// The status a 2025-11-25 client is shown: `failed` for a 2026 `completed` tool error,
+    /// else [`TaskRecord::status`].
+    pub fn legacy_status(&self) -> TaskStatus {
+        if self.tool_error && self.status == TaskStatus::Completed {
+            TaskStatus::Failed
+        } else {
+            self.status
         }
     }
 

@@ -458,6 +458,7 @@ mod tests {
             released_at: None,
             terminal_at: None,
             late_result_at: None,
+            tool_error: false,
             era: crate::era::Era::Legacy,
             terminal_result: None,
             expires_at: 1_000 + recorded_at,

@@ -4,10 +4,15 @@
 // 4.1.4 + fastmcp-tasks 4.1.4), directly (where it cannot work: the server runs params.task calls
 // plainly and has no 2025 tasks/*) or through taskgate's bridge.
 //
-//   node bridge-client.mjs URL [--label NAME] [--timeout-ms 90000]
+//   node bridge-client.mjs URL [--label NAME] [--timeout-ms 90000] [--received SPEC]
 //
-// 14 checks: the task lifecycle (12), an input_required task answered through elicitation, and a
-// plain client (no tasks capability) calling the task-only failing_job (needs [upgrade] enabled).
+// 16 checks: the task lifecycle (12), an input_required task answered through elicitation, and a
+// plain client (no tasks capability) calling task-only tools (needs [upgrade] enabled): the real
+// result of failing_job with progress first, and its cancel (AbortSignal, so the SDK sends
+// notifications/cancelled) of slow_required reaching the upstream as exactly one tasks/cancel.
+// SPEC says where the upstream's received tasks/cancel requests are counted: the fixture's
+// `/received` URL (modern_task_server.py) or a file of `{"received":"tasks/cancel","taskId":ID}`
+// lines (the rmcp fixture's stdout); without it the cancel check fails.
 //
 // Prints one JSON summary {label, url, ok, passed, failed:[names], checks:[{name,ok,detail}]} and
 // exits 0 only when every check passed.
@@ -16,10 +21,11 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { InMemoryTaskStore } from '@modelcontextprotocol/sdk/experimental/tasks';
 import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
+import { readFileSync } from 'node:fs';
 import { parseArgs, sleep, withTimeout } from './lib.mjs';
 
 const RELATED_TASK = 'io.modelcontextprotocol/related-task';
-const opts = parseArgs(process.argv.slice(2), { _: [], label: '', 'timeout-ms': 90000 });
+const opts = parseArgs(process.argv.slice(2), { _: [], label: '', 'timeout-ms': 90000, received: '' });
 const url = opts._[0];
 if (!url || opts._.length !== 1) {
     console.error('usage: node bridge-client.mjs URL [--label NAME] [--timeout-ms N]');
@@ -46,6 +52,22 @@ async function expectError(name, promise, codes) {
     }
 }
 const TERMINAL = ['completed', 'failed', 'cancelled'];
+// taskId -> tasks/cancel requests the upstream received (see --received).
+async function receivedCancels() {
+    if (opts.received.startsWith('http')) {
+        const r = await fetch(opts.received);
+        return (await r.json())['tasks/cancel'] ?? {};
+    }
+    const counts = {};
+    for (const line of readFileSync(opts.received, 'utf8').split('\n')) {
+        if (!line.includes('"received"')) continue;
+        try {
+            const m = JSON.parse(line);
+            if (m.received === 'tasks/cancel') counts[m.taskId] = (counts[m.taskId] ?? 0) + 1;
+        } catch {}
+    }
+    return counts;
+}
 const callAsTask = (client, name, args) =>
     client.request({ method: 'tools/call', params: { name, arguments: args, task: { ttl: 60000 } } }, CreateTaskResultSchema, req);
 async function pollTask(client, taskId, until, maxMs = 15000) {
@@ -134,12 +156,53 @@ async function lifecycle() {
         await withTimeout(plain.connect(t, req), 20000, 'initialize (plain)');
         try {
             const progress = [];
-            const result = await plain.callTool({ name: 'failing_job', arguments: {} }, CallToolResultSchema, { ...req, onprogress: p => progress.push(p.progress) });
+            const result = await plain.callTool({ name: 'failing_job', arguments: {} }, CallToolResultSchema, { ...req, onprogress: p => progress.push(p) });
             check('upgrade-plain-call', result.isError === true && result.content?.[0]?.text?.includes('failed on purpose'), { result, progress });
+            // Progress first: the SDK calls onprogress for messages before the answer only.
+            check('upgrade-progress-first', progress.length >= 1, { progress });
         } finally {
             await t.terminateSession().catch(() => {});
             await plain.close().catch(() => {});
         }
+    });
+    // The plain client cancels its call (AbortSignal: the SDK sends notifications/cancelled) once it
+    // has run for a while: the upstream gets exactly one tasks/cancel, for one new task.
+    await step('upgrade-cancel-once', async () => {
+        if (!opts.received) return check('upgrade-cancel-once', false, { error: 'no --received' });
+        const before = await receivedCancels();
+        const plain = new Client({ name: 'taskgate-bridge-plain-client', version: '1.0.0' }, { capabilities: {} });
+        const t = new StreamableHTTPClientTransport(new URL(url));
+        await withTimeout(plain.connect(t, req), 20000, 'initialize (plain)');
+        const abort = new AbortController();
+        let progressed;
+        const firstProgress = new Promise(resolve => (progressed = resolve));
+        const call = plain
+            .callTool({ name: 'slow_required', arguments: { seconds: 30 } }, CallToolResultSchema, { timeout: 60000, signal: abort.signal, onprogress: () => progressed() })
+            .then(r => ({ result: r }), e => ({ error: describe(e) }));
+        const started = await Promise.race([firstProgress.then(() => true), call.then(() => false), sleep(20000).then(() => false)]);
+        abort.abort('the user gave up');
+        const outcome = await call;
+        if (!started) {
+            await t.terminateSession().catch(() => {});
+            await plain.close().catch(() => {});
+            return check('upgrade-cancel-once', false, { started, outcome });
+        }
+        let fresh = {};
+        const deadline = Date.now() + 15000;
+        while (Date.now() < deadline) {
+            const now = await receivedCancels();
+            fresh = Object.fromEntries(Object.entries(now).filter(([id, n]) => n !== (before[id] ?? 0)).map(([id, n]) => [id, n - (before[id] ?? 0)]));
+            if (Object.keys(fresh).length > 0) break;
+            await sleep(100);
+        }
+        // Anything more would come soon after the first: look again a little later.
+        await sleep(1500);
+        const after = await receivedCancels();
+        fresh = Object.fromEntries(Object.entries(after).filter(([id, n]) => n !== (before[id] ?? 0)).map(([id, n]) => [id, n - (before[id] ?? 0)]));
+        await t.terminateSession().catch(() => {});
+        await plain.close().catch(() => {});
+        const counts = Object.values(fresh);
+        check('upgrade-cancel-once', started && counts.length === 1 && counts[0] === 1, { started, outcome, cancels: fresh });
     });
     if (slow) await expectError('tasks-cancel-terminal', client.experimental.tasks.cancelTask(slow.taskId, req), [-32602]);
     else check('tasks-cancel-terminal', false, { error: 'no task' });

@@ -20,7 +20,8 @@
 #   modern-raw-client    modern-raw-client.mjs (39 checks)
 #   modern-fastmcp-client modern_fastmcp_client.py (13 checks)
 #   bridge-ts-client, bridge-py-client  2025-11-25 task clients (TS SDK 1.32.2, Python mcp 1.30.0)
-#                        on the 2026 fixture: must pass through taskgate; direct counts only recorded
+#                        on the 2026 fixture (and, suffixed -rmcp / -rmcp-pure, on rmcp 3.11 dual-era
+#                        and pure 2026): must pass through taskgate; direct counts only recorded
 # and taskgate's own properties (modern-properties.mjs; strict unless MODERN_LEVEL=report):
 #   modern-properties    /admin/tasks lists the task; terminal polls and the cancel of a terminal
 #                        task are not forwarded; 200 concurrent cancels -> 1 upstream cancel, 200
@@ -153,7 +154,8 @@ for route in "${ROUTES[@]}"; do
 done
 RMCP=${TASKGATE_INTEROP_RMCP:-1}
 if [[ $RMCP == 1 ]]; then
-    # rmcp 3.11.0 as a second upstream (tasks-* scenarios only): built here, its own target dir.
+    # rmcp 3.11.0 as a second upstream (tasks-* scenarios, bridge-clients): built here, its own
+    # target dir.
     log "building rmcp-server (rmcp 3.11.0)"
     run_fg timeout 1200 cargo build --locked --quiet --manifest-path "$HERE/rmcp-server/Cargo.toml" >"$WORK/rmcp-build.log" 2>&1 || {
         echo "building rmcp-server failed:" >&2
@@ -163,26 +165,35 @@ if [[ $RMCP == 1 ]]; then
     for route in "${ROUTES[@]}"; do
         start "rmcp-$route" "$HERE/rmcp-server/target/debug/taskgate-interop-rmcp-server" --port 0
     done
+    # The same, pure 2026-07-28 (no initialize, no sessions): bridge-clients only, direct and via.
+    for route in "${ROUTES[@]:0:2}"; do
+        start "rmcp-pure-$route" "$HERE/rmcp-server/target/debug/taskgate-interop-rmcp-server" --port 0 --modern-only
+    done
     for route in "${ROUTES[@]}"; do
         wait_ready "rmcp-$route" 30 || exit 1
     done
+    for route in "${ROUTES[@]:0:2}"; do
+        wait_ready "rmcp-pure-$route" 30 || exit 1
+    done
 fi
-declare -A URL=() RMCP_URL=()
+declare -A URL=() RMCP_URL=() RMCP_PURE_URL=()
 URL[direct]=$(field fixture-direct listening)
-[[ $RMCP == 1 ]] && RMCP_URL[direct]=$(field rmcp-direct listening)
+[[ $RMCP == 1 ]] && RMCP_URL[direct]=$(field rmcp-direct listening) && RMCP_PURE_URL[direct]=$(field rmcp-pure-direct listening)
 log "fixture (FastMCP $(field fixture-direct version)) direct: ${URL[direct]}"
 
-taskgate_config() { # taskgate_config NAME AUTH_BLOCK UPSTREAM_URL [RMCP_URL]
+taskgate_config() { # taskgate_config NAME AUTH_BLOCK UPSTREAM_URL [RMCP_URL [RMCP_PURE_URL]]
     printf '[gateway]\nlisten = "127.0.0.1:0"\ndrain_timeout_ms = 1000\n\n[admin]\nlisten = "127.0.0.1:0"\n\n'
     printf '[store]\npath = "%s"\n\n%s\n' "$WORK/$1-store" "$2"
     # [upgrade] for bridge-clients' plain client (2025 requests only; 2026 ones pass it untouched).
     printf '[upgrade]\nenabled = true\n\n'
     printf '[[upstream]]\nname = "modern"\nurl = "%s"\n' "$3"
     [[ -n ${4:-} ]] && printf '\n[[upstream]]\nname = "rmcp"\nurl = "%s"\n' "$4"
+    [[ -n ${5:-} ]] && printf '\n[[upstream]]\nname = "rmcp-pure"\nurl = "%s"\n' "$5"
     return 0
 }
 if [[ "$BIN" != none ]]; then
-    taskgate_config taskgate-none $'[auth]\nmode = "none"\n' "$(field fixture-via listening)" "$([[ $RMCP == 1 ]] && field rmcp-via listening)" >"$WORK/taskgate-none.toml"
+    taskgate_config taskgate-none $'[auth]\nmode = "none"\n' "$(field fixture-via listening)" "$([[ $RMCP == 1 ]] && field rmcp-via listening)" \
+        "$([[ $RMCP == 1 ]] && field rmcp-pure-via listening)" >"$WORK/taskgate-none.toml"
     TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
     TOKEN_SHA=$(printf %s "$TOKEN" | sha256sum | cut -d' ' -f1)
     TOKEN_B=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
@@ -199,6 +210,7 @@ if [[ "$BIN" != none ]]; then
     URL[bearer]="$(field bearer-hop listening)/mcp/modern"
     RMCP_URL[via]="http://$(field taskgate-none listening.gateway)/mcp/rmcp"
     RMCP_URL[bearer]="$(field bearer-hop listening)/mcp/rmcp"
+    RMCP_PURE_URL[via]="http://$(field taskgate-none listening.gateway)/mcp/rmcp-pure"
     log "taskgate (auth none) via: ${URL[via]}"
     log "taskgate (bearer) through bearer-hop: ${URL[bearer]}"
 fi
@@ -275,21 +287,32 @@ run_client() { # run_client LABEL SECONDS CLIENT...: CLIENT URL --label L --json
 run_client modern-raw-client 120 "$NODE22" "$HERE/modern-raw-client.mjs"
 run_client modern-fastmcp-client 180 "$VENV/bin/python" "$HERE/modern_fastmcp_client.py"
 
-# ---- bridge-clients (issue 12): 2025-11-25 task clients on the 2026-07-28 fixture -----------------
+# ---- bridge-clients (issue 12): 2025-11-25 task clients on 2026-07-28 servers --------------------
 # The TS SDK 1.32.2 (bridge-client.mjs) and Python mcp 1.30.0 (py_bridge_client.py, in .venv from
-# requirements.txt, skipped with a note when that venv is missing) task clients, 14 checks each:
+# requirements.txt, skipped with a note when that venv is missing) task clients, 16 checks each:
 # create with params.task, tasks/get, tasks/list, blocking tasks/result, failing and protocol-error
 # tasks, cancel of a working task -> cancelled, cancel of a terminal task -> -32602, an input_required
-# task answered through elicitation, and a plain client's call of the task-only failing_job (taskgate
-# runs with [upgrade] enabled). Directly they
-# cannot work (the fixture runs params.task calls plainly, answers -32021 for task-only tools and has
-# no 2025 tasks/*): the direct count is recorded in bridge-counts.txt, never required. Through
+# task answered through elicitation, and a plain client's calls of task-only tools (taskgate runs
+# with [upgrade] enabled): failing_job's real result with progress first, and slow_required
+# cancelled by the client (notifications/cancelled) reaching the upstream as exactly one
+# tasks/cancel (counted by the fixture: its /received, or the rmcp fixture's stdout lines).
+# Upstreams: the FastMCP 4 fixture (dual-era) on every route; with TASKGATE_INTEROP_RMCP=1 also
+# rmcp 3.11 (dual-era) and rmcp 3.11 --modern-only (pure 2026-07-28: no initialize, taskgate holds
+# the 2025 sessions), direct and via taskgate (auth none). Directly they cannot work (the servers
+# run params.task calls plainly or refuse initialize, answer -32021 for task-only tools and have no
+# 2025 tasks/*): the direct count is recorded in bridge-counts.txt, never required. Through
 # taskgate (its bridge layer) every check must pass.
-bridge_client() { # bridge_client LABEL CLIENT...
-    local label=$1 route rc passed
-    shift
+bridge_client() { # bridge_client LABEL UPSTREAM CLIENT...   (UPSTREAM: modern | rmcp | rmcp-pure)
+    local label=$1 upstream=$2 route rc passed url received
+    shift 2
     for route in "${ROUTES[@]}"; do
-        run_fg timeout 180 "$@" "${URL[$route]}" --label "$label $route" >"$WORK/$label-$route.json" 2>"$WORK/$label-$route.log"
+        case $upstream in
+            modern) url=${URL[$route]} received=$(field "fixture-$route" received) ;;
+            rmcp) url=${RMCP_URL[$route]:-} received="$WORK/rmcp-$route.out" ;;
+            rmcp-pure) url=${RMCP_PURE_URL[$route]:-} received="$WORK/rmcp-pure-$route.out" ;;
+        esac
+        [[ -z $url || ($upstream != modern && $route == bearer) ]] && continue
+        run_fg timeout 180 "$@" "$url" --label "$label $route" --received "$received" >"$WORK/$label-$route.json" 2>"$WORK/$label-$route.log"
         rc=$?
         passed=$("$NODE22" -e 'const s=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));console.log(`${s.passed}/${s.total}`+(s.failed.length?` (failed: ${s.failed.join(", ")})`:""))' "$WORK/$label-$route.json" 2>/dev/null || echo "no summary")
         log "$label $route: $passed"
@@ -297,12 +320,17 @@ bridge_client() { # bridge_client LABEL CLIENT...
         [[ $route == direct ]] || result "$label $(route_name "$route")" $rc
     done
 }
-bridge_client bridge-ts-client "$NODE22" "$HERE/bridge-client.mjs"
-if [[ -x "$HERE/.venv/bin/python" ]]; then
-    bridge_client bridge-py-client "$HERE/.venv/bin/python" "$HERE/py_bridge_client.py"
-else
-    log "bridge-py-client skipped: $HERE/.venv missing (run.sh installs it from requirements.txt)"
-fi
+BRIDGE_UPSTREAMS=(modern)
+[[ $RMCP == 1 ]] && BRIDGE_UPSTREAMS+=(rmcp rmcp-pure)
+for upstream in "${BRIDGE_UPSTREAMS[@]}"; do
+    suffix=$([[ $upstream == modern ]] || echo "-$upstream")
+    bridge_client "bridge-ts-client$suffix" "$upstream" "$NODE22" "$HERE/bridge-client.mjs"
+    if [[ -x "$HERE/.venv/bin/python" ]]; then
+        bridge_client "bridge-py-client$suffix" "$upstream" "$HERE/.venv/bin/python" "$HERE/py_bridge_client.py"
+    else
+        log "bridge-py-client$suffix skipped: $HERE/.venv missing (run.sh installs it from requirements.txt)"
+    fi
+done
 
 # ---- modern-properties: taskgate's own (issue 11), upstream requests counted ------------------------
 # Not a direct-vs-gateway comparison: these hold only for a gateway (registry, owner binding,

@@ -25,6 +25,12 @@ ours):
   test_tool_with_task()       MRTR, then task: without inputResponses an InputRequiredResult asking
                               for user_name; with them a task whose result names the user
 
+and, ours (not the suite's):
+
+  slow_required(seconds)      task required (-32021 without the extension): sleeps `seconds` (default
+                              30); a tasks/cancel while it runs ends it `cancelled` (the bridge
+                              clients' cancel of an upgraded plain call)
+
 plus the plain tools/resources/prompts of the suite's everything-server (test_simple_text,
 test_image_content, ..., test://static-text, test_simple_prompt, ...). What this fixture does not
 implement fails direct and is listed in conformance-next-expected-failures.txt.
@@ -140,6 +146,13 @@ async def failing_job() -> str:
     """Task only; after ~1 s a tool execution error (completed + isError)."""
     await asyncio.sleep(1)
     raise ToolError("failing_job: the job failed on purpose")
+
+
+@mcp.tool(task=TaskConfig(mode="required", poll_interval=POLL))
+async def slow_required(seconds: float = 30) -> str:
+    """Task only; sleeps `seconds`, then returns (a tasks/cancel ends it cancelled)."""
+    await asyncio.sleep(seconds)
+    return f"slow_required done after {seconds}s"
 
 
 @mcp.tool(task=TaskConfig(mode="optional", poll_interval=POLL))

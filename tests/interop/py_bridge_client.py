@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
 """Issue 12: the Python SDK client (mcp==1.30.0, 2025-11-25 tasks) against a 2026-07-28 task
 server (modern_task_server.py: FastMCP 4.1.4 + fastmcp-tasks 4.1.4), directly or through taskgate's
-bridge. The same 14 checks, under the same names, as bridge-client.mjs (the task lifecycle,
-an input_required task answered through elicitation, a plain client calling a task-only tool).
+bridge. The same 16 checks, under the same names, as bridge-client.mjs (the task lifecycle,
+an input_required task answered through elicitation, a plain client calling task-only tools: the
+real result with progress first, and its cancel reaching the upstream as exactly one tasks/cancel).
 
-    python py_bridge_client.py URL [--label NAME] [--timeout-ms 90000]
+    python py_bridge_client.py URL [--label NAME] [--timeout-ms 90000] [--received SPEC]
+
+SPEC: the fixture's `/received` URL, or a file of `{"received":"tasks/cancel","taskId":ID}` lines
+(see bridge-client.mjs). The SDK has no cancel of its own for a request: the client sends
+notifications/cancelled for its call's id and stops waiting (a cancel scope).
 
 Prints one JSON summary {label, url, ok, passed, total, failed, checks}; exit 0 only when every
 check passed. Runs in .venv (requirements.txt).
@@ -91,12 +96,85 @@ async def on_elicit(_context: Any, params: Any) -> types.ElicitResult:
 
 async def plain_call(url: str) -> None:
     """A client without the tasks capability calls the task-only failing_job."""
+    progress: list[Any] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append({"progress": value, "message": message})
+
     async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=300)) as http:
         async with streamable_http_client(url, http_client=http) as (read, write, _sid):
             async with ClientSession(read, write, read_timeout_seconds=timedelta(seconds=20)) as session:
                 await session.initialize()
-                result = dump(await session.call_tool("failing_job", {}))
+                result = dump(await session.call_tool("failing_job", {}, progress_callback=on_progress))
                 check("upgrade-plain-call", result.get("isError") is True and "failed on purpose" in first_text(result), {"result": result})
+                # Progress first: the callback ran for messages before the answer.
+                check("upgrade-progress-first", len(progress) >= 1, {"progress": progress})
+
+
+RECEIVED = ""
+
+
+async def received_cancels() -> dict[str, int]:
+    """taskId -> tasks/cancel requests the upstream received (see --received)."""
+    if RECEIVED.startswith("http"):
+        async with httpx.AsyncClient() as http:
+            return dict((await http.get(RECEIVED)).json().get("tasks/cancel", {}))
+    counts: dict[str, int] = {}
+    with open(RECEIVED, encoding="utf8") as f:
+        for line in f:
+            if '"received"' not in line:
+                continue
+            try:
+                m = json.loads(line)
+            except ValueError:
+                continue
+            if m.get("received") == "tasks/cancel":
+                counts[m["taskId"]] = counts.get(m["taskId"], 0) + 1
+    return counts
+
+
+def fresh_cancels(before: dict[str, int], now: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
+
+
+async def plain_cancel(url: str) -> None:
+    """A client without the tasks capability cancels its call of the task-only slow_required
+    (notifications/cancelled for the call's id): the upstream gets exactly one tasks/cancel."""
+    if not RECEIVED:
+        check("upgrade-cancel-once", False, {"error": "no --received"})
+        return
+    before = await received_cancels()
+    started = anyio.Event()
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        started.set()
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30, read=300)) as http:
+        async with streamable_http_client(url, http_client=http) as (read, write, _sid):
+            async with ClientSession(read, write, read_timeout_seconds=timedelta(seconds=60)) as session:
+                await session.initialize()
+                request_id = session._request_id  # the id call_tool is about to use
+                async with anyio.create_task_group() as tg:
+
+                    async def run() -> None:
+                        await session.call_tool("slow_required", {"seconds": 30}, progress_callback=on_progress)
+
+                    tg.start_soon(run)
+                    with anyio.move_on_after(20):
+                        await started.wait()
+                    note = types.CancelledNotification(params=types.CancelledNotificationParams(requestId=request_id, reason="the user gave up"))
+                    await session.send_notification(types.ClientNotification(note))
+                    tg.cancel_scope.cancel()
+                fresh: dict[str, int] = {}
+                with anyio.move_on_after(15):
+                    while not fresh:
+                        fresh = fresh_cancels(before, await received_cancels())
+                        await anyio.sleep(0.1)
+                # Anything more would come soon after the first: look again a little later.
+                await anyio.sleep(1.5)
+                fresh = fresh_cancels(before, await received_cancels())
+    counts = list(fresh.values())
+    check("upgrade-cancel-once", started.is_set() and counts == [1], {"started": started.is_set(), "cancels": fresh})
 
 
 async def poll(session: ClientSession, task_id: str, max_s: float = 15.0) -> dict[str, Any]:
@@ -122,6 +200,7 @@ async def lifecycle(url: str) -> None:
             ) as session:
                 await in_session(session)
     await step("upgrade-plain-call", lambda: plain_call(url))
+    await step("upgrade-cancel-once", lambda: plain_cancel(url))
 
 
 async def in_session(session: ClientSession) -> None:
@@ -221,7 +300,10 @@ def main() -> int:
     ap.add_argument("url")
     ap.add_argument("--label", default="")
     ap.add_argument("--timeout-ms", type=int, default=90000)
+    ap.add_argument("--received", default="")
     args = ap.parse_args()
+    global RECEIVED
+    RECEIVED = args.received
 
     async def run() -> None:
         with anyio.fail_after(args.timeout_ms / 1000):

@@ -1,15 +1,16 @@
 //! The bridged `initialize`, `tools/list` and `tools/call` (see the module docs of `bridge`).
 
-use super::translate;
 use super::{
-    ask, errors, failure_reply, legacy_reply, modern_request, upstream_era, BridgeState,
-    UpstreamEra, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
+    answer_of, ask_with, errors, failure_reply, legacy_reply, modern_request, upstream_era,
+    BridgeState, UpstreamEra, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
 };
+use super::{held, translate};
 use crate::era::{self, Era};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::PendingCreation;
 use crate::layers::McpService;
+use crate::sse::{Event, EventStream};
 use crate::store::Origin;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -26,8 +27,16 @@ pub(super) async fn initialize<S: McpService>(
     let Some(id) = req.id().cloned() else {
         return inner.oneshot(req).await;
     };
+    if state.holds_sessions() {
+        return Ok(held::initialize(&state, &inner, &req).await);
+    }
     let probe_with = req.clone();
     let mut reply = inner.clone().oneshot(req).await?;
+    if held::refused_without_answer(&reply) {
+        if let Some(answered) = held::try_hold(&state, &inner, &probe_with).await {
+            return Ok(answered);
+        }
+    }
     // The answer, JSON or the SSE event carrying it (FastMCP answers `initialize` with SSE);
     // the events before it are kept, bounded, and relayed in order.
     let (answer, mut before, rest) = match reply.body {
@@ -61,6 +70,12 @@ pub(super) async fn initialize<S: McpService>(
             return Ok(reply);
         }
     };
+    if held::is_refusal(&answer) {
+        // An upstream without 2025 sessions: taskgate holds them (see `held`).
+        if let Some(answered) = held::try_hold(&state, &inner, &probe_with).await {
+            return Ok(answered);
+        }
+    }
     let rewritten = legacy_initialize(&state, &inner, &probe_with, &answer).await;
     let answer = rewritten.unwrap_or(answer);
     reply.body = match rest {
@@ -133,7 +148,7 @@ pub(super) async fn plain_call<S: McpService>(
     let st = state.clone();
     reply.body = reply.body.map_messages(move |text| {
         if !text.contains("-32021") {
-            return None;
+            return translate::legacy_notification(text);
         }
         let v: Value = serde_json::from_str(text).ok()?;
         if translate::is_missing_tasks_extension(v.get("error")?) {
@@ -187,8 +202,9 @@ pub(super) async fn task_call<S: McpService>(
         tool.as_deref(),
     );
     let pending = req.extensions.remove::<PendingCreation>();
-    let answer = match ask(&state, inner, out, &id).await {
-        Ok(answer) => answer,
+    let read = |reply| read_answer(reply, &id);
+    let (answer, early, rest) = match ask_with(&state, inner, out, &id, read).await {
+        Ok(read) => read,
         Err(e) => return Ok(failure_reply(&id, &e)),
     };
     let result = answer.as_ref().and_then(|a| a.get("result"));
@@ -208,9 +224,85 @@ pub(super) async fn task_call<S: McpService>(
     if let (Some(result), Some(pending)) = (plain, pending) {
         return Ok(completed_task(&state, &id, result, pending).await);
     }
-    Ok(legacy_reply(&id, answer, |result| {
+    let created = result.and_then(translate::legacy_create_result);
+    let reply = legacy_reply(&id, answer, |result| {
         translate::legacy_create_result(result).unwrap_or_else(|| result.clone())
-    }))
+    });
+    match (created, rest) {
+        // The creation's own stream goes on after the answer: its notifications (a
+        // `notifications/tasks` as `notifications/tasks/status`) follow the answer.
+        (Some(_), Some(rest)) => Ok(legacy_stream(early, reply, rest)),
+        _ => Ok(reply),
+    }
+}
+
+/// Reads `reply` up to the message answering `id`: the answer; the notifications before it as
+/// a 2025 client gets them ([`legacy_event`]; at most [`MAX_EARLY_EVENTS`], later ones
+/// dropped); and, for an SSE answer, the rest of the stream.
+async fn read_answer(reply: McpReply, id: &Id) -> (Option<Value>, Vec<Event>, Option<EventStream>) {
+    let mut events = match reply.body {
+        ReplyBody::Stream(events) => events,
+        other => {
+            let reply = McpReply {
+                body: other,
+                ..reply
+            };
+            return (answer_of(reply, id).await, Vec::new(), None);
+        }
+    };
+    let mut early = Vec::new();
+    while let Some(ev) = events.next().await {
+        let Some(data) = ev.data.as_deref() else {
+            continue;
+        };
+        if jsonrpc::is_answer_to(data.as_bytes(), id) {
+            return (serde_json::from_str(data).ok(), early, Some(events));
+        }
+        if early.len() < MAX_EARLY_EVENTS {
+            early.extend(legacy_event(ev));
+        }
+    }
+    (None, early, None)
+}
+
+/// An event of a 2026 upstream's stream as a 2025 client gets it: a notification
+/// (`notifications/tasks` translated to `notifications/tasks/status`, see
+/// [`translate::legacy_notification`]; others as they are); `None` for anything else (answers to
+/// other ids, events without data).
+pub(super) fn legacy_event(mut ev: Event) -> Option<Event> {
+    let data = ev.data.as_deref()?;
+    if let Some(status) = translate::legacy_notification(data) {
+        ev.data = Some(status);
+        return Some(ev);
+    }
+    let v: Value = serde_json::from_str(data).ok()?;
+    (v.get("method").is_some() && v.get("id").is_none()).then_some(ev)
+}
+
+/// The 2025 answer `reply` (one JSON message) as an SSE stream: the `early` events, the
+/// answer, then the 2025 form of the `rest` of the upstream's stream ([`legacy_event`]).
+fn legacy_stream(early: Vec<Event>, reply: McpReply, rest: EventStream) -> McpReply {
+    let answer = match reply.body {
+        ReplyBody::Json(bytes) => Event::message(String::from_utf8_lossy(&bytes).into_owned()),
+        _ => return reply,
+    };
+    let events = futures_util::stream::iter(early)
+        .chain(futures_util::stream::once(async move { answer }))
+        .chain(rest.filter_map(|ev| async move { legacy_event(ev) }));
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache"),
+    );
+    McpReply {
+        status: http::StatusCode::OK,
+        headers,
+        body: ReplyBody::Stream(Box::pin(events)),
+    }
 }
 
 /// The server ran a call that asked for a task plainly: a task already `completed` (an id
@@ -242,6 +334,8 @@ async fn completed_task(
         return plain();
     }
     record.terminal_result = Some(stored);
+    // A tool error is a 2025 `failed` (the answer below and `tasks/list` show it so).
+    record.tool_error = result.get("isError").and_then(Value::as_bool) == Some(true);
     let task = json!({ "task": serde_json::to_value(record.to_task()).unwrap_or(task) });
     match state
         .registry

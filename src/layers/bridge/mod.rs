@@ -17,6 +17,10 @@
 //!   error) is tried again next time; one unanswered within [`DISCOVER_DEADLINE`] means
 //!   2025-11-25.
 //!
+//! Whether taskgate holds 2025 sessions itself (see `held`) is learned apart from the era: the
+//! first `initialize` the upstream refuses while it answers `server/discover` (`"auto"` and
+//! `"2026-07-28"` alike; `"2025-11-25"` never holds sessions).
+//!
 //! **Dual-era upstreams** (FastMCP 4 serves 2025 `initialize` sessions and stateless 2026
 //! requests on one endpoint): the 2025 client keeps its upstream session for everything that is
 //! not a task (`initialize`, `tools/list`, plain `tools/call`, `ping`, the GET stream); its task
@@ -77,20 +81,30 @@
 //!
 //! - status changes seen while a bridged `tasks/result` follows the task are sent on its stream
 //!   as `notifications/tasks/status` (a 2025 `Task`).
+//! - `notifications/tasks` (a `DetailedTask`) the upstream sends on any stream that reaches a
+//!   2025 client become `notifications/tasks/status` (a 2025 `Task`, a tool error `failed`, no
+//!   payload): on a bridged creation's own stream (then answered as SSE: the nested
+//!   `CreateTaskResult`, then the stream's notifications as the upstream sends them), on plain
+//!   calls' streams, the GET stream, and any other stream passed on (a `subscriptions/listen`
+//!   a 2025-era request opened). `observe` below has recorded them first.
+//! - the registry keeps the 2026 status (`completed` for a tool error) and notes the tool error
+//!   (`TaskRecord::tool_error`), so `tasks/list` and every answer taken from a record show a
+//!   2025 client `failed`, as `tasks/get` does.
 //!
-//! Not translated (yet): `notifications/tasks` the upstream sends on a creation's own stream
-//! (the bridged `tools/call` is answered with its one JSON message) or on a
-//! `subscriptions/listen` stream; a 2025 client's GET stream carries nothing from a 2026 upstream. The registry keeps the 2026 status (`completed` for a
-//! tool error), so `tasks/list` shows `completed` where `tasks/get` shows the 2025 `failed`.
+//! **Held sessions** (an upstream without 2025 sessions, which refuses `initialize`, such as
+//! rmcp 3 with `legacy_session_mode` off): taskgate answers the client's `initialize` from the
+//! upstream's `server/discover`, mints and keeps the `Mcp-Session-Id`, and sends every request of
+//! that session upstream as a stateless 2026 request; see `held`.
 //!
 //! Files: this one (the layer, the era, the dispatch, the request and answer helpers), `calls`
 //! (`initialize`, `tools/list`, `tools/call`), `follow` (tasks/get, tasks/result, tasks/cancel,
-//! `server/discover`), `input` (input requests), `translate` (the pure shape translations),
-//! `errors` (2026-only error codes for 2025 clients).
+//! `server/discover`), `held` (held sessions), `input` (input requests), `translate` (the pure
+//! shape translations), `errors` (2026-only error codes for 2025 clients).
 
 mod calls;
 pub mod errors;
 mod follow;
+mod held;
 pub mod input;
 pub mod translate;
 
@@ -98,7 +112,7 @@ use crate::config::UpstreamProtocol;
 use crate::era::{self, Era};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Message};
-use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::layers::extensions::{AuthorisedTask, HeldSession, PendingCreation};
 use crate::layers::McpService;
 use crate::registry::Registry;
 use bytes::Bytes;
@@ -109,7 +123,7 @@ use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -128,6 +142,9 @@ pub const MAX_EARLY_EVENTS: usize = 64;
 /// 2025-11-25 one (2026-07-28 servers MUST implement it), so a client's `initialize` waits at
 /// most this long for the probe.
 pub const DISCOVER_DEADLINE: Duration = Duration::from_secs(3);
+/// Most requests of held sessions in flight per upstream that a `notifications/cancelled` can
+/// end (more are sent all the same, without that).
+pub const MAX_HELD_CALLS: usize = 4096;
 /// Most tool names remembered as task-only per upstream.
 pub const MAX_TASK_ONLY_TOOLS: usize = 4096;
 
@@ -154,6 +171,12 @@ pub struct BridgeState {
     timeout: Duration,
     /// The `cancel` layer's state: taskgate's own `tasks/cancel` joins its single-flight.
     cancel: Option<Arc<crate::layers::cancel::CancelState>>,
+    /// The upstream refused a 2025 `initialize` and answered `server/discover`: taskgate holds
+    /// 2025 sessions itself (see `held`). Learned once, kept for the process's life.
+    holds_sessions: AtomicBool,
+    /// Requests of held sessions in flight upstream, by caller and id: the client's
+    /// `notifications/cancelled` ends them (see `held`). At most [`MAX_HELD_CALLS`].
+    held_calls: Mutex<std::collections::HashMap<crate::exchange::CallKey, held::Flight>>,
 }
 
 impl BridgeState {
@@ -171,6 +194,8 @@ impl BridgeState {
             // `upstream.timeout_ms`'s default; see `with_upstream`.
             timeout: Duration::from_secs(30),
             cancel: None,
+            holds_sessions: AtomicBool::new(false),
+            held_calls: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -229,6 +254,11 @@ impl BridgeState {
         Id::from_json(&format!("\"taskgate-bridge-{n}\"")).expect("a JSON string")
     }
 
+    /// Whether taskgate holds 2025 sessions itself for this upstream (see `held`).
+    pub fn holds_sessions(&self) -> bool {
+        self.holds_sessions.load(Ordering::Relaxed)
+    }
+
     fn is_task_only(&self, tool: &str) -> bool {
         self.task_only.lock().contains(tool)
     }
@@ -275,12 +305,24 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: McpRequest) -> BoxFut {
+    fn call(&mut self, mut req: McpRequest) -> BoxFut {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let state = self.state.clone();
-        if Era::of(&req) == Era::Modern || state.known() == Some(UpstreamEra::Legacy) {
+        if Era::of(&req) == Era::Modern {
             return Box::pin(inner.oneshot(req));
+        }
+        // A session taskgate holds: nothing of it goes upstream in the 2025 form.
+        let mut is_held = false;
+        if state.holds_sessions() {
+            match held::lookup(&state, &req) {
+                held::Lookup::Held(session) => {
+                    req.extensions.insert(session);
+                    is_held = true;
+                }
+                held::Lookup::Unknown => return Box::pin(async move { Ok(held::not_found(&req)) }),
+                held::Lookup::NotHeld | held::Lookup::NoSession => {}
+            }
         }
         if let Some(pending) = input_answer(&state, &req) {
             return Box::pin(async move {
@@ -288,11 +330,38 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
                 Ok(McpReply::accepted())
             });
         }
+        if is_held {
+            if let Some(reply) = held::local(&state, &req) {
+                return Box::pin(async move { Ok(reply) });
+            }
+        } else if state.known() == Some(UpstreamEra::Legacy)
+            && !(state.holds_sessions() && req.request_method() == Some("initialize"))
+        {
+            // (A 2026 upstream without the tasks extension whose sessions taskgate holds still
+            // gets its `initialize` answered here.)
+            return Box::pin(inner.oneshot(req));
+        }
+        let tasks_bridged = state.known() == Some(UpstreamEra::ModernTasks);
         match req.request_method() {
             Some("initialize") => Box::pin(calls::initialize(state, inner, req)),
+            Some("tools/list") if is_held => {
+                let st = state.clone();
+                Box::pin(held::forward_with(st, inner, req, |inner, out| {
+                    calls::tools_list(state, inner, out)
+                }))
+            }
             Some("tools/list") => Box::pin(calls::tools_list(state, inner, req)),
-            Some("tools/call") if req.extensions.get::<PendingCreation>().is_some() => {
+            Some("tools/call")
+                if req.extensions.get::<PendingCreation>().is_some()
+                    && (tasks_bridged || !is_held) =>
+            {
                 Box::pin(calls::task_call(state, inner, req))
+            }
+            Some("tools/call") if is_held => {
+                let st = state.clone();
+                Box::pin(held::forward_with(st, inner, req, |inner, out| {
+                    calls::plain_call(state, inner, out)
+                }))
             }
             Some("tools/call") => Box::pin(calls::plain_call(state, inner, req)),
             Some(m @ ("tasks/get" | "tasks/result" | "tasks/cancel")) => {
@@ -302,6 +371,13 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
                     .filter(|a| a.record.era == Era::Modern)
                     .map(|a| a.record.clone());
                 let (Some(record), Some(id)) = (bridged, req.id().cloned()) else {
+                    if is_held {
+                        return Box::pin(async move {
+                            Ok(errors::legacy_reply(
+                                held::forward(state, inner, req).await?,
+                            ))
+                        });
+                    }
                     return Box::pin(inner.oneshot(req));
                 };
                 let m = m.to_string();
@@ -315,14 +391,30 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
                     })
                 })
             }
-            // Other 2025 requests pass; a 2026-only error code in their answers is mapped.
+            _ if is_held => Box::pin(async move {
+                Ok(errors::legacy_reply(
+                    held::forward(state, inner, req).await?,
+                ))
+            }),
+            // Other 2025 requests pass; a 2026-only error code in their answers is mapped, and
+            // `notifications/tasks` on their streams become `notifications/tasks/status`.
             Some(_)
                 if state.known() == Some(UpstreamEra::ModernTasks)
                     && errors::is_revision_or_none(req.ctx.protocol_version()) =>
             {
-                Box::pin(async move { Ok(errors::legacy_reply(inner.oneshot(req).await?)) })
+                Box::pin(async move {
+                    let mut reply = errors::legacy_reply(inner.oneshot(req).await?);
+                    reply.body = reply.body.map_messages(translate::legacy_notification);
+                    Ok(reply)
+                })
             }
-            _ => Box::pin(inner.oneshot(req)),
+            // Any stream a 2026 task server sends a 2025 client (the GET stream, a
+            // `subscriptions/listen`): its `notifications/tasks` as `notifications/tasks/status`.
+            _ => Box::pin(async move {
+                let mut reply = inner.oneshot(req).await?;
+                reply.body = reply.body.map_messages(translate::legacy_notification);
+                Ok(reply)
+            }),
         }
     }
 }
@@ -387,6 +479,10 @@ fn modern_request(
     params: Value,
     name: Option<&str>,
 ) -> McpRequest {
+    let mut params = params;
+    if let Some(session) = req.extensions.get::<Arc<HeldSession>>() {
+        held::add_session_meta(&mut params, session);
+    }
     let body = json!({"jsonrpc": "2.0", "method": method, "params": params});
     let mut text = body.to_string();
     text.insert_str(1, &format!("\"id\":{},", id.as_json()));
@@ -454,10 +550,27 @@ async fn ask<S: McpService>(
     out: McpRequest,
     id: &Id,
 ) -> Result<Option<Value>, GatewayError> {
+    ask_with(state, inner, out, id, |reply| answer_of(reply, id)).await
+}
+
+/// [`ask`] with the reply read by `read` (which may keep the rest of an SSE stream): the
+/// exchange until `read` is done is bounded by the upstream's `timeout_ms`.
+async fn ask_with<S, T, F, Fut>(
+    state: &BridgeState,
+    inner: S,
+    out: McpRequest,
+    id: &Id,
+    read: F,
+) -> Result<T, GatewayError>
+where
+    S: McpService,
+    F: FnOnce(McpReply) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
     let upstream = out.ctx.upstream.clone();
     let exchange = async {
         let reply = inner.oneshot(out).await?;
-        Ok(answer_of(reply, id).await)
+        Ok(read(reply).await)
     };
     match tokio::time::timeout(state.timeout, exchange).await {
         Ok(answer) => answer,

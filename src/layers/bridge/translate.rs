@@ -82,6 +82,31 @@ pub fn legacy_task(task: &Value) -> Option<Value> {
     Some(Value::Object(out))
 }
 
+/// The 2025 `notifications/tasks/status` (params: a 2025 `Task`, see [`legacy_task`]) for a
+/// 2026 `notifications/tasks` message (params: a `DetailedTask`), as JSON text; `None` for any
+/// other message, or one whose params are not a task. A tool error (`completed` with
+/// `result.isError: true`) is a 2025 `failed`; the payload (`result`, `error`,
+/// `inputRequests`) is dropped: 2025 clients fetch it with `tasks/result`.
+pub fn legacy_notification(text: &str) -> Option<String> {
+    if !crate::jsonrpc::needles::found(
+        &crate::jsonrpc::needles::TASKS_NOTIFICATION,
+        text.as_bytes(),
+    ) {
+        return None;
+    }
+    let v: Value = serde_json::from_str(text).ok()?;
+    if v.get("method").and_then(Value::as_str) != Some("notifications/tasks")
+        || v.get("id").is_some()
+    {
+        return None;
+    }
+    let task = legacy_task(v.get("params")?)?;
+    Some(
+        json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": task})
+            .to_string(),
+    )
+}
+
 /// The 2025 `CreateTaskResult` (`{"task":{…}}`) for a flat 2026 one; `None` unless `result`
 /// carries `resultType:"task"`.
 pub fn legacy_create_result(result: &Value) -> Option<Value> {
@@ -268,6 +293,32 @@ mod tests {
         assert!(crate::era::declares_tasks_extension(Some(&out)));
         assert_eq!(out["_meta"][PROTOCOL_VERSION_META], MODERN_VERSION);
         assert!(modern_params(Some(&json!("x"))).is_object());
+    }
+
+    #[test]
+    fn tasks_notifications_become_status_notifications() {
+        let n = json!({"jsonrpc":"2.0","method":"notifications/tasks","params":{"resultType":"complete",
+            "taskId":"a","status":"completed","ttlMs":5,"pollIntervalMs":7,
+            "result":{"content":[],"isError":true}}});
+        let out: Value =
+            serde_json::from_str(&legacy_notification(&n.to_string()).unwrap()).unwrap();
+        assert_eq!(out["method"], "notifications/tasks/status");
+        assert_eq!(out["params"]["status"], "failed");
+        assert_eq!(
+            (
+                out["params"]["ttl"].clone(),
+                out["params"]["pollInterval"].clone()
+            ),
+            (json!(5), json!(7))
+        );
+        assert!(out["params"].get("result").is_none() && out.get("id").is_none());
+        let other = json!({"jsonrpc":"2.0","method":"notifications/progress","params":{}});
+        assert!(legacy_notification(&other.to_string()).is_none());
+        let status = json!({"jsonrpc":"2.0","method":"notifications/tasks/status","params":{"taskId":"a","status":"working"}});
+        assert!(legacy_notification(&status.to_string()).is_none());
+        let bad = json!({"jsonrpc":"2.0","method":"notifications/tasks","params":[1]});
+        assert!(legacy_notification(&bad.to_string()).is_none());
+        assert!(legacy_notification("{\"notifications/tasks\"").is_none());
     }
 
     #[test]

@@ -30,6 +30,12 @@ pub(super) async fn terminal_answer(
         tracing::debug!(task_id = %task_id, %status, "tasks/cancel of a terminal task: acknowledged here");
         McpReply::local_json(jsonrpc::result_response(id, MODERN_ACK))
     } else {
+        // As 2025-11-25 names it: a 2026 tool error is `failed`.
+        let status = if status == TaskStatus::Completed && record.tool_error {
+            TaskStatus::Failed
+        } else {
+            status
+        };
         McpReply::local_error(
             Some(id),
             jsonrpc::INVALID_PARAMS,

@@ -30,6 +30,12 @@ pub(super) fn poll_repeats(bytes: &[u8], known: &TaskRecord) -> bool {
         last_updated_at: Option<Cow<'a, str>>,
         #[serde(rename = "pollInterval")]
         poll_interval: Option<u64>,
+        result: Option<ResultView>,
+    }
+    #[derive(serde::Deserialize)]
+    struct ResultView {
+        #[serde(rename = "isError")]
+        is_error: Option<bool>,
     }
     let Ok(Reply { result: Some(task) }) = serde_json::from_slice::<Reply<'_>>(bytes) else {
         return false;
@@ -39,6 +45,8 @@ pub(super) fn poll_repeats(bytes: &[u8], known: &TaskRecord) -> bool {
         status_message: task.status_message.as_deref().map(Some),
         last_updated_at: task.last_updated_at.as_deref().map(Some),
         poll_interval: task.poll_interval.map(Some),
+        tool_error: task.status.as_deref() == Some("completed")
+            && task.result.and_then(|r| r.is_error) == Some(true),
     };
     !Registry::would_change_fields(known, &fields)
 }

@@ -456,6 +456,7 @@ fn template(req: &McpRequest, owner: Owner, tool: Option<String>) -> TaskRecord 
         released_at: None,
         terminal_at: None,
         late_result_at: None,
+        tool_error: false,
         era: crate::era::Era::Legacy,
         terminal_result: None,
         expires_at: 0,

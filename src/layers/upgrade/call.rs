@@ -161,11 +161,15 @@ pub(super) async fn tools_call<S: McpService>(
     }
 }
 
+/// Events without data (SSE priming events) looked past for the first message of a stream.
+const MAX_DATALESS_EVENTS: usize = 8;
+
 /// `Ok(reply)` to pass on, or `Err(upgrade)` when `reply` is the `-32021` naming the tasks
-/// extension (MCP 2026-07-28, SEP-2663: the tool only runs as a task), the first SSE event or the
-/// JSON body, from an upstream whose session declares `tasks.requests.tools.call` (the `bridge`
-/// layer adds it for 2026 task servers). Only the first event of a stream is looked at; it is
-/// relayed unchanged otherwise.
+/// extension (MCP 2026-07-28, SEP-2663: the tool only runs as a task), the first SSE event with
+/// data or the JSON body, from an upstream whose session declares `tasks.requests.tools.call`
+/// (the `bridge` layer adds it for 2026 task servers). Only that first message of a stream is
+/// looked at (past at most [`MAX_DATALESS_EVENTS`] events without data); the stream is relayed
+/// unchanged otherwise.
 async fn needs_task(
     state: &UpgradeState,
     req: &McpRequest,
@@ -184,9 +188,18 @@ async fn needs_task(
             Some(bytes)
         }
         ReplyBody::Stream(mut events) => {
-            let ev = events.next().await;
-            let data = ev.as_ref().and_then(|e| e.data.clone()).map(Bytes::from);
-            reply.body = ReplyBody::Stream(Box::pin(futures_util::stream::iter(ev).chain(events)));
+            // The first event with data (a priming event, SEP-1699, has none: rmcp sends one).
+            let mut seen = Vec::new();
+            let mut data = None;
+            while let Some(ev) = events.next().await {
+                data = ev.data.clone().filter(|d| !d.is_empty()).map(Bytes::from);
+                seen.push(ev);
+                if data.is_some() || seen.len() >= MAX_DATALESS_EVENTS {
+                    break;
+                }
+            }
+            reply.body =
+                ReplyBody::Stream(Box::pin(futures_util::stream::iter(seen).chain(events)));
             data
         }
         other => {
@@ -372,8 +385,12 @@ async fn drive<S: McpService>(
         .and_then(Value::as_u64)
         .unwrap_or(1000)
         .max(100);
+    let created = task.get("status").and_then(Value::as_str).map(|s| {
+        let message = task.get("statusMessage").and_then(Value::as_str);
+        (s.to_string(), message.unwrap_or_default().to_string())
+    });
     let (tx, rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
-    let follower = call.into_follower(task_id, Duration::from_millis(poll), tx);
+    let follower = call.into_follower(task_id, Duration::from_millis(poll), tx, created);
     // If the client is gone, this drops the stream and the follower sees a disconnect.
     let _ = first.send(Ok(McpReply::event_stream(rx, session_id)));
     for ev in early {
@@ -416,6 +433,7 @@ impl<S: McpService> Upgraded<S> {
         task_id: String,
         poll: Duration,
         tx: mpsc::Sender<Event>,
+        created: Option<(String, String)>,
     ) -> Follower<S> {
         let Upgraded {
             state,
@@ -452,6 +470,7 @@ impl<S: McpService> Upgraded<S> {
             key,
             call_token,
             token_key,
+            created,
         }
     }
 }

@@ -40,6 +40,18 @@ pub(super) struct Follower<S> {
     pub(super) token_key: Option<TokenKey>,
     pub(super) key: CallKey,
     pub(super) call_token: u64,
+    /// `(status, statusMessage)` of the task's `CreateTaskResult`: the client's first progress
+    /// message (the call became a task), and the status polls compare with first.
+    pub(super) created: Option<(String, String)>,
+}
+
+/// A status as a progress message: `status`, or `status: statusMessage`.
+fn status_text((status, message): &(String, String)) -> String {
+    if message.is_empty() {
+        status.clone()
+    } else {
+        format!("{status}: {message}")
+    }
 }
 
 enum End {
@@ -159,6 +171,10 @@ impl<S: McpService> Follower<S> {
             .releases()
             .hold(&self.ctx.upstream, &self.task_id);
         let (relay_tx, mut relay_rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
+        // Progress first: the client learns at once that its call runs (as a task).
+        if let Some(created) = &self.created {
+            self.progress(status_text(created)).await;
+        }
         let end = self.follow(cancel_rx, &relay_tx, &mut relay_rx).await;
         let end = self.confirm_terminal(end, &relay_tx).await;
         drop(relay_tx);
@@ -196,7 +212,7 @@ impl<S: McpService> Follower<S> {
         ));
         let mut ticker = tokio::time::interval(self.poll);
         ticker.tick().await;
-        let mut last_status: Option<(String, String)> = None;
+        let mut last_status: Option<(String, String)> = self.created.clone();
         // One tasks/get at a time, polled alongside (a slow one never delays the answer).
         let mut polling: Option<PollFut> = None;
         // Set once a poll reported a terminal status: tasks/result gets one more poll interval.
@@ -253,11 +269,7 @@ impl<S: McpService> Follower<S> {
         if last_status.as_ref() == Some(&st) {
             return false;
         }
-        let message = if st.1.is_empty() {
-            st.0.clone()
-        } else {
-            format!("{}: {}", st.0, st.1)
-        };
+        let message = status_text(&st);
         let ended = TaskStatus::parse(&st.0).is_some_and(|s| s.is_terminal());
         *last_status = Some(st);
         self.progress(message).await;

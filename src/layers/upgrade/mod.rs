@@ -22,7 +22,7 @@
 //! - a plain `tools/call` the upstream answers `-32021` naming the tasks extension (a 2026-07-28
 //!   server behind the `bridge` layer, whose session then declares `tasks.requests.tools.call`):
 //!   sent again with `params.task` like a `required` tool's (only the answer's JSON body or first
-//!   SSE event is looked at; anything else is relayed as it came). 2026-07-28 requests are never
+//!   SSE event with data is looked at, past priming events; anything else is relayed as it came). 2026-07-28 requests are never
 //!   upgraded.
 //! - `notifications/cancelled` naming an upgraded call's id: becomes one `tasks/cancel` through the
 //!   `cancel` layer (single-flight, audit facts); the client gets no further message for that id.
@@ -65,6 +65,10 @@
 //! (bounded by the upstream's `timeout_ms`); if that gives no answer either, the client gets a
 //! JSON-RPC error (`-32603`) naming the status (`outcome="upstream_error"`). An upstream answer
 //! that is not a JSON object gets the same error code, never a panic.
+//!
+//! Progress first: with a `progressToken`, the client's first message once the task exists is a
+//! progress message naming the task's status (`working`), so it learns at once that its call
+//! runs, however soon the result follows.
 //!
 //! Progress values on the client's token always increase (2025-11-25 basic/utilities/progress),
 //! across the call's own stream and the session's GET stream, where some servers send progress.

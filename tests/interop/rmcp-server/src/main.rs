@@ -2,10 +2,17 @@
 //! failing_job, protocol_error_job, confirm_delete, multi_input, test_tool_with_task) on rmcp's
 //! TaskManager, served with rmcp's StreamableHttpService on 127.0.0.1.
 //!
-//!     taskgate-interop-rmcp-server [--port N]
+//!     taskgate-interop-rmcp-server [--port N] [--modern-only]
 //!
 //! Prints `{"listening":"http://127.0.0.1:PORT/mcp","port":PORT,"server":"rmcp","version":"3.11.0"}`
-//! once bound. Stops on SIGTERM/SIGINT.
+//! once bound, then one line `{"received":"tasks/cancel","taskId":ID}` per `tasks/cancel` it
+//! handles (the interop scripts count them). Stops on SIGTERM/SIGINT.
+//!
+//! `--modern-only`: a pure 2026-07-28 server (rmcp's `legacy_session_mode` off, only
+//! `2026-07-28` supported): `initialize` is refused (`-32022`), there are no sessions.
+//!
+//! Besides the conformance tools: `slow_required(seconds)`, task required (`-32021` without the
+//! extension), sleeps `seconds` (a `tasks/cancel` ends it).
 
 use std::{sync::Arc, time::Duration};
 
@@ -28,6 +35,7 @@ use serde_json::{json, Value};
 #[derive(Clone)]
 struct Fixture {
     tasks: TaskManager,
+    modern_only: bool,
 }
 
 fn schema(v: Value) -> Arc<JsonObject> {
@@ -94,6 +102,7 @@ impl ServerHandler for Fixture {
             Tool::new("confirm_delete", "Task optional: asks one confirmation", obj(json!({"filename": {"type": "string"}}))),
             Tool::new("multi_input", "Task optional: asks two inputs at once", obj(json!({}))),
             Tool::new("test_tool_with_task", "MRTR, then a task", obj(json!({}))),
+            Tool::new("slow_required", "Task required: sleeps `seconds`", obj(json!({"seconds": {"type": "number"}}))),
         ]))
     }
 
@@ -120,6 +129,18 @@ impl ServerHandler for Fixture {
                     tokio::select! {
                         _ = ctx.cancelled() => Err(TaskExit::Cancelled),
                         _ = tokio::time::sleep(Duration::from_secs_f64(secs)) => Ok(text(format!("slow_compute({label}) done after {secs}s"))),
+                    }
+                }))
+            }
+            "slow_required" => {
+                if !tasks_ok {
+                    return Err(missing());
+                }
+                let secs = arg(&request, "seconds").and_then(Value::as_f64).unwrap_or(30.0).clamp(0.0, 600.0);
+                Ok(self.spawn(move |ctx| async move {
+                    tokio::select! {
+                        _ = ctx.cancelled() => Err(TaskExit::Cancelled),
+                        _ = tokio::time::sleep(Duration::from_secs_f64(secs)) => Ok(text(format!("slow_required done after {secs}s"))),
                     }
                 }))
             }
@@ -198,7 +219,16 @@ impl ServerHandler for Fixture {
     }
 
     async fn cancel_task(&self, request: CancelTaskParams, _c: RequestContext<RoleServer>) -> Result<(), McpError> {
+        println!("{}", json!({"received": "tasks/cancel", "taskId": request.task_id.to_string()}));
         self.tasks.cancel_task(&request.task_id)
+    }
+
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        if self.modern_only {
+            std::borrow::Cow::Owned(vec![ProtocolVersion::V_2026_07_28])
+        } else {
+            std::borrow::Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS)
+        }
     }
 
     fn get_info(&self) -> ServerConfig {
@@ -217,11 +247,14 @@ async fn main() -> std::io::Result<()> {
         .unwrap_or(0);
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     let port = listener.local_addr()?.port();
-    let fixture = Fixture { tasks: TaskManager::new() };
+    let modern_only = args.iter().any(|a| a == "--modern-only");
+    let fixture = Fixture { tasks: TaskManager::new(), modern_only };
+    let mut config = StreamableHttpServerConfig::default();
+    config.legacy_session_mode = !modern_only;
     let service = StreamableHttpService::new(
         move || Ok(fixture.clone()),
         Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
+        config,
     );
     println!(
         "{}",

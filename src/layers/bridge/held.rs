@@ -1,0 +1,556 @@
+//! Held sessions: a 2025-11-25 client on an upstream without 2025 sessions (a pure 2026-07-28
+//! server: rmcp 3 with `legacy_session_mode` off, or any server that refuses `initialize`).
+//!
+//! **When**: the first 2025 `initialize` goes upstream as it is (a dual-era upstream keeps its
+//! own sessions). When the upstream refuses it (a JSON-RPC error answer, `-32022` say, or an
+//! HTTP 4xx without one) and answers `server/discover` (within
+//! [`super::DISCOVER_DEADLINE`]), taskgate holds 2025 sessions for that upstream from then on
+//! (learned once, kept for the process's life, with `upstream.protocol` `"auto"` and
+//! `"2026-07-28"` alike; `"2025-11-25"` never does). An upstream that refuses `initialize` and
+//! does not answer `server/discover` gets its refusal relayed as it came.
+//!
+//! **What taskgate does for a held session**:
+//! - `initialize`: answered by taskgate from the upstream's `server/discover` result:
+//!   `serverInfo` (its `_meta["io.modelcontextprotocol/serverInfo"]`), `capabilities` (without
+//!   the 2026 `extensions`; the 2025 `capabilities.tasks` added when the upstream has the tasks
+//!   extension, as for a dual-era upstream), `instructions`; `protocolVersion` is the client's
+//!   when it is a 2025-era revision taskgate knows, else `2025-11-25`. It mints the
+//!   `Mcp-Session-Id` (128 random bits from the OS, hex), bound to the caller like any session
+//!   (`session_guard`: another principal gets 404), bounded by `gateway.max_sessions`, reclaimed
+//!   when idle like the others. The `session` layer keeps what the client declared
+//!   ([`HeldSession`]: its capabilities and `clientInfo`, bounded).
+//! - every later request on the session goes upstream as a stateless 2026-07-28 request: no
+//!   `Mcp-Session-Id`, `MCP-Protocol-Version: 2026-07-28`, `Mcp-Method`, `Mcp-Name`
+//!   (`params.name` of `tools/call` / `prompts/get`, `params.uri` of `resources/read`, the
+//!   `taskId` of `tasks/*`), and `_meta` with the protocol version, the client's capabilities
+//!   (plus the tasks extension on the bridge's own task requests; plain calls do not declare it,
+//!   so the server never answers them with a task) and `clientInfo`. Its answer comes back as a
+//!   2025 client takes it: HTTP 200 for a JSON-RPC error (the 2026 transport's 400/404),
+//!   `notifications/tasks` as `notifications/tasks/status`; an MRTR `input_required` result
+//!   (2026 multi-round-trip requests, which taskgate does not bridge) becomes `-32603` saying so.
+//! - a `notifications/cancelled` naming a request of the session still in flight upstream ends
+//!   it: taskgate closes that upstream request (2026-07-28: closing the stream is the cancel)
+//!   and the client's stream ends without an answer (2025-11-25 cancellation: none is due).
+//! - answered here (counted as `taskgate_local_answers_total{reason="held_session"}`):
+//!   `notifications/initialized` and every other notification, and responses nothing waits for
+//!   (202); `ping` and `logging/setLevel` (`{}`; 2026-07-28 has neither); the GET stream (405,
+//!   the 2025 transport's answer of a server without one; 2026 servers have no GET stream); the
+//!   DELETE (200: the session ends, nothing goes upstream).
+//! - a 2025 request naming a session id taskgate does not know (never issued, reclaimed, issued
+//!   before a restart) gets 404 `-32001` "Session not found": the client initializes again.
+//!
+//! Limits: held sessions live in memory (a restart ends them; clients get 404 and initialize
+//! again; their tasks stay reachable by owner, as records are durable). Before the first
+//! `initialize` after a start taskgate does not know it holds sessions, so such a stale session
+//! id is forwarded upstream once (without auth) and the upstream answers it.
+
+use super::{modern_request, translate, BridgeState, UpstreamEra, DISCOVER_DEADLINE};
+use crate::era::{self, CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
+use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::jsonrpc::{self, Id, Kind};
+use crate::layers::extensions::HeldSession;
+use crate::layers::session::HELD_SESSION;
+use crate::layers::McpService;
+use crate::metrics::LocalReason;
+use futures_util::StreamExt;
+use http::{HeaderValue, StatusCode};
+use serde_json::{json, Map, Value};
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::oneshot;
+use tower::ServiceExt;
+
+/// `_meta` key of a 2026-07-28 request's `clientInfo`.
+pub const CLIENT_INFO_META: &str = "io.modelcontextprotocol/clientInfo";
+
+/// 2025-era revisions a held session may negotiate (the client's, when it asks for one).
+const LEGACY_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// What taskgate knows of a request's session on an upstream whose sessions it holds.
+pub(super) enum Lookup {
+    /// No `Mcp-Session-Id`.
+    NoSession,
+    /// A session taskgate holds.
+    Held(Arc<HeldSession>),
+    /// A session taskgate knows that it does not hold (issued by the upstream before it
+    /// started refusing `initialize`).
+    NotHeld,
+    /// A session id taskgate does not know.
+    Unknown,
+}
+
+/// The [`Lookup`] of `req`'s `Mcp-Session-Id` (the client's own).
+pub(super) fn lookup(state: &BridgeState, req: &McpRequest) -> Lookup {
+    let Some(session) = req.ctx.client_session_id.as_ref() else {
+        return Lookup::NoSession;
+    };
+    let Some(sessions) = state.sessions.as_ref() else {
+        return Lookup::NotHeld;
+    };
+    match sessions.held(&req.ctx.upstream, session) {
+        Some(Some(held)) => Lookup::Held(held),
+        Some(None) => Lookup::NotHeld,
+        None => Lookup::Unknown,
+    }
+}
+
+/// HTTP 404 `-32001` "Session not found" (the 2025 transport's answer to an unknown session).
+pub(super) fn not_found(req: &McpRequest) -> McpReply {
+    let mut reply = McpReply::local_error(
+        req.id(),
+        crate::layers::session_guard::SESSION_NOT_FOUND,
+        "Session not found: initialize a new session",
+    )
+    .answered_locally(LocalReason::HeldSession);
+    reply.status = StatusCode::NOT_FOUND;
+    reply
+}
+
+/// A request of a held session in flight upstream: its token, and the signal that ends it.
+pub(super) struct Flight {
+    token: u64,
+    cancel: oneshot::Sender<()>,
+}
+
+/// Keeps a request's entry in `held_calls` while it is in flight; removes it (only its own) when
+/// dropped.
+struct InFlight {
+    state: Arc<BridgeState>,
+    key: CallKey,
+    token: u64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut calls = self.state.held_calls.lock();
+        if calls.get(&self.key).is_some_and(|f| f.token == self.token) {
+            calls.remove(&self.key);
+        }
+    }
+}
+
+/// Registers `req` (a request) as in flight: the receiver a `notifications/cancelled` fires, and
+/// the guard of its entry. `None` when it cannot be: no id, its key already in flight (callers
+/// that cannot be told apart), or [`super::MAX_HELD_CALLS`] in flight.
+fn register(
+    state: &Arc<BridgeState>,
+    req: &McpRequest,
+) -> Option<(oneshot::Receiver<()>, InFlight)> {
+    let key = req.ctx.call_key(req.id()?);
+    let token = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = oneshot::channel();
+    let mut calls = state.held_calls.lock();
+    if calls.contains_key(&key) || calls.len() >= super::MAX_HELD_CALLS {
+        return None;
+    }
+    calls.insert(key.clone(), Flight { token, cancel: tx });
+    drop(calls);
+    let flight = InFlight {
+        state: state.clone(),
+        key,
+        token,
+    };
+    Some((rx, flight))
+}
+
+/// A client's `notifications/cancelled`: ends the request it names, if in flight.
+fn cancel_in_flight(state: &BridgeState, req: &McpRequest) {
+    let Operation::Post(msg) = &req.op else {
+        return;
+    };
+    let Some(id) = msg
+        .parse_as::<Value>()
+        .ok()
+        .and_then(|v| v.pointer("/params/requestId").and_then(Id::from_value))
+    else {
+        return;
+    };
+    let flight = state.held_calls.lock().remove(&req.ctx.call_key(&id));
+    if let Some(flight) = flight {
+        tracing::debug!("notifications/cancelled: the held session's request is closed upstream");
+        let _ = flight.cancel.send(());
+    }
+}
+
+/// The answer taskgate gives itself to a request of a held session, if it is one of those it
+/// answers (see the module docs).
+pub(super) fn local(state: &BridgeState, req: &McpRequest) -> Option<McpReply> {
+    let reply = match &req.op {
+        Operation::EndSession => {
+            let mut r = McpReply::accepted();
+            r.status = StatusCode::OK;
+            r
+        }
+        Operation::OpenStream => {
+            let mut r = McpReply::accepted();
+            r.status = StatusCode::METHOD_NOT_ALLOWED;
+            r.headers.insert(
+                http::header::ALLOW,
+                HeaderValue::from_static("POST, DELETE"),
+            );
+            r
+        }
+        Operation::Post(msg) => match (msg.kind(), msg.method()) {
+            (Kind::Notification, Some("notifications/cancelled")) => {
+                cancel_in_flight(state, req);
+                McpReply::accepted()
+            }
+            (Kind::Notification | Kind::Response | Kind::Error, _) => McpReply::accepted(),
+            (Kind::Request, Some("ping" | "logging/setLevel")) => {
+                McpReply::local_json(jsonrpc::result_response(msg.id()?, "{}"))
+            }
+            _ => return None,
+        },
+    };
+    Some(reply.answered_locally(LocalReason::HeldSession))
+}
+
+/// Adds a held session's `_meta` members to a 2026 request's `params`: its client
+/// capabilities (declaring the tasks extension when `params` did), and its `clientInfo`.
+pub(super) fn add_session_meta(params: &mut Value, session: &HeldSession) {
+    let Some(meta) = params
+        .as_object_mut()
+        .and_then(|p| p.get_mut("_meta"))
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    let declares = meta
+        .get(CLIENT_CAPABILITIES_META)
+        .and_then(|c| c.get("extensions"))
+        .and_then(|e| e.get(TASKS_EXTENSION))
+        .is_some();
+    let mut caps = session.client_capabilities.clone();
+    if declares {
+        if let Some(c) = caps.as_object_mut() {
+            let ext = c.entry("extensions").or_insert_with(|| json!({}));
+            if !ext.is_object() {
+                *ext = json!({});
+            }
+            ext[TASKS_EXTENSION] = json!({});
+        }
+    }
+    meta.insert(CLIENT_CAPABILITIES_META.into(), caps);
+    if let Some(info) = &session.client_info {
+        meta.entry(CLIENT_INFO_META).or_insert_with(|| info.clone());
+    }
+}
+
+/// A request of a held session as the stateless 2026-07-28 request that goes upstream (see
+/// the module docs); `None` when it is not a POSTed request.
+fn modernize(req: &McpRequest) -> Option<McpRequest> {
+    let Operation::Post(msg) = &req.op else {
+        return None;
+    };
+    let id = msg.id()?.clone();
+    let method = msg.method()?.to_string();
+    let v: Value = msg.parse_as().ok()?;
+    let mut params = match v.get("params") {
+        Some(Value::Object(p)) => p.clone(),
+        _ => Map::new(),
+    };
+    let mut meta = match params.get("_meta") {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    };
+    meta.remove(crate::mcp::task::RELATED_TASK_META);
+    meta.insert(
+        era::PROTOCOL_VERSION_META.into(),
+        json!(era::MODERN_VERSION),
+    );
+    meta.insert(CLIENT_CAPABILITIES_META.into(), json!({}));
+    params.insert("_meta".into(), Value::Object(meta));
+    let name_key = match method.as_str() {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        m if m.starts_with("tasks/") => Some("taskId"),
+        _ => None,
+    };
+    let name = name_key
+        .and_then(|k| params.get(k))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    Some(modern_request(
+        req,
+        &id,
+        &method,
+        Value::Object(params),
+        name.as_deref(),
+    ))
+}
+
+/// A request of a held session sent upstream as a 2026 request ([`modernize`]) through `send`,
+/// its answer made a 2025 one ([`legacy_answer`]).
+pub(super) async fn forward_with<S, F, Fut>(
+    state: Arc<BridgeState>,
+    inner: S,
+    req: McpRequest,
+    send: F,
+) -> Result<McpReply, GatewayError>
+where
+    S: McpService,
+    F: FnOnce(S, McpRequest) -> Fut,
+    Fut: Future<Output = Result<McpReply, GatewayError>>,
+{
+    let Some(out) = modernize(&req) else {
+        return Ok(McpReply::local_error(
+            req.id(),
+            jsonrpc::INVALID_REQUEST,
+            "taskgate holds this session and cannot send this message to the 2026-07-28 upstream",
+        ));
+    };
+    let Some((mut cancelled, flight)) = register(&state, &req) else {
+        return Ok(legacy_answer(send(inner, out).await?));
+    };
+    let reply = tokio::select! {
+        reply = send(inner, out) => reply?,
+        _ = &mut cancelled => {
+            // Cancelled before the upstream answered: the upstream request is dropped (closed).
+            let (_, rx) = tokio::sync::mpsc::channel(1);
+            return Ok(McpReply::event_stream(rx, None));
+        }
+    };
+    let mut reply = legacy_answer(reply);
+    if let ReplyBody::Stream(events) = reply.body {
+        // Cancelled while streaming: the stream (and the upstream request) ends; the entry
+        // lives as long as the stream.
+        let events = events.take_until(cancelled).map(move |ev| {
+            let _ = &flight;
+            ev
+        });
+        reply.body = ReplyBody::Stream(Box::pin(events));
+    }
+    Ok(reply)
+}
+
+/// [`forward_with`] sending the request as it is.
+pub(super) async fn forward<S: McpService>(
+    state: Arc<BridgeState>,
+    inner: S,
+    req: McpRequest,
+) -> Result<McpReply, GatewayError> {
+    forward_with(state, inner, req, |inner, out| inner.oneshot(out)).await
+}
+
+/// A 2026 upstream's reply as a 2025 client takes it (see the module docs).
+fn legacy_answer(mut reply: McpReply) -> McpReply {
+    reply.headers.remove("mcp-session-id");
+    if reply.status.is_client_error() && matches!(reply.body, ReplyBody::Json(_)) {
+        reply.status = StatusCode::OK;
+    }
+    reply.body = reply.body.map_messages(|text| {
+        if let Some(status) = translate::legacy_notification(text) {
+            return Some(status);
+        }
+        if !text.contains("\"input_required\"") {
+            return None;
+        }
+        let v: Value = serde_json::from_str(text).ok()?;
+        if v.pointer("/result/resultType").and_then(Value::as_str) != Some("input_required") {
+            return None;
+        }
+        let id = v.get("id").and_then(Id::from_value)?;
+        let error = jsonrpc::error_response(
+            Some(&id),
+            jsonrpc::INTERNAL_ERROR,
+            "the 2026-07-28 upstream asked for input within the request (MRTR input_required), which taskgate does not bridge for 2025 sessions it holds; call the tool as a task",
+        );
+        Some(String::from_utf8_lossy(&error).into_owned())
+    });
+    reply
+}
+
+/// Whether an upstream's answer to `initialize` (JSON text) is a refusal: a JSON-RPC error.
+pub(super) fn is_refusal(answer: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(answer).is_ok_and(|v| v.get("error").is_some())
+}
+
+/// The upstream refused `initialize`: when it answers `server/discover`, taskgate holds 2025
+/// sessions for it from now on and answers this `initialize` itself ([`initialize`]); `None`
+/// (nothing learned) when it does not.
+pub(super) async fn try_hold<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+) -> Option<McpReply> {
+    let discovered = discover(state, inner.clone(), req).await?;
+    if !state.holds_sessions.swap(true, Ordering::Relaxed) {
+        tracing::info!(
+            upstream = %req.ctx.upstream,
+            "the upstream refused a 2025 initialize and answered server/discover: taskgate holds 2025 sessions for it"
+        );
+    }
+    Some(answer_initialize(state, req, &discovered))
+}
+
+/// A 2025 `initialize` of a client on an upstream whose sessions taskgate holds (see the module
+/// docs); `-32603` when the upstream does not answer `server/discover`.
+pub(super) async fn initialize<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+) -> McpReply {
+    match discover(state, inner.clone(), req).await {
+        Some(discovered) => answer_initialize(state, req, &discovered),
+        None => McpReply::local_error(
+            req.id(),
+            jsonrpc::INTERNAL_ERROR,
+            "the 2026-07-28 upstream did not answer server/discover; taskgate cannot open a session for it",
+        ),
+    }
+}
+
+/// The upstream's `server/discover` result (`None`: not asked, no answer within
+/// [`DISCOVER_DEADLINE`], or an error). Learns the upstream's era from it.
+async fn discover<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: &McpRequest,
+) -> Option<Value> {
+    let id = state.next_id();
+    let mut out = modern_request(
+        req,
+        &id,
+        "server/discover",
+        json!({ "_meta": translate::modern_meta(None) }),
+        None,
+    );
+    out.extensions = http::Extensions::new();
+    out.extensions.insert(crate::era::Era::Modern);
+    let asked = async {
+        let reply = inner.oneshot(out).await.ok()?;
+        super::answer_of(reply, &id).await
+    };
+    let answer = tokio::time::timeout(DISCOVER_DEADLINE, asked)
+        .await
+        .ok()
+        .flatten()?;
+    let result = answer.get("result").filter(|r| r.is_object())?.clone();
+    state.learn(if translate::advertises_extension(&result) {
+        UpstreamEra::ModernTasks
+    } else {
+        UpstreamEra::Legacy
+    });
+    Some(result)
+}
+
+/// The `InitializeResult` of a held session from a `server/discover` result, with a new
+/// session id (see the module docs).
+fn answer_initialize(state: &BridgeState, req: &McpRequest, discovered: &Value) -> McpReply {
+    let Some(id) = req.id() else {
+        return McpReply::accepted();
+    };
+    let Some(session) = new_session_id() else {
+        return McpReply::local_error(
+            Some(id),
+            jsonrpc::INTERNAL_ERROR,
+            "taskgate could not draw a session id from the operating system's random source",
+        );
+    };
+    let requested = match &req.op {
+        Operation::Post(m) => m
+            .parse_as::<Value>()
+            .ok()
+            .and_then(|v| v.pointer("/params/protocolVersion").cloned()),
+        _ => None,
+    };
+    let version = requested
+        .as_ref()
+        .and_then(Value::as_str)
+        .filter(|v| LEGACY_VERSIONS.contains(v))
+        .unwrap_or("2025-11-25");
+    let mut result = legacy_initialize_result(discovered, version);
+    if state.known() == Some(UpstreamEra::ModernTasks) {
+        translate::add_legacy_tasks_capability(&mut result);
+    }
+    let mut reply = McpReply::local_json(jsonrpc::result_response(id, &result.to_string()))
+        .answered_locally(LocalReason::HeldSession);
+    if let Ok(v) = HeaderValue::from_str(&session) {
+        reply.headers.insert("mcp-session-id", v);
+    }
+    reply
+        .headers
+        .insert(&HELD_SESSION, HeaderValue::from_static("1"));
+    reply
+}
+
+/// A 2025 `InitializeResult` (`protocolVersion` `version`) from a 2026 `server/discover` result.
+pub(super) fn legacy_initialize_result(discovered: &Value, version: &str) -> Value {
+    let mut capabilities = match discovered.get("capabilities") {
+        Some(Value::Object(c)) => c.clone(),
+        _ => Map::new(),
+    };
+    capabilities.remove("extensions");
+    let server_info = discovered
+        .pointer("/_meta/io.modelcontextprotocol~1serverInfo")
+        .filter(|i| i.get("name").is_some_and(Value::is_string))
+        .cloned()
+        .unwrap_or_else(|| json!({"name": "taskgate", "version": env!("CARGO_PKG_VERSION")}));
+    let mut result = json!({
+        "protocolVersion": version,
+        "capabilities": capabilities,
+        "serverInfo": server_info,
+    });
+    if let Some(i) = discovered.get("instructions").filter(|i| i.is_string()) {
+        result["instructions"] = i.clone();
+    }
+    result
+}
+
+/// A new session id: 128 bits from the operating system's random source, as 32 hex digits.
+fn new_session_id() -> Option<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::getrandom(&mut bytes).ok()?;
+    Some(hex::encode(bytes))
+}
+
+/// The reply of an `initialize` the upstream refused without a JSON-RPC answer (an HTTP 4xx page).
+pub(super) fn refused_without_answer(reply: &McpReply) -> bool {
+    reply.status.is_client_error() && !matches!(reply.body, ReplyBody::Json(_))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initialize_result_from_discover() {
+        let d = json!({"resultType":"complete","supportedVersions":["2026-07-28"],
+            "capabilities":{"tools":{"listChanged":true},"extensions":{TASKS_EXTENSION:{}}},
+            "instructions":"be nice","_meta":{"io.modelcontextprotocol/serverInfo":{"name":"s","version":"2"}}});
+        let r = legacy_initialize_result(&d, "2025-11-25");
+        assert_eq!(r["serverInfo"]["name"], "s");
+        assert_eq!(r["instructions"], "be nice");
+        assert!(r["capabilities"].get("extensions").is_none());
+        assert_eq!(r["capabilities"]["tools"]["listChanged"], true);
+        let bare = legacy_initialize_result(&json!({}), "2025-06-18");
+        assert_eq!(bare["serverInfo"]["name"], "taskgate");
+        assert_eq!(bare["protocolVersion"], "2025-06-18");
+        assert!(bare["capabilities"].is_object());
+    }
+
+    #[test]
+    fn session_meta_carries_the_clients_capabilities() {
+        let held = HeldSession {
+            client_capabilities: json!({"elicitation": {}}),
+            client_info: Some(json!({"name": "c", "version": "1"})),
+        };
+        let mut with_ext = json!({"_meta": translate::modern_meta(None)});
+        add_session_meta(&mut with_ext, &held);
+        let caps = &with_ext["_meta"][CLIENT_CAPABILITIES_META];
+        assert!(caps["elicitation"].is_object() && caps["extensions"][TASKS_EXTENSION].is_object());
+        assert_eq!(with_ext["_meta"][CLIENT_INFO_META]["name"], "c");
+        let mut plain = json!({"_meta": {CLIENT_CAPABILITIES_META: {}}});
+        add_session_meta(&mut plain, &held);
+        assert!(plain["_meta"][CLIENT_CAPABILITIES_META]
+            .get("extensions")
+            .is_none());
+        let mut none = json!("x");
+        add_session_meta(&mut none, &held);
+        assert_eq!(none, json!("x"));
+        let a = new_session_id().unwrap();
+        assert_eq!(a.len(), 32);
+        assert_ne!(a, new_session_id().unwrap());
+    }
+}

@@ -1,0 +1,325 @@
+//! A 2025-11-25 client on a pure 2026-07-28 upstream (issue 12, held sessions: the upstream
+//! refuses `initialize`, as rmcp 3 with `legacy_session_mode` off does, and has no sessions):
+//! taskgate holds the 2025 session itself and sends every request upstream as a stateless 2026
+//! request. The scripted upstream is `common/modern_server.rs`'s, made pure 2026: `initialize`
+//! is `-32022` (HTTP 400), any request carrying `Mcp-Session-Id` is refused, GET and DELETE are
+//! 405. Only the wire, the upstream's received requests and the registry are asserted.
+
+mod common;
+
+use common::*;
+
+use serde_json::{json, Value};
+use taskgate::store::Origin;
+
+const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
+
+fn pure_2026(state: Shared) -> impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync {
+    let modern = modern_handler(state);
+    move |req| {
+        if req.method != "POST" {
+            return ScriptedResponse::status(405, Some("text/plain"), "no GET or DELETE here");
+        }
+        let id = req.rpc_id_json();
+        let error = |code: i64, message: &str| {
+            ScriptedResponse::status(
+                400,
+                Some("application/json"),
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":{code},"message":"{message}"}}}}"#
+                ),
+            )
+        };
+        if req.has_header("mcp-session-id") {
+            return error(-32600, "this server has no sessions");
+        }
+        match req.rpc_method().as_deref() {
+            Some("initialize") => error(-32022, "Unsupported protocol version"),
+            Some("server/discover") => ScriptedResponse::json(rpc_result(
+                &id,
+                &json!({"resultType":"complete","supportedVersions":[MODERN],
+                    "capabilities":{"tools":{"listChanged":true},"extensions":{EXT:{}}},
+                    "instructions":"pure 2026","ttlMs":0,"cacheScope":"private",
+                    "_meta":{"io.modelcontextprotocol/serverInfo":{"name":"pure-2026","version":"3"}}})
+                .to_string(),
+            )),
+            Some("ping" | "resources/list") => error(-32601, "Method not found"),
+            _ => modern(req),
+        }
+    }
+}
+
+async fn pure_server() -> (Upstream, Shared) {
+    let state: Shared = Default::default();
+    (Upstream::start(pure_2026(state.clone())).await, state)
+}
+
+fn initialize_with(caps: Value) -> String {
+    rpc(
+        "\"init\"",
+        "initialize",
+        &json!({"protocolVersion": PROTOCOL_VERSION, "capabilities": caps,
+            "clientInfo": {"name": "held-test", "version": "7"}})
+        .to_string(),
+    )
+}
+
+/// `initialize` is answered by taskgate from `server/discover` with a session id it minted; the
+/// session's requests go upstream as stateless 2026 requests carrying the client's
+/// capabilities; `notifications/initialized`, `ping`, GET and DELETE are answered locally.
+#[tokio::test]
+async fn a_2025_client_gets_a_session_on_a_pure_2026_upstream() {
+    let (up, state) = pure_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    let r = c.send(initialize_with(json!({"elicitation": {}}))).await;
+    assert_eq!(r.status(), 200);
+    let session = r.header("mcp-session-id").expect("a session id");
+    assert!(r.header("x-taskgate-held-session").is_none());
+    let init = r.json().await;
+    c.session = Some(session.clone());
+    assert_eq!(session.len(), 32, "{session}");
+    let result = &init["result"];
+    assert_eq!(result["protocolVersion"], PROTOCOL_VERSION, "{init}");
+    assert_eq!(result["serverInfo"]["name"], "pure-2026", "{init}");
+    assert_eq!(result["instructions"], "pure 2026", "{init}");
+    assert!(
+        result["capabilities"]["tasks"]["requests"]["tools"]["call"].is_object(),
+        "{init}"
+    );
+    assert!(result["capabilities"].get("extensions").is_none(), "{init}");
+    assert_eq!(count(&up, "initialize"), 1);
+
+    assert_eq!(c.notify("notifications/initialized", json!({})).await, 202);
+    assert_eq!(count(&up, "notifications/initialized"), 0);
+    let pong = c.rpc(rpc("1", "ping", "{}")).await;
+    assert_eq!(pong["result"], json!({}), "{pong}");
+    assert_eq!(count(&up, "ping"), 0);
+
+    let tools = c.rpc(rpc("2", "tools/list", "{}")).await;
+    assert_eq!(
+        tools["result"]["tools"][0]["execution"]["taskSupport"], "optional",
+        "{tools}"
+    );
+    let sent = up.received("tools/list").pop().unwrap();
+    let body = sent.json();
+    assert!(!sent.has_header("mcp-session-id"));
+    assert_eq!(sent.header("mcp-protocol-version").as_deref(), Some(MODERN));
+    assert_eq!(sent.header("mcp-method").as_deref(), Some("tools/list"));
+    assert_eq!(
+        body["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"],
+        MODERN
+    );
+    assert_eq!(
+        body["params"]["_meta"][CAPS],
+        json!({"elicitation": {}}),
+        "{body}"
+    );
+    assert_eq!(
+        body["params"]["_meta"]["io.modelcontextprotocol/clientInfo"]["name"],
+        "held-test"
+    );
+
+    // A task: created, read and completed through the held session.
+    let v = c
+        .rpc(rpc(
+            "3",
+            "tools/call",
+            &json!({"name": "slow_compute", "arguments": {}, "task": {"ttl": 60000}}).to_string(),
+        ))
+        .await;
+    let t = v["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"))
+        .to_string();
+    assert_eq!(tg.record(&t).unwrap().origin, Origin::Bridged);
+    let sent = up.received("tools/call").pop().unwrap().json();
+    assert!(
+        sent["params"]["_meta"][CAPS]["elicitation"].is_object(),
+        "{sent}"
+    );
+    assert!(
+        sent["params"]["_meta"][CAPS]["extensions"][EXT].is_object(),
+        "{sent}"
+    );
+    state
+        .lock()
+        .unwrap()
+        .tasks
+        .insert(t.clone(), "completed".into());
+    let got = c.get("4", &t).await;
+    assert_eq!(got["result"]["status"], "completed", "{got}");
+    let res = c.result("5", &t).await;
+    assert_eq!(
+        res["result"]["content"][0]["text"],
+        format!("done {t}"),
+        "{res}"
+    );
+
+    // The 2025 transport's GET and DELETE, answered here.
+    let get = Req::mcp_get(&c.url)
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(get.status(), 405);
+    let del = Req::delete(&c.url)
+        .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(del.status(), 200);
+    assert!(up.requests().iter().all(|r| r.method == "POST"));
+    assert!(up
+        .requests()
+        .iter()
+        .all(|r| !r.has_header("mcp-session-id")));
+    // The session is gone: taskgate does not know it any more.
+    let after = c.send(rpc("6", "tools/list", "{}")).await;
+    assert_eq!(after.status(), 404);
+    assert_eq!(err_code(&after.json().await), -32001);
+}
+
+/// The refusal is learned once: later clients' `initialize` never reach the upstream, and each
+/// gets its own session; a session id taskgate never issued is 404.
+#[tokio::test]
+async fn later_sessions_are_held_without_asking_initialize_again() {
+    let (up, _) = pure_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut a = tg.client();
+    let mut b = tg.client();
+    a.initialize().await;
+    b.initialize().await;
+    assert_eq!(count(&up, "initialize"), 1);
+    assert!(a.session.is_some() && a.session != b.session);
+    let forged = tg.client().with_session("0123456789abcdef0123456789abcdef");
+    let r = forged.send(rpc("1", "tools/list", "{}")).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(count(&up, "tools/list"), 0);
+}
+
+/// With bearer auth a held session belongs to the principal that opened it: bob gets 404 on
+/// alice's session id, and nothing goes upstream.
+#[tokio::test]
+async fn a_held_session_is_bound_to_its_principal() {
+    let (up, _) = pure_server().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .token("bob", "tok-b")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("tok-a");
+    alice.initialize().await;
+    let session = alice.session.clone().unwrap();
+    let before = up.count();
+    let bob = tg.client().with_token("tok-b").with_session(&session);
+    let r = bob.send(rpc("1", "tools/list", "{}")).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(up.count(), before);
+    let ok = alice.rpc(rpc("2", "tools/list", "{}")).await;
+    assert!(ok.get("result").is_some(), "{ok}");
+}
+
+/// A 2026 error answer (HTTP 400) reaches the 2025 client as HTTP 200 with the JSON-RPC error;
+/// a plain call to a task-only tool (`-32021`) gets the real result through `[upgrade]`.
+#[tokio::test]
+async fn held_answers_are_2025_answers_and_plain_calls_are_upgraded() {
+    let (up, state) = pure_server().await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let body = call_body("7", "task_only", Some(json!("pt-7")));
+    let answer = {
+        let c = c.clone();
+        tokio::spawn(async move { call(&c, &body, &json!(7)).await })
+    };
+    assert!(up.wait_for_method("tasks/get", 1, STEP).await, "followed");
+    let t = state.lock().unwrap().tasks.keys().next().cloned().unwrap();
+    state
+        .lock()
+        .unwrap()
+        .tasks
+        .insert(t.clone(), "completed".into());
+    let out = answer.await.unwrap();
+    assert_eq!(
+        out.answer["result"]["content"][0]["text"],
+        format!("done {t}"),
+        "{out:?}"
+    );
+    assert_eq!(tg.record(&t).unwrap().origin, Origin::Upgraded);
+    let first = up.received("tools/call")[0].json();
+    assert!(
+        first["params"]["_meta"][CAPS].get("extensions").is_none(),
+        "{first}"
+    );
+    // An unknown method: the upstream's 404/400 error as a 2025 answer.
+    let r = c.send(rpc("8", "resources/list", "{}")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(err_code(&r.json().await), -32601);
+}
+
+/// taskgate's internal reply headers (`x-taskgate-*`: a local answer's reason, a held session's
+/// mark) cannot come from an upstream: they are removed from its replies, so an upstream neither
+/// reaches the client with them nor skews `taskgate_local_answers_total`.
+#[tokio::test]
+async fn an_upstream_cannot_set_taskgates_internal_headers() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state);
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        modern(req)
+            .header("x-taskgate-local-answer", "stored_result")
+            .header("x-taskgate-held-session", "1")
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let r = c.send(rpc("1", "tools/list", "{}")).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.header("x-taskgate-local-answer").is_none());
+    assert!(r.header("x-taskgate-held-session").is_none());
+    let _ = r.bytes().await;
+    let m = tg.metrics_text().await;
+    assert!(
+        m.contains(r#"taskgate_local_answers_total{reason="stored_result",upstream="default"} 0"#),
+        "{}",
+        m.lines()
+            .filter(|l| l.contains("local_answers"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// A plain client's `notifications/cancelled` for its call on a held session closes the upstream
+/// request (2026-07-28: closing the stream is the cancel); nothing is forwarded as a message.
+#[tokio::test]
+async fn a_cancelled_plain_call_of_a_held_session_is_closed_upstream() {
+    let state: Shared = Default::default();
+    let pure = pure_2026(state);
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        if req.rpc_method().as_deref() == Some("tools/call")
+            && req.json()["params"]["name"] == "hang"
+        {
+            return ScriptedResponse::hang();
+        }
+        pure(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let pending = {
+        let c = c.clone();
+        tokio::spawn(async move { c.send(call_body("5", "hang", None)).await.bytes().await })
+    };
+    assert!(up.wait_for_method("tools/call", 1, STEP).await);
+    assert_eq!(
+        c.notify("notifications/cancelled", json!({"requestId": 5}))
+            .await,
+        202
+    );
+    assert!(
+        up.wait_for_hangs_abandoned(1, STEP).await,
+        "the upstream request was closed"
+    );
+    assert_eq!(count(&up, "notifications/cancelled"), 0);
+    let _ = pending.await;
+}

@@ -1,0 +1,255 @@
+//! What a 2025-11-25 client is shown of a task on a 2026-07-28 server (issue 12, the `bridge`
+//! layer), against the scripted dual-era server of `common/modern_server.rs`: the upstream's
+//! `notifications/tasks` as 2025 `notifications/tasks/status`, and a tool error (2026
+//! `completed` + `isError`) as `failed` in `tasks/list` as in `tasks/get`.
+
+mod common;
+
+use common::*;
+
+use serde_json::{json, Value};
+use taskgate::mcp::task::TaskStatus;
+
+fn create_body(id: u64, tool: &str) -> String {
+    rpc(
+        &id.to_string(),
+        "tools/call",
+        &json!({"name": tool, "arguments": {}, "task": {"ttl": 60000}}).to_string(),
+    )
+}
+
+async fn create(c: &Client, id: u64) -> String {
+    let v = c.rpc(create_body(id, "slow_compute")).await;
+    v.pointer("/result/task/taskId")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("not a 2025 CreateTaskResult: {v}"))
+        .to_string()
+}
+
+fn listed_status(list: &Value, task_id: &str) -> String {
+    list["result"]["tasks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{list}"))
+        .iter()
+        .find(|t| t["taskId"] == json!(task_id))
+        .unwrap_or_else(|| panic!("{task_id} not listed: {list}"))["status"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// A tool error is `failed` for a 2025 client everywhere: `tasks/get` and `tasks/list` agree
+/// (the record keeps the 2026 `completed` and notes the tool error).
+#[tokio::test]
+async fn tasks_list_agrees_with_tasks_get_on_a_tool_error() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = create(&c, 2).await;
+    let ok = create(&c, 3).await;
+    {
+        let mut s = state.lock().unwrap();
+        s.tasks.insert(t.clone(), "tool_error".into());
+        s.tasks.insert(ok.clone(), "completed".into());
+    }
+    let got = c.get("4", &t).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    let got = c.get("5", &ok).await;
+    assert_eq!(got["result"]["status"], "completed", "{got}");
+    let list = c.list("6", None).await;
+    assert_eq!(listed_status(&list, &t), "failed", "{list}");
+    assert_eq!(listed_status(&list, &ok), "completed", "{list}");
+    let r = tg.record(&t).unwrap();
+    assert_eq!((r.status, r.tool_error), (TaskStatus::Completed, true));
+    assert!(!tg.record(&ok).unwrap().tool_error);
+    // The cancel of a terminal task is refused, as ever, naming the 2025 status.
+    let refused = c.cancel("7", &t).await;
+    assert_eq!(err_code(&refused), -32602);
+    assert!(err_message(&refused).contains("failed"), "{refused}");
+}
+
+/// A plain answer with `isError` to a call that asked for a task: a task already `failed` for
+/// the 2025 client, in the `CreateTaskResult` and in `tasks/list`.
+#[tokio::test]
+async fn a_plain_tool_error_is_a_failed_task() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state);
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        if v["method"] == "tools/call" && v["params"]["name"] == "plain_error" {
+            return ScriptedResponse::json(rpc_result(
+                &req.rpc_id_json(),
+                r#"{"resultType":"complete","content":[{"type":"text","text":"no"}],"isError":true}"#,
+            ));
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let v = c.rpc(create_body(2, "plain_error")).await;
+    assert_eq!(v["result"]["task"]["status"], "failed", "{v}");
+    let t = v["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    let list = c.list("3", None).await;
+    assert_eq!(listed_status(&list, &t), "failed", "{list}");
+    let res = c.result("4", &t).await;
+    assert_eq!(res["result"]["isError"], true, "{res}");
+}
+
+/// The upstream's `notifications/tasks` on the creation's own stream reach the 2025 client as
+/// `notifications/tasks/status` (a 2025 `Task`: `ttl`, no `resultType` nor payload) after the
+/// nested `CreateTaskResult`; the record follows them.
+#[tokio::test]
+async fn tasks_notifications_on_the_creation_stream_are_translated() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let r = c.send(create_body(2, "sse_tool")).await;
+    assert_eq!(r.status(), 200);
+    assert!(r
+        .header("content-type")
+        .is_some_and(|t| t.starts_with("text/event-stream")));
+    let mut sse = r.sse();
+    let answer = sse.next_event(STEP).await.json();
+    let t = answer["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .to_string();
+    let note = sse.next_event(STEP).await.json();
+    assert_eq!(note["method"], "notifications/tasks/status", "{note}");
+    let p = &note["params"];
+    assert_eq!(
+        (p["taskId"].clone(), p["status"].clone()),
+        (json!(t), json!("completed")),
+        "{note}"
+    );
+    assert_eq!(p["ttl"], 60000, "{note}");
+    assert!(
+        p.get("resultType").is_none() && p.get("result").is_none() && p.get("ttlMs").is_none(),
+        "{note}"
+    );
+    sse.expect_end(STEP).await;
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Completed);
+}
+
+/// Any other stream of a 2026 task server reaching a 2025 client (here a plain call's answer
+/// stream) carries `notifications/tasks` as `notifications/tasks/status` too.
+#[tokio::test]
+async fn tasks_notifications_on_other_streams_are_translated() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state);
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        if v["method"] == "tools/call" && v["params"]["name"] == "chatty" {
+            let note = json!({"jsonrpc":"2.0","method":"notifications/tasks",
+                "params": detailed("other-task", "tool_error")});
+            let done = rpc_result(&req.rpc_id_json(), r#"{"content":[]}"#);
+            return ScriptedResponse::sse(vec![
+                SseStep::Raw(ev().data(&note.to_string()).wire()),
+                SseStep::Raw(ev().data(&done).wire()),
+            ]);
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    // Learn the era (a task call asks server/discover).
+    create(&c, 1).await;
+    let out = call(&c, &call_body("2", "chatty", None), &json!(2)).await;
+    assert_eq!(out.before.len(), 1, "{out:?}");
+    let note = &out.before[0];
+    assert_eq!(note["method"], "notifications/tasks/status", "{note}");
+    assert_eq!(note["params"]["status"], "failed", "{note}");
+    assert!(note["params"].get("result").is_none(), "{note}");
+}
+
+/// Progress first: a plain client (no tasks capability) whose call of a task-only tool taskgate
+/// runs as a task gets a progress message on its token as soon as the task exists, before the
+/// real result, even when the task ends before the first status poll.
+#[tokio::test]
+async fn an_upgraded_call_reports_progress_before_a_quick_result() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state);
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        if v["method"] == "tasks/get" {
+            let task_id = v["params"]["taskId"].as_str().unwrap_or("");
+            return ScriptedResponse::json(rpc_result(
+                &req.rpc_id_json(),
+                &detailed(task_id, "completed").to_string(),
+            ));
+        }
+        modern(req)
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let out = call(
+        &c,
+        &call_body("9", "task_only", Some(json!("pt-9"))),
+        &json!(9),
+    )
+    .await;
+    assert!(
+        out.answer["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("done ")),
+        "{out:?}"
+    );
+    let progress = out.progress();
+    assert!(
+        !progress.is_empty(),
+        "no progress before the result: {out:?}"
+    );
+    assert_eq!(out.before[0]["method"], "notifications/progress", "{out:?}");
+    assert_eq!(progress[0]["params"]["progressToken"], "pt-9");
+    assert_eq!(progress[0]["params"]["message"], "working");
+}
+
+/// A `-32021` that comes after an SSE priming event (an event with an id and no data, as rmcp
+/// sends on a 2025 session's POST streams) still makes the plain call a task: the real result.
+#[tokio::test]
+async fn a_32021_after_a_priming_event_is_upgraded() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state);
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        let declared = !v["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"]
+            ["extensions"][EXT]
+            .is_null();
+        if v["method"] == "tools/call" && v["params"]["name"] == "primed" && !declared {
+            let id = req.rpc_id_json();
+            let err = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32021,"message":"Missing required client capability","data":{{"requiredCapabilities":{{"extensions":{{"{EXT}":{{}}}}}}}}}}}}"#
+            );
+            return ScriptedResponse::sse(vec![
+                SseStep::Raw(ev().id("prime-0").retry(3000).wire()),
+                SseStep::Raw(ev().data(&err).wire()),
+            ]);
+        }
+        if v["method"] == "tasks/get" {
+            let task_id = v["params"]["taskId"].as_str().unwrap_or("");
+            return ScriptedResponse::json(rpc_result(
+                &req.rpc_id_json(),
+                &detailed(task_id, "completed").to_string(),
+            ));
+        }
+        modern(req)
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let out = call(&c, &call_body("3", "primed", None), &json!(3)).await;
+    assert!(
+        out.answer["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("done ")),
+        "{out:?}"
+    );
+    assert_eq!(up.received("tools/call").len(), 2, "sent again as a task");
+}
