@@ -20,14 +20,23 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 
-/// Asks the upstream `server/discover` (bounded by [`super::DISCOVER_DEADLINE`] or the
-/// upstream's `timeout_ms`, whichever is shorter); `None` when it could not be asked (transport
-/// error: try again later).
-pub(super) async fn discover<S: McpService>(
+/// What asking the upstream `server/discover` gave (see [`ask_discover`]).
+pub(super) enum Discovered {
+    /// It could not be sent (transport error: try again later).
+    NotSent,
+    /// No answer within the deadline: a 2025-11-25 upstream.
+    Unanswered,
+    /// The answer (`None`: the stream ended without one).
+    Answer(Option<Value>),
+}
+
+/// Asks the upstream `server/discover`, bounded by [`super::DISCOVER_DEADLINE`] or the
+/// upstream's `timeout_ms`, whichever is shorter.
+pub(super) async fn ask_discover<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
     req: &McpRequest,
-) -> Option<UpstreamEra> {
+) -> Discovered {
     let id = state.next_id();
     let mut out = modern_request(
         req,
@@ -45,16 +54,30 @@ pub(super) async fn discover<S: McpService>(
         }
     };
     let deadline = super::DISCOVER_DEADLINE.min(state.timeout);
-    let answer = match tokio::time::timeout(deadline, asked).await {
-        Ok(Ok(a)) => a,
+    match tokio::time::timeout(deadline, asked).await {
+        Ok(Ok(answer)) => Discovered::Answer(answer),
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "server/discover could not be sent");
-            return None;
+            Discovered::NotSent
         }
         Err(_) => {
             tracing::info!("server/discover unanswered within the deadline: a 2025-11-25 upstream");
-            return Some(UpstreamEra::Legacy);
+            Discovered::Unanswered
         }
+    }
+}
+
+/// The upstream's era by `server/discover` (see [`ask_discover`]); `None` when it could not be
+/// asked (try again later).
+pub(super) async fn discover<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: &McpRequest,
+) -> Option<UpstreamEra> {
+    let answer = match ask_discover(state, inner, req).await {
+        Discovered::NotSent => return None,
+        Discovered::Unanswered => return Some(UpstreamEra::Legacy),
+        Discovered::Answer(answer) => answer,
     };
     let modern = answer
         .as_ref()

@@ -44,7 +44,7 @@
 //! `initialize` after a start taskgate does not know it holds sessions, so such a stale session
 //! id is forwarded upstream once (without auth) and the upstream answers it.
 
-use super::{modern_request, translate, BridgeState, UpstreamEra, DISCOVER_DEADLINE};
+use super::{modern_request, translate, BridgeState, UpstreamEra};
 use crate::era::{self, CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
 use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind};
@@ -401,31 +401,18 @@ pub(super) async fn initialize<S: McpService>(
     }
 }
 
-/// The upstream's `server/discover` result (`None`: not asked, no answer within
-/// [`DISCOVER_DEADLINE`], or an error). Learns the upstream's era from it.
+/// The upstream's `server/discover` result (`None`: not asked, no answer within the deadline,
+/// or an error; see `follow::ask_discover`). Learns the upstream's era from it.
 async fn discover<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
     req: &McpRequest,
 ) -> Option<Value> {
-    let id = state.next_id();
-    let mut out = modern_request(
-        req,
-        &id,
-        "server/discover",
-        json!({ "_meta": translate::modern_meta(None) }),
-        None,
-    );
-    out.extensions = http::Extensions::new();
-    out.extensions.insert(crate::era::Era::Modern);
-    let asked = async {
-        let reply = inner.oneshot(out).await.ok()?;
-        super::answer_of(reply, &id).await
+    let super::follow::Discovered::Answer(Some(answer)) =
+        super::follow::ask_discover(state, inner, req).await
+    else {
+        return None;
     };
-    let answer = tokio::time::timeout(DISCOVER_DEADLINE, asked)
-        .await
-        .ok()
-        .flatten()?;
     let result = answer.get("result").filter(|r| r.is_object())?.clone();
     state.learn(if translate::advertises_extension(&result) {
         UpstreamEra::ModernTasks
