@@ -10,10 +10,12 @@ use std::path::{Path, PathBuf};
 mod auth;
 mod check;
 mod sections;
+mod store;
 
 pub use auth::*;
 use check::*;
 pub use sections::*;
+pub use store::*;
 
 /// The embedded default configuration (`config/taskgate.toml`), used by `serve` without `--config`.
 pub const DEFAULT_TOML: &str = include_str!("../../config/taskgate.toml");

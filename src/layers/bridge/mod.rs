@@ -101,6 +101,7 @@
 //! `server/discover`), `held` (held sessions), `input` (input requests), `translate` (the pure
 //! shape translations), `errors` (2026-only error codes for 2025 clients).
 
+mod answer;
 mod calls;
 pub mod errors;
 mod follow;
@@ -108,15 +109,16 @@ mod held;
 pub mod input;
 pub mod translate;
 
+use answer::{answer_of, ask, ask_with, error_reply, failure_reply, legacy_reply};
+
 use crate::config::UpstreamProtocol;
 use crate::era::{self, Era};
-use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, Id, Message};
 use crate::layers::extensions::{AuthorisedTask, HeldSession, PendingCreation};
 use crate::layers::McpService;
 use crate::registry::Registry;
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http::HeaderValue;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -516,113 +518,5 @@ fn modern_request(
         op: Operation::Post(msg),
         ctx,
         extensions,
-    }
-}
-
-/// The answer to `id` in `reply` (a JSON body, or the event of an SSE body that answers it; the
-/// stream's other messages are dropped). `None` when there is none (an HTTP error page, a
-/// stream that ended first, a body that is not JSON).
-async fn answer_of(reply: McpReply, id: &Id) -> Option<Value> {
-    match reply.body {
-        ReplyBody::Json(bytes) | ReplyBody::Raw(bytes) => serde_json::from_slice(&bytes).ok(),
-        ReplyBody::Stream(mut events) => {
-            while let Some(ev) = events.next().await {
-                let Some(data) = ev.data else { continue };
-                if jsonrpc::is_answer_to(data.as_bytes(), id) {
-                    return serde_json::from_str(&data).ok();
-                }
-            }
-            None
-        }
-        ReplyBody::Empty => None,
-    }
-}
-
-/// Sends taskgate's own request `out` (under `id`) upstream and reads the answer to `id` (see
-/// [`answer_of`]). The whole exchange, an SSE stream's answer event included, is bounded by the
-/// upstream's `timeout_ms`: past it the error is the upstream timeout's
-/// ([`GatewayError::UpstreamTimeout`], "upstream `x` did not answer within N ms", counted in
-/// `taskgate_upstream_errors_total{kind="timeout"}`), which the bridge answers as JSON-RPC
-/// `-32603` (HTTP 200) like any error reaching the upstream.
-async fn ask<S: McpService>(
-    state: &BridgeState,
-    inner: S,
-    out: McpRequest,
-    id: &Id,
-) -> Result<Option<Value>, GatewayError> {
-    ask_with(state, inner, out, id, |reply| answer_of(reply, id)).await
-}
-
-/// [`ask`] with the reply read by `read` (which may keep the rest of an SSE stream): the
-/// exchange until `read` is done is bounded by the upstream's `timeout_ms`.
-async fn ask_with<S, T, F, Fut>(
-    state: &BridgeState,
-    inner: S,
-    out: McpRequest,
-    id: &Id,
-    read: F,
-) -> Result<T, GatewayError>
-where
-    S: McpService,
-    F: FnOnce(McpReply) -> Fut,
-    Fut: std::future::Future<Output = T>,
-{
-    let upstream = out.ctx.upstream.clone();
-    let exchange = async {
-        let reply = inner.oneshot(out).await?;
-        Ok(read(reply).await)
-    };
-    match tokio::time::timeout(state.timeout, exchange).await {
-        Ok(answer) => answer,
-        Err(_) => {
-            state
-                .registry
-                .metrics()
-                .upstream_error(&upstream, crate::metrics::UpstreamErrorKind::Timeout);
-            tracing::warn!(%upstream, id = %id.as_json(), "the upstream did not answer a bridged request within timeout_ms");
-            Err(GatewayError::UpstreamTimeout {
-                upstream,
-                timeout_ms: state.timeout.as_millis().min(u64::MAX as u128) as u64,
-            })
-        }
-    }
-}
-
-/// The 2025 answer under `id` when taskgate's own exchange with the upstream failed (see
-/// [`ask`]): JSON-RPC `-32603` (HTTP 200) with the error's message.
-fn failure_reply(id: &Id, e: &GatewayError) -> McpReply {
-    McpReply::local_error(Some(id), jsonrpc::INTERNAL_ERROR, &e.to_string())
-}
-
-/// The 2025 answer under `id` for an upstream `answer`: its `result` mapped by `map`, its
-/// `error` as it is, or `-32603` when the upstream gave no answer. Always HTTP 200 JSON.
-fn legacy_reply(id: &Id, answer: Option<Value>, map: impl FnOnce(&Value) -> Value) -> McpReply {
-    let Some(answer) = answer else {
-        return McpReply::local_error(
-            Some(id),
-            jsonrpc::INTERNAL_ERROR,
-            "the 2026-07-28 upstream gave no answer to the bridged request",
-        );
-    };
-    if let Some(result) = answer.get("result") {
-        return McpReply::local_json(jsonrpc::result_response(id, &map(result).to_string()));
-    }
-    error_reply(id, answer.get("error"))
-}
-
-/// A 2025 JSON-RPC error answer under `id` carrying the upstream's `error` object, a 2026-only
-/// code mapped (see `errors`); `-32603` when it is not one.
-fn error_reply(id: &Id, error: Option<&Value>) -> McpReply {
-    match error.filter(|e| e.get("code").is_some_and(Value::is_i64)) {
-        Some(e) => McpReply::local_json(Bytes::from(format!(
-            r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
-            id.as_json(),
-            errors::legacy_error(e)
-        ))),
-        None => McpReply::local_error(
-            Some(id),
-            jsonrpc::INTERNAL_ERROR,
-            "the 2026-07-28 upstream answered the bridged request with neither a result nor an error",
-        ),
     }
 }

@@ -1,0 +1,142 @@
+//! `[store]`: where the task registry lives (sled or PostgreSQL), with its defaults and its
+//! `validate()` (ranges in `config/REFERENCE.md`).
+
+use super::check::*;
+use super::ConfigError;
+use serde::Deserialize;
+use std::path::PathBuf;
+
+/// Smallest `store.cache_capacity_bytes`: sled panics below 256 bytes, and a cache of less
+/// than 1 MiB makes every store read a disk read.
+const MIN_CACHE_BYTES: u64 = 1024 * 1024;
+
+pub(super) fn default_store_path() -> PathBuf {
+    PathBuf::from("data/taskgate")
+}
+pub(super) fn default_cache_capacity_bytes() -> u64 {
+    16 * 1024 * 1024
+}
+
+/// `[store] backend`: where the task registry lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreBackend {
+    /// Embedded sled database at `store.path` (one taskgate per directory).
+    #[default]
+    Sled,
+    /// A PostgreSQL database shared by a tier of taskgate replicas (`store.url_env` / `store.url`).
+    Postgres,
+}
+
+pub(super) fn default_pool_size() -> u64 {
+    16
+}
+
+/// `[store]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `sled` (default) or `postgres`.
+    #[serde(default)]
+    pub backend: StoreBackend,
+    /// Directory of the sled database (created if missing; default `data/taskgate`).
+    #[serde(default = "default_store_path")]
+    pub path: PathBuf,
+    /// sled page cache size in bytes (default 16 MiB; bounds the store's share of RSS).
+    #[serde(default = "default_cache_capacity_bytes")]
+    pub cache_capacity_bytes: u64,
+    /// `postgres`: name of the environment variable holding the database URL (the way to pass
+    /// a password).
+    #[serde(default)]
+    pub url_env: Option<String>,
+    /// `postgres`: the database URL itself, without a password (refused if it has one).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// `postgres`: connections in the pool (default 16).
+    #[serde(default = "default_pool_size")]
+    pub pool_size: u64,
+    /// `postgres`: PEM file of the CA certificate(s) the database's TLS certificate must chain
+    /// to (default: the Mozilla roots). TLS itself follows the URL's `sslmode`; the certificate
+    /// and host name are always verified when TLS is used.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Whether a PostgreSQL URL or key/value string carries a password.
+fn has_password(url: &str) -> bool {
+    if let Some(rest) = url.split_once("://").map(|(_, r)| r) {
+        let userinfo = rest.split(['/', '?']).next().unwrap_or("");
+        if let Some((user, _)) = userinfo.rsplit_once('@') {
+            if user.contains(':') {
+                return true;
+            }
+        }
+    }
+    url.contains("password=")
+}
+
+impl StoreConfig {
+    /// Checks every numeric key against its range in `config/REFERENCE.md`, and the
+    /// `postgres` keys: exactly one of `url_env` (naming a set variable) and `url` (without a
+    /// password), and none of them with `sled`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_range(
+            "store.cache_capacity_bytes",
+            self.cache_capacity_bytes,
+            MIN_CACHE_BYTES,
+            UNBOUNDED,
+        )?;
+        check_range("store.pool_size", self.pool_size, 1, 1000)?;
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        match (self.backend, &self.url_env, &self.url) {
+            (StoreBackend::Sled, None, None) if self.ca_file.is_some() => invalid(
+                "store.ca_file is for backend = \"postgres\" (TLS to the database)".into(),
+            ),
+            (StoreBackend::Sled, None, None) => Ok(()),
+            (StoreBackend::Sled, _, _) => invalid(
+                "store.url_env / store.url are for backend = \"postgres\" (the sled store uses store.path)".into(),
+            ),
+            (StoreBackend::Postgres, Some(_), Some(_)) => {
+                invalid("store: give url_env or url, not both".into())
+            }
+            (StoreBackend::Postgres, None, None) => invalid(
+                "store: backend = \"postgres\" needs url_env (the variable holding the database URL) or url".into(),
+            ),
+            (StoreBackend::Postgres, None, Some(url)) if has_password(url) => invalid(
+                "store.url holds a password: a password never sits in the config file; put the URL in an environment variable named by store.url_env".into(),
+            ),
+            (StoreBackend::Postgres, Some(var), None)
+                if std::env::var(var).map(|v| v.is_empty()).unwrap_or(true) =>
+            {
+                invalid(format!(
+                    "store.url_env: environment variable {var} is not set or empty"
+                ))
+            }
+            (StoreBackend::Postgres, _, _) => Ok(()),
+        }
+    }
+
+    /// `postgres`: the database URL (from `url_env` or `url`); `None` for sled or when the
+    /// variable is unset.
+    pub fn database_url(&self) -> Option<String> {
+        match (&self.url_env, &self.url) {
+            (Some(var), _) => std::env::var(var).ok().filter(|v| !v.is_empty()),
+            (None, Some(url)) => Some(url.clone()),
+            (None, None) => None,
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            backend: StoreBackend::Sled,
+            path: default_store_path(),
+            cache_capacity_bytes: default_cache_capacity_bytes(),
+            url_env: None,
+            url: None,
+            pool_size: default_pool_size(),
+            ca_file: None,
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The bridge's own exchanges with the upstream and their 2025 answers: reading the answer to
+//! an id out of a reply ([`answer_of`]), one bounded exchange ([`ask`], [`ask_with`]), and the
+//! 2025 replies made from an answer or a failure.
+
+use super::{errors, BridgeState, McpService};
+use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
+use crate::jsonrpc::{self, Id};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde_json::Value;
+use tower::ServiceExt;
+
+/// The answer to `id` in `reply` (a JSON body, or the event of an SSE body that answers it; the
+/// stream's other messages are dropped). `None` when there is none (an HTTP error page, a
+/// stream that ended first, a body that is not JSON).
+pub(super) async fn answer_of(reply: McpReply, id: &Id) -> Option<Value> {
+    match reply.body {
+        ReplyBody::Json(bytes) | ReplyBody::Raw(bytes) => serde_json::from_slice(&bytes).ok(),
+        ReplyBody::Stream(mut events) => {
+            while let Some(ev) = events.next().await {
+                let Some(data) = ev.data else { continue };
+                if jsonrpc::is_answer_to(data.as_bytes(), id) {
+                    return serde_json::from_str(&data).ok();
+                }
+            }
+            None
+        }
+        ReplyBody::Empty => None,
+    }
+}
+
+/// Sends taskgate's own request `out` (under `id`) upstream and reads the answer to `id` (see
+/// [`answer_of`]). The whole exchange, an SSE stream's answer event included, is bounded by the
+/// upstream's `timeout_ms`: past it the error is the upstream timeout's
+/// ([`GatewayError::UpstreamTimeout`], "upstream `x` did not answer within N ms", counted in
+/// `taskgate_upstream_errors_total{kind="timeout"}`), which the bridge answers as JSON-RPC
+/// `-32603` (HTTP 200) like any error reaching the upstream.
+pub(super) async fn ask<S: McpService>(
+    state: &BridgeState,
+    inner: S,
+    out: McpRequest,
+    id: &Id,
+) -> Result<Option<Value>, GatewayError> {
+    ask_with(state, inner, out, id, |reply| answer_of(reply, id)).await
+}
+
+/// [`ask`] with the reply read by `read` (which may keep the rest of an SSE stream): the
+/// exchange until `read` is done is bounded by the upstream's `timeout_ms`.
+pub(super) async fn ask_with<S, T, F, Fut>(
+    state: &BridgeState,
+    inner: S,
+    out: McpRequest,
+    id: &Id,
+    read: F,
+) -> Result<T, GatewayError>
+where
+    S: McpService,
+    F: FnOnce(McpReply) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let upstream = out.ctx.upstream.clone();
+    let exchange = async {
+        let reply = inner.oneshot(out).await?;
+        Ok(read(reply).await)
+    };
+    match tokio::time::timeout(state.timeout, exchange).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            state
+                .registry
+                .metrics()
+                .upstream_error(&upstream, crate::metrics::UpstreamErrorKind::Timeout);
+            tracing::warn!(%upstream, id = %id.as_json(), "the upstream did not answer a bridged request within timeout_ms");
+            Err(GatewayError::UpstreamTimeout {
+                upstream,
+                timeout_ms: state.timeout.as_millis().min(u64::MAX as u128) as u64,
+            })
+        }
+    }
+}
+
+/// The 2025 answer under `id` when taskgate's own exchange with the upstream failed (see
+/// [`ask`]): JSON-RPC `-32603` (HTTP 200) with the error's message.
+pub(super) fn failure_reply(id: &Id, e: &GatewayError) -> McpReply {
+    McpReply::local_error(Some(id), jsonrpc::INTERNAL_ERROR, &e.to_string())
+}
+
+/// The 2025 answer under `id` for an upstream `answer`: its `result` mapped by `map`, its
+/// `error` as it is, or `-32603` when the upstream gave no answer. Always HTTP 200 JSON.
+pub(super) fn legacy_reply(
+    id: &Id,
+    answer: Option<Value>,
+    map: impl FnOnce(&Value) -> Value,
+) -> McpReply {
+    let Some(answer) = answer else {
+        return McpReply::local_error(
+            Some(id),
+            jsonrpc::INTERNAL_ERROR,
+            "the 2026-07-28 upstream gave no answer to the bridged request",
+        );
+    };
+    if let Some(result) = answer.get("result") {
+        return McpReply::local_json(jsonrpc::result_response(id, &map(result).to_string()));
+    }
+    error_reply(id, answer.get("error"))
+}
+
+/// A 2025 JSON-RPC error answer under `id` carrying the upstream's `error` object, a 2026-only
+/// code mapped (see `errors`); `-32603` when it is not one.
+pub(super) fn error_reply(id: &Id, error: Option<&Value>) -> McpReply {
+    match error.filter(|e| e.get("code").is_some_and(Value::is_i64)) {
+        Some(e) => McpReply::local_json(Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
+            id.as_json(),
+            errors::legacy_error(e)
+        ))),
+        None => McpReply::local_error(
+            Some(id),
+            jsonrpc::INTERNAL_ERROR,
+            "the 2026-07-28 upstream answered the bridged request with neither a result nor an error",
+        ),
+    }
+}
