@@ -323,3 +323,72 @@ async fn a_cancelled_plain_call_of_a_held_session_is_closed_upstream() {
     assert_eq!(count(&up, "notifications/cancelled"), 0);
     let _ = pending.await;
 }
+
+/// A dual-era upstream (2025 sessions and 2026 requests on one endpoint, as FastMCP 4) that
+/// refuses a malformed `initialize` with `-32602` and answers `server/discover`: that client's
+/// error is passed on, and taskgate never starts holding sessions for the upstream, so the next
+/// good `initialize` still gets the upstream's own session (found by review: one bad
+/// `initialize` switched every later session to held ones). An upstream 401 that is not a
+/// JSON-RPC error keeps its status.
+#[tokio::test]
+async fn a_malformed_initialize_never_switches_a_dual_era_upstream_to_held_sessions() {
+    let up = Upstream::start(|req: &RecordedRequest| {
+        let id = req.rpc_id_json();
+        match req.rpc_method().as_deref() {
+            Some("initialize") if req.json()["params"].get("protocolVersion").is_none() => {
+                ScriptedResponse::json(format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"protocolVersion is required"}}}}"#
+                ))
+            }
+            Some("initialize") => ScriptedResponse::json(rpc_result(
+                &id,
+                &json!({"protocolVersion": PROTOCOL_VERSION, "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "dual", "version": "4"}})
+                .to_string(),
+            ))
+            .header("mcp-session-id", "UP-SESSION-1"),
+            Some("server/discover") => ScriptedResponse::json(rpc_result(
+                &id,
+                &json!({"resultType":"complete","supportedVersions":[MODERN, PROTOCOL_VERSION],
+                    "capabilities":{"tools":{},"extensions":{EXT:{}}}})
+                .to_string(),
+            )),
+            _ => ScriptedResponse::status(
+                401,
+                Some("application/json"),
+                r#"{"error":"invalid_token"}"#,
+            )
+            .header("www-authenticate", "Bearer error=\"invalid_token\""),
+        }
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    let bad = rpc(
+        "\"bad\"",
+        "initialize",
+        &json!({"capabilities": {}}).to_string(),
+    );
+    let r = c.send(bad).await;
+    let v = r.json().await;
+    assert_eq!(
+        v["error"]["code"], -32602,
+        "the client's error, as it came: {v}"
+    );
+    for _ in 0..2 {
+        let r = c.send(initialize_with(json!({}))).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            r.header("mcp-session-id").as_deref(),
+            Some("UP-SESSION-1"),
+            "the upstream's own session, not one taskgate holds"
+        );
+    }
+    c.session = Some("UP-SESSION-1".into());
+    let r = c.send(rpc("3", "tools/list", "{}")).await;
+    assert_eq!(
+        r.status(),
+        401,
+        "a 401 that is no JSON-RPC answer keeps its status"
+    );
+}

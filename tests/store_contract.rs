@@ -593,7 +593,8 @@ async fn postgres_cancel_lease_follows_the_upstream_timeout() {
 
 /// TLS to the database: with `sslmode=require` and `store.ca_file`, the pool's connections are
 /// encrypted (the server's `pg_stat_ssl` says so); without the CA, or under a host name the
-/// certificate does not name, taskgate refuses to connect instead of trusting the server.
+/// certificate does not name, taskgate refuses to connect instead of trusting the server; the
+/// default `sslmode=prefer` connects in plain text as before TLS support.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_tls_verifies_the_server() {
     let Some((pg, ca)) = PgCluster::start_tls("postgres_tls_verifies_the_server") else {
@@ -623,6 +624,22 @@ async fn postgres_tls_verifies_the_server() {
         .unwrap()
         .get(0);
     assert!(encrypted >= 1, "no TLS connection from taskgate");
+    // `prefer` (the default) connects in plain text, as before TLS support: a server whose
+    // certificate taskgate cannot verify still serves a URL that did not ask for TLS.
+    let default_mode = format!("{}?application_name=tg-plain", pg.url);
+    let _plain = PgStore::open_tls(&default_mode, 1, None)
+        .await
+        .expect("sslmode=prefer (the default) connects without TLS");
+    let plain_tls: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE s.ssl AND a.application_name = 'tg-plain'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(plain_tls, 0, "prefer must not encrypt unverified");
     driver.abort();
 
     let err = PgStore::open_tls(&require, 1, None)

@@ -56,8 +56,8 @@ pub struct StoreConfig {
     #[serde(default = "default_pool_size")]
     pub pool_size: u64,
     /// `postgres`: PEM file of the CA certificate(s) the database's TLS certificate must chain
-    /// to (default: the Mozilla roots). TLS itself follows the URL's `sslmode`; the certificate
-    /// and host name are always verified when TLS is used.
+    /// to (default: the Mozilla roots). TLS is used with the URL's `sslmode=require`, and then
+    /// the certificate and the host name are always verified.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
 }

@@ -336,8 +336,14 @@ pub(super) async fn forward<S: McpService>(
 /// A 2026 upstream's reply as a 2025 client takes it (see the module docs).
 fn legacy_answer(mut reply: McpReply) -> McpReply {
     reply.headers.remove("mcp-session-id");
-    if reply.status.is_client_error() && matches!(reply.body, ReplyBody::Json(_)) {
-        reply.status = StatusCode::OK;
+    // A 2026 HTTP 4xx carrying a JSON-RPC error is HTTP 200 for a 2025 client; any other 4xx (an
+    // OAuth 401 with `WWW-Authenticate`, a proxy's 413 or 429) keeps its status (found by review).
+    if reply.status.is_client_error() {
+        if let ReplyBody::Json(bytes) = &reply.body {
+            if is_jsonrpc_error(bytes) {
+                reply.status = StatusCode::OK;
+            }
+        }
     }
     reply.body = reply.body.map_messages(|text| {
         if let Some(status) = translate::legacy_notification(text) {
@@ -361,10 +367,28 @@ fn legacy_answer(mut reply: McpReply) -> McpReply {
     reply
 }
 
-/// Whether an upstream's answer to `initialize` (JSON text) is a refusal: a JSON-RPC error.
+/// Whether an upstream's answer to `initialize` (JSON text) refuses the method itself: a
+/// JSON-RPC error `-32022` (2026-07-28: unsupported protocol version, what a server without the
+/// 2025 handshake answers) or `-32601` (method not found). Any other error (a malformed
+/// `initialize`, an auth failure) is the client's and is passed on: one bad `initialize` must
+/// never switch every later session of every client to held sessions (found by review).
 pub(super) fn is_refusal(answer: &[u8]) -> bool {
-    serde_json::from_slice::<Value>(answer).is_ok_and(|v| v.get("error").is_some())
+    serde_json::from_slice::<Value>(answer).is_ok_and(|v| {
+        matches!(
+            v.pointer("/error/code").and_then(Value::as_i64),
+            Some(UNSUPPORTED_PROTOCOL_VERSION | jsonrpc::METHOD_NOT_FOUND)
+        )
+    })
 }
+
+/// Whether `bytes` is one JSON-RPC error message.
+fn is_jsonrpc_error(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(bytes)
+        .is_ok_and(|v| v.get("jsonrpc").is_some() && v.get("error").is_some_and(Value::is_object))
+}
+
+/// 2026-07-28 `-32022`: the request's protocol version is not supported.
+const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 
 /// The upstream refused `initialize`: when it answers `server/discover`, taskgate holds 2025
 /// sessions for it from now on and answers this `initialize` itself ([`initialize`]); `None`
@@ -492,9 +516,14 @@ fn new_session_id() -> Option<String> {
     Some(hex::encode(bytes))
 }
 
-/// The reply of an `initialize` the upstream refused without a JSON-RPC answer (an HTTP 4xx page).
+/// The reply of an `initialize` the upstream refused without a JSON-RPC answer: HTTP 404 or 405
+/// without a JSON body (the endpoint has no such method). Other statuses (400, 401, 403, 413,
+/// 429: the client's request, its credentials, a proxy) are passed on as they are.
 pub(super) fn refused_without_answer(reply: &McpReply) -> bool {
-    reply.status.is_client_error() && !matches!(reply.body, ReplyBody::Json(_))
+    matches!(
+        reply.status,
+        StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
+    ) && !matches!(reply.body, ReplyBody::Json(_))
 }
 
 #[cfg(test)]

@@ -164,6 +164,10 @@ pub(super) async fn tools_call<S: McpService>(
 /// Events without data (SSE priming events) looked past for the first message of a stream.
 const MAX_DATALESS_EVENTS: usize = 8;
 
+/// How long, after an event without data, the next event is waited for before the stream is
+/// relayed as it is (a server's `-32021` follows its priming event at once).
+const PRIMING_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// `Ok(reply)` to pass on, or `Err(upgrade)` when `reply` is the `-32021` naming the tasks
 /// extension (MCP 2026-07-28, SEP-2663: the tool only runs as a task), the first SSE event with
 /// data or the JSON body, from an upstream whose session declares `tasks.requests.tools.call`
@@ -189,9 +193,23 @@ async fn needs_task(
         }
         ReplyBody::Stream(mut events) => {
             // The first event with data (a priming event, SEP-1699, has none: rmcp sends one).
+            // Past the first event, the next is waited for at most [`PRIMING_WAIT`]: a plain
+            // long call whose stream opens with a priming event keeps its headers and that
+            // event flowing to the client (found by review).
             let mut seen = Vec::new();
             let mut data = None;
-            while let Some(ev) = events.next().await {
+            loop {
+                let next = if seen.is_empty() {
+                    events.next().await
+                } else {
+                    match tokio::time::timeout(PRIMING_WAIT, events.next()).await {
+                        Ok(next) => next,
+                        Err(_) => break,
+                    }
+                };
+                let Some(ev) = next else {
+                    break;
+                };
                 data = ev.data.clone().filter(|d| !d.is_empty()).map(Bytes::from);
                 seen.push(ev);
                 if data.is_some() || seen.len() >= MAX_DATALESS_EVENTS {

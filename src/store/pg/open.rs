@@ -72,14 +72,15 @@ impl PgStore {
             .build()
             .map_err(|e| open_err(e.to_string()))?;
         let handle = runtime.handle().clone();
-        let tls = super::tls::connector(ca_file).map_err(open_err)?;
-        let manager = Manager::from_config(
-            config,
-            tls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+        let manager_config = ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        };
+        let manager = if super::tls::wanted(&config) {
+            let tls = super::tls::connector(ca_file).map_err(open_err)?;
+            Manager::from_config(config, tls, manager_config)
+        } else {
+            Manager::from_config(config, tokio_postgres::NoTls, manager_config)
+        };
         let pool = Pool::builder(manager)
             .max_size(pool_size.max(1))
             .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -124,12 +125,20 @@ impl PgStore {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(POOL_TIMEOUT);
         }
-        let tls = super::tls::connector(ca_file).map_err(open_err)?;
-        let (client, conn) = config
-            .connect(tls)
-            .await
-            .map_err(|e| open_err(pg_err(e).to_string()))?;
-        let driver = tokio::spawn(conn);
+        let (client, driver) = if super::tls::wanted(&config) {
+            let tls = super::tls::connector(ca_file).map_err(open_err)?;
+            let (client, conn) = config
+                .connect(tls)
+                .await
+                .map_err(|e| open_err(pg_err(e).to_string()))?;
+            (client, tokio::spawn(async move { conn.await.map(drop) }))
+        } else {
+            let (client, conn) = config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(|e| open_err(pg_err(e).to_string()))?;
+            (client, tokio::spawn(async move { conn.await.map(drop) }))
+        };
         let version: String = client
             .query_one("SHOW server_version", &[])
             .await

@@ -1,18 +1,25 @@
 //! TLS to the database: rustls (the ring provider taskgate already uses for OAuth) through
 //! `tokio-postgres-rustls`.
 //!
-//! The driver decides from the URL's `sslmode` whether TLS is used: `disable` never, `prefer`
-//! (the default) when the server offers it, `require` always (a server without TLS is refused;
-//! never a fall-back to plain text). Whenever TLS is used the server's certificate chain **and
-//! host name** are verified (what libpq calls `verify-full`), against `store.ca_file` when set
-//! (PEM, one or more CA certificates: the usual case for a private CA or a managed database's
-//! CA bundle) or else the Mozilla roots (`webpki-roots`). There is no "encrypt but trust anyone".
+//! TLS is used when the URL says `sslmode=require`, and then always (a server without TLS is
+//! refused; never a fall-back to plain text), with the server's certificate chain **and host
+//! name** verified (what libpq calls `verify-full`) against `store.ca_file` when set (PEM, one or
+//! more CA certificates: a private CA, a managed database's CA bundle) or else the Mozilla roots
+//! (`webpki-roots`). There is no "encrypt but trust anyone". `sslmode=disable` and `prefer` (the
+//! driver's default) connect in plain text, as taskgate always did before TLS: libpq's `prefer`
+//! encrypts without verifying anything, and verifying there would have refused, on upgrade, every
+//! server with a certificate outside the roots (found by review).
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 use std::path::Path;
 use std::sync::Arc;
 use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// Whether connections use TLS: `sslmode=require` (see the module docs).
+pub(super) fn wanted(config: &tokio_postgres::Config) -> bool {
+    config.get_ssl_mode() == tokio_postgres::config::SslMode::Require
+}
 
 /// The connector for connections to the database, trusting the CA certificates in `ca_file`
 /// (PEM) or, without one, the Mozilla roots.

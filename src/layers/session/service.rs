@@ -1,0 +1,202 @@
+//! The `session` layer's tower `Layer`/`Service`: it fills and reads the [`Sessions`] table
+//! as `initialize`, `tools/list`, streams and `DELETE` pass (see the parent module).
+
+use super::*;
+
+/// Builds [`SessionService`]s over a shared [`Sessions`] table.
+#[derive(Clone)]
+pub struct SessionLayer {
+    sessions: Arc<Sessions>,
+}
+
+impl SessionLayer {
+    /// A layer filling `sessions`.
+    pub fn new(sessions: Arc<Sessions>) -> SessionLayer {
+        SessionLayer { sessions }
+    }
+}
+
+impl<S> tower::Layer<S> for SessionLayer {
+    type Service = SessionService<S>;
+    fn layer(&self, inner: S) -> SessionService<S> {
+        SessionService {
+            inner,
+            sessions: self.sessions.clone(),
+        }
+    }
+}
+
+/// The `session` layer's service (see the module docs).
+#[derive(Clone)]
+pub struct SessionService<S> {
+    inner: S,
+    sessions: Arc<Sessions>,
+}
+
+impl<S> tower::Service<McpRequest> for SessionService<S>
+where
+    S: tower::Service<McpRequest, Response = McpReply> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = McpReply;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<McpReply, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: McpRequest) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let sessions = self.sessions.clone();
+        let upstream = req.ctx.upstream.clone();
+        let session = session_key(&req.ctx);
+        if req
+            .request_method()
+            .is_some_and(|m| m.starts_with("tasks/"))
+            && crate::era::Era::of(&req) == crate::era::Era::Legacy
+            && sessions.upstream_without_tasks(&upstream, session.as_ref())
+        {
+            req.extensions
+                .insert(crate::layers::extensions::UpstreamWithoutTasks);
+        }
+        let principal = req.ctx.principal.clone();
+        let has_identity =
+            req.ctx.client_session_id.is_some() || matches!(req.ctx.principal, Principal::Token(_));
+        let watch = match (&req.op, req.request_method()) {
+            (Operation::Post(msg), Some("initialize")) => {
+                let params = msg
+                    .parse_as::<Value>()
+                    .ok()
+                    .and_then(|v| v.get("params").cloned());
+                let caps = params.as_ref().and_then(|p| p.get("capabilities").cloned());
+                Watch::Initialize(caps.unwrap_or(Value::Null), params)
+            }
+            (Operation::Post(_), Some("tools/list")) => Watch::ToolsList,
+            (Operation::EndSession, _) => Watch::End,
+            (Operation::OpenStream, _) => Watch::Stream,
+            _ => Watch::Nothing,
+        };
+        let id = req.id().cloned();
+        Box::pin(async move {
+            let mut reply = inner.call(req).await?;
+            let held = reply.headers.remove(&HELD_SESSION).is_some();
+            if held {
+                if let Some(refused) = store_held(&sessions, &upstream, &principal, &watch, &reply)
+                {
+                    return Ok(refused);
+                }
+            }
+            if let Watch::End = watch {
+                // Forgotten once the upstream ended it (or does not know it).
+                if reply.status.is_success() || reply.status == http::StatusCode::NOT_FOUND {
+                    sessions.forget(&upstream, session.as_ref());
+                }
+                return Ok(reply);
+            }
+            // A copy: a clone would be a slice of hyper's whole read buffer (kilobytes), kept
+            // alive as long as the entry.
+            let issued = reply
+                .headers
+                .get("mcp-session-id")
+                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
+            // Without a session or a principal every client shares one entry: keep the
+            // upstream's facts there, never one client's capabilities.
+            let keep_client_caps = has_identity || issued.is_some();
+            let reply_session = issued.map(SessionKey::Session).or(session);
+            let json_matters = matches!(watch, Watch::Initialize(..) | Watch::ToolsList);
+            let observe = move |bytes: &[u8]| match &watch {
+                Watch::Initialize(caps, params) => {
+                    let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
+                        return;
+                    };
+                    if v.get("id").and_then(Id::from_value).as_ref() != id.as_ref() {
+                        return;
+                    }
+                    if let Some(result) = v.get("result") {
+                        sessions.insert(
+                            &upstream,
+                            reply_session.clone(),
+                            principal.clone(),
+                            keep_client_caps.then_some(caps),
+                            Some(result),
+                            held.then(|| Arc::new(HeldSession::from_initialize(params.as_ref()))),
+                        );
+                    }
+                }
+                Watch::ToolsList => {
+                    if memmem(bytes, b"\"tools\"") {
+                        if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
+                            if let Some(result) = v.get("result") {
+                                sessions.record_tools(&upstream, reply_session.as_ref(), result);
+                            }
+                        }
+                    }
+                    sessions.on_upstream_message(&upstream, reply_session.as_ref(), bytes);
+                }
+                Watch::Stream | Watch::Nothing | Watch::End => {
+                    sessions.on_upstream_message(&upstream, reply_session.as_ref(), bytes)
+                }
+            };
+            // A JSON answer is the one response: only initialize and tools/list answers matter.
+            if json_matters || matches!(reply.body, ReplyBody::Stream(_)) {
+                reply.body = reply.body.map_messages(move |data| {
+                    observe(data.as_bytes());
+                    None
+                });
+            }
+            Ok(reply)
+        })
+    }
+}
+
+enum Watch {
+    Nothing,
+    /// The client's capabilities, and the whole `params` (for a held session).
+    Initialize(Value, Option<Value>),
+    ToolsList,
+    Stream,
+    End,
+}
+
+/// A held session's `initialize` answer (taskgate minted the session, see `bridge::held`) is
+/// stored before the client sees its id: when the table has no room (concurrent `initialize`s
+/// past the `has_room` check), the client gets 503 instead of an id that would be 404 at once
+/// (found by review). `None`: stored (or nothing to store), pass the reply on.
+fn store_held(
+    sessions: &Sessions,
+    upstream: &Arc<str>,
+    principal: &Principal,
+    watch: &Watch,
+    reply: &McpReply,
+) -> Option<McpReply> {
+    let (Watch::Initialize(caps, params), ReplyBody::Json(bytes)) = (watch, &reply.body) else {
+        return None;
+    };
+    let v = serde_json::from_slice::<Value>(bytes).ok()?;
+    let result = v.get("result")?;
+    let issued = reply
+        .headers
+        .get("mcp-session-id")
+        .and_then(|h| HeaderValue::from_bytes(h.as_bytes()).ok())?;
+    let stored = sessions.insert(
+        upstream,
+        Some(SessionKey::Session(issued)),
+        principal.clone(),
+        Some(caps),
+        Some(result),
+        Some(Arc::new(HeldSession::from_initialize(params.as_ref()))),
+    );
+    (!stored).then(|| {
+        let id = v.get("id").and_then(Id::from_value);
+        let mut refused = McpReply::local_error(
+            id.as_ref(),
+            crate::jsonrpc::INTERNAL_ERROR,
+            "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
+        );
+        refused.status = http::StatusCode::SERVICE_UNAVAILABLE;
+        refused
+    })
+}
