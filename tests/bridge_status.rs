@@ -253,3 +253,50 @@ async fn a_32021_after_a_priming_event_is_upgraded() {
     );
     assert_eq!(up.received("tools/call").len(), 2, "sent again as a task");
 }
+
+/// With `[upgrade]` on, a long plain call whose SSE stream opens with a priming event gets its
+/// response headers and that event at once, not when the tool ends: the look past events
+/// without data for a `-32021` waits at most a moment for the next event (found by review).
+#[tokio::test]
+async fn a_long_plain_call_after_a_priming_event_gets_its_headers_at_once() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state);
+    let gate = Gate::new();
+    let held = gate.clone();
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        if v["method"] == "tools/call" && v["params"]["name"] == "long" {
+            let id = req.rpc_id_json();
+            let result = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"long done"}}]}}}}"#
+            );
+            return ScriptedResponse::sse(vec![
+                SseStep::Raw(ev().id("prime-0").retry(3000).wire()),
+                SseStep::Wait(held.clone()),
+                SseStep::Raw(ev().data(&result).wire()),
+            ]);
+        }
+        modern(req)
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    // The tool is still running (the gate is shut): the headers must come anyway.
+    let r = tokio::time::timeout(STEP, c.send(call_body("4", "long", None)))
+        .await
+        .expect("no response headers while the tool runs");
+    assert_eq!(r.status(), 200);
+    gate.open();
+    let content_type = r.header("content-type").unwrap_or_default();
+    let mut sse = r.sse();
+    let out = read_to_answer(&mut sse, &json!(4), content_type, std::time::Instant::now()).await;
+    assert_eq!(
+        out.answer["result"]["content"][0]["text"], "long done",
+        "{out:?}"
+    );
+    assert_eq!(
+        up.received("tools/call").len(),
+        1,
+        "a plain call, not upgraded"
+    );
+}
