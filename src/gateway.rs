@@ -9,7 +9,7 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 
 use crate::http::admin::{Admin, UpstreamTarget};
-use crate::http::server::{serve, Limits};
+use crate::http::server::{connection_budget, serve, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::bridge::{BridgeLayer, BridgeState};
 use crate::layers::cancel::{CancelLayer, CancelState};
@@ -107,13 +107,21 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     );
     let mut orphan_jobs = Vec::new();
 
-    let gateway_listener = TcpListener::bind(config.gateway.listen)
-        .await
-        .map_err(|source| StartError::Bind {
-            which: "gateway",
-            addr: config.gateway.listen,
-            source,
-        })?;
+    let bind_error = |source| StartError::Bind {
+        which: "gateway",
+        addr: config.gateway.listen,
+        source,
+    };
+    let threads = crate::http::listen::serving_threads(config.gateway.threads);
+    let mut gateway_sockets =
+        crate::http::listen::bind_group(config.gateway.listen, threads).map_err(bind_error)?;
+    let gateway_listener = TcpListener::from_std(gateway_sockets.remove(0)).map_err(bind_error)?;
+    // The other serving threads' runtimes, built here so that a failure is a start error.
+    let runtimes = gateway_sockets
+        .into_iter()
+        .map(|socket| Ok((socket, serving_runtime()?)))
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(bind_error)?;
     let admin_listener = TcpListener::bind(config.admin.listen)
         .await
         .map_err(|source| StartError::Bind {
@@ -224,14 +232,37 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     };
     let drain = Duration::from_millis(config.gateway.drain_timeout_ms);
     let gateway_limits = Limits {
-        max_connections: config.gateway.max_connections,
+        connections: connection_budget(config.gateway.max_connections),
         header_timeout: Duration::from_millis(config.gateway.request_timeout_ms),
     };
     let admin_limits = Limits {
-        max_connections: 256,
+        connections: connection_budget(256),
         header_timeout: Duration::from_secs(10),
     };
-    let servers = vec![
+    let mut servers = Vec::with_capacity(runtimes.len() + 2);
+    for (index, (socket, runtime)) in runtimes.into_iter().enumerate() {
+        let (edge, shutdown, limits) = (edge.clone(), shutdown_rx.clone(), gateway_limits.clone());
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(format!("taskgate-serve-{}", index + 1))
+            .spawn(move || {
+                crate::upstream::pool::pin_thread(index + 1);
+                runtime.block_on(async move {
+                    match TcpListener::from_std(socket) {
+                        Ok(listener) => serve(listener, edge, shutdown, drain, limits).await,
+                        Err(e) => tracing::error!(error = %e, "a serving thread could not listen"),
+                    }
+                });
+                // Dropping the runtime ends what its connections left running (as at exit).
+                drop(runtime);
+                let _ = done_tx.send(());
+            })
+            .map_err(bind_error)?;
+        servers.push(tokio::spawn(async move {
+            let _ = done_rx.await;
+        }));
+    }
+    servers.extend([
         tokio::spawn(serve(
             gateway_listener,
             edge,
@@ -246,8 +277,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             drain,
             admin_limits,
         )),
-    ];
-    tracing::info!(%gateway_addr, %admin_addr, upstreams = ?upstream_names, "taskgate listening");
+    ]);
+    tracing::info!(%gateway_addr, %admin_addr, threads, upstreams = ?upstream_names, "taskgate listening");
     Ok(Running {
         gateway_addr,
         admin_addr,
@@ -258,6 +289,13 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         servers,
         sweeper,
     })
+}
+
+/// The single-threaded runtime of one extra serving thread (`gateway.threads`).
+fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
 }
 
 /// Opens the configured task store: sled at `store.path`, or PostgreSQL at the URL of

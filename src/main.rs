@@ -115,10 +115,18 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let runtime = tokio::runtime::Builder::new_multi_thread()
+            // The main thread serves too (with the admin listener and the sweeper); the other
+            // serving threads get runtimes of their own (`gateway.threads`, `http::listen`).
+            let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-                .expect("tokio runtime");
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("taskgate: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
             runtime.block_on(serve(config))
         }
     }

@@ -80,6 +80,11 @@ pub struct GatewayConfig {
     /// is full, in ms (default 3600000).
     #[serde(default = "default_session_idle_ms")]
     pub session_idle_ms: u64,
+    /// Threads serving the MCP endpoint (default 0: one per CPU the process may use). Each runs
+    /// its own single-threaded runtime with its own listening socket (`SO_REUSEPORT`), so a
+    /// client connection and its upstream exchanges stay on one thread (see `http::listen`).
+    #[serde(default)]
+    pub threads: usize,
 }
 
 impl GatewayConfig {
@@ -128,6 +133,7 @@ impl GatewayConfig {
                 1_000,
                 30 * 24 * HOUR_MS,
             ),
+            ("gateway.threads", self.threads as u64, 0, 1_024),
         ])
     }
 }
@@ -145,6 +151,7 @@ impl Default for GatewayConfig {
             request_timeout_ms: default_request_timeout_ms(),
             max_sessions: default_max_sessions(),
             session_idle_ms: default_session_idle_ms(),
+            threads: 0,
         }
     }
 }

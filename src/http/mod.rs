@@ -4,6 +4,7 @@
 pub mod admin;
 mod gate;
 mod head_io;
+pub mod listen;
 mod response;
 pub mod server;
 pub mod streamable;

@@ -33,13 +33,19 @@ pub trait Handler: Send + Sync + 'static {
     ) -> impl Future<Output = Response<Body>> + Send + 'static;
 }
 
-/// Limits of one listener.
-#[derive(Clone, Copy)]
+/// Limits of one listener (shared by its serving threads: clone it for each).
+#[derive(Clone)]
 pub struct Limits {
-    /// Open connections at most (further ones wait in the listen backlog).
-    pub max_connections: usize,
+    /// Permits for open connections, one per connection, shared by every thread serving the
+    /// listener (at none, further connections wait in the listen backlog).
+    pub connections: Arc<tokio::sync::Semaphore>,
     /// Time to receive a request's headers; a partial head then gets 408 (`head_io`).
     pub header_timeout: Duration,
+}
+
+/// A connection budget of `max` open connections for [`Limits::connections`].
+pub fn connection_budget(max: usize) -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new(max))
 }
 
 /// Accepts connections on `listener` until `shutdown` turns true, then waits up to `drain` for
@@ -60,13 +66,8 @@ pub async fn serve<H: Handler>(
         // Request heads above 64 KiB get 431 here instead of reaching an upstream.
         .max_buf_size(64 * 1024)
         .max_header_size(64 * 1024);
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let slots = limits.connections;
     loop {
-        // At the connection limit, stop accepting until one closes (no fd exhaustion).
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-            _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => break,
-        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, _peer) = match accepted {
@@ -77,6 +78,16 @@ pub async fn serve<H: Handler>(
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
+                };
+                // At the connection limit, this connection waits for a permit and the thread
+                // accepts no further one until it has it (further connections wait in the
+                // listen backlog: at most one open connection per serving thread beyond the
+                // limit). The permit is taken after the accept, not before: with a socket per
+                // serving thread, a permit held by a thread whose socket gets no connection
+                // would keep one that another thread's socket has waiting.
+                let permit = tokio::select! {
+                    p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                    _ = async { let _ = shutdown.wait_for(|stop| *stop).await; } => break,
                 };
                 let _ = stream.set_nodelay(true);
                 let handler = handler.clone();

@@ -162,12 +162,41 @@ fn chain(f: &mut std::fmt::Formatter<'_>, e: &dyn std::error::Error) -> std::fmt
     Ok(())
 }
 
+/// Idle lists per pool: one per serving thread ([`pin_thread`]; threads past the last share by
+/// index modulo this).
+const IDLE_SHARDS: usize = 16;
+
+thread_local! {
+    /// The idle list this thread checks connections in to and out of.
+    static THREAD_SHARD: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Makes the calling thread use idle list `index` of every pool. A serving thread calls it once
+/// (`gateway.threads`); other threads use list 0.
+///
+/// Why per thread: a connection's socket is registered with the I/O driver of the runtime that
+/// opened it. Reused by a task on another thread's runtime, every readiness event would wake
+/// that task from the opening thread (a cross-thread wake-up per response head and body chunk).
+/// Kept per thread, a connection is only ever used where it was opened.
+pub fn pin_thread(index: usize) {
+    THREAD_SHARD.with(|s| s.set(index % IDLE_SHARDS));
+}
+
+/// One thread's idle connections with the instant each was checked in, oldest first (LIFO
+/// reuse); on a cache line of its own, as each is locked by another thread.
+#[repr(align(64))]
+#[derive(Default)]
+struct IdleList(Mutex<Vec<(Conn, Instant)>>);
+
 /// The pool of one upstream (`host:port`).
 pub struct Pool {
     authority: String,
     connect_timeout: Duration,
-    /// Idle connections with the instant each was checked in, oldest first (LIFO reuse).
-    idle: Mutex<Vec<(Conn, Instant)>>,
+    /// Idle connections, per serving thread ([`pin_thread`]). A thread expires only its own
+    /// list: another thread's idle connections are dropped when that thread next uses the pool.
+    idle: [IdleList; IDLE_SHARDS],
+    /// Idle connections over all lists (bounded by [`PoolLimits::max_idle`]).
+    idle_count: AtomicUsize,
     limits: PoolLimits,
     /// Open connections, idle and in use (see [`Slot`]).
     open: Arc<AtomicUsize>,
@@ -188,10 +217,16 @@ impl Pool {
         Arc::new(Pool {
             authority,
             connect_timeout,
-            idle: Mutex::new(Vec::new()),
+            idle: Default::default(),
+            idle_count: AtomicUsize::new(0),
             limits,
             open: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// This thread's idle list.
+    fn idle_list(&self) -> &Mutex<Vec<(Conn, Instant)>> {
+        &self.idle[THREAD_SHARD.with(|s| s.get())].0
     }
 
     /// Removes the idle connections older than the idle timeout (the oldest come first).
@@ -201,14 +236,16 @@ impl Pool {
             .iter()
             .position(|(_, since)| now.duration_since(*since) <= self.limits.idle_timeout)
             .unwrap_or(idle.len());
+        self.idle_count.fetch_sub(fresh, Ordering::Relaxed);
         idle.drain(..fresh).collect()
     }
 
     fn checkout(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock();
+        let mut idle = self.idle_list().lock();
         let expired = self.expire(&mut idle);
         let mut found = None;
         while let Some((mut conn, _)) = idle.pop() {
+            self.idle_count.fetch_sub(1, Ordering::Relaxed);
             // A connection the upstream closed while idle shows it now (EOF).
             conn.drive(&mut Context::from_waker(std::task::Waker::noop()));
             if !conn.closed && !conn.sender.is_closed() {
@@ -225,9 +262,16 @@ impl Pool {
         if conn.closed || conn.sender.is_closed() {
             return;
         }
-        let mut idle = self.idle.lock();
+        let mut idle = self.idle_list().lock();
         let expired = self.expire(&mut idle);
-        let rejected = if idle.len() < self.limits.max_idle {
+        // Taken before the push: the count never exceeds max_idle, whatever other threads do.
+        let room = self
+            .idle_count
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.limits.max_idle).then_some(n + 1)
+            })
+            .is_ok();
+        let rejected = if room {
             idle.push((conn, Instant::now()));
             None
         } else {
@@ -468,7 +512,9 @@ pub(crate) mod tests {
     }
 
     fn idle_len(pool: &Pool) -> usize {
-        pool.idle.lock().len()
+        let listed: usize = pool.idle.iter().map(|l| l.0.lock().len()).sum();
+        assert_eq!(listed, pool.idle_count.load(Ordering::Relaxed));
+        listed
     }
 
     #[tokio::test]
@@ -481,6 +527,53 @@ pub(crate) mod tests {
         assert_eq!(server.accepted(), 1);
         assert_eq!(idle_len(&pool), 1);
         assert_eq!(pool.open.load(Ordering::SeqCst), 1);
+    }
+
+    /// Each serving thread reuses only the connections it opened (its runtime's I/O driver
+    /// watches them), and the idle bound holds over all threads.
+    #[test]
+    fn serving_threads_keep_their_own_idle_connections() {
+        let upstream = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = upstream.block_on(counting_server());
+        let pool = pool_for(
+            &server,
+            PoolLimits {
+                max_idle: 2,
+                ..PoolLimits::default()
+            },
+        );
+        // Serving threads 1 to 3, each with its own single-threaded runtime (driven here in turn).
+        let runtimes: Vec<_> = (0..4)
+            .map(|_| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let on_thread = |index: usize| {
+            pin_thread(index);
+            let body = runtimes[index].block_on(fetch(&pool));
+            pin_thread(0);
+            body
+        };
+        assert_eq!(&on_thread(1)[..], b"ok");
+        assert_eq!(&on_thread(2)[..], b"ok");
+        assert_eq!(
+            server.accepted(),
+            2,
+            "thread 2 did not take thread 1's connection"
+        );
+        assert_eq!(&on_thread(1)[..], b"ok");
+        assert_eq!(server.accepted(), 2, "thread 1 reuses its own connection");
+        // Thread 3's connection is not kept: two are idle already.
+        assert_eq!(&on_thread(3)[..], b"ok");
+        assert_eq!(server.accepted(), 3);
+        assert_eq!(idle_len(&pool), 2);
     }
 
     /// The upstream closes an idle connection: the next request goes out on a fresh one, with no
