@@ -60,16 +60,29 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
-/// Removes the reply headers taskgate's layers use among themselves (`x-taskgate-*`: a local
-/// answer's reason, a held session's mark), so an upstream cannot set them.
-pub fn strip_internal(headers: &mut HeaderMap) {
-    let internal: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| k.as_str().starts_with("x-taskgate-"))
-        .cloned()
-        .collect();
-    for name in internal {
-        headers.remove(name);
+/// Whether `name` is one of the reply headers taskgate's layers use among themselves
+/// (`x-taskgate-*`: a local answer's reason, a held session's mark).
+fn is_internal(name: &HeaderName) -> bool {
+    name.as_str().starts_with("x-taskgate-")
+}
+
+/// An upstream reply's headers as they may go on: without hop-by-hop headers
+/// ([`strip_hop_by_hop`]) and without taskgate's internal ones, so an upstream cannot set them.
+/// One pass over the names present decides for both (most replies carry neither).
+pub fn strip_upstream_reply(headers: &mut HeaderMap) {
+    let (mut hop, mut internal) = (false, false);
+    for name in headers.keys() {
+        hop |= is_hop_by_hop(name);
+        internal |= is_internal(name);
+    }
+    if hop {
+        strip_hop_by_hop(headers);
+    }
+    if internal {
+        let names: Vec<HeaderName> = headers.keys().filter(|k| is_internal(k)).cloned().collect();
+        for name in names {
+            headers.remove(name);
+        }
     }
 }
 
@@ -177,5 +190,34 @@ mod tests {
         assert!(h.get("x-private").is_none());
         assert!(h.get(&MCP_SESSION_ID).is_some());
         assert_eq!(h.len(), 1);
+    }
+
+    /// An upstream reply loses its hop-by-hop headers and every `x-taskgate-*` header in one
+    /// call, alone or together; end-to-end headers stay.
+    #[test]
+    fn an_upstream_reply_loses_hop_by_hop_and_internal_headers() {
+        for (extra, gone) in [
+            (&["x-taskgate-held"][..], &["x-taskgate-held"][..]),
+            (&["keep-alive"][..], &["keep-alive"][..]),
+            (
+                &["x-taskgate-local", "x-taskgate-held", "te"][..],
+                &["x-taskgate-local", "x-taskgate-held", "te"][..],
+            ),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert("content-type", HeaderValue::from_static("application/json"));
+            h.insert("x-taskgatex", HeaderValue::from_static("kept"));
+            for name in extra {
+                h.insert(
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    HeaderValue::from_static("1"),
+                );
+            }
+            strip_upstream_reply(&mut h);
+            for name in gone {
+                assert!(h.get(*name).is_none(), "{name} kept");
+            }
+            assert_eq!(h.len(), 2, "end-to-end headers stay: {h:?}");
+        }
     }
 }

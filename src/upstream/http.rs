@@ -30,9 +30,7 @@ use super::client::{Client, ClientKind};
 use super::pool::PoolError;
 use crate::config::UpstreamConfig;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
-use crate::headers::{
-    content_type_is, is_visible_ascii, strip_hop_by_hop, strip_internal, MCP_SESSION_ID,
-};
+use crate::headers::{content_type_is, is_visible_ascii, strip_upstream_reply, MCP_SESSION_ID};
 use crate::jsonrpc::{self, Id};
 use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
 use crate::sse;
@@ -193,8 +191,7 @@ impl Inner {
 
         let (parts, incoming) = response.into_parts();
         let mut headers = parts.headers;
-        strip_hop_by_hop(&mut headers);
-        strip_internal(&mut headers);
+        strip_upstream_reply(&mut headers);
         headers.remove(header::CONTENT_LENGTH);
         if let Some(sid) = headers.get(&MCP_SESSION_ID) {
             if !is_visible_ascii(sid) {
