@@ -7,6 +7,10 @@
 #
 #   bash benches/profile.sh [small|lifecycle|modern-lifecycle] [TASKGATE_BIN]
 #   COUNT=500 TOP=30 bash benches/profile.sh lifecycle /work/bins/taskgate-old
+#   TOOL=strace bash benches/profile.sh small BIN   # system calls per request instead (strace -f -c)
+#
+# TOOL=strace counts taskgate's system calls (all threads, warm-up and measured part together)
+# per request: futex and the eventfd `write` are the cross-thread wake-ups CPU time hides.
 #
 # Prints: requests measured, instructions per request (taskgate, all threads), and the TOP
 # functions by inclusive instructions per request. Needs valgrind (callgrind_control,
@@ -18,7 +22,12 @@ SCENARIO=${1:-small}
 TASKGATE=${2:-}
 COUNT=${COUNT:-300}
 TOP=${TOP:-25}
-command -v callgrind_control >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
+TOOL=${TOOL:-callgrind}
+case $TOOL in
+  callgrind) command -v callgrind_control >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; } ;;
+  strace) command -v strace >/dev/null || { echo "needs strace (apt-get install strace)" >&2; exit 2; } ;;
+  *) echo "TOOL: callgrind or strace" >&2; exit 2 ;;
+esac
 if [ -z "$TASKGATE" ]; then
   (cd "$ROOT" && cargo build --release --quiet --bin taskgate)
   TASKGATE="$ROOT/target/release/taskgate"
@@ -53,9 +62,13 @@ path = "$WORK/store"
 name = "bench"
 url = "http://$(field "$WORK/up.json" addr)/mcp"
 EOF
+if [ "$TOOL" = strace ]; then
+  wrap=(strace -f -c -o "$WORK/strace.txt")
+else
+  wrap=(valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.%p")
+fi
 "$LG" spawn-ready --stdout "$WORK/tg.out" --stderr "$WORK/tg.err" --label taskgate \
-  -- valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.%p" \
-  "$TASKGATE" serve --config "$WORK/tg.toml" > "$WORK/tg.json"
+  -- "${wrap[@]}" "$TASKGATE" serve --config "$WORK/tg.toml" > "$WORK/tg.json"
 TG_PID=$(field "$WORK/tg.json" pid); PIDS+=("$TG_PID")
 URL="http://$(field "$WORK/tg.json" gateway)/mcp"
 args=(--url "$URL" --target taskgate --case profile --rep 1 --concurrency 1)
@@ -65,8 +78,22 @@ case $SCENARIO in
   *) echo "scenario: small, lifecycle or modern-lifecycle" >&2; exit 2 ;;
 esac
 "$LG" run "${args[@]}" "${warm[@]}" --json-out "$WORK/warm.jsonl" > /dev/null
-callgrind_control -z "$TG_PID" > /dev/null 2>&1
+[ "$TOOL" = callgrind ] && callgrind_control -z "$TG_PID" > /dev/null 2>&1
 "$LG" run "${args[@]}" "${measured[@]}" --json-out "$WORK/run.jsonl" > /dev/null
+if [ "$TOOL" = strace ]; then
+  # strace writes its table when taskgate exits (SIGTERM: a graceful stop).
+  warm_n=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$WORK/warm.jsonl" | tail -1)
+  run_n=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
+  kill -TERM "$(pgrep -P "$TG_PID" | head -1)" 2>/dev/null || true
+  for _ in $(seq 500); do [ -s "$WORK/strace.txt" ] && grep -q total "$WORK/strace.txt" && break; sleep 0.02; done
+  echo "binary:       $TASKGATE"
+  echo "scenario:     $SCENARIO, c=1"
+  echo "requests:     $((warm_n + run_n)) (warm-up and measured; start and stop included)"
+  echo "system calls per request (all threads):"
+  awk -v n=$((warm_n + run_n)) '$1 ~ /^[0-9.]+$/ && NF >= 5 { name = $NF; calls = (NF == 6) ? $4 : $4;
+    printf "%10.2f  %s\n", calls / n, name }' "$WORK/strace.txt" | sort -rn | head -"$TOP"
+  exit 0
+fi
 callgrind_control -d "$TG_PID" > /dev/null 2>&1
 requests=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
 dump=$(ls -t "$WORK"/cg.* | head -1)
