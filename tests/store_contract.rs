@@ -14,7 +14,7 @@ use taskgate::era::Era;
 use taskgate::mcp::task::TaskStatus;
 use taskgate::store::{
     cancel_lease, AuditEvent, CancelClaim, Origin, Owner, PgStore, SharedCancelOutcome, SledStore,
-    StoreError, TaskRecord, TaskStore,
+    SlotStore, StoreError, TaskRecord, TaskStore,
 };
 
 /// The cancel claim lease of an upstream with the default `timeout_ms` (30 s).

@@ -62,10 +62,10 @@ impl Registry {
         let slot = reservation.store_slot();
         let seen = self.records.epoch();
         let handle = tokio::runtime::Handle::current();
-        let write = move || match slot {
+        let write = move || match (store.slots(), slot) {
             // The slot taken in a shared store becomes the task in the same transaction.
-            Some(slot) => handle.block_on(store.create_in_slot(copy, slot)),
-            None => handle.block_on(store.create(copy)),
+            (Some(slots), Some(slot)) => handle.block_on(slots.create_in_slot(copy, slot)),
+            _ => handle.block_on(store.create(copy)),
         };
         let result = match tokio::task::spawn_blocking(write).await {
             Ok(r) => r,
