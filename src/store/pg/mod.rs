@@ -69,6 +69,9 @@ pub struct PgStore {
     replica: String,
     /// The connection holding the sweep lease, once this process has it (see `tier`).
     sweep_holder: tier::SweepHolder,
+    /// How long the sweep lease's connection may take to answer its liveness check: the URL's
+    /// `connect_timeout`, else [`POOL_TIMEOUT`] (see `tier`).
+    liveness_timeout: Duration,
 }
 
 impl Drop for PgStore {

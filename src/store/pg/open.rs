@@ -65,6 +65,7 @@ impl PgStore {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(POOL_TIMEOUT);
         }
+        let liveness_timeout = *config.get_connect_timeout().unwrap_or(&POOL_TIMEOUT);
         if config.get_application_name().is_none() {
             // `pg_stat_activity` shows taskgate's connections; a URL's own name wins (replicas
             // can be told apart).
@@ -100,6 +101,7 @@ impl PgStore {
             handle,
             replica: replica_name(),
             sweep_holder: Default::default(),
+            liveness_timeout,
         });
         let check = move |pool| async move {
             if migrate {
