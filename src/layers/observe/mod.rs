@@ -27,6 +27,7 @@
 pub(crate) mod modern;
 mod poll;
 
+use modern::{show_recorded_ttl, ttl_key};
 use poll::poll_repeats;
 
 use crate::era::{self, Era};
@@ -293,20 +294,20 @@ impl Watch {
                 method,
                 task_id,
                 known,
-                era: Era::Modern,
+                era,
                 ..
             } => {
-                self.on_modern_task_reply(bytes, parsed, method, &task_id, &known)
-                    .await
-            }
-            Expect::TaskReply {
-                method,
-                task_id,
-                known,
-                ..
-            } => {
-                self.on_task_reply(bytes, parsed, method, &task_id, &known)
-                    .await
+                let out = if era == Era::Modern {
+                    self.on_modern_task_reply(bytes, parsed, method, &task_id, &known)
+                        .await
+                } else {
+                    self.on_task_reply(bytes, parsed, method, &task_id, &known)
+                        .await
+                };
+                match method {
+                    TaskMethod::Get => show_recorded_ttl(out, &[ttl_key(era)], &known),
+                    _ => out,
+                }
             }
             Expect::Nothing => bytes,
         }
@@ -357,6 +358,11 @@ impl Watch {
             return (bytes, None);
         };
         let task_id = record.task_id.clone();
+        let ttl_at: &[&str] = match pending.template.era {
+            Era::Legacy => &["task", "ttl"],
+            Era::Modern => &["ttlMs"],
+        };
+        let bytes = show_recorded_ttl(bytes, ttl_at, &record);
         match self
             .registry
             .record_creation(record, &pending.reservation)
