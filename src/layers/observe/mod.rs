@@ -27,7 +27,7 @@
 pub(crate) mod modern;
 mod poll;
 
-use modern::{show_recorded_ttl, ttl_key};
+use modern::{show_recorded_ttl, ttl_path};
 use poll::poll_repeats;
 
 use crate::era::{self, Era};
@@ -305,7 +305,7 @@ impl Watch {
                         .await
                 };
                 match method {
-                    TaskMethod::Get => show_recorded_ttl(out, &[ttl_key(era)], &known),
+                    TaskMethod::Get => show_recorded_ttl(out, ttl_path(era, false), &known),
                     _ => out,
                 }
             }
@@ -358,11 +358,7 @@ impl Watch {
             return (bytes, None);
         };
         let task_id = record.task_id.clone();
-        let ttl_at: &[&str] = match pending.template.era {
-            Era::Legacy => &["task", "ttl"],
-            Era::Modern => &["ttlMs"],
-        };
-        let bytes = show_recorded_ttl(bytes, ttl_at, &record);
+        let bytes = show_recorded_ttl(bytes, ttl_path(pending.template.era, true), &record);
         match self
             .registry
             .record_creation(record, &pending.reservation)

@@ -11,6 +11,9 @@
 //! - `notifications/tasks` on any stream (a `subscriptions/listen` stream included): a full
 //!   `DetailedTask` naming its `taskId`, applied like a `tasks/get` answer; activity for the
 //!   "resources released" fact.
+//!
+//! Both eras: a `CreateTaskResult`'s and a `tasks/get` answer's ttl are shown as the record
+//! holds it when the upstream's is `null` or longer ([`show_recorded_ttl`]).
 
 use super::{TaskMethod, Watch};
 use crate::era::{self, Era};
@@ -118,11 +121,13 @@ pub(crate) fn rewrite(observed: &Observed, bytes: &Bytes, member: &str) -> Bytes
     out
 }
 
-/// The member holding a `Task`'s ttl in `era`: `ttl` (2025-11-25) or `ttlMs` (2026-07-28).
-pub(super) fn ttl_key(era: Era) -> &'static str {
-    match era {
-        Era::Legacy => "ttl",
-        Era::Modern => "ttlMs",
+/// Where a reply's `result` holds the task's ttl in `era`: a 2025-11-25 `CreateTaskResult`'s
+/// `task.ttl` (`creation`) or `Task`'s `ttl`; a 2026-07-28 (flat) task's `ttlMs`.
+pub(super) fn ttl_path(era: Era, creation: bool) -> &'static [&'static str] {
+    match (era, creation) {
+        (Era::Legacy, true) => &["task", "ttl"],
+        (Era::Legacy, false) => &["ttl"],
+        (Era::Modern, _) => &["ttlMs"],
     }
 }
 
