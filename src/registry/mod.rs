@@ -202,8 +202,9 @@ impl Registry {
 
     /// Reserves a live-task slot for a task-augmented `tools/call` of `owner`; `Ok(None)` when
     /// the owner is at `tasks.max_live_tasks_per_owner`. On a shared store the limit holds across
-    /// every replica: the slot is taken in the store ([`crate::store::SlotStore::reserve_slot`], off the
-    /// runtime, held at most [`crate::store::TASK_SLOT_LEASE`]). Errors: the store's (counted in
+    /// every replica: the slot is taken in the store
+    /// ([`crate::store::SlotStore::reserve_slot`], off the runtime, held at most
+    /// [`crate::store::TASK_SLOT_LEASE`]). Errors: the store's (counted in
     /// `taskgate_store_write_failures_total`).
     pub async fn reserve_creation(
         self: &Arc<Self>,

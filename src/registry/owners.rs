@@ -100,8 +100,9 @@ pub struct Reservation {
 }
 
 impl Reservation {
-    /// This reservation also holds slot `id` of `store` ([`crate::store::SlotStore::reserve_slot`]): given
-    /// back with the reservation unless the task was recorded in it.
+    /// This reservation also holds slot `id` of `store`
+    /// ([`crate::store::SlotStore::reserve_slot`]): given back with the reservation unless the
+    /// task was recorded in it.
     pub fn with_store_slot(mut self, store: Arc<dyn TaskStore>, id: i64) -> Reservation {
         self.store_slot = Some((store, id));
         self

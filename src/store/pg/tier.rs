@@ -20,9 +20,9 @@
 //! means the connection is lost (a black-holed network, where TCP alone would take many minutes
 //! to give up). Then the holder closes that connection and does not sweep that tick; the server
 //! ends the session and its lock once the close reaches it (on a path that stays black-holed,
-//! when its own TCP keepalive gives up), and the next replica to try takes the lease. A replica that does not get the lock gives the
-//! pooled connection it tried with back to the pool (it holds nothing): no connection is opened
-//! or closed per tick, by the holder or the others.
+//! when its own TCP keepalive gives up), and the next replica to try takes the lease. A replica
+//! that does not get the lock gives the pooled connection it tried with back to the pool (it
+//! holds nothing): no connection is opened or closed per tick, by the holder or the others.
 
 use super::{pg_err, pool_err, PgStore};
 use crate::mcp::task::TaskStatus;
