@@ -10,7 +10,7 @@
 //!   completed from the result's `Task` (ttl capped: see `Registry::creation_record`). When the
 //!   write fails, the client gets `-32603` instead of a taskId taskgate cannot stand behind. An
 //!   answer that is not a `CreateTaskResult` (an error, a plain result) records nothing and the
-//!   owner's slot is given back. The message itself is passed on as the upstream sent it.
+//!   owner's slot is given back. The message passes as sent but for its ttl (`show_recorded_ttl`).
 //! - **Statuses**: replies to `tasks/get` and `tasks/cancel` (a Task; applied to the task the
 //!   `tasks` layer authorised, [`AuthorisedTask`]), `tasks/result` payloads (the task ended:
 //!   `failed` for an `isError` result), and `notifications/tasks/status` on any stream, follow the
