@@ -326,14 +326,7 @@ async fn a_null_ttl_is_shown_as_the_cap_everywhere() {
     let got = c.get("3", &t).await;
     assert_eq!(got["result"]["ttl"], 3_600_000, "{got}");
     let list = c.list("4", None).await;
-    let listed = list["result"]["tasks"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{list}"))
-        .iter()
-        .find(|x| x["taskId"] == json!(t))
-        .cloned()
-        .unwrap_or_else(|| panic!("{t} not listed: {list}"));
-    assert_eq!(listed["ttl"], 3_600_000, "{list}");
+    assert_eq!(listed_task(&list, &t)["ttl"], 3_600_000, "{list}");
     let r = tg.record(&t).expect("recorded");
     assert_eq!(r.ttl_ms, Some(3_600_000));
 }

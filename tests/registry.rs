@@ -619,12 +619,7 @@ async fn upstream_reported_null_ttl_expires_after_the_cap() {
     let got = c.get("2", &task_id).await;
     assert_eq!(got["result"]["ttl"], json!(60_000), "{got}");
     let list = c.list("3", None).await;
-    let listed = list["result"]["tasks"]
-        .as_array()
-        .and_then(|t| t.iter().find(|x| x["taskId"] == json!(task_id)))
-        .cloned()
-        .unwrap_or_else(|| panic!("{task_id} not listed: {list}"));
-    assert_eq!(listed["ttl"], json!(60_000), "{list}");
+    assert_eq!(listed_task(&list, &task_id)["ttl"], 60_000, "{list}");
 }
 
 /// A record expires at createdAt + the ttl the upstream reported; the sweeper removes it, then
