@@ -321,7 +321,7 @@ async fn open_store(
                     path: config.store.url_env.clone().unwrap_or_default(),
                     detail: "the database URL variable is not set".into(),
                 })?;
-            let store = PgStore::open_tls(
+            let store = PgStore::open(
                 &url,
                 config.store.pool_size as usize,
                 config.store.ca_file.as_deref(),

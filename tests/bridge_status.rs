@@ -300,3 +300,33 @@ async fn a_long_plain_call_after_a_priming_event_gets_its_headers_at_once() {
         "a plain call, not upgraded"
     );
 }
+
+/// A 2026 task created with `ttlMs: null` (unlimited) on a gateway whose `tasks.max_ttl_ms`
+/// ends its record: the 2025 client is told that cap, in the `CreateTaskResult` as in
+/// `tasks/get` (the upstream saying `null` there too) and `tasks/list`, and the record expires
+/// at it (before: `ttl: null` in the `CreateTaskResult` and `tasks/get`, the cap in `tasks/list`).
+#[tokio::test]
+async fn a_null_ttl_is_shown_as_the_cap_everywhere() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_ttl_ms = 3600000")
+        .start()
+        .await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let created = c.rpc(create_body(2, "slow_compute")).await;
+    let task = &created["result"]["task"];
+    assert_eq!(task["ttl"], 3_600_000, "{created}");
+    let t = task["taskId"].as_str().unwrap().to_string();
+    state
+        .lock()
+        .unwrap()
+        .tasks
+        .insert(t.clone(), "working_unlimited".into());
+    let got = c.get("3", &t).await;
+    assert_eq!(got["result"]["ttl"], 3_600_000, "{got}");
+    let list = c.list("4", None).await;
+    assert_eq!(listed_task(&list, &t)["ttl"], 3_600_000, "{list}");
+    let r = tg.record(&t).expect("recorded");
+    assert_eq!(r.ttl_ms, Some(3_600_000));
+}

@@ -558,8 +558,9 @@ async fn ttl_above_cap_is_lowered_before_it_goes_upstream() {
 }
 
 /// An upstream that reports a ttl above `tasks.max_ttl_ms` (here 10^12 ms) does not escape the
-/// cap: the record's ttl is the cap and it expires within the cap of its creation. The client
-/// still sees the `CreateTaskResult` bytes the upstream sent.
+/// cap: the record's ttl is the cap and it expires within the cap of its creation. The client is
+/// told the cap in the `CreateTaskResult` (before: the upstream's ttl, which taskgate does not
+/// keep the task for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_reported_ttl_above_cap_is_capped_in_the_record() {
     let up = TaskServer::start(Behaviour {
@@ -576,8 +577,8 @@ async fn upstream_reported_ttl_above_cap_is_capped_in_the_record() {
     let task_id = v["result"]["task"]["taskId"].as_str().unwrap().to_string();
     assert_eq!(
         v["result"]["task"]["ttl"],
-        json!(1_000_000_000_000u64),
-        "the reply passes as the upstream sent it: {v}"
+        json!(60_000),
+        "the client is told the ttl taskgate keeps the task for: {v}"
     );
     let rec = tg.record(&task_id).unwrap();
     assert_eq!(rec.ttl_ms, Some(60_000));
@@ -591,7 +592,10 @@ async fn upstream_reported_ttl_above_cap_is_capped_in_the_record() {
     assert_eq!(status, 200, "{admin}");
 }
 
-/// A `null` ttl from the upstream means `tasks.max_ttl_ms`, as for a request without one.
+/// A `null` ttl from the upstream (2025-11-25: unlimited) means `tasks.max_ttl_ms`, as for a
+/// request without one: the record ends at the cap, and the client is told that ttl in the
+/// `CreateTaskResult`, `tasks/get` (the upstream saying `null` there too) and `tasks/list`
+/// (before: `null` everywhere).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_reported_null_ttl_expires_after_the_cap() {
     let up = TaskServer::start(Behaviour {
@@ -603,10 +607,19 @@ async fn upstream_reported_null_ttl_expires_after_the_cap() {
         .tasks("max_ttl_ms = 60000")
         .start()
         .await;
-    let task_id = tg.client().create_task("1").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let v = c.rpc(Client::create_body("1", Some(30_000))).await;
+    assert_eq!(v["result"]["task"]["ttl"], json!(60_000), "{v}");
+    let task_id = v["result"]["task"]["taskId"].as_str().unwrap().to_string();
     let rec = tg.record(&task_id).unwrap();
+    assert_eq!(rec.ttl_ms, Some(60_000));
     let created = parse_rfc3339_ms(&rec.created_at).unwrap();
     assert_eq!(rec.expires_at, created + 60_000);
+    let got = c.get("2", &task_id).await;
+    assert_eq!(got["result"]["ttl"], json!(60_000), "{got}");
+    let list = c.list("3", None).await;
+    assert_eq!(listed_task(&list, &task_id)["ttl"], 60_000, "{list}");
 }
 
 /// A record expires at createdAt + the ttl the upstream reported; the sweeper removes it, then

@@ -10,7 +10,8 @@
 //! - `tasks.max_live_tasks_per_owner` holds across replicas, and `taskgate_tasks` summed over
 //!   the replicas counts each record once (two and three replicas in process);
 //! - 2025-11-25 sessions under authentication stay on the replica that saw their `initialize`
-//!   behind HAProxy with the stickiness `deploy/README.md` documents.
+//!   behind HAProxy with the stickiness `deploy/README.md` documents;
+//! - a sweep lease holder whose connection is black-holed gives the lease up (in process).
 
 mod common;
 
@@ -404,4 +405,50 @@ async fn authenticated_2025_sessions_stick_to_their_replica() {
         refused > 0,
         "a replica that did not see the initialize refuses the session"
     );
+}
+
+/// The sweep lease's holder whose connection is black-holed (a proxy that stops forwarding: no
+/// answer, no error) gives the lease up within the URL's `connect_timeout` (the bound of its
+/// liveness check) instead of stalling its sweeps and the shared gauges until TCP gives up; its
+/// connection is closed, so the server ends the lock and another replica takes the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_sweep_lease_holder_gives_the_lease_up() {
+    use taskgate::store::{PgStore, TaskStore};
+    let Some(pg) = PgCluster::start("a_black_holed_sweep_lease_holder_gives_the_lease_up") else {
+        return;
+    };
+    let proxy = BlackHole::start(&pg.url).await;
+    let via = proxy.url(&pg.url);
+    let sep = if via.contains('?') { '&' } else { '?' };
+    let a = PgStore::open(&format!("{via}{sep}connect_timeout=1"), 1, None)
+        .await
+        .unwrap();
+    let b = PgStore::open(&pg.url, 1, None).await.unwrap();
+    // Off the runtime (the store blocks), on a thread of its own: a check that never ends
+    // fails the test instead of hanging it.
+    let lease = |store: std::sync::Arc<PgStore>| {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(store.sweep_lease().unwrap().is_some());
+        });
+        async move {
+            tokio::time::timeout(Duration::from_secs(20), rx)
+                .await
+                .expect("the sweep lease's liveness check ends")
+                .unwrap()
+        }
+    };
+    assert!(lease(a.clone()).await, "a takes the lease first");
+    assert!(!lease(b.clone()).await, "b must not sweep while a holds it");
+    proxy.stop();
+    assert!(
+        !lease(a.clone()).await,
+        "a black-holed holder does not sweep"
+    );
+    let taken = eventually(Duration::from_secs(10), || {
+        let b = b.clone();
+        async move { lease(b).await.then_some(()) }
+    })
+    .await;
+    assert!(taken.is_some(), "b takes the lease a gave up");
 }

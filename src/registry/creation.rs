@@ -11,8 +11,9 @@ impl Registry {
     /// The record of a new task: `template` completed from the `Task` of a `CreateTaskResult`.
     ///
     /// The upstream's ttl is capped like a requested one (`ttl_ms` and `expires_at` use the
-    /// smaller of it and `tasks.max_ttl_ms`; `null` or none means the cap), so no upstream can
-    /// make a record outlive the cap. `None` when `task` has no string `taskId`.
+    /// smaller of it and `tasks.max_ttl_ms`; `null` or none means the cap, recorded as such), so
+    /// no upstream can make a record outlive the cap, and the client is told the ttl taskgate
+    /// keeps the task for. `None` when `task` has no string `taskId`.
     pub fn creation_record(&self, template: &TaskRecord, task: &Value) -> Option<TaskRecord> {
         let task_id = task.get("taskId").and_then(Value::as_str)?;
         let text = |key: &str| task.get(key).and_then(Value::as_str).map(str::to_string);
@@ -27,10 +28,12 @@ impl Registry {
         record.created_at = text("createdAt").unwrap_or_else(|| format_rfc3339_ms(now));
         record.last_updated_at = text("lastUpdatedAt").unwrap_or_else(|| record.created_at.clone());
         let cap = self.config.max_ttl_ms;
-        record.ttl_ms = match task.get("ttl") {
-            Some(Value::Number(n)) => Some(n.as_u64().map_or(cap, |t| t.min(cap))),
-            _ => None,
-        };
+        // `null` (2025-11-25: unlimited) or none: the record still ends at the cap, so the cap
+        // is the ttl recorded and shown to the client (see `observe`'s `show_recorded_ttl`).
+        record.ttl_ms = Some(match task.get("ttl") {
+            Some(Value::Number(n)) => n.as_u64().map_or(cap, |t| t.min(cap)),
+            _ => cap,
+        });
         record.poll_interval_ms = task.get("pollInterval").and_then(Value::as_u64);
         record.recorded_at = now;
         if record.status.is_terminal() {
@@ -62,10 +65,10 @@ impl Registry {
         let slot = reservation.store_slot();
         let seen = self.records.epoch();
         let handle = tokio::runtime::Handle::current();
-        let write = move || match slot {
+        let write = move || match (store.slots(), slot) {
             // The slot taken in a shared store becomes the task in the same transaction.
-            Some(slot) => handle.block_on(store.create_in_slot(copy, slot)),
-            None => handle.block_on(store.create(copy)),
+            (Some(slots), Some(slot)) => handle.block_on(slots.create_in_slot(copy, slot)),
+            _ => handle.block_on(store.create(copy)),
         };
         let result = match tokio::task::spawn_blocking(write).await {
             Ok(r) => r,

@@ -202,22 +202,26 @@ impl Registry {
 
     /// Reserves a live-task slot for a task-augmented `tools/call` of `owner`; `Ok(None)` when
     /// the owner is at `tasks.max_live_tasks_per_owner`. On a shared store the limit holds across
-    /// every replica: the slot is taken in the store ([`TaskStore::reserve_slot`], off the
-    /// runtime, held at most [`crate::store::TASK_SLOT_LEASE`]). Errors: the store's (counted in
+    /// every replica: the slot is taken in the store
+    /// ([`crate::store::SlotStore::reserve_slot`], off the runtime, held at most
+    /// [`crate::store::TASK_SLOT_LEASE`]). Errors: the store's (counted in
     /// `taskgate_store_write_failures_total`).
     pub async fn reserve_creation(
         self: &Arc<Self>,
         upstream: &Arc<str>,
         owner: &Owner,
     ) -> Result<Option<Reservation>, StoreError> {
-        if !self.store.shared() {
+        if self.store.slots().is_none() {
             return Ok(self.owners.reserve(upstream, owner));
         }
         let (up, who) = (upstream.to_string(), owner.clone());
         let limit = self.config.max_live_tasks_per_owner;
         let lease = crate::store::TASK_SLOT_LEASE;
         let taken = self
-            .off_runtime(move |r| r.store.reserve_slot(&up, &who, limit, lease))
+            .off_runtime(move |r| match r.store.slots() {
+                Some(slots) => slots.reserve_slot(&up, &who, limit, lease),
+                None => Ok(None),
+            })
             .await
             .unwrap_or_else(|| Err(StoreError::Db("shutting down".into())));
         match taken {

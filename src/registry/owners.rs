@@ -7,7 +7,7 @@
 //! answer, a broken stream, a store failure) gives its slot back at once.
 //!
 //! On a shared store (a tier of replicas) the limit is the database's: a reservation also holds a
-//! slot taken in the store ([`crate::store::TaskStore::reserve_slot`]), which the recorded task
+//! slot taken in the store ([`crate::store::SlotStore::reserve_slot`]), which the recorded task
 //! replaces, or which is given back with the reservation. The in-process count is then only this
 //! replica's view (used to defer a session's DELETE), never a refusal.
 
@@ -100,14 +100,15 @@ pub struct Reservation {
 }
 
 impl Reservation {
-    /// This reservation also holds slot `id` of `store` ([`TaskStore::reserve_slot`]): given
-    /// back with the reservation unless the task was recorded in it.
+    /// This reservation also holds slot `id` of `store`
+    /// ([`crate::store::SlotStore::reserve_slot`]): given back with the reservation unless the
+    /// task was recorded in it.
     pub fn with_store_slot(mut self, store: Arc<dyn TaskStore>, id: i64) -> Reservation {
         self.store_slot = Some((store, id));
         self
     }
 
-    /// The id of the store slot held, for [`TaskStore::create_in_slot`].
+    /// The id of the store slot held, for [`crate::store::SlotStore::create_in_slot`].
     pub fn store_slot(&self) -> Option<i64> {
         self.store_slot.as_ref().map(|(_, id)| *id)
     }
@@ -132,7 +133,9 @@ impl Drop for Reservation {
             // A kept slot became the task's row in the store; any other is given back (a
             // terminal creation's slot is already gone: the delete finds nothing).
             if let Some((store, id)) = self.store_slot.take() {
-                store.release_slot(id);
+                if let Some(slots) = store.slots() {
+                    slots.release_slot(id);
+                }
             }
         }
     }

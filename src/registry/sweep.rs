@@ -78,9 +78,11 @@ impl Registry {
     /// The sweep lease holder of a shared store: `taskgate_tasks` as the database counts it
     /// (every status of an upstream that has records; 0 for those it has none of).
     fn export_shared_gauges(&self) {
-        let counts = match self.store.count_by_status() {
-            Ok(Some(c)) => c,
-            Ok(None) => return,
+        let Some(slots) = self.store.slots() else {
+            return;
+        };
+        let counts = match slots.count_by_status() {
+            Ok(c) => c,
             Err(e) => {
                 tracing::error!(error = %e, "the task gauges could not be counted in the store");
                 self.metrics.tasks.reset();

@@ -159,49 +159,53 @@ pub trait TaskStore: Send + Sync + 'static {
         Ok(Some(Box::new(())))
     }
 
-    /// Shared stores: takes one of `owner`'s live-task slots on `upstream` (for a task-augmented
-    /// `tools/call` about to go upstream) so that `limit` (`tasks.max_live_tasks_per_owner`)
-    /// holds across every process sharing the store: the owner's live tasks and the slots held
-    /// by all processes are counted atomically with the taking. Returns the slot's id, `None`
-    /// at the limit. A slot ends as the task ([`TaskStore::create_in_slot`]), with
-    /// [`TaskStore::release_slot`], or when `lease` is over (a process that died holding it).
-    /// The default (one process): `Some(0)`; the registry's in-process count is the whole story.
-    fn reserve_slot(
-        &self,
-        _upstream: &str,
-        _owner: &Owner,
-        _limit: usize,
-        _lease: std::time::Duration,
-    ) -> Result<Option<i64>, StoreError> {
-        Ok(Some(0))
-    }
-
-    /// Shared stores: gives slot `slot` of [`TaskStore::reserve_slot`] back, without waiting
-    /// (a failure leaves it to its lease).
-    fn release_slot(&self, _slot: i64) {}
-
-    /// [`TaskStore::create`] of the task that slot `slot` was taken for: on a shared store the
-    /// slot becomes the task in one transaction (the owner's count never dips or doubles).
-    fn create_in_slot(
-        &self,
-        record: TaskRecord,
-        _slot: i64,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.create(record)
-    }
-
-    /// Shared stores: the records per `(upstream, status)` counted in the store, for the task
-    /// gauges of the process that holds the sweep lease. `None` (the default): the process
-    /// counts what it sees itself.
-    fn count_by_status(&self) -> Result<Option<StatusCounts>, StoreError> {
-        Ok(None)
+    /// Shared stores: the live-task slots and status counts kept in the store
+    /// ([`SlotStore`]). `None` (the default, one process): the registry's in-process count of
+    /// live tasks per owner and its own view of the task gauges are the whole story.
+    fn slots(&self) -> Option<&dyn SlotStore> {
+        None
     }
 }
 
-/// Records per `(upstream, status)`: [`TaskStore::count_by_status`].
+/// What a store shared by a tier of processes (PostgreSQL) adds so that
+/// `tasks.max_live_tasks_per_owner` holds across the tier and the task gauges count each record
+/// once: reached through [`TaskStore::slots`].
+pub trait SlotStore: Send + Sync {
+    /// Takes one of `owner`'s live-task slots on `upstream` (for a task-augmented `tools/call`
+    /// about to go upstream) so that `limit` (`tasks.max_live_tasks_per_owner`) holds across
+    /// every process sharing the store: the owner's live tasks and the slots held by all
+    /// processes are counted atomically with the taking. Returns the slot's id, `None` at the
+    /// limit. A slot ends as the task ([`SlotStore::create_in_slot`]), with
+    /// [`SlotStore::release_slot`], or when `lease` is over (a process that died holding it).
+    fn reserve_slot(
+        &self,
+        upstream: &str,
+        owner: &Owner,
+        limit: usize,
+        lease: std::time::Duration,
+    ) -> Result<Option<i64>, StoreError>;
+
+    /// Gives slot `slot` of [`SlotStore::reserve_slot`] back, without waiting (a failure leaves
+    /// it to its lease).
+    fn release_slot(&self, slot: i64);
+
+    /// [`TaskStore::create`] of the task that slot `slot` was taken for: the slot becomes the
+    /// task in one transaction (the owner's count never dips or doubles).
+    fn create_in_slot(
+        &self,
+        record: TaskRecord,
+        slot: i64,
+    ) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// The records per `(upstream, status)` counted in the store, for the task gauges of the
+    /// process that holds the sweep lease.
+    fn count_by_status(&self) -> Result<StatusCounts, StoreError>;
+}
+
+/// Records per `(upstream, status)`: [`SlotStore::count_by_status`].
 pub type StatusCounts = Vec<(String, TaskStatus, i64)>;
 
-/// How long a live-task slot taken in a shared store ([`TaskStore::reserve_slot`]) counts while
+/// How long a live-task slot taken in a shared store ([`SlotStore::reserve_slot`]) counts while
 /// its creation is in flight: a replica killed between taking it and recording the task holds it
 /// no longer than this; a `CreateTaskResult` slower than this no longer holds a slot while it is
 /// awaited (the limit is then soft for that one creation).

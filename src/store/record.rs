@@ -127,7 +127,9 @@ pub struct TaskRecord {
     pub created_at: String,
     /// The upstream's `lastUpdatedAt` (RFC 3339).
     pub last_updated_at: String,
-    /// The upstream's `ttl` in ms (`None`: unlimited).
+    /// The task's ttl in ms: the upstream's, capped at `tasks.max_ttl_ms`, or the cap when the
+    /// upstream gave `null` (unlimited) or none. `None` only in records written before taskgate
+    /// recorded the cap (they expire at `expires_at` all the same).
     pub ttl_ms: Option<u64>,
     /// The upstream's `pollInterval` in ms.
     pub poll_interval_ms: Option<u64>,

@@ -536,6 +536,16 @@ impl Client {
     }
 }
 
+/// The `Task` of `task_id` in a `tasks/list` answer (panics naming the answer when it is not
+/// listed).
+pub fn listed_task(list: &Value, task_id: &str) -> Value {
+    list["result"]["tasks"]
+        .as_array()
+        .and_then(|tasks| tasks.iter().find(|t| t["taskId"] == task_id))
+        .cloned()
+        .unwrap_or_else(|| panic!("{task_id} not listed: {list}"))
+}
+
 /// The JSON-RPC error code of a message (panics when it is not an error).
 pub fn err_code(v: &Value) -> i64 {
     v.pointer("/error/code")

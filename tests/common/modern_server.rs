@@ -43,6 +43,11 @@ pub fn detailed(task_id: &str, status: &str) -> Value {
             t["status"] = json!("completed");
             t["result"] = json!({"content":[{"type":"text","text":"tool failed"}],"isError":true});
         }
+        // Live, and kept for ever as far as the upstream is concerned (`ttlMs: null`).
+        "working_unlimited" => {
+            t["status"] = json!("working");
+            t["ttlMs"] = Value::Null;
+        }
         "input_required" => {
             t["inputRequests"] = json!({"name": {"method":"elicitation/create","params":{
                 "mode":"form","message":"your name?","requestedSchema":{"type":"object","properties":{"name":{"type":"string"}}}}}});

@@ -340,3 +340,89 @@ fn make_certs(
     }
     Ok(())
 }
+
+/// A TCP proxy in front of a PostgreSQL whose forwarding can be stopped ([`BlackHole::stop`]):
+/// from then on what either side sends is read and dropped (a black-holed path: no answer, no
+/// error, TCP itself stays happy), while a side that closes still closes the other.
+pub struct BlackHole {
+    /// Where to connect instead of the server.
+    pub addr: SocketAddr,
+    stopped: Arc<std::sync::atomic::AtomicBool>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl BlackHole {
+    /// Listens on a loopback port and forwards every connection to `url`'s host and port.
+    pub async fn start(url: &str) -> BlackHole {
+        let target = tokio::net::lookup_host(authority(url))
+            .await
+            .unwrap()
+            .next()
+            .expect("the database URL names a host");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stopped.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::TcpStream::connect(target).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pump(cr, sw, flag.clone()));
+                tokio::spawn(pump(sr, cw, flag.clone()));
+            }
+        });
+        BlackHole {
+            addr,
+            stopped,
+            accept,
+        }
+    }
+
+    /// `url` connecting through this proxy.
+    pub fn url(&self, url: &str) -> String {
+        url.replacen(&authority(url), &self.addr.to_string(), 1)
+    }
+
+    /// Stops forwarding (see the type's docs).
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for BlackHole {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// `host:port` of a `postgres://user@host:port/db?…` URL.
+fn authority(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    rest[..end].to_string()
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    stopped: Arc<std::sync::atomic::AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) if !stopped.load(Ordering::SeqCst) => {
+                if to.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+            Ok(_) => {}
+        }
+    }
+    let _ = to.shutdown().await;
+}

@@ -10,7 +10,7 @@
 //!   completed from the result's `Task` (ttl capped: see `Registry::creation_record`). When the
 //!   write fails, the client gets `-32603` instead of a taskId taskgate cannot stand behind. An
 //!   answer that is not a `CreateTaskResult` (an error, a plain result) records nothing and the
-//!   owner's slot is given back. The message itself is passed on as the upstream sent it.
+//!   owner's slot is given back. The message passes as sent but for its ttl (`show_recorded_ttl`).
 //! - **Statuses**: replies to `tasks/get` and `tasks/cancel` (a Task; applied to the task the
 //!   `tasks` layer authorised, [`AuthorisedTask`]), `tasks/result` payloads (the task ended:
 //!   `failed` for an `isError` result), and `notifications/tasks/status` on any stream, follow the
@@ -27,6 +27,7 @@
 pub(crate) mod modern;
 mod poll;
 
+use modern::{show_recorded_ttl, ttl_path};
 use poll::poll_repeats;
 
 use crate::era::{self, Era};
@@ -293,20 +294,20 @@ impl Watch {
                 method,
                 task_id,
                 known,
-                era: Era::Modern,
+                era,
                 ..
             } => {
-                self.on_modern_task_reply(bytes, parsed, method, &task_id, &known)
-                    .await
-            }
-            Expect::TaskReply {
-                method,
-                task_id,
-                known,
-                ..
-            } => {
-                self.on_task_reply(bytes, parsed, method, &task_id, &known)
-                    .await
+                let out = if era == Era::Modern {
+                    self.on_modern_task_reply(bytes, parsed, method, &task_id, &known)
+                        .await
+                } else {
+                    self.on_task_reply(bytes, parsed, method, &task_id, &known)
+                        .await
+                };
+                match method {
+                    TaskMethod::Get => show_recorded_ttl(out, ttl_path(era, false), &known),
+                    _ => out,
+                }
             }
             Expect::Nothing => bytes,
         }
@@ -357,6 +358,7 @@ impl Watch {
             return (bytes, None);
         };
         let task_id = record.task_id.clone();
+        let bytes = show_recorded_ttl(bytes, ttl_path(pending.template.era, true), &record);
         match self
             .registry
             .record_creation(record, &pending.reservation)

@@ -11,9 +11,12 @@
 //! - `notifications/tasks` on any stream (a `subscriptions/listen` stream included): a full
 //!   `DetailedTask` naming its `taskId`, applied like a `tasks/get` answer; activity for the
 //!   "resources released" fact.
+//!
+//! Both eras: a `CreateTaskResult`'s and a `tasks/get` answer's ttl are shown as the record
+//! holds it when the upstream's is `null` or longer ([`show_recorded_ttl`]).
 
 use super::{TaskMethod, Watch};
-use crate::era;
+use crate::era::{self, Era};
 use crate::jsonrpc::splice;
 use crate::mcp::task::TaskStatus;
 use crate::registry::{Observed, Registry};
@@ -118,6 +121,44 @@ pub(crate) fn rewrite(observed: &Observed, bytes: &Bytes, member: &str) -> Bytes
     out
 }
 
+/// Where a reply's `result` holds the task's ttl in `era`: a 2025-11-25 `CreateTaskResult`'s
+/// `task.ttl` (`creation`) or `Task`'s `ttl`; a 2026-07-28 (flat) task's `ttlMs`.
+pub(super) fn ttl_path(era: Era, creation: bool) -> &'static [&'static str] {
+    match (era, creation) {
+        (Era::Legacy, true) => &["task", "ttl"],
+        (Era::Legacy, false) => &["ttl"],
+        (Era::Modern, _) => &["ttlMs"],
+    }
+}
+
+/// `bytes` (a JSON-RPC response) with the ttl at `result` / `at` no longer than the ttl `record`
+/// holds: the upstream's, capped at `tasks.max_ttl_ms`, and the cap when the upstream gave `null`
+/// (unlimited) or none (see `Registry::creation_record`). taskgate removes the record when that
+/// ttl is over, so a `null` or a longer ttl is shown as the recorded one, in the
+/// `CreateTaskResult` and every `tasks/get` answer, as `tasks/list` shows it. Unchanged when the
+/// upstream's ttl is a number no longer than that (a shorter one is the upstream's to keep), when
+/// there is no such member, or for a record that holds no ttl (written before taskgate recorded
+/// the cap).
+pub(crate) fn show_recorded_ttl(bytes: Bytes, at: &[&str], record: &TaskRecord) -> Bytes {
+    let Some(ttl) = record.ttl_ms else {
+        return bytes;
+    };
+    let path: Vec<&str> = std::iter::once("result")
+        .chain(at.iter().copied())
+        .collect();
+    let longer = match splice::raw_at(&bytes, &path) {
+        Ok(Some(raw)) => raw.get().parse::<u64>().map_or(true, |t| t > ttl),
+        _ => false,
+    };
+    if !longer {
+        return bytes;
+    }
+    match splice::replace(&bytes, &path, &ttl.to_string()) {
+        Ok(Some(out)) => out,
+        _ => bytes,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::era::Era;
@@ -148,6 +189,71 @@ mod tests {
         req
     }
 
+    /// A `ttl` of `null` (unlimited) or above `tasks.max_ttl_ms` is shown as the recorded cap (the
+    /// record ends there); a shorter one, a missing one, or one of a record without a ttl stays.
+    #[test]
+    fn the_recorded_ttl_is_shown() {
+        let capped = TaskRecord {
+            ttl_ms: Some(1000),
+            ..record("t")
+        };
+        let show = |body: &str, at: &[&str], r: &TaskRecord| {
+            let out = super::show_recorded_ttl(Bytes::from(body.to_string()), at, r);
+            String::from_utf8(out.to_vec()).unwrap()
+        };
+        let flat = r#"{"id":1,"result":{"taskId":"t","ttlMs":null,"z":1}}"#;
+        assert_eq!(
+            show(flat, &["ttlMs"], &capped),
+            r#"{"id":1,"result":{"taskId":"t","ttlMs":1000,"z":1}}"#
+        );
+        let nested = r#"{"id":1,"result":{"task":{"ttl":5000}}}"#;
+        assert_eq!(
+            show(nested, &["task", "ttl"], &capped),
+            r#"{"id":1,"result":{"task":{"ttl":1000}}}"#
+        );
+        for kept in [
+            r#"{"id":1,"result":{"ttl":500}}"#,
+            r#"{"id":1,"result":{"ttl":1000}}"#,
+            r#"{"id":1,"result":{}}"#,
+        ] {
+            assert_eq!(show(kept, &["ttl"], &capped), kept);
+        }
+        let old = TaskRecord {
+            ttl_ms: None,
+            ..record("t")
+        };
+        let unlimited = r#"{"id":1,"result":{"ttl":null}}"#;
+        assert_eq!(show(unlimited, &["ttl"], &old), unlimited);
+    }
+
+    /// A 2025-11-25 `CreateTaskResult` with `ttl: null` (the same-era path): the record holds the
+    /// cap and the client is told it.
+    #[tokio::test]
+    async fn a_null_ttl_is_recorded_and_shown_as_the_cap() {
+        let (registry, _store) = registry();
+        let cap = registry.config().max_ttl_ms;
+        let created = r#"{"jsonrpc":"2.0","id":1,"result":{"task":{"taskId":"l1","status":"working","createdAt":"2026-08-01T00:00:00Z","lastUpdatedAt":"2026-08-01T00:00:00Z","ttl":null}}}"#;
+        let stack = ObserveLayer::new(registry.clone()).layer(tower::service_fn(
+            move |_r: McpRequest| async move {
+                Ok::<_, GatewayError>(McpReply::local_json(Bytes::from_static(created.as_bytes())))
+            },
+        ));
+        let mut req = call(&registry);
+        req.extensions.insert(Era::Legacy);
+        if let Some(p) = req.extensions.get_mut::<PendingCreation>() {
+            p.template = Arc::new(TaskRecord {
+                task_id: String::new(),
+                ..record("")
+            });
+        }
+        let reply = stack.oneshot(req).await.unwrap();
+        let shown = crate::layers::testing::json_of(&reply);
+        assert_eq!(shown["result"]["task"]["ttl"], cap, "{shown}");
+        let r = registry.store().get("up", "l1").unwrap().expect("recorded");
+        assert_eq!(r.ttl_ms, Some(cap));
+        assert_eq!(r.to_task().ttl, Some(cap), "tasks/list shows the same");
+    }
+
     /// A flat `CreateTaskResult` is recorded (ttlMs null capped) before the reply passes; a plain
     /// result records nothing and gives the slot back.
     #[tokio::test]
@@ -161,7 +267,13 @@ mod tests {
             ))
         };
         let created = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":"m1","status":"working","createdAt":"2026-08-01T00:00:00Z","lastUpdatedAt":"2026-08-01T00:00:00Z","ttlMs":null,"pollIntervalMs":500}}"#;
-        answer(created).oneshot(call(&registry)).await.unwrap();
+        let reply = answer(created).oneshot(call(&registry)).await.unwrap();
+        let shown = crate::layers::testing::json_of(&reply);
+        assert_eq!(
+            shown["result"]["ttlMs"],
+            registry.config().max_ttl_ms,
+            "the client is told the cap: {shown}"
+        );
         let r = registry.store().get("up", "m1").unwrap().expect("recorded");
         assert_eq!((r.era, r.status), (Era::Modern, TaskStatus::Working));
         assert_eq!(r.ttl_ms, Some(registry.config().max_ttl_ms));

@@ -7,7 +7,8 @@
 //!   `params.task.ttl` above `tasks.max_ttl_ms` is lowered to it. Otherwise the request goes on
 //!   with a [`PendingCreation`] (the record template and the owner's reserved slot) from which
 //!   `observe` records the `CreateTaskResult` durably before the reply is passed on (the ttl the
-//!   upstream reports is capped the same way in the record; `tasks/list` shows the capped ttl).
+//!   upstream reports is capped the same way in the record, `null` meaning the cap, and the
+//!   client is shown the capped ttl in the `CreateTaskResult`, `tasks/get` and `tasks/list`).
 //! - `tasks/get`, `tasks/result`, `tasks/cancel`: a `taskId` that is unknown, expired or owned by
 //!   someone else is answered `-32602` "Task not found" here and never forwarded. A known one goes
 //!   upstream on the task's recorded `Mcp-Session-Id` (SDK task stores are per session), so a

@@ -69,6 +69,9 @@ pub struct PgStore {
     replica: String,
     /// The connection holding the sweep lease, once this process has it (see `tier`).
     sweep_holder: tier::SweepHolder,
+    /// How long the sweep lease's connection may take to answer its liveness check: the URL's
+    /// `connect_timeout`, else [`POOL_TIMEOUT`] (see `tier`).
+    liveness_timeout: Duration,
 }
 
 impl Drop for PgStore {
@@ -466,30 +469,7 @@ impl TaskStore for PgStore {
         self.sweep_lease_now()
     }
 
-    fn reserve_slot(
-        &self,
-        upstream: &str,
-        owner: &Owner,
-        limit: usize,
-        lease: Duration,
-    ) -> Result<Option<i64>, StoreError> {
-        self.reserve_slot_now(upstream, owner, limit, lease)
-    }
-
-    fn release_slot(&self, slot: i64) {
-        self.release_slot_now(slot)
-    }
-
-    fn create_in_slot(
-        &self,
-        record: TaskRecord,
-        slot: i64,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.spawn(move |pool| PgStore::create_in_slot_now(pool, record, slot))
-            .boxed()
-    }
-
-    fn count_by_status(&self) -> Result<Option<super::StatusCounts>, StoreError> {
-        self.count_by_status_now().map(Some)
+    fn slots(&self) -> Option<&dyn super::SlotStore> {
+        Some(self)
     }
 }

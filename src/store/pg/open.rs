@@ -10,21 +10,15 @@ use std::sync::Arc;
 impl PgStore {
     /// Connects to the database at `url` (a libpq URL or key/value string) with a pool of
     /// `pool_size` connections, and applies the embedded migrations (one replica at a time, under
-    /// an advisory lock).
+    /// an advisory lock). With `sslmode=require` in the URL the connections use TLS, trusting the
+    /// CA certificates in `ca_file` (PEM; `store.ca_file`) or, without one, the Mozilla roots
+    /// (see `tls`); otherwise `ca_file` is not read.
     ///
     /// Errors: [`StoreError::Open`] (with `path` the URL without its password) when the URL does
-    /// not parse, the database cannot be reached within 5 s, or its schema is newer than this
-    /// taskgate knows.
-    pub async fn open(url: &str, pool_size: usize) -> Result<Arc<PgStore>, StoreError> {
-        PgStore::connect(url, pool_size, true, None).await
-    }
-
-    /// [`PgStore::open`] trusting the CA certificates in `ca_file` (PEM; `store.ca_file`) for
-    /// TLS to the database instead of the Mozilla roots (see `tls`).
-    ///
-    /// Errors: those of [`PgStore::open`], and a `ca_file` that cannot be read or holds no
-    /// certificate; a server certificate that does not verify fails the connection.
-    pub async fn open_tls(
+    /// not parse, the database cannot be reached within 5 s, its schema is newer than this
+    /// taskgate knows, or (TLS) `ca_file` cannot be read or holds no certificate; a server
+    /// certificate that does not verify fails the connection.
+    pub async fn open(
         url: &str,
         pool_size: usize,
         ca_file: Option<&Path>,
@@ -60,6 +54,7 @@ impl PgStore {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(POOL_TIMEOUT);
         }
+        let liveness_timeout = *config.get_connect_timeout().unwrap_or(&POOL_TIMEOUT);
         if config.get_application_name().is_none() {
             // `pg_stat_activity` shows taskgate's connections; a URL's own name wins (replicas
             // can be told apart).
@@ -95,6 +90,7 @@ impl PgStore {
             handle,
             replica: replica_name(),
             sweep_holder: Default::default(),
+            liveness_timeout,
         });
         let check = move |pool| async move {
             if migrate {

@@ -8,7 +8,7 @@
 //! serialised by the lock, and each count runs after the previous holder committed (the lock is
 //! released at commit; under READ COMMITTED every statement sees what was committed before it),
 //! so the limit holds across replicas. The recorded task replaces its slot row in one
-//! transaction ([`PgStore::create_in_slot_now`]): one statement's snapshot sees either the row or
+//! transaction ([`SlotStore::create_in_slot`]): one statement's snapshot sees either the row or
 //! the task, never both or neither. A slot whose call ended without a task is deleted at once; a
 //! row a killed replica left ends with its lease ([`crate::store::TASK_SLOT_LEASE`], on the
 //! database's clock).
@@ -18,7 +18,9 @@
 
 use super::{encode, pg_err, pool_err, PgStore};
 use crate::mcp::task::TaskStatus;
-use crate::store::{Owner, StatusCounts, StoreError, TaskRecord};
+use crate::store::{Owner, SlotStore, StatusCounts, StoreError, TaskRecord};
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use std::time::Duration;
 
 /// The database's clock in ms, as the lease columns hold it.
@@ -28,8 +30,8 @@ const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 /// collision only serialises two owners' slot takings).
 const SLOT_LOCK_SEED: i64 = 0x7461_736b_6761_7403;
 
-impl PgStore {
-    pub(super) fn reserve_slot_now(
+impl SlotStore for PgStore {
+    fn reserve_slot(
         &self,
         upstream: &str,
         owner: &Owner,
@@ -87,7 +89,7 @@ impl PgStore {
         })
     }
 
-    pub(super) fn release_slot_now(&self, slot: i64) {
+    fn release_slot(&self, slot: i64) {
         let pool = self.pool.clone();
         self.handle.spawn(async move {
             let deleted = async {
@@ -103,28 +105,31 @@ impl PgStore {
     }
 
     /// The task's row inserted and its slot's row deleted in one transaction.
-    pub(super) async fn create_in_slot_now(
-        pool: deadpool_postgres::Pool,
+    fn create_in_slot(
+        &self,
         record: TaskRecord,
         slot: i64,
-    ) -> Result<(), StoreError> {
-        let text = encode(&record);
-        let mut c = pool.get().await.map_err(pool_err)?;
-        let tx = c.transaction().await.map_err(pg_err)?;
-        let n = super::insert_task(&*tx, &record, &text)
-            .await
-            .map_err(pg_err)?;
-        if n == 0 {
-            // The slot stays the caller's: dropping its reservation gives it back.
-            return Err(StoreError::Conflict(record.task_id));
-        }
-        tx.execute("DELETE FROM taskgate_slots WHERE id = $1", &[&slot])
-            .await
-            .map_err(pg_err)?;
-        tx.commit().await.map_err(pg_err)
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.spawn(move |pool| async move {
+            let text = encode(&record);
+            let mut c = pool.get().await.map_err(pool_err)?;
+            let tx = c.transaction().await.map_err(pg_err)?;
+            let n = super::insert_task(&*tx, &record, &text)
+                .await
+                .map_err(pg_err)?;
+            if n == 0 {
+                // The slot stays the caller's: dropping its reservation gives it back.
+                return Err(StoreError::Conflict(record.task_id));
+            }
+            tx.execute("DELETE FROM taskgate_slots WHERE id = $1", &[&slot])
+                .await
+                .map_err(pg_err)?;
+            tx.commit().await.map_err(pg_err)
+        })
+        .boxed()
     }
 
-    pub(super) fn count_by_status_now(&self) -> Result<StatusCounts, StoreError> {
+    fn count_by_status(&self) -> Result<StatusCounts, StoreError> {
         let rows = self.run(|pool| async move {
             let c = pool.get().await.map_err(pool_err)?;
             c.query(

@@ -15,9 +15,14 @@
 //! connections at most): one replica sweeps, and exports the task gauges counted in the database
 //! (`registry::sweep`), until it goes away; its connection closing (shutdown, kill -9, a broken
 //! network) releases the lock and another replica takes it at its next sweep tick. Each tick the
-//! holder checks that connection still answers. A replica that does not get the lock gives the
-//! pooled connection it tried with back to the pool (it holds nothing): no connection is opened
-//! or closed per tick, by the holder or the others.
+//! holder checks that connection still answers (`SELECT 1`), within the database URL's
+//! `connect_timeout` (5 s when the URL has none): an answer as slow as a new connection may be
+//! means the connection is lost (a black-holed network, where TCP alone would take many minutes
+//! to give up). Then the holder closes that connection and does not sweep that tick; the server
+//! ends the session and its lock once the close reaches it (on a path that stays black-holed,
+//! when its own TCP keepalive gives up), and the next replica to try takes the lease. A replica
+//! that does not get the lock gives the pooled connection it tried with back to the pool (it
+//! holds nothing): no connection is opened or closed per tick, by the holder or the others.
 
 use super::{pg_err, pool_err, PgStore};
 use crate::mcp::task::TaskStatus;
@@ -159,15 +164,32 @@ impl PgStore {
 
     pub(super) fn sweep_lease_now(&self) -> Result<Option<Box<dyn Send>>, StoreError> {
         let holder = self.sweep_holder.clone();
+        let liveness = self.liveness_timeout;
         self.run(move |pool| async move {
             let mut held = holder.lock().await;
             if let Some(client) = held.as_ref() {
-                // Still ours while the session that took the lock lives.
-                if client.simple_query("SELECT 1").await.is_ok() {
-                    return Ok(Some(Box::new(()) as Box<dyn Send>));
+                // Still ours while the session that took the lock lives and answers in time.
+                match tokio::time::timeout(liveness, client.simple_query("SELECT 1")).await {
+                    Ok(Ok(_)) => return Ok(Some(Box::new(()) as Box<dyn Send>)),
+                    Ok(Err(_)) => {
+                        tracing::warn!(
+                            "the connection holding the sweep lease broke; trying again"
+                        );
+                        *held = None;
+                    }
+                    Err(_) => {
+                        // Dropping the client closes the connection: the server ends the session
+                        // and its lock. This tick this replica does not sweep; next tick it tries
+                        // for the lease like every other replica.
+                        tracing::warn!(
+                            timeout_ms = liveness.as_millis() as u64,
+                            "the connection holding the sweep lease did not answer in time; \
+                             closed, and the lease given up"
+                        );
+                        *held = None;
+                        return Ok(None);
+                    }
                 }
-                tracing::warn!("the connection holding the sweep lease broke; trying again");
-                *held = None;
             }
             let obj = pool.get().await.map_err(pool_err)?;
             let got: bool = match obj
