@@ -509,11 +509,16 @@ pub(super) fn legacy_initialize_result(discovered: &Value, version: &str) -> Val
     result
 }
 
-/// A new session id: 128 bits from the operating system's random source, as 32 hex digits.
+/// A new session id: `tgh-` and 128 bits from the operating system's random source as 32 hex
+/// digits (the held form, `session::is_held_form`: only such ids are looked up in the store).
 fn new_session_id() -> Option<String> {
     let mut bytes = [0u8; 16];
     getrandom::getrandom(&mut bytes).ok()?;
-    Some(hex::encode(bytes))
+    Some(format!(
+        "{}{}",
+        crate::layers::session::HELD_SESSION_PREFIX,
+        hex::encode(bytes)
+    ))
 }
 
 /// The reply of an `initialize` the upstream refused without a JSON-RPC answer: HTTP 404 or 405
@@ -566,7 +571,7 @@ mod tests {
         add_session_meta(&mut none, &held);
         assert_eq!(none, json!("x"));
         let a = new_session_id().unwrap();
-        assert_eq!(a.len(), 32);
+        assert!(crate::layers::session::is_held_form(a.as_bytes()), "{a}");
         assert_ne!(a, new_session_id().unwrap());
     }
 }
