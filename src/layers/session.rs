@@ -11,7 +11,8 @@
 //! Only sessions the upstream issued (an `Mcp-Session-Id` on an `InitializeResult`) get an entry:
 //! a client-chosen session id never creates state. A session the `bridge` holds itself (its
 //! `initialize` answer carries [`HELD_SESSION`], removed here) also keeps what the client declared
-//! ([`HeldSession`], bounded). An entry is about 200 bytes plus its id (about
+//! ([`HeldSession`], bounded), and is written to the registry's store before its id goes on
+//! (see `held_store`: revived after a restart, removed when it ends, is reclaimed or expires). An entry is about 200 bytes plus its id (about
 //! 1 KiB of RSS per session with the allocator, `benches/session_rss.py`);
 //! tool caches equal to the upstream's last complete listing are shared, not copied. The table
 //! holds at most `gateway.max_sessions` entries and is never trimmed by other callers' traffic:
