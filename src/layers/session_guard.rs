@@ -35,7 +35,7 @@ use crate::exchange::Operation;
 use crate::exchange::{McpReply, McpRequest};
 use crate::jsonrpc::{self, Id};
 use crate::registry::Registry;
-use futures_util::future::BoxFuture;
+use futures_util::future::{self, BoxFuture, Either, Ready};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -216,7 +216,12 @@ where
 {
     type Response = McpReply;
     type Error = S::Error;
-    type Future = BoxFuture<'static, Result<McpReply, S::Error>>;
+    /// The request's own future, a local answer, or (a held session id to look up in the
+    /// store first) a boxed one.
+    type Future = Either<
+        Either<S::Future, Ready<Result<McpReply, S::Error>>>,
+        BoxFuture<'static, Result<McpReply, S::Error>>,
+    >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -239,7 +244,7 @@ where
                 authenticated: self.authenticated,
                 deferred: self.deferred.clone(),
             };
-            return Box::pin(async move {
+            return Either::Right(Box::pin(async move {
                 let session = req
                     .ctx
                     .client_session_id
@@ -270,11 +275,13 @@ where
                     Some(reply) => Ok(reply),
                     None => this.inner.call(req).await,
                 }
-            });
+            }));
         }
-        match self.check(&mut req).or_else(|| self.defer_delete(&req)) {
-            Some(reply) => Box::pin(async move { Ok(reply) }),
-            None => Box::pin(self.inner.call(req)),
-        }
+        Either::Left(
+            match self.check(&mut req).or_else(|| self.defer_delete(&req)) {
+                Some(reply) => Either::Right(future::ready(Ok(reply))),
+                None => Either::Left(self.inner.call(req)),
+            },
+        )
     }
 }
