@@ -168,6 +168,11 @@ impl Sessions {
         let record = match found {
             Ok(Ok(Some(r))) => r,
             Ok(Ok(None)) => return Revived::NotStored,
+            Ok(Err(StoreError::Corrupt(e))) => {
+                // Never written so (bounds are checked on write): not a session taskgate serves.
+                tracing::warn!(error = %e, "a stored held session cannot be read back");
+                return Revived::NotStored;
+            }
             Ok(Err(e)) => {
                 tracing::error!(error = %e, "a held session could not be read from the store");
                 return Revived::Failed;

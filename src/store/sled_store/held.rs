@@ -132,11 +132,20 @@ impl SledStore {
         for (up, id, k) in keys {
             // Only a session still expired (a touch may have moved it since the scan).
             let expired = std::cell::Cell::new(false);
-            self.change_held(&up, &id, |s| {
+            let changed = self.change_held(&up, &id, |s| {
                 expired.set(s.expires_at <= now_ms);
                 (s.expires_at > now_ms).then_some(s)
-            })?;
-            removed += usize::from(expired.get());
+            });
+            match changed {
+                Ok(_) => removed += usize::from(expired.get()),
+                // A value that cannot be read back (never written so) would stop every later
+                // sweep here: it goes.
+                Err(StoreError::Corrupt(_)) => {
+                    self.held.remove(task_key(&up, &id)).map_err(db_err)?;
+                    removed += 1;
+                }
+                Err(e) => return Err(e),
+            }
             // An index entry without its session (never expected) goes too.
             self.held_by_expiry.remove(k).map_err(db_err)?;
         }
