@@ -3,9 +3,12 @@
 //! processes adds, with two `PgStore`s on one database standing for two replicas: the terminal
 //! status enforced by the database, compare-and-swap updates racing, the cancel claim, the sweep
 //! lease (kept by one replica, no connection churned per tick), audit facts appended once, and
-//! the owner's live-task limit counted in the database.
+//! the owner's live-task limit counted in the database. The held sessions' part of the contract
+//! is `store_contract/held.rs`.
 
 mod common;
+#[path = "store_contract/held.rs"]
+mod held;
 
 use common::*;
 use std::sync::Arc;
@@ -151,6 +154,7 @@ async fn contract(store: Arc<dyn TaskStore>) {
     assert_eq!(seen, 7, "t2..t6, b1, old");
     store.sync().await.unwrap();
     store.ping().await.unwrap();
+    held::contract(store).await;
 }
 
 #[tokio::test]

@@ -11,7 +11,8 @@
 //! Only sessions the upstream issued (an `Mcp-Session-Id` on an `InitializeResult`) get an entry:
 //! a client-chosen session id never creates state. A session the `bridge` holds itself (its
 //! `initialize` answer carries [`HELD_SESSION`], removed here) also keeps what the client declared
-//! ([`HeldSession`], bounded). An entry is about 200 bytes plus its id (about
+//! ([`HeldSession`], bounded), and is written to the registry's store before its id goes on
+//! (see `held_store`: revived after a restart, removed when it ends, is reclaimed or expires). An entry is about 200 bytes plus its id (about
 //! 1 KiB of RSS per session with the allocator, `benches/session_rss.py`);
 //! tool caches equal to the upstream's last complete listing are shared, not copied. The table
 //! holds at most `gateway.max_sessions` entries and is never trimmed by other callers' traffic:
@@ -103,6 +104,8 @@ pub struct SessionInfo {
     last_used: u32,
     /// A session taskgate holds itself (no upstream session; see `bridge`).
     pub held: Option<Arc<HeldSession>>,
+    /// Seconds since the table was made, when a held session's stored expiry was last set.
+    stored_at: u32,
 }
 
 impl SessionInfo {
@@ -159,7 +162,7 @@ pub enum Access {
     Unknown,
 }
 
-struct Table {
+pub(crate) struct Table {
     map: HashMap<Key, SessionInfo>,
     /// Per upstream, the tool cache of the last complete listing, shared by equal caches.
     shared_tools: HashMap<Arc<str>, Arc<ToolMap>>,
@@ -173,6 +176,10 @@ pub struct Sessions {
     max: usize,
     idle: Duration,
     epoch: Instant,
+    /// Where held sessions are kept (see `held_store`); none in unit tests.
+    store: std::sync::OnceLock<Arc<dyn crate::store::TaskStore>>,
+    /// A held session was in the table at some point.
+    any_held: std::sync::atomic::AtomicBool,
 }
 
 impl Sessions {
@@ -193,6 +200,8 @@ impl Sessions {
             max: max.max(1),
             idle,
             epoch: Instant::now(),
+            store: std::sync::OnceLock::new(),
+            any_held: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -223,6 +232,7 @@ impl Sessions {
         match table.map.get_mut(&key) {
             Some(info) if info.owner == *principal => {
                 info.last_used = now;
+                self.touch_if_due(upstream, session, info);
                 Access::Owner(info.protocol_version.clone())
             }
             Some(_) => Access::Foreign,
@@ -252,7 +262,10 @@ impl Sessions {
         let idle = self.idle.as_secs().min(u32::MAX as u64) as u32;
         let cutoff = self.now().saturating_sub(idle);
         if self.now() >= idle {
+            // A reclaimed held session leaves the store too.
+            let gone = Sessions::held_keys(table.map.iter().filter(|(_, s)| s.last_used <= cutoff));
             table.map.retain(|_, s| s.last_used > cutoff);
+            self.unstore(gone);
         }
         if table.map.len() < self.max {
             tracing::info!(
@@ -296,8 +309,13 @@ impl Sessions {
                 .filter(|v| v.len() <= 64)
                 .and_then(|v| HeaderValue::from_str(v).ok()),
             last_used,
+            stored_at: last_used,
             held,
         };
+        if info.held.is_some() {
+            self.any_held
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
         table.map.insert(key, info);
         true
     }
@@ -393,12 +411,14 @@ impl Sessions {
         }
     }
 
-    /// Forgets a session (its id becomes unknown to taskgate).
+    /// Forgets a session (its id becomes unknown to taskgate; a held one leaves the store in
+    /// the background, see [`Sessions::forget_ended`] to wait for that).
     pub fn forget(&self, upstream: &Arc<str>, session: Option<&SessionKey>) {
-        self.table
-            .lock()
-            .map
-            .remove(&(upstream.clone(), session.cloned()));
+        let key = (upstream.clone(), session.cloned());
+        let removed = self.table.lock().map.remove(&key);
+        if let Some(info) = removed {
+            self.unstore(Sessions::held_keys(std::iter::once((&key, &info))));
+        }
     }
 
     fn tools_changed(&self, upstream: &Arc<str>, session: Option<&SessionKey>) {
@@ -428,7 +448,9 @@ impl Sessions {
 pub static HELD_SESSION: http::HeaderName =
     http::HeaderName::from_static("x-taskgate-held-session");
 
+mod held_store;
 mod service;
+pub use held_store::{is_held_form, touch_every, Revived, HELD_SESSION_PREFIX};
 pub use service::{SessionLayer, SessionService};
 
 #[cfg(test)]

@@ -22,13 +22,20 @@
 //!   beyond that they are forwarded at once.
 //! - An `initialize` while the session table is full (`gateway.max_sessions`, no session idle for
 //!   `gateway.session_idle_ms`) is answered 503 with `-32603` before it reaches the upstream.
+//! - A session id of the held form (`tgh-` and 32 hex digits: a session the `bridge` holds
+//!   itself) that the table does not hold is looked up in the registry's store first (a restart,
+//!   or another replica, issued it; see `session::held_store`): a stored one comes back with its
+//!   owner, and the checks above apply to it; one not stored (never issued, ended, reclaimed,
+//!   idle past `gateway.session_idle_ms`) is answered 404 `-32001` with or without
+//!   authentication, never forwarded; a stored one the full table has no room for is 503; a
+//!   store that cannot be read is 500 `-32603`.
 
-use super::session::{Access, SessionKey, Sessions};
+use super::session::{Access, Revived, SessionKey, Sessions};
 use crate::exchange::Operation;
 use crate::exchange::{McpReply, McpRequest};
 use crate::jsonrpc::{self, Id};
 use crate::registry::Registry;
-use futures_util::future::{self, Either, Ready};
+use futures_util::future::{self, BoxFuture, Either, Ready};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -209,16 +216,72 @@ where
 {
     type Response = McpReply;
     type Error = S::Error;
-    type Future = Either<S::Future, Ready<Result<McpReply, S::Error>>>;
+    /// The request's own future, a local answer, or (a held session id to look up in the
+    /// store first) a boxed one.
+    type Future = Either<
+        Either<S::Future, Ready<Result<McpReply, S::Error>>>,
+        BoxFuture<'static, Result<McpReply, S::Error>>,
+    >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
-        match self.check(&mut req).or_else(|| self.defer_delete(&req)) {
-            Some(reply) => Either::Right(future::ready(Ok(reply))),
-            None => Either::Left(self.inner.call(req)),
+        let revive = req.request_method() != Some("initialize")
+            && req
+                .ctx
+                .client_session_id
+                .as_ref()
+                .is_some_and(|s| self.sessions.may_revive(&req.ctx.upstream, s));
+        if revive {
+            // The ready service goes with the request; this one keeps a clone.
+            let clone = self.inner.clone();
+            let inner = std::mem::replace(&mut self.inner, clone);
+            let mut this = SessionGuard {
+                inner,
+                sessions: self.sessions.clone(),
+                authenticated: self.authenticated,
+                deferred: self.deferred.clone(),
+            };
+            return Either::Right(Box::pin(async move {
+                let session = req
+                    .ctx
+                    .client_session_id
+                    .clone()
+                    .unwrap_or_else(|| HeaderValue::from_static(""));
+                let refused = match this.sessions.revive(&req.ctx.upstream, &session).await {
+                    Revived::InTable => None,
+                    Revived::NotStored => Some((
+                        StatusCode::NOT_FOUND,
+                        SESSION_NOT_FOUND,
+                        "Session not found: initialize a new session",
+                    )),
+                    Revived::NoRoom => Some((
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        jsonrpc::INTERNAL_ERROR,
+                        "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
+                    )),
+                    Revived::Failed => Some((
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        jsonrpc::INTERNAL_ERROR,
+                        "taskgate could not read the session from its store; try again later",
+                    )),
+                };
+                if let Some((status, code, message)) = refused {
+                    return Ok(local(status, req.id(), code, message));
+                }
+                match this.check(&mut req).or_else(|| this.defer_delete(&req)) {
+                    Some(reply) => Ok(reply),
+                    None => this.inner.call(req).await,
+                }
+            }));
         }
+        Either::Left(
+            match self.check(&mut req).or_else(|| self.defer_delete(&req)) {
+                Some(reply) => Either::Right(future::ready(Ok(reply))),
+                None => Either::Left(self.inner.call(req)),
+            },
+        )
     }
 }

@@ -5,6 +5,7 @@ use super::*;
 use crate::exchange::{GatewayError, McpReply, McpRequest};
 use crate::layers::session_guard::SessionGuardLayer;
 use crate::layers::testing::request;
+use crate::store::TaskStore;
 use bytes::Bytes;
 use tower::{Layer, ServiceExt};
 
@@ -145,4 +146,90 @@ fn equal_tool_caches_are_shared() {
     let a = sessions.get(&up, Some(&keys[0])).unwrap().tools;
     let b = sessions.get(&up, Some(&keys[1])).unwrap().tools;
     assert!(Arc::ptr_eq(&a, &b), "one copy of an upstream's tool list");
+}
+
+/// A held session as the `session` layer stores it (owner `owner`), in the table and the store.
+async fn store_a_held_session(sessions: &Arc<Sessions>, up: &Arc<str>, id: &str, owner: Principal) {
+    let held = HeldSession::from_initialize(Some(&serde_json::json!({
+        "capabilities": {"elicitation": {}}, "clientInfo": {"name": "c", "version": "1"}})));
+    let result = serde_json::json!({"protocolVersion": "2025-06-18", "capabilities": {}});
+    let key = SessionKey::Session(HeaderValue::from_str(id).unwrap());
+    assert!(sessions.insert(
+        up,
+        Some(key),
+        owner,
+        None,
+        Some(&result),
+        Some(Arc::new(held))
+    ));
+    let id = HeaderValue::from_str(id).unwrap();
+    sessions.store_held_entry(up, &id).await.unwrap();
+}
+
+/// A held session comes back from the store into a new table (a restart) with its owner, its
+/// protocol version and what the client declared; one past `gateway.session_idle_ms` does not
+/// come back and leaves the store; a DELETE removes it from the store before it returns.
+#[tokio::test]
+async fn held_sessions_come_back_from_the_store_within_their_idle_limit() {
+    let store = crate::layers::testing::CountingStore::new();
+    let up: Arc<str> = "up".into();
+    let id = format!("{HELD_SESSION_PREFIX}{}", "a".repeat(32));
+    let hv = HeaderValue::from_str(&id).unwrap();
+    let alice = Principal::Token("alice".into());
+    let before = Sessions::with_limits(10, Duration::from_secs(3600));
+    before.keep_held_in(store.clone());
+    store_a_held_session(&before, &up, &id, alice.clone()).await;
+
+    let after = Sessions::with_limits(10, Duration::from_secs(3600));
+    after.keep_held_in(store.clone());
+    assert!(after.may_revive(&up, &hv));
+    assert!(!after.may_revive(&up, &HeaderValue::from_static("issued-0")));
+    assert_eq!(after.revive(&up, &hv).await, Revived::InTable);
+    assert!(!after.may_revive(&up, &hv));
+    assert_eq!(
+        after.access(&up, &hv, &alice),
+        Access::Owner(Some(HeaderValue::from_static("2025-06-18")))
+    );
+    assert_eq!(
+        after.access(&up, &hv, &Principal::Token("bob".into())),
+        Access::Foreign
+    );
+    let held = after.held(&up, &hv).flatten().expect("held");
+    assert!(held.client_capabilities["elicitation"].is_object());
+    assert_eq!(held.client_info.as_ref().unwrap()["name"], "c");
+
+    after
+        .forget_ended(&up, Some(&SessionKey::Session(hv.clone())))
+        .await;
+    assert!(store.held_session(&up, &id).unwrap().is_none());
+    let again = Sessions::with_limits(10, Duration::from_secs(3600));
+    again.keep_held_in(store.clone());
+    assert_eq!(again.revive(&up, &hv).await, Revived::NotStored);
+
+    // Idle past the limit (0 here) when the table comes back: not revived, and gone.
+    let idle = Sessions::with_limits(10, Duration::ZERO);
+    idle.keep_held_in(store.clone());
+    store_a_held_session(&idle, &up, &id, Principal::Anonymous).await;
+    assert!(store.held_session(&up, &id).unwrap().is_some());
+    let restarted = Sessions::with_limits(10, Duration::ZERO);
+    restarted.keep_held_in(store.clone());
+    assert_eq!(restarted.revive(&up, &hv).await, Revived::NotStored);
+    assert!(store.held_session(&up, &id).unwrap().is_none());
+}
+
+/// A held session reclaimed as idle to make room leaves the store too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaimed_held_session_leaves_the_store() {
+    let store = crate::layers::testing::CountingStore::new();
+    let up: Arc<str> = "up".into();
+    let id = format!("{HELD_SESSION_PREFIX}{}", "b".repeat(32));
+    let sessions = Sessions::with_limits(1, Duration::ZERO);
+    sessions.keep_held_in(store.clone());
+    store_a_held_session(&sessions, &up, &id, Principal::Anonymous).await;
+    assert!(sessions.has_room(), "the idle held session is reclaimed");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.held_session(&up, &id).unwrap().is_some() {
+        assert!(std::time::Instant::now() < deadline, "still stored");
+        tokio::task::yield_now().await;
+    }
 }

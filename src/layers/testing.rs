@@ -130,6 +130,28 @@ impl TaskStore for CountingStore {
     fn sync_soon(&self) {
         self.inner.sync_soon()
     }
+    fn put_held_session(
+        &self,
+        session: crate::store::HeldSessionRecord,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.put_held_session(session)
+    }
+    fn held_session(
+        &self,
+        upstream: &str,
+        session_id: &str,
+    ) -> Result<Option<crate::store::HeldSessionRecord>, StoreError> {
+        self.inner.held_session(upstream, session_id)
+    }
+    fn touch_held_session(&self, upstream: &str, id: &str, at: u64) -> Result<bool, StoreError> {
+        self.inner.touch_held_session(upstream, id, at)
+    }
+    fn remove_held_session(&self, upstream: &str, id: &str) -> Result<bool, StoreError> {
+        self.inner.remove_held_session(upstream, id)
+    }
+    fn remove_expired_held_sessions(&self, now: u64, limit: usize) -> Result<usize, StoreError> {
+        self.inner.remove_expired_held_sessions(now, limit)
+    }
 }
 
 /// A registry over a fresh counting store, with the counts.

@@ -1,5 +1,6 @@
 //! The TTL sweep: records whose `expires_at` has passed are removed with their index entries and
-//! audit events (run by `gateway` every `tasks.sweep_interval_ms`). On a shared store only the
+//! audit events (run by `gateway` every `tasks.sweep_interval_ms`), and so are held sessions idle
+//! past `gateway.session_idle_ms` (`store::held`). On a shared store only the
 //! replica holding the store's sweep lease sweeps; a record removed by two sweeps is counted by
 //! the one whose removal returned it.
 //!
@@ -59,6 +60,15 @@ impl Registry {
                 Ok(None) => {}
                 Err(e) => tracing::error!(error = %e, "sweeper could not remove a record"),
             }
+        }
+        // Held sessions idle past `gateway.session_idle_ms` (see `store::held`) go too.
+        match self.store.remove_expired_held_sessions(now, 10_000) {
+            Ok(n) if n > 0 => {
+                tracing::debug!(count = n, "idle held sessions removed from the store");
+                self.store.sync_soon();
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "sweeper could not remove idle held sessions"),
         }
         if removed > 0 {
             self.store.sync_soon();

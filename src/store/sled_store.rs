@@ -4,7 +4,8 @@
 //! - `tasks`: `(upstream, taskId)` → JSON [`TaskRecord`];
 //! - `by_owner`: `(upstream, owner, recorded_at, taskId)` → `()`, for `tasks/list`, newest first;
 //! - `by_expiry`: `(expires_at, upstream, taskId)` → `()`, for the sweeper;
-//! - `audit`: `(upstream, taskId, seq)` → JSON [`AuditEvent`], append-only.
+//! - `audit`: `(upstream, taskId, seq)` → JSON [`AuditEvent`], append-only;
+//! - `held_sessions`, `held_by_expiry`: the held sessions (see `held`).
 //!
 //! Keys are length-prefixed strings and big-endian integers, so any `taskId` bytes are safe and
 //! ranges sort by time. A record and its index entries change in one multi-tree transaction.
@@ -14,7 +15,9 @@
 //! it takes every pending sync request, runs `flush()` and then `fdatasync` on the database file
 //! once, and answers them all. [`TaskStore::create`] waits for that before it returns.
 
-use super::{AuditEvent, ListCursor, Owner, StoreError, TaskRecord, TaskStore};
+mod held;
+
+use super::{AuditEvent, HeldSessionRecord, ListCursor, Owner, StoreError, TaskRecord, TaskStore};
 use crate::metrics::Metrics;
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
@@ -36,6 +39,8 @@ pub struct SledStore {
     by_owner: sled::Tree,
     by_expiry: sled::Tree,
     audit: sled::Tree,
+    held: sled::Tree,
+    held_by_expiry: sled::Tree,
     syncer: Mutex<Option<mpsc::Sender<Option<SyncReply>>>>,
     committer: Mutex<Option<JoinHandle<()>>>,
 }
@@ -128,6 +133,7 @@ impl SledStore {
             tree("by_expiry")?,
             tree("audit")?,
         );
+        let (held, held_by_expiry) = (tree("held_sessions")?, tree("held_by_expiry")?);
         let (tx, rx) = mpsc::channel::<Option<SyncReply>>();
         let committer_db = db.clone();
         let db_file = path.join("db");
@@ -141,6 +147,8 @@ impl SledStore {
             by_owner,
             by_expiry,
             audit,
+            held,
+            held_by_expiry,
             syncer: Mutex::new(Some(tx)),
             committer: Mutex::new(Some(committer)),
         }))
@@ -430,6 +438,44 @@ impl TaskStore for SledStore {
 
     fn sync_soon(&self) {
         self.request_sync(None);
+    }
+
+    fn put_held_session(
+        &self,
+        session: HeldSessionRecord,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let written = self.put_held_now(&session);
+        Box::pin(async move {
+            written?;
+            self.sync().await
+        })
+    }
+
+    fn held_session(
+        &self,
+        upstream: &str,
+        session_id: &str,
+    ) -> Result<Option<HeldSessionRecord>, StoreError> {
+        self.held_now(upstream, session_id)
+    }
+
+    fn touch_held_session(
+        &self,
+        upstream: &str,
+        session_id: &str,
+        expires_at: u64,
+    ) -> Result<bool, StoreError> {
+        self.touch_held_now(upstream, session_id, expires_at)
+    }
+
+    fn remove_held_session(&self, upstream: &str, session_id: &str) -> Result<bool, StoreError> {
+        let removed = self.remove_held_now(upstream, session_id)?;
+        self.sync_soon();
+        Ok(removed)
+    }
+
+    fn remove_expired_held_sessions(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+        self.remove_expired_held_now(now_ms, limit)
     }
 }
 

@@ -260,3 +260,59 @@ pub fn base64_of(s: &str) -> String {
 pub fn count(up: &Upstream, method: &str) -> usize {
     up.received(method).len()
 }
+
+// ---------------------------------------------------------------------------------------------
+// A pure 2026-07-28 server (no 2025 sessions): held sessions (`tests/bridge_held*.rs`)
+// ---------------------------------------------------------------------------------------------
+
+/// [`modern_handler`] made pure 2026: `initialize` is `-32022` (HTTP 400), any request carrying
+/// `Mcp-Session-Id` is refused, GET and DELETE are 405.
+pub fn pure_2026(state: Shared) -> impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync {
+    let modern = modern_handler(state);
+    move |req| {
+        if req.method != "POST" {
+            return ScriptedResponse::status(405, Some("text/plain"), "no GET or DELETE here");
+        }
+        let id = req.rpc_id_json();
+        let error = |code: i64, message: &str| {
+            ScriptedResponse::status(
+                400,
+                Some("application/json"),
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":{code},"message":"{message}"}}}}"#
+                ),
+            )
+        };
+        if req.has_header("mcp-session-id") {
+            return error(-32600, "this server has no sessions");
+        }
+        match req.rpc_method().as_deref() {
+            Some("initialize") => error(-32022, "Unsupported protocol version"),
+            Some("server/discover") => ScriptedResponse::json(rpc_result(
+                &id,
+                &json!({"resultType":"complete","supportedVersions":[MODERN],
+                    "capabilities":{"tools":{"listChanged":true},"extensions":{EXT:{}}},
+                    "instructions":"pure 2026","ttlMs":0,"cacheScope":"private",
+                    "_meta":{"io.modelcontextprotocol/serverInfo":{"name":"pure-2026","version":"3"}}})
+                .to_string(),
+            )),
+            Some("ping" | "resources/list") => error(-32601, "Method not found"),
+            _ => modern(req),
+        }
+    }
+}
+
+pub async fn pure_server() -> (Upstream, Shared) {
+    let state: Shared = Default::default();
+    (Upstream::start(pure_2026(state.clone())).await, state)
+}
+
+pub fn initialize_with(caps: Value) -> String {
+    rpc(
+        "\"init\"",
+        "initialize",
+        &json!({"protocolVersion": PROTOCOL_VERSION, "capabilities": caps,
+            "clientInfo": {"name": "held-test", "version": "7"}})
+        .to_string(),
+    )
+}

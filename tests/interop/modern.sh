@@ -27,7 +27,10 @@
 #                        task are not forwarded; 200 concurrent cancels -> 1 upstream cancel, 200
 #                        acks; never-recorded ids refused (-32602, HTTP 400); with bearer, bob gets
 #                        -32602 for alice's task on get/update/cancel and the upstream sees none
-#   modern-restart       a task created before kill -9 + restart of taskgate still resolves
+#   modern-restart       a task created before kill -9 + restart of taskgate still resolves; with
+#                        TASKGATE_INTEROP_RMCP=1 also a held session on rmcp 3.11 --modern-only
+#                        (held-restart.mjs): the same Mcp-Session-Id works after the restart, its
+#                        tasks are reachable, cancel and a blocking tasks/result complete
 #
 # Environment: INTEROP_WORK=DIR (default a new /tmp dir), MODERN_LEVEL=strict|report (report:
 # differences through taskgate are printed as notes and do not fail; direct failures still do).
@@ -362,6 +365,17 @@ if [[ "$BIN" != none ]]; then
     props restart-before "${URL[via]}" --admin "$(field taskgate-none listening.admin)" --received "$(field fixture-via received)" \
         --phase before-restart --state "$WORK/restart-state.json" --label "restart (before)"
     rc=$?
+    held_rc=0
+    held_restart() { # held_restart PHASE: a held session on the pure rmcp fixture (held-restart.mjs)
+        run_fg timeout 120 "$NODE22" "$HERE/held-restart.mjs" "${RMCP_PURE_URL[via]}" --phase "$1" \
+            --state "$WORK/held-restart-state.json" >"$WORK/held-restart-$1.log" 2>&1
+        local r=$?
+        grep -v '^PASS' "$WORK/held-restart-$1.log" | sed 's/^/  /'
+        return $r
+    }
+    if [[ $RMCP == 1 ]]; then
+        held_restart before-restart || held_rc=1
+    fi
     kill -KILL "${PID[taskgate-none]}" 2>/dev/null
     wait "${PID[taskgate-none]}" 2>/dev/null
     cp "$WORK/taskgate-none.err" "$WORK/taskgate-none-before-restart.err"
@@ -370,10 +384,16 @@ if [[ "$BIN" != none ]]; then
         URL[via]="http://$(field taskgate-none listening.gateway)/mcp/modern"
         props restart-after "${URL[via]}" --admin "$(field taskgate-none listening.admin)" --received "$(field fixture-via received)" \
             --phase after-restart --state "$WORK/restart-state.json" --label "restart (after)" || rc=1
+        if [[ $RMCP == 1 ]]; then
+            RMCP_PURE_URL[via]="http://$(field taskgate-none listening.gateway)/mcp/rmcp-pure"
+            held_restart after-restart || held_rc=1
+        fi
     else
         rc=1
+        held_rc=1
     fi
     result "modern-restart kill -9 $(route_name via)" $rc
+    [[ $RMCP == 1 ]] && result "modern-restart held session (rmcp pure) kill -9 $(route_name via)" $held_rc
 fi
 
 for name in "${!PID[@]}"; do

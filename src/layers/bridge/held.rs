@@ -15,10 +15,12 @@
 //!   the 2026 `extensions`; the 2025 `capabilities.tasks` added when the upstream has the tasks
 //!   extension, as for a dual-era upstream), `instructions`; `protocolVersion` is the client's
 //!   when it is a 2025-era revision taskgate knows, else `2025-11-25`. It mints the
-//!   `Mcp-Session-Id` (128 random bits from the OS, hex), bound to the caller like any session
-//!   (`session_guard`: another principal gets 404), bounded by `gateway.max_sessions`, reclaimed
-//!   when idle like the others. The `session` layer keeps what the client declared
-//!   ([`HeldSession`]: its capabilities and `clientInfo`, bounded).
+//!   `Mcp-Session-Id` (`tgh-` and 128 random bits from the OS as 32 hex digits, the held form
+//!   `session::is_held_form`), bound to the caller like any session (`session_guard`: another
+//!   principal gets 404), bounded by `gateway.max_sessions`, reclaimed when idle like the
+//!   others. The `session` layer keeps what the client declared ([`HeldSession`]: its
+//!   capabilities and `clientInfo`, bounded), in its table and in the registry's store, before
+//!   the answer goes on (503 when the table is full, 500 when the store cannot write it).
 //! - every later request on the session goes upstream as a stateless 2026-07-28 request: no
 //!   `Mcp-Session-Id`, `MCP-Protocol-Version: 2026-07-28`, `Mcp-Method`, `Mcp-Name`
 //!   (`params.name` of `tools/call` / `prompts/get`, `params.uri` of `resources/read`, the
@@ -36,13 +38,21 @@
 //!   (202); `ping` and `logging/setLevel` (`{}`; 2026-07-28 has neither); the GET stream (405,
 //!   the 2025 transport's answer of a server without one; 2026 servers have no GET stream); the
 //!   DELETE (200: the session ends, nothing goes upstream).
-//! - a 2025 request naming a session id taskgate does not know (never issued, reclaimed, issued
-//!   before a restart) gets 404 `-32001` "Session not found": the client initializes again.
+//! - a 2025 request naming a session id of the held form that taskgate does not hold is looked
+//!   up in the store first (`session::held_store`, by `session_guard`): a held session issued
+//!   before a restart (or by another replica sharing a PostgreSQL store) comes back with its
+//!   owner, negotiated version, capabilities and `clientInfo` and is served as it was, so the
+//!   tasks created on it (whose owner, without authentication, is the session id) stay
+//!   reachable; after a restart the first such request also asks `server/discover` when the
+//!   era is not known yet. One the store does not hold (never issued, ended, reclaimed, idle
+//!   past `gateway.session_idle_ms`) gets 404 `-32001` "Session not found", with or without
+//!   authentication and before the first `initialize` after a start alike (never forwarded):
+//!   the client initializes again.
 //!
-//! Limits: held sessions live in memory (a restart ends them; clients get 404 and initialize
-//! again; their tasks stay reachable by owner, as records are durable). Before the first
-//! `initialize` after a start taskgate does not know it holds sessions, so such a stale session
-//! id is forwarded upstream once (without auth) and the upstream answers it.
+//! Durability: the stored session's expiry moves forward on use at most once per
+//! `session::touch_every` (a sixteenth of `gateway.session_idle_ms`), so a session may be taken
+//! for idle that much early after a restart; its removal on DELETE is durable before the answer,
+//! a removal on reclaim happens in the background.
 
 use super::{modern_request, translate, BridgeState, UpstreamEra};
 use crate::era::{self, CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
@@ -509,11 +519,16 @@ pub(super) fn legacy_initialize_result(discovered: &Value, version: &str) -> Val
     result
 }
 
-/// A new session id: 128 bits from the operating system's random source, as 32 hex digits.
+/// A new session id: `tgh-` and 128 bits from the operating system's random source as 32 hex
+/// digits (the held form, `session::is_held_form`: only such ids are looked up in the store).
 fn new_session_id() -> Option<String> {
     let mut bytes = [0u8; 16];
     getrandom::getrandom(&mut bytes).ok()?;
-    Some(hex::encode(bytes))
+    Some(format!(
+        "{}{}",
+        crate::layers::session::HELD_SESSION_PREFIX,
+        hex::encode(bytes)
+    ))
 }
 
 /// The reply of an `initialize` the upstream refused without a JSON-RPC answer: HTTP 404 or 405
@@ -566,7 +581,7 @@ mod tests {
         add_session_meta(&mut none, &held);
         assert_eq!(none, json!("x"));
         let a = new_session_id().unwrap();
-        assert_eq!(a.len(), 32);
+        assert!(crate::layers::session::is_held_form(a.as_bytes()), "{a}");
         assert_ne!(a, new_session_id().unwrap());
     }
 }

@@ -217,12 +217,13 @@ impl BridgeState {
     }
 
     /// The state of one upstream, reading client capabilities (for `input_required`) from
-    /// `sessions`.
+    /// `sessions`, whose held sessions are kept in `registry`'s store (see `held`).
     pub fn with_sessions(
         registry: Arc<Registry>,
         protocol: UpstreamProtocol,
         sessions: Arc<crate::layers::session::Sessions>,
     ) -> Arc<BridgeState> {
+        sessions.keep_held_in(registry.store().clone());
         let mut state = BridgeState::new(registry, protocol);
         if let Some(s) = Arc::get_mut(&mut state) {
             s.sessions = Some(sessions);
@@ -298,6 +299,10 @@ pub struct BridgeService<S> {
 
 type BoxFut = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send>>;
 
+/// Marks a request of a held session for which the era was asked (asked once).
+#[derive(Clone, Copy)]
+struct EraAsked;
+
 impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
     type Response = McpReply;
     type Error = GatewayError;
@@ -314,17 +319,29 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
         if Era::of(&req) == Era::Modern {
             return Box::pin(inner.oneshot(req));
         }
-        // A session taskgate holds: nothing of it goes upstream in the 2025 form.
+        // A session taskgate holds (one may come back from the store before this process
+        // learned that it holds sessions): nothing of it goes upstream in the 2025 form.
         let mut is_held = false;
-        if state.holds_sessions() {
+        if state.holds_sessions() || state.sessions.as_ref().is_some_and(|s| s.any_held()) {
             match held::lookup(&state, &req) {
                 held::Lookup::Held(session) => {
                     req.extensions.insert(session);
                     is_held = true;
                 }
-                held::Lookup::Unknown => return Box::pin(async move { Ok(held::not_found(&req)) }),
+                held::Lookup::Unknown if state.holds_sessions() => {
+                    return Box::pin(async move { Ok(held::not_found(&req)) })
+                }
+                held::Lookup::Unknown => {}
                 held::Lookup::NotHeld | held::Lookup::NoSession => {}
             }
+        }
+        if is_held && state.known().is_none() && req.extensions.get::<EraAsked>().is_none() {
+            // A held session back from the store before this process learned the era.
+            return Box::pin(async move {
+                upstream_era(&state, &inner, &req).await;
+                req.extensions.insert(EraAsked);
+                BridgeService { inner, state }.call(req).await
+            });
         }
         if let Some(pending) = input_answer(&state, &req) {
             return Box::pin(async move {

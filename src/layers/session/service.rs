@@ -84,15 +84,25 @@ where
             let mut reply = inner.call(req).await?;
             let held = reply.headers.remove(&HELD_SESSION).is_some();
             if held {
-                if let Some(refused) = store_held(&sessions, &upstream, &principal, &watch, &reply)
+                let answered = match &reply.body {
+                    ReplyBody::Json(bytes) => Some(bytes.clone()),
+                    _ => None,
+                };
+                let issued = reply
+                    .headers
+                    .get("mcp-session-id")
+                    .and_then(|h| HeaderValue::from_bytes(h.as_bytes()).ok());
+                if let Some(refused) =
+                    store_held(&sessions, &upstream, &principal, &watch, answered, issued).await
                 {
                     return Ok(refused);
                 }
             }
             if let Watch::End = watch {
-                // Forgotten once the upstream ended it (or does not know it).
+                // Forgotten once the upstream ended it (or does not know it); a held session
+                // leaves the store before the answer goes on.
                 if reply.status.is_success() || reply.status == http::StatusCode::NOT_FOUND {
-                    sessions.forget(&upstream, session.as_ref());
+                    sessions.forget_ended(&upstream, session.as_ref()).await;
                 }
                 return Ok(reply);
             }
@@ -106,9 +116,14 @@ where
             // upstream's facts there, never one client's capabilities.
             let keep_client_caps = has_identity || issued.is_some();
             let reply_session = issued.map(SessionKey::Session).or(session);
-            let json_matters = matches!(watch, Watch::Initialize(..) | Watch::ToolsList);
+            // A held session's `initialize` answer was recorded by `store_held`, once.
+            let json_matters = match watch {
+                Watch::Initialize(..) => !held,
+                Watch::ToolsList => true,
+                _ => false,
+            };
             let observe = move |bytes: &[u8]| match &watch {
-                Watch::Initialize(caps, params) => {
+                Watch::Initialize(caps, _) => {
                     let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
                         return;
                     };
@@ -122,7 +137,7 @@ where
                             principal.clone(),
                             keep_client_caps.then_some(caps),
                             Some(result),
-                            held.then(|| Arc::new(HeldSession::from_initialize(params.as_ref()))),
+                            None,
                         );
                     }
                 }
@@ -162,41 +177,54 @@ enum Watch {
 }
 
 /// A held session's `initialize` answer (taskgate minted the session, see `bridge::held`) is
-/// stored before the client sees its id: when the table has no room (concurrent `initialize`s
-/// past the `has_room` check), the client gets 503 instead of an id that would be 404 at once
-/// (found by review). `None`: stored (or nothing to store), pass the reply on.
-fn store_held(
+/// stored, in the table and in the registry's store (durably), before the client sees its id:
+/// when the table has no room (concurrent `initialize`s past the `has_room` check), the client
+/// gets 503 instead of an id that would be 404 at once (found by review); when the store
+/// cannot write it, 500 (an id that a restart would lose). `None`: stored (or nothing to
+/// store), pass the reply on.
+async fn store_held(
     sessions: &Sessions,
     upstream: &Arc<str>,
     principal: &Principal,
     watch: &Watch,
-    reply: &McpReply,
+    answer: Option<bytes::Bytes>,
+    issued: Option<HeaderValue>,
 ) -> Option<McpReply> {
-    let (Watch::Initialize(caps, params), ReplyBody::Json(bytes)) = (watch, &reply.body) else {
+    let (Watch::Initialize(caps, params), Some(bytes), Some(issued)) = (watch, answer, issued)
+    else {
         return None;
     };
-    let v = serde_json::from_slice::<Value>(bytes).ok()?;
+    let v = serde_json::from_slice::<Value>(&bytes).ok()?;
     let result = v.get("result")?;
-    let issued = reply
-        .headers
-        .get("mcp-session-id")
-        .and_then(|h| HeaderValue::from_bytes(h.as_bytes()).ok())?;
+    let key = SessionKey::Session(issued.clone());
     let stored = sessions.insert(
         upstream,
-        Some(SessionKey::Session(issued)),
+        Some(key.clone()),
         principal.clone(),
         Some(caps),
         Some(result),
         Some(Arc::new(HeldSession::from_initialize(params.as_ref()))),
     );
-    (!stored).then(|| {
-        let id = v.get("id").and_then(Id::from_value);
-        let mut refused = McpReply::local_error(
-            id.as_ref(),
-            crate::jsonrpc::INTERNAL_ERROR,
+    let id = v.get("id").and_then(Id::from_value);
+    let refuse = |status: http::StatusCode, message: &str| {
+        let mut refused =
+            McpReply::local_error(id.as_ref(), crate::jsonrpc::INTERNAL_ERROR, message);
+        refused.status = status;
+        Some(refused)
+    };
+    if !stored {
+        return refuse(
+            http::StatusCode::SERVICE_UNAVAILABLE,
             "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
         );
-        refused.status = http::StatusCode::SERVICE_UNAVAILABLE;
-        refused
-    })
+    }
+    if let Err(e) = sessions.store_held_entry(upstream, &issued).await {
+        tracing::error!(error = %e, "a held session could not be written to the store");
+        sessions.forget(upstream, Some(&key));
+        return refuse(
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            "taskgate could not record the session in its store; try again later",
+        );
+    }
+    None
 }

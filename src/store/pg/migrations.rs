@@ -81,6 +81,23 @@ CREATE INDEX taskgate_tasks_live_by_owner ON taskgate_tasks (upstream, owner)
     WHERE status NOT IN ('completed', 'failed', 'cancelled');
 "#,
     ),
+    (
+        3,
+        r#"
+-- Held sessions: the 2025-11-25 sessions taskgate holds itself for an upstream without 2025
+-- sessions (layers::bridge::held), one row per (upstream, Mcp-Session-Id), written before the
+-- session id is handed out; session is the JSON HeldSessionRecord; expires_at (ms, taskgate's
+-- clock) is when it is idle past gateway.session_idle_ms (then never revived, and swept).
+CREATE TABLE taskgate_held_sessions (
+    upstream   text   NOT NULL,
+    session_id text   NOT NULL,
+    expires_at bigint NOT NULL,
+    session    text   NOT NULL,
+    PRIMARY KEY (upstream, session_id)
+);
+CREATE INDEX taskgate_held_sessions_by_expiry ON taskgate_held_sessions (expires_at);
+"#,
+    ),
 ];
 
 /// Applies every migration the database has not seen, in order, in one transaction.

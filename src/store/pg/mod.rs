@@ -17,7 +17,8 @@
 //! **Schema** (see `migrations`): `taskgate_tasks` (one row per `(upstream, taskId)`: the record
 //! as JSON text plus the columns queries need: owner, recorded_at, expires_at, status, a version
 //! for compare-and-swap, and the cross-replica cancel claim), `taskgate_audit` (append-only),
-//! `taskgate_slots` (live-task slots of creations in flight).
+//! `taskgate_slots` (live-task slots of creations in flight), `taskgate_held_sessions` (the
+//! held sessions, see `held`).
 //!
 //! **Guarantees across replicas, enforced by the database**:
 //! - `create` is one autocommitted `INSERT … ON CONFLICT DO NOTHING` (with the server's
@@ -35,6 +36,7 @@
 //! Durability: every write is its own committed transaction, so [`TaskStore::sync`] has nothing
 //! left to wait for.
 
+mod held;
 mod migrations;
 mod names;
 mod open;
@@ -46,8 +48,8 @@ pub use names::redact;
 
 use super::sled_store::{owner_prefix, push_str, read_str, read_u64};
 use super::{
-    AuditEvent, CancelClaim, ListCursor, Owner, SharedCancelOutcome, StoreError, TaskRecord,
-    TaskStore,
+    AuditEvent, CancelClaim, HeldSessionRecord, ListCursor, Owner, SharedCancelOutcome, StoreError,
+    TaskRecord, TaskStore,
 };
 use deadpool_postgres::Pool;
 use futures_util::future::BoxFuture;
@@ -419,6 +421,39 @@ impl TaskStore for PgStore {
     fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         // Every write was its own committed transaction.
         async { Ok(()) }.boxed()
+    }
+
+    fn put_held_session(
+        &self,
+        session: HeldSessionRecord,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.spawn(move |pool| PgStore::put_held_now(pool, session))
+            .boxed()
+    }
+
+    fn held_session(
+        &self,
+        upstream: &str,
+        session_id: &str,
+    ) -> Result<Option<HeldSessionRecord>, StoreError> {
+        self.held_now(upstream, session_id)
+    }
+
+    fn touch_held_session(
+        &self,
+        upstream: &str,
+        session_id: &str,
+        expires_at: u64,
+    ) -> Result<bool, StoreError> {
+        self.touch_held_now(upstream, session_id, expires_at)
+    }
+
+    fn remove_held_session(&self, upstream: &str, session_id: &str) -> Result<bool, StoreError> {
+        self.remove_held_now(upstream, session_id)
+    }
+
+    fn remove_expired_held_sessions(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
+        self.remove_expired_held_now(now_ms, limit)
     }
 
     fn sync_soon(&self) {}

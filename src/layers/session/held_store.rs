@@ -1,0 +1,318 @@
+//! Held sessions kept in the registry's store (see `crate::store::held`), so that a held
+//! `Mcp-Session-Id` stays valid for its owner across a restart, and on every replica sharing a
+//! PostgreSQL store.
+//!
+//! - **Written** before the session id leaves taskgate ([`Sessions::store_held_entry`], awaited
+//!   by the `session` layer before the `initialize` answer goes on).
+//! - **Recognised**: a held session id has its own form ([`is_held_form`]: `tgh-` and 32 hex
+//!   digits). A request carrying one that the table does not hold is looked up in the store
+//!   ([`Sessions::revive`], by `session_guard`, before anything else): a stored session not past
+//!   its idle limit comes back into the table with its owner, capabilities, `clientInfo` and
+//!   protocol version, and is served as a held session; one that is not stored (never issued,
+//!   ended, reclaimed, expired) is 404 at once, never forwarded upstream.
+//! - **Kept fresh**: its `expires_at` (Unix ms; `gateway.session_idle_ms` after the last use) is
+//!   moved forward on use, at most once per [`touch_every`] per session, so it may be up to that
+//!   much early.
+//! - **Removed** when the session ends (DELETE, awaited), is reclaimed as idle (in the
+//!   background), or expires (the registry's sweep; a stored session past its idle limit is
+//!   never revived).
+
+use super::{SessionInfo, SessionKey, Sessions};
+use crate::exchange::Principal;
+use crate::layers::extensions::HeldSession;
+use crate::mcp::task::now_ms;
+use crate::store::{HeldSessionRecord, StoreError, TaskStore};
+use http::HeaderValue;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The prefix of the session ids taskgate mints for the sessions it holds.
+pub const HELD_SESSION_PREFIX: &str = "tgh-";
+
+/// Whether `id` has the form of a held session id taskgate mints: [`HELD_SESSION_PREFIX`] and
+/// 32 lowercase hex digits.
+pub fn is_held_form(id: &[u8]) -> bool {
+    id.strip_prefix(HELD_SESSION_PREFIX.as_bytes())
+        .is_some_and(|hex| {
+            hex.len() == 32 && hex.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
+}
+
+/// How often a held session in use has its stored `expires_at` moved forward: a sixteenth of
+/// `gateway.session_idle_ms`, at least a second.
+pub fn touch_every(idle: Duration) -> Duration {
+    (idle / 16).max(Duration::from_secs(1))
+}
+
+/// What [`Sessions::revive`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revived {
+    /// The session is in the table (it was, or it came back from the store).
+    InTable,
+    /// No such held session (not stored, or past its idle limit).
+    NotStored,
+    /// Stored, but the table is full (`gateway.max_sessions`, none idle).
+    NoRoom,
+    /// The store could not be read.
+    Failed,
+}
+
+fn owner_of(p: &Principal) -> Option<String> {
+    match p {
+        Principal::Token(t) => Some(t.to_string()),
+        Principal::Anonymous => None,
+    }
+}
+
+impl Sessions {
+    /// Keeps the held sessions in `store` from now on (the first store given is kept).
+    pub fn keep_held_in(&self, store: Arc<dyn TaskStore>) {
+        let _ = self.store.set(store);
+    }
+
+    fn idle_ms(&self) -> u64 {
+        u64::try_from(self.idle.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether a request's session id may be a held session only the store knows: the store
+    /// is kept, the id has the held form, and the table does not hold it.
+    pub fn may_revive(&self, upstream: &Arc<str>, session: &HeaderValue) -> bool {
+        self.store.get().is_some()
+            && is_held_form(session.as_bytes())
+            && self
+                .read(
+                    upstream,
+                    Some(&SessionKey::Session(session.clone())),
+                    |_| (),
+                )
+                .is_none()
+    }
+
+    /// Whether any held session was ever in the table (the bridge then looks sessions up even
+    /// before it learned that it holds sessions for an upstream).
+    pub fn any_held(&self) -> bool {
+        self.any_held.load(Ordering::Relaxed)
+    }
+
+    /// The stored form of a held session's entry.
+    fn record_of(&self, upstream: &str, session: &str, info: &SessionInfo) -> HeldSessionRecord {
+        let held = info.held.as_deref();
+        HeldSessionRecord {
+            upstream: upstream.to_string(),
+            session_id: session.to_string(),
+            owner: owner_of(&info.owner),
+            protocol_version: info
+                .protocol_version
+                .as_ref()
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            capability_bits: info.client_caps,
+            upstream_tasks_tools_call: info.upstream_tasks_tools_call,
+            upstream_without_tasks: info.upstream_without_tasks,
+            client_capabilities: held
+                .map_or_else(|| serde_json::json!({}), |h| h.client_capabilities.clone()),
+            client_info: held.and_then(|h| h.client_info.clone()),
+            expires_at: now_ms().saturating_add(self.idle_ms()),
+        }
+    }
+
+    /// Writes the held session `session` of the table to the store; returns once it is durable
+    /// (`Ok` at once when no store is kept or the entry is not a held one).
+    pub async fn store_held_entry(
+        &self,
+        upstream: &Arc<str>,
+        session: &HeaderValue,
+    ) -> Result<(), StoreError> {
+        let Some(store) = self.store.get().cloned() else {
+            return Ok(());
+        };
+        let key = SessionKey::Session(session.clone());
+        let Some(record) = self.read(upstream, Some(&key), |info| {
+            info.held
+                .is_some()
+                .then(|| self.record_of(upstream, session.to_str().unwrap_or_default(), info))
+        }) else {
+            return Ok(());
+        };
+        let Some(record) = record else {
+            return Ok(());
+        };
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || handle.block_on(store.put_held_session(record)))
+            .await
+            .unwrap_or_else(|e| Err(StoreError::Db(format!("held session not written: {e}"))))
+    }
+
+    /// Brings a held session the store keeps back into the table (see the module docs).
+    pub async fn revive(&self, upstream: &Arc<str>, session: &HeaderValue) -> Revived {
+        let Some(store) = self.store.get().cloned() else {
+            return Revived::NotStored;
+        };
+        let Ok(id) = session.to_str().map(str::to_string) else {
+            return Revived::NotStored;
+        };
+        let up = upstream.to_string();
+        let found = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
+            let found = store.held_session(&up, &id)?;
+            match found {
+                Some(s) if s.expires_at <= now_ms() => {
+                    // Past its idle limit: never revived, and gone.
+                    store.remove_held_session(&up, &id)?;
+                    Ok(None)
+                }
+                other => Ok(other),
+            }
+        })
+        .await;
+        let record = match found {
+            Ok(Ok(Some(r))) => r,
+            Ok(Ok(None)) => return Revived::NotStored,
+            Ok(Err(StoreError::Corrupt(e))) => {
+                // Never written so (bounds are checked on write): not a session taskgate serves.
+                tracing::warn!(error = %e, "a stored held session cannot be read back");
+                return Revived::NotStored;
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "a held session could not be read from the store");
+                return Revived::Failed;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "a held session could not be read from the store");
+                return Revived::Failed;
+            }
+        };
+        let now = self.now();
+        let info = SessionInfo {
+            owner: match record.owner {
+                Some(p) => Principal::Token(p.into()),
+                None => Principal::Anonymous,
+            },
+            client_caps: record.capability_bits,
+            upstream_tasks_tools_call: record.upstream_tasks_tools_call,
+            upstream_without_tasks: record.upstream_without_tasks,
+            tools: Arc::default(),
+            protocol_version: record
+                .protocol_version
+                .as_deref()
+                .and_then(|v| HeaderValue::from_str(v).ok()),
+            last_used: now,
+            stored_at: now,
+            held: Some(Arc::new(HeldSession {
+                client_capabilities: record.client_capabilities,
+                client_info: record.client_info,
+            })),
+        };
+        let mut table = self.table.lock();
+        let key = (upstream.clone(), Some(SessionKey::Session(session.clone())));
+        if table.map.contains_key(&key) {
+            return Revived::InTable;
+        }
+        if !self.make_room(&mut table) {
+            return Revived::NoRoom;
+        }
+        table.map.insert(key, info);
+        self.any_held.store(true, Ordering::Relaxed);
+        tracing::debug!(upstream = %upstream, "a held session came back from the store");
+        Revived::InTable
+    }
+
+    /// Moves the stored expiry of a held session in use (at most once per [`touch_every`]);
+    /// called under the table's lock by [`Sessions::access`].
+    pub(super) fn touch_if_due(
+        &self,
+        upstream: &Arc<str>,
+        session: &HeaderValue,
+        info: &mut SessionInfo,
+    ) {
+        let Some(store) = self.store.get() else {
+            return;
+        };
+        if info.held.is_none() {
+            return;
+        }
+        let now = self.now();
+        let every = touch_every(self.idle).as_secs().min(u32::MAX as u64) as u32;
+        if now.saturating_sub(info.stored_at) < every {
+            return;
+        }
+        info.stored_at = now;
+        let (Ok(handle), Ok(id)) = (tokio::runtime::Handle::try_current(), session.to_str()) else {
+            return;
+        };
+        let (store, up, id) = (store.clone(), upstream.to_string(), id.to_string());
+        let expires_at = now_ms().saturating_add(self.idle_ms());
+        handle.spawn_blocking(move || {
+            if let Err(e) = store.touch_held_session(&up, &id, expires_at) {
+                tracing::warn!(error = %e, "a held session's stored expiry was not moved");
+            }
+        });
+    }
+
+    /// Removes held sessions the table no longer holds from the store, in the background.
+    pub(super) fn unstore(&self, gone: Vec<(Arc<str>, String)>) {
+        let Some(store) = self.store.get() else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if gone.is_empty() {
+            return;
+        }
+        let store = store.clone();
+        handle.spawn_blocking(move || {
+            for (up, id) in gone {
+                if let Err(e) = store.remove_held_session(&up, &id) {
+                    tracing::warn!(error = %e, "a held session was not removed from the store");
+                }
+            }
+        });
+    }
+
+    /// Forgets a session that ended (its DELETE); a held one is removed from the store before
+    /// this returns.
+    pub async fn forget_ended(&self, upstream: &Arc<str>, session: Option<&SessionKey>) {
+        let removed = self
+            .table
+            .lock()
+            .map
+            .remove(&(upstream.clone(), session.cloned()));
+        let (Some(store), Some(info), Some(SessionKey::Session(id))) =
+            (self.store.get().cloned(), removed, session)
+        else {
+            return;
+        };
+        let Ok(id) = id.to_str().map(str::to_string) else {
+            return;
+        };
+        if info.held.is_none() {
+            return;
+        }
+        let up = upstream.to_string();
+        let handle = tokio::runtime::Handle::current();
+        let done = tokio::task::spawn_blocking(move || {
+            store.remove_held_session(&up, &id)?;
+            handle.block_on(store.sync())
+        })
+        .await;
+        if let Ok(Err(e)) = done {
+            tracing::warn!(error = %e, "an ended held session was not removed from the store");
+        }
+    }
+
+    /// The held sessions among the entries `table` is about to drop, as `(upstream, id)`.
+    pub(super) fn held_keys<'a>(
+        entries: impl Iterator<Item = (&'a (Arc<str>, Option<SessionKey>), &'a SessionInfo)>,
+    ) -> Vec<(Arc<str>, String)> {
+        entries
+            .filter(|(_, info)| info.held.is_some())
+            .filter_map(|((up, key), _)| match key {
+                Some(SessionKey::Session(id)) => {
+                    id.to_str().ok().map(|id| (up.clone(), id.to_string()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,146 @@
+//! Held sessions in the store: the 2025-11-25 sessions taskgate holds itself for an upstream
+//! without 2025 sessions (see `layers::bridge::held`), kept so that a held `Mcp-Session-Id`
+//! stays valid for its owner across a restart (and on every replica sharing a PostgreSQL store).
+//!
+//! One [`HeldSessionRecord`] per `(upstream, Mcp-Session-Id)`: written (durably) before the
+//! session id leaves taskgate, its `expires_at` moved forward while the session is used
+//! (`layers::session`), removed when the session ends (DELETE), is reclaimed as idle, or expires
+//! (the registry's sweep, [`super::TaskStore::remove_expired_held_sessions`]). Every field is
+//! bounded ([`HeldSessionRecord::check`]): a record past a bound is neither written nor read
+//! back.
+
+use crate::layers::extensions::{MAX_HELD_CAPABILITIES, MAX_HELD_CLIENT_INFO};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Longest stored `Mcp-Session-Id` (taskgate mints 32 hex digits).
+pub const MAX_HELD_SESSION_ID: usize = 128;
+/// Longest stored owner (a bearer principal's name, or an OAuth `<iss>#<sub>`).
+pub const MAX_HELD_OWNER: usize = 1024;
+/// Longest stored negotiated `protocolVersion`.
+pub const MAX_HELD_PROTOCOL_VERSION: usize = 64;
+/// Longest upstream name stored with a held session.
+pub const MAX_HELD_UPSTREAM: usize = 256;
+
+/// One held session as the store keeps it (JSON in both backends).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeldSessionRecord {
+    /// The upstream's configured name.
+    pub upstream: String,
+    /// The `Mcp-Session-Id` taskgate minted.
+    pub session_id: String,
+    /// The principal that initialized the session (its owner); `None` without authentication
+    /// (whoever holds the session id is its owner).
+    pub owner: Option<String>,
+    /// The `protocolVersion` the session negotiated (`MCP-Protocol-Version` of its requests).
+    pub protocol_version: Option<String>,
+    /// The client's top-level capabilities taskgate acts on, as bits: 1 `tasks`,
+    /// 2 `elicitation`, 4 `sampling`, 8 `roots`.
+    pub capability_bits: u8,
+    /// The `InitializeResult` taskgate answered declared `tasks.requests.tools.call`.
+    pub upstream_tasks_tools_call: bool,
+    /// The `InitializeResult` taskgate answered had capabilities without `tasks`.
+    pub upstream_without_tasks: bool,
+    /// The client's `initialize` `params.capabilities` as the held session keeps them (an
+    /// object, at most [`MAX_HELD_CAPABILITIES`] bytes of JSON).
+    pub client_capabilities: Value,
+    /// The client's `params.clientInfo` (at most [`MAX_HELD_CLIENT_INFO`] bytes of JSON).
+    pub client_info: Option<Value>,
+    /// Unix time (ms) after which the session is idle past `gateway.session_idle_ms`: it is
+    /// then never revived, and the sweep removes it.
+    pub expires_at: u64,
+}
+
+impl HeldSessionRecord {
+    /// Checks every bound (see the constants); `Err` names the field past its bound.
+    pub fn check(&self) -> Result<(), String> {
+        let too_long = |what: &str, len: usize, max: usize| {
+            (len > max).then(|| format!("held session {what} is {len} bytes, more than {max}"))
+        };
+        let json_len = |v: &Value| v.to_string().len();
+        let problem = too_long("upstream", self.upstream.len(), MAX_HELD_UPSTREAM)
+            .or_else(|| too_long("id", self.session_id.len(), MAX_HELD_SESSION_ID))
+            .or_else(|| {
+                too_long(
+                    "owner",
+                    self.owner.as_ref().map_or(0, String::len),
+                    MAX_HELD_OWNER,
+                )
+            })
+            .or_else(|| {
+                too_long(
+                    "protocolVersion",
+                    self.protocol_version.as_ref().map_or(0, String::len),
+                    MAX_HELD_PROTOCOL_VERSION,
+                )
+            })
+            .or_else(|| {
+                too_long(
+                    "capabilities",
+                    json_len(&self.client_capabilities),
+                    MAX_HELD_CAPABILITIES,
+                )
+            })
+            .or_else(|| {
+                too_long(
+                    "clientInfo",
+                    self.client_info.as_ref().map_or(0, json_len),
+                    MAX_HELD_CLIENT_INFO,
+                )
+            })
+            .or_else(|| {
+                (self.session_id.is_empty() || !self.client_capabilities.is_object())
+                    .then(|| "held session without an id or a capabilities object".to_string())
+            });
+        match problem {
+            Some(p) => Err(p),
+            None => Ok(()),
+        }
+    }
+
+    /// The stored form (JSON text).
+    pub fn encode(&self) -> String {
+        serde_json::to_string(self).expect("a held session always serialises")
+    }
+
+    /// Reads [`HeldSessionRecord::encode`]'s form, bounds checked.
+    pub fn decode(bytes: &[u8]) -> Result<HeldSessionRecord, super::StoreError> {
+        let r: HeldSessionRecord = serde_json::from_slice(bytes)
+            .map_err(|e| super::StoreError::Corrupt(format!("held session: {e}")))?;
+        r.check().map_err(super::StoreError::Corrupt)?;
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn bounds_are_checked_both_ways() {
+        let ok = HeldSessionRecord {
+            upstream: "u".into(),
+            session_id: "0123".into(),
+            owner: None,
+            protocol_version: Some("2025-11-25".into()),
+            capability_bits: 2,
+            upstream_tasks_tools_call: true,
+            upstream_without_tasks: false,
+            client_capabilities: json!({"elicitation": {}}),
+            client_info: Some(json!({"name": "c"})),
+            expires_at: 1,
+        };
+        assert_eq!(
+            HeldSessionRecord::decode(ok.encode().as_bytes()).unwrap(),
+            ok
+        );
+        let mut big = ok.clone();
+        big.client_info = Some(json!({"name": "x".repeat(MAX_HELD_CLIENT_INFO)}));
+        assert!(big.check().unwrap_err().contains("clientInfo"));
+        assert!(HeldSessionRecord::decode(big.encode().as_bytes()).is_err());
+        let mut no_id = ok;
+        no_id.session_id.clear();
+        assert!(no_id.check().is_err());
+    }
+}
