@@ -78,6 +78,12 @@
 //! - `input_required` while a bridged `tasks/result` follows the task: see `input` (prompts on
 //!   the `tasks/result` stream: `elicitation/create`, `sampling/createMessage`, `roots/list`;
 //!   answers upstream as `tasks/update`; keys asked once; bounded per task and per caller).
+//! - MRTR (an `input_required` *result*, 2026-07-28 §2.3) answering the bridged task-augmented
+//!   `tools/call` before its task exists, or a held session's `tools/call` / `prompts/get` /
+//!   `resources/read`: see `mrtr` (the same prompts on the request's own stream, then the request
+//!   retried under a new id with `inputResponses` and the `requestState`; at most
+//!   [`mrtr::MAX_ROUNDS`] rounds). The bridged task call declares, besides the extension, the
+//!   `elicitation` / `sampling` / `roots` capabilities the client's session declared.
 //!
 //! - status changes seen while a bridged `tasks/result` follows the task are sent on its stream
 //!   as `notifications/tasks/status` (a 2025 `Task`).
@@ -98,8 +104,9 @@
 //!
 //! Files: this one (the layer, the era, the dispatch, the request and answer helpers), `calls`
 //! (`initialize`, `tools/list`, `tools/call`), `follow` (tasks/get, tasks/result, tasks/cancel,
-//! `server/discover`), `held` (held sessions), `input` (input requests), `translate` (the pure
-//! shape translations), `errors` (2026-only error codes for 2025 clients).
+//! `server/discover`), `held` (held sessions), `input` (input requests), `mrtr` (input within a
+//! request: MRTR), `answer` (the bridge's own exchanges), `translate` (the pure shape
+//! translations), `errors` (2026-only error codes for 2025 clients).
 
 mod answer;
 mod calls;
@@ -107,6 +114,7 @@ pub mod errors;
 mod follow;
 mod held;
 pub mod input;
+pub mod mrtr;
 pub mod translate;
 
 use answer::{answer_of, ask, ask_with, error_reply, failure_reply, legacy_reply};
@@ -327,6 +335,11 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             }
         }
         if let Some(pending) = input_answer(&state, &req) {
+            if pending.round.is_some() {
+                // An answer to an MRTR round's input request (see `mrtr`).
+                mrtr::answered(&req, pending);
+                return Box::pin(async { Ok(McpReply::accepted()) });
+            }
             return Box::pin(async move {
                 follow::send_update(&state, inner, &req, pending).await;
                 Ok(McpReply::accepted())
@@ -348,8 +361,8 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             Some("initialize") => Box::pin(calls::initialize(state, inner, req)),
             Some("tools/list") if is_held => {
                 let st = state.clone();
-                Box::pin(held::forward_with(st, inner, req, |inner, out| {
-                    calls::tools_list(state, inner, out)
+                Box::pin(held::forward_with(st, inner, req, move |inner, out| {
+                    calls::tools_list(state.clone(), inner, out)
                 }))
             }
             Some("tools/list") => Box::pin(calls::tools_list(state, inner, req)),
@@ -361,8 +374,8 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             }
             Some("tools/call") if is_held => {
                 let st = state.clone();
-                Box::pin(held::forward_with(st, inner, req, |inner, out| {
-                    calls::plain_call(state, inner, out)
+                Box::pin(held::forward_with(st, inner, req, move |inner, out| {
+                    calls::plain_call(state.clone(), inner, out)
                 }))
             }
             Some("tools/call") => Box::pin(calls::plain_call(state, inner, req)),
