@@ -13,6 +13,8 @@ use common::*;
 use serde_json::{json, Value};
 use taskgate::store::Origin;
 
+const CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
+
 /// A `requestState` with characters a careless re-encoding would change.
 const STATE_1: &str = "s1:\u{2603}:\"q\"\\/+==";
 
@@ -81,6 +83,29 @@ fn handler(req: &RecordedRequest) -> ScriptedResponse {
             "ask_twice" => complete(&id, &format!("b={}", answer("b"))),
             "ask_forever" => input_required(&id, "k", "elicitation/create", None),
             "ask_sampling" => input_required(&id, "m", "sampling/createMessage", None),
+            // Task-only (`-32021` without the extension); input first, then the task.
+            "upgrade_ask" if params["_meta"][CAPS]["extensions"][EXT].is_null() => {
+                ScriptedResponse::status(
+                    400,
+                    Some("application/json"),
+                    format!(
+                        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32021,"message":"Missing required client capability","data":{{"requiredCapabilities":{{"extensions":{{"{EXT}":{{}}}}}}}}}}}}"#
+                    ),
+                )
+            }
+            "upgrade_ask" if answers.is_null() => {
+                input_required(&id, "go", "elicitation/create", Some("u"))
+            }
+            "upgrade_ask" => {
+                let now = format_rfc3339_ms(now_ms());
+                ScriptedResponse::json(rpc_result(
+                    &id,
+                    &json!({"resultType":"task","taskId":"t-up","status":"working",
+                        "createdAt": now, "lastUpdatedAt": now, "ttlMs": 60000,
+                        "pollIntervalMs": 100})
+                    .to_string(),
+                ))
+            }
             "task_ask" if answers.is_null() => {
                 input_required(&id, "go", "elicitation/create", Some("t"))
             }
@@ -96,6 +121,10 @@ fn handler(req: &RecordedRequest) -> ScriptedResponse {
             }
             _ => complete(&id, "plain"),
         },
+        Some("tasks/get") => ScriptedResponse::json(rpc_result(
+            &id,
+            &detailed(params["taskId"].as_str().unwrap_or(""), "completed").to_string(),
+        )),
         Some("prompts/get") if answers.is_null() => {
             input_required(&id, "topic", "elicitation/create", Some("p"))
         }
@@ -358,4 +387,34 @@ async fn a_cancel_while_input_is_awaited_ends_the_exchange() {
     let late = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"action": "decline"}});
     assert_eq!(c.send(late.to_string()).await.status(), 202);
     assert_eq!(count(&up, "tools/call"), 1);
+}
+
+/// `[upgrade]`: a plain call to a task-only tool is sent again as a task; the upstream needs input
+/// before that task exists (MRTR on the call). The client gets its stream as soon as the
+/// `elicitation/create` comes (not only once the task exists), answers it, and gets the task's
+/// result under its own id.
+#[tokio::test]
+async fn an_upgraded_call_that_needs_input_before_its_task_exists() {
+    let up = Upstream::start(handler).await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({"elicitation": {}})).await;
+    let r = c.send(call_body("11", "upgrade_ask", None)).await;
+    assert_eq!(r.status(), 200);
+    let mut sse = r.sse();
+    answer_next(&c, &mut sse, "go").await;
+    let out = read_to_answer(
+        &mut sse,
+        &json!(11),
+        String::new(),
+        std::time::Instant::now(),
+    )
+    .await;
+    assert_eq!(
+        out.answer["result"]["content"][0]["text"], "done t-up",
+        "{out:?}"
+    );
+    assert_eq!(tg.record("t-up").unwrap().origin, Origin::Upgraded);
+    let calls = up.received("tools/call");
+    assert_eq!(calls.len(), 3, "plain, as a task, retried with the answer");
+    assert_eq!(calls[2].json()["params"]["requestState"], "u");
 }

@@ -4,9 +4,14 @@
 // 4.1.4 + fastmcp-tasks 4.1.4), directly (where it cannot work: the server runs params.task calls
 // plainly and has no 2025 tasks/*) or through taskgate's bridge.
 //
-//   node bridge-client.mjs URL [--label NAME] [--timeout-ms 90000] [--received SPEC]
+//   node bridge-client.mjs URL [--label NAME] [--timeout-ms 90000] [--received SPEC] [--mrtr-plain]
 //
-// 16 checks: the task lifecycle (12), an input_required task answered through elicitation, and a
+// 17 checks: the task lifecycle (12), an input_required task answered through elicitation, MRTR
+// (2026-07-28 input within the request, which taskgate turns into elicitation/create requests on
+// the call's stream: test_tool_with_task called with params.task asks the user's name before its
+// task exists; with --mrtr-plain an 18th, ask_name, a plain call that asks it and echoes its
+// requestState: only a server whose 2025 sessions taskgate holds answers a 2025 client's plain
+// call with MRTR, dual-era servers refuse MRTR on their own 2025 sessions), and a
 // plain client (no tasks capability) calling task-only tools (needs [upgrade] enabled): the real
 // result of failing_job with progress first, and its cancel (AbortSignal, so the SDK sends
 // notifications/cancelled) of slow_required reaching the upstream as exactly one tasks/cancel.
@@ -25,7 +30,7 @@ import { readFileSync } from 'node:fs';
 import { parseArgs, sleep, withTimeout } from './lib.mjs';
 
 const RELATED_TASK = 'io.modelcontextprotocol/related-task';
-const opts = parseArgs(process.argv.slice(2), { _: [], label: '', 'timeout-ms': 90000, received: '' });
+const opts = parseArgs(process.argv.slice(2), { _: [], label: '', 'timeout-ms': 90000, received: '', 'mrtr-plain': false });
 const url = opts._[0];
 if (!url || opts._.length !== 1) {
     console.error('usage: node bridge-client.mjs URL [--label NAME] [--timeout-ms N]');
@@ -87,6 +92,7 @@ async function lifecycle() {
     const elicited = [];
     client.setRequestHandler(ElicitRequestSchema, async request => {
         elicited.push({ message: request.params?.message, related: request.params?._meta?.[RELATED_TASK]?.taskId });
+        if (request.params?.message === 'Your name?') return { action: 'accept', content: { name: 'Luca' } };
         return { action: 'accept', content: { confirm: true } };
     });
     const transport = new StreamableHTTPClientTransport(new URL(url));
@@ -147,6 +153,24 @@ async function lifecycle() {
         const result = await client.experimental.tasks.getTaskResult(r.task.taskId, CallToolResultSchema, req);
         const text = result.content?.[0]?.text ?? '';
         check('elicitation-input', text.startsWith('confirm_delete(bridge.txt)') && text.includes('true') && elicited.length === 1 && elicited[0].related === r.task.taskId, { text, elicited });
+    });
+    // MRTR (2026-07-28 input within the request): asked before the task exists, on the call's
+    // stream (no related-task _meta: there is no task yet), then the task's result names the user.
+    await step('mrtr-task-input', async () => {
+        const before = elicited.length;
+        const r = await callAsTask(client, 'test_tool_with_task', {});
+        const result = await client.experimental.tasks.getTaskResult(r.task.taskId, CallToolResultSchema, req);
+        const text = result.content?.[0]?.text ?? '';
+        const asked = elicited.slice(before);
+        check('mrtr-task-input', text === 'Hello from the task, Luca!' && asked.length === 1 && asked[0].related === undefined, { text, asked });
+    });
+    // The same for a plain call: the answer names the user and shows the requestState came back.
+    if (opts['mrtr-plain']) await step('mrtr-plain-input', async () => {
+        const before = elicited.length;
+        const result = await client.callTool({ name: 'ask_name', arguments: {} }, CallToolResultSchema, req);
+        const text = result.content?.[0]?.text ?? '';
+        const asked = elicited.slice(before);
+        check('mrtr-plain-input', text === 'Hello, Luca! (state asked:name)' && asked.length === 1, { text, asked });
     });
     // A client that never asks for tasks calls a task-only tool (taskSupport "required"; the 2026
     // server answers -32021 to a plain call): through taskgate with [upgrade] the real result.

@@ -12,7 +12,9 @@
 //! `2026-07-28` supported): `initialize` is refused (`-32022`), there are no sessions.
 //!
 //! Besides the conformance tools: `slow_required(seconds)`, task required (`-32021` without the
-//! extension), sleeps `seconds` (a `tasks/cancel` ends it).
+//! extension), sleeps `seconds` (a `tasks/cancel` ends it); `ask_name()`, MRTR without a task:
+//! without `inputResponses` an `input_required` result asking `name` (`elicitation/create`) with
+//! `requestState` `"asked:name"`, with them `"Hello, NAME! (state STATE)"` (the state echoed).
 
 use std::{sync::Arc, time::Duration};
 
@@ -103,6 +105,7 @@ impl ServerHandler for Fixture {
             Tool::new("multi_input", "Task optional: asks two inputs at once", obj(json!({}))),
             Tool::new("test_tool_with_task", "MRTR, then a task", obj(json!({}))),
             Tool::new("slow_required", "Task required: sleeps `seconds`", obj(json!({"seconds": {"type": "number"}}))),
+            Tool::new("ask_name", "MRTR, no task: asks the user's name", obj(json!({}))),
         ]))
     }
 
@@ -184,6 +187,23 @@ impl ServerHandler for Fixture {
                     );
                     Ok(text(format!("multi_input: {}, {}", answer(&a?), answer(&b?))))
                 }))
+            }
+            "ask_name" => {
+                let Some(responses) = request.input_responses.clone().filter(|r| !r.is_empty()) else {
+                    let ir: InputRequiredResult = serde_json::from_value(json!({
+                        "resultType": "input_required",
+                        "inputRequests": {"name": {"method": "elicitation/create", "params": {
+                            "mode": "form", "message": "Your name?",
+                            "requestedSchema": {"type": "object", "properties": {"name": {"type": "string"}}}}}},
+                        "requestState": "asked:name"
+                    }))
+                    .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+                    return Ok(CallToolResponse::InputRequired(ir));
+                };
+                let v = serde_json::to_value(&responses).unwrap_or(Value::Null);
+                let name = v.get("name").map(answer).unwrap_or_default();
+                let state = request.request_state.clone().unwrap_or_default();
+                Ok(text(format!("Hello, {name}! (state {state})")).into())
             }
             "test_tool_with_task" => {
                 let Some(responses) = request.input_responses.clone().filter(|r| !r.is_empty()) else {
