@@ -38,16 +38,24 @@
 //!   same while an MRTR exchange waits for the client's input or retries.
 //! - answered here (counted as `taskgate_local_answers_total{reason="held_session"}`):
 //!   `notifications/initialized` and every other notification, and responses nothing waits for
-//!   (202); `ping` and `logging/setLevel` (`{}`; 2026-07-28 has neither); the GET stream (405,
-//!   the 2025 transport's answer of a server without one; 2026 servers have no GET stream); the
-//!   DELETE (200: the session ends, nothing goes upstream).
+//!   (202); `ping` and `logging/setLevel` (`{}`; 2026-07-28 has neither); `resources/subscribe`
+//!   and `resources/unsubscribe` (`{}`, kept for the GET stream, when the upstream offers
+//!   `resources.subscribe`; see `listen`); the GET stream when the upstream offers nothing to
+//!   listen to (405, the 2025 transport's answer of a server without one); the DELETE (200: the
+//!   session ends, nothing goes upstream).
+//! - the GET stream: the upstream's `subscriptions/listen` for what its `server/discover`
+//!   offers (list changes, the session's resource subscriptions), its notifications relayed as
+//!   a 2025 client takes them; one per session, a second GET closing the first (see `listen`).
 //! - a 2025 request naming a session id taskgate does not know (never issued, reclaimed, issued
 //!   before a restart) gets 404 `-32001` "Session not found": the client initializes again.
 //!
 //! Limits: held sessions live in memory (a restart ends them; clients get 404 and initialize
 //! again; their tasks stay reachable by owner, as records are durable). Before the first
 //! `initialize` after a start taskgate does not know it holds sessions, so such a stale session
-//! id is forwarded upstream once (without auth) and the upstream answers it.
+//! id is forwarded upstream once (without auth) and the upstream answers it. MRTR: at most
+//! `mrtr::MAX_ROUNDS` rounds of at most 32 keys, the client's answers to each within the
+//! upstream's `timeout_ms` (see `mrtr`). The GET stream's resource subscriptions are kept in
+//! memory, at most `listen::MAX_SUBSCRIPTIONS` per session.
 
 use super::{modern_request, translate, BridgeState, UpstreamEra};
 use crate::era::{self, CLIENT_CAPABILITIES_META, TASKS_EXTENSION};

@@ -100,12 +100,13 @@
 //! **Held sessions** (an upstream without 2025 sessions, which refuses `initialize`, such as
 //! rmcp 3 with `legacy_session_mode` off): taskgate answers the client's `initialize` from the
 //! upstream's `server/discover`, mints and keeps the `Mcp-Session-Id`, and sends every request of
-//! that session upstream as a stateless 2026 request; see `held`.
+//! that session upstream as a stateless 2026 request; see `held`. Its GET stream is the
+//! upstream's `subscriptions/listen`; see `listen`.
 //!
 //! Files: this one (the layer, the era, the dispatch, the request and answer helpers), `calls`
 //! (`initialize`, `tools/list`, `tools/call`), `follow` (tasks/get, tasks/result, tasks/cancel,
-//! `server/discover`), `held` (held sessions), `input` (input requests), `mrtr` (input within a
-//! request: MRTR), `answer` (the bridge's own exchanges), `translate` (the pure shape
+//! `server/discover`), `held` (held sessions), `listen` (a held session's GET stream), `input`
+//! (input requests), `mrtr` (input within a request: MRTR), `answer` (the bridge's own exchanges), `translate` (the pure shape
 //! translations), `errors` (2026-only error codes for 2025 clients).
 
 mod answer;
@@ -114,6 +115,7 @@ pub mod errors;
 mod follow;
 mod held;
 pub mod input;
+pub mod listen;
 pub mod mrtr;
 pub mod translate;
 
@@ -187,6 +189,8 @@ pub struct BridgeState {
     /// Requests of held sessions in flight upstream, by caller and id: the client's
     /// `notifications/cancelled` ends them (see `held`). At most [`MAX_HELD_CALLS`].
     held_calls: Mutex<std::collections::HashMap<crate::exchange::CallKey, held::Flight>>,
+    /// Held sessions' GET streams and resource subscriptions (see `listen`).
+    listens: listen::Listens,
 }
 
 impl BridgeState {
@@ -206,6 +210,7 @@ impl BridgeState {
             cancel: None,
             holds_sessions: AtomicBool::new(false),
             held_calls: Mutex::new(std::collections::HashMap::new()),
+            listens: listen::Listens::default(),
         })
     }
 
@@ -346,6 +351,25 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             });
         }
         if is_held {
+            match &req.op {
+                // The GET stream: the upstream's `subscriptions/listen` (see `listen`).
+                Operation::OpenStream => return Box::pin(listen::open(state, inner, req)),
+                Operation::EndSession => listen::forget(&state, &req),
+                Operation::Post(_) => {}
+            }
+            if matches!(
+                req.request_method(),
+                Some("resources/subscribe" | "resources/unsubscribe")
+            ) {
+                return Box::pin(async move {
+                    match listen::subscribe(&state, &inner, &req).await {
+                        Some(reply) => Ok(reply),
+                        None => Ok(errors::legacy_reply(
+                            held::forward(state, inner, req).await?,
+                        )),
+                    }
+                });
+            }
             if let Some(reply) = held::local(&state, &req) {
                 return Box::pin(async move { Ok(reply) });
             }

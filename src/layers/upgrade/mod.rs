@@ -17,10 +17,11 @@
 //!     client declared `capabilities.elicitation` / `capabilities.sampling`; the client's answers
 //!     are ordinary POSTs that taskgate forwards upstream. Without the capability the task is
 //!     cancelled upstream and the client gets a JSON-RPC error (`-32603`) saying why.
-//!   - requests to the client that come before the `CreateTaskResult` (the `bridge` relaying the
-//!     input a 2026-07-28 upstream asks for before the task exists, MRTR): the client's stream
-//!     opens with the first of them (with the messages buffered until then), so it can answer;
-//!     a call that then ends without a task gets its answer as the stream's last event.
+//!
+//!   Requests to the client that come before the `CreateTaskResult` (the `bridge` relaying the
+//!   input a 2026-07-28 upstream asks for before the task exists, MRTR) open the client's stream
+//!   (with the messages buffered until then), so it can answer; a call that then ends without a
+//!   task gets its answer as the stream's last event.
 //!   The last event is the `tasks/result` answer (a `CallToolResult`, `isError` ones included, or
 //!   the JSON-RPC error) under the client's original id.
 //! - a plain `tools/call` the upstream answers `-32021` naming the tasks extension (a 2026-07-28
