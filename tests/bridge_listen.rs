@@ -26,6 +26,14 @@ fn upstream(capabilities: Value) -> impl Fn(&RecordedRequest) -> ScriptedRespons
         if req.method != "POST" {
             return ScriptedResponse::status(405, Some("text/plain"), "no GET here");
         }
+        // As rmcp 3 does: a POST must be JSON and accept both answer types (a GET's headers
+        // reused as they are would fail here: found against rmcp 3.11).
+        let accept = req.header("accept").unwrap_or_default();
+        if req.header("content-type").as_deref() != Some("application/json")
+            || !(accept.contains("application/json") && accept.contains("text/event-stream"))
+        {
+            return ScriptedResponse::status(415, Some("text/plain"), "JSON POSTs only");
+        }
         let body = req.json();
         match req.rpc_method().as_deref() {
             Some("initialize") => ScriptedResponse::status(

@@ -4,7 +4,11 @@
 // 4.1.4 + fastmcp-tasks 4.1.4), directly (where it cannot work: the server runs params.task calls
 // plainly and has no 2025 tasks/*) or through taskgate's bridge.
 //
-//   node bridge-client.mjs URL [--label NAME] [--timeout-ms 90000] [--received SPEC] [--mrtr-plain]
+//   node bridge-client.mjs URL [--label NAME] [--timeout-ms 90000] [--received SPEC] [--mrtr-plain] [--listen]
+//
+// --listen adds a check (get-stream-listen): the SDK's GET stream gets the server's
+// notifications/tools/list_changed (through taskgate, a held session's GET stream is the 2026
+// server's subscriptions/listen; the rmcp fixture sends one per listen).
 //
 // 17 checks: the task lifecycle (12), an input_required task answered through elicitation, MRTR
 // (2026-07-28 input within the request, which taskgate turns into elicitation/create requests on
@@ -25,12 +29,12 @@
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { InMemoryTaskStore } from '@modelcontextprotocol/sdk/experimental/tasks';
-import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
+import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, McpError, ToolListChangedNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
 import { readFileSync } from 'node:fs';
 import { parseArgs, sleep, withTimeout } from './lib.mjs';
 
 const RELATED_TASK = 'io.modelcontextprotocol/related-task';
-const opts = parseArgs(process.argv.slice(2), { _: [], label: '', 'timeout-ms': 90000, received: '', 'mrtr-plain': false });
+const opts = parseArgs(process.argv.slice(2), { _: [], label: '', 'timeout-ms': 90000, received: '', 'mrtr-plain': false, listen: false });
 const url = opts._[0];
 if (!url || opts._.length !== 1) {
     console.error('usage: node bridge-client.mjs URL [--label NAME] [--timeout-ms N]');
@@ -95,8 +99,16 @@ async function lifecycle() {
         if (request.params?.message === 'Your name?') return { action: 'accept', content: { name: 'Luca' } };
         return { action: 'accept', content: { confirm: true } };
     });
+    let listChanged;
+    const listChangedSeen = new Promise(resolve => (listChanged = resolve));
+    client.setNotificationHandler(ToolListChangedNotificationSchema, () => listChanged(true));
     const transport = new StreamableHTTPClientTransport(new URL(url));
     if (!(await step('initialize', async () => check('initialize', (await withTimeout(client.connect(transport, req), 20000, 'initialize'), true))))) return;
+    if (opts.listen) {
+        // The SDK opens its GET stream after notifications/initialized.
+        const seen = await Promise.race([listChangedSeen, sleep(10000).then(() => false)]);
+        check('get-stream-listen', seen === true, { seen });
+    }
     const tasksCap = client.getServerCapabilities()?.tasks;
     check('server-capabilities-tasks', tasksCap?.cancel && tasksCap?.requests?.tools?.call, { tasks: tasksCap });
     await step('tools-list-task-support', async () => {

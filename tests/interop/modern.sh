@@ -294,7 +294,9 @@ run_client modern-fastmcp-client 180 "$VENV/bin/python" "$HERE/modern_fastmcp_cl
 # tasks, cancel of a working task -> cancelled, cancel of a terminal task -> -32602, an input_required
 # task answered through elicitation, MRTR before the task exists (test_tool_with_task: taskgate
 # relays the upstream's input_required result as elicitation/create and retries the call; on
-# rmcp-pure an 18th, ask_name: MRTR in a plain call of a held session, requestState echoed), and a
+# rmcp-pure an 18th, ask_name: MRTR in a plain call of a held session, requestState echoed, and a
+# 19th, get-stream-listen: the SDK's GET stream, which taskgate bridges to rmcp's
+# subscriptions/listen, gets its notifications/tools/list_changed), and a
 # plain client's calls of task-only tools (taskgate runs
 # with [upgrade] enabled): failing_job's real result with progress first, and slow_required
 # cancelled by the client (notifications/cancelled) reaching the upstream as exactly one
@@ -315,8 +317,9 @@ bridge_client() { # bridge_client LABEL UPSTREAM CLIENT...   (UPSTREAM: modern |
             rmcp-pure) url=${RMCP_PURE_URL[$route]:-} received="$WORK/rmcp-pure-$route.out" ;;
         esac
         [[ -z $url || ($upstream != modern && $route == bearer) ]] && continue
-        # ask_name (MRTR in a plain call) only where taskgate holds the 2025 sessions.
-        run_fg timeout 180 "$@" "$url" --label "$label $route" --received "$received" $([[ $upstream == rmcp-pure ]] && echo --mrtr-plain) \
+        # ask_name (MRTR in a plain call) and the GET stream as subscriptions/listen only where
+        # taskgate holds the 2025 sessions.
+        run_fg timeout 180 "$@" "$url" --label "$label $route" --received "$received" $([[ $upstream == rmcp-pure ]] && echo --mrtr-plain --listen) \
             >"$WORK/$label-$route.json" 2>"$WORK/$label-$route.log"
         rc=$?
         passed=$("$NODE22" -e 'const s=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));console.log(`${s.passed}/${s.total}`+(s.failed.length?` (failed: ${s.failed.join(", ")})`:""))' "$WORK/$label-$route.json" 2>/dev/null || echo "no summary")

@@ -7,7 +7,10 @@ request before a task exists, and with --mrtr-plain in a plain call, a plain cli
 task-only tools: the real result with progress first, and its cancel reaching the upstream as
 exactly one tasks/cancel).
 
-    python py_bridge_client.py URL [--label NAME] [--timeout-ms 90000] [--received SPEC] [--mrtr-plain]
+    python py_bridge_client.py URL [--label NAME] [--timeout-ms 90000] [--received SPEC] [--mrtr-plain] [--listen]
+
+--listen adds get-stream-listen: the SDK's GET stream gets the server's
+notifications/tools/list_changed (see bridge-client.mjs).
 
 SPEC: the fixture's `/received` URL, or a file of `{"received":"tasks/cancel","taskId":ID}` lines
 (see bridge-client.mjs). The SDK has no cancel of its own for a request: the client sends
@@ -85,6 +88,14 @@ async def not_served(_context: Any, _params: Any) -> types.ErrorData:
 
 ELICITED: list[dict[str, Any]] = []
 MRTR_PLAIN = False
+LISTEN = False
+LIST_CHANGED = anyio.Event()
+
+
+async def on_message(message: Any) -> None:
+    root = getattr(message, "root", message)
+    if isinstance(root, types.ToolListChangedNotification):
+        LIST_CHANGED.set()
 
 
 async def on_elicit(_context: Any, params: Any) -> types.ElicitResult:
@@ -203,6 +214,7 @@ async def lifecycle(url: str) -> None:
                 client_info=types.Implementation(name="taskgate-py-bridge-client", version="1.0.0"),
                 experimental_task_handlers=handlers,
                 elicitation_callback=on_elicit,
+                message_handler=on_message,
             ) as session:
                 await in_session(session)
     await step("upgrade-plain-call", lambda: plain_call(url))
@@ -214,6 +226,11 @@ async def in_session(session: ClientSession) -> None:
     if init is None:
         return
     check("initialize", True)
+    if LISTEN:
+        # The SDK opens its GET stream after notifications/initialized.
+        with anyio.move_on_after(10):
+            await LIST_CHANGED.wait()
+        check("get-stream-listen", LIST_CHANGED.is_set(), {"seen": LIST_CHANGED.is_set()})
     caps = dump(init.capabilities.tasks) if init.capabilities.tasks else None
     check("server-capabilities-tasks", caps and "cancel" in caps and "call" in (caps.get("requests", {}).get("tools") or {}), {"tasks": caps})
 
@@ -329,10 +346,12 @@ def main() -> int:
     ap.add_argument("--timeout-ms", type=int, default=90000)
     ap.add_argument("--received", default="")
     ap.add_argument("--mrtr-plain", action="store_true")
+    ap.add_argument("--listen", action="store_true")
     args = ap.parse_args()
-    global RECEIVED, MRTR_PLAIN
+    global RECEIVED, MRTR_PLAIN, LISTEN
     RECEIVED = args.received
     MRTR_PLAIN = args.mrtr_plain
+    LISTEN = args.listen
 
     async def run() -> None:
         with anyio.fail_after(args.timeout_ms / 1000):

@@ -57,6 +57,8 @@ pub const MAX_LISTENING_SESSIONS: usize = 4096;
 pub const DISCOVER_TTL: Duration = Duration::from_secs(60);
 /// `_meta` key a 2026 server puts on every notification of a `subscriptions/listen` stream.
 pub const SUBSCRIPTION_ID_META: &str = "io.modelcontextprotocol/subscriptionId";
+/// The `Accept` of taskgate's POSTs for a GET stream.
+const BOTH_TYPES: HeaderValue = HeaderValue::from_static("application/json, text/event-stream");
 /// Capacity of the channel to the client's GET stream.
 const RELAY_CAPACITY: usize = 64;
 
@@ -171,6 +173,17 @@ pub(super) fn not_allowed() -> McpReply {
     r.answered_locally(LocalReason::HeldSession)
 }
 
+/// A GET's headers made those of a JSON-RPC POST taskgate sends for it: a GET accepts only
+/// `text/event-stream` and has no `Content-Type`.
+fn as_post(headers: &mut http::HeaderMap) {
+    headers.insert(http::header::ACCEPT, BOTH_TYPES);
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.remove("last-event-id");
+}
+
 /// The upstream's `server/discover` capabilities (reused for [`DISCOVER_TTL`]).
 async fn capabilities<S: McpService>(
     state: &Arc<BridgeState>,
@@ -182,8 +195,10 @@ async fn capabilities<S: McpService>(
             return Some(caps.clone());
         }
     }
+    let mut probe = req.clone();
+    as_post(&mut probe.ctx.headers);
     let super::follow::Discovered::Answer(Some(answer)) =
-        super::follow::ask_discover(state, inner.clone(), req).await
+        super::follow::ask_discover(state, inner.clone(), &probe).await
     else {
         return None;
     };
@@ -201,11 +216,9 @@ pub(super) async fn open<S: McpService>(
     let Some(session) = session_of(&req) else {
         return Ok(not_allowed());
     };
-    let Some(offer) = capabilities(&state, &inner, &req)
-        .await
-        .map(|c| Offer::of(&c))
-        .filter(Offer::any)
-    else {
+    let caps = capabilities(&state, &inner, &req).await;
+    let Some(offer) = caps.as_ref().map(Offer::of).filter(Offer::any) else {
+        tracing::debug!(capabilities = ?caps, "nothing to listen to: the held session's GET is 405");
         return Ok(not_allowed());
     };
     let (uris, changed) = state
@@ -306,10 +319,7 @@ async fn listen<S: McpService>(
         "_meta": {PROTOCOL_VERSION_META: era::MODERN_VERSION, CLIENT_CAPABILITIES_META: {}},
     });
     let mut out = modern_request(req, &id, "subscriptions/listen", params, None);
-    out.ctx.headers.insert(
-        http::header::ACCEPT,
-        HeaderValue::from_static("application/json, text/event-stream"),
-    );
+    as_post(&mut out.ctx.headers);
     let reply = match tokio::time::timeout(state.timeout, inner.clone().oneshot(out)).await {
         Ok(Ok(reply)) => reply,
         Ok(Err(e)) => return Err(e.to_string()),

@@ -15,6 +15,10 @@
 //! extension), sleeps `seconds` (a `tasks/cancel` ends it); `ask_name()`, MRTR without a task:
 //! without `inputResponses` an `input_required` result asking `name` (`elicitation/create`) with
 //! `requestState` `"asked:name"`, with them `"Hello, NAME! (state STATE)"` (the state echoed).
+//!
+//! `subscriptions/listen` (2026-07-28): it advertises `tools.listChanged` and accepts what is
+//! asked of it; each listen sends one `notifications/tools/list_changed` once acknowledged, then
+//! stays open until the client closes it.
 
 use std::{sync::Arc, time::Duration};
 
@@ -25,7 +29,7 @@ use hyper_util::{
 };
 use rmcp::{
     model::*,
-    service::{RequestContext, RoleServer},
+    service::{RequestContext, RoleServer, SubscriptionContext},
     task_manager::{TaskContext, TaskExit, TaskManager, TaskOptions},
     transport::streamable_http_server::{
         session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
@@ -252,7 +256,17 @@ impl ServerHandler for Fixture {
     }
 
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tool_list_changed().enable_tasks().build())
+    }
+
+    fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        Some(requested.clone())
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        let _ = context.sink().notify_tool_list_changed().await;
+        context.cancelled().await;
+        Ok(())
     }
 }
 
