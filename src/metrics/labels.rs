@@ -247,6 +247,27 @@ label_enum! {
 }
 
 label_enum! {
+    /// `outcome` of `taskgate_bridge_mrtr_total`: how a 2025-11-25 client's request that a
+    /// 2026-07-28 upstream answered `input_required` (MRTR) ended (see `layers::bridge::mrtr`).
+    MrtrOutcome {
+        /// A final (not `input_required`) answer reached the client.
+        Completed = "completed",
+        /// The client did not declare the capability an input request needs.
+        RefusedCapability = "refused_capability",
+        /// One round asked for more keys than taskgate relays.
+        TooManyKeys = "too_many_keys",
+        /// The upstream asked for input in more rounds than taskgate relays.
+        TooManyRounds = "too_many_rounds",
+        /// The client did not answer a round's input requests within the upstream's `timeout_ms`.
+        Timeout = "timeout",
+        /// The client cancelled the request or closed its stream.
+        Disconnected = "disconnected",
+        /// A retry failed or got no answer, or an `input_required` result was malformed.
+        UpstreamError = "upstream_error",
+    }
+}
+
+label_enum! {
     /// `reason` of `taskgate_cancelled_notifications_dropped_total`.
     DropReason {
         Initialize = "initialize",

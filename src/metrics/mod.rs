@@ -162,6 +162,16 @@ const BRIDGE_INPUT_REFUSED_TOTAL: Spec = spec(
     "Input requests of bridged tasks not relayed to the client (the task is cancelled), by reason.",
     &["upstream", "reason"],
 );
+const BRIDGE_MRTR_TOTAL: Spec = spec(
+    "taskgate_bridge_mrtr_total",
+    "Requests of 2025-11-25 clients a 2026-07-28 upstream asked input for within the request (MRTR), by outcome.",
+    &["upstream", "outcome"],
+);
+const BRIDGE_MRTR_ROUNDS_TOTAL: Spec = spec(
+    "taskgate_bridge_mrtr_rounds_total",
+    "MRTR rounds relayed to 2025-11-25 clients (input requests sent, then the request retried).",
+    UP,
+);
 const CANCELLED_NOTIFICATIONS_DROPPED_TOTAL: Spec = spec(
     "taskgate_cancelled_notifications_dropped_total",
     "Client notifications/cancelled not forwarded upstream, by reason.",
@@ -295,6 +305,11 @@ pub struct Metrics {
     /// `taskgate_bridge_input_refused_total{upstream,reason}`: input requests of bridged tasks
     /// not relayed to the 2025 client, by [`InputRefusal`] (see `layers::bridge::input`).
     pub bridge_input_refused_total: IntCounterVec,
+    /// `taskgate_bridge_mrtr_total{upstream,outcome}`: requests of 2025 clients answered
+    /// `input_required` by a 2026 upstream (MRTR), by [`MrtrOutcome`] (see `layers::bridge::mrtr`).
+    pub bridge_mrtr_total: IntCounterVec,
+    /// `taskgate_bridge_mrtr_rounds_total{upstream}`: MRTR rounds relayed to 2025 clients.
+    pub bridge_mrtr_rounds_total: IntCounterVec,
     /// `taskgate_cancelled_notifications_dropped_total{upstream,reason}`: client
     /// `notifications/cancelled` not forwarded ([`DropReason`]).
     pub cancelled_notifications_dropped_total: IntCounterVec,
@@ -337,6 +352,8 @@ impl Metrics {
             task_activity_after_cancel_total: b.counter_vec(&TASK_ACTIVITY_AFTER_CANCEL_TOTAL),
             upgraded_calls_total: b.counter_vec(&UPGRADED_CALLS_TOTAL),
             bridge_input_refused_total: b.counter_vec(&BRIDGE_INPUT_REFUSED_TOTAL),
+            bridge_mrtr_total: b.counter_vec(&BRIDGE_MRTR_TOTAL),
+            bridge_mrtr_rounds_total: b.counter_vec(&BRIDGE_MRTR_ROUNDS_TOTAL),
             cancelled_notifications_dropped_total: b
                 .counter_vec(&CANCELLED_NOTIFICATIONS_DROPPED_TOTAL),
             upstream_oversize_total: b.counter_vec(&UPSTREAM_OVERSIZE_TOTAL),
@@ -386,6 +403,7 @@ impl Metrics {
         touch::<_, ReleaseReason>(&self.task_resources_released_total, up);
         touch::<_, UpgradeOutcome>(&self.upgraded_calls_total, up);
         touch::<_, InputRefusal>(&self.bridge_input_refused_total, up);
+        touch::<_, MrtrOutcome>(&self.bridge_mrtr_total, up);
         touch::<_, DropReason>(&self.cancelled_notifications_dropped_total, up);
         touch::<_, OversizeKind>(&self.upstream_oversize_total, up);
         touch::<_, LocalReason>(&self.local_answers_total, up);
@@ -395,6 +413,7 @@ impl Metrics {
             &self.tasks_cancelled_total,
             &self.task_late_results_total,
             &self.task_activity_after_cancel_total,
+            &self.bridge_mrtr_rounds_total,
         ] {
             vec.with_label_values(&[up]);
         }
@@ -560,6 +579,18 @@ impl Metrics {
     pub fn bridge_input_refused(&self, upstream: &str, reason: InputRefusal) {
         self.bridge_input_refused_total
             .with_label_values(&[upstream, reason.as_str()])
+            .inc();
+    }
+    /// `taskgate_bridge_mrtr_total`.
+    pub fn bridge_mrtr(&self, upstream: &str, outcome: MrtrOutcome) {
+        self.bridge_mrtr_total
+            .with_label_values(&[upstream, outcome.as_str()])
+            .inc();
+    }
+    /// `taskgate_bridge_mrtr_rounds_total`.
+    pub fn bridge_mrtr_round(&self, upstream: &str) {
+        self.bridge_mrtr_rounds_total
+            .with_label_values(&[upstream])
             .inc();
     }
     /// `taskgate_cancelled_notifications_dropped_total`.

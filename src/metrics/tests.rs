@@ -6,6 +6,8 @@ use super::*;
 /// `deploy/testdata/metrics-contract-sample.txt`). Change it only together with them.
 const CONTRACT: &[(&str, &str)] = &[
     ("taskgate_bridge_input_refused_total", "counter"),
+    ("taskgate_bridge_mrtr_rounds_total", "counter"),
+    ("taskgate_bridge_mrtr_total", "counter"),
     ("taskgate_cancel_requests_total", "counter"),
     ("taskgate_cancel_to_cancelled_seconds", "histogram"),
     ("taskgate_cancelled_notifications_dropped_total", "counter"),
@@ -119,6 +121,7 @@ fn every_label_value_is_pre_created_at_start_up() {
         let released = "taskgate_task_resources_released_total";
         assert_all::<ReleaseReason>(&text, released, "reason", up);
         assert_all::<UpgradeOutcome>(&text, "taskgate_upgraded_calls_total", "outcome", up);
+        assert_all::<MrtrOutcome>(&text, "taskgate_bridge_mrtr_total", "outcome", up);
         let dropped = "taskgate_cancelled_notifications_dropped_total";
         assert_all::<DropReason>(&text, dropped, "reason", up);
         assert_all::<OversizeKind>(&text, "taskgate_upstream_oversize_total", "kind", up);
@@ -126,6 +129,7 @@ fn every_label_value_is_pre_created_at_start_up() {
             "taskgate_task_terminal_rewrites_total",
             "taskgate_tasks_expired_total",
             "taskgate_tasks_cancelled_total",
+            "taskgate_bridge_mrtr_rounds_total",
             "taskgate_task_late_results_total",
             "taskgate_task_activity_after_cancel_total",
         ] {

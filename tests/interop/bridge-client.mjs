@@ -4,9 +4,18 @@
 // 4.1.4 + fastmcp-tasks 4.1.4), directly (where it cannot work: the server runs params.task calls
 // plainly and has no 2025 tasks/*) or through taskgate's bridge.
 //
-//   node bridge-client.mjs URL [--label NAME] [--timeout-ms 90000] [--received SPEC]
+//   node bridge-client.mjs URL [--label NAME] [--timeout-ms 90000] [--received SPEC] [--mrtr-plain] [--listen]
 //
-// 16 checks: the task lifecycle (12), an input_required task answered through elicitation, and a
+// --listen adds a check (get-stream-listen): the SDK's GET stream gets the server's
+// notifications/tools/list_changed (through taskgate, a held session's GET stream is the 2026
+// server's subscriptions/listen; the rmcp fixture sends one per listen).
+//
+// 17 checks: the task lifecycle (12), an input_required task answered through elicitation, MRTR
+// (2026-07-28 input within the request, which taskgate turns into elicitation/create requests on
+// the call's stream: test_tool_with_task called with params.task asks the user's name before its
+// task exists; with --mrtr-plain an 18th, ask_name, a plain call that asks it and echoes its
+// requestState: only a server whose 2025 sessions taskgate holds answers a 2025 client's plain
+// call with MRTR, dual-era servers refuse MRTR on their own 2025 sessions), and a
 // plain client (no tasks capability) calling task-only tools (needs [upgrade] enabled): the real
 // result of failing_job with progress first, and its cancel (AbortSignal, so the SDK sends
 // notifications/cancelled) of slow_required reaching the upstream as exactly one tasks/cancel.
@@ -20,12 +29,12 @@
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { InMemoryTaskStore } from '@modelcontextprotocol/sdk/experimental/tasks';
-import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
+import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, McpError, ToolListChangedNotificationSchema } from '@modelcontextprotocol/sdk/types.js';
 import { readFileSync } from 'node:fs';
 import { parseArgs, sleep, withTimeout } from './lib.mjs';
 
 const RELATED_TASK = 'io.modelcontextprotocol/related-task';
-const opts = parseArgs(process.argv.slice(2), { _: [], label: '', 'timeout-ms': 90000, received: '' });
+const opts = parseArgs(process.argv.slice(2), { _: [], label: '', 'timeout-ms': 90000, received: '', 'mrtr-plain': false, listen: false });
 const url = opts._[0];
 if (!url || opts._.length !== 1) {
     console.error('usage: node bridge-client.mjs URL [--label NAME] [--timeout-ms N]');
@@ -87,10 +96,19 @@ async function lifecycle() {
     const elicited = [];
     client.setRequestHandler(ElicitRequestSchema, async request => {
         elicited.push({ message: request.params?.message, related: request.params?._meta?.[RELATED_TASK]?.taskId });
+        if (request.params?.message === 'Your name?') return { action: 'accept', content: { name: 'Luca' } };
         return { action: 'accept', content: { confirm: true } };
     });
+    let listChanged;
+    const listChangedSeen = new Promise(resolve => (listChanged = resolve));
+    client.setNotificationHandler(ToolListChangedNotificationSchema, () => listChanged(true));
     const transport = new StreamableHTTPClientTransport(new URL(url));
     if (!(await step('initialize', async () => check('initialize', (await withTimeout(client.connect(transport, req), 20000, 'initialize'), true))))) return;
+    if (opts.listen) {
+        // The SDK opens its GET stream after notifications/initialized.
+        const seen = await Promise.race([listChangedSeen, sleep(10000).then(() => false)]);
+        check('get-stream-listen', seen === true, { seen });
+    }
     const tasksCap = client.getServerCapabilities()?.tasks;
     check('server-capabilities-tasks', tasksCap?.cancel && tasksCap?.requests?.tools?.call, { tasks: tasksCap });
     await step('tools-list-task-support', async () => {
@@ -147,6 +165,24 @@ async function lifecycle() {
         const result = await client.experimental.tasks.getTaskResult(r.task.taskId, CallToolResultSchema, req);
         const text = result.content?.[0]?.text ?? '';
         check('elicitation-input', text.startsWith('confirm_delete(bridge.txt)') && text.includes('true') && elicited.length === 1 && elicited[0].related === r.task.taskId, { text, elicited });
+    });
+    // MRTR (2026-07-28 input within the request): asked before the task exists, on the call's
+    // stream (no related-task _meta: there is no task yet), then the task's result names the user.
+    await step('mrtr-task-input', async () => {
+        const before = elicited.length;
+        const r = await callAsTask(client, 'test_tool_with_task', {});
+        const result = await client.experimental.tasks.getTaskResult(r.task.taskId, CallToolResultSchema, req);
+        const text = result.content?.[0]?.text ?? '';
+        const asked = elicited.slice(before);
+        check('mrtr-task-input', text === 'Hello from the task, Luca!' && asked.length === 1 && asked[0].related === undefined, { text, asked });
+    });
+    // The same for a plain call: the answer names the user and shows the requestState came back.
+    if (opts['mrtr-plain']) await step('mrtr-plain-input', async () => {
+        const before = elicited.length;
+        const result = await client.callTool({ name: 'ask_name', arguments: {} }, CallToolResultSchema, req);
+        const text = result.content?.[0]?.text ?? '';
+        const asked = elicited.slice(before);
+        check('mrtr-plain-input', text === 'Hello, Luca! (state asked:name)' && asked.length === 1, { text, asked });
     });
     // A client that never asks for tasks calls a task-only tool (taskSupport "required"; the 2026
     // server answers -32021 to a plain call): through taskgate with [upgrade] the real result.

@@ -292,10 +292,15 @@ run_client modern-fastmcp-client 180 "$VENV/bin/python" "$HERE/modern_fastmcp_cl
 
 # ---- bridge-clients (issue 12): 2025-11-25 task clients on 2026-07-28 servers --------------------
 # The TS SDK 1.32.2 (bridge-client.mjs) and Python mcp 1.30.0 (py_bridge_client.py, in .venv from
-# requirements.txt, skipped with a note when that venv is missing) task clients, 16 checks each:
+# requirements.txt, skipped with a note when that venv is missing) task clients, 17 checks each:
 # create with params.task, tasks/get, tasks/list, blocking tasks/result, failing and protocol-error
 # tasks, cancel of a working task -> cancelled, cancel of a terminal task -> -32602, an input_required
-# task answered through elicitation, and a plain client's calls of task-only tools (taskgate runs
+# task answered through elicitation, MRTR before the task exists (test_tool_with_task: taskgate
+# relays the upstream's input_required result as elicitation/create and retries the call; on
+# rmcp-pure an 18th, ask_name: MRTR in a plain call of a held session, requestState echoed, and a
+# 19th, get-stream-listen: the SDK's GET stream, which taskgate bridges to rmcp's
+# subscriptions/listen, gets its notifications/tools/list_changed), and a
+# plain client's calls of task-only tools (taskgate runs
 # with [upgrade] enabled): failing_job's real result with progress first, and slow_required
 # cancelled by the client (notifications/cancelled) reaching the upstream as exactly one
 # tasks/cancel (counted by the fixture: its /received, or the rmcp fixture's stdout lines).
@@ -315,7 +320,10 @@ bridge_client() { # bridge_client LABEL UPSTREAM CLIENT...   (UPSTREAM: modern |
             rmcp-pure) url=${RMCP_PURE_URL[$route]:-} received="$WORK/rmcp-pure-$route.out" ;;
         esac
         [[ -z $url || ($upstream != modern && $route == bearer) ]] && continue
-        run_fg timeout 180 "$@" "$url" --label "$label $route" --received "$received" >"$WORK/$label-$route.json" 2>"$WORK/$label-$route.log"
+        # ask_name (MRTR in a plain call) and the GET stream as subscriptions/listen only where
+        # taskgate holds the 2025 sessions.
+        run_fg timeout 180 "$@" "$url" --label "$label $route" --received "$received" $([[ $upstream == rmcp-pure ]] && echo --mrtr-plain --listen) \
+            >"$WORK/$label-$route.json" 2>"$WORK/$label-$route.log"
         rc=$?
         passed=$("$NODE22" -e 'const s=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));console.log(`${s.passed}/${s.total}`+(s.failed.length?` (failed: ${s.failed.join(", ")})`:""))' "$WORK/$label-$route.json" 2>/dev/null || echo "no summary")
         log "$label $route: $passed"

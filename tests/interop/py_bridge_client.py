@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Issue 12: the Python SDK client (mcp==1.30.0, 2025-11-25 tasks) against a 2026-07-28 task
 server (modern_task_server.py: FastMCP 4.1.4 + fastmcp-tasks 4.1.4), directly or through taskgate's
-bridge. The same 16 checks, under the same names, as bridge-client.mjs (the task lifecycle,
-an input_required task answered through elicitation, a plain client calling task-only tools: the
-real result with progress first, and its cancel reaching the upstream as exactly one tasks/cancel).
+bridge. The same 17 checks (18 with --mrtr-plain), under the same names, as bridge-client.mjs (the
+task lifecycle, an input_required task answered through elicitation, MRTR: input asked within the
+request before a task exists, and with --mrtr-plain in a plain call, a plain client calling
+task-only tools: the real result with progress first, and its cancel reaching the upstream as
+exactly one tasks/cancel).
 
-    python py_bridge_client.py URL [--label NAME] [--timeout-ms 90000] [--received SPEC]
+    python py_bridge_client.py URL [--label NAME] [--timeout-ms 90000] [--received SPEC] [--mrtr-plain] [--listen]
+
+--listen adds get-stream-listen: the SDK's GET stream gets the server's
+notifications/tools/list_changed (see bridge-client.mjs).
 
 SPEC: the fixture's `/received` URL, or a file of `{"received":"tasks/cancel","taskId":ID}` lines
 (see bridge-client.mjs). The SDK has no cancel of its own for a request: the client sends
@@ -82,6 +87,15 @@ async def not_served(_context: Any, _params: Any) -> types.ErrorData:
 
 
 ELICITED: list[dict[str, Any]] = []
+MRTR_PLAIN = False
+LISTEN = False
+LIST_CHANGED = anyio.Event()
+
+
+async def on_message(message: Any) -> None:
+    root = getattr(message, "root", message)
+    if isinstance(root, types.ToolListChangedNotification):
+        LIST_CHANGED.set()
 
 
 async def on_elicit(_context: Any, params: Any) -> types.ElicitResult:
@@ -90,7 +104,10 @@ async def on_elicit(_context: Any, params: Any) -> types.ElicitResult:
     if meta is not None:
         extra = meta.model_dump(by_alias=True) if hasattr(meta, "model_dump") else dict(meta)
         related = (extra.get(RELATED_TASK) or {}).get("taskId")
-    ELICITED.append({"message": getattr(params, "message", None), "related": related})
+    message = getattr(params, "message", None)
+    ELICITED.append({"message": message, "related": related})
+    if message == "Your name?":
+        return types.ElicitResult(action="accept", content={"name": "Luca"})
     return types.ElicitResult(action="accept", content={"confirm": True})
 
 
@@ -197,6 +214,7 @@ async def lifecycle(url: str) -> None:
                 client_info=types.Implementation(name="taskgate-py-bridge-client", version="1.0.0"),
                 experimental_task_handlers=handlers,
                 elicitation_callback=on_elicit,
+                message_handler=on_message,
             ) as session:
                 await in_session(session)
     await step("upgrade-plain-call", lambda: plain_call(url))
@@ -208,6 +226,11 @@ async def in_session(session: ClientSession) -> None:
     if init is None:
         return
     check("initialize", True)
+    if LISTEN:
+        # The SDK opens its GET stream after notifications/initialized.
+        with anyio.move_on_after(10):
+            await LIST_CHANGED.wait()
+        check("get-stream-listen", LIST_CHANGED.is_set(), {"seen": LIST_CHANGED.is_set()})
     caps = dump(init.capabilities.tasks) if init.capabilities.tasks else None
     check("server-capabilities-tasks", caps and "cancel" in caps and "call" in (caps.get("requests", {}).get("tools") or {}), {"tasks": caps})
 
@@ -289,6 +312,27 @@ async def in_session(session: ClientSession) -> None:
         check("elicitation-input", ok, {"text": text, "elicited": ELICITED})
 
     await step("elicitation-input", elicitation)
+
+    async def mrtr_task() -> None:
+        before = len(ELICITED)
+        created = await session.experimental.call_tool_as_task("test_tool_with_task", {}, ttl=60000)
+        result = dump(await session.experimental.get_task_result(created.task.taskId, types.CallToolResult))
+        text = first_text(result)
+        asked = ELICITED[before:]
+        ok = text == "Hello from the task, Luca!" and len(asked) == 1 and asked[0]["related"] is None
+        check("mrtr-task-input", ok, {"text": text, "asked": asked})
+
+    await step("mrtr-task-input", mrtr_task)
+
+    async def mrtr_plain() -> None:
+        before = len(ELICITED)
+        result = dump(await session.call_tool("ask_name", {}))
+        text = first_text(result)
+        asked = ELICITED[before:]
+        check("mrtr-plain-input", text == "Hello, Luca! (state asked:name)" and len(asked) == 1, {"text": text, "asked": asked})
+
+    if MRTR_PLAIN:
+        await step("mrtr-plain-input", mrtr_plain)
     if slow_id:
         await expect_error("tasks-cancel-terminal", session.experimental.cancel_task(slow_id), [-32602])
     else:
@@ -301,9 +345,13 @@ def main() -> int:
     ap.add_argument("--label", default="")
     ap.add_argument("--timeout-ms", type=int, default=90000)
     ap.add_argument("--received", default="")
+    ap.add_argument("--mrtr-plain", action="store_true")
+    ap.add_argument("--listen", action="store_true")
     args = ap.parse_args()
-    global RECEIVED
+    global RECEIVED, MRTR_PLAIN, LISTEN
     RECEIVED = args.received
+    MRTR_PLAIN = args.mrtr_plain
+    LISTEN = args.listen
 
     async def run() -> None:
         with anyio.fail_after(args.timeout_ms / 1000):

@@ -63,6 +63,17 @@ where
         let reply = inner.oneshot(out).await?;
         Ok(read(reply).await)
     };
+    bounded(state, upstream, id, exchange).await
+}
+
+/// `exchange` (one of taskgate's own exchanges with `upstream` under `id`) bounded by the
+/// upstream's `timeout_ms`, as [`ask`] is.
+pub(super) async fn bounded<T>(
+    state: &BridgeState,
+    upstream: std::sync::Arc<str>,
+    id: &Id,
+    exchange: impl std::future::Future<Output = Result<T, GatewayError>>,
+) -> Result<T, GatewayError> {
     match tokio::time::timeout(state.timeout, exchange).await {
         Ok(answer) => answer,
         Err(_) => {

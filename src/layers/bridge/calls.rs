@@ -4,7 +4,7 @@ use super::{
     answer_of, ask_with, errors, failure_reply, legacy_reply, modern_request, upstream_era,
     BridgeState, UpstreamEra, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
 };
-use super::{held, translate};
+use super::{held, mrtr, translate};
 use crate::era::{self, Era};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id};
@@ -194,45 +194,110 @@ pub(super) async fn task_call<S: McpService>(
     }
     let params = message_params(&req);
     let tool = tool_name(&req);
-    let out = modern_request(
-        &req,
-        &id,
-        "tools/call",
-        translate::modern_params(params.as_ref()),
-        tool.as_deref(),
-    );
+    let mut params = translate::modern_params(params.as_ref());
+    declare_session_capabilities(&state, &req, &mut params);
+    let out = modern_request(&req, &id, "tools/call", params, tool.as_deref());
     let pending = req.extensions.remove::<PendingCreation>();
     let read = |reply| read_answer(reply, &id);
-    let (answer, early, rest) = match ask_with(&state, inner, out, &id, read).await {
+    let (answer, early, rest) = match ask_with(&state, inner.clone(), out.clone(), &id, read).await
+    {
         Ok(read) => read,
         Err(e) => return Ok(failure_reply(&id, &e)),
     };
+    if answer.as_ref().is_some_and(mrtr::is_input_required) {
+        let first = answer.unwrap_or_default();
+        // Input before the task exists: MRTR on the call (see `mrtr`); the final answer is
+        // answered as below.
+        let exchange = mrtr::Exchange {
+            state: state.clone(),
+            inner,
+            out,
+            client_id: id.clone(),
+            send: |inner: S, out| inner.oneshot(out),
+        };
+        let finish = move |answer, rest| async move {
+            creation_reply(&state, &id, Some(answer), Vec::new(), rest, pending).await
+        };
+        return Ok(exchange.spawn(first, early, finish));
+    }
+    Ok(creation_reply(&state, &id, answer, early, rest, pending).await)
+}
+
+/// The 2025 answer to a bridged task-augmented `tools/call` from the upstream's `answer` (the
+/// `early` events before it, the `rest` of its stream): the nested `CreateTaskResult`, a plain
+/// result recorded as a `completed` task, or the error.
+async fn creation_reply(
+    state: &BridgeState,
+    id: &Id,
+    answer: Option<Value>,
+    early: Vec<Event>,
+    rest: Option<EventStream>,
+    pending: Option<PendingCreation>,
+) -> McpReply {
     let result = answer.as_ref().and_then(|a| a.get("result"));
     if let Some(r) = result.filter(|r| r.get("resultType").and_then(Value::as_str) == Some("task"))
     {
         if translate::legacy_create_result(r).is_none() {
             // A CreateTaskResult without a string taskId and status: nothing to stand behind.
-            return Ok(McpReply::local_error(
-                Some(&id),
+            return McpReply::local_error(
+                Some(id),
                 jsonrpc::INTERNAL_ERROR,
                 "the 2026-07-28 upstream answered with a malformed CreateTaskResult",
-            ));
+            );
         }
     }
     let plain = result
         .filter(|r| r.is_object() && r.get("resultType").and_then(Value::as_str) != Some("task"));
     if let (Some(result), Some(pending)) = (plain, pending) {
-        return Ok(completed_task(&state, &id, result, pending).await);
+        return completed_task(state, id, result, pending).await;
     }
     let created = result.and_then(translate::legacy_create_result);
-    let reply = legacy_reply(&id, answer, |result| {
+    let reply = legacy_reply(id, answer, |result| {
         translate::legacy_create_result(result).unwrap_or_else(|| result.clone())
     });
     match (created, rest) {
         // The creation's own stream goes on after the answer: its notifications (a
         // `notifications/tasks` as `notifications/tasks/status`) follow the answer.
-        (Some(_), Some(rest)) => Ok(legacy_stream(early, reply, rest)),
-        _ => Ok(reply),
+        (Some(_), Some(rest)) => legacy_stream(early, reply, rest),
+        _ => reply,
+    }
+}
+
+/// Declares, in a bridged task call's 2026 `_meta`, the client capabilities taskgate relays
+/// input for (`elicitation`, `sampling`, `roots`) that the client's session declared, so the
+/// upstream may ask for input (MRTR or `input_required`). A held session's own capabilities are
+/// added by `modern_request`.
+fn declare_session_capabilities(state: &BridgeState, req: &McpRequest, params: &mut Value) {
+    if req
+        .extensions
+        .get::<Arc<crate::layers::extensions::HeldSession>>()
+        .is_some()
+    {
+        return;
+    }
+    let Some(session) = state.sessions.as_ref().and_then(|s| {
+        s.get(
+            &req.ctx.upstream,
+            crate::layers::session::session_key(&req.ctx).as_ref(),
+        )
+    }) else {
+        return;
+    };
+    let Some(caps) = params
+        .pointer_mut(&format!(
+            "/_meta/{}",
+            era::CLIENT_CAPABILITIES_META
+                .replace('~', "~0")
+                .replace('/', "~1")
+        ))
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    for name in ["elicitation", "sampling", "roots"] {
+        if session.client_has(&format!("/{name}")) {
+            caps.entry(name).or_insert_with(|| json!({}));
+        }
     }
 }
 

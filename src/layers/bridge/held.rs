@@ -28,16 +28,26 @@
 //!   (plus the tasks extension on the bridge's own task requests; plain calls do not declare it,
 //!   so the server never answers them with a task) and `clientInfo`. Its answer comes back as a
 //!   2025 client takes it: HTTP 200 for a JSON-RPC error (the 2026 transport's 400/404),
-//!   `notifications/tasks` as `notifications/tasks/status`; an MRTR `input_required` result
-//!   (2026 multi-round-trip requests, which taskgate does not bridge) becomes `-32603` saying so.
+//!   `notifications/tasks` as `notifications/tasks/status`. An MRTR `input_required` answer
+//!   (2026 multi-round-trip requests) to `tools/call`, `prompts/get` or `resources/read` is
+//!   relayed: its input requests go to the client as `elicitation/create` /
+//!   `sampling/createMessage` / `roots/list` on the request's stream and the request is retried
+//!   with the answers (see `mrtr`); one to any other request (which 2026 does not allow) becomes
+//!   `-32603` saying so.
 //! - a `notifications/cancelled` naming a request of the session still in flight upstream ends
 //!   it: taskgate closes that upstream request (2026-07-28: closing the stream is the cancel)
-//!   and the client's stream ends without an answer (2025-11-25 cancellation: none is due).
+//!   and the client's stream ends without an answer (2025-11-25 cancellation: none is due); the
+//!   same while an MRTR exchange waits for the client's input or retries.
 //! - answered here (counted as `taskgate_local_answers_total{reason="held_session"}`):
 //!   `notifications/initialized` and every other notification, and responses nothing waits for
-//!   (202); `ping` and `logging/setLevel` (`{}`; 2026-07-28 has neither); the GET stream (405,
-//!   the 2025 transport's answer of a server without one; 2026 servers have no GET stream); the
-//!   DELETE (200: the session ends, nothing goes upstream).
+//!   (202); `ping` and `logging/setLevel` (`{}`; 2026-07-28 has neither); `resources/subscribe`
+//!   and `resources/unsubscribe` (`{}`, kept for the GET stream, when the upstream offers
+//!   `resources.subscribe`; see `listen`); the GET stream when the upstream offers nothing to
+//!   listen to (405, the 2025 transport's answer of a server without one); the DELETE (200: the
+//!   session ends, nothing goes upstream).
+//! - the GET stream: the upstream's `subscriptions/listen` for what its `server/discover`
+//!   offers (list changes, the session's resource subscriptions), its notifications relayed as
+//!   a 2025 client takes them; one per session, a second GET closing the first (see `listen`).
 //! - a 2025 request naming a session id of the held form that taskgate does not hold is looked
 //!   up in the store first (`session::held_store`, by `session_guard`): a held session issued
 //!   before a restart (or by another replica sharing a PostgreSQL store) comes back with its
@@ -53,6 +63,11 @@
 //! `session::touch_every` (a sixteenth of `gateway.session_idle_ms`), so a session may be taken
 //! for idle that much early after a restart; its removal on DELETE is durable before the answer,
 //! a removal on reclaim happens in the background.
+//!
+//! Limits: MRTR: at most `mrtr::MAX_ROUNDS` rounds of at most 32 keys, the client's answers to
+//! each within the upstream's `timeout_ms` (see `mrtr`). The GET stream's resource
+//! subscriptions are kept in memory (a restart forgets them: the client's GET stream ends and
+//! it subscribes again), at most `listen::MAX_SUBSCRIPTIONS` per session.
 
 use super::{modern_request, translate, BridgeState, UpstreamEra};
 use crate::era::{self, CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
@@ -65,7 +80,6 @@ use crate::metrics::LocalReason;
 use futures_util::StreamExt;
 use http::{HeaderValue, StatusCode};
 use serde_json::{json, Map, Value};
-use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::oneshot;
@@ -290,9 +304,10 @@ fn modernize(req: &McpRequest) -> Option<McpRequest> {
     ))
 }
 
-/// A request of a held session sent upstream as a 2026 request ([`modernize`]) through `send`,
-/// its answer made a 2025 one ([`legacy_answer`]).
-pub(super) async fn forward_with<S, F, Fut>(
+/// A request of a held session sent upstream as a 2026 request ([`modernize`]) through `send`
+/// (an MRTR `input_required` answer relayed to the client, see `mrtr`), its answer made a 2025
+/// one ([`legacy_answer`]).
+pub(super) async fn forward_with<S, F>(
     state: Arc<BridgeState>,
     inner: S,
     req: McpRequest,
@@ -300,8 +315,7 @@ pub(super) async fn forward_with<S, F, Fut>(
 ) -> Result<McpReply, GatewayError>
 where
     S: McpService,
-    F: FnOnce(S, McpRequest) -> Fut,
-    Fut: Future<Output = Result<McpReply, GatewayError>>,
+    F: super::mrtr::Send2026<S>,
 {
     let Some(out) = modernize(&req) else {
         return Ok(McpReply::local_error(
@@ -310,6 +324,7 @@ where
             "taskgate holds this session and cannot send this message to the 2026-07-28 upstream",
         ));
     };
+    let send = |inner, out| super::mrtr::call(state.clone(), inner, out, send);
     let Some((mut cancelled, flight)) = register(&state, &req) else {
         return Ok(legacy_answer(send(inner, out).await?));
     };
@@ -340,7 +355,7 @@ pub(super) async fn forward<S: McpService>(
     inner: S,
     req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
-    forward_with(state, inner, req, |inner, out| inner.oneshot(out)).await
+    forward_with(state, inner, req, |inner: S, out| inner.oneshot(out)).await
 }
 
 /// A 2026 upstream's reply as a 2025 client takes it (see the module docs).
@@ -370,7 +385,7 @@ fn legacy_answer(mut reply: McpReply) -> McpReply {
         let error = jsonrpc::error_response(
             Some(&id),
             jsonrpc::INTERNAL_ERROR,
-            "the 2026-07-28 upstream asked for input within the request (MRTR input_required), which taskgate does not bridge for 2025 sessions it holds; call the tool as a task",
+            "the 2026-07-28 upstream asked for input within a request that MRTR does not allow (only tools/call, prompts/get and resources/read may answer input_required)",
         );
         Some(String::from_utf8_lossy(&error).into_owned())
     });

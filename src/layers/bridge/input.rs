@@ -23,6 +23,11 @@
 //!   dropped request's late answer gets nothing upstream (HTTP 202, logged). A task's unanswered
 //!   requests are dropped when it ends.
 //! - [`MAX_TASKS_ASKED`] tasks with asked keys; past it the oldest task's keys are forgotten.
+//!
+//! MRTR rounds (see `mrtr`) use the same relay ([`Inputs::ask_round`]): a round stands where a
+//! task does (its keys, its pending requests, the same bounds), its requests carry no
+//! related-task `_meta`, and the client's answer goes to the waiting round instead of a
+//! `tasks/update`.
 
 use crate::exchange::{Caller, RequestContext};
 use crate::jsonrpc::Id;
@@ -31,6 +36,7 @@ use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hasher};
+use tokio::sync::mpsc;
 
 /// Most input requests sent to clients and not yet answered, per upstream.
 pub const MAX_PENDING: usize = 4096;
@@ -54,6 +60,9 @@ pub struct Pending {
     pub caller: Caller,
     /// The context the `tasks/update` goes out in.
     pub ctx: RequestContext,
+    /// For an MRTR round (see `mrtr`): where the answer goes (`(key, inputResponses value)`)
+    /// instead of a `tasks/update`; `task_id` then names the round.
+    pub round: Option<mpsc::Sender<(String, Value)>>,
 }
 
 /// Unanswered requests by id (JSON text), with each caller's ids in the order they were sent.
@@ -187,6 +196,33 @@ impl Inputs {
         key: &str,
         request: &Value,
     ) -> Ask {
+        self.ask_for(declared, ctx, task_id, key, request, None)
+    }
+
+    /// [`Inputs::ask`] for one MRTR round named `round` (see `mrtr`): the request carries no
+    /// related-task `_meta`, and the client's answer is sent on `answers` as
+    /// `(key, inputResponses value)`.
+    pub fn ask_round(
+        &self,
+        declared: &dyn Fn(&str) -> bool,
+        ctx: &RequestContext,
+        round: &str,
+        key: &str,
+        request: &Value,
+        answers: &mpsc::Sender<(String, Value)>,
+    ) -> Ask {
+        self.ask_for(declared, ctx, round, key, request, Some(answers.clone()))
+    }
+
+    fn ask_for(
+        &self,
+        declared: &dyn Fn(&str) -> bool,
+        ctx: &RequestContext,
+        task_id: &str,
+        key: &str,
+        request: &Value,
+        round: Option<mpsc::Sender<(String, Value)>>,
+    ) -> Ask {
         {
             let asked = self.asked.lock();
             if asked.0.get(task_id).is_some_and(|s| s.contains(key)) {
@@ -209,9 +245,11 @@ impl Inputs {
             .and_then(Value::as_object)
             .cloned()
             .unwrap_or_default();
-        let meta = params.entry("_meta").or_insert_with(|| json!({}));
-        if let Some(m) = meta.as_object_mut() {
-            m.insert(RELATED_TASK_META.into(), json!({ "taskId": task_id }));
+        if round.is_none() {
+            let meta = params.entry("_meta").or_insert_with(|| json!({}));
+            if let Some(m) = meta.as_object_mut() {
+                m.insert(RELATED_TASK_META.into(), json!({ "taskId": task_id }));
+            }
         }
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         self.pending.lock().insert(
@@ -222,6 +260,7 @@ impl Inputs {
                 method: method.to_string(),
                 caller: ctx.caller(),
                 ctx: ctx.clone(),
+                round,
             },
         );
         Ask::Send(message.to_string())

@@ -78,6 +78,12 @@
 //! - `input_required` while a bridged `tasks/result` follows the task: see `input` (prompts on
 //!   the `tasks/result` stream: `elicitation/create`, `sampling/createMessage`, `roots/list`;
 //!   answers upstream as `tasks/update`; keys asked once; bounded per task and per caller).
+//! - MRTR (an `input_required` *result*, 2026-07-28 §2.3) answering the bridged task-augmented
+//!   `tools/call` before its task exists, or a held session's `tools/call` / `prompts/get` /
+//!   `resources/read`: see `mrtr` (the same prompts on the request's own stream, then the request
+//!   retried under a new id with `inputResponses` and the `requestState`; at most
+//!   [`mrtr::MAX_ROUNDS`] rounds). The bridged task call declares, besides the extension, the
+//!   `elicitation` / `sampling` / `roots` capabilities the client's session declared.
 //!
 //! - status changes seen while a bridged `tasks/result` follows the task are sent on its stream
 //!   as `notifications/tasks/status` (a 2025 `Task`).
@@ -94,12 +100,14 @@
 //! **Held sessions** (an upstream without 2025 sessions, which refuses `initialize`, such as
 //! rmcp 3 with `legacy_session_mode` off): taskgate answers the client's `initialize` from the
 //! upstream's `server/discover`, mints and keeps the `Mcp-Session-Id`, and sends every request of
-//! that session upstream as a stateless 2026 request; see `held`.
+//! that session upstream as a stateless 2026 request; see `held`. Its GET stream is the
+//! upstream's `subscriptions/listen`; see `listen`.
 //!
 //! Files: this one (the layer, the era, the dispatch, the request and answer helpers), `calls`
 //! (`initialize`, `tools/list`, `tools/call`), `follow` (tasks/get, tasks/result, tasks/cancel,
-//! `server/discover`), `held` (held sessions), `input` (input requests), `translate` (the pure
-//! shape translations), `errors` (2026-only error codes for 2025 clients).
+//! `server/discover`), `held` (held sessions), `listen` (a held session's GET stream), `input`
+//! (input requests), `mrtr` (input within a request: MRTR), `answer` (the bridge's own exchanges), `translate` (the pure shape
+//! translations), `errors` (2026-only error codes for 2025 clients).
 
 mod answer;
 mod calls;
@@ -107,6 +115,8 @@ pub mod errors;
 mod follow;
 mod held;
 pub mod input;
+pub mod listen;
+pub mod mrtr;
 pub mod translate;
 
 use answer::{answer_of, ask, ask_with, error_reply, failure_reply, legacy_reply};
@@ -179,6 +189,8 @@ pub struct BridgeState {
     /// Requests of held sessions in flight upstream, by caller and id: the client's
     /// `notifications/cancelled` ends them (see `held`). At most [`MAX_HELD_CALLS`].
     held_calls: Mutex<std::collections::HashMap<crate::exchange::CallKey, held::Flight>>,
+    /// Held sessions' GET streams and resource subscriptions (see `listen`).
+    listens: listen::Listens,
 }
 
 impl BridgeState {
@@ -198,6 +210,7 @@ impl BridgeState {
             cancel: None,
             holds_sessions: AtomicBool::new(false),
             held_calls: Mutex::new(std::collections::HashMap::new()),
+            listens: listen::Listens::default(),
         })
     }
 
@@ -344,12 +357,36 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             });
         }
         if let Some(pending) = input_answer(&state, &req) {
+            if pending.round.is_some() {
+                // An answer to an MRTR round's input request (see `mrtr`).
+                mrtr::answered(&req, pending);
+                return Box::pin(async { Ok(McpReply::accepted()) });
+            }
             return Box::pin(async move {
                 follow::send_update(&state, inner, &req, pending).await;
                 Ok(McpReply::accepted())
             });
         }
         if is_held {
+            match &req.op {
+                // The GET stream: the upstream's `subscriptions/listen` (see `listen`).
+                Operation::OpenStream => return Box::pin(listen::open(state, inner, req)),
+                Operation::EndSession => listen::forget(&state, &req),
+                Operation::Post(_) => {}
+            }
+            if matches!(
+                req.request_method(),
+                Some("resources/subscribe" | "resources/unsubscribe")
+            ) {
+                return Box::pin(async move {
+                    match listen::subscribe(&state, &inner, &req).await {
+                        Some(reply) => Ok(reply),
+                        None => Ok(errors::legacy_reply(
+                            held::forward(state, inner, req).await?,
+                        )),
+                    }
+                });
+            }
             if let Some(reply) = held::local(&state, &req) {
                 return Box::pin(async move { Ok(reply) });
             }
@@ -365,8 +402,8 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             Some("initialize") => Box::pin(calls::initialize(state, inner, req)),
             Some("tools/list") if is_held => {
                 let st = state.clone();
-                Box::pin(held::forward_with(st, inner, req, |inner, out| {
-                    calls::tools_list(state, inner, out)
+                Box::pin(held::forward_with(st, inner, req, move |inner, out| {
+                    calls::tools_list(state.clone(), inner, out)
                 }))
             }
             Some("tools/list") => Box::pin(calls::tools_list(state, inner, req)),
@@ -378,8 +415,8 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             }
             Some("tools/call") if is_held => {
                 let st = state.clone();
-                Box::pin(held::forward_with(st, inner, req, |inner, out| {
-                    calls::plain_call(state, inner, out)
+                Box::pin(held::forward_with(st, inner, req, move |inner, out| {
+                    calls::plain_call(state.clone(), inner, out)
                 }))
             }
             Some("tools/call") => Box::pin(calls::plain_call(state, inner, req)),

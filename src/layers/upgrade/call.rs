@@ -1,6 +1,7 @@
 //! The upgraded `tools/call`: the upgrade, the driver up to the task's `CreateTaskResult`, and
 //! the requests taskgate sends on its own.
 
+use super::early::{answer_of, finish, read_to_answer, Others};
 use super::follower::Follower;
 use super::tools::tool_support;
 use super::{UpgradeState, EARLY_LIMIT, RELAY_CAPACITY};
@@ -14,7 +15,6 @@ use crate::metrics::UpgradeOutcome;
 use crate::sse::Event;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http::StatusCode;
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -40,60 +40,6 @@ pub(super) fn internal_request(
         op: Operation::Post(msg),
         ctx: ctx.clone(),
         extensions: http::Extensions::new(),
-    }
-}
-
-/// Where [`answer_of`] puts the messages that are not the answer.
-pub(super) enum Others<'a> {
-    /// Dropped.
-    Discard,
-    /// Sent on a bounded channel (waits while it is full: backpressure on the upstream stream).
-    Relay(&'a mpsc::Sender<Event>),
-    /// Kept, up to [`EARLY_LIMIT`]; past it the rest is dropped and `overflowed` set.
-    Buffer {
-        events: &'a mut Vec<Event>,
-        overflowed: &'a mut bool,
-    },
-}
-
-impl Others<'_> {
-    async fn put(&mut self, ev: Event) {
-        match self {
-            Others::Discard => {}
-            Others::Relay(tx) => {
-                let _ = tx.send(ev).await;
-            }
-            Others::Buffer { events, overflowed } => {
-                if events.len() < EARLY_LIMIT && !**overflowed {
-                    events.push(ev);
-                } else {
-                    **overflowed = true;
-                    events.clear();
-                }
-            }
-        }
-    }
-}
-
-/// Reads a reply until the message answering `id`; other messages go to `others`.
-pub(super) async fn answer_of(reply: McpReply, id: &Id, mut others: Others<'_>) -> Option<Value> {
-    match reply.body {
-        ReplyBody::Json(bytes) => serde_json::from_slice(&bytes).ok(),
-        ReplyBody::Stream(mut events) => {
-            while let Some(ev) = events.next().await {
-                let answers = ev
-                    .data
-                    .as_ref()
-                    .filter(|d| jsonrpc::is_answer_to(d.as_bytes(), id))
-                    .and_then(|d| serde_json::from_str::<Value>(d).ok());
-                match answers {
-                    Some(v) => return Some(v),
-                    None => others.put(ev).await,
-                }
-            }
-            None
-        }
-        _ => None,
     }
 }
 
@@ -325,7 +271,7 @@ async fn upgrade<S: McpService>(
 }
 
 /// Where [`drive`] sends the client's answer: the task's stream, or the answer that ended it.
-type First = oneshot::Sender<Result<McpReply, GatewayError>>;
+pub(super) type First = oneshot::Sender<Result<McpReply, GatewayError>>;
 
 /// One upgraded call, before its task exists.
 struct Upgraded<S> {
@@ -339,7 +285,9 @@ struct Upgraded<S> {
 }
 
 /// Sends the upgraded call, answers the client (`first`) with its stream or, when no task came
-/// of it, with the upstream's answer, and follows the task.
+/// of it, with the upstream's answer, and follows the task. When a request to the client comes
+/// before the answer (the `bridge` relaying input a 2026 upstream needs before the task exists,
+/// MRTR), the client gets its stream at once (see [`read_to_answer`]).
 async fn drive<S: McpService>(
     call: Upgraded<S>,
     req: McpRequest,
@@ -356,27 +304,35 @@ async fn drive<S: McpService>(
     };
     let status = reply.status;
     let session_id = reply.headers.get("mcp-session-id").cloned();
+    let (tx, rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
+    let mut pending = Some((first, rx, session_id));
     let mut early = Vec::new();
     let mut overflowed = false;
-    let others = Others::Buffer {
-        events: &mut early,
-        overflowed: &mut overflowed,
-    };
-    let answer = answer_of(reply, &call.original_id, others).await;
+    let answer = read_to_answer(
+        reply,
+        &call.original_id,
+        &mut early,
+        &mut overflowed,
+        &mut pending,
+        &tx,
+    )
+    .await;
     if overflowed {
-        return call.overflowed(answer.as_ref(), first).await;
+        if let Some((first, ..)) = pending {
+            return call.overflowed(answer.as_ref(), first).await;
+        }
     }
     let Some(answer) = answer else {
         call.end(UpgradeOutcome::UpstreamError);
-        let _ = first.send(Ok(McpReply::local_error(
+        let reply = McpReply::local_error(
             Some(&call.original_id),
             jsonrpc::INTERNAL_ERROR,
             &format!(
                 "upstream `{}` sent no answer to the upgraded tools/call",
                 call.ctx.upstream
             ),
-        )));
-        return;
+        );
+        return finish(pending, &tx, reply).await;
     };
     let Some(task) = answer
         .pointer("/result/task")
@@ -390,8 +346,7 @@ async fn drive<S: McpService>(
         } else {
             status
         };
-        let _ = first.send(Ok(reply));
-        return;
+        return finish(pending, &tx, reply).await;
     };
     let task_id = task
         .get("taskId")
@@ -407,10 +362,11 @@ async fn drive<S: McpService>(
         let message = task.get("statusMessage").and_then(Value::as_str);
         (s.to_string(), message.unwrap_or_default().to_string())
     });
-    let (tx, rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
     let follower = call.into_follower(task_id, Duration::from_millis(poll), tx, created);
-    // If the client is gone, this drops the stream and the follower sees a disconnect.
-    let _ = first.send(Ok(McpReply::event_stream(rx, session_id)));
+    if let Some((first, rx, session_id)) = pending {
+        // If the client is gone, this drops the stream and the follower sees a disconnect.
+        let _ = first.send(Ok(McpReply::event_stream(rx, session_id)));
+    }
     for ev in early {
         follower.relay_other(ev).await;
     }

@@ -1,6 +1,7 @@
 //! The follower: relays one upgraded task to the client until its end.
 
-use super::call::{answer_of, internal_request, send_tasks_cancel, Others};
+use super::call::{internal_request, send_tasks_cancel};
+use super::early::{answer_of, Others};
 use super::progress::next_progress;
 use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
 use crate::config::OnDisconnect;

@@ -17,6 +17,11 @@
 //!     client declared `capabilities.elicitation` / `capabilities.sampling`; the client's answers
 //!     are ordinary POSTs that taskgate forwards upstream. Without the capability the task is
 //!     cancelled upstream and the client gets a JSON-RPC error (`-32603`) saying why.
+//!
+//!   Requests to the client that come before the `CreateTaskResult` (the `bridge` relaying the
+//!   input a 2026-07-28 upstream asks for before the task exists, MRTR) open the client's stream
+//!   (with the messages buffered until then), so it can answer; a call that then ends without a
+//!   task gets its answer as the stream's last event.
 //!   The last event is the `tasks/result` answer (a `CallToolResult`, `isError` ones included, or
 //!   the JSON-RPC error) under the client's original id.
 //! - a plain `tools/call` the upstream answers `-32021` naming the tasks extension (a 2026-07-28
@@ -83,11 +88,13 @@
 //!
 //! Files: this one holds the layer, its state and the dispatch (with the `notifications/cancelled`
 //! interception); `tools` the `tools/list` rewrite and `taskSupport` lookup; `call` the upgrade,
-//! the driver up to the `CreateTaskResult` and taskgate's internal requests; `follower` the
+//! the driver up to the `CreateTaskResult` and taskgate's internal requests; `early` what comes
+//! before that answer; `follower` the
 //! task's follower; `progress` the increasing progress values and the GET-stream rewrite;
 //! `orphans` the sweep after a restart.
 
 mod call;
+mod early;
 mod follower;
 mod orphans;
 mod progress;

@@ -1,6 +1,7 @@
 //! Tools: `tools/list` shown to clients without `capabilities.tasks`, and a tool's `taskSupport`.
 
-use super::call::{answer_of, internal_request, Others};
+use super::call::internal_request;
+use super::early::{answer_of, Others};
 use super::UpgradeState;
 use crate::exchange::{GatewayError, McpReply, McpRequest, RequestContext};
 use crate::layers::session::{session_key, TaskSupport};

@@ -12,7 +12,13 @@
 //! `2026-07-28` supported): `initialize` is refused (`-32022`), there are no sessions.
 //!
 //! Besides the conformance tools: `slow_required(seconds)`, task required (`-32021` without the
-//! extension), sleeps `seconds` (a `tasks/cancel` ends it).
+//! extension), sleeps `seconds` (a `tasks/cancel` ends it); `ask_name()`, MRTR without a task:
+//! without `inputResponses` an `input_required` result asking `name` (`elicitation/create`) with
+//! `requestState` `"asked:name"`, with them `"Hello, NAME! (state STATE)"` (the state echoed).
+//!
+//! `subscriptions/listen` (2026-07-28): it advertises `tools.listChanged` and accepts what is
+//! asked of it; each listen sends one `notifications/tools/list_changed` once acknowledged, then
+//! stays open until the client closes it.
 
 use std::{sync::Arc, time::Duration};
 
@@ -23,7 +29,7 @@ use hyper_util::{
 };
 use rmcp::{
     model::*,
-    service::{RequestContext, RoleServer},
+    service::{RequestContext, RoleServer, SubscriptionContext},
     task_manager::{TaskContext, TaskExit, TaskManager, TaskOptions},
     transport::streamable_http_server::{
         session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
@@ -103,6 +109,7 @@ impl ServerHandler for Fixture {
             Tool::new("multi_input", "Task optional: asks two inputs at once", obj(json!({}))),
             Tool::new("test_tool_with_task", "MRTR, then a task", obj(json!({}))),
             Tool::new("slow_required", "Task required: sleeps `seconds`", obj(json!({"seconds": {"type": "number"}}))),
+            Tool::new("ask_name", "MRTR, no task: asks the user's name", obj(json!({}))),
         ]))
     }
 
@@ -185,6 +192,23 @@ impl ServerHandler for Fixture {
                     Ok(text(format!("multi_input: {}, {}", answer(&a?), answer(&b?))))
                 }))
             }
+            "ask_name" => {
+                let Some(responses) = request.input_responses.clone().filter(|r| !r.is_empty()) else {
+                    let ir: InputRequiredResult = serde_json::from_value(json!({
+                        "resultType": "input_required",
+                        "inputRequests": {"name": {"method": "elicitation/create", "params": {
+                            "mode": "form", "message": "Your name?",
+                            "requestedSchema": {"type": "object", "properties": {"name": {"type": "string"}}}}}},
+                        "requestState": "asked:name"
+                    }))
+                    .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+                    return Ok(CallToolResponse::InputRequired(ir));
+                };
+                let v = serde_json::to_value(&responses).unwrap_or(Value::Null);
+                let name = v.get("name").map(answer).unwrap_or_default();
+                let state = request.request_state.clone().unwrap_or_default();
+                Ok(text(format!("Hello, {name}! (state {state})")).into())
+            }
             "test_tool_with_task" => {
                 let Some(responses) = request.input_responses.clone().filter(|r| !r.is_empty()) else {
                     let ir: InputRequiredResult = serde_json::from_value(json!({
@@ -232,7 +256,17 @@ impl ServerHandler for Fixture {
     }
 
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tasks().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tool_list_changed().enable_tasks().build())
+    }
+
+    fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        Some(requested.clone())
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), McpError> {
+        let _ = context.sink().notify_tool_list_changed().await;
+        context.cancelled().await;
+        Ok(())
     }
 }
 

@@ -1,0 +1,140 @@
+//! What comes before an upgraded call's answer: reading a reply up to it ([`answer_of`],
+//! [`read_to_answer`]) and where the other messages go ([`Others`]).
+
+use super::call::First;
+use super::EARLY_LIMIT;
+use crate::exchange::{McpReply, ReplyBody};
+use crate::jsonrpc::{self, Id};
+use crate::sse::Event;
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+/// Where [`answer_of`] puts the messages that are not the answer.
+pub(super) enum Others<'a> {
+    /// Dropped.
+    Discard,
+    /// Sent on a bounded channel (waits while it is full: backpressure on the upstream stream).
+    Relay(&'a mpsc::Sender<Event>),
+    /// Kept, up to [`EARLY_LIMIT`]; past it the rest is dropped and `overflowed` set.
+    Buffer {
+        events: &'a mut Vec<Event>,
+        overflowed: &'a mut bool,
+    },
+}
+
+impl Others<'_> {
+    async fn put(&mut self, ev: Event) {
+        match self {
+            Others::Discard => {}
+            Others::Relay(tx) => {
+                let _ = tx.send(ev).await;
+            }
+            Others::Buffer { events, overflowed } => {
+                if events.len() < EARLY_LIMIT && !**overflowed {
+                    events.push(ev);
+                } else {
+                    **overflowed = true;
+                    events.clear();
+                }
+            }
+        }
+    }
+}
+
+/// Reads a reply until the message answering `id`; other messages go to `others`.
+pub(super) async fn answer_of(reply: McpReply, id: &Id, mut others: Others<'_>) -> Option<Value> {
+    match reply.body {
+        ReplyBody::Json(bytes) => serde_json::from_slice(&bytes).ok(),
+        ReplyBody::Stream(mut events) => {
+            while let Some(ev) = events.next().await {
+                let answers = ev
+                    .data
+                    .as_ref()
+                    .filter(|d| jsonrpc::is_answer_to(d.as_bytes(), id))
+                    .and_then(|d| serde_json::from_str::<Value>(d).ok());
+                match answers {
+                    Some(v) => return Some(v),
+                    None => others.put(ev).await,
+                }
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+/// Ends the call without a task: `reply` to `first`, or on the stream the client already has.
+pub(super) async fn finish(pending: Pending, tx: &mpsc::Sender<Event>, reply: McpReply) {
+    match pending {
+        Some((first, ..)) => {
+            let _ = first.send(Ok(reply));
+        }
+        None => {
+            if let ReplyBody::Json(bytes) = reply.body {
+                let text = String::from_utf8_lossy(&bytes).into_owned();
+                let _ = tx.send(Event::message(text)).await;
+            }
+        }
+    }
+}
+
+/// The client's answer not sent yet: where it goes, the stream it will read, its session id.
+pub(super) type Pending = Option<(First, mpsc::Receiver<Event>, Option<http::HeaderValue>)>;
+
+/// Reads the upgraded call's reply up to the message answering `id`; the messages before it
+/// are kept in `early` (up to [`EARLY_LIMIT`]; past it `overflowed` is set) until one is a
+/// request to the client: then the client gets its stream (`pending` taken) and those
+/// messages, and every later one but the answer, go on `tx` (bounded: backpressure).
+pub(super) async fn read_to_answer(
+    reply: McpReply,
+    id: &Id,
+    early: &mut Vec<Event>,
+    overflowed: &mut bool,
+    pending: &mut Pending,
+    tx: &mpsc::Sender<Event>,
+) -> Option<Value> {
+    let mut events = match reply.body {
+        ReplyBody::Stream(events) => events,
+        other => {
+            let reply = McpReply {
+                body: other,
+                ..reply
+            };
+            return answer_of(reply, id, Others::Discard).await;
+        }
+    };
+    while let Some(ev) = events.next().await {
+        let data = ev.data.as_deref().unwrap_or_default();
+        if jsonrpc::is_answer_to(data.as_bytes(), id) {
+            return serde_json::from_str::<Value>(data).ok();
+        }
+        if pending.is_some() && !is_client_request(data) {
+            Others::Buffer {
+                events: &mut *early,
+                overflowed: &mut *overflowed,
+            }
+            .put(ev)
+            .await;
+            continue;
+        }
+        if let Some((first, rx, session_id)) = pending.take() {
+            tracing::debug!("upgraded call: a request to the client before the task exists; the client's stream opens now");
+            let _ = first.send(Ok(McpReply::event_stream(rx, session_id)));
+            for e in early.drain(..) {
+                let _ = tx.send(e).await;
+            }
+        }
+        if tx.send(ev).await.is_err() {
+            return None;
+        }
+    }
+    None
+}
+
+/// Whether an event's data is a JSON-RPC request (a `method` and an `id`).
+fn is_client_request(data: &str) -> bool {
+    data.contains("\"method\"")
+        && serde_json::from_str::<Value>(data)
+            .is_ok_and(|v| v.get("method").is_some() && v.get("id").is_some())
+}
