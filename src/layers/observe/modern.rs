@@ -143,6 +143,12 @@ pub(crate) fn show_recorded_ttl(bytes: Bytes, at: &[&str], record: &TaskRecord) 
     let Some(ttl) = record.ttl_ms else {
         return bytes;
     };
+    let Some(name) = at.last() else {
+        return bytes;
+    };
+    if no_member_longer(&bytes, name, ttl) {
+        return bytes;
+    }
     let path: Vec<&str> = std::iter::once("result")
         .chain(at.iter().copied())
         .collect();
@@ -157,6 +163,40 @@ pub(crate) fn show_recorded_ttl(bytes: Bytes, at: &[&str], record: &TaskRecord) 
         Ok(Some(out)) => out,
         _ => bytes,
     }
+}
+
+/// True when every member named `name` anywhere in `bytes` has a number no greater than `ttl` as
+/// its value (or there is none): then the ttl at any path is no longer than `ttl`, and
+/// [`show_recorded_ttl`] leaves the reply as it is without parsing it. Why: the exact path walk
+/// (`splice::raw_at`) on every `tasks/get` answer cost about 8,000 instructions per request of
+/// the lifecycle benchmark (137,035 → 145,322, `benches/RESULTS.md`), and a ttl is almost always
+/// a number the record already holds. False (take the exact path) for anything else: a `null`, a
+/// longer number, a `"ttl"` that is not followed by `:` and a number.
+///
+/// Sound for any JSON: the byte sequence `"name"` followed by `:` is a member name (inside a
+/// string a `"` is escaped, so it could only be the tail of a longer name such as `"a\"ttl"`,
+/// which is checked like the rest, never skipped).
+fn no_member_longer(bytes: &[u8], name: &str, ttl: u64) -> bool {
+    let quoted = format!("\"{name}\"");
+    for at in memchr::memmem::find_iter(bytes, quoted.as_bytes()) {
+        let rest = &bytes[at + quoted.len()..];
+        let rest = rest.trim_ascii_start();
+        let Some(rest) = rest.strip_prefix(b":") else {
+            continue; // a string value "ttl", not a member name
+        };
+        let rest = rest.trim_ascii_start();
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        let after = rest.get(digits).copied();
+        let plain = digits > 0 && digits <= 19 && !matches!(after, Some(b'.' | b'e' | b'E'));
+        let value = std::str::from_utf8(&rest[..digits])
+            .ok()
+            .and_then(|d| d.parse::<u64>().ok());
+        match value {
+            Some(v) if plain && v <= ttl => {}
+            _ => return false,
+        }
+    }
+    true
 }
 
 #[cfg(test)]
@@ -286,5 +326,44 @@ mod tests {
             1,
             "the plain call's slot is back"
         );
+    }
+
+    #[test]
+    fn a_ttl_no_longer_than_the_record_is_decided_without_parsing() {
+        use super::no_member_longer;
+        let cap = 60_000;
+        for (json, fast) in [
+            (r#"{"result":{"ttl":60000,"status":"working"}}"#, true),
+            (r#"{"result":{"ttl" : 5,"status":"working"}}"#, true),
+            (r#"{"result":{"status":"working"}}"#, true),
+            (r#"{"result":{"statusMessage":"ttl","ttl":1}}"#, true),
+            (r#"{"result":{"ttl":null}}"#, false),
+            (r#"{"result":{"ttl":60001}}"#, false),
+            (r#"{"result":{"ttl":1e3}}"#, false),
+            (r#"{"result":{"ttl":1.5}}"#, false),
+            (r#"{"result":{"ttl":"5"}}"#, false),
+            (r#"{"result":{"ttl":-1}}"#, false),
+            (r#"{"result":{"a\"ttl":1,"ttl":99999999999999999999999}}"#, false),
+        ] {
+            assert_eq!(no_member_longer(json.as_bytes(), "ttl", cap), fast, "{json}");
+        }
+        // Every case the fast path passes, the exact path leaves alone too.
+        let record = TaskRecord {
+            ttl_ms: Some(cap),
+            ..record("t")
+        };
+        for json in [
+            r#"{"jsonrpc":"2.0","id":1,"result":{"ttl":60000,"status":"working"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"statusMessage":"ttl","ttl":1}}"#,
+        ] {
+            let out = super::show_recorded_ttl(Bytes::from(json), &["ttl"], &record);
+            assert_eq!(out, json.as_bytes());
+        }
+        let out = super::show_recorded_ttl(
+            Bytes::from(r#"{"jsonrpc":"2.0","id":1,"result":{"ttl":null}}"#),
+            &["ttl"],
+            &record,
+        );
+        assert_eq!(out, r#"{"jsonrpc":"2.0","id":1,"result":{"ttl":60000}}"#.as_bytes());
     }
 }
