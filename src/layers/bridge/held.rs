@@ -64,10 +64,8 @@
 //! for idle that much early after a restart; its removal on DELETE is durable before the answer,
 //! a removal on reclaim happens in the background.
 //!
-//! Limits: MRTR: at most `mrtr::MAX_ROUNDS` rounds of at most 32 keys, the client's answers to
-//! each within the upstream's `timeout_ms` (see `mrtr`). The GET stream's resource
-//! subscriptions are kept in memory (a restart forgets them: the client's GET stream ends and
-//! it subscribes again), at most `listen::MAX_SUBSCRIPTIONS` per session.
+//! Limits: MRTR `mrtr::MAX_ROUNDS` rounds of 32 keys, each answered within `timeout_ms`; the GET
+//! stream's subscriptions are in memory, at most `listen::MAX_SUBSCRIPTIONS` per session.
 
 use super::{modern_request, translate, BridgeState, UpstreamEra};
 use crate::era::{self, CLIENT_CAPABILITIES_META, TASKS_EXTENSION};

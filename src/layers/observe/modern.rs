@@ -343,9 +343,16 @@ mod tests {
             (r#"{"result":{"ttl":1.5}}"#, false),
             (r#"{"result":{"ttl":"5"}}"#, false),
             (r#"{"result":{"ttl":-1}}"#, false),
-            (r#"{"result":{"a\"ttl":1,"ttl":99999999999999999999999}}"#, false),
+            (
+                r#"{"result":{"a\"ttl":1,"ttl":99999999999999999999999}}"#,
+                false,
+            ),
         ] {
-            assert_eq!(no_member_longer(json.as_bytes(), "ttl", cap), fast, "{json}");
+            assert_eq!(
+                no_member_longer(json.as_bytes(), "ttl", cap),
+                fast,
+                "{json}"
+            );
         }
         // Every case the fast path passes, the exact path leaves alone too.
         let record = TaskRecord {
@@ -364,6 +371,9 @@ mod tests {
             &["ttl"],
             &record,
         );
-        assert_eq!(out, r#"{"jsonrpc":"2.0","id":1,"result":{"ttl":60000}}"#.as_bytes());
+        assert_eq!(
+            out,
+            r#"{"jsonrpc":"2.0","id":1,"result":{"ttl":60000}}"#.as_bytes()
+        );
     }
 }
