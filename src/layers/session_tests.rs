@@ -5,7 +5,7 @@ use super::*;
 use crate::exchange::{GatewayError, McpReply, McpRequest};
 use crate::layers::session_guard::SessionGuardLayer;
 use crate::layers::testing::request;
-use crate::store::TaskStore;
+use crate::store::HeldSessionStore;
 use bytes::Bytes;
 use tower::{Layer, ServiceExt};
 

@@ -130,6 +130,9 @@ impl TaskStore for CountingStore {
     fn sync_soon(&self) {
         self.inner.sync_soon()
     }
+}
+
+impl crate::store::HeldSessionStore for CountingStore {
     fn put_held_session(
         &self,
         session: crate::store::HeldSessionRecord,

@@ -5,11 +5,13 @@
 //! One [`HeldSessionRecord`] per `(upstream, Mcp-Session-Id)`: written (durably) before the
 //! session id leaves taskgate, its `expires_at` moved forward while the session is used
 //! (`layers::session`), removed when the session ends (DELETE), is reclaimed as idle, or expires
-//! (the registry's sweep, [`super::TaskStore::remove_expired_held_sessions`]). Every field is
+//! (the registry's sweep, [`HeldSessionStore::remove_expired_held_sessions`]). Every field is
 //! bounded ([`HeldSessionRecord::check`]): a record past a bound is neither written nor read
 //! back.
 
+use super::StoreError;
 use crate::layers::extensions::{MAX_HELD_CAPABILITIES, MAX_HELD_CLIENT_INFO};
+use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -143,4 +145,40 @@ mod tests {
         no_id.session_id.clear();
         assert!(no_id.check().is_err());
     }
+}
+
+/// Where held sessions are kept: a part of every [`super::TaskStore`] (a supertrait, so each
+/// backend implements it in its own `held.rs`).
+pub trait HeldSessionStore {
+    /// Writes a held session , replacing the one stored under its
+    /// `(upstream, session_id)`; returns once it is durable.
+    ///
+    /// Errors: [`StoreError::Db`] naming the field when a bound of [`HeldSessionRecord::check`]
+    /// is exceeded (nothing is written), or the store's.
+    fn put_held_session(&self, session: HeldSessionRecord)
+        -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// The held session `(upstream, session_id)`, expired or not (the caller compares
+    /// `expires_at`). [`StoreError::Corrupt`] for a stored value past a bound.
+    fn held_session(
+        &self,
+        upstream: &str,
+        session_id: &str,
+    ) -> Result<Option<HeldSessionRecord>, StoreError>;
+
+    /// Sets a stored held session's `expires_at` (Unix ms); never creates one. Whether it was
+    /// stored. Durable with the next group commit.
+    fn touch_held_session(
+        &self,
+        upstream: &str,
+        session_id: &str,
+        expires_at: u64,
+    ) -> Result<bool, StoreError>;
+
+    /// Removes a held session; whether it was stored. Durable with the next group commit.
+    fn remove_held_session(&self, upstream: &str, session_id: &str) -> Result<bool, StoreError>;
+
+    /// Removes at most `limit` held sessions whose `expires_at` is at or before `now_ms`
+    /// (Unix ms), oldest first; how many were removed.
+    fn remove_expired_held_sessions(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError>;
 }

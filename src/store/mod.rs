@@ -15,7 +15,7 @@ pub mod record;
 pub mod shared;
 pub mod sled_store;
 
-pub use held::HeldSessionRecord;
+pub use held::{HeldSessionRecord, HeldSessionStore};
 pub use pg::PgStore;
 pub use record::{AuditEvent, Origin, Owner, TaskRecord};
 pub use shared::{cancel_lease, CancelClaim, SharedCancelOutcome, CANCEL_LEASE_MARGIN};
@@ -51,7 +51,7 @@ pub enum StoreError {
 pub struct ListCursor(pub Vec<u8>);
 
 /// The task registry.
-pub trait TaskStore: Send + Sync + 'static {
+pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
     /// Inserts a new record and returns once it is durable. Fails with [`StoreError::Conflict`]
     /// when the key is already recorded (nothing is overwritten).
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>>;
@@ -105,38 +105,6 @@ pub trait TaskStore: Send + Sync + 'static {
 
     /// Asks for a group commit soon without waiting for it.
     fn sync_soon(&self);
-
-    /// Writes a held session (see [`held`]), replacing the one stored under its
-    /// `(upstream, session_id)`; returns once it is durable.
-    ///
-    /// Errors: [`StoreError::Db`] naming the field when a bound of [`HeldSessionRecord::check`]
-    /// is exceeded (nothing is written), or the store's.
-    fn put_held_session(&self, session: HeldSessionRecord)
-        -> BoxFuture<'_, Result<(), StoreError>>;
-
-    /// The held session `(upstream, session_id)`, expired or not (the caller compares
-    /// `expires_at`). [`StoreError::Corrupt`] for a stored value past a bound.
-    fn held_session(
-        &self,
-        upstream: &str,
-        session_id: &str,
-    ) -> Result<Option<HeldSessionRecord>, StoreError>;
-
-    /// Sets a stored held session's `expires_at` (Unix ms); never creates one. Whether it was
-    /// stored. Durable with the next group commit.
-    fn touch_held_session(
-        &self,
-        upstream: &str,
-        session_id: &str,
-        expires_at: u64,
-    ) -> Result<bool, StoreError>;
-
-    /// Removes a held session; whether it was stored. Durable with the next group commit.
-    fn remove_held_session(&self, upstream: &str, session_id: &str) -> Result<bool, StoreError>;
-
-    /// Removes at most `limit` held sessions whose `expires_at` is at or before `now_ms`
-    /// (Unix ms), oldest first; how many were removed.
-    fn remove_expired_held_sessions(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError>;
 
     /// True when other processes share this store (PostgreSQL): records may change under this
     /// process, so nothing mutable is cached, and cancels and sweeps are coordinated through

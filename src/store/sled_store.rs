@@ -17,7 +17,7 @@
 
 mod held;
 
-use super::{AuditEvent, HeldSessionRecord, ListCursor, Owner, StoreError, TaskRecord, TaskStore};
+use super::{AuditEvent, ListCursor, Owner, StoreError, TaskRecord, TaskStore};
 use crate::metrics::Metrics;
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
@@ -438,44 +438,6 @@ impl TaskStore for SledStore {
 
     fn sync_soon(&self) {
         self.request_sync(None);
-    }
-
-    fn put_held_session(
-        &self,
-        session: HeldSessionRecord,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        let written = self.put_held_now(&session);
-        Box::pin(async move {
-            written?;
-            self.sync().await
-        })
-    }
-
-    fn held_session(
-        &self,
-        upstream: &str,
-        session_id: &str,
-    ) -> Result<Option<HeldSessionRecord>, StoreError> {
-        self.held_now(upstream, session_id)
-    }
-
-    fn touch_held_session(
-        &self,
-        upstream: &str,
-        session_id: &str,
-        expires_at: u64,
-    ) -> Result<bool, StoreError> {
-        self.touch_held_now(upstream, session_id, expires_at)
-    }
-
-    fn remove_held_session(&self, upstream: &str, session_id: &str) -> Result<bool, StoreError> {
-        let removed = self.remove_held_now(upstream, session_id)?;
-        self.sync_soon();
-        Ok(removed)
-    }
-
-    fn remove_expired_held_sessions(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
-        self.remove_expired_held_now(now_ms, limit)
     }
 }
 

@@ -3,7 +3,8 @@
 //! replica is served by every replica sharing the store.
 
 use super::{ms, pg_err, pool_err, PgStore};
-use crate::store::{HeldSessionRecord, StoreError};
+use crate::store::{HeldSessionRecord, HeldSessionStore, StoreError};
+use futures_util::future::{BoxFuture, FutureExt};
 
 impl PgStore {
     pub(super) async fn put_held_now(
@@ -28,8 +29,18 @@ impl PgStore {
         .map_err(pg_err)?;
         Ok(())
     }
+}
 
-    pub(super) fn held_now(
+impl HeldSessionStore for PgStore {
+    fn put_held_session(
+        &self,
+        session: HeldSessionRecord,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.spawn(move |pool| PgStore::put_held_now(pool, session))
+            .boxed()
+    }
+
+    fn held_session(
         &self,
         upstream: &str,
         session: &str,
@@ -55,7 +66,7 @@ impl PgStore {
         Ok(Some(session))
     }
 
-    pub(super) fn touch_held_now(
+    fn touch_held_session(
         &self,
         upstream: &str,
         session: &str,
@@ -75,11 +86,7 @@ impl PgStore {
         Ok(n > 0)
     }
 
-    pub(super) fn remove_held_now(
-        &self,
-        upstream: &str,
-        session: &str,
-    ) -> Result<bool, StoreError> {
+    fn remove_held_session(&self, upstream: &str, session: &str) -> Result<bool, StoreError> {
         let (up, id) = (upstream.to_string(), session.to_string());
         let n = self.run(move |pool| async move {
             let c = pool.get().await.map_err(pool_err)?;
@@ -93,11 +100,7 @@ impl PgStore {
         Ok(n > 0)
     }
 
-    pub(super) fn remove_expired_held_now(
-        &self,
-        now_ms: u64,
-        limit: usize,
-    ) -> Result<usize, StoreError> {
+    fn remove_expired_held_sessions(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let n = self.run(move |pool| async move {
             let c = pool.get().await.map_err(pool_err)?;

@@ -48,8 +48,8 @@ pub use names::redact;
 
 use super::sled_store::{owner_prefix, push_str, read_str, read_u64};
 use super::{
-    AuditEvent, CancelClaim, HeldSessionRecord, ListCursor, Owner, SharedCancelOutcome, StoreError,
-    TaskRecord, TaskStore,
+    AuditEvent, CancelClaim, ListCursor, Owner, SharedCancelOutcome, StoreError, TaskRecord,
+    TaskStore,
 };
 use deadpool_postgres::Pool;
 use futures_util::future::BoxFuture;
@@ -421,39 +421,6 @@ impl TaskStore for PgStore {
     fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         // Every write was its own committed transaction.
         async { Ok(()) }.boxed()
-    }
-
-    fn put_held_session(
-        &self,
-        session: HeldSessionRecord,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.spawn(move |pool| PgStore::put_held_now(pool, session))
-            .boxed()
-    }
-
-    fn held_session(
-        &self,
-        upstream: &str,
-        session_id: &str,
-    ) -> Result<Option<HeldSessionRecord>, StoreError> {
-        self.held_now(upstream, session_id)
-    }
-
-    fn touch_held_session(
-        &self,
-        upstream: &str,
-        session_id: &str,
-        expires_at: u64,
-    ) -> Result<bool, StoreError> {
-        self.touch_held_now(upstream, session_id, expires_at)
-    }
-
-    fn remove_held_session(&self, upstream: &str, session_id: &str) -> Result<bool, StoreError> {
-        self.remove_held_now(upstream, session_id)
-    }
-
-    fn remove_expired_held_sessions(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
-        self.remove_expired_held_now(now_ms, limit)
     }
 
     fn sync_soon(&self) {}

@@ -4,7 +4,8 @@
 //! transaction.
 
 use super::{db_err, push_str, read_str, read_u64, task_key, SledStore};
-use crate::store::{HeldSessionRecord, StoreError};
+use crate::store::{HeldSessionRecord, HeldSessionStore, StoreError, TaskStore};
+use futures_util::future::BoxFuture;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
@@ -26,8 +27,8 @@ fn tx_err(e: TransactionError<String>) -> StoreError {
 }
 
 impl SledStore {
-    /// Writes `session` and its expiry entry (replacing an older version of it).
-    pub(super) fn put_held_now(&self, session: &HeldSessionRecord) -> Result<(), StoreError> {
+    /// Writes `session` and its expiry entry in one transaction (not yet durable).
+    fn put_held(&self, session: &HeldSessionRecord) -> Result<(), StoreError> {
         session.check().map_err(StoreError::Db)?;
         let key = task_key(&session.upstream, &session.session_id);
         let text = session.encode();
@@ -42,18 +43,6 @@ impl SledStore {
             Ok(None)
         });
         done.map(|_| ()).map_err(tx_err)
-    }
-
-    /// The stored held session.
-    pub(super) fn held_now(
-        &self,
-        upstream: &str,
-        session: &str,
-    ) -> Result<Option<HeldSessionRecord>, StoreError> {
-        match self.held.get(task_key(upstream, session)).map_err(db_err)? {
-            Some(bytes) => HeldSessionRecord::decode(&bytes).map(Some),
-            None => Ok(None),
-        }
     }
 
     /// Applies `change` to a stored held session (`None` from it removes the session).
@@ -84,8 +73,35 @@ impl SledStore {
         });
         done.map(|old| old.is_some()).map_err(tx_err)
     }
+}
 
-    pub(super) fn touch_held_now(
+impl HeldSessionStore for SledStore {
+    /// Writes `session` and its expiry entry (replacing an older version of it), then waits
+    /// for the group commit.
+    fn put_held_session(
+        &self,
+        session: HeldSessionRecord,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        let written = self.put_held(&session);
+        Box::pin(async move {
+            written?;
+            self.sync().await
+        })
+    }
+
+    /// The stored held session.
+    fn held_session(
+        &self,
+        upstream: &str,
+        session: &str,
+    ) -> Result<Option<HeldSessionRecord>, StoreError> {
+        match self.held.get(task_key(upstream, session)).map_err(db_err)? {
+            Some(bytes) => HeldSessionRecord::decode(&bytes).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn touch_held_session(
         &self,
         upstream: &str,
         session: &str,
@@ -97,19 +113,13 @@ impl SledStore {
         })
     }
 
-    pub(super) fn remove_held_now(
-        &self,
-        upstream: &str,
-        session: &str,
-    ) -> Result<bool, StoreError> {
-        self.change_held(upstream, session, |_| None)
+    fn remove_held_session(&self, upstream: &str, session: &str) -> Result<bool, StoreError> {
+        let removed = self.change_held(upstream, session, |_| None)?;
+        self.sync_soon();
+        Ok(removed)
     }
 
-    pub(super) fn remove_expired_held_now(
-        &self,
-        now_ms: u64,
-        limit: usize,
-    ) -> Result<usize, StoreError> {
+    fn remove_expired_held_sessions(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         let mut keys = Vec::new();
         for item in self
             .held_by_expiry
