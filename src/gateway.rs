@@ -119,7 +119,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     // The other serving threads' runtimes, built here so that a failure is a start error.
     let runtimes = gateway_sockets
         .into_iter()
-        .map(|socket| Ok((socket, serving_runtime()?)))
+        .map(|socket| Ok((socket, ServingRuntime::new()?)))
         .collect::<std::io::Result<Vec<_>>>()
         .map_err(bind_error)?;
     let admin_listener = TcpListener::bind(config.admin.listen)
@@ -244,9 +244,11 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         let (edge, shutdown, limits) = (edge.clone(), shutdown_rx.clone(), gateway_limits.clone());
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new()
-            .name(format!("taskgate-serve-{}", index + 1))
+            // Linux keeps 15 bytes of a thread's name: `tg-serve-1023` fits.
+            .name(format!("tg-serve-{}", index + 1))
             .spawn(move || {
                 crate::upstream::pool::pin_thread(index + 1);
+                let runtime = runtime.into_inner();
                 runtime.block_on(async move {
                     match TcpListener::from_std(socket) {
                         Ok(listener) => serve(listener, edge, shutdown, drain, limits).await,
@@ -291,11 +293,30 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     })
 }
 
-/// The single-threaded runtime of one extra serving thread (`gateway.threads`).
-fn serving_runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+/// The single-threaded runtime of one extra serving thread (`gateway.threads`), until its
+/// thread takes it. Dropped before that (a later start error inside `start`, which runs on a
+/// runtime), it is shut down in the background: dropping a runtime in an async context panics.
+struct ServingRuntime(Option<tokio::runtime::Runtime>);
+
+impl ServingRuntime {
+    fn new() -> std::io::Result<ServingRuntime> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        Ok(ServingRuntime(Some(runtime)))
+    }
+
+    fn into_inner(mut self) -> tokio::runtime::Runtime {
+        self.0.take().expect("taken once")
+    }
+}
+
+impl Drop for ServingRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 /// Opens the configured task store: sled at `store.path`, or PostgreSQL at the URL of

@@ -228,6 +228,32 @@ fn binary_missing_env_var_fails_to_start() {
     assert!(stderr.contains(var), "stderr names the variable: {stderr}");
 }
 
+/// A start error after the other serving threads' runtimes exist (here the admin address is
+/// taken; `gateway.threads = 3`) is a clean error naming the address, exit 1, not a panic.
+#[test]
+fn binary_start_error_with_several_serving_threads_exits_cleanly() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let admin = taken.local_addr().unwrap().to_string();
+    let b = GatewayBuilder::single("http://127.0.0.1:3000/mcp").gateway_opt("threads = 3");
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let path = dir.path().join("taskgate.toml");
+    std::fs::write(
+        &path,
+        b.to_toml(store.to_str().unwrap(), "127.0.0.1:0", &admin),
+    )
+    .unwrap();
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", path.to_str().unwrap()], &[]);
+    let status = p.wait_exit(STEP).expect("serve must exit");
+    let stderr = p.stderr();
+    assert_eq!(status.code(), Some(1), "{status:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on {admin} (admin)")),
+        "{stderr}"
+    );
+}
+
 /// On SIGTERM an in-flight SSE answer is allowed to finish; new connections are refused; then 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_sigterm_drains_in_flight_stream() {

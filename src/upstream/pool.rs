@@ -162,9 +162,10 @@ fn chain(f: &mut std::fmt::Formatter<'_>, e: &dyn std::error::Error) -> std::fmt
     Ok(())
 }
 
-/// Idle lists per pool: one per serving thread ([`pin_thread`]; threads past the last share by
-/// index modulo this).
-const IDLE_SHARDS: usize = 16;
+/// Idle lists per pool: one per serving thread ([`pin_thread`]; with more serving threads than
+/// this, threads share lists by index modulo this, which still works, with cross-thread
+/// wake-ups for the connections they share). 64 lists of an empty `Vec` are 4 KiB per upstream.
+const IDLE_SHARDS: usize = 64;
 
 thread_local! {
     /// The idle list this thread checks connections in to and out of.
@@ -217,7 +218,7 @@ impl Pool {
         Arc::new(Pool {
             authority,
             connect_timeout,
-            idle: Default::default(),
+            idle: std::array::from_fn(|_| IdleList::default()),
             idle_count: AtomicUsize::new(0),
             limits,
             open: Arc::new(AtomicUsize::new(0)),

@@ -102,6 +102,14 @@ impl Listens {
         f(map.get_mut(id).expect("inserted above"))
     }
 
+    /// Runs `f` on a session's state only if it has one (never creates it: a stream ending
+    /// after its session's DELETE must not bring the session's entry back).
+    fn if_session(&self, id: &str, f: impl FnOnce(&mut Session)) {
+        if let Some(s) = self.sessions.lock().0.get_mut(id) {
+            f(s);
+        }
+    }
+
     /// Forgets a session (it ended): its stream is closed.
     pub fn forget(&self, id: &str) {
         let mut guard = self.sessions.lock();
@@ -249,7 +257,7 @@ pub(super) async fn open<S: McpService>(
             &state, inner, &req, &session, offer, first, close_rx, changed, tx,
         )
         .await;
-        state.listens.with_session(&session, |s| {
+        state.listens.if_session(&session, |s| {
             if s.stream.as_ref().is_some_and(|(t, _)| *t == token) {
                 s.stream = None;
             }
