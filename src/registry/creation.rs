@@ -31,7 +31,11 @@ impl Registry {
         // `null` (2025-11-25: unlimited) or none: the record still ends at the cap, so the cap
         // is the ttl recorded and shown to the client (see `observe`'s `show_recorded_ttl`).
         record.ttl_ms = Some(match task.get("ttl") {
-            Some(Value::Number(n)) => n.as_u64().map_or(cap, |t| t.min(cap)),
+            // A number written as a float (`1000.0`, `1e3`) is a ttl too: whole ms, rounded up.
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .or_else(|| n.as_f64().filter(|f| *f >= 0.0).map(|f| f.ceil() as u64))
+                .map_or(cap, |t| t.min(cap)),
             _ => cap,
         });
         record.poll_interval_ms = task.get("pollInterval").and_then(Value::as_u64);

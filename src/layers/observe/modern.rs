@@ -153,7 +153,11 @@ pub(crate) fn show_recorded_ttl(bytes: Bytes, at: &[&str], record: &TaskRecord) 
         .chain(at.iter().copied())
         .collect();
     let longer = match splice::raw_at(&bytes, &path) {
-        Ok(Some(raw)) => raw.get().parse::<u64>().map_or(true, |t| t > ttl),
+        // A float no longer than the record's (`1000.0`, `1e3`) is the upstream's to keep too.
+        Ok(Some(raw)) => raw
+            .get()
+            .parse::<f64>()
+            .map_or(true, |t| t.is_nan() || t < 0.0 || t > ttl as f64),
         _ => false,
     };
     if !longer {
@@ -294,6 +298,28 @@ mod tests {
         assert_eq!(r.to_task().ttl, Some(cap), "tasks/list shows the same");
     }
 
+    /// A ttl written as a float (`1000.0`, `1e3`) is recorded as that many ms (rounded up), not
+    /// as "no ttl" (which would be the cap, longer than the upstream keeps the task).
+    #[test]
+    fn a_float_ttl_is_recorded_as_its_ms() {
+        let (registry, _store) = registry();
+        let cap = registry.config().max_ttl_ms;
+        let template = record("");
+        for (ttl, recorded) in [
+            (serde_json::json!(1000.0), 1000),
+            (serde_json::json!(1e3), 1000),
+            (serde_json::json!(999.2), 1000),
+            (serde_json::json!(-5), cap),
+            (serde_json::json!(1e300), cap),
+        ] {
+            let task = serde_json::json!({"taskId": "f", "status": "working", "ttl": ttl});
+            let r = registry
+                .creation_record(&template, &task)
+                .expect("a record");
+            assert_eq!(r.ttl_ms, Some(recorded), "{ttl}");
+        }
+    }
+
     /// A flat `CreateTaskResult` is recorded (ttlMs null capped) before the reply passes; a plain
     /// result records nothing and gives the slot back.
     #[tokio::test]
@@ -375,5 +401,18 @@ mod tests {
             out,
             r#"{"jsonrpc":"2.0","id":1,"result":{"ttl":60000}}"#.as_bytes()
         );
+        // A shorter ttl written as a float stays the upstream's; a longer one is capped.
+        for (json, shown) in [
+            (
+                r#"{"result":{"ttl":1000.0}}"#,
+                r#"{"result":{"ttl":1000.0}}"#,
+            ),
+            (r#"{"result":{"ttl":1e3}}"#, r#"{"result":{"ttl":1e3}}"#),
+            (r#"{"result":{"ttl":6.1e4}}"#, r#"{"result":{"ttl":60000}}"#),
+            (r#"{"result":{"ttl":-5}}"#, r#"{"result":{"ttl":60000}}"#),
+        ] {
+            let out = super::show_recorded_ttl(Bytes::from(json), &["ttl"], &record);
+            assert_eq!(out, shown.as_bytes(), "{json}");
+        }
     }
 }
