@@ -32,9 +32,13 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 /// instructions of a small `tools/call` (benches/profile.sh small; the pair is in
 /// benches/RESULTS.md, "hop-by-hop scan").
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if !headers.keys().any(is_hop_by_hop) {
-        return;
+    if headers.keys().any(is_hop_by_hop) {
+        remove_hop_by_hop(headers);
     }
+}
+
+/// The removal of [`strip_hop_by_hop`], for a caller that already knows one is present.
+fn remove_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -76,7 +80,7 @@ pub fn strip_upstream_reply(headers: &mut HeaderMap) {
         internal |= is_internal(name);
     }
     if hop {
-        strip_hop_by_hop(headers);
+        remove_hop_by_hop(headers);
     }
     if internal {
         let names: Vec<HeaderName> = headers.keys().filter(|k| is_internal(k)).cloned().collect();

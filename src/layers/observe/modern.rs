@@ -181,9 +181,13 @@ pub(crate) fn show_recorded_ttl(bytes: Bytes, at: &[&str], record: &TaskRecord) 
 /// string a `"` is escaped, so it could only be the tail of a longer name such as `"a\"ttl"`,
 /// which is checked like the rest, never skipped).
 fn no_member_longer(bytes: &[u8], name: &str, ttl: u64) -> bool {
-    let quoted = format!("\"{name}\"");
-    for at in memchr::memmem::find_iter(bytes, quoted.as_bytes()) {
-        let rest = &bytes[at + quoted.len()..];
+    // The name between quotes, found without building the quoted needle (this runs per poll).
+    for at in memchr::memmem::find_iter(bytes, name.as_bytes()) {
+        let end = at + name.len();
+        if at == 0 || bytes[at - 1] != b'"' || bytes.get(end) != Some(&b'"') {
+            continue;
+        }
+        let rest = &bytes[end + 1..];
         let rest = rest.trim_ascii_start();
         let Some(rest) = rest.strip_prefix(b":") else {
             continue; // a string value "ttl", not a member name
