@@ -8,9 +8,14 @@
 #   bash benches/profile.sh [small|lifecycle|modern-lifecycle] [TASKGATE_BIN]
 #   COUNT=500 TOP=30 bash benches/profile.sh lifecycle /work/bins/taskgate-old
 #   TOOL=strace bash benches/profile.sh small BIN   # system calls per request instead (strace -f -c)
+#   TOOL=perf CONC=16 bash benches/profile.sh small BIN   # CPU samples, kernel included (perf record)
 #
 # TOOL=strace counts taskgate's system calls (all threads, warm-up and measured part together)
 # per request: futex and the eventfd `write` are the cross-thread wake-ups CPU time hides.
+# TOOL=perf samples taskgate's CPU (user and kernel, all threads) over the measured part at CONC
+# concurrent clients (default 1) and prints the share of user and kernel time, the CPU per
+# request, and the TOP symbols by their own samples; it needs perf (linux-perf) and a
+# perf_event_paranoid that allows it (root does).
 #
 # Prints: requests measured, instructions per request (taskgate, all threads), and the TOP
 # functions by inclusive instructions per request. Needs valgrind (callgrind_control,
@@ -23,10 +28,12 @@ TASKGATE=${2:-}
 COUNT=${COUNT:-300}
 TOP=${TOP:-25}
 TOOL=${TOOL:-callgrind}
+CONC=${CONC:-1}
 case $TOOL in
   callgrind) command -v callgrind_control >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; } ;;
   strace) command -v strace >/dev/null || { echo "needs strace (apt-get install strace)" >&2; exit 2; } ;;
-  *) echo "TOOL: callgrind or strace" >&2; exit 2 ;;
+  perf) command -v perf >/dev/null || { echo "needs perf (apt-get install linux-perf)" >&2; exit 2; } ;;
+  *) echo "TOOL: callgrind, strace or perf" >&2; exit 2 ;;
 esac
 if [ -z "$TASKGATE" ]; then
   (cd "$ROOT" && cargo build --release --quiet --bin taskgate)
@@ -64,6 +71,8 @@ url = "http://$(field "$WORK/up.json" addr)/mcp"
 EOF
 if [ "$TOOL" = strace ]; then
   wrap=(strace -f -c -o "$WORK/strace.txt")
+elif [ "$TOOL" = perf ]; then
+  wrap=()
 else
   wrap=(valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.%p")
 fi
@@ -71,7 +80,8 @@ fi
   -- "${wrap[@]}" "$TASKGATE" serve --config "$WORK/tg.toml" > "$WORK/tg.json"
 TG_PID=$(field "$WORK/tg.json" pid); PIDS+=("$TG_PID")
 URL="http://$(field "$WORK/tg.json" gateway)/mcp"
-args=(--url "$URL" --target taskgate --case profile --rep 1 --concurrency 1)
+conc=1; [ "$TOOL" = perf ] && conc=$CONC
+args=(--url "$URL" --target taskgate --case profile --rep 1 --concurrency "$conc")
 case $SCENARIO in
   small) warm=(--scenario small --duration 2 --warmup 0); measured=(--scenario small --duration 20 --warmup 0) ;;
   lifecycle | modern-lifecycle) warm=(--scenario "$SCENARIO" --count 10); measured=(--scenario "$SCENARIO" --count "$COUNT") ;;
@@ -79,7 +89,27 @@ case $SCENARIO in
 esac
 "$LG" run "${args[@]}" "${warm[@]}" --json-out "$WORK/warm.jsonl" > /dev/null
 [ "$TOOL" = callgrind ] && callgrind_control -z "$TG_PID" > /dev/null 2>&1
-"$LG" run "${args[@]}" "${measured[@]}" --json-out "$WORK/run.jsonl" > /dev/null
+if [ "$TOOL" = perf ]; then
+  perf record -q -F 2999 -g -p "$TG_PID" -o "$WORK/perf.data" 2> "$WORK/perf.err" &
+  PERF_PID=$!
+  for _ in $(seq 100); do [ -s "$WORK/perf.data" ] && break; sleep 0.05; done
+fi
+"$LG" run "${args[@]}" "${measured[@]}" --cpu-pid "$TG_PID" --json-out "$WORK/run.jsonl" > /dev/null
+if [ "$TOOL" = perf ]; then
+  kill -INT "$PERF_PID"; wait "$PERF_PID" 2>/dev/null || true
+  run_n=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
+  cpu=$(sed -n 's/.*"cpu_us_per_req":\([0-9.]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
+  echo "binary:       $TASKGATE"
+  echo "scenario:     $SCENARIO, c=$CONC"
+  echo "requests:     $run_n; taskgate CPU per request (utime+stime): ${cpu:-?} µs"
+  perf report -i "$WORK/perf.data" --no-children --sort dso -q -g none 2>/dev/null | head -8 |
+    awk '{ printf "  %s\n", $0 }'
+  echo
+  echo "top $TOP symbols by their own samples (% of taskgate's samples):"
+  perf report -i "$WORK/perf.data" --no-children --sort sym -q -g none 2>/dev/null |
+    grep -v '^$' | head -"$TOP" | cut -c1-150
+  exit 0
+fi
 if [ "$TOOL" = strace ]; then
   # strace writes its table when taskgate exits (SIGTERM: a graceful stop).
   warm_n=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$WORK/warm.jsonl" | tail -1)
