@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use taskgate::era::Era;
 use taskgate::mcp::task::TaskStatus;
 use taskgate::store::{
-    cancel_lease, AuditEvent, CancelClaim, Origin, Owner, PgStore, SharedCancelOutcome, SledStore,
-    SlotStore, StoreError, TaskRecord, TaskStore,
+    cancel_lease, AuditEvent, CancelClaim, Origin, Owner, PgStore, RecordHead, SharedCancelOutcome,
+    SledStore, SlotStore, StoreError, TaskRecord, TaskStore,
 };
 
 /// The cancel claim lease of an upstream with the default `timeout_ms` (30 s).
@@ -143,6 +143,46 @@ async fn contract(store: Arc<dyn TaskStore>) {
     assert!(store.remove(&up, "t1").unwrap().is_none());
     assert!(store.audit_for(&up, "t1").unwrap().is_empty());
 
+    // scan_heads: the head of every record scan sees, in the same order, escaped strings too.
+    let mut odd = record(&up, "q\"uote\\d\n", "unused", t0 + 9);
+    odd.owner = Owner::Principal("p\u{1F600}\"é".into());
+    odd.status = TaskStatus::Cancelled;
+    odd.cancelled_at = Some(t0);
+    store.create(odd).await.unwrap();
+    let owned = |h: RecordHead<'_>| {
+        let key = (h.upstream.into_owned(), h.task_id.into_owned());
+        (
+            key,
+            h.owner.into_owned(),
+            h.status,
+            h.cancelled_at,
+            h.released_at,
+        )
+    };
+    let mut want = Vec::new();
+    store
+        .scan(&mut |r| {
+            if r.upstream == up {
+                want.push(owned(RecordHead::of(&r)));
+            }
+            true
+        })
+        .unwrap();
+    let mut heads = Vec::new();
+    store
+        .scan_heads(&mut |h| {
+            if h.upstream == up {
+                heads.push(owned(h));
+            }
+            true
+        })
+        .unwrap();
+    assert_eq!(heads, want);
+    let odd_owner = "principal:p\u{1F600}\"é";
+    assert!(heads
+        .iter()
+        .any(|h| h.1 == odd_owner && h.0 .1 == "q\"uote\\d\n"));
+
     // scan sees every record of this run.
     let mut seen = 0;
     store
@@ -151,7 +191,7 @@ async fn contract(store: Arc<dyn TaskStore>) {
             true
         })
         .unwrap();
-    assert_eq!(seen, 7, "t2..t6, b1, old");
+    assert_eq!(seen, 8, "t2..t6, b1, old, and the odd one");
     store.sync().await.unwrap();
     store.ping().await.unwrap();
     held::contract(store).await;

@@ -60,24 +60,36 @@ impl Registry {
         // One pass over the store: live counts per owner, records per status, and the
         // cancelled tasks still waiting for their "resources released" fact.
         let mut live: HashMap<(Arc<str>, Owner), usize> = HashMap::new();
-        let mut by_status: HashMap<(String, TaskStatus), i64> = HashMap::new();
+        let mut by_status: HashMap<String, HashMap<TaskStatus, i64>> = HashMap::new();
         let mut unreleased = Vec::new();
-        store.scan(&mut |r| {
+        let mut bad_owner = None;
+        store.scan_heads(&mut |r| {
             if !r.status.is_terminal() {
-                *live
-                    .entry((Arc::from(r.upstream.as_str()), r.owner.clone()))
-                    .or_default() += 1;
+                let Some(owner) = Owner::parse(&r.owner) else {
+                    bad_owner = Some(r.owner.into_owned());
+                    return false;
+                };
+                *live.entry((Arc::from(&*r.upstream), owner)).or_default() += 1;
             }
-            *by_status.entry((r.upstream.clone(), r.status)).or_default() += 1;
+            let statuses = match by_status.get_mut(&*r.upstream) {
+                Some(m) => m,
+                None => by_status.entry(r.upstream.to_string()).or_default(),
+            };
+            *statuses.entry(r.status).or_default() += 1;
             if r.cancelled_at.is_some() && r.released_at.is_none() {
-                unreleased.push((r.upstream, r.task_id));
+                unreleased.push((r.upstream.into_owned(), r.task_id.into_owned()));
             }
             true
         })?;
+        if let Some(owner) = bad_owner {
+            return Err(StoreError::Corrupt(format!("not an owner: {owner:?}")));
+        }
         // A shared store's gauges come from the database, by the sweep lease holder (`sweep`).
         if !store.shared() {
-            for ((up, status), n) in by_status {
-                metrics.tasks_set(&up, status, n);
+            for (up, statuses) in by_status {
+                for (status, n) in statuses {
+                    metrics.tasks_set(&up, status, n);
+                }
             }
         }
         let quiet = std::time::Duration::from_millis(config.release_quiet_ms);

@@ -17,7 +17,7 @@ pub mod sled_store;
 
 pub use held::{HeldSessionRecord, HeldSessionStore};
 pub use pg::PgStore;
-pub use record::{AuditEvent, Origin, Owner, TaskRecord};
+pub use record::{AuditEvent, Origin, Owner, RecordHead, TaskRecord};
 pub use shared::{cancel_lease, CancelClaim, SharedCancelOutcome, CANCEL_LEASE_MARGIN};
 pub use sled_store::SledStore;
 
@@ -93,6 +93,12 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
 
     /// Calls `visit` with every record until it returns false.
     fn scan(&self, visit: &mut dyn FnMut(TaskRecord) -> bool) -> Result<(), StoreError>;
+
+    /// [`TaskStore::scan`] of what start-up counting needs ([`RecordHead`]), in the same order.
+    /// The default decodes whole records; the embedded store decodes only the head.
+    fn scan_heads(&self, visit: &mut dyn FnMut(RecordHead<'_>) -> bool) -> Result<(), StoreError> {
+        self.scan(&mut |r| visit(RecordHead::of(&r)))
+    }
 
     /// Appends an audit event (durable with the next group commit).
     fn append_audit(&self, event: &AuditEvent) -> Result<(), StoreError>;

@@ -166,6 +166,49 @@ pub struct TaskRecord {
     pub tool_error: bool,
 }
 
+/// What start-up counting needs of a record ([`super::TaskStore::scan_heads`]): the key, the
+/// owner in its stored form (`principal:<name>`, `session:<id>`, `anonymous`; parse it with
+/// [`Owner::parse`]), the status and the two cancellation facts. Strings borrow from the stored
+/// bytes when they hold no JSON escape.
+///
+/// Why it exists: a restart counts every record once (live tasks per owner, records per status,
+/// cancelled tasks without their "released" fact) before taskgate is ready. Decoding whole
+/// records made that ~half of the start-up CPU at 100,000 records (`perf`, issue 15: serde
+/// string parsing and allocation); the other fields (results, timestamps, tool names) are
+/// skipped here without being allocated.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RecordHead<'a> {
+    /// The upstream's configured name.
+    #[serde(borrow)]
+    pub upstream: std::borrow::Cow<'a, str>,
+    /// The upstream's `taskId`.
+    #[serde(borrow)]
+    pub task_id: std::borrow::Cow<'a, str>,
+    /// [`TaskRecord::owner`] in its stored form.
+    #[serde(borrow)]
+    pub owner: std::borrow::Cow<'a, str>,
+    /// [`TaskRecord::status`].
+    pub status: TaskStatus,
+    /// [`TaskRecord::cancelled_at`].
+    pub cancelled_at: Option<u64>,
+    /// [`TaskRecord::released_at`].
+    pub released_at: Option<u64>,
+}
+
+impl<'a> RecordHead<'a> {
+    /// The head of a decoded record (the owner is formatted: only the stored form is borrowed).
+    pub fn of(r: &'a TaskRecord) -> RecordHead<'a> {
+        RecordHead {
+            upstream: r.upstream.as_str().into(),
+            task_id: r.task_id.as_str().into(),
+            owner: r.owner.to_string().into(),
+            status: r.status,
+            cancelled_at: r.cancelled_at,
+            released_at: r.released_at,
+        }
+    }
+}
+
 impl TaskRecord {
     /// Bytes this record holds on the heap beyond its own size (its strings' capacities), for
     /// the record cache's byte bound (`registry::cache`).

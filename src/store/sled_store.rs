@@ -400,6 +400,21 @@ impl TaskStore for SledStore {
         Ok(())
     }
 
+    fn scan_heads(
+        &self,
+        visit: &mut dyn FnMut(super::RecordHead<'_>) -> bool,
+    ) -> Result<(), StoreError> {
+        for item in self.tasks.iter() {
+            let (_, v) = item.map_err(db_err)?;
+            let head =
+                serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            if !visit(head) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     fn append_audit(&self, event: &AuditEvent) -> Result<(), StoreError> {
         let mut key = task_key(&event.upstream, &event.task_id);
         let seq = self.db.generate_id().map_err(db_err)?;
