@@ -208,3 +208,34 @@ async fn crash_loop_acknowledged_creations_and_cancels_survive_sigkill() {
         "acknowledged cancels not durable: {reverted:?}"
     );
 }
+
+/// A lone `sync_soon` (a change no client waits on) is still committed by itself: it may wait
+/// up to `SOON` for a waited sync to share the commit, never for ever; a waited sync right
+/// after it is answered too.
+#[tokio::test]
+async fn a_lone_sync_soon_is_committed_without_a_waited_sync() {
+    use taskgate::metrics::Metrics;
+    use taskgate::store::{SledStore, TaskStore};
+    let commits = |m: &Metrics| {
+        let text = String::from_utf8(m.encode()).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("taskgate_store_write_duration_seconds_count "))
+            .map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = Arc::new(Metrics::new(&["up".to_string()]));
+    let store = SledStore::open(dir.path(), 1 << 20, Some(metrics.clone())).unwrap();
+    store.sync_soon();
+    // Wait for the event (the commit counted), bounded far above SOON.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while commits(&metrics) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lone sync_soon was never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    store.sync_soon();
+    store.sync().await.unwrap();
+    assert!(commits(&metrics) >= 2);
+}

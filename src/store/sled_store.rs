@@ -14,6 +14,12 @@
 //! `flush` alone does not empty the disk's write cache. One committer thread does group commit:
 //! it takes every pending sync request, runs `flush()` and then `fdatasync` on the database file
 //! once, and answers them all. [`TaskStore::create`] waits for that before it returns.
+//!
+//! A [`TaskStore::sync_soon`] request that arrives alone (a change no client waits on: a
+//! non-terminal status, a stored result, a sweep) waits up to [`SOON`] for a waited request to
+//! share its commit. Why: every commit costs the same whatever it carries (sled's buffer write
+//! through its I/O thread pool, `sync_file_range`, `fdatasync`, about 29 futex calls), and in
+//! the task lifecycle one commit in three was such a lone "soon" (issue 15, `benches/RESULTS.md`).
 
 mod held;
 
@@ -30,6 +36,10 @@ use std::thread::JoinHandle;
 use tokio::sync::oneshot;
 
 type SyncReply = oneshot::Sender<Result<(), String>>;
+
+/// How long a lone [`TaskStore::sync_soon`] request waits for a waited sync to share its group
+/// commit (see the module doc): the longest a "soon" change stays only in memory.
+pub const SOON: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// The sled-backed registry. Drop it (every clone of the `Arc`) to release the database lock;
 /// [`SledStore::close`] flushes and stops the committer first.
@@ -193,6 +203,20 @@ fn commit_loop(
     let file = std::fs::File::open(&db_file).ok();
     while let Ok(first) = rx.recv() {
         let mut waiting: Vec<SyncReply> = first.into_iter().collect();
+        if waiting.is_empty() {
+            // A lone "soon": let a waited sync arriving within SOON share the commit.
+            let until = std::time::Instant::now() + SOON;
+            loop {
+                match rx.recv_timeout(until.saturating_duration_since(std::time::Instant::now())) {
+                    Ok(Some(reply)) => {
+                        waiting.push(reply);
+                        break;
+                    }
+                    Ok(None) => continue,
+                    Err(_) => break,
+                }
+            }
+        }
         while let Ok(more) = rx.try_recv() {
             waiting.extend(more);
         }
