@@ -20,7 +20,7 @@ trap 'rm -rf "$OUT"' EXIT
 for round in $(seq "$ROUNDS"); do
   for pair in "$@"; do
     name=${pair%%=*} bin=${pair#*=}
-    REPEAT=1 AB=0 SCENARIOS="$SCENARIOS" TASKGATE_BIN="$bin" RESULTS="$OUT/$name-$round.md" \
+    REPEAT=1 SCENARIOS="$SCENARIOS" TASKGATE_BIN="$bin" RESULTS="$OUT/$name-$round.md" \
       bash "$HERE/run.sh" >/dev/null 2>"$OUT/$name-$round.log" ||
       { echo "run $name round $round failed: $OUT/$name-$round.log" >&2; cat "$OUT/$name-$round.log" >&2; exit 1; }
     # Each scenario table's taskgate row: | taskgate | ops/s | ... | proxy CPU µs/req | errors |

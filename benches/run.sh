@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # taskgate benchmark: the direct path, nginx and taskgate side by side, in one run (issue 7),
-# with taskgate's two HTTP/1 upstream clients A/B'd (issue 10) and repeated runs (issue 15).
+# with repeated runs (issue 15).
 #
 #   bash benches/run.sh                       # everything; writes benches/RESULTS.md
 #   DURATION=2 RECORDS=20000 bash benches/run.sh
-#   SCENARIOS="1 3" REPEAT=5 bash benches/run.sh   # the client A/B only, 5 runs per cell
+#   SCENARIOS="1 3" REPEAT=5 bash benches/run.sh   # small calls and SSE only, 5 runs per cell
 #
 # Builds taskgate (--release) and benches/loadgen (--release, its own target dir
 # benches/loadgen/target), starts on 127.0.0.1 ephemeral ports the bench upstream, taskgate (temp
@@ -21,21 +21,17 @@
 # do (tests/pg/cluster.sh: Debian's postgresql, loopback port, `synchronous_commit` and `fsync`
 # on) and stopped on exit; without either, scenario 10 is skipped with a message.
 #
-# A/B (issue 10): beside `taskgate` (TASKGATE_UPSTREAM_CLIENT=pool, the own pool) a second
-# taskgate, path `taskgate-hyper-util`, runs with TASKGATE_UPSTREAM_CLIENT=hyper-util
-# (hyper_util's pooled client; see src/upstream/client.rs) in scenarios 1-5; AB=0 leaves it out.
-#
 # Repeats (issue 15): scenarios 1-5 and 8 run REPEAT times, interleaved: direct, nginx, taskgate,
-# taskgate-hyper-util, then again, so a slow spell of the machine hits every path. Tables show
-# the median and the min–max spread; every run's numbers are kept under "Raw runs". Each run
+# then again, so a slow spell of the machine hits every path. Tables show the median and the
+# min–max spread; every run's numbers are kept under "Raw runs". Each run
 # records the CPU that other processes used meanwhile (/proc/stat minus the benchmark's own
 # processes) and the load average; past QUIET_PCT % of one core RESULTS says "machine not quiet".
 #
 # TASKGATE_BIN=PATH runs that taskgate binary instead of building this checkout (for a before/after
-# pair of runs of two revisions; use AB=0 with a binary older than the upstream client switch).
+# pair of runs of two revisions).
 #
 # Settings (environment): DURATION (s per timed case, default 2), WARMUP (s, 0.5), REPEAT (runs
-# per case and path in scenarios 1-5 and 8, default 3), AB (1), QUIET_PCT (10),
+# per case and path in scenarios 1-5 and 8, default 3), QUIET_PCT (10),
 # LIFECYCLE_TASKS (1000, scenarios 4, 8, 9 and 10), CANCELS (1000), RECORDS (100000), SCENARIOS (which
 # ones, default "1 2 3 4 5 6 7 8 9 10"), RESULTS (output file, benches/RESULTS.md; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
@@ -46,7 +42,6 @@ ROOT=$(dirname "$HERE")
 DURATION=${DURATION:-2}
 WARMUP=${WARMUP:-0.5}
 REPEAT=${REPEAT:-3}
-AB=${AB:-1}
 QUIET_PCT=${QUIET_PCT:-10}
 LIFECYCLE_TASKS=${LIFECYCLE_TASKS:-1000}
 CANCELS=${CANCELS:-1000}
@@ -56,7 +51,7 @@ SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
-for v in DURATION WARMUP REPEAT AB QUIET_PCT LIFECYCLE_TASKS CANCELS RECORDS SCENARIOS; do
+for v in DURATION WARMUP REPEAT QUIET_PCT LIFECYCLE_TASKS CANCELS RECORDS SCENARIOS; do
   case " $(env | cut -d= -f1 | tr '\n' ' ') " in *" $v "*) ENVSET="$ENVSET$v='${!v}' " ;; esac
 done
 COMMAND="${ENVSET}${COMMAND}"
@@ -147,43 +142,20 @@ name = "bench"
 url = "http://$UP_ADDR/mcp"
 EOF
 }
-start_taskgate() { # $1 config, $2 label, $3 json out, [$4 ready json out, $5 upstream client]
+start_taskgate() { # $1 config, $2 label, $3 json out, [$4 ready json out]
   # sets TG_PID TG_ADDR TG_ADMIN; logs in $3 with .out / .err for .json
   local log=${3%.json}
   "$LG" spawn-ready --stdout "$log.out" --stderr "$log.err" --label "$2" \
-    ${4:+--json-out "$4"} -- env TASKGATE_UPSTREAM_CLIENT="${5:-pool}" \
-    "$TASKGATE" serve --config "$1" > "$3"
+    ${4:+--json-out "$4"} -- "$TASKGATE" serve --config "$1" > "$3"
   TG_PID=$(json_field "$3" pid); PIDS+=("$TG_PID")
   TG_ADDR=$(json_field "$3" gateway); TG_ADMIN=$(json_field "$3" admin)
-  # The client actually in use, from taskgate's own log line (a typo must not pass silently).
-  local want=${5:-pool} i
-  # A TASKGATE_BIN from before the client switch logs no client: it has only the own pool.
-  [ -n "${TASKGATE_BIN:-}" ] && [ "$want" = pool ] && return 0
-  for i in $(seq 100); do
-    grep -q "upstream HTTP/1 client" "$log.out" "$log.err" 2>/dev/null && break
-    sleep 0.02
-  done
-  if ! grep -h "upstream HTTP/1 client" "$log.out" "$log.err" 2>/dev/null | grep -q "$want"; then
-    echo "taskgate ($2) does not log the upstream client $want:" >&2
-    cat "$log.out" "$log.err" >&2
-    exit 1
-  fi
 }
 
-say "starting taskgate (upstream client: own pool)"
+say "starting taskgate"
 taskgate_config "$WORK/taskgate.toml" "$WORK/store" ""
-start_taskgate "$WORK/taskgate.toml" taskgate "$WORK/taskgate.json" "" pool
+start_taskgate "$WORK/taskgate.toml" taskgate "$WORK/taskgate.json"
 echo "taskgate $TG_ADDR admin $TG_ADMIN (pid $TG_PID)" >&2
 TGP_PID=$TG_PID; TGP_ADDR=$TG_ADDR
-TGH_PID=""; TGH_ADDR=""
-if [ "$AB" = 1 ]; then
-  say "starting taskgate-hyper-util (upstream client: hyper_util)"
-  taskgate_config "$WORK/taskgate-hu.toml" "$WORK/store-hu" ""
-  start_taskgate "$WORK/taskgate-hu.toml" taskgate-hyper-util "$WORK/taskgate-hu.json" "" hyper-util
-  echo "taskgate-hyper-util $TG_ADDR admin $TG_ADMIN (pid $TG_PID)" >&2
-  TGH_PID=$TG_PID; TGH_ADDR=$TG_ADDR
-  TG_PID=$TGP_PID; TG_ADDR=$TGP_ADDR
-fi
 
 NG_ADDR=""; NG_CPU=""
 if [ -n "$NGINX_BIN" ]; then
@@ -238,7 +210,7 @@ fi
 # ---- scenarios 1-5 ----------------------------------------------------------------------------
 # Every process of the benchmark (their CPU is not "other processes'" CPU).
 TGB_PID=""; TGB_ADDR=""
-bench_pids() { echo "$UP_PID" $TG_PID $TGH_PID $TGB_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
+bench_pids() { echo "$UP_PID" $TG_PID $TGB_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
 # run CASE TARGET REP ARGS..: one loadgen run against one path.
 run() {
   local case=$1 target=$2 rep=$3 url cpu=""
@@ -247,7 +219,6 @@ run() {
     direct) url="http://$UP_ADDR/mcp" ;;
     nginx) url="http://$NG_ADDR/mcp"; cpu=$NG_CPU ;;
     taskgate) url="http://$TG_ADDR/mcp"; cpu=$TG_PID ;;
-    taskgate-hyper-util) url="http://$TGH_ADDR/mcp"; cpu=$TGH_PID ;;
     taskgate-bridged) url="http://$TGB_ADDR/mcp"; cpu=$TGB_PID ;;
   esac
   "$LG" run --url "$url" --target "$target" --case "$case" ${cpu:+--cpu-pid "$cpu"} \
@@ -255,8 +226,6 @@ run() {
 }
 targets() {
   echo direct; [ -n "$NG_ADDR" ] && echo nginx; echo taskgate
-  [ -n "$TGH_ADDR" ] && echo taskgate-hyper-util
-  return 0
 }
 each() { # each CASE ARGS..: the case against every path, REPEAT times, interleaved
   local case=$1 t rep
@@ -288,7 +257,7 @@ if want 9; then
   say "starting taskgate-bridged (upstream.protocol = \"2026-07-28\")"
   taskgate_config "$WORK/taskgate-br.toml" "$WORK/store-br" ""
   printf 'protocol = "2026-07-28"\n' >> "$WORK/taskgate-br.toml"
-  start_taskgate "$WORK/taskgate-br.toml" taskgate-bridged "$WORK/taskgate-br.json" "" pool
+  start_taskgate "$WORK/taskgate-br.toml" taskgate-bridged "$WORK/taskgate-br.json"
   TGB_PID=$TG_PID; TGB_ADDR=$TG_ADDR; TG_PID=$TGP_PID; TG_ADDR=$TGP_ADDR
   case9="9. task lifecycle, 2025-11-25 client: same era (taskgate) and bridged to a 2026-07-28 upstream (taskgate-bridged), $LIFECYCLE_TASKS tasks, c=16"
   say "$case9"
@@ -364,8 +333,6 @@ want 7 && scenario7
 scenario6() {
 say "6a. task creation: durable record before the reply, against a plain tools/call"
 stop_pid "$TG_PID"
-# The hyper_util taskgate takes no part in scenario 6.
-[ -n "$TGH_PID" ] && { stop_pid "$TGH_PID"; TGH_PID=""; TGH_ADDR=""; }
 # A taskgate of its own, so scenario 6 below measures exactly $RECORDS records.
 taskgate_config "$WORK/taskgate6a.toml" "$WORK/store6a" "max_live_tasks_per_owner = 10000000"
 start_taskgate "$WORK/taskgate6a.toml" "6a. taskgate for creations" "$WORK/tg6a.json"
@@ -435,7 +402,6 @@ scenario10() {
   export TASKGATE_DATABASE_URL="${base%/*}/$db"
   PG_SETTINGS=$("$psql" -At "$TASKGATE_DATABASE_URL" -c "SELECT 'PostgreSQL ' || current_setting('server_version') || ' on 127.0.0.1, synchronous_commit=' || current_setting('synchronous_commit') || ', fsync=' || current_setting('fsync') || ', wal_sync_method=' || current_setting('wal_sync_method') || ', shared_buffers=' || current_setting('shared_buffers') || ', data directory on ' || '$(df -PT "${PG_DIR:-/}" | awk 'NR==2 {print $2}')'")
   say "10. $PG_SETTINGS"
-  [ -n "$TGH_PID" ] && { stop_pid "$TGH_PID"; TGH_PID=""; TGH_ADDR=""; }
   taskgate_config "$WORK/taskgate10s.toml" "$WORK/store9s" "max_live_tasks_per_owner = 10000000"
   start_taskgate "$WORK/taskgate10s.toml" "10. taskgate, sled" "$WORK/tg10s.json"
   local S_PID=$TG_PID S_ADDR=$TG_ADDR
@@ -492,12 +458,12 @@ Produced by \`$COMMAND\` (from the repository root) on $(date -u '+%Y-%m-%d %H:%
 | memory (MemTotal) | $MEM_GIB GiB |
 | kernel | $(uname -sr) |
 | load average (1, 5, 15 min) | $LOAD_AT_START at the start, $(cut -d' ' -f1-3 /proc/loadavg) at the end |
-| taskgate | $REV, release build, default log level (info, to a file); path \`taskgate\`: own pool (TASKGATE_UPSTREAM_CLIENT=pool), path \`taskgate-hyper-util\`: hyper_util's client (TASKGATE_UPSTREAM_CLIENT=hyper-util)$( [ "$AB" = 1 ] || echo ", not run (AB=0)") |
+| taskgate | $REV, release build, default log level (info, to a file) |
 | nginx | $NGINX_VERSION, \`worker_processes auto\`, \`proxy_buffering off\`, \`proxy_http_version 1.1\`, keepalive pool of 256 |
 | upstream | benches/loadgen \`upstream\`, 1 tokio worker thread |
 | load generator | benches/loadgen \`loadgen\`, 1 thread, one keep-alive HTTP/1.1 connection per concurrent client, each with its own MCP session (scenarios 1-4; 8 is 2026-07-28, sessionless) |
 | timed cases | ${WARMUP} s warm-up, then ${DURATION} s measured |
-| repeats | scenarios 1-5 and 8: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, taskgate-hyper-util, then again); scenario 6: one |
+| repeats | scenarios 1-5 and 8: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, then again); scenario 6: one |
 | task store | temp directory on $STORE_FS (sled); scenario 10's \`taskgate-pg\`: $PG_SETTINGS, \`pool_size = 16\` |
 
 Everything runs on this one machine: load generator, proxy and upstream share the cores, so

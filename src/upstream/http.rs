@@ -1,7 +1,7 @@
 //! Streamable HTTP upstream client (2025-11-25 basic/transports: Streamable HTTP).
 //!
-//! One [`HttpUpstream`] per configured `[[upstream]]`, with a keep-alive connection pool (the
-//! HTTP/1 client is chosen in [`super::client`]).
+//! One [`HttpUpstream`] per configured `[[upstream]]`, with a keep-alive connection pool
+//! ([`super::pool`]).
 //! - POST carries the message bytes unchanged; GET opens the standalone stream; DELETE ends a session.
 //! - `Host` is the upstream's authority (SDK servers validate it against DNS rebinding);
 //!   `Mcp-Session-Id` is the one in the request context (a layer may route to a task's session);
@@ -26,8 +26,7 @@
 //! - The answer's body becomes [`ReplyBody::Json`], [`ReplyBody::Stream`] (decoded event by event
 //!   as it arrives), [`ReplyBody::Empty`] or [`ReplyBody::Raw`].
 
-use super::client::{Client, ClientKind};
-use super::pool::PoolError;
+use super::pool::{Pool, PoolError};
 use crate::config::UpstreamConfig;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::headers::{content_type_is, is_visible_ascii, strip_upstream_reply, MCP_SESSION_ID};
@@ -53,10 +52,10 @@ pub struct HttpUpstream {
 
 struct Inner {
     name: Arc<str>,
-    /// The request target, in the form the client wants (see [`Client::target`]).
+    /// The request target in origin-form (`/path?q`), as sent on a connection to the upstream.
     target: Uri,
     host: HeaderValue,
-    client: Client,
+    pool: Arc<Pool>,
     timeout: Duration,
     timeout_ms: u64,
     headers: HeaderMap,
@@ -73,8 +72,7 @@ impl HttpUpstream {
         let authority = uri.authority().expect("validated");
         let host = HeaderValue::from_str(authority.as_str())
             .expect("an authority is a valid header value");
-        let client = Client::new(
-            ClientKind::from_env(),
+        let pool = Pool::new(
             format!(
                 "{}:{}",
                 authority.host(),
@@ -82,7 +80,7 @@ impl HttpUpstream {
             ),
             Duration::from_millis(config.connect_timeout_ms),
         );
-        let target = client.target(&uri);
+        let target = origin_form(&uri);
         let mut headers = HeaderMap::new();
         for (k, v) in &config.headers {
             headers.insert(
@@ -95,7 +93,7 @@ impl HttpUpstream {
                 name: config.name.as_str().into(),
                 target,
                 host,
-                client,
+                pool,
                 timeout: Duration::from_millis(config.timeout_ms),
                 timeout_ms: config.timeout_ms,
                 headers,
@@ -179,7 +177,7 @@ impl Inner {
         let request = builder.body(Full::new(body)).expect("valid request parts");
 
         let started = tokio::time::Instant::now();
-        let sent = self.client.send(request);
+        let sent = self.pool.send(request);
         let response = match deadline {
             Some(t) => match tokio::time::timeout(t, sent).await {
                 Ok(r) => r,
@@ -380,6 +378,14 @@ impl Inner {
             detail: e.to_string(),
         }
     }
+}
+
+/// The origin-form request target (`/path?q`, RFC 9112 §3.2.1) of `url`
+/// (`http://host:port/path?q`); `/` when it has no path.
+fn origin_form(url: &Uri) -> Uri {
+    url.path_and_query()
+        .cloned()
+        .map_or_else(|| Uri::from_static("/"), Uri::from)
 }
 
 /// A principal as a header value: controls, `%` and non-ASCII bytes percent-encoded.

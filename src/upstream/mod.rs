@@ -4,7 +4,6 @@
 //! [`McpRequest`]: crate::exchange::McpRequest
 //! [`McpReply`]: crate::exchange::McpReply
 
-pub mod client;
 pub mod http;
 pub mod pool;
 

@@ -17,13 +17,16 @@
 //! `max_idle` kept idle, and an idle connection older than `idle_timeout` is dropped, on checkout
 //! and on checkin, rather than kept in the idle list.
 //!
-//! Measured reason it stays (`benches/run.sh`, both clients in the same runs, 3 interleaved runs
-//! per case, medians, 2 runs on 2026-12-01; `benches/RESULTS.md`): an SSE answer of 100 events
-//! costs the pool 385-414 µs of CPU per stream and `hyper_util`'s client 1,768-1,798 µs at c=1
-//! (1,108-1,134 against 359-392 at c=16; streams/s 0.31-0.42× of the pool's), the cost of the
-//! per-event task hand-over above; small JSON calls at c=64 are 0.77-0.88× of the pool's
-//! throughput with hyper_util; at c=1 and c=16 the two overlap (hyper_util 13-23 % less CPU at
-//! c=1). `hyper_util`'s client stays behind the switch in [`super::client`] for the next A/B.
+//! Measured reason it stays (the A/B of issue 10: `benches/run.sh` then ran both clients in the
+//! same runs, 3 interleaved runs per case, medians, 2 runs on 2026-12-01; `benches/RESULTS.md`,
+//! "Upstream HTTP/1 client A/B"): an SSE answer of 100 events costs the pool 385-414 µs of CPU
+//! per stream and `hyper_util`'s client 1,768-1,798 µs at c=1 (1,108-1,134 against 359-392 at
+//! c=16; streams/s 0.31-0.42× of the pool's), the cost of the per-event task hand-over above;
+//! small JSON calls at c=64 are 0.77-0.88× of the pool's throughput with hyper_util; at c=1 and
+//! c=16 the two overlap (hyper_util 13-23 % less CPU at c=1). That A/B decided: `hyper_util`'s
+//! client, and the `TASKGATE_UPSTREAM_CLIENT` switch that chose it, were removed. The pool has
+//! since become per serving thread ([`pin_thread`]), which `hyper_util`'s client, with its
+//! connection tasks, cannot do.
 //!
 //! Every connection has TCP keepalive on ([`KEEPALIVE_TIME`], [`KEEPALIVE_INTERVAL`]):
 //! `tasks/result` and GET streams have no timeout by design, so without it a half-open socket
@@ -133,8 +136,6 @@ pub enum PoolError {
     Http(hyper::Error),
     /// The upstream already has the maximum number of open connections.
     Limit(usize),
-    /// `hyper_util`'s client failed (the A/B alternative, see [`super::client`]).
-    Client(hyper_util::client::legacy::Error),
 }
 
 impl std::fmt::Display for PoolError {
@@ -146,7 +147,6 @@ impl std::fmt::Display for PoolError {
                 f,
                 "taskgate's limit of {max} open connections to this upstream is reached"
             ),
-            PoolError::Client(e) => chain(f, e),
         }
     }
 }

@@ -1,32 +1,58 @@
 //! The bridge's own exchanges with the upstream and their 2025 answers: reading the answer to
-//! an id out of a reply ([`answer_of`]), one bounded exchange ([`ask`], [`ask_with`]), and the
-//! 2025 replies made from an answer or a failure.
+//! an id out of a reply ([`answer_of`], [`read_to_answer`]), one bounded exchange ([`ask`],
+//! [`ask_with`]), and the 2025 replies made from an answer or a failure.
 
 use super::{errors, BridgeState, McpService};
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc::{self, Id};
+use crate::sse::{Event, EventStream};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::Value;
+use std::future::Future;
 use tower::ServiceExt;
 
 /// The answer to `id` in `reply` (a JSON body, or the event of an SSE body that answers it; the
 /// stream's other messages are dropped). `None` when there is none (an HTTP error page, a
 /// stream that ended first, a body that is not JSON).
 pub(super) async fn answer_of(reply: McpReply, id: &Id) -> Option<Value> {
-    match reply.body {
-        ReplyBody::Json(bytes) | ReplyBody::Raw(bytes) => serde_json::from_slice(&bytes).ok(),
-        ReplyBody::Stream(mut events) => {
-            while let Some(ev) = events.next().await {
-                let Some(data) = ev.data else { continue };
-                if jsonrpc::is_answer_to(data.as_bytes(), id) {
-                    return serde_json::from_str(&data).ok();
-                }
-            }
-            None
+    read_to_answer(reply, id, |_| std::future::ready(true))
+        .await
+        .0
+}
+
+/// Reads `reply` up to the message answering `id`: the answer (parsed; `None` as for
+/// [`answer_of`]) and, for an SSE body, the rest of its stream after the answer event (`None`
+/// when there is no answer). Each event of the stream before the answer (notifications, answers
+/// to other ids, events without data) is handed to `before`, in order, and awaited; when it
+/// yields `false` (its reader went away) reading stops at once with `(None, None)`.
+pub(super) async fn read_to_answer<F, Fut>(
+    reply: McpReply,
+    id: &Id,
+    mut before: F,
+) -> (Option<Value>, Option<EventStream>)
+where
+    F: FnMut(Event) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let mut events = match reply.body {
+        ReplyBody::Stream(events) => events,
+        ReplyBody::Json(bytes) | ReplyBody::Raw(bytes) => {
+            return (serde_json::from_slice(&bytes).ok(), None)
         }
-        ReplyBody::Empty => None,
+        ReplyBody::Empty => return (None, None),
+    };
+    while let Some(ev) = events.next().await {
+        if let Some(data) = ev.data.as_deref() {
+            if jsonrpc::is_answer_to(data.as_bytes(), id) {
+                return (serde_json::from_str(data).ok(), Some(events));
+            }
+        }
+        if !before(ev).await {
+            return (None, None);
+        }
     }
+    (None, None)
 }
 
 /// Sends taskgate's own request `out` (under `id`) upstream and reads the answer to `id` (see
@@ -56,7 +82,7 @@ pub(super) async fn ask_with<S, T, F, Fut>(
 where
     S: McpService,
     F: FnOnce(McpReply) -> Fut,
-    Fut: std::future::Future<Output = T>,
+    Fut: Future<Output = T>,
 {
     let upstream = out.ctx.upstream.clone();
     let exchange = async {
@@ -72,7 +98,7 @@ pub(super) async fn bounded<T>(
     state: &BridgeState,
     upstream: std::sync::Arc<str>,
     id: &Id,
-    exchange: impl std::future::Future<Output = Result<T, GatewayError>>,
+    exchange: impl Future<Output = Result<T, GatewayError>>,
 ) -> Result<T, GatewayError> {
     match tokio::time::timeout(state.timeout, exchange).await {
         Ok(answer) => answer,

@@ -1,8 +1,9 @@
 //! The bridged `initialize`, `tools/list` and `tools/call` (see the module docs of `bridge`).
 
+use super::answer::read_to_answer;
 use super::{
-    answer_of, ask_with, errors, failure_reply, legacy_reply, modern_request, upstream_era,
-    BridgeState, UpstreamEra, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
+    ask_with, errors, failure_reply, legacy_reply, modern_request, upstream_era, BridgeState,
+    UpstreamEra, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
 };
 use super::{held, mrtr, translate};
 use crate::era::{self, Era};
@@ -301,33 +302,19 @@ fn declare_session_capabilities(state: &BridgeState, req: &McpRequest, params: &
     }
 }
 
-/// Reads `reply` up to the message answering `id`: the answer; the notifications before it as
-/// a 2025 client gets them ([`legacy_event`]; at most [`MAX_EARLY_EVENTS`], later ones
-/// dropped); and, for an SSE answer, the rest of the stream.
+/// Reads `reply` up to the message answering `id` ([`read_to_answer`]): the answer; the
+/// notifications before it as a 2025 client gets them ([`legacy_event`]; at most
+/// [`MAX_EARLY_EVENTS`], later ones dropped); and, for an SSE answer, the rest of the stream.
 async fn read_answer(reply: McpReply, id: &Id) -> (Option<Value>, Vec<Event>, Option<EventStream>) {
-    let mut events = match reply.body {
-        ReplyBody::Stream(events) => events,
-        other => {
-            let reply = McpReply {
-                body: other,
-                ..reply
-            };
-            return (answer_of(reply, id).await, Vec::new(), None);
-        }
-    };
     let mut early = Vec::new();
-    while let Some(ev) = events.next().await {
-        let Some(data) = ev.data.as_deref() else {
-            continue;
-        };
-        if jsonrpc::is_answer_to(data.as_bytes(), id) {
-            return (serde_json::from_str(data).ok(), early, Some(events));
-        }
+    let (answer, rest) = read_to_answer(reply, id, |ev| {
         if early.len() < MAX_EARLY_EVENTS {
             early.extend(legacy_event(ev));
         }
-    }
-    (None, early, None)
+        std::future::ready(true)
+    })
+    .await;
+    (answer, early, rest)
 }
 
 /// An event of a 2026 upstream's stream as a 2025 client gets it: a notification

@@ -40,7 +40,7 @@
 //! Counted in `taskgate_bridge_mrtr_total{upstream,outcome}` (one per exchange) and
 //! `taskgate_bridge_mrtr_rounds_total{upstream}` (one per round relayed).
 
-use super::answer::{answer_of, bounded, failure_reply};
+use super::answer::{bounded, failure_reply, read_to_answer};
 use super::calls::legacy_event;
 use super::input::{capability_for, Ask, MAX_KEYS_PER_TASK};
 use super::BridgeState;
@@ -485,42 +485,21 @@ impl Drop for Forget<'_> {
     }
 }
 
-/// Reads a retry's reply up to the answer to `id`: its notifications before it are relayed on
-/// `tx` as a 2025 client takes them; the answer and the rest of its stream.
+/// Reads a retry's reply up to the answer to `id` ([`read_to_answer`]): its notifications before
+/// it are relayed on `tx` as a 2025 client takes them ([`legacy_event`]); the answer and the rest
+/// of its stream. `(None, None)` when the client's stream closed meanwhile.
 async fn read_relaying(
     reply: McpReply,
     id: &Id,
     tx: &mpsc::Sender<Event>,
 ) -> (Option<Value>, Option<EventStream>) {
-    let mut events = match reply.body {
-        ReplyBody::Stream(events) => events,
-        other => {
-            let reply = McpReply {
-                body: other,
-                ..reply
-            };
-            return (answer_of(reply, id).await, None);
+    read_to_answer(reply, id, |ev| async move {
+        match legacy_event(ev) {
+            Some(ev) => tx.send(ev).await.is_ok(),
+            None => true,
         }
-    };
-    while let Some(ev) = events.next().await {
-        let answers = ev
-            .data
-            .as_deref()
-            .is_some_and(|d| jsonrpc::is_answer_to(d.as_bytes(), id));
-        if answers {
-            let answer = ev
-                .data
-                .as_deref()
-                .and_then(|d| serde_json::from_str(d).ok());
-            return (answer, Some(events));
-        }
-        if let Some(ev) = legacy_event(ev) {
-            if tx.send(ev).await.is_err() {
-                return (None, None);
-            }
-        }
-    }
-    (None, None)
+    })
+    .await
 }
 
 /// Whether the client of `req` declared a capability (by JSON pointer, `/elicitation`): its

@@ -1307,11 +1307,10 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// The paths of a case, in table order.
-const TARGETS: [&str; 8] = [
+const TARGETS: [&str; 7] = [
     "direct",
     "nginx",
     "taskgate",
-    "taskgate-hyper-util",
     "taskgate-oauth",
     "taskgate-bridged",
     "taskgate-sled",
@@ -1374,22 +1373,6 @@ fn sp(r: &Value, key: &str, digits: usize) -> String {
         )
     } else {
         fmt(m, digits)
-    }
-}
-
-/// Which side is ahead on `key` when the two min–max ranges do not overlap.
-fn apart(pool: &Value, hu: &Value, key: &str, higher_is_better: bool) -> &'static str {
-    let lo = |r: &Value| f(r, &format!("{key}__lo"));
-    let hi = |r: &Value| f(r, &format!("{key}__hi"));
-    let (pool_better, hu_better) = if higher_is_better {
-        (lo(pool) > hi(hu), lo(hu) > hi(pool))
-    } else {
-        (hi(pool) < lo(hu), hi(hu) < lo(pool))
-    };
-    match (pool_better, hu_better) {
-        (true, _) => "pool",
-        (_, true) => "hyper-util",
-        _ => "overlap",
     }
 }
 
@@ -1634,21 +1617,19 @@ fn cmd_report(args: &Args) {
         }
     }
     for c in cases.iter().filter(|c| c.starts_with('5')) {
-        for path in ["taskgate", "taskgate-hyper-util"] {
-            if let Some(t) = find(c, path) {
-                let (lo, hi) = (f(&t, "upstream_cancels__lo"), f(&t, "upstream_cancels__hi"));
-                let lo = if lo.is_finite() {
-                    lo
-                } else {
-                    f(&t, "upstream_cancels")
-                };
-                let hi = if hi.is_finite() { hi } else { lo };
-                md.push_str(&format!(
-                    "| 5 ({path}): exactly one upstream cancel (every run) | {} | {} |\n",
-                    sp(&t, "upstream_cancels", 0),
-                    yes(lo == 1.0 && hi == 1.0)
-                ));
-            }
+        if let Some(t) = find(c, "taskgate") {
+            let (lo, hi) = (f(&t, "upstream_cancels__lo"), f(&t, "upstream_cancels__hi"));
+            let lo = if lo.is_finite() {
+                lo
+            } else {
+                f(&t, "upstream_cancels")
+            };
+            let hi = if hi.is_finite() { hi } else { lo };
+            md.push_str(&format!(
+                "| 5 (taskgate): exactly one upstream cancel (every run) | {} | {} |\n",
+                sp(&t, "upstream_cancels", 0),
+                yes(lo == 1.0 && hi == 1.0)
+            ));
         }
     }
     if !s6.is_empty() {
@@ -1659,37 +1640,6 @@ fn cmd_report(args: &Args) {
             fmt(ready_ms, 1),
             yes(ready_ms <= 1000.0)
         ));
-    }
-    // Issue 10: taskgate's two HTTP/1 clients, side by side.
-    let ab: Vec<(&String, Value, Value)> = cases
-        .iter()
-        .filter(|c| !c.starts_with('5'))
-        .filter_map(|c| Some((c, find(c, "taskgate")?, find(c, "taskgate-hyper-util")?)))
-        .collect();
-    if !ab.is_empty() {
-        md.push_str("\n### A/B: taskgate's HTTP/1 upstream client, own pool (`taskgate`) against hyper_util's (`taskgate-hyper-util`)\n\n");
-        md.push_str("Medians (min–max) over the runs. *ahead* names the client whose whole min–max range is better than the other's (\"overlap\": not clearly apart). Scenario 3's p50 is the first event's.\n\n");
-        md.push_str("| case | ops/s pool | ops/s hyper-util | hyper-util ÷ pool | ahead (ops/s) | p50 µs pool | p50 µs hyper-util | ahead (p50) | CPU µs/op pool | CPU µs/op hyper-util | ahead (CPU) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-        for (case, pool, hu) in &ab {
-            let lat = if pool.get("first_p50_us").is_some() {
-                "first_p50_us"
-            } else {
-                "p50_us"
-            };
-            md.push_str(&format!(
-                "| {case} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
-                sp(pool, "ops_per_s", 0),
-                sp(hu, "ops_per_s", 0),
-                ratio(f(hu, "ops_per_s"), f(pool, "ops_per_s")),
-                apart(pool, hu, "ops_per_s", true),
-                sp(pool, lat, 0),
-                sp(hu, lat, 0),
-                apart(pool, hu, lat, false),
-                sp(pool, "cpu_us_per_req", 1),
-                sp(hu, "cpu_us_per_req", 1),
-                apart(pool, hu, "cpu_us_per_req", false),
-            ));
-        }
     }
     // Issue 15: how quiet the machine was.
     let quiet_pct = args.num("--quiet-pct", 10.0f64);
