@@ -13,7 +13,8 @@ use serde_json::json;
 use std::time::Duration;
 
 /// Generous: the bound under test is the URL's `connect_timeout` (1 s here) plus the pool's own
-/// (5 s to open a connection); this only tells "answered with the error" from "never answered".
+/// (5 s to open a connection); this only tells "answered with the error" from "never answered"
+/// (the test client itself gives up on response headers after 10 s).
 const ANSWERED_WITHIN: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -67,6 +68,15 @@ async fn an_unanswering_database_fails_store_calls_in_time_and_the_gateway_recov
     })
     .await;
     assert!(back.is_some(), "tasks/get is served again");
+    // Every time: no connection that missed its answers went back to the pool (4 connections).
+    for i in 0..10 {
+        let v = c.get(&format!("\"again-{i}\""), &task).await;
+        assert_eq!(
+            v["result"]["taskId"],
+            json!(task),
+            "after the database is back: {v}"
+        );
+    }
     let again = c.create_task("7").await;
     assert_eq!(c.get("8", &again).await["result"]["taskId"], json!(again));
 }
