@@ -144,22 +144,38 @@ fn cursor_parts(upstream: &str, owner: &Owner, c: &ListCursor) -> Option<(u64, S
 }
 
 impl PgStore {
-    /// Runs `work` with the pool on the store's runtime; the future waits for it. Its queries
-    /// are not bounded here (see the module doc): for the migrations and the sweep lease.
-    fn spawn_with_pool<T, F, Fut>(
+    /// Runs `job` on the store's runtime; the future waits for it. Not bounded here: for the
+    /// migrations (see `bounded`); store calls use [`PgStore::spawn`].
+    fn spawn_job<T>(
         &self,
-        work: F,
+        job: impl Future<Output = Result<T, StoreError>> + Send + 'static,
     ) -> impl Future<Output = Result<T, StoreError>> + 'static
     where
-        F: FnOnce(Pool) -> Fut,
-        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
         T: Send + 'static,
     {
-        let job = self.handle.spawn(work(self.pool.clone()));
+        let job = self.handle.spawn(job);
         async move {
             job.await
                 .unwrap_or_else(|e| Err(StoreError::Db(format!("database task ended: {e}"))))
         }
+    }
+
+    /// Runs `job` on the store's runtime and blocks this thread until it is done: for the
+    /// trait's synchronous methods, which run on the blocking pool. Not bounded here: store
+    /// calls use [`PgStore::run`]; the sweep lease bounds its own queries (see `tier`).
+    fn wait_job<T>(
+        &self,
+        job: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.handle.spawn(async move {
+            let _ = tx.send(job.await);
+        });
+        rx.recv()
+            .unwrap_or_else(|_| Err(StoreError::Db("database task ended".into())))
     }
 
     /// Runs `work` on a pooled connection on the store's runtime, bounded by the query timeout
@@ -170,38 +186,18 @@ impl PgStore {
         Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
         T: Send + 'static,
     {
-        let limit = self.query_timeout;
-        self.spawn_with_pool(move |pool| bounded(pool, limit, work))
+        self.spawn_job(bounded(self.pool.clone(), self.query_timeout, work))
     }
 
-    /// Runs `work` with the pool on the store's runtime and blocks this thread until it is
-    /// done: for the trait's synchronous methods, which run on the blocking pool. Unbounded
-    /// like [`PgStore::spawn_with_pool`].
-    fn run_with_pool<T, F, Fut>(&self, work: F) -> Result<T, StoreError>
-    where
-        F: FnOnce(Pool) -> Fut,
-        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
-        T: Send + 'static,
-    {
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let fut = work(self.pool.clone());
-        self.handle.spawn(async move {
-            let _ = tx.send(fut.await);
-        });
-        rx.recv()
-            .unwrap_or_else(|_| Err(StoreError::Db("database task ended".into())))
-    }
-
-    /// [`PgStore::run_with_pool`] on a pooled connection, bounded by the query timeout (see
-    /// [`bounded`]).
+    /// [`PgStore::spawn`] that blocks this thread until the work is done (see
+    /// [`PgStore::wait_job`]).
     fn run<T, F, Fut>(&self, work: F) -> Result<T, StoreError>
     where
         F: FnOnce(Conn) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
         T: Send + 'static,
     {
-        let limit = self.query_timeout;
-        self.run_with_pool(move |pool| bounded(pool, limit, work))
+        self.wait_job(bounded(self.pool.clone(), self.query_timeout, work))
     }
 
     /// The record and its version.

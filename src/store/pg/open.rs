@@ -104,7 +104,8 @@ impl PgStore {
             sweep_holder: Default::default(),
             query_timeout,
         });
-        let check = move |pool| async move {
+        let pool = store.pool.clone();
+        let check = async move {
             if migrate {
                 migrations::apply(&pool).await
             } else {
@@ -112,7 +113,7 @@ impl PgStore {
             }
         };
         store
-            .spawn_with_pool(check)
+            .spawn_job(check)
             .await
             .map_err(|e| open_err(e.to_string()))?;
         Ok(store)

@@ -20,7 +20,9 @@
 //! means the connection is lost (a black-holed network, where TCP alone would take many minutes
 //! to give up). Then the holder closes that connection and does not sweep that tick; the server
 //! ends the session and its lock once the close reaches it (on a path that stays black-holed,
-//! when its own TCP keepalive gives up), and the next replica to try takes the lease. A replica
+//! when its own TCP keepalive gives up), and the next replica to try takes the lease. Taking the
+//! lock (`pg_try_advisory_lock` on a pooled connection) has the same bound; a connection that
+//! does not answer it in time is closed (whether the lock was granted is unknown). A replica
 //! that does not get the lock gives the pooled connection it tried with back to the pool (it
 //! holds nothing): no connection is opened or closed per tick, by the holder or the others.
 
@@ -161,8 +163,8 @@ impl PgStore {
 
     pub(super) fn sweep_lease_now(&self) -> Result<Option<Box<dyn Send>>, StoreError> {
         let holder = self.sweep_holder.clone();
-        let liveness = self.query_timeout;
-        self.run_with_pool(move |pool| async move {
+        let (liveness, pool) = (self.query_timeout, self.pool.clone());
+        self.wait_job(async move {
             let mut held = holder.lock().await;
             if let Some(client) = held.as_ref() {
                 // Still ours while the session that took the lock lives and answers in time.
