@@ -37,6 +37,22 @@ impl Registry {
         }
     }
 
+    /// [`Registry::off_runtime`] for work about one task: `work` gets the registry and the task's
+    /// `(upstream, taskId)` (owned copies moved to the blocking pool, so callers keep borrows).
+    pub(super) async fn off_runtime_about<T, F>(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        work: F,
+    ) -> Option<T>
+    where
+        F: FnOnce(&Registry, &str, &str) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        self.off_runtime(move |r| work(r, &up, &id)).await
+    }
+
     /// The record of a task if `owner` may see it now; `None` for unknown, expired or foreign,
     /// and when the store read fails (logged; see [`Registry::lookup_checked`]).
     pub async fn lookup(
@@ -66,9 +82,8 @@ impl Registry {
             return Ok(visible(&r).then(|| TaskRecord::clone(&r)));
         }
         let seen = self.records.epoch();
-        let (up, id) = (upstream.to_string(), task_id.to_string());
         let read = self
-            .off_runtime(move |r| r.store.get(&up, &id))
+            .off_runtime_about(upstream, task_id, |r, up, id| r.store.get(up, id))
             .await
             .unwrap_or_else(|| Err(crate::store::StoreError::Db("shutting down".into())));
         match read {
@@ -109,9 +124,10 @@ impl Registry {
         task: Value,
         source: &'static str,
     ) -> Observed {
-        let (up, id) = (upstream.to_string(), task_id.to_string());
         let applied = self
-            .off_runtime(move |r| r.observe_task_as_now(&up, &id, &task, source))
+            .off_runtime_about(upstream, task_id, move |r, up, id| {
+                r.observe_task_as_now(up, id, &task, source)
+            })
             .await;
         self.durable(applied).await
     }
@@ -143,9 +159,10 @@ impl Registry {
         task_id: &str,
         failed: bool,
     ) {
-        let (up, id) = (upstream.to_string(), task_id.to_string());
         let terminal_now = self
-            .off_runtime(move |r| r.apply_result_payload_now(&up, &id, failed))
+            .off_runtime_about(upstream, task_id, move |r, up, id| {
+                r.apply_result_payload_now(up, id, failed)
+            })
             .await;
         if terminal_now == Some(true) {
             self.sync_terminal().await;
@@ -159,8 +176,7 @@ impl Registry {
         upstream: &str,
         task_id: &str,
     ) -> Option<TaskRecord> {
-        let (up, id) = (upstream.to_string(), task_id.to_string());
-        self.off_runtime(move |r| r.request_cancel_now(&up, &id))
+        self.off_runtime_about(upstream, task_id, Registry::request_cancel_now)
             .await
             .flatten()
     }
@@ -172,9 +188,10 @@ impl Registry {
         task_id: &str,
         reason: crate::metrics::ReleaseReason,
     ) {
-        let (up, id) = (upstream.to_string(), task_id.to_string());
-        self.off_runtime(move |r| r.record_released_now(&up, &id, reason))
-            .await;
+        self.off_runtime_about(upstream, task_id, move |r, up, id| {
+            r.record_released_now(up, id, reason)
+        })
+        .await;
     }
 
     /// Removes records whose ttl is over; returns how many were removed.

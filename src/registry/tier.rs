@@ -32,9 +32,10 @@ impl Registry {
         modern: bool,
         lease: Duration,
     ) -> Result<CancelClaim, StoreError> {
-        let (up, id) = (upstream.to_string(), task_id.to_string());
         let claimed = self
-            .off_runtime(move |r| r.store.claim_cancel(&up, &id, modern, lease))
+            .off_runtime_about(upstream, task_id, move |r, up, id| {
+                r.store.claim_cancel(up, id, modern, lease)
+            })
             .await
             .unwrap_or_else(|| Err(StoreError::Db("shutting down".into())));
         if let Err(e) = &claimed {
@@ -52,9 +53,10 @@ impl Registry {
         generation: i64,
         outcome: SharedCancelOutcome,
     ) {
-        let (up, id) = (upstream.to_string(), task_id.to_string());
         let done = self
-            .off_runtime(move |r| r.store.finish_cancel(&up, &id, generation, &outcome))
+            .off_runtime_about(upstream, task_id, move |r, up, id| {
+                r.store.finish_cancel(up, id, generation, &outcome)
+            })
             .await;
         if let Some(Err(e)) = done {
             self.write_failed(&e, "the cancel outcome could not be stored");
@@ -73,16 +75,16 @@ impl Registry {
         let deadline = tokio::time::Instant::now() + lease + Duration::from_secs(1);
         let mut pause = Duration::from_millis(10);
         loop {
-            let (up, id) = (upstream.to_string(), task_id.to_string());
             let read = self
-                .off_runtime(move |r| r.store.cancel_outcome(&up, &id, generation))
+                .off_runtime_about(upstream, task_id, move |r, up, id| {
+                    r.store.cancel_outcome(up, id, generation)
+                })
                 .await;
             match read {
                 Some(Ok(Some(outcome))) => return outcome,
                 Some(Ok(None)) => {}
                 Some(Err(e)) => {
-                    self.metrics.store_write_failures_total.inc();
-                    tracing::error!(error = %e, "reading a cancel outcome failed");
+                    self.write_failed(&e, "reading a cancel outcome failed");
                     return SharedCancelOutcome::Failed(format!("task store: {e}"));
                 }
                 None => return SharedCancelOutcome::Failed("shutting down".into()),

@@ -343,7 +343,9 @@ fn make_certs(
 
 /// A TCP proxy in front of a PostgreSQL whose forwarding can be stopped ([`BlackHole::stop`]):
 /// from then on what either side sends is read and dropped (a black-holed path: no answer, no
-/// error, TCP itself stays happy), while a side that closes still closes the other.
+/// error, TCP itself stays happy), while a side that closes still closes the other; and resumed
+/// ([`BlackHole::resume`]): what is sent from then on is forwarded again (what was dropped stays
+/// lost, so a connection used meanwhile is out of step with its server).
 pub struct BlackHole {
     /// Where to connect instead of the server.
     pub addr: SocketAddr,
@@ -389,6 +391,11 @@ impl BlackHole {
     /// Stops forwarding (see the type's docs).
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::SeqCst);
+    }
+
+    /// Forwards again (see the type's docs).
+    pub fn resume(&self) {
+        self.stopped.store(false, Ordering::SeqCst);
     }
 }
 

@@ -2,18 +2,17 @@
 //! (migration 3), one autocommitted statement per change, so a held session written on one
 //! replica is served by every replica sharing the store.
 
-use super::{ms, pg_err, pool_err, PgStore};
+use super::{ms, pg_err, PgStore};
 use crate::store::{HeldSessionRecord, HeldSessionStore, StoreError};
 use futures_util::future::{BoxFuture, FutureExt};
 
 impl PgStore {
     pub(super) async fn put_held_now(
-        pool: deadpool_postgres::Pool,
+        c: super::Conn,
         session: HeldSessionRecord,
     ) -> Result<(), StoreError> {
         session.check().map_err(StoreError::Db)?;
         let text = session.encode();
-        let c = pool.get().await.map_err(pool_err)?;
         c.execute(
             "INSERT INTO taskgate_held_sessions (upstream, session_id, expires_at, session) \
              VALUES ($1, $2, $3, $4) ON CONFLICT (upstream, session_id) \
@@ -36,7 +35,7 @@ impl HeldSessionStore for PgStore {
         &self,
         session: HeldSessionRecord,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.spawn(move |pool| PgStore::put_held_now(pool, session))
+        self.spawn(move |c| PgStore::put_held_now(c, session))
             .boxed()
     }
 
@@ -46,8 +45,7 @@ impl HeldSessionStore for PgStore {
         session: &str,
     ) -> Result<Option<HeldSessionRecord>, StoreError> {
         let (up, id) = (upstream.to_string(), session.to_string());
-        let row = self.run(|pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        let row = self.run(|c| async move {
             c.query_opt(
                 "SELECT session, expires_at FROM taskgate_held_sessions \
                  WHERE upstream = $1 AND session_id = $2",
@@ -73,8 +71,7 @@ impl HeldSessionStore for PgStore {
         expires_at: u64,
     ) -> Result<bool, StoreError> {
         let (up, id) = (upstream.to_string(), session.to_string());
-        let n = self.run(move |pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        let n = self.run(move |c| async move {
             c.execute(
                 "UPDATE taskgate_held_sessions SET expires_at = $3 \
                  WHERE upstream = $1 AND session_id = $2",
@@ -88,8 +85,7 @@ impl HeldSessionStore for PgStore {
 
     fn remove_held_session(&self, upstream: &str, session: &str) -> Result<bool, StoreError> {
         let (up, id) = (upstream.to_string(), session.to_string());
-        let n = self.run(move |pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        let n = self.run(move |c| async move {
             c.execute(
                 "DELETE FROM taskgate_held_sessions WHERE upstream = $1 AND session_id = $2",
                 &[&up, &id],
@@ -102,8 +98,7 @@ impl HeldSessionStore for PgStore {
 
     fn remove_expired_held_sessions(&self, now_ms: u64, limit: usize) -> Result<usize, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let n = self.run(move |pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        let n = self.run(move |c| async move {
             c.execute(
                 "DELETE FROM taskgate_held_sessions WHERE (upstream, session_id) IN \
                  (SELECT upstream, session_id FROM taskgate_held_sessions \

@@ -14,6 +14,11 @@
 //! pool, see `registry::offload`) and never on one of the gateway's runtime workers; the async
 //! methods ([`TaskStore::create`], [`TaskStore::ping`]) await the query's join handle.
 //!
+//! **Bounded**: no query waits for an answer forever. Every store call's work runs under the
+//! query timeout (the URL's `connect_timeout`, 5 s by default) once it holds a connection, and a
+//! connection that did not answer in time is closed instead of going back to the pool; the
+//! connections' `tcp_user_timeout` is the same. Why both, and what was measured: see `bounded`.
+//!
 //! **Schema** (see `migrations`): `taskgate_tasks` (one row per `(upstream, taskId)`: the record
 //! as JSON text plus the columns queries need: owner, recorded_at, expires_at, status, a version
 //! for compare-and-swap, and the cross-replica cancel claim), `taskgate_audit` (append-only),
@@ -36,6 +41,7 @@
 //! Durability: every write is its own committed transaction, so [`TaskStore::sync`] has nothing
 //! left to wait for.
 
+mod bounded;
 mod held;
 mod migrations;
 mod names;
@@ -51,6 +57,7 @@ use super::{
     AuditEvent, CancelClaim, ListCursor, Owner, SharedCancelOutcome, StoreError, TaskRecord,
     TaskStore,
 };
+use bounded::{bounded, Conn};
 use deadpool_postgres::Pool;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -71,9 +78,10 @@ pub struct PgStore {
     replica: String,
     /// The connection holding the sweep lease, once this process has it (see `tier`).
     sweep_holder: tier::SweepHolder,
-    /// How long the sweep lease's connection may take to answer its liveness check: the URL's
-    /// `connect_timeout`, else [`POOL_TIMEOUT`] (see `tier`).
-    liveness_timeout: Duration,
+    /// How long a store call's queries may wait for their answers, and the sweep lease's
+    /// connection for its liveness check: the URL's `connect_timeout`, else [`POOL_TIMEOUT`]
+    /// (see `bounded` and `tier`).
+    query_timeout: Duration,
 }
 
 impl Drop for PgStore {
@@ -136,35 +144,60 @@ fn cursor_parts(upstream: &str, owner: &Owner, c: &ListCursor) -> Option<(u64, S
 }
 
 impl PgStore {
-    /// Runs `work` with the pool on the store's runtime; the future waits for it.
-    fn spawn<T, F, Fut>(&self, work: F) -> impl Future<Output = Result<T, StoreError>> + 'static
+    /// Runs `job` on the store's runtime; the future waits for it. Not bounded here: for the
+    /// migrations (see `bounded`); store calls use [`PgStore::spawn`].
+    fn spawn_job<T>(
+        &self,
+        job: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> impl Future<Output = Result<T, StoreError>> + 'static
     where
-        F: FnOnce(Pool) -> Fut,
-        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
         T: Send + 'static,
     {
-        let job = self.handle.spawn(work(self.pool.clone()));
+        let job = self.handle.spawn(job);
         async move {
             job.await
                 .unwrap_or_else(|e| Err(StoreError::Db(format!("database task ended: {e}"))))
         }
     }
 
-    /// Runs `work` on the store's runtime and blocks this thread until it is done: for the
-    /// trait's synchronous methods, which run on the blocking pool.
-    fn run<T, F, Fut>(&self, work: F) -> Result<T, StoreError>
+    /// Runs `job` on the store's runtime and blocks this thread until it is done: for the
+    /// trait's synchronous methods, which run on the blocking pool. Not bounded here: store
+    /// calls use [`PgStore::run`]; the sweep lease bounds its own queries (see `tier`).
+    fn wait_job<T>(
+        &self,
+        job: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError>
     where
-        F: FnOnce(Pool) -> Fut,
-        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
         T: Send + 'static,
     {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let fut = work(self.pool.clone());
         self.handle.spawn(async move {
-            let _ = tx.send(fut.await);
+            let _ = tx.send(job.await);
         });
         rx.recv()
             .unwrap_or_else(|_| Err(StoreError::Db("database task ended".into())))
+    }
+
+    /// Runs `work` on a pooled connection on the store's runtime, bounded by the query timeout
+    /// (see [`bounded`]); the future waits for it.
+    fn spawn<T, F, Fut>(&self, work: F) -> impl Future<Output = Result<T, StoreError>> + 'static
+    where
+        F: FnOnce(Conn) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.spawn_job(bounded(self.pool.clone(), self.query_timeout, work))
+    }
+
+    /// [`PgStore::spawn`] that blocks this thread until the work is done (see
+    /// [`PgStore::wait_job`]).
+    fn run<T, F, Fut>(&self, work: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(Conn) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        self.wait_job(bounded(self.pool.clone(), self.query_timeout, work))
     }
 
     /// The record and its version.
@@ -174,8 +207,7 @@ impl PgStore {
         task_id: &str,
     ) -> Result<Option<(TaskRecord, i64)>, StoreError> {
         let (up, id) = (upstream.to_string(), task_id.to_string());
-        let row = self.run(|pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        let row = self.run(|c| async move {
             c.query_opt(
                 "SELECT record, version FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2",
                 &[&up, &id],
@@ -217,9 +249,8 @@ pub(super) async fn insert_task<C: tokio_postgres::GenericClient>(
 impl TaskStore for PgStore {
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
         let text = encode(&record);
-        self.spawn(move |pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
-            let n = insert_task(&**c, &record, &text).await.map_err(pg_err)?;
+        self.spawn(move |c| async move {
+            let n = insert_task(&***c, &record, &text).await.map_err(pg_err)?;
             if n == 0 {
                 return Err(StoreError::Conflict(record.task_id));
             }
@@ -250,8 +281,7 @@ impl TaskStore for PgStore {
             }
             let (up, id, text) = (upstream.to_string(), task_id.to_string(), encode(&after));
             let (status, expires) = (after.status.as_str(), ms(after.expires_at));
-            let n = self.run(move |pool| async move {
-                let c = pool.get().await.map_err(pool_err)?;
+            let n = self.run(move |c| async move {
                 c.execute(
                     "UPDATE taskgate_tasks SET record = $3, status = $4, expires_at = $5, \
                      version = version + 1 WHERE upstream = $1 AND task_id = $2 AND version = $6",
@@ -271,8 +301,7 @@ impl TaskStore for PgStore {
 
     fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
         let (up, id) = (upstream.to_string(), task_id.to_string());
-        let row = self.run(|pool| async move {
-            let mut c = pool.get().await.map_err(pool_err)?;
+        let row = self.run(|mut c| async move {
             let tx = c.transaction().await.map_err(pg_err)?;
             let row = tx
                 .query_opt(
@@ -310,8 +339,7 @@ impl TaskStore for PgStore {
         };
         let (up, who) = (upstream.to_string(), owner.to_string());
         let take = i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1);
-        let rows = self.run(move |pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        let rows = self.run(move |c| async move {
             let first = after.is_none();
             let (at, id) = after.unwrap_or((0, String::new()));
             c.query(
@@ -339,8 +367,7 @@ impl TaskStore for PgStore {
 
     fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = self.run(move |pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        let rows = self.run(move |c| async move {
             c.query(
                 "SELECT upstream, task_id FROM taskgate_tasks WHERE expires_at <= $1 \
                  ORDER BY expires_at LIMIT $2",
@@ -357,8 +384,7 @@ impl TaskStore for PgStore {
         let mut after: Option<(String, String)> = None;
         loop {
             let from = after.clone();
-            let rows = self.run(move |pool| async move {
-                let c = pool.get().await.map_err(pool_err)?;
+            let rows = self.run(move |c| async move {
                 let (up, id) = from.clone().unwrap_or_default();
                 c.query(
                     "SELECT record, upstream, task_id FROM taskgate_tasks \
@@ -388,8 +414,7 @@ impl TaskStore for PgStore {
             event.task_id.clone(),
             event.event.clone(),
         );
-        self.run(move |pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        self.run(move |c| async move {
             c.execute(
                 "INSERT INTO taskgate_audit (upstream, task_id, event, body) \
                  VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
@@ -403,8 +428,7 @@ impl TaskStore for PgStore {
 
     fn audit_for(&self, upstream: &str, task_id: &str) -> Result<Vec<AuditEvent>, StoreError> {
         let (up, id) = (upstream.to_string(), task_id.to_string());
-        let rows = self.run(|pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        let rows = self.run(|c| async move {
             c.query(
                 "SELECT body FROM taskgate_audit WHERE upstream = $1 AND task_id = $2 \
                  ORDER BY seq",
@@ -430,8 +454,7 @@ impl TaskStore for PgStore {
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.spawn(|pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        self.spawn(|c| async move {
             c.simple_query("SELECT 1").await.map_err(pg_err)?;
             Ok(())
         })

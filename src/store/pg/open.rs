@@ -6,6 +6,21 @@ use crate::store::StoreError;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// Sets the URL's `connect_timeout` to [`POOL_TIMEOUT`] and its `tcp_user_timeout` to the
+/// `connect_timeout` where the URL sets none (see `bounded`); returns the query timeout (the
+/// `connect_timeout`).
+fn bound(config: &mut tokio_postgres::Config) -> Duration {
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(POOL_TIMEOUT);
+    }
+    let limit = *config.get_connect_timeout().unwrap_or(&POOL_TIMEOUT);
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(limit);
+    }
+    limit
+}
 
 impl PgStore {
     /// Connects to the database at `url` (a libpq URL or key/value string) with a pool of
@@ -51,10 +66,7 @@ impl PgStore {
             detail,
         };
         let mut config = parse(url).map_err(open_err)?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(POOL_TIMEOUT);
-        }
-        let liveness_timeout = *config.get_connect_timeout().unwrap_or(&POOL_TIMEOUT);
+        let query_timeout = bound(&mut config);
         if config.get_application_name().is_none() {
             // `pg_stat_activity` shows taskgate's connections; a URL's own name wins (replicas
             // can be told apart).
@@ -90,9 +102,10 @@ impl PgStore {
             handle,
             replica: replica_name(),
             sweep_holder: Default::default(),
-            liveness_timeout,
+            query_timeout,
         });
-        let check = move |pool| async move {
+        let pool = store.pool.clone();
+        let check = async move {
             if migrate {
                 migrations::apply(&pool).await
             } else {
@@ -100,7 +113,7 @@ impl PgStore {
             }
         };
         store
-            .spawn(check)
+            .spawn_job(check)
             .await
             .map_err(|e| open_err(e.to_string()))?;
         Ok(store)
@@ -118,9 +131,7 @@ impl PgStore {
             detail,
         };
         let mut config = parse(url).map_err(open_err)?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(POOL_TIMEOUT);
-        }
+        bound(&mut config);
         let (client, driver) = if super::tls::wanted(&config) {
             let tls = super::tls::connector(ca_file).map_err(open_err)?;
             let (client, conn) = config

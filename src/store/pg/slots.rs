@@ -16,7 +16,7 @@
 //! **Counts**: `SELECT upstream, status, count(*) … GROUP BY`, read by the replica holding the
 //! sweep lease for `taskgate_tasks` (see `registry::sweep`).
 
-use super::{encode, pg_err, pool_err, PgStore};
+use super::{encode, pg_err, PgStore};
 use crate::mcp::task::TaskStatus;
 use crate::store::{Owner, SlotStore, StatusCounts, StoreError, TaskRecord};
 use futures_util::future::BoxFuture;
@@ -41,8 +41,7 @@ impl SlotStore for PgStore {
         let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let (up, who) = (upstream.to_string(), owner.to_string());
-        self.run(move |pool| async move {
-            let mut c = pool.get().await.map_err(pool_err)?;
+        self.run(move |mut c| async move {
             let tx = c.transaction().await.map_err(pg_err)?;
             tx.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended($1::text || E'\\n' || $2::text, $3::bigint))",
@@ -90,14 +89,12 @@ impl SlotStore for PgStore {
     }
 
     fn release_slot(&self, slot: i64) {
-        let pool = self.pool.clone();
+        let deleted = super::bounded(self.pool.clone(), self.query_timeout, move |c| async move {
+            c.execute("DELETE FROM taskgate_slots WHERE id = $1", &[&slot])
+                .await
+                .map_err(pg_err)
+        });
         self.handle.spawn(async move {
-            let deleted = async {
-                let c = pool.get().await.map_err(pool_err)?;
-                c.execute("DELETE FROM taskgate_slots WHERE id = $1", &[&slot])
-                    .await
-                    .map_err(pg_err)
-            };
             if let Err(e) = deleted.await {
                 tracing::warn!(error = %e, slot, "a live-task slot could not be given back; it ends with its lease");
             }
@@ -110,9 +107,8 @@ impl SlotStore for PgStore {
         record: TaskRecord,
         slot: i64,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.spawn(move |pool| async move {
+        self.spawn(move |mut c| async move {
             let text = encode(&record);
-            let mut c = pool.get().await.map_err(pool_err)?;
             let tx = c.transaction().await.map_err(pg_err)?;
             let n = super::insert_task(&*tx, &record, &text)
                 .await
@@ -130,8 +126,7 @@ impl SlotStore for PgStore {
     }
 
     fn count_by_status(&self) -> Result<StatusCounts, StoreError> {
-        let rows = self.run(|pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        let rows = self.run(|c| async move {
             c.query(
                 "SELECT upstream, status, count(*) FROM taskgate_tasks GROUP BY upstream, status",
                 &[],

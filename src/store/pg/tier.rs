@@ -20,7 +20,9 @@
 //! means the connection is lost (a black-holed network, where TCP alone would take many minutes
 //! to give up). Then the holder closes that connection and does not sweep that tick; the server
 //! ends the session and its lock once the close reaches it (on a path that stays black-holed,
-//! when its own TCP keepalive gives up), and the next replica to try takes the lease. A replica
+//! when its own TCP keepalive gives up), and the next replica to try takes the lease. Taking the
+//! lock (`pg_try_advisory_lock` on a pooled connection) has the same bound; a connection that
+//! does not answer it in time is closed (whether the lock was granted is unknown). A replica
 //! that does not get the lock gives the pooled connection it tried with back to the pool (it
 //! holds nothing): no connection is opened or closed per tick, by the holder or the others.
 
@@ -53,8 +55,7 @@ impl PgStore {
             task_id.to_string(),
             self.replica.clone(),
         );
-        self.run(move |pool| async move {
-            let mut c = pool.get().await.map_err(pool_err)?;
+        self.run(move |mut c| async move {
             let tx = c.transaction().await.map_err(pg_err)?;
             let row = tx
                 .query_opt(
@@ -111,8 +112,7 @@ impl PgStore {
     ) -> Result<(), StoreError> {
         let acked = matches!(outcome, SharedCancelOutcome::Result(_));
         let (up, id, text) = (upstream.to_string(), task_id.to_string(), outcome.encode());
-        self.run(move |pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        self.run(move |c| async move {
             c.execute(
                 "UPDATE taskgate_tasks SET cancel_claimed_by = NULL, cancel_lease_until = NULL, \
                  cancel_outcome = $4, cancel_acked = cancel_acked OR $5 \
@@ -132,8 +132,7 @@ impl PgStore {
         generation: i64,
     ) -> Result<Option<SharedCancelOutcome>, StoreError> {
         let (up, id) = (upstream.to_string(), task_id.to_string());
-        let row = self.run(move |pool| async move {
-            let c = pool.get().await.map_err(pool_err)?;
+        let row = self.run(move |c| async move {
             c.query_opt(
                 "SELECT cancel_generation, cancel_outcome, cancel_claimed_by \
                  FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2",
@@ -164,8 +163,8 @@ impl PgStore {
 
     pub(super) fn sweep_lease_now(&self) -> Result<Option<Box<dyn Send>>, StoreError> {
         let holder = self.sweep_holder.clone();
-        let liveness = self.liveness_timeout;
-        self.run(move |pool| async move {
+        let (liveness, pool) = (self.query_timeout, self.pool.clone());
+        self.wait_job(async move {
             let mut held = holder.lock().await;
             if let Some(client) = held.as_ref() {
                 // Still ours while the session that took the lock lives and answers in time.
@@ -192,15 +191,23 @@ impl PgStore {
                 }
             }
             let obj = pool.get().await.map_err(pool_err)?;
-            let got: bool = match obj
-                .query_one("SELECT pg_try_advisory_lock($1)", &[&SWEEP_LOCK])
-                .await
-            {
-                Ok(row) => row.get(0),
-                Err(e) => {
+            let asked = tokio::time::timeout(
+                liveness,
+                obj.query_one("SELECT pg_try_advisory_lock($1)", &[&SWEEP_LOCK]),
+            )
+            .await;
+            let got: bool = match asked {
+                Ok(Ok(row)) => row.get(0),
+                failed => {
                     // Unknown whether the lock was granted: the connection is closed, not pooled.
                     drop(Object::take(obj));
-                    return Err(pg_err(e));
+                    return Err(match failed {
+                        Ok(Err(e)) => pg_err(e),
+                        _ => StoreError::Db(format!(
+                            "postgres: no answer to the sweep lock within {} ms",
+                            liveness.as_millis()
+                        )),
+                    });
                 }
             };
             if !got {

@@ -1,0 +1,93 @@
+//! A PostgreSQL store that stops answering (a proxy in front of the server stops forwarding: no
+//! answer, no error, TCP stays up, as behind a black-holed network or a stuck server) fails each
+//! store call within its bound instead of holding the client's request forever: a `tasks/get`
+//! gets `-32603` "task store unavailable", a creation is refused, both counted in
+//! `taskgate_store_write_failures_total`; the gateway serves other requests meanwhile; once the
+//! database answers again, tasks are served and created again (the connections that did not
+//! answer were closed, not pooled again).
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use std::time::Duration;
+
+/// Generous: the bound under test is the URL's `connect_timeout` (1 s here) plus the pool's own
+/// (5 s to open a connection); this only tells "answered with the error" from "never answered"
+/// (the test client itself gives up on response headers after 10 s).
+const ANSWERED_WITHIN: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswering_database_fails_store_calls_in_time_and_the_gateway_recovers() {
+    let test = "an_unanswering_database_fails_store_calls_in_time_and_the_gateway_recovers";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let proxy = BlackHole::start(&pg.url).await;
+    let via = proxy.url(&pg.url);
+    let sep = if via.contains('?') { '&' } else { '?' };
+    let url = format!("{via}{sep}connect_timeout=1");
+    let up = TaskServer::default().await;
+    let config = TgConfig::new(&up.url()).token("alice", "alice-token");
+    let tg = tg_on_pg(&config, "TG_UNANSWERED_DB", &url).await;
+    let mut c = tg.client().with_token("alice-token");
+    c.initialize().await;
+    let task = c.create_task("1").await;
+    assert_eq!(c.get("2", &task).await["result"]["taskId"], json!(task));
+    let failures = |text: &str| metric(text, "taskgate_store_write_failures_total", &[]);
+    let before = failures(&tg.metrics_text().await);
+
+    proxy.stop();
+    let get = tokio::spawn({
+        let (c, task) = (c.clone(), task.clone());
+        async move { c.get("3", &task).await }
+    });
+    // Meanwhile the gateway serves what needs no store.
+    let v = answered("tools/list", c.rpc(rpc("4", "tools/list", "{}"))).await;
+    assert!(v["result"].is_object(), "passed on and answered: {v}");
+    let v = answered("tasks/get", async { get.await.unwrap() }).await;
+    assert_eq!(err_code(&v), -32603, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("task store unavailable")),
+        "{v}"
+    );
+    let v = answered("a creation", c.rpc(Client::create_body("5", Some(60_000)))).await;
+    assert_eq!(err_code(&v), -32603, "the creation is refused: {v}");
+    let after = failures(&tg.metrics_text().await);
+    assert!(after >= before + 2.0, "counted: {before} -> {after}");
+
+    proxy.resume();
+    let back = eventually(ANSWERED_WITHIN, || {
+        let (c, task) = (c.clone(), task.clone());
+        async move {
+            let v = c.get("6", &task).await;
+            (v["result"]["taskId"] == json!(task)).then_some(())
+        }
+    })
+    .await;
+    assert!(back.is_some(), "tasks/get is served again");
+    // Every time: no connection that missed its answers went back to the pool (4 connections).
+    for i in 0..10 {
+        let v = c.get(&format!("\"again-{i}\""), &task).await;
+        assert_eq!(
+            v["result"]["taskId"],
+            json!(task),
+            "after the database is back: {v}"
+        );
+    }
+    let again = c.create_task("7").await;
+    assert_eq!(c.get("8", &again).await["result"]["taskId"], json!(again));
+}
+
+/// What `call` answers, or a failure naming `what` when it does not answer in
+/// [`ANSWERED_WITHIN`].
+async fn answered(
+    what: &str,
+    call: impl std::future::Future<Output = serde_json::Value>,
+) -> serde_json::Value {
+    tokio::time::timeout(ANSWERED_WITHIN, call)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no answer while the database does not answer"))
+}
