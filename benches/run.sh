@@ -2,7 +2,7 @@
 # taskgate benchmark: the direct path, nginx and taskgate side by side, in one run (issue 7),
 # with repeated runs (issue 15).
 #
-#   bash benches/run.sh                       # everything; writes benches/RESULTS.md
+#   bash benches/run.sh                       # everything; adds the report to benches/RESULTS.md
 #   DURATION=2 RECORDS=20000 bash benches/run.sh
 #   SCENARIOS="1 3" REPEAT=5 bash benches/run.sh   # small calls and SSE only, 5 runs per cell
 #
@@ -33,7 +33,7 @@
 # Settings (environment): DURATION (s per timed case, default 2), WARMUP (s, 0.5), REPEAT (runs
 # per case and path in scenarios 1-5 and 8, default 3), QUIET_PCT (10),
 # LIFECYCLE_TASKS (1000, scenarios 4, 8, 9 and 10), CANCELS (1000), RECORDS (100000), SCENARIOS (which
-# ones, default "1 2 3 4 5 6 7 8 9 10"), RESULTS (output file, benches/RESULTS.md; "-" for none), KEEP=1 keeps the temp
+# ones, default "1 2 3 4 5 6 7 8 9 10"), RESULTS (output file, benches/RESULTS.md: the new report goes first, under its title, and every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
 set -euo pipefail
 
@@ -448,7 +448,8 @@ REV=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DIRTY=$(cd "$ROOT" && git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null | wc -l)
 [ "$DIRTY" != 0 ] && REV="$REV + uncommitted changes in src/"
 STORE_FS=$(df -PT "$WORK" | awk 'NR==2 {print $2 " (" $1 ")"}')
-HEADER="# taskgate benchmark results
+TITLE="# taskgate benchmark results"
+HEADER="## Full report: $(date -u '+%Y-%m-%d %H:%M UTC'), $REV
 
 Produced by \`$COMMAND\` (from the repository root) on $(date -u '+%Y-%m-%d %H:%M UTC').
 
@@ -477,9 +478,17 @@ for nginx the master and all workers are summed; /proc counts in ${CLK_TCK} Hz t
 case (scenario 5 takes tens of ms) has a coarse CPU figure. Scenario 6 uses a taskgate of its own on
 a fresh store, with \`tasks.max_live_tasks_per_owner\` raised (all records belong to one session).
 "
-printf '%s\n%s\n' "$HEADER" "$REPORT"
+printf '%s\n\n%s\n%s\n' "$TITLE" "$HEADER" "$REPORT"
 if [ "$RESULTS" != "-" ]; then
-  printf '%s\n%s\n' "$HEADER" "$REPORT" > "$RESULTS"
-  say "written to $RESULTS"
+  # The history stays: the new report goes first, the earlier sections (everything after the
+  # title line of an existing file) follow it.
+  NEW="$WORK/results.md"
+  printf '%s\n\n%s\n%s\n\n' "$TITLE" "$HEADER" "$REPORT" > "$NEW"
+  if [ -s "$RESULTS" ]; then
+    if [ "$(head -1 "$RESULTS")" = "$TITLE" ]; then tail -n +2 "$RESULTS"; else cat "$RESULTS"; fi |
+      sed '/./,$!d' >> "$NEW"
+  fi
+  cp "$NEW" "$RESULTS"
+  say "added to $RESULTS (earlier sections kept below)"
 fi
 if [ "${KEEP:-0}" = 1 ]; then cp "$RAW" "$WORK/results-copy.jsonl"; fi
