@@ -273,10 +273,13 @@ impl Registry {
         task_id: &str,
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
+        let seen = self.records.epoch();
         let result = self.store.update(upstream, task_id, change);
         match &result {
             Ok(Some((before, after))) if before == after => {}
-            // Changed, or failed half-way: the cache must not keep what it had.
+            // Changed: the next poll finds the new record (see `cache`).
+            Ok(Some((_, after))) => self.records.refresh(seen, after),
+            // Failed half-way: the cache must not keep what it had.
             _ => self.records.invalidate(upstream, task_id),
         }
         result

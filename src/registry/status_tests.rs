@@ -66,3 +66,28 @@ fn rewrite_bytes_falls_back_to_a_full_rewrite_for_an_escaped_key() {
         .rewrite_bytes(not_object.as_bytes(), &["result"])
         .is_none());
 }
+
+/// A status change leaves the new record in the record cache: the next poll's authorising
+/// read needs no store read (before, the change dropped the entry and every task whose status
+/// changed cost a store read off the runtime on its next poll).
+#[tokio::test]
+async fn a_status_change_keeps_the_new_record_cached() {
+    let (registry, store) = crate::layers::testing::registry();
+    let r = crate::layers::testing::record("t1");
+    crate::store::TaskStore::create(store.as_ref(), r.clone())
+        .await
+        .unwrap();
+    let owner = r.owner.clone();
+    assert!(registry.lookup(&r.upstream, "t1", &owner).await.is_some());
+    let gets = store.counts.snapshot()[0];
+    let task = serde_json::json!({"taskId": "t1", "status": "input_required"});
+    registry
+        .observe_task_as(&r.upstream, "t1", task, "test")
+        .await;
+    let seen = registry
+        .lookup(&r.upstream, "t1", &owner)
+        .await
+        .expect("visible");
+    assert_eq!(seen.status, TaskStatus::InputRequired);
+    assert_eq!(store.counts.snapshot()[0], gets, "served from the cache");
+}
