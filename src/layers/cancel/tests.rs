@@ -82,7 +82,8 @@ async fn one_forwarded_cancel_touches_the_store_this_often() {
 }
 
 /// Two concurrent cancels of one task: one goes upstream, both get its answer under their
-/// own ids, and a third one afterwards is answered here (terminal) without a store read.
+/// own ids, and a third one afterwards is answered here (terminal) without a store call (the
+/// cancel's update left the cancelled record in the record cache).
 #[tokio::test]
 async fn two_concurrent_cancels_forward_one() {
     let (registry, store) = registry_with_t1().await;
@@ -106,8 +107,8 @@ async fn two_concurrent_cancels_forward_one() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(
         store.counts.snapshot()[..2],
-        [1, 0],
-        "only the authorising read"
+        [0, 0],
+        "no store call: the authorising read finds the cancelled record in the cache"
     );
 }
 
