@@ -5,7 +5,8 @@
 # CPU time, instruction counts hardly move with the machine's load, so two binaries can be
 # compared on a busy shared machine; they do not show time spent waiting in the kernel.
 #
-#   bash benches/profile.sh [small|lifecycle|modern-lifecycle] [TASKGATE_BIN]
+#   bash benches/profile.sh [small|sse|lifecycle|modern-lifecycle] [TASKGATE_BIN]
+#   (sse: 100 progress events and the result sent at once; per request = per stream)
 #   COUNT=500 TOP=30 bash benches/profile.sh lifecycle /work/bins/taskgate-old
 #   TOOL=strace bash benches/profile.sh small BIN   # system calls per request instead (strace -f -c)
 #   TOOL=perf CONC=16 bash benches/profile.sh small BIN   # CPU samples, kernel included (perf record)
@@ -84,8 +85,9 @@ conc=1; [ "$TOOL" = perf ] && conc=$CONC
 args=(--url "$URL" --target taskgate --case profile --rep 1 --concurrency "$conc")
 case $SCENARIO in
   small) warm=(--scenario small --duration 2 --warmup 0); measured=(--scenario small --duration 20 --warmup 0) ;;
+  sse) warm=(--scenario sse --duration 2 --warmup 0); measured=(--scenario sse --duration 10 --warmup 0) ;;
   lifecycle | modern-lifecycle) warm=(--scenario "$SCENARIO" --count 10); measured=(--scenario "$SCENARIO" --count "$COUNT") ;;
-  *) echo "scenario: small, lifecycle or modern-lifecycle" >&2; exit 2 ;;
+  *) echo "scenario: small, sse, lifecycle or modern-lifecycle" >&2; exit 2 ;;
 esac
 "$LG" run "${args[@]}" "${warm[@]}" --json-out "$WORK/warm.jsonl" > /dev/null
 [ "$TOOL" = callgrind ] && callgrind_control -z "$TG_PID" > /dev/null 2>&1
