@@ -2,7 +2,7 @@
 //! that are ready together, inserts keep-alive comments on idle streams, and ends with
 //! [`StreamAborted`] when the upstream's stream was cut.
 
-use super::{encode, EventStream, KEEPALIVE_COMMENT};
+use super::{encode_into, EventStream, KEEPALIVE_COMMENT};
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use std::future::Future;
@@ -72,16 +72,12 @@ impl Stream for KeepAlive {
                     break;
                 }
                 Poll::Ready(Some(event)) => {
-                    let encoded = encode(&event);
-                    match &mut batch {
-                        None => {
-                            let mut b = BytesMut::with_capacity(encoded.len().max(512));
-                            b.extend_from_slice(&encoded);
-                            batch = Some(b);
-                        }
-                        Some(b) => b.extend_from_slice(&encoded),
-                    }
-                    if batch.as_ref().is_some_and(|b| b.len() >= BATCH_BYTES) {
+                    let b = batch.get_or_insert_with(|| {
+                        let data = event.data.as_ref().map_or(0, String::len);
+                        BytesMut::with_capacity((data + 64).max(512))
+                    });
+                    encode_into(&event, b);
+                    if b.len() >= BATCH_BYTES {
                         break;
                     }
                 }

@@ -328,22 +328,29 @@ where
 pub fn encode(event: &Event) -> Bytes {
     let data_len = event.data.as_ref().map_or(0, |d| d.len() + 16);
     let mut buf = BytesMut::with_capacity(32 + data_len);
+    encode_into(event, &mut buf);
+    buf.freeze()
+}
+
+/// [`encode`] appending to `buf` (a batch of events written as one chunk: no buffer and no
+/// copy of its own per event).
+pub fn encode_into(event: &Event, buf: &mut BytesMut) {
+    let buf = &mut *buf;
     if let Some(name) = &event.event {
-        put_field(&mut buf, b"event", name);
+        put_field(buf, b"event", name);
     }
     if let Some(id) = &event.id {
-        put_field(&mut buf, b"id", id);
+        put_field(buf, b"id", id);
     }
     if let Some(retry) = event.retry {
-        put_field(&mut buf, b"retry", &retry.to_string());
+        put_field(buf, b"retry", &retry.to_string());
     }
     if let Some(data) = &event.data {
         for line in data.split('\n') {
-            put_field(&mut buf, b"data", line);
+            put_field(buf, b"data", line);
         }
     }
     buf.put_u8(b'\n');
-    buf.freeze()
 }
 
 fn put_field(buf: &mut BytesMut, name: &[u8], value: &str) {
