@@ -91,3 +91,83 @@ async fn answered(
         .await
         .unwrap_or_else(|_| panic!("{what}: no answer while the database does not answer"))
 }
+
+/// A database that answers, slowly (the proxy passes every byte, paced: a slow link): restart
+/// still counts the store. The start-up count reads each record's head only (owner, status, the
+/// cancellation facts), not the whole record with its stored result, so a page of the count is
+/// small and comes within the query bound, which is meant for a database that does not answer.
+/// Before, a page was 500 whole records (here 8 KiB of stored result each, 4 MiB): not read
+/// within the bound, start-up was refused ("no answer within 1000 ms").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_counts_a_store_of_big_records_over_a_slow_link() {
+    use std::sync::Arc;
+    use taskgate::config::TasksConfig;
+    use taskgate::era::Era;
+    use taskgate::mcp::task::TaskStatus;
+    use taskgate::metrics::Metrics;
+    use taskgate::registry::Registry;
+    use taskgate::store::{Origin, Owner, PgStore, TaskRecord, TaskStore};
+    let test = "restart_counts_a_store_of_big_records_over_a_slow_link";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let owner = Owner::Session("s\"1".into());
+    let store = PgStore::open(&pg.url, 4, None).await.unwrap();
+    let result = format!(
+        "{{\"content\":[{{\"type\":\"text\",\"text\":\"{}\"}}]}}",
+        "x".repeat(8192)
+    );
+    for i in 0..500u64 {
+        let status = match i {
+            0..=9 => TaskStatus::Working,
+            10 => TaskStatus::Cancelled,
+            _ => TaskStatus::Completed,
+        };
+        let record = TaskRecord {
+            upstream: "up".into(),
+            task_id: format!("t{i}"),
+            owner: owner.clone(),
+            upstream_session: Some("s1".into()),
+            origin: Origin::Client,
+            tool: Some("slow".into()),
+            protocol_version: None,
+            status,
+            status_message: None,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_updated_at: "2026-01-01T00:00:00Z".into(),
+            ttl_ms: Some(60_000),
+            poll_interval_ms: None,
+            recorded_at: i,
+            cancel_requested_at: None,
+            cancelled_at: (status == TaskStatus::Cancelled).then_some(5),
+            released_at: None,
+            terminal_at: status.is_terminal().then_some(5),
+            late_result_at: None,
+            expires_at: u64::MAX / 4,
+            era: Era::Legacy,
+            terminal_result: (status == TaskStatus::Completed).then(|| result.clone()),
+            tool_error: false,
+        };
+        store.create(record).await.unwrap();
+    }
+    drop(store);
+
+    let proxy = BlackHole::start(&pg.url).await;
+    let via = proxy.url(&pg.url);
+    let sep = if via.contains('?') { '&' } else { '?' };
+    let url = format!("{via}{sep}connect_timeout=1");
+    let slow = PgStore::open(&url, 2, None).await.unwrap();
+    proxy.pace(Duration::from_millis(10));
+    let metrics = Arc::new(Metrics::new(&["up".to_string()]));
+    let counted = {
+        let metrics = metrics.clone();
+        tokio::task::spawn_blocking(move || {
+            Registry::new(slow as Arc<dyn TaskStore>, metrics, TasksConfig::default())
+        })
+        .await
+        .unwrap()
+    };
+    let registry = counted.unwrap_or_else(|e| panic!("start-up over a slow link: {e}"));
+    assert_eq!(registry.owners_count("up", &owner), 10);
+    assert_eq!(metrics.tasks_cancelled_unreleased.get(), 1);
+}
