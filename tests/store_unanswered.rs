@@ -171,3 +171,29 @@ async fn restart_counts_a_store_of_big_records_over_a_slow_link() {
     assert_eq!(registry.owners_count("up", &owner), 10);
     assert_eq!(metrics.tasks_cancelled_unreleased.get(), 1);
 }
+
+/// `taskgate check-config`'s probe of a database that does not answer (the proxy forwards
+/// nothing from the first byte: TCP is up, no answer, as with a stopped server) ends with an
+/// error saying so within its bound (the URL's `connect_timeout`, 1 s here, twice for the
+/// connection's start-up), not when the server gives up on the unfinished start-up
+/// (`authentication_timeout`, 1 min).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_probe_of_an_unanswering_database_fails_in_time() {
+    let test = "check_config_probe_of_an_unanswering_database_fails_in_time";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let proxy = BlackHole::start(&pg.url).await;
+    proxy.stop();
+    let via = proxy.url(&pg.url);
+    let sep = if via.contains('?') { '&' } else { '?' };
+    let url = format!("{via}{sep}connect_timeout=1");
+    let probed = tokio::time::timeout(
+        Duration::from_secs(30),
+        taskgate::store::PgStore::probe(&url, None),
+    )
+    .await
+    .expect("check-config's probe got no answer in 30 s");
+    let err = probed.expect_err("nothing answered").to_string();
+    assert!(err.contains("no answer within 2000 ms"), "{err}");
+}

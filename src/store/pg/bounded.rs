@@ -22,7 +22,7 @@
 //!
 //! **So**: the connection's `tcp_user_timeout` is set to the query timeout (unless the URL sets
 //! its own; Linux only): the kernel ends a connection whose sent data goes unacknowledged that
-//! long, also on the paths not bounded here (the migrations at start, `check-config`'s probe).
+//! long, also on the paths not bounded here (the migrations at start).
 //! And every store call's work runs under [`tokio::time::timeout`] here ([`bounded`]): past the
 //! query timeout the call fails with [`StoreError::Db`] (the registry's "task store unavailable"
 //! `-32603`, a refused creation, `taskgate_store_write_failures_total`), and its connection is
@@ -38,6 +38,10 @@
 //! holds a connection; getting one is bounded by the pool (5 s to wait for a free one, 5 s to
 //! open one), so a store call gets its answer or its error within about 10 s plus
 //! `connect_timeout`.
+//!
+//! `check-config`'s probe (`PgStore::probe`, one connection outside the pool) bounds each of
+//! its steps the same way (the connection's start-up twice: its TCP connect has the first), so
+//! a server that accepts the connection and never answers fails it in time.
 //!
 //! **Not bounded here**: the migrations at start (their advisory lock waits, rightly, for
 //! another replica's migrations; `tcp_user_timeout` still ends a black-holed connection) and
