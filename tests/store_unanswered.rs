@@ -102,55 +102,15 @@ async fn answered(
 async fn restart_counts_a_store_of_big_records_over_a_slow_link() {
     use std::sync::Arc;
     use taskgate::config::TasksConfig;
-    use taskgate::era::Era;
-    use taskgate::mcp::task::TaskStatus;
     use taskgate::metrics::Metrics;
     use taskgate::registry::Registry;
-    use taskgate::store::{Origin, Owner, PgStore, TaskRecord, TaskStore};
+    use taskgate::store::{Owner, PgStore, TaskStore};
     let test = "restart_counts_a_store_of_big_records_over_a_slow_link";
     let Some(pg) = PgCluster::start(test) else {
         return;
     };
     let owner = Owner::Session("s\"1".into());
-    let store = PgStore::open(&pg.url, 4, None).await.unwrap();
-    let result = format!(
-        "{{\"content\":[{{\"type\":\"text\",\"text\":\"{}\"}}]}}",
-        "x".repeat(8192)
-    );
-    for i in 0..500u64 {
-        let status = match i {
-            0..=9 => TaskStatus::Working,
-            10 => TaskStatus::Cancelled,
-            _ => TaskStatus::Completed,
-        };
-        let record = TaskRecord {
-            upstream: "up".into(),
-            task_id: format!("t{i}"),
-            owner: owner.clone(),
-            upstream_session: Some("s1".into()),
-            origin: Origin::Client,
-            tool: Some("slow".into()),
-            protocol_version: None,
-            status,
-            status_message: None,
-            created_at: "2026-01-01T00:00:00Z".into(),
-            last_updated_at: "2026-01-01T00:00:00Z".into(),
-            ttl_ms: Some(60_000),
-            poll_interval_ms: None,
-            recorded_at: i,
-            cancel_requested_at: None,
-            cancelled_at: (status == TaskStatus::Cancelled).then_some(5),
-            released_at: None,
-            terminal_at: status.is_terminal().then_some(5),
-            late_result_at: None,
-            expires_at: u64::MAX / 4,
-            era: Era::Legacy,
-            terminal_result: (status == TaskStatus::Completed).then(|| result.clone()),
-            tool_error: false,
-        };
-        store.create(record).await.unwrap();
-    }
-    drop(store);
+    store_big_records(&pg.url, &owner).await;
 
     let proxy = BlackHole::start(&pg.url).await;
     let via = proxy.url(&pg.url);
@@ -196,4 +156,89 @@ async fn check_config_probe_of_an_unanswering_database_fails_in_time() {
     .expect("check-config's probe got no answer in 30 s");
     let err = probed.expect_err("nothing answered").to_string();
     assert!(err.contains("no answer within 2000 ms"), "{err}");
+}
+
+/// 500 records (one page of a store scan) of `owner` on upstream `up`: 10 `working`, one
+/// `cancelled` (not released), the rest `completed` with 8 KiB of stored result each (4 MiB).
+async fn store_big_records(url: &str, owner: &taskgate::store::Owner) {
+    use taskgate::era::Era;
+    use taskgate::mcp::task::TaskStatus;
+    use taskgate::store::{Origin, PgStore, TaskRecord, TaskStore};
+    let store = PgStore::open(url, 4, None).await.unwrap();
+    let result = format!(
+        "{{\"content\":[{{\"type\":\"text\",\"text\":\"{}\"}}]}}",
+        "x".repeat(8192)
+    );
+    for i in 0..500u64 {
+        let status = match i {
+            0..=9 => TaskStatus::Working,
+            10 => TaskStatus::Cancelled,
+            _ => TaskStatus::Completed,
+        };
+        let record = TaskRecord {
+            upstream: "up".into(),
+            task_id: format!("t{i}"),
+            owner: owner.clone(),
+            upstream_session: Some("s1".into()),
+            origin: Origin::Client,
+            tool: Some("slow".into()),
+            protocol_version: None,
+            status,
+            status_message: None,
+            created_at: "2026-01-01T00:00:00Z".into(),
+            last_updated_at: "2026-01-01T00:00:00Z".into(),
+            ttl_ms: Some(60_000),
+            poll_interval_ms: None,
+            recorded_at: i,
+            cancel_requested_at: None,
+            cancelled_at: (status == TaskStatus::Cancelled).then_some(5),
+            released_at: None,
+            terminal_at: status.is_terminal().then_some(5),
+            late_result_at: None,
+            expires_at: u64::MAX / 4,
+            era: Era::Legacy,
+            terminal_result: (status == TaskStatus::Completed).then(|| result.clone()),
+            tool_error: false,
+        };
+        store.create(record).await.unwrap();
+    }
+    drop(store);
+}
+
+/// Whole records over a slow link (the proxy passes every byte, paced): a scan page of 500
+/// records with 8 KiB of stored result each (`/admin/tasks`, `taskgate tasks list`) and an
+/// owner's page of 256 (`/admin/tasks?owner=…&upstream=…`; `tasks/list` at a large
+/// `tasks.list_page_size`) arrive, because the query bound is on the wait for each row, not on
+/// the whole answer (before: "no answer within 1000 ms", the answer arriving all along).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_of_whole_records_arrive_over_a_slow_link() {
+    use std::sync::Arc;
+    use taskgate::store::{Owner, PgStore, TaskStore};
+    let test = "pages_of_whole_records_arrive_over_a_slow_link";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let owner = Owner::Session("s\"1".into());
+    store_big_records(&pg.url, &owner).await;
+    let proxy = BlackHole::start(&pg.url).await;
+    let via = proxy.url(&pg.url);
+    let sep = if via.contains('?') { '&' } else { '?' };
+    let url = format!("{via}{sep}connect_timeout=1");
+    let slow: Arc<dyn TaskStore> = PgStore::open(&url, 2, None).await.unwrap();
+    proxy.pace(Duration::from_millis(10));
+    let (scanned, listed) = tokio::task::spawn_blocking(move || {
+        let mut n = 0;
+        let scanned = slow.scan(&mut |_| {
+            n += 1;
+            true
+        });
+        let listed = slow.list_owner("up", &owner, None, 256);
+        (scanned.map(|()| n), listed)
+    })
+    .await
+    .unwrap();
+    assert_eq!(scanned.expect("a scan over a slow link"), 500);
+    let (page, next) = listed.expect("an owner's page over a slow link");
+    assert_eq!(page.len(), 256);
+    assert!(next.is_some());
 }

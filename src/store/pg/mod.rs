@@ -343,7 +343,7 @@ impl TaskStore for PgStore {
         let rows = self.run(move |c| async move {
             let first = after.is_none();
             let (at, id) = after.unwrap_or((0, String::new()));
-            c.query(
+            c.query_rows(
                 "SELECT record FROM taskgate_tasks WHERE upstream = $1 AND owner = $2 \
                  AND ($5 OR (recorded_at, task_id) < ($3, $4)) \
                  ORDER BY recorded_at DESC, task_id DESC LIMIT $6",
@@ -387,7 +387,7 @@ impl TaskStore for PgStore {
             let from = after.clone();
             let rows = self.run(move |c| async move {
                 let (up, id) = from.clone().unwrap_or_default();
-                c.query(
+                c.query_rows(
                     "SELECT record, upstream, task_id FROM taskgate_tasks \
                      WHERE $3 OR (upstream, task_id) > ($1, $2) \
                      ORDER BY upstream, task_id LIMIT 500",
@@ -423,7 +423,7 @@ impl TaskStore for PgStore {
             let from = after.clone();
             let rows = self.run(move |c| async move {
                 let (up, id) = from.clone().unwrap_or_default();
-                c.query(
+                c.query_rows(
                     "SELECT upstream, task_id, owner, status, \
                      CASE WHEN status = 'cancelled' \
                          THEN (record::json ->> 'cancelled_at')::bigint END, \
