@@ -4,7 +4,9 @@
 //! gets `-32603` "task store unavailable", a creation is refused, both counted in
 //! `taskgate_store_write_failures_total`; the gateway serves other requests meanwhile; once the
 //! database answers again, tasks are served and created again (the connections that did not
-//! answer were closed, not pooled again).
+//! answer were closed, not pooled again). `check-config`'s probe of such a database fails in
+//! time too. And a database that answers, slowly (a paced link), is not taken for one that does
+//! not: pages of records that keep arriving are read whole, and restart counts the store.
 
 mod common;
 
