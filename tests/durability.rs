@@ -239,3 +239,74 @@ async fn a_lone_sync_soon_is_committed_without_a_waited_sync() {
     store.sync().await.unwrap();
     assert!(commits(&metrics) >= 2);
 }
+
+/// A stored record as the store writes it, built by `serde_json` (the store's own encoding).
+fn stored_record(task_id: &str, owner: &str, status: &str) -> Value {
+    json!({"upstream":"up","task_id":task_id,"owner":owner,"upstream_session":"s1",
+        "origin":"client","tool":"slow","protocol_version":"2025-11-25","status":status,
+        "status_message":null,"created_at":"2026-01-01T00:00:00Z",
+        "last_updated_at":"2026-01-01T00:00:00Z","ttl_ms":60000,"poll_interval_ms":null,
+        "recorded_at":1,"cancel_requested_at":null,"cancelled_at":null,"released_at":null,
+        "terminal_at":null,"expires_at":u64::MAX / 2})
+}
+
+/// Writes `records` into the `tasks` tree of a sled store at `dir` (under the store's keys), as
+/// an older or damaged taskgate could have left them.
+fn write_raw_records(dir: &std::path::Path, records: &[Value]) {
+    let db = sled::Config::new()
+        .path(dir)
+        .mode(sled::Mode::LowSpace)
+        .open()
+        .unwrap();
+    let tasks = db.open_tree("tasks").unwrap();
+    for r in records {
+        let mut key = Vec::new();
+        for s in [
+            r["upstream"].as_str().unwrap(),
+            r["task_id"].as_str().unwrap(),
+        ] {
+            key.extend_from_slice(&(s.len() as u32).to_be_bytes());
+            key.extend_from_slice(s.as_bytes());
+        }
+        tasks.insert(key, serde_json::to_vec(r).unwrap()).unwrap();
+    }
+    db.flush().unwrap();
+}
+
+/// A record whose owner is not an owner's stored form (`principal:…`, `session:…`,
+/// `anonymous`) stops start-up with an error naming the record, whatever its status: a
+/// terminal one too (it could be neither read, listed nor swept), as when restart decoded whole
+/// records.
+#[tokio::test]
+async fn restart_refuses_a_record_whose_owner_is_not_an_owner() {
+    use taskgate::config::TasksConfig;
+    use taskgate::metrics::Metrics;
+    use taskgate::registry::Registry;
+    use taskgate::store::{SledStore, TaskStore};
+    for status in ["completed", "working"] {
+        let dir = tempfile::tempdir().unwrap();
+        write_raw_records(
+            dir.path(),
+            &[
+                stored_record("fine", "session:s1", "working"),
+                stored_record("bad\"one", "alice", status),
+            ],
+        );
+        let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+        let metrics = Arc::new(Metrics::new(&["up".to_string()]));
+        let started = Registry::new(
+            store.clone() as Arc<dyn TaskStore>,
+            metrics,
+            TasksConfig::default(),
+        );
+        let err = match started {
+            Ok(_) => panic!("a {status} record owned by \"alice\" was accepted at start-up"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("\"alice\""), "{status}: {err}");
+        assert!(
+            err.contains("bad\\\"one"),
+            "{status}: the record is not named: {err}"
+        );
+    }
+}

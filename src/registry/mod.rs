@@ -64,11 +64,21 @@ impl Registry {
         let mut unreleased = Vec::new();
         let mut bad_owner = None;
         store.scan_heads(&mut |r| {
-            if !r.status.is_terminal() {
-                let Some(owner) = Owner::parse(&r.owner) else {
-                    bad_owner = Some(r.owner.into_owned());
-                    return false;
-                };
+            // Every record's owner is checked, a terminal one's too: one that is not an owner
+            // could be neither read, listed nor swept (whole-record decoding refuses it).
+            let owner = if r.status.is_terminal() {
+                Owner::is_stored_form(&r.owner).then_some(None)
+            } else {
+                Owner::parse(&r.owner).map(Some)
+            };
+            let Some(owner) = owner else {
+                bad_owner = Some(format!(
+                    "record {:?}/{:?}: not an owner: {:?}",
+                    r.upstream, r.task_id, r.owner
+                ));
+                return false;
+            };
+            if let Some(owner) = owner {
                 *live.entry((Arc::from(&*r.upstream), owner)).or_default() += 1;
             }
             let statuses = match by_status.get_mut(&*r.upstream) {
@@ -81,8 +91,8 @@ impl Registry {
             }
             true
         })?;
-        if let Some(owner) = bad_owner {
-            return Err(StoreError::Corrupt(format!("not an owner: {owner:?}")));
+        if let Some(bad) = bad_owner {
+            return Err(StoreError::Corrupt(bad));
         }
         // A shared store's gauges come from the database, by the sweep lease holder (`sweep`).
         if !store.shared() {

@@ -95,7 +95,9 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
     fn scan(&self, visit: &mut dyn FnMut(TaskRecord) -> bool) -> Result<(), StoreError>;
 
     /// [`TaskStore::scan`] of what start-up counting needs ([`RecordHead`]), in the same order.
-    /// The default decodes whole records; the embedded store decodes only the head.
+    /// The default decodes whole records; the embedded store decodes only the head, and
+    /// PostgreSQL reads only the head's columns (a page of whole records, stored results and
+    /// all, could not come within its query bound over a slow link: `pg::bounded`).
     fn scan_heads(&self, visit: &mut dyn FnMut(RecordHead<'_>) -> bool) -> Result<(), StoreError> {
         self.scan(&mut |r| visit(RecordHead::of(&r)))
     }

@@ -33,6 +33,12 @@ impl Owner {
             None
         }
     }
+
+    /// True when `s` is an owner's stored form ([`Owner::parse`] would take it), without
+    /// allocating.
+    pub fn is_stored_form(s: &str) -> bool {
+        s.starts_with("principal:") || s.starts_with("session:") || s == "anonymous"
+    }
 }
 
 impl fmt::Display for Owner {

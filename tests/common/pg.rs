@@ -345,11 +345,14 @@ fn make_certs(
 /// from then on what either side sends is read and dropped (a black-holed path: no answer, no
 /// error, TCP itself stays happy), while a side that closes still closes the other; and resumed
 /// ([`BlackHole::resume`]): what is sent from then on is forwarded again (what was dropped stays
-/// lost, so a connection used meanwhile is out of step with its server).
+/// lost, so a connection used meanwhile is out of step with its server). It can also pace what
+/// it forwards ([`BlackHole::pace`]): a database that answers, slowly.
 pub struct BlackHole {
     /// Where to connect instead of the server.
     pub addr: SocketAddr,
     stopped: Arc<std::sync::atomic::AtomicBool>,
+    /// Milliseconds to wait after forwarding each chunk read (at most 16 KiB); 0: none.
+    pace_ms: Arc<std::sync::atomic::AtomicU64>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -365,6 +368,8 @@ impl BlackHole {
         let addr = listener.local_addr().unwrap();
         let stopped = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stopped.clone();
+        let pace_ms = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let pace = pace_ms.clone();
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = tokio::net::TcpStream::connect(target).await else {
@@ -372,13 +377,14 @@ impl BlackHole {
                 };
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                tokio::spawn(pump(cr, sw, flag.clone()));
-                tokio::spawn(pump(sr, cw, flag.clone()));
+                tokio::spawn(pump(cr, sw, flag.clone(), pace.clone()));
+                tokio::spawn(pump(sr, cw, flag.clone(), pace.clone()));
             }
         });
         BlackHole {
             addr,
             stopped,
+            pace_ms,
             accept,
         }
     }
@@ -396,6 +402,13 @@ impl BlackHole {
     /// Forwards again (see the type's docs).
     pub fn resume(&self) {
         self.stopped.store(false, Ordering::SeqCst);
+    }
+
+    /// Waits `per_chunk` after forwarding each chunk (at most 16 KiB) in either direction: every
+    /// byte arrives, at a pace (a slow link).
+    pub fn pace(&self, per_chunk: Duration) {
+        self.pace_ms
+            .store(per_chunk.as_millis() as u64, Ordering::SeqCst);
     }
 }
 
@@ -417,6 +430,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     stopped: Arc<std::sync::atomic::AtomicBool>,
+    pace_ms: Arc<std::sync::atomic::AtomicU64>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
@@ -426,6 +440,10 @@ async fn pump(
             Ok(n) if !stopped.load(Ordering::SeqCst) => {
                 if to.write_all(&buf[..n]).await.is_err() {
                     break;
+                }
+                let pace = pace_ms.load(Ordering::SeqCst);
+                if pace > 0 {
+                    tokio::time::sleep(Duration::from_millis(pace)).await;
                 }
             }
             Ok(_) => {}

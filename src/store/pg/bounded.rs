@@ -22,7 +22,7 @@
 //!
 //! **So**: the connection's `tcp_user_timeout` is set to the query timeout (unless the URL sets
 //! its own; Linux only): the kernel ends a connection whose sent data goes unacknowledged that
-//! long, also on the paths not bounded here (the migrations at start, `check-config`'s probe).
+//! long, also on the paths not bounded here (the migrations at start).
 //! And every store call's work runs under [`tokio::time::timeout`] here ([`bounded`]): past the
 //! query timeout the call fails with [`StoreError::Db`] (the registry's "task store unavailable"
 //! `-32603`, a refused creation, `taskgate_store_write_failures_total`), and its connection is
@@ -39,6 +39,17 @@
 //! open one), so a store call gets its answer or its error within about 10 s plus
 //! `connect_timeout`.
 //!
+//! **Pages of records** are the exception: `list_owner` (`tasks/list`, the admin's owner
+//! listing) and the scans (start-up, `/admin/tasks`, `taskgate tasks list`) read up to 500
+//! records each, a record with its stored result (up to `tasks.max_stored_result_bytes`), so
+//! a page legitimately takes long to arrive over a slow link. They read with
+//! [`Conn::query_rows`]: the bound is on the wait for each row, so a page that keeps arriving
+//! is not cut, one that stops arriving is (`tests/store_unanswered.rs`: a paced link).
+//!
+//! `check-config`'s probe (`PgStore::probe`, one connection outside the pool) bounds each of
+//! its steps the same way (the connection's start-up twice: its TCP connect has the first), so
+//! a server that accepts the connection and never answers fails it in time.
+//!
 //! **Not bounded here**: the migrations at start (their advisory lock waits, rightly, for
 //! another replica's migrations; `tcp_user_timeout` still ends a black-holed connection) and
 //! the sweep lease (its liveness check and lock query have bounds of their own, see `tier`).
@@ -46,9 +57,10 @@
 use super::{pool_err, StoreError};
 use deadpool_postgres::{Object, Pool};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// A pooled connection lent to one store call's work ([`bounded`]): back to the pool when the
 /// work is dropped after it ended; closed instead when the work was abandoned at its deadline.
@@ -56,6 +68,47 @@ use std::time::Duration;
 pub(in crate::store) struct Conn {
     obj: Option<Object>,
     abandoned: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+}
+
+/// When the work last got part of its answer ([`Conn::query_rows`]), as milliseconds after
+/// `since`.
+struct Progress {
+    since: Instant,
+    at_ms: AtomicU64,
+}
+
+impl Progress {
+    fn mark(&self) {
+        let ms = u64::try_from(self.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.at_ms.store(ms, Ordering::SeqCst);
+    }
+
+    fn last(&self) -> Instant {
+        self.since + Duration::from_millis(self.at_ms.load(Ordering::SeqCst))
+    }
+}
+
+impl Conn {
+    /// `query` whose rows count as progress: the bound ([`bounded`]) applies to the wait for
+    /// the statement's first answer and then for each row, not to the whole answer, so a long
+    /// answer that keeps arriving (a page of whole records, stored results included, over a
+    /// slow link) is not cut, while one that stops arriving is.
+    pub(in crate::store) async fn query_rows(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        use futures_util::TryStreamExt;
+        let rows = self.query_raw(sql, params.iter().copied()).await?;
+        let mut rows = std::pin::pin!(rows);
+        let mut out = Vec::new();
+        while let Some(row) = rows.try_next().await? {
+            self.progress.mark();
+            out.push(row);
+        }
+        Ok(out)
+    }
 }
 
 impl std::ops::Deref for Conn {
@@ -87,8 +140,9 @@ impl Drop for Conn {
 }
 
 /// Takes a connection from `pool` (bounded by the pool's own timeouts) and runs `work` with it
-/// for at most `limit`. Past `limit` the work is dropped, its connection closed (see [`Conn`]),
-/// and the call fails with [`StoreError::Db`] ("postgres: no answer within N ms …").
+/// for at most `limit`, or `limit` after the last row a [`Conn::query_rows`] of it received.
+/// Past that the work is dropped, its connection closed (see [`Conn`]), and the call fails
+/// with [`StoreError::Db`] ("postgres: no answer within N ms …").
 pub(super) async fn bounded<T, F, Fut>(
     pool: Pool,
     limit: Duration,
@@ -100,24 +154,32 @@ where
 {
     let obj = pool.get().await.map_err(pool_err)?;
     let abandoned = Arc::new(AtomicBool::new(false));
+    let progress = Arc::new(Progress {
+        since: Instant::now(),
+        at_ms: AtomicU64::new(0),
+    });
     let mut job = Box::pin(work(Conn {
         obj: Some(obj),
         abandoned: abandoned.clone(),
+        progress: progress.clone(),
     }));
-    match tokio::time::timeout(limit, &mut job).await {
-        Ok(done) => done,
-        Err(_) => {
-            abandoned.store(true, Ordering::SeqCst);
-            drop(job);
-            tracing::warn!(
-                timeout_ms = limit.as_millis() as u64,
-                "the database did not answer in time; its connection was closed"
-            );
-            Err(StoreError::Db(format!(
-                "postgres: no answer within {} ms (the connection's connect_timeout); \
-                 the connection was closed",
-                limit.as_millis()
-            )))
+    loop {
+        match tokio::time::timeout_at(progress.last() + limit, &mut job).await {
+            Ok(done) => return done,
+            // Part of the answer came meanwhile ([`Conn::query_rows`]): the bound starts again.
+            Err(_) if progress.last() + limit > Instant::now() => continue,
+            Err(_) => break,
         }
     }
+    abandoned.store(true, Ordering::SeqCst);
+    drop(job);
+    tracing::warn!(
+        timeout_ms = limit.as_millis() as u64,
+        "the database did not answer in time; its connection was closed"
+    );
+    Err(StoreError::Db(format!(
+        "postgres: no answer within {} ms (the connection's connect_timeout); \
+         the connection was closed",
+        limit.as_millis()
+    )))
 }

@@ -57,6 +57,7 @@ use super::{
     AuditEvent, CancelClaim, ListCursor, Owner, SharedCancelOutcome, StoreError, TaskRecord,
     TaskStore,
 };
+use crate::mcp::task::TaskStatus;
 use bounded::{bounded, Conn};
 use deadpool_postgres::Pool;
 use futures_util::future::BoxFuture;
@@ -342,7 +343,7 @@ impl TaskStore for PgStore {
         let rows = self.run(move |c| async move {
             let first = after.is_none();
             let (at, id) = after.unwrap_or((0, String::new()));
-            c.query(
+            c.query_rows(
                 "SELECT record FROM taskgate_tasks WHERE upstream = $1 AND owner = $2 \
                  AND ($5 OR (recorded_at, task_id) < ($3, $4)) \
                  ORDER BY recorded_at DESC, task_id DESC LIMIT $6",
@@ -386,7 +387,7 @@ impl TaskStore for PgStore {
             let from = after.clone();
             let rows = self.run(move |c| async move {
                 let (up, id) = from.clone().unwrap_or_default();
-                c.query(
+                c.query_rows(
                     "SELECT record, upstream, task_id FROM taskgate_tasks \
                      WHERE $3 OR (upstream, task_id) > ($1, $2) \
                      ORDER BY upstream, task_id LIMIT 500",
@@ -402,6 +403,58 @@ impl TaskStore for PgStore {
             }
             match rows.last() {
                 Some(last) if rows.len() == 500 => after = Some((last.get(1), last.get(2))),
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    fn scan_heads(
+        &self,
+        visit: &mut dyn FnMut(super::RecordHead<'_>) -> bool,
+    ) -> Result<(), StoreError> {
+        // The columns, not the records: a record carries its stored result (up to
+        // `tasks.max_stored_result_bytes`), and a page of 500 whole records must come within the
+        // query bound (`bounded`) even over a slow link. The cancellation facts are read out of
+        // the record of a cancelled row only: `cancelled_at` is set exactly when the status
+        // becomes `cancelled` (`registry::status`), and a terminal status is final (the trigger
+        // of migration 1), so no other row has them.
+        let mut after: Option<(String, String)> = None;
+        loop {
+            let from = after.clone();
+            let rows = self.run(move |c| async move {
+                let (up, id) = from.clone().unwrap_or_default();
+                c.query_rows(
+                    "SELECT upstream, task_id, owner, status, \
+                     CASE WHEN status = 'cancelled' \
+                         THEN (record::json ->> 'cancelled_at')::bigint END, \
+                     CASE WHEN status = 'cancelled' \
+                         THEN (record::json ->> 'released_at')::bigint END \
+                     FROM taskgate_tasks WHERE $3 OR (upstream, task_id) > ($1, $2) \
+                     ORDER BY upstream, task_id LIMIT 500",
+                    &[&up, &id, &from.is_none()],
+                )
+                .await
+                .map_err(pg_err)
+            })?;
+            for row in &rows {
+                let status: &str = row.get(3);
+                let status = TaskStatus::parse(status)
+                    .ok_or_else(|| StoreError::Corrupt(format!("not a status: {status:?}")))?;
+                let at = |i: usize| row.get::<_, Option<i64>>(i).map(|v| v.max(0) as u64);
+                let head = super::RecordHead {
+                    upstream: row.get::<_, &str>(0).into(),
+                    task_id: row.get::<_, &str>(1).into(),
+                    owner: row.get::<_, &str>(2).into(),
+                    status,
+                    cancelled_at: at(4),
+                    released_at: at(5),
+                };
+                if !visit(head) {
+                    return Ok(());
+                }
+            }
+            match rows.last() {
+                Some(last) if rows.len() == 500 => after = Some((last.get(0), last.get(1))),
                 _ => return Ok(()),
             }
         }

@@ -131,37 +131,34 @@ impl PgStore {
             detail,
         };
         let mut config = parse(url).map_err(open_err)?;
-        bound(&mut config);
+        // Every step gets its answer within the query timeout (see `bounded`): a database that
+        // accepts the connection but does not answer (a stopped server) fails the probe in
+        // time; the connection's start-up gets twice that (its TCP connect has the first).
+        let limit = bound(&mut config);
         let (client, driver) = if super::tls::wanted(&config) {
             let tls = super::tls::connector(ca_file).map_err(open_err)?;
-            let (client, conn) = config
-                .connect(tls)
-                .await
-                .map_err(|e| open_err(pg_err(e).to_string()))?;
+            let (client, conn) =
+                within(2 * limit, "the connection's start-up", config.connect(tls))
+                    .await
+                    .map_err(open_err)?;
             (client, tokio::spawn(async move { conn.await.map(drop) }))
         } else {
-            let (client, conn) = config
-                .connect(tokio_postgres::NoTls)
+            let connect = config.connect(tokio_postgres::NoTls);
+            let (client, conn) = within(2 * limit, "the connection's start-up", connect)
                 .await
-                .map_err(|e| open_err(pg_err(e).to_string()))?;
+                .map_err(open_err)?;
             (client, tokio::spawn(async move { conn.await.map(drop) }))
         };
-        let version: String = client
-            .query_one("SHOW server_version", &[])
+        let ask = |sql: &'static str| within(limit, sql, client.query_one(sql, &[]));
+        let version: String = ask("SHOW server_version").await.map_err(open_err)?.get(0);
+        let exists: bool = ask("SELECT to_regclass('taskgate_schema') IS NOT NULL")
             .await
-            .map_err(|e| open_err(pg_err(e).to_string()))?
-            .get(0);
-        let fail = |e| open_err(pg_err(e).to_string());
-        let exists: bool = client
-            .query_one("SELECT to_regclass('taskgate_schema') IS NOT NULL", &[])
-            .await
-            .map_err(fail)?
+            .map_err(open_err)?
             .get(0);
         let schema: i32 = if exists {
-            client
-                .query_one("SELECT coalesce(max(version), 0) FROM taskgate_schema", &[])
+            ask("SELECT coalesce(max(version), 0) FROM taskgate_schema")
                 .await
-                .map_err(fail)?
+                .map_err(open_err)?
                 .get(0)
         } else {
             0
@@ -172,5 +169,21 @@ impl PgStore {
             "PostgreSQL {version} at {shown} reachable; taskgate schema version {schema} (this taskgate: {})",
             migrations::MIGRATIONS.last().map_or(0, |m| m.0)
         ))
+    }
+}
+
+/// `step` of [`PgStore::probe`], `what` it asks, answered within `limit`: its result, its error
+/// as text, or past `limit` "postgres: no answer within N ms to …".
+async fn within<T>(
+    limit: Duration,
+    what: &str,
+    step: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, step).await {
+        Ok(answer) => answer.map_err(|e| pg_err(e).to_string()),
+        Err(_) => Err(format!(
+            "postgres: no answer within {} ms to {what} (the URL's connect_timeout)",
+            limit.as_millis()
+        )),
     }
 }
