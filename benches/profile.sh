@@ -94,11 +94,19 @@ esac
 if [ "$TOOL" = perf ]; then
   perf record -q -F 2999 -g -p "$TG_PID" -o "$WORK/perf.data" 2> "$WORK/perf.err" &
   PERF_PID=$!
-  for _ in $(seq 100); do [ -s "$WORK/perf.data" ] && break; sleep 0.05; done
+  for _ in $(seq 100); do
+    [ -s "$WORK/perf.data" ] && break
+    if ! kill -0 "$PERF_PID" 2>/dev/null; then
+      echo "perf record could not run (perf_event_paranoid, or not root?):" >&2
+      cat "$WORK/perf.err" >&2
+      exit 2
+    fi
+    sleep 0.05
+  done
 fi
 "$LG" run "${args[@]}" "${measured[@]}" --cpu-pid "$TG_PID" --json-out "$WORK/run.jsonl" > /dev/null
 if [ "$TOOL" = perf ]; then
-  kill -INT "$PERF_PID"; wait "$PERF_PID" 2>/dev/null || true
+  kill -INT "$PERF_PID" 2>/dev/null || true; wait "$PERF_PID" 2>/dev/null || true
   run_n=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
   cpu=$(sed -n 's/.*"cpu_us_per_req":\([0-9.]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
   echo "binary:       $TASKGATE"
