@@ -247,6 +247,38 @@ pub(super) async fn insert_task<C: tokio_postgres::GenericClient>(
     .await
 }
 
+impl PgStore {
+    /// Runs `sql` over every row of `taskgate_tasks` in keyset pages of 500, so a large registry
+    /// is never held in memory at once: `sql` selects `upstream, task_id` first, takes the last
+    /// key seen as `$1, $2` and `$3` true for the first page, and ends with
+    /// `ORDER BY upstream, task_id LIMIT 500`. `visit` returns false to stop.
+    fn keyset_pages(
+        &self,
+        sql: &'static str,
+        visit: &mut dyn FnMut(&tokio_postgres::Row) -> Result<bool, StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut after: Option<(String, String)> = None;
+        loop {
+            let from = after.clone();
+            let rows = self.run(move |c| async move {
+                let (up, id) = from.clone().unwrap_or_default();
+                c.query_rows(sql, &[&up, &id, &from.is_none()])
+                    .await
+                    .map_err(pg_err)
+            })?;
+            for row in &rows {
+                if !visit(row)? {
+                    return Ok(());
+                }
+            }
+            match rows.last() {
+                Some(last) if rows.len() == 500 => after = Some((last.get(0), last.get(1))),
+                _ => return Ok(()),
+            }
+        }
+    }
+}
+
 impl TaskStore for PgStore {
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
         let text = encode(&record);
@@ -381,31 +413,12 @@ impl TaskStore for PgStore {
     }
 
     fn scan(&self, visit: &mut dyn FnMut(TaskRecord) -> bool) -> Result<(), StoreError> {
-        // Keyset pages, so a large registry is never held in memory at once.
-        let mut after: Option<(String, String)> = None;
-        loop {
-            let from = after.clone();
-            let rows = self.run(move |c| async move {
-                let (up, id) = from.clone().unwrap_or_default();
-                c.query_rows(
-                    "SELECT record, upstream, task_id FROM taskgate_tasks \
-                     WHERE $3 OR (upstream, task_id) > ($1, $2) \
-                     ORDER BY upstream, task_id LIMIT 500",
-                    &[&up, &id, &from.is_none()],
-                )
-                .await
-                .map_err(pg_err)
-            })?;
-            for row in &rows {
-                if !visit(decode(row.get(0))?) {
-                    return Ok(());
-                }
-            }
-            match rows.last() {
-                Some(last) if rows.len() == 500 => after = Some((last.get(1), last.get(2))),
-                _ => return Ok(()),
-            }
-        }
+        self.keyset_pages(
+            "SELECT upstream, task_id, record FROM taskgate_tasks \
+             WHERE $3 OR (upstream, task_id) > ($1, $2) \
+             ORDER BY upstream, task_id LIMIT 500",
+            &mut |row| Ok(visit(decode(row.get(2))?)),
+        )
     }
 
     fn scan_heads(
@@ -418,46 +431,29 @@ impl TaskStore for PgStore {
         // the record of a cancelled row only: `cancelled_at` is set exactly when the status
         // becomes `cancelled` (`registry::status`), and a terminal status is final (the trigger
         // of migration 1), so no other row has them.
-        let mut after: Option<(String, String)> = None;
-        loop {
-            let from = after.clone();
-            let rows = self.run(move |c| async move {
-                let (up, id) = from.clone().unwrap_or_default();
-                c.query_rows(
-                    "SELECT upstream, task_id, owner, status, \
-                     CASE WHEN status = 'cancelled' \
-                         THEN (record::json ->> 'cancelled_at')::bigint END, \
-                     CASE WHEN status = 'cancelled' \
-                         THEN (record::json ->> 'released_at')::bigint END \
-                     FROM taskgate_tasks WHERE $3 OR (upstream, task_id) > ($1, $2) \
-                     ORDER BY upstream, task_id LIMIT 500",
-                    &[&up, &id, &from.is_none()],
-                )
-                .await
-                .map_err(pg_err)
-            })?;
-            for row in &rows {
+        self.keyset_pages(
+            "SELECT upstream, task_id, owner, status, \
+             CASE WHEN status = 'cancelled' \
+                 THEN (record::json ->> 'cancelled_at')::bigint END, \
+             CASE WHEN status = 'cancelled' \
+                 THEN (record::json ->> 'released_at')::bigint END \
+             FROM taskgate_tasks WHERE $3 OR (upstream, task_id) > ($1, $2) \
+             ORDER BY upstream, task_id LIMIT 500",
+            &mut |row| {
                 let status: &str = row.get(3);
                 let status = TaskStatus::parse(status)
                     .ok_or_else(|| StoreError::Corrupt(format!("not a status: {status:?}")))?;
                 let at = |i: usize| row.get::<_, Option<i64>>(i).map(|v| v.max(0) as u64);
-                let head = super::RecordHead {
+                Ok(visit(super::RecordHead {
                     upstream: row.get::<_, &str>(0).into(),
                     task_id: row.get::<_, &str>(1).into(),
                     owner: row.get::<_, &str>(2).into(),
                     status,
                     cancelled_at: at(4),
                     released_at: at(5),
-                };
-                if !visit(head) {
-                    return Ok(());
-                }
-            }
-            match rows.last() {
-                Some(last) if rows.len() == 500 => after = Some((last.get(0), last.get(1))),
-                _ => return Ok(()),
-            }
-        }
+                }))
+            },
+        )
     }
 
     fn append_audit(&self, event: &AuditEvent) -> Result<(), StoreError> {
