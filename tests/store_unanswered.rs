@@ -106,20 +106,11 @@ async fn restart_counts_a_store_of_big_records_over_a_slow_link() {
     use taskgate::config::TasksConfig;
     use taskgate::metrics::Metrics;
     use taskgate::registry::Registry;
-    use taskgate::store::{Owner, PgStore, TaskStore};
+    use taskgate::store::TaskStore;
     let test = "restart_counts_a_store_of_big_records_over_a_slow_link";
-    let Some(pg) = PgCluster::start(test) else {
+    let Some((_pg, _proxy, slow, owner)) = big_records_over_a_slow_link(test).await else {
         return;
     };
-    let owner = Owner::Session("s\"1".into());
-    store_big_records(&pg.url, &owner).await;
-
-    let proxy = BlackHole::start(&pg.url).await;
-    let via = proxy.url(&pg.url);
-    let sep = if via.contains('?') { '&' } else { '?' };
-    let url = format!("{via}{sep}connect_timeout=1");
-    let slow = PgStore::open(&url, 2, None).await.unwrap();
-    proxy.pace(Duration::from_millis(10));
     let metrics = Arc::new(Metrics::new(&["up".to_string()]));
     let counted = {
         let metrics = metrics.clone();
@@ -162,6 +153,29 @@ async fn check_config_probe_of_an_unanswering_database_fails_in_time() {
 
 /// 500 records (one page of a store scan) of `owner` on upstream `up`: 10 `working`, one
 /// `cancelled` (not released), the rest `completed` with 8 KiB of stored result each (4 MiB).
+/// A throwaway cluster holding [`store_big_records`] of an owner with a quote in its name, and a
+/// store reaching it through a proxy that passes every byte 10 ms apart (a slow link), with
+/// `connect_timeout=1` (the query bound: 1 s). `None` without PostgreSQL here.
+async fn big_records_over_a_slow_link(
+    test: &str,
+) -> Option<(
+    PgCluster,
+    BlackHole,
+    std::sync::Arc<taskgate::store::PgStore>,
+    taskgate::store::Owner,
+)> {
+    let pg = PgCluster::start(test)?;
+    let owner = taskgate::store::Owner::Session("s\"1".into());
+    store_big_records(&pg.url, &owner).await;
+    let proxy = BlackHole::start(&pg.url).await;
+    let via = proxy.url(&pg.url);
+    let sep = if via.contains('?') { '&' } else { '?' };
+    let url = format!("{via}{sep}connect_timeout=1");
+    let slow = taskgate::store::PgStore::open(&url, 2, None).await.unwrap();
+    proxy.pace(Duration::from_millis(10));
+    Some((pg, proxy, slow, owner))
+}
+
 async fn store_big_records(url: &str, owner: &taskgate::store::Owner) {
     use taskgate::era::Era;
     use taskgate::mcp::task::TaskStatus;
@@ -215,19 +229,12 @@ async fn store_big_records(url: &str, owner: &taskgate::store::Owner) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_of_whole_records_arrive_over_a_slow_link() {
     use std::sync::Arc;
-    use taskgate::store::{Owner, PgStore, TaskStore};
+    use taskgate::store::TaskStore;
     let test = "pages_of_whole_records_arrive_over_a_slow_link";
-    let Some(pg) = PgCluster::start(test) else {
+    let Some((_pg, _proxy, slow, owner)) = big_records_over_a_slow_link(test).await else {
         return;
     };
-    let owner = Owner::Session("s\"1".into());
-    store_big_records(&pg.url, &owner).await;
-    let proxy = BlackHole::start(&pg.url).await;
-    let via = proxy.url(&pg.url);
-    let sep = if via.contains('?') { '&' } else { '?' };
-    let url = format!("{via}{sep}connect_timeout=1");
-    let slow: Arc<dyn TaskStore> = PgStore::open(&url, 2, None).await.unwrap();
-    proxy.pace(Duration::from_millis(10));
+    let slow: Arc<dyn TaskStore> = slow;
     let (scanned, listed) = tokio::task::spawn_blocking(move || {
         let mut n = 0;
         let scanned = slow.scan(&mut |_| {
