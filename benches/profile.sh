@@ -43,33 +43,15 @@ fi
 (cd "$HERE/loadgen" && CARGO_TARGET_DIR="$HERE/loadgen/target" cargo build --release --quiet)
 LG="$HERE/loadgen/target/release/loadgen"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/taskgate-profile.XXXXXX")
-PIDS=()
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do
-    for _ in $(seq 500); do [ -e "/proc/$p" ] || break; sleep 0.02; done
-    kill -KILL "$p" 2>/dev/null || true
-  done
-  if [ "${KEEP:-0}" = 1 ]; then echo "kept $WORK" >&2; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
-field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^\",}]*\).*/\1/p" "$1" | head -1; }
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+trap bench_exit EXIT
+field() { json_field "$@"; }
 
 "$LG" spawn-ready --stdout "$WORK/up.out" --stderr "$WORK/up.err" --label upstream \
   -- "$HERE/loadgen/target/release/upstream" --listen 127.0.0.1:0 --threads 1 > "$WORK/up.json"
 PIDS+=("$(field "$WORK/up.json" pid)")
-cat > "$WORK/tg.toml" <<EOF
-[gateway]
-listen = "127.0.0.1:0"
-[admin]
-listen = "127.0.0.1:0"
-[store]
-path = "$WORK/store"
-[[upstream]]
-name = "bench"
-url = "http://$(field "$WORK/up.json" addr)/mcp"
-EOF
+taskgate_toml "$WORK/tg.toml" "$WORK/store" "" "$(field "$WORK/up.json" addr)"
 if [ "$TOOL" = strace ]; then
   wrap=(strace -f -c -o "$WORK/strace.txt")
 elif [ "$TOOL" = perf ]; then

@@ -96,25 +96,16 @@ fi
 LOAD_AT_START=$(cut -d' ' -f1-3 /proc/loadavg)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/taskgate-bench.XXXXXX")
 RAW="$WORK/results.jsonl"
-PIDS=()
-gone() { [ ! -e "/proc/$1" ] || grep -q ') Z' "/proc/$1/stat" 2>/dev/null; }
-stop_pid() { # SIGTERM, wait up to 10 s, then SIGKILL
-  local pid=$1 i
-  kill -TERM "$pid" 2>/dev/null || return 0
-  for i in $(seq 1000); do gone "$pid" && return 0; sleep 0.01; done
-  kill -KILL "$pid" 2>/dev/null || true
-}
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
 OWN_PG=0
 PG_SETTINGS="not run"
 cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
   if [ "$OWN_PG" = 1 ]; then pg_stop; fi
-  if [ "${KEEP:-0}" = 1 ]; then echo "kept $WORK" >&2; else rm -rf "$WORK"; fi
+  bench_exit
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-json_field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^\",}]*\).*/\1/p" "$1" | head -1; }
 
 say "starting the bench upstream"
 "$LG" spawn-ready --stdout "$WORK/upstream.out" --stderr "$WORK/upstream.err" --label upstream \
@@ -123,25 +114,7 @@ UP_PID=$(json_field "$WORK/upstream.json" pid); PIDS+=("$UP_PID")
 UP_ADDR=$(json_field "$WORK/upstream.json" addr)
 echo "upstream $UP_ADDR (pid $UP_PID)" >&2
 
-taskgate_config() { # $1 file, $2 store dir, $3 extra [tasks] lines
-  cat > "$1" <<EOF
-[gateway]
-listen = "127.0.0.1:0"
-
-[admin]
-listen = "127.0.0.1:0"
-
-[store]
-path = "$2"
-
-[tasks]
-$3
-
-[[upstream]]
-name = "bench"
-url = "http://$UP_ADDR/mcp"
-EOF
-}
+taskgate_config() { taskgate_toml "$1" "$2" "$3" "$UP_ADDR"; } # $1 file, $2 store dir, $3 extra [tasks] lines
 start_taskgate() { # $1 config, $2 label, $3 json out, [$4 ready json out]
   # sets TG_PID TG_ADDR TG_ADMIN; logs in $3 with .out / .err for .json
   local log=${3%.json}

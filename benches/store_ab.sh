@@ -17,40 +17,16 @@ ROUNDS=${ROUNDS:-3}; COUNT=${COUNT:-1500}; RECORDS=${RECORDS:-100000}
 (cd "$HERE/loadgen" && CARGO_TARGET_DIR="$HERE/loadgen/target" cargo build --release --quiet)
 LG="$HERE/loadgen/target/release/loadgen"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/taskgate-store-ab.XXXXXX")
-PIDS=()
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do
-    for _ in $(seq 500); do [ -e "/proc/$p" ] || break; sleep 0.02; done
-    kill -KILL "$p" 2>/dev/null || true
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^\",}]*\).*/\1/p" "$1" | head -1; }
-stop() { # $1 pid: graceful stop, wait until gone
-  kill -TERM "$1" 2>/dev/null || true
-  for _ in $(seq 500); do [ -e "/proc/$1" ] || return 0; sleep 0.02; done
-  kill -KILL "$1" 2>/dev/null || true
-}
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+trap bench_exit EXIT
+field() { json_field "$@"; }
+stop() { stop_pid "$1"; }
 "$LG" spawn-ready --stdout "$WORK/up.out" --stderr "$WORK/up.err" --label upstream \
   -- "$HERE/loadgen/target/release/upstream" --listen 127.0.0.1:0 --threads 1 > "$WORK/up.json"
 PIDS+=("$(field "$WORK/up.json" pid)")
 config() { # $1 file, $2 store dir
-  cat > "$1" <<EOT
-[gateway]
-listen = "127.0.0.1:0"
-[admin]
-listen = "127.0.0.1:0"
-[store]
-path = "$2"
-[tasks]
-max_live_tasks_per_owner = 10000000
-[[upstream]]
-name = "bench"
-url = "http://$(field "$WORK/up.json" addr)/mcp"
-EOT
+  taskgate_toml "$1" "$2" "max_live_tasks_per_owner = 10000000" "$(field "$WORK/up.json" addr)"
 }
 commits() { curl -s "$1/metrics" | awk '/^taskgate_store_write_duration_seconds_count/ { printf "%d", $2 }'; }
 lifecycle() { # $1 binary, $2 concurrency, $3 tasks
@@ -93,7 +69,9 @@ for r in $(seq "$ROUNDS"); do
       -- "${wrap[@]}" "$bin" serve --config "$S/tg.toml" > "$S/tg.json"
     p=$(field "$S/tg.json" pid); PIDS+=("$p")
     # perf stat's child is taskgate: stop it, perf then writes its count and exits.
-    child=$(pgrep -P "$p" | head -1 || true); stop "${child:-$p}"; stop "$p"
+    child=$(pgrep -P "$p" | head -1 || true); stop "${child:-$p}"
+    for _ in $(seq 1000); do gone "$p" && break; sleep 0.01; done  # perf writes its count
+    stop "$p"
     cpu=$(sed -n 's/^\([0-9.]*\),msec,task-clock.*/\1/p' "$S/stat" 2>/dev/null | head -1)
     printf '%-28s ready %7.1f ms  start-up CPU %s ms\n' "$(basename "$bin")" \
       "$(field "$S/tg.json" ready_ms)" "${cpu:-?}"

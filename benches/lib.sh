@@ -1,0 +1,50 @@
+# Shared by the benchmark scripts (sourced, not run): the processes they start and stop, the
+# fields of loadgen's JSON lines, taskgate's configuration for the bench upstream.
+#
+# A script sets WORK (its temp directory) and appends every PID it starts to PIDS; `bench_exit`
+# (its EXIT trap, or called from one) stops them all and removes WORK unless KEEP=1.
+
+PIDS=()
+
+# Whether process $1 is gone (a zombie counts as gone).
+gone() { [ ! -e "/proc/$1" ] || grep -q ') Z' "/proc/$1/stat" 2>/dev/null; }
+
+# SIGTERM, wait up to 10 s, then SIGKILL.
+stop_pid() {
+  local pid=$1 i
+  kill -TERM "$pid" 2>/dev/null || return 0
+  for i in $(seq 1000); do gone "$pid" && return 0; sleep 0.01; done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
+# Stops every process in PIDS and removes WORK (kept with KEEP=1).
+bench_exit() {
+  local pid
+  for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $WORK" >&2; else rm -rf "$WORK"; fi
+}
+
+# Field $2 of the first JSON line of file $1 (loadgen's spawn-ready and run output).
+json_field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^\",}]*\).*/\1/p" "$1" | head -1; }
+
+# taskgate's TOML for the bench upstream at $4 (host:port): file $1, sled store directory $2,
+# extra [tasks] lines $3; both listeners on ephemeral 127.0.0.1 ports.
+taskgate_toml() {
+  cat > "$1" <<EOT
+[gateway]
+listen = "127.0.0.1:0"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[store]
+path = "$2"
+
+[tasks]
+$3
+
+[[upstream]]
+name = "bench"
+url = "http://$4/mcp"
+EOT
+}
