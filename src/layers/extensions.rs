@@ -29,8 +29,9 @@ pub struct Upgraded;
 /// A `tasks/get|result|cancel` the `tasks` layer authorised, with the record it read then.
 #[derive(Debug, Clone)]
 pub struct AuthorisedTask {
-    /// The task's record when the request was authorised.
-    pub record: TaskRecord,
+    /// The task's record when the request was authorised, shared with the record cache (the
+    /// layers below read it; nobody changes it).
+    pub record: Arc<TaskRecord>,
 }
 
 /// A task-augmented `tools/call` on its way upstream.

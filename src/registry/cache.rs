@@ -113,7 +113,7 @@ impl RecordCache {
 
     /// Caches `record`, read from the store after `seen`, unless a write invalidated anything
     /// since.
-    pub(crate) fn fill(&self, seen: Epoch, record: &TaskRecord) {
+    pub(crate) fn fill(&self, seen: Epoch, record: &Arc<TaskRecord>) {
         let Some(records) = &self.records else {
             return;
         };
@@ -121,7 +121,7 @@ impl RecordCache {
         if *epoch == seen.0 {
             records.insert(
                 Key(record.upstream.clone(), record.task_id.clone()),
-                Arc::new(record.clone()),
+                record.clone(),
             );
         }
     }
@@ -129,7 +129,7 @@ impl RecordCache {
     /// After a store update of `after`'s record committed (`seen`: [`RecordCache::epoch`] read
     /// before the update): caches `after` if nothing was invalidated or refreshed since `seen`,
     /// else drops the entry. Either way later fills of reads made before now are refused.
-    pub(crate) fn refresh(&self, seen: Epoch, after: &TaskRecord) {
+    pub(crate) fn refresh(&self, seen: Epoch, after: &Arc<TaskRecord>) {
         let Some(records) = &self.records else {
             return;
         };
@@ -139,7 +139,7 @@ impl RecordCache {
         if alone {
             records.insert(
                 Key(after.upstream.clone(), after.task_id.clone()),
-                Arc::new(after.clone()),
+                after.clone(),
             );
         } else {
             records.remove(&KeyRef(&after.upstream, &after.task_id));
@@ -166,7 +166,7 @@ mod tests {
     #[test]
     fn a_fill_read_before_an_invalidation_is_refused() {
         let cache = RecordCache::new(16, 1 << 20);
-        let r = record("t1");
+        let r = Arc::new(record("t1"));
         let seen = cache.epoch();
         // A write to the record committed and invalidated between the read and the fill.
         cache.invalidate(&r.upstream, &r.task_id);
@@ -176,7 +176,7 @@ mod tests {
         let seen = cache.epoch();
         cache.fill(seen, &r);
         let hit = cache.get(&r.upstream, &r.task_id).expect("cached");
-        assert_eq!(*hit, r);
+        assert_eq!(hit, r);
         cache.invalidate(&r.upstream, &r.task_id);
         assert!(cache.get(&r.upstream, &r.task_id).is_none());
     }
@@ -184,21 +184,25 @@ mod tests {
     #[test]
     fn a_refresh_keeps_the_newer_record_of_two_overlapping_writes() {
         let cache = RecordCache::new(16, 1 << 20);
-        let old = record("t1");
-        let mut a = old.clone();
-        a.status = TaskStatus::InputRequired;
-        let mut b = old.clone();
-        b.status = TaskStatus::Completed;
+        let old = Arc::new(record("t1"));
+        let a = Arc::new(TaskRecord {
+            status: TaskStatus::InputRequired,
+            ..TaskRecord::clone(&old)
+        });
+        let b = Arc::new(TaskRecord {
+            status: TaskStatus::Completed,
+            ..TaskRecord::clone(&old)
+        });
         // One write alone: its result is cached.
         let seen = cache.epoch();
         cache.refresh(seen, &a);
-        assert_eq!(*cache.get(&a.upstream, &a.task_id).expect("cached"), a);
+        assert_eq!(cache.get(&a.upstream, &a.task_id).expect("cached"), a);
         // A read made before that write may not fill behind it.
         cache.invalidate(&a.upstream, &a.task_id);
         let read = cache.epoch();
         cache.refresh(cache.epoch(), &a);
         cache.fill(read, &old);
-        assert_eq!(*cache.get(&a.upstream, &a.task_id).unwrap(), a);
+        assert_eq!(cache.get(&a.upstream, &a.task_id).unwrap(), a);
         // Two overlapping writes, a committed first, b after it; whichever refreshes first,
         // the entry left is never a (older than what the store holds).
         for a_first in [true, false] {
@@ -212,14 +216,14 @@ mod tests {
                 cache.refresh(seen_a, &a);
             }
             let left = cache.get(&a.upstream, &a.task_id);
-            assert!(left.as_deref() != Some(&a), "a_first={a_first}: {left:?}");
+            assert!(left != Some(a.clone()), "a_first={a_first}: {left:?}");
         }
     }
 
     #[test]
     fn zero_entries_caches_nothing() {
         for cache in [RecordCache::new(0, 1 << 20), RecordCache::new(16, 0)] {
-            let r = record("t1");
+            let r = Arc::new(record("t1"));
             cache.fill(cache.epoch(), &r);
             assert!(cache.get(&r.upstream, &r.task_id).is_none());
         }
@@ -234,7 +238,7 @@ mod tests {
         for i in 0..64 {
             let mut r = record(&format!("t{i}"));
             r.terminal_result = Some("x".repeat(256 * 1024));
-            cache.fill(cache.epoch(), &r);
+            cache.fill(cache.epoch(), &Arc::new(r));
         }
         for i in 0..64 {
             if cache.get("up", &format!("t{i}")).is_some() {
@@ -249,7 +253,7 @@ mod tests {
     fn small_records_are_bounded_by_entries() {
         let cache = RecordCache::new(8, 1 << 20);
         for i in 0..100 {
-            let r = record(&format!("t{i}"));
+            let r = Arc::new(record(&format!("t{i}")));
             cache.fill(cache.epoch(), &r);
         }
         let cached = (0..100)

@@ -82,6 +82,7 @@ impl Registry {
         match &result {
             Ok(()) => {
                 // The client's first tasks/get follows at once: it finds the record here.
+                let record = std::sync::Arc::new(record);
                 self.records.fill(seen, &record);
                 self.metrics.task_created(&up, origin);
                 if self.counts_own_gauges() {

@@ -275,24 +275,36 @@ impl Registry {
         self.owners.release(upstream, owner);
     }
 
-    /// [`TaskStore::update`], then the record cache forgets the record if it changed. Every
-    /// registry write to an existing record goes through here.
+    /// [`TaskStore::update`], then the record cache takes the new record if it changed (or
+    /// forgets it). Every registry write to an existing record goes through here. The record
+    /// after the update is shared with the cache, not copied into it.
     fn update(
         &self,
         upstream: &str,
         task_id: &str,
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
-    ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
+    ) -> Result<Option<(TaskRecord, Arc<TaskRecord>)>, StoreError> {
         let seen = self.records.epoch();
         let result = self.store.update(upstream, task_id, change);
-        match &result {
-            Ok(Some((before, after))) if before == after => {}
-            // Changed: the next poll finds the new record (see `cache`).
-            Ok(Some((_, after))) => self.records.refresh(seen, after),
-            // Failed half-way: the cache must not keep what it had.
-            _ => self.records.invalidate(upstream, task_id),
+        match result {
+            Ok(Some((before, after))) => {
+                let after = Arc::new(after);
+                if before != *after {
+                    // Changed: the next poll finds the new record (see `cache`).
+                    self.records.refresh(seen, &after);
+                }
+                Ok(Some((before, after)))
+            }
+            Ok(None) => {
+                self.records.invalidate(upstream, task_id);
+                Ok(None)
+            }
+            Err(e) => {
+                // Failed half-way: the cache must not keep what it had.
+                self.records.invalidate(upstream, task_id);
+                Err(e)
+            }
         }
-        result
     }
 
     /// [`TaskStore::remove`], then the record cache forgets the record.

@@ -60,7 +60,7 @@ impl Registry {
         upstream: &str,
         task_id: &str,
         owner: &Owner,
-    ) -> Option<TaskRecord> {
+    ) -> Option<Arc<TaskRecord>> {
         self.lookup_checked(upstream, task_id, owner)
             .await
             .ok()
@@ -71,15 +71,19 @@ impl Registry {
     /// `taskgate_store_write_failures_total` and logged), so the caller answers `-32603` and not
     /// "not found". Served from the record cache when it holds the record (no blocking-pool
     /// trip; never on a shared store); otherwise read off the runtime and cached.
+    ///
+    /// The record is shared with the cache, not copied: a tasks/get hands it to the layers
+    /// below and `observe` compares the answer with it (two whole-record clones per request
+    /// before, most of `TaskRecord::clone` in the lifecycle profile, issue 15).
     pub async fn lookup_checked(
         self: &Arc<Self>,
         upstream: &str,
         task_id: &str,
         owner: &Owner,
-    ) -> Result<Option<TaskRecord>, crate::store::StoreError> {
+    ) -> Result<Option<Arc<TaskRecord>>, crate::store::StoreError> {
         let visible = |r: &TaskRecord| r.owner == *owner && !r.is_expired(now_ms());
         if let Some(r) = self.records.get(upstream, task_id) {
-            return Ok(visible(&r).then(|| TaskRecord::clone(&r)));
+            return Ok(visible(&r).then_some(r));
         }
         let seen = self.records.epoch();
         let read = self
@@ -88,6 +92,7 @@ impl Registry {
             .unwrap_or_else(|| Err(crate::store::StoreError::Db("shutting down".into())));
         match read {
             Ok(Some(r)) => {
+                let r = Arc::new(r);
                 self.records.fill(seen, &r);
                 Ok(visible(&r).then_some(r))
             }
@@ -175,7 +180,7 @@ impl Registry {
         self: &Arc<Self>,
         upstream: &str,
         task_id: &str,
-    ) -> Option<TaskRecord> {
+    ) -> Option<Arc<TaskRecord>> {
         self.off_runtime_about(upstream, task_id, Registry::request_cancel_now)
             .await
             .flatten()

@@ -176,7 +176,7 @@ impl Registry {
                 true
             });
             match updated {
-                Ok(Some((before, after))) if before != after => {
+                Ok(Some((before, after))) if before != *after => {
                     this.store.sync_soon();
                     true
                 }
@@ -335,7 +335,7 @@ impl Registry {
         if after.status.is_terminal() && status != after.status {
             return (self.on_stale_terminal(&after, status, source, now), false);
         }
-        if before != after {
+        if before != *after {
             self.store.sync_soon();
         }
         (Observed::Recorded(after.status), false)
@@ -441,7 +441,11 @@ impl Registry {
 
     /// Records that a `tasks/cancel` for the task goes upstream: `cancel_requested_at` (set
     /// once) and a `cancel_requested` audit event. One store update; returns the record after it.
-    pub(super) fn request_cancel_now(&self, upstream: &str, task_id: &str) -> Option<TaskRecord> {
+    pub(super) fn request_cancel_now(
+        &self,
+        upstream: &str,
+        task_id: &str,
+    ) -> Option<std::sync::Arc<TaskRecord>> {
         self.cancel_requested_now(upstream, task_id, "tasks/cancel forwarded upstream")
     }
 
@@ -468,7 +472,7 @@ impl Registry {
         upstream: &str,
         task_id: &str,
         detail: &str,
-    ) -> Option<TaskRecord> {
+    ) -> Option<std::sync::Arc<TaskRecord>> {
         let now = now_ms();
         let updated = self.update(upstream, task_id, &mut |r| {
             if r.cancel_requested_at.is_some() {

@@ -111,6 +111,16 @@ fn encode(r: &TaskRecord) -> Vec<u8> {
     serde_json::to_vec(r).expect("a record always serialises")
 }
 
+/// What an update's transaction did (see [`TaskStore::update`] for [`SledStore`]).
+enum Updated {
+    /// The record was gone.
+    Missing,
+    /// The record was as first read: the change applied to that read was written.
+    Probe,
+    /// The record had changed since: `(before, after)` read and changed in the transaction.
+    Other(Box<(TaskRecord, TaskRecord)>),
+}
+
 fn db_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Db(e.to_string())
 }
@@ -293,34 +303,42 @@ impl TaskStore for SledStore {
         if !change(&mut probe) || probe == current {
             return Ok(Some((current.clone(), current)));
         }
+        // Encoded once, not once per transaction attempt; the records go to the caller moved,
+        // not cloned (issue 15: `TaskRecord::clone` and `serialize` per update).
+        let probe_bytes = sled::IVec::from(encode(&probe));
         let change = std::cell::RefCell::new(change);
         let result = (&self.tasks, &self.by_expiry).transaction(|(t, e)| {
             let Some(bytes) = t.get(&key)? else {
-                return Ok(None);
+                return Ok(Updated::Missing);
             };
             // Unchanged since the plain read (the usual case): its decoded record and the change
             // already applied to it stand, so the record is not decoded twice (a record carries
             // its terminal result: ~14,500 instructions per decode in the lifecycle benchmark).
-            let (before, after) = if bytes == raw {
-                (current.clone(), probe.clone())
-            } else {
-                let before: TaskRecord = serde_json::from_slice(&bytes)
-                    .map_err(|err| ConflictableTransactionError::Abort(err.to_string()))?;
-                let mut after = before.clone();
-                if !(change.borrow_mut())(&mut after) || after == before {
-                    return Ok(Some((before.clone(), before)));
+            if bytes == raw {
+                if probe.expires_at != current.expires_at {
+                    e.remove(expiry_key(&current))?;
+                    e.insert(expiry_key(&probe), &[][..])?;
                 }
-                (before, after)
-            };
+                t.insert(key.as_slice(), probe_bytes.clone())?;
+                return Ok(Updated::Probe);
+            }
+            let before: TaskRecord = serde_json::from_slice(&bytes)
+                .map_err(|err| ConflictableTransactionError::Abort(err.to_string()))?;
+            let mut after = before.clone();
+            if !(change.borrow_mut())(&mut after) || after == before {
+                return Ok(Updated::Other(Box::new((before.clone(), before))));
+            }
             if after.expires_at != before.expires_at {
                 e.remove(expiry_key(&before))?;
                 e.insert(expiry_key(&after), &[][..])?;
             }
             t.insert(key.as_slice(), encode(&after))?;
-            Ok(Some((before, after)))
+            Ok(Updated::Other(Box::new((before, after))))
         });
         match result {
-            Ok(v) => Ok(v),
+            Ok(Updated::Probe) => Ok(Some((current, probe))),
+            Ok(Updated::Other(pair)) => Ok(Some(*pair)),
+            Ok(Updated::Missing) => Ok(None),
             Err(TransactionError::Abort(msg)) => Err(StoreError::Corrupt(msg)),
             Err(TransactionError::Storage(e)) => Err(db_err(e)),
         }

@@ -109,7 +109,9 @@ async fn task_request<S: McpService>(
 ) -> Result<Option<Value>, GatewayError> {
     let mut out = modern_request(req, id, method, params_for(task_id), Some(task_id));
     if let Some(r) = record {
-        out.extensions.insert(AuthorisedTask { record: r.clone() });
+        out.extensions.insert(AuthorisedTask {
+            record: Arc::new(r.clone()),
+        });
     }
     ask(state, inner, out, id).await
 }
@@ -398,7 +400,7 @@ async fn cancel_for_input<S: McpService>(
     let id = state.next_id();
     let mut cancel = super::internal_request(req, &id, "tasks/cancel", &record.task_id);
     cancel.extensions.insert(AuthorisedTask {
-        record: record.clone(),
+        record: Arc::new(record.clone()),
     });
     let answer = match &state.cancel {
         Some(layer) => {

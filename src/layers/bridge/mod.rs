@@ -425,7 +425,7 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
                     .extensions
                     .get::<AuthorisedTask>()
                     .filter(|a| a.record.era == Era::Modern)
-                    .map(|a| a.record.clone());
+                    .map(|a| crate::store::TaskRecord::clone(&a.record));
                 let (Some(record), Some(id)) = (bridged, req.id().cloned()) else {
                     if is_held {
                         return Box::pin(async move {

@@ -123,7 +123,7 @@ async fn a_stale_record_after_a_finished_flight_is_not_forwarded_again() {
     let authorised = |id| {
         let mut r = cancel(id);
         r.extensions.insert(AuthorisedTask {
-            record: record("t1"),
+            record: record("t1").into(),
         });
         r
     };

@@ -108,8 +108,8 @@ enum Expect {
         id: Id,
         method: TaskMethod,
         task_id: String,
-        /// The record `tasks` authorised the request against.
-        known: Box<TaskRecord>,
+        /// The record `tasks` authorised the request against (shared, not copied).
+        known: Arc<TaskRecord>,
         /// The request's era (2026-07-28 `tasks/get` answers are flat `DetailedTask`s).
         era: Era,
     },
@@ -137,7 +137,7 @@ impl Expect {
                 id,
                 method,
                 task_id: a.record.task_id.clone(),
-                known: Box::new(a.record.clone()),
+                known: a.record.clone(),
                 era: Era::of(req),
             },
             None => Expect::Nothing,
@@ -573,7 +573,9 @@ mod tests {
         });
         let mut req =
             request(r#"{"jsonrpc":"2.0","id":5,"method":"tasks/get","params":{"taskId":"t1"}}"#);
-        req.extensions.insert(AuthorisedTask { record: done });
+        req.extensions.insert(AuthorisedTask {
+            record: done.into(),
+        });
         let reply = json_of(&get.oneshot(req).await.unwrap());
         assert_eq!(reply["result"]["status"], "cancelled");
         assert!(reply["result"].get("statusMessage").is_none());
