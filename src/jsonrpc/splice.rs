@@ -26,18 +26,92 @@ use std::ops::Range;
 ///
 /// `Ok(None)` when a key is missing or a value on the way is not an object. Errors: `json` is not
 /// valid JSON (or nests deeper than serde_json's 128 levels).
+///
+/// One pass over `json` (issue 15: the walk that read the whole message as a `RawValue` and then
+/// each object on the path again cost about 5,000 instructions per `params.taskId` of a
+/// `tasks/get`). As before, the whole text must be UTF-8 and valid JSON, and of repeated keys the
+/// last one counts.
 pub fn raw_at<'a>(
     json: &'a [u8],
     path: &[&str],
 ) -> Result<Option<&'a RawValue>, serde_json::Error> {
-    let mut current: &'a RawValue = serde_json::from_slice(json)?;
-    for key in path {
-        match member(current, key)? {
-            Some(m) => current = m.value,
-            None => return Ok(None),
+    // Checked once here, as the whole-document `RawValue` did: the pass below reads a `str` and
+    // skips the members off the path without checking their strings again.
+    let Ok(text) = std::str::from_utf8(json) else {
+        return serde_json::from_slice::<&RawValue>(json).map(|_| None);
+    };
+    let mut de = serde_json::Deserializer::from_str(text);
+    let found = FindPath(path).deserialize(&mut de)?;
+    de.end()?;
+    Ok(found)
+}
+
+/// The value at a path (relative to the value deserialised), in one pass: members off the path
+/// are skipped; `None` when a key is missing or a value on the way is not an object.
+struct FindPath<'p>(&'p [&'p str]);
+
+impl<'de> DeserializeSeed<'de> for FindPath<'_> {
+    type Value = Option<&'de RawValue>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        if self.0.is_empty() {
+            return <&'de RawValue as serde::Deserialize>::deserialize(d).map(Some);
         }
+        d.deserialize_any(self)
     }
-    Ok(Some(current))
+}
+
+impl<'de> Visitor<'de> for FindPath<'_> {
+    type Value = Option<&'de RawValue>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let Some((first, rest)) = self.0.split_first() else {
+            return Ok(None);
+        };
+        let mut found = None;
+        while let Some(k) = map.next_key_seed(Key)? {
+            if k == *first {
+                // A repeated key: the last one counts.
+                found = map.next_value_seed(FindPath(rest))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(found)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
 }
 
 /// The byte range `inner` occupies in `outer`; `None` when `inner` does not borrow from `outer`.
@@ -263,6 +337,33 @@ mod tests {
         assert!(replace(br#"{"a":1}"#, &["b"], "1").unwrap().is_none());
         assert!(replace(br#"[1,2]"#, &["a"], "1").unwrap().is_none());
         assert!(replace(br#"{"a":"#, &["a"], "1").is_err());
+    }
+
+    /// The one-pass walk answers as reading the whole document did: the whole text must be
+    /// valid JSON and UTF-8 (off the path too), the last of repeated keys counts, and a value
+    /// on the way that is not an object (scalars, arrays, null) ends the walk with `None`.
+    #[test]
+    fn raw_at_checks_the_whole_text_and_takes_the_last_duplicate() {
+        let at =
+            |json: &[u8], path: &[&str]| raw_at(json, path).map(|v| v.map(|r| r.get().to_string()));
+        let msg = br#" {"a":{"b":1},"x":[{"b":2}],"a":{"b":3,"c":{"d":[4]}}} "#;
+        assert_eq!(at(msg, &["a", "b"]).unwrap().as_deref(), Some("3"));
+        assert_eq!(at(msg, &["a", "c", "d"]).unwrap().as_deref(), Some("[4]"));
+        assert_eq!(
+            at(msg, &[]).unwrap().as_deref(),
+            Some(&std::str::from_utf8(msg).unwrap()[1..msg.len() - 1])
+        );
+        for missing in [&["a", "z"][..], &["x", "b"], &["a", "b", "c"], &["q"]] {
+            assert_eq!(at(msg, missing).unwrap(), None, "{missing:?}");
+        }
+        for scalar in [&b"null"[..], b"true", b"-1", b"2.5", br#""s""#, b"[]"] {
+            let doc = [&b"{\"a\":"[..], scalar, b"}"].concat();
+            assert_eq!(at(&doc, &["a", "b"]).unwrap(), None);
+        }
+        // Invalid UTF-8 or JSON away from the path is still an error.
+        assert!(raw_at(b"{\"a\":1,\"z\":\"\xff\"}", &["a"]).is_err());
+        assert!(raw_at(br#"{"a":1,"z":[}"#, &["a"]).is_err());
+        assert!(raw_at(br#"{"a":1} x"#, &["a"]).is_err());
     }
 
     #[test]

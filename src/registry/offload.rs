@@ -137,6 +137,26 @@ impl Registry {
         self.durable(applied).await
     }
 
+    /// [`Registry::observe_task_as`] of a `Task` already read into [`TaskFields`] (a typed view
+    /// of the reply, no `Value` tree): the same report, applied the same way.
+    pub async fn observe_fields_as(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        task: &super::TaskFields<'_>,
+        source: &'static str,
+    ) -> Observed {
+        let Some(report) = super::status::Report::of_fields(task) else {
+            return Observed::Unknown;
+        };
+        let applied = self
+            .off_runtime_about(upstream, task_id, move |r, up, id| {
+                r.apply_status(up, id, report, source)
+            })
+            .await;
+        self.durable(applied).await
+    }
+
     /// Waits until a status that just became terminal is on disk (group commit + `fdatasync`)
     /// before the message that reported it is passed on; a status that changed otherwise is
     /// synced soon. A failed sync is logged and counted: the message still goes on (the

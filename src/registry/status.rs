@@ -132,6 +132,21 @@ fn is_tool_error(task: &Value) -> bool {
         && task.pointer("/result/isError").and_then(Value::as_bool) == Some(true)
 }
 
+impl Report {
+    /// The report of a `Task` read into [`TaskFields`], as `observe_task_as_now` reads it from a
+    /// `Value`: `None` without a known `status` string; a field of another type than expected
+    /// counts as absent.
+    pub(super) fn of_fields(task: &TaskFields<'_>) -> Option<Report> {
+        Some(Report {
+            status: task.status.and_then(TaskStatus::parse)?,
+            message: task.status_message.flatten().map(str::to_string),
+            updated_at: task.last_updated_at.flatten().map(str::to_string),
+            poll_interval_ms: task.poll_interval.flatten(),
+            tool_error: task.tool_error,
+        })
+    }
+}
+
 /// What applying a report did, and whether it made the record terminal just now: then the
 /// caller waits for [`crate::store::TaskStore::sync`] before the message that told it leaves
 /// taskgate (a terminal status a client was told about survives a crash, like a creation).

@@ -1,7 +1,10 @@
-//! The common poll, decided without a `Value` tree (see [`poll_repeats`]).
+//! The common poll, decided (and applied when it reports a change) without a `Value` tree (see
+//! [`TaskView`]).
 
 use crate::registry::{Registry, TaskFields};
+#[cfg(test)]
 use crate::store::TaskRecord;
+use std::borrow::Cow;
 
 /// Whether `bytes`, a reply to a 2025-11-25 `tasks/get`, repeats what `known` holds (see
 /// [`Registry::would_change`]), read through a typed, borrowing view: only `result`'s `status`,
@@ -13,42 +16,95 @@ use crate::store::TaskRecord;
 /// Why: parsing the answer into a `Value` was the largest part of a poll's cost in taskgate's own
 /// code (benches/profile.sh, lifecycle; the before/after pair is in benches/RESULTS.md,
 /// "typed tasks/get view").
+/// Whether `bytes`, a reply to a 2025-11-25 `tasks/get`, repeats what `known` holds (see
+/// [`Registry::would_change`]), decided on the [`TaskView`]; `false` when the view cannot decide.
+#[cfg(test)]
 pub(super) fn poll_repeats(bytes: &[u8], known: &TaskRecord) -> bool {
-    use std::borrow::Cow;
-    #[derive(serde::Deserialize)]
-    struct Reply<'a> {
-        #[serde(borrow)]
-        result: Option<TaskView<'a>>,
+    TaskView::of_reply(bytes).is_some_and(|t| !Registry::would_change_fields(known, &t.fields()))
+}
+
+/// The `Task` of a 2025-11-25 `tasks/get` reply's `result`, borrowed: only `status`,
+/// `statusMessage`, `lastUpdatedAt`, `pollInterval` and `result.isError` are read, everything
+/// else is skipped (and its syntax checked) without building a `Value`. `None` whenever it
+/// cannot stand for the `Value` path: an error reply, a `result` (or the message, or
+/// `result.result`) that is not an object, a field of an unexpected type, a repeated key; the
+/// caller then takes the `Value` path, which decides as before.
+///
+/// Why: parsing the answer into a `Value` was the largest part of a poll's cost in taskgate's own
+/// code (benches/profile.sh, lifecycle; the before/after pair is in benches/RESULTS.md,
+/// "typed tasks/get view"); a poll that reports a change is applied from this view too (issue
+/// 15: it was parsed twice then, typed and into a `Value`).
+#[derive(serde::Deserialize)]
+pub(super) struct TaskView<'a> {
+    #[serde(borrow)]
+    status: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "statusMessage")]
+    status_message: Option<Cow<'a, str>>,
+    #[serde(borrow, rename = "lastUpdatedAt")]
+    last_updated_at: Option<Cow<'a, str>>,
+    #[serde(rename = "pollInterval")]
+    poll_interval: Option<u64>,
+    result: Option<MapOnly<ResultView>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ResultView {
+    #[serde(rename = "isError")]
+    is_error: Option<bool>,
+}
+
+#[derive(serde::Deserialize)]
+struct Reply<'a> {
+    #[serde(borrow)]
+    result: Option<MapOnly<TaskView<'a>>>,
+}
+
+impl<'a> TaskView<'a> {
+    /// The view of `bytes`' `result` (see the type's doc).
+    pub(super) fn of_reply(bytes: &'a [u8]) -> Option<TaskView<'a>> {
+        match serde_json::from_slice::<MapOnly<Reply<'a>>>(bytes) {
+            Ok(MapOnly(Reply {
+                result: Some(MapOnly(task)),
+            })) => Some(task),
+            _ => None,
+        }
     }
-    #[derive(serde::Deserialize)]
-    struct TaskView<'a> {
-        #[serde(borrow)]
-        status: Option<Cow<'a, str>>,
-        #[serde(borrow, rename = "statusMessage")]
-        status_message: Option<Cow<'a, str>>,
-        #[serde(borrow, rename = "lastUpdatedAt")]
-        last_updated_at: Option<Cow<'a, str>>,
-        #[serde(rename = "pollInterval")]
-        poll_interval: Option<u64>,
-        result: Option<ResultView>,
+
+    /// The fields as [`Registry::would_change_fields`] and [`Registry::observe_fields_as`]
+    /// take them (what `TaskFields::of` would read from the same `Task` as a `Value`).
+    pub(super) fn fields(&self) -> TaskFields<'_> {
+        TaskFields {
+            status: self.status.as_deref(),
+            status_message: self.status_message.as_deref().map(Some),
+            last_updated_at: self.last_updated_at.as_deref().map(Some),
+            poll_interval: self.poll_interval.map(Some),
+            tool_error: self.status.as_deref() == Some("completed")
+                && self.result.as_ref().and_then(|r| r.0.is_error) == Some(true),
+        }
     }
-    #[derive(serde::Deserialize)]
-    struct ResultView {
-        #[serde(rename = "isError")]
-        is_error: Option<bool>,
+}
+
+/// `T` read from a JSON object only: serde's derived structs also take an array (the fields in
+/// order), where a `Value` lookup by key finds nothing.
+struct MapOnly<T>(T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Object<T> {
+            type Value = MapOnly<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<MapOnly<T>, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(MapOnly)
+            }
+        }
+        d.deserialize_map(Object(std::marker::PhantomData))
     }
-    let Ok(Reply { result: Some(task) }) = serde_json::from_slice::<Reply<'_>>(bytes) else {
-        return false;
-    };
-    let fields = TaskFields {
-        status: task.status.as_deref(),
-        status_message: task.status_message.as_deref().map(Some),
-        last_updated_at: task.last_updated_at.as_deref().map(Some),
-        poll_interval: task.poll_interval.map(Some),
-        tool_error: task.status.as_deref() == Some("completed")
-            && task.result.and_then(|r| r.is_error) == Some(true),
-    };
-    !Registry::would_change_fields(known, &fields)
 }
 
 #[cfg(test)]
@@ -91,6 +147,25 @@ mod tests {
             poll_repeats(&reply(escaped), &r),
             "an escaped status reads as itself"
         );
+    }
+
+    /// A `result` (or the reply, or `result.result`) that is an array is not a `Task`: the view
+    /// gives up (the `Value` path finds no `status` there). Serde's derived structs take arrays
+    /// too, so the view used to read `["working",…]` as a `Task` repeating a working record.
+    #[test]
+    fn arrays_are_not_read_as_objects() {
+        let r = record("t1");
+        let array = r#"["working",null,"2026-01-01T00:00:00Z",null,null]"#;
+        assert!(!poll_repeats(&reply(array), &r));
+        assert!(TaskView::of_reply(&reply(array)).is_none());
+        let whole = format!(r#"[2,{array}]"#);
+        assert!(TaskView::of_reply(whole.as_bytes()).is_none());
+        let inner = r#"{"status":"completed","result":[true]}"#;
+        assert!(TaskView::of_reply(&reply(inner)).is_none());
+        let tool_error = r#"{"status":"completed","result":{"isError":true}}"#;
+        let bytes = reply(tool_error);
+        let view = TaskView::of_reply(&bytes).expect("an object");
+        assert!(view.fields().tool_error);
     }
 
     #[test]
