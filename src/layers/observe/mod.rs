@@ -255,6 +255,11 @@ impl Watch {
         if !is_status && !is_activity && waiting_for.is_none() {
             return bytes;
         }
+        if !is_status && !is_activity {
+            if let Some(out) = self.on_get_answer(&bytes).await {
+                return out;
+            }
+        }
         let Ok(msg) = Message::parse(bytes.clone()) else {
             return bytes;
         };
@@ -311,6 +316,48 @@ impl Watch {
             }
             Expect::Nothing => bytes,
         }
+    }
+
+    /// The answer to an awaited 2025-11-25 `tasks/get`, read and applied in one pass over its
+    /// bytes ([`TaskView::of_answer`]); `None` (nothing done) for any other message, which then
+    /// takes the envelope path.
+    async fn on_get_answer(&self, bytes: &Bytes) -> Option<Bytes> {
+        let (id, task_id, known) = match &*self.expect.lock() {
+            Expect::TaskReply {
+                id,
+                method: TaskMethod::Get,
+                task_id,
+                known,
+                era: Era::Legacy,
+            } => (id.clone(), task_id.clone(), known.clone()),
+            _ => return None,
+        };
+        let task = TaskView::of_answer(bytes, &id)?;
+        // The answer: nothing more is awaited (as `on_message` does).
+        *self.expect.lock() = Expect::Nothing;
+        let out = self.apply_get(bytes.clone(), &task, &task_id, &known).await;
+        Some(show_recorded_ttl(out, ttl_path(Era::Legacy, false), &known))
+    }
+
+    /// Applies a 2025-11-25 `tasks/get` answer read into `task`: nothing when it repeats what
+    /// `known` holds (see the `Value` path's `would_change` in `on_task_reply` for why that is
+    /// enough), else the report, and the answer rewritten if it contradicts a terminal record.
+    async fn apply_get(
+        &self,
+        bytes: Bytes,
+        task: &TaskView<'_>,
+        task_id: &str,
+        known: &TaskRecord,
+    ) -> Bytes {
+        let fields = task.fields();
+        if !Registry::would_change_fields(known, &fields) {
+            return bytes;
+        }
+        let observed = self
+            .registry
+            .observe_fields_as(&self.upstream, task_id, &fields, TaskMethod::Get.source())
+            .await;
+        observed.rewrite_bytes(&bytes, &["result"]).unwrap_or(bytes)
     }
 
     async fn on_status_notification(&self, bytes: Bytes, value: Value) -> Bytes {
@@ -401,16 +448,7 @@ impl Watch {
         // one that reports a change is applied from the same view.
         if parsed.is_none() && method == TaskMethod::Get {
             if let Some(task) = TaskView::of_reply(&bytes) {
-                let fields = task.fields();
-                // See the `Value` path's `would_change` below for why this is enough.
-                if !Registry::would_change_fields(known, &fields) {
-                    return bytes;
-                }
-                let observed = self
-                    .registry
-                    .observe_fields_as(&self.upstream, task_id, &fields, method.source())
-                    .await;
-                return observed.rewrite_bytes(&bytes, &["result"]).unwrap_or(bytes);
+                return self.apply_get(bytes.clone(), &task, task_id, known).await;
             }
         }
         // The payload of a task authorised as terminal: there is no status to apply (a payload

@@ -1,9 +1,14 @@
 //! The common poll, decided (and applied when it reports a change) without a `Value` tree (see
 //! [`TaskView`]).
 
-use crate::registry::{Registry, TaskFields};
+use crate::jsonrpc::Id;
+#[cfg(test)]
+use crate::registry::Registry;
+use crate::registry::TaskFields;
 #[cfg(test)]
 use crate::store::TaskRecord;
+use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
 use std::borrow::Cow;
 
 /// Whether `bytes`, a reply to a 2025-11-25 `tasks/get`, repeats what `known` holds (see
@@ -59,7 +64,45 @@ struct Reply<'a> {
     result: Option<MapOnly<TaskView<'a>>>,
 }
 
+/// A 2025-11-25 `tasks/get` answer read in one pass: the envelope fields `Message::parse`
+/// reads, and the `Task` as [`TaskView`].
+#[derive(serde::Deserialize)]
+struct Answer<'a> {
+    #[serde(borrow)]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    method: Option<IgnoredAny>,
+    #[serde(borrow)]
+    result: Option<MapOnly<TaskView<'a>>>,
+    error: Option<IgnoredAny>,
+}
+
 impl<'a> TaskView<'a> {
+    /// The `Task` of `bytes` when `bytes` is a JSON-RPC 2.0 result answering `id` (what
+    /// `Message::parse` and the id check would find) whose `result` the view can read; `None`
+    /// for anything else (an error, another id, another shape, text that is not UTF-8): the
+    /// caller then takes the envelope path, which decides as before.
+    ///
+    /// Why: the envelope parse of every `tasks/get` answer, and then this view, were two passes
+    /// over the same bytes (issue 15).
+    pub(super) fn of_answer(bytes: &'a [u8], id: &Id) -> Option<TaskView<'a>> {
+        // `Message::parse` refuses text that is not UTF-8 where the view would skip it.
+        std::str::from_utf8(bytes).ok()?;
+        let answer = serde_json::from_slice::<MapOnly<Answer<'a>>>(bytes).ok()?.0;
+        let is_result = answer.jsonrpc.map(RawValue::get) == Some("\"2.0\"")
+            && answer.method.is_none()
+            && answer.error.is_none();
+        let answers = answer
+            .id
+            .and_then(|raw| Id::from_json(raw.get()))
+            .is_some_and(|got| got == *id);
+        match answer.result {
+            Some(MapOnly(task)) if is_result && answers => Some(task),
+            _ => None,
+        }
+    }
+
     /// The view of `bytes`' `result` (see the type's doc).
     pub(super) fn of_reply(bytes: &'a [u8]) -> Option<TaskView<'a>> {
         match serde_json::from_slice::<MapOnly<Reply<'a>>>(bytes) {
@@ -70,7 +113,8 @@ impl<'a> TaskView<'a> {
         }
     }
 
-    /// The fields as [`Registry::would_change_fields`] and [`Registry::observe_fields_as`]
+    /// The fields as [`crate::registry::Registry::would_change_fields`] and
+    /// [`crate::registry::Registry::observe_fields_as`]
     /// take them (what `TaskFields::of` would read from the same `Task` as a `Value`).
     pub(super) fn fields(&self) -> TaskFields<'_> {
         TaskFields {

@@ -224,3 +224,44 @@ async fn a_terminal_tasks_result_payload_is_kept() {
     );
     assert_eq!(r.status, TaskStatus::Completed);
 }
+
+/// A `tasks/get` answer is read in one pass only when it is the JSON-RPC result to the request:
+/// a message under another id, one that also carries `error` or `method`, or another
+/// `jsonrpc` changes nothing (as the envelope parse decided); the same status under the
+/// request's id is applied.
+#[tokio::test]
+async fn only_the_answer_to_the_request_is_applied() {
+    let (registry, _store) = registry();
+    let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+    let live = record("t1");
+    registry.record_creation(live.clone(), &slot).await.unwrap();
+    let get = |body: String| {
+        let svc = stack(&registry, move || {
+            McpReply::local_json(Bytes::from(body.clone().into_bytes()))
+        });
+        let mut req =
+            request(r#"{"jsonrpc":"2.0","id":5,"method":"tasks/get","params":{"taskId":"t1"}}"#);
+        req.extensions.insert(AuthorisedTask {
+            record: live.clone().into(),
+        });
+        svc.oneshot(req)
+    };
+    let task = r#"{"taskId":"t1","status":"failed"}"#;
+    for other in [
+        format!(r#"{{"jsonrpc":"2.0","id":6,"result":{task}}}"#),
+        format!(r#"{{"jsonrpc":"2.0","id":"5","result":{task}}}"#),
+        format!(r#"{{"jsonrpc":"2.0","result":{task}}}"#),
+        format!(r#"{{"jsonrpc":"1.0","id":5,"result":{task}}}"#),
+        format!(r#"{{"jsonrpc":"2.0","id":5,"result":{task},"error":{{"code":1,"message":"x"}}}}"#),
+        format!(r#"{{"jsonrpc":"2.0","id":5,"method":"x","result":{task}}}"#),
+    ] {
+        get(other.clone()).await.unwrap();
+        let r = registry.store().get("up", "t1").unwrap().unwrap();
+        assert_eq!(r.status, TaskStatus::Working, "{other}");
+    }
+    get(format!(r#"{{"jsonrpc":"2.0","id":5,"result":{task}}}"#))
+        .await
+        .unwrap();
+    let r = registry.store().get("up", "t1").unwrap().unwrap();
+    assert_eq!(r.status, TaskStatus::Failed);
+}
