@@ -12,6 +12,7 @@ use super::Registry;
 use crate::metrics::ReleaseReason;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -28,6 +29,9 @@ pub struct Releases {
     registry: Weak<Registry>,
     quiet: Duration,
     tracks: Mutex<HashMap<Key, Track>>,
+    /// How many tracked tasks are recorded cancelled (waiting for their release). Changed and
+    /// read only with `tracks` locked.
+    cancelled: AtomicUsize,
     /// `(upstream, progressToken JSON)` → taskId, for tasks not yet released.
     progress: Mutex<HashMap<(String, String), String>>,
 }
@@ -69,14 +73,27 @@ impl Releases {
             registry,
             quiet,
             tracks: Mutex::new(HashMap::new()),
+            cancelled: AtomicUsize::new(0),
             progress: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Whether any task is tracked (held, or cancelled and not yet released): when none is,
-    /// upstream activity needs no attention.
-    pub fn is_tracking(&self) -> bool {
-        !self.tracks.lock().is_empty()
+    /// Whether any task recorded cancelled waits for its release: when none does, upstream
+    /// activity needs no attention. Activity only moves a cancelled task's quiet window (and is
+    /// counted after a cancel); a task held but not cancelled gets its window from the cancel
+    /// itself. Why not "any task tracked": an open `tasks/result` holds its task, so its own
+    /// answer (which names the task in its related-task `_meta`) was parsed into a `Value` for
+    /// nothing on every task's last request (issue 15).
+    pub fn awaits_activity(&self) -> bool {
+        let _tracks = self.tracks.lock();
+        self.cancelled.load(Ordering::Relaxed) > 0
+    }
+
+    /// Removes `key`'s track, with `tracks` locked.
+    fn untrack(&self, tracks: &mut HashMap<Key, Track>, key: &Key) {
+        if tracks.remove(key).is_some_and(|t| t.cancelled) {
+            self.cancelled.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Takes a hold on `(upstream, task_id)` until the returned guard is dropped.
@@ -127,7 +144,10 @@ impl Releases {
         {
             let mut tracks = self.tracks.lock();
             let t = tracks.entry(key.clone()).or_default();
-            t.cancelled = true;
+            if !t.cancelled {
+                t.cancelled = true;
+                self.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
             t.last_activity = Some(Instant::now());
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -164,7 +184,7 @@ impl Releases {
                 Wait::Sleep(d) => tokio::time::sleep(d).await,
             }
         }
-        self.tracks.lock().remove(&key);
+        self.untrack(&mut self.tracks.lock(), &key);
         self.progress
             .lock()
             .retain(|(up, _), t| !(*up == key.0 && *t == key.1));
@@ -175,8 +195,31 @@ impl Releases {
 
     /// Forgets a task (its record was removed).
     pub fn forget(&self, upstream: &str, task_id: &str) {
-        self.tracks
-            .lock()
-            .remove(&(upstream.to_string(), task_id.to_string()));
+        let key = (upstream.to_string(), task_id.to_string());
+        self.untrack(&mut self.tracks.lock(), &key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Upstream activity needs attention only while a task recorded cancelled waits for its
+    /// release: not for a task that is only held (an open `tasks/result`), and no longer once
+    /// the cancelled task is forgotten (or released).
+    #[test]
+    fn activity_matters_only_while_a_cancelled_task_waits() {
+        let releases = Arc::new(Releases::new(Weak::new(), Duration::from_secs(60)));
+        let hold = releases.hold("up", "t1");
+        assert!(!releases.awaits_activity(), "held, not cancelled");
+        // No runtime here: no waiter is spawned, the task stays tracked as cancelled.
+        releases.cancelled("up", "t1", ReleaseReason::Quiet);
+        releases.cancelled("up", "t1", ReleaseReason::Quiet);
+        assert!(releases.awaits_activity());
+        assert!(releases.activity("up", "t1"), "activity after the cancel");
+        drop(hold);
+        assert!(releases.awaits_activity(), "still waiting for the release");
+        releases.forget("up", "t1");
+        assert!(!releases.awaits_activity(), "counted once, gone once");
     }
 }

@@ -242,7 +242,7 @@ impl Watch {
     }
 
     fn is_activity(&self, bytes: &[u8]) -> bool {
-        self.registry.releases().is_tracking()
+        self.registry.releases().awaits_activity()
             && (found(&needles::PROGRESS, bytes) || found(&needles::RELATED_TASK, bytes))
     }
 
