@@ -394,7 +394,8 @@ pub fn result_response(id: &Id, result_json: &str) -> Bytes {
 }
 
 /// Whether `needle` occurs in `haystack` (SIMD search; layers use it to skip parsing messages
-/// that cannot concern them).
+/// that cannot concern them). It builds its searcher on every call (about 400 instructions for a
+/// short needle): a search made on every request uses a prebuilt one from [`needles`].
 pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(haystack, needle).is_some()
 }
@@ -417,6 +418,14 @@ pub mod needles {
     /// `notifications/tools/list_changed`.
     pub static TOOLS_LIST_CHANGED: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new("notifications/tools/list_changed"));
+    /// `"task"`, quoted: the key of a task-augmented request (`params.task`) and of a
+    /// `CreateTaskResult`'s task.
+    pub static TASK_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\"task\""));
+    /// `\u`: a JSON escape that may spell any key, so a message holding one is parsed whatever
+    /// the other needles say.
+    pub static UNICODE_ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\\u"));
+    /// `"tools"`, quoted: the capability key of an `initialize` result.
+    pub static TOOLS_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\"tools\""));
     /// The related-task `_meta` key.
     pub static RELATED_TASK: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new(crate::mcp::task::RELATED_TASK_META));

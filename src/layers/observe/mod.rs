@@ -333,8 +333,8 @@ impl Watch {
     ) -> (Bytes, Option<String>) {
         // Most 2026 calls end plainly: no `"task"` (nor an escape that could spell it), no parse.
         if pending.template.era == Era::Modern
-            && !jsonrpc::contains(&bytes, b"\"task\"")
-            && !jsonrpc::contains(&bytes, b"\\u")
+            && !found(&needles::TASK_KEY, &bytes)
+            && !found(&needles::UNICODE_ESCAPE, &bytes)
         {
             return (bytes, None);
         }
