@@ -26,8 +26,11 @@ pub const INTERNAL_ERROR: i64 = -32603;
 /// A JSON-RPC request id, kept as its raw JSON text (`0`, `"0"`, `"abc"`).
 ///
 /// Equality is textual: `1` and `"1"` are different ids, as JSON-RPC requires.
+///
+/// Shared (`Arc`): a request's id is kept by several layers (the reply's splice, observe's
+/// expectation, the upstream client's error answers), and a clone is a count, not a copy.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Id(Box<str>);
+pub struct Id(std::sync::Arc<str>);
 
 impl Id {
     /// The id's JSON text, ready to splice into a message.
@@ -40,6 +43,11 @@ impl Id {
     /// A string id with escapes is kept in serde_json's canonical spelling, so `"\u0061"` and
     /// `"a"` (the same string) are the same id when an upstream echoes it differently.
     pub fn from_json(text: &str) -> Option<Id> {
+        // The ids clients send (a plain string, a small integer) are recognised without a parse
+        // (on every request); anything else takes serde_json's word.
+        if is_plain_string(text) || is_small_integer(text) {
+            return Some(Id(text.into()));
+        }
         let v: serde_json::Value = serde_json::from_str(text).ok()?;
         match v {
             serde_json::Value::String(s) if text.contains('\\') => {
@@ -60,6 +68,30 @@ impl Id {
             _ => None,
         }
     }
+}
+
+/// A JSON string with no escape, quote or control character inside (so its text is canonical).
+fn is_plain_string(text: &str) -> bool {
+    let b = text.as_bytes();
+    b.len() >= 2
+        && b[0] == b'"'
+        && b[b.len() - 1] == b'"'
+        && b[1..b.len() - 1]
+            .iter()
+            .all(|&c| c != b'"' && c != b'\\' && c >= 0x20)
+}
+
+/// A JSON integer (`0|-?[1-9][0-9]*`) of at most 18 digits, so within `i64` (serde_json reads
+/// `-0` as a float: not an id).
+fn is_small_integer(text: &str) -> bool {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest.as_bytes()),
+        None => (false, text.as_bytes()),
+    };
+    !digits.is_empty()
+        && digits.len() <= 18
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits[0] != b'0' || (digits.len() == 1 && !negative))
 }
 
 impl fmt::Debug for Id {
@@ -466,6 +498,50 @@ mod tests {
 
     fn parse(s: &str) -> Result<Message, EnvelopeError> {
         Message::parse(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    /// The parse-free recognition of plain ids agrees with serde_json's on ids and near-ids.
+    #[test]
+    fn plain_ids_are_recognised_as_serde_json_would() {
+        let by_serde = |t: &str| match serde_json::from_str::<serde_json::Value>(t) {
+            Ok(serde_json::Value::String(_)) => true,
+            Ok(serde_json::Value::Number(n)) => n.is_i64() || n.is_u64(),
+            _ => false,
+        };
+        for t in [
+            "0",
+            "-0",
+            "7",
+            "-12",
+            "00",
+            "01",
+            "-",
+            "",
+            "1.5",
+            "1e3",
+            "123456789012345678",
+            "9223372036854775807",
+            "99999999999999999999",
+            "\"\"",
+            "\"a\"",
+            "\"é\"",
+            "\"a\"b\"",
+            "\"",
+            "\"\u{1}\"",
+            "\"tab\there\"",
+            "\"\\u0061\"",
+            "null",
+            "true",
+            "[1]",
+            " 1",
+        ] {
+            let fast = is_plain_string(t) || is_small_integer(t);
+            assert!(
+                !fast || by_serde(t),
+                "{t:?} taken as an id without being one"
+            );
+            assert_eq!(Id::from_json(t).is_some(), by_serde(t), "{t:?}");
+        }
     }
 
     #[test]
