@@ -274,11 +274,10 @@ impl Decoder {
                 self.current.event = Some(value());
                 self.has_field = true;
             }
-            b"id" => {
-                if memchr::memchr(0, &line[value_at..]).is_none() {
-                    self.current.id = Some(value());
-                    self.has_field = true;
-                }
+            // An id holding NUL is ignored (WHATWG).
+            b"id" if memchr::memchr(0, &line[value_at..]).is_none() => {
+                self.current.id = Some(value());
+                self.has_field = true;
             }
             b"retry" => {
                 let ms = std::str::from_utf8(&line[value_at..]).ok();
