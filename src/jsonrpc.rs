@@ -444,6 +444,10 @@ pub mod needles {
     /// `notifications/tasks/status`).
     pub static TASKS_NOTIFICATION: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new("\"notifications/tasks\""));
+    /// `notifications/tasks`, unquoted: found in every message that [`TASK_STATUS`] or
+    /// [`TASKS_NOTIFICATION`] is found in (one search instead of two where neither is expected).
+    pub static TASKS_METHODS: LazyLock<Finder<'static>> =
+        LazyLock::new(|| Finder::new("notifications/tasks"));
     /// `notifications/progress`.
     pub static PROGRESS: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new("notifications/progress"));

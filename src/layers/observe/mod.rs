@@ -36,10 +36,9 @@ use crate::jsonrpc::needles::{self, found};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
 use crate::registry::{Registry, ResourceHold};
-use crate::sse::{Event, EventStream};
+use crate::sse::{ByteString, Event, EventStream};
 use crate::store::TaskRecord;
 use bytes::Bytes;
-use futures_util::StreamExt;
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::future::Future;
@@ -204,6 +203,43 @@ where
     }
 }
 
+/// An SSE reply as [`Watch`] relays it: every event passes [`Watch::on_event`] once, in order.
+/// Most events (progress, logging, results of ordinary calls) concern nothing here: they are
+/// decided by a byte search and passed on in the same poll, without a copy, a parse or a future.
+struct Watched {
+    watch: Arc<Watch>,
+    events: EventStream,
+    /// The event being applied; the next one is read only after it.
+    applying: Option<Pin<Box<dyn Future<Output = Event> + Send>>>,
+}
+
+impl futures_util::Stream for Watched {
+    type Item = Event;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        let this = self.get_mut();
+        if let Some(applying) = this.applying.as_mut() {
+            let event = std::task::ready!(applying.as_mut().poll(cx));
+            this.applying = None;
+            return Poll::Ready(Some(event));
+        }
+        let Some(event) = std::task::ready!(this.events.as_mut().poll_next(cx)) else {
+            return Poll::Ready(None);
+        };
+        if !this.watch.cares_about(&event) {
+            return Poll::Ready(Some(event));
+        }
+        let mut applying = Box::pin(this.watch.clone().on_event(event));
+        match applying.as_mut().poll(cx) {
+            Poll::Ready(event) => Poll::Ready(Some(event)),
+            Poll::Pending => {
+                this.applying = Some(applying);
+                Poll::Pending
+            }
+        }
+    }
+}
+
 /// Watches one reply (a JSON message, or an SSE stream event by event).
 struct Watch {
     registry: Arc<Registry>,
@@ -215,29 +251,45 @@ struct Watch {
 
 impl Watch {
     fn watch(this: Arc<Watch>, events: EventStream) -> EventStream {
-        Box::pin(events.then(move |event| this.clone().on_event(event)))
+        Box::pin(Watched {
+            watch: this,
+            events,
+            applying: None,
+        })
     }
 
+    /// Whether `event` may concern this watch (see [`Watch::cares`]).
+    fn cares_about(&self, event: &Event) -> bool {
+        event
+            .data
+            .as_ref()
+            .is_some_and(|d| self.cares(d.as_bytes()))
+    }
+
+    /// Applies an event that [`Watch::cares_about`]; returns it, rewritten if needed.
     async fn on_event(self: Arc<Self>, mut event: Event) -> Event {
-        // Most events (progress, logging, results of ordinary calls) concern nothing here: they
-        // pass without a copy or a parse.
-        let Some(data) = event.data.as_ref().filter(|d| self.cares(d.as_bytes())) else {
+        let Some(data) = event.data.as_ref() else {
             return event;
         };
-        let original = Bytes::copy_from_slice(data.as_bytes());
+        // The event's own bytes (shared, not copied).
+        let original = data.as_bytes().clone();
         let bytes = self.on_message(original.clone(), true).await;
         if bytes != original {
-            event.data = Some(String::from_utf8_lossy(&bytes).into_owned());
+            event.data = Some(
+                ByteString::try_from(bytes.clone())
+                    .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned().into()),
+            );
         }
         event
     }
 
     /// Whether a message may concern this watch: a status or task-related message, or (while
     /// the answer is awaited) any message.
+    /// (A superset is fine: `on_message` decides exactly, so `notifications/tasks` stands for
+    /// both status notifications in one search.)
     fn cares(&self, bytes: &[u8]) -> bool {
         self.expect.lock().id().is_some()
-            || found(&needles::TASK_STATUS, bytes)
-            || found(&needles::TASKS_NOTIFICATION, bytes)
+            || found(&needles::TASKS_METHODS, bytes)
             || self.is_activity(bytes)
     }
 
@@ -447,154 +499,4 @@ impl Watch {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::exchange::GatewayError;
-    use crate::layers::testing::{json_of, owner, record, registry, request};
-    use crate::mcp::task::TaskStatus;
-    use crate::store::TaskRecord;
-    use http::{HeaderMap, StatusCode};
-    use tower::{Layer, ServiceExt};
-
-    const CREATED: &str = r#"{"jsonrpc":"2.0","id":1,"result":{"task":{"taskId":"t9","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":60000}}}"#;
-
-    fn sse(messages: &[&str]) -> McpReply {
-        let events: Vec<Event> = messages
-            .iter()
-            .map(|m| Event {
-                event: None,
-                data: Some(m.to_string()),
-                id: None,
-                retry: None,
-            })
-            .collect();
-        McpReply {
-            status: StatusCode::OK,
-            headers: HeaderMap::new(),
-            body: ReplyBody::Stream(Box::pin(futures_util::stream::iter(events))),
-        }
-    }
-
-    /// A stack of `observe` over an upstream that answers every request with `reply()`.
-    fn stack(
-        registry: &Arc<Registry>,
-        reply: impl Fn() -> McpReply + Clone + Send + Sync + 'static,
-    ) -> impl tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Clone {
-        ObserveLayer::new(registry.clone()).layer(tower::service_fn(move |_req: McpRequest| {
-            let reply = reply.clone();
-            async move { Ok::<_, GatewayError>(reply()) }
-        }))
-    }
-
-    fn creation_request(registry: &Arc<Registry>) -> McpRequest {
-        let mut req = request(
-            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow","task":{"ttl":60000}}}"#,
-        );
-        let template = TaskRecord {
-            task_id: String::new(),
-            ..record("")
-        };
-        req.extensions.insert(PendingCreation {
-            template: Arc::new(template),
-            reservation: Arc::new(registry.reserve(&"up".into(), &owner()).unwrap()),
-            progress_token: None,
-            created: Arc::default(),
-        });
-        req
-    }
-
-    /// The `CreateTaskResult` is in the store when the JSON reply leaves the layer, and when the
-    /// SSE event carrying it is handed on (not later); the owner's slot stays taken.
-    #[tokio::test]
-    async fn creation_is_recorded_before_the_reply_passes() {
-        let (registry, _store) = registry();
-        let json = stack(&registry, || {
-            McpReply::local_json(Bytes::from_static(CREATED.as_bytes()))
-        });
-        let reply = json.oneshot(creation_request(&registry)).await.unwrap();
-        assert!(registry.store().get("up", "t9").unwrap().is_some());
-        assert_eq!(json_of(&reply)["result"]["task"]["taskId"], "t9");
-        assert_eq!(
-            registry.owners_count("up", &owner()),
-            1,
-            "the slot is the task's"
-        );
-
-        let (registry, _store) = crate::layers::testing::registry();
-        let streamed = stack(&registry, || {
-            sse(&[
-                r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#,
-                CREATED,
-            ])
-        });
-        let reply = streamed.oneshot(creation_request(&registry)).await.unwrap();
-        let ReplyBody::Stream(mut events) = reply.body else {
-            panic!("not a stream")
-        };
-        let first = events.next().await.unwrap();
-        assert!(first.data.unwrap().contains("notifications/message"));
-        assert!(registry.store().get("up", "t9").unwrap().is_none());
-        let second = events.next().await.unwrap();
-        assert_eq!(second.data.as_deref(), Some(CREATED), "bytes as they came");
-        let r = registry.store().get("up", "t9").unwrap().unwrap();
-        assert_eq!((r.status, r.owner), (TaskStatus::Working, owner()));
-    }
-
-    /// An answer that is not a `CreateTaskResult` records nothing and gives the slot back.
-    #[tokio::test]
-    async fn a_plain_answer_gives_the_slot_back() {
-        let (registry, _store) = registry();
-        let plain = stack(&registry, || {
-            McpReply::local_json(Bytes::from_static(
-                br#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#,
-            ))
-        });
-        let req = creation_request(&registry);
-        plain.oneshot(req).await.unwrap();
-        assert!(registry.store().get("up", "t9").unwrap().is_none());
-        assert_eq!(registry.owners_count("up", &owner()), 0);
-    }
-
-    /// A reply (or notification) reporting another status for a task recorded terminal shows the
-    /// recorded one; the record keeps it.
-    #[tokio::test]
-    async fn terminal_statuses_are_rewritten() {
-        let (registry, _store) = registry();
-        let slot = registry.reserve(&"up".into(), &owner()).unwrap();
-        let done = TaskRecord {
-            status: TaskStatus::Cancelled,
-            ..record("t1")
-        };
-        registry.record_creation(done.clone(), &slot).await.unwrap();
-        let get = stack(&registry, || {
-            McpReply::local_json(Bytes::from_static(
-                br#"{"jsonrpc":"2.0","id":5,"result":{"taskId":"t1","status":"completed","statusMessage":"done"}}"#,
-            ))
-        });
-        let mut req =
-            request(r#"{"jsonrpc":"2.0","id":5,"method":"tasks/get","params":{"taskId":"t1"}}"#);
-        req.extensions.insert(AuthorisedTask { record: done });
-        let reply = json_of(&get.oneshot(req).await.unwrap());
-        assert_eq!(reply["result"]["status"], "cancelled");
-        assert!(reply["result"].get("statusMessage").is_none());
-
-        let notified = stack(&registry, || {
-            sse(&[
-                r#"{"jsonrpc":"2.0","method":"notifications/tasks/status","params":{"taskId":"t1","status":"working"}}"#,
-            ])
-        });
-        let reply = notified
-            .oneshot(request(
-                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-            ))
-            .await
-            .unwrap();
-        let ReplyBody::Stream(mut events) = reply.body else {
-            panic!("not a stream")
-        };
-        let ev: Value = serde_json::from_str(&events.next().await.unwrap().data.unwrap()).unwrap();
-        assert_eq!(ev["params"]["status"], "cancelled");
-        let r = registry.store().get("up", "t1").unwrap().unwrap();
-        assert_eq!(r.status, TaskStatus::Cancelled);
-    }
-}
+mod tests;
