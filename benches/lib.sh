@@ -48,3 +48,23 @@ name = "bench"
 url = "http://$4/mcp"
 EOT
 }
+
+# CPU ticks (utime + stime, USER_HZ) of process $1 per thread name, digits dropped so a pool
+# counts as one ("sled-io-3" → "sled-io-"): lines "name ticks", sorted by name.
+thread_ticks() {
+  local t
+  for t in /proc/"$1"/task/*; do
+    awk '{ s = $0; sub(/^[^(]*\(/, "", s); name = s; sub(/\).*$/, "", name);
+           sub(/^.*\) /, "", s); split(s, f, " "); gsub(/[0-9]+/, "", name); gsub(/ /, "_", name);
+           print name, f[12] + f[13] }' "$t/stat" 2>/dev/null
+  done | awk '{ n[$1] += $2 } END { for (k in n) print k, n[k] }' | sort
+}
+
+# Per thread name, CPU µs per request between two `thread_ticks` outputs $1 and $2 for $3
+# requests: "name=µs" pairs on one line, largest first.
+thread_cpu_per_req() {
+  local hz; hz=$(getconf CLK_TCK)
+  join -a 2 -e 0 -o 0,1.2,2.2 "$1" "$2" | awk -v hz="$hz" -v n="$3" '
+    { d = ($3 - $2) * 1e6 / hz / n; if (d > 0) printf "%s %.1f\n", $1, d }' |
+    sort -k2 -rn | awk '{ printf "%s%s=%s", (NR > 1 ? " " : ""), $1, $2 } END { print "" }'
+}

@@ -10,6 +10,7 @@
 #   COUNT=500 TOP=30 bash benches/profile.sh lifecycle /work/bins/taskgate-old
 #   TOOL=strace bash benches/profile.sh small BIN   # system calls per request instead (strace -f -c)
 #   TOOL=perf CONC=16 bash benches/profile.sh small BIN   # CPU samples, kernel included (perf record)
+#   bash benches/profile.sh small benches/loadgen/target/release/hyperproxy   # the hyper floor
 #
 # TOOL=strace counts taskgate's system calls (all threads, warm-up and measured part together)
 # per request: futex and the eventfd `write` are the cross-thread wake-ups CPU time hides.
@@ -59,10 +60,14 @@ elif [ "$TOOL" = perf ]; then
 else
   wrap=(valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.%p")
 fi
+serve=(serve --config "$WORK/tg.toml")
+# benches/loadgen's hyperproxy (the hyper floor, see run.sh's FLOOR) profiles the same way.
+[ "$(basename "$TASKGATE")" = hyperproxy ] && serve=(--upstream "$(field "$WORK/up.json" addr)")
 "$LG" spawn-ready --stdout "$WORK/tg.out" --stderr "$WORK/tg.err" --label taskgate \
-  -- "${wrap[@]}" "$TASKGATE" serve --config "$WORK/tg.toml" > "$WORK/tg.json"
+  -- "${wrap[@]}" "$TASKGATE" "${serve[@]}" > "$WORK/tg.json"
 TG_PID=$(field "$WORK/tg.json" pid); PIDS+=("$TG_PID")
 URL="http://$(field "$WORK/tg.json" gateway)/mcp"
+[ "$(basename "$TASKGATE")" = hyperproxy ] && URL="http://$(field "$WORK/tg.json" addr)/mcp"
 conc=1; [ "$TOOL" = perf ] && conc=$CONC
 args=(--url "$URL" --target taskgate --case profile --rep 1 --concurrency "$conc")
 case $SCENARIO in

@@ -27,6 +27,10 @@
 # records the CPU that other processes used meanwhile (/proc/stat minus the benchmark's own
 # processes) and the load average; past QUIET_PCT % of one core RESULTS says "machine not quiet".
 #
+# FLOOR=1 adds a path `hyper` to scenarios 1-5 and 8: benches/loadgen's `hyperproxy`, a reverse
+# proxy on hyper and tokio alone, built like taskgate's data path (issue 15: the floor a
+# hyper-based proxy cannot go below); the report then has a table "The hyper floor".
+#
 # TASKGATE_BIN=PATH runs that taskgate binary instead of building this checkout (for a before/after
 # pair of runs of two revisions).
 #
@@ -180,10 +184,21 @@ EOF
   echo "nginx $NG_ADDR (master and workers: $NG_CPU)" >&2
 fi
 
+# ---- the hyper floor (FLOOR=1) ------------------------------------------------------------------
+HP_ADDR=""; HP_PID=""
+if [ "${FLOOR:-0}" = 1 ]; then
+  say "starting hyperproxy (the hyper floor)"
+  "$LG" spawn-ready --stdout "$WORK/hyperproxy.out" --stderr "$WORK/hyperproxy.err" --label hyper \
+    -- "$HERE/loadgen/target/release/hyperproxy" --upstream "$UP_ADDR" > "$WORK/hyperproxy.json"
+  HP_PID=$(json_field "$WORK/hyperproxy.json" pid); PIDS+=("$HP_PID")
+  HP_ADDR=$(json_field "$WORK/hyperproxy.json" addr)
+  echo "hyperproxy $HP_ADDR (pid $HP_PID)" >&2
+fi
+
 # ---- scenarios 1-5 ----------------------------------------------------------------------------
 # Every process of the benchmark (their CPU is not "other processes'" CPU).
 TGB_PID=""; TGB_ADDR=""
-bench_pids() { echo "$UP_PID" $TG_PID $TGB_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
+bench_pids() { echo "$UP_PID" $TG_PID $TGB_PID $HP_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
 # run CASE TARGET REP ARGS..: one loadgen run against one path.
 run() {
   local case=$1 target=$2 rep=$3 url cpu=""
@@ -191,6 +206,7 @@ run() {
   case $target in
     direct) url="http://$UP_ADDR/mcp" ;;
     nginx) url="http://$NG_ADDR/mcp"; cpu=$NG_CPU ;;
+    hyper) url="http://$HP_ADDR/mcp"; cpu=$HP_PID ;;
     taskgate) url="http://$TG_ADDR/mcp"; cpu=$TG_PID ;;
     taskgate-bridged) url="http://$TGB_ADDR/mcp"; cpu=$TGB_PID ;;
   esac
@@ -198,7 +214,7 @@ run() {
     --rep "$rep" --bench-pids "$(bench_pids)" --json-out "$RAW" "$@" > /dev/null
 }
 targets() {
-  echo direct; [ -n "$NG_ADDR" ] && echo nginx; echo taskgate
+  echo direct; [ -n "$NG_ADDR" ] && echo nginx; [ -n "$HP_ADDR" ] && echo hyper; echo taskgate
 }
 each() { # each CASE ARGS..: the case against every path, REPEAT times, interleaved
   local case=$1 t rep

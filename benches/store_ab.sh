@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The registry's store work in the task lifecycle, per binary (issue 15): group commits per task
-# (`taskgate_store_write_duration_seconds_count` before and after) and taskgate's CPU per
+# (`taskgate_store_write_duration_seconds_count` before and after), bytes written per task
+# (`wchar` of /proc/PID/io: the log, the sockets' writes included) and taskgate's CPU per
 # request, alternating the binaries ROUNDS times, at c=16 and c=1. Also the start-up of a store
 # holding RECORDS records: CPU (perf stat task-clock, when perf is there) and time to /readyz.
 #
@@ -8,8 +9,9 @@
 #   ROUNDS=5 COUNT=3000 RECORDS=0 bash benches/store_ab.sh /work/bins/old target/release/taskgate
 #
 # Settings: ROUNDS (3), COUNT (tasks per c=16 run, 1500; c=1 runs COUNT/4), RECORDS (100000;
-# 0 skips the start-up part; the store is made once with the first binary). Prints one line per
-# run; compare medians. Everything started here stops on exit.
+# 0 skips the start-up part; the store is made once with the first binary), THREADS=1 (also
+# print each run's CPU per request by thread name: serving threads, tokio's blocking pool, sled's
+# I/O pool, the committer). Prints one line per run; compare medians. Everything started here stops on exit.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROUNDS=${ROUNDS:-3}; COUNT=${COUNT:-1500}; RECORDS=${RECORDS:-100000}
@@ -39,13 +41,20 @@ lifecycle() { # $1 binary, $2 concurrency, $3 tasks
   local args=(--url "$url" --target taskgate --case store-ab --rep 1 --scenario lifecycle --concurrency "$2")
   "$LG" run "${args[@]}" --count 50 --json-out "$dir/warm.jsonl" > /dev/null
   local before; before=$(commits "$admin")
+  thread_ticks "$tg" > "$dir/ticks.before"
+  local wrote; wrote=$(awk '/^wchar/ { print $2 }' "/proc/$tg/io")
   "$LG" run "${args[@]}" --count "$3" --cpu-pid "$tg" --json-out "$dir/run.jsonl" > /dev/null
+  thread_ticks "$tg" > "$dir/ticks.after"
+  wrote=$(awk -v b="$wrote" -v n="$3" '/^wchar/ { printf "%.0f", ($2 - b) / n }' "/proc/$tg/io")
   local after; after=$(commits "$admin")
   stop "$tg"
-  printf '%-28s c=%-3s commits/task %5.2f  CPU us/req %7.1f  tasks/s %7.1f\n' "$(basename "$1")" "$2" \
-    "$(awk -v a="$after" -v b="$before" -v n="$3" 'BEGIN { print (a - b) / n }')" \
+  printf '%-28s c=%-3s commits/task %5.2f  bytes written/task %6s  CPU us/req %7.1f  tasks/s %7.1f\n' \
+    "$(basename "$1")" "$2" \
+    "$(awk -v a="$after" -v b="$before" -v n="$3" 'BEGIN { print (a - b) / n }')" "$wrote" \
     "$(sed -n 's/.*"cpu_us_per_req":\([0-9.]*\).*/\1/p' "$dir/run.jsonl" | tail -1)" \
     "$(sed -n 's/.*"ops_per_s":\([0-9.]*\).*/\1/p' "$dir/run.jsonl" | tail -1)"
+  [ "${THREADS:-0}" = 1 ] && echo "    by thread, CPU us/req: $(thread_cpu_per_req "$dir/ticks.before" "$dir/ticks.after" $(($3 * 12)))"
+  return 0
 }
 echo "== task lifecycle (create, 10 x tasks/get, tasks/result): $ROUNDS rounds, alternating"
 for r in $(seq "$ROUNDS"); do

@@ -209,7 +209,7 @@ impl ReplyBody {
                 use futures_util::StreamExt;
                 ReplyBody::Stream(Box::pin(events.map(move |mut ev| {
                     if let Some(new) = ev.data.as_deref().and_then(&mut rewrite) {
-                        ev.data = Some(new);
+                        ev.data = Some(new.into());
                     }
                     ev
                 })))

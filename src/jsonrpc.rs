@@ -26,8 +26,11 @@ pub const INTERNAL_ERROR: i64 = -32603;
 /// A JSON-RPC request id, kept as its raw JSON text (`0`, `"0"`, `"abc"`).
 ///
 /// Equality is textual: `1` and `"1"` are different ids, as JSON-RPC requires.
+///
+/// Shared (`Arc`): a request's id is kept by several layers (the reply's splice, observe's
+/// expectation, the upstream client's error answers), and a clone is a count, not a copy.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Id(Box<str>);
+pub struct Id(std::sync::Arc<str>);
 
 impl Id {
     /// The id's JSON text, ready to splice into a message.
@@ -40,6 +43,11 @@ impl Id {
     /// A string id with escapes is kept in serde_json's canonical spelling, so `"\u0061"` and
     /// `"a"` (the same string) are the same id when an upstream echoes it differently.
     pub fn from_json(text: &str) -> Option<Id> {
+        // The ids clients send (a plain string, a small integer) are recognised without a parse
+        // (on every request); anything else takes serde_json's word.
+        if is_plain_string(text) || is_small_integer(text) {
+            return Some(Id(text.into()));
+        }
         let v: serde_json::Value = serde_json::from_str(text).ok()?;
         match v {
             serde_json::Value::String(s) if text.contains('\\') => {
@@ -60,6 +68,30 @@ impl Id {
             _ => None,
         }
     }
+}
+
+/// A JSON string with no escape, quote or control character inside (so its text is canonical).
+fn is_plain_string(text: &str) -> bool {
+    let b = text.as_bytes();
+    b.len() >= 2
+        && b[0] == b'"'
+        && b[b.len() - 1] == b'"'
+        && b[1..b.len() - 1]
+            .iter()
+            .all(|&c| c != b'"' && c != b'\\' && c >= 0x20)
+}
+
+/// A JSON integer (`0|-?[1-9][0-9]*`) of at most 18 digits, so within `i64` (serde_json reads
+/// `-0` as a float: not an id).
+fn is_small_integer(text: &str) -> bool {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest.as_bytes()),
+        None => (false, text.as_bytes()),
+    };
+    !digits.is_empty()
+        && digits.len() <= 18
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits[0] != b'0' || (digits.len() == 1 && !negative))
 }
 
 impl fmt::Debug for Id {
@@ -394,7 +426,8 @@ pub fn result_response(id: &Id, result_json: &str) -> Bytes {
 }
 
 /// Whether `needle` occurs in `haystack` (SIMD search; layers use it to skip parsing messages
-/// that cannot concern them).
+/// that cannot concern them). It builds its searcher on every call (about 400 instructions for a
+/// short needle): a search made on every request uses a prebuilt one from [`needles`].
 pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(haystack, needle).is_some()
 }
@@ -411,12 +444,24 @@ pub mod needles {
     /// `notifications/tasks/status`).
     pub static TASKS_NOTIFICATION: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new("\"notifications/tasks\""));
+    /// `notifications/tasks`, unquoted: found in every message that [`TASK_STATUS`] or
+    /// [`TASKS_NOTIFICATION`] is found in (one search instead of two where neither is expected).
+    pub static TASKS_METHODS: LazyLock<Finder<'static>> =
+        LazyLock::new(|| Finder::new("notifications/tasks"));
     /// `notifications/progress`.
     pub static PROGRESS: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new("notifications/progress"));
     /// `notifications/tools/list_changed`.
     pub static TOOLS_LIST_CHANGED: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new("notifications/tools/list_changed"));
+    /// `"task"`, quoted: the key of a task-augmented request (`params.task`) and of a
+    /// `CreateTaskResult`'s task.
+    pub static TASK_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\"task\""));
+    /// `\u`: a JSON escape that may spell any key, so a message holding one is parsed whatever
+    /// the other needles say.
+    pub static UNICODE_ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\\u"));
+    /// `"tools"`, quoted: the capability key of an `initialize` result.
+    pub static TOOLS_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\"tools\""));
     /// The related-task `_meta` key.
     pub static RELATED_TASK: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new(crate::mcp::task::RELATED_TASK_META));
@@ -457,6 +502,50 @@ mod tests {
 
     fn parse(s: &str) -> Result<Message, EnvelopeError> {
         Message::parse(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    /// The parse-free recognition of plain ids agrees with serde_json's on ids and near-ids.
+    #[test]
+    fn plain_ids_are_recognised_as_serde_json_would() {
+        let by_serde = |t: &str| match serde_json::from_str::<serde_json::Value>(t) {
+            Ok(serde_json::Value::String(_)) => true,
+            Ok(serde_json::Value::Number(n)) => n.is_i64() || n.is_u64(),
+            _ => false,
+        };
+        for t in [
+            "0",
+            "-0",
+            "7",
+            "-12",
+            "00",
+            "01",
+            "-",
+            "",
+            "1.5",
+            "1e3",
+            "123456789012345678",
+            "9223372036854775807",
+            "99999999999999999999",
+            "\"\"",
+            "\"a\"",
+            "\"é\"",
+            "\"a\"b\"",
+            "\"",
+            "\"\u{1}\"",
+            "\"tab\there\"",
+            "\"\\u0061\"",
+            "null",
+            "true",
+            "[1]",
+            " 1",
+        ] {
+            let fast = is_plain_string(t) || is_small_integer(t);
+            assert!(
+                !fast || by_serde(t),
+                "{t:?} taken as an id without being one"
+            );
+            assert_eq!(Id::from_json(t).is_some(), by_serde(t), "{t:?}");
+        }
     }
 
     #[test]

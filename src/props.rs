@@ -67,11 +67,11 @@ pub fn sse_roundtrip(fields: &[(u8, String)]) {
     let mut ev = Event::default();
     for (kind, text) in fields {
         match kind % 5 {
-            0 => ev.event = Some(clean(text)),
-            1 => ev.id = Some(clean(text).replace('\0', "")),
+            0 => ev.event = Some(clean(text).into()),
+            1 => ev.id = Some(clean(text).replace('\0', "").into()),
             2 => {
                 // Lines of data, joined by LF (a CR would end a line on the wire).
-                ev.data = Some(text.replace('\r', " "));
+                ev.data = Some(text.replace('\r', " ").into());
             }
             3 => ev.retry = Some(text.len() as u64),
             _ => {

@@ -16,21 +16,32 @@ pub(super) fn never(e: Infallible) -> ResponseError {
 
 /// True when the `Accept` header(s) list every media type in `needed` (case-insensitive,
 /// parameters ignored). The 2025-11-25 transport requires the literal types, as SDK servers do.
+///
+/// One pass over the listed types, whatever the number needed (at most 64; on every POST).
 pub(super) fn accept_lists(headers: &HeaderMap, needed: &[&str]) -> bool {
-    needed.iter().all(|n| {
-        headers
-            .get_all(header::ACCEPT)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| {
-                t.split(';')
-                    .next()
-                    .unwrap_or("")
-                    .trim()
-                    .eq_ignore_ascii_case(n)
-            })
-    })
+    debug_assert!(needed.len() <= 64);
+    let all = match needed.len() {
+        0 => return true,
+        n => u64::MAX >> (64 - n.min(64)),
+    };
+    let mut found = 0u64;
+    for value in headers.get_all(header::ACCEPT) {
+        let Ok(value) = value.to_str() else {
+            continue;
+        };
+        for listed in value.split(',') {
+            let essence = listed.split(';').next().unwrap_or("").trim();
+            for (i, n) in needed.iter().enumerate() {
+                if essence.eq_ignore_ascii_case(n) {
+                    found |= 1 << i;
+                }
+            }
+            if found == all {
+                return true;
+            }
+        }
+    }
+    found == all
 }
 
 /// How much of an oversized body is read and discarded so the client, still sending, can read
@@ -88,4 +99,43 @@ pub fn rpc_error_response(
 /// The HTTP answer for a [`GatewayError`]: its status, and a JSON-RPC error under the request's id.
 pub fn gateway_error_response(e: &GatewayError, id: Option<&Id>) -> Response<Body> {
     rpc_error_response(e.status(), id, e.code(), &e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn accept(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(header::ACCEPT, v.parse().unwrap());
+        }
+        h
+    }
+
+    /// Every needed type must be listed, in one field or spread over several, in any case and
+    /// with parameters; a type missing or only a prefix of one is not enough.
+    #[test]
+    fn accept_lists_needs_every_type() {
+        let both = ["application/json", "text/event-stream"];
+        assert!(accept_lists(
+            &accept(&["application/json, text/event-stream"]),
+            &both
+        ));
+        assert!(accept_lists(
+            &accept(&["Text/Event-Stream;q=0.9", "APPLICATION/JSON"]),
+            &both
+        ));
+        assert!(!accept_lists(&accept(&["application/json"]), &both));
+        assert!(!accept_lists(
+            &accept(&["application/jsonx, text/event-stream"]),
+            &both
+        ));
+        assert!(!accept_lists(&accept(&[]), &both));
+        assert!(accept_lists(
+            &accept(&["*/*, text/event-stream"]),
+            &["text/event-stream"]
+        ));
+        assert!(accept_lists(&accept(&[]), &[]));
+    }
 }

@@ -329,14 +329,14 @@ impl Edge {
             ));
         }
         // An absolute-form request line (`POST http://evil.example/mcp`) names the host too.
-        let host = uri.authority().map(|a| a.as_str().to_string()).or_else(|| {
-            headers
-                .get(header::HOST)
-                .map(|h| h.to_str().unwrap_or("").to_string())
-        });
+        // Compared without a copy: the allowed values are lowercase (on every request).
+        let host = uri
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| headers.get(header::HOST).map(|h| h.to_str().unwrap_or("")));
         if let (Some(allowed), Some(host)) = (&self.settings.allowed_hosts, host) {
-            let host = host.to_ascii_lowercase();
-            if !allowed.iter().any(|a| *a == host) {
+            if !allowed.iter().any(|a| a.eq_ignore_ascii_case(host)) {
+                let host = host.to_ascii_lowercase();
                 return Err(self.reject(
                     RejectReason::Host,
                     rpc_error_response(
@@ -351,8 +351,9 @@ impl Edge {
         if let (Some(allowed), Some(origin)) =
             (&self.settings.allowed_origins, headers.get(header::ORIGIN))
         {
-            let origin = origin.to_str().unwrap_or("").to_ascii_lowercase();
-            if !allowed.iter().any(|a| *a == origin) {
+            let origin = origin.to_str().unwrap_or("");
+            if !allowed.iter().any(|a| a.eq_ignore_ascii_case(origin)) {
+                let origin = origin.to_ascii_lowercase();
                 return Err(self.reject(
                     RejectReason::Origin,
                     rpc_error_response(

@@ -20,7 +20,6 @@
 //! a new `initialize` is refused (see `session_guard`).
 
 use crate::exchange::{McpReply, McpRequest, Operation, Principal, ReplyBody};
-use crate::jsonrpc::contains as memmem;
 use crate::jsonrpc::needles;
 use crate::jsonrpc::Id;
 use crate::layers::extensions::HeldSession;

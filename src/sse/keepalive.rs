@@ -73,7 +73,7 @@ impl Stream for KeepAlive {
                 }
                 Poll::Ready(Some(event)) => {
                     let b = batch.get_or_insert_with(|| {
-                        let data = event.data.as_ref().map_or(0, String::len);
+                        let data = event.data.as_ref().map_or(0, |d| d.len());
                         BytesMut::with_capacity((data + 64).max(512))
                     });
                     encode_into(&event, b);

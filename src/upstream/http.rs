@@ -34,7 +34,6 @@ use crate::jsonrpc::{self, Id};
 use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
 use crate::sse;
 use bytes::Bytes;
-use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
@@ -279,75 +278,14 @@ impl Inner {
         rpc_id: Option<Id>,
         cancel_deadline: Option<tokio::time::Instant>,
     ) -> sse::EventStream {
-        struct St {
-            events: Option<sse::DecodedStream>,
-            rpc_id: Option<Id>,
-            deadline: Option<tokio::time::Instant>,
-            name: Arc<str>,
-            timeout_ms: u64,
-            metrics: Arc<Metrics>,
-        }
-        impl St {
-            fn error_event(&mut self, message: &str) -> sse::Event {
-                self.events = None;
-                let body =
-                    jsonrpc::error_response(self.rpc_id.as_ref(), jsonrpc::INTERNAL_ERROR, message);
-                sse::Event {
-                    data: Some(String::from_utf8_lossy(&body).into_owned()),
-                    ..Default::default()
-                }
-            }
-        }
-        let st = St {
+        Box::pin(Bounded {
             events: Some(events),
             rpc_id,
-            deadline: cancel_deadline,
+            deadline: cancel_deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             name: self.name.clone(),
             timeout_ms: self.timeout_ms,
             metrics: self.metrics.clone(),
-        };
-        Box::pin(futures_util::stream::unfold(st, |mut st| async move {
-            let events = st.events.as_mut()?;
-            let next = match st.deadline {
-                Some(at) => match tokio::time::timeout_at(at, events.next()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        st.metrics
-                            .upstream_error(&st.name, UpstreamErrorKind::Timeout);
-                        let message = format!(
-                            "upstream did not answer tasks/cancel within {} ms",
-                            st.timeout_ms
-                        );
-                        let ev = st.error_event(&message);
-                        return Some((ev, st));
-                    }
-                },
-                None => events.next().await,
-            };
-            match next {
-                Some(Ok(ev)) => Some((ev, st)),
-                Some(Err(sse::Cut::Reset(detail))) => {
-                    st.events = None;
-                    st.metrics
-                        .upstream_error(&st.name, UpstreamErrorKind::StreamReset);
-                    tracing::warn!(upstream = %st.name, id = st.rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())), error = %detail, "upstream SSE answer was cut before its end; aborting the client's stream");
-                    Some((sse::Event::abort(), st))
-                }
-                Some(Err(sse::Cut::Oversize(oversize))) => {
-                    st.metrics
-                        .upstream_oversize(&st.name, OversizeKind::SseEvent);
-                    st.metrics
-                        .upstream_error(&st.name, UpstreamErrorKind::Protocol);
-                    let message = format!(
-                        "upstream `{}` sent an invalid response: the upstream answer exceeded max_message_bytes={}",
-                        st.name, oversize.limit
-                    );
-                    let ev = st.error_event(&message);
-                    Some((ev, st))
-                }
-                None => None,
-            }
-        }))
+        })
     }
 
     /// An invalid answer (counted): 502 naming the upstream and what was wrong.
@@ -393,4 +331,83 @@ fn principal_value(principal: &str) -> Option<HeaderValue> {
     const SET: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
     let encoded = percent_encoding::utf8_percent_encode(principal, SET).to_string();
     HeaderValue::from_str(&encoded).ok()
+}
+
+/// The stream [`Inner::bounded_events`] returns (a plain `Stream`: one poll of the decoder per
+/// event, no future built per event).
+struct Bounded {
+    /// `None` once the stream ended (after an error event or the abort marker).
+    events: Option<sse::DecodedStream>,
+    rpc_id: Option<Id>,
+    /// `tasks/cancel` only: when the upstream's answer is given up.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    name: Arc<str>,
+    timeout_ms: u64,
+    metrics: Arc<Metrics>,
+}
+
+impl Bounded {
+    fn error_event(&mut self, message: &str) -> sse::Event {
+        self.events = None;
+        let body = jsonrpc::error_response(self.rpc_id.as_ref(), jsonrpc::INTERNAL_ERROR, message);
+        sse::Event {
+            data: Some(String::from_utf8_lossy(&body).into_owned().into()),
+            ..Default::default()
+        }
+    }
+}
+
+impl futures_util::Stream for Bounded {
+    type Item = sse::Event;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<sse::Event>> {
+        let st = self.get_mut();
+        let Some(events) = st.events.as_mut() else {
+            return Poll::Ready(None);
+        };
+        // As `timeout_at`: an event that is ready wins over the deadline.
+        let next = match events.as_mut().poll_next(cx) {
+            Poll::Ready(next) => next,
+            Poll::Pending => {
+                let Some(deadline) = st.deadline.as_mut() else {
+                    return Poll::Pending;
+                };
+                if deadline.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                st.metrics
+                    .upstream_error(&st.name, UpstreamErrorKind::Timeout);
+                let message = format!(
+                    "upstream did not answer tasks/cancel within {} ms",
+                    st.timeout_ms
+                );
+                return Poll::Ready(Some(st.error_event(&message)));
+            }
+        };
+        match next {
+            Some(Ok(ev)) => Poll::Ready(Some(ev)),
+            Some(Err(sse::Cut::Reset(detail))) => {
+                st.events = None;
+                st.metrics
+                    .upstream_error(&st.name, UpstreamErrorKind::StreamReset);
+                tracing::warn!(upstream = %st.name, id = st.rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())), error = %detail, "upstream SSE answer was cut before its end; aborting the client's stream");
+                Poll::Ready(Some(sse::Event::abort()))
+            }
+            Some(Err(sse::Cut::Oversize(oversize))) => {
+                st.metrics
+                    .upstream_oversize(&st.name, OversizeKind::SseEvent);
+                st.metrics
+                    .upstream_error(&st.name, UpstreamErrorKind::Protocol);
+                let message = format!(
+                    "upstream `{}` sent an invalid response: the upstream answer exceeded max_message_bytes={}",
+                    st.name, oversize.limit
+                );
+                Poll::Ready(Some(st.error_event(&message)))
+            }
+            None => {
+                st.events = None;
+                Poll::Ready(None)
+            }
+        }
+    }
 }

@@ -11,7 +11,7 @@ use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::PendingCreation;
 use crate::layers::McpService;
-use crate::sse::{Event, EventStream};
+use crate::sse::{ByteString, Event, EventStream};
 use crate::store::Origin;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -62,7 +62,11 @@ pub(super) async fn initialize<S: McpService>(
                 reply.body = ReplyBody::Stream(Box::pin(futures_util::stream::iter(before)));
                 return Ok(reply);
             };
-            let data = Bytes::from(ev.data.clone().unwrap_or_default());
+            let data = ev
+                .data
+                .clone()
+                .map(ByteString::into_bytes)
+                .unwrap_or_default();
             before.push(ev);
             (data, before, Some(events))
         }
@@ -83,7 +87,7 @@ pub(super) async fn initialize<S: McpService>(
         None => ReplyBody::Json(answer),
         Some(rest) => {
             if let Some(last) = before.last_mut() {
-                last.data = Some(String::from_utf8_lossy(&answer).into_owned());
+                last.data = Some(String::from_utf8_lossy(&answer).into_owned().into());
             }
             ReplyBody::Stream(Box::pin(futures_util::stream::iter(before).chain(rest)))
         }
@@ -324,7 +328,7 @@ async fn read_answer(reply: McpReply, id: &Id) -> (Option<Value>, Vec<Event>, Op
 pub(super) fn legacy_event(mut ev: Event) -> Option<Event> {
     let data = ev.data.as_deref()?;
     if let Some(status) = translate::legacy_notification(data) {
-        ev.data = Some(status);
+        ev.data = Some(status.into());
         return Some(ev);
     }
     let v: Value = serde_json::from_str(data).ok()?;

@@ -420,7 +420,7 @@ where
             while let Some(ev) = events.next().await {
                 let Some(data) = ev.data else { continue };
                 if jsonrpc::is_answer_to(data.as_bytes(), &id) {
-                    found = Some(Bytes::from(data));
+                    found = Some(data.into_bytes());
                     break;
                 }
             }

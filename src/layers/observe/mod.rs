@@ -36,10 +36,9 @@ use crate::jsonrpc::needles::{self, found};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
 use crate::registry::{Registry, ResourceHold};
-use crate::sse::{Event, EventStream};
+use crate::sse::{ByteString, Event, EventStream};
 use crate::store::TaskRecord;
 use bytes::Bytes;
-use futures_util::StreamExt;
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::future::Future;
@@ -204,6 +203,43 @@ where
     }
 }
 
+/// An SSE reply as [`Watch`] relays it: every event passes [`Watch::on_event`] once, in order.
+/// Most events (progress, logging, results of ordinary calls) concern nothing here: they are
+/// decided by a byte search and passed on in the same poll, without a copy, a parse or a future.
+struct Watched {
+    watch: Arc<Watch>,
+    events: EventStream,
+    /// The event being applied; the next one is read only after it.
+    applying: Option<Pin<Box<dyn Future<Output = Event> + Send>>>,
+}
+
+impl futures_util::Stream for Watched {
+    type Item = Event;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        let this = self.get_mut();
+        if let Some(applying) = this.applying.as_mut() {
+            let event = std::task::ready!(applying.as_mut().poll(cx));
+            this.applying = None;
+            return Poll::Ready(Some(event));
+        }
+        let Some(event) = std::task::ready!(this.events.as_mut().poll_next(cx)) else {
+            return Poll::Ready(None);
+        };
+        if !this.watch.cares_about(&event) {
+            return Poll::Ready(Some(event));
+        }
+        let mut applying = Box::pin(this.watch.clone().on_event(event));
+        match applying.as_mut().poll(cx) {
+            Poll::Ready(event) => Poll::Ready(Some(event)),
+            Poll::Pending => {
+                this.applying = Some(applying);
+                Poll::Pending
+            }
+        }
+    }
+}
+
 /// Watches one reply (a JSON message, or an SSE stream event by event).
 struct Watch {
     registry: Arc<Registry>,
@@ -215,29 +251,45 @@ struct Watch {
 
 impl Watch {
     fn watch(this: Arc<Watch>, events: EventStream) -> EventStream {
-        Box::pin(events.then(move |event| this.clone().on_event(event)))
+        Box::pin(Watched {
+            watch: this,
+            events,
+            applying: None,
+        })
     }
 
+    /// Whether `event` may concern this watch (see [`Watch::cares`]).
+    fn cares_about(&self, event: &Event) -> bool {
+        event
+            .data
+            .as_ref()
+            .is_some_and(|d| self.cares(d.as_bytes()))
+    }
+
+    /// Applies an event that [`Watch::cares_about`]; returns it, rewritten if needed.
     async fn on_event(self: Arc<Self>, mut event: Event) -> Event {
-        // Most events (progress, logging, results of ordinary calls) concern nothing here: they
-        // pass without a copy or a parse.
-        let Some(data) = event.data.as_ref().filter(|d| self.cares(d.as_bytes())) else {
+        let Some(data) = event.data.as_ref() else {
             return event;
         };
-        let original = Bytes::copy_from_slice(data.as_bytes());
+        // The event's own bytes (shared, not copied).
+        let original = data.as_bytes().clone();
         let bytes = self.on_message(original.clone(), true).await;
         if bytes != original {
-            event.data = Some(String::from_utf8_lossy(&bytes).into_owned());
+            event.data = Some(
+                ByteString::try_from(bytes.clone())
+                    .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned().into()),
+            );
         }
         event
     }
 
     /// Whether a message may concern this watch: a status or task-related message, or (while
     /// the answer is awaited) any message.
+    /// (A superset is fine: `on_message` decides exactly, so `notifications/tasks` stands for
+    /// both status notifications in one search.)
     fn cares(&self, bytes: &[u8]) -> bool {
         self.expect.lock().id().is_some()
-            || found(&needles::TASK_STATUS, bytes)
-            || found(&needles::TASKS_NOTIFICATION, bytes)
+            || found(&needles::TASKS_METHODS, bytes)
             || self.is_activity(bytes)
     }
 
@@ -380,8 +432,8 @@ impl Watch {
     ) -> (Bytes, Option<String>) {
         // Most 2026 calls end plainly: no `"task"` (nor an escape that could spell it), no parse.
         if pending.template.era == Era::Modern
-            && !jsonrpc::contains(&bytes, b"\"task\"")
-            && !jsonrpc::contains(&bytes, b"\\u")
+            && !found(&needles::TASK_KEY, &bytes)
+            && !found(&needles::UNICODE_ESCAPE, &bytes)
         {
             return (bytes, None);
         }

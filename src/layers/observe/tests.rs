@@ -1,11 +1,11 @@
-//! The `observe` layer's tests: creations recorded before the reply passes, statuses applied
-//! and rewritten.
+//! Tests of the `observe` layer (the module docs say what it must do).
 
 use super::*;
 use crate::exchange::GatewayError;
 use crate::layers::testing::{json_of, owner, record, registry, request};
 use crate::mcp::task::TaskStatus;
 use crate::store::TaskRecord;
+use futures_util::StreamExt;
 use http::{HeaderMap, StatusCode};
 use tower::{Layer, ServiceExt};
 
@@ -16,7 +16,7 @@ fn sse(messages: &[&str]) -> McpReply {
         .iter()
         .map(|m| Event {
             event: None,
-            data: Some(m.to_string()),
+            data: Some(m.to_string().into()),
             id: None,
             retry: None,
         })

@@ -2,6 +2,7 @@
 //! as `initialize`, `tools/list`, streams and `DELETE` pass (see the parent module).
 
 use super::*;
+use crate::jsonrpc::needles;
 
 /// Builds [`SessionService`]s over a shared [`Sessions`] table.
 #[derive(Clone)]
@@ -142,7 +143,7 @@ where
                     }
                 }
                 Watch::ToolsList => {
-                    if memmem(bytes, b"\"tools\"") {
+                    if needles::found(&needles::TOOLS_KEY, bytes) {
                         if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
                             if let Some(result) = v.get("result") {
                                 sessions.record_tools(&upstream, reply_session.as_ref(), result);

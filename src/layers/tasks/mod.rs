@@ -189,9 +189,8 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
     };
     // Cheap pre-check: plain tool calls (the common case) are not parsed twice. A message
     // with escapes may spell the key `"t\u0061sk"`: those are always parsed.
-    if !crate::jsonrpc::contains(msg.bytes(), b"\"task\"")
-        && !crate::jsonrpc::contains(msg.bytes(), b"\\u")
-    {
+    use crate::jsonrpc::needles::{found, TASK_KEY, UNICODE_ESCAPE};
+    if !found(&TASK_KEY, msg.bytes()) && !found(&UNICODE_ESCAPE, msg.bytes()) {
         return Ok(());
     }
     let Some(id) = msg.id().cloned() else {

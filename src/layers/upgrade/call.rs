@@ -12,7 +12,7 @@ use crate::jsonrpc::{self, Id, Message};
 use crate::layers::session::{session_key, TaskSupport};
 use crate::layers::McpService;
 use crate::metrics::UpgradeOutcome;
-use crate::sse::Event;
+use crate::sse::{ByteString, Event};
 
 use bytes::Bytes;
 use http::StatusCode;
@@ -156,7 +156,11 @@ async fn needs_task(
                 let Some(ev) = next else {
                     break;
                 };
-                data = ev.data.clone().filter(|d| !d.is_empty()).map(Bytes::from);
+                data = ev
+                    .data
+                    .clone()
+                    .filter(|d| !d.is_empty())
+                    .map(ByteString::into_bytes);
                 seen.push(ev);
                 if data.is_some() || seen.len() >= MAX_DATALESS_EVENTS {
                     break;

@@ -122,7 +122,7 @@ impl<S: McpService> Follower<S> {
                     let value = self.next_progress(wanted, total);
                     if Some(value) != wanted {
                         v["params"]["progress"] = Value::from(value);
-                        ev.data = Some(v.to_string());
+                        ev.data = Some(v.to_string().into());
                     }
                 }
             }

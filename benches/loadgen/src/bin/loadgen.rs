@@ -557,9 +557,7 @@ impl Ctx {
                 })
             }
             Scenario::Lifecycle => self.lifecycle(sender, session, &mut next_id, false).await,
-            Scenario::ModernLifecycle => {
-                self.lifecycle(sender, session, &mut next_id, true).await
-            }
+            Scenario::ModernLifecycle => self.lifecycle(sender, session, &mut next_id, true).await,
             Scenario::Create => {
                 let b = t
                     .call(
@@ -624,7 +622,12 @@ impl Ctx {
             )
         };
         let b = t
-            .call_as(sender, session, rpc(next_id(), "tools/call", params), headers)
+            .call_as(
+                sender,
+                session,
+                rpc(next_id(), "tools/call", params),
+                headers,
+            )
             .await?;
         let v = parse_json(&b)?;
         let created = if modern {
@@ -1307,9 +1310,10 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// The paths of a case, in table order.
-const TARGETS: [&str; 7] = [
+const TARGETS: [&str; 8] = [
     "direct",
     "nginx",
+    "hyper",
     "taskgate",
     "taskgate-oauth",
     "taskgate-bridged",
@@ -1554,6 +1558,30 @@ fn cmd_report(args: &Args) {
             }
         }
     }
+    // The hyper floor (issue 15): what a proxy on hyper and tokio alone costs (`hyperproxy`),
+    // beside nginx and taskgate, when the run had that path (FLOOR=1).
+    let floored: Vec<&String> = cases
+        .iter()
+        .filter(|c| find(c, "hyper").is_some())
+        .collect();
+    if !floored.is_empty() {
+        md.push_str("\n### The hyper floor: CPU per request (per stream for SSE), medians\n\n");
+        md.push_str("`hyper` is benches/loadgen's `hyperproxy`: a reverse proxy built like taskgate's data path (a current-thread runtime per core on `SO_REUSEPORT` sockets, hyper's HTTP/1 server and client, a connection pool per thread) doing nothing else. taskgate ÷ hyper is what taskgate's own work costs; hyper ÷ nginx is what the HTTP library and the runtime cost.\n\n");
+        md.push_str("| case | nginx µs | hyper µs | taskgate µs | hyper ÷ nginx | taskgate ÷ hyper | taskgate ÷ nginx |\n|---|---|---|---|---|---|---|\n");
+        for c in floored {
+            let cpu = |t: &str| find(c, t).map_or(f64::NAN, |v| f(&v, "cpu_us_per_req"));
+            let (n, h, t) = (cpu("nginx"), cpu("hyper"), cpu("taskgate"));
+            md.push_str(&format!(
+                "| {c} | {} | {} | {} | {} | {} | {} |\n",
+                fmt(n, 1),
+                fmt(h, 1),
+                fmt(t, 1),
+                ratio(h, n),
+                ratio(t, h),
+                ratio(t, n)
+            ));
+        }
+    }
     // Goals (issue 15: throughput and CPU against nginx; the SSE and lifecycle bounds).
     md.push_str("\n### Goals\n\n| goal | measured | met |\n|---|---|---|\n");
     let yes = |ok: bool| if ok { "yes" } else { "**no**" };
@@ -1561,7 +1589,9 @@ fn cmd_report(args: &Args) {
         let conc = c.rsplit("c=").next().unwrap_or("?");
         let (n, t) = (find(c, "nginx"), find(c, "taskgate"));
         let (Some(n), Some(t)) = (n, t) else {
-            md.push_str(&format!("| 1, c={conc} | nginx or taskgate missing | – |\n"));
+            md.push_str(&format!(
+                "| 1, c={conc} | nginx or taskgate missing | – |\n"
+            ));
             continue;
         };
         let thr = f(&t, "req_per_s") / f(&n, "req_per_s");

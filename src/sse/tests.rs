@@ -1,0 +1,184 @@
+//! Tests of the SSE codec: the decoder's line and limit rules, encode/decode round trips, the
+//! client side's keep-alives.
+
+use super::*;
+use futures_util::StreamExt;
+use http_body_util::Full;
+use std::time::Duration;
+
+#[tokio::test]
+async fn round_trip_keeps_fields() {
+    let wire = "id: 7\ndata: \n\nevent: message\nid: s1-8\nretry: 2500\ndata: {\"jsonrpc\":\"2.0\"}\n\n: comment\n\ndata: a\r\ndata: b\rx-unknown: 1\n\n";
+    let events: Vec<Event> = decode(Full::new(Bytes::from(wire)), "t".into(), 1024)
+        .map(|e| e.unwrap())
+        .collect()
+        .await;
+    assert_eq!(events.len(), 3);
+    assert_eq!(events[0].id.as_deref(), Some("7"));
+    assert_eq!(events[0].data.as_deref(), Some(""));
+    assert_eq!(events[1].event.as_deref(), Some("message"));
+    assert_eq!(events[1].retry, Some(2500));
+    assert_eq!(events[2].data.as_deref(), Some("a\nb"));
+    let again: String = events
+        .iter()
+        .map(|e| String::from_utf8(encode(e).to_vec()).unwrap())
+        .collect();
+    let reparsed: Vec<Event> = decode(Full::new(Bytes::from(again)), "t".into(), 1024)
+        .map(|e| e.unwrap())
+        .collect()
+        .await;
+    assert_eq!(events, reparsed);
+}
+
+#[test]
+fn decoder_handles_split_chunks_and_colonless_lines() {
+    let mut d = Decoder::default();
+    let mut out = Vec::new();
+    for chunk in ["id: 1\r", "\ndata", "\n\nda", "ta: x\n", "\n"] {
+        d.feed(chunk.as_bytes(), &mut out).unwrap();
+    }
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[0].id.as_deref(), Some("1"));
+    assert_eq!(out[0].data.as_deref(), Some(""));
+    assert_eq!(out[1].data.as_deref(), Some("x"));
+    assert_eq!(out[1].id, None);
+}
+
+/// Every split of the input into two chunks, and the input fed byte by byte, decode to the
+/// same events as the whole input at once (CR/LF pairs, BOM, colonless lines, multi-byte
+/// UTF-8 and invalid UTF-8 across the split).
+#[test]
+fn decoder_same_events_at_every_chunk_split() {
+    let wire: &[u8] = b"\xEF\xBB\xBFid: 1\r\ndata\r\n\r\n: c\rdata: a\xC3\xA9\rdata: b\xFF\n\nevent: e\nretry: 5\r\r\
+        data:x\ndata: {\"k\":\"\xE2\x82\xAC\"}\r\nid\n\ndata: tail";
+    let decode_all = |chunks: &[&[u8]]| {
+        let mut d = Decoder::new(1024);
+        let mut out = Vec::new();
+        for c in chunks {
+            d.feed(c, &mut out).unwrap();
+        }
+        out
+    };
+    let whole = decode_all(&[wire]);
+    assert_eq!(whole.len(), 4, "{whole:?}");
+    assert_eq!(whole[0].id.as_deref(), Some("1"));
+    assert_eq!(whole[0].data.as_deref(), Some(""));
+    assert_eq!(whole[1].data.as_deref(), Some("a\u{e9}\nb\u{FFFD}"));
+    assert_eq!(whole[2].retry, Some(5));
+    assert_eq!(whole[3].data.as_deref(), Some("x\n{\"k\":\"\u{20AC}\"}"));
+    assert_eq!(whole[3].id.as_deref(), Some(""));
+    for at in 0..=wire.len() {
+        let (a, b) = wire.split_at(at);
+        assert_eq!(decode_all(&[a, b]), whole, "split at {at}");
+    }
+    let bytes: Vec<&[u8]> = wire.chunks(1).collect();
+    assert_eq!(decode_all(&bytes), whole, "byte by byte");
+}
+
+/// A line without an end (no newline ever) and an event of many small lines without a blank
+/// line both fail once they pass the limit, and stay failed; the buffers are released.
+#[test]
+fn decoder_caps_line_and_event_size() {
+    let mut d = Decoder::new(1024);
+    let mut out = Vec::new();
+    d.feed(b"data: ok\n\n", &mut out).unwrap();
+    let mut failed = false;
+    for _ in 0..100 {
+        if d.feed(&[b'x'; 100], &mut out).is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "a newline-free line must hit the cap");
+    assert!(d.buf.capacity() <= 1024 + 100);
+    assert_eq!(out.len(), 1);
+    assert_eq!(d.feed(b"\n\n", &mut out), Err(Oversize { limit: 1024 }));
+
+    let mut d = Decoder::new(1024);
+    let mut out = Vec::new();
+    let mut failed = false;
+    for _ in 0..1000 {
+        if d.feed(b"data: 0123456789\n", &mut out).is_err() {
+            failed = true;
+            break;
+        }
+    }
+    assert!(failed, "an event without end must hit the cap");
+    assert!(d.current.data.is_none());
+    assert!(out.is_empty());
+
+    // Exactly at the limit is fine: a 1023-byte line, 1024 bytes with its newline.
+    let mut d = Decoder::new(1024);
+    let mut out = Vec::new();
+    let mut line = b"data:".to_vec();
+    line.resize(1023, b'y');
+    line.extend_from_slice(b"\n\n");
+    d.feed(&line, &mut out).unwrap();
+    assert_eq!(out.len(), 1);
+}
+
+/// `decode` yields the events before the oversize line, then `Err(Oversize)`, then ends.
+#[tokio::test]
+async fn decode_reports_oversize_after_earlier_events() {
+    let mut wire = b"data: first\n\ndata: ".to_vec();
+    wire.resize(5000, b'z');
+    let items: Vec<Result<Event, Cut>> = decode(Full::new(Bytes::from(wire)), "t".into(), 1024)
+        .collect()
+        .await;
+    assert_eq!(items.len(), 2, "{items:?}");
+    assert_eq!(items[0].as_ref().unwrap().data.as_deref(), Some("first"));
+    assert_eq!(items[1], Err(Cut::Oversize(Oversize { limit: 1024 })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn keepalive_on_idle() {
+    let events: EventStream = Box::pin(futures_util::stream::pending());
+    let mut ka = KeepAlive::new(events, Duration::from_millis(50));
+    let first = ka.next().await.unwrap().unwrap();
+    assert_eq!(&first[..], KEEPALIVE_COMMENT);
+}
+
+/// Several `data` lines (one colonless, so empty) are joined with `\n` in order, also when the
+/// event arrives in pieces; an event of many short lines keeps them all.
+#[test]
+fn decoder_joins_data_lines() {
+    let wire: &[u8] = b"data: one\ndata\ndata:  two\ndata: three\n\ndata: alone\n\n";
+    for at in 0..=wire.len() {
+        let (a, b) = wire.split_at(at);
+        let mut d = Decoder::new(1024);
+        let mut out = Vec::new();
+        d.feed(a, &mut out).unwrap();
+        d.feed(b, &mut out).unwrap();
+        let data: Vec<_> = out.iter().map(|e| e.data.as_deref()).collect();
+        assert_eq!(
+            data,
+            [Some("one\n\n two\nthree"), Some("alone")],
+            "split at {at}"
+        );
+    }
+    let mut d = Decoder::new(1 << 20);
+    let mut out = Vec::new();
+    for _ in 0..10_000 {
+        d.feed(b"data: x\n", &mut out).unwrap();
+    }
+    d.feed(b"\n", &mut out).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].data.as_ref().map(|d| d.len()), Some(10_000 * 2 - 1));
+}
+
+/// `encode` writes one `data:` line per line of `data` (empty ones too), fields in the order
+/// event, id, retry, data, and the blank line that ends the event.
+#[test]
+fn encode_writes_every_field() {
+    let ev = Event {
+        event: Some("message".into()),
+        id: Some("s1-8".into()),
+        retry: Some(2500),
+        data: Some("a\n\nb\n".into()),
+    };
+    assert_eq!(
+        &encode(&ev)[..],
+        b"event: message\nid: s1-8\nretry: 2500\ndata: a\ndata: \ndata: b\ndata: \n\n"
+    );
+    assert_eq!(&encode(&Event::default())[..], b"\n");
+}
