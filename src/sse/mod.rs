@@ -109,11 +109,18 @@ impl std::fmt::Display for Oversize {
 /// The keep-alive comment sent on idle streams.
 pub const KEEPALIVE_COMMENT: &[u8] = b": keep-alive\n\n";
 
+/// A decoder buffer larger than this (bytes) is not decoded into any further once the large
+/// line that grew it is done (see [`Decoder`]).
+const SHARE_MAX: usize = 1 << 20;
+
 /// Incremental `text/event-stream` decoder: feed bytes, take complete events.
 ///
 /// Complete lines are split off the buffer as one shared [`Bytes`] and the decoded fields are
 /// slices of it ([`ByteString`]): no allocation nor copy per field. A held event keeps the
-/// decoder's buffer of its chunk alive (at most a line's limit plus a chunk) until it is dropped.
+/// buffer it was decoded from alive until it is dropped. That buffer grows with the longest line
+/// it held (up to about twice the limit, plus a chunk); once a line made it larger than
+/// `SHARE_MAX` (1 MiB), what follows goes to a new buffer, so only the events decoded together
+/// with that line keep it alive.
 pub struct Decoder {
     /// Bytes not yet split into lines: the start of one incomplete line.
     buf: BytesMut,
@@ -206,6 +213,12 @@ impl Decoder {
     fn check_rest(&mut self) -> Result<(), Oversize> {
         if self.buf.len() > self.max {
             return self.fail();
+        }
+        // A large line grew the buffer: what is left of it (a short incomplete line) moves to
+        // a buffer of its own, so the events decoded next are not slices of the large one (each
+        // would keep all of it alive while held). Rare: ordinary chunks do not grow it this far.
+        if self.buf.capacity() > SHARE_MAX && self.buf.len() <= SHARE_MAX / 16 {
+            self.buf = BytesMut::from(&self.buf[..]);
         }
         Ok(())
     }

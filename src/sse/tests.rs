@@ -182,3 +182,37 @@ fn encode_writes_every_field() {
     );
     assert_eq!(&encode(&Event::default())[..], b"\n");
 }
+
+/// After a large line (here a 4 MiB comment, which no event even carries) the decoder does not
+/// go on decoding into the allocation that held it: the events decoded later are slices of a
+/// small buffer, so holding one (a relay queue to a slow client) does not keep megabytes alive.
+/// (It did: every later event was a slice of the grown buffer, until its spare capacity was
+/// used up.)
+#[test]
+fn events_after_a_large_line_do_not_hold_its_buffer() {
+    let mut d = Decoder::new(16 << 20);
+    let mut out = Vec::new();
+    let mut wire = vec![b':'];
+    wire.resize(4 << 20, b'c');
+    wire.extend_from_slice(b"\ndata: x\n\n");
+    for chunk in wire.chunks(16 * 1024) {
+        d.feed(chunk, &mut out).unwrap();
+    }
+    d.feed(b"data: y\n\n", &mut out).unwrap();
+    drop(d);
+    let later = out.pop().unwrap();
+    assert_eq!(later.data.as_deref(), Some("y"));
+    drop(out);
+    // The only handle left on the later event's buffer: its capacity is what it keeps alive.
+    let held = later
+        .data
+        .unwrap()
+        .into_bytes()
+        .try_into_mut()
+        .expect("unique");
+    assert!(
+        held.capacity() < 64 * 1024,
+        "holds {} bytes",
+        held.capacity()
+    );
+}
