@@ -466,6 +466,21 @@ pub mod needles {
     pub static RELATED_TASK: LazyLock<Finder<'static>> =
         LazyLock::new(|| Finder::new(crate::mcp::task::RELATED_TASK_META));
 
+    /// Whether `haystack` holds an escape that can spell a method name's characters (`\/` or
+    /// `\uXXXX`): valid JSON may write `notifications\/tasks\/status` (PHP's `json_encode` does
+    /// by default), which no plain-text needle finds. A message with one is read whatever the
+    /// needles say; a false positive (`\\u`, an escaped backslash) only costs that read.
+    pub fn may_hide_names(haystack: &[u8]) -> bool {
+        memchr::memchr_iter(b'\\', haystack)
+            .any(|i| matches!(haystack.get(i + 1), Some(b'/' | b'u')))
+    }
+
+    /// [`found`], or a name `finder` looks for may be spelled with escapes
+    /// ([`may_hide_names`]): a superset, for a pre-check whose caller then reads the message.
+    pub fn may_name(finder: &LazyLock<Finder<'static>>, haystack: &[u8]) -> bool {
+        found(finder, haystack) || may_hide_names(haystack)
+    }
+
     /// Whether `finder`'s needle occurs in `haystack`.
     pub fn found(finder: &LazyLock<Finder<'static>>, haystack: &[u8]) -> bool {
         finder.find(haystack).is_some()

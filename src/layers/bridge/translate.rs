@@ -88,7 +88,7 @@ pub fn legacy_task(task: &Value) -> Option<Value> {
 /// `result.isError: true`) is a 2025 `failed`; the payload (`result`, `error`,
 /// `inputRequests`) is dropped: 2025 clients fetch it with `tasks/result`.
 pub fn legacy_notification(text: &str) -> Option<String> {
-    if !crate::jsonrpc::needles::found(
+    if !crate::jsonrpc::needles::may_name(
         &crate::jsonrpc::needles::TASKS_NOTIFICATION,
         text.as_bytes(),
     ) {
@@ -319,6 +319,10 @@ mod tests {
         let bad = json!({"jsonrpc":"2.0","method":"notifications/tasks","params":[1]});
         assert!(legacy_notification(&bad.to_string()).is_none());
         assert!(legacy_notification("{\"notifications/tasks\"").is_none());
+        // Escaped slashes (valid JSON, PHP's default) name the same method.
+        let escaped = r#"{"jsonrpc":"2.0","method":"notifications\/tasks","params":{"resultType":"complete","taskId":"a","status":"working"}}"#;
+        let out: Value = serde_json::from_str(&legacy_notification(escaped).unwrap()).unwrap();
+        assert_eq!(out["method"], "notifications/tasks/status");
     }
 
     #[test]

@@ -289,19 +289,22 @@ impl Watch {
     /// both status notifications in one search.)
     fn cares(&self, bytes: &[u8]) -> bool {
         self.expect.lock().id().is_some()
-            || found(&needles::TASKS_METHODS, bytes)
+            || needles::may_name(&needles::TASKS_METHODS, bytes)
             || self.is_activity(bytes)
     }
 
     fn is_activity(&self, bytes: &[u8]) -> bool {
         self.registry.releases().awaits_activity()
-            && (found(&needles::PROGRESS, bytes) || found(&needles::RELATED_TASK, bytes))
+            && (needles::may_name(&needles::PROGRESS, bytes)
+                || found(&needles::RELATED_TASK, bytes))
     }
 
     /// Applies one JSON-RPC message of the reply; returns it, rewritten if needed.
     async fn on_message(self: &Arc<Self>, bytes: Bytes, in_stream: bool) -> Bytes {
-        let is_status =
-            found(&needles::TASK_STATUS, &bytes) || found(&needles::TASKS_NOTIFICATION, &bytes);
+        // Escapes may spell either method (`notifications\/tasks\/status`): then read it.
+        let is_status = found(&needles::TASK_STATUS, &bytes)
+            || found(&needles::TASKS_NOTIFICATION, &bytes)
+            || needles::may_hide_names(&bytes);
         let is_activity = self.is_activity(&bytes);
         let waiting_for = self.expect.lock().id().cloned();
         if !is_status && !is_activity && waiting_for.is_none() {

@@ -265,3 +265,34 @@ async fn only_the_answer_to_the_request_is_applied() {
     let r = registry.store().get("up", "t1").unwrap().unwrap();
     assert_eq!(r.status, TaskStatus::Failed);
 }
+
+/// A status notification whose method is written with escaped slashes
+/// (`notifications\/tasks\/status`, valid JSON, PHP's `json_encode` default) is recorded like
+/// the plain spelling; a `\u` escape in the name too.
+#[tokio::test]
+async fn an_escaped_status_notification_is_recorded() {
+    for method in [
+        r"notifications\/tasks\/status",
+        r"notifications/t\u0061sks/status",
+    ] {
+        let (registry, _store) = registry();
+        let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+        registry.record_creation(record("t1"), &slot).await.unwrap();
+        let note = format!(
+            r#"{{"jsonrpc":"2.0","method":"{method}","params":{{"taskId":"t1","status":"completed","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:01Z","ttl":60000}}}}"#
+        );
+        let notified = stack(&registry, move || sse(&[note.as_str()]));
+        let reply = notified
+            .oneshot(request(
+                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            ))
+            .await
+            .unwrap();
+        let ReplyBody::Stream(events) = reply.body else {
+            panic!("not a stream")
+        };
+        assert_eq!(events.count().await, 1, "{method}: the message passes on");
+        let r = registry.store().get("up", "t1").unwrap().unwrap();
+        assert_eq!(r.status, TaskStatus::Completed, "{method}");
+    }
+}

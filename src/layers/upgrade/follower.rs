@@ -96,24 +96,29 @@ impl<S: McpService> Follower<S> {
     pub(super) async fn relay_other(&self, mut ev: Event) {
         let Some(data) = &ev.data else { return };
         let bytes = data.as_bytes();
-        if crate::jsonrpc::needles::found(&crate::jsonrpc::needles::TASK_STATUS, bytes) {
-            if let Ok(v) = serde_json::from_str::<Value>(data) {
-                if let Some(p) = v.get("params") {
-                    let status = p.get("status").and_then(Value::as_str).unwrap_or("");
-                    let message = p.get("statusMessage").and_then(Value::as_str).unwrap_or("");
-                    let text = if message.is_empty() {
-                        status.to_string()
-                    } else {
-                        format!("{status}: {message}")
-                    };
-                    self.progress(text).await;
-                }
+        use crate::jsonrpc::needles::{may_name, PROGRESS, TASK_STATUS};
+        // Only a status notification (its method read, escapes and all) becomes progress; a
+        // message that merely mentions the method goes on as it came.
+        let status_params = || {
+            let v: Value = serde_json::from_str(data).ok()?;
+            (v.get("method")?.as_str()? == "notifications/tasks/status")
+                .then(|| v.get("params").cloned())
+                .flatten()
+        };
+        if may_name(&TASK_STATUS, bytes) {
+            if let Some(p) = status_params() {
+                let status = p.get("status").and_then(Value::as_str).unwrap_or("");
+                let message = p.get("statusMessage").and_then(Value::as_str).unwrap_or("");
+                let text = if message.is_empty() {
+                    status.to_string()
+                } else {
+                    format!("{status}: {message}")
+                };
+                self.progress(text).await;
+                return;
             }
-            return;
         }
-        if self.progress_token.is_some()
-            && crate::jsonrpc::needles::found(&crate::jsonrpc::needles::PROGRESS, bytes)
-        {
+        if self.progress_token.is_some() && may_name(&PROGRESS, bytes) {
             if let Ok(mut v) = serde_json::from_str::<Value>(data) {
                 let on_token = v.pointer("/params/progressToken") == self.progress_token.as_ref();
                 if on_token {
