@@ -55,7 +55,7 @@ SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
-for v in DURATION WARMUP REPEAT QUIET_PCT LIFECYCLE_TASKS CANCELS RECORDS SCENARIOS; do
+for v in DURATION WARMUP REPEAT QUIET_PCT LIFECYCLE_TASKS CANCELS RECORDS SCENARIOS FLOOR; do
   case " $(env | cut -d= -f1 | tr '\n' ' ') " in *" $v "*) ENVSET="$ENVSET$v='${!v}' " ;; esac
 done
 COMMAND="${ENVSET}${COMMAND}"
@@ -436,6 +436,8 @@ CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 REV=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
 DIRTY=$(cd "$ROOT" && git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null | wc -l)
 [ "$DIRTY" != 0 ] && REV="$REV + uncommitted changes in src/"
+# A binary given with TASKGATE_BIN is not this checkout's: say which file it was.
+[ -n "${TASKGATE_BIN:-}" ] && REV="TASKGATE_BIN=$TASKGATE_BIN (the checkout is $REV)"
 STORE_FS=$(df -PT "$WORK" | awk 'NR==2 {print $2 " (" $1 ")"}')
 TITLE="# taskgate benchmark results"
 HEADER="## Full report: $(date -u '+%Y-%m-%d %H:%M UTC'), $REV
