@@ -11,6 +11,7 @@
 #   TOOL=strace bash benches/profile.sh small BIN   # system calls per request instead (strace -f -c)
 #   TOOL=perf CONC=16 bash benches/profile.sh small BIN   # CPU samples, kernel included (perf record)
 #   bash benches/profile.sh small benches/loadgen/target/release/hyperproxy   # the hyper floor
+#   KEEP=/tmp/small.cg bash benches/profile.sh small BIN   # keep the callgrind dump
 #
 # TOOL=strace counts taskgate's system calls (all threads, warm-up and measured part together)
 # per request: futex and the eventfd `write` are the cross-thread wake-ups CPU time hides.
@@ -124,6 +125,8 @@ fi
 callgrind_control -d "$TG_PID" > /dev/null 2>&1
 requests=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
 dump=$(ls -t "$WORK"/cg.* | head -1)
+# KEEP=FILE keeps the callgrind dump for callgrind_annotate --tree=caller or kcachegrind.
+[ -n "${KEEP:-}" ] && cp "$dump" "$KEEP"
 total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(/,/, "", $1); print $1; exit }' || true)
 echo "binary:       $TASKGATE"
 echo "scenario:     $SCENARIO, c=1"
