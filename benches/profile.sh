@@ -20,7 +20,8 @@
 # request, and the TOP symbols by their own samples; it needs perf (linux-perf) and a
 # perf_event_paranoid that allows it (root does).
 #
-# Prints: requests measured, instructions per request (taskgate, all threads), and the TOP
+# Prints: requests measured, instructions per request (taskgate, all threads), the same with
+# the idle cost subtracted (IDLE=5 seconds of no requests measured first; IDLE=0 skips), and the TOP
 # functions by inclusive instructions per request. Needs valgrind (callgrind_control,
 # callgrind_annotate). Everything started here stops on exit.
 set -euo pipefail
@@ -78,7 +79,20 @@ case $SCENARIO in
   *) echo "scenario: small, sse, lifecycle or modern-lifecycle" >&2; exit 2 ;;
 esac
 "$LG" run "${args[@]}" "${warm[@]}" --json-out "$WORK/warm.jsonl" > /dev/null
+idle_rate=0
+if [ "$TOOL" = callgrind ] && [ "${IDLE:-5}" -gt 0 ]; then
+  # What taskgate runs with no request at all (timers, the sweeper, sled's flusher), per
+  # second: subtracted below, so runs at different request rates (valgrind under a busy
+  # machine) compare. Without it the per-request figure moved by 2-5 % between runs.
+  callgrind_control -z "$TG_PID" > /dev/null 2>&1
+  t0=$(date +%s.%N); sleep "${IDLE:-5}"
+  callgrind_control -d "$TG_PID" > /dev/null 2>&1; t1=$(date +%s.%N)
+  idle_dump=$(ls -t "$WORK"/cg.* | head -1)
+  idle_total=$(callgrind_annotate "$idle_dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(/,/, "", $1); print $1; exit }' || true)
+  idle_rate=$(awk -v n="${idle_total:-0}" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", n / (b - a) }')
+fi
 [ "$TOOL" = callgrind ] && callgrind_control -z "$TG_PID" > /dev/null 2>&1
+run_t0=$(date +%s.%N)
 if [ "$TOOL" = perf ]; then
   perf record -q -F 2999 -g -p "$TG_PID" -o "$WORK/perf.data" 2> "$WORK/perf.err" &
   PERF_PID=$!
@@ -123,6 +137,7 @@ if [ "$TOOL" = strace ]; then
   exit 0
 fi
 callgrind_control -d "$TG_PID" > /dev/null 2>&1
+run_t1=$(date +%s.%N)
 requests=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
 dump=$(ls -t "$WORK"/cg.* | head -1)
 # KEEP=FILE keeps the callgrind dump for callgrind_annotate --tree=caller or kcachegrind.
@@ -132,6 +147,11 @@ echo "binary:       $TASKGATE"
 echo "scenario:     $SCENARIO, c=1"
 echo "requests:     $requests"
 echo "instructions: $total ($((total / requests)) per request)"
+if [ "$idle_rate" != 0 ]; then
+  awk -v t="$total" -v r="$idle_rate" -v a="$run_t0" -v b="$run_t1" -v n="$requests" 'BEGIN {
+    printf "idle-corrected: %.0f per request (idle %.0f per second subtracted over %.1f s)\n",
+      (t - r * (b - a)) / n, r, b - a }'
+fi
 # One line per function: instructions per request, then the function without its file path.
 per_request() {
   # (Without --inclusive, callgrind_annotate 3.19 still lists the thread-start chain with the

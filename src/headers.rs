@@ -96,29 +96,45 @@ pub fn strip_upstream_reply(headers: &mut HeaderMap) {
 /// `Err` carries the charset when the value names `essence` with a `charset` other than UTF-8
 /// (MCP messages are UTF-8).
 pub fn content_type_is(value: Option<&HeaderValue>, essence: &str) -> Result<bool, String> {
-    let Some(text) = value.and_then(|v| v.to_str().ok()) else {
+    // On bytes, as `response::accept_lists` (a memchr searcher per `str::split` cost more than
+    // the comparison); `essence` and the parameter names are ASCII.
+    let Some(text) = value.map(HeaderValue::as_bytes) else {
         return Ok(false);
     };
-    let mut parts = text.split(';');
+    let mut parts = text.split(|&b| b == b';');
     let named = parts
         .next()
-        .is_some_and(|t| t.trim().eq_ignore_ascii_case(essence));
-    if !named {
+        .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(essence.as_bytes()));
+    if !named || !is_text(text) {
         return Ok(false);
     }
     for param in parts {
-        let Some((name, value)) = param.split_once('=') else {
+        let Some(eq) = param.iter().position(|&b| b == b'=') else {
             continue;
         };
-        if !name.trim().eq_ignore_ascii_case("charset") {
+        let (name, value) = (&param[..eq], &param[eq + 1..]);
+        if !name.trim_ascii().eq_ignore_ascii_case(b"charset") {
             continue;
         }
-        let charset = value.trim().trim_matches('"');
-        if !(charset.eq_ignore_ascii_case("utf-8") || charset.eq_ignore_ascii_case("utf8")) {
-            return Err(charset.to_string());
+        let mut charset = value.trim_ascii();
+        while let Some(rest) = charset.strip_prefix(b"\"") {
+            charset = rest;
+        }
+        while let Some(rest) = charset.strip_suffix(b"\"") {
+            charset = rest;
+        }
+        if !(charset.eq_ignore_ascii_case(b"utf-8") || charset.eq_ignore_ascii_case(b"utf8")) {
+            return Err(String::from_utf8_lossy(charset).into_owned());
         }
     }
     Ok(true)
+}
+
+/// Whether a header value is what `HeaderValue::to_str` accepts (visible ASCII, space, tab).
+pub fn is_text(value: &[u8]) -> bool {
+    value
+        .iter()
+        .all(|&b| (0x20..0x7f).contains(&b) || b == b'\t')
 }
 
 /// Whether a session id is in the spec's range: one or more visible ASCII characters (0x21 to

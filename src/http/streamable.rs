@@ -217,9 +217,9 @@ impl Edge {
         let mut headers = parts.headers;
         strip_hop_by_hop(&mut headers);
         let session_id = headers.remove(&MCP_SESSION_ID);
-        headers.remove(header::HOST);
+        // `Host` and `Content-Length` stay: the upstream client replaces both (each removal
+        // was a hashed look-up on every request).
         headers.remove(header::ORIGIN);
-        headers.remove(header::CONTENT_LENGTH);
         let era = crate::era::Era::of_request(
             &headers,
             match &op {
@@ -238,8 +238,12 @@ impl Edge {
             },
             extensions: http::Extensions::new(),
         };
-        // Computed once here; layers read it with `Era::of` (DESIGN.md "Two eras, one gateway").
-        request.extensions.insert(era);
+        // Computed once here; layers read it with `Era::of` (DESIGN.md "Two eras, one gateway"),
+        // which answers the default (legacy) when none is stored: the first insert into
+        // `Extensions` allocates its map (three allocations), so the default is not stored.
+        if era != crate::era::Era::default() {
+            request.extensions.insert(era);
+        }
         let method = match &request.op {
             Operation::Post(m) => m.method().map(McpMethod::of).unwrap_or(match m.kind() {
                 jsonrpc::Kind::Error => McpMethod::ErrorResponse,
