@@ -35,7 +35,7 @@ use crate::exchange::{McpReply, McpRequest, McpStack, Operation, ReplyBody, Requ
 use crate::headers::{content_type_is, strip_hop_by_hop, MCP_SESSION_ID};
 use crate::jsonrpc::{self, EnvelopeError, Message};
 use crate::limits::{Limiter, Permit};
-use crate::metrics::{McpMethod, Metrics, RejectReason, RequestOutcome, SseKind};
+use crate::metrics::{McpMethod, Metrics, RejectReason, RequestOutcome, RequestSeries, SseKind};
 use crate::sse::KeepAlive;
 use futures_util::StreamExt;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -74,10 +74,16 @@ pub struct EdgeSettings {
     pub limits: Option<Arc<Limiter>>,
 }
 
+/// A route as the edge keeps it: with its request series resolved.
+struct Served {
+    route: Route,
+    series: RequestSeries,
+}
+
 /// The MCP endpoint handler.
 pub struct Edge {
-    routes: HashMap<Arc<str>, Route>,
-    first: Route,
+    routes: HashMap<Arc<str>, Served>,
+    first: Served,
     names: Vec<Arc<str>>,
     settings: EdgeSettings,
     auth: Authenticator,
@@ -94,10 +100,17 @@ impl Edge {
         metrics: Arc<Metrics>,
         shutdown: watch::Receiver<bool>,
     ) -> Edge {
-        let first = routes.first().expect("at least one upstream").clone();
+        let served = |route: Route| Served {
+            series: metrics.request_series(&route.name),
+            route,
+        };
+        let first = served(routes.first().expect("at least one upstream").clone());
         let names = routes.iter().map(|r| r.name.clone()).collect();
         Edge {
-            routes: routes.into_iter().map(|r| (r.name.clone(), r)).collect(),
+            routes: routes
+                .into_iter()
+                .map(|r| (r.name.clone(), served(r)))
+                .collect(),
             first,
             names,
             settings,
@@ -107,7 +120,7 @@ impl Edge {
         }
     }
 
-    fn route(&self, path: &str) -> Result<&Route, Response<Body>> {
+    fn route(&self, path: &str) -> Result<&Served, Response<Body>> {
         let rest = path.strip_prefix("/mcp");
         match rest {
             Some("") | Some("/") => Ok(&self.first),
@@ -175,8 +188,8 @@ impl Edge {
     }
 
     async fn serve_admitted(&self, req: Request<Incoming>, principal: Principal) -> Response<Body> {
-        let route = match self.route(req.uri().path()) {
-            Ok(r) => r.clone(),
+        let (route, series) = match self.route(req.uri().path()) {
+            Ok(served) => (&served.route, &served.series),
             Err(resp) => return self.reject(RejectReason::Route, resp),
         };
         let op_method = req.method().clone();
@@ -269,15 +282,14 @@ impl Edge {
         );
         let started = Instant::now();
         let result =
-            tracing::Instrument::instrument(route.stack.oneshot(request), span.clone()).await;
-        self.metrics
-            .request_duration(&route.name, method, started.elapsed().as_secs_f64());
+            tracing::Instrument::instrument(route.stack.clone().oneshot(request), span.clone())
+                .await;
+        series.duration(method, started.elapsed().as_secs_f64());
         match result {
             Ok(mut reply) => {
                 if let Some(reason) = reply.take_local_reason() {
                     self.metrics.local_answer(&route.name, reason);
-                    self.metrics
-                        .request(&route.name, method, RequestOutcome::Local);
+                    series.request(method, RequestOutcome::Local);
                     tracing::debug!(
                         upstream = %route.name,
                         method = method.as_str(),
@@ -294,11 +306,11 @@ impl Edge {
                 } else {
                     RequestOutcome::UpstreamStatus
                 };
-                self.metrics.request(&route.name, method, outcome);
+                series.request(method, outcome);
                 self.encode_reply(reply, &route.name, stream_kind)
             }
             Err(e) => {
-                self.metrics.request(&route.name, method, e.outcome());
+                series.request(method, e.outcome());
                 span.in_scope(|| {
                     tracing::warn!(
                         upstream = %route.name,

@@ -11,9 +11,11 @@
 //! every configured upstream, so each exists (at 0) before the first event.
 
 mod labels;
+mod series;
 mod task_facts;
 
 pub use labels::*;
+pub use series::RequestSeries;
 
 use prometheus::core::{Collector, MetricVec, MetricVecBuilder};
 use prometheus::{
@@ -431,18 +433,7 @@ impl Metrics {
 
     // ---- recording: the edge and the upstream client ----
 
-    /// One client request answered (`taskgate_requests_total`).
-    pub fn request(&self, upstream: &str, method: McpMethod, outcome: RequestOutcome) {
-        self.requests_total
-            .with_label_values(&[upstream, method.as_str(), outcome.as_str()])
-            .inc();
-    }
-    /// Time from a request to its reply's headers (`taskgate_request_duration_seconds`).
-    pub fn request_duration(&self, upstream: &str, method: McpMethod, seconds: f64) {
-        self.request_duration_seconds
-            .with_label_values(&[upstream, method.as_str()])
-            .observe(seconds);
-    }
+    // Client requests and their durations: [`RequestSeries`] (resolved per upstream).
     /// A request refused at the edge (`taskgate_http_rejections_total`).
     pub fn http_rejection(&self, reason: RejectReason) {
         self.http_rejections_total
