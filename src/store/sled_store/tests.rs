@@ -133,7 +133,10 @@ async fn an_update_racing_another_keeps_both() {
     let stored = store.get("up", "t").unwrap().unwrap();
     assert_eq!(stored, after);
     // The expiry index stays in step when only the record changed.
-    assert!(store.expired(1_001, 10).unwrap() == vec![("up".into(), "t".into())]);
+    assert_eq!(
+        store.expired(1_001, 10).unwrap(),
+        vec![("up".to_string(), "t".to_string())]
+    );
 }
 
 /// A record changed by an update that moves its expiry is found by the sweep at the new time
