@@ -1,0 +1,157 @@
+//! Unit tests of the sled store.
+
+use super::*;
+use crate::mcp::task::TaskStatus;
+use crate::store::Origin;
+
+fn record(id: &str, owner: &str, recorded_at: u64) -> TaskRecord {
+    TaskRecord {
+        upstream: "up".into(),
+        task_id: id.into(),
+        owner: Owner::Principal(owner.into()),
+        upstream_session: Some("s1".into()),
+        origin: Origin::Client,
+        tool: Some("slow".into()),
+        protocol_version: Some("2025-11-25".into()),
+        status: TaskStatus::Working,
+        status_message: None,
+        created_at: "2025-11-25T10:30:00Z".into(),
+        last_updated_at: "2025-11-25T10:30:00Z".into(),
+        ttl_ms: Some(60_000),
+        poll_interval_ms: Some(500),
+        recorded_at,
+        cancel_requested_at: None,
+        cancelled_at: None,
+        released_at: None,
+        terminal_at: None,
+        late_result_at: None,
+        tool_error: false,
+        era: crate::era::Era::Legacy,
+        terminal_result: None,
+        expires_at: 1_000 + recorded_at,
+    }
+}
+
+#[tokio::test]
+async fn records_survive_reopen_and_list_newest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let alice = Owner::Principal("alice".into());
+    let bob = Owner::Principal("bob".into());
+    {
+        let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+        for i in 0..5u64 {
+            store
+                .create(record(&format!("t:{i}"), "alice", i))
+                .await
+                .unwrap();
+        }
+        store.create(record("b", "bob", 9)).await.unwrap();
+        let (page, next) = store.list_owner("up", &alice, None, 2).unwrap();
+        let ids: Vec<_> = page.iter().map(|r| r.task_id.as_str()).collect();
+        assert_eq!(ids, ["t:4", "t:3"]);
+        let next = next.unwrap();
+        assert!(store.cursor_is_valid("up", &alice, &next));
+        assert!(!store.cursor_is_valid("up", &bob, &next));
+        let (page, next) = store.list_owner("up", &alice, Some(&next), 2).unwrap();
+        assert_eq!(page[0].task_id, "t:2");
+        let (page, next) = store.list_owner("up", &alice, next.as_ref(), 2).unwrap();
+        assert_eq!(page.len(), 1);
+        assert!(next.is_none());
+    }
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    assert_eq!(store.len(), 6);
+    let (before, after) = store
+        .update("up", "t:1", &mut |r| {
+            r.status = TaskStatus::Cancelled;
+            r.expires_at = 5;
+            true
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(before.status, TaskStatus::Working);
+    assert_eq!(after.status, TaskStatus::Cancelled);
+    assert_eq!(
+        store.expired(5, 10).unwrap(),
+        vec![("up".into(), "t:1".into())]
+    );
+    assert!(store.remove("up", "t:1").unwrap().is_some());
+    assert!(store.get("up", "t:1").unwrap().is_none());
+    assert_eq!(store.list_owner("up", &alice, None, 10).unwrap().0.len(), 4);
+}
+
+#[test]
+fn a_second_open_names_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    // sled locks per process with flock; a second process is what fails in practice, but a
+    // second open in one process fails the same way while the first is alive.
+    match SledStore::open(dir.path(), 1 << 20, None) {
+        Err(e) => assert!(e.to_string().contains("lock"), "{e}"),
+        Ok(_) => panic!("second open of a locked store succeeded"),
+    }
+}
+
+/// An update whose record changed between its plain read and its write (here: another update
+/// made from inside the change, the first time it runs) is not lost: the compare-and-swap of an
+/// update that only changes the record fails, and the change is applied again to the record as it
+/// is now, in the transaction. Both changes are in the record afterwards, and `before` is the
+/// record the change was finally applied to.
+#[tokio::test]
+async fn an_update_racing_another_keeps_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    store.create(record("t", "alice", 1)).await.unwrap();
+    let mut calls = 0;
+    let (before, after) = store
+        .update("up", "t", &mut |r| {
+            calls += 1;
+            if calls == 1 {
+                let other = store.update("up", "t", &mut |o| {
+                    o.status_message = Some("from the other update".into());
+                    true
+                });
+                assert!(other.unwrap().is_some());
+            }
+            r.status = TaskStatus::Completed;
+            true
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        calls, 2,
+        "the change ran again on the record as it was then"
+    );
+    assert_eq!(
+        before.status_message.as_deref(),
+        Some("from the other update")
+    );
+    assert_eq!(after.status, TaskStatus::Completed);
+    assert_eq!(
+        after.status_message.as_deref(),
+        Some("from the other update")
+    );
+    let stored = store.get("up", "t").unwrap().unwrap();
+    assert_eq!(stored, after);
+    // The expiry index stays in step when only the record changed.
+    assert_eq!(
+        store.expired(1_001, 10).unwrap(),
+        vec![("up".to_string(), "t".to_string())]
+    );
+}
+
+/// A record changed by an update that moves its expiry is found by the sweep at the new time
+/// only (the index entry moves with the record, in one transaction).
+#[tokio::test]
+async fn an_update_moving_the_expiry_moves_its_index_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    store.create(record("t", "alice", 1)).await.unwrap();
+    store
+        .update("up", "t", &mut |r| {
+            r.expires_at = 5_000;
+            true
+        })
+        .unwrap();
+    assert!(store.expired(1_001, 10).unwrap().is_empty());
+    assert_eq!(store.expired(5_000, 10).unwrap().len(), 1);
+}
