@@ -338,7 +338,7 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
         // learned that it holds sessions): nothing of it goes upstream in the 2025 form.
         let mut is_held = false;
         if state.holds_sessions() || state.sessions.as_ref().is_some_and(|s| s.any_held()) {
-            match held::lookup(&state, &req) {
+            match held::lookup(state, &req) {
                 held::Lookup::Held(session) => {
                     req.extensions.insert(session);
                     is_held = true;
