@@ -417,6 +417,76 @@ impl GatewayError {
     }
 }
 
-/// The stack in front of one upstream: every layer and the upstream client, boxed
-/// (`tower::Service<McpRequest, Response = McpReply, Error = GatewayError>`).
-pub type McpStack = tower::util::BoxCloneSyncService<McpRequest, McpReply, GatewayError>;
+/// The stack in front of one upstream: every layer and the upstream client, shared
+/// (`tower::Service<McpRequest, Response = McpReply, Error = GatewayError>`, always ready).
+///
+/// The edge clones it per request: a reference count, where a boxed clonable service
+/// (`tower::util::BoxCloneSyncService`) allocated a copy of every layer. A call clones the
+/// layers in place, checks their readiness and boxes their future (the one allocation).
+#[derive(Clone)]
+pub struct McpStack(Arc<dyn CallStack>);
+
+impl McpStack {
+    /// Shares `stack` (the outermost layer over the rest).
+    pub fn new<S>(stack: S) -> McpStack
+    where
+        S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        McpStack(Arc::new(stack))
+    }
+}
+
+type StackFuture = futures_util::future::BoxFuture<'static, Result<McpReply, GatewayError>>;
+
+/// A shared stack called through a reference: [`McpStack`]'s object.
+trait CallStack: Send + Sync {
+    fn call(&self, req: McpRequest) -> StackFuture;
+}
+
+impl<S> CallStack for S
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    fn call(&self, req: McpRequest) -> StackFuture {
+        use std::task::{Context, Poll};
+        use tower::ServiceExt;
+        let mut stack = self.clone();
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+        match stack.poll_ready(&mut cx) {
+            // Every layer and the upstream client are always ready: called at once.
+            // (`Service::call` named: `stack.call` would be this method, `&self` first.)
+            Poll::Ready(Ok(())) => Box::pin(tower::Service::call(&mut stack, req)),
+            Poll::Ready(Err(e)) => Box::pin(std::future::ready(Err(e))),
+            // (Not so today) readiness is awaited with the caller's waker.
+            Poll::Pending => Box::pin(stack.oneshot(req)),
+        }
+    }
+}
+
+impl tower::Service<McpRequest> for McpStack {
+    type Response = McpReply;
+    type Error = GatewayError;
+    type Future = StackFuture;
+
+    /// Always ready: the stack's own readiness is checked per call, on the call's clone.
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), GatewayError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: McpRequest) -> StackFuture {
+        self.0.call(req)
+    }
+}

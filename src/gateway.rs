@@ -28,7 +28,6 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tower::util::BoxCloneSyncService;
 
 pub use crate::exchange::McpStack;
 
@@ -170,7 +169,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .service(inner);
         routes.push(Route {
             name,
-            stack: BoxCloneSyncService::new(stack),
+            stack: McpStack::new(stack),
         });
     }
     for (name, state, inner) in orphan_jobs {

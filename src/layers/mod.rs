@@ -28,6 +28,7 @@
 //!
 //! Each module's doc says which messages it touches.
 
+mod after;
 pub mod bridge;
 pub mod cancel;
 pub mod extensions;

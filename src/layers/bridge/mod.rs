@@ -129,6 +129,7 @@ use crate::layers::extensions::{AuthorisedTask, HeldSession, PendingCreation};
 use crate::layers::McpService;
 use crate::registry::Registry;
 use bytes::Bytes;
+use futures_util::future::Either;
 use http::HeaderValue;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -319,30 +320,31 @@ struct EraAsked;
 impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
     type Response = McpReply;
     type Error = GatewayError;
-    type Future = BoxFut;
+    /// The inner service's own future for what passes untranslated (a 2026-07-28 request, any
+    /// request to a 2025-11-25 upstream whose sessions taskgate does not hold); a boxed one
+    /// otherwise.
+    type Future = Either<S::Future, BoxFut>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: McpRequest) -> BoxFut {
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        let state = self.state.clone();
+    fn call(&mut self, mut req: McpRequest) -> Self::Future {
         if Era::of(&req) == Era::Modern {
-            return Box::pin(inner.oneshot(req));
+            return Either::Left(self.inner.call(req));
         }
+        let state = &self.state;
         // A session taskgate holds (one may come back from the store before this process
         // learned that it holds sessions): nothing of it goes upstream in the 2025 form.
         let mut is_held = false;
         if state.holds_sessions() || state.sessions.as_ref().is_some_and(|s| s.any_held()) {
-            match held::lookup(&state, &req) {
+            match held::lookup(state, &req) {
                 held::Lookup::Held(session) => {
                     req.extensions.insert(session);
                     is_held = true;
                 }
                 held::Lookup::Unknown if state.holds_sessions() => {
-                    return Box::pin(async move { Ok(held::not_found(&req)) })
+                    return Either::Right(Box::pin(async move { Ok(held::not_found(&req)) }))
                 }
                 held::Lookup::Unknown => {}
                 held::Lookup::NotHeld | held::Lookup::NoSession => {}
@@ -350,23 +352,48 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
         }
         if is_held && state.known().is_none() && req.extensions.get::<EraAsked>().is_none() {
             // A held session back from the store before this process learned the era.
-            return Box::pin(async move {
+            let (state, inner) = (state.clone(), self.take_inner());
+            return Either::Right(Box::pin(async move {
                 upstream_era(&state, &inner, &req).await;
                 req.extensions.insert(EraAsked);
                 BridgeService { inner, state }.call(req).await
-            });
+            }));
         }
-        if let Some(pending) = input_answer(&state, &req) {
+        if let Some(pending) = input_answer(state, &req) {
             if pending.round.is_some() {
                 // An answer to an MRTR round's input request (see `mrtr`).
                 mrtr::answered(&req, pending);
-                return Box::pin(async { Ok(McpReply::accepted()) });
+                return Either::Right(Box::pin(async { Ok(McpReply::accepted()) }));
             }
-            return Box::pin(async move {
+            let (state, inner) = (state.clone(), self.take_inner());
+            return Either::Right(Box::pin(async move {
                 follow::send_update(&state, inner, &req, pending).await;
                 Ok(McpReply::accepted())
-            });
+            }));
         }
+        if !is_held
+            && state.known() == Some(UpstreamEra::Legacy)
+            && !(state.holds_sessions() && req.request_method() == Some("initialize"))
+        {
+            // (A 2026 upstream without the tasks extension whose sessions taskgate holds still
+            // gets its `initialize` answered here.)
+            return Either::Left(self.inner.call(req));
+        }
+        let (state, inner) = (self.state.clone(), self.take_inner());
+        Either::Right(Self::translated(state, inner, req, is_held))
+    }
+}
+
+impl<S: McpService> BridgeService<S> {
+    /// The inner service for a future that outlives `call`: the ready one goes with the
+    /// request, this service keeps a clone.
+    fn take_inner(&mut self) -> S {
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
+    }
+
+    /// What `call` does to a 2025-11-25 request that does not pass untranslated.
+    fn translated(state: Arc<BridgeState>, inner: S, req: McpRequest, is_held: bool) -> BoxFut {
         if is_held {
             match &req.op {
                 // The GET stream: the upstream's `subscriptions/listen` (see `listen`).
@@ -390,12 +417,6 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             if let Some(reply) = held::local(&state, &req) {
                 return Box::pin(async move { Ok(reply) });
             }
-        } else if state.known() == Some(UpstreamEra::Legacy)
-            && !(state.holds_sessions() && req.request_method() == Some("initialize"))
-        {
-            // (A 2026 upstream without the tasks extension whose sessions taskgate holds still
-            // gets its `initialize` answered here.)
-            return Box::pin(inner.oneshot(req));
         }
         let tasks_bridged = state.known() == Some(UpstreamEra::ModernTasks);
         match req.request_method() {

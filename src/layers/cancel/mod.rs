@@ -68,7 +68,7 @@ use crate::mcp::task::TaskStatus;
 use crate::metrics::{self, LocalReason};
 use crate::registry::Registry;
 use bytes::Bytes;
-use futures_util::future::{BoxFuture, FutureExt, Shared};
+use futures_util::future::{BoxFuture, Either, FutureExt, Shared};
 use futures_util::StreamExt;
 use notes::{CancelNotes, InFlightGuard, NOTES_LIMIT};
 use parking_lot::Mutex;
@@ -165,6 +165,15 @@ pub struct CancelService<S> {
 
 type BoxFut = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send>>;
 
+impl<S: Clone> CancelService<S> {
+    /// The inner service for a future that outlives `call`: the ready one goes with the
+    /// request, this service keeps a clone.
+    fn take_inner(&mut self) -> S {
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
+    }
+}
+
 impl<S> tower::Service<McpRequest> for CancelService<S>
 where
     S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
@@ -175,48 +184,58 @@ where
 {
     type Response = McpReply;
     type Error = GatewayError;
-    type Future = BoxFut;
+    /// The inner service's own future for a request with nothing to track while in flight (a
+    /// plain `tools/call`, a routed `notifications/cancelled`, ...); a boxed one otherwise.
+    type Future = Either<S::Future, BoxFut>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: McpRequest) -> BoxFut {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let state = self.state.clone();
+    fn call(&mut self, mut req: McpRequest) -> Self::Future {
         match (req.request_method(), req.notification_method()) {
-            (Some("tasks/cancel"), _) => Box::pin(cancel_from_below(state, inner, req)),
-            (Some("initialize"), _) => Box::pin(async move {
-                let caller = req.ctx.caller();
-                let id = req.id().cloned();
-                let reply = inner.call(req).await?;
-                if let Some(id) = id {
-                    state.note_initialize(caller, &reply, id);
-                }
-                Ok(reply)
-            }),
+            (Some("tasks/cancel"), _) => Either::Right(Box::pin(cancel_from_below(
+                self.state.clone(),
+                self.take_inner(),
+                req,
+            ))),
+            (Some("initialize"), _) => {
+                let (state, mut inner) = (self.state.clone(), self.take_inner());
+                Either::Right(Box::pin(async move {
+                    let caller = req.ctx.caller();
+                    let id = req.id().cloned();
+                    let reply = inner.call(req).await?;
+                    if let Some(id) = id {
+                        state.note_initialize(caller, &reply, id);
+                    }
+                    Ok(reply)
+                }))
+            }
             (_, Some("notifications/cancelled")) => {
-                if let Some(reason) = state.route_cancelled(&mut req) {
-                    state
+                if let Some(reason) = self.state.route_cancelled(&mut req) {
+                    self.state
                         .registry
                         .metrics()
                         .cancelled_notification_dropped(&req.ctx.upstream, reason);
                     tracing::info!(reason = reason.as_str(), "notifications/cancelled dropped");
-                    return Box::pin(async { Ok(McpReply::accepted()) });
+                    return Either::Right(Box::pin(async { Ok(McpReply::accepted()) }));
                 }
-                Box::pin(inner.call(req))
+                Either::Left(self.inner.call(req))
             }
             _ => {
-                state.note_creation(&req);
-                let Some(key) = state.note_request(&req) else {
+                self.state.note_creation(&req);
+                let Some(key) = self.state.note_request(&req) else {
                     // The common case: nothing to track while this request is in flight.
-                    return Box::pin(inner.call(req));
+                    return Either::Left(self.inner.call(req));
                 };
                 // Made before the call: a client that goes away before the answer still
                 // removes its note.
-                let done = InFlightGuard { state, key };
-                Box::pin(async move {
+                let done = InFlightGuard {
+                    state: self.state.clone(),
+                    key,
+                };
+                let mut inner = self.take_inner();
+                Either::Right(Box::pin(async move {
                     let mut reply = inner.call(req).await?;
                     if let ReplyBody::Stream(events) = reply.body {
                         reply.body = ReplyBody::Stream(Box::pin(events.map(move |e| {
@@ -225,7 +244,7 @@ where
                         })));
                     }
                     Ok(reply)
-                })
+                }))
             }
         }
     }

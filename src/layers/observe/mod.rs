@@ -34,11 +34,13 @@ use crate::era::{self, Era};
 use crate::exchange::{McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc::needles::{self, found};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
+use crate::layers::after::{AfterReply, ReplyStep};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
 use crate::registry::{Registry, ResourceHold};
 use crate::sse::{ByteString, Event, EventStream};
 use crate::store::TaskRecord;
 use bytes::Bytes;
+use futures_util::future::Either;
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::future::Future;
@@ -159,18 +161,25 @@ where
 {
     type Response = McpReply;
     type Error = S::Error;
-    type Future = BoxFut<S::Error>;
+    /// For a request whose answer carries nothing to apply (not a task creation nor a task
+    /// request), the inner service's own future with its SSE stream, if any, watched
+    /// ([`WatchStream`]); a boxed one otherwise.
+    type Future = Either<AfterReply<S::Future, WatchStream>, BoxFut<S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let registry = self.registry.clone();
         let upstream = req.ctx.upstream.clone();
         let expect = Expect::of(&mut req);
+        if matches!(expect, Expect::Nothing) {
+            let watch = WatchStream { registry, upstream };
+            return Either::Left(AfterReply::new(self.inner.call(req), watch));
+        }
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
         // An open tasks/result is a resource held for its task until its reply is done.
         let request_hold = match &expect {
             Expect::TaskReply {
@@ -180,7 +189,7 @@ where
             } => Some(registry.releases().hold(&upstream, task_id)),
             _ => None,
         };
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             // An error drops `expect`: a creation's reserved slot is given back.
             let mut reply = inner.call(req).await?;
             if matches!(expect, Expect::Nothing) && !matches!(reply.body, ReplyBody::Stream(_)) {
@@ -199,7 +208,30 @@ where
                 other => other,
             };
             Ok(reply)
-        })
+        }))
+    }
+}
+
+/// The reply to a request with nothing to expect: a JSON answer passes as it is (nothing to
+/// apply); an SSE stream is watched for status notifications and activity.
+#[doc(hidden)]
+pub struct WatchStream {
+    registry: Arc<Registry>,
+    upstream: Arc<str>,
+}
+
+impl ReplyStep for WatchStream {
+    fn apply(self, mut reply: McpReply) -> McpReply {
+        if let ReplyBody::Stream(events) = reply.body {
+            let watch = Arc::new(Watch {
+                registry: self.registry,
+                upstream: self.upstream,
+                expect: Mutex::new(Expect::Nothing),
+                holds: Mutex::new(Vec::new()),
+            });
+            reply.body = ReplyBody::Stream(Watch::watch(watch, events));
+        }
+        reply
     }
 }
 

@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::jsonrpc::needles;
+use crate::layers::after::{AfterReply, ReplyStep};
+use futures_util::future::Either;
 
 /// Builds [`SessionService`]s over a shared [`Sessions`] table.
 #[derive(Clone)]
@@ -42,15 +44,19 @@ where
 {
     type Response = McpReply;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<McpReply, S::Error>> + Send>>;
+    /// The inner service's own future with [`Finish`] applied to its reply (no await: any
+    /// request but `initialize` and `DELETE`); a boxed one for those two, whose answers may be
+    /// written to the store.
+    type Future = Either<
+        AfterReply<S::Future, Finish>,
+        Pin<Box<dyn Future<Output = Result<McpReply, S::Error>> + Send>>,
+    >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
         let sessions = self.sessions.clone();
         let upstream = req.ctx.upstream.clone();
         let session = session_key(&req.ctx);
@@ -80,10 +86,32 @@ where
             (Operation::OpenStream, _) => Watch::Stream,
             _ => Watch::Nothing,
         };
-        let id = req.id().cloned();
-        Box::pin(async move {
+        let finish = Finish {
+            sessions,
+            upstream,
+            principal,
+            has_identity,
+            session,
+            watch,
+            id: req.id().cloned(),
+        };
+        if !matches!(finish.watch, Watch::Initialize(..) | Watch::End) {
+            // Nothing to store: the reply is read as it passes.
+            return Either::Left(AfterReply::new(self.inner.call(req), finish));
+        }
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Either::Right(Box::pin(async move {
             let mut reply = inner.call(req).await?;
             let held = reply.headers.remove(&HELD_SESSION).is_some();
+            let Finish {
+                sessions,
+                upstream,
+                principal,
+                watch,
+                session,
+                ..
+            } = &finish;
             if held {
                 let answered = match &reply.body {
                     ReplyBody::Json(bytes) => Some(bytes.clone()),
@@ -94,7 +122,7 @@ where
                     .get("mcp-session-id")
                     .and_then(|h| HeaderValue::from_bytes(h.as_bytes()).ok());
                 if let Some(refused) =
-                    store_held(&sessions, &upstream, &principal, &watch, answered, issued).await
+                    store_held(sessions, upstream, principal, watch, answered, issued).await
                 {
                     return Ok(refused);
                 }
@@ -103,68 +131,106 @@ where
                 // Forgotten once the upstream ended it (or does not know it); a held session
                 // leaves the store before the answer goes on.
                 if reply.status.is_success() || reply.status == http::StatusCode::NOT_FOUND {
-                    sessions.forget_ended(&upstream, session.as_ref()).await;
+                    sessions.forget_ended(upstream, session.as_ref()).await;
                 }
                 return Ok(reply);
             }
-            // A copy: a clone would be a slice of hyper's whole read buffer (kilobytes), kept
-            // alive as long as the entry.
-            let issued = reply
-                .headers
-                .get("mcp-session-id")
-                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
-            // Without a session or a principal every client shares one entry: keep the
-            // upstream's facts there, never one client's capabilities.
-            let keep_client_caps = has_identity || issued.is_some();
-            let reply_session = issued.map(SessionKey::Session).or(session);
-            // A held session's `initialize` answer was recorded by `store_held`, once.
-            let json_matters = match watch {
-                Watch::Initialize(..) => !held,
-                Watch::ToolsList => true,
-                _ => false,
-            };
-            let observe = move |bytes: &[u8]| match &watch {
-                Watch::Initialize(caps, _) => {
-                    let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
-                        return;
-                    };
-                    if v.get("id").and_then(Id::from_value).as_ref() != id.as_ref() {
-                        return;
-                    }
-                    if let Some(result) = v.get("result") {
-                        sessions.insert(
-                            &upstream,
-                            reply_session.clone(),
-                            principal.clone(),
-                            keep_client_caps.then_some(caps),
-                            Some(result),
-                            None,
-                        );
-                    }
+            Ok(finish.reply(reply, held))
+        }))
+    }
+}
+
+/// What the `session` layer reads from a reply as it passes (the tool cache, capabilities, the
+/// session's activity), once any store write is done.
+#[doc(hidden)]
+pub struct Finish {
+    sessions: Arc<Sessions>,
+    upstream: Arc<str>,
+    principal: Principal,
+    has_identity: bool,
+    session: Option<SessionKey>,
+    watch: Watch,
+    id: Option<Id>,
+}
+
+impl ReplyStep for Finish {
+    fn apply(self, mut reply: McpReply) -> McpReply {
+        // A held session's answer is stored only for `initialize` (not this path).
+        let held = reply.headers.remove(&HELD_SESSION).is_some();
+        self.reply(reply, held)
+    }
+}
+
+impl Finish {
+    /// `reply` with its messages observed; `held`: the upstream answer came from a session
+    /// taskgate holds (its `initialize` answer was recorded by `store_held`).
+    fn reply(self, mut reply: McpReply, held: bool) -> McpReply {
+        let Finish {
+            sessions,
+            upstream,
+            principal,
+            has_identity,
+            session,
+            watch,
+            id,
+        } = self;
+        // A copy: a clone would be a slice of hyper's whole read buffer (kilobytes), kept
+        // alive as long as the entry.
+        let issued = reply
+            .headers
+            .get("mcp-session-id")
+            .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
+        // Without a session or a principal every client shares one entry: keep the
+        // upstream's facts there, never one client's capabilities.
+        let keep_client_caps = has_identity || issued.is_some();
+        let reply_session = issued.map(SessionKey::Session).or(session);
+        // A held session's `initialize` answer was recorded by `store_held`, once.
+        let json_matters = match watch {
+            Watch::Initialize(..) => !held,
+            Watch::ToolsList => true,
+            _ => false,
+        };
+        let observe = move |bytes: &[u8]| match &watch {
+            Watch::Initialize(caps, _) => {
+                let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
+                    return;
+                };
+                if v.get("id").and_then(Id::from_value).as_ref() != id.as_ref() {
+                    return;
                 }
-                Watch::ToolsList => {
-                    if needles::found(&needles::TOOLS_KEY, bytes) {
-                        if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
-                            if let Some(result) = v.get("result") {
-                                sessions.record_tools(&upstream, reply_session.as_ref(), result);
-                            }
+                if let Some(result) = v.get("result") {
+                    sessions.insert(
+                        &upstream,
+                        reply_session.clone(),
+                        principal.clone(),
+                        keep_client_caps.then_some(caps),
+                        Some(result),
+                        None,
+                    );
+                }
+            }
+            Watch::ToolsList => {
+                if needles::found(&needles::TOOLS_KEY, bytes) {
+                    if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
+                        if let Some(result) = v.get("result") {
+                            sessions.record_tools(&upstream, reply_session.as_ref(), result);
                         }
                     }
-                    sessions.on_upstream_message(&upstream, reply_session.as_ref(), bytes);
                 }
-                Watch::Stream | Watch::Nothing | Watch::End => {
-                    sessions.on_upstream_message(&upstream, reply_session.as_ref(), bytes)
-                }
-            };
-            // A JSON answer is the one response: only initialize and tools/list answers matter.
-            if json_matters || matches!(reply.body, ReplyBody::Stream(_)) {
-                reply.body = reply.body.map_messages(move |data| {
-                    observe(data.as_bytes());
-                    None
-                });
+                sessions.on_upstream_message(&upstream, reply_session.as_ref(), bytes);
             }
-            Ok(reply)
-        })
+            Watch::Stream | Watch::Nothing | Watch::End => {
+                sessions.on_upstream_message(&upstream, reply_session.as_ref(), bytes)
+            }
+        };
+        // A JSON answer is the one response: only initialize and tools/list answers matter.
+        if json_matters || matches!(reply.body, ReplyBody::Stream(_)) {
+            reply.body = reply.body.map_messages(move |data| {
+                observe(data.as_bytes());
+                None
+            });
+        }
+        reply
     }
 }
 

@@ -39,6 +39,7 @@ use crate::metrics::{CancelOutcome, CreationRefusal, LocalReason, TaskMethod};
 use crate::registry::Registry;
 use crate::store::{ListCursor, Origin, Owner, TaskRecord};
 use base64::Engine;
+use futures_util::future::Either;
 use http::HeaderValue;
 use serde_json::Value;
 use std::future::Future;
@@ -90,6 +91,15 @@ pub struct TasksService<S> {
 
 type BoxFut<E> = Pin<Box<dyn Future<Output = Result<McpReply, E>> + Send>>;
 
+impl<S: Clone> TasksService<S> {
+    /// The inner service for a future that outlives `call`: the ready one goes with the
+    /// request, this service keeps a clone.
+    fn take_inner(&mut self) -> S {
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
+    }
+}
+
 impl<S> tower::Service<McpRequest> for TasksService<S>
 where
     S: tower::Service<McpRequest, Response = McpReply> + Clone + Send + 'static,
@@ -98,86 +108,100 @@ where
 {
     type Response = McpReply;
     type Error = S::Error;
-    type Future = BoxFut<S::Error>;
+    /// The inner service's own future for what passes unchanged (a plain `tools/call`, other
+    /// requests, notifications, answers, a 2026-07-28 request to forward); a boxed one where
+    /// this layer waits on the registry or answers.
+    type Future = Either<S::Future, BoxFut<S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
-        let inner = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, inner);
         if Era::of(&req) == Era::Modern {
             return match modern::decide(&self.registry, &mut req) {
-                modern::Decision::Forward => Box::pin(inner.call(req)),
-                modern::Decision::Answer(reply) => Box::pin(async move { Ok(reply) }),
+                modern::Decision::Forward => Either::Left(self.inner.call(req)),
+                modern::Decision::Answer(reply) => {
+                    Either::Right(Box::pin(async move { Ok(reply) }))
+                }
                 modern::Decision::Listen => {
-                    let registry = self.registry.clone();
-                    Box::pin(async move {
+                    let (registry, mut inner) = (self.registry.clone(), self.take_inner());
+                    Either::Right(Box::pin(async move {
                         match modern::filter_listen(&registry, &mut req).await {
                             Ok(()) => inner.call(req).await,
                             Err(answered) => Ok(answered),
                         }
-                    })
+                    }))
                 }
                 modern::Decision::Authorise => {
-                    let registry = self.registry.clone();
-                    Box::pin(async move {
+                    let (registry, mut inner) = (self.registry.clone(), self.take_inner());
+                    Either::Right(Box::pin(async move {
                         match modern::authorise(&registry, &mut req).await {
                             Ok(()) => inner.call(req).await,
                             Err(answered) => Ok(answered),
                         }
-                    })
+                    }))
                 }
             };
         }
         if req.extensions.get::<UpstreamWithoutTasks>().is_some() {
             // No tasks upstream: nothing to authorise, list or answer here.
-            return Box::pin(inner.call(req));
+            return Either::Left(self.inner.call(req));
         }
         let method = req.request_method().and_then(TaskMethod::parse);
         if let Some(method) = method {
-            let registry = self.registry.clone();
-            return Box::pin(async move {
+            let (registry, mut inner) = (self.registry.clone(), self.take_inner());
+            return Either::Right(Box::pin(async move {
                 match authorise(&registry, &mut req, method).await {
                     Ok(()) => inner.call(req).await,
                     Err(refused) => Ok(refused),
                 }
-            });
+            }));
         }
-        let refused = match req.request_method() {
-            Some("tools/call") => {
-                let registry = self.registry.clone();
-                return Box::pin(async move {
+        match req.request_method() {
+            // A plain call (no `task` key, no escape that could spell one) passes unchanged.
+            Some("tools/call") if may_be_task_call(&req) => {
+                let (registry, mut inner) = (self.registry.clone(), self.take_inner());
+                Either::Right(Box::pin(async move {
                     match prepare_creation(&registry, &mut req).await {
                         Ok(()) => inner.call(req).await,
                         Err(refused) => Ok(refused),
                     }
-                });
+                }))
             }
             Some("tasks/list") => {
                 let (registry, authenticated) = (self.registry.clone(), self.authenticated);
-                return Box::pin(async move {
+                Either::Right(Box::pin(async move {
                     let reply = list(&registry, authenticated, &req).await;
                     Ok(reply.answered_locally(LocalReason::TasksList))
-                });
+                }))
             }
             Some("initialize") if !self.authenticated => {
-                return Box::pin(async move {
+                let mut inner = self.take_inner();
+                Either::Right(Box::pin(async move {
                     let mut reply = inner.call(req).await?;
                     // A session tells callers apart: nothing to hide.
                     if !reply.headers.contains_key("mcp-session-id") {
                         reply.body = reply.body.map_messages(hide_tasks_list);
                     }
                     Ok(reply)
-                });
+                }))
             }
-            _ => None,
-        };
-        match refused {
-            Some(reply) => Box::pin(async move { Ok(reply) }),
-            None => Box::pin(inner.call(req)),
+            _ => Either::Left(self.inner.call(req)),
         }
+    }
+}
+
+/// Whether a `tools/call` may be task-augmented: [`prepare_creation`]'s cheap pre-check (a
+/// message with escapes may spell the key `"t\u0061sk"`: those are always read). `false`
+/// means a plain call, forwarded as it is.
+fn may_be_task_call(req: &McpRequest) -> bool {
+    use crate::jsonrpc::needles::{found, TASK_KEY, UNICODE_ESCAPE};
+    match &req.op {
+        Operation::Post(msg) => {
+            found(&TASK_KEY, msg.bytes()) || found(&UNICODE_ESCAPE, msg.bytes())
+        }
+        _ => false,
     }
 }
 

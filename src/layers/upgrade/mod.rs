@@ -114,6 +114,7 @@ use crate::layers::McpService;
 use crate::metrics::UpgradeOutcome;
 use crate::registry::Registry;
 
+use futures_util::future::Either;
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -267,45 +268,59 @@ pub struct UpgradeService<S> {
 
 type BoxFut = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send>>;
 
+impl<S: McpService> UpgradeService<S> {
+    /// The inner service for a future that outlives `call`: the ready one goes with the
+    /// request, this service keeps a clone.
+    fn take_inner(&mut self) -> S {
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
+    }
+}
+
 impl<S: McpService> tower::Service<McpRequest> for UpgradeService<S> {
     type Response = McpReply;
     type Error = GatewayError;
-    type Future = BoxFut;
+    /// The inner service's own future for what passes as it is (everything when upgrading is
+    /// off or the request is 2026-07-28); a boxed one for `tools/call`, `tools/list`, the GET
+    /// stream and a `notifications/cancelled` answered here.
+    type Future = Either<S::Future, BoxFut>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: McpRequest) -> BoxFut {
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        let state = self.state.clone();
+    fn call(&mut self, req: McpRequest) -> Self::Future {
         // Upgrading is a 2025-11-25 notion (a 2026-07-28 client declares the tasks extension
         // itself, or gets the upstream's -32021).
-        if !state.config.enabled || crate::era::Era::of(&req) == crate::era::Era::Modern {
-            let mut inner = inner;
-            return Box::pin(inner.call(req));
+        if !self.state.config.enabled || crate::era::Era::of(&req) == crate::era::Era::Modern {
+            return Either::Left(self.inner.call(req));
         }
         let is_request = req.request_method().is_some();
         match req.method() {
-            Some("tools/call") if is_request => Box::pin(tools_call(state, inner, req)),
-            Some("tools/list") if is_request => Box::pin(tools_list(state, inner, req)),
-            None if matches!(req.op, Operation::OpenStream) => {
-                Box::pin(get_stream(state, inner, req))
-            }
+            Some("tools/call") if is_request => Either::Right(Box::pin(tools_call(
+                self.state.clone(),
+                self.take_inner(),
+                req,
+            ))),
+            Some("tools/list") if is_request => Either::Right(Box::pin(tools_list(
+                self.state.clone(),
+                self.take_inner(),
+                req,
+            ))),
+            None if matches!(req.op, Operation::OpenStream) => Either::Right(Box::pin(get_stream(
+                self.state.clone(),
+                self.take_inner(),
+                req,
+            ))),
             Some("notifications/cancelled") if !is_request => {
                 if let Some(key) = cancelled_call(&req) {
-                    if state.cancel_call(&key) {
-                        return Box::pin(async { Ok(McpReply::accepted()) });
+                    if self.state.cancel_call(&key) {
+                        return Either::Right(Box::pin(async { Ok(McpReply::accepted()) }));
                     }
                 }
-                let mut inner = inner;
-                Box::pin(inner.call(req))
+                Either::Left(self.inner.call(req))
             }
-            _ => {
-                let mut inner = inner;
-                Box::pin(inner.call(req))
-            }
+            _ => Either::Left(self.inner.call(req)),
         }
     }
 }
