@@ -161,8 +161,16 @@ pub enum Access {
     Unknown,
 }
 
+/// The session table's hasher: foldhash, randomly seeded per table. Why not the standard
+/// SipHash: every request with a session looks its id up (`access`), and SipHash over the
+/// upstream name and the id was ~550 instructions of a ~70,000-instruction small `tools/call`
+/// (benches/profile.sh small, issue 15). The keys a client can choose are only looked up; the
+/// ones inserted come from the upstream's answers, and the seed is random, so flooding one
+/// bucket is not in a client's hands.
+type TableHasher = foldhash::fast::RandomState;
+
 pub(crate) struct Table {
-    map: HashMap<Key, SessionInfo>,
+    map: HashMap<Key, SessionInfo, TableHasher>,
     /// Per upstream, the tool cache of the last complete listing, shared by equal caches.
     shared_tools: HashMap<Arc<str>, Arc<ToolMap>>,
     /// When idle entries were last looked for (at most once a second).
@@ -192,7 +200,7 @@ impl Sessions {
     pub fn with_limits(max: usize, idle: Duration) -> Arc<Sessions> {
         Arc::new(Sessions {
             table: Mutex::new(Table {
-                map: HashMap::new(),
+                map: HashMap::default(),
                 shared_tools: HashMap::new(),
                 last_reclaim: None,
             }),
