@@ -107,8 +107,9 @@ pub struct RequestContext {
     pub client_session_id: Option<HeaderValue>,
     /// Who the caller is.
     pub principal: Principal,
-    /// End-to-end headers to forward upstream (hop-by-hop, `Host`, `Origin`, `Mcp-Session-Id`,
-    /// and, unless configured otherwise, `Authorization` already removed).
+    /// End-to-end headers to forward upstream (hop-by-hop, `Origin` and `Mcp-Session-Id`
+    /// already removed). The client's `Host` and `Content-Length` stay: the upstream client
+    /// always replaces both, and removes `Authorization` unless configured otherwise.
     pub headers: HeaderMap,
 }
 

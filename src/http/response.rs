@@ -53,7 +53,7 @@ pub(super) fn accept_lists(headers: &HeaderMap, needed: &[&str]) -> bool {
             // The values MCP SDKs send, decided without the parse below (~1,000 instructions
             // per request for the common value).
             for (i, n) in needed.iter().enumerate() {
-                if listed.1.contains(n) {
+                if listed.1.iter().any(|l| l.eq_ignore_ascii_case(n)) {
                     found |= 1 << i;
                 }
             }

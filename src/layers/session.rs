@@ -161,12 +161,14 @@ pub enum Access {
     Unknown,
 }
 
-/// The session table's hasher: foldhash, randomly seeded per table. Why not the standard
-/// SipHash: every request with a session looks its id up (`access`), and SipHash over the
-/// upstream name and the id was ~550 instructions of a ~70,000-instruction small `tools/call`
-/// (benches/profile.sh small, issue 15). The keys a client can choose are only looked up; the
-/// ones inserted come from the upstream's answers, and the seed is random, so flooding one
-/// bucket is not in a client's hands.
+/// The session table's hasher: foldhash, seeded per process (from addresses and the time; it
+/// does not claim HashDoS resistance). Why not the standard SipHash: every request with a
+/// session looks its id up (`access`), and SipHash over the upstream name and the id was ~550
+/// instructions of a ~70,000-instruction small `tools/call` (benches/profile.sh small, issue
+/// 15). The exposure is small: a client cannot choose the keys inserted (`initialize` clears
+/// the client's session id; the keys are session ids the upstream issued, held sessions read
+/// back from the store, and authenticated principals), the ids a client sends are only looked
+/// up, and the table holds at most `gateway.max_sessions` entries.
 type TableHasher = foldhash::fast::RandomState;
 
 pub(crate) struct Table {

@@ -1,62 +1,71 @@
-//! The request series of one upstream, resolved once at start-up.
+//! The request series of one upstream, each resolved once.
 //!
 //! `taskgate_requests_total{upstream,method,outcome}` and
 //! `taskgate_request_duration_seconds{upstream,method}` are recorded on every request. Through
 //! `with_label_values` each record hashed the label values and looked the series up under the
 //! vector's lock: about 240 instructions each, two per request (benches/profile.sh small,
-//! issue 15). Here the handles are resolved once per upstream, and a record is an index into a
-//! table by the label enums' positions.
+//! issue 15). Here each series is resolved on its first record and kept in a slot indexed by
+//! the label enums' positions. Resolved lazily, not up front: a series appears on `/metrics`
+//! with its first request, as before (only `tools/call`'s are created at 0 at start-up, see
+//! `Metrics::precreate`; all of them would be ~750 series per upstream).
 
 use super::{McpMethod, Metrics, RequestOutcome};
-use prometheus::{Histogram, IntCounter};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec};
+use std::sync::{Arc, OnceLock};
 
-/// The request series of one upstream (see the module doc). Cloning shares the series.
+/// The request series of one upstream (see the module doc). Cloning shares the slots.
 #[derive(Clone)]
-pub struct RequestSeries {
+pub struct RequestSeries(Arc<Slots>);
+
+struct Slots {
+    upstream: Arc<str>,
+    requests_total: IntCounterVec,
+    durations: HistogramVec,
     /// `taskgate_requests_total`, indexed `method * OUTCOMES + outcome`.
-    requests: Vec<IntCounter>,
+    requests: Box<[OnceLock<IntCounter>]>,
     /// `taskgate_request_duration_seconds`, indexed by method.
-    durations: Vec<Histogram>,
+    seconds: Box<[OnceLock<Histogram>]>,
 }
 
 const OUTCOMES: usize = RequestOutcome::ALL.len();
 
 impl RequestSeries {
-    /// Resolves every (method, outcome) series of `upstream`.
+    /// Empty slots for `upstream`'s series.
     pub(super) fn new(metrics: &Metrics, upstream: &str) -> RequestSeries {
-        let mut requests = Vec::with_capacity(McpMethod::ALL.len() * OUTCOMES);
-        let mut durations = Vec::with_capacity(McpMethod::ALL.len());
-        for (m, method) in McpMethod::ALL.iter().enumerate() {
-            debug_assert_eq!(m, *method as usize);
-            for (o, outcome) in RequestOutcome::ALL.iter().enumerate() {
-                debug_assert_eq!(o, *outcome as usize);
-                requests.push(metrics.requests_total.with_label_values(&[
-                    upstream,
-                    method.as_str(),
-                    outcome.as_str(),
-                ]));
-            }
-            durations.push(
-                metrics
-                    .request_duration_seconds
-                    .with_label_values(&[upstream, method.as_str()]),
-            );
-        }
-        RequestSeries {
-            requests,
-            durations,
-        }
+        let methods = McpMethod::ALL.len();
+        RequestSeries(Arc::new(Slots {
+            upstream: upstream.into(),
+            requests_total: metrics.requests_total.clone(),
+            durations: metrics.request_duration_seconds.clone(),
+            requests: (0..methods * OUTCOMES).map(|_| OnceLock::new()).collect(),
+            seconds: (0..methods).map(|_| OnceLock::new()).collect(),
+        }))
     }
 
     /// One client request and how it ended (`taskgate_requests_total`).
     pub fn request(&self, method: McpMethod, outcome: RequestOutcome) {
-        self.requests[method as usize * OUTCOMES + outcome as usize].inc();
+        let s = &self.0;
+        s.requests[method as usize * OUTCOMES + outcome as usize]
+            .get_or_init(|| {
+                s.requests_total.with_label_values(&[
+                    s.upstream.as_ref(),
+                    method.as_str(),
+                    outcome.as_str(),
+                ])
+            })
+            .inc();
     }
 
     /// Time from a request to its reply's headers, in seconds
     /// (`taskgate_request_duration_seconds`).
     pub fn duration(&self, method: McpMethod, seconds: f64) {
-        self.durations[method as usize].observe(seconds);
+        let s = &self.0;
+        s.seconds[method as usize]
+            .get_or_init(|| {
+                s.durations
+                    .with_label_values(&[s.upstream.as_ref(), method.as_str()])
+            })
+            .observe(seconds);
     }
 }
 
@@ -70,6 +79,33 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_series_appears_with_its_first_record_not_before() {
+        let metrics = Metrics::new(&["a".to_string()]);
+        let series = metrics.request_series("a");
+        let ping = "method=\"ping\"";
+        assert!(!String::from_utf8(metrics.encode()).unwrap().contains(ping));
+        series.request(McpMethod::Ping, RequestOutcome::Ok);
+        series.duration(McpMethod::Ping, 0.5);
+        let text = String::from_utf8(metrics.encode()).unwrap();
+        assert!(
+            text.contains(
+                "taskgate_requests_total{method=\"ping\",outcome=\"ok\",upstream=\"a\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            !text.contains("method=\"ping\",outcome=\"timeout\""),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "taskgate_request_duration_seconds_count{method=\"ping\",upstream=\"a\"} 1"
+            ),
+            "{text}"
+        );
+    }
 
     #[test]
     fn each_method_and_outcome_records_into_its_own_series() {
