@@ -56,7 +56,7 @@ thread_ticks() {
   for t in /proc/"$1"/task/*; do
     awk '{ s = $0; sub(/^[^(]*\(/, "", s); name = s; sub(/\).*$/, "", name);
            sub(/^.*\) /, "", s); split(s, f, " "); gsub(/[0-9]+/, "", name); gsub(/ /, "_", name);
-           print name, f[12] + f[13] }' "$t/stat" 2>/dev/null
+           print name, f[12] + f[13] }' "$t/stat" 2>/dev/null || true  # a thread that ended meanwhile
   done | awk '{ n[$1] += $2 } END { for (k in n) print k, n[k] }' | sort
 }
 

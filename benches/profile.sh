@@ -11,7 +11,7 @@
 #   TOOL=strace bash benches/profile.sh small BIN   # system calls per request instead (strace -f -c)
 #   TOOL=perf CONC=16 bash benches/profile.sh small BIN   # CPU samples, kernel included (perf record)
 #   bash benches/profile.sh small benches/loadgen/target/release/hyperproxy   # the hyper floor
-#   KEEP=/tmp/small.cg bash benches/profile.sh small BIN   # keep the callgrind dump
+#   KEEP=/tmp/small.cg bash benches/profile.sh small BIN   # keep the callgrind dump (perf.data with TOOL=perf)
 #
 # TOOL=strace counts taskgate's system calls (all threads, warm-up and measured part together)
 # per request: futex and the eventfd `write` are the cross-thread wake-ups CPU time hides.
@@ -109,6 +109,7 @@ fi
 "$LG" run "${args[@]}" "${measured[@]}" --cpu-pid "$TG_PID" --json-out "$WORK/run.jsonl" > /dev/null
 if [ "$TOOL" = perf ]; then
   kill -INT "$PERF_PID" 2>/dev/null || true; wait "$PERF_PID" 2>/dev/null || true
+  [ -n "${KEEP:-}" ] && cp "$WORK/perf.data" "$KEEP"
   run_n=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
   cpu=$(sed -n 's/.*"cpu_us_per_req":\([0-9.]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
   echo "binary:       $TASKGATE"

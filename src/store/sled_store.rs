@@ -8,9 +8,13 @@
 //! - `held_sessions`, `held_by_expiry`: the held sessions (see `held`).
 //!
 //! Keys are length-prefixed strings and big-endian integers, so any `taskId` bytes are safe and
-//! ranges sort by time. A record and its index entries change in one multi-tree transaction; an
-//! update that changes only the record (its expiry stays) is one compare-and-swap against the bytes
-//! it read (see [`TaskStore::update`] for [`SledStore`]).
+//! ranges sort by time. A creation writes the index entries, then the record if absent (a
+//! compare-and-swap, no transaction: see [`SledStore::insert_new`]), so a crash may leave index
+//! entries without a record; readers check an entry against its record and skip (and after
+//! [`LEFTOVER_GRACE_MS`] remove) such leftovers. An update that changes only the record (its
+//! expiry stays) is one compare-and-swap against the bytes it read; one that moves the expiry,
+//! and a removal, change the record and its index entries in one multi-tree transaction (see
+//! [`TaskStore::update`] for [`SledStore`]).
 //!
 //! Durability (sled 0.34.7 as measured on a 2-core ext4 machine): `flush_async` deadlocks under concurrency and
 //! `flush` alone does not empty the disk's write cache. One committer thread does group commit:
@@ -26,6 +30,7 @@
 mod held;
 
 use super::{AuditEvent, ListCursor, Owner, StoreError, TaskRecord, TaskStore};
+use crate::mcp::task::now_ms;
 use crate::metrics::Metrics;
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
@@ -42,6 +47,13 @@ type SyncReply = oneshot::Sender<Result<(), String>>;
 /// How long a lone [`TaskStore::sync_soon`] request waits for a waited sync to share its group
 /// commit (see the module doc): the longest a "soon" change stays only in memory.
 pub const SOON: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How old an index entry without its record must be before a reader takes it for what a crash
+/// left behind (see [`SledStore::insert_new`]) and removes it: far longer than a creation's two
+/// index writes and its record write take, so a creation in progress is never mistaken for one.
+/// Measured in ms against the entry's own time (`recorded_at` in `by_owner`, `expires_at` in
+/// `by_expiry`).
+pub const LEFTOVER_GRACE_MS: u64 = 60_000;
 
 /// The sled-backed registry. Drop it (every clone of the `Arc`) to release the database lock;
 /// [`SledStore::close`] flushes and stops the committer first.
@@ -197,6 +209,46 @@ impl SledStore {
         self.tasks.is_empty()
     }
 
+    /// [`TaskStore::create`]'s writes, without sled's multi-tree transaction: the two index
+    /// entries first, then the record, inserted only if absent (a compare-and-swap from nothing),
+    /// which is the commit point and keeps "a taskId is never rewritten".
+    ///
+    /// Why not a transaction: each sled 0.34 transaction takes sled's global write lock and makes
+    /// its log roll the I/O buffer (an extra job for sled's I/O thread pool and a batch marker).
+    /// Measured on the task lifecycle (issue 15, `benches/RESULTS.md`): the creation's transaction
+    /// was most of what sled's I/O pool still cost per task.
+    ///
+    /// Why this order: sled's log recovers a prefix of the writes, so a crash before the group
+    /// commit leaves at worst index entries without their record (never a record without them,
+    /// which would neither expire nor be listed). Readers skip such leftovers; `expired` removes
+    /// those older than [`LEFTOVER_GRACE_MS`].
+    fn insert_new(&self, record: &TaskRecord) -> Result<(), StoreError> {
+        let key = task_key(&record.upstream, &record.task_id);
+        let (listed, expiring) = (owner_key(record), expiry_key(record));
+        self.by_owner.insert(&listed, &[][..]).map_err(db_err)?;
+        self.by_expiry.insert(&expiring, &[][..]).map_err(db_err)?;
+        let swapped = self
+            .tasks
+            .compare_and_swap(&key, None::<&[u8]>, Some(encode(record)))
+            .map_err(db_err)?;
+        let Err(taken) = swapped else {
+            return Ok(());
+        };
+        // A taskId is never rewritten: an upstream handing out one twice is refused. The entries
+        // just added go again, unless they are the recorded task's own (same owner and times).
+        let recorded = taken.current.as_deref().map(decode).transpose()?;
+        let owns = |k: &[u8], of: fn(&TaskRecord) -> Vec<u8>| {
+            recorded.as_ref().is_some_and(|r| of(r) == k)
+        };
+        if !owns(&listed, owner_key) {
+            self.by_owner.remove(&listed).map_err(db_err)?;
+        }
+        if !owns(&expiring, expiry_key) {
+            self.by_expiry.remove(&expiring).map_err(db_err)?;
+        }
+        Err(StoreError::Conflict(record.task_id.clone()))
+    }
+
     fn request_sync(&self, reply: Option<SyncReply>) -> bool {
         let guard = self.syncer.lock();
         match guard.as_ref() {
@@ -256,22 +308,9 @@ fn commit_loop(
 
 impl TaskStore for SledStore {
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
-        let applied = (&self.tasks, &self.by_owner, &self.by_expiry).transaction(|(t, o, e)| {
-            let key = task_key(&record.upstream, &record.task_id);
-            if t.get(&key)?.is_some() {
-                // A taskId is never rewritten: an upstream handing out one twice is refused.
-                return Err(ConflictableTransactionError::Abort(()));
-            }
-            t.insert(key, encode(&record))?;
-            o.insert(owner_key(&record), &[][..])?;
-            e.insert(expiry_key(&record), &[][..])?;
-            Ok::<_, ConflictableTransactionError<()>>(())
-        });
+        let written = self.insert_new(&record);
         Box::pin(async move {
-            applied.map_err(|e| match e {
-                TransactionError::Abort(()) => StoreError::Conflict(record.task_id.clone()),
-                TransactionError::Storage(e) => db_err(e),
-            })?;
+            written?;
             self.sync().await
         })
     }
@@ -410,12 +449,23 @@ impl TaskStore for SledStore {
                 return Ok((page, last_key.map(ListCursor)));
             }
             let mut rest = &k[prefix.len()..];
-            let (Some(_), Some(task_id)) = (read_u64(&mut rest), read_str(&mut rest)) else {
+            let (Some(recorded_at), Some(task_id)) = (read_u64(&mut rest), read_str(&mut rest))
+            else {
                 continue;
             };
-            if let Some(r) = self.get(upstream, task_id)? {
-                page.push(r);
-                last_key = Some(k.to_vec());
+            match self.get(upstream, task_id)? {
+                // The entry is this record's own: the same owner, recorded at the same time.
+                Some(r) if r.recorded_at == recorded_at && r.owner == *owner => {
+                    page.push(r);
+                    last_key = Some(k.to_vec());
+                }
+                // What a crash left (`insert_new`): its record was never written, or the id was
+                // recorded again later for someone else. Skipped; removed once surely not a
+                // creation in progress.
+                _ if recorded_at.saturating_add(LEFTOVER_GRACE_MS) < now_ms() => {
+                    self.by_owner.remove(&k).map_err(db_err)?;
+                }
+                _ => {}
             }
         }
         Ok((page, None))
@@ -430,16 +480,38 @@ impl TaskStore for SledStore {
     }
 
     fn expired(&self, now_ms: u64, limit: usize) -> Result<Vec<(String, String)>, StoreError> {
+        /// The one field an expiry check reads (the rest of the record is skipped, not built).
+        #[derive(serde::Deserialize)]
+        struct Expiry {
+            #[serde(default)]
+            expires_at: u64,
+        }
         let mut out = Vec::new();
         for item in self.by_expiry.range(..(now_ms + 1).to_be_bytes().to_vec()) {
             let (k, _) = item.map_err(db_err)?;
             let mut rest = &k[..];
-            if let (Some(_), Some(up), Some(id)) = (
+            let (Some(expires_at), Some(up), Some(id)) = (
                 read_u64(&mut rest),
                 read_str(&mut rest),
                 read_str(&mut rest),
-            ) {
+            ) else {
+                continue;
+            };
+            let recorded = match self.tasks.get(task_key(up, id)).map_err(db_err)? {
+                Some(v) => Some(
+                    serde_json::from_slice::<Expiry>(&v)
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?
+                        .expires_at,
+                ),
+                None => None,
+            };
+            if recorded == Some(expires_at) {
                 out.push((up.to_string(), id.to_string()));
+            } else if expires_at.saturating_add(LEFTOVER_GRACE_MS) < now_ms {
+                // What a crash left (see `insert_new`): no record, or the record of a later
+                // creation of the same id, which has an entry of its own. Never returned: the
+                // sweep would remove that later record before its time.
+                self.by_expiry.remove(&k).map_err(db_err)?;
             }
             if out.len() >= limit {
                 break;

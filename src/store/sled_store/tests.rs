@@ -155,3 +155,83 @@ async fn an_update_moving_the_expiry_moves_its_index_entry() {
     assert!(store.expired(1_001, 10).unwrap().is_empty());
     assert_eq!(store.expired(5_000, 10).unwrap().len(), 1);
 }
+
+/// A creation refused for a taskId already recorded leaves no index entry of its own behind (the
+/// refused owner lists nothing, the sweep finds the task once), and keeps the recorded task's
+/// entries, also where the refused one's would have been the same keys.
+#[tokio::test]
+async fn a_refused_creation_leaves_the_index_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    store.create(record("t", "alice", 1)).await.unwrap();
+    for (owner, recorded_at) in [("mallory", 2), ("alice", 1)] {
+        assert!(matches!(
+            store.create(record("t", owner, recorded_at)).await,
+            Err(StoreError::Conflict(_))
+        ));
+        let mallory = Owner::Principal("mallory".into());
+        assert!(store
+            .list_owner("up", &mallory, None, 10)
+            .unwrap()
+            .0
+            .is_empty());
+        let alice = Owner::Principal("alice".into());
+        assert_eq!(store.list_owner("up", &alice, None, 10).unwrap().0.len(), 1);
+        assert_eq!(
+            store.expired(u64::MAX - 1, 10).unwrap(),
+            [("up".to_string(), "t".to_string())]
+        );
+    }
+}
+
+/// Index entries a crash left between a creation's index writes and its record write: one for a
+/// task whose record was never written, and one of mallory's for an id the upstream later handed
+/// to bob. Neither lists mallory anything or makes the sweep remove bob's record early, and once
+/// older than `LEFTOVER_GRACE_MS` both are removed.
+#[tokio::test]
+async fn index_entries_a_crash_left_are_skipped_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let now = now_ms();
+    let (ghost, stale) = (record("ghost", "mallory", 5), record("t", "mallory", 6));
+    for left in [&ghost, &stale] {
+        store.by_owner.insert(owner_key(left), &[][..]).unwrap();
+        store.by_expiry.insert(expiry_key(left), &[][..]).unwrap();
+    }
+    // bob's task, recorded after the restart, expires in an hour.
+    let mut bobs = record("t", "bob", now);
+    bobs.expires_at = now + 3_600_000;
+    store.create(bobs).await.unwrap();
+
+    let mallory = Owner::Principal("mallory".into());
+    let (page, next) = store.list_owner("up", &mallory, None, 10).unwrap();
+    assert!(page.is_empty() && next.is_none(), "listed {page:?}");
+    assert!(store.expired(now, 10).unwrap().is_empty());
+    // Gone, not only skipped; bob's own entries stay.
+    assert_eq!(store.by_owner.len(), 1);
+    assert_eq!(store.by_expiry.len(), 1);
+    assert_eq!(store.expired(now + 3_600_000, 10).unwrap().len(), 1);
+}
+
+/// Entries of a creation in progress (written, its record not yet) are not taken for leftovers.
+#[tokio::test]
+async fn a_young_entry_without_its_record_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let now = now_ms();
+    let mut pending = record("p", "alice", now);
+    pending.expires_at = now;
+    store.by_owner.insert(owner_key(&pending), &[][..]).unwrap();
+    store
+        .by_expiry
+        .insert(expiry_key(&pending), &[][..])
+        .unwrap();
+    let alice = Owner::Principal("alice".into());
+    assert!(store
+        .list_owner("up", &alice, None, 10)
+        .unwrap()
+        .0
+        .is_empty());
+    assert!(store.expired(now, 10).unwrap().is_empty());
+    assert_eq!((store.by_owner.len(), store.by_expiry.len()), (1, 1));
+}
