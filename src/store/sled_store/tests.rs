@@ -2,33 +2,15 @@
 
 use super::*;
 use crate::mcp::task::TaskStatus;
-use crate::store::Origin;
 
+/// `layers::testing`'s working task, owned by principal `owner`, recorded at `recorded_at` (ms)
+/// and expiring 1 s later.
 fn record(id: &str, owner: &str, recorded_at: u64) -> TaskRecord {
     TaskRecord {
-        upstream: "up".into(),
-        task_id: id.into(),
         owner: Owner::Principal(owner.into()),
-        upstream_session: Some("s1".into()),
-        origin: Origin::Client,
-        tool: Some("slow".into()),
-        protocol_version: Some("2025-11-25".into()),
-        status: TaskStatus::Working,
-        status_message: None,
-        created_at: "2025-11-25T10:30:00Z".into(),
-        last_updated_at: "2025-11-25T10:30:00Z".into(),
-        ttl_ms: Some(60_000),
-        poll_interval_ms: Some(500),
         recorded_at,
-        cancel_requested_at: None,
-        cancelled_at: None,
-        released_at: None,
-        terminal_at: None,
-        late_result_at: None,
-        tool_error: false,
-        era: crate::era::Era::Legacy,
-        terminal_result: None,
         expires_at: 1_000 + recorded_at,
+        ..crate::layers::testing::record(id)
     }
 }
 
