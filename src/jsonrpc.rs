@@ -268,7 +268,7 @@ impl Message {
     fn parse_object(raw: &Bytes, text: Option<&str>) -> Result<Message, EnvelopeError> {
         let env: Result<Envelope<'_>, _> = match text {
             Some(text) => serde_json::from_str(text),
-            None => serde_json::from_slice(&raw),
+            None => serde_json::from_slice(raw),
         };
         let env = env.map_err(|e| {
             if e.is_syntax() || e.is_eof() {
@@ -455,12 +455,9 @@ fn nesting_over(raw: &[u8], max: usize) -> Option<usize> {
     while pos < raw.len() {
         // Between strings (structure, numbers, literals): byte by byte. Inside strings, where
         // large bodies spend their bytes: memchr.
-        let Some(off) = raw[pos..]
+        let off = raw[pos..]
             .iter()
-            .position(|b| matches!(b, b'"' | b'[' | b'{' | b']' | b'}'))
-        else {
-            return None;
-        };
+            .position(|b| matches!(b, b'"' | b'[' | b'{' | b']' | b'}'))?;
         pos += off;
         match raw[pos] {
             b'"' => {
@@ -469,10 +466,9 @@ fn nesting_over(raw: &[u8], max: usize) -> Option<usize> {
                 loop {
                     // `get`: an escape at the very end (`"\`) steps past the body; that is an
                     // unterminated string, which the parse refuses (found by fuzz/envelope).
-                    let Some(q) = raw.get(pos..).and_then(|r| memchr::memchr2(b'"', b'\\', r))
-                    else {
-                        return None;
-                    };
+                    let q = raw
+                        .get(pos..)
+                        .and_then(|r| memchr::memchr2(b'"', b'\\', r))?;
                     pos += q;
                     if raw[pos] == b'\\' {
                         pos += 2;
