@@ -16,7 +16,7 @@ use crate::exchange::McpRequest;
 use crate::jsonrpc::{self, Id, Message};
 use crate::store::Owner;
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -80,8 +80,24 @@ impl Era {
     /// negotiated version is always below 2026-07-28). The body is parsed only when the header
     /// is absent and the key occurs in it.
     pub fn of_request(headers: &HeaderMap, msg: Option<&Message>) -> Era {
-        if let Some(v) = headers.get(&crate::headers::MCP_PROTOCOL_VERSION) {
-            return v.to_str().map(Era::of_version).unwrap_or(Era::Legacy);
+        Era::of_parts(
+            headers
+                .get(&crate::headers::MCP_PROTOCOL_VERSION)
+                .map(Era::of_header),
+            msg,
+        )
+    }
+
+    /// The era an `MCP-Protocol-Version` header value names (legacy when it is not text).
+    pub fn of_header(value: &HeaderValue) -> Era {
+        value.to_str().map(Era::of_version).unwrap_or(Era::Legacy)
+    }
+
+    /// [`Era::of_request`] from the era of the request's `MCP-Protocol-Version` header, found
+    /// by the caller ([`Era::of_header`]; `None` without one), and its message.
+    pub fn of_parts(header: Option<Era>, msg: Option<&Message>) -> Era {
+        if let Some(era) = header {
+            return era;
         }
         let Some(msg) = msg else {
             return Era::Legacy;

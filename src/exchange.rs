@@ -317,6 +317,11 @@ impl McpReply {
 
     /// Removes the [`LOCAL_ANSWER`] mark; the reason, if this reply was answered locally.
     pub fn take_local_reason(&mut self) -> Option<LocalReason> {
+        // A look at the few names present first: the hashed `remove` of this custom name cost
+        // about 190 instructions on every reply, nearly all without the mark.
+        if !self.headers.keys().any(|k| *k == LOCAL_ANSWER) {
+            return None;
+        }
         let v = self.headers.remove(&LOCAL_ANSWER)?;
         LocalReason::ALL
             .iter()
@@ -440,9 +445,17 @@ impl McpStack {
     {
         McpStack(Arc::new(stack))
     }
+
+    /// Sends `req` through the stack, through a shared reference: what the edge does per
+    /// request, without the `Arc` clone and `Oneshot` state of `tower::ServiceExt::oneshot`
+    /// (the stack is always ready; [`tower::Service::call`] does the same).
+    pub fn send(&self, req: McpRequest) -> StackFuture {
+        self.0.call(req)
+    }
 }
 
-type StackFuture = futures_util::future::BoxFuture<'static, Result<McpReply, GatewayError>>;
+/// The future of a call through an [`McpStack`]: the stack's own future, boxed once.
+pub type StackFuture = futures_util::future::BoxFuture<'static, Result<McpReply, GatewayError>>;
 
 /// A shared stack called through a reference: [`McpStack`]'s object.
 trait CallStack: Send + Sync {

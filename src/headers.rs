@@ -12,7 +12,7 @@ pub static MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-proto
 
 /// Whether `name` is hop-by-hop by itself (RFC 9110 section 7.6.1; `Keep-Alive` and
 /// `Proxy-Connection` by RFC 9112 and common practice), not counting names `Connection` lists.
-fn is_hop_by_hop(name: &HeaderName) -> bool {
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     name == header::CONNECTION
         || name == header::TRANSFER_ENCODING
         || name == header::TE
@@ -37,8 +37,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The removal of [`strip_hop_by_hop`], for a caller that already knows one is present.
-fn remove_hop_by_hop(headers: &mut HeaderMap) {
+/// The removal of [`strip_hop_by_hop`], for a caller that already knows one is present
+/// ([`is_hop_by_hop`] of a name).
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

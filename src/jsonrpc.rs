@@ -5,6 +5,7 @@
 //! is forwarded as those bytes. Ids are kept as their raw JSON text, so `0` stays the number `0`
 //! and `"0"` stays the string `"0"` (2025-11-25 basic: "Requests": ids are strings or integers).
 
+mod envelope;
 pub mod splice;
 
 use bytes::Bytes;
@@ -27,15 +28,63 @@ pub const INTERNAL_ERROR: i64 = -32603;
 ///
 /// Equality is textual: `1` and `"1"` are different ids, as JSON-RPC requires.
 ///
-/// Shared (`Arc`): a request's id is kept by several layers (the reply's splice, observe's
-/// expectation, the upstream client's error answers), and a clone is a count, not a copy.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Id(std::sync::Arc<str>);
+/// A short id (what clients send: a counter, a UUID-less string) is kept inline, so a parsed
+/// request allocates nothing for it and a clone is a copy of a few words; a longer one is shared
+/// (`Arc`): a request's id is kept by several layers (the reply's splice, observe's expectation,
+/// the upstream client's error answers), and a clone is then a count, not a copy. (The `Arc` of
+/// every id cost an allocation and a free per request: ~280 instructions, benches/profile.sh small.)
+#[derive(Clone)]
+pub struct Id(IdText);
+
+/// How many bytes of JSON text an [`Id`] holds inline.
+const INLINE_ID: usize = 22;
+
+#[derive(Clone)]
+enum IdText {
+    /// At most [`INLINE_ID`] bytes: `len` and the text (UTF-8, checked when built).
+    Inline { len: u8, text: [u8; INLINE_ID] },
+    /// Longer ids.
+    Shared(std::sync::Arc<str>),
+}
+
+impl PartialEq for Id {
+    fn eq(&self, other: &Id) -> bool {
+        self.as_json() == other.as_json()
+    }
+}
+
+impl Eq for Id {}
+
+impl std::hash::Hash for Id {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_json().hash(state)
+    }
+}
 
 impl Id {
     /// The id's JSON text, ready to splice into a message.
     pub fn as_json(&self) -> &str {
-        &self.0
+        match &self.0 {
+            // Always UTF-8 (built from a `&str` cut at its end); "" cannot happen.
+            IdText::Inline { len, text } => {
+                std::str::from_utf8(&text[..usize::from(*len)]).unwrap_or_default()
+            }
+            IdText::Shared(text) => text,
+        }
+    }
+
+    /// The id of JSON text already checked to be one.
+    fn of_text(text: &str) -> Id {
+        if text.len() <= INLINE_ID {
+            let mut inline = [0u8; INLINE_ID];
+            inline[..text.len()].copy_from_slice(text.as_bytes());
+            Id(IdText::Inline {
+                len: text.len() as u8,
+                text: inline,
+            })
+        } else {
+            Id(IdText::Shared(text.into()))
+        }
     }
 
     /// Builds an id from its JSON text. Returns `None` unless the text is a JSON string or integer.
@@ -46,15 +95,15 @@ impl Id {
         // The ids clients send (a plain string, a small integer) are recognised without a parse
         // (on every request); anything else takes serde_json's word.
         if is_plain_string(text) || is_small_integer(text) {
-            return Some(Id(text.into()));
+            return Some(Id::of_text(text));
         }
         let v: serde_json::Value = serde_json::from_str(text).ok()?;
         match v {
             serde_json::Value::String(s) if text.contains('\\') => {
-                Some(Id(serde_json::to_string(&s).ok()?.into()))
+                Some(Id::of_text(&serde_json::to_string(&s).ok()?))
             }
-            serde_json::Value::String(_) => Some(Id(text.into())),
-            serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Some(Id(text.into())),
+            serde_json::Value::String(_) => Some(Id::of_text(text)),
+            serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => Some(Id::of_text(text)),
             _ => None,
         }
     }
@@ -96,13 +145,13 @@ fn is_small_integer(text: &str) -> bool {
 
 impl fmt::Debug for Id {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_json())
     }
 }
 
 impl fmt::Display for Id {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_json())
     }
 }
 
@@ -219,7 +268,7 @@ impl Message {
     fn parse_object(raw: &Bytes, text: Option<&str>) -> Result<Message, EnvelopeError> {
         let env: Result<Envelope<'_>, _> = match text {
             Some(text) => serde_json::from_str(text),
-            None => serde_json::from_slice(&raw),
+            None => serde_json::from_slice(raw),
         };
         let env = env.map_err(|e| {
             if e.is_syntax() || e.is_eof() {
@@ -228,29 +277,47 @@ impl Message {
                 EnvelopeError::Invalid(e.to_string())
             }
         })?;
-        match env.jsonrpc.map(|v| v.get()) {
+        Message::of_members(
+            raw,
+            envelope::Members {
+                jsonrpc: env.jsonrpc.map(RawValue::get),
+                id: env.id.map(RawValue::get),
+                method: None,
+                result: env.result.is_some(),
+                error: env.error.is_some(),
+            },
+            env.method,
+        )
+    }
+
+    /// The message of an envelope's members (`method` apart: borrowed or decoded by serde).
+    fn of_members(
+        raw: &Bytes,
+        members: envelope::Members<'_>,
+        method: Option<std::borrow::Cow<'_, str>>,
+    ) -> Result<Message, EnvelopeError> {
+        match members.jsonrpc {
             Some("\"2.0\"") => {}
             _ => return Err(EnvelopeError::Invalid("`jsonrpc` must be \"2.0\"".into())),
         }
-        let id = match env.id {
+        let id = match members.id {
             None => None,
-            Some(raw_id) => match Id::from_json(raw_id.get()) {
+            Some(raw_id) => match Id::from_json(raw_id) {
                 Some(id) => Some(id),
-                None if raw_id.get() == "null" && env.error.is_some() => None,
-                None if raw_id.get() == "null" => {
+                None if raw_id == "null" && members.error => None,
+                None if raw_id == "null" => {
                     return Err(EnvelopeError::Invalid(
                         "`id` must not be null (MCP: request ids are strings or integers; a notification has no id)".into(),
                     ))
                 }
                 None => {
                     return Err(EnvelopeError::Invalid(format!(
-                        "`id` must be a string or an integer, got {}",
-                        raw_id.get()
+                        "`id` must be a string or an integer, got {raw_id}"
                     )))
                 }
             },
         };
-        let kind = match (&env.method, &id, env.result.is_some(), env.error.is_some()) {
+        let kind = match (&method, &id, members.result, members.error) {
             (Some(_), Some(_), false, false) => Kind::Request,
             (Some(_), None, false, false) => Kind::Notification,
             (None, Some(_), true, false) => Kind::Response,
@@ -261,7 +328,7 @@ impl Message {
                 ))
             }
         };
-        let method = env.method.map(|m| match common_method(&m) {
+        let method = method.map(|m| match common_method(&m) {
             Some(name) => std::borrow::Cow::Borrowed(name),
             None => std::borrow::Cow::Owned(m.into_owned()),
         });
@@ -278,6 +345,14 @@ impl Message {
     /// the whole text (serde_json's skip of unread fields validates grammar). No DOM is built, so
     /// a client's body that is not JSON is refused with `-32700` instead of being forwarded.
     pub fn parse_checked(raw: Bytes) -> Result<Message, EnvelopeError> {
+        // The common shape in one pass (`envelope`: it checks the grammar and the nesting the
+        // rest does; anything it is not sure of goes the way below, which decides as before).
+        if let Ok(text) = std::str::from_utf8(&raw) {
+            if let Some(mut members) = envelope::read(text) {
+                let method = members.method.take().map(std::borrow::Cow::Borrowed);
+                return Message::of_members(&raw, members, method);
+            }
+        }
         let text = check_json(&raw)?;
         if text.trim_start().starts_with('{') {
             // Read as text: serde_json does not check each string's UTF-8 again (about 400
@@ -380,12 +455,9 @@ fn nesting_over(raw: &[u8], max: usize) -> Option<usize> {
     while pos < raw.len() {
         // Between strings (structure, numbers, literals): byte by byte. Inside strings, where
         // large bodies spend their bytes: memchr.
-        let Some(off) = raw[pos..]
+        let off = raw[pos..]
             .iter()
-            .position(|b| matches!(b, b'"' | b'[' | b'{' | b']' | b'}'))
-        else {
-            return None;
-        };
+            .position(|b| matches!(b, b'"' | b'[' | b'{' | b']' | b'}'))?;
         pos += off;
         match raw[pos] {
             b'"' => {
@@ -394,10 +466,9 @@ fn nesting_over(raw: &[u8], max: usize) -> Option<usize> {
                 loop {
                     // `get`: an escape at the very end (`"\`) steps past the body; that is an
                     // unterminated string, which the parse refuses (found by fuzz/envelope).
-                    let Some(q) = raw.get(pos..).and_then(|r| memchr::memchr2(b'"', b'\\', r))
-                    else {
-                        return None;
-                    };
+                    let q = raw
+                        .get(pos..)
+                        .and_then(|r| memchr::memchr2(b'"', b'\\', r))?;
                     pos += q;
                     if raw[pos] == b'\\' {
                         pos += 2;
@@ -471,60 +542,7 @@ pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(haystack, needle).is_some()
 }
 
-/// Substring searches built once, for the needles layers look for in every relayed message.
-pub mod needles {
-    use memchr::memmem::Finder;
-    use std::sync::LazyLock;
-
-    /// `notifications/tasks/status`.
-    pub static TASK_STATUS: LazyLock<Finder<'static>> =
-        LazyLock::new(|| Finder::new("notifications/tasks/status"));
-    /// `"notifications/tasks"`, quoted: the 2026-07-28 tasks extension's notification (not
-    /// `notifications/tasks/status`).
-    pub static TASKS_NOTIFICATION: LazyLock<Finder<'static>> =
-        LazyLock::new(|| Finder::new("\"notifications/tasks\""));
-    /// `notifications/tasks`, unquoted: found in every message that [`TASK_STATUS`] or
-    /// [`TASKS_NOTIFICATION`] is found in (one search instead of two where neither is expected).
-    pub static TASKS_METHODS: LazyLock<Finder<'static>> =
-        LazyLock::new(|| Finder::new("notifications/tasks"));
-    /// `notifications/progress`.
-    pub static PROGRESS: LazyLock<Finder<'static>> =
-        LazyLock::new(|| Finder::new("notifications/progress"));
-    /// `notifications/tools/list_changed`.
-    pub static TOOLS_LIST_CHANGED: LazyLock<Finder<'static>> =
-        LazyLock::new(|| Finder::new("notifications/tools/list_changed"));
-    /// `"task"`, quoted: the key of a task-augmented request (`params.task`) and of a
-    /// `CreateTaskResult`'s task.
-    pub static TASK_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\"task\""));
-    /// `\u`: a JSON escape that may spell any key, so a message holding one is parsed whatever
-    /// the other needles say.
-    pub static UNICODE_ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\\u"));
-    /// `"tools"`, quoted: the capability key of an `initialize` result.
-    pub static TOOLS_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\"tools\""));
-    /// The related-task `_meta` key.
-    pub static RELATED_TASK: LazyLock<Finder<'static>> =
-        LazyLock::new(|| Finder::new(crate::mcp::task::RELATED_TASK_META));
-
-    /// Whether `haystack` holds an escape that can spell a method name's characters (`\/` or
-    /// `\uXXXX`): valid JSON may write `notifications\/tasks\/status` (PHP's `json_encode` does
-    /// by default), which no plain-text needle finds. A message with one is read whatever the
-    /// needles say; a false positive (`\\u`, an escaped backslash) only costs that read.
-    pub fn may_hide_names(haystack: &[u8]) -> bool {
-        memchr::memchr_iter(b'\\', haystack)
-            .any(|i| matches!(haystack.get(i + 1), Some(b'/' | b'u')))
-    }
-
-    /// [`found`], or a name `finder` looks for may be spelled with escapes
-    /// ([`may_hide_names`]): a superset, for a pre-check whose caller then reads the message.
-    pub fn may_name(finder: &LazyLock<Finder<'static>>, haystack: &[u8]) -> bool {
-        found(finder, haystack) || may_hide_names(haystack)
-    }
-
-    /// Whether `finder`'s needle occurs in `haystack`.
-    pub fn found(finder: &LazyLock<Finder<'static>>, haystack: &[u8]) -> bool {
-        finder.find(haystack).is_some()
-    }
-}
+pub mod needles;
 
 #[cfg(test)]
 mod tests;

@@ -13,8 +13,7 @@ use crate::limits::{Limiter, Over, Permit};
 use crate::metrics::{Metrics, RejectReason};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
+use http::{Method, Response, StatusCode};
 use std::sync::Arc;
 
 /// What the gate needs from the edge.
@@ -39,14 +38,14 @@ impl Gate<'_> {
     /// `[limits]`: the caller's principal and its in-flight slot, or the refusal to send.
     pub async fn admit(
         &self,
-        req: &Request<Incoming>,
+        req: &http::request::Parts,
     ) -> Result<(Principal, Option<Permit>), Response<Body>> {
-        let path = req.uri().path();
+        let path = req.uri.path();
         if let (Some(suffix), Some(doc)) = (path.strip_prefix(METADATA_PATH), self.auth.metadata())
         {
-            return Err(self.metadata_response(req.method(), suffix, doc));
+            return Err(self.metadata_response(&req.method, suffix, doc));
         }
-        let principal = match self.auth.authenticate(req.headers()).await {
+        let principal = match self.auth.authenticate(&req.headers).await {
             Ok(p) => p,
             Err(refusal) => {
                 let mut resp = rpc_error_response(
@@ -69,7 +68,7 @@ impl Gate<'_> {
         let Some(limits) = self.limits else {
             return Ok((principal, None));
         };
-        match limits.admit(&principal, req.method() == Method::POST) {
+        match limits.admit(&principal, req.method == Method::POST) {
             Ok(permit) => Ok((principal, Some(permit))),
             Err(over) => {
                 let mut resp = rpc_error_response(

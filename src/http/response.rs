@@ -3,9 +3,11 @@
 
 use super::server::{Body, BodyError as ResponseError};
 use crate::exchange::GatewayError;
+use crate::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::jsonrpc::{self, Id};
 use bytes::Bytes;
-use http::{header, HeaderMap, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use http_body::Body as _;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use std::convert::Infallible;
@@ -31,33 +33,41 @@ const COMMON_ACCEPT: [(&str, &[&str]); 4] = [
     ("text/event-stream", &["text/event-stream"]),
 ];
 
-/// True when the `Accept` header(s) list every media type in `needed` (case-insensitive,
+/// True when the `Accept` field values list every media type in `needed` (case-insensitive,
 /// parameters ignored). The 2025-11-25 transport requires the literal types, as SDK servers do.
 ///
 /// One pass over the listed types, whatever the number needed (at most 64; on every POST).
-pub(super) fn accept_lists(headers: &HeaderMap, needed: &[&str]) -> bool {
+pub(super) fn accept_lists<'a>(
+    values: impl IntoIterator<Item = &'a HeaderValue>,
+    needed: &[&str],
+) -> bool {
     debug_assert!(needed.len() <= 64);
     let all = match needed.len() {
         0 => return true,
         n => u64::MAX >> (64 - n.min(64)),
     };
     let mut found = 0u64;
+    // Marks the needed types `essence` (a listed type without its parameters) is; true when
+    // every one is found.
+    let mut mark = |essence: &[u8]| {
+        for (i, n) in needed.iter().enumerate() {
+            if essence.eq_ignore_ascii_case(n.as_bytes()) {
+                found |= 1 << i;
+            }
+        }
+        found == all
+    };
     // On bytes: `str::split` sets up a memchr searcher per call, which for these short values
     // cost about 700 instructions per request (benches/profile.sh small); the names compared
     // are ASCII, so a value that is not ASCII cannot match either way.
-    for value in headers.get_all(header::ACCEPT) {
-        if let Some(listed) = COMMON_ACCEPT
+    for value in values {
+        if let Some((_, listed)) = COMMON_ACCEPT
             .iter()
             .find(|(v, _)| v.as_bytes() == value.as_bytes())
         {
             // The values MCP SDKs send, decided without the parse below (~1,000 instructions
             // per request for the common value).
-            for (i, n) in needed.iter().enumerate() {
-                if listed.1.iter().any(|l| l.eq_ignore_ascii_case(n)) {
-                    found |= 1 << i;
-                }
-            }
-            if found == all {
+            if listed.iter().any(|l| mark(l.as_bytes())) {
                 return true;
             }
             continue;
@@ -71,17 +81,99 @@ pub(super) fn accept_lists(headers: &HeaderMap, needed: &[&str]) -> bool {
                 .next()
                 .unwrap_or(b"")
                 .trim_ascii();
-            for (i, n) in needed.iter().enumerate() {
-                if essence.eq_ignore_ascii_case(n.as_bytes()) {
-                    found |= 1 << i;
-                }
-            }
-            if found == all {
+            if mark(essence) {
                 return true;
             }
         }
     }
     found == all
+}
+
+/// The request header fields the edge decides on, found in one pass over the fields present.
+/// Why: each `HeaderMap::get` hashes its name (about 100 instructions a look-up for a standard
+/// name, 220 for a custom one like `MCP-Protocol-Version`), and the edge looked up nine per
+/// POST (benches/profile.sh small).
+#[derive(Default)]
+pub(super) struct HeadFields<'a> {
+    /// How many `Host` fields.
+    pub hosts: usize,
+    /// The first `Host` value.
+    pub host: Option<&'a HeaderValue>,
+    /// The first `Origin` value.
+    pub origin: Option<&'a HeaderValue>,
+    /// The first `Content-Type` value.
+    pub content_type: Option<&'a HeaderValue>,
+    /// How many `Accept` fields.
+    accepts: usize,
+    /// The first `Accept` value.
+    accept: Option<&'a HeaderValue>,
+    /// The first `Content-Length` value.
+    pub content_length: Option<&'a HeaderValue>,
+    /// The first `Expect` value.
+    pub expect: Option<&'a HeaderValue>,
+    /// The first `MCP-Protocol-Version` value.
+    pub protocol_version: Option<&'a HeaderValue>,
+    /// Whether an `Mcp-Session-Id` is present.
+    pub session_id: bool,
+    /// Whether a hop-by-hop field is present ([`crate::headers::is_hop_by_hop`]).
+    pub hop_by_hop: bool,
+    /// All of them, for a field that occurs more than once.
+    headers: Option<&'a HeaderMap>,
+}
+
+impl<'a> HeadFields<'a> {
+    /// One look at each field of `headers`.
+    pub fn of(headers: &'a HeaderMap) -> HeadFields<'a> {
+        let mut f = HeadFields {
+            headers: Some(headers),
+            ..HeadFields::default()
+        };
+        for (name, value) in headers {
+            if name == header::HOST {
+                f.hosts += 1;
+                f.host.get_or_insert(value);
+            } else if name == header::CONTENT_TYPE {
+                f.content_type.get_or_insert(value);
+            } else if name == header::ACCEPT {
+                f.accepts += 1;
+                f.accept.get_or_insert(value);
+            } else if name == header::CONTENT_LENGTH {
+                f.content_length.get_or_insert(value);
+            } else if name == MCP_PROTOCOL_VERSION {
+                f.protocol_version.get_or_insert(value);
+            } else if name == MCP_SESSION_ID {
+                f.session_id = true;
+            } else if name == header::ORIGIN {
+                f.origin.get_or_insert(value);
+            } else if name == header::EXPECT {
+                f.expect.get_or_insert(value);
+            } else if crate::headers::is_hop_by_hop(name) {
+                f.hop_by_hop = true;
+            }
+        }
+        f
+    }
+
+    /// Whether the `Accept` field(s) list every type in `needed` ([`accept_lists`]).
+    pub fn accept_lists(&self, needed: &[&str]) -> bool {
+        match (self.accepts, self.headers) {
+            (0 | 1, _) | (_, None) => accept_lists(self.accept, needed),
+            (_, Some(h)) => accept_lists(h.get_all(header::ACCEPT), needed),
+        }
+    }
+}
+
+/// What the edge keeps of a request's head fields once it changes them: found by [`HeadFields`]
+/// before.
+pub(super) struct Head {
+    /// The era `MCP-Protocol-Version` names, if present.
+    pub era: Option<crate::era::Era>,
+    /// Whether an `Mcp-Session-Id` is present.
+    pub session_id: bool,
+    /// Whether an `Origin` is present.
+    pub origin: bool,
+    /// Whether a hop-by-hop field is present.
+    pub hop_by_hop: bool,
 }
 
 /// How much of an oversized body is read and discarded so the client, still sending, can read
@@ -103,12 +195,20 @@ pub(super) async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes,
         let Ok(data) = frame.into_data() else {
             continue;
         };
+        if seen == 0 && data.len() <= limit && body.is_end_stream() {
+            // The whole body in one frame (a small request, its length declared): kept as
+            // hyper gave it, without a copy.
+            return Ok(data);
+        }
         seen += data.len();
         if seen > limit + DISCARD_LIMIT {
             return Err(BodyError::TooLarge);
         }
         if seen <= limit {
             buf.extend_from_slice(&data);
+        }
+        if body.is_end_stream() {
+            break;
         }
     }
     if seen > limit {
@@ -153,6 +253,16 @@ mod tests {
         h
     }
 
+    /// The edge's call: through the fields found in one pass (one `Accept` or several).
+    fn accept_lists(headers: &HeaderMap, needed: &[&str]) -> bool {
+        let one_pass = HeadFields::of(headers).accept_lists(needed);
+        assert_eq!(
+            one_pass,
+            super::accept_lists(headers.get_all(header::ACCEPT), needed)
+        );
+        one_pass
+    }
+
     /// Every needed type must be listed, in one field or spread over several, in any case and
     /// with parameters; a type missing or only a prefix of one is not enough.
     #[test]
@@ -191,5 +301,39 @@ mod tests {
             &["text/event-stream"]
         ));
         assert!(accept_lists(&accept(&[]), &[]));
+    }
+
+    /// The one pass finds what `HeaderMap::get` would (the first value of each field) and
+    /// counts repeated `Host` fields; a hop-by-hop field is noticed.
+    #[test]
+    fn head_fields_find_what_get_finds() {
+        let mut h = HeaderMap::new();
+        for (name, value) in [
+            ("host", "a.example"),
+            ("host", "b.example"),
+            ("content-type", "application/json"),
+            ("accept", "application/json"),
+            ("accept", "text/event-stream"),
+            ("mcp-protocol-version", "2025-11-25"),
+            ("mcp-session-id", "s1"),
+            ("x-other", "1"),
+        ] {
+            h.append(
+                http::HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        let f = HeadFields::of(&h);
+        assert_eq!((f.hosts, f.host), (2, h.get(header::HOST)));
+        assert_eq!(f.content_type, h.get(header::CONTENT_TYPE));
+        assert_eq!(f.protocol_version, h.get(&MCP_PROTOCOL_VERSION));
+        assert!(f.session_id && f.origin.is_none() && f.expect.is_none());
+        assert!(f.content_length.is_none() && !f.hop_by_hop);
+        assert!(f.accept_lists(&["application/json", "text/event-stream"]));
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        h.insert(header::ORIGIN, HeaderValue::from_static("http://o"));
+        let f = HeadFields::of(&h);
+        assert!(f.hop_by_hop);
+        assert_eq!(f.origin, h.get(header::ORIGIN));
     }
 }

@@ -26,13 +26,13 @@
 //! None of these touch the upstream or the client's session: one bad request never ends a session.
 
 use super::gate::Gate;
-use super::response::{accept_lists, never, read_body, BodyError, DISCARD_LIMIT};
 pub use super::response::{gateway_error_response, json_response, rpc_error_response};
+use super::response::{never, read_body, BodyError, Head, HeadFields, DISCARD_LIMIT};
 use super::server::{Body, BodyError as ResponseError, Handler};
 use crate::auth::Authenticator;
 use crate::exchange::Principal;
 use crate::exchange::{McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext};
-use crate::headers::{content_type_is, strip_hop_by_hop, MCP_SESSION_ID};
+use crate::headers::{content_type_is, remove_hop_by_hop, MCP_SESSION_ID};
 use crate::jsonrpc::{self, EnvelopeError, Message};
 use crate::limits::{Limiter, Permit};
 use crate::metrics::{McpMethod, Metrics, RejectReason, RequestOutcome, RequestSeries, SseKind};
@@ -45,9 +45,9 @@ use hyper::body::{Frame, Incoming};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use tower::ServiceExt;
 
 /// One route: an upstream's name and the stack in front of it.
 #[derive(Clone)]
@@ -153,11 +153,25 @@ impl Edge {
     }
 
     async fn serve(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
-        let (principal, permit) = match self.gate(&req).await {
+        let (parts, body) = req.into_parts();
+        let fields = HeadFields::of(&parts.headers);
+        let (principal, permit) = match self.gate(&parts, &fields).await {
             Ok(admitted) => admitted,
             Err(resp) => return resp,
         };
-        let resp = self.serve_admitted(req, principal).await;
+        let resp = match self.decode(&parts, &fields, body).await {
+            Ok((served, op)) => {
+                let head = Head {
+                    era: fields.protocol_version.map(crate::era::Era::of_header),
+                    session_id: fields.session_id,
+                    origin: fields.origin.is_some(),
+                    hop_by_hop: fields.hop_by_hop,
+                };
+                self.forward(served, parts.headers, head, op, principal)
+                    .await
+            }
+            Err(resp) => resp,
+        };
         match permit {
             // The slot is held until the answer's body (an SSE stream too) is done.
             Some(permit) => resp.map(|b| {
@@ -175,33 +189,36 @@ impl Edge {
     /// the upstream names of a 404) for a bad Host or a caller without credentials.
     async fn gate(
         &self,
-        req: &Request<Incoming>,
+        parts: &http::request::Parts,
+        fields: &HeadFields<'_>,
     ) -> Result<(Principal, Option<Permit>), Response<Body>> {
-        self.check_host_and_origin(req.uri(), req.version(), req.headers())?;
+        self.check_host_and_origin(&parts.uri, parts.version, fields)?;
         let gate = Gate {
             auth: &self.auth,
             limits: self.settings.limits.as_ref(),
             metrics: &self.metrics,
             is_route: &|p: &str| self.route(p).is_ok(),
         };
-        gate.admit(req).await
+        gate.admit(parts).await
     }
 
-    async fn serve_admitted(&self, req: Request<Incoming>, principal: Principal) -> Response<Body> {
-        let (route, series) = match self.route(req.uri().path()) {
-            Ok(served) => (&served.route, &served.series),
-            Err(resp) => return self.reject(RejectReason::Route, resp),
+    /// The route and the operation of an admitted request (its body read and parsed), or the
+    /// answer refusing it.
+    async fn decode(
+        &self,
+        parts: &http::request::Parts,
+        fields: &HeadFields<'_>,
+        body: Incoming,
+    ) -> Result<(&Served, Operation), Response<Body>> {
+        let served = match self.route(parts.uri.path()) {
+            Ok(served) => served,
+            Err(resp) => return Err(self.reject(RejectReason::Route, resp)),
         };
-        let op_method = req.method().clone();
-        let (parts, body) = req.into_parts();
-        let op = match op_method {
-            Method::POST => match self.decode_post(&parts.headers, body).await {
-                Ok(msg) => Operation::Post(msg),
-                Err(resp) => return resp,
-            },
+        let op = match parts.method {
+            Method::POST => Operation::Post(self.decode_post(fields, body).await?),
             Method::GET => {
-                if !accept_lists(&parts.headers, &["text/event-stream"]) {
-                    return self.reject(
+                if !fields.accept_lists(&["text/event-stream"]) {
+                    return Err(self.reject(
                         RejectReason::Accept,
                         rpc_error_response(
                             StatusCode::NOT_ACCEPTABLE,
@@ -209,7 +226,7 @@ impl Edge {
                             jsonrpc::INVALID_REQUEST,
                             "Not Acceptable: a GET must accept text/event-stream",
                         ),
-                    );
+                    ));
                 }
                 Operation::OpenStream
             }
@@ -223,18 +240,45 @@ impl Edge {
                 );
                 resp.headers_mut()
                     .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
-                return self.reject(RejectReason::Method, resp);
+                return Err(self.reject(RejectReason::Method, resp));
             }
         };
+        Ok((served, op))
+    }
 
-        let mut headers = parts.headers;
-        strip_hop_by_hop(&mut headers);
-        let session_id = headers.remove(&MCP_SESSION_ID);
+    /// Sends a decoded request through its route's stack and answers with its reply.
+    async fn forward(
+        &self,
+        served: &Served,
+        mut headers: HeaderMap,
+        head: Head,
+        op: Operation,
+        principal: Principal,
+    ) -> Response<Body> {
+        let (route, series) = (&served.route, &served.series);
+        if head.hop_by_hop {
+            remove_hop_by_hop(&mut headers);
+        }
+        // Each removal is a hashed look-up: made only for a field that is there.
+        let session_id = if head.session_id {
+            headers.remove(&MCP_SESSION_ID)
+        } else {
+            None
+        };
         // `Host` and `Content-Length` stay: the upstream client replaces both (each removal
         // was a hashed look-up on every request).
-        headers.remove(header::ORIGIN);
-        let era = crate::era::Era::of_request(
-            &headers,
+        if head.origin {
+            headers.remove(header::ORIGIN);
+        }
+        // (A `Connection` field may have named `MCP-Protocol-Version`: then it is gone.)
+        let header_era = match head.hop_by_hop {
+            false => head.era,
+            true => headers
+                .get(&crate::headers::MCP_PROTOCOL_VERSION)
+                .map(crate::era::Era::of_header),
+        };
+        let era = crate::era::Era::of_parts(
+            header_era,
             match &op {
                 Operation::Post(m) => Some(m),
                 _ => None,
@@ -281,9 +325,7 @@ impl Edge {
             session = request.ctx.session_id.as_ref().and_then(|s| s.to_str().ok()),
         );
         let started = Instant::now();
-        let result =
-            tracing::Instrument::instrument(route.stack.clone().oneshot(request), span.clone())
-                .await;
+        let result = tracing::Instrument::instrument(route.stack.send(request), span.clone()).await;
         series.duration(method, started.elapsed().as_secs_f64());
         match result {
             Ok(mut reply) => {
@@ -329,10 +371,10 @@ impl Edge {
         &self,
         uri: &http::Uri,
         version: http::Version,
-        headers: &HeaderMap,
+        fields: &HeadFields<'_>,
     ) -> Result<(), Response<Body>> {
         // RFC 9112 section 3.2: exactly one Host field in HTTP/1.1 (HTTP/1.0 may omit it).
-        let hosts = headers.get_all(header::HOST).iter().count();
+        let hosts = fields.hosts;
         if hosts > 1 || (hosts == 0 && version != http::Version::HTTP_10) {
             return Err(self.reject(
                 RejectReason::Host,
@@ -349,7 +391,7 @@ impl Edge {
         let host = uri
             .authority()
             .map(|a| a.as_str())
-            .or_else(|| headers.get(header::HOST).map(|h| h.to_str().unwrap_or("")));
+            .or_else(|| fields.host.map(|h| h.to_str().unwrap_or("")));
         if let (Some(allowed), Some(host)) = (&self.settings.allowed_hosts, host) {
             if !allowed.iter().any(|a| a.eq_ignore_ascii_case(host)) {
                 let host = host.to_ascii_lowercase();
@@ -364,9 +406,7 @@ impl Edge {
                 ));
             }
         }
-        if let (Some(allowed), Some(origin)) =
-            (&self.settings.allowed_origins, headers.get(header::ORIGIN))
-        {
+        if let (Some(allowed), Some(origin)) = (&self.settings.allowed_origins, fields.origin) {
             let origin = origin.to_str().unwrap_or("");
             if !allowed.iter().any(|a| a.eq_ignore_ascii_case(origin)) {
                 let origin = origin.to_ascii_lowercase();
@@ -388,10 +428,10 @@ impl Edge {
 
     async fn decode_post(
         &self,
-        headers: &HeaderMap,
+        fields: &HeadFields<'_>,
         body: Incoming,
     ) -> Result<Message, Response<Body>> {
-        let content_type = content_type_is(headers.get(header::CONTENT_TYPE), "application/json");
+        let content_type = content_type_is(fields.content_type, "application/json");
         if content_type != Ok(true) {
             let message = match content_type {
                 Err(charset) => {
@@ -411,7 +451,7 @@ impl Edge {
                 ),
             ));
         }
-        if !accept_lists(headers, &["application/json", "text/event-stream"]) {
+        if !fields.accept_lists(&["application/json", "text/event-stream"]) {
             return Err(self.reject(
                 RejectReason::Accept,
                 rpc_error_response(
@@ -433,12 +473,12 @@ impl Edge {
                 ),
             )
         };
-        let declared = headers
-            .get(header::CONTENT_LENGTH)
+        let declared = fields
+            .content_length
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        let expects_continue = headers
-            .get(header::EXPECT)
+        let expects_continue = fields
+            .expect
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         // Too large to even read away, or a client waiting for `100 Continue` (reading the body
         // would send it): answer at once (the connection is closed after it).
@@ -453,7 +493,14 @@ impl Edge {
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return Err(self.reject(RejectReason::BodyTooLarge, resp));
         }
-        let read = tokio::time::timeout(self.settings.body_timeout, read_body(body, limit)).await;
+        // A small body is all there at the first poll: taken without a timer then (setting one
+        // up cost about 240 instructions per request); otherwise the timeout bounds the rest
+        // (the first poll does not wait).
+        let mut reading = std::pin::pin!(read_body(body, limit));
+        let read = match std::future::poll_fn(|cx| Poll::Ready(reading.as_mut().poll(cx))).await {
+            Poll::Ready(read) => Ok(read),
+            Poll::Pending => tokio::time::timeout(self.settings.body_timeout, reading).await,
+        };
         let Ok(read) = read else {
             let mut resp = rpc_error_response(
                 StatusCode::REQUEST_TIMEOUT,

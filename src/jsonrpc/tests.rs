@@ -151,3 +151,218 @@ fn bad_input_maps_to_codes() {
         INVALID_REQUEST
     );
 }
+
+/// Short ids are kept inline, long ones shared: either way an id is its JSON text, equal and
+/// hashed as that text, whatever its length (the inline limit and one past it included).
+#[test]
+fn ids_are_their_text_inline_or_shared() {
+    use std::collections::HashSet;
+    let hash = |id: &Id| {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(id)
+    };
+    for n in [
+        0usize,
+        1,
+        INLINE_ID - 3,
+        INLINE_ID - 2,
+        INLINE_ID - 1,
+        40,
+        300,
+    ] {
+        let text = format!("\"{}\"", "é".repeat(n / 2) + &"a".repeat(n % 2));
+        let a = Id::from_json(&text).unwrap();
+        let b = Id::from_json(&text).unwrap();
+        assert_eq!(a.as_json(), text);
+        assert_eq!(a, b);
+        assert_eq!(hash(&a), hash(&b));
+        assert_eq!(a.clone().as_json(), text);
+        assert_eq!(format!("{a}"), text);
+    }
+    let ids: HashSet<Id> = [
+        "1",
+        "\"1\"",
+        "12345678901234567890",
+        "\"12345678901234567890123\"",
+    ]
+    .iter()
+    .map(|t| Id::from_json(t).expect(t))
+    .collect();
+    assert_eq!(ids.len(), 4);
+    assert!(ids.contains(&Id::from_json("\"12345678901234567890123\"").unwrap()));
+    assert!(!ids.contains(&Id::from_json("2").unwrap()));
+}
+
+type Members = (Option<String>, Option<String>, Option<String>, bool, bool);
+
+/// The envelope as the checked serde_json parse reads it, `None` where it refuses the text.
+fn by_serde(text: &str) -> Option<Members> {
+    check_json(text.as_bytes()).ok()?;
+    let env: Envelope<'_> = serde_json::from_str(text).ok()?;
+    Some((
+        env.jsonrpc.map(|v| v.get().to_string()),
+        env.id.map(|v| v.get().to_string()),
+        env.method.map(|m| m.into_owned()),
+        env.result.is_some(),
+        env.error.is_some(),
+    ))
+}
+
+/// The envelope as the one-pass reader reads it, `None` where it leaves the text to serde_json.
+fn by_reader(text: &str) -> Option<Members> {
+    let m = envelope::read(text)?;
+    Some((
+        m.jsonrpc.map(str::to_string),
+        m.id.map(str::to_string),
+        m.method.map(str::to_string),
+        m.result,
+        m.error,
+    ))
+}
+
+/// Whatever the one-pass reader accepts, serde_json accepts with the same envelope (the reader
+/// may only hand texts back, never decide one differently): common messages, edge cases, and
+/// every one-byte deletion and substitution of a few messages.
+#[test]
+fn the_envelope_reader_agrees_with_serde_json() {
+    let common = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"}}}"#,
+        r#" { "jsonrpc" : "2.0" , "id" : "a-1" , "method" : "tasks/get" , "params" : { "taskId" : "t" } } "#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"a\"b\\c\n"}],"n":[-0.5e+3,0,1E2,true,false,null]}}"#,
+        r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"x"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"x/y","params":[],"other":{},"other":"é"}"#,
+    ];
+    for text in common {
+        let fast = by_reader(text);
+        assert!(
+            fast.is_some(),
+            "the common shape is read in one pass: {text}"
+        );
+        assert_eq!(fast, by_serde(text), "{text}");
+    }
+    let handed_back = [
+        r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"m"}"#,
+        r#"{"jsonrpc":"2.0","id":null,"error":{}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":null}"#,
+        r#"{"jsonrpc":"2.0","id":1,"m\u0065thod":"m"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m\/n"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":"\ud800"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":5}"#,
+        r#"{"jsonrpc":"2.0","id":01,"method":"m"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m",}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m"} x"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":[1,]}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":"a	b"}"#,
+        "\u{feff}{}",
+        "[]",
+        "",
+    ];
+    for text in handed_back {
+        assert_eq!(by_reader(text), None, "{text}");
+    }
+    let nested = |n: usize| format!("{{\"a\":{}1{}}}", "[".repeat(n - 1), "]".repeat(n - 1));
+    assert!(by_reader(&nested(128)).is_some());
+    assert_eq!(by_reader(&nested(129)), None);
+    assert_eq!(by_serde(&nested(129)), None);
+    let alphabet = b" \t\n{}[]:,\"\\/-+.0123456789eEtrufalsnbx\x01";
+    for text in common.iter().chain(&handed_back[..4]) {
+        let b = text.as_bytes();
+        let mut variants = Vec::new();
+        for i in 0..b.len() {
+            let mut v = b.to_vec();
+            v.remove(i);
+            variants.push(v);
+            for &c in alphabet {
+                let mut v = b.to_vec();
+                v[i] = c;
+                variants.push(v);
+            }
+        }
+        for v in variants {
+            let Ok(v) = String::from_utf8(v) else {
+                continue;
+            };
+            if let Some(fast) = by_reader(&v) {
+                assert_eq!(Some(fast), by_serde(&v), "{v}");
+            }
+        }
+    }
+}
+
+/// The same agreement on texts with several random edits (a fixed seed: the run repeats), JSON
+/// tokens inserted, replaced and removed anywhere. `ENVELOPE_ROUNDS=N` runs N texts instead of
+/// 40,000 (1,500,000 agreed when the reader was written).
+#[test]
+fn the_envelope_reader_agrees_with_serde_json_after_random_edits() {
+    let seeds = [
+        r#"{"jsonrpc":"2.0","id":"x1","method":"tools/call","params":{"a":[1,-2.5e3,{"b":null}],"c":"d\n"}}"#,
+        r#"{"jsonrpc":"2.0","id":12,"result":{"content":[{"type":"text","text":"\u00e9"}]},"x":true}"#,
+    ];
+    let tokens: [&str; 24] = [
+        "{",
+        "}",
+        "[",
+        "]",
+        ":",
+        ",",
+        "\"",
+        "\\",
+        "\\u",
+        "\\n",
+        " ",
+        "\t",
+        "0",
+        "-",
+        ".",
+        "e",
+        "true",
+        "null",
+        "\"id\"",
+        "\"method\"",
+        "\"result\"",
+        "\"error\"",
+        "\u{1}",
+        "é",
+    ];
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    let mut read = 0;
+    for round in 0..std::env::var("ENVELOPE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40_000usize)
+    {
+        let mut text: Vec<char> = seeds[round % seeds.len()].chars().collect();
+        for _ in 0..1 + next(3) {
+            let at = next(text.len() + 1);
+            let token: Vec<char> = tokens[next(tokens.len())].chars().collect();
+            match next(3) {
+                0 => {
+                    text.splice(at..at, token);
+                }
+                1 if at < text.len() => {
+                    text.splice(at..at + 1, token);
+                }
+                _ if at < text.len() => {
+                    text.remove(at);
+                }
+                _ => {}
+            }
+        }
+        let text: String = text.into_iter().collect();
+        if let Some(fast) = by_reader(&text) {
+            read += 1;
+            assert_eq!(Some(fast), by_serde(&text), "{text}");
+        }
+    }
+    assert!(
+        read > 1_000,
+        "the reader took too few texts to compare ({read})"
+    );
+}

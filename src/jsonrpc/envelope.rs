@@ -1,0 +1,285 @@
+//! A one-pass reader of a message's envelope, for the shape nearly every message has; anything
+//! else is left to serde_json ([`read`] answers `None`).
+//!
+//! Why hand-written: for a small `tools/call` (~90 bytes) the nesting and UTF-8 check
+//! (`check_json`) and serde_json's envelope parse cost about 4,400 instructions per request
+//! together (serde_json's skip of `params` alone ~1,300, with an allocation for its nesting
+//! stack; benches/profile.sh small). This reader checks the whole text's grammar, as the
+//! parse did, in one pass.
+//!
+//! It is conservative: it accepts only text that serde_json accepts with the same envelope.
+//! Whatever it is not sure of (a `\u` escape, which may be a lone surrogate; an escaped key; a
+//! known member twice or `null`; a `method` that is not a plain string; nesting deeper than
+//! [`super::MAX_DEPTH`]; any syntax error) it hands back, and the caller parses with serde_json
+//! as before, which then decides and words the error.
+
+/// The envelope members of a message, as the serde_json parse reports them: the raw JSON text
+/// of `jsonrpc` and `id`, the text of a `method` string, whether `result` and `error` are there.
+pub(super) struct Members<'a> {
+    pub jsonrpc: Option<&'a str>,
+    pub id: Option<&'a str>,
+    pub method: Option<&'a str>,
+    pub result: bool,
+    pub error: bool,
+}
+
+/// The envelope of `text` (already known to be UTF-8) when `text` is one JSON object of the
+/// common shape; `None` to let serde_json decide.
+pub(super) fn read(text: &str) -> Option<Members<'_>> {
+    let mut r = Reader {
+        b: text.as_bytes(),
+        i: 0,
+    };
+    let mut m = Members {
+        jsonrpc: None,
+        id: None,
+        method: None,
+        result: false,
+        error: false,
+    };
+    r.ws();
+    r.eat(b'{')?;
+    r.ws();
+    if r.peek()? == b'}' {
+        r.i += 1;
+    } else {
+        loop {
+            r.ws();
+            let key = r.plain_string()?;
+            r.ws();
+            r.eat(b':')?;
+            r.ws();
+            let start = r.i;
+            r.value(1)?;
+            let value = text.get(start..r.i)?;
+            // A known member twice is serde's "duplicate field" error, `null` its `None`:
+            // both left to it.
+            let known = match key {
+                "jsonrpc" => &mut m.jsonrpc,
+                "id" => &mut m.id,
+                "method" => &mut m.method,
+                "result" | "error" => {
+                    let seen = if key == "result" {
+                        &mut m.result
+                    } else {
+                        &mut m.error
+                    };
+                    if *seen || value == "null" {
+                        return None;
+                    }
+                    *seen = true;
+                    r.ws();
+                    if r.next_member()? {
+                        continue;
+                    }
+                    break;
+                }
+                _ => {
+                    r.ws();
+                    if r.next_member()? {
+                        continue;
+                    }
+                    break;
+                }
+            };
+            if known.is_some() || value == "null" {
+                return None;
+            }
+            *known = Some(value);
+            r.ws();
+            if !r.next_member()? {
+                break;
+            }
+        }
+    }
+    r.ws();
+    if r.i != r.b.len() {
+        return None;
+    }
+    // `method` as serde reads it into a string: only a plain one here (the value's text
+    // without its quotes, which hold no escape).
+    if let Some(method) = m.method {
+        let inner = method.strip_prefix('"')?.strip_suffix('"')?;
+        if inner.contains('\\') {
+            return None;
+        }
+        m.method = Some(inner);
+    }
+    Some(m)
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.peek()? == c).then(|| self.i += 1)
+    }
+
+    /// JSON whitespace (RFC 8259: space, tab, line feed, carriage return).
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    /// After a member's value: `true` at `,` (another member follows), `false` at `}`.
+    fn next_member(&mut self) -> Option<bool> {
+        let c = self.peek()?;
+        self.i += 1;
+        match c {
+            b',' => Some(true),
+            b'}' => Some(false),
+            _ => None,
+        }
+    }
+
+    /// A string without any escape (a key): its text.
+    fn plain_string(&mut self) -> Option<&'a str> {
+        self.eat(b'"')?;
+        let start = self.i;
+        loop {
+            match self.peek()? {
+                b'"' => break,
+                b'\\' => return None,
+                c if c < 0x20 => return None,
+                _ => self.i += 1,
+            }
+        }
+        let b: &'a [u8] = self.b;
+        let s = std::str::from_utf8(b.get(start..self.i)?).ok()?;
+        self.i += 1;
+        Some(s)
+    }
+
+    /// A string (the opening quote next): control characters refused as JSON does; escapes
+    /// other than `\u` checked; `\u` handed back (it may be a lone surrogate, which serde_json
+    /// refuses in the members it reads).
+    fn string(&mut self) -> Option<()> {
+        self.eat(b'"')?;
+        loop {
+            // Most bytes are plain: skipped in a tight loop.
+            while let Some(&c) = self.b.get(self.i) {
+                if c == b'"' || c == b'\\' || c < 0x20 {
+                    break;
+                }
+                self.i += 1;
+            }
+            match self.peek()? {
+                b'"' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                b'\\' => match self.b.get(self.i + 1).copied()? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 2,
+                    _ => return None,
+                },
+                _ => return None,
+            }
+        }
+    }
+
+    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?` (RFC 8259 section 6).
+    fn number(&mut self) -> Option<()> {
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        match self.peek()? {
+            b'0' => self.i += 1,
+            b'1'..=b'9' => self.digits(),
+            _ => return None,
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            self.some_digits()?;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            self.some_digits()?;
+        }
+        Some(())
+    }
+
+    fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    fn some_digits(&mut self) -> Option<()> {
+        let start = self.i;
+        self.digits();
+        (self.i > start).then_some(())
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        let end = self.i.checked_add(word.len())?;
+        (self.b.get(self.i..end)? == word).then(|| self.i = end)
+    }
+
+    /// One value at nesting `depth` (the envelope object is 1).
+    fn value(&mut self, depth: usize) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.string(),
+            b'{' => {
+                if depth >= super::MAX_DEPTH {
+                    return None;
+                }
+                self.i += 1;
+                self.ws();
+                if self.peek()? == b'}' {
+                    self.i += 1;
+                    return Some(());
+                }
+                loop {
+                    self.ws();
+                    self.string()?;
+                    self.ws();
+                    self.eat(b':')?;
+                    self.ws();
+                    self.value(depth + 1)?;
+                    self.ws();
+                    if !self.next_member()? {
+                        return Some(());
+                    }
+                }
+            }
+            b'[' => {
+                if depth >= super::MAX_DEPTH {
+                    return None;
+                }
+                self.i += 1;
+                self.ws();
+                if self.peek()? == b']' {
+                    self.i += 1;
+                    return Some(());
+                }
+                loop {
+                    self.ws();
+                    self.value(depth + 1)?;
+                    self.ws();
+                    let c = self.peek()?;
+                    self.i += 1;
+                    match c {
+                        b',' => continue,
+                        b']' => return Some(()),
+                        _ => return None,
+                    }
+                }
+            }
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            _ => self.number(),
+        }
+    }
+}
