@@ -138,6 +138,59 @@ async fn keepalive_on_idle() {
     assert_eq!(&first[..], KEEPALIVE_COMMENT);
 }
 
+/// Events that are ready when the upstream is pending go out at once, together, also after the
+/// first chunk of the stream (they used to be held back for one more turn of the scheduler).
+#[tokio::test(start_paused = true)]
+async fn keepalive_sends_ready_events_at_once() {
+    let mut step = 0;
+    let events: EventStream = Box::pin(futures_util::stream::poll_fn(move |_cx| {
+        step += 1;
+        match step {
+            1 => std::task::Poll::Ready(Some(Event::message("1".into()))),
+            3 | 4 => std::task::Poll::Ready(Some(Event::message(step.to_string()))),
+            _ => std::task::Poll::Pending,
+        }
+    }));
+    let mut ka = KeepAlive::new(events, Duration::from_secs(60));
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut poll = || match ka.poll_next_unpin(&mut cx) {
+        std::task::Poll::Ready(Some(Ok(b))) => Some(String::from_utf8(b.to_vec()).unwrap()),
+        other => {
+            assert!(other.is_pending(), "{other:?}");
+            None
+        }
+    };
+    assert_eq!(poll().as_deref(), Some("event: message\ndata: 1\n\n"));
+    assert_eq!(
+        poll().as_deref(),
+        Some("event: message\ndata: 3\n\nevent: message\ndata: 4\n\n")
+    );
+    assert_eq!(poll(), None);
+}
+
+/// `feed_bytes` (in place, the chunk's lines not copied) decodes as `feed` does, whatever the
+/// chunks: events split across chunks, an incomplete line at a chunk's end, CR LF split.
+#[test]
+fn feed_bytes_same_as_feed() {
+    let wire: &[u8] = b"\xEF\xBB\xBFevent: message\r\ndata: a\r\n\r\nevent: other\ndata: b\n\nid: 3\rdata: c\r\rdata: d\n\n";
+    let mut whole = Decoder::new(1024);
+    let mut expected = Vec::new();
+    whole.feed(wire, &mut expected).unwrap();
+    assert_eq!(expected.len(), 4);
+    for a in 0..wire.len() {
+        for b in a..wire.len() {
+            let mut d = Decoder::new(1024);
+            let mut out = Vec::new();
+            for chunk in [&wire[..a], &wire[a..b], &wire[b..]] {
+                d.feed_bytes(Bytes::copy_from_slice(chunk), &mut out)
+                    .unwrap();
+            }
+            assert_eq!(out, expected, "split at {a} and {b}");
+        }
+    }
+}
+
 /// Several `data` lines (one colonless, so empty) are joined with `\n` in order, also when the
 /// event arrives in pieces; an event of many short lines keeps them all.
 #[test]
