@@ -63,7 +63,7 @@ impl Registry {
         let up = record.upstream.clone();
         let status = record.status;
         let origin = record.origin;
-        // The store writes its transaction before it waits for the group commit: both on the
+        // The store makes its writes before it waits for the group commit: both on the
         // blocking pool, never on a runtime worker.
         let (store, copy) = (self.store.clone(), record.clone());
         let slot = reservation.store_slot();
