@@ -28,11 +28,14 @@
 //! the task lifecycle one commit in three was such a lone "soon" (issue 15, `benches/RESULTS.md`).
 
 mod held;
+mod keys;
 
 use super::{AuditEvent, ListCursor, Owner, StoreError, TaskRecord, TaskStore};
 use crate::mcp::task::now_ms;
 use crate::metrics::Metrics;
 use futures_util::future::BoxFuture;
+use keys::{expiry_key, owner_key, task_key};
+pub(super) use keys::{owner_prefix, push_str, read_str, read_u64};
 use parking_lot::Mutex;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
@@ -51,9 +54,18 @@ pub const SOON: std::time::Duration = std::time::Duration::from_millis(10);
 /// How old an index entry without its record must be before a reader takes it for what a crash
 /// left behind (see [`SledStore::insert_new`]) and removes it: far longer than a creation's two
 /// index writes and its record write take, so a creation in progress is never mistaken for one.
-/// Measured in ms against the entry's own time (`recorded_at` in `by_owner`, `expires_at` in
-/// `by_expiry`).
+/// Measured in ms from the later of the entry's own time (`recorded_at` in `by_owner`,
+/// `expires_at` in `by_expiry`) and the time it was written (see `is_leftover`).
 pub const LEFTOVER_GRACE_MS: u64 = 60_000;
+
+/// Whether an index entry with no record of its own (see [`SledStore::insert_new`]) is surely
+/// what a crash left, not a creation in progress: its own time (`key_ms`) and the time it was
+/// written (its value, 8 bytes big-endian ms; empty in entries written before taskgate stored
+/// it, or by a transaction) are both more than [`LEFTOVER_GRACE_MS`] before `now`.
+fn is_leftover(key_ms: u64, value: &[u8], now: u64) -> bool {
+    let written = <[u8; 8]>::try_from(value).map_or(0, u64::from_be_bytes);
+    key_ms.max(written).saturating_add(LEFTOVER_GRACE_MS) < now
+}
 
 /// The sled-backed registry. Drop it (every clone of the `Arc`) to release the database lock;
 /// [`SledStore::close`] flushes and stops the committer first.
@@ -67,54 +79,6 @@ pub struct SledStore {
     held_by_expiry: sled::Tree,
     syncer: Mutex<Option<mpsc::Sender<Option<SyncReply>>>>,
     committer: Mutex<Option<JoinHandle<()>>>,
-}
-
-pub(super) fn push_str(buf: &mut Vec<u8>, s: &str) {
-    buf.extend_from_slice(&(s.len() as u32).to_be_bytes());
-    buf.extend_from_slice(s.as_bytes());
-}
-
-pub(super) fn read_str<'a>(buf: &mut &'a [u8]) -> Option<&'a str> {
-    let len = u32::from_be_bytes(buf.get(..4)?.try_into().ok()?) as usize;
-    let s = std::str::from_utf8(buf.get(4..4 + len)?).ok()?;
-    *buf = &buf[4 + len..];
-    Some(s)
-}
-
-pub(super) fn read_u64(buf: &mut &[u8]) -> Option<u64> {
-    let v = u64::from_be_bytes(buf.get(..8)?.try_into().ok()?);
-    *buf = &buf[8..];
-    Some(v)
-}
-
-fn task_key(upstream: &str, task_id: &str) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + upstream.len() + task_id.len());
-    push_str(&mut k, upstream);
-    push_str(&mut k, task_id);
-    k
-}
-
-pub(super) fn owner_prefix(upstream: &str, owner: &Owner) -> Vec<u8> {
-    let owner = owner.to_string();
-    let mut k = Vec::with_capacity(8 + upstream.len() + owner.len());
-    push_str(&mut k, upstream);
-    push_str(&mut k, &owner);
-    k
-}
-
-fn owner_key(r: &TaskRecord) -> Vec<u8> {
-    let mut k = owner_prefix(&r.upstream, &r.owner);
-    k.extend_from_slice(&r.recorded_at.to_be_bytes());
-    push_str(&mut k, &r.task_id);
-    k
-}
-
-fn expiry_key(r: &TaskRecord) -> Vec<u8> {
-    let mut k = Vec::with_capacity(16 + r.upstream.len() + r.task_id.len());
-    k.extend_from_slice(&r.expires_at.to_be_bytes());
-    push_str(&mut k, &r.upstream);
-    push_str(&mut k, &r.task_id);
-    k
 }
 
 fn decode(bytes: &[u8]) -> Result<TaskRecord, StoreError> {
@@ -225,8 +189,15 @@ impl SledStore {
     fn insert_new(&self, record: &TaskRecord) -> Result<(), StoreError> {
         let key = task_key(&record.upstream, &record.task_id);
         let (listed, expiring) = (owner_key(record), expiry_key(record));
-        self.by_owner.insert(&listed, &[][..]).map_err(db_err)?;
-        self.by_expiry.insert(&expiring, &[][..]).map_err(db_err)?;
+        // Each entry carries the time it was written: a creation whose writes come long after
+        // its record was built (a stalled disk) is still not taken for a leftover.
+        let written = now_ms().to_be_bytes();
+        self.by_owner
+            .insert(&listed, &written[..])
+            .map_err(db_err)?;
+        self.by_expiry
+            .insert(&expiring, &written[..])
+            .map_err(db_err)?;
         let swapped = self
             .tasks
             .compare_and_swap(&key, None::<&[u8]>, Some(encode(record)))
@@ -441,7 +412,7 @@ impl TaskStore for SledStore {
         let mut page = Vec::with_capacity(limit.min(256));
         let mut last_key = None;
         for item in iter.rev() {
-            let (k, _) = item.map_err(db_err)?;
+            let (k, v) = item.map_err(db_err)?;
             if !k.starts_with(&prefix) {
                 break;
             }
@@ -462,7 +433,7 @@ impl TaskStore for SledStore {
                 // What a crash left (`insert_new`): its record was never written, or the id was
                 // recorded again later for someone else. Skipped; removed once surely not a
                 // creation in progress.
-                _ if recorded_at.saturating_add(LEFTOVER_GRACE_MS) < now_ms() => {
+                _ if is_leftover(recorded_at, &v, now_ms()) => {
                     self.by_owner.remove(&k).map_err(db_err)?;
                 }
                 _ => {}
@@ -488,7 +459,7 @@ impl TaskStore for SledStore {
         }
         let mut out = Vec::new();
         for item in self.by_expiry.range(..(now_ms + 1).to_be_bytes().to_vec()) {
-            let (k, _) = item.map_err(db_err)?;
+            let (k, v) = item.map_err(db_err)?;
             let mut rest = &k[..];
             let (Some(expires_at), Some(up), Some(id)) = (
                 read_u64(&mut rest),
@@ -498,16 +469,16 @@ impl TaskStore for SledStore {
                 continue;
             };
             let recorded = match self.tasks.get(task_key(up, id)).map_err(db_err)? {
-                Some(v) => Some(
-                    serde_json::from_slice::<Expiry>(&v)
-                        .map_err(|e| StoreError::Corrupt(e.to_string()))?
-                        .expires_at,
+                // A record that cannot be read is returned as before: its removal reports it,
+                // and one bad record does not stop every other task from expiring.
+                Some(record) => Some(
+                    serde_json::from_slice::<Expiry>(&record).map_or(expires_at, |r| r.expires_at),
                 ),
                 None => None,
             };
             if recorded == Some(expires_at) {
                 out.push((up.to_string(), id.to_string()));
-            } else if expires_at.saturating_add(LEFTOVER_GRACE_MS) < now_ms {
+            } else if is_leftover(expires_at, &v, now_ms) {
                 // What a crash left (see `insert_new`): no record, or the record of a later
                 // creation of the same id, which has an entry of its own. Never returned: the
                 // sweep would remove that later record before its time.

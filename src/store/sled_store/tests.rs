@@ -217,3 +217,58 @@ async fn a_young_entry_without_its_record_stays() {
     assert!(store.expired(now, 10).unwrap().is_empty());
     assert_eq!((store.by_owner.len(), store.by_expiry.len()), (1, 1));
 }
+
+/// A creation whose writes come more than `LEFTOVER_GRACE_MS` after its record was built (a
+/// stalled disk) keeps its index entries when a tasks/list and a sweep run between its index
+/// writes and its record write: the entries carry the time they were written. (Found by the cold
+/// review: the grace counted from `recorded_at` alone removed them, leaving a record that was
+/// neither listed nor swept.)
+#[tokio::test]
+async fn a_late_creation_keeps_its_entries_against_a_concurrent_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let now = now_ms();
+    let late = record("late", "alice", now - 62_000);
+    // `insert_new`'s index writes, as it makes them ...
+    let written = now.to_be_bytes();
+    store
+        .by_owner
+        .insert(owner_key(&late), &written[..])
+        .unwrap();
+    store
+        .by_expiry
+        .insert(expiry_key(&late), &written[..])
+        .unwrap();
+    // ... a tasks/list and a sweep in between ...
+    let alice = Owner::Principal("alice".into());
+    assert!(store
+        .list_owner("up", &alice, None, 10)
+        .unwrap()
+        .0
+        .is_empty());
+    assert!(store.expired(now, 10).unwrap().is_empty());
+    // ... and its record write.
+    let key = task_key(&late.upstream, &late.task_id);
+    let put = store
+        .tasks
+        .compare_and_swap(&key, None::<&[u8]>, Some(encode(&late)));
+    assert!(put.unwrap().is_ok());
+    let listed = store.list_owner("up", &alice, None, 10).unwrap().0.len();
+    let swept = store.expired(now + 3_600_000, 10).unwrap().len();
+    assert_eq!((listed, swept), (1, 1));
+}
+
+/// One record that cannot be read does not stop every other task from expiring: `expired`
+/// returns its key as before (its removal reports the damage). (Found by the cold review.)
+#[tokio::test]
+async fn an_unreadable_record_does_not_stop_the_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let bad = record("bad", "alice", 1);
+    store.create(bad.clone()).await.unwrap();
+    store.create(record("good", "alice", 2)).await.unwrap();
+    let key = task_key(&bad.upstream, &bad.task_id);
+    store.tasks.insert(key, &b"\x00not json"[..]).unwrap();
+    let due = store.expired(10_000, 10).unwrap();
+    assert_eq!(due.len(), 2, "{due:?}");
+}
