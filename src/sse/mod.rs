@@ -62,6 +62,20 @@ pub enum Cut {
 const ABORT_TYPE: &str = "\n";
 
 impl Event {
+    /// The same event with each field in an allocation of its own. A decoded event's fields are
+    /// slices of the upstream connection's read buffer (`Decoder::feed_bytes`), so an event kept
+    /// for long pins that whole buffer (8 KiB or more, up to hyper's `max_buf_size`): whatever
+    /// holds many events for long (the upgrade layer's early events) keeps them detached.
+    pub fn detached(self) -> Event {
+        let own = |f: Option<ByteString>| f.map(|v| ByteString::from(String::from(&*v)));
+        Event {
+            event: own(self.event),
+            data: own(self.data),
+            id: own(self.id),
+            retry: self.retry,
+        }
+    }
+
     /// A `message` event carrying one JSON-RPC message (`data`): what taskgate sends on the SSE
     /// streams it makes itself (an upgraded call's, a bridged `tasks/result`'s).
     pub fn message(data: String) -> Event {

@@ -269,3 +269,34 @@ fn events_after_a_large_line_do_not_hold_its_buffer() {
         held.capacity()
     );
 }
+
+/// A detached event has the same fields as the decoded one, none of them sharing the decoded
+/// chunk's buffer (an event the upgrade layer keeps must not pin the upstream's read buffer).
+#[test]
+fn a_detached_event_keeps_no_slice_of_the_chunk() {
+    let chunk = Bytes::from_static(b"event: progress\nid: 7\ndata: {\"a\":1}\n\n");
+    let range = chunk.as_ptr() as usize..chunk.as_ptr() as usize + chunk.len();
+    let mut d = Decoder::new(1024);
+    let mut out = Vec::new();
+    // The first bytes go through the BOM check (copied); later whole lines are read in place.
+    d.feed_bytes(Bytes::from_static(b": open\n"), &mut out)
+        .unwrap();
+    d.feed_bytes(chunk.clone(), &mut out).unwrap();
+    let ev = out.pop().expect("one event");
+    let in_place = ev.data.as_ref().unwrap();
+    assert!(
+        range.contains(&(in_place.as_ptr() as usize)),
+        "decoded in place"
+    );
+    let kept = ev.clone().detached();
+    assert_eq!(
+        (&kept.event, &kept.data, &kept.id, kept.retry),
+        (&ev.event, &ev.data, &ev.id, ev.retry)
+    );
+    for field in [&kept.event, &kept.data, &kept.id].into_iter().flatten() {
+        assert!(
+            !range.contains(&(field.as_ptr() as usize)),
+            "{field} is a slice of the chunk"
+        );
+    }
+}

@@ -32,7 +32,9 @@ impl Others<'_> {
             }
             Others::Buffer { events, overflowed } => {
                 if events.len() < EARLY_LIMIT && !**overflowed {
-                    events.push(ev);
+                    // Kept until the answer comes, maybe for long: not pinning the upstream's
+                    // read buffer (up to EARLY_LIMIT of them).
+                    events.push(ev.detached());
                 } else {
                     **overflowed = true;
                     events.clear();
