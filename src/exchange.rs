@@ -317,12 +317,8 @@ impl McpReply {
 
     /// Removes the [`LOCAL_ANSWER`] mark; the reason, if this reply was answered locally.
     pub fn take_local_reason(&mut self) -> Option<LocalReason> {
-        // A look at the few names present first: the hashed `remove` of this custom name cost
-        // about 190 instructions on every reply, nearly all without the mark.
-        if !self.headers.keys().any(|k| *k == LOCAL_ANSWER) {
-            return None;
-        }
-        let v = self.headers.remove(&LOCAL_ANSWER)?;
+        // Nearly every reply is without the mark.
+        let v = crate::headers::take(&mut self.headers, &LOCAL_ANSWER)?;
         LocalReason::ALL
             .iter()
             .copied()

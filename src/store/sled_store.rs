@@ -184,20 +184,11 @@ impl SledStore {
     ///
     /// Why this order: sled's log recovers a prefix of the writes, so a crash before the group
     /// commit leaves at worst index entries without their record (never a record without them,
-    /// which would neither expire nor be listed). Readers skip such leftovers; `expired` removes
-    /// those older than [`LEFTOVER_GRACE_MS`].
+    /// which would neither expire nor be listed). Readers skip such leftovers and remove those
+    /// older than [`LEFTOVER_GRACE_MS`] (`is_leftover`).
     fn insert_new(&self, record: &TaskRecord) -> Result<(), StoreError> {
         let key = task_key(&record.upstream, &record.task_id);
-        let (listed, expiring) = (owner_key(record), expiry_key(record));
-        // Each entry carries the time it was written: a creation whose writes come long after
-        // its record was built (a stalled disk) is still not taken for a leftover.
-        let written = now_ms().to_be_bytes();
-        self.by_owner
-            .insert(&listed, &written[..])
-            .map_err(db_err)?;
-        self.by_expiry
-            .insert(&expiring, &written[..])
-            .map_err(db_err)?;
+        let (listed, expiring) = self.write_index(record, now_ms())?;
         let swapped = self
             .tasks
             .compare_and_swap(&key, None::<&[u8]>, Some(encode(record)))
@@ -218,6 +209,26 @@ impl SledStore {
             self.by_expiry.remove(&expiring).map_err(db_err)?;
         }
         Err(StoreError::Conflict(record.task_id.clone()))
+    }
+
+    /// A creation's first step: `record`'s `by_owner` and `by_expiry` entries, each carrying
+    /// `written_ms`, the time it is written (so a creation whose writes come long after its
+    /// record was built, a stalled disk, is still not taken for a leftover: `is_leftover`).
+    /// Returns the two keys.
+    fn write_index(
+        &self,
+        record: &TaskRecord,
+        written_ms: u64,
+    ) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
+        let (listed, expiring) = (owner_key(record), expiry_key(record));
+        let written = written_ms.to_be_bytes();
+        self.by_owner
+            .insert(&listed, &written[..])
+            .map_err(db_err)?;
+        self.by_expiry
+            .insert(&expiring, &written[..])
+            .map_err(db_err)?;
+        Ok((listed, expiring))
     }
 
     fn request_sync(&self, reply: Option<SyncReply>) -> bool {

@@ -155,11 +155,9 @@ pub struct Finish {
 
 impl ReplyStep for Finish {
     fn apply(self, mut reply: McpReply) -> McpReply {
-        // A held session's answer is stored only for `initialize` (not this path). A look at
-        // the few names first: the hashed `remove` of this custom name cost about 190
-        // instructions on every reply, nearly all without the mark.
-        let held = reply.headers.keys().any(|k| *k == HELD_SESSION)
-            && reply.headers.remove(&HELD_SESSION).is_some();
+        // A held session's answer is stored only for `initialize` (not this path). Nearly every
+        // reply is without the mark.
+        let held = crate::headers::take(&mut reply.headers, &HELD_SESSION).is_some();
         self.reply(reply, held)
     }
 }
@@ -179,13 +177,8 @@ impl Finish {
         } = self;
         // A copy: a clone would be a slice of hyper's whole read buffer (kilobytes), kept
         // alive as long as the entry.
-        // Found by a look at the few names present: `get("mcp-session-id")` parsed and hashed
-        // the name on every reply (about 380 instructions, benches/profile.sh small).
-        let issued = reply
-            .headers
-            .iter()
-            .find(|(name, _)| **name == crate::headers::MCP_SESSION_ID)
-            .and_then(|(_, v)| HeaderValue::from_bytes(v.as_bytes()).ok());
+        let issued = crate::headers::find(&reply.headers, &crate::headers::MCP_SESSION_ID)
+            .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
         // Without a session or a principal every client shares one entry: keep the
         // upstream's facts there, never one client's capabilities.
         let keep_client_caps = has_identity || issued.is_some();

@@ -177,8 +177,8 @@ async fn index_entries_a_crash_left_are_skipped_and_removed() {
     let now = now_ms();
     let (ghost, stale) = (record("ghost", "mallory", 5), record("t", "mallory", 6));
     for left in [&ghost, &stale] {
-        store.by_owner.insert(owner_key(left), &[][..]).unwrap();
-        store.by_expiry.insert(expiry_key(left), &[][..]).unwrap();
+        // Written as long ago as each claims to have been recorded.
+        store.write_index(left, left.recorded_at).unwrap();
     }
     // bob's task, recorded after the restart, expires in an hour.
     let mut bobs = record("t", "bob", now);
@@ -203,11 +203,7 @@ async fn a_young_entry_without_its_record_stays() {
     let now = now_ms();
     let mut pending = record("p", "alice", now);
     pending.expires_at = now;
-    store.by_owner.insert(owner_key(&pending), &[][..]).unwrap();
-    store
-        .by_expiry
-        .insert(expiry_key(&pending), &[][..])
-        .unwrap();
+    store.write_index(&pending, now).unwrap();
     let alice = Owner::Principal("alice".into());
     assert!(store
         .list_owner("up", &alice, None, 10)
@@ -229,16 +225,8 @@ async fn a_late_creation_keeps_its_entries_against_a_concurrent_reader() {
     let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
     let now = now_ms();
     let late = record("late", "alice", now - 62_000);
-    // `insert_new`'s index writes, as it makes them ...
-    let written = now.to_be_bytes();
-    store
-        .by_owner
-        .insert(owner_key(&late), &written[..])
-        .unwrap();
-    store
-        .by_expiry
-        .insert(expiry_key(&late), &written[..])
-        .unwrap();
+    // `insert_new`'s index writes ...
+    store.write_index(&late, now).unwrap();
     // ... a tasks/list and a sweep in between ...
     let alice = Owner::Principal("alice".into());
     assert!(store
