@@ -15,13 +15,24 @@ pub static MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-proto
 /// instructions for a custom name like `MCP-Protocol-Version`, 380 for a `&str`;
 /// benches/profile.sh small), while a message carries a dozen fields or so, compared by
 /// pointer-sized checks. For a name looked for on every message.
+#[inline]
 pub fn find<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
     headers.iter().find(|(n, _)| *n == name).map(|(_, v)| v)
 }
 
-/// `headers.remove(name)`, hashed only when [`find`] sees the field (see there why).
+/// Whether a `name` field is present ([`find`]'s scan over the names only, which skips the
+/// values: about 60 instructions a message cheaper, benches/profile.sh small).
+#[inline]
+pub fn has(headers: &HeaderMap, name: &HeaderName) -> bool {
+    headers.keys().any(|n| n == name)
+}
+
+/// `headers.remove(name)`, hashed only when [`has`] sees the field (see [`find`] why).
+#[inline]
 pub fn take(headers: &mut HeaderMap, name: &HeaderName) -> Option<HeaderValue> {
-    find(headers, name)?;
+    if !has(headers, name) {
+        return None;
+    }
     headers.remove(name)
 }
 

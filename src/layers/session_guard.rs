@@ -140,10 +140,10 @@ impl<S> SessionGuard<S> {
         let refuse = match access {
             Access::Owner(version) => {
                 // A request without `MCP-Protocol-Version` goes upstream with the negotiated one.
-                // (`headers::find`, not a hashed `entry`: nearly every request has the header.)
+                // (`headers::has`, not a hashed `entry`: nearly every request has the header.)
                 let version_name = &crate::headers::MCP_PROTOCOL_VERSION;
                 if let Some(v) = version {
-                    if crate::headers::find(&req.ctx.headers, version_name).is_none() {
+                    if !crate::headers::has(&req.ctx.headers, version_name) {
                         req.ctx.headers.insert(version_name, v);
                     }
                 }
