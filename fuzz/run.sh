@@ -5,7 +5,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 secs="${SECONDS_PER_TARGET:-60}"
-targets=(envelope sse_decoder sse_roundtrip config status_rewrite modern_task bridge_translate)
+targets=(envelope sse_decoder sse_roundtrip config status_rewrite modern_task bridge_translate chunked_framing)
 if cargo +nightly fuzz --version >/dev/null 2>&1; then
     cd "$here"
     for t in "${targets[@]}"; do

@@ -12,6 +12,8 @@
 //!   2026-07-28 task shapes) changes only the status members of the task it targets.
 //! - [`modern_task`]: a 2026-07-28 `DetailedTask` read with the registry's field names keeps
 //!   every member but the renamed ones.
+//! - [`chunked_framing`]: how an upstream's chunked body is cut into reads does not change its
+//!   data or how it ends (`upstream/chunked.rs`); nothing panics.
 //! - [`bridge_translate`]: the bridge's 2026 → 2025 translations (task, `CreateTaskResult`,
 //!   `tasks/result` payload) and 2025 → 2026 request params keep what they must and drop what
 //!   the other era does not have.
@@ -36,15 +38,7 @@ pub fn sse_chunking(wire: &[u8], cuts: &[usize], max: usize) {
         (out, failed)
     };
     let (whole, whole_failed) = run(&[wire]);
-    let mut at: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
-    at.sort_unstable();
-    let mut chunks = Vec::new();
-    let mut start = 0;
-    for c in at {
-        chunks.push(&wire[start..c]);
-        start = c;
-    }
-    chunks.push(&wire[start..]);
+    let chunks = cut(wire, cuts);
     let (parts, parts_failed) = run(&chunks);
     if whole_failed || parts_failed {
         // Past the limit the events before it may differ by how much was buffered; what is
@@ -56,6 +50,46 @@ pub fn sse_chunking(wire: &[u8], cuts: &[usize], max: usize) {
         return;
     }
     assert_eq!(parts, whole, "chunks {chunks:?}");
+}
+
+/// Cuts `wire` at the positions `cuts` (taken modulo its length, in any order).
+fn cut<'a>(wire: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
+    let mut at: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
+    at.sort_unstable();
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    for c in at {
+        chunks.push(&wire[start..c]);
+        start = c;
+    }
+    chunks.push(&wire[start..]);
+    chunks
+}
+
+/// Decodes `wire` as an upstream's chunked body (RFC 9112 section 7.1) read whole, and read in
+/// the pieces `cuts` makes: the same data, and the same ending (the end of the body, an error,
+/// or more bytes needed).
+pub fn chunked_framing(wire: &[u8], cuts: &[usize]) {
+    use crate::upstream::chunked::{next, State, Step};
+    let run = |pieces: &[&[u8]]| {
+        let (mut state, mut buf) = (State::Size, bytes::BytesMut::new());
+        let mut data = Vec::new();
+        for piece in pieces {
+            buf.extend_from_slice(piece);
+            loop {
+                match next(&mut state, &mut buf) {
+                    Ok(Step::Data(d)) => data.extend_from_slice(&d),
+                    Ok(Step::More) => break,
+                    Ok(Step::End) => return (data, "end"),
+                    Err(_) => return (data, "error"),
+                }
+            }
+        }
+        (data, "more")
+    };
+    let whole = run(&[wire]);
+    let pieces = cut(wire, cuts);
+    assert_eq!(run(&pieces), whole, "pieces {pieces:?}");
 }
 
 /// The events that `fields` spell (each `(kind, text)`: 0 `event`, 1 `id`, 2 `data`, 3 `retry`,
@@ -368,6 +402,46 @@ mod tests {
         (0..n)
             .flat_map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())].to_vec())
             .collect()
+    }
+
+    const CHUNKED: &[&[u8]] = &[
+        b"0",
+        b"1",
+        b"5",
+        b"a",
+        b"F",
+        b"10",
+        b"ffffffffffffffffff",
+        b";ext",
+        b"=v",
+        b"\r\n",
+        b"\n",
+        b"\r",
+        b"hello",
+        b"\r\n\r\n",
+        b"X-T: 1",
+        b" ",
+        b"z",
+        b"\xFF",
+    ];
+
+    /// Random chunked bodies (framing pieces, valid and broken), each cut at random places:
+    /// the same data and ending as read whole (`chunked_framing`).
+    #[test]
+    fn chunked_bodies_decode_the_same_in_any_pieces() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(15);
+        for _ in 0..20_000 {
+            let n = rng.gen_range(0..24);
+            let wire: Vec<u8> = (0..n)
+                .flat_map(|_| CHUNKED[rng.gen_range(0..CHUNKED.len())].to_vec())
+                .collect();
+            let cuts: Vec<usize> = (0..rng.gen_range(0..6)).map(|_| rng.gen()).collect();
+            chunked_framing(&wire, &cuts);
+        }
+        // A valid body, and the bounds hit whatever the pieces.
+        chunked_framing(b"5\r\nhello\r\n0\r\n\r\n", &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let long_line = [b"1;".as_slice(), &[b'x'; 5000], b"\r\nz\r\n0\r\n\r\n"].concat();
+        chunked_framing(&long_line, &[100, 4000, 4097]);
     }
 
     /// Issue 16 item 6: a BOM after the first bytes of a stream is kept (as part of its line)

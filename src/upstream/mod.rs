@@ -4,6 +4,8 @@
 //! [`McpRequest`]: crate::exchange::McpRequest
 //! [`McpReply`]: crate::exchange::McpReply
 
+pub(crate) mod chunked;
+mod gate;
 pub mod http;
 pub mod pool;
 

@@ -9,6 +9,11 @@
 //! body is read to its end the connection goes back to the pool; a body dropped early closes it
 //! (the upstream sees its stream released).
 //!
+//! A chunked answer's body is read by taskgate itself rather than hyper: the connection's I/O
+//! stops at the end of each response head ([`super::gate`]), and the pool takes a chunked
+//! body over there ([`super::chunked`]; an SSE event is a chunk, and hyper's chunk decoding
+//! cost ~1,800 instructions a chunk). Everything else stays hyper's.
+//!
 //! An idle connection is checked before reuse (a closed one is dropped); a request that hyper
 //! could not send on a reused connection is sent again on a fresh one.
 //!
@@ -50,6 +55,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
+use super::chunked::{self, Chunked};
+use super::gate::{Gate, GateCtl};
+
 /// Idle time before the first TCP keepalive probe.
 pub const KEEPALIVE_TIME: Duration = Duration::from_secs(30);
 /// Time between unanswered TCP keepalive probes (the OS default count, 9 on Linux, applies).
@@ -85,7 +93,7 @@ impl Default for PoolLimits {
     }
 }
 
-type Driver = Pin<Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>>;
+type Driver = Pin<Box<Connection<TokioIo<Gate>, Full<Bytes>>>>;
 
 /// One HTTP/1.1 connection: the request sender and the I/O future that must be polled for it
 /// to make progress.
@@ -94,12 +102,14 @@ struct Conn {
     driver: Driver,
     /// The I/O future finished: the connection is closed.
     closed: bool,
+    /// The gate at the end of each response head (see [`super::gate`]).
+    ctl: Arc<GateCtl>,
     /// Counts this connection among the pool's open ones until dropped.
     _slot: Slot,
 }
 
 /// One unit of a pool's open-connection count, given back on drop.
-struct Slot(Arc<AtomicUsize>);
+pub(super) struct Slot(Arc<AtomicUsize>);
 
 impl Slot {
     /// Takes a unit unless `max` are taken.
@@ -286,15 +296,33 @@ impl Pool {
         let slot = Slot::take(&self.open, self.limits.max_connections)
             .ok_or(PoolError::Limit(self.limits.max_connections))?;
         let stream = self.connect_tcp().await?;
-        let (sender, driver) = http1::handshake(TokioIo::new(stream))
+        let ctl = Arc::new(GateCtl::default());
+        let (sender, driver) = http1::handshake(TokioIo::new(Gate::new(stream, ctl.clone())))
             .await
             .map_err(PoolError::Http)?;
         Ok(Conn {
             sender,
             driver: Box::pin(driver),
             closed: false,
+            ctl,
             _slot: slot,
         })
+    }
+
+    /// A connection whose chunked body taskgate read to its end goes back to the idle list as
+    /// a new hyper connection (hyper's handshake does no I/O).
+    pub(super) fn checkin_stream(self: Arc<Self>, io: TcpStream, back: chunked::Return) {
+        use futures_util::FutureExt;
+        let gate = Gate::new(io, back.ctl.clone());
+        if let Some(Ok((sender, driver))) = http1::handshake(TokioIo::new(gate)).now_or_never() {
+            back.pool.checkin(Conn {
+                sender,
+                driver: Box::pin(driver),
+                closed: false,
+                ctl: back.ctl,
+                _slot: back.slot,
+            });
+        }
     }
 
     /// Opens the TCP connection of a new pooled connection: no Nagle delay, TCP keepalive on.
@@ -352,6 +380,8 @@ impl Pool {
                     self.authority
                 )));
             }
+            let head_only = req.method() == http::Method::HEAD;
+            conn.ctl.arm();
             let mut sent = Box::pin(conn.sender.try_send_request(req));
             let result = std::future::poll_fn(|cx| {
                 if let Poll::Ready(r) = sent.as_mut().poll(cx) {
@@ -367,14 +397,7 @@ impl Pool {
             .await;
             drop(sent);
             match result {
-                Ok(resp) => {
-                    let pool = self.clone();
-                    return Ok(resp.map(|body| PooledBody {
-                        body,
-                        conn: Some(conn),
-                        pool,
-                    }));
-                }
+                Ok(resp) => return Ok(self.clone().body_of(resp, conn, head_only)),
                 Err(mut e) => match e.take_message() {
                     // Not sent on a reused connection the upstream had closed: send it on a
                     // fresh one.
@@ -387,40 +410,139 @@ impl Pool {
 }
 
 /// A response body that drives its connection while it is read, and gives the connection back
-/// to the pool when it ends.
-pub struct PooledBody {
-    body: Incoming,
-    conn: Option<Conn>,
-    pool: Arc<Pool>,
+/// to the pool when it ends: hyper's body, or a chunked body taskgate reads itself (see
+/// [`super::gate`] for why).
+pub struct PooledBody(Kind);
+
+enum Kind {
+    Hyper {
+        body: Incoming,
+        conn: Option<Conn>,
+        pool: Arc<Pool>,
+    },
+    Chunked(Chunked),
+}
+
+/// The error of a [`PooledBody`]: hyper's, or what [`super::chunked`] found.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+impl Pool {
+    /// The body of `resp`, read on `conn`. A chunked body the gate stopped in front of, after a
+    /// request written whole, is taken over from hyper (`into_parts`); any other is hyper's.
+    fn body_of(
+        self: Arc<Self>,
+        resp: Response<Incoming>,
+        conn: Conn,
+        head_only: bool,
+    ) -> Response<PooledBody> {
+        let ctl = conn.ctl.clone();
+        let take_over = ctl.held()
+            && ctl.sent_whole()
+            && !head_only
+            && !matches!(resp.status().as_u16(), 100..=199 | 204 | 304)
+            && is_chunked(resp.headers());
+        if !take_over {
+            ctl.open();
+            return resp.map(|body| {
+                PooledBody(Kind::Hyper {
+                    body,
+                    conn: Some(conn),
+                    pool: self,
+                })
+            });
+        }
+        let reuse = resp.version() == http::Version::HTTP_11
+            && !resp.headers().contains_key(http::header::CONTENT_LENGTH)
+            && !has_token(resp.headers(), http::header::CONNECTION, "close");
+        let (parts, incoming) = resp.into_parts();
+        let Conn {
+            sender,
+            driver,
+            _slot: slot,
+            ..
+        } = conn;
+        drop(sender);
+        let hyper_parts = Pin::into_inner(driver).into_parts();
+        drop(incoming);
+        let (io, held) = hyper_parts.io.into_inner().into_parts();
+        // Stream order: what hyper read past the head (nothing, as the gate gave it only the
+        // head), then what the gate held.
+        let buf = if hyper_parts.read_buf.is_empty() {
+            held
+        } else {
+            let mut buf = bytes::BytesMut::from(&hyper_parts.read_buf[..]);
+            buf.extend_from_slice(&held);
+            buf
+        };
+        let back = reuse.then(|| chunked::Return {
+            pool: self,
+            slot,
+            ctl,
+        });
+        Response::from_parts(
+            parts,
+            PooledBody(Kind::Chunked(Chunked::new(io, buf, back))),
+        )
+    }
+}
+
+/// Whether the last transfer coding of `headers` is `chunked` (RFC 9112 section 6.3: then the
+/// body is chunked, whatever `Content-Length` says).
+fn is_chunked(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.rsplit(',').next())
+        .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"))
+}
+
+/// Whether a `name` field lists `token` (case-insensitive).
+fn has_token(headers: &http::HeaderMap, name: http::header::HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    })
 }
 
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = &mut *self;
-        if let Some(conn) = this.conn.as_mut() {
-            conn.drive(cx);
-        }
-        let frame = Pin::new(&mut this.body).poll_frame(cx);
-        if let Poll::Ready(None) = frame {
-            if let Some(conn) = this.conn.take() {
-                this.pool.checkin(conn);
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match &mut self.0 {
+            Kind::Chunked(body) => body.poll_frame(cx),
+            Kind::Hyper { body, conn, pool } => {
+                if let Some(c) = conn.as_mut() {
+                    c.drive(cx);
+                }
+                let frame = Pin::new(body).poll_frame(cx);
+                if let Poll::Ready(None) = frame {
+                    if let Some(c) = conn.take() {
+                        pool.checkin(c);
+                    }
+                }
+                frame.map(|f| f.map(|r| r.map_err(BodyError::from)))
             }
         }
-        frame
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match &self.0 {
+            Kind::Chunked(body) => body.is_end_stream(),
+            Kind::Hyper { body, .. } => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match &self.0 {
+            Kind::Chunked(_) => SizeHint::default(),
+            Kind::Hyper { body, .. } => body.size_hint(),
+        }
     }
 }
 
