@@ -56,9 +56,12 @@ pub(super) struct Chunked {
     buf: BytesMut,
     /// Where the framing is.
     state: State,
-    /// Given back to the pool after a clean end; `None` when the connection is not reused
-    /// (`Connection: close`, HTTP/1.0, both `Transfer-Encoding` and `Content-Length`).
+    /// The pool's slot (the connection counts toward `max_connections` until the body ends
+    /// or is dropped) and where the connection goes after a clean end.
     back: Option<Return>,
+    /// Whether the connection may be reused (not `Connection: close`, HTTP/1.1, not both
+    /// `Transfer-Encoding` and `Content-Length`).
+    reuse: bool,
 }
 
 /// The error of a [`Chunked`] body.
@@ -70,12 +73,13 @@ fn invalid(what: &str) -> Error {
 
 impl Chunked {
     /// `buf`: the bytes after the response head already read (hyper's, then the gate's).
-    pub(super) fn new(io: TcpStream, buf: BytesMut, back: Option<Return>) -> Chunked {
+    pub(super) fn new(io: TcpStream, buf: BytesMut, back: Option<Return>, reuse: bool) -> Chunked {
         Chunked {
             io: Some(io),
             buf,
             state: State::Size,
             back,
+            reuse,
         }
     }
 
@@ -148,7 +152,7 @@ impl Chunked {
         let (Some(io), Some(back)) = (self.io.take(), self.back.take()) else {
             return;
         };
-        if self.buf.is_empty() {
+        if self.reuse && self.buf.is_empty() {
             back.pool.clone().checkin_stream(io, back);
         }
     }
@@ -179,6 +183,11 @@ pub(crate) fn next(state: &mut State, buf: &mut BytesMut) -> Result<Step, Error>
 fn next_inner(state: &mut State, buf: &mut BytesMut) -> Result<Step, Error> {
     loop {
         match *state {
+            // httparse takes a line without a digit (`\r\n`, `;x\r\n`) as size 0, the last
+            // chunk; hyper refuses it, and so does taskgate (found by the cold review).
+            State::Size if buf.first().is_some_and(|b| !b.is_ascii_hexdigit()) => {
+                return Err(invalid("invalid chunk-size line: no size digit"));
+            }
             State::Size => match httparse::parse_chunk_size(buf) {
                 Ok(httparse::Status::Complete((used, _))) if used > MAX_LINE => {
                     return Err(invalid("chunk-size line over 4096 bytes"));

@@ -43,7 +43,7 @@ async fn read(wire: &[u8], step: usize, close: bool) -> Result<Vec<u8>, String> 
             let _ = tokio::io::AsyncReadExt::read(&mut up, &mut [0u8; 1]).await;
         }
     });
-    let body = Body(Chunked::new(tg, BytesMut::new(), None));
+    let body = Body(Chunked::new(tg, BytesMut::new(), None, false));
     let got = body.collect().await;
     drop(writer);
     got.map(|c| c.to_bytes().to_vec())

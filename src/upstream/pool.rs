@@ -313,6 +313,8 @@ impl Pool {
     /// a new hyper connection (hyper's handshake does no I/O).
     pub(super) fn checkin_stream(self: Arc<Self>, io: TcpStream, back: chunked::Return) {
         use futures_util::FutureExt;
+        // Open, so the checkout's look for an EOF sees the idle connection's socket.
+        back.ctl.open();
         let gate = Gate::new(io, back.ctl.clone());
         if let Some(Ok((sender, driver))) = http1::handshake(TokioIo::new(gate)).now_or_never() {
             back.pool.checkin(Conn {
@@ -474,14 +476,16 @@ impl Pool {
             buf.extend_from_slice(&held);
             buf
         };
-        let back = reuse.then(|| chunked::Return {
+        // The slot goes with the body whether or not the connection is reused: it counts
+        // toward `max_connections` while the body streams (found by the cold review).
+        let back = chunked::Return {
             pool: self,
             slot,
             ctl,
-        });
+        };
         Response::from_parts(
             parts,
-            PooledBody(Kind::Chunked(Chunked::new(io, buf, back))),
+            PooledBody(Kind::Chunked(Chunked::new(io, buf, Some(back), reuse))),
         )
     }
 }
