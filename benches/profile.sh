@@ -6,7 +6,8 @@
 # compared on a busy shared machine; they do not show time spent waiting in the kernel.
 #
 #   bash benches/profile.sh [small|sse|lifecycle|modern-lifecycle] [TASKGATE_BIN]
-#   (sse: 100 progress events and the result sent at once; per request = per stream)
+#   (sse: 100 progress events and the result sent at once; sse-apart: the same 1 ms apart, one
+#   event per upstream read; per request = per stream)
 #   COUNT=500 TOP=30 bash benches/profile.sh lifecycle /work/bins/taskgate-old
 #   TOOL=strace bash benches/profile.sh small BIN   # system calls per request instead (strace -f -c)
 #   TOOL=perf CONC=16 bash benches/profile.sh small BIN   # CPU samples, kernel included (perf record)
@@ -77,8 +78,10 @@ args=(--url "$URL" --target taskgate --case profile --rep 1 --concurrency "$conc
 case $SCENARIO in
   small) warm=(--scenario small --duration 2 --warmup 0); measured=(--scenario small --duration 20 --warmup 0) ;;
   sse) warm=(--scenario sse --duration 2 --warmup 0); measured=(--scenario sse --duration 10 --warmup 0) ;;
+  sse-apart) warm=(--scenario sse --interval-ms 1 --duration 2 --warmup 0)
+    measured=(--scenario sse --interval-ms 1 --duration 10 --warmup 0) ;;
   lifecycle | modern-lifecycle) warm=(--scenario "$SCENARIO" --count 10); measured=(--scenario "$SCENARIO" --count "$COUNT") ;;
-  *) echo "scenario: small, sse, lifecycle or modern-lifecycle" >&2; exit 2 ;;
+  *) echo "scenario: small, sse, sse-apart, lifecycle or modern-lifecycle" >&2; exit 2 ;;
 esac
 "$LG" run "${args[@]}" "${warm[@]}" --json-out "$WORK/warm.jsonl" > /dev/null
 idle_rate=0

@@ -88,28 +88,31 @@ impl Chunked {
     }
 
     /// Reads more bytes into the buffer; an error at the connection's end.
+    ///
+    /// Through `AsyncRead::poll_read`, not `TcpStream::try_read_buf`: tokio's `poll_read`
+    /// takes a read shorter than the buffer as "drained" and waits for the next readiness
+    /// event, where `try_read_buf` keeps the readiness and the next poll makes one more
+    /// `read` that only finds `EAGAIN`: one extra system call per event of a stream whose
+    /// events come apart (measured with `strace -c`, benches/RESULTS.md 2026-12-03 morning).
     fn fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
-        let Some(io) = self.io.as_ref() else {
+        let Some(io) = self.io.as_mut() else {
             return Poll::Ready(Err(invalid("read after its end")));
         };
         if self.buf.capacity() - self.buf.len() < READ_SIZE / 8 {
             self.buf.reserve(READ_SIZE);
         }
-        loop {
-            match io.try_read_buf(&mut self.buf) {
-                Ok(0) => {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the upstream closed the connection before the chunked body's last chunk",
-                    )
-                    .into()))
-                }
-                Ok(_) => return Poll::Ready(Ok(())),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    std::task::ready!(io.poll_read_ready(cx))?;
-                }
-                Err(e) => return Poll::Ready(Err(e.into())),
-            }
+        match std::task::ready!(tokio_util::io::poll_read_buf(
+            std::pin::Pin::new(io),
+            cx,
+            &mut self.buf
+        )) {
+            Ok(0) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the upstream closed the connection before the chunked body's last chunk",
+            )
+            .into())),
+            Ok(_) => Poll::Ready(Ok(())),
+            Err(e) => Poll::Ready(Err(e.into())),
         }
     }
 
