@@ -11,6 +11,7 @@
 #   COUNT=500 TOP=30 bash benches/profile.sh lifecycle /work/bins/taskgate-old
 #   TOOL=strace bash benches/profile.sh small BIN   # system calls per request instead (strace -f -c)
 #   TOOL=perf CONC=16 bash benches/profile.sh small BIN   # CPU samples, kernel included (perf record)
+#   PERF_CALLGRAPH=dwarf TOOL=perf ...   # call chains through code built without frame pointers
 #   TOOL=perf PERF_EVENT=syscalls:sys_enter_futex KEEP=/tmp/f.data bash benches/profile.sh lifecycle BIN
 #                                                          # who makes a system call, with call chains
 #   bash benches/profile.sh small benches/loadgen/target/release/hyperproxy   # the hyper floor
@@ -101,7 +102,7 @@ run_t0=$(date +%s.%N)
 if [ "$TOOL" = perf ]; then
   # PERF_EVENT=syscalls:sys_enter_futex (say) samples every such event instead of the CPU.
   if [ -n "${PERF_EVENT:-}" ]; then ev=(-e "$PERF_EVENT" -c 1); else ev=(-F 2999); fi
-  perf record -q "${ev[@]}" -g -p "$TG_PID" -o "$WORK/perf.data" 2> "$WORK/perf.err" &
+  perf record -q "${ev[@]}" --call-graph "${PERF_CALLGRAPH:-fp}" -p "$TG_PID" -o "$WORK/perf.data" 2> "$WORK/perf.err" &
   PERF_PID=$!
   for _ in $(seq 100); do
     [ -s "$WORK/perf.data" ] && break

@@ -93,7 +93,8 @@ impl Chunked {
     /// takes a read shorter than the buffer as "drained" and waits for the next readiness
     /// event, where `try_read_buf` keeps the readiness and the next poll makes one more
     /// `read` that only finds `EAGAIN`: one extra system call per event of a stream whose
-    /// events come apart (measured with `strace -c`, benches/RESULTS.md 2026-12-03 morning).
+    /// events come apart (`TOOL=strace bash benches/profile.sh sse-apart`: 207 → 103
+    /// `recvfrom` per 100-event stream; benches/RESULTS.md, 2026-12-03 morning).
     fn fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         let Some(io) = self.io.as_mut() else {
             return Poll::Ready(Err(invalid("read after its end")));
