@@ -207,6 +207,17 @@ async fn idle_keep_alive_connection_gets_no_unsolicited_408() {
 /// An upstream that answers every POST with a chunked SSE body carrying one event and then
 /// closes the connection without the last chunk.
 async fn resetting_upstream() -> (String, tokio::task::JoinHandle<()>) {
+    scripted_sse_upstream(1, "", Duration::from_millis(50)).await
+}
+
+/// An upstream that answers every POST with a chunked SSE body of `events` progress events
+/// followed by the raw bytes `tail`, all in one write, then waits `hold` and closes the
+/// connection (no last chunk).
+async fn scripted_sse_upstream(
+    events: usize,
+    tail: &'static str,
+    hold: Duration,
+) -> (String, tokio::task::JoinHandle<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
@@ -217,19 +228,66 @@ async fn resetting_upstream() -> (String, tokio::task::JoinHandle<()>) {
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 65536];
                 let _ = s.read(&mut buf).await;
-                let event = "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1}}\n\n";
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
-                    event.len()
+                let mut out = String::from(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
                 );
-                let _ = s.write_all(head.as_bytes()).await;
+                for n in 1..=events {
+                    let event = format!("data: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{{\"progressToken\":1,\"progress\":{n}}}}}\n\n");
+                    out.push_str(&format!("{:x}\r\n{event}\r\n", event.len()));
+                }
+                out.push_str(tail);
+                let _ = s.write_all(out.as_bytes()).await;
                 let _ = s.flush().await;
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(hold).await;
                 drop(s);
             });
         }
     });
     (format!("http://{addr}/mcp"), task)
+}
+
+/// What a client read of a streamed answer: the bytes, and how the stream ended.
+async fn read_to_end(body: Incoming) -> (String, String) {
+    use http_body_util::BodyExt;
+    let mut body = body;
+    let mut seen = Vec::new();
+    let ended_with = loop {
+        match tokio::time::timeout(STEP, body.frame())
+            .await
+            .expect("stream ends in time")
+        {
+            Some(Ok(f)) => seen.extend_from_slice(&f.into_data().unwrap_or_default()),
+            Some(Err(e)) => break format!("error: {e}"),
+            None => break "clean end".to_string(),
+        }
+    };
+    (String::from_utf8_lossy(&seen).into_owned(), ended_with)
+}
+
+/// Events that arrived whole reach the client even when the upstream's framing breaks in the
+/// same read (a chunk-size line that is not hex): the client gets the 200, the events, then a
+/// transport error. (It used to get no response at all: the abort came before hyper flushed
+/// the head and the events it had buffered.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_before_broken_framing_in_the_same_read_reach_the_client() {
+    for tail in ["zz\r\n", ";x\r\n", "5\r\nabcdeXY"] {
+        let (url, _task) = scripted_sse_upstream(2, tail, Duration::from_millis(200)).await;
+        let gw = GatewayBuilder::single(&url).start().await;
+        let r = Req::mcp_post(&gw.url("/mcp"), rpc("1", "tools/call", r#"{"name":"x"}"#))
+            .try_send()
+            .await
+            .unwrap_or_else(|e| panic!("tail {tail:?}: no response: {e}"));
+        assert_eq!(r.status(), 200, "tail {tail:?}");
+        let (seen, ended_with) = read_to_end(r.body).await;
+        assert!(
+            seen.contains("\"progress\":1") && seen.contains("\"progress\":2"),
+            "tail {tail:?}: both events relayed: {seen:?}"
+        );
+        assert!(
+            ended_with.starts_with("error"),
+            "tail {tail:?}: ended with {ended_with}"
+        );
+    }
 }
 
 /// The client's stream is aborted (a transport error, no clean end), and the truncation is
@@ -242,21 +300,9 @@ async fn reset_upstream_sse_aborts_the_clients_stream() {
         .send()
         .await;
     assert_eq!(r.status(), 200);
-    let mut body: Incoming = r.body;
-    use http_body_util::BodyExt;
-    let mut seen = Vec::new();
-    let ended_with = loop {
-        match tokio::time::timeout(STEP, body.frame())
-            .await
-            .expect("stream ends in time")
-        {
-            Some(Ok(f)) => seen.extend_from_slice(&f.into_data().unwrap_or_default()),
-            Some(Err(e)) => break format!("error: {e}"),
-            None => break "clean end".to_string(),
-        }
-    };
+    let (seen, ended_with) = read_to_end(r.body).await;
     assert!(
-        String::from_utf8_lossy(&seen).contains("progress"),
+        seen.contains("progress"),
         "the event before the reset is relayed"
     );
     assert!(ended_with.starts_with("error"), "ended with {ended_with}");
@@ -278,6 +324,22 @@ async fn reset_upstream_sse_aborts_the_clients_stream() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// A stream whose framing breaks before its first event still gives the client the 200 and a
+/// transport error (not an empty reply), so the client can tell a cut stream from a dead gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn framing_broken_before_any_event_is_a_cut_stream() {
+    let (url, _task) = scripted_sse_upstream(0, "zz\r\n", Duration::from_millis(200)).await;
+    let gw = GatewayBuilder::single(&url).start().await;
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("1", "tools/call", r#"{"name":"x"}"#))
+        .try_send()
+        .await
+        .unwrap_or_else(|e| panic!("no response: {e}"));
+    assert_eq!(r.status(), 200);
+    let (seen, ended_with) = read_to_end(r.body).await;
+    assert_eq!(seen, "");
+    assert!(ended_with.starts_with("error"), "ended with {ended_with}");
 }
 
 // ---------------------------------------------------------------------------------------------

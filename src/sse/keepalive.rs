@@ -21,6 +21,9 @@ pub struct KeepAlive {
     done: bool,
     /// Set by [`Event::abort`]: the error this stream ends with.
     aborted: Option<StreamAborted>,
+    /// Whether the stream has answered `Pending` once since the abort arrived (see
+    /// [`KeepAlive::end`]).
+    yielded: bool,
 }
 
 /// Largest chunk assembled from events that are ready at once, in bytes.
@@ -39,7 +42,23 @@ impl KeepAlive {
             last_sent: tokio::time::Instant::now(),
             done: false,
             aborted: None,
+            yielded: false,
         }
+    }
+
+    /// The end of the stream once `done`: `None` for a clean end; for a cut upstream, one
+    /// `Pending` (with a wake-up) before [`StreamAborted`]. Why: hyper's server polls the body
+    /// again as soon as a chunk is buffered, and a body error aborts the connection before
+    /// what it buffered is written, so without the `Pending` (during which hyper flushes) the
+    /// client lost the response head and the events that arrived whole in the same upstream
+    /// read as the break (curl: "Empty reply from server").
+    fn end(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, StreamAborted>>> {
+        if self.aborted.is_some() && !self.yielded {
+            self.yielded = true;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(self.aborted.take().map(Err))
     }
 }
 
@@ -55,7 +74,7 @@ impl Stream for KeepAlive {
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
         if this.done {
-            return Poll::Ready(this.aborted.take().map(Err));
+            return this.end(cx);
         }
         // Every event that is ready now goes into one chunk, which goes out at once: an event
         // that arrived never waits for a later one. (Events used to be held back for one turn
@@ -96,7 +115,7 @@ impl Stream for KeepAlive {
             return Poll::Ready(Some(Ok(b.freeze())));
         }
         if this.done {
-            return Poll::Ready(this.aborted.take().map(Err));
+            return this.end(cx);
         }
         loop {
             match this.sleep.as_mut().poll(cx) {
