@@ -18,7 +18,9 @@ use tokio::sync::watch;
 use super::head_io::{Dispatched, HeadTimeoutIo};
 
 /// The error a response body can end with: hyper then aborts the response (no clean end of a
-/// chunked body), which is how a client learns that an upstream stream was cut.
+/// chunked body), which is how a client learns that an upstream stream was cut. hyper aborts
+/// before it writes what it buffered, so a body answers `Pending` once before its error (as
+/// `sse::KeepAlive` does) or the client loses the head and the last chunks.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The response body type of both listeners.

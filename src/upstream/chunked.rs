@@ -102,19 +102,15 @@ impl Chunked {
         if self.buf.capacity() - self.buf.len() < READ_SIZE / 8 {
             self.buf.reserve(READ_SIZE);
         }
-        match std::task::ready!(tokio_util::io::poll_read_buf(
-            std::pin::Pin::new(io),
-            cx,
-            &mut self.buf
-        )) {
-            Ok(0) => Poll::Ready(Err(io::Error::new(
+        let read = tokio_util::io::poll_read_buf(std::pin::Pin::new(io), cx, &mut self.buf);
+        if std::task::ready!(read)? == 0 {
+            return Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "the upstream closed the connection before the chunked body's last chunk",
             )
-            .into())),
-            Ok(_) => Poll::Ready(Ok(())),
-            Err(e) => Poll::Ready(Err(e.into())),
+            .into()));
         }
+        Poll::Ready(Ok(()))
     }
 
     /// The next data frame; `None` after the last chunk and the trailers.
