@@ -99,7 +99,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .await
             .map_err(|e| StoreError::Db(format!("counting the store failed: {e}")))??
     };
-    let authenticated = config.auth.mode == crate::config::AuthMode::Bearer;
+    // Callers carry principals in every mode but `none` (bearer tokens and OAuth access tokens
+    // alike): a session id taskgate does not hold is then refused, never forwarded, since it
+    // cannot tell whose it is (issue 29 #1: `mode == bearer` let OAuth callers through).
+    let authenticated = config.auth.mode.identifies_callers();
     let sessions = Sessions::with_limits(
         config.gateway.max_sessions,
         Duration::from_millis(config.gateway.session_idle_ms),

@@ -345,3 +345,79 @@ async fn a_malformed_initialize_never_switches_a_dual_era_upstream_to_held_sessi
         "a 401 that is no JSON-RPC answer keeps its status"
     );
 }
+
+/// Issue 29 #2: on held sessions, a request that names another principal's `taskId` is refused
+/// in the 2025 form and never forwarded (`tasks/update` with `inputResponses`: Bob answering
+/// Alice's elicitation), `subscriptions/listen` keeps only the caller's own task ids, and a
+/// declared tasks extension (or any capability the bridge does not relay) never goes upstream.
+/// On f2cd7c5 Bob's `tasks/update` got HTTP 200 and reached the upstream, and his listen went
+/// upstream with Alice's task id in it.
+#[tokio::test]
+async fn held_sessions_authorise_every_request_naming_a_task() {
+    let (up, _) = pure_server().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .token("bob", "tok-b")
+        .start()
+        .await;
+    let greedy = json!({"elicitation": {}, "extensions": {EXT: {}}, "experimental": {"x": {}}});
+    let open = |token: &'static str| {
+        let (tg_url, greedy) = (tg.mcp_url(), greedy.clone());
+        async move {
+            let mut c = Client::new(&tg_url).with_token(token);
+            let r = c.send(initialize_with(greedy)).await;
+            c.session = r.header("mcp-session-id");
+            assert!(c.session.is_some());
+            c
+        }
+    };
+    let alice = open("tok-a").await;
+    let bob = open("tok-b").await;
+    let v = alice
+        .rpc(rpc(
+            "1",
+            "tools/call",
+            &json!({"name": "slow_compute", "arguments": {}, "task": {"ttl": 60000}}).to_string(),
+        ))
+        .await;
+    let t = v["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"))
+        .to_string();
+    let update = json!({"taskId": t, "inputResponses": {"k": {"action": "accept", "content": {}}},
+        "_meta": {CAPS: {"extensions": {EXT: {}}}}});
+    let r = bob.send(rpc("2", "tasks/update", &update.to_string())).await;
+    assert_eq!(r.status(), 200, "2025 clients get JSON-RPC errors with HTTP 200");
+    let v = r.json().await;
+    assert_eq!(err_code(&v), -32602, "{v}");
+    assert_eq!(count(&up, "tasks/update"), 0, "Bob's update never went upstream");
+
+    let listen = json!({"notifications": {"taskIds": [t, "never-recorded", 5]}});
+    let _ = bob.send(rpc("3", "subscriptions/listen", &listen.to_string())).await;
+    for sent in up.received("subscriptions/listen") {
+        assert_eq!(
+            sent.json()["params"]["notifications"]["taskIds"],
+            json!([]),
+            "Bob listens to none of Alice's tasks"
+        );
+    }
+    // Alice's own update goes on; nothing the bridge does not relay is declared upstream.
+    let mine = alice.send(rpc("4", "tasks/update", &update.to_string())).await;
+    assert_eq!(mine.status(), 200);
+    assert_eq!(count(&up, "tasks/update"), 1);
+    for sent in up.requests().iter().filter(|r| r.method == "POST") {
+        let caps = &sent.json()["params"]["_meta"][CAPS];
+        assert!(caps.get("experimental").is_none(), "{caps}");
+        // The bridge's own task calls and taskgate's own discovery declare what taskgate serves.
+        if !matches!(
+            sent.rpc_method().as_deref(),
+            Some("tools/call" | "server/discover")
+        ) {
+            assert!(
+                caps.get("extensions").is_none(),
+                "{:?}: {caps}",
+                sent.rpc_method()
+            );
+        }
+    }
+}

@@ -539,3 +539,37 @@ async fn principals_own_their_2026_tasks() {
     assert_eq!(v["result"]["taskId"], json!(task_id), "{v}");
     assert_eq!(forwarded(&up), 1);
 }
+
+/// Issue 29 #1: in oauth mode, a session id taskgate does not hold (one it never saw, as after a
+/// restart, an idle reclaim or on another replica) is refused with 404 for POST, GET and DELETE
+/// and nothing reaches the upstream, as in bearer mode. Before the fix (f2cd7c5) only
+/// `mode = "bearer"` counted as "callers carry principals": Bob's `tools/call` on Alice's
+/// upstream session got 200 from her session and his DELETE ended it.
+#[tokio::test]
+async fn a_session_id_taskgate_does_not_hold_is_refused_in_oauth_mode() {
+    let k1 = new_key("k1");
+    let idp = Idp::start(&[&k1]).await;
+    let up = TaskServer::default().await;
+    let tg = Tg::start(oauth_toml(&idp, &up.url(), "")).await;
+    // Alice's session as the upstream issued it, which this taskgate does not hold.
+    let direct = Req::mcp_post(&up.url(), initialize_body("1")).send().await;
+    let alices = direct.header("mcp-session-id").expect("the upstream issues a session");
+    let before = up.up.count();
+    let bob = tg
+        .client()
+        .with_token(&sign(&k1, &claims(&idp, "bob")))
+        .with_session(&alices);
+    let r = bob.send(call_body("2", "slow", None)).await;
+    assert_eq!(r.status(), 404, "tools/call: {}", r.text().await);
+    let token = sign(&k1, &claims(&idp, "bob"));
+    for req in [Req::mcp_get(&tg.mcp_url()), Req::delete(&tg.mcp_url())] {
+        let r = req
+            .header("authorization", &format!("Bearer {token}"))
+            .header("mcp-session-id", &alices)
+            .header("mcp-protocol-version", "2025-11-25")
+            .send()
+            .await;
+        assert_eq!(r.status(), 404);
+    }
+    assert_eq!(up.up.count(), before, "nothing of Bob's reached the upstream");
+}

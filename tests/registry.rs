@@ -557,6 +557,32 @@ async fn ttl_above_cap_is_lowered_before_it_goes_upstream() {
     assert_eq!(up.received("tools/call")[2].body_str(), at);
 }
 
+/// Issue 29 #12: a requested ttl of 0 (or anything under `MIN_TASK_TTL_MS`, 1 s) reaches the
+/// upstream raised to 1,000 ms, and the task is still there to poll. On f2cd7c5 a ttl of 0 went
+/// upstream as 0, the record said ttl 0, and the task was gone 100 ms later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_of_zero_is_raised_to_the_minimum() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = tg.client();
+    let sent = Client::create_body("1", Some(0));
+    let v = c.rpc(sent.clone()).await;
+    let task_id = v["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"))
+        .to_string();
+    let got = up.received("tools/call")[0].json();
+    assert_eq!(got["params"]["task"]["ttl"], json!(1_000), "{got}");
+    assert_eq!(
+        up.received("tools/call")[0].body_str(),
+        sent.replace(r#""ttl":0"#, r#""ttl":1000"#),
+        "only the ttl's bytes change"
+    );
+    assert_ne!(tg.record(&task_id).unwrap().ttl_ms, Some(0));
+    let polled = c.get("2", &task_id).await;
+    assert_eq!(polled["result"]["taskId"], json!(task_id), "{polled}");
+}
+
 /// An upstream that reports a ttl above `tasks.max_ttl_ms` (here 10^12 ms) does not escape the
 /// cap: the record's ttl is the cap and it expires within the cap of its creation. The client is
 /// told the cap in the `CreateTaskResult` (before: the upstream's ttl, which taskgate does not

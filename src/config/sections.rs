@@ -213,6 +213,14 @@ pub enum AuthMode {
     Oauth,
 }
 
+impl AuthMode {
+    /// Whether callers carry principals (`bearer` and `oauth`; not `none`). Every decision that
+    /// depends on telling callers apart keys on this, never on one mode by name.
+    pub fn identifies_callers(self) -> bool {
+        self != AuthMode::None
+    }
+}
+
 /// `[auth]`.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]

@@ -228,8 +228,17 @@ pub(super) fn local(state: &BridgeState, req: &McpRequest) -> Option<McpReply> {
     Some(reply.answered_locally(LocalReason::HeldSession))
 }
 
+/// The client capabilities a held session passes upstream: those taskgate relays input for
+/// (`input::capability_for`: `elicitation`, `sampling`, `roots`). Anything else the client
+/// declared (the 2026 `extensions`, say the tasks extension, `experimental`) is a promise
+/// taskgate does not keep for it on a held session, so it never goes upstream (issue 29 #2: a
+/// declared tasks extension let the upstream take the session's `tasks/update` as the
+/// client's own).
+const RELAYED_CAPABILITIES: [&str; 3] = ["elicitation", "sampling", "roots"];
+
 /// Adds a held session's `_meta` members to a 2026 request's `params`: its client
-/// capabilities (declaring the tasks extension when `params` did), and its `clientInfo`.
+/// capabilities that taskgate relays ([`RELAYED_CAPABILITIES`]; the tasks extension only when
+/// `params` declared it, which the bridge's own task requests do), and its `clientInfo`.
 pub(super) fn add_session_meta(params: &mut Value, session: &HeldSession) {
     let Some(meta) = params
         .as_object_mut()
@@ -243,16 +252,14 @@ pub(super) fn add_session_meta(params: &mut Value, session: &HeldSession) {
         .and_then(|c| c.get("extensions"))
         .and_then(|e| e.get(TASKS_EXTENSION))
         .is_some();
-    let mut caps = session.client_capabilities.clone();
+    let mut caps: Map<String, Value> = RELAYED_CAPABILITIES
+        .iter()
+        .filter_map(|k| Some((k.to_string(), session.client_capabilities.get(*k)?.clone())))
+        .collect();
     if declares {
-        if let Some(c) = caps.as_object_mut() {
-            let ext = c.entry("extensions").or_insert_with(|| json!({}));
-            if !ext.is_object() {
-                *ext = json!({});
-            }
-            ext[TASKS_EXTENSION] = json!({});
-        }
+        caps.insert("extensions".into(), json!({ TASKS_EXTENSION: {} }));
     }
+    let caps = Value::Object(caps);
     meta.insert(CLIENT_CAPABILITIES_META.into(), caps);
     if let Some(info) = &session.client_info {
         meta.entry(CLIENT_INFO_META).or_insert_with(|| info.clone());
@@ -590,6 +597,20 @@ mod tests {
         assert!(plain["_meta"][CLIENT_CAPABILITIES_META]
             .get("extensions")
             .is_none());
+        // What the client declared but taskgate does not relay never goes upstream (issue 29
+        // #2): a declared tasks extension would let the upstream take a held session's
+        // `tasks/update` as the client's own.
+        let greedy = HeldSession {
+            client_capabilities: json!({"sampling": {}, "experimental": {"x": {}},
+                "extensions": {TASKS_EXTENSION: {}, "vendor/x": {}}}),
+            client_info: None,
+        };
+        let mut plain = json!({"_meta": {CLIENT_CAPABILITIES_META: {}}});
+        add_session_meta(&mut plain, &greedy);
+        assert_eq!(
+            plain["_meta"][CLIENT_CAPABILITIES_META],
+            json!({"sampling": {}})
+        );
         let mut none = json!("x");
         add_session_meta(&mut none, &held);
         assert_eq!(none, json!("x"));

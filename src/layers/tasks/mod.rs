@@ -4,7 +4,8 @@
 //! What it does to which messages:
 //! - `tools/call` with `params.task` (task-augmented): refused locally with [`TASK_LIMIT_EXCEEDED`]
 //!   when the owner already has `tasks.max_live_tasks_per_owner` live tasks on this upstream;
-//!   `params.task.ttl` above `tasks.max_ttl_ms` is lowered to it. Otherwise the request goes on
+//!   `params.task.ttl` above `tasks.max_ttl_ms` is lowered to it, one below [`MIN_TASK_TTL_MS`]
+//!   (0 included) raised to it. Otherwise the request goes on
 //!   with a [`PendingCreation`] (the record template and the owner's reserved slot) from which
 //!   `observe` records the `CreateTaskResult` durably before the reply is passed on (the ttl the
 //!   upstream reports is capped the same way in the record, `null` meaning the cap, and the
@@ -29,7 +30,7 @@
 
 mod modern;
 
-use crate::era::Era;
+use crate::era::{self, Era};
 use crate::exchange::{McpReply, McpRequest, Operation};
 use crate::jsonrpc::splice;
 use crate::jsonrpc::{self, Message};
@@ -47,6 +48,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+/// The shortest `params.task.ttl` taskgate sends upstream, in milliseconds: a smaller one (0
+/// included) is raised to it, as a larger one than `tasks.max_ttl_ms` is lowered (issue 29 #12:
+/// a ttl of 0 made a task that was gone 100 ms after its creation, before any poll).
+pub const MIN_TASK_TTL_MS: u64 = 1_000;
+
 /// JSON-RPC code taskgate answers when an owner is over `tasks.max_live_tasks_per_owner`
 /// (implementation-defined server error range, -32000 to -32099).
 pub const TASK_LIMIT_EXCEEDED: i64 = -32029;
@@ -55,12 +61,12 @@ pub const TASK_LIMIT_EXCEEDED: i64 = -32029;
 #[derive(Clone)]
 pub struct TasksLayer {
     registry: Arc<Registry>,
-    /// `[auth] mode = "bearer"`: callers are told apart by principal even without sessions.
+    /// `[auth] mode` `bearer` or `oauth`: callers are told apart by principal even without sessions.
     authenticated: bool,
 }
 
 impl TasksLayer {
-    /// `authenticated`: whether `[auth]` identifies callers (bearer mode).
+    /// `authenticated`: whether `[auth]` identifies callers (`bearer` or `oauth`).
     pub fn new(registry: Arc<Registry>, authenticated: bool) -> TasksLayer {
         TasksLayer {
             registry,
@@ -127,7 +133,10 @@ where
                 modern::Decision::Listen => {
                     let (registry, mut inner) = (self.registry.clone(), self.take_inner());
                     Either::Right(Box::pin(async move {
-                        match modern::filter_listen(&registry, &mut req).await {
+                        let owner = era::modern_owner(&req.ctx.caller());
+                        match modern::filter_listen(&registry, &mut req, &owner, Era::Modern)
+                            .await
+                        {
                             Ok(()) => inner.call(req).await,
                             Err(answered) => Ok(answered),
                         }
@@ -148,13 +157,24 @@ where
             // No tasks upstream: nothing to authorise, list or answer here.
             return Either::Left(self.inner.call(req));
         }
-        let method = req.request_method().and_then(TaskMethod::parse);
-        if let Some(method) = method {
+        if names_a_task(&req) {
             let (registry, mut inner) = (self.registry.clone(), self.take_inner());
             return Either::Right(Box::pin(async move {
-                match authorise(&registry, &mut req, method).await {
+                match authorise(&registry, &mut req).await {
                     Ok(()) => inner.call(req).await,
                     Err(refused) => Ok(refused),
+                }
+            }));
+        }
+        if req.request_method() == Some("subscriptions/listen") {
+            // A 2025 client may send the 2026 method (a held session, a dual-era upstream): its
+            // `taskIds` are filtered to the caller's own tasks as in 2026 (issue 29 #2).
+            let (registry, mut inner) = (self.registry.clone(), self.take_inner());
+            return Either::Right(Box::pin(async move {
+                let owner = req.ctx.caller().owner();
+                match modern::filter_listen(&registry, &mut req, &owner, Era::Legacy).await {
+                    Ok(()) => inner.call(req).await,
+                    Err(answered) => Ok(answered),
                 }
             }));
         }
@@ -266,23 +286,28 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
         .answered_locally(LocalReason::OwnerLimit));
     };
     let cap = registry.config().max_ttl_ms;
-    // Any number above the cap (1e12 included), or a non-integer, is lowered to the cap.
-    let over_cap = match task_meta.get("ttl") {
-        Some(Value::Number(n)) => n.as_u64().is_none_or(|t| t > cap),
-        _ => false,
+    // Any number above the cap (1e12 included), or a non-integer, is lowered to the cap; one
+    // below [`MIN_TASK_TTL_MS`] (0 included) is raised to it.
+    let ttl = match task_meta.get("ttl") {
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(t) if t < MIN_TASK_TTL_MS => Some(MIN_TASK_TTL_MS.min(cap)),
+            Some(t) if t <= cap => None,
+            _ => Some(cap),
+        },
+        _ => None,
     };
-    if over_cap {
+    if let Some(ttl) = ttl {
         // Only the ttl's digits change: every other byte goes upstream as the client sent it.
-        let capped = splice::replace(msg.bytes(), &["params", "task", "ttl"], &cap.to_string())
+        let bounded = splice::replace(msg.bytes(), &["params", "task", "ttl"], &ttl.to_string())
             .ok()
             .flatten()
             .and_then(|b| Message::parse(b).ok());
-        match capped {
+        match bounded {
             Some(m) => req.op = Operation::Post(m),
             None => return Err(McpReply::local_error(
                 Some(&id),
                 jsonrpc::INVALID_PARAMS,
-                "tools/call: params.task.ttl is above the cap and the message cannot be rewritten",
+                "tools/call: params.task.ttl is outside taskgate's bounds and the message cannot be rewritten",
             )),
         }
     }
@@ -305,24 +330,22 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
 
 /// For `tasks/get|result|cancel`: authorise against the registry (→ [`AuthorisedTask`]) and
 /// route to the task's session.
-async fn authorise(
-    registry: &Arc<Registry>,
-    req: &mut McpRequest,
-    method: TaskMethod,
-) -> Result<(), McpReply> {
+async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(), McpReply> {
     let Operation::Post(msg) = &req.op else {
         return Ok(());
     };
-    let Some(id) = msg.id().cloned() else {
+    let (Some(id), Some(name)) = (msg.id().cloned(), msg.method()) else {
         return Ok(());
     };
+    // `None` for `tasks/update` and any other `tasks/*` method: authorised alike, not labelled.
+    let method = TaskMethod::parse(name);
     let task_id = match task_id_param(msg) {
         Some(t) => t,
         None => {
             return Err(McpReply::local_error(
                 Some(&id),
                 jsonrpc::INVALID_PARAMS,
-                &format!("{}: params.taskId (a string) is required", method.as_str()),
+                &format!("{name}: params.taskId (a string) is required"),
             )
             .answered_locally(LocalReason::InvalidParams))
         }
@@ -340,10 +363,12 @@ async fn authorise(
         .answered_locally(LocalReason::StoreUnavailable));
     };
     let Some(record) = looked else {
-        registry
-            .metrics()
-            .task_lookup_rejected(&req.ctx.upstream, method);
-        if method == TaskMethod::Cancel {
+        if let Some(method) = method {
+            registry
+                .metrics()
+                .task_lookup_rejected(&req.ctx.upstream, method);
+        }
+        if method == Some(TaskMethod::Cancel) {
             registry
                 .metrics()
                 .cancel_request(&req.ctx.upstream, CancelOutcome::RejectedUnknown);
@@ -356,7 +381,10 @@ async fn authorise(
         .answered_locally(LocalReason::TaskNotFound));
     };
     // A bridged (2026-07-28) record holds a `DetailedTask`: the `bridge` layer answers from it.
-    if method == TaskMethod::Result && record.status.is_terminal() && record.era == Era::Legacy {
+    if method == Some(TaskMethod::Result)
+        && record.status.is_terminal()
+        && record.era == Era::Legacy
+    {
         if let Some(result) = record.terminal_result.as_deref() {
             return Err(McpReply::local_json(jsonrpc::result_response(&id, result))
                 .answered_locally(LocalReason::StoredResult));
@@ -517,6 +545,22 @@ fn hide_tasks_list(text: &str) -> Option<String> {
 /// `params.taskId` of a `tasks/*` request when it is a string. Found with the borrowing walk of
 /// `splice::raw_at`: the `Value` of the whole message it replaces cost about 5,000 instructions
 /// per `tasks/get`, 3 % of the task lifecycle (benches/profile.sh).
+/// Whether a 2025-11-25 request names a task the caller must own before it goes on:
+/// `tasks/get|result|cancel|update` always (`tasks/update` is 2026-07-28's, and a 2025 client
+/// can send it on a held session or to a dual-era upstream: issue 29 #2), any other `tasks/*`
+/// request except `tasks/list` when it carries `params.taskId`.
+fn names_a_task(req: &McpRequest) -> bool {
+    match req.request_method() {
+        Some("tasks/get" | "tasks/result" | "tasks/cancel" | "tasks/update") => true,
+        Some("tasks/list") => false,
+        Some(m) if m.starts_with("tasks/") => match &req.op {
+            Operation::Post(msg) => task_id_param(msg).is_some(),
+            _ => false,
+        },
+        _ => false,
+    }
+}
+
 fn task_id_param(msg: &Message) -> Option<String> {
     let raw = splice::raw_at(msg.bytes(), &["params", "taskId"]).ok()??;
     serde_json::from_str::<String>(raw.get()).ok()

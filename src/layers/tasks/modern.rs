@@ -223,45 +223,52 @@ fn mcp_name(req: &McpRequest) -> Option<String> {
 /// Most `taskIds` one `subscriptions/listen` may name (each is one registry read).
 pub const MAX_LISTEN_TASK_IDS: usize = 256;
 
-/// Filters `params.notifications.taskIds` of a `subscriptions/listen` to the caller's tasks.
+/// Filters `params.notifications.taskIds` of a `subscriptions/listen` to the tasks `owner`
+/// owns; refusals are answered in `era`'s form (the method is 2026-07-28's, but a 2025 client
+/// can send it on a held session).
 pub(super) async fn filter_listen(
     registry: &Arc<Registry>,
     req: &mut McpRequest,
+    owner: &crate::store::Owner,
+    era: Era,
 ) -> Result<(), McpReply> {
     let Operation::Post(msg) = &req.op else {
         return Ok(());
     };
     const PATH: [&str; 3] = ["params", "notifications", "taskIds"];
-    let ids: Vec<String> = match crate::jsonrpc::splice::raw_at(msg.bytes(), &PATH) {
-        Ok(Some(raw)) => match serde_json::from_str::<Vec<Value>>(raw.get()) {
-            Ok(v) => v
-                .into_iter()
-                .filter_map(|x| x.as_str().map(str::to_string))
-                .collect(),
-            Err(_) => return Ok(()),
-        },
-        _ => return Ok(()),
-    };
-    if ids.len() > MAX_LISTEN_TASK_IDS {
+    // Entries that are not strings name no task: they are removed like unknown ids.
+    let (named, ids): (usize, Vec<String>) =
+        match crate::jsonrpc::splice::raw_at(msg.bytes(), &PATH) {
+            Ok(Some(raw)) => match serde_json::from_str::<Vec<Value>>(raw.get()) {
+                Ok(v) => (
+                    v.len(),
+                    v.into_iter()
+                        .filter_map(|x| x.as_str().map(str::to_string))
+                        .collect(),
+                ),
+                Err(_) => return Ok(()),
+            },
+            _ => return Ok(()),
+        };
+    if named > MAX_LISTEN_TASK_IDS {
         return Err(McpReply::era_error(
-            Era::Modern,
+            era,
             msg.id(),
             jsonrpc::INVALID_PARAMS,
             &format!("subscriptions/listen: at most {MAX_LISTEN_TASK_IDS} taskIds"),
             LocalReason::InvalidParams,
         ));
     }
-    let owner = era::modern_owner(&req.ctx.caller());
     let mut kept = Vec::with_capacity(ids.len());
     for id in &ids {
         // A failed read is not "not yours": the listen is refused like a `tasks/*` request
         // then, instead of silently listening to fewer tasks.
-        match registry.lookup_checked(&req.ctx.upstream, id, &owner).await {
+        match registry.lookup_checked(&req.ctx.upstream, id, owner).await {
             Ok(Some(_)) => kept.push(id.as_str()),
             Ok(None) => {}
             Err(_) => {
                 return Err(McpReply::era_error(
-                    Era::Modern,
+                    era,
                     msg.id(),
                     jsonrpc::INTERNAL_ERROR,
                     "subscriptions/listen: task store unavailable; try again",
@@ -270,11 +277,11 @@ pub(super) async fn filter_listen(
             }
         }
     }
-    if kept.len() == ids.len() {
+    if kept.len() == named {
         return Ok(());
     }
     tracing::debug!(
-        named = ids.len(),
+        named,
         kept = kept.len(),
         "subscriptions/listen: taskIds of other owners or never recorded removed"
     );
@@ -289,7 +296,7 @@ pub(super) async fn filter_listen(
             Ok(())
         }
         None => Err(McpReply::era_error(
-            Era::Modern,
+            era,
             msg.id(),
             jsonrpc::INVALID_PARAMS,
             "subscriptions/listen: params.notifications.taskIds cannot be read",
