@@ -23,6 +23,26 @@ use serde_json::Value;
 /// The first protocol revision of the modern era.
 pub const MODERN_VERSION: &str = "2026-07-28";
 
+/// The protocol revisions taskgate serves, oldest first: a request naming another one in
+/// `MCP-Protocol-Version` is refused at the edge with 400 (2025-11-25 transports: "an invalid
+/// or unsupported value gets 400"; 2026-07-28: `-32022` UnsupportedProtocolVersion), since
+/// taskgate cannot apply its rules to a revision it does not know.
+pub const SUPPORTED_VERSIONS: [&str; 5] = [
+    "2024-11-05",
+    "2025-03-26",
+    "2025-06-18",
+    "2025-11-25",
+    MODERN_VERSION,
+];
+
+/// Whether `version` is one of [`SUPPORTED_VERSIONS`] (exactly: no space, case as written).
+pub fn is_supported_version(version: &[u8]) -> bool {
+    // The two revisions clients send today first (on every request with the header).
+    version == b"2025-11-25"
+        || version == MODERN_VERSION.as_bytes()
+        || SUPPORTED_VERSIONS.iter().any(|v| v.as_bytes() == version)
+}
+
 /// `_meta` key carrying a request's protocol version (2026-07-28 basic: required request `_meta`).
 pub const PROTOCOL_VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
 

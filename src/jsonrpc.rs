@@ -344,6 +344,12 @@ impl Message {
     /// nested at most [`MAX_DEPTH`] levels, then the envelope parse, which checks the syntax of
     /// the whole text (serde_json's skip of unread fields validates grammar). No DOM is built, so
     /// a client's body that is not JSON is refused with `-32700` instead of being forwarded.
+    ///
+    /// A key that occurs twice in one object, anywhere in the message, is refused with
+    /// [`EnvelopeError::Invalid`] (`-32600`) naming it ([`duplicate_key`]): JSON parsers differ
+    /// on which of two members they keep (serde_json the last, many others the first), so
+    /// taskgate and the upstream could act on different values (a `params.taskId` taskgate
+    /// authorised and another one the upstream serves).
     pub fn parse_checked(raw: Bytes) -> Result<Message, EnvelopeError> {
         // The common shape in one pass (`envelope`: it checks the grammar and the nesting the
         // rest does; anything it is not sure of goes the way below, which decides as before).
@@ -355,6 +361,13 @@ impl Message {
         }
         let text = check_json(&raw)?;
         if text.trim_start().starts_with('{') {
+            // What the one-pass reader handed back is read for duplicate keys here (the reader
+            // hands back every message that has one).
+            if let Some(at) = duplicate_key(text) {
+                return Err(EnvelopeError::Invalid(format!(
+                    "duplicate key {at}: a key may occur only once in a JSON object (parsers differ on which member they keep)"
+                )));
+            }
             // Read as text: serde_json does not check each string's UTF-8 again (about 400
             // instructions less per small request: benches/profile.sh small).
             return Message::parse_object(&raw, Some(text));
@@ -427,6 +440,135 @@ fn common_method(name: &str) -> Option<&'static str> {
         "prompts/get" => "prompts/get",
         _ => return None,
     })
+}
+
+/// Where `text` (JSON, nested at most [`MAX_DEPTH`] levels) has a key twice in one object: the
+/// key and the JSON Pointer of its object, as `"taskId" in /params`; `None` when no key repeats
+/// (or `text` is not JSON: the parse that follows words that). Keys are compared as the
+/// strings they spell (`"a\/b"` is `"a/b"`). A full parse (it allocates a set per object with
+/// more than a few keys): made only for what [`envelope::read`] hands back.
+pub fn duplicate_key(text: &str) -> Option<String> {
+    use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+    use std::borrow::Cow;
+    use std::cell::RefCell;
+
+    /// One value; `path` the keys leading to it (for the answer), `found` the answer.
+    struct Walk<'p> {
+        path: &'p RefCell<Vec<String>>,
+        found: &'p RefCell<Option<String>>,
+    }
+    /// A key as the string it spells, borrowed when it has no escape.
+    struct Key<'de>(Cow<'de, str>);
+    impl<'de> serde::Deserialize<'de> for Key<'de> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Key<'de>;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    f.write_str("a key")
+                }
+                fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                    Ok(Key(Cow::Borrowed(v)))
+                }
+                fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                    Ok(Key(Cow::Owned(v.to_string())))
+                }
+                fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
+                    Ok(Key(Cow::Owned(v)))
+                }
+            }
+            d.deserialize_str(V)
+        }
+    }
+    impl<'de> DeserializeSeed<'de> for Walk<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Walk<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            let mut i = 0usize;
+            loop {
+                self.path.borrow_mut().push(i.to_string());
+                let more = seq.next_element_seed(Walk { ..self })?;
+                self.path.borrow_mut().pop();
+                if more.is_none() {
+                    return Ok(());
+                }
+                i += 1;
+            }
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            // A few keys are compared with each other; more go into a set.
+            let mut few: Vec<Cow<'de, str>> = Vec::new();
+            let mut many: std::collections::HashSet<Cow<'de, str>> = Default::default();
+            while let Some(Key(key)) = map.next_key::<Key<'de>>()? {
+                let seen = if many.is_empty() && few.len() < 16 {
+                    few.contains(&key)
+                } else {
+                    if many.is_empty() {
+                        many.extend(few.drain(..));
+                    }
+                    many.contains(&key)
+                };
+                if seen {
+                    let path = self.path.borrow();
+                    let pointer: String = path
+                        .iter()
+                        .map(|k| format!("/{}", k.replace('~', "~0").replace('/', "~1")))
+                        .collect();
+                    let key = serde_json::to_string(&key).unwrap_or_default();
+                    *self.found.borrow_mut() = Some(if pointer.is_empty() {
+                        format!("{key} in the message")
+                    } else {
+                        format!("{key} in {pointer}")
+                    });
+                    return Err(serde::de::Error::custom("duplicate key"));
+                }
+                self.path.borrow_mut().push(key.to_string());
+                map.next_value_seed(Walk { ..self })?;
+                self.path.borrow_mut().pop();
+                if many.is_empty() && few.len() < 16 {
+                    few.push(key);
+                } else {
+                    many.insert(key);
+                }
+            }
+            Ok(())
+        }
+    }
+
+    let (path, found) = (RefCell::new(Vec::new()), RefCell::new(None));
+    let mut de = serde_json::Deserializer::from_str(text);
+    let _ = Walk {
+        path: &path,
+        found: &found,
+    }
+    .deserialize(&mut de);
+    found.into_inner()
 }
 
 /// Deepest nesting of arrays and objects accepted in a client's message (serde_json's own

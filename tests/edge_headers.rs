@@ -295,3 +295,115 @@ async fn configured_header_with_missing_env_var_is_start_error() {
     }
     assert_eq!(up.count(), 0);
 }
+
+// =============================================================================================
+// Malformed Mcp-Session-Id and unsupported MCP-Protocol-Version (issue 29 item 11)
+// =============================================================================================
+
+/// The JSON-RPC error of a 400 answer.
+async fn bad_request(r: Resp, what: &str) -> serde_json::Value {
+    assert_eq!(r.status(), 400, "{what}");
+    let v = r.json().await;
+    assert_eq!(v["jsonrpc"], json!("2.0"), "{what}: {v}");
+    v["error"].clone()
+}
+
+/// An `Mcp-Session-Id` that is empty, not visible ASCII, a comma-separated list, or sent on
+/// two header lines is answered 400 `-32600` saying what is wrong, on POST, GET and DELETE,
+/// and nothing reaches the upstream (before, each was forwarded: the upstream saw a list or
+/// two values, or an id taskgate never checked); the session keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_session_ids_get_400_and_are_never_forwarded() {
+    let up = Upstream::mcp().await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+    let sid = initialize(&gw, "/mcp").await;
+    let before = up.count();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec![String::new()], "Mcp-Session-Id is empty"),
+        (vec!["a b".into()], "visible ASCII"),
+        (vec!["a\tb".into()], "visible ASCII"),
+        (vec![format!("{sid},other")], "comma-separated list"),
+        (vec![format!("{sid}, {sid}")], "comma-separated list"),
+        (vec![sid.clone(), "other".into()], "sent on 2 header lines"),
+        (vec![sid.clone(), sid.clone()], "sent on 2 header lines"),
+    ];
+    for (values, words) in &cases {
+        for method in ["POST", "GET", "DELETE"] {
+            let mut req = match method {
+                "POST" => Req::mcp_post(&gw.url("/mcp"), rpc("1", "tools/list", "{}")),
+                "GET" => Req::mcp_get(&gw.url("/mcp")),
+                _ => Req::delete(&gw.url("/mcp")),
+            };
+            for v in values {
+                req = req.header("mcp-session-id", v);
+            }
+            let what = format!("{method} with {values:?}");
+            let err = bad_request(req.send().await, &what).await;
+            assert_eq!(err["code"], json!(-32600), "{what}: {err}");
+            let message = err["message"].as_str().unwrap_or_default();
+            assert!(message.contains(words), "{what}: {message}");
+        }
+    }
+    assert_eq!(
+        up.count(),
+        before,
+        "nothing forwarded: {:?}",
+        up.requests().last().map(|r| r.header_all("mcp-session-id"))
+    );
+    assert_session_works(&gw, &up, &sid).await;
+}
+
+/// An `MCP-Protocol-Version` taskgate does not serve is answered 400 and not forwarded (before,
+/// `2099-01-01` was taken for a 2026-era request and forwarded): a 2026-era date gets `-32022`
+/// with `data: {supported, requested}`, any other value `-32600` naming the revisions served;
+/// two header lines are refused too. The served revisions pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_protocol_version_gets_400_and_is_never_forwarded() {
+    let up = Upstream::mcp().await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+    let sid = initialize(&gw, "/mcp").await;
+    let before = up.count();
+    for (versions, code) in [
+        (&["2099-01-01"][..], -32022),
+        (&["2026-07-29"], -32022),
+        (&["2025-01-01"], -32600),
+        (&["latest"], -32600),
+        (&[""], -32600),
+        (&["2025-11-25", "2025-06-18"], -32600),
+    ] {
+        for method in ["POST", "GET"] {
+            let mut req = match method {
+                "POST" => Req::mcp_post(&gw.url("/mcp"), rpc("1", "tools/list", "{}")),
+                _ => Req::mcp_get(&gw.url("/mcp")),
+            };
+            req = req.header("mcp-session-id", &sid);
+            for v in versions {
+                req = req.header("mcp-protocol-version", v);
+            }
+            let what = format!("{method} with {versions:?}");
+            let err = bad_request(req.send().await, &what).await;
+            assert_eq!(err["code"], json!(code), "{what}: {err}");
+            if code == -32022 {
+                assert_eq!(err["data"]["requested"], json!(versions[0]), "{err}");
+                let supported = err["data"]["supported"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                assert!(supported.contains(&json!("2025-11-25")), "{err}");
+                assert!(supported.contains(&json!("2026-07-28")), "{err}");
+            } else if versions.len() == 1 {
+                let message = err["message"].as_str().unwrap_or_default();
+                assert!(message.contains("2025-11-25"), "{message}");
+            }
+        }
+    }
+    assert_eq!(up.count(), before, "nothing forwarded");
+    for version in ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"] {
+        let r = Req::mcp_post(&gw.url("/mcp"), rpc("2", "tools/list", "{}"))
+            .header("mcp-session-id", &sid)
+            .header("mcp-protocol-version", version)
+            .send()
+            .await;
+        assert_eq!(r.status(), 200, "{version}");
+    }
+}

@@ -426,3 +426,63 @@ async fn origin_not_allowed_is_403() {
     })
     .await;
 }
+
+/// Issue 29 item 13: a body with a key twice in one object (`params.taskId`, `params.task`, or
+/// any other, at any depth) is refused with 400 `-32600` naming the key, before anything acts
+/// on it: taskgate (serde_json keeps the last member) and the upstream (many parsers keep the
+/// first) could otherwise read different values. Nothing is forwarded; the session keeps
+/// working. The same key in two different objects is no duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_keys_are_400_invalid_request_and_not_forwarded() {
+    let up = Upstream::mcp().await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+    let sid = initialize(&gw, "/mcp").await;
+    let before = up.count();
+    for (body, names) in [
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":"mine","taskId":"yours"}}"#,
+            r#""taskId" in /params"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t","task":{"ttl":60000},"arguments":{},"task":{"ttl":1}}}"#,
+            r#""task" in /params"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"a","arguments":{"x":1},"name":"b"}}"#,
+            r#""name" in /params"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":4,"method":"tasks/cancel","params":{"t\u0061skId":"a","taskId":"b"}}"#,
+            r#""taskId" in /params"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/list","params":{},"params":{"cursor":"x"}}"#,
+            r#""params" in the message"#,
+        ),
+    ] {
+        let r = Req::mcp_post(&gw.url("/mcp"), body)
+            .header("mcp-session-id", &sid)
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+            .send()
+            .await;
+        assert_eq!(r.status(), 400, "{body}");
+        let v = error_body(r).await;
+        assert_eq!(v["error"]["code"], json!(-32600), "{body}: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("duplicate key {names}")),
+            "{message}"
+        );
+    }
+    assert_eq!(up.count(), before, "nothing forwarded");
+    let r = Req::mcp_post(
+        &gw.url("/mcp"),
+        r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"t","arguments":{"name":"x","task":1},"_meta":{"name":"y"}}}"#,
+    )
+    .header("mcp-session-id", &sid)
+    .header("mcp-protocol-version", PROTOCOL_VERSION)
+    .send()
+    .await;
+    assert_eq!(r.status(), 200, "the same key in different objects passes");
+    assert_session_works(&gw, &up, &sid).await;
+}

@@ -113,8 +113,14 @@ pub(super) struct HeadFields<'a> {
     pub expect: Option<&'a HeaderValue>,
     /// The first `MCP-Protocol-Version` value.
     pub protocol_version: Option<&'a HeaderValue>,
+    /// How many `MCP-Protocol-Version` fields.
+    pub protocol_versions: usize,
     /// Whether an `Mcp-Session-Id` is present.
     pub session_id: bool,
+    /// How many `Mcp-Session-Id` fields.
+    pub session_ids: usize,
+    /// The first `Mcp-Session-Id` value.
+    pub session_value: Option<&'a HeaderValue>,
     /// Whether a hop-by-hop field is present ([`crate::headers::is_hop_by_hop`]).
     pub hop_by_hop: bool,
     /// All of them, for a field that occurs more than once.
@@ -140,9 +146,12 @@ impl<'a> HeadFields<'a> {
             } else if name == header::CONTENT_LENGTH {
                 f.content_length.get_or_insert(value);
             } else if name == MCP_PROTOCOL_VERSION {
+                f.protocol_versions += 1;
                 f.protocol_version.get_or_insert(value);
             } else if name == MCP_SESSION_ID {
                 f.session_id = true;
+                f.session_ids += 1;
+                f.session_value.get_or_insert(value);
             } else if name == header::ORIGIN {
                 f.origin.get_or_insert(value);
             } else if name == header::EXPECT {
@@ -161,6 +170,115 @@ impl<'a> HeadFields<'a> {
             (_, Some(h)) => accept_lists(h.get_all(header::ACCEPT), needed),
         }
     }
+}
+
+/// The 400 answer for a request whose `Mcp-Session-Id` or `MCP-Protocol-Version` taskgate
+/// refuses (issue 29 item 11), with the reason it is counted under; `None` when each is absent
+/// or well-formed. Nothing of such a request is forwarded.
+///
+/// - `Mcp-Session-Id` on more than one header line, empty, a comma-separated list, or not
+///   visible ASCII (0x21 to 0x7E, 2025-11-25 transports: Session Management): `-32600`, the
+///   message saying which. (Two lines or a list would leave taskgate and the upstream reading
+///   different sessions: taskgate checks one owner, an upstream may join the values.)
+/// - `MCP-Protocol-Version` on more than one line, or naming a revision not in
+///   [`crate::era::SUPPORTED_VERSIONS`] (2025-11-25 transports: "an invalid or unsupported
+///   value gets 400"): a value of the 2026 era's form (a date from 2026-07-28 on) gets
+///   `-32022` UnsupportedProtocolVersion with `data: {supported, requested}` (2026-07-28
+///   basic: version negotiation); any other `-32600` naming the revisions served.
+///
+/// On every request: the common case (one well-formed id, a served version) costs a pass over
+/// the id's bytes and a comparison or two.
+pub(super) fn refuse_session_or_version(
+    f: &HeadFields<'_>,
+) -> Option<(crate::metrics::RejectReason, Response<Body>)> {
+    use crate::metrics::RejectReason;
+    let bad = |reason: RejectReason, message: String| {
+        Some((
+            reason,
+            rpc_error_response(
+                StatusCode::BAD_REQUEST,
+                None,
+                jsonrpc::INVALID_REQUEST,
+                &message,
+            ),
+        ))
+    };
+    if f.session_ids > 1 {
+        return bad(
+            RejectReason::SessionId,
+            format!(
+                "Bad Request: Mcp-Session-Id was sent on {} header lines; send exactly one session id",
+                f.session_ids
+            ),
+        );
+    }
+    if let Some(sid) = f.session_value {
+        let b = sid.as_bytes();
+        let mut visible = true;
+        let mut comma = false;
+        for &c in b {
+            visible &= (0x21..=0x7e).contains(&c);
+            comma |= c == b',';
+        }
+        let problem = if b.is_empty() {
+            Some("is empty")
+        } else if comma {
+            Some("is a comma-separated list; send exactly one session id")
+        } else if !visible {
+            Some("must be visible ASCII (0x21 to 0x7E), without spaces")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return bad(
+                RejectReason::SessionId,
+                format!("Bad Request: Mcp-Session-Id {problem}"),
+            );
+        }
+    }
+    if f.protocol_versions > 1 {
+        return bad(
+            RejectReason::ProtocolVersion,
+            format!(
+                "Bad Request: MCP-Protocol-Version was sent on {} header lines; send it once",
+                f.protocol_versions
+            ),
+        );
+    }
+    let version = f.protocol_version?.as_bytes();
+    if crate::era::is_supported_version(version) {
+        return None;
+    }
+    let served = crate::era::SUPPORTED_VERSIONS.join(", ");
+    let requested = String::from_utf8_lossy(version);
+    if crate::headers::is_text(version)
+        && crate::era::Era::of_version(&requested) == crate::era::Era::Modern
+    {
+        let data = serde_json::json!({
+            "supported": crate::era::SUPPORTED_VERSIONS,
+            "requested": requested,
+        });
+        return Some((
+            RejectReason::ProtocolVersion,
+            json_response(
+                StatusCode::BAD_REQUEST,
+                jsonrpc::error_response_with_data(
+                    None,
+                    crate::era::UNSUPPORTED_PROTOCOL_VERSION,
+                    &format!(
+                        "Unsupported protocol version {requested:?}; taskgate serves {served}"
+                    ),
+                    &data,
+                ),
+            ),
+        ));
+    }
+    bad(
+        RejectReason::ProtocolVersion,
+        format!(
+            "Bad Request: unsupported MCP-Protocol-Version {requested:?}; taskgate serves {served}"
+        ),
+    )
 }
 
 /// What the edge keeps of a request's head fields once it changes them: found by [`HeadFields`]
@@ -335,5 +453,81 @@ mod tests {
         let f = HeadFields::of(&h);
         assert!(f.hop_by_hop);
         assert_eq!(f.origin, h.get(header::ORIGIN));
+    }
+
+    /// Issue 29 item 11: which `Mcp-Session-Id` and `MCP-Protocol-Version` fields the edge
+    /// refuses, and with which code and words.
+    #[test]
+    fn malformed_session_ids_and_unsupported_versions_are_refused() {
+        let check = |fields: &[(&'static str, &[u8])]| {
+            let mut h = HeaderMap::new();
+            for (name, value) in fields {
+                h.append(
+                    http::HeaderName::from_static(name),
+                    HeaderValue::from_bytes(value).unwrap(),
+                );
+            }
+            refuse_session_or_version(&HeadFields::of(&h)).map(|(reason, resp)| {
+                assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+                let body = futures_util::FutureExt::now_or_never(resp.into_body().collect())
+                    .expect("a full body")
+                    .ok()
+                    .expect("no error")
+                    .to_bytes();
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                (reason.as_str(), v["error"]["code"].as_i64().unwrap(), v)
+            })
+        };
+        let sid = "mcp-session-id";
+        let ver = "mcp-protocol-version";
+        for ok in [
+            &[][..],
+            &[(sid, &b"abc-123_~!"[..])],
+            &[(sid, b"s"), (ver, b"2025-11-25")],
+            &[(ver, b"2026-07-28")],
+            &[(ver, b"2024-11-05")],
+            &[(ver, b"2025-06-18")],
+        ] {
+            assert!(check(ok).is_none(), "{ok:?}");
+        }
+        for (fields, words) in [
+            (&[(sid, &b""[..])][..], "Mcp-Session-Id is empty"),
+            (&[(sid, b"a,b")], "comma-separated list"),
+            (&[(sid, b"a, b")], "comma-separated list"),
+            (&[(sid, b"a b")], "visible ASCII"),
+            (&[(sid, b"a\tb")], "visible ASCII"),
+            (&[(sid, b"caf\xc3\xa9")], "visible ASCII"),
+            (&[(sid, b"a"), (sid, b"b")], "sent on 2 header lines"),
+            (&[(sid, b"a"), (sid, b"a")], "sent on 2 header lines"),
+        ] {
+            let (reason, code, v) = check(fields).unwrap_or_else(|| panic!("{fields:?} passed"));
+            assert_eq!((reason, code), ("session_id", -32600), "{fields:?}");
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(message.contains(words), "{message}");
+        }
+        for (value, code) in [
+            (&b"2099-01-01"[..], -32022),
+            (b"2026-07-29", -32022),
+            (b"2025-01-01", -32600),
+            (b"2025-11-25 ", -32600),
+            (b"latest", -32600),
+            (b"", -32600),
+            (b"\xff", -32600),
+        ] {
+            let (reason, got, v) =
+                check(&[(sid, b"s"), (ver, value)]).unwrap_or_else(|| panic!("{value:?} passed"));
+            assert_eq!((reason, got), ("protocol_version", code), "{value:?}");
+            let message = v["error"]["message"].as_str().unwrap();
+            assert!(message.contains("2025-11-25, 2026-07-28"), "{message}");
+            if code == -32022 {
+                assert_eq!(
+                    v["error"]["data"]["requested"],
+                    std::str::from_utf8(value).unwrap()
+                );
+                assert_eq!(v["error"]["data"]["supported"][4], "2026-07-28");
+            }
+        }
+        let (reason, _, _) = check(&[(ver, b"2025-11-25"), (ver, b"2025-11-25")]).unwrap();
+        assert_eq!(reason, "protocol_version");
     }
 }

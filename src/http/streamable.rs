@@ -14,6 +14,8 @@
 //! | `[auth] mode = "bearer"`/`"oauth"` and no valid token | 401 with `WWW-Authenticate: Bearer` (`resource_metadata`, `error`) |
 //! | `mode = "oauth"`, a valid token without a required scope | 403, `error="insufficient_scope"` |
 //! | over a per-principal `[limits]` limit | 429 with `Retry-After`, `-32029` |
+//! | `Mcp-Session-Id` empty, not visible ASCII (0x21 to 0x7E), a comma-separated list, or on two header lines | 400, `-32600` saying which |
+//! | `MCP-Protocol-Version` not one taskgate serves ([`crate::era::SUPPORTED_VERSIONS`]), or on two header lines | 400; `-32022` with `data: {supported, requested}` for a 2026-era date (`2099-01-01`), else `-32600` |
 //! | method other than POST, GET, DELETE | 405 with `Allow` |
 //! | POST `Content-Type` not `application/json` | 415 |
 //! | POST `Accept` not listing both `application/json` and `text/event-stream` | 406 |
@@ -214,6 +216,9 @@ impl Edge {
             Ok(served) => served,
             Err(resp) => return Err(self.reject(RejectReason::Route, resp)),
         };
+        if let Some((reason, resp)) = super::response::refuse_session_or_version(fields) {
+            return Err(self.reject(reason, resp));
+        }
         let op = match parts.method {
             Method::POST => Operation::Post(self.decode_post(fields, body).await?),
             Method::GET => {

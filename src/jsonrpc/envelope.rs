@@ -12,6 +12,16 @@
 //! known member twice or `null`; a `method` that is not a plain string; nesting deeper than
 //! [`super::MAX_DEPTH`]; any syntax error) it hands back, and the caller parses with serde_json
 //! as before, which then decides and words the error.
+//!
+//! Duplicate keys (issue 29 item 13): a key that occurs twice in one object, at any depth, is
+//! handed back too, and the caller refuses the message (`super::duplicate_key`): serde_json
+//! keeps the last of two members while other parsers keep the first, so taskgate and the
+//! upstream could act on different `params.taskId`s. The check is made during the same pass:
+//! each key is compared with the keys met before it in its object (their places in the text,
+//! kept in a fixed array: no allocation), which for the few keys of a common message costs a
+//! few comparisons of short slices; a message holding more than [`KEYS`] keys on one path of
+//! open objects is handed back (serde_json's parse then checks it). A key with an escape is
+//! handed back as well (`"a\/b"` and `"a/b"` are the same key).
 
 /// The envelope members of a message, as the serde_json parse reports them: the raw JSON text
 /// of `jsonrpc` and `id`, the text of a `method` string, whether `result` and `error` are there.
@@ -29,6 +39,8 @@ pub(super) fn read(text: &str) -> Option<Members<'_>> {
     let mut r = Reader {
         b: text.as_bytes(),
         i: 0,
+        keys: [(0, 0); KEYS],
+        open: 0,
     };
     let mut m = Members {
         jsonrpc: None,
@@ -45,7 +57,9 @@ pub(super) fn read(text: &str) -> Option<Members<'_>> {
     } else {
         loop {
             r.ws();
+            let key_at = r.i + 1;
             let key = r.plain_string()?;
+            r.new_key(0, key_at, r.i - 1)?;
             r.ws();
             r.eat(b':')?;
             r.ws();
@@ -108,12 +122,54 @@ pub(super) fn read(text: &str) -> Option<Members<'_>> {
     Some(m)
 }
 
+/// Keys (of the objects open on the current path) whose places [`Reader`] keeps to find a
+/// duplicate; a message with more is handed back.
+const KEYS: usize = 64;
+
 struct Reader<'a> {
     b: &'a [u8],
     i: usize,
+    /// The keys of the objects open on the current path, outermost first, as (start, end) of
+    /// their text without the quotes; the first [`Reader::open`] are in use.
+    keys: [(u32, u32); KEYS],
+    open: usize,
 }
 
 impl<'a> Reader<'a> {
+    /// Notes the key at `start..end` (no escape in it) of the object whose first key is at
+    /// `keys[base]`: `None` (handed back) when that object has it already, or when [`KEYS`]
+    /// keys are open.
+    fn new_key(&mut self, base: usize, start: usize, end: usize) -> Option<()> {
+        let key = self.b.get(start..end)?;
+        for &(s, e) in self.keys.get(base..self.open)? {
+            if self.b.get(s as usize..e as usize) == Some(key) {
+                return None;
+            }
+        }
+        let slot = self.keys.get_mut(self.open)?;
+        *slot = (u32::try_from(start).ok()?, u32::try_from(end).ok()?);
+        self.open += 1;
+        Some(())
+    }
+
+    /// A key (the opening quote next): its text's place, without the quotes. A key with an
+    /// escape or a control character is handed back (`None`).
+    fn key(&mut self) -> Option<(usize, usize)> {
+        self.eat(b'"')?;
+        let start = self.i;
+        while let Some(&c) = self.b.get(self.i) {
+            if c == b'"' {
+                self.i += 1;
+                return Some((start, self.i - 1));
+            }
+            if c == b'\\' || c < 0x20 {
+                return None;
+            }
+            self.i += 1;
+        }
+        None
+    }
+
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
@@ -240,15 +296,20 @@ impl<'a> Reader<'a> {
                     self.i += 1;
                     return Some(());
                 }
+                // This object's keys follow the open ones of its parents; they are let go
+                // when it ends.
+                let base = self.open;
                 loop {
                     self.ws();
-                    self.string()?;
+                    let (start, end) = self.key()?;
+                    self.new_key(base, start, end)?;
                     self.ws();
                     self.eat(b':')?;
                     self.ws();
                     self.value(depth + 1)?;
                     self.ws();
                     if !self.next_member()? {
+                        self.open = base;
                         return Some(());
                     }
                 }

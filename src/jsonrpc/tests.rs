@@ -231,7 +231,7 @@ fn the_envelope_reader_agrees_with_serde_json() {
         r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
         r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"a\"b\\c\n"}],"n":[-0.5e+3,0,1E2,true,false,null]}}"#,
         r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"x"}}"#,
-        r#"{"jsonrpc":"2.0","id":1,"method":"x/y","params":[],"other":{},"other":"é"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"x/y","params":[],"other":{},"another":"é"}"#,
     ];
     for text in common {
         let fast = by_reader(text);
@@ -243,6 +243,8 @@ fn the_envelope_reader_agrees_with_serde_json() {
     }
     let handed_back = [
         r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"m"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"x/y","params":[],"other":{},"other":"é"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"taskId":"a","taskId":"b"}}"#,
         r#"{"jsonrpc":"2.0","id":null,"error":{}}"#,
         r#"{"jsonrpc":"2.0","id":1,"result":null}"#,
         r#"{"jsonrpc":"2.0","id":1,"m\u0065thod":"m"}"#,
@@ -365,4 +367,102 @@ fn the_envelope_reader_agrees_with_serde_json_after_random_edits() {
         read > 1_000,
         "the reader took too few texts to compare ({read})"
     );
+}
+
+/// Issue 29 item 13: a key twice in one object, anywhere in a client's message, is refused
+/// with `-32600` naming the key and where it is (taskgate and the upstream could otherwise read
+/// different values); the one-pass reader hands every such message back. Keys are compared as
+/// the strings they spell; the same key in different objects is no duplicate.
+#[test]
+fn duplicate_keys_anywhere_are_refused_by_the_checked_parse() {
+    let checked = |s: &str| Message::parse_checked(Bytes::copy_from_slice(s.as_bytes()));
+    let many = |n: usize, extra: &str| {
+        let keys: Vec<String> = (0..n).map(|i| format!("\"k{i}\":{i}")).collect();
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"t","arguments":{{{}{extra}}}}}}}"#,
+            keys.join(",")
+        )
+    };
+    let deep = |n: usize, extra: &str| {
+        let open: String = (0..n).map(|i| format!("{{\"k{i}\":1,\"n\":")).collect();
+        let close = "}".repeat(n);
+        format!(r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{open}{{"x":1{extra}}}{close}}}"#)
+    };
+    let refused = [
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":"mine","taskId":"yours"}}"#,
+            r#""taskId" in /params"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","task":{"ttl":1},"task":{"ttl":2}}}"#,
+            r#""task" in /params"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","task":{"ttl":1,"ttl":0}}}"#,
+            r#""ttl" in /params/task"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{},"params":{"taskId":"x"}}"#,
+            r#""params" in the message"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","method":"m"}"#,
+            r#""method" in the message"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":[{"b":1},{"c":1,"c":2}]}}"#,
+            r#""c" in /params/a/1"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"task":1,"t\u0061sk":2}}"#,
+            r#""task" in /params"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a/b":1,"a\/b":2}}"#,
+            r#""a/b" in /params"#,
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"a","taskId":"b"}}}}"#,
+            r#""taskId" in /params/_meta/io.modelcontextprotocol~1related-task"#,
+        ),
+    ];
+    for (text, at) in refused {
+        assert!(
+            by_reader(text).is_none(),
+            "the reader hands it back: {text}"
+        );
+        let err = checked(text)
+            .err()
+            .unwrap_or_else(|| panic!("accepted: {text}"));
+        assert_eq!(err.code(), INVALID_REQUEST, "{text}");
+        assert!(
+            err.to_string().contains(&format!("duplicate key {at}")),
+            "{err} for {text}"
+        );
+    }
+    // Past what the reader keeps (64 keys open, 16 compared in a list): the parse finds them.
+    for text in [
+        many(20, ",\"k3\":0"),
+        many(80, ",\"k79\":0"),
+        deep(70, ",\"x\":2"),
+    ] {
+        assert!(by_reader(&text).is_none());
+        let err = checked(&text).err().expect("refused");
+        assert_eq!(err.code(), INVALID_REQUEST);
+        assert!(err.to_string().contains("duplicate key"), "{err}");
+    }
+    let accepted = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":{"x":1},"b":{"x":1},"x":[{"x":1},{"x":2}]}}"#.to_string(),
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"ab":1,"a":2,"b":{"ab":{"ab":3}}}}"#.to_string(),
+        many(20, ""),
+        many(80, ""),
+        deep(70, ""),
+    ];
+    for text in &accepted {
+        assert!(checked(text).is_ok(), "{text}");
+        assert_eq!(duplicate_key(text), None, "{text}");
+    }
+    // The common shapes stay on the one pass.
+    assert!(by_reader(&accepted[0]).is_some());
+    assert!(by_reader(&many(20, "")).is_some());
 }

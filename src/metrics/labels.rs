@@ -166,6 +166,10 @@ label_enum! {
         InFlight = "in_flight",
         Route = "route",
         Method = "method",
+        /// An `Mcp-Session-Id` that is empty, not visible ASCII, a list, or on two lines.
+        SessionId = "session_id",
+        /// An `MCP-Protocol-Version` taskgate does not serve, or on two lines.
+        ProtocolVersion = "protocol_version",
     }
 }
 
