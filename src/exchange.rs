@@ -27,6 +27,44 @@ pub enum Operation {
     EndSession,
 }
 
+/// Whom the per-principal fairness caps (`[limits]`: GET streams, sessions, held-session listen
+/// state; failed authentications) count a request against: its authenticated principal, or,
+/// without one (`[auth] mode = "none"`), the client's address: the only thing that tells
+/// callers apart before they hold a session. An IPv6 address counts by its /64 prefix (one
+/// host usually holds a whole /64); an IPv4-mapped IPv6 address as the IPv4 address.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Tenant {
+    /// An authenticated principal ([`Principal::Token`]).
+    Principal(Arc<str>),
+    /// The client's address (IPv6: its /64 prefix, the rest zero).
+    Address(std::net::IpAddr),
+    /// No principal and no address known (requests taskgate makes itself, unit tests).
+    Unknown,
+}
+
+impl Tenant {
+    /// The key of a client address (see the type's docs).
+    pub fn of_addr(addr: std::net::IpAddr) -> Tenant {
+        use std::net::{IpAddr, Ipv6Addr};
+        Tenant::Address(match addr {
+            IpAddr::V4(_) => addr,
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+            },
+        })
+    }
+
+    /// The tenant of a caller: its principal when authenticated, else its address.
+    pub fn of(principal: &Principal, addr: Option<std::net::IpAddr>) -> Tenant {
+        match (principal, addr) {
+            (Principal::Token(p), _) => Tenant::Principal(p.clone()),
+            (Principal::Anonymous, Some(a)) => Tenant::of_addr(a),
+            (Principal::Anonymous, None) => Tenant::Unknown,
+        }
+    }
+}
+
 /// Who a caller is: the spec's "authorization context" (2025-11-25 tasks: Security Considerations).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Principal {
@@ -107,6 +145,9 @@ pub struct RequestContext {
     pub client_session_id: Option<HeaderValue>,
     /// Who the caller is.
     pub principal: Principal,
+    /// The client's IP address (the TCP peer), when the request came from a client; what the
+    /// fairness caps count against without a principal (see [`Tenant`]).
+    pub client_addr: Option<std::net::IpAddr>,
     /// End-to-end headers to forward upstream (hop-by-hop, `Origin` and `Mcp-Session-Id`
     /// already removed). The client's `Host` and `Content-Length` stay: the upstream client
     /// always replaces both, and removes `Authorization` unless configured otherwise.
@@ -117,6 +158,11 @@ impl RequestContext {
     /// The client's `MCP-Protocol-Version` header (kept in [`RequestContext::headers`]).
     pub fn protocol_version(&self) -> Option<&HeaderValue> {
         self.headers.get(&crate::headers::MCP_PROTOCOL_VERSION)
+    }
+
+    /// Whom the fairness caps count this request against (see [`Tenant`]).
+    pub fn tenant(&self) -> Tenant {
+        Tenant::of(&self.principal, self.client_addr)
     }
 
     /// Who sent the request (see [`Caller`]).

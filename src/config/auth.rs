@@ -70,8 +70,25 @@ pub struct OAuthConfig {
     pub fetch_timeout_ms: u64,
 }
 
-/// `[limits]`: per-principal limits, in every `[auth] mode` (with `mode = "none"` all callers
-/// share one key). Absent keys mean no limit.
+/// Default of `limits.max_get_streams`: GET streams one principal may hold open at once. Well
+/// below an upstream's 1,024 pooled connections and `gateway.max_connections`, well above what
+/// one client needs (one stream per session).
+pub const DEFAULT_MAX_GET_STREAMS: u32 = 64;
+/// Default of `limits.max_sessions_per_principal`, as a share of `gateway.max_sessions`: one
+/// principal holds at most this fraction (1/10) of the session table, but at least
+/// [`MIN_DEFAULT_SESSIONS_PER_PRINCIPAL`] sessions (or the whole table when it is smaller).
+pub const DEFAULT_SESSION_SHARE: usize = 10;
+/// Least default of `limits.max_sessions_per_principal`, in sessions.
+pub const MIN_DEFAULT_SESSIONS_PER_PRINCIPAL: usize = 100;
+/// Default of `limits.auth_failures_per_minute`: failed authentications per client address.
+pub const DEFAULT_AUTH_FAILURES_PER_MINUTE: u32 = 60;
+/// Default of `limits.auth_failures_burst`.
+pub const DEFAULT_AUTH_FAILURES_BURST: u32 = 20;
+
+/// `[limits]`: per-principal limits, in every `[auth] mode`. Without a principal (`mode =
+/// "none"`) the request rate and in-flight limits key on one shared principal, and the GET
+/// stream and session caps on the client's address ([`crate::exchange::Tenant`]). The rate and
+/// in-flight limits are off when absent; the others have defaults.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsConfig {
@@ -84,19 +101,45 @@ pub struct LimitsConfig {
     /// POST requests one principal may have in flight at once.
     #[serde(default)]
     pub max_in_flight: Option<u32>,
+    /// GET streams (the standalone SSE stream of 2025-11-25 basic/transports) one principal may
+    /// hold open at once, over all upstreams (default [`DEFAULT_MAX_GET_STREAMS`]); one more is
+    /// refused 429 before it reaches the upstream.
+    #[serde(default)]
+    pub max_get_streams: Option<u32>,
+    /// Sessions one principal may hold in the session table (default: a tenth of
+    /// `gateway.max_sessions`, at least 100 or the whole table); a new one past it reclaims that principal's own
+    /// least recently used session, never another principal's.
+    #[serde(default)]
+    pub max_sessions_per_principal: Option<u32>,
+    /// Failed authentications (an invalid token) one client address may cause per minute,
+    /// sustained (default [`DEFAULT_AUTH_FAILURES_PER_MINUTE`]; `0` turns the limit off); past
+    /// it and `auth_failures_burst`, the address's requests are answered 429 without a token
+    /// check until the bucket refills.
+    #[serde(default)]
+    pub auth_failures_per_minute: Option<u32>,
+    /// Failed authentications one client address may cause at once (default
+    /// [`DEFAULT_AUTH_FAILURES_BURST`]).
+    #[serde(default)]
+    pub auth_failures_burst: Option<u32>,
 }
 
 impl LimitsConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let rows = [
-            ("limits.requests_per_second", self.requests_per_second),
-            ("limits.burst", self.burst),
-            ("limits.max_in_flight", self.max_in_flight),
+            ("limits.requests_per_second", self.requests_per_second, 1),
+            ("limits.burst", self.burst, 1),
+            ("limits.max_in_flight", self.max_in_flight, 1),
+            ("limits.max_get_streams", self.max_get_streams, 1),
+            ("limits.auth_failures_per_minute", self.auth_failures_per_minute, 0),
+            ("limits.auth_failures_burst", self.auth_failures_burst, 1),
         ];
-        for (key, v) in rows {
+        for (key, v, min) in rows {
             if let Some(v) = v {
-                check_range(key, v.into(), 1, 1_000_000)?;
+                check_range(key, v.into(), min, 1_000_000)?;
             }
+        }
+        if let Some(v) = self.max_sessions_per_principal {
+            check_range("limits.max_sessions_per_principal", v.into(), 1, 10_000_000)?;
         }
         if self.burst.is_some() && self.requests_per_second.is_none() {
             return Err(ConfigError::Invalid(
@@ -104,6 +147,17 @@ impl LimitsConfig {
             ));
         }
         Ok(())
+    }
+
+    /// `limits.max_sessions_per_principal`, or its default for a table of `max_sessions`.
+    pub fn sessions_per_principal(&self, max_sessions: usize) -> usize {
+        match self.max_sessions_per_principal {
+            Some(n) => n as usize,
+            None => (max_sessions / DEFAULT_SESSION_SHARE)
+                .max(MIN_DEFAULT_SESSIONS_PER_PRINCIPAL)
+                .min(max_sessions)
+                .max(1),
+        }
     }
 }
 

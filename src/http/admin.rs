@@ -258,6 +258,7 @@ impl Handler for Admin {
     fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
+        _peer: std::net::SocketAddr,
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
         self.serve(req)
     }

@@ -1,12 +1,14 @@
 //! The first steps of every MCP-endpoint request after the Host/Origin check: RFC 9728
-//! protected-resource metadata (no credentials needed), authentication ([`crate::auth`]: 401/403
-//! with `WWW-Authenticate`, before any other check), then per-principal limits
-//! ([`crate::limits`]: 429 with `Retry-After`). Each refusal is counted in
-//! `taskgate_http_rejections_total{reason}` (`auth`, `scope`, `rate_limit`, `in_flight`).
+//! protected-resource metadata (no credentials needed), the failed-authentication bound of the
+//! client's address ([`crate::limits`]: 429 with `Retry-After`, no token check made),
+//! authentication ([`crate::auth`]: 401/403 with `WWW-Authenticate`, before any other check; an
+//! invalid token counts against the address), then per-principal limits ([`crate::limits`]:
+//! 429 with `Retry-After`). Each refusal is counted in `taskgate_http_rejections_total{reason}`
+//! (`auth_failures`, `auth`, `scope`, `rate_limit`, `in_flight`).
 
 use super::server::Body;
 use super::streamable::{json_response, rpc_error_response};
-use crate::auth::{Authenticator, METADATA_PATH};
+use crate::auth::{Authenticator, RefusalKind, METADATA_PATH};
 use crate::exchange::Principal;
 use crate::jsonrpc;
 use crate::limits::{Limiter, Over, Permit};
@@ -20,8 +22,10 @@ use std::sync::Arc;
 pub struct Gate<'a> {
     /// `[auth]`.
     pub auth: &'a Authenticator,
-    /// `[limits]`, if any.
-    pub limits: Option<&'a Arc<Limiter>>,
+    /// `[limits]`.
+    pub limits: &'a Arc<Limiter>,
+    /// The client's address (the TCP peer): the key of the failed-authentication bound.
+    pub peer: std::net::IpAddr,
     /// Where refusals are counted.
     pub metrics: &'a Metrics,
     /// Whether a path (`/mcp`, `/mcp/<name>`) is an MCP route.
@@ -31,6 +35,27 @@ pub struct Gate<'a> {
 fn reject(metrics: &Metrics, reason: RejectReason, response: Response<Body>) -> Response<Body> {
     metrics.http_rejection(reason);
     response
+}
+
+/// HTTP 429 with `Retry-After` and JSON-RPC `-32029` for a `[limits]` refusal, counted.
+pub(super) fn too_many(metrics: &Metrics, over: Over) -> Response<Body> {
+    let mut resp = rpc_error_response(
+        StatusCode::TOO_MANY_REQUESTS,
+        None,
+        crate::layers::tasks::TASK_LIMIT_EXCEEDED,
+        &over.message(),
+    );
+    resp.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(over.retry_after_secs()),
+    );
+    let reason = match over {
+        Over::Rate(_) => RejectReason::RateLimit,
+        Over::InFlight => RejectReason::InFlight,
+        Over::GetStreams => RejectReason::GetStreams,
+        Over::AuthFailures(_) => RejectReason::AuthFailures,
+    };
+    reject(metrics, reason, resp)
 }
 
 impl Gate<'_> {
@@ -45,9 +70,15 @@ impl Gate<'_> {
         {
             return Err(self.metadata_response(&req.method, suffix, doc));
         }
+        if let Some(over) = self.limits.auth_blocked(self.peer) {
+            return Err(too_many(self.metrics, over));
+        }
         let principal = match self.auth.authenticate(&req.headers).await {
             Ok(p) => p,
             Err(refusal) => {
+                if refusal.kind == RefusalKind::InvalidToken {
+                    self.limits.auth_failed(self.peer);
+                }
                 let mut resp = rpc_error_response(
                     refusal.status(),
                     None,
@@ -65,28 +96,9 @@ impl Gate<'_> {
                 return Err(reject(self.metrics, reason, resp));
             }
         };
-        let Some(limits) = self.limits else {
-            return Ok((principal, None));
-        };
-        match limits.admit(&principal, req.method == Method::POST) {
+        match self.limits.admit(&principal, req.method == Method::POST) {
             Ok(permit) => Ok((principal, Some(permit))),
-            Err(over) => {
-                let mut resp = rpc_error_response(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    None,
-                    crate::layers::tasks::TASK_LIMIT_EXCEEDED,
-                    &over.message(),
-                );
-                resp.headers_mut().insert(
-                    header::RETRY_AFTER,
-                    HeaderValue::from(over.retry_after_secs()),
-                );
-                let reason = match over {
-                    Over::Rate(_) => RejectReason::RateLimit,
-                    Over::InFlight => RejectReason::InFlight,
-                };
-                Err(reject(self.metrics, reason, resp))
-            }
+            Err(over) => Err(too_many(self.metrics, over)),
         }
     }
 

@@ -28,10 +28,12 @@ pub type Body = UnsyncBoxBody<Bytes, BodyError>;
 
 /// A request handler: one call per HTTP request.
 pub trait Handler: Send + Sync + 'static {
-    /// Answers one request. Never fails: errors are HTTP responses.
+    /// Answers one request from the client at `peer` (the TCP peer's address). Never fails:
+    /// errors are HTTP responses.
     fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
+        peer: std::net::SocketAddr,
     ) -> impl Future<Output = Response<Body>> + Send + 'static;
 }
 
@@ -72,7 +74,7 @@ pub async fn serve<H: Handler>(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _peer) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(s) => s,
                     Err(e) => {
                         // EMFILE and friends: back off instead of spinning.
@@ -98,7 +100,7 @@ pub async fn serve<H: Handler>(
                 let service = hyper::service::service_fn(move |req| {
                     dispatched.store(true, Ordering::Relaxed);
                     let handler = handler.clone();
-                    async move { Ok::<_, Infallible>(handler.handle(req).await) }
+                    async move { Ok::<_, Infallible>(handler.handle(req, peer).await) }
                 });
                 let conn = builder.serve_connection(TokioIo::new(io), service);
                 let conn = graceful.watch(conn);

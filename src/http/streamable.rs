@@ -13,7 +13,8 @@
 //! | `GET /.well-known/oauth-protected-resource[/mcp[/<name>]]` (`mode = "oauth"`) | 200, RFC 9728 metadata |
 //! | `[auth] mode = "bearer"`/`"oauth"` and no valid token | 401 with `WWW-Authenticate: Bearer` (`resource_metadata`, `error`) |
 //! | `mode = "oauth"`, a valid token without a required scope | 403, `error="insufficient_scope"` |
-//! | over a per-principal `[limits]` limit | 429 with `Retry-After`, `-32029` |
+//! | a client address past `limits.auth_failures_per_minute` (failed authentications) | 429 with `Retry-After`, `-32029`, no token check |
+//! | over a per-principal `[limits]` limit (a GET: past `limits.max_get_streams` open streams) | 429 with `Retry-After`, `-32029` |
 //! | `Mcp-Session-Id` empty, not visible ASCII (0x21 to 0x7E), a comma-separated list, or on two header lines | 400, `-32600` saying which |
 //! | `MCP-Protocol-Version` not one taskgate serves ([`crate::era::SUPPORTED_VERSIONS`]), or on two header lines | 400; `-32022` with `data: {supported, requested}` for a 2026-era date (`2099-01-01`), else `-32600` |
 //! | method other than POST, GET, DELETE | 405 with `Allow` |
@@ -46,6 +47,7 @@ use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -72,8 +74,8 @@ pub struct EdgeSettings {
     pub body_timeout: Duration,
     /// Idle time before an SSE keep-alive comment.
     pub sse_keepalive: Duration,
-    /// Per-principal limits (`[limits]`), if any.
-    pub limits: Option<Arc<Limiter>>,
+    /// Per-principal limits (`[limits]`).
+    pub limits: Arc<Limiter>,
 }
 
 /// A route as the edge keeps it: with its request series resolved.
@@ -154,28 +156,39 @@ impl Edge {
         response
     }
 
-    async fn serve(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
+    async fn serve(self: Arc<Self>, req: Request<Incoming>, peer: IpAddr) -> Response<Body> {
         let (parts, body) = req.into_parts();
         let fields = HeadFields::of(&parts.headers);
-        let (principal, permit) = match self.gate(&parts, &fields).await {
+        let (principal, mut permit) = match self.gate(&parts, &fields, peer).await {
             Ok(admitted) => admitted,
             Err(resp) => return resp,
         };
         let resp = match self.decode(&parts, &fields, body).await {
             Ok((served, op)) => {
+                if matches!(op, Operation::OpenStream) {
+                    // Counted before it goes upstream: a principal at its cap never takes
+                    // another pooled upstream connection.
+                    let tenant = crate::exchange::Tenant::of(&principal, Some(peer));
+                    match self.settings.limits.open_stream(&tenant) {
+                        Ok(slot) => permit = Some(slot),
+                        Err(over) => return super::gate::too_many(&self.metrics, over),
+                    }
+                }
                 let head = Head {
                     era: fields.protocol_version.map(crate::era::Era::of_header),
                     session_id: fields.session_id,
                     origin: fields.origin.is_some(),
                     hop_by_hop: fields.hop_by_hop,
+                    routing: fields.routing,
                 };
-                self.forward(served, parts.headers, head, op, principal)
+                self.forward(served, parts.headers, head, op, principal, peer)
                     .await
             }
             Err(resp) => resp,
         };
         match permit {
-            // The slot is held until the answer's body (an SSE stream too) is done.
+            // The slot (in flight, or a GET stream's) is held until the answer's body (an SSE
+            // stream too) is done.
             Some(permit) => resp.map(|b| {
                 b.map_frame(move |f| {
                     let _ = &permit;
@@ -193,11 +206,13 @@ impl Edge {
         &self,
         parts: &http::request::Parts,
         fields: &HeadFields<'_>,
+        peer: IpAddr,
     ) -> Result<(Principal, Option<Permit>), Response<Body>> {
         self.check_host_and_origin(&parts.uri, parts.version, fields)?;
         let gate = Gate {
             auth: &self.auth,
-            limits: self.settings.limits.as_ref(),
+            limits: &self.settings.limits,
+            peer,
             metrics: &self.metrics,
             is_route: &|p: &str| self.route(p).is_ok(),
         };
@@ -259,6 +274,7 @@ impl Edge {
         head: Head,
         op: Operation,
         principal: Principal,
+        peer: IpAddr,
     ) -> Response<Body> {
         let (route, series) = (&served.route, &served.series);
         if head.hop_by_hop {
@@ -289,6 +305,31 @@ impl Edge {
                 _ => None,
             },
         );
+        // `Mcp-Method`/`Mcp-Name` agree with the body before anything acts on it; a 2026
+        // request lacking them gets them on the upstream leg (see `mcp::routing_headers`).
+        if head.routing || era == crate::era::Era::Modern {
+            if let Operation::Post(msg) = &op {
+                match crate::mcp::routing_headers::check(&headers, msg) {
+                    Ok(routing) if era == crate::era::Era::Modern => {
+                        for (name, value) in routing.missing {
+                            headers.insert(name, value);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(message) => {
+                        return self.reject(
+                            RejectReason::HeaderMismatch,
+                            rpc_error_response(
+                                StatusCode::BAD_REQUEST,
+                                msg.id(),
+                                crate::era::HEADER_MISMATCH,
+                                &message,
+                            ),
+                        )
+                    }
+                }
+            }
+        }
         let mut request = McpRequest {
             op,
             ctx: RequestContext {
@@ -296,6 +337,7 @@ impl Edge {
                 client_session_id: session_id.clone(),
                 session_id,
                 principal,
+                client_addr: Some(peer),
                 headers,
             },
             extensions: http::Extensions::new(),
@@ -586,7 +628,8 @@ impl Handler for Edge {
     fn handle(
         self: Arc<Self>,
         req: Request<Incoming>,
+        peer: std::net::SocketAddr,
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
-        self.serve(req)
+        self.serve(req, peer.ip())
     }
 }

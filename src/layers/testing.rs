@@ -215,6 +215,7 @@ pub fn request(json: &str) -> McpRequest {
             session_id: Some(session.clone()),
             client_session_id: Some(session),
             principal: Principal::Anonymous,
+            client_addr: None,
             headers: HeaderMap::new(),
         },
         extensions: http::Extensions::new(),

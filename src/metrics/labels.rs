@@ -164,12 +164,18 @@ label_enum! {
         Scope = "scope",
         RateLimit = "rate_limit",
         InFlight = "in_flight",
+        /// A GET past `limits.max_get_streams`.
+        GetStreams = "get_streams",
+        /// A client address past `limits.auth_failures_per_minute`.
+        AuthFailures = "auth_failures",
         Route = "route",
         Method = "method",
         /// An `Mcp-Session-Id` that is empty, not visible ASCII, a list, or on two lines.
         SessionId = "session_id",
         /// An `MCP-Protocol-Version` taskgate does not serve, or on two lines.
         ProtocolVersion = "protocol_version",
+        /// `Mcp-Method`/`Mcp-Name` that disagree with the body or are malformed (`-32020`).
+        HeaderMismatch = "header_mismatch",
     }
 }
 

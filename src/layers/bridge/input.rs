@@ -320,6 +320,7 @@ mod tests {
             session_id: None,
             client_session_id: Some(http::HeaderValue::from_str(session).unwrap()),
             principal: Principal::Anonymous,
+            client_addr: None,
             headers: http::HeaderMap::new(),
         }
     }

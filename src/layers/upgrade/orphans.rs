@@ -49,6 +49,7 @@ pub async fn cancel_orphans<S: McpService>(
             session_id: session.clone(),
             client_session_id: session,
             principal,
+            client_addr: None,
             headers,
         };
         state.count(upstream, UpgradeOutcome::Orphaned);
