@@ -63,8 +63,8 @@ impl Registry {
         let up = record.upstream.clone();
         let status = record.status;
         let origin = record.origin;
-        // The store makes its writes before it waits for the group commit: both on the
-        // blocking pool, never on a runtime worker.
+        // The store makes its writes before it waits for the group commit: both on a store
+        // thread (`offload`), never on a runtime worker nor on the runtime's blocking pool.
         let (store, copy) = (self.store.clone(), record.clone());
         let slot = reservation.store_slot();
         let seen = self.records.epoch();
@@ -74,10 +74,9 @@ impl Registry {
             (Some(slots), Some(slot)) => handle.block_on(slots.create_in_slot(copy, slot)),
             _ => handle.block_on(store.create(copy)),
         };
-        let result = match tokio::task::spawn_blocking(write).await {
+        let result = match self.threads.run(write).await {
             Ok(r) => r,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => Err(StoreError::Db(format!("the write was not run: {e}"))),
+            Err(why) => Err(StoreError::Db(format!("the write was not run: {why}"))),
         };
         match &result {
             Ok(()) => {

@@ -7,8 +7,9 @@
 //! - [`releases`]: the "resources released" tracker and the `progressToken` → `taskId` map;
 //! - [`sweep`]: the TTL sweep.
 //!
-//! Every method that touches the store is `async` and runs the store work on tokio's blocking
-//! pool (`offload`): no sled call runs on a runtime worker thread.
+//! Every method that touches the store is `async` and runs the store work on the registry's
+//! own store threads (`offload`): no store call runs on a runtime worker thread, nor on the
+//! runtime's blocking pool (which resolves upstream host names).
 //!
 //! Layers read and write task facts only through [`Registry`]: `tasks` looks records up to
 //! authorise and reserves slots, `cancel` records `cancel_requested_at`, and `observe` (the
@@ -48,6 +49,8 @@ pub struct Registry {
     releases: Arc<Releases>,
     /// Recently used records, so authorising reads skip the blocking pool (see `cache`).
     records: cache::RecordCache,
+    /// Where store work runs, off the runtime and off its blocking pool (see `offload`).
+    threads: offload::StoreThreads,
 }
 
 impl Registry {
@@ -114,6 +117,8 @@ impl Registry {
             config.record_cache_entries
         };
         let cached_bytes = config.record_cache_bytes;
+        let threads = offload::StoreThreads::new()
+            .map_err(|e| StoreError::Db(format!("the store threads could not start: {e}")))?;
         let registry = Arc::new_cyclic(|weak| Registry {
             store,
             metrics,
@@ -121,6 +126,7 @@ impl Registry {
             owners,
             releases: Arc::new(Releases::new(weak.clone(), quiet)),
             config,
+            threads,
         });
         for (up, id) in unreleased {
             registry
@@ -240,12 +246,12 @@ impl Registry {
         let limit = self.config.max_live_tasks_per_owner;
         let lease = crate::store::TASK_SLOT_LEASE;
         let taken = self
-            .off_runtime(move |r| match r.store.slots() {
+            .try_off_runtime(move |r| match r.store.slots() {
                 Some(slots) => slots.reserve_slot(&up, &who, limit, lease),
                 None => Ok(None),
             })
             .await
-            .unwrap_or_else(|| Err(StoreError::Db("shutting down".into())));
+            .and_then(|taken| taken);
         match taken {
             Ok(Some(id)) => Ok(Some(
                 self.owners

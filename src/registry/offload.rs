@@ -1,40 +1,184 @@
-//! The registry's store work, off the runtime: every method here runs its sled calls (reads,
-//! transactions, audit appends, scans) with [`tokio::task::spawn_blocking`] and awaits the
-//! result, so a sled stall or an fsync never occupies one of the (two, on the target machine)
-//! runtime workers.
+//! The registry's store work, off the runtime: every method here runs its store calls (reads,
+//! transactions, audit appends, scans) on the registry's **store threads** ([`StoreThreads`])
+//! and awaits the result, so a sled stall, an fsync or a database that does not answer never
+//! occupies one of the (two, on the target machine) runtime workers.
 //!
-//! Why `spawn_blocking` and not a store thread of its own: it keeps [`crate::store::TaskStore`]
-//! synchronous and small (a PostgreSQL store can do the same, or grow async methods later),
-//! lets independent reads run in parallel (sled is thread-safe; one actor thread would queue
-//! every `tasks/get` authorisation behind every transaction), and the only place that must wait
-//! for the disk (group commit + `fdatasync`) already has its own committer thread.
+//! **Why threads of their own, not tokio's blocking pool** (issue 29, item 8): the serving
+//! runtimes' blocking pool also resolves upstream host names (`TcpStream::connect` of a name
+//! runs `getaddrinfo` there). A store call can park its thread for as long as the store's bound
+//! (PostgreSQL: a free connection, a new connection and the answer, each within the URL's
+//! `connect_timeout`, see `store::pg::bounded`); with the database black-holed, enough
+//! concurrent store calls filled that pool, and a plain `tools/call` that needed a new upstream
+//! connection queued its DNS look-up behind them and failed with the store's outage although it
+//! never touches the store (reproduced in `tests/store_unreachable.rs`). Store work now runs on
+//! at most [`STORE_THREADS`] threads of the registry's own, so DNS, the gateway's other blocking
+//! work and the runtime workers never wait behind it.
 //!
-//! If the runtime is shutting down and the blocking task is cancelled, a read finds nothing and a
+//! **Bounded**: at most [`STORE_QUEUE`] store jobs are queued or running at once; past that a
+//! job is refused at once, and a job that waited [`STORE_QUEUE_WAIT`] for a thread is not run:
+//! both end like a failed store call (counted in `taskgate_store_write_failures_total`; the
+//! caller answers "task store unavailable" where a request depends on it). So a store that
+//! does not answer costs at most [`STORE_THREADS`] parked threads, a bounded queue, and each
+//! caller a bounded wait.
+//!
+//! Why threads and not a store thread (actor) of its own: it keeps [`crate::store::TaskStore`]
+//! synchronous and small, lets independent reads run in parallel (sled is thread-safe; one
+//! actor thread would queue every `tasks/get` authorisation behind every transaction), and the
+//! only place that must wait for the disk (group commit + `fdatasync`) already has its own
+//! committer thread.
+//!
+//! If the store threads are shutting down and a job is dropped, a read finds nothing and a
 //! write is not made (logged).
 
 use super::status::Applied;
 use super::{Observed, Registry};
 use crate::mcp::task::now_ms;
-use crate::store::{Owner, TaskRecord};
+use crate::store::{Owner, StoreError, TaskRecord};
 use serde_json::Value;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Threads that run store work at most (started as needed, ended after 10 s idle).
+pub const STORE_THREADS: usize = 64;
+
+/// Store jobs queued or running at once at most; past it a job is refused at once.
+pub const STORE_QUEUE: usize = 4_096;
+
+/// How long a store job may wait for a free store thread; past it the job is not run.
+pub const STORE_QUEUE_WAIT: Duration = Duration::from_secs(5);
+
+/// The registry's store threads (see the module doc): the blocking pool of a runtime of their
+/// own, which runs nothing else (it is never driven: only its blocking pool is used).
+pub(super) struct StoreThreads {
+    runtime: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+    /// Jobs queued or running.
+    pending: Arc<AtomicUsize>,
+}
+
+/// Why a store job did not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NotRun {
+    /// [`STORE_QUEUE`] jobs were already queued or running.
+    Busy,
+    /// It waited [`STORE_QUEUE_WAIT`] for a thread.
+    Late,
+    /// The store threads are shutting down.
+    ShuttingDown,
+}
+
+impl std::fmt::Display for NotRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NotRun::Busy => "task store busy: too many store calls queued",
+            NotRun::Late => "task store busy: no store thread free in time",
+            NotRun::ShuttingDown => "task store shutting down",
+        })
+    }
+}
+
+impl StoreThreads {
+    /// Starts no thread yet (they start with the first jobs).
+    ///
+    /// Errors: the OS refused the runtime's resources (its I/O driver is not enabled; this
+    /// only fails where a thread or an event fd cannot be had).
+    pub(super) fn new() -> std::io::Result<StoreThreads> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(STORE_THREADS)
+            .thread_name("tg-store")
+            .build()?;
+        Ok(StoreThreads {
+            handle: runtime.handle().clone(),
+            runtime: Some(runtime),
+            pending: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+
+    /// Runs `work` on a store thread and waits for it (see the module doc for the bounds).
+    pub(super) async fn run<T, F>(&self, work: F) -> Result<T, NotRun>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        if self.pending.fetch_add(1, Ordering::SeqCst) >= STORE_QUEUE {
+            self.pending.fetch_sub(1, Ordering::SeqCst);
+            return Err(NotRun::Busy);
+        }
+        let pending = self.pending.clone();
+        let queued = Instant::now();
+        let job = self.handle.spawn_blocking(move || {
+            let _done = Done(pending);
+            if queued.elapsed() > STORE_QUEUE_WAIT {
+                return Err(NotRun::Late);
+            }
+            Ok(work())
+        });
+        match job.await {
+            Ok(v) => v,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(NotRun::ShuttingDown),
+        }
+    }
+}
+
+/// Counts a store job done however it ends (run, skipped, panicked).
+struct Done(Arc<AtomicUsize>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Drop for StoreThreads {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            // Never blocks (the registry may be dropped on a runtime worker).
+            rt.shutdown_background();
+        }
+    }
+}
 
 impl Registry {
-    /// Runs `work` on the blocking pool; `None` if it could not run (runtime shutting down).
+    /// Runs `work` on the store threads; `None` if it did not run (busy, see the module doc, or
+    /// shutting down; counted and logged).
     pub(super) async fn off_runtime<T, F>(self: &Arc<Self>, work: F) -> Option<T>
     where
         F: FnOnce(&Registry) -> T + Send + 'static,
         T: Send + 'static,
     {
         let this = self.clone();
-        match tokio::task::spawn_blocking(move || work(&this)).await {
+        match self.threads.run(move || work(&this)).await {
             Ok(v) => Some(v),
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => {
-                tracing::warn!(error = %e, "task store work was not run");
+            Err(why) => {
+                self.not_run(why);
                 None
             }
         }
+    }
+
+    /// [`Registry::off_runtime`] for work whose caller counts its failures itself: why it did
+    /// not run as a [`StoreError::Db`], neither counted nor logged here.
+    pub(super) async fn try_off_runtime<T, F>(self: &Arc<Self>, work: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(&Registry) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let this = self.clone();
+        self.threads
+            .run(move || work(&this))
+            .await
+            .map_err(|why| StoreError::Db(why.to_string()))
+    }
+
+    /// A store job that did not run: counted like a failed store call (unless shutting down)
+    /// and logged.
+    pub(super) fn not_run(&self, why: NotRun) {
+        if why != NotRun::ShuttingDown {
+            self.metrics.store_write_failures_total.inc();
+        }
+        tracing::warn!(reason = %why, "task store work was not run");
     }
 
     /// [`Registry::off_runtime`] for work about one task: `work` gets the registry and the task's
@@ -86,10 +230,11 @@ impl Registry {
             return Ok(visible(&r).then_some(r));
         }
         let seen = self.records.epoch();
+        let (up, id) = (upstream.to_string(), task_id.to_string());
         let read = self
-            .off_runtime_about(upstream, task_id, |r, up, id| r.store.get(up, id))
+            .try_off_runtime(move |r| r.store.get(&up, &id))
             .await
-            .unwrap_or_else(|| Err(crate::store::StoreError::Db("shutting down".into())));
+            .and_then(|read| read);
         match read {
             Ok(Some(r)) => {
                 let r = Arc::new(r);
@@ -269,7 +414,7 @@ impl Registry {
                 .map(Some)
         })
         .await
-        .unwrap_or_else(|| Err(crate::store::StoreError::Db("shutting down".into())))
+        .unwrap_or_else(|| Err(crate::store::StoreError::Db("the read was not run".into())))
     }
 }
 

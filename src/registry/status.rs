@@ -471,11 +471,10 @@ impl Registry {
         upstream: &str,
         task_id: &str,
     ) {
-        let (this, up, id) = (self.clone(), upstream.to_string(), task_id.to_string());
-        let _ = tokio::task::spawn_blocking(move || {
+        self.off_runtime_about(upstream, task_id, |this, up, id| {
             this.cancel_requested_now(
-                &up,
-                &id,
+                up,
+                id,
                 "tasks/cancel of a terminal task acknowledged by taskgate (not forwarded)",
             )
         })

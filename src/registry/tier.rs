@@ -32,12 +32,11 @@ impl Registry {
         modern: bool,
         lease: Duration,
     ) -> Result<CancelClaim, StoreError> {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
         let claimed = self
-            .off_runtime_about(upstream, task_id, move |r, up, id| {
-                r.store.claim_cancel(up, id, modern, lease)
-            })
+            .try_off_runtime(move |r| r.store.claim_cancel(&up, &id, modern, lease))
             .await
-            .unwrap_or_else(|| Err(StoreError::Db("shutting down".into())));
+            .and_then(|claimed| claimed);
         if let Err(e) = &claimed {
             self.write_failed(e, "the cancel claim could not be taken");
         }
@@ -87,7 +86,7 @@ impl Registry {
                     self.write_failed(&e, "reading a cancel outcome failed");
                     return SharedCancelOutcome::Failed(format!("task store: {e}"));
                 }
-                None => return SharedCancelOutcome::Failed("shutting down".into()),
+                None => return SharedCancelOutcome::Failed("the task store read was not run".into()),
             }
             if tokio::time::Instant::now() + pause > deadline {
                 return SharedCancelOutcome::Failed(

@@ -35,9 +35,12 @@
 //! answer slower than a new connection may take means the connection is lost. Every query
 //! taskgate makes is one index lookup or a small transaction of them; `count_by_status` (a
 //! `GROUP BY` over the table, once a sweep tick) is the largest. The clock starts once the call
-//! holds a connection; getting one is bounded by the pool (5 s to wait for a free one, 5 s to
-//! open one), so a store call gets its answer or its error within about 10 s plus
-//! `connect_timeout`.
+//! holds a connection; getting one is bounded by the pool with the same duration (to wait for
+//! a free one, and to open one), so a store call gets its answer or its error within about
+//! three times `connect_timeout` (15 s by default; before issue 29 the pool's two waits were a
+//! fixed 5 s each whatever the URL said). The thread that waits for a synchronous store call is
+//! one of the registry's store threads, never the runtime's blocking pool (see
+//! `registry::offload`).
 //!
 //! **Pages of records** are the exception: `list_owner` (`tasks/list`, the admin's owner
 //! listing) and the scans (start-up, `/admin/tasks`, `taskgate tasks list`) read up to 500

@@ -3,15 +3,15 @@
 //!
 //! **Driver**: `tokio-postgres` (the maintained async driver of the `rust-postgres` project; no C
 //! library, binary protocol, prepared statements) with the `deadpool-postgres` pool (small, async,
-//! bounded: `store.pool_size` connections, a 5 s wait for a free one). `sqlx` was the other
+//! bounded: `store.pool_size` connections, a wait for a free one within the query timeout). `sqlx` was the other
 //! candidate; it brings a macro/runtime layer, its own migration tool and many more crates for
 //! nothing this store needs. TLS to the database: rustls through `tokio-postgres-rustls`, the
 //! certificate and host name always verified (see `tls`; `sslmode` in the URL, `store.ca_file`).
 //!
 //! **Off the runtime**: the pool's connections are driven by a runtime of the store's own (one
 //! worker thread, `taskgate-pg`). The trait's synchronous methods hand their query to that runtime
-//! and wait on a channel, so they run where the registry already runs store work (tokio's blocking
-//! pool, see `registry::offload`) and never on one of the gateway's runtime workers; the async
+//! and wait on a channel, so they run where the registry already runs store work (its store
+//! threads, see `registry::offload`) and never on one of the gateway's runtime workers; the async
 //! methods ([`TaskStore::create`], [`TaskStore::ping`]) await the query's join handle.
 //!
 //! **Bounded**: no query waits for an answer forever. Every store call's work runs under the
@@ -66,7 +66,9 @@ use std::future::Future;
 use std::time::Duration;
 use tokio::runtime::{Handle, Runtime};
 
-/// How long a query may wait for a free pooled connection, and a new connection may take.
+/// The query timeout when the database URL sets no `connect_timeout`: how long a store call may
+/// wait for a free pooled connection, a new connection may take, and a query's answer may take
+/// (see `bounded`).
 const POOL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The PostgreSQL-backed registry (see the module doc).

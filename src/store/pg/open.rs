@@ -30,8 +30,8 @@ impl PgStore {
     /// (see `tls`); otherwise `ca_file` is not read.
     ///
     /// Errors: [`StoreError::Open`] (with `path` the URL without its password) when the URL does
-    /// not parse, the database cannot be reached within 5 s, its schema is newer than this
-    /// taskgate knows, or (TLS) `ca_file` cannot be read or holds no certificate; a server
+    /// not parse, the database cannot be reached within the URL's `connect_timeout` (5 s by
+    /// default), its schema is newer than this taskgate knows, or (TLS) `ca_file` cannot be read or holds no certificate; a server
     /// certificate that does not verify fails the connection.
     pub async fn open(
         url: &str,
@@ -91,9 +91,10 @@ impl PgStore {
         let pool = Pool::builder(manager)
             .max_size(pool_size.max(1))
             .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(POOL_TIMEOUT))
-            .create_timeout(Some(POOL_TIMEOUT))
-            .recycle_timeout(Some(POOL_TIMEOUT))
+            // The pool's waits follow the URL's `connect_timeout` too (see `bounded`).
+            .wait_timeout(Some(query_timeout))
+            .create_timeout(Some(query_timeout))
+            .recycle_timeout(Some(query_timeout))
             .build()
             .map_err(|e| open_err(e.to_string()))?;
         let store = Arc::new(PgStore {
