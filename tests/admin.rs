@@ -87,6 +87,7 @@ async fn admin_metrics_has_core_metrics_after_traffic() {
     let sid = initialize(&gw, "/mcp").await;
     let r = Req::mcp_post(&gw.url("/mcp"), rpc("2", "tools/call", r#"{"name":"x"}"#))
         .header("mcp-session-id", &sid)
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
         .send()
         .await;
     let mut s = r.sse();

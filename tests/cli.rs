@@ -278,6 +278,7 @@ async fn binary_sigterm_drains_in_flight_stream() {
         &format!("http://{gw}/mcp"),
         rpc("9", "tools/call", r#"{"name":"x"}"#),
     )
+    .header("mcp-protocol-version", PROTOCOL_VERSION)
     .send()
     .await;
     let mut s = r.sse();
@@ -333,6 +334,7 @@ async fn binary_sigterm_gives_up_after_drain_timeout() {
         &format!("http://{gw}/mcp"),
         rpc("1", "tools/call", r#"{"name":"x"}"#),
     )
+    .header("mcp-protocol-version", PROTOCOL_VERSION)
     .send()
     .await;
     let mut s = r.sse();

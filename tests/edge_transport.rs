@@ -177,7 +177,9 @@ async fn sse_progress_arrives_while_upstream_still_holds_stream() {
     s.expect_end(STEP).await;
 }
 
-/// The SSE fields `id`, `event`, `retry` and an empty-`data` priming event come through as sent.
+/// The SSE fields `id`, `event`, `retry` and an empty-`data` priming event come through as sent
+/// (to a client of 2025-11-25: older ones get no priming events, see
+/// `priming_events_reach_only_clients_of_2025_11_25_or_later`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_fields_id_event_retry_and_empty_data_priming_preserved() {
     let progress = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}"#;
@@ -195,6 +197,7 @@ async fn sse_fields_id_event_retry_and_empty_data_priming_preserved() {
     let gw = GatewayBuilder::single(&up.url()).start().await;
 
     let r = Req::mcp_post(&gw.url("/mcp"), rpc("1", "tools/call", r#"{"name":"x"}"#))
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
         .send()
         .await;
     assert_eq!(r.status(), 200);
@@ -1022,4 +1025,108 @@ async fn shutdown_ends_get_streams_promptly() {
         up.wait_for_sse_disconnects(1, Duration::from_secs(5)).await,
         "upstream GET stream still held after shutdown"
     );
+}
+
+// =============================================================================================
+// Priming events only for 2025-11-25 and later (issue 29 item 15)
+// =============================================================================================
+
+/// An upstream that opens every SSE answer and GET stream with a priming event (an `id` and an
+/// empty `data`, SEP-1699; some SDK servers send one whatever was negotiated), then one message.
+async fn priming_upstream() -> Upstream {
+    Upstream::start(|req| {
+        let priming = ev().id("prime-1").retry(1000).data("");
+        let message = match req.method.as_str() {
+            "GET" => notification("notifications/message", r#"{"level":"info","data":"x"}"#),
+            _ if req.rpc_method().as_deref() == Some("initialize") => rpc_result(
+                &req.rpc_id_json(),
+                r#"{"protocolVersion":"2025-06-18","capabilities":{},"serverInfo":{"name":"s","version":"1"}}"#,
+            ),
+            _ => rpc_result(&req.rpc_id_json(), "{}"),
+        };
+        ScriptedResponse::sse(vec![priming.into(), ev().id("m-2").data(&message).into()])
+            .header("mcp-session-id", "primed")
+    })
+    .await
+}
+
+/// A client that negotiated 2025-06-18 or older (its `MCP-Protocol-Version`, or none: a client
+/// older than the header) gets the upstream's SSE answers and GET stream without priming events,
+/// which it would take for a message with an empty body (before, they reached it as sent); one
+/// of 2025-11-25, 2026-07-28, or an `initialize` asking for 2025-11-25, gets them as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priming_events_reach_only_clients_of_2025_11_25_or_later() {
+    let up = priming_upstream().await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+    let init = |version: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"{version}","capabilities":{{}},"clientInfo":{{"name":"c","version":"1"}}}}}}"#
+        )
+    };
+    // (request, whether the priming event comes through)
+    let cases: Vec<(&str, Req, bool)> = vec![
+        (
+            "POST 2025-06-18",
+            Req::mcp_post(&gw.url("/mcp"), rpc("2", "tools/list", "{}"))
+                .header("mcp-protocol-version", "2025-06-18"),
+            false,
+        ),
+        (
+            "POST 2025-03-26",
+            Req::mcp_post(&gw.url("/mcp"), rpc("2", "tools/list", "{}"))
+                .header("mcp-protocol-version", "2025-03-26"),
+            false,
+        ),
+        (
+            "POST without a version",
+            Req::mcp_post(&gw.url("/mcp"), rpc("2", "tools/list", "{}")),
+            false,
+        ),
+        (
+            "GET 2025-06-18",
+            Req::mcp_get(&gw.url("/mcp")).header("mcp-protocol-version", "2025-06-18"),
+            false,
+        ),
+        (
+            "initialize asking for 2025-06-18",
+            Req::mcp_post(&gw.url("/mcp"), init("2025-06-18")),
+            false,
+        ),
+        (
+            "POST 2025-11-25",
+            Req::mcp_post(&gw.url("/mcp"), rpc("2", "tools/list", "{}"))
+                .header("mcp-protocol-version", "2025-11-25"),
+            true,
+        ),
+        (
+            "GET 2025-11-25",
+            Req::mcp_get(&gw.url("/mcp")).header("mcp-protocol-version", "2025-11-25"),
+            true,
+        ),
+        (
+            "initialize asking for 2025-11-25",
+            Req::mcp_post(&gw.url("/mcp"), init("2025-11-25")),
+            true,
+        ),
+    ];
+    for (what, req, primed) in cases {
+        let r = req.send().await;
+        assert_eq!(r.status(), 200, "{what}");
+        let mut s = r.sse();
+        let first = s.next_event(STEP).await;
+        if primed {
+            assert_eq!(first.id().as_deref(), Some("prime-1"), "{what}: {first:?}");
+            assert_eq!(first.data().as_deref(), Some(""), "{what}: {first:?}");
+            let second = s.next_event(STEP).await;
+            assert_eq!(second.id().as_deref(), Some("m-2"), "{what}: {second:?}");
+        } else {
+            assert_eq!(
+                first.id().as_deref(),
+                Some("m-2"),
+                "{what}: the priming event was relayed: {first:?}"
+            );
+            assert!(!first.data().unwrap_or_default().is_empty(), "{what}");
+        }
+        s.expect_end(STEP).await;
+    }
 }

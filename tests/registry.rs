@@ -1110,6 +1110,7 @@ async fn sigterm_with_stream_and_task_in_flight_drains_and_keeps_records() {
     let session = c.session.clone().expect("a session");
     let mut get = Req::mcp_get(&format!("http://{gw}/mcp"))
         .header("mcp-session-id", &session)
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
         .send()
         .await
         .sse();

@@ -2,7 +2,7 @@
 //! the request-side helpers they go with: reading a bounded body, checking `Accept`.
 
 use super::server::{Body, BodyError as ResponseError};
-use crate::exchange::GatewayError;
+use crate::exchange::{GatewayError, ReplyBody};
 use crate::headers::{MCP_PROTOCOL_VERSION, MCP_SESSION_ID};
 use crate::jsonrpc::{self, Id};
 use bytes::Bytes;
@@ -292,6 +292,51 @@ pub(super) struct Head {
     pub origin: bool,
     /// Whether a hop-by-hop field is present.
     pub hop_by_hop: bool,
+    /// Whether `MCP-Protocol-Version` names 2025-11-25 or later ([`version_primes`]).
+    pub primes: bool,
+}
+
+/// The first revision with priming events (SEP-1699).
+const PRIMING_SINCE: &[u8] = b"2025-11-25";
+
+/// Whether a request's `MCP-Protocol-Version` names a revision that has priming events
+/// (2025-11-25 or later; the edge has refused any value it does not serve, and revision names
+/// are dates, whose order as text is their order in time).
+pub(super) fn version_primes(version: Option<&HeaderValue>) -> bool {
+    version.is_some_and(|v| v.as_bytes() >= PRIMING_SINCE)
+}
+
+/// Whether an `initialize` request asks for a revision that has priming events (its answer
+/// may stream before the client sends `MCP-Protocol-Version`).
+pub(super) fn initialize_primes(msg: &jsonrpc::Message) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Params<'a> {
+        #[serde(rename = "protocolVersion", borrow)]
+        protocol_version: Option<std::borrow::Cow<'a, str>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Initialize<'a> {
+        #[serde(borrow)]
+        params: Option<Params<'a>>,
+    }
+    msg.parse_as::<Initialize<'_>>()
+        .ok()
+        .and_then(|i| i.params?.protocol_version)
+        .is_some_and(|v| v.as_bytes() >= PRIMING_SINCE)
+}
+
+/// `body` without its priming events ([`crate::sse::Event::is_priming`]), for a client that
+/// negotiated a revision before 2025-11-25 (issue 29 item 15). Other bodies are unchanged.
+pub(super) fn without_priming(body: ReplyBody) -> ReplyBody {
+    match body {
+        ReplyBody::Stream(events) => {
+            use futures_util::StreamExt;
+            ReplyBody::Stream(Box::pin(events.filter(|e| {
+                std::future::ready(!e.is_priming())
+            })))
+        }
+        other => other,
+    }
 }
 
 /// How much of an oversized body is read and discarded so the client, still sending, can read

@@ -27,6 +27,11 @@
 //! | upstream unreachable / invalid answer / timeout | 502 / 502 / 504, `-32603` naming the upstream |
 //!
 //! None of these touch the upstream or the client's session: one bad request never ends a session.
+//!
+//! SSE answers and GET streams reach a client that negotiated a revision before 2025-11-25
+//! (its `MCP-Protocol-Version`; without one, none was negotiated that has them) without the
+//! upstream's priming events (events without data, new in 2025-11-25), which older clients
+//! would take for a message.
 
 use super::gate::Gate;
 pub use super::response::{gateway_error_response, json_response, rpc_error_response};
@@ -179,6 +184,7 @@ impl Edge {
                     session_id: fields.session_id,
                     origin: fields.origin.is_some(),
                     hop_by_hop: fields.hop_by_hop,
+                    primes: super::response::version_primes(fields.protocol_version),
                     routing: fields.routing,
                 };
                 self.forward(served, parts.headers, head, op, principal, peer)
@@ -305,6 +311,13 @@ impl Edge {
                 _ => None,
             },
         );
+        // Priming events (empty SSE events, new in 2025-11-25) only for a client of 2025-11-25
+        // or later: its `MCP-Protocol-Version`, a 2026-era request, or the version an
+        // `initialize` asks for. Without any (a client older than the header), none.
+        let primes = head.primes
+            || era == crate::era::Era::Modern
+            || matches!(&op, Operation::Post(m) if m.method() == Some("initialize")
+                && super::response::initialize_primes(m));
         // `Mcp-Method`/`Mcp-Name` agree with the body before anything acts on it; a 2026
         // request lacking them gets them on the upstream leg (see `mcp::routing_headers`).
         if head.routing || era == crate::era::Era::Modern {
@@ -376,6 +389,9 @@ impl Edge {
         series.duration(method, started.elapsed().as_secs_f64());
         match result {
             Ok(mut reply) => {
+                if !primes {
+                    reply.body = super::response::without_priming(reply.body);
+                }
                 if let Some(reason) = reply.take_local_reason() {
                     self.metrics.local_answer(&route.name, reason);
                     series.request(method, RequestOutcome::Local);

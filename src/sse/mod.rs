@@ -97,6 +97,15 @@ impl Event {
         }
     }
 
+    /// Whether this is a priming event (2025-11-25 transports, SEP-1699: an event that carries
+    /// no message, usually an `id` and an empty `data`, sent first so the client has an event id
+    /// to resume from): one without `data` or with an empty one, the [`Event::abort`] marker
+    /// apart. Clients of 2025-06-18 and older take an empty `data` for a message and fail to
+    /// parse it, so the edge sends these only to clients of 2025-11-25 or later.
+    pub fn is_priming(&self) -> bool {
+        self.data.as_deref().is_none_or(str::is_empty) && !self.is_abort()
+    }
+
     /// Whether this is the [`Event::abort`] marker.
     pub fn is_abort(&self) -> bool {
         self.event.as_deref() == Some(ABORT_TYPE) && self.data.is_none()
