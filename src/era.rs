@@ -52,8 +52,7 @@ pub const CLIENT_CAPABILITIES_META: &str = "io.modelcontextprotocol/clientCapabi
 /// The tasks extension's identifier (SEP-2663).
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 
-/// `Mcp-Name` (2026-07-28 transports: the `taskId` of a `tasks/*` request).
-pub static MCP_NAME: http::HeaderName = http::HeaderName::from_static("mcp-name");
+pub use crate::mcp::routing_headers::MCP_NAME;
 
 /// `-32020` HeaderMismatch: a standard header disagrees with the body, or is missing (HTTP 400).
 pub const HEADER_MISMATCH: i64 = -32020;

@@ -177,9 +177,14 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     }
     for (name, state, inner) in orphan_jobs {
         tokio::spawn(async move {
-            let n = cancel_orphans(&state, &name, inner).await;
-            if n > 0 {
-                tracing::info!(upstream = %name, count = n, "cancelled upgraded tasks orphaned by a restart");
+            let done = cancel_orphans(&state, &name, inner).await;
+            if done.found > 0 {
+                tracing::info!(
+                    upstream = %name,
+                    found = done.found,
+                    cancelled = done.cancelled,
+                    "upgraded tasks orphaned by a restart: cancel sent upstream"
+                );
             }
         });
     }

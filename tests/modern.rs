@@ -73,8 +73,8 @@ async fn sse_creation_and_notifications_update_the_record() {
 // Gates and HTTP statuses
 // ---------------------------------------------------------------------------------------------
 
-/// The spec's order: no extension → -32021 (data.requiredCapabilities); Mcp-Name ≠ taskId →
-/// -32020; unknown taskId → -32602; all HTTP 400; tasks/result and tasks/list → -32601 with 404.
+/// The spec's order: Mcp-Name ≠ taskId → -32020 (at the edge, before anything else);
+/// no extension → -32021 (data.requiredCapabilities); unknown taskId → -32602; all HTTP 400; tasks/result and tasks/list → -32601 with 404.
 /// None reaches the upstream; each is counted as a local answer, not as `ok`.
 #[tokio::test]
 async fn gates_come_first_with_their_http_statuses() {
@@ -146,11 +146,12 @@ async fn gates_come_first_with_their_http_statuses() {
         ),
         1.0
     );
+    // Header mismatches are refused at the edge, before any layer (issue 37 #2).
     assert_eq!(
         metric(
             &text,
-            "taskgate_local_answers_total",
-            &[("upstream", "default"), ("reason", "header_mismatch")]
+            "taskgate_http_rejections_total",
+            &[("reason", "header_mismatch")]
         ),
         2.0
     );
@@ -193,7 +194,7 @@ async fn gates_come_first_with_their_http_statuses() {
                 ("outcome", "local")
             ]
         ),
-        2.0
+        1.0
     );
 }
 
@@ -487,5 +488,105 @@ async fn listen_keeps_only_the_callers_tasks() {
     assert_eq!(
         seen[1].json()["params"]["notifications"]["taskIds"],
         json!([t])
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing headers (issue 37 #1, #2)
+// ---------------------------------------------------------------------------------------------
+
+/// Issue 37 #1: a 2026 client that leaves out `Mcp-Name` (as `fastmcp.Client` 4.1.4 does) is
+/// still served, and the upstream leg carries what the spec requires: `Mcp-Method`, and
+/// `Mcp-Name` derived from the body (`=?base64?…?=` for a name that is not header-safe). The
+/// upstream here checks the headers strictly; on f2cd7c5 it refused every one of these with
+/// `-32020` because taskgate forwarded them without `Mcp-Name`.
+#[tokio::test]
+async fn the_upstream_leg_carries_the_routing_headers_the_spec_requires() {
+    let (up, _) = strict_modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let call = modern_req(
+        &url,
+        None,
+        1,
+        "tools/call",
+        json!({"name": "naïve tool", "arguments": {}}),
+    )
+    .without("mcp-method");
+    let (status, v) = send(call).await;
+    assert_eq!(status, 200, "{v}");
+    let t = v["result"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"))
+        .to_string();
+    let sent = up.received("tools/call").pop().unwrap();
+    assert_eq!(sent.header("mcp-method").as_deref(), Some("tools/call"));
+    assert_eq!(
+        sent.header("mcp-name"),
+        Some(format!("=?base64?{}?=", base64_of("naïve tool")))
+    );
+    for (i, m) in ["tasks/get", "tasks/update", "tasks/cancel"]
+        .iter()
+        .enumerate()
+    {
+        let req =
+            modern_req(&url, None, 10 + i as u64, m, json!({"taskId": t})).without("mcp-name");
+        let (status, v) = send(req).await;
+        assert_eq!(status, 200, "{m}: {v}");
+        let sent = up.received(m).pop().unwrap();
+        assert_eq!(sent.header("mcp-name").as_deref(), Some(t.as_str()), "{m}");
+    }
+}
+
+/// Issue 37 #1 and #2: headers that disagree with the body, or an `Mcp-Name` that is malformed,
+/// get 400 `-32020` at the edge and nothing is forwarded, for every method that carries them and
+/// in both eras. On f2cd7c5 a malformed `Mcp-Name` counted as absent, and `Mcp-Method` and a
+/// tool call's `Mcp-Name` were never compared with the body.
+#[tokio::test]
+async fn routing_headers_that_disagree_with_the_body_are_refused_at_the_edge() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let before = up.count();
+    let cases = [
+        modern_req(&url, None, 2, "tasks/get", json!({"taskId": t}))
+            .without("mcp-method")
+            .header("mcp-method", "tasks/cancel"),
+        modern_req(&url, None, 3, "tasks/get", json!({"taskId": t}))
+            .without("mcp-name")
+            .header("mcp-name", "=?base64?not base64!?="),
+        modern_req(&url, None, 4, "tasks/cancel", json!({"taskId": t}))
+            .without("mcp-name")
+            .header("mcp-name", &format!("=?base64?{}?=", "/w==")),
+        modern_req(
+            &url,
+            None,
+            5,
+            "tools/call",
+            json!({"name": "slow_compute", "arguments": {}}),
+        )
+        .header("mcp-name", "another_tool"),
+        modern_req(&url, None, 6, "tools/list", json!({})).header("mcp-name", "slow_compute"),
+        // A 2025 request that carries them is held to them too.
+        Req::mcp_post(
+            &url,
+            rpc(
+                "7",
+                "tools/call",
+                r#"{"name":"slow_compute","arguments":{}}"#,
+            ),
+        )
+        .header("mcp-method", "tools/list"),
+    ];
+    for (i, req) in cases.into_iter().enumerate() {
+        let (status, v) = send(req).await;
+        assert_eq!((status, err_code(&v)), (400, -32020), "case {i}: {v}");
+    }
+    assert_eq!(up.count(), before, "nothing was forwarded");
+    let m = scrape(tg.admin).await;
+    assert!(
+        m.contains(r#"reason="header_mismatch""#),
+        "counted as a rejection: {m}"
     );
 }

@@ -1780,3 +1780,50 @@ async fn call_ended(tg: &Tg, task_id: &str, outcome: &str) -> bool {
     .await
     .is_some()
 }
+
+/// Issue 37 #3: the same restart with a pure 2026-07-28 upstream that checks its headers
+/// strictly (a held session, the upgraded call bridged, no auth: the record's owner is the
+/// client's held session): the orphan's `tasks/cancel` passes taskgate's own owner check and
+/// reaches the upstream, with `Mcp-Name`. On f2cd7c5 the restarted taskgate refused its own
+/// cancel (`-32602 Task not found`: it asked as nobody), nothing reached the upstream, and the
+/// log said the task was cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_cancels_an_orphaned_upgraded_task_on_a_2026_upstream() {
+    let (up, state) = strict_pure_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = UgConfig::new(&up.url()).write_for_binary(dir.path());
+    let args = ["serve", "--config", config.as_str()];
+    let mut first = TaskgateProcess::spawn(&args, &[]);
+    let (gw, _) = first.listening();
+    let url = format!("http://{gw}/mcp");
+    let c = client_with(&url, json!({})).await;
+    let sse = c
+        .send(call_body("2", "task_only", Some(json!("pt-2"))))
+        .await
+        .sse();
+    assert!(up.wait_for_method("tasks/get", 1, STEP).await, "followed");
+    let task = state.lock().unwrap().tasks.keys().next().cloned().unwrap();
+
+    first.signal(libc::SIGKILL);
+    assert!(first.wait_exit(STEP).is_some(), "taskgate did not die");
+    drop(sse);
+    assert_eq!(up.received("tasks/cancel").len(), 0);
+
+    let mut second = TaskgateProcess::spawn(&args, &[]);
+    let (_, admin) = second.listening();
+    assert!(
+        up.wait_for_method("tasks/cancel", 1, STEP).await,
+        "the orphan is cancelled upstream after the restart; stderr: {}",
+        second.stderr()
+    );
+    let cancel = up.received("tasks/cancel").pop().unwrap();
+    assert_eq!(cancel.json()["params"]["taskId"], json!(task));
+    assert_eq!(cancel.header("mcp-name").as_deref(), Some(task.as_str()));
+    let recorded = eventually(STEP, || async {
+        let (_, d) = admin_json(admin, &format!("/admin/tasks/default/{task}")).await;
+        (d["task"]["status"] == json!("cancelled")).then_some(())
+    })
+    .await;
+    assert!(recorded.is_some(), "the orphan's cancel is recorded");
+    assert_eq!(state.lock().unwrap().tasks[&task], "cancelled");
+}

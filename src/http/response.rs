@@ -123,6 +123,8 @@ pub(super) struct HeadFields<'a> {
     pub session_value: Option<&'a HeaderValue>,
     /// Whether a hop-by-hop field is present ([`crate::headers::is_hop_by_hop`]).
     pub hop_by_hop: bool,
+    /// Whether `Mcp-Method` or `Mcp-Name` is present ([`crate::mcp::routing_headers`]).
+    pub routing: bool,
     /// All of them, for a field that occurs more than once.
     headers: Option<&'a HeaderMap>,
 }
@@ -156,6 +158,10 @@ impl<'a> HeadFields<'a> {
                 f.origin.get_or_insert(value);
             } else if name == header::EXPECT {
                 f.expect.get_or_insert(value);
+            } else if name == crate::mcp::routing_headers::MCP_METHOD
+                || name == crate::mcp::routing_headers::MCP_NAME
+            {
+                f.routing = true;
             } else if crate::headers::is_hop_by_hop(name) {
                 f.hop_by_hop = true;
             }
@@ -294,6 +300,8 @@ pub(super) struct Head {
     pub hop_by_hop: bool,
     /// Whether `MCP-Protocol-Version` names 2025-11-25 or later ([`version_primes`]).
     pub primes: bool,
+    /// Whether `Mcp-Method` or `Mcp-Name` is present.
+    pub routing: bool,
 }
 
 /// The first revision with priming events (SEP-1699).
@@ -331,9 +339,9 @@ pub(super) fn without_priming(body: ReplyBody) -> ReplyBody {
     match body {
         ReplyBody::Stream(events) => {
             use futures_util::StreamExt;
-            ReplyBody::Stream(Box::pin(events.filter(|e| {
-                std::future::ready(!e.is_priming())
-            })))
+            ReplyBody::Stream(Box::pin(
+                events.filter(|e| std::future::ready(!e.is_priming())),
+            ))
         }
         other => other,
     }

@@ -17,6 +17,10 @@
 //!   upstream without 2025 sessions): what the client declared in its `initialize`, carried
 //!   upstream in every request's `_meta`. The session table keeps it with the session.
 
+//! - [`OnBehalfOf`]: set by taskgate on a request it makes itself about a task it recorded (the
+//!   cancel of an upgraded task orphaned by a restart): `tasks` authorises it as the record's
+//!   owner instead of the (absent) client's.
+
 use crate::registry::Reservation;
 use crate::store::TaskRecord;
 use serde_json::{json, Value};
@@ -48,6 +52,13 @@ pub struct PendingCreation {
     /// `notifications/cancelled` for this request: tasks are cancelled with `tasks/cancel`).
     pub created: Arc<OnceLock<String>>,
 }
+
+/// A request taskgate makes itself about one of its recorded tasks, with no client behind it:
+/// the `tasks` layer authorises it as `0`, the owner the record names, in both eras (issue 37
+/// #3: the orphan cancel after a restart was refused `-32602` by taskgate's own owner check).
+/// Only taskgate's own code sets it; the edge never does, so no client can claim an owner.
+#[derive(Debug, Clone)]
+pub struct OnBehalfOf(pub crate::store::Owner);
 
 /// A 2025-11-25 `tasks/*` request on an upstream session whose `InitializeResult` advertised no
 /// `capabilities.tasks`: there are no tasks there for taskgate to answer about.

@@ -303,8 +303,6 @@ label_enum! {
         InvalidParams = "invalid_params",
         /// 2026-07-28 `tasks/*` without the tasks extension in `_meta` (`-32021`).
         MissingExtension = "missing_extension",
-        /// 2026-07-28 `Mcp-Name` not equal to `params.taskId` (`-32020`).
-        HeaderMismatch = "header_mismatch",
         /// A method the request's era does not have (`tasks/result`, `tasks/list` in 2026: `-32601`).
         MethodNotFound = "method_not_found",
         /// `tasks/cancel` of a task recorded terminal (2025: `-32602`; 2026: the ack).

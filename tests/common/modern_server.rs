@@ -316,3 +316,85 @@ pub fn initialize_with(caps: Value) -> String {
         .to_string(),
     )
 }
+
+/// `inner` behind the 2026-07-28 header rules, checked strictly (spec 2026-07-28, transports):
+/// every POSTed request must carry `Mcp-Method` equal to its method, and `tools/call`,
+/// `prompts/get`, `resources/read` and `tasks/*` an `Mcp-Name` equal to `params.name` / `uri` /
+/// `taskId` (a `=?base64?…?=` value decoded); otherwise 400 `-32020`. 2025 requests (without
+/// `MCP-Protocol-Version: 2026-07-28`) pass unchecked.
+pub fn strict_headers(
+    inner: impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync,
+) -> impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync {
+    move |req| {
+        if req.method != "POST" || req.header("mcp-protocol-version").as_deref() != Some(MODERN) {
+            return inner(req);
+        }
+        let v = req.json();
+        let Some(method) = v["method"].as_str() else {
+            return inner(req);
+        };
+        let mismatch = |why: String| {
+            let id = req.rpc_id_json();
+            ScriptedResponse::status(
+                400,
+                Some("application/json"),
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32020,"message":{}}}}}"#,
+                    Value::String(why)
+                ),
+            )
+        };
+        if req.header("mcp-method").as_deref() != Some(method) {
+            return mismatch(format!(
+                "Mcp-Method {:?} for {method}",
+                req.header("mcp-method")
+            ));
+        }
+        let key = match method {
+            "tools/call" | "prompts/get" => Some("name"),
+            "resources/read" => Some("uri"),
+            m if m.starts_with("tasks/") => Some("taskId"),
+            _ => None,
+        };
+        if let Some(key) = key {
+            let sent = req.header("mcp-name").map(|h| {
+                match h
+                    .strip_prefix("=?base64?")
+                    .and_then(|r| r.strip_suffix("?="))
+                {
+                    Some(b64) => {
+                        use base64::Engine;
+                        base64::engine::general_purpose::STANDARD
+                            .decode(b64)
+                            .ok()
+                            .and_then(|b| String::from_utf8(b).ok())
+                            .unwrap_or_default()
+                    }
+                    None => h,
+                }
+            });
+            if sent.as_deref() != v["params"][key].as_str() {
+                return mismatch(format!("Mcp-Name {sent:?} for params.{key}"));
+            }
+        }
+        inner(req)
+    }
+}
+
+/// [`pure_server`] checking the 2026-07-28 headers strictly ([`strict_headers`]).
+pub async fn strict_pure_server() -> (Upstream, Shared) {
+    let state: Shared = Default::default();
+    (
+        Upstream::start(strict_headers(pure_2026(state.clone()))).await,
+        state,
+    )
+}
+
+/// [`modern_server`] checking the 2026-07-28 headers strictly ([`strict_headers`]).
+pub async fn strict_modern_server() -> (Upstream, Shared) {
+    let state: Shared = Arc::default();
+    (
+        Upstream::start(strict_headers(modern_handler(state.clone()))).await,
+        state,
+    )
+}

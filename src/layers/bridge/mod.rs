@@ -576,16 +576,8 @@ fn modern_request(
     }
     ctx.headers.remove(&era::MCP_NAME);
     if let Some(n) = name {
-        let value = if n.bytes().all(|b| (0x20..0x7f).contains(&b)) && n.trim() == n {
-            HeaderValue::from_str(n).ok()
-        } else {
-            use base64::Engine;
-            let b64 = base64::engine::general_purpose::STANDARD.encode(n);
-            HeaderValue::from_str(&format!("=?base64?{b64}?=")).ok()
-        };
-        if let Some(v) = value {
-            ctx.headers.insert(&era::MCP_NAME, v);
-        }
+        ctx.headers
+            .insert(&era::MCP_NAME, crate::mcp::routing_headers::encode(n));
     }
     let mut extensions = req.extensions.clone();
     extensions.insert(Era::Modern);

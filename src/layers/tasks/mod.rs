@@ -34,7 +34,9 @@ use crate::era::{self, Era};
 use crate::exchange::{McpReply, McpRequest, Operation};
 use crate::jsonrpc::splice;
 use crate::jsonrpc::{self, Message};
-use crate::layers::extensions::{AuthorisedTask, PendingCreation, Upgraded, UpstreamWithoutTasks};
+use crate::layers::extensions::{
+    AuthorisedTask, OnBehalfOf, PendingCreation, Upgraded, UpstreamWithoutTasks,
+};
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::{CancelOutcome, CreationRefusal, LocalReason, TaskMethod};
 use crate::registry::Registry;
@@ -134,8 +136,7 @@ where
                     let (registry, mut inner) = (self.registry.clone(), self.take_inner());
                     Either::Right(Box::pin(async move {
                         let owner = era::modern_owner(&req.ctx.caller());
-                        match modern::filter_listen(&registry, &mut req, &owner, Era::Modern)
-                            .await
+                        match modern::filter_listen(&registry, &mut req, &owner, Era::Modern).await
                         {
                             Ok(()) => inner.call(req).await,
                             Err(answered) => Ok(answered),
@@ -350,7 +351,10 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
             .answered_locally(LocalReason::InvalidParams))
         }
     };
-    let owner = req.ctx.caller().owner();
+    let owner = match req.extensions.get::<OnBehalfOf>() {
+        Some(OnBehalfOf(owner)) => owner.clone(),
+        None => req.ctx.caller().owner(),
+    };
     let looked = registry
         .lookup_checked(&req.ctx.upstream, &task_id, &owner)
         .await;

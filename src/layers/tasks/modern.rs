@@ -11,9 +11,7 @@
 //!   1. `params._meta` does not declare the extension → `-32021` with
 //!      `data.requiredCapabilities` (HTTP 400);
 //!   2. no string `params.taskId` → `-32602` (HTTP 400);
-//!   3. `Mcp-Name` present and not equal to `params.taskId` → `-32020` (HTTP 400; a missing
-//!      one passes, as FastMCP 4 accepts it and `fastmcp.Client` 4 sends none);
-//!   4. a `taskId` taskgate never recorded, expired, or another owner's → `-32602` (HTTP 400).
+//!   3. a `taskId` taskgate never recorded, expired, or another owner's → `-32602` (HTTP 400).
 //!      The owner is the bearer principal; with `[auth] mode = "none"` there is no session to
 //!      bind to in 2026, so the unguessable `taskId` is the only key (as the spec allows), and
 //!      ids taskgate never recorded are still refused.
@@ -30,7 +28,7 @@
 use crate::era::{self, Era};
 use crate::exchange::{McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, Id};
-use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::layers::extensions::{AuthorisedTask, OnBehalfOf, PendingCreation};
 use crate::metrics::{CancelOutcome, LocalReason, TaskMethod};
 use crate::registry::Registry;
 use crate::store::TaskRecord;
@@ -143,16 +141,10 @@ pub(super) async fn authorise(
             LocalReason::InvalidParams,
         ));
     };
-    // A missing `Mcp-Name` passes: FastMCP 4.1.4 accepts it and `fastmcp.Client` 4.1.4 sends
-    // none, so refusing it would make taskgate less transparent than a byte-for-byte proxy.
-    if mcp_name(req).is_some_and(|name| name != task_id) {
-        return Err(refuse(
-            era::HEADER_MISMATCH,
-            &format!("Header mismatch: Mcp-Name must equal params.taskId for {method}"),
-            LocalReason::HeaderMismatch,
-        ));
-    }
-    let owner = era::modern_owner(&req.ctx.caller());
+    let owner = match req.extensions.get::<OnBehalfOf>() {
+        Some(OnBehalfOf(owner)) => owner.clone(),
+        None => era::modern_owner(&req.ctx.caller()),
+    };
     let upstream = req.ctx.upstream.clone();
     let Ok(looked) = registry.lookup_checked(&upstream, &task_id, &owner).await else {
         return Err(refuse(
@@ -202,22 +194,6 @@ fn stored_result(record: &TaskRecord, id: &Id) -> Option<McpReply> {
         McpReply::local_json(jsonrpc::result_response(id, result))
             .answered_locally(LocalReason::StoredResult),
     )
-}
-
-/// The request's `Mcp-Name` header, decoded when sent as `=?base64?…?=` (2026-07-28 transports).
-fn mcp_name(req: &McpRequest) -> Option<String> {
-    let raw = req.ctx.headers.get(&era::MCP_NAME)?.to_str().ok()?;
-    match raw
-        .strip_prefix("=?base64?")
-        .and_then(|r| r.strip_suffix("?="))
-    {
-        Some(b64) => {
-            use base64::Engine;
-            let bytes = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
-            String::from_utf8(bytes).ok()
-        }
-        None => Some(raw.to_string()),
-    }
 }
 
 /// Most `taskIds` one `subscriptions/listen` may name (each is one registry read).
@@ -355,7 +331,6 @@ mod tests {
         let with = |id: &str| format!(r#"{{"taskId":"{id}","_meta":{WITH_EXT}}}"#);
         let cases = [
             (no_ext, 400, -32021),
-            (modern("tasks/get", &with("t1"), Some("t2")), 400, -32020),
             (modern("tasks/cancel", &with("t9"), Some("t9")), 400, -32602),
             (modern("tasks/result", &with("t1"), Some("t1")), 404, -32601),
             (modern("tasks/list", "{}", None), 404, -32601),

@@ -460,19 +460,53 @@ pub(super) async fn send_tasks_cancel<S: McpService>(
     state: &UpgradeState,
     ctx: &RequestContext,
     task_id: &str,
-) {
+) -> CancelSent {
+    send_tasks_cancel_for(inner, state, ctx, task_id, None).await
+}
+
+/// What became of a `tasks/cancel` taskgate sent itself.
+#[derive(Debug)]
+pub(super) enum CancelSent {
+    /// The cancel was answered with a result: the task is cancelled (or was already terminal).
+    Cancelled,
+    /// It was answered with a JSON-RPC error (taskgate's own, or the upstream's), or without
+    /// an answer; the text says what.
+    Refused(String),
+}
+
+/// [`send_tasks_cancel`], authorised as `owner` when given ([`OnBehalfOf`]: a task whose client
+/// is gone). Logs what actually happened.
+pub(super) async fn send_tasks_cancel_for<S: McpService>(
+    inner: &S,
+    state: &UpgradeState,
+    ctx: &RequestContext,
+    task_id: &str,
+    owner: Option<&crate::store::Owner>,
+) -> CancelSent {
     let id = state.next_id();
-    let req = internal_request(
+    let mut req = internal_request(
         ctx,
         &id,
         "tasks/cancel",
         serde_json::json!({ "taskId": task_id }),
     );
-    match inner.clone().oneshot(req).await {
-        Ok(reply) => {
-            let answer = answer_of(reply, &id, Others::Discard).await;
-            tracing::info!(task_id, answer = ?answer.map(|v| v.to_string()), "upgraded task cancelled upstream");
-        }
-        Err(e) => tracing::warn!(task_id, error = %e, "could not cancel an upgraded task upstream"),
+    if let Some(owner) = owner {
+        req.extensions
+            .insert(crate::layers::extensions::OnBehalfOf(owner.clone()));
     }
+    let outcome = match inner.clone().oneshot(req).await {
+        Ok(reply) => match answer_of(reply, &id, Others::Discard).await {
+            Some(v) if v.get("result").is_some() => CancelSent::Cancelled,
+            Some(v) => CancelSent::Refused(v.get("error").unwrap_or(&v).to_string()),
+            None => CancelSent::Refused("no answer".into()),
+        },
+        Err(e) => CancelSent::Refused(e.to_string()),
+    };
+    match &outcome {
+        CancelSent::Cancelled => tracing::info!(task_id, "upgraded task cancelled upstream"),
+        CancelSent::Refused(why) => {
+            tracing::warn!(task_id, error = %why, "an upgraded task's tasks/cancel was refused")
+        }
+    }
+    outcome
 }

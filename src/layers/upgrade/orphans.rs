@@ -1,6 +1,6 @@
 //! Upgraded tasks orphaned by a restart.
 
-use super::call::send_tasks_cancel;
+use super::call::{send_tasks_cancel_for, CancelSent};
 use super::UpgradeState;
 use crate::exchange::{Principal, RequestContext};
 use crate::layers::McpService;
@@ -10,15 +10,29 @@ use crate::metrics::UpgradeOutcome;
 use http::{HeaderMap, HeaderValue};
 use std::sync::Arc;
 
+/// What [`cancel_orphans`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Orphans {
+    /// Upgraded tasks found live after the restart.
+    pub found: usize,
+    /// Of those, how many `tasks/cancel` were answered with a result.
+    pub cancelled: usize,
+}
+
 /// After a restart: cancels every non-terminal upgraded task (its client is gone), through the
-/// upstream's stack so the `cancel` layer records it. Returns how many were cancelled.
+/// upstream's stack so the `cancel` layer records it, authorised as the owner each record names
+/// ([`OnBehalfOf`](crate::layers::extensions::OnBehalfOf)), in the era the task was created in.
 pub async fn cancel_orphans<S: McpService>(
     state: &UpgradeState,
     upstream: &Arc<str>,
     stack: S,
-) -> usize {
+) -> Orphans {
     // A scan of the whole store: on the blocking pool (see `registry`).
     let orphans = state.registry.upgraded_live(upstream).await;
+    let mut done = Orphans {
+        found: orphans.len(),
+        cancelled: 0,
+    };
     for r in &orphans {
         let session = r
             .upstream_session
@@ -53,10 +67,19 @@ pub async fn cancel_orphans<S: McpService>(
             headers,
         };
         state.count(upstream, UpgradeOutcome::Orphaned);
-        send_tasks_cancel(&stack, state, &ctx, &r.task_id).await;
-        if r.status != TaskStatus::Cancelled {
-            tracing::info!(task_id = %r.task_id, "orphaned upgraded task cancelled after restart");
+        match send_tasks_cancel_for(&stack, state, &ctx, &r.task_id, Some(&r.owner)).await {
+            CancelSent::Cancelled => {
+                done.cancelled += 1;
+                if r.status != TaskStatus::Cancelled {
+                    tracing::info!(task_id = %r.task_id, "orphaned upgraded task cancelled after restart");
+                }
+            }
+            CancelSent::Refused(why) => tracing::warn!(
+                task_id = %r.task_id,
+                error = %why,
+                "could not cancel an upgraded task orphaned by a restart; it may still run upstream"
+            ),
         }
     }
-    orphans.len()
+    done
 }
