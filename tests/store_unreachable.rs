@@ -79,14 +79,25 @@ async fn black_holed_database_leaves_plain_calls_alone() {
     let (failed_tx, mut failed_rx) = tokio::sync::mpsc::unbounded_channel();
     let callers: Vec<_> = (0..STORE_CALLERS)
         .map(|n| {
-            let (c, task, stop, failed) = (c.clone(), task.clone(), stop.clone(), failed_tx.clone());
+            let (c, task, stop, failed) =
+                (c.clone(), task.clone(), stop.clone(), failed_tx.clone());
             tokio::spawn(async move {
                 let mut i = 0;
                 while !stop.load(Ordering::SeqCst) {
                     i += 1;
-                    let r = c.send(rpc(&format!("\"g{n}-{i}\""), "tasks/get", &format!("{{\"taskId\":{task:?}}}"))).await;
+                    let r = c
+                        .send(rpc(
+                            &format!("\"g{n}-{i}\""),
+                            "tasks/get",
+                            &format!("{{\"taskId\":{task:?}}}"),
+                        ))
+                        .await;
                     let status = r.status();
-                    let v = if status == 200 { r.json().await } else { serde_json::Value::Null };
+                    let v = if status == 200 {
+                        r.json().await
+                    } else {
+                        serde_json::Value::Null
+                    };
                     let _ = failed.send((status, err_code(&v)));
                 }
             })
@@ -104,7 +115,11 @@ async fn black_holed_database_leaves_plain_calls_alone() {
     let started = tokio::time::Instant::now();
     let answered = tokio::time::timeout(
         PLAIN_WITHIN,
-        plain_client.send(rpc("\"plain\"", "tools/call", r#"{"name":"echo","arguments":{}}"#)),
+        plain_client.send(rpc(
+            "\"plain\"",
+            "tools/call",
+            r#"{"name":"echo","arguments":{}}"#,
+        )),
     )
     .await;
     let elapsed = started.elapsed();
@@ -118,7 +133,10 @@ async fn black_holed_database_leaves_plain_calls_alone() {
         status, 200,
         "a plain tools/call while the database is black-holed ({elapsed:?}): {body}"
     );
-    assert!(body.contains("\"echo\":\"tools/call\""), "the upstream's answer: {body}");
+    assert!(
+        body.contains("\"echo\":\"tools/call\""),
+        "the upstream's answer: {body}"
+    );
     assert_eq!(plain.received("tools/call").len(), 1);
     // Every store call still ends within its bound (each caller's loop sees its answer).
     for h in callers {

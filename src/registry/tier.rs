@@ -7,6 +7,22 @@
 //! sent again by another replica while it is still answering. The replicas of a tier share one
 //! configuration, so a waiter's lease is the forwarder's.
 //!
+//! **The claim is kept while its flight lives** (issue 29, item 7): the store writes the
+//! forwarding replica makes between the claim and the upstream call (`cancel_requested_at` and
+//! its audit event: three store calls, each bounded by about three times the database URL's
+//! `connect_timeout`) used to count against the lease's 5 s margin, so with a slow database the
+//! lease ran out before the forward even started and a second replica claimed the cancel and
+//! forwarded it too (reproduced in `tests/tier_cancel_lease.rs`: a database answering one round
+//! trip a second, two `tasks/cancel` upstream). Now the replica that is granted a claim renews
+//! its lease ([`crate::store::TaskStore::renew_cancel`]) every quarter lease from the grant
+//! until the claim is no longer its own (its outcome is stored by `finish_cancel`, also when
+//! the flight is dropped, or a newer claim replaced it) or for at most the lease plus
+//! [`KEEP_CLAIM_AT_MOST`] (a flight that neither finishes nor is dropped is a bug; the claim
+//! then lapses as a dead replica's does). A replica that dies stops renewing: its claim lapses
+//! within one lease, as before. The claim lapses under a live forwarder only when the database
+//! does not take one of its renewals within three quarters of a lease; the generation fences
+//! the rest (a lapsed claim's renewal, outcome and waiters never touch a newer claim).
+//!
 //! The wait polls the store (every 10 ms, growing to 100 ms) until the forwarding replica has
 //! stored its outcome, for at most the claim's lease plus one second; past that deadline the
 //! caller gets `-32603` (the forwarding replica is presumed dead; its claim has expired and the
@@ -16,6 +32,11 @@ use super::Registry;
 use crate::store::{CancelClaim, SharedCancelOutcome, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// How much longer than its lease a forwarding replica keeps renewing a cancel claim at most
+/// (see the module doc): more than the store writes before the upstream call can take at their
+/// bounds with the default `connect_timeout` (3 calls x 15 s).
+pub const KEEP_CLAIM_AT_MOST: Duration = Duration::from_secs(120);
 
 impl Registry {
     /// True when other processes share the store (see [`crate::store::TaskStore::shared`]).
@@ -37,10 +58,47 @@ impl Registry {
             .try_off_runtime(move |r| r.store.claim_cancel(&up, &id, modern, lease))
             .await
             .and_then(|claimed| claimed);
-        if let Err(e) = &claimed {
-            self.write_failed(e, "the cancel claim could not be taken");
+        match &claimed {
+            Err(e) => self.write_failed(e, "the cancel claim could not be taken"),
+            Ok(CancelClaim::Forward { generation }) if self.store.shared() => {
+                self.keep_claim(upstream, task_id, *generation, lease)
+            }
+            Ok(_) => {}
         }
         claimed
+    }
+
+    /// Renews the lease of claim `generation` while this replica forwards it (see the module
+    /// doc), on the runtime that claimed it (the renewal's query runs on the store's own
+    /// runtime: no thread waits for it).
+    fn keep_claim(&self, upstream: &str, task_id: &str, generation: i64, lease: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, up, id) = (
+            self.store.clone(),
+            upstream.to_string(),
+            task_id.to_string(),
+        );
+        let every = (lease / 4).max(Duration::from_millis(100));
+        let until = tokio::time::Instant::now() + lease.saturating_add(KEEP_CLAIM_AT_MOST);
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if tokio::time::Instant::now() >= until {
+                    tracing::warn!(upstream = %up, task_id = %id, generation,
+                        "a cancel claim was kept for its longest; it lapses with its lease");
+                    return;
+                }
+                match store.renew_cancel(&up, &id, generation, lease).await {
+                    Ok(true) => {}
+                    // Finished (or replaced): nothing left to keep.
+                    Ok(false) => return,
+                    Err(e) => tracing::warn!(error = %e, upstream = %up, task_id = %id,
+                        "the lease of a cancel claim could not be renewed; trying again"),
+                }
+            }
+        });
     }
 
     /// Stores the outcome of cancel claim `generation` for the replicas waiting on it. A failure
@@ -86,7 +144,9 @@ impl Registry {
                     self.write_failed(&e, "reading a cancel outcome failed");
                     return SharedCancelOutcome::Failed(format!("task store: {e}"));
                 }
-                None => return SharedCancelOutcome::Failed("the task store read was not run".into()),
+                None => {
+                    return SharedCancelOutcome::Failed("the task store read was not run".into())
+                }
             }
             if tokio::time::Instant::now() + pause > deadline {
                 return SharedCancelOutcome::Failed(

@@ -151,6 +151,23 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
         Ok(())
     }
 
+    /// Shared stores: extends the lease of cancel claim `generation`, which this process holds,
+    /// to `lease` from now (the store's clock), so the claim holds for as long as its forward
+    /// runs, the store writes before the upstream call included (issue 29, item 7). `Ok(false)`
+    /// when the claim is no longer this process's (its outcome is stored, or another process
+    /// took a newer claim after it lapsed): nothing changed. The default (one process): `true`.
+    ///
+    /// Errors: the store's (the lease is then not extended).
+    fn renew_cancel(
+        &self,
+        _upstream: &str,
+        _task_id: &str,
+        _generation: i64,
+        _lease: std::time::Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        Box::pin(async { Ok(true) })
+    }
+
     /// Shared stores: the outcome of cancel claim `generation`; `None` while it is in flight.
     fn cancel_outcome(
         &self,

@@ -541,6 +541,17 @@ impl TaskStore for PgStore {
         self.cancel_outcome_now(upstream, task_id, generation)
     }
 
+    fn renew_cancel(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        generation: i64,
+        lease: std::time::Duration,
+    ) -> BoxFuture<'_, Result<bool, StoreError>> {
+        self.renew_cancel_now(upstream, task_id, generation, lease)
+            .boxed()
+    }
+
     fn sweep_lease(&self) -> Result<Option<Box<dyn Send>>, StoreError> {
         self.sweep_lease_now()
     }

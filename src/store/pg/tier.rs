@@ -6,9 +6,15 @@
 //! (the upstream's `timeout_ms` plus a margin,
 //! [`crate::store::cancel_lease`]) still runs → wait for it; a 2026-07-28 task whose cancel was already
 //! acknowledged → the ack; otherwise this replica takes claim `generation + 1` and forwards.
+//! The lease runs from the statement that takes the claim, on the database's clock; the
+//! forwarder renews it while its flight lives (`renew_cancel`: again from the renewing
+//! statement, only while the claim's generation and replica are still its own; see
+//! `registry::tier`), so the store writes it makes before the upstream call do not eat the
+//! lease's margin.
 //! The forwarder stores the outcome with the claim's generation; waiting replicas poll for it
 //! (a bounded poll: the registry's deadline is the lease plus a second). A replica killed while
-//! forwarding leaves a claim that expires with its lease; the next cancel then claims again.
+//! forwarding stops renewing and leaves a claim that expires with its lease; the next cancel
+//! then claims again.
 //!
 //! **Sweep lease**: a session advisory lock (`pg_try_advisory_lock`) that the replica which gets
 //! it keeps for its whole life, on a connection taken out of the pool (so `pool_size + 1`
@@ -30,6 +36,9 @@ use super::{pg_err, pool_err, PgStore};
 use crate::mcp::task::TaskStatus;
 use crate::store::{CancelClaim, SharedCancelOutcome, StoreError};
 use deadpool_postgres::{ClientWrapper, Object};
+
+/// The database's clock now, in ms since the epoch (the one clock every replica shares).
+const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
 /// Advisory lock key of the TTL sweep (`'taskgate'` as bytes, plus 2).
 const SWEEP_LOCK: i64 = 0x7461_736b_6761_7402;
@@ -90,16 +99,52 @@ impl PgStore {
                 return Ok(CancelClaim::Acknowledged);
             }
             let next = generation + 1;
+            // The lease runs from this statement, not from the read above (one round trip
+            // less of it spent before the claim is even made).
             tx.execute(
-                "UPDATE taskgate_tasks SET cancel_generation = $3, cancel_claimed_by = $4, \
-                 cancel_lease_until = $5, cancel_outcome = NULL \
-                 WHERE upstream = $1 AND task_id = $2",
-                &[&up, &id, &next, &me, &(now + lease_ms)],
+                &format!(
+                    "UPDATE taskgate_tasks SET cancel_generation = $3, cancel_claimed_by = $4, \
+                     cancel_lease_until = {DB_NOW_MS} + $5, cancel_outcome = NULL \
+                     WHERE upstream = $1 AND task_id = $2"
+                ),
+                &[&up, &id, &next, &me, &lease_ms],
             )
             .await
             .map_err(pg_err)?;
             tx.commit().await.map_err(pg_err)?;
             Ok(CancelClaim::Forward { generation: next })
+        })
+    }
+
+    /// See [`crate::store::TaskStore::renew_cancel`]: the lease from this statement on the
+    /// database's clock, only while claim `generation` is this replica's (the generation is the
+    /// fence: a replica that took a newer claim after this one lapsed bumped it).
+    pub(super) fn renew_cancel_now(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        generation: i64,
+        lease: std::time::Duration,
+    ) -> impl std::future::Future<Output = Result<bool, StoreError>> + 'static {
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX / 2);
+        let (up, id, me) = (
+            upstream.to_string(),
+            task_id.to_string(),
+            self.replica.clone(),
+        );
+        self.spawn(move |c| async move {
+            let n = c
+                .execute(
+                    &format!(
+                        "UPDATE taskgate_tasks SET cancel_lease_until = {DB_NOW_MS} + $5 \
+                         WHERE upstream = $1 AND task_id = $2 AND cancel_generation = $3 \
+                         AND cancel_claimed_by = $4"
+                    ),
+                    &[&up, &id, &generation, &me, &lease_ms],
+                )
+                .await
+                .map_err(pg_err)?;
+            Ok(n == 1)
         })
     }
 
