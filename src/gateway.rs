@@ -103,9 +103,12 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     // alike): a session id taskgate does not hold is then refused, never forwarded, since it
     // cannot tell whose it is (issue 29 #1: `mode == bearer` let OAuth callers through).
     let authenticated = config.auth.mode.identifies_callers();
-    let sessions = Sessions::with_limits(
+    let sessions = Sessions::with_caps(
         config.gateway.max_sessions,
         Duration::from_millis(config.gateway.session_idle_ms),
+        config
+            .limits
+            .sessions_per_principal(config.gateway.max_sessions),
     );
     let mut orphan_jobs = Vec::new();
 

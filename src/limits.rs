@@ -366,7 +366,11 @@ mod tests {
         let over = l.auth_blocked(bad).expect("refused past the burst");
         assert!(matches!(over, Over::AuthFailures(d) if d <= Duration::from_secs(60)));
         assert!((1..=60).contains(&over.retry_after_secs()));
-        assert_eq!(l.auth_blocked(other), None, "another address is not refused");
+        assert_eq!(
+            l.auth_blocked(other),
+            None,
+            "another address is not refused"
+        );
         let off = Limiter::new(&LimitsConfig {
             auth_failures_per_minute: Some(0),
             ..LimitsConfig::default()

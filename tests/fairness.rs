@@ -27,7 +27,10 @@ fn upstream_gets(up: &TaskServer) -> usize {
 
 async fn open_get(tg: &Tg, c: &Client) -> Resp {
     Req::mcp_get(&tg.mcp_url())
-        .header("authorization", &format!("Bearer {}", c.token.as_deref().unwrap()))
+        .header(
+            "authorization",
+            &format!("Bearer {}", c.token.as_deref().unwrap()),
+        )
         .header("mcp-session-id", c.session.as_deref().unwrap())
         .header("mcp-protocol-version", PROTOCOL_VERSION)
         .send()
@@ -63,14 +66,22 @@ async fn get_streams_are_capped_per_principal() {
     assert_eq!(third.header("retry-after").as_deref(), Some("1"));
     let v = third.json().await;
     assert_eq!(v["error"]["code"], json!(-32029), "{v}");
-    assert_eq!(upstream_gets(&up), 2, "the refused GET never reached the upstream");
+    assert_eq!(
+        upstream_gets(&up),
+        2,
+        "the refused GET never reached the upstream"
+    );
 
     let bobs = open_get(&tg, &bob).await;
     assert_eq!(bobs.status(), 200, "bob is not starved by alice's streams");
 
     let text = tg.metrics_text().await;
     assert_eq!(
-        metric(&text, "taskgate_http_rejections_total", &[("reason", "get_streams")]),
+        metric(
+            &text,
+            "taskgate_http_rejections_total",
+            &[("reason", "get_streams")]
+        ),
         1.0
     );
 
@@ -139,11 +150,71 @@ async fn failed_authentications_are_limited_per_client_address() {
     );
     let text = tg.metrics_text().await;
     assert_eq!(
-        metric(&text, "taskgate_http_rejections_total", &[("reason", "auth_failures")]),
+        metric(
+            &text,
+            "taskgate_http_rejections_total",
+            &[("reason", "auth_failures")]
+        ),
         2.0
     );
     assert_eq!(
-        metric(&text, "taskgate_http_rejections_total", &[("reason", "auth")]),
+        metric(
+            &text,
+            "taskgate_http_rejections_total",
+            &[("reason", "auth")]
+        ),
         4.0
+    );
+}
+
+/// Item 4: alice past `limits.max_sessions_per_principal` gets a new session by giving up one
+/// of her own (that id then gets 404 `-32001`), so she can never fill `gateway.max_sessions`:
+/// bob's `initialize`s still get sessions and his sessions are never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_past_its_session_share_never_takes_anothers() {
+    let up = TaskServer::default().await;
+    let cfg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .token("bob", "bob-token")
+        .gateway("max_sessions = 4");
+    let tg = Tg::start(|store| {
+        format!("{}\n[limits]\nmax_sessions_per_principal = 2\n", cfg.to_toml(store))
+    })
+    .await;
+    let mut alices = Vec::new();
+    for _ in 0..3 {
+        let mut a = tg.client().with_token("alice-token");
+        let v = a.initialize().await;
+        assert!(v.get("result").is_some(), "{v}");
+        alices.push(a);
+    }
+    let mut bobs = Vec::new();
+    for _ in 0..2 {
+        let mut b = tg.client().with_token("bob-token");
+        let r = b.send(initialize_body("1")).await;
+        assert_eq!(r.status(), 200, "bob gets a session while alice holds her share");
+        b.session = r.header("mcp-session-id");
+        assert!(b.session.is_some());
+        r.bytes().await;
+        bobs.push(b);
+    }
+    for b in &bobs {
+        let r = b.send(rpc("2", "tools/list", "{}")).await;
+        assert_eq!(r.status(), 200, "bob's sessions work");
+    }
+    let mut statuses = Vec::new();
+    for a in &alices {
+        let r = a.send(rpc("3", "tools/list", "{}")).await;
+        let status = r.status();
+        if status == 404 {
+            assert_eq!(err_code(&r.json().await), -32001);
+        }
+        statuses.push(status);
+    }
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        vec![200, 200, 404],
+        "one of alice's own sessions made room for her third"
     );
 }

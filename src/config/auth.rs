@@ -130,7 +130,11 @@ impl LimitsConfig {
             ("limits.burst", self.burst, 1),
             ("limits.max_in_flight", self.max_in_flight, 1),
             ("limits.max_get_streams", self.max_get_streams, 1),
-            ("limits.auth_failures_per_minute", self.auth_failures_per_minute, 0),
+            (
+                "limits.auth_failures_per_minute",
+                self.auth_failures_per_minute,
+                0,
+            ),
             ("limits.auth_failures_burst", self.auth_failures_burst, 1),
         ];
         for (key, v, min) in rows {

@@ -18,15 +18,24 @@
 //! holds at most `gateway.max_sessions` entries and is never trimmed by other callers' traffic:
 //! when it is full, entries idle for `gateway.session_idle_ms` are reclaimed, and if none are,
 //! a new `initialize` is refused (see `session_guard`).
+//!
+//! **One principal's share** (issue 29 #4): one principal (without auth, one client address:
+//! [`Tenant`]) holds at most `limits.max_sessions_per_principal` sessions. Its new session past
+//! that reclaims its own least recently used one (a held one leaves the store; its id then gets
+//! 404 and the client initializes again), never another principal's. Reclaiming rather than
+//! refusing: many clients never send `DELETE`, so a refusal would lock a principal out for
+//! `gateway.session_idle_ms` (an hour by default) after enough ordinary reconnects, while the
+//! session given up is one its own clients used least recently. So no principal can fill the
+//! table: the others' `initialize`s keep succeeding.
 
-use crate::exchange::{McpReply, McpRequest, Operation, Principal, ReplyBody};
+use crate::exchange::{McpReply, McpRequest, Operation, Principal, ReplyBody, Tenant};
 use crate::jsonrpc::needles;
 use crate::jsonrpc::Id;
 use crate::layers::extensions::HeldSession;
 use http::HeaderValue;
 use parking_lot::Mutex;
 use serde_json::Value;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -91,6 +100,8 @@ fn cap_bits(caps: &Value) -> u8 {
 pub struct SessionInfo {
     /// The principal that initialized the session (its owner).
     pub owner: Principal,
+    /// Whom the session counts against for `limits.max_sessions_per_principal`.
+    tenant: Tenant,
     client_caps: u8,
     upstream_tasks_tools_call: bool,
     /// The upstream's `InitializeResult` had capabilities without `tasks`.
@@ -173,16 +184,73 @@ type TableHasher = foldhash::fast::RandomState;
 
 pub(crate) struct Table {
     map: HashMap<Key, SessionInfo, TableHasher>,
+    /// Per tenant, the keys of its entries under a client `Mcp-Session-Id` (the ones
+    /// `limits.max_sessions_per_principal` counts).
+    tenants: HashMap<Tenant, HashSet<Key, TableHasher>, TableHasher>,
     /// Per upstream, the tool cache of the last complete listing, shared by equal caches.
     shared_tools: HashMap<Arc<str>, Arc<ToolMap>>,
     /// When idle entries were last looked for (at most once a second).
     last_reclaim: Option<Instant>,
 }
 
+fn counted(key: &Key) -> bool {
+    matches!(key.1, Some(SessionKey::Session(_)))
+}
+
+impl Table {
+    /// Puts an entry in (replacing one under the same key), keeping the per-tenant keys.
+    fn put(&mut self, key: Key, info: SessionInfo) {
+        if counted(&key) {
+            self.tenants
+                .entry(info.tenant.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        let tenant = info.tenant.clone();
+        if let Some(old) = self.map.insert(key.clone(), info) {
+            if old.tenant != tenant {
+                self.untrack(&key, &old.tenant);
+            }
+        }
+    }
+
+    /// Takes an entry out, keeping the per-tenant keys.
+    fn take(&mut self, key: &Key) -> Option<SessionInfo> {
+        let info = self.map.remove(key)?;
+        self.untrack(key, &info.tenant);
+        Some(info)
+    }
+
+    fn untrack(&mut self, key: &Key, tenant: &Tenant) {
+        if let Some(keys) = self.tenants.get_mut(tenant) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.tenants.remove(tenant);
+            }
+        }
+    }
+
+    /// Sessions `tenant` holds.
+    fn held_by(&self, tenant: &Tenant) -> usize {
+        self.tenants.get(tenant).map_or(0, HashSet::len)
+    }
+
+    /// The key of `tenant`'s least recently used session.
+    fn least_recent_of(&self, tenant: &Tenant) -> Option<Key> {
+        self.tenants
+            .get(tenant)?
+            .iter()
+            .min_by_key(|k| self.map.get(*k).map_or(0, |s| s.last_used))
+            .cloned()
+    }
+}
+
 /// The session table, shared by the `session`, `session_guard` and `upgrade` layers.
 pub struct Sessions {
     table: Mutex<Table>,
     max: usize,
+    /// Sessions one tenant may hold (`limits.max_sessions_per_principal`).
+    per_tenant: usize,
     idle: Duration,
     epoch: Instant,
     /// Where held sessions are kept (see `held_store`); none in unit tests.
@@ -198,15 +266,25 @@ impl Sessions {
     }
 
     /// An empty table of at most `max` sessions; at `max`, sessions idle for `idle` may be
-    /// reclaimed for new ones.
+    /// reclaimed for new ones. No per-principal cap below `max` (see [`Sessions::with_caps`]).
     pub fn with_limits(max: usize, idle: Duration) -> Arc<Sessions> {
+        Sessions::with_caps(max, idle, max)
+    }
+
+    /// An empty table of at most `max` sessions, at most `per_tenant` of them held by one
+    /// principal (without one, one client address: [`Tenant`]); a principal's new session past
+    /// `per_tenant` reclaims that principal's own least recently used session, never another
+    /// principal's. At `max`, sessions idle for `idle` may be reclaimed for new ones.
+    pub fn with_caps(max: usize, idle: Duration, per_tenant: usize) -> Arc<Sessions> {
         Arc::new(Sessions {
             table: Mutex::new(Table {
                 map: HashMap::default(),
+                tenants: HashMap::default(),
                 shared_tools: HashMap::new(),
                 last_reclaim: None,
             }),
             max: max.max(1),
+            per_tenant: per_tenant.max(1),
             idle,
             epoch: Instant::now(),
             store: std::sync::OnceLock::new(),
@@ -249,11 +327,44 @@ impl Sessions {
         }
     }
 
-    /// Whether one more session fits: true below `max_sessions`, or when idle sessions could be
-    /// reclaimed to make room. Never removes a session that is in use.
-    pub fn has_room(&self) -> bool {
+    /// Whether one more session of `tenant` fits: true when the tenant is at its own cap (its
+    /// least recently used session makes room when the new one is recorded), below
+    /// `max_sessions`, or when idle sessions could be reclaimed to make room. Never removes a
+    /// session that is in use.
+    pub fn has_room(&self, tenant: &Tenant) -> bool {
         let mut table = self.table.lock();
-        self.make_room(&mut table)
+        self.at_tenant_cap(&table, tenant) || self.make_room(&mut table)
+    }
+
+    /// Whether `tenant` holds `per_tenant` sessions. Never true for [`Tenant::Unknown`]
+    /// (sessions of no known caller are not told apart), nor when `per_tenant` is the whole
+    /// table: then the table's own rule holds (a full table refuses, never drops a session in
+    /// use).
+    fn at_tenant_cap(&self, table: &Table, tenant: &Tenant) -> bool {
+        self.per_tenant < self.max
+            && *tenant != Tenant::Unknown
+            && table.held_by(tenant) >= self.per_tenant
+    }
+
+    /// Room for a new entry under `key` of `tenant`: at its cap, its own least recently used
+    /// session is reclaimed (a held one leaves the store); otherwise [`Sessions::make_room`].
+    fn room_for(&self, table: &mut Table, key: &Key, tenant: &Tenant) -> bool {
+        if table.map.contains_key(key) {
+            return true;
+        }
+        if counted(key) && self.at_tenant_cap(table, tenant) {
+            if let Some(lru) = table.least_recent_of(tenant) {
+                if let Some(info) = table.take(&lru) {
+                    tracing::info!(
+                        upstream = %lru.0,
+                        "a principal past limits.max_sessions_per_principal: its least recently used session is reclaimed"
+                    );
+                    self.unstore(Sessions::held_keys(std::iter::once((&lru, &info))));
+                }
+            }
+            return true;
+        }
+        self.make_room(table)
     }
 
     fn make_room(&self, table: &mut Table) -> bool {
@@ -272,8 +383,18 @@ impl Sessions {
         let cutoff = self.now().saturating_sub(idle);
         if self.now() >= idle {
             // A reclaimed held session leaves the store too.
-            let gone = Sessions::held_keys(table.map.iter().filter(|(_, s)| s.last_used <= cutoff));
-            table.map.retain(|_, s| s.last_used > cutoff);
+            let stale: Vec<Key> = table
+                .map
+                .iter()
+                .filter(|(_, s)| s.last_used <= cutoff)
+                .map(|(k, _)| k.clone())
+                .collect();
+            let mut gone = Vec::new();
+            for key in stale {
+                if let Some(info) = table.take(&key) {
+                    gone.extend(Sessions::held_keys(std::iter::once((&key, &info))));
+                }
+            }
             self.unstore(gone);
         }
         if table.map.len() < self.max {
@@ -293,7 +414,7 @@ impl Sessions {
         &self,
         upstream: &Arc<str>,
         session: Option<SessionKey>,
-        owner: Principal,
+        (owner, tenant): (Principal, Tenant),
         client_caps: Option<&Value>,
         upstream_result: Option<&Value>,
         held: Option<Arc<HeldSession>>,
@@ -302,11 +423,12 @@ impl Sessions {
         let last_used = self.now();
         let mut table = self.table.lock();
         let key = (upstream.clone(), session);
-        if !table.map.contains_key(&key) && !self.make_room(&mut table) {
+        if !self.room_for(&mut table, &key, &tenant) {
             return false;
         }
         let info = SessionInfo {
             owner,
+            tenant,
             client_caps: client_caps.map_or(0, cap_bits),
             upstream_tasks_tools_call: upstream_caps
                 .is_some_and(|c| c.pointer("/tasks/requests/tools/call").is_some()),
@@ -325,7 +447,7 @@ impl Sessions {
             self.any_held
                 .store(true, std::sync::atomic::Ordering::Relaxed);
         }
-        table.map.insert(key, info);
+        table.put(key, info);
         true
     }
 
@@ -424,7 +546,7 @@ impl Sessions {
     /// the background, see [`Sessions::forget_ended`] to wait for that).
     pub fn forget(&self, upstream: &Arc<str>, session: Option<&SessionKey>) {
         let key = (upstream.clone(), session.cloned());
-        let removed = self.table.lock().map.remove(&key);
+        let removed = self.table.lock().take(&key);
         if let Some(info) = removed {
             self.unstore(Sessions::held_keys(std::iter::once((&key, &info))));
         }

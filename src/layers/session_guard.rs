@@ -21,7 +21,9 @@
 //!   `tasks.max_ttl_ms`, when every record has expired). At most 10,000 DELETEs wait at once;
 //!   beyond that they are forwarded at once.
 //! - An `initialize` while the session table is full (`gateway.max_sessions`, no session idle for
-//!   `gateway.session_idle_ms`) is answered 503 with `-32603` before it reaches the upstream.
+//!   `gateway.session_idle_ms`) is answered 503 with `-32603` before it reaches the upstream,
+//!   unless its principal is at `limits.max_sessions_per_principal` (then its own least recently
+//!   used session makes room, see `session`).
 //! - A session id of the held form (`tgh-` and 32 hex digits: a session the `bridge` holds
 //!   itself) that the table does not hold is looked up in the registry's store first (a restart,
 //!   or another replica, issued it; see `session::held_store`): a stored one comes back with its
@@ -123,7 +125,7 @@ impl<S> SessionGuard<S> {
         if req.request_method() == Some("initialize") {
             req.ctx.session_id = None;
             req.ctx.client_session_id = None;
-            if !self.sessions.has_room() {
+            if !self.sessions.has_room(&req.ctx.tenant()) {
                 return Some(local(
                     StatusCode::SERVICE_UNAVAILABLE,
                     req.id(),
@@ -251,7 +253,11 @@ where
                     .client_session_id
                     .clone()
                     .unwrap_or_else(|| HeaderValue::from_static(""));
-                let refused = match this.sessions.revive(&req.ctx.upstream, &session).await {
+                let revived = this
+                    .sessions
+                    .revive(&req.ctx.upstream, &session, req.ctx.tenant())
+                    .await;
+                let refused = match revived {
                     Revived::InTable => None,
                     Revived::NotStored => Some((
                         StatusCode::NOT_FOUND,

@@ -140,7 +140,14 @@ fn equal_tool_caches_are_shared() {
         .collect();
     let result = serde_json::json!({"tools":[{"name":"a"},{"name":"b","execution":{"taskSupport":"optional"}}]});
     for k in &keys {
-        assert!(sessions.insert(&up, Some(k.clone()), Principal::Anonymous, None, None, None));
+        assert!(sessions.insert(
+            &up,
+            Some(k.clone()),
+            (Principal::Anonymous, Tenant::Unknown),
+            None,
+            None,
+            None
+        ));
         sessions.record_tools(&up, Some(k), &result);
     }
     let a = sessions.get(&up, Some(&keys[0])).unwrap().tools;
@@ -157,7 +164,7 @@ async fn store_a_held_session(sessions: &Arc<Sessions>, up: &Arc<str>, id: &str,
     assert!(sessions.insert(
         up,
         Some(key),
-        owner,
+        (owner.clone(), Tenant::of(&owner, None)),
         None,
         Some(&result),
         Some(Arc::new(held))
@@ -184,7 +191,10 @@ async fn held_sessions_come_back_from_the_store_within_their_idle_limit() {
     after.keep_held_in(store.clone());
     assert!(after.may_revive(&up, &hv));
     assert!(!after.may_revive(&up, &HeaderValue::from_static("issued-0")));
-    assert_eq!(after.revive(&up, &hv).await, Revived::InTable);
+    assert_eq!(
+        after.revive(&up, &hv, Tenant::Unknown).await,
+        Revived::InTable
+    );
     assert!(!after.may_revive(&up, &hv));
     assert_eq!(
         after.access(&up, &hv, &alice),
@@ -204,7 +214,10 @@ async fn held_sessions_come_back_from_the_store_within_their_idle_limit() {
     assert!(store.held_session(&up, &id).unwrap().is_none());
     let again = Sessions::with_limits(10, Duration::from_secs(3600));
     again.keep_held_in(store.clone());
-    assert_eq!(again.revive(&up, &hv).await, Revived::NotStored);
+    assert_eq!(
+        again.revive(&up, &hv, Tenant::Unknown).await,
+        Revived::NotStored
+    );
 
     // Idle past the limit (0 here) when the table comes back: not revived, and gone.
     let idle = Sessions::with_limits(10, Duration::ZERO);
@@ -213,7 +226,10 @@ async fn held_sessions_come_back_from_the_store_within_their_idle_limit() {
     assert!(store.held_session(&up, &id).unwrap().is_some());
     let restarted = Sessions::with_limits(10, Duration::ZERO);
     restarted.keep_held_in(store.clone());
-    assert_eq!(restarted.revive(&up, &hv).await, Revived::NotStored);
+    assert_eq!(
+        restarted.revive(&up, &hv, Tenant::Unknown).await,
+        Revived::NotStored
+    );
     assert!(store.held_session(&up, &id).unwrap().is_none());
 }
 
@@ -226,10 +242,112 @@ async fn a_reclaimed_held_session_leaves_the_store() {
     let sessions = Sessions::with_limits(1, Duration::ZERO);
     sessions.keep_held_in(store.clone());
     store_a_held_session(&sessions, &up, &id, Principal::Anonymous).await;
-    assert!(sessions.has_room(), "the idle held session is reclaimed");
+    assert!(
+        sessions.has_room(&Tenant::Unknown),
+        "the idle held session is reclaimed"
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while store.held_session(&up, &id).unwrap().is_some() {
         assert!(std::time::Instant::now() < deadline, "still stored");
         tokio::task::yield_now().await;
     }
+}
+
+/// Sets when a session was last used (seconds since the table was made): the table's clock
+/// counts whole seconds, so a test orders sessions itself.
+fn set_used(sessions: &Sessions, up: &Arc<str>, id: &str, at: u32) {
+    let key = (
+        up.clone(),
+        Some(SessionKey::Session(HeaderValue::from_str(id).unwrap())),
+    );
+    sessions
+        .table
+        .lock()
+        .map
+        .get_mut(&key)
+        .expect("in the table")
+        .last_used = at;
+}
+
+/// Issue 29 #4: a principal past `limits.max_sessions_per_principal` reclaims its own least
+/// recently used session, never another principal's; a held one leaves the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_principal_past_its_share_reclaims_its_own_least_recent_session() {
+    let store = crate::layers::testing::CountingStore::new();
+    let up: Arc<str> = "up".into();
+    let sessions = Sessions::with_caps(100, Duration::from_secs(3600), 2);
+    sessions.keep_held_in(store.clone());
+    let alice = Principal::Token("alice".into());
+    let bob = Principal::Token("bob".into());
+    let as_alice = || (alice.clone(), Tenant::of(&alice, None));
+    let key = |s: &str| SessionKey::Session(HeaderValue::from_str(s).unwrap());
+    let held_id = format!("{HELD_SESSION_PREFIX}{}", "c".repeat(32));
+    store_a_held_session(&sessions, &up, &held_id, alice.clone()).await;
+    assert!(sessions.insert(&up, Some(key("a-2")), as_alice(), None, None, None));
+    let as_bob = (bob.clone(), Tenant::of(&bob, None));
+    assert!(sessions.insert(&up, Some(key("b-1")), as_bob, None, None, None));
+    set_used(&sessions, &up, "b-1", 0);
+    set_used(&sessions, &up, "a-2", 1);
+    set_used(&sessions, &up, &held_id, 5);
+
+    assert!(
+        sessions.has_room(&Tenant::of(&alice, None)),
+        "at her cap, alice still gets a session"
+    );
+    assert!(sessions.insert(&up, Some(key("a-3")), as_alice(), None, None, None));
+    assert!(
+        sessions.get(&up, Some(&key("a-2"))).is_none(),
+        "alice's least recently used session is reclaimed"
+    );
+    assert!(sessions.get(&up, Some(&key(&held_id))).is_some());
+    assert!(
+        sessions.get(&up, Some(&key("b-1"))).is_some(),
+        "bob's session (the least recently used of all) is never touched"
+    );
+    assert_eq!(sessions.len(), 3);
+
+    // Now alice's held session is her least recent one: it goes, from the store too.
+    set_used(&sessions, &up, "a-3", 9);
+    assert!(sessions.insert(&up, Some(key("a-4")), as_alice(), None, None, None));
+    assert!(sessions.get(&up, Some(&key(&held_id))).is_none());
+    assert!(sessions.get(&up, Some(&key("a-3"))).is_some());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.held_session(&up, &held_id).unwrap().is_some() {
+        assert!(std::time::Instant::now() < deadline, "still stored");
+        tokio::task::yield_now().await;
+    }
+
+    // Without a principal, callers count by address: two addresses do not share a cap.
+    let one = Tenant::of(&Principal::Anonymous, Some("10.0.0.1".parse().unwrap()));
+    let two = Tenant::of(&Principal::Anonymous, Some("10.0.0.2".parse().unwrap()));
+    for (id, t) in [("o-1", &one), ("o-2", &one), ("t-1", &two), ("t-2", &two)] {
+        assert!(sessions.insert(
+            &up,
+            Some(key(id)),
+            (Principal::Anonymous, t.clone()),
+            None,
+            None,
+            None
+        ));
+    }
+    set_used(&sessions, &up, "o-1", 1);
+    set_used(&sessions, &up, "o-2", 2);
+    set_used(&sessions, &up, "t-1", 0);
+    assert!(sessions.insert(
+        &up,
+        Some(key("o-3")),
+        (Principal::Anonymous, one),
+        None,
+        None,
+        None
+    ));
+    assert!(
+        sessions.get(&up, Some(&key("o-1"))).is_none(),
+        "10.0.0.1 made room itself"
+    );
+    assert!(
+        sessions.get(&up, Some(&key("t-1"))).is_some(),
+        "10.0.0.2 keeps its sessions"
+    );
+    assert_eq!(sessions.len(), 7);
 }

@@ -18,7 +18,7 @@
 //!   never revived).
 
 use super::{SessionInfo, SessionKey, Sessions};
-use crate::exchange::Principal;
+use crate::exchange::{Principal, Tenant};
 use crate::layers::extensions::HeldSession;
 use crate::mcp::task::now_ms;
 use crate::store::{HeldSessionRecord, StoreError, TaskStore};
@@ -145,7 +145,14 @@ impl Sessions {
     }
 
     /// Brings a held session the store keeps back into the table (see the module docs).
-    pub async fn revive(&self, upstream: &Arc<str>, session: &HeaderValue) -> Revived {
+    /// `tenant`: whom the session counts against when it has no owner principal (without
+    /// auth, the client address of the request that brings it back).
+    pub async fn revive(
+        &self,
+        upstream: &Arc<str>,
+        session: &HeaderValue,
+        tenant: Tenant,
+    ) -> Revived {
         let Some(store) = self.store.get().cloned() else {
             return Revived::NotStored;
         };
@@ -183,11 +190,17 @@ impl Sessions {
             }
         };
         let now = self.now();
+        let owner = match record.owner {
+            Some(p) => Principal::Token(p.into()),
+            None => Principal::Anonymous,
+        };
+        let tenant = match &owner {
+            Principal::Token(p) => Tenant::Principal(p.clone()),
+            Principal::Anonymous => tenant,
+        };
         let info = SessionInfo {
-            owner: match record.owner {
-                Some(p) => Principal::Token(p.into()),
-                None => Principal::Anonymous,
-            },
+            owner,
+            tenant: tenant.clone(),
             client_caps: record.capability_bits,
             upstream_tasks_tools_call: record.upstream_tasks_tools_call,
             upstream_without_tasks: record.upstream_without_tasks,
@@ -208,10 +221,10 @@ impl Sessions {
         if table.map.contains_key(&key) {
             return Revived::InTable;
         }
-        if !self.make_room(&mut table) {
+        if !self.room_for(&mut table, &key, &tenant) {
             return Revived::NoRoom;
         }
-        table.map.insert(key, info);
+        table.put(key, info);
         self.any_held.store(true, Ordering::Relaxed);
         tracing::debug!(upstream = %upstream, "a held session came back from the store");
         Revived::InTable
@@ -276,8 +289,7 @@ impl Sessions {
         let removed = self
             .table
             .lock()
-            .map
-            .remove(&(upstream.clone(), session.cloned()));
+            .take(&(upstream.clone(), session.cloned()));
         let (Some(store), Some(info), Some(SessionKey::Session(id))) =
             (self.store.get().cloned(), removed, session)
         else {

@@ -70,6 +70,7 @@ where
                 .insert(crate::layers::extensions::UpstreamWithoutTasks);
         }
         let principal = req.ctx.principal.clone();
+        let tenant = req.ctx.tenant();
         let has_identity =
             req.ctx.client_session_id.is_some() || matches!(req.ctx.principal, Principal::Token(_));
         let watch = match (&req.op, req.request_method()) {
@@ -90,6 +91,7 @@ where
             sessions,
             upstream,
             principal,
+            tenant,
             has_identity,
             session,
             watch,
@@ -108,6 +110,7 @@ where
                 sessions,
                 upstream,
                 principal,
+                tenant,
                 watch,
                 session,
                 ..
@@ -121,8 +124,15 @@ where
                     .headers
                     .get("mcp-session-id")
                     .and_then(|h| HeaderValue::from_bytes(h.as_bytes()).ok());
-                if let Some(refused) =
-                    store_held(sessions, upstream, principal, watch, answered, issued).await
+                if let Some(refused) = store_held(
+                    sessions,
+                    upstream,
+                    (principal, tenant),
+                    watch,
+                    answered,
+                    issued,
+                )
+                .await
                 {
                     return Ok(refused);
                 }
@@ -147,6 +157,7 @@ pub struct Finish {
     sessions: Arc<Sessions>,
     upstream: Arc<str>,
     principal: Principal,
+    tenant: Tenant,
     has_identity: bool,
     session: Option<SessionKey>,
     watch: Watch,
@@ -170,6 +181,7 @@ impl Finish {
             sessions,
             upstream,
             principal,
+            tenant,
             has_identity,
             session,
             watch,
@@ -201,7 +213,7 @@ impl Finish {
                     sessions.insert(
                         &upstream,
                         reply_session.clone(),
-                        principal.clone(),
+                        (principal.clone(), tenant.clone()),
                         keep_client_caps.then_some(caps),
                         Some(result),
                         None,
@@ -251,7 +263,7 @@ enum Watch {
 async fn store_held(
     sessions: &Sessions,
     upstream: &Arc<str>,
-    principal: &Principal,
+    (principal, tenant): (&Principal, &Tenant),
     watch: &Watch,
     answer: Option<bytes::Bytes>,
     issued: Option<HeaderValue>,
@@ -266,7 +278,7 @@ async fn store_held(
     let stored = sessions.insert(
         upstream,
         Some(key.clone()),
-        principal.clone(),
+        (principal.clone(), tenant.clone()),
         Some(caps),
         Some(result),
         Some(Arc::new(HeldSession::from_initialize(params.as_ref()))),
