@@ -33,7 +33,9 @@
 //!   caller with neither a principal nor a session cannot be told apart from another one: its
 //!   cancels are never dropped as `duplicate` (a second `notifications/cancelled` is harmless;
 //!   dropping another client's is not), while the `initialize` and `task` checks still apply
-//!   (they protect a session and a task from being cancelled by the wrong message).
+//!   (they protect a session and a task from being cancelled by the wrong message). What is
+//!   noted of a session's requests is forgotten when its DELETE succeeds (or the upstream
+//!   answers 404), and a noted session id is a copy, not a slice of the upstream's read buffer.
 //!
 //! ## The two audit facts
 //!
@@ -207,6 +209,18 @@ where
                     let reply = inner.call(req).await?;
                     if let Some(id) = id {
                         state.note_initialize(caller, &reply, id);
+                    }
+                    Ok(reply)
+                }))
+            }
+            (None, None) if matches!(req.op, crate::exchange::Operation::EndSession) => {
+                // A session that ended leaves no notes behind (issue 29 item 16).
+                let (state, mut inner) = (self.state.clone(), self.take_inner());
+                Either::Right(Box::pin(async move {
+                    let caller = req.ctx.caller();
+                    let reply = inner.call(req).await?;
+                    if reply.status.is_success() || reply.status == http::StatusCode::NOT_FOUND {
+                        state.forget_session(&caller);
                     }
                     Ok(reply)
                 }))

@@ -56,11 +56,51 @@ impl CancelState {
     /// Remembers the `initialize` id of a caller (its principal and the session the
     /// `initialize` opened, from the reply).
     pub(super) fn note_initialize(&self, caller: Caller, reply: &McpReply, id: Id) {
+        // A copy: a clone would be a slice of hyper's read buffer of the upstream connection
+        // (kilobytes), kept alive as long as the note: about 5 kB per session, left behind
+        // after the session ended (issue 29 item 16).
         let caller = Caller {
             principal: caller.principal,
-            client_session: reply.headers.get("mcp-session-id").cloned(),
+            client_session: crate::headers::find(&reply.headers, &crate::headers::MCP_SESSION_ID)
+                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
         };
         bounded_insert(&mut self.notes.lock().initialize, caller, id);
+    }
+
+    /// Forgets every note of a caller whose session ended (a DELETE the upstream accepted, or
+    /// answered 404): nothing sent on that session can be cancelled any more, and its notes
+    /// would stay until their table is next cleared. A caller without a session is left alone
+    /// (its notes are shared with every caller like it).
+    pub(super) fn forget_session(&self, caller: &Caller) {
+        if caller.client_session.is_none() {
+            return;
+        }
+        let mut notes = self.notes.lock();
+        notes.initialize.remove(caller);
+        notes.creations.retain(|(c, _), _| c != caller);
+        notes.in_flight.retain(|(c, _), _| c != caller);
+        notes.forwarded.retain(|(c, _)| c != caller);
+    }
+
+    /// The session ids of the `initialize` notes, for tests.
+    #[cfg(test)]
+    pub(super) fn noted_sessions(&self) -> Vec<HeaderValue> {
+        let notes = self.notes.lock();
+        notes
+            .initialize
+            .keys()
+            .filter_map(|c| c.client_session.clone())
+            .collect()
+    }
+
+    /// How many notes are kept (all tables), for tests.
+    #[cfg(test)]
+    pub(super) fn notes_len(&self) -> usize {
+        let notes = self.notes.lock();
+        notes.initialize.len()
+            + notes.creations.len()
+            + notes.in_flight.len()
+            + notes.forwarded.len()
     }
 
     /// Remembers a task-augmented request: once `observe` records its creation, a

@@ -133,3 +133,77 @@ async fn a_stale_record_after_a_finished_flight_is_not_forwarded_again() {
     assert_eq!(b["error"]["code"], jsonrpc::INVALID_PARAMS, "{b}");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// Issue 29 item 16: an `initialize` notes the session it opened with a copy of the upstream's
+/// `Mcp-Session-Id` (a clone is a slice of the upstream connection's read buffer, which the
+/// note kept alive: about 5 kB per session), and the session's DELETE forgets every note of
+/// it (before, they stayed until their table was next cleared, 10,000 sessions later).
+#[tokio::test]
+async fn a_deleted_session_leaves_no_notes_and_the_noted_id_is_a_copy() {
+    use crate::exchange::Operation;
+    use http::HeaderValue;
+    let (registry, _) = registry();
+    let state = CancelState::new(registry, Duration::from_secs(30));
+    // The upstream's head as hyper keeps it: every value a slice of one read buffer.
+    let buffer = Bytes::from(b"mcp-session-id: up-session-1\r\n".repeat(256));
+    let issued = HeaderValue::from_maybe_shared(buffer.slice(16..28)).unwrap();
+    let upstream = tower::service_fn(move |req: McpRequest| {
+        let issued = issued.clone();
+        async move {
+            let mut reply = match &req.op {
+                Operation::Post(m) if m.method() == Some("initialize") => {
+                    let mut r = McpReply::local_json(Bytes::from_static(
+                        br#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{},"serverInfo":{"name":"s","version":"1"}}}"#,
+                    ));
+                    r.headers
+                        .insert(crate::headers::MCP_SESSION_ID.clone(), issued);
+                    r
+                }
+                _ => McpReply::accepted(),
+            };
+            if matches!(req.op, Operation::EndSession) {
+                reply.status = http::StatusCode::OK;
+            }
+            Ok::<_, GatewayError>(reply)
+        }
+    });
+    let stack = CancelLayer::new(state.clone()).layer(upstream);
+    let on_session = |mut req: McpRequest, session: Option<&str>| {
+        let session = session.map(|s| HeaderValue::from_str(s).unwrap());
+        req.ctx.session_id = session.clone();
+        req.ctx.client_session_id = session;
+        req
+    };
+    let init = on_session(
+        request(r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}"#),
+        None,
+    );
+    stack.clone().oneshot(init).await.unwrap();
+    let noted = state.noted_sessions();
+    assert_eq!(noted, vec![HeaderValue::from_static("up-session-1")]);
+    let range = buffer.as_ptr() as usize..buffer.as_ptr() as usize + buffer.len();
+    assert!(
+        !range.contains(&(noted[0].as_bytes().as_ptr() as usize)),
+        "the note keeps the upstream's read buffer alive"
+    );
+    // A forwarded notifications/cancelled is noted too (a second one would be a duplicate).
+    let cancelled = on_session(
+        request(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5}}"#),
+        Some("up-session-1"),
+    );
+    stack.clone().oneshot(cancelled).await.unwrap();
+    assert_eq!(state.notes_len(), 2);
+    // Another session's DELETE leaves them; this session's DELETE forgets them.
+    let mut delete = on_session(request(r#"{"jsonrpc":"2.0","method":"x"}"#), Some("other"));
+    delete.op = Operation::EndSession;
+    stack.clone().oneshot(delete).await.unwrap();
+    assert_eq!(state.notes_len(), 2);
+    let mut delete = on_session(
+        request(r#"{"jsonrpc":"2.0","method":"x"}"#),
+        Some("up-session-1"),
+    );
+    delete.op = Operation::EndSession;
+    let reply = stack.oneshot(delete).await.unwrap();
+    assert_eq!(reply.status, http::StatusCode::OK);
+    assert_eq!(state.notes_len(), 0, "the ended session's notes are gone");
+}
