@@ -37,7 +37,7 @@
 # Settings (environment): DURATION (s per timed case, default 2), WARMUP (s, 0.5), REPEAT (runs
 # per case and path in scenarios 1-5 and 8, default 3), QUIET_PCT (10),
 # LIFECYCLE_TASKS (1000, scenarios 4, 8, 9 and 10), CANCELS (1000), RECORDS (100000), SCENARIOS (which
-# ones, default "1 2 3 4 5 6 7 8 9 10"), RESULTS (output file, benches/RESULTS.md: the new report goes first, under its title, and every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
+# ones, default "1 2 3 4 5 6 7 8 9 10"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
 set -euo pipefail
 
@@ -471,13 +471,22 @@ a fresh store, with \`tasks.max_live_tasks_per_owner\` raised (all records belon
 "
 printf '%s\n\n%s\n%s\n' "$TITLE" "$HEADER" "$REPORT"
 if [ "$RESULTS" != "-" ]; then
-  # The history stays: the new report goes first, the earlier sections (everything after the
-  # title line of an existing file) follow it.
+  # The history stays. A file with the marker (benches/RESULTS.md: the goals table, then the
+  # latest run) gets the new report right below the marker, everything else where it was; a file
+  # without it gets the new report first, the earlier sections (everything after the title line)
+  # following it.
   NEW="$WORK/results.md"
-  printf '%s\n\n%s\n%s\n\n' "$TITLE" "$HEADER" "$REPORT" > "$NEW"
-  if [ -s "$RESULTS" ]; then
-    if [ "$(head -1 "$RESULTS")" = "$TITLE" ]; then tail -n +2 "$RESULTS"; else cat "$RESULTS"; fi |
-      sed '/./,$!d' >> "$NEW"
+  MARKER='<!-- benches/run.sh: a new report goes below this line; earlier sections stay below it -->'
+  if [ -s "$RESULTS" ] && grep -qxF -- "$MARKER" "$RESULTS"; then
+    awk -v m="$MARKER" '{ print } $0 == m { exit }' "$RESULTS" > "$NEW"
+    printf '\n%s\n%s\n\n' "$HEADER" "$REPORT" >> "$NEW"
+    awk -v m="$MARKER" 'seen { print } $0 == m { seen = 1 }' "$RESULTS" | sed '/./,$!d' >> "$NEW"
+  else
+    printf '%s\n\n%s\n%s\n\n' "$TITLE" "$HEADER" "$REPORT" > "$NEW"
+    if [ -s "$RESULTS" ]; then
+      if [ "$(head -1 "$RESULTS")" = "$TITLE" ]; then tail -n +2 "$RESULTS"; else cat "$RESULTS"; fi |
+        sed '/./,$!d' >> "$NEW"
+    fi
   fi
   cp "$NEW" "$RESULTS"
   say "added to $RESULTS (earlier sections kept below)"
