@@ -143,3 +143,58 @@ async fn session_delete_waits_for_the_owners_live_tasks() {
         Some(old_sid.as_str())
     );
 }
+
+/// Issue 29 item 16: a session's `DELETE` (answered 2xx) ends that session's open GET stream,
+/// even when the upstream keeps its side open (before, the client's stream stayed open after
+/// the session was gone); another session's GET stream stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_ends_the_sessions_get_stream_and_no_other() {
+    let issued = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let up = Upstream::start(move |req| match req.method.as_str() {
+        // The upstream never ends a GET stream by itself.
+        "GET" => ScriptedResponse::sse(vec![
+            ev().id("g-1")
+                .data(&notification(
+                    "notifications/message",
+                    r#"{"level":"info","data":"open"}"#,
+                ))
+                .into(),
+            SseStep::HoldOpen,
+        ]),
+        "DELETE" => ScriptedResponse::status(200, None, ""),
+        _ if req.rpc_method().as_deref() == Some("initialize") => {
+            let n = issued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            mcp_handler(req).set_header("mcp-session-id", &format!("session-{n}"))
+        }
+        _ => mcp_handler(req),
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+    let a = initialize(&gw, "/mcp").await;
+    let b = initialize(&gw, "/mcp").await;
+    assert_ne!(a, b);
+    let get = |sid: &str| {
+        Req::mcp_get(&gw.url("/mcp"))
+            .header("mcp-session-id", sid)
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+    };
+    let mut stream_a = get(&a).send().await.sse();
+    let mut stream_b = get(&b).send().await.sse();
+    assert_eq!(stream_a.next_event(STEP).await.id().as_deref(), Some("g-1"));
+    assert_eq!(stream_b.next_event(STEP).await.id().as_deref(), Some("g-1"));
+
+    let r = Req::delete(&gw.url("/mcp"))
+        .header("mcp-session-id", &a)
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(r.status(), 200);
+    stream_a.expect_end(STEP).await;
+    // taskgate let go of a's upstream stream, and of no other.
+    assert!(up.wait_for_sse_disconnects(1, STEP).await);
+    assert_eq!(up.sse_disconnects(), 1);
+    assert!(
+        !matches!(stream_b.next(std::time::Duration::ZERO).await, Next::End),
+        "b's stream ended with a's session"
+    );
+}

@@ -7,4 +7,5 @@ mod head_io;
 pub mod listen;
 mod response;
 pub mod server;
+mod session_streams;
 pub mod streamable;

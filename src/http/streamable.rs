@@ -28,6 +28,10 @@
 //!
 //! None of these touch the upstream or the client's session: one bad request never ends a session.
 //!
+//! A `DELETE` answered 2xx (by the upstream, or by taskgate when it defers it) ends the
+//! session's open GET streams on that route (`session_streams`), whether or not the upstream
+//! ends its side.
+//!
 //! SSE answers and GET streams reach a client that negotiated a revision before 2025-11-25
 //! (its `MCP-Protocol-Version`; without one, none was negotiated that has them) without the
 //! upstream's priming events (events without data, new in 2025-11-25), which older clients
@@ -98,6 +102,8 @@ pub struct Edge {
     auth: Authenticator,
     metrics: Arc<Metrics>,
     shutdown: watch::Receiver<bool>,
+    /// The open GET streams by session, ended by the session's `DELETE`.
+    streams: Arc<super::session_streams::SessionStreams>,
 }
 
 impl Edge {
@@ -126,6 +132,7 @@ impl Edge {
             auth,
             metrics,
             shutdown,
+            streams: Arc::default(),
         }
     }
 
@@ -375,6 +382,11 @@ impl Edge {
             SseKind::Post
         };
         let rpc_id = request.id().cloned();
+        // A GET stream or a DELETE of a client session (see `session_streams`).
+        let stream_session = match method {
+            McpMethod::Get | McpMethod::Delete => request.ctx.client_session_id.clone(),
+            _ => None,
+        };
         // Debug level: at the default `info` the span costs nothing per request; warnings carry
         // the same fields themselves.
         let span = tracing::debug_span!(
@@ -391,6 +403,11 @@ impl Edge {
             Ok(mut reply) => {
                 if !primes {
                     reply.body = super::response::without_priming(reply.body);
+                }
+                if let Some(session) = &stream_session {
+                    let delete = matches!(method, McpMethod::Delete);
+                    self.streams
+                        .on_reply(&route.name, session, delete, &mut reply);
                 }
                 if let Some(reason) = reply.take_local_reason() {
                     self.metrics.local_answer(&route.name, reason);
