@@ -26,12 +26,27 @@
 //! **One GET stream per held session**: 2025-11-25 lets a server answer GET with a stream or
 //! 405 (nothing else) and lets either side close a stream, so a second GET gets its stream and
 //! the first one is closed (a client that reconnects after a lost connection is never refused).
-//! At most [`MAX_LISTENING_SESSIONS`] sessions have state here (subscriptions, a stream); past it
-//! the oldest entry is dropped (its stream closed). A session's DELETE drops its entry.
+//! A session's DELETE drops its entry.
+//!
+//! **Bounds** (issue 29 #5; one caller never evicts another's stream or subscriptions): an
+//! entry (subscriptions, a stream) costs [`ENTRY_BYTES`] plus its id, and each URI
+//! [`URI_OVERHEAD_BYTES`] plus its length. One principal (without auth, one client address:
+//! [`Tenant`]) has at most [`MAX_LISTENING_PER_PRINCIPAL`] entries (past it, its own oldest
+//! entry is dropped, its stream closed) and [`MAX_LISTEN_BYTES_PER_PRINCIPAL`] bytes (a
+//! subscribe past it is refused `-32602`). Per upstream at most [`MAX_LISTENING_SESSIONS`]
+//! entries and [`MAX_LISTEN_BYTES`] bytes: when full, entries of sessions taskgate no longer
+//! holds (ended, reclaimed) are dropped first; if that frees nothing, the new entry is refused
+//! (a GET 503 with `Retry-After`, a subscribe `-32603`), never taken from another caller.
+//!
+//! **Re-sent filters**: a 2026-07-28 listen's filter is fixed when it opens (no method changes
+//! it), so a change of subscriptions opens a new listen with the whole filter (at most
+//! [`MAX_SUBSCRIPTIONS`] URIs). Changes that arrive while a listen is being opened are folded
+//! into the next one (a `watch` channel keeps only the latest), so a burst of subscribes costs
+//! about one listen per upstream round trip, not one per subscribe.
 
 use super::{modern_request, translate, BridgeState};
 use crate::era::{self, CLIENT_CAPABILITIES_META, PROTOCOL_VERSION_META};
-use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, Tenant};
 use crate::jsonrpc;
 use crate::layers::McpService;
 use crate::metrics::LocalReason;
@@ -53,6 +68,16 @@ pub const MAX_SUBSCRIPTIONS: usize = 256;
 pub const MAX_URI_BYTES: usize = 2048;
 /// Most held sessions with listen state per upstream.
 pub const MAX_LISTENING_SESSIONS: usize = 4096;
+/// Most held sessions with listen state per principal (or client address) and upstream.
+pub const MAX_LISTENING_PER_PRINCIPAL: usize = 64;
+/// Most bytes of listen state per upstream (see the module docs for how they are counted).
+pub const MAX_LISTEN_BYTES: usize = 64 << 20;
+/// Most bytes of listen state per principal (or client address) and upstream.
+pub const MAX_LISTEN_BYTES_PER_PRINCIPAL: usize = 1 << 20;
+/// What an entry costs besides its id and URIs, in bytes (the map slot, the channels).
+pub const ENTRY_BYTES: usize = 256;
+/// What a subscribed URI costs besides its length, in bytes (the set's node).
+pub const URI_OVERHEAD_BYTES: usize = 64;
 /// How long the upstream's `server/discover` capabilities are reused.
 pub const DISCOVER_TTL: Duration = Duration::from_secs(60);
 /// `_meta` key a 2026 server puts on every notification of a `subscriptions/listen` stream.
@@ -64,6 +89,10 @@ const RELAY_CAPACITY: usize = 64;
 
 /// One held session's listen state.
 struct Session {
+    /// Whom it counts against.
+    tenant: Tenant,
+    /// What it costs (see [`ENTRY_BYTES`]).
+    bytes: usize,
     uris: BTreeSet<String>,
     /// Bumped when `uris` change (an open stream listens again).
     changed: watch::Sender<u64>,
@@ -74,48 +103,212 @@ struct Session {
 /// The listen state of one upstream's held sessions (see the module docs).
 #[derive(Default)]
 pub struct Listens {
-    sessions: Mutex<(HashMap<String, Session>, VecDeque<String>)>,
+    sessions: Mutex<Table>,
     discovered: Mutex<Option<(Instant, Value)>>,
     tokens: AtomicU64,
 }
 
-impl Listens {
-    fn with_session<T>(&self, id: &str, f: impl FnOnce(&mut Session) -> T) -> T {
-        let mut guard = self.sessions.lock();
-        let (map, order) = &mut *guard;
-        if !map.contains_key(id) {
-            if map.len() >= MAX_LISTENING_SESSIONS {
-                if let Some(old) = order.pop_front() {
-                    map.remove(&old);
-                }
+/// The entries, in creation order, with what each tenant holds.
+#[derive(Default)]
+struct Table {
+    map: HashMap<String, Session>,
+    order: VecDeque<String>,
+    /// Per tenant: (entries, bytes).
+    tenants: HashMap<Tenant, (usize, usize)>,
+    bytes: usize,
+}
+
+/// Why an entry could not be made or grown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Full {
+    /// The upstream's table is full of other callers' live entries.
+    Table,
+    /// The caller's own byte budget is spent.
+    Principal,
+}
+
+impl Table {
+    fn remove(&mut self, id: &str) {
+        let Some(old) = self.map.remove(id) else {
+            return;
+        };
+        self.order.retain(|s| s != id);
+        self.bytes -= old.bytes;
+        if let Some((n, b)) = self.tenants.get_mut(&old.tenant) {
+            *n -= 1;
+            *b -= old.bytes;
+            if *n == 0 {
+                self.tenants.remove(&old.tenant);
             }
-            order.push_back(id.to_string());
-            map.insert(
+        }
+    }
+
+    fn charge(&mut self, id: &str, delta: isize) {
+        let Some(s) = self.map.get_mut(id) else {
+            return;
+        };
+        s.bytes = s.bytes.saturating_add_signed(delta);
+        self.bytes = self.bytes.saturating_add_signed(delta);
+        if let Some((_, b)) = self.tenants.get_mut(&s.tenant) {
+            *b = b.saturating_add_signed(delta);
+        }
+    }
+
+    fn held_by(&self, tenant: &Tenant) -> (usize, usize) {
+        self.tenants.get(tenant).copied().unwrap_or((0, 0))
+    }
+
+    /// Room for `extra` more bytes of `tenant` (and a new entry when `new`): its own oldest
+    /// entry goes when it is at its entry cap; entries of sessions no longer `alive` go when
+    /// the table is full; never another live caller's.
+    fn make_room(
+        &mut self,
+        tenant: &Tenant,
+        new: bool,
+        extra: usize,
+        alive: &dyn Fn(&str) -> bool,
+    ) -> Result<(), Full> {
+        if new && self.held_by(tenant).0 >= MAX_LISTENING_PER_PRINCIPAL {
+            if let Some(old) = self
+                .order
+                .iter()
+                .find(|id| self.map.get(*id).is_some_and(|s| s.tenant == *tenant))
+                .cloned()
+            {
+                self.remove(&old);
+            }
+        }
+        if self.held_by(tenant).1 + extra > MAX_LISTEN_BYTES_PER_PRINCIPAL {
+            return Err(Full::Principal);
+        }
+        let full = |t: &Table| {
+            (new && t.map.len() >= MAX_LISTENING_SESSIONS) || t.bytes + extra > MAX_LISTEN_BYTES
+        };
+        if full(self) {
+            let gone: Vec<String> = self.order.iter().filter(|id| !alive(id)).cloned().collect();
+            for id in gone {
+                self.remove(&id);
+            }
+        }
+        if full(self) {
+            return Err(Full::Table);
+        }
+        Ok(())
+    }
+}
+
+impl Listens {
+    /// Runs `f` on a session's state, made for `tenant` when it has none (see the module docs
+    /// for the bounds; `alive` tells whether taskgate still holds a session id).
+    fn with_session<T>(
+        &self,
+        id: &str,
+        tenant: &Tenant,
+        alive: &dyn Fn(&str) -> bool,
+        f: impl FnOnce(&mut Session) -> T,
+    ) -> Result<T, Full> {
+        let mut table = self.sessions.lock();
+        if !table.map.contains_key(id) {
+            let bytes = ENTRY_BYTES + id.len();
+            table.make_room(tenant, true, bytes, alive)?;
+            table.order.push_back(id.to_string());
+            table.map.insert(
                 id.to_string(),
                 Session {
+                    tenant: tenant.clone(),
+                    bytes,
                     uris: BTreeSet::new(),
                     changed: watch::channel(0).0,
                     stream: None,
                 },
             );
+            table.bytes += bytes;
+            let held = table.tenants.entry(tenant.clone()).or_default();
+            held.0 += 1;
+            held.1 += bytes;
         }
-        f(map.get_mut(id).expect("inserted above"))
+        Ok(f(table.map.get_mut(id).expect("inserted above")))
     }
 
     /// Runs `f` on a session's state only if it has one (never creates it: a stream ending
     /// after its session's DELETE must not bring the session's entry back).
-    fn if_session(&self, id: &str, f: impl FnOnce(&mut Session)) {
-        if let Some(s) = self.sessions.lock().0.get_mut(id) {
-            f(s);
+    fn if_session<T>(&self, id: &str, f: impl FnOnce(&mut Session) -> T) -> Option<T> {
+        self.sessions.lock().map.get_mut(id).map(f)
+    }
+
+    /// Adds or removes a subscribed URI of `id`'s session (made for `tenant` when it has no
+    /// state); `Ok(false)` when [`MAX_SUBSCRIPTIONS`] are kept already.
+    fn subscribe(
+        &self,
+        id: &str,
+        tenant: &Tenant,
+        alive: &dyn Fn(&str) -> bool,
+        uri: &str,
+        adding: bool,
+    ) -> Result<bool, Full> {
+        self.with_session(id, tenant, alive, |_| ())?;
+        let mut table = self.sessions.lock();
+        let Some(s) = table.map.get(id) else {
+            return Err(Full::Table);
+        };
+        let (has, count, tenant) = (s.uris.contains(uri), s.uris.len(), s.tenant.clone());
+        let cost = URI_OVERHEAD_BYTES + uri.len();
+        let delta = match (adding, has) {
+            (true, false) if count >= MAX_SUBSCRIPTIONS => return Ok(false),
+            (true, false) => {
+                table.make_room(&tenant, false, cost, alive)?;
+                cost as isize
+            }
+            (false, true) => -(cost as isize),
+            _ => return Ok(true),
+        };
+        let Some(s) = table.map.get_mut(id) else {
+            return Err(Full::Table);
+        };
+        if adding {
+            s.uris.insert(uri.to_string());
+        } else {
+            s.uris.remove(uri);
         }
+        s.changed.send_modify(|n| *n += 1);
+        table.charge(id, delta);
+        Ok(true)
     }
 
     /// Forgets a session (it ended): its stream is closed.
     pub fn forget(&self, id: &str) {
-        let mut guard = self.sessions.lock();
-        guard.0.remove(id);
-        guard.1.retain(|s| s != id);
+        self.sessions.lock().remove(id);
     }
+
+    /// Entries and bytes held now (for tests and metrics).
+    pub fn usage(&self) -> (usize, usize) {
+        let table = self.sessions.lock();
+        (table.map.len(), table.bytes)
+    }
+}
+
+/// Whether taskgate still holds `req`'s upstream's session `id` (without a session table:
+/// always).
+fn alive_in(state: &BridgeState, req: &McpRequest) -> impl Fn(&str) -> bool {
+    let sessions = state.sessions.clone();
+    let upstream = req.ctx.upstream.clone();
+    move |id: &str| match (&sessions, HeaderValue::from_str(id)) {
+        (Some(sessions), Ok(id)) => sessions.held(&upstream, &id).is_some(),
+        _ => true,
+    }
+}
+
+/// HTTP 503 with `Retry-After: 1`: no room for another session's listen state.
+fn no_room() -> McpReply {
+    let mut r = McpReply::local_error(
+        None,
+        jsonrpc::INTERNAL_ERROR,
+        "Service Unavailable: taskgate holds listen state for as many held sessions as it keeps; try again later",
+    );
+    r.status = StatusCode::SERVICE_UNAVAILABLE;
+    r.headers
+        .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r.answered_locally(LocalReason::HeldSession)
 }
 
 /// The filter categories an upstream offers (from its `server/discover` capabilities).
@@ -229,9 +422,12 @@ pub(super) async fn open<S: McpService>(
         tracing::debug!(capabilities = ?caps, "nothing to listen to: the held session's GET is 405");
         return Ok(not_allowed());
     };
-    let (uris, changed) = state
-        .listens
-        .with_session(&session, |s| (s.uris.clone(), s.changed.subscribe()));
+    let (tenant, alive) = (req.ctx.tenant(), alive_in(&state, &req));
+    let Ok((uris, changed)) = state.listens.with_session(&session, &tenant, &alive, |s| {
+        (s.uris.clone(), s.changed.subscribe())
+    }) else {
+        return Ok(no_room());
+    };
     let first = match offer.filter(&uris) {
         Some(filter) => match listen(&state, &inner, &req, filter).await {
             Ok(events) => Some(events),
@@ -244,9 +440,11 @@ pub(super) async fn open<S: McpService>(
     };
     let token = state.listens.tokens.fetch_add(1, Ordering::Relaxed);
     let (close_tx, close_rx) = oneshot::channel();
-    let previous = state
-        .listens
-        .with_session(&session, |s| s.stream.replace((token, close_tx)));
+    let Ok(previous) = state.listens.with_session(&session, &tenant, &alive, |s| {
+        s.stream.replace((token, close_tx))
+    }) else {
+        return Ok(no_room());
+    };
     if let Some((_, close)) = previous {
         tracing::debug!("a second GET stream of a held session: the first one is closed");
         let _ = close.send(());
@@ -282,7 +480,11 @@ async fn run<S: McpService>(
 ) {
     loop {
         if upstream.is_none() {
-            let uris = state.listens.with_session(session, |s| s.uris.clone());
+            // An entry dropped meanwhile (DELETE, or its own caller's newer ones) is not
+            // made again here: its stream was closed with it.
+            let Some(uris) = state.listens.if_session(session, |s| s.uris.clone()) else {
+                return;
+            };
             if let Some(filter) = offer.filter(&uris) {
                 match listen(state, &inner, req, filter).await {
                     Ok(events) => upstream = Some(events),
@@ -443,30 +645,31 @@ pub(super) async fn subscribe<S: McpService>(
         ));
     }
     let adding = msg.method() == Some("resources/subscribe");
-    let kept = state.listens.with_session(&session, |s| {
-        let changed = if adding {
-            if !s.uris.contains(uri) && s.uris.len() >= MAX_SUBSCRIPTIONS {
-                return false;
-            }
-            s.uris.insert(uri.to_string())
-        } else {
-            s.uris.remove(uri)
-        };
-        if changed {
-            s.changed.send_modify(|n| *n += 1);
-        }
-        true
-    });
-    let reply = if kept {
-        McpReply::local_json(jsonrpc::result_response(&id, "{}"))
-    } else {
-        McpReply::local_error(
+    let alive = alive_in(state, req);
+    let kept = state
+        .listens
+        .subscribe(&session, &req.ctx.tenant(), &alive, uri, adding);
+    let reply = match kept {
+        Ok(true) => McpReply::local_json(jsonrpc::result_response(&id, "{}")),
+        Ok(false) => McpReply::local_error(
             Some(&id),
             jsonrpc::INVALID_PARAMS,
             &format!(
                 "taskgate keeps at most {MAX_SUBSCRIPTIONS} resource subscriptions per session"
             ),
-        )
+        ),
+        Err(Full::Principal) => McpReply::local_error(
+            Some(&id),
+            jsonrpc::INVALID_PARAMS,
+            &format!(
+                "taskgate keeps at most {MAX_LISTEN_BYTES_PER_PRINCIPAL} bytes of resource subscriptions per principal"
+            ),
+        ),
+        Err(Full::Table) => McpReply::local_error(
+            Some(&id),
+            jsonrpc::INTERNAL_ERROR,
+            "taskgate holds listen state for as many held sessions as it keeps; try again later",
+        ),
     };
     Some(reply.answered_locally(LocalReason::HeldSession))
 }
@@ -520,5 +723,106 @@ mod tests {
         assert!(!Offer::of(&json!({"tools": {}})).any());
         let only_subscribe = Offer::of(&json!({"resources": {"subscribe": true}}));
         assert!(only_subscribe.any() && only_subscribe.filter(&none).is_none());
+    }
+
+    /// Issue 29 #5: other callers' sessions never evict a victim's listen state; one caller's
+    /// own newer entries drop its own oldest; ended sessions make room; bytes are bounded per
+    /// caller.
+    #[test]
+    fn the_listen_table_is_bounded_per_caller_and_in_bytes() {
+        let listens = Listens::default();
+        let live = |_: &str| true;
+        let bob = Tenant::Principal("bob".into());
+        let (close_tx, mut close_rx) = oneshot::channel();
+        listens
+            .with_session("bob-1", &bob, &live, |s| s.stream = Some((0, close_tx)))
+            .unwrap();
+        assert_eq!(
+            listens.subscribe("bob-1", &bob, &live, "a://b", true),
+            Ok(true)
+        );
+        // 64 other callers fill the table with live entries, 64 each.
+        let mut refused = 0;
+        for t in 0..64 {
+            let tenant = Tenant::Principal(format!("t{t}").into());
+            for i in 0..MAX_LISTENING_PER_PRINCIPAL {
+                if listens
+                    .with_session(&format!("t{t}-{i}"), &tenant, &live, |_| ())
+                    .is_err()
+                {
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!(
+            refused, 1,
+            "the table is full: the last new entry is refused"
+        );
+        assert!(
+            listens.if_session("bob-1", |s| s.uris.len()) == Some(1),
+            "bob's subscriptions are kept"
+        );
+        assert!(
+            matches!(
+                close_rx.try_recv(),
+                Err(oneshot::error::TryRecvError::Empty)
+            ),
+            "bob's stream stays open"
+        );
+        // A caller's own newer entry drops its own oldest.
+        let t0 = Tenant::Principal("t0".into());
+        listens.with_session("t0-new", &t0, &live, |_| ()).unwrap();
+        assert!(listens.if_session("t0-0", |_| ()).is_none());
+        assert!(listens.if_session("t1-0", |_| ()).is_some());
+        // Ended sessions make room for a new caller.
+        let alice = Tenant::Principal("alice".into());
+        let t5_gone = |id: &str| !id.starts_with("t5-");
+        assert_eq!(
+            listens.with_session("alice-1", &alice, &live, |_| ()).err(),
+            Some(Full::Table)
+        );
+        listens
+            .with_session("alice-1", &alice, &t5_gone, |_| ())
+            .unwrap();
+        assert!(listens.if_session("t5-3", |_| ()).is_none());
+        assert!(listens.if_session("bob-1", |_| ()).is_some());
+
+        // Bytes: one caller's subscriptions stop at its budget; a removal frees bytes.
+        let carol = Tenant::Principal("carol".into());
+        let long = |i: usize| format!("r://{i:04}/{}", "x".repeat(MAX_URI_BYTES - 10));
+        let mut over = None;
+        'fill: for s in 0..4 {
+            for i in 0..MAX_SUBSCRIPTIONS {
+                match listens.subscribe(
+                    &format!("carol-{s}"),
+                    &carol,
+                    &t5_gone,
+                    &long(s * 1000 + i),
+                    true,
+                ) {
+                    Ok(true) => {}
+                    other => {
+                        over = Some(other);
+                        break 'fill;
+                    }
+                }
+            }
+        }
+        assert_eq!(over, Some(Err(Full::Principal)));
+        let (_, bytes) = listens.sessions.lock().held_by(&carol);
+        assert!(bytes <= MAX_LISTEN_BYTES_PER_PRINCIPAL, "{bytes}");
+        assert_eq!(
+            listens.subscribe("carol-0", &carol, &t5_gone, &long(0), false),
+            Ok(true)
+        );
+        assert_eq!(
+            listens.subscribe("carol-0", &carol, &t5_gone, &long(0), true),
+            Ok(true)
+        );
+        let (entries, total) = listens.usage();
+        assert!(entries <= MAX_LISTENING_SESSIONS && total <= MAX_LISTEN_BYTES);
+        listens.forget("carol-0");
+        listens.forget("carol-1");
+        assert!(listens.sessions.lock().held_by(&carol).1 < bytes);
     }
 }
