@@ -25,8 +25,12 @@
 //! `connect_timeout` (5 s when the URL has none): an answer as slow as a new connection may be
 //! means the connection is lost (a black-holed network, where TCP alone would take many minutes
 //! to give up). Then the holder closes that connection and does not sweep that tick; the server
-//! ends the session and its lock once the close reaches it (on a path that stays black-holed,
-//! when its own TCP keepalive gives up), and the next replica to try takes the lease. Taking the
+//! ends the session and its lock once the close reaches it, and the next replica to try takes
+//! the lease. On a path that stays black-holed the close never arrives: the server then ends
+//! the session when its own TCP keepalive gives up, which the holder sets on that session when
+//! it takes the lock (`server_keepalive`: probes after the same bound, 3 probes 1 s apart,
+//! `tcp_user_timeout` the same bound) instead of the server's defaults (7200 s, 9 x 75 s: the
+//! lease stuck with a vanished replica for 2 h 11 min). Taking the
 //! lock (`pg_try_advisory_lock` on a pooled connection) has the same bound; a connection that
 //! does not answer it in time is closed (whether the lock was granted is unknown). A replica
 //! that does not get the lock gives the pooled connection it tried with back to the pool (it
@@ -259,8 +263,115 @@ impl PgStore {
                 // It holds nothing: back to the pool when `obj` drops.
                 return Ok(None);
             }
-            *held = Some(Object::take(obj));
+            let client = Object::take(obj);
+            // The server must end this session (and its lock) in time once the path to this
+            // replica is gone, not after its TCP defaults (about 2 h 11 min on Linux).
+            let settings = server_keepalive(liveness);
+            match tokio::time::timeout(liveness, client.batch_execute(&settings)).await {
+                Ok(Ok(())) => {}
+                failed => {
+                    // Dropping the client closes the connection and gives the lock back.
+                    drop(client);
+                    return Err(match failed {
+                        Ok(Err(e)) => pg_err(e),
+                        _ => StoreError::Db(format!(
+                            "postgres: no answer to the sweep lease's settings within {} ms",
+                            liveness.as_millis()
+                        )),
+                    });
+                }
+            }
+            *held = Some(client);
             Ok(Some(Box::new(()) as Box<dyn Send>))
         })
+    }
+}
+
+/// The server-side TCP settings of the session holding the sweep lease (issue 29, item 9): the
+/// liveness check ([`PgStore::sweep_lease_now`]) closes a connection that does not answer
+/// within `liveness`, but on a path that drops packets the close never reaches the server,
+/// whose session would keep the advisory lock (and every replica from sweeping) until the
+/// server's TCP keepalive gives up: `tcp_keepalives_idle` 7200 s, 9 probes 75 s apart by
+/// default on Linux. With these the server probes an idle lease connection after `liveness`
+/// (whole seconds, at least 1) and ends the session after 3 unanswered probes 1 s apart, and
+/// `tcp_user_timeout` ends it when data it sent stays unacknowledged for `liveness`. A live
+/// holder's kernel answers the probes: nothing changes for it.
+fn server_keepalive(liveness: std::time::Duration) -> String {
+    let idle = liveness.as_secs().max(1);
+    let user_ms = liveness.as_millis().max(1000);
+    format!(
+        "SET tcp_keepalives_idle = {idle}; SET tcp_keepalives_interval = 1; \
+         SET tcp_keepalives_count = 3; SET tcp_user_timeout = {user_ms}"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::TaskStore;
+
+    /// The session that holds the sweep lease carries the server-side keepalive settings
+    /// (issue 29, item 9), so the server ends it, and gives the lease up, within seconds of the
+    /// path to this replica dropping packets. Needs `TASKGATE_TEST_DATABASE_URL` (skipped
+    /// without it). Fails on 14e5d1c: the session kept the server's defaults (idle 0 = the
+    /// OS's 7200 s).
+    #[test]
+    fn the_sweep_lease_session_has_server_side_keepalives() {
+        let Ok(url) = std::env::var("TASKGATE_TEST_DATABASE_URL") else {
+            eprintln!("SKIPPED: no TASKGATE_TEST_DATABASE_URL");
+            return;
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // A database of its own (the lease is per database), dropped at the end.
+        let db = format!("tg_lib_keepalive_{}", std::process::id());
+        let admin = |sql: String| {
+            let url = url.clone();
+            runtime.block_on(async move {
+                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(conn);
+                client.batch_execute(&sql).await.unwrap();
+            })
+        };
+        admin(format!("CREATE DATABASE {db}"));
+        let base = url.split('?').next().unwrap();
+        let base = &base[..base.rfind('/').unwrap()];
+        let url = format!("{base}/{db}?connect_timeout=2");
+        let store = runtime.block_on(PgStore::open(&url, 1, None)).unwrap();
+        let store2 = store.clone();
+        let took = std::thread::spawn(move || store2.sweep_lease().map(|l| l.is_some()))
+            .join()
+            .unwrap();
+        if !took.unwrap() {
+            // Another test's replica holds the shared database's lease: nothing to look at.
+            eprintln!("SKIPPED: the sweep lease is held elsewhere");
+            return;
+        }
+        let holder = store.sweep_holder.clone();
+        let shown = runtime.block_on(store.spawn_job(async move {
+            let held = holder.lock().await;
+            let client = held.as_ref().expect("the lease's connection is kept");
+            let mut out = Vec::new();
+            for name in [
+                "tcp_keepalives_idle",
+                "tcp_keepalives_interval",
+                "tcp_keepalives_count",
+                "tcp_user_timeout",
+            ] {
+                let row = client
+                    .query_one(&format!("SHOW {name}"), &[])
+                    .await
+                    .map_err(pg_err)?;
+                out.push(row.get::<_, String>(0));
+            }
+            Ok(out)
+        }));
+        drop(store);
+        admin(format!("DROP DATABASE {db} WITH (FORCE)"));
+        assert_eq!(shown.unwrap(), ["2", "1", "3", "2000"]);
     }
 }
