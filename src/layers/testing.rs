@@ -57,6 +57,8 @@ impl Counts {
 pub struct CountingStore {
     inner: Arc<SledStore>,
     pub counts: Arc<Counts>,
+    /// When set, every `create` fails (`StoreError::Db`), as a database that went away would.
+    pub fail_creates: std::sync::atomic::AtomicBool,
     _dir: tempfile::TempDir,
 }
 
@@ -67,6 +69,7 @@ impl CountingStore {
         Arc::new(CountingStore {
             inner,
             counts: Arc::default(),
+            fail_creates: Default::default(),
             _dir: dir,
         })
     }
@@ -79,6 +82,9 @@ fn inc(c: &AtomicUsize) {
 impl TaskStore for CountingStore {
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
         inc(&self.counts.creates);
+        if self.fail_creates.load(Ordering::SeqCst) {
+            return Box::pin(async { Err(StoreError::Db("the store is down (test)".into())) });
+        }
         self.inner.create(record)
     }
     fn get(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {

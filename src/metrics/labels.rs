@@ -287,6 +287,17 @@ label_enum! {
 }
 
 label_enum! {
+    /// `outcome` of `taskgate_unrecorded_task_cancels_total`: the `tasks/cancel` taskgate sends
+    /// for a task it could not record (see `layers::observe`).
+    UndoOutcome {
+        /// The upstream answered it (a result or a JSON-RPC error).
+        Answered = "answered",
+        /// No answer: the upstream could not be reached, timed out or gave no JSON-RPC message.
+        Failed = "failed",
+    }
+}
+
+label_enum! {
     /// `kind` of `taskgate_upstream_oversize_total`: a whole JSON body, or one SSE line or event.
     OversizeKind {
         Json = "json",

@@ -180,6 +180,11 @@ const CANCELLED_NOTIFICATIONS_DROPPED_TOTAL: Spec = spec(
     "Client notifications/cancelled not forwarded upstream, by reason.",
     &["upstream", "reason"],
 );
+const UNRECORDED_TASK_CANCELS_TOTAL: Spec = spec(
+    "taskgate_unrecorded_task_cancels_total",
+    "tasks/cancel sent upstream for a task whose creation could not be recorded (the client got -32603), by outcome.",
+    &["upstream", "outcome"],
+);
 const UPSTREAM_OVERSIZE_TOTAL: Spec = spec(
     "taskgate_upstream_oversize_total",
     "Upstream answers cut off for exceeding max_message_bytes (kind: json, sse_event).",
@@ -316,6 +321,9 @@ pub struct Metrics {
     /// `taskgate_cancelled_notifications_dropped_total{upstream,reason}`: client
     /// `notifications/cancelled` not forwarded ([`DropReason`]).
     pub cancelled_notifications_dropped_total: IntCounterVec,
+    /// `taskgate_unrecorded_task_cancels_total{upstream,outcome}`: `tasks/cancel` taskgate sent
+    /// for a task the upstream created but the registry could not record ([`UndoOutcome`]).
+    pub unrecorded_task_cancels_total: IntCounterVec,
     /// `taskgate_upstream_oversize_total{upstream,kind}`: upstream answers cut off because they
     /// exceeded the upstream's `max_message_bytes` ([`OversizeKind`]).
     pub upstream_oversize_total: IntCounterVec,
@@ -359,6 +367,7 @@ impl Metrics {
             bridge_mrtr_rounds_total: b.counter_vec(&BRIDGE_MRTR_ROUNDS_TOTAL),
             cancelled_notifications_dropped_total: b
                 .counter_vec(&CANCELLED_NOTIFICATIONS_DROPPED_TOTAL),
+            unrecorded_task_cancels_total: b.counter_vec(&UNRECORDED_TASK_CANCELS_TOTAL),
             upstream_oversize_total: b.counter_vec(&UPSTREAM_OVERSIZE_TOTAL),
             local_answers_total: b.counter_vec(&LOCAL_ANSWERS_TOTAL),
             registry: b.0,
@@ -409,6 +418,7 @@ impl Metrics {
         touch::<_, MrtrOutcome>(&self.bridge_mrtr_total, up);
         touch::<_, DropReason>(&self.cancelled_notifications_dropped_total, up);
         touch::<_, OversizeKind>(&self.upstream_oversize_total, up);
+        touch::<_, UndoOutcome>(&self.unrecorded_task_cancels_total, up);
         touch::<_, LocalReason>(&self.local_answers_total, up);
         for vec in [
             &self.task_terminal_rewrites_total,
@@ -529,6 +539,13 @@ impl Metrics {
     pub fn task_lookup_rejected(&self, upstream: &str, method: TaskMethod) {
         self.task_lookups_rejected_total
             .with_label_values(&[upstream, method.as_str()])
+            .inc();
+    }
+    /// A `tasks/cancel` taskgate sent for a task it could not record
+    /// (`taskgate_unrecorded_task_cancels_total`).
+    pub fn unrecorded_task_cancel(&self, upstream: &str, outcome: UndoOutcome) {
+        self.unrecorded_task_cancels_total
+            .with_label_values(&[upstream, outcome.as_str()])
             .inc();
     }
     /// A request taskgate answered itself (`taskgate_local_answers_total`).

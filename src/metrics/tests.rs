@@ -31,6 +31,7 @@ const CONTRACT: &[(&str, &str)] = &[
     ("taskgate_tasks_cancelled_unreleased", "gauge"),
     ("taskgate_tasks_created_total", "counter"),
     ("taskgate_tasks_expired_total", "counter"),
+    ("taskgate_unrecorded_task_cancels_total", "counter"),
     ("taskgate_upgraded_calls_total", "counter"),
     ("taskgate_upstream_errors_total", "counter"),
     ("taskgate_upstream_oversize_total", "counter"),
@@ -125,6 +126,8 @@ fn every_label_value_is_pre_created_at_start_up() {
         let dropped = "taskgate_cancelled_notifications_dropped_total";
         assert_all::<DropReason>(&text, dropped, "reason", up);
         assert_all::<OversizeKind>(&text, "taskgate_upstream_oversize_total", "kind", up);
+        let undo = "taskgate_unrecorded_task_cancels_total";
+        assert_all::<UndoOutcome>(&text, undo, "outcome", up);
         for name in [
             "taskgate_task_terminal_rewrites_total",
             "taskgate_tasks_expired_total",

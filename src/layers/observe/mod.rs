@@ -8,7 +8,14 @@
 //!   [`PendingCreation`] (set by `tasks`). A `CreateTaskResult` (JSON body or SSE event) is
 //!   recorded durably **before** that message is passed on; the record is the template
 //!   completed from the result's `Task` (ttl capped: see `Registry::creation_record`). When the
-//!   write fails, the client gets `-32603` instead of a taskId taskgate cannot stand behind. An
+//!   write fails, the client gets `-32603` instead of a taskId taskgate cannot stand behind, and
+//!   the task the upstream started is cancelled there: one `tasks/cancel` under an id taskgate
+//!   mints, sent to the service below (the upstream), not waited for by the client, in the task's
+//!   era (2025-11-25: on the upstream session the creation went out on; 2026-07-28: stateless,
+//!   with `Mcp-Method`/`Mcp-Name` and the tasks extension in `_meta`), logged, and counted in
+//!   `taskgate_unrecorded_task_cancels_total{outcome}` (`answered`, `failed`). Not when the
+//!   store refused the record as a duplicate (`StoreError::Conflict`): that taskId names a task
+//!   already recorded, maybe another owner's, which must not be cancelled. An
 //!   answer that is not a `CreateTaskResult` (an error, a plain result) records nothing and the
 //!   owner's slot is given back. The message passes as sent but for its ttl (`show_recorded_ttl`).
 //! - **Statuses**: replies to `tasks/get` and `tasks/cancel` (a Task; applied to the task the
@@ -31,16 +38,17 @@ use modern::{show_recorded_ttl, ttl_path};
 use poll::TaskView;
 
 use crate::era::{self, Era};
-use crate::exchange::{McpReply, McpRequest, ReplyBody};
+use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody, RequestContext};
 use crate::jsonrpc::needles::{self, found};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::layers::after::{AfterReply, ReplyStep};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::metrics::UndoOutcome;
 use crate::registry::{Registry, ResourceHold};
 use crate::sse::{ByteString, Event, EventStream};
-use crate::store::TaskRecord;
+use crate::store::{StoreError, TaskRecord};
 use bytes::Bytes;
-use futures_util::future::Either;
+use futures_util::future::{BoxFuture, Either};
 use parking_lot::Mutex;
 use serde_json::Value;
 use std::future::Future;
@@ -102,8 +110,13 @@ impl TaskMethod {
 enum Expect {
     /// Nothing beyond status notifications and activity.
     Nothing,
-    /// A `CreateTaskResult` answering `id`.
-    Creation { id: Id, pending: PendingCreation },
+    /// A `CreateTaskResult` answering `id`; `undo` cancels the task upstream when it cannot be
+    /// recorded.
+    Creation {
+        id: Id,
+        pending: PendingCreation,
+        undo: Option<Undo>,
+    },
     /// The reply to `tasks/get|result|cancel` about `task_id`.
     TaskReply {
         id: Id,
@@ -124,7 +137,11 @@ impl Expect {
         let method = match req.request_method() {
             Some("tools/call") => {
                 return match req.extensions.remove::<PendingCreation>() {
-                    Some(pending) => Expect::Creation { id, pending },
+                    Some(pending) => Expect::Creation {
+                        id,
+                        pending,
+                        undo: None,
+                    },
                     None => Expect::Nothing,
                 }
             }
@@ -157,7 +174,7 @@ impl<S> tower::Service<McpRequest> for ObserveService<S>
 where
     S: tower::Service<McpRequest, Response = McpReply> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S::Error: std::fmt::Display + Send + 'static,
 {
     type Response = McpReply;
     type Error = S::Error;
@@ -173,7 +190,10 @@ where
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
         let registry = self.registry.clone();
         let upstream = req.ctx.upstream.clone();
-        let expect = Expect::of(&mut req);
+        let mut expect = Expect::of(&mut req);
+        if let Expect::Creation { undo, .. } = &mut expect {
+            *undo = Some(Undo::new(self.inner.clone(), &req));
+        }
         if matches!(expect, Expect::Nothing) {
             let watch = WatchStream { registry, upstream };
             return Either::Left(AfterReply::new(self.inner.call(req), watch));
@@ -373,8 +393,8 @@ impl Watch {
         }
         let expect = std::mem::replace(&mut *self.expect.lock(), Expect::Nothing);
         match expect {
-            Expect::Creation { id, pending } => {
-                let (out, created) = self.on_creation(bytes, &id, pending).await;
+            Expect::Creation { id, pending, undo } => {
+                let (out, created) = self.on_creation(bytes, &id, pending, undo).await;
                 if let (Some(task_id), true) = (created, in_stream) {
                     // The creation's own stream relays the task's messages from now on.
                     let hold = self.registry.releases().hold(&self.upstream, &task_id);
@@ -459,11 +479,13 @@ impl Watch {
     }
 
     /// Records a `CreateTaskResult`; returns the message to pass on and the recorded taskId.
+    /// A task that could not be recorded is cancelled upstream with `undo` (module docs).
     async fn on_creation(
         &self,
         bytes: Bytes,
         id: &Id,
         pending: PendingCreation,
+        undo: Option<Undo>,
     ) -> (Bytes, Option<String>) {
         // Most 2026 calls end plainly: no `"task"` (nor an escape that could spell it), no parse.
         if pending.template.era == Era::Modern
@@ -507,16 +529,18 @@ impl Watch {
                 }
                 (bytes, Some(task_id))
             }
-            Err(e) => (
-                jsonrpc::error_response(
-                    Some(id),
-                    jsonrpc::INTERNAL_ERROR,
-                    &format!(
-                        "taskgate could not record the task durably ({e}); the task was not handed out"
-                    ),
-                ),
-                None,
-            ),
+            Err(e) => {
+                if let (Some(undo), false) = (undo, matches!(e, StoreError::Conflict(_))) {
+                    undo.cancel(&self.registry, pending.template.era, task_id);
+                }
+                let message = format!(
+                    "taskgate could not record the task durably ({e}); the task was not handed out"
+                );
+                (
+                    jsonrpc::error_response(Some(id), jsonrpc::INTERNAL_ERROR, &message),
+                    None,
+                )
+            }
         }
     }
 
@@ -592,6 +616,155 @@ impl Watch {
             .observe_task_as(&self.upstream, task_id, result.clone(), method.source())
             .await;
         observed.rewrite_bytes(&bytes, &["result"]).unwrap_or(bytes)
+    }
+}
+
+/// Sends the service below one request of taskgate's own and waits for its reply (type-erased,
+/// so that [`Watch`] stays free of the service's type).
+type SendBelow = Box<dyn FnOnce(McpRequest) -> BoxFuture<'static, Result<McpReply, String>> + Send>;
+
+/// How to cancel upstream a task whose creation could not be recorded: the creation request's
+/// context (the upstream session it went out on, its headers) and the service below `observe`.
+/// Built for task-augmented `tools/call`s only (a clone of the service and of the context).
+pub(crate) struct Undo {
+    ctx: RequestContext,
+    extensions: http::Extensions,
+    send: SendBelow,
+}
+
+/// The ids of taskgate's own `tasks/cancel` for unrecorded tasks (`"taskgate-undo-<n>"`).
+static UNDO_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl Undo {
+    fn new<S>(inner: S, req: &McpRequest) -> Undo
+    where
+        S: tower::Service<McpRequest, Response = McpReply> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: std::fmt::Display + Send + 'static,
+    {
+        let mut extensions = http::Extensions::new();
+        if let Some(era) = req.extensions.get::<Era>() {
+            extensions.insert(*era);
+        }
+        Undo {
+            ctx: req.ctx.clone(),
+            extensions,
+            send: Box::new(move |req| {
+                Box::pin(async move {
+                    use tower::ServiceExt;
+                    inner.oneshot(req).await.map_err(|e| e.to_string())
+                })
+            }),
+        }
+    }
+
+    /// The `tasks/cancel` of `task_id` in `era`, under `id` (see the module docs).
+    fn request(&self, era: Era, task_id: &str, id: &Id) -> McpRequest {
+        let mut ctx = self.ctx.clone();
+        let mut extensions = self.extensions.clone();
+        // The creation's own routing headers name `tools/call` and its tool; its
+        // `Mcp-Param-*` headers its arguments: none of them describe this request.
+        let stale: Vec<http::HeaderName> = ctx
+            .headers
+            .keys()
+            .filter(|n| {
+                *n == crate::mcp::routing_headers::MCP_METHOD
+                    || *n == crate::mcp::routing_headers::MCP_NAME
+                    || n.as_str().starts_with("mcp-param-")
+            })
+            .cloned()
+            .collect();
+        for name in stale {
+            ctx.headers.remove(name);
+        }
+        let params = match era {
+            Era::Legacy => serde_json::json!({ "taskId": task_id }),
+            Era::Modern => {
+                // Stateless: no session, the version and the routing headers the spec requires.
+                ctx.session_id = None;
+                ctx.headers.insert(
+                    &crate::headers::MCP_PROTOCOL_VERSION,
+                    http::HeaderValue::from_static(era::MODERN_VERSION),
+                );
+                ctx.headers.insert(
+                    &crate::mcp::routing_headers::MCP_METHOD,
+                    http::HeaderValue::from_static("tasks/cancel"),
+                );
+                ctx.headers.insert(
+                    &crate::mcp::routing_headers::MCP_NAME,
+                    crate::mcp::routing_headers::encode(task_id),
+                );
+                extensions.insert(Era::Modern);
+                serde_json::json!({
+                    "taskId": task_id,
+                    "_meta": crate::layers::bridge::translate::modern_meta(None),
+                })
+            }
+        };
+        let text = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"method":"tasks/cancel","params":{params}}}"#,
+            id.as_json()
+        );
+        McpRequest {
+            op: Operation::Post(
+                jsonrpc::Message::parse(Bytes::from(text)).expect("a well-formed request"),
+            ),
+            ctx,
+            extensions,
+        }
+    }
+
+    /// Sends the `tasks/cancel` of `task_id` (created in `era`) in the background: the client's
+    /// `-32603` does not wait for it. Its whole exchange is bounded by the upstream client's
+    /// `timeout_ms` (a `tasks/cancel` answer, streamed or not, always is).
+    fn cancel(self, registry: &Arc<Registry>, era: Era, task_id: String) {
+        let n = UNDO_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = Id::from_json(&format!("\"taskgate-undo-{n}\"")).expect("a string id");
+        let req = self.request(era, &task_id, &id);
+        let upstream = self.ctx.upstream.clone();
+        let registry = registry.clone();
+        tracing::warn!(%upstream, %task_id, era = era.as_str(), "a task the upstream created could not be recorded: sending tasks/cancel upstream");
+        tokio::spawn(async move {
+            let outcome = match (self.send)(req).await {
+                Ok(reply) => match answer_in(reply, &id).await {
+                    Some(answer) => {
+                        tracing::info!(%upstream, %task_id, answer = %String::from_utf8_lossy(&answer), "the unrecorded task's cancel was answered");
+                        UndoOutcome::Answered
+                    }
+                    None => {
+                        tracing::warn!(%upstream, %task_id, "the unrecorded task's cancel got no JSON-RPC answer");
+                        UndoOutcome::Failed
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(%upstream, %task_id, error = %e, "the unrecorded task's cancel failed");
+                    UndoOutcome::Failed
+                }
+            };
+            registry
+                .metrics()
+                .unrecorded_task_cancel(&upstream, outcome);
+        });
+    }
+}
+
+/// The JSON-RPC message answering `id` in `reply`: its JSON body, or the SSE event that
+/// answers it (the stream is read until then, so the upstream sees no early disconnect).
+async fn answer_in(reply: McpReply, id: &Id) -> Option<Bytes> {
+    match reply.body {
+        ReplyBody::Json(bytes) => jsonrpc::is_answer_to(&bytes, id).then_some(bytes),
+        ReplyBody::Stream(mut events) => {
+            use futures_util::StreamExt;
+            while let Some(event) = events.next().await {
+                if let Some(data) = event.data.as_ref() {
+                    if jsonrpc::is_answer_to(data.as_bytes(), id) {
+                        return Some(data.as_bytes().clone());
+                    }
+                }
+            }
+            None
+        }
+        ReplyBody::Empty | ReplyBody::Raw(_) => None,
     }
 }
 

@@ -296,3 +296,204 @@ async fn an_escaped_status_notification_is_recorded() {
         assert_eq!(r.status, TaskStatus::Completed, "{method}");
     }
 }
+
+/// An upstream (for the creation tests below) that answers a `tools/call` with `created` and
+/// anything else (the `tasks/cancel`) with a cancelled task, and hands every request it gets to
+/// the test.
+fn recording_upstream(
+    registry: &Arc<Registry>,
+    created: &'static str,
+) -> (
+    impl tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Clone,
+    tokio::sync::mpsc::UnboundedReceiver<McpRequest>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let svc = ObserveLayer::new(registry.clone()).layer(tower::service_fn(
+        move |req: McpRequest| {
+            let answer = if req.method() == Some("tools/call") {
+                created.to_string()
+            } else {
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"result":{{"taskId":"t9","status":"cancelled","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:01Z","ttl":60000}}}}"#,
+                    req.id().map(|i| i.as_json().to_string()).unwrap_or_default()
+                )
+            };
+            let _ = tx.send(req);
+            async move { Ok::<_, GatewayError>(McpReply::local_json(Bytes::from(answer))) }
+        },
+    ));
+    (svc, rx)
+}
+
+/// The next request the recording upstream gets, waited for (at most 10 s).
+async fn next_upstream_request(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<McpRequest>,
+) -> McpRequest {
+    tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+        .await
+        .expect("a request reached the upstream in time")
+        .expect("the upstream is alive")
+}
+
+/// `taskgate_unrecorded_task_cancels_total{upstream="up",outcome}` once it reaches `want`
+/// (waited for: the cancel runs in the background), or what it was after 10 s.
+async fn undo_count(registry: &Arc<Registry>, outcome: &str, want: u64) -> u64 {
+    let counter = registry
+        .metrics()
+        .unrecorded_task_cancels_total
+        .with_label_values(&["up", outcome]);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while counter.get() < want && tokio::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+    }
+    counter.get()
+}
+
+/// Issue 29 #17: a 2025-11-25 creation whose store write fails gets `-32603` as before, and the
+/// task the upstream started is cancelled there: one `tasks/cancel` naming it, on the upstream
+/// session the creation went out on, under an id taskgate minted; counted and the slot given
+/// back.
+#[tokio::test]
+async fn an_unrecorded_creation_is_cancelled_upstream() {
+    let (registry, store) = registry();
+    store
+        .fail_creates
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let (svc, mut seen) = recording_upstream(&registry, CREATED);
+    let mut req = creation_request(&registry);
+    req.ctx
+        .headers
+        .insert("mcp-method", http::HeaderValue::from_static("tools/call"));
+    let reply = json_of(&svc.oneshot(req).await.unwrap());
+    assert_eq!(reply["error"]["code"], -32603, "{reply}");
+    assert_eq!(reply["id"], 1, "{reply}");
+    assert_eq!(registry.owners_count("up", &owner()), 0, "the slot is free");
+
+    assert_eq!(
+        next_upstream_request(&mut seen).await.method(),
+        Some("tools/call")
+    );
+    let cancel = next_upstream_request(&mut seen).await;
+    assert_eq!(cancel.request_method(), Some("tasks/cancel"));
+    let Operation::Post(msg) = &cancel.op else {
+        panic!("not a POST")
+    };
+    let body: Value = msg.parse_as().unwrap();
+    assert_eq!(
+        body["params"],
+        serde_json::json!({"taskId": "t9"}),
+        "{body}"
+    );
+    assert!(
+        body["id"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("taskgate-")),
+        "{body}"
+    );
+    assert_eq!(cancel.ctx.session_id.as_ref().unwrap(), "s1");
+    assert!(
+        cancel.ctx.headers.get("mcp-method").is_none(),
+        "the creation's routing header is not the cancel's"
+    );
+    assert_eq!(undo_count(&registry, "answered", 1).await, 1);
+    assert_eq!(undo_count(&registry, "failed", 0).await, 0);
+    assert!(registry.store().get("up", "t9").unwrap().is_none());
+}
+
+/// Issue 29 #17, 2026-07-28: the unrecorded task is cancelled statelessly (no session), with
+/// the version, `Mcp-Method: tasks/cancel` and `Mcp-Name: <taskId>` headers and the tasks
+/// extension in `_meta`; the creation's `Mcp-Param-*` headers are not carried over.
+#[tokio::test]
+async fn an_unrecorded_modern_creation_is_cancelled_upstream_statelessly() {
+    const FLAT: &str = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":"t9","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttlMs":60000}}"#;
+    let (registry, store) = registry();
+    store
+        .fail_creates
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let (svc, mut seen) = recording_upstream(&registry, FLAT);
+    let mut req = request(
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow","arguments":{"x":1},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+    );
+    req.ctx.session_id = None;
+    for (k, v) in [
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "slow"),
+        ("mcp-param-x", "1"),
+    ] {
+        req.ctx.headers.insert(k, http::HeaderValue::from_static(v));
+    }
+    req.extensions.insert(Era::Modern);
+    let template = TaskRecord {
+        task_id: String::new(),
+        era: Era::Modern,
+        upstream_session: None,
+        ..record("")
+    };
+    req.extensions.insert(PendingCreation {
+        template: Arc::new(template),
+        reservation: Arc::new(registry.reserve(&"up".into(), &owner()).unwrap()),
+        progress_token: None,
+        created: Arc::default(),
+    });
+    let reply = json_of(&svc.oneshot(req).await.unwrap());
+    assert_eq!(reply["error"]["code"], -32603, "{reply}");
+
+    next_upstream_request(&mut seen).await;
+    let cancel = next_upstream_request(&mut seen).await;
+    assert_eq!(cancel.request_method(), Some("tasks/cancel"));
+    assert!(cancel.ctx.session_id.is_none(), "2026: no session");
+    let header = |n: &str| {
+        cancel
+            .ctx
+            .headers
+            .get(n)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    assert_eq!(
+        header("mcp-protocol-version").as_deref(),
+        Some("2026-07-28")
+    );
+    assert_eq!(header("mcp-method").as_deref(), Some("tasks/cancel"));
+    assert_eq!(header("mcp-name").as_deref(), Some("t9"));
+    assert_eq!(header("mcp-param-x"), None);
+    assert_eq!(Era::of(&cancel), Era::Modern);
+    let Operation::Post(msg) = &cancel.op else {
+        panic!("not a POST")
+    };
+    let body: Value = msg.parse_as().unwrap();
+    assert_eq!(body["params"]["taskId"], "t9", "{body}");
+    let meta = &body["params"]["_meta"];
+    assert_eq!(
+        meta["io.modelcontextprotocol/protocolVersion"],
+        "2026-07-28"
+    );
+    assert!(
+        meta["io.modelcontextprotocol/clientCapabilities"]["extensions"]
+            .get("io.modelcontextprotocol/tasks")
+            .is_some(),
+        "{body}"
+    );
+    assert_eq!(undo_count(&registry, "answered", 1).await, 1);
+}
+
+/// A creation refused as a duplicate taskId (the store already holds that task, maybe another
+/// owner's) is not cancelled: the id names the recorded task.
+#[tokio::test]
+async fn a_duplicate_task_id_is_not_cancelled() {
+    let (registry, _store) = registry();
+    let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+    registry.record_creation(record("t9"), &slot).await.unwrap();
+    let (svc, mut seen) = recording_upstream(&registry, CREATED);
+    let reply = json_of(&svc.oneshot(creation_request(&registry)).await.unwrap());
+    assert_eq!(reply["error"]["code"], -32603, "{reply}");
+    next_upstream_request(&mut seen).await;
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        seen.try_recv().is_err(),
+        "no tasks/cancel for a recorded task"
+    );
+    assert_eq!(undo_count(&registry, "answered", 0).await, 0);
+}
