@@ -13,15 +13,18 @@ async fn admin_token_guards_the_task_records() {
         .admin_opt("token_env = \"TASKGATE_TEST_ADMIN_TOKEN\"")
         .start()
         .await;
-    for (token, status) in [
-        (None, 401),
-        (Some("wrong"), 401),
-        (Some("admin-s3cret"), 200),
+    // The scheme is case-insensitive (RFC 9110 §11.1; issue 29 #18: `bearer` got 401).
+    for (scheme, token, status) in [
+        ("Bearer", None, 401),
+        ("Bearer", Some("wrong"), 401),
+        ("Bearer", Some("admin-s3cret"), 200),
+        ("bearer", Some("admin-s3cret"), 200),
+        ("BEARER", Some("admin-s3cret"), 200),
     ] {
         for path in ["/admin/tasks", "/admin/tasks/default/some-task"] {
             let mut r = Req::get(&gw.admin_url(path));
             if let Some(t) = token {
-                r = r.header("authorization", &format!("Bearer {t}"));
+                r = r.header("authorization", &format!("{scheme} {t}"));
             }
             let r = r.send().await;
             if status == 401 {

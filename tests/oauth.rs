@@ -99,10 +99,25 @@ fn claims(idp: &Idp, sub: &str) -> Value {
            "iat": now, "exp": now + 300})
 }
 
+/// An RFC 9068 access token (`typ: at+jwt`) signed with `key`.
 fn sign(key: &TestKey, claims: &Value) -> String {
+    sign_typed(key, claims, Some("at+jwt"))
+}
+
+fn sign_typed(key: &TestKey, claims: &Value, typ: Option<&str>) -> String {
     let mut h = Header::new(Algorithm::ES256);
     h.kid = Some(key.kid.clone());
+    h.typ = typ.map(str::to_string);
     encode(&h, claims, &key.enc).unwrap()
+}
+
+/// A token whose JOSE header lists a critical extension (`crit`), signed with `key`.
+fn with_crit(key: &TestKey, claims: &Value) -> String {
+    let header = json!({"alg": "ES256", "kid": key.kid, "typ": "at+jwt", "crit": ["exp"]});
+    let message = format!("{}.{}", b64(&header), b64(claims));
+    let signature =
+        jsonwebtoken::crypto::sign(message.as_bytes(), &key.enc, Algorithm::ES256).unwrap();
+    format!("{message}.{signature}")
 }
 
 fn b64(v: &Value) -> String {
@@ -116,7 +131,7 @@ fn oauth_toml(idp: &Idp, upstream: &str, extra: &str) -> impl FnOnce(&str) -> St
             "[gateway]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
              [store]\npath = {store:?}\n[auth]\nmode = \"oauth\"\n[auth.oauth]\n\
              issuer = {issuer:?}\naudience = {AUDIENCE:?}\nrequired_scopes = [\"mcp\"]\n\
-             jwks_min_refresh_ms = 1\nfetch_timeout_ms = 500\n{extra}\n\
+             jwks_min_refresh_ms = 1000\nfetch_timeout_ms = 500\n{extra}\n\
              [[upstream]]\nname = \"default\"\nurl = {upstream:?}\nprincipal_header = \"x-principal\"\n"
         )
     }
@@ -144,7 +159,12 @@ async fn metadata_and_the_challenge_of_a_request_without_a_token() {
         let r = Req::get(&url).send().await;
         assert_eq!(r.status(), 200, "{suffix}");
         let doc = r.json().await;
-        assert_eq!(doc["resource"], json!(AUDIENCE));
+        // RFC 9728 §3.3: `resource` is the identifier the metadata URL was built from.
+        let resource = match suffix {
+            "/mcp/default" => "https://mcp.example.com/mcp/default",
+            _ => AUDIENCE,
+        };
+        assert_eq!(doc["resource"], json!(resource));
         assert_eq!(doc["authorization_servers"], json!([idp.issuer()]));
         assert_eq!(doc["scopes_supported"], json!(["mcp"]));
         assert_eq!(doc["bearer_methods_supported"], json!(["header"]));
@@ -156,7 +176,7 @@ async fn metadata_and_the_challenge_of_a_request_without_a_token() {
     assert_eq!(status, 401);
     assert_eq!(
         challenge,
-        "Bearer resource_metadata=\"https://mcp.example.com/.well-known/oauth-protected-resource/mcp\""
+        "Bearer resource_metadata=\"https://mcp.example.com/.well-known/oauth-protected-resource/mcp\", scope=\"mcp\""
     );
     assert_eq!(err_code(&body), -32600, "{body}");
     let r = Req::mcp_post(
@@ -232,6 +252,14 @@ async fn every_bad_token_is_refused_before_the_upstream_sees_anything() {
         ),
         ("no subject", sign(&k1, &no_sub), "\"sub\""),
         ("unknown kid", sign(&new_key("k9"), &good), "key id"),
+        // Issue 29 #18: RFC 9068 §4 (an ID token is no access token) and RFC 7515 §4.1.11.
+        (
+            "typ JWT",
+            sign_typed(&k1, &good, Some("JWT")),
+            "typ \"jwt\"",
+        ),
+        ("no typ", sign_typed(&k1, &good, None), "typ"),
+        ("crit", with_crit(&k1, &good), "crit"),
     ];
     for (what, token, says) in cases {
         let (status, challenge, body) = status_and_challenge(&tg, Some(&token)).await;
@@ -259,7 +287,7 @@ async fn every_bad_token_is_refused_before_the_upstream_sees_anything() {
         .http_rejections_total
         .with_label_values(&["auth"])
         .get();
-    assert_eq!(refused, 10);
+    assert_eq!(refused, 13);
     assert_eq!(
         tg.metrics
             .http_rejections_total
@@ -343,11 +371,8 @@ async fn a_rotated_key_is_picked_up_and_a_removed_one_refused() {
     assert_eq!(status_and_challenge(&tg, Some(&old)).await.0, 200);
     idp.set_keys(&[&k2]);
     let new = sign(&k2, &claims(&idp, "alice"));
-    assert_eq!(
-        status_and_challenge(&tg, Some(&new)).await.0,
-        200,
-        "new kid fetched"
-    );
+    // Fetched again within `jwks_min_refresh_ms` (at least 1 s) of the last fetch.
+    assert!(until_admitted(&tg, Some(&new)).await, "new kid fetched");
     let (status, _, body) = status_and_challenge(&tg, Some(&old)).await;
     assert_eq!(status, 401, "the removed key is refused: {body}");
     assert!(err_message(&body).contains("\"k1\""), "{body}");
@@ -553,7 +578,9 @@ async fn a_session_id_taskgate_does_not_hold_is_refused_in_oauth_mode() {
     let tg = Tg::start(oauth_toml(&idp, &up.url(), "")).await;
     // Alice's session as the upstream issued it, which this taskgate does not hold.
     let direct = Req::mcp_post(&up.url(), initialize_body("1")).send().await;
-    let alices = direct.header("mcp-session-id").expect("the upstream issues a session");
+    let alices = direct
+        .header("mcp-session-id")
+        .expect("the upstream issues a session");
     let before = up.up.count();
     let bob = tg
         .client()
@@ -571,5 +598,88 @@ async fn a_session_id_taskgate_does_not_hold_is_refused_in_oauth_mode() {
             .await;
         assert_eq!(r.status(), 404);
     }
-    assert_eq!(up.up.count(), before, "nothing of Bob's reached the upstream");
+    assert_eq!(
+        up.up.count(),
+        before,
+        "nothing of Bob's reached the upstream"
+    );
+}
+
+/// Issue 29 #14: with several upstreams, each route is its own protected resource (RFC 9728):
+/// `/mcp/<name>`'s metadata names `<origin>/mcp/<name>` as `resource`, and a token issued for
+/// that resource (RFC 8707 `aud`) is accepted there and nowhere else; a token for the
+/// configured audience is accepted everywhere. On f2cd7c5 the metadata of every route named
+/// the configured audience, so a client following RFC 9728 asked for a token taskgate refused
+/// on the route it had asked for.
+#[tokio::test]
+async fn each_route_is_a_protected_resource_of_its_own() {
+    let k1 = new_key("k1");
+    let idp = Idp::start(&[&k1]).await;
+    let files = Upstream::mcp().await;
+    let notes = Upstream::mcp().await;
+    let (issuer, files_url, notes_url) = (idp.issuer(), files.url(), notes.url());
+    let tg = Tg::start(move |store| {
+        format!(
+            "[gateway]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+             [store]\npath = {store:?}\n[auth]\nmode = \"oauth\"\n[auth.oauth]\n\
+             issuer = {issuer:?}\naudience = {AUDIENCE:?}\nfetch_timeout_ms = 500\n\
+             [[upstream]]\nname = \"files\"\nurl = {files_url:?}\n\
+             [[upstream]]\nname = \"notes\"\nurl = {notes_url:?}\n"
+        )
+    })
+    .await;
+    let metadata = format!("http://{}/.well-known/oauth-protected-resource/mcp/files", tg.gw);
+    let doc = Req::get(&metadata).send().await.json().await;
+    assert_eq!(doc["resource"], json!("https://mcp.example.com/mcp/files"), "{doc}");
+    let mut for_files = claims(&idp, "alice");
+    for_files["aud"] = json!("https://mcp.example.com/mcp/files");
+    let token = sign(&k1, &for_files);
+    let at = |route: &str| {
+        let url = format!("http://{}/mcp/{route}", tg.gw);
+        let token = token.clone();
+        async move {
+            Req::mcp_post(&url, initialize_body("1"))
+                .header("authorization", &format!("Bearer {token}"))
+                .send()
+                .await
+        }
+    };
+    assert_eq!(at("files").await.status(), 200);
+    let refused = at("notes").await;
+    assert_eq!(refused.status(), 401);
+    assert!(refused
+        .header("www-authenticate")
+        .unwrap_or_default()
+        .contains("oauth-protected-resource/mcp/notes\""));
+    let everywhere = sign(&k1, &claims(&idp, "alice"));
+    let r = Req::mcp_post(&format!("http://{}/mcp/notes", tg.gw), initialize_body("1"))
+        .header("authorization", &format!("Bearer {everywhere}"))
+        .send()
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        notes.received("initialize").len(),
+        1,
+        "only the token for the configured audience reached notes"
+    );
+}
+
+/// Issue 29 #18: a key set that cannot be fetched is the service's trouble, not the caller's:
+/// 503 with `Retry-After` and no internal detail in the answer (f2cd7c5: 401 `invalid_token`
+/// carrying the fetch error's text).
+#[tokio::test]
+async fn a_key_set_outage_is_503_without_internal_detail() {
+    let k1 = new_key("k1");
+    let idp = Idp::start(&[&k1]).await;
+    idp.up.stop();
+    let up = Upstream::mcp().await;
+    let tg = Tg::start(oauth_toml(&idp, &up.url(), "")).await;
+    let token = sign(&k1, &claims(&idp, "alice"));
+    let r = tg.client().with_token(&token).send(initialize_body("1")).await;
+    assert_eq!(r.status(), 503);
+    assert!(r.header("retry-after").is_some());
+    let body = r.json().await;
+    let message = err_message(&body);
+    assert!(!message.contains("127.0.0.1") && !message.contains("error"), "{message}");
+    assert_eq!(up.count(), 0);
 }

@@ -78,18 +78,18 @@ mod tests {
         .unwrap();
         let mut h = HeaderMap::new();
         assert_eq!(
-            auth.authenticate(&h).await.unwrap_err().kind,
+            auth.authenticate(&h, "/mcp").await.unwrap_err().kind,
             RefusalKind::Missing
         );
         h.insert(AUTHORIZATION, "Bearer alice-token".parse().unwrap());
         assert_eq!(
-            auth.authenticate(&h).await,
+            auth.authenticate(&h, "/mcp").await,
             Ok(Principal::Token("alice".into()))
         );
         h.insert(AUTHORIZATION, "Bearer wrong".parse().unwrap());
-        let refused = auth.authenticate(&h).await.unwrap_err();
+        let refused = auth.authenticate(&h, "/mcp").await.unwrap_err();
         assert_eq!(refused.kind, RefusalKind::InvalidToken);
         h.insert(AUTHORIZATION, "Basic YWxpY2U=".parse().unwrap());
-        assert!(auth.authenticate(&h).await.is_err());
+        assert!(auth.authenticate(&h, "/mcp").await.is_err());
     }
 }

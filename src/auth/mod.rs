@@ -39,6 +39,9 @@ pub enum RefusalKind {
     /// A valid token without a required scope: 403 `error="insufficient_scope"` naming the
     /// scopes needed (space-separated).
     InsufficientScope(String),
+    /// The token could not be checked because the issuer's signing keys cannot be fetched
+    /// (JWKS outage): 503 with `Retry-After`, not the caller's fault (issue 29 #18).
+    Unavailable,
 }
 
 /// A refused request: what kind of refusal and a message for the JSON-RPC error body.
@@ -51,10 +54,12 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    /// HTTP 401, or 403 for [`RefusalKind::InsufficientScope`].
+    /// HTTP 401, 403 for [`RefusalKind::InsufficientScope`], 503 for
+    /// [`RefusalKind::Unavailable`].
     pub fn status(&self) -> StatusCode {
         match self.kind {
             RefusalKind::InsufficientScope(_) => StatusCode::FORBIDDEN,
+            RefusalKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::UNAUTHORIZED,
         }
     }
@@ -97,8 +102,11 @@ impl Authenticator {
         }
     }
 
-    /// The caller's principal, or why the request is refused.
-    pub async fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, Refusal> {
+    /// The caller's principal for a request to `path`, or why the request is refused. In
+    /// `oauth` mode a token is for this resource when its `aud` holds `auth.oauth.audience` or
+    /// the resource identifier of the route `path` names ([`resource_of`]; RFC 8707, RFC 9728
+    /// §3.3: a client that read `/mcp/<name>`'s metadata asks for a token for that resource).
+    pub async fn authenticate(&self, headers: &HeaderMap, path: &str) -> Result<Principal, Refusal> {
         let token = match &self.mode {
             Mode::None => return Ok(Principal::Anonymous),
             _ => bearer_token(headers)?,
@@ -106,7 +114,7 @@ impl Authenticator {
         match &self.mode {
             Mode::None => Ok(Principal::Anonymous),
             Mode::Bearer(tokens) => tokens.check(token),
-            Mode::OAuth(o) => o.verify(token).await,
+            Mode::OAuth(o) => o.verify(token, route_path(path).map(|r| resource_of(o.audience(), r)).as_deref()).await,
         }
     }
 
@@ -114,14 +122,26 @@ impl Authenticator {
     /// `oauth` mode with `resource_metadata`, RFC 9728 §5.1).
     pub fn challenge(&self, refusal: &Refusal, path: &str) -> HeaderValue {
         let mut v = match &self.mode {
-            Mode::OAuth(o) => format!(
-                "Bearer resource_metadata=\"{}\"",
-                metadata_url(o.audience(), path)
-            ),
+            Mode::OAuth(o) => {
+                let mut v = format!(
+                    "Bearer resource_metadata=\"{}\"",
+                    metadata_url(o.audience(), path)
+                );
+                // The scopes to ask for (MCP 2025-11-25 authorization: scope selection).
+                if !o.required_scopes().is_empty()
+                    && !matches!(refusal.kind, RefusalKind::InsufficientScope(_))
+                {
+                    v.push_str(&format!(
+                        ", scope=\"{}\"",
+                        quotable(&o.required_scopes().join(" "))
+                    ));
+                }
+                v
+            }
             _ => "Bearer realm=\"taskgate\"".to_string(),
         };
         match &refusal.kind {
-            RefusalKind::Missing => {}
+            RefusalKind::Missing | RefusalKind::Unavailable => {}
             RefusalKind::InvalidToken => v.push_str(&format!(
                 ", error=\"invalid_token\", error_description=\"{}\"",
                 quotable(&refusal.message)
@@ -134,14 +154,21 @@ impl Authenticator {
         HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static("Bearer"))
     }
 
-    /// The protected-resource metadata document (RFC 9728 §2) when `mode = "oauth"`:
+    /// The protected-resource metadata document (RFC 9728 §2) when `mode = "oauth"`, for the
+    /// metadata URL's `suffix` (what follows [`METADATA_PATH`]: empty, `/mcp` or `/mcp/<name>`):
     /// `{"resource", "authorization_servers", "scopes_supported"?, "bearer_methods_supported"}`.
-    pub fn metadata(&self) -> Option<Bytes> {
+    /// `resource` is the identifier the URL was built from (RFC 9728 §3.3 requires them to
+    /// match): `auth.oauth.audience` for the bare URL, [`resource_of`] the route otherwise.
+    pub fn metadata(&self, suffix: &str) -> Option<Bytes> {
         let Mode::OAuth(o) = &self.mode else {
             return None;
         };
+        let resource = match route_path(suffix) {
+            Some(route) => resource_of(o.audience(), route),
+            None => o.audience().to_string(),
+        };
         let mut doc = serde_json::json!({
-            "resource": o.audience(),
+            "resource": resource,
             "authorization_servers": [o.issuer()],
             "bearer_methods_supported": ["header"],
             "resource_name": "taskgate",
@@ -173,15 +200,25 @@ fn bearer_token(headers: &HeaderMap) -> Result<&str, Refusal> {
 }
 
 /// `<origin of audience>/.well-known/oauth-protected-resource<route path>` for a request to
-/// `path` (`/mcp` or `/mcp/<name>` are kept; any other path gives the bare metadata URL).
+/// `path` (`/mcp` or `/mcp/<name>` are kept; any other path gives the bare metadata URL; RFC
+/// 9728 §3.1: the well-known segment goes between the host and the resource's path).
 pub fn metadata_url(audience: &str, path: &str) -> String {
-    let origin = match audience.find("://").map(|i| i + 3) {
-        Some(start) => match audience[start..].find('/') {
-            Some(p) => &audience[..start + p],
-            None => audience,
-        },
-        None => audience,
-    };
+    format!(
+        "{}{METADATA_PATH}{}",
+        origin_of(audience),
+        route_path(path).unwrap_or("")
+    )
+}
+
+/// The resource identifier of the route `route` (`/mcp` or `/mcp/<name>`): the origin of
+/// `audience` followed by the route, e.g. `https://mcp.example.com/mcp/files`.
+pub fn resource_of(audience: &str, route: &str) -> String {
+    format!("{}{route}", origin_of(audience))
+}
+
+/// `path` without a trailing `/` when it names an MCP route (`/mcp`, `/mcp/<name>` with a name
+/// of ASCII letters, digits, `-`, `_` and `.`); `None` for any other path.
+fn route_path(path: &str) -> Option<&str> {
     let path = path.trim_end_matches('/');
     let route = path == "/mcp"
         || path.strip_prefix("/mcp/").is_some_and(|n| {
@@ -189,7 +226,18 @@ pub fn metadata_url(audience: &str, path: &str) -> String {
                 && n.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
         });
-    format!("{origin}{METADATA_PATH}{}", if route { path } else { "" })
+    route.then_some(path)
+}
+
+/// `scheme://authority` of `url` (all of it when it has no path).
+fn origin_of(url: &str) -> &str {
+    match url.find("://").map(|i| i + 3) {
+        Some(start) => match url[start..].find('/') {
+            Some(p) => &url[..start + p],
+            None => url,
+        },
+        None => url,
+    }
 }
 
 /// Text safe inside a quoted-string of a challenge (no `"`, `\` or control characters).

@@ -7,14 +7,19 @@
 //!    and `HS*` never are);
 //! 2. the issuer's key named by `kid` is known (see [`super::jwks`]) and of that algorithm's family
 //!    (and, if the JWK names an `alg`, exactly it);
+//!    The header's `typ` is one of `auth.oauth.token_types` (default `at+jwt`,
+//!    `application/at+jwt`: RFC 9068 §4, so an ID token is never taken for an access token)
+//!    and it lists no `crit` extension (RFC 7515 §4.1.11);
 //! 3. the signature verifies (`jsonwebtoken`), `iss` equals `auth.oauth.issuer`, `aud` contains
-//!    `auth.oauth.audience` (RFC 8707), `exp` is present and not past and `nbf`, if present, is
-//!    reached (both with `leeway_s`);
+//!    `auth.oauth.audience` or the identifier of the route the request names
+//!    (`<origin>/mcp/<name>`, RFC 8707 and RFC 9728 §3.3), `exp` is present and not past and
+//!    `nbf`, if present, is reached (both with `leeway_s`);
 //! 4. the principal claim (`sub` by default) is a non-empty string;
 //! 5. `scope` (space-separated, RFC 9068 §2.2.3) or `scp` carries every `required_scopes` entry.
 //!
 //! Failing 1–4 is HTTP 401 `error="invalid_token"`, failing 5 is HTTP 403
-//! `error="insufficient_scope"` (RFC 6750 §3.1). The principal is `<iss>#<claim>`: an issuer
+//! `error="insufficient_scope"` (RFC 6750 §3.1); a key set that cannot be fetched is HTTP 503
+//! (the detail is logged, not sent). The principal is `<iss>#<claim>`: an issuer
 //! identifier has no fragment (RFC 8414 §2), so the `#` is unambiguous.
 
 use super::jwks::{CachePolicy, KeyCache, KeyError};
@@ -29,6 +34,8 @@ use std::time::Duration;
 
 /// Longest principal claim value accepted, in bytes.
 const MAX_PRINCIPAL_BYTES: usize = 1024;
+/// Most `aud` values of one token taskgate looks at (RFC 8707 tokens name one or a few).
+const MAX_AUDIENCES: usize = 16;
 /// Most accepted tokens remembered (the table is emptied when full).
 pub const MAX_VERIFIED: usize = 10_000;
 
@@ -36,6 +43,9 @@ pub const MAX_VERIFIED: usize = 10_000;
 /// included) and the key-set generation it was verified under.
 struct Verified {
     principal: Principal,
+    /// The token's `aud` values (at most [`MAX_AUDIENCES`]), checked against each request's
+    /// resource.
+    audiences: Box<[String]>,
     not_after: u64,
     not_before: u64,
     generation: u64,
@@ -50,6 +60,8 @@ pub struct OAuth {
     validations: HashMap<Algorithm, Validation>,
     keys: KeyCache,
     leeway: u64,
+    /// Accepted JOSE `typ` values, lower-case (`auth.oauth.token_types`).
+    token_types: Vec<String>,
     verified: parking_lot::Mutex<HashMap<[u8; 32], Verified>>,
 }
 
@@ -74,7 +86,9 @@ impl OAuth {
             v.leeway = config.leeway_s;
             v.validate_nbf = true;
             v.set_issuer(&[&config.issuer]);
-            v.set_audience(&[&config.audience]);
+            // `aud` is checked per request against this resource and the route's own
+            // identifier (see `Authenticator::authenticate`).
+            v.validate_aud = false;
             v.set_required_spec_claims(&["exp", "iss", "aud"]);
             validations.insert(alg, v);
         }
@@ -86,6 +100,11 @@ impl OAuth {
             validations,
             keys: KeyCache::new(fetcher, &config.issuer, jwks, policy),
             leeway: config.leeway_s,
+            token_types: config
+                .token_types
+                .iter()
+                .map(|t| t.to_ascii_lowercase())
+                .collect(),
             verified: parking_lot::Mutex::new(HashMap::new()),
         })
     }
@@ -110,8 +129,14 @@ impl OAuth {
         let _ = self.keys.key(Some("")).await;
     }
 
-    /// Checks one access token; the principal, or why it is refused.
-    pub async fn verify(&self, token: &str) -> Result<Principal, Refusal> {
+    /// Checks one access token for a request to the resource `route_resource` (the route's own
+    /// identifier, when the request names a route): its `aud` must hold `auth.oauth.audience`
+    /// or `route_resource`. The principal, or why it is refused.
+    pub async fn verify(
+        &self,
+        token: &str,
+        route_resource: Option<&str>,
+    ) -> Result<Principal, Refusal> {
         use sha2::{Digest, Sha256};
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let generation = self.keys.fresh_generation();
@@ -120,11 +145,22 @@ impl OAuth {
             let table = self.verified.lock();
             if let Some(v) = table.get(&digest).filter(|v| v.generation == g) {
                 if v.not_before <= now && now < v.not_after {
+                    self.check_audience(&v.audiences, route_resource)?;
                     return Ok(v.principal.clone());
                 }
             }
         }
         let (principal, claims) = self.verify_fully(token).await?;
+        let audiences: Box<[String]> = match claims.get("aud") {
+            Some(serde_json::Value::String(a)) => Box::new([a.clone()]),
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .take(MAX_AUDIENCES)
+                .collect(),
+            _ => Box::new([]),
+        };
+        self.check_audience(&audiences, route_resource)?;
         let seconds = |name: &str| claims.get(name).and_then(|v| v.as_f64()).map(|f| f as u64);
         if let (Some(g), Some(exp)) = (generation, seconds("exp")) {
             let mut table = self.verified.lock();
@@ -135,6 +171,7 @@ impl OAuth {
                 digest,
                 Verified {
                     principal: principal.clone(),
+                    audiences,
                     not_after: exp.saturating_add(self.leeway),
                     not_before: seconds("nbf").unwrap_or(0).saturating_sub(self.leeway),
                     generation: g,
@@ -142,6 +179,41 @@ impl OAuth {
             );
         }
         Ok(principal)
+    }
+
+    /// RFC 8707: the token was issued for this resource (`auth.oauth.audience`) or for the
+    /// route the request names (`route_resource`).
+    fn check_audience(&self, audiences: &[String], route_resource: Option<&str>) -> Result<(), Refusal> {
+        let ours = |a: &String| a == &self.audience || Some(a.as_str()) == route_resource;
+        if audiences.iter().any(ours) {
+            return Ok(());
+        }
+        Err(invalid(describe(&ErrorKind::InvalidAudience)))
+    }
+
+    /// The JOSE header checks of RFC 9068 §4 and RFC 7515 §4.1.11: `typ` is one of
+    /// `auth.oauth.token_types` (an absent one counts as `JWT`, RFC 7519 §5.1), and no `crit`
+    /// extension is listed (taskgate understands none, so it must refuse any).
+    fn check_header(&self, token: &str, typ: Option<&str>) -> Result<(), Refusal> {
+        let typ = typ.unwrap_or("JWT").to_ascii_lowercase();
+        if !self.token_types.contains(&typ) {
+            return Err(invalid(format!(
+                "the token's type (typ {typ:?}) is not an access token type taskgate accepts (auth.oauth.token_types; RFC 9068 access tokens are \"at+jwt\")"
+            )));
+        }
+        use base64::Engine;
+        let segment = token.split('.').next().unwrap_or("");
+        let has_crit = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(segment.trim_end_matches('='))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&b).ok())
+            .is_some_and(|h| h.contains_key("crit"));
+        if has_crit {
+            return Err(invalid(
+                "the token's header lists critical extensions (crit) taskgate does not understand".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Every check of the module docs; the principal and the token's claims.
@@ -157,6 +229,7 @@ impl OAuth {
                 header.alg
             ))
         })?;
+        self.check_header(token, header.typ.as_deref())?;
         let key = self
             .keys
             .key(header.kid.as_deref())
@@ -167,7 +240,12 @@ impl OAuth {
                 )),
                 KeyError::NoKid => invalid("the token names no key id (kid)".into()),
                 KeyError::Unavailable(why) => {
-                    invalid(format!("the issuer's signing keys are unavailable: {why}"))
+                    // Not the caller's fault: 503, and the detail goes to the log only.
+                    tracing::warn!(error = %why, "the issuer's signing keys are unavailable");
+                    Refusal {
+                        kind: RefusalKind::Unavailable,
+                        message: "Service Unavailable: the authorization server's signing keys cannot be fetched; try again later".into(),
+                    }
                 }
             })?;
         if key.decoding.family() != family(header.alg) || key.alg.is_some_and(|a| a != header.alg) {

@@ -30,6 +30,13 @@ fn default_jwks_min_refresh_ms() -> u64 {
 fn default_fetch_timeout_ms() -> u64 {
     5_000
 }
+fn default_token_types() -> Vec<String> {
+    vec!["at+jwt".into(), "application/at+jwt".into()]
+}
+
+/// Least `auth.oauth.jwks_min_refresh_ms`: tokens with unknown key ids (anyone can mint them)
+/// make taskgate fetch the issuer's key set at most this often.
+pub const MIN_JWKS_REFRESH_MS: u64 = 1_000;
 
 /// `[auth.oauth]`: whose access tokens are accepted and for which resource (MCP 2025-11-25
 /// basic/authorization; RFC 9068 JWT access tokens; RFC 8707 audience).
@@ -68,6 +75,12 @@ pub struct OAuthConfig {
     /// Time limit of one metadata or key-set fetch, in ms.
     #[serde(default = "default_fetch_timeout_ms")]
     pub fetch_timeout_ms: u64,
+    /// Accepted JOSE `typ` header values, compared case-insensitively (default `at+jwt` and
+    /// `application/at+jwt`, RFC 9068 §4). Add `"JWT"` for an authorization server that does not
+    /// mark its access tokens (a token without `typ` counts as `JWT`); that also accepts its
+    /// ID tokens when their `aud` names this resource.
+    #[serde(default = "default_token_types")]
+    pub token_types: Vec<String>,
 }
 
 /// Default of `limits.max_get_streams`: GET streams one principal may hold open at once. Well
@@ -230,6 +243,12 @@ pub(super) fn validate_oauth(auth: &AuthConfig) -> Result<(), ConfigError> {
             ));
         }
     }
+    if o.token_types.is_empty() || o.token_types.iter().any(|t| t.trim().is_empty()) {
+        return invalid(
+            "auth.oauth.token_types must name at least one JOSE typ, none empty (e.g. [\"at+jwt\"])"
+                .into(),
+        );
+    }
     if o.principal_claim.is_empty() {
         return invalid("auth.oauth.principal_claim must not be empty".into());
     }
@@ -253,7 +272,7 @@ pub(super) fn validate_oauth(auth: &AuthConfig) -> Result<(), ConfigError> {
         (
             "auth.oauth.jwks_min_refresh_ms",
             o.jwks_min_refresh_ms,
-            1,
+            MIN_JWKS_REFRESH_MS,
             HOUR_MS,
         ),
         ("auth.oauth.fetch_timeout_ms", o.fetch_timeout_ms, 1, 60_000),

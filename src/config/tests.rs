@@ -153,6 +153,15 @@ fn oauth_and_limits_sections_are_checked() {
             format!("{MINIMAL}[auth]\nmode = \"oauth\"\n"),
             "[auth.oauth]",
         ),
+        // Issue 29 #18: a key-set fetch per request is no refresh policy.
+        (
+            auth("issuer = \"https://idp.example.com\"\njwks_min_refresh_ms = 1\n"),
+            "jwks_min_refresh_ms",
+        ),
+        (
+            auth("issuer = \"https://idp.example.com\"\ntoken_types = []\n"),
+            "token_types",
+        ),
         (
             format!("{MINIMAL}[limits]\nburst = 3\n"),
             "requests_per_second",

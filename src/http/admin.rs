@@ -72,8 +72,10 @@ impl Admin {
         headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| sha2::Sha256::digest(t.trim().as_bytes()).as_slice() == want)
+            .and_then(|v| v.split_once(' '))
+            // The auth scheme is case-insensitive (RFC 9110 §11.1).
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .is_some_and(|(_, t)| sha2::Sha256::digest(t.trim().as_bytes()).as_slice() == want)
     }
 
     async fn serve(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {

@@ -66,14 +66,15 @@ impl Gate<'_> {
         req: &http::request::Parts,
     ) -> Result<(Principal, Option<Permit>), Response<Body>> {
         let path = req.uri.path();
-        if let (Some(suffix), Some(doc)) = (path.strip_prefix(METADATA_PATH), self.auth.metadata())
-        {
-            return Err(self.metadata_response(&req.method, suffix, doc));
+        if let Some(suffix) = path.strip_prefix(METADATA_PATH) {
+            if let Some(doc) = self.auth.metadata(suffix) {
+                return Err(self.metadata_response(&req.method, suffix, doc));
+            }
         }
         if let Some(over) = self.limits.auth_blocked(self.peer) {
             return Err(too_many(self.metrics, over));
         }
-        let principal = match self.auth.authenticate(&req.headers).await {
+        let principal = match self.auth.authenticate(&req.headers, path).await {
             Ok(p) => p,
             Err(refusal) => {
                 if refusal.kind == RefusalKind::InvalidToken {
@@ -85,10 +86,16 @@ impl Gate<'_> {
                     jsonrpc::INVALID_REQUEST,
                     &refusal.message,
                 );
-                resp.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    self.auth.challenge(&refusal, path),
-                );
+                if refusal.kind == RefusalKind::Unavailable {
+                    // The key set could not be fetched: the token may be fine; retry soon.
+                    resp.headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+                } else {
+                    resp.headers_mut().insert(
+                        header::WWW_AUTHENTICATE,
+                        self.auth.challenge(&refusal, path),
+                    );
+                }
                 let reason = match refusal.status() {
                     StatusCode::FORBIDDEN => RejectReason::Scope,
                     _ => RejectReason::Auth,

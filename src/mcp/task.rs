@@ -124,6 +124,15 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// Shortest wait between two `tasks/get` polls taskgate makes itself (the bridge serving a
+/// `tasks/result`, the upgrade follower): an upstream's smaller poll interval is raised to it,
+/// and it is the first wait of the back-off used when the upstream gives `0` or none.
+pub const MIN_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+/// Longest wait between two such polls: an upstream's larger poll interval (`pollInterval`,
+/// `pollIntervalMs`, up to 2^64 ms on the wire) is lowered to it, so a task is never left
+/// unwatched for longer (issue 29 #18); the back-off doubles up to it.
+pub const MAX_POLL: std::time::Duration = std::time::Duration::from_secs(5);
+
 #[cfg(test)]
 mod tests {
     use super::*;

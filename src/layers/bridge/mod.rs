@@ -142,13 +142,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tower::ServiceExt;
 
-/// Shortest wait between two `tasks/get` polls of a bridged `tasks/result` (an upstream's
-/// smaller `pollIntervalMs` is raised to it), and the first wait of the back-off used when the
-/// upstream gives `pollIntervalMs: 0` or none.
-pub const MIN_POLL: Duration = Duration::from_millis(100);
-/// Longest wait between two polls (an upstream's larger `pollIntervalMs` is lowered to it; the
-/// back-off doubles up to it).
-pub const MAX_POLL: Duration = Duration::from_secs(5);
+pub use crate::mcp::task::{MAX_POLL, MIN_POLL};
 /// Events of an SSE `initialize` answer kept before the answer itself (more are dropped).
 pub const MAX_EARLY_EVENTS: usize = 64;
 /// How long `server/discover` may take; an upstream that has not answered by then is taken for a

@@ -357,16 +357,12 @@ async fn drive<S: McpService>(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let poll = task
-        .get("pollInterval")
-        .and_then(Value::as_u64)
-        .unwrap_or(1000)
-        .max(100);
+    let poll = poll_interval(&task);
     let created = task.get("status").and_then(Value::as_str).map(|s| {
         let message = task.get("statusMessage").and_then(Value::as_str);
         (s.to_string(), message.unwrap_or_default().to_string())
     });
-    let follower = call.into_follower(task_id, Duration::from_millis(poll), tx, created);
+    let follower = call.into_follower(task_id, poll, tx, created);
     if let Some((first, rx, session_id)) = pending {
         // If the client is gone, this drops the stream and the follower sees a disconnect.
         let _ = first.send(Ok(McpReply::event_stream(rx, session_id)));
@@ -509,4 +505,32 @@ pub(super) async fn send_tasks_cancel_for<S: McpService>(
         }
     }
     outcome
+}
+
+/// How often the follower polls a task: its `CreateTaskResult`'s `pollInterval` (1 s when
+/// absent) within [`crate::mcp::task::MIN_POLL`]..[`crate::mcp::task::MAX_POLL`]: an
+/// upstream's 2^64 ms would leave the task unwatched (issue 29 #18).
+fn poll_interval(task: &Value) -> Duration {
+    Duration::from_millis(
+        task.get("pollInterval")
+            .and_then(Value::as_u64)
+            .unwrap_or(1000),
+    )
+    .clamp(crate::mcp::task::MIN_POLL, crate::mcp::task::MAX_POLL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::poll_interval;
+    use serde_json::json;
+    use std::time::Duration;
+
+    #[test]
+    fn the_upstreams_poll_interval_is_bounded() {
+        let at = |v| poll_interval(&json!({ "pollInterval": v }));
+        assert_eq!(at(json!(u64::MAX)), Duration::from_secs(5));
+        assert_eq!(at(json!(0)), Duration::from_millis(100));
+        assert_eq!(at(json!(750)), Duration::from_millis(750));
+        assert_eq!(poll_interval(&json!({})), Duration::from_secs(1));
+    }
 }

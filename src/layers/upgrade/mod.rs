@@ -10,7 +10,7 @@
 //!   becomes an SSE stream on which taskgate relays, while the task runs:
 //!   - `notifications/progress` the upstream sends (on the client's `progressToken`, kept in the
 //!     upgraded request);
-//!   - status changes seen by polling `tasks/get` at the task's `pollInterval` (at least 100 ms)
+//!   - status changes seen by polling `tasks/get` at the task's `pollInterval` (within 100 ms to 5 s: `mcp::task::MIN_POLL`..`MAX_POLL`)
 //!     and `notifications/tasks/status`, as `notifications/progress` messages on the client's
 //!     `progressToken` (only when the client gave one);
 //!   - `elicitation/create` and `sampling/createMessage` requests from the upstream, when the
