@@ -107,11 +107,16 @@ impl StoreThreads {
         }
         let pending = self.pending.clone();
         let queued = Instant::now();
+        // The work sees the caller's runtime as its own, as it did on that runtime's blocking
+        // pool: what it spawns (the release tracker's waiters) runs there, never on the store
+        // threads' runtime, which is not driven.
+        let caller = tokio::runtime::Handle::try_current().ok();
         let job = self.handle.spawn_blocking(move || {
             let _done = Done(pending);
             if queued.elapsed() > STORE_QUEUE_WAIT {
                 return Err(NotRun::Late);
             }
+            let _entered = caller.as_ref().map(tokio::runtime::Handle::enter);
             Ok(work())
         });
         match job.await {
