@@ -27,7 +27,7 @@
 //! through its I/O thread pool, `sync_file_range`, `fdatasync`, about 29 futex calls), and in
 //! the task lifecycle one commit in three was such a lone "soon" (issue 15, `benches/RESULTS.md`).
 
-mod held;
+pub(crate) mod held;
 mod keys;
 
 use super::{AuditEvent, ListCursor, Owner, StoreError, TaskRecord, TaskStore};

@@ -239,7 +239,7 @@ const RELAYED_CAPABILITIES: [&str; 3] = ["elicitation", "sampling", "roots"];
 /// Adds a held session's `_meta` members to a 2026 request's `params`: its client
 /// capabilities that taskgate relays ([`RELAYED_CAPABILITIES`]; the tasks extension only when
 /// `params` declared it, which the bridge's own task requests do), and its `clientInfo`.
-pub(super) fn add_session_meta(params: &mut Value, session: &HeldSession) {
+pub(crate) fn add_session_meta(params: &mut Value, session: &HeldSession) {
     let Some(meta) = params
         .as_object_mut()
         .and_then(|p| p.get_mut("_meta"))
@@ -268,7 +268,7 @@ pub(super) fn add_session_meta(params: &mut Value, session: &HeldSession) {
 
 /// A request of a held session as the stateless 2026-07-28 request that goes upstream (see
 /// the module docs); `None` when it is not a POSTed request.
-fn modernize(req: &McpRequest) -> Option<McpRequest> {
+pub(crate) fn modernize(req: &McpRequest) -> Option<McpRequest> {
     let Operation::Post(msg) = &req.op else {
         return None;
     };
@@ -364,7 +364,7 @@ pub(super) async fn forward<S: McpService>(
 }
 
 /// A 2026 upstream's reply as a 2025 client takes it (see the module docs).
-fn legacy_answer(mut reply: McpReply) -> McpReply {
+pub(crate) fn legacy_answer(mut reply: McpReply) -> McpReply {
     reply.headers.remove("mcp-session-id");
     // A 2026 HTTP 4xx carrying a JSON-RPC error is HTTP 200 for a 2025 client; any other 4xx (an
     // OAuth 401 with `WWW-Authenticate`, a proxy's 413 or 429) keeps its status (found by review).
@@ -496,15 +496,8 @@ fn answer_initialize(state: &BridgeState, req: &McpRequest, discovered: &Value) 
             .and_then(|v| v.pointer("/params/protocolVersion").cloned()),
         _ => None,
     };
-    let version = requested
-        .as_ref()
-        .and_then(Value::as_str)
-        .filter(|v| LEGACY_VERSIONS.contains(v))
-        .unwrap_or("2025-11-25");
-    let mut result = legacy_initialize_result(discovered, version);
-    if state.known() == Some(UpstreamEra::ModernTasks) {
-        translate::add_legacy_tasks_capability(&mut result);
-    }
+    let modern_tasks = state.known() == Some(UpstreamEra::ModernTasks);
+    let result = held_initialize_result(requested.as_ref(), discovered, modern_tasks);
     let mut reply = McpReply::local_json(jsonrpc::result_response(id, &result.to_string()))
         .answered_locally(LocalReason::HeldSession);
     if let Ok(v) = HeaderValue::from_str(&session) {
@@ -516,8 +509,27 @@ fn answer_initialize(state: &BridgeState, req: &McpRequest, discovered: &Value) 
     reply
 }
 
+/// The `InitializeResult` a held session's `initialize` gets: `protocolVersion` the client's
+/// `requested` one when it is a 2025-era revision ([`LEGACY_VERSIONS`]), else `2025-11-25`;
+/// the 2025 `capabilities.tasks` added when the upstream has the tasks extension.
+pub(crate) fn held_initialize_result(
+    requested: Option<&Value>,
+    discovered: &Value,
+    modern_tasks: bool,
+) -> Value {
+    let version = requested
+        .and_then(Value::as_str)
+        .filter(|v| LEGACY_VERSIONS.contains(v))
+        .unwrap_or("2025-11-25");
+    let mut result = legacy_initialize_result(discovered, version);
+    if modern_tasks {
+        translate::add_legacy_tasks_capability(&mut result);
+    }
+    result
+}
+
 /// A 2025 `InitializeResult` (`protocolVersion` `version`) from a 2026 `server/discover` result.
-pub(super) fn legacy_initialize_result(discovered: &Value, version: &str) -> Value {
+pub(crate) fn legacy_initialize_result(discovered: &Value, version: &str) -> Value {
     let mut capabilities = match discovered.get("capabilities") {
         Some(Value::Object(c)) => c.clone(),
         _ => Map::new(),

@@ -113,7 +113,7 @@ mod answer;
 mod calls;
 pub mod errors;
 mod follow;
-mod held;
+pub(crate) mod held;
 pub mod input;
 pub mod listen;
 pub mod mrtr;
@@ -564,9 +564,12 @@ fn modern_request(
         &crate::headers::MCP_PROTOCOL_VERSION,
         HeaderValue::from_static(era::MODERN_VERSION),
     );
+    // The client's own routing headers never go on: they name its request, not this one (a
+    // method that cannot be a header value is sent without `Mcp-Method`; found by fuzzing).
+    ctx.headers.remove(&crate::mcp::routing_headers::MCP_METHOD);
     if let Ok(m) = HeaderValue::from_str(method) {
         ctx.headers
-            .insert(http::HeaderName::from_static("mcp-method"), m);
+            .insert(&crate::mcp::routing_headers::MCP_METHOD, m);
     }
     ctx.headers.remove(&era::MCP_NAME);
     if let Some(n) = name {

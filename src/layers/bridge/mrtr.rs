@@ -72,7 +72,7 @@ pub(super) fn allows_mrtr(method: Option<&str>) -> bool {
 }
 
 /// The answer (parsed) when `text` is one answering `id` with `resultType: "input_required"`.
-pub(super) fn input_required(text: &[u8], id: &Id) -> Option<Value> {
+pub(crate) fn input_required(text: &[u8], id: &Id) -> Option<Value> {
     if !jsonrpc::contains(text, b"input_required") || !jsonrpc::is_answer_to(text, id) {
         return None;
     }

@@ -9,12 +9,24 @@ use futures_util::future::BoxFuture;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
-fn expiry_key(expires_at: u64, upstream: &str, session: &str) -> Vec<u8> {
+/// `held_by_expiry` key: `(expires_at, upstream, Mcp-Session-Id)`, sorting by `expires_at`.
+pub(crate) fn expiry_key(expires_at: u64, upstream: &str, session: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(16 + upstream.len() + session.len());
     k.extend_from_slice(&expires_at.to_be_bytes());
     push_str(&mut k, upstream);
     push_str(&mut k, session);
     k
+}
+
+/// The `(expires_at, upstream, Mcp-Session-Id)` of an [`expiry_key`]; `None` when `key` is
+/// too short for them or a string is not UTF-8.
+pub(crate) fn read_expiry_key(key: &[u8]) -> Option<(u64, &str, &str)> {
+    let mut rest = key;
+    Some((
+        read_u64(&mut rest)?,
+        read_str(&mut rest)?,
+        read_str(&mut rest)?,
+    ))
 }
 
 type Tx = Result<Option<HeldSessionRecord>, TransactionError<String>>;
@@ -126,12 +138,7 @@ impl HeldSessionStore for SledStore {
             .range(..expiry_key(now_ms.saturating_add(1), "", ""))
         {
             let (k, _) = item.map_err(db_err)?;
-            let mut rest = &k[..];
-            if let (Some(_), Some(up), Some(id)) = (
-                read_u64(&mut rest),
-                read_str(&mut rest),
-                read_str(&mut rest),
-            ) {
+            if let Some((_, up, id)) = read_expiry_key(&k) {
                 keys.push((up.to_string(), id.to_string(), k.clone()));
             }
             if keys.len() >= limit {
