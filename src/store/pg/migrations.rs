@@ -9,7 +9,8 @@ use super::{pg_err, pool_err};
 use crate::store::StoreError;
 use deadpool_postgres::Pool;
 
-/// Advisory lock key for migrations (`'taskgate'` as bytes, plus 1).
+/// Seed of the migrations' advisory lock key (`'taskgate'` as bytes, plus 1), hashed with the
+/// session's `current_schema()` so tiers in different schemas of one database migrate apart.
 const MIGRATION_LOCK: i64 = 0x7461_736b_6761_7401;
 
 /// `(version, SQL)`, in order.
@@ -107,7 +108,10 @@ CREATE INDEX taskgate_held_sessions_by_expiry ON taskgate_held_sessions (expires
 pub(super) async fn apply(pool: &Pool) -> Result<(), StoreError> {
     let mut c = pool.get().await.map_err(pool_err)?;
     let tx = c.transaction().await.map_err(pg_err)?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('taskgate migrations' || E'\\n' || current_schema(), $1::bigint))",
+        &[&MIGRATION_LOCK],
+    )
         .await
         .map_err(pg_err)?;
     tx.batch_execute(

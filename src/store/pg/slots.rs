@@ -44,7 +44,9 @@ impl SlotStore for PgStore {
         self.run(move |mut c| async move {
             let tx = c.transaction().await.map_err(pg_err)?;
             tx.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended($1::text || E'\\n' || $2::text, $3::bigint))",
+                // The schema is part of the key: two tiers in one database, each in its own
+                // schema, never wait on each other's owners (issue 29 #18).
+                "SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || E'\\n' || $1::text || E'\\n' || $2::text, $3::bigint))",
                 &[&up, &who, &SLOT_LOCK_SEED],
             )
             .await

@@ -44,8 +44,14 @@ use deadpool_postgres::{ClientWrapper, Object};
 /// The database's clock now, in ms since the epoch (the one clock every replica shares).
 const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
-/// Advisory lock key of the TTL sweep (`'taskgate'` as bytes, plus 2).
+/// Seed of the TTL sweep's advisory lock key (`'taskgate'` as bytes, plus 2). The key itself
+/// is a hash of this seed and the session's `current_schema()` ([`SWEEP_LOCK_KEY`]), so two
+/// tiers sharing one database in different schemas (`search_path` in the URL) do not take each
+/// other's lease (advisory locks are per database; issue 29 #18).
 const SWEEP_LOCK: i64 = 0x7461_736b_6761_7402;
+/// The SQL expression of the sweep lock's key, `$1` being [`SWEEP_LOCK`].
+pub(super) const SWEEP_LOCK_KEY: &str =
+    "hashtextextended('taskgate sweep' || E'\\n' || current_schema(), $1::bigint)";
 
 fn parse_status(s: &str) -> Option<TaskStatus> {
     TaskStatus::ALL.iter().copied().find(|t| t.as_str() == s)
@@ -242,7 +248,10 @@ impl PgStore {
             let obj = pool.get().await.map_err(pool_err)?;
             let asked = tokio::time::timeout(
                 liveness,
-                obj.query_one("SELECT pg_try_advisory_lock($1)", &[&SWEEP_LOCK]),
+                obj.query_one(
+                    &format!("SELECT pg_try_advisory_lock({SWEEP_LOCK_KEY})"),
+                    &[&SWEEP_LOCK],
+                ),
             )
             .await;
             let got: bool = match asked {
@@ -373,5 +382,53 @@ mod tests {
         drop(store);
         admin(format!("DROP DATABASE {db} WITH (FORCE)"));
         assert_eq!(shown.unwrap(), ["2", "1", "3", "2000"]);
+    }
+
+    /// Two tiers sharing one database, each in its own schema (`search_path` in the URL), each
+    /// get their own sweep lease (issue 29 #18). Needs `TASKGATE_TEST_DATABASE_URL`. Fails on
+    /// f2cd7c5: the lease key was one constant per database, so the second tier never swept.
+    #[test]
+    fn tiers_in_two_schemas_of_one_database_each_get_a_sweep_lease() {
+        let Ok(url) = std::env::var("TASKGATE_TEST_DATABASE_URL") else {
+            eprintln!("SKIPPED: no TASKGATE_TEST_DATABASE_URL");
+            return;
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let db = format!("tg_lib_schemas_{}", std::process::id());
+        let run = |url: String, sql: String| {
+            runtime.block_on(async move {
+                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                    .await
+                    .unwrap();
+                tokio::spawn(conn);
+                client.batch_execute(&sql).await.unwrap();
+            })
+        };
+        run(url.clone(), format!("CREATE DATABASE {db}"));
+        let base = url.split('?').next().unwrap();
+        let base = format!("{}/{db}", &base[..base.rfind('/').unwrap()]);
+        run(base.clone(), "CREATE SCHEMA tier_a; CREATE SCHEMA tier_b".into());
+        let open = |schema: &str| {
+            let url = format!("{base}?connect_timeout=2&options=-c%20search_path%3D{schema}");
+            runtime.block_on(PgStore::open(&url, 1, None)).unwrap()
+        };
+        let (a, b) = (open("tier_a"), open("tier_b"));
+        // Off the runtime, as the registry calls it; each lease is held while the other is asked.
+        let (took_a, took_b) = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let la = a.sweep_lease();
+                    let lb = b.sweep_lease();
+                    (la.map(|l| l.is_some()), lb.map(|l| l.is_some()))
+                })
+                .join()
+                .unwrap()
+        });
+        drop((a, b));
+        run(url.clone(), format!("DROP DATABASE {db} WITH (FORCE)"));
+        assert_eq!((took_a.unwrap(), took_b.unwrap()), (true, true));
     }
 }
