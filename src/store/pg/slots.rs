@@ -26,7 +26,7 @@ use std::time::Duration;
 /// The database's clock in ms, as the lease columns hold it.
 const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 
-/// Advisory lock keys of owners' slots: `hashtextextended(upstream || '\n' || owner, SEED)` (a
+/// Advisory lock keys of owners' slots: `hashtextextended(current_schema() || '\n' || upstream || '\n' || owner, SEED)` (a
 /// collision only serialises two owners' slot takings).
 const SLOT_LOCK_SEED: i64 = 0x7461_736b_6761_7403;
 
