@@ -13,6 +13,7 @@ use crate::http::server::{connection_budget, serve, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::bridge::{BridgeLayer, BridgeState};
 use crate::layers::cancel::{CancelLayer, CancelState};
+use crate::layers::ids::IdsLayer;
 use crate::layers::observe::ObserveLayer;
 use crate::layers::session::{SessionLayer, Sessions};
 use crate::layers::session_guard::SessionGuardLayer;
@@ -160,6 +161,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
                 cancel_state,
             )))
             .layer(ObserveLayer::new(registry.clone()))
+            .layer(IdsLayer::new(metrics.clone()))
             .service(upstream);
         // On a shared store another live replica may be waiting on an upgraded task: orphans
         // are not guessed there (see ARCHITECTURE.md, "A tier on PostgreSQL").

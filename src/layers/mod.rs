@@ -20,11 +20,15 @@
 //! 5. `bridge`: a 2025-11-25 client's task requests to a 2026-07-28 task server translated
 //!    (below `cancel`, so single-flight and the terminal check stay in the client's era; above
 //!    `observe`, which records what actually went upstream).
-//! 6. `observe`: innermost, just above the upstream client: every upstream message passes it
+//! 6. `observe`: innermost but for `ids`: every upstream message passes it
 //!    once. It records creations, applies statuses, notes activity, holds resources and rewrites
 //!    terminal statuses. Being below `cancel`, it has applied an SSE `tasks/cancel` answer
 //!    before `cancel` reads it from the stream, so a finished flight has applied its answer
 //!    before it leaves the flight table.
+//! 7. `ids`: below `observe`, just above the upstream client: a request id is in flight at most
+//!    once per 2025 upstream session (a client's reuse refused, another caller's id collision sent
+//!    under a minted id and answered under the client's), and a `notifications/cancelled` reaches
+//!    only its sender's request. `observe` above it sees the clients' ids.
 //!
 //! Each module's doc says which messages it touches.
 
@@ -32,6 +36,7 @@ mod after;
 pub mod bridge;
 pub mod cancel;
 pub mod extensions;
+pub mod ids;
 pub mod observe;
 pub mod session;
 pub mod session_guard;

@@ -283,6 +283,11 @@ label_enum! {
         Initialize = "initialize",
         Task = "task",
         Duplicate = "duplicate",
+        /// The `requestId` is in flight on the upstream session only for other callers
+        /// (`layers::ids`): forwarding it would cancel another client's request.
+        OtherCaller = "other_caller",
+        /// The caller has two requests in flight under that `requestId` (`layers::ids`).
+        Ambiguous = "ambiguous",
     }
 }
 
@@ -333,5 +338,8 @@ label_enum! {
         /// (`layers::bridge`, held sessions): its `initialize`, `notifications/initialized`,
         /// `ping`, GET (405) and DELETE.
         HeldSession = "held_session",
+        /// A 2025-11-25 request whose id the same client session has in flight on its
+        /// upstream session (`layers::ids`: `-32600`).
+        IdInFlight = "id_in_flight",
     }
 }

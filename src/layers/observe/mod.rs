@@ -1,6 +1,6 @@
-//! The `observe` layer, innermost (just above the upstream client): the only place where what
-//! the upstream says about tasks is applied to the [`Registry`], once per message
-//! (2025-11-25 basic/utilities/tasks).
+//! The `observe` layer, innermost but for `ids` (which only keeps request ids apart): the only
+//! place where what the upstream says about tasks is applied to the [`Registry`], once per
+//! message (2025-11-25 basic/utilities/tasks).
 //!
 //! Every upstream message passes here exactly once, whoever sent the request (a client, or the
 //! `upgrade` layer's own `tasks/*` requests):

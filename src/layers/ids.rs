@@ -1,0 +1,433 @@
+//! The `ids` layer, innermost (below `observe`, just above the upstream client): a JSON-RPC
+//! request id is in flight at most once on each 2025-11-25 upstream session (2025-11-25 basic:
+//! request ids "are never reused within a session"), and a client's `notifications/cancelled`
+//! reaches only its own request (basic/utilities/cancellation).
+//!
+//! **Why.** Several clients can share one upstream session, or, with an upstream that issues no
+//! `Mcp-Session-Id`, the one session-less stream of requests: with authentication every
+//! principal of a session-less upstream, without it every client; and a task's `tasks/result`
+//! from another session of its owner is routed to the session the task was created on.
+//! Clients number their requests from 0 or 1, so their ids meet. On Streamable HTTP each POST is
+//! answered on its own response, but an upstream keys its per-session state by request id: the
+//! SDKs' server transports map each id to the stream that answers it (TypeScript
+//! `_requestToStreamMapping`, Python `_request_streams`), so the second request with an id takes
+//! over the first one's stream (one client gets the other's answer, the other waits for ever),
+//! and a `notifications/cancelled` naming the id cancels whichever of them the upstream finds.
+//! 2026-07-28 requests are stateless (each POST its own exchange, no server→client requests, no
+//! `notifications/cancelled` over HTTP: closing the stream is the cancel) and pass untouched, as
+//! does `initialize` (it opens a session of its own).
+//!
+//! **Rules**, for a 2025-era request with an id (`initialize` apart) on upstream session `S` (the
+//! one it is sent on, after routing; none for a session-less upstream):
+//! - its id is not in flight on `S`: forwarded as it came (the common path: one insert and one
+//!   removal in a table keyed by `(S, id)`; the bytes are not touched);
+//! - it is, from the same client session (the same [`Caller`], with a session of its own): the
+//!   client reused an id it has in flight, which MCP forbids: refused with `-32600` "request id
+//!   … is already in flight on this session", never forwarded
+//!   (`taskgate_local_answers_total{reason="id_in_flight"}`);
+//! - it is, from anyone else (another principal or client session, callers taskgate cannot tell
+//!   apart, taskgate's own requests), or the id has the form of taskgate's own ids
+//!   (`"taskgate-…"`, so taskgate's own request is never refused for a client's choice of id): it
+//!   goes upstream under an id taskgate mints (`"taskgate-id-<n>"`, checked free on `S`), and the
+//!   message answering it (the JSON answer, or the SSE event that carries it) comes back under the
+//!   client's id, its text and type exactly as the client sent them (`0` a number, `"0"` a string).
+//!
+//! A client's `notifications/cancelled` (2025 era) naming `requestId` `X` on `S`: when `X` is one
+//! of the caller's calls in flight there, it goes upstream naming that call's upstream id (the
+//! minted one for a mapped call); when `X` is in flight on `S` only for other callers, it is
+//! dropped (it would cancel another client's request: `reason="other_caller"`); when the caller
+//! has two calls under `X` (callers taskgate cannot tell apart, or a mapped call of its own), it
+//! is dropped (`reason="ambiguous"`); an `X` not in flight passes as it came. Each drop is
+//! counted in `taskgate_cancelled_notifications_dropped_total` and answered 202.
+//!
+//! An entry lives until its reply is done (a JSON answer at once, an SSE answer when its stream
+//! ends or is dropped). The table holds at most [`MAX_IN_FLIGHT`] entries per upstream; past
+//! that a request passes untracked (as before this layer) rather than waiting or failing.
+//! Progress tokens (client-chosen as well) are not mapped.
+
+use crate::era::Era;
+use crate::exchange::{Caller, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::jsonrpc::{self, splice, Id, Kind, Message};
+use crate::layers::after::{AfterReply, ReplyStep};
+use crate::metrics::{DropReason, LocalReason, Metrics};
+use bytes::Bytes;
+use futures_util::future::{ready, Either, Ready};
+use http::HeaderValue;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+/// Most requests tracked in flight per upstream; past it a request passes untracked.
+pub const MAX_IN_FLIGHT: usize = 65_536;
+
+/// A request id on one upstream session (`None`: the upstream has no sessions).
+type Key = (Option<HeaderValue>, Id);
+
+type Hasher = foldhash::fast::RandomState;
+
+/// One request in flight on an upstream session.
+struct Entry {
+    /// Who sent it.
+    caller: Caller,
+    /// The client's own id when the request went upstream under a minted one.
+    client_id: Option<Id>,
+}
+
+#[derive(Default)]
+struct Table {
+    /// `(session, upstream id)` → the request.
+    in_flight: HashMap<Key, Entry, Hasher>,
+    /// `(session, client id)` → the minted ids of that client id's mapped requests, with who
+    /// sent each (for `notifications/cancelled`).
+    mapped: HashMap<Key, Vec<(Caller, Id)>, Hasher>,
+}
+
+/// The layer's state for one upstream.
+pub struct IdsState {
+    table: Mutex<Table>,
+    next: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+impl IdsState {
+    /// An empty table; drops and refusals are counted in `metrics`.
+    pub fn new(metrics: Arc<Metrics>) -> Arc<IdsState> {
+        Arc::new(IdsState {
+            table: Mutex::default(),
+            next: AtomicU64::new(1),
+            metrics,
+        })
+    }
+
+    /// How many requests are tracked in flight (for tests).
+    #[cfg(test)]
+    fn in_flight(&self) -> usize {
+        self.table.lock().in_flight.len()
+    }
+
+    /// Decides a request (see the module docs).
+    fn admit(self: &Arc<Self>, session: Option<HeaderValue>, id: &Id, caller: Caller) -> Admit {
+        let mut t = self.table.lock();
+        if t.in_flight.len() >= MAX_IN_FLIGHT {
+            return Admit::Untracked;
+        }
+        let key = (session, id.clone());
+        let Some(holder) = t.in_flight.get(&key) else {
+            t.in_flight.insert(
+                key.clone(),
+                Entry {
+                    caller,
+                    client_id: None,
+                },
+            );
+            return Admit::Plain(Tracked {
+                state: self.clone(),
+                key,
+                mapped_from: None,
+            });
+        };
+        if holder.caller == caller
+            && caller.client_session.is_some()
+            && !id.as_json().starts_with("\"taskgate-")
+        {
+            return Admit::Refuse;
+        }
+        let (session, _) = key;
+        let minted = loop {
+            let n = self.next.fetch_add(1, Ordering::Relaxed);
+            let minted = Id::from_json(&format!("\"taskgate-id-{n}\"")).expect("a string id");
+            if !t.in_flight.contains_key(&(session.clone(), minted.clone())) {
+                break minted;
+            }
+        };
+        t.in_flight.insert(
+            (session.clone(), minted.clone()),
+            Entry {
+                caller: caller.clone(),
+                client_id: Some(id.clone()),
+            },
+        );
+        t.mapped
+            .entry((session.clone(), id.clone()))
+            .or_default()
+            .push((caller, minted.clone()));
+        Admit::Mapped(Tracked {
+            state: self.clone(),
+            key: (session, minted),
+            mapped_from: Some(id.clone()),
+        })
+    }
+
+    /// Where a `notifications/cancelled` naming `id` from `caller` on `session` goes.
+    fn route_cancel(&self, session: &Option<HeaderValue>, id: &Id, caller: &Caller) -> CancelRoute {
+        let t = self.table.lock();
+        let key = (session.clone(), id.clone());
+        let mut own: Option<&Id> = None;
+        let mut owns = 0;
+        let mut others = false;
+        if let Some(e) = t.in_flight.get(&key) {
+            if e.client_id.is_none() {
+                if e.caller == *caller {
+                    own = Some(id);
+                    owns += 1;
+                } else {
+                    others = true;
+                }
+            }
+        }
+        for (c, minted) in t.mapped.get(&key).into_iter().flatten() {
+            if c == caller {
+                own = Some(minted);
+                owns += 1;
+            } else {
+                others = true;
+            }
+        }
+        match (owns, own) {
+            (1, Some(upstream_id)) if upstream_id == id => CancelRoute::AsIs,
+            (1, Some(upstream_id)) => CancelRoute::Rewrite(upstream_id.clone()),
+            (0, _) if others => CancelRoute::Drop(DropReason::OtherCaller),
+            (0, _) => CancelRoute::AsIs,
+            _ => CancelRoute::Drop(DropReason::Ambiguous),
+        }
+    }
+}
+
+/// What becomes of a request.
+enum Admit {
+    /// Forwarded as it is, tracked.
+    Plain(Tracked),
+    /// Forwarded under a minted id (the guard's key), tracked.
+    Mapped(Tracked),
+    /// The client reused an id it has in flight on this session.
+    Refuse,
+    /// The table is full: forwarded untracked.
+    Untracked,
+}
+
+enum CancelRoute {
+    AsIs,
+    Rewrite(Id),
+    Drop(DropReason),
+}
+
+/// A request's entry, removed when dropped (with its reply).
+struct Tracked {
+    state: Arc<IdsState>,
+    /// `(session, upstream id)`.
+    key: Key,
+    /// The client's id of a mapped request.
+    mapped_from: Option<Id>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        let mut t = self.state.table.lock();
+        t.in_flight.remove(&self.key);
+        if let Some(client_id) = &self.mapped_from {
+            let k = (self.key.0.clone(), client_id.clone());
+            if let Some(list) = t.mapped.get_mut(&k) {
+                list.retain(|(_, m)| *m != self.key.1);
+                if list.is_empty() {
+                    t.mapped.remove(&k);
+                }
+            }
+        }
+    }
+}
+
+/// The reply step: keeps the entry while the reply is relayed and, for a mapped request, gives
+/// the answer the client's id back.
+#[doc(hidden)]
+pub struct Release(Tracked);
+
+impl ReplyStep for Release {
+    fn apply(self, mut reply: McpReply) -> McpReply {
+        let tracked = self.0;
+        let restore = tracked
+            .mapped_from
+            .clone()
+            .map(|client| (tracked.key.1.clone(), client));
+        if restore.is_none() && !matches!(reply.body, ReplyBody::Stream(_)) {
+            // A JSON answer is whole: the request is no longer in flight.
+            return reply;
+        }
+        reply.body = reply.body.map_messages(move |text| {
+            // The entry lives as long as the stream is relayed.
+            let _held = &tracked;
+            let (minted, client) = restore.as_ref()?;
+            client_answer(text, minted, client)
+        });
+        reply
+    }
+}
+
+/// `text` with its id set back to `client` when it is the answer (result or error) to `minted`.
+fn client_answer(text: &str, minted: &Id, client: &Id) -> Option<String> {
+    if !text.contains(minted.as_json().trim_matches('"')) {
+        return None;
+    }
+    let msg = Message::parse(Bytes::copy_from_slice(text.as_bytes())).ok()?;
+    if msg.id() != Some(minted) || !matches!(msg.kind(), Kind::Response | Kind::Error) {
+        return None;
+    }
+    let out = splice::replace(text.as_bytes(), &["id"], client.as_json()).ok()??;
+    String::from_utf8(out.to_vec()).ok()
+}
+
+/// `req` with its JSON-RPC id replaced by `id`.
+fn with_id(mut req: McpRequest, id: &Id) -> McpRequest {
+    if let Operation::Post(msg) = &req.op {
+        if let Ok(Some(bytes)) = splice::replace(msg.bytes(), &["id"], id.as_json()) {
+            if let Ok(m) = Message::parse(bytes) {
+                req.op = Operation::Post(m);
+            }
+        }
+    }
+    req
+}
+
+/// Builds [`IdsService`]s over one upstream's [`IdsState`].
+#[derive(Clone)]
+pub struct IdsLayer {
+    state: Arc<IdsState>,
+}
+
+impl IdsLayer {
+    /// A layer for one upstream (its own table).
+    pub fn new(metrics: Arc<Metrics>) -> IdsLayer {
+        IdsLayer {
+            state: IdsState::new(metrics),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for IdsLayer {
+    type Service = IdsService<S>;
+    fn layer(&self, inner: S) -> IdsService<S> {
+        IdsService {
+            inner,
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// The `ids` layer's service (see the module docs).
+#[derive(Clone)]
+pub struct IdsService<S> {
+    inner: S,
+    state: Arc<IdsState>,
+}
+
+/// The future of a request: the inner one (tracked or not), or taskgate's own answer.
+type IdsFuture<F> =
+    Either<Either<F, AfterReply<F, Release>>, Ready<Result<McpReply, GatewayError>>>;
+
+impl<S> tower::Service<McpRequest> for IdsService<S>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>,
+{
+    type Response = McpReply;
+    type Error = GatewayError;
+    type Future = IdsFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: McpRequest) -> Self::Future {
+        let Operation::Post(msg) = &req.op else {
+            return Either::Left(Either::Left(self.inner.call(req)));
+        };
+        let kind = msg.kind();
+        let is_cancel =
+            kind == Kind::Notification && msg.method() == Some("notifications/cancelled");
+        if !(kind == Kind::Request || is_cancel)
+            || msg.method() == Some("initialize")
+            || Era::of(&req) == Era::Modern
+        {
+            return Either::Left(Either::Left(self.inner.call(req)));
+        }
+        if is_cancel {
+            return self.cancel(req);
+        }
+        let id = msg.id().expect("a request has an id").clone();
+        match self
+            .state
+            .admit(req.ctx.session_id.clone(), &id, req.ctx.caller())
+        {
+            Admit::Untracked => Either::Left(Either::Left(self.inner.call(req))),
+            Admit::Plain(tracked) => {
+                let fut = self.inner.call(req);
+                Either::Left(Either::Right(AfterReply::new(fut, Release(tracked))))
+            }
+            Admit::Mapped(tracked) => {
+                tracing::debug!(upstream = %req.ctx.upstream, id = %id, upstream_id = %tracked.key.1, "request id in flight on the upstream session for another caller: sent under a minted id");
+                let req = with_id(req, &tracked.key.1);
+                let fut = self.inner.call(req);
+                Either::Left(Either::Right(AfterReply::new(fut, Release(tracked))))
+            }
+            Admit::Refuse => {
+                tracing::debug!(upstream = %req.ctx.upstream, id = %id, "request id already in flight on this session: refused");
+                let message = format!(
+                    "request id {id} is already in flight on this session; a request id must not be reused while its request is in flight"
+                );
+                let reply = McpReply::local_error(Some(&id), jsonrpc::INVALID_REQUEST, &message)
+                    .answered_locally(LocalReason::IdInFlight);
+                Either::Right(ready(Ok(reply)))
+            }
+        }
+    }
+}
+
+impl<S> IdsService<S>
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>,
+{
+    /// A client's `notifications/cancelled` (see the module docs).
+    fn cancel(&mut self, req: McpRequest) -> IdsFuture<S::Future> {
+        let target = match &req.op {
+            Operation::Post(msg) => splice::raw_at(msg.bytes(), &["params", "requestId"])
+                .ok()
+                .flatten()
+                .and_then(|raw| Id::from_json(raw.get())),
+            _ => None,
+        };
+        let Some(target) = target else {
+            return Either::Left(Either::Left(self.inner.call(req)));
+        };
+        let route = self
+            .state
+            .route_cancel(&req.ctx.session_id, &target, &req.ctx.caller());
+        match route {
+            CancelRoute::AsIs => Either::Left(Either::Left(self.inner.call(req))),
+            CancelRoute::Rewrite(upstream_id) => {
+                let mut req = req;
+                if let Operation::Post(msg) = &req.op {
+                    if let Ok(Some(bytes)) = splice::replace(
+                        msg.bytes(),
+                        &["params", "requestId"],
+                        upstream_id.as_json(),
+                    ) {
+                        if let Ok(m) = Message::parse(bytes) {
+                            req.op = Operation::Post(m);
+                        }
+                    }
+                }
+                Either::Left(Either::Left(self.inner.call(req)))
+            }
+            CancelRoute::Drop(reason) => {
+                tracing::debug!(upstream = %req.ctx.upstream, request_id = %target, reason = reason.as_str(), "notifications/cancelled not forwarded");
+                self.state
+                    .metrics
+                    .cancelled_notification_dropped(&req.ctx.upstream, reason);
+                Either::Right(ready(Ok(McpReply::accepted())))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
