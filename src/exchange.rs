@@ -282,10 +282,15 @@ impl std::fmt::Debug for ReplyBody {
 pub struct McpReply {
     /// HTTP status to send to the client.
     pub status: StatusCode,
-    /// End-to-end response headers (`Mcp-Session-Id`, `Content-Type`, ...).
+    /// End-to-end response headers (`Mcp-Session-Id`, `Content-Type`, ...): only what may reach
+    /// the client; facts for the layers above travel in [`McpReply::extensions`].
     pub headers: HeaderMap,
     /// The body.
     pub body: ReplyBody,
+    /// Facts a layer hands to the layers above it, as `http::Response` carries them (see
+    /// `layers::extensions`, "Facts up"): never sent to the client. Empty on nearly every
+    /// reply, and then free (no allocation).
+    pub extensions: http::Extensions,
 }
 
 impl McpReply {
@@ -300,6 +305,7 @@ impl McpReply {
             status: StatusCode::OK,
             headers,
             body: ReplyBody::Json(bytes),
+            extensions: http::Extensions::new(),
         }
     }
 
@@ -334,6 +340,7 @@ impl McpReply {
             status: StatusCode::OK,
             headers,
             body: ReplyBody::Stream(events),
+            extensions: http::Extensions::new(),
         }
     }
 
@@ -343,32 +350,33 @@ impl McpReply {
             status: StatusCode::ACCEPTED,
             headers: HeaderMap::new(),
             body: ReplyBody::Empty,
+            extensions: http::Extensions::new(),
+        }
+    }
+
+    /// A reply with `status`, `headers` and `body`, and no facts for the layers above.
+    pub fn new(status: StatusCode, headers: HeaderMap, body: ReplyBody) -> McpReply {
+        McpReply {
+            status,
+            headers,
+            body,
+            extensions: http::Extensions::new(),
         }
     }
 }
 
-/// Reply header a layer sets on an answer it gave itself, naming its [`LocalReason`]; the edge
-/// removes it (it never reaches the client), logs the answer at debug and counts it
-/// (`taskgate_local_answers_total`, `outcome="local"`).
-pub static LOCAL_ANSWER: http::HeaderName =
-    http::HeaderName::from_static("x-taskgate-local-answer");
-
 impl McpReply {
-    /// Marks this reply as answered by taskgate itself for `reason` (see [`LOCAL_ANSWER`]).
+    /// Marks this reply as answered by taskgate itself for `reason`: a [`LocalReason`] reply
+    /// extension, which the edge takes ([`McpReply::take_local_reason`]) to log the answer at
+    /// debug and count it (`taskgate_local_answers_total`, `outcome="local"`).
     pub fn answered_locally(mut self, reason: LocalReason) -> McpReply {
-        self.headers
-            .insert(&LOCAL_ANSWER, HeaderValue::from_static(reason.as_str()));
+        self.extensions.insert(reason);
         self
     }
 
-    /// Removes the [`LOCAL_ANSWER`] mark; the reason, if this reply was answered locally.
+    /// Removes the local-answer mark; the reason, if this reply was answered locally.
     pub fn take_local_reason(&mut self) -> Option<LocalReason> {
-        // Nearly every reply is without the mark.
-        let v = crate::headers::take(&mut self.headers, &LOCAL_ANSWER)?;
-        LocalReason::ALL
-            .iter()
-            .copied()
-            .find(|r| v.as_bytes() == r.as_str().as_bytes())
+        self.extensions.remove::<LocalReason>()
     }
 
     /// A JSON-RPC error taskgate answers itself, in the request's era: under 2026-07-28 with the

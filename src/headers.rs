@@ -91,8 +91,9 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
-/// Whether `name` is one of the reply headers taskgate's layers use among themselves
-/// (`x-taskgate-*`: a local answer's reason, a held session's mark).
+/// Whether `name` is in taskgate's reserved namespace (`x-taskgate-*`). Layers hand facts to
+/// each other as typed reply extensions, not headers, but an upstream still cannot put a name
+/// of taskgate's in front of the client (nor in front of an older taskgate further out).
 fn is_internal(name: &HeaderName) -> bool {
     name.as_str().starts_with("x-taskgate-")
 }

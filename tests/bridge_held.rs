@@ -210,9 +210,10 @@ async fn held_answers_are_2025_answers_and_plain_calls_are_upgraded() {
     assert_eq!(err_code(&r.json().await), -32601);
 }
 
-/// taskgate's internal reply headers (`x-taskgate-*`: a local answer's reason, a held session's
-/// mark) cannot come from an upstream: they are removed from its replies, so an upstream neither
-/// reaches the client with them nor skews `taskgate_local_answers_total`.
+/// taskgate's reserved reply headers (`x-taskgate-*`, the names its layers once used for a local
+/// answer's reason and a held session's mark; now typed reply extensions) cannot come from an
+/// upstream: they are removed from its replies, so an upstream neither reaches the client with
+/// them nor skews `taskgate_local_answers_total`.
 #[tokio::test]
 async fn an_upstream_cannot_set_taskgates_internal_headers() {
     let state: Shared = Default::default();

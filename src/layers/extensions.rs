@@ -1,5 +1,9 @@
-//! Facts one layer hands to the layers below it, as typed request extensions
-//! ([`crate::exchange::McpRequest::extensions`]), never through tables an outer layer reads back.
+//! Facts one layer hands to the others as typed extensions: down on the request
+//! ([`crate::exchange::McpRequest::extensions`]), up on the reply
+//! ([`crate::exchange::McpReply::extensions`], as `http::Response` carries them), never through
+//! tables an outer layer reads back nor through private headers.
+//!
+//! **Facts down** (request extensions):
 //!
 //! - [`Upgraded`]: set by `upgrade` on the plain `tools/call` it turned into a task (the record's
 //!   origin is then `upgraded`).
@@ -20,6 +24,13 @@
 //! - [`OnBehalfOf`]: set by taskgate on a request it makes itself about a task it recorded (the
 //!   cancel of an upgraded task orphaned by a restart): `tasks` authorises it as the record's
 //!   owner instead of the (absent) client's.
+
+//! **Facts up** (reply extensions; none reaches the client):
+//!
+//! - [`crate::metrics::LocalReason`]: set on an answer taskgate gave itself
+//!   ([`crate::exchange::McpReply::answered_locally`]); the edge takes it to count and log it.
+//! - [`HeldAnswer`]: set by `bridge` on the `initialize` answer it gave for a session it holds
+//!   itself; `session` takes it and stores the session.
 
 use crate::registry::Reservation;
 use crate::store::TaskRecord;
@@ -111,6 +122,12 @@ impl HeldSession {
         }
     }
 }
+
+/// Reply fact: this `initialize` answer is the `bridge`'s own, for a 2025 session taskgate holds
+/// itself (an upstream without 2025 sessions). The `session` layer takes it and keeps the
+/// session ([`HeldSession`], written to the store before the session id goes on).
+#[derive(Debug, Clone, Copy)]
+pub struct HeldAnswer;
 
 #[cfg(test)]
 mod tests {

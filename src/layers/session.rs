@@ -10,7 +10,7 @@
 //!
 //! Only sessions the upstream issued (an `Mcp-Session-Id` on an `InitializeResult`) get an entry:
 //! a client-chosen session id never creates state. A session the `bridge` holds itself (its
-//! `initialize` answer carries [`HELD_SESSION`], removed here) also keeps what the client declared
+//! `initialize` answer carries the [`HeldAnswer`] reply fact, taken here) also keeps what the client declared
 //! ([`HeldSession`], bounded), and is written to the registry's store before its id goes on
 //! (see `held_store`: revived after a restart, removed when it ends, is reclaimed or expires). An entry is about 200 bytes plus its id (about
 //! 1 KiB of RSS per session with the allocator, `benches/session_rss.py`);
@@ -31,7 +31,7 @@
 use crate::exchange::{McpReply, McpRequest, Operation, Principal, ReplyBody, Tenant};
 use crate::jsonrpc::needles;
 use crate::jsonrpc::Id;
-use crate::layers::extensions::HeldSession;
+use crate::layers::extensions::{HeldAnswer, HeldSession};
 use http::HeaderValue;
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -572,12 +572,6 @@ impl Sessions {
         }
     }
 }
-
-/// Reply header the `bridge` sets on an `initialize` answer it gave for a session it holds
-/// itself; the `session` layer removes it (it never reaches the client) and keeps the session's
-/// [`HeldSession`].
-pub static HELD_SESSION: http::HeaderName =
-    http::HeaderName::from_static("x-taskgate-held-session");
 
 mod held_store;
 mod service;

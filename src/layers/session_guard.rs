@@ -112,11 +112,11 @@ fn local(status: StatusCode, id: Option<&Id>, code: i64, message: &str) -> McpRe
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    McpReply {
+    McpReply::new(
         status,
         headers,
-        body: crate::exchange::ReplyBody::Json(jsonrpc::error_response(id, code, message)),
-    }
+        crate::exchange::ReplyBody::Json(jsonrpc::error_response(id, code, message)),
+    )
 }
 
 impl<S> SessionGuard<S> {

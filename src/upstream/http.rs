@@ -230,11 +230,11 @@ impl Inner {
                 Some(timer) if is_cancel => Some(timer.deadline()),
                 _ => None,
             };
-            return Ok(McpReply {
-                status: parts.status,
+            return Ok(McpReply::new(
+                parts.status,
                 headers,
-                body: ReplyBody::Stream(self.bounded_events(events, rpc_id, cancel_deadline)),
-            });
+                ReplyBody::Stream(self.bounded_events(events, rpc_id, cancel_deadline)),
+            ));
         }
         let collect = Limited::new(incoming, self.max_message_bytes).collect();
         let collected = match timer.as_mut() {
@@ -280,11 +280,7 @@ impl Inner {
         } else {
             ReplyBody::Raw(bytes)
         };
-        Ok(McpReply {
-            status: parts.status,
-            headers,
-            body,
-        })
+        Ok(McpReply::new(parts.status, headers, body))
     }
 
     /// The upstream's decoded SSE answer as relayed: an [`sse::Oversize`] becomes a JSON-RPC error

@@ -354,11 +354,11 @@ fn legacy_stream(early: Vec<Event>, reply: McpReply, rest: EventStream) -> McpRe
         http::header::CACHE_CONTROL,
         http::HeaderValue::from_static("no-cache"),
     );
-    McpReply {
-        status: http::StatusCode::OK,
+    McpReply::new(
+        http::StatusCode::OK,
         headers,
-        body: ReplyBody::Stream(Box::pin(events)),
-    }
+        ReplyBody::Stream(Box::pin(events)),
+    )
 }
 
 /// The server ran a call that asked for a task plainly: a task already `completed` (an id

@@ -161,10 +161,12 @@ mod tests {
 
     #[test]
     fn passed_through_answers_keep_the_transport_status_of_a_version_error() {
-        let reply = |status: u16, body: &str| McpReply {
-            status: http::StatusCode::from_u16(status).unwrap(),
-            headers: http::HeaderMap::new(),
-            body: ReplyBody::Json(bytes::Bytes::from(body.to_string())),
+        let reply = |status: u16, body: &str| {
+            McpReply::new(
+                http::StatusCode::from_u16(status).unwrap(),
+                http::HeaderMap::new(),
+                ReplyBody::Json(bytes::Bytes::from(body.to_string())),
+            )
         };
         let json = |r: &McpReply| match &r.body {
             ReplyBody::Json(b) => serde_json::from_slice::<Value>(b).unwrap(),

@@ -71,8 +71,7 @@ use super::{modern_request, translate, BridgeState, UpstreamEra};
 use crate::era::{self, CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
 use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind};
-use crate::layers::extensions::HeldSession;
-use crate::layers::session::HELD_SESSION;
+use crate::layers::extensions::{HeldAnswer, HeldSession};
 use crate::layers::McpService;
 use crate::metrics::LocalReason;
 use futures_util::StreamExt;
@@ -503,9 +502,7 @@ fn answer_initialize(state: &BridgeState, req: &McpRequest, discovered: &Value) 
     if let Ok(v) = HeaderValue::from_str(&session) {
         reply.headers.insert("mcp-session-id", v);
     }
-    reply
-        .headers
-        .insert(&HELD_SESSION, HeaderValue::from_static("1"));
+    reply.extensions.insert(HeldAnswer);
     reply
 }
 

@@ -460,11 +460,7 @@ where
             found
         }
         body => {
-            let reply = McpReply {
-                status: reply.status,
-                headers: reply.headers,
-                body,
-            };
+            let reply = McpReply { body, ..reply };
             return CancelOutcome::Http(Arc::new(Mutex::new(Some(reply))), status);
         }
     };

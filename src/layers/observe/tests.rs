@@ -21,11 +21,11 @@ fn sse(messages: &[&str]) -> McpReply {
             retry: None,
         })
         .collect();
-    McpReply {
-        status: StatusCode::OK,
-        headers: HeaderMap::new(),
-        body: ReplyBody::Stream(Box::pin(futures_util::stream::iter(events))),
-    }
+    McpReply::new(
+        StatusCode::OK,
+        HeaderMap::new(),
+        ReplyBody::Stream(Box::pin(futures_util::stream::iter(events))),
+    )
 }
 
 /// A stack of `observe` over an upstream that answers every request with `reply()`.

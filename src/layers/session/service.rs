@@ -105,7 +105,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Either::Right(Box::pin(async move {
             let mut reply = inner.call(req).await?;
-            let held = reply.headers.remove(&HELD_SESSION).is_some();
+            let held = reply.extensions.remove::<HeldAnswer>().is_some();
             let Finish {
                 sessions,
                 upstream,
@@ -168,7 +168,7 @@ impl ReplyStep for Finish {
     fn apply(self, mut reply: McpReply) -> McpReply {
         // A held session's answer is stored only for `initialize` (not this path). Nearly every
         // reply is without the mark.
-        let held = crate::headers::take(&mut reply.headers, &HELD_SESSION).is_some();
+        let held = reply.extensions.remove::<HeldAnswer>().is_some();
         self.reply(reply, held)
     }
 }
