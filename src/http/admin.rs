@@ -9,8 +9,8 @@
 //! token, bind it to loopback or a network only operators and Prometheus reach (the Kubernetes
 //! manifest sets a token and limits the port with a NetworkPolicy).
 
+use super::response::json_response;
 use super::server::{Body, Handler};
-use super::streamable::json_response;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::Metrics;
 use crate::store::{Owner, TaskRecord, TaskStore};

@@ -6,8 +6,8 @@
 //! 429 with `Retry-After`). Each refusal is counted in `taskgate_http_rejections_total{reason}`
 //! (`auth_failures`, `auth`, `scope`, `rate_limit`, `in_flight`).
 
+use super::response::{json_response, rpc_error_response};
 use super::server::Body;
-use super::streamable::{json_response, rpc_error_response};
 use crate::auth::{Authenticator, RefusalKind, METADATA_PATH};
 use crate::exchange::Principal;
 use crate::jsonrpc;

@@ -38,7 +38,7 @@
 //! would take for a message.
 
 use super::gate::Gate;
-pub use super::response::{gateway_error_response, json_response, rpc_error_response};
+use super::response::{gateway_error_response, json_response, rpc_error_response};
 use super::response::{never, read_body, BodyError, Head, HeadFields, DISCARD_LIMIT};
 use super::server::{Body, BodyError as ResponseError, Handler};
 use crate::auth::Authenticator;

@@ -10,12 +10,9 @@
 //! the last chunk (a truncated answer is never a clean end). The buffer holds at most one read
 //! (8 KiB) past such a line. Trailers are read and dropped (MCP has none).
 
-use super::gate::GateCtl;
-use super::pool::{Pool, Slot};
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::Frame;
 use std::io;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::net::TcpStream;
 
@@ -41,15 +38,15 @@ pub(crate) enum State {
     Done,
 }
 
-/// Where the connection goes when the body ended cleanly.
-pub(super) struct Return {
-    pub pool: Arc<Pool>,
-    pub slot: Slot,
-    pub ctl: Arc<GateCtl>,
+/// Where the connection goes when the body ended cleanly: the pool's check-in
+/// (`pool::Return`), which also holds the connection's slot until the body ends or is dropped.
+pub(super) trait Reuse {
+    /// Takes the connection back, its body read to the end and nothing after it.
+    fn reuse(self, io: TcpStream);
 }
 
 /// The body (see the module docs). Dropped before its end, it closes the connection.
-pub(super) struct Chunked {
+pub(super) struct Chunked<R> {
     /// The connection, until the body ended or failed.
     io: Option<TcpStream>,
     /// Bytes read and not decoded yet.
@@ -58,7 +55,7 @@ pub(super) struct Chunked {
     state: State,
     /// The pool's slot (the connection counts toward `max_connections` until the body ends
     /// or is dropped) and where the connection goes after a clean end.
-    back: Option<Return>,
+    back: Option<R>,
     /// Whether the connection may be reused (not `Connection: close`, HTTP/1.1, not both
     /// `Transfer-Encoding` and `Content-Length`).
     reuse: bool,
@@ -71,9 +68,9 @@ fn invalid(what: &str) -> Error {
     io::Error::new(io::ErrorKind::InvalidData, format!("chunked body: {what}")).into()
 }
 
-impl Chunked {
+impl<R: Reuse> Chunked<R> {
     /// `buf`: the bytes after the response head already read (hyper's, then the gate's).
-    pub(super) fn new(io: TcpStream, buf: BytesMut, back: Option<Return>, reuse: bool) -> Chunked {
+    pub(super) fn new(io: TcpStream, buf: BytesMut, back: Option<R>, reuse: bool) -> Chunked<R> {
         Chunked {
             io: Some(io),
             buf,
@@ -153,7 +150,7 @@ impl Chunked {
             return;
         };
         if self.reuse && self.buf.is_empty() {
-            back.pool.clone().checkin_stream(io, back);
+            back.reuse(io);
         }
     }
 }

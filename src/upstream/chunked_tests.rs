@@ -12,7 +12,14 @@ async fn pair() -> (TcpStream, TcpStream) {
     (b.unwrap().0, a.unwrap())
 }
 
-struct Body(Chunked);
+/// No pool: a body that ends cleanly closes its connection.
+struct Closed;
+
+impl Reuse for Closed {
+    fn reuse(self, _io: TcpStream) {}
+}
+
+struct Body(Chunked<Closed>);
 
 impl http_body::Body for Body {
     type Data = Bytes;

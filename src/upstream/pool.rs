@@ -108,8 +108,22 @@ struct Conn {
     _slot: Slot,
 }
 
+/// Where a connection whose chunked body taskgate reads goes when the body ended cleanly: back to
+/// `pool` as a new hyper connection; `slot` counts it toward `max_connections` meanwhile.
+struct Return {
+    pool: Arc<Pool>,
+    slot: Slot,
+    ctl: Arc<GateCtl>,
+}
+
+impl chunked::Reuse for Return {
+    fn reuse(self, io: TcpStream) {
+        self.pool.clone().checkin_stream(io, self);
+    }
+}
+
 /// One unit of a pool's open-connection count, given back on drop.
-pub(super) struct Slot(Arc<AtomicUsize>);
+struct Slot(Arc<AtomicUsize>);
 
 impl Slot {
     /// Takes a unit unless `max` are taken.
@@ -311,7 +325,7 @@ impl Pool {
 
     /// A connection whose chunked body taskgate read to its end goes back to the idle list as
     /// a new hyper connection (hyper's handshake does no I/O).
-    pub(super) fn checkin_stream(self: Arc<Self>, io: TcpStream, back: chunked::Return) {
+    fn checkin_stream(self: Arc<Self>, io: TcpStream, back: Return) {
         use futures_util::FutureExt;
         // Open, so the checkout's look for an EOF sees the idle connection's socket.
         back.ctl.open();
@@ -422,7 +436,7 @@ enum Kind {
         conn: Option<Conn>,
         pool: Arc<Pool>,
     },
-    Chunked(Chunked),
+    Chunked(Chunked<Return>),
 }
 
 /// The error of a [`PooledBody`]: hyper's, or what [`super::chunked`] found.
@@ -478,7 +492,7 @@ impl Pool {
         };
         // The slot goes with the body whether or not the connection is reused: it counts
         // toward `max_connections` while the body streams (found by the cold review).
-        let back = chunked::Return {
+        let back = Return {
             pool: self,
             slot,
             ctl,
