@@ -9,6 +9,7 @@
 //! passed through as it came (upstream HTTP errors).
 
 use crate::jsonrpc::{self, Id, Message};
+use crate::mcp::era::Era;
 use crate::metrics::{LocalReason, RequestOutcome};
 use crate::sse::EventStream;
 use crate::store::Owner;
@@ -112,6 +113,16 @@ impl Caller {
         }
     }
 
+    /// The owner of a 2026-07-28 request's tasks: the bearer principal, else
+    /// [`Owner::Anonymous`] (2026-07-28 has no sessions: an `Mcp-Session-Id` a client still
+    /// sends is not an owner, and without auth the unguessable `taskId` is the only key).
+    pub fn modern_owner(&self) -> Owner {
+        match &self.principal {
+            Principal::Token(p) => Owner::Principal(p.to_string()),
+            Principal::Anonymous => Owner::Anonymous,
+        }
+    }
+
     /// The key of this caller's request `id` on `upstream`.
     pub fn call_key(&self, upstream: &Arc<str>, id: &Id) -> CallKey {
         CallKey {
@@ -191,6 +202,12 @@ pub struct McpRequest {
 }
 
 impl McpRequest {
+    /// The protocol era the edge attached to this request (legacy when none was: `upgrade`'s own
+    /// requests, unit tests).
+    pub fn era(&self) -> Era {
+        self.extensions.get::<Era>().copied().unwrap_or_default()
+    }
+
     /// The JSON-RPC method of a POSTed request or notification.
     pub fn method(&self) -> Option<&str> {
         match &self.op {
@@ -380,10 +397,10 @@ impl McpReply {
     }
 
     /// A JSON-RPC error taskgate answers itself, in the request's era: under 2026-07-28 with the
-    /// HTTP status its transport prescribes ([`crate::era::modern_error_status`]), else HTTP 200;
+    /// HTTP status its transport prescribes ([`crate::mcp::errors::modern_error_status`]), else HTTP 200;
     /// marked with `reason`.
     pub fn era_error(
-        era: crate::era::Era,
+        era: Era,
         id: Option<&Id>,
         code: i64,
         message: &str,
@@ -398,15 +415,10 @@ impl McpReply {
     }
 
     /// [`McpReply::era_error`] for an error message already built (`bytes`, with `code`).
-    pub fn era_error_bytes(
-        era: crate::era::Era,
-        bytes: Bytes,
-        code: i64,
-        reason: LocalReason,
-    ) -> McpReply {
+    pub fn era_error_bytes(era: Era, bytes: Bytes, code: i64, reason: LocalReason) -> McpReply {
         let mut reply = McpReply::local_json(bytes).answered_locally(reason);
-        if era == crate::era::Era::Modern {
-            reply.status = crate::era::modern_error_status(code);
+        if era == Era::Modern {
+            reply.status = crate::mcp::errors::modern_error_status(code);
         }
         reply
     }

@@ -679,12 +679,10 @@ pub fn result_response(id: &Id, result_json: &str) -> Bytes {
 
 /// Whether `needle` occurs in `haystack` (SIMD search; layers use it to skip parsing messages
 /// that cannot concern them). It builds its searcher on every call (about 400 instructions for a
-/// short needle): a search made on every request uses a prebuilt one from [`needles`].
+/// short needle): a search made on every request uses a prebuilt one from [`crate::mcp::needles`].
 pub fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     memchr::memmem::find(haystack, needle).is_some()
 }
-
-pub mod needles;
 
 #[cfg(test)]
 mod tests;

@@ -9,7 +9,6 @@
 
 pub mod auth;
 pub mod config;
-pub mod era;
 pub mod exchange;
 pub mod gateway;
 pub mod headers;

@@ -259,7 +259,7 @@ pub fn status_rewrite(body: &[u8], at: u8, status: u8, message: Option<&str>) {
 }
 
 /// A 2026-07-28 task object (any JSON in `body`) as the registry reads it
-/// ([`crate::era::as_registry_task`]): `ttlMs` becomes `ttl` (`null` becomes `cap`),
+/// ([`crate::registry::as_registry_task`]): `ttlMs` becomes `ttl` (`null` becomes `cap`),
 /// `pollIntervalMs` becomes `pollInterval`, every other member (`taskId`, `status`, ...) is kept
 /// as it was, and a value that is not an object is returned unchanged.
 pub fn modern_task(body: &[u8], cap: u64) {
@@ -267,7 +267,7 @@ pub fn modern_task(body: &[u8], cap: u64) {
     let Ok(task) = serde_json::from_slice::<Value>(body) else {
         return;
     };
-    let out = crate::era::as_registry_task(&task, cap);
+    let out = crate::registry::as_registry_task(&task, cap);
     let Some(obj) = task.as_object() else {
         assert_eq!(out, task);
         return;
@@ -303,8 +303,9 @@ pub fn modern_task(body: &[u8], cap: u64) {
 /// - `terminal_payload`: only for a terminal `status`; a result without `resultType` and with
 ///   the related-task `_meta`; an error with an integer `code`.
 pub fn bridge_translate(body: &[u8]) {
-    use crate::era::{declares_tasks_extension, MODERN_VERSION, PROTOCOL_VERSION_META};
     use crate::layers::bridge::translate::{self as t, Payload};
+    use crate::mcp::capabilities::declares_tasks_extension;
+    use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
     use crate::mcp::task::RELATED_TASK_META;
     use serde_json::{json, Value};
     let Ok(v) = serde_json::from_slice::<Value>(body) else {
@@ -354,7 +355,7 @@ pub fn bridge_translate(body: &[u8]) {
         for (k, val) in client {
             if k != RELATED_TASK_META
                 && k != PROTOCOL_VERSION_META
-                && k != crate::era::CLIENT_CAPABILITIES_META
+                && k != crate::mcp::capabilities::CLIENT_CAPABILITIES_META
             {
                 assert_eq!(meta.get(k), Some(val), "_meta member {k}");
             }
@@ -416,12 +417,13 @@ fn id_value(v: &serde_json::Value) -> Option<&serde_json::Value> {
 /// - `mark_task_support` gives every tool object a `taskSupport` and changes no other member;
 ///   `add_legacy_tasks_capability` adds `tasks` once, to a capabilities object without it.
 pub fn bridge_legacy(body: &[u8]) {
-    use crate::era::{
-        as_registry_task, HEADER_MISMATCH, MISSING_REQUIRED_CLIENT_CAPABILITY, TASKS_EXTENSION,
-        UNSUPPORTED_PROTOCOL_VERSION,
-    };
     use crate::exchange::{McpReply, ReplyBody};
     use crate::layers::bridge::{errors as e, translate as t};
+    use crate::mcp::capabilities::TASKS_EXTENSION;
+    use crate::mcp::errors::{
+        HEADER_MISMATCH, MISSING_REQUIRED_CLIENT_CAPABILITY, UNSUPPORTED_PROTOCOL_VERSION,
+    };
+    use crate::registry::as_registry_task;
     use serde_json::{json, Value};
     let Ok(text) = std::str::from_utf8(body) else {
         return;
@@ -570,7 +572,7 @@ fn held_session_of(pick: u8) -> Option<crate::layers::extensions::HeldSession> {
         0 => return None,
         1 => json!({"capabilities": {"elicitation": {"form": {}}, "sampling": {},
             "roots": {"listChanged": true}, "experimental": {"x": {}}, "tasks": {"list": {}},
-            "extensions": {crate::era::TASKS_EXTENSION: {}}},
+            "extensions": {crate::mcp::capabilities::TASKS_EXTENSION: {}}},
             "clientInfo": {"name": "c", "version": "1"}}),
         2 => json!({}),
         _ => json!({"capabilities": {"roots": {}}}),
@@ -619,9 +621,10 @@ fn held_request_of(
 ///   edge's check (`mcp::routing_headers::check`) finds agreeing with the body and complete
 ///   (only a method that cannot be a header value is missing).
 pub fn held_request(flags: u8, body: &[u8]) {
-    use crate::era::{CLIENT_CAPABILITIES_META, MODERN_VERSION, PROTOCOL_VERSION_META};
     use crate::exchange::Operation;
     use crate::layers::bridge::held::{self, CLIENT_INFO_META};
+    use crate::mcp::capabilities::CLIENT_CAPABILITIES_META;
+    use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
     use crate::mcp::routing_headers::{self as routing, MCP_METHOD, MCP_NAME};
     use crate::mcp::task::RELATED_TASK_META;
     use http::{HeaderMap, HeaderValue};
@@ -957,8 +960,8 @@ pub fn held_record(body: &[u8]) {
 /// The longest a valid `HeldSessionRecord` encodes to: its bounded fields at the worst JSON
 /// escaping (6 bytes a byte), the bounded JSON as it is, and the rest.
 pub fn held_record_max_len() -> usize {
-    use crate::layers::extensions::{MAX_HELD_CAPABILITIES, MAX_HELD_CLIENT_INFO};
     use crate::store::held::*;
+    use crate::store::held::{MAX_HELD_CAPABILITIES, MAX_HELD_CLIENT_INFO};
     6 * (MAX_HELD_UPSTREAM + MAX_HELD_SESSION_ID + MAX_HELD_OWNER + MAX_HELD_PROTOCOL_VERSION)
         + MAX_HELD_CAPABILITIES
         + MAX_HELD_CLIENT_INFO

@@ -78,7 +78,7 @@ async fn a_2025_client_runs_the_task_lifecycle_on_a_2026_server() {
         .expect("recorded before the client saw the id");
     assert_eq!(
         (r.origin, r.era),
-        (Origin::Bridged, taskgate::era::Era::Modern)
+        (Origin::Bridged, taskgate::mcp::era::Era::Modern)
     );
     let sent = up.received("tools/call").pop().unwrap();
     let body = sent.json();

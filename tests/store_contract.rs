@@ -13,7 +13,7 @@ mod held;
 use common::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use taskgate::era::Era;
+use taskgate::mcp::era::Era;
 use taskgate::mcp::task::TaskStatus;
 use taskgate::store::{
     cancel_lease, AuditEvent, CancelClaim, Origin, Owner, PgStore, RecordHead, SharedCancelOutcome,

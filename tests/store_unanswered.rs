@@ -177,7 +177,7 @@ async fn big_records_over_a_slow_link(
 }
 
 async fn store_big_records(url: &str, owner: &taskgate::store::Owner) {
-    use taskgate::era::Era;
+    use taskgate::mcp::era::Era;
     use taskgate::mcp::task::TaskStatus;
     use taskgate::store::{Origin, PgStore, TaskRecord, TaskStore};
     let store = PgStore::open(url, 4, None).await.unwrap();

@@ -42,7 +42,7 @@ pub(super) fn too_many(metrics: &Metrics, over: Over) -> Response<Body> {
     let mut resp = rpc_error_response(
         StatusCode::TOO_MANY_REQUESTS,
         None,
-        crate::layers::tasks::TASK_LIMIT_EXCEEDED,
+        crate::mcp::errors::TASK_LIMIT_EXCEEDED,
         &over.message(),
     );
     resp.headers_mut().insert(

@@ -187,7 +187,7 @@ impl<'a> HeadFields<'a> {
 ///   message saying which. (Two lines or a list would leave taskgate and the upstream reading
 ///   different sessions: taskgate checks one owner, an upstream may join the values.)
 /// - `MCP-Protocol-Version` on more than one line, or naming a revision not in
-///   [`crate::era::SUPPORTED_VERSIONS`] (2025-11-25 transports: "an invalid or unsupported
+///   [`crate::mcp::era::SUPPORTED_VERSIONS`] (2025-11-25 transports: "an invalid or unsupported
 ///   value gets 400"): a value of the 2026 era's form (a date from 2026-07-28 on) gets
 ///   `-32022` UnsupportedProtocolVersion with `data: {supported, requested}` (2026-07-28
 ///   basic: version negotiation); any other `-32600` naming the revisions served.
@@ -252,16 +252,16 @@ pub(super) fn refuse_session_or_version(
         );
     }
     let version = f.protocol_version?.as_bytes();
-    if crate::era::is_supported_version(version) {
+    if crate::mcp::era::is_supported_version(version) {
         return None;
     }
-    let served = crate::era::SUPPORTED_VERSIONS.join(", ");
+    let served = crate::mcp::era::SUPPORTED_VERSIONS.join(", ");
     let requested = String::from_utf8_lossy(version);
     if crate::headers::is_text(version)
-        && crate::era::Era::of_version(&requested) == crate::era::Era::Modern
+        && crate::mcp::era::Era::of_version(&requested) == crate::mcp::era::Era::Modern
     {
         let data = serde_json::json!({
-            "supported": crate::era::SUPPORTED_VERSIONS,
+            "supported": crate::mcp::era::SUPPORTED_VERSIONS,
             "requested": requested,
         });
         return Some((
@@ -270,7 +270,7 @@ pub(super) fn refuse_session_or_version(
                 StatusCode::BAD_REQUEST,
                 jsonrpc::error_response_with_data(
                     None,
-                    crate::era::UNSUPPORTED_PROTOCOL_VERSION,
+                    crate::mcp::errors::UNSUPPORTED_PROTOCOL_VERSION,
                     &format!(
                         "Unsupported protocol version {requested:?}; taskgate serves {served}"
                     ),
@@ -291,7 +291,7 @@ pub(super) fn refuse_session_or_version(
 /// before.
 pub(super) struct Head {
     /// The era `MCP-Protocol-Version` names, if present.
-    pub era: Option<crate::era::Era>,
+    pub era: Option<crate::mcp::era::Era>,
     /// Whether an `Mcp-Session-Id` is present.
     pub session_id: bool,
     /// Whether an `Origin` is present.

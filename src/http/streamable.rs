@@ -16,7 +16,7 @@
 //! | a client address past `limits.auth_failures_per_minute` (failed authentications) | 429 with `Retry-After`, `-32029`, no token check |
 //! | over a per-principal `[limits]` limit (a GET: past `limits.max_get_streams` open streams) | 429 with `Retry-After`, `-32029` |
 //! | `Mcp-Session-Id` empty, not visible ASCII (0x21 to 0x7E), a comma-separated list, or on two header lines | 400, `-32600` saying which |
-//! | `MCP-Protocol-Version` not one taskgate serves ([`crate::era::SUPPORTED_VERSIONS`]), or on two header lines | 400; `-32022` with `data: {supported, requested}` for a 2026-era date (`2099-01-01`), else `-32600` |
+//! | `MCP-Protocol-Version` not one taskgate serves ([`crate::mcp::era::SUPPORTED_VERSIONS`]), or on two header lines | 400; `-32022` with `data: {supported, requested}` for a 2026-era date (`2099-01-01`), else `-32600` |
 //! | method other than POST, GET, DELETE | 405 with `Allow` |
 //! | POST `Content-Type` not `application/json` | 415 |
 //! | POST `Accept` not listing both `application/json` and `text/event-stream` | 406 |
@@ -187,7 +187,7 @@ impl Edge {
                     }
                 }
                 let head = Head {
-                    era: fields.protocol_version.map(crate::era::Era::of_header),
+                    era: fields.protocol_version.map(crate::mcp::era::Era::of_header),
                     session_id: fields.session_id,
                     origin: fields.origin.is_some(),
                     hop_by_hop: fields.hop_by_hop,
@@ -309,9 +309,9 @@ impl Edge {
             false => head.era,
             true => headers
                 .get(&crate::headers::MCP_PROTOCOL_VERSION)
-                .map(crate::era::Era::of_header),
+                .map(crate::mcp::era::Era::of_header),
         };
-        let era = crate::era::Era::of_parts(
+        let era = crate::mcp::era::Era::of_parts(
             header_era,
             match &op {
                 Operation::Post(m) => Some(m),
@@ -322,15 +322,15 @@ impl Edge {
         // or later: its `MCP-Protocol-Version`, a 2026-era request, or the version an
         // `initialize` asks for. Without any (a client older than the header), none.
         let primes = head.primes
-            || era == crate::era::Era::Modern
+            || era == crate::mcp::era::Era::Modern
             || matches!(&op, Operation::Post(m) if m.method() == Some("initialize")
                 && super::response::initialize_primes(m));
         // `Mcp-Method`/`Mcp-Name` agree with the body before anything acts on it; a 2026
         // request lacking them gets them on the upstream leg (see `mcp::routing_headers`).
-        if head.routing || era == crate::era::Era::Modern {
+        if head.routing || era == crate::mcp::era::Era::Modern {
             if let Operation::Post(msg) = &op {
                 match crate::mcp::routing_headers::check(&headers, msg) {
-                    Ok(routing) if era == crate::era::Era::Modern => {
+                    Ok(routing) if era == crate::mcp::era::Era::Modern => {
                         for (name, value) in routing.missing {
                             headers.insert(name, value);
                         }
@@ -342,7 +342,7 @@ impl Edge {
                             rpc_error_response(
                                 StatusCode::BAD_REQUEST,
                                 msg.id(),
-                                crate::era::HEADER_MISMATCH,
+                                crate::mcp::errors::HEADER_MISMATCH,
                                 &message,
                             ),
                         )
@@ -365,7 +365,7 @@ impl Edge {
         // Computed once here; layers read it with `Era::of` (DESIGN.md "Two eras, one gateway"),
         // which answers the default (legacy) when none is stored: the first insert into
         // `Extensions` allocates its map (three allocations), so the default is not stored.
-        if era != crate::era::Era::default() {
+        if era != crate::mcp::era::Era::default() {
             request.extensions.insert(era);
         }
         let method = match &request.op {

@@ -33,6 +33,7 @@
 //!   itself; `session` takes it and stores the session.
 
 use crate::registry::Reservation;
+use crate::store::held::{MAX_HELD_CAPABILITIES, MAX_HELD_CLIENT_INFO};
 use crate::store::TaskRecord;
 use serde_json::{json, Value};
 use std::sync::{Arc, OnceLock};
@@ -75,13 +76,6 @@ pub struct OnBehalfOf(pub crate::store::Owner);
 /// `capabilities.tasks`: there are no tasks there for taskgate to answer about.
 #[derive(Debug, Clone, Copy)]
 pub struct UpstreamWithoutTasks;
-
-/// Longest `capabilities` object (JSON text, bytes) a held session keeps as the client sent it;
-/// a longer one is kept as the capability names taskgate acts on (`elicitation`, `sampling`,
-/// `roots`, each `{}`).
-pub const MAX_HELD_CAPABILITIES: usize = 4096;
-/// Longest `clientInfo` (JSON text, bytes) a held session keeps; a longer one is not kept.
-pub const MAX_HELD_CLIENT_INFO: usize = 1024;
 
 /// A 2025-11-25 session taskgate holds itself for an upstream without 2025 sessions (see the
 /// `bridge` layer, "held sessions"): what every request of the session carries upstream in its

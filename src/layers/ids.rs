@@ -45,10 +45,10 @@
 //! that a request passes untracked (as before this layer) rather than waiting or failing.
 //! Progress tokens (client-chosen as well) are not mapped.
 
-use crate::era::Era;
 use crate::exchange::{Caller, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::layers::after::{AfterReply, ReplyStep};
+use crate::mcp::era::Era;
 use crate::metrics::{DropReason, LocalReason, Metrics};
 use bytes::Bytes;
 use futures_util::future::{ready, Either, Ready};
@@ -346,7 +346,7 @@ where
             kind == Kind::Notification && msg.method() == Some("notifications/cancelled");
         if !(kind == Kind::Request || is_cancel)
             || msg.method() == Some("initialize")
-            || Era::of(&req) == Era::Modern
+            || req.era() == Era::Modern
         {
             return Either::Left(Either::Left(self.inner.call(req)));
         }

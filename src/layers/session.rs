@@ -29,9 +29,10 @@
 //! table: the others' `initialize`s keep succeeding.
 
 use crate::exchange::{McpReply, McpRequest, Operation, Principal, ReplyBody, Tenant};
-use crate::jsonrpc::needles;
 use crate::jsonrpc::Id;
 use crate::layers::extensions::{HeldAnswer, HeldSession};
+use crate::mcp::needles;
+use crate::mcp::tools::TaskSupport;
 use http::HeaderValue;
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -46,30 +47,6 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
 /// Default of `gateway.session_idle_ms`.
 pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(3600);
-
-/// `execution.taskSupport` of a tool (absent means `forbidden`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskSupport {
-    /// Must not be called as a task.
-    Forbidden,
-    /// May be called either way.
-    Optional,
-    /// Must be called as a task.
-    Required,
-}
-
-impl TaskSupport {
-    fn of(tool: &Value) -> TaskSupport {
-        match tool
-            .pointer("/execution/taskSupport")
-            .and_then(Value::as_str)
-        {
-            Some("required") => TaskSupport::Required,
-            Some("optional") => TaskSupport::Optional,
-            _ => TaskSupport::Forbidden,
-        }
-    }
-}
 
 /// The tool cache of a session: tool name → `taskSupport`.
 pub type ToolMap = HashMap<Box<str>, TaskSupport>;

@@ -205,7 +205,7 @@ pub fn record(task_id: &str) -> TaskRecord {
         terminal_at: None,
         late_result_at: None,
         tool_error: false,
-        era: crate::era::Era::Legacy,
+        era: crate::mcp::era::Era::Legacy,
         terminal_result: None,
         expires_at: now + 60_000,
     }

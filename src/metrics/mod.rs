@@ -556,5 +556,12 @@ impl Metrics {
     }
 }
 
+/// The sled store's group commits, counted (`store_commit`).
+impl crate::store::CommitObserver for Metrics {
+    fn commit(&self, seconds: f64, ok: bool) {
+        self.store_commit(seconds, ok);
+    }
+}
+
 #[cfg(test)]
 mod tests;

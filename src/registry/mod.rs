@@ -27,7 +27,7 @@ mod tier;
 pub use offload::ListPage;
 pub use owners::{Owners, Reservation};
 pub use releases::{Releases, ResourceHold};
-pub use status::{Observed, TaskFields};
+pub use status::{as_registry_task, Observed, TaskFields};
 
 use crate::config::TasksConfig;
 use crate::mcp::task::{now_ms, TaskStatus};

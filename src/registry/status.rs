@@ -125,6 +125,29 @@ pub(super) struct Report {
     pub(super) tool_error: bool,
 }
 
+/// A 2026-07-28 `Task` / `DetailedTask` object seen with the field names the status machine
+/// reads (2025-11-25 `ttl`, `pollInterval`): a copy of `task` with `ttlMs` as `ttl` (`null`,
+/// unlimited, as `cap`: the record's ttl is capped by `tasks.max_ttl_ms`) and `pollIntervalMs`
+/// as `pollInterval`. Other members are kept.
+pub fn as_registry_task(task: &Value, cap: u64) -> Value {
+    let mut out = task.clone();
+    if let Some(o) = out.as_object_mut() {
+        match o.remove("ttlMs") {
+            Some(Value::Null) => {
+                o.insert("ttl".into(), Value::from(cap));
+            }
+            Some(v) => {
+                o.insert("ttl".into(), v);
+            }
+            None => {}
+        }
+        if let Some(v) = o.remove("pollIntervalMs") {
+            o.insert("pollInterval".into(), v);
+        }
+    }
+    out
+}
+
 /// Whether a status report (a 2026 `DetailedTask`) is a tool error: `completed` with
 /// `result.isError: true` (SEP-2663: `completed` includes results with `isError`).
 fn is_tool_error(task: &Value) -> bool {

@@ -10,11 +10,17 @@
 //! back.
 
 use super::StoreError;
-use crate::layers::extensions::{MAX_HELD_CAPABILITIES, MAX_HELD_CLIENT_INFO};
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// Longest `capabilities` object (JSON text, bytes) a held session keeps, in memory and stored,
+/// as the client sent it; a longer one is kept as the capability names taskgate acts on
+/// (`elicitation`, `sampling`, `roots`, each `{}`).
+pub const MAX_HELD_CAPABILITIES: usize = 4096;
+/// Longest `clientInfo` (JSON text, bytes) a held session keeps, in memory and stored; a longer
+/// one is not kept.
+pub const MAX_HELD_CLIENT_INFO: usize = 1024;
 /// Longest stored `Mcp-Session-Id` (taskgate mints 32 hex digits).
 pub const MAX_HELD_SESSION_ID: usize = 128;
 /// Longest stored owner (a bearer principal's name, or an OAuth `<iss>#<sub>`).

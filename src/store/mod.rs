@@ -19,7 +19,7 @@ pub use held::{HeldSessionRecord, HeldSessionStore};
 pub use pg::PgStore;
 pub use record::{AuditEvent, Origin, Owner, RecordHead, TaskRecord};
 pub use shared::{cancel_lease, CancelClaim, SharedCancelOutcome, CANCEL_LEASE_MARGIN};
-pub use sled_store::SledStore;
+pub use sled_store::{CommitObserver, SledStore};
 
 use crate::mcp::task::TaskStatus;
 use futures_util::future::BoxFuture;

@@ -157,7 +157,7 @@ pub struct TaskRecord {
     pub expires_at: u64,
     /// The protocol era the task was created under (`legacy` for records written before eras).
     #[serde(default)]
-    pub era: crate::era::Era,
+    pub era: crate::mcp::era::Era,
     /// A terminal task's result as it passed through, JSON text: under 2026-07-28 the whole
     /// `result` of the terminal `tasks/get` (`DetailedTask` with `result` / `error` inline).
     /// At most `tasks.max_stored_result_bytes`; later `tasks/get` calls are answered from it.

@@ -32,7 +32,6 @@ mod keys;
 
 use super::{AuditEvent, ListCursor, Owner, StoreError, TaskRecord, TaskStore};
 use crate::mcp::task::now_ms;
-use crate::metrics::Metrics;
 use futures_util::future::BoxFuture;
 use keys::{expiry_key, owner_key, task_key};
 pub(super) use keys::{owner_prefix, push_str, read_str, read_u64};
@@ -99,6 +98,14 @@ enum Updated {
     Other(Box<(TaskRecord, TaskRecord)>),
 }
 
+/// Told of every group commit: how long it took (flush and `fdatasync`) and whether it succeeded.
+/// The gateway's `Metrics` implement it: the store reports, the metrics count, and the store
+/// imports nothing above it.
+pub trait CommitObserver: Send + Sync {
+    /// One commit took `seconds`; `ok` is false when it failed.
+    fn commit(&self, seconds: f64, ok: bool);
+}
+
 fn db_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Db(e.to_string())
 }
@@ -111,7 +118,7 @@ impl SledStore {
     pub fn open(
         path: &Path,
         cache_capacity_bytes: u64,
-        metrics: Option<Arc<Metrics>>,
+        metrics: Option<Arc<dyn CommitObserver>>,
     ) -> Result<Arc<SledStore>, StoreError> {
         let open_err = |detail: String| StoreError::Open {
             path: path.display().to_string(),
@@ -244,7 +251,7 @@ fn commit_loop(
     db: sled::Db,
     db_file: PathBuf,
     rx: mpsc::Receiver<Option<SyncReply>>,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<Arc<dyn CommitObserver>>,
 ) {
     let file = std::fs::File::open(&db_file).ok();
     while let Ok(first) = rx.recv() {
@@ -276,7 +283,7 @@ fn commit_loop(
                 None => Ok(()),
             });
         if let Some(m) = &metrics {
-            m.store_commit(started.elapsed().as_secs_f64(), result.is_ok());
+            m.commit(started.elapsed().as_secs_f64(), result.is_ok());
         }
         if let Err(e) = &result {
             tracing::error!(error = %e, "task store commit failed");

@@ -6,11 +6,12 @@ use super::{
     UpstreamEra, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
 };
 use super::{held, mrtr, translate};
-use crate::era::{self, Era};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::PendingCreation;
 use crate::layers::McpService;
+use crate::mcp::capabilities::CLIENT_CAPABILITIES_META;
+use crate::mcp::era::{Era, MODERN_VERSION};
 use crate::sse::{ByteString, Event, EventStream};
 use crate::store::Origin;
 use bytes::Bytes;
@@ -194,7 +195,7 @@ pub(super) async fn task_call<S: McpService>(
             template.origin = Origin::Bridged;
         }
         template.upstream_session = None;
-        template.protocol_version = Some(era::MODERN_VERSION.to_string());
+        template.protocol_version = Some(MODERN_VERSION.to_string());
         p.template = Arc::new(template);
     }
     let params = message_params(&req);
@@ -291,7 +292,7 @@ fn declare_session_capabilities(state: &BridgeState, req: &McpRequest, params: &
     let Some(caps) = params
         .pointer_mut(&format!(
             "/_meta/{}",
-            era::CLIENT_CAPABILITIES_META
+            CLIENT_CAPABILITIES_META
                 .replace('~', "~0")
                 .replace('/', "~1")
         ))

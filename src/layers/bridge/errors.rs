@@ -18,11 +18,11 @@
 //! unsupported `MCP-Protocol-Version` with 400). The `upgrade` layer above still recognises a
 //! mapped `-32021` by its `data.requiredCapabilities` ([`is_task_required`]).
 
-use crate::era::{
-    HEADER_MISMATCH, MISSING_REQUIRED_CLIENT_CAPABILITY, UNSUPPORTED_PROTOCOL_VERSION,
-};
 use crate::exchange::{McpReply, ReplyBody};
 use crate::jsonrpc;
+use crate::mcp::errors::{
+    HEADER_MISMATCH, MISSING_REQUIRED_CLIENT_CAPABILITY, UNSUPPORTED_PROTOCOL_VERSION,
+};
 use serde_json::Value;
 
 /// The 2025-11-25 code for a 2026-07-28-only JSON-RPC `error` object (see the module docs);
@@ -113,7 +113,7 @@ pub fn is_task_required(error: &Value) -> bool {
 fn names_tasks_extension(error: &Value) -> bool {
     error
         .pointer("/data/requiredCapabilities/extensions")
-        .and_then(|e| e.get(crate::era::TASKS_EXTENSION))
+        .and_then(|e| e.get(crate::mcp::capabilities::TASKS_EXTENSION))
         .is_some()
 }
 

@@ -9,6 +9,7 @@ use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::AuthorisedTask;
 use crate::layers::McpService;
+use crate::mcp::errors::TaskError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::InputRefusal;
 use crate::registry::Observed;
@@ -46,7 +47,7 @@ pub(super) async fn ask_discover<S: McpService>(
         None,
     );
     out.extensions = http::Extensions::new();
-    out.extensions.insert(crate::era::Era::Modern);
+    out.extensions.insert(crate::mcp::era::Era::Modern);
     let asked = async {
         match inner.oneshot(out).await {
             Ok(reply) => Ok(answer_of(reply, &id).await),
@@ -490,19 +491,15 @@ pub(super) async fn tasks_cancel<S: McpService>(
         .await;
     match observed {
         Observed::Rewrite { status, .. } if status != TaskStatus::Cancelled => {
-            McpReply::local_error(
-                Some(&id),
-                jsonrpc::INVALID_PARAMS,
-                &format!(
-                    "Cannot cancel task {task_id}: it is already {status} (a terminal status)"
-                ),
-            )
+            let terminal = TaskError::AlreadyTerminal {
+                task_id: &task_id,
+                status,
+            };
+            McpReply::local_json(terminal.response(Some(&id)))
         }
-        Observed::Unknown => McpReply::local_error(
-            Some(&id),
-            jsonrpc::INVALID_PARAMS,
-            &format!("Task not found: {task_id}"),
-        ),
+        Observed::Unknown => {
+            McpReply::local_json(TaskError::NotFound { task_id: &task_id }.response(Some(&id)))
+        }
         _ => McpReply::local_json(jsonrpc::result_response(&id, &task.to_string())),
     }
 }

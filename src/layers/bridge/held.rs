@@ -68,11 +68,12 @@
 //! stream's subscriptions are in memory, at most `listen::MAX_SUBSCRIPTIONS` per session.
 
 use super::{modern_request, translate, BridgeState, UpstreamEra};
-use crate::era::{self, CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
 use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind};
 use crate::layers::extensions::{HeldAnswer, HeldSession};
 use crate::layers::McpService;
+use crate::mcp::capabilities::{CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
+use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
 use crate::metrics::LocalReason;
 use futures_util::StreamExt;
 use http::{HeaderValue, StatusCode};
@@ -283,10 +284,7 @@ pub(crate) fn modernize(req: &McpRequest) -> Option<McpRequest> {
         _ => Map::new(),
     };
     meta.remove(crate::mcp::task::RELATED_TASK_META);
-    meta.insert(
-        era::PROTOCOL_VERSION_META.into(),
-        json!(era::MODERN_VERSION),
-    );
+    meta.insert(PROTOCOL_VERSION_META.into(), json!(MODERN_VERSION));
     meta.insert(CLIENT_CAPABILITIES_META.into(), json!({}));
     params.insert("_meta".into(), Value::Object(meta));
     let name_key = match method.as_str() {

@@ -45,10 +45,11 @@
 //! about one listen per upstream round trip, not one per subscribe.
 
 use super::{modern_request, translate, BridgeState};
-use crate::era::{self, CLIENT_CAPABILITIES_META, PROTOCOL_VERSION_META};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, Tenant};
 use crate::jsonrpc;
 use crate::layers::McpService;
+use crate::mcp::capabilities::CLIENT_CAPABILITIES_META;
+use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
 use crate::metrics::LocalReason;
 use crate::sse::{Event, EventStream};
 use futures_util::StreamExt;
@@ -526,7 +527,7 @@ async fn listen<S: McpService>(
     let id = state.next_id();
     let params = json!({
         "notifications": filter,
-        "_meta": {PROTOCOL_VERSION_META: era::MODERN_VERSION, CLIENT_CAPABILITIES_META: {}},
+        "_meta": {PROTOCOL_VERSION_META: MODERN_VERSION, CLIENT_CAPABILITIES_META: {}},
     });
     let mut out = modern_request(req, &id, "subscriptions/listen", params, None);
     as_post(&mut out.ctx.headers);

@@ -122,11 +122,12 @@ pub mod translate;
 use answer::{answer_of, ask, ask_with, error_reply, failure_reply, legacy_reply};
 
 use crate::config::UpstreamProtocol;
-use crate::era::{self, Era};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, Id, Message};
 use crate::layers::extensions::{AuthorisedTask, HeldSession, PendingCreation};
 use crate::layers::McpService;
+use crate::mcp::era::{Era, MODERN_VERSION};
+use crate::mcp::routing_headers::MCP_NAME;
 use crate::registry::Registry;
 use bytes::Bytes;
 use futures_util::future::Either;
@@ -324,7 +325,7 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
     }
 
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
-        if Era::of(&req) == Era::Modern {
+        if req.era() == Era::Modern {
             return Either::Left(self.inner.call(req));
         }
         let state = &self.state;
@@ -562,7 +563,7 @@ fn modern_request(
     ctx.session_id = None;
     ctx.headers.insert(
         &crate::headers::MCP_PROTOCOL_VERSION,
-        HeaderValue::from_static(era::MODERN_VERSION),
+        HeaderValue::from_static(MODERN_VERSION),
     );
     // The client's own routing headers never go on: they name its request, not this one (a
     // method that cannot be a header value is sent without `Mcp-Method`; found by fuzzing).
@@ -571,10 +572,10 @@ fn modern_request(
         ctx.headers
             .insert(&crate::mcp::routing_headers::MCP_METHOD, m);
     }
-    ctx.headers.remove(&era::MCP_NAME);
+    ctx.headers.remove(&MCP_NAME);
     if let Some(n) = name {
         ctx.headers
-            .insert(&era::MCP_NAME, crate::mcp::routing_headers::encode(n));
+            .insert(&MCP_NAME, crate::mcp::routing_headers::encode(n));
     }
     let mut extensions = req.extensions.clone();
     extensions.insert(Era::Modern);

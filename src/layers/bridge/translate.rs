@@ -9,9 +9,8 @@
 //! | `failed` (a tool error too) | `completed` with `result.isError: true` is a 2025 `failed`; 2026 `failed` carries a JSON-RPC `error` |
 //! | `notifications/tasks/status` (a `Task`) | `notifications/tasks` (a `DetailedTask`) |
 
-use crate::era::{
-    CLIENT_CAPABILITIES_META, MODERN_VERSION, PROTOCOL_VERSION_META, TASKS_EXTENSION,
-};
+use crate::mcp::capabilities::{CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
+use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
 use crate::mcp::task::RELATED_TASK_META;
 use serde_json::{json, Map, Value};
 
@@ -88,10 +87,7 @@ pub fn legacy_task(task: &Value) -> Option<Value> {
 /// `result.isError: true`) is a 2025 `failed`; the payload (`result`, `error`,
 /// `inputRequests`) is dropped: 2025 clients fetch it with `tasks/result`.
 pub fn legacy_notification(text: &str) -> Option<String> {
-    if !crate::jsonrpc::needles::may_name(
-        &crate::jsonrpc::needles::TASKS_NOTIFICATION,
-        text.as_bytes(),
-    ) {
+    if !crate::mcp::needles::may_name(&crate::mcp::needles::TASKS_NOTIFICATION, text.as_bytes()) {
         return None;
     }
     let v: Value = serde_json::from_str(text).ok()?;
@@ -227,7 +223,7 @@ pub fn advertises_extension(result: &Value) -> bool {
 /// Whether a JSON-RPC error object is the 2026 `-32021` naming the tasks extension.
 pub fn is_missing_tasks_extension(error: &Value) -> bool {
     error.get("code").and_then(Value::as_i64)
-        == Some(crate::era::MISSING_REQUIRED_CLIENT_CAPABILITY)
+        == Some(crate::mcp::errors::MISSING_REQUIRED_CLIENT_CAPABILITY)
         && error
             .pointer("/data/requiredCapabilities/extensions")
             .and_then(|e| e.get(TASKS_EXTENSION))
@@ -290,7 +286,9 @@ mod tests {
         assert!(out.get("task").is_none());
         assert_eq!(out["_meta"]["progressToken"], 3);
         assert!(out["_meta"].get(RELATED_TASK_META).is_none());
-        assert!(crate::era::declares_tasks_extension(Some(&out)));
+        assert!(crate::mcp::capabilities::declares_tasks_extension(Some(
+            &out
+        )));
         assert_eq!(out["_meta"][PROTOCOL_VERSION_META], MODERN_VERSION);
         assert!(modern_params(Some(&json!("x"))).is_object());
     }
@@ -337,7 +335,7 @@ mod tests {
         assert!(init["capabilities"]["tasks"]["requests"]["tools"]["call"].is_object());
         assert!(!add_legacy_tasks_capability(&mut json!({})));
         let err: Value =
-            serde_json::from_slice(&crate::era::missing_tasks_extension(None)).unwrap();
+            serde_json::from_slice(&crate::mcp::errors::missing_tasks_extension(None)).unwrap();
         assert!(is_missing_tasks_extension(&err["error"]));
     }
 }

@@ -62,10 +62,10 @@ mod tier;
 use modern::terminal_answer;
 pub use modern::MODERN_ACK;
 
-use crate::era::Era;
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc;
 use crate::layers::extensions::AuthorisedTask;
+use crate::mcp::era::Era;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::{self, LocalReason};
 use crate::registry::Registry;
@@ -85,7 +85,7 @@ use std::time::Duration;
 
 /// The upstream's answer to one forwarded `tasks/cancel`, shared by every waiting caller.
 #[derive(Clone)]
-enum CancelOutcome {
+enum FlightAnswer {
     /// A JSON-RPC result: its `result` JSON text.
     Result(String),
     /// A JSON-RPC error: its `error` JSON text.
@@ -99,10 +99,10 @@ enum CancelOutcome {
     /// Shared store, 2026-07-28: a cancel of the task was already acknowledged upstream.
     Acknowledged,
     /// Shared store: another replica forwarded the cancel; this is its outcome.
-    Elsewhere(Box<CancelOutcome>),
+    Elsewhere(Box<FlightAnswer>),
 }
 
-type SharedCancel = Shared<BoxFuture<'static, CancelOutcome>>;
+type SharedCancel = Shared<BoxFuture<'static, FlightAnswer>>;
 
 /// State of the cancel layer for one upstream.
 pub struct CancelState {
@@ -312,7 +312,7 @@ where
         ));
     };
     let task_id = record.task_id.clone();
-    let era = Era::of(&req);
+    let era = req.era();
     let joined = {
         let mut flights = state.flights.lock();
         if let Some(f) = flights.get(&task_id) {
@@ -347,15 +347,15 @@ where
         }
     };
     let (outcome, here) = match flight.await {
-        CancelOutcome::Elsewhere(o) => (*o, false),
+        FlightAnswer::Elsewhere(o) => (*o, false),
         o => (o, true),
     };
     match outcome {
-        CancelOutcome::Terminal(status) => {
+        FlightAnswer::Terminal(status) => {
             count(metrics::CancelOutcome::RejectedTerminal);
             return Ok(terminal_answer(&state, era, &upstream, &record, &id, status).await);
         }
-        CancelOutcome::Acknowledged => {
+        FlightAnswer::Acknowledged => {
             count(metrics::CancelOutcome::Deduplicated);
             return Ok(
                 McpReply::local_json(jsonrpc::result_response(&id, MODERN_ACK))
@@ -365,7 +365,7 @@ where
         _ => {}
     }
     let first = first && here;
-    let upstream_failed = !matches!(outcome, CancelOutcome::Result(_));
+    let upstream_failed = !matches!(outcome, FlightAnswer::Result(_));
     count(match (first, upstream_failed) {
         (true, false) => metrics::CancelOutcome::Forwarded,
         (true, true) => metrics::CancelOutcome::UpstreamError,
@@ -377,16 +377,14 @@ where
 /// The reply one caller gets from a flight's outcome, under its own id (`first`: the caller
 /// whose request went upstream gets an HTTP error reply as it came).
 fn reply_of(
-    outcome: CancelOutcome,
+    outcome: FlightAnswer,
     id: &jsonrpc::Id,
     first: bool,
     upstream: &str,
 ) -> Result<McpReply, GatewayError> {
     Ok(match outcome {
-        CancelOutcome::Result(result) => {
-            McpReply::local_json(jsonrpc::result_response(id, &result))
-        }
-        CancelOutcome::Error(error) => {
+        FlightAnswer::Result(result) => McpReply::local_json(jsonrpc::result_response(id, &result)),
+        FlightAnswer::Error(error) => {
             let mut text = String::with_capacity(48 + error.len());
             text.push_str("{\"jsonrpc\":\"2.0\",\"id\":");
             text.push_str(id.as_json());
@@ -395,7 +393,7 @@ fn reply_of(
             text.push('}');
             McpReply::local_json(Bytes::from(text))
         }
-        CancelOutcome::Http(reply, status) => match reply.lock().take() {
+        FlightAnswer::Http(reply, status) => match reply.lock().take() {
             Some(r) if first => r,
             _ => McpReply::local_error(
                 Some(id),
@@ -403,8 +401,8 @@ fn reply_of(
                 &format!("upstream `{upstream}` answered tasks/cancel with HTTP {status}"),
             ),
         },
-        CancelOutcome::Failed(e) => return Err((*e).clone()),
-        CancelOutcome::Terminal(_) | CancelOutcome::Acknowledged | CancelOutcome::Elsewhere(_) => {
+        FlightAnswer::Failed(e) => return Err((*e).clone()),
+        FlightAnswer::Terminal(_) | FlightAnswer::Acknowledged | FlightAnswer::Elsewhere(_) => {
             McpReply::local_error(
                 Some(id),
                 jsonrpc::INTERNAL_ERROR,
@@ -430,19 +428,19 @@ async fn forward_upstream<S>(
     mut inner: S,
     req: McpRequest,
     task_id: String,
-) -> CancelOutcome
+) -> FlightAnswer
 where
     S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
     S::Future: Send + 'static,
 {
     let upstream = req.ctx.upstream.clone();
-    let era = Era::of(&req);
+    let era = req.era();
     state.registry.request_cancel(&upstream, &task_id).await;
     let Some(id) = req.id().cloned() else {
-        return CancelOutcome::Error(internal("tasks/cancel without an id".to_string()));
+        return FlightAnswer::Error(internal("tasks/cancel without an id".to_string()));
     };
     let reply = match inner.call(req).await {
-        Err(e) => return CancelOutcome::Failed(Arc::new(e)),
+        Err(e) => return FlightAnswer::Failed(Arc::new(e)),
         Ok(reply) => reply,
     };
     let status = reply.status.as_u16();
@@ -461,7 +459,7 @@ where
         }
         body => {
             let reply = McpReply { body, ..reply };
-            return CancelOutcome::Http(Arc::new(Mutex::new(Some(reply))), status);
+            return FlightAnswer::Http(Arc::new(Mutex::new(Some(reply))), status);
         }
     };
     let answer = message
@@ -470,7 +468,7 @@ where
     match answer {
         Some(Answer {
             result: Some(r), ..
-        }) if !r.get().trim_start().starts_with('{') => CancelOutcome::Error(internal(format!(
+        }) if !r.get().trim_start().starts_with('{') => FlightAnswer::Error(internal(format!(
             "upstream `{upstream}` answered tasks/cancel with a result that is not a Task object"
         ))),
         Some(Answer {
@@ -491,10 +489,10 @@ where
                 }
                 acked.insert(task_id);
             }
-            CancelOutcome::Result(r.get().to_string())
+            FlightAnswer::Result(r.get().to_string())
         }
-        Some(Answer { error: Some(e), .. }) => CancelOutcome::Error(e.get().to_string()),
-        _ => CancelOutcome::Error(internal(format!(
+        Some(Answer { error: Some(e), .. }) => FlightAnswer::Error(e.get().to_string()),
+        _ => FlightAnswer::Error(internal(format!(
             "upstream `{upstream}` sent no answer to tasks/cancel (HTTP {status})"
         ))),
     }

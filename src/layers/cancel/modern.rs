@@ -2,9 +2,10 @@
 //! SEP-2663: the cancel of a terminal task has no error, it is acknowledged).
 
 use super::CancelState;
-use crate::era::Era;
 use crate::exchange::McpReply;
 use crate::jsonrpc;
+use crate::mcp::era::Era;
+use crate::mcp::errors::TaskError;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::LocalReason;
 use std::sync::Arc;
@@ -36,11 +37,7 @@ pub(super) async fn terminal_answer(
         } else {
             status
         };
-        McpReply::local_error(
-            Some(id),
-            jsonrpc::INVALID_PARAMS,
-            &format!("Cannot cancel task {task_id}: it is already {status} (a terminal status)"),
-        )
+        McpReply::local_json(TaskError::AlreadyTerminal { task_id, status }.response(Some(id)))
     };
     reply.answered_locally(LocalReason::CancelTerminal)
 }

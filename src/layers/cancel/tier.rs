@@ -7,9 +7,9 @@
 //! `registry::tier`) and shares it with its own waiters, each under its own JSON-RPC id. A task
 //! the database shows terminal is answered locally. With an embedded store no claim is made.
 
-use super::{forward_upstream, internal, CancelOutcome, CancelState, FlightGuard};
-use crate::era::Era;
+use super::{forward_upstream, internal, CancelState, FlightAnswer, FlightGuard};
 use crate::exchange::{GatewayError, McpReply, McpRequest};
+use crate::mcp::era::Era;
 use crate::store::{CancelClaim, SharedCancelOutcome};
 use std::sync::Arc;
 
@@ -21,7 +21,7 @@ pub(super) async fn forward_cancel<S>(
     inner: S,
     req: McpRequest,
     task_id: String,
-) -> CancelOutcome
+) -> FlightAnswer
 where
     S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
     S::Future: Send + 'static,
@@ -35,28 +35,28 @@ where
         return forward_upstream(state, inner, req, task_id).await;
     }
     let upstream = req.ctx.upstream.clone();
-    let modern = Era::of(&req) == Era::Modern;
+    let modern = req.era() == Era::Modern;
     let generation = match registry
         .claim_cancel(&upstream, &task_id, modern, state.lease)
         .await
     {
         Ok(CancelClaim::Forward { generation }) => generation,
-        Ok(CancelClaim::Terminal(status)) => return CancelOutcome::Terminal(status),
-        Ok(CancelClaim::Acknowledged) => return CancelOutcome::Acknowledged,
+        Ok(CancelClaim::Terminal(status)) => return FlightAnswer::Terminal(status),
+        Ok(CancelClaim::Acknowledged) => return FlightAnswer::Acknowledged,
         Ok(CancelClaim::Wait { generation }) => {
             let shared = registry
                 .await_cancel(&upstream, &task_id, generation, state.lease)
                 .await;
-            return CancelOutcome::Elsewhere(Box::new(match shared {
-                SharedCancelOutcome::Result(r) => CancelOutcome::Result(r),
-                SharedCancelOutcome::Error(e) => CancelOutcome::Error(e),
-                SharedCancelOutcome::Failed(why) => CancelOutcome::Error(internal(format!(
+            return FlightAnswer::Elsewhere(Box::new(match shared {
+                SharedCancelOutcome::Result(r) => FlightAnswer::Result(r),
+                SharedCancelOutcome::Error(e) => FlightAnswer::Error(e),
+                SharedCancelOutcome::Failed(why) => FlightAnswer::Error(internal(format!(
                     "tasks/cancel forwarded by another taskgate replica failed: {why}"
                 ))),
             }));
         }
         Err(e) => {
-            return CancelOutcome::Error(internal(format!(
+            return FlightAnswer::Error(internal(format!(
                 "tasks/cancel: the task store could not decide who forwards it: {e}"
             )))
         }
@@ -72,12 +72,12 @@ where
     let outcome = forward_upstream(state, inner, req, task_id.clone()).await;
     unfinished.registry = None;
     let shared = match &outcome {
-        CancelOutcome::Result(r) => SharedCancelOutcome::Result(r.clone()),
-        CancelOutcome::Error(e) => SharedCancelOutcome::Error(e.clone()),
-        CancelOutcome::Http(_, status) => {
+        FlightAnswer::Result(r) => SharedCancelOutcome::Result(r.clone()),
+        FlightAnswer::Error(e) => SharedCancelOutcome::Error(e.clone()),
+        FlightAnswer::Http(_, status) => {
             SharedCancelOutcome::Failed(format!("the upstream answered HTTP {status}"))
         }
-        CancelOutcome::Failed(e) => SharedCancelOutcome::Failed(e.to_string()),
+        FlightAnswer::Failed(e) => SharedCancelOutcome::Failed(e.to_string()),
         other => SharedCancelOutcome::Failed(format!("unexpected outcome {}", kind(other))),
     };
     registry
@@ -121,10 +121,10 @@ impl Drop for Unfinished {
     }
 }
 
-fn kind(o: &CancelOutcome) -> &'static str {
+fn kind(o: &FlightAnswer) -> &'static str {
     match o {
-        CancelOutcome::Terminal(_) => "terminal",
-        CancelOutcome::Acknowledged => "acknowledged",
+        FlightAnswer::Terminal(_) => "terminal",
+        FlightAnswer::Acknowledged => "acknowledged",
         _ => "elsewhere",
     }
 }

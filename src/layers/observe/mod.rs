@@ -37,13 +37,14 @@ mod poll;
 use modern::{show_recorded_ttl, ttl_path};
 use poll::TaskView;
 
-use crate::era::{self, Era};
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody, RequestContext};
-use crate::jsonrpc::needles::{self, found};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::layers::after::{AfterReply, ReplyStep};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::mcp::era::{Era, MODERN_VERSION};
+use crate::mcp::needles::{self, found};
 use crate::metrics::UndoOutcome;
+use crate::registry::as_registry_task;
 use crate::registry::{Registry, ResourceHold};
 use crate::sse::{ByteString, Event, EventStream};
 use crate::store::{StoreError, TaskRecord};
@@ -90,18 +91,18 @@ type BoxFut<E> = Pin<Box<dyn Future<Output = Result<McpReply, E>> + Send>>;
 
 /// Which `tasks/*` request a reply answers.
 #[derive(Clone, Copy, PartialEq)]
-enum TaskMethod {
+enum ReplyTo {
     Get,
     Result,
     Cancel,
 }
 
-impl TaskMethod {
+impl ReplyTo {
     fn source(self) -> &'static str {
         match self {
-            TaskMethod::Get => "tasks/get",
-            TaskMethod::Result => "tasks/result",
-            TaskMethod::Cancel => "tasks/cancel",
+            ReplyTo::Get => "tasks/get",
+            ReplyTo::Result => "tasks/result",
+            ReplyTo::Cancel => "tasks/cancel",
         }
     }
 }
@@ -120,7 +121,7 @@ enum Expect {
     /// The reply to `tasks/get|result|cancel` about `task_id`.
     TaskReply {
         id: Id,
-        method: TaskMethod,
+        method: ReplyTo,
         task_id: String,
         /// The record `tasks` authorised the request against (shared, not copied).
         known: Arc<TaskRecord>,
@@ -145,9 +146,9 @@ impl Expect {
                     None => Expect::Nothing,
                 }
             }
-            Some("tasks/get") => TaskMethod::Get,
-            Some("tasks/result") => TaskMethod::Result,
-            Some("tasks/cancel") => TaskMethod::Cancel,
+            Some("tasks/get") => ReplyTo::Get,
+            Some("tasks/result") => ReplyTo::Result,
+            Some("tasks/cancel") => ReplyTo::Cancel,
             _ => return Expect::Nothing,
         };
         match req.extensions.get::<AuthorisedTask>() {
@@ -156,7 +157,7 @@ impl Expect {
                 method,
                 task_id: a.record.task_id.clone(),
                 known: a.record.clone(),
-                era: Era::of(req),
+                era: req.era(),
             },
             None => Expect::Nothing,
         }
@@ -203,7 +204,7 @@ where
         // An open tasks/result is a resource held for its task until its reply is done.
         let request_hold = match &expect {
             Expect::TaskReply {
-                method: TaskMethod::Result,
+                method: ReplyTo::Result,
                 task_id,
                 ..
             } => Some(registry.releases().hold(&upstream, task_id)),
@@ -417,7 +418,7 @@ impl Watch {
                         .await
                 };
                 match method {
-                    TaskMethod::Get => show_recorded_ttl(out, ttl_path(era, false), &known),
+                    ReplyTo::Get => show_recorded_ttl(out, ttl_path(era, false), &known),
                     _ => out,
                 }
             }
@@ -432,7 +433,7 @@ impl Watch {
         let (id, task_id, known) = match &*self.expect.lock() {
             Expect::TaskReply {
                 id,
-                method: TaskMethod::Get,
+                method: ReplyTo::Get,
                 task_id,
                 known,
                 era: Era::Legacy,
@@ -462,7 +463,7 @@ impl Watch {
         }
         let observed = self
             .registry
-            .observe_fields_as(&self.upstream, task_id, &fields, TaskMethod::Get.source())
+            .observe_fields_as(&self.upstream, task_id, &fields, ReplyTo::Get.source())
             .await;
         observed.rewrite_bytes(&bytes, &["result"]).unwrap_or(bytes)
     }
@@ -505,7 +506,7 @@ impl Watch {
             Era::Modern => value
                 .get("result")
                 .filter(|r| r.get("resultType").and_then(Value::as_str) == Some("task"))
-                .map(|r| era::as_registry_task(r, self.registry.config().max_ttl_ms)),
+                .map(|r| as_registry_task(r, self.registry.config().max_ttl_ms)),
         };
         let Some(record) = task
             .as_ref()
@@ -550,21 +551,21 @@ impl Watch {
         &self,
         bytes: Bytes,
         parsed: Option<Value>,
-        method: TaskMethod,
+        method: ReplyTo,
         task_id: &str,
         known: &TaskRecord,
     ) -> Bytes {
         // A `tasks/get` answer is decided on a borrowing view of it, without a `Value` tree
         // (see `TaskView`): the common poll repeats what the record holds and needs nothing;
         // one that reports a change is applied from the same view.
-        if parsed.is_none() && method == TaskMethod::Get {
+        if parsed.is_none() && method == ReplyTo::Get {
             if let Some(task) = TaskView::of_reply(&bytes) {
                 return self.apply_get(bytes.clone(), &task, task_id, known).await;
             }
         }
         // The payload of a task authorised as terminal: there is no status to apply (a payload
         // only ever ends a live record), only the payload to keep once; no `Value` tree.
-        if parsed.is_none() && method == TaskMethod::Result && known.status.is_terminal() {
+        if parsed.is_none() && method == ReplyTo::Result && known.status.is_terminal() {
             if known.terminal_result.is_none() {
                 if let Ok(Some(raw)) = splice::raw_at(&bytes, &["result"]) {
                     self.registry
@@ -580,7 +581,7 @@ impl Watch {
         let Some(result) = value.get("result") else {
             return bytes;
         };
-        if method == TaskMethod::Result {
+        if method == ReplyTo::Result {
             // A payload only ever ends a live record: for one authorised as terminal (final
             // forever) there is nothing to apply and no store trip.
             if !known.status.is_terminal() {
@@ -608,7 +609,7 @@ impl Watch {
         // round trip off the runtime was most of the task path's added CPU; see benches/RESULTS.md.)
         // A terminal status recorded in between is not missed in a way a client could tell: this
         // answer was produced while the request was in flight, before that status.
-        if method == TaskMethod::Get && !Registry::would_change(known, result) {
+        if method == ReplyTo::Get && !Registry::would_change(known, result) {
             return bytes;
         }
         let observed = self
@@ -684,7 +685,7 @@ impl Undo {
                 ctx.session_id = None;
                 ctx.headers.insert(
                     &crate::headers::MCP_PROTOCOL_VERSION,
-                    http::HeaderValue::from_static(era::MODERN_VERSION),
+                    http::HeaderValue::from_static(MODERN_VERSION),
                 );
                 ctx.headers.insert(
                     &crate::mcp::routing_headers::MCP_METHOD,

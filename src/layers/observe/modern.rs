@@ -15,10 +15,11 @@
 //! Both eras: a `CreateTaskResult`'s and a `tasks/get` answer's ttl are shown as the record
 //! holds it when the upstream's is `null` or longer ([`show_recorded_ttl`]).
 
-use super::{TaskMethod, Watch};
-use crate::era::{self, Era};
+use super::{ReplyTo, Watch};
 use crate::jsonrpc::splice;
+use crate::mcp::era::Era;
 use crate::mcp::task::TaskStatus;
+use crate::registry::as_registry_task;
 use crate::registry::{Observed, Registry};
 use crate::store::TaskRecord;
 use bytes::Bytes;
@@ -31,11 +32,11 @@ impl Watch {
         &self,
         bytes: Bytes,
         parsed: Option<Value>,
-        method: TaskMethod,
+        method: ReplyTo,
         task_id: &str,
         known: &TaskRecord,
     ) -> Bytes {
-        if method != TaskMethod::Get {
+        if method != ReplyTo::Get {
             // Acks carry no status.
             return bytes;
         }
@@ -45,7 +46,7 @@ impl Watch {
         let Some(result) = value.get("result").filter(|r| r.is_object()) else {
             return bytes;
         };
-        let task = era::as_registry_task(result, self.registry.config().max_ttl_ms);
+        let task = as_registry_task(result, self.registry.config().max_ttl_ms);
         // A poll repeating what the record holds needs no store trip (a terminal record never
         // changes); its result may still be the first one seen for the task (the status may
         // have come by notifications/tasks).
@@ -89,7 +90,7 @@ impl Watch {
                     .task_activity_after_cancel(&self.upstream);
             }
         }
-        let task = era::as_registry_task(params, self.registry.config().max_ttl_ms);
+        let task = as_registry_task(params, self.registry.config().max_ttl_ms);
         let observed = self
             .registry
             .observe_task(&self.upstream, task, "notifications/tasks")
@@ -209,11 +210,11 @@ fn no_member_longer(bytes: &[u8], name: &str, ttl: u64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use crate::era::Era;
     use crate::exchange::{GatewayError, McpReply, McpRequest};
     use crate::layers::extensions::PendingCreation;
     use crate::layers::observe::ObserveLayer;
     use crate::layers::testing::{owner, record, registry, request};
+    use crate::mcp::era::Era;
     use crate::mcp::task::TaskStatus;
     use crate::store::TaskRecord;
     use bytes::Bytes;

@@ -457,7 +457,7 @@ async fn an_unrecorded_modern_creation_is_cancelled_upstream_statelessly() {
     assert_eq!(header("mcp-method").as_deref(), Some("tasks/cancel"));
     assert_eq!(header("mcp-name").as_deref(), Some("t9"));
     assert_eq!(header("mcp-param-x"), None);
-    assert_eq!(Era::of(&cancel), Era::Modern);
+    assert_eq!(cancel.era(), Era::Modern);
     let Operation::Post(msg) = &cancel.op else {
         panic!("not a POST")
     };

@@ -2,8 +2,8 @@
 //! as `initialize`, `tools/list`, streams and `DELETE` pass (see the parent module).
 
 use super::*;
-use crate::jsonrpc::needles;
 use crate::layers::after::{AfterReply, ReplyStep};
+use crate::mcp::needles;
 use futures_util::future::Either;
 
 /// Builds [`SessionService`]s over a shared [`Sessions`] table.
@@ -63,7 +63,7 @@ where
         if req
             .request_method()
             .is_some_and(|m| m.starts_with("tasks/"))
-            && crate::era::Era::of(&req) == crate::era::Era::Legacy
+            && req.era() == crate::mcp::era::Era::Legacy
             && sessions.upstream_without_tasks(&upstream, session.as_ref())
         {
             req.extensions

@@ -30,13 +30,14 @@
 
 mod modern;
 
-use crate::era::{self, Era};
 use crate::exchange::{McpReply, McpRequest, Operation};
 use crate::jsonrpc::splice;
 use crate::jsonrpc::{self, Message};
 use crate::layers::extensions::{
     AuthorisedTask, OnBehalfOf, PendingCreation, Upgraded, UpstreamWithoutTasks,
 };
+use crate::mcp::era::Era;
+use crate::mcp::errors::{TaskError, TASK_LIMIT_EXCEEDED};
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::{CancelOutcome, CreationRefusal, LocalReason, TaskMethod};
 use crate::registry::Registry;
@@ -54,10 +55,6 @@ use std::task::{Context, Poll};
 /// included) is raised to it, as a larger one than `tasks.max_ttl_ms` is lowered (issue 29 #12:
 /// a ttl of 0 made a task that was gone 100 ms after its creation, before any poll).
 pub const MIN_TASK_TTL_MS: u64 = 1_000;
-
-/// JSON-RPC code taskgate answers when an owner is over `tasks.max_live_tasks_per_owner`
-/// (implementation-defined server error range, -32000 to -32099).
-pub const TASK_LIMIT_EXCEEDED: i64 = -32029;
 
 /// Builds [`TasksService`]s over a shared [`Registry`].
 #[derive(Clone)]
@@ -126,7 +123,7 @@ where
     }
 
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
-        if Era::of(&req) == Era::Modern {
+        if req.era() == Era::Modern {
             return match modern::decide(&self.registry, &mut req) {
                 modern::Decision::Forward => Either::Left(self.inner.call(req)),
                 modern::Decision::Answer(reply) => {
@@ -135,7 +132,7 @@ where
                 modern::Decision::Listen => {
                     let (registry, mut inner) = (self.registry.clone(), self.take_inner());
                     Either::Right(Box::pin(async move {
-                        let owner = era::modern_owner(&req.ctx.caller());
+                        let owner = req.ctx.caller().modern_owner();
                         match modern::filter_listen(&registry, &mut req, &owner, Era::Modern).await
                         {
                             Ok(()) => inner.call(req).await,
@@ -217,7 +214,7 @@ where
 /// message with escapes may spell the key `"t\u0061sk"`: those are always read). `false`
 /// means a plain call, forwarded as it is.
 fn may_be_task_call(req: &McpRequest) -> bool {
-    use crate::jsonrpc::needles::{found, TASK_KEY, UNICODE_ESCAPE};
+    use crate::mcp::needles::{found, TASK_KEY, UNICODE_ESCAPE};
     match &req.op {
         Operation::Post(msg) => {
             found(&TASK_KEY, msg.bytes()) || found(&UNICODE_ESCAPE, msg.bytes())
@@ -234,7 +231,7 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
     };
     // Cheap pre-check: plain tool calls (the common case) are not parsed twice. A message
     // with escapes may spell the key `"t\u0061sk"`: those are always parsed.
-    use crate::jsonrpc::needles::{found, TASK_KEY, UNICODE_ESCAPE};
+    use crate::mcp::needles::{found, TASK_KEY, UNICODE_ESCAPE};
     if !found(&TASK_KEY, msg.bytes()) && !found(&UNICODE_ESCAPE, msg.bytes()) {
         return Ok(());
     }
@@ -377,12 +374,9 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
                 .metrics()
                 .cancel_request(&req.ctx.upstream, CancelOutcome::RejectedUnknown);
         }
-        return Err(McpReply::local_error(
-            Some(&id),
-            jsonrpc::INVALID_PARAMS,
-            &format!("Task not found: {task_id}"),
-        )
-        .answered_locally(LocalReason::TaskNotFound));
+        let not_found = TaskError::NotFound { task_id: &task_id };
+        return Err(McpReply::local_json(not_found.response(Some(&id)))
+            .answered_locally(LocalReason::TaskNotFound));
     };
     // A bridged (2026-07-28) record holds a `DetailedTask`: the `bridge` layer answers from it.
     if method == Some(TaskMethod::Result)
@@ -513,7 +507,7 @@ fn template(req: &McpRequest, owner: Owner, tool: Option<String>) -> TaskRecord 
         terminal_at: None,
         late_result_at: None,
         tool_error: false,
-        era: crate::era::Era::Legacy,
+        era: crate::mcp::era::Era::Legacy,
         terminal_result: None,
         expires_at: 0,
     }

@@ -25,10 +25,12 @@
 //!   only those in `notifications/subscriptions/acknowledged`), so no caller can listen to
 //!   another owner's task. More than [`MAX_LISTEN_TASK_IDS`] ids → `-32602` (HTTP 400).
 
-use crate::era::{self, Era};
 use crate::exchange::{McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{AuthorisedTask, OnBehalfOf, PendingCreation};
+use crate::mcp::capabilities::declares_tasks_extension;
+use crate::mcp::era::Era;
+use crate::mcp::errors::{missing_tasks_extension, TaskError, MISSING_REQUIRED_CLIENT_CAPABILITY};
 use crate::metrics::{CancelOutcome, LocalReason, TaskMethod};
 use crate::registry::Registry;
 use crate::store::TaskRecord;
@@ -90,7 +92,7 @@ fn prepare_creation(registry: &Registry, req: &mut McpRequest) {
         .parse_as::<Call>()
         .ok()
         .and_then(|c| c.params?.name.map(|n| n.into_owned()));
-    let owner = era::modern_owner(&req.ctx.caller());
+    let owner = req.ctx.caller().modern_owner();
     let reservation = registry.reserve_modern(&req.ctx.upstream, &owner);
     let template = TaskRecord {
         upstream_session: None,
@@ -121,12 +123,12 @@ pub(super) async fn authorise(
     };
     let value: Value = msg.parse_as().unwrap_or(Value::Null);
     let params = value.get("params");
-    if !era::declares_tasks_extension(params) {
+    if !declares_tasks_extension(params) {
         tracing::debug!(method, "tasks request without the tasks extension in _meta");
         return Err(McpReply::era_error_bytes(
             Era::Modern,
-            era::missing_tasks_extension(Some(&id)),
-            era::MISSING_REQUIRED_CLIENT_CAPABILITY,
+            missing_tasks_extension(Some(&id)),
+            MISSING_REQUIRED_CLIENT_CAPABILITY,
             LocalReason::MissingExtension,
         ));
     }
@@ -143,7 +145,7 @@ pub(super) async fn authorise(
     };
     let owner = match req.extensions.get::<OnBehalfOf>() {
         Some(OnBehalfOf(owner)) => owner.clone(),
-        None => era::modern_owner(&req.ctx.caller()),
+        None => req.ctx.caller().modern_owner(),
     };
     let upstream = req.ctx.upstream.clone();
     let Ok(looked) = registry.lookup_checked(&upstream, &task_id, &owner).await else {
@@ -162,9 +164,10 @@ pub(super) async fn authorise(
                 .metrics()
                 .cancel_request(&upstream, CancelOutcome::RejectedUnknown);
         }
+        let not_found = TaskError::NotFound { task_id: &task_id };
         return Err(refuse(
-            jsonrpc::INVALID_PARAMS,
-            &format!("Task not found: {task_id}"),
+            not_found.code(),
+            &not_found.message(),
             LocalReason::TaskNotFound,
         ));
     };
@@ -300,9 +303,10 @@ mod tests {
         ));
         req.extensions.insert(Era::Modern);
         if let Some(n) = name {
-            req.ctx
-                .headers
-                .insert(&era::MCP_NAME, http::HeaderValue::from_str(n).unwrap());
+            req.ctx.headers.insert(
+                &crate::mcp::routing_headers::MCP_NAME,
+                http::HeaderValue::from_str(n).unwrap(),
+            );
         }
         req
     }

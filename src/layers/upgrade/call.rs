@@ -1,16 +1,17 @@
-//! The upgraded `tools/call`: the upgrade, the driver up to the task's `CreateTaskResult`, and
-//! the requests taskgate sends on its own.
+//! The upgraded `tools/call`: the upgrade and the driver up to the task's `CreateTaskResult`.
 
-use super::early::{answer_of, finish, read_to_answer, Others};
+use super::early::{finish, read_to_answer, First};
 use super::follower::Follower;
+use super::requests::send_tasks_cancel;
 use super::tools::tool_support;
 use super::{UpgradeState, EARLY_LIMIT, RELAY_CAPACITY};
 use crate::exchange::{
     CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestContext,
 };
 use crate::jsonrpc::{self, Id, Message};
-use crate::layers::session::{session_key, TaskSupport};
+use crate::layers::session::session_key;
 use crate::layers::McpService;
+use crate::mcp::tools::TaskSupport;
 use crate::metrics::UpgradeOutcome;
 use crate::sse::{ByteString, Event};
 
@@ -22,26 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tower::ServiceExt;
-
-/// A request taskgate sends on its own (tasks/get, tasks/result, tasks/cancel, tools/list), in the
-/// client's context so the `tasks` layer authorises and routes it as the client's.
-pub(super) fn internal_request(
-    ctx: &RequestContext,
-    id: &Id,
-    method: &str,
-    params: Value,
-) -> McpRequest {
-    let body = serde_json::json!({"jsonrpc": "2.0", "method": method, "params": params});
-    let mut text = body.to_string();
-    // Splice the id in as raw JSON (keeps its type).
-    text.insert_str(1, &format!("\"id\":{},", id.as_json()));
-    let msg = Message::parse(Bytes::from(text)).expect("a well-formed request");
-    McpRequest {
-        op: Operation::Post(msg),
-        ctx: ctx.clone(),
-        extensions: http::Extensions::new(),
-    }
-}
 
 /// A `tools/call`: upgraded to a task when it is a plain call to a `required` tool (see the module
 /// docs), otherwise passed on as it is.
@@ -274,9 +255,6 @@ async fn upgrade<S: McpService>(
     })
 }
 
-/// Where [`drive`] sends the client's answer: the task's stream, or the answer that ended it.
-pub(super) type First = oneshot::Sender<Result<McpReply, GatewayError>>;
-
 /// One upgraded call, before its task exists.
 struct Upgraded<S> {
     state: Arc<UpgradeState>,
@@ -447,64 +425,6 @@ impl<S: McpService> Upgraded<S> {
             created,
         }
     }
-}
-
-/// Sends one `tasks/cancel` for an upgraded task upstream, through the rest of the stack (so the
-/// `cancel` layer single-flights and records it), and logs the answer.
-pub(super) async fn send_tasks_cancel<S: McpService>(
-    inner: &S,
-    state: &UpgradeState,
-    ctx: &RequestContext,
-    task_id: &str,
-) -> CancelSent {
-    send_tasks_cancel_for(inner, state, ctx, task_id, None).await
-}
-
-/// What became of a `tasks/cancel` taskgate sent itself.
-#[derive(Debug)]
-pub(super) enum CancelSent {
-    /// The cancel was answered with a result: the task is cancelled (or was already terminal).
-    Cancelled,
-    /// It was answered with a JSON-RPC error (taskgate's own, or the upstream's), or without
-    /// an answer; the text says what.
-    Refused(String),
-}
-
-/// [`send_tasks_cancel`], authorised as `owner` when given ([`OnBehalfOf`]: a task whose client
-/// is gone). Logs what actually happened.
-pub(super) async fn send_tasks_cancel_for<S: McpService>(
-    inner: &S,
-    state: &UpgradeState,
-    ctx: &RequestContext,
-    task_id: &str,
-    owner: Option<&crate::store::Owner>,
-) -> CancelSent {
-    let id = state.next_id();
-    let mut req = internal_request(
-        ctx,
-        &id,
-        "tasks/cancel",
-        serde_json::json!({ "taskId": task_id }),
-    );
-    if let Some(owner) = owner {
-        req.extensions
-            .insert(crate::layers::extensions::OnBehalfOf(owner.clone()));
-    }
-    let outcome = match inner.clone().oneshot(req).await {
-        Ok(reply) => match answer_of(reply, &id, Others::Discard).await {
-            Some(v) if v.get("result").is_some() => CancelSent::Cancelled,
-            Some(v) => CancelSent::Refused(v.get("error").unwrap_or(&v).to_string()),
-            None => CancelSent::Refused("no answer".into()),
-        },
-        Err(e) => CancelSent::Refused(e.to_string()),
-    };
-    match &outcome {
-        CancelSent::Cancelled => tracing::info!(task_id, "upgraded task cancelled upstream"),
-        CancelSent::Refused(why) => {
-            tracing::warn!(task_id, error = %why, "an upgraded task's tasks/cancel was refused")
-        }
-    }
-    outcome
 }
 
 /// How often the follower polls a task: its `CreateTaskResult`'s `pollInterval` (1 s when

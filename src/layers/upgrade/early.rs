@@ -1,14 +1,17 @@
 //! What comes before an upgraded call's answer: reading a reply up to it ([`answer_of`],
-//! [`read_to_answer`]) and where the other messages go ([`Others`]).
+//! [`read_to_answer`]), where the other messages go ([`Others`]), and where the answer goes
+//! ([`First`]).
 
-use super::call::First;
 use super::EARLY_LIMIT;
-use crate::exchange::{McpReply, ReplyBody};
+use crate::exchange::{GatewayError, McpReply, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::sse::Event;
 use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
+
+/// Where the driver sends the client's answer: the task's stream, or the answer that ended it.
+pub(super) type First = tokio::sync::oneshot::Sender<Result<McpReply, GatewayError>>;
 
 /// Where [`answer_of`] puts the messages that are not the answer.
 pub(super) enum Others<'a> {

@@ -1,8 +1,8 @@
 //! The follower: relays one upgraded task to the client until its end.
 
-use super::call::{internal_request, send_tasks_cancel};
 use super::early::{answer_of, Others};
 use super::progress::next_progress;
+use super::requests::{internal_request, send_tasks_cancel};
 use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
 use crate::config::OnDisconnect;
 use crate::exchange::{CallKey, RequestContext};
@@ -96,7 +96,7 @@ impl<S: McpService> Follower<S> {
     pub(super) async fn relay_other(&self, mut ev: Event) {
         let Some(data) = &ev.data else { return };
         let bytes = data.as_bytes();
-        use crate::jsonrpc::needles::{may_name, PROGRESS, TASK_STATUS};
+        use crate::mcp::needles::{may_name, PROGRESS, TASK_STATUS};
         // Only a status notification (its method read, escapes and all) becomes progress; a
         // message that merely mentions the method goes on as it came.
         let status_params = || {

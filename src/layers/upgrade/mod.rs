@@ -98,6 +98,7 @@ mod early;
 mod follower;
 mod orphans;
 mod progress;
+mod requests;
 mod tools;
 
 pub use orphans::cancel_orphans;
@@ -292,7 +293,7 @@ impl<S: McpService> tower::Service<McpRequest> for UpgradeService<S> {
     fn call(&mut self, req: McpRequest) -> Self::Future {
         // Upgrading is a 2025-11-25 notion (a 2026-07-28 client declares the tasks extension
         // itself, or gets the upstream's -32021).
-        if !self.state.config.enabled || crate::era::Era::of(&req) == crate::era::Era::Modern {
+        if !self.state.config.enabled || req.era() == crate::mcp::era::Era::Modern {
             return Either::Left(self.inner.call(req));
         }
         let is_request = req.request_method().is_some();

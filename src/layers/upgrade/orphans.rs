@@ -1,6 +1,6 @@
 //! Upgraded tasks orphaned by a restart.
 
-use super::call::{send_tasks_cancel_for, CancelSent};
+use super::requests::{send_tasks_cancel_for, CancelSent};
 use super::UpgradeState;
 use crate::exchange::{Principal, RequestContext};
 use crate::layers::McpService;

@@ -43,7 +43,7 @@ pub(super) async fn get_stream<S: McpService>(
     let mut reply = inner.oneshot(req).await?;
     reply.body = reply.body.map_messages(move |data| {
         if state.tokens.lock().is_empty()
-            || !crate::jsonrpc::needles::found(&crate::jsonrpc::needles::PROGRESS, data.as_bytes())
+            || !crate::mcp::needles::found(&crate::mcp::needles::PROGRESS, data.as_bytes())
         {
             return None;
         }

@@ -1,11 +1,12 @@
 //! Tools: `tools/list` shown to clients without `capabilities.tasks`, and a tool's `taskSupport`.
 
-use super::call::internal_request;
 use super::early::{answer_of, Others};
+use super::requests::internal_request;
 use super::UpgradeState;
 use crate::exchange::{GatewayError, McpReply, McpRequest, RequestContext};
-use crate::layers::session::{session_key, TaskSupport};
+use crate::layers::session::session_key;
 use crate::layers::McpService;
+use crate::mcp::tools::TaskSupport;
 
 use serde_json::Value;
 use std::sync::Arc;
