@@ -7,6 +7,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(test)]
+mod architecture_tests;
 pub mod auth;
 pub mod config;
 pub mod exchange;
