@@ -298,7 +298,8 @@ pub(super) struct Head {
     pub origin: bool,
     /// Whether a hop-by-hop field is present.
     pub hop_by_hop: bool,
-    /// Whether `MCP-Protocol-Version` names 2025-11-25 or later ([`version_primes`]).
+    /// Whether `MCP-Protocol-Version` is absent or names 2025-11-25 or later
+    /// ([`version_primes`]).
     pub primes: bool,
     /// Whether `Mcp-Method` or `Mcp-Name` is present.
     pub routing: bool,
@@ -307,15 +308,17 @@ pub(super) struct Head {
 /// The first revision with priming events (SEP-1699).
 const PRIMING_SINCE: &[u8] = b"2025-11-25";
 
-/// Whether a request's `MCP-Protocol-Version` names a revision that has priming events
-/// (2025-11-25 or later; the edge has refused any value it does not serve, and revision names
-/// are dates, whose order as text is their order in time).
+/// Whether a request's `MCP-Protocol-Version` lets priming events through: absent (taskgate
+/// does not guess what was negotiated), or a revision that has them (2025-11-25 or later; the
+/// edge has refused any value it does not serve, and revision names are dates, whose order as
+/// text is their order in time).
 pub(super) fn version_primes(version: Option<&HeaderValue>) -> bool {
-    version.is_some_and(|v| v.as_bytes() >= PRIMING_SINCE)
+    version.is_none_or(|v| v.as_bytes() >= PRIMING_SINCE)
 }
 
-/// Whether an `initialize` request asks for a revision that has priming events (its answer
-/// may stream before the client sends `MCP-Protocol-Version`).
+/// Whether an `initialize` request lets priming events through: it does unless it asks for a
+/// revision before 2025-11-25 (its answer may stream before the client sends
+/// `MCP-Protocol-Version`).
 pub(super) fn initialize_primes(msg: &jsonrpc::Message) -> bool {
     #[derive(serde::Deserialize)]
     struct Params<'a> {
@@ -330,7 +333,7 @@ pub(super) fn initialize_primes(msg: &jsonrpc::Message) -> bool {
     msg.parse_as::<Initialize<'_>>()
         .ok()
         .and_then(|i| i.params?.protocol_version)
-        .is_some_and(|v| v.as_bytes() >= PRIMING_SINCE)
+        .is_none_or(|v| v.as_bytes() >= PRIMING_SINCE)
 }
 
 /// `body` without its priming events ([`crate::sse::Event::is_priming`]), for a client that

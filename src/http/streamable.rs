@@ -33,9 +33,10 @@
 //! ends its side.
 //!
 //! SSE answers and GET streams reach a client that negotiated a revision before 2025-11-25
-//! (its `MCP-Protocol-Version`; without one, none was negotiated that has them) without the
+//! (its `MCP-Protocol-Version` names one, or its `initialize` asks for one) without the
 //! upstream's priming events (events without data, new in 2025-11-25), which older clients
-//! would take for a message.
+//! would take for a message. A request without the header gets them as the upstream sent
+//! them (taskgate does not guess its session's revision).
 
 use super::gate::Gate;
 use super::response::{gateway_error_response, json_response, rpc_error_response};
@@ -318,13 +319,13 @@ impl Edge {
                 _ => None,
             },
         );
-        // Priming events (empty SSE events, new in 2025-11-25) only for a client of 2025-11-25
-        // or later: its `MCP-Protocol-Version`, a 2026-era request, or the version an
-        // `initialize` asks for. Without any (a client older than the header), none.
-        let primes = head.primes
-            || era == crate::mcp::era::Era::Modern
-            || matches!(&op, Operation::Post(m) if m.method() == Some("initialize")
-                && super::response::initialize_primes(m));
+        // Priming events (empty SSE events, new in 2025-11-25) are not sent to a client that
+        // negotiated an older revision: its `MCP-Protocol-Version`, or the revision its
+        // `initialize` asks for, says so. A 2026-era request gets them.
+        let primes = era == crate::mcp::era::Era::Modern
+            || (head.primes
+                && !matches!(&op, Operation::Post(m) if m.method() == Some("initialize")
+                    && !super::response::initialize_primes(m)));
         // `Mcp-Method`/`Mcp-Name` agree with the body before anything acts on it; a 2026
         // request lacking them gets them on the upstream leg (see `mcp::routing_headers`).
         if head.routing || era == crate::mcp::era::Era::Modern {
