@@ -25,12 +25,28 @@
 //!   cancel of an upgraded task orphaned by a restart): `tasks` authorises it as the record's
 //!   owner instead of the (absent) client's.
 
+//! - [`PlainAnswerIsTask`], [`AckIsCancelled`]: set by `bridge` on the 2026-07-28 `tools/call`
+//!   and `tasks/cancel` it sends for a 2025-11-25 client: how `observe` is to read their answers
+//!   (a plain result is a `completed` task; an ack is the task `cancelled`). Each carries the
+//!   [`Fact`] `observe` fills with what it recorded.
+//!
 //! **Facts up** (reply extensions; none reaches the client):
 //!
 //! - [`crate::metrics::LocalReason`]: set on an answer taskgate gave itself
 //!   ([`crate::exchange::McpReply::answered_locally`]); the edge takes it to count and log it.
 //! - [`HeldAnswer`]: set by `bridge` on the `initialize` answer it gave for a session it holds
 //!   itself; `session` takes it and stores the session.
+//! - [`NeedsTask`]: set by `bridge` on the reply to a plain 2025-11-25 `tools/call`: filled when
+//!   the 2026-07-28 server said the tool runs only as a task (`-32021` naming the tasks
+//!   extension, which the 2025 client sees as `-32601`); `upgrade` reads it, not the error.
+//! - [`SynthesizedTask`], [`CancelAcknowledged`]: what `observe` recorded for a
+//!   [`PlainAnswerIsTask`] / [`AckIsCancelled`] request, handed to `bridge` in their [`Fact`].
+//!
+//! A fact about a message of an SSE reply is known only once that message has passed, after the
+//! reply's head went up: such a fact travels as a [`Fact`], a cell the layer that learns it fills
+//! as the message passes and the layer that wants it reads once it has read that message (as
+//! hyper hands a later upgrade up in a response's extensions). Only the layer named for a fact
+//! fills it.
 
 use crate::registry::Reservation;
 use crate::store::held::{MAX_HELD_CAPABILITIES, MAX_HELD_CLIENT_INFO};
@@ -116,6 +132,79 @@ impl HeldSession {
         }
     }
 }
+
+/// A fact about a reply's message, known once that message has passed the layer that fills it
+/// (see the module docs): clones share one cell, filled at most once.
+#[derive(Debug)]
+pub struct Fact<T>(Arc<OnceLock<T>>);
+
+impl<T> Clone for Fact<T> {
+    fn clone(&self) -> Self {
+        Fact(self.0.clone())
+    }
+}
+
+impl<T> Default for Fact<T> {
+    fn default() -> Self {
+        Fact(Arc::default())
+    }
+}
+
+impl<T> Fact<T> {
+    /// Fills the cell (a second fill is ignored: the first fact stands).
+    pub fn set(&self, fact: T) {
+        let _ = self.0.set(fact);
+    }
+
+    /// The fact, once filled.
+    pub fn get(&self) -> Option<&T> {
+        self.0.get()
+    }
+}
+
+/// Policy down, set by `bridge` on the 2026-07-28 `tools/call` it sends for a 2025-11-25
+/// task-augmented one (beside its [`PendingCreation`]): a server that ran the call plainly
+/// instead of creating a task has still answered a task, one already `completed`. `observe`
+/// records it from the plain result and fills `recorded`.
+#[derive(Debug, Clone, Default)]
+pub struct PlainAnswerIsTask {
+    /// Filled by `observe` once it recorded the task.
+    pub recorded: Fact<SynthesizedTask>,
+}
+
+/// Fact up: the `completed` task `observe` recorded for a plain answer to a
+/// [`PlainAnswerIsTask`] call (a taskId taskgate minted, `taskgate-<random>`; the result kept
+/// as its `tasks/result` payload; `failed` for a 2025 client when the result `isError`).
+#[derive(Debug, Clone)]
+pub struct SynthesizedTask {
+    /// The record as written.
+    pub record: Arc<TaskRecord>,
+}
+
+/// Policy down, set by `bridge` on the 2026-07-28 `tasks/cancel` it sends for a 2025-11-25 one
+/// (beside its [`AuthorisedTask`]): the server's ack (`{"resultType":"complete"}`) ends the task
+/// for the 2025 client, who is answered the cancelled task at once. `observe` applies
+/// `cancelled` to the record (the first terminal status stands) and fills `applied`.
+#[derive(Debug, Clone, Default)]
+pub struct AckIsCancelled {
+    /// Filled by `observe` once it applied the ack.
+    pub applied: Fact<CancelAcknowledged>,
+}
+
+/// Fact up: what `observe` applied for the ack to an [`AckIsCancelled`] request.
+#[derive(Debug, Clone)]
+pub struct CancelAcknowledged {
+    /// The 2025-11-25 `Task` applied: the authorised record, `cancelled`, updated now.
+    pub task: Value,
+    /// What applying it did (another terminal status recorded first stands).
+    pub observed: crate::registry::Observed,
+}
+
+/// Fact up, set by `bridge` on the reply to a plain 2025-11-25 `tools/call` and filled when the
+/// 2026-07-28 server answered that the tool runs only as a task (its `-32021` naming the tasks
+/// extension). `upgrade` reads this instead of the error the client is shown.
+#[derive(Debug, Clone, Default)]
+pub struct NeedsTask(pub Fact<()>);
 
 /// Reply fact: this `initialize` answer is the `bridge`'s own, for a 2025 session taskgate holds
 /// itself (an upstream without 2025 sessions). The `session` layer takes it and keeps the

@@ -8,7 +8,9 @@ use super::{
 use super::{held, mrtr, translate};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id};
-use crate::layers::extensions::PendingCreation;
+use crate::layers::extensions::{
+    Fact, NeedsTask, PendingCreation, PlainAnswerIsTask, SynthesizedTask,
+};
 use crate::layers::McpService;
 use crate::mcp::capabilities::CLIENT_CAPABILITIES_META;
 use crate::mcp::era::{Era, MODERN_VERSION};
@@ -17,7 +19,6 @@ use crate::store::Origin;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tower::ServiceExt;
 
@@ -141,8 +142,8 @@ pub(super) async fn tools_list<S: McpService>(
 }
 
 /// A plain 2025 `tools/call`: passed on; a `-32021` naming the tasks extension marks the tool
-/// task-only; 2026-only error codes are mapped for the 2025 client (see `errors`; the
-/// `upgrade` layer above still recognises the mapped `-32021`).
+/// task-only and fills the reply's [`NeedsTask`] fact (for `upgrade` above, which then sends the
+/// call again as a task); 2026-only error codes are mapped for the 2025 client (see `errors`).
 pub(super) async fn plain_call<S: McpService>(
     state: Arc<BridgeState>,
     inner: S,
@@ -152,12 +153,15 @@ pub(super) async fn plain_call<S: McpService>(
     let map_errors = errors::is_revision_or_none(req.ctx.protocol_version());
     let mut reply = inner.oneshot(req).await?;
     let st = state.clone();
+    let needs_task = NeedsTask::default();
+    reply.extensions.insert(needs_task.clone());
     reply.body = reply.body.map_messages(move |text| {
         if !text.contains("-32021") {
             return translate::legacy_notification(text);
         }
         let v: Value = serde_json::from_str(text).ok()?;
         if translate::is_missing_tasks_extension(v.get("error")?) {
+            needs_task.0.set(());
             st.learn(UpstreamEra::ModernTasks);
             if let Some(t) = &tool {
                 let mut set = st.task_only.lock();
@@ -202,8 +206,11 @@ pub(super) async fn task_call<S: McpService>(
     let tool = tool_name(&req);
     let mut params = translate::modern_params(params.as_ref());
     declare_session_capabilities(&state, &req, &mut params);
-    let out = modern_request(&req, &id, "tools/call", params, tool.as_deref());
-    let pending = req.extensions.remove::<PendingCreation>();
+    let mut out = modern_request(&req, &id, "tools/call", params, tool.as_deref());
+    // A plain answer is a task already completed: `observe` records it and says so here.
+    let plain = PlainAnswerIsTask::default();
+    out.extensions.insert(plain.clone());
+    let recorded = plain.recorded;
     let read = |reply| read_answer(reply, &id);
     let (answer, early, rest) = match ask_with(&state, inner.clone(), out.clone(), &id, read).await
     {
@@ -222,23 +229,22 @@ pub(super) async fn task_call<S: McpService>(
             send: |inner: S, out| inner.oneshot(out),
         };
         let finish = move |answer, rest| async move {
-            creation_reply(&state, &id, Some(answer), Vec::new(), rest, pending).await
+            creation_reply(&id, Some(answer), Vec::new(), rest, &recorded)
         };
         return Ok(exchange.spawn(first, early, finish));
     }
-    Ok(creation_reply(&state, &id, answer, early, rest, pending).await)
+    Ok(creation_reply(&id, answer, early, rest, &recorded))
 }
 
 /// The 2025 answer to a bridged task-augmented `tools/call` from the upstream's `answer` (the
-/// `early` events before it, the `rest` of its stream): the nested `CreateTaskResult`, a plain
-/// result recorded as a `completed` task, or the error.
-async fn creation_reply(
-    state: &BridgeState,
+/// `early` events before it, the `rest` of its stream): the nested `CreateTaskResult`, the
+/// `completed` task `observe` `recorded` for a plain result, or the error.
+fn creation_reply(
     id: &Id,
     answer: Option<Value>,
     early: Vec<Event>,
     rest: Option<EventStream>,
-    pending: Option<PendingCreation>,
+    recorded: &Fact<SynthesizedTask>,
 ) -> McpReply {
     let result = answer.as_ref().and_then(|a| a.get("result"));
     if let Some(r) = result.filter(|r| r.get("resultType").and_then(Value::as_str) == Some("task"))
@@ -252,10 +258,11 @@ async fn creation_reply(
             );
         }
     }
-    let plain = result
-        .filter(|r| r.is_object() && r.get("resultType").and_then(Value::as_str) != Some("task"));
-    if let (Some(result), Some(pending)) = (plain, pending) {
-        return completed_task(state, id, result, pending).await;
+    if let Some(task) = recorded.get() {
+        // The server ran the call plainly; `observe` recorded it as a completed task.
+        let task =
+            json!({ "task": serde_json::to_value(task.record.to_task()).unwrap_or(Value::Null) });
+        return McpReply::local_json(jsonrpc::result_response(id, &task.to_string()));
     }
     let created = result.and_then(translate::legacy_create_result);
     let reply = legacy_reply(id, answer, |result| {
@@ -360,57 +367,6 @@ fn legacy_stream(early: Vec<Event>, reply: McpReply, rest: EventStream) -> McpRe
         headers,
         ReplyBody::Stream(Box::pin(events)),
     )
-}
-
-/// The server ran a call that asked for a task plainly: a task already `completed` (an id
-/// taskgate mints, `taskgate-<random>`), recorded durably with the result, so `tasks/get`,
-/// `tasks/result` and `tasks/list` answer from the record; the client gets its
-/// `CreateTaskResult`. A result over `tasks.max_stored_result_bytes` cannot be kept: the client
-/// then gets the plain result as the upstream sent it.
-async fn completed_task(
-    state: &BridgeState,
-    id: &Id,
-    result: &Value,
-    pending: PendingCreation,
-) -> McpReply {
-    use std::hash::{BuildHasher, Hasher};
-    let plain = || McpReply::local_json(jsonrpc::result_response(id, &result.to_string()));
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(state.next_id.fetch_add(1, Ordering::Relaxed));
-    let task_id = format!("taskgate-{:016x}", h.finish());
-    let now = crate::mcp::task::format_rfc3339_ms(crate::mcp::task::now_ms());
-    let task = json!({"taskId": task_id, "status": "completed", "createdAt": now,
-        "lastUpdatedAt": now, "ttl": null});
-    let Some(mut record) = state.registry.creation_record(&pending.template, &task) else {
-        return plain();
-    };
-    let mut detailed = task.clone();
-    detailed["result"] = result.clone();
-    let stored = detailed.to_string();
-    if stored.len() as u64 > state.registry.config().max_stored_result_bytes {
-        return plain();
-    }
-    record.terminal_result = Some(stored);
-    // A tool error is a 2025 `failed` (the answer below and `tasks/list` show it so).
-    record.tool_error = result.get("isError").and_then(Value::as_bool) == Some(true);
-    let task = json!({ "task": serde_json::to_value(record.to_task()).unwrap_or(task) });
-    match state
-        .registry
-        .record_creation(record, &pending.reservation)
-        .await
-    {
-        Ok(()) => {
-            let _ = pending.created.set(task_id);
-            McpReply::local_json(jsonrpc::result_response(id, &task.to_string()))
-        }
-        Err(e) => McpReply::local_error(
-            Some(id),
-            jsonrpc::INTERNAL_ERROR,
-            &format!(
-                "taskgate could not record the task durably ({e}); the task was not handed out"
-            ),
-        ),
-    }
 }
 
 /// `params` of a POSTed message (cloned).

@@ -7,10 +7,10 @@ use super::{answer_of, ask, error_reply, failure_reply, legacy_reply, modern_req
 use super::{BridgeService, BridgeState, UpstreamEra, MAX_POLL, MIN_POLL};
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc::{self, Id};
-use crate::layers::extensions::AuthorisedTask;
+use crate::layers::extensions::{AckIsCancelled, AuthorisedTask, CancelAcknowledged};
 use crate::layers::McpService;
 use crate::mcp::errors::TaskError;
-use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
+use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::InputRefusal;
 use crate::registry::Observed;
 use crate::sse::Event;
@@ -470,8 +470,18 @@ pub(super) async fn tasks_cancel<S: McpService>(
     record: TaskRecord,
 ) -> McpReply {
     let task_id = record.task_id.clone();
-    let upstream = req.ctx.upstream.clone();
-    let answer = match task_request(state, inner, &req, &id, "tasks/cancel", &task_id, None).await {
+    let mut out = modern_request(
+        &req,
+        &id,
+        "tasks/cancel",
+        params_for(&task_id),
+        Some(&task_id),
+    );
+    // The ack is the task cancelled for the 2025 client: `observe` applies it and says what it
+    // applied (unless another terminal status was recorded first: first terminal state wins).
+    let ack = AckIsCancelled::default();
+    out.extensions.insert(ack.clone());
+    let answer = match ask(state, inner, out, &id).await {
         Ok(answer) => answer,
         Err(e) => return failure_reply(&id, &e),
     };
@@ -479,21 +489,18 @@ pub(super) async fn tasks_cancel<S: McpService>(
         Some(a) if a.get("result").is_some() => {}
         _ => return legacy_reply(&id, answer, Value::clone),
     }
-    // The ack: the record (and the 2025 client) say cancelled, unless another terminal status
-    // was recorded first (first terminal state wins).
-    let mut task = record.to_task();
-    task.status = TaskStatus::Cancelled;
-    task.last_updated_at = format_rfc3339_ms(now_ms());
-    let task = serde_json::to_value(&task).unwrap_or(Value::Null);
-    let observed = state
-        .registry
-        .observe_task_as(&upstream, &task_id, task.clone(), "tasks/cancel")
-        .await;
+    let Some(CancelAcknowledged { task, observed }) = ack.applied.get() else {
+        return McpReply::local_error(
+            Some(&id),
+            jsonrpc::INTERNAL_ERROR,
+            &format!("the cancel of task {task_id} was acknowledged but could not be recorded"),
+        );
+    };
     match observed {
-        Observed::Rewrite { status, .. } if status != TaskStatus::Cancelled => {
+        Observed::Rewrite { status, .. } if *status != TaskStatus::Cancelled => {
             let terminal = TaskError::AlreadyTerminal {
                 task_id: &task_id,
-                status,
+                status: *status,
             };
             McpReply::local_json(terminal.response(Some(&id)))
         }

@@ -35,8 +35,10 @@
 //! - `tools/call` with `params.task`: sent as a 2026 `tools/call` without `params.task`; the flat
 //!   `CreateTaskResult` is recorded by `observe` (origin `bridged`, era `modern`) before the client
 //!   sees the id, and answered nested (`{task:{taskId, status, ttl, pollInterval, …}}`). A plain
-//!   result (the server ran the call without a task) is recorded as a task already `completed`
-//!   under an id taskgate mints, with the result, and answered as its `CreateTaskResult`;
+//!   result (the server ran the call without a task) is a task already `completed`: the call
+//!   carries `PlainAnswerIsTask` down, `observe` records that task (an id taskgate mints, the
+//!   result kept) and hands it back in the request's `Fact`, and the client is answered its
+//!   `CreateTaskResult`;
 //! - `tasks/get`: 2026 `tasks/get`; the `DetailedTask` answered as a 2025 `Task` (a `completed`
 //!   with `isError: true` is a 2025 `failed`); a terminal task whose result the record holds is
 //!   answered from the record;
@@ -55,12 +57,17 @@
 //! - `tasks/cancel` (reaches here once per task: `cancel` single-flights it and answers terminal
 //!   tasks `-32602`; taskgate's own cancel of a task whose input its client cannot give is sent
 //!   through that same single-flight, [`crate::layers::cancel::cancel_from_below`]): 2026
-//!   `tasks/cancel`; on its ack the record becomes `cancelled` (through the
-//!   registry, so a later upstream completion is a counted late result and never changes it) and
-//!   the client gets the `Task` with status `cancelled`; if the task reached another terminal
-//!   status first, `-32602` naming it.
+//!   `tasks/cancel` carrying `AckIsCancelled`: on its ack `observe` records the task
+//!   `cancelled` (so a later upstream completion is a counted late result and never changes it)
+//!   and hands back what it applied; the client gets the `Task` with status `cancelled`, or, if
+//!   the task reached another terminal status first, `-32602` naming it.
 //! - a plain `tools/call` answered `-32021` naming the extension: the tool is remembered as
-//!   task-only (see `tools/list`), so `[upgrade]` runs later calls of it as tasks.
+//!   task-only (see `tools/list`), so `[upgrade]` runs later calls of it as tasks; the reply
+//!   carries the `NeedsTask` fact up, filled when that answer passes, so `[upgrade]` can retry
+//!   this call as a task without reading the error the 2025 client is shown.
+//!
+//! The bridge records nothing itself: what it learns from the upstream for the registry, it
+//! asks `observe` to record (policy down on its own requests, the outcome back in a `Fact`).
 //!
 //! Answers from the upstream to bridged requests come back as one `application/json` message,
 //! HTTP 200 (the 2025 transport's status for a JSON-RPC error), even when the upstream streamed

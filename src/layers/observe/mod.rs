@@ -23,6 +23,10 @@
 //!   `failed` for an `isError` result), and `notifications/tasks/status` on any stream, follow the
 //!   spec's transitions. A message reporting another status for a task recorded terminal is
 //!   rewritten to show the recorded status (counted, and logged once as a late result).
+//! - **For the `bridge`** (its 2025-11-25 client's task on a 2026-07-28 server, see `bridged`):
+//!   a plain result to a call carrying `PlainAnswerIsTask` is recorded as a `completed` task;
+//!   the ack to a `tasks/cancel` carrying `AckIsCancelled` applies `cancelled`. What was recorded
+//!   goes to the bridge in the request's `Fact`.
 //! - **Activity** for the "resources released" fact (`registry::releases`): progress on a task's
 //!   `progressToken`, messages whose related-task `_meta` names it, status notifications.
 //! - **Holds**: a `tasks/result` in flight holds its task until its reply is done; a creation's
@@ -31,6 +35,7 @@
 //! Messages that concern none of this pass without a parse (a byte search decides) and keep
 //! their bytes.
 
+mod bridged;
 pub(crate) mod modern;
 mod poll;
 
@@ -40,7 +45,10 @@ use poll::TaskView;
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody, RequestContext};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::layers::after::{AfterReply, ReplyStep};
-use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::layers::extensions::{
+    AckIsCancelled, AuthorisedTask, CancelAcknowledged, Fact, PendingCreation, PlainAnswerIsTask,
+    SynthesizedTask,
+};
 use crate::mcp::era::{Era, MODERN_VERSION};
 use crate::mcp::needles::{self, found};
 use crate::metrics::UndoOutcome;
@@ -117,6 +125,8 @@ enum Expect {
         id: Id,
         pending: PendingCreation,
         undo: Option<Undo>,
+        /// The `bridge`'s [`PlainAnswerIsTask`]: a plain result is a `completed` task.
+        plain: Option<Fact<SynthesizedTask>>,
     },
     /// The reply to `tasks/get|result|cancel` about `task_id`.
     TaskReply {
@@ -127,6 +137,8 @@ enum Expect {
         known: Arc<TaskRecord>,
         /// The request's era (2026-07-28 `tasks/get` answers are flat `DetailedTask`s).
         era: Era,
+        /// The `bridge`'s [`AckIsCancelled`] (a `tasks/cancel` only): an ack is `cancelled`.
+        ack: Option<Fact<CancelAcknowledged>>,
     },
 }
 
@@ -142,6 +154,10 @@ impl Expect {
                         id,
                         pending,
                         undo: None,
+                        plain: req
+                            .extensions
+                            .remove::<PlainAnswerIsTask>()
+                            .map(|p| p.recorded),
                     },
                     None => Expect::Nothing,
                 }
@@ -158,6 +174,11 @@ impl Expect {
                 task_id: a.record.task_id.clone(),
                 known: a.record.clone(),
                 era: req.era(),
+                ack: match method {
+                    ReplyTo::Cancel => req.extensions.remove::<AckIsCancelled>(),
+                    _ => None,
+                }
+                .map(|a| a.applied),
             },
             None => Expect::Nothing,
         }
@@ -394,14 +415,39 @@ impl Watch {
         }
         let expect = std::mem::replace(&mut *self.expect.lock(), Expect::Nothing);
         match expect {
-            Expect::Creation { id, pending, undo } => {
-                let (out, created) = self.on_creation(bytes, &id, pending, undo).await;
+            Expect::Creation {
+                id,
+                pending,
+                undo,
+                plain,
+            } => {
+                // The bridge's task call: a plain result is a completed task (`bridged`); any
+                // other answer is read as a creation, from the one parse.
+                let mut parsed = None;
+                if let (Some(recorded), Kind::Response) = (&plain, msg.kind()) {
+                    match self.on_plain_answer(&bytes, &id, &pending, recorded).await {
+                        Ok(out) => return out,
+                        Err(value) => parsed = value,
+                    }
+                }
+                let (out, created) = self.on_creation(bytes, parsed, &id, pending, undo).await;
                 if let (Some(task_id), true) = (created, in_stream) {
                     // The creation's own stream relays the task's messages from now on.
                     let hold = self.registry.releases().hold(&self.upstream, &task_id);
                     self.holds.lock().push(hold);
                 }
                 out
+            }
+            Expect::TaskReply {
+                task_id,
+                known,
+                ack: Some(applied),
+                ..
+            } => {
+                if msg.kind() == Kind::Response {
+                    self.on_cancel_ack(&task_id, &known, &applied).await;
+                }
+                bytes
             }
             Expect::TaskReply {
                 method,
@@ -437,6 +483,7 @@ impl Watch {
                 task_id,
                 known,
                 era: Era::Legacy,
+                ..
             } => (id.clone(), task_id.clone(), known.clone()),
             _ => return None,
         };
@@ -481,21 +528,24 @@ impl Watch {
 
     /// Records a `CreateTaskResult`; returns the message to pass on and the recorded taskId.
     /// A task that could not be recorded is cancelled upstream with `undo` (module docs).
+    /// `parsed`: `bytes` as a `Value` when `on_plain_answer` already parsed it.
     async fn on_creation(
         &self,
         bytes: Bytes,
+        parsed: Option<Value>,
         id: &Id,
         pending: PendingCreation,
         undo: Option<Undo>,
     ) -> (Bytes, Option<String>) {
         // Most 2026 calls end plainly: no `"task"` (nor an escape that could spell it), no parse.
-        if pending.template.era == Era::Modern
+        if parsed.is_none()
+            && pending.template.era == Era::Modern
             && !found(&needles::TASK_KEY, &bytes)
             && !found(&needles::UNICODE_ESCAPE, &bytes)
         {
             return (bytes, None);
         }
-        let Ok(value) = serde_json::from_slice::<Value>(&bytes) else {
+        let Some(value) = parsed.or_else(|| serde_json::from_slice::<Value>(&bytes).ok()) else {
             return (bytes, None);
         };
         // Not a CreateTaskResult (an error, or a server that ran the call plainly): nothing to

@@ -4,6 +4,7 @@ use super::*;
 use crate::exchange::GatewayError;
 use crate::layers::testing::{json_of, owner, record, registry, request};
 use crate::mcp::task::TaskStatus;
+use crate::registry::Observed;
 use crate::store::TaskRecord;
 use futures_util::StreamExt;
 use http::{HeaderMap, StatusCode};
@@ -496,4 +497,113 @@ async fn a_duplicate_task_id_is_not_cancelled() {
         "no tasks/cancel for a recorded task"
     );
     assert_eq!(undo_count(&registry, "answered", 0).await, 0);
+}
+
+/// A plain result to the `bridge`'s task call (`PlainAnswerIsTask`) is a `completed` task
+/// under a minted id, with the result stored, recorded before the answer passes (JSON or SSE),
+/// and handed back in the request's fact; the message passes as it came. `input_required` and
+/// a `CreateTaskResult` are not plain results.
+#[tokio::test]
+async fn a_plain_answer_to_a_bridged_task_call_is_recorded_completed() {
+    const PLAIN: &str = r#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"hi"}],"isError":true}}"#;
+    for streamed in [false, true] {
+        let (registry, _store) = registry();
+        let svc = stack(&registry, move || match streamed {
+            true => sse(&[PLAIN]),
+            false => McpReply::local_json(Bytes::from_static(PLAIN.as_bytes())),
+        });
+        let mut req = creation_request(&registry);
+        let plain = PlainAnswerIsTask::default();
+        req.extensions.insert(plain.clone());
+        let reply = svc.oneshot(req).await.unwrap();
+        let body = match reply.body {
+            ReplyBody::Json(b) => String::from_utf8(b.to_vec()).unwrap(),
+            ReplyBody::Stream(mut events) => {
+                let ev = events.next().await.unwrap();
+                ev.data.unwrap().to_string()
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(body, PLAIN, "bytes as they came");
+        let fact = plain.recorded.get().expect("the fact is filled");
+        let r = registry
+            .store()
+            .get("up", &fact.record.task_id)
+            .unwrap()
+            .unwrap();
+        assert!(r.task_id.starts_with("taskgate-"), "{}", r.task_id);
+        assert_eq!((r.status, r.tool_error), (TaskStatus::Completed, true));
+        let stored: Value = serde_json::from_str(r.terminal_result.as_deref().unwrap()).unwrap();
+        assert_eq!(stored["result"]["content"][0]["text"], "hi");
+    }
+    for answer in [
+        r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"input_required","inputRequests":{}}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"x"}}"#,
+    ] {
+        let (registry, _store) = registry();
+        let svc = stack(&registry, move || {
+            McpReply::local_json(Bytes::from_static(answer.as_bytes()))
+        });
+        let mut req = creation_request(&registry);
+        let plain = PlainAnswerIsTask::default();
+        req.extensions.insert(plain.clone());
+        svc.oneshot(req).await.unwrap();
+        assert!(plain.recorded.get().is_none(), "{answer}");
+        assert_eq!(registry.owners_count("up", &owner()), 0, "{answer}");
+    }
+}
+
+/// The ack to the `bridge`'s `tasks/cancel` (`AckIsCancelled`) is the task `cancelled`, applied
+/// here and handed back; without that policy a 2026-07-28 ack applies nothing (a 2026 client
+/// learns the status later), and a task terminal first stays as it was.
+#[tokio::test]
+async fn an_acknowledged_bridged_cancel_is_recorded_cancelled() {
+    const ACK: &str = r#"{"jsonrpc":"2.0","id":5,"result":{"resultType":"complete"}}"#;
+    for (policy, first, want) in [
+        (true, TaskStatus::Working, TaskStatus::Cancelled),
+        (false, TaskStatus::Working, TaskStatus::Working),
+        (true, TaskStatus::Completed, TaskStatus::Completed),
+    ] {
+        let (registry, _store) = registry();
+        let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+        let known = TaskRecord {
+            status: first,
+            ..record("t1")
+        };
+        registry
+            .record_creation(known.clone(), &slot)
+            .await
+            .unwrap();
+        let svc = stack(&registry, || {
+            McpReply::local_json(Bytes::from_static(ACK.as_bytes()))
+        });
+        let mut req =
+            request(r#"{"jsonrpc":"2.0","id":5,"method":"tasks/cancel","params":{"taskId":"t1"}}"#);
+        req.extensions.insert(Era::Modern);
+        req.extensions.insert(AuthorisedTask {
+            record: known.into(),
+        });
+        let ack = AckIsCancelled::default();
+        if policy {
+            req.extensions.insert(ack.clone());
+        }
+        let reply = svc.oneshot(req).await.unwrap();
+        assert_eq!(json_of(&reply)["result"]["resultType"], "complete");
+        let r = registry.store().get("up", "t1").unwrap().unwrap();
+        assert_eq!(r.status, want, "policy {policy}, first {first:?}");
+        match ack.applied.get() {
+            Some(fact) => {
+                assert_eq!(fact.task["status"], "cancelled");
+                let recorded_cancelled = fact.observed == Observed::Recorded(TaskStatus::Cancelled);
+                let rewritten = matches!(fact.observed, Observed::Rewrite { .. });
+                assert_eq!(
+                    (recorded_cancelled, rewritten),
+                    (want == TaskStatus::Cancelled, want == TaskStatus::Completed),
+                    "{:?}",
+                    fact.observed
+                );
+            }
+            None => assert!(!policy),
+        }
+    }
 }

@@ -9,12 +9,12 @@ use crate::exchange::{
     CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestContext,
 };
 use crate::jsonrpc::{self, Id, Message};
+use crate::layers::extensions::NeedsTask;
 use crate::layers::session::session_key;
 use crate::layers::McpService;
 use crate::mcp::tools::TaskSupport;
 use crate::metrics::UpgradeOutcome;
-use crate::sse::{ByteString, Event};
-
+use crate::sse::Event;
 use bytes::Bytes;
 use http::StatusCode;
 use parking_lot::Mutex;
@@ -95,12 +95,14 @@ const MAX_DATALESS_EVENTS: usize = 8;
 /// relayed as it is (a server's `-32021` follows its priming event at once).
 const PRIMING_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// `Ok(reply)` to pass on, or `Err(upgrade)` when `reply` is the `-32021` naming the tasks
-/// extension (MCP 2026-07-28, SEP-2663: the tool only runs as a task), the first SSE event with
-/// data or the JSON body, from an upstream whose session declares `tasks.requests.tools.call`
-/// (the `bridge` layer adds it for 2026 task servers). Only that first message of a stream is
-/// looked at (past at most [`MAX_DATALESS_EVENTS`] events without data); the stream is relayed
-/// unchanged otherwise.
+/// `Ok(reply)` to pass on, or `Err(upgrade)` when the `bridge` below said, in the reply's
+/// [`NeedsTask`] fact, that the 2026-07-28 server answered `-32021` naming the tasks extension
+/// (SEP-2663: the tool only runs as a task), from an upstream whose session declares
+/// `tasks.requests.tools.call` (the `bridge` adds it for 2026 task servers). The fact is filled
+/// as the message passes the bridge: for a JSON body before the reply comes up; for a stream,
+/// once its first event with data has been read here (past at most [`MAX_DATALESS_EVENTS`]
+/// events without data), which is the only message that counts. A reply without the fact (no
+/// bridge on the way) passes at once; the stream is relayed unchanged otherwise.
 async fn needs_task(
     state: &UpgradeState,
     req: &McpRequest,
@@ -113,18 +115,17 @@ async fn needs_task(
     {
         return Ok(reply);
     }
-    let first = match reply.body {
-        ReplyBody::Json(bytes) => {
-            reply.body = ReplyBody::Json(bytes.clone());
-            Some(bytes)
-        }
+    let Some(NeedsTask(needs_task)) = reply.extensions.remove::<NeedsTask>() else {
+        return Ok(reply);
+    };
+    match reply.body {
+        ReplyBody::Json(_) => {}
         ReplyBody::Stream(mut events) => {
             // The first event with data (a priming event, SEP-1699, has none: rmcp sends one).
             // Past the first event, the next is waited for at most [`PRIMING_WAIT`]: a plain
             // long call whose stream opens with a priming event keeps its headers and that
             // event flowing to the client (found by review).
             let mut seen = Vec::new();
-            let mut data = None;
             loop {
                 let next = if seen.is_empty() {
                     events.next().await
@@ -137,33 +138,18 @@ async fn needs_task(
                 let Some(ev) = next else {
                     break;
                 };
-                data = ev
-                    .data
-                    .clone()
-                    .filter(|d| !d.is_empty())
-                    .map(ByteString::into_bytes);
+                let data = ev.data.as_ref().is_some_and(|d| !d.is_empty());
                 seen.push(ev);
-                if data.is_some() || seen.len() >= MAX_DATALESS_EVENTS {
+                if data || seen.len() >= MAX_DATALESS_EVENTS {
                     break;
                 }
             }
             reply.body =
                 ReplyBody::Stream(Box::pin(futures_util::stream::iter(seen).chain(events)));
-            data
         }
-        other => {
-            reply.body = other;
-            None
-        }
-    };
-    // The `bridge` layer below shows the 2026 `-32021` to 2025 clients as `-32601`, keeping
-    // its `data.requiredCapabilities`.
-    let missing = first
-        .filter(|b| crate::jsonrpc::contains(b, b"requiredCapabilities"))
-        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-        .and_then(|v| v.get("error").cloned())
-        .is_some_and(|e| crate::layers::bridge::errors::is_task_required(&e));
-    if !missing {
+        other => reply.body = other,
+    }
+    if needs_task.get().is_none() {
         return Ok(reply);
     }
     match as_task(state, req) {
