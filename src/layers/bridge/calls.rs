@@ -315,13 +315,13 @@ fn declare_session_capabilities(state: &BridgeState, req: &McpRequest, params: &
 }
 
 /// Reads `reply` up to the message answering `id` ([`read_to_answer`]): the answer; the
-/// notifications before it as a 2025 client gets them ([`legacy_event`]; at most
+/// notifications before it as a 2025 client gets them ([`translate::legacy_event`]; at most
 /// [`MAX_EARLY_EVENTS`], later ones dropped); and, for an SSE answer, the rest of the stream.
 async fn read_answer(reply: McpReply, id: &Id) -> (Option<Value>, Vec<Event>, Option<EventStream>) {
     let mut early = Vec::new();
     let (answer, rest) = read_to_answer(reply, id, |ev| {
         if early.len() < MAX_EARLY_EVENTS {
-            early.extend(legacy_event(ev));
+            early.extend(translate::legacy_event(ev));
         }
         std::future::ready(true)
     })
@@ -329,22 +329,9 @@ async fn read_answer(reply: McpReply, id: &Id) -> (Option<Value>, Vec<Event>, Op
     (answer, early, rest)
 }
 
-/// An event of a 2026 upstream's stream as a 2025 client gets it: a notification
-/// (`notifications/tasks` translated to `notifications/tasks/status`, see
-/// [`translate::legacy_notification`]; others as they are); `None` for anything else (answers to
-/// other ids, events without data).
-pub(super) fn legacy_event(mut ev: Event) -> Option<Event> {
-    let data = ev.data.as_deref()?;
-    if let Some(status) = translate::legacy_notification(data) {
-        ev.data = Some(status.into());
-        return Some(ev);
-    }
-    let v: Value = serde_json::from_str(data).ok()?;
-    (v.get("method").is_some() && v.get("id").is_none()).then_some(ev)
-}
-
 /// The 2025 answer `reply` (one JSON message) as an SSE stream: the `early` events, the
-/// answer, then the 2025 form of the `rest` of the upstream's stream ([`legacy_event`]).
+/// answer, then the 2025 form of the `rest` of the upstream's stream
+/// ([`translate::legacy_event`]).
 fn legacy_stream(early: Vec<Event>, reply: McpReply, rest: EventStream) -> McpReply {
     let answer = match reply.body {
         ReplyBody::Json(bytes) => Event::message(String::from_utf8_lossy(&bytes).into_owned()),
@@ -352,7 +339,7 @@ fn legacy_stream(early: Vec<Event>, reply: McpReply, rest: EventStream) -> McpRe
     };
     let events = futures_util::stream::iter(early)
         .chain(futures_util::stream::once(async move { answer }))
-        .chain(rest.filter_map(|ev| async move { legacy_event(ev) }));
+        .chain(rest.filter_map(|ev| async move { translate::legacy_event(ev) }));
     let mut headers = http::HeaderMap::new();
     headers.insert(
         http::header::CONTENT_TYPE,

@@ -41,8 +41,8 @@
 //! `taskgate_bridge_mrtr_rounds_total{upstream}` (one per round relayed).
 
 use super::answer::{bounded, failure_reply, read_to_answer};
-use super::calls::legacy_event;
 use super::input::{capability_for, Ask, MAX_KEYS_PER_TASK};
+use super::translate;
 use super::BridgeState;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Message};
@@ -486,15 +486,15 @@ impl Drop for Forget<'_> {
 }
 
 /// Reads a retry's reply up to the answer to `id` ([`read_to_answer`]): its notifications before
-/// it are relayed on `tx` as a 2025 client takes them ([`legacy_event`]); the answer and the rest
-/// of its stream. `(None, None)` when the client's stream closed meanwhile.
+/// it are relayed on `tx` as a 2025 client takes them ([`translate::legacy_event`]); the answer
+/// and the rest of its stream. `(None, None)` when the client's stream closed meanwhile.
 async fn read_relaying(
     reply: McpReply,
     id: &Id,
     tx: &mpsc::Sender<Event>,
 ) -> (Option<Value>, Option<EventStream>) {
     read_to_answer(reply, id, |ev| async move {
-        match legacy_event(ev) {
+        match translate::legacy_event(ev) {
             Some(ev) => tx.send(ev).await.is_ok(),
             None => true,
         }

@@ -12,6 +12,7 @@
 use crate::mcp::capabilities::{CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
 use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
 use crate::mcp::task::RELATED_TASK_META;
+use crate::sse::Event;
 use serde_json::{json, Map, Value};
 
 /// The `_meta` a bridged request carries upstream (2026-07-28 basic: required request `_meta`):
@@ -101,6 +102,20 @@ pub fn legacy_notification(text: &str) -> Option<String> {
         json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": task})
             .to_string(),
     )
+}
+
+/// An event of a 2026 upstream's stream as a 2025 client gets it: a notification
+/// (`notifications/tasks` translated to `notifications/tasks/status`, see
+/// [`legacy_notification`]; others as they are); `None` for anything else (answers to other
+/// ids, events without data).
+pub fn legacy_event(mut ev: Event) -> Option<Event> {
+    let data = ev.data.as_deref()?;
+    if let Some(status) = legacy_notification(data) {
+        ev.data = Some(status.into());
+        return Some(ev);
+    }
+    let v: Value = serde_json::from_str(data).ok()?;
+    (v.get("method").is_some() && v.get("id").is_none()).then_some(ev)
 }
 
 /// The 2025 `CreateTaskResult` (`{"task":{…}}`) for a flat 2026 one; `None` unless `result`
