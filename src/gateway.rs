@@ -111,6 +111,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .limits
             .sessions_per_principal(config.gateway.max_sessions),
     );
+    // Held sessions (the bridge's, for an upstream without 2025 sessions) are written to the
+    // store before their id goes out: the session table gets its store handle here.
+    sessions.keep_held_in(store.clone());
     let mut orphan_jobs = Vec::new();
 
     let bind_error = |source| StartError::Bind {
@@ -155,9 +158,11 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             .layer(SessionLayer::new(sessions.clone()))
             .layer(TasksLayer::new(registry.clone(), authenticated))
             .layer(CancelLayer::new(cancel_state.clone()))
-            .layer(BridgeLayer::new(BridgeState::with_upstream(
-                BridgeState::with_sessions(registry.clone(), u.protocol, sessions.clone()),
+            .layer(BridgeLayer::new(BridgeState::new(
+                registry.clone(),
+                u.protocol,
                 Duration::from_millis(u.timeout_ms),
+                sessions.clone(),
                 cancel_state,
             )))
             .layer(ObserveLayer::new(registry.clone()))

@@ -197,8 +197,18 @@ pub struct BridgeState {
 }
 
 impl BridgeState {
-    /// The state of one upstream configured with `protocol`.
-    pub fn new(registry: Arc<Registry>, protocol: UpstreamProtocol) -> Arc<BridgeState> {
+    /// The state of one upstream configured with `protocol`, with the handles it is given, not
+    /// reached for: its own upstream exchanges bounded by `timeout` (the upstream's
+    /// `timeout_ms`, see [`ask`]); client capabilities (for `input_required`) and held sessions
+    /// read from `sessions` (which keeps held sessions in the store it was given at start, see
+    /// `gateway`); its own `tasks/cancel` sent through `cancel`'s single-flight.
+    pub fn new(
+        registry: Arc<Registry>,
+        protocol: UpstreamProtocol,
+        timeout: Duration,
+        sessions: Arc<crate::layers::session::Sessions>,
+        cancel: Arc<crate::layers::cancel::CancelState>,
+    ) -> Arc<BridgeState> {
         Arc::new(BridgeState {
             registry,
             protocol,
@@ -207,44 +217,13 @@ impl BridgeState {
             task_only: Mutex::new(HashSet::new()),
             next_id: AtomicU64::new(1),
             inputs: input::Inputs::default(),
-            sessions: None,
-            // `upstream.timeout_ms`'s default; see `with_upstream`.
-            timeout: Duration::from_secs(30),
-            cancel: None,
+            sessions: Some(sessions),
+            timeout,
+            cancel: Some(cancel),
             holds_sessions: AtomicBool::new(false),
             held_calls: Mutex::new(std::collections::HashMap::new()),
             listens: listen::Listens::default(),
         })
-    }
-
-    /// `state` bounding its own upstream exchanges by `timeout` (the upstream's `timeout_ms`)
-    /// and sending its own `tasks/cancel` through `cancel`'s single-flight. Call it before the
-    /// state is shared (it changes nothing afterwards).
-    pub fn with_upstream(
-        mut state: Arc<BridgeState>,
-        timeout: Duration,
-        cancel: Arc<crate::layers::cancel::CancelState>,
-    ) -> Arc<BridgeState> {
-        if let Some(s) = Arc::get_mut(&mut state) {
-            s.timeout = timeout;
-            s.cancel = Some(cancel);
-        }
-        state
-    }
-
-    /// The state of one upstream, reading client capabilities (for `input_required`) from
-    /// `sessions`, whose held sessions are kept in `registry`'s store (see `held`).
-    pub fn with_sessions(
-        registry: Arc<Registry>,
-        protocol: UpstreamProtocol,
-        sessions: Arc<crate::layers::session::Sessions>,
-    ) -> Arc<BridgeState> {
-        sessions.keep_held_in(registry.store().clone());
-        let mut state = BridgeState::new(registry, protocol);
-        if let Some(s) = Arc::get_mut(&mut state) {
-            s.sessions = Some(sessions);
-        }
-        state
     }
 
     /// The upstream's era when known without asking it.
