@@ -15,8 +15,11 @@
 //! revision has, such as `v999.0.0`, keeps the upstream's answer as it is); a JSON answer whose
 //! `-32021` was mapped is answered HTTP 200 (a JSON-RPC-level error in 2025), while `-32020` and
 //! `-32022` keep the upstream's HTTP status (400: the 2025 transport also answers a bad or
-//! unsupported `MCP-Protocol-Version` with 400). The `upgrade` layer above still recognises a
-//! mapped `-32021` by its `data.requiredCapabilities` ([`is_task_required`]).
+//! unsupported `MCP-Protocol-Version` with 400). The mapped `-32601` keeps
+//! `data.requiredCapabilities`, so it still says the tool only runs as a task
+//! ([`is_task_required`] reads either form; `props::bridge_legacy` checks the mapping keeps it);
+//! the `upgrade` layer above does not read it: the bridge hands it the `NeedsTask` reply fact
+//! (see `calls::plain_call`).
 
 use crate::exchange::{McpReply, ReplyBody};
 use crate::jsonrpc;

@@ -199,7 +199,7 @@ pub struct BridgeState {
 impl BridgeState {
     /// The state of one upstream configured with `protocol`, with the handles it is given, not
     /// reached for: its own upstream exchanges bounded by `timeout` (the upstream's
-    /// `timeout_ms`, see [`ask`]); client capabilities (for `input_required`) and held sessions
+    /// `timeout_ms`, see `ask`); client capabilities (for `input_required`) and held sessions
     /// read from `sessions` (which keeps held sessions in the store it was given at start, see
     /// `gateway`); its own `tasks/cancel` sent through `cancel`'s single-flight.
     pub fn new(
