@@ -417,7 +417,7 @@ fn id_value(v: &serde_json::Value) -> Option<&serde_json::Value> {
 /// - `mark_task_support` gives every tool object a `taskSupport` and changes no other member;
 ///   `add_legacy_tasks_capability` adds `tasks` once, to a capabilities object without it.
 pub fn bridge_legacy(body: &[u8]) {
-    use crate::exchange::{McpReply, ReplyBody};
+    use crate::exchange::ReplyBody;
     use crate::layers::bridge::{errors as e, translate as t};
     use crate::mcp::capabilities::TASKS_EXTENSION;
     use crate::mcp::errors::{
@@ -739,7 +739,7 @@ pub fn held_request(flags: u8, body: &[u8]) {
 ///   of `legacy_task`; an `input_required` answer with a string or integer id is a `-32603`
 ///   error under the same id (same JSON value), never relayed as it is.
 pub fn held_answer(flags: u8, body: &[u8]) {
-    use crate::exchange::{McpReply, ReplyBody};
+    use crate::exchange::ReplyBody;
     use crate::layers::bridge::{held, translate as t};
     use futures_util::{FutureExt, StreamExt};
     use serde_json::Value;

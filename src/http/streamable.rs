@@ -203,13 +203,7 @@ impl Edge {
         match permit {
             // The slot (in flight, or a GET stream's) is held until the answer's body (an SSE
             // stream too) is done.
-            Some(permit) => resp.map(|b| {
-                b.map_frame(move |f| {
-                    let _ = &permit;
-                    f
-                })
-                .boxed_unsync()
-            }),
+            Some(permit) => resp.map(|body| HoldingPermit { body, _permit: permit }.boxed_unsync()),
             None => resp,
         }
     }
@@ -665,5 +659,33 @@ impl Handler for Edge {
         peer: std::net::SocketAddr,
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
         self.serve(req, peer.ip())
+    }
+}
+
+/// An answer's body that holds a `[limits]` slot until it is done (dropped with the body).
+/// Hand-written because `http_body_util`'s `MapFrame` does not forward `size_hint`: a JSON
+/// answer wrapped by it lost its `Content-Length` and went out chunked.
+struct HoldingPermit {
+    body: Body,
+    _permit: Permit,
+}
+
+impl http_body::Body for HoldingPermit {
+    type Data = bytes::Bytes;
+    type Error = ResponseError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
