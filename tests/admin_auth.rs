@@ -1,7 +1,6 @@
 //! An optional bearer token for the admin endpoints (issue 16, item 13).
 
-mod common;
-use common::*;
+use crate::common::*;
 
 /// With `admin.token_env`, `/admin/tasks` needs `Authorization: Bearer <token>` (else 401 with
 /// `WWW-Authenticate`); the probes and `/metrics` stay open.

@@ -3,11 +3,10 @@
 //! over an SSE stream that never delivers the answer (the single flight must not be pinned), and
 //! the `max_message_bytes` config key.
 
-mod common;
 
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 /// Every test ends within this, whatever the gateway does.

@@ -4,9 +4,8 @@
 //! extension, stateless 2026 task requests). Only the wire, the upstream's received requests and
 //! the registry are asserted.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 use serde_json::{json, Value};
 use taskgate::mcp::task::TaskStatus;

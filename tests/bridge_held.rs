@@ -5,9 +5,8 @@
 //! is `-32022` (HTTP 400), any request carrying `Mcp-Session-Id` is refused, GET and DELETE are
 //! 405. Only the wire, the upstream's received requests and the registry are asserted.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 use serde_json::json;
 use taskgate::store::Origin;
@@ -387,14 +386,26 @@ async fn held_sessions_authorise_every_request_naming_a_task() {
         .to_string();
     let update = json!({"taskId": t, "inputResponses": {"k": {"action": "accept", "content": {}}},
         "_meta": {CAPS: {"extensions": {EXT: {}}}}});
-    let r = bob.send(rpc("2", "tasks/update", &update.to_string())).await;
-    assert_eq!(r.status(), 200, "2025 clients get JSON-RPC errors with HTTP 200");
+    let r = bob
+        .send(rpc("2", "tasks/update", &update.to_string()))
+        .await;
+    assert_eq!(
+        r.status(),
+        200,
+        "2025 clients get JSON-RPC errors with HTTP 200"
+    );
     let v = r.json().await;
     assert_eq!(err_code(&v), -32602, "{v}");
-    assert_eq!(count(&up, "tasks/update"), 0, "Bob's update never went upstream");
+    assert_eq!(
+        count(&up, "tasks/update"),
+        0,
+        "Bob's update never went upstream"
+    );
 
     let listen = json!({"notifications": {"taskIds": [t, "never-recorded", 5]}});
-    let _ = bob.send(rpc("3", "subscriptions/listen", &listen.to_string())).await;
+    let _ = bob
+        .send(rpc("3", "subscriptions/listen", &listen.to_string()))
+        .await;
     for sent in up.received("subscriptions/listen") {
         assert_eq!(
             sent.json()["params"]["notifications"]["taskIds"],
@@ -403,7 +414,9 @@ async fn held_sessions_authorise_every_request_naming_a_task() {
         );
     }
     // Alice's own update goes on; nothing the bridge does not relay is declared upstream.
-    let mine = alice.send(rpc("4", "tasks/update", &update.to_string())).await;
+    let mine = alice
+        .send(rpc("4", "tasks/update", &update.to_string()))
+        .await;
     assert_eq!(mine.status(), 200);
     assert_eq!(count(&up, "tasks/update"), 1);
     for sent in up.requests().iter().filter(|r| r.method == "POST") {

@@ -5,9 +5,8 @@
 //! `clientInfo`), its tasks are reachable and their `tasks/result` completes; an upstream's OAuth
 //! 401 keeps its status; a full session table answers a held `initialize` 503 without an id.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};

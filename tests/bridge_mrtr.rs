@@ -6,9 +6,8 @@
 //! `requestState` echoed. Only the wire, the upstream's received requests, the registry and
 //! `/metrics` are asserted.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 use serde_json::{json, Value};
 use taskgate::store::Origin;

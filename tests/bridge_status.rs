@@ -3,9 +3,8 @@
 //! `notifications/tasks` as 2025 `notifications/tasks/status`, and a tool error (2026
 //! `completed` + `isError`) as `failed` in `tasks/list` as in `tasks/get`.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 use serde_json::{json, Value};
 use taskgate::mcp::task::TaskStatus;

@@ -3,9 +3,8 @@
 //! facts ("status cancelled", "resources released") with real timing, against a scripted MCP
 //! task server (tests/common).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

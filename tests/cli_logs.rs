@@ -1,7 +1,6 @@
 //! Logs written to a file or a pipe carry no ANSI colour codes (issue 16, item 14).
 
-mod common;
-use common::*;
+use crate::common::*;
 
 /// `taskgate serve --log-format text` with stderr on a pipe: plain text, no escape sequences.
 #[test]

@@ -5,12 +5,11 @@
 //! locally and a late completion cannot overwrite it.
 //!
 //! `crash_loop_acknowledged_creations_and_cancels_survive_sigkill` is also the crash script the
-//! issue asks for: `TASKGATE_CRASH_ROUNDS=100 cargo test --release --test durability -- --nocapture
+//! issue asks for: `TASKGATE_CRASH_ROUNDS=100 cargo test --release --test full -- --nocapture durability::
 //! crash_loop` runs 100 rounds and prints what it received and found.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};

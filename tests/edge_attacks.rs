@@ -2,8 +2,7 @@
 //! (item 8), upstream SSE resets (item 4), media types (item 9), the negotiated protocol version
 //! (item 10) and upstream session ids (item 11).
 
-mod common;
-use common::*;
+use crate::common::*;
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 use std::net::SocketAddr;

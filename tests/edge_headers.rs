@@ -6,9 +6,8 @@
 //! status codes, JSON-RPC codes, the bytes/ids/headers the upstream received, and SSE events
 //! arriving while the upstream still holds the stream open.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 use serde_json::json;
 

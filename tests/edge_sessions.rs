@@ -2,8 +2,7 @@
 //! upstream issued get state (item 3), and an `initialize` never carries a session id upstream
 //! (item 11).
 
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 /// Bob, with his own valid token and alice's `Mcp-Session-Id`, gets 404 "Session not found" on

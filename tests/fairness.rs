@@ -3,8 +3,7 @@
 //! the table (`limits.max_sessions_per_principal`), and failed authentications are bounded per
 //! client address (`limits.auth_failures_per_minute`).
 
-mod common;
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use std::sync::Arc;
 

@@ -6,9 +6,8 @@
 //! `tasks/cancel` result, one taskId for every creation, a skewed `createdAt`, a `tasks/result`
 //! that never answers, creation errors).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -5,9 +5,8 @@
 //! statuses that stay final, terminal results served from the record, and the record surviving
 //! SIGKILL. Only the wire, `/admin` and `/metrics` are asserted.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 use serde_json::json;
 use std::time::Duration;

@@ -3,8 +3,7 @@
 //! keys are generated per test. Also `[limits]` (429 and recovery) in oauth and bearer modes.
 //! The real `oidc-provider` run is `tests/oauth/run.sh`.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 use base64::Engine;
 use jsonwebtoken::jwk::Jwk;

@@ -5,9 +5,8 @@
 //! JSON-RPC codes, what the upstream received (and did not), what the store, `/admin/tasks`,
 //! `taskgate tasks show|list` and `/metrics` hold.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;

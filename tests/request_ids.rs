@@ -3,8 +3,7 @@
 //! their own answers under their own ids, and a `notifications/cancelled` reaches only its
 //! sender's request.
 
-mod common;
-use common::*;
+use crate::common::*;
 
 /// A 2025-11-25 upstream without sessions (its `initialize` answer has no `Mcp-Session-Id`,
 /// as the SDKs' stateless modes) that answers each `tools/call` with its `params.name`, under

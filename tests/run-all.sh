@@ -46,7 +46,7 @@ status=0
 source tests/pg/cluster.sh
 trap pg_stop EXIT
 echo "== cargo test"
-cargo test --locked || status=1
+cargo test --locked --no-fail-fast || status=1
 
 echo "== interop with real MCP peers"
 cargo build --locked --quiet

@@ -6,11 +6,10 @@
 //! the owner's live-task limit counted in the database. The held sessions' part of the contract
 //! is `store_contract/held.rs`.
 
-mod common;
 #[path = "store_contract/held.rs"]
 mod held;
 
-use common::*;
+use crate::common::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use taskgate::mcp::era::Era;

@@ -8,9 +8,8 @@
 //! time too. And a database that answers, slowly (a paced link), is not taken for one that does
 //! not: pages of records that keep arriving are read whole, and restart counts the store.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use std::time::Duration;
 

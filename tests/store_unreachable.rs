@@ -9,9 +9,8 @@
 //! test needs few requests) a plain call whose upstream needed a new connection queued its DNS
 //! look-up behind them and failed (502 after `upstream.connect_timeout_ms`).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

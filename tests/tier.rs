@@ -13,9 +13,8 @@
 //!   behind HAProxy with the stickiness `deploy/README.md` documents;
 //! - a sweep lease holder whose connection is black-holed gives the lease up (in process).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use std::time::Duration;
 

@@ -8,9 +8,8 @@
 //! out, replica B (a fast database path) claims the same cancel and forwards it, and A forwards
 //! its own afterwards: the upstream got two `tasks/cancel` for one task.
 
-mod common;
 
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 
 /// `(cancel_generation, cancel_lease_until, the database's clock now)` of `task_id`'s row, both

@@ -4,9 +4,8 @@
 //! untouched, progress and status relay, server→client requests, cancellation, disconnects, the
 //! orphan sweep after a restart of the real binary, and a printed latency benchmark (#[ignore]).
 
-mod common;
 
-use common::*;
+use crate::common::*;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1461,7 +1460,7 @@ async fn sessionless_upstream_keeps_no_clients_view() {
 }
 
 // =============================================================================================
-// Benchmark (printed, not asserted): cargo test --test upgrade -- --ignored --nocapture bench
+// Benchmark (printed, not asserted): cargo test --test core -- --ignored --nocapture upgrade::bench
 // =============================================================================================
 
 /// Added latency of an upgraded call over the task's own duration: 200 sequential calls, each a

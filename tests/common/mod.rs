@@ -1,5 +1,5 @@
-//! The one harness of taskgate's integration tests. Every test crate declares `mod common;` and
-//! `use common::*;`.
+//! The one harness of taskgate's integration tests, a module of each tier's crate (`tests/core.rs`,
+//! `tests/full.rs`), which its test modules reach as `use crate::common::*;`.
 //!
 //! - [`fake_upstream`]: [`Upstream`], a scripted HTTP upstream that records every request
 //!   ([`RecordedRequest`]) and answers what the test's handler returns ([`ScriptedResponse`]).
