@@ -3,7 +3,8 @@
 #
 # The builder stage of deploy/Dockerfile starts FROM rust:1-bookworm, which needs a registry; the
 # runtime stage is FROM scratch, which does not. So this script
-#   1. builds the static binary on the host, as the builder stage would (release, --locked, musl;
+#   1. builds the static binary on the host, as the builder stage would (release code, --locked, musl;
+#      thin LTO unless TASKGATE_IMAGE_PROFILE=release;
 #      if the musl target cannot be installed, a static glibc build: see STATIC below),
 #   2. builds the Dockerfile's own `runtime` stage (cut out of deploy/Dockerfile, with
 #      `--from=builder /out/` pointed at a staged folder) with podman,
@@ -26,6 +27,8 @@
 # Environment:
 #   TASKGATE_IMAGE_BINARY=path   use this static binary instead of building one (step 1 skipped)
 #   TASKGATE_IMAGE_FULL=1        build the whole Dockerfile (see above)
+#   TASKGATE_IMAGE_PROFILE=name  the cargo profile of step 1 (default image-check: thin LTO;
+#                                release: the Dockerfile's own build)
 #   TASKGATE_RUST_IMAGE=name     the builder image for TASKGATE_IMAGE_FULL
 #                                (default localhost/taskgate-rust-builder:bookworm, made if missing)
 #   TASKGATE_IMAGE_TAG=name      image tag (default localhost/taskgate:test); the image is kept
@@ -152,10 +155,13 @@ else
         target="$(rustc -vV | sed -n 's/^host: //p')"
         flags="-C target-feature=+crt-static"
     fi
-    say "cargo build --release --locked --target $target --bin taskgate ${flags:+(RUSTFLAGS=$flags)}"
-    (cd "$root" && RUSTFLAGS="${RUSTFLAGS:-} $flags" cargo build --release --locked --target "$target" --bin taskgate) \
+    # The release profile's code with thin LTO (Cargo.toml [profile.image-check]) unless
+    # TASKGATE_IMAGE_PROFILE=release asks for the Dockerfile's exact build.
+    profile="${TASKGATE_IMAGE_PROFILE:-image-check}"
+    say "cargo build --profile $profile --locked --target $target --bin taskgate ${flags:+(RUSTFLAGS=$flags)}"
+    (cd "$root" && RUSTFLAGS="${RUSTFLAGS:-} $flags" cargo build --profile "$profile" --locked --target "$target" --bin taskgate) \
         || fail "cargo build failed"
-    bin="${CARGO_TARGET_DIR:-$root/target}/$target/release/taskgate"
+    bin="${CARGO_TARGET_DIR:-$root/target}/$target/$profile/taskgate"
 fi
 if readelf -l "$bin" | grep -q 'Requesting program interpreter'; then
     fail "$bin is dynamically linked: a FROM scratch image cannot run it"

@@ -42,23 +42,32 @@ if [[ ! -d tests/interop/node_modules ]]; then
 fi
 
 status=0
+# Wall time of each part, printed at the end (README gives the totals).
+parts=()
+part_name="" part_start=$SECONDS
+part() {
+    local short="${part_name%%:*}"
+    if [[ -n $part_name ]]; then parts+=("${short%% (*} $((SECONDS - part_start)) s"); fi
+    part_name="$1" part_start=$SECONDS
+    if [[ -n $1 ]]; then echo "== $1"; fi
+}
 # A throwaway PostgreSQL for the whole run; the PostgreSQL tests must run, never skip.
 source tests/pg/cluster.sh
 trap pg_stop EXIT
-echo "== cargo test"
+part "cargo test"
 cargo test --locked --no-fail-fast || status=1
 
-echo "== interop with real MCP peers"
+part "interop with real MCP peers"
 cargo build --locked --quiet
 bash tests/interop/run.sh target/debug/taskgate || status=1
 
-echo "== OAuth: a real oidc-provider and the TypeScript SDK client through taskgate"
+part "OAuth: a real oidc-provider and the TypeScript SDK client through taskgate"
 bash tests/oauth/run.sh target/debug/taskgate || status=1
 
-echo "== a real Prometheus scrapes taskgate (promtool check metrics, query API)"
+part "a real Prometheus scrapes taskgate (promtool check metrics, query API)"
 python3 tests/prometheus-scrape.py || status=1
 
-echo "== deploy checks (with the metric names of a real /metrics scrape)"
+part "deploy checks (with the metric names of a real /metrics scrape)"
 scrape=$(mktemp /tmp/taskgate-scrape.XXXXXX)
 python3 - "$scrape" <<'PY' || status=1
 import json, subprocess, sys, tempfile, urllib.request, os
@@ -77,5 +86,7 @@ PY
 TASKGATE_METRICS_FILE="$scrape" bash deploy/check.sh || status=1
 rm -f "$scrape"
 
+part ""
+echo "== wall times: $(IFS=,; echo "${parts[*]}" | sed 's/,/, /g'); total $SECONDS s"
 if ((status == 0)); then echo "== all tests passed"; else echo "== SOME TESTS FAILED" >&2; fi
 exit $status
