@@ -6,7 +6,7 @@
 //! ```
 
 use crate::auth::Authenticator;
-use crate::config::Config;
+use crate::config::{Config, UpgradeConfig, UpstreamConfig};
 
 use crate::http::admin::{Admin, UpstreamTarget};
 use crate::http::server::{connection_budget, serve, Limits};
@@ -88,22 +88,101 @@ impl Running {
 
 /// Binds both listeners and starts serving. Returns once the listeners are bound.
 ///
-/// Errors: [`StartError::Bind`] when an address is taken or not allowed.
+/// Errors: [`StartError::Bind`] when an address is taken or not allowed, [`StartError::Store`]
+/// when the task store cannot be opened or counted, [`StartError::Auth`] when `[auth]` cannot be
+/// set up.
 pub async fn start(config: Config) -> Result<Running, StartError> {
     let upstream_names: Vec<String> = config.upstream.iter().map(|u| u.name.clone()).collect();
     let metrics = Arc::new(Metrics::new(&upstream_names));
     let (store, sled) = open_store(&config, &metrics).await?;
-    // Counting what the store holds scans it: on the blocking pool, like every store call.
-    let registry = {
-        let (store, metrics, tasks) = (store.clone(), metrics.clone(), config.tasks.clone());
-        tokio::task::spawn_blocking(move || Registry::new(store, metrics, tasks))
-            .await
-            .map_err(|e| StoreError::Db(format!("counting the store failed: {e}")))??
+    let registry = open_registry(&config, &store, &metrics).await?;
+    let shared = Shared {
+        sessions: session_table(&config, &store),
+        registry: registry.clone(),
+        metrics: metrics.clone(),
+        authenticated: config.auth.mode.identifies_callers(),
+        upgrade: config.upgrade.clone(),
+        // On a shared store another live replica may be waiting on an upgraded task: orphans
+        // are not guessed there (see ARCHITECTURE.md, "A tier on PostgreSQL").
+        cancel_orphans: config.upgrade.enabled && !store.shared(),
     };
-    // Callers carry principals in every mode but `none` (bearer tokens and OAuth access tokens
-    // alike): a session id taskgate does not hold is then refused, never forwarded, since it
-    // cannot tell whose it is (issue 29 #1: `mode == bearer` let OAuth callers through).
-    let authenticated = config.auth.mode.identifies_callers();
+    let listeners = Listeners::bind(&config).await?;
+    let (gateway_addr, admin_addr) = (listeners.gateway_addr, listeners.admin_addr);
+
+    let mut routes: Vec<Route> = Vec::with_capacity(config.upstream.len());
+    for u in &config.upstream {
+        let built = build_stack(u, &shared);
+        if let Some(orphans) = built.orphans {
+            orphans.spawn();
+        }
+        routes.push(built.route);
+    }
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let auth = Authenticator::new(&config.auth).map_err(StartError::Auth)?;
+    auth.warm_up();
+    let edge = Arc::new(Edge::new(
+        routes,
+        edge_settings(&config, gateway_addr),
+        auth,
+        metrics.clone(),
+        shutdown_rx.clone(),
+    ));
+    let admin = Arc::new(
+        Admin::new(metrics.clone(), admin_targets(&config), store.clone())
+            .with_token(config.admin.token_sha256()),
+    );
+    let sweeper = spawn_sweeper(
+        registry.clone(),
+        Duration::from_millis(config.tasks.sweep_interval_ms),
+    );
+    let serving = Serving {
+        edge,
+        admin,
+        shutdown: shutdown_rx,
+        drain: Duration::from_millis(config.gateway.drain_timeout_ms),
+        gateway_limits: Limits {
+            connections: connection_budget(config.gateway.max_connections),
+            header_timeout: Duration::from_millis(config.gateway.request_timeout_ms),
+        },
+    };
+    let threads = listeners.threads;
+    let servers = serving
+        .spawn(listeners)
+        .map_err(|source| StartError::Bind {
+            which: "gateway",
+            addr: config.gateway.listen,
+            source,
+        })?;
+    tracing::info!(%gateway_addr, %admin_addr, threads, upstreams = ?upstream_names, "taskgate listening");
+    Ok(Running {
+        gateway_addr,
+        admin_addr,
+        metrics,
+        registry,
+        sled,
+        shutdown: shutdown_tx,
+        servers,
+        sweeper,
+    })
+}
+
+/// The registry over `store`. Counting what the store holds scans it: on the blocking pool,
+/// like every store call.
+async fn open_registry(
+    config: &Config,
+    store: &Arc<dyn TaskStore>,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<Registry>, StoreError> {
+    let (store, metrics, tasks) = (store.clone(), metrics.clone(), config.tasks.clone());
+    tokio::task::spawn_blocking(move || Registry::new(store, metrics, tasks))
+        .await
+        .map_err(|e| StoreError::Db(format!("counting the store failed: {e}")))?
+}
+
+/// The session table every upstream stack shares, bounded by `gateway.max_sessions`,
+/// `gateway.session_idle_ms` and `[limits]`'s sessions per principal.
+fn session_table(config: &Config, store: &Arc<dyn TaskStore>) -> Arc<Sessions> {
     let sessions = Sessions::with_caps(
         config.gateway.max_sessions,
         Duration::from_millis(config.gateway.session_idle_ms),
@@ -114,83 +193,97 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     // Held sessions (the bridge's, for an upstream without 2025 sessions) are written to the
     // store before their id goes out: the session table gets its store handle here.
     sessions.keep_held_in(store.clone());
-    let mut orphan_jobs = Vec::new();
+    sessions
+}
 
-    let bind_error = |source| StartError::Bind {
-        which: "gateway",
-        addr: config.gateway.listen,
-        source,
-    };
-    let threads = crate::http::listen::serving_threads(config.gateway.threads);
-    let mut gateway_sockets =
-        crate::http::listen::bind_group(config.gateway.listen, threads).map_err(bind_error)?;
-    let gateway_listener = TcpListener::from_std(gateway_sockets.remove(0)).map_err(bind_error)?;
-    // The other serving threads' runtimes, built here so that a failure is a start error.
-    let runtimes = gateway_sockets
-        .into_iter()
-        .map(|socket| Ok((socket, ServingRuntime::new()?)))
-        .collect::<std::io::Result<Vec<_>>>()
-        .map_err(bind_error)?;
-    let admin_listener = TcpListener::bind(config.admin.listen)
-        .await
-        .map_err(|source| StartError::Bind {
-            which: "admin",
-            addr: config.admin.listen,
-            source,
-        })?;
-    let gateway_addr = gateway_listener.local_addr().expect("bound socket");
-    let admin_addr = admin_listener.local_addr().expect("bound socket");
+/// What every upstream's stack shares: the handles its layers get in their constructors.
+struct Shared {
+    sessions: Arc<Sessions>,
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    /// Callers carry principals in every mode but `none` (bearer tokens and OAuth access
+    /// tokens alike): a session id taskgate does not hold is then refused, never forwarded,
+    /// since it cannot tell whose it is (issue 29 #1: `mode == bearer` let OAuth callers
+    /// through).
+    authenticated: bool,
+    upgrade: UpgradeConfig,
+    /// Whether upgraded tasks a restart orphaned are cancelled at start.
+    cancel_orphans: bool,
+}
 
-    let mut routes: Vec<Route> = Vec::new();
-    for u in &config.upstream {
-        let upstream = HttpUpstream::new(u, metrics.clone());
-        let name = upstream.name().clone();
-        // Outermost first; see `layers` for why this order. Each stack has its own upgrade and
-        // cancel state.
-        let upgrade_state = UpgradeState::new(
-            sessions.clone(),
-            registry.clone(),
-            config.upgrade.clone(),
-            Duration::from_millis(u.timeout_ms),
-        );
-        let cancel_state = CancelState::new(registry.clone(), Duration::from_millis(u.timeout_ms));
-        let inner = tower::ServiceBuilder::new()
-            .layer(SessionLayer::new(sessions.clone()))
-            .layer(TasksLayer::new(registry.clone(), authenticated))
-            .layer(CancelLayer::new(cancel_state.clone()))
-            .layer(BridgeLayer::new(BridgeState::new(
-                registry.clone(),
-                u.protocol,
-                Duration::from_millis(u.timeout_ms),
-                sessions.clone(),
-                cancel_state,
-            )))
-            .layer(ObserveLayer::new(registry.clone()))
-            .layer(IdsLayer::new(metrics.clone()))
-            .service(upstream);
-        // On a shared store another live replica may be waiting on an upgraded task: orphans
-        // are not guessed there (see ARCHITECTURE.md, "A tier on PostgreSQL").
-        if config.upgrade.enabled && !store.shared() {
-            orphan_jobs.push((name.clone(), upgrade_state.clone(), inner.clone()));
-        }
-        let stack = tower::ServiceBuilder::new()
-            .layer(
-                SessionGuardLayer::new(sessions.clone(), authenticated)
-                    .defer_deletes(registry.clone()),
-            )
-            .layer(UpgradeLayer::new(upgrade_state.clone()))
-            .service(inner);
-        routes.push(Route {
+/// One upstream's stack, and the start-up job that cancels its orphaned upgraded tasks.
+struct BuiltStack {
+    route: Route,
+    orphans: Option<OrphanSweep>,
+}
+
+/// Builds the stack in front of upstream `u`: the layers, outermost first (see `layers` for
+/// why this order), over its upstream client. Each stack has its own upgrade and cancel state.
+fn build_stack(u: &UpstreamConfig, shared: &Shared) -> BuiltStack {
+    let upstream = HttpUpstream::new(u, shared.metrics.clone());
+    let name = upstream.name().clone();
+    let timeout = Duration::from_millis(u.timeout_ms);
+    let upgrade_state = UpgradeState::new(
+        shared.sessions.clone(),
+        shared.registry.clone(),
+        shared.upgrade.clone(),
+        timeout,
+    );
+    let cancel_state = CancelState::new(shared.registry.clone(), timeout);
+    let inner = tower::ServiceBuilder::new()
+        .layer(SessionLayer::new(shared.sessions.clone()))
+        .layer(TasksLayer::new(
+            shared.registry.clone(),
+            shared.authenticated,
+        ))
+        .layer(CancelLayer::new(cancel_state.clone()))
+        .layer(BridgeLayer::new(BridgeState::new(
+            shared.registry.clone(),
+            u.protocol,
+            timeout,
+            shared.sessions.clone(),
+            cancel_state,
+        )))
+        .layer(ObserveLayer::new(shared.registry.clone()))
+        .layer(IdsLayer::new(shared.metrics.clone()))
+        .service(upstream);
+    let orphans = shared.cancel_orphans.then(|| OrphanSweep {
+        name: name.clone(),
+        state: upgrade_state.clone(),
+        stack: McpStack::new(inner.clone()),
+    });
+    let stack = tower::ServiceBuilder::new()
+        .layer(
+            SessionGuardLayer::new(shared.sessions.clone(), shared.authenticated)
+                .defer_deletes(shared.registry.clone()),
+        )
+        .layer(UpgradeLayer::new(upgrade_state))
+        .service(inner);
+    BuiltStack {
+        route: Route {
             name,
             stack: McpStack::new(stack),
-        });
+        },
+        orphans,
     }
-    for (name, state, inner) in orphan_jobs {
+}
+
+/// Cancels, upstream, the upgraded tasks a restart left without a follower: through the
+/// stack below `upgrade`, so the cancels are authorised, single-flighted and recorded.
+struct OrphanSweep {
+    name: Arc<str>,
+    state: Arc<UpgradeState>,
+    stack: McpStack,
+}
+
+impl OrphanSweep {
+    /// Runs in the background; logs what it found.
+    fn spawn(self) {
         tokio::spawn(async move {
-            let done = cancel_orphans(&state, &name, inner).await;
+            let done = cancel_orphans(&self.state, &self.name, self.stack).await;
             if done.found > 0 {
                 tracing::info!(
-                    upstream = %name,
+                    upstream = %self.name,
                     found = done.found,
                     cancelled = done.cancelled,
                     "upgraded tasks orphaned by a restart: cancel sent upstream"
@@ -198,26 +291,25 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
             }
         });
     }
+}
 
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let settings = EdgeSettings {
+/// The edge's settings from `[gateway]` and `[limits]`, with the bound address for the
+/// `Host`/`Origin` checks.
+fn edge_settings(config: &Config, gateway_addr: SocketAddr) -> EdgeSettings {
+    EdgeSettings {
         allowed_hosts: allowed_hosts(&config.gateway.allowed_hosts, gateway_addr),
         allowed_origins: allowed_origins(&config.gateway.allowed_origins, gateway_addr),
         max_body_bytes: config.gateway.max_body_bytes,
         body_timeout: Duration::from_millis(config.gateway.request_timeout_ms),
         sse_keepalive: Duration::from_millis(config.gateway.sse_keepalive_ms),
         limits: crate::limits::Limiter::new(&config.limits),
-    };
-    let auth = Authenticator::new(&config.auth).map_err(StartError::Auth)?;
-    auth.warm_up();
-    let edge = Arc::new(Edge::new(
-        routes,
-        settings,
-        auth,
-        metrics.clone(),
-        shutdown_rx.clone(),
-    ));
-    let targets = config
+    }
+}
+
+/// The upstreams `/readyz` connects to: each one's name and `host:port` (port 80 when the
+/// URL names none).
+fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
+    config
         .upstream
         .iter()
         .map(|u| {
@@ -232,39 +324,130 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
                 ),
             }
         })
-        .collect();
-    let admin = Arc::new(
-        Admin::new(metrics.clone(), targets, store.clone()).with_token(config.admin.token_sha256()),
-    );
-    let sweep_every = Duration::from_millis(config.tasks.sweep_interval_ms);
-    let sweeper = {
-        let registry = registry.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(sweep_every);
-            loop {
-                tick.tick().await;
-                registry.sweep().await;
-            }
+        .collect()
+}
+
+/// Sweeps the registry (TTLs, expired held sessions) every `every`, until aborted.
+fn spawn_sweeper(registry: Arc<Registry>, every: Duration) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            registry.sweep().await;
+        }
+    })
+}
+
+/// The bound listeners: serving thread 0's gateway socket and the admin socket (both served
+/// on the calling runtime), and the other serving threads' sockets with their runtimes.
+struct Listeners {
+    gateway: TcpListener,
+    gateway_addr: SocketAddr,
+    admin: TcpListener,
+    admin_addr: SocketAddr,
+    /// `gateway.threads` resolved: one per CPU by default.
+    threads: usize,
+    /// Serving threads 1.. : each one's socket of the `SO_REUSEPORT` group and its runtime.
+    others: Vec<(std::net::TcpListener, ServingRuntime)>,
+}
+
+impl Listeners {
+    /// Binds the gateway's socket group (one per serving thread) and the admin socket, and
+    /// builds the other serving threads' runtimes, so that any failure is a start error.
+    async fn bind(config: &Config) -> Result<Listeners, StartError> {
+        let bind_error = |source| StartError::Bind {
+            which: "gateway",
+            addr: config.gateway.listen,
+            source,
+        };
+        let threads = crate::http::listen::serving_threads(config.gateway.threads);
+        let mut sockets =
+            crate::http::listen::bind_group(config.gateway.listen, threads).map_err(bind_error)?;
+        let gateway = TcpListener::from_std(sockets.remove(0)).map_err(bind_error)?;
+        let others = sockets
+            .into_iter()
+            .map(|socket| Ok((socket, ServingRuntime::new()?)))
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(bind_error)?;
+        let admin = TcpListener::bind(config.admin.listen)
+            .await
+            .map_err(|source| StartError::Bind {
+                which: "admin",
+                addr: config.admin.listen,
+                source,
+            })?;
+        let gateway_addr = gateway.local_addr().expect("bound socket");
+        let admin_addr = admin.local_addr().expect("bound socket");
+        Ok(Listeners {
+            gateway,
+            gateway_addr,
+            admin,
+            admin_addr,
+            threads,
+            others,
         })
-    };
-    let drain = Duration::from_millis(config.gateway.drain_timeout_ms);
-    let gateway_limits = Limits {
-        connections: connection_budget(config.gateway.max_connections),
-        header_timeout: Duration::from_millis(config.gateway.request_timeout_ms),
-    };
-    let admin_limits = Limits {
-        connections: connection_budget(256),
-        header_timeout: Duration::from_secs(10),
-    };
-    let mut servers = Vec::with_capacity(runtimes.len() + 2);
-    for (index, (socket, runtime)) in runtimes.into_iter().enumerate() {
-        let (edge, shutdown, limits) = (edge.clone(), shutdown_rx.clone(), gateway_limits.clone());
+    }
+}
+
+/// What the serving loops share: the two handlers, the shutdown signal and the limits.
+struct Serving {
+    edge: Arc<Edge>,
+    admin: Arc<Admin>,
+    shutdown: watch::Receiver<bool>,
+    drain: Duration,
+    gateway_limits: Limits,
+}
+
+impl Serving {
+    /// Starts the serving threads 1.. (each on its own runtime and socket, see
+    /// `http::listen`) and, on the calling runtime, serving thread 0 and the admin listener.
+    /// Returns one handle per listener, done when that listener is closed and drained.
+    ///
+    /// Errors: the OS refused a thread.
+    fn spawn(self, listeners: Listeners) -> std::io::Result<Vec<JoinHandle<()>>> {
+        let mut servers = Vec::with_capacity(listeners.others.len() + 2);
+        for (index, (socket, runtime)) in listeners.others.into_iter().enumerate() {
+            servers.push(self.spawn_serving_thread(index + 1, socket, runtime)?);
+        }
+        let admin_limits = Limits {
+            connections: connection_budget(256),
+            header_timeout: Duration::from_secs(10),
+        };
+        servers.extend([
+            tokio::spawn(serve(
+                listeners.gateway,
+                self.edge,
+                self.shutdown.clone(),
+                self.drain,
+                self.gateway_limits,
+            )),
+            tokio::spawn(serve(
+                listeners.admin,
+                self.admin,
+                self.shutdown,
+                self.drain,
+                admin_limits,
+            )),
+        ]);
+        Ok(servers)
+    }
+
+    /// Serving thread `index` (1..): its runtime serves `socket` until shutdown. The handle
+    /// (a task on the calling runtime) is done once the thread has dropped its runtime.
+    fn spawn_serving_thread(
+        &self,
+        index: usize,
+        socket: std::net::TcpListener,
+        runtime: ServingRuntime,
+    ) -> std::io::Result<JoinHandle<()>> {
+        let (edge, shutdown) = (self.edge.clone(), self.shutdown.clone());
+        let (drain, limits) = (self.drain, self.gateway_limits.clone());
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new()
             // Linux keeps 15 bytes of a thread's name: `tg-serve-1023` fits.
-            .name(format!("tg-serve-{}", index + 1))
+            .name(format!("tg-serve-{index}"))
             .spawn(move || {
-                crate::upstream::pool::pin_thread(index + 1);
+                crate::upstream::pool::pin_thread(index);
                 let runtime = runtime.into_inner();
                 runtime.block_on(async move {
                     match TcpListener::from_std(socket) {
@@ -275,39 +458,11 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
                 // Dropping the runtime ends what its connections left running (as at exit).
                 drop(runtime);
                 let _ = done_tx.send(());
-            })
-            .map_err(bind_error)?;
-        servers.push(tokio::spawn(async move {
+            })?;
+        Ok(tokio::spawn(async move {
             let _ = done_rx.await;
-        }));
+        }))
     }
-    servers.extend([
-        tokio::spawn(serve(
-            gateway_listener,
-            edge,
-            shutdown_rx.clone(),
-            drain,
-            gateway_limits,
-        )),
-        tokio::spawn(serve(
-            admin_listener,
-            admin,
-            shutdown_rx,
-            drain,
-            admin_limits,
-        )),
-    ]);
-    tracing::info!(%gateway_addr, %admin_addr, threads, upstreams = ?upstream_names, "taskgate listening");
-    Ok(Running {
-        gateway_addr,
-        admin_addr,
-        metrics,
-        registry,
-        sled,
-        shutdown: shutdown_tx,
-        servers,
-        sweeper,
-    })
 }
 
 /// The single-threaded runtime of one extra serving thread (`gateway.threads`), until its
