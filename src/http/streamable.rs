@@ -48,6 +48,7 @@ use crate::exchange::{McpReply, McpRequest, McpStack, Operation, ReplyBody, Requ
 use crate::headers::{content_type_is, remove_hop_by_hop, MCP_SESSION_ID};
 use crate::jsonrpc::{self, EnvelopeError, Message};
 use crate::limits::{Limiter, Permit};
+use crate::mcp::era::Era;
 use crate::metrics::{McpMethod, Metrics, RejectReason, RequestOutcome, RequestSeries, SseKind};
 use crate::sse::KeepAlive;
 use futures_util::StreamExt;
@@ -203,7 +204,13 @@ impl Edge {
         match permit {
             // The slot (in flight, or a GET stream's) is held until the answer's body (an SSE
             // stream too) is done.
-            Some(permit) => resp.map(|body| HoldingPermit { body, _permit: permit }.boxed_unsync()),
+            Some(permit) => resp.map(|body| {
+                HoldingPermit {
+                    body,
+                    _permit: permit,
+                }
+                .boxed_unsync()
+            }),
             None => resp,
         }
     }
@@ -274,7 +281,9 @@ impl Edge {
         Ok((served, op))
     }
 
-    /// Sends a decoded request through its route's stack and answers with its reply.
+    /// Sends a decoded request through its route's stack and answers with its reply: the
+    /// client's head fields taskgate does not forward removed, the era computed once, the
+    /// routing headers checked, then the stack's reply (or error) encoded and counted.
     async fn forward(
         &self,
         served: &Served,
@@ -284,71 +293,16 @@ impl Edge {
         principal: Principal,
         peer: IpAddr,
     ) -> Response<Body> {
-        let (route, series) = (&served.route, &served.series);
-        if head.hop_by_hop {
-            remove_hop_by_hop(&mut headers);
+        let session_id = strip_client_fields(&mut headers, &head);
+        let era = era_of(&head, &headers, &op);
+        let primes = sends_primes(era, &head, &op);
+        if let Err(resp) = self.check_routing_headers(era, &head, &mut headers, &op) {
+            return resp;
         }
-        // Each removal is a hashed look-up: made only for a field that is there.
-        let session_id = if head.session_id {
-            headers.remove(&MCP_SESSION_ID)
-        } else {
-            None
-        };
-        // `Host` and `Content-Length` stay: the upstream client replaces both (each removal
-        // was a hashed look-up on every request).
-        if head.origin {
-            headers.remove(header::ORIGIN);
-        }
-        // (A `Connection` field may have named `MCP-Protocol-Version`: then it is gone.)
-        let header_era = match head.hop_by_hop {
-            false => head.era,
-            true => headers
-                .get(&crate::headers::MCP_PROTOCOL_VERSION)
-                .map(crate::mcp::era::Era::of_header),
-        };
-        let era = crate::mcp::era::Era::of_parts(
-            header_era,
-            match &op {
-                Operation::Post(m) => Some(m),
-                _ => None,
-            },
-        );
-        // Priming events (empty SSE events, new in 2025-11-25) are not sent to a client that
-        // negotiated an older revision: its `MCP-Protocol-Version`, or the revision its
-        // `initialize` asks for, says so. A 2026-era request gets them.
-        let primes = era == crate::mcp::era::Era::Modern
-            || (head.primes
-                && !matches!(&op, Operation::Post(m) if m.method() == Some("initialize")
-                    && !super::response::initialize_primes(m)));
-        // `Mcp-Method`/`Mcp-Name` agree with the body before anything acts on it; a 2026
-        // request lacking them gets them on the upstream leg (see `mcp::routing_headers`).
-        if head.routing || era == crate::mcp::era::Era::Modern {
-            if let Operation::Post(msg) = &op {
-                match crate::mcp::routing_headers::check(&headers, msg) {
-                    Ok(routing) if era == crate::mcp::era::Era::Modern => {
-                        for (name, value) in routing.missing {
-                            headers.insert(name, value);
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(message) => {
-                        return self.reject(
-                            RejectReason::HeaderMismatch,
-                            rpc_error_response(
-                                StatusCode::BAD_REQUEST,
-                                msg.id(),
-                                crate::mcp::errors::HEADER_MISMATCH,
-                                &message,
-                            ),
-                        )
-                    }
-                }
-            }
-        }
-        let mut request = McpRequest {
+        let request = McpRequest {
             op,
             ctx: RequestContext {
-                upstream: route.name.clone(),
+                upstream: served.route.name.clone(),
                 client_session_id: session_id.clone(),
                 session_id,
                 principal,
@@ -357,89 +311,109 @@ impl Edge {
             },
             extensions: http::Extensions::new(),
         };
-        // Computed once here; layers read it with `Era::of` (DESIGN.md "Two eras, one gateway"),
-        // which answers the default (legacy) when none is stored: the first insert into
-        // `Extensions` allocates its map (three allocations), so the default is not stored.
-        if era != crate::mcp::era::Era::default() {
-            request.extensions.insert(era);
-        }
-        let method = match &request.op {
-            Operation::Post(m) => m.method().map(McpMethod::of).unwrap_or(match m.kind() {
-                jsonrpc::Kind::Error => McpMethod::ErrorResponse,
-                _ => McpMethod::Response,
-            }),
-            Operation::OpenStream => McpMethod::Get,
-            Operation::EndSession => McpMethod::Delete,
-        };
-        let stream_kind = if matches!(request.op, Operation::OpenStream) {
-            SseKind::Get
-        } else {
-            SseKind::Post
-        };
-        let rpc_id = request.id().cloned();
-        // A GET stream or a DELETE of a client session (see `session_streams`).
-        let stream_session = match method {
-            McpMethod::Get | McpMethod::Delete => request.ctx.client_session_id.clone(),
-            _ => None,
-        };
-        // Debug level: at the default `info` the span costs nothing per request; warnings carry
-        // the same fields themselves.
-        let span = tracing::debug_span!(
-            "request",
-            upstream = %route.name,
-            method = method.as_str(),
-            id = rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
-            session = request.ctx.session_id.as_ref().and_then(|s| s.to_str().ok()),
-        );
+        let request = with_era(request, era);
+        let labels = Labels::of(&request);
+        let span = labels.span(&served.route.name, &request);
         let started = Instant::now();
-        let result = tracing::Instrument::instrument(route.stack.send(request), span.clone()).await;
-        series.duration(method, started.elapsed().as_secs_f64());
+        let result =
+            tracing::Instrument::instrument(served.route.stack.send(request), span.clone()).await;
+        served
+            .series
+            .duration(labels.method, started.elapsed().as_secs_f64());
         match result {
-            Ok(mut reply) => {
-                if !primes {
-                    reply.body = super::response::without_priming(reply.body);
-                }
-                if let Some(session) = &stream_session {
-                    let delete = matches!(method, McpMethod::Delete);
-                    self.streams
-                        .on_reply(&route.name, session, delete, &mut reply);
-                }
-                if let Some(reason) = reply.take_local_reason() {
-                    self.metrics.local_answer(&route.name, reason);
-                    series.request(method, RequestOutcome::Local);
-                    tracing::debug!(
-                        upstream = %route.name,
-                        method = method.as_str(),
-                        id = rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
-                        reason = reason.as_str(),
-                        status = reply.status.as_u16(),
-                        era = era.as_str(),
-                        "answered by taskgate"
-                    );
-                    return self.encode_reply(reply, &route.name, stream_kind);
-                }
-                let outcome = if reply.status.is_success() {
-                    RequestOutcome::Ok
-                } else {
-                    RequestOutcome::UpstreamStatus
-                };
-                series.request(method, outcome);
-                self.encode_reply(reply, &route.name, stream_kind)
-            }
+            Ok(reply) => self.answer(served, &labels, era, primes, reply),
             Err(e) => {
-                series.request(method, e.outcome());
+                served.series.request(labels.method, e.outcome());
                 span.in_scope(|| {
                     tracing::warn!(
-                        upstream = %route.name,
-                        method = method.as_str(),
-                        id = rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
+                        upstream = %served.route.name,
+                        method = labels.method.as_str(),
+                        id = labels.rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
                         error = %e,
                         "request failed"
                     )
                 });
-                gateway_error_response(&e, rpc_id.as_ref())
+                gateway_error_response(&e, labels.rpc_id.as_ref())
             }
         }
+    }
+
+    /// `Mcp-Method`/`Mcp-Name` agree with the body before anything acts on it; a 2026 request
+    /// lacking them gets them on the upstream leg (see `mcp::routing_headers`). Errors: the
+    /// 400 answer (`mcp::errors::HEADER_MISMATCH`) naming the disagreement.
+    fn check_routing_headers(
+        &self,
+        era: Era,
+        head: &Head,
+        headers: &mut HeaderMap,
+        op: &Operation,
+    ) -> Result<(), Response<Body>> {
+        if !(head.routing || era == Era::Modern) {
+            return Ok(());
+        }
+        let Operation::Post(msg) = op else {
+            return Ok(());
+        };
+        match crate::mcp::routing_headers::check(headers, msg) {
+            Ok(routing) if era == Era::Modern => {
+                for (name, value) in routing.missing {
+                    headers.insert(name, value);
+                }
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            Err(message) => Err(self.reject(
+                RejectReason::HeaderMismatch,
+                rpc_error_response(
+                    StatusCode::BAD_REQUEST,
+                    msg.id(),
+                    crate::mcp::errors::HEADER_MISMATCH,
+                    &message,
+                ),
+            )),
+        }
+    }
+
+    /// The stack's reply as the client's answer: priming events removed when the client does
+    /// not take them, a session's GET stream or DELETE noted, a local answer counted as one.
+    fn answer(
+        &self,
+        served: &Served,
+        labels: &Labels,
+        era: Era,
+        primes: bool,
+        mut reply: McpReply,
+    ) -> Response<Body> {
+        let (route, series, method) = (&served.route, &served.series, labels.method);
+        if !primes {
+            reply.body = super::response::without_priming(reply.body);
+        }
+        if let Some(session) = &labels.stream_session {
+            let delete = matches!(method, McpMethod::Delete);
+            self.streams
+                .on_reply(&route.name, session, delete, &mut reply);
+        }
+        if let Some(reason) = reply.take_local_reason() {
+            self.metrics.local_answer(&route.name, reason);
+            series.request(method, RequestOutcome::Local);
+            tracing::debug!(
+                upstream = %route.name,
+                method = method.as_str(),
+                id = labels.rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
+                reason = reason.as_str(),
+                status = reply.status.as_u16(),
+                era = era.as_str(),
+                "answered by taskgate"
+            );
+            return self.encode_reply(reply, &route.name, labels.stream_kind);
+        }
+        let outcome = if reply.status.is_success() {
+            RequestOutcome::Ok
+        } else {
+            RequestOutcome::UpstreamStatus
+        };
+        series.request(method, outcome);
+        self.encode_reply(reply, &route.name, labels.stream_kind)
     }
 
     fn check_host_and_origin(
@@ -649,6 +623,110 @@ impl Edge {
             }
         };
         builder.body(body).expect("valid response parts")
+    }
+}
+
+/// Removes the client's head fields that do not go upstream: hop-by-hop fields, `Origin`,
+/// and `Mcp-Session-Id`, which is returned (the request carries it in its context). Each
+/// removal is a hashed look-up, made only for a field [`Head`] found. `Host` and
+/// `Content-Length` stay: the upstream client replaces both.
+fn strip_client_fields(headers: &mut HeaderMap, head: &Head) -> Option<HeaderValue> {
+    if head.hop_by_hop {
+        remove_hop_by_hop(headers);
+    }
+    let session_id = if head.session_id {
+        headers.remove(&MCP_SESSION_ID)
+    } else {
+        None
+    };
+    if head.origin {
+        headers.remove(header::ORIGIN);
+    }
+    session_id
+}
+
+/// The request's era: its `MCP-Protocol-Version` (gone if a `Connection` field named it),
+/// else the body's `_meta` ([`Era::of_parts`]).
+fn era_of(head: &Head, headers: &HeaderMap, op: &Operation) -> Era {
+    let header_era = match head.hop_by_hop {
+        false => head.era,
+        true => headers
+            .get(&crate::headers::MCP_PROTOCOL_VERSION)
+            .map(Era::of_header),
+    };
+    let msg = match op {
+        Operation::Post(m) => Some(m),
+        _ => None,
+    };
+    Era::of_parts(header_era, msg)
+}
+
+/// Whether the client gets priming events (empty SSE events, new in 2025-11-25): not a client
+/// that negotiated an older revision (its `MCP-Protocol-Version`, or the revision its
+/// `initialize` asks for, says so). A 2026-era request gets them.
+fn sends_primes(era: Era, head: &Head, op: &Operation) -> bool {
+    era == Era::Modern
+        || (head.primes
+            && !matches!(op, Operation::Post(m) if m.method() == Some("initialize")
+                && !super::response::initialize_primes(m)))
+}
+
+/// `request` with its era stored, once; layers read it with `Era::of` (DESIGN.md "Two eras,
+/// one gateway"), which answers the default (legacy) when none is stored: the first insert
+/// into `Extensions` allocates its map (three allocations), so the default is not stored.
+fn with_era(mut request: McpRequest, era: Era) -> McpRequest {
+    if era != Era::default() {
+        request.extensions.insert(era);
+    }
+    request
+}
+
+/// What the edge keeps of a request it sent down, to count, log and encode its answer.
+struct Labels {
+    method: McpMethod,
+    stream_kind: SseKind,
+    rpc_id: Option<jsonrpc::Id>,
+    /// The client session of a GET stream or a DELETE (see `session_streams`).
+    stream_session: Option<HeaderValue>,
+}
+
+impl Labels {
+    fn of(request: &McpRequest) -> Labels {
+        let method = match &request.op {
+            Operation::Post(m) => m.method().map(McpMethod::of).unwrap_or(match m.kind() {
+                jsonrpc::Kind::Error => McpMethod::ErrorResponse,
+                _ => McpMethod::Response,
+            }),
+            Operation::OpenStream => McpMethod::Get,
+            Operation::EndSession => McpMethod::Delete,
+        };
+        let stream_kind = if matches!(request.op, Operation::OpenStream) {
+            SseKind::Get
+        } else {
+            SseKind::Post
+        };
+        let stream_session = match method {
+            McpMethod::Get | McpMethod::Delete => request.ctx.client_session_id.clone(),
+            _ => None,
+        };
+        Labels {
+            method,
+            stream_kind,
+            rpc_id: request.id().cloned(),
+            stream_session,
+        }
+    }
+
+    /// The request's span. Debug level: at the default `info` it costs nothing per request;
+    /// warnings carry the same fields themselves.
+    fn span(&self, upstream: &Arc<str>, request: &McpRequest) -> tracing::Span {
+        tracing::debug_span!(
+            "request",
+            upstream = %upstream,
+            method = self.method.as_str(),
+            id = self.rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
+            session = request.ctx.session_id.as_ref().and_then(|s| s.to_str().ok()),
+        )
     }
 }
 
