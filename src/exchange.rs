@@ -241,6 +241,40 @@ impl McpRequest {
             _ => None,
         }
     }
+
+    /// How long the upstream transport waits on this request's exchange: the [`Deadline`] a
+    /// layer set, else [`Deadline::Head`].
+    pub fn deadline(&self) -> Deadline {
+        self.extensions
+            .get::<Deadline>()
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+/// Which part of a request's exchange with the upstream the upstream's `timeout_ms` bounds: a
+/// request extension, set by the layer that knows what the request is for; the transport reads
+/// it ([`McpRequest::deadline`]) and matches no method names. Absent is [`Deadline::Head`], so
+/// the common request stores nothing (the first insert into `Extensions` allocates its map).
+///
+/// The duration is always the upstream's own `timeout_ms` (`config/REFERENCE.md`); past it the
+/// exchange ends with [`GatewayError::UpstreamTimeout`] (504), or, once an SSE answer is being
+/// relayed, with a JSON-RPC error event for the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Deadline {
+    /// The answer's head, and a JSON (non-SSE) answer's whole body. An SSE answer or a GET
+    /// stream runs unbounded once its head arrived. Every request but those below.
+    #[default]
+    Head,
+    /// The whole exchange, an SSE answer included: past it the stream ends with a JSON-RPC
+    /// error event for the request (`-32603`, "upstream did not answer `<method>` within N ms").
+    /// Set by `cancel` on the `tasks/cancel` it forwards (a flight callers share must not be
+    /// pinned by a stream that never answers) and by `observe` on the `tasks/cancel` it sends
+    /// itself.
+    Exchange,
+    /// None at all: set by `tasks` on a 2025-11-25 `tasks/result`, which blocks until the task
+    /// is terminal (TCP keepalive still ends it on a dead connection).
+    Unbounded,
 }
 
 /// The body of a reply.

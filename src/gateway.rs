@@ -447,7 +447,7 @@ impl Serving {
             // Linux keeps 15 bytes of a thread's name: `tg-serve-1023` fits.
             .name(format!("tg-serve-{index}"))
             .spawn(move || {
-                crate::upstream::pool::pin_thread(index);
+                crate::upstream::pin_thread(index);
                 let runtime = runtime.into_inner();
                 runtime.block_on(async move {
                     match TcpListener::from_std(socket) {

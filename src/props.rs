@@ -13,7 +13,7 @@
 //! - [`modern_task`]: a 2026-07-28 `DetailedTask` read with the registry's field names keeps
 //!   every member but the renamed ones.
 //! - [`chunked_framing`]: how an upstream's chunked body is cut into reads does not change its
-//!   data or how it ends (`upstream/chunked.rs`); nothing panics.
+//!   data or how it ends (`upstream/h1/chunked.rs`); nothing panics.
 //! - [`bridge_translate`]: the bridge's 2026 → 2025 translations (task, `CreateTaskResult`,
 //!   `tasks/result` payload) and 2025 → 2026 request params keep what they must and drop what
 //!   the other era does not have.
@@ -81,7 +81,7 @@ fn cut<'a>(wire: &'a [u8], cuts: &[usize]) -> Vec<&'a [u8]> {
 /// the pieces `cuts` makes: the same data, and the same ending (the end of the body, an error,
 /// or more bytes needed).
 pub fn chunked_framing(wire: &[u8], cuts: &[usize]) {
-    use crate::upstream::chunked::{next, State, Step};
+    use crate::upstream::h1::chunked::{next, State, Step};
     let run = |pieces: &[&[u8]]| {
         let (mut state, mut buf) = (State::Size, bytes::BytesMut::new());
         let mut data = Vec::new();

@@ -8,7 +8,7 @@
 //! or a steal hands them to, so an exchange crosses threads several times (measured with
 //! `strace -c`: 2.5 futex calls per small `tools/call`). With one single-threaded runtime per
 //! thread, a connection, the upstream exchanges it causes and the pooled upstream connections
-//! they use ([`crate::upstream::pool`] keeps idle connections per thread) stay on one thread,
+//! they use ([`crate::upstream::h1::pool`] keeps idle connections per thread) stay on one thread,
 //! like nginx's workers. The figures are in `benches/RESULTS.md`.
 //!
 //! `SO_REUSEPORT` lets any socket of the same user join the group, so a second process bound to

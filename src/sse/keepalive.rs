@@ -79,7 +79,7 @@ impl Stream for KeepAlive {
         // Every event that is ready now goes into one chunk, which goes out at once: an event
         // that arrived never waits for a later one. (Events used to be held back for one turn
         // of the scheduler to catch more; since the upstream connection is driven by this task
-        // (`upstream::pool`), a pending upstream means its socket had nothing more, and the
+        // (`upstream::h1::pool`), a pending upstream means its socket had nothing more, and the
         // turn cost a whole poll of the client's connection and delayed what had arrived.)
         let mut batch: Option<BytesMut> = None;
         loop {

@@ -1,7 +1,7 @@
 //! Streamable HTTP upstream client (2025-11-25 basic/transports: Streamable HTTP).
 //!
 //! One [`HttpUpstream`] per configured `[[upstream]]`, with a keep-alive connection pool
-//! ([`super::pool`]).
+//! ([`super::h1`]).
 //! - POST carries the message bytes unchanged; GET opens the standalone stream; DELETE ends a session.
 //! - `Host` is the upstream's authority (SDK servers validate it against DNS rebinding);
 //!   `Mcp-Session-Id` is the one in the request context (a layer may route to a task's session);
@@ -11,13 +11,15 @@
 //!   authenticated caller's principal is sent in it (non-ASCII, controls and `%` percent-encoded).
 //! - `Accept-Encoding` is not forwarded: answers must be readable to the layers, so the upstream
 //!   sends them uncompressed.
-//! - Timeouts: `timeout_ms` bounds the time to the response headers and, for a JSON answer, to its
-//!   whole body. `tasks/result` (which blocks until the task is terminal) has no timeout; GET
-//!   streams and SSE answers have none once their headers arrived, except the SSE answer to
-//!   `tasks/cancel`: its whole exchange is bounded by `timeout_ms` (the cancel layer shares one
-//!   flight between callers; a stream that never answers must not pin it), and past it the stream
-//!   ends with a JSON-RPC error for the request (`-32603`, "upstream did not answer tasks/cancel
-//!   within N ms").
+//! - Timeouts: `timeout_ms`, applied as the request's [`Deadline`] says (set by the layer that
+//!   knows the request; this client matches no method names). [`Deadline::Head`] (the default):
+//!   the time to the response headers and, for a JSON answer, to its whole body; GET streams and
+//!   SSE answers have none once their headers arrived. [`Deadline::Exchange`] (`cancel`'s
+//!   forwarded `tasks/cancel`: the layer shares one flight between callers, and a stream that
+//!   never answers must not pin it): the whole exchange, and past it an SSE answer ends with a
+//!   JSON-RPC error for the request (`-32603`, "upstream did not answer tasks/cancel within N
+//!   ms"). [`Deadline::Unbounded`] (`tasks`' `tasks/result`, which blocks until the task is
+//!   terminal): none.
 //! - Size: `max_message_bytes` bounds a JSON (or other non-SSE) body as a whole, and each SSE line
 //!   and event. A larger JSON body is an error reply (`-32603`, naming the limit); a larger SSE
 //!   line or event ends the stream with a JSON-RPC error event for the request (id `null` on a GET
@@ -26,9 +28,9 @@
 //! - The answer's body becomes [`ReplyBody::Json`], [`ReplyBody::Stream`] (decoded event by event
 //!   as it arrives), [`ReplyBody::Empty`] or [`ReplyBody::Raw`].
 
-use super::pool::{Pool, PoolError};
+use super::h1::{Pool, PoolError, PooledBody};
 use crate::config::UpstreamConfig;
-use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::headers::{content_type_is, is_visible_ascii, strip_upstream_reply, MCP_SESSION_ID};
 use crate::jsonrpc::{self, Id};
 use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
@@ -129,72 +131,21 @@ impl tower::Service<McpRequest> for HttpUpstream {
 }
 
 impl Inner {
+    /// One exchange: the request as HTTP, its answer's head within the deadline, then its body
+    /// as a stream of events (SSE) or read whole.
     async fn send(&self, req: McpRequest) -> Result<McpReply, GatewayError> {
-        // The request's id (for error messages) and whether it is a tasks/cancel.
-        let mut rpc_id: Option<Id> = None;
-        let mut is_cancel = false;
-        let (method, body, deadline) = match &req.op {
-            Operation::Post(msg) => {
-                // tasks/result blocks until the task is terminal (2025-11-25 tasks): no timeout.
-                let deadline = (msg.method() != Some("tasks/result")).then_some(self.timeout);
-                rpc_id = msg.id().cloned();
-                is_cancel = msg.method() == Some("tasks/cancel");
-                (Method::POST, msg.bytes().clone(), deadline)
-            }
-            Operation::OpenStream => (Method::GET, Bytes::new(), Some(self.timeout)),
-            Operation::EndSession => (Method::DELETE, Bytes::new(), Some(self.timeout)),
+        let deadline = req.deadline();
+        // The request's id and method, kept for an SSE answer's error events.
+        let (rpc_id, method) = match &req.op {
+            Operation::Post(msg) => (msg.id().cloned(), msg.method().map(Box::<str>::from)),
+            _ => (None, None),
         };
-        let length = body.len();
-        let mut request = Request::new(Full::new(body));
-        *request.method_mut() = method;
-        *request.uri_mut() = self.target.clone();
-        let headers = request.headers_mut();
-        *headers = req.ctx.headers;
-        // The names to drop, found in one pass over the few present (a hashed `remove` per
-        // name, present or not, cost more; benches/profile.sh small).
-        let (mut authorization, mut encoding, mut principal) = (false, false, false);
-        for name in headers.keys() {
-            authorization |= name == header::AUTHORIZATION;
-            encoding |= name == header::ACCEPT_ENCODING;
-            principal |= self.principal_header.as_ref() == Some(name);
-        }
-        if authorization && !self.forward_authorization {
-            headers.remove(header::AUTHORIZATION);
-        }
-        // taskgate reads the messages it relays (task records, status): ask for plain bodies.
-        if encoding {
-            headers.remove(header::ACCEPT_ENCODING);
-        }
-        if let Some(name) = &self.principal_header {
-            if principal {
-                headers.remove(name);
-            }
-            if let crate::exchange::Principal::Token(p) = &req.ctx.principal {
-                if let Some(v) = principal_value(p) {
-                    headers.insert(name.clone(), v);
-                }
-            }
-        }
-        // Replaces the client's `Host` (the edge leaves it in place).
-        headers.insert(header::HOST, self.host.clone());
-        // The edge took the client's `Mcp-Session-Id` out of the headers (into the context).
-        if let Some(sid) = req.ctx.session_id {
-            headers.insert(MCP_SESSION_ID.clone(), sid);
-        }
-        for (k, v) in &self.headers {
-            headers.insert(k.clone(), v.clone());
-        }
-        // Replaces the client's `Content-Length` (the edge leaves it in place).
-        if length == 0 {
-            request.headers_mut().remove(header::CONTENT_LENGTH);
-        } else {
-            request
-                .headers_mut()
-                .insert(header::CONTENT_LENGTH, HeaderValue::from(length));
-        }
-
+        let request = self.http_request(req);
         // One timer for both the response head and, for a JSON answer, its body.
-        let mut timer = deadline.map(|t| Box::pin(tokio::time::sleep(t)));
+        let mut timer = match deadline {
+            Deadline::Head | Deadline::Exchange => Some(Box::pin(tokio::time::sleep(self.timeout))),
+            Deadline::Unbounded => None,
+        };
         let sent = self.pool.send(request);
         let response = match timer.as_mut() {
             Some(timer) => tokio::select! {
@@ -208,7 +159,103 @@ impl Inner {
 
         let (parts, incoming) = response.into_parts();
         let mut headers = parts.headers;
-        strip_upstream_reply(&mut headers);
+        let is_sse = self.check_head(&mut headers)?;
+        if is_sse {
+            let events = sse::decode(incoming, self.name.clone(), self.max_message_bytes);
+            let give_up = match timer {
+                Some(timer) if deadline == Deadline::Exchange => Some(timer.deadline()),
+                _ => None,
+            };
+            let events = self.bounded_events(events, rpc_id, method, give_up);
+            return Ok(McpReply::new(
+                parts.status,
+                headers,
+                ReplyBody::Stream(events),
+            ));
+        }
+        let bytes = self.read_whole(incoming, timer.as_mut()).await?;
+        let body = self.whole_body(&headers, bytes)?;
+        Ok(McpReply::new(parts.status, headers, body))
+    }
+
+    /// `req` as the HTTP request to the upstream: POST with the message's bytes unchanged, GET
+    /// or DELETE without a body, on the upstream's path, with the headers of
+    /// [`Inner::upstream_headers`] and its own `Content-Length`.
+    fn http_request(&self, req: McpRequest) -> Request<Full<Bytes>> {
+        let (method, body) = match req.op {
+            Operation::Post(msg) => (Method::POST, msg.bytes().clone()),
+            Operation::OpenStream => (Method::GET, Bytes::new()),
+            Operation::EndSession => (Method::DELETE, Bytes::new()),
+        };
+        let length = body.len();
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = method;
+        *request.uri_mut() = self.target.clone();
+        let headers = request.headers_mut();
+        *headers = req.ctx.headers;
+        self.upstream_headers(headers, &req.ctx.principal, req.ctx.session_id);
+        // Replaces the client's `Content-Length` (the edge leaves it in place).
+        if length == 0 {
+            headers.remove(header::CONTENT_LENGTH);
+        } else {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+        }
+        request
+    }
+
+    /// The client's head fields as the upstream gets them: `Authorization` (unless
+    /// `forward_authorization`), `Accept-Encoding` and the client's own `principal_header`
+    /// removed; the principal, the upstream's `Host`, the routed `Mcp-Session-Id` and the
+    /// configured headers set.
+    fn upstream_headers(
+        &self,
+        headers: &mut HeaderMap,
+        principal: &crate::exchange::Principal,
+        session_id: Option<HeaderValue>,
+    ) {
+        // The names to drop, found in one pass over the few present (a hashed `remove` per
+        // name, present or not, cost more; benches/profile.sh small).
+        let (mut authorization, mut encoding, mut own_principal) = (false, false, false);
+        for name in headers.keys() {
+            authorization |= name == header::AUTHORIZATION;
+            encoding |= name == header::ACCEPT_ENCODING;
+            own_principal |= self.principal_header.as_ref() == Some(name);
+        }
+        if authorization && !self.forward_authorization {
+            headers.remove(header::AUTHORIZATION);
+        }
+        // taskgate reads the messages it relays (task records, status): ask for plain bodies.
+        if encoding {
+            headers.remove(header::ACCEPT_ENCODING);
+        }
+        if let Some(name) = &self.principal_header {
+            if own_principal {
+                headers.remove(name);
+            }
+            if let crate::exchange::Principal::Token(p) = principal {
+                if let Some(v) = principal_value(p) {
+                    headers.insert(name.clone(), v);
+                }
+            }
+        }
+        // Replaces the client's `Host` (the edge leaves it in place).
+        headers.insert(header::HOST, self.host.clone());
+        // The edge took the client's `Mcp-Session-Id` out of the headers (into the context).
+        if let Some(sid) = session_id {
+            headers.insert(MCP_SESSION_ID.clone(), sid);
+        }
+        for (k, v) in &self.headers {
+            headers.insert(k.clone(), v.clone());
+        }
+    }
+
+    /// The answer's head fields as they go up (taskgate's own `x-taskgate-*` and
+    /// `Content-Length` removed), checked; returns whether the answer is an SSE stream.
+    ///
+    /// Errors ([`GatewayError::UpstreamProtocol`], counted): an `Mcp-Session-Id` that is not
+    /// visible ASCII, an event stream declaring a charset other than UTF-8.
+    fn check_head(&self, headers: &mut HeaderMap) -> Result<bool, GatewayError> {
+        strip_upstream_reply(headers);
         headers.remove(header::CONTENT_LENGTH);
         if let Some(sid) = headers.get(&MCP_SESSION_ID) {
             if !is_visible_ascii(sid) {
@@ -218,26 +265,23 @@ impl Inner {
                 )));
             }
         }
-        let content_type = headers.get(header::CONTENT_TYPE);
-        let is_sse = content_type_is(content_type, "text/event-stream").map_err(|c| {
+        content_type_is(headers.get(header::CONTENT_TYPE), "text/event-stream").map_err(|c| {
             self.protocol_error(format!(
                 "its event stream declares charset={c}; MCP messages are UTF-8"
             ))
-        })?;
-        if is_sse {
-            let events = sse::decode(incoming, self.name.clone(), self.max_message_bytes);
-            let cancel_deadline = match timer {
-                Some(timer) if is_cancel => Some(timer.deadline()),
-                _ => None,
-            };
-            return Ok(McpReply::new(
-                parts.status,
-                headers,
-                ReplyBody::Stream(self.bounded_events(events, rpc_id, cancel_deadline)),
-            ));
-        }
+        })
+    }
+
+    /// A non-SSE answer's body, read whole within `max_message_bytes` and, when there is one,
+    /// the `timer`. Errors: [`GatewayError::UpstreamTimeout`], or
+    /// [`GatewayError::UpstreamProtocol`] for a body over the limit or cut short (counted).
+    async fn read_whole(
+        &self,
+        incoming: PooledBody,
+        timer: Option<&mut Pin<Box<tokio::time::Sleep>>>,
+    ) -> Result<Bytes, GatewayError> {
         let collect = Limited::new(incoming, self.max_message_bytes).collect();
-        let collected = match timer.as_mut() {
+        let collected = match timer {
             Some(timer) => tokio::select! {
                 biased;
                 r = collect => r,
@@ -245,57 +289,64 @@ impl Inner {
             },
             None => collect.await,
         };
-        let bytes = collected
-            .map_err(|e| {
+        let collected = collected.map_err(|e| {
+            self.metrics
+                .upstream_error(&self.name, UpstreamErrorKind::Protocol);
+            if e.downcast_ref::<LengthLimitError>().is_some() {
                 self.metrics
-                    .upstream_error(&self.name, UpstreamErrorKind::Protocol);
-                if e.downcast_ref::<LengthLimitError>().is_some() {
-                    self.metrics
-                        .upstream_oversize(&self.name, OversizeKind::Json);
-                    tracing::warn!(upstream = %self.name, limit = self.max_message_bytes, "upstream answer exceeded max_message_bytes");
-                    return GatewayError::UpstreamProtocol {
-                        upstream: self.name.clone(),
-                        detail: format!(
-                            "the upstream answer exceeded max_message_bytes={}",
-                            self.max_message_bytes
-                        ),
-                    };
-                }
-                GatewayError::UpstreamProtocol {
+                    .upstream_oversize(&self.name, OversizeKind::Json);
+                tracing::warn!(upstream = %self.name, limit = self.max_message_bytes, "upstream answer exceeded max_message_bytes");
+                return GatewayError::UpstreamProtocol {
                     upstream: self.name.clone(),
-                    detail: format!("body ended early: {e}"),
-                }
-            })?
-            .to_bytes();
+                    detail: format!(
+                        "the upstream answer exceeded max_message_bytes={}",
+                        self.max_message_bytes
+                    ),
+                };
+            }
+            GatewayError::UpstreamProtocol {
+                upstream: self.name.clone(),
+                detail: format!("body ended early: {e}"),
+            }
+        })?;
+        Ok(collected.to_bytes())
+    }
+
+    /// A whole body as the reply's: [`ReplyBody::Empty`] when empty, [`ReplyBody::Json`] when
+    /// `application/json`, else [`ReplyBody::Raw`]. Errors: a JSON answer declaring a charset
+    /// other than UTF-8 ([`GatewayError::UpstreamProtocol`], counted).
+    fn whole_body(&self, headers: &HeaderMap, bytes: Bytes) -> Result<ReplyBody, GatewayError> {
         let is_json = content_type_is(headers.get(header::CONTENT_TYPE), "application/json")
             .map_err(|c| {
                 self.protocol_error(format!(
                     "its JSON answer declares charset={c}; MCP messages are UTF-8"
                 ))
             })?;
-        let body = if bytes.is_empty() {
+        Ok(if bytes.is_empty() {
             ReplyBody::Empty
         } else if is_json {
             ReplyBody::Json(bytes)
         } else {
             ReplyBody::Raw(bytes)
-        };
-        Ok(McpReply::new(parts.status, headers, body))
+        })
     }
 
     /// The upstream's decoded SSE answer as relayed: an [`sse::Oversize`] becomes a JSON-RPC error
-    /// event for the request (counted), and past `cancel_deadline` (tasks/cancel only) a JSON-RPC
-    /// error event saying so; the stream ends after either (the upstream body is dropped).
+    /// event for the request (counted), and past `give_up` ([`Deadline::Exchange`] only) a
+    /// JSON-RPC error event naming `method`; the stream ends after either (the upstream body is
+    /// dropped).
     fn bounded_events(
         &self,
         events: sse::DecodedStream,
         rpc_id: Option<Id>,
-        cancel_deadline: Option<tokio::time::Instant>,
+        method: Option<Box<str>>,
+        give_up: Option<tokio::time::Instant>,
     ) -> sse::EventStream {
         Box::pin(Bounded {
             events: Some(events),
             rpc_id,
-            deadline: cancel_deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
+            method: give_up.and(method),
+            deadline: give_up.map(|at| Box::pin(tokio::time::sleep_until(at))),
             name: self.name.clone(),
             timeout_ms: self.timeout_ms,
             metrics: self.metrics.clone(),
@@ -353,7 +404,9 @@ struct Bounded {
     /// `None` once the stream ended (after an error event or the abort marker).
     events: Option<sse::DecodedStream>,
     rpc_id: Option<Id>,
-    /// `tasks/cancel` only: when the upstream's answer is given up.
+    /// The request's method, named in the error event past `deadline`.
+    method: Option<Box<str>>,
+    /// [`Deadline::Exchange`] only: when the upstream's answer is given up.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     name: Arc<str>,
     timeout_ms: u64,
@@ -392,7 +445,8 @@ impl futures_util::Stream for Bounded {
                 st.metrics
                     .upstream_error(&st.name, UpstreamErrorKind::Timeout);
                 let message = format!(
-                    "upstream did not answer tasks/cancel within {} ms",
+                    "upstream did not answer {} within {} ms",
+                    st.method.as_deref().unwrap_or("the request"),
                     st.timeout_ms
                 );
                 return Poll::Ready(Some(st.error_event(&message)));

@@ -4,9 +4,8 @@
 //! [`McpRequest`]: crate::exchange::McpRequest
 //! [`McpReply`]: crate::exchange::McpReply
 
-pub(crate) mod chunked;
-mod gate;
+pub mod h1;
 pub mod http;
-pub mod pool;
 
+pub use self::h1::pin_thread;
 pub use self::http::HttpUpstream;

@@ -62,7 +62,7 @@ mod tier;
 use modern::terminal_answer;
 pub use modern::MODERN_ACK;
 
-use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
+use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc;
 use crate::layers::extensions::AuthorisedTask;
 use crate::mcp::era::Era;
@@ -426,7 +426,7 @@ struct Answer<'a> {
 async fn forward_upstream<S>(
     state: Arc<CancelState>,
     mut inner: S,
-    req: McpRequest,
+    mut req: McpRequest,
     task_id: String,
 ) -> FlightAnswer
 where
@@ -439,6 +439,9 @@ where
     let Some(id) = req.id().cloned() else {
         return FlightAnswer::Error(internal("tasks/cancel without an id".to_string()));
     };
+    // The whole exchange, a streamed answer included, within the upstream's `timeout_ms`:
+    // every caller of this flight waits on it.
+    req.extensions.insert(Deadline::Exchange);
     let reply = match inner.call(req).await {
         Err(e) => return FlightAnswer::Failed(Arc::new(e)),
         Ok(reply) => reply,

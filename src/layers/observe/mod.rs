@@ -42,7 +42,7 @@ mod poll;
 use modern::{show_recorded_ttl, ttl_path};
 use poll::TaskView;
 
-use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody, RequestContext};
+use crate::exchange::{Deadline, McpReply, McpRequest, Operation, ReplyBody, RequestContext};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::layers::after::{AfterReply, ReplyStep};
 use crate::layers::extensions::{
@@ -713,6 +713,8 @@ impl Undo {
     fn request(&self, era: Era, task_id: &str, id: &Id) -> McpRequest {
         let mut ctx = self.ctx.clone();
         let mut extensions = self.extensions.clone();
+        // Bounded whole by the upstream's `timeout_ms`, a streamed answer included.
+        extensions.insert(Deadline::Exchange);
         // The creation's own routing headers name `tools/call` and its tool; its
         // `Mcp-Param-*` headers its arguments: none of them describe this request.
         let stale: Vec<http::HeaderName> = ctx
@@ -766,8 +768,8 @@ impl Undo {
     }
 
     /// Sends the `tasks/cancel` of `task_id` (created in `era`) in the background: the client's
-    /// `-32603` does not wait for it. Its whole exchange is bounded by the upstream client's
-    /// `timeout_ms` (a `tasks/cancel` answer, streamed or not, always is).
+    /// `-32603` does not wait for it. Its whole exchange is bounded by the upstream's
+    /// `timeout_ms` (its [`Deadline::Exchange`]: a `tasks/cancel` answer, streamed or not, always is).
     fn cancel(self, registry: &Arc<Registry>, era: Era, task_id: String) {
         let n = UNDO_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let id = Id::from_json(&format!("\"taskgate-undo-{n}\"")).expect("a string id");

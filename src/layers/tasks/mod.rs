@@ -30,7 +30,7 @@
 
 mod modern;
 
-use crate::exchange::{McpReply, McpRequest, Operation};
+use crate::exchange::{Deadline, McpReply, McpRequest, Operation};
 use crate::jsonrpc::splice;
 use crate::jsonrpc::{self, Message};
 use crate::layers::extensions::{
@@ -153,6 +153,9 @@ where
         }
         if req.extensions.get::<UpstreamWithoutTasks>().is_some() {
             // No tasks upstream: nothing to authorise, list or answer here.
+            if req.request_method() == Some("tasks/result") {
+                req.extensions.insert(Deadline::Unbounded);
+            }
             return Either::Left(self.inner.call(req));
         }
         if names_a_task(&req) {
@@ -393,6 +396,10 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
         .as_deref()
         .and_then(|s| HeaderValue::from_str(s).ok());
     req.extensions.insert(AuthorisedTask { record });
+    if method == Some(TaskMethod::Result) {
+        // It blocks until the task is terminal: no upstream timeout (see `Deadline`).
+        req.extensions.insert(Deadline::Unbounded);
+    }
     Ok(())
 }
 
