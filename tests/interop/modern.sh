@@ -31,6 +31,11 @@
 #                        TASKGATE_INTEROP_RMCP=1 also a held session on rmcp 3.11 --modern-only
 #                        (held-restart.mjs): the same Mcp-Session-Id works after the restart, its
 #                        tasks are reachable, cancel and a blocking tasks/result complete
+#   modern-routing-orphan (issue 37, routing-orphan.sh, its own fixtures and taskgate) requests whose
+#                        Mcp-Method/Mcp-Name disagree with the body are refused (-32020) and never
+#                        reach FastMCP; a tasks/get without Mcp-Name gets it upstream; an upgraded call
+#                        orphaned by kill -9 is cancelled on FastMCP (and rmcp --modern-only) after
+#                        the restart, the server itself says `cancelled`, taskgate's log says so
 #
 # Environment: INTEROP_WORK=DIR (default a new /tmp dir), MODERN_LEVEL=strict|report (report:
 # differences through taskgate are printed as notes and do not fail; direct failures still do).
@@ -387,6 +392,8 @@ if [[ "$BIN" != none ]]; then
     kill -KILL "${PID[taskgate-none]}" 2>/dev/null
     wait "${PID[taskgate-none]}" 2>/dev/null
     cp "$WORK/taskgate-none.err" "$WORK/taskgate-none-before-restart.err"
+    # Else wait_ready may see the killed one's line: start truncates the file only in the child.
+    rm -f "$WORK/taskgate-none.out"
     start taskgate-none "$BIN" serve --config "$WORK/taskgate-none.toml"
     if wait_ready taskgate-none 60; then
         URL[via]="http://$(field taskgate-none listening.gateway)/mcp/modern"
@@ -402,6 +409,30 @@ if [[ "$BIN" != none ]]; then
     fi
     result "modern-restart kill -9 $(route_name via)" $rc
     [[ $RMCP == 1 ]] && result "modern-restart held session (rmcp pure) kill -9 $(route_name via)" $held_rc
+fi
+
+# ---- modern-routing-orphan (issue 37): routing-orphan.sh, with its own fixtures and taskgate --------
+# Routing headers through taskgate on the FastMCP fixture (mismatches with the body refused with
+# -32020 and never forwarded, a tasks/get without Mcp-Name gets it upstream) and the upgraded call orphaned by
+# kill -9, cancelled upstream after the restart (FastMCP, and rmcp --modern-only with
+# TASKGATE_INTEROP_RMCP=1); strict unless MODERN_LEVEL=report. About 10 s.
+if [[ "$BIN" != none ]]; then
+    log "modern-routing-orphan: routing headers, the orphaned upgraded call after kill -9 (routing-orphan.sh)"
+    run_fg timeout 300 env INTEROP_WORK="$WORK/routing-orphan" TASKGATE_INTEROP_RMCP="$RMCP" bash "$HERE/routing-orphan.sh" "$BIN" \
+        >"$WORK/routing-orphan.log" 2>&1
+    rc=$?
+    sed -n '/^== routing-orphan/q;p' "$WORK/routing-orphan.log" | sed 's/^/  /'
+    if [[ -s "$WORK/routing-orphan/results.txt" ]]; then
+        while read -r status name; do
+            if [[ $status != PASS && $LEVEL == report ]]; then
+                echo "  note modern-routing-orphan $name: not enforced at level report"
+                status=PASS
+            fi
+            result "modern-routing-orphan $name" "$([[ $status == PASS ]] && echo 0 || echo 1)"
+        done <"$WORK/routing-orphan/results.txt"
+    else
+        result "modern-routing-orphan (no results, exit $rc; see $WORK/routing-orphan.log)" 1
+    fi
 fi
 
 for name in "${!PID[@]}"; do

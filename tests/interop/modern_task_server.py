@@ -36,7 +36,11 @@ test_image_content, ..., test://static-text, test_simple_prompt, ...). What this
 implement fails direct and is listed in conformance-next-expected-failures.txt.
 
 ``GET /received`` (ours, outside MCP): ``{"tasks/cancel": {taskId: count}, ...}``, every ``tasks/*``
-request that reached this process, counted before FastMCP sees it.
+request that reached this process, counted before FastMCP sees it. ``GET /requests`` (ours): every
+JSON-RPC request or notification that reached this process, in order, as ``{"method", "name"
+(params.name, uri or taskId), "arguments", "mcpMethod", "mcpName"}`` (the last two: the
+``Mcp-Method`` and ``Mcp-Name`` headers it came with, as sent, or null), for the routing-header
+checks (routing-headers.mjs).
 """
 
 from __future__ import annotations
@@ -333,27 +337,44 @@ def test_prompt_with_image() -> list:
 # ---- transport -----------------------------------------------------------------------------------
 
 RECEIVED: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+REQUESTS: list[dict[str, Any]] = []
 
 
-def _note(body: bytes) -> None:
+def _note(body: bytes, headers: dict[bytes, bytes]) -> None:
     try:
         msg = json.loads(body)
     except ValueError:
         return
+
+    def header(name: bytes) -> str | None:
+        return headers[name].decode("latin-1") if name in headers else None
+
     for m in msg if isinstance(msg, list) else [msg]:
-        if isinstance(m, dict) and str(m.get("method", "")).startswith("tasks/"):
-            task_id = (m.get("params") or {}).get("taskId", "")
-            RECEIVED[m["method"]][str(task_id)] += 1
+        if not isinstance(m, dict) or "method" not in m:
+            continue
+        params = m.get("params") if isinstance(m.get("params"), dict) else {}
+        if str(m["method"]).startswith("tasks/"):
+            RECEIVED[m["method"]][str(params.get("taskId", ""))] += 1
+        REQUESTS.append(
+            {
+                "method": m["method"],
+                "name": params.get("name", params.get("uri", params.get("taskId"))),
+                "arguments": params.get("arguments"),
+                "mcpMethod": header(b"mcp-method"),
+                "mcpName": header(b"mcp-name"),
+            }
+        )
 
 
 def with_received_log(app):
-    """ASGI wrapper: counts tasks/* requests and serves GET /received."""
+    """ASGI wrapper: counts tasks/* requests and logs every request; serves GET /received and
+    GET /requests."""
 
     async def wrapped(scope, receive, send):
         if scope["type"] != "http":
             return await app(scope, receive, send)
-        if scope["method"] == "GET" and scope["path"] == "/received":
-            body = json.dumps(RECEIVED).encode()
+        if scope["method"] == "GET" and scope["path"] in ("/received", "/requests"):
+            body = json.dumps(RECEIVED if scope["path"] == "/received" else REQUESTS).encode()
             await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
             await send({"type": "http.response.body", "body": body})
             return
@@ -368,7 +389,7 @@ def with_received_log(app):
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        _note(body)
+        _note(body, dict(scope["headers"]))
         replayed = False
 
         async def replay():
@@ -419,6 +440,7 @@ async def main() -> None:
                     "listening": f"http://127.0.0.1:{port}/mcp",
                     "port": port,
                     "received": f"http://127.0.0.1:{port}/received",
+                    "requests": f"http://127.0.0.1:{port}/requests",
                     "server": "fastmcp4",
                     "version": fastmcp.__version__,
                 }
