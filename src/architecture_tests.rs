@@ -90,6 +90,21 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
         "registry",
         "the exchange types are below the registry",
     ),
+    (
+        "layers::relay",
+        "layers::bridge",
+        "the bridge calls the relay and hands it the era translation it needs, never the reverse",
+    ),
+    (
+        "layers::relay",
+        "layers::session",
+        "the relay is handed what the client declared; it reads no session table",
+    ),
+    (
+        "layers::relay",
+        "registry",
+        "the relay records no task fact (only observe does)",
+    ),
 ];
 
 /// `(module, may name, why)`: files of `module` may name only these modules (and their own).

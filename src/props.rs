@@ -1105,11 +1105,12 @@ pub fn routing_headers(flags: u8, parts: &[u8]) {
 ///   or is refused for a method taskgate does not relay; at most one request per key.
 pub fn listen_mrtr(flags: u8, body: &[u8]) {
     use crate::exchange::{Principal, RequestContext};
-    use crate::layers::bridge::input::{capability_for, Ask, Inputs};
     use crate::layers::bridge::listen::{
         legacy_listen_event, Listened, Offer, SUBSCRIPTION_ID_META,
     };
-    use crate::layers::bridge::{mrtr, translate as t};
+    use crate::layers::bridge::translate as t;
+    use crate::layers::relay::input::{capability_for, Ask, Inputs};
+    use crate::layers::relay::mrtr;
     use crate::mcp::task::RELATED_TASK_META;
     use serde_json::{json, Value};
     let Ok(text) = std::str::from_utf8(body) else {

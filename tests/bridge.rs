@@ -4,7 +4,6 @@
 //! extension, stateless 2026 task requests). Only the wire, the upstream's received requests and
 //! the registry are asserted.
 
-
 use crate::common::*;
 
 use serde_json::{json, Value};
@@ -727,7 +726,7 @@ async fn too_many_input_keys_end_the_result_and_cancel_the_task() {
         (v["method"] == "tasks/get" && flood).then(|| {
             let mut d = detailed(&t, "input_required");
             let one = d["inputRequests"]["name"].clone();
-            let max = taskgate::layers::bridge::input::MAX_KEYS_PER_TASK;
+            let max = taskgate::layers::relay::input::MAX_KEYS_PER_TASK;
             d["inputRequests"] = (0..=max).map(|n| (format!("k{n}"), one.clone())).collect();
             ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &d.to_string()))
         })

@@ -38,6 +38,7 @@ pub mod cancel;
 pub mod extensions;
 pub mod ids;
 pub mod observe;
+pub mod relay;
 pub mod session;
 pub mod session_guard;
 pub mod tasks;

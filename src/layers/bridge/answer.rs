@@ -1,13 +1,13 @@
 //! The bridge's own exchanges with the upstream and their 2025 answers: reading the answer to
-//! an id out of a reply ([`answer_of`], [`read_to_answer`]), one bounded exchange ([`ask`],
-//! [`ask_with`]), and the 2025 replies made from an answer or a failure.
+//! an id out of a reply ([`answer_of`], with the relay's `read_to_answer`), one bounded exchange
+//! ([`ask`], [`ask_with`], bounded by the relay's `Relay::bounded`), and the 2025 replies made
+//! from an answer or a failure.
 
 use super::{errors, BridgeState, McpService};
-use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
+use crate::exchange::{GatewayError, McpReply, McpRequest};
 use crate::jsonrpc::{self, Id};
-use crate::sse::{Event, EventStream};
+pub(super) use crate::layers::relay::read_to_answer;
 use bytes::Bytes;
-use futures_util::StreamExt;
 use serde_json::Value;
 use std::future::Future;
 use tower::ServiceExt;
@@ -21,43 +21,9 @@ pub(super) async fn answer_of(reply: McpReply, id: &Id) -> Option<Value> {
         .0
 }
 
-/// Reads `reply` up to the message answering `id`: the answer (parsed; `None` as for
-/// [`answer_of`]) and, for an SSE body, the rest of its stream after the answer event (`None`
-/// when there is no answer). Each event of the stream before the answer (notifications, answers
-/// to other ids, events without data) is handed to `before`, in order, and awaited; when it
-/// yields `false` (its reader went away) reading stops at once with `(None, None)`.
-pub(super) async fn read_to_answer<F, Fut>(
-    reply: McpReply,
-    id: &Id,
-    mut before: F,
-) -> (Option<Value>, Option<EventStream>)
-where
-    F: FnMut(Event) -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let mut events = match reply.body {
-        ReplyBody::Stream(events) => events,
-        ReplyBody::Json(bytes) | ReplyBody::Raw(bytes) => {
-            return (serde_json::from_slice(&bytes).ok(), None)
-        }
-        ReplyBody::Empty => return (None, None),
-    };
-    while let Some(ev) = events.next().await {
-        if let Some(data) = ev.data.as_deref() {
-            if jsonrpc::is_answer_to(data.as_bytes(), id) {
-                return (serde_json::from_str(data).ok(), Some(events));
-            }
-        }
-        if !before(ev).await {
-            return (None, None);
-        }
-    }
-    (None, None)
-}
-
 /// Sends taskgate's own request `out` (under `id`) upstream and reads the answer to `id` (see
 /// [`answer_of`]). The whole exchange, an SSE stream's answer event included, is bounded by the
-/// upstream's `timeout_ms`: past it the error is the upstream timeout's
+/// upstream's `timeout_ms` (`Relay::bounded`): past it the error is the upstream timeout's
 /// ([`GatewayError::UpstreamTimeout`], "upstream `x` did not answer within N ms", counted in
 /// `taskgate_upstream_errors_total{kind="timeout"}`), which the bridge answers as JSON-RPC
 /// `-32603` (HTTP 200) like any error reaching the upstream.
@@ -89,31 +55,7 @@ where
         let reply = inner.oneshot(out).await?;
         Ok(read(reply).await)
     };
-    bounded(state, upstream, id, exchange).await
-}
-
-/// `exchange` (one of taskgate's own exchanges with `upstream` under `id`) bounded by the
-/// upstream's `timeout_ms`, as [`ask`] is.
-pub(super) async fn bounded<T>(
-    state: &BridgeState,
-    upstream: std::sync::Arc<str>,
-    id: &Id,
-    exchange: impl Future<Output = Result<T, GatewayError>>,
-) -> Result<T, GatewayError> {
-    match tokio::time::timeout(state.timeout, exchange).await {
-        Ok(answer) => answer,
-        Err(_) => {
-            state
-                .registry
-                .metrics()
-                .upstream_error(&upstream, crate::metrics::UpstreamErrorKind::Timeout);
-            tracing::warn!(%upstream, id = %id.as_json(), "the upstream did not answer a bridged request within timeout_ms");
-            Err(GatewayError::UpstreamTimeout {
-                upstream,
-                timeout_ms: state.timeout.as_millis().min(u64::MAX as u128) as u64,
-            })
-        }
-    }
+    state.relay.bounded(upstream, id, exchange).await
 }
 
 /// The 2025 answer under `id` when taskgate's own exchange with the upstream failed (see

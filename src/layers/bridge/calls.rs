@@ -5,12 +5,13 @@ use super::{
     ask_with, errors, failure_reply, legacy_reply, modern_request, upstream_era, BridgeState,
     UpstreamEra, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
 };
-use super::{held, mrtr, translate};
+use super::{held, translate};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{
     Fact, NeedsTask, PendingCreation, PlainAnswerIsTask, SynthesizedTask,
 };
+use crate::layers::relay::mrtr;
 use crate::layers::McpService;
 use crate::mcp::capabilities::CLIENT_CAPABILITIES_META;
 use crate::mcp::era::{Era, MODERN_VERSION};
@@ -219,10 +220,11 @@ pub(super) async fn task_call<S: McpService>(
     };
     if answer.as_ref().is_some_and(mrtr::is_input_required) {
         let first = answer.unwrap_or_default();
-        // Input before the task exists: MRTR on the call (see `mrtr`); the final answer is
+        // Input before the task exists: MRTR on the call (see `relay::mrtr`); the final answer is
         // answered as below.
         let exchange = mrtr::Exchange {
-            state: state.clone(),
+            relay: state.relay.clone(),
+            client: state.client_of(&out),
             inner,
             out,
             client_id: id.clone(),

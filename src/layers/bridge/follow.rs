@@ -1,13 +1,13 @@
 //! The bridged `tasks/get`, `tasks/result` (followed by polling) and `tasks/cancel`, and the
 //! `server/discover` probe (see the module docs of `bridge`).
 
-use super::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use super::translate::{self, Payload};
 use super::{answer_of, ask, error_reply, failure_reply, legacy_reply, modern_request};
 use super::{BridgeService, BridgeState, UpstreamEra, MAX_POLL, MIN_POLL};
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{AckIsCancelled, AuthorisedTask, CancelAcknowledged};
+use crate::layers::relay::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use crate::layers::McpService;
 use crate::mcp::errors::TaskError;
 use crate::mcp::task::{now_ms, TaskStatus};
@@ -184,7 +184,7 @@ fn payload_reply(id: &Id, payload: Payload) -> McpReply {
 /// A bridged `tasks/result`: blocks, following the upstream's `tasks/get`, until the task is
 /// terminal or its ttl has elapsed (see the module docs). Answered as an SSE stream: a
 /// `notifications/tasks/status` for each status change seen while following, the
-/// `input_required` prompts (see `input`), the answer last. The client closing the stream stops
+/// `input_required` prompts (see `relay::input`), the answer last. The client closing the stream stops
 /// the polls.
 pub(super) async fn tasks_result<S: McpService>(
     state: &Arc<BridgeState>,
@@ -250,20 +250,14 @@ async fn follow_result<S: McpService>(
     // An open tasks/result holds its task (the "resources released" fact) until answered.
     let _hold = state.registry.releases().hold(&req.ctx.upstream, &task_id);
     // The client capabilities its session declared, read once (they do not change).
-    let session = state.sessions.as_ref().and_then(|s| {
-        s.get(
-            &req.ctx.upstream,
-            crate::layers::session::session_key(&req.ctx).as_ref(),
-        )
-    });
-    let declared = move |pointer: &str| session.as_ref().is_some_and(|i| i.client_has(pointer));
+    let declared = state.client_of(req).declared;
     let mut known = record;
     let mut backoff = MIN_POLL;
     loop {
         if known.is_expired(now_ms()) {
             // The ttl (the CreateTaskResult's, capped by tasks.max_ttl_ms) has elapsed: the
             // upstream may have deleted the task (2025-11-25: expired is -32602).
-            state.inputs.forget(&task_id);
+            state.relay.inputs.forget(&task_id);
             tracing::info!(
                 task_id,
                 "bridged tasks/result: the task's ttl elapsed while following it"
@@ -303,7 +297,7 @@ async fn follow_result<S: McpService>(
             return error_reply(id, answer.get("error"));
         };
         if let Some(p) = translate::terminal_payload(task, &task_id) {
-            state.inputs.forget(&task_id);
+            state.relay.inputs.forget(&task_id);
             return payload_reply(id, p);
         }
         if let Some(s) = task
@@ -325,7 +319,7 @@ async fn follow_result<S: McpService>(
         }
         if let Some(requests) = task.get("inputRequests").and_then(Value::as_object) {
             if let Err(reply) =
-                relay_inputs(state, &inner, req, id, &known, requests, &declared, tx).await
+                relay_inputs(state, &inner, req, id, &known, requests, &*declared, tx).await
             {
                 return reply;
             }
@@ -336,7 +330,7 @@ async fn follow_result<S: McpService>(
     }
 }
 
-/// Sends the new keys of an `inputRequests` snapshot to the client (see `input`); `Err` with
+/// Sends the new keys of an `inputRequests` snapshot to the client (see `relay::input`); `Err` with
 /// the answer that ends the `tasks/result` when the client cannot answer one or the task asks
 /// for too many (the task is then cancelled), or when the client went away.
 #[allow(clippy::too_many_arguments)]
@@ -352,7 +346,7 @@ async fn relay_inputs<S: McpService>(
 ) -> Result<(), McpReply> {
     let task_id = &record.task_id;
     let metrics = state.registry.metrics();
-    if let Some(total) = state.inputs.over_bound(task_id, requests) {
+    if let Some(total) = state.relay.inputs.over_bound(task_id, requests) {
         metrics.bridge_input_refused(&req.ctx.upstream, InputRefusal::TooManyKeys);
         tracing::warn!(%task_id, keys = total, limit = MAX_KEYS_PER_TASK, "a bridged task asks for more input than taskgate relays for one task: cancelling it");
         cancel_for_input(state, inner, req, record).await;
@@ -365,7 +359,10 @@ async fn relay_inputs<S: McpService>(
         ));
     }
     for (key, request) in requests {
-        let decision = state.inputs.ask(declared, &req.ctx, task_id, key, request);
+        let decision = state
+            .relay
+            .inputs
+            .ask(declared, &req.ctx, task_id, key, request);
         match decision {
             Ask::Already => {}
             Ask::Send(message) => {
@@ -425,7 +422,7 @@ async fn cancel_for_input<S: McpService>(
             )
         }
     };
-    state.inputs.forget(&record.task_id);
+    state.relay.inputs.forget(&record.task_id);
     tracing::info!(task_id = %record.task_id, answer = ?answer, "task cancelled: its input cannot be asked");
 }
 

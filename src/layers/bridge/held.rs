@@ -32,7 +32,7 @@
 //!   (2026 multi-round-trip requests) to `tools/call`, `prompts/get` or `resources/read` is
 //!   relayed: its input requests go to the client as `elicitation/create` /
 //!   `sampling/createMessage` / `roots/list` on the request's stream and the request is retried
-//!   with the answers (see `mrtr`); one to any other request (which 2026 does not allow) becomes
+//!   with the answers (see `relay::mrtr`); one to any other request (which 2026 does not allow) becomes
 //!   `-32603` saying so.
 //! - a `notifications/cancelled` naming a request of the session still in flight upstream ends
 //!   it: taskgate closes that upstream request (2026-07-28: closing the stream is the cancel)
@@ -64,13 +64,14 @@
 //! for idle that much early after a restart; its removal on DELETE is durable before the answer,
 //! a removal on reclaim happens in the background.
 //!
-//! Limits: MRTR `mrtr::MAX_ROUNDS` rounds of 32 keys, each answered within `timeout_ms`; the GET
+//! Limits: MRTR `relay::mrtr::MAX_ROUNDS` rounds of 32 keys, each answered within `timeout_ms`; the GET
 //! stream's subscriptions are in memory, at most `listen::MAX_SUBSCRIPTIONS` per session.
 
 use super::{modern_request, translate, BridgeState, UpstreamEra};
 use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind};
 use crate::layers::extensions::{HeldAnswer, HeldSession};
+use crate::layers::relay::mrtr;
 use crate::layers::McpService;
 use crate::mcp::capabilities::{CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
 use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
@@ -160,7 +161,7 @@ fn register(
     req: &McpRequest,
 ) -> Option<(oneshot::Receiver<()>, InFlight)> {
     let key = req.ctx.call_key(req.id()?);
-    let token = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let token = state.ids.next();
     let (tx, rx) = oneshot::channel();
     let mut calls = state.held_calls.lock();
     if calls.contains_key(&key) || calls.len() >= super::MAX_HELD_CALLS {
@@ -307,7 +308,7 @@ pub(crate) fn modernize(req: &McpRequest) -> Option<McpRequest> {
 }
 
 /// A request of a held session sent upstream as a 2026 request ([`modernize`]) through `send`
-/// (an MRTR `input_required` answer relayed to the client, see `mrtr`), its answer made a 2025
+/// (an MRTR `input_required` answer relayed to the client, see `relay::mrtr`), its answer made a 2025
 /// one ([`legacy_answer`]).
 pub(super) async fn forward_with<S, F>(
     state: Arc<BridgeState>,
@@ -317,7 +318,7 @@ pub(super) async fn forward_with<S, F>(
 ) -> Result<McpReply, GatewayError>
 where
     S: McpService,
-    F: super::mrtr::Send2026<S>,
+    F: mrtr::Send2026<S>,
 {
     let Some(out) = modernize(&req) else {
         return Ok(McpReply::local_error(
@@ -326,7 +327,8 @@ where
             "taskgate holds this session and cannot send this message to the 2026-07-28 upstream",
         ));
     };
-    let send = |inner, out| super::mrtr::call(state.clone(), inner, out, send);
+    let client = state.client_of(&out);
+    let send = |inner, out| mrtr::call(state.relay.clone(), client.clone(), inner, out, send);
     let Some((mut cancelled, flight)) = register(&state, &req) else {
         return Ok(legacy_answer(send(inner, out).await?));
     };

@@ -82,12 +82,12 @@
 //! 200, counted in `taskgate_upstream_errors_total{kind="timeout"}`. `server/discover` is bounded
 //! by [`DISCOVER_DEADLINE`] or `timeout_ms`, whichever is shorter.
 //!
-//! - `input_required` while a bridged `tasks/result` follows the task: see `input` (prompts on
+//! - `input_required` while a bridged `tasks/result` follows the task: see `relay::input` (prompts on
 //!   the `tasks/result` stream: `elicitation/create`, `sampling/createMessage`, `roots/list`;
 //!   answers upstream as `tasks/update`; keys asked once; bounded per task and per caller).
 //! - MRTR (an `input_required` *result*, 2026-07-28 §2.3) answering the bridged task-augmented
 //!   `tools/call` before its task exists, or a held session's `tools/call` / `prompts/get` /
-//!   `resources/read`: see `mrtr` (the same prompts on the request's own stream, then the request
+//!   `resources/read`: see `relay::mrtr` (the same prompts on the request's own stream, then the request
 //!   retried under a new id with `inputResponses` and the `requestState`; at most
 //!   [`mrtr::MAX_ROUNDS`] rounds). The bridged task call declares, besides the extension, the
 //!   `elicitation` / `sampling` / `roots` capabilities the client's session declared.
@@ -110,20 +110,20 @@
 //! that session upstream as a stateless 2026 request; see `held`. Its GET stream is the
 //! upstream's `subscriptions/listen`; see `listen`.
 //!
-//! Files: this one (the layer, the era, the dispatch, the request and answer helpers), `calls`
+//! Files: this one (the layer, the era, the dispatch, the request helpers), `calls`
 //! (`initialize`, `tools/list`, `tools/call`), `follow` (tasks/get, tasks/result, tasks/cancel,
-//! `server/discover`), `held` (held sessions), `listen` (a held session's GET stream), `input`
-//! (input requests), `mrtr` (input within a request: MRTR), `answer` (the bridge's own exchanges), `translate` (the pure shape
-//! translations), `errors` (2026-only error codes for 2025 clients).
+//! `server/discover`), `held` (held sessions), `listen` (a held session's GET stream), `answer`
+//! (the bridge's own exchanges), `translate` (the pure shape translations), `errors` (2026-only
+//! error codes for 2025 clients). The input relay (`input_required` and MRTR) is a stage of its
+//! own, `crate::layers::relay`: the bridge owns one [`Relay`] per upstream and calls it, handing
+//! it what the client declared and how the upstream's events are shown to a 2025 client.
 
 mod answer;
 mod calls;
 pub mod errors;
 mod follow;
 pub(crate) mod held;
-pub mod input;
 pub mod listen;
-pub mod mrtr;
 pub mod translate;
 
 use answer::{answer_of, ask, ask_with, error_reply, failure_reply, legacy_reply};
@@ -132,6 +132,7 @@ use crate::config::UpstreamProtocol;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, Id, Message};
 use crate::layers::extensions::{AuthorisedTask, HeldSession, PendingCreation};
+use crate::layers::relay::{self, input, mrtr, OwnIds, Relay};
 use crate::layers::McpService;
 use crate::mcp::era::{Era, MODERN_VERSION};
 use crate::mcp::routing_headers::MCP_NAME;
@@ -144,7 +145,7 @@ use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -179,8 +180,10 @@ pub struct BridgeState {
     learned: Mutex<Option<UpstreamEra>>,
     probe: tokio::sync::Mutex<()>,
     task_only: Mutex<HashSet<String>>,
-    next_id: AtomicU64,
-    inputs: input::Inputs,
+    /// Ids of taskgate's own upstream requests (shared with the relay).
+    ids: Arc<OwnIds>,
+    /// The relay of input the upstream asks for (`input_required`, MRTR), its own stage.
+    relay: Arc<Relay>,
     sessions: Option<Arc<crate::layers::session::Sessions>>,
     /// The upstream's `timeout_ms`: bounds each of taskgate's own exchanges (see [`ask`]).
     timeout: Duration,
@@ -209,14 +212,16 @@ impl BridgeState {
         sessions: Arc<crate::layers::session::Sessions>,
         cancel: Arc<crate::layers::cancel::CancelState>,
     ) -> Arc<BridgeState> {
+        let ids = Arc::new(OwnIds::default());
+        let relay = Arc::new(Relay::new(ids.clone(), timeout, registry.metrics().clone()));
         Arc::new(BridgeState {
             registry,
             protocol,
             learned: Mutex::new(None),
             probe: tokio::sync::Mutex::new(()),
             task_only: Mutex::new(HashSet::new()),
-            next_id: AtomicU64::new(1),
-            inputs: input::Inputs::default(),
+            ids,
+            relay,
             sessions: Some(sessions),
             timeout,
             cancel: Some(cancel),
@@ -248,8 +253,30 @@ impl BridgeState {
     /// An id for taskgate's own upstream requests (a string no client id equals by type and
     /// prefix).
     fn next_id(&self) -> Id {
-        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        Id::from_json(&format!("\"taskgate-bridge-{n}\"")).expect("a JSON string")
+        self.ids.next_id()
+    }
+
+    /// What the relay is told of `req`'s client (see [`relay::Client`]): the capabilities its
+    /// held session declared, else its session's (read once, they do not change), and the
+    /// 2025 form of the upstream's events.
+    fn client_of(&self, req: &McpRequest) -> relay::Client {
+        let held = req
+            .extensions
+            .get::<Arc<HeldSession>>()
+            .map(|h| h.client_capabilities.clone());
+        let session = self.sessions.as_ref().and_then(|s| {
+            s.get(
+                &req.ctx.upstream,
+                crate::layers::session::session_key(&req.ctx).as_ref(),
+            )
+        });
+        relay::Client {
+            declared: Arc::new(move |pointer: &str| {
+                held.as_ref().is_some_and(|c| c.pointer(pointer).is_some())
+                    || session.as_ref().is_some_and(|s| s.client_has(pointer))
+            }),
+            shown: translate::legacy_event,
+        }
     }
 
     /// Whether taskgate holds 2025 sessions itself for this upstream (see `held`).
@@ -342,7 +369,7 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
         }
         if let Some(pending) = input_answer(state, &req) {
             if pending.round.is_some() {
-                // An answer to an MRTR round's input request (see `mrtr`).
+                // An answer to an MRTR round's input request (see `relay::mrtr`).
                 mrtr::answered(&req, pending);
                 return Either::Right(Box::pin(async { Ok(McpReply::accepted()) }));
             }
@@ -493,7 +520,7 @@ fn internal_request(req: &McpRequest, id: &Id, method: &str, task_id: &str) -> M
     }
 }
 
-/// The input request a POSTed client response answers (see `input`), taken.
+/// The input request a POSTed client response answers (see `relay::input`), taken.
 fn input_answer(state: &BridgeState, req: &McpRequest) -> Option<input::Pending> {
     let Operation::Post(msg) = &req.op else {
         return None;
@@ -501,7 +528,7 @@ fn input_answer(state: &BridgeState, req: &McpRequest) -> Option<input::Pending>
     if !matches!(msg.kind(), jsonrpc::Kind::Response | jsonrpc::Kind::Error) {
         return None;
     }
-    state.inputs.take(msg.id()?, &req.ctx.caller())
+    state.relay.inputs.take(msg.id()?, &req.ctx.caller())
 }
 
 /// The upstream's era, asking `server/discover` once when it is not known.

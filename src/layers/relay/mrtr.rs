@@ -40,13 +40,10 @@
 //! Counted in `taskgate_bridge_mrtr_total{upstream,outcome}` (one per exchange) and
 //! `taskgate_bridge_mrtr_rounds_total{upstream}` (one per round relayed).
 
-use super::answer::{bounded, failure_reply, read_to_answer};
-use super::input::{capability_for, Ask, MAX_KEYS_PER_TASK};
-use super::translate;
-use super::BridgeState;
+use super::input::{capability_for, Ask, Inputs, MAX_KEYS_PER_TASK};
+use super::{read_to_answer, Client, Relay};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Message};
-use crate::layers::extensions::HeldSession;
 use crate::layers::McpService;
 use crate::metrics::MrtrOutcome;
 use crate::sse::{Event, EventStream};
@@ -54,7 +51,6 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::{Map, Value};
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -64,7 +60,7 @@ pub const MAX_ROUNDS: usize = 8;
 const RELAY_CAPACITY: usize = 64;
 
 /// The methods 2026-07-28 allows MRTR on.
-pub(super) fn allows_mrtr(method: Option<&str>) -> bool {
+pub fn allows_mrtr(method: Option<&str>) -> bool {
     matches!(
         method,
         Some("tools/call" | "prompts/get" | "resources/read")
@@ -81,13 +77,13 @@ pub(crate) fn input_required(text: &[u8], id: &Id) -> Option<Value> {
 }
 
 /// Whether an answer is an MRTR `input_required` result.
-pub(super) fn is_input_required(answer: &Value) -> bool {
+pub fn is_input_required(answer: &Value) -> bool {
     answer.pointer("/result/resultType").and_then(Value::as_str) == Some("input_required")
 }
 
 /// How a client's request is sent upstream: a function of the service below and the request
 /// (one round).
-pub(super) trait Send2026<S>: Clone + Send + Sync + 'static {
+pub trait Send2026<S>: Clone + Send + Sync + 'static {
     /// The reply's future.
     type Fut: Future<Output = Result<McpReply, GatewayError>> + Send + 'static;
     /// Sends one round.
@@ -106,8 +102,12 @@ where
 }
 
 /// One MRTR exchange: what every round needs.
-pub(super) struct Exchange<S, F> {
-    pub state: Arc<BridgeState>,
+pub struct Exchange<S, F> {
+    /// The upstream's relay (its input requests, ids, `timeout_ms`, metrics).
+    pub relay: Arc<Relay>,
+    /// What the relay is told of the client (see [`Client`]).
+    pub client: Client,
+    /// The service below (a round goes there through `send`).
     pub inner: S,
     /// The first round's 2026 request; each retry is it under a new id with `inputResponses`
     /// and `requestState`.
@@ -124,9 +124,11 @@ type Ended = (MrtrOutcome, McpReply);
 /// A held session's request `out` (a 2026 request under the client's id) sent through `send`;
 /// when the upstream answers `input_required` (JSON, or the answering event of its SSE stream),
 /// the rounds run (see the module docs) and the client gets an SSE stream. Any other answer
-/// passes as it came (an SSE stream is relayed as it arrives).
-pub(super) async fn call<S, F>(
-    state: Arc<BridgeState>,
+/// passes as it came (an SSE stream is relayed as it arrives). Errors: the first round's, as
+/// `send` gave it; later ones end the stream with a JSON-RPC error (see the module docs).
+pub async fn call<S, F>(
+    relay: Arc<Relay>,
+    client: Client,
     inner: S,
     out: McpRequest,
     send: F,
@@ -144,7 +146,8 @@ where
     };
     let mut reply = send.send(inner.clone(), out.clone()).await?;
     let ex = Exchange {
-        state,
+        relay,
+        client,
         inner,
         out,
         client_id: id,
@@ -222,7 +225,7 @@ where
     /// answers with their SSE stream: `early` events first, then the input requests and the
     /// retries' notifications, then `finish`'s reply for the final answer (under the client's
     /// id) and the rest of the last retry's stream.
-    pub(super) fn spawn<G, GFut>(self, first: Value, early: Vec<Event>, finish: G) -> McpReply
+    pub fn spawn<G, GFut>(self, first: Value, early: Vec<Event>, finish: G) -> McpReply
     where
         G: FnOnce(Value, Option<EventStream>) -> GFut + Send + 'static,
         GFut: Future<Output = McpReply> + Send + 'static,
@@ -238,15 +241,15 @@ where
         let (tx, rx) = mpsc::channel(RELAY_CAPACITY);
         tokio::spawn(async move {
             let closed = tx.clone();
-            let state = self.state.clone();
+            let relay = self.relay.clone();
             let upstream = self.out.ctx.upstream.clone();
             tokio::select! {
                 outcome = self.run(first, early, finish, &tx) => {
-                    state.registry.metrics().bridge_mrtr(&upstream, outcome);
+                    relay.metrics.bridge_mrtr(&upstream, outcome);
                 }
                 _ = closed.closed() => {
                     tracing::debug!(%upstream, "MRTR: the client went away; the request is ended");
-                    state.registry.metrics().bridge_mrtr(&upstream, MrtrOutcome::Disconnected);
+                    relay.metrics.bridge_mrtr(&upstream, MrtrOutcome::Disconnected);
                 }
             }
         });
@@ -306,7 +309,7 @@ where
         first: Value,
         tx: &mpsc::Sender<Event>,
     ) -> Result<Option<(Value, Option<EventStream>)>, Ended> {
-        let declared = declared(&self.state, &self.out);
+        let declared: &(dyn Fn(&str) -> bool + Send + Sync) = &*self.client.declared;
         let upstream = self.out.ctx.upstream.clone();
         let mut answer = first;
         let mut rest = None;
@@ -340,7 +343,7 @@ where
             }
             for request in requests.values() {
                 let method = request.get("method").and_then(Value::as_str).unwrap_or("");
-                if !capability_for(method).is_some_and(&declared) {
+                if !capability_for(method).is_some_and(declared) {
                     let message = match capability_for(method) {
                         Some(cap) => format!("the 2026-07-28 upstream needs input by `{method}` to answer this request, which needs the client capability `{}`; this client did not declare it in initialize", cap.trim_start_matches('/')),
                         None => format!("the 2026-07-28 upstream needs input by `{method}` to answer this request, which taskgate does not relay"),
@@ -352,17 +355,17 @@ where
                     ));
                 }
             }
-            let Some(responses) = self.ask(round, requests, &declared, tx).await? else {
+            let Some(responses) = self.ask(round, requests, declared, tx).await? else {
                 return Ok(None);
             };
-            self.state.registry.metrics().bridge_mrtr_round(&upstream);
-            let id = self.state.next_id();
+            self.relay.metrics.bridge_mrtr_round(&upstream);
+            let id = self.relay.next_id();
             let retry = self.retry(&id, responses, result.get("requestState"));
             let exchange = async {
                 let reply = self.send.send(self.inner.clone(), retry).await?;
-                Ok(read_relaying(reply, &id, tx).await)
+                Ok(read_relaying(reply, &id, self.client.shown, tx).await)
             };
-            match bounded(&self.state, upstream.clone(), &id, exchange).await {
+            match self.relay.bounded(upstream.clone(), &id, exchange).await {
                 Ok((Some(next), more)) => {
                     answer = next;
                     rest = more;
@@ -377,7 +380,11 @@ where
                 Err(e) => {
                     return Err((
                         MrtrOutcome::UpstreamError,
-                        failure_reply(&self.client_id, &e),
+                        McpReply::local_error(
+                            Some(&self.client_id),
+                            jsonrpc::INTERNAL_ERROR,
+                            &e.to_string(),
+                        ),
                     ))
                 }
             }
@@ -401,8 +408,8 @@ where
         declared: &(dyn Fn(&str) -> bool + Send + Sync),
         tx: &mpsc::Sender<Event>,
     ) -> Result<Option<Map<String, Value>>, Ended> {
-        let inputs = &self.state.inputs;
-        let n = self.state.next_id.fetch_add(1, Ordering::Relaxed);
+        let inputs = &self.relay.inputs;
+        let n = self.relay.ids.next();
         let group = format!("mrtr-{n}-{round}");
         let (answers, mut rx) = mpsc::channel(requests.len());
         let forget = Forget(inputs, &group);
@@ -418,7 +425,7 @@ where
         }
         drop(answers);
         let mut responses = Map::new();
-        let deadline = tokio::time::Instant::now() + self.state.timeout;
+        let deadline = tokio::time::Instant::now() + self.relay.timeout;
         while responses.len() < requests.len() {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
                 Ok(Some((key, value))) => {
@@ -437,7 +444,7 @@ where
                         jsonrpc::INTERNAL_ERROR,
                         &format!(
                             "the client did not answer the upstream's input requests (MRTR round {round}) within {} ms",
-                            self.state.timeout.as_millis()
+                            self.relay.timeout.as_millis()
                         ),
                     ))
                 }
@@ -477,7 +484,7 @@ where
 }
 
 /// Forgets a round's input requests when dropped (answered, failed, or the client gone).
-struct Forget<'a>(&'a super::input::Inputs, &'a str);
+struct Forget<'a>(&'a Inputs, &'a str);
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
@@ -486,15 +493,17 @@ impl Drop for Forget<'_> {
 }
 
 /// Reads a retry's reply up to the answer to `id` ([`read_to_answer`]): its notifications before
-/// it are relayed on `tx` as a 2025 client takes them ([`translate::legacy_event`]); the answer
-/// and the rest of its stream. `(None, None)` when the client's stream closed meanwhile.
+/// it are relayed on `tx` as a 2025 client takes them (`shown`, the bridge's
+/// `translate::legacy_event`); the answer and the rest of its stream. `(None, None)` when the
+/// client's stream closed meanwhile.
 async fn read_relaying(
     reply: McpReply,
     id: &Id,
+    shown: fn(Event) -> Option<Event>,
     tx: &mpsc::Sender<Event>,
 ) -> (Option<Value>, Option<EventStream>) {
     read_to_answer(reply, id, |ev| async move {
-        match translate::legacy_event(ev) {
+        match shown(ev) {
             Some(ev) => tx.send(ev).await.is_ok(),
             None => true,
         }
@@ -502,27 +511,8 @@ async fn read_relaying(
     .await
 }
 
-/// Whether the client of `req` declared a capability (by JSON pointer, `/elicitation`): its
-/// held session's capabilities, else what its session's `initialize` declared.
-fn declared(state: &BridgeState, req: &McpRequest) -> impl Fn(&str) -> bool + Send + Sync {
-    let held = req
-        .extensions
-        .get::<Arc<HeldSession>>()
-        .map(|h| h.client_capabilities.clone());
-    let session = state.sessions.as_ref().and_then(|s| {
-        s.get(
-            &req.ctx.upstream,
-            crate::layers::session::session_key(&req.ctx).as_ref(),
-        )
-    });
-    move |pointer: &str| {
-        held.as_ref().is_some_and(|c| c.pointer(pointer).is_some())
-            || session.as_ref().is_some_and(|s| s.client_has(pointer))
-    }
-}
-
 /// A client's answer to an MRTR round's input request (see `input`): handed to the round.
-pub(super) fn answered(req: &McpRequest, pending: super::input::Pending) {
+pub fn answered(req: &McpRequest, pending: super::input::Pending) {
     let Some(round) = pending.round else {
         return;
     };
