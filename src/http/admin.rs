@@ -1,5 +1,5 @@
 //! The admin listener: `/healthz` (the process answers), `/readyz` (every upstream accepts TCP
-//! connections and the task store answers: `"store": "ok"` or `"unreachable: <why>"`), `/metrics` (Prometheus text format 0.0.4), `/admin/tasks?owner=&status=&upstream=&limit=`
+//! connections, or for a stdio upstream has a live child, and the task store answers: `"store": "ok"` or `"unreachable: <why>"`), `/metrics` (Prometheus text format 0.0.4), `/admin/tasks?owner=&status=&upstream=&limit=`
 //! (task records as JSON, newest first) and `/admin/tasks/<upstream>/<taskId>` (one record with
 //! its audit events).
 //!
@@ -33,10 +33,15 @@ pub struct UpstreamTarget {
     pub authority: String,
 }
 
+/// A readiness check that is not a TCP connect (a stdio upstream: is its child live?):
+/// `Ok`, or why not.
+pub type ReadinessProbe = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
 /// The admin endpoint handler.
 pub struct Admin {
     metrics: Arc<Metrics>,
     upstreams: Vec<UpstreamTarget>,
+    probes: Vec<(String, ReadinessProbe)>,
     store: Arc<dyn TaskStore>,
     token_sha256: Option<[u8; 32]>,
 }
@@ -51,9 +56,17 @@ impl Admin {
         Admin {
             metrics,
             upstreams,
+            probes: Vec::new(),
             store,
             token_sha256: None,
         }
+    }
+
+    /// Upstreams whose readiness is a probe, not a TCP connect (stdio upstreams: `"ok"` while
+    /// a child is live, else `"unavailable: <why>"`).
+    pub fn with_probes(mut self, probes: Vec<(String, ReadinessProbe)>) -> Admin {
+        self.probes = probes;
+        self
     }
 
     /// Requires `Authorization: Bearer <token>` on `/admin/*`, the token given by its SHA-256.
@@ -239,8 +252,15 @@ impl Admin {
                 Err(_) => "unreachable: no answer within 2 s".to_string(),
             }
         };
-        let (results, store) =
+        let (mut results, store) =
             futures_util::future::join(futures_util::future::join_all(checks), store).await;
+        results.extend(self.probes.iter().map(|(name, probe)| {
+            let status = match probe() {
+                Ok(()) => "ok".to_string(),
+                Err(why) => format!("unavailable: {why}"),
+            };
+            (name.clone(), status)
+        }));
         let ready = store == "ok" && results.iter().all(|(_, s)| s == "ok");
         let upstreams: serde_json::Map<String, serde_json::Value> = results
             .into_iter()

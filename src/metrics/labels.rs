@@ -226,6 +226,8 @@ label_enum! {
         Restart = "restart",
         /// The record expired before a release was seen.
         Expired = "expired",
+        /// The upstream process that ran the task is gone (a stdio child exited).
+        ProcessExited = "process_exited",
     }
 }
 

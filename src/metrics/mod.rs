@@ -191,6 +191,12 @@ const UPSTREAM_OVERSIZE_TOTAL: Spec = spec(
     &["upstream", "kind"],
 );
 
+const UPSTREAM_RESTARTS_TOTAL: Spec = spec(
+    "taskgate_upstream_restarts_total",
+    "Restarts of a stdio upstream's child process (every start after the first).",
+    &["upstream"],
+);
+
 const LOCAL_ANSWERS_TOTAL: Spec = spec(
     "taskgate_local_answers_total",
     "Requests taskgate answered itself without the upstream, by reason.",
@@ -330,6 +336,9 @@ pub struct Metrics {
     /// `taskgate_local_answers_total{upstream,reason}`: requests taskgate answered itself, without
     /// the upstream ([`LocalReason`]); counted in `taskgate_requests_total` as `outcome="local"`.
     pub local_answers_total: IntCounterVec,
+    /// `taskgate_upstream_restarts_total{upstream}`: a stdio upstream's child started again
+    /// after it exited or failed to start (`upstream::stdio`).
+    pub upstream_restarts_total: IntCounterVec,
 }
 
 impl Metrics {
@@ -370,6 +379,7 @@ impl Metrics {
             unrecorded_task_cancels_total: b.counter_vec(&UNRECORDED_TASK_CANCELS_TOTAL),
             upstream_oversize_total: b.counter_vec(&UPSTREAM_OVERSIZE_TOTAL),
             local_answers_total: b.counter_vec(&LOCAL_ANSWERS_TOTAL),
+            upstream_restarts_total: b.counter_vec(&UPSTREAM_RESTARTS_TOTAL),
             registry: b.0,
         };
         for reason in RejectReason::ALL {
@@ -406,6 +416,7 @@ impl Metrics {
             }
         }
         touch::<_, UpstreamErrorKind>(&self.upstream_errors_total, up);
+        self.upstream_restarts_total.with_label_values(&[up]);
         touch::<_, SseKind>(&self.sse_streams_open, up);
         touch::<_, TaskStatus>(&self.tasks, up);
         touch::<_, Origin>(&self.tasks_created_total, up);
@@ -465,6 +476,13 @@ impl Metrics {
             .with_label_values(&[upstream, kind.as_str()])
             .inc();
     }
+    /// A stdio upstream's child started again (`taskgate_upstream_restarts_total`).
+    pub fn upstream_restart(&self, upstream: &str) {
+        self.upstream_restarts_total
+            .with_label_values(&[upstream])
+            .inc();
+    }
+
     /// An upstream answer cut off at `max_message_bytes` (`taskgate_upstream_oversize_total`).
     pub fn upstream_oversize(&self, upstream: &str, kind: OversizeKind) {
         self.upstream_oversize_total

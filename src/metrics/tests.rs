@@ -35,6 +35,7 @@ const CONTRACT: &[(&str, &str)] = &[
     ("taskgate_upgraded_calls_total", "counter"),
     ("taskgate_upstream_errors_total", "counter"),
     ("taskgate_upstream_oversize_total", "counter"),
+    ("taskgate_upstream_restarts_total", "counter"),
 ];
 
 fn scrape(upstreams: &[&str]) -> String {

@@ -5,7 +5,8 @@
 //! - `creation`: the record completed from a `CreateTaskResult` and written durably;
 //! - [`owners`]: live-task slots per owner and the [`Reservation`] guard;
 //! - [`releases`]: the "resources released" tracker and the `progressToken` → `taskId` map;
-//! - [`sweep`]: the TTL sweep.
+//! - [`sweep`]: the TTL sweep;
+//! - `gone`: the tasks of an upstream process that died, failed and released.
 //!
 //! Every method that touches the store is `async` and runs the store work on the registry's
 //! own store threads (`offload`): no store call runs on a runtime worker thread, nor on the
@@ -17,6 +18,7 @@
 
 mod cache;
 mod creation;
+mod gone;
 mod offload;
 pub mod owners;
 pub mod releases;
