@@ -301,10 +301,15 @@ async fn configured_header_with_missing_env_var_is_start_error() {
 
 /// The JSON-RPC error of a 400 answer.
 async fn bad_request(r: Resp, what: &str) -> serde_json::Value {
+    bad_request_answer(r, what).await["error"].clone()
+}
+
+/// The whole JSON-RPC answer of a 400.
+async fn bad_request_answer(r: Resp, what: &str) -> serde_json::Value {
     assert_eq!(r.status(), 400, "{what}");
     let v = r.json().await;
     assert_eq!(v["jsonrpc"], json!("2.0"), "{what}: {v}");
-    v["error"].clone()
+    v
 }
 
 /// An `Mcp-Session-Id` that is empty, not visible ASCII, a comma-separated list, or sent on
@@ -354,8 +359,9 @@ async fn malformed_session_ids_get_400_and_are_never_forwarded() {
 
 /// An `MCP-Protocol-Version` taskgate does not serve is answered 400 and not forwarded (before,
 /// `2099-01-01` was taken for a 2026-era request and forwarded): a 2026-era date gets `-32022`
-/// with `data: {supported, requested}`, any other value `-32600` naming the revisions served;
-/// two header lines are refused too. The served revisions pass.
+/// with `data: {supported, requested}` (`supported`: the 2026-era revisions), any other value
+/// `-32600` naming the revisions served; two header lines are refused too; a POST's answer
+/// carries its request's id. The served revisions pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsupported_protocol_version_gets_400_and_is_never_forwarded() {
     let up = Upstream::mcp().await;
@@ -380,16 +386,17 @@ async fn unsupported_protocol_version_gets_400_and_is_never_forwarded() {
                 req = req.header("mcp-protocol-version", v);
             }
             let what = format!("{method} with {versions:?}");
-            let err = bad_request(req.send().await, &what).await;
+            let answer = bad_request_answer(req.send().await, &what).await;
+            // A POST's refusal answers its request (2026-07-28 §2.2; on 75a9bff..49d7765: null).
+            let id = if method == "POST" { json!(1) } else { json!(null) };
+            assert_eq!(answer["id"], id, "{what}: {answer}");
+            let err = &answer["error"];
             assert_eq!(err["code"], json!(code), "{what}: {err}");
             if code == -32022 {
                 assert_eq!(err["data"]["requested"], json!(versions[0]), "{err}");
-                let supported = err["data"]["supported"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default();
-                assert!(supported.contains(&json!("2025-11-25")), "{err}");
-                assert!(supported.contains(&json!("2026-07-28")), "{err}");
+                // The 2026-era revisions: each is one the route's server/discover lists
+                // (conformance sep-2575-server-unsupported-version-error).
+                assert_eq!(err["data"]["supported"], json!(["2026-07-28"]), "{err}");
             } else if versions.len() == 1 {
                 let message = err["message"].as_str().unwrap_or_default();
                 assert!(message.contains("2025-11-25"), "{message}");

@@ -494,25 +494,40 @@ async fn listen_keeps_only_the_callers_tasks() {
 // Routing headers (issue 37 #1, #2)
 // ---------------------------------------------------------------------------------------------
 
-/// Issue 37 #1: a 2026 client that leaves out `Mcp-Name` (as `fastmcp.Client` 4.1.4 does) is
-/// still served, and the upstream leg carries what the spec requires: `Mcp-Method`, and
-/// `Mcp-Name` derived from the body (`=?base64?…?=` for a name that is not header-safe). The
-/// upstream here checks the headers strictly; on f2cd7c5 it refused every one of these with
-/// `-32020` because taskgate forwarded them without `Mcp-Name`.
+/// Issue 37 #1: a 2026 client that leaves out `Mcp-Name` on `tasks/*` (as `fastmcp.Client`
+/// 4.1.4 does) is still served, and the upstream leg carries what the spec requires: `Mcp-Name`
+/// derived from `params.taskId`. The upstream here checks the headers strictly; on f2cd7c5 it
+/// refused every one of these with `-32020` because taskgate forwarded them without `Mcp-Name`.
+/// A request lacking a header no client is known to omit (`Mcp-Method`; `Mcp-Name` on a
+/// `tools/call`) is refused with `-32020` as the spec says (a `=?base64?…?=` name passes).
 #[tokio::test]
 async fn the_upstream_leg_carries_the_routing_headers_the_spec_requires() {
     let (up, _) = strict_modern_server().await;
     let tg = TgConfig::new(&up.url()).start().await;
     let url = tg.mcp_url();
-    let call = modern_req(
-        &url,
-        None,
-        1,
-        "tools/call",
-        json!({"name": "naïve tool", "arguments": {}}),
-    )
-    .without("mcp-method");
-    let (status, v) = send(call).await;
+    let call = |id: u64| {
+        modern_req(
+            &url,
+            None,
+            id,
+            "tools/call",
+            json!({"name": "naïve tool", "arguments": {}}),
+        )
+    };
+    // 2026-07-28 §2.2: a request without the headers it must carry is refused like one whose
+    // headers disagree, and is not forwarded (conformance `http-header-validation`).
+    for (req, lacks) in [
+        (call(1).without("mcp-method"), "Mcp-Method"),
+        (call(2).without("mcp-name"), "Mcp-Name"),
+    ] {
+        let (status, v) = send(req).await;
+        assert_eq!((status, err_code(&v)), (400, -32020), "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(lacks), "{message}");
+    }
+    assert!(up.received("tools/call").is_empty());
+    let encoded = format!("=?base64?{}?=", base64_of("naïve tool"));
+    let (status, v) = send(call(3)).await;
     assert_eq!(status, 200, "{v}");
     let t = v["result"]["taskId"]
         .as_str()
@@ -520,10 +535,8 @@ async fn the_upstream_leg_carries_the_routing_headers_the_spec_requires() {
         .to_string();
     let sent = up.received("tools/call").pop().unwrap();
     assert_eq!(sent.header("mcp-method").as_deref(), Some("tools/call"));
-    assert_eq!(
-        sent.header("mcp-name"),
-        Some(format!("=?base64?{}?=", base64_of("naïve tool")))
-    );
+    assert_eq!(sent.header("mcp-name"), Some(encoded));
+    // What `fastmcp.Client` 4.1.4 sends: `tasks/*` without `Mcp-Name`, derived upstream.
     for (i, m) in ["tasks/get", "tasks/update", "tasks/cancel"]
         .iter()
         .enumerate()

@@ -196,6 +196,7 @@ impl<'a> HeadFields<'a> {
 /// the id's bytes and a comparison or two.
 pub(super) fn refuse_session_or_version(
     f: &HeadFields<'_>,
+    id: Option<&jsonrpc::Id>,
 ) -> Option<(crate::metrics::RejectReason, Response<Body>)> {
     use crate::metrics::RejectReason;
     let bad = |reason: RejectReason, message: String| {
@@ -203,7 +204,7 @@ pub(super) fn refuse_session_or_version(
             reason,
             rpc_error_response(
                 StatusCode::BAD_REQUEST,
-                None,
+                id,
                 jsonrpc::INVALID_REQUEST,
                 &message,
             ),
@@ -260,8 +261,15 @@ pub(super) fn refuse_session_or_version(
     if crate::headers::is_text(version)
         && crate::mcp::era::Era::of_version(&requested) == crate::mcp::era::Era::Modern
     {
+        // A 2026-07-28 answer lists the 2026-era revisions: the client retries with one of
+        // them, and each is in the `supportedVersions` of the route's `server/discover`.
+        let supported: Vec<&str> = crate::mcp::era::SUPPORTED_VERSIONS
+            .iter()
+            .copied()
+            .filter(|v| crate::mcp::era::Era::of_version(v) == crate::mcp::era::Era::Modern)
+            .collect();
         let data = serde_json::json!({
-            "supported": crate::mcp::era::SUPPORTED_VERSIONS,
+            "supported": supported,
             "requested": requested,
         });
         return Some((
@@ -269,7 +277,7 @@ pub(super) fn refuse_session_or_version(
             json_response(
                 StatusCode::BAD_REQUEST,
                 jsonrpc::error_response_with_data(
-                    None,
+                    id,
                     crate::mcp::errors::UNSUPPORTED_PROTOCOL_VERSION,
                     &format!(
                         "Unsupported protocol version {requested:?}; taskgate serves {served}"
@@ -523,7 +531,7 @@ mod tests {
                     HeaderValue::from_bytes(value).unwrap(),
                 );
             }
-            refuse_session_or_version(&HeadFields::of(&h)).map(|(reason, resp)| {
+            refuse_session_or_version(&HeadFields::of(&h), None).map(|(reason, resp)| {
                 assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
                 let body = futures_util::FutureExt::now_or_never(resp.into_body().collect())
                     .expect("a full body")
@@ -580,7 +588,7 @@ mod tests {
                     v["error"]["data"]["requested"],
                     std::str::from_utf8(value).unwrap()
                 );
-                assert_eq!(v["error"]["data"]["supported"][4], "2026-07-28");
+                assert_eq!(v["error"]["data"]["supported"], serde_json::json!(["2026-07-28"]));
             }
         }
         let (reason, _, _) = check(&[(ver, b"2025-11-25"), (ver, b"2025-11-25")]).unwrap();

@@ -246,9 +246,6 @@ impl Edge {
             Ok(served) => served,
             Err(resp) => return Err(self.reject(RejectReason::Route, resp)),
         };
-        if let Some((reason, resp)) = super::response::refuse_session_or_version(fields) {
-            return Err(self.reject(reason, resp));
-        }
         let op = match parts.method {
             Method::POST => Operation::Post(self.decode_post(fields, body).await?),
             Method::GET => {
@@ -278,6 +275,15 @@ impl Edge {
                 return Err(self.reject(RejectReason::Method, resp));
             }
         };
+        // After the body: the refusal of a POST carries the request's id (2026-07-28 §2.2:
+        // every error answer names the request it answers).
+        let id = match &op {
+            Operation::Post(msg) => msg.id(),
+            _ => None,
+        };
+        if let Some((reason, resp)) = super::response::refuse_session_or_version(fields, id) {
+            return Err(self.reject(reason, resp));
+        }
         Ok((served, op))
     }
 
@@ -354,7 +360,18 @@ impl Edge {
         let Operation::Post(msg) = op else {
             return Ok(());
         };
-        match crate::mcp::routing_headers::check(headers, msg) {
+        let checked = crate::mcp::routing_headers::check(headers, msg).and_then(|routing| {
+            match (era, msg.kind(), msg.method()) {
+                (Era::Modern, jsonrpc::Kind::Request, Some(method)) => {
+                    match routing.refusal_for_modern(method) {
+                        Some(message) => Err(message),
+                        None => Ok(routing),
+                    }
+                }
+                _ => Ok(routing),
+            }
+        });
+        match checked {
             Ok(routing) if era == Era::Modern => {
                 for (name, value) in routing.missing {
                     headers.insert(name, value);

@@ -80,6 +80,28 @@ pub struct Routing {
     pub missing: Vec<(&'static HeaderName, HeaderValue)>,
 }
 
+impl Routing {
+    /// For a 2026-07-28 request (2026-07-28 §2.2, "missing header → 400 `-32020`"): the
+    /// `-32020` message when a header the spec requires is missing, `None` when the request
+    /// may go on. `Mcp-Method` is required on every request, `Mcp-Name` on `tools/call`,
+    /// `resources/read` and `prompts/get`; a missing `Mcp-Name` on `tasks/*` is tolerated
+    /// (`fastmcp.Client` 4.1.4 omits it) and added on the upstream leg from `params.taskId`.
+    pub fn refusal_for_modern(&self, method: &str) -> Option<String> {
+        let lacks = |name: &HeaderName| self.missing.iter().any(|(n, _)| *n == name);
+        if lacks(&MCP_METHOD) {
+            return Some(format!(
+                "Header mismatch: Mcp-Method is required on 2026-07-28 requests (the body's method is {method:?})"
+            ));
+        }
+        if lacks(&MCP_NAME) && !method.starts_with("tasks/") {
+            return Some(format!(
+                "Header mismatch: Mcp-Name is required on a 2026-07-28 {method}"
+            ));
+        }
+        None
+    }
+}
+
 /// Checks `headers` against `msg` (see the module docs); `Ok` carries what a 2026-07-28 request
 /// must gain upstream. Errors: the `-32020` message naming the header and what was wrong.
 ///
@@ -201,6 +223,30 @@ mod tests {
         assert!(check(&bytes, &msg(GET)).is_err());
         let list = msg(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
         assert!(check(&headers(&[(&MCP_NAME, "x")]), &list).is_err());
+    }
+
+    /// 2026-07-28 §2.2: a missing header is refused like a mismatch, but for `Mcp-Name` on
+    /// `tasks/*` (what `fastmcp.Client` 4.1.4 sends), which is derived instead.
+    #[test]
+    fn a_2026_request_must_carry_its_headers_but_tasks_may_lack_mcp_name() {
+        let refusal = |h: &[(&HeaderName, &str)], body: &str| {
+            let m = msg(body);
+            check(&headers(h), &m)
+                .unwrap()
+                .refusal_for_modern(m.method().unwrap())
+        };
+        assert!(refusal(&[], GET).unwrap().contains("Mcp-Method is required"));
+        assert_eq!(refusal(&[(&MCP_METHOD, "tasks/get")], GET), None);
+        let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"}}"#;
+        assert!(refusal(&[(&MCP_METHOD, "tools/call")], call)
+            .unwrap()
+            .contains("Mcp-Name is required"));
+        assert_eq!(
+            refusal(&[(&MCP_METHOD, "tools/call"), (&MCP_NAME, "echo")], call),
+            None
+        );
+        let list = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+        assert_eq!(refusal(&[(&MCP_METHOD, "tools/list")], list), None);
     }
 
     #[test]

@@ -193,8 +193,21 @@ pub fn modern_req(url: &str, token: Option<&str>, id: u64, method: &str, params:
     let mut r = Req::mcp_post(url, body)
         .header("mcp-protocol-version", MODERN)
         .header("mcp-method", method);
-    if let Some(task_id) = params.get("taskId").and_then(Value::as_str) {
-        r = r.header("mcp-name", task_id);
+    // What a 2026-07-28 client sends (§2.2): `Mcp-Name` is the task id for `tasks/*`, the
+    // tool's or prompt's name or the resource's URI otherwise (`=?base64?…?=` when not
+    // header-safe).
+    let name = match method {
+        "tools/call" | "prompts/get" => params.get("name"),
+        "resources/read" => params.get("uri"),
+        _ => params.get("taskId"),
+    };
+    if let Some(name) = name.and_then(Value::as_str) {
+        let safe = name.bytes().all(|b| (0x21..0x7f).contains(&b));
+        let value = match safe {
+            true => name.to_string(),
+            false => format!("=?base64?{}?=", base64_of(name)),
+        };
+        r = r.header("mcp-name", &value);
     }
     if let Some(t) = token {
         r = r.header("authorization", &format!("Bearer {t}"));
