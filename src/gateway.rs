@@ -2,7 +2,7 @@
 //! admin listener. The only module that knows all the parts.
 //!
 //! ```text
-//! client ─HTTP─▶ http::streamable (edge) ─▶ [layers] ─▶ upstream::HttpUpstream ─HTTP─▶ MCP server
+//! client ─HTTP─▶ http::streamable (edge) ─▶ [layers] ─▶ upstream::Upstream ─▶ MCP server
 //! ```
 
 use crate::auth::Authenticator;
@@ -22,7 +22,7 @@ use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::store::{PgStore, SledStore, StoreError, TaskStore};
-use crate::upstream::HttpUpstream;
+use crate::upstream::Upstream;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -220,7 +220,7 @@ struct BuiltStack {
 /// Builds the stack in front of upstream `u`: the layers, outermost first (see `layers` for
 /// why this order), over its upstream client. Each stack has its own upgrade and cancel state.
 fn build_stack(u: &UpstreamConfig, shared: &Shared) -> BuiltStack {
-    let upstream = HttpUpstream::new(u, shared.metrics.clone());
+    let upstream = Upstream::for_config(u, shared.metrics.clone());
     let name = upstream.name().clone();
     let timeout = Duration::from_millis(u.timeout_ms);
     let upgrade_state = UpgradeState::new(

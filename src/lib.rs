@@ -1,7 +1,7 @@
 //! taskgate: a tasks-aware transparent gateway for the Model Context Protocol (MCP 2025-11-25).
 //!
 //! The data path, outermost first (see `gateway`):
-//! [`http::streamable`] (edge) → the `McpService` stack → [`upstream::HttpUpstream`].
+//! [`http::streamable`] (edge) → the `McpService` stack → [`upstream::Upstream`] (a transport).
 //! Messages travel as [`exchange::McpRequest`] / [`exchange::McpReply`]; only the JSON-RPC
 //! envelope is parsed ([`jsonrpc::Message`]), bytes nobody changes are forwarded as they came.
 

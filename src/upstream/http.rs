@@ -1,6 +1,6 @@
 //! Streamable HTTP upstream client (2025-11-25 basic/transports: Streamable HTTP).
 //!
-//! One [`HttpUpstream`] per configured `[[upstream]]`, with a keep-alive connection pool
+//! One [`StreamableHttp`] per configured `[[upstream]]` with a `url`, with a keep-alive connection pool
 //! ([`super::h1`]).
 //! - POST carries the message bytes unchanged; GET opens the standalone stream; DELETE ends a session.
 //! - `Host` is the upstream's authority (SDK servers validate it against DNS rebinding);
@@ -28,7 +28,8 @@
 //! - The answer's body becomes [`ReplyBody::Json`], [`ReplyBody::Stream`] (decoded event by event
 //!   as it arrives), [`ReplyBody::Empty`] or [`ReplyBody::Raw`].
 
-use super::h1::{Pool, PoolError, PooledBody};
+use super::h1::{Pool, PoolError};
+use super::{Exchange, Transport};
 use crate::config::UpstreamConfig;
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::headers::{content_type_is, is_visible_ascii, strip_upstream_reply, MCP_SESSION_ID};
@@ -45,13 +46,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// A Streamable HTTP MCP server; a `tower::Service<McpRequest>`. Cloning shares the pool.
-#[derive(Clone)]
-pub struct HttpUpstream {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
+/// The Streamable HTTP transport to one MCP server (a [`Transport`]; the stack reaches it through
+/// [`super::Upstream`]). Its connections are the [`Pool`]'s.
+pub struct StreamableHttp {
     name: Arc<str>,
     /// The request target in origin-form (`/path?q`), as sent on a connection to the upstream.
     target: Uri,
@@ -66,9 +63,10 @@ struct Inner {
     metrics: Arc<Metrics>,
 }
 
-impl HttpUpstream {
-    /// Builds the client for one `[[upstream]]` (the config is already validated).
-    pub fn new(config: &UpstreamConfig, metrics: Arc<Metrics>) -> HttpUpstream {
+impl StreamableHttp {
+    /// Builds the transport for one `[[upstream]]` with a `url` (the config is already
+    /// validated: its URL, header names and values).
+    pub fn new(config: &UpstreamConfig, metrics: Arc<Metrics>) -> StreamableHttp {
         let uri: Uri = config.url.parse().expect("validated upstream url");
         let authority = uri.authority().expect("validated");
         let host = HeaderValue::from_str(authority.as_str())
@@ -89,55 +87,49 @@ impl HttpUpstream {
                 HeaderValue::from_str(v).expect("validated header value"),
             );
         }
-        HttpUpstream {
-            inner: Arc::new(Inner {
-                name: config.name.as_str().into(),
-                target,
-                host,
-                pool,
-                timeout: Duration::from_millis(config.timeout_ms),
-                timeout_ms: config.timeout_ms,
-                headers,
-                forward_authorization: config.forward_authorization,
-                principal_header: config
-                    .principal_header
-                    .as_ref()
-                    .and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok()),
-                max_message_bytes: config.max_message_bytes,
-                metrics,
-            }),
+        StreamableHttp {
+            name: config.name.as_str().into(),
+            target,
+            host,
+            pool,
+            timeout: Duration::from_millis(config.timeout_ms),
+            timeout_ms: config.timeout_ms,
+            headers,
+            forward_authorization: config.forward_authorization,
+            principal_header: config
+                .principal_header
+                .as_ref()
+                .and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok()),
+            max_message_bytes: config.max_message_bytes,
+            metrics,
         }
     }
+}
 
-    /// The upstream's configured name.
-    pub fn name(&self) -> &Arc<str> {
-        &self.inner.name
+impl Transport for StreamableHttp {
+    fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    fn exchange(self: Arc<Self>, req: McpRequest) -> Exchange {
+        Box::pin(async move { self.send(req).await })
     }
 }
 
-impl tower::Service<McpRequest> for HttpUpstream {
-    type Response = McpReply;
-    type Error = GatewayError;
-    type Future = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: McpRequest) -> Self::Future {
-        let inner = self.inner.clone();
-        Box::pin(async move { inner.send(req).await })
-    }
-}
-
-impl Inner {
+impl StreamableHttp {
     /// One exchange: the request as HTTP, its answer's head within the deadline, then its body
     /// as a stream of events (SSE) or read whole.
     async fn send(&self, req: McpRequest) -> Result<McpReply, GatewayError> {
         let deadline = req.deadline();
-        // The request's id and method, kept for an SSE answer's error events.
+        // The request's id, kept for an SSE answer's error events; its method only where an
+        // event names it (a copy per request cost an allocation: benches/profile.sh small).
         let (rpc_id, method) = match &req.op {
-            Operation::Post(msg) => (msg.id().cloned(), msg.method().map(Box::<str>::from)),
+            Operation::Post(msg) => (
+                msg.id().cloned(),
+                (deadline == Deadline::Exchange)
+                    .then(|| msg.method().map(Box::<str>::from))
+                    .flatten(),
+            ),
             _ => (None, None),
         };
         let request = self.http_request(req);
@@ -173,14 +165,25 @@ impl Inner {
                 ReplyBody::Stream(events),
             ));
         }
-        let bytes = self.read_whole(incoming, timer.as_mut()).await?;
+        // Read whole within `max_message_bytes` and the same timer. Awaited here rather than in
+        // a helper `async fn`: its future moved into this one cost memcpy per request.
+        let collect = Limited::new(incoming, self.max_message_bytes).collect();
+        let collected = match timer.as_mut() {
+            Some(timer) => tokio::select! {
+                biased;
+                r = collect => r,
+                () = timer => return Err(self.timeout_error()),
+            },
+            None => collect.await,
+        };
+        let bytes = collected.map_err(|e| self.body_error(e))?.to_bytes();
         let body = self.whole_body(&headers, bytes)?;
         Ok(McpReply::new(parts.status, headers, body))
     }
 
     /// `req` as the HTTP request to the upstream: POST with the message's bytes unchanged, GET
     /// or DELETE without a body, on the upstream's path, with the headers of
-    /// [`Inner::upstream_headers`] and its own `Content-Length`.
+    /// [`StreamableHttp::upstream_headers`] and its own `Content-Length`.
     fn http_request(&self, req: McpRequest) -> Request<Full<Bytes>> {
         let (method, body) = match req.op {
             Operation::Post(msg) => (Method::POST, msg.bytes().clone()),
@@ -272,44 +275,27 @@ impl Inner {
         })
     }
 
-    /// A non-SSE answer's body, read whole within `max_message_bytes` and, when there is one,
-    /// the `timer`. Errors: [`GatewayError::UpstreamTimeout`], or
-    /// [`GatewayError::UpstreamProtocol`] for a body over the limit or cut short (counted).
-    async fn read_whole(
-        &self,
-        incoming: PooledBody,
-        timer: Option<&mut Pin<Box<tokio::time::Sleep>>>,
-    ) -> Result<Bytes, GatewayError> {
-        let collect = Limited::new(incoming, self.max_message_bytes).collect();
-        let collected = match timer {
-            Some(timer) => tokio::select! {
-                biased;
-                r = collect => r,
-                () = timer => return Err(self.timeout_error()),
-            },
-            None => collect.await,
-        };
-        let collected = collected.map_err(|e| {
+    /// Why a non-SSE answer's body could not be read whole (counted): over
+    /// `max_message_bytes`, or cut short ([`GatewayError::UpstreamProtocol`]).
+    fn body_error(&self, e: Box<dyn std::error::Error + Send + Sync>) -> GatewayError {
+        self.metrics
+            .upstream_error(&self.name, UpstreamErrorKind::Protocol);
+        if e.downcast_ref::<LengthLimitError>().is_some() {
             self.metrics
-                .upstream_error(&self.name, UpstreamErrorKind::Protocol);
-            if e.downcast_ref::<LengthLimitError>().is_some() {
-                self.metrics
-                    .upstream_oversize(&self.name, OversizeKind::Json);
-                tracing::warn!(upstream = %self.name, limit = self.max_message_bytes, "upstream answer exceeded max_message_bytes");
-                return GatewayError::UpstreamProtocol {
-                    upstream: self.name.clone(),
-                    detail: format!(
-                        "the upstream answer exceeded max_message_bytes={}",
-                        self.max_message_bytes
-                    ),
-                };
-            }
-            GatewayError::UpstreamProtocol {
+                .upstream_oversize(&self.name, OversizeKind::Json);
+            tracing::warn!(upstream = %self.name, limit = self.max_message_bytes, "upstream answer exceeded max_message_bytes");
+            return GatewayError::UpstreamProtocol {
                 upstream: self.name.clone(),
-                detail: format!("body ended early: {e}"),
-            }
-        })?;
-        Ok(collected.to_bytes())
+                detail: format!(
+                    "the upstream answer exceeded max_message_bytes={}",
+                    self.max_message_bytes
+                ),
+            };
+        }
+        GatewayError::UpstreamProtocol {
+            upstream: self.name.clone(),
+            detail: format!("body ended early: {e}"),
+        }
     }
 
     /// A whole body as the reply's: [`ReplyBody::Empty`] when empty, [`ReplyBody::Json`] when
@@ -398,7 +384,7 @@ fn principal_value(principal: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(&encoded).ok()
 }
 
-/// The stream [`Inner::bounded_events`] returns (a plain `Stream`: one poll of the decoder per
+/// The stream [`StreamableHttp::bounded_events`] returns (a plain `Stream`: one poll of the decoder per
 /// event, no future built per event).
 struct Bounded {
     /// `None` once the stream ended (after an error event or the abort marker).

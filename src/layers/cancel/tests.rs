@@ -207,3 +207,38 @@ async fn a_deleted_session_leaves_no_notes_and_the_noted_id_is_a_copy() {
     assert_eq!(reply.status, http::StatusCode::OK);
     assert_eq!(state.notes_len(), 0, "the ended session's notes are gone");
 }
+
+/// The transport's deadline is set by the layers that know the request (never by the transport
+/// matching method names): `tasks` leaves a `tasks/result` unbounded, `cancel` bounds the whole
+/// exchange of the `tasks/cancel` it forwards, anything else keeps the default.
+#[tokio::test]
+async fn the_layers_set_each_request_s_deadline() {
+    use crate::exchange::Deadline;
+    let (registry, _) = registry_with_t1().await;
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let inner = {
+        let (seen, calls) = (seen.clone(), Arc::new(AtomicUsize::new(0)));
+        let answer = upstream(calls, 0);
+        tower::service_fn(move |req: McpRequest| {
+            seen.lock()
+                .push((req.method().unwrap_or("").to_string(), req.deadline()));
+            answer.clone().oneshot(req)
+        })
+    };
+    let stack = TasksLayer::new(registry.clone(), false)
+        .layer(CancelLayer::new(CancelState::new(registry, Duration::from_secs(1))).layer(inner));
+    for (id, method) in [(1, "tasks/result"), (2, "tasks/cancel"), (3, "tasks/get")] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{"taskId":"t1"}}}}"#
+        );
+        stack.clone().oneshot(request(&body)).await.unwrap();
+    }
+    assert_eq!(
+        *seen.lock(),
+        [
+            ("tasks/result".to_string(), Deadline::Unbounded),
+            ("tasks/cancel".to_string(), Deadline::Exchange),
+            ("tasks/get".to_string(), Deadline::Head),
+        ]
+    );
+}
