@@ -359,8 +359,9 @@ async fn malformed_session_ids_get_400_and_are_never_forwarded() {
 
 /// An `MCP-Protocol-Version` taskgate does not serve is answered 400 and not forwarded (before,
 /// `2099-01-01` was taken for a 2026-era request and forwarded): a 2026-era date gets `-32022`
-/// with `data: {supported, requested}` (`supported`: the 2026-era revisions), any other value
-/// `-32600` naming the revisions served; two header lines are refused too; a POST's answer
+/// with `data: {supported, requested}` (`supported`: the 2026-era revisions), as does any
+/// other text but a 2025-era date (conformance sends `v999.0.0`); a 2025-era date, an empty or
+/// non-text value `-32600` naming the revisions served; two header lines are refused too; a POST's answer
 /// carries its request's id. The served revisions pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsupported_protocol_version_gets_400_and_is_never_forwarded() {
@@ -372,7 +373,8 @@ async fn unsupported_protocol_version_gets_400_and_is_never_forwarded() {
         (&["2099-01-01"][..], -32022),
         (&["2026-07-29"], -32022),
         (&["2025-01-01"], -32600),
-        (&["latest"], -32600),
+        (&["latest"], -32022),
+        (&["v999.0.0"], -32022),
         (&[""], -32600),
         (&["2025-11-25", "2025-06-18"], -32600),
     ] {

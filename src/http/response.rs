@@ -188,9 +188,11 @@ impl<'a> HeadFields<'a> {
 ///   different sessions: taskgate checks one owner, an upstream may join the values.)
 /// - `MCP-Protocol-Version` on more than one line, or naming a revision not in
 ///   [`crate::mcp::era::SUPPORTED_VERSIONS`] (2025-11-25 transports: "an invalid or unsupported
-///   value gets 400"): a value of the 2026 era's form (a date from 2026-07-28 on) gets
-///   `-32022` UnsupportedProtocolVersion with `data: {supported, requested}` (2026-07-28
-///   basic: version negotiation); any other `-32600` naming the revisions served.
+///   value gets 400"): text other than a 2025-era date (a later date, `v999.0.0`) gets
+///   `-32022` UnsupportedProtocolVersion with `data: {supported, requested}`, `supported`
+///   being the 2026-era revisions (2026-07-28 basic: version negotiation); a 2025-era date,
+///   an empty or non-text value `-32600` naming the revisions served.
+/// - `id`: the request's id (a POST's, once its body is read), so the answer names it.
 ///
 /// On every request: the common case (one well-formed id, a served version) costs a pass over
 /// the id's bytes and a comparison or two.
@@ -258,9 +260,14 @@ pub(super) fn refuse_session_or_version(
     }
     let served = crate::mcp::era::SUPPORTED_VERSIONS.join(", ");
     let requested = String::from_utf8_lossy(version);
-    if crate::headers::is_text(version)
-        && crate::mcp::era::Era::of_version(&requested) == crate::mcp::era::Era::Modern
-    {
+    // A revision before 2026-07-28 (a date of the 2025 era) is a 2025-era client's: the
+    // 2025-11-25 spec asks for a 400 only. Any other text (a later date, `v999.0.0`) gets the
+    // 2026-07-28 answer, `-32022` with the revisions to retry with.
+    let trimmed = requested.trim();
+    let legacy_date = trimmed.len() == 10
+        && trimmed.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+        && crate::mcp::era::Era::of_version(trimmed) == crate::mcp::era::Era::Legacy;
+    if crate::headers::is_text(version) && !trimmed.is_empty() && !legacy_date {
         // A 2026-07-28 answer lists the 2026-era revisions: the client retries with one of
         // them, and each is in the `supportedVersions` of the route's `server/discover`.
         let supported: Vec<&str> = crate::mcp::era::SUPPORTED_VERSIONS
@@ -574,7 +581,8 @@ mod tests {
             (b"2026-07-29", -32022),
             (b"2025-01-01", -32600),
             (b"2025-11-25 ", -32600),
-            (b"latest", -32600),
+            (b"latest", -32022),
+            (b"v999.0.0", -32022),
             (b"", -32600),
             (b"\xff", -32600),
         ] {
