@@ -105,6 +105,21 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
         "registry",
         "the relay records no task fact (only observe does)",
     ),
+    (
+        "layers::relay",
+        "layers::held_sessions",
+        "the relay is handed what the client declared; it knows no held session",
+    ),
+    (
+        "layers::bridge",
+        "layers::session",
+        "the bridge reads no session table: held_sessions hands down what it needs",
+    ),
+    (
+        "layers::bridge",
+        "layers::held_sessions",
+        "held_sessions sits above the bridge and hands it typed facts; the bridge never calls it",
+    ),
 ];
 
 /// `(module, may name, why)`: files of `module` may name only these modules (and their own).

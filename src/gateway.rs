@@ -13,6 +13,7 @@ use crate::http::server::{connection_budget, serve, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::bridge::{BridgeLayer, BridgeState};
 use crate::layers::cancel::{CancelLayer, CancelState};
+use crate::layers::held_sessions::{HeldSessions, HeldSessionsLayer};
 use crate::layers::ids::IdsLayer;
 use crate::layers::observe::ObserveLayer;
 use crate::layers::session::{SessionLayer, Sessions};
@@ -237,11 +238,13 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared) -> BuiltStack {
             shared.authenticated,
         ))
         .layer(CancelLayer::new(cancel_state.clone()))
+        .layer(HeldSessionsLayer::new(HeldSessions::new(
+            shared.sessions.clone(),
+        )))
         .layer(BridgeLayer::new(BridgeState::new(
             shared.registry.clone(),
             u.protocol,
             timeout,
-            shared.sessions.clone(),
             cancel_state,
         )))
         .layer(ObserveLayer::new(shared.registry.clone()))

@@ -823,7 +823,7 @@ pub fn held_answer(flags: u8, body: &[u8]) {
 }
 
 /// The `InitializeResult` taskgate answers a held session's `initialize` with, from any
-/// `server/discover` result `body` (`layers::bridge::held::held_initialize_result`); `flags`
+/// `server/discover` result `body` (`layers::held_sessions::held_initialize_result`); `flags`
 /// picks the client's requested `protocolVersion` and whether the upstream has the tasks
 /// extension:
 /// - `protocolVersion` the requested one when it is a 2025-era revision, else `2025-11-25`
@@ -833,7 +833,7 @@ pub fn held_answer(flags: u8, body: &[u8]) {
 /// - `serverInfo` the upstream's when it has a string `name`, else taskgate's; `instructions`
 ///   exactly when the upstream gave a string; nothing else.
 pub fn held_initialize(flags: u8, body: &[u8]) {
-    use crate::layers::bridge::held::held_initialize_result;
+    use crate::layers::held_sessions::held_initialize_result;
     use serde_json::{json, Value};
     let Ok(discovered) = serde_json::from_slice::<Value>(body) else {
         return;

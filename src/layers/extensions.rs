@@ -17,9 +17,19 @@
 //!   session advertised no `capabilities.tasks`: `tasks` then serves nothing itself and passes
 //!   the request on.
 
-//! - [`HeldSession`]: set by `bridge` on a request of a 2025 session taskgate holds itself (an
-//!   upstream without 2025 sessions): what the client declared in its `initialize`, carried
-//!   upstream in every request's `_meta`. The session table keeps it with the session.
+//! - [`HeldSession`]: set by `held_sessions` on a request of a 2025 session taskgate holds
+//!   itself (an upstream without 2025 sessions): what the client declared in its `initialize`,
+//!   carried upstream in every request's `_meta`. The session table keeps it with the session.
+//! - [`SessionsHeld`]: set by `held_sessions` on every 2025-11-25 request to an upstream whose
+//!   2025 sessions taskgate holds: the `bridge` answers its `initialize` without asking the
+//!   upstream for a session.
+//! - [`ClientDeclares`]: set by `held_sessions` on the requests for which the `bridge` or the
+//!   `relay` may ask the client for input (a held session's, a task-augmented `tools/call`, a
+//!   bridged `tasks/result`): the input capabilities the client's session declared, so neither
+//!   reads the session table.
+//! - [`HeldAlive`]: set by `held_sessions` on a held session's GET stream and
+//!   `resources/subscribe`: asks whether taskgate still holds a session (the bridge's listen
+//!   state drops what belongs to sessions that ended).
 
 //! - [`OnBehalfOf`]: set by taskgate on a request it makes itself about a task it recorded (the
 //!   cancel of an upgraded task orphaned by a restart): `tasks` authorises it as the record's
@@ -34,8 +44,11 @@
 //!
 //! - [`crate::metrics::LocalReason`]: set on an answer taskgate gave itself
 //!   ([`crate::exchange::McpReply::answered_locally`]); the edge takes it to count and log it.
-//! - [`HeldAnswer`]: set by `bridge` on the `initialize` answer it gave for a session it holds
-//!   itself; `session` takes it and stores the session.
+//! - [`HoldSession`]: set by `bridge` on its reply to a 2025 `initialize` the upstream refused
+//!   while it answered `server/discover` (or to any `initialize` once sessions are held): what
+//!   `held_sessions` answers the client from (it mints the session id).
+//! - [`HeldAnswer`]: set by `held_sessions` on the `initialize` answer it gave for a session
+//!   taskgate holds itself; `session` takes it and stores the session.
 //! - [`NeedsTask`]: set by `bridge` on the reply to a plain 2025-11-25 `tools/call`: filled when
 //!   the 2026-07-28 server said the tool runs only as a task (`-32021` naming the tasks
 //!   extension, which the 2025 client sees as `-32601`); `upgrade` reads it, not the error.
@@ -206,11 +219,68 @@ pub struct CancelAcknowledged {
 #[derive(Debug, Clone, Default)]
 pub struct NeedsTask(pub Fact<()>);
 
-/// Reply fact: this `initialize` answer is the `bridge`'s own, for a 2025 session taskgate holds
-/// itself (an upstream without 2025 sessions). The `session` layer takes it and keeps the
-/// session ([`HeldSession`], written to the store before the session id goes on).
+/// Reply fact: this `initialize` answer is taskgate's own (`held_sessions`), for a 2025 session
+/// taskgate holds itself (an upstream without 2025 sessions). The `session` layer takes it and
+/// keeps the session ([`HeldSession`], written to the store before the session id goes on).
 #[derive(Debug, Clone, Copy)]
 pub struct HeldAnswer;
+
+/// Policy down, set by `held_sessions` on every 2025-11-25 request to an upstream whose 2025
+/// sessions taskgate holds (learned from the first [`HoldSession`] reply, kept for the
+/// process's life).
+#[derive(Debug, Clone, Copy)]
+pub struct SessionsHeld;
+
+/// Reply fact, set by `bridge` (its reply's body is empty): the upstream refused a 2025
+/// `initialize` (or its sessions are held already) and answered `server/discover` with
+/// `discovered` (its `result` object). `held_sessions` takes it and answers the `initialize`
+/// itself with a session it mints (MCP 2025-11-25 lifecycle, from a 2026-07-28
+/// `server/discover`).
+#[derive(Debug, Clone)]
+pub struct HoldSession {
+    /// The `server/discover` result.
+    pub discovered: Value,
+    /// The upstream serves the 2026-07-28 tasks extension: the 2025 `capabilities.tasks` is
+    /// added to the answer.
+    pub modern_tasks: bool,
+}
+
+/// Fact down, set by `held_sessions`: the input capabilities (`elicitation`, `sampling`,
+/// `roots`, MCP 2025-11-25 client capabilities) the client declared in its `initialize`, as
+/// its session (held or not) keeps them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientDeclares {
+    /// `capabilities.elicitation`.
+    pub elicitation: bool,
+    /// `capabilities.sampling`.
+    pub sampling: bool,
+    /// `capabilities.roots`.
+    pub roots: bool,
+}
+
+impl ClientDeclares {
+    /// Whether the client declared the capability at `pointer` (`"/elicitation"`,
+    /// `"/sampling"`, `"/roots"`; any other reads as not declared).
+    pub fn has(&self, pointer: &str) -> bool {
+        match pointer {
+            "/elicitation" => self.elicitation,
+            "/sampling" => self.sampling,
+            "/roots" => self.roots,
+            _ => false,
+        }
+    }
+}
+
+/// Fact down, set by `held_sessions` on a held session's GET stream and
+/// `resources/subscribe`: whether taskgate still holds a session (by its `Mcp-Session-Id`).
+#[derive(Clone)]
+pub struct HeldAlive(pub Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for HeldAlive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeldAlive")
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -36,6 +36,7 @@ mod after;
 pub mod bridge;
 pub mod cancel;
 pub mod extensions;
+pub mod held_sessions;
 pub mod ids;
 pub mod observe;
 pub mod relay;

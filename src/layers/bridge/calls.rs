@@ -9,7 +9,8 @@ use super::{held, translate};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{
-    Fact, NeedsTask, PendingCreation, PlainAnswerIsTask, SynthesizedTask,
+    ClientDeclares, Fact, HeldSession, NeedsTask, PendingCreation, PlainAnswerIsTask, SessionsHeld,
+    SynthesizedTask,
 };
 use crate::layers::relay::mrtr;
 use crate::layers::McpService;
@@ -31,7 +32,7 @@ pub(super) async fn initialize<S: McpService>(
     let Some(id) = req.id().cloned() else {
         return inner.oneshot(req).await;
     };
-    if state.holds_sessions() {
+    if req.extensions.get::<SessionsHeld>().is_some() {
         return Ok(held::initialize(&state, &inner, &req).await);
     }
     let probe_with = req.clone();
@@ -206,7 +207,7 @@ pub(super) async fn task_call<S: McpService>(
     let params = message_params(&req);
     let tool = tool_name(&req);
     let mut params = translate::modern_params(params.as_ref());
-    declare_session_capabilities(&state, &req, &mut params);
+    declare_session_capabilities(&req, &mut params);
     let mut out = modern_request(&req, &id, "tools/call", params, tool.as_deref());
     // A plain answer is a task already completed: `observe` records it and says so here.
     let plain = PlainAnswerIsTask::default();
@@ -280,22 +281,13 @@ fn creation_reply(
 
 /// Declares, in a bridged task call's 2026 `_meta`, the client capabilities taskgate relays
 /// input for (`elicitation`, `sampling`, `roots`) that the client's session declared, so the
-/// upstream may ask for input (MRTR or `input_required`). A held session's own capabilities are
-/// added by `modern_request`.
-fn declare_session_capabilities(state: &BridgeState, req: &McpRequest, params: &mut Value) {
-    if req
-        .extensions
-        .get::<Arc<crate::layers::extensions::HeldSession>>()
-        .is_some()
-    {
+/// upstream may ask for input (MRTR or `input_required`), as `held_sessions` handed them down
+/// ([`ClientDeclares`]). A held session's own capabilities are added by `modern_request`.
+fn declare_session_capabilities(req: &McpRequest, params: &mut Value) {
+    if req.extensions.get::<Arc<HeldSession>>().is_some() {
         return;
     }
-    let Some(session) = state.sessions.as_ref().and_then(|s| {
-        s.get(
-            &req.ctx.upstream,
-            crate::layers::session::session_key(&req.ctx).as_ref(),
-        )
-    }) else {
+    let Some(declares) = req.extensions.get::<ClientDeclares>().copied() else {
         return;
     };
     let Some(caps) = params
@@ -310,7 +302,7 @@ fn declare_session_capabilities(state: &BridgeState, req: &McpRequest, params: &
         return;
     };
     for name in ["elicitation", "sampling", "roots"] {
-        if session.client_has(&format!("/{name}")) {
+        if declares.has(&format!("/{name}")) {
             caps.entry(name).or_insert_with(|| json!({}));
         }
     }

@@ -10,17 +10,14 @@
 //! does not answer `server/discover` gets its refusal relayed as it came.
 //!
 //! **What taskgate does for a held session**:
-//! - `initialize`: answered by taskgate from the upstream's `server/discover` result:
-//!   `serverInfo` (its `_meta["io.modelcontextprotocol/serverInfo"]`), `capabilities` (without
-//!   the 2026 `extensions`; the 2025 `capabilities.tasks` added when the upstream has the tasks
-//!   extension, as for a dual-era upstream), `instructions`; `protocolVersion` is the client's
-//!   when it is a 2025-era revision taskgate knows, else `2025-11-25`. It mints the
-//!   `Mcp-Session-Id` (`tgh-` and 128 random bits from the OS as 32 hex digits, the held form
-//!   `session::is_held_form`), bound to the caller like any session (`session_guard`: another
-//!   principal gets 404), bounded by `gateway.max_sessions`, reclaimed when idle like the
-//!   others. The `session` layer keeps what the client declared ([`HeldSession`]: its
-//!   capabilities and `clientInfo`, bounded), in its table and in the registry's store, before
-//!   the answer goes on (503 when the table is full, 500 when the store cannot write it).
+//! - `initialize`: answered by taskgate from the upstream's `server/discover` result. The
+//!   bridge asks `server/discover` (learning the era from it) and replies with the
+//!   `HoldSession` fact; the `held_sessions` stage above answers the client from it (the
+//!   `InitializeResult`, the `tgh-` session id it mints, the `HeldAnswer` fact for `session`,
+//!   which stores the session); see `crate::layers::held_sessions`. Which requests are a held
+//!   session's (the [`HeldSession`] extension), whether this upstream's sessions are held
+//!   (`SessionsHeld`), and the 404 for a held-form id nobody holds are that stage's too: the
+//!   bridge reads no session table.
 //! - every later request on the session goes upstream as a stateless 2026-07-28 request: no
 //!   `Mcp-Session-Id`, `MCP-Protocol-Version: 2026-07-28`, `Mcp-Method`, `Mcp-Name`
 //!   (`params.name` of `tools/call` / `prompts/get`, `params.uri` of `resources/read`, the
@@ -70,7 +67,7 @@
 use super::{modern_request, translate, BridgeState, UpstreamEra};
 use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind};
-use crate::layers::extensions::{HeldAnswer, HeldSession};
+use crate::layers::extensions::{HeldSession, HoldSession};
 use crate::layers::relay::mrtr;
 use crate::layers::McpService;
 use crate::mcp::capabilities::{CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
@@ -79,56 +76,12 @@ use crate::metrics::LocalReason;
 use futures_util::StreamExt;
 use http::{HeaderValue, StatusCode};
 use serde_json::{json, Map, Value};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::oneshot;
 use tower::ServiceExt;
 
 /// `_meta` key of a 2026-07-28 request's `clientInfo`.
 pub const CLIENT_INFO_META: &str = "io.modelcontextprotocol/clientInfo";
-
-/// 2025-era revisions a held session may negotiate (the client's, when it asks for one).
-const LEGACY_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
-
-/// What taskgate knows of a request's session on an upstream whose sessions it holds.
-pub(super) enum Lookup {
-    /// No `Mcp-Session-Id`.
-    NoSession,
-    /// A session taskgate holds.
-    Held(Arc<HeldSession>),
-    /// A session taskgate knows that it does not hold (issued by the upstream before it
-    /// started refusing `initialize`).
-    NotHeld,
-    /// A session id taskgate does not know.
-    Unknown,
-}
-
-/// The [`Lookup`] of `req`'s `Mcp-Session-Id` (the client's own).
-pub(super) fn lookup(state: &BridgeState, req: &McpRequest) -> Lookup {
-    let Some(session) = req.ctx.client_session_id.as_ref() else {
-        return Lookup::NoSession;
-    };
-    let Some(sessions) = state.sessions.as_ref() else {
-        return Lookup::NotHeld;
-    };
-    match sessions.held(&req.ctx.upstream, session) {
-        Some(Some(held)) => Lookup::Held(held),
-        Some(None) => Lookup::NotHeld,
-        None => Lookup::Unknown,
-    }
-}
-
-/// HTTP 404 `-32001` "Session not found" (the 2025 transport's answer to an unknown session).
-pub(super) fn not_found(req: &McpRequest) -> McpReply {
-    let mut reply = McpReply::local_error(
-        req.id(),
-        crate::layers::session_guard::SESSION_NOT_FOUND,
-        "Session not found: initialize a new session",
-    )
-    .answered_locally(LocalReason::HeldSession);
-    reply.status = StatusCode::NOT_FOUND;
-    reply
-}
 
 /// A request of a held session in flight upstream: its token, and the signal that ends it.
 pub(super) struct Flight {
@@ -420,38 +373,45 @@ fn is_jsonrpc_error(bytes: &[u8]) -> bool {
 const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 
 /// The upstream refused `initialize`: when it answers `server/discover`, taskgate holds 2025
-/// sessions for it from now on and answers this `initialize` itself ([`initialize`]); `None`
-/// (nothing learned) when it does not.
+/// sessions for it from now on, and `held_sessions` answers this `initialize` itself (the
+/// reply carries [`HoldSession`]); `None` (nothing learned) when it does not.
 pub(super) async fn try_hold<S: McpService>(
     state: &Arc<BridgeState>,
     inner: &S,
     req: &McpRequest,
 ) -> Option<McpReply> {
     let discovered = discover(state, inner.clone(), req).await?;
-    if !state.holds_sessions.swap(true, Ordering::Relaxed) {
-        tracing::info!(
-            upstream = %req.ctx.upstream,
-            "the upstream refused a 2025 initialize and answered server/discover: taskgate holds 2025 sessions for it"
-        );
-    }
-    Some(answer_initialize(state, req, &discovered))
+    Some(hold_session(state, discovered))
 }
 
 /// A 2025 `initialize` of a client on an upstream whose sessions taskgate holds (see the module
-/// docs); `-32603` when the upstream does not answer `server/discover`.
+/// docs): the [`HoldSession`] reply `held_sessions` answers from; `-32603` when the upstream
+/// does not answer `server/discover`.
 pub(super) async fn initialize<S: McpService>(
     state: &Arc<BridgeState>,
     inner: &S,
     req: &McpRequest,
 ) -> McpReply {
     match discover(state, inner.clone(), req).await {
-        Some(discovered) => answer_initialize(state, req, &discovered),
+        Some(discovered) => hold_session(state, discovered),
         None => McpReply::local_error(
             req.id(),
             jsonrpc::INTERNAL_ERROR,
             "the 2026-07-28 upstream did not answer server/discover; taskgate cannot open a session for it",
         ),
     }
+}
+
+/// The reply to a 2025 `initialize` that `held_sessions` answers itself: empty, carrying the
+/// [`HoldSession`] fact (the `server/discover` result, and whether the upstream serves the
+/// tasks extension, learned from it).
+fn hold_session(state: &BridgeState, discovered: Value) -> McpReply {
+    let mut reply = McpReply::accepted();
+    reply.extensions.insert(HoldSession {
+        discovered,
+        modern_tasks: state.known() == Some(UpstreamEra::ModernTasks),
+    });
+    reply
 }
 
 /// The upstream's `server/discover` result (`None`: not asked, no answer within the deadline,
@@ -475,91 +435,6 @@ async fn discover<S: McpService>(
     Some(result)
 }
 
-/// The `InitializeResult` of a held session from a `server/discover` result, with a new
-/// session id (see the module docs).
-fn answer_initialize(state: &BridgeState, req: &McpRequest, discovered: &Value) -> McpReply {
-    let Some(id) = req.id() else {
-        return McpReply::accepted();
-    };
-    let Some(session) = new_session_id() else {
-        return McpReply::local_error(
-            Some(id),
-            jsonrpc::INTERNAL_ERROR,
-            "taskgate could not draw a session id from the operating system's random source",
-        );
-    };
-    let requested = match &req.op {
-        Operation::Post(m) => m
-            .parse_as::<Value>()
-            .ok()
-            .and_then(|v| v.pointer("/params/protocolVersion").cloned()),
-        _ => None,
-    };
-    let modern_tasks = state.known() == Some(UpstreamEra::ModernTasks);
-    let result = held_initialize_result(requested.as_ref(), discovered, modern_tasks);
-    let mut reply = McpReply::local_json(jsonrpc::result_response(id, &result.to_string()))
-        .answered_locally(LocalReason::HeldSession);
-    if let Ok(v) = HeaderValue::from_str(&session) {
-        reply.headers.insert("mcp-session-id", v);
-    }
-    reply.extensions.insert(HeldAnswer);
-    reply
-}
-
-/// The `InitializeResult` a held session's `initialize` gets: `protocolVersion` the client's
-/// `requested` one when it is a 2025-era revision ([`LEGACY_VERSIONS`]), else `2025-11-25`;
-/// the 2025 `capabilities.tasks` added when the upstream has the tasks extension.
-pub(crate) fn held_initialize_result(
-    requested: Option<&Value>,
-    discovered: &Value,
-    modern_tasks: bool,
-) -> Value {
-    let version = requested
-        .and_then(Value::as_str)
-        .filter(|v| LEGACY_VERSIONS.contains(v))
-        .unwrap_or("2025-11-25");
-    let mut result = legacy_initialize_result(discovered, version);
-    if modern_tasks {
-        translate::add_legacy_tasks_capability(&mut result);
-    }
-    result
-}
-
-/// A 2025 `InitializeResult` (`protocolVersion` `version`) from a 2026 `server/discover` result.
-pub(crate) fn legacy_initialize_result(discovered: &Value, version: &str) -> Value {
-    let mut capabilities = match discovered.get("capabilities") {
-        Some(Value::Object(c)) => c.clone(),
-        _ => Map::new(),
-    };
-    capabilities.remove("extensions");
-    let server_info = discovered
-        .pointer("/_meta/io.modelcontextprotocol~1serverInfo")
-        .filter(|i| i.get("name").is_some_and(Value::is_string))
-        .cloned()
-        .unwrap_or_else(|| json!({"name": "taskgate", "version": env!("CARGO_PKG_VERSION")}));
-    let mut result = json!({
-        "protocolVersion": version,
-        "capabilities": capabilities,
-        "serverInfo": server_info,
-    });
-    if let Some(i) = discovered.get("instructions").filter(|i| i.is_string()) {
-        result["instructions"] = i.clone();
-    }
-    result
-}
-
-/// A new session id: `tgh-` and 128 bits from the operating system's random source as 32 hex
-/// digits (the held form, `session::is_held_form`: only such ids are looked up in the store).
-fn new_session_id() -> Option<String> {
-    let mut bytes = [0u8; 16];
-    getrandom::getrandom(&mut bytes).ok()?;
-    Some(format!(
-        "{}{}",
-        crate::layers::session::HELD_SESSION_PREFIX,
-        hex::encode(bytes)
-    ))
-}
-
 /// The reply of an `initialize` the upstream refused without a JSON-RPC answer: HTTP 404 or 405
 /// without a JSON body (the endpoint has no such method). Other statuses (400, 401, 403, 413,
 /// 429: the client's request, its credentials, a proxy) are passed on as they are.
@@ -573,22 +448,6 @@ pub(super) fn refused_without_answer(reply: &McpReply) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn initialize_result_from_discover() {
-        let d = json!({"resultType":"complete","supportedVersions":["2026-07-28"],
-            "capabilities":{"tools":{"listChanged":true},"extensions":{TASKS_EXTENSION:{}}},
-            "instructions":"be nice","_meta":{"io.modelcontextprotocol/serverInfo":{"name":"s","version":"2"}}});
-        let r = legacy_initialize_result(&d, "2025-11-25");
-        assert_eq!(r["serverInfo"]["name"], "s");
-        assert_eq!(r["instructions"], "be nice");
-        assert!(r["capabilities"].get("extensions").is_none());
-        assert_eq!(r["capabilities"]["tools"]["listChanged"], true);
-        let bare = legacy_initialize_result(&json!({}), "2025-06-18");
-        assert_eq!(bare["serverInfo"]["name"], "taskgate");
-        assert_eq!(bare["protocolVersion"], "2025-06-18");
-        assert!(bare["capabilities"].is_object());
-    }
 
     #[test]
     fn session_meta_carries_the_clients_capabilities() {
@@ -623,8 +482,5 @@ mod tests {
         let mut none = json!("x");
         add_session_meta(&mut none, &held);
         assert_eq!(none, json!("x"));
-        let a = new_session_id().unwrap();
-        assert!(crate::layers::session::is_held_form(a.as_bytes()), "{a}");
-        assert_ne!(a, new_session_id().unwrap());
     }
 }

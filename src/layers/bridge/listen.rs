@@ -47,6 +47,7 @@
 use super::{modern_request, translate, BridgeState};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, Tenant};
 use crate::jsonrpc;
+use crate::layers::extensions::HeldAlive;
 use crate::layers::McpService;
 use crate::mcp::capabilities::CLIENT_CAPABILITIES_META;
 use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
@@ -288,15 +289,11 @@ impl Listens {
     }
 }
 
-/// Whether taskgate still holds `req`'s upstream's session `id` (without a session table:
-/// always).
-fn alive_in(state: &BridgeState, req: &McpRequest) -> impl Fn(&str) -> bool {
-    let sessions = state.sessions.clone();
-    let upstream = req.ctx.upstream.clone();
-    move |id: &str| match (&sessions, HeaderValue::from_str(id)) {
-        (Some(sessions), Ok(id)) => sessions.held(&upstream, &id).is_some(),
-        _ => true,
-    }
+/// Whether taskgate still holds `req`'s upstream's session `id`, as `held_sessions` tells it
+/// ([`HeldAlive`]; without it: always).
+fn alive_in(req: &McpRequest) -> impl Fn(&str) -> bool {
+    let alive = req.extensions.get::<HeldAlive>().cloned();
+    move |id: &str| alive.as_ref().map_or(true, |a| (a.0)(id))
 }
 
 /// HTTP 503 with `Retry-After: 1`: no room for another session's listen state.
@@ -423,7 +420,7 @@ pub(super) async fn open<S: McpService>(
         tracing::debug!(capabilities = ?caps, "nothing to listen to: the held session's GET is 405");
         return Ok(not_allowed());
     };
-    let (tenant, alive) = (req.ctx.tenant(), alive_in(&state, &req));
+    let (tenant, alive) = (req.ctx.tenant(), alive_in(&req));
     let Ok((uris, changed)) = state.listens.with_session(&session, &tenant, &alive, |s| {
         (s.uris.clone(), s.changed.subscribe())
     }) else {
@@ -646,7 +643,7 @@ pub(super) async fn subscribe<S: McpService>(
         ));
     }
     let adding = msg.method() == Some("resources/subscribe");
-    let alive = alive_in(state, req);
+    let alive = alive_in(req);
     let kept = state
         .listens
         .subscribe(&session, &req.ctx.tenant(), &alive, uri, adding);

@@ -131,7 +131,9 @@ use answer::{answer_of, ask, ask_with, error_reply, failure_reply, legacy_reply}
 use crate::config::UpstreamProtocol;
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, Id, Message};
-use crate::layers::extensions::{AuthorisedTask, HeldSession, PendingCreation};
+use crate::layers::extensions::{
+    AuthorisedTask, ClientDeclares, HeldSession, PendingCreation, SessionsHeld,
+};
 use crate::layers::relay::{self, input, mrtr, OwnIds, Relay};
 use crate::layers::McpService;
 use crate::mcp::era::{Era, MODERN_VERSION};
@@ -145,7 +147,6 @@ use serde_json::{json, Value};
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -184,14 +185,10 @@ pub struct BridgeState {
     ids: Arc<OwnIds>,
     /// The relay of input the upstream asks for (`input_required`, MRTR), its own stage.
     relay: Arc<Relay>,
-    sessions: Option<Arc<crate::layers::session::Sessions>>,
     /// The upstream's `timeout_ms`: bounds each of taskgate's own exchanges (see [`ask`]).
     timeout: Duration,
     /// The `cancel` layer's state: taskgate's own `tasks/cancel` joins its single-flight.
     cancel: Option<Arc<crate::layers::cancel::CancelState>>,
-    /// The upstream refused a 2025 `initialize` and answered `server/discover`: taskgate holds
-    /// 2025 sessions itself (see `held`). Learned once, kept for the process's life.
-    holds_sessions: AtomicBool,
     /// Requests of held sessions in flight upstream, by caller and id: the client's
     /// `notifications/cancelled` ends them (see `held`). At most [`MAX_HELD_CALLS`].
     held_calls: Mutex<std::collections::HashMap<crate::exchange::CallKey, held::Flight>>,
@@ -202,14 +199,13 @@ pub struct BridgeState {
 impl BridgeState {
     /// The state of one upstream configured with `protocol`, with the handles it is given, not
     /// reached for: its own upstream exchanges bounded by `timeout` (the upstream's
-    /// `timeout_ms`, see `ask`); client capabilities (for `input_required`) and held sessions
-    /// read from `sessions` (which keeps held sessions in the store it was given at start, see
-    /// `gateway`); its own `tasks/cancel` sent through `cancel`'s single-flight.
+    /// `timeout_ms`, see `ask`); its own `tasks/cancel` sent through `cancel`'s single-flight.
+    /// It reads no session table: what it needs of the client's session (held or not) comes
+    /// down from `held_sessions` as request extensions.
     pub fn new(
         registry: Arc<Registry>,
         protocol: UpstreamProtocol,
         timeout: Duration,
-        sessions: Arc<crate::layers::session::Sessions>,
         cancel: Arc<crate::layers::cancel::CancelState>,
     ) -> Arc<BridgeState> {
         let ids = Arc::new(OwnIds::default());
@@ -222,10 +218,8 @@ impl BridgeState {
             task_only: Mutex::new(HashSet::new()),
             ids,
             relay,
-            sessions: Some(sessions),
             timeout,
             cancel: Some(cancel),
-            holds_sessions: AtomicBool::new(false),
             held_calls: Mutex::new(std::collections::HashMap::new()),
             listens: listen::Listens::default(),
         })
@@ -256,32 +250,19 @@ impl BridgeState {
         self.ids.next_id()
     }
 
-    /// What the relay is told of `req`'s client (see [`relay::Client`]): the capabilities its
-    /// held session declared, else its session's (read once, they do not change), and the
-    /// 2025 form of the upstream's events.
+    /// What the relay is told of `req`'s client (see [`relay::Client`]): the input
+    /// capabilities its session declared (the [`ClientDeclares`] `held_sessions` handed down;
+    /// none when absent), and the 2025 form of the upstream's events.
     fn client_of(&self, req: &McpRequest) -> relay::Client {
-        let held = req
+        let declares = req
             .extensions
-            .get::<Arc<HeldSession>>()
-            .map(|h| h.client_capabilities.clone());
-        let session = self.sessions.as_ref().and_then(|s| {
-            s.get(
-                &req.ctx.upstream,
-                crate::layers::session::session_key(&req.ctx).as_ref(),
-            )
-        });
+            .get::<ClientDeclares>()
+            .copied()
+            .unwrap_or_default();
         relay::Client {
-            declared: Arc::new(move |pointer: &str| {
-                held.as_ref().is_some_and(|c| c.pointer(pointer).is_some())
-                    || session.as_ref().is_some_and(|s| s.client_has(pointer))
-            }),
+            declared: Arc::new(move |pointer: &str| declares.has(pointer)),
             shown: translate::legacy_event,
         }
-    }
-
-    /// Whether taskgate holds 2025 sessions itself for this upstream (see `held`).
-    pub fn holds_sessions(&self) -> bool {
-        self.holds_sessions.load(Ordering::Relaxed)
     }
 
     fn is_task_only(&self, tool: &str) -> bool {
@@ -342,22 +323,10 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             return Either::Left(self.inner.call(req));
         }
         let state = &self.state;
-        // A session taskgate holds (one may come back from the store before this process
-        // learned that it holds sessions): nothing of it goes upstream in the 2025 form.
-        let mut is_held = false;
-        if state.holds_sessions() || state.sessions.as_ref().is_some_and(|s| s.any_held()) {
-            match held::lookup(state, &req) {
-                held::Lookup::Held(session) => {
-                    req.extensions.insert(session);
-                    is_held = true;
-                }
-                held::Lookup::Unknown if state.holds_sessions() => {
-                    return Either::Right(Box::pin(async move { Ok(held::not_found(&req)) }))
-                }
-                held::Lookup::Unknown => {}
-                held::Lookup::NotHeld | held::Lookup::NoSession => {}
-            }
-        }
+        // A session taskgate holds, and whether it holds this upstream's sessions: told by
+        // `held_sessions` above (nothing of a held session goes upstream in the 2025 form).
+        let is_held = req.extensions.get::<Arc<HeldSession>>().is_some();
+        let holds = req.extensions.get::<SessionsHeld>().is_some();
         if is_held && state.known().is_none() && req.extensions.get::<EraAsked>().is_none() {
             // A held session back from the store before this process learned the era.
             let (state, inner) = (state.clone(), self.take_inner());
@@ -381,7 +350,7 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
         }
         if !is_held
             && state.known() == Some(UpstreamEra::Legacy)
-            && !(state.holds_sessions() && req.request_method() == Some("initialize"))
+            && !(holds && req.request_method() == Some("initialize"))
         {
             // (A 2026 upstream without the tasks extension whose sessions taskgate holds still
             // gets its `initialize` answered here.)
