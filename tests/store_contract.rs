@@ -540,6 +540,7 @@ async fn check_config_and_readyz_report_the_database() {
     let listen = r#"{"jsonrpc":"2.0","id":8,"method":"subscriptions/listen","params":{"notifications":{"taskIds":["t-any"]},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
     let r = Req::mcp_post(&url, listen)
         .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
         .send()
         .await;
     let v = r.json().await;
