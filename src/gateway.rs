@@ -23,6 +23,7 @@ use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::store::{PgStore, SledStore, StoreError, TaskStore};
+use crate::upstream::stdio::{ChildGone, StdioHandle, StdioTransport};
 use crate::upstream::Upstream;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -66,6 +67,8 @@ pub struct Running {
     pub registry: Arc<Registry>,
     /// The sled store, closed (flushed, committer joined) on shutdown; `None` on PostgreSQL.
     sled: Option<Arc<SledStore>>,
+    /// The stdio upstreams, whose children are ended on shutdown.
+    stdio: Vec<StdioHandle>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     sweeper: JoinHandle<()>,
@@ -80,6 +83,8 @@ impl Running {
             let _ = s.await;
         }
         self.sweeper.abort();
+        // Every child process and its group: close stdin, SIGTERM, SIGKILL (upstream::stdio).
+        futures_util::future::join_all(self.stdio.iter().map(StdioHandle::shutdown)).await;
         // Flushes and joins the committer thread: not on a runtime worker.
         if let Some(store) = self.sled {
             let _ = tokio::task::spawn_blocking(move || store.close()).await;
@@ -111,10 +116,15 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let (gateway_addr, admin_addr) = (listeners.gateway_addr, listeners.admin_addr);
 
     let mut routes: Vec<Route> = Vec::with_capacity(config.upstream.len());
+    let mut stdio = Vec::new();
     for u in &config.upstream {
-        let built = build_stack(u, &shared);
+        let built = build_stack(u, &shared, &config);
         if let Some(orphans) = built.orphans {
             orphans.spawn();
+        }
+        if let Some(handle) = built.stdio {
+            spawn_fail_dead_tasks(handle.clone(), registry.clone());
+            stdio.push(handle);
         }
         routes.push(built.route);
     }
@@ -131,7 +141,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     ));
     let admin = Arc::new(
         Admin::new(metrics.clone(), admin_targets(&config), store.clone())
-            .with_token(config.admin.token_sha256()),
+            .with_token(config.admin.token_sha256())
+            .with_probes(stdio_probes(&stdio)),
     );
     let sweeper = spawn_sweeper(
         registry.clone(),
@@ -162,6 +173,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         metrics,
         registry,
         sled,
+        stdio,
         shutdown: shutdown_tx,
         servers,
         sweeper,
@@ -212,16 +224,27 @@ struct Shared {
     cancel_orphans: bool,
 }
 
-/// One upstream's stack, and the start-up job that cancels its orphaned upgraded tasks.
+/// One upstream's stack, the start-up job that cancels its orphaned upgraded tasks, and for a
+/// stdio upstream the handle on its children.
 struct BuiltStack {
     route: Route,
     orphans: Option<OrphanSweep>,
+    stdio: Option<StdioHandle>,
 }
 
 /// Builds the stack in front of upstream `u`: the layers, outermost first (see `layers` for
 /// why this order), over its upstream client. Each stack has its own upgrade and cancel state.
-fn build_stack(u: &UpstreamConfig, shared: &Shared) -> BuiltStack {
-    let upstream = Upstream::for_config(u, shared.metrics.clone());
+fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltStack {
+    // A `command` upstream is a supervised child process (upstream::stdio); a `url` one
+    // Streamable HTTP.
+    let idle = Duration::from_millis(config.gateway.session_idle_ms);
+    let (upstream, stdio) = match StdioTransport::new(u, shared.metrics.clone(), idle) {
+        Some(t) => {
+            let handle = t.handle();
+            (Upstream::new(t), Some(handle))
+        }
+        None => (Upstream::for_config(u, shared.metrics.clone()), None),
+    };
     let name = upstream.name().clone();
     let timeout = Duration::from_millis(u.timeout_ms);
     let upgrade_state = UpgradeState::new(
@@ -268,7 +291,61 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared) -> BuiltStack {
             stack: McpStack::new(stack),
         },
         orphans,
+        stdio,
     }
+}
+
+/// A stdio upstream's dead child took its tasks with it: the registry fails the ones that were
+/// not terminal and records them released (`registry::gone`), for as long as taskgate runs.
+/// At start, every task of the upstream recorded before is dead already: taskgate's previous
+/// run took its children with it (a restart, a `kill -9`).
+fn spawn_fail_dead_tasks(handle: StdioHandle, registry: Arc<Registry>) {
+    let mut gone = handle.subscribe();
+    let started_ms = crate::mcp::task::now_ms();
+    tokio::spawn(async move {
+        let upstream = handle.name().clone();
+        let message = format!("upstream `{upstream}`: taskgate restarted, and the child process that ran the task with it; the task's state was lost");
+        let failed = registry
+            .fail_tasks_of_dead_process(&upstream, None, started_ms, &message)
+            .await;
+        if failed > 0 {
+            tracing::warn!(upstream = %upstream, failed, "tasks of a previous run's stdio child marked failed");
+        }
+        loop {
+            let ChildGone {
+                upstream,
+                session,
+                at_ms,
+                why,
+            } = match gone.recv().await {
+                Ok(event) => event,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            };
+            let message = match &session {
+                None => format!("upstream `{upstream}` restarted: {why}; the task's state was lost"),
+                Some(_) => format!("upstream `{upstream}`: the session's process ended: {why}; the task's state was lost"),
+            };
+            let failed = registry
+                .fail_tasks_of_dead_process(&upstream, session.as_deref(), at_ms, &message)
+                .await;
+            if failed > 0 {
+                tracing::warn!(upstream = %upstream, failed, "tasks of a dead stdio child marked failed");
+            }
+        }
+    });
+}
+
+/// `/readyz` of the stdio upstreams: a live child.
+fn stdio_probes(stdio: &[StdioHandle]) -> Vec<(String, crate::http::admin::ReadinessProbe)> {
+    stdio
+        .iter()
+        .map(|h| {
+            let handle = h.clone();
+            let probe: crate::http::admin::ReadinessProbe = Arc::new(move || handle.readiness());
+            (h.name().to_string(), probe)
+        })
+        .collect()
 }
 
 /// Cancels, upstream, the upgraded tasks a restart left without a follower: through the
@@ -309,12 +386,13 @@ fn edge_settings(config: &Config, gateway_addr: SocketAddr) -> EdgeSettings {
     }
 }
 
-/// The upstreams `/readyz` connects to: each one's name and `host:port` (port 80 when the
-/// URL names none).
+/// The upstreams `/readyz` connects to: each `url` one's name and `host:port` (port 80 when
+/// the URL names none; stdio upstreams are probed instead, [`stdio_probes`]).
 fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
     config
         .upstream
         .iter()
+        .filter(|u| u.command.is_none())
         .map(|u| {
             let uri: http::Uri = u.url.parse().expect("validated url");
             let authority = uri.authority().expect("validated url");

@@ -29,6 +29,7 @@ mod oauth;
 mod registry;
 mod request_ids;
 mod routing;
+mod stdio;
 mod upgrade;
 
 /// Every `tests/*.rs` file is a module of one tier's crate (`Cargo.toml` sets `autotests =

@@ -184,14 +184,18 @@ impl Config {
             if !seen.insert(up.name.clone()) {
                 return invalid(format!("upstream name {:?} is used twice", up.name));
             }
-            let uri: http::Uri = up.url.parse().map_err(|e| {
-                ConfigError::Invalid(format!("upstream {:?}: url {:?}: {e}", up.name, up.url))
-            })?;
-            if uri.scheme_str() != Some("http") || uri.authority().is_none() {
-                return invalid(format!(
-                    "upstream {:?}: url {:?} must be http://host:port/path (https is not supported yet; terminate TLS in front of a sidecar)",
-                    up.name, up.url
-                ));
+            if up.command.is_some() {
+                validate_command(i, up)?;
+            } else {
+                let uri: http::Uri = up.url.parse().map_err(|e| {
+                    ConfigError::Invalid(format!("upstream {:?}: url {:?}: {e}", up.name, up.url))
+                })?;
+                if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                    return invalid(format!(
+                        "upstream {:?}: url {:?} must be http://host:port/path (https is not supported yet; terminate TLS in front of a sidecar)",
+                        up.name, up.url
+                    ));
+                }
             }
             check_range(
                 &format!("upstream[{i}].timeout_ms"),
@@ -234,6 +238,79 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A `command` upstream (`src/upstream/stdio/`): no `url` beside it, a program that exists and
+/// is executable (a path, or a name found on `PATH`), `env` expanded, `cwd` a directory,
+/// `max_in_flight` in range.
+fn validate_command(i: usize, up: &mut UpstreamConfig) -> Result<(), ConfigError> {
+    let name = up.name.clone();
+    let invalid = |m: String| ConfigError::Invalid(format!("upstream {name:?}: {m}"));
+    if !up.url.is_empty() {
+        return Err(invalid("set either url or command, not both".into()));
+    }
+    let Some(program) = up.command.as_ref().and_then(|c| c.first()) else {
+        return Err(invalid(
+            "command must name a program: command = [\"program\", \"arg\", ...]".into(),
+        ));
+    };
+    // A relative path is the child's: against its `cwd` (the transport starts it so).
+    let located = match &up.cwd {
+        Some(cwd) if program.contains('/') && Path::new(program).is_relative() => {
+            cwd.join(program).to_string_lossy().into_owned()
+        }
+        _ => program.clone(),
+    };
+    if let Err(why) = find_program(&located) {
+        return Err(invalid(format!("command {program:?}: {why}")));
+    }
+    for (k, v) in up.env.iter_mut() {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(invalid(format!(
+                "env name {k:?} is not a valid variable name"
+            )));
+        }
+        *v = expand_env(v).map_err(|var| {
+            invalid(format!(
+                "env {k:?} uses ${{{var}}}, but environment variable {var} is not set"
+            ))
+        })?;
+    }
+    if let Some(cwd) = &up.cwd {
+        if !cwd.is_dir() {
+            return Err(invalid(format!("cwd {} is not a directory", cwd.display())));
+        }
+    }
+    check_range(
+        &format!("upstream[{i}].max_in_flight"),
+        up.max_in_flight as u64,
+        1,
+        65_536,
+    )
+}
+
+/// The executable `program` names: a path (with a `/`) that is an executable file, or the
+/// first executable file of that name in a `PATH` directory. Errors say why not.
+pub fn find_program(program: &str) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let path = PathBuf::from(program);
+        return if !path.exists() {
+            Err("no such file".into())
+        } else if executable(&path) {
+            Ok(path)
+        } else {
+            Err("not an executable file".into())
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|p| executable(p))
+        .ok_or_else(|| "not found on PATH (or not executable)".into())
 }
 
 /// Expands `${VAR}` from the environment. `$$` is a literal `$`. Returns the missing variable's name.

@@ -438,14 +438,34 @@ pub(super) fn default_max_message_bytes() -> usize {
     16 * 1024 * 1024
 }
 
-/// `[[upstream]]`: one MCP server reached over Streamable HTTP.
+/// `[[upstream]]`: one MCP server reached over Streamable HTTP (`url`) or started as a
+/// supervised child process speaking JSON-RPC on its stdio (`command`; `src/upstream/stdio/`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Route name: requests to `/mcp/<name>` go here. Letters, digits, `-`, `_`, `.`.
     pub name: String,
-    /// The upstream's MCP endpoint, `http://host:port/path`.
+    /// The upstream's MCP endpoint, `http://host:port/path`; empty for a `command` upstream
+    /// (exactly one of the two is set).
+    #[serde(default)]
     pub url: String,
+    /// A stdio server: the program and its arguments (`["npx", "-y", "pkg"]`), started without
+    /// a shell; the program is a path or a name found on `PATH`.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// Variables added to a `command` child's environment (`${VAR}` expands from taskgate's).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The `command` child's working directory (default: taskgate's).
+    #[serde(default)]
+    pub cwd: Option<std::path::PathBuf>,
+    /// One child for every client (`shared`, the default) or one per client session.
+    #[serde(default)]
+    pub process: ProcessMode,
+    /// Requests in flight on one `command` child at once (default 64); more wait for a slot
+    /// within `timeout_ms`. `tasks/cancel`, `notifications/cancelled` and `tasks/result` take none.
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
     /// Time to the upstream's response headers (and a JSON body), in ms (default 30000). Not applied
     /// to `tasks/result`, to GET streams, or to an SSE response once it has started, except an SSE
     /// answer to `tasks/cancel`, whose whole exchange it bounds (others share that single flight).
@@ -472,6 +492,21 @@ pub struct UpstreamConfig {
     /// and `src/layers/bridge/mod.rs`.
     #[serde(default)]
     pub protocol: UpstreamProtocol,
+}
+
+/// `upstream.process`: how many children a `command` upstream runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessMode {
+    /// One long-lived child for every client; taskgate maps the ids it writes to it.
+    #[default]
+    Shared,
+    /// One child per client session: started on `initialize`, ended on `DELETE`.
+    PerSession,
+}
+
+pub(super) fn default_max_in_flight() -> usize {
+    64
 }
 
 /// `upstream.protocol`: which MCP revision's tasks the upstream speaks, which decides whether

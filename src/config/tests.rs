@@ -261,3 +261,44 @@ fn store_backend_postgres_keys() {
             .contains("store.pool_size")
     );
 }
+
+/// A stdio upstream (issue 31): `command` instead of `url`, its program found on `PATH` or as
+/// an executable path (relative to `cwd`), `env` expanded, `process` and `max_in_flight`.
+#[test]
+fn command_upstreams() {
+    let base = "[gateway]\nlisten = \"127.0.0.1:0\"\n[[upstream]]\nname = \"kid\"\n";
+    std::env::set_var("TASKGATE_TEST_CHILD_KEY", "k1");
+    let c = Config::from_toml_str(&format!(
+        "{base}command = [\"sh\", \"-c\", \"exit 0\"]\nprocess = \"per_session\"\nmax_in_flight = 8\nenv = {{ KEY = \"${{TASKGATE_TEST_CHILD_KEY}}\" }}\n"
+    ))
+    .unwrap();
+    let up = &c.upstream[0];
+    assert_eq!(up.process, ProcessMode::PerSession);
+    assert_eq!(up.max_in_flight, 8);
+    assert_eq!(up.env.get("KEY").map(String::as_str), Some("k1"));
+    let shared = Config::from_toml_str(&format!("{base}command = [\"sh\"]\n")).unwrap();
+    assert_eq!(shared.upstream[0].process, ProcessMode::Shared);
+
+    let err = |extra: &str| {
+        Config::from_toml_str(&format!("{base}{extra}"))
+            .unwrap_err()
+            .to_string()
+    };
+    let missing = err("command = [\"no-such-program-taskgate-test\"]\n");
+    assert!(missing.contains("not found on PATH"), "{missing}");
+    let plain = std::env::temp_dir().join(format!("taskgate-not-exec-{}", std::process::id()));
+    std::fs::write(&plain, "not a program").unwrap();
+    let not_exec = err(&format!("command = [{:?}]\n", plain.display().to_string()));
+    let _ = std::fs::remove_file(&plain);
+    assert!(not_exec.contains("not an executable"), "{not_exec}");
+    let both = err("url = \"http://127.0.0.1:1/mcp\"\ncommand = [\"sh\"]\n");
+    assert!(both.contains("not both"), "{both}");
+    assert!(err("command = []\n").contains("must name a program"));
+    let unset = err("command = [\"sh\"]\nenv = { K = \"${TASKGATE_TEST_UNSET_CHILD}\" }\n");
+    assert!(unset.contains("TASKGATE_TEST_UNSET_CHILD"), "{unset}");
+    assert!(err("command = [\"sh\"]\ncwd = \"/no/such/dir\"\n").contains("not a directory"));
+    assert!(err("command = [\"sh\"]\nmax_in_flight = 0\n").contains("max_in_flight"));
+    // A relative path is the child's, against its cwd.
+    let relative = Config::from_toml_str(&format!("{base}command = [\"./sh\"]\ncwd = \"/bin\"\n"));
+    assert!(relative.is_ok(), "{relative:?}");
+}

@@ -3,14 +3,16 @@
 //!
 //! ```text
 //! [layers] ─▶ Upstream (tower::Service<McpRequest>) ─▶ dyn Transport ─▶ MCP server
-//!                                                       └ http::StreamableHttp (HTTP/1: h1/)
+//!                                                       ├ http::StreamableHttp (HTTP/1: h1/)
+//!                                                       └ stdio::StdioTransport (child process)
 //! ```
 //!
 //! The layers see one type, [`Upstream`]. Which [`Transport`] is behind it is chosen once, from
-//! the `[[upstream]]` config, by [`Upstream::for_config`]: Streamable HTTP ([`http`], a `url`)
-//! is the one today. A transport to a supervised child process speaking JSON-RPC on its stdio
-//! (issue 31) goes beside it as `stdio/`, implements [`Transport`], and is chosen there; no layer
-//! and no part of the edge changes.
+//! the `[[upstream]]` config: Streamable HTTP ([`http`], a `url`: [`Upstream::for_config`]), or
+//! a supervised child process speaking JSON-RPC on its stdio ([`stdio`], a `command`: issue 31),
+//! which `gateway.rs` builds itself ([`stdio::StdioTransport::new`]) because it also wires the
+//! child's readiness, deaths and shutdown ([`stdio::StdioHandle`]) to `/readyz`, the registry and
+//! `Running::shutdown`. No layer and no part of the edge changes.
 //!
 //! # What a transport must do
 //!
@@ -83,6 +85,7 @@
 
 pub mod h1;
 pub mod http;
+pub mod stdio;
 
 pub use self::h1::pin_thread;
 pub use self::http::StreamableHttp;
@@ -114,7 +117,8 @@ pub trait Transport: Send + Sync + 'static {
 pub struct Upstream(Arc<dyn Transport>);
 
 impl Upstream {
-    /// The transport `config` describes: Streamable HTTP to its `url` (the config is validated).
+    /// The transport of a `url` upstream: Streamable HTTP to its `url` (the config is
+    /// validated). A `command` upstream's is [`stdio::StdioTransport::new`]'s.
     pub fn for_config(config: &UpstreamConfig, metrics: Arc<Metrics>) -> Upstream {
         Upstream::new(StreamableHttp::new(config, metrics))
     }

@@ -1,0 +1,282 @@
+//! One child process: how it is started, how its stderr reaches taskgate's log, and how it is
+//! ended.
+//!
+//! **No orphans.** Each child leads a process group of its own (`setpgid(0, 0)` at spawn), so
+//! ending it ends what it started too: close its stdin, wait [`STDIN_GRACE`], `SIGTERM` to the
+//! group, wait [`TERM_GRACE`], `SIGKILL` to the group. Should taskgate itself die without
+//! ending its children (`kill -9`, a crash), the kernel's parent-death signal ends each child:
+//! `prctl(PR_SET_PDEATHSIG, SIGKILL)` in the child between fork and exec, checked against a
+//! parent that died before the `prctl` (then the child exits at once). The parent-death signal
+//! reaches the child taskgate started, not that child's own children (`npx` → `node`): those
+//! read EOF on the stdin pipe they share with it (its only writer, taskgate, is gone) and MCP
+//! stdio servers exit on EOF (the spec's shutdown sequence starts with closing stdin). The
+//! signal follows the *thread* that forked, not the process: every child is spawned by a task
+//! on the runtime that built the transport (the main thread in `taskgate serve`), never on a
+//! serving thread, which ends at shutdown before the children are ended in order.
+
+use crate::config::UpstreamConfig;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::process::{Child, ChildStderr, Command};
+
+/// How long a child may take to exit after its stdin closed before it gets `SIGTERM`.
+pub const STDIN_GRACE: Duration = Duration::from_secs(2);
+/// How long a child's group may take to exit after `SIGTERM` before it gets `SIGKILL`.
+pub const TERM_GRACE: Duration = Duration::from_secs(3);
+/// The longest stderr line logged (longer ones are cut, marked `…`).
+pub const STDERR_LINE_BYTES: usize = 4096;
+/// stderr lines logged per second per child; past it lines are counted, and the count is
+/// logged once the second is over.
+pub const STDERR_LINES_PER_SECOND: u32 = 50;
+
+/// What starts a child: the `[[upstream]]`'s `command`, `env` and `cwd`.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// The upstream's name (in logs).
+    pub name: Arc<str>,
+    /// The program (a path, or a name looked up on `PATH` by the OS at spawn).
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Added to the child's environment (already expanded).
+    pub env: Vec<(String, String)>,
+    /// Its working directory.
+    pub cwd: Option<PathBuf>,
+}
+
+impl Spec {
+    /// The spec of a validated `command` upstream; `None` for a `url` upstream.
+    pub fn of(config: &UpstreamConfig) -> Option<Spec> {
+        let command = config.command.as_ref()?;
+        let (program, args) = command.split_first()?;
+        // A relative path is against the child's `cwd` (as `check-config` checked it), not
+        // taskgate's, whatever the platform's spawn does with it.
+        let program = match &config.cwd {
+            Some(cwd) if program.contains('/') && std::path::Path::new(program).is_relative() => {
+                cwd.join(program).to_string_lossy().into_owned()
+            }
+            _ => program.clone(),
+        };
+        Some(Spec {
+            name: config.name.as_str().into(),
+            program,
+            args: args.to_vec(),
+            env: config
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            cwd: config.cwd.clone(),
+        })
+    }
+
+    /// Starts the child: stdin, stdout and stderr piped, its own process group, the
+    /// parent-death signal set (see the module docs).
+    ///
+    /// Errors: the program could not be started.
+    pub fn spawn(&self) -> std::io::Result<Child> {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            // The group is ended by `shutdown`; a child dropped unwaited is still killed.
+            .kill_on_drop(true);
+        if let Some(cwd) = &self.cwd {
+            cmd.current_dir(cwd);
+        }
+        // SAFETY: the closure runs in the forked child before exec and calls only
+        // async-signal-safe functions (prctl, getppid, _exit), allocating nothing.
+        let parent = std::process::id() as libc::pid_t;
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent died between fork and prctl: no signal will come.
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        cmd.spawn()
+    }
+}
+
+/// Sends `signal` to the process group `pgid` leads (ignored when the group is gone).
+pub fn signal_group(pgid: u32, signal: libc::c_int) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return;
+    };
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: killpg has no memory effects; a group that no longer exists is ESRCH.
+    unsafe {
+        libc::killpg(pgid, signal);
+    }
+}
+
+/// Ends a child and its process group: its stdin is already closed by the caller (dropped);
+/// wait [`STDIN_GRACE`], `SIGTERM` the group, wait [`TERM_GRACE`], `SIGKILL` the group, reap.
+/// Returns how it ended (for the log).
+pub async fn end(name: &str, child: &mut Child) -> String {
+    let pgid = child.id();
+    let how = if let Ok(status) = tokio::time::timeout(STDIN_GRACE, child.wait()).await {
+        format!("exited after stdin closed ({})", describe(status))
+    } else {
+        if let Some(pgid) = pgid {
+            signal_group(pgid, libc::SIGTERM);
+        }
+        match tokio::time::timeout(TERM_GRACE, child.wait()).await {
+            Ok(status) => format!("exited after SIGTERM ({})", describe(status)),
+            Err(_) => {
+                if let Some(pgid) = pgid {
+                    signal_group(pgid, libc::SIGKILL);
+                }
+                let _ = child.kill().await;
+                "killed (SIGKILL) after ignoring SIGTERM".to_string()
+            }
+        }
+    };
+    // The leader is gone; what it left in its group goes too.
+    if let Some(pgid) = pgid {
+        signal_group(pgid, libc::SIGKILL);
+    }
+    tracing::info!(target: "taskgate::upstream::stdio", upstream = %name, "child {how}");
+    how
+}
+
+/// An exit status in words.
+pub fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Ok(s) => match (s.code(), s.signal()) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(sig)) => format!("killed by signal {sig}"),
+            _ => "unknown status".into(),
+        },
+        Err(e) => format!("wait failed: {e}"),
+    }
+}
+
+/// Copies the child's stderr to taskgate's log (target `taskgate::upstream::stdio`, level
+/// info), each line cut at [`STDERR_LINE_BYTES`], at most [`STDERR_LINES_PER_SECOND`] lines a
+/// second (the rest counted and reported). Ends with the pipe.
+pub async fn log_stderr(name: Arc<str>, stderr: ChildStderr) {
+    // Lines are read at the stdout bound's order (64 KiB); what is logged is cut shorter.
+    let mut lines = super::framing::Lines::new(stderr, 64 * 1024);
+    let mut window = tokio::time::Instant::now();
+    let (mut logged, mut dropped) = (0u32, 0u64);
+    loop {
+        let line = match lines.next().await {
+            Ok(Some(line)) => line,
+            Ok(None) | Err(_) => break,
+        };
+        let now = tokio::time::Instant::now();
+        if now.duration_since(window) >= Duration::from_secs(1) {
+            if dropped > 0 {
+                tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, dropped, "child stderr lines not logged (over {STDERR_LINES_PER_SECOND} a second)");
+            }
+            window = now;
+            logged = 0;
+            dropped = 0;
+        }
+        if logged >= STDERR_LINES_PER_SECOND {
+            dropped += 1;
+            continue;
+        }
+        logged += 1;
+        let text = match &line {
+            super::framing::Line::Text(t) => cut(t, STDERR_LINE_BYTES),
+            super::framing::Line::Oversize(_) => "(a line over 64 KiB, not logged)".into(),
+            super::framing::Line::NotUtf8 => "(a line that is not UTF-8, not logged)".into(),
+        };
+        tracing::info!(target: "taskgate::upstream::stdio", upstream = %name, stderr = %text);
+    }
+    if dropped > 0 {
+        tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, dropped, "child stderr lines not logged (over {STDERR_LINES_PER_SECOND} a second)");
+    }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked `…` when cut.
+pub fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while end > 0 && !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out = text.get(..end).unwrap_or_default().to_string();
+    out.push('…');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cut_keeps_characters_whole() {
+        assert_eq!(cut("abc", 3), "abc");
+        assert_eq!(cut("abcd", 3), "abc…");
+        assert_eq!(cut("aé", 2), "a…");
+    }
+
+    fn spec(program: &str, args: &[&str]) -> Spec {
+        Spec {
+            name: "t".into(),
+            program: program.into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: vec![("TG_TEST_VAR".into(), "x y".into())],
+            cwd: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_child_leads_its_own_group_and_gets_the_env() {
+        let mut child = spec("sh", &["-c", "echo \"$TG_TEST_VAR\"; ps -o pgid= -p $$"])
+            .spawn()
+            .expect("sh starts");
+        let pid = child.id().expect("running");
+        let out = child.stdout.take().expect("piped");
+        let mut lines = super::super::framing::Lines::new(out, 1024);
+        let first = lines.next().await.expect("read");
+        assert_eq!(first, Some(super::super::framing::Line::Text("x y".into())));
+        if let Ok(Some(super::super::framing::Line::Text(pgid))) = lines.next().await {
+            assert_eq!(pgid.trim(), pid.to_string(), "the child leads its group");
+        }
+        let _ = child.wait().await;
+    }
+
+    #[tokio::test]
+    async fn end_escalates_to_sigkill_for_the_whole_group() {
+        // The shell ignores SIGTERM and stdin EOF; its own child (sleep) is in its group.
+        let mut child = spec("sh", &["-c", "trap '' TERM; sleep 30 & wait; sleep 30"])
+            .spawn()
+            .expect("sh starts");
+        let pgid = child.id().expect("running");
+        drop(child.stdin.take());
+        let started = std::time::Instant::now();
+        let how = end("t", &mut child).await;
+        assert!(how.contains("SIGKILL"), "{how}");
+        assert!(started.elapsed() < STDIN_GRACE + TERM_GRACE + Duration::from_secs(2));
+        // Nothing of the group is left (the orphaned `sleep` is reaped by init: wait for it).
+        let mut alive = true;
+        for _ in 0..50 {
+            // SAFETY: signal 0 only checks for existence.
+            alive = unsafe { libc::killpg(pgid as libc::pid_t, 0) } == 0;
+            if !alive {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(!alive, "the group is gone");
+    }
+}

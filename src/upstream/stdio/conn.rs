@@ -1,0 +1,628 @@
+//! One running child as a JSON-RPC peer: the writer (two queues: cancels overtake), the reader
+//! (each stdout line routed by [`super::route::Routes`]), and the keeper that owns the process
+//! and ends it.
+//!
+//! What the child sends goes to whom it names:
+//! - an answer (`result`/`error`) → the request taskgate wrote under that id, its id put back
+//!   to the caller's;
+//! - `notifications/progress` → the request (or, after the answer, the session) whose token it
+//!   names, with the caller's token put back;
+//! - `notifications/tasks/status` (`notifications/tasks`) → the session whose request created the
+//!   task; not known → dropped (another client's task id is never shown);
+//! - `notifications/cancelled` (the child gives up a request it sent) → the session it sent it
+//!   to;
+//! - other notifications (`list_changed`, logging) → every session's GET stream;
+//! - a request (`sampling/createMessage`, `elicitation/create`, `roots/list`) → the session of
+//!   the task its `_meta["io.modelcontextprotocol/related-task"]` names, else the one request
+//!   in flight if there is exactly one, else it is answered `-32603` (taskgate cannot tell
+//!   which client it is for); `ping` is answered by taskgate.
+//!
+//! A line that is not one JSON-RPC message is counted (`taskgate_upstream_errors_total
+//! {kind="protocol"}`), logged at warn (at most one line a second), never forwarded; a line
+//! over `max_message_bytes` likewise (and `taskgate_upstream_oversize_total`), and the request
+//! it answers, when its id is in the line's first bytes, ends with a JSON-RPC error naming the
+//! bound.
+
+use super::framing::{one_line, Line, Lines};
+use super::route::{Answer, Pending, Progress, Routes, SessionKey, TaskNote};
+use crate::jsonrpc::{self, splice, Id, Kind, Message};
+use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
+use crate::sse;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio::io::AsyncWriteExt;
+use tokio::process::Child;
+use tokio::sync::{mpsc, oneshot};
+
+/// Messages related to one request that may wait for its client (past it they are dropped).
+pub const RELATED_QUEUE: usize = 64;
+/// Messages for one GET stream that may wait for its client (past it they are dropped).
+pub const STREAM_QUEUE: usize = 64;
+/// Lines that may wait for the child's stdin (past it a writer waits for room).
+const WRITE_QUEUE: usize = 256;
+
+/// The key of the `_meta` member naming a server→client request's task (2025-11-25 tasks).
+const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
+
+/// The GET streams of an upstream's sessions (they outlive a restarted child).
+#[derive(Default)]
+pub struct Streams(Mutex<HashMap<Arc<str>, mpsc::Sender<sse::Event>>>);
+
+impl Streams {
+    /// Opens `session`'s GET stream (a second one replaces the first, which ends).
+    pub fn open(&self, session: Arc<str>) -> mpsc::Receiver<sse::Event> {
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        self.0.lock().insert(session, tx);
+        rx
+    }
+
+    /// Ends `session`'s GET stream.
+    pub fn close(&self, session: &str) {
+        self.0.lock().remove(session);
+    }
+
+    /// Sends `msg` on `session`'s GET stream; false when it has none or it is full.
+    pub fn send(&self, session: &str, msg: &Bytes) -> bool {
+        let mut map = self.0.lock();
+        let Some(tx) = map.get(session) else {
+            return false;
+        };
+        match tx.try_send(event(msg)) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => false,
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                map.remove(session);
+                false
+            }
+        }
+    }
+
+    /// Sends `msg` on every open GET stream; returns on how many.
+    pub fn broadcast(&self, msg: &Bytes) -> usize {
+        let mut map = self.0.lock();
+        map.retain(|_, tx| !tx.is_closed());
+        map.values()
+            .filter(|tx| tx.try_send(event(msg)).is_ok())
+            .count()
+    }
+}
+
+/// One JSON-RPC message as an SSE event.
+pub fn event(msg: &Bytes) -> sse::Event {
+    sse::Event {
+        data: Some(String::from_utf8_lossy(msg).into_owned().into()),
+        ..Default::default()
+    }
+}
+
+/// A running child's JSON-RPC side.
+pub struct Conn {
+    name: Arc<str>,
+    normal: mpsc::Sender<Bytes>,
+    urgent: mpsc::Sender<Bytes>,
+    routes: Mutex<Routes>,
+    streams: Arc<Streams>,
+    metrics: Arc<Metrics>,
+    closed: AtomicBool,
+    /// Why it closed, for requests that come after.
+    why: Mutex<Option<String>>,
+    /// When the last line-noise warning was logged (one a second at most).
+    noise_logged: Mutex<Option<std::time::Instant>>,
+}
+
+/// A started child: its connection, its end (a reason), and the switch that ends it.
+pub struct Running {
+    /// The JSON-RPC side.
+    pub conn: Arc<Conn>,
+    /// Resolves with why the child ended (it exited, or was ended).
+    pub exited: oneshot::Receiver<String>,
+    /// Ends the child (close stdin, `SIGTERM`, `SIGKILL`: see `child::end`).
+    pub stop: oneshot::Sender<()>,
+    /// The child's process id (its process group's id).
+    pub pid: Option<u32>,
+}
+
+impl Conn {
+    /// Starts `child`'s reader, writer and stderr logger and its keeper (which owns the process:
+    /// it ends it on `stop`, or sees it exit, then fails every request still waiting).
+    pub fn start(
+        name: Arc<str>,
+        mut child: Child,
+        max_message_bytes: usize,
+        streams: Arc<Streams>,
+        metrics: Arc<Metrics>,
+    ) -> Running {
+        let (normal, normal_rx) = mpsc::channel(WRITE_QUEUE);
+        let (urgent, urgent_rx) = mpsc::channel(WRITE_QUEUE);
+        let conn = Arc::new(Conn {
+            name: name.clone(),
+            normal,
+            urgent,
+            routes: Mutex::new(Routes::default()),
+            streams,
+            metrics,
+            closed: AtomicBool::new(false),
+            why: Mutex::new(None),
+            noise_logged: Mutex::new(None),
+        });
+        let pid = child.id();
+        let (close_stdin, close_rx) = oneshot::channel::<()>();
+        if let Some(stdin) = child.stdin.take() {
+            tokio::spawn(write_lines(stdin, normal_rx, urgent_rx, close_rx));
+        }
+        if let Some(stdout) = child.stdout.take() {
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                let mut lines = Lines::new(stdout, max_message_bytes);
+                while let Ok(Some(line)) = lines.next().await {
+                    conn.from_child(line, max_message_bytes);
+                }
+                conn.close("its stdout ended");
+            });
+        }
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(super::child::log_stderr(name.clone(), stderr));
+        }
+        let (stop, stop_rx) = oneshot::channel::<()>();
+        let (exited_tx, exited) = oneshot::channel();
+        let keeper_conn = conn.clone();
+        tokio::spawn(async move {
+            let why = tokio::select! {
+                status = child.wait() => {
+                    let why = format!("its child process exited ({})", super::child::describe(status));
+                    // What it left in its group goes with it.
+                    if let Some(pid) = pid {
+                        super::child::signal_group(pid, libc::SIGKILL);
+                    }
+                    tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, "child {why}");
+                    why
+                }
+                _ = stop_rx => {
+                    let _ = close_stdin.send(());
+                    let how = super::child::end(&name, &mut child).await;
+                    format!("its child process was ended ({how})")
+                }
+            };
+            keeper_conn.close(&why);
+            let _ = exited_tx.send(why);
+        });
+        Running {
+            conn,
+            exited,
+            stop,
+            pid,
+        }
+    }
+
+    /// The tasks the child created (noted from its answers), taken: the child is gone.
+    pub fn take_tasks(&self) -> Vec<(String, TaskNote)> {
+        self.routes.lock().drain_tasks()
+    }
+
+    /// Whether the child is gone (no request can be written).
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Why the child is gone, if it is.
+    pub fn why_closed(&self) -> Option<String> {
+        self.why.lock().clone()
+    }
+
+    /// The child is gone: every request waiting gets `why` (the first reason stays).
+    pub fn close(&self, why: &str) {
+        let waiting = {
+            let mut w = self.why.lock();
+            if w.is_none() {
+                *w = Some(why.to_string());
+            }
+            self.closed.store(true, Ordering::Release);
+            self.routes.lock().drain()
+        };
+        for p in waiting {
+            let _ = p.answer.send(Err(why.to_string()));
+        }
+    }
+
+    /// Writes one message (a line) to the child; `urgent` ones overtake the queue.
+    /// Errors: the child is gone.
+    pub async fn write(&self, msg: &[u8], urgent: bool) -> Result<(), String> {
+        if self.is_closed() {
+            return Err(self.gone());
+        }
+        let line = one_line(msg);
+        let sent = if urgent {
+            self.urgent.send(line).await
+        } else {
+            self.normal.send(line).await
+        };
+        sent.map_err(|_| self.gone())
+    }
+
+    fn gone(&self) -> String {
+        self.why_closed()
+            .unwrap_or_else(|| "its child process is gone".into())
+    }
+
+    /// Registers a request of `session` and returns the id the child will see, with the
+    /// message as written (its id, and a `progressToken`, replaced by that number).
+    /// Errors: the message is not valid JSON (the edge let it through as one message, so
+    /// this does not happen), or the child is gone.
+    pub fn register(
+        &self,
+        msg: &Message,
+        session: SessionKey,
+        permit: Option<tokio::sync::OwnedSemaphorePermit>,
+        task_call: bool,
+    ) -> Result<Registered, String> {
+        let client_id = msg.id().cloned().ok_or("a request without an id")?;
+        let (answer_tx, answer) = oneshot::channel();
+        let (related_tx, related) = mpsc::channel(RELATED_QUEUE);
+        let mut routes = self.routes.lock();
+        if self.is_closed() {
+            return Err(self.gone());
+        }
+        let out = routes.insert(Pending {
+            client_id,
+            session: session.clone(),
+            answer: answer_tx,
+            related: related_tx,
+            task_call,
+            permit,
+        });
+        let rewritten = rewrite_request(msg.bytes(), out);
+        match rewritten {
+            Ok((bytes, token)) => {
+                if let Some(original) = token {
+                    routes.note_progress(out, Progress { session, original });
+                }
+                Ok(Registered {
+                    out,
+                    bytes,
+                    answer,
+                    related,
+                })
+            }
+            Err(e) => {
+                routes.take(out);
+                Err(format!("the request is not valid JSON: {e}"))
+            }
+        }
+    }
+
+    /// Gives up request `out` (its deadline passed): its slot is freed and the child is told
+    /// (`notifications/cancelled`), so it may stop the work.
+    pub async fn give_up(&self, out: u64, reason: &str) {
+        if self.routes.lock().take(out).is_none() {
+            return;
+        }
+        let note = serde_json::json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": { "requestId": out, "reason": reason },
+        });
+        let _ = self.write(note.to_string().as_bytes(), true).await;
+    }
+
+    /// The id the child saw for `session`'s request `id`, while it waits.
+    pub fn out_id(&self, session: &SessionKey, id: &Id) -> Option<u64> {
+        self.routes.lock().out_id(session, id)
+    }
+
+    /// Whether the child's request `id` (JSON text) was sent to `session`; forgets it then.
+    pub fn answered_by(&self, id: &Id, session: &SessionKey) -> bool {
+        let mut routes = self.routes.lock();
+        match routes.asked(id.as_json()) {
+            Some(s) if s == session => {
+                routes.take_asked(id.as_json());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// One line from the child's stdout, routed (see the module docs).
+    fn from_child(&self, line: Line, max_message_bytes: usize) {
+        let text = match line {
+            Line::Text(t) if t.trim().is_empty() => return,
+            Line::Text(t) => t,
+            Line::Oversize(id) => {
+                self.metrics
+                    .upstream_oversize(&self.name, OversizeKind::Json);
+                // The request it answers (if its id could be read) ends with the error.
+                if let Some(p) = id.and_then(|out| self.routes.lock().take(out)) {
+                    let _ = p.answer.send(Err(format!(
+                        "the upstream answer exceeded max_message_bytes={max_message_bytes}"
+                    )));
+                }
+                return self.noise(&format!(
+                    "a line over max_message_bytes={max_message_bytes} (discarded)"
+                ));
+            }
+            Line::NotUtf8 => return self.noise("a line that is not UTF-8"),
+        };
+        let bytes = Bytes::from(text);
+        let msg = match Message::parse(bytes.clone()) {
+            Ok(m) => m,
+            Err(e) => {
+                let shown = super::child::cut(&String::from_utf8_lossy(&bytes), 200);
+                return self.noise(&format!("a line that is not JSON-RPC ({e}): {shown}"));
+            }
+        };
+        match msg.kind() {
+            Kind::Response | Kind::Error => self.answer(&msg),
+            Kind::Notification => self.notification(&msg),
+            Kind::Request => self.request(&msg),
+        }
+    }
+
+    fn noise(&self, what: &str) {
+        self.metrics
+            .upstream_error(&self.name, UpstreamErrorKind::Protocol);
+        let mut last = self.noise_logged.lock();
+        let now = std::time::Instant::now();
+        if last.is_none_or(|t| now.duration_since(t) >= std::time::Duration::from_secs(1)) {
+            *last = Some(now);
+            tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, "child stdout: {what}; not forwarded");
+        }
+    }
+
+    /// An answer: to the request taskgate wrote under its id.
+    fn answer(&self, msg: &Message) {
+        let out = msg.id().and_then(|id| id.as_json().parse::<u64>().ok());
+        let Some(p) = out.and_then(|out| self.routes.lock().take(out)) else {
+            tracing::debug!(target: "taskgate::upstream::stdio", upstream = %self.name, id = ?msg.id().map(Id::as_json), "an answer no request waits for (given up or unknown): dropped");
+            return;
+        };
+        if p.task_call {
+            if let Some(task_id) = created_task_id(msg.bytes()) {
+                let bytes = msg.bytes();
+                let field = |name: &str| {
+                    raw(bytes, &["result", "task", name]).or_else(|| raw(bytes, &["result", name]))
+                };
+                let note = TaskNote {
+                    session: p.session.clone(),
+                    created_at: field("createdAt"),
+                    ttl: field("ttl").or_else(|| field("ttlMs")),
+                };
+                self.routes.lock().note_task(task_id, note);
+            }
+        }
+        let answer: Answer = splice::replace(msg.bytes(), &["id"], p.client_id.as_json())
+            .ok()
+            .flatten()
+            .ok_or_else(|| "its answer could not be read".to_string());
+        let _ = p.answer.send(answer);
+    }
+
+    fn notification(&self, msg: &Message) {
+        let bytes = msg.bytes();
+        match msg.method().unwrap_or_default() {
+            "notifications/progress" => {
+                let token =
+                    raw(bytes, &["params", "progressToken"]).and_then(|t| t.parse::<u64>().ok());
+                let Some(token) = token else {
+                    return self
+                        .dropped("notifications/progress for a token taskgate did not write");
+                };
+                let (route, pending) = {
+                    let routes = self.routes.lock();
+                    (
+                        routes.progress(token).cloned(),
+                        routes.get(token).map(|p| p.related.clone()),
+                    )
+                };
+                let Some(route) = route else {
+                    return self.dropped("notifications/progress for a token no longer known");
+                };
+                let Some(rewritten) =
+                    splice::replace(bytes, &["params", "progressToken"], &route.original)
+                        .ok()
+                        .flatten()
+                else {
+                    return;
+                };
+                let delivered = match pending {
+                    Some(related) => related.try_send(rewritten.clone()).is_ok(),
+                    None => false,
+                };
+                if !delivered {
+                    self.to_session(&route.session, &rewritten);
+                }
+            }
+            "notifications/tasks/status" | "notifications/tasks" => {
+                let task = raw_string(bytes, &["params", "taskId"]);
+                let session = task.and_then(|t| self.routes.lock().task_session(&t).cloned());
+                match session {
+                    Some(s) => {
+                        self.to_session(&s, bytes);
+                    }
+                    None => self.dropped("a task status for a task taskgate did not see created"),
+                }
+            }
+            "notifications/cancelled" => {
+                let id = raw(bytes, &["params", "requestId"]);
+                let session = id.and_then(|id| self.routes.lock().take_asked(&id));
+                match session {
+                    Some(s) => {
+                        self.to_session(&s, bytes);
+                    }
+                    None => self
+                        .dropped("notifications/cancelled for a request of the child's not known"),
+                }
+            }
+            _ => {
+                self.streams.broadcast(bytes);
+            }
+        }
+    }
+
+    /// A server→client request.
+    fn request(&self, msg: &Message) {
+        let Some(id) = msg.id().cloned() else { return };
+        let bytes = msg.bytes().clone();
+        if msg.method() == Some("ping") {
+            let pong = jsonrpc::result_response(&id, "{}");
+            return self.reply_soon(pong);
+        }
+        let task = raw_string(&bytes, &["params", "_meta", RELATED_TASK, "taskId"]);
+        let mut routes = self.routes.lock();
+        if let Some(session) = task.and_then(|t| routes.task_session(&t).cloned()) {
+            routes.note_asked(id.as_json().to_string(), session.clone());
+            drop(routes);
+            if self.to_session(&session, &bytes) {
+                return;
+            }
+        } else if let Some(out) = routes.only_pending() {
+            let (session, related) = match routes.get(out) {
+                Some(p) => (p.session.clone(), p.related.clone()),
+                None => return,
+            };
+            routes.note_asked(id.as_json().to_string(), session);
+            drop(routes);
+            if related.try_send(bytes).is_ok() {
+                return;
+            }
+        } else {
+            drop(routes);
+        }
+        self.routes.lock().take_asked(id.as_json());
+        let refusal = jsonrpc::error_response(
+            Some(&id),
+            jsonrpc::INTERNAL_ERROR,
+            &format!(
+                "taskgate cannot tell which client of upstream `{}` this request is for (its process is shared)",
+                self.name
+            ),
+        );
+        self.reply_soon(refusal);
+    }
+
+    fn reply_soon(&self, msg: Bytes) {
+        let _ = self.urgent.try_send(one_line(&msg));
+    }
+
+    fn to_session(&self, session: &SessionKey, msg: &Bytes) -> bool {
+        let sent = session
+            .as_deref()
+            .is_some_and(|s| self.streams.send(s, msg));
+        if !sent {
+            self.dropped("the session has no open GET stream, or it is full");
+        }
+        sent
+    }
+
+    fn dropped(&self, why: &str) {
+        tracing::debug!(target: "taskgate::upstream::stdio", upstream = %self.name, "child message dropped: {why}");
+    }
+}
+
+/// A registered request: the id the child sees, the bytes to write, and where its messages
+/// come back.
+pub struct Registered {
+    /// The id the child sees.
+    pub out: u64,
+    /// The message as written.
+    pub bytes: Bytes,
+    /// Its answer.
+    pub answer: oneshot::Receiver<Answer>,
+    /// Messages related to it, before its answer.
+    pub related: mpsc::Receiver<Bytes>,
+}
+
+/// `msg` with its id replaced by `out`, and its `params._meta.progressToken` (if any) by
+/// `out` too; returns the caller's token as JSON text.
+fn rewrite_request(msg: &Bytes, out: u64) -> Result<(Bytes, Option<String>), serde_json::Error> {
+    let number = out.to_string();
+    let with_id = splice::replace(msg, &["id"], &number)?.unwrap_or_else(|| msg.clone());
+    let path = ["params", "_meta", "progressToken"];
+    let Some(token) = splice::raw_at(&with_id, &path)?.map(|t| t.get().to_string()) else {
+        return Ok((with_id, None));
+    };
+    let with_token = splice::replace(&with_id, &path, &number)?.unwrap_or(with_id);
+    Ok((with_token, Some(token)))
+}
+
+/// The JSON text at `path`, if any.
+fn raw(bytes: &[u8], path: &[&str]) -> Option<String> {
+    splice::raw_at(bytes, path)
+        .ok()
+        .flatten()
+        .map(|r| r.get().to_string())
+}
+
+/// The string at `path`, if it is one.
+fn raw_string(bytes: &[u8], path: &[&str]) -> Option<String> {
+    let raw = splice::raw_at(bytes, path).ok().flatten()?;
+    serde_json::from_str::<String>(raw.get()).ok()
+}
+
+/// The `taskId` of a `CreateTaskResult` (2025-11-25 `result.task.taskId`, or 2026-07-28's flat
+/// `result.taskId`).
+fn created_task_id(answer: &[u8]) -> Option<String> {
+    raw_string(answer, &["result", "task", "taskId"])
+        .or_else(|| raw_string(answer, &["result", "taskId"]))
+}
+
+/// The writer: lines from the two queues (urgent first) to the child's stdin, until `close`
+/// fires or both queues end; dropping stdin closes it.
+async fn write_lines(
+    mut stdin: tokio::process::ChildStdin,
+    mut normal: mpsc::Receiver<Bytes>,
+    mut urgent: mpsc::Receiver<Bytes>,
+    mut close: oneshot::Receiver<()>,
+) {
+    loop {
+        let line = tokio::select! {
+            biased;
+            _ = &mut close => break,
+            Some(l) = urgent.recv() => l,
+            Some(l) = normal.recv() => l,
+            else => break,
+        };
+        if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
+            break;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_goes_out_under_taskgates_id_and_token() {
+        let msg = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"x","_meta":{"progressToken":"p1"}}}"#,
+        );
+        let (bytes, token) = rewrite_request(&msg, 42).expect("valid");
+        assert_eq!(
+            &bytes[..],
+            &br#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"x","_meta":{"progressToken":42}}}"#[..]
+        );
+        assert_eq!(token.as_deref(), Some("\"p1\""));
+        let plain = Bytes::from_static(br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#);
+        let (bytes, token) = rewrite_request(&plain, 7).expect("valid");
+        assert_eq!(&bytes[..], br#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#);
+        assert!(token.is_none());
+    }
+
+    #[test]
+    fn a_created_task_is_read_in_both_eras() {
+        assert_eq!(
+            created_task_id(br#"{"jsonrpc":"2.0","id":1,"result":{"task":{"taskId":"t:1","status":"working"}}}"#).as_deref(),
+            Some("t:1")
+        );
+        assert_eq!(
+            created_task_id(
+                br#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":"t2"}}"#
+            )
+            .as_deref(),
+            Some("t2")
+        );
+        assert!(created_task_id(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).is_none());
+    }
+}

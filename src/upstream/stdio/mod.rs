@@ -1,0 +1,1100 @@
+//! stdio upstreams: an MCP server started as a child process that speaks newline-delimited
+//! JSON-RPC on its stdin/stdout (MCP 2025-11-25 basic/transports: stdio), behind the same
+//! [`Transport`] seam as Streamable HTTP: clients reach it at `/mcp/<name>` exactly as an HTTP
+//! upstream, and every layer (records, owner binding, single cancel, audit, upgrade, bridge)
+//! works unchanged.
+//!
+//! ```toml
+//! [[upstream]]
+//! name = "files"
+//! command = ["npx", "-y", "@modelcontextprotocol/server-filesystem", "/srv/data"]
+//! env = { API_KEY = "${FILES_API_KEY}" }
+//! cwd = "/srv"
+//! process = "shared"        # or "per_session"
+//! ```
+//!
+//! # `process = "shared"`: one child for every client
+//!
+//! A supervisor task starts the child, sends it taskgate's own `initialize` (2025-11-25,
+//! `clientInfo` taskgate, no client capabilities) and `notifications/initialized`, and keeps
+//! the answer. What is **shared** and what is **per client**:
+//!
+//! - shared: the child's one MCP session, so its `initialize` answer (serverInfo,
+//!   capabilities, negotiated version), its tools and resources, and its tasks (a task lives
+//!   in the child's memory, whoever created it); the client capabilities the child saw (none:
+//!   taskgate cannot promise that every client answers sampling, elicitation or roots; a
+//!   server→client request it sends anyway is routed when taskgate can tell whose it is, else
+//!   answered `-32603`); logging level and subscriptions.
+//! - per client: its `Mcp-Session-Id` (minted by taskgate, `tgs-` + 32 hex; an `initialize`
+//!   is answered with the kept answer under the client's own id, without reaching the child;
+//!   its `notifications/initialized` is answered 202 likewise), its JSON-RPC ids and progress
+//!   tokens (taskgate writes its own, [`route`]), its GET stream, and who may see, cancel or
+//!   list a task: the layers above bind every task to its owner as for any upstream, and
+//!   task status notifications go only to the session whose request created the task.
+//!
+//! Why: a stdio server is written for one client, so taskgate is that client; sessions,
+//! owners and ids are taskgate's to keep apart, as they are with an HTTP upstream's sessions.
+//! A child that refuses `initialize` (a 2026-07-28 server without sessions) gets every
+//! client's `initialize` forwarded (the bridge then holds sessions, as for HTTP).
+//!
+//! **Supervision.** A child that exits or is killed is restarted after a back-off (100 ms,
+//! doubling to 30 s), reset once a child has stayed up [`SUSTAINED_UPTIME`]; every start after
+//! the first counts in `taskgate_upstream_restarts_total{upstream}`. Requests waiting on the
+//! dead child get a JSON-RPC error naming the upstream ("upstream `x` is unreachable: its
+//! child process exited (…)"); requests that arrive while no child runs get it at once (while
+//! one is starting, they wait for it within `timeout_ms`). A child that dies or does not
+//! answer during taskgate's `initialize` is a failed start (logged, backed off), never a hang.
+//! Each death is announced as a [`ChildGone`] (the gateway marks the upstream's tasks that
+//! were not terminal `failed`, with both audit facts: the process is gone); the new child never
+//! knew them, so taskgate answers their `tasks/get` (`failed`, the reason as `statusMessage`),
+//! `tasks/result` (`-32603`) and `tasks/cancel` (`-32602`) itself. `/readyz` is red while no
+//! child is live ([`StdioHandle::readiness`]).
+//!
+//! # `process = "per_session"`: one child per client session
+//!
+//! A client's `initialize` starts a child and is forwarded to it (ids mapped as in shared
+//! mode); its answer gets a taskgate session id. The session's requests go to its child; a
+//! `DELETE`, [`PER_SESSION_IDLE`]-style idle reclaim (`gateway.session_idle_ms`) and shutdown
+//! end it. A child that dies ends its session (later requests get 404, so the client
+//! initializes again) and its tasks fail as above. At most [`MAX_CHILDREN`] sessions at once.
+//!
+//! # Bounds
+//!
+//! Requests in flight on one upstream: `max_in_flight` (default 64); more wait for a slot
+//! within `timeout_ms`, then get 504. `tasks/cancel` and `notifications/cancelled` take no slot
+//! and are written ahead of queued requests, so a cancel overtakes the request it cancels; a
+//! `tasks/result` (which waits for its task's end) takes none either. A
+//! stdout line is at most `max_message_bytes` ([`framing`]); related messages and GET stream
+//! messages wait in bounded queues ([`conn`]). Processes: [`child`] (process group,
+//! parent-death signal, close stdin → `SIGTERM` → `SIGKILL`; stderr to the log, target
+//! `taskgate::upstream::stdio`, bounded in length and rate).
+//!
+//! [`Transport`]: super::Transport
+
+pub mod child;
+pub mod conn;
+mod framing;
+pub mod route;
+
+use self::conn::{Conn, Registered, Streams};
+use self::route::{SessionKey, TaskNote};
+use super::{Exchange, Transport};
+use crate::config::{ProcessMode, UpstreamConfig};
+use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::jsonrpc::{self, splice, Id, Kind, Message};
+use crate::metrics::{Metrics, UpstreamErrorKind};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{broadcast, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+
+/// A child that stayed up this long resets the restart back-off.
+pub const SUSTAINED_UPTIME: Duration = Duration::from_secs(30);
+/// The first restart's delay; doubled after each quick death, up to [`BACKOFF_MAX`].
+pub const BACKOFF_START: Duration = Duration::from_millis(100);
+/// The longest restart delay.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Client sessions of a shared child taskgate keeps at most (the least recently used goes).
+pub const MAX_SHARED_SESSIONS: usize = 65_536;
+/// Children of a `per_session` upstream at most (an `initialize` past it gets `-32603`).
+pub const MAX_CHILDREN: usize = 256;
+/// The default idle limit of a `per_session` child (the gateway passes
+/// `gateway.session_idle_ms`).
+pub const PER_SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
+/// The session key of taskgate's own requests to a shared child.
+const OWN_SESSION: &str = "taskgate";
+
+/// The protocol revision taskgate asks a shared child for.
+const INITIALIZE_VERSION: &str = "2025-11-25";
+
+/// A child died: the tasks it ran died with it.
+#[derive(Debug, Clone)]
+pub struct ChildGone {
+    /// The upstream's name.
+    pub upstream: Arc<str>,
+    /// `per_session`: the session whose child it was (its tasks are recorded on it); shared:
+    /// `None` (every task of the upstream).
+    pub session: Option<String>,
+    /// When it was seen gone (ms since the epoch): tasks recorded after it are not its.
+    pub at_ms: u64,
+    /// Why, in words ("its child process exited (exit code 1)").
+    pub why: String,
+}
+
+/// A shared child's state.
+#[derive(Clone)]
+enum State {
+    Starting,
+    Live(Arc<Conn>),
+    Down(String),
+    Stopped,
+}
+
+/// What a shared child answered to taskgate's `initialize`.
+#[derive(Clone)]
+enum Init {
+    /// Its `result`, as JSON text.
+    Answer(Arc<str>),
+    /// It refused (an error): clients' `initialize` go to it.
+    Refused,
+}
+
+/// One client session.
+struct Session {
+    /// `per_session`: its child.
+    conn: Option<Arc<Conn>>,
+    /// `per_session`: ends its child.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    last_used: Instant,
+}
+
+struct Inner {
+    name: Arc<str>,
+    spec: child::Spec,
+    mode: ProcessMode,
+    metrics: Arc<Metrics>,
+    timeout: Duration,
+    timeout_ms: u64,
+    max_message_bytes: usize,
+    permits: Arc<Semaphore>,
+    streams: Arc<Streams>,
+    sessions: Mutex<HashMap<Arc<str>, Session>>,
+    state: watch::Sender<State>,
+    init: Mutex<Option<Init>>,
+    gone: broadcast::Sender<ChildGone>,
+    stop: watch::Sender<bool>,
+    keepers: Mutex<Vec<JoinHandle<()>>>,
+    idle: Duration,
+    /// Tasks a dead shared child took with it (bounded, [`route::MAX_NOTES`]): their
+    /// `tasks/get|result|cancel` are answered here, since the new child never knew them.
+    dead: Mutex<HashMap<String, DeadTask>>,
+    /// `per_session`: asks the spawner task for a child (see [`Inner::spawner`]).
+    spawner: Mutex<Option<tokio::sync::mpsc::Sender<Spawned>>>,
+}
+
+/// Where the spawner hands a started child.
+type Spawned = tokio::sync::oneshot::Sender<std::io::Result<conn::Running>>;
+
+/// A task whose child died.
+struct DeadTask {
+    note: TaskNote,
+    why: Arc<str>,
+}
+
+/// The stdio transport of one `[[upstream]]` with a `command` (a [`Transport`]).
+pub struct StdioTransport {
+    inner: Arc<Inner>,
+}
+
+/// What the gateway keeps of a stdio upstream: readiness, deaths, shutdown.
+#[derive(Clone)]
+pub struct StdioHandle {
+    inner: Arc<Inner>,
+}
+
+impl StdioTransport {
+    /// The transport for a validated `command` upstream; a shared child is started at once
+    /// (in the background, on the calling runtime). `idle` ends `per_session` children
+    /// unused that long. `None` for a `url` upstream.
+    pub fn new(
+        config: &UpstreamConfig,
+        metrics: Arc<Metrics>,
+        idle: Duration,
+    ) -> Option<StdioTransport> {
+        let spec = child::Spec::of(config)?;
+        let (gone, _) = broadcast::channel(64);
+        let inner = Arc::new(Inner {
+            name: config.name.as_str().into(),
+            spec,
+            mode: config.process,
+            metrics,
+            timeout: Duration::from_millis(config.timeout_ms),
+            timeout_ms: config.timeout_ms,
+            max_message_bytes: config.max_message_bytes,
+            permits: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
+            streams: Arc::new(Streams::default()),
+            sessions: Mutex::new(HashMap::new()),
+            state: watch::Sender::new(State::Starting),
+            init: Mutex::new(None),
+            gone,
+            stop: watch::Sender::new(false),
+            keepers: Mutex::new(Vec::new()),
+            idle,
+            dead: Mutex::new(HashMap::new()),
+            spawner: Mutex::new(None),
+        });
+        let keeper = match inner.mode {
+            ProcessMode::Shared => tokio::spawn(inner.clone().supervise()),
+            ProcessMode::PerSession => {
+                let (tx, rx) = tokio::sync::mpsc::channel(16);
+                *inner.spawner.lock() = Some(tx);
+                let spawner = tokio::spawn(inner.clone().spawner(rx));
+                inner.keepers.lock().push(spawner);
+                tokio::spawn(inner.clone().reclaim_idle())
+            }
+        };
+        inner.keepers.lock().push(keeper);
+        Some(StdioTransport { inner })
+    }
+
+    /// Readiness, deaths and shutdown of this upstream, for the gateway.
+    pub fn handle(&self) -> StdioHandle {
+        StdioHandle {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl StdioHandle {
+    /// `Ok` while a shared child is live (a `per_session` upstream is always ready: its
+    /// children start with sessions); else why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if self.inner.mode == ProcessMode::PerSession {
+            return Ok(());
+        }
+        match &*self.inner.state.borrow() {
+            State::Live(c) if !c.is_closed() => Ok(()),
+            State::Live(_) => Err("its child process exited; restarting".into()),
+            State::Starting => Err("its child process is starting".into()),
+            State::Down(why) => Err(format!("no live child: {why}")),
+            State::Stopped => Err("stopped".into()),
+        }
+    }
+
+    /// Child deaths, as they happen.
+    pub fn subscribe(&self) -> broadcast::Receiver<ChildGone> {
+        self.inner.gone.subscribe()
+    }
+
+    /// The upstream's name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.inner.name
+    }
+
+    /// Ends every child of this upstream (close stdin, `SIGTERM`, `SIGKILL`; see [`child`])
+    /// and stops restarting them; returns once they are gone.
+    pub async fn shutdown(&self) {
+        self.inner.stop.send_replace(true);
+        let stops: Vec<_> = self
+            .inner
+            .sessions
+            .lock()
+            .values_mut()
+            .filter_map(|s| s.stop.take())
+            .collect();
+        for stop in stops {
+            let _ = stop.send(());
+        }
+        let keepers = std::mem::take(&mut *self.inner.keepers.lock());
+        let bound = child::STDIN_GRACE + child::TERM_GRACE + Duration::from_secs(2);
+        let _ = tokio::time::timeout(bound, futures_util::future::join_all(keepers)).await;
+    }
+}
+
+impl Transport for StdioTransport {
+    fn name(&self) -> &Arc<str> {
+        &self.inner.name
+    }
+
+    fn exchange(self: Arc<Self>, req: McpRequest) -> Exchange {
+        let inner = self.inner.clone();
+        Box::pin(async move { inner.exchange(req).await })
+    }
+}
+
+impl Inner {
+    async fn exchange(self: &Arc<Self>, req: McpRequest) -> Result<McpReply, GatewayError> {
+        let deadline = req.deadline();
+        let session: SessionKey = req
+            .ctx
+            .session_id
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .map(Arc::from);
+        match req.op {
+            Operation::EndSession => Ok(self.end_session(session)),
+            Operation::OpenStream => Ok(self.open_stream(session)),
+            Operation::Post(msg) => self.post(msg, session, deadline).await,
+        }
+    }
+
+    async fn post(
+        self: &Arc<Self>,
+        msg: Message,
+        session: SessionKey,
+        deadline: Deadline,
+    ) -> Result<McpReply, GatewayError> {
+        let kind = msg.kind();
+        if kind == Kind::Request && msg.method() == Some("initialize") {
+            return match self.mode {
+                ProcessMode::Shared => self.initialize_shared(msg, deadline).await,
+                ProcessMode::PerSession => self.initialize_per_session(msg, deadline).await,
+            };
+        }
+        let conn = match self.conn_for(&session, msg.id()).await? {
+            Ok(conn) => conn,
+            Err(reply) => return Ok(reply),
+        };
+        match kind {
+            Kind::Request => self.call(&conn, msg, session, deadline).await,
+            Kind::Notification => {
+                self.notify(&conn, msg, &session).await?;
+                Ok(McpReply::accepted())
+            }
+            Kind::Response | Kind::Error => {
+                // A client's answer to the child's request: only from the session asked.
+                if let Some(id) = msg.id() {
+                    if conn.answered_by(id, &session) {
+                        conn.write(msg.bytes(), true)
+                            .await
+                            .map_err(|why| self.unreachable(why))?;
+                    }
+                }
+                Ok(McpReply::accepted())
+            }
+        }
+    }
+
+    /// The child `session`'s messages go to; `Ok(Err(reply))` when the session is unknown
+    /// (404, as a Streamable HTTP server answers a session it does not hold).
+    async fn conn_for(
+        self: &Arc<Self>,
+        session: &SessionKey,
+        id: Option<&Id>,
+    ) -> Result<Result<Arc<Conn>, McpReply>, GatewayError> {
+        if let Some(s) = session {
+            let mut sessions = self.sessions.lock();
+            match sessions.get_mut(s) {
+                Some(entry) => {
+                    entry.last_used = Instant::now();
+                    if let Some(conn) = &entry.conn {
+                        return Ok(Ok(conn.clone()));
+                    }
+                }
+                None => return Ok(Err(session_not_found(id))),
+            }
+        } else if self.mode == ProcessMode::PerSession {
+            return Ok(Err(session_not_found(id)));
+        }
+        self.live().await.map(Ok)
+    }
+
+    /// The shared child, once live: waits while one is starting (within `timeout_ms`);
+    /// errors at once while none runs.
+    async fn live(&self) -> Result<Arc<Conn>, GatewayError> {
+        let mut rx = self.state.subscribe();
+        let wait = rx.wait_for(|s| !matches!(s, State::Starting));
+        let state = match tokio::time::timeout(self.timeout, wait).await {
+            Ok(Ok(s)) => s.clone(),
+            Ok(Err(_)) => State::Stopped,
+            Err(_) => return Err(self.unreachable("its child process is still starting".into())),
+        };
+        match state {
+            State::Live(conn) if !conn.is_closed() => Ok(conn),
+            State::Live(conn) => Err(self.unreachable(conn.why_closed().unwrap_or_default())),
+            State::Down(why) => {
+                Err(self.unreachable(format!("no child process is running ({why}); restarting")))
+            }
+            State::Stopped | State::Starting => Err(GatewayError::ShuttingDown),
+        }
+    }
+
+    /// A request: written under taskgate's id, answered under the caller's.
+    async fn call(
+        self: &Arc<Self>,
+        conn: &Arc<Conn>,
+        msg: Message,
+        session: SessionKey,
+        deadline: Deadline,
+    ) -> Result<McpReply, GatewayError> {
+        let method = msg.method().unwrap_or_default().to_string();
+        if let Some(reply) = self.dead_task_answer(&msg, &method) {
+            return Ok(reply);
+        }
+        let urgent = method == "tasks/cancel";
+        // A cancel must overtake; a `tasks/result` (no deadline: it waits for its task's end)
+        // must not hold a slot for as long as a task runs.
+        let permit = if urgent || deadline == Deadline::Unbounded {
+            None
+        } else {
+            Some(self.permit().await?)
+        };
+        let task_call = method == "tools/call";
+        let reg = conn
+            .register(&msg, session, permit, task_call)
+            .map_err(|why| self.unreachable(why))?;
+        if let Err(why) = conn.write(&reg.bytes, urgent).await {
+            conn.give_up(reg.out, "not written").await;
+            return Err(self.unreachable(why));
+        }
+        let client_id = msg.id().cloned();
+        self.reply(conn.clone(), reg, client_id, method, deadline)
+            .await
+    }
+
+    async fn permit(&self) -> Result<OwnedSemaphorePermit, GatewayError> {
+        match tokio::time::timeout(self.timeout, self.permits.clone().acquire_owned()).await {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err(_)) => Err(GatewayError::ShuttingDown),
+            Err(_) => Err(self.timeout_error()),
+        }
+    }
+
+    /// The reply to a written request: its answer as JSON, or, when related messages come
+    /// first (progress, a server→client request), an SSE stream of them ending with it.
+    async fn reply(
+        self: &Arc<Self>,
+        conn: Arc<Conn>,
+        mut reg: Registered,
+        client_id: Option<Id>,
+        method: String,
+        deadline: Deadline,
+    ) -> Result<McpReply, GatewayError> {
+        let mut timer = match deadline {
+            Deadline::Head | Deadline::Exchange => Some(Box::pin(tokio::time::sleep(self.timeout))),
+            Deadline::Unbounded => None,
+        };
+        let first = tokio::select! {
+            biased;
+            answer = &mut reg.answer => {
+                return match answer {
+                    Ok(Ok(bytes)) => Ok(McpReply::local_json(bytes)),
+                    Ok(Err(why)) => Err(self.unreachable(why)),
+                    Err(_) => Err(self.unreachable("its child process is gone".into())),
+                };
+            }
+            Some(first) = reg.related.recv() => first,
+            () = async { match timer.as_mut() { Some(t) => t.await, None => std::future::pending().await } } => {
+                conn.give_up(reg.out, "taskgate: the request timed out").await;
+                return Err(self.timeout_error());
+            }
+        };
+        let give_up = match deadline {
+            Deadline::Exchange => timer,
+            _ => None,
+        };
+        let events = ReplyEvents {
+            first: Some(first),
+            reg,
+            conn,
+            client_id,
+            method,
+            give_up,
+            name: self.name.clone(),
+            timeout_ms: self.timeout_ms,
+            done: false,
+        };
+        let stream = futures_util::stream::unfold(events, |mut ev| async move {
+            ev.next().await.map(|e| (e, ev))
+        });
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        Ok(McpReply::new(
+            StatusCode::OK,
+            headers,
+            ReplyBody::Stream(Box::pin(stream)),
+        ))
+    }
+
+    /// A client notification: `notifications/cancelled` names the id the child saw;
+    /// `notifications/initialized` reached a shared child from taskgate already.
+    async fn notify(
+        &self,
+        conn: &Arc<Conn>,
+        msg: Message,
+        session: &SessionKey,
+    ) -> Result<(), GatewayError> {
+        match msg.method() {
+            Some("notifications/initialized")
+                if self.mode == ProcessMode::Shared
+                    && matches!(*self.init.lock(), Some(Init::Answer(_))) =>
+            {
+                Ok(())
+            }
+            Some("notifications/cancelled") => {
+                let theirs = splice::raw_at(msg.bytes(), &["params", "requestId"])
+                    .ok()
+                    .flatten()
+                    .and_then(|raw| Id::from_json(raw.get()));
+                let Some(out) = theirs.and_then(|id| conn.out_id(session, &id)) else {
+                    // Not in flight here (answered already, or not this caller's): nothing
+                    // the child could stop.
+                    return Ok(());
+                };
+                let Some(bytes) =
+                    splice::replace(msg.bytes(), &["params", "requestId"], &out.to_string())
+                        .ok()
+                        .flatten()
+                else {
+                    return Ok(());
+                };
+                conn.write(&bytes, true)
+                    .await
+                    .map_err(|why| self.unreachable(why))
+            }
+            _ => conn
+                .write(msg.bytes(), false)
+                .await
+                .map_err(|why| self.unreachable(why)),
+        }
+    }
+
+    /// A shared child's `initialize`: the kept answer under the client's id, with a session
+    /// of its own; a child that refused it gets the client's.
+    async fn initialize_shared(
+        self: &Arc<Self>,
+        msg: Message,
+        deadline: Deadline,
+    ) -> Result<McpReply, GatewayError> {
+        let conn = self.live().await?;
+        let init = self.init.lock().clone();
+        match (init, msg.id()) {
+            (Some(Init::Answer(result)), Some(id)) => {
+                let Some(session) = new_session_id() else {
+                    return Err(self.unreachable("no session id could be drawn".into()));
+                };
+                self.keep_session(session.clone(), None, None);
+                Ok(with_session(
+                    McpReply::local_json(jsonrpc::result_response(id, &result)),
+                    &session,
+                ))
+            }
+            _ => self.call(&conn, msg, None, deadline).await,
+        }
+    }
+
+    /// A `per_session` `initialize`: a child of its own, the client's `initialize` forwarded.
+    async fn initialize_per_session(
+        self: &Arc<Self>,
+        msg: Message,
+        deadline: Deadline,
+    ) -> Result<McpReply, GatewayError> {
+        if self.sessions.lock().len() >= MAX_CHILDREN {
+            return Ok(McpReply::local_error(
+                msg.id(),
+                jsonrpc::INTERNAL_ERROR,
+                &format!(
+                    "upstream `{}` runs {MAX_CHILDREN} sessions (one child process each) already",
+                    self.name
+                ),
+            ));
+        }
+        if *self.stop.borrow() {
+            return Err(GatewayError::ShuttingDown);
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let asked = self.spawner.lock().as_ref().map(|s| s.try_send(tx).is_ok());
+        if asked != Some(true) {
+            return Err(self.unreachable("too many children are starting at once".into()));
+        }
+        let mut running = match rx.await {
+            Ok(Ok(running)) => running,
+            Ok(Err(e)) => return Err(self.unreachable(format!("cannot start its command: {e}"))),
+            Err(_) => return Err(GatewayError::ShuttingDown),
+        };
+        let conn = running.conn.clone();
+        let answer = self.call(&conn, msg, None, deadline).await;
+        let session = match &answer {
+            Ok(McpReply {
+                body: ReplyBody::Json(b),
+                ..
+            }) if is_result(b) => new_session_id(),
+            _ => None,
+        };
+        let Some(session) = session else {
+            // Refused, not answered, or the child died during it: the child goes, the client
+            // gets the child's error or one naming the upstream.
+            let _ = running.stop.send(());
+            let _ = (&mut running.exited).await;
+            return match answer {
+                Err(GatewayError::UpstreamUnreachable { upstream, detail }) => {
+                    Err(GatewayError::UpstreamUnreachable {
+                        upstream,
+                        detail: format!("during initialize: {detail}"),
+                    })
+                }
+                Ok(reply) if is_answer(&reply) => Ok(reply),
+                Ok(_) => Err(self.unreachable("no session id could be drawn".into())),
+                Err(e) => Err(e),
+            };
+        };
+        self.keep_session(session.clone(), Some(conn), Some(running.stop));
+        let (inner, key) = (self.clone(), session.clone());
+        let mut stop_rx = self.stop.subscribe();
+        let exited = running.exited;
+        let watcher = tokio::spawn(async move {
+            tokio::pin!(exited);
+            let why = tokio::select! {
+                why = &mut exited => why.unwrap_or_default(),
+                _ = stopped(&mut stop_rx) => {
+                    let stop = inner.sessions.lock().get_mut(&key).and_then(|s| s.stop.take());
+                    if let Some(stop) = stop {
+                        let _ = stop.send(());
+                    }
+                    exited.await.unwrap_or_default()
+                }
+            };
+            inner.sessions.lock().remove(&key);
+            inner.streams.close(&key);
+            inner.announce_gone(Some(key.to_string()), why);
+        });
+        self.keepers.lock().push(watcher);
+        self.keepers.lock().retain(|k| !k.is_finished());
+        answer.map(|reply| with_session(reply, &session))
+    }
+
+    fn keep_session(
+        &self,
+        session: Arc<str>,
+        conn: Option<Arc<Conn>>,
+        stop: Option<tokio::sync::oneshot::Sender<()>>,
+    ) {
+        let mut sessions = self.sessions.lock();
+        if self.mode == ProcessMode::Shared && sessions.len() >= MAX_SHARED_SESSIONS {
+            let oldest = sessions
+                .iter()
+                .min_by_key(|(_, s)| s.last_used)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                sessions.remove(&k);
+                self.streams.close(&k);
+            }
+        }
+        sessions.insert(
+            session,
+            Session {
+                conn,
+                stop,
+                last_used: Instant::now(),
+            },
+        );
+    }
+
+    /// `DELETE`: the session ends (`per_session`: its child too).
+    fn end_session(&self, session: SessionKey) -> McpReply {
+        let Some(s) = session else {
+            return status_reply(StatusCode::BAD_REQUEST);
+        };
+        let Some(mut entry) = self.sessions.lock().remove(&s) else {
+            return status_reply(StatusCode::NOT_FOUND);
+        };
+        self.streams.close(&s);
+        if let Some(stop) = entry.stop.take() {
+            let _ = stop.send(());
+        }
+        status_reply(StatusCode::OK)
+    }
+
+    /// `GET`: the session's stream of the child's messages for it.
+    fn open_stream(&self, session: SessionKey) -> McpReply {
+        let Some(s) = session else {
+            return status_reply(StatusCode::METHOD_NOT_ALLOWED);
+        };
+        if !self.sessions.lock().contains_key(&s) {
+            return session_not_found(None);
+        }
+        let rx = self.streams.open(s.clone());
+        McpReply::event_stream(rx, None)
+    }
+
+    /// The shared child's life: start, initialize, wait for its end, back off, again.
+    async fn supervise(self: Arc<Self>) {
+        let mut stop = self.stop.subscribe();
+        let mut backoff = Backoff::default();
+        let mut first = true;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            if !first {
+                self.metrics.upstream_restart(&self.name);
+            }
+            first = false;
+            self.state.send_replace(State::Starting);
+            let started = Instant::now();
+            let child = match self.spec.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    let why = format!("cannot start {:?}: {e}", self.spec.program);
+                    tracing::error!(target: "taskgate::upstream::stdio", upstream = %self.name, "{why}");
+                    self.state.send_replace(State::Down(why));
+                    if !backoff.wait(&mut stop).await {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let mut running = Conn::start(
+                self.name.clone(),
+                child,
+                self.max_message_bytes,
+                self.streams.clone(),
+                self.metrics.clone(),
+            );
+            tracing::info!(target: "taskgate::upstream::stdio", upstream = %self.name, pid = ?running.pid, "child started");
+            let init = tokio::select! {
+                init = self.initialize_child(&running.conn) => init,
+                _ = stopped(&mut stop) => Err("stopping".into()),
+            };
+            match init {
+                Ok(init) => {
+                    *self.init.lock() = Some(init);
+                    self.state.send_replace(State::Live(running.conn.clone()));
+                }
+                Err(why) => {
+                    let _ = running.stop.send(());
+                    let ended = (&mut running.exited).await.unwrap_or_default();
+                    if *stop.borrow() {
+                        break;
+                    }
+                    let why = format!("its initialize failed: {why}; {ended}");
+                    tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, "{why}");
+                    self.state.send_replace(State::Down(why));
+                    if !backoff.wait(&mut stop).await {
+                        break;
+                    }
+                    continue;
+                }
+            }
+            let why = tokio::select! {
+                why = &mut running.exited => why.unwrap_or_default(),
+                _ = stopped(&mut stop) => {
+                    let _ = running.stop.send(());
+                    let _ = (&mut running.exited).await;
+                    break;
+                }
+            };
+            self.state.send_replace(State::Down(why.clone()));
+            self.bury(&running.conn, &why);
+            self.announce_gone(None, why);
+            if started.elapsed() >= SUSTAINED_UPTIME {
+                backoff = Backoff::default();
+            }
+            if !backoff.wait(&mut stop).await {
+                break;
+            }
+        }
+        self.state.send_replace(State::Stopped);
+    }
+
+    /// taskgate's own `initialize` and `notifications/initialized` to a new shared child.
+    async fn initialize_child(&self, conn: &Arc<Conn>) -> Result<Init, String> {
+        let request = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": INITIALIZE_VERSION,
+                "capabilities": {},
+                "clientInfo": { "name": "taskgate", "version": env!("CARGO_PKG_VERSION") },
+            },
+        });
+        let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
+        let reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false)?;
+        conn.write(&reg.bytes, false).await?;
+        let answer = match tokio::time::timeout(self.timeout, reg.answer).await {
+            Ok(Ok(Ok(bytes))) => bytes,
+            Ok(Ok(Err(why))) => return Err(why),
+            Ok(Err(_)) => return Err("its child process is gone".into()),
+            Err(_) => {
+                conn.give_up(reg.out, "taskgate: initialize timed out")
+                    .await;
+                return Err(format!("no answer within {} ms", self.timeout_ms));
+            }
+        };
+        let result = splice::raw_at(&answer, &["result"])
+            .ok()
+            .flatten()
+            .map(|r| Arc::<str>::from(r.get()));
+        let Some(result) = result else {
+            tracing::info!(target: "taskgate::upstream::stdio", upstream = %self.name, "the child refused initialize: clients' initialize go to it");
+            return Ok(Init::Refused);
+        };
+        conn.write(
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            false,
+        )
+        .await?;
+        Ok(Init::Answer(result))
+    }
+
+    /// `per_session`: starts the children, on the runtime (and so the thread) that built the
+    /// transport, not on the serving thread whose request asked: the parent-death signal
+    /// follows the thread that forked (`child`), and a serving thread ends at shutdown before
+    /// the children are ended in order (stdin, `SIGTERM`, `SIGKILL`). The child's reader,
+    /// writer and keeper run here too.
+    async fn spawner(self: Arc<Self>, mut asks: tokio::sync::mpsc::Receiver<Spawned>) {
+        let mut stop = self.stop.subscribe();
+        loop {
+            let reply = tokio::select! {
+                Some(reply) = asks.recv() => reply,
+                _ = stopped(&mut stop) => return,
+                else => return,
+            };
+            let started = self.spec.spawn().map(|child| {
+                Conn::start(
+                    self.name.clone(),
+                    child,
+                    self.max_message_bytes,
+                    self.streams.clone(),
+                    self.metrics.clone(),
+                )
+            });
+            if let Err(Ok(running)) = reply.send(started) {
+                // The asker is gone: the child goes too.
+                let _ = running.stop.send(());
+            }
+        }
+    }
+
+    /// `per_session`: ends children idle longer than `idle`.
+    async fn reclaim_idle(self: Arc<Self>) {
+        let mut stop = self.stop.subscribe();
+        let every = (self.idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                _ = stopped(&mut stop) => return,
+            }
+            let stops: Vec<_> = self
+                .sessions
+                .lock()
+                .values_mut()
+                .filter(|s| s.last_used.elapsed() >= self.idle)
+                .filter_map(|s| s.stop.take())
+                .collect();
+            for stop in stops {
+                let _ = stop.send(());
+            }
+        }
+    }
+
+    /// The tasks of a dead shared child, kept for [`Inner::dead_task_answer`].
+    fn bury(&self, conn: &Conn, why: &str) {
+        let why: Arc<str> = format!(
+            "upstream `{}` restarted: {why}; the task's state was lost",
+            self.name
+        )
+        .into();
+        let mut dead = self.dead.lock();
+        for (task_id, note) in conn.take_tasks() {
+            if dead.len() >= route::MAX_NOTES {
+                dead.clear();
+            }
+            dead.insert(
+                task_id,
+                DeadTask {
+                    note,
+                    why: why.clone(),
+                },
+            );
+        }
+    }
+
+    /// taskgate's answer to `tasks/get|result|cancel` of a task a dead child took with it
+    /// (only its creator's session sees it): `tasks/get` a `failed` `Task` with the reason as
+    /// `statusMessage`; `tasks/result` `-32603` with the reason; `tasks/cancel` `-32602` (the
+    /// task is terminal). `None` for any other request.
+    fn dead_task_answer(&self, msg: &Message, method: &str) -> Option<McpReply> {
+        if !matches!(method, "tasks/get" | "tasks/result" | "tasks/cancel") {
+            return None;
+        }
+        let task_id = splice::raw_at(msg.bytes(), &["params", "taskId"])
+            .ok()
+            .flatten()
+            .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())?;
+        let dead = self.dead.lock();
+        let task = dead.get(&task_id)?;
+        let id = msg.id();
+        let reply = match method {
+            "tasks/get" => {
+                let now = crate::mcp::task::format_rfc3339_ms(crate::mcp::task::now_ms());
+                let created = task
+                    .note
+                    .created_at
+                    .clone()
+                    .unwrap_or_else(|| serde_json::Value::String(now.clone()).to_string());
+                let result = format!(
+                    "{{\"taskId\":{},\"status\":\"failed\",\"statusMessage\":{},\"createdAt\":{created},\"lastUpdatedAt\":{},\"ttl\":{}}}",
+                    serde_json::Value::String(task_id.clone()),
+                    serde_json::Value::String(task.why.to_string()),
+                    serde_json::Value::String(now),
+                    task.note.ttl.as_deref().unwrap_or("null"),
+                );
+                McpReply::local_json(jsonrpc::result_response(id?, &result))
+            }
+            "tasks/result" => McpReply::local_error(id, jsonrpc::INTERNAL_ERROR, &task.why),
+            _ => McpReply::local_error(
+                id,
+                jsonrpc::INVALID_PARAMS,
+                &format!("Cannot cancel task: it is failed ({})", task.why),
+            ),
+        };
+        Some(reply)
+    }
+
+    fn announce_gone(&self, session: Option<String>, why: String) {
+        let at_ms = crate::mcp::task::now_ms();
+        let _ = self.gone.send(ChildGone {
+            upstream: self.name.clone(),
+            session,
+            at_ms,
+            why,
+        });
+    }
+
+    fn unreachable(&self, detail: String) -> GatewayError {
+        self.metrics
+            .upstream_error(&self.name, UpstreamErrorKind::Connect);
+        GatewayError::UpstreamUnreachable {
+            upstream: self.name.clone(),
+            detail,
+        }
+    }
+
+    fn timeout_error(&self) -> GatewayError {
+        self.metrics
+            .upstream_error(&self.name, UpstreamErrorKind::Timeout);
+        GatewayError::UpstreamTimeout {
+            upstream: self.name.clone(),
+            timeout_ms: self.timeout_ms,
+        }
+    }
+}
+
+/// The events of a request's SSE reply: the related messages, then its answer (or an error
+/// event for the request when the child died or the deadline passed).
+struct ReplyEvents {
+    first: Option<Bytes>,
+    reg: Registered,
+    conn: Arc<Conn>,
+    client_id: Option<Id>,
+    method: String,
+    give_up: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    name: Arc<str>,
+    timeout_ms: u64,
+    done: bool,
+}
+
+impl ReplyEvents {
+    async fn next(&mut self) -> Option<crate::sse::Event> {
+        if let Some(first) = self.first.take() {
+            return Some(conn::event(&first));
+        }
+        if self.done {
+            return None;
+        }
+        let give_up = async {
+            match self.give_up.as_mut() {
+                Some(t) => t.await,
+                None => std::future::pending().await,
+            }
+        };
+        let msg = tokio::select! {
+            biased;
+            Some(m) = self.reg.related.recv() => m,
+            answer = &mut self.reg.answer => {
+                self.done = true;
+                match answer {
+                    Ok(Ok(bytes)) => bytes,
+                    Ok(Err(why)) => self.error(&format!("upstream `{}` is unreachable: {why}", self.name)),
+                    Err(_) => self.error(&format!("upstream `{}` is unreachable: its child process is gone", self.name)),
+                }
+            }
+            () = give_up => {
+                self.done = true;
+                self.conn.give_up(self.reg.out, "taskgate: the request timed out").await;
+                self.error(&format!("upstream did not answer {} within {} ms", self.method, self.timeout_ms))
+            }
+        };
+        Some(conn::event(&msg))
+    }
+
+    fn error(&self, message: &str) -> Bytes {
+        jsonrpc::error_response(self.client_id.as_ref(), jsonrpc::INTERNAL_ERROR, message)
+    }
+}
+
+/// Resolves once `stop` is set (or its sender is gone); holds no borrow of it.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await.map(|_| ());
+}
+
+/// The restart delay: [`BACKOFF_START`], doubled per quick death, at most [`BACKOFF_MAX`].
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            next: BACKOFF_START,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay to wait now; the next one doubles.
+    fn take(&mut self) -> Duration {
+        let now = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        now
+    }
+
+    /// Waits the delay; false when stopped meanwhile.
+    async fn wait(&mut self, stop: &mut watch::Receiver<bool>) -> bool {
+        let delay = self.take();
+        tokio::select! {
+            () = tokio::time::sleep(delay) => true,
+            _ = stopped(stop) => false,
+        }
+    }
+}
+
+/// A new session id: `tgs-` and 128 bits from the OS random source (`None` without one: a
+/// session id must not be guessable).
+fn new_session_id() -> Option<Arc<str>> {
+    let mut bytes = [0u8; 16];
+    getrandom::getrandom(&mut bytes).ok()?;
+    Some(format!("tgs-{}", hex::encode(bytes)).into())
+}
+
+fn with_session(mut reply: McpReply, session: &str) -> McpReply {
+    if let Ok(v) = HeaderValue::from_str(session) {
+        reply
+            .headers
+            .insert(crate::headers::MCP_SESSION_ID.clone(), v);
+    }
+    reply
+}
+
+/// Whether a reply is one JSON-RPC message (an answer the client can read).
+fn is_answer(reply: &McpReply) -> bool {
+    matches!(reply.body, ReplyBody::Json(_))
+}
+
+/// Whether a JSON-RPC answer carries a `result`.
+fn is_result(answer: &[u8]) -> bool {
+    splice::raw_at(answer, &["result"]).ok().flatten().is_some()
+}
+
+fn session_not_found(id: Option<&Id>) -> McpReply {
+    let mut reply = McpReply::local_error(id, -32001, "Session not found");
+    reply.status = StatusCode::NOT_FOUND;
+    reply
+}
+
+fn status_reply(status: StatusCode) -> McpReply {
+    McpReply::new(status, HeaderMap::new(), ReplyBody::Empty)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,269 @@
+//! What a child's messages are routed by: the ids taskgate writes to it, and what names one of
+//! its callers (progress tokens, task ids, the child's own requests).
+//!
+//! One child may carry many clients (`process = "shared"`). The id of every request taskgate
+//! writes is its own: a number from a counter per child, never the client's. The child's answer
+//! names that number; the table gives back the caller (its session and its own id, of its
+//! exact JSON type). A `notifications/cancelled` from a client names its own id: the table
+//! gives the number the child saw. A client's `progressToken` is replaced by the request's
+//! number too, so two clients' equal tokens never meet in the child.
+//!
+//! Bounds: requests in flight are bounded by the upstream's `max_in_flight` (a permit each);
+//! the notes about tokens, tasks and the child's own requests hold at most [`MAX_NOTES`]
+//! entries each, and a full table is emptied (its oldest routes are lost: a late progress or
+//! status notification for them is dropped and counted, never sent to the wrong client).
+
+use crate::jsonrpc::Id;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+
+/// Entries at most in each table of notes.
+pub const MAX_NOTES: usize = 65_536;
+
+/// The session a caller's messages belong to (`None`: a request without a session, 2026-07-28).
+pub type SessionKey = Option<Arc<str>>;
+
+/// The end of a request: the child's answer (its id already the caller's), or why none came.
+pub type Answer = Result<Bytes, String>;
+
+/// A request written to the child, waiting for its answer.
+pub struct Pending {
+    /// The caller's own id, of its exact JSON type.
+    pub client_id: Id,
+    /// The caller's session.
+    pub session: SessionKey,
+    /// Where the answer goes.
+    pub answer: oneshot::Sender<Answer>,
+    /// Where messages related to the request go before its answer (bounded; a full channel
+    /// drops the message, counted).
+    pub related: mpsc::Sender<Bytes>,
+    /// A task-augmented call: its answer names a task whose later messages go to `session`.
+    pub task_call: bool,
+    /// Its in-flight slot (`max_in_flight`), freed with the entry.
+    pub permit: Option<OwnedSemaphorePermit>,
+}
+
+/// A replaced `progressToken`: whose it is and what it was.
+#[derive(Debug, Clone)]
+pub struct Progress {
+    /// The caller's session.
+    pub session: SessionKey,
+    /// The caller's token, as JSON text.
+    pub original: String,
+}
+
+/// What taskgate saw of a task the child created: whose it is, and the `Task` fields a
+/// stand-in answer needs once the child is gone (`createdAt`, `ttl`, as JSON text).
+#[derive(Debug, Clone, Default)]
+pub struct TaskNote {
+    /// The session whose request created it.
+    pub session: SessionKey,
+    /// Its `createdAt` (JSON text), when the child gave one.
+    pub created_at: Option<String>,
+    /// Its `ttl` (JSON text), when the child gave one.
+    pub ttl: Option<String>,
+}
+
+/// The routing tables of one child.
+#[derive(Default)]
+pub struct Routes {
+    next: u64,
+    pending: HashMap<u64, Pending>,
+    by_client: HashMap<(SessionKey, Id), u64>,
+    progress: HashMap<u64, Progress>,
+    tasks: HashMap<String, TaskNote>,
+    asked: HashMap<String, SessionKey>,
+}
+
+impl Routes {
+    /// Takes the next id for `p` and keeps it until its answer. Returns the id the child sees.
+    pub fn insert(&mut self, p: Pending) -> u64 {
+        // Starts at 1: 0 is written by nobody (a child that answers 0 answers no one).
+        self.next += 1;
+        let out = self.next;
+        self.by_client
+            .insert((p.session.clone(), p.client_id.clone()), out);
+        self.pending.insert(out, p);
+        out
+    }
+
+    /// The id the child saw for the caller's request `id` in `session`, while it is in flight.
+    pub fn out_id(&self, session: &SessionKey, id: &Id) -> Option<u64> {
+        self.by_client.get(&(session.clone(), id.clone())).copied()
+    }
+
+    /// The request the child knows as `out`, removed (its answer came, or it is given up).
+    pub fn take(&mut self, out: u64) -> Option<Pending> {
+        let p = self.pending.remove(&out)?;
+        let key = (p.session.clone(), p.client_id.clone());
+        if self.by_client.get(&key) == Some(&out) {
+            self.by_client.remove(&key);
+        }
+        // A progress token lives with its request, or with its task (noted on the answer).
+        if !p.task_call {
+            self.progress.remove(&out);
+        }
+        Some(p)
+    }
+
+    /// The request the child knows as `out`, while it waits.
+    pub fn get(&self, out: u64) -> Option<&Pending> {
+        self.pending.get(&out)
+    }
+
+    /// Every request still waiting (the child is gone), removed.
+    pub fn drain(&mut self) -> Vec<Pending> {
+        self.by_client.clear();
+        self.pending.drain().map(|(_, p)| p).collect()
+    }
+
+    /// Requests waiting now.
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The one request waiting, when exactly one is.
+    pub fn only_pending(&self) -> Option<u64> {
+        let mut keys = self.pending.keys();
+        match (keys.next(), keys.next()) {
+            (Some(&k), None) => Some(k),
+            _ => None,
+        }
+    }
+
+    /// Notes that request `out` carried the caller's token `original` (replaced by `out`).
+    pub fn note_progress(&mut self, out: u64, progress: Progress) {
+        bounded_insert(&mut self.progress, out, progress);
+    }
+
+    /// Whose token `token` (a number taskgate wrote) is.
+    pub fn progress(&self, token: u64) -> Option<&Progress> {
+        self.progress.get(&token)
+    }
+
+    /// Notes that task `task_id` was created by a request of `note.session`.
+    pub fn note_task(&mut self, task_id: String, note: TaskNote) {
+        bounded_insert(&mut self.tasks, task_id, note);
+    }
+
+    /// The session that created task `task_id`, if noted.
+    pub fn task_session(&self, task_id: &str) -> Option<&SessionKey> {
+        self.tasks.get(task_id).map(|n| &n.session)
+    }
+
+    /// Every task noted, removed (the child is gone, and its tasks with it).
+    pub fn drain_tasks(&mut self) -> Vec<(String, TaskNote)> {
+        self.tasks.drain().collect()
+    }
+
+    /// Notes that the child's request `id` (JSON text) was sent to `session`.
+    pub fn note_asked(&mut self, id: String, session: SessionKey) {
+        bounded_insert(&mut self.asked, id, session);
+    }
+
+    /// The session the child's request `id` (JSON text) went to, removed once answered.
+    pub fn take_asked(&mut self, id: &str) -> Option<SessionKey> {
+        self.asked.remove(id)
+    }
+
+    /// The session the child's request `id` went to (it stays noted).
+    pub fn asked(&self, id: &str) -> Option<&SessionKey> {
+        self.asked.get(id)
+    }
+}
+
+fn bounded_insert<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, k: K, v: V) {
+    if map.len() >= MAX_NOTES {
+        map.clear();
+    }
+    map.insert(k, v);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(session: &str, id: &str) -> (Pending, oneshot::Receiver<Answer>) {
+        let (tx, rx) = oneshot::channel();
+        let (related, _) = mpsc::channel(1);
+        (
+            Pending {
+                client_id: Id::from_json(id).expect("valid id"),
+                session: Some(session.into()),
+                answer: tx,
+                related,
+                task_call: false,
+                permit: None,
+            },
+            rx,
+        )
+    }
+
+    #[test]
+    fn two_callers_with_the_same_id_get_two_ids() {
+        let mut routes = Routes::default();
+        let (a, _ra) = pending("s1", "1");
+        let (b, _rb) = pending("s2", "1");
+        let (na, nb) = (routes.insert(a), routes.insert(b));
+        assert_ne!(na, nb);
+        let one = Id::from_json("1").expect("id");
+        assert_eq!(routes.out_id(&Some("s1".into()), &one), Some(na));
+        assert_eq!(routes.out_id(&Some("s2".into()), &one), Some(nb));
+        // The JSON type is kept: "1" is not 1.
+        let text = Id::from_json("\"1\"").expect("id");
+        assert_eq!(routes.out_id(&Some("s1".into()), &text), None);
+        let got = routes.take(nb).expect("pending");
+        assert_eq!(got.session.as_deref(), Some("s2"));
+        assert_eq!(routes.out_id(&Some("s2".into()), &one), None);
+        assert_eq!(routes.only_pending(), Some(na));
+        assert_eq!(routes.drain().len(), 1);
+        assert_eq!(routes.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_progress_token_lives_with_its_request_unless_it_made_a_task() {
+        let mut routes = Routes::default();
+        let (a, _ra) = pending("s1", "7");
+        let out = routes.insert(a);
+        routes.note_progress(
+            out,
+            Progress {
+                session: Some("s1".into()),
+                original: "\"tok\"".into(),
+            },
+        );
+        assert_eq!(
+            routes.progress(out).map(|p| p.original.as_str()),
+            Some("\"tok\"")
+        );
+        routes.take(out);
+        assert!(routes.progress(out).is_none());
+
+        let (mut b, _rb) = pending("s1", "8");
+        b.task_call = true;
+        let out = routes.insert(b);
+        routes.note_progress(
+            out,
+            Progress {
+                session: Some("s1".into()),
+                original: "1".into(),
+            },
+        );
+        routes.take(out);
+        assert!(
+            routes.progress(out).is_some(),
+            "kept for the task's lifetime"
+        );
+    }
+
+    #[test]
+    fn notes_are_bounded() {
+        let mut routes = Routes::default();
+        for i in 0..(MAX_NOTES + 10) {
+            routes.note_task(format!("t{i}"), TaskNote::default());
+        }
+        assert!(routes.tasks.len() <= MAX_NOTES);
+    }
+}

@@ -1,0 +1,454 @@
+//! stdio upstreams (issue 31): a `command` upstream behind taskgate, with the scripted server
+//! `tests/stdio/fake_server.py` (it logs every line it reads, so a test counts what reached the
+//! child's stdin, and its pid at each start).
+//!
+//! Shared mode: 100 identical concurrent `tasks/cancel` make one on the child's stdin; two
+//! clients using the same JSON-RPC id each get their own answer; `notifications/cancelled`
+//! reaches the child with the id the child saw; `kill -9` of the child mid-task fails the task
+//! (status message, both audit facts), the child is restarted and the next call works;
+//! `/readyz` is red while no child is live. The real binary: SIGTERM and `kill -9` of taskgate
+//! leave no child. `per_session`: a child per session, ended by `DELETE`.
+
+use crate::common::*;
+
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+
+const SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/stdio/fake_server.py");
+
+/// A scratch directory for the child's log and pid files (kept while the test runs).
+struct Kid {
+    dir: tempfile::TempDir,
+}
+
+impl Kid {
+    fn new() -> Kid {
+        Kid {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The `[[upstream]]` of the scripted server: `lines` (keys), then its `[upstream.env]`
+    /// with the log and pid files and `env` (`KEY = "value"` lines).
+    fn upstream(&self, lines: &str, env: &str) -> String {
+        format!(
+            "\n[[upstream]]\nname = \"default\"\ncommand = [\"python3\", {SERVER:?}]\ntimeout_ms = 5000\n{lines}\n[upstream.env]\nSTDIO_LOG = {:?}\nSTDIO_PIDS = {:?}\n{env}\n",
+            self.path("log").display().to_string(),
+            self.path("pids").display().to_string(),
+        )
+    }
+
+    /// What the child read, one JSON message per line.
+    fn seen(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.path("log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    fn seen_method(&self, method: &str) -> Vec<Value> {
+        self.seen()
+            .into_iter()
+            .filter(|m| m["method"] == method)
+            .collect()
+    }
+
+    /// The pids the child had, one per start.
+    fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.path("pids"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+}
+
+fn toml(store: &str, upstream: &str) -> String {
+    format!(
+        "[gateway]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\npath = {store:?}\n\n[auth]\nmode = \"none\"\n{upstream}"
+    )
+}
+
+/// Waits (polling, up to 10 s) until `check` holds.
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// Waits until `/readyz` answers `code`.
+async fn readyz(admin: std::net::SocketAddr, code: u16) -> Value {
+    for _ in 0..500 {
+        let (status, body) = admin_json(admin, "/readyz").await;
+        if status == code {
+            return body;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("/readyz never answered {code}");
+}
+
+/// Whether process `pid` is gone (reaped, or a zombie nobody waits for).
+fn process_gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+async fn start(child: &Kid, lines: &str, env: &str) -> Tg {
+    let upstream = child.upstream(lines, env);
+    let tg = Tg::start(|store| toml(store, &upstream)).await;
+    readyz(tg.admin, 200).await;
+    tg
+}
+
+#[tokio::test]
+async fn one_hundred_identical_cancels_make_one_on_the_childs_stdin() {
+    let child = Kid::new();
+    let tg = start(&child, "", "STDIO_CANCEL_DELAY_MS = \"300\"").await;
+    let mut client = tg.client();
+    client.initialize().await;
+    let task = client.create_task("1").await;
+    let cancels = (0..100).map(|i| {
+        let client = Client::new(&tg.mcp_url()).with_session(client.session.as_deref().unwrap());
+        let task = task.clone();
+        async move { client.cancel(&format!("{}", 100 + i), &task).await }
+    });
+    let answers = futures_util::future::join_all(cancels).await;
+    let cancelled = answers
+        .iter()
+        .filter(|a| a.pointer("/result/status") == Some(&json!("cancelled")))
+        .count();
+    let refused = answers.iter().filter(|a| a.get("error").is_some()).count();
+    assert_eq!(cancelled + refused, 100, "{answers:?}");
+    assert!(cancelled >= 1);
+    assert_eq!(
+        child.seen_method("tasks/cancel").len(),
+        1,
+        "one tasks/cancel reached the child"
+    );
+}
+
+#[tokio::test]
+async fn two_clients_with_the_same_id_each_get_their_own_answer() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let (mut a, mut b) = (tg.client(), tg.client());
+    let ia = a.initialize().await;
+    let ib = b.initialize().await;
+    assert_ne!(a.session, b.session, "a session each");
+    assert_eq!(
+        ia["result"], ib["result"],
+        "the child's one initialize answer"
+    );
+    assert_eq!(ia["result"]["serverInfo"]["name"], "fake-stdio");
+    let call = |text: &str| {
+        rpc(
+            "7",
+            "tools/call",
+            &json!({"name": "echo", "arguments": {"text": text, "delay_ms": 300}}).to_string(),
+        )
+    };
+    let (ra, rb) = tokio::join!(a.rpc(call("for-a")), b.rpc(call("for-b")));
+    assert_eq!(ra["id"], 7);
+    assert_eq!(ra["result"]["content"][0]["text"], "for-a");
+    assert_eq!(rb["id"], 7);
+    assert_eq!(rb["result"]["content"][0]["text"], "for-b");
+    assert_eq!(child.seen_method("initialize").len(), 1, "initialized once");
+    let ids: Vec<Value> = child
+        .seen_method("tools/call")
+        .iter()
+        .map(|m| m["id"].clone())
+        .collect();
+    assert_eq!(ids.len(), 2);
+    assert_ne!(ids[0], ids[1], "the child saw two ids");
+}
+
+#[tokio::test]
+async fn notifications_cancelled_reaches_the_child_with_the_id_it_saw() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut client = tg.client();
+    client.initialize().await;
+    let body = rpc(
+        "\"slow-1\"",
+        "tools/call",
+        &json!({"name": "echo", "arguments": {"text": "late", "delay_ms": 2000}}).to_string(),
+    );
+    let waiting = {
+        let client = Client::new(&tg.mcp_url()).with_session(client.session.as_deref().unwrap());
+        tokio::spawn(async move { client.send(body).await.status() })
+    };
+    until("the child reads the call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let child_id = child.seen_method("tools/call")[0]["id"].clone();
+    assert!(child_id.is_u64(), "taskgate's own id: {child_id}");
+    let status = client
+        .notify(
+            "notifications/cancelled",
+            json!({"requestId": "slow-1", "reason": "no longer needed"}),
+        )
+        .await;
+    assert_eq!(status, 202);
+    until("the child reads the cancellation", || {
+        !child.seen_method("notifications/cancelled").is_empty()
+    })
+    .await;
+    let seen = child.seen_method("notifications/cancelled");
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0]["params"]["requestId"], child_id);
+    waiting.abort();
+}
+
+#[tokio::test]
+async fn a_child_killed_mid_task_fails_the_task_and_is_restarted() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut client = tg.client();
+    client.initialize().await;
+    let task = client.create_task("1").await;
+    assert_eq!(client.get("2", &task).await["result"]["status"], "working");
+    let pid = child.pids()[0];
+    // SAFETY: a signal to the child this test's taskgate started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    until("the task is failed", || {
+        tg.record(&task)
+            .is_some_and(|r| r.status.as_str() == "failed" && r.released_at.is_some())
+    })
+    .await;
+    let record = tg.record(&task).expect("record");
+    assert!(
+        record
+            .status_message
+            .as_deref()
+            .is_some_and(|m| m.contains("restarted") && m.contains("default")),
+        "{:?}",
+        record.status_message
+    );
+    let audit = tg
+        .registry
+        .store()
+        .audit_for("default", &task)
+        .expect("audit");
+    let events: Vec<&str> = audit.iter().map(|e| e.event.as_str()).collect();
+    assert!(events.contains(&"resources_released"), "{events:?}");
+    until("a second child", || child.pids().len() == 2).await;
+    readyz(tg.admin, 200).await;
+    // The client sees it failed too: the new child never knew the task, taskgate answers.
+    let got = client.get("4", &task).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    assert!(
+        got["result"]["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("restarted")),
+        "{got}"
+    );
+    assert_eq!(
+        child.seen_method("tasks/get").len(),
+        1,
+        "not asked of the new child"
+    );
+    let again = client
+        .rpc(rpc(
+            "3",
+            "tools/call",
+            &json!({"name": "echo", "arguments": {"text": "back"}}).to_string(),
+        ))
+        .await;
+    assert_eq!(again["result"]["content"][0]["text"], "back");
+    assert_eq!(again["result"]["pid"], child.pids()[1]);
+    let metrics = tg.metrics_text().await;
+    assert!(
+        metrics.contains("taskgate_upstream_restarts_total{upstream=\"default\"} 1"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("restarts"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[tokio::test]
+async fn a_request_of_the_child_reaches_the_client_whose_call_it_serves() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut client = tg.client();
+    client.initialize().await;
+    let call = rpc(
+        "\"q\"",
+        "tools/call",
+        &json!({"name": "ask", "arguments": {}}).to_string(),
+    );
+    let r = client.send(call).await;
+    assert_eq!(r.status(), 200);
+    let mut events = r.sse();
+    let asked = events.next_event(STEP).await.json();
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    let accepted = client
+        .send(rpc_result(
+            &asked["id"].to_string(),
+            r#"{"action":"accept","content":{}}"#,
+        ))
+        .await;
+    assert_eq!(accepted.status(), 202);
+    let answer = events.next_event(STEP).await.json();
+    assert_eq!(answer["id"], "q", "{answer}");
+    assert!(
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("accept")),
+        "{answer}"
+    );
+    // Another client cannot answer it: only the session it was sent to may.
+    let mut other = tg.client();
+    other.initialize().await;
+    let r = other.send(rpc_result("\"ask-9\"", "{}")).await;
+    assert_eq!(r.status(), 202);
+    assert!(
+        !child.seen().iter().any(|m| m["id"] == "ask-9"),
+        "an answer from a session not asked is dropped"
+    );
+}
+
+#[tokio::test]
+async fn readyz_is_red_while_no_child_is_live() {
+    let child = Kid::new();
+    let upstream = child.upstream("", "STDIO_CRASH_INIT = \"1\"");
+    let tg = Tg::start(|store| toml(store, &upstream)).await;
+    let body = readyz(tg.admin, 503).await;
+    assert!(
+        body["upstreams"]["default"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("unavailable")),
+        "{body}"
+    );
+    // A request gets an error naming the upstream, not a hang.
+    let mut client = tg.client();
+    let r = client.send(initialize_body("1")).await;
+    let text = r.text().await;
+    assert!(text.contains("default"), "{text}");
+    client.session = None;
+}
+
+#[tokio::test]
+async fn per_session_gives_each_session_its_own_child_and_delete_ends_it() {
+    let child = Kid::new();
+    let tg = start(&child, "process = \"per_session\"", "").await;
+    let (mut a, mut b) = (tg.client(), tg.client());
+    let ia = a.initialize().await;
+    let ib = b.initialize().await;
+    let (pa, pb) = (
+        ia["result"]["serverInfo"]["pid"].as_i64().expect("pid") as i32,
+        ib["result"]["serverInfo"]["pid"].as_i64().expect("pid") as i32,
+    );
+    assert_ne!(pa, pb, "a child each");
+    let echo = rpc(
+        "1",
+        "tools/call",
+        &json!({"name": "echo", "arguments": {"text": "x"}}).to_string(),
+    );
+    assert_eq!(a.rpc(echo.clone()).await["result"]["pid"], pa);
+    assert_eq!(b.rpc(echo.clone()).await["result"]["pid"], pb);
+    let r = Req::delete(&tg.mcp_url())
+        .header("mcp-session-id", a.session.as_deref().unwrap())
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert!(r.status() < 300, "DELETE: {}", r.status());
+    until("the session's child is gone", || process_gone(pa)).await;
+    assert!(!process_gone(pb), "the other session's child runs on");
+    assert_eq!(b.rpc(echo).await["result"]["pid"], pb);
+}
+
+#[tokio::test]
+async fn per_session_children_idle_past_the_session_idle_limit_are_ended() {
+    let child = Kid::new();
+    let upstream = child.upstream("process = \"per_session\"", "");
+    let tg = Tg::start(|store| {
+        toml(store, &upstream).replace(
+            "listen = \"127.0.0.1:0\"\n\n[admin]",
+            "listen = \"127.0.0.1:0\"\nsession_idle_ms = 1000\n\n[admin]",
+        )
+    })
+    .await;
+    let mut client = tg.client();
+    let init = client.initialize().await;
+    let pid = init["result"]["serverInfo"]["pid"].as_i64().expect("pid") as i32;
+    assert!(!process_gone(pid));
+    until("the idle child is ended", || process_gone(pid)).await;
+}
+
+/// The real binary with one stdio upstream whose child ignores the end of its stdin (only a
+/// signal ends it); returns it and the child's pid.
+async fn binary_with_child(child: &Kid) -> (TaskgateProcess, i32) {
+    let upstream = child.upstream("", "STDIO_IGNORE_EOF = \"1\"");
+    let config = child.path("taskgate.toml");
+    let store = child.path("store");
+    std::fs::write(&config, toml(store.to_str().unwrap(), &upstream)).unwrap();
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", config.to_str().unwrap()], &[]);
+    let (_, admin) = p.listening();
+    readyz(admin, 200).await;
+    let pid = child.pids()[0];
+    assert!(!process_gone(pid));
+    (p, pid)
+}
+
+#[tokio::test]
+async fn sigterm_of_taskgate_leaves_no_child() {
+    let child = Kid::new();
+    let (mut p, pid) = binary_with_child(&child).await;
+    p.sigterm();
+    let status = p.wait_exit(Duration::from_secs(15)).expect("exits");
+    assert!(status.success(), "{}", p.stderr());
+    assert!(process_gone(pid), "the child went with taskgate");
+}
+
+#[tokio::test]
+async fn sigterm_of_taskgate_ends_per_session_children_in_order() {
+    let child = Kid::new();
+    let upstream = child.upstream("process = \"per_session\"", "STDIO_IGNORE_EOF = \"1\"");
+    let config = child.path("taskgate.toml");
+    let store = child.path("store");
+    std::fs::write(&config, toml(store.to_str().unwrap(), &upstream)).unwrap();
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", config.to_str().unwrap()], &[]);
+    let (gw, _) = p.listening();
+    let mut client = Client::new(&format!("http://{gw}/mcp"));
+    let init = client.initialize().await;
+    let pid = init["result"]["serverInfo"]["pid"].as_i64().expect("pid") as i32;
+    p.sigterm();
+    let status = p.wait_exit(Duration::from_secs(15)).expect("exits");
+    assert!(status.success());
+    assert!(process_gone(pid), "the session's child went with taskgate");
+    // Ended by taskgate (stdin closed, then SIGTERM: it ignores EOF), not by the kernel's
+    // parent-death SIGKILL when a serving thread ended.
+    let log = p.stderr();
+    assert!(log.contains("exited after SIGTERM"), "{log}");
+}
+
+#[tokio::test]
+async fn kill_9_of_taskgate_leaves_no_child() {
+    let child = Kid::new();
+    let (mut p, pid) = binary_with_child(&child).await;
+    p.signal(libc::SIGKILL);
+    p.wait_exit(Duration::from_secs(5)).expect("killed");
+    until("the parent-death signal ends the child", || {
+        process_gone(pid)
+    })
+    .await;
+}

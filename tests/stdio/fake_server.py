@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""A scripted MCP stdio server (2025-11-25 tasks) for taskgate's stdio tests.
+
+Newline-delimited JSON-RPC on stdin/stdout. Every line it reads is appended to $STDIO_LOG (one
+JSON line each, so a test can count what reached the child); its pid is appended to $STDIO_PIDS
+at start. Tools:
+  echo {text, delay_ms}         answers after delay_ms; with a progressToken, one progress first
+  slow {}                       as a task (params.task): stays `working` until cancelled
+Behaviour switches (environment): STDIO_NOISE=1 prints a non-JSON line first; STDIO_CRASH_INIT=1
+exits on initialize; STDIO_IGNORE_EOF=1 keeps running after stdin closes (only a signal ends
+it); STDIO_CANCEL_DELAY_MS delays tasks/cancel answers; STDIO_ASK=1 sends an
+elicitation request (tool `ask`) and answers with what came back.
+"""
+import json
+import os
+import sys
+import threading
+import time
+
+out_lock = threading.Lock()
+tasks = {}
+tasks_lock = threading.Lock()
+asked = {}
+next_task = [0]
+next_ask = [0]
+
+
+def log(line):
+    path = os.environ.get("STDIO_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(line.rstrip("\n") + "\n")
+
+
+def send(msg):
+    with out_lock:
+        sys.stdout.write(json.dumps(msg) + "\n")
+        sys.stdout.flush()
+
+
+def answer(mid, result):
+    send({"jsonrpc": "2.0", "id": mid, "result": result})
+
+
+def task_obj(tid):
+    t = tasks[tid]
+    return {"taskId": tid, "status": t["status"], "createdAt": "2026-01-01T00:00:00Z",
+            "lastUpdatedAt": "2026-01-01T00:00:00Z", "ttl": 60000, "pollInterval": 100}
+
+
+def handle(msg):
+    method = msg.get("method")
+    mid = msg.get("id")
+    params = msg.get("params") or {}
+    if method == "initialize":
+        if os.environ.get("STDIO_CRASH_INIT"):
+            os._exit(3)
+        answer(mid, {"protocolVersion": "2025-11-25",
+                     "capabilities": {"tools": {}, "tasks": {"list": {}, "cancel": {},
+                                                             "requests": {"tools": {"call": {}}}}},
+                     "serverInfo": {"name": "fake-stdio", "version": "1", "pid": os.getpid()}})
+    elif method == "tools/list":
+        answer(mid, {"tools": [
+            {"name": "echo", "inputSchema": {"type": "object"}, "execution": {"taskSupport": "optional"}},
+            {"name": "slow", "inputSchema": {"type": "object"}, "execution": {"taskSupport": "optional"}},
+            {"name": "ask", "inputSchema": {"type": "object"}}]})
+    elif method == "tools/call":
+        name = params.get("name")
+        args = params.get("arguments") or {}
+        if "task" in params:
+            with tasks_lock:
+                next_task[0] += 1
+                tid = "task-%d-%d" % (os.getpid(), next_task[0])
+                tasks[tid] = {"status": "working"}
+                answer(mid, {"task": task_obj(tid)})
+            return
+        if name == "ask":
+            next_ask[0] += 1
+            aid = "ask-%d" % next_ask[0]
+            asked[aid] = mid
+            send({"jsonrpc": "2.0", "id": aid, "method": "elicitation/create",
+                  "params": {"message": "ok?", "requestedSchema": {"type": "object", "properties": {}}}})
+            return
+        token = (params.get("_meta") or {}).get("progressToken")
+        if token is not None:
+            send({"jsonrpc": "2.0", "method": "notifications/progress",
+                  "params": {"progressToken": token, "progress": 1, "total": 2}})
+        time.sleep(float(args.get("delay_ms", 0)) / 1000.0)
+        answer(mid, {"content": [{"type": "text", "text": str(args.get("text", ""))}],
+                     "pid": os.getpid()})
+    elif method == "tasks/get":
+        tid = params.get("taskId")
+        with tasks_lock:
+            if tid not in tasks:
+                send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32602, "message": "Task not found"}})
+                return
+            answer(mid, task_obj(tid))
+    elif method == "tasks/cancel":
+        delay = float(os.environ.get("STDIO_CANCEL_DELAY_MS", "0")) / 1000.0
+        time.sleep(delay)
+        tid = params.get("taskId")
+        with tasks_lock:
+            t = tasks.get(tid)
+            if t is None or t["status"] != "working":
+                send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32602, "message": "Cannot cancel task"}})
+                return
+            t["status"] = "cancelled"
+            answer(mid, task_obj(tid))
+    elif method == "ping":
+        answer(mid, {})
+    elif mid is not None and method is None:
+        # An answer to our elicitation.
+        call = asked.pop(mid, None)
+        if call is not None:
+            answer(call, {"content": [{"type": "text", "text": json.dumps(msg.get("result"))}]})
+    elif mid is not None:
+        send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32601, "message": "Method not found"}})
+
+
+def main():
+    pids = os.environ.get("STDIO_PIDS")
+    if pids:
+        with open(pids, "a") as f:
+            f.write("%d\n" % os.getpid())
+    if os.environ.get("STDIO_NOISE"):
+        sys.stdout.write("this line is not JSON-RPC\n")
+        sys.stdout.flush()
+    sys.stderr.write("fake stdio server started\n")
+    sys.stderr.flush()
+    for line in sys.stdin:
+        log(line)
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            continue
+        threading.Thread(target=handle, args=(msg,), daemon=True).start()
+    if os.environ.get("STDIO_IGNORE_EOF"):
+        while True:
+            time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()
