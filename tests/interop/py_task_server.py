@@ -2,6 +2,7 @@
 """Task-capable MCP server (2025-11-25 experimental tasks) built with the Python SDK, mcp==1.30.0.
 
     python py_task_server.py [--port N]     (0 or absent: any free port)
+    python py_task_server.py --stdio        (one client on stdin/stdout)
 
 Prints one line {"listening": "http://127.0.0.1:PORT/mcp", "port": PORT, ...} on stdout once the
 socket listens. Same tools as task-server.mjs, so task-client.mjs and py_task_client.py both
@@ -193,8 +194,21 @@ class McpEndpoint:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--stdio", action="store_true", help="serve one client on stdin/stdout instead (stdio.sh)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="[py-task-server] %(levelname)s %(name)s: %(message)s")
+
+    if args.stdio:
+        # One client on stdin/stdout (what taskgate's `command` upstreams start); stdout carries
+        # only JSON-RPC, logs go to stderr.
+        from mcp.server.stdio import stdio_server
+
+        async def serve_stdio() -> None:
+            async with stdio_server() as (read, write):
+                await server.run(read, write, server.create_initialization_options())
+
+        anyio.run(serve_stdio)
+        return
 
     manager = StreamableHTTPSessionManager(
         app=server,

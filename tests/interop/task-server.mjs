@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Task-capable MCP server (2025-11-25 experimental tasks) built with the TypeScript SDK 1.32.2.
 //
-//   node task-server.mjs --mode stateful|stateless|json|notasks|legacy [--port N]
+//   node task-server.mjs --mode stateful|stateless|json|notasks|legacy|stdio [--port N]
 //
 // Prints one line `{"listening":"http://127.0.0.1:PORT/mcp","port":PORT,"mode":MODE}` on stdout.
 //
@@ -17,6 +17,7 @@
 //                 picks it at random for cancel-vs-completion races), unless cancelled first
 //
 // Modes:
+//   stdio      one client on stdin/stdout (StdioServerTransport), the stateful mode's tools.
 //   stateful   one McpServer + StreamableHTTPServerTransport per Mcp-Session-Id, SSE responses.
 //   json       as stateful, but enableJsonResponse: true (POST answers are application/json).
 //   notasks    as stateful, but WITHOUT capabilities.tasks (no task store): tools plain_echo and
@@ -48,8 +49,8 @@ import { listenAndAnnounce, newSessionId, parseArgs, sendJsonRpcHttpError, sleep
 
 const args = parseArgs(process.argv.slice(2), { mode: 'stateful', port: Number(process.env.PORT ?? 0), 'poll-interval-ms': 200 });
 const NO_TASKS = ['notasks', 'legacy'].includes(args.mode);
-if (!['stateful', 'stateless', 'json', 'notasks', 'legacy'].includes(args.mode)) {
-    console.error(`--mode must be stateful, stateless, json, notasks or legacy, not ${args.mode}`);
+if (!['stateful', 'stateless', 'json', 'notasks', 'legacy', 'stdio'].includes(args.mode)) {
+    console.error(`--mode must be stateful, stateless, json, notasks, legacy or stdio, not ${args.mode}`);
     process.exit(2);
 }
 
@@ -291,6 +292,13 @@ function buildServer() {
     return mcp;
 }
 
+// stdio: one client on stdin/stdout (StdioServerTransport), the tools of stateful mode; nothing
+// listens and stdout carries only JSON-RPC (what taskgate's `command` upstreams start, stdio.sh).
+if (args.mode === 'stdio') {
+    const { StdioServerTransport } = await import('@modelcontextprotocol/sdk/server/stdio.js');
+    await buildServer().connect(new StdioServerTransport());
+}
+
 const app = createMcpExpressApp({ host: '127.0.0.1' });
 const sessions = new Map(); // Mcp-Session-Id -> transport (stateful, json)
 
@@ -368,7 +376,7 @@ if (args.mode === 'stateless') {
     app.delete('/mcp', bySession);
 }
 
-await listenAndAnnounce(app, args.port, { server: 'task-fixture', mode: args.mode }, async () => {
+if (args.mode !== 'stdio') await listenAndAnnounce(app, args.port, { server: 'task-fixture', mode: args.mode }, async () => {
     for (const transport of sessions.values()) await transport.close().catch(() => {});
     taskStore.cleanup();
 });
