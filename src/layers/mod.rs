@@ -17,15 +17,21 @@
 //!    `tasks/list`, hiding `tasks.list` when callers cannot be told apart.
 //! 4. `cancel`: single-flight `tasks/cancel`, the terminal check, `notifications/cancelled`
 //!    routing.
-//! 5. `bridge`: a 2025-11-25 client's task requests to a 2026-07-28 task server translated
+//! 5. `held_sessions`: 2025 sessions taskgate holds for an upstream without them (looked up,
+//!    `initialize` answered with an id it mints); below `cancel`, so a held session's requests
+//!    (`upgrade`'s own included) pass owner binding, routing and single-flight like any other;
+//!    it hands the bridge typed facts, so the bridge reads no session table.
+//! 6. `bridge`: a 2025-11-25 client's task requests to a 2026-07-28 task server translated
 //!    (below `cancel`, so single-flight and the terminal check stay in the client's era; above
-//!    `observe`, which records what actually went upstream).
-//! 6. `observe`: innermost but for `ids`: every upstream message passes it
+//!    `observe`, which records what actually went upstream). It calls `relay` (not a layer of
+//!    the stack: a stage the bridge owns per upstream) for input a 2026 upstream asks a 2025
+//!    client for (`input_required`, MRTR).
+//! 7. `observe`: innermost but for `ids`: every upstream message passes it
 //!    once. It records creations, applies statuses, notes activity, holds resources and rewrites
 //!    terminal statuses. Being below `cancel`, it has applied an SSE `tasks/cancel` answer
 //!    before `cancel` reads it from the stream, so a finished flight has applied its answer
 //!    before it leaves the flight table.
-//! 7. `ids`: below `observe`, just above the upstream client: a request id is in flight at most
+//! 8. `ids`: below `observe`, just above the upstream client: a request id is in flight at most
 //!    once per 2025 upstream session (a client's reuse refused, another caller's id collision sent
 //!    under a minted id and answered under the client's), and a `notifications/cancelled` reaches
 //!    only its sender's request. `observe` above it sees the clients' ids.

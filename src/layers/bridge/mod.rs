@@ -17,9 +17,10 @@
 //!   error) is tried again next time; one unanswered within [`DISCOVER_DEADLINE`] means
 //!   2025-11-25.
 //!
-//! Whether taskgate holds 2025 sessions itself (see `held`) is learned apart from the era: the
-//! first `initialize` the upstream refuses while it answers `server/discover` (`"auto"` and
-//! `"2026-07-28"` alike; `"2025-11-25"` never holds sessions).
+//! Whether taskgate holds 2025 sessions itself (see `held` and `crate::layers::held_sessions`,
+//! which keeps that fact) is learned apart from the era: the first `initialize` the upstream
+//! refuses while it answers `server/discover` (`"auto"` and `"2026-07-28"` alike;
+//! `"2025-11-25"` never holds sessions).
 //!
 //! **Dual-era upstreams** (FastMCP 4 serves 2025 `initialize` sessions and stateless 2026
 //! requests on one endpoint): the 2025 client keeps its upstream session for everything that is
@@ -66,6 +67,14 @@
 //!   carries the `NeedsTask` fact up, filled when that answer passes, so `[upgrade]` can retry
 //!   this call as a task without reading the error the 2025 client is shown.
 //!
+//! Why taskgate's own `tasks/cancel` (a task whose input its client cannot give) goes through
+//! `cancel`'s single-flight by a call (`cancel_from_below`, with this layer re-wrapped as the
+//! service below it) and not as a typed fact up: it must share the flight of a client's
+//! `tasks/cancel` racing it (one upstream cancel), and it must be recorded before the
+//! `tasks/result` stream, whose head went up long before, tells the client the task was
+//! cancelled. A reply fact is read by `cancel` only as that stream passes it, after the bridge
+//! has moved on. The `CancelState` is given to [`BridgeState::new`]; nothing is read back.
+//!
 //! The bridge records nothing itself: what it learns from the upstream for the registry, it
 //! asks `observe` to record (policy down on its own requests, the outcome back in a `Fact`).
 //!
@@ -105,10 +114,13 @@
 //!   2025 client `failed`, as `tasks/get` does.
 //!
 //! **Held sessions** (an upstream without 2025 sessions, which refuses `initialize`, such as
-//! rmcp 3 with `legacy_session_mode` off): taskgate answers the client's `initialize` from the
-//! upstream's `server/discover`, mints and keeps the `Mcp-Session-Id`, and sends every request of
-//! that session upstream as a stateless 2026 request; see `held`. Its GET stream is the
-//! upstream's `subscriptions/listen`; see `listen`.
+//! rmcp 3 with `legacy_session_mode` off): the bridge asks the upstream's `server/discover` and
+//! replies with the `HoldSession` fact, from which the `held_sessions` stage above answers the
+//! client's `initialize` (it mints the `Mcp-Session-Id`; `session` keeps it). Which requests are
+//! a held session's comes down from that stage (`HeldSession`, `SessionsHeld`); the bridge
+//! sends every request of such a session upstream as a stateless 2026 request; see `held`. Its
+//! GET stream is the upstream's `subscriptions/listen`; see `listen`. The bridge reads no
+//! session table: the input capabilities a client declared come down as `ClientDeclares`.
 //!
 //! Files: this one (the layer, the era, the dispatch, the request helpers), `calls`
 //! (`initialize`, `tools/list`, `tools/call`), `follow` (tasks/get, tasks/result, tasks/cancel,
