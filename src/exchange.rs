@@ -9,6 +9,7 @@
 //! passed through as it came (upstream HTTP errors).
 
 use crate::jsonrpc::{self, Id, Message};
+use crate::mcp::classify::Classified;
 use crate::mcp::era::Era;
 use crate::metrics::{LocalReason, RequestOutcome};
 use crate::sse::EventStream;
@@ -206,6 +207,15 @@ impl McpRequest {
     /// requests, unit tests).
     pub fn era(&self) -> Era {
         self.extensions.get::<Era>().copied().unwrap_or_default()
+    }
+
+    /// The POSTed message as the edge classified it (method, `taskId`, `task`, tool name,
+    /// progress token, `requestId`: `mcp::classify`); `None` for a GET or DELETE.
+    pub fn classified(&self) -> Option<Classified<'_>> {
+        match &self.op {
+            Operation::Post(m) => Some(Classified::of(m)),
+            _ => None,
+        }
     }
 
     /// The JSON-RPC method of a POSTed request or notification.

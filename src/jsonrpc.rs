@@ -211,7 +211,95 @@ struct Envelope<'a> {
     error: Option<&'a RawValue>,
 }
 
-/// One JSON-RPC message: the bytes as they arrived plus the parsed envelope.
+/// How many members of `params` the envelope parse notes the places of ([`Params`]); a message
+/// with more is looked up by a walk of its `params` text. Four hold the members of the common
+/// messages (`tools/call`: `name`, `arguments`, `task`, `_meta`; `tasks/*`: `taskId`, `_meta`;
+/// `notifications/cancelled`: `requestId`, `reason`); each is 6 bytes of every message.
+pub(crate) const PARAMS: usize = 4;
+
+/// What the envelope parse knows of `params` (JSON-RPC 2.0 section 4.2: by-name params are an
+/// object).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ParamsState {
+    /// No `params` member.
+    Absent,
+    /// `params` is not an object (an array, `null`, ...): it has no named members.
+    NotAnObject,
+    /// `params` is an object whose members are all in [`Params::members`].
+    Indexed,
+    /// Not indexed (more than [`PARAMS`] members, `params` longer than 64 KiB, or a message the
+    /// one-pass reader handed back to serde_json): a lookup walks the message with
+    /// [`splice::raw_at`].
+    Walk,
+}
+
+/// Where a message's `params` and its members are in its bytes, noted by the one envelope pass
+/// (`envelope::read`) so that [`Message::param`] finds a member without reading `params` again.
+/// Keys noted here hold no escape and no quote (the reader hands such messages back) and occur
+/// once (a duplicate key is handed back too), so a lookup compares bytes. Small (32 bytes: it
+/// is moved with every request): places are offsets from `params`' start.
+#[derive(Clone, Copy)]
+pub(crate) struct Params {
+    /// Where the value of `params` starts; meaningful unless [`ParamsState::Absent`] or
+    /// [`ParamsState::Walk`].
+    at: u32,
+    /// Its length.
+    len: u16,
+    /// Per member, from `at`: where its key starts (after the quote), where its value starts
+    /// and ends.
+    members: [[u16; 3]; PARAMS],
+    count: u8,
+    state: ParamsState,
+}
+
+impl Params {
+    /// No `params`.
+    pub(crate) const ABSENT: Params = Params {
+        at: 0,
+        len: 0,
+        members: [[0; 3]; PARAMS],
+        count: 0,
+        state: ParamsState::Absent,
+    };
+
+    /// Notes one member of `params` (which starts at `at`: already set); past [`PARAMS`]
+    /// members, or 64 KiB, lookups walk instead.
+    fn note(&mut self, key: usize, value: usize, end: usize) {
+        if self.state != ParamsState::Indexed {
+            return;
+        }
+        let from = |n: usize| {
+            n.checked_sub(self.at as usize)
+                .and_then(|n| u16::try_from(n).ok())
+        };
+        match (
+            self.members.get_mut(usize::from(self.count)),
+            from(key),
+            from(value),
+            from(end),
+        ) {
+            (Some(slot), Some(k), Some(v), Some(e)) => {
+                *slot = [k, v, e];
+                self.count += 1;
+            }
+            _ => self.state = ParamsState::Walk,
+        }
+    }
+
+    /// Sets where `params` ends (`end`); past 64 KiB lookups walk.
+    fn end(&mut self, end: usize) {
+        match end
+            .checked_sub(self.at as usize)
+            .and_then(|n| u16::try_from(n).ok())
+        {
+            Some(len) => self.len = len,
+            None => self.state = ParamsState::Walk,
+        }
+    }
+}
+
+/// One JSON-RPC message: the bytes as they arrived plus the parsed envelope, and where the
+/// members of `params` are ([`Message::param`]).
 ///
 /// Cloning is cheap (the bytes are reference-counted).
 #[derive(Clone)]
@@ -221,6 +309,7 @@ pub struct Message {
     id: Option<Id>,
     /// Borrowed for the common method names (no allocation per message), owned otherwise.
     method: Option<std::borrow::Cow<'static, str>>,
+    params: Params,
 }
 
 impl fmt::Debug for Message {
@@ -249,7 +338,17 @@ impl Message {
                     Err(e) => Err(EnvelopeError::Parse(e.to_string())),
                 };
             }
-            Some(b'{') => {}
+            Some(b'{') => {
+                // The common shape in one pass, as `parse_checked` reads it (the reader accepts
+                // only what serde_json accepts with the same envelope; a duplicate key or
+                // anything else it is not sure of goes to serde_json below, as before).
+                if let Ok(text) = std::str::from_utf8(&raw) {
+                    if let Some(mut members) = envelope::read(text) {
+                        let method = members.method.take().map(std::borrow::Cow::Borrowed);
+                        return Message::of_members(&raw, members, method);
+                    }
+                }
+            }
             None => return Err(EnvelopeError::Parse("empty body".into())),
             Some(_) => {
                 return match serde_json::from_slice::<serde::de::IgnoredAny>(&raw) {
@@ -285,6 +384,12 @@ impl Message {
                 method: None,
                 result: env.result.is_some(),
                 error: env.error.is_some(),
+                // Not read here (the envelope keeps serde_json's treatment of `params`):
+                // lookups walk the message.
+                params: Params {
+                    state: ParamsState::Walk,
+                    ..Params::ABSENT
+                },
             },
             env.method,
         )
@@ -337,6 +442,7 @@ impl Message {
             kind,
             id,
             method,
+            params: members.params,
         })
     }
 
@@ -398,6 +504,58 @@ impl Message {
     /// The method of a request or notification (`tools/call`, `tasks/get`, ...).
     pub fn method(&self) -> Option<&str> {
         self.method.as_deref()
+    }
+
+    /// The raw JSON text of the member `name` of `params` (by-name params, JSON-RPC 2.0 section
+    /// 4.2), borrowed from the message; `None` when `params` is absent, not an object, or has no
+    /// such member. Keys compare as the strings they spell (`"t\u0061sk"` is `task`), and of a
+    /// repeated key the last counts, as for `serde_json::Value`.
+    ///
+    /// The places were noted by the envelope parse, so for the common message this is a few
+    /// comparisons of short keys; a message it did not index (more than six members, escapes in
+    /// keys, a repeated key) is walked ([`splice::raw_at`]).
+    pub fn param(&self, name: &str) -> Option<&str> {
+        let p = &self.params;
+        match p.state {
+            ParamsState::Absent | ParamsState::NotAnObject => None,
+            ParamsState::Indexed => {
+                let at = p.at as usize;
+                let raw = self.raw.get(at..at + usize::from(p.len))?;
+                let name = name.as_bytes();
+                p.members[..usize::from(p.count)]
+                    .iter()
+                    .find_map(|&[k, v, e]| {
+                        // The key holds no quote: `name` and then its closing quote.
+                        let k = usize::from(k);
+                        let key = raw.get(k..k + name.len() + 1)?;
+                        if key.get(..name.len())? != name || key.last() != Some(&b'"') {
+                            return None;
+                        }
+                        // The reader checked the whole text is UTF-8.
+                        std::str::from_utf8(raw.get(usize::from(v)..usize::from(e))?).ok()
+                    })
+            }
+            ParamsState::Walk => splice::raw_at(&self.raw, &["params", name])
+                .ok()
+                .flatten()
+                .map(RawValue::get),
+        }
+    }
+
+    /// The raw JSON text of `params`, borrowed from the message; `None` without one.
+    pub fn params(&self) -> Option<&str> {
+        let p = &self.params;
+        match p.state {
+            ParamsState::Absent => None,
+            ParamsState::NotAnObject | ParamsState::Indexed => {
+                let at = p.at as usize;
+                std::str::from_utf8(self.raw.get(at..at + usize::from(p.len))?).ok()
+            }
+            ParamsState::Walk => splice::raw_at(&self.raw, &["params"])
+                .ok()
+                .flatten()
+                .map(RawValue::get),
+        }
     }
 
     /// True for requests and notifications, which get 202 (notifications) or an answer (requests).

@@ -31,6 +31,8 @@ pub(super) struct Members<'a> {
     pub method: Option<&'a str>,
     pub result: bool,
     pub error: bool,
+    /// Where `params` and its members are (see [`super::Params`]).
+    pub params: super::Params,
 }
 
 /// The envelope of `text` (already known to be UTF-8) when `text` is one JSON object of the
@@ -48,6 +50,7 @@ pub(super) fn read(text: &str) -> Option<Members<'_>> {
         method: None,
         result: false,
         error: false,
+        params: super::Params::ABSENT,
     };
     r.ws();
     r.eat(b'{')?;
@@ -64,7 +67,13 @@ pub(super) fn read(text: &str) -> Option<Members<'_>> {
             r.eat(b':')?;
             r.ws();
             let start = r.i;
-            r.value(1)?;
+            if key == "params" {
+                // The one member read with an index of its own members: where each of
+                // `params`' keys and values are, so nothing reads `params` again for them.
+                m.params = r.params(start)?;
+            } else {
+                r.value(1)?;
+            }
             let value = text.get(start..r.i)?;
             // A known member twice is serde's "duplicate field" error, `null` its `None`:
             // both left to it.
@@ -282,38 +291,62 @@ impl<'a> Reader<'a> {
         (self.b.get(self.i..end)? == word).then(|| self.i = end)
     }
 
+    /// The envelope's `params` value (at `start`): read as any value, and when it is an object,
+    /// with the place of each of its members noted ([`super::Params`]).
+    fn params(&mut self, start: usize) -> Option<super::Params> {
+        let mut params = super::Params::ABSENT;
+        params.at = u32::try_from(start).ok()?;
+        if self.peek()? == b'{' {
+            params.state = super::ParamsState::Indexed;
+            self.object(1, Some(&mut params))?;
+        } else {
+            params.state = super::ParamsState::NotAnObject;
+            self.value(1)?;
+        }
+        params.end(self.i);
+        Some(params)
+    }
+
+    /// An object (the `{` next) at nesting `depth`; with `index`, its members' places are
+    /// noted there (past [`super::PARAMS`] members the index says so, and lookups walk).
+    fn object(&mut self, depth: usize, mut index: Option<&mut super::Params>) -> Option<()> {
+        if depth >= super::MAX_DEPTH {
+            return None;
+        }
+        self.i += 1;
+        self.ws();
+        if self.peek()? == b'}' {
+            self.i += 1;
+            return Some(());
+        }
+        // This object's keys follow the open ones of its parents; they are let go
+        // when it ends.
+        let base = self.open;
+        loop {
+            self.ws();
+            let (start, end) = self.key()?;
+            self.new_key(base, start, end)?;
+            self.ws();
+            self.eat(b':')?;
+            self.ws();
+            let value_at = self.i;
+            self.value(depth + 1)?;
+            if let Some(index) = index.as_deref_mut() {
+                index.note(start, value_at, self.i);
+            }
+            self.ws();
+            if !self.next_member()? {
+                self.open = base;
+                return Some(());
+            }
+        }
+    }
+
     /// One value at nesting `depth` (the envelope object is 1).
     fn value(&mut self, depth: usize) -> Option<()> {
         match self.peek()? {
             b'"' => self.string(),
-            b'{' => {
-                if depth >= super::MAX_DEPTH {
-                    return None;
-                }
-                self.i += 1;
-                self.ws();
-                if self.peek()? == b'}' {
-                    self.i += 1;
-                    return Some(());
-                }
-                // This object's keys follow the open ones of its parents; they are let go
-                // when it ends.
-                let base = self.open;
-                loop {
-                    self.ws();
-                    let (start, end) = self.key()?;
-                    self.new_key(base, start, end)?;
-                    self.ws();
-                    self.eat(b':')?;
-                    self.ws();
-                    self.value(depth + 1)?;
-                    self.ws();
-                    if !self.next_member()? {
-                        self.open = base;
-                        return Some(());
-                    }
-                }
-            }
+            b'{' => self.object(depth, None),
             b'[' => {
                 if depth >= super::MAX_DEPTH {
                     return None;

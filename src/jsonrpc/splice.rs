@@ -199,6 +199,23 @@ fn remove_rewriting(
     serde_json::to_vec(&value).map(|v| Some(Bytes::from(v)))
 }
 
+/// `json` with `member` (`"key":value`, JSON text inserted as it is) added as the first member
+/// of `object`, an object that is a slice of `json` (a value a lookup borrowed from it); every
+/// other byte stays as it was. `None` when `object` is not a slice of `json` or not an object.
+/// The caller makes sure the key is not there already.
+pub fn insert_first(json: &[u8], object: &str, member: &str) -> Option<Bytes> {
+    let range = span_of_str(json, object)?;
+    let inner = object.strip_prefix('{')?.strip_suffix('}')?;
+    let at = range.start + 1;
+    if inner.trim_matches([' ', '\t', '\n', '\r']).is_empty() {
+        return Some(splice(json, at..at, member.as_bytes()));
+    }
+    let mut with = String::with_capacity(member.len() + 1);
+    with.push_str(member);
+    with.push(',');
+    Some(splice(json, at..at, with.as_bytes()))
+}
+
 /// `bytes` with `range` replaced by `with`.
 pub fn splice(bytes: &[u8], range: Range<usize>, with: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(bytes.len() - range.len() + with.len());

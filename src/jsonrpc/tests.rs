@@ -466,3 +466,23 @@ fn duplicate_keys_anywhere_are_refused_by_the_checked_parse() {
     assert!(by_reader(&accepted[0]).is_some());
     assert!(by_reader(&many(20, "")).is_some());
 }
+
+#[test]
+fn a_member_is_inserted_first_and_every_other_byte_stays() {
+    let text = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","n":1.10}}"#;
+    let m = Message::parse(Bytes::from_static(text.as_bytes())).unwrap();
+    let out = splice::insert_first(m.bytes(), m.params().unwrap(), r#""task":{"ttl":5}"#);
+    assert_eq!(
+        out.as_deref(),
+        Some(&br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"task":{"ttl":5},"name":"x","n":1.10}}"#[..])
+    );
+    let text = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{ }}"#;
+    let m = Message::parse(Bytes::from_static(text.as_bytes())).unwrap();
+    let out = splice::insert_first(m.bytes(), m.params().unwrap(), r#""a":1"#);
+    assert_eq!(
+        out.as_deref(),
+        Some(&br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"a":1 }}"#[..])
+    );
+    // Not a slice of the message: nothing.
+    assert_eq!(splice::insert_first(m.bytes(), "{}", r#""a":1"#), None);
+}

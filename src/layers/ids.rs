@@ -388,13 +388,7 @@ where
 {
     /// A client's `notifications/cancelled` (see the module docs).
     fn cancel(&mut self, req: McpRequest) -> IdsFuture<S::Future> {
-        let target = match &req.op {
-            Operation::Post(msg) => splice::raw_at(msg.bytes(), &["params", "requestId"])
-                .ok()
-                .flatten()
-                .and_then(|raw| Id::from_json(raw.get())),
-            _ => None,
-        };
+        let target = req.classified().and_then(|c| c.request_id());
         let Some(target) = target else {
             return Either::Left(Either::Left(self.inner.call(req)));
         };

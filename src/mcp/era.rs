@@ -12,9 +12,9 @@
 //! a typed request extension, which layers read with `McpRequest::era` (absent, as on the
 //! `upgrade` layer's own requests and in unit tests, means [`Era::Legacy`]).
 
-use crate::jsonrpc::{self, Message};
+use super::classify::Classified;
+use crate::jsonrpc::Message;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// The first protocol revision of the modern era.
 pub const MODERN_VERSION: &str = "2026-07-28";
@@ -82,27 +82,15 @@ impl Era {
     /// header ([`Era::of_header`]; `None` without one), when present (the 2026 transport
     /// requires it to equal the `_meta` value), else
     /// `params._meta["io.modelcontextprotocol/protocolVersion"]` of `msg`, else legacy (a 2025
-    /// session's negotiated version is always below 2026-07-28). The body is parsed only when
-    /// the header is absent and the key occurs in it.
+    /// session's negotiated version is always below 2026-07-28). The `_meta` value is read
+    /// from the places the envelope parse noted (`mcp::classify`): nothing parses the body.
     pub fn of_parts(header: Option<Era>, msg: Option<&Message>) -> Era {
         if let Some(era) = header {
             return era;
         }
-        let Some(msg) = msg else {
-            return Era::Legacy;
-        };
-        if !jsonrpc::contains(msg.bytes(), PROTOCOL_VERSION_META.as_bytes()) {
-            return Era::Legacy;
-        }
-        msg.parse_as::<Value>()
-            .ok()
-            .and_then(|v| {
-                v.pointer("/params/_meta")?
-                    .get(PROTOCOL_VERSION_META)?
-                    .as_str()
-                    .map(Era::of_version)
-            })
-            .unwrap_or(Era::Legacy)
+        msg.and_then(|m| Classified::of(m).meta(PROTOCOL_VERSION_META))
+            .and_then(super::classify::string)
+            .map_or(Era::Legacy, |v| Era::of_version(&v))
     }
 }
 

@@ -4,6 +4,7 @@
 //! from here.
 
 pub mod capabilities;
+pub mod classify;
 pub mod era;
 pub mod errors;
 pub mod needles;

@@ -7,8 +7,6 @@ use crate::jsonrpc::{Id, Kind};
 use crate::layers::extensions::PendingCreation;
 use crate::metrics::DropReason;
 use http::HeaderValue;
-use serde::Deserialize;
-use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, OnceLock};
 
@@ -143,24 +141,8 @@ impl CancelState {
     /// Decides what to do with a client's `notifications/cancelled`; returns the drop reason, or
     /// `None` to forward it (possibly re-routed to another upstream session).
     pub(super) fn route_cancelled(&self, req: &mut McpRequest) -> Option<DropReason> {
-        let Operation::Post(msg) = &req.op else {
-            return None;
-        };
-        #[derive(Deserialize)]
-        struct Params {
-            #[serde(rename = "requestId")]
-            request_id: Option<Value>,
-        }
-        #[derive(Deserialize)]
-        struct Notification {
-            params: Option<Params>,
-        }
-        let request_id = msg
-            .parse_as::<Notification>()
-            .ok()
-            .and_then(|n| n.params?.request_id)
-            .and_then(|v| Id::from_value(&v));
-        let Some(request_id) = request_id else {
+        // As the edge classified it (`mcp::classify`).
+        let Some(request_id) = req.classified().and_then(|c| c.request_id()) else {
             // Without a requestId nothing can be cancelled; the receiver ignores it anyway.
             return None;
         };

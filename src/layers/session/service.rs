@@ -75,10 +75,10 @@ where
             req.ctx.client_session_id.is_some() || matches!(req.ctx.principal, Principal::Token(_));
         let watch = match (&req.op, req.request_method()) {
             (Operation::Post(msg), Some("initialize")) => {
+                // Only `params`, where the edge's parse found it: not the whole message.
                 let params = msg
-                    .parse_as::<Value>()
-                    .ok()
-                    .and_then(|v| v.get("params").cloned());
+                    .params()
+                    .and_then(|p| serde_json::from_str::<Value>(p).ok());
                 let caps = params.as_ref().and_then(|p| p.get("capabilities").cloned());
                 Watch::Initialize(caps.unwrap_or(Value::Null), params)
             }

@@ -36,6 +36,7 @@ use crate::jsonrpc::{self, Message};
 use crate::layers::extensions::{
     AuthorisedTask, OnBehalfOf, PendingCreation, Upgraded, UpstreamWithoutTasks,
 };
+use crate::mcp::classify::Classified;
 use crate::mcp::era::Era;
 use crate::mcp::errors::{TaskError, TASK_LIMIT_EXCEEDED};
 use crate::mcp::task::{now_ms, TaskStatus};
@@ -46,6 +47,7 @@ use base64::Engine;
 use futures_util::future::Either;
 use http::HeaderValue;
 use serde_json::Value;
+use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -181,7 +183,7 @@ where
         }
         match req.request_method() {
             // A plain call (no `task` key, no escape that could spell one) passes unchanged.
-            Some("tools/call") if may_be_task_call(&req) => {
+            Some("tools/call") if is_task_call(&req) => {
                 let (registry, mut inner) = (self.registry.clone(), self.take_inner());
                 Either::Right(Box::pin(async move {
                     match prepare_creation(&registry, &mut req).await {
@@ -213,17 +215,10 @@ where
     }
 }
 
-/// Whether a `tools/call` may be task-augmented: [`prepare_creation`]'s cheap pre-check (a
-/// message with escapes may spell the key `"t\u0061sk"`: those are always read). `false`
-/// means a plain call, forwarded as it is.
-fn may_be_task_call(req: &McpRequest) -> bool {
-    use crate::mcp::needles::{found, TASK_KEY, UNICODE_ESCAPE};
-    match &req.op {
-        Operation::Post(msg) => {
-            found(&TASK_KEY, msg.bytes()) || found(&UNICODE_ESCAPE, msg.bytes())
-        }
-        _ => false,
-    }
+/// Whether a `tools/call` is task-augmented (`params.task` an object, as the edge classified
+/// it: `mcp::classify`); `false` means a plain call, forwarded as it is.
+fn is_task_call(req: &McpRequest) -> bool {
+    req.classified().is_some_and(|c| c.task().is_some())
 }
 
 /// For a task-augmented `tools/call`: owner limit (across the tier on a shared store), ttl cap,
@@ -232,33 +227,26 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
     let Operation::Post(msg) = &req.op else {
         return Ok(());
     };
-    // Cheap pre-check: plain tool calls (the common case) are not parsed twice. A message
-    // with escapes may spell the key `"t\u0061sk"`: those are always parsed.
-    use crate::mcp::needles::{found, TASK_KEY, UNICODE_ESCAPE};
-    if !found(&TASK_KEY, msg.bytes()) && !found(&UNICODE_ESCAPE, msg.bytes()) {
-        return Ok(());
-    }
     let Some(id) = msg.id().cloned() else {
         return Ok(());
     };
-    let value = match serde_json::from_slice::<Value>(msg.bytes()) {
-        Ok(v) => v,
-        // taskgate must know whether this is a task before it goes upstream; a message it
-        // cannot read (numbers beyond f64, nesting deeper than 128) is not forwarded.
-        Err(e) => {
-            return Err(McpReply::local_error(
-                Some(&id),
-                jsonrpc::INVALID_PARAMS,
-                &format!("tools/call: params cannot be read: {e}"),
-            ))
-        }
-    };
-    let Some(task_meta) = value.pointer("/params/task") else {
+    let Some(task_text) = Classified::of(msg).task() else {
         return Ok(());
     };
-    if !task_meta.is_object() {
-        return Ok(());
+    // taskgate must know whether this is a task before it goes upstream; a message whose
+    // params it cannot read (numbers beyond f64: a skip of the text would not notice them)
+    // is not forwarded. (Nesting deeper than 128 levels never passed the edge.)
+    let unreadable = |e: serde_json::Error| {
+        McpReply::local_error(
+            Some(&id),
+            jsonrpc::INVALID_PARAMS,
+            &format!("tools/call: params cannot be read: {e}"),
+        )
+    };
+    if let Some(Err(e)) = msg.params().map(serde_json::from_str::<Value>) {
+        return Err(unreadable(e));
     }
+    let task_meta = serde_json::from_str::<Value>(task_text).map_err(unreadable)?;
     let owner = req.ctx.caller().owner();
     let upstream = req.ctx.upstream.clone();
     let reserved = match registry.reserve_creation(&upstream, &owner).await {
@@ -312,14 +300,18 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
             )),
         }
     }
-    let tool = value
-        .pointer("/params/name")
-        .and_then(Value::as_str)
-        .map(str::to_string);
+    // Read from the message as it goes upstream (the ttl splice above left them as they were).
+    let (tool, progress_token) = match req.classified() {
+        Some(c) => (
+            c.tool().map(Cow::into_owned),
+            // In `serde_json::Value`'s spelling, as `observe` compares progress tokens.
+            c.progress_token()
+                .and_then(|t| serde_json::from_str::<Value>(t).ok())
+                .map(|t| t.to_string()),
+        ),
+        None => (None, None),
+    };
     let template = template(req, owner, tool);
-    let progress_token = value
-        .pointer("/params/_meta/progressToken")
-        .map(Value::to_string);
     req.extensions.insert(PendingCreation {
         template: Arc::new(template),
         reservation: Arc::new(reservation),
@@ -340,8 +332,8 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
     };
     // `None` for `tasks/update` and any other `tasks/*` method: authorised alike, not labelled.
     let method = TaskMethod::parse(name);
-    let task_id = match task_id_param(msg) {
-        Some(t) => t,
+    let task_id = match Classified::of(msg).task_id() {
+        Some(t) => t.into_owned(),
         None => {
             return Err(McpReply::local_error(
                 Some(&id),
@@ -547,9 +539,6 @@ fn hide_tasks_list(text: &str) -> Option<String> {
     Some(spliced)
 }
 
-/// `params.taskId` of a `tasks/*` request when it is a string. Found with the borrowing walk of
-/// `splice::raw_at`: the `Value` of the whole message it replaces cost about 5,000 instructions
-/// per `tasks/get`, 3 % of the task lifecycle (benches/profile.sh).
 /// Whether a 2025-11-25 request names a task the caller must own before it goes on:
 /// `tasks/get|result|cancel|update` always (`tasks/update` is 2026-07-28's, and a 2025 client
 /// can send it on a held session or to a dual-era upstream: issue 29 #2), any other `tasks/*`
@@ -558,17 +547,11 @@ fn names_a_task(req: &McpRequest) -> bool {
     match req.request_method() {
         Some("tasks/get" | "tasks/result" | "tasks/cancel" | "tasks/update") => true,
         Some("tasks/list") => false,
-        Some(m) if m.starts_with("tasks/") => match &req.op {
-            Operation::Post(msg) => task_id_param(msg).is_some(),
-            _ => false,
-        },
+        Some(m) if m.starts_with("tasks/") => {
+            req.classified().is_some_and(|c| c.task_id().is_some())
+        }
         _ => false,
     }
-}
-
-fn task_id_param(msg: &Message) -> Option<String> {
-    let raw = splice::raw_at(msg.bytes(), &["params", "taskId"]).ok()??;
-    serde_json::from_str::<String>(raw.get()).ok()
 }
 
 fn header_string(v: Option<&HeaderValue>) -> Option<String> {

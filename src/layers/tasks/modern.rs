@@ -29,6 +29,7 @@ use crate::exchange::{McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{AuthorisedTask, OnBehalfOf, PendingCreation};
 use crate::mcp::capabilities::declares_tasks_extension;
+use crate::mcp::classify::Classified;
 use crate::mcp::era::Era;
 use crate::mcp::errors::{missing_tasks_extension, TaskError, MISSING_REQUIRED_CLIENT_CAPABILITY};
 use crate::metrics::{CancelOutcome, LocalReason, TaskMethod};
@@ -77,21 +78,8 @@ fn prepare_creation(registry: &Registry, req: &mut McpRequest) {
     if msg.id().is_none() {
         return;
     }
-    // The tool name only: a cheap borrowed parse.
-    #[derive(serde::Deserialize)]
-    struct Call<'a> {
-        #[serde(borrow)]
-        params: Option<Params<'a>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Params<'a> {
-        #[serde(borrow)]
-        name: Option<std::borrow::Cow<'a, str>>,
-    }
-    let tool = msg
-        .parse_as::<Call>()
-        .ok()
-        .and_then(|c| c.params?.name.map(|n| n.into_owned()));
+    // The tool name, as the edge classified it.
+    let tool = Classified::of(msg).tool().map(std::borrow::Cow::into_owned);
     let owner = req.ctx.caller().modern_owner();
     let reservation = registry.reserve_modern(&req.ctx.upstream, &owner);
     let template = TaskRecord {

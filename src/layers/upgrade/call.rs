@@ -12,6 +12,7 @@ use crate::jsonrpc::{self, Id, Message};
 use crate::layers::extensions::NeedsTask;
 use crate::layers::session::session_key;
 use crate::layers::McpService;
+use crate::mcp::classify::Classified;
 use crate::mcp::tools::TaskSupport;
 use crate::metrics::UpgradeOutcome;
 use crate::sse::Event;
@@ -166,25 +167,29 @@ fn as_task(state: &UpgradeState, req: &McpRequest) -> Option<Upgrade> {
     let Operation::Post(msg) = &req.op else {
         return None;
     };
-    let mut value = msg.parse_as::<Value>().ok()?;
-    let original_id = msg.id().cloned()?;
-    let progress_token = value.pointer("/params/_meta/progressToken").cloned();
-    let params = value.get_mut("params").and_then(Value::as_object_mut)?;
-    if params.contains_key("task") {
+    let c = Classified::of(msg);
+    if c.param("task").is_some() {
         return None;
     }
-    params.insert(
-        "task".into(),
-        serde_json::json!({ "ttl": state.config.ttl_ms }),
-    );
-    let message = serde_json::to_vec(&value)
-        .ok()
-        .and_then(|bytes| Message::parse(Bytes::from(bytes)).ok())?;
     Some(Upgrade {
-        message,
-        original_id,
-        progress_token,
+        message: with_task(msg, state.config.ttl_ms)?,
+        original_id: msg.id().cloned()?,
+        progress_token: progress_token(&c),
     })
+}
+
+/// `msg` with `params.task = {"ttl": ttl_ms}` spliced in as `params`' first member: every
+/// other byte goes upstream as the client sent it. `None` when `params` is not an object.
+fn with_task(msg: &Message, ttl_ms: u64) -> Option<Message> {
+    let params = msg.params().filter(|p| p.starts_with('{'))?;
+    let member = format!("\"task\":{{\"ttl\":{ttl_ms}}}");
+    let bytes = jsonrpc::splice::insert_first(msg.bytes(), params, &member)?;
+    Message::parse(bytes).ok()
+}
+
+/// The client's `params._meta.progressToken`, as the edge classified it.
+fn progress_token(c: &Classified<'_>) -> Option<Value> {
+    serde_json::from_str(c.progress_token()?).ok()
 }
 
 /// A plain `tools/call` to a `required` tool, upgraded: the message with `params.task` added.
@@ -211,27 +216,18 @@ async fn upgrade<S: McpService>(
     {
         return None;
     }
-    let mut value = msg.parse_as::<Value>().ok()?;
-    let plain = value.pointer("/params/task").is_none();
-    let tool = value
-        .pointer("/params/name")
-        .and_then(Value::as_str)
-        .map(str::to_string)?;
+    // As the edge classified it: no parse of the message.
+    let c = Classified::of(msg);
+    let plain = c.param("task").is_none();
+    let tool = c.tool()?;
     if !plain || tool_support(state, inner, &req.ctx, &tool).await != Some(TaskSupport::Required) {
         return None;
     }
     let original_id = msg.id().cloned()?;
-    let progress_token = value.pointer("/params/_meta/progressToken").cloned();
-    let params = value.get_mut("params").and_then(Value::as_object_mut)?;
-    params.insert(
-        "task".into(),
-        serde_json::json!({ "ttl": state.config.ttl_ms }),
-    );
-    let message = serde_json::to_vec(&value)
-        .ok()
-        .and_then(|bytes| Message::parse(Bytes::from(bytes)).ok())?;
+    let progress_token = progress_token(&c);
+    let message = with_task(msg, state.config.ttl_ms)?;
     tracing::info!(
-        tool,
+        tool = &*tool,
         "plain tools/call to a required tool: upgraded to a task"
     );
     Some(Upgrade {

@@ -117,7 +117,6 @@ use crate::registry::Registry;
 
 use futures_util::future::Either;
 use parking_lot::Mutex;
-use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -326,11 +325,9 @@ impl<S: McpService> tower::Service<McpRequest> for UpgradeService<S> {
     }
 }
 
+/// The upgraded call a client's `notifications/cancelled` names (`params.requestId`, as the edge
+/// classified it).
 fn cancelled_call(req: &McpRequest) -> Option<CallKey> {
-    let Operation::Post(msg) = &req.op else {
-        return None;
-    };
-    let v: Value = msg.parse_as().ok()?;
-    let id = Id::from_value(v.pointer("/params/requestId")?)?;
+    let id = req.classified()?.request_id()?;
     Some(req.ctx.call_key(&id))
 }
