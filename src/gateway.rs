@@ -299,22 +299,29 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
 /// not terminal and records them released (`registry::gone`), for as long as taskgate runs.
 /// At start, every task of the upstream recorded before is dead already: taskgate's previous
 /// run took its children with it (a restart, a `kill -9`).
+///
+/// On a store replicas share (a tier), other replicas' children serve the same upstream name:
+/// there only the tasks the dead child created are failed, and nothing at start.
 fn spawn_fail_dead_tasks(handle: StdioHandle, registry: Arc<Registry>) {
     let mut gone = handle.subscribe();
     let started_ms = crate::mcp::task::now_ms();
+    let tier = registry.store().shared();
     tokio::spawn(async move {
         let upstream = handle.name().clone();
-        let message = format!("upstream `{upstream}`: taskgate restarted, and the child process that ran the task with it; the task's state was lost");
-        let failed = registry
-            .fail_tasks_of_dead_process(&upstream, None, started_ms, &message)
-            .await;
-        if failed > 0 {
-            tracing::warn!(upstream = %upstream, failed, "tasks of a previous run's stdio child marked failed");
+        if !tier {
+            let message = format!("upstream `{upstream}`: taskgate restarted, and the child process that ran the task with it; the task's state was lost");
+            let failed = registry
+                .fail_tasks_of_dead_process(&upstream, None, started_ms, &message)
+                .await;
+            if failed > 0 {
+                tracing::warn!(upstream = %upstream, failed, "tasks of a previous run's stdio child marked failed");
+            }
         }
         loop {
             let ChildGone {
                 upstream,
                 session,
+                tasks,
                 at_ms,
                 why,
             } = match gone.recv().await {
@@ -326,8 +333,10 @@ fn spawn_fail_dead_tasks(handle: StdioHandle, registry: Arc<Registry>) {
                 None => format!("upstream `{upstream}` restarted: {why}; the task's state was lost"),
                 Some(_) => format!("upstream `{upstream}`: the session's process ended: {why}; the task's state was lost"),
             };
+            // A shared child on a store of its own gateway: every task of the upstream was its.
+            let only = (tier || session.is_some()).then_some(tasks);
             let failed = registry
-                .fail_tasks_of_dead_process(&upstream, session.as_deref(), at_ms, &message)
+                .fail_tasks_of_dead_process(&upstream, only, at_ms, &message)
                 .await;
             if failed > 0 {
                 tracing::warn!(upstream = %upstream, failed, "tasks of a dead stdio child marked failed");

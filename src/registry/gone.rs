@@ -12,24 +12,21 @@ use crate::metrics::ReleaseReason;
 use std::sync::Arc;
 
 impl Registry {
-    /// Fails the tasks of `upstream` recorded before `before_ms` (only those recorded on
-    /// `session` when given: a `per_session` child's) that were not terminal, and records
-    /// "resources released" for them and for its cancelled tasks not yet released. Returns how
-    /// many records changed.
+    /// Fails the tasks of `upstream` recorded before `before_ms` that were not terminal: the
+    /// tasks `only` names (the ones the dead process created, as its transport saw them), or
+    /// with `None` every task of the upstream (a scan: right only where no other live process
+    /// serves the upstream, as with a store of one gateway). Records "resources released" for
+    /// them and for those cancelled and not yet released. Returns how many records changed.
     pub async fn fail_tasks_of_dead_process(
         self: &Arc<Self>,
         upstream: &str,
-        session: Option<&str>,
+        only: Option<Vec<String>>,
         before_ms: u64,
         message: &str,
     ) -> usize {
-        let (up, session, message) = (
-            upstream.to_string(),
-            session.map(str::to_string),
-            message.to_string(),
-        );
+        let (up, message) = (upstream.to_string(), message.to_string());
         let changed = self
-            .off_runtime(move |r| r.fail_dead_now(&up, session.as_deref(), before_ms, &message))
+            .off_runtime(move |r| r.fail_dead_now(&up, only, before_ms, &message))
             .await
             .unwrap_or(0);
         if changed > 0 {
@@ -46,25 +43,39 @@ impl Registry {
     fn fail_dead_now(
         &self,
         upstream: &str,
-        session: Option<&str>,
+        only: Option<Vec<String>>,
         before_ms: u64,
         message: &str,
     ) -> usize {
-        let mut found = Vec::new();
-        let scanned = self.store.scan(&mut |rec| {
+        let dead = |rec: &crate::store::TaskRecord| {
             let unreleased_cancel =
                 rec.status == TaskStatus::Cancelled && rec.released_at.is_none();
-            if rec.upstream == upstream
+            rec.upstream == upstream
                 && rec.recorded_at <= before_ms
                 && (!rec.status.is_terminal() || unreleased_cancel)
-                && session.is_none_or(|s| rec.upstream_session.as_deref() == Some(s))
-            {
-                found.push(rec.task_id);
+        };
+        let mut found = Vec::new();
+        match only {
+            Some(ids) => {
+                for id in ids {
+                    match self.store.get(upstream, &id) {
+                        Ok(Some(rec)) if dead(&rec) => found.push(id),
+                        Ok(_) => {}
+                        Err(e) => self.write_failed(&e, "task store read failed"),
+                    }
+                }
             }
-            true
-        });
-        if let Err(e) = scanned {
-            self.write_failed(&e, "task store scan failed");
+            None => {
+                let scanned = self.store.scan(&mut |rec| {
+                    if dead(&rec) {
+                        found.push(rec.task_id);
+                    }
+                    true
+                });
+                if let Err(e) = scanned {
+                    self.write_failed(&e, "task store scan failed");
+                }
+            }
         }
         let mut changed = 0;
         for task_id in found {

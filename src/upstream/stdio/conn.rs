@@ -160,7 +160,10 @@ impl Conn {
                 while let Ok(Some(line)) = lines.next().await {
                     conn.from_child(line, max_message_bytes);
                 }
-                conn.close("its stdout ended");
+                // Usually the process is exiting: give the keeper the moment it needs to say
+                // how (the first reason given is the one requests get).
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                conn.close("its child process closed its stdout");
             });
         }
         if let Some(stderr) = child.stderr.take() {

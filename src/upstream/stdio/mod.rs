@@ -64,7 +64,7 @@
 //! within `timeout_ms`, then get 504. `tasks/cancel` and `notifications/cancelled` take no slot
 //! and are written ahead of queued requests, so a cancel overtakes the request it cancels; a
 //! `tasks/result` (which waits for its task's end) takes none either. A
-//! stdout line is at most `max_message_bytes` ([`framing`]); related messages and GET stream
+//! stdout line is at most `max_message_bytes` (`framing.rs`); related messages and GET stream
 //! messages wait in bounded queues ([`conn`]). Processes: [`child`] (process group,
 //! parent-death signal, close stdin → `SIGTERM` → `SIGKILL`; stderr to the log, target
 //! `taskgate::upstream::stdio`, bounded in length and rate).
@@ -116,9 +116,11 @@ const INITIALIZE_VERSION: &str = "2025-11-25";
 pub struct ChildGone {
     /// The upstream's name.
     pub upstream: Arc<str>,
-    /// `per_session`: the session whose child it was (its tasks are recorded on it); shared:
-    /// `None` (every task of the upstream).
+    /// `per_session`: the session whose child it was; shared: `None`.
     pub session: Option<String>,
+    /// The tasks the child created, as taskgate saw their `CreateTaskResult` go by (at most
+    /// [`route::MAX_NOTES`]; a child that created more has its oldest notes forgotten).
+    pub tasks: Vec<String>,
     /// When it was seen gone (ms since the epoch): tasks recorded after it are not its.
     pub at_ms: u64,
     /// Why, in words ("its child process exited (exit code 1)").
@@ -625,6 +627,7 @@ impl Inner {
                 Err(e) => Err(e),
             };
         };
+        let conn_for_tasks = conn.clone();
         self.keep_session(session.clone(), Some(conn), Some(running.stop));
         let (inner, key) = (self.clone(), session.clone());
         let mut stop_rx = self.stop.subscribe();
@@ -643,7 +646,12 @@ impl Inner {
             };
             inner.sessions.lock().remove(&key);
             inner.streams.close(&key);
-            inner.announce_gone(Some(key.to_string()), why);
+            let tasks = conn_for_tasks
+                .take_tasks()
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect();
+            inner.announce_gone(Some(key.to_string()), tasks, why);
         });
         self.keepers.lock().push(watcher);
         self.keepers.lock().retain(|k| !k.is_finished());
@@ -772,8 +780,8 @@ impl Inner {
                 }
             };
             self.state.send_replace(State::Down(why.clone()));
-            self.bury(&running.conn, &why);
-            self.announce_gone(None, why);
+            let tasks = self.bury(&running.conn, &why);
+            self.announce_gone(None, tasks, why);
             if started.elapsed() >= SUSTAINED_UPTIME {
                 backoff = Backoff::default();
             }
@@ -876,15 +884,18 @@ impl Inner {
         }
     }
 
-    /// The tasks of a dead shared child, kept for [`Inner::dead_task_answer`].
-    fn bury(&self, conn: &Conn, why: &str) {
+    /// The tasks of a dead shared child, kept for [`Inner::dead_task_answer`]; returns their
+    /// ids.
+    fn bury(&self, conn: &Conn, why: &str) -> Vec<String> {
         let why: Arc<str> = format!(
             "upstream `{}` restarted: {why}; the task's state was lost",
             self.name
         )
         .into();
         let mut dead = self.dead.lock();
-        for (task_id, note) in conn.take_tasks() {
+        let tasks = conn.take_tasks();
+        let ids = tasks.iter().map(|(id, _)| id.clone()).collect();
+        for (task_id, note) in tasks {
             if dead.len() >= route::MAX_NOTES {
                 dead.clear();
             }
@@ -896,6 +907,7 @@ impl Inner {
                 },
             );
         }
+        ids
     }
 
     /// taskgate's answer to `tasks/get|result|cancel` of a task a dead child took with it
@@ -940,11 +952,12 @@ impl Inner {
         Some(reply)
     }
 
-    fn announce_gone(&self, session: Option<String>, why: String) {
+    fn announce_gone(&self, session: Option<String>, tasks: Vec<String>, why: String) {
         let at_ms = crate::mcp::task::now_ms();
         let _ = self.gone.send(ChildGone {
             upstream: self.name.clone(),
             session,
+            tasks,
             at_ms,
             why,
         });
