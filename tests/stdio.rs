@@ -442,6 +442,45 @@ async fn sigterm_of_taskgate_ends_per_session_children_in_order() {
 }
 
 #[tokio::test]
+async fn tasks_of_a_taskgate_killed_with_its_child_are_failed_at_the_next_start() {
+    let child = Kid::new();
+    let upstream = child.upstream("", "");
+    let config = child.path("taskgate.toml");
+    let store = child.path("store");
+    std::fs::write(&config, toml(store.to_str().unwrap(), &upstream)).unwrap();
+    let args = ["serve", "--config", config.to_str().unwrap()];
+    let mut p = TaskgateProcess::spawn(&args, &[]);
+    let (gw, admin) = p.listening();
+    readyz(admin, 200).await;
+    let mut client = Client::new(&format!("http://{gw}/mcp"));
+    client.initialize().await;
+    let task = client.create_task("1").await;
+    p.signal(libc::SIGKILL);
+    p.wait_exit(Duration::from_secs(5)).expect("killed");
+    let mut again = TaskgateProcess::spawn(&args, &[]);
+    let (_, admin) = again.listening();
+    let path = format!("/admin/tasks/default/{task}");
+    let mut record = Value::Null;
+    for _ in 0..250 {
+        let (status, body) = admin_json(admin, &path).await;
+        if status == 200 && body["task"]["status"] == "failed" {
+            record = body;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(record["task"]["status"], "failed", "{record}");
+    assert!(
+        record["task"]["status_message"]
+            .as_str()
+            .is_some_and(|m| m.contains("taskgate restarted")),
+        "{record}"
+    );
+    again.sigterm();
+    again.wait_exit(Duration::from_secs(15)).expect("exits");
+}
+
+#[tokio::test]
 async fn kill_9_of_taskgate_leaves_no_child() {
     let child = Kid::new();
     let (mut p, pid) = binary_with_child(&child).await;
