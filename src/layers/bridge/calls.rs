@@ -350,17 +350,16 @@ fn legacy_stream(early: Vec<Event>, reply: McpReply, rest: EventStream) -> McpRe
     )
 }
 
-/// `params` of a POSTed message (cloned).
+/// `params` of a POSTed message, as a value: only `params` is read, where the edge's envelope
+/// pass found it.
 fn message_params(req: &McpRequest) -> Option<Value> {
     let Operation::Post(msg) = &req.op else {
         return None;
     };
-    msg.parse_as::<Value>().ok()?.get("params").cloned()
+    serde_json::from_str(msg.params()?).ok()
 }
 
+/// `params.name` of a `tools/call`, as the edge classified it (`mcp::classify`).
 fn tool_name(req: &McpRequest) -> Option<String> {
-    message_params(req)?
-        .get("name")?
-        .as_str()
-        .map(str::to_string)
+    req.classified()?.tool().map(std::borrow::Cow::into_owned)
 }
