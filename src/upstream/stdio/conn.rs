@@ -123,6 +123,8 @@ pub struct Running {
     pub stop: oneshot::Sender<()>,
     /// The child's process id (its process group's id).
     pub pid: Option<u32>,
+    /// The keeper task: done once the child is gone and reaped.
+    pub keeper: tokio::task::JoinHandle<()>,
 }
 
 impl Conn {
@@ -172,7 +174,7 @@ impl Conn {
         let (stop, stop_rx) = oneshot::channel::<()>();
         let (exited_tx, exited) = oneshot::channel();
         let keeper_conn = conn.clone();
-        tokio::spawn(async move {
+        let keeper = tokio::spawn(async move {
             let why = tokio::select! {
                 status = child.wait() => {
                     let why = format!("its child process exited ({})", super::child::describe(status));
@@ -197,6 +199,7 @@ impl Conn {
             exited,
             stop,
             pid,
+            keeper,
         }
     }
 

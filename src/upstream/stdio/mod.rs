@@ -460,8 +460,11 @@ impl Inner {
             Deadline::Head | Deadline::Exchange => Some(Box::pin(tokio::time::sleep(self.timeout))),
             Deadline::Unbounded => None,
         };
+        // Related messages first: the child sent them before its answer (one reader, in
+        // order), so when both are there the reply is a stream of them, then the answer.
         let first = tokio::select! {
             biased;
+            Some(first) = reg.related.recv() => first,
             answer = &mut reg.answer => {
                 return match answer {
                     Ok(Ok(bytes)) => Ok(McpReply::local_json(bytes)),
@@ -469,7 +472,6 @@ impl Inner {
                     Err(_) => Err(self.unreachable("its child process is gone".into())),
                 };
             }
-            Some(first) = reg.related.recv() => first,
             () = async { match timer.as_mut() { Some(t) => t.await, None => std::future::pending().await } } => {
                 conn.give_up(reg.out, "taskgate: the request timed out").await;
                 return Err(self.timeout_error());
@@ -847,13 +849,19 @@ impl Inner {
                 else => return,
             };
             let started = self.spec.spawn().map(|child| {
-                Conn::start(
+                let mut running = Conn::start(
                     self.name.clone(),
                     child,
                     self.max_message_bytes,
                     self.streams.clone(),
                     self.metrics.clone(),
-                )
+                );
+                // Shutdown waits for the child's end (the keeper), not only for the session.
+                let keeper = std::mem::replace(&mut running.keeper, tokio::spawn(async {}));
+                let mut keepers = self.keepers.lock();
+                keepers.retain(|k| !k.is_finished());
+                keepers.push(keeper);
+                running
             });
             if let Err(Ok(running)) = reply.send(started) {
                 // The asker is gone: the child goes too.
