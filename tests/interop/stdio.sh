@@ -18,6 +18,7 @@
 #   stdio-killed          stdio-check.mjs killed: the child killed mid-task → task failed, restart
 #   stdio-no-orphans      after SIGTERM to taskgate, none of its children is left
 #
+# Results: DIR/stdio/results.txt, one `PASS|FAIL step` line each; exit 0 only when all passed.
 # Environment: INTEROP_WORK=DIR (logs; default a new /tmp dir), INTEROP_SKIP_PYTHON=1,
 # INTEROP_VENV=DIR (the Python venv run.sh makes; default tests/interop/.venv).
 set -uo pipefail
@@ -40,8 +41,10 @@ PYTHON_ON=1
 
 log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
 FAILED=()
-result() { # result NAME STATUS
+: >"$WORK/results.txt"
+result() { # result NAME STATUS; also a `PASS|FAIL NAME` line in results.txt, as modern.sh and tier.sh write
     if [[ $2 == 0 ]]; then log "PASS $1"; else log "FAIL $1 (see $WORK/$1.*)"; FAILED+=("$1"); fi
+    echo "$([[ $2 == 0 ]] && echo PASS || echo FAIL) $1" >>"$WORK/results.txt"
 }
 
 HTTP_PID="" TG_PID=""
