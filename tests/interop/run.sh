@@ -47,74 +47,8 @@ VENV="$HERE/.venv"
 TRACE_FLAG=()
 [[ "${INTEROP_TRACE:-0}" == 1 ]] && TRACE_FLAG=(--trace)
 
-log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
-
-# ---- processes --------------------------------------------------------------------------------
-declare -A PID=()
-FG=""
-cleanup() {
-    local name pid
-    [[ -n "$FG" ]] && kill -TERM "$FG" 2>/dev/null
-    for name in "${!PID[@]}"; do
-        pid=${PID[$name]}
-        kill -TERM "$pid" 2>/dev/null
-    done
-    for _ in $(seq 1 50); do
-        local alive=0
-        for name in "${!PID[@]}"; do
-            kill -0 "${PID[$name]}" 2>/dev/null && alive=1
-        done
-        [[ $alive == 0 ]] && break
-        sleep 0.1
-    done
-    for name in "${!PID[@]}"; do
-        if kill -0 "${PID[$name]}" 2>/dev/null; then
-            echo "warning: $name (pid ${PID[$name]}) ignored SIGTERM, killing it" >&2
-            kill -KILL "${PID[$name]}" 2>/dev/null
-        fi
-    done
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-# start NAME CMD...: runs CMD in the background, stdout/stderr in $WORK/NAME.{out,err}
-start() {
-    local name=$1
-    shift
-    "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
-    PID[$name]=$!
-}
-
-# run_fg CMD...: runs CMD as a child and waits for it; unlike a plain foreground command, a signal
-# to this script is handled at once (the trap stops CMD too)
-run_fg() {
-    "$@" &
-    FG=$!
-    wait "$FG"
-    local rc=$?
-    FG=""
-    return $rc
-}
-
-# wait_ready NAME SECONDS: waits for the first JSON line on NAME's stdout
-wait_ready() {
-    local name=$1 secs=$2 i
-    for ((i = 0; i < secs * 10; i++)); do
-        if grep -q '^{' "$WORK/$name.out" 2>/dev/null; then
-            return 0
-        fi
-        if ! kill -0 "${PID[$name]}" 2>/dev/null; then
-            echo "$name exited before it was ready; stderr:" >&2
-            tail -n 20 "$WORK/$name.err" >&2
-            return 1
-        fi
-        sleep 0.1
-    done
-    echo "$name not ready after ${secs}s; stderr:" >&2
-    tail -n 20 "$WORK/$name.err" >&2
-    return 1
-}
+# shellcheck source=procs.sh
+source "$HERE/procs.sh"
 
 # wait_port NAME PORT SECONDS: waits until 127.0.0.1:PORT accepts connections (for peers that print
 # no listening line)
@@ -143,8 +77,6 @@ alive() {
     tail -n 5 "$WORK/$1.err" | sed 's/^/     /'
     return 1
 }
-
-field() { "$NODE22" "$HERE/harness.mjs" json-field "$WORK/$1.out" "$2"; }
 
 # ---- results ----------------------------------------------------------------------------------
 PASSED=()

@@ -47,68 +47,11 @@ VENV="$HERE/.venv-modern"
 NGINX=/usr/sbin/nginx
 : >"$WORK/results.txt"
 
-log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
-
-declare -A PID=()
-FG=""
 OWN_PG=0
-cleanup() {
-    local name
-    [[ -n "$FG" ]] && kill -TERM "$FG" 2>/dev/null
-    for name in "${!PID[@]}"; do kill -TERM "${PID[$name]}" 2>/dev/null; done
-    for _ in $(seq 1 50); do
-        local alive=0
-        for name in "${!PID[@]}"; do kill -0 "${PID[$name]}" 2>/dev/null && alive=1; done
-        [[ $alive == 0 ]] && break
-        sleep 0.1
-    done
-    for name in "${!PID[@]}"; do
-        kill -0 "${PID[$name]}" 2>/dev/null && kill -KILL "${PID[$name]}" 2>/dev/null
-    done
-    [[ $OWN_PG == 1 ]] && pg_stop
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-start() {
-    local name=$1
-    shift
-    "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
-    PID[$name]=$!
-}
-run_fg() {
-    "$@" &
-    FG=$!
-    wait "$FG"
-    local rc=$?
-    FG=""
-    return $rc
-}
-wait_ready() { # wait_ready NAME SECONDS: the first JSON line on NAME's stdout
-    local name=$1 secs=$2 i
-    for ((i = 0; i < secs * 10; i++)); do
-        grep -q '^{' "$WORK/$name.out" 2>/dev/null && return 0
-        if ! kill -0 "${PID[$name]}" 2>/dev/null; then
-            echo "$name exited before it was ready; stderr:" >&2
-            tail -n 20 "$WORK/$name.err" >&2
-            return 1
-        fi
-        sleep 0.1
-    done
-    echo "$name not ready after ${secs}s; stderr:" >&2
-    tail -n 20 "$WORK/$name.err" >&2
-    return 1
-}
-field() { "$NODE22" "$HERE/harness.mjs" json-field "$WORK/$1.out" "$2"; }
+# shellcheck source=procs.sh
+source "$HERE/procs.sh"
+cleanup_more() { if [[ $OWN_PG == 1 ]]; then pg_stop; fi; }
 free_port() { "$NODE22" "$HERE/harness.mjs" free-port; }
-STATUS=0
-result() { # result NAME RC
-    if [[ $2 == 0 ]]; then echo "PASS $1" >>"$WORK/results.txt"; else
-        echo "FAIL $1" >>"$WORK/results.txt"
-        STATUS=1
-    fi
-}
 
 # ---- install ------------------------------------------------------------------------------------
 [[ -x $NGINX ]] || {
