@@ -160,7 +160,7 @@ impl Conn {
             tokio::spawn(async move {
                 let mut lines = Lines::new(stdout, max_message_bytes);
                 while let Ok(Some(line)) = lines.next().await {
-                    conn.from_child(line, max_message_bytes);
+                    conn.on_line(line, max_message_bytes);
                 }
                 // Usually the process is exiting: give the keeper the moment it needs to say
                 // how (the first reason given is the one requests get).
@@ -331,7 +331,7 @@ impl Conn {
     }
 
     /// One line from the child's stdout, routed (see the module docs).
-    fn from_child(&self, line: Line, max_message_bytes: usize) {
+    fn on_line(&self, line: Line, max_message_bytes: usize) {
         let text = match line {
             Line::Text(t) if t.trim().is_empty() => return,
             Line::Text(t) => t,
