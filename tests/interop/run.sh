@@ -397,6 +397,7 @@ if [[ "$BIN" != none && ${TASKGATE_INTEROP_TIER:-1} == 1 ]]; then
 else
     log "h. tier steps skipped"
 fi
+[[ "$BIN" != none ]] && { log "i. stdio upstreams (stdio.sh)"; run_fg timeout 600 env INTEROP_WORK="$WORK" INTEROP_VENV="$VENV" bash "$HERE/stdio.sh" "$BIN" >"$WORK/stdio.log" 2>&1; result "stdio upstreams: stdio.sh (see $WORK/stdio.log, $WORK/stdio/results.txt)" $?; }
 
 # ---- gateway health after all of it ---------------------------------------------------------
 if [[ "$BIN" != none ]]; then
