@@ -11,10 +11,11 @@
 //! | `Mcp-Name` present and malformed (not visible ASCII, a `=?base64?…?=` form that is not valid base64 of UTF-8) | 400 `-32020` |
 //! | `Mcp-Name` present and not the body's name ([`name_param`]) | 400 `-32020` |
 //! | either sent on two header lines | 400 `-32020` |
-//! | a 2026-07-28 request without them | passes; the upstream leg gets both ([`Routing::missing`]) |
+//! | a 2026-07-28 request without `Mcp-Method`, or without `Mcp-Name` on `tools/call`, `resources/read`, `prompts/get` | 400 `-32020` ([`Routing::refusal_for_modern`]) |
+//! | a 2026-07-28 `tasks/*` request without `Mcp-Name` | passes; the upstream leg gets it ([`Routing::missing`]) |
 //!
-//! A missing header passes on the client side because `fastmcp.Client` 4.1.4 sends no
-//! `Mcp-Name`; the upstream still gets what the spec requires, derived from the body.
+//! A missing `Mcp-Name` on `tasks/*` passes on the client side because `fastmcp.Client` 4.1.4
+//! leaves it out there; the upstream still gets what the spec requires, derived from the body.
 
 use crate::jsonrpc::Message;
 use http::{HeaderMap, HeaderName, HeaderValue};
