@@ -6,6 +6,7 @@ JSON line each, so a test can count what reached the child); its pid is appended
 at start. Tools:
   echo {text, delay_ms}         answers after delay_ms; with a progressToken, one progress first
   slow {}                       as a task (params.task): stays `working` until cancelled
+tasks/result of a `working` task is never answered (its caller waits).
 Behaviour switches (environment): STDIO_NOISE=1 prints a non-JSON line first; STDIO_CRASH_INIT=1
 exits on initialize; STDIO_IGNORE_EOF=1 keeps running after stdin closes (only a signal ends
 it); STDIO_CANCEL_DELAY_MS delays tasks/cancel answers; STDIO_ASK=1 sends an
@@ -106,6 +107,15 @@ def handle(msg):
                 return
             t["status"] = "cancelled"
             answer(mid, task_obj(tid))
+    elif method == "tasks/result":
+        # Answered only for a task no longer working (a working one's caller waits on).
+        tid = params.get("taskId")
+        with tasks_lock:
+            t = tasks.get(tid)
+            if t is None:
+                send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32602, "message": "Task not found"}})
+            elif t["status"] != "working":
+                answer(mid, {"content": [], "isError": t["status"] != "completed"})
     elif method == "ping":
         answer(mid, {})
     elif mid is not None and method is None:

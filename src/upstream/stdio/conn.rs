@@ -208,6 +208,12 @@ impl Conn {
         self.routes.lock().drain_tasks()
     }
 
+    /// Requests waiting for the child's answer now.
+    #[cfg(test)]
+    pub fn in_flight(&self) -> usize {
+        self.routes.lock().in_flight()
+    }
+
     /// Whether the child is gone (no request can be written).
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
@@ -258,7 +264,7 @@ impl Conn {
     /// Errors: the message is not valid JSON (the edge let it through as one message, so
     /// this does not happen), or the child is gone.
     pub fn register(
-        &self,
+        self: &Arc<Self>,
         msg: &Message,
         session: SessionKey,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -290,6 +296,10 @@ impl Conn {
                     bytes,
                     answer,
                     related,
+                    conn: Arc::downgrade(self),
+                    // `initialize` must not be cancelled (MCP basic/utilities/cancellation);
+                    // an abandoned one's child is ended by its starter.
+                    tell_on_drop: msg.method() != Some("initialize"),
                 })
             }
             Err(e) => {
@@ -311,6 +321,30 @@ impl Conn {
             "params": { "requestId": out, "reason": reason },
         });
         let _ = self.write(note.to_string().as_bytes(), true).await;
+    }
+
+    /// Request `out` was abandoned (its caller went away: hyper dropped the exchange): its
+    /// route (and slot) goes, and, when `tell`, the child is told (`notifications/cancelled`)
+    /// as a client's own cancel would. Nothing when it was answered or given up already.
+    fn abandon(&self, out: u64, tell: bool) {
+        if self.routes.lock().take(out).is_none() || !tell || self.is_closed() {
+            return;
+        }
+        let note = serde_json::json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": { "requestId": out, "reason": "taskgate: the client went away" },
+        });
+        let line = one_line(note.to_string().as_bytes());
+        // Not awaited here (a drop): a full queue gets it from a task, in its turn.
+        if let Err(mpsc::error::TrySendError::Full(line)) = self.urgent.try_send(line) {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let urgent = self.urgent.clone();
+                rt.spawn(async move {
+                    let _ = urgent.send(line).await;
+                });
+            }
+        }
     }
 
     /// The id the child saw for `session`'s request `id`, while it waits.
@@ -537,6 +571,22 @@ pub struct Registered {
     pub answer: oneshot::Receiver<Answer>,
     /// Messages related to it, before its answer.
     pub related: mpsc::Receiver<Bytes>,
+    /// Its child, for the drop guard.
+    conn: std::sync::Weak<Conn>,
+    /// Whether an abandoned one is cancelled at the child (not `initialize`).
+    tell_on_drop: bool,
+}
+
+/// The drop guard of a request (issue 31): dropped before its answer (the client went away,
+/// hyper dropped the exchange; no timer runs then), its route and `max_in_flight` slot are
+/// freed and the child gets `notifications/cancelled`. After its answer, or once given up,
+/// its route is gone and this does nothing.
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.upgrade() {
+            conn.abandon(self.out, self.tell_on_drop);
+        }
+    }
 }
 
 /// `msg` with its id replaced by `out`, and its `params._meta.progressToken` (if any) by

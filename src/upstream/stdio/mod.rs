@@ -807,9 +807,9 @@ impl Inner {
             },
         });
         let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
-        let reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false)?;
+        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false)?;
         conn.write(&reg.bytes, false).await?;
-        let answer = match tokio::time::timeout(self.timeout, reg.answer).await {
+        let answer = match tokio::time::timeout(self.timeout, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => bytes,
             Ok(Ok(Err(why))) => return Err(why),
             Ok(Err(_)) => return Err("its child process is gone".into()),

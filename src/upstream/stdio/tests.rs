@@ -39,6 +39,15 @@ impl Fixture {
     }
 
     async fn send(&self, session: Option<&str>, text: &str) -> Result<McpReply, GatewayError> {
+        self.send_with(session, text, http::Extensions::new()).await
+    }
+
+    async fn send_with(
+        &self,
+        session: Option<&str>,
+        text: &str,
+        extensions: http::Extensions,
+    ) -> Result<McpReply, GatewayError> {
         let req = McpRequest {
             op: Operation::Post(Message::parse(Bytes::from(text.to_string())).expect("json")),
             ctx: RequestContext {
@@ -49,7 +58,7 @@ impl Fixture {
                 client_addr: None,
                 headers: HeaderMap::new(),
             },
-            extensions: http::Extensions::new(),
+            extensions,
         };
         self.transport.clone().exchange(req).await
     }
@@ -320,5 +329,101 @@ async fn a_crash_during_initialize_is_an_error_not_a_hang() {
         other => panic!("expected an error, got {other:?}"),
     }
     assert!(started.elapsed() < Duration::from_secs(5), "no hang");
+    f.handle.shutdown().await;
+}
+
+/// Issue 31: a client that goes away before its answer (hyper drops the exchange) frees its
+/// `max_in_flight` slot and the child is told (`notifications/cancelled`), as a client's own
+/// cancel would; an abandoned `tasks/result` (no slot) leaves no route behind either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_frees_its_slot_and_the_child_is_told() {
+    let f = Fixture::new("max_in_flight = 2");
+    f.ready().await;
+    let (s1, _) = initialize(&f, "1").await;
+    let never = |id: u32| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"delay_ms":60000}}}}}}"#
+        )
+    };
+    // Four callers that give up at once (their futures dropped, as on a disconnect).
+    for id in 10..14 {
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(300), f.send(Some(&s1), &never(id))).await;
+        assert!(gave_up.is_err(), "the child never answers");
+    }
+    let started = Instant::now();
+    let answer = f
+        .send(
+            Some(&s1),
+            r#"{"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":"echo","arguments":{"text":"room"}}}"#,
+        )
+        .await
+        .expect("a slot is free");
+    assert_eq!(
+        body(answer).await[0]["result"]["content"][0]["text"],
+        "room"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "no wait for a slot"
+    );
+    let calls: Vec<_> = f
+        .seen()
+        .into_iter()
+        .filter(|m| m["method"] == "tools/call" && m["params"]["arguments"]["delay_ms"] == 60000)
+        .map(|m| m["id"].clone())
+        .collect();
+    assert_eq!(
+        calls.len(),
+        4,
+        "each reached the child: the one before freed its slot"
+    );
+    for _ in 0..100 {
+        let cancelled = f
+            .seen()
+            .into_iter()
+            .filter(|m| m["method"] == "notifications/cancelled")
+            .count();
+        if cancelled >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancelled: Vec<_> = f
+        .seen()
+        .into_iter()
+        .filter(|m| m["method"] == "notifications/cancelled")
+        .map(|m| m["params"]["requestId"].clone())
+        .collect();
+    for id in &calls {
+        assert!(cancelled.contains(id), "{id} cancelled: {cancelled:?}");
+    }
+    // An abandoned `tasks/result` (it waits for a task that stays working): its route goes.
+    let task = f
+        .send(
+            Some(&s1),
+            r#"{"jsonrpc":"2.0","id":30,"method":"tools/call","params":{"name":"slow","arguments":{},"task":{}}}"#,
+        )
+        .await
+        .expect("a task");
+    let task = body(task).await[0]["result"]["task"]["taskId"]
+        .as_str()
+        .expect("task id")
+        .to_string();
+    let mut unbounded = http::Extensions::new();
+    unbounded.insert(Deadline::Unbounded);
+    let result = format!(
+        r#"{{"jsonrpc":"2.0","id":31,"method":"tasks/result","params":{{"taskId":"{task}"}}}}"#
+    );
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        f.send_with(Some(&s1), &result, unbounded),
+    )
+    .await;
+    assert!(gave_up.is_err(), "a working task's result waits");
+    let State::Live(conn) = f.transport.inner.state.borrow().clone() else {
+        panic!("live");
+    };
+    assert_eq!(conn.in_flight(), 0, "no route left behind");
     f.handle.shutdown().await;
 }
