@@ -303,7 +303,9 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
 /// On a store replicas share (a tier), other replicas' children serve the same upstream name:
 /// there only the tasks the dead child created are failed, and nothing at start.
 fn spawn_fail_dead_tasks(handle: StdioHandle, registry: Arc<Registry>) {
-    let mut gone = handle.subscribe();
+    let Some(mut gone) = handle.deaths() else {
+        return;
+    };
     let started_ms = crate::mcp::task::now_ms();
     let tier = registry.store().shared();
     tokio::spawn(async move {
@@ -325,9 +327,8 @@ fn spawn_fail_dead_tasks(handle: StdioHandle, registry: Arc<Registry>) {
                 at_ms,
                 why,
             } = match gone.recv().await {
-                Ok(event) => event,
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                Some(event) => event,
+                None => return,
             };
             let message = match &session {
                 None => format!("upstream `{upstream}` restarted: {why}; the task's state was lost"),

@@ -491,3 +491,48 @@ async fn kill_9_of_taskgate_leaves_no_child() {
     })
     .await;
 }
+
+/// Issue 31: many `per_session` children dying at once lose no death: every task they ran
+/// becomes `failed` (the deaths outnumber any queue the announcements pass through).
+#[tokio::test]
+async fn many_children_dying_at_once_fail_every_task() {
+    const N: usize = 100;
+    let child = Kid::new();
+    let tg = start(&child, "process = \"per_session\"", "").await;
+    let mut tasks = Vec::new();
+    for chunk in 0..N / 10 {
+        let made = (0..10).map(|i| {
+            let mut client = tg.client();
+            async move {
+                client.initialize().await;
+                client.create_task(&format!("{}", chunk * 10 + i)).await
+            }
+        });
+        tasks.extend(futures_util::future::join_all(made).await);
+    }
+    let pids = child.pids();
+    assert_eq!(pids.len(), N);
+    for pid in &pids {
+        // SAFETY: a signal to a child this test's taskgate started.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    for _ in 0..750 {
+        let working = tasks
+            .iter()
+            .filter(|t| tg.record(t).is_some_and(|r| r.status.as_str() != "failed"))
+            .count();
+        if working == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let working: Vec<_> = tasks
+        .iter()
+        .filter(|t| tg.record(t).is_some_and(|r| r.status.as_str() != "failed"))
+        .collect();
+    panic!(
+        "{} of {N} tasks never failed: {:?}",
+        working.len(),
+        &working[..working.len().min(5)]
+    );
+}

@@ -89,9 +89,11 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{broadcast, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
+/// Deaths announced and not yet handled by the gateway, at most (more wait for room).
+pub const GONE_QUEUE: usize = 64;
 /// A child that stayed up this long resets the restart back-off.
 pub const SUSTAINED_UPTIME: Duration = Duration::from_secs(30);
 /// The first restart's delay; doubled after each quick death, up to [`BACKOFF_MAX`].
@@ -167,7 +169,11 @@ struct Inner {
     sessions: Mutex<HashMap<Arc<str>, Session>>,
     state: watch::Sender<State>,
     init: Mutex<Option<Init>>,
-    gone: broadcast::Sender<ChildGone>,
+    /// Deaths, to the one taker of [`StdioHandle::deaths`]: bounded ([`GONE_QUEUE`]), and
+    /// never dropped once taken (an announcer waits for room; see [`Inner::announce_gone`]).
+    gone: mpsc::Sender<ChildGone>,
+    /// The receiving end, until taken.
+    gone_rx: Mutex<Option<mpsc::Receiver<ChildGone>>>,
     stop: watch::Sender<bool>,
     keepers: Mutex<Vec<JoinHandle<()>>>,
     idle: Duration,
@@ -208,7 +214,7 @@ impl StdioTransport {
         idle: Duration,
     ) -> Option<StdioTransport> {
         let spec = child::Spec::of(config)?;
-        let (gone, _) = broadcast::channel(64);
+        let (gone, gone_rx) = mpsc::channel(GONE_QUEUE);
         let inner = Arc::new(Inner {
             name: config.name.as_str().into(),
             spec,
@@ -223,6 +229,7 @@ impl StdioTransport {
             state: watch::Sender::new(State::Starting),
             init: Mutex::new(None),
             gone,
+            gone_rx: Mutex::new(Some(gone_rx)),
             stop: watch::Sender::new(false),
             keepers: Mutex::new(Vec::new()),
             idle,
@@ -267,9 +274,10 @@ impl StdioHandle {
         }
     }
 
-    /// Child deaths, as they happen.
-    pub fn subscribe(&self) -> broadcast::Receiver<ChildGone> {
-        self.inner.gone.subscribe()
+    /// Child deaths, as they happen, every one (none is dropped: an announcer waits for room
+    /// while the queue is full). Taken once: `None` after the first call.
+    pub fn deaths(&self) -> Option<mpsc::Receiver<ChildGone>> {
+        self.inner.gone_rx.lock().take()
     }
 
     /// The upstream's name.
@@ -653,7 +661,7 @@ impl Inner {
                 .into_iter()
                 .map(|(id, _)| id)
                 .collect();
-            inner.announce_gone(Some(key.to_string()), tasks, why);
+            inner.announce_gone(Some(key.to_string()), tasks, why).await;
         });
         self.keepers.lock().push(watcher);
         self.keepers.lock().retain(|k| !k.is_finished());
@@ -783,7 +791,7 @@ impl Inner {
             };
             self.state.send_replace(State::Down(why.clone()));
             let tasks = self.bury(&running.conn, &why);
-            self.announce_gone(None, tasks, why);
+            self.announce_gone(None, tasks, why).await;
             if started.elapsed() >= SUSTAINED_UPTIME {
                 backoff = Backoff::default();
             }
@@ -960,15 +968,25 @@ impl Inner {
         Some(reply)
     }
 
-    fn announce_gone(&self, session: Option<String>, tasks: Vec<String>, why: String) {
+    /// Announces a death. Issue 31: a death must never be lost (its tasks would stay
+    /// `working` forever), so a full queue is waited on, not dropped from: the waiting is
+    /// bounded too, each announcer (a session's watcher, at most [`MAX_CHILDREN`], or the
+    /// supervisor) holding its one death. Only while nobody took [`StdioHandle::deaths`]
+    /// (no gateway: unit tests) is a death past the queue dropped.
+    async fn announce_gone(&self, session: Option<String>, tasks: Vec<String>, why: String) {
         let at_ms = crate::mcp::task::now_ms();
-        let _ = self.gone.send(ChildGone {
+        let gone = ChildGone {
             upstream: self.name.clone(),
             session,
             tasks,
             at_ms,
             why,
-        });
+        };
+        if let Err(mpsc::error::TrySendError::Full(gone)) = self.gone.try_send(gone) {
+            if self.gone_rx.lock().is_none() {
+                let _ = self.gone.send(gone).await;
+            }
+        }
     }
 
     fn unreachable(&self, detail: String) -> GatewayError {

@@ -256,7 +256,7 @@ async fn progress_comes_back_with_the_clients_token_and_cancelled_names_the_chil
 async fn a_killed_child_fails_its_requests_by_name_and_is_restarted() {
     let f = Fixture::new("");
     f.ready().await;
-    let mut gone = f.handle.subscribe();
+    let mut gone = f.handle.deaths().expect("deaths");
     let (s1, _) = initialize(&f, "1").await;
     let slow = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"delay_ms":5000}}}"#;
     let waiting = f.send(Some(&s1), slow);
