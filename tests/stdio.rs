@@ -536,3 +536,37 @@ async fn many_children_dying_at_once_fail_every_task() {
         &working[..working.len().min(5)]
     );
 }
+
+/// Issue 31: a child that closes its stdout, or its stdin, but runs on is ended and restarted
+/// (a closed pipe is a dead peer), not answered "closed its stdout" forever.
+#[tokio::test]
+async fn a_child_that_closes_its_stdout_or_stdin_is_restarted() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut client = tg.client();
+    client.initialize().await;
+    let call = |id: &str, name: &str| {
+        rpc(
+            id,
+            "tools/call",
+            &json!({"name": name, "arguments": {"text": "back"}}).to_string(),
+        )
+    };
+    let first = child.pids()[0];
+    let hushed = client.send(call("1", "hush")).await;
+    assert!(hushed.status() >= 400 || hushed.text().await.contains("error"));
+    until("a second child", || child.pids().len() == 2).await;
+    until("the first child is gone", || process_gone(first)).await;
+    readyz(tg.admin, 200).await;
+    let again = client.rpc(call("2", "echo")).await;
+    assert_eq!(again["result"]["pid"], child.pids()[1], "{again}");
+    // Its stdin closed: the next write fails, and the child is ended and restarted too.
+    let deaf = client.rpc(call("3", "deafen")).await;
+    assert_eq!(deaf["result"]["content"][0]["text"], "deaf", "{deaf}");
+    let _ = client.send(call("4", "echo")).await;
+    until("a third child", || child.pids().len() == 3).await;
+    until("the second child is gone", || process_gone(child.pids()[1])).await;
+    readyz(tg.admin, 200).await;
+    let again = client.rpc(call("5", "echo")).await;
+    assert_eq!(again["result"]["pid"], child.pids()[2], "{again}");
+}

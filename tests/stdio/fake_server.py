@@ -6,6 +6,8 @@ JSON line each, so a test can count what reached the child); its pid is appended
 at start. Tools:
   echo {text, delay_ms}         answers after delay_ms; with a progressToken, one progress first
   slow {}                       as a task (params.task): stays `working` until cancelled
+  hush {}                       closes its stdout (no answer) and runs on
+  deafen {}                     answers, then closes its stdin and runs on
 tasks/result of a `working` task is never answered (its caller waits).
 Behaviour switches (environment): STDIO_NOISE=1 prints a non-JSON line first; STDIO_CRASH_INIT=1
 exits on initialize; STDIO_IGNORE_EOF=1 keeps running after stdin closes (only a signal ends
@@ -75,6 +77,12 @@ def handle(msg):
                 tasks[tid] = {"status": "working"}
                 answer(mid, {"task": task_obj(tid)})
             return
+        if name == "hush":
+            # Closes its stdout and keeps running (reading stdin).
+            with out_lock:
+                sys.stdout.flush()
+                os.close(1)
+            return
         if name == "ask":
             next_ask[0] += 1
             aid = "ask-%d" % next_ask[0]
@@ -137,13 +145,22 @@ def main():
         sys.stdout.flush()
     sys.stderr.write("fake stdio server started\n")
     sys.stderr.flush()
-    for line in sys.stdin:
-        log(line)
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        threading.Thread(target=handle, args=(msg,), daemon=True).start()
+    try:
+        for line in sys.stdin:
+            log(line)
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            if msg.get("method") == "tools/call" and (msg.get("params") or {}).get("name") == "deafen":
+                # Answers, then closes its stdin (here, where it reads) and runs on, deaf.
+                answer(msg.get("id"), {"content": [{"type": "text", "text": "deaf"}], "pid": os.getpid()})
+                os.close(0)
+                while True:
+                    time.sleep(3600)
+            threading.Thread(target=handle, args=(msg,), daemon=True).start()
+    except (OSError, ValueError):
+        pass
     if os.environ.get("STDIO_IGNORE_EOF"):
         while True:
             time.sleep(3600)

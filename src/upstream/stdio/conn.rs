@@ -152,11 +152,20 @@ impl Conn {
         });
         let pid = child.id();
         let (close_stdin, close_rx) = oneshot::channel::<()>();
+        // Issue 31: a child that closed its stdout or its stdin is a dead peer even if it runs
+        // on; the keeper ends it (as `stop` does) so that supervision starts another.
+        let pipe_closed = Arc::new(tokio::sync::Notify::new());
         if let Some(stdin) = child.stdin.take() {
-            tokio::spawn(write_lines(stdin, normal_rx, urgent_rx, close_rx));
+            let pipe_closed = pipe_closed.clone();
+            tokio::spawn(async move {
+                if write_lines(stdin, normal_rx, urgent_rx, close_rx).await {
+                    pipe_closed.notify_one();
+                }
+            });
         }
         if let Some(stdout) = child.stdout.take() {
             let conn = conn.clone();
+            let pipe_closed = pipe_closed.clone();
             tokio::spawn(async move {
                 let mut lines = Lines::new(stdout, max_message_bytes);
                 while let Ok(Some(line)) = lines.next().await {
@@ -166,6 +175,7 @@ impl Conn {
                 // how (the first reason given is the one requests get).
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 conn.close("its child process closed its stdout");
+                pipe_closed.notify_one();
             });
         }
         if let Some(stderr) = child.stderr.take() {
@@ -176,6 +186,8 @@ impl Conn {
         let keeper_conn = conn.clone();
         let keeper = tokio::spawn(async move {
             let why = tokio::select! {
+                // An exit seen first is told as one, whatever else is ready.
+                biased;
                 status = child.wait() => {
                     let why = format!("its child process exited ({})", super::child::describe(status));
                     // What it left in its group goes with it.
@@ -189,6 +201,12 @@ impl Conn {
                     let _ = close_stdin.send(());
                     let how = super::child::end(&name, &mut child).await;
                     format!("its child process was ended ({how})")
+                }
+                () = pipe_closed.notified() => {
+                    let _ = close_stdin.send(());
+                    let how = super::child::end(&name, &mut child).await;
+                    tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, "child closed its stdout or stdin: ended ({how})");
+                    format!("its child process closed its stdout or stdin and was ended ({how})")
                 }
             };
             keeper_conn.close(&why);
@@ -624,13 +642,14 @@ fn created_task_id(answer: &[u8]) -> Option<String> {
 }
 
 /// The writer: lines from the two queues (urgent first) to the child's stdin, until `close`
-/// fires or both queues end; dropping stdin closes it.
+/// fires or both queues end; dropping stdin closes it. Returns true when a write failed (the
+/// child closed its stdin).
 async fn write_lines(
     mut stdin: tokio::process::ChildStdin,
     mut normal: mpsc::Receiver<Bytes>,
     mut urgent: mpsc::Receiver<Bytes>,
     mut close: oneshot::Receiver<()>,
-) {
+) -> bool {
     loop {
         let line = tokio::select! {
             biased;
@@ -640,9 +659,10 @@ async fn write_lines(
             else => break,
         };
         if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
-            break;
+            return true;
         }
     }
+    false
 }
 
 #[cfg(test)]

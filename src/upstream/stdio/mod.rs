@@ -38,7 +38,9 @@
 //! client's `initialize` forwarded (the bridge then holds sessions, as for HTTP).
 //!
 //! **Supervision.** A child that exits or is killed is restarted after a back-off (100 ms,
-//! doubling to 30 s), reset once a child has stayed up [`SUSTAINED_UPTIME`]; every start after
+//! doubling to 30 s), reset once a child has stayed up [`SUSTAINED_UPTIME`]; a child that closes
+//! its stdout or its stdin but runs on is ended first (close stdin, `SIGTERM`, `SIGKILL`, as at
+//! shutdown), then restarted likewise; every start after
 //! the first counts in `taskgate_upstream_restarts_total{upstream}`. Requests waiting on the
 //! dead child get a JSON-RPC error naming the upstream ("upstream `x` is unreachable: its
 //! child process exited (…)"); requests that arrive while no child runs get it at once (while
