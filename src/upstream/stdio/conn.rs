@@ -108,6 +108,9 @@ pub struct Conn {
     metrics: Arc<Metrics>,
     closed: AtomicBool,
     /// Why it closed, for requests that come after.
+    ///
+    /// Lock order (issue 31): `routes` before `why`. `register` holds `routes` while it reads
+    /// `why`; nothing takes `routes` while holding `why` (`close` lets go of `why` first).
     why: Mutex<Option<String>>,
     /// When the last line-noise warning was logged (one a second at most).
     noise_logged: Mutex<Option<std::time::Instant>>,
@@ -243,15 +246,19 @@ impl Conn {
     }
 
     /// The child is gone: every request waiting gets `why` (the first reason stays).
+    ///
+    /// `why` is let go of before `routes` is taken (the lock order: `routes`, then `why`). No
+    /// request is left behind: `closed` is set before the drain, and `register` checks it
+    /// under `routes`, so an entry is either drained here or never inserted.
     pub fn close(&self, why: &str) {
-        let waiting = {
+        {
             let mut w = self.why.lock();
             if w.is_none() {
                 *w = Some(why.to_string());
             }
             self.closed.store(true, Ordering::Release);
-            self.routes.lock().drain()
-        };
+        }
+        let waiting = self.routes.lock().drain();
         for p in waiting {
             let _ = p.answer.send(Err(why.to_string()));
         }
@@ -700,5 +707,45 @@ mod tests {
             Some("t2")
         );
         assert!(created_task_id(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).is_none());
+    }
+
+    /// Issue 31: one lock order, `routes` before `why`. `register` holds `routes` and reads
+    /// `why` (`gone`) once it sees the conn closed; `close` must not hold `why` while it
+    /// waits for `routes`, or the two deadlock.
+    #[test]
+    fn close_does_not_hold_why_while_it_waits_for_routes() {
+        let (normal, _n) = mpsc::channel(1);
+        let (urgent, _u) = mpsc::channel(1);
+        let conn = Arc::new(Conn {
+            name: "kid".into(),
+            normal,
+            urgent,
+            routes: Mutex::new(Routes::default()),
+            streams: Arc::default(),
+            metrics: Arc::new(Metrics::new(&["kid".to_string()])),
+            closed: AtomicBool::new(false),
+            why: Mutex::new(None),
+            noise_logged: Mutex::new(None),
+        });
+        // As `register` does: `routes` held, then `is_closed`, then `why`.
+        let routes = conn.routes.lock();
+        let closer = {
+            let conn = conn.clone();
+            std::thread::spawn(move || conn.close("gone"))
+        };
+        while !conn.is_closed() {
+            std::thread::yield_now();
+        }
+        let why = conn
+            .why
+            .try_lock_for(std::time::Duration::from_secs(1))
+            .map(|w| w.clone());
+        drop(routes);
+        closer.join().expect("close ends");
+        assert_eq!(
+            why.flatten().as_deref(),
+            Some("gone"),
+            "`why` was held by close while it waited for `routes`: register would deadlock"
+        );
     }
 }
