@@ -58,7 +58,8 @@
 //! mode); its answer gets a taskgate session id. The session's requests go to its child; a
 //! `DELETE`, [`PER_SESSION_IDLE`]-style idle reclaim (`gateway.session_idle_ms`) and shutdown
 //! end it. A child that dies ends its session (later requests get 404, so the client
-//! initializes again) and its tasks fail as above. At most [`MAX_CHILDREN`] sessions at once.
+//! initializes again) and its tasks fail as above. At most [`MAX_CHILDREN`] children at once,
+//! those still starting counted; past it an `initialize` gets 503 with `Retry-After`.
 //!
 //! # Bounds
 //!
@@ -104,7 +105,8 @@ pub const BACKOFF_START: Duration = Duration::from_millis(100);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Client sessions of a shared child taskgate keeps at most (the least recently used goes).
 pub const MAX_SHARED_SESSIONS: usize = 65_536;
-/// Children of a `per_session` upstream at most (an `initialize` past it gets `-32603`).
+/// Children of a `per_session` upstream at most, those still starting (in `initialize`)
+/// counted (an `initialize` past it gets 503 with `Retry-After`, `-32603`).
 pub const MAX_CHILDREN: usize = 256;
 /// The default idle limit of a `per_session` child (the gateway passes
 /// `gateway.session_idle_ms`).
@@ -184,6 +186,20 @@ struct Inner {
     dead: Mutex<HashMap<String, DeadTask>>,
     /// `per_session`: asks the spawner task for a child (see [`Inner::spawner`]).
     spawner: Mutex<Option<tokio::sync::mpsc::Sender<Spawned>>>,
+    /// `per_session`: children asked for and not yet kept as a session (starting, in
+    /// `initialize`); counted against [`MAX_CHILDREN`] with the sessions (issue 31).
+    starting: std::sync::atomic::AtomicUsize,
+}
+
+/// One `per_session` child counted as starting, until dropped.
+struct StartingSlot(Arc<Inner>);
+
+impl Drop for StartingSlot {
+    fn drop(&mut self) {
+        self.0
+            .starting
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// Where the spawner hands a started child.
@@ -237,6 +253,7 @@ impl StdioTransport {
             idle,
             dead: Mutex::new(HashMap::new()),
             spawner: Mutex::new(None),
+            starting: std::sync::atomic::AtomicUsize::new(0),
         });
         let keeper = match inner.mode {
             ProcessMode::Shared => tokio::spawn(inner.clone().supervise()),
@@ -590,23 +607,36 @@ impl Inner {
         msg: Message,
         deadline: Deadline,
     ) -> Result<McpReply, GatewayError> {
-        if self.sessions.lock().len() >= MAX_CHILDREN {
-            return Ok(McpReply::local_error(
-                msg.id(),
-                jsonrpc::INTERNAL_ERROR,
-                &format!(
-                    "upstream `{}` runs {MAX_CHILDREN} sessions (one child process each) already",
-                    self.name
-                ),
-            ));
-        }
         if *self.stop.borrow() {
             return Err(GatewayError::ShuttingDown);
         }
+        // Children starting count with the sessions' (checked and counted under one lock).
+        let slot = {
+            let sessions = self.sessions.lock();
+            let starting = self.starting.load(std::sync::atomic::Ordering::Acquire);
+            if sessions.len() + starting >= MAX_CHILDREN {
+                return Ok(overloaded(
+                    msg.id(),
+                    &format!(
+                        "upstream `{}` runs {MAX_CHILDREN} sessions (one child process each, those starting counted) already",
+                        self.name
+                    ),
+                ));
+            }
+            self.starting
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            StartingSlot(self.clone())
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let asked = self.spawner.lock().as_ref().map(|s| s.try_send(tx).is_ok());
         if asked != Some(true) {
-            return Err(self.unreachable("too many children are starting at once".into()));
+            return Ok(overloaded(
+                msg.id(),
+                &format!(
+                    "upstream `{}`: too many children are starting at once",
+                    self.name
+                ),
+            ));
         }
         let mut running = match rx.await {
             Ok(Ok(running)) => running,
@@ -641,6 +671,8 @@ impl Inner {
         };
         let conn_for_tasks = conn.clone();
         self.keep_session(session.clone(), Some(conn), Some(running.stop));
+        // Counted as a session now.
+        drop(slot);
         let (inner, key) = (self.clone(), session.clone());
         let mut stop_rx = self.stop.subscribe();
         let exited = running.exited;
@@ -1130,6 +1162,16 @@ fn is_result(answer: &[u8]) -> bool {
 fn session_not_found(id: Option<&Id>) -> McpReply {
     let mut reply = McpReply::local_error(id, -32001, "Session not found");
     reply.status = StatusCode::NOT_FOUND;
+    reply
+}
+
+/// 503 with `Retry-After` and a JSON-RPC `-32603`: no room for another child now.
+fn overloaded(id: Option<&Id>, message: &str) -> McpReply {
+    let mut reply = McpReply::local_error(id, jsonrpc::INTERNAL_ERROR, message);
+    reply.status = StatusCode::SERVICE_UNAVAILABLE;
+    reply
+        .headers
+        .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
     reply
 }
 

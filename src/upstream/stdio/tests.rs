@@ -427,3 +427,57 @@ async fn a_client_that_goes_away_frees_its_slot_and_the_child_is_told() {
     assert_eq!(conn.in_flight(), 0, "no route left behind");
     f.handle.shutdown().await;
 }
+
+/// Issue 31: `MAX_CHILDREN` counts children still in `initialize` too; past it an
+/// `initialize` is refused at once with 503 and `Retry-After`, and no child is started for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_children_counts_children_still_starting() {
+    let dir = std::env::temp_dir().join(format!("tg-stdio-max-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    // A child that never answers `initialize`: every one stays starting.
+    let config: UpstreamConfig = toml::from_str(
+        "name = \"kid\"\ncommand = [\"sleep\", \"60\"]\ntimeout_ms = 20000\nprocess = \"per_session\"\n",
+    )
+    .expect("config");
+    let metrics = Arc::new(Metrics::new(&["kid".to_string()]));
+    let transport = Arc::new(StdioTransport::new(&config, metrics, PER_SESSION_IDLE).expect("cmd"));
+    let f = Arc::new(Fixture {
+        handle: transport.handle(),
+        transport,
+        dir,
+    });
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}"#;
+    let mut starting = Vec::new();
+    for i in 0..MAX_CHILDREN {
+        let f2 = f.clone();
+        starting.push(tokio::spawn(async move { f2.send(None, init).await }));
+        // Each one counted and taken by the spawner before the next (its queue is short).
+        let inner = &f.transport.inner;
+        for _ in 0..500 {
+            let counted = inner.starting.load(std::sync::atomic::Ordering::Acquire) == i + 1;
+            let drained = inner
+                .spawner
+                .lock()
+                .as_ref()
+                .is_some_and(|s| s.capacity() == s.max_capacity());
+            if counted && drained {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    for _ in 0..5 {
+        let started = Instant::now();
+        let reply = tokio::time::timeout(Duration::from_secs(5), f.send(None, init))
+            .await
+            .expect("refused at once, not after an initialize timeout");
+        let reply = reply.expect("a reply");
+        assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(reply.headers.get(http::header::RETRY_AFTER).is_some());
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+    for s in starting {
+        s.abort();
+    }
+    f.handle.shutdown().await;
+}
