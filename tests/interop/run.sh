@@ -397,7 +397,14 @@ if [[ "$BIN" != none && ${TASKGATE_INTEROP_TIER:-1} == 1 ]]; then
 else
     log "h. tier steps skipped"
 fi
-[[ "$BIN" != none ]] && { log "i. stdio upstreams (stdio.sh)"; run_fg timeout 600 env INTEROP_WORK="$WORK" INTEROP_VENV="$VENV" bash "$HERE/stdio.sh" "$BIN" >"$WORK/stdio.log" 2>&1; result "stdio upstreams: stdio.sh (see $WORK/stdio.log, $WORK/stdio/results.txt)" $?; }
+# ---- i. stdio upstreams: real peers as taskgate's children (stdio.sh) ---------------------------
+if [[ "$BIN" != none ]]; then
+    log "i. stdio upstreams (stdio.sh)"
+    run_fg timeout 600 env INTEROP_WORK="$WORK" INTEROP_VENV="$VENV" bash "$HERE/stdio.sh" "$BIN" >"$WORK/stdio.log" 2>&1
+    stdio_rc=$?
+    sed 's/^/  | /' "$WORK/stdio.log"
+    result "stdio upstreams: stdio.sh (see $WORK/stdio/results.txt)" "$stdio_rc"
+fi
 
 # ---- gateway health after all of it ---------------------------------------------------------
 if [[ "$BIN" != none ]]; then
