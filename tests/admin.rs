@@ -5,7 +5,6 @@
 //! status codes, JSON-RPC codes, the bytes/ids/headers the upstream received, and SSE events
 //! arriving while the upstream still holds the stream open.
 
-
 use crate::common::*;
 
 use std::time::Duration;

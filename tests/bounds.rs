@@ -3,7 +3,6 @@
 //! over an SSE stream that never delivers the answer (the single flight must not be pinned), and
 //! the `max_message_bytes` config key.
 
-
 use std::time::{Duration, Instant};
 
 use crate::common::*;

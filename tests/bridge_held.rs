@@ -5,7 +5,6 @@
 //! is `-32022` (HTTP 400), any request carrying `Mcp-Session-Id` is refused, GET and DELETE are
 //! 405. Only the wire, the upstream's received requests and the registry are asserted.
 
-
 use crate::common::*;
 
 use serde_json::json;

@@ -5,7 +5,6 @@
 //! `clientInfo`), its tasks are reachable and their `tasks/result` completes; an upstream's OAuth
 //! 401 keeps its status; a full session table answers a held `initialize` 503 without an id.
 
-
 use crate::common::*;
 
 use serde_json::{json, Value};

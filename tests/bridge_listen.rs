@@ -4,7 +4,6 @@
 //! the session's `resources/subscribe`s, and relays the notifications as a 2025 client takes
 //! them. Only the wire and the upstream's received requests are asserted.
 
-
 use crate::common::*;
 
 use serde_json::{json, Value};

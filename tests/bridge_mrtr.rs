@@ -6,7 +6,6 @@
 //! `requestState` echoed. Only the wire, the upstream's received requests, the registry and
 //! `/metrics` are asserted.
 
-
 use crate::common::*;
 
 use serde_json::{json, Value};

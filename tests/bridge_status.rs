@@ -3,7 +3,6 @@
 //! `notifications/tasks` as 2025 `notifications/tasks/status`, and a tool error (2026
 //! `completed` + `isError`) as `failed` in `tasks/list` as in `tasks/get`.
 
-
 use crate::common::*;
 
 use serde_json::{json, Value};

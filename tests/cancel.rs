@@ -3,7 +3,6 @@
 //! facts ("status cancelled", "resources released") with real timing, against a scripted MCP
 //! task server (tests/common).
 
-
 use crate::common::*;
 
 use std::collections::HashMap;

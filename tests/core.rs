@@ -41,7 +41,11 @@ fn every_test_file_is_in_a_tier() {
         std::fs::read_to_string(dir.join(crate_file))
             .unwrap()
             .lines()
-            .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';').map(str::to_string))
+            .filter_map(|l| {
+                l.strip_prefix("mod ")?
+                    .strip_suffix(';')
+                    .map(str::to_string)
+            })
             .collect::<Vec<_>>()
     };
     let (core, full) = (declared("core.rs"), declared("full.rs"));

@@ -8,7 +8,6 @@
 //! issue asks for: `TASKGATE_CRASH_ROUNDS=100 cargo test --release --test full -- --nocapture durability::
 //! crash_loop` runs 100 rounds and prints what it received and found.
 
-
 use crate::common::*;
 
 use std::collections::{HashMap, HashSet};

@@ -6,7 +6,6 @@
 //! status codes, JSON-RPC codes, the bytes/ids/headers the upstream received, and SSE events
 //! arriving while the upstream still holds the stream open.
 
-
 use crate::common::*;
 
 use serde_json::json;
@@ -390,7 +389,11 @@ async fn unsupported_protocol_version_gets_400_and_is_never_forwarded() {
             let what = format!("{method} with {versions:?}");
             let answer = bad_request_answer(req.send().await, &what).await;
             // A POST's refusal answers its request (2026-07-28 §2.2; on 75a9bff..49d7765: null).
-            let id = if method == "POST" { json!(1) } else { json!(null) };
+            let id = if method == "POST" {
+                json!(1)
+            } else {
+                json!(null)
+            };
             assert_eq!(answer["id"], id, "{what}: {answer}");
             let err = &answer["error"];
             assert_eq!(err["code"], json!(code), "{what}: {err}");

@@ -177,7 +177,10 @@ async fn a_principal_past_its_session_share_never_takes_anothers() {
         .token("bob", "bob-token")
         .gateway("max_sessions = 4");
     let tg = Tg::start(|store| {
-        format!("{}\n[limits]\nmax_sessions_per_principal = 2\n", cfg.to_toml(store))
+        format!(
+            "{}\n[limits]\nmax_sessions_per_principal = 2\n",
+            cfg.to_toml(store)
+        )
     })
     .await;
     let mut alices = Vec::new();
@@ -191,7 +194,11 @@ async fn a_principal_past_its_session_share_never_takes_anothers() {
     for _ in 0..2 {
         let mut b = tg.client().with_token("bob-token");
         let r = b.send(initialize_body("1")).await;
-        assert_eq!(r.status(), 200, "bob gets a session while alice holds her share");
+        assert_eq!(
+            r.status(),
+            200,
+            "bob gets a session while alice holds her share"
+        );
         b.session = r.header("mcp-session-id");
         assert!(b.session.is_some());
         r.bytes().await;

@@ -6,7 +6,6 @@
 //! `tasks/cancel` result, one taskId for every creation, a skewed `createdAt`, a `tasks/result`
 //! that never answers, creation errors).
 
-
 use crate::common::*;
 
 use std::net::SocketAddr;

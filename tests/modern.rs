@@ -5,7 +5,6 @@
 //! statuses that stay final, terminal results served from the record, and the record surviving
 //! SIGKILL. Only the wire, `/admin` and `/metrics` are asserted.
 
-
 use crate::common::*;
 
 use serde_json::json;

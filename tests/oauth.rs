@@ -627,9 +627,16 @@ async fn each_route_is_a_protected_resource_of_its_own() {
         )
     })
     .await;
-    let metadata = format!("http://{}/.well-known/oauth-protected-resource/mcp/files", tg.gw);
+    let metadata = format!(
+        "http://{}/.well-known/oauth-protected-resource/mcp/files",
+        tg.gw
+    );
     let doc = Req::get(&metadata).send().await.json().await;
-    assert_eq!(doc["resource"], json!("https://mcp.example.com/mcp/files"), "{doc}");
+    assert_eq!(
+        doc["resource"],
+        json!("https://mcp.example.com/mcp/files"),
+        "{doc}"
+    );
     let mut for_files = claims(&idp, "alice");
     for_files["aud"] = json!("https://mcp.example.com/mcp/files");
     let token = sign(&k1, &for_files);
@@ -674,11 +681,18 @@ async fn a_key_set_outage_is_503_without_internal_detail() {
     let up = Upstream::mcp().await;
     let tg = Tg::start(oauth_toml(&idp, &up.url(), "")).await;
     let token = sign(&k1, &claims(&idp, "alice"));
-    let r = tg.client().with_token(&token).send(initialize_body("1")).await;
+    let r = tg
+        .client()
+        .with_token(&token)
+        .send(initialize_body("1"))
+        .await;
     assert_eq!(r.status(), 503);
     assert!(r.header("retry-after").is_some());
     let body = r.json().await;
     let message = err_message(&body);
-    assert!(!message.contains("127.0.0.1") && !message.contains("error"), "{message}");
+    assert!(
+        !message.contains("127.0.0.1") && !message.contains("error"),
+        "{message}"
+    );
     assert_eq!(up.count(), 0);
 }

@@ -5,7 +5,6 @@
 //! JSON-RPC codes, what the upstream received (and did not), what the store, `/admin/tasks`,
 //! `taskgate tasks show|list` and `/metrics` hold.
 
-
 use crate::common::*;
 
 use std::collections::HashSet;

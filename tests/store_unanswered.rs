@@ -8,7 +8,6 @@
 //! time too. And a database that answers, slowly (a paced link), is not taken for one that does
 //! not: pages of records that keep arriving are read whole, and restart counts the store.
 
-
 use crate::common::*;
 use serde_json::json;
 use std::time::Duration;

@@ -9,7 +9,6 @@
 //! test needs few requests) a plain call whose upstream needed a new connection queued its DNS
 //! look-up behind them and failed (502 after `upstream.connect_timeout_ms`).
 
-
 use crate::common::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

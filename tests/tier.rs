@@ -13,7 +13,6 @@
 //!   behind HAProxy with the stickiness `deploy/README.md` documents;
 //! - a sweep lease holder whose connection is black-holed gives the lease up (in process).
 
-
 use crate::common::*;
 use serde_json::json;
 use std::time::Duration;

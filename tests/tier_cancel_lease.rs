@@ -8,7 +8,6 @@
 //! out, replica B (a fast database path) claims the same cancel and forwards it, and A forwards
 //! its own afterwards: the upstream got two `tasks/cancel` for one task.
 
-
 use crate::common::*;
 use std::time::Duration;
 

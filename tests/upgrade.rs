@@ -4,7 +4,6 @@
 //! untouched, progress and status relay, server→client requests, cancellation, disconnects, the
 //! orphan sweep after a restart of the real binary, and a printed latency benchmark (#[ignore]).
 
-
 use crate::common::*;
 
 use std::sync::Arc;

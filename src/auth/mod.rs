@@ -106,7 +106,11 @@ impl Authenticator {
     /// `oauth` mode a token is for this resource when its `aud` holds `auth.oauth.audience` or
     /// the resource identifier of the route `path` names ([`resource_of`]; RFC 8707, RFC 9728
     /// §3.3: a client that read `/mcp/<name>`'s metadata asks for a token for that resource).
-    pub async fn authenticate(&self, headers: &HeaderMap, path: &str) -> Result<Principal, Refusal> {
+    pub async fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        path: &str,
+    ) -> Result<Principal, Refusal> {
         let token = match &self.mode {
             Mode::None => return Ok(Principal::Anonymous),
             _ => bearer_token(headers)?,
@@ -114,7 +118,15 @@ impl Authenticator {
         match &self.mode {
             Mode::None => Ok(Principal::Anonymous),
             Mode::Bearer(tokens) => tokens.check(token),
-            Mode::OAuth(o) => o.verify(token, route_path(path).map(|r| resource_of(o.audience(), r)).as_deref()).await,
+            Mode::OAuth(o) => {
+                o.verify(
+                    token,
+                    route_path(path)
+                        .map(|r| resource_of(o.audience(), r))
+                        .as_deref(),
+                )
+                .await
+            }
         }
     }
 

@@ -183,7 +183,11 @@ impl OAuth {
 
     /// RFC 8707: the token was issued for this resource (`auth.oauth.audience`) or for the
     /// route the request names (`route_resource`).
-    fn check_audience(&self, audiences: &[String], route_resource: Option<&str>) -> Result<(), Refusal> {
+    fn check_audience(
+        &self,
+        audiences: &[String],
+        route_resource: Option<&str>,
+    ) -> Result<(), Refusal> {
         let ours = |a: &String| a == &self.audience || Some(a.as_str()) == route_resource;
         if audiences.iter().any(ours) {
             return Ok(());
@@ -206,11 +210,14 @@ impl OAuth {
         let has_crit = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(segment.trim_end_matches('='))
             .ok()
-            .and_then(|b| serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&b).ok())
+            .and_then(|b| {
+                serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&b).ok()
+            })
             .is_some_and(|h| h.contains_key("crit"));
         if has_crit {
             return Err(invalid(
-                "the token's header lists critical extensions (crit) taskgate does not understand".into(),
+                "the token's header lists critical extensions (crit) taskgate does not understand"
+                    .into(),
             ));
         }
         Ok(())

@@ -596,7 +596,10 @@ mod tests {
                     v["error"]["data"]["requested"],
                     std::str::from_utf8(value).unwrap()
                 );
-                assert_eq!(v["error"]["data"]["supported"], serde_json::json!(["2026-07-28"]));
+                assert_eq!(
+                    v["error"]["data"]["supported"],
+                    serde_json::json!(["2026-07-28"])
+                );
             }
         }
         let (reason, _, _) = check(&[(ver, b"2025-11-25"), (ver, b"2025-11-25")]).unwrap();

@@ -236,7 +236,9 @@ mod tests {
                 .unwrap()
                 .refusal_for_modern(m.method().unwrap())
         };
-        assert!(refusal(&[], GET).unwrap().contains("Mcp-Method is required"));
+        assert!(refusal(&[], GET)
+            .unwrap()
+            .contains("Mcp-Method is required"));
         assert_eq!(refusal(&[(&MCP_METHOD, "tasks/get")], GET), None);
         let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"}}"#;
         assert!(refusal(&[(&MCP_METHOD, "tools/call")], call)

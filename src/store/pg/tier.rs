@@ -410,7 +410,10 @@ mod tests {
         run(url.clone(), format!("CREATE DATABASE {db}"));
         let base = url.split('?').next().unwrap();
         let base = format!("{}/{db}", &base[..base.rfind('/').unwrap()]);
-        run(base.clone(), "CREATE SCHEMA tier_a; CREATE SCHEMA tier_b".into());
+        run(
+            base.clone(),
+            "CREATE SCHEMA tier_a; CREATE SCHEMA tier_b".into(),
+        );
         let open = |schema: &str| {
             let url = format!("{base}?connect_timeout=2&options=-c%20search_path%3D{schema}");
             runtime.block_on(PgStore::open(&url, 1, None)).unwrap()
