@@ -512,7 +512,7 @@ impl Message {
     /// repeated key the last counts, as for `serde_json::Value`.
     ///
     /// The places were noted by the envelope parse, so for the common message this is a few
-    /// comparisons of short keys; a message it did not index (more than six members, escapes in
+    /// comparisons of short keys; a message it did not index (more than four members (`PARAMS`), escapes in
     /// keys, a repeated key) is walked ([`splice::raw_at`]).
     pub fn param(&self, name: &str) -> Option<&str> {
         let p = &self.params;
