@@ -159,10 +159,10 @@ pub fn check(headers: &HeaderMap, msg: &Message) -> Result<Routing, String> {
     Ok(routing)
 }
 
-/// `params.<key>` of `msg` when it is a string.
+/// `params.<key>` of `msg` when it is a string (read from the places the envelope parse noted,
+/// [`Message::param`], not by walking the body again).
 fn body_name(msg: &Message, key: &str) -> Option<String> {
-    let raw = crate::jsonrpc::splice::raw_at(msg.bytes(), &["params", key]).ok()??;
-    serde_json::from_str::<String>(raw.get()).ok()
+    serde_json::from_str::<String>(msg.param(key)?).ok()
 }
 
 #[cfg(test)]
