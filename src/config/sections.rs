@@ -492,6 +492,24 @@ pub struct UpstreamConfig {
     /// and `src/layers/bridge/mod.rs`.
     #[serde(default)]
     pub protocol: UpstreamProtocol,
+    /// Who runs a task-augmented `tools/call` (default `upstream`): see [`TaskOwnership`] and
+    /// `src/layers/gateway_tasks/mod.rs` (issue 32).
+    #[serde(default)]
+    pub tasks: TaskOwnership,
+}
+
+/// `upstream.tasks`: who runs the tasks of an upstream's task-augmented `tools/call`s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskOwnership {
+    /// The server's own tasks (2025-11-25 `params.task`, 2026-07-28 tasks extension), as
+    /// they come: taskgate records, binds, cancels once and audits them.
+    #[default]
+    Upstream,
+    /// taskgate runs them itself for a server without task support (`layers::gateway_tasks`):
+    /// it advertises tasks to clients, answers the `CreateTaskResult`, sends the server a plain
+    /// `tools/call` and holds it. A server that declares tasks itself keeps its own.
+    Gateway,
 }
 
 /// `upstream.process`: how many children a `command` upstream runs.

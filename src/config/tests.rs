@@ -302,3 +302,20 @@ fn command_upstreams() {
     let relative = Config::from_toml_str(&format!("{base}command = [\"./sh\"]\ncwd = \"/bin\"\n"));
     assert!(relative.is_ok(), "{relative:?}");
 }
+
+/// `upstream.tasks` (issue 32): `"upstream"` by default, `"gateway"` accepted, anything else
+/// refused naming the value and the two that exist.
+#[test]
+fn upstream_tasks_ownership() {
+    let c = Config::from_toml_str(MINIMAL).unwrap();
+    assert_eq!(c.upstream[0].tasks, TaskOwnership::Upstream);
+    let c = Config::from_toml_str(&format!("{MINIMAL}tasks = \"gateway\"\n")).unwrap();
+    assert_eq!(c.upstream[0].tasks, TaskOwnership::Gateway);
+    let err = Config::from_toml_str(&format!("{MINIMAL}tasks = \"both\"\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("both") && err.contains("gateway") && err.contains("line 6"),
+        "{err}"
+    );
+}
