@@ -120,6 +120,11 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
         "layers::held_sessions",
         "held_sessions sits above the bridge and hands it typed facts; the bridge never calls it",
     ),
+    (
+        "layers::upgrade",
+        "layers::session",
+        "upgrade owns its tool cache and reads the SessionView the session stage hands down, never the session table",
+    ),
 ];
 
 /// `(module, may name, why)`: files of `module` may name only these modules (and their own).

@@ -233,7 +233,8 @@ struct BuiltStack {
 }
 
 /// Builds the stack in front of upstream `u`: the layers, outermost first (see `layers` for
-/// why this order), over its upstream client. Each stack has its own upgrade and cancel state.
+/// why this order), over its upstream client: the session stage (`session_guard`, `session`),
+/// `upgrade`, then the rest. Each stack has its own upgrade and cancel state.
 fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltStack {
     // A `command` upstream is a supervised child process (upstream::stdio); a `url` one
     // Streamable HTTP.
@@ -248,14 +249,13 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
     let name = upstream.name().clone();
     let timeout = Duration::from_millis(u.timeout_ms);
     let upgrade_state = UpgradeState::new(
-        shared.sessions.clone(),
         shared.registry.clone(),
         shared.upgrade.clone(),
         timeout,
     );
     let cancel_state = CancelState::new(shared.registry.clone(), timeout);
+    // Below `upgrade`: what its own requests (and the orphan sweep's) go through.
     let inner = tower::ServiceBuilder::new()
-        .layer(SessionLayer::new(shared.sessions.clone()))
         .layer(TasksLayer::new(
             shared.registry.clone(),
             shared.authenticated,
@@ -283,6 +283,7 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
             SessionGuardLayer::new(shared.sessions.clone(), shared.authenticated)
                 .defer_deletes(shared.registry.clone()),
         )
+        .layer(SessionLayer::new(shared.sessions.clone()))
         .layer(UpgradeLayer::new(upgrade_state))
         .service(inner);
     BuiltStack {

@@ -13,6 +13,11 @@
 //!   record to complete from the `CreateTaskResult` and the owner's reserved slot. `observe`
 //!   takes it and records the creation.
 
+//! - [`SessionView`]: set by the session stage (`session_guard` on a request naming a session
+//!   it let through, `session` on a 2025 request without one) when taskgate knows the caller's
+//!   session: its owner, what the client declared, what the upstream declared, and a
+//!   [`SessionTag`] by which a layer keeps something per session (`upgrade`'s tool cache)
+//!   without reading the session table.
 //! - [`UpstreamWithoutTasks`]: set by `session` on a 2025 `tasks/*` request whose upstream
 //!   session advertised no `capabilities.tasks`: `tasks` then serves nothing itself and passes
 //!   the request on.
@@ -61,11 +66,13 @@
 //! hyper hands a later upgrade up in a response's extensions). Only the layer named for a fact
 //! fills it.
 
+use crate::exchange::Principal;
+use crate::mcp::capabilities::ClientCapabilities;
 use crate::registry::Reservation;
 use crate::store::held::{MAX_HELD_CAPABILITIES, MAX_HELD_CLIENT_INFO};
 use crate::store::TaskRecord;
 use serde_json::{json, Value};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 
 /// The `upgrade` layer's own `tools/call`: a plain call it turned into a task.
 #[derive(Debug, Clone, Copy)]
@@ -100,6 +107,69 @@ pub struct PendingCreation {
 /// Only taskgate's own code sets it; the edge never does, so no client can claim an owner.
 #[derive(Debug, Clone)]
 pub struct OnBehalfOf(pub crate::store::Owner);
+
+/// Fact down, set by the session stage on a request of a session taskgate knows (see the module
+/// docs): what the layers below act on, so none of them reads the session table.
+#[derive(Debug, Clone)]
+pub struct SessionView {
+    /// The principal that initialized the session (its owner).
+    pub owner: Principal,
+    /// What the client declared in its `initialize` (none is kept for callers taskgate cannot
+    /// tell apart: no session and no principal).
+    pub client: ClientCapabilities,
+    /// The upstream's `InitializeResult` declared `tasks.requests.tools.call`.
+    pub upstream_tasks_tools_call: bool,
+    /// The upstream's `InitializeResult` had capabilities without `tasks`.
+    pub upstream_without_tasks: bool,
+    /// The session itself, for as long as taskgate holds it.
+    pub session: SessionTag,
+}
+
+/// Held by a session table entry for as long as the entry lives (until the session ends, is
+/// reclaimed or is replaced by a new `initialize` under the same key): its [`SessionTag`]s then
+/// read as ended. Clones share it; only the entry and its short-lived copies hold one.
+#[derive(Debug, Clone, Default)]
+pub struct SessionLife(Arc<()>);
+
+impl SessionLife {
+    /// A new session's life.
+    pub fn new() -> SessionLife {
+        SessionLife::default()
+    }
+
+    /// The tag the session's [`SessionView`]s carry.
+    pub fn tag(&self) -> SessionTag {
+        SessionTag(Arc::downgrade(&self.0))
+    }
+}
+
+/// Names one session (one table entry, one life) for a layer that keeps something per session:
+/// equal tags are the same session; [`SessionTag::ended`] once taskgate no longer holds it. A tag
+/// keeps 16 bytes alive, not the session.
+#[derive(Debug, Clone)]
+pub struct SessionTag(Weak<()>);
+
+impl SessionTag {
+    /// Whether taskgate no longer holds the session.
+    pub fn ended(&self) -> bool {
+        self.0.strong_count() == 0
+    }
+}
+
+impl PartialEq for SessionTag {
+    fn eq(&self, other: &SessionTag) -> bool {
+        Weak::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SessionTag {}
+
+impl std::hash::Hash for SessionTag {
+    /// By the life's address: unique while any tag of it exists (a tag keeps the allocation).
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(self.0.as_ptr(), state)
+    }
+}
 
 /// A 2025-11-25 `tasks/*` request on an upstream session whose `InitializeResult` advertised no
 /// `capabilities.tasks`: there are no tasks there for taskgate to answer about.

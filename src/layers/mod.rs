@@ -5,14 +5,16 @@
 //! Order, outermost first (assembled per upstream in `gateway`):
 //! 0. `session_guard`: a session id is only usable by the principal that initialized it (404
 //!    otherwise); an `initialize` carries no session id upstream.
-//! 1. `upgrade`: plain calls to `required` tools become tasks; it follows them with its own
+//! 1. `session`: what is known of each session (its owner, what the client and the upstream
+//!    declared), kept from `initialize` and handed down on every request of the session as the
+//!    `SessionView` fact (with `session_guard`, the session stage: the table is read once per
+//!    request, and by no layer below but `held_sessions`).
+//! 2. `upgrade`: plain calls to `required` tools become tasks; it follows them with its own
 //!    `tools/list`, `tasks/get`, `tasks/result` and `tasks/cancel` requests, sent into the rest of
-//!    the stack as the client's, so they are authorised, routed, single-flighted and observed
-//!    like any client's.
-//! 2. `session`: capabilities and the tool cache per session. It stays *inside* `upgrade`
-//!    (DESIGN.md puts it outermost) because `upgrade` reads the tool cache it fills, including
-//!    from the `tools/list` requests `upgrade` sends itself; with `session` outside, those
-//!    answers would never pass it. Moving it out means `upgrade` owning its tool cache.
+//!    the stack as the client's (carrying its `SessionView`), so they are authorised, routed,
+//!    single-flighted and observed like any client's. It owns its tool cache (`taskSupport` per
+//!    tool and session), learned from the `tools/list` answers that pass through it, its own
+//!    included: that is why `session` can sit outside it.
 //! 3. `tasks`: policy: owner limit, ttl cap, authorise `tasks/*`, route to the task's session,
 //!    `tasks/list`, hiding `tasks.list` when callers cannot be told apart.
 //! 4. `cancel`: single-flight `tasks/cancel`, the terminal check, `notifications/cancelled`

@@ -1,20 +1,21 @@
 //! The `session` layer: what taskgate knows about each MCP session (2025-11-25 basic/lifecycle).
 //!
 //! Per `(upstream, Mcp-Session-Id)` it keeps the principal that initialized the session, the
-//! client's capabilities that matter to taskgate (from the `initialize` request), whether the
-//! upstream declared `tasks.requests.tools.call` (from the `InitializeResult`) and a cache of the
-//! tools the upstream listed (`execution.taskSupport` per tool, accumulated over every page of
-//! every `tools/list` answer that passes by). `notifications/tools/list_changed` from the upstream
-//! empties the tool cache. A DELETE the upstream accepted forgets the session. It changes no
-//! message.
+//! client's capabilities that matter to taskgate (from the `initialize` request) and whether the
+//! upstream declared `tasks.requests.tools.call` (from the `InitializeResult`), and hands them
+//! down on each request of the session as the [`SessionView`] fact (`session_guard` on a
+//! request naming its session, this layer on a 2025 request without one), so no layer below
+//! reads the table. A DELETE the upstream accepted forgets the session. It changes no message.
+//! The session stage is outermost: `upgrade`'s own requests do not pass it (`upgrade` keeps its
+//! tool cache itself, per
+//! [`SessionTag`](crate::layers::extensions::SessionTag)).
 //!
 //! Only sessions the upstream issued (an `Mcp-Session-Id` on an `InitializeResult`) get an entry:
 //! a client-chosen session id never creates state. A session the `bridge` holds itself (its
 //! `initialize` answer carries the [`HeldAnswer`] reply fact, taken here) also keeps what the client declared
 //! ([`HeldSession`], bounded), and is written to the registry's store before its id goes on
 //! (see `held_store`: revived after a restart, removed when it ends, is reclaimed or expires). An entry is about 200 bytes plus its id (about
-//! 1 KiB of RSS per session with the allocator, `benches/session_rss.py`);
-//! tool caches equal to the upstream's last complete listing are shared, not copied. The table
+//! 1 KiB of RSS per session with the allocator, `benches/session_rss.py`). The table
 //! holds at most `gateway.max_sessions` entries and is never trimmed by other callers' traffic:
 //! when it is full, entries idle for `gateway.session_idle_ms` are reclaimed, and if none are,
 //! a new `initialize` is refused (see `session_guard`).
@@ -30,9 +31,8 @@
 
 use crate::exchange::{McpReply, McpRequest, Operation, Principal, ReplyBody, Tenant};
 use crate::jsonrpc::Id;
-use crate::layers::extensions::{HeldAnswer, HeldSession};
-use crate::mcp::needles;
-use crate::mcp::tools::TaskSupport;
+use crate::layers::extensions::{HeldAnswer, HeldSession, SessionLife, SessionView};
+use crate::mcp::capabilities::ClientCapabilities;
 use http::HeaderValue;
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -48,30 +48,6 @@ pub const DEFAULT_MAX_SESSIONS: usize = 100_000;
 /// Default of `gateway.session_idle_ms`.
 pub const DEFAULT_SESSION_IDLE: Duration = Duration::from_secs(3600);
 
-/// The tool cache of a session: tool name → `taskSupport`.
-pub type ToolMap = HashMap<Box<str>, TaskSupport>;
-
-/// Client capabilities taskgate acts on, as bits (the capabilities object itself is not kept).
-const CAP_TASKS: u8 = 1;
-const CAP_ELICITATION: u8 = 2;
-const CAP_SAMPLING: u8 = 4;
-const CAP_ROOTS: u8 = 8;
-
-fn cap_bit(name: &str) -> u8 {
-    match name {
-        "tasks" => CAP_TASKS,
-        "elicitation" => CAP_ELICITATION,
-        "sampling" => CAP_SAMPLING,
-        "roots" => CAP_ROOTS,
-        _ => 0,
-    }
-}
-
-fn cap_bits(caps: &Value) -> u8 {
-    caps.as_object()
-        .map_or(0, |o| o.keys().fold(0, |bits, k| bits | cap_bit(k)))
-}
-
 /// What is known of one session.
 #[derive(Debug, Clone)]
 pub struct SessionInfo {
@@ -79,12 +55,13 @@ pub struct SessionInfo {
     pub owner: Principal,
     /// Whom the session counts against for `limits.max_sessions_per_principal`.
     tenant: Tenant,
-    client_caps: u8,
+    client_caps: ClientCapabilities,
     upstream_tasks_tools_call: bool,
     /// The upstream's `InitializeResult` had capabilities without `tasks`.
     upstream_without_tasks: bool,
-    /// Tools seen in `tools/list` answers, with their `taskSupport`.
-    pub tools: Arc<ToolMap>,
+    /// The session's life: its `SessionTag`s read as ended once the entry is gone (and the
+    /// short-lived copies [`Sessions::get`] makes).
+    life: SessionLife,
     /// The protocol version the session negotiated (`protocolVersion` of the `InitializeResult`).
     pub protocol_version: Option<HeaderValue>,
     /// Seconds since the table was made, at the last use.
@@ -98,19 +75,29 @@ pub struct SessionInfo {
 impl SessionInfo {
     /// Whether the client declared `capabilities.tasks`.
     pub fn client_declares_tasks(&self) -> bool {
-        self.client_caps & CAP_TASKS != 0
+        self.client_caps.tasks()
     }
 
     /// Whether the client declared a top-level capability, by JSON pointer (`/elicitation`,
     /// `/sampling`, `/tasks`, `/roots`; other capabilities are not kept and read as absent).
     pub fn client_has(&self, pointer: &str) -> bool {
-        let bit = cap_bit(pointer.trim_start_matches('/'));
-        bit != 0 && self.client_caps & bit != 0
+        self.client_caps.has(pointer)
     }
 
     /// Whether the upstream declared `tasks.requests.tools.call`.
     pub fn upstream_tasks_tools_call(&self) -> bool {
         self.upstream_tasks_tools_call
+    }
+
+    /// The fact handed down on the session's requests.
+    pub fn view(&self) -> SessionView {
+        SessionView {
+            owner: self.owner.clone(),
+            client: self.client_caps,
+            upstream_tasks_tools_call: self.upstream_tasks_tools_call,
+            upstream_without_tasks: self.upstream_without_tasks,
+            session: self.life.tag(),
+        }
     }
 }
 
@@ -164,8 +151,6 @@ pub(crate) struct Table {
     /// Per tenant, the keys of its entries under a client `Mcp-Session-Id` (the ones
     /// `limits.max_sessions_per_principal` counts).
     tenants: HashMap<Tenant, HashSet<Key, TableHasher>, TableHasher>,
-    /// Per upstream, the tool cache of the last complete listing, shared by equal caches.
-    shared_tools: HashMap<Arc<str>, Arc<ToolMap>>,
     /// When idle entries were last looked for (at most once a second).
     last_reclaim: Option<Instant>,
 }
@@ -222,7 +207,8 @@ impl Table {
     }
 }
 
-/// The session table, shared by the `session`, `session_guard` and `upgrade` layers.
+/// The session table, shared by the `session` and `session_guard` layers and read by
+/// `held_sessions`.
 pub struct Sessions {
     table: Mutex<Table>,
     max: usize,
@@ -257,7 +243,6 @@ impl Sessions {
             table: Mutex::new(Table {
                 map: HashMap::default(),
                 tenants: HashMap::default(),
-                shared_tools: HashMap::new(),
                 last_reclaim: None,
             }),
             max: max.max(1),
@@ -290,6 +275,17 @@ impl Sessions {
         session: &HeaderValue,
         principal: &Principal,
     ) -> Access {
+        self.access_view(upstream, session, principal).0
+    }
+
+    /// [`Sessions::access`], and for its owner what is known of the session (the fact the
+    /// session stage hands down), from one look at the table.
+    pub fn access_view(
+        &self,
+        upstream: &Arc<str>,
+        session: &HeaderValue,
+        principal: &Principal,
+    ) -> (Access, Option<SessionView>) {
         let now = self.now();
         let mut table = self.table.lock();
         let key = (upstream.clone(), Some(SessionKey::Session(session.clone())));
@@ -297,10 +293,13 @@ impl Sessions {
             Some(info) if info.owner == *principal => {
                 info.last_used = now;
                 self.touch_if_due(upstream, session, info);
-                Access::Owner(info.protocol_version.clone())
+                (
+                    Access::Owner(info.protocol_version.clone()),
+                    Some(info.view()),
+                )
             }
-            Some(_) => Access::Foreign,
-            None => Access::Unknown,
+            Some(_) => (Access::Foreign, None),
+            None => (Access::Unknown, None),
         }
     }
 
@@ -406,11 +405,12 @@ impl Sessions {
         let info = SessionInfo {
             owner,
             tenant,
-            client_caps: client_caps.map_or(0, cap_bits),
+            client_caps: client_caps
+                .map_or_else(ClientCapabilities::default, ClientCapabilities::of),
             upstream_tasks_tools_call: upstream_caps
                 .is_some_and(|c| c.pointer("/tasks/requests/tools/call").is_some()),
             upstream_without_tasks: upstream_caps.is_some_and(|c| c.get("tasks").is_none()),
-            tools: Arc::default(),
+            life: SessionLife::new(),
             protocol_version: upstream_result
                 .and_then(|r| r.get("protocolVersion"))
                 .and_then(Value::as_str)
@@ -439,36 +439,10 @@ impl Sessions {
         self.read(upstream, Some(&key), |s| s.held.clone())
     }
 
-    /// Whether the session's upstream declared `tasks.requests.tools.call` (no copy made).
-    pub fn upstream_tasks_tools_call(
-        &self,
-        upstream: &Arc<str>,
-        session: Option<&SessionKey>,
-    ) -> bool {
-        self.read(upstream, session, SessionInfo::upstream_tasks_tools_call)
-            .unwrap_or(false)
-    }
-
-    /// Whether the session's upstream answered `initialize` with capabilities that have no
-    /// `tasks` (unknown sessions: `false`).
-    pub fn upstream_without_tasks(
-        &self,
-        upstream: &Arc<str>,
-        session: Option<&SessionKey>,
-    ) -> bool {
-        self.read(upstream, session, |s| s.upstream_without_tasks)
-            .unwrap_or(false)
-    }
-
-    /// The cached `taskSupport` of a tool (no copy of the session made).
-    pub fn tool_support(
-        &self,
-        upstream: &Arc<str>,
-        session: Option<&SessionKey>,
-        tool: &str,
-    ) -> Option<TaskSupport> {
-        self.read(upstream, session, |s| s.tools.get(tool).copied())
-            .flatten()
+    /// What is known of a caller's session, as the session stage hands it down (a sessionless
+    /// caller's entry: under its principal, or the upstream's facts under `None`).
+    pub fn view(&self, upstream: &Arc<str>, session: Option<&SessionKey>) -> Option<SessionView> {
+        self.read(upstream, session, SessionInfo::view)
     }
 
     /// `read` applied to the entry of a session, under the table's lock (no copy made).
@@ -485,38 +459,9 @@ impl Sessions {
             .map(read)
     }
 
-    /// A copy of what is known of a session (the tool cache is shared, not copied).
+    /// A copy of what is known of a session.
     pub fn get(&self, upstream: &Arc<str>, session: Option<&SessionKey>) -> Option<SessionInfo> {
         self.read(upstream, session, SessionInfo::clone)
-    }
-
-    /// Records the tools of one `tools/list` result page in a known session's cache (a session
-    /// taskgate has no entry for gets none).
-    pub fn record_tools(&self, upstream: &Arc<str>, session: Option<&SessionKey>, result: &Value) {
-        let Some(tools) = result.get("tools").and_then(Value::as_array) else {
-            return;
-        };
-        let complete = result.get("nextCursor").is_none();
-        let mut guard = self.table.lock();
-        let table = &mut *guard;
-        let Some(info) = table.map.get_mut(&(upstream.clone(), session.cloned())) else {
-            return;
-        };
-        let map = Arc::make_mut(&mut info.tools);
-        for tool in tools {
-            if let Some(name) = tool.get("name").and_then(Value::as_str) {
-                map.insert(name.into(), TaskSupport::of(tool));
-            }
-        }
-        match table.shared_tools.get(upstream) {
-            Some(shared) if **shared == *info.tools => info.tools = shared.clone(),
-            _ if complete => {
-                table
-                    .shared_tools
-                    .insert(upstream.clone(), info.tools.clone());
-            }
-            _ => {}
-        }
     }
 
     /// Forgets a session (its id becomes unknown to taskgate; a held one leaves the store in
@@ -526,26 +471,6 @@ impl Sessions {
         let removed = self.table.lock().take(&key);
         if let Some(info) = removed {
             self.unstore(Sessions::held_keys(std::iter::once((&key, &info))));
-        }
-    }
-
-    fn tools_changed(&self, upstream: &Arc<str>, session: Option<&SessionKey>) {
-        let mut table = self.table.lock();
-        table.shared_tools.remove(upstream);
-        if let Some(info) = table.map.get_mut(&(upstream.clone(), session.cloned())) {
-            info.tools = Arc::default();
-        }
-    }
-
-    fn on_upstream_message(&self, upstream: &Arc<str>, session: Option<&SessionKey>, bytes: &[u8]) {
-        if needles::found(&needles::TOOLS_LIST_CHANGED, bytes) {
-            if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
-                if v.get("method").and_then(Value::as_str)
-                    == Some("notifications/tools/list_changed")
-                {
-                    self.tools_changed(upstream, session);
-                }
-            }
         }
     }
 }

@@ -9,7 +9,8 @@
 //!   `initialize`. Without authentication every caller is the same principal and unknown ids
 //!   are forwarded (the upstream decides).
 //! - A request on a known session without `MCP-Protocol-Version` goes upstream with the version
-//!   the session negotiated (strict upstreams answer 400 without it).
+//!   the session negotiated (strict upstreams answer 400 without it), and carries what is known
+//!   of the session down as the `SessionView` fact (the session stage's: the table is read once).
 //! - An `initialize` never carries a session id upstream: a client's stale `Mcp-Session-Id` on it
 //!   is dropped (an upstream may refuse an initialize naming an id it never issued).
 //! - A DELETE of a session while its owner has live tasks on that upstream (the registry's
@@ -136,11 +137,15 @@ impl<S> SessionGuard<S> {
             return None;
         }
         let session = req.ctx.client_session_id.as_ref()?;
-        let access = self
-            .sessions
-            .access(&req.ctx.upstream, session, &req.ctx.principal);
+        let (access, view) =
+            self.sessions
+                .access_view(&req.ctx.upstream, session, &req.ctx.principal);
         let refuse = match access {
             Access::Owner(version) => {
+                // What is known of the session goes down with the request (`SessionView`).
+                if let Some(view) = view {
+                    req.extensions.insert(view);
+                }
                 // A request without `MCP-Protocol-Version` goes upstream with the negotiated one.
                 // (`headers::has`, not a hashed `entry`: nearly every request has the header.)
                 let version_name = &crate::headers::MCP_PROTOCOL_VERSION;

@@ -124,36 +124,11 @@ async fn a_full_table_refuses_new_sessions_and_keeps_the_old_ones() {
             "issued-{k} kept"
         );
     }
-    let key = SessionKey::Session(HeaderValue::from_static("issued-0"));
-    assert_eq!(
-        sessions.tool_support(&"up".into(), Some(&key), "t"),
-        Some(TaskSupport::Required)
-    );
+    // That the tools/list of a kept session fills its tool cache is `upgrade`'s now
+    // (upgrade::tool_cache::tests::a_known_sessions_tools_list_fills_the_cache).
 }
 
-#[test]
-fn equal_tool_caches_are_shared() {
-    let sessions = Sessions::new();
-    let up: Arc<str> = "up".into();
-    let keys: Vec<_> = (0..2)
-        .map(|k| SessionKey::Session(HeaderValue::from_str(&format!("s{k}")).unwrap()))
-        .collect();
-    let result = serde_json::json!({"tools":[{"name":"a"},{"name":"b","execution":{"taskSupport":"optional"}}]});
-    for k in &keys {
-        assert!(sessions.insert(
-            &up,
-            Some(k.clone()),
-            (Principal::Anonymous, Tenant::Unknown),
-            None,
-            None,
-            None
-        ));
-        sessions.record_tools(&up, Some(k), &result);
-    }
-    let a = sessions.get(&up, Some(&keys[0])).unwrap().tools;
-    let b = sessions.get(&up, Some(&keys[1])).unwrap().tools;
-    assert!(Arc::ptr_eq(&a, &b), "one copy of an upstream's tool list");
-}
+// `equal_tool_caches_are_shared` moved with the tool cache to `upgrade::tool_cache::tests`.
 
 /// A held session as the `session` layer stores it (owner `owner`), in the table and the store.
 async fn store_a_held_session(sessions: &Arc<Sessions>, up: &Arc<str>, id: &str, owner: Principal) {

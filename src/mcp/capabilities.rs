@@ -1,5 +1,5 @@
-//! Capabilities a request declares (2026-07-28: per request, in `_meta`), and the tasks
-//! extension's identifier (SEP-2663).
+//! Capabilities a client declares (2025-11-25: once, in `initialize`; 2026-07-28: per request,
+//! in `_meta`), and the tasks extension's identifier (SEP-2663).
 
 use serde_json::Value;
 
@@ -21,6 +21,59 @@ pub fn declares_tasks_extension(params: Option<&Value>) -> bool {
         .is_some_and(Value::is_object)
 }
 
+/// The top-level client capabilities taskgate acts on (`tasks`, `elicitation`, `sampling`,
+/// `roots`), as bits: a session keeps these, not the capabilities object.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientCapabilities(u8);
+
+impl ClientCapabilities {
+    const TASKS: u8 = 1;
+    const ELICITATION: u8 = 2;
+    const SAMPLING: u8 = 4;
+    const ROOTS: u8 = 8;
+
+    /// What a client's `capabilities` object declares (the members' values are not looked at).
+    pub fn of(capabilities: &Value) -> ClientCapabilities {
+        ClientCapabilities(
+            capabilities
+                .as_object()
+                .map_or(0, |o| o.keys().fold(0, |bits, k| bits | Self::bit(k))),
+        )
+    }
+
+    /// The capabilities kept as [`ClientCapabilities::bits`] (a held session's stored record).
+    pub fn from_bits(bits: u8) -> ClientCapabilities {
+        ClientCapabilities(bits)
+    }
+
+    /// The bits, as a held session's record stores them.
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+
+    fn bit(name: &str) -> u8 {
+        match name {
+            "tasks" => Self::TASKS,
+            "elicitation" => Self::ELICITATION,
+            "sampling" => Self::SAMPLING,
+            "roots" => Self::ROOTS,
+            _ => 0,
+        }
+    }
+
+    /// Whether the client declared `capabilities.tasks`.
+    pub fn tasks(self) -> bool {
+        self.0 & Self::TASKS != 0
+    }
+
+    /// Whether the client declared a top-level capability, by JSON pointer (`/elicitation`,
+    /// `/sampling`, `/tasks`, `/roots`; other capabilities are not kept and read as absent).
+    pub fn has(self, pointer: &str) -> bool {
+        let bit = Self::bit(pointer.trim_start_matches('/'));
+        bit != 0 && self.0 & bit != 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -32,5 +85,15 @@ mod tests {
         assert!(declares_tasks_extension(Some(&yes)));
         assert!(!declares_tasks_extension(Some(&legacy)));
         assert!(!declares_tasks_extension(None));
+    }
+
+    #[test]
+    fn client_capabilities_keep_the_four_taskgate_acts_on() {
+        let caps =
+            ClientCapabilities::of(&serde_json::json!({"elicitation": {}, "tasks": {}, "x": {}}));
+        assert!(caps.tasks() && caps.has("/elicitation"));
+        assert!(!caps.has("/sampling") && !caps.has("/x") && !caps.has("/roots"));
+        assert_eq!(ClientCapabilities::from_bits(caps.bits()), caps);
+        assert_eq!(ClientCapabilities::of(&Value::Null).bits(), 0);
     }
 }

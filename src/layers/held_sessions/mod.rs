@@ -5,7 +5,7 @@
 //! `initialize`, and the session table's facts the layers below need, handed down typed.
 //!
 //! It sits below `cancel` and directly above `bridge` (assembled in `gateway`), so a held
-//! session's requests pass `session_guard`, `upgrade`, `session`, `tasks` and `cancel` exactly
+//! session's requests pass `session_guard`, `session`, `upgrade`, `tasks` and `cancel` exactly
 //! as an upstream-issued session's do (owner binding, routing, single-flight cancel,
 //! `notifications/cancelled` routing), `upgrade`'s own requests on a held session included,
 //! and only then are looked up here. The `bridge` below reads none of the session table: what

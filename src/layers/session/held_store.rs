@@ -19,7 +19,8 @@
 
 use super::{SessionInfo, SessionKey, Sessions};
 use crate::exchange::{Principal, Tenant};
-use crate::layers::extensions::HeldSession;
+use crate::layers::extensions::{HeldSession, SessionLife};
+use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::task::now_ms;
 use crate::store::{HeldSessionRecord, StoreError, TaskStore};
 use http::HeaderValue;
@@ -107,7 +108,7 @@ impl Sessions {
                 .as_ref()
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
-            capability_bits: info.client_caps,
+            capability_bits: info.client_caps.bits(),
             upstream_tasks_tools_call: info.upstream_tasks_tools_call,
             upstream_without_tasks: info.upstream_without_tasks,
             client_capabilities: held
@@ -201,10 +202,10 @@ impl Sessions {
         let info = SessionInfo {
             owner,
             tenant: tenant.clone(),
-            client_caps: record.capability_bits,
+            client_caps: ClientCapabilities::from_bits(record.capability_bits),
             upstream_tasks_tools_call: record.upstream_tasks_tools_call,
             upstream_without_tasks: record.upstream_without_tasks,
-            tools: Arc::default(),
+            life: SessionLife::new(),
             protocol_version: record
                 .protocol_version
                 .as_deref()

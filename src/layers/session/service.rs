@@ -1,9 +1,7 @@
-//! The `session` layer's tower `Layer`/`Service`: it fills and reads the [`Sessions`] table
-//! as `initialize`, `tools/list`, streams and `DELETE` pass (see the parent module).
+//! The `session` layer's tower `Layer`/`Service`: it fills the [`Sessions`] table as
+//! `initialize` and `DELETE` pass, and hands the [`SessionView`] down (see the parent module).
 
 use super::*;
-use crate::layers::after::{AfterReply, ReplyStep};
-use crate::mcp::needles;
 use futures_util::future::Either;
 
 /// Builds [`SessionService`]s over a shared [`Sessions`] table.
@@ -44,35 +42,17 @@ where
 {
     type Response = McpReply;
     type Error = S::Error;
-    /// The inner service's own future with [`Finish`] applied to its reply (no await: any
-    /// request but `initialize` and `DELETE`); a boxed one for those two, whose answers may be
-    /// written to the store.
-    type Future = Either<
-        AfterReply<S::Future, Finish>,
-        Pin<Box<dyn Future<Output = Result<McpReply, S::Error>> + Send>>,
-    >;
+    /// The inner service's own future (any request but `initialize` and `DELETE`: the reply
+    /// passes untouched); a boxed one for those two, whose answers may be written to the store.
+    type Future =
+        Either<S::Future, Pin<Box<dyn Future<Output = Result<McpReply, S::Error>> + Send>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
-        let sessions = self.sessions.clone();
-        let upstream = req.ctx.upstream.clone();
-        let session = session_key(&req.ctx);
-        if req
-            .request_method()
-            .is_some_and(|m| m.starts_with("tasks/"))
-            && req.era() == crate::mcp::era::Era::Legacy
-            && sessions.upstream_without_tasks(&upstream, session.as_ref())
-        {
-            req.extensions
-                .insert(crate::layers::extensions::UpstreamWithoutTasks);
-        }
-        let principal = req.ctx.principal.clone();
-        let tenant = req.ctx.tenant();
-        let has_identity =
-            req.ctx.client_session_id.is_some() || matches!(req.ctx.principal, Principal::Token(_));
+        let legacy = req.era() == crate::mcp::era::Era::Legacy;
         let watch = match (&req.op, req.request_method()) {
             (Operation::Post(msg), Some("initialize")) => {
                 // Only `params`, where the edge's parse found it: not the whole message.
@@ -82,25 +62,44 @@ where
                 let caps = params.as_ref().and_then(|p| p.get("capabilities").cloned());
                 Watch::Initialize(caps.unwrap_or(Value::Null), params)
             }
-            (Operation::Post(_), Some("tools/list")) => Watch::ToolsList,
             (Operation::EndSession, _) => Watch::End,
-            (Operation::OpenStream, _) => Watch::Stream,
-            _ => Watch::Nothing,
+            _ => {
+                // What is known of the session goes down: `session_guard` handed down the
+                // view of a session the request names; a 2025 request without one is looked
+                // up here (under its principal, or the upstream's facts).
+                if legacy && req.ctx.client_session_id.is_none() {
+                    let key = session_key(&req.ctx);
+                    if let Some(view) = self.sessions.view(&req.ctx.upstream, key.as_ref()) {
+                        req.extensions.insert(view);
+                    }
+                }
+                let without_tasks = legacy
+                    && req
+                        .request_method()
+                        .is_some_and(|m| m.starts_with("tasks/"))
+                    && req
+                        .extensions
+                        .get::<SessionView>()
+                        .is_some_and(|v| v.upstream_without_tasks);
+                if without_tasks {
+                    req.extensions
+                        .insert(crate::layers::extensions::UpstreamWithoutTasks);
+                }
+                // Nothing to learn from the reply.
+                return Either::Left(self.inner.call(req));
+            }
         };
         let finish = Finish {
-            sessions,
-            upstream,
-            principal,
-            tenant,
-            has_identity,
-            session,
+            sessions: self.sessions.clone(),
+            upstream: req.ctx.upstream.clone(),
+            principal: req.ctx.principal.clone(),
+            tenant: req.ctx.tenant(),
+            has_identity: req.ctx.client_session_id.is_some()
+                || matches!(req.ctx.principal, Principal::Token(_)),
+            session: session_key(&req.ctx),
             watch,
             id: req.id().cloned(),
         };
-        if !matches!(finish.watch, Watch::Initialize(..) | Watch::End) {
-            // Nothing to store: the reply is read as it passes.
-            return Either::Left(AfterReply::new(self.inner.call(req), finish));
-        }
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Either::Right(Box::pin(async move {
@@ -150,10 +149,9 @@ where
     }
 }
 
-/// What the `session` layer reads from a reply as it passes (the tool cache, capabilities, the
-/// session's activity), once any store write is done.
-#[doc(hidden)]
-pub struct Finish {
+/// What the `session` layer reads from an `initialize` answer as it passes (the session, its
+/// capabilities), once any store write is done.
+struct Finish {
     sessions: Arc<Sessions>,
     upstream: Arc<str>,
     principal: Principal,
@@ -162,15 +160,6 @@ pub struct Finish {
     session: Option<SessionKey>,
     watch: Watch,
     id: Option<Id>,
-}
-
-impl ReplyStep for Finish {
-    fn apply(self, mut reply: McpReply) -> McpReply {
-        // A held session's answer is stored only for `initialize` (not this path). Nearly every
-        // reply is without the mark.
-        let held = reply.extensions.remove::<HeldAnswer>().is_some();
-        self.reply(reply, held)
-    }
 }
 
 impl Finish {
@@ -195,47 +184,29 @@ impl Finish {
         // upstream's facts there, never one client's capabilities.
         let keep_client_caps = has_identity || issued.is_some();
         let reply_session = issued.map(SessionKey::Session).or(session);
+        let Watch::Initialize(caps, _) = watch else {
+            return reply;
+        };
+        let observe = move |bytes: &[u8]| {
+            let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
+                return;
+            };
+            if v.get("id").and_then(Id::from_value).as_ref() != id.as_ref() {
+                return;
+            }
+            if let Some(result) = v.get("result") {
+                sessions.insert(
+                    &upstream,
+                    reply_session.clone(),
+                    (principal.clone(), tenant.clone()),
+                    keep_client_caps.then_some(&caps),
+                    Some(result),
+                    None,
+                );
+            }
+        };
         // A held session's `initialize` answer was recorded by `store_held`, once.
-        let json_matters = match watch {
-            Watch::Initialize(..) => !held,
-            Watch::ToolsList => true,
-            _ => false,
-        };
-        let observe = move |bytes: &[u8]| match &watch {
-            Watch::Initialize(caps, _) => {
-                let Ok(v) = serde_json::from_slice::<Value>(bytes) else {
-                    return;
-                };
-                if v.get("id").and_then(Id::from_value).as_ref() != id.as_ref() {
-                    return;
-                }
-                if let Some(result) = v.get("result") {
-                    sessions.insert(
-                        &upstream,
-                        reply_session.clone(),
-                        (principal.clone(), tenant.clone()),
-                        keep_client_caps.then_some(caps),
-                        Some(result),
-                        None,
-                    );
-                }
-            }
-            Watch::ToolsList => {
-                if needles::found(&needles::TOOLS_KEY, bytes) {
-                    if let Ok(v) = serde_json::from_slice::<Value>(bytes) {
-                        if let Some(result) = v.get("result") {
-                            sessions.record_tools(&upstream, reply_session.as_ref(), result);
-                        }
-                    }
-                }
-                sessions.on_upstream_message(&upstream, reply_session.as_ref(), bytes);
-            }
-            Watch::Stream | Watch::Nothing | Watch::End => {
-                sessions.on_upstream_message(&upstream, reply_session.as_ref(), bytes)
-            }
-        };
-        // A JSON answer is the one response: only initialize and tools/list answers matter.
-        if json_matters || matches!(reply.body, ReplyBody::Stream(_)) {
+        if !held || matches!(reply.body, ReplyBody::Stream(_)) {
             reply.body = reply.body.map_messages(move |data| {
                 observe(data.as_bytes());
                 None
@@ -246,11 +217,8 @@ impl Finish {
 }
 
 enum Watch {
-    Nothing,
     /// The client's capabilities, and the whole `params` (for a held session).
     Initialize(Value, Option<Value>),
-    ToolsList,
-    Stream,
     End,
 }
 

@@ -3,15 +3,16 @@
 use super::early::{finish, read_to_answer, First};
 use super::follower::Follower;
 use super::requests::send_tasks_cancel;
+use super::tool_cache::Watched;
 use super::tools::tool_support;
 use super::{UpgradeState, EARLY_LIMIT, RELAY_CAPACITY};
 use crate::exchange::{
     CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestContext,
 };
 use crate::jsonrpc::{self, Id, Message};
-use crate::layers::extensions::NeedsTask;
-use crate::layers::session::session_key;
+use crate::layers::extensions::{NeedsTask, SessionView};
 use crate::layers::McpService;
+use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::classify::Classified;
 use crate::mcp::tools::TaskSupport;
 use crate::metrics::UpgradeOutcome;
@@ -29,9 +30,11 @@ use tower::ServiceExt;
 /// docs), otherwise passed on as it is.
 pub(super) async fn tools_call<S: McpService>(
     state: Arc<UpgradeState>,
-    inner: S,
+    inner: Watched<S>,
     mut req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
+    // taskgate's own requests for this call go down in the client's session.
+    let inner = inner.on_behalf_of(req.extensions.get::<SessionView>());
     let upgraded = match upgrade(&state, &inner, &req).await {
         Some(u) => u,
         None => {
@@ -56,6 +59,11 @@ pub(super) async fn tools_call<S: McpService>(
     req.op = Operation::Post(message);
     req.extensions.insert(crate::layers::extensions::Upgraded);
     let ctx = req.ctx.clone();
+    let client = req
+        .extensions
+        .get::<SessionView>()
+        .map(|v| v.client)
+        .unwrap_or_default();
 
     // The call is known as upgraded from now on: a notifications/cancelled for its id, even one
     // that arrives before the CreateTaskResult, becomes a tasks/cancel.
@@ -70,6 +78,7 @@ pub(super) async fn tools_call<S: McpService>(
             state,
             inner,
             ctx,
+            client,
             original_id: original_id.clone(),
             progress_token,
             key,
@@ -110,10 +119,7 @@ async fn needs_task(
     mut reply: McpReply,
 ) -> Result<McpReply, Upgrade> {
     use futures_util::StreamExt;
-    if !state
-        .sessions
-        .upstream_tasks_tools_call(&req.ctx.upstream, session_key(&req.ctx).as_ref())
-    {
+    if !upstream_tasks_tools_call(req) {
         return Ok(reply);
     }
     let Some(NeedsTask(needs_task)) = reply.extensions.remove::<NeedsTask>() else {
@@ -160,6 +166,14 @@ async fn needs_task(
         }
         None => Ok(reply),
     }
+}
+
+/// Whether the upstream of `req`'s session declared `tasks.requests.tools.call` (the session
+/// stage's [`SessionView`]; a session taskgate does not hold: no).
+fn upstream_tasks_tools_call(req: &McpRequest) -> bool {
+    req.extensions
+        .get::<SessionView>()
+        .is_some_and(|v| v.upstream_tasks_tools_call)
 }
 
 /// `req` (a plain `tools/call`) with `params.task = {ttl: upgrade.ttl_ms}`.
@@ -210,17 +224,17 @@ async fn upgrade<S: McpService>(
         return None;
     };
     // Cheap checks first: most calls are not candidates and are not parsed again.
-    if !state
-        .sessions
-        .upstream_tasks_tools_call(&req.ctx.upstream, session_key(&req.ctx).as_ref())
-    {
+    let view = req.extensions.get::<SessionView>()?;
+    if !view.upstream_tasks_tools_call {
         return None;
     }
     // As the edge classified it: no parse of the message.
     let c = Classified::of(msg);
     let plain = c.param("task").is_none();
     let tool = c.tool()?;
-    if !plain || tool_support(state, inner, &req.ctx, &tool).await != Some(TaskSupport::Required) {
+    if !plain
+        || tool_support(state, inner, &req.ctx, view, &tool).await != Some(TaskSupport::Required)
+    {
         return None;
     }
     let original_id = msg.id().cloned()?;
@@ -242,6 +256,8 @@ struct Upgraded<S> {
     state: Arc<UpgradeState>,
     inner: S,
     ctx: RequestContext,
+    /// What the client declared (none kept: nothing declared).
+    client: ClientCapabilities,
     original_id: Id,
     progress_token: Option<Value>,
     key: CallKey,
@@ -373,6 +389,7 @@ impl<S: McpService> Upgraded<S> {
             state,
             inner,
             ctx,
+            client,
             original_id,
             progress_token,
             key,
@@ -395,6 +412,7 @@ impl<S: McpService> Upgraded<S> {
             state,
             inner: Arc::new(inner),
             ctx,
+            client,
             task_id,
             original_id,
             progress_token,

@@ -7,8 +7,8 @@ use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
 use crate::config::OnDisconnect;
 use crate::exchange::{CallKey, RequestContext};
 use crate::jsonrpc::{self, Id};
-use crate::layers::session::{session_key, SessionInfo};
 use crate::layers::McpService;
+use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::UpgradeOutcome;
 use crate::sse::Event;
@@ -30,6 +30,8 @@ pub(super) struct Follower<S> {
     pub(super) state: Arc<UpgradeState>,
     pub(super) inner: Arc<S>,
     pub(super) ctx: RequestContext,
+    /// What the client declared in its session (the session stage's `SessionView`).
+    pub(super) client: ClientCapabilities,
     pub(super) task_id: String,
     pub(super) original_id: Id,
     pub(super) progress_token: Option<Value>,
@@ -203,10 +205,6 @@ impl<S: McpService> Follower<S> {
         relay_tx: &mpsc::Sender<Event>,
         relay_rx: &mut mpsc::Receiver<Event>,
     ) -> End {
-        let client_caps = self
-            .state
-            .sessions
-            .get(&self.ctx.upstream, session_key(&self.ctx).as_ref());
         // Given up when the loop ends.
         let mut result_fut = Box::pin(Self::ask_result(
             (*self.inner).clone(),
@@ -255,7 +253,7 @@ impl<S: McpService> Follower<S> {
                     }
                 }
                 Some(ev) = relay_rx.recv() => {
-                    if let Some(end) = needs_capability(client_caps.as_ref(), &ev) {
+                    if let Some(end) = needs_capability(self.client, &ev) {
                         break end;
                     }
                     self.relay_other(ev).await;
@@ -403,8 +401,8 @@ impl<S: McpService> Follower<S> {
 }
 
 /// The end of following when `ev` is an `elicitation/create` or `sampling/createMessage` request
-/// and the client (`client_caps`) did not declare the capability it needs.
-fn needs_capability(client_caps: Option<&SessionInfo>, ev: &Event) -> Option<End> {
+/// and the client (`client`) did not declare the capability it needs.
+fn needs_capability(client: ClientCapabilities, ev: &Event) -> Option<End> {
     let data = ev.data.as_ref()?;
     let method = serde_json::from_str::<Value>(data)
         .ok()
@@ -414,8 +412,7 @@ fn needs_capability(client_caps: Option<&SessionInfo>, ev: &Event) -> Option<End
         Some("sampling/createMessage") => ("sampling/createMessage", "/sampling"),
         _ => return None,
     };
-    (!client_caps.is_some_and(|c| c.client_has(pointer)))
-        .then_some(End::NeedsCapability(method, pointer))
+    (!client.has(pointer)).then_some(End::NeedsCapability(method, pointer))
 }
 
 /// One `tasks/get` for the follower: the task's `(status, statusMessage)`.

@@ -86,8 +86,14 @@
 //! as optional, plain calls upgraded) and relayed elicitation/sampling is not checked against
 //! capabilities.
 //!
+//! What it knows of a session comes down from the session stage above it (the `SessionView`
+//! fact: what the client and the upstream declared); it reads no session table. The
+//! `taskSupport` of the tools is its own: `tool_cache` learns it from the `tools/list` answers
+//! that pass through the layer (see there for its memory and bound).
+//!
 //! Files: this one holds the layer, its state and the dispatch (with the `notifications/cancelled`
-//! interception); `tools` the `tools/list` rewrite and `taskSupport` lookup; `call` the upgrade,
+//! interception); `tool_cache` the tool cache and the inner service that fills it; `tools` the
+//! `tools/list` rewrite and `taskSupport` lookup; `call` the upgrade,
 //! the driver up to the `CreateTaskResult` and taskgate's internal requests; `early` what comes
 //! before that answer; `follower` the
 //! task's follower; `progress` the increasing progress values and the GET-stream rewrite;
@@ -99,9 +105,11 @@ mod follower;
 mod orphans;
 mod progress;
 mod requests;
+mod tool_cache;
 mod tools;
 
 pub use orphans::cancel_orphans;
+pub use tool_cache::{ToolCache, ToolMap, Watched};
 
 use call::tools_call;
 use progress::get_stream;
@@ -110,7 +118,6 @@ use tools::tools_list;
 use crate::config::UpgradeConfig;
 use crate::exchange::{CallKey, Caller, GatewayError, McpReply, McpRequest, Operation};
 use crate::jsonrpc::Id;
-use crate::layers::session::Sessions;
 use crate::layers::McpService;
 use crate::metrics::UpgradeOutcome;
 use crate::registry::Registry;
@@ -145,7 +152,8 @@ struct ActiveCall {
 
 /// State of the upgrade layer for one upstream (built per stack in `gateway`).
 pub struct UpgradeState {
-    sessions: Arc<Sessions>,
+    /// The `taskSupport` of the tools each session's upstream listed.
+    tools: Arc<ToolCache>,
     registry: Arc<Registry>,
     config: UpgradeConfig,
     /// Upgraded calls being followed: the client's call → every live call with that key (more
@@ -162,13 +170,12 @@ pub struct UpgradeState {
 impl UpgradeState {
     /// The state of one upstream's upgrade layer; `upstream_timeout` is its `timeout_ms`.
     pub fn new(
-        sessions: Arc<Sessions>,
         registry: Arc<Registry>,
         config: UpgradeConfig,
         upstream_timeout: Duration,
     ) -> Arc<UpgradeState> {
         Arc::new(UpgradeState {
-            sessions,
+            tools: Arc::default(),
             registry,
             config,
             active: Mutex::new(HashMap::new()),
@@ -252,8 +259,10 @@ impl UpgradeLayer {
 impl<S> tower::Layer<S> for UpgradeLayer {
     type Service = UpgradeService<S>;
     fn layer(&self, inner: S) -> UpgradeService<S> {
+        // Nothing reads the tool cache when upgrading is off: then nothing fills it.
+        let cache = self.state.config.enabled.then(|| self.state.tools.clone());
         UpgradeService {
-            inner,
+            inner: Watched::new(inner, cache),
             state: self.state.clone(),
         }
     }
@@ -262,7 +271,8 @@ impl<S> tower::Layer<S> for UpgradeLayer {
 /// The `upgrade` layer's service (see the module docs).
 #[derive(Clone)]
 pub struct UpgradeService<S> {
-    inner: S,
+    /// The inner service, its replies read into the tool cache.
+    inner: Watched<S>,
     state: Arc<UpgradeState>,
 }
 
@@ -271,7 +281,7 @@ type BoxFut = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send
 impl<S: McpService> UpgradeService<S> {
     /// The inner service for a future that outlives `call`: the ready one goes with the
     /// request, this service keeps a clone.
-    fn take_inner(&mut self) -> S {
+    fn take_inner(&mut self) -> Watched<S> {
         let clone = self.inner.clone();
         std::mem::replace(&mut self.inner, clone)
     }
@@ -283,7 +293,7 @@ impl<S: McpService> tower::Service<McpRequest> for UpgradeService<S> {
     /// The inner service's own future for what passes as it is (everything when upgrading is
     /// off or the request is 2026-07-28); a boxed one for `tools/call`, `tools/list`, the GET
     /// stream and a `notifications/cancelled` answered here.
-    type Future = Either<S::Future, BoxFut>;
+    type Future = Either<<Watched<S> as tower::Service<McpRequest>>::Future, BoxFut>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
         self.inner.poll_ready(cx)
@@ -302,11 +312,9 @@ impl<S: McpService> tower::Service<McpRequest> for UpgradeService<S> {
                 self.take_inner(),
                 req,
             ))),
-            Some("tools/list") if is_request => Either::Right(Box::pin(tools_list(
-                self.state.clone(),
-                self.take_inner(),
-                req,
-            ))),
+            Some("tools/list") if is_request => {
+                Either::Right(Box::pin(tools_list(self.take_inner(), req)))
+            }
             None if matches!(req.op, Operation::OpenStream) => Either::Right(Box::pin(get_stream(
                 self.state.clone(),
                 self.take_inner(),

@@ -4,27 +4,24 @@ use super::early::{answer_of, Others};
 use super::requests::internal_request;
 use super::UpgradeState;
 use crate::exchange::{GatewayError, McpReply, McpRequest, RequestContext};
-use crate::layers::session::session_key;
+use crate::layers::extensions::SessionView;
 use crate::layers::McpService;
 use crate::mcp::tools::TaskSupport;
 
 use serde_json::Value;
-use std::sync::Arc;
 use tower::ServiceExt;
 
 /// Shows `required` tools as `optional` to clients without `capabilities.tasks`.
 pub(super) async fn tools_list<S: McpService>(
-    state: Arc<UpgradeState>,
     inner: S,
     req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
-    let upstream = req.ctx.upstream.clone();
-    let session = session_key(&req.ctx);
+    let view = req.extensions.get::<SessionView>().cloned();
     let mut reply = inner.oneshot(req).await?;
-    let Some(info) = state.sessions.get(&upstream, session.as_ref()) else {
+    let Some(view) = view else {
         return Ok(reply);
     };
-    if info.client_declares_tasks() || !info.upstream_tasks_tools_call() {
+    if view.client.tasks() || !view.upstream_tasks_tools_call {
         return Ok(reply);
     }
     reply.body = reply.body.map_messages(relax_required);
@@ -51,18 +48,22 @@ pub(super) fn relax_required(text: &str) -> Option<String> {
     changed.then(|| v.to_string())
 }
 
+/// The `taskSupport` of `tool` in the client's session (`view`), from the tool cache; a tool not
+/// seen yet triggers one `tools/list`, every page, sent through `inner` (whose replies fill the
+/// cache: `inner` carries the client's session). `None`: taskgate holds no such session, or the
+/// upstream listed no such tool.
 pub(super) async fn tool_support<S: McpService>(
     state: &UpgradeState,
     inner: &S,
     ctx: &RequestContext,
+    view: &SessionView,
     tool: &str,
 ) -> Option<TaskSupport> {
-    let key = session_key(ctx);
-    let session = key.as_ref();
-    if let Some(ts) = state.sessions.tool_support(&ctx.upstream, session, tool) {
+    let session = &view.session;
+    if let Some(ts) = state.tools.support(session, tool) {
         return Some(ts);
     }
-    // Not seen yet: one tools/list, every page (the session layer records what passes).
+    // Not seen yet: one tools/list, every page (the tool cache records what passes).
     let mut cursor: Option<String> = None;
     for _ in 0..100 {
         let id = state.next_id();
@@ -84,5 +85,5 @@ pub(super) async fn tool_support<S: McpService>(
             break;
         }
     }
-    state.sessions.tool_support(&ctx.upstream, session, tool)
+    state.tools.support(session, tool)
 }
