@@ -11,6 +11,7 @@ use crate::config::{Config, UpgradeConfig, UpstreamConfig};
 use crate::http::admin::{Admin, UpstreamTarget};
 use crate::http::server::{connection_budget, serve, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
+use crate::layers::bridge::reverse::{ReverseLayer, ReverseState};
 use crate::layers::bridge::{BridgeLayer, BridgeState};
 use crate::layers::cancel::{CancelLayer, CancelState};
 use crate::layers::held_sessions::{HeldSessions, HeldSessionsLayer};
@@ -269,6 +270,14 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
             u.protocol,
             timeout,
             cancel_state,
+        )))
+        // 2026-07-28 clients on a 2025-11-25-only upstream (issue 33): below the bridge, which
+        // passes every 2026-07-28 request on.
+        .layer(ReverseLayer::new(ReverseState::new(
+            shared.registry.clone(),
+            u.protocol,
+            timeout,
+            idle,
         )))
         .layer(ObserveLayer::new(shared.registry.clone()))
         .layer(IdsLayer::new(shared.metrics.clone()))

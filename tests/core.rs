@@ -14,6 +14,7 @@ mod bridge_held;
 mod bridge_held_store;
 mod bridge_listen;
 mod bridge_mrtr;
+mod bridge_reverse;
 mod bridge_status;
 mod cancel;
 mod config_files;

@@ -340,6 +340,10 @@ label_enum! {
         /// (`layers::bridge`, held sessions): its `initialize`, `notifications/initialized`,
         /// `ping`, GET (405) and DELETE.
         HeldSession = "held_session",
+        /// A 2026-07-28 request to a 2025-11-25-only upstream answered from the session taskgate
+        /// holds on it (`layers::bridge::reverse`): `server/discover` from its
+        /// `InitializeResult`, the `tasks/update` ack, GET and DELETE (405), a POSTed response.
+        HeldUpstreamSession = "held_upstream_session",
         /// A 2025-11-25 request whose id the same client session has in flight on its
         /// upstream session (`layers::ids`: `-32600`).
         IdInFlight = "id_in_flight",

@@ -48,6 +48,7 @@ pub(super) async fn ask_discover<S: McpService>(
     );
     out.extensions = http::Extensions::new();
     out.extensions.insert(crate::mcp::era::Era::Modern);
+    out.extensions.insert(super::reverse::ForModernUpstream);
     let asked = async {
         match inner.oneshot(out).await {
             Ok(reply) => Ok(answer_of(reply, &id).await),

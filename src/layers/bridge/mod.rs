@@ -136,6 +136,7 @@ pub mod errors;
 mod follow;
 pub(crate) mod held;
 pub mod listen;
+pub mod reverse;
 pub mod translate;
 
 use answer::{answer_of, ask, ask_with, error_reply, failure_reply, legacy_reply};
@@ -573,6 +574,7 @@ fn modern_request(
     }
     let mut extensions = req.extensions.clone();
     extensions.insert(Era::Modern);
+    extensions.insert(reverse::ForModernUpstream);
     McpRequest {
         op: Operation::Post(msg),
         ctx,

@@ -159,7 +159,9 @@ pub(super) async fn authorise(
             LocalReason::TaskNotFound,
         ));
     };
-    if method == "tasks/get" {
+    // A 2025-11-25 task's stored payload is its `tasks/result`, not a `DetailedTask`: the
+    // reverse bridge (`bridge::reverse`) builds that one.
+    if method == "tasks/get" && record.era == Era::Modern {
         if let Some(reply) = stored_result(&record, &id) {
             return Err(reply);
         }

@@ -1,0 +1,995 @@
+//! The reverse bridge: a 2026-07-28 client on a 2025-11-25 task server (issue 33; DESIGN.md
+//! "Every client, every server", the cell "2026-07-28 task client · 2025-11-25 tasks"). The
+//! `bridge` layer above serves the other direction and passes every 2026-07-28 request to this
+//! layer, which sits directly below it and above `observe`: the layers above keep the client's
+//! era (2026 owner binding, gates, single-flight cancel with the 2026 ack), while `observe`
+//! sees the 2025-11-25 requests that actually go upstream and records them as for a 2025
+//! client (a task's record: era `legacy`, origin `bridged`, its upstream session).
+//!
+//! **When.** A 2026-07-28 request (`McpRequest::era`) to an upstream that speaks only
+//! 2025-11-25: `upstream.protocol = "2025-11-25"`, or `"auto"` and the upstream does not answer
+//! `server/discover` with a result (a 2025 server refuses it without a session, or answers
+//! `-32601`, or not within `bridge::DISCOVER_DEADLINE`), learned once per process. Every other
+//! 2026-07-28 request, and every 2025-11-25 one, passes untouched (2025 clients on the same
+//! upstream are unchanged). No new configuration.
+//!
+//! **Sessions** (`sessions`): each request goes out on a 2025-11-25 session taskgate holds,
+//! one per principal with auth and per client address without (why: see `sessions`), opened
+//! with `initialize` + `notifications/initialized` by the first request that needs it and
+//! opened again when the upstream answers 404 on it (the request is then sent once more).
+//!
+//! **Requests** (every one taskgate sends upstream here): under an id taskgate mints (a string
+//! no client id is: two stateless clients sharing a session can use the same id), the answer
+//! given back under the client's id; `params._meta` without the `io.modelcontextprotocol/*`
+//! keys (`traceparent`, `progressToken` and other keys kept: `translate::legacy_params`);
+//! `MCP-Protocol-Version` the session's negotiated version (`2025-11-25`), its
+//! `Mcp-Session-Id`, no `Mcp-Method` / `Mcp-Name`.
+//!
+//! What each 2026-07-28 message becomes:
+//! - `server/discover`: answered here from the held session's `InitializeResult`
+//!   (`translate::discover_result`: `supportedVersions` with 2026-07-28, the tasks extension
+//!   iff the upstream has `capabilities.tasks.requests.tools.call`, tools/resources/prompts as
+//!   the upstream declared them).
+//! - `tools/call`: the tool's `execution.taskSupport` is read from the session's `tools/list`
+//!   (asked when the tool is not in the cached one). A task tool (`required`, or `optional`
+//!   when this request declares the extension) on an upstream that runs tool tasks is sent as
+//!   a 2025 task (`params.task.ttl` = `tasks.max_ttl_ms`, the ttl taskgate would cap to
+//!   anyway; the upstream may lower it) and answered as the flat `CreateTaskResult`
+//!   (`resultType:"task"`, `ttlMs`, `pollIntervalMs`) once `observe` has recorded it. A
+//!   `required` tool called without the extension is `-32021` naming it (HTTP 400; 2026-07-28
+//!   tasks §creation), sent nowhere. Any other call goes out plain and its result gets
+//!   `resultType:"complete"`.
+//! - `tasks/get` (authorised by `tasks` above, routed to the task's recorded session): 2025
+//!   `tasks/get`; at a terminal status one 2025 `tasks/result` (the payload `observe` keeps in
+//!   the record, so later polls are answered from it, here, without the upstream); answered as
+//!   a `DetailedTask` (`translate::detailed_task`: a tool error keeps its content as a
+//!   `completed` result with `isError`, a JSON-RPC error is `failed` with that `error`).
+//! - `tasks/cancel` (single-flighted by `cancel` above; a terminal task is acknowledged there):
+//!   one 2025 `tasks/cancel`, answered with the 2026 ack `{"resultType":"complete"}`, also when
+//!   the upstream says the task is already terminal (`-32602`).
+//! - `tasks/update`: acknowledged here (`{"resultType":"complete"}`); the upstream's input
+//!   requests are not relayed yet, so the answers have nowhere to go (2026-07-28 tasks: a
+//!   server SHOULD ignore keys it does not know).
+//! - any other request (`tools/list`, `resources/*`, `prompts/*`, …): sent on the session;
+//!   results get `resultType:"complete"`; an SSE answer keeps its notifications, loses the
+//!   upstream's own requests (2026-07-28 has no server→client requests).
+//! - notifications: sent on the session as they are (`_meta` cleaned); responses a client
+//!   POSTs: 202, dropped (no upstream request of this bridge asks a 2026 client anything).
+//! - GET and DELETE: 405 (2026-07-28 has no standalone stream and no sessions).
+//!
+//! **Errors**: an upstream session that cannot be opened is `-32603` naming why; an exchange
+//! taskgate makes itself that the upstream does not finish within its `timeout_ms` is the
+//! upstream timeout's `-32603`. A JSON-RPC error the upstream answers keeps its code and message
+//! and gets the 2026-07-28 HTTP status for its code (`mcp::errors::modern_error_status`).
+
+mod sessions;
+pub mod translate;
+
+pub use sessions::{UpstreamSession, UpstreamSessions, MAX_UPSTREAM_SESSIONS};
+pub use translate::PROTOCOL_META_PREFIX;
+
+use super::answer::answer_of;
+use crate::config::UpstreamProtocol;
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::jsonrpc::{self, Id, Kind, Message};
+use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::layers::relay::OwnIds;
+use crate::layers::McpService;
+use crate::mcp::capabilities::declares_tasks_extension;
+use crate::mcp::era::{Era, MODERN_VERSION};
+use crate::mcp::task::TaskStatus;
+use crate::metrics::LocalReason;
+use crate::registry::Registry;
+use crate::store::{Origin, TaskRecord};
+use bytes::Bytes;
+use futures_util::future::Either;
+use http::{HeaderValue, StatusCode};
+use parking_lot::Mutex;
+use serde_json::{json, Map, Value};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tower::ServiceExt;
+use translate::Outcome;
+
+/// The protocol version taskgate asks for in the `initialize` of a session it holds.
+pub const LEGACY_VERSION: &str = "2025-11-25";
+/// Most `tools/list` pages read to learn one tool's `taskSupport`.
+pub const MAX_TOOL_PAGES: usize = 16;
+
+/// One upstream's reverse-bridge state: whether it speaks only 2025-11-25, and its held
+/// sessions.
+pub struct ReverseState {
+    registry: Arc<Registry>,
+    protocol: UpstreamProtocol,
+    /// `"auto"`: whether the upstream speaks only 2025-11-25, once learned.
+    legacy_only: Mutex<Option<bool>>,
+    probe: tokio::sync::Mutex<()>,
+    sessions: UpstreamSessions,
+    ids: OwnIds,
+    /// The upstream's `timeout_ms`: bounds each exchange taskgate makes itself.
+    timeout: Duration,
+}
+
+impl ReverseState {
+    /// The state of one upstream configured with `protocol`; taskgate's own exchanges bounded
+    /// by `timeout` (the upstream's `timeout_ms`); held sessions idle for `idle`
+    /// (`gateway.session_idle_ms`) with no live task forgotten.
+    pub fn new(
+        registry: Arc<Registry>,
+        protocol: UpstreamProtocol,
+        timeout: Duration,
+        idle: Duration,
+    ) -> Arc<ReverseState> {
+        Arc::new(ReverseState {
+            registry,
+            protocol,
+            legacy_only: Mutex::new(None),
+            probe: tokio::sync::Mutex::new(()),
+            sessions: UpstreamSessions::new(idle),
+            ids: OwnIds::default(),
+            timeout,
+        })
+    }
+
+    fn known(&self) -> Option<bool> {
+        match self.protocol {
+            UpstreamProtocol::Legacy => Some(true),
+            UpstreamProtocol::Modern => Some(false),
+            UpstreamProtocol::Auto => *self.legacy_only.lock(),
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        upstream: &Arc<str>,
+        exchange: impl Future<Output = Result<T, GatewayError>>,
+    ) -> Result<T, GatewayError> {
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.registry
+                    .metrics()
+                    .upstream_error(upstream, crate::metrics::UpstreamErrorKind::Timeout);
+                Err(GatewayError::UpstreamTimeout {
+                    upstream: upstream.clone(),
+                    timeout_ms: self.timeout.as_millis().min(u64::MAX as u128) as u64,
+                })
+            }
+        }
+    }
+}
+
+/// Policy down, set by the `bridge` above on the 2026-07-28 requests it sends itself for a
+/// 2025-11-25 client (`bridge::modern_request`, its `server/discover`): they are meant for a
+/// 2026-07-28 upstream as they are, so they pass this layer untranslated (a 2025-only
+/// upstream answers its `server/discover` itself, and the bridge learns from that answer).
+#[derive(Debug, Clone, Copy)]
+pub struct ForModernUpstream;
+
+/// Builds [`ReverseService`]s over one upstream's [`ReverseState`].
+#[derive(Clone)]
+pub struct ReverseLayer {
+    state: Arc<ReverseState>,
+}
+
+impl ReverseLayer {
+    /// A layer bridging with `state`.
+    pub fn new(state: Arc<ReverseState>) -> ReverseLayer {
+        ReverseLayer { state }
+    }
+}
+
+impl<S> tower::Layer<S> for ReverseLayer {
+    type Service = ReverseService<S>;
+    fn layer(&self, inner: S) -> ReverseService<S> {
+        ReverseService {
+            inner,
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// The reverse bridge's service (see the module docs).
+#[derive(Clone)]
+pub struct ReverseService<S> {
+    inner: S,
+    state: Arc<ReverseState>,
+}
+
+type BoxFut = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send>>;
+
+impl<S: McpService> tower::Service<McpRequest> for ReverseService<S> {
+    type Response = McpReply;
+    type Error = GatewayError;
+    /// The inner service's own future for what passes (2025-11-25 requests, any request to an
+    /// upstream that speaks 2026-07-28); a boxed one otherwise.
+    type Future = Either<S::Future, BoxFut>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: McpRequest) -> Self::Future {
+        if req.era() != Era::Modern
+            || self.state.known() == Some(false)
+            || req.extensions.get::<ForModernUpstream>().is_some()
+        {
+            return Either::Left(self.inner.call(req));
+        }
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let state = self.state.clone();
+        Either::Right(Box::pin(async move {
+            match legacy_only(&state, &inner, &req).await {
+                Learned::Bridge => bridge(&state, inner, req).await,
+                Learned::Pass => inner.oneshot(req).await,
+                Learned::Answered(reply) => Ok(reply),
+            }
+        }))
+    }
+}
+
+/// What [`legacy_only`] found.
+enum Learned {
+    /// The upstream speaks only 2025-11-25: the request is bridged.
+    Bridge,
+    /// It speaks 2026-07-28 (or could not be asked): the request passes.
+    Pass,
+    /// The request was the `server/discover` that taught it: its answer.
+    Answered(McpReply),
+}
+
+/// Whether the upstream speaks only 2025-11-25, learned once under `"auto"` from its answer to
+/// `server/discover` (a result: it speaks 2026-07-28; an error, no JSON-RPC answer, or none
+/// within `bridge::DISCOVER_DEADLINE`: 2025-11-25 only). A request that is itself a
+/// `server/discover` is what asks (the `bridge` above sends its own to learn the era: one
+/// discovery, not two); for any other, taskgate asks. A discovery that could not be sent
+/// (transport error) decides nothing: the request passes, and the next one asks again.
+async fn legacy_only<S: McpService>(state: &ReverseState, inner: &S, req: &McpRequest) -> Learned {
+    let decided = |legacy: bool| {
+        if legacy {
+            Learned::Bridge
+        } else {
+            Learned::Pass
+        }
+    };
+    if let Some(k) = state.known() {
+        return decided(k);
+    }
+    let _one = state.probe.lock().await;
+    if let Some(k) = state.known() {
+        return decided(k);
+    }
+    let asks = req.request_method() == Some("server/discover");
+    let (id, out) = match (asks, req.id()) {
+        (true, Some(id)) => (id.clone(), req.clone()),
+        _ => {
+            let id = state.ids.next_id();
+            let body = json!({"jsonrpc": "2.0", "id": id_value(&id), "method": "server/discover",
+            "params": {"_meta": {
+                crate::mcp::era::PROTOCOL_VERSION_META: MODERN_VERSION,
+                crate::mcp::capabilities::CLIENT_CAPABILITIES_META: {},
+            }}});
+            let mut out = request_with(req, body, None);
+            out.extensions = http::Extensions::new();
+            out.ctx.headers.insert(
+                &crate::headers::MCP_PROTOCOL_VERSION,
+                HeaderValue::from_static(MODERN_VERSION),
+            );
+            out.ctx.headers.insert(
+                &crate::mcp::routing_headers::MCP_METHOD,
+                HeaderValue::from_static("server/discover"),
+            );
+            out.extensions.insert(Era::Modern);
+            (id, out)
+        }
+    };
+    let asked = async {
+        let reply = inner.clone().oneshot(out).await?;
+        let (status, headers) = (reply.status, reply.headers.clone());
+        let answer = answer_of(reply, &id).await;
+        Ok::<_, GatewayError>((status, headers, answer))
+    };
+    let deadline = super::DISCOVER_DEADLINE.min(state.timeout);
+    let (legacy, answered) = match tokio::time::timeout(deadline, asked).await {
+        Err(_) => (true, None),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "server/discover could not be sent; asked again later");
+            return Learned::Pass;
+        }
+        Ok(Ok((status, mut headers, answer))) => {
+            let modern = answer
+                .as_ref()
+                .and_then(|a| a.get("result"))
+                .is_some_and(Value::is_object);
+            // The caller's own discovery, answered by a 2026-07-28 upstream: that answer.
+            let reply = match (modern && asks, answer) {
+                (true, Some(a)) => {
+                    headers.remove(http::header::CONTENT_LENGTH);
+                    headers.insert(
+                        http::header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    );
+                    Some(McpReply::new(
+                        status,
+                        headers,
+                        ReplyBody::Json(Bytes::from(a.to_string())),
+                    ))
+                }
+                _ => None,
+            };
+            (!modern, reply)
+        }
+    };
+    if legacy {
+        tracing::info!(upstream = %req.ctx.upstream, "the upstream speaks only 2025-11-25: 2026-07-28 requests are bridged");
+    }
+    *state.legacy_only.lock() = Some(legacy);
+    match answered {
+        Some(reply) => Learned::Answered(reply),
+        None => decided(legacy),
+    }
+}
+
+/// A 2026-07-28 request bridged to the 2025-11-25 upstream (see the module docs).
+async fn bridge<S: McpService>(
+    state: &Arc<ReverseState>,
+    inner: S,
+    req: McpRequest,
+) -> Result<McpReply, GatewayError> {
+    let msg = match &req.op {
+        Operation::Post(m) => m.clone(),
+        _ => {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(http::header::ALLOW, HeaderValue::from_static("POST"));
+            return Ok(
+                McpReply::new(StatusCode::METHOD_NOT_ALLOWED, headers, ReplyBody::Empty)
+                    .answered_locally(LocalReason::HeldUpstreamSession),
+            );
+        }
+    };
+    match msg.kind() {
+        Kind::Response | Kind::Error => {
+            return Ok(McpReply::accepted().answered_locally(LocalReason::HeldUpstreamSession))
+        }
+        Kind::Notification => return notification(state, inner, &req, &msg).await,
+        _ => {}
+    }
+    let id = msg.id().cloned().expect("a request has an id");
+    let params: Option<Value> = msg.params().and_then(|p| serde_json::from_str(p).ok());
+    let method = msg.method().unwrap_or_default().to_string();
+    let record = req
+        .extensions
+        .get::<AuthorisedTask>()
+        .map(|a| a.record.clone());
+    Ok(match method.as_str() {
+        "server/discover" => match session(state, &inner, &req).await {
+            Ok(s) => McpReply::local_json(jsonrpc::result_response(
+                &id,
+                &translate::discover_result(&s.init).to_string(),
+            ))
+            .answered_locally(LocalReason::HeldUpstreamSession),
+            Err(NoSession(reply)) => reply,
+        },
+        "tools/call" => tools_call(state, inner, req, id, params).await?,
+        "tasks/get" | "tasks/cancel" | "tasks/update" => match record {
+            Some(r) if r.era == Era::Legacy => match method.as_str() {
+                "tasks/get" => tasks_get(state, inner, &req, &id, r).await?,
+                "tasks/cancel" => tasks_cancel(state, inner, &req, &id, r).await?,
+                _ => McpReply::local_json(jsonrpc::result_response(
+                    &id,
+                    crate::layers::cancel::MODERN_ACK,
+                ))
+                .answered_locally(LocalReason::HeldUpstreamSession),
+            },
+            // Not authorised by `tasks` (a stack without it): the upstream answers.
+            _ => forward(state, inner, &req, &id, &method, params.as_ref(), None).await?,
+        },
+        _ => forward(state, inner, &req, &id, &method, params.as_ref(), None).await?,
+    })
+}
+
+/// Why a request could not go out on a held session: the reply for it (`-32603` naming why,
+/// under the client's id).
+struct NoSession(McpReply);
+
+/// The session `req`'s caller uses, opened when none is held.
+async fn session<S: McpService>(
+    state: &ReverseState,
+    inner: &S,
+    req: &McpRequest,
+) -> Result<Arc<UpstreamSession>, NoSession> {
+    let tenant = req.ctx.tenant();
+    if let Some(s) = state.sessions.get(&tenant) {
+        return Ok(s);
+    }
+    let _one = state.sessions.opening.lock().await;
+    if let Some(s) = state.sessions.get(&tenant) {
+        return Ok(s);
+    }
+    let s = open(state, inner, req)
+        .await
+        .map_err(|why| no_session(req, &why))?;
+    state
+        .sessions
+        .insert(tenant, s.clone())
+        .map_err(|_| no_session(req, &format!("taskgate holds {MAX_UPSTREAM_SESSIONS} upstream sessions, each with live tasks; try again later")))?;
+    Ok(s)
+}
+
+fn no_session(req: &McpRequest, why: &str) -> NoSession {
+    NoSession(McpReply::local_error(
+        req.id(),
+        jsonrpc::INTERNAL_ERROR,
+        &format!(
+            "taskgate could not hold a 2025-11-25 session on upstream `{}`: {why}",
+            req.ctx.upstream
+        ),
+    ))
+}
+
+/// Opens a 2025-11-25 session on the upstream: `initialize` (taskgate's own client info, no
+/// client capabilities), then `notifications/initialized`; both bounded by `timeout_ms`.
+/// Errors: why, as text.
+async fn open<S: McpService>(
+    state: &ReverseState,
+    inner: &S,
+    req: &McpRequest,
+) -> Result<Arc<UpstreamSession>, String> {
+    let id = state.ids.next_id();
+    let body = json!({"jsonrpc": "2.0", "id": id_value(&id), "method": "initialize", "params": {
+        "protocolVersion": LEGACY_VERSION,
+        "capabilities": {},
+        "clientInfo": {"name": "taskgate", "version": env!("CARGO_PKG_VERSION")},
+    }});
+    let mut out = request_with(req, body, None);
+    out.ctx
+        .headers
+        .remove(&crate::headers::MCP_PROTOCOL_VERSION);
+    let upstream = req.ctx.upstream.clone();
+    let (session_id, answer) = state
+        .bounded(&upstream, async {
+            let reply = inner.clone().oneshot(out).await?;
+            let sid = reply.headers.get("mcp-session-id").cloned();
+            Ok((sid, answer_of(reply, &id).await))
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let Some(init) = answer
+        .as_ref()
+        .and_then(|a| a.get("result"))
+        .filter(|r| r.is_object())
+        .cloned()
+    else {
+        let why = answer
+            .as_ref()
+            .and_then(|a| a.pointer("/error/message"))
+            .and_then(Value::as_str)
+            .unwrap_or("no InitializeResult");
+        return Err(format!("initialize: {why}"));
+    };
+    let version = init
+        .get("protocolVersion")
+        .and_then(Value::as_str)
+        .and_then(|v| HeaderValue::from_str(v).ok())
+        .unwrap_or_else(|| HeaderValue::from_static(LEGACY_VERSION));
+    let session = Arc::new(UpstreamSession::new(session_id, version, init));
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let out = request_with(req, note, Some(&session));
+    let _ = state
+        .bounded(&upstream, async { inner.clone().oneshot(out).await })
+        .await;
+    tracing::debug!(upstream = %upstream, session = ?session.id, "2025-11-25 upstream session opened for 2026-07-28 clients");
+    Ok(session)
+}
+
+/// `id` as a JSON value.
+fn id_value(id: &Id) -> Value {
+    serde_json::from_str(id.as_json()).unwrap_or(Value::Null)
+}
+
+/// The upstream request `body` in `req`'s context: on `session` (its id and negotiated
+/// version; none: no session, the client's version header removed), without the client's
+/// `Mcp-Method` / `Mcp-Name`, era 2025-11-25, `req`'s extensions kept (an [`AuthorisedTask`]
+/// and the `cancel` layer's deadline for `observe` and the transport).
+fn request_with(req: &McpRequest, body: Value, session: Option<&UpstreamSession>) -> McpRequest {
+    let msg = Message::parse(Bytes::from(body.to_string())).expect("a well-formed message");
+    let mut ctx = req.ctx.clone();
+    ctx.session_id = session.and_then(|s| s.id.clone());
+    match session {
+        Some(s) => {
+            ctx.headers
+                .insert(&crate::headers::MCP_PROTOCOL_VERSION, s.version.clone());
+        }
+        None => {
+            ctx.headers.remove(&crate::headers::MCP_PROTOCOL_VERSION);
+        }
+    }
+    ctx.headers.remove(&crate::mcp::routing_headers::MCP_METHOD);
+    ctx.headers.remove(&crate::mcp::routing_headers::MCP_NAME);
+    let mut extensions = req.extensions.clone();
+    extensions.insert(Era::Legacy);
+    McpRequest {
+        op: Operation::Post(msg),
+        ctx,
+        extensions,
+    }
+}
+
+/// A 2025-11-25 request `method` with `params` under taskgate's own id `own`.
+fn legacy_body(own: &Id, method: &str, params: Map<String, Value>) -> Value {
+    let mut body = json!({"jsonrpc": "2.0", "id": id_value(own), "method": method});
+    if !params.is_empty() {
+        body["params"] = Value::Object(params);
+    }
+    body
+}
+
+/// Which session a request goes out on.
+enum On {
+    /// The caller's (opened when none is held).
+    Caller,
+    /// A task's recorded session (`req.ctx.session_id`, set by `tasks`), or what replaced it.
+    Task,
+}
+
+/// Sends `body` (under `own`) on the session `on` names and returns the reply; an upstream
+/// 404 (the session ended upstream) opens a new session for the caller and sends it once more.
+async fn send<S: McpService>(
+    state: &ReverseState,
+    inner: &S,
+    req: &McpRequest,
+    body: &Value,
+    on: On,
+    prepare: &(dyn Fn(&mut McpRequest, &UpstreamSession) + Send + Sync),
+) -> Result<Result<McpReply, NoSession>, GatewayError> {
+    let mut first = match on {
+        On::Caller => match session(state, inner, req).await {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
+        },
+        On::Task => {
+            let recorded = req.ctx.session_id.clone();
+            match recorded.as_ref().and_then(|id| state.sessions.route(id)) {
+                Some(s) => s,
+                None => Arc::new(UpstreamSession::new(
+                    recorded,
+                    match state.sessions.get(&req.ctx.tenant()) {
+                        Some(s) => s.version.clone(),
+                        None => HeaderValue::from_static(LEGACY_VERSION),
+                    },
+                    Value::Null,
+                )),
+            }
+        }
+    };
+    let mut retried = false;
+    loop {
+        let mut out = request_with(req, body.clone(), Some(&first));
+        prepare(&mut out, &first);
+        let reply = inner.clone().oneshot(out).await?;
+        let Some(lost) = first
+            .id
+            .clone()
+            .filter(|_| reply.status == StatusCode::NOT_FOUND && !retried)
+        else {
+            return Ok(Ok(reply));
+        };
+        retried = true;
+        tracing::info!(upstream = %req.ctx.upstream, session = ?lost, "upstream session gone (404): initialized again");
+        let tenant = req.ctx.tenant();
+        let _one = state.sessions.opening.lock().await;
+        first = match state.sessions.route(&lost) {
+            // Another request opened its replacement meanwhile.
+            Some(s) if s.id.as_ref() != Some(&lost) => s,
+            _ => match open(state, inner, req).await {
+                Ok(s) => {
+                    state.sessions.replace(&tenant, &first, s.clone());
+                    s
+                }
+                Err(why) => return Ok(Err(no_session(req, &why))),
+            },
+        };
+    }
+}
+
+/// The answer a 2026 client gets for the upstream `answer` under its `id`: `result` mapped by
+/// `map`, an `error` as it came (with its 2026-07-28 HTTP status), `-32603` without either.
+fn modern_reply(id: &Id, answer: Option<&Value>, map: impl FnOnce(&Value) -> Value) -> McpReply {
+    if let Some(result) = answer.and_then(|a| a.get("result")) {
+        return McpReply::local_json(jsonrpc::result_response(id, &map(result).to_string()));
+    }
+    match answer
+        .and_then(|a| a.get("error"))
+        .filter(|e| e.get("code").is_some_and(Value::is_i64))
+    {
+        Some(e) => {
+            let code = e.get("code").and_then(Value::as_i64).unwrap_or_default();
+            let mut reply = McpReply::local_json(Bytes::from(format!(
+                r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
+                id.as_json(),
+                e
+            )));
+            reply.status = crate::mcp::errors::modern_error_status(code);
+            reply
+        }
+        None => McpReply::local_error(
+            Some(id),
+            jsonrpc::INTERNAL_ERROR,
+            "the 2025-11-25 upstream gave no JSON-RPC answer to the bridged request",
+        ),
+    }
+}
+
+/// An upstream reply passed to the 2026 client: the answer to `own` under the client's `id`
+/// (its result through `complete_result`), notifications as they came, the upstream's own
+/// requests dropped (2026-07-28 has none), HTTP errors as they came.
+fn relay(reply: McpReply, own: Id, id: Id) -> McpReply {
+    let McpReply {
+        status,
+        headers,
+        body,
+        ..
+    } = reply;
+    let fix = move |text: &str| -> Option<Option<String>> {
+        let v: Value = serde_json::from_str(text).ok()?;
+        if v.get("method").is_some() {
+            // A request of the upstream's (it has an id) has no 2026 form: dropped.
+            return Some(v.get("id").is_none().then(|| text.to_string()));
+        }
+        let answers = v.get("id").map(|i| i.to_string()) == Some(own.as_json().to_string());
+        if !answers {
+            return None;
+        }
+        let mut reply = modern_reply(&id, Some(&v), translate::complete_result);
+        match std::mem::replace(&mut reply.body, ReplyBody::Empty) {
+            ReplyBody::Json(b) => Some(Some(String::from_utf8_lossy(&b).into_owned())),
+            _ => None,
+        }
+    };
+    let body = match body {
+        ReplyBody::Json(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            match fix(&text) {
+                Some(Some(t)) => {
+                    let status = serde_json::from_str::<Value>(&t)
+                        .ok()
+                        .and_then(|v| v.pointer("/error/code").and_then(Value::as_i64))
+                        .map_or(status, crate::mcp::errors::modern_error_status);
+                    return McpReply::new(status, headers, ReplyBody::Json(Bytes::from(t)));
+                }
+                _ => ReplyBody::Json(bytes),
+            }
+        }
+        ReplyBody::Stream(events) => {
+            use futures_util::StreamExt;
+            ReplyBody::Stream(Box::pin(events.filter_map(move |mut ev| {
+                let out = match ev.data.as_deref().map(&fix) {
+                    Some(Some(None)) => None,
+                    Some(Some(Some(t))) => {
+                        ev.data = Some(t.into());
+                        Some(ev)
+                    }
+                    _ => Some(ev),
+                };
+                std::future::ready(out)
+            })))
+        }
+        other => other,
+    };
+    let mut headers = headers;
+    headers.remove("mcp-session-id");
+    McpReply::new(status, headers, body)
+}
+
+/// A request with nothing of its own to translate: sent on the caller's session under an id
+/// taskgate mints, its answer relayed (see [`relay`]).
+async fn forward<S: McpService>(
+    state: &ReverseState,
+    inner: S,
+    req: &McpRequest,
+    id: &Id,
+    method: &str,
+    params: Option<&Value>,
+    extra: Option<(&str, Value)>,
+) -> Result<McpReply, GatewayError> {
+    let own = state.ids.next_id();
+    let mut p = translate::legacy_params(params);
+    if let Some((k, v)) = extra {
+        p.insert(k.to_string(), v);
+    }
+    let body = legacy_body(&own, method, p);
+    let strip = |out: &mut McpRequest, _: &UpstreamSession| {
+        out.extensions.remove::<PendingCreation>();
+    };
+    match send(state, &inner, req, &body, On::Caller, &strip).await? {
+        Ok(reply) => Ok(relay(reply, own, id.clone())),
+        Err(NoSession(reply)) => Ok(reply),
+    }
+}
+
+/// A notification: sent on the caller's session with its `_meta` cleaned.
+async fn notification<S: McpService>(
+    state: &ReverseState,
+    inner: S,
+    req: &McpRequest,
+    msg: &Message,
+) -> Result<McpReply, GatewayError> {
+    let params: Option<Value> = msg.params().and_then(|p| serde_json::from_str(p).ok());
+    let p = translate::legacy_params(params.as_ref());
+    let mut body = json!({"jsonrpc": "2.0", "method": msg.method().unwrap_or_default()});
+    if !p.is_empty() {
+        body["params"] = Value::Object(p);
+    }
+    match send(state, &inner, req, &body, On::Caller, &|_, _| {}).await? {
+        Ok(reply) => Ok(reply),
+        Err(NoSession(_)) => Ok(McpReply::accepted()),
+    }
+}
+
+/// The tool's `execution.taskSupport` on the session's upstream (`None`: unknown tool, or its
+/// `tools/list` could not be read), reading `tools/list` when the cached one does not name it.
+async fn task_support<S: McpService>(
+    state: &ReverseState,
+    inner: &S,
+    req: &McpRequest,
+    session: &Arc<UpstreamSession>,
+    tool: &str,
+) -> Option<String> {
+    if let Some(t) = session.tools() {
+        if let Some(s) = translate::task_support(&t, tool) {
+            return Some(s.to_string());
+        }
+    }
+    let mut all = Vec::new();
+    let mut cursor: Option<Value> = None;
+    for _ in 0..MAX_TOOL_PAGES {
+        let own = state.ids.next_id();
+        let mut params = Map::new();
+        if let Some(c) = cursor.take() {
+            params.insert("cursor".into(), c);
+        }
+        let mut out = request_with(req, legacy_body(&own, "tools/list", params), Some(session));
+        out.extensions.remove::<PendingCreation>();
+        out.extensions.remove::<AuthorisedTask>();
+        let upstream = req.ctx.upstream.clone();
+        let answer = state
+            .bounded(&upstream, async {
+                let reply = inner.clone().oneshot(out).await?;
+                Ok(answer_of(reply, &own).await)
+            })
+            .await
+            .ok()
+            .flatten()?;
+        let result = answer.get("result")?;
+        if let Some(tools) = result.get("tools").and_then(Value::as_array) {
+            all.extend(tools.iter().cloned());
+        }
+        match result.get("nextCursor") {
+            Some(c) if c.is_string() && all.len() < sessions::MAX_TOOLS => cursor = Some(c.clone()),
+            _ => break,
+        }
+    }
+    let tools = json!({ "tools": all });
+    let support = translate::task_support(&tools, tool).map(str::to_string);
+    session.set_tools(tools);
+    support
+}
+
+/// A 2026-07-28 `tools/call` (see the module docs).
+async fn tools_call<S: McpService>(
+    state: &Arc<ReverseState>,
+    inner: S,
+    req: McpRequest,
+    id: Id,
+    params: Option<Value>,
+) -> Result<McpReply, GatewayError> {
+    let held = match session(state, &inner, &req).await {
+        Ok(s) => s,
+        Err(NoSession(reply)) => return Ok(reply),
+    };
+    let tool = params
+        .as_ref()
+        .and_then(|p| p.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let support = match translate::runs_tool_tasks(&held.init) {
+        true => task_support(state, &inner, &req, &held, &tool).await,
+        false => None,
+    };
+    let declared = declares_tasks_extension(params.as_ref());
+    let as_task = match support.as_deref() {
+        Some("required") if !declared => {
+            return Ok(McpReply::era_error_bytes(
+                Era::Modern,
+                crate::mcp::errors::missing_tasks_extension(Some(&id)),
+                crate::mcp::errors::MISSING_REQUIRED_CLIENT_CAPABILITY,
+                LocalReason::MissingExtension,
+            ));
+        }
+        Some("required") => true,
+        Some("optional") => declared,
+        _ => false,
+    };
+    if !as_task {
+        return forward(state, inner, &req, &id, "tools/call", params.as_ref(), None).await;
+    }
+    let ttl = state.registry.config().max_ttl_ms;
+    let own = state.ids.next_id();
+    let mut p = translate::legacy_params(params.as_ref());
+    p.insert("task".into(), json!({ "ttl": ttl }));
+    let body = legacy_body(&own, "tools/call", p);
+    // `observe` records the nested `CreateTaskResult` as the 2025 task it is upstream, on the
+    // session it went out on, bound to the 2026 caller.
+    let recorded_as = |out: &mut McpRequest, session: &UpstreamSession| {
+        if let Some(p) = out.extensions.get_mut::<PendingCreation>() {
+            p.template = Arc::new(TaskRecord {
+                era: Era::Legacy,
+                origin: Origin::Bridged,
+                upstream_session: session.id_text(),
+                protocol_version: session.version.to_str().ok().map(str::to_string),
+                ..TaskRecord::clone(&p.template)
+            });
+        }
+    };
+    let upstream = req.ctx.upstream.clone();
+    let sent = state
+        .bounded(&upstream, async {
+            match send(state, &inner, &req, &body, On::Caller, &recorded_as).await? {
+                Ok(reply) => Ok(Ok(answer_of(reply, &own).await)),
+                Err(e) => Ok(Err(e)),
+            }
+        })
+        .await;
+    let answer = match sent {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(NoSession(reply))) => return Ok(reply),
+        Err(e) => {
+            return Ok(McpReply::local_error(
+                Some(&id),
+                jsonrpc::INTERNAL_ERROR,
+                &e.to_string(),
+            ))
+        }
+    };
+    let created = answer
+        .as_ref()
+        .and_then(|a| a.get("result"))
+        .and_then(translate::modern_create_result);
+    if let Some(flat) = created {
+        let ttl_ms = flat.get("ttlMs").and_then(Value::as_u64).unwrap_or(ttl);
+        // The session lives as long as the task may be asked about (the recorded one, or
+        // what replaced it).
+        let held_now = state.sessions.get(&req.ctx.tenant()).unwrap_or(held);
+        held_now.keep_for(Duration::from_millis(ttl_ms.min(ttl)));
+        return Ok(McpReply::local_json(jsonrpc::result_response(
+            &id,
+            &flat.to_string(),
+        )));
+    }
+    // A plain result (the upstream ran it without a task) or an error.
+    Ok(modern_reply(
+        &id,
+        answer.as_ref(),
+        translate::complete_result,
+    ))
+}
+
+/// A 2026-07-28 `tasks/get` of a task recorded on a 2025-11-25 session (see the module docs).
+async fn tasks_get<S: McpService>(
+    state: &ReverseState,
+    inner: S,
+    req: &McpRequest,
+    id: &Id,
+    record: Arc<TaskRecord>,
+) -> Result<McpReply, GatewayError> {
+    if let Some(detailed) = stored_detailed(&record) {
+        return Ok(
+            McpReply::local_json(jsonrpc::result_response(id, &detailed.to_string()))
+                .answered_locally(LocalReason::StoredResult),
+        );
+    }
+    let task_id = record.task_id.clone();
+    let upstream = req.ctx.upstream.clone();
+    let asked = state
+        .bounded(&upstream, async {
+            let own = state.ids.next_id();
+            let body = legacy_body(&own, "tasks/get", task_params(&task_id));
+            let task = match send(state, &inner, req, &body, On::Task, &|_, _| {}).await? {
+                Ok(reply) => answer_of(reply, &own).await,
+                Err(NoSession(reply)) => return Ok(Err(reply)),
+            };
+            let status = task
+                .as_ref()
+                .and_then(|a| a.pointer("/result/status"))
+                .and_then(Value::as_str)
+                .and_then(TaskStatus::parse);
+            let outcome = match status {
+                Some(TaskStatus::Completed | TaskStatus::Failed) => {
+                    let own = state.ids.next_id();
+                    let body = legacy_body(&own, "tasks/result", task_params(&task_id));
+                    match send(state, &inner, req, &body, On::Task, &|_, _| {}).await? {
+                        Ok(reply) => answer_of(reply, &own).await.and_then(|a| {
+                            match (a.get("result"), a.get("error")) {
+                                (Some(r), _) if r.is_object() => Some(Outcome::Result(r.clone())),
+                                (_, Some(e)) if e.is_object() => Some(Outcome::Error(e.clone())),
+                                _ => None,
+                            }
+                        }),
+                        Err(_) => None,
+                    }
+                }
+                _ => None,
+            };
+            Ok(Ok((task, outcome)))
+        })
+        .await;
+    let (task, outcome) = match asked {
+        Ok(Ok(found)) => found,
+        Ok(Err(reply)) => return Ok(reply),
+        Err(e) => {
+            return Ok(McpReply::local_error(
+                Some(id),
+                jsonrpc::INTERNAL_ERROR,
+                &e.to_string(),
+            ))
+        }
+    };
+    let missing = format!("task {task_id} ended upstream but its tasks/result could not be read");
+    let shown = modern_reply(id, task.as_ref(), |t| {
+        translate::detailed_task(t, outcome.as_ref(), &missing).unwrap_or_else(|| t.clone())
+    });
+    Ok(shown)
+}
+
+fn task_params(task_id: &str) -> Map<String, Value> {
+    let mut p = Map::new();
+    p.insert("taskId".into(), Value::from(task_id));
+    p
+}
+
+/// The `DetailedTask` of a terminal record from the payload it holds (see `observe`:
+/// `tasks.max_stored_result_bytes`), without the upstream.
+fn stored_detailed(record: &TaskRecord) -> Option<Value> {
+    if !record.status.is_terminal() {
+        return None;
+    }
+    let task = serde_json::to_value(record.to_task()).ok()?;
+    if record.status == TaskStatus::Cancelled {
+        return translate::detailed_task(&task, None, "");
+    }
+    let stored: Value = serde_json::from_str(record.terminal_result.as_deref()?).ok()?;
+    translate::detailed_task(&task, Some(&Outcome::Result(stored)), "")
+}
+
+/// A 2026-07-28 `tasks/cancel`: one 2025 `tasks/cancel` (the `cancel` layer above lets one
+/// through per task), acknowledged (see the module docs).
+async fn tasks_cancel<S: McpService>(
+    state: &ReverseState,
+    inner: S,
+    req: &McpRequest,
+    id: &Id,
+    record: Arc<TaskRecord>,
+) -> Result<McpReply, GatewayError> {
+    let own = state.ids.next_id();
+    let body = legacy_body(&own, "tasks/cancel", task_params(&record.task_id));
+    let answer = match send(state, &inner, req, &body, On::Task, &|_, _| {}).await? {
+        Ok(reply) => answer_of(reply, &own).await,
+        Err(NoSession(reply)) => return Ok(reply),
+    };
+    let acked = answer.as_ref().is_some_and(|a| {
+        a.get("result").is_some()
+            || a.pointer("/error/code").and_then(Value::as_i64) == Some(jsonrpc::INVALID_PARAMS)
+    });
+    if acked {
+        return Ok(McpReply::local_json(jsonrpc::result_response(
+            id,
+            crate::layers::cancel::MODERN_ACK,
+        )));
+    }
+    Ok(modern_reply(id, answer.as_ref(), |r| r.clone()))
+}

@@ -1,0 +1,422 @@
+//! A 2026-07-28 client on a 2025-11-25-only task server (issue 33, the reverse bridge): taskgate
+//! answers `server/discover` from the `initialize` of a 2025 session it holds, sends every
+//! request on that session in the 2025 form, runs task tools as 2025 tasks and answers them in
+//! the 2026 form. The scripted upstream is `common/task_server.rs`'s `UpServer`, made
+//! 2025-only: it refuses `server/discover` without a session as the TypeScript SDK 1.x does
+//! (HTTP 400, `-32000`). Only the wire, the upstream's received requests and the registry are
+//! asserted.
+
+use crate::common::*;
+
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use taskgate::mcp::era::Era;
+use taskgate::mcp::task::TaskStatus;
+use taskgate::store::{Origin, Owner};
+
+/// What the TypeScript SDK 1.x answers a request without `Mcp-Session-Id` that is not
+/// `initialize`.
+fn no_session(id: &str) -> ScriptedResponse {
+    ScriptedResponse::status(
+        400,
+        Some("application/json"),
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32000,"message":"Bad Request: No valid session ID provided"}}}}"#
+        ),
+    )
+}
+
+/// `b` made 2025-only (see the module docs), with `hook` consulted first.
+async fn legacy_server_with(mut b: UpBehaviour, hook: Option<Hook>) -> UpServer {
+    b.hook = Some(Arc::new(move |method, id, task_id, n| {
+        if method == "server/discover" {
+            return Some(no_session(id));
+        }
+        hook.as_ref().and_then(|h| h(method, id, task_id, n))
+    }));
+    UpServer::start(b).await
+}
+
+async fn legacy_server() -> UpServer {
+    legacy_server_with(UpBehaviour::default(), None).await
+}
+
+/// The upstream's requests of `method` as JSON.
+fn bodies(up: &UpServer, method: &str) -> Vec<Value> {
+    up.received(method).iter().map(|r| r.json()).collect()
+}
+
+async fn call(url: &str, token: Option<&str>, id: u64, tool: &str, ext: bool) -> (u16, Value) {
+    send(modern_req(
+        url,
+        token,
+        id,
+        "tools/call",
+        json!({"name": tool, "arguments": {}, "_meta": meta(ext)}),
+    ))
+    .await
+}
+
+/// Polls 2026 `tasks/get` until the task is terminal; returns the last answer.
+async fn until_terminal(url: &str, token: Option<&str>, task_id: &str) -> Value {
+    let done = eventually(STEP, || async {
+        let (_, v) = task_call(url, token, 50, "tasks/get", task_id).await;
+        matches!(
+            v["result"]["status"].as_str(),
+            Some("completed" | "failed" | "cancelled")
+        )
+        .then_some(v)
+    })
+    .await;
+    done.expect("the task ends")
+}
+
+/// `server/discover` is answered from the held session's `InitializeResult`: 2026-07-28 among
+/// the versions, the tasks extension offered (the upstream has `tasks.requests.tools.call`),
+/// the upstream's other capabilities and its serverInfo; one `initialize` serves later requests.
+#[tokio::test]
+async fn discover_is_answered_from_the_upstream_initialize() {
+    let up = legacy_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let (status, v) = send(modern_req(&url, None, 1, "server/discover", json!({}))).await;
+    assert_eq!(status, 200, "{v}");
+    let r = &v["result"];
+    assert_eq!(r["resultType"], "complete", "{v}");
+    let versions = r["supportedVersions"].as_array().unwrap();
+    assert!(versions.contains(&json!("2026-07-28")), "{v}");
+    assert_eq!(r["capabilities"]["extensions"][EXT], json!({}), "{v}");
+    assert!(r["capabilities"]["tools"].is_object(), "{v}");
+    assert!(r["capabilities"].get("tasks").is_none(), "{v}");
+    assert!(
+        r["_meta"]["io.modelcontextprotocol/serverInfo"]["name"].is_string(),
+        "{v}"
+    );
+    let (_, again) = send(modern_req(&url, None, 2, "server/discover", json!({}))).await;
+    assert_eq!(again["result"], v["result"]);
+    assert_eq!(up.count("initialize"), 1);
+    assert_eq!(up.count("notifications/initialized"), 1);
+    let init = &bodies(&up, "initialize")[0];
+    assert_eq!(init["params"]["protocolVersion"], "2025-11-25", "{init}");
+
+    // An upstream without task tools: no extension offered.
+    let plain = legacy_server_with(
+        UpBehaviour {
+            tasks_capability: None,
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg2 = TgConfig::new(&plain.url()).start().await;
+    let (_, v) = send(modern_req(
+        &tg2.mcp_url(),
+        None,
+        1,
+        "server/discover",
+        json!({}),
+    ))
+    .await;
+    assert!(
+        v["result"]["capabilities"].get("extensions").is_none(),
+        "{v}"
+    );
+}
+
+/// A request goes out on the held session in the 2025 form: `MCP-Protocol-Version:
+/// 2025-11-25`, the session id, no `io.modelcontextprotocol/*` `_meta` (`traceparent` kept),
+/// under taskgate's own id; the answer comes back under the client's id with `resultType`.
+#[tokio::test]
+async fn requests_go_out_in_the_2025_form_on_the_held_session() {
+    let up = legacy_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut m = meta(true);
+    m["traceparent"] = json!("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+    let (status, v) = send(modern_req(
+        &tg.mcp_url(),
+        None,
+        41,
+        "tools/list",
+        json!({"_meta": m}),
+    ))
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["id"], 41, "{v}");
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    assert_eq!(
+        v["result"]["tools"].as_array().map(Vec::len),
+        Some(4),
+        "{v}"
+    );
+    let sent = up.received("tools/list");
+    let last = sent.last().unwrap();
+    assert_eq!(
+        last.header("mcp-protocol-version").as_deref(),
+        Some("2025-11-25")
+    );
+    assert_eq!(last.header("mcp-session-id").as_deref(), Some("sess-1"));
+    assert!(last.header("mcp-method").is_none());
+    let body = last.json();
+    assert_ne!(body["id"], 41, "taskgate's own id: {body}");
+    let meta = &body["params"]["_meta"];
+    assert_eq!(meta["traceparent"], m["traceparent"], "{body}");
+    assert!(
+        meta.as_object()
+            .unwrap()
+            .keys()
+            .all(|k| !k.starts_with("io.modelcontextprotocol/")),
+        "{body}"
+    );
+}
+
+/// A `required` tool runs as a 2025 task (ttl = `tasks.max_ttl_ms`), answered flat
+/// (`resultType:"task"`, `ttlMs`, `pollIntervalMs`) and recorded (era legacy, origin bridged, the
+/// upstream session); `tasks/get` follows it, and at the end fetches `tasks/result` once and
+/// answers the result inline; later polls are answered from the record.
+#[tokio::test]
+async fn a_task_tool_runs_as_a_task_and_its_result_comes_inline() {
+    let up = legacy_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_ttl_ms = 600000")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let (status, v) = call(&url, None, 1, "research", true).await;
+    assert_eq!(status, 200, "{v}");
+    let r = &v["result"];
+    assert_eq!(r["resultType"], "task", "{v}");
+    assert_eq!(r["status"], "working", "{v}");
+    assert_eq!(r["ttlMs"], 600000, "{v}");
+    assert_eq!(r["pollIntervalMs"], 100, "{v}");
+    assert!(r.get("task").is_none() && r.get("ttl").is_none(), "{v}");
+    let t = r["taskId"].as_str().unwrap().to_string();
+    let sent = &bodies(&up, "tools/call")[0];
+    assert_eq!(sent["params"]["task"]["ttl"], 600000, "{sent}");
+    let rec = tg.record(&t).expect("recorded before the answer");
+    assert_eq!(
+        (rec.era, rec.origin, rec.owner.clone()),
+        (Era::Legacy, Origin::Bridged, Owner::Anonymous)
+    );
+    assert_eq!(rec.upstream_session.as_deref(), Some("sess-1"));
+
+    let done = until_terminal(&url, None, &t).await;
+    let r = &done["result"];
+    assert_eq!(
+        (r["resultType"].clone(), r["status"].clone()),
+        (json!("complete"), json!("completed")),
+        "{done}"
+    );
+    assert_eq!(
+        r["result"]["content"][0]["text"],
+        format!("result of {t}"),
+        "{done}"
+    );
+    assert_eq!(r["result"]["resultType"], "complete", "{done}");
+    assert_eq!(up.count("tasks/result"), 1);
+    let gets = up.count("tasks/get");
+    let (_, again) = task_call(&url, None, 60, "tasks/get", &t).await;
+    assert_eq!(again["result"]["result"], r["result"], "{again}");
+    assert_eq!(up.count("tasks/get"), gets, "answered from the record");
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Completed);
+}
+
+/// `optional` runs as a task only when the request declares the extension; a `required` tool
+/// without it is `-32021` (HTTP 400) and nothing goes upstream; a plain tool's answer gets
+/// `resultType:"complete"`.
+#[tokio::test]
+async fn the_extension_decides_optional_tools_and_required_ones_need_it() {
+    let up = legacy_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let (status, v) = call(&url, None, 1, "maybe", false).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    assert_eq!(v["result"]["content"][0]["text"], "plain maybe", "{v}");
+    assert!(bodies(&up, "tools/call")[0]["params"].get("task").is_none());
+    let (_, v) = call(&url, None, 2, "maybe", true).await;
+    assert_eq!(v["result"]["resultType"], "task", "{v}");
+    let (_, v) = call(&url, None, 3, "plain", true).await;
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    let calls = up.count("tools/call");
+    let (status, v) = call(&url, None, 4, "research", false).await;
+    assert_eq!((status, err_code(&v)), (400, -32021), "{v}");
+    assert!(v["error"]["data"]["requiredCapabilities"]["extensions"][EXT].is_object());
+    assert_eq!(up.count("tools/call"), calls, "nothing upstream");
+}
+
+/// A failed tool call keeps its content (2026: `completed` with `isError`); a JSON-RPC error
+/// becomes `failed` with that error.
+#[tokio::test]
+async fn a_failed_task_keeps_its_content_or_its_error() {
+    for (payload, check) in [
+        (Payload::IsError, "content"),
+        (Payload::RpcError(-32050, "the job broke".into()), "error"),
+    ] {
+        let up = legacy_server_with(
+            UpBehaviour {
+                payload,
+                ..UpBehaviour::default()
+            },
+            None,
+        )
+        .await;
+        let tg = TgConfig::new(&up.url()).start().await;
+        let url = tg.mcp_url();
+        let (_, v) = call(&url, None, 1, "research", true).await;
+        let t = v["result"]["taskId"].as_str().unwrap().to_string();
+        let done = until_terminal(&url, None, &t).await;
+        let r = &done["result"];
+        if check == "content" {
+            assert_eq!(r["status"], "completed", "{done}");
+            assert_eq!(r["result"]["isError"], true, "{done}");
+            assert!(
+                r["result"]["content"]
+                    .as_array()
+                    .is_some_and(|c| !c.is_empty()),
+                "{done}"
+            );
+        } else {
+            assert_eq!(r["status"], "failed", "{done}");
+            assert_eq!(r["error"]["code"], -32050, "{done}");
+            assert_eq!(r["error"]["message"], "the job broke", "{done}");
+        }
+    }
+}
+
+/// Twenty concurrent 2026 `tasks/cancel`s make one upstream 2025 `tasks/cancel`; each caller
+/// gets the ack; the task then reads `cancelled`, and a cancel of it is acknowledged here.
+#[tokio::test]
+async fn cancel_is_one_upstream_cancel_and_acked() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: None,
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    let cancels = (0..20).map(|i| task_call(&url, None, 100 + i, "tasks/cancel", &t));
+    for (status, v) in futures_util::future::join_all(cancels).await {
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["result"], json!({"resultType": "complete"}), "{v}");
+    }
+    assert_eq!(up.count("tasks/cancel"), 1);
+    let last = up.received("tasks/cancel")[0].clone();
+    assert_eq!(last.header("mcp-session-id").as_deref(), Some("sess-1"));
+    let done = until_terminal(&url, None, &t).await;
+    assert_eq!(done["result"]["status"], "cancelled", "{done}");
+    let (_, v) = task_call(&url, None, 200, "tasks/cancel", &t).await;
+    assert_eq!(v["result"], json!({"resultType": "complete"}), "{v}");
+    assert_eq!(up.count("tasks/cancel"), 1);
+    assert!(tg.record(&t).unwrap().cancelled_at.is_some());
+}
+
+/// With bearer auth each principal has its own upstream session, and another principal's
+/// `tasks/get|update|cancel` is `-32602` with nothing sent upstream.
+#[tokio::test]
+async fn principals_have_their_own_sessions_and_tasks() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: None,
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .token("bob", "tok-b")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, Some("tok-a"), 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    assert_eq!(
+        tg.record(&t).unwrap().owner,
+        Owner::Principal("alice".into())
+    );
+    let _ = call(&url, Some("tok-b"), 1, "plain", true).await;
+    assert_eq!(up.count("initialize"), 2, "one session per principal");
+    let before = up.up.requests().len();
+    for (i, m) in ["tasks/get", "tasks/update", "tasks/cancel"]
+        .iter()
+        .enumerate()
+    {
+        let (status, v) = task_call(&url, Some("tok-b"), 10 + i as u64, m, &t).await;
+        assert_eq!((status, err_code(&v)), (400, -32602), "{m}: {v}");
+    }
+    assert_eq!(up.up.requests().len(), before, "nothing upstream");
+    let (_, v) = task_call(&url, Some("tok-a"), 20, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "working", "{v}");
+    let get = up.received("tasks/get").last().unwrap().clone();
+    assert_eq!(get.header("mcp-session-id").as_deref(), Some("sess-1"));
+}
+
+/// An upstream that answers 404 on the held session (it ended it) gets a new `initialize`; the
+/// request is sent again on the new session, and later requests about the task go there too.
+#[tokio::test]
+async fn a_lost_upstream_session_is_initialized_again() {
+    let lost = Arc::new(AtomicUsize::new(0));
+    let l = lost.clone();
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: None,
+            ..UpBehaviour::default()
+        },
+        Some(Arc::new(move |method, _id, _task, n| {
+            (method == "tasks/get" && n == 1).then(|| {
+                l.fetch_add(1, Ordering::SeqCst);
+                ScriptedResponse::status(404, Some("text/plain"), "Session not found")
+            })
+        })),
+    )
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    let (status, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["status"], "working", "{v}");
+    assert_eq!(lost.load(Ordering::SeqCst), 1);
+    assert_eq!(up.count("initialize"), 2);
+    let gets = up.received("tasks/get");
+    assert_eq!(
+        gets.last().unwrap().header("mcp-session-id").as_deref(),
+        Some("sess-2")
+    );
+    let (_, _) = task_call(&url, None, 3, "tasks/cancel", &t).await;
+    let cancel = up.received("tasks/cancel")[0].clone();
+    assert_eq!(cancel.header("mcp-session-id").as_deref(), Some("sess-2"));
+    assert_eq!(up.count("initialize"), 2);
+}
+
+/// A 2025-11-25 client of the same upstream through the same taskgate is unchanged: its
+/// session and task pass through (the upstream's own session id, the nested result).
+#[tokio::test]
+async fn a_2025_client_of_the_same_upstream_is_unchanged() {
+    let up = legacy_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let _ = send(modern_req(&url, None, 1, "server/discover", json!({}))).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    assert_eq!(c.session.as_deref(), Some("sess-2"));
+    let v = c
+        .rpc(rpc(
+            "7",
+            "tools/call",
+            r#"{"name":"research","arguments":{},"task":{"ttl":60000}}"#,
+        ))
+        .await;
+    assert_eq!(v["result"]["task"]["status"], "working", "{v}");
+    let rec = tg
+        .record(v["result"]["task"]["taskId"].as_str().unwrap())
+        .unwrap();
+    assert_eq!((rec.origin, rec.era), (Origin::Client, Era::Legacy));
+}
