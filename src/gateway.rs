@@ -24,6 +24,7 @@ use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::store::{PgStore, SledStore, StoreError, TaskStore};
+use crate::telemetry::{Settings, Telemetry};
 use crate::upstream::stdio::{ChildGone, StdioHandle, StdioTransport};
 use crate::upstream::Upstream;
 use std::net::SocketAddr;
@@ -54,6 +55,9 @@ pub enum StartError {
     /// `[auth]` could not be set up (the HTTPS client of `mode = "oauth"`).
     #[error("auth: {0}")]
     Auth(String),
+    /// `[telemetry]` or an `OTEL_*` variable is not usable, or the exporter could not be built.
+    #[error("telemetry: {0}")]
+    Telemetry(String),
 }
 
 /// A started taskgate: its bound addresses and the handle that stops it.
@@ -70,6 +74,8 @@ pub struct Running {
     sled: Option<Arc<SledStore>>,
     /// The stdio upstreams, whose children are ended on shutdown.
     stdio: Vec<StdioHandle>,
+    /// The trace export (`[telemetry]`), flushed on shutdown.
+    telemetry: Option<Telemetry>,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     sweeper: JoinHandle<()>,
@@ -86,6 +92,10 @@ impl Running {
         self.sweeper.abort();
         // Every child process and its group: close stdin, SIGTERM, SIGKILL (upstream::stdio).
         futures_util::future::join_all(self.stdio.iter().map(StdioHandle::shutdown)).await;
+        // The last spans: the export thread flushes them, off the runtime.
+        if let Some(telemetry) = self.telemetry {
+            let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+        }
         // Flushes and joins the committer thread: not on a runtime worker.
         if let Some(store) = self.sled {
             let _ = tokio::task::spawn_blocking(move || store.close()).await;
@@ -101,6 +111,7 @@ impl Running {
 pub async fn start(config: Config) -> Result<Running, StartError> {
     let upstream_names: Vec<String> = config.upstream.iter().map(|u| u.name.clone()).collect();
     let metrics = Arc::new(Metrics::new(&upstream_names));
+    let telemetry = start_telemetry(&config, &metrics)?;
     let (store, sled) = open_store(&config, &metrics).await?;
     let registry = open_registry(&config, &store, &metrics).await?;
     let shared = Shared {
@@ -112,6 +123,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         // On a shared store another live replica may be waiting on an upgraded task: orphans
         // are not guessed there (see ARCHITECTURE.md, "A tier on PostgreSQL").
         cancel_orphans: config.upgrade.enabled && !store.shared(),
+        telemetry: telemetry.clone(),
     };
     let listeners = Listeners::bind(&config).await?;
     let (gateway_addr, admin_addr) = (listeners.gateway_addr, listeners.admin_addr);
@@ -133,13 +145,16 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let auth = Authenticator::new(&config.auth).map_err(StartError::Auth)?;
     auth.warm_up();
-    let edge = Arc::new(Edge::new(
-        routes,
-        edge_settings(&config, gateway_addr),
-        auth,
-        metrics.clone(),
-        shutdown_rx.clone(),
-    ));
+    let edge = Arc::new(
+        Edge::new(
+            routes,
+            edge_settings(&config, gateway_addr),
+            auth,
+            metrics.clone(),
+            shutdown_rx.clone(),
+        )
+        .with_telemetry(telemetry.clone()),
+    );
     let admin = Arc::new(
         Admin::new(metrics.clone(), admin_targets(&config), store.clone())
             .with_token(config.admin.token_sha256())
@@ -175,10 +190,25 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         registry,
         sled,
         stdio,
+        telemetry,
         shutdown: shutdown_tx,
         servers,
         sweeper,
     })
+}
+
+/// The trace export `[telemetry]` and the `OTEL_*` variables ask for (`telemetry::Settings`),
+/// or `None` when no endpoint is set (no span is made then). Errors: [`StartError::Telemetry`].
+fn start_telemetry(config: &Config, metrics: &Metrics) -> Result<Option<Telemetry>, StartError> {
+    let settings = Settings::resolve(&config.telemetry, |name| std::env::var(name).ok())
+        .map_err(|e| StartError::Telemetry(e.to_string()))?;
+    let Some(settings) = settings else {
+        return Ok(None);
+    };
+    let telemetry = Telemetry::start(&settings, metrics.trace_export_failures_total.clone())
+        .map_err(StartError::Telemetry)?;
+    tracing::info!(endpoint = %settings.traces_endpoint, service = %settings.service_name, ratio = settings.sample_ratio, "exporting traces (OTLP/HTTP)");
+    Ok(Some(telemetry))
 }
 
 /// The registry over `store`. Counting what the store holds scans it: on the blocking pool,
@@ -223,6 +253,8 @@ struct Shared {
     upgrade: UpgradeConfig,
     /// Whether upgraded tasks a restart orphaned are cancelled at start.
     cancel_orphans: bool,
+    /// The trace export, when `[telemetry]` is on: a CLIENT span per upstream exchange.
+    telemetry: Option<Telemetry>,
 }
 
 /// One upstream's stack, the start-up job that cancels its orphaned upgraded tasks, and for a
@@ -247,6 +279,7 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
         }
         None => (Upstream::for_config(u, shared.metrics.clone()), None),
     };
+    let upstream = upstream.traced(shared.telemetry.as_ref(), u);
     let name = upstream.name().clone();
     let timeout = Duration::from_millis(u.timeout_ms);
     let upgrade_state = UpgradeState::new(

@@ -71,6 +71,15 @@ async fn contract(store: Arc<dyn TaskStore>) {
     assert_eq!(got, record(&up, "t1", "alice", t0));
     assert!(store.get(&up, "nope").unwrap().is_none());
     assert!(store.get("other-upstream", "t1").unwrap().is_none());
+    // Every origin reads back as written (`gateway`: issue 32's gateway-owned tasks).
+    let origins = format!("{up}-origins");
+    for origin in Origin::ALL {
+        let id = format!("o-{}", origin.as_str());
+        let mut r = record(&origins, &id, "carol", t0);
+        r.origin = *origin;
+        store.create(r.clone()).await.unwrap();
+        assert_eq!(store.get(&origins, &id).unwrap().unwrap(), r);
+    }
 
     // update: (before, after); a change refused leaves it; unknown → None.
     let (before, after) = store

@@ -347,5 +347,9 @@ label_enum! {
         /// A 2025-11-25 request whose id the same client session has in flight on its
         /// upstream session (`layers::ids`: `-32600`).
         IdInFlight = "id_in_flight",
+        /// A gateway-owned task's `CreateTaskResult`, `tasks/get`, `tasks/result` or
+        /// `tasks/cancel` (`upstream.tasks = "gateway"`, `layers::gateway_tasks`): taskgate runs
+        /// the task, so it answers them.
+        GatewayTask = "gateway_task",
     }
 }

@@ -3,12 +3,15 @@
 //! `failed` with a `statusMessage` saying so (never `working` forever), and both audit facts
 //! are recorded: the status (`status` transition to `failed`, or the `cancelled` already
 //! recorded) and "resources released" (`released_at`, audit `resources_released`,
-//! `reason=process_exited`): the process that held them is gone.
+//! `reason=process_exited`): the process that held them is gone. The same holds for the
+//! tasks taskgate itself was running (gateway-owned tasks, `layers::gateway_tasks`) when its
+//! previous run ended: the held upstream calls died with it (`reason=restart`).
 
 use super::status::Report;
 use super::Registry;
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::ReleaseReason;
+use crate::store::Origin;
 use std::sync::Arc;
 
 impl Registry {
@@ -26,9 +29,56 @@ impl Registry {
     ) -> usize {
         let (up, message) = (upstream.to_string(), message.to_string());
         let changed = self
-            .off_runtime(move |r| r.fail_dead_now(&up, only, before_ms, &message))
+            .off_runtime(move |r| {
+                r.fail_dead_now(
+                    &up,
+                    only,
+                    None,
+                    before_ms,
+                    &message,
+                    ReleaseReason::ProcessExited,
+                )
+            })
             .await
             .unwrap_or(0);
+        self.sync_failed(changed).await;
+        changed
+    }
+
+    /// Fails the tasks of `upstream` with origin `origin` recorded before `before_ms` that were
+    /// not terminal (a scan): what a previous run of taskgate was holding itself when it ended
+    /// (a gateway-owned task's upstream call, `layers::gateway_tasks`, dies with the process
+    /// that held it). Each becomes `failed` with `message` as its `statusMessage`, and "resources
+    /// released" is recorded for it (`reason="restart"`), as for those cancelled and not yet
+    /// released. Right only where no other live taskgate holds such calls (a store of one
+    /// gateway). Returns how many records changed.
+    pub async fn fail_tasks_of_previous_run(
+        self: &Arc<Self>,
+        upstream: &str,
+        origin: Origin,
+        before_ms: u64,
+        message: &str,
+    ) -> usize {
+        let (up, message) = (upstream.to_string(), message.to_string());
+        let changed = self
+            .off_runtime(move |r| {
+                r.fail_dead_now(
+                    &up,
+                    None,
+                    Some(origin),
+                    before_ms,
+                    &message,
+                    ReleaseReason::Restart,
+                )
+            })
+            .await
+            .unwrap_or(0);
+        self.sync_failed(changed).await;
+        changed
+    }
+
+    /// Makes the records failed just now durable (a failed sync is logged and counted).
+    async fn sync_failed(&self, changed: usize) {
         if changed > 0 {
             if let Err(e) = self.store.sync().await {
                 self.write_failed(
@@ -37,20 +87,25 @@ impl Registry {
                 );
             }
         }
-        changed
     }
 
+    /// The tasks of `upstream` (those `only` names, else a scan; of `origin` only, when given)
+    /// recorded before `before_ms` that were not terminal (or cancelled and not released):
+    /// failed with `message` and released with `reason`.
     fn fail_dead_now(
         &self,
         upstream: &str,
         only: Option<Vec<String>>,
+        origin: Option<Origin>,
         before_ms: u64,
         message: &str,
+        reason: ReleaseReason,
     ) -> usize {
         let dead = |rec: &crate::store::TaskRecord| {
             let unreleased_cancel =
                 rec.status == TaskStatus::Cancelled && rec.released_at.is_none();
             rec.upstream == upstream
+                && origin.is_none_or(|o| rec.origin == o)
                 && rec.recorded_at <= before_ms
                 && (!rec.status.is_terminal() || unreleased_cancel)
         };
@@ -86,7 +141,7 @@ impl Registry {
                 poll_interval_ms: None,
                 tool_error: false,
             };
-            self.apply_status(upstream, &task_id, report, "process_exited");
+            self.apply_status(upstream, &task_id, report, reason.as_str());
             let now = now_ms();
             let updated = self.update(upstream, &task_id, &mut |r| {
                 if r.released_at.is_some() {
@@ -102,8 +157,7 @@ impl Registry {
                 continue;
             }
             changed += 1;
-            self.metrics
-                .task_released(upstream, ReleaseReason::ProcessExited);
+            self.metrics.task_released(upstream, reason);
             if let Some(c) = after.cancelled_at {
                 self.metrics.tasks_cancelled_unreleased.dec();
                 self.metrics
@@ -114,7 +168,7 @@ impl Registry {
             self.audit(
                 &after,
                 "resources_released",
-                format!("reason={}", ReleaseReason::ProcessExited.as_str()),
+                format!("reason={}", reason.as_str()),
             );
         }
         changed

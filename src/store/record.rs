@@ -91,18 +91,28 @@ pub enum Origin {
     /// A 2025-11-25 client's task-augmented `tools/call`, bridged to a 2026-07-28 upstream
     /// (`layers::bridge`).
     Bridged,
+    /// A task taskgate runs itself for an upstream without task support (`upstream.tasks =
+    /// "gateway"`, `layers::gateway_tasks`): the upstream got a plain `tools/call` that taskgate
+    /// holds; the `taskId` is taskgate's.
+    Gateway,
 }
 
 impl Origin {
     /// Every origin.
-    pub const ALL: &'static [Origin] = &[Origin::Client, Origin::Upgraded, Origin::Bridged];
+    pub const ALL: &'static [Origin] = &[
+        Origin::Client,
+        Origin::Upgraded,
+        Origin::Bridged,
+        Origin::Gateway,
+    ];
 
-    /// The label value (`client`, `upgraded`, `bridged`).
+    /// The label value (`client`, `upgraded`, `bridged`, `gateway`).
     pub fn as_str(self) -> &'static str {
         match self {
             Origin::Client => "client",
             Origin::Upgraded => "upgraded",
             Origin::Bridged => "bridged",
+            Origin::Gateway => "gateway",
         }
     }
 }
@@ -119,7 +129,7 @@ pub struct TaskRecord {
     pub owner: Owner,
     /// The `Mcp-Session-Id` the task was created on; `tasks/*` for it go out on that session.
     pub upstream_session: Option<String>,
-    /// `client` or `upgraded`.
+    /// `client`, `upgraded`, `bridged` or `gateway` (see [`Origin`]).
     pub origin: Origin,
     /// The tool called (`params.name`).
     pub tool: Option<String>,
