@@ -145,6 +145,11 @@ const ONLY: &[(&str, &[&str], &str)] = &[
         "header names shared by the edge and the upstream client",
     ),
     ("sse", &["sse"], "the SSE codec stands on its own"),
+    (
+        "telemetry",
+        &["telemetry", "config", "jsonrpc"],
+        "traces are a leaf the edge, the layers and the upstream client use; it knows none of them",
+    ),
 ];
 
 /// File circles known and owned elsewhere: each is still reported if it grows, and this test

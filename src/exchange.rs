@@ -14,6 +14,7 @@ use crate::mcp::era::Era;
 use crate::metrics::{LocalReason, RequestOutcome};
 use crate::sse::EventStream;
 use crate::store::Owner;
+use crate::telemetry::{semconv, KeyValue, RequestTrace};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::sync::Arc;
@@ -338,6 +339,15 @@ impl std::fmt::Debug for ReplyBody {
     }
 }
 
+/// Ends a span when the SSE reply's stream is done with ([`McpReply::end_span`]).
+struct EndOnDrop(RequestTrace);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.end();
+    }
+}
+
 /// A reply travelling up the stack.
 #[derive(Debug)]
 pub struct McpReply {
@@ -427,6 +437,43 @@ impl McpReply {
 }
 
 impl McpReply {
+    /// Notes this reply's outcome on `trace` (a request's SERVER span or an exchange's CLIENT
+    /// span, issue 34) and ends it: `error.type` for a non-2xx status, a JSON-RPC error (its
+    /// code) or a tool result with `isError: true` (`tool_error`). A JSON or empty reply ends it
+    /// now; an SSE reply when its stream ends or is dropped, its answer to `id` read as it passes.
+    pub fn end_span(&mut self, trace: RequestTrace, id: Option<&Id>) {
+        let status = (!self.status.is_success()).then(|| self.status.as_u16().to_string());
+        match &self.body {
+            ReplyBody::Json(bytes) => {
+                // The JSON-RPC code says more than the HTTP status that carries it.
+                if let Some(kind) = crate::telemetry::error_type(bytes).or(status) {
+                    trace.set(KeyValue::new(semconv::ERROR_TYPE, kind));
+                }
+                trace.end();
+            }
+            ReplyBody::Stream(_) => {
+                let id = id.cloned();
+                let ending = EndOnDrop(trace);
+                let body = std::mem::replace(&mut self.body, ReplyBody::Empty);
+                self.body = body.map_messages(move |message| {
+                    if id
+                        .as_ref()
+                        .is_some_and(|id| jsonrpc::is_answer_to(message.as_bytes(), id))
+                    {
+                        ending.0.answer(message.as_bytes());
+                    }
+                    None
+                });
+            }
+            ReplyBody::Empty | ReplyBody::Raw(_) => {
+                if let Some(status) = status {
+                    trace.set(KeyValue::new(semconv::ERROR_TYPE, status));
+                }
+                trace.end()
+            }
+        }
+    }
+
     /// Marks this reply as answered by taskgate itself for `reason`: a [`LocalReason`] reply
     /// extension, which the edge takes ([`McpReply::take_local_reason`]) to log the answer at
     /// debug and count it (`taskgate_local_answers_total`, `outcome="local"`).
@@ -516,6 +563,13 @@ impl GatewayError {
     /// The JSON-RPC error code for this error (all are `-32603` Internal error).
     pub fn code(&self) -> i64 {
         jsonrpc::INTERNAL_ERROR
+    }
+
+    /// Notes this failure on `trace` (`error.type`: the JSON-RPC code of the answer taskgate
+    /// gives for it) and ends the span (issue 34).
+    pub fn end_span(&self, trace: RequestTrace) {
+        trace.set(KeyValue::new(semconv::ERROR_TYPE, self.code().to_string()));
+        trace.end();
     }
 
     /// The `outcome` label of `taskgate_requests_total` for this error.

@@ -25,4 +25,5 @@ pub mod props;
 pub mod registry;
 pub mod sse;
 pub mod store;
+pub mod telemetry;
 pub mod upstream;

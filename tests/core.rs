@@ -31,6 +31,7 @@ mod registry;
 mod request_ids;
 mod routing;
 mod stdio;
+mod telemetry;
 mod upgrade;
 
 /// Every `tests/*.rs` file is a module of one tier's crate (`Cargo.toml` sets `autotests =

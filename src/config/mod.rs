@@ -11,11 +11,13 @@ mod auth;
 mod check;
 mod sections;
 mod store;
+mod telemetry;
 
 pub use auth::*;
 use check::*;
 pub use sections::*;
 pub use store::*;
+pub use telemetry::*;
 
 /// The embedded default configuration (`config/taskgate.toml`), used by `serve` without `--config`.
 pub const DEFAULT_TOML: &str = include_str!("../../config/taskgate.toml");
@@ -80,6 +82,9 @@ pub struct Config {
     /// `[limits]`: per-principal request rate and concurrency.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// `[telemetry]`: OpenTelemetry traces over OTLP/HTTP (off unless an endpoint is set).
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     /// `[[upstream]]`: the MCP servers behind taskgate; the first is the default route `/mcp`.
     #[serde(default)]
     pub upstream: Vec<UpstreamConfig>,
@@ -137,6 +142,7 @@ impl Config {
         self.tasks.validate()?;
         self.upgrade.validate()?;
         self.limits.validate()?;
+        self.telemetry.validate()?;
         validate_oauth(&self.auth)?;
         if self.auth.mode == AuthMode::Bearer {
             if self.auth.token.is_empty() {

@@ -9,3 +9,4 @@ mod response;
 pub mod server;
 mod session_streams;
 pub mod streamable;
+mod trace;

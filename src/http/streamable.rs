@@ -106,6 +106,8 @@ pub struct Edge {
     shutdown: watch::Receiver<bool>,
     /// The open GET streams by session, ended by the session's `DELETE`.
     streams: Arc<super::session_streams::SessionStreams>,
+    /// Traces (`[telemetry]`): a SERVER span per request when set (`super::trace`).
+    telemetry: Option<crate::telemetry::Telemetry>,
 }
 
 impl Edge {
@@ -135,7 +137,15 @@ impl Edge {
             metrics,
             shutdown,
             streams: Arc::default(),
+            telemetry: None,
         }
+    }
+
+    /// The endpoint with a SERVER span per MCP request exported through `telemetry` (issue 34);
+    /// `None` (the default): no span, nothing done per request.
+    pub fn with_telemetry(mut self, telemetry: Option<crate::telemetry::Telemetry>) -> Edge {
+        self.telemetry = telemetry;
+        self
     }
 
     fn route(&self, path: &str) -> Result<&Served, Response<Body>> {
@@ -318,6 +328,10 @@ impl Edge {
             extensions: http::Extensions::new(),
         };
         store_era(&mut request, era);
+        let trace = match &self.telemetry {
+            Some(telemetry) => super::trace::start(telemetry, &mut request),
+            None => None,
+        };
         let labels = Labels::of(&request);
         let span = labels.span(&served.route.name, &request);
         let started = Instant::now();
@@ -327,8 +341,16 @@ impl Edge {
             .series
             .duration(labels.method, started.elapsed().as_secs_f64());
         match result {
-            Ok(reply) => self.answer(served, &labels, era, primes, reply),
+            Ok(mut reply) => {
+                if let Some(trace) = trace {
+                    reply.end_span(trace, labels.rpc_id.as_ref());
+                }
+                self.answer(served, &labels, era, primes, reply)
+            }
             Err(e) => {
+                if let Some(trace) = trace {
+                    e.end_span(trace);
+                }
                 served.series.request(labels.method, e.outcome());
                 span.in_scope(|| {
                     tracing::warn!(

@@ -12,6 +12,7 @@
 //! | [`Classified::progress_token`] | `params._meta.progressToken` | `tasks`, `upgrade` |
 //! | [`Classified::request_id`] | `params.requestId` (`notifications/cancelled`) | `upgrade`, `cancel`, `ids` |
 //! | [`Classified::meta`] | `params._meta[key]` (the 2026-07-28 protocol version) | the edge (era) |
+//! | [`Classified::meta_str`] | `params._meta.traceparent`, `params._meta.tracestate` | the edge (trace parent) |
 //!
 //! A message a layer rewrites is a new `Message`, whose places its own parse noted: a
 //! classification never describes bytes other than the ones it is read from.
@@ -87,6 +88,12 @@ impl<'a> Classified<'a> {
             .ok()
             .flatten()
             .map(serde_json::value::RawValue::get)
+    }
+
+    /// `params._meta[key]` when it is a JSON string, decoded: the W3C trace context a client
+    /// put there (`traceparent`, `tracestate`: SEP-414; read by the edge for its span).
+    pub fn meta_str(&self, key: &str) -> Option<Cow<'a, str>> {
+        string(self.meta(key)?)
     }
 
     /// The raw JSON of `params._meta.progressToken` (basic/utilities/progress).

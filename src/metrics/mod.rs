@@ -90,6 +90,11 @@ const STORE_WRITE_FAILURES_TOTAL: Spec = spec(
     "Task registry writes that failed.",
     &[],
 );
+const TRACE_EXPORT_FAILURES_TOTAL: Spec = spec(
+    "taskgate_trace_export_failures_total",
+    "Spans whose OTLP export failed ([telemetry]).",
+    &[],
+);
 const STORE_WRITE_DURATION_SECONDS: Spec = spec(
     "taskgate_store_write_duration_seconds",
     "Duration of one durable registry commit (apply, flush, fdatasync), in seconds.",
@@ -282,6 +287,10 @@ pub struct Metrics {
     pub task_creation_refused_total: IntCounterVec,
     /// `taskgate_store_write_failures_total`: failed registry writes (each also logged).
     pub store_write_failures_total: IntCounter,
+    /// `taskgate_trace_export_failures_total`: spans `[telemetry]` did not deliver because
+    /// their batch's OTLP export failed (the collector unreachable, a non-2xx answer, a timeout;
+    /// `src/telemetry/`).
+    pub trace_export_failures_total: IntCounter,
     /// `taskgate_store_write_duration_seconds`: one group commit (apply + flush + fdatasync).
     pub store_write_duration_seconds: Histogram,
     /// `taskgate_task_status_transitions_total{upstream,from,to}` ([`TaskStatus`] twice).
@@ -356,6 +365,7 @@ impl Metrics {
             tasks_created_total: b.counter_vec(&TASKS_CREATED_TOTAL),
             task_creation_refused_total: b.counter_vec(&TASK_CREATION_REFUSED_TOTAL),
             store_write_failures_total: b.counter(&STORE_WRITE_FAILURES_TOTAL),
+            trace_export_failures_total: b.counter(&TRACE_EXPORT_FAILURES_TOTAL),
             store_write_duration_seconds: b.histogram(&STORE_WRITE_DURATION_SECONDS, STORE_BUCKETS),
             task_status_transitions_total: b.counter_vec(&TASK_STATUS_TRANSITIONS_TOTAL),
             task_terminal_rewrites_total: b.counter_vec(&TASK_TERMINAL_REWRITES_TOTAL),

@@ -86,6 +86,7 @@
 pub mod h1;
 pub mod http;
 pub mod stdio;
+mod traced;
 
 pub use self::h1::pin_thread;
 pub use self::http::StreamableHttp;
@@ -114,7 +115,7 @@ pub trait Transport: Send + Sync + 'static {
 /// One configured upstream as the stack's innermost service (`tower::Service<McpRequest>`,
 /// always ready). Cloning shares the transport (one reference count).
 #[derive(Clone)]
-pub struct Upstream(Arc<dyn Transport>);
+pub struct Upstream(Arc<dyn Transport>, Option<Arc<traced::Traced>>);
 
 impl Upstream {
     /// The transport of a `url` upstream: Streamable HTTP to its `url` (the config is
@@ -125,7 +126,18 @@ impl Upstream {
 
     /// An upstream over any `transport` (tests, embedding).
     pub fn new(transport: impl Transport) -> Upstream {
-        Upstream(Arc::new(transport))
+        Upstream(Arc::new(transport), None)
+    }
+
+    /// This upstream with a CLIENT span per exchange exported through `telemetry`, carried to
+    /// the server as the request's trace parent (`traced`, issue 34); `None`: as it was.
+    pub fn traced(
+        self,
+        telemetry: Option<&crate::telemetry::Telemetry>,
+        config: &UpstreamConfig,
+    ) -> Upstream {
+        let traced = telemetry.map(|t| Arc::new(traced::Traced::new(t.clone(), config)));
+        Upstream(self.0, traced)
     }
 
     /// The upstream's configured name.
@@ -144,7 +156,10 @@ impl tower::Service<McpRequest> for Upstream {
     }
 
     fn call(&mut self, req: McpRequest) -> Exchange {
-        self.0.clone().exchange(req)
+        match &self.1 {
+            None => self.0.clone().exchange(req),
+            Some(traced) => traced.exchange(self.0.clone(), req),
+        }
     }
 }
 

@@ -1,0 +1,92 @@
+//! The SERVER span of each MCP request the edge sends down the stack (issue 34; `telemetry`
+//! says what is exported and when). Its parent comes from `params._meta.traceparent`, else the
+//! HTTP `traceparent` (`telemetry::propagation::Incoming`); it travels down as the request's
+//! `RequestTrace` extension, on which the layers set `mcp.task.id` and task links and the
+//! upstream client the upstream's address; it ends when the answer is complete (an SSE answer:
+//! when its stream ends), carrying `error.type` for an error answer.
+
+use crate::exchange::{McpRequest, Operation};
+use crate::headers::MCP_PROTOCOL_VERSION;
+use crate::jsonrpc::Kind;
+use crate::mcp::classify::Classified;
+use crate::mcp::era::PROTOCOL_VERSION_META;
+use crate::telemetry::propagation::{self, Incoming};
+use crate::telemetry::{semconv, KeyValue, RequestTrace, Telemetry};
+
+/// Starts the SERVER span of `request` (a POSTed JSON-RPC request; GET streams, DELETEs,
+/// notifications and responses get none) and puts it in the request's extensions.
+pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<RequestTrace> {
+    let Operation::Post(msg) = &request.op else {
+        return None;
+    };
+    if msg.kind() != Kind::Request {
+        return None;
+    }
+    let c = Classified::of(msg);
+    let method = c.method()?;
+    let header = |name: &str| request.ctx.headers.get(name).and_then(|v| v.to_str().ok());
+    let meta = c
+        .meta_str(semconv::TRACEPARENT)
+        .and_then(|tp| propagation::parse(&tp, c.meta_str(semconv::TRACESTATE).as_deref()));
+    let from_header = header(semconv::TRACEPARENT)
+        .and_then(|tp| propagation::parse(tp, header(semconv::TRACESTATE)));
+    let incoming = Incoming::choose(meta, from_header);
+
+    let mut attributes = Vec::with_capacity(8);
+    attributes.push(KeyValue::new(semconv::MCP_METHOD_NAME, method.to_string()));
+    if let Some(id) = msg.id() {
+        // A string id without its quotes (decoded), a number as written.
+        let json = id.as_json();
+        let text = match json.starts_with('"') {
+            true => serde_json::from_str::<String>(json).unwrap_or_else(|_| json.to_string()),
+            false => json.to_string(),
+        };
+        attributes.push(KeyValue::new(semconv::JSONRPC_REQUEST_ID, text));
+    }
+    let version = request
+        .ctx
+        .headers
+        .get(&MCP_PROTOCOL_VERSION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| c.meta_str(PROTOCOL_VERSION_META).map(|v| v.into_owned()));
+    if let Some(version) = version {
+        attributes.push(KeyValue::new(semconv::MCP_PROTOCOL_VERSION, version));
+    }
+    if let Some(session) = request
+        .ctx
+        .client_session_id
+        .as_ref()
+        .and_then(|s| s.to_str().ok())
+    {
+        attributes.push(KeyValue::new(semconv::MCP_SESSION_ID, session.to_string()));
+    }
+    if let Some(task_id) = c.task_id() {
+        attributes.push(KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned()));
+    }
+    let target = match method {
+        "tools/call" => c.tool().map(|tool| {
+            attributes.push(KeyValue::new(semconv::GEN_AI_TOOL_NAME, tool.to_string()));
+            attributes.push(KeyValue::new(
+                semconv::GEN_AI_OPERATION_NAME,
+                semconv::EXECUTE_TOOL,
+            ));
+            tool
+        }),
+        "prompts/get" => c.tool().map(|prompt| {
+            attributes.push(KeyValue::new(
+                semconv::GEN_AI_PROMPT_NAME,
+                prompt.to_string(),
+            ));
+            prompt
+        }),
+        _ => None,
+    };
+    let name = match target {
+        Some(target) => format!("{method} {target}"),
+        None => method.to_string(),
+    };
+    let trace = telemetry.request_span(name, incoming, attributes);
+    request.extensions.insert(trace.clone());
+    Some(trace)
+}

@@ -1,0 +1,180 @@
+//! W3C Trace Context in and out (https://www.w3.org/TR/trace-context/ §3): `traceparent` and
+//! `tracestate`, read from a request's `params._meta` (SEP-414, 2026-07-28 `_meta`) or its HTTP
+//! header fields, and written for the upstream.
+//!
+//! Which parent a request's span gets ([`Incoming::choose`]): `params._meta.traceparent` when it
+//! is valid, else the HTTP `traceparent`; when both are valid and name different spans, `_meta`
+//! is the parent and the HTTP one becomes a link (a proxy in front of taskgate that started its
+//! own span, while the client put its own in `_meta`).
+
+use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+
+/// The span context a `traceparent` (and its `tracestate`, when valid) names, remote;
+/// `None` when `traceparent` is not valid W3C Trace Context (§3.2: lowercase hex, version
+/// `ff` refused, all-zero trace and parent ids refused, a later version's extra fields after
+/// a `-` ignored).
+pub fn parse(traceparent: &str, tracestate: Option<&str>) -> Option<SpanContext> {
+    let tp = traceparent.trim_matches(|c| c == ' ' || c == '\t');
+    let b = tp.as_bytes();
+    if b.len() < 55 || !is_lower_hex(&b[..2]) || &b[..2] == b"ff" {
+        return None;
+    }
+    // Version 00 is exactly 55 characters; a later one may carry more after a '-'.
+    if (&b[..2] == b"00" && b.len() != 55) || (b.len() > 55 && b[55] != b'-') {
+        return None;
+    }
+    if b[2] != b'-' || b[35] != b'-' || b[52] != b'-' {
+        return None;
+    }
+    let (trace, span, flags) = (&tp[3..35], &tp[36..52], &tp[53..55]);
+    if !is_lower_hex(trace.as_bytes())
+        || !is_lower_hex(span.as_bytes())
+        || !is_lower_hex(flags.as_bytes())
+    {
+        return None;
+    }
+    let trace_id = TraceId::from_hex(trace).ok()?;
+    let span_id = SpanId::from_hex(span).ok()?;
+    if trace_id == TraceId::INVALID || span_id == SpanId::INVALID {
+        return None;
+    }
+    let flags = u8::from_str_radix(flags, 16).ok()?;
+    let state = tracestate.and_then(trace_state).unwrap_or_default();
+    Some(SpanContext::new(
+        trace_id,
+        span_id,
+        TraceFlags::new(flags & TraceFlags::SAMPLED.to_u8()),
+        true,
+        state,
+    ))
+}
+
+/// `context` as a version-00 `traceparent` (`00-<trace id>-<span id>-<flags>`).
+pub fn traceparent(context: &SpanContext) -> String {
+    format!(
+        "00-{}-{}-{:02x}",
+        context.trace_id(),
+        context.span_id(),
+        context.trace_flags().to_u8()
+    )
+}
+
+/// A `tracestate` header value (§3.3: `key=value` list members, empty ones skipped), or `None`
+/// when a member is not valid (the whole value is then ignored, as §3.3.1.1 allows).
+fn trace_state(value: &str) -> Option<TraceState> {
+    let mut members = Vec::new();
+    for member in value.split(',').map(|m| m.trim_matches([' ', '\t'])) {
+        if member.is_empty() {
+            continue;
+        }
+        let (key, value) = member.split_once('=')?;
+        if key.is_empty() || value.is_empty() {
+            return None;
+        }
+        members.push((key, value));
+    }
+    TraceState::from_key_value(members).ok()
+}
+
+fn is_lower_hex(b: &[u8]) -> bool {
+    b.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The trace context a request arrived with, from both places ([`Incoming::choose`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Incoming {
+    /// The parent of the request's SERVER span; `None`: the span starts a trace.
+    pub parent: Option<SpanContext>,
+    /// The HTTP header's span when `_meta` named another (linked, not the parent).
+    pub link: Option<SpanContext>,
+}
+
+impl Incoming {
+    /// Chooses the parent from `params._meta`'s context and the HTTP header's (both already
+    /// [`parse`]d): `_meta` first, the header's linked when it names another span.
+    pub fn choose(meta: Option<SpanContext>, header: Option<SpanContext>) -> Incoming {
+        match (meta, header) {
+            (Some(meta), Some(header)) => {
+                let same =
+                    meta.trace_id() == header.trace_id() && meta.span_id() == header.span_id();
+                Incoming {
+                    parent: Some(meta),
+                    link: (!same).then_some(header),
+                }
+            }
+            (Some(meta), None) => Incoming {
+                parent: Some(meta),
+                link: None,
+            },
+            (None, header) => Incoming {
+                parent: header,
+                link: None,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_valid_traceparent_is_read_with_its_tracestate() {
+        let c = parse(TP, Some("congo=t61rcWkgMzE,rojo=00f067aa0ba902b7")).unwrap();
+        assert_eq!(c.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(c.span_id().to_string(), "00f067aa0ba902b7");
+        assert!(c.is_sampled() && c.is_remote());
+        assert_eq!(c.trace_state().get("congo"), Some("t61rcWkgMzE"));
+        assert_eq!(traceparent(&c), TP);
+        // Not sampled, and a tracestate that is not valid is left out, not the parent.
+        let c = parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+            Some("=,=="),
+        )
+        .unwrap();
+        assert!(!c.is_sampled());
+        assert_eq!(c.trace_state().header(), "");
+    }
+
+    #[test]
+    fn invalid_traceparents_are_refused() {
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+            "0x-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(parse(bad, None), None, "{bad:?}");
+        }
+        // A later version may carry more fields.
+        assert!(parse(
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-future",
+            None
+        )
+        .is_some());
+    }
+
+    #[test]
+    fn meta_is_the_parent_and_a_different_header_a_link() {
+        let meta = parse(TP, None);
+        let header = parse(
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            None,
+        );
+        let both = Incoming::choose(meta.clone(), header.clone());
+        assert_eq!((both.parent, both.link), (meta.clone(), header.clone()));
+        let same = Incoming::choose(meta.clone(), meta.clone());
+        assert_eq!((same.parent, same.link), (meta.clone(), None));
+        let only_header = Incoming::choose(None, header.clone());
+        assert_eq!((only_header.parent, only_header.link), (header, None));
+        assert_eq!(Incoming::choose(None, None), Incoming::default());
+    }
+}

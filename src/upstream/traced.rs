@@ -1,0 +1,141 @@
+//! The CLIENT span of each upstream exchange (issue 34), whatever the transport: a child of the
+//! request's SERVER span (the edge's `RequestTrace` extension), or for a request taskgate makes
+//! itself (`upgrade`'s and the bridge's polls) a root linked to the task's creating span
+//! ([`TaskLink`], set by the `tasks` layer). The upstream request carries the CLIENT span as its
+//! parent twice: in the HTTP `traceparent` (and `tracestate`) header fields, and in
+//! `params._meta.traceparent`, spliced in (every other byte as it was), so a stdio child, which
+//! has no header fields, sees it too.
+
+use super::{Exchange, Transport};
+use crate::config::UpstreamConfig;
+use crate::exchange::{McpRequest, Operation};
+use crate::jsonrpc::Kind;
+use crate::mcp::classify::Classified;
+use crate::telemetry::propagation::traceparent;
+use crate::telemetry::{
+    semconv, with_meta_traceparent, KeyValue, RequestTrace, TaskLink, Telemetry,
+};
+use http::{HeaderName, HeaderValue};
+use std::sync::Arc;
+
+static TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+
+/// What the CLIENT spans of one upstream are made with: the exporter and the upstream's
+/// `server.address`, `server.port` and `network.transport`.
+pub(super) struct Traced {
+    telemetry: Telemetry,
+    peer: Vec<KeyValue>,
+}
+
+impl Traced {
+    /// The spans of upstream `config`: `tcp` and the `url`'s host and port, or `pipe` and the
+    /// command's program for a stdio upstream.
+    pub(super) fn new(telemetry: Telemetry, config: &UpstreamConfig) -> Traced {
+        let mut peer = Vec::with_capacity(4);
+        match &config.command {
+            Some(command) => {
+                peer.push(KeyValue::new(semconv::NETWORK_TRANSPORT, semconv::PIPE));
+                if let Some(program) = command.first() {
+                    peer.push(KeyValue::new(semconv::SERVER_ADDRESS, program.clone()));
+                }
+            }
+            None => {
+                peer.push(KeyValue::new(semconv::NETWORK_TRANSPORT, semconv::TCP));
+                peer.push(KeyValue::new(semconv::NETWORK_PROTOCOL_NAME, "http"));
+                if let Ok(url) = config.url.parse::<http::Uri>() {
+                    if let Some(host) = url.host() {
+                        peer.push(KeyValue::new(
+                            semconv::SERVER_ADDRESS,
+                            host.trim_start_matches('[')
+                                .trim_end_matches(']')
+                                .to_string(),
+                        ));
+                    }
+                    let port = url.port_u16().unwrap_or(80);
+                    peer.push(KeyValue::new(semconv::SERVER_PORT, i64::from(port)));
+                }
+            }
+        }
+        Traced { telemetry, peer }
+    }
+
+    /// `req` sent through `transport` under a CLIENT span (a POSTed request; anything else goes
+    /// as it is).
+    pub(super) fn exchange(&self, transport: Arc<dyn Transport>, mut req: McpRequest) -> Exchange {
+        let Some((span, id)) = self.start(&mut req) else {
+            return transport.exchange(req);
+        };
+        let exchange = transport.exchange(req);
+        Box::pin(async move {
+            let mut result = exchange.await;
+            match &mut result {
+                Ok(reply) => reply.end_span(span, id.as_ref()),
+                Err(e) => e.end_span(span),
+            }
+            result
+        })
+    }
+
+    /// Starts the span of `req` and writes it into `req` as its parent.
+    fn start(&self, req: &mut McpRequest) -> Option<(RequestTrace, Option<crate::jsonrpc::Id>)> {
+        let Operation::Post(msg) = &req.op else {
+            return None;
+        };
+        if msg.kind() != Kind::Request {
+            return None;
+        }
+        let c = Classified::of(msg);
+        let method = c.method()?;
+        let server = req.extensions.get::<RequestTrace>();
+        if let Some(server) = server {
+            for kv in &self.peer {
+                server.set(kv.clone());
+            }
+        }
+        let links: Vec<_> = req
+            .extensions
+            .get::<TaskLink>()
+            .map(|l| vec![l.0.clone()])
+            .unwrap_or_default();
+        let mut attributes = self.peer.clone();
+        attributes.push(KeyValue::new(semconv::MCP_METHOD_NAME, method.to_string()));
+        if let Some(task_id) = c.task_id() {
+            attributes.push(KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned()));
+        }
+        let tool = (method == "tools/call").then(|| c.tool()).flatten();
+        if let Some(tool) = &tool {
+            attributes.push(KeyValue::new(semconv::GEN_AI_TOOL_NAME, tool.to_string()));
+        }
+        let name = match &tool {
+            Some(tool) => format!("{method} {tool}"),
+            None => method.to_string(),
+        };
+        let span = self.telemetry.exchange_span(
+            name,
+            server.map(RequestTrace::context),
+            &links,
+            attributes,
+        );
+        let id = msg.id().cloned();
+        let parent = traceparent(span.context());
+        let rewritten = with_meta_traceparent(msg, &parent);
+        if let Some(rewritten) = rewritten {
+            req.op = Operation::Post(rewritten);
+        }
+        let headers = &mut req.ctx.headers;
+        if let Ok(value) = HeaderValue::from_str(&parent) {
+            headers.insert(TRACEPARENT.clone(), value);
+        }
+        let state = span.context().trace_state().header();
+        match HeaderValue::from_str(&state) {
+            Ok(value) if !state.is_empty() => {
+                headers.insert(TRACESTATE.clone(), value);
+            }
+            _ => {
+                headers.remove(&TRACESTATE);
+            }
+        }
+        Some((span, id))
+    }
+}

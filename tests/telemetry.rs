@@ -1,0 +1,310 @@
+//! OpenTelemetry traces (issue 34) against a test OTLP/HTTP receiver that decodes the export
+//! bodies as real protobuf (`opentelemetry-proto`): the SERVER span of each request, its parent
+//! from `params._meta.traceparent` or the HTTP header (a link when both differ), the CLIENT span
+//! of each upstream exchange as the parent the upstream sees (header and `_meta`), the MCP
+//! semantic-convention attributes, for a 2025-11-25 and a 2026-07-28 task lifecycle.
+
+use crate::common::*;
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message as _;
+use serde_json::{json, Value};
+
+/// The client's own trace context (in `_meta`) and a proxy's (in the HTTP header).
+const META_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const META_SPAN: &str = "00f067aa0ba902b7";
+const HEADER_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+const HEADER_SPAN: &str = "b7ad6b7169203331";
+
+fn traceparent(trace: &str, span: &str) -> String {
+    format!("00-{trace}-{span}-01")
+}
+
+/// A receiver of OTLP/HTTP exports: every POST is answered 200 and kept.
+async fn receiver() -> Upstream {
+    Upstream::start(|_| ScriptedResponse::status(200, Some("application/x-protobuf"), "")).await
+}
+
+/// Every span the receiver got (each body decoded as an `ExportTraceServiceRequest`), with the
+/// `service.name` of its resource.
+fn spans(rx: &Upstream) -> Vec<(String, Span)> {
+    let mut out = Vec::new();
+    for req in rx.requests() {
+        assert_eq!(req.path, "/v1/traces");
+        assert_eq!(
+            req.header("content-type").as_deref(),
+            Some("application/x-protobuf")
+        );
+        let export = ExportTraceServiceRequest::decode(req.body.clone()).expect("OTLP protobuf");
+        for rs in export.resource_spans {
+            let service = rs
+                .resource
+                .iter()
+                .flat_map(|r| r.attributes.iter())
+                .find(|kv| kv.key == "service.name")
+                .and_then(|kv| text(kv.value.as_ref()?.value.as_ref()?))
+                .unwrap_or_default();
+            for ss in rs.scope_spans {
+                out.extend(ss.spans.into_iter().map(|s| (service.clone(), s)));
+            }
+        }
+    }
+    out
+}
+
+fn text(v: &Any) -> Option<String> {
+    match v {
+        Any::StringValue(s) => Some(s.clone()),
+        Any::IntValue(i) => Some(i.to_string()),
+        Any::BoolValue(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// The attribute `key` of `span`, as text.
+fn attr(span: &Span, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| text(kv.value.as_ref()?.value.as_ref()?))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The one span of `kind` named `name` whose attribute `mcp.method.name`… (the `n`-th, by start).
+fn find<'a>(all: &'a [(String, Span)], kind: SpanKind, name: &str) -> Vec<&'a Span> {
+    let mut found: Vec<&Span> = all
+        .iter()
+        .map(|(_, s)| s)
+        .filter(|s| s.kind == kind as i32 && s.name == name)
+        .collect();
+    found.sort_by_key(|s| s.start_time_unix_nano);
+    found
+}
+
+/// The `[telemetry]` section pointing at `rx`.
+fn telemetry_toml(rx: &Upstream) -> String {
+    format!(
+        "\n[telemetry]\notlp_endpoint = \"http://{}\"\nservice_name = \"tg-test\"\nsample_ratio = 1.0\n",
+        rx.addr
+    )
+}
+
+/// Stops taskgate, which exports what is queued, and returns every span received.
+async fn stop_and_collect(mut tg: Tg, rx: &Upstream) -> Vec<(String, Span)> {
+    tg.running.take().expect("running").shutdown().await;
+    spans(rx)
+}
+
+/// The upstream request's `traceparent` header and `params._meta.traceparent`.
+fn parents_seen(req: &RecordedRequest) -> (Option<String>, Option<String>) {
+    let meta = req.json()["params"]["_meta"]["traceparent"]
+        .as_str()
+        .map(str::to_string);
+    (req.header("traceparent"), meta)
+}
+
+/// A 2025-11-25 task: the creating `tools/call` carries the client's context in `_meta` and a
+/// proxy's in the header; `tasks/get` and `tasks/cancel` follow. Each request has its SERVER
+/// span, each exchange its CLIENT span (child of it), the upstream sees the CLIENT span as
+/// parent in both places, and the attributes are the MCP conventions'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2025_task_lifecycle_is_one_trace_through_taskgate() {
+    let rx = receiver().await;
+    let up = TaskServer::default().await;
+    let cfg = TgConfig::new(&up.url());
+    let tail = telemetry_toml(&rx);
+    let tg = Tg::start(|store| cfg.to_toml(store) + &tail).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let body = json!({"jsonrpc":"2.0","id":"c-1","method":"tools/call","params":{
+        "name":"slow","arguments":{},"task":{"ttl":60000},
+        "_meta":{"traceparent": traceparent(META_TRACE, META_SPAN), "tracestate":"congo=t61rcWkgMzE"}}})
+    .to_string();
+    let created: Value = c
+        .req(body)
+        .header("traceparent", &traceparent(HEADER_TRACE, HEADER_SPAN))
+        .send()
+        .await
+        .json()
+        .await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    assert_eq!(c.get("2", &task).await["result"]["status"], "working");
+    assert_eq!(c.cancel("3", &task).await["result"]["status"], "cancelled");
+    let call = up
+        .received("tools/call")
+        .pop()
+        .expect("the call went upstream");
+    let get = up
+        .received("tasks/get")
+        .pop()
+        .expect("tasks/get went upstream");
+    let all = stop_and_collect(tg, &rx).await;
+
+    assert!(all.iter().all(|(service, _)| service == "tg-test"));
+    let server = find(&all, SpanKind::Server, "tools/call slow");
+    let client = find(&all, SpanKind::Client, "tools/call slow");
+    assert_eq!((server.len(), client.len()), (1, 1), "{all:#?}");
+    let (server, client) = (server[0], client[0]);
+    // Parent from `_meta`; the header's span linked.
+    assert_eq!(hex(&server.trace_id), META_TRACE);
+    assert_eq!(hex(&server.parent_span_id), META_SPAN);
+    assert_eq!(
+        server
+            .links
+            .iter()
+            .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+            .collect::<Vec<_>>(),
+        vec![(HEADER_TRACE.to_string(), HEADER_SPAN.to_string())]
+    );
+    assert_eq!(server.trace_state, "congo=t61rcWkgMzE");
+    for (key, want) in [
+        ("mcp.method.name", "tools/call"),
+        ("gen_ai.tool.name", "slow"),
+        ("gen_ai.operation.name", "execute_tool"),
+        ("mcp.protocol.version", "2025-11-25"),
+        ("jsonrpc.request.id", "c-1"),
+        ("server.address", "127.0.0.1"),
+        ("network.transport", "tcp"),
+    ] {
+        assert_eq!(
+            attr(server, key).as_deref(),
+            Some(want),
+            "{key}: {server:#?}"
+        );
+    }
+    assert_eq!(
+        attr(server, "server.port"),
+        Some(up.up.addr.port().to_string())
+    );
+    assert!(attr(server, "mcp.session.id").is_some_and(|s| !s.is_empty()));
+    assert_eq!(attr(server, "error.type"), None);
+    // The CLIENT span: the SERVER span's child, and the upstream's parent in both places.
+    assert_eq!(client.trace_id, server.trace_id);
+    assert_eq!(client.parent_span_id, server.span_id);
+    assert_eq!(attr(client, "network.transport").as_deref(), Some("tcp"));
+    let want = Some(format!("00-{META_TRACE}-{}-01", hex(&client.span_id)));
+    assert_eq!(parents_seen(&call), (want.clone(), want));
+    // Only `_meta.traceparent` changed in the call's bytes.
+    let sent = call.json();
+    assert_eq!(sent["params"]["_meta"]["tracestate"], "congo=t61rcWkgMzE");
+    assert_eq!(sent["params"]["task"], json!({"ttl": 60000}));
+
+    // tasks/get and tasks/cancel: spans of their own, carrying the task id; the upstream saw the
+    // get's CLIENT span.
+    let get_server = find(&all, SpanKind::Server, "tasks/get");
+    let get_client = find(&all, SpanKind::Client, "tasks/get");
+    assert_eq!((get_server.len(), get_client.len()), (1, 1));
+    assert_eq!(attr(get_server[0], "mcp.task.id"), Some(task.clone()));
+    assert_eq!(attr(get_client[0], "mcp.task.id"), Some(task.clone()));
+    assert_eq!(get_client[0].parent_span_id, get_server[0].span_id);
+    let want = Some(format!(
+        "00-{}-{}-01",
+        hex(&get_client[0].trace_id),
+        hex(&get_client[0].span_id)
+    ));
+    assert_eq!(parents_seen(&get), (want.clone(), want));
+    let cancel = find(&all, SpanKind::Server, "tasks/cancel");
+    assert_eq!(cancel.len(), 1);
+    assert_eq!(attr(cancel[0], "mcp.task.id"), Some(task.clone()));
+}
+
+/// A 2026-07-28 task: the parent from the HTTP header alone (no `_meta.traceparent`); the
+/// upstream sees the CLIENT span in its header and in `_meta`, next to the `_meta` the client
+/// sent; a JSON-RPC error answer is the span's `error.type`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_task_lifecycle_takes_its_parent_from_the_header() {
+    let rx = receiver().await;
+    let (up, _) = modern_server().await;
+    let cfg = TgConfig::new(&up.url());
+    let tail = telemetry_toml(&rx);
+    let tg = Tg::start(|store| cfg.to_toml(store) + &tail).await;
+    let url = tg.mcp_url();
+    let (status, created) = send(
+        modern_req(
+            &url,
+            None,
+            1,
+            "tools/call",
+            json!({"name": "slow_compute", "arguments": {}}),
+        )
+        .header("traceparent", &traceparent(HEADER_TRACE, HEADER_SPAN)),
+    )
+    .await;
+    assert_eq!(status, 200, "{created}");
+    let task = created["result"]["taskId"].as_str().unwrap().to_string();
+    let (_, got) = task_call(&url, None, 2, "tasks/get", &task).await;
+    assert_eq!(got["result"]["status"], "working", "{got}");
+    let (_, unknown) = task_call(&url, None, 3, "tasks/get", "no-such-task").await;
+    assert!(unknown["error"]["code"].is_i64(), "{unknown}");
+    let call = up
+        .received("tools/call")
+        .pop()
+        .expect("the call went upstream");
+    let all = stop_and_collect(tg, &rx).await;
+
+    let server = find(&all, SpanKind::Server, "tools/call slow_compute");
+    let client = find(&all, SpanKind::Client, "tools/call slow_compute");
+    assert_eq!((server.len(), client.len()), (1, 1), "{all:#?}");
+    let (server, client) = (server[0], client[0]);
+    assert_eq!(hex(&server.trace_id), HEADER_TRACE);
+    assert_eq!(hex(&server.parent_span_id), HEADER_SPAN);
+    assert!(server.links.is_empty());
+    assert_eq!(
+        attr(server, "mcp.protocol.version").as_deref(),
+        Some("2026-07-28")
+    );
+    assert_eq!(attr(server, "jsonrpc.request.id").as_deref(), Some("1"));
+    assert_eq!(
+        attr(server, "mcp.session.id"),
+        None,
+        "2026-07-28 has no session"
+    );
+    assert_eq!(client.parent_span_id, server.span_id);
+    let want = Some(format!("00-{HEADER_TRACE}-{}-01", hex(&client.span_id)));
+    assert_eq!(parents_seen(&call), (want.clone(), want));
+    assert_eq!(
+        call.json()["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"],
+        "2026-07-28",
+        "the client's _meta is kept"
+    );
+    let gets = find(&all, SpanKind::Server, "tasks/get");
+    assert_eq!(gets.len(), 2);
+    assert_eq!(attr(gets[0], "error.type"), None);
+    assert_eq!(
+        attr(gets[1], "error.type"),
+        Some(unknown["error"]["code"].to_string())
+    );
+    // No parent anywhere: a trace of its own.
+    assert!(gets[0].parent_span_id.is_empty());
+}
+
+/// Without `[telemetry]` nothing is added: the upstream gets the client's own `traceparent`
+/// header and body, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn off_without_an_endpoint_the_request_goes_as_it_came() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let body = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow","arguments":{}, "task":{"ttl":60000}}}"#;
+    let tp = traceparent(HEADER_TRACE, HEADER_SPAN);
+    let _ = c
+        .req(body)
+        .header("traceparent", &tp)
+        .send()
+        .await
+        .json()
+        .await;
+    let call = up.received("tools/call").pop().unwrap();
+    assert_eq!(call.body_str(), body);
+    assert_eq!(call.header("traceparent"), Some(tp));
+}
