@@ -6,7 +6,7 @@
 //! ```
 
 use crate::auth::Authenticator;
-use crate::config::{Config, UpgradeConfig, UpstreamConfig};
+use crate::config::{Config, TaskOwnership, UpgradeConfig, UpstreamConfig};
 
 use crate::http::admin::{Admin, UpstreamTarget};
 use crate::http::server::{connection_budget, serve, Limits};
@@ -14,6 +14,7 @@ use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::bridge::reverse::{ReverseLayer, ReverseState};
 use crate::layers::bridge::{BridgeLayer, BridgeState};
 use crate::layers::cancel::{CancelLayer, CancelState};
+use crate::layers::gateway_tasks::{GatewayTasksLayer, GatewayTasksState};
 use crate::layers::held_sessions::{HeldSessions, HeldSessionsLayer};
 use crate::layers::ids::IdsLayer;
 use crate::layers::observe::ObserveLayer;
@@ -125,6 +126,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         cancel_orphans: config.upgrade.enabled && !store.shared(),
         telemetry: telemetry.clone(),
     };
+    fail_gateway_tasks_of_previous_run(&config, &registry).await;
     let listeners = Listeners::bind(&config).await?;
     let (gateway_addr, admin_addr) = (listeners.gateway_addr, listeners.admin_addr);
 
@@ -295,6 +297,10 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
             shared.authenticated,
         ))
         .layer(CancelLayer::new(cancel_state.clone()))
+        .layer(GatewayTasksLayer::new(GatewayTasksState::new(
+            shared.registry.clone(),
+            u.tasks == TaskOwnership::Gateway,
+        )))
         .layer(HeldSessionsLayer::new(HeldSessions::new(
             shared.sessions.clone(),
         )))
@@ -387,6 +393,35 @@ fn spawn_fail_dead_tasks(handle: StdioHandle, registry: Arc<Registry>) {
             }
         }
     });
+}
+
+/// The gateway-owned tasks (`upstream.tasks = "gateway"`) a previous run left `working`: the
+/// upstream calls taskgate held for them died with that run, so each is `failed` with a
+/// `statusMessage` saying so (never `working` for ever) and released, before the listeners
+/// open. Not on a store replicas share: another live replica may hold the call.
+async fn fail_gateway_tasks_of_previous_run(config: &Config, registry: &Arc<Registry>) {
+    if registry.store().shared() {
+        return;
+    }
+    let started_ms = crate::mcp::task::now_ms();
+    for u in config
+        .upstream
+        .iter()
+        .filter(|u| u.tasks == TaskOwnership::Gateway)
+    {
+        let message = format!("taskgate restarted while it held this task's call to upstream `{}`; the call's result was lost", u.name);
+        let failed = registry
+            .fail_tasks_of_previous_run(
+                &u.name,
+                crate::store::Origin::Gateway,
+                started_ms,
+                &message,
+            )
+            .await;
+        if failed > 0 {
+            tracing::warn!(upstream = %u.name, failed, "gateway tasks of a previous run marked failed");
+        }
+    }
 }
 
 /// `/readyz` of the stdio upstreams: a live child.

@@ -24,6 +24,7 @@ mod edge_rejections;
 mod edge_sessions;
 mod edge_transport;
 mod fairness;
+mod gateway_tasks;
 mod hardening;
 mod modern;
 mod oauth;

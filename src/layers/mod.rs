@@ -19,6 +19,11 @@
 //!    `tasks/list`, hiding `tasks.list` when callers cannot be told apart.
 //! 4. `cancel`: single-flight `tasks/cancel`, the terminal check, `notifications/cancelled`
 //!    routing.
+//!    Right below it, `gateway_tasks`: for an upstream with `tasks = "gateway"`, taskgate runs
+//!    the tasks of a server without task support itself (below `cancel`, whose single-flight
+//!    brings it one `tasks/cancel` per task; above `held_sessions` and `bridge`, so the plain
+//!    call it holds goes upstream like a client's; it records through the registry's status
+//!    machine).
 //! 5. `held_sessions`: 2025 sessions taskgate holds for an upstream without them (looked up,
 //!    `initialize` answered with an id it mints); below `cancel`, so a held session's requests
 //!    (`upgrade`'s own included) pass owner binding, routing and single-flight like any other;
@@ -44,6 +49,7 @@ mod after;
 pub mod bridge;
 pub mod cancel;
 pub mod extensions;
+pub mod gateway_tasks;
 pub mod held_sessions;
 pub mod ids;
 pub mod observe;

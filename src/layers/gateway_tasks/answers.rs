@@ -1,0 +1,261 @@
+//! What taskgate answers for the tasks it runs itself (see the module docs of `gateway_tasks`):
+//! `tasks/get`, `tasks/result`, `tasks/cancel` and `tasks/update` of a gateway task, and the
+//! task shapes of both eras (2025-11-25 `Task`, nested `CreateTaskResult`; 2026-07-28 flat
+//! `CreateTaskResult` and `DetailedTask`, `ttlMs`/`pollIntervalMs`).
+
+use super::{GatewayTasksState, Outcome, RESULT_POLL};
+use crate::exchange::{McpReply, McpRequest};
+use crate::jsonrpc::{self, Id};
+use crate::layers::cancel::MODERN_ACK;
+use crate::layers::extensions::AuthorisedTask;
+use crate::mcp::era::Era;
+use crate::mcp::errors::TaskError;
+use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus, RELATED_TASK_META};
+use crate::metrics::LocalReason;
+use crate::registry::Observed;
+use crate::store::TaskRecord;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// The answer to `method` (`tasks/get|result|cancel|update`) about the gateway task `req`'s
+/// [`AuthorisedTask`] names, in the request's era.
+pub(super) async fn answer(
+    state: &Arc<GatewayTasksState>,
+    method: &str,
+    req: McpRequest,
+) -> McpReply {
+    let era = req.era();
+    let (Some(id), Some(authorised)) = (req.id().cloned(), req.extensions.get::<AuthorisedTask>())
+    else {
+        return McpReply::accepted();
+    };
+    let record = authorised.record.clone();
+    let reply = match method {
+        "tasks/get" => get(state, &record, &id, era),
+        "tasks/result" => result(state, record, &id).await,
+        "tasks/cancel" => cancel(state, &record, &id, era).await,
+        _ => error(
+            era,
+            &id,
+            jsonrpc::INVALID_PARAMS,
+            &format!("{method}: task {} does not wait for input", record.task_id),
+        ),
+    };
+    reply.answered_locally(LocalReason::GatewayTask)
+}
+
+fn json_reply(id: &Id, result: &Value) -> McpReply {
+    McpReply::local_json(jsonrpc::result_response(id, &result.to_string()))
+}
+
+fn error(era: Era, id: &Id, code: i64, message: &str) -> McpReply {
+    McpReply::era_error(era, Some(id), code, message, LocalReason::GatewayTask)
+}
+
+/// `tasks/get`: the record's task (2025 `Task`; 2026 `DetailedTask`, with the result a
+/// terminal one needs when taskgate still has it: the `tasks` layer answers from the record
+/// when the record keeps it).
+fn get(state: &GatewayTasksState, record: &TaskRecord, id: &Id, era: Era) -> McpReply {
+    if era == Era::Legacy {
+        return json_reply(id, &task_value(record));
+    }
+    let mut task = detailed_task(record);
+    match (record.status, state.outcome(&record.task_id)) {
+        (TaskStatus::Completed, Some(Outcome::Result(r))) => task["result"] = (*r).clone(),
+        (TaskStatus::Failed, Some(Outcome::Error(e))) => task["error"] = (*e).clone(),
+        (TaskStatus::Completed, _) => {
+            return error(
+                era,
+                id,
+                jsonrpc::INTERNAL_ERROR,
+                &format!(
+                    "task {} completed, but its result was not kept (larger than tasks.max_stored_result_bytes, or lost in a restart)",
+                    record.task_id
+                ),
+            )
+        }
+        (TaskStatus::Failed, _) => {
+            let message = record.status_message.as_deref().unwrap_or("the call failed");
+            task["error"] = json!({"code": jsonrpc::INTERNAL_ERROR, "message": message});
+        }
+        _ => {}
+    }
+    json_reply(id, &task)
+}
+
+/// `tasks/result` (2025-11-25): blocks until the task is terminal, then its outcome.
+async fn result(state: &Arc<GatewayTasksState>, mut record: Arc<TaskRecord>, id: &Id) -> McpReply {
+    let owner = record.owner.clone();
+    while !record.status.is_terminal() {
+        let live = state.live.lock().get(&record.task_id).cloned();
+        match live {
+            Some(live) => {
+                let mut terminal = live.terminal.subscribe();
+                let _ = terminal.wait_for(|t| *t).await;
+            }
+            None => tokio::time::sleep(RESULT_POLL).await,
+        }
+        match state
+            .registry
+            .lookup_checked(&record.upstream, &record.task_id, &owner)
+            .await
+        {
+            Ok(Some(r)) => record = r,
+            Ok(None) => {
+                let gone = TaskError::NotFound {
+                    task_id: &record.task_id,
+                };
+                return McpReply::local_json(gone.response(Some(id)));
+            }
+            Err(_) => {
+                return McpReply::local_error(
+                    Some(id),
+                    jsonrpc::INTERNAL_ERROR,
+                    "task store unavailable; try again",
+                )
+            }
+        }
+    }
+    match (record.status, state.outcome(&record.task_id)) {
+        (TaskStatus::Completed, Some(Outcome::Result(r))) => json_reply(id, &r),
+        (TaskStatus::Completed, _) => match record.terminal_result.as_deref() {
+            Some(stored) => McpReply::local_json(jsonrpc::result_response(id, stored)),
+            None => McpReply::local_error(
+                Some(id),
+                jsonrpc::INTERNAL_ERROR,
+                &format!(
+                    "task {} completed, but its result was not kept (larger than tasks.max_stored_result_bytes, or lost in a restart)",
+                    record.task_id
+                ),
+            ),
+        },
+        (TaskStatus::Failed, Some(Outcome::Error(e))) => {
+            let answer = json!({"jsonrpc": "2.0", "id": id_value(id), "error": (*e).clone()});
+            McpReply::local_json(answer.to_string().into())
+        }
+        (status, _) => {
+            let message = match status {
+                TaskStatus::Cancelled => format!("task {} was cancelled; it has no result", record.task_id),
+                _ => record
+                    .status_message
+                    .clone()
+                    .unwrap_or_else(|| format!("task {} {status}", record.task_id)),
+            };
+            McpReply::local_error(Some(id), jsonrpc::INTERNAL_ERROR, &message)
+        }
+    }
+}
+
+/// `tasks/cancel` (reaches here once per task: `cancel` single-flights it and answers a
+/// terminal task itself): `cancelled` recorded durably, then the held call told, then the
+/// answer (2025: the `Task`; 2026: the ack).
+async fn cancel(state: &GatewayTasksState, record: &TaskRecord, id: &Id, era: Era) -> McpReply {
+    let now = format_rfc3339_ms(now_ms());
+    let report = json!({"status": "cancelled", "lastUpdatedAt": now,
+        "statusMessage": "cancelled by the client (tasks/cancel)"});
+    let observed = state
+        .registry
+        .observe_task_as(&record.upstream, &record.task_id, report, "tasks/cancel")
+        .await;
+    match observed {
+        Observed::Recorded(TaskStatus::Cancelled) => {
+            let live = state.live.lock().get(&record.task_id).cloned();
+            if let Some(live) = live {
+                if let Some(tx) = live.cancel.lock().take() {
+                    let _ = tx.send(());
+                }
+                live.terminal.send_replace(true);
+            }
+            if era == Era::Modern {
+                return json_reply(id, &serde_json::from_str(MODERN_ACK).unwrap_or_default());
+            }
+            let mut task = record.to_task();
+            task.status = TaskStatus::Cancelled;
+            task.last_updated_at = now;
+            task.status_message = Some("cancelled by the client (tasks/cancel)".into());
+            json_reply(id, &serde_json::to_value(task).unwrap_or_default())
+        }
+        Observed::Unknown => McpReply::local_json(
+            TaskError::NotFound {
+                task_id: &record.task_id,
+            }
+            .response(Some(id)),
+        ),
+        Observed::Rewrite { status, .. } | Observed::Recorded(status) => {
+            if era == Era::Modern {
+                return json_reply(id, &serde_json::from_str(MODERN_ACK).unwrap_or_default());
+            }
+            McpReply::local_json(
+                TaskError::AlreadyTerminal {
+                    task_id: &record.task_id,
+                    status,
+                }
+                .response(Some(id)),
+            )
+        }
+    }
+}
+
+/// The 2025-11-25 `Task` of a record.
+fn task_value(record: &TaskRecord) -> Value {
+    serde_json::to_value(record.to_task()).unwrap_or_default()
+}
+
+/// The `CreateTaskResult` for `task` (a 2025 `Task` object as `held` made it): nested under
+/// `task` (2025-11-25), or flat with `resultType:"task"` and `ttlMs`/`pollIntervalMs`
+/// (2026-07-28).
+pub(super) fn create_result(task: &Value, era: Era) -> Value {
+    match era {
+        Era::Legacy => json!({ "task": task }),
+        Era::Modern => {
+            let mut flat = modern_fields(task);
+            flat["resultType"] = json!("task");
+            flat
+        }
+    }
+}
+
+/// The 2026-07-28 `DetailedTask` of a record, without its `result` / `error` (the caller adds
+/// the one its status needs), `resultType:"complete"` (a `tasks/get` answer).
+pub(super) fn detailed_task(record: &TaskRecord) -> Value {
+    let mut task = modern_fields(&task_value(&TaskRecord {
+        tool_error: false,
+        ..record.clone()
+    }));
+    task["status"] = json!(record.status.as_str());
+    task["resultType"] = json!("complete");
+    task
+}
+
+/// A 2025 `Task` object's members under their 2026 names (`ttl` → `ttlMs`, `pollInterval` →
+/// `pollIntervalMs`).
+fn modern_fields(task: &Value) -> Value {
+    let mut out = task.clone();
+    if let Some(o) = out.as_object_mut() {
+        if let Some(ttl) = o.remove("ttl") {
+            o.insert("ttlMs".into(), ttl);
+        }
+        if let Some(p) = o.remove("pollInterval") {
+            o.insert("pollIntervalMs".into(), p);
+        }
+    }
+    out
+}
+
+/// A `CallToolResult` with `_meta["io.modelcontextprotocol/related-task"]` naming `task_id`
+/// (2025-11-25: a `tasks/result` answer carries it), other `_meta` members kept.
+pub(super) fn with_related_task(result: &Value, task_id: &str) -> Value {
+    let mut out = result.clone();
+    if let Some(o) = out.as_object_mut() {
+        let meta = o.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(meta) = meta.as_object_mut() {
+            meta.insert(RELATED_TASK_META.into(), json!({ "taskId": task_id }));
+        }
+    }
+    out
+}
+
+/// A JSON-RPC id as a JSON value (its type kept).
+pub(super) fn id_value(id: &Id) -> Value {
+    serde_json::from_str(id.as_json()).unwrap_or(Value::Null)
+}

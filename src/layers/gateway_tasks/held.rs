@@ -1,0 +1,516 @@
+//! A gateway task's creation and its held call (see the module docs of `gateway_tasks`): the
+//! record written durably, the `CreateTaskResult` answered, the plain `tools/call` sent upstream
+//! under taskgate's id and held on a task of its own until it ends, is cancelled, or expires.
+
+use super::answers::{create_result, detailed_task, id_value, with_related_task};
+use super::{GatewayTasksState, Live, Outcome, POLL_INTERVAL_MS};
+use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation};
+use crate::jsonrpc::{self, splice, Id, Message};
+use crate::layers::extensions::PendingCreation;
+use crate::layers::relay::read_to_answer;
+use crate::layers::McpService;
+use crate::mcp::era::Era;
+use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
+use crate::metrics::LocalReason;
+use crate::registry::Observed;
+use crate::sse::Event;
+use crate::store::{Origin, TaskRecord};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{oneshot, watch};
+use tower::ServiceExt;
+
+/// The shortest time between two `statusMessage` writes from progress notifications (a chatty
+/// server makes one store write per this interval at most).
+pub const PROGRESS_WRITE_EVERY: Duration = Duration::from_millis(200);
+
+/// The answer to a task-augmented `tools/call` taskgate runs itself: the record written
+/// durably, then the `CreateTaskResult`; the held call started in the background.
+pub(super) async fn create<S: McpService>(
+    state: Arc<GatewayTasksState>,
+    inner: S,
+    mut req: McpRequest,
+) -> Result<McpReply, GatewayError> {
+    let era = req.era();
+    let Some(pending) = req.extensions.remove::<PendingCreation>() else {
+        return inner.oneshot(req).await;
+    };
+    let (Operation::Post(msg), Some(client_id)) = (&req.op, req.id().cloned()) else {
+        return inner.oneshot(req).await;
+    };
+    let refuse = |code: i64, message: &str| {
+        McpReply::era_error(
+            era,
+            Some(&client_id),
+            code,
+            message,
+            LocalReason::GatewayTask,
+        )
+    };
+    let Some(task_id) = minted_task_id() else {
+        return Ok(refuse(
+            jsonrpc::INTERNAL_ERROR,
+            "taskgate could not draw a random taskId",
+        ));
+    };
+    let n = state.seq.fetch_add(1, Ordering::Relaxed);
+    let own_id = Id::from_json(&format!("\"taskgate-gt-{n}\"")).expect("a string id");
+    let Some((plain, token)) = plain_call(msg, &own_id, &task_id) else {
+        return Ok(refuse(
+            jsonrpc::INVALID_PARAMS,
+            "tools/call: params must be an object for taskgate to run the call as a task",
+        ));
+    };
+    // The ttl: the client's (2025, already capped by `tasks`), else the cap.
+    let cap = state.registry.config().max_ttl_ms;
+    let ttl = req
+        .classified()
+        .and_then(|c| c.task())
+        .and_then(|t| serde_json::from_str::<Value>(t).ok())
+        .and_then(|t| t.get("ttl").and_then(Value::as_u64))
+        .map_or(cap, |t| t.min(cap));
+    let now = format_rfc3339_ms(now_ms());
+    let task = json!({"taskId": task_id, "status": "working", "createdAt": now,
+        "lastUpdatedAt": now, "ttl": ttl, "pollInterval": POLL_INTERVAL_MS});
+    let template = TaskRecord {
+        origin: Origin::Gateway,
+        ..TaskRecord::clone(&pending.template)
+    };
+    let Some(record) = state.registry.creation_record(&template, &task) else {
+        return Ok(refuse(
+            jsonrpc::INTERNAL_ERROR,
+            "the task record cannot be made",
+        ));
+    };
+    if let Err(e) = state
+        .registry
+        .record_creation(record.clone(), &pending.reservation)
+        .await
+    {
+        return Ok(refuse(
+            jsonrpc::INTERNAL_ERROR,
+            &format!("taskgate could not record the task durably ({e}); nothing was sent upstream"),
+        ));
+    }
+    // `cancel` drops a notifications/cancelled for the client's id from now on (tasks are
+    // cancelled with tasks/cancel).
+    let _ = pending.created.set(task_id.clone());
+    state
+        .registry
+        .releases()
+        .note_progress_token(&req.ctx.upstream, token.clone(), &task_id);
+    let (cancel_tx, cancel_rx) = oneshot::channel();
+    let live = Arc::new(Live {
+        cancel: Mutex::new(Some(cancel_tx)),
+        terminal: watch::channel(false).0,
+    });
+    state.live.lock().insert(task_id.clone(), live.clone());
+    req.op = Operation::Post(plain);
+    // The task's expiry bounds the held call; no upstream timeout (a tool may run for minutes).
+    req.extensions.insert(Deadline::Unbounded);
+    let held = Held {
+        state: state.clone(),
+        record,
+        own_id,
+        token,
+        era,
+    };
+    tokio::spawn(held.run(inner, req, cancel_rx, live));
+    let body = create_result(&task, era);
+    Ok(
+        McpReply::local_json(jsonrpc::result_response(&client_id, &body.to_string()))
+            .answered_locally(LocalReason::GatewayTask),
+    )
+}
+
+/// `tgt-` and 32 random hex digits: unguessable (a 2026-07-28 task without auth has no other key).
+fn minted_task_id() -> Option<String> {
+    let mut bytes = [0u8; 16];
+    getrandom::getrandom(&mut bytes).ok()?;
+    Some(format!("tgt-{}", hex::encode(bytes)))
+}
+
+/// The client's `tools/call` as the plain call taskgate sends: `params.task` removed, the id
+/// taskgate's, and a `progressToken` (the client's, else `task_id`); every other byte as the
+/// client sent it. Returns it with the token's JSON text. `None` when `params` is not an object.
+pub(super) fn plain_call(msg: &Message, own_id: &Id, task_id: &str) -> Option<(Message, String)> {
+    msg.params().filter(|p| p.starts_with('{'))?;
+    let mut bytes: Bytes = msg.bytes().clone();
+    if let Ok(Some(without)) = splice::remove(&bytes, &["params", "task"]) {
+        bytes = without;
+    }
+    bytes = splice::replace(&bytes, &["id"], own_id.as_json()).ok()??;
+    let token_path = ["params", "_meta", "progressToken"];
+    let token = match splice::raw_at(&bytes, &token_path).ok()? {
+        Some(raw) => serde_json::from_str::<Value>(raw.get()).ok()?.to_string(),
+        None => {
+            let token = serde_json::to_string(task_id).ok()?;
+            let member = format!("\"progressToken\":{token}");
+            let with = match splice::raw_at(&bytes, &["params", "_meta"]).ok()? {
+                Some(meta) if meta.get().starts_with('{') => {
+                    splice::insert_first(&bytes, meta.get(), &member)
+                }
+                Some(_) => None,
+                None => {
+                    let params = splice::raw_at(&bytes, &["params"]).ok()??;
+                    splice::insert_first(&bytes, params.get(), &format!("\"_meta\":{{{member}}}"))
+                }
+            };
+            bytes = with?;
+            token
+        }
+    };
+    Some((Message::parse(bytes).ok()?, token))
+}
+
+/// One held call and what it needs to finish its task.
+struct Held {
+    state: Arc<GatewayTasksState>,
+    /// The record as created.
+    record: TaskRecord,
+    /// The id the call went upstream under (before `ids`).
+    own_id: Id,
+    /// The call's `progressToken`, JSON text.
+    token: String,
+    era: Era,
+}
+
+/// How the wait on a held call ended.
+enum Ended {
+    Answer(Result<Option<Value>, GatewayError>),
+    Cancelled,
+    Expired,
+}
+
+impl Held {
+    /// Sends the plain call and holds it (see the module docs), then forgets the live entry.
+    async fn run<S: McpService>(
+        self,
+        inner: S,
+        out: McpRequest,
+        cancel_rx: oneshot::Receiver<()>,
+        live: Arc<Live>,
+    ) {
+        let upstream = out.ctx.upstream.clone();
+        let task_id = self.record.task_id.clone();
+        // "Resources released" waits for this hold: the held call, until it has ended.
+        let hold = self.state.registry.releases().hold(&upstream, &task_id);
+        let until = Duration::from_millis(self.record.expires_at.saturating_sub(now_ms()));
+        let expiry = tokio::time::sleep(until);
+        tokio::pin!(expiry);
+        let notify_ctx = out.clone();
+        let progress = Progress::new(self.state.clone(), &upstream, &task_id, &self.token);
+        let answer_inner = inner.clone();
+        let own_id = self.own_id.clone();
+        // Boxed, so that dropping it below closes the call's stream before the hold goes.
+        let mut call = Box::pin(async move {
+            let reply = answer_inner.clone().oneshot(out.clone()).await?;
+            let (answer, _rest) = read_to_answer(reply, &own_id, |ev| {
+                let (progress, inner, out) = (progress.clone(), answer_inner.clone(), out.clone());
+                async move {
+                    progress.on_event(ev, inner, out).await;
+                    true
+                }
+            })
+            .await;
+            Ok(answer)
+        });
+        let cancelled = async {
+            if cancel_rx.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        let ended = tokio::select! {
+            answer = &mut call => Ended::Answer(answer),
+            _ = cancelled => Ended::Cancelled,
+            _ = &mut expiry => Ended::Expired,
+        };
+        match ended {
+            Ended::Answer(answer) => self.finish(answer).await,
+            Ended::Cancelled => {
+                // The status is recorded already (`answers::cancel`): the server is told the
+                // result is no longer needed, and the call is held until it has really ended.
+                if self.era == Era::Legacy {
+                    self.notify_cancelled(&inner, &notify_ctx, "the task was cancelled")
+                        .await;
+                    tokio::select! {
+                        late = &mut call => self.late(late),
+                        _ = &mut expiry => {}
+                    }
+                }
+                // 2026-07-28: closing the stream (dropping the call) is the cancel.
+            }
+            Ended::Expired => {
+                self.fail(
+                    "the task's ttl ended before the upstream answered the call taskgate held",
+                )
+                .await;
+                if self.era == Era::Legacy {
+                    self.notify_cancelled(&inner, &notify_ctx, "the task expired")
+                        .await;
+                }
+            }
+        }
+        drop(call);
+        drop(hold);
+        self.state.live.lock().remove(&task_id);
+        live.terminal.send_replace(true);
+    }
+
+    /// Applies how the call ended: a result is `completed`, a JSON-RPC error `failed`,
+    /// anything else `failed` saying why; the outcome kept for `tasks/result`.
+    async fn finish(&self, answer: Result<Option<Value>, GatewayError>) {
+        let task_id = &self.record.task_id;
+        let answer = match answer {
+            Ok(Some(a)) => a,
+            Ok(None) => {
+                return self
+                    .fail("the upstream's answer ended without the call's result")
+                    .await
+            }
+            Err(e) => return self.fail(&e.to_string()).await,
+        };
+        if let Some(error) = answer.get("error").filter(|e| e.is_object()) {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("the call failed")
+                .to_string();
+            self.state
+                .remember(task_id, Outcome::Error(Arc::new(error.clone())));
+            self.end(TaskStatus::Failed, &message, |task| {
+                task["error"] = error.clone();
+            })
+            .await;
+            return;
+        }
+        let Some(result) = answer.get("result").filter(|r| r.is_object()) else {
+            return self
+                .fail("the upstream answered the call with neither a result nor an error")
+                .await;
+        };
+        if result.get("resultType").and_then(Value::as_str) == Some("task") {
+            self.state.learn(true);
+            return self
+                .fail("the upstream created a task of its own for the plain call; set upstream.tasks = \"upstream\"")
+                .await;
+        }
+        let result = with_related_task(result, task_id);
+        self.state
+            .remember(task_id, Outcome::Result(Arc::new(result.clone())));
+        self.end(TaskStatus::Completed, "", |task| {
+            task["result"] = result.clone();
+        })
+        .await;
+    }
+
+    /// `failed` with `why` as the `statusMessage` (and the `error` a 2026 `DetailedTask` needs).
+    async fn fail(&self, why: &str) {
+        let error = json!({"code": jsonrpc::INTERNAL_ERROR, "message": why});
+        self.state.remember(
+            &self.record.task_id,
+            Outcome::Error(Arc::new(error.clone())),
+        );
+        self.end(TaskStatus::Failed, why, |task| {
+            task["error"] = error.clone()
+        })
+        .await;
+    }
+
+    /// Records the terminal `status` (durably, through the registry's status machine: a task
+    /// already cancelled stays so, the answer counted late) and the result the record keeps
+    /// (2025: the `CallToolResult`; 2026: the `DetailedTask` that `complete` shapes).
+    async fn end(&self, status: TaskStatus, message: &str, complete: impl Fn(&mut Value)) {
+        let (registry, upstream, task_id) = (
+            &self.state.registry,
+            self.record.upstream.as_str(),
+            self.record.task_id.as_str(),
+        );
+        let now = format_rfc3339_ms(now_ms());
+        let mut report = json!({"status": status.as_str(), "lastUpdatedAt": now});
+        if !message.is_empty() {
+            report["statusMessage"] = json!(message);
+        }
+        let observed = registry
+            .observe_task_as(upstream, task_id, report, "gateway task")
+            .await;
+        if observed != Observed::Recorded(status) {
+            return;
+        }
+        let stored = match self.era {
+            Era::Legacy if status == TaskStatus::Completed => match self.state.outcome(task_id) {
+                Some(Outcome::Result(r)) => Some(r.to_string()),
+                _ => None,
+            },
+            Era::Legacy => None,
+            Era::Modern => {
+                let mut record = self.record.clone();
+                record.status = status;
+                record.last_updated_at = now;
+                record.status_message = (!message.is_empty()).then(|| message.to_string());
+                let mut task = detailed_task(&record);
+                complete(&mut task);
+                Some(task.to_string())
+            }
+        };
+        if let Some(stored) = stored {
+            registry
+                .store_terminal_result(upstream, task_id, Some(status), stored)
+                .await;
+        }
+    }
+
+    /// An answer that came after the task was cancelled: applied as a status report, which the
+    /// status machine counts as a late result and never lets overturn `cancelled`.
+    fn late(&self, answer: Result<Option<Value>, GatewayError>) {
+        let status = match &answer {
+            Ok(Some(a)) if a.get("result").is_some() => TaskStatus::Completed,
+            _ => TaskStatus::Failed,
+        };
+        let (registry, upstream, task_id) = (
+            self.state.registry.clone(),
+            self.record.upstream.clone(),
+            self.record.task_id.clone(),
+        );
+        tokio::spawn(async move {
+            registry
+                .observe_task_as(
+                    &upstream,
+                    &task_id,
+                    json!({"status": status.as_str()}),
+                    "gateway task (answer after cancel)",
+                )
+                .await;
+        });
+    }
+
+    /// One `notifications/cancelled` naming the held call's id, sent as the client's (so `ids`
+    /// names the id it used upstream), at most once per held call (its caller ends the wait).
+    async fn notify_cancelled<S: McpService>(&self, inner: &S, out: &McpRequest, reason: &str) {
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": id_value(&self.own_id), "reason": reason}});
+        let Ok(msg) = Message::parse(Bytes::from(note.to_string())) else {
+            return;
+        };
+        let mut req = out.clone();
+        req.op = Operation::Post(msg);
+        req.extensions.remove::<Deadline>();
+        match inner.clone().oneshot(req).await {
+            Ok(_) => tracing::info!(
+                upstream = %self.record.upstream,
+                task_id = %self.record.task_id,
+                request_id = %self.own_id.as_json(),
+                "gateway task cancelled: notifications/cancelled sent upstream"
+            ),
+            Err(e) => tracing::warn!(
+                upstream = %self.record.upstream,
+                task_id = %self.record.task_id,
+                error = %e,
+                "gateway task cancelled: notifications/cancelled could not be sent"
+            ),
+        }
+    }
+}
+
+/// The progress of one held call: `notifications/progress` on its token become the task's
+/// `statusMessage` (at most one write per [`PROGRESS_WRITE_EVERY`]); requests the server sends
+/// the client during the call are refused (see the module docs).
+#[derive(Clone)]
+struct Progress {
+    state: Arc<GatewayTasksState>,
+    upstream: Arc<str>,
+    task_id: Arc<str>,
+    token: Arc<str>,
+    last_write: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Progress {
+    fn new(state: Arc<GatewayTasksState>, upstream: &Arc<str>, task_id: &str, token: &str) -> Self {
+        Progress {
+            state,
+            upstream: upstream.clone(),
+            task_id: task_id.into(),
+            token: token.into(),
+            last_write: Arc::default(),
+        }
+    }
+
+    async fn on_event<S: McpService>(&self, ev: Event, inner: S, out: McpRequest) {
+        let Some(data) = ev.data.as_deref() else {
+            return;
+        };
+        let Ok(msg) = serde_json::from_str::<Value>(data) else {
+            return;
+        };
+        match (msg.get("method").and_then(Value::as_str), msg.get("id")) {
+            (Some("notifications/progress"), None) => self.on_progress(&msg).await,
+            (Some(method), Some(id)) => self.refuse(method, id, inner, out).await,
+            _ => {}
+        }
+    }
+
+    async fn on_progress(&self, msg: &Value) {
+        let Some(params) = msg.get("params") else {
+            return;
+        };
+        let token = params.get("progressToken").map(Value::to_string);
+        if token.as_deref() != Some(&*self.token) {
+            return;
+        }
+        {
+            let mut last = self.last_write.lock();
+            if last.is_some_and(|l| l.elapsed() < PROGRESS_WRITE_EVERY) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let message = match params.get("message").and_then(Value::as_str) {
+            Some(m) => m.to_string(),
+            None => {
+                let progress = params.get("progress").map(Value::to_string);
+                let total = params.get("total").map(Value::to_string);
+                match (progress, total) {
+                    (Some(p), Some(t)) => format!("{p}/{t}"),
+                    (Some(p), None) => p,
+                    _ => return,
+                }
+            }
+        };
+        let report = json!({"status": "working", "statusMessage": message,
+            "lastUpdatedAt": format_rfc3339_ms(now_ms())});
+        self.state
+            .registry
+            .observe_task_as(
+                &self.upstream,
+                &self.task_id,
+                report,
+                "notifications/progress",
+            )
+            .await;
+    }
+
+    /// A request the server sends the client during the held call: nobody holds the client's
+    /// stream, so taskgate answers it `-32601` (the server is not left waiting).
+    async fn refuse<S: McpService>(&self, method: &str, id: &Value, inner: S, out: McpRequest) {
+        let Some(id) = Id::from_value(id) else {
+            return;
+        };
+        let bytes = jsonrpc::error_response(
+            Some(&id),
+            jsonrpc::METHOD_NOT_FOUND,
+            &format!("{method}: taskgate runs this call as a gateway task and does not relay input requests"),
+        );
+        let Ok(msg) = Message::parse(bytes) else {
+            return;
+        };
+        tracing::info!(upstream = %self.upstream, task_id = %self.task_id, method, "a request to the client during a gateway task: refused");
+        let mut req = out;
+        req.op = Operation::Post(msg);
+        req.extensions.remove::<Deadline>();
+        let _ = inner.oneshot(req).await;
+    }
+}

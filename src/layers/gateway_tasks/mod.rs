@@ -1,0 +1,371 @@
+//! The `gateway_tasks` layer: taskgate runs the tasks of an upstream without task support
+//! itself (`upstream.tasks = "gateway"`, issue 32; DESIGN.md "Every client, every server",
+//! gateway-owned tasks; 2025-11-25 basic/utilities/tasks, 2026-07-28 tasks extension SEP-2663).
+//! Off (every request passes untouched) unless configured.
+//!
+//! It sits below `cancel` and above `held_sessions`: the `tasks` layer has already applied the
+//! task policy (owner limit, ttl cap: the [`PendingCreation`] it hands down; owner binding of
+//! `tasks/*`: the [`AuthorisedTask`]), `cancel` single-flights `tasks/cancel` (so one cancel per
+//! task reaches this layer), and the plain call this layer sends goes through the era bridge,
+//! `observe` and `ids` like a client's.
+//!
+//! What it does, per message (every other one passes as it came):
+//! - `initialize` answer (2025-11-25): `capabilities.tasks` (`list`, `cancel`,
+//!   `requests.tools.call`) added; `tools/list` answer: `execution.taskSupport: "optional"` on
+//!   every tool without a `taskSupport`. `server/discover` answer (2026-07-28):
+//!   `capabilities.extensions["io.modelcontextprotocol/tasks"]` added. An upstream whose answer
+//!   already declares tasks (`capabilities.tasks`, or the extension) runs its own: that is
+//!   learned once for the upstream, and from then on this layer passes everything through, so
+//!   the server's own tasks are recorded and cancelled as for `tasks = "upstream"` (its tasks
+//!   are better than taskgate's: they can ask for input and survive a taskgate restart).
+//!   Before anything is learned (no `initialize` or `server/discover` since start) the
+//!   configuration stands: taskgate runs the tasks.
+//! - `tools/call` that asks for a task: 2025-11-25 with `params.task` (the `tasks` layer's
+//!   [`PendingCreation`]), or 2026-07-28 from a client that declares the tasks extension in
+//!   `params._meta`. Every such call becomes a task (the policy: at least every call that
+//!   asks; a plain call, and a 2026 call without the extension, passes through unchanged).
+//!   The record (origin `gateway`, the taskId `tgt-` + 32 random hex digits, taskgate's) is
+//!   written durably, then the client is answered its `CreateTaskResult` (2025: `{task}`;
+//!   2026: flat, `resultType:"task"`) at once, and the call goes upstream as a plain
+//!   `tools/call` (without `params.task`) under taskgate's own id (`"taskgate-gt-<n>"`, which
+//!   `ids` sends under an id of its own on a shared session) with a `progressToken`
+//!   (the client's, else the taskId). taskgate holds that call on a task of its own
+//!   ([`held`]): until its answer, the end of its stream, or the task's expiry (its ttl,
+//!   capped by `tasks.max_ttl_ms`); live held calls count against
+//!   `tasks.max_live_tasks_per_owner` as the live tasks they are.
+//! - While the call runs: the task is `working`; each `notifications/progress` on its token
+//!   becomes the task's `statusMessage` (its `message`, else `progress/total`; written at most
+//!   every [`held::PROGRESS_WRITE_EVERY`]). A request the server sends the client during the
+//!   call (elicitation, sampling, roots) is answered `-32601` by taskgate: input is not relayed
+//!   for gateway tasks yet (the task goes on; the server decides what that means).
+//! - The call's end: a result is `completed` (also with `isError: true`, as the spec has it),
+//!   a JSON-RPC error `failed` (its message the `statusMessage`), no answer at all `failed`
+//!   saying why. The result is kept in the record up to `tasks.max_stored_result_bytes`
+//!   (2025: the `CallToolResult` with the related-task `_meta`; 2026: the whole
+//!   `DetailedTask`) and, bounded ([`DONE_LIMIT`] tasks), in memory with a JSON-RPC error.
+//! - `tasks/get` of a gateway task: answered from the record (2025 `Task`; 2026 `DetailedTask`,
+//!   its result inline once terminal). `tasks/result` (2025): blocks until the task is terminal
+//!   (woken by the held call's end, or a registry poll every [`RESULT_POLL`] when this process
+//!   does not hold the call), then the `CallToolResult`, the call's JSON-RPC error, or `-32603`
+//!   for a cancelled task (it has no result). `tasks/update`: `-32602` (no gateway task waits
+//!   for input).
+//! - `tasks/cancel` of a gateway task: `cancelled` is recorded (durably) before the answer
+//!   (2025: the `Task`, `cancelled`; 2026: the ack), then the held call is told: a 2025 call
+//!   gets one `notifications/cancelled` naming the request id taskgate sent it under (the
+//!   server only learns the result is no longer needed; the task's terminal state is
+//!   taskgate's), a 2026 call's stream is closed (2026-07-28 has no `notifications/cancelled`
+//!   over HTTP: closing the stream is the cancel). Identical cancels share `cancel`'s flight,
+//!   later ones find the task terminal: one notification per task. A late answer is applied as
+//!   a status report, so it is counted as a late result and never overturns `cancelled`.
+//!   Audit: "status cancelled" is the registry's `on_transition` (at once); "resources
+//!   released" waits on a [`crate::registry::ResourceHold`] the held call keeps until it has
+//!   actually ended (answer, stream end, connection close), then the quiet window
+//!   (`tasks.release_quiet_ms`), and is recorded by the registry's release tracker with the
+//!   `taskgate_cancelled_to_released_seconds` histogram.
+//! - A restart (`gateway.rs` at start, on a store of one gateway): gateway tasks that were not
+//!   terminal are `failed` with a `statusMessage` saying taskgate restarted (the held call died
+//!   with the process), and released (`reason="restart"`).
+//!
+//! Owner binding and `tasks/list` are the `tasks` layer's, as for every task (another
+//! principal gets `-32602` for everything). Not done here (issue 32, left): relaying input
+//! requests (`input_required`), `notifications/tasks/status` to listening clients, and a
+//! `tasks/cancel` reaching another replica of a PostgreSQL tier than the one that holds the
+//! call (the status is recorded there; the held call runs to its end or its ttl).
+//!
+//! Files: this one (the layer, the dispatch, the negotiation rewrites), `held` (creation and
+//! the held call), `answers` (`tasks/get|result|cancel` and the task shapes of both eras).
+
+mod answers;
+mod held;
+
+use crate::exchange::{GatewayError, McpReply, McpRequest};
+use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::layers::McpService;
+use crate::mcp::capabilities::{declares_tasks_extension, TASKS_EXTENSION};
+use crate::mcp::era::Era;
+use crate::registry::Registry;
+use crate::store::Origin;
+use futures_util::future::Either;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::{oneshot, watch};
+
+/// Finished gateway tasks whose outcome (result or JSON-RPC error) is kept in memory for
+/// `tasks/result` beside the record's stored result (cleared past this many).
+pub const DONE_LIMIT: usize = 4096;
+
+/// How often a `tasks/result` of a gateway task this process does not hold reads the registry.
+pub const RESULT_POLL: Duration = Duration::from_secs(1);
+
+/// The `pollInterval` gateway tasks advertise, in ms.
+pub const POLL_INTERVAL_MS: u64 = 1000;
+
+/// What is known of the upstream's own task support.
+const UNKNOWN: u8 = 0;
+const WITHOUT_TASKS: u8 = 1;
+const OWN_TASKS: u8 = 2;
+
+/// How a held call ended, kept for `tasks/result` (see [`DONE_LIMIT`]).
+#[derive(Debug, Clone)]
+pub(crate) enum Outcome {
+    /// The `CallToolResult` (2025: with the related-task `_meta`).
+    Result(Arc<Value>),
+    /// The JSON-RPC `error` object, or one taskgate made (`-32603`) when there was no answer.
+    Error(Arc<Value>),
+}
+
+/// One held call: how to tell it the task was cancelled, and when its task became terminal.
+struct Live {
+    cancel: Mutex<Option<oneshot::Sender<()>>>,
+    terminal: watch::Sender<bool>,
+}
+
+/// State of the layer for one upstream.
+pub struct GatewayTasksState {
+    registry: Arc<Registry>,
+    /// `upstream.tasks = "gateway"`.
+    enabled: bool,
+    /// [`UNKNOWN`], [`WITHOUT_TASKS`] or [`OWN_TASKS`].
+    upstream_tasks: AtomicU8,
+    /// taskId → its held call, while it is held.
+    live: Mutex<HashMap<String, Arc<Live>>>,
+    /// taskId → how its held call ended (bounded: [`DONE_LIMIT`]).
+    done: Mutex<HashMap<String, Outcome>>,
+    seq: AtomicU64,
+}
+
+impl GatewayTasksState {
+    /// The state of one upstream's layer; `enabled` is `upstream.tasks = "gateway"`.
+    pub fn new(registry: Arc<Registry>, enabled: bool) -> Arc<GatewayTasksState> {
+        Arc::new(GatewayTasksState {
+            registry,
+            enabled,
+            upstream_tasks: AtomicU8::new(UNKNOWN),
+            live: Mutex::new(HashMap::new()),
+            done: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(1),
+        })
+    }
+
+    #[cfg(test)]
+    fn new_for_tests() -> Arc<GatewayTasksState> {
+        let (registry, _store) = crate::layers::testing::registry();
+        GatewayTasksState::new(registry, true)
+    }
+
+    /// Whether taskgate runs this upstream's tasks now (configured, and the upstream has not
+    /// declared tasks of its own).
+    fn runs_tasks(&self) -> bool {
+        self.enabled && self.upstream_tasks.load(Ordering::Relaxed) != OWN_TASKS
+    }
+
+    /// Learns from an `initialize` / `server/discover` answer whether the upstream has tasks.
+    fn learn(&self, own: bool) {
+        let was = self.upstream_tasks.swap(
+            if own { OWN_TASKS } else { WITHOUT_TASKS },
+            Ordering::Relaxed,
+        );
+        if own && was != OWN_TASKS {
+            tracing::info!("upstream.tasks = \"gateway\", but the upstream declares tasks itself: its own tasks pass through");
+        }
+    }
+
+    fn remember(&self, task_id: &str, outcome: Outcome) {
+        let mut done = self.done.lock();
+        if done.len() >= DONE_LIMIT {
+            done.clear();
+        }
+        done.insert(task_id.to_string(), outcome);
+    }
+
+    fn outcome(&self, task_id: &str) -> Option<Outcome> {
+        self.done.lock().get(task_id).cloned()
+    }
+}
+
+/// Builds [`GatewayTasksService`]s.
+#[derive(Clone)]
+pub struct GatewayTasksLayer {
+    state: Arc<GatewayTasksState>,
+}
+
+impl GatewayTasksLayer {
+    /// A layer over `state` (one per upstream's stack).
+    pub fn new(state: Arc<GatewayTasksState>) -> GatewayTasksLayer {
+        GatewayTasksLayer { state }
+    }
+}
+
+impl<S> tower::Layer<S> for GatewayTasksLayer {
+    type Service = GatewayTasksService<S>;
+    fn layer(&self, inner: S) -> GatewayTasksService<S> {
+        GatewayTasksService {
+            inner,
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// The `gateway_tasks` layer's service (see the module docs).
+#[derive(Clone)]
+pub struct GatewayTasksService<S> {
+    inner: S,
+    state: Arc<GatewayTasksState>,
+}
+
+type BoxFut = Pin<Box<dyn Future<Output = Result<McpReply, GatewayError>> + Send>>;
+
+impl<S: Clone> GatewayTasksService<S> {
+    /// The inner service for a future that outlives `call`.
+    fn take_inner(&mut self) -> S {
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
+    }
+}
+
+impl<S: McpService> tower::Service<McpRequest> for GatewayTasksService<S> {
+    type Response = McpReply;
+    type Error = GatewayError;
+    /// The inner service's own future for what passes (everything when the layer is off); a
+    /// boxed one for what this layer answers or rewrites.
+    type Future = Either<S::Future, BoxFut>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), GatewayError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: McpRequest) -> Self::Future {
+        if !self.state.enabled {
+            return Either::Left(self.inner.call(req));
+        }
+        let state = self.state.clone();
+        match req.request_method() {
+            Some("initialize") if req.era() == Era::Legacy => {
+                let mut inner = self.take_inner();
+                Either::Right(Box::pin(async move {
+                    let mut reply = inner.call(req).await?;
+                    reply.body = reply
+                        .body
+                        .map_messages(move |text| advertise(&state, text, initialize_result));
+                    Ok(reply)
+                }))
+            }
+            Some("server/discover") => {
+                let mut inner = self.take_inner();
+                Either::Right(Box::pin(async move {
+                    let mut reply = inner.call(req).await?;
+                    reply.body = reply
+                        .body
+                        .map_messages(move |text| advertise(&state, text, discover_result));
+                    Ok(reply)
+                }))
+            }
+            Some("tools/list") if req.era() == Era::Legacy && state.runs_tasks() => {
+                let mut inner = self.take_inner();
+                Either::Right(Box::pin(async move {
+                    let mut reply = inner.call(req).await?;
+                    let state = state.clone();
+                    reply.body = reply.body.map_messages(move |text| {
+                        if !state.runs_tasks() {
+                            return None;
+                        }
+                        optional_task_support(text)
+                    });
+                    Ok(reply)
+                }))
+            }
+            Some("tools/call") if state.runs_tasks() && asks_for_task(&req) => {
+                let inner = self.take_inner();
+                Either::Right(Box::pin(held::create(state, inner, req)))
+            }
+            Some(method @ ("tasks/get" | "tasks/result" | "tasks/cancel" | "tasks/update"))
+                if is_gateway_task(&req) =>
+            {
+                let method = method.to_string();
+                Either::Right(Box::pin(async move {
+                    Ok(answers::answer(&state, &method, req).await)
+                }))
+            }
+            _ => Either::Left(self.inner.call(req)),
+        }
+    }
+}
+
+/// Whether a `tools/call` asks for a task: the `tasks` layer's [`PendingCreation`] (every 2025
+/// task-augmented call; every 2026 call), and under 2026-07-28 the tasks extension declared in
+/// `params._meta` (the only way a 2026 client asks).
+fn asks_for_task(req: &McpRequest) -> bool {
+    if req.extensions.get::<PendingCreation>().is_none() {
+        return false;
+    }
+    if req.era() == Era::Legacy {
+        return true;
+    }
+    let params = req
+        .classified()
+        .and_then(|c| c.param("_meta"))
+        .and_then(|m| serde_json::from_str::<Value>(m).ok())
+        .map(|meta| json!({ "_meta": meta }));
+    declares_tasks_extension(params.as_ref())
+}
+
+/// Whether a `tasks/*` request names a task taskgate runs (the record `tasks` authorised).
+fn is_gateway_task(req: &McpRequest) -> bool {
+    req.extensions
+        .get::<AuthorisedTask>()
+        .is_some_and(|a| a.record.origin == Origin::Gateway)
+}
+
+/// An answer's `result` rewritten by `add` (which says whether the upstream declared tasks
+/// itself, and adds taskgate's when not). `None`: the message stays as it came.
+fn advertise(
+    state: &GatewayTasksState,
+    text: &str,
+    add: fn(&mut Value) -> Option<bool>,
+) -> Option<String> {
+    let mut v = serde_json::from_str::<Value>(text).ok()?;
+    let result = v.get_mut("result").filter(|r| r.is_object())?;
+    let added = add(result)?;
+    state.learn(!added);
+    added.then(|| v.to_string())
+}
+
+/// An `InitializeResult` with the 2025 `capabilities.tasks` taskgate serves: `Some(false)`
+/// when the upstream declares its own, `Some(true)` when added, `None` when it is not one.
+fn initialize_result(result: &mut Value) -> Option<bool> {
+    result.get("capabilities").filter(|c| c.is_object())?;
+    Some(crate::layers::bridge::translate::add_legacy_tasks_capability(result))
+}
+
+/// A `server/discover` result with the tasks extension: `Some(false)` when the upstream
+/// advertises it, `Some(true)` when added, `None` when it has no `capabilities` object.
+fn discover_result(result: &mut Value) -> Option<bool> {
+    let caps = result.get_mut("capabilities")?.as_object_mut()?;
+    let extensions = caps.entry("extensions").or_insert_with(|| json!({}));
+    let extensions = extensions.as_object_mut()?;
+    if extensions
+        .get(TASKS_EXTENSION)
+        .is_some_and(Value::is_object)
+    {
+        return Some(false);
+    }
+    extensions.insert(TASKS_EXTENSION.into(), json!({}));
+    Some(true)
+}
+
+/// A `tools/list` answer with `execution.taskSupport: "optional"` on every tool without one.
+fn optional_task_support(text: &str) -> Option<String> {
+    let mut v = serde_json::from_str::<Value>(text).ok()?;
+    let result = v.get_mut("result")?;
+    crate::layers::bridge::translate::mark_task_support(result, &|_| false).then(|| v.to_string())
+}
+
+#[cfg(test)]
+mod tests;

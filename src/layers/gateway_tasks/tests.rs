@@ -1,0 +1,82 @@
+//! The pure parts of `gateway_tasks`: the negotiation rewrites and the task shapes.
+
+use super::*;
+
+#[test]
+fn initialize_gets_tasks_unless_the_server_has_its_own() {
+    let state = GatewayTasksState::new_for_tests();
+    let plain = r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"s","version":"1"}}}"#;
+    let out: Value =
+        serde_json::from_str(&advertise(&state, plain, initialize_result).unwrap()).unwrap();
+    assert_eq!(
+        out["result"]["capabilities"]["tasks"],
+        json!({"cancel": {}, "list": {}, "requests": {"tools": {"call": {}}}})
+    );
+    assert!(state.runs_tasks());
+    let own = r#"{"jsonrpc":"2.0","id":1,"result":{"capabilities":{"tasks":{"cancel":{}}}}}"#;
+    assert_eq!(advertise(&state, own, initialize_result), None);
+    assert!(!state.runs_tasks(), "a server with tasks keeps its own");
+}
+
+#[test]
+fn discover_gets_the_extension() {
+    let state = GatewayTasksState::new_for_tests();
+    let discover = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","supportedVersions":["2026-07-28"],"capabilities":{"tools":{}}}}"#;
+    let out: Value =
+        serde_json::from_str(&advertise(&state, discover, discover_result).unwrap()).unwrap();
+    assert!(out["result"]["capabilities"]["extensions"][TASKS_EXTENSION].is_object());
+    let error = r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"no"}}"#;
+    assert_eq!(advertise(&state, error, discover_result), None);
+    assert!(state.runs_tasks());
+}
+
+#[test]
+fn tools_are_optional_tasks() {
+    let list = r#"{"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"a","inputSchema":{}},{"name":"b","execution":{"taskSupport":"forbidden"}}]}}"#;
+    let out: Value = serde_json::from_str(&optional_task_support(list).unwrap()).unwrap();
+    assert_eq!(
+        out["result"]["tools"][0]["execution"]["taskSupport"],
+        "optional"
+    );
+    assert_eq!(
+        out["result"]["tools"][1]["execution"]["taskSupport"],
+        "forbidden"
+    );
+}
+
+#[test]
+fn the_plain_call_keeps_the_clients_bytes() {
+    let msg = crate::jsonrpc::Message::parse(bytes::Bytes::from_static(
+        br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"task":{"ttl":5000},"name":"slow","arguments":{"n":1.10}}}"#,
+    ))
+    .unwrap();
+    let own = crate::jsonrpc::Id::from_json("\"taskgate-gt-1\"").unwrap();
+    let (plain, token) = held::plain_call(&msg, &own, "tgt-x").unwrap();
+    assert_eq!(
+        std::str::from_utf8(plain.bytes()).unwrap(),
+        r#"{"jsonrpc":"2.0","id":"taskgate-gt-1","method":"tools/call","params":{"_meta":{"progressToken":"tgt-x"},"name":"slow","arguments":{"n":1.10}}}"#
+    );
+    assert_eq!(token, "\"tgt-x\"");
+    let with_token = crate::jsonrpc::Message::parse(bytes::Bytes::from_static(
+        br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow","_meta":{"progressToken":42,"k":1},"task":{}}}"#,
+    ))
+    .unwrap();
+    let (plain, token) = held::plain_call(&with_token, &own, "tgt-x").unwrap();
+    assert_eq!(token, "42");
+    assert_eq!(
+        std::str::from_utf8(plain.bytes()).unwrap(),
+        r#"{"jsonrpc":"2.0","id":"taskgate-gt-1","method":"tools/call","params":{"name":"slow","_meta":{"progressToken":42,"k":1}}}"#
+    );
+}
+
+#[test]
+fn create_results_in_both_eras() {
+    let task = json!({"taskId":"tgt-1","status":"working","createdAt":"t","lastUpdatedAt":"t","ttl":60000,"pollInterval":1000});
+    let legacy = answers::create_result(&task, Era::Legacy);
+    assert_eq!(legacy["task"]["ttl"], 60000);
+    let modern = answers::create_result(&task, Era::Modern);
+    assert_eq!(modern["resultType"], "task");
+    assert_eq!(modern["ttlMs"], 60000);
+    assert_eq!(modern["pollIntervalMs"], 1000);
+    assert!(modern.get("ttl").is_none());
+}

@@ -1,0 +1,371 @@
+//! Gateway-owned tasks (`upstream.tasks = "gateway"`, issue 32): taskgate runs the tasks of a
+//! scripted MCP server without task support. Negotiation in both eras, creation (durable,
+//! origin `gateway`, answered at once while the server still works), progress as the task's
+//! `statusMessage`, the end (result, `isError`, JSON-RPC error), cancel (recorded at once, one
+//! `notifications/cancelled` naming taskgate's id, also for 100 concurrent cancels, "resources
+//! released" only once the server's handler has ended, a late answer never overturning
+//! `cancelled`), owner binding and `tasks/list`, and `kill -9` then restart → `failed`.
+
+use crate::common::*;
+
+use serde_json::{json, Value};
+use std::time::Duration;
+use taskgate::mcp::task::TaskStatus;
+
+/// A server without tasks: `initialize` and `server/discover` declare only tools; `tools/list`
+/// lists `slow`, `boom`, `oops`; a `tools/call` answers on an SSE stream: one progress
+/// notification on the call's token ("halfway"), then, once `gate` opens, its answer (`slow`:
+/// a result, `oops`: an `isError` result, `boom`: a JSON-RPC error). Everything else is
+/// [`mcp_handler`]'s.
+fn no_tasks_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync {
+    let sessions = std::sync::atomic::AtomicUsize::new(0);
+    move |req| {
+        let v = req.json();
+        let id = req.rpc_id_json();
+        match v["method"].as_str() {
+            // One session per client, so principals are told apart by their sessions too.
+            Some("initialize") => {
+                let n = sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                mcp_handler(req).set_header("mcp-session-id", &format!("up-session-{n}"))
+            }
+            Some("server/discover") => ScriptedResponse::result_for(
+                req,
+                r#"{"resultType":"complete","supportedVersions":["2025-11-25","2026-07-28"],"capabilities":{"tools":{}}}"#,
+            ),
+            Some("tools/list") => ScriptedResponse::result_for(
+                req,
+                r#"{"tools":[{"name":"slow","inputSchema":{"type":"object"}},{"name":"boom","inputSchema":{"type":"object"}},{"name":"oops","inputSchema":{"type":"object"}}]}"#,
+            ),
+            Some("tools/call") => {
+                let token = v["params"]["_meta"]["progressToken"].to_string();
+                let progress = format!(
+                    r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{token},"progress":1,"total":2,"message":"halfway"}}}}"#
+                );
+                let answer = match v["params"]["name"].as_str() {
+                    Some("boom") => format!(
+                        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32000,"message":"it broke"}}}}"#
+                    ),
+                    Some("oops") => rpc_result(
+                        &id,
+                        r#"{"content":[{"type":"text","text":"bad input"}],"isError":true}"#,
+                    ),
+                    _ => rpc_result(&id, r#"{"content":[{"type":"text","text":"done"}]}"#),
+                };
+                ScriptedResponse::sse(vec![
+                    ev().event("message").data(&progress).into(),
+                    SseStep::Wait(gate.clone()),
+                    ev().event("message").data(&answer).into(),
+                ])
+            }
+            _ => mcp_handler(req),
+        }
+    }
+}
+
+/// taskgate with `tasks = "gateway"` in front of [`no_tasks_server`] (a short quiet window).
+async fn setup(tokens: bool) -> (Upstream, Gate, Tg) {
+    let gate = Gate::new();
+    let up = Upstream::start(no_tasks_server(gate.clone())).await;
+    let mut cfg = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .upstream_line("tasks = \"gateway\"")
+        .tasks("release_quiet_ms = 100");
+    if tokens {
+        cfg.tg = cfg
+            .tg
+            .token("alice", "alice-token")
+            .token("bob", "bob-token");
+    }
+    let tg = cfg.start().await;
+    (up, gate, tg)
+}
+
+/// A task-augmented `tools/call` of `tool`; returns the whole answer.
+async fn create_call(c: &Client, id: &str, tool: &str) -> Value {
+    c.rpc(rpc(
+        id,
+        "tools/call",
+        &json!({"name": tool, "arguments": {}, "task": {"ttl": 60000}}).to_string(),
+    ))
+    .await
+}
+
+fn task_id_of(v: &Value) -> String {
+    v.pointer("/result/task/taskId")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("not a CreateTaskResult: {v}"))
+        .to_string()
+}
+
+/// 2025-11-25: `initialize` declares tasks, `tools/list` marks every tool `optional`.
+#[tokio::test]
+async fn a_2025_client_is_told_tasks_exist() {
+    let (_up, _gate, tg) = setup(false).await;
+    let mut c = tg.client();
+    let init = c.initialize().await;
+    assert_eq!(
+        init["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"],
+        json!({}),
+        "{init}"
+    );
+    assert!(init["result"]["capabilities"]["tasks"]["cancel"].is_object());
+    let tools = c.rpc(rpc("2", "tools/list", "{}")).await;
+    for t in tools["result"]["tools"].as_array().unwrap() {
+        assert_eq!(t["execution"]["taskSupport"], "optional", "{tools}");
+    }
+}
+
+/// The whole 2025 lifecycle: the `CreateTaskResult` comes while the server still works (the
+/// record durable, origin `gateway`); the server got a plain call under taskgate's id; progress
+/// is the `statusMessage`; `tasks/result` blocks until the call ends, then the result.
+#[tokio::test]
+async fn a_2025_task_runs_while_taskgate_holds_the_plain_call() {
+    let (up, gate, tg) = setup(false).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let created = create_call(&c, "5", "slow").await;
+    let t = task_id_of(&created);
+    assert_eq!(created["result"]["task"]["status"], "working");
+    assert_eq!(created["result"]["task"]["ttl"], 60000);
+    let rec = tg.record(&t).expect("recorded before the answer");
+    assert_eq!(rec.origin.as_str(), "gateway");
+    assert!(up.wait_for_method("tools/call", 1, STEP).await);
+    let call = up.received("tools/call").pop().unwrap().json();
+    assert!(call["params"].get("task").is_none(), "a plain call: {call}");
+    assert!(
+        call["id"]
+            .as_str()
+            .is_some_and(|i| i.starts_with("taskgate-")),
+        "taskgate's own id: {call}"
+    );
+    let progressed = eventually(STEP, || async {
+        let v = c.get("6", &t).await;
+        (v["result"]["statusMessage"] == "halfway").then_some(v)
+    })
+    .await;
+    let v = progressed.expect("progress became the statusMessage");
+    assert_eq!(v["result"]["status"], "working");
+    // tasks/result blocks until the held call ends.
+    let waiting = {
+        let c = c.clone();
+        let t = t.clone();
+        tokio::spawn(async move { c.result("7", &t).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "tasks/result waits for the call");
+    gate.open();
+    let result = tokio::time::timeout(STEP, waiting).await.unwrap().unwrap();
+    assert_eq!(result["result"]["content"][0]["text"], "done", "{result}");
+    assert_eq!(
+        result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        json!(t)
+    );
+    let v = c.get("8", &t).await;
+    assert_eq!(v["result"]["status"], "completed", "{v}");
+    // Served again from the record.
+    let again = c.result("9", &t).await;
+    assert_eq!(again["result"]["content"][0]["text"], "done", "{again}");
+}
+
+/// `isError: true` is `completed` with that result; a JSON-RPC error is `failed`, and
+/// `tasks/result` answers that error.
+#[tokio::test]
+async fn tool_errors_complete_and_rpc_errors_fail() {
+    let (_up, gate, tg) = setup(false).await;
+    gate.open();
+    let mut c = tg.client();
+    c.initialize().await;
+    let oops = task_id_of(&create_call(&c, "1", "oops").await);
+    let boom = task_id_of(&create_call(&c, "2", "boom").await);
+    let r = c.result("3", &oops).await;
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert_eq!(c.get("4", &oops).await["result"]["status"], "completed");
+    let r = c.result("5", &boom).await;
+    assert_eq!(r["error"]["code"], -32000, "{r}");
+    assert_eq!(r["error"]["message"], "it broke");
+    let g = c.get("6", &boom).await;
+    assert_eq!(g["result"]["status"], "failed", "{g}");
+    assert_eq!(g["result"]["statusMessage"], "it broke");
+}
+
+/// `tasks/cancel`: `cancelled` is recorded before the answer; the server gets exactly one
+/// `notifications/cancelled` (for 100 concurrent identical cancels) naming the id it got the
+/// call under; "resources released" waits until the server's handler has ended; the answer
+/// that comes after never overturns `cancelled`.
+#[tokio::test]
+async fn cancel_is_recorded_at_once_and_released_when_the_call_ends() {
+    let (up, gate, tg) = setup(false).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = task_id_of(&create_call(&c, "1", "slow").await);
+    assert!(up.wait_for_method("tools/call", 1, STEP).await);
+    let cancels: Vec<_> = (0..100)
+        .map(|i| {
+            let (c, t) = (c.clone(), t.clone());
+            tokio::spawn(async move { c.cancel(&format!("\"c{i}\""), &t).await })
+        })
+        .collect();
+    let mut cancelled = 0;
+    for h in cancels {
+        let v = h.await.unwrap();
+        if v["result"]["status"] == "cancelled" {
+            cancelled += 1;
+        } else {
+            assert_eq!(
+                err_code(&v),
+                -32602,
+                "a later cancel of a terminal task: {v}"
+            );
+        }
+    }
+    assert!(cancelled >= 1);
+    let rec = tg.record(&t).unwrap();
+    assert_eq!(rec.status, TaskStatus::Cancelled);
+    assert!(rec.cancelled_at.is_some() && rec.cancel_requested_at.is_some());
+    assert!(up.wait_for_method("notifications/cancelled", 1, STEP).await);
+    let call_id = up.received("tools/call").pop().unwrap().json()["id"].clone();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let notes = up.received("notifications/cancelled");
+    assert_eq!(notes.len(), 1, "one notification for 100 cancels");
+    assert_eq!(notes[0].json()["params"]["requestId"], call_id);
+    // The handler still runs (gate closed): nothing is released, well past the quiet window.
+    assert!(
+        tg.record(&t).unwrap().released_at.is_none(),
+        "released while the call runs"
+    );
+    gate.open();
+    let released = eventually(STEP, || async { tg.record(&t).and_then(|r| r.released_at) }).await;
+    assert!(released.is_some(), "released once the call ended");
+    let rec = tg.record(&t).unwrap();
+    assert_eq!(
+        rec.status,
+        TaskStatus::Cancelled,
+        "the late answer changes nothing"
+    );
+    assert!(released.unwrap() >= rec.cancelled_at.unwrap());
+    let g = c.get("9", &t).await;
+    assert_eq!(g["result"]["status"], "cancelled", "{g}");
+    let (_, names) = audit_events(&tg, &t).await;
+    for fact in ["cancel_requested", "status_cancelled", "resources_released"] {
+        assert!(names.iter().any(|n| n == fact), "{fact}: {names:?}");
+    }
+    let m = tg.metrics_text().await;
+    assert!(
+        metric(
+            &m,
+            "taskgate_local_answers_total",
+            &[("reason", "gateway_task")]
+        ) >= 1.0,
+        "counted as taskgate's answers"
+    );
+}
+
+/// Another principal gets `-32602` for everything about the task; the owner's `tasks/list`
+/// lists it.
+#[tokio::test]
+async fn another_principal_gets_not_found_and_the_owner_lists_it() {
+    let (_up, gate, tg) = setup(true).await;
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let mut bob = tg.client().with_token("bob-token");
+    bob.initialize().await;
+    let t = task_id_of(&create_call(&alice, "1", "slow").await);
+    for (i, method) in ["tasks/get", "tasks/result", "tasks/cancel"]
+        .iter()
+        .enumerate()
+    {
+        let v = bob.task_call(&format!("{i}"), method, &t).await;
+        assert_eq!(err_code(&v), -32602, "{method}: {v}");
+    }
+    let list = alice.list("5", None).await;
+    assert_eq!(listed_task(&list, &t)["status"], "working");
+    let theirs = bob.list("6", None).await;
+    assert!(
+        theirs["result"]["tasks"].as_array().unwrap().is_empty(),
+        "{theirs}"
+    );
+    gate.open();
+    assert_eq!(
+        alice.result("7", &t).await["result"]["content"][0]["text"],
+        "done"
+    );
+}
+
+/// 2026-07-28: `server/discover` declares the extension; a `tools/call` that declares it is a
+/// flat `CreateTaskResult`; `tasks/get` shows the result inline once the call ended; a call
+/// without the extension passes through as a plain call.
+#[tokio::test]
+async fn a_2026_client_gets_a_task_and_its_result_inline() {
+    let (up, gate, tg) = setup(false).await;
+    let url = tg.mcp_url();
+    let (status, d) = send(modern_req(&url, None, 1, "server/discover", json!({}))).await;
+    assert_eq!(status, 200, "{d}");
+    assert!(
+        d["result"]["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"].is_object(),
+        "{d}"
+    );
+    let t = create(&url, None, "slow").await;
+    assert_eq!(tg.record(&t).unwrap().origin.as_str(), "gateway");
+    let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "working", "{v}");
+    assert_eq!(v["result"]["resultType"], "complete");
+    gate.open();
+    let done = eventually(STEP, || async {
+        let (_, v) = task_call(&url, None, 3, "tasks/get", &t).await;
+        (v["result"]["status"] == "completed").then_some(v)
+    })
+    .await
+    .expect("completed");
+    assert_eq!(
+        done["result"]["result"]["content"][0]["text"], "done",
+        "{done}"
+    );
+    let plain = modern_req(
+        &url,
+        None,
+        4,
+        "tools/call",
+        json!({"name": "slow", "arguments": {}, "_meta": meta(false)}),
+    );
+    let (_, v) = send(plain).await;
+    assert_eq!(
+        v["result"]["content"][0]["text"], "done",
+        "passed through: {v}"
+    );
+    assert_eq!(up.received("tools/call").len(), 2);
+}
+
+/// `kill -9` while a gateway task is working; after the restart it is `failed`, saying taskgate
+/// restarted, never `working` for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_then_restart_fails_the_working_task() {
+    let gate = Gate::new();
+    let up = Upstream::start(no_tasks_server(gate.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .upstream_line("tasks = \"gateway\"");
+    let path = cfg.write_for_binary(dir.path());
+    let (mut p, gw, _) = spawn_binary(&path);
+    let mut c = Client::new(&format!("http://{gw}/mcp"));
+    c.initialize().await;
+    let t = task_id_of(&create_call(&c, "1", "slow").await);
+    assert!(up.wait_for_method("tools/call", 1, STEP).await);
+    sigkill(&mut p);
+    let (mut p2, gw2, _) = spawn_binary(&path);
+    let c2 = Client::new(&format!("http://{gw2}/mcp")).with_session(c.session.as_deref().unwrap());
+    let v = c2.get("2", &t).await;
+    assert_eq!(v["result"]["status"], "failed", "{v}");
+    assert!(
+        v["result"]["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("taskgate restarted")),
+        "{v}"
+    );
+    let r = c2.result("3", &t).await;
+    assert_eq!(err_code(&r), -32603, "{r}");
+    blocking(|| {
+        p2.signal(libc::SIGTERM);
+        let _ = p2.wait_exit(STEP);
+    });
+}
