@@ -406,6 +406,15 @@ if [[ "$BIN" != none ]]; then
     result "stdio upstreams: stdio.sh (see $WORK/stdio/results.txt)" "$stdio_rc"
 fi
 
+# ---- j. the reverse bridge: a 2026-07-28 client on a 2025-11-25 task server (reverse.sh) -------
+if [[ "$BIN" != none ]]; then
+    log "j. reverse bridge (reverse.sh)"
+    run_fg timeout 300 env INTEROP_WORK="$WORK" bash "$HERE/reverse.sh" "$BIN" >"$WORK/reverse.log" 2>&1
+    reverse_rc=$?
+    sed -n '/^== reverse bridge/,$p' "$WORK/reverse.log" | sed 's/^/  | /'
+    result "reverse bridge: reverse.sh (see $WORK/reverse/results.txt)" "$reverse_rc"
+fi
+
 # ---- gateway health after all of it ---------------------------------------------------------
 if [[ "$BIN" != none ]]; then
     for gw in taskgate taskgate-upgrade; do

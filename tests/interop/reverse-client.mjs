@@ -1,0 +1,178 @@
+#!/usr/bin/env node
+// A raw 2026-07-28 wire client (fetch only, no SDK) against a 2025-11-25 task server: the
+// TypeScript SDK 1.32.2 task server (task-server.mjs --mode stateful), direct or through taskgate
+// (issue 33, the reverse bridge). Twelve steps, each one check:
+//
+//   node reverse-client.mjs URL [--label L] [--json FILE] [--bearer TOKEN] [--foreign-bearer TOKEN]
+//                               [--timeout-ms N]
+//
+//    1 discover               server/discover answers, supportedVersions includes 2026-07-28
+//    2 discover-extension     ... and offers io.modelcontextprotocol/tasks
+//    3 tools-list             tools/list answers resultType "complete" with slow_task
+//    4 plain-call             plain_echo answers resultType "complete" with its text
+//    5 task-call              slow_task (taskSupport required) answers resultType "task", taskId, ttlMs,
+//                             pollIntervalMs
+//    6 poll-working           tasks/get answers the task (resultType "complete", a status)
+//    7 poll-completed         polls reach "completed"
+//    8 result-inline          the completed task carries its CallToolResult inline
+//    9 failed-keeps-content   failing_task (a tool error) ends completed with isError and its content
+//   10 cancel-ack             tasks/cancel of a working task answers {"resultType":"complete"}
+//   11 cancelled              the cancelled task then reads "cancelled"
+//   12 cancel-terminal-ack    tasks/cancel of a terminal task is acknowledged, not an error
+//   (13 foreign-refused       with --foreign-bearer: another principal's tasks/get and tasks/cancel of
+//                             the step-5 task get -32602 (a gateway's owner binding; not counted in 12))
+//
+// Every request is a stateless 2026-07-28 POST (MCP-Protocol-Version, Mcp-Method, Mcp-Name headers;
+// protocolVersion and clientCapabilities with the tasks extension in params._meta; no initialize, no
+// session). Prints `PASS name` / `FAIL name: why` per step, then `N/12 passed`; --json FILE writes
+// {label, passed, total, failed:[names], checks:[{name, ok, detail}]}. Exit 0 only when all passed.
+
+const argv = process.argv.slice(2);
+const opt = { label: 'reverse', json: '', bearer: '', 'foreign-bearer': '', 'timeout-ms': '15000' };
+let url = '';
+for (let i = 0; i < argv.length; i++) {
+    if (argv[i].startsWith('--')) opt[argv[i].slice(2)] = argv[++i];
+    else url = argv[i];
+}
+if (!url) {
+    console.error('usage: reverse-client.mjs URL [--label L] [--json FILE] [--bearer TOKEN]');
+    process.exit(2);
+}
+const TIMEOUT = Number(opt['timeout-ms']);
+const EXT = 'io.modelcontextprotocol/tasks';
+const VERSION = '2026-07-28';
+const TERMINAL = ['completed', 'failed', 'cancelled'];
+const sleep = ms => new Promise(r => setTimeout(r, ms));
+
+let nextId = 1;
+/** One POST. Returns {http, result, error, raw}; never throws (a transport error is in `error`). */
+async function rpc(method, params = {}, bearer = opt.bearer) {
+    const body = {
+        jsonrpc: '2.0',
+        id: nextId++,
+        method,
+        params: {
+            ...params,
+            _meta: {
+                'io.modelcontextprotocol/protocolVersion': VERSION,
+                'io.modelcontextprotocol/clientCapabilities': { extensions: { [EXT]: {} } },
+            },
+        },
+    };
+    const h = {
+        'content-type': 'application/json',
+        accept: 'application/json, text/event-stream',
+        'mcp-protocol-version': VERSION,
+        'mcp-method': method,
+    };
+    const routed = params.taskId ?? params.name;
+    if (routed) h['mcp-name'] = routed;
+    if (bearer) h.authorization = `Bearer ${bearer}`;
+    try {
+        const res = await fetch(url, { method: 'POST', headers: h, body: JSON.stringify(body), signal: AbortSignal.timeout(TIMEOUT) });
+        const text = await res.text();
+        let msg;
+        if ((res.headers.get('content-type') ?? '').includes('text/event-stream')) {
+            for (const block of text.split(/\r?\n\r?\n/)) {
+                const data = block.split(/\r?\n/).filter(l => l.startsWith('data:')).map(l => l.slice(5).trim()).join('\n');
+                if (!data) continue;
+                try {
+                    const m = JSON.parse(data);
+                    if (m.id === body.id) msg = m;
+                } catch {}
+            }
+        } else {
+            try {
+                msg = JSON.parse(text);
+            } catch {
+                msg = { raw: text.slice(0, 200) };
+            }
+        }
+        return { http: res.status, result: msg?.result, error: msg?.error, raw: msg };
+    } catch (e) {
+        return { http: 0, error: { message: String(e) } };
+    }
+}
+const show = r => JSON.stringify(r.error ?? r.result ?? r.raw ?? {}).slice(0, 300) + ` (HTTP ${r.http})`;
+
+const checks = [];
+function check(name, ok, detail = '') {
+    checks.push({ name, ok: Boolean(ok), detail: ok ? '' : String(detail) });
+    console.log(ok ? `PASS ${name}` : `FAIL ${name}: ${detail}`);
+}
+
+/** Polls tasks/get until a terminal status (or the deadline); returns the last answer. */
+async function untilTerminal(taskId, ms = 20000) {
+    const end = Date.now() + ms;
+    let last;
+    while (Date.now() < end) {
+        last = await rpc('tasks/get', { taskId });
+        if (!last.result || TERMINAL.includes(last.result.status)) return last;
+        await sleep(Math.min(Math.max(last.result.pollIntervalMs ?? 200, 50), 1000));
+    }
+    return last;
+}
+
+const started = Date.now();
+// 1-2 discovery
+const d = await rpc('server/discover');
+check('discover', d.result?.supportedVersions?.includes(VERSION), show(d));
+check('discover-extension', d.result?.capabilities?.extensions?.[EXT] !== undefined, show(d));
+// 3 tools/list
+const list = await rpc('tools/list');
+check('tools-list', list.result?.resultType === 'complete' && list.result?.tools?.some(t => t.name === 'slow_task'), show(list));
+// 4 plain call
+const plain = await rpc('tools/call', { name: 'plain_echo', arguments: { text: 'hi' } });
+check('plain-call', plain.result?.resultType === 'complete' && plain.result?.content?.[0]?.text === 'echo: hi', show(plain));
+// 5-8 a task: created, polled, completed, its result inline
+const created = await rpc('tools/call', { name: 'slow_task', arguments: { duration_ms: 600, steps: 3 } });
+const c = created.result ?? {};
+check('task-call', c.resultType === 'task' && typeof c.taskId === 'string' && 'ttlMs' in c && 'pollIntervalMs' in c && !('task' in c), show(created));
+if (typeof c.taskId === 'string') {
+    if (opt['foreign-bearer']) {
+        const get = await rpc('tasks/get', { taskId: c.taskId }, opt['foreign-bearer']);
+        const cancel = await rpc('tasks/cancel', { taskId: c.taskId }, opt['foreign-bearer']);
+        check('foreign-refused', get.error?.code === -32602 && cancel.error?.code === -32602, `${show(get)} / ${show(cancel)}`);
+    }
+    const first = await rpc('tasks/get', { taskId: c.taskId });
+    check('poll-working', first.result?.resultType === 'complete' && typeof first.result?.status === 'string', show(first));
+    const done = await untilTerminal(c.taskId);
+    check('poll-completed', done?.result?.status === 'completed', show(done ?? {}));
+    const text = done?.result?.result?.content?.[0]?.text ?? '';
+    check('result-inline', text.startsWith('slow_task done'), show(done ?? {}));
+} else {
+    for (const n of ['poll-working', 'poll-completed', 'result-inline']) check(n, false, 'no task was created');
+}
+// 9 a tool error keeps its content
+const failing = await rpc('tools/call', { name: 'failing_task', arguments: {} });
+if (failing.result?.resultType === 'task') {
+    const done = await untilTerminal(failing.result.taskId);
+    const r = done?.result ?? {};
+    check('failed-keeps-content', r.status === 'completed' && r.result?.isError === true && (r.result?.content?.[0]?.text ?? '').includes('failed on purpose'), show(done ?? {}));
+} else {
+    check('failed-keeps-content', false, show(failing));
+}
+// 10-12 cancel
+const long = await rpc('tools/call', { name: 'slow_task', arguments: { duration_ms: 60000, steps: 60 } });
+if (long.result?.resultType === 'task') {
+    const taskId = long.result.taskId;
+    const cancel = await rpc('tasks/cancel', { taskId });
+    check('cancel-ack', cancel.result?.resultType === 'complete' && !cancel.error, show(cancel));
+    const after = await untilTerminal(taskId, 10000);
+    check('cancelled', after?.result?.status === 'cancelled', show(after ?? {}));
+    const again = await rpc('tasks/cancel', { taskId });
+    check('cancel-terminal-ack', again.result?.resultType === 'complete' && !again.error, show(again));
+} else {
+    for (const n of ['cancel-ack', 'cancelled', 'cancel-terminal-ack']) check(n, false, show(long));
+}
+
+const passed = checks.filter(x => x.ok).length;
+console.log(`${opt.label}: ${passed}/${checks.length} passed`);
+if (opt.json) {
+    const fs = await import('node:fs');
+    fs.writeFileSync(
+        opt.json,
+        JSON.stringify({ label: opt.label, passed, total: checks.length, failed: checks.filter(x => !x.ok).map(x => x.name), checks, ms: Date.now() - started }, null, 1)
+    );
+}
+process.exit(passed === checks.length ? 0 : 1);
