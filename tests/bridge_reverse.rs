@@ -420,3 +420,41 @@ async fn a_2025_client_of_the_same_upstream_is_unchanged() {
         .unwrap();
     assert_eq!((rec.origin, rec.era), (Origin::Client, Era::Legacy));
 }
+
+/// A bridged task created before `kill -9` is followed after the restart from the store: the
+/// record routes `tasks/get` to the upstream session it was created on (the upstream still holds
+/// it, so no new `initialize` is needed), and the result comes inline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridged_task_survives_sigkill() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: Some(1500),
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
+    let (mut p, gw, _) = spawn_binary(&cfg);
+    let url = format!("http://{gw}/mcp");
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    sigkill(&mut p);
+    let (_p2, gw, _) = spawn_binary(&cfg);
+    let url = format!("http://{gw}/mcp");
+    let done = until_terminal(&url, None, &t).await;
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["result"]["content"][0]["text"],
+        format!("result of {t}"),
+        "{done}"
+    );
+    let gets = up.received("tasks/get");
+    assert!(
+        gets.iter()
+            .all(|g| g.header("mcp-session-id").as_deref() == Some("sess-1")),
+        "the recorded session"
+    );
+    assert_eq!(up.count("initialize"), 1, "no new session was needed");
+}
