@@ -415,6 +415,15 @@ if [[ "$BIN" != none ]]; then
     result "reverse bridge: reverse.sh (see $WORK/reverse/results.txt)" "$reverse_rc"
 fi
 
+# ---- k. gateway-owned tasks: task clients on a server without tasks (gateway-tasks.sh) ---------
+if [[ "$BIN" != none ]]; then
+    log "k. gateway-owned tasks (gateway-tasks.sh)"
+    run_fg timeout 300 env INTEROP_WORK="$WORK" INTEROP_VENV="$VENV" bash "$HERE/gateway-tasks.sh" "$BIN" >"$WORK/gateway-tasks.log" 2>&1
+    gateway_tasks_rc=$?
+    sed -n '/^== gateway-owned tasks/,$p' "$WORK/gateway-tasks.log" | sed 's/^/  | /'
+    result "gateway-owned tasks: gateway-tasks.sh (see $WORK/gateway-tasks/results.txt)" "$gateway_tasks_rc"
+fi
+
 # ---- gateway health after all of it ---------------------------------------------------------
 if [[ "$BIN" != none ]]; then
     for gw in taskgate taskgate-upgrade; do
