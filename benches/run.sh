@@ -13,8 +13,9 @@
 # python3; 8: scenario 4's task lifecycle under MCP 2026-07-28, the tasks extension: create,
 # 10 × tasks/get with the result inline, no session; 9: scenario 4's 2025 lifecycle bridged by
 # taskgate to the 2026 tasks extension, beside the same-era path; 10: task creation and scenario
-# 4's lifecycle with the registry on PostgreSQL beside sled). Everything started here is killed
-# on exit.
+# 4's lifecycle with the registry on PostgreSQL beside sled; 11: a stdio upstream, the small call
+# and scenario 4's lifecycle at c=1/16/64 through taskgate beside the server's own stdio client and
+# supergateway, see scenario11 below). Everything started here is killed on exit.
 #
 # Scenario 10's PostgreSQL: TASKGATE_BENCH_DATABASE_URL (or TASKGATE_TEST_DATABASE_URL) names a
 # server where a database of its own is created; else a throwaway cluster is started as the tests
@@ -35,9 +36,10 @@
 # pair of runs of two revisions).
 #
 # Settings (environment): DURATION (s per timed case, default 2), WARMUP (s, 0.5), REPEAT (runs
-# per case and path in scenarios 1-5 and 8, default 3), QUIET_PCT (10),
-# LIFECYCLE_TASKS (1000, scenarios 4, 8, 9 and 10), CANCELS (1000), RECORDS (100000), SCENARIOS (which
-# ones, default "1 2 3 4 5 6 7 8 9 10"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
+# per case and path in scenarios 1-5, 8, 9, 10 and 11, default 3), QUIET_PCT (10),
+# LIFECYCLE_TASKS (1000, scenarios 4, 8, 9 and 10), STDIO_TASKS (500, scenario 11's lifecycle, per
+# concurrency and path: supergateway takes ~15 s for 1000 at ~800 req/s), CANCELS (1000), RECORDS (100000), SCENARIOS (which
+# ones, default "1 2 3 4 5 6 7 8 9 10 11"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
 set -euo pipefail
 
@@ -51,11 +53,12 @@ LIFECYCLE_TASKS=${LIFECYCLE_TASKS:-1000}
 CANCELS=${CANCELS:-1000}
 RECORDS=${RECORDS:-100000}
 RESULTS=${RESULTS:-$HERE/RESULTS.md}
-SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10}
+STDIO_TASKS=${STDIO_TASKS:-500}
+SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10 11}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
-for v in DURATION WARMUP REPEAT QUIET_PCT LIFECYCLE_TASKS CANCELS RECORDS SCENARIOS FLOOR; do
+for v in DURATION WARMUP REPEAT QUIET_PCT LIFECYCLE_TASKS STDIO_TASKS CANCELS RECORDS SCENARIOS FLOOR; do
   case " $(env | cut -d= -f1 | tr '\n' ' ') " in *" $v "*) ENVSET="$ENVSET$v='${!v}' " ;; esac
 done
 COMMAND="${ENVSET}${COMMAND}"
@@ -429,6 +432,117 @@ scenario10() {
 }
 want 10 && scenario10
 
+# ---- scenario 11: a stdio upstream (issue 31) --------------------------------------------------------
+# The bench upstream run as a stdio MCP server (`upstream --stdio`: the same answers as over HTTP,
+# newline-delimited JSON-RPC on stdin/stdout), reached three ways, interleaved REPEAT times:
+#   direct        loadgen's own stdio client: one child, every worker's requests on its pipe (the
+#                 floor: no HTTP, no proxy);
+#   taskgate      a taskgate of its own whose upstream is `command = [upstream, --stdio]` (one
+#                 shared child, the default `process`);
+#   supergateway  supergateway (npm, the version pinned in benches/stdio/package-lock.json, npm ci
+#                 there when missing) `--outputTransport streamableHttp --stateful --logLevel none`:
+#                 one child per MCP session, each answer sent as SSE; skipped when node or npm is
+#                 missing or npm ci fails.
+# Cases: the small tools/call and scenario 4's 2025-11-25 task lifecycle, each at c=1, 16 and 64.
+# Every worker opens its MCP session before the clock starts (--open-first: supergateway starts a
+# child per session, outside the measured window) and ends it with DELETE after the run; proxy CPU
+# is the proxy's own process (taskgate; supergateway's node), not its children.
+scenario11() {
+  local rep t url cpu c pids11 sg_bin="" sg_port="" SG_PID="" i
+  local -a path_args
+  say "11. starting taskgate with a stdio upstream (command = [upstream, --stdio])"
+  cat > "$WORK/taskgate11.toml" <<EOT
+[gateway]
+listen = "127.0.0.1:0"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[store]
+path = "$WORK/store11"
+
+[tasks]
+
+[[upstream]]
+name = "bench"
+command = ["$UPSTREAM_BIN", "--stdio"]
+EOT
+  start_taskgate "$WORK/taskgate11.toml" "11. taskgate, stdio upstream" "$WORK/tg11.json"
+  local S_PID=$TG_PID S_ADDR=$TG_ADDR
+  TG_PID=$TGP_PID; TG_ADDR=$TGP_ADDR
+  if command -v node > /dev/null && command -v npm > /dev/null; then
+    sg_bin="$HERE/stdio/node_modules/supergateway/dist/index.js"
+    # The version package-lock.json pins (npm ci again when node_modules holds another).
+    local pinned installed
+    pinned=$(sed -n '/"node_modules\/supergateway": {/,/}/s/^ *"version": *"\([^"]*\)".*/\1/p' "$HERE/stdio/package-lock.json" | head -1)
+    installed=$(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' "$HERE/stdio/node_modules/supergateway/package.json" 2>/dev/null | head -1 || true)
+    if [ ! -f "$sg_bin" ] || [ "$pinned" != "$installed" ]; then
+      say "11. npm ci in benches/stdio (supergateway)"
+      (cd "$HERE/stdio" && npm ci --no-audit --no-fund --loglevel=error) > "$WORK/npm-ci.log" 2>&1 ||
+        { tail -20 "$WORK/npm-ci.log" >&2; sg_bin=""; }
+    fi
+  fi
+  if [ -n "$sg_bin" ] && [ -f "$sg_bin" ]; then
+    SG_VERSION=$(sed -n 's/^ *"version": *"\([^"]*\)".*/\1/p' "$HERE/stdio/node_modules/supergateway/package.json" | head -1)
+    SG_VERSION="supergateway $SG_VERSION on node $(node --version)"
+    sg_port=$("$LG" free-port)
+    say "11. starting $SG_VERSION"
+    node "$sg_bin" --stdio "$UPSTREAM_BIN --stdio" --outputTransport streamableHttp --stateful \
+      --port "$sg_port" --logLevel none > "$WORK/supergateway.out" 2> "$WORK/supergateway.err" &
+    SG_PID=$!; PIDS+=("$SG_PID")
+    for i in $(seq 1200); do
+      (exec 3<>"/dev/tcp/127.0.0.1/$sg_port") 2>/dev/null && break
+      gone "$SG_PID" && break
+      sleep 0.025
+    done
+    if gone "$SG_PID" || ! (exec 3<>"/dev/tcp/127.0.0.1/$sg_port") 2>/dev/null; then
+      cat "$WORK/supergateway.err" >&2
+      say "11. supergateway did not start: its path is skipped"
+      SG_PID=""; SG_VERSION="did not start: skipped"
+    fi
+  else
+    SG_VERSION="not available (node, npm or npm ci in benches/stdio missing): skipped"
+    say "11. supergateway $SG_VERSION"
+  fi
+  pids11="$(bench_pids),$S_PID${SG_PID:+,$SG_PID}"
+  eleven() { # eleven CASE ARGS..: direct, taskgate, supergateway, REPEAT times, interleaved
+    local case=$1
+    shift
+    say "$case"
+    for rep in $(seq "$REPEAT"); do
+      printf '  run %s:' "$rep" >&2
+      for t in direct taskgate supergateway; do
+        case $t in
+          direct) url=""; cpu="" ;;
+          taskgate) url="http://$S_ADDR/mcp"; cpu=$S_PID ;;
+          supergateway) [ -n "$SG_PID" ] || continue; url="http://127.0.0.1:$sg_port/mcp"; cpu=$SG_PID ;;
+        esac
+        if [ -z "$url" ]; then
+          path_args=(--stdio "$UPSTREAM_BIN --stdio")
+        else
+          path_args=(--url "$url" --cpu-pid "$cpu")
+        fi
+        "$LG" run "${path_args[@]}" --target "$t" --case "$case" --rep "$rep" --open-first --close-sessions \
+          --bench-pids "$pids11" --json-out "$RAW" "$@" > /dev/null
+        printf ' %s' "$t" >&2
+      done
+      echo >&2
+    done
+  }
+  for c in 1 16 64; do
+    eleven "11. stdio upstream: small tools/call (~1 KiB JSON answer), c=$c" --scenario small --concurrency "$c" "${TIMED[@]}"
+  done
+  for c in 1 16 64; do
+    eleven "11. stdio upstream: task lifecycle (create, 10 × tasks/get, tasks/result), $STDIO_TASKS tasks, c=$c" \
+      --scenario lifecycle --concurrency "$c" --count "$STDIO_TASKS"
+  done
+  stop_pid "$S_PID"
+  [ -n "$SG_PID" ] && stop_pid "$SG_PID"
+  return 0
+}
+SG_VERSION="not run"
+want 11 && scenario11
+
 # ---- report -----------------------------------------------------------------------------------
 REPORT=$("$LG" report --in "$RAW" --quiet-pct "$QUIET_PCT")
 MEM_GIB=$(awk '/^MemTotal:/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
@@ -455,8 +569,9 @@ Produced by \`$COMMAND\` (from the repository root) on $(date -u '+%Y-%m-%d %H:%
 | upstream | benches/loadgen \`upstream\`, 1 tokio worker thread |
 | load generator | benches/loadgen \`loadgen\`, 1 thread, one keep-alive HTTP/1.1 connection per concurrent client, each with its own MCP session (scenarios 1-4; 8 is 2026-07-28, sessionless) |
 | timed cases | ${WARMUP} s warm-up, then ${DURATION} s measured |
-| repeats | scenarios 1-5 and 8: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, then again); scenario 6: one |
+| repeats | scenarios 1-5 and 8-11: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, then again); scenario 6: one |
 | task store | temp directory on $STORE_FS (sled); scenario 10's \`taskgate-pg\`: $PG_SETTINGS, \`pool_size = 16\` |
+| stdio (scenario 11) | server: benches/loadgen \`upstream --stdio\` (the same answers over stdin/stdout); \`direct\`: loadgen's own stdio client, one child; \`taskgate\`: a taskgate of its own, \`command = [upstream, --stdio]\`, one shared child; \`supergateway\`: $SG_VERSION, \`--outputTransport streamableHttp --stateful --logLevel none\`, one child per session; each client session opened before the clock starts and ended with DELETE after the run; proxy CPU = the proxy process alone, not its children |
 
 Everything runs on this one machine: load generator, proxy and upstream share the cores, so
 absolute numbers move with the machine's load; compare the rows of one table (measured side by side,

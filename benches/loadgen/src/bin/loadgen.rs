@@ -1,10 +1,10 @@
 //! taskgate's load generator (hyper 1 client, one keep-alive connection per concurrent worker).
 //!
 //! ```text
-//! loadgen run --url URL --scenario S --target NAME --case TEXT [--concurrency N]
+//! loadgen run (--url URL | --stdio CMD) --scenario S --target NAME --case TEXT [--concurrency N]
 //!             [--duration SECS --warmup SECS | --count N] [--cpu-pid PID[,PID..]]
 //!             [--stats-url URL] [--session-file F] [--interval-ms N] [--json-out F]
-//!             [--rep N] [--bench-pids PID[,PID..]]
+//!             [--rep N] [--bench-pids PID[,PID..]] [--open-first] [--close-sessions]
 //! loadgen spawn-ready --stdout F --stderr F [--label L] [--json-out F] -- CMD ARGS..
 //! loadgen mem --pid PID --label L [--json-out F]
 //! loadgen free-port
@@ -38,6 +38,13 @@
 //! (`others_cpu_ms`, `others_core_pct` = percent of one core), and the 1-minute load average at
 //! its end. `--rep` is recorded as is (the repetition number of the case).
 //!
+//! `--stdio CMD` (scenario 11's floor): no HTTP; CMD (split on spaces) is started as a stdio MCP
+//! server, initialized once, and every worker's requests go over its stdin/stdout (`small`,
+//! `lifecycle`, `create`). `--open-first`: every worker opens its connection and session before
+//! the clock starts (a proxy that starts a child per session does that outside the measured
+//! window). `--close-sessions`: each worker's MCP session is ended with `DELETE` after the run
+//! (after the CPU samples).
+//!
 //! `LOADGEN_AUTHORIZATION` (environment), when set, is sent as the `Authorization` header of
 //! every POST (scenario 7: a JWT on every request).
 
@@ -47,6 +54,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -54,7 +62,14 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
-type Sender = SendRequest<Full<Bytes>>;
+type Http = SendRequest<Full<Bytes>>;
+
+/// One client connection: an HTTP/1.1 keep-alive connection, or (`--stdio`) a share of the one
+/// stdio connection to the server child.
+enum Sender {
+    Http(Http),
+    Stdio(Arc<StdioClient>),
+}
 
 // ---------------------------------------------------------------------------------------------
 // Arguments
@@ -102,6 +117,8 @@ fn die(msg: &str) -> ! {
 struct Target {
     addr: String,
     path: String,
+    /// `--stdio CMD`: every request goes to this child's stdin, not to `addr`.
+    stdio: Option<Arc<StdioClient>>,
 }
 
 impl Target {
@@ -116,10 +133,18 @@ impl Target {
         Target {
             addr: addr.to_string(),
             path: path.to_string(),
+            stdio: None,
         }
     }
 
     async fn connect(&self) -> Result<Sender, Error> {
+        if let Some(c) = &self.stdio {
+            return Ok(Sender::Stdio(c.clone()));
+        }
+        Ok(Sender::Http(self.connect_http().await?))
+    }
+
+    async fn connect_http(&self) -> Result<Http, Error> {
         let stream = TcpStream::connect(&self.addr).await?;
         stream.set_nodelay(true)?;
         let (sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
@@ -164,6 +189,9 @@ impl Target {
             b = b.header("authorization", a);
         }
         let req = b.body(Full::new(Bytes::from(body)))?;
+        let Sender::Http(sender) = sender else {
+            return Err("this scenario does not run over stdio".into());
+        };
         sender.ready().await?;
         Ok(sender.send_request(req).await?)
     }
@@ -178,7 +206,9 @@ impl Target {
         self.call_as(sender, session, body, None).await
     }
 
-    /// POST and read the whole (JSON) answer; `modern` as in [`Target::post_as`].
+    /// POST and read the whole (JSON) answer; `modern` as in [`Target::post_as`]. An answer sent
+    /// as SSE (a server that streams every answer, as supergateway's) counts as its last event's
+    /// `data`. Over stdio: the answer line with this request's id.
     async fn call_as(
         &self,
         sender: &mut Sender,
@@ -186,17 +216,53 @@ impl Target {
         body: String,
         modern: Option<(&str, &str)>,
     ) -> Result<Bytes, Error> {
+        if let Sender::Stdio(c) = sender {
+            return c.call(body).await;
+        }
         let resp = self.post_as(sender, session, body, modern).await?;
         let status = resp.status();
+        let sse = resp
+            .headers()
+            .get("content-type")
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         let bytes = resp.into_body().collect().await?.to_bytes();
         if !status.is_success() {
             return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes)).into());
         }
+        if sse {
+            return sse_last_data(&bytes).ok_or_else(|| {
+                format!(
+                    "SSE answer without data: {}",
+                    String::from_utf8_lossy(&bytes)
+                )
+                .into()
+            });
+        }
         Ok(bytes)
     }
 
+    /// `DELETE` of an MCP session (`--close-sessions`: a proxy that keeps a child per session).
+    async fn delete(&self, sender: &mut Sender, session: &str) -> Result<(), Error> {
+        let Sender::Http(sender) = sender else {
+            return Ok(());
+        };
+        let req = Request::delete(self.path.as_str())
+            .header("host", self.addr.as_str())
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("mcp-session-id", session)
+            .body(Full::new(Bytes::new()))?;
+        sender.ready().await?;
+        let _ = sender
+            .send_request(req)
+            .await?
+            .into_body()
+            .collect()
+            .await?;
+        Ok(())
+    }
+
     async fn get(&self, path: &str) -> Result<(u16, Bytes), Error> {
-        let mut sender = self.connect().await?;
+        let mut sender = self.connect_http().await?;
         let req = Request::get(path)
             .header("host", self.addr.as_str())
             .body(Full::new(Bytes::new()))?;
@@ -206,8 +272,12 @@ impl Target {
         Ok((status, resp.into_body().collect().await?.to_bytes()))
     }
 
-    /// `initialize`; returns the session id the server gave, if any.
+    /// `initialize`; returns the session id the server gave, if any. Over stdio the connection
+    /// was initialized once, when the child started.
     async fn initialize(&self, sender: &mut Sender) -> Result<Option<String>, Error> {
+        if matches!(sender, Sender::Stdio(_)) {
+            return Ok(None);
+        }
         let body = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
             "protocolVersion":"2025-11-25","capabilities":{},
             "clientInfo":{"name":"taskgate-loadgen","version":"0.1.0"}}})
@@ -228,6 +298,140 @@ impl Target {
         let _ = resp.into_body().collect().await?;
         Ok(session)
     }
+}
+
+/// The `data` of an SSE body's last event (the JSON-RPC answer; progress events come before it).
+fn sse_last_data(body: &[u8]) -> Option<Bytes> {
+    body.rsplit(|&b| b == b'\n')
+        .filter_map(|l| l.strip_prefix(b"data:"))
+        .map(|d| d.strip_prefix(b" ").unwrap_or(d))
+        .map(|d| d.strip_suffix(b"\r").unwrap_or(d))
+        .find(|d| !d.is_empty())
+        .map(Bytes::copy_from_slice)
+}
+
+// ---------------------------------------------------------------------------------------------
+// stdio client (`--stdio CMD`: the server driven over its own stdin/stdout, no HTTP)
+
+/// One child speaking MCP over stdio (newline-delimited JSON-RPC), shared by every worker: a
+/// writer task sends the queued lines in one `write`, a reader task hands each answer line to the
+/// request with its id. Request ids are the client's own (a worker's id is replaced), so workers
+/// never collide.
+struct StdioClient {
+    pid: u32,
+    lines: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+    waiting: std::sync::Mutex<HashMap<u64, tokio::sync::oneshot::Sender<Bytes>>>,
+    next_id: AtomicU64,
+    _child: tokio::process::Child,
+}
+
+impl StdioClient {
+    /// Starts `cmd` (split on spaces), initializes it (2025-11-25) and sends `initialized`.
+    async fn spawn(cmd: &str) -> Result<Arc<StdioClient>, Error> {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let words: Vec<&str> = cmd.split_whitespace().collect();
+        let (program, args) = words.split_first().ok_or("--stdio: empty command")?;
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("--stdio {program}: {e}"))?;
+        let pid = child.id().ok_or("stdio child already gone")?;
+        let mut stdin = child.stdin.take().ok_or("no stdin")?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        tokio::spawn(async move {
+            let mut buf = Vec::with_capacity(64 * 1024);
+            while let Some(line) = rx.recv().await {
+                buf.clear();
+                buf.extend_from_slice(&line);
+                while let Ok(more) = rx.try_recv() {
+                    buf.extend_from_slice(&more);
+                }
+                if stdin.write_all(&buf).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let client = Arc::new(StdioClient {
+            pid,
+            lines: tx,
+            waiting: std::sync::Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            _child: child,
+        });
+        let weak = Arc::downgrade(&client);
+        tokio::spawn(async move {
+            let mut out = tokio::io::BufReader::with_capacity(256 * 1024, stdout);
+            let mut line = Vec::with_capacity(4096);
+            loop {
+                line.clear();
+                match out.read_until(b'\n', &mut line).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+                let Some(client) = weak.upgrade() else { return };
+                let Some(id) = answer_id(&line) else { continue }; // a notification
+                let tx = client.waiting.lock().expect("waiting").remove(&id);
+                if let Some(tx) = tx {
+                    let _ = tx.send(Bytes::copy_from_slice(line.trim_ascii_end()));
+                }
+            }
+        });
+        let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+            "protocolVersion":"2025-11-25","capabilities":{},
+            "clientInfo":{"name":"taskgate-loadgen","version":"0.1.0"}}})
+        .to_string();
+        let answer = client.call(init).await?;
+        if !contains(&answer, b"\"result\"") {
+            return Err(format!("stdio initialize: {}", String::from_utf8_lossy(&answer)).into());
+        }
+        let _ = client
+            .lines
+            .send(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n".to_vec());
+        Ok(client)
+    }
+
+    /// Sends one request (`{"id":N,...` as [`rpc`] writes it, or `{"jsonrpc":..,"id":N,..`) under
+    /// an id of the client's own and waits for its answer line.
+    async fn call(&self, body: String) -> Result<Bytes, Error> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut line = match body
+            .strip_prefix("{\"id\":")
+            .map(|rest| rest.trim_start_matches(|c: char| c.is_ascii_digit()))
+        {
+            // The usual case, `rpc`'s output: splice the id in without parsing.
+            Some(rest) if rest.starts_with(',') => format!("{{\"id\":{id}{rest}").into_bytes(),
+            _ => {
+                let mut v: Value = serde_json::from_str(&body)?;
+                v["id"] = json!(id);
+                serde_json::to_vec(&v)?
+            }
+        };
+        line.push(b'\n');
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.waiting.lock().expect("waiting").insert(id, tx);
+        self.lines.send(line).map_err(|_| "stdio child gone")?;
+        Ok(rx.await.map_err(|_| "stdio child gone")?)
+    }
+}
+
+/// The numeric `id` of a JSON-RPC answer line (none for a notification or a request).
+fn answer_id(line: &[u8]) -> Option<u64> {
+    // The usual case (the bench upstream writes its answers so): no parse.
+    if let Some(rest) = line.strip_prefix(b"{\"jsonrpc\":\"2.0\",\"id\":") {
+        let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits > 0 && rest.get(digits) == Some(&b',') {
+            return std::str::from_utf8(&rest[..digits]).ok()?.parse().ok();
+        }
+    }
+    let v: Value = serde_json::from_slice(line).ok()?;
+    if v.get("method").is_some() {
+        return None;
+    }
+    v.get("id")?.as_u64()
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -283,21 +487,27 @@ fn machine_busy_us() -> f64 {
 }
 
 /// CPU used by processes other than `bench` and this one, between two [`Others::sample`]s.
+/// Their descendants count as theirs (a stdio child of taskgate or of this process, the children
+/// a proxy starts per session, nginx's workers), each by its own CPU between the two samples (one
+/// started meanwhile from zero; one that ended meanwhile is lost, counted as other processes').
 struct Others {
     bench: Vec<u32>,
     at: Instant,
     busy: f64,
-    own: f64,
+    own: HashMap<u32, f64>,
 }
 
 impl Others {
     fn sample(bench: Vec<u32>) -> Others {
-        let mut own = bench.clone();
-        own.push(std::process::id());
+        let mut roots = bench.clone();
+        roots.push(std::process::id());
         Others {
             at: Instant::now(),
             busy: machine_busy_us(),
-            own: cpu_us(&own),
+            own: with_descendants(&roots)
+                .into_iter()
+                .map(|p| (p, cpu_us(&[p])))
+                .collect(),
             bench,
         }
     }
@@ -306,7 +516,12 @@ impl Others {
     fn finish(self, v: &mut Value) {
         let end = Others::sample(self.bench.clone());
         let secs = (end.at - self.at).as_secs_f64();
-        let others_us = (end.busy - self.busy) - (end.own - self.own);
+        let own_us: f64 = end
+            .own
+            .iter()
+            .map(|(p, us)| us - self.own.get(p).copied().unwrap_or(0.0))
+            .sum();
+        let others_us = (end.busy - self.busy) - own_us;
         v["others_cpu_ms"] = num(others_us / 1000.0);
         v["others_core_pct"] = num(others_us / 1e4 / secs);
         v["window_s"] = num(secs);
@@ -331,6 +546,39 @@ fn pid_list(args: &Args, name: &str) -> Vec<u32> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The PIDs and every live descendant of theirs (from /proc/*/stat's ppid), each once.
+fn with_descendants(roots: &[u32]) -> Vec<u32> {
+    let mut parent: Vec<(u32, u32)> = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // After "pid (comm)": state, ppid.
+            let ppid = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().nth(1))
+                .and_then(|p| p.parse().ok());
+            if let Some(ppid) = ppid {
+                parent.push((pid, ppid));
+            }
+        }
+    }
+    let mut out: Vec<u32> = Vec::new();
+    let mut todo: Vec<u32> = roots.to_vec();
+    while let Some(p) = todo.pop() {
+        if out.contains(&p) {
+            continue;
+        }
+        out.push(p);
+        todo.extend(parent.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+    }
+    out
 }
 
 /// utime + stime of the PIDs, in µs (summed; a PID that vanished counts 0).
@@ -439,6 +687,8 @@ struct WorkerOut {
     first_error: Option<String>,
     /// list / list-walk: tasks seen.
     items: u64,
+    /// The connection and MCP session at the end (`--close-sessions` ends the session).
+    conn: Option<(Sender, Option<String>)>,
 }
 
 /// What one op did: HTTP requests made, tasks seen, time to the first SSE event.
@@ -700,22 +950,33 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-async fn worker(ctx: Arc<Ctx>, index: usize) -> WorkerOut {
+/// A worker's connection and, when the scenario has one per worker, its MCP session.
+async fn open(ctx: &Ctx) -> Result<(Sender, Option<String>), Error> {
+    let mut s = ctx.target.connect().await?;
+    let session = if ctx.scenario.own_session() {
+        ctx.target.initialize(&mut s).await?
+    } else {
+        ctx.session.clone()
+    };
+    Ok((s, session))
+}
+
+async fn worker(
+    ctx: Arc<Ctx>,
+    index: usize,
+    mut conn: Option<(Sender, Option<String>)>,
+) -> WorkerOut {
     let mut out = WorkerOut::default();
-    let mut ids = 0u64;
-    let mut conn: Option<(Sender, Option<String>)> = None;
+    // Workers that share one MCP session (`create`, `list`) number their requests apart: taskgate
+    // refuses an id already in flight on the session (issue 29), so ids are worker << 32 + n.
+    let mut ids = if ctx.scenario.own_session() {
+        0
+    } else {
+        (index as u64) << 32
+    };
     while ctx.next_op() {
         if conn.is_none() {
-            let attempt = async {
-                let mut s = ctx.target.connect().await?;
-                let session = if ctx.scenario.own_session() {
-                    ctx.target.initialize(&mut s).await?
-                } else {
-                    ctx.session.clone()
-                };
-                Ok::<_, Error>((s, session))
-            };
-            match attempt.await {
+            match open(&ctx).await {
                 Ok(c) => conn = Some(c),
                 Err(e) => {
                     out.errors += 1;
@@ -747,7 +1008,32 @@ async fn worker(ctx: Arc<Ctx>, index: usize) -> WorkerOut {
             }
         }
     }
+    out.conn = conn;
     out
+}
+
+/// Awaits every future, concurrently (a join_all without the futures crate).
+async fn futures_join<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let mut futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futs.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().map(|o| o.expect("ready")).collect()
 }
 
 fn pct(sorted: &[u64], p: f64) -> f64 {
@@ -787,7 +1073,22 @@ fn record(common: &Common, scenario: Scenario, fields: Value) -> Value {
     v
 }
 
-async fn run_loop(args: &Args, common: &Common, scenario: Scenario, target: Target) -> Value {
+/// Connections whose MCP session a run leaves open (ended after the run by `--close-sessions`).
+type Open = Vec<(Target, Sender, String)>;
+
+fn open_sessions(target: &Target, outs: &mut [WorkerOut]) -> Open {
+    outs.iter_mut()
+        .filter_map(|o| o.conn.take())
+        .filter_map(|(s, session)| Some((target.clone(), s, session?)))
+        .collect()
+}
+
+async fn run_loop(
+    args: &Args,
+    common: &Common,
+    scenario: Scenario,
+    target: Target,
+) -> (Value, Open) {
     let warmup = args.num("--warmup", 0.5f64);
     let duration = args.num("--duration", 3.0f64);
     let count = args.num("--count", 0u64);
@@ -813,6 +1114,29 @@ async fn run_loop(args: &Args, common: &Common, scenario: Scenario, target: Targ
         }
         _ => None,
     };
+    let mut ctx = Ctx {
+        target,
+        scenario,
+        session,
+        interval_ms: args.num("--interval-ms", 0u64),
+        claimed: AtomicU64::new(0),
+        count,
+        warm_end: Instant::now(),
+        end: Instant::now(),
+    };
+    // `--open-first`: every worker's connection and session are opened before the clock starts
+    // (a proxy that starts a child per session does so outside the measured window).
+    let mut first: Vec<Option<(Sender, Option<String>)>> = Vec::new();
+    if args.0.iter().any(|a| a == "--open-first") {
+        let opened = futures_join(
+            (0..common.concurrency)
+                .map(|_| open(&ctx))
+                .collect::<Vec<_>>(),
+        )
+        .await;
+        first = opened.into_iter().map(Result::ok).collect();
+    }
+    first.resize_with(common.concurrency, || None);
     let start = Instant::now();
     let (warm_end, end) = if count > 0 {
         (start, start + Duration::from_secs(3600))
@@ -820,19 +1144,14 @@ async fn run_loop(args: &Args, common: &Common, scenario: Scenario, target: Targ
         let w = start + Duration::from_secs_f64(warmup);
         (w, w + Duration::from_secs_f64(duration))
     };
-    let ctx = Arc::new(Ctx {
-        target,
-        scenario,
-        session,
-        interval_ms: args.num("--interval-ms", 0u64),
-        claimed: AtomicU64::new(0),
-        count,
-        warm_end,
-        end,
-    });
+    ctx.warm_end = warm_end;
+    ctx.end = end;
+    let ctx = Arc::new(ctx);
     let cpu_before_count = cpu_us(&common.cpu_pids);
-    let handles: Vec<_> = (0..common.concurrency)
-        .map(|i| tokio::spawn(worker(ctx.clone(), i)))
+    let handles: Vec<_> = first
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| tokio::spawn(worker(ctx.clone(), i, c)))
         .collect();
     let (cpu0, cpu1, measured_from, measured_to);
     if count > 0 {
@@ -844,13 +1163,15 @@ async fn run_loop(args: &Args, common: &Common, scenario: Scenario, target: Targ
         }
         measured_to = Instant::now();
         cpu1 = cpu_us(&common.cpu_pids);
-        return summarize(
+        let open = open_sessions(&ctx.target, &mut outs);
+        let v = summarize(
             common,
             scenario,
             outs,
             measured_to - measured_from,
             cpu1 - cpu0,
         );
+        return (v, open);
     }
     tokio::time::sleep_until(warm_end.into()).await;
     cpu0 = cpu_us(&common.cpu_pids);
@@ -860,7 +1181,11 @@ async fn run_loop(args: &Args, common: &Common, scenario: Scenario, target: Targ
     for h in handles {
         outs.push(h.await.expect("worker"));
     }
-    summarize(common, scenario, outs, end - warm_end, cpu1 - cpu0)
+    let open = open_sessions(&ctx.target, &mut outs);
+    (
+        summarize(common, scenario, outs, end - warm_end, cpu1 - cpu0),
+        open,
+    )
 }
 
 fn summarize(
@@ -1123,7 +1448,11 @@ fn append_json(args: &Args, v: &Value) {
 
 fn cmd_run(args: &Args) {
     let scenario = Scenario::parse(&args.need("--scenario"));
-    let target = Target::parse(&args.need("--url"));
+    let stdio_cmd = args.get("--stdio");
+    let mut target = match &stdio_cmd {
+        Some(_) => Target::parse("http://stdio/"),
+        None => Target::parse(&args.need("--url")),
+    };
     let common = Common {
         case: args
             .get("--case")
@@ -1146,17 +1475,45 @@ fn cmd_run(args: &Args) {
             .build()
     }
     .expect("tokio runtime");
-    let mut v = runtime.block_on(async {
+    if let Some(cmd) = &stdio_cmd {
+        if !matches!(
+            scenario,
+            Scenario::Small | Scenario::Lifecycle | Scenario::Create
+        ) {
+            die("--stdio runs the scenarios small, lifecycle and create");
+        }
+        let client = runtime
+            .block_on(StdioClient::spawn(cmd))
+            .unwrap_or_else(|e| die(&e.to_string()));
+        eprintln!("loadgen: stdio child {} (pid {})", cmd, client.pid);
+        target.stdio = Some(client);
+    }
+    let (mut v, open) = runtime.block_on(async {
         match scenario {
-            Scenario::Cancel => run_cancel(args, &common, target).await,
-            Scenario::ListWalk => run_list_walk(args, &common, target).await,
-            _ => run_loop(args, &common, scenario, target).await,
+            Scenario::Cancel => (run_cancel(args, &common, target.clone()).await, Vec::new()),
+            Scenario::ListWalk => (
+                run_list_walk(args, &common, target.clone()).await,
+                Vec::new(),
+            ),
+            _ => run_loop(args, &common, scenario, target.clone()).await,
         }
     });
-    drop(runtime);
+    // Before the connections close: a stdio child (this process's) and the children a proxy
+    // keeps per session are still there to be counted as the benchmark's own.
     if let Some(others) = others {
         others.finish(&mut v);
     }
+    if args.0.iter().any(|a| a == "--close-sessions") {
+        runtime.block_on(async {
+            for (t, mut sender, session) in open {
+                let _ = t.delete(&mut sender, &session).await;
+            }
+        });
+    } else {
+        drop(open);
+    }
+    drop(target);
+    drop(runtime);
     if let Some(rep) = args.get("--rep") {
         v["rep"] = json!(rep.parse::<u64>().unwrap_or(0));
     }
@@ -1310,7 +1667,7 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// The paths of a case, in table order.
-const TARGETS: [&str; 8] = [
+const TARGETS: [&str; 9] = [
     "direct",
     "nginx",
     "hyper",
@@ -1319,6 +1676,7 @@ const TARGETS: [&str; 8] = [
     "taskgate-bridged",
     "taskgate-sled",
     "taskgate-pg",
+    "supergateway",
 ];
 
 fn median(xs: &mut [f64]) -> f64 {
@@ -1490,8 +1848,11 @@ fn cmd_report(args: &Args) {
                 }
             }
         }
-        // Scenarios 7, 9 and 10 compare taskgates with one another; nginx takes no part there.
-        let taskgates_only = ["7.", "9.", "10."].iter().any(|p| case.starts_with(p));
+        // Scenarios 7, 9 and 10 compare taskgates with one another, 11 stdio paths; nginx takes
+        // no part there.
+        let taskgates_only = ["7.", "9.", "10.", "11."]
+            .iter()
+            .any(|p| case.starts_with(p));
         if find(case, "nginx").is_none() && !taskgates_only {
             md.push_str("\n(nginx skipped: not installed)\n");
         }
@@ -1582,8 +1943,41 @@ fn cmd_report(args: &Args) {
             ));
         }
     }
+    // Scenario 11 (issue 31): the stdio paths side by side.
+    let stdio: Vec<&String> = cases.iter().filter(|c| c.starts_with("11.")).collect();
+    if !stdio.is_empty() {
+        md.push_str("\n### 11. stdio upstream: taskgate beside supergateway and the direct stdio client (medians)\n\n");
+        md.push_str("Requests per second (lifecycle: of its 12 requests) and proxy CPU per request; `direct` is loadgen driving the server's stdio itself (no HTTP, no proxy).\n\n");
+        md.push_str("| case | direct req/s | taskgate req/s | supergateway req/s | taskgate ÷ direct | taskgate ÷ supergateway | taskgate CPU µs/req | supergateway CPU µs/req | taskgate ÷ supergateway CPU |\n|---|---|---|---|---|---|---|---|---|\n");
+        for c in stdio {
+            let get = |t: &str, k: &str| find(c, t).map_or(f64::NAN, |v| f(&v, k));
+            let (d, t, s) = (
+                get("direct", "req_per_s"),
+                get("taskgate", "req_per_s"),
+                get("supergateway", "req_per_s"),
+            );
+            let (tc, sc) = (
+                get("taskgate", "cpu_us_per_req"),
+                get("supergateway", "cpu_us_per_req"),
+            );
+            md.push_str(&format!(
+                "| {c} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                fmt(d, 0),
+                fmt(t, 0),
+                fmt(s, 0),
+                ratio(t, d),
+                ratio(t, s),
+                fmt(tc, 1),
+                fmt(sc, 1),
+                ratio(tc, sc),
+            ));
+        }
+    }
     // Goals (issue 15: throughput and CPU against nginx; the SSE and lifecycle bounds).
-    md.push_str("\n### Goals\n\n| goal | measured | met |\n|---|---|---|\n");
+    // The goal rows go to `md` after this header; a run without any (scenario 11 alone) drops it.
+    let goals_header = "\n### Goals\n\n| goal | measured | met |\n|---|---|---|\n";
+    md.push_str(goals_header);
+    let goals_at = md.len();
     let yes = |ok: bool| if ok { "yes" } else { "**no**" };
     for c in cases.iter().filter(|c| c.starts_with("1. small")) {
         let conc = c.rsplit("c=").next().unwrap_or("?");
@@ -1670,6 +2064,9 @@ fn cmd_report(args: &Args) {
             fmt(ready_ms, 1),
             yes(ready_ms <= 1000.0)
         ));
+    }
+    if md.len() == goals_at {
+        md.truncate(goals_at - goals_header.len());
     }
     // Issue 15: how quiet the machine was.
     let quiet_pct = args.num("--quiet-pct", 10.0f64);

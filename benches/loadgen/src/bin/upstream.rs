@@ -1,7 +1,8 @@
 //! A fast MCP upstream (Streamable HTTP, 2025-11-25) for taskgate's benchmark.
 //!
 //! `upstream [--listen 127.0.0.1:0] [--threads 1]` prints `{"listening":"ADDR"}` on stdout once
-//! bound, then serves until killed.
+//! bound, then serves until killed. `upstream --stdio` serves the same answers over stdin/stdout
+//! (newline-delimited JSON-RPC, MCP's stdio transport) until stdin ends (scenario 11).
 //!
 //! `POST /mcp`:
 //! - `initialize`: a result with `capabilities.tasks` (list, cancel, requests.tools.call) and an
@@ -273,7 +274,6 @@ impl State {
     }
 
     async fn post(self: Arc<Self>, req: Request<Incoming>) -> Response<OutBody> {
-        self.requests.fetch_add(1, Ordering::Relaxed);
         let version_header = req
             .headers()
             .get("mcp-protocol-version")
@@ -283,6 +283,17 @@ impl State {
             Ok(c) => c.to_bytes(),
             Err(_) => return json_response(StatusCode::BAD_REQUEST, vec![]),
         };
+        self.answer(version_header, bytes).await
+    }
+
+    /// One JSON-RPC message (a POST body, or a line on stdin with `--stdio`), answered as the
+    /// HTTP response would be: 202 for a notification or a response, else a JSON or SSE body.
+    async fn answer(
+        self: Arc<Self>,
+        version_header: Option<String>,
+        bytes: Bytes,
+    ) -> Response<OutBody> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
         let msg: Value = match serde_json::from_slice(&bytes) {
             Ok(v) => v,
             Err(e) => {
@@ -536,8 +547,121 @@ fn arg(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
+fn new_state() -> Arc<State> {
+    Arc::new(State {
+        tasks: Mutex::new(HashMap::new()),
+        next_task: AtomicU64::new(1),
+        next_session: AtomicU64::new(1),
+        requests: AtomicU64::new(0),
+        cancels: AtomicU64::new(0),
+        small_result: Bytes::from(format!("\"result\":{}}}", tool_result(SMALL_TEXT_LEN))),
+        big_result: Bytes::from(format!("\"result\":{}}}", tool_result(BIG_TEXT_LEN))),
+        boot: now_ms() & 0xffff_ffff,
+    })
+}
+
+/// The answer's JSON-RPC messages as stdio lines (each ending in `\n`), appended to `out`: a JSON
+/// body is one line, an SSE body one line per event's `data`, a 202 none.
+async fn answer_lines(resp: Response<OutBody>, out: &mut Vec<u8>) {
+    if resp.status() == StatusCode::ACCEPTED {
+        return;
+    }
+    let sse = resp
+        .headers()
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    match resp.into_body() {
+        OutBody::Chunks(parts, _) => {
+            for p in parts {
+                out.extend_from_slice(&p);
+            }
+            out.push(b'\n');
+        }
+        OutBody::Chan(mut rx) => {
+            while let Some(ev) = rx.recv().await {
+                for line in ev.split(|&b| b == b'\n') {
+                    if let Some(data) = line.strip_prefix(b"data: ") {
+                        out.extend_from_slice(data);
+                        out.push(b'\n');
+                    }
+                }
+            }
+            debug_assert!(sse);
+        }
+    }
+}
+
+/// `--stdio`: MCP over stdin/stdout (newline-delimited JSON-RPC, the stdio transport) with the
+/// same answers as `POST /mcp` (scenario 11: taskgate's stdio upstream, its direct client, and
+/// supergateway). The reading thread answers every message that is ready at once (all but a
+/// `tasks/result` of a `working` task and `progress` with `interval_ms`) inline, and writes the
+/// answers when no more input is buffered (one `write` for a batch); a message that has to wait
+/// is finished on a second thread's runtime. Ends at EOF on stdin.
+fn serve_stdio(state: Arc<State>) {
+    use std::future::Future;
+    use std::io::{BufRead, Read};
+    let background = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let stdout = Arc::new(Mutex::new(std::io::stdout()));
+    let write = |stdout: &Mutex<std::io::Stdout>, buf: &[u8]| {
+        let out = stdout.lock().expect("stdout");
+        let mut out = out.lock();
+        if out.write_all(buf).and_then(|()| out.flush()).is_err() {
+            std::process::exit(0); // the reader is gone
+        }
+    };
+    let mut input = std::io::BufReader::with_capacity(256 * 1024, std::io::stdin().lock());
+    let mut line = Vec::with_capacity(4096);
+    let mut pending_out = Vec::with_capacity(64 * 1024);
+    let _enter = background.enter();
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    loop {
+        line.clear();
+        match input.by_ref().read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let msg = line.trim_ascii();
+        if !msg.is_empty() {
+            let mut fut = Box::pin({
+                let state = state.clone();
+                let msg = Bytes::copy_from_slice(msg);
+                async move {
+                    let mut out = Vec::new();
+                    answer_lines(state.answer(None, msg).await, &mut out).await;
+                    out
+                }
+            });
+            match fut.as_mut().poll(&mut cx) {
+                Poll::Ready(out) => pending_out.extend_from_slice(&out),
+                Poll::Pending => {
+                    let stdout = stdout.clone();
+                    background.spawn(async move {
+                        let out = fut.await;
+                        write(&stdout, &out);
+                    });
+                }
+            }
+        }
+        if input.buffer().is_empty() && !pending_out.is_empty() {
+            write(&stdout, &pending_out);
+            pending_out.clear();
+        }
+    }
+    if !pending_out.is_empty() {
+        write(&stdout, &pending_out);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--stdio") {
+        serve_stdio(new_state());
+        return;
+    }
     let listen = arg(&args, "--listen").unwrap_or_else(|| "127.0.0.1:0".into());
     let threads: usize = arg(&args, "--threads")
         .map(|t| t.parse().expect("--threads N"))
@@ -550,16 +674,7 @@ fn main() {
     runtime.block_on(async move {
         let listener = TcpListener::bind(&listen).await.expect("bind");
         let addr = listener.local_addr().expect("bound");
-        let state = Arc::new(State {
-            tasks: Mutex::new(HashMap::new()),
-            next_task: AtomicU64::new(1),
-            next_session: AtomicU64::new(1),
-            requests: AtomicU64::new(0),
-            cancels: AtomicU64::new(0),
-            small_result: Bytes::from(format!("\"result\":{}}}", tool_result(SMALL_TEXT_LEN))),
-            big_result: Bytes::from(format!("\"result\":{}}}", tool_result(BIG_TEXT_LEN))),
-            boot: now_ms() & 0xffff_ffff,
-        });
+        let state = new_state();
         {
             let mut out = std::io::stdout().lock();
             let _ = writeln!(
