@@ -18,7 +18,7 @@ use crate::layers::gateway_tasks::{GatewayTasksLayer, GatewayTasksState};
 use crate::layers::held_sessions::{HeldSessions, HeldSessionsLayer};
 use crate::layers::ids::IdsLayer;
 use crate::layers::observe::ObserveLayer;
-use crate::layers::session::{SessionLayer, Sessions};
+use crate::layers::session::{HandDown, SessionLayer, Sessions};
 use crate::layers::session_guard::SessionGuardLayer;
 use crate::layers::tasks::TasksLayer;
 use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};
@@ -115,6 +115,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let telemetry = start_telemetry(&config, &metrics)?;
     let (store, sled) = open_store(&config, &metrics).await?;
     let registry = open_registry(&config, &store, &metrics).await?;
+    if let Some(telemetry) = &telemetry {
+        registry.trace_with(telemetry.clone());
+    }
     let shared = Shared {
         sessions: session_table(&config, &store),
         registry: registry.clone(),
@@ -284,11 +287,7 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
     let upstream = upstream.traced(shared.telemetry.as_ref(), u);
     let name = upstream.name().clone();
     let timeout = Duration::from_millis(u.timeout_ms);
-    let upgrade_state = UpgradeState::new(
-        shared.registry.clone(),
-        shared.upgrade.clone(),
-        timeout,
-    );
+    let upgrade_state = UpgradeState::new(shared.registry.clone(), shared.upgrade.clone(), timeout);
     let cancel_state = CancelState::new(shared.registry.clone(), timeout);
     // Below `upgrade`: what its own requests (and the orphan sweep's) go through.
     let inner = tower::ServiceBuilder::new()
@@ -326,12 +325,19 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
         state: upgrade_state.clone(),
         stack: McpStack::new(inner.clone()),
     });
+    // What is known of a session goes down on every request `upgrade` or a layer below reads.
+    let hand_down = if shared.upgrade.enabled {
+        HandDown::Every
+    } else {
+        HandDown::AllButPlainCalls
+    };
     let stack = tower::ServiceBuilder::new()
         .layer(
             SessionGuardLayer::new(shared.sessions.clone(), shared.authenticated)
-                .defer_deletes(shared.registry.clone()),
+                .defer_deletes(shared.registry.clone())
+                .hand_down(hand_down),
         )
-        .layer(SessionLayer::new(shared.sessions.clone()))
+        .layer(SessionLayer::new(shared.sessions.clone()).hand_down(hand_down))
         .layer(UpgradeLayer::new(upgrade_state))
         .service(inner);
     BuiltStack {

@@ -51,6 +51,7 @@ fn record(upstream: &str, task_id: &str, owner: &str, recorded_at: u64) -> TaskR
         tool_error: false,
         era: Era::Legacy,
         terminal_result: None,
+        trace_parent: None,
         expires_at: recorded_at + 60_000,
     }
 }
@@ -80,6 +81,12 @@ async fn contract(store: Arc<dyn TaskStore>) {
         store.create(r.clone()).await.unwrap();
         assert_eq!(store.get(&origins, &id).unwrap().unwrap(), r);
     }
+    // A task's creating span (issue 34) reads back as written; records without one (every
+    // record above, and those written before traces) read back without one.
+    let mut traced = record(&origins, "traced", "carol", t0);
+    traced.trace_parent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
+    store.create(traced.clone()).await.unwrap();
+    assert_eq!(store.get(&origins, "traced").unwrap().unwrap(), traced);
 
     // update: (before, after); a change refused leaves it; unknown → None.
     let (before, after) = store

@@ -212,6 +212,7 @@ async fn store_big_records(url: &str, owner: &taskgate::store::Owner) {
             expires_at: u64::MAX / 4,
             era: Era::Legacy,
             terminal_result: (status == TaskStatus::Completed).then(|| result.clone()),
+            trace_parent: None,
             tool_error: false,
         };
         store.create(record).await.unwrap();

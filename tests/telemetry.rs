@@ -117,7 +117,7 @@ fn parents_seen(req: &RecordedRequest) -> (Option<String>, Option<String>) {
 async fn a_2025_task_lifecycle_is_one_trace_through_taskgate() {
     let rx = receiver().await;
     let up = TaskServer::default().await;
-    let cfg = TgConfig::new(&up.url());
+    let cfg = TgConfig::new(&up.url()).tasks("release_quiet_ms = 50");
     let tail = telemetry_toml(&rx);
     let tg = Tg::start(|store| cfg.to_toml(store) + &tail).await;
     let mut c = tg.client();
@@ -147,6 +147,11 @@ async fn a_2025_task_lifecycle_is_one_trace_through_taskgate() {
         .received("tasks/get")
         .pop()
         .expect("tasks/get went upstream");
+    let released = eventually(STEP, || async {
+        tg.record(&task).filter(|r| r.released_at.is_some())
+    })
+    .await
+    .expect("resources released");
     let all = stop_and_collect(tg, &rx).await;
 
     assert!(all.iter().all(|(service, _)| service == "tg-test"));
@@ -215,6 +220,33 @@ async fn a_2025_task_lifecycle_is_one_trace_through_taskgate() {
     let cancel = find(&all, SpanKind::Server, "tasks/cancel");
     assert_eq!(cancel.len(), 1);
     assert_eq!(attr(cancel[0], "mcp.task.id"), Some(task.clone()));
+
+    // The task's life: the creating span carries its id and is kept in the record; the later
+    // requests link to it; the two audit facts are span events in its trace, linked to it.
+    assert_eq!(attr(server, "mcp.task.id"), Some(task.clone()));
+    let creating = format!("00-{META_TRACE}-{}-01", hex(&server.span_id));
+    assert_eq!(released.trace_parent.as_deref(), Some(creating.as_str()));
+    let links_to_creation = |s: &Span| {
+        s.links
+            .iter()
+            .any(|l| l.trace_id == server.trace_id && l.span_id == server.span_id)
+    };
+    assert!(links_to_creation(get_server[0]), "{:#?}", get_server[0]);
+    assert!(links_to_creation(get_client[0]));
+    assert!(links_to_creation(cancel[0]));
+    for fact in ["mcp.task.status_cancelled", "mcp.task.resources_released"] {
+        let spans = find(&all, SpanKind::Internal, fact);
+        assert_eq!(spans.len(), 1, "{fact}: {all:#?}");
+        let s = spans[0];
+        assert_eq!(s.trace_id, server.trace_id, "{fact}");
+        assert_eq!(s.parent_span_id, server.span_id, "{fact}");
+        assert!(links_to_creation(s), "{fact}");
+        assert_eq!(attr(s, "mcp.task.id"), Some(task.clone()));
+        assert_eq!(
+            s.events.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+            vec![fact]
+        );
+    }
 }
 
 /// A 2026-07-28 task: the parent from the HTTP header alone (no `_meta.traceparent`); the
@@ -258,6 +290,7 @@ async fn a_2026_task_lifecycle_takes_its_parent_from_the_header() {
     assert_eq!(hex(&server.trace_id), HEADER_TRACE);
     assert_eq!(hex(&server.parent_span_id), HEADER_SPAN);
     assert!(server.links.is_empty());
+    assert_eq!(attr(server, "mcp.task.id"), Some(task.clone()));
     assert_eq!(
         attr(server, "mcp.protocol.version").as_deref(),
         Some("2026-07-28")

@@ -53,6 +53,9 @@ pub struct Registry {
     records: cache::RecordCache,
     /// Where store work runs, off the runtime and off its blocking pool (see `offload`).
     threads: offload::StoreThreads,
+    /// The trace export, when `[telemetry]` is on: the two audit facts become span events
+    /// linked to the task's creating span (issue 34). Set once, at start.
+    telemetry: std::sync::OnceLock<crate::telemetry::Telemetry>,
 }
 
 impl Registry {
@@ -129,6 +132,7 @@ impl Registry {
             releases: Arc::new(Releases::new(weak.clone(), quiet)),
             config,
             threads,
+            telemetry: std::sync::OnceLock::new(),
         });
         for (up, id) in unreleased {
             registry
@@ -329,7 +333,26 @@ impl Registry {
     }
 
     /// Appends an audit event and logs it with target `taskgate::audit`.
+    /// Traces the audit facts through `telemetry` from now on (issue 34; once, at start).
+    pub fn trace_with(&self, telemetry: crate::telemetry::Telemetry) {
+        let _ = self.telemetry.set(telemetry);
+    }
+
     fn audit(&self, record: &TaskRecord, event: &str, detail: String) {
+        if let Some(telemetry) = self.telemetry.get() {
+            let fact = match event {
+                "status_cancelled" => Some(crate::telemetry::semconv::EVENT_STATUS_CANCELLED),
+                "resources_released" => Some(crate::telemetry::semconv::EVENT_RESOURCES_RELEASED),
+                _ => None,
+            };
+            if let Some(fact) = fact {
+                let creating = record
+                    .trace_parent
+                    .as_deref()
+                    .and_then(crate::telemetry::restored);
+                telemetry.task_fact(fact, &record.task_id, creating.as_ref());
+            }
+        }
         tracing::info!(
             target: "taskgate::audit",
             upstream = %record.upstream,

@@ -180,6 +180,11 @@ pub struct TaskRecord {
     /// does.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tool_error: bool,
+    /// The W3C `traceparent` of the span that created the task (the creating request's SERVER
+    /// span, `[telemetry]` on; issue 34): its later requests, taskgate's own polls and its audit
+    /// facts link to it. Absent in records written without traces (and before them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_parent: Option<String>,
 }
 
 /// What start-up counting needs of a record ([`super::TaskStore::scan_heads`]): the key, the
@@ -324,5 +329,8 @@ mod tests {
         let again = serde_json::to_vec(&r).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&again).unwrap();
         assert_eq!(v["owner"], "session:sess-1");
+        // Without traces (issue 34) there is no creating span, and none is written back.
+        assert_eq!(r.trace_parent, None);
+        assert!(v.get("trace_parent").is_none());
     }
 }

@@ -127,6 +127,8 @@ enum Expect {
         undo: Option<Undo>,
         /// The `bridge`'s [`PlainAnswerIsTask`]: a plain result is a `completed` task.
         plain: Option<Fact<SynthesizedTask>>,
+        /// The creating request's span (`[telemetry]` on), given `mcp.task.id` once recorded.
+        trace: Option<crate::telemetry::RequestTrace>,
     },
     /// The reply to `tasks/get|result|cancel` about `task_id`.
     TaskReply {
@@ -158,6 +160,10 @@ impl Expect {
                             .extensions
                             .remove::<PlainAnswerIsTask>()
                             .map(|p| p.recorded),
+                        trace: req
+                            .extensions
+                            .get::<crate::telemetry::RequestTrace>()
+                            .cloned(),
                     },
                     None => Expect::Nothing,
                 }
@@ -420,6 +426,7 @@ impl Watch {
                 pending,
                 undo,
                 plain,
+                trace,
             } => {
                 // The bridge's task call: a plain result is a completed task (`bridged`); any
                 // other answer is read as a creation, from the one parse.
@@ -431,6 +438,12 @@ impl Watch {
                     }
                 }
                 let (out, created) = self.on_creation(bytes, parsed, &id, pending, undo).await;
+                if let (Some(trace), Some(task_id)) = (&trace, &created) {
+                    trace.set(crate::telemetry::KeyValue::new(
+                        crate::telemetry::semconv::MCP_TASK_ID,
+                        task_id.clone(),
+                    ));
+                }
                 if let (Some(task_id), true) = (created, in_stream) {
                     // The creation's own stream relays the task's messages from now on.
                     let hold = self.registry.releases().hold(&self.upstream, &task_id);

@@ -373,6 +373,7 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
         return Err(McpReply::local_json(not_found.response(Some(&id)))
             .answered_locally(LocalReason::TaskNotFound));
     };
+    link_creating_span(req, &record);
     // A bridged (2026-07-28) record holds a `DetailedTask`: the `bridge` layer answers from it.
     if method == Some(TaskMethod::Result)
         && record.status.is_terminal()
@@ -509,7 +510,30 @@ fn template(req: &McpRequest, owner: Owner, tool: Option<String>) -> TaskRecord 
         era: crate::mcp::era::Era::Legacy,
         terminal_result: None,
         expires_at: 0,
+        // The creating request's SERVER span, kept in the record (issue 34).
+        trace_parent: req
+            .extensions
+            .get::<crate::telemetry::RequestTrace>()
+            .map(|t| crate::telemetry::stored(t.context())),
     }
+}
+
+/// Links the request's spans to the span that created `record`'s task (issue 34): the SERVER
+/// span the edge made (when tracing is on), and through [`TaskLink`](crate::telemetry::TaskLink)
+/// the CLIENT span of its upstream exchange, which for taskgate's own polls is a trace of its
+/// own. Nothing without a stored creating span.
+pub(crate) fn link_creating_span(req: &mut McpRequest, record: &TaskRecord) {
+    let Some(creating) = record
+        .trace_parent
+        .as_deref()
+        .and_then(crate::telemetry::restored)
+    else {
+        return;
+    };
+    if let Some(trace) = req.extensions.get::<crate::telemetry::RequestTrace>() {
+        trace.link(&creating);
+    }
+    req.extensions.insert(crate::telemetry::TaskLink(creating));
 }
 
 /// Removes `result.capabilities.tasks.list` from an `InitializeResult`.

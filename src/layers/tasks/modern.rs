@@ -159,6 +159,7 @@ pub(super) async fn authorise(
             LocalReason::TaskNotFound,
         ));
     };
+    super::link_creating_span(req, &record);
     // A 2025-11-25 task's stored payload is its `tasks/result`, not a `DetailedTask`: the
     // reverse bridge (`bridge::reverse`) builds that one.
     if method == "tasks/get" && record.era == Era::Modern {
