@@ -458,3 +458,56 @@ async fn a_bridged_task_survives_sigkill() {
     );
     assert_eq!(up.count("initialize"), 1, "no new session was needed");
 }
+
+/// A 2026-07-28 client that closes a plain call's stream before the answer cancels it (the 2026
+/// transport's cancel): the upstream gets `notifications/cancelled` naming the request id it
+/// got, on the same session; a call that was answered sends none.
+#[tokio::test]
+async fn a_client_gone_before_the_answer_cancels_the_upstream_request() {
+    let up = legacy_server_with(
+        UpBehaviour::default(),
+        Some(Arc::new(|method, _id, _task, _n| {
+            (method == "tools/call").then(|| {
+                ScriptedResponse::sse(vec![
+                    ev().data(&progress_notification(&json!("p"), 1)).into(),
+                    SseStep::HoldOpen,
+                ])
+            })
+        })),
+    )
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let (_, v) = send(modern_req(&url, None, 1, "tools/list", json!({}))).await;
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    let resp = modern_req(
+        &url,
+        None,
+        2,
+        "tools/call",
+        json!({"name": "plain", "arguments": {}}),
+    )
+    .send()
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut events = resp.sse();
+    let first = events.next_event(STEP).await.json();
+    assert_eq!(first["method"], "notifications/progress", "{first}");
+    drop(events);
+    let cancelled = eventually(STEP, || async {
+        up.received("notifications/cancelled").first().cloned()
+    })
+    .await
+    .expect("notifications/cancelled upstream");
+    let call = up.received("tools/call")[0].clone();
+    assert_eq!(cancelled.json()["params"]["requestId"], call.json()["id"]);
+    assert_eq!(
+        cancelled.header("mcp-session-id"),
+        call.header("mcp-session-id")
+    );
+    assert_eq!(
+        up.count("notifications/cancelled"),
+        1,
+        "tools/list sent none"
+    );
+}

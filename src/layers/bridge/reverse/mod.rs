@@ -53,6 +53,9 @@
 //! - any other request (`tools/list`, `resources/*`, `prompts/*`, …): sent on the session;
 //!   results get `resultType:"complete"`; an SSE answer keeps its notifications, loses the
 //!   upstream's own requests (2026-07-28 has no server→client requests).
+//! - a client that goes away before the answer to a request sent here (a plain `tools/call`,
+//!   any forwarded request): `notifications/cancelled` upstream on the same session, naming the
+//!   request id the upstream got (2026-07-28 transports: closing the stream is the cancel).
 //! - notifications: sent on the session as they are (`_meta` cleaned); responses a client
 //!   POSTs: 202, dropped (no upstream request of this bridge asks a 2026 client anything).
 //! - GET and DELETE: 405 (2026-07-28 has no standalone stream and no sessions).
@@ -624,37 +627,53 @@ fn modern_reply(id: &Id, answer: Option<&Value>, map: impl FnOnce(&Value) -> Val
     }
 }
 
+/// What [`relay`] does with one upstream message.
+enum Relayed {
+    /// Passed as it came (a notification, anything unreadable).
+    Keep,
+    /// Dropped: a request of the upstream's, which has no 2026-07-28 form.
+    Drop,
+    /// The answer, under the client's id.
+    Answer(String),
+}
+
 /// An upstream reply passed to the 2026 client: the answer to `own` under the client's `id`
 /// (its result through `complete_result`), notifications as they came, the upstream's own
-/// requests dropped (2026-07-28 has none), HTTP errors as they came.
-fn relay(reply: McpReply, own: Id, id: Id) -> McpReply {
+/// requests dropped (2026-07-28 has none), HTTP errors as they came. `cancel` is disarmed once
+/// the answer has passed (before that, the client going away cancels the request upstream).
+fn relay(reply: McpReply, own: Id, id: Id, mut cancel: CancelOnDrop) -> McpReply {
     let McpReply {
         status,
         headers,
         body,
         ..
     } = reply;
-    let fix = move |text: &str| -> Option<Option<String>> {
-        let v: Value = serde_json::from_str(text).ok()?;
+    let fix = move |text: &str| -> Relayed {
+        let Ok(v) = serde_json::from_str::<Value>(text) else {
+            return Relayed::Keep;
+        };
         if v.get("method").is_some() {
-            // A request of the upstream's (it has an id) has no 2026 form: dropped.
-            return Some(v.get("id").is_none().then(|| text.to_string()));
+            return match v.get("id") {
+                Some(_) => Relayed::Drop,
+                None => Relayed::Keep,
+            };
         }
-        let answers = v.get("id").map(|i| i.to_string()) == Some(own.as_json().to_string());
-        if !answers {
-            return None;
+        if v.get("id").map(|i| i.to_string()).as_deref() != Some(own.as_json()) {
+            return Relayed::Keep;
         }
         let mut reply = modern_reply(&id, Some(&v), translate::complete_result);
         match std::mem::replace(&mut reply.body, ReplyBody::Empty) {
-            ReplyBody::Json(b) => Some(Some(String::from_utf8_lossy(&b).into_owned())),
-            _ => None,
+            ReplyBody::Json(b) => Relayed::Answer(String::from_utf8_lossy(&b).into_owned()),
+            _ => Relayed::Keep,
         }
     };
+    let mut headers = headers;
+    headers.remove("mcp-session-id");
     let body = match body {
         ReplyBody::Json(bytes) => {
-            let text = String::from_utf8_lossy(&bytes);
-            match fix(&text) {
-                Some(Some(t)) => {
+            cancel.disarm();
+            match fix(&String::from_utf8_lossy(&bytes)) {
+                Relayed::Answer(t) => {
                     let status = serde_json::from_str::<Value>(&t)
                         .ok()
                         .and_then(|v| v.pointer("/error/code").and_then(Value::as_i64))
@@ -668,8 +687,9 @@ fn relay(reply: McpReply, own: Id, id: Id) -> McpReply {
             use futures_util::StreamExt;
             ReplyBody::Stream(Box::pin(events.filter_map(move |mut ev| {
                 let out = match ev.data.as_deref().map(&fix) {
-                    Some(Some(None)) => None,
-                    Some(Some(Some(t))) => {
+                    Some(Relayed::Drop) => None,
+                    Some(Relayed::Answer(t)) => {
+                        cancel.disarm();
                         ev.data = Some(t.into());
                         Some(ev)
                     }
@@ -678,15 +698,56 @@ fn relay(reply: McpReply, own: Id, id: Id) -> McpReply {
                 std::future::ready(out)
             })))
         }
-        other => other,
+        other => {
+            cancel.disarm();
+            other
+        }
     };
-    let mut headers = headers;
-    headers.remove("mcp-session-id");
     McpReply::new(status, headers, body)
 }
 
+/// Sends the upstream `notifications/cancelled` for one of taskgate's requests when dropped
+/// before [`CancelOnDrop::disarm`]: the 2026-07-28 client went away before its answer
+/// (2026-07-28 transports: closing the stream is the cancel; a 2025-11-25 server learns it only
+/// from `notifications/cancelled` with the request id it got, taskgate's own). Sent in the
+/// background on the request's session; nothing waits for it.
+pub(super) struct CancelOnDrop(Option<Box<dyn FnOnce() + Send>>);
+
+impl CancelOnDrop {
+    /// The guard of taskgate's request `own`, sent below `inner`; its session is known once
+    /// [`send`] picked it (the `note` cell its `prepare` fills).
+    fn new<S: McpService>(inner: &S, note: Arc<Mutex<Option<McpRequest>>>) -> CancelOnDrop {
+        let inner = inner.clone();
+        CancelOnDrop(Some(Box::new(move || {
+            let Some(note) = note.lock().take() else {
+                return;
+            };
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                tracing::debug!("2026-07-28 client gone before its answer: notifications/cancelled sent upstream");
+                rt.spawn(async move {
+                    let _ = inner.oneshot(note).await;
+                });
+            }
+        })))
+    }
+
+    /// The answer has passed: nothing to cancel.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(fire) = self.0.take() {
+            fire();
+        }
+    }
+}
+
 /// A request with nothing of its own to translate: sent on the caller's session under an id
-/// taskgate mints, its answer relayed (see [`relay`]).
+/// taskgate mints, its answer relayed (see [`relay`]); the client going away first sends the
+/// upstream `notifications/cancelled` naming that id ([`CancelOnDrop`]).
 async fn forward<S: McpService>(
     state: &ReverseState,
     inner: S,
@@ -702,12 +763,33 @@ async fn forward<S: McpService>(
         p.insert(k.to_string(), v);
     }
     let body = legacy_body(&own, method, p);
-    let strip = |out: &mut McpRequest, _: &UpstreamSession| {
+    let note = Arc::new(Mutex::new(None));
+    let cell = note.clone();
+    let cancelled = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": id_value(&own), "reason": "the 2026-07-28 client closed its request"}});
+    let prepare = move |out: &mut McpRequest, _: &UpstreamSession| {
         out.extensions.remove::<PendingCreation>();
+        let msg =
+            Message::parse(Bytes::from(cancelled.to_string())).expect("a well-formed message");
+        let mut extensions = http::Extensions::new();
+        extensions.insert(Era::Legacy);
+        *cell.lock() = Some(McpRequest {
+            op: Operation::Post(msg),
+            ctx: out.ctx.clone(),
+            extensions,
+        });
     };
-    match send(state, &inner, req, &body, On::Caller, &strip).await? {
-        Ok(reply) => Ok(relay(reply, own, id.clone())),
-        Err(NoSession(reply)) => Ok(reply),
+    let mut cancel = CancelOnDrop::new(&inner, note);
+    match send(state, &inner, req, &body, On::Caller, &prepare).await {
+        Ok(Ok(reply)) => Ok(relay(reply, own, id.clone(), cancel)),
+        Ok(Err(NoSession(reply))) => {
+            cancel.disarm();
+            Ok(reply)
+        }
+        Err(e) => {
+            cancel.disarm();
+            Err(e)
+        }
     }
 }
 
