@@ -369,3 +369,32 @@ async fn kill_9_then_restart_fails_the_working_task() {
         let _ = p2.wait_exit(STEP);
     });
 }
+
+/// 2026-07-28 `tasks/cancel` of a gateway task: the ack, the task `cancelled` at once, and the
+/// held call's stream closed (2026-07-28 has no `notifications/cancelled` over HTTP: closing the
+/// stream is the cancel); a second cancel gets the ack too, and nothing more goes upstream.
+#[tokio::test]
+async fn a_2026_cancel_closes_the_held_stream() {
+    let (up, _gate, tg) = setup(false).await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow").await;
+    assert!(up.wait_for_method("tools/call", 1, STEP).await);
+    let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, v["result"]["resultType"].clone()),
+        (200, json!("complete")),
+        "{v}"
+    );
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Cancelled);
+    assert!(
+        up.wait_for_sse_disconnects(1, STEP).await,
+        "the held stream is closed"
+    );
+    let (_, again) = task_call(&url, None, 3, "tasks/cancel", &t).await;
+    assert_eq!(again["result"]["resultType"], "complete", "{again}");
+    let (_, g) = task_call(&url, None, 4, "tasks/get", &t).await;
+    assert_eq!(g["result"]["status"], "cancelled", "{g}");
+    let released = eventually(STEP, || async { tg.record(&t).and_then(|r| r.released_at) }).await;
+    assert!(released.is_some(), "released once the stream is closed");
+    assert!(up.received("notifications/cancelled").is_empty());
+}
