@@ -341,3 +341,63 @@ async fn off_without_an_endpoint_the_request_goes_as_it_came() {
     assert_eq!(call.body_str(), body);
     assert_eq!(call.header("traceparent"), Some(tp));
 }
+
+/// A stdio child has no header fields: it sees the CLIENT span (`network.transport = "pipe"`)
+/// as its parent in `params._meta.traceparent`, the rest of the message as the client sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_child_sees_the_client_span_in_meta() {
+    let rx = receiver().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let server = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/stdio/fake_server.py");
+    let tail = telemetry_toml(&rx);
+    let tg = Tg::start(|store| {
+        format!(
+            "[gateway]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n[store]\npath = {store:?}\n\n[auth]\nmode = \"none\"\n\n[[upstream]]\nname = \"default\"\ncommand = [\"python3\", {server:?}]\ntimeout_ms = 5000\n\n[upstream.env]\nSTDIO_LOG = {:?}\n{tail}",
+            log.display().to_string()
+        )
+    })
+    .await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let body = json!({"jsonrpc":"2.0","id":5,"method":"tools/call","params":{
+        "name":"echo","arguments":{"text":"hi"}}})
+    .to_string();
+    let answer = c
+        .req(body)
+        .header("traceparent", &traceparent(HEADER_TRACE, HEADER_SPAN))
+        .send()
+        .await
+        .json()
+        .await;
+    assert_eq!(answer["result"]["content"][0]["text"], "hi", "{answer}");
+    let seen: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|m: &Value| m["method"] == "tools/call")
+        .collect();
+    let all = stop_and_collect(tg, &rx).await;
+    let client = find(&all, SpanKind::Client, "tools/call echo");
+    assert_eq!(client.len(), 1, "{all:#?}");
+    assert_eq!(
+        attr(client[0], "network.transport").as_deref(),
+        Some("pipe")
+    );
+    assert_eq!(
+        attr(client[0], "server.address").as_deref(),
+        Some("python3")
+    );
+    assert_eq!(hex(&client[0].trace_id), HEADER_TRACE);
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0]["params"]["_meta"]["traceparent"],
+        format!("00-{HEADER_TRACE}-{}-01", hex(&client[0].span_id))
+    );
+    assert_eq!(seen[0]["params"]["arguments"], json!({"text": "hi"}));
+    let server = find(&all, SpanKind::Server, "tools/call echo");
+    assert_eq!(
+        attr(server[0], "network.transport").as_deref(),
+        Some("pipe")
+    );
+}
