@@ -109,7 +109,9 @@ pub struct PendingCreation {
 pub struct OnBehalfOf(pub crate::store::Owner);
 
 /// Fact down, set by the session stage on a request of a session taskgate knows (see the module
-/// docs): what the layers below act on, so none of them reads the session table.
+/// docs): what the layers below act on, so none of them reads the session table. On every such
+/// request, or with `[upgrade]` off on every one but a plain `tools/call` of a session taskgate
+/// does not hold (`session::HandDown`: no layer reads it there).
 #[derive(Debug, Clone)]
 pub struct SessionView {
     /// The principal that initialized the session (its owner).

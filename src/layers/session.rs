@@ -103,6 +103,39 @@ impl SessionInfo {
 
 type Key = (Arc<str>, Option<SessionKey>);
 
+/// Which requests the session stage hands the [`SessionView`] down on (set in `gateway`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HandDown {
+    /// Every request of a session taskgate knows (what `upgrade` needs: it reads the view of
+    /// every request, and its tool cache learns from every reply).
+    #[default]
+    Every,
+    /// Every request but a plain `tools/call` (no `params.task`) of a session taskgate does not
+    /// hold itself: with `[upgrade]` off no layer below reads the view of one (the `tasks` and
+    /// `held_sessions` rules read it on `tasks/*`, task-augmented calls and held sessions'
+    /// requests), and it is the most frequent request (the fact costs an allocation).
+    AllButPlainCalls,
+}
+
+impl HandDown {
+    /// Whether `req`, of a session taskgate holds itself (`held`) or not, gets the view.
+    pub fn wants(self, req: &McpRequest, held: bool) -> bool {
+        self == HandDown::Every || held || !is_plain_call(req)
+    }
+}
+
+/// A `tools/call` without `params.task` (as the edge classified it).
+fn is_plain_call(req: &McpRequest) -> bool {
+    match &req.op {
+        Operation::Post(msg) if req.request_method() == Some("tools/call") => {
+            crate::mcp::classify::Classified::of(msg)
+                .param("task")
+                .is_none()
+        }
+        _ => false,
+    }
+}
+
 /// The key of a caller's entry in the session table: its `Mcp-Session-Id`; without one (an
 /// upstream without sessions), its bearer principal. Typed, so a client that sends
 /// `Mcp-Session-Id: principal:alice` names a session, never alice's entry.
@@ -275,16 +308,18 @@ impl Sessions {
         session: &HeaderValue,
         principal: &Principal,
     ) -> Access {
-        self.access_view(upstream, session, principal).0
+        self.access_view(upstream, session, principal, |_| false).0
     }
 
     /// [`Sessions::access`], and for its owner what is known of the session (the fact the
-    /// session stage hands down), from one look at the table.
+    /// session stage hands down) when `wants` says so (given whether the session is held), from
+    /// one look at the table.
     pub fn access_view(
         &self,
         upstream: &Arc<str>,
         session: &HeaderValue,
         principal: &Principal,
+        wants: impl FnOnce(bool) -> bool,
     ) -> (Access, Option<SessionView>) {
         let now = self.now();
         let mut table = self.table.lock();
@@ -295,7 +330,7 @@ impl Sessions {
                 self.touch_if_due(upstream, session, info);
                 (
                     Access::Owner(info.protocol_version.clone()),
-                    Some(info.view()),
+                    wants(info.held.is_some()).then(|| info.view()),
                 )
             }
             Some(_) => (Access::Foreign, None),

@@ -33,7 +33,7 @@
 //!   authentication, never forwarded; a stored one the full table has no room for is 503; a
 //!   store that cannot be read is 500 `-32603`.
 
-use super::session::{Access, Revived, SessionKey, Sessions};
+use super::session::{Access, HandDown, Revived, SessionKey, Sessions};
 use crate::exchange::Operation;
 use crate::exchange::{McpReply, McpRequest};
 use crate::jsonrpc::{self, Id};
@@ -54,6 +54,7 @@ pub struct SessionGuardLayer {
     sessions: Arc<Sessions>,
     authenticated: bool,
     deferred: Option<Deferred>,
+    hand_down: HandDown,
 }
 
 /// What deferring a DELETE needs: the registry's live-task counts, and how many wait.
@@ -73,7 +74,14 @@ impl SessionGuardLayer {
             sessions,
             authenticated,
             deferred: None,
+            hand_down: HandDown::Every,
         }
+    }
+
+    /// Which requests get the `SessionView` (every one unless told otherwise).
+    pub fn hand_down(mut self, hand_down: HandDown) -> SessionGuardLayer {
+        self.hand_down = hand_down;
+        self
     }
 
     /// Defers a session's DELETE while its owner has live tasks in `registry` (module docs).
@@ -94,6 +102,7 @@ impl<S> tower::Layer<S> for SessionGuardLayer {
             sessions: self.sessions.clone(),
             authenticated: self.authenticated,
             deferred: self.deferred.clone(),
+            hand_down: self.hand_down,
         }
     }
 }
@@ -105,6 +114,7 @@ pub struct SessionGuard<S> {
     sessions: Arc<Sessions>,
     authenticated: bool,
     deferred: Option<Deferred>,
+    hand_down: HandDown,
 }
 
 fn local(status: StatusCode, id: Option<&Id>, code: i64, message: &str) -> McpReply {
@@ -137,9 +147,12 @@ impl<S> SessionGuard<S> {
             return None;
         }
         let session = req.ctx.client_session_id.as_ref()?;
+        let hand_down = self.hand_down;
         let (access, view) =
             self.sessions
-                .access_view(&req.ctx.upstream, session, &req.ctx.principal);
+                .access_view(&req.ctx.upstream, session, &req.ctx.principal, |held| {
+                    hand_down.wants(req, held)
+                });
         let refuse = match access {
             Access::Owner(version) => {
                 // What is known of the session goes down with the request (`SessionView`).
@@ -251,6 +264,7 @@ where
                 sessions: self.sessions.clone(),
                 authenticated: self.authenticated,
                 deferred: self.deferred.clone(),
+                hand_down: self.hand_down,
             };
             return Either::Right(Box::pin(async move {
                 let session = req

@@ -21,7 +21,8 @@
 //!   `taskgate_local_answers_total{reason="held_session"}`.
 //! - **Policy down**: [`SessionsHeld`] on every request to an upstream whose sessions are held
 //!   (the `bridge` then answers `initialize` from `server/discover` without asking the upstream
-//!   for a session); [`ClientDeclares`] (the input capabilities the session declared) on the
+//!   for a session); [`ClientDeclares`] (the input capabilities the session declared: a held
+//!   session's own, and what the session stage's [`SessionView`] says) on the
 //!   requests for which the `bridge` or the `relay` may ask the client for input: a held
 //!   session's, a task-augmented `tools/call`, a bridged `tasks/result`; [`HeldAlive`] on a held
 //!   session's GET stream and `resources/subscribe` (the `bridge`'s listen state drops entries
@@ -55,9 +56,9 @@ use crate::jsonrpc;
 use crate::layers::bridge::translate;
 use crate::layers::extensions::{
     AuthorisedTask, ClientDeclares, HeldAlive, HeldAnswer, HeldSession, HoldSession,
-    PendingCreation, SessionsHeld,
+    PendingCreation, SessionView, SessionsHeld,
 };
-use crate::layers::session::{session_key, Sessions, HELD_SESSION_PREFIX};
+use crate::layers::session::{Sessions, HELD_SESSION_PREFIX};
 use crate::layers::McpService;
 use crate::mcp::era::Era;
 use crate::metrics::LocalReason;
@@ -176,7 +177,7 @@ impl<S: McpService> tower::Service<McpRequest> for HeldSessionsService<S> {
         if holds {
             req.extensions.insert(SessionsHeld);
         }
-        if let Some(declares) = client_declares(&state.sessions, &req, held.as_deref()) {
+        if let Some(declares) = client_declares(&req, held.as_deref()) {
             req.extensions.insert(declares);
         }
         if let Some(session) = held {
@@ -259,11 +260,7 @@ fn lookup(sessions: &Sessions, req: &McpRequest) -> Lookup {
 /// The input capabilities `req`'s client declared, for the requests that may ask it for input
 /// (a held session's, a task-augmented `tools/call`, a bridged `tasks/result`): its held
 /// session's capabilities, else (or also) what its session's `initialize` declared.
-fn client_declares(
-    sessions: &Sessions,
-    req: &McpRequest,
-    held: Option<&HeldSession>,
-) -> Option<ClientDeclares> {
+fn client_declares(req: &McpRequest, held: Option<&HeldSession>) -> Option<ClientDeclares> {
     let may_ask = held.is_some()
         || req.extensions.get::<PendingCreation>().is_some()
         || (req.request_method() == Some("tasks/result")
@@ -274,10 +271,11 @@ fn client_declares(
     if !may_ask {
         return None;
     }
-    let session = sessions.get(&req.ctx.upstream, session_key(&req.ctx).as_ref());
+    // What the session's `initialize` declared, as the session stage handed it down.
+    let declared = req.extensions.get::<SessionView>().map(|v| v.client);
     let has = |pointer: &str| {
         held.is_some_and(|h| h.client_capabilities.pointer(pointer).is_some())
-            || session.as_ref().is_some_and(|s| s.client_has(pointer))
+            || declared.is_some_and(|c| c.has(pointer))
     };
     Some(ClientDeclares {
         elicitation: has("/elicitation"),

@@ -8,12 +8,22 @@ use futures_util::future::Either;
 #[derive(Clone)]
 pub struct SessionLayer {
     sessions: Arc<Sessions>,
+    hand_down: HandDown,
 }
 
 impl SessionLayer {
-    /// A layer filling `sessions`.
+    /// A layer filling `sessions`, handing the view down on every request.
     pub fn new(sessions: Arc<Sessions>) -> SessionLayer {
-        SessionLayer { sessions }
+        SessionLayer {
+            sessions,
+            hand_down: HandDown::Every,
+        }
+    }
+
+    /// Which requests get the `SessionView` (as `session_guard`'s).
+    pub fn hand_down(mut self, hand_down: HandDown) -> SessionLayer {
+        self.hand_down = hand_down;
+        self
     }
 }
 
@@ -23,6 +33,7 @@ impl<S> tower::Layer<S> for SessionLayer {
         SessionService {
             inner,
             sessions: self.sessions.clone(),
+            hand_down: self.hand_down,
         }
     }
 }
@@ -32,6 +43,7 @@ impl<S> tower::Layer<S> for SessionLayer {
 pub struct SessionService<S> {
     inner: S,
     sessions: Arc<Sessions>,
+    hand_down: HandDown,
 }
 
 impl<S> tower::Service<McpRequest> for SessionService<S>
@@ -67,7 +79,11 @@ where
                 // What is known of the session goes down: `session_guard` handed down the
                 // view of a session the request names; a 2025 request without one is looked
                 // up here (under its principal, or the upstream's facts).
-                if legacy && req.ctx.client_session_id.is_none() {
+                // (An entry without a session id is never a held session.)
+                if legacy
+                    && req.ctx.client_session_id.is_none()
+                    && self.hand_down.wants(&req, false)
+                {
                     let key = session_key(&req.ctx);
                     if let Some(view) = self.sessions.view(&req.ctx.upstream, key.as_ref()) {
                         req.extensions.insert(view);
