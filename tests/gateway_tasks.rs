@@ -398,3 +398,40 @@ async fn a_2026_cancel_closes_the_held_stream() {
     assert!(released.is_some(), "released once the stream is closed");
     assert!(up.received("notifications/cancelled").is_empty());
 }
+
+/// `tasks.max_live_tasks_per_owner` holds for gateway tasks of both eras (taskgate, not the
+/// server, decides that a 2026-07-28 call becomes a task here): one more is `-32029`, and
+/// nothing reaches the server.
+#[tokio::test]
+async fn the_owner_limit_holds_in_both_eras() {
+    let gate = Gate::new();
+    let up = Upstream::start(no_tasks_server(gate.clone())).await;
+    let tg = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .upstream_line("tasks = \"gateway\"")
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    create(&url, None, "slow").await;
+    let (_, v) = send(modern_req(
+        &url,
+        None,
+        2,
+        "tools/call",
+        json!({"name": "slow", "arguments": {}}),
+    ))
+    .await;
+    assert_eq!(err_code(&v), -32029, "{v}");
+    let mut c = tg.client();
+    c.initialize().await;
+    task_id_of(&create_call(&c, "1", "slow").await);
+    let over = create_call(&c, "2", "slow").await;
+    assert_eq!(err_code(&over), -32029, "{over}");
+    assert_eq!(
+        up.received("tools/call").len(),
+        2,
+        "one held call per owner"
+    );
+    gate.open();
+}

@@ -10,8 +10,9 @@ use crate::layers::extensions::PendingCreation;
 use crate::layers::relay::read_to_answer;
 use crate::layers::McpService;
 use crate::mcp::era::Era;
+use crate::mcp::errors::TASK_LIMIT_EXCEEDED;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
-use crate::metrics::LocalReason;
+use crate::metrics::{CreationRefusal, LocalReason};
 use crate::registry::Observed;
 use crate::sse::Event;
 use crate::store::{Origin, TaskRecord};
@@ -51,6 +52,23 @@ pub(super) async fn create<S: McpService>(
             LocalReason::GatewayTask,
         )
     };
+    // A 2026-07-28 call took its slot over the limit (there the server decides whether a call
+    // becomes a task); here taskgate decides, so the limit holds as for a 2025 creation.
+    let limit = state.registry.config().max_live_tasks_per_owner;
+    let owner = &pending.template.owner;
+    if era == Era::Modern && state.registry.owners_count(&req.ctx.upstream, owner) > limit {
+        state
+            .registry
+            .metrics()
+            .task_creation_refused(&req.ctx.upstream, CreationRefusal::OwnerLimit);
+        return Ok(McpReply::era_error(
+            era,
+            Some(&client_id),
+            TASK_LIMIT_EXCEEDED,
+            &format!("Task limit reached: this caller already has {limit} unfinished tasks on upstream `{}` (tasks.max_live_tasks_per_owner); wait for one to finish or cancel one", req.ctx.upstream),
+            LocalReason::OwnerLimit,
+        ));
+    }
     let Some(task_id) = minted_task_id() else {
         return Ok(refuse(
             jsonrpc::INTERNAL_ERROR,
