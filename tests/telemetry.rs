@@ -401,3 +401,54 @@ async fn a_stdio_child_sees_the_client_span_in_meta() {
         Some("pipe")
     );
 }
+
+/// An upgraded call: the plain `tools/call` the client sent is the task's creating span; the
+/// CLIENT spans of taskgate's own `tasks/get`/`tasks/result` polls link to it and carry its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_calls_polls_link_to_the_clients_call() {
+    let rx = receiver().await;
+    let up = UpServer::start(UpBehaviour {
+        task_ms: Some(300),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let cfg = UgConfig::new(&up.url());
+    let tail = telemetry_toml(&rx);
+    let tg = Tg::start(|store| cfg.to_toml(store) + &tail).await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let _ = c.rpc(rpc("\"list\"", "tools/list", "{}")).await;
+    let id = json!(9);
+    let body = call_body("9", "research", None);
+    let out = call(&c, &body, &id).await;
+    assert_eq!(out.answer["id"], id, "{out:?}");
+    let task = up.task_of_request(&id).expect("an upstream task");
+    let record = tg.record(&task).expect("recorded");
+    let all = stop_and_collect(tg, &rx).await;
+
+    let server = find(&all, SpanKind::Server, "tools/call research");
+    assert_eq!(server.len(), 1, "{all:#?}");
+    let server = server[0];
+    assert_eq!(attr(server, "mcp.task.id"), Some(task.clone()));
+    assert_eq!(
+        record.trace_parent,
+        Some(format!(
+            "00-{}-{}-01",
+            hex(&server.trace_id),
+            hex(&server.span_id)
+        ))
+    );
+    let polls: Vec<&Span> = ["tasks/get", "tasks/result"]
+        .iter()
+        .flat_map(|m| find(&all, SpanKind::Client, m))
+        .collect();
+    assert!(!polls.is_empty(), "{all:#?}");
+    for poll in polls {
+        assert_eq!(attr(poll, "mcp.task.id"), Some(task.clone()));
+        assert!(
+            poll.links
+                .iter()
+                .any(|l| l.trace_id == server.trace_id && l.span_id == server.span_id),
+            "{poll:#?}"
+        );
+    }
+}

@@ -405,6 +405,18 @@ pub fn with_meta_traceparent(msg: &Message, traceparent: &str) -> Option<Message
 #[derive(Debug, Clone)]
 pub struct TaskLink(pub SpanContext);
 
+/// Copies the trace facts of a client's request (its [`RequestTrace`], its [`TaskLink`]) to a
+/// request a layer makes for it (the bridge's polls of a `tasks/result`), so that request's
+/// CLIENT span is a child of the client's SERVER span and links to the task's creation.
+pub fn carry(from: &http::Extensions, to: &mut http::Extensions) {
+    if let Some(trace) = from.get::<RequestTrace>() {
+        to.insert(trace.clone());
+    }
+    if let Some(link) = from.get::<TaskLink>() {
+        to.insert(link.clone());
+    }
+}
+
 /// A task's creating span as its record keeps it (a `traceparent`).
 pub fn stored(context: &SpanContext) -> String {
     propagation::traceparent(context)

@@ -495,10 +495,12 @@ fn internal_request(req: &McpRequest, id: &Id, method: &str, task_id: &str) -> M
         Value::String(method.to_string()),
         json!({ "taskId": task_id })
     );
+    let mut extensions = http::Extensions::new();
+    crate::telemetry::carry(&req.extensions, &mut extensions);
     McpRequest {
         op: Operation::Post(Message::parse(Bytes::from(text)).expect("a well-formed request")),
         ctx: req.ctx.clone(),
-        extensions: http::Extensions::new(),
+        extensions,
     }
 }
 
