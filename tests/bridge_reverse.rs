@@ -511,3 +511,69 @@ async fn a_client_gone_before_the_answer_cancels_the_upstream_request() {
         "tools/list sent none"
     );
 }
+
+/// An upstream task that goes `input_required` and asks on its `tasks/result` stream (as the
+/// 1.x SDKs deliver a task's elicitation): the 2026 client sees the request in
+/// `inputRequests` (keyed by its id), answers it with `tasks/update`, the upstream gets the
+/// JSON-RPC response to its request (with the related-task `_meta`), and the task completes.
+#[tokio::test]
+async fn input_required_is_shown_as_input_requests_and_answered_with_tasks_update() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            ask: Some("elicitation/create"),
+            task_ms: Some(100),
+            ..UpBehaviour::default()
+        },
+        // The 1.x SDKs set `input_required` before anyone opens `tasks/result`.
+        Some(Arc::new(|method, id, task_id, n| {
+            (method == "tasks/get" && n == 1).then(|| {
+                let now = format_rfc3339_ms(now_ms());
+                ScriptedResponse::json(rpc_result(
+                    id,
+                    &json!({"taskId": task_id, "status": "input_required", "createdAt": now,
+                        "lastUpdatedAt": now, "ttl": 60000, "pollInterval": 100})
+                    .to_string(),
+                ))
+            })
+        })),
+    )
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    let (status, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["status"], "input_required", "{v}");
+    let key = format!("ask-{t}");
+    let asked = &v["result"]["inputRequests"][&key];
+    assert_eq!(asked["method"], "elicitation/create", "{v}");
+    assert_eq!(asked["params"]["message"], "Which one?", "{v}");
+    let (status, v) = send(modern_req(
+        &url,
+        None,
+        3,
+        "tasks/update",
+        json!({"taskId": t, "inputResponses": {
+            key.clone(): {"action": "accept", "content": {"choice": "b"}},
+            "unknown-key": {"action": "decline"}
+        }}),
+    ))
+    .await;
+    assert_eq!(
+        (status, v["result"].clone()),
+        (200, json!({"resultType": "complete"})),
+        "{v}"
+    );
+    let answer = up.task(&t).answer.expect("the upstream got the answer");
+    assert_eq!(answer["id"], json!(key), "{answer}");
+    assert_eq!(answer["result"]["content"]["choice"], "b", "{answer}");
+    assert_eq!(
+        answer["result"]["_meta"][RELATED]["taskId"],
+        json!(t),
+        "{answer}"
+    );
+    let done = until_terminal(&url, None, &t).await;
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert!(done["result"]["result"]["content"].is_array(), "{done}");
+}

@@ -19,8 +19,12 @@
 //   10 cancel-ack             tasks/cancel of a working task answers {"resultType":"complete"}
 //   11 cancelled              the cancelled task then reads "cancelled"
 //   12 cancel-terminal-ack    tasks/cancel of a terminal task is acknowledged, not an error
-//   (13 foreign-refused       with --foreign-bearer: another principal's tasks/get and tasks/cancel of
-//                             the step-5 task get -32602 (a gateway's owner binding; not counted in 12))
+// Beyond the twelve (printed apart):
+//   input-update              ask_task goes input_required and asks on its tasks/result stream: the
+//                             request shows in tasks/get inputRequests, tasks/update answers it, the
+//                             task completes with the answer
+//   foreign-refused           with --foreign-bearer: another principal's tasks/get and tasks/cancel of
+//                             the step-5 task get -32602 (a gateway's owner binding)
 //
 // Every request is a stateless 2026-07-28 POST (MCP-Protocol-Version, Mcp-Method, Mcp-Name headers;
 // protocolVersion and clientCapabilities with the tasks extension in params._meta; no initialize, no
@@ -96,8 +100,8 @@ async function rpc(method, params = {}, bearer = opt.bearer) {
 const show = r => JSON.stringify(r.error ?? r.result ?? r.raw ?? {}).slice(0, 300) + ` (HTTP ${r.http})`;
 
 const checks = [];
-function check(name, ok, detail = '') {
-    checks.push({ name, ok: Boolean(ok), detail: ok ? '' : String(detail) });
+function check(name, ok, detail = '', core = true) {
+    checks.push({ name, ok: Boolean(ok), detail: ok ? '' : String(detail), core });
     console.log(ok ? `PASS ${name}` : `FAIL ${name}: ${detail}`);
 }
 
@@ -132,7 +136,7 @@ if (typeof c.taskId === 'string') {
     if (opt['foreign-bearer']) {
         const get = await rpc('tasks/get', { taskId: c.taskId }, opt['foreign-bearer']);
         const cancel = await rpc('tasks/cancel', { taskId: c.taskId }, opt['foreign-bearer']);
-        check('foreign-refused', get.error?.code === -32602 && cancel.error?.code === -32602, `${show(get)} / ${show(cancel)}`);
+        check('foreign-refused', get.error?.code === -32602 && cancel.error?.code === -32602, `${show(get)} / ${show(cancel)}`, false);
     }
     const first = await rpc('tasks/get', { taskId: c.taskId });
     check('poll-working', first.result?.resultType === 'complete' && typeof first.result?.status === 'string', show(first));
@@ -166,8 +170,33 @@ if (long.result?.resultType === 'task') {
     for (const n of ['cancel-ack', 'cancelled', 'cancel-terminal-ack']) check(n, false, show(long));
 }
 
+// input: an elicitation on the task's tasks/result stream, answered with tasks/update
+const ask = await rpc('tools/call', { name: 'ask_task', arguments: { question: 'proceed?' } });
+if (ask.result?.resultType === 'task') {
+    const taskId = ask.result.taskId;
+    const end = Date.now() + 10000;
+    let asked;
+    while (Date.now() < end) {
+        asked = await rpc('tasks/get', { taskId });
+        if (Object.keys(asked.result?.inputRequests ?? {}).length > 0 || TERMINAL.includes(asked.result?.status)) break;
+        await sleep(100);
+    }
+    const [key, request] = Object.entries(asked?.result?.inputRequests ?? {})[0] ?? [];
+    if (request?.method === 'elicitation/create') {
+        const update = await rpc('tasks/update', { taskId, inputResponses: { [key]: { action: 'accept', content: { answer: 'yes' } } } });
+        const done = await untilTerminal(taskId, 10000);
+        const text = done?.result?.result?.content?.[0]?.text ?? '';
+        check('input-update', update.result?.resultType === 'complete' && done?.result?.status === 'completed' && text.includes('accept'), `${show(update)} / ${show(done ?? {})}`, false);
+    } else {
+        check('input-update', false, show(asked ?? {}), false);
+    }
+} else {
+    check('input-update', false, show(ask), false);
+}
+
 const passed = checks.filter(x => x.ok).length;
-console.log(`${opt.label}: ${passed}/${checks.length} passed`);
+const core = checks.filter(x => x.core);
+console.log(`${opt.label}: ${passed}/${checks.length} passed (the 12 steps: ${core.filter(x => x.ok).length}/${core.length})`);
 if (opt.json) {
     const fs = await import('node:fs');
     fs.writeFileSync(

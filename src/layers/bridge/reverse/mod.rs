@@ -47,9 +47,13 @@
 //! - `tasks/cancel` (single-flighted by `cancel` above; a terminal task is acknowledged there):
 //!   one 2025 `tasks/cancel`, answered with the 2026 ack `{"resultType":"complete"}`, also when
 //!   the upstream says the task is already terminal (`-32602`).
-//! - `tasks/update`: acknowledged here (`{"resultType":"complete"}`); the upstream's input
-//!   requests are not relayed yet, so the answers have nowhere to go (2026-07-28 tasks: a
-//!   server SHOULD ignore keys it does not know).
+//! - `input_required` (`input`): the first `tasks/get` that sees it opens one upstream
+//!   `tasks/result` for the task in the background; the upstream's requests on it
+//!   (`elicitation/create`, `sampling/createMessage`, `roots/list`) are shown as the
+//!   `DetailedTask`'s `inputRequests`, keyed by their JSON-RPC id (that `tasks/get` waits up to
+//!   [`INPUT_WAIT`] for the first). `tasks/update`: each `inputResponses[key]` for a request
+//!   kept goes upstream as the JSON-RPC response to it; always the ack
+//!   (`{"resultType":"complete"}`).
 //! - any other request (`tools/list`, `resources/*`, `prompts/*`, …): sent on the session;
 //!   results get `resultType:"complete"`; an SSE answer keeps its notifications, loses the
 //!   upstream's own requests (2026-07-28 has no server→client requests).
@@ -65,6 +69,7 @@
 //! upstream timeout's `-32603`. A JSON-RPC error the upstream answers keeps its code and message
 //! and gets the 2026-07-28 HTTP status for its code (`mcp::errors::modern_error_status`).
 
+pub mod input;
 mod sessions;
 pub mod translate;
 
@@ -111,6 +116,8 @@ pub struct ReverseState {
     legacy_only: Mutex<Option<bool>>,
     probe: tokio::sync::Mutex<()>,
     sessions: UpstreamSessions,
+    /// Input requests of tasks that are `input_required` upstream (see `input`).
+    inputs: input::Inputs,
     ids: OwnIds,
     /// The upstream's `timeout_ms`: bounds each exchange taskgate makes itself.
     timeout: Duration,
@@ -132,6 +139,7 @@ impl ReverseState {
             legacy_only: Mutex::new(None),
             probe: tokio::sync::Mutex::new(()),
             sessions: UpstreamSessions::new(idle),
+            inputs: input::Inputs::default(),
             ids: OwnIds::default(),
             timeout,
         })
@@ -382,11 +390,7 @@ async fn bridge<S: McpService>(
             Some(r) if r.era == Era::Legacy => match method.as_str() {
                 "tasks/get" => tasks_get(state, inner, &req, &id, r).await?,
                 "tasks/cancel" => tasks_cancel(state, inner, &req, &id, r).await?,
-                _ => McpReply::local_json(jsonrpc::result_response(
-                    &id,
-                    crate::layers::cancel::MODERN_ACK,
-                ))
-                .answered_locally(LocalReason::HeldUpstreamSession),
+                _ => tasks_update(state, inner, &req, &id, r, params.as_ref()).await,
             },
             // Not authorised by `tasks` (a stack without it): the upstream answers.
             _ => forward(state, inner, &req, &id, &method, params.as_ref(), None).await?,
@@ -963,7 +967,7 @@ async fn tools_call<S: McpService>(
 
 /// A 2026-07-28 `tasks/get` of a task recorded on a 2025-11-25 session (see the module docs).
 async fn tasks_get<S: McpService>(
-    state: &ReverseState,
+    state: &Arc<ReverseState>,
     inner: S,
     req: &McpRequest,
     id: &Id,
@@ -1021,11 +1025,152 @@ async fn tasks_get<S: McpService>(
             ))
         }
     };
+    let status = task
+        .as_ref()
+        .and_then(|a| a.pointer("/result/status"))
+        .and_then(Value::as_str)
+        .and_then(TaskStatus::parse);
+    let inputs = match status {
+        Some(TaskStatus::InputRequired) => Some(input_requests(state, &inner, req, &task_id).await),
+        Some(s) if s.is_terminal() => {
+            state.inputs.forget(&task_id);
+            None
+        }
+        _ => None,
+    };
     let missing = format!("task {task_id} ended upstream but its tasks/result could not be read");
     let shown = modern_reply(id, task.as_ref(), |t| {
-        translate::detailed_task(t, outcome.as_ref(), &missing).unwrap_or_else(|| t.clone())
+        let mut d =
+            translate::detailed_task(t, outcome.as_ref(), &missing).unwrap_or_else(|| t.clone());
+        if let (Some(shown), Some(o)) = (inputs, d.as_object_mut()) {
+            o.insert("inputRequests".into(), shown);
+        }
+        d
     });
     Ok(shown)
+}
+
+/// How long a `tasks/get` of a task that just went `input_required` waits for the upstream's
+/// first input request to arrive on the follower's stream (then it answers what it has).
+pub const INPUT_WAIT: Duration = Duration::from_secs(1);
+
+/// The `inputRequests` of an `input_required` task (see `input`): its follower started when
+/// none runs; the first request waited for up to [`INPUT_WAIT`].
+async fn input_requests<S: McpService>(
+    state: &Arc<ReverseState>,
+    inner: &S,
+    req: &McpRequest,
+    task_id: &str,
+) -> Value {
+    let Some((task, start)) = state.inputs.follow(task_id) else {
+        return json!({});
+    };
+    if start {
+        tokio::spawn(follow_input(
+            state.clone(),
+            inner.clone(),
+            req.clone(),
+            task.clone(),
+            task_id.to_string(),
+        ));
+    }
+    let until = tokio::time::Instant::now() + INPUT_WAIT;
+    while task.is_empty() && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task.shown()
+}
+
+/// Holds one upstream `tasks/result` of an `input_required` task open (no deadline but the
+/// task's longest ttl, `tasks.max_ttl_ms`) and keeps each request of the upstream's on it (see
+/// `input`); ends with the stream (the task's result, which `observe` keeps in the record).
+async fn follow_input<S: McpService>(
+    state: Arc<ReverseState>,
+    inner: S,
+    req: McpRequest,
+    task: Arc<input::TaskInputs>,
+    task_id: String,
+) {
+    use futures_util::StreamExt;
+    let own = state.ids.next_id();
+    let body = legacy_body(&own, "tasks/result", task_params(&task_id));
+    let unbounded = |out: &mut McpRequest, _: &UpstreamSession| {
+        out.extensions.insert(crate::exchange::Deadline::Unbounded);
+    };
+    let limit = Duration::from_millis(state.registry.config().max_ttl_ms);
+    let followed = async {
+        let Ok(Ok(reply)) = send(&state, &inner, &req, &body, On::Task, &unbounded).await else {
+            return;
+        };
+        let ReplyBody::Stream(mut events) = reply.body else {
+            return;
+        };
+        while let Some(ev) = events.next().await {
+            let Some(v) = ev
+                .data
+                .as_deref()
+                .and_then(|d| serde_json::from_str::<Value>(d).ok())
+            else {
+                continue;
+            };
+            if v.get("method").is_some() && v.get("id").is_some() {
+                if !task.add(&v) {
+                    tracing::debug!(task_id = %task_id, "an upstream input request was not kept (bound)");
+                }
+            } else if v.get("id").map(|i| i.to_string()).as_deref() == Some(own.as_json()) {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(limit, followed).await;
+    task.done();
+}
+
+/// A 2026-07-28 `tasks/update`: each `inputResponses[key]` for a request kept for the task (see
+/// `input`) goes upstream as the JSON-RPC response to it, on the task's session (its result with
+/// the related-task `_meta`); other keys are ignored. Always the ack.
+async fn tasks_update<S: McpService>(
+    state: &ReverseState,
+    inner: S,
+    req: &McpRequest,
+    id: &Id,
+    record: Arc<TaskRecord>,
+    params: Option<&Value>,
+) -> McpReply {
+    let responses = params
+        .and_then(|p| p.get("inputResponses"))
+        .and_then(Value::as_object);
+    if let (Some(task), Some(responses)) = (state.inputs.of(&record.task_id), responses) {
+        for (key, response) in responses {
+            let Some(pending) = task.take(key) else {
+                continue;
+            };
+            let mut result = response.clone();
+            if let Some(o) = result.as_object_mut() {
+                let meta = o.entry("_meta").or_insert_with(|| json!({}));
+                if let Some(m) = meta.as_object_mut() {
+                    m.insert(
+                        crate::mcp::task::RELATED_TASK_META.into(),
+                        json!({ "taskId": record.task_id }),
+                    );
+                }
+            }
+            let body = json!({"jsonrpc": "2.0", "id": pending.id, "result": result});
+            let plain = |out: &mut McpRequest, _: &UpstreamSession| {
+                out.extensions.remove::<AuthorisedTask>();
+            };
+            if !matches!(
+                send(state, &inner, req, &body, On::Task, &plain).await,
+                Ok(Ok(_))
+            ) {
+                tracing::warn!(task_id = %record.task_id, key = %key, "an input response could not be sent upstream");
+            }
+        }
+    }
+    McpReply::local_json(jsonrpc::result_response(
+        id,
+        crate::layers::cancel::MODERN_ACK,
+    ))
 }
 
 fn task_params(task_id: &str) -> Map<String, Value> {

@@ -1,0 +1,180 @@
+//! Input a 2025-11-25 task asks for, shown to the 2026-07-28 client (2025-11-25 tasks:
+//! `input_required`, the server's `elicitation/create` / `sampling/createMessage` /
+//! `roots/list` requests tied to the task, delivered on a `tasks/result` stream; 2026-07-28
+//! tasks: `inputRequests` in `tasks/get`, answered with `tasks/update` `inputResponses`).
+//!
+//! When the upstream reports a task `input_required`, the reverse bridge opens one upstream
+//! `tasks/result` for it on the task's session and reads it in the background: each request of
+//! the upstream's on that stream is kept here under a key (its JSON-RPC id: a string id as it
+//! is, a number as its digits), shown in every `tasks/get` answer as
+//! `inputRequests[key] = {method, params}` until answered. A `tasks/update` answer under a key
+//! kept here is sent upstream as the JSON-RPC response to that request (its `result`, with the
+//! related-task `_meta`); unknown or answered keys are ignored (2026-07-28 tasks: a server
+//! SHOULD ignore them). The background `tasks/result` ends with the task's result, which
+//! `observe` keeps in the record like any other.
+//!
+//! Bounds: at most [`MAX_KEYS`] requests kept per task (more are not shown: the task stays
+//! `input_required` until its ttl), at most [`MAX_TASKS`] tasks followed per upstream (past it,
+//! no new follower: the task's `inputRequests` stay empty). What is kept here is in memory: a
+//! restart loses the requests an upstream already sent (the upstream asks on its own stream, and
+//! a new `tasks/result` after the restart may not repeat them).
+
+use parking_lot::Mutex;
+use serde_json::{json, Map, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Most input requests kept per task.
+pub const MAX_KEYS: usize = 32;
+/// Most tasks whose input is followed at once per upstream.
+pub const MAX_TASKS: usize = 1024;
+
+/// One upstream request for input, kept until answered.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    /// The request's JSON-RPC id, as the upstream sent it (the response must carry it).
+    pub id: Value,
+    /// `{method, params}`: what the client is shown.
+    pub request: Value,
+}
+
+/// The input requests of one task.
+#[derive(Default)]
+pub struct TaskInputs {
+    pending: Mutex<BTreeMap<String, Pending>>,
+    /// Woken when a request arrives or the follower ends.
+    pub arrived: tokio::sync::Notify,
+    following: AtomicBool,
+}
+
+impl TaskInputs {
+    /// Keeps the upstream request `msg` (a JSON-RPC request with an id); `false` when it is not
+    /// one or [`MAX_KEYS`] are kept.
+    pub fn add(&self, msg: &Value) -> bool {
+        let (Some(id), Some(method)) = (msg.get("id"), msg.get("method").and_then(Value::as_str))
+        else {
+            return false;
+        };
+        let mut pending = self.pending.lock();
+        if pending.len() >= MAX_KEYS {
+            return false;
+        }
+        let mut request = json!({ "method": method });
+        if let Some(p) = msg.get("params") {
+            request["params"] = p.clone();
+        }
+        pending.insert(
+            key_of(id),
+            Pending {
+                id: id.clone(),
+                request,
+            },
+        );
+        drop(pending);
+        self.arrived.notify_waiters();
+        true
+    }
+
+    /// The `inputRequests` object: every request not yet answered, by key.
+    pub fn shown(&self) -> Value {
+        let pending = self.pending.lock();
+        Value::Object(
+            pending
+                .iter()
+                .map(|(k, p)| (k.clone(), p.request.clone()))
+                .collect::<Map<String, Value>>(),
+        )
+    }
+
+    /// Whether no request is kept.
+    pub fn is_empty(&self) -> bool {
+        self.pending.lock().is_empty()
+    }
+
+    /// The request under `key`, taken (answered once).
+    pub fn take(&self, key: &str) -> Option<Pending> {
+        self.pending.lock().remove(key)
+    }
+
+    /// The follower ended (its stream ended or failed).
+    pub fn done(&self) {
+        self.following.store(false, Ordering::SeqCst);
+        self.arrived.notify_waiters();
+    }
+}
+
+/// The key a request id is shown under: a string as it is, anything else as its JSON text.
+pub fn key_of(id: &Value) -> String {
+    match id {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The tasks whose input is followed, per upstream.
+#[derive(Default)]
+pub struct Inputs {
+    tasks: Mutex<HashMap<String, Arc<TaskInputs>>>,
+}
+
+impl Inputs {
+    /// The task's inputs, and whether the caller is to start its follower (none runs); `None`
+    /// past [`MAX_TASKS`].
+    pub fn follow(&self, task_id: &str) -> Option<(Arc<TaskInputs>, bool)> {
+        let mut tasks = self.tasks.lock();
+        if !tasks.contains_key(task_id) && tasks.len() >= MAX_TASKS {
+            // Tasks nobody follows any more and that have nothing to show go first.
+            tasks.retain(|_, t| t.following.load(Ordering::SeqCst) || !t.is_empty());
+            if tasks.len() >= MAX_TASKS {
+                return None;
+            }
+        }
+        let t = tasks.entry(task_id.to_string()).or_default().clone();
+        let start = !t.following.swap(true, Ordering::SeqCst);
+        Some((t, start))
+    }
+
+    /// The task's inputs, when any are kept.
+    pub fn of(&self, task_id: &str) -> Option<Arc<TaskInputs>> {
+        self.tasks.lock().get(task_id).cloned()
+    }
+
+    /// Forgets a task (it ended).
+    pub fn forget(&self, task_id: &str) {
+        self.tasks.lock().remove(task_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_kept_by_key_until_answered_and_bounded() {
+        let inputs = Inputs::default();
+        let (t, start) = inputs.follow("t1").unwrap();
+        assert!(start);
+        assert!(!inputs.follow("t1").unwrap().1, "one follower per task");
+        assert!(t.add(&json!({"jsonrpc":"2.0","id":"ask-1","method":"elicitation/create","params":{"message":"?"}})));
+        assert!(t.add(&json!({"jsonrpc":"2.0","id":7,"method":"sampling/createMessage"})));
+        assert!(!t.add(&json!({"jsonrpc":"2.0","method":"notifications/progress"})));
+        let shown = t.shown();
+        assert_eq!(shown["ask-1"]["method"], "elicitation/create");
+        assert_eq!(shown["ask-1"]["params"]["message"], "?");
+        assert_eq!(shown["7"]["method"], "sampling/createMessage");
+        assert_eq!(t.take("7").unwrap().id, json!(7));
+        assert!(t.take("7").is_none(), "answered once");
+        for i in 0..MAX_KEYS {
+            t.add(&json!({"id": format!("k{i}"), "method": "roots/list"}));
+        }
+        assert_eq!(t.shown().as_object().unwrap().len(), MAX_KEYS);
+        t.done();
+        assert!(
+            inputs.follow("t1").unwrap().1,
+            "a new follower after the last ended"
+        );
+        inputs.forget("t1");
+        assert!(inputs.of("t1").is_none());
+    }
+}
