@@ -570,3 +570,50 @@ async fn a_child_that_closes_its_stdout_or_stdin_is_restarted() {
     let again = client.rpc(call("5", "echo")).await;
     assert_eq!(again["result"]["pid"], child.pids()[2], "{again}");
 }
+
+/// Gateway-owned tasks (issue 32) on a stdio child without task support: `initialize` offers
+/// tasks, the plain call reaches the child's stdin (no `params.task`) and its result is the
+/// task's; a `tasks/cancel` reaches the child as one `notifications/cancelled` naming the id the
+/// child saw for the call.
+#[tokio::test]
+async fn gateway_tasks_on_a_stdio_child_without_tasks() {
+    let child = Kid::new();
+    let tg = start(&child, "tasks = \"gateway\"", "STDIO_NO_TASKS = \"1\"").await;
+    let mut c = tg.client();
+    let init = c.initialize().await;
+    assert!(
+        init["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"].is_object(),
+        "{init}"
+    );
+    let call = |id: &str, delay: u64| {
+        rpc(
+            id,
+            "tools/call",
+            &json!({"name": "slow", "arguments": {"text": "hi", "delay_ms": delay}, "task": {"ttl": 60000}})
+                .to_string(),
+        )
+    };
+    let task_of = |v: &Value| v["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    let t = task_of(&c.rpc(call("1", 200)).await);
+    let r = c.result("2", &t).await;
+    assert_eq!(r["result"]["content"][0]["text"], "hi", "{r}");
+    let t2 = task_of(&c.rpc(call("3", 3000)).await);
+    until("the child read the second call", || {
+        child.seen_method("tools/call").len() >= 2
+    })
+    .await;
+    let cancelled = c.cancel("4", &t2).await;
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    until("notifications/cancelled on the child's stdin", || {
+        !child.seen_method("notifications/cancelled").is_empty()
+    })
+    .await;
+    let calls = child.seen_method("tools/call");
+    assert!(
+        calls.iter().all(|m| m["params"].get("task").is_none()),
+        "{calls:?}"
+    );
+    let notes = child.seen_method("notifications/cancelled");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_eq!(notes[0]["params"]["requestId"], calls[1]["id"]);
+}

@@ -9,7 +9,8 @@ at start. Tools:
   hush {}                       closes its stdout (no answer) and runs on
   deafen {}                     answers, then closes its stdin and runs on
 tasks/result of a `working` task is never answered (its caller waits).
-Behaviour switches (environment): STDIO_NOISE=1 prints a non-JSON line first; STDIO_CRASH_INIT=1
+Behaviour switches (environment): STDIO_NO_TASKS=1 declares no tasks capability (gateway-owned
+tasks, issue 32); STDIO_NOISE=1 prints a non-JSON line first; STDIO_CRASH_INIT=1
 exits on initialize; STDIO_IGNORE_EOF=1 keeps running after stdin closes (only a signal ends
 it); STDIO_CANCEL_DELAY_MS delays tasks/cancel answers; STDIO_ASK=1 sends an
 elicitation request (tool `ask`) and answers with what came back.
@@ -58,9 +59,10 @@ def handle(msg):
     if method == "initialize":
         if os.environ.get("STDIO_CRASH_INIT"):
             os._exit(3)
-        answer(mid, {"protocolVersion": "2025-11-25",
-                     "capabilities": {"tools": {}, "tasks": {"list": {}, "cancel": {},
-                                                             "requests": {"tools": {"call": {}}}}},
+        caps = {"tools": {}, "tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}}
+        if os.environ.get("STDIO_NO_TASKS"):
+            del caps["tasks"]
+        answer(mid, {"protocolVersion": "2025-11-25", "capabilities": caps,
                      "serverInfo": {"name": "fake-stdio", "version": "1", "pid": os.getpid()}})
     elif method == "tools/list":
         answer(mid, {"tools": [
