@@ -221,7 +221,8 @@ impl Held {
         let expiry = tokio::time::sleep(until);
         tokio::pin!(expiry);
         let notify_ctx = out.clone();
-        let progress = Progress::new(self.state.clone(), &upstream, &task_id, &self.token);
+        let progress = Progress::new(self.state.clone(), &upstream, &task_id, &self.token)
+            .until_terminal(live.terminal.subscribe());
         let answer_inner = inner.clone();
         let own_id = self.own_id.clone();
         // Boxed, so that dropping it below closes the call's stream before the hold goes.
@@ -444,6 +445,7 @@ struct Progress {
     task_id: Arc<str>,
     token: Arc<str>,
     last_write: Arc<Mutex<Option<Instant>>>,
+    terminal: Option<watch::Receiver<bool>>,
 }
 
 impl Progress {
@@ -454,7 +456,16 @@ impl Progress {
             task_id: task_id.into(),
             token: token.into(),
             last_write: Arc::default(),
+            terminal: None,
         }
+    }
+
+    /// Stops writing `statusMessage`s once `terminal` says the task is terminal (a cancelled
+    /// task's server may go on sending progress: `observe` counts that as activity after the
+    /// cancel; the record is not touched).
+    fn until_terminal(mut self, terminal: watch::Receiver<bool>) -> Self {
+        self.terminal = Some(terminal);
+        self
     }
 
     async fn on_event<S: McpService>(&self, ev: Event, inner: S, out: McpRequest) {
@@ -472,6 +483,9 @@ impl Progress {
     }
 
     async fn on_progress(&self, msg: &Value) {
+        if self.terminal.as_ref().is_some_and(|t| *t.borrow()) {
+            return;
+        }
         let Some(params) = msg.get("params") else {
             return;
         };
