@@ -30,15 +30,16 @@
 //!   `tools/call` (without `params.task`) under taskgate's own id (`"taskgate-gt-<n>"`, which
 //!   `ids` sends under an id of its own on a shared session) with a `progressToken`
 //!   (the client's, else the taskId). taskgate holds that call on a task of its own
-//!   ([`held`]): until its answer, the end of its stream, or the task's expiry (its ttl,
+//!   (`held`): until its answer, the end of its stream, or the task's expiry (its ttl,
 //!   capped by `tasks.max_ttl_ms`); live held calls count against
 //!   `tasks.max_live_tasks_per_owner` as the live tasks they are, in both eras (a 2026 call
 //!   over the limit is refused `-32029` here: taskgate, not the server, makes it a task).
 //! - While the call runs: the task is `working`; each `notifications/progress` on its token
 //!   becomes the task's `statusMessage` (its `message`, else `progress/total`; written at most
-//!   every [`held::PROGRESS_WRITE_EVERY`], and no more once the task is terminal). A request the server sends the client during the
-//!   call (elicitation, sampling, roots) is answered `-32601` by taskgate: input is not relayed
-//!   for gateway tasks yet (the task goes on; the server decides what that means).
+//!   every `held::PROGRESS_WRITE_EVERY`, 200 ms, and no more once the task is terminal). A
+//!   request the server sends the client during the call (elicitation, sampling, roots) is
+//!   answered `-32601` by taskgate: input is not relayed for gateway tasks yet (the task goes
+//!   on; the server decides what that means).
 //! - The call's end: a result is `completed` (also with `isError: true`, as the spec has it),
 //!   a JSON-RPC error `failed` (its message the `statusMessage`), no answer at all `failed`
 //!   saying why. The result is kept in the record up to `tasks.max_stored_result_bytes`
