@@ -243,6 +243,15 @@ async fn the_extension_decides_optional_tools_and_required_ones_need_it() {
     assert_eq!((status, err_code(&v)), (400, -32021), "{v}");
     assert!(v["error"]["data"]["requiredCapabilities"]["extensions"][EXT].is_object());
     assert_eq!(up.count("tools/call"), calls, "nothing upstream");
+    // Params taskgate cannot read are refused, never sent on without them.
+    let body = r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"plain","arguments":{"n":1e400},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+    let r = Req::mcp_post(&url, body)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "plain");
+    let (status, v) = send(r).await;
+    assert_eq!((status, err_code(&v)), (400, -32602), "{v}");
+    assert_eq!(up.count("tools/call"), calls, "nothing upstream");
 }
 
 /// A failed tool call keeps its content (2026: `completed` with `isError`); a JSON-RPC error

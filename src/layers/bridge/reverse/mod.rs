@@ -370,7 +370,21 @@ async fn bridge<S: McpService>(
         _ => {}
     }
     let id = msg.id().cloned().expect("a request has an id");
-    let params: Option<Value> = msg.params().and_then(|p| serde_json::from_str(p).ok());
+    // Params taskgate cannot read (a number beyond f64) cannot be translated: refused, never
+    // sent on without them.
+    let params: Option<Value> = match msg.params().map(serde_json::from_str::<Value>) {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) => {
+            return Ok(McpReply::era_error(
+                Era::Modern,
+                Some(&id),
+                jsonrpc::INVALID_PARAMS,
+                &format!("params cannot be read: {e}"),
+                LocalReason::InvalidParams,
+            ))
+        }
+    };
     let method = msg.method().unwrap_or_default().to_string();
     let record = req
         .extensions
@@ -804,7 +818,12 @@ async fn notification<S: McpService>(
     req: &McpRequest,
     msg: &Message,
 ) -> Result<McpReply, GatewayError> {
-    let params: Option<Value> = msg.params().and_then(|p| serde_json::from_str(p).ok());
+    let params: Option<Value> = match msg.params().map(serde_json::from_str::<Value>) {
+        None => None,
+        Some(Ok(p)) => Some(p),
+        // Unreadable (a number beyond f64): not translatable, and a notification has no answer.
+        Some(Err(_)) => return Ok(McpReply::accepted()),
+    };
     let p = translate::legacy_params(params.as_ref());
     let mut body = json!({"jsonrpc": "2.0", "method": msg.method().unwrap_or_default()});
     if !p.is_empty() {
