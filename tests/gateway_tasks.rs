@@ -15,7 +15,8 @@ use taskgate::mcp::task::TaskStatus;
 /// A server without tasks: `initialize` and `server/discover` declare only tools; `tools/list`
 /// lists `slow`, `boom`, `oops`; a `tools/call` answers on an SSE stream: one progress
 /// notification on the call's token ("halfway"), then, once `gate` opens, its answer (`slow`:
-/// a result, `oops`: an `isError` result, `boom`: a JSON-RPC error). Everything else is
+/// a result, `oops`: an `isError` result, `boom`: a JSON-RPC error; `ask` sends an
+/// `elicitation/create` request instead of the progress). Everything else is
 /// [`mcp_handler`]'s.
 fn no_tasks_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync {
     let sessions = std::sync::atomic::AtomicUsize::new(0);
@@ -51,8 +52,13 @@ fn no_tasks_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse 
                     ),
                     _ => rpc_result(&id, r#"{"content":[{"type":"text","text":"done"}]}"#),
                 };
+                let ask = r#"{"jsonrpc":"2.0","id":"elicit-1","method":"elicitation/create","params":{"message":"ok?","requestedSchema":{"type":"object","properties":{}}}}"#;
+                let first = match v["params"]["name"].as_str() {
+                    Some("ask") => ask.to_string(),
+                    _ => progress,
+                };
                 ScriptedResponse::sse(vec![
-                    ev().event("message").data(&progress).into(),
+                    ev().event("message").data(&first).into(),
                     SseStep::Wait(gate.clone()),
                     ev().event("message").data(&answer).into(),
                 ])
@@ -434,4 +440,29 @@ async fn the_owner_limit_holds_in_both_eras() {
         "one held call per owner"
     );
     gate.open();
+}
+
+/// A request the server sends the client during a gateway task's held call (elicitation) is
+/// answered `-32601` by taskgate (input is not relayed for gateway tasks), so the server is not
+/// left waiting; the task goes on and ends with the call.
+#[tokio::test]
+async fn an_input_request_during_a_gateway_task_is_refused_to_the_server() {
+    let (up, gate, tg) = setup(false).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = task_id_of(&create_call(&c, "1", "ask").await);
+    let refused = eventually(STEP, || async {
+        up.requests().into_iter().find(|r| {
+            let v = r.json();
+            v["id"] == "elicit-1" && v.get("method").is_none()
+        })
+    })
+    .await
+    .expect("taskgate answered the server's request");
+    let v = refused.json();
+    assert_eq!(v["error"]["code"], -32601, "{v}");
+    assert_eq!(c.get("2", &t).await["result"]["status"], "working");
+    gate.open();
+    let r = c.result("3", &t).await;
+    assert_eq!(r["result"]["content"][0]["text"], "done", "{r}");
 }
