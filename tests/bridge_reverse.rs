@@ -586,3 +586,68 @@ async fn input_required_is_shown_as_input_requests_and_answered_with_tasks_updat
     assert_eq!(done["result"]["status"], "completed", "{done}");
     assert!(done["result"]["result"]["content"].is_array(), "{done}");
 }
+
+/// A cancel racing the task's completion, 200 rounds (two 2026 cancels per round, sent after a
+/// varying delay): each round makes exactly one upstream `tasks/cancel`, both callers get the
+/// ack, and the task ends as the upstream has it (`cancelled` or `completed`), which stays.
+#[tokio::test]
+async fn a_cancel_racing_completion_200_rounds() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: Some(15),
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1000")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut ends = (0, 0);
+    for round in 0..200u64 {
+        let (_, v) = call(&url, None, 1, "research", true).await;
+        let t = v["result"]["taskId"].as_str().unwrap().to_string();
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        tokio::time::sleep(std::time::Duration::from_millis((seed >> 33) % 30)).await;
+        let (a, b) = tokio::join!(
+            task_call(&url, None, 10 + round, "tasks/cancel", &t),
+            task_call(&url, None, 20 + round, "tasks/cancel", &t)
+        );
+        for (status, v) in [a, b] {
+            assert_eq!(
+                (status, v["result"].clone()),
+                (200, json!({"resultType": "complete"})),
+                "round {round}: {v}"
+            );
+        }
+        let done = until_terminal(&url, None, &t).await;
+        let shown = done["result"]["status"].as_str().unwrap().to_string();
+        assert_eq!(shown, up.status(&t), "round {round}: the upstream's end");
+        match shown.as_str() {
+            "cancelled" => ends.0 += 1,
+            "completed" => ends.1 += 1,
+            other => panic!("round {round}: {other}"),
+        }
+        let (_, again) = task_call(&url, None, 30 + round, "tasks/get", &t).await;
+        assert_eq!(
+            again["result"]["status"],
+            json!(shown),
+            "round {round}: it stays"
+        );
+        let cancels = up
+            .state
+            .lock()
+            .unwrap()
+            .seen
+            .iter()
+            .filter(|(m, id, _)| m == "tasks/cancel" && *id == t)
+            .count();
+        assert_eq!(cancels, 1, "round {round}: one upstream cancel");
+    }
+    assert!(ends.0 > 0 && ends.1 > 0, "both ends happened: {ends:?}");
+}
