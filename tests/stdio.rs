@@ -617,3 +617,58 @@ async fn gateway_tasks_on_a_stdio_child_without_tasks() {
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert_eq!(notes[0]["params"]["requestId"], calls[1]["id"]);
 }
+
+/// Issue 31: a modern-only stdio server (2026-07-28 only; like rmcp 3.11's stdio server it
+/// answers `initialize` with `-32022` and exits) behind taskgate. Found by taskgate's
+/// `server/discover` probe, it is never sent `initialize`, so it is not restarted over and over
+/// (it was, each start ending at taskgate's own `initialize`); 2026-07-28 calls reach it, a
+/// JSON-RPC error it answers keeps its 2026 HTTP status (`-32021`: 400), and a 2025-11-25
+/// client's `initialize` is answered by taskgate (its 2025 sessions held for the child).
+#[tokio::test]
+async fn a_modern_only_child_is_never_initialized_and_serves_both_eras() {
+    let child = Kid::new();
+    let tg = start(&child, "", "STDIO_MODERN = \"only\"").await;
+    // Long enough for a child that died of an initialize to have been started again.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(child.pids().len(), 1, "started once");
+    assert!(child.seen_method("initialize").is_empty());
+    let restarts = metric(
+        &tg.metrics_text().await,
+        "taskgate_upstream_restarts_total",
+        &[("upstream", "default")],
+    );
+    assert_eq!(restarts, 0.0);
+    let url = tg.mcp_url();
+    let (status, v) = send(modern_req(
+        &url,
+        None,
+        1,
+        "tools/call",
+        json!({"name": "echo", "arguments": {"text": "modern"}}),
+    ))
+    .await;
+    assert_eq!(
+        (status, v["result"]["content"][0]["text"].clone()),
+        (200, json!("modern")),
+        "{v}"
+    );
+    let (status, v) = send(modern_req(
+        &url,
+        None,
+        2,
+        "tools/call",
+        json!({"name": "fail", "arguments": {"code": -32021}}),
+    ))
+    .await;
+    assert_eq!(
+        (status, v["error"]["code"].clone()),
+        (400, json!(-32021)),
+        "{v}"
+    );
+    let client = tg.client();
+    let r = client.send(initialize_body("1")).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.header("mcp-session-id").is_some(), "a held 2025 session");
+    assert!(child.seen_method("initialize").is_empty());
+    assert_eq!(child.pids().len(), 1);
+}

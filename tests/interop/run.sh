@@ -21,7 +21,8 @@
 #   INTEROP_RACE_ROUNDS=N       rounds of the cancel-vs-completion race (step f; default 30)
 #   INTEROP_TRACE=1             task clients record every HTTP exchange in their JSON summaries
 #   TASKGATE_INTEROP_MODERN=0|1|report  step g, the 2026-07-28 peers (modern.sh; default 1: strict)
-#   TASKGATE_INTEROP_RMCP=0|1   step g also builds and runs rmcp-server/ (rmcp 3.11.0) as a second upstream (default 1)
+#   TASKGATE_INTEROP_RMCP=0|1   step g also builds and runs rmcp-server/ (rmcp 3.11.0) as a second upstream,
+#                               and step i runs it as a stdio child with 2026-07-28 tasks (default 1)
 #   TASKGATE_INTEROP_TIER=0|1   step h, a tier of three replicas on PostgreSQL behind nginx (tier.sh; default 1)
 set -uo pipefail
 
@@ -398,12 +399,22 @@ else
     log "h. tier steps skipped"
 fi
 # ---- i. stdio upstreams: real peers as taskgate's children (stdio.sh) ---------------------------
+# TS SDK, Python mcp and server-everything as 2025-11-25 children, and (TASKGATE_INTEROP_RMCP=1)
+# rmcp 3.11 over stdio with 2026-07-28 tasks, dual-era and --modern-only (rmcp-server/, built by
+# step g; stdio.sh builds it only when it is missing or stale, e.g. TASKGATE_INTEROP_MODERN=0).
 if [[ "$BIN" != none ]]; then
     log "i. stdio upstreams (stdio.sh)"
-    run_fg timeout 600 env INTEROP_WORK="$WORK" INTEROP_VENV="$VENV" bash "$HERE/stdio.sh" "$BIN" >"$WORK/stdio.log" 2>&1
+    run_fg timeout 900 env INTEROP_WORK="$WORK" INTEROP_VENV="$VENV" bash "$HERE/stdio.sh" "$BIN" >"$WORK/stdio.log" 2>&1
     stdio_rc=$?
     sed 's/^/  | /' "$WORK/stdio.log"
-    result "stdio upstreams: stdio.sh (see $WORK/stdio/results.txt)" "$stdio_rc"
+    if [[ -s "$WORK/stdio/results.txt" ]]; then
+        while read -r status name; do
+            result "$name" "$([[ $status == PASS ]] && echo 0 || echo 1)"
+        done <"$WORK/stdio/results.txt"
+        [[ $stdio_rc != 0 ]] && ! grep -q '^FAIL' "$WORK/stdio/results.txt" && result "stdio.sh exit status $stdio_rc" 1
+    else
+        result "stdio.sh (no results, exit $stdio_rc; see $WORK/stdio.log)" 1
+    fi
 fi
 
 # ---- j. the reverse bridge: a 2026-07-28 client on a 2025-11-25 task server (reverse.sh) -------

@@ -8,12 +8,19 @@ at start. Tools:
   slow {}                       as a task (params.task): stays `working` until cancelled
   hush {}                       closes its stdout (no answer) and runs on
   deafen {}                     answers, then closes its stdin and runs on
+  fail {code}                   answers a JSON-RPC error with that code
 tasks/result of a `working` task is never answered (its caller waits).
 Behaviour switches (environment): STDIO_NO_TASKS=1 declares no tasks capability (gateway-owned
 tasks, issue 32); STDIO_NOISE=1 prints a non-JSON line first; STDIO_CRASH_INIT=1
 exits on initialize; STDIO_IGNORE_EOF=1 keeps running after stdin closes (only a signal ends
 it); STDIO_CANCEL_DELAY_MS delays tasks/cancel answers; STDIO_ASK=1 sends an
 elicitation request (tool `ask`) and answers with what came back.
+`server/discover` (taskgate's era probe) is answered -32601 like any unknown method, unless:
+STDIO_MODERN=only answers it as a 2026-07-28-only server (supportedVersions ["2026-07-28"]) and,
+as rmcp 3.11's stdio server does, answers `initialize` with -32022 and exits; STDIO_MODERN=dual
+answers it with ["2025-11-25", "2026-07-28"]; STDIO_DISCOVER=silent never answers it;
+STDIO_DISCOVER=crash exits on it. `subscriptions/listen` (2026-07-28) is acknowledged and sends
+one notifications/tools/list_changed (both with `_meta` subscriptionId = its id), never answered.
 """
 import json
 import os
@@ -56,6 +63,25 @@ def handle(msg):
     method = msg.get("method")
     mid = msg.get("id")
     params = msg.get("params") or {}
+    modern = os.environ.get("STDIO_MODERN")
+    if method == "server/discover":
+        probe = os.environ.get("STDIO_DISCOVER")
+        if probe == "crash":
+            os._exit(4)
+        if probe == "silent":
+            return
+        if modern:
+            versions = ["2026-07-28"] if modern == "only" else ["2025-11-25", "2026-07-28"]
+            answer(mid, {"resultType": "complete", "supportedVersions": versions,
+                         "capabilities": {"tools": {}, "extensions": {"io.modelcontextprotocol/tasks": {}}},
+                         "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "fake-stdio", "version": "1"}}})
+            return
+    if method == "initialize" and modern == "only":
+        send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32022, "message": "Unsupported protocol version",
+                                                    "data": {"requested": params.get("protocolVersion"),
+                                                             "supported": ["2026-07-28"]}}})
+        sys.stdout.flush()
+        os._exit(1)
     if method == "initialize":
         if os.environ.get("STDIO_CRASH_INIT"):
             os._exit(3)
@@ -78,6 +104,9 @@ def handle(msg):
                 tid = "task-%d-%d" % (os.getpid(), next_task[0])
                 tasks[tid] = {"status": "working"}
                 answer(mid, {"task": task_obj(tid)})
+            return
+        if name == "fail":
+            send({"jsonrpc": "2.0", "id": mid, "error": {"code": int(args.get("code", -32603)), "message": "failed on purpose"}})
             return
         if name == "hush":
             # Closes its stdout and keeps running (reading stdin).
@@ -126,6 +155,12 @@ def handle(msg):
                 send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32602, "message": "Task not found"}})
             elif t["status"] != "working":
                 answer(mid, {"content": [], "isError": t["status"] != "completed"})
+    elif method == "subscriptions/listen":
+        # 2026-07-28: acknowledged, one list_changed, then open until cancelled (never answered).
+        meta = {"io.modelcontextprotocol/subscriptionId": mid}
+        send({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
+              "params": {"_meta": meta, "notifications": params.get("notifications") or {}}})
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed", "params": {"_meta": meta}})
     elif method == "ping":
         answer(mid, {})
     elif mid is not None and method is None:

@@ -11,6 +11,9 @@
 //!   task; not known → dropped (another client's task id is never shown);
 //! - `notifications/cancelled` (the child gives up a request it sent) → the session it sent it
 //!   to;
+//! - a notification of a 2026-07-28 `subscriptions/listen` (its
+//!   `_meta["io.modelcontextprotocol/subscriptionId"]` the id the child saw for the listen) →
+//!   that listen's reply stream while it is open, the caller's id put back; else dropped;
 //! - other notifications (`list_changed`, logging) → every session's GET stream;
 //! - a request (`sampling/createMessage`, `elicitation/create`, `roots/list`) → the session of
 //!   the task its `_meta["io.modelcontextprotocol/related-task"]` names, else the one request
@@ -46,6 +49,9 @@ const WRITE_QUEUE: usize = 256;
 
 /// The key of the `_meta` member naming a server→client request's task (2025-11-25 tasks).
 const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
+/// The key of the `_meta` member naming the `subscriptions/listen` a notification belongs to
+/// (2026-07-28: the listen request's id).
+const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 
 /// The GET streams of an upstream's sessions (they outlive a restarted child).
 #[derive(Default)]
@@ -296,6 +302,7 @@ impl Conn {
         task_call: bool,
     ) -> Result<Registered, String> {
         let client_id = msg.id().cloned().ok_or("a request without an id")?;
+        let own = session.as_deref() == Some(super::OWN_SESSION);
         let (answer_tx, answer) = oneshot::channel();
         let (related_tx, related) = mpsc::channel(RELATED_QUEUE);
         let mut routes = self.routes.lock();
@@ -323,8 +330,10 @@ impl Conn {
                     related,
                     conn: Arc::downgrade(self),
                     // `initialize` must not be cancelled (MCP basic/utilities/cancellation);
-                    // an abandoned one's child is ended by its starter.
-                    tell_on_drop: msg.method() != Some("initialize"),
+                    // an abandoned one's child is ended by its starter. Nor is taskgate's
+                    // `server/discover` probe: before `initialize` a legacy child is sent
+                    // nothing else (rmcp's stdio server stops on a notification there).
+                    tell_on_drop: msg.method() != Some("initialize") && !own,
                 })
             }
             Err(e) => {
@@ -520,7 +529,26 @@ impl Conn {
                 }
             }
             _ => {
-                self.streams.broadcast(bytes);
+                let path = ["params", "_meta", SUBSCRIPTION_ID];
+                let Some(listen) = raw(bytes, &path) else {
+                    self.streams.broadcast(bytes);
+                    return;
+                };
+                let target = listen.parse::<u64>().ok().and_then(|out| {
+                    let routes = self.routes.lock();
+                    routes
+                        .get(out)
+                        .map(|p| (p.client_id.clone(), p.related.clone()))
+                });
+                let Some((client_id, related)) = target else {
+                    return self.dropped("a notification of a subscription no longer open");
+                };
+                let rewritten = splice::replace(bytes, &path, client_id.as_json())
+                    .ok()
+                    .flatten();
+                if rewritten.is_none_or(|m| related.try_send(m).is_err()) {
+                    self.dropped("a subscription's notification its client did not take in time");
+                }
             }
         }
     }

@@ -34,7 +34,34 @@
 //!
 //! Why: a stdio server is written for one client, so taskgate is that client; sessions,
 //! owners and ids are taskgate's to keep apart, as they are with an HTTP upstream's sessions.
-//! A child that refuses `initialize` (a 2026-07-28 server without sessions) gets every
+//!
+//! **The era probe.** Before its `initialize`, taskgate asks a new shared child
+//! `server/discover` (2026-07-28 `_meta`: protocol version, no client capabilities, clientInfo
+//! taskgate), as MCP 2026-07-28 (basic/versioning, backward compatibility) tells a dual-era
+//! client on stdio to:
+//!
+//! - a `DiscoverResult` (or a `-32022` UnsupportedProtocolVersion) whose supported versions
+//!   are all 2026-07-28 or later: a **modern-only** child. It is never sent `initialize`: rmcp
+//!   3.11's stdio server, for one, answers it with `-32022` and stops serving, so the process
+//!   exits and would be restarted for ever. Clients' `initialize` are answered by taskgate
+//!   with the child's own refusal (`-32022`, `data.supported` the versions it named, HTTP 200,
+//!   as rmcp's HTTP server answers it), so the layers above hold 2025 sessions for it as for a
+//!   2026-only HTTP upstream; 2026-07-28 requests (no session) go to it as they come.
+//! - a supported version older than 2026-07-28 (a **dual-era** child), any other error, or
+//!   no answer within the upstream's `timeout_ms` (a legacy server that ignores unknown
+//!   requests; the same bound as for its `initialize` answer, so a child slow to start is
+//!   not mistaken for one): `initialize` as below, on the same child. A dual-era child then
+//!   serves 2025 clients in the session taskgate opened and 2026-07-28 requests by their own
+//!   `_meta` (the spec's "MAY serve both eras concurrently"; rmcp 3.11 does).
+//! - the child dies during the probe: a failed start; its restart is taken for a legacy
+//!   server that cannot stand an unknown request before `initialize`.
+//!
+//! The era found is kept for the upstream's later children (the spec: cache it, and MAY keep
+//! it across restarts of the same server, re-probing if it later fails): a restart goes
+//! straight to `initialize`, or, modern-only, to serving. A legacy child that refuses
+//! `initialize` makes the next start probe again.
+//!
+//! A child that refuses `initialize` (and was not found modern-only by the probe) gets every
 //! client's `initialize` forwarded (the bridge then holds sessions, as for HTTP).
 //!
 //! **Supervision.** A child that exits or is killed is restarted after a back-off (100 ms,
@@ -68,7 +95,9 @@
 //! and are written ahead of queued requests, so a cancel overtakes the request it cancels; a
 //! `tasks/result` (which waits for its task's end) takes none either. A
 //! stdout line is at most `max_message_bytes` (`framing.rs`); related messages and GET stream
-//! messages wait in bounded queues ([`conn`]). Processes: [`child`] (process group,
+//! messages wait in bounded queues ([`conn`]). A 2026-07-28 `subscriptions/listen` takes no
+//! slot (it stays open until its client closes it); its notifications come back on its own
+//! reply stream ([`conn`]). Processes: [`child`] (process group,
 //! parent-death signal, close stdin → `SIGTERM` → `SIGKILL`; stderr to the log, target
 //! `taskgate::upstream::stdio`, bounded in length and rate).
 //!
@@ -85,6 +114,7 @@ use super::{Exchange, Transport};
 use crate::config::{ProcessMode, UpstreamConfig};
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
+use crate::mcp::era::Era;
 use crate::metrics::{Metrics, UpstreamErrorKind};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -116,6 +146,9 @@ const OWN_SESSION: &str = "taskgate";
 
 /// The protocol revision taskgate asks a shared child for.
 const INITIALIZE_VERSION: &str = "2025-11-25";
+/// The protocol revision of taskgate's `server/discover` probe; a child whose supported
+/// versions are all this one or later is modern-only (never sent `initialize`).
+const PROBE_VERSION: &str = "2026-07-28";
 
 /// A child died: the tasks it ran died with it.
 #[derive(Debug, Clone)]
@@ -149,6 +182,20 @@ enum Init {
     Answer(Arc<str>),
     /// It refused (an error): clients' `initialize` go to it.
     Refused,
+    /// Modern-only (the era probe): it is never sent `initialize`; clients' are refused here
+    /// with `-32022` naming its supported versions (a JSON array, as it answered them).
+    Modern(Arc<str>),
+}
+
+/// What taskgate's `server/discover` probe found out about a new shared child.
+#[derive(Debug, Clone, PartialEq)]
+enum Probe {
+    /// Every version it supports is [`PROBE_VERSION`] or later (the JSON array it named).
+    ModernOnly(Arc<str>),
+    /// It answered as a modern server that also supports a version with `initialize`.
+    DualEra,
+    /// Anything else: an error that is not a modern one, or no answer (why, in words).
+    Legacy(String),
 }
 
 /// One client session.
@@ -189,6 +236,17 @@ struct Inner {
     /// `per_session`: children asked for and not yet kept as a session (starting, in
     /// `initialize`); counted against [`MAX_CHILDREN`] with the sessions (issue 31).
     starting: std::sync::atomic::AtomicUsize,
+    /// Shared: the era the probe found, kept for later children (`None`: probe the next one).
+    era: Mutex<Option<ChildEra>>,
+}
+
+/// A shared child's era, as the probe found it.
+#[derive(Clone)]
+enum ChildEra {
+    /// It takes `initialize` (legacy or dual-era, or it ignored or could not stand the probe).
+    Initialize,
+    /// Modern-only: never sent `initialize` (its supported versions, a JSON array).
+    Modern(Arc<str>),
 }
 
 /// One `per_session` child counted as starting, until dropped.
@@ -254,6 +312,7 @@ impl StdioTransport {
             dead: Mutex::new(HashMap::new()),
             spawner: Mutex::new(None),
             starting: std::sync::atomic::AtomicUsize::new(0),
+            era: Mutex::new(None),
         });
         let keeper = match inner.mode {
             ProcessMode::Shared => tokio::spawn(inner.clone().supervise()),
@@ -338,6 +397,7 @@ impl Transport for StdioTransport {
 impl Inner {
     async fn exchange(self: &Arc<Self>, req: McpRequest) -> Result<McpReply, GatewayError> {
         let deadline = req.deadline();
+        let era = req.era();
         let session: SessionKey = req
             .ctx
             .session_id
@@ -347,7 +407,7 @@ impl Inner {
         match req.op {
             Operation::EndSession => Ok(self.end_session(session)),
             Operation::OpenStream => Ok(self.open_stream(session)),
-            Operation::Post(msg) => self.post(msg, session, deadline).await,
+            Operation::Post(msg) => self.post(msg, session, deadline, era).await,
         }
     }
 
@@ -356,6 +416,7 @@ impl Inner {
         msg: Message,
         session: SessionKey,
         deadline: Deadline,
+        era: Era,
     ) -> Result<McpReply, GatewayError> {
         let kind = msg.kind();
         if kind == Kind::Request && msg.method() == Some("initialize") {
@@ -369,7 +430,7 @@ impl Inner {
             Err(reply) => return Ok(reply),
         };
         match kind {
-            Kind::Request => self.call(&conn, msg, session, deadline).await,
+            Kind::Request => self.call(&conn, msg, session, deadline, era).await,
             Kind::Notification => {
                 self.notify(&conn, msg, &session).await?;
                 Ok(McpReply::accepted())
@@ -432,26 +493,33 @@ impl Inner {
         }
     }
 
-    /// A request: written under taskgate's id, answered under the caller's.
+    /// A request: written under taskgate's id, answered under the caller's (a 2026-07-28
+    /// request's JSON-RPC error with the HTTP status its transport prescribes).
     async fn call(
         self: &Arc<Self>,
         conn: &Arc<Conn>,
         msg: Message,
         session: SessionKey,
         deadline: Deadline,
+        era: Era,
     ) -> Result<McpReply, GatewayError> {
         let method = msg.method().unwrap_or_default().to_string();
-        if let Some(reply) = self.dead_task_answer(&msg, &method) {
+        // Only once a new child is live: by then the gateway has failed the dead child's tasks
+        // with both audit facts (`ChildGone`); an answer here before that would be recorded as
+        // a plain `failed`, and the death then skip the task (terminal already).
+        if let Some(reply) = self.dead_task_answer(&msg, &method, era) {
             return Ok(reply);
         }
         let urgent = method == "tasks/cancel";
         // A cancel must overtake; a `tasks/result` (no deadline: it waits for its task's end)
-        // must not hold a slot for as long as a task runs.
-        let permit = if urgent || deadline == Deadline::Unbounded {
-            None
-        } else {
-            Some(self.permit().await?)
-        };
+        // must not hold a slot for as long as a task runs, nor a 2026-07-28
+        // `subscriptions/listen` (open until its client closes it).
+        let permit =
+            if urgent || deadline == Deadline::Unbounded || method == "subscriptions/listen" {
+                None
+            } else {
+                Some(self.permit().await?)
+            };
         let task_call = method == "tools/call";
         let reg = conn
             .register(&msg, session, permit, task_call)
@@ -461,7 +529,7 @@ impl Inner {
             return Err(self.unreachable(why));
         }
         let client_id = msg.id().cloned();
-        self.reply(conn.clone(), reg, client_id, method, deadline)
+        self.reply(conn.clone(), reg, client_id, method, deadline, era)
             .await
     }
 
@@ -482,6 +550,7 @@ impl Inner {
         client_id: Option<Id>,
         method: String,
         deadline: Deadline,
+        era: Era,
     ) -> Result<McpReply, GatewayError> {
         let mut timer = match deadline {
             Deadline::Head | Deadline::Exchange => Some(Box::pin(tokio::time::sleep(self.timeout))),
@@ -494,7 +563,7 @@ impl Inner {
             Some(first) = reg.related.recv() => first,
             answer = &mut reg.answer => {
                 return match answer {
-                    Ok(Ok(bytes)) => Ok(McpReply::local_json(bytes)),
+                    Ok(Ok(bytes)) => Ok(answered(bytes, era)),
                     Ok(Err(why)) => Err(self.unreachable(why)),
                     Err(_) => Err(self.unreachable("its child process is gone".into())),
                 };
@@ -535,7 +604,9 @@ impl Inner {
     }
 
     /// A client notification: `notifications/cancelled` names the id the child saw;
-    /// `notifications/initialized` reached a shared child from taskgate already.
+    /// `notifications/initialized` reached a shared child from taskgate already (or, to a
+    /// modern-only child, has no place: rmcp's stdio server stops serving on a notification
+    /// before its first request).
     async fn notify(
         &self,
         conn: &Arc<Conn>,
@@ -545,7 +616,7 @@ impl Inner {
         match msg.method() {
             Some("notifications/initialized")
                 if self.mode == ProcessMode::Shared
-                    && matches!(*self.init.lock(), Some(Init::Answer(_))) =>
+                    && matches!(*self.init.lock(), Some(Init::Answer(_) | Init::Modern(_))) =>
             {
                 Ok(())
             }
@@ -597,7 +668,8 @@ impl Inner {
                     &session,
                 ))
             }
-            _ => self.call(&conn, msg, None, deadline).await,
+            (Some(Init::Modern(supported)), id) => Ok(refuse_initialize(&msg, id, &supported)),
+            _ => self.call(&conn, msg, None, deadline, Era::Legacy).await,
         }
     }
 
@@ -644,7 +716,7 @@ impl Inner {
             Err(_) => return Err(GatewayError::ShuttingDown),
         };
         let conn = running.conn.clone();
-        let answer = self.call(&conn, msg, None, deadline).await;
+        let answer = self.call(&conn, msg, None, deadline, Era::Legacy).await;
         let session = match &answer {
             Ok(McpReply {
                 body: ReplyBody::Json(b),
@@ -792,7 +864,7 @@ impl Inner {
             );
             tracing::info!(target: "taskgate::upstream::stdio", upstream = %self.name, pid = ?running.pid, "child started");
             let init = tokio::select! {
-                init = self.initialize_child(&running.conn) => init,
+                init = self.open_child(&running.conn) => init,
                 _ = stopped(&mut stop) => Err("stopping".into()),
             };
             match init {
@@ -834,6 +906,79 @@ impl Inner {
             }
         }
         self.state.send_replace(State::Stopped);
+    }
+
+    /// A new shared child's opening: the era probe ([`Inner::probe`]; see the module docs)
+    /// unless an earlier child's era is known, then, unless it is modern-only, taskgate's
+    /// `initialize`.
+    async fn open_child(&self, conn: &Arc<Conn>) -> Result<Init, String> {
+        let known = self.era.lock().clone();
+        let era = match known {
+            Some(era) => era,
+            None => {
+                let era = match self.probe(conn).await {
+                    Ok(Probe::ModernOnly(supported)) => {
+                        tracing::info!(target: "taskgate::upstream::stdio", upstream = %self.name, supported = %supported, "the child is modern-only (server/discover): it is never sent initialize");
+                        ChildEra::Modern(supported)
+                    }
+                    Ok(Probe::DualEra) => {
+                        tracing::info!(target: "taskgate::upstream::stdio", upstream = %self.name, "the child is dual-era (server/discover): initialized for 2025 clients");
+                        ChildEra::Initialize
+                    }
+                    Ok(Probe::Legacy(why)) => {
+                        tracing::info!(target: "taskgate::upstream::stdio", upstream = %self.name, "server/discover: {why}; a legacy child, initialized");
+                        ChildEra::Initialize
+                    }
+                    Err(why) => {
+                        *self.era.lock() = Some(ChildEra::Initialize);
+                        return Err(format!(
+                            "during taskgate's server/discover probe: {why} (its next child is initialized without one)"
+                        ));
+                    }
+                };
+                *self.era.lock() = Some(era.clone());
+                era
+            }
+        };
+        if let ChildEra::Modern(supported) = era {
+            return Ok(Init::Modern(supported));
+        }
+        let init = self.initialize_child(conn).await;
+        if matches!(init, Ok(Init::Refused)) {
+            // Not the era it was taken for: the next child is probed again.
+            *self.era.lock() = None;
+        }
+        init
+    }
+
+    /// taskgate's `server/discover` to a new shared child, before anything else: what it
+    /// answers within `timeout_ms` says its era. `Err` when the child died (or its pipes
+    /// closed) meanwhile.
+    async fn probe(&self, conn: &Arc<Conn>) -> Result<Probe, String> {
+        let request = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": 0,
+            "method": "server/discover",
+            "params": { "_meta": {
+                "io.modelcontextprotocol/protocolVersion": PROBE_VERSION,
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientInfo": { "name": "taskgate", "version": env!("CARGO_PKG_VERSION") },
+            } },
+        });
+        let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
+        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false)?;
+        conn.write(&reg.bytes, false).await?;
+        match tokio::time::timeout(self.timeout, &mut reg.answer).await {
+            Ok(Ok(Ok(bytes))) => Ok(classify_probe(&bytes)),
+            Ok(Ok(Err(why))) => Err(why),
+            Ok(Err(_)) => Err("its child process is gone".into()),
+            // `reg` goes: its route is freed; the child is not told (nothing before
+            // `initialize` but the probe itself).
+            Err(_) => Ok(Probe::Legacy(format!(
+                "no answer within {} ms",
+                self.timeout_ms
+            ))),
+        }
     }
 
     /// taskgate's own `initialize` and `notifications/initialized` to a new shared child.
@@ -961,10 +1106,13 @@ impl Inner {
     }
 
     /// taskgate's answer to `tasks/get|result|cancel` of a task a dead child took with it
-    /// (only its creator's session sees it): `tasks/get` a `failed` `Task` with the reason as
-    /// `statusMessage`; `tasks/result` `-32603` with the reason; `tasks/cancel` `-32602` (the
-    /// task is terminal). `None` for any other request.
-    fn dead_task_answer(&self, msg: &Message, method: &str) -> Option<McpReply> {
+    /// (only its creator's session sees it), in the request's era: `tasks/get` a `failed`
+    /// `Task` with the reason as `statusMessage` (2025-11-25: `ttl`; 2026-07-28: flat, with
+    /// `resultType` `complete` and `ttlMs`); `tasks/result` `-32603` with the reason;
+    /// `tasks/cancel` `-32602` (2025-11-25: the task is terminal) or the 2026-07-28 ack
+    /// `{"resultType":"complete"}` (a cancel of a terminal task is acknowledged). `None` for
+    /// any other request.
+    fn dead_task_answer(&self, msg: &Message, method: &str, era: Era) -> Option<McpReply> {
         if !matches!(method, "tasks/get" | "tasks/result" | "tasks/cancel") {
             return None;
         }
@@ -983,8 +1131,12 @@ impl Inner {
                     .created_at
                     .clone()
                     .unwrap_or_else(|| serde_json::Value::String(now.clone()).to_string());
+                let (head, ttl) = match era {
+                    Era::Legacy => ("", "ttl"),
+                    Era::Modern => ("\"resultType\":\"complete\",", "ttlMs"),
+                };
                 let result = format!(
-                    "{{\"taskId\":{},\"status\":\"failed\",\"statusMessage\":{},\"createdAt\":{created},\"lastUpdatedAt\":{},\"ttl\":{}}}",
+                    "{{{head}\"taskId\":{},\"status\":\"failed\",\"statusMessage\":{},\"createdAt\":{created},\"lastUpdatedAt\":{},\"{ttl}\":{}}}",
                     serde_json::Value::String(task_id.clone()),
                     serde_json::Value::String(task.why.to_string()),
                     serde_json::Value::String(now),
@@ -992,7 +1144,14 @@ impl Inner {
                 );
                 McpReply::local_json(jsonrpc::result_response(id?, &result))
             }
-            "tasks/result" => McpReply::local_error(id, jsonrpc::INTERNAL_ERROR, &task.why),
+            "tasks/result" => answered(
+                jsonrpc::error_response(id, jsonrpc::INTERNAL_ERROR, &task.why),
+                era,
+            ),
+            _ if era == Era::Modern => McpReply::local_json(jsonrpc::result_response(
+                id?,
+                r#"{"resultType":"complete"}"#,
+            )),
             _ => McpReply::local_error(
                 id,
                 jsonrpc::INVALID_PARAMS,
@@ -1172,6 +1331,77 @@ fn overloaded(id: Option<&Id>, message: &str) -> McpReply {
     reply
         .headers
         .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    reply
+}
+
+/// The era of a child by its answer to taskgate's `server/discover` probe: the versions a
+/// `DiscoverResult` names (`supportedVersions`), or a `-32022` UnsupportedProtocolVersion
+/// (`data.supported`); all of them [`PROBE_VERSION`] or later is modern-only. Dates compare as
+/// text (`YYYY-MM-DD`). Any other answer is a legacy server's.
+fn classify_probe(answer: &[u8]) -> Probe {
+    let v: serde_json::Value = serde_json::from_slice(answer).unwrap_or_default();
+    let versions = match (v.get("result"), v.get("error")) {
+        (Some(result), _) => result.get("supportedVersions"),
+        (None, Some(error))
+            if error.get("code").and_then(serde_json::Value::as_i64)
+                == Some(crate::mcp::errors::UNSUPPORTED_PROTOCOL_VERSION) =>
+        {
+            error.get("data").and_then(|d| d.get("supported"))
+        }
+        (None, Some(error)) => {
+            let code = error.get("code").cloned().unwrap_or_default();
+            return Probe::Legacy(format!("answered with error {code}"));
+        }
+        (None, None) => return Probe::Legacy("answered neither a result nor an error".into()),
+    };
+    let Some(list) = versions.and_then(serde_json::Value::as_array) else {
+        return Probe::Legacy("no supported versions named".into());
+    };
+    let names: Vec<&str> = list.iter().filter_map(serde_json::Value::as_str).collect();
+    if names.is_empty() || names.len() != list.len() {
+        return Probe::Legacy("no supported versions named".into());
+    }
+    if names.iter().all(|n| *n >= PROBE_VERSION) {
+        Probe::ModernOnly(serde_json::Value::from(names).to_string().into())
+    } else {
+        Probe::DualEra
+    }
+}
+
+/// A client's `initialize` to a modern-only shared child, refused as the child refuses it
+/// (`-32022` UnsupportedProtocolVersion, `data` `requested` and `supported`), without it.
+fn refuse_initialize(msg: &Message, id: Option<&Id>, supported: &str) -> McpReply {
+    let requested = splice::raw_at(msg.bytes(), &["params", "protocolVersion"])
+        .ok()
+        .flatten()
+        .and_then(|r| serde_json::from_str::<serde_json::Value>(r.get()).ok())
+        .unwrap_or_default();
+    let supported: serde_json::Value = serde_json::from_str(supported).unwrap_or_default();
+    McpReply::local_json(jsonrpc::error_response_with_data(
+        id,
+        crate::mcp::errors::UNSUPPORTED_PROTOCOL_VERSION,
+        "Unsupported protocol version",
+        &serde_json::json!({ "requested": requested, "supported": supported }),
+    ))
+}
+
+/// A child's answer as the reply to a client's request: a 2026-07-28 request's JSON-RPC
+/// error gets the HTTP status the 2026-07-28 transport prescribes for its code (400 for
+/// `-32020`, `-32021`, `-32022`, `-32602`, `-32600`; 404 for `-32601`), as an HTTP server
+/// answers it (`mcp::errors::modern_error_status`); anything else HTTP 200.
+fn answered(bytes: Bytes, era: Era) -> McpReply {
+    let mut reply = McpReply::local_json(bytes);
+    if era == Era::Modern {
+        if let ReplyBody::Json(b) = &reply.body {
+            let code = splice::raw_at(b, &["error", "code"])
+                .ok()
+                .flatten()
+                .and_then(|c| c.get().parse::<i64>().ok());
+            if let Some(code) = code {
+                reply.status = crate::mcp::errors::modern_error_status(code);
+            }
+        }
+    }
     reply
 }
 

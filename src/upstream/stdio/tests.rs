@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::exchange::{Principal, RequestContext};
+use crate::mcp::era::Era;
 use futures_util::StreamExt;
 
 const SERVER: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/stdio/fake_server.py");
@@ -16,6 +17,12 @@ struct Fixture {
 
 impl Fixture {
     fn new(extra: &str) -> Fixture {
+        Fixture::with_env(extra, "")
+    }
+
+    /// `extra`: lines of the upstream's table; `env`: lines of its `[env]` (the fake server's
+    /// switches).
+    fn with_env(extra: &str, env: &str) -> Fixture {
         let dir = std::env::temp_dir().join(format!(
             "tg-stdio-unit-{}-{}",
             std::process::id(),
@@ -23,7 +30,7 @@ impl Fixture {
         ));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let config: UpstreamConfig = toml::from_str(&format!(
-            "name = \"kid\"\ncommand = [\"python3\", \"{SERVER}\"]\ntimeout_ms = 3000\n{extra}\n[env]\nSTDIO_LOG = \"{}\"\nSTDIO_PIDS = \"{}\"\n",
+            "name = \"kid\"\ncommand = [\"python3\", \"{SERVER}\"]\ntimeout_ms = 3000\n{extra}\n[env]\nSTDIO_LOG = \"{}\"\nSTDIO_PIDS = \"{}\"\n{env}\n",
             dir.join("log").display(),
             dir.join("pids").display()
         ))
@@ -480,4 +487,398 @@ async fn max_children_counts_children_still_starting() {
         s.abort();
     }
     f.handle.shutdown().await;
+}
+
+/// The methods the child read, in order.
+fn methods(f: &Fixture) -> Vec<String> {
+    f.seen()
+        .iter()
+        .filter_map(|m| m["method"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The methods the child read, once it read at least `n` lines (it reads what taskgate wrote
+/// in its own time), or after 5 s.
+async fn methods_after(f: &Fixture, n: usize) -> Vec<String> {
+    for _ in 0..250 {
+        if f.seen().len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    methods(f)
+}
+
+/// A request of the 2026-07-28 era (as the edge marks it).
+fn modern() -> http::Extensions {
+    let mut e = http::Extensions::new();
+    e.insert(Era::Modern);
+    e
+}
+
+const META_2026: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}"#;
+
+/// Issue 31, rmcp 3.11's stdio server with `--modern-only`: it answers `initialize` with
+/// `-32022` and stops serving, so a shared child sent taskgate's `initialize` exited and was
+/// restarted for ever. The era probe finds it modern-only: it is never sent `initialize`, stays
+/// up, serves 2026-07-28 requests, and a client's `initialize` gets its refusal from taskgate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_modern_only_child_is_probed_and_never_sent_initialize() {
+    let f = Fixture::with_env("", "STDIO_MODERN = \"only\"");
+    f.ready().await;
+    // Long enough for a child that died of an initialize to have been restarted.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        methods(&f),
+        ["server/discover"],
+        "only the probe reached it"
+    );
+    assert_eq!(f.pids().len(), 1, "never restarted");
+    let reply = f
+        .send(
+            None,
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}"#,
+        )
+        .await
+        .expect("answered");
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.headers.get("mcp-session-id").is_none());
+    let refusal = body(reply).await.remove(0);
+    assert_eq!(refusal["id"], 1);
+    assert_eq!(refusal["error"]["code"], -32022);
+    assert_eq!(
+        refusal["error"]["data"]["supported"],
+        serde_json::json!(["2026-07-28"])
+    );
+    assert_eq!(refusal["error"]["data"]["requested"], "2025-11-25");
+    let initialized = f
+        .send(
+            None,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        )
+        .await
+        .expect("accepted");
+    assert_eq!(initialized.status, StatusCode::ACCEPTED);
+    let call = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"modern"}},{META_2026}}}}}"#
+    );
+    let answer = f.send_with(None, &call, modern()).await.expect("answered");
+    assert_eq!(
+        body(answer).await[0]["result"]["content"][0]["text"],
+        "modern"
+    );
+    assert_eq!(
+        methods(&f),
+        ["server/discover", "tools/call"],
+        "neither the client's initialize nor its notifications/initialized reached the child"
+    );
+    assert_eq!(f.pids().len(), 1);
+    f.handle.shutdown().await;
+}
+
+/// The probe before `initialize`: a legacy child answers it with an error (the fake server's
+/// `-32601`) and is initialized as before, on the same process; a dual-era child (2025-11-25
+/// among its versions) is initialized too, for 2025 clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_and_dual_era_children_are_initialized_after_the_probe() {
+    for env in ["", "STDIO_MODERN = \"dual\""] {
+        let f = Fixture::with_env("", env);
+        f.ready().await;
+        assert_eq!(
+            methods_after(&f, 3).await,
+            ["server/discover", "initialize", "notifications/initialized"],
+            "{env}"
+        );
+        let (session, answer) = initialize(&f, "1").await;
+        assert!(session.starts_with("tgs-"));
+        assert_eq!(
+            answer["result"]["serverInfo"]["name"], "fake-stdio",
+            "{env}"
+        );
+        assert_eq!(f.pids().len(), 1);
+        f.handle.shutdown().await;
+    }
+}
+
+/// A legacy child that ignores the probe is initialized once the upstream's `timeout_ms` (3 s
+/// here) passed; one that dies of the probe is a failed start, and the next child is
+/// initialized without one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_or_crashing_probe_falls_back_to_initialize() {
+    let silent = Fixture::with_env("", "STDIO_DISCOVER = \"silent\"");
+    silent.ready().await;
+    assert_eq!(
+        methods_after(&silent, 3).await,
+        ["server/discover", "initialize", "notifications/initialized"]
+    );
+    assert_eq!(silent.pids().len(), 1);
+    silent.handle.shutdown().await;
+
+    let crash = Fixture::with_env("", "STDIO_DISCOVER = \"crash\"");
+    crash.ready().await;
+    assert_eq!(
+        methods_after(&crash, 3).await,
+        ["server/discover", "initialize", "notifications/initialized"]
+    );
+    assert_eq!(crash.pids().len(), 2, "the second child got no probe");
+    let (_, answer) = initialize(&crash, "1").await;
+    assert_eq!(answer["result"]["serverInfo"]["name"], "fake-stdio");
+    crash.handle.shutdown().await;
+}
+
+/// Issue 31: a 2026-07-28 request answered with a JSON-RPC error by the child gets the HTTP
+/// status the 2026-07-28 transport prescribes (as an HTTP upstream answers it: 400 for
+/// `-32021`, 404 for `-32601`); a 2025-11-25 request's stays 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_modern_requests_error_from_the_child_gets_its_http_status() {
+    let f = Fixture::with_env("", "STDIO_MODERN = \"only\"");
+    f.ready().await;
+    for (code, status) in [(-32021, 400), (-32601, 404), (-32602, 400), (-32603, 200)] {
+        let call = format!(
+            r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"fail","arguments":{{"code":{code}}},{META_2026}}}}}"#
+        );
+        let reply = f.send_with(None, &call, modern()).await.expect("answered");
+        assert_eq!(reply.status.as_u16(), status, "{code}");
+        assert_eq!(body(reply).await[0]["error"]["code"], code);
+    }
+    let legacy = Fixture::new("");
+    legacy.ready().await;
+    let (session, _) = initialize(&legacy, "1").await;
+    let reply = legacy
+        .send(
+            Some(&session),
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"fail","arguments":{"code":-32021}}}"#,
+        )
+        .await
+        .expect("answered");
+    assert_eq!(reply.status, StatusCode::OK);
+    f.handle.shutdown().await;
+    legacy.handle.shutdown().await;
+}
+
+/// Issue 31: taskgate's answers for a task a dead child took with it are in the request's era:
+/// a 2026-07-28 `tasks/get` gets a flat `failed` Task (`resultType`, `ttlMs`) and a
+/// `tasks/cancel` the 2026 ack; a 2025-11-25 one the 2025 Task (`ttl`) and `-32602`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_childs_tasks_are_answered_in_the_requests_era() {
+    let f = Fixture::new("");
+    f.ready().await;
+    let mut gone = f.handle.deaths().expect("deaths");
+    let (s1, _) = initialize(&f, "1").await;
+    let created = f
+        .send(
+            Some(&s1),
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"slow","arguments":{},"task":{"ttl":60000}}}"#,
+        )
+        .await
+        .expect("created");
+    let task_id = body(created).await[0]["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a task")
+        .to_string();
+    // SAFETY: a signal to the child this test started.
+    unsafe { libc::kill(f.pids()[0], libc::SIGKILL) };
+    tokio::time::timeout(Duration::from_secs(5), gone.recv())
+        .await
+        .expect("announced")
+        .expect("event");
+    f.ready().await;
+    let get = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tasks/get","params":{{"taskId":"{task_id}",{META_2026}}}}}"#
+    );
+    let modern_get = body(
+        f.send_with(Some(&s1), &get, modern())
+            .await
+            .expect("answered"),
+    )
+    .await
+    .remove(0);
+    let task = &modern_get["result"];
+    assert_eq!(task["resultType"], "complete", "{modern_get}");
+    assert_eq!(task["status"], "failed");
+    assert!(task["statusMessage"]
+        .as_str()
+        .is_some_and(|m| m.contains("`kid` restarted")));
+    assert_eq!(task["ttlMs"], 60000);
+    assert!(task.get("ttl").is_none(), "{modern_get}");
+    let cancel = format!(
+        r#"{{"jsonrpc":"2.0","id":4,"method":"tasks/cancel","params":{{"taskId":"{task_id}",{META_2026}}}}}"#
+    );
+    let modern_cancel = body(
+        f.send_with(Some(&s1), &cancel, modern())
+            .await
+            .expect("answered"),
+    )
+    .await
+    .remove(0);
+    assert_eq!(
+        modern_cancel["result"],
+        serde_json::json!({"resultType":"complete"})
+    );
+
+    let legacy_get = body(
+        f.send(
+            Some(&s1),
+            &format!(r#"{{"jsonrpc":"2.0","id":5,"method":"tasks/get","params":{{"taskId":"{task_id}"}}}}"#),
+        )
+        .await
+        .expect("answered"),
+    )
+    .await
+    .remove(0);
+    assert_eq!(legacy_get["result"]["status"], "failed");
+    assert_eq!(legacy_get["result"]["ttl"], 60000);
+    assert!(legacy_get["result"].get("resultType").is_none());
+    let legacy_cancel = body(
+        f.send(
+            Some(&s1),
+            &format!(r#"{{"jsonrpc":"2.0","id":6,"method":"tasks/cancel","params":{{"taskId":"{task_id}"}}}}"#),
+        )
+        .await
+        .expect("answered"),
+    )
+    .await
+    .remove(0);
+    assert_eq!(legacy_cancel["error"]["code"], -32602);
+    f.handle.shutdown().await;
+}
+
+/// Issue 31: a 2026-07-28 `subscriptions/listen` to a shared child gets its notifications (the
+/// child names the listen by the id it saw, `_meta` subscriptionId) on its own reply stream,
+/// under the caller's id, not on the sessions' GET streams; it holds no `max_in_flight` slot;
+/// its client going away cancels it at the child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listens_notifications_come_back_on_its_own_stream() {
+    let f = Fixture::with_env("max_in_flight = 1", "STDIO_MODERN = \"only\"");
+    f.ready().await;
+    let listen = format!(
+        r#"{{"jsonrpc":"2.0","id":"L1","method":"subscriptions/listen","params":{{"notifications":{{"toolsListChanged":true}},{META_2026}}}}}"#
+    );
+    let reply = f
+        .send_with(None, &listen, modern())
+        .await
+        .expect("a stream");
+    let ReplyBody::Stream(mut events) = reply.body else {
+        panic!("expected a stream");
+    };
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let e = tokio::time::timeout(Duration::from_secs(5), events.next())
+            .await
+            .expect("an event")
+            .expect("the stream is open");
+        let v: serde_json::Value = serde_json::from_str(&e.data.expect("data")).expect("json");
+        seen.push(v);
+    }
+    assert_eq!(
+        seen[0]["method"],
+        "notifications/subscriptions/acknowledged"
+    );
+    assert_eq!(seen[1]["method"], "notifications/tools/list_changed");
+    for v in &seen {
+        assert_eq!(
+            v["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "L1",
+            "{v}"
+        );
+    }
+    // The open listen holds no slot: a call (max_in_flight = 1) still goes through.
+    let call = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"beside"}},{META_2026}}}}}"#
+    );
+    let answer = tokio::time::timeout(Duration::from_secs(5), f.send_with(None, &call, modern()))
+        .await
+        .expect("not waiting for a slot")
+        .expect("answered");
+    assert_eq!(
+        body(answer).await[0]["result"]["content"][0]["text"],
+        "beside"
+    );
+    let child_id = f
+        .seen()
+        .into_iter()
+        .find(|m| m["method"] == "subscriptions/listen")
+        .expect("the child saw the listen")["id"]
+        .clone();
+    drop(events);
+    for _ in 0..100 {
+        if methods(&f).iter().any(|m| m == "notifications/cancelled") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cancelled: Vec<_> = f
+        .seen()
+        .into_iter()
+        .filter(|m| m["method"] == "notifications/cancelled")
+        .collect();
+    assert_eq!(
+        cancelled.len(),
+        1,
+        "the closed listen is cancelled at the child"
+    );
+    assert_eq!(cancelled[0]["params"]["requestId"], child_id);
+    f.handle.shutdown().await;
+}
+
+/// The era the probe found is kept for the upstream's later children (MCP 2026-07-28: cache it,
+/// MAY keep it across restarts): after `kill -9`, a modern-only child's successor is sent
+/// nothing (no probe, no `initialize`), a dual-era one's gets `initialize` at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_era_found_is_kept_across_restarts() {
+    for (env, first, again) in [
+        ("STDIO_MODERN = \"only\"", &["server/discover"][..], &[][..]),
+        (
+            "STDIO_MODERN = \"dual\"",
+            &["server/discover", "initialize", "notifications/initialized"][..],
+            &["initialize", "notifications/initialized"][..],
+        ),
+    ] {
+        let f = Fixture::with_env("", env);
+        f.ready().await;
+        assert_eq!(methods_after(&f, first.len()).await, first, "{env}");
+        // SAFETY: a signal to the child this test started.
+        unsafe { libc::kill(f.pids()[0], libc::SIGKILL) };
+        for _ in 0..200 {
+            if f.pids().len() == 2 && f.handle.readiness().is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        f.ready().await;
+        assert_eq!(f.pids().len(), 2, "{env}");
+        let all = methods_after(&f, first.len() + again.len()).await;
+        assert_eq!(&all[first.len()..], again, "{env}");
+        f.handle.shutdown().await;
+    }
+}
+
+/// The probe's answer, read (MCP 2026-07-28 basic/versioning: a recognized modern answer, a
+/// `DiscoverResult` or `-32022`, says modern; anything else legacy).
+#[test]
+fn the_probe_answer_says_the_era() {
+    let only = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","supportedVersions":["2026-07-28"],"capabilities":{}}}"#;
+    assert_eq!(
+        classify_probe(only.as_bytes()),
+        Probe::ModernOnly(r#"["2026-07-28"]"#.into())
+    );
+    let later = r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32022,"message":"Unsupported protocol version","data":{"requested":"2026-07-28","supported":["2027-01-01"]}}}"#;
+    assert_eq!(
+        classify_probe(later.as_bytes()),
+        Probe::ModernOnly(r#"["2027-01-01"]"#.into())
+    );
+    let dual =
+        r#"{"jsonrpc":"2.0","id":1,"result":{"supportedVersions":["2025-11-25","2026-07-28"]}}"#;
+    assert_eq!(classify_probe(dual.as_bytes()), Probe::DualEra);
+    for legacy in [
+        r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"Method not found"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"Invalid request parameters"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32022,"message":"no data"}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":{"supportedVersions":[]}}"#,
+    ] {
+        assert!(
+            matches!(classify_probe(legacy.as_bytes()), Probe::Legacy(_)),
+            "{legacy}"
+        );
+    }
 }

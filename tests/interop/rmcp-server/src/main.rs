@@ -1,15 +1,25 @@
 //! rmcp 3.11.0 fixture: the conformance 0.2.0-alpha.12 tasks-* fixture tools (greet, slow_compute,
 //! failing_job, protocol_error_job, confirm_delete, multi_input, test_tool_with_task) on rmcp's
-//! TaskManager, served with rmcp's StreamableHttpService on 127.0.0.1.
+//! TaskManager, served with rmcp's StreamableHttpService on 127.0.0.1, or over stdio.
 //!
-//!     taskgate-interop-rmcp-server [--port N] [--modern-only]
+//!     taskgate-interop-rmcp-server [--port N] [--modern-only] [--received FILE]
+//!     taskgate-interop-rmcp-server --stdio [--modern-only] [--received FILE]
 //!
-//! Prints `{"listening":"http://127.0.0.1:PORT/mcp","port":PORT,"server":"rmcp","version":"3.11.0"}`
+//! HTTP: prints `{"listening":"http://127.0.0.1:PORT/mcp","port":PORT,"server":"rmcp","version":"3.11.0"}`
 //! once bound, then one line `{"received":"tasks/cancel","taskId":ID}` per `tasks/cancel` it
 //! handles (the interop scripts count them). Stops on SIGTERM/SIGINT.
 //!
-//! `--modern-only`: a pure 2026-07-28 server (rmcp's `legacy_session_mode` off, only
-//! `2026-07-28` supported): `initialize` is refused (`-32022`), there are no sessions.
+//! `--stdio` (issue 31): the same handler over rmcp's stdio transport (`stdio_pipes`, newline
+//! delimited JSON-RPC on stdin/stdout), served as an rmcp user serves one: `serve`, then
+//! `waiting`; it ends when stdin closes or the connection fails. stdout carries JSON-RPC only,
+//! so the `received` lines go to `--received FILE` (appended), else to stderr.
+//!
+//! `--received FILE` (both modes): the `received` lines are appended to FILE instead.
+//!
+//! `--modern-only`: a pure 2026-07-28 server (only `2026-07-28` supported). HTTP: rmcp's
+//! `legacy_session_mode` off, `initialize` is refused (`-32022`), there are no sessions. stdio:
+//! rmcp answers `server/discover` and 2026-07-28 requests; an `initialize` is answered with an
+//! error and ends the serving (rmcp's `serve` returns the error), so the process exits.
 //!
 //! Besides the conformance tools: `slow_required(seconds)`, task required (`-32021` without the
 //! extension), sleeps `seconds` (a `tasks/cancel` ends it); `ask_name()`, MRTR without a task:
@@ -34,7 +44,7 @@ use rmcp::{
     transport::streamable_http_server::{
         session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
     },
-    ErrorData as McpError, ServerHandler,
+    ErrorData as McpError, ServerHandler, ServiceExt,
 };
 use serde_json::{json, Value};
 
@@ -42,6 +52,31 @@ use serde_json::{json, Value};
 struct Fixture {
     tasks: TaskManager,
     modern_only: bool,
+    /// Where the `received` lines go.
+    received: Received,
+}
+
+/// Where the fixture writes its `{"received":...}` lines.
+#[derive(Clone)]
+enum Received {
+    Stdout,
+    Stderr,
+    File(Arc<std::sync::Mutex<std::fs::File>>),
+}
+
+impl Received {
+    fn line(&self, v: Value) {
+        use std::io::Write;
+        match self {
+            Received::Stdout => println!("{v}"),
+            Received::Stderr => eprintln!("{v}"),
+            Received::File(f) => {
+                let mut f = f.lock().unwrap_or_else(|e| e.into_inner());
+                let _ = writeln!(f, "{v}");
+                let _ = f.flush();
+            }
+        }
+    }
 }
 
 fn schema(v: Value) -> Arc<JsonObject> {
@@ -243,7 +278,7 @@ impl ServerHandler for Fixture {
     }
 
     async fn cancel_task(&self, request: CancelTaskParams, _c: RequestContext<RoleServer>) -> Result<(), McpError> {
-        println!("{}", json!({"received": "tasks/cancel", "taskId": request.task_id.to_string()}));
+        self.received.line(json!({"received": "tasks/cancel", "taskId": request.task_id.to_string()}));
         self.tasks.cancel_task(&request.task_id)
     }
 
@@ -273,16 +308,23 @@ impl ServerHandler for Fixture {
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let port: u16 = args
-        .iter()
-        .position(|a| a == "--port")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(0);
+    let value = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned();
+    let port: u16 = value("--port").and_then(|p| p.parse().ok()).unwrap_or(0);
+    let modern_only = args.iter().any(|a| a == "--modern-only");
+    let stdio = args.iter().any(|a| a == "--stdio");
+    let received = match value("--received") {
+        Some(path) => Received::File(Arc::new(std::sync::Mutex::new(
+            std::fs::OpenOptions::new().create(true).append(true).open(path)?,
+        ))),
+        None if stdio => Received::Stderr,
+        None => Received::Stdout,
+    };
+    let fixture = Fixture { tasks: TaskManager::new(), modern_only, received };
+    if stdio {
+        return serve_stdio(fixture).await;
+    }
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     let port = listener.local_addr()?.port();
-    let modern_only = args.iter().any(|a| a == "--modern-only");
-    let fixture = Fixture { tasks: TaskManager::new(), modern_only };
     let mut config = StreamableHttpServerConfig::default();
     config.legacy_session_mode = !modern_only;
     let service = StreamableHttpService::new(
@@ -307,6 +349,25 @@ async fn main() -> std::io::Result<()> {
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         }
+    }
+    Ok(())
+}
+
+/// `--stdio`: rmcp's stdio transport, as its examples serve one; a message on stderr when the
+/// opening failed (a refused `initialize` on `--modern-only`) or the connection ended.
+async fn serve_stdio(fixture: Fixture) -> std::io::Result<()> {
+    eprintln!("{}", json!({"serving": "stdio", "server": "rmcp", "version": "3.11.0", "modernOnly": fixture.modern_only}));
+    let running = match fixture.serve(rmcp::transport::stdio_pipes()).await {
+        Ok(running) => running,
+        Err(e) => {
+            eprintln!("rmcp stdio server: serving ended before it began: {e}");
+            return Err(std::io::Error::other(e.to_string()));
+        }
+    };
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        quit = running.waiting() => eprintln!("rmcp stdio server: {quit:?}"),
+        _ = term.recv() => eprintln!("rmcp stdio server: SIGTERM"),
     }
     Ok(())
 }
