@@ -329,6 +329,25 @@ impl State {
                 resp
             }
             "ping" => rpc_result(&id, "{}"),
+            // 2026-07-28: servers MUST implement `server/discover` (taskgate asks it to learn
+            // an `auto` upstream's era; without it the upstream counts as 2025-11-25 only and
+            // 2026 requests would be bridged).
+            "server/discover" => rpc_result(
+                &id,
+                &serde_json::json!({
+                    "resultType": "complete",
+                    "supportedVersions": ["2025-11-25", MODERN_VERSION],
+                    "capabilities": {
+                        "tools": {"listChanged": false},
+                        "extensions": {"io.modelcontextprotocol/tasks": {}}
+                    },
+                    "ttlMs": 3_600_000,
+                    "cacheScope": "public",
+                    "_meta": {"io.modelcontextprotocol/serverInfo":
+                        {"name": "taskgate-bench-upstream", "version": "0.1.0"}}
+                })
+                .to_string(),
+            ),
             "tools/call" if modern && declares_tasks_extension(&params) => {
                 self.modern_tools_call(&id, &params)
             }
