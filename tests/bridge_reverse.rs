@@ -651,3 +651,40 @@ async fn a_cancel_racing_completion_200_rounds() {
     }
     assert!(ends.0 > 0 && ends.1 > 0, "both ends happened: {ends:?}");
 }
+
+/// A 2026-07-28 server that does not answer its first `server/discover` within the deadline
+/// (slow at its start) is not taken for a 2025-11-25 one for the process's life: the 2026
+/// requests pass as they came, no 2025 session is opened (no `initialize` upstream), and the
+/// server's own answers come back.
+#[tokio::test]
+async fn a_first_discovery_unanswered_in_time_bridges_nothing() {
+    let state: Shared = Default::default();
+    let handler = pure_2026(state);
+    let discoveries = Arc::new(AtomicUsize::new(0));
+    let seen = discoveries.clone();
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let first = req.rpc_method().as_deref() == Some("server/discover")
+            && seen.fetch_add(1, Ordering::SeqCst) == 0;
+        match first {
+            true => handler(req).after(std::time::Duration::from_secs(30)),
+            false => handler(req),
+        }
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    for id in 1..=3 {
+        let (status, v) = send(modern_req(&url, None, id, "tools/list", json!({}))).await;
+        assert_eq!(status, 200, "{v}");
+        assert!(v["result"]["tools"].is_array(), "{v}");
+    }
+    assert!(
+        up.received("initialize").is_empty(),
+        "no 2025 session is opened"
+    );
+    assert_eq!(
+        discoveries.load(Ordering::SeqCst),
+        1,
+        "asked once, not per request"
+    );
+}

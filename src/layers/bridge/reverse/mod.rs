@@ -9,7 +9,8 @@
 //! **When.** A 2026-07-28 request (`McpRequest::era`) to an upstream that speaks only
 //! 2025-11-25: `upstream.protocol = "2025-11-25"`, or `"auto"` and the upstream does not answer
 //! `server/discover` with a result (a 2025 server refuses it without a session, or answers
-//! `-32601`, or not within `bridge::DISCOVER_DEADLINE`), learned once per process. Every other
+//! `-32601`), learned once per process; one unanswered within `bridge::DISCOVER_DEADLINE`
+//! decides nothing (asked again after [`UNANSWERED_RETRY`]; see `legacy_only`). Every other
 //! 2026-07-28 request, and every 2025-11-25 one, passes untouched (2025 clients on the same
 //! upstream are unchanged). No new configuration.
 //!
@@ -106,6 +107,9 @@ use translate::Outcome;
 pub const LEGACY_VERSION: &str = "2025-11-25";
 /// Most `tools/list` pages read to learn one tool's `taskSupport`.
 pub const MAX_TOOL_PAGES: usize = 16;
+/// How long after a `server/discover` unanswered within `bridge::DISCOVER_DEADLINE` requests
+/// pass without asking again (`"auto"` upstreams; see `legacy_only`).
+pub const UNANSWERED_RETRY: Duration = Duration::from_secs(30);
 
 /// One upstream's reverse-bridge state: whether it speaks only 2025-11-25, and its held
 /// sessions.
@@ -114,6 +118,9 @@ pub struct ReverseState {
     protocol: UpstreamProtocol,
     /// `"auto"`: whether the upstream speaks only 2025-11-25, once learned.
     legacy_only: Mutex<Option<bool>>,
+    /// `"auto"`: until when a `server/discover` that went unanswered within the deadline keeps
+    /// the next requests from asking again (they pass meanwhile).
+    unanswered_until: Mutex<Option<std::time::Instant>>,
     probe: tokio::sync::Mutex<()>,
     sessions: UpstreamSessions,
     /// Input requests of tasks that are `input_required` upstream (see `input`).
@@ -137,6 +144,7 @@ impl ReverseState {
             registry,
             protocol,
             legacy_only: Mutex::new(None),
+            unanswered_until: Mutex::new(None),
             probe: tokio::sync::Mutex::new(()),
             sessions: UpstreamSessions::new(idle),
             inputs: input::Inputs::default(),
@@ -254,11 +262,15 @@ enum Learned {
 }
 
 /// Whether the upstream speaks only 2025-11-25, learned once under `"auto"` from its answer to
-/// `server/discover` (a result: it speaks 2026-07-28; an error, no JSON-RPC answer, or none
-/// within `bridge::DISCOVER_DEADLINE`: 2025-11-25 only). A request that is itself a
-/// `server/discover` is what asks (the `bridge` above sends its own to learn the era: one
-/// discovery, not two); for any other, taskgate asks. A discovery that could not be sent
-/// (transport error) decides nothing: the request passes, and the next one asks again.
+/// `server/discover` (a result: it speaks 2026-07-28; an error or no JSON-RPC answer: 2025-11-25
+/// only). A request that is itself a `server/discover` is what asks (the `bridge` above sends
+/// its own to learn the era: one discovery, not two); for any other, taskgate asks. A discovery
+/// that could not be sent (transport error) decides nothing: the request passes, and the next
+/// one asks again. Nor does one unanswered within `bridge::DISCOVER_DEADLINE`: a 2026-07-28
+/// server slow at its start must not be bridged for the process's life (its 2026 clients would
+/// get 2025 sessions it refuses), so the request passes and requests pass without asking for
+/// [`UNANSWERED_RETRY`]; then the next one asks again. (`upstream.protocol = "2025-11-25"`
+/// bridges without asking.)
 async fn legacy_only<S: McpService>(state: &ReverseState, inner: &S, req: &McpRequest) -> Learned {
     let decided = |legacy: bool| {
         if legacy {
@@ -273,6 +285,13 @@ async fn legacy_only<S: McpService>(state: &ReverseState, inner: &S, req: &McpRe
     let _one = state.probe.lock().await;
     if let Some(k) = state.known() {
         return decided(k);
+    }
+    if state
+        .unanswered_until
+        .lock()
+        .is_some_and(|until| std::time::Instant::now() < until)
+    {
+        return Learned::Pass;
     }
     let asks = req.request_method() == Some("server/discover");
     let (id, out) = match (asks, req.id()) {
@@ -306,7 +325,11 @@ async fn legacy_only<S: McpService>(state: &ReverseState, inner: &S, req: &McpRe
     };
     let deadline = super::DISCOVER_DEADLINE.min(state.timeout);
     let (legacy, answered) = match tokio::time::timeout(deadline, asked).await {
-        Err(_) => (true, None),
+        Err(_) => {
+            tracing::info!(upstream = %req.ctx.upstream, "server/discover unanswered within the deadline: the era is asked again later");
+            *state.unanswered_until.lock() = Some(std::time::Instant::now() + UNANSWERED_RETRY);
+            return Learned::Pass;
+        }
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "server/discover could not be sent; asked again later");
             return Learned::Pass;
