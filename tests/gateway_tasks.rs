@@ -466,3 +466,27 @@ async fn an_input_request_during_a_gateway_task_is_refused_to_the_server() {
     let r = c.result("3", &t).await;
     assert_eq!(r["result"]["content"][0]["text"], "done", "{r}");
 }
+
+/// A server that heeds `notifications/cancelled` by never answering and keeps its stream open
+/// (the TypeScript SDK does) does not keep the held call, and its connection, until the task's
+/// ttl: taskgate closes it after `CANCELLED_CALL_GRACE` (5 s), and the task is released then,
+/// still `cancelled`, with no late result.
+#[tokio::test]
+async fn a_cancelled_call_the_server_keeps_open_is_closed_and_released() {
+    let (up, _gate, tg) = setup(false).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = task_id_of(&create_call(&c, "1", "slow").await);
+    assert!(up.wait_for_method("tools/call", 1, STEP).await);
+    let v = c.cancel("\"c\"", &t).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    assert!(up.wait_for_method("notifications/cancelled", 1, STEP).await);
+    let released = eventually(Duration::from_secs(20), || async {
+        tg.record(&t).and_then(|r| r.released_at)
+    })
+    .await;
+    assert!(released.is_some(), "released once taskgate closed the call");
+    let rec = tg.record(&t).unwrap();
+    assert_eq!(rec.status, TaskStatus::Cancelled);
+    assert!(rec.late_result_at.is_none(), "no late result: {rec:?}");
+}

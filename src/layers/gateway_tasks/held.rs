@@ -22,6 +22,13 @@ use serde_json::{json, Value};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// How long a 2025-11-25 call taskgate holds for a cancelled gateway task may go on after its
+/// `notifications/cancelled` before taskgate closes it (its end is then "resources released",
+/// after the quiet window). 5 s: a server that stops its handler answers or ends its stream
+/// well within it; one that keeps the stream open does not keep a connection per cancelled
+/// task until the task's ttl.
+pub const CANCELLED_CALL_GRACE: Duration = Duration::from_secs(5);
 use tokio::sync::{oneshot, watch};
 use tower::ServiceExt;
 
@@ -256,8 +263,14 @@ impl Held {
                 if self.era == Era::Legacy {
                     self.notify_cancelled(&inner, &notify_ctx, "the task was cancelled")
                         .await;
+                    // Bounded: a server that heeds the notification sends no answer and may
+                    // keep its stream open (the TypeScript SDK does), so after
+                    // [`CANCELLED_CALL_GRACE`] taskgate closes the call itself (the connection's
+                    // close is the call's end); otherwise every cancelled task would hold a
+                    // connection until its ttl.
                     tokio::select! {
                         late = &mut call => self.late(late),
+                        _ = tokio::time::sleep(CANCELLED_CALL_GRACE) => {}
                         _ = &mut expiry => {}
                     }
                 }

@@ -61,7 +61,8 @@
 //!   a status report, so it is counted as a late result and never overturns `cancelled`.
 //!   Audit: "status cancelled" is the registry's `on_transition` (at once); "resources
 //!   released" waits on a [`crate::registry::ResourceHold`] the held call keeps until it has
-//!   actually ended (answer, stream end, connection close), then the quiet window
+//!   actually ended (answer, stream end, connection close; a 2025 call still open
+//!   `held::CANCELLED_CALL_GRACE` after its notification is closed by taskgate), then the quiet window
 //!   (`tasks.release_quiet_ms`), and is recorded by the registry's release tracker with the
 //!   `taskgate_cancelled_to_released_seconds` histogram.
 //! - A restart (`gateway.rs` at start, on a store of one gateway): gateway tasks that were not
