@@ -357,8 +357,16 @@ async fn kill_9_then_restart_fails_the_working_task() {
     c.initialize().await;
     let t = task_id_of(&create_call(&c, "1", "slow").await);
     assert!(up.wait_for_method("tools/call", 1, STEP).await);
+    // A second task cancelled just before the kill, its call still open (not yet released):
+    // after the restart it stays `cancelled` and is only released (no `failed` applied to it,
+    // so no late result counted).
+    let t2 = task_id_of(&create_call(&c, "4", "slow").await);
+    assert!(up.wait_for_method("tools/call", 2, STEP).await);
+    let v = c.cancel("\"5\"", &t2).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    assert!(up.wait_for_method("notifications/cancelled", 1, STEP).await);
     sigkill(&mut p);
-    let (mut p2, gw2, _) = spawn_binary(&path);
+    let (mut p2, gw2, admin2) = spawn_binary(&path);
     let c2 = Client::new(&format!("http://{gw2}/mcp")).with_session(c.session.as_deref().unwrap());
     let v = c2.get("2", &t).await;
     assert_eq!(v["result"]["status"], "failed", "{v}");
@@ -370,6 +378,18 @@ async fn kill_9_then_restart_fails_the_working_task() {
     );
     let r = c2.result("3", &t).await;
     assert_eq!(err_code(&r), -32603, "{r}");
+    let v = c2.get("6", &t2).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    let m = Req::get(&format!("http://{admin2}/metrics"))
+        .send()
+        .await
+        .text()
+        .await;
+    assert_eq!(
+        metric(&m, "taskgate_task_late_results_total", &[]),
+        0.0,
+        "no late result counted for the cancelled task"
+    );
     blocking(|| {
         p2.signal(libc::SIGTERM);
         let _ = p2.wait_exit(STEP);

@@ -109,12 +109,14 @@ impl Registry {
                 && rec.recorded_at <= before_ms
                 && (!rec.status.is_terminal() || unreleased_cancel)
         };
+        // (task id, whether it still needs its `failed`: a cancelled one only its release,
+        // else the status machine would count the `failed` as a late result after `cancelled`.)
         let mut found = Vec::new();
         match only {
             Some(ids) => {
                 for id in ids {
                     match self.store.get(upstream, &id) {
-                        Ok(Some(rec)) if dead(&rec) => found.push(id),
+                        Ok(Some(rec)) if dead(&rec) => found.push((id, !rec.status.is_terminal())),
                         Ok(_) => {}
                         Err(e) => self.write_failed(&e, "task store read failed"),
                     }
@@ -123,7 +125,8 @@ impl Registry {
             None => {
                 let scanned = self.store.scan(&mut |rec| {
                     if dead(&rec) {
-                        found.push(rec.task_id);
+                        let fail = !rec.status.is_terminal();
+                        found.push((rec.task_id, fail));
                     }
                     true
                 });
@@ -133,15 +136,17 @@ impl Registry {
             }
         }
         let mut changed = 0;
-        for task_id in found {
-            let report = Report {
-                status: TaskStatus::Failed,
-                message: Some(message.to_string()),
-                updated_at: None,
-                poll_interval_ms: None,
-                tool_error: false,
-            };
-            self.apply_status(upstream, &task_id, report, reason.as_str());
+        for (task_id, fail) in found {
+            if fail {
+                let report = Report {
+                    status: TaskStatus::Failed,
+                    message: Some(message.to_string()),
+                    updated_at: None,
+                    poll_interval_ms: None,
+                    tool_error: false,
+                };
+                self.apply_status(upstream, &task_id, report, reason.as_str());
+            }
             let now = now_ms();
             let updated = self.update(upstream, &task_id, &mut |r| {
                 if r.released_at.is_some() {
