@@ -44,7 +44,8 @@
 //!   a JSON-RPC error `failed` (its message the `statusMessage`), no answer at all `failed`
 //!   saying why. The result is kept in the record up to `tasks.max_stored_result_bytes`
 //!   (2025: the `CallToolResult` with the related-task `_meta`; 2026: the whole
-//!   `DetailedTask`) and, bounded ([`DONE_LIMIT`] tasks), in memory with a JSON-RPC error.
+//!   `DetailedTask`) and, bounded ([`DONE_LIMIT`] tasks, [`DONE_BYTES`], each at most
+//!   `tasks.max_stored_result_bytes`), in memory with a JSON-RPC error.
 //! - `tasks/get` of a gateway task: answered from the record (2025 `Task`; 2026 `DetailedTask`,
 //!   its result inline once terminal). `tasks/result` (2025): blocks until the task is terminal
 //!   (woken by the held call's end, or a registry poll every [`RESULT_POLL`] when this process
@@ -101,8 +102,11 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 
 /// Finished gateway tasks whose outcome (result or JSON-RPC error) is kept in memory for
-/// `tasks/result` beside the record's stored result (cleared past this many).
+/// `tasks/result` beside the record's stored result (the oldest forgotten past this many).
 pub const DONE_LIMIT: usize = 4096;
+/// Most bytes (serialized JSON) of outcomes kept in memory in all; each one is kept only when
+/// it is at most `tasks.max_stored_result_bytes` (the oldest forgotten past this).
+pub const DONE_BYTES: usize = 64 << 20;
 
 /// How often a `tasks/result` of a gateway task this process does not hold reads the registry.
 pub const RESULT_POLL: Duration = Duration::from_secs(1);
@@ -124,6 +128,14 @@ pub(crate) enum Outcome {
     Error(Arc<Value>),
 }
 
+/// The outcomes kept in memory: by task id with their size, oldest first.
+#[derive(Default)]
+struct Done {
+    map: HashMap<String, (Outcome, usize)>,
+    order: std::collections::VecDeque<String>,
+    bytes: usize,
+}
+
 /// One held call: how to tell it the task was cancelled, and when its task became terminal.
 struct Live {
     cancel: Mutex<Option<oneshot::Sender<()>>>,
@@ -139,8 +151,8 @@ pub struct GatewayTasksState {
     upstream_tasks: AtomicU8,
     /// taskId → its held call, while it is held.
     live: Mutex<HashMap<String, Arc<Live>>>,
-    /// taskId → how its held call ended (bounded: [`DONE_LIMIT`]).
-    done: Mutex<HashMap<String, Outcome>>,
+    /// taskId → how its held call ended (bounded: [`DONE_LIMIT`], [`DONE_BYTES`]).
+    done: Mutex<Done>,
     seq: AtomicU64,
 }
 
@@ -152,7 +164,7 @@ impl GatewayTasksState {
             enabled,
             upstream_tasks: AtomicU8::new(UNKNOWN),
             live: Mutex::new(HashMap::new()),
-            done: Mutex::new(HashMap::new()),
+            done: Mutex::new(Done::default()),
             seq: AtomicU64::new(1),
         })
     }
@@ -180,16 +192,38 @@ impl GatewayTasksState {
         }
     }
 
+    /// Keeps how `task_id`'s call ended, when its JSON is at most
+    /// `tasks.max_stored_result_bytes`; the oldest outcomes are forgotten past [`DONE_LIMIT`]
+    /// entries or [`DONE_BYTES`] in all (a larger one is answered from the record, or as not
+    /// kept).
     fn remember(&self, task_id: &str, outcome: Outcome) {
-        let mut done = self.done.lock();
-        if done.len() >= DONE_LIMIT {
-            done.clear();
+        let value = match &outcome {
+            Outcome::Result(v) | Outcome::Error(v) => v,
+        };
+        let size = serde_json::to_string(&**value).map_or(usize::MAX, |s| s.len());
+        let max = self.registry.config().max_stored_result_bytes;
+        if u64::try_from(size).map_or(true, |s| s > max) || size > DONE_BYTES {
+            return;
         }
-        done.insert(task_id.to_string(), outcome);
+        let mut done = self.done.lock();
+        while done.map.len() >= DONE_LIMIT || done.bytes + size > DONE_BYTES {
+            let Some(oldest) = done.order.pop_front() else {
+                break;
+            };
+            if let Some((_, n)) = done.map.remove(&oldest) {
+                done.bytes -= n;
+            }
+        }
+        if let Some((_, n)) = done.map.insert(task_id.to_string(), (outcome, size)) {
+            done.bytes -= n;
+        } else {
+            done.order.push_back(task_id.to_string());
+        }
+        done.bytes += size;
     }
 
     fn outcome(&self, task_id: &str) -> Option<Outcome> {
-        self.done.lock().get(task_id).cloned()
+        self.done.lock().map.get(task_id).map(|(o, _)| o.clone())
     }
 }
 

@@ -80,3 +80,27 @@ fn create_results_in_both_eras() {
     assert_eq!(modern["pollIntervalMs"], 1000);
     assert!(modern.get("ttl").is_none());
 }
+
+/// Outcomes in memory are bounded by bytes and count: one larger than
+/// `tasks.max_stored_result_bytes` is not kept, and past [`DONE_LIMIT`] the oldest go, not all.
+#[test]
+fn kept_outcomes_are_bounded_and_the_oldest_go_first() {
+    let state = GatewayTasksState::new_for_tests();
+    let max = state.registry.config().max_stored_result_bytes as usize;
+    let big = json!({"content": [{"type": "text", "text": "x".repeat(max + 1)}]});
+    state.remember("big", Outcome::Result(Arc::new(big)));
+    assert!(
+        state.outcome("big").is_none(),
+        "larger than the record may keep"
+    );
+    for i in 0..=DONE_LIMIT {
+        state.remember(
+            &format!("t{i}"),
+            Outcome::Error(Arc::new(json!({"code": 1}))),
+        );
+    }
+    assert!(state.outcome("t0").is_none(), "the oldest went");
+    assert!(state.outcome("t1").is_some(), "the others stayed");
+    assert!(state.outcome(&format!("t{DONE_LIMIT}")).is_some());
+    assert!(state.done.lock().bytes <= DONE_BYTES);
+}
