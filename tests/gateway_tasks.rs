@@ -510,3 +510,26 @@ async fn a_cancelled_call_the_server_keeps_open_is_closed_and_released() {
     assert_eq!(rec.status, TaskStatus::Cancelled);
     assert!(rec.late_result_at.is_none(), "no late result: {rec:?}");
 }
+
+/// taskgate is the task server of a `tasks = "gateway"` upstream: a `params.task` that is not
+/// an object gets its `-32602`, and nothing goes upstream.
+#[tokio::test]
+async fn a_malformed_params_task_is_refused_by_taskgate() {
+    let (up, _gate, tg) = setup(false).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    for (i, task) in ["[]", "null", "\"x\"", "7"].iter().enumerate() {
+        let v = c
+            .rpc(rpc(
+                &format!("{}", i + 1),
+                "tools/call",
+                &format!(r#"{{"name":"slow","arguments":{{}},"task":{task}}}"#),
+            ))
+            .await;
+        assert_eq!(err_code(&v), -32602, "task {task}: {v}");
+    }
+    assert!(
+        up.received("tools/call").is_empty(),
+        "nothing went upstream"
+    );
+}

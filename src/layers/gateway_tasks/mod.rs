@@ -83,10 +83,12 @@ mod answers;
 mod held;
 
 use crate::exchange::{GatewayError, McpReply, McpRequest};
+use crate::jsonrpc;
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
 use crate::layers::McpService;
 use crate::mcp::capabilities::{declares_tasks_extension, TASKS_EXTENSION};
 use crate::mcp::era::Era;
+use crate::metrics::LocalReason;
 use crate::registry::Registry;
 use crate::store::Origin;
 use futures_util::future::Either;
@@ -318,6 +320,19 @@ impl<S: McpService> tower::Service<McpRequest> for GatewayTasksService<S> {
                     Ok(reply)
                 }))
             }
+            Some("tools/call") if state.runs_tasks() && odd_task(&req) => {
+                // taskgate is this upstream's task server: the refusal of a malformed
+                // `params.task` is its to give (the server knows no `task` and would answer
+                // with an error about an unknown member, or run the call plainly).
+                let reply = McpReply::era_error(
+                    req.era(),
+                    req.id(),
+                    jsonrpc::INVALID_PARAMS,
+                    "tools/call: params.task must be an object ({} or {\"ttl\": <ms>})",
+                    LocalReason::GatewayTask,
+                );
+                Either::Right(Box::pin(std::future::ready(Ok(reply))))
+            }
             Some("tools/call") if state.runs_tasks() && asks_for_task(&req) => {
                 let inner = self.take_inner();
                 Either::Right(Box::pin(held::create(state, inner, req)))
@@ -351,6 +366,13 @@ fn asks_for_task(req: &McpRequest) -> bool {
         .and_then(|m| serde_json::from_str::<Value>(m).ok())
         .map(|meta| json!({ "_meta": meta }));
     declares_tasks_extension(params.as_ref())
+}
+
+/// Whether a `tools/call` carries a `params.task` that is not an object (`[]`, `null`, `"x"`).
+fn odd_task(req: &McpRequest) -> bool {
+    req.classified()
+        .and_then(|c| c.param("task"))
+        .is_some_and(|raw| !raw.trim_start().starts_with('{'))
 }
 
 /// Whether a `tasks/*` request names a task taskgate runs (the record `tasks` authorised).
