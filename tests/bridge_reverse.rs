@@ -252,6 +252,25 @@ async fn the_extension_decides_optional_tools_and_required_ones_need_it() {
     let (status, v) = send(r).await;
     assert_eq!((status, err_code(&v)), (400, -32602), "{v}");
     assert_eq!(up.count("tools/call"), calls, "nothing upstream");
+    // So are a `_meta` that is not an object and a progress token of another type: under the
+    // client's id (the 2025 upstream would answer a parse error under no id).
+    for (i, meta) in ["null", "[]", "\"x\"", r#"{"progressToken":{"a":1}}"#]
+        .iter()
+        .enumerate()
+    {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{{"name":"plain","arguments":{{}},"_meta":{meta}}}}}"#,
+            10 + i
+        );
+        let r = Req::mcp_post(&url, body)
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "plain");
+        let (status, v) = send(r).await;
+        assert_eq!((status, err_code(&v)), (400, -32602), "_meta {meta}: {v}");
+        assert_eq!(v["id"], 10 + i, "under the client's id: {v}");
+    }
+    assert_eq!(up.count("tools/call"), calls, "nothing upstream");
 }
 
 /// A failed tool call keeps its content (2026: `completed` with `isError`); a JSON-RPC error

@@ -408,6 +408,28 @@ async fn bridge<S: McpService>(
             ))
         }
     };
+    // `params._meta` is an object (MCP basic/_meta) and `progressToken` a string or an integer
+    // (2025-11-25 basic/utilities/progress): what the 2025 upstream would refuse with an error
+    // under no id is refused here, under the client's.
+    let meta = params.as_ref().and_then(|p| p.get("_meta"));
+    let bad_meta = match meta {
+        None => None,
+        Some(Value::Object(m)) => match m.get("progressToken") {
+            None | Some(Value::String(_)) => None,
+            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => None,
+            Some(_) => Some("params._meta.progressToken must be a string or an integer"),
+        },
+        Some(_) => Some("params._meta must be an object"),
+    };
+    if let Some(why) = bad_meta {
+        return Ok(McpReply::era_error(
+            Era::Modern,
+            Some(&id),
+            jsonrpc::INVALID_PARAMS,
+            why,
+            LocalReason::InvalidParams,
+        ));
+    }
     let method = msg.method().unwrap_or_default().to_string();
     let record = req
         .extensions
