@@ -707,3 +707,50 @@ async fn a_first_discovery_unanswered_in_time_bridges_nothing() {
         "asked once, not per request"
     );
 }
+
+/// A client's own malformed `server/discover` (a conformance suite sends some on purpose),
+/// which a 2026-07-28 server refuses, does not make that server a 2025-11-25 one: taskgate
+/// learns the era from its own well-formed discovery, the client gets the server's refusal,
+/// and its next requests pass unbridged.
+#[tokio::test]
+async fn a_clients_malformed_discovery_does_not_decide_the_era() {
+    let state: Shared = Default::default();
+    let handler = pure_2026(state);
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        let versioned = v
+            .pointer("/params/_meta/io.modelcontextprotocol~1protocolVersion")
+            .is_some();
+        if req.rpc_method().as_deref() == Some("server/discover") && !versioned {
+            return ScriptedResponse::status(
+                400,
+                Some("application/json"),
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32602,"message":"missing protocol version"}}}}"#,
+                    req.rpc_id_json()
+                ),
+            );
+        }
+        handler(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let (status, v) = send(modern_req(
+        &url,
+        None,
+        1,
+        "server/discover",
+        json!({"_meta": {}}),
+    ))
+    .await;
+    assert_eq!(
+        (status, err_code(&v)),
+        (400, -32602),
+        "the server's refusal: {v}"
+    );
+    let (status, v) = send(modern_req(&url, None, 2, "tools/list", json!({}))).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["result"]["tools"].is_array(), "{v}");
+    assert!(up.received("initialize").is_empty(), "never bridged");
+}

@@ -245,7 +245,6 @@ impl<S: McpService> tower::Service<McpRequest> for ReverseService<S> {
             match legacy_only(&state, &inner, &req).await {
                 Learned::Bridge => bridge(&state, inner, req).await,
                 Learned::Pass => inner.oneshot(req).await,
-                Learned::Answered(reply) => Ok(reply),
             }
         }))
     }
@@ -257,20 +256,19 @@ enum Learned {
     Bridge,
     /// It speaks 2026-07-28 (or could not be asked): the request passes.
     Pass,
-    /// The request was the `server/discover` that taught it: its answer.
-    Answered(McpReply),
 }
 
 /// Whether the upstream speaks only 2025-11-25, learned once under `"auto"` from its answer to
-/// `server/discover` (a result: it speaks 2026-07-28; an error or no JSON-RPC answer: 2025-11-25
-/// only). A request that is itself a `server/discover` is what asks (the `bridge` above sends
-/// its own to learn the era: one discovery, not two); for any other, taskgate asks. A discovery
-/// that could not be sent (transport error) decides nothing: the request passes, and the next
-/// one asks again. Nor does one unanswered within `bridge::DISCOVER_DEADLINE`: a 2026-07-28
-/// server slow at its start must not be bridged for the process's life (its 2026 clients would
-/// get 2025 sessions it refuses), so the request passes and requests pass without asking for
-/// [`UNANSWERED_RETRY`]; then the next one asks again. (`upstream.protocol = "2025-11-25"`
-/// bridges without asking.)
+/// taskgate's own `server/discover` (a result: it speaks 2026-07-28; an error or no JSON-RPC
+/// answer: 2025-11-25 only). Always taskgate's own, well-formed one, also when the client's
+/// request is a `server/discover`: a client's malformed one (a conformance suite sends some on
+/// purpose) is refused by a 2026 server too, and must not make it a 2025 server for the
+/// process's life. A discovery that could not be sent (transport error) decides nothing: the
+/// request passes, and the next one asks again. Nor does one unanswered within
+/// `bridge::DISCOVER_DEADLINE`: a 2026-07-28 server slow at its start must not be bridged for
+/// the process's life (its 2026 clients would get 2025 sessions it refuses), so the request
+/// passes and requests pass without asking for [`UNANSWERED_RETRY`]; then the next one asks
+/// again. (`upstream.protocol = "2025-11-25"` bridges without asking.)
 async fn legacy_only<S: McpService>(state: &ReverseState, inner: &S, req: &McpRequest) -> Learned {
     let decided = |legacy: bool| {
         if legacy {
@@ -293,38 +291,29 @@ async fn legacy_only<S: McpService>(state: &ReverseState, inner: &S, req: &McpRe
     {
         return Learned::Pass;
     }
-    let asks = req.request_method() == Some("server/discover");
-    let (id, out) = match (asks, req.id()) {
-        (true, Some(id)) => (id.clone(), req.clone()),
-        _ => {
-            let id = state.ids.next_id();
-            let body = json!({"jsonrpc": "2.0", "id": id_value(&id), "method": "server/discover",
-            "params": {"_meta": {
-                crate::mcp::era::PROTOCOL_VERSION_META: MODERN_VERSION,
-                crate::mcp::capabilities::CLIENT_CAPABILITIES_META: {},
-            }}});
-            let mut out = request_with(req, body, None);
-            out.extensions = http::Extensions::new();
-            out.ctx.headers.insert(
-                &crate::headers::MCP_PROTOCOL_VERSION,
-                HeaderValue::from_static(MODERN_VERSION),
-            );
-            out.ctx.headers.insert(
-                &crate::mcp::routing_headers::MCP_METHOD,
-                HeaderValue::from_static("server/discover"),
-            );
-            out.extensions.insert(Era::Modern);
-            (id, out)
-        }
-    };
+    let id = state.ids.next_id();
+    let body = json!({"jsonrpc": "2.0", "id": id_value(&id), "method": "server/discover",
+    "params": {"_meta": {
+        crate::mcp::era::PROTOCOL_VERSION_META: MODERN_VERSION,
+        crate::mcp::capabilities::CLIENT_CAPABILITIES_META: {},
+    }}});
+    let mut out = request_with(req, body, None);
+    out.extensions = http::Extensions::new();
+    out.ctx.headers.insert(
+        &crate::headers::MCP_PROTOCOL_VERSION,
+        HeaderValue::from_static(MODERN_VERSION),
+    );
+    out.ctx.headers.insert(
+        &crate::mcp::routing_headers::MCP_METHOD,
+        HeaderValue::from_static("server/discover"),
+    );
+    out.extensions.insert(Era::Modern);
     let asked = async {
         let reply = inner.clone().oneshot(out).await?;
-        let (status, headers) = (reply.status, reply.headers.clone());
-        let answer = answer_of(reply, &id).await;
-        Ok::<_, GatewayError>((status, headers, answer))
+        Ok::<_, GatewayError>(answer_of(reply, &id).await)
     };
     let deadline = super::DISCOVER_DEADLINE.min(state.timeout);
-    let (legacy, answered) = match tokio::time::timeout(deadline, asked).await {
+    let legacy = match tokio::time::timeout(deadline, asked).await {
         Err(_) => {
             tracing::info!(upstream = %req.ctx.upstream, "server/discover unanswered within the deadline: the era is asked again later");
             *state.unanswered_until.lock() = Some(std::time::Instant::now() + UNANSWERED_RETRY);
@@ -334,38 +323,16 @@ async fn legacy_only<S: McpService>(state: &ReverseState, inner: &S, req: &McpRe
             tracing::debug!(error = %e, "server/discover could not be sent; asked again later");
             return Learned::Pass;
         }
-        Ok(Ok((status, mut headers, answer))) => {
-            let modern = answer
-                .as_ref()
-                .and_then(|a| a.get("result"))
-                .is_some_and(Value::is_object);
-            // The caller's own discovery, answered by a 2026-07-28 upstream: that answer.
-            let reply = match (modern && asks, answer) {
-                (true, Some(a)) => {
-                    headers.remove(http::header::CONTENT_LENGTH);
-                    headers.insert(
-                        http::header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
-                    );
-                    Some(McpReply::new(
-                        status,
-                        headers,
-                        ReplyBody::Json(Bytes::from(a.to_string())),
-                    ))
-                }
-                _ => None,
-            };
-            (!modern, reply)
-        }
+        Ok(Ok(answer)) => !answer
+            .as_ref()
+            .and_then(|a| a.get("result"))
+            .is_some_and(Value::is_object),
     };
     if legacy {
         tracing::info!(upstream = %req.ctx.upstream, "the upstream speaks only 2025-11-25: 2026-07-28 requests are bridged");
     }
     *state.legacy_only.lock() = Some(legacy);
-    match answered {
-        Some(reply) => Learned::Answered(reply),
-        None => decided(legacy),
-    }
+    decided(legacy)
 }
 
 /// A 2026-07-28 request bridged to the 2025-11-25 upstream (see the module docs).
