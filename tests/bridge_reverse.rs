@@ -93,8 +93,21 @@ async fn discover_is_answered_from_the_upstream_initialize() {
         r["_meta"]["io.modelcontextprotocol/serverInfo"]["name"].is_string(),
         "{v}"
     );
+    assert_eq!(
+        r["cacheScope"], "public",
+        "SEP-2549: private or public: {v}"
+    );
     let (_, again) = send(modern_req(&url, None, 2, "server/discover", json!({}))).await;
     assert_eq!(again["result"], v["result"]);
+    // A list result carries the caching hints 2026-07-28 requires (none from a 2025 server:
+    // not to be cached, private).
+    let (status, l) = send(modern_req(&url, None, 3, "tools/list", json!({}))).await;
+    assert_eq!(status, 200, "{l}");
+    assert_eq!(
+        (&l["result"]["ttlMs"], &l["result"]["cacheScope"]),
+        (&json!(0), &json!("private")),
+        "{l}"
+    );
     assert_eq!(up.count("initialize"), 1);
     assert_eq!(up.count("notifications/initialized"), 1);
     let init = &bodies(&up, "initialize")[0];

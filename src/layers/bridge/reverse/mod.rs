@@ -668,10 +668,16 @@ enum Relayed {
 }
 
 /// An upstream reply passed to the 2026 client: the answer to `own` under the client's `id`
-/// (its result through `complete_result`), notifications as they came, the upstream's own
+/// (its result through `complete_result`, or `cacheable_result` for a `method` whose 2026
+/// result carries caching hints), notifications as they came, the upstream's own
 /// requests dropped (2026-07-28 has none), HTTP errors as they came. `cancel` is disarmed once
 /// the answer has passed (before that, the client going away cancels the request upstream).
-fn relay(reply: McpReply, own: Id, id: Id, mut cancel: CancelOnDrop) -> McpReply {
+fn relay(reply: McpReply, own: Id, id: Id, method: &str, mut cancel: CancelOnDrop) -> McpReply {
+    let result_of: fn(&Value) -> Value = if translate::carries_cache_hints(method) {
+        translate::cacheable_result
+    } else {
+        translate::complete_result
+    };
     let McpReply {
         status,
         headers,
@@ -691,7 +697,7 @@ fn relay(reply: McpReply, own: Id, id: Id, mut cancel: CancelOnDrop) -> McpReply
         if v.get("id").map(|i| i.to_string()).as_deref() != Some(own.as_json()) {
             return Relayed::Keep;
         }
-        let mut reply = modern_reply(&id, Some(&v), translate::complete_result);
+        let mut reply = modern_reply(&id, Some(&v), result_of);
         match std::mem::replace(&mut reply.body, ReplyBody::Empty) {
             ReplyBody::Json(b) => Relayed::Answer(String::from_utf8_lossy(&b).into_owned()),
             _ => Relayed::Keep,
@@ -811,7 +817,7 @@ async fn forward<S: McpService>(
     };
     let mut cancel = CancelOnDrop::new(&inner, note);
     match send(state, &inner, req, &body, On::Caller, &prepare).await {
-        Ok(Ok(reply)) => Ok(relay(reply, own, id.clone(), cancel)),
+        Ok(Ok(reply)) => Ok(relay(reply, own, id.clone(), method, cancel)),
         Ok(Err(NoSession(reply))) => {
             cancel.disarm();
             Ok(reply)

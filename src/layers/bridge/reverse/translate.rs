@@ -58,7 +58,7 @@ pub fn runs_tool_tasks(init: &Value) -> bool {
 /// version the session negotiated; `capabilities` are the upstream's without the 2025 `tasks`
 /// member, with `extensions["io.modelcontextprotocol/tasks"]` when the upstream runs task
 /// tools ([`runs_tool_tasks`]); `instructions` kept; `serverInfo` in `_meta`; `ttlMs`
-/// [`DISCOVER_TTL_MS`]; `cacheScope` `"shared"` (the same for every caller of the upstream).
+/// [`DISCOVER_TTL_MS`]; `cacheScope` `"public"` (SEP-2549: `"private"` or `"public"`; the same for every caller of the upstream).
 pub fn discover_result(init: &Value) -> Value {
     let mut caps = match init.get("capabilities") {
         Some(Value::Object(c)) => c.clone(),
@@ -87,7 +87,7 @@ pub fn discover_result(init: &Value) -> Value {
         out.insert("instructions".into(), i.clone());
     }
     out.insert("ttlMs".into(), json!(DISCOVER_TTL_MS));
-    out.insert("cacheScope".into(), json!("shared"));
+    out.insert("cacheScope".into(), json!("public"));
     if let Some(info) = init.get("serverInfo").filter(|i| i.is_object()) {
         out.insert(
             "_meta".into(),
@@ -147,6 +147,31 @@ pub fn complete_result(result: &Value) -> Value {
         }
     }
     Value::Object(o)
+}
+
+/// Whether a 2026-07-28 result of `method` carries caching hints (SEP-2549: `ttlMs`,
+/// `cacheScope` are required members of these results).
+pub fn carries_cache_hints(method: &str) -> bool {
+    matches!(
+        method,
+        "tools/list"
+            | "prompts/list"
+            | "resources/list"
+            | "resources/templates/list"
+            | "resources/read"
+    )
+}
+
+/// [`complete_result`] with the caching hints a 2025-11-25 server gives none of, when missing:
+/// `ttlMs: 0` and `cacheScope: "private"` (not to be cached, not shared: the reading that
+/// promises nothing the upstream did not).
+pub fn cacheable_result(result: &Value) -> Value {
+    let mut v = complete_result(result);
+    if let Some(o) = v.as_object_mut() {
+        o.entry("ttlMs").or_insert_with(|| json!(0));
+        o.entry("cacheScope").or_insert_with(|| json!("private"));
+    }
+    v
 }
 
 /// What a terminal 2025-11-25 task's `tasks/result` answered.
