@@ -236,3 +236,43 @@ pub fn json_of(reply: &McpReply) -> serde_json::Value {
         other => panic!("not a JSON reply: {other:?}"),
     }
 }
+
+/// A scripted upstream for the session-stage tests: `initialize` answered with session
+/// `issued-<n>` (declaring `tasks.requests.tools.call`), anything else with a `tools/list`
+/// result naming one `required` tool `t`.
+pub fn issuing_upstream() -> impl tower::Service<
+    McpRequest,
+    Response = McpReply,
+    Error = crate::exchange::GatewayError,
+    Future = impl Send,
+> + Clone
+       + Send {
+    let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    tower::service_fn(move |req: McpRequest| {
+        let n = n.clone();
+        async move {
+            let id = req
+                .id()
+                .map(|i| i.as_json().to_string())
+                .unwrap_or("null".into());
+            let mut reply = if req.request_method() == Some("initialize") {
+                let body = format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"result":{{"capabilities":{{"tasks":{{"requests":{{"tools":{{"call":{{}}}}}}}}}}}}}}"#
+                );
+                let mut r = McpReply::local_json(Bytes::from(body));
+                let k = n.fetch_add(1, Ordering::SeqCst);
+                r.headers.insert(
+                    "mcp-session-id",
+                    HeaderValue::from_str(&format!("issued-{k}")).unwrap(),
+                );
+                r
+            } else {
+                McpReply::local_json(Bytes::from(format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":[{{"name":"t","execution":{{"taskSupport":"required"}}}}]}}}}"#
+                )))
+            };
+            reply.status = http::StatusCode::OK;
+            Ok::<_, crate::exchange::GatewayError>(reply)
+        }
+    })
+}

@@ -245,7 +245,6 @@ mod tests {
     use crate::layers::session_guard::SessionGuardLayer;
     use crate::layers::testing::{registry, request};
     use crate::layers::upgrade::{UpgradeLayer, UpgradeState};
-    use bytes::Bytes;
     use http::HeaderValue;
     use std::time::Duration;
     use tower::{Layer, ServiceExt};
@@ -315,34 +314,7 @@ mod tests {
         sessions: Arc<Sessions>,
         state: Arc<UpgradeState>,
     ) -> impl tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Clone {
-        let n = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let upstream = tower::service_fn(move |req: McpRequest| {
-            let n = n.clone();
-            async move {
-                let id = req
-                    .id()
-                    .map(|i| i.as_json().to_string())
-                    .unwrap_or("null".into());
-                let mut reply = if req.request_method() == Some("initialize") {
-                    let body = format!(
-                        r#"{{"jsonrpc":"2.0","id":{id},"result":{{"capabilities":{{"tasks":{{"requests":{{"tools":{{"call":{{}}}}}}}}}}}}}}"#
-                    );
-                    let mut r = McpReply::local_json(Bytes::from(body));
-                    let k = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    r.headers.insert(
-                        "mcp-session-id",
-                        HeaderValue::from_str(&format!("issued-{k}")).unwrap(),
-                    );
-                    r
-                } else {
-                    McpReply::local_json(Bytes::from(format!(
-                        r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":[{{"name":"t","execution":{{"taskSupport":"required"}}}}]}}}}"#
-                    )))
-                };
-                reply.status = http::StatusCode::OK;
-                Ok::<_, GatewayError>(reply)
-            }
-        });
+        let upstream = crate::layers::testing::issuing_upstream();
         let inner = UpgradeLayer::new(state).layer(upstream);
         let inner = SessionLayer::new(sessions.clone()).layer(inner);
         SessionGuardLayer::new(sessions, false).layer(inner)
