@@ -12,7 +12,7 @@ use crate::http::admin::{Admin, UpstreamTarget};
 use crate::http::server::{connection_budget, serve, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::bridge::reverse::{ReverseLayer, ReverseState};
-use crate::layers::bridge::{BridgeLayer, BridgeState};
+use crate::layers::bridge::{BridgeLayer, BridgeState, Discovery};
 use crate::layers::cancel::{CancelLayer, CancelState};
 use crate::layers::gateway_tasks::{GatewayTasksLayer, GatewayTasksState};
 use crate::layers::held_sessions::{HeldSessions, HeldSessionsLayer};
@@ -289,6 +289,8 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
     let timeout = Duration::from_millis(u.timeout_ms);
     let upgrade_state = UpgradeState::new(shared.registry.clone(), shared.upgrade.clone(), timeout);
     let cancel_state = CancelState::new(shared.registry.clone(), timeout);
+    // The upstream's era: one fact both bridges read (learned once, issue 30).
+    let era = Discovery::new(u.protocol, timeout);
     // Below `upgrade`: what its own requests (and the orphan sweep's) go through.
     let inner = tower::ServiceBuilder::new()
         .layer(TasksLayer::new(
@@ -305,7 +307,7 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
         )))
         .layer(BridgeLayer::new(BridgeState::new(
             shared.registry.clone(),
-            u.protocol,
+            era.clone(),
             timeout,
             cancel_state,
         )))
@@ -313,7 +315,7 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
         // passes every 2026-07-28 request on.
         .layer(ReverseLayer::new(ReverseState::new(
             shared.registry.clone(),
-            u.protocol,
+            era,
             timeout,
             idle,
         )))

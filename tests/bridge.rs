@@ -528,11 +528,12 @@ async fn malformed_upstream_answers_are_errors_not_panics() {
     assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");
 }
 
-/// An upstream that never answers `server/discover` is taken for a 2025-11-25 one after
-/// `DISCOVER_DEADLINE`: the client's `initialize` is answered (without `capabilities.tasks`)
-/// instead of waiting for the upstream timeout, and the upstream is not asked again.
+/// An upstream that never answers `server/discover` is not bridged while it stays unknown:
+/// after `DISCOVER_DEADLINE` the client's `initialize` is answered (without
+/// `capabilities.tasks`) instead of waiting for the upstream timeout, and the upstream is not
+/// asked again within `UNANSWERED_RETRY`.
 #[tokio::test]
-async fn an_unanswered_discover_means_2025() {
+async fn an_unanswered_discover_bridges_nothing_for_a_while() {
     let state: Shared = Default::default();
     let modern = modern_handler(state);
     let up = Upstream::start(move |req: &RecordedRequest| {

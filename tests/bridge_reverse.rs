@@ -767,3 +767,75 @@ async fn a_clients_malformed_discovery_does_not_decide_the_era() {
     assert!(v["result"]["tools"].is_array(), "{v}");
     assert!(up.received("initialize").is_empty(), "never bridged");
 }
+
+/// One learned era per upstream, read by both bridges (issue 30): on a dual-era server (2025
+/// sessions, 2026 tasks; FastMCP 4 is one), a 2025 client's `initialize` asks
+/// `server/discover` once, and a 2026 client after it is neither asked about again nor
+/// bridged: the forward bridge's fact (2026 tasks: the 2025 client gets `capabilities.tasks`)
+/// is the reverse bridge's (2026-07-28: its requests pass). The old code asked twice, each
+/// bridge for itself.
+#[tokio::test]
+async fn both_bridges_read_one_learned_era() {
+    let (up, _state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    let init = c.initialize().await;
+    assert!(
+        init["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"].is_object(),
+        "{init}"
+    );
+    let (status, v) = send(modern_req(&tg.mcp_url(), None, 1, "tools/list", json!({}))).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["result"]["tools"].is_array(), "{v}");
+    assert_eq!(
+        count(&up, "server/discover"),
+        1,
+        "one discovery for both bridges"
+    );
+    assert_eq!(
+        count(&up, "initialize"),
+        1,
+        "only the 2025 client's: nothing bridged"
+    );
+}
+
+/// A discovery unanswered in time decides nothing for either bridge, and keeps both from
+/// asking again (`bridge::UNANSWERED_RETRY`): the forward bridge used to take it for
+/// "2025-11-25" for the process's life while the reverse bridge asked again at once and
+/// learned "2026-07-28", so the two disagreed about one upstream from then on.
+#[tokio::test]
+async fn an_unanswered_discovery_leaves_both_bridges_undecided() {
+    let state: Shared = Default::default();
+    let handler = modern_handler(state);
+    let discoveries = Arc::new(AtomicUsize::new(0));
+    let seen = discoveries.clone();
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        if req.rpc_method().as_deref() == Some("server/discover")
+            && seen.fetch_add(1, Ordering::SeqCst) == 0
+        {
+            return ScriptedResponse::hang();
+        }
+        handler(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    let init = c.initialize().await;
+    assert!(
+        init["result"]["capabilities"].get("tasks").is_none(),
+        "not bridged while unknown: {init}"
+    );
+    let (status, v) = send(modern_req(&tg.mcp_url(), None, 1, "tools/list", json!({}))).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["result"]["tools"].is_array(), "{v}");
+    assert_eq!(
+        discoveries.load(Ordering::SeqCst),
+        1,
+        "not asked again within the retry interval, by either bridge"
+    );
+    assert_eq!(
+        count(&up, "initialize"),
+        1,
+        "no 2025 session held for the 2026 client"
+    );
+}

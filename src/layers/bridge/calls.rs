@@ -2,7 +2,7 @@
 
 use super::answer::read_to_answer;
 use super::{
-    ask_with, errors, failure_reply, legacy_reply, modern_request, upstream_era, BridgeState,
+    ask_with, errors, failure_reply, legacy_reply, modern_request, tasks_bridged, BridgeState,
     UpstreamEra, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
 };
 use super::{held, translate};
@@ -100,7 +100,10 @@ pub(super) async fn initialize<S: McpService>(
 }
 
 /// An `InitializeResult` with the 2025 `capabilities.tasks` added when the upstream serves the
-/// 2026 tasks extension; `None` when it stays as it is. Learns the era on the way.
+/// 2026 tasks extension; `None` when it stays as it is. The era is asked on the way (taskgate's
+/// own `server/discover`, once per upstream: the result says nothing of it), also when the
+/// upstream declares 2025 `capabilities.tasks`, so later requests of a 2025 upstream pass
+/// untouched.
 async fn legacy_initialize<S: McpService>(
     state: &Arc<BridgeState>,
     inner: &S,
@@ -109,14 +112,8 @@ async fn legacy_initialize<S: McpService>(
 ) -> Option<Bytes> {
     let mut v = serde_json::from_slice::<Value>(answer).ok()?;
     let result = v.get_mut("result").filter(|r| r.is_object())?;
-    if result.pointer("/capabilities/tasks").is_some() {
-        state.learn(UpstreamEra::Legacy);
-        return None;
-    }
-    if translate::advertises_extension(result) {
-        state.learn(UpstreamEra::ModernTasks);
-    }
-    if upstream_era(state, inner, req).await == UpstreamEra::ModernTasks
+    if tasks_bridged(state, inner, req).await
+        && result.pointer("/capabilities/tasks").is_none()
         && translate::add_legacy_tasks_capability(result)
     {
         return Some(Bytes::from(v.to_string()));
@@ -164,7 +161,6 @@ pub(super) async fn plain_call<S: McpService>(
         let v: Value = serde_json::from_str(text).ok()?;
         if translate::is_missing_tasks_extension(v.get("error")?) {
             needs_task.0.set(());
-            st.learn(UpstreamEra::ModernTasks);
             if let Some(t) = &tool {
                 let mut set = st.task_only.lock();
                 if set.len() < MAX_TASK_ONLY_TOOLS {
@@ -187,7 +183,7 @@ pub(super) async fn task_call<S: McpService>(
     inner: S,
     mut req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
-    if upstream_era(&state, &inner, &req).await != UpstreamEra::ModernTasks {
+    if !tasks_bridged(&state, &inner, &req).await {
         return inner.oneshot(req).await;
     }
     let Some(id) = req.id().cloned() else {

@@ -1,9 +1,9 @@
-//! The bridged `tasks/get`, `tasks/result` (followed by polling) and `tasks/cancel`, and the
-//! `server/discover` probe (see the module docs of `bridge`).
+//! The bridged `tasks/get`, `tasks/result` (followed by polling) and `tasks/cancel` (see the
+//! module docs of `bridge`).
 
 use super::translate::{self, Payload};
-use super::{answer_of, ask, error_reply, failure_reply, legacy_reply, modern_request};
-use super::{BridgeService, BridgeState, UpstreamEra, MAX_POLL, MIN_POLL};
+use super::{ask, error_reply, failure_reply, legacy_reply, modern_request};
+use super::{BridgeService, BridgeState, MAX_POLL, MIN_POLL};
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{AckIsCancelled, AuthorisedTask, CancelAcknowledged};
@@ -19,79 +19,6 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tower::ServiceExt;
-
-/// What asking the upstream `server/discover` gave (see [`ask_discover`]).
-pub(super) enum Discovered {
-    /// It could not be sent (transport error: try again later).
-    NotSent,
-    /// No answer within the deadline: a 2025-11-25 upstream.
-    Unanswered,
-    /// The answer (`None`: the stream ended without one).
-    Answer(Option<Value>),
-}
-
-/// Asks the upstream `server/discover`, bounded by [`super::DISCOVER_DEADLINE`] or the
-/// upstream's `timeout_ms`, whichever is shorter.
-pub(super) async fn ask_discover<S: McpService>(
-    state: &Arc<BridgeState>,
-    inner: S,
-    req: &McpRequest,
-) -> Discovered {
-    let id = state.next_id();
-    let mut out = modern_request(
-        req,
-        &id,
-        "server/discover",
-        json!({ "_meta": translate::modern_meta(None) }),
-        None,
-    );
-    out.extensions = http::Extensions::new();
-    out.extensions.insert(crate::mcp::era::Era::Modern);
-    out.extensions.insert(super::reverse::ForModernUpstream);
-    let asked = async {
-        match inner.oneshot(out).await {
-            Ok(reply) => Ok(answer_of(reply, &id).await),
-            Err(e) => Err(e),
-        }
-    };
-    let deadline = super::DISCOVER_DEADLINE.min(state.timeout);
-    match tokio::time::timeout(deadline, asked).await {
-        Ok(Ok(answer)) => Discovered::Answer(answer),
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "server/discover could not be sent");
-            Discovered::NotSent
-        }
-        Err(_) => {
-            tracing::info!("server/discover unanswered within the deadline: a 2025-11-25 upstream");
-            Discovered::Unanswered
-        }
-    }
-}
-
-/// The upstream's era by `server/discover` (see [`ask_discover`]); `None` when it could not be
-/// asked (try again later).
-pub(super) async fn discover<S: McpService>(
-    state: &Arc<BridgeState>,
-    inner: S,
-    req: &McpRequest,
-) -> Option<UpstreamEra> {
-    let answer = match ask_discover(state, inner, req).await {
-        Discovered::NotSent => return None,
-        Discovered::Unanswered => return Some(UpstreamEra::Legacy),
-        Discovered::Answer(answer) => answer,
-    };
-    let modern = answer
-        .as_ref()
-        .and_then(|a| a.get("result"))
-        .is_some_and(translate::advertises_extension);
-    tracing::debug!(modern, "server/discover answered");
-    Some(if modern {
-        UpstreamEra::ModernTasks
-    } else {
-        UpstreamEra::Legacy
-    })
-}
 
 fn params_for(task_id: &str) -> Value {
     json!({ "taskId": task_id, "_meta": translate::modern_meta(None) })

@@ -415,24 +415,17 @@ fn hold_session(state: &BridgeState, discovered: Value) -> McpReply {
 }
 
 /// The upstream's `server/discover` result (`None`: not asked, no answer within the deadline,
-/// or an error; see `follow::ask_discover`). Learns the upstream's era from it.
+/// or an error); the upstream's era is learned from it (see `era`).
 async fn discover<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
     req: &McpRequest,
 ) -> Option<Value> {
-    let super::follow::Discovered::Answer(Some(answer)) =
-        super::follow::ask_discover(state, inner, req).await
+    let super::era::Discovered::Answer(Some(answer)) = state.era.ask(inner, req, &state.ids).await
     else {
         return None;
     };
-    let result = answer.get("result").filter(|r| r.is_object())?.clone();
-    state.learn(if translate::advertises_extension(&result) {
-        UpstreamEra::ModernTasks
-    } else {
-        UpstreamEra::Legacy
-    });
-    Some(result)
+    answer.get("result").filter(|r| r.is_object()).cloned()
 }
 
 /// The reply of an `initialize` the upstream refused without a JSON-RPC answer: HTTP 404 or 405

@@ -394,10 +394,8 @@ async fn capabilities<S: McpService>(
             return Some(caps.clone());
         }
     }
-    let mut probe = req.clone();
-    as_post(&mut probe.ctx.headers);
-    let super::follow::Discovered::Answer(Some(answer)) =
-        super::follow::ask_discover(state, inner.clone(), &probe).await
+    let super::era::Discovered::Answer(Some(answer)) =
+        state.era.ask(inner.clone(), req, &state.ids).await
     else {
         return None;
     };

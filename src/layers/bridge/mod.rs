@@ -6,16 +6,11 @@
 //! from the registry), `observe` sees what actually goes upstream (2026 requests, flat
 //! `CreateTaskResult`s, `DetailedTask`s) and records it as for a 2026 client.
 //!
-//! **The upstream's era** ([`UpstreamEra`]), from `upstream.protocol`:
-//! - `"2025-11-25"`: never bridged; `"2026-07-28"`: always bridged;
-//! - `"auto"` (default): learned once per upstream and kept for the process's life. An
-//!   `InitializeResult` with `capabilities.tasks` means 2025-11-25; one advertising
-//!   `capabilities.extensions["io.modelcontextprotocol/tasks"]` means 2026-07-28; otherwise (on
-//!   the first `initialize`, or the first task request when no `initialize` passed since start)
-//!   taskgate sends one `server/discover` (2026-07-28 server/discover) and bridges when its
-//!   result advertises the extension. A discovery the upstream could not be asked (transport
-//!   error) is tried again next time; one unanswered within [`DISCOVER_DEADLINE`] means
-//!   2025-11-25.
+//! **The upstream's era** ([`UpstreamEra`]): one fact per upstream, shared with `reverse` (see
+//! `era`: configured by `upstream.protocol`, or under `"auto"` learned once from taskgate's own
+//! `server/discover`, asked by the first `initialize` or task request that needs it). 2025
+//! requests are bridged when it is [`UpstreamEra::ModernTasks`]; while it is unknown (a
+//! discovery unanswered in time, asked again after [`UNANSWERED_RETRY`]) nothing is.
 //!
 //! Whether taskgate holds 2025 sessions itself (see `held` and `crate::layers::held_sessions`,
 //! which keeps that fact) is learned apart from the era: the first `initialize` the upstream
@@ -132,6 +127,7 @@
 
 mod answer;
 mod calls;
+pub mod era;
 pub mod errors;
 mod follow;
 pub(crate) mod held;
@@ -139,9 +135,10 @@ pub mod listen;
 pub mod reverse;
 pub mod translate;
 
-use answer::{answer_of, ask, ask_with, error_reply, failure_reply, legacy_reply};
+use answer::{ask, ask_with, error_reply, failure_reply, legacy_reply};
 
-use crate::config::UpstreamProtocol;
+pub use era::{Discovery, UpstreamEra, DISCOVER_DEADLINE, UNANSWERED_RETRY};
+
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, Id, Message};
 use crate::layers::extensions::{
@@ -168,31 +165,17 @@ use tower::ServiceExt;
 pub use crate::mcp::task::{MAX_POLL, MIN_POLL};
 /// Events of an SSE `initialize` answer kept before the answer itself (more are dropped).
 pub const MAX_EARLY_EVENTS: usize = 64;
-/// How long `server/discover` may take; an upstream that has not answered by then is taken for a
-/// 2025-11-25 one (2026-07-28 servers MUST implement it), so a client's `initialize` waits at
-/// most this long for the probe.
-pub const DISCOVER_DEADLINE: Duration = Duration::from_secs(3);
 /// Most requests of held sessions in flight per upstream that a `notifications/cancelled` can
 /// end (more are sent all the same, without that).
 pub const MAX_HELD_CALLS: usize = 4096;
 /// Most tool names remembered as task-only per upstream.
 pub const MAX_TASK_ONLY_TOOLS: usize = 4096;
 
-/// What an upstream serves tasks as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamEra {
-    /// 2025-11-25 tasks (or none): nothing is bridged.
-    Legacy,
-    /// 2026-07-28 with the tasks extension: 2025 task requests are bridged.
-    ModernTasks,
-}
-
 /// One upstream's bridge state: its era and the tools it answered `-32021` for.
 pub struct BridgeState {
     registry: Arc<Registry>,
-    protocol: UpstreamProtocol,
-    learned: Mutex<Option<UpstreamEra>>,
-    probe: tokio::sync::Mutex<()>,
+    /// The upstream's era, the one fact `reverse` reads too.
+    era: Arc<Discovery>,
     task_only: Mutex<HashSet<String>>,
     /// Ids of taskgate's own upstream requests (shared with the relay).
     ids: Arc<OwnIds>,
@@ -210,14 +193,14 @@ pub struct BridgeState {
 }
 
 impl BridgeState {
-    /// The state of one upstream configured with `protocol`, with the handles it is given, not
-    /// reached for: its own upstream exchanges bounded by `timeout` (the upstream's
+    /// The state of one upstream whose era is `era` (shared with its `reverse` state), with the
+    /// handles it is given, not reached for: its own upstream exchanges bounded by `timeout` (the upstream's
     /// `timeout_ms`, see `ask`); its own `tasks/cancel` sent through `cancel`'s single-flight.
     /// It reads no session table: what it needs of the client's session (held or not) comes
     /// down from `held_sessions` as request extensions.
     pub fn new(
         registry: Arc<Registry>,
-        protocol: UpstreamProtocol,
+        era: Arc<Discovery>,
         timeout: Duration,
         cancel: Arc<crate::layers::cancel::CancelState>,
     ) -> Arc<BridgeState> {
@@ -225,9 +208,7 @@ impl BridgeState {
         let relay = Arc::new(Relay::new(ids.clone(), timeout, registry.metrics().clone()));
         Arc::new(BridgeState {
             registry,
-            protocol,
-            learned: Mutex::new(None),
-            probe: tokio::sync::Mutex::new(()),
+            era,
             task_only: Mutex::new(HashSet::new()),
             ids,
             relay,
@@ -240,21 +221,7 @@ impl BridgeState {
 
     /// The upstream's era when known without asking it.
     pub fn known(&self) -> Option<UpstreamEra> {
-        match self.protocol {
-            UpstreamProtocol::Legacy => Some(UpstreamEra::Legacy),
-            UpstreamProtocol::Modern => Some(UpstreamEra::ModernTasks),
-            UpstreamProtocol::Auto => *self.learned.lock(),
-        }
-    }
-
-    fn learn(&self, era: UpstreamEra) {
-        if self.protocol == UpstreamProtocol::Auto {
-            let mut l = self.learned.lock();
-            if l.is_none() {
-                tracing::info!(?era, "upstream era learned");
-                *l = Some(era);
-            }
-        }
+        self.era.known()
     }
 
     /// An id for taskgate's own upstream requests (a string no client id equals by type and
@@ -344,7 +311,7 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             // A held session back from the store before this process learned the era.
             let (state, inner) = (state.clone(), self.take_inner());
             return Either::Right(Box::pin(async move {
-                upstream_era(&state, &inner, &req).await;
+                tasks_bridged(&state, &inner, &req).await;
                 req.extensions.insert(EraAsked);
                 BridgeService { inner, state }.call(req).await
             }));
@@ -362,7 +329,10 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             }));
         }
         if !is_held
-            && state.known() == Some(UpstreamEra::Legacy)
+            && matches!(
+                state.known(),
+                Some(UpstreamEra::Legacy | UpstreamEra::Modern)
+            )
             && !(holds && req.request_method() == Some("initialize"))
         {
             // (A 2026 upstream without the tasks extension whose sessions taskgate holds still
@@ -515,26 +485,14 @@ fn input_answer(state: &BridgeState, req: &McpRequest) -> Option<input::Pending>
     state.relay.inputs.take(msg.id()?, &req.ctx.caller())
 }
 
-/// The upstream's era, asking `server/discover` once when it is not known.
-pub(super) async fn upstream_era<S: McpService>(
+/// Whether the upstream serves the tasks extension (2025 task requests are bridged), asking
+/// `server/discover` when its era is not known (see `era`); `false` while it stays unknown.
+pub(super) async fn tasks_bridged<S: McpService>(
     state: &Arc<BridgeState>,
     inner: &S,
     req: &McpRequest,
-) -> UpstreamEra {
-    if let Some(e) = state.known() {
-        return e;
-    }
-    let _one = state.probe.lock().await;
-    if let Some(e) = state.known() {
-        return e;
-    }
-    match follow::discover(state, inner.clone(), req).await {
-        Some(e) => {
-            state.learn(e);
-            e
-        }
-        None => UpstreamEra::Legacy,
-    }
+) -> bool {
+    state.era.era(inner, req, &state.ids).await == Some(UpstreamEra::ModernTasks)
 }
 
 /// The 2026-07-28 request `method` with `params` under `id`, in `req`'s context: no upstream
@@ -576,7 +534,7 @@ fn modern_request(
     }
     let mut extensions = req.extensions.clone();
     extensions.insert(Era::Modern);
-    extensions.insert(reverse::ForModernUpstream);
+    extensions.insert(era::ForModernUpstream);
     McpRequest {
         op: Operation::Post(msg),
         ctx,

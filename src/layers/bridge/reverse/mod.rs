@@ -6,13 +6,15 @@
 //! sees the 2025-11-25 requests that actually go upstream and records them as for a 2025
 //! client (a task's record: era `legacy`, origin `bridged`, its upstream session).
 //!
-//! **When.** A 2026-07-28 request (`McpRequest::era`) to an upstream that speaks only
-//! 2025-11-25: `upstream.protocol = "2025-11-25"`, or `"auto"` and the upstream does not answer
-//! `server/discover` with a result (a 2025 server refuses it without a session, or answers
-//! `-32601`), learned once per process; one unanswered within `bridge::DISCOVER_DEADLINE`
-//! decides nothing (asked again after [`UNANSWERED_RETRY`]; see `legacy_only`). Every other
-//! 2026-07-28 request, and every 2025-11-25 one, passes untouched (2025 clients on the same
-//! upstream are unchanged). No new configuration.
+//! **When.** A 2026-07-28 request (`McpRequest::era`) to an upstream whose era is
+//! [`UpstreamEra::Legacy`]: `upstream.protocol = "2025-11-25"`, or `"auto"` and the upstream
+//! refuses taskgate's own `server/discover` (a 2025 server refuses it without a session, or
+//! answers `-32601`). That is the one fact per upstream the `bridge` above reads too
+//! (`bridge::era`: learned once per process from taskgate's own well-formed discovery, never
+//! from a client's; one unanswered within `bridge::DISCOVER_DEADLINE` decides nothing and is
+//! asked again after `bridge::UNANSWERED_RETRY`). Every other 2026-07-28 request, and every
+//! 2025-11-25 one, passes untouched (2025 clients on the same upstream are unchanged). No new
+//! configuration.
 //!
 //! **Sessions** (`sessions`): each request goes out on a 2025-11-25 session taskgate holds,
 //! one per principal with auth and per client address without (why: see `sessions`), opened
@@ -74,18 +76,19 @@ pub mod input;
 mod sessions;
 pub mod translate;
 
+pub use super::era::ForModernUpstream;
 pub use sessions::{UpstreamSession, UpstreamSessions, MAX_UPSTREAM_SESSIONS};
 pub use translate::PROTOCOL_META_PREFIX;
 
 use super::answer::answer_of;
-use crate::config::UpstreamProtocol;
+use super::era::{Discovery, UpstreamEra};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind, Message};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
 use crate::layers::relay::OwnIds;
 use crate::layers::McpService;
 use crate::mcp::capabilities::declares_tasks_extension;
-use crate::mcp::era::{Era, MODERN_VERSION};
+use crate::mcp::era::Era;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::LocalReason;
 use crate::registry::Registry;
@@ -107,21 +110,13 @@ use translate::Outcome;
 pub const LEGACY_VERSION: &str = "2025-11-25";
 /// Most `tools/list` pages read to learn one tool's `taskSupport`.
 pub const MAX_TOOL_PAGES: usize = 16;
-/// How long after a `server/discover` unanswered within `bridge::DISCOVER_DEADLINE` requests
-/// pass without asking again (`"auto"` upstreams; see `legacy_only`).
-pub const UNANSWERED_RETRY: Duration = Duration::from_secs(30);
 
-/// One upstream's reverse-bridge state: whether it speaks only 2025-11-25, and its held
-/// sessions.
+/// One upstream's reverse-bridge state: its era (shared with the `bridge` state), and its
+/// held sessions.
 pub struct ReverseState {
     registry: Arc<Registry>,
-    protocol: UpstreamProtocol,
-    /// `"auto"`: whether the upstream speaks only 2025-11-25, once learned.
-    legacy_only: Mutex<Option<bool>>,
-    /// `"auto"`: until when a `server/discover` that went unanswered within the deadline keeps
-    /// the next requests from asking again (they pass meanwhile).
-    unanswered_until: Mutex<Option<std::time::Instant>>,
-    probe: tokio::sync::Mutex<()>,
+    /// The upstream's era, the one fact the `bridge` reads too.
+    era: Arc<Discovery>,
     sessions: UpstreamSessions,
     /// Input requests of tasks that are `input_required` upstream (see `input`).
     inputs: input::Inputs,
@@ -131,21 +126,18 @@ pub struct ReverseState {
 }
 
 impl ReverseState {
-    /// The state of one upstream configured with `protocol`; taskgate's own exchanges bounded
-    /// by `timeout` (the upstream's `timeout_ms`); held sessions idle for `idle`
-    /// (`gateway.session_idle_ms`) with no live task forgotten.
+    /// The state of one upstream whose era is `era` (shared with its `bridge` state);
+    /// taskgate's own exchanges bounded by `timeout` (the upstream's `timeout_ms`); held
+    /// sessions idle for `idle` (`gateway.session_idle_ms`) with no live task forgotten.
     pub fn new(
         registry: Arc<Registry>,
-        protocol: UpstreamProtocol,
+        era: Arc<Discovery>,
         timeout: Duration,
         idle: Duration,
     ) -> Arc<ReverseState> {
         Arc::new(ReverseState {
             registry,
-            protocol,
-            legacy_only: Mutex::new(None),
-            unanswered_until: Mutex::new(None),
-            probe: tokio::sync::Mutex::new(()),
+            era,
             sessions: UpstreamSessions::new(idle),
             inputs: input::Inputs::default(),
             ids: OwnIds::default(),
@@ -153,12 +145,9 @@ impl ReverseState {
         })
     }
 
+    /// Whether the upstream speaks only 2025-11-25, when known without asking it.
     fn known(&self) -> Option<bool> {
-        match self.protocol {
-            UpstreamProtocol::Legacy => Some(true),
-            UpstreamProtocol::Modern => Some(false),
-            UpstreamProtocol::Auto => *self.legacy_only.lock(),
-        }
+        self.era.known().map(|e| e == UpstreamEra::Legacy)
     }
 
     async fn bounded<T>(
@@ -180,13 +169,6 @@ impl ReverseState {
         }
     }
 }
-
-/// Policy down, set by the `bridge` above on the 2026-07-28 requests it sends itself for a
-/// 2025-11-25 client (`bridge::modern_request`, its `server/discover`): they are meant for a
-/// 2026-07-28 upstream as they are, so they pass this layer untranslated (a 2025-only
-/// upstream answers its `server/discover` itself, and the bridge learns from that answer).
-#[derive(Debug, Clone, Copy)]
-pub struct ForModernUpstream;
 
 /// Builds [`ReverseService`]s over one upstream's [`ReverseState`].
 #[derive(Clone)]
@@ -242,97 +224,14 @@ impl<S: McpService> tower::Service<McpRequest> for ReverseService<S> {
         let inner = std::mem::replace(&mut self.inner, clone);
         let state = self.state.clone();
         Either::Right(Box::pin(async move {
-            match legacy_only(&state, &inner, &req).await {
-                Learned::Bridge => bridge(&state, inner, req).await,
-                Learned::Pass => inner.oneshot(req).await,
+            if state.era.era(&inner, &req, &state.ids).await == Some(UpstreamEra::Legacy) {
+                bridge(&state, inner, req).await
+            } else {
+                // It speaks 2026-07-28, or its era is not known yet (see `bridge::era`).
+                inner.oneshot(req).await
             }
         }))
     }
-}
-
-/// What [`legacy_only`] found.
-enum Learned {
-    /// The upstream speaks only 2025-11-25: the request is bridged.
-    Bridge,
-    /// It speaks 2026-07-28 (or could not be asked): the request passes.
-    Pass,
-}
-
-/// Whether the upstream speaks only 2025-11-25, learned once under `"auto"` from its answer to
-/// taskgate's own `server/discover` (a result: it speaks 2026-07-28; an error or no JSON-RPC
-/// answer: 2025-11-25 only). Always taskgate's own, well-formed one, also when the client's
-/// request is a `server/discover`: a client's malformed one (a conformance suite sends some on
-/// purpose) is refused by a 2026 server too, and must not make it a 2025 server for the
-/// process's life. A discovery that could not be sent (transport error) decides nothing: the
-/// request passes, and the next one asks again. Nor does one unanswered within
-/// `bridge::DISCOVER_DEADLINE`: a 2026-07-28 server slow at its start must not be bridged for
-/// the process's life (its 2026 clients would get 2025 sessions it refuses), so the request
-/// passes and requests pass without asking for [`UNANSWERED_RETRY`]; then the next one asks
-/// again. (`upstream.protocol = "2025-11-25"` bridges without asking.)
-async fn legacy_only<S: McpService>(state: &ReverseState, inner: &S, req: &McpRequest) -> Learned {
-    let decided = |legacy: bool| {
-        if legacy {
-            Learned::Bridge
-        } else {
-            Learned::Pass
-        }
-    };
-    if let Some(k) = state.known() {
-        return decided(k);
-    }
-    let _one = state.probe.lock().await;
-    if let Some(k) = state.known() {
-        return decided(k);
-    }
-    if state
-        .unanswered_until
-        .lock()
-        .is_some_and(|until| std::time::Instant::now() < until)
-    {
-        return Learned::Pass;
-    }
-    let id = state.ids.next_id();
-    let body = json!({"jsonrpc": "2.0", "id": id_value(&id), "method": "server/discover",
-    "params": {"_meta": {
-        crate::mcp::era::PROTOCOL_VERSION_META: MODERN_VERSION,
-        crate::mcp::capabilities::CLIENT_CAPABILITIES_META: {},
-    }}});
-    let mut out = request_with(req, body, None);
-    out.extensions = http::Extensions::new();
-    out.ctx.headers.insert(
-        &crate::headers::MCP_PROTOCOL_VERSION,
-        HeaderValue::from_static(MODERN_VERSION),
-    );
-    out.ctx.headers.insert(
-        &crate::mcp::routing_headers::MCP_METHOD,
-        HeaderValue::from_static("server/discover"),
-    );
-    out.extensions.insert(Era::Modern);
-    let asked = async {
-        let reply = inner.clone().oneshot(out).await?;
-        Ok::<_, GatewayError>(answer_of(reply, &id).await)
-    };
-    let deadline = super::DISCOVER_DEADLINE.min(state.timeout);
-    let legacy = match tokio::time::timeout(deadline, asked).await {
-        Err(_) => {
-            tracing::info!(upstream = %req.ctx.upstream, "server/discover unanswered within the deadline: the era is asked again later");
-            *state.unanswered_until.lock() = Some(std::time::Instant::now() + UNANSWERED_RETRY);
-            return Learned::Pass;
-        }
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "server/discover could not be sent; asked again later");
-            return Learned::Pass;
-        }
-        Ok(Ok(answer)) => !answer
-            .as_ref()
-            .and_then(|a| a.get("result"))
-            .is_some_and(Value::is_object),
-    };
-    if legacy {
-        tracing::info!(upstream = %req.ctx.upstream, "the upstream speaks only 2025-11-25: 2026-07-28 requests are bridged");
-    }
-    *state.legacy_only.lock() = Some(legacy);
-    decided(legacy)
 }
 
 /// A 2026-07-28 request bridged to the 2025-11-25 upstream (see the module docs).
