@@ -4,7 +4,7 @@
 // (issue 33, the reverse bridge). Twelve steps, each one check:
 //
 //   node reverse-client.mjs URL [--label L] [--json FILE] [--bearer TOKEN] [--foreign-bearer TOKEN]
-//                               [--timeout-ms N]
+//                               [--timeout-ms N] [--skip-input]
 //
 //    1 discover               server/discover answers, supportedVersions includes 2026-07-28
 //    2 discover-extension     ... and offers io.modelcontextprotocol/tasks
@@ -23,6 +23,8 @@
 //   input-update              ask_task goes input_required and asks on its tasks/result stream: the
 //                             request shows in tasks/get inputRequests, tasks/update answers it, the
 //                             task completes with the answer
+//                             (--skip-input: not run, for a server without ask_task such as
+//                             py_task_server.py)
 //   foreign-refused           with --foreign-bearer: another principal's tasks/get and tasks/cancel of
 //                             the step-5 task get -32602 (a gateway's owner binding)
 //
@@ -32,10 +34,11 @@
 // {label, passed, total, failed:[names], checks:[{name, ok, detail}]}. Exit 0 only when all passed.
 
 const argv = process.argv.slice(2);
-const opt = { label: 'reverse', json: '', bearer: '', 'foreign-bearer': '', 'timeout-ms': '15000' };
+const opt = { label: 'reverse', json: '', bearer: '', 'foreign-bearer': '', 'timeout-ms': '15000', 'skip-input': '' };
 let url = '';
 for (let i = 0; i < argv.length; i++) {
-    if (argv[i].startsWith('--')) opt[argv[i].slice(2)] = argv[++i];
+    if (argv[i] === '--skip-input') opt['skip-input'] = '1';
+    else if (argv[i].startsWith('--')) opt[argv[i].slice(2)] = argv[++i];
     else url = argv[i];
 }
 if (!url) {
@@ -171,8 +174,10 @@ if (long.result?.resultType === 'task') {
 }
 
 // input: an elicitation on the task's tasks/result stream, answered with tasks/update
-const ask = await rpc('tools/call', { name: 'ask_task', arguments: { question: 'proceed?' } });
-if (ask.result?.resultType === 'task') {
+const ask = opt['skip-input'] ? {} : await rpc('tools/call', { name: 'ask_task', arguments: { question: 'proceed?' } });
+if (opt['skip-input']) {
+    // no input step on this server
+} else if (ask.result?.resultType === 'task') {
     const taskId = ask.result.taskId;
     const end = Date.now() + 10000;
     let asked;

@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
-# The reverse bridge (issue 33): a 2026-07-28 client on a 2025-11-25 task server, direct and
+# The reverse bridge (issue 33): 2026-07-28 clients on 2025-11-25 task servers, direct and
 # through taskgate. run.sh calls it (step j); it also runs alone:
 #
 #   tests/interop/reverse.sh TASKGATE_BIN      direct (recorded, never required), then through
-#                                              taskgate (auth none) and taskgate (bearer, two principals)
+#                                              taskgate (auth none) and, for the TS server,
+#                                              taskgate (bearer, two principals)
 #   tests/interop/reverse.sh none              direct only
 #
-# Upstream: task-server.mjs --mode stateful (TypeScript SDK 1.32.2, 2025-11-25 tasks, sessions),
-# one process per route. Client: reverse-client.mjs (raw 2026-07-28 wire, 12 steps: discover, the
-# tasks extension offered, tools/list, a plain call, a task call, polls to completed, the result
-# inline, a tool error's content kept, cancel acked, the task cancelled, the cancel of a terminal
-# task acked). Directly the server refuses every stateless request (no Mcp-Session-Id): the
-# direct count is written to DIR/reverse/counts.txt and not required. Through taskgate every step
-# must pass; with bearer auth the client also checks that a second principal
-# (--foreign-bearer) gets -32602 for the first one's task on tasks/get and tasks/cancel.
+# Upstreams (2025-11-25 tasks, sessions), one process per server and route, so what one route
+# leaves running (a 60 s task) cannot disturb another:
+#   ts   task-server.mjs --mode stateful (TypeScript SDK 1.32.2)
+#   py   py_task_server.py (Python mcp==1.30.0, in .venv from requirements.txt)
+# Clients (2026-07-28):
+#   raw      reverse-client.mjs (raw wire, 12 steps: discover, the tasks extension offered,
+#            tools/list, a plain call, a task call, polls to completed, the result inline, a tool
+#            error's content kept, cancel acked, the task cancelled, the cancel of a terminal task
+#            acked; on ts also input via tasks/update, and with bearer a second principal's
+#            tasks/get and tasks/cancel refused -32602)
+#   fastmcp  reverse_fastmcp_client.py (fastmcp.Client 4.1.4 + fastmcp-tasks 4.1.4, in .venv-modern
+#            from requirements-modern.txt; 11 checks: the era it picks, tools, a plain call, a task
+#            run transparently, a task handle to its result, a failed task's content, cancel)
+# Directly a 1.x server refuses every stateless request (no Mcp-Session-Id) and FastMCP falls back
+# to a 2025 session whose tasks its client cannot use: the direct counts are written to
+# DIR/reverse/counts.txt, step by step beside the route through taskgate
+# (DIR/reverse/steps.txt), and not required. Through taskgate every check must pass.
 #
 # Results: DIR/reverse/results.txt, `PASS|FAIL step` lines; exit 0 only when all passed.
 # Environment: INTEROP_WORK=DIR (logs; default a new /tmp dir).
@@ -39,52 +49,126 @@ NODE22="$HERE/node_modules/node/bin/node"
 [[ -x "$NODE22" ]] || NODE22=$(command -v node)
 : >"$WORK/results.txt"
 : >"$WORK/counts.txt"
+: >"$WORK/steps.txt"
 
 # shellcheck source=procs.sh
 source "$HERE/procs.sh"
 
+# ---- install: the two venvs, as run.sh and modern.sh install them ---------------------------------
+venv() { # venv DIR REQUIREMENTS: (re)installs DIR when missing or built from another file
+    local dir=$1 req=$2 sum
+    sum=$(sha256sum "$req" | cut -d' ' -f1)
+    [[ -x "$dir/bin/python" && "$(cat "$dir/.requirements.sha256" 2>/dev/null)" == "$sum" ]] && return 0
+    log "installing $(basename "$req") into $dir"
+    { { [[ -x "$dir/bin/python" ]] || python3 -m venv "$dir"; } &&
+        "$dir/bin/pip" install --disable-pip-version-check -q -r "$req" &&
+        "$dir/bin/pip" check --disable-pip-version-check; } >"$WORK/pip-$(basename "$dir").log" 2>&1 || {
+        echo "installing $req failed:" >&2
+        tail -n 30 "$WORK/pip-$(basename "$dir").log" >&2
+        rm -rf "$dir"
+        return 1
+    }
+    echo "$sum" >"$dir/.requirements.sha256"
+}
+venv "$HERE/.venv" "$HERE/requirements.txt" || exit 1
+venv "$HERE/.venv-modern" "$HERE/requirements-modern.txt" || exit 1
+PY="$HERE/.venv/bin/python"
+PY_MODERN="$HERE/.venv-modern/bin/python"
+
+# ---- upstreams and gateways ----------------------------------------------------------------------
+SERVERS=(ts py)
 ROUTES=(direct)
-[[ "$BIN" != none ]] && ROUTES+=(via bearer)
-for route in "${ROUTES[@]}"; do
-    start "ts-$route" "$NODE22" "$HERE/task-server.mjs" --mode stateful --port 0
-done
-for route in "${ROUTES[@]}"; do
-    wait_ready "ts-$route" 30 || exit 1
-done
+[[ "$BIN" != none ]] && ROUTES+=(via)
 declare -A URL=()
-URL[direct]=$(field ts-direct listening)
+server_cmd() { # server_cmd SERVER: the command line of that 2025 task server
+    case $1 in
+        ts) echo "$NODE22" "$HERE/task-server.mjs" --mode stateful --port 0 ;;
+        py) echo "$PY" "$HERE/py_task_server.py" --port 0 ;;
+    esac
+}
+PAIRS=()
+for s in "${SERVERS[@]}"; do
+    for route in "${ROUTES[@]}"; do PAIRS+=("$s-$route"); done
+done
+[[ "$BIN" != none ]] && PAIRS+=(ts-bearer)
+for pair in "${PAIRS[@]}"; do
+    # shellcheck disable=SC2046
+    start "up-$pair" $(server_cmd "${pair%%-*}")
+done
+for pair in "${PAIRS[@]}"; do
+    wait_ready "up-$pair" 60 || exit 1
+done
+for s in "${SERVERS[@]}"; do URL[$s-direct]=$(field "up-$s-direct" listening); done
 
 config() { # config NAME AUTH_BLOCK UPSTREAM_URL
     printf '[gateway]\nlisten = "127.0.0.1:0"\ndrain_timeout_ms = 1000\n\n[admin]\nlisten = "127.0.0.1:0"\n\n'
     printf '[store]\npath = "%s"\n\n%s\n' "$WORK/$1-store" "$2"
-    printf '[[upstream]]\nname = "ts"\nurl = "%s"\n' "$3"
+    printf '[[upstream]]\nname = "up"\nurl = "%s"\n' "$3"
 }
 TOKEN_A=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 TOKEN_B=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 if [[ "$BIN" != none ]]; then
-    config taskgate-none $'[auth]\nmode = "none"\n' "$(field ts-via listening)" >"$WORK/taskgate-none.toml"
+    for s in "${SERVERS[@]}"; do
+        config "taskgate-$s" $'[auth]\nmode = "none"\n' "$(field "up-$s-via" listening)" >"$WORK/taskgate-$s.toml"
+        start "taskgate-$s" "$BIN" serve --config "$WORK/taskgate-$s.toml"
+    done
     config taskgate-bearer "$(printf '[auth]\nmode = "bearer"\n\n[[auth.token]]\nprincipal = "alice"\nsha256 = "%s"\n\n[[auth.token]]\nprincipal = "bob"\nsha256 = "%s"\n' \
         "$(printf %s "$TOKEN_A" | sha256sum | cut -d' ' -f1)" "$(printf %s "$TOKEN_B" | sha256sum | cut -d' ' -f1)")" \
-        "$(field ts-bearer listening)" >"$WORK/taskgate-bearer.toml"
-    start taskgate-none "$BIN" serve --config "$WORK/taskgate-none.toml"
+        "$(field up-ts-bearer listening)" >"$WORK/taskgate-bearer.toml"
     start taskgate-bearer "$BIN" serve --config "$WORK/taskgate-bearer.toml"
-    wait_ready taskgate-none 60 || exit 1
+    for s in "${SERVERS[@]}"; do
+        wait_ready "taskgate-$s" 60 || exit 1
+        URL[$s-via]="http://$(field "taskgate-$s" listening.gateway)/mcp/up"
+    done
     wait_ready taskgate-bearer 60 || exit 1
-    URL[via]="http://$(field taskgate-none listening.gateway)/mcp/ts"
-    URL[bearer]="http://$(field taskgate-bearer listening.gateway)/mcp/ts"
+    URL[ts-bearer]="http://$(field taskgate-bearer listening.gateway)/mcp/up"
 fi
 
-for route in "${ROUTES[@]}"; do
-    args=("${URL[$route]}" --label "reverse $route" --json "$WORK/client-$route.json")
-    [[ $route == bearer ]] && args+=(--bearer "$TOKEN_A" --foreign-bearer "$TOKEN_B")
-    log "reverse-client: $route ${URL[$route]}"
-    run_fg timeout 120 "$NODE22" "$HERE/reverse-client.mjs" "${args[@]}" >"$WORK/client-$route.log" 2>&1
+# ---- clients --------------------------------------------------------------------------------------
+# run_client CLIENT SERVER ROUTE: one client against one server on one route
+run_client() {
+    local client=$1 s=$2 route=$3 label="$1 $2 $3" rc
+    local json="$WORK/$client-$s-$route.json" args=()
+    case $client in
+        raw)
+            args=("$NODE22" "$HERE/reverse-client.mjs" "${URL[$s-$route]}" --label "$label" --json "$json")
+            [[ $s == py ]] && args+=(--skip-input)
+            [[ $route == bearer ]] && args+=(--bearer "$TOKEN_A" --foreign-bearer "$TOKEN_B")
+            ;;
+        fastmcp) args=("$PY_MODERN" "$HERE/reverse_fastmcp_client.py" "${URL[$s-$route]}" --label "$label" --json "$json") ;;
+    esac
+    log "$label: ${URL[$s-$route]}"
+    run_fg timeout 180 "${args[@]}" >"$WORK/$client-$s-$route.log" 2>&1
     rc=$?
-    sed 's/^/  /' "$WORK/client-$route.log"
-    echo "$(tail -n 1 "$WORK/client-$route.log")" >>"$WORK/counts.txt"
-    # Directly the 2025-11-25 server cannot serve a 2026-07-28 client: recorded, not required.
-    [[ $route == direct ]] || result "reverse-client (2026-07-28 client, TS SDK 1.32.2 task server) $route" $rc
+    sed 's/^/  /' "$WORK/$client-$s-$route.log"
+    tail -n 1 "$WORK/$client-$s-$route.log" >>"$WORK/counts.txt"
+    # Directly a 2025-11-25 server cannot serve a 2026-07-28 client: recorded, not required.
+    [[ $route == direct ]] || result "reverse $client client (2026-07-28) on the $s 2025-11-25 task server, $route" $rc
+}
+for s in "${SERVERS[@]}"; do
+    for client in raw fastmcp; do
+        for route in "${ROUTES[@]}"; do run_client "$client" "$s" "$route"; done
+        # Step by step: direct beside through taskgate.
+        if [[ "$BIN" != none ]]; then
+            python3 - "$client $s" "$WORK/$client-$s-direct.json" "$WORK/$client-$s-via.json" >>"$WORK/steps.txt" <<'EOF'
+import json, sys
+label, direct, via = sys.argv[1], sys.argv[2], sys.argv[3]
+def load(path):
+    try:
+        return {c["name"]: c["ok"] for c in json.load(open(path))["checks"]}
+    except Exception:
+        return {}
+d, v = load(direct), load(via)
+print(f"{label}: step  direct  via-taskgate")
+for name in list(dict.fromkeys([*v, *d])):
+    show = lambda m: "-" if name not in m else ("pass" if m[name] else "FAIL")
+    print(f"  {name:32} {show(d):6} {show(v)}")
+print(f"  total {sum(d.values())}/{len(d)} direct, {sum(v.values())}/{len(v)} through taskgate")
+EOF
+        fi
+    done
 done
+[[ "$BIN" != none ]] && run_client raw ts bearer
 
 for name in "${!PID[@]}"; do
     if ! kill -0 "${PID[$name]}" 2>/dev/null; then
@@ -96,5 +180,6 @@ done
 echo
 echo "== reverse bridge (issue 33) =="
 cat "$WORK/counts.txt"
+cat "$WORK/steps.txt"
 cat "$WORK/results.txt"
 exit $STATUS
