@@ -913,6 +913,7 @@ pub fn held_record(body: &[u8]) {
             client_capabilities: held.client_capabilities,
             client_info: held.client_info,
             expires_at: u64::MAX,
+            upstream_issued: false,
         };
         assert_eq!(
             r.check(),

@@ -535,6 +535,7 @@ fn held_records_round_trip_within_their_bounds() {
             capability_bits: rng.gen(),
             upstream_tasks_tools_call: rng.gen(),
             upstream_without_tasks: rng.gen(),
+            upstream_issued: rng.gen(),
             client_capabilities: match rng.gen_range(0..3) {
                 0 => serde_json::json!({"roots": {"x": text(&mut rng)}}),
                 1 => serde_json::json!([1]),

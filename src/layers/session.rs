@@ -68,8 +68,15 @@ pub struct SessionInfo {
     last_used: u32,
     /// A session taskgate holds itself (no upstream session; see `bridge`).
     pub held: Option<Arc<HeldSession>>,
-    /// Seconds since the table was made, when a held session's stored expiry was last set.
+    /// The session is in the registry's store (a held one, or one the upstream issued: see
+    /// `held_store`); its id keeps working across a restart and on every replica.
+    stored: bool,
+    /// Seconds since the table was made, when a stored session's stored expiry was last set.
     stored_at: u32,
+    /// Seconds since the table was made, when a stored session was last written to or read
+    /// from a store other processes share (a tier): past [`REVALIDATE_AFTER`] it is read again
+    /// before its next request is served.
+    checked_at: u32,
 }
 
 impl SessionInfo {
@@ -167,7 +174,17 @@ pub enum Access {
     Foreign,
     /// taskgate has no entry for this session id.
     Unknown,
+    /// The caller owns the session, but its entry was read from a store other replicas share
+    /// longer than [`REVALIDATE_AFTER`] ago: the store is asked again first (a DELETE or the
+    /// expiry on another replica removed it there), see `held_store`.
+    Recheck,
 }
+
+/// How long a session read from (or written to) a store other replicas share is served from
+/// this replica's table before the store is asked again: the bound on how long a session
+/// another replica ended (DELETE, idle expiry) stays usable here. At most one primary-key
+/// read per session and replica per period, only while the session is used.
+pub const REVALIDATE_AFTER: Duration = Duration::from_secs(5);
 
 /// The session table's hasher: foldhash, seeded per process (from addresses and the time; it
 /// does not claim HashDoS resistance). Why not the standard SipHash: every request with a
@@ -253,6 +270,9 @@ pub struct Sessions {
     store: std::sync::OnceLock<Arc<dyn crate::store::TaskStore>>,
     /// A held session was in the table at some point.
     any_held: std::sync::atomic::AtomicBool,
+    /// The store is shared by other processes (a tier on PostgreSQL): stored entries are
+    /// re-read past [`REVALIDATE_AFTER`]. Set with the store.
+    shared: std::sync::atomic::AtomicBool,
 }
 
 impl Sessions {
@@ -284,6 +304,7 @@ impl Sessions {
             epoch: Instant::now(),
             store: std::sync::OnceLock::new(),
             any_held: std::sync::atomic::AtomicBool::new(false),
+            shared: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -326,6 +347,12 @@ impl Sessions {
         let key = (upstream.clone(), Some(SessionKey::Session(session.clone())));
         match table.map.get_mut(&key) {
             Some(info) if info.owner == *principal => {
+                if info.stored
+                    && self.shared.load(std::sync::atomic::Ordering::Relaxed)
+                    && now.saturating_sub(info.checked_at) >= REVALIDATE_AFTER.as_secs() as u32
+                {
+                    return (Access::Recheck, None);
+                }
                 info.last_used = now;
                 self.touch_if_due(upstream, session, info);
                 (
@@ -432,6 +459,16 @@ impl Sessions {
     ) -> bool {
         let upstream_caps = upstream_result.and_then(|r| r.get("capabilities"));
         let last_used = self.now();
+        // Every session with an id is kept in the store when there is one (held ones and the
+        // upstream's alike), but an upstream id past the stored bound (then served by this
+        // process only).
+        let stored = self.store.get().is_some()
+            && match &session {
+                Some(SessionKey::Session(id)) => {
+                    held.is_some() || id.len() <= crate::store::held::MAX_HELD_SESSION_ID
+                }
+                _ => false,
+            };
         let mut table = self.table.lock();
         let key = (upstream.clone(), session);
         if !self.room_for(&mut table, &key, &tenant) {
@@ -453,6 +490,8 @@ impl Sessions {
                 .and_then(|v| HeaderValue::from_str(v).ok()),
             last_used,
             stored_at: last_used,
+            checked_at: last_used,
+            stored,
             held,
         };
         if info.held.is_some() {
@@ -511,8 +550,10 @@ impl Sessions {
 }
 
 mod held_store;
+mod issued;
 mod service;
 pub use held_store::{is_held_form, touch_every, Revived, HELD_SESSION_PREFIX};
+pub use issued::{ANSWER_WAIT, MAX_EVENTS_BEFORE};
 pub use service::{SessionLayer, SessionService};
 
 #[cfg(test)]

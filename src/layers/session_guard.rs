@@ -25,15 +25,22 @@
 //!   `gateway.session_idle_ms`) is answered 503 with `-32603` before it reaches the upstream,
 //!   unless its principal is at `limits.max_sessions_per_principal` (then its own least recently
 //!   used session makes room, see `session`).
-//! - A session id of the held form (`tgh-` and 32 hex digits: a session the `bridge` holds
-//!   itself) that the table does not hold is looked up in the registry's store first (a restart,
-//!   or another replica, issued it; see `session::held_store`): a stored one comes back with its
-//!   owner, and the checks above apply to it; one not stored (never issued, ended, reclaimed,
-//!   idle past `gateway.session_idle_ms`) is answered 404 `-32001` with or without
-//!   authentication, never forwarded; a stored one the full table has no room for is 503; a
-//!   store that cannot be read is 500 `-32603`.
+//! - A session id the table does not hold is looked up in the registry's store first (issue
+//!   35: a restart, or another replica of a tier, saw its `initialize`; see
+//!   `session::held_store`): a stored one comes back with its owner, and the checks above apply
+//!   to it. One not stored (never issued, ended, reclaimed, idle past
+//!   `gateway.session_idle_ms`) gets what an unknown id got before: 404 `-32001` with
+//!   authentication, forwarded without (the upstream decides); a held form (`tgh-` and 32 hex
+//!   digits: a session the `bridge` holds itself) is 404 either way, never forwarded. A stored
+//!   one the full table has no room for is 503; a store that cannot be read is 500 `-32603`
+//!   where the answer would be 404, and forwarded where it would be forwarded. On a store other
+//!   replicas share, a session's entry is read again once it is [`REVALIDATE_AFTER`] old, before
+//!   its request is served: one another replica ended is then unknown here too.
+//!   A session already in the table (and fresh) costs no store read.
 
-use super::session::{Access, HandDown, Revived, SessionKey, Sessions};
+#[cfg(doc)]
+use super::session::REVALIDATE_AFTER;
+use super::session::{is_held_form, Access, HandDown, Revived, SessionKey, Sessions};
 use crate::exchange::Operation;
 use crate::exchange::{McpReply, McpRequest};
 use crate::jsonrpc::{self, Id};
@@ -130,23 +137,36 @@ fn local(status: StatusCode, id: Option<&Id>, code: i64, message: &str) -> McpRe
     )
 }
 
+/// What [`SessionGuard::check`] decided for a request.
+enum Checked {
+    /// It goes on.
+    Pass,
+    /// It is answered here.
+    Refuse(McpReply),
+    /// Its session must be read from the store first (not in the table, or due for a re-read).
+    LookUp,
+}
+
 impl<S> SessionGuard<S> {
-    /// The local answer for `req`, if it must not go on; drops a session id from an initialize.
-    fn check(&self, req: &mut McpRequest) -> Option<McpReply> {
+    /// Whether `req` goes on, is answered here, or needs its session read from the store
+    /// (`looked_up`: it was, so never again); drops a session id from an initialize.
+    fn check(&self, req: &mut McpRequest, looked_up: bool) -> Checked {
         if req.request_method() == Some("initialize") {
             req.ctx.session_id = None;
             req.ctx.client_session_id = None;
             if !self.sessions.has_room(&req.ctx.tenant()) {
-                return Some(local(
+                return Checked::Refuse(local(
                     StatusCode::SERVICE_UNAVAILABLE,
                     req.id(),
                     jsonrpc::INTERNAL_ERROR,
                     "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
                 ));
             }
-            return None;
+            return Checked::Pass;
         }
-        let session = req.ctx.client_session_id.as_ref()?;
+        let Some(session) = req.ctx.client_session_id.as_ref() else {
+            return Checked::Pass;
+        };
         let hand_down = self.hand_down;
         let (access, view) =
             self.sessions
@@ -170,16 +190,22 @@ impl<S> SessionGuard<S> {
                 false
             }
             Access::Foreign => true,
-            Access::Unknown => self.authenticated,
+            Access::Recheck | Access::Unknown if !looked_up && self.sessions.keeps_store() => {
+                return Checked::LookUp;
+            }
+            // Re-read just now (a concurrent request may have made it due again): served.
+            Access::Recheck => false,
+            Access::Unknown => self.authenticated || is_held_form(session.as_bytes()),
         };
-        refuse.then(|| {
-            local(
+        if refuse {
+            return Checked::Refuse(local(
                 StatusCode::NOT_FOUND,
                 req.id(),
                 SESSION_NOT_FOUND,
                 "Session not found: initialize a new session",
-            )
-        })
+            ));
+        }
+        Checked::Pass
     }
 }
 
@@ -234,11 +260,12 @@ impl<S> tower::Service<McpRequest> for SessionGuard<S>
 where
     S: tower::Service<McpRequest, Response = McpReply> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    S::Error: Send + 'static,
 {
     type Response = McpReply;
     type Error = S::Error;
-    /// The request's own future, a local answer, or (a held session id to look up in the
-    /// store first) a boxed one.
+    /// The request's own future, a local answer, or (a session to read from the store first)
+    /// a boxed one.
     type Future = Either<
         Either<S::Future, Ready<Result<McpReply, S::Error>>>,
         BoxFuture<'static, Result<McpReply, S::Error>>,
@@ -249,65 +276,75 @@ where
     }
 
     fn call(&mut self, mut req: McpRequest) -> Self::Future {
-        let revive = req.request_method() != Some("initialize")
-            && req
+        match self.check(&mut req, false) {
+            Checked::Pass => {}
+            Checked::Refuse(reply) => return Either::Left(Either::Right(future::ready(Ok(reply)))),
+            Checked::LookUp => return Either::Right(self.look_up(req)),
+        }
+        Either::Left(match self.defer_delete(&req) {
+            Some(reply) => Either::Right(future::ready(Ok(reply))),
+            None => Either::Left(self.inner.call(req)),
+        })
+    }
+}
+
+impl<S> SessionGuard<S>
+where
+    S: tower::Service<McpRequest, Response = McpReply> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    /// `req`'s session read from the store (brought back, re-read, or found absent), then the
+    /// checks again (module docs).
+    fn look_up(&mut self, mut req: McpRequest) -> BoxFuture<'static, Result<McpReply, S::Error>> {
+        // The ready service goes with the request; this one keeps a clone.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let mut this = SessionGuard {
+            inner,
+            sessions: self.sessions.clone(),
+            authenticated: self.authenticated,
+            deferred: self.deferred.clone(),
+            hand_down: self.hand_down,
+        };
+        Box::pin(async move {
+            let session = req
                 .ctx
                 .client_session_id
-                .as_ref()
-                .is_some_and(|s| self.sessions.may_revive(&req.ctx.upstream, s));
-        if revive {
-            // The ready service goes with the request; this one keeps a clone.
-            let clone = self.inner.clone();
-            let inner = std::mem::replace(&mut self.inner, clone);
-            let mut this = SessionGuard {
-                inner,
-                sessions: self.sessions.clone(),
-                authenticated: self.authenticated,
-                deferred: self.deferred.clone(),
-                hand_down: self.hand_down,
+                .clone()
+                .unwrap_or_else(|| HeaderValue::from_static(""));
+            let revived = this
+                .sessions
+                .revive(&req.ctx.upstream, &session, req.ctx.tenant())
+                .await;
+            // Where an unknown id would be refused (with authentication, or a held form), a
+            // session the store does not give is refused; otherwise it goes on as unknown.
+            let refuses_unknown = this.authenticated || is_held_form(session.as_bytes());
+            let refused = match revived {
+                Revived::InTable | Revived::NotStored => None,
+                Revived::NoRoom => Some((
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    jsonrpc::INTERNAL_ERROR,
+                    "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
+                )),
+                Revived::Failed if refuses_unknown => Some((
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    jsonrpc::INTERNAL_ERROR,
+                    "taskgate could not read the session from its store; try again later",
+                )),
+                Revived::Failed => None,
             };
-            return Either::Right(Box::pin(async move {
-                let session = req
-                    .ctx
-                    .client_session_id
-                    .clone()
-                    .unwrap_or_else(|| HeaderValue::from_static(""));
-                let revived = this
-                    .sessions
-                    .revive(&req.ctx.upstream, &session, req.ctx.tenant())
-                    .await;
-                let refused = match revived {
-                    Revived::InTable => None,
-                    Revived::NotStored => Some((
-                        StatusCode::NOT_FOUND,
-                        SESSION_NOT_FOUND,
-                        "Session not found: initialize a new session",
-                    )),
-                    Revived::NoRoom => Some((
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        jsonrpc::INTERNAL_ERROR,
-                        "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
-                    )),
-                    Revived::Failed => Some((
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        jsonrpc::INTERNAL_ERROR,
-                        "taskgate could not read the session from its store; try again later",
-                    )),
-                };
-                if let Some((status, code, message)) = refused {
-                    return Ok(local(status, req.id(), code, message));
-                }
-                match this.check(&mut req).or_else(|| this.defer_delete(&req)) {
-                    Some(reply) => Ok(reply),
-                    None => this.inner.call(req).await,
-                }
-            }));
-        }
-        Either::Left(
-            match self.check(&mut req).or_else(|| self.defer_delete(&req)) {
-                Some(reply) => Either::Right(future::ready(Ok(reply))),
-                None => Either::Left(self.inner.call(req)),
-            },
-        )
+            if let Some((status, code, message)) = refused {
+                return Ok(local(status, req.id(), code, message));
+            }
+            match this.check(&mut req, true) {
+                Checked::Refuse(reply) => return Ok(reply),
+                Checked::Pass | Checked::LookUp => {}
+            }
+            match this.defer_delete(&req) {
+                Some(reply) => Ok(reply),
+                None => this.inner.call(req).await,
+            }
+        })
     }
 }

@@ -117,7 +117,7 @@ async fn store_a_held_session(sessions: &Arc<Sessions>, up: &Arc<str>, id: &str,
         Some(Arc::new(held))
     ));
     let id = HeaderValue::from_str(id).unwrap();
-    sessions.store_held_entry(up, &id).await.unwrap();
+    sessions.store_entry(up, &id).await.unwrap();
 }
 
 /// A held session comes back from the store into a new table (a restart) with its owner, its
@@ -136,13 +136,11 @@ async fn held_sessions_come_back_from_the_store_within_their_idle_limit() {
 
     let after = Sessions::with_limits(10, Duration::from_secs(3600));
     after.keep_held_in(store.clone());
-    assert!(after.may_revive(&up, &hv));
-    assert!(!after.may_revive(&up, &HeaderValue::from_static("issued-0")));
+    assert_eq!(after.access(&up, &hv, &alice), Access::Unknown);
     assert_eq!(
         after.revive(&up, &hv, Tenant::Unknown).await,
         Revived::InTable
     );
-    assert!(!after.may_revive(&up, &hv));
     assert_eq!(
         after.access(&up, &hv, &alice),
         Access::Owner(Some(HeaderValue::from_static("2025-06-18")))
@@ -297,4 +295,137 @@ async fn a_principal_past_its_share_reclaims_its_own_least_recent_session() {
         "10.0.0.2 keeps its sessions"
     );
     assert_eq!(sessions.len(), 7);
+}
+
+/// [`stack`] with authentication on (an unknown session id is refused, never forwarded).
+fn authenticated_stack(
+    sessions: Arc<Sessions>,
+) -> impl tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Clone {
+    let upstream = crate::layers::testing::issuing_upstream();
+    let inner = SessionLayer::new(sessions.clone()).layer(upstream);
+    SessionGuardLayer::new(sessions, true).layer(inner)
+}
+
+fn as_principal(mut req: McpRequest, who: &str) -> McpRequest {
+    req.ctx.principal = Principal::Token(who.into());
+    req
+}
+
+/// Issue 35: a session the upstream issued is in the store before its `initialize` answer goes
+/// on, and a table that never saw it (a restart, or another replica of a tier) serves it to
+/// its owner from the store, with what the client declared; another principal still gets 404;
+/// its DELETE removes it from the store. (Before: 404 "Session not found" for the owner too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_the_upstream_issued_are_served_by_a_table_that_never_saw_them() {
+    let store = crate::layers::testing::CountingStore::new();
+    let up: Arc<str> = "up".into();
+    let before = Sessions::new();
+    before.keep_held_in(store.clone());
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"capabilities":{"tasks":{},"elicitation":{}}}}"#;
+    let reply = authenticated_stack(before.clone())
+        .oneshot(as_principal(with_session(init, None), "alice"))
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    let sid = reply.headers["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let stored = store.held_session(&up, &sid).unwrap().expect("stored");
+    assert!(stored.upstream_issued, "{stored:?}");
+    assert_eq!(stored.owner.as_deref(), Some("alice"));
+
+    let after = Sessions::new();
+    after.keep_held_in(store.clone());
+    let svc = authenticated_stack(after.clone());
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let bob = svc
+        .clone()
+        .oneshot(as_principal(with_session(list, Some(&sid)), "bob"))
+        .await
+        .unwrap();
+    assert_eq!(bob.status, 404, "another principal's session");
+    let alice = svc
+        .clone()
+        .oneshot(as_principal(with_session(list, Some(&sid)), "alice"))
+        .await
+        .unwrap();
+    assert_eq!(alice.status, 200, "the owner's session is served");
+    let key = SessionKey::Session(HeaderValue::from_str(&sid).unwrap());
+    let info = after.get(&up, Some(&key)).expect("in the table");
+    assert!(info.client_declares_tasks() && info.client_has("/elicitation"));
+    assert!(info.upstream_tasks_tools_call());
+    assert!(info.held.is_none(), "passed through, not held");
+    // Not stored: 404 with authentication, as before.
+    let unknown = svc
+        .clone()
+        .oneshot(as_principal(
+            with_session(list, Some("never-issued")),
+            "alice",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(unknown.status, 404);
+
+    let mut delete = as_principal(with_session(list, Some(&sid)), "alice");
+    delete.op = crate::exchange::Operation::EndSession;
+    let ended = svc.clone().oneshot(delete).await.unwrap();
+    assert!(ended.status.is_success(), "{}", ended.status);
+    assert!(
+        store.held_session(&up, &sid).unwrap().is_none(),
+        "DELETE removes it"
+    );
+    let gone = Sessions::new();
+    gone.keep_held_in(store.clone());
+    let again = authenticated_stack(gone)
+        .oneshot(as_principal(with_session(list, Some(&sid)), "alice"))
+        .await
+        .unwrap();
+    assert_eq!(again.status, 404);
+}
+
+/// Issue 35: an `initialize` answered over SSE has its session stored before the stream goes
+/// on, and the stream reaches the client whole (the answer and what came before it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sse_initialize_answer_is_stored_before_it_goes_on() {
+    let store = crate::layers::testing::CountingStore::new();
+    let sessions = Sessions::new();
+    sessions.keep_held_in(store.clone());
+    let upstream = tower::service_fn(|_req: McpRequest| async move {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(crate::sse::Event::message(
+            r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#.into(),
+        ))
+        .await
+        .unwrap();
+        tx.send(crate::sse::Event::message(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{}}}"#
+                .into(),
+        ))
+        .await
+        .unwrap();
+        Ok::<_, GatewayError>(McpReply::event_stream(
+            rx,
+            Some(HeaderValue::from_static("sse-session")),
+        ))
+    });
+    let svc = SessionGuardLayer::new(sessions.clone(), true)
+        .layer(SessionLayer::new(sessions.clone()).layer(upstream));
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"capabilities":{}}}"#;
+    let reply = svc
+        .oneshot(as_principal(with_session(init, None), "alice"))
+        .await
+        .unwrap();
+    let stored = store.held_session("up", "sse-session").unwrap();
+    assert_eq!(
+        stored.and_then(|s| s.protocol_version).as_deref(),
+        Some("2025-11-25"),
+        "stored before the answer went on"
+    );
+    let ReplyBody::Stream(events) = reply.body else {
+        panic!("an SSE answer stays one");
+    };
+    use futures_util::StreamExt;
+    let events: Vec<_> = events.collect().await;
+    assert_eq!(events.len(), 2, "{events:?}");
 }

@@ -1,6 +1,9 @@
-//! Held sessions in the store: the 2025-11-25 sessions taskgate holds itself for an upstream
-//! without 2025 sessions (see `layers::bridge::held`), kept so that a held `Mcp-Session-Id`
-//! stays valid for its owner across a restart (and on every replica sharing a PostgreSQL store).
+//! Sessions in the store: the 2025-11-25 sessions taskgate holds itself for an upstream
+//! without 2025 sessions (see `layers::bridge::held`), and (issue 35) the sessions an upstream
+//! issued that taskgate passes through ([`HeldSessionRecord::upstream_issued`]), kept so that an
+//! `Mcp-Session-Id` stays valid for its owner across a restart and on every replica sharing a
+//! PostgreSQL store (a tier needs no sticky routing). The names keep "held" from the first kind
+//! (the sled trees and the PostgreSQL table are named so); both kinds share one record.
 //!
 //! One [`HeldSessionRecord`] per `(upstream, Mcp-Session-Id)`: written (durably) before the
 //! session id leaves taskgate, its `expires_at` moved forward while the session is used
@@ -21,8 +24,10 @@ pub const MAX_HELD_CAPABILITIES: usize = 4096;
 /// Longest `clientInfo` (JSON text, bytes) a held session keeps, in memory and stored; a longer
 /// one is not kept.
 pub const MAX_HELD_CLIENT_INFO: usize = 1024;
-/// Longest stored `Mcp-Session-Id` (taskgate mints 32 hex digits).
-pub const MAX_HELD_SESSION_ID: usize = 128;
+/// Longest stored `Mcp-Session-Id` (taskgate mints 32 hex digits; an upstream's, passed
+/// through, is often a UUID; a longer one is not stored and its session is served only by the
+/// process that saw its `initialize`).
+pub const MAX_HELD_SESSION_ID: usize = 512;
 /// Longest stored owner (a bearer principal's name, or an OAuth `<iss>#<sub>`).
 pub const MAX_HELD_OWNER: usize = 1024;
 /// Longest stored negotiated `protocolVersion`.
@@ -30,12 +35,14 @@ pub const MAX_HELD_PROTOCOL_VERSION: usize = 64;
 /// Longest upstream name stored with a held session.
 pub const MAX_HELD_UPSTREAM: usize = 256;
 
-/// One held session as the store keeps it (JSON in both backends).
+/// One session as the store keeps it (JSON in both backends): a held one, or one the upstream
+/// issued ([`HeldSessionRecord::upstream_issued`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HeldSessionRecord {
     /// The upstream's configured name.
     pub upstream: String,
-    /// The `Mcp-Session-Id` taskgate minted.
+    /// The `Mcp-Session-Id`: the one taskgate minted (a held session), or the upstream's own,
+    /// which taskgate passes through (`upstream_issued`).
     pub session_id: String,
     /// The principal that initialized the session (its owner); `None` without authentication
     /// (whoever holds the session id is its owner).
@@ -57,6 +64,12 @@ pub struct HeldSessionRecord {
     /// Unix time (ms) after which the session is idle past `gateway.session_idle_ms`: it is
     /// then never revived, and the sweep removes it.
     pub expires_at: u64,
+    /// The session id is the upstream's (2025-11-25 basic/transports: Session Management),
+    /// passed through by taskgate: requests of the session go upstream on it, and no
+    /// `HeldSession` is made of the record. False (the default, as records written before
+    /// issue 35 read): a session taskgate holds itself.
+    #[serde(default)]
+    pub upstream_issued: bool,
 }
 
 impl HeldSessionRecord {
@@ -138,6 +151,7 @@ mod tests {
             client_capabilities: json!({"elicitation": {}}),
             client_info: Some(json!({"name": "c"})),
             expires_at: 1,
+            upstream_issued: false,
         };
         assert_eq!(
             HeldSessionRecord::decode(ok.encode().as_bytes()).unwrap(),
@@ -147,9 +161,22 @@ mod tests {
         big.client_info = Some(json!({"name": "x".repeat(MAX_HELD_CLIENT_INFO)}));
         assert!(big.check().unwrap_err().contains("clientInfo"));
         assert!(HeldSessionRecord::decode(big.encode().as_bytes()).is_err());
-        let mut no_id = ok;
+        let mut no_id = ok.clone();
         no_id.session_id.clear();
         assert!(no_id.check().is_err());
+        // A record written before `upstream_issued` existed reads as a held session.
+        let mut old: Value = serde_json::from_str(&ok.encode()).unwrap();
+        old.as_object_mut().unwrap().remove("upstream_issued");
+        let old = HeldSessionRecord::decode(old.to_string().as_bytes()).unwrap();
+        assert!(!old.upstream_issued);
+        let passed = HeldSessionRecord {
+            upstream_issued: true,
+            ..ok
+        };
+        assert_eq!(
+            HeldSessionRecord::decode(passed.encode().as_bytes()).unwrap(),
+            passed
+        );
     }
 }
 

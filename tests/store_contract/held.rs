@@ -18,6 +18,7 @@ fn held(upstream: &str, id: &str, owner: Option<&str>, expires_at: u64) -> HeldS
         client_capabilities: json!({"elicitation": {}}),
         client_info: Some(json!({"name": "c", "version": "1"})),
         expires_at,
+        upstream_issued: false,
     }
 }
 
@@ -54,6 +55,20 @@ pub async fn contract(store: Arc<dyn TaskStore>) {
     assert!(store.held_session(&up, "cccc").unwrap().is_some());
     assert!(store.held_session(&up, "aaaa").unwrap().is_some());
 
+    // A session the upstream issued (issue 35) reads back as one: its id is the upstream's.
+    let mut passed = held(&up, "3f0c8a52-upstream-uuid", Some("bob"), t0 + 60_000);
+    passed.upstream_issued = true;
+    passed.client_capabilities = json!({});
+    passed.client_info = None;
+    store.put_held_session(passed.clone()).await.unwrap();
+    assert_eq!(
+        store.held_session(&up, "3f0c8a52-upstream-uuid").unwrap(),
+        Some(passed)
+    );
+    assert!(store
+        .remove_held_session(&up, "3f0c8a52-upstream-uuid")
+        .unwrap());
+
     // Remove; a second remove finds nothing.
     assert!(store.remove_held_session(&up, "aaaa").unwrap());
     assert!(!store.remove_held_session(&up, "aaaa").unwrap());
@@ -65,7 +80,7 @@ pub async fn contract(store: Arc<dyn TaskStore>) {
     let e = store.put_held_session(big).await.unwrap_err();
     assert!(e.to_string().contains("capabilities"), "{e}");
     assert!(store.held_session(&up, "dddd").unwrap().is_none());
-    let long_id = "e".repeat(200);
+    let long_id = "e".repeat(600);
     assert!(store
         .put_held_session(held(&up, &long_id, None, t0))
         .await

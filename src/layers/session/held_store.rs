@@ -1,18 +1,41 @@
-//! Held sessions kept in the registry's store (see `crate::store::held`), so that a held
-//! `Mcp-Session-Id` stays valid for its owner across a restart, and on every replica sharing a
-//! PostgreSQL store.
+//! Sessions kept in the registry's store (see `crate::store::held`): held sessions (the
+//! bridge's) and, since issue 35, the sessions an upstream issued that taskgate passes through,
+//! so that an `Mcp-Session-Id` stays valid for its owner across a restart, and on every replica
+//! sharing a PostgreSQL store (a tier needs no sticky routing).
 //!
-//! - **Written** before the session id leaves taskgate ([`Sessions::store_held_entry`], awaited
-//!   by the `session` layer before the `initialize` answer goes on).
-//! - **Recognised**: a held session id has its own form ([`is_held_form`]: `tgh-` and 32 hex
-//!   digits). A request carrying one that the table does not hold is looked up in the store
-//!   ([`Sessions::revive`], by `session_guard`, before anything else): a stored session not past
-//!   its idle limit comes back into the table with its owner, capabilities, `clientInfo` and
-//!   protocol version, and is served as a held session; one that is not stored (never issued,
-//!   ended, reclaimed, expired) is 404 at once, never forwarded upstream.
+//! - **Written** before the session id leaves taskgate ([`Sessions::store_entry`], awaited by
+//!   the `session` layer before the `initialize` answer goes on). What is written is what a
+//!   replica needs to serve the session: the upstream's session id (the id itself, passed
+//!   through), the owner principal, the negotiated version, the capability bits of the client
+//!   and what the upstream declared (`tasks.requests.tools.call`, no `tasks`), a held
+//!   session's client capabilities and `clientInfo`, and the expiry. Not written: `upgrade`'s
+//!   tool cache (`taskSupport` per tool): a replica that has not seen the session's
+//!   `tools/list` asks for it once on the upstream session on its first plain call of an
+//!   unknown tool (`upgrade::tools::tool_support`), as it does today after a
+//!   `notifications/tools/list_changed`, so the store holds nothing that can go stale when
+//!   the tools change.
+//! - **Read back**: a request carrying a session id the table does not hold is looked up in
+//!   the store ([`Sessions::revive`], by `session_guard`, before anything else): a stored
+//!   session not past its idle limit comes back into the table with its owner, capabilities
+//!   and protocol version, and is served as it was on the replica that saw its `initialize`;
+//!   one that is not stored is 404 with authentication (or when it has the held form,
+//!   [`is_held_form`]), and without authentication goes upstream as before (the upstream
+//!   decides). A store that cannot be read is 500 where the answer would be 404, and
+//!   forwarded where it would be forwarded. A session in the table costs no store read.
+//! - **DELETE on one replica, the others' tables** (a tier): a session read from (or written
+//!   to) a shared store is served from the table for [`super::REVALIDATE_AFTER`] (5 s), then
+//!   read again before its next request: gone from the store (a DELETE on another replica,
+//!   the sweep's expiry), it leaves this table too; a store that cannot be read leaves it
+//!   served from the table. Chosen over PostgreSQL `LISTEN`/`NOTIFY`: no connection held per
+//!   replica, none to re-establish (notifications lost while it was down would need this
+//!   re-read anyway), it works through a transaction-pooling proxy (PgBouncer), and the cost is
+//!   bounded (one primary-key read per used session and replica every 5 s). What the 5 s
+//!   window allows is small: the DELETE also ended the upstream session, which then answers
+//!   the stale replica's request 404 itself, and only the session's owner passes the check.
+//!   One process on sled needs no re-read (the table is the only cache of its store).
 //! - **Kept fresh**: its `expires_at` (Unix ms; `gateway.session_idle_ms` after the last use) is
-//!   moved forward on use, at most once per [`touch_every`] per session, so it may be up to that
-//!   much early.
+//!   moved forward on use, at most once per [`touch_every`] per session and replica, so it may
+//!   be up to that much early.
 //! - **Removed** when the session ends (DELETE, awaited), is reclaimed as idle (in the
 //!   background), or expires (the registry's sweep; a stored session past its idle limit is
 //!   never revived).
@@ -67,27 +90,23 @@ fn owner_of(p: &Principal) -> Option<String> {
 }
 
 impl Sessions {
-    /// Keeps the held sessions in `store` from now on (the first store given is kept).
+    /// Keeps the sessions in `store` from now on (the first store given is kept); a store
+    /// other processes share has its entries re-read (see the module docs).
     pub fn keep_held_in(&self, store: Arc<dyn TaskStore>) {
-        let _ = self.store.set(store);
+        let shared = store.shared();
+        if self.store.set(store).is_ok() {
+            self.shared.store(shared, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether sessions are kept in a store (a request naming a session the table does not
+    /// hold is then looked up there).
+    pub fn keeps_store(&self) -> bool {
+        self.store.get().is_some()
     }
 
     fn idle_ms(&self) -> u64 {
         u64::try_from(self.idle.as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// Whether a request's session id may be a held session only the store knows: the store
-    /// is kept, the id has the held form, and the table does not hold it.
-    pub fn may_revive(&self, upstream: &Arc<str>, session: &HeaderValue) -> bool {
-        self.store.get().is_some()
-            && is_held_form(session.as_bytes())
-            && self
-                .read(
-                    upstream,
-                    Some(&SessionKey::Session(session.clone())),
-                    |_| (),
-                )
-                .is_none()
     }
 
     /// Whether any held session was ever in the table (the bridge then looks sessions up even
@@ -96,7 +115,7 @@ impl Sessions {
         self.any_held.load(Ordering::Relaxed)
     }
 
-    /// The stored form of a held session's entry.
+    /// The stored form of a stored session's entry.
     fn record_of(&self, upstream: &str, session: &str, info: &SessionInfo) -> HeldSessionRecord {
         let held = info.held.as_deref();
         HeldSessionRecord {
@@ -115,12 +134,13 @@ impl Sessions {
                 .map_or_else(|| serde_json::json!({}), |h| h.client_capabilities.clone()),
             client_info: held.and_then(|h| h.client_info.clone()),
             expires_at: now_ms().saturating_add(self.idle_ms()),
+            upstream_issued: held.is_none(),
         }
     }
 
-    /// Writes the held session `session` of the table to the store; returns once it is durable
-    /// (`Ok` at once when no store is kept or the entry is not a held one).
-    pub async fn store_held_entry(
+    /// Writes the session `session` of the table to the store; returns once it is durable
+    /// (`Ok` at once when no store is kept or the entry is not one to store).
+    pub async fn store_entry(
         &self,
         upstream: &Arc<str>,
         session: &HeaderValue,
@@ -130,8 +150,7 @@ impl Sessions {
         };
         let key = SessionKey::Session(session.clone());
         let Some(record) = self.read(upstream, Some(&key), |info| {
-            info.held
-                .is_some()
+            info.stored
                 .then(|| self.record_of(upstream, session.to_str().unwrap_or_default(), info))
         }) else {
             return Ok(());
@@ -142,10 +161,11 @@ impl Sessions {
         let handle = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || handle.block_on(store.put_held_session(record)))
             .await
-            .unwrap_or_else(|e| Err(StoreError::Db(format!("held session not written: {e}"))))
+            .unwrap_or_else(|e| Err(StoreError::Db(format!("session not written: {e}"))))
     }
 
-    /// Brings a held session the store keeps back into the table (see the module docs).
+    /// Brings a session the store keeps back into the table, or (an entry due for its re-read,
+    /// [`super::Access::Recheck`]) checks that the store still keeps it (see the module docs).
     /// `tenant`: whom the session counts against when it has no owner principal (without
     /// auth, the client address of the request that brings it back).
     pub async fn revive(
@@ -173,28 +193,36 @@ impl Sessions {
             }
         })
         .await;
+        let key = (upstream.clone(), Some(SessionKey::Session(session.clone())));
         let record = match found {
             Ok(Ok(Some(r))) => r,
-            Ok(Ok(None)) => return Revived::NotStored,
-            Ok(Err(StoreError::Corrupt(e))) => {
-                // Never written so (bounds are checked on write): not a session taskgate serves.
-                tracing::warn!(error = %e, "a stored held session cannot be read back");
+            Ok(Ok(None)) => {
+                // Gone from the store (ended or expired on another replica): gone here too.
+                if self.table.lock().take(&key).is_some() {
+                    tracing::debug!(upstream = %upstream, "a session another replica ended is forgotten");
+                }
                 return Revived::NotStored;
             }
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "a held session could not be read from the store");
-                return Revived::Failed;
+            Ok(Err(StoreError::Corrupt(e))) => {
+                // Never written so (bounds are checked on write): not a session taskgate serves.
+                tracing::warn!(error = %e, "a stored session cannot be read back");
+                self.table.lock().take(&key);
+                return Revived::NotStored;
             }
-            Err(e) => {
-                tracing::error!(error = %e, "a held session could not be read from the store");
-                return Revived::Failed;
-            }
+            Ok(Err(e)) => return self.unread(&key, &e),
+            Err(e) => return self.unread(&key, &e),
         };
         let now = self.now();
         let owner = match record.owner {
             Some(p) => Principal::Token(p.into()),
             None => Principal::Anonymous,
         };
+        let mut table = self.table.lock();
+        if let Some(info) = table.map.get_mut(&key) {
+            // Re-read (or brought back by a concurrent request): still stored.
+            info.checked_at = now;
+            return Revived::InTable;
+        }
         let tenant = match &owner {
             Principal::Token(p) => Tenant::Principal(p.clone()),
             Principal::Anonymous => tenant,
@@ -212,23 +240,38 @@ impl Sessions {
                 .and_then(|v| HeaderValue::from_str(v).ok()),
             last_used: now,
             stored_at: now,
-            held: Some(Arc::new(HeldSession {
-                client_capabilities: record.client_capabilities,
-                client_info: record.client_info,
-            })),
+            checked_at: now,
+            stored: true,
+            held: (!record.upstream_issued).then(|| {
+                Arc::new(HeldSession {
+                    client_capabilities: record.client_capabilities,
+                    client_info: record.client_info,
+                })
+            }),
         };
-        let mut table = self.table.lock();
-        let key = (upstream.clone(), Some(SessionKey::Session(session.clone())));
-        if table.map.contains_key(&key) {
-            return Revived::InTable;
-        }
         if !self.room_for(&mut table, &key, &tenant) {
             return Revived::NoRoom;
         }
+        let held = info.held.is_some();
         table.put(key, info);
-        self.any_held.store(true, Ordering::Relaxed);
-        tracing::debug!(upstream = %upstream, "a held session came back from the store");
+        if held {
+            self.any_held.store(true, Ordering::Relaxed);
+        }
+        tracing::debug!(upstream = %upstream, held, "a session came back from the store");
         Revived::InTable
+    }
+
+    /// The store could not be read for `key`: an entry due for its re-read stays served from
+    /// the table (re-read again after [`super::REVALIDATE_AFTER`]); an unknown one is
+    /// [`Revived::Failed`].
+    fn unread(&self, key: &super::Key, e: &dyn std::fmt::Display) -> Revived {
+        if let Some(info) = self.table.lock().map.get_mut(key) {
+            tracing::warn!(error = %e, "a session could not be re-read from the store; served from the table");
+            info.checked_at = self.now();
+            return Revived::InTable;
+        }
+        tracing::error!(error = %e, "a session could not be read from the store");
+        Revived::Failed
     }
 
     /// Moves the stored expiry of a held session in use (at most once per [`touch_every`]);
@@ -242,7 +285,7 @@ impl Sessions {
         let Some(store) = self.store.get() else {
             return;
         };
-        if info.held.is_none() {
+        if !info.stored {
             return;
         }
         let now = self.now();
@@ -299,7 +342,7 @@ impl Sessions {
         let Ok(id) = id.to_str().map(str::to_string) else {
             return;
         };
-        if info.held.is_none() {
+        if !info.stored {
             return;
         }
         let up = upstream.to_string();
@@ -319,7 +362,7 @@ impl Sessions {
         entries: impl Iterator<Item = (&'a (Arc<str>, Option<SessionKey>), &'a SessionInfo)>,
     ) -> Vec<(Arc<str>, String)> {
         entries
-            .filter(|(_, info)| info.held.is_some())
+            .filter(|(_, info)| info.stored)
             .filter_map(|((up, key), _)| match key {
                 Some(SessionKey::Session(id)) => {
                     id.to_str().ok().map(|id| (up.clone(), id.to_string()))

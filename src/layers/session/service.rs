@@ -160,6 +160,14 @@ where
                 }
                 return Ok(reply);
             }
+            // A session the upstream issued is stored before its id goes on (`issued`).
+            if !held && sessions.keeps_store() && matches!(watch, Watch::Initialize(..)) {
+                let issued = crate::headers::find(&reply.headers, &crate::headers::MCP_SESSION_ID)
+                    .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
+                if let Some(issued) = issued {
+                    return Ok(finish.store_issued(reply, issued).await);
+                }
+            }
             Ok(finish.reply(reply, held))
         }))
     }
@@ -167,21 +175,21 @@ where
 
 /// What the `session` layer reads from an `initialize` answer as it passes (the session, its
 /// capabilities), once any store write is done.
-struct Finish {
-    sessions: Arc<Sessions>,
-    upstream: Arc<str>,
-    principal: Principal,
-    tenant: Tenant,
+pub(super) struct Finish {
+    pub(super) sessions: Arc<Sessions>,
+    pub(super) upstream: Arc<str>,
+    pub(super) principal: Principal,
+    pub(super) tenant: Tenant,
     has_identity: bool,
     session: Option<SessionKey>,
-    watch: Watch,
-    id: Option<Id>,
+    pub(super) watch: Watch,
+    pub(super) id: Option<Id>,
 }
 
 impl Finish {
     /// `reply` with its messages observed; `held`: the upstream answer came from a session
     /// taskgate holds (its `initialize` answer was recorded by `store_held`).
-    fn reply(self, mut reply: McpReply, held: bool) -> McpReply {
+    pub(super) fn reply(self, mut reply: McpReply, held: bool) -> McpReply {
         let Finish {
             sessions,
             upstream,
@@ -232,7 +240,7 @@ impl Finish {
     }
 }
 
-enum Watch {
+pub(super) enum Watch {
     /// The client's capabilities, and the whole `params` (for a held session).
     Initialize(Value, Option<Value>),
     End,
@@ -280,7 +288,7 @@ async fn store_held(
             "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
         );
     }
-    if let Err(e) = sessions.store_held_entry(upstream, &issued).await {
+    if let Err(e) = sessions.store_entry(upstream, &issued).await {
         tracing::error!(error = %e, "a held session could not be written to the store");
         sessions.forget(upstream, Some(&key));
         return refuse(

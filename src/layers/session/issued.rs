@@ -1,0 +1,108 @@
+//! A session the upstream issued (its `InitializeResult` came with an `Mcp-Session-Id`, which
+//! taskgate passes through) is written to the registry's store before the `initialize` answer
+//! goes on (issue 35; see `held_store`), so any replica of a tier, and this one after a
+//! restart, serves its next requests.
+//!
+//! The answer is JSON or an SSE stream (2025-11-25 basic/transports: a POST may be answered
+//! either way). For a stream, its events are read up to the `initialize` answer and held
+//! until the session is stored, then passed on, the rest of the stream behind them: at most
+//! [`MAX_EVENTS_BEFORE`] events and [`ANSWER_WAIT`]; past either the stream goes on as it came
+//! and the session is kept in this process's table only (as before issue 35), logged. A
+//! table without room gets 503 and a store that cannot write 500 (`-32603`), not an id that
+//! another replica would answer 404; the upstream session of such a refusal is left to the
+//! upstream (it is never used).
+
+use super::service::{Finish, Watch};
+use super::SessionKey;
+use crate::exchange::{McpReply, ReplyBody};
+use crate::jsonrpc::Id;
+use crate::sse::Event;
+use futures_util::StreamExt;
+use http::HeaderValue;
+use serde_json::Value;
+use std::time::Duration;
+
+/// Events of an SSE `initialize` answer read ahead of the answer itself, at most.
+pub const MAX_EVENTS_BEFORE: usize = 64;
+/// How long an SSE `initialize` answer's stream is read for the answer, at most.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(30);
+
+impl Finish {
+    /// `reply` (an `initialize` answer naming the upstream's session `issued`) once the session
+    /// is in the table and the store; or the refusal that replaces it.
+    pub(super) async fn store_issued(self, mut reply: McpReply, issued: HeaderValue) -> McpReply {
+        let answer = |bytes: &[u8], id: Option<&Id>| -> Option<Value> {
+            let v = serde_json::from_slice::<Value>(bytes).ok()?;
+            (v.get("id").and_then(Id::from_value).as_ref() == id).then_some(v)
+        };
+        let (found, body) = match reply.body {
+            ReplyBody::Json(bytes) => (answer(&bytes, self.id.as_ref()), ReplyBody::Json(bytes)),
+            ReplyBody::Stream(mut events) => {
+                let mut before: Vec<Event> = Vec::new();
+                let mut found = None;
+                let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
+                while before.len() < MAX_EVENTS_BEFORE {
+                    let Ok(Some(ev)) = tokio::time::timeout_at(deadline, events.next()).await
+                    else {
+                        break;
+                    };
+                    let hit = ev
+                        .data
+                        .as_deref()
+                        .and_then(|d| answer(d.as_bytes(), self.id.as_ref()));
+                    before.push(ev);
+                    if hit.is_some() {
+                        found = hit;
+                        break;
+                    }
+                }
+                let events = futures_util::stream::iter(before).chain(events);
+                (found, ReplyBody::Stream(Box::pin(events)))
+            }
+            other => (None, other),
+        };
+        reply.body = body;
+        let Some(answer) = found else {
+            // No answer in reach: kept here only, from the stream as it passes.
+            tracing::warn!(upstream = %self.upstream, "an initialize answer was not found in time; its session is not stored");
+            return self.reply(reply, false);
+        };
+        let Some(result) = answer.get("result") else {
+            // An error: no session to keep.
+            return reply;
+        };
+        let Watch::Initialize(caps, _) = &self.watch else {
+            return reply;
+        };
+        let key = SessionKey::Session(issued.clone());
+        let refuse = |status: http::StatusCode, message: &str| {
+            let mut refused =
+                McpReply::local_error(self.id.as_ref(), crate::jsonrpc::INTERNAL_ERROR, message);
+            refused.status = status;
+            refused
+        };
+        let put = self.sessions.insert(
+            &self.upstream,
+            Some(key.clone()),
+            (self.principal.clone(), self.tenant.clone()),
+            Some(caps),
+            Some(result),
+            None,
+        );
+        if !put {
+            return refuse(
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
+            );
+        }
+        if let Err(e) = self.sessions.store_entry(&self.upstream, &issued).await {
+            tracing::error!(error = %e, "a session could not be written to the store");
+            self.sessions.forget(&self.upstream, Some(&key));
+            return refuse(
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "taskgate could not record the session in its store; try again later",
+            );
+        }
+        reply
+    }
+}
