@@ -20,6 +20,11 @@
 #   fastmcp  reverse_fastmcp_client.py (fastmcp.Client 4.1.4 + fastmcp-tasks 4.1.4, in .venv-modern
 #            from requirements-modern.txt; 11 checks: the era it picks, tools, a plain call, a task
 #            run transparently, a task handle to its result, a failed task's content, cancel)
+#   rmcp     rmcp-client/ (rmcp 3.11.0's client, ClientLifecycleMode::Auto, the tasks extension
+#            declared; 10 checks: the era, tools, a plain call, a task call, polls to completed,
+#            the result inline, a failed task's content, cancel acked, cancelled, the cancel of a
+#            terminal task acked). Built here with `cargo build --locked` in its own target dir
+#            (about 1.5 min with the crates already downloaded); TASKGATE_INTEROP_RMCP=0 leaves it out.
 # Directly a 1.x server refuses every stateless request (no Mcp-Session-Id) and FastMCP falls back
 # to a 2025 session whose tasks its client cannot use: the direct counts are written to
 # DIR/reverse/counts.txt, step by step beside the route through taskgate
@@ -74,6 +79,17 @@ venv "$HERE/.venv" "$HERE/requirements.txt" || exit 1
 venv "$HERE/.venv-modern" "$HERE/requirements-modern.txt" || exit 1
 PY="$HERE/.venv/bin/python"
 PY_MODERN="$HERE/.venv-modern/bin/python"
+CLIENTS=(raw fastmcp)
+RMCP_CLIENT="$HERE/rmcp-client/target/debug/taskgate-interop-rmcp-client"
+if [[ ${TASKGATE_INTEROP_RMCP:-1} == 1 ]]; then
+    log "building rmcp-client (rmcp 3.11.0)"
+    run_fg timeout 1200 cargo build --locked --quiet --manifest-path "$HERE/rmcp-client/Cargo.toml" >"$WORK/rmcp-client-build.log" 2>&1 || {
+        echo "building rmcp-client failed:" >&2
+        tail -n 30 "$WORK/rmcp-client-build.log" >&2
+        exit 1
+    }
+    CLIENTS+=(rmcp)
+fi
 
 # ---- upstreams and gateways ----------------------------------------------------------------------
 SERVERS=(ts py)
@@ -136,6 +152,7 @@ run_client() {
             [[ $route == bearer ]] && args+=(--bearer "$TOKEN_A" --foreign-bearer "$TOKEN_B")
             ;;
         fastmcp) args=("$PY_MODERN" "$HERE/reverse_fastmcp_client.py" "${URL[$s-$route]}" --label "$label" --json "$json") ;;
+        rmcp) args=("$RMCP_CLIENT" "${URL[$s-$route]}" --label "$label" --json "$json") ;;
     esac
     log "$label: ${URL[$s-$route]}"
     run_fg timeout 180 "${args[@]}" >"$WORK/$client-$s-$route.log" 2>&1
@@ -146,7 +163,7 @@ run_client() {
     [[ $route == direct ]] || result "reverse $client client (2026-07-28) on the $s 2025-11-25 task server, $route" $rc
 }
 for s in "${SERVERS[@]}"; do
-    for client in raw fastmcp; do
+    for client in "${CLIENTS[@]}"; do
         for route in "${ROUTES[@]}"; do run_client "$client" "$s" "$route"; done
         # Step by step: direct beside through taskgate.
         if [[ "$BIN" != none ]]; then

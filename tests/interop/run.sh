@@ -420,7 +420,7 @@ fi
 # ---- j. the reverse bridge: a 2026-07-28 client on a 2025-11-25 task server (reverse.sh) -------
 if [[ "$BIN" != none ]]; then
     log "j. reverse bridge (reverse.sh)"
-    run_fg timeout 300 env INTEROP_WORK="$WORK" bash "$HERE/reverse.sh" "$BIN" >"$WORK/reverse.log" 2>&1
+    run_fg timeout 900 env INTEROP_WORK="$WORK" bash "$HERE/reverse.sh" "$BIN" >"$WORK/reverse.log" 2>&1
     reverse_rc=$?
     sed -n '/^== reverse bridge/,$p' "$WORK/reverse.log" | sed 's/^/  | /'
     result "reverse bridge: reverse.sh (see $WORK/reverse/results.txt)" "$reverse_rc"
