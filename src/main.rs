@@ -89,6 +89,13 @@ fn main() -> ExitCode {
     match cli.command {
         Command::CheckConfig { file } => match Config::from_file(&file) {
             Ok(c) => {
+                // The `OTEL_*` variables `serve` reads where `[telemetry]` leaves a key out: a
+                // value `serve` would refuse at its start is refused here too (issue 34).
+                let env = |name: &str| std::env::var(name).ok();
+                if let Err(e) = taskgate::telemetry::Settings::resolve(&c.telemetry, env) {
+                    eprintln!("{}: {e}", file.display());
+                    return ExitCode::FAILURE;
+                }
                 println!(
                     "{}: valid ({} upstream{})",
                     file.display(),

@@ -452,3 +452,53 @@ async fn an_upgraded_calls_polls_link_to_the_clients_call() {
         );
     }
 }
+
+/// `check-config` refuses the `OTEL_*` values `serve` refuses at its start (a sampler taskgate
+/// does not know, a ratio out of range, an endpoint that is not an http(s) URL), naming the
+/// variable, and accepts the ones `serve` takes.
+#[test]
+fn check_config_refuses_the_otel_variables_serve_refuses() {
+    let b = GatewayBuilder::new().upstream("default", "http://127.0.0.1:3000/mcp");
+    let f = ConfigFile::from_builder(&b);
+    let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318");
+    for (bad, named) in [
+        (
+            vec![endpoint, ("OTEL_TRACES_SAMPLER", "sometimes")],
+            "OTEL_TRACES_SAMPLER",
+        ),
+        (
+            vec![
+                endpoint,
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", "2"),
+            ],
+            "OTEL_TRACES_SAMPLER_ARG",
+        ),
+        (
+            vec![("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4318")],
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        ),
+    ] {
+        let serve = run_taskgate(&["serve", "--config", f.path_str()], &bad);
+        assert_eq!(
+            serve.status.code(),
+            Some(1),
+            "serve with {bad:?}: {serve:?}"
+        );
+        assert!(serve.stderr.contains(named), "{bad:?}: {}", serve.stderr);
+        let check = run_taskgate(&["check-config", f.path_str()], &bad);
+        assert_eq!(
+            check.status.code(),
+            Some(1),
+            "check-config with {bad:?}: {check:?}"
+        );
+        assert!(check.stderr.contains(named), "{bad:?}: {}", check.stderr);
+    }
+    let good = [
+        endpoint,
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+    ];
+    let check = run_taskgate(&["check-config", f.path_str()], &good);
+    assert!(check.status.success(), "{check:?}");
+}
