@@ -6,6 +6,13 @@
 # and the medians.
 #
 #   bash benches/telemetry.sh [TASKGATE_BIN]        # CONC=16 DURATION=10 REPS=3
+#   TOOL=callgrind bash benches/telemetry.sh [BIN]  # instructions per request instead (valgrind)
+#
+# TOOL=callgrind runs taskgate under callgrind (threads serialised: the count hardly moves with
+# the machine's load, unlike CPU time) and counts its instructions, all threads, over the
+# measured run and the SETTLE seconds after it (default 6: the export thread exports what is
+# left at most 5 s after a span ends), minus what it runs idle (IDLE seconds measured first);
+# per request, off and on, medians of REPS.
 #
 # Without TASKGATE_BIN it builds the `profiling` profile (release code without the whole-program
 # step: an A/B of one binary needs no fat-LTO build). The receiver (python3, standard library)
@@ -83,8 +90,61 @@ run_one() { # mode rep → prints "cpu_us_per_req rps"
   echo "$(json_field "$WORK/run-$mode-$rep.jsonl" cpu_us_per_req) $(json_field "$WORK/run-$mode-$rep.jsonl" req_per_s) ${failures:-?}"
 }
 
+run_callgrind() { # mode rep → prints "instructions_per_req requests"
+  local mode=$1 rep=$2 toml="$WORK/tg-$1-$2.toml" pid dump total idle_total idle_rate t0 t1 requests
+  taskgate_toml "$toml" "$WORK/store-$mode-$rep" "" "$UP"
+  if [ "$mode" = on ]; then
+    printf '\n[telemetry]\notlp_endpoint = "%s"\nsample_ratio = 1.0\n' "$RX" >> "$toml"
+  fi
+  "$LG" spawn-ready --stdout "$WORK/tg-$mode-$rep.out" --stderr "$WORK/tg-$mode-$rep.err" \
+    --label taskgate -- env -u OTEL_EXPORTER_OTLP_ENDPOINT -u OTEL_EXPORTER_OTLP_TRACES_ENDPOINT \
+    valgrind --tool=callgrind --callgrind-out-file="$WORK/cg-$mode-$rep.%p" \
+    "$TASKGATE" serve --config "$toml" > "$WORK/tg-$mode-$rep.json"
+  pid=$(json_field "$WORK/tg-$mode-$rep.json" pid); PIDS+=("$pid")
+  local url="http://$(json_field "$WORK/tg-$mode-$rep.json" gateway)/mcp"
+  local args=(--url "$url" --target taskgate --case "telemetry-$mode" --rep "$rep" --concurrency "$CONC")
+  "$LG" run "${args[@]}" --scenario small --duration 2 --warmup 0 --json-out "$WORK/warm.jsonl" > /dev/null
+  sleep "$SETTLE"  # the warm-up's spans exported
+  callgrind_control -z "$pid" > /dev/null 2>&1
+  t0=$(date +%s.%N); sleep "$IDLE"
+  callgrind_control -d "$pid" > /dev/null 2>&1; t1=$(date +%s.%N)
+  dump=$(ls -t "$WORK"/cg-"$mode-$rep".* | head -1)
+  idle_total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(/,/, "", $1); print $1; exit }' || true)
+  idle_rate=$(awk -v n="${idle_total:-0}" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", n / (b - a) }')
+  callgrind_control -z "$pid" > /dev/null 2>&1
+  t0=$(date +%s.%N)
+  "$LG" run "${args[@]}" --scenario small --duration "$DURATION" --warmup 0 \
+    --json-out "$WORK/run-$mode-$rep.jsonl" > /dev/null
+  sleep "$SETTLE"
+  callgrind_control -d "$pid" > /dev/null 2>&1; t1=$(date +%s.%N)
+  dump=$(ls -t "$WORK"/cg-"$mode-$rep".* | head -1)
+  [ -n "${KEEP:-}" ] && cp "$dump" "$KEEP-$mode-$rep"
+  total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(/,/, "", $1); print $1; exit }' || true)
+  requests=$(json_field "$WORK/run-$mode-$rep.jsonl" requests)
+  stop_pid "$pid"
+  awk -v t="$total" -v r="$idle_rate" -v a="$t0" -v b="$t1" -v n="$requests" 'BEGIN {
+    printf "%.0f %d\n", (t - r * (b - a)) / n, n }'
+}
+
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
+if [ "${TOOL:-}" = callgrind ]; then
+  command -v callgrind_control > /dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
+  SETTLE=${SETTLE:-6}; IDLE=${IDLE:-5}
+  echo "binary: $TASKGATE; callgrind; small tools/call, c=$CONC, ${DURATION}s per run, $REPS runs per mode"
+  : > "$WORK/off"; : > "$WORK/on"
+  for rep in $(seq "$REPS"); do
+    for mode in off on; do
+      read -r ins n < <(run_callgrind "$mode" "$rep")
+      echo "  run $rep $mode: ${ins} instructions per request (idle-corrected, export included), ${n} requests"
+      echo "$ins" >> "$WORK/$mode"
+    done
+  done
+  off=$(median < "$WORK/off"); on=$(median < "$WORK/on")
+  echo "median instructions per request: off ${off}, on ${on} ($(awk -v a="$off" -v b="$on" 'BEGIN { printf "%+.1f %%", (b - a) * 100 / a }'))"
+  [ -s "$WORK/received" ] && echo "receiver: $(cut -d' ' -f1 "$WORK/received") exports, $(cut -d' ' -f2 "$WORK/received") bytes"
+  exit 0
+fi
 echo "binary: $TASKGATE; small tools/call, c=$CONC, ${DURATION}s per run, $REPS runs per mode"
 : > "$WORK/off"; : > "$WORK/on"
 for rep in $(seq "$REPS"); do

@@ -11,7 +11,7 @@ use crate::jsonrpc::Kind;
 use crate::mcp::classify::Classified;
 use crate::mcp::era::PROTOCOL_VERSION_META;
 use crate::telemetry::propagation::{self, Incoming};
-use crate::telemetry::{semconv, KeyValue, RequestTrace, Telemetry};
+use crate::telemetry::{protocol_version, semconv, KeyValue, RequestTrace, Target, Telemetry};
 
 /// Starts the SERVER span of `request` (a POSTed JSON-RPC request; GET streams, DELETEs,
 /// notifications and responses get none) and puts it in the request's extensions.
@@ -32,8 +32,7 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
         .and_then(|tp| propagation::parse(tp, header(semconv::TRACESTATE)));
     let incoming = Incoming::choose(meta, from_header);
 
-    let mut attributes = Vec::with_capacity(8);
-    attributes.push(KeyValue::new(semconv::MCP_METHOD_NAME, method.to_string()));
+    let mut attributes = Vec::with_capacity(6);
     if let Some(id) = msg.id() {
         // A string id without its quotes (decoded), a number as written.
         let json = id.as_json();
@@ -43,13 +42,17 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
         };
         attributes.push(KeyValue::new(semconv::JSONRPC_REQUEST_ID, text));
     }
-    let version = request
+    let version = match request
         .ctx
         .headers
         .get(&MCP_PROTOCOL_VERSION)
         .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| c.meta_str(PROTOCOL_VERSION_META).map(|v| v.into_owned()));
+    {
+        Some(v) => Some(protocol_version(v)),
+        None => c
+            .meta_str(PROTOCOL_VERSION_META)
+            .map(|v| protocol_version(&v)),
+    };
     if let Some(version) = version {
         attributes.push(KeyValue::new(semconv::MCP_PROTOCOL_VERSION, version));
     }
@@ -65,28 +68,15 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
         attributes.push(KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned()));
     }
     let target = match method {
-        "tools/call" => c.tool().map(|tool| {
-            attributes.push(KeyValue::new(semconv::GEN_AI_TOOL_NAME, tool.to_string()));
-            attributes.push(KeyValue::new(
-                semconv::GEN_AI_OPERATION_NAME,
-                semconv::EXECUTE_TOOL,
-            ));
-            tool
-        }),
-        "prompts/get" => c.tool().map(|prompt| {
-            attributes.push(KeyValue::new(
-                semconv::GEN_AI_PROMPT_NAME,
-                prompt.to_string(),
-            ));
-            prompt
-        }),
-        _ => None,
+        "tools/call" => c
+            .tool()
+            .map_or(Target::None, |t| Target::Tool(t.to_string())),
+        "prompts/get" => c
+            .tool()
+            .map_or(Target::None, |p| Target::Prompt(p.to_string())),
+        _ => Target::None,
     };
-    let name = match target {
-        Some(target) => format!("{method} {target}"),
-        None => method.to_string(),
-    };
-    let trace = telemetry.request_span(name, incoming, attributes);
+    let trace = telemetry.request_span(method, target, incoming, attributes);
     request.extensions.insert(trace.clone());
     Some(trace)
 }

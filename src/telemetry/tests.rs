@@ -57,7 +57,8 @@ fn the_file_wins_over_the_variables_key_by_key() {
         Settings {
             traces_endpoint: "http://file:4318/v1/traces".into(),
             service_name: "gw".into(),
-            sample_ratio: 0.5
+            sample_ratio: 0.5,
+            headers: Vec::new(),
         }
     );
     let s = Settings::resolve(&config(None, None, None), &vars)
@@ -68,7 +69,8 @@ fn the_file_wins_over_the_variables_key_by_key() {
         Settings {
             traces_endpoint: "http://traces:4318/custom".into(),
             service_name: "from-env".into(),
-            sample_ratio: 0.25
+            sample_ratio: 0.25,
+            headers: Vec::new(),
         }
     );
     let s = Settings::resolve(
@@ -171,4 +173,192 @@ fn error_type_names_the_code_or_a_tool_error() {
         error_type(br#"{"jsonrpc":"2.0","id":1,"result":{"isError":false}}"#),
         None
     );
+}
+
+#[test]
+fn error_type_reads_the_json_only_for_an_error_or_an_is_error_true() {
+    assert_eq!(
+        error_type(br#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError" : true }}"#)
+            .as_deref(),
+        Some("tool_error")
+    );
+    // `"isError"` as text, or followed by false: no tool error.
+    assert_eq!(
+        error_type(br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"\"isError\": true"}],"isError":false}}"#),
+        None
+    );
+    assert_eq!(
+        error_type(br#"{"jsonrpc":"2.0","id":1,"result":{"isError":false}}"#),
+        None
+    );
+}
+
+#[test]
+fn export_headers_come_from_the_traces_variable_else_the_general_one() {
+    let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
+    let resolve = |vars: &[(&str, &str)]| {
+        Settings::resolve(&config(None, None, None), env(vars)).map(|s| s.unwrap().headers)
+    };
+    let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+    assert_eq!(
+        resolve(&[
+            endpoint,
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "api-key=a%20b, x-tenant = t1,"
+            )
+        ])
+        .unwrap(),
+        vec![pair("api-key", "a b"), pair("x-tenant", "t1")]
+    );
+    assert_eq!(
+        resolve(&[
+            endpoint,
+            ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=general"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "api-key=traces"),
+        ])
+        .unwrap(),
+        vec![pair("api-key", "traces")]
+    );
+    for bad in ["novalue", "bad key=1", "k=%0A"] {
+        let err = resolve(&[endpoint, ("OTEL_EXPORTER_OTLP_HEADERS", bad)]).unwrap_err();
+        assert!(
+            err.to_string().contains("OTEL_EXPORTER_OTLP_HEADERS"),
+            "{err}"
+        );
+    }
+}
+
+/// The body `otlp` writes is what the generated OTLP types read: every field of a span, its
+/// link and event, the resource and the scope.
+#[test]
+fn the_otlp_body_decodes_with_the_generated_types() {
+    use super::span::{Record, SpanName, Target};
+    use opentelemetry::trace::{Event, SpanId, SpanKind, TraceFlags};
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use prost::Message as _;
+    use std::time::{Duration, SystemTime};
+
+    let parent = propagation::parse(TP, Some("congo=t61rcWkgMzE")).unwrap();
+    let link = propagation::parse(
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        None,
+    )
+    .unwrap();
+    let span_id = SpanId::from_hex("1111111111111111").unwrap();
+    let context = SpanContext::new(
+        parent.trace_id(),
+        span_id,
+        TraceFlags::SAMPLED,
+        false,
+        parent.trace_state().clone(),
+    );
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_nanos(1_700_000_000_123_456_789);
+    let record = |name: SpanName| Record {
+        context: context.clone(),
+        parent: Some((parent.span_id(), true)),
+        kind: SpanKind::Server,
+        name,
+        start: t0,
+        end: t0 + Duration::from_micros(5),
+        attributes: vec![
+            KeyValue::new(semconv::JSONRPC_REQUEST_ID, "7"),
+            KeyValue::new("x.int", -42i64),
+            KeyValue::new("x.bool", true),
+            KeyValue::new("x.double", 0.5),
+        ],
+        peer: Some(vec![KeyValue::new(semconv::SERVER_PORT, 8080i64)].into()),
+        links: vec![link.clone()],
+        events: vec![Event::new(
+            "mcp.task.status_cancelled",
+            t0,
+            vec![KeyValue::new(semconv::MCP_TASK_ID, "t-1")],
+            0,
+        )],
+    };
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name("svc")
+        .build();
+    let mut encoder = otlp::Encoder::new(&resource);
+    let body = encoder.body(
+        [
+            record(SpanName::Method {
+                method: "tools/call".into(),
+                target: Target::Tool("echo".into()),
+            }),
+            record(SpanName::Fixed("fixed")),
+        ]
+        .into_iter(),
+    );
+    let export = ExportTraceServiceRequest::decode(&body[..]).unwrap();
+    assert_eq!(export.resource_spans.len(), 1);
+    let rs = &export.resource_spans[0];
+    let text = |v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>| match v
+        .as_ref()
+        .and_then(|v| v.value.as_ref())
+    {
+        Some(Any::StringValue(s)) => s.clone(),
+        Some(Any::IntValue(i)) => format!("int {i}"),
+        Some(Any::BoolValue(b)) => format!("bool {b}"),
+        Some(Any::DoubleValue(d)) => format!("double {d}"),
+        other => format!("{other:?}"),
+    };
+    let service = rs.resource.as_ref().unwrap().attributes.iter();
+    assert!(service
+        .clone()
+        .any(|kv| kv.key == "service.name" && text(&kv.value) == "svc"));
+    assert!(service.clone().any(|kv| kv.key == "telemetry.sdk.name"));
+    assert_eq!(rs.scope_spans.len(), 1);
+    let ss = &rs.scope_spans[0];
+    assert_eq!(ss.scope.as_ref().unwrap().name, "taskgate");
+    assert_eq!(ss.spans.len(), 2);
+    let span = &ss.spans[0];
+    assert_eq!(span.trace_id, parent.trace_id().to_bytes());
+    assert_eq!(span.span_id, span_id.to_bytes());
+    assert_eq!(span.parent_span_id, parent.span_id().to_bytes());
+    assert_eq!(span.trace_state, "congo=t61rcWkgMzE");
+    assert_eq!(span.name, "tools/call echo");
+    assert_eq!(span.kind, 2);
+    assert_eq!(span.start_time_unix_nano, 1_700_000_000_123_456_789);
+    assert_eq!(span.end_time_unix_nano, 1_700_000_000_123_461_789);
+    assert_eq!(span.flags, 0x301, "sampled, parent remote");
+    let attributes: Vec<(String, String)> = span
+        .attributes
+        .iter()
+        .map(|kv| (kv.key.clone(), text(&kv.value)))
+        .collect();
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        attributes,
+        pairs(&[
+            ("mcp.method.name", "tools/call"),
+            ("jsonrpc.request.id", "7"),
+            ("x.int", "int -42"),
+            ("x.bool", "bool true"),
+            ("x.double", "double 0.5"),
+            ("server.port", "int 8080"),
+            ("gen_ai.tool.name", "echo"),
+            ("gen_ai.operation.name", "execute_tool"),
+        ])
+    );
+    assert_eq!(span.links.len(), 1);
+    assert_eq!(span.links[0].trace_id, link.trace_id().to_bytes());
+    assert_eq!(span.links[0].span_id, link.span_id().to_bytes());
+    assert_eq!(span.links[0].flags, 0x301);
+    assert_eq!(span.events.len(), 1);
+    assert_eq!(span.events[0].name, "mcp.task.status_cancelled");
+    assert_eq!(span.events[0].time_unix_nano, 1_700_000_000_123_456_789);
+    assert_eq!(span.events[0].attributes[0].key, "mcp.task.id");
+    assert_eq!(text(&span.events[0].attributes[0].value), "t-1");
+    let fixed = &ss.spans[1];
+    assert_eq!(fixed.name, "fixed");
+    assert!(fixed
+        .attributes
+        .iter()
+        .all(|kv| kv.key != "mcp.method.name"));
 }

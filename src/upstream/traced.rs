@@ -13,7 +13,7 @@ use crate::jsonrpc::Kind;
 use crate::mcp::classify::Classified;
 use crate::telemetry::propagation::traceparent;
 use crate::telemetry::{
-    semconv, with_meta_traceparent, KeyValue, RequestTrace, TaskLink, Telemetry,
+    semconv, with_meta_traceparent, KeyValue, Peer, RequestTrace, Target, TaskLink, Telemetry,
 };
 use http::{HeaderName, HeaderValue};
 use std::sync::Arc;
@@ -25,7 +25,7 @@ static TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 /// `server.address`, `server.port` and `network.transport`.
 pub(super) struct Traced {
     telemetry: Telemetry,
-    peer: Vec<KeyValue>,
+    peer: Peer,
 }
 
 impl Traced {
@@ -57,7 +57,10 @@ impl Traced {
                 }
             }
         }
-        Traced { telemetry, peer }
+        Traced {
+            telemetry,
+            peer: peer.into(),
+        }
     }
 
     /// `req` sent through `transport` under a CLIENT span (a POSTed request; anything else goes
@@ -89,32 +92,23 @@ impl Traced {
         let method = c.method()?;
         let server = req.extensions.get::<RequestTrace>();
         if let Some(server) = server {
-            for kv in &self.peer {
-                server.set(kv.clone());
-            }
+            server.set_peer(&self.peer);
         }
-        let links: Vec<_> = req
-            .extensions
-            .get::<TaskLink>()
-            .map(|l| vec![l.0.clone()])
-            .unwrap_or_default();
-        let mut attributes = self.peer.clone();
-        attributes.push(KeyValue::new(semconv::MCP_METHOD_NAME, method.to_string()));
+        let link = req.extensions.get::<TaskLink>().map(|l| &l.0);
+        let mut attributes = Vec::new();
         if let Some(task_id) = c.task_id() {
             attributes.push(KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned()));
         }
-        let tool = (method == "tools/call").then(|| c.tool()).flatten();
-        if let Some(tool) = &tool {
-            attributes.push(KeyValue::new(semconv::GEN_AI_TOOL_NAME, tool.to_string()));
-        }
-        let name = match &tool {
-            Some(tool) => format!("{method} {tool}"),
-            None => method.to_string(),
+        let target = match (method, c.tool()) {
+            ("tools/call", Some(tool)) => Target::Tool(tool.to_string()),
+            _ => Target::None,
         };
         let span = self.telemetry.exchange_span(
-            name,
+            method,
+            target,
             server.map(RequestTrace::context),
-            &links,
+            link.map_or(&[][..], std::slice::from_ref),
+            &self.peer,
             attributes,
         );
         let id = msg.id().cloned();

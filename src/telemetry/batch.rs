@@ -1,0 +1,132 @@
+//! The bounded queue between the serving threads and the export thread, and that thread.
+//!
+//! A serving thread ending a span moves its [`Record`] into the queue under a short lock: no
+//! allocation (the queue's buffer is allocated once, [`MAX_QUEUE_SPANS`] long), no wake-up but
+//! one per [`BATCH_SPANS`] spans; a full queue drops the span, never waits. The export thread
+//! wakes at that signal or every [`SCHEDULED_DELAY`], swaps the buffer for its spare, encodes
+//! the records [`BATCH_SPANS`] at a time (`otlp`) and posts each body (`export`) on a
+//! current-thread tokio runtime of its own, one export at a time. (The SDK's
+//! `BatchSpanProcessor` does the same with `SpanData`, which must then be built on the serving
+//! threads: see `span.rs` for what that cost.)
+
+use super::export::Exporter;
+use super::otlp::Encoder;
+use super::span::Record;
+use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Spans waiting for export at most; past it new spans are dropped (the SDK's default).
+pub(super) const MAX_QUEUE_SPANS: usize = 2048;
+/// Spans per export, and the queue length that wakes the export thread (the SDK's default).
+pub(super) const BATCH_SPANS: usize = 512;
+/// The export thread's wake-up when fewer than [`BATCH_SPANS`] wait (the SDK's default).
+pub(super) const SCHEDULED_DELAY: Duration = Duration::from_secs(5);
+
+/// The queue the serving threads push to.
+pub(super) struct Queue {
+    state: Mutex<State>,
+    /// Wakes the export thread (a batch is ready, or shutdown).
+    wake: Condvar,
+    /// Wakes [`Queue::shutdown`] when the export thread has stopped.
+    stopped: Condvar,
+    /// Spans dropped because the queue was full (logged by the export thread).
+    dropped: AtomicU64,
+}
+
+struct State {
+    spans: Vec<Record>,
+    /// Shutdown asked: export what is queued, then stop.
+    stop: bool,
+    /// Set by the export thread when it has stopped.
+    stopped: bool,
+}
+
+impl Queue {
+    pub(super) fn new() -> Queue {
+        Queue {
+            state: Mutex::new(State {
+                spans: Vec::with_capacity(MAX_QUEUE_SPANS),
+                stop: false,
+                stopped: false,
+            }),
+            wake: Condvar::new(),
+            stopped: Condvar::new(),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Queues `record` for export; drops it when the queue is full or export has stopped.
+    pub(super) fn push(&self, record: Record) {
+        let mut state = self.state.lock();
+        if state.spans.len() >= MAX_QUEUE_SPANS || state.stop {
+            drop(state);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        state.spans.push(record);
+        if state.spans.len() == BATCH_SPANS {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Asks the export thread to export what is queued and stop; waits at most `timeout` for it.
+    pub(super) fn shutdown(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.state.lock();
+        state.stop = true;
+        self.wake.notify_all();
+        while !state.stopped {
+            if self.stopped.wait_until(&mut state, deadline).timed_out() {
+                return;
+            }
+        }
+    }
+}
+
+/// Starts the export thread: it encodes what `queue` gets for `resource` and posts it through
+/// `exporter`, until [`Queue::shutdown`]. Errors: the thread or its runtime could not be made.
+pub(super) fn start(
+    queue: Arc<Queue>,
+    exporter: Exporter,
+    resource: &opentelemetry_sdk::Resource,
+) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| format!("the export runtime: {e}"))?;
+    let mut encoder = Encoder::new(resource);
+    std::thread::Builder::new()
+        .name("taskgate-trace-export".into())
+        .spawn(move || {
+            let mut spare: Vec<Record> = Vec::with_capacity(MAX_QUEUE_SPANS);
+            loop {
+                let stop = {
+                    let mut state = queue.state.lock();
+                    if state.spans.len() < BATCH_SPANS && !state.stop {
+                        queue.wake.wait_for(&mut state, SCHEDULED_DELAY);
+                    }
+                    std::mem::swap(&mut state.spans, &mut spare);
+                    state.stop
+                };
+                let dropped = queue.dropped.swap(0, Ordering::Relaxed);
+                if dropped > 0 {
+                    tracing::debug!(dropped, "trace export queue full: spans dropped");
+                }
+                while !spare.is_empty() {
+                    let take = spare.len().min(BATCH_SPANS);
+                    let body = encoder.body(spare.drain(..take));
+                    runtime.block_on(exporter.export(body, take));
+                }
+                if stop {
+                    queue.state.lock().stopped = true;
+                    queue.stopped.notify_all();
+                    return;
+                }
+            }
+        })
+        .map_err(|e| format!("the export thread: {e}"))?;
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! The compact record of one span as the serving threads keep it until the export thread
+//! encodes it (`otlp`).
+//!
+//! Why not the SDK's own `Span`: measured with `benches/telemetry.sh` (issue 34), SDK spans made
+//! on the serving threads cost a small `tools/call` at c=16 +16 µs of serving-thread CPU (30.9 →
+//! 46.8 µs): their name, attribute keys and values, links and events are allocated there one by
+//! one and freed on the export thread (glibc then locks the serving thread's arena), and the
+//! whole `SpanData` is moved through the processor's channel. A [`Record`] holds the ids, the
+//! times and a few values: the names of the semantic conventions and the values every request
+//! shares (the method, the protocol version, the upstream's address) are `&'static str` or a
+//! shared [`Peer`], the span name and the GenAI attributes are made from [`Target`] on the
+//! export thread, so a request's SERVER span allocates only the values that are the request's
+//! own (its id, its session, its tool name).
+
+use opentelemetry::trace::{Event, SpanContext, SpanId, SpanKind};
+use opentelemetry::KeyValue;
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+/// What a span is named after: an MCP request's method and, for `tools/call` and `prompts/get`,
+/// its tool or prompt (`{mcp.method.name} {target}`), or a fixed name (an audit fact's).
+#[derive(Debug, Clone, PartialEq)]
+pub enum SpanName {
+    /// `{method}`, `{method} {tool}` or `{method} {prompt}`; `mcp.method.name` is the method.
+    Method {
+        /// The JSON-RPC method, `&'static` for the methods MCP defines ([`method`]).
+        method: Cow<'static, str>,
+        /// The tool or prompt the request names.
+        target: Target,
+    },
+    /// A name of taskgate's own, no `mcp.method.name`.
+    Fixed(&'static str),
+}
+
+/// The tool or prompt of a request: the span name's second word and the GenAI attributes
+/// (`gen_ai.tool.name` and `gen_ai.operation.name = execute_tool`, or `gen_ai.prompt.name`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    /// Neither.
+    None,
+    /// The tool of a `tools/call`.
+    Tool(String),
+    /// The prompt of a `prompts/get`.
+    Prompt(String),
+}
+
+/// One upstream's `server.address`, `server.port`, `network.transport` (and
+/// `network.protocol.name`), made once per upstream and shared by its spans.
+pub type Peer = Arc<[KeyValue]>;
+
+/// `method` as a `'static` string when it is one MCP defines (no allocation per span), else
+/// owned.
+pub fn method(method: &str) -> Cow<'static, str> {
+    const KNOWN: &[&str] = &[
+        "tools/call",
+        "tools/list",
+        "tasks/get",
+        "tasks/result",
+        "tasks/cancel",
+        "tasks/list",
+        "tasks/update",
+        "initialize",
+        "ping",
+        "resources/list",
+        "resources/read",
+        "resources/templates/list",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "prompts/list",
+        "prompts/get",
+        "completion/complete",
+        "logging/setLevel",
+        "server/discover",
+        "sampling/createMessage",
+        "elicitation/create",
+        "roots/list",
+    ];
+    match KNOWN.iter().find(|k| **k == method) {
+        Some(known) => Cow::Borrowed(known),
+        None => Cow::Owned(method.to_string()),
+    }
+}
+
+/// `version` as a `'static` string when it is a revision of MCP, else owned.
+pub fn protocol_version(version: &str) -> Cow<'static, str> {
+    const KNOWN: &[&str] = &[
+        "2026-07-28",
+        "2025-11-25",
+        "2025-06-18",
+        "2025-03-26",
+        "2024-11-05",
+    ];
+    match KNOWN.iter().find(|k| **k == version) {
+        Some(known) => Cow::Borrowed(known),
+        None => Cow::Owned(version.to_string()),
+    }
+}
+
+/// One sampled span while it is open and until the export thread encodes it: the span name,
+/// `mcp.method.name` and the GenAI attributes come from `name`, the upstream's from `peer`.
+#[derive(Debug)]
+pub(super) struct Record {
+    pub(super) context: SpanContext,
+    /// The parent's span id and whether the parent is remote; `None`: a root.
+    pub(super) parent: Option<(SpanId, bool)>,
+    pub(super) kind: SpanKind,
+    pub(super) name: SpanName,
+    pub(super) start: SystemTime,
+    pub(super) end: SystemTime,
+    /// The request's own attributes (a later value for a key replaces the earlier).
+    pub(super) attributes: Vec<KeyValue>,
+    /// The upstream's attributes, shared.
+    pub(super) peer: Option<Peer>,
+    pub(super) links: Vec<SpanContext>,
+    pub(super) events: Vec<Event>,
+}
+
+impl Record {
+    /// Sets `attribute`, replacing an earlier value of its key.
+    pub(super) fn set(&mut self, attribute: KeyValue) {
+        match self.attributes.iter_mut().find(|a| a.key == attribute.key) {
+            Some(old) => *old = attribute,
+            None => self.attributes.push(attribute),
+        }
+    }
+}
