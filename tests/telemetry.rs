@@ -502,3 +502,116 @@ fn check_config_refuses_the_otel_variables_serve_refuses() {
     let check = run_taskgate(&["check-config", f.path_str()], &good);
     assert!(check.status.success(), "{check:?}");
 }
+
+/// A bridged call: a 2025-11-25 client's task-augmented `tools/call` through the forward bridge
+/// to a 2026-07-28 server. The client's SERVER span (parent from its `_meta`) carries the task
+/// id and is the parent of the 2026 exchange's CLIENT span, which the upstream sees as its
+/// parent; the client's `tasks/get` and blocking `tasks/result` are SERVER spans linked to the
+/// creation, and every upstream `tasks/get` the bridge sends for them (the result's polls
+/// included) is a CLIENT span under the request it serves, linked to the creation, carrying
+/// `mcp.task.id`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridged_calls_spans_link_to_the_2025_clients_creation() {
+    let rx = receiver().await;
+    let (up, state) = modern_server().await;
+    let cfg = TgConfig::new(&up.url());
+    let tail = telemetry_toml(&rx);
+    let tg = Tg::start(|store| cfg.to_toml(store) + &tail).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let body = json!({"jsonrpc":"2.0","id":"b-1","method":"tools/call","params":{
+        "name":"slow_compute","arguments":{},"task":{"ttl":60000},
+        "_meta":{"traceparent": traceparent(META_TRACE, META_SPAN)}}})
+    .to_string();
+    let created: Value = c.req(body).send().await.json().await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not a 2025 CreateTaskResult: {created}"))
+        .to_string();
+    assert_eq!(
+        tg.record(&task).map(|r| r.origin),
+        Some(taskgate::store::Origin::Bridged)
+    );
+    let call = up.received("tools/call").pop().expect("bridged upstream");
+    assert!(
+        call.json()["params"].get("task").is_none(),
+        "a 2026 request"
+    );
+    assert_eq!(c.get("2", &task).await["result"]["status"], "working");
+    let waiting = {
+        let c = Client {
+            url: c.url.clone(),
+            token: None,
+            session: c.session.clone(),
+        };
+        let task = task.clone();
+        tokio::spawn(async move { c.result("3", &task).await })
+    };
+    // The blocking result polls: the client's tasks/get and two of the bridge's.
+    assert!(up.wait_for_method("tasks/get", 3, STEP).await);
+    state
+        .lock()
+        .unwrap()
+        .tasks
+        .insert(task.clone(), "completed".into());
+    let result = waiting.await.unwrap();
+    assert_eq!(
+        result["result"]["content"][0]["text"],
+        format!("done {task}")
+    );
+    let gets_seen = up.received("tasks/get");
+    let all = stop_and_collect(tg, &rx).await;
+
+    let server = find(&all, SpanKind::Server, "tools/call slow_compute");
+    let client = find(&all, SpanKind::Client, "tools/call slow_compute");
+    assert_eq!((server.len(), client.len()), (1, 1), "{all:#?}");
+    let (server, client) = (server[0], client[0]);
+    assert_eq!(hex(&server.trace_id), META_TRACE);
+    assert_eq!(hex(&server.parent_span_id), META_SPAN);
+    assert_eq!(attr(server, "mcp.task.id"), Some(task.clone()));
+    assert_eq!(
+        attr(server, "mcp.protocol.version").as_deref(),
+        Some("2025-11-25")
+    );
+    assert_eq!(client.trace_id, server.trace_id);
+    assert_eq!(client.parent_span_id, server.span_id);
+    let want = Some(format!("00-{META_TRACE}-{}-01", hex(&client.span_id)));
+    assert_eq!(parents_seen(&call), (want.clone(), want));
+    let links_to_creation = |s: &Span| {
+        s.links
+            .iter()
+            .any(|l| l.trace_id == server.trace_id && l.span_id == server.span_id)
+    };
+
+    let get = find(&all, SpanKind::Server, "tasks/get");
+    let result = find(&all, SpanKind::Server, "tasks/result");
+    assert_eq!((get.len(), result.len()), (1, 1), "{all:#?}");
+    for s in [get[0], result[0]] {
+        assert_eq!(attr(s, "mcp.task.id"), Some(task.clone()), "{s:#?}");
+        assert!(links_to_creation(s), "{s:#?}");
+    }
+    // Every upstream tasks/get: a CLIENT span under the client's request it serves, linked to
+    // the creation, whose context is the parent the upstream saw.
+    let polls = find(&all, SpanKind::Client, "tasks/get");
+    assert_eq!(polls.len(), gets_seen.len(), "{all:#?}");
+    assert!(polls.len() >= 3, "{all:#?}");
+    let under = |parent: &Span| {
+        polls
+            .iter()
+            .filter(|p| p.trace_id == parent.trace_id && p.parent_span_id == parent.span_id)
+            .count()
+    };
+    assert_eq!(under(get[0]), 1);
+    assert_eq!(under(result[0]), polls.len() - 1);
+    for poll in &polls {
+        assert_eq!(attr(poll, "mcp.task.id"), Some(task.clone()), "{poll:#?}");
+        assert!(links_to_creation(poll), "{poll:#?}");
+        let seen = format!("00-{}-{}-01", hex(&poll.trace_id), hex(&poll.span_id));
+        assert!(
+            gets_seen
+                .iter()
+                .any(|r| parents_seen(r) == (Some(seen.clone()), Some(seen.clone()))),
+            "{seen}"
+        );
+    }
+}
