@@ -14,3 +14,4 @@ mod store_unanswered;
 mod store_unreachable;
 mod tier;
 mod tier_cancel_lease;
+mod tier_sessions;

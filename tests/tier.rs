@@ -9,8 +9,8 @@
 //! - 2025-11-25: a session's task is served by any replica on its recorded upstream session;
 //! - `tasks.max_live_tasks_per_owner` holds across replicas, and `taskgate_tasks` summed over
 //!   the replicas counts each record once (two and three replicas in process);
-//! - 2025-11-25 sessions under authentication stay on the replica that saw their `initialize`
-//!   behind HAProxy with the stickiness `deploy/README.md` documents;
+//! - 2025-11-25 sessions under authentication behind HAProxy with the optional stickiness
+//!   `deploy/README.md` documents, and behind nginx without it (issue 35; `tier_sessions.rs`);
 //! - a sweep lease holder whose connection is black-holed gives the lease up (in process).
 
 use crate::common::*;
@@ -337,13 +337,13 @@ async fn owner_limit_and_task_gauges_hold_across_replicas() {
     assert!(sums.is_some(), "one replica exports the database's counts");
 }
 
-/// 2025-11-25 sessions under bearer authentication through a tier (the choice: session-sticky
-/// routing, `deploy/README.md` "Routing"): HAProxy with the documented stickiness (stick on the
-/// `Mcp-Session-Id` the `initialize`'s response set) keeps each session on the replica that saw
-/// its `initialize`. Six sessions of two principals, placed round-robin, each run create, get,
-/// list and cancel without one refusal. Control: nginx round-robin without stickiness sends a
-/// session's next request to a replica that did not see its `initialize`, which answers 404
-/// `-32001` (under authentication it cannot tell whose the session is).
+/// 2025-11-25 sessions under bearer authentication through a tier behind HAProxy with the
+/// optional stickiness `deploy/README.md` documents (stick on the `Mcp-Session-Id` the
+/// `initialize`'s response set): six sessions of two principals, placed round-robin, each run
+/// create, get, list and cancel without one refusal. Since issue 35 stickiness is no longer
+/// needed (`tier_sessions.rs`): the control, nginx round-robin without it, serves the same
+/// session on every replica (before: 404 `-32001` from a replica that did not see the
+/// `initialize`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authenticated_2025_sessions_stick_to_their_replica() {
     let test = "authenticated_2025_sessions_stick_to_their_replica";
@@ -385,24 +385,16 @@ async fn authenticated_2025_sessions_stick_to_their_replica() {
     }
     assert_eq!(up.count("tools/call"), 6);
 
-    // Control: round-robin without stickiness.
+    // Control: round-robin without stickiness serves the session too (issue 35).
     let Some(rr) = Balancer::start(test, &backends) else {
         return;
     };
     let mut c = Client::new(&rr.mcp_url()).with_token("alice-token");
     c.initialize().await;
-    let mut refused = 0;
-    for n in 0..3 {
+    for n in 0..6 {
         let r = c.send(rpc(&n.to_string(), "tasks/list", "{}")).await;
-        if r.status() == 404 {
-            assert_eq!(err_code(&r.json().await), -32001);
-            refused += 1;
-        }
+        assert_eq!(r.status(), 200, "every replica serves the session");
     }
-    assert!(
-        refused > 0,
-        "a replica that did not see the initialize refuses the session"
-    );
 }
 
 /// The sweep lease's holder whose connection is black-holed (a proxy that stops forwarding: no

@@ -223,8 +223,13 @@ pub async fn admin_get(gw: &Gateway, path: &str) -> (u16, String) {
 // The real binary
 // ---------------------------------------------------------------------------------------------
 
+/// The binary the tests run: this build's, or `TASKGATE_TEST_BIN` when set (to show that a
+/// regression test fails on an older build).
 pub fn taskgate_bin() -> &'static str {
-    env!("CARGO_BIN_EXE_taskgate")
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        std::env::var("TASKGATE_TEST_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_taskgate").into())
+    })
 }
 
 /// The result of running the binary to completion.

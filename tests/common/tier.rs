@@ -14,11 +14,16 @@ pub struct Replica {
 
 impl Replica {
     pub fn new(dir: &std::path::Path, n: usize, upstream: &str) -> Replica {
+        Replica::with_auth(dir, n, upstream, "[auth]\nmode = \"none\"\n")
+    }
+
+    /// A replica whose `[auth]` section is `auth` (TOML).
+    pub fn with_auth(dir: &std::path::Path, n: usize, upstream: &str, auth: &str) -> Replica {
         let gp = free_port();
         let toml = format!(
             "[gateway]\nlisten = \"127.0.0.1:{gp}\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n\
              [store]\nbackend = \"postgres\"\nurl_env = \"TASKGATE_DATABASE_URL\"\npool_size = 8\n\n\
-             [auth]\nmode = \"none\"\n\n[upgrade]\nenabled = false\n\n\
+             {auth}\n[upgrade]\nenabled = false\n\n\
              [[upstream]]\nname = \"default\"\nurl = \"{upstream}\"\n"
         );
         let config = dir.join(format!("replica{n}.toml"));
@@ -56,10 +61,15 @@ pub struct Tier {
 impl Tier {
     /// `None` (printed) when PostgreSQL or nginx is missing and not required.
     pub fn start(test: &str, upstream: &str) -> Option<Tier> {
+        Tier::start_with(test, upstream, "[auth]\nmode = \"none\"\n")
+    }
+
+    /// [`Tier::start`] with the replicas' `[auth]` section `auth` (TOML; [`bearer_auth`]).
+    pub fn start_with(test: &str, upstream: &str, auth: &str) -> Option<Tier> {
         let pg = PgCluster::start(test)?;
         let dir = tempfile::tempdir().unwrap();
         let mut replicas: Vec<Replica> = (0..3)
-            .map(|n| Replica::new(dir.path(), n, upstream))
+            .map(|n| Replica::with_auth(dir.path(), n, upstream, auth))
             .collect();
         for r in &mut replicas {
             r.start(&pg.url);
@@ -73,6 +83,18 @@ impl Tier {
             _dir: dir,
         })
     }
+}
+
+/// An `[auth]` section of bearer tokens: `(principal, token)` pairs, each kept as its SHA-256.
+pub fn bearer_auth(tokens: &[(&str, &str)]) -> String {
+    let mut s = String::from("[auth]\nmode = \"bearer\"\n");
+    for (p, t) in tokens {
+        let h = hex::encode(Sha256::digest(t.as_bytes()));
+        s.push_str(&format!(
+            "\n[[auth.token]]\nprincipal = {p:?}\nsha256 = {h:?}\n"
+        ));
+    }
+    s
 }
 
 /// taskgate in this process with its registry in the PostgreSQL at `url` (handed over in the
