@@ -47,9 +47,12 @@ enum IdText {
     Shared(std::sync::Arc<str>),
 }
 
+// Compared and hashed as bytes: the text is UTF-8 by construction, and `as_json`'s check of
+// it (twice per comparison, once per hash) cost ~300 instructions per request in the `ids`
+// layer's table (benches/profile.sh small, issue 36).
 impl PartialEq for Id {
     fn eq(&self, other: &Id) -> bool {
-        self.as_json() == other.as_json()
+        self.as_bytes() == other.as_bytes()
     }
 }
 
@@ -57,11 +60,19 @@ impl Eq for Id {}
 
 impl std::hash::Hash for Id {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_json().hash(state)
+        self.as_bytes().hash(state)
     }
 }
 
 impl Id {
+    /// The id's JSON text as bytes (no UTF-8 check: what equality and hashing compare).
+    fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            IdText::Inline { len, text } => text.get(..usize::from(*len)).unwrap_or_default(),
+            IdText::Shared(text) => text.as_bytes(),
+        }
+    }
+
     /// The id's JSON text, ready to splice into a message.
     pub fn as_json(&self) -> &str {
         match &self.0 {
@@ -233,11 +244,45 @@ pub(crate) enum ParamsState {
     Walk,
 }
 
+/// The members of `params` the layers look up (`mcp::classify`: `task`, `taskId`, `name`,
+/// `_meta`, `requestId`), whose places the envelope pass notes by name ([`Params::known`]), so
+/// finding one, or knowing it is absent, is an index rather than a comparison of every key
+/// (issue 36: `tasks` looking for `params.task` of a plain call cost ~150 instructions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Known {
+    Task = 0,
+    TaskId = 1,
+    Name = 2,
+    Meta = 3,
+    RequestId = 4,
+}
+
+impl Known {
+    /// The known member a key names. (Byte patterns: a length test and byte comparisons,
+    /// where a `match` on byte-string literals called `memcmp` for each.)
+    fn of_key(key: &[u8]) -> Option<Known> {
+        match key {
+            [b't', b'a', b's', b'k'] => Some(Known::Task),
+            [b't', b'a', b's', b'k', b'I', b'd'] => Some(Known::TaskId),
+            [b'n', b'a', b'm', b'e'] => Some(Known::Name),
+            [b'_', b'm', b'e', b't', b'a'] => Some(Known::Meta),
+            [b'r', b'e', b'q', b'u', b'e', b's', b't', b'I', b'd'] => Some(Known::RequestId),
+            _ => None,
+        }
+    }
+
+    /// Where this member's slot is in [`Params::known`] (3 bits each).
+    fn shift(self) -> u32 {
+        3 * self as u32
+    }
+}
+
 /// Where a message's `params` and its members are in its bytes, noted by the one envelope pass
 /// (`envelope::read`) so that [`Message::param`] finds a member without reading `params` again.
 /// Keys noted here hold no escape and no quote (the reader hands such messages back) and occur
-/// once (a duplicate key is handed back too), so a lookup compares bytes. Small (32 bytes: it
-/// is moved with every request): places are offsets from `params`' start.
+/// once (a duplicate key is handed back too), so a lookup compares bytes, and a [`Known`] one
+/// is found by its slot. Small (36 bytes: it is moved with every request): places are offsets
+/// from `params`' start.
 #[derive(Clone, Copy)]
 pub(crate) struct Params {
     /// Where the value of `params` starts; meaningful unless [`ParamsState::Absent`] or
@@ -250,6 +295,9 @@ pub(crate) struct Params {
     members: [[u16; 3]; PARAMS],
     count: u8,
     state: ParamsState,
+    /// Per [`Known`] member (3 bits each, at [`Known::shift`]): 0 when `params` has no such
+    /// member, else its index in `members` plus one. Meaningful when [`ParamsState::Indexed`].
+    known: u16,
 }
 
 impl Params {
@@ -260,11 +308,12 @@ impl Params {
         members: [[0; 3]; PARAMS],
         count: 0,
         state: ParamsState::Absent,
+        known: 0,
     };
 
     /// Notes one member of `params` (which starts at `at`: already set); past [`PARAMS`]
     /// members, or 64 KiB, lookups walk instead.
-    fn note(&mut self, key: usize, value: usize, end: usize) {
+    fn note(&mut self, key: usize, value: usize, end: usize, name: &[u8]) {
         if self.state != ParamsState::Indexed {
             return;
         }
@@ -281,6 +330,9 @@ impl Params {
             (Some(slot), Some(k), Some(v), Some(e)) => {
                 *slot = [k, v, e];
                 self.count += 1;
+                if let Some(known) = Known::of_key(name) {
+                    self.known |= u16::from(self.count) << known.shift();
+                }
             }
             _ => self.state = ParamsState::Walk,
         }
@@ -522,6 +574,12 @@ impl Message {
                 let at = p.at as usize;
                 let raw = self.raw.get(at..at + usize::from(p.len))?;
                 let name = name.as_bytes();
+                if let Some(known) = Known::of_key(name) {
+                    let slot = usize::from((p.known >> known.shift()) & 0b111);
+                    let [_, v, e] = *p.members.get(slot.checked_sub(1)?)?;
+                    // The reader checked the whole text is UTF-8.
+                    return std::str::from_utf8(raw.get(usize::from(v)..usize::from(e))?).ok();
+                }
                 p.members[..usize::from(p.count)]
                     .iter()
                     .find_map(|&[k, v, e]| {

@@ -486,3 +486,43 @@ fn a_member_is_inserted_first_and_every_other_byte_stays() {
     // Not a slice of the message: nothing.
     assert_eq!(splice::insert_first(m.bytes(), "{}", r#""a":1"#), None);
 }
+
+/// The members looked up by name (`task`, `taskId`, `name`, `_meta`, `requestId`: `Known`)
+/// are found from the index the envelope pass notes, in whichever of the indexed places they
+/// are, and read exactly as the walk of `params` reads them; others are found by their key; an
+/// absent one is absent (issue 36).
+#[test]
+fn known_params_are_found_by_their_place_as_the_walk_finds_them() {
+    let known = ["task", "taskId", "name", "_meta", "requestId"];
+    let values = ["{\"ttl\":1}", "\"t-1\"", "\"tool\"", "{\"k\":[1]}", "7"];
+    for (i, name) in known.iter().enumerate() {
+        for place in 0..PARAMS {
+            let mut members: Vec<String> = (0..PARAMS - 1)
+                .map(|n| format!("\"other{n}\":{n}"))
+                .collect();
+            members.insert(place, format!("\"{name}\":{}", values[i]));
+            let text = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"m","params":{{{}}}}}"#,
+                members.join(",")
+            );
+            let m = Message::parse_checked(Bytes::from(text.clone())).unwrap();
+            assert_eq!(m.params.state, ParamsState::Indexed, "{text}");
+            let walked = splice::raw_at(m.bytes(), &["params", name])
+                .unwrap()
+                .map(RawValue::get);
+            assert_eq!(m.param(name), Some(values[i]), "{text}");
+            assert_eq!(m.param(name), walked, "{text}");
+            assert_eq!(m.param("other0"), Some("0"), "{text}");
+            for other in known.iter().filter(|k| *k != name) {
+                assert_eq!(m.param(other), None, "{other} in {text}");
+            }
+        }
+    }
+    // Past the indexed members, a known one is found by the walk.
+    let text =
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":1,"b":2,"c":3,"d":4,"taskId":"x"}}"#;
+    let m = Message::parse_checked(Bytes::from_static(text.as_bytes())).unwrap();
+    assert_eq!(m.params.state, ParamsState::Walk);
+    assert_eq!(m.param("taskId"), Some("\"x\""));
+    assert_eq!(m.param("task"), None);
+}
