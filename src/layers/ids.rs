@@ -114,19 +114,21 @@ impl IdsState {
             return Admit::Untracked;
         }
         let key = (session, id.clone());
-        let Some(holder) = t.in_flight.get(&key) else {
-            t.in_flight.insert(
-                key.clone(),
-                Entry {
+        // One hash and probe for the common case (the id is free: inserted), not a lookup and
+        // then an insert.
+        let holder = match t.in_flight.entry(key.clone()) {
+            std::collections::hash_map::Entry::Vacant(free) => {
+                free.insert(Entry {
                     caller,
                     client_id: None,
-                },
-            );
-            return Admit::Plain(Tracked {
-                state: self.clone(),
-                key,
-                mapped_from: None,
-            });
+                });
+                return Admit::Plain(Tracked {
+                    state: self.clone(),
+                    key,
+                    mapped_from: None,
+                });
+            }
+            std::collections::hash_map::Entry::Occupied(held) => held.into_mut(),
         };
         if holder.caller == caller
             && caller.client_session.is_some()
