@@ -15,7 +15,8 @@ use taskgate::mcp::task::TaskStatus;
 /// A server without tasks: `initialize` and `server/discover` declare only tools; `tools/list`
 /// lists `slow`, `boom`, `oops`; a `tools/call` answers on an SSE stream: one progress
 /// notification on the call's token ("halfway"), then, once `gate` opens, its answer (`slow`:
-/// a result, `oops`: an `isError` result, `boom`: a JSON-RPC error; `ask` sends an
+/// a result, `oops`: an `isError` result, `boom`: a JSON-RPC error with `data`, at once, without
+/// waiting for `gate`; `ask` sends an
 /// `elicitation/create` request instead of the progress). Everything else is
 /// [`mcp_handler`]'s.
 fn no_tasks_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync {
@@ -44,7 +45,7 @@ fn no_tasks_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse 
                 );
                 let answer = match v["params"]["name"].as_str() {
                     Some("boom") => format!(
-                        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32000,"message":"it broke"}}}}"#
+                        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32000,"message":"it broke","data":{{"why":"scripted"}}}}}}"#
                     ),
                     Some("oops") => rpc_result(
                         &id,
@@ -57,6 +58,13 @@ fn no_tasks_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse 
                     Some("ask") => ask.to_string(),
                     _ => progress,
                 };
+                if v["params"]["name"] == "boom" {
+                    // Fails at once, gate or not.
+                    return ScriptedResponse::sse(vec![
+                        ev().event("message").data(&first).into(),
+                        ev().event("message").data(&answer).into(),
+                    ]);
+                }
                 ScriptedResponse::sse(vec![
                     ev().event("message").data(&first).into(),
                     SseStep::Wait(gate.clone()),
@@ -355,13 +363,22 @@ async fn kill_9_then_restart_fails_the_working_task() {
     let (mut p, gw, _) = spawn_binary(&path);
     let mut c = Client::new(&format!("http://{gw}/mcp"));
     c.initialize().await;
+    // A task failed with a JSON-RPC error before the kill: after the restart, tasks/result
+    // still answers exactly that error (the record keeps it), not -32603.
+    let failed = task_id_of(&create_call(&c, "7", "boom").await);
+    let v = eventually(STEP, || async {
+        let v = c.get("8", &failed).await;
+        (v["result"]["status"] == "failed").then_some(v)
+    })
+    .await;
+    assert!(v.is_some(), "boom failed");
     let t = task_id_of(&create_call(&c, "1", "slow").await);
-    assert!(up.wait_for_method("tools/call", 1, STEP).await);
+    assert!(up.wait_for_method("tools/call", 2, STEP).await);
     // A second task cancelled just before the kill, its call still open (not yet released):
     // after the restart it stays `cancelled` and is only released (no `failed` applied to it,
     // so no late result counted).
     let t2 = task_id_of(&create_call(&c, "4", "slow").await);
-    assert!(up.wait_for_method("tools/call", 2, STEP).await);
+    assert!(up.wait_for_method("tools/call", 3, STEP).await);
     let v = c.cancel("\"5\"", &t2).await;
     assert_eq!(v["result"]["status"], "cancelled", "{v}");
     assert!(up.wait_for_method("notifications/cancelled", 1, STEP).await);
@@ -378,6 +395,12 @@ async fn kill_9_then_restart_fails_the_working_task() {
     );
     let r = c2.result("3", &t).await;
     assert_eq!(err_code(&r), -32603, "{r}");
+    let r = c2.result("9", &failed).await;
+    assert_eq!(
+        r["error"],
+        json!({"code": -32000, "message": "it broke", "data": {"why": "scripted"}}),
+        "the stored error, exactly: {r}"
+    );
     let v = c2.get("6", &t2).await;
     assert_eq!(v["result"]["status"], "cancelled", "{v}");
     let m = Req::get(&format!("http://{admin2}/metrics"))
@@ -462,15 +485,92 @@ async fn the_owner_limit_holds_in_both_eras() {
     gate.open();
 }
 
-/// A request the server sends the client during a gateway task's held call (elicitation) is
-/// answered `-32601` by taskgate (input is not relayed for gateway tasks), so the server is not
-/// left waiting; the task goes on and ends with the call.
+/// 2025-11-25 input: a request the server sends the client during the held call
+/// (`elicitation/create`) makes the task `input_required`; `tasks/result` is then an SSE
+/// stream carrying the status, the request (an id taskgate minted, the related-task `_meta`)
+/// and, once the client's POSTed answer (HTTP 202) went upstream as the response to the
+/// server's own id, the task `working` again and finally the result.
 #[tokio::test]
-async fn an_input_request_during_a_gateway_task_is_refused_to_the_server() {
+async fn a_2025_input_request_is_relayed_on_the_result_stream() {
+    let (up, gate, tg) = setup(false).await;
+    let c = client_with(&tg.mcp_url(), json!({"elicitation": {}})).await;
+    let t = task_id_of(&create_call(&c, "1", "ask").await);
+    let waiting = eventually(STEP, || async {
+        let v = c.get("2", &t).await;
+        (v["result"]["status"] == "input_required").then_some(v)
+    })
+    .await
+    .expect("input_required while the server waits for the client");
+    assert!(
+        waiting["result"]["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("elicitation/create")),
+        "{waiting}"
+    );
+    let resp = c
+        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut sse = resp.sse();
+    let status = sse.next_event(STEP).await.json();
+    assert_eq!(status["method"], "notifications/tasks/status", "{status}");
+    assert_eq!(status["params"]["status"], "input_required", "{status}");
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    assert_eq!(ask["params"]["message"], "ok?", "{ask}");
+    assert_eq!(
+        ask["params"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        json!(t),
+        "{ask}"
+    );
+    assert_ne!(ask["id"], "elicit-1", "an id taskgate minted: {ask}");
+    let answer = json!({"jsonrpc": "2.0", "id": ask["id"],
+        "result": {"action": "accept", "content": {"ok": true}}});
+    assert_eq!(c.send(answer.to_string()).await.status(), 202);
+    let relayed = eventually(STEP, || async {
+        up.requests().into_iter().find(|r| {
+            let v = r.json();
+            v["id"] == "elicit-1" && v.get("method").is_none()
+        })
+    })
+    .await
+    .expect("the client's answer went upstream under the server's id");
+    let v = relayed.json();
+    assert_eq!(v["result"]["action"], "accept", "{v}");
+    assert_eq!(v["result"]["content"]["ok"], true, "{v}");
+    let working = sse.next_event(STEP).await.json();
+    assert_eq!(working["params"]["status"], "working", "{working}");
+    assert_eq!(c.get("4", &t).await["result"]["status"], "working");
+    gate.open();
+    let done = loop {
+        let v = sse.next_event(STEP).await.json();
+        if v.get("id").is_some() {
+            break v;
+        }
+    };
+    assert_eq!(done["id"], 3, "{done}");
+    assert_eq!(done["result"]["content"][0]["text"], "done", "{done}");
+}
+
+/// A client whose session did not declare `capabilities.elicitation` is not asked: the server
+/// gets `-32601` saying so once the client reads `tasks/result`, and the task goes on.
+#[tokio::test]
+async fn an_input_request_the_client_cannot_answer_is_refused_to_the_server() {
     let (up, gate, tg) = setup(false).await;
     let mut c = tg.client();
     c.initialize().await;
     let t = task_id_of(&create_call(&c, "1", "ask").await);
+    let waiting = eventually(STEP, || async {
+        let v = c.get("2", &t).await;
+        (v["result"]["status"] == "input_required").then_some(v)
+    })
+    .await;
+    assert!(waiting.is_some(), "input_required");
+    let result = {
+        let c = c.clone();
+        let t = t.clone();
+        tokio::spawn(async move { c.result("3", &t).await })
+    };
     let refused = eventually(STEP, || async {
         up.requests().into_iter().find(|r| {
             let v = r.json();
@@ -481,10 +581,64 @@ async fn an_input_request_during_a_gateway_task_is_refused_to_the_server() {
     .expect("taskgate answered the server's request");
     let v = refused.json();
     assert_eq!(v["error"]["code"], -32601, "{v}");
-    assert_eq!(c.get("2", &t).await["result"]["status"], "working");
     gate.open();
-    let r = c.result("3", &t).await;
+    let r = tokio::time::timeout(STEP, result).await.unwrap().unwrap();
     assert_eq!(r["result"]["content"][0]["text"], "done", "{r}");
+}
+
+/// 2026-07-28 input: the waiting request is the task's `inputRequests` in `tasks/get`
+/// (`input_required`); `tasks/update` with `inputResponses` answers it (the ack), the answer
+/// goes upstream under the server's id, and the task is `working` again.
+#[tokio::test]
+async fn a_2026_input_request_is_shown_and_answered_with_tasks_update() {
+    let (up, gate, tg) = setup(false).await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "ask").await;
+    let waiting = eventually(STEP, || async {
+        let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+        (v["result"]["status"] == "input_required").then_some(v)
+    })
+    .await
+    .expect("input_required with its inputRequests");
+    let requests = waiting["result"]["inputRequests"]
+        .as_object()
+        .unwrap_or_else(|| panic!("inputRequests: {waiting}"));
+    assert_eq!(requests.len(), 1, "{waiting}");
+    let (key, request) = requests.iter().next().unwrap();
+    assert_eq!(request["method"], "elicitation/create", "{waiting}");
+    assert_eq!(request["params"]["message"], "ok?", "{waiting}");
+    let update = modern_req(
+        &url,
+        None,
+        3,
+        "tasks/update",
+        json!({"taskId": t, "inputResponses": {
+            key.clone(): {"action": "accept", "content": {"ok": true}},
+            "unknown-key": {"action": "decline"}}}),
+    );
+    let (status, ack) = send(update).await;
+    assert_eq!(status, 200, "{ack}");
+    assert_eq!(ack["result"]["resultType"], "complete", "{ack}");
+    let relayed = eventually(STEP, || async {
+        up.requests().into_iter().find(|r| {
+            let v = r.json();
+            v["id"] == "elicit-1" && v.get("method").is_none()
+        })
+    })
+    .await
+    .expect("the answer went upstream under the server's id");
+    assert_eq!(relayed.json()["result"]["action"], "accept");
+    let (_, v) = task_call(&url, None, 4, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "working", "{v}");
+    assert!(v["result"].get("inputRequests").is_none(), "{v}");
+    gate.open();
+    let done = eventually(STEP, || async {
+        let (_, v) = task_call(&url, None, 5, "tasks/get", &t).await;
+        (v["result"]["status"] == "completed").then_some(v)
+    })
+    .await
+    .expect("completed");
+    assert_eq!(done["result"]["result"]["content"][0]["text"], "done");
 }
 
 /// A server that heeds `notifications/cancelled` by never answering and keeps its stream open
@@ -512,7 +666,8 @@ async fn a_cancelled_call_the_server_keeps_open_is_closed_and_released() {
 }
 
 /// taskgate is the task server of a `tasks = "gateway"` upstream: a `params.task` that is not
-/// an object gets its `-32602`, and nothing goes upstream.
+/// an object, or whose `ttl` is not a number of ms at least 0, is refused `-32602` by
+/// taskgate, and nothing goes upstream.
 #[tokio::test]
 async fn a_malformed_params_task_is_refused_by_taskgate() {
     let (up, _gate, tg) = setup(false).await;
@@ -527,6 +682,21 @@ async fn a_malformed_params_task_is_refused_by_taskgate() {
             ))
             .await;
         assert_eq!(err_code(&v), -32602, "task {task}: {v}");
+    }
+    // A ttl of an odd type is refused, not taken as the cap.
+    for (i, ttl) in ["\"60000\"", "true", "-1", "[]"].iter().enumerate() {
+        let v = c
+            .rpc(rpc(
+                &format!("{}", i + 10),
+                "tools/call",
+                &format!(r#"{{"name":"slow","arguments":{{}},"task":{{"ttl":{ttl}}}}}"#),
+            ))
+            .await;
+        assert_eq!(err_code(&v), -32602, "ttl {ttl}: {v}");
+        assert!(
+            err_message(&v).contains("params.task.ttl"),
+            "ttl {ttl}: {v}"
+        );
     }
     assert!(
         up.received("tools/call").is_empty(),

@@ -51,6 +51,7 @@ fn record(upstream: &str, task_id: &str, owner: &str, recorded_at: u64) -> TaskR
         tool_error: false,
         era: Era::Legacy,
         terminal_result: None,
+        terminal_error: None,
         trace_parent: None,
         expires_at: recorded_at + 60_000,
     }
@@ -87,6 +88,26 @@ async fn contract(store: Arc<dyn TaskStore>) {
     traced.trace_parent = Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into());
     store.create(traced.clone()).await.unwrap();
     assert_eq!(store.get(&origins, "traced").unwrap().unwrap(), traced);
+    // A failed 2025 gateway task's JSON-RPC error (issue 32) reads back as written, and is
+    // written by an update too; records without one read back without one.
+    let mut failed = record(&origins, "failed", "carol", t0);
+    failed.origin = Origin::Gateway;
+    failed.status = TaskStatus::Failed;
+    failed.terminal_error = Some(r#"{"code":-32000,"message":"it broke","data":[1]}"#.into());
+    store.create(failed.clone()).await.unwrap();
+    assert_eq!(store.get(&origins, "failed").unwrap().unwrap(), failed);
+    store
+        .update(&origins, "traced", &mut |r| {
+            r.terminal_error = Some(r#"{"code":-32001,"message":"x"}"#.into());
+            true
+        })
+        .unwrap();
+    let got = store.get(&origins, "traced").unwrap().unwrap();
+    assert_eq!(
+        got.terminal_error.as_deref(),
+        Some(r#"{"code":-32001,"message":"x"}"#)
+    );
+    assert_eq!(store.get(&up, "t1").unwrap().unwrap().terminal_error, None);
 
     // update: (before, after); a change refused leaves it; unknown → None.
     let (before, after) = store

@@ -207,6 +207,7 @@ pub fn record(task_id: &str) -> TaskRecord {
         tool_error: false,
         era: crate::mcp::era::Era::Legacy,
         terminal_result: None,
+        terminal_error: None,
         trace_parent: None,
         expires_at: now + 60_000,
     }

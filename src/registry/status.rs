@@ -229,6 +229,46 @@ impl Registry {
         .unwrap_or(false)
     }
 
+    /// Keeps `error_json` (the JSON-RPC `error` object a 2025-11-25 gateway task `failed` with)
+    /// in the task's record, once: when the record is `failed`, holds no error yet, and
+    /// `error_json` is at most `tasks.max_stored_result_bytes` (0 turns this off). Returns
+    /// whether it was stored. Store work runs off the runtime.
+    pub async fn store_terminal_error(
+        self: &std::sync::Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        error_json: String,
+    ) -> bool {
+        let max = self.config.max_stored_result_bytes;
+        if max == 0 || error_json.len() as u64 > max {
+            return false;
+        }
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        self.off_runtime(move |this| {
+            let updated = this.update(&up, &id, &mut |r| {
+                if r.status != TaskStatus::Failed || r.terminal_error.is_some() {
+                    return false;
+                }
+                // A transaction may run this more than once: clone, never take.
+                r.terminal_error = Some(error_json.clone());
+                true
+            });
+            match updated {
+                Ok(Some((before, after))) if before != *after => {
+                    this.store.sync_soon();
+                    true
+                }
+                Ok(_) => false,
+                Err(e) => {
+                    this.write_failed(&e, "task store update failed");
+                    false
+                }
+            }
+        })
+        .await
+        .unwrap_or(false)
+    }
+
     /// Applies a status report (a `Task` object: `tasks/get` / `tasks/cancel` result,
     /// `notifications/tasks/status` params) to the record of `(upstream, taskId)`.
     pub(super) fn observe_task_now(&self, upstream: &str, task: &Value, source: &str) -> Applied {

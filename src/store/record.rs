@@ -174,6 +174,12 @@ pub struct TaskRecord {
     /// Stored at rest with the record.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminal_result: Option<String>,
+    /// The JSON-RPC `error` object (JSON text) a 2025-11-25 gateway task `failed` with (issue
+    /// 32: `tasks/result` answers exactly that error, also after a restart). At most
+    /// `tasks.max_stored_result_bytes`. Absent in every other record, and in records written
+    /// before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal_error: Option<String>,
     /// A 2026-07-28 task that ended `completed` with `result.isError: true` (a tool error;
     /// SEP-2663: `completed` includes tool errors). `status` keeps the 2026 `completed`; the
     /// 2025-11-25 form ([`TaskRecord::to_task`]) shows it `failed`, as the bridge's `tasks/get`
@@ -249,6 +255,7 @@ impl TaskRecord {
             + self.created_at.capacity()
             + self.last_updated_at.capacity()
             + opt(&self.terminal_result)
+            + opt(&self.terminal_error)
     }
 }
 

@@ -32,8 +32,27 @@ pub(super) async fn answer(
     let record = authorised.record.clone();
     let reply = match method {
         "tasks/get" => get(state, &record, &id, era),
-        "tasks/result" => result(state, record, &id).await,
+        "tasks/result" => {
+            let live = state.live.lock().get(&record.task_id).cloned();
+            match live {
+                Some(live) if !record.status.is_terminal() => {
+                    let (last_state, last_record, last_id) =
+                        (state.clone(), record.clone(), id.clone());
+                    let last = async move {
+                        let reply = result(&last_state, last_record, &last_id).await;
+                        reply_bytes(reply, &last_id)
+                    };
+                    let rx = super::input::stream(state.clone(), live, record, req, last);
+                    McpReply::event_stream(rx, None)
+                }
+                _ => result(state, record, &id).await,
+            }
+        }
         "tasks/cancel" => cancel(state, &record, &id, era).await,
+        "tasks/update" if era == Era::Modern => {
+            super::input::update(state, &record.task_id, &req).await;
+            json_reply(&id, &serde_json::from_str(MODERN_ACK).unwrap_or_default())
+        }
         _ => error(
             era,
             &id,
@@ -42,6 +61,14 @@ pub(super) async fn answer(
         ),
     };
     reply.answered_locally(LocalReason::GatewayTask)
+}
+
+/// The JSON-RPC text of a local answer (an error naming `id` when it has none).
+fn reply_bytes(reply: McpReply, id: &Id) -> bytes::Bytes {
+    match reply.body {
+        crate::exchange::ReplyBody::Json(b) | crate::exchange::ReplyBody::Raw(b) => b,
+        _ => jsonrpc::error_response(Some(id), jsonrpc::INTERNAL_ERROR, "no answer"),
+    }
 }
 
 fn json_reply(id: &Id, result: &Value) -> McpReply {
@@ -60,6 +87,14 @@ fn get(state: &GatewayTasksState, record: &TaskRecord, id: &Id, era: Era) -> Mcp
         return json_reply(id, &task_value(record));
     }
     let mut task = detailed_task(record);
+    if !record.status.is_terminal() {
+        // Every waiting input request (2026-07-28 tasks §1.5), answered by `tasks/update`.
+        let live = state.live.lock().get(&record.task_id).cloned();
+        if let Some(requests) = live.and_then(|l| l.input.input_requests()) {
+            task["status"] = json!("input_required");
+            task["inputRequests"] = requests;
+        }
+    }
     match (record.status, state.outcome(&record.task_id)) {
         (TaskStatus::Completed, Some(Outcome::Result(r))) => task["result"] = (*r).clone(),
         (TaskStatus::Failed, Some(Outcome::Error(e))) => task["error"] = (*e).clone(),
@@ -133,6 +168,12 @@ async fn result(state: &Arc<GatewayTasksState>, mut record: Arc<TaskRecord>, id:
             let answer = json!({"jsonrpc": "2.0", "id": id_value(id), "error": (*e).clone()});
             McpReply::local_json(answer.to_string().into())
         }
+        // Not in memory (a restart, or forgotten): the error the record keeps, exactly.
+        (TaskStatus::Failed, _) if stored_error(&record).is_some() => {
+            let error = stored_error(&record).unwrap_or_default();
+            let answer = json!({"jsonrpc": "2.0", "id": id_value(id), "error": error});
+            McpReply::local_json(answer.to_string().into())
+        }
         (status, _) => {
             let message = match status {
                 TaskStatus::Cancelled => format!("task {} was cancelled; it has no result", record.task_id),
@@ -144,6 +185,13 @@ async fn result(state: &Arc<GatewayTasksState>, mut record: Arc<TaskRecord>, id:
             McpReply::local_error(Some(id), jsonrpc::INTERNAL_ERROR, &message)
         }
     }
+}
+
+/// The JSON-RPC `error` object a failed 2025 gateway task's record keeps.
+fn stored_error(record: &TaskRecord) -> Option<Value> {
+    serde_json::from_str::<Value>(record.terminal_error.as_deref()?)
+        .ok()
+        .filter(Value::is_object)
 }
 
 /// `tasks/cancel` (reaches here once per task: `cancel` single-flights it and answers a

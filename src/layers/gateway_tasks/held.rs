@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 /// well within it; one that keeps the stream open does not keep a connection per cancelled
 /// task until the task's ttl.
 pub const CANCELLED_CALL_GRACE: Duration = Duration::from_secs(5);
-use tokio::sync::{oneshot, watch};
+use super::input::{CallInput, NotKept, MAX_WAITING};
+use tokio::sync::{mpsc, oneshot, watch};
 use tower::ServiceExt;
 
 /// The shortest time between two `statusMessage` writes from progress notifications (a chatty
@@ -96,8 +97,8 @@ pub(super) async fn create<S: McpService>(
         .classified()
         .and_then(|c| c.task())
         .and_then(|t| serde_json::from_str::<Value>(t).ok())
-        .and_then(|t| t.get("ttl").and_then(Value::as_u64))
-        .map_or(cap, |t| t.min(cap));
+        .and_then(|t| t.get("ttl").and_then(Value::as_f64))
+        .map_or(cap, |t| (t as u64).min(cap));
     let now = format_rfc3339_ms(now_ms());
     let task = json!({"taskId": task_id, "status": "working", "createdAt": now,
         "lastUpdatedAt": now, "ttl": ttl, "pollInterval": POLL_INTERVAL_MS});
@@ -129,9 +130,12 @@ pub(super) async fn create<S: McpService>(
         .releases()
         .note_progress_token(&req.ctx.upstream, token.clone(), &task_id);
     let (cancel_tx, cancel_rx) = oneshot::channel();
+    let (answers_tx, answers_rx) = mpsc::channel(MAX_WAITING);
     let live = Arc::new(Live {
+        upstream: req.ctx.upstream.to_string(),
         cancel: Mutex::new(Some(cancel_tx)),
         terminal: watch::channel(false).0,
+        input: CallInput::new(answers_tx),
     });
     state.live.lock().insert(task_id.clone(), live.clone());
     req.op = Operation::Post(plain);
@@ -144,12 +148,25 @@ pub(super) async fn create<S: McpService>(
         token,
         era,
     };
-    tokio::spawn(held.run(inner, req, cancel_rx, live));
+    tokio::spawn(held.run(inner, req, cancel_rx, answers_rx, live));
     let body = create_result(&task, era);
     Ok(
         McpReply::local_json(jsonrpc::result_response(&client_id, &body.to_string()))
             .answered_locally(LocalReason::GatewayTask),
     )
+}
+
+/// `object`'s JSON text with one more member `name`: `raw` (JSON text, not parsed again).
+fn with_member(object: &Value, name: &str, raw: &str) -> String {
+    let mut text = object.to_string();
+    if text.ends_with('}') {
+        text.pop();
+        if text.len() > 1 {
+            text.push(',');
+        }
+        text.push_str(&format!("{}:{raw}}}", Value::from(name)));
+    }
+    text
 }
 
 /// `tgt-` and 32 random hex digits: unguessable (a 2026-07-28 task without auth has no other key).
@@ -218,6 +235,7 @@ impl Held {
         inner: S,
         out: McpRequest,
         cancel_rx: oneshot::Receiver<()>,
+        answers_rx: mpsc::Receiver<Bytes>,
         live: Arc<Live>,
     ) {
         let upstream = out.ctx.upstream.clone();
@@ -228,8 +246,10 @@ impl Held {
         let expiry = tokio::time::sleep(until);
         tokio::pin!(expiry);
         let notify_ctx = out.clone();
+        // The client's answers to the server's requests go upstream in the call's context.
+        tokio::spawn(respond(inner.clone(), out.clone(), answers_rx));
         let progress = Progress::new(self.state.clone(), &upstream, &task_id, &self.token)
-            .until_terminal(live.terminal.subscribe());
+            .until_terminal(live.clone());
         let answer_inner = inner.clone();
         let own_id = self.own_id.clone();
         // Boxed, so that dropping it below closes the call's stream before the hold goes.
@@ -290,6 +310,7 @@ impl Held {
         drop(call);
         drop(hold);
         self.state.live.lock().remove(&task_id);
+        self.state.inputs.forget(&task_id);
         live.terminal.send_replace(true);
     }
 
@@ -312,12 +333,8 @@ impl Held {
                 .and_then(Value::as_str)
                 .unwrap_or("the call failed")
                 .to_string();
-            self.state
-                .remember(task_id, Outcome::Error(Arc::new(error.clone())));
-            self.end(TaskStatus::Failed, &message, |task| {
-                task["error"] = error.clone();
-            })
-            .await;
+            let outcome = Outcome::Error(Arc::new(error.clone()));
+            self.end(TaskStatus::Failed, &message, outcome).await;
             return;
         }
         let Some(result) = answer.get("result").filter(|r| r.is_object()) else {
@@ -332,36 +349,32 @@ impl Held {
                 .await;
         }
         let result = with_related_task(result, task_id);
-        self.state
-            .remember(task_id, Outcome::Result(Arc::new(result.clone())));
-        self.end(TaskStatus::Completed, "", |task| {
-            task["result"] = result.clone();
-        })
-        .await;
+        self.end(TaskStatus::Completed, "", Outcome::Result(Arc::new(result)))
+            .await;
     }
 
     /// `failed` with `why` as the `statusMessage` (and the `error` a 2026 `DetailedTask` needs).
     async fn fail(&self, why: &str) {
         let error = json!({"code": jsonrpc::INTERNAL_ERROR, "message": why});
-        self.state.remember(
-            &self.record.task_id,
-            Outcome::Error(Arc::new(error.clone())),
-        );
-        self.end(TaskStatus::Failed, why, |task| {
-            task["error"] = error.clone()
-        })
-        .await;
+        self.end(TaskStatus::Failed, why, Outcome::Error(Arc::new(error)))
+            .await;
     }
 
-    /// Records the terminal `status` (durably, through the registry's status machine: a task
-    /// already cancelled stays so, the answer counted late) and the result the record keeps
-    /// (2025: the `CallToolResult`; 2026: the `DetailedTask` that `complete` shapes).
-    async fn end(&self, status: TaskStatus, message: &str, complete: impl Fn(&mut Value)) {
+    /// Keeps `outcome` for `tasks/result` (in memory, see `remember`), records the terminal
+    /// `status` (durably, through the registry's status machine: a task already cancelled
+    /// stays so, the answer counted late) and what the record keeps (2025: the `CallToolResult`
+    /// of a completed task, the JSON-RPC `error` of a failed one; 2026: the `DetailedTask` with
+    /// the outcome inline). The outcome is serialized once, here.
+    async fn end(&self, status: TaskStatus, message: &str, outcome: Outcome) {
         let (registry, upstream, task_id) = (
             &self.state.registry,
             self.record.upstream.as_str(),
             self.record.task_id.as_str(),
         );
+        let text = match &outcome {
+            Outcome::Result(v) | Outcome::Error(v) => v.to_string(),
+        };
+        self.state.remember(task_id, outcome.clone(), text.len());
         let now = format_rfc3339_ms(now_ms());
         let mut report = json!({"status": status.as_str(), "lastUpdatedAt": now});
         if !message.is_empty() {
@@ -373,26 +386,29 @@ impl Held {
         if observed != Observed::Recorded(status) {
             return;
         }
-        let stored = match self.era {
-            Era::Legacy if status == TaskStatus::Completed => match self.state.outcome(task_id) {
-                Some(Outcome::Result(r)) => Some(r.to_string()),
-                _ => None,
-            },
-            Era::Legacy => None,
-            Era::Modern => {
+        match (self.era, &outcome) {
+            (Era::Legacy, Outcome::Result(_)) => {
+                registry
+                    .store_terminal_result(upstream, task_id, Some(status), text)
+                    .await;
+            }
+            (Era::Legacy, Outcome::Error(_)) => {
+                registry.store_terminal_error(upstream, task_id, text).await;
+            }
+            (Era::Modern, _) => {
                 let mut record = self.record.clone();
                 record.status = status;
                 record.last_updated_at = now;
                 record.status_message = (!message.is_empty()).then(|| message.to_string());
-                let mut task = detailed_task(&record);
-                complete(&mut task);
-                Some(task.to_string())
+                let member = match outcome {
+                    Outcome::Result(_) => "result",
+                    Outcome::Error(_) => "error",
+                };
+                let stored = with_member(&detailed_task(&record), member, &text);
+                registry
+                    .store_terminal_result(upstream, task_id, Some(status), stored)
+                    .await;
             }
-        };
-        if let Some(stored) = stored {
-            registry
-                .store_terminal_result(upstream, task_id, Some(status), stored)
-                .await;
         }
     }
 
@@ -458,7 +474,8 @@ struct Progress {
     task_id: Arc<str>,
     token: Arc<str>,
     last_write: Arc<Mutex<Option<Instant>>>,
-    terminal: Option<watch::Receiver<bool>>,
+    /// The held call's live entry (its terminal flag, its input).
+    live: Option<Arc<Live>>,
 }
 
 impl Progress {
@@ -469,16 +486,20 @@ impl Progress {
             task_id: task_id.into(),
             token: token.into(),
             last_write: Arc::default(),
-            terminal: None,
+            live: None,
         }
     }
 
     /// Stops writing `statusMessage`s once `terminal` says the task is terminal (a cancelled
     /// task's server may go on sending progress: `observe` counts that as activity after the
     /// cancel; the record is not touched).
-    fn until_terminal(mut self, terminal: watch::Receiver<bool>) -> Self {
-        self.terminal = Some(terminal);
+    fn until_terminal(mut self, live: Arc<Live>) -> Self {
+        self.live = Some(live);
         self
+    }
+
+    fn is_terminal(&self) -> bool {
+        self.live.as_ref().is_some_and(|l| *l.terminal.borrow())
     }
 
     async fn on_event<S: McpService>(&self, ev: Event, inner: S, out: McpRequest) {
@@ -490,13 +511,13 @@ impl Progress {
         };
         match (msg.get("method").and_then(Value::as_str), msg.get("id")) {
             (Some("notifications/progress"), None) => self.on_progress(&msg).await,
-            (Some(method), Some(id)) => self.refuse(method, id, inner, out).await,
+            (Some(method), Some(id)) => self.on_request(&msg, method, id, inner, out).await,
             _ => {}
         }
     }
 
     async fn on_progress(&self, msg: &Value) {
-        if self.terminal.as_ref().is_some_and(|t| *t.borrow()) {
+        if self.is_terminal() {
             return;
         }
         let Some(params) = msg.get("params") else {
@@ -538,24 +559,80 @@ impl Progress {
             .await;
     }
 
-    /// A request the server sends the client during the held call: nobody holds the client's
-    /// stream, so taskgate answers it `-32601` (the server is not left waiting).
-    async fn refuse<S: McpService>(&self, method: &str, id: &Value, inner: S, out: McpRequest) {
-        let Some(id) = Id::from_value(id) else {
+    /// A request the server sends the client during the held call (see `input`): an input
+    /// request waits for the client's answer (the task `input_required`), `ping` is answered
+    /// at once, anything else (and an input request past the bound, or once the task is
+    /// terminal) is answered with an error, so the server is not left waiting.
+    async fn on_request<S: McpService>(
+        &self,
+        msg: &Value,
+        method: &str,
+        id: &Value,
+        inner: S,
+        out: McpRequest,
+    ) {
+        let Some(rpc_id) = Id::from_value(id) else {
             return;
         };
-        let bytes = jsonrpc::error_response(
-            Some(&id),
-            jsonrpc::METHOD_NOT_FOUND,
-            &format!("{method}: taskgate runs this call as a gateway task and does not relay input requests"),
-        );
-        let Ok(msg) = Message::parse(bytes) else {
+        if method == "ping" {
+            send_upstream(inner, out, jsonrpc::result_response(&rpc_id, "{}")).await;
             return;
+        }
+        let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        let kept = match &self.live {
+            Some(live) if !self.is_terminal() => live.input.arrived(id, method, params),
+            _ => Err(NotKept::Method),
+        };
+        let (code, why) = match kept {
+            Ok(key) => {
+                let report = json!({"status": "input_required",
+                    "statusMessage": format!("waiting for the client's answer to {method}"),
+                    "lastUpdatedAt": format_rfc3339_ms(now_ms())});
+                self.state
+                    .registry
+                    .observe_task_as(&self.upstream, &self.task_id, report, "gateway task input")
+                    .await;
+                tracing::info!(upstream = %self.upstream, task_id = %self.task_id, method, key, "a request to the client during a gateway task: input_required");
+                if let Some(live) = &self.live {
+                    live.input.wake();
+                }
+                return;
+            }
+            Err(NotKept::Full) => (
+                jsonrpc::INTERNAL_ERROR,
+                format!("{method}: {MAX_WAITING} requests of this call already wait for the client's answer"),
+            ),
+            Err(NotKept::Method) => (
+                jsonrpc::METHOD_NOT_FOUND,
+                format!("{method}: taskgate runs this call as a gateway task and relays only elicitation/create, sampling/createMessage and roots/list to its client while it is not terminal"),
+            ),
         };
         tracing::info!(upstream = %self.upstream, task_id = %self.task_id, method, "a request to the client during a gateway task: refused");
-        let mut req = out;
-        req.op = Operation::Post(msg);
-        req.extensions.remove::<Deadline>();
-        let _ = inner.oneshot(req).await;
+        send_upstream(
+            inner,
+            out,
+            jsonrpc::error_response(Some(&rpc_id), code, &why),
+        )
+        .await;
+    }
+}
+
+/// Sends `bytes` (a JSON-RPC response to one of the server's requests) upstream in the held
+/// call's context `out` (so `ids` and the session route it as the call went).
+async fn send_upstream<S: McpService>(inner: S, out: McpRequest, bytes: Bytes) {
+    let Ok(msg) = Message::parse(bytes) else {
+        return;
+    };
+    let mut req = out;
+    req.op = Operation::Post(msg);
+    req.extensions.remove::<Deadline>();
+    let _ = inner.oneshot(req).await;
+}
+
+/// Sends the client's answers to the server's requests upstream, in order, until the held
+/// call's live entry (which holds the sender) is gone.
+async fn respond<S: McpService>(inner: S, out: McpRequest, mut answers: mpsc::Receiver<Bytes>) {
+    while let Some(bytes) = answers.recv().await {
+        send_upstream(inner.clone(), out.clone(), bytes).await;
     }
 }

@@ -29,7 +29,9 @@
 //!   2026: flat, `resultType:"task"`) at once, and the call goes upstream as a plain
 //!   `tools/call` (without `params.task`) under taskgate's own id (`"taskgate-gt-<n>"`, which
 //!   `ids` sends under an id of its own on a shared session) with a `progressToken`
-//!   (the client's, else the taskId). taskgate holds that call on a task of its own
+//!   (the client's, else the taskId). A `params.task` that is not an object, or whose `ttl` is
+//!   not a number of ms at least 0, is refused `-32602` (a negative one by `tasks`).
+//!   taskgate holds that call on a task of its own
 //!   (`held`): until its answer, the end of its stream, or the task's expiry (its ttl,
 //!   capped by `tasks.max_ttl_ms`); live held calls count against
 //!   `tasks.max_live_tasks_per_owner` as the live tasks they are, in both eras (a 2026 call
@@ -37,21 +39,27 @@
 //! - While the call runs: the task is `working`; each `notifications/progress` on its token
 //!   becomes the task's `statusMessage` (its `message`, else `progress/total`; written at most
 //!   every `held::PROGRESS_WRITE_EVERY`, 200 ms, and no more once the task is terminal). A
-//!   request the server sends the client during the call (elicitation, sampling, roots) is
-//!   answered `-32601` by taskgate: input is not relayed for gateway tasks yet (the task goes
-//!   on; the server decides what that means).
+//!   request the server sends the client during the call (`elicitation/create`,
+//!   `sampling/createMessage`, `roots/list`) makes the task `input_required` and is relayed as
+//!   each era has it (see `input`: 2025-11-25 on the `tasks/result` stream with the
+//!   related-task `_meta`, 2026-07-28 as `inputRequests` answered by `tasks/update`); the
+//!   client's answer goes upstream as the response to the server's request, and the task is
+//!   `working` again. `ping` is answered by taskgate; any other request `-32601`.
 //! - The call's end: a result is `completed` (also with `isError: true`, as the spec has it),
 //!   a JSON-RPC error `failed` (its message the `statusMessage`), no answer at all `failed`
 //!   saying why. The result is kept in the record up to `tasks.max_stored_result_bytes`
-//!   (2025: the `CallToolResult` with the related-task `_meta`; 2026: the whole
-//!   `DetailedTask`) and, bounded ([`DONE_LIMIT`] tasks, [`DONE_BYTES`], each at most
+//!   (2025: the `CallToolResult` with the related-task `_meta`, or the JSON-RPC `error` of a
+//!   failed task in `terminal_error`, so that `tasks/result` answers exactly that error after a
+//!   restart too; 2026: the whole `DetailedTask`) and, bounded ([`DONE_LIMIT`] tasks, [`DONE_BYTES`], each at most
 //!   `tasks.max_stored_result_bytes`), in memory with a JSON-RPC error.
 //! - `tasks/get` of a gateway task: answered from the record (2025 `Task`; 2026 `DetailedTask`,
 //!   its result inline once terminal). `tasks/result` (2025): blocks until the task is terminal
 //!   (woken by the held call's end, or a registry poll every [`RESULT_POLL`] when this process
 //!   does not hold the call), then the `CallToolResult`, the call's JSON-RPC error, or `-32603`
-//!   for a cancelled task (it has no result). `tasks/update`: `-32602` (no gateway task waits
-//!   for input).
+//!   for a cancelled task (it has no result); while this process holds the call it is an SSE
+//!   stream (status changes as `notifications/tasks/status`, input requests, the answer last).
+//!   `tasks/update` (2026-07-28): the task's `inputResponses` (see `input`), acknowledged;
+//!   under 2025-11-25 `-32602`.
 //! - `tasks/cancel` of a gateway task: `cancelled` is recorded (durably) before the answer
 //!   (2025: the `Task`, `cancelled`; 2026: the ack), then the held call is told: a 2025 call
 //!   gets one `notifications/cancelled` naming the request id taskgate sent it under (the
@@ -71,20 +79,23 @@
 //!   with the process), and released (`reason="restart"`).
 //!
 //! Owner binding and `tasks/list` are the `tasks` layer's, as for every task (another
-//! principal gets `-32602` for everything). Not done here (issue 32, left): relaying input
-//! requests (`input_required`), `notifications/tasks/status` to listening clients, and a
+//! principal gets `-32602` for everything). Not done here (issue 32, left):
+//! `notifications/tasks/status` on a client's GET stream, and a
 //! `tasks/cancel` reaching another replica of a PostgreSQL tier than the one that holds the
 //! call (the status is recorded there; the held call runs to its end or its ttl).
 //!
 //! Files: this one (the layer, the dispatch, the negotiation rewrites), `held` (creation and
-//! the held call), `answers` (`tasks/get|result|cancel` and the task shapes of both eras).
+//! the held call), `answers` (`tasks/get|result|cancel|update` and the task shapes of both
+//! eras), `input` (the server's requests during the call, relayed to the client).
 
 mod answers;
 mod held;
+mod input;
 
 use crate::exchange::{GatewayError, McpReply, McpRequest};
 use crate::jsonrpc;
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::layers::relay::Inputs;
 use crate::layers::McpService;
 use crate::mcp::capabilities::{declares_tasks_extension, TASKS_EXTENSION};
 use crate::mcp::era::Era;
@@ -138,10 +149,14 @@ struct Done {
     bytes: usize,
 }
 
-/// One held call: how to tell it the task was cancelled, and when its task became terminal.
+/// One held call: how to tell it the task was cancelled, when its task became terminal, and
+/// the server's requests waiting for the client's answer.
 struct Live {
+    /// The upstream's name.
+    upstream: String,
     cancel: Mutex<Option<oneshot::Sender<()>>>,
     terminal: watch::Sender<bool>,
+    input: input::CallInput,
 }
 
 /// State of the layer for one upstream.
@@ -155,6 +170,9 @@ pub struct GatewayTasksState {
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// taskId → how its held call ended (bounded: [`DONE_LIMIT`], [`DONE_BYTES`]).
     done: Mutex<Done>,
+    /// The input requests sent to 2025-11-25 clients on `tasks/result` streams, by the id
+    /// taskgate minted (see `input`).
+    inputs: Inputs,
     seq: AtomicU64,
 }
 
@@ -167,6 +185,7 @@ impl GatewayTasksState {
             upstream_tasks: AtomicU8::new(UNKNOWN),
             live: Mutex::new(HashMap::new()),
             done: Mutex::new(Done::default()),
+            inputs: Inputs::default(),
             seq: AtomicU64::new(1),
         })
     }
@@ -198,11 +217,8 @@ impl GatewayTasksState {
     /// `tasks.max_stored_result_bytes`; the oldest outcomes are forgotten past [`DONE_LIMIT`]
     /// entries or [`DONE_BYTES`] in all (a larger one is answered from the record, or as not
     /// kept).
-    fn remember(&self, task_id: &str, outcome: Outcome) {
-        let value = match &outcome {
-            Outcome::Result(v) | Outcome::Error(v) => v,
-        };
-        let size = serde_json::to_string(&**value).map_or(usize::MAX, |s| s.len());
+    /// `size` is the outcome's JSON length in bytes (the caller serialized it once).
+    fn remember(&self, task_id: &str, outcome: Outcome, size: usize) {
         let max = self.registry.config().max_stored_result_bytes;
         if u64::try_from(size).map_or(true, |s| s > max) || size > DONE_BYTES {
             return;
@@ -285,6 +301,16 @@ impl<S: McpService> tower::Service<McpRequest> for GatewayTasksService<S> {
             return Either::Left(self.inner.call(req));
         }
         let state = self.state.clone();
+        if is_response(&req) && !state.live.lock().is_empty() {
+            // Perhaps a 2025-11-25 client's answer to an input request of a gateway task.
+            let mut inner = self.take_inner();
+            return Either::Right(Box::pin(async move {
+                if input::client_answer(&state, &req).await {
+                    return Ok(McpReply::accepted());
+                }
+                inner.call(req).await
+            }));
+        }
         match req.request_method() {
             Some("initialize") if req.era() == Era::Legacy => {
                 let mut inner = self.take_inner();
@@ -320,15 +346,16 @@ impl<S: McpService> tower::Service<McpRequest> for GatewayTasksService<S> {
                     Ok(reply)
                 }))
             }
-            Some("tools/call") if state.runs_tasks() && odd_task(&req) => {
+            Some("tools/call") if state.runs_tasks() && odd_task(&req).is_some() => {
                 // taskgate is this upstream's task server: the refusal of a malformed
                 // `params.task` is its to give (the server knows no `task` and would answer
                 // with an error about an unknown member, or run the call plainly).
+                let why = odd_task(&req).unwrap_or_default();
                 let reply = McpReply::era_error(
                     req.era(),
                     req.id(),
                     jsonrpc::INVALID_PARAMS,
-                    "tools/call: params.task must be an object ({} or {\"ttl\": <ms>})",
+                    &why,
                     LocalReason::GatewayTask,
                 );
                 Either::Right(Box::pin(std::future::ready(Ok(reply))))
@@ -368,11 +395,39 @@ fn asks_for_task(req: &McpRequest) -> bool {
     declares_tasks_extension(params.as_ref())
 }
 
-/// Whether a `tools/call` carries a `params.task` that is not an object (`[]`, `null`, `"x"`).
-fn odd_task(req: &McpRequest) -> bool {
-    req.classified()
-        .and_then(|c| c.param("task"))
-        .is_some_and(|raw| !raw.trim_start().starts_with('{'))
+/// Whether `req` is a POSTed JSON-RPC response (a result or an error).
+fn is_response(req: &McpRequest) -> bool {
+    matches!(&req.op, crate::exchange::Operation::Post(m)
+        if matches!(m.kind(), jsonrpc::Kind::Response | jsonrpc::Kind::Error))
+}
+
+/// Why a `tools/call`'s `params.task` cannot be taken (the `-32602` message), when it cannot:
+/// it is not an object (`[]`, `null`, `"x"`), or its `ttl` is neither absent, `null` nor a
+/// number of ms at least 0 (`"60000"`, `true`, `-1`: refused, not taken as the cap).
+fn odd_task(req: &McpRequest) -> Option<String> {
+    let raw = req.classified().and_then(|c| c.param("task"))?;
+    if !raw.trim_start().starts_with('{') {
+        return Some(
+            "tools/call: params.task must be an object ({} or {\"ttl\": <ms>})".to_string(),
+        );
+    }
+    let task = serde_json::from_str::<Value>(raw).ok()?;
+    match task.get("ttl") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) if n.as_f64().is_some_and(|f| f >= 0.0) => None,
+        Some(other) => {
+            let got = match other {
+                Value::Number(_) => "a negative number",
+                Value::String(_) => "a string",
+                Value::Bool(_) => "a boolean",
+                Value::Array(_) => "an array",
+                _ => "an object",
+            };
+            Some(format!(
+                "tools/call: params.task.ttl must be a number of milliseconds, at least 0 (got {got})"
+            ))
+        }
+    }
 }
 
 /// Whether a `tasks/*` request names a task taskgate runs (the record `tasks` authorised).

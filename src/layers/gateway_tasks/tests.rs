@@ -88,7 +88,8 @@ fn kept_outcomes_are_bounded_and_the_oldest_go_first() {
     let state = GatewayTasksState::new_for_tests();
     let max = state.registry.config().max_stored_result_bytes as usize;
     let big = json!({"content": [{"type": "text", "text": "x".repeat(max + 1)}]});
-    state.remember("big", Outcome::Result(Arc::new(big)));
+    let size = big.to_string().len();
+    state.remember("big", Outcome::Result(Arc::new(big)), size);
     assert!(
         state.outcome("big").is_none(),
         "larger than the record may keep"
@@ -97,6 +98,7 @@ fn kept_outcomes_are_bounded_and_the_oldest_go_first() {
         state.remember(
             &format!("t{i}"),
             Outcome::Error(Arc::new(json!({"code": 1}))),
+            10,
         );
     }
     assert!(state.outcome("t0").is_none(), "the oldest went");

@@ -5,7 +5,7 @@
 //! - `tools/call` with `params.task` (task-augmented): refused locally with [`TASK_LIMIT_EXCEEDED`]
 //!   when the owner already has `tasks.max_live_tasks_per_owner` live tasks on this upstream;
 //!   `params.task.ttl` above `tasks.max_ttl_ms` is lowered to it, one below [`MIN_TASK_TTL_MS`]
-//!   (0 included) raised to it. Otherwise the request goes on
+//!   (0 included) raised to it, a negative one refused `-32602`. Otherwise the request goes on
 //!   with a [`PendingCreation`] (the record template and the owner's reserved slot) from which
 //!   `observe` records the `CreateTaskResult` durably before the reply is passed on (the ttl the
 //!   upstream reports is capped the same way in the record, `null` meaning the cap, and the
@@ -247,6 +247,18 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
         return Err(unreadable(e));
     }
     let task_meta = serde_json::from_str::<Value>(task_text).map_err(unreadable)?;
+    if task_meta
+        .get("ttl")
+        .and_then(Value::as_f64)
+        .is_some_and(|t| t < 0.0)
+    {
+        // A duration below 0 is no ttl to bound: refused, not taken as the cap (issue 32).
+        return Err(McpReply::local_error(
+            Some(&id),
+            jsonrpc::INVALID_PARAMS,
+            "tools/call: params.task.ttl must be a number of milliseconds, at least 0 (got a negative number)",
+        ));
+    }
     let owner = req.ctx.caller().owner();
     let upstream = req.ctx.upstream.clone();
     let reserved = match registry.reserve_creation(&upstream, &owner).await {
@@ -509,6 +521,7 @@ fn template(req: &McpRequest, owner: Owner, tool: Option<String>) -> TaskRecord 
         tool_error: false,
         era: crate::mcp::era::Era::Legacy,
         terminal_result: None,
+        terminal_error: None,
         expires_at: 0,
         // The creating request's SERVER span, kept in the record (issue 34).
         trace_parent: req

@@ -1,0 +1,319 @@
+//! Input during a gateway task (2025-11-25 tasks: `input_required`; 2026-07-28 tasks extension
+//! §1.5 `input_required` and `tasks/update`): a request the server sends the client during the
+//! held call (`elicitation/create`, `sampling/createMessage`, `roots/list`) makes the task
+//! `input_required` and waits here, keyed `input-<n>` (unique over the task's life), for the
+//! client's answer; the answer goes upstream as the JSON-RPC response to the server's request
+//! (its id the server's, its `result` or `error` the client's), and once no request waits the
+//! task is `working` again. How each era's client sees and answers them:
+//!
+//! - 2025-11-25: on the `tasks/result` stream (the client calls it on `input_required`), each
+//!   request under an id taskgate mints, with the related-task `_meta` (`relay::Inputs`: keys
+//!   asked once, bounded per caller and upstream, only a declared capability asked); the
+//!   client's POSTed answer to that id, from the same caller, is taken by the layer (HTTP 202).
+//!   A request whose capability the client's session did not declare is answered to the server
+//!   `-32601` saying so (the task goes on). The stream also carries a
+//!   `notifications/tasks/status` for each status change it sees, then the `tasks/result`
+//!   answer last.
+//! - 2026-07-28: `tasks/get` shows `inputRequests` (`{key: {method, params}}`, every waiting
+//!   one); `tasks/update` with `inputResponses` (`{key: result}`) answers them (unknown or
+//!   answered keys ignored), acknowledged `{"resultType":"complete"}`.
+//!
+//! Bounds: at most [`MAX_WAITING`] requests wait per task (one more is answered `-32603` to the
+//! server); waiting requests die with the held call (the task is terminal).
+
+use super::{GatewayTasksState, Live};
+use crate::exchange::McpRequest;
+use crate::jsonrpc;
+use crate::layers::extensions::SessionView;
+use crate::layers::relay::input::{capability_for, Ask};
+use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
+use crate::sse::Event;
+use crate::store::TaskRecord;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+
+/// Most of the server's requests that wait for the client's answer, per gateway task.
+pub const MAX_WAITING: usize = crate::layers::relay::input::MAX_KEYS_PER_TASK;
+
+/// One request of the server's waiting for the client's answer.
+#[derive(Debug, Clone)]
+struct Waiting {
+    key: String,
+    /// The server's request id (JSON), the id its answer goes under.
+    upstream_id: Value,
+    method: String,
+    params: Value,
+}
+
+/// The input side of one held call.
+pub(super) struct CallInput {
+    waiting: Mutex<Vec<Waiting>>,
+    next: AtomicU64,
+    /// Bumped when a request arrives.
+    changed: watch::Sender<u64>,
+    /// Answers (whole JSON-RPC responses) for the held call to send upstream.
+    to_upstream: mpsc::Sender<Bytes>,
+}
+
+/// Why a server's request is not kept for the client.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum NotKept {
+    /// Not a method whose answer a client gives (`ping` is answered by taskgate).
+    Method,
+    /// [`MAX_WAITING`] wait already.
+    Full,
+}
+
+impl CallInput {
+    /// The input side of a held call whose answers go on `to_upstream`.
+    pub(super) fn new(to_upstream: mpsc::Sender<Bytes>) -> CallInput {
+        CallInput {
+            waiting: Mutex::new(Vec::new()),
+            next: AtomicU64::new(1),
+            changed: watch::channel(0).0,
+            to_upstream,
+        }
+    }
+
+    /// Keeps the server's request `id` → `method` / `params` for the client; its key. The
+    /// `tasks/result` streams learn of it on [`CallInput::wake`] (after the caller has recorded
+    /// `input_required`, so that the stream shows that status with it).
+    pub(super) fn arrived(
+        &self,
+        id: &Value,
+        method: &str,
+        params: Value,
+    ) -> Result<String, NotKept> {
+        capability_for(method).ok_or(NotKept::Method)?;
+        let key = {
+            let mut waiting = self.waiting.lock();
+            if waiting.len() >= MAX_WAITING {
+                return Err(NotKept::Full);
+            }
+            let key = format!("input-{}", self.next.fetch_add(1, Ordering::Relaxed));
+            waiting.push(Waiting {
+                key: key.clone(),
+                upstream_id: id.clone(),
+                method: method.to_string(),
+                params,
+            });
+            key
+        };
+        Ok(key)
+    }
+
+    /// Wakes the `tasks/result` streams (a request arrived, or the status changed).
+    pub(super) fn wake(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// The 2026-07-28 `inputRequests` of the waiting requests (`None` when none waits).
+    pub(super) fn input_requests(&self) -> Option<Value> {
+        let waiting = self.waiting.lock();
+        (!waiting.is_empty()).then(|| {
+            let map: Map<String, Value> = waiting
+                .iter()
+                .map(|w| {
+                    let mut request = json!({ "method": w.method });
+                    if !w.params.is_null() {
+                        request["params"] = w.params.clone();
+                    }
+                    (w.key.clone(), request)
+                })
+                .collect();
+            Value::Object(map)
+        })
+    }
+
+    /// The waiting request `key`, taken, with the server's answer to it made of `answer`
+    /// (`Ok`: the client's `result`; `Err`: an `error` object); `None` when `key` does not wait.
+    fn answer(&self, key: &str, answer: Result<Value, Value>) -> Option<(String, Bytes, bool)> {
+        let (w, left) = {
+            let mut waiting = self.waiting.lock();
+            let at = waiting.iter().position(|w| w.key == key)?;
+            let w = waiting.remove(at);
+            (w, !waiting.is_empty())
+        };
+        let mut msg = json!({"jsonrpc": "2.0", "id": w.upstream_id});
+        match answer {
+            Ok(result) => msg["result"] = result,
+            Err(error) => msg["error"] = error,
+        }
+        Some((w.method, Bytes::from(msg.to_string()), left))
+    }
+}
+
+/// Answers the waiting request `key` of `task_id` with `answer` (see [`CallInput`]); when none
+/// waits any more, the task is `working` again. Returns whether `key` was waiting.
+pub(super) async fn answered(
+    state: &GatewayTasksState,
+    task_id: &str,
+    key: &str,
+    answer: Result<Value, Value>,
+) -> bool {
+    let Some(live) = state.live.lock().get(task_id).cloned() else {
+        return false;
+    };
+    let Some((method, bytes, left)) = live.input.answer(key, answer) else {
+        return false;
+    };
+    if live.input.to_upstream.try_send(bytes).is_err() {
+        tracing::warn!(task_id, key, "a client's answer to a gateway task's input request could not be passed to its held call (it ended)");
+    }
+    if !left && !*live.terminal.borrow() {
+        let report = json!({"status": "working", "lastUpdatedAt": format_rfc3339_ms(now_ms()),
+            "statusMessage": format!("the client answered {method}; working")});
+        state
+            .registry
+            .observe_task_as(
+                &live.upstream,
+                task_id,
+                report,
+                "gateway task input answered",
+            )
+            .await;
+        live.input.wake();
+    }
+    true
+}
+
+/// A 2025-11-25 client's POSTed answer to an input request taskgate sent it for a gateway task
+/// (see the module docs), relayed; `false` when `req` is no such answer.
+pub(super) async fn client_answer(state: &GatewayTasksState, req: &McpRequest) -> bool {
+    let crate::exchange::Operation::Post(msg) = &req.op else {
+        return false;
+    };
+    if !matches!(msg.kind(), jsonrpc::Kind::Response | jsonrpc::Kind::Error) {
+        return false;
+    }
+    let Some(pending) = msg
+        .id()
+        .and_then(|id| state.inputs.take(id, &req.ctx.caller()))
+    else {
+        return false;
+    };
+    let answer = msg.parse_as::<Value>().unwrap_or(Value::Null);
+    let answer = match (answer.get("result"), answer.get("error")) {
+        (Some(r), _) => Ok(r.clone()),
+        (None, Some(e)) => Err(e.clone()),
+        (None, None) => Err(
+            json!({"code": jsonrpc::INTERNAL_ERROR, "message": "the client's answer had neither result nor error"}),
+        ),
+    };
+    if !answered(state, &pending.task_id, &pending.key, answer).await {
+        tracing::info!(task_id = %pending.task_id, key = %pending.key, "a client's answer to an input request of a gateway task that no longer waits: dropped");
+    }
+    true
+}
+
+/// The 2026-07-28 `tasks/update` of a gateway task: each `inputResponses[key]` answers the
+/// waiting request `key` (unknown or answered keys ignored).
+pub(super) async fn update(state: &GatewayTasksState, task_id: &str, req: &McpRequest) {
+    let responses = req
+        .classified()
+        .and_then(|c| c.param("inputResponses"))
+        .and_then(|raw| serde_json::from_str::<Map<String, Value>>(raw).ok())
+        .unwrap_or_default();
+    for (key, value) in responses {
+        answered(state, task_id, &key, Ok(value)).await;
+    }
+}
+
+/// Capacity of the channel to a gateway task's `tasks/result` stream.
+const STREAM_CAPACITY: usize = 64;
+
+/// The 2025-11-25 `tasks/result` of a gateway task this process holds, not yet terminal: an
+/// SSE stream of its input requests and status changes, then `last` (the answer once the task
+/// is terminal, JSON-RPC text). Stops when the client goes away.
+pub(super) fn stream<F>(
+    state: Arc<GatewayTasksState>,
+    live: Arc<Live>,
+    record: Arc<TaskRecord>,
+    req: McpRequest,
+    last: F,
+) -> tokio::sync::mpsc::Receiver<Event>
+where
+    F: std::future::Future<Output = Bytes> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Event>(STREAM_CAPACITY);
+    tokio::spawn(async move {
+        let closed = tx.clone();
+        tokio::select! {
+            _ = closed.closed() => {}
+            _ = async {
+                if follow(&state, &live, &record, &req, &tx).await {
+                    let bytes = last.await;
+                    let _ = tx.send(Event::message(String::from_utf8_lossy(&bytes).into_owned())).await;
+                }
+            } => {}
+        }
+    });
+    rx
+}
+
+/// Sends the held call's input requests (asked through `relay::Inputs`) and status changes on
+/// `tx` until the task is terminal; `false` when the client went away.
+async fn follow(
+    state: &Arc<GatewayTasksState>,
+    live: &Live,
+    record: &TaskRecord,
+    req: &McpRequest,
+    tx: &mpsc::Sender<Event>,
+) -> bool {
+    let task_id = record.task_id.as_str();
+    let declared = req.extensions.get::<SessionView>().map(|v| v.client);
+    let declared = move |pointer: &str| declared.is_some_and(|c| c.has(pointer));
+    let mut changed = live.input.changed.subscribe();
+    let mut terminal = live.terminal.subscribe();
+    let mut status: Option<TaskStatus> = None;
+    loop {
+        // A status change seen here: `notifications/tasks/status` (2025-11-25, optional).
+        let now = state
+            .registry
+            .lookup(&record.upstream, task_id, &record.owner)
+            .await;
+        if let Some(record) = now {
+            if status != Some(record.status) {
+                status = Some(record.status);
+                let note = json!({"jsonrpc": "2.0", "method": "notifications/tasks/status",
+                    "params": serde_json::to_value(record.to_task()).unwrap_or_default()});
+                if tx.send(Event::message(note.to_string())).await.is_err() {
+                    return false;
+                }
+            }
+        }
+        let waiting = live.input.waiting.lock().clone();
+        for w in waiting {
+            let request = json!({"method": w.method, "params": w.params});
+            match state
+                .inputs
+                .ask(&declared, &req.ctx, task_id, &w.key, &request)
+            {
+                Ask::Already => {}
+                Ask::Send(message) => {
+                    if tx.send(Event::message(message)).await.is_err() {
+                        return false;
+                    }
+                }
+                Ask::Unsupported(method) => {
+                    let error = json!({"code": jsonrpc::METHOD_NOT_FOUND, "message": format!("{method}: the client did not declare the capability it needs, so taskgate cannot ask it")});
+                    answered(state, task_id, &w.key, Err(error)).await;
+                }
+            }
+        }
+        if *terminal.borrow() {
+            return true;
+        }
+        let woken = tokio::select! {
+            r = changed.changed() => r.is_ok(),
+            _ = terminal.wait_for(|t| *t) => true,
+        };
+        if !woken {
+            let _ = terminal.wait_for(|t| *t).await;
+        }
+    }
+}
