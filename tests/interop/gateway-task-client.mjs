@@ -14,12 +14,15 @@
 // (a JSON-RPC error) ends failed and tasks/result rejects with the server's error; `oops`
 // (isError) ends completed with that result; tasks/cancel of a working `slow` answers cancelled,
 // which stays, while the server saw the cancel (its abort signal: `stats.aborted` grows); a
-// second cancel and unknown ids get -32602.
+// second cancel and unknown ids get -32602. Then input (a second client that declares
+// capabilities.elicitation, callToolStream): `ask` makes the task input_required, the
+// server's elicitation/create reaches the client on the tasks/result stream with related-task
+// _meta, the client's answer reaches the server, and the result carries it.
 
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { InMemoryTaskStore } from '@modelcontextprotocol/sdk/experimental/tasks';
-import { CallToolResultSchema, CreateTaskResultSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
+import { CallToolResultSchema, CreateTaskResultSchema, ElicitRequestSchema, McpError } from '@modelcontextprotocol/sdk/types.js';
 import { parseArgs, sleep, withTimeout } from './lib.mjs';
 
 const RELATED_TASK = 'io.modelcontextprotocol/related-task';
@@ -180,9 +183,44 @@ async function lifecycle() {
     await client.close().catch(() => {});
 }
 
+// Input during a gateway task: the SDK's own task flow (callToolStream polls tasks/get; on
+// input_required it calls tasks/result, whose stream carries the server's request).
+async function input() {
+    const asker = new Client({ name: 'taskgate-interop-gateway-task-asker', version: '1.0.0' }, { capabilities: { elicitation: {} } });
+    const asked = [];
+    asker.setRequestHandler(ElicitRequestSchema, async request => {
+        asked.push(request.params);
+        return { action: 'accept', content: { ok: true } };
+    });
+    const t = new StreamableHTTPClientTransport(new URL(url));
+    await withTimeout(asker.connect(t, req), 15000, 'initialize (asker)');
+    const statuses = [];
+    let result;
+    let taskId;
+    const stream = asker.experimental.tasks.callToolStream({ name: 'ask', arguments: {} }, CallToolResultSchema, { ...req, task: { ttl: 60000 } });
+    for await (const m of stream) {
+        if (m.type === 'taskCreated') taskId = m.task.taskId;
+        if (m.type === 'taskStatus' && statuses.at(-1) !== m.task.status) statuses.push(m.task.status);
+        if (m.type === 'result') result = m.result;
+        if (m.type === 'error') throw m.error;
+    }
+    check('input-required-seen', statuses.includes('input_required'), { statuses });
+    check(
+        'input-request-related-task',
+        asked.length === 1 && asked[0]?.message === 'Proceed?' && asked[0]?._meta?.[RELATED_TASK]?.taskId === taskId,
+        { asked }
+    );
+    check('input-answer-reached-the-server', result?.content?.[0]?.text === 'ask: accept {"ok":true}', { result });
+    const after = await asker.experimental.tasks.getTask(taskId, req);
+    check('input-task-completed', after.status === 'completed', { task: after });
+    await t.terminateSession().catch(() => {});
+    await asker.close().catch(() => {});
+}
+
 const started = Date.now();
 try {
     await withTimeout(lifecycle(), opts['timeout-ms'], 'whole gateway task lifecycle');
+    await step('input', () => withTimeout(input(), 30000, 'input during a gateway task'));
 } catch (error) {
     check('lifecycle-finished', false, { error: describeError(error) });
 }

@@ -14,11 +14,13 @@
 //   fail      a JSON-RPC error (-32000 "fail: it broke"), thrown from the handler
 //   oops      a CallToolResult {isError:true}
 //   stats     {started, aborted, finished} of `slow` so far, as JSON text (a plain call)
+//   ask       asks the client (elicitation/create, "Proceed?", {ok: boolean}) during the call,
+//             then answers "ask: <action> <content as JSON>" (the client's answer, as it came)
 
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import { createMcpExpressApp } from '@modelcontextprotocol/sdk/server/express.js';
-import { CallToolRequestSchema, ListToolsRequestSchema, McpError, isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
+import { CallToolRequestSchema, ElicitResultSchema, ListToolsRequestSchema, McpError, isInitializeRequest } from '@modelcontextprotocol/sdk/types.js';
 import { listenAndAnnounce, newSessionId, parseArgs, sendJsonRpcHttpError, sleep } from './lib.mjs';
 
 const args = parseArgs(process.argv.slice(2), { port: Number(process.env.PORT ?? 0) });
@@ -34,7 +36,8 @@ function buildServer() {
             { name: 'slow', description: 'Steps with progress; honours cancellation', inputSchema: object },
             { name: 'fail', description: 'Answers a JSON-RPC error', inputSchema: object },
             { name: 'oops', description: 'Answers an isError result', inputSchema: object },
-            { name: 'stats', description: 'Counts of slow calls', inputSchema: object }
+            { name: 'stats', description: 'Counts of slow calls', inputSchema: object },
+            { name: 'ask', description: 'Asks the client (elicitation) during the call', inputSchema: object }
         ]
     }));
     server.setRequestHandler(CallToolRequestSchema, async (request, extra) => {
@@ -68,6 +71,18 @@ function buildServer() {
                 return { content: [text('oops: bad input')], isError: true };
             case 'stats':
                 return { content: [text(JSON.stringify(stats))] };
+            case 'ask': {
+                const answer = await extra.sendRequest(
+                    {
+                        method: 'elicitation/create',
+                        params: { message: 'Proceed?', requestedSchema: { type: 'object', properties: { ok: { type: 'boolean' } } } }
+                    },
+                    ElicitResultSchema,
+                    { timeout: 30000 }
+                );
+                log(`ask: the client answered ${answer.action}`);
+                return { content: [text(`ask: ${answer.action} ${JSON.stringify(answer.content ?? {})}`)] };
+            }
             default:
                 throw new McpError(-32602, `unknown tool ${name}`);
         }

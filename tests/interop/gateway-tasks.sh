@@ -7,12 +7,15 @@
 #
 # Upstream: gateway-task-server.mjs (TypeScript SDK 1.32.2 low-level Server, no
 # capabilities.tasks: `slow` streams progress and honours the abort signal, `fail` answers a
-# JSON-RPC error, `oops` an isError result, `stats` counts started/aborted/finished calls).
+# JSON-RPC error, `oops` an isError result, `stats` counts started/aborted/finished calls, `ask`
+# asks the client by elicitation/create during the call).
 # Clients, one after the other on one taskgate: gateway-task-client.mjs (TypeScript SDK 1.32.2)
 # and py_gateway_task_client.py (Python mcp 1.30.0; skipped with INTEROP_SKIP_PYTHON=1): the whole
 # 2025-11-25 lifecycle (capabilities, optional taskSupport, create, tasks/get with the progress
 # message, tasks/list, tasks/result blocking, failed on a JSON-RPC error, completed on isError,
-# cancel: cancelled at once and the server's handler aborted, -32602 afterwards). Then
+# cancel: cancelled at once and the server's handler aborted, -32602 afterwards; the TS client
+# also input: `ask` makes the task input_required, the elicitation reaches the client on the
+# tasks/result stream with related-task _meta, its answer reaches the server). Then
 # taskgate's /metrics must show every cancelled task released (taskgate_tasks_cancelled_unreleased
 # back to 0, one taskgate_cancelled_to_released_seconds sample per client's cancel).
 #

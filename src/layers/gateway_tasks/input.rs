@@ -166,7 +166,7 @@ pub(super) async fn answered(
     }
     if !left && !*live.terminal.borrow() {
         let report = json!({"status": "working", "lastUpdatedAt": format_rfc3339_ms(now_ms()),
-            "statusMessage": format!("the client answered {method}; working")});
+            "statusMessage": format!("the client answered {method}")});
         state
             .registry
             .observe_task_as(
