@@ -839,3 +839,28 @@ async fn an_unanswered_discovery_leaves_both_bridges_undecided() {
         "no 2025 session held for the 2026 client"
     );
 }
+
+/// A 2026-07-28 `tools/call` that still carries the 2025 `params.task` (the conformance suite's
+/// `sep-2663-legacy-task-param-ignored` sends one to a plain tool) is not made a 2025 task:
+/// 2026-07-28 servers ignore the member, so taskgate sends the plain tool's call without it and
+/// the client gets the plain result (`resultType:"complete"`), not a `CreateTaskResult` it
+/// cannot read.
+#[tokio::test]
+async fn a_legacy_task_param_is_ignored() {
+    let up = legacy_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let (status, v) = send(modern_req(
+        &url,
+        None,
+        1,
+        "tools/call",
+        json!({"name": "plain", "arguments": {}, "task": {"ttl": 60000}, "_meta": meta(true)}),
+    ))
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    assert!(v["result"].get("taskId").is_none(), "{v}");
+    let sent = &bodies(&up, "tools/call")[0];
+    assert!(sent["params"].get("task").is_none(), "{sent}");
+}

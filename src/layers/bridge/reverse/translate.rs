@@ -28,8 +28,10 @@ pub const DISCOVER_TTL_MS: u64 = 60_000;
 
 /// The 2025-11-25 params of a 2026-07-28 request's `params`: `_meta` without the
 /// [`PROTOCOL_META_PREFIX`] keys (removed altogether when nothing is left), `inputResponses`
-/// and `requestState` (MRTR, which a 2025 server does not have) removed, everything else as it
-/// came. Not an object: an empty object.
+/// and `requestState` (MRTR, which a 2025 server does not have) removed, and `task` (a 2025
+/// task augmentation a 2026-07-28 client may still send: 2026-07-28 tasks §creation says the
+/// server ignores it, so it must not make the 2025 upstream create a task; the bridge adds its
+/// own for a task tool) removed, everything else as it came. Not an object: an empty object.
 pub fn legacy_params(params: Option<&Value>) -> Map<String, Value> {
     let mut out = match params {
         Some(Value::Object(m)) => m.clone(),
@@ -37,6 +39,7 @@ pub fn legacy_params(params: Option<&Value>) -> Map<String, Value> {
     };
     out.remove("inputResponses");
     out.remove("requestState");
+    out.remove("task");
     if let Some(Value::Object(meta)) = out.get_mut("_meta") {
         meta.retain(|k, _| !k.starts_with(PROTOCOL_META_PREFIX));
         if meta.is_empty() {
@@ -253,7 +256,7 @@ mod tests {
     fn protocol_meta_goes_and_the_rest_stays() {
         let p = json!({"name":"t","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",
             "io.modelcontextprotocol/clientCapabilities":{},"traceparent":"00-ab-cd-01","progressToken":4},
-            "requestState":"x","inputResponses":{}});
+            "requestState":"x","inputResponses":{},"task":{"ttl":1000}});
         let out = legacy_params(Some(&p));
         assert_eq!(
             Value::Object(out),
