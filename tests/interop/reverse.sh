@@ -25,6 +25,13 @@
 #            the result inline, a failed task's content, cancel acked, cancelled, the cancel of a
 #            terminal task acked). Built here with `cargo build --locked` in its own target dir
 #            (about 1.5 min with the crates already downloaded); TASKGATE_INTEROP_RMCP=0 leaves it out.
+# Conformance (conformance-next, 0.2.0-alpha.12, Node 22): its tasks-* server scenarios, one run per
+# scenario, against the 2026 fixture direct (modern_task_server.py, FastMCP 4.1.4 + fastmcp-tasks)
+# and through taskgate against reverse-fixture.mjs (the same tools as 2025-11-25 tasks on the
+# TypeScript SDK 1.32.2). Every check must have the direct status, except those listed in
+# reverse-conformance-differences.txt (`check-id  # why`), which must fail through taskgate
+# (reverse-conformance-compare.py; a listed check that passes fails the step: remove it then).
+#
 # Directly a 1.x server refuses every stateless request (no Mcp-Session-Id) and FastMCP falls back
 # to a 2025 session whose tasks its client cannot use: the direct counts are written to
 # DIR/reverse/counts.txt, step by step beside the route through taskgate
@@ -93,6 +100,7 @@ fi
 
 # ---- upstreams and gateways ----------------------------------------------------------------------
 SERVERS=(ts py)
+CONFORMANCE="$HERE/node_modules/conformance-next/dist/index.js"
 ROUTES=(direct)
 [[ "$BIN" != none ]] && ROUTES+=(via)
 declare -A URL=()
@@ -111,6 +119,10 @@ for pair in "${PAIRS[@]}"; do
     # shellcheck disable=SC2046
     start "up-$pair" $(server_cmd "${pair%%-*}")
 done
+if [[ "$BIN" != none ]]; then
+    start fixture-2026 "$PY_MODERN" "$HERE/modern_task_server.py" --port 0
+    start fixture-2025 "$NODE22" "$HERE/reverse-fixture.mjs" --port 0
+fi
 for pair in "${PAIRS[@]}"; do
     wait_ready "up-$pair" 60 || exit 1
 done
@@ -138,6 +150,13 @@ if [[ "$BIN" != none ]]; then
     done
     wait_ready taskgate-bearer 60 || exit 1
     URL[ts-bearer]="http://$(field taskgate-bearer listening.gateway)/mcp/up"
+    wait_ready fixture-2026 90 || exit 1
+    wait_ready fixture-2025 60 || exit 1
+    config taskgate-conformance $'[auth]\nmode = "none"\n' "$(field fixture-2025 listening)" >"$WORK/taskgate-conformance.toml"
+    start taskgate-conformance "$BIN" serve --config "$WORK/taskgate-conformance.toml"
+    wait_ready taskgate-conformance 60 || exit 1
+    URL[conformance-direct]=$(field fixture-2026 listening)
+    URL[conformance-via]="http://$(field taskgate-conformance listening.gateway)/mcp/up"
 fi
 
 # ---- clients --------------------------------------------------------------------------------------
@@ -187,6 +206,23 @@ EOF
 done
 [[ "$BIN" != none ]] && run_client raw ts bearer
 
+# ---- conformance-next tasks-* through the reverse bridge -----------------------------------------
+if [[ "$BIN" != none ]]; then
+    mapfile -t SCENARIOS < <("$NODE22" "$CONFORMANCE" list --server 2>/dev/null | sed -n 's/^ *- \(tasks-[a-z0-9-]*\).*/\1/p')
+    for route in direct via; do
+        for scenario in "${SCENARIOS[@]}"; do
+            log "conformance $scenario: $route ${URL[conformance-$route]}"
+            run_fg timeout 120 "$NODE22" "$CONFORMANCE" server --url "${URL[conformance-$route]}" --scenario "$scenario" \
+                >"$WORK/conformance-$route-$scenario.log" 2>&1
+        done
+    done
+    python3 "$HERE/reverse-conformance-compare.py" "$WORK" "$HERE/reverse-conformance-differences.txt" "${SCENARIOS[@]}" \
+        >"$WORK/conformance-report.txt"
+    rc=$?
+    sed 's/^/  /' "$WORK/conformance-report.txt"
+    result "conformance-next tasks-* through the reverse bridge = the 2026 fixture direct (differences explained)" $rc
+fi
+
 for name in "${!PID[@]}"; do
     if ! kill -0 "${PID[$name]}" 2>/dev/null; then
         echo "FAIL $name exited during the run; stderr tail:"
@@ -198,5 +234,6 @@ echo
 echo "== reverse bridge (issue 33) =="
 cat "$WORK/counts.txt"
 cat "$WORK/steps.txt"
+[[ -f "$WORK/conformance-report.txt" ]] && cat "$WORK/conformance-report.txt"
 cat "$WORK/results.txt"
 exit $STATUS
