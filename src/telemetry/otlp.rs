@@ -17,7 +17,7 @@ use super::semconv;
 use super::span::{Record, SpanName, Target};
 use opentelemetry::trace::{SpanContext, SpanKind};
 use opentelemetry::Value;
-use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
+use prost::encoding::{encoded_len_varint, WireType};
 use std::time::SystemTime;
 
 /// `SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK`: the next bit says whether it is remote.
@@ -64,6 +64,7 @@ impl Encoder {
         scope_spans.extend_from_slice(&self.scope);
         for record in records {
             self.span.clear();
+            self.span.reserve(1024);
             write_span(&mut self.span, record);
             message(&mut scope_spans, 2, &self.span);
         }
@@ -183,6 +184,21 @@ fn link_fields(out: &mut Vec<u8>, link: &SpanContext) {
         | if link.is_remote() { IS_REMOTE } else { 0 };
     encode_key(6, WireType::ThirtyTwoBit, out);
     out.extend_from_slice(&flags.to_le_bytes());
+}
+
+/// A varint pushed straight onto the `Vec` (prost's `encode_varint` goes through `BufMut`, a
+/// capacity check per byte: measured, callgrind, a quarter of the encoder's instructions).
+fn encode_varint(mut value: u64, out: &mut Vec<u8>) {
+    while value >= 0x80 {
+        out.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// A field's key: its tag and wire type.
+fn encode_key(tag: u32, wire: WireType, out: &mut Vec<u8>) {
+    encode_varint(u64::from(tag) << 3 | wire as u64, out);
 }
 
 fn nanos(t: SystemTime) -> u64 {
