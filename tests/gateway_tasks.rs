@@ -641,6 +641,69 @@ async fn a_2026_input_request_is_shown_and_answered_with_tasks_update() {
     assert_eq!(done["result"]["result"]["content"][0]["text"], "done");
 }
 
+/// 2026-07-28 input on a 2025-11-25 server (the reverse bridge carries the held call): the
+/// server's `elicitation/create` on the call's stream is not dropped but becomes the task's
+/// `inputRequests`, and the `tasks/update` answer reaches the server under its own id.
+#[tokio::test]
+async fn a_2026_input_request_crosses_the_reverse_bridge() {
+    let gate = Gate::new();
+    let up = Upstream::start(no_tasks_server(gate.clone())).await;
+    let tg = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .upstream_line("tasks = \"gateway\"")
+        .upstream_line("protocol = \"2025-11-25\"")
+        .tasks("release_quiet_ms = 100")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "ask").await;
+    assert!(
+        up.wait_for_method("initialize", 1, STEP).await,
+        "a 2025 session upstream"
+    );
+    let waiting = eventually(STEP, || async {
+        let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+        (v["result"]["status"] == "input_required").then_some(v)
+    })
+    .await
+    .expect("the server's request reached the task");
+    let key = waiting["result"]["inputRequests"]
+        .as_object()
+        .and_then(|m| m.keys().next().cloned())
+        .unwrap_or_else(|| panic!("inputRequests: {waiting}"));
+    let update = modern_req(
+        &url,
+        None,
+        3,
+        "tasks/update",
+        json!({"taskId": t, "inputResponses": {key: {"action": "decline"}}}),
+    );
+    let (status, ack) = send(update).await;
+    assert_eq!(status, 200, "{ack}");
+    let relayed = eventually(STEP, || async {
+        up.requests().into_iter().find(|r| {
+            let v = r.json();
+            v["id"] == "elicit-1" && v.get("method").is_none()
+        })
+    })
+    .await
+    .expect("the answer went upstream on the session, under the server's id");
+    let v = relayed.json();
+    assert_eq!(v["result"]["action"], "decline", "{v}");
+    assert!(
+        relayed.header("mcp-session-id").is_some(),
+        "on the upstream session"
+    );
+    gate.open();
+    let done = eventually(STEP, || async {
+        let (_, v) = task_call(&url, None, 4, "tasks/get", &t).await;
+        (v["result"]["status"] == "completed").then_some(v)
+    })
+    .await
+    .expect("completed");
+    assert_eq!(done["result"]["result"]["content"][0]["text"], "done");
+}
+
 /// A server that heeds `notifications/cancelled` by never answering and keeps its stream open
 /// (the TypeScript SDK does) does not keep the held call, and its connection, until the task's
 /// ttl: taskgate closes it after `CANCELLED_CALL_GRACE` (5 s), and the task is released then,

@@ -40,6 +40,11 @@
 //!   cancel of an upgraded task orphaned by a restart): `tasks` authorises it as the record's
 //!   owner instead of the (absent) client's.
 
+//! - [`RelaysUpstreamRequests`]: set by `gateway_tasks` on the plain `tools/call` it holds for
+//!   a 2026-07-28 client's gateway task, and on the answers to the server's requests it sends
+//!   in that call's context: the reverse bridge passes the server's requests on that call's
+//!   stream (it drops them for other 2026 calls) and sends those answers on the caller's
+//!   upstream session (it drops a 2026 client's responses otherwise).
 //! - [`PlainAnswerIsTask`], [`AckIsCancelled`]: set by `bridge` on the 2026-07-28 `tools/call`
 //!   and `tasks/cancel` it sends for a 2025-11-25 client: how `observe` is to read their answers
 //!   (a plain result is a `completed` task; an ack is the task `cancelled`). Each carries the
@@ -316,6 +321,12 @@ pub struct HoldSession {
     /// added to the answer.
     pub modern_tasks: bool,
 }
+
+/// Policy down, set by `gateway_tasks` (see the module docs): the server's requests during a
+/// gateway task's held call, and the client's answers to them, go through the reverse bridge
+/// (issue 32: input during a gateway task, 2026-07-28 client on a 2025-11-25 server).
+#[derive(Debug, Clone, Copy)]
+pub struct RelaysUpstreamRequests;
 
 /// Fact down, set by `held_sessions`: the input capabilities (`elicitation`, `sampling`,
 /// `roots`, MCP 2025-11-25 client capabilities) the client declared in its `initialize`, as

@@ -19,9 +19,15 @@
 # taskgate's /metrics must show every cancelled task released (taskgate_tasks_cancelled_unreleased
 # back to 0, one taskgate_cancelled_to_released_seconds sample per client's cancel).
 #
+# Then gateway_task_fastmcp_client.py (fastmcp 4.1.4 + fastmcp-tasks 4.1.4, a 2026-07-28 client,
+# in .venv-modern; skipped with INTEROP_SKIP_PYTHON=1): the 2026 lifecycle through taskgate and
+# its reverse bridge (create, tasks/get, result, failed, input as inputRequests answered by
+# tasks/update, cancel reaching the server's handler).
+#
 # Results: DIR/gateway-tasks/results.txt, `PASS|FAIL step` lines; exit 0 only when all passed.
 # Environment: INTEROP_WORK=DIR (logs; default a new /tmp dir), INTEROP_SKIP_PYTHON=1,
-# INTEROP_VENV=DIR (the Python venv run.sh makes; default tests/interop/.venv).
+# INTEROP_VENV=DIR (the Python venv run.sh makes; default tests/interop/.venv), INTEROP_VENV_MODERN=DIR
+# (the fastmcp 4 venv run.sh makes from requirements-modern.txt; default tests/interop/.venv-modern).
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -43,6 +49,9 @@ NODE22="$HERE/node_modules/node/bin/node"
 VENV=${INTEROP_VENV:-$HERE/.venv}
 PYTHON_ON=1
 [[ "${INTEROP_SKIP_PYTHON:-0}" == 1 || ! -x "$VENV/bin/python" ]] && PYTHON_ON=0
+VENV_MODERN=${INTEROP_VENV_MODERN:-$HERE/.venv-modern}
+MODERN_ON=1
+[[ "${INTEROP_SKIP_PYTHON:-0}" == 1 || ! -x "$VENV_MODERN/bin/python" ]] && MODERN_ON=0
 : >"$WORK/results.txt"
 
 # shellcheck source=procs.sh
@@ -76,6 +85,17 @@ if [[ $PYTHON_ON == 1 ]]; then
     cancels=$((cancels + 1))
 else
     log "SKIP py_gateway_task_client (no $VENV or INTEROP_SKIP_PYTHON=1)"
+fi
+if [[ $MODERN_ON == 1 ]]; then
+    log "gateway_task_fastmcp_client (fastmcp 4.1.4 + fastmcp-tasks 4.1.4, 2026-07-28): $URL"
+    run_fg timeout 180 "$VENV_MODERN/bin/python" "$HERE/gateway_task_fastmcp_client.py" "$URL" --label fastmcp --json "$WORK/fastmcp-client.json" >"$WORK/fastmcp-client.out" 2>"$WORK/fastmcp-client.err"
+    rc=$?
+    cat "$WORK/fastmcp-client.out"
+    [[ $rc == 0 ]] || tail -n 20 "$WORK/fastmcp-client.err"
+    result "gateway_task_fastmcp_client (fastmcp 4.1.4 + fastmcp-tasks 4.1.4 2026-07-28 client, TS SDK server without tasks, tasks = \"gateway\")" $rc
+    cancels=$((cancels + 1))
+else
+    log "SKIP gateway_task_fastmcp_client (no $VENV_MODERN or INTEROP_SKIP_PYTHON=1)"
 fi
 
 # Every cancelled task is released once the server's aborted handler has answered (bounded wait).

@@ -6,7 +6,7 @@ use super::answers::{create_result, detailed_task, id_value, with_related_task};
 use super::{GatewayTasksState, Live, Outcome, POLL_INTERVAL_MS};
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, splice, Id, Message};
-use crate::layers::extensions::PendingCreation;
+use crate::layers::extensions::{PendingCreation, RelaysUpstreamRequests};
 use crate::layers::relay::read_to_answer;
 use crate::layers::McpService;
 use crate::mcp::era::Era;
@@ -141,6 +141,9 @@ pub(super) async fn create<S: McpService>(
     req.op = Operation::Post(plain);
     // The task's expiry bounds the held call; no upstream timeout (a tool may run for minutes).
     req.extensions.insert(Deadline::Unbounded);
+    // The server's requests during the call reach this layer, and its answers the server, also
+    // through the reverse bridge (a 2026-07-28 client on a 2025-11-25 server).
+    req.extensions.insert(RelaysUpstreamRequests);
     let held = Held {
         state: state.clone(),
         record,

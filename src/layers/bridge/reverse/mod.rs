@@ -64,7 +64,10 @@
 //!   any forwarded request): `notifications/cancelled` upstream on the same session, naming the
 //!   request id the upstream got (2026-07-28 transports: closing the stream is the cancel).
 //! - notifications: sent on the session as they are (`_meta` cleaned); responses a client
-//!   POSTs: 202, dropped (no upstream request of this bridge asks a 2026 client anything).
+//!   POSTs: 202, dropped (no upstream request of this bridge asks a 2026 client anything),
+//!   except those `gateway_tasks` sends for a gateway task's held call
+//!   ([`RelaysUpstreamRequests`]: the answers to the server's requests on that call's stream,
+//!   which this layer then keeps): sent on the caller's session as they are.
 //! - GET and DELETE: 405 (2026-07-28 has no standalone stream and no sessions).
 //!
 //! **Errors**: an upstream session that cannot be opened is `-32603` naming why; an exchange
@@ -84,7 +87,7 @@ use super::answer::answer_of;
 use super::era::{Discovery, UpstreamEra};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind, Message};
-use crate::layers::extensions::{AuthorisedTask, PendingCreation};
+use crate::layers::extensions::{AuthorisedTask, PendingCreation, RelaysUpstreamRequests};
 use crate::layers::relay::OwnIds;
 use crate::layers::McpService;
 use crate::mcp::capabilities::declares_tasks_extension;
@@ -252,6 +255,15 @@ async fn bridge<S: McpService>(
         }
     };
     match msg.kind() {
+        Kind::Response | Kind::Error
+            if req.extensions.get::<RelaysUpstreamRequests>().is_some() =>
+        {
+            // A client's answer to the server's request during a gateway task's held call
+            // (`gateway_tasks`): to the server, on the caller's session, as it is.
+            let body = msg.parse_as::<Value>().unwrap_or(Value::Null);
+            let _ = send(state, &inner, &req, &body, On::Caller, &|_, _| {}).await;
+            return Ok(McpReply::accepted().answered_locally(LocalReason::HeldUpstreamSession));
+        }
         Kind::Response | Kind::Error => {
             return Ok(McpReply::accepted().answered_locally(LocalReason::HeldUpstreamSession))
         }
@@ -569,9 +581,17 @@ enum Relayed {
 /// An upstream reply passed to the 2026 client: the answer to `own` under the client's `id`
 /// (its result through `complete_result`, or `cacheable_result` for a `method` whose 2026
 /// result carries caching hints), notifications as they came, the upstream's own
-/// requests dropped (2026-07-28 has none), HTTP errors as they came. `cancel` is disarmed once
+/// requests dropped (2026-07-28 has none; kept when `keep_requests`, for a gateway task's held
+/// call: [`RelaysUpstreamRequests`]), HTTP errors as they came. `cancel` is disarmed once
 /// the answer has passed (before that, the client going away cancels the request upstream).
-fn relay(reply: McpReply, own: Id, id: Id, method: &str, mut cancel: CancelOnDrop) -> McpReply {
+fn relay(
+    reply: McpReply,
+    own: Id,
+    id: Id,
+    method: &str,
+    mut cancel: CancelOnDrop,
+    keep_requests: bool,
+) -> McpReply {
     let result_of: fn(&Value) -> Value = if translate::carries_cache_hints(method) {
         translate::cacheable_result
     } else {
@@ -589,8 +609,8 @@ fn relay(reply: McpReply, own: Id, id: Id, method: &str, mut cancel: CancelOnDro
         };
         if v.get("method").is_some() {
             return match v.get("id") {
-                Some(_) => Relayed::Drop,
-                None => Relayed::Keep,
+                Some(_) if !keep_requests => Relayed::Drop,
+                _ => Relayed::Keep,
             };
         }
         if v.get("id").map(|i| i.to_string()).as_deref() != Some(own.as_json()) {
@@ -716,7 +736,10 @@ async fn forward<S: McpService>(
     };
     let mut cancel = CancelOnDrop::new(&inner, note);
     match send(state, &inner, req, &body, On::Caller, &prepare).await {
-        Ok(Ok(reply)) => Ok(relay(reply, own, id.clone(), method, cancel)),
+        Ok(Ok(reply)) => {
+            let keep = req.extensions.get::<RelaysUpstreamRequests>().is_some();
+            Ok(relay(reply, own, id.clone(), method, cancel, keep))
+        }
         Ok(Err(NoSession(reply))) => {
             cancel.disarm();
             Ok(reply)
