@@ -864,3 +864,50 @@ async fn a_legacy_task_param_is_ignored() {
     let sent = &bodies(&up, "tools/call")[0];
     assert!(sent["params"].get("task").is_none(), "{sent}");
 }
+
+/// `tasks/update` whose `inputResponses` is not an object (an array) is refused `-32602`
+/// (HTTP 400) under the client's id, not acknowledged as if it had answered something; an
+/// object of answers is still acknowledged.
+#[tokio::test]
+async fn an_input_responses_array_is_refused() {
+    let up = legacy_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().expect("a task").to_string();
+    let update = |id: u64, responses: Value| {
+        send(modern_req(
+            &url,
+            None,
+            id,
+            "tasks/update",
+            json!({"taskId": t, "inputResponses": responses, "_meta": meta(true)}),
+        ))
+    };
+    let (status, v) = update(2, json!([1, 2])).await;
+    assert_eq!((status, err_code(&v)), (400, -32602), "{v}");
+    assert_eq!(v["id"], 2, "{v}");
+    let (status, v) = update(3, json!({"unknown-key": {"action": "decline"}})).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+}
+
+/// `subscriptions/listen` on a 2025-11-25-only upstream is a method the bridged server does
+/// not have: `-32601` with HTTP 404 (2026-07-28 transport: an unknown method), answered by
+/// taskgate, not the upstream's `-32601` under HTTP 200.
+#[tokio::test]
+async fn subscriptions_listen_is_an_unknown_method_404() {
+    let up = legacy_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (status, v) = send(modern_req(
+        &tg.mcp_url(),
+        None,
+        1,
+        "subscriptions/listen",
+        json!({"notifications": {"toolsListChanged": true}, "_meta": meta(true)}),
+    ))
+    .await;
+    assert_eq!((status, err_code(&v)), (404, -32601), "{v}");
+    assert_eq!(v["id"], 1, "{v}");
+    assert_eq!(up.count("subscriptions/listen"), 0, "nothing upstream");
+}

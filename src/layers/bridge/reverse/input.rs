@@ -5,8 +5,8 @@
 //!
 //! When the upstream reports a task `input_required`, the reverse bridge opens one upstream
 //! `tasks/result` for it on the task's session and reads it in the background: each request of
-//! the upstream's on that stream is kept here under a key (its JSON-RPC id: a string id as it
-//! is, a number as its digits), shown in every `tasks/get` answer as
+//! the upstream's on that stream is kept here under a key (its JSON-RPC id: a number as its
+//! digits, a string as it is unless it reads as JSON, then quoted; see [`key_of`]), shown in every `tasks/get` answer as
 //! `inputRequests[key] = {method, params}` until answered. A `tasks/update` answer under a key
 //! kept here is sent upstream as the JSON-RPC response to that request (its `result`, with the
 //! related-task `_meta`); unknown or answered keys are ignored (2026-07-28 tasks: a server
@@ -104,10 +104,13 @@ impl TaskInputs {
     }
 }
 
-/// The key a request id is shown under: a string as it is, anything else as its JSON text.
+/// The key a request id is shown under: a number (anything but a string) as its JSON text; a
+/// string as it is unless it reads as JSON itself (`"7"`, `"null"`, `"\"a\""`), which is shown
+/// as its JSON text (quoted). So two ids never share a key: the id `7` is `7`, the id `"7"` is
+/// `"7"` with its quotes, and a key shown as it came is never JSON.
 pub fn key_of(id: &Value) -> String {
     match id {
-        Value::String(s) => s.clone(),
+        Value::String(s) if serde_json::from_str::<Value>(s).is_err() => s.clone(),
         other => other.to_string(),
     }
 }
@@ -164,6 +167,16 @@ mod tests {
         assert_eq!(shown["ask-1"]["params"]["message"], "?");
         assert_eq!(shown["7"]["method"], "sampling/createMessage");
         assert_eq!(t.take("7").unwrap().id, json!(7));
+        // The ids 9 and "9" (and "null" and null) are two requests, under two keys.
+        assert!(t.add(&json!({"jsonrpc":"2.0","id":9,"method":"elicitation/create"})));
+        assert!(t.add(&json!({"jsonrpc":"2.0","id":"9","method":"roots/list"})));
+        assert!(t.add(&json!({"jsonrpc":"2.0","id":"null","method":"roots/list"})));
+        let shown = t.shown();
+        assert_eq!(shown["9"]["method"], "elicitation/create");
+        assert_eq!(shown["\"9\""]["method"], "roots/list");
+        assert_eq!(t.take("\"9\"").unwrap().id, json!("9"));
+        assert_eq!(t.take("9").unwrap().id, json!(9));
+        assert_eq!(t.take("\"null\"").unwrap().id, json!("null"));
         assert!(t.take("7").is_none(), "answered once");
         for i in 0..MAX_KEYS {
             t.add(&json!({"id": format!("k{i}"), "method": "roots/list"}));

@@ -55,8 +55,10 @@
 //!   (`elicitation/create`, `sampling/createMessage`, `roots/list`) are shown as the
 //!   `DetailedTask`'s `inputRequests`, keyed by their JSON-RPC id (that `tasks/get` waits up to
 //!   [`INPUT_WAIT`] for the first). `tasks/update`: each `inputResponses[key]` for a request
-//!   kept goes upstream as the JSON-RPC response to it; always the ack
-//!   (`{"resultType":"complete"}`).
+//!   kept goes upstream as the JSON-RPC response to it; the ack (`{"resultType":"complete"}`),
+//!   unless `inputResponses` is not an object (`-32602`, HTTP 400).
+//! - `subscriptions/listen`: `-32601`, HTTP 404 (a 2025 server has no such method), answered
+//!   here.
 //! - any other request (`tools/list`, `resources/*`, `prompts/*`, …): sent on the session;
 //!   results get `resultType:"complete"`; an SSE answer keeps its notifications, loses the
 //!   upstream's own requests (2026-07-28 has no server→client requests).
@@ -322,6 +324,17 @@ async fn bridge<S: McpService>(
             .answered_locally(LocalReason::HeldUpstreamSession),
             Err(NoSession(reply)) => reply,
         },
+        // The 2025 upstream has no `subscriptions/listen` (nor anything to listen to a 2026
+        // client could name): the 2026 answer for an unknown method (2026-07-28 transport:
+        // `-32601`, HTTP 404), under the client's id, not the upstream's `-32601` in an HTTP 200
+        // SSE stream.
+        "subscriptions/listen" => McpReply::era_error(
+            Era::Modern,
+            Some(&id),
+            jsonrpc::METHOD_NOT_FOUND,
+            "subscriptions/listen is not served for this 2025-11-25 upstream",
+            LocalReason::MethodNotFound,
+        ),
         "tools/call" => tools_call(state, inner, req, id, params).await?,
         "tasks/get" | "tasks/cancel" | "tasks/update" => match record {
             Some(r) if r.era == Era::Legacy => match method.as_str() {
@@ -1096,9 +1109,19 @@ async fn tasks_update<S: McpService>(
     record: Arc<TaskRecord>,
     params: Option<&Value>,
 ) -> McpReply {
-    let responses = params
-        .and_then(|p| p.get("inputResponses"))
-        .and_then(Value::as_object);
+    let responses = params.and_then(|p| p.get("inputResponses"));
+    // `inputResponses` maps keys to responses (2026-07-28 tasks §input_required): anything
+    // else is the client's mistake, not an answer to ack and drop.
+    if responses.is_some_and(|r| !r.is_object()) {
+        return McpReply::era_error(
+            Era::Modern,
+            Some(id),
+            jsonrpc::INVALID_PARAMS,
+            "params.inputResponses must be an object of input responses by key",
+            LocalReason::InvalidParams,
+        );
+    }
+    let responses = responses.and_then(Value::as_object);
     if let (Some(task), Some(responses)) = (state.inputs.of(&record.task_id), responses) {
         for (key, response) in responses {
             let Some(pending) = task.take(key) else {
