@@ -15,7 +15,9 @@
 # taskgate to the 2026 tasks extension, beside the same-era path; 10: task creation and scenario
 # 4's lifecycle with the registry on PostgreSQL beside sled; 11: a stdio upstream, the small call
 # and scenario 4's lifecycle at c=1/16/64 through taskgate beside the server's own stdio client and
-# supergateway, see scenario11 below). Everything started here is killed on exit.
+# supergateway, see scenario11 below; 12: scenario 8's 2026 lifecycle reverse-bridged by taskgate
+# onto a 2025-11-25 upstream session, beside the same-era path). Everything started here is killed
+# on exit.
 #
 # Scenario 10's PostgreSQL: TASKGATE_BENCH_DATABASE_URL (or TASKGATE_TEST_DATABASE_URL) names a
 # server where a database of its own is created; else a throwaway cluster is started as the tests
@@ -39,7 +41,7 @@
 # per case and path in scenarios 1-5, 8, 9, 10 and 11, default 3), QUIET_PCT (10),
 # LIFECYCLE_TASKS (1000, scenarios 4, 8, 9 and 10), STDIO_TASKS (500, scenario 11's lifecycle, per
 # concurrency and path: supergateway takes ~15 s for 1000 at ~800 req/s), CANCELS (1000), RECORDS (100000), SCENARIOS (which
-# ones, default "1 2 3 4 5 6 7 8 9 10 11"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
+# ones, default "1 2 3 4 5 6 7 8 9 10 11 12"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
 set -euo pipefail
 
@@ -54,7 +56,7 @@ CANCELS=${CANCELS:-1000}
 RECORDS=${RECORDS:-100000}
 RESULTS=${RESULTS:-$HERE/RESULTS.md}
 STDIO_TASKS=${STDIO_TASKS:-500}
-SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10 11}
+SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10 11 12}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
@@ -212,6 +214,7 @@ run() {
     hyper) url="http://$HP_ADDR/mcp"; cpu=$HP_PID ;;
     taskgate) url="http://$TG_ADDR/mcp"; cpu=$TG_PID ;;
     taskgate-bridged) url="http://$TGB_ADDR/mcp"; cpu=$TGB_PID ;;
+    taskgate-reverse) url="http://$TGB_ADDR/mcp"; cpu=$TGB_PID ;;
   esac
   "$LG" run --url "$url" --target "$target" --case "$case" ${cpu:+--cpu-pid "$cpu"} \
     --rep "$rep" --bench-pids "$(bench_pids)" --json-out "$RAW" "$@" > /dev/null
@@ -256,6 +259,25 @@ if want 9; then
   for rep in $(seq "$REPEAT"); do
     for t in direct taskgate taskgate-bridged; do
       run "$case9" "$t" "$rep" --scenario lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
+    done
+  done
+fi
+# Scenario 12 (issue 33): scenario 8's 2026-07-28 lifecycle through a third taskgate whose
+# upstream.protocol is "2025-11-25", so every request is reverse-bridged onto a 2025 session it holds
+# (the task call as a 2025 task, tasks/get with one tasks/result at the end), beside the same-era path
+# `taskgate` (2026 passed through; the bench upstream serves both eras); interleaved like the others.
+if want 12; then
+  say "starting taskgate-reverse (upstream.protocol = \"2025-11-25\")"
+  taskgate_config "$WORK/taskgate-rv.toml" "$WORK/store-rv" ""
+  printf 'protocol = "2025-11-25"\n' >> "$WORK/taskgate-rv.toml"
+  TGP12_PID=$TG_PID; TGP12_ADDR=$TG_ADDR
+  start_taskgate "$WORK/taskgate-rv.toml" taskgate-reverse "$WORK/taskgate-rv.json"
+  TGB_PID=$TG_PID; TGB_ADDR=$TG_ADDR; TG_PID=$TGP12_PID; TG_ADDR=$TGP12_ADDR
+  case12="12. task lifecycle, 2026-07-28 client: same era (taskgate) and reverse-bridged to a 2025-11-25 upstream (taskgate-reverse), $LIFECYCLE_TASKS tasks, c=16"
+  say "$case12"
+  for rep in $(seq "$REPEAT"); do
+    for t in direct taskgate taskgate-reverse; do
+      run "$case12" "$t" "$rep" --scenario modern-lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
     done
   done
 fi

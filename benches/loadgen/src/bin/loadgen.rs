@@ -1667,13 +1667,14 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// The paths of a case, in table order.
-const TARGETS: [&str; 9] = [
+const TARGETS: [&str; 10] = [
     "direct",
     "nginx",
     "hyper",
     "taskgate",
     "taskgate-oauth",
     "taskgate-bridged",
+    "taskgate-reverse",
     "taskgate-sled",
     "taskgate-pg",
     "supergateway",
