@@ -197,3 +197,77 @@ async fn a_delete_ends_the_sessions_get_stream_and_no_other() {
         "b's stream ended with a's session"
     );
 }
+
+/// Issue 35: a `tasks/*` request routed to the upstream session its task was created on is
+/// answered with the client's own `Mcp-Session-Id`, not that session's, even when the upstream
+/// names its session on every response (as the TypeScript SDK server does). Before, alice's
+/// second session got her first session's id back, and the TypeScript SDK client adopted it
+/// (and later sent its DELETE there), which broke the tier interop run with bearer auth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_task_request_answers_with_the_clients_own_session() {
+    let sessions = std::sync::atomic::AtomicUsize::new(0);
+    let up = Upstream::start(move |req| {
+        let v = req.json();
+        let method = v["method"].as_str().unwrap_or("").to_string();
+        let mut sid = req.header("mcp-session-id").unwrap_or_default();
+        let reply = match method.as_str() {
+            "initialize" => {
+                sid = format!("s-{}", sessions.fetch_add(1, std::sync::atomic::Ordering::SeqCst));
+                ScriptedResponse::result_for(
+                    req,
+                    r#"{"protocolVersion":"2025-11-25","capabilities":{"tasks":{"requests":{"tools":{"call":{}}}}},"serverInfo":{"name":"s","version":"1"}}"#,
+                )
+            }
+            "tools/call" => ScriptedResponse::result_for(
+                req,
+                r#"{"task":{"taskId":"t-1","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":60000}}"#,
+            ),
+            "tasks/get" => ScriptedResponse::result_for(
+                req,
+                r#"{"taskId":"t-1","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":60000}"#,
+            ),
+            _ => ScriptedResponse::result_for(req, "{}"),
+        };
+        if sid.is_empty() {
+            reply
+        } else {
+            reply.header("mcp-session-id", &sid)
+        }
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .start()
+        .await;
+    let mut first = tg.client().with_token("alice-token");
+    first.initialize().await;
+    let task = first.create_task("1").await;
+    let mut second = tg.client().with_token("alice-token");
+    second.initialize().await;
+    let own = second.session.clone().unwrap();
+    assert_ne!(first.session, second.session);
+    let r = second
+        .send(rpc(
+            "2",
+            "tasks/get",
+            &json!({ "taskId": task }).to_string(),
+        ))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.header("mcp-session-id").as_deref(),
+        Some(own.as_str()),
+        "the client's own session"
+    );
+    assert_eq!(r.json().await["result"]["status"], "working");
+    let routed = up.requests();
+    let get = routed
+        .iter()
+        .rev()
+        .find(|q| q.json()["method"] == "tasks/get");
+    assert_eq!(
+        get.unwrap().header("mcp-session-id"),
+        first.session,
+        "sent on the task's session"
+    );
+}

@@ -273,6 +273,8 @@ pub struct Sessions {
     /// The store is shared by other processes (a tier on PostgreSQL): stored entries are
     /// re-read past [`REVALIDATE_AFTER`]. Set with the store.
     shared: std::sync::atomic::AtomicBool,
+    /// Session ids the store was just asked for and did not have (see `held_store`).
+    absent: Mutex<held_store::Absent>,
 }
 
 impl Sessions {
@@ -305,6 +307,7 @@ impl Sessions {
             store: std::sync::OnceLock::new(),
             any_held: std::sync::atomic::AtomicBool::new(false),
             shared: std::sync::atomic::AtomicBool::new(false),
+            absent: Mutex::default(),
         })
     }
 
@@ -497,6 +500,9 @@ impl Sessions {
         if info.held.is_some() {
             self.any_held
                 .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        if stored {
+            self.absent.lock().forget(&key);
         }
         table.put(key, info);
         true

@@ -190,7 +190,10 @@ impl<S> SessionGuard<S> {
                 false
             }
             Access::Foreign => true,
-            Access::Recheck | Access::Unknown if !looked_up && self.sessions.keeps_store() => {
+            Access::Recheck if !looked_up => return Checked::LookUp,
+            Access::Unknown
+                if !looked_up && self.sessions.may_look_up(&req.ctx.upstream, session) =>
+            {
                 return Checked::LookUp;
             }
             // Re-read just now (a concurrent request may have made it due again): served.

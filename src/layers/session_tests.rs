@@ -429,3 +429,27 @@ async fn an_sse_initialize_answer_is_stored_before_it_goes_on() {
     let events: Vec<_> = events.collect().await;
     assert_eq!(events.len(), 2, "{events:?}");
 }
+
+/// A session id the store did not have is not asked for again for `REVALIDATE_AFTER` (without
+/// authentication such ids are forwarded, and a client that keeps using one would otherwise
+/// cost a store read per request); other ids still are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absent_session_is_not_looked_up_again_at_once() {
+    let store = crate::layers::testing::CountingStore::new();
+    let up: Arc<str> = "up".into();
+    let sessions = Sessions::new();
+    assert!(
+        !sessions.may_look_up(&up, &HeaderValue::from_static("x")),
+        "no store"
+    );
+    sessions.keep_held_in(store);
+    let stale = HeaderValue::from_static("from-before-the-upgrade");
+    assert!(sessions.may_look_up(&up, &stale));
+    assert_eq!(
+        sessions.revive(&up, &stale, Tenant::Unknown).await,
+        Revived::NotStored
+    );
+    assert!(!sessions.may_look_up(&up, &stale));
+    assert!(sessions.may_look_up(&up, &HeaderValue::from_static("another")));
+    assert!(sessions.may_look_up(&"other-upstream".into(), &stale));
+}

@@ -69,6 +69,41 @@ pub fn touch_every(idle: Duration) -> Duration {
     (idle / 16).max(Duration::from_secs(1))
 }
 
+/// Session ids the store did not have when last asked, for [`super::REVALIDATE_AFTER`]: a
+/// request naming one again within that time is not looked up again (without authentication it
+/// is forwarded, as an unknown id is; the ids of clients that keep using a session taskgate
+/// does not know, one from before issue 35 or one it reclaimed, would otherwise cost a store
+/// read each). At most [`MAX_ABSENT`] ids; a full set is emptied. An id this process then
+/// issues leaves it; one another replica issues could be served here 5 s late at worst, if a
+/// client had named it before it was issued.
+#[derive(Default)]
+pub(super) struct Absent {
+    ids: std::collections::HashMap<super::Key, u32, super::TableHasher>,
+}
+
+/// Ids [`Absent`] keeps at most.
+pub const MAX_ABSENT: usize = 4096;
+
+impl Absent {
+    /// Whether `key` was found absent at or after `since` (seconds of the table's clock).
+    fn knows(&self, key: &super::Key, since: u32) -> bool {
+        self.ids.get(key).is_some_and(|at| *at >= since)
+    }
+
+    fn note(&mut self, key: super::Key, now: u32) {
+        if self.ids.len() >= MAX_ABSENT {
+            self.ids.clear();
+        }
+        self.ids.insert(key, now);
+    }
+
+    pub(super) fn forget(&mut self, key: &super::Key) {
+        if !self.ids.is_empty() {
+            self.ids.remove(key);
+        }
+    }
+}
+
 /// What [`Sessions::revive`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Revived {
@@ -99,10 +134,27 @@ impl Sessions {
         }
     }
 
-    /// Whether sessions are kept in a store (a request naming a session the table does not
-    /// hold is then looked up there).
+    /// Whether sessions are kept in a store (written before their `initialize` answer).
     pub fn keeps_store(&self) -> bool {
         self.store.get().is_some()
+    }
+
+    /// Whether a request naming `session`, which the table does not hold, is looked up in the
+    /// store: one is kept, and the store was not asked for it in the last
+    /// [`super::REVALIDATE_AFTER`] ([`Absent`]).
+    pub fn may_look_up(&self, upstream: &Arc<str>, session: &HeaderValue) -> bool {
+        if self.store.get().is_none() {
+            return false;
+        }
+        let absent = self.absent.lock();
+        if absent.ids.is_empty() {
+            return true;
+        }
+        let key = (upstream.clone(), Some(SessionKey::Session(session.clone())));
+        let since = self
+            .now()
+            .saturating_sub(super::REVALIDATE_AFTER.as_secs() as u32);
+        !absent.knows(&key, since)
     }
 
     fn idle_ms(&self) -> u64 {
@@ -201,6 +253,7 @@ impl Sessions {
                 if self.table.lock().take(&key).is_some() {
                     tracing::debug!(upstream = %upstream, "a session another replica ended is forgotten");
                 }
+                self.absent.lock().note(key, self.now());
                 return Revived::NotStored;
             }
             Ok(Err(StoreError::Corrupt(e))) => {

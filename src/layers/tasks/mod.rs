@@ -164,7 +164,11 @@ where
             let (registry, mut inner) = (self.registry.clone(), self.take_inner());
             return Either::Right(Box::pin(async move {
                 match authorise(&registry, &mut req).await {
-                    Ok(()) => inner.call(req).await,
+                    Ok(()) => {
+                        let own = routed_from(&req);
+                        let reply = inner.call(req).await?;
+                        Ok(with_own_session(reply, own))
+                    }
                     Err(refused) => Ok(refused),
                 }
             }));
@@ -335,6 +339,34 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
 
 /// For `tasks/get|result|cancel`: authorise against the registry (→ [`AuthorisedTask`]) and
 /// route to the task's session.
+/// The client's own `Mcp-Session-Id` (`Some(None)`: it sent none) when `req` was routed to
+/// another upstream session (the task's, [`authorise`]); `None` when it goes on its own.
+fn routed_from(req: &McpRequest) -> Option<Option<HeaderValue>> {
+    (req.ctx.session_id != req.ctx.client_session_id).then(|| req.ctx.client_session_id.clone())
+}
+
+/// The reply to a request routed to the task's upstream session names the client's own session
+/// (or none), never the task's: a client (the TypeScript SDK does) adopts the `Mcp-Session-Id`
+/// of any response, and would then use, and `DELETE`, the session another of its sessions
+/// created the task on (issue 35, seen through a round-robin tier with bearer auth).
+fn with_own_session(mut reply: McpReply, own: Option<Option<HeaderValue>>) -> McpReply {
+    let Some(own) = own else {
+        return reply;
+    };
+    let name = &crate::headers::MCP_SESSION_ID;
+    if reply.headers.contains_key(name) {
+        match own {
+            Some(own) => {
+                reply.headers.insert(name, own);
+            }
+            None => {
+                reply.headers.remove(name);
+            }
+        }
+    }
+    reply
+}
+
 async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(), McpReply> {
     let Operation::Post(msg) = &req.op else {
         return Ok(());
