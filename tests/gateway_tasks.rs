@@ -22,6 +22,10 @@ use taskgate::mcp::task::TaskStatus;
 fn no_tasks_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync {
     let sessions = std::sync::atomic::AtomicUsize::new(0);
     move |req| {
+        if req.method == "GET" {
+            // The session's GET stream: open, nothing of the server's own on it.
+            return ScriptedResponse::sse(vec![SseStep::HoldOpen]);
+        }
         let v = req.json();
         let id = req.rpc_id_json();
         match v["method"].as_str() {
@@ -702,6 +706,31 @@ async fn a_2026_input_request_crosses_the_reverse_bridge() {
     .await
     .expect("completed");
     assert_eq!(done["result"]["result"]["content"][0]["text"], "done");
+}
+
+/// `notifications/tasks/status` on the GET stream of a session whose client declared
+/// `capabilities.tasks`: one per status change of its gateway task (here `input_required`,
+/// `working`, and the terminal one: here `completed`), merged into the upstream's stream.
+#[tokio::test]
+async fn status_changes_reach_a_listening_client_on_its_get_stream() {
+    let (_up, gate, tg) = setup(false).await;
+    let c = client_with(&tg.mcp_url(), json!({"tasks": {}})).await;
+    let get = Req::mcp_get(&tg.mcp_url())
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .header("mcp-session-id", c.session.as_deref().unwrap())
+        .send()
+        .await;
+    assert_eq!(get.status(), 200);
+    let mut stream = get.sse();
+    let t = task_id_of(&create_call(&c, "1", "slow").await);
+    gate.open();
+    let note = loop {
+        let v = stream.next_event(STEP).await.json();
+        if v["method"] == "notifications/tasks/status" && v["params"]["status"] == "completed" {
+            break v;
+        }
+    };
+    assert_eq!(note["params"]["taskId"], json!(t), "{note}");
 }
 
 /// A server that heeds `notifications/cancelled` by never answering and keeps its stream open

@@ -213,6 +213,7 @@ async fn cancel(state: &GatewayTasksState, record: &TaskRecord, id: &Id, era: Er
                     let _ = tx.send(());
                 }
                 live.terminal.send_replace(true);
+                super::listen::publish(state, live.session.as_deref(), &live.record).await;
             }
             if era == Era::Modern {
                 return json_reply(id, &serde_json::from_str(MODERN_ACK).unwrap_or_default());

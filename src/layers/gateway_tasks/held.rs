@@ -133,6 +133,8 @@ pub(super) async fn create<S: McpService>(
     let (answers_tx, answers_rx) = mpsc::channel(MAX_WAITING);
     let live = Arc::new(Live {
         upstream: req.ctx.upstream.to_string(),
+        record: Arc::new(record.clone()),
+        session: super::listen::session_of(&req),
         cancel: Mutex::new(Some(cancel_tx)),
         terminal: watch::channel(false).0,
         input: CallInput::new(answers_tx),
@@ -279,7 +281,10 @@ impl Held {
             _ = &mut expiry => Ended::Expired,
         };
         match ended {
-            Ended::Answer(answer) => self.finish(answer).await,
+            Ended::Answer(answer) => {
+                self.finish(answer).await;
+                super::listen::publish(&self.state, live.session.as_deref(), &live.record).await;
+            }
             Ended::Cancelled => {
                 // The status is recorded already (`answers::cancel`): the server is told the
                 // result is no longer needed, and the call is held until it has really ended.
@@ -304,6 +309,7 @@ impl Held {
                     "the task's ttl ended before the upstream answered the call taskgate held",
                 )
                 .await;
+                super::listen::publish(&self.state, live.session.as_deref(), &live.record).await;
                 if self.era == Era::Legacy {
                     self.notify_cancelled(&inner, &notify_ctx, "the task expired")
                         .await;
@@ -598,6 +604,8 @@ impl Progress {
                 tracing::info!(upstream = %self.upstream, task_id = %self.task_id, method, key, "a request to the client during a gateway task: input_required");
                 if let Some(live) = &self.live {
                     live.input.wake();
+                    super::listen::publish(&self.state, live.session.as_deref(), &live.record)
+                        .await;
                 }
                 return;
             }

@@ -177,6 +177,7 @@ pub(super) async fn answered(
             )
             .await;
         live.input.wake();
+        super::listen::publish(state, live.session.as_deref(), &live.record).await;
     }
     true
 }

@@ -79,18 +79,22 @@
 //!   with the process), and released (`reason="restart"`).
 //!
 //! Owner binding and `tasks/list` are the `tasks` layer's, as for every task (another
-//! principal gets `-32602` for everything). Not done here (issue 32, left):
-//! `notifications/tasks/status` on a client's GET stream, and a
+//! principal gets `-32602` for everything). `notifications/tasks/status`: on the `tasks/result`
+//! stream of a held call (see `input`), and on the GET streams of the session the task was
+//! created on when its client declared `capabilities.tasks` (see `listen`). Not done here
+//! (issue 32, left): a
 //! `tasks/cancel` reaching another replica of a PostgreSQL tier than the one that holds the
 //! call (the status is recorded there; the held call runs to its end or its ttl).
 //!
 //! Files: this one (the layer, the dispatch, the negotiation rewrites), `held` (creation and
 //! the held call), `answers` (`tasks/get|result|cancel|update` and the task shapes of both
-//! eras), `input` (the server's requests during the call, relayed to the client).
+//! eras), `input` (the server's requests during the call, relayed to the client), `listen`
+//! (status notifications on the session's GET streams).
 
 mod answers;
 mod held;
 mod input;
+mod listen;
 
 use crate::exchange::{GatewayError, McpReply, McpRequest};
 use crate::jsonrpc;
@@ -154,6 +158,11 @@ struct Done {
 struct Live {
     /// The upstream's name.
     upstream: String,
+    /// The record as created (its key and owner).
+    record: Arc<crate::store::TaskRecord>,
+    /// The client session the task was created on (its GET streams get the task's status
+    /// changes, see `listen`).
+    session: Option<String>,
     cancel: Mutex<Option<oneshot::Sender<()>>>,
     terminal: watch::Sender<bool>,
     input: input::CallInput,
@@ -170,6 +179,8 @@ pub struct GatewayTasksState {
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// taskId → how its held call ended (bounded: [`DONE_LIMIT`], [`DONE_BYTES`]).
     done: Mutex<Done>,
+    /// Client session → the channel to its GET streams (see `listen`).
+    listeners: Mutex<HashMap<String, tokio::sync::broadcast::Sender<crate::sse::Event>>>,
     /// The input requests sent to 2025-11-25 clients on `tasks/result` streams, by the id
     /// taskgate minted (see `input`).
     inputs: Inputs,
@@ -186,6 +197,7 @@ impl GatewayTasksState {
             live: Mutex::new(HashMap::new()),
             done: Mutex::new(Done::default()),
             inputs: Inputs::default(),
+            listeners: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(1),
         })
     }
@@ -310,6 +322,15 @@ impl<S: McpService> tower::Service<McpRequest> for GatewayTasksService<S> {
                 }
                 inner.call(req).await
             }));
+        }
+        if matches!(req.op, crate::exchange::Operation::OpenStream) && req.era() == Era::Legacy {
+            if let Some(session) = listen::listens(&req) {
+                let mut inner = self.take_inner();
+                return Either::Right(Box::pin(async move {
+                    let reply = inner.call(req).await?;
+                    Ok(listen::merged(&state, &session, reply))
+                }));
+            }
         }
         match req.request_method() {
             Some("initialize") if req.era() == Era::Legacy => {
