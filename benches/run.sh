@@ -16,8 +16,10 @@
 # 4's lifecycle with the registry on PostgreSQL beside sled; 11: a stdio upstream, the small call
 # and scenario 4's lifecycle at c=1/16/64 through taskgate beside the server's own stdio client and
 # supergateway, see scenario11 below; 12: scenario 8's 2026 lifecycle reverse-bridged by taskgate
-# onto a 2025-11-25 upstream session, beside the same-era path). Everything started here is killed
-# on exit.
+# onto a 2025-11-25 upstream session, beside the same-era path; 13: scenario 4's lifecycle of a
+# gateway-owned task (issue 32: `upstream.tasks = "gateway"` in front of `upstream --no-tasks`,
+# a server without tasks; taskgate runs the task, the server gets a plain call), beside scenario
+# 4's upstream-task path). Everything started here is killed on exit.
 #
 # Scenario 10's PostgreSQL: TASKGATE_BENCH_DATABASE_URL (or TASKGATE_TEST_DATABASE_URL) names a
 # server where a database of its own is created; else a throwaway cluster is started as the tests
@@ -41,7 +43,7 @@
 # per case and path in scenarios 1-5, 8, 9, 10 and 11, default 3), QUIET_PCT (10),
 # LIFECYCLE_TASKS (1000, scenarios 4, 8, 9 and 10), STDIO_TASKS (500, scenario 11's lifecycle, per
 # concurrency and path: supergateway takes ~15 s for 1000 at ~800 req/s), CANCELS (1000), RECORDS (100000), SCENARIOS (which
-# ones, default "1 2 3 4 5 6 7 8 9 10 11 12"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
+# ones, default "1 2 3 4 5 6 7 8 9 10 11 12 13"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
 set -euo pipefail
 
@@ -56,7 +58,7 @@ CANCELS=${CANCELS:-1000}
 RECORDS=${RECORDS:-100000}
 RESULTS=${RESULTS:-$HERE/RESULTS.md}
 STDIO_TASKS=${STDIO_TASKS:-500}
-SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10 11 12}
+SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10 11 12 13}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
@@ -202,8 +204,8 @@ fi
 
 # ---- scenarios 1-5 ----------------------------------------------------------------------------
 # Every process of the benchmark (their CPU is not "other processes'" CPU).
-TGB_PID=""; TGB_ADDR=""
-bench_pids() { echo "$UP_PID" $TG_PID $TGB_PID $HP_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
+TGB_PID=""; TGB_ADDR=""; TGG_PID=""; TGG_ADDR=""; UPN_PID=""
+bench_pids() { echo "$UP_PID" $TG_PID $TGB_PID $TGG_PID $UPN_PID $HP_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
 # run CASE TARGET REP ARGS..: one loadgen run against one path.
 run() {
   local case=$1 target=$2 rep=$3 url cpu=""
@@ -215,6 +217,7 @@ run() {
     taskgate) url="http://$TG_ADDR/mcp"; cpu=$TG_PID ;;
     taskgate-bridged) url="http://$TGB_ADDR/mcp"; cpu=$TGB_PID ;;
     taskgate-reverse) url="http://$TGB_ADDR/mcp"; cpu=$TGB_PID ;;
+    taskgate-gateway) url="http://$TGG_ADDR/mcp"; cpu=$TGG_PID ;;
   esac
   "$LG" run --url "$url" --target "$target" --case "$case" ${cpu:+--cpu-pid "$cpu"} \
     --rep "$rep" --bench-pids "$(bench_pids)" --json-out "$RAW" "$@" > /dev/null
@@ -278,6 +281,30 @@ if want 12; then
   for rep in $(seq "$REPEAT"); do
     for t in direct taskgate taskgate-reverse; do
       run "$case12" "$t" "$rep" --scenario modern-lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
+    done
+  done
+fi
+# Scenario 13 (issue 32): scenario 4's 2025-11-25 lifecycle (create, 10 × tasks/get, tasks/result)
+# of a gateway-owned task: a second bench upstream started with --no-tasks (no capabilities.tasks,
+# no tasks extension) behind a taskgate with `tasks = "gateway"`, which records the task, answers
+# the CreateTaskResult, sends the server a plain tools/call and serves tasks/get and tasks/result
+# itself; beside scenario 4's path `taskgate` (the upstream's own tasks). No direct path: the
+# server has no tasks. Proxy CPU is taskgate's alone.
+if want 13; then
+  say "starting the bench upstream without tasks, and taskgate-gateway (upstream.tasks = \"gateway\")"
+  "$LG" spawn-ready --stdout "$WORK/upstream-nt.out" --stderr "$WORK/upstream-nt.err" --label upstream-no-tasks \
+    -- "$UPSTREAM_BIN" --listen 127.0.0.1:0 --threads 1 --no-tasks > "$WORK/upstream-nt.json"
+  UPN_PID=$(json_field "$WORK/upstream-nt.json" pid); PIDS+=("$UPN_PID")
+  taskgate_toml "$WORK/taskgate-gt.toml" "$WORK/store-gt" "" "$(json_field "$WORK/upstream-nt.json" addr)"
+  printf 'tasks = "gateway"\n' >> "$WORK/taskgate-gt.toml"
+  TGP13_PID=$TG_PID; TGP13_ADDR=$TG_ADDR
+  start_taskgate "$WORK/taskgate-gt.toml" taskgate-gateway "$WORK/taskgate-gt.json"
+  TGG_PID=$TG_PID; TGG_ADDR=$TG_ADDR; TG_PID=$TGP13_PID; TG_ADDR=$TGP13_ADDR
+  case13="13. task lifecycle (create, 10 × tasks/get, tasks/result): the upstream's own tasks (taskgate) and gateway-owned tasks on a server without tasks (taskgate-gateway), $LIFECYCLE_TASKS tasks, c=16"
+  say "$case13"
+  for rep in $(seq "$REPEAT"); do
+    for t in taskgate taskgate-gateway; do
+      run "$case13" "$t" "$rep" --scenario lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
     done
   done
 fi

@@ -1667,7 +1667,7 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// The paths of a case, in table order.
-const TARGETS: [&str; 10] = [
+const TARGETS: [&str; 11] = [
     "direct",
     "nginx",
     "hyper",
@@ -1675,6 +1675,7 @@ const TARGETS: [&str; 10] = [
     "taskgate-oauth",
     "taskgate-bridged",
     "taskgate-reverse",
+    "taskgate-gateway",
     "taskgate-sled",
     "taskgate-pg",
     "supergateway",

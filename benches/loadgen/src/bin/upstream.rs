@@ -24,6 +24,10 @@
 //! - `tasks/get`: a `DetailedTask` (`resultType:"complete"`), carrying the tool's result (the same
 //!   ~1 KiB `content` the plain call returns) inline as `result` once completed.
 //!
+//! `--no-tasks` (issue 32's gateway-task scenario): a server without task support: `initialize`
+//! declares no `capabilities.tasks`, `server/discover` no tasks extension (what taskgate with
+//! `upstream.tasks = "gateway"` runs the tasks of); the rest is answered as above.
+//!
 //! `GET /stats`: `{"requests":N,"cancels":N,"tasks":N}`. `DELETE /mcp`: 200.
 //!
 //! Task ids are global (not per session); the benchmark never needs more.
@@ -149,6 +153,8 @@ struct State {
     big_result: Bytes,
     /// A per-process prefix for session ids.
     boot: u64,
+    /// `--no-tasks`: neither `capabilities.tasks` nor the tasks extension is declared.
+    no_tasks: bool,
 }
 
 const SMALL_TEXT_LEN: usize = 960;
@@ -313,7 +319,7 @@ impl State {
         match method {
             "initialize" => {
                 let n = self.next_session.fetch_add(1, Ordering::Relaxed);
-                let result = serde_json::json!({
+                let mut result = serde_json::json!({
                     "protocolVersion": "2025-11-25",
                     "capabilities": {
                         "tools": {"listChanged": false},
@@ -321,6 +327,9 @@ impl State {
                     },
                     "serverInfo": {"name": "taskgate-bench-upstream", "version": "0.1.0"}
                 });
+                if self.no_tasks {
+                    result["capabilities"] = serde_json::json!({"tools": {"listChanged": false}});
+                }
                 let mut resp = rpc_result(&id, &result.to_string());
                 resp.headers_mut().insert(
                     "mcp-session-id",
@@ -332,6 +341,17 @@ impl State {
             // 2026-07-28: servers MUST implement `server/discover` (taskgate asks it to learn
             // an `auto` upstream's era; without it the upstream counts as 2025-11-25 only and
             // 2026 requests would be bridged).
+            "server/discover" if self.no_tasks => rpc_result(
+                &id,
+                &serde_json::json!({
+                    "resultType": "complete",
+                    "supportedVersions": ["2025-11-25", MODERN_VERSION],
+                    "capabilities": {"tools": {"listChanged": false}},
+                    "_meta": {"io.modelcontextprotocol/serverInfo":
+                        {"name": "taskgate-bench-upstream", "version": "0.1.0"}}
+                })
+                .to_string(),
+            ),
             "server/discover" => rpc_result(
                 &id,
                 &serde_json::json!({
@@ -576,6 +596,7 @@ fn new_state() -> Arc<State> {
         small_result: Bytes::from(format!("\"result\":{}}}", tool_result(SMALL_TEXT_LEN))),
         big_result: Bytes::from(format!("\"result\":{}}}", tool_result(BIG_TEXT_LEN))),
         boot: now_ms() & 0xffff_ffff,
+        no_tasks: std::env::args().any(|a| a == "--no-tasks"),
     })
 }
 
