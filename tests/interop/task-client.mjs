@@ -2,14 +2,15 @@
 // Drives the 2025-11-25 task lifecycle against task-server.mjs (or anything offering the same
 // tools) with the TypeScript SDK 1.32.2 client, directly or through a gateway.
 //
-//   node task-client.mjs URL [--label NAME] [--timeout-ms 60000] [--trace]
+//   node task-client.mjs URL [--label NAME] [--timeout-ms 60000] [--trace] [--token T]
 //
 // Prints one JSON summary on stdout: {label, url, ok, failed:[names], checks:[{name,ok,detail}],
 // observed:{...}, info:{...}} and exits 0 only when every check passed; the names of the failed
 // checks also go to stderr. `observed` counts what arrived without being asked for (progress and
 // notifications/tasks/status), which depends on the server mode; `info` records peer behaviour
 // the spec leaves open (never a failure). --trace adds every HTTP exchange (method, JSON-RPC
-// method, status, content-type) to the summary.
+// method, status, content-type) to the summary. --token sends `Authorization: Bearer T` on every
+// request (a gateway with bearer auth).
 
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
@@ -18,7 +19,7 @@ import { CallToolResultSchema, CreateTaskResultSchema, McpError } from '@modelco
 import { parseArgs, sleep, withTimeout } from './lib.mjs';
 
 const RELATED_TASK = 'io.modelcontextprotocol/related-task';
-const opts = parseArgs(process.argv.slice(2), { _: [], label: '', 'timeout-ms': 60000, trace: false });
+const opts = parseArgs(process.argv.slice(2), { _: [], label: '', 'timeout-ms': 60000, trace: false, token: '' });
 const url = opts._[0];
 if (!url || opts._.length !== 1) {
     console.error('usage: node task-client.mjs URL [--label NAME] [--timeout-ms N] [--trace]');
@@ -81,6 +82,11 @@ function taskShapeErrors(task) {
 let resolveGetAnswered;
 const getStreamAnswered = new Promise(resolve => (resolveGetAnswered = resolve));
 async function tracingFetch(input, init = {}) {
+    if (opts.token) {
+        const headers = new Headers(init.headers);
+        headers.set('authorization', `Bearer ${opts.token}`);
+        init = { ...init, headers };
+    }
     const method = init.method ?? 'GET';
     let rpc;
     try {

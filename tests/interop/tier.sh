@@ -10,12 +10,12 @@
 #   direct and through the balancer; every tasks-* scenario and each of its checks through the
 #   tier must have its direct result (modern-compare.mjs --scenario-prefix tasks-), and the
 #   direct failures must be exactly conformance-next-expected-failures.txt.
-# - 2025-11-25, session-sticky (`location /mcp/ts`: `hash $http_mcp_session_id consistent`): the
-#   TypeScript SDK 1.32.2 task client's lifecycle (task-client.mjs) against task-server.mjs
-#   (stateful), direct and through the balancer (harness.mjs tasks). The initialize carries no
-#   session id, so nginx places it round-robin; every later request of the session hashes to one
-#   replica, which need not be the one that saw the initialize (see deploy/README.md, "Routing").
-#   Run ROUNDS times (default 6, TIER_TS_ROUNDS), so sessions land on each replica.
+# - 2025-11-25, round-robin, no stickiness (issue 35; `location /mcp/ts`, and `location /b/`: three
+#   more replicas on the same database with bearer auth): the TypeScript SDK 1.32.2 task client's
+#   lifecycle (task-client.mjs, with `--token` on /b/) against task-server.mjs (stateful), direct
+#   and through the balancer (harness.mjs tasks). Each session's requests spread over the
+#   replicas (nginx's access log: every session with more than three requests reached more than
+#   one replica). Run ROUNDS times (default 6, TIER_TS_ROUNDS) on each route.
 # - Every replica must have served requests of both eras, and still be running at the end.
 #
 # PostgreSQL: TASKGATE_TEST_DATABASE_URL (tests/run-all.sh sources tests/pg/cluster.sh); when it
@@ -102,16 +102,24 @@ MODERN_DIRECT=$(field fixture-direct listening)
 MODERN_TIER=$(field fixture-tier listening)
 TS_URL=$(field ts-stateful listening)
 
-# ---- three replicas on one PostgreSQL -------------------------------------------------------------
+# ---- three replicas on one PostgreSQL, and three with bearer auth on it too ----------------------
 # Fixed gateway ports (nginx names them); the first replica creates the schema, the others find it.
+TOKEN=tier-interop-token
+TOKEN_SHA=$(printf '%s' "$TOKEN" | sha256sum | cut -d' ' -f1)
 declare -a GW=() ADMIN=()
-for n in 0 1 2; do
+for n in 0 1 2 3 4 5; do
+    if ((n < 3)); then
+        AUTH='[auth]\nmode = "none"\n\n'
+    else
+        AUTH='[auth]\nmode = "bearer"\n\n[[auth.token]]\nprincipal = "tier"\nsha256 = "'"$TOKEN_SHA"'"\n\n'
+    fi
     port=$(free_port)
     {
         printf '[gateway]\nlisten = "127.0.0.1:%s"\ndrain_timeout_ms = 1000\n\n' "$port"
         printf '[admin]\nlisten = "127.0.0.1:0"\n\n'
         printf '[store]\nbackend = "postgres"\nurl_env = "TASKGATE_DATABASE_URL"\npool_size = 8\n\n'
-        printf '[auth]\nmode = "none"\n\n[upgrade]\nenabled = false\n\n'
+        printf "$AUTH"
+        printf '[upgrade]\nenabled = false\n\n'
         printf '[[upstream]]\nname = "modern"\nurl = "%s"\n\n' "$MODERN_TIER"
         printf '[[upstream]]\nname = "ts"\nurl = "%s"\n' "$TS_URL"
     } >"$WORK/replica$n.toml"
@@ -126,7 +134,7 @@ log "replicas: ${GW[*]}"
 # The config deploy/README.md documents (paths and ports aside).
 LB_PORT=$(free_port)
 mkdir -p "$WORK/nginx"
-servers() { for g in "${GW[@]}"; do printf '        server %s max_fails=1 fail_timeout=5s;\n' "$g"; done; }
+servers() { for g in "${GW[@]:$1:3}"; do printf '        server %s max_fails=1 fail_timeout=5s;\n' "$g"; done; }
 proxy() {
     printf '            proxy_pass http://%s;\n' "$1"
     printf '            proxy_http_version 1.1;\n            proxy_set_header Connection "";\n            proxy_set_header Host $host;\n'
@@ -141,10 +149,11 @@ proxy() {
     printf '    log_format tier "$http_mcp_session_id|$upstream_http_mcp_session_id|$upstream_addr|$request_method|$status";\n'
     printf '    access_log off;\n'
     for t in client_body proxy fastcgi uwsgi scgi; do printf '    %s_temp_path %s/%s;\n' "$t" "$WORK/nginx" "$t"; done
-    printf '    upstream taskgate_rr {\n%s\n        keepalive 64;\n    }\n' "$(servers)"
-    printf '    upstream taskgate_session {\n        hash $http_mcp_session_id consistent;\n%s\n        keepalive 64;\n    }\n' "$(servers)"
+    printf '    upstream taskgate_rr {\n%s\n        keepalive 64;\n    }\n' "$(servers 0)"
+    printf '    upstream taskgate_bearer {\n%s\n        keepalive 64;\n    }\n' "$(servers 3)"
     printf '    server {\n        listen 127.0.0.1:%s;\n' "$LB_PORT"
-    printf '        location /mcp/ts {\n            access_log %s/access.log tier;\n%s        }\n' "$WORK/nginx" "$(proxy taskgate_session)"
+    printf '        location /mcp/ts {\n            access_log %s/access.log tier;\n%s        }\n' "$WORK/nginx" "$(proxy taskgate_rr)"
+    printf '        location /b/ {\n            access_log %s/access.log tier;\n%s        }\n' "$WORK/nginx" "$(proxy taskgate_bearer/)"
     printf '        location / {\n%s        }\n    }\n}\n' "$(proxy taskgate_rr)"
 } >"$WORK/nginx/nginx.conf"
 start nginx "$NGINX" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -e "$WORK/nginx/error.log"
@@ -157,7 +166,7 @@ for ((i = 0; i < 100; i++)); do
     sleep 0.1
 done
 LB="http://127.0.0.1:$LB_PORT"
-log "nginx: $LB (/mcp/modern round-robin, /mcp/ts hash on Mcp-Session-Id)"
+log "nginx: $LB (round-robin; /b/ to the bearer replicas)"
 
 requests() { # requests N UPSTREAM: taskgate_requests_total of replica N for UPSTREAM
     curl -fsS "http://${ADMIN[$1]}/metrics" 2>/dev/null |
@@ -184,47 +193,52 @@ rc=${PIPESTATUS[0]}
 grep -q 'tasks-' "$WORK/conformance-scenarios.txt" || rc=1
 result "tier 2026-07-28: conformance tasks-* direct = through 3 replicas on PostgreSQL behind nginx round-robin" "$rc"
 
-# ---- 2025-11-25: the TS SDK task client through the session-hashing balancer -------------------------
+# ---- 2025-11-25: the TS SDK task client through the round-robin balancer, without and with auth ----
 log "ts task-client direct $TS_URL"
 run_fg timeout 120 "$NODE22" "$HERE/task-client.mjs" "$TS_URL" --label "tier-ts direct" >"$WORK/ts-direct.json" 2>"$WORK/ts-direct.err"
-rc=0
-for ((r = 1; r <= ROUNDS; r++)); do
-    log "ts task-client through the tier, round $r/$ROUNDS"
-    run_fg timeout 120 "$NODE22" "$HERE/task-client.mjs" "$LB/mcp/ts" --label "tier-ts round $r" >"$WORK/ts-tier-$r.json" 2>"$WORK/ts-tier-$r.err"
-    "$NODE22" "$HERE/harness.mjs" tasks --label "tier-ts round $r" --direct "$WORK/ts-direct.json" --via "$WORK/ts-tier-$r.json" \
-        >"$WORK/ts-report-$r.txt" || {
-        rc=1
-        cat "$WORK/ts-report-$r.txt"
-    }
+declare -A TS_ROUTE=([none]="$LB/mcp/ts" [bearer]="$LB/b/mcp/ts")
+for auth in none bearer; do
+    rc=0
+    extra=()
+    [[ $auth == bearer ]] && extra=(--token "$TOKEN")
+    for ((r = 1; r <= ROUNDS; r++)); do
+        log "ts task-client through the tier ($auth), round $r/$ROUNDS"
+        run_fg timeout 120 "$NODE22" "$HERE/task-client.mjs" "${TS_ROUTE[$auth]}" --label "tier-ts $auth round $r" "${extra[@]}" \
+            >"$WORK/ts-tier-$auth-$r.json" 2>"$WORK/ts-tier-$auth-$r.err"
+        "$NODE22" "$HERE/harness.mjs" tasks --label "tier-ts $auth round $r" --direct "$WORK/ts-direct.json" --via "$WORK/ts-tier-$auth-$r.json" \
+            >"$WORK/ts-report-$auth-$r.txt" || {
+            rc=1
+            cat "$WORK/ts-report-$auth-$r.txt"
+        }
+    done
+    tail -n 3 "$WORK/ts-report-$auth-$ROUNDS.txt"
+    result "tier 2025-11-25: TS SDK task client lifecycle direct = through the tier (nginx round-robin, auth $auth), $ROUNDS sessions" "$rc"
 done
-tail -n 3 "$WORK/ts-report-$ROUNDS.txt"
-# Sticky: every request naming a session went to one replica. Sessions whose initialize nginx
-# placed on another replica than the hash picks (served there on the upstream session, which
-# taskgate passes through) are counted: that is the case this routing adds.
+# Spread: a session's requests went to several replicas (what stickiness used to forbid).
 awk -F'|' '
-    $1 == "-" && $2 != "-" { init[$2] = $3 }
-    $1 != "-" { if (!($1 in first)) first[$1] = $3; else if (first[$1] != $3) split_[$1] = 1 }
+    $1 != "-" { seen[$1 "|" $3] = 1; reqs[$1]++ }
     END {
-        for (s in first) { n++; if (s in split_) bad++; if ((s in init) && init[s] != first[s]) moved++ }
-        printf "  %d sessions through nginx; %d with requests on more than one replica; %d whose initialize landed on another replica than the rest\n", n, bad, moved
-        exit (n > 0 && bad == 0) ? 0 : 1
-    }' "$WORK/nginx/access.log" || rc=1
-result "tier 2025-11-25: TS SDK task client lifecycle direct = through the tier (nginx hash on Mcp-Session-Id), $ROUNDS sessions" "$rc"
+        for (k in seen) { split(k, p, "|"); replicas[p[1]]++ }
+        for (s in reqs) { if (reqs[s] > 3) { n++; if (replicas[s] > 1) spread++ } }
+        printf "  %d sessions with more than 3 requests through nginx; %d of them served by more than one replica\n", n, spread
+        exit (n > 0 && spread == n) ? 0 : 1
+    }' "$WORK/nginx/access.log"
+result "tier 2025-11-25: every session's requests spread over the replicas" "$?"
 
 # ---- every replica took part, and is still running ------------------------------------------------------
 rc=0
-for n in 0 1 2; do
+for n in 0 1 2 3 4 5; do
     m=$(requests "$n" modern)
     t=$(requests "$n" ts)
     echo "  replica$n (${GW[n]}): $m requests for modern, $t for ts"
-    [[ $m -gt 0 && $t -gt 0 ]] || rc=1
+    if ((n < 3)); then [[ $m -gt 0 && $t -gt 0 ]] || rc=1; else [[ $t -gt 0 ]] || rc=1; fi
     kill -0 "${PID[replica$n]}" 2>/dev/null || {
         echo "  replica$n exited; stderr tail:"
         tail -n 20 "$WORK/replica$n.err"
         rc=1
     }
 done
-result "tier: every replica served both eras and is still running" "$rc"
+result "tier: every replica served both eras (the bearer ones 2025-11-25) and is still running" "$rc"
 
 echo
 echo "== tier summary (logs: $WORK) =="
