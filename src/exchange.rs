@@ -587,8 +587,11 @@ impl GatewayError {
 /// (`tower::Service<McpRequest, Response = McpReply, Error = GatewayError>`, always ready).
 ///
 /// The edge clones it per request: a reference count, where a boxed clonable service
-/// (`tower::util::BoxCloneSyncService`) allocated a copy of every layer. A call clones the
-/// layers in place, checks their readiness and boxes their future (the one allocation).
+/// (`tower::util::BoxCloneSyncService`) allocated a copy of every layer. A call goes through
+/// the calling thread's own clone of the layers (made at its first call, dropped with the
+/// stack), checks their readiness and boxes their future (the one allocation): a clone of
+/// every layer per request, and its drop, cost ~250 instructions of a small call
+/// (benches/profile.sh small, issue 36).
 #[derive(Clone)]
 pub struct McpStack(Arc<dyn CallStack>);
 
@@ -603,7 +606,10 @@ impl McpStack {
             + 'static,
         S::Future: Send + 'static,
     {
-        McpStack(Arc::new(stack))
+        McpStack(Arc::new(PerThread {
+            shared: stack,
+            local: thread_local::ThreadLocal::new(),
+        }))
     }
 
     /// Sends `req` through the stack, through a shared reference: what the edge does per
@@ -622,7 +628,15 @@ trait CallStack: Send + Sync {
     fn call(&self, req: McpRequest) -> StackFuture;
 }
 
-impl<S> CallStack for S
+/// A stack and one clone of it per thread that called it. A layer's `call` needs `&mut self`
+/// (tower), and every layer keeps what outlives a call in its future or in shared state, so a
+/// clone serves one call after another; each thread's is borrowed only while `call` runs.
+struct PerThread<S: Send> {
+    shared: S,
+    local: thread_local::ThreadLocal<std::cell::RefCell<S>>,
+}
+
+impl<S> CallStack for PerThread<S>
 where
     S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
         + Clone
@@ -632,18 +646,35 @@ where
     S::Future: Send + 'static,
 {
     fn call(&self, req: McpRequest) -> StackFuture {
-        use std::task::{Context, Poll};
-        use tower::ServiceExt;
-        let mut stack = self.clone();
-        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
-        match stack.poll_ready(&mut cx) {
-            // Every layer and the upstream client are always ready: called at once.
-            // (`Service::call` named: `stack.call` would be this method, `&self` first.)
-            Poll::Ready(Ok(())) => Box::pin(tower::Service::call(&mut stack, req)),
-            Poll::Ready(Err(e)) => Box::pin(std::future::ready(Err(e))),
-            // (Not so today) readiness is awaited with the caller's waker.
-            Poll::Pending => Box::pin(stack.oneshot(req)),
+        let own = self
+            .local
+            .get_or(|| std::cell::RefCell::new(self.shared.clone()));
+        match own.try_borrow_mut() {
+            Ok(mut stack) => call_ready(&mut *stack, req),
+            // Called again from within one of its own layers' `call` on this thread (no layer
+            // does today): a clone for that call.
+            Err(_) => call_ready(&mut self.shared.clone(), req),
         }
+    }
+}
+
+/// Calls `stack`, which every layer and the upstream client keep ready: at once.
+fn call_ready<S>(stack: &mut S, req: McpRequest) -> StackFuture
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    use std::task::{Context, Poll};
+    use tower::ServiceExt;
+    let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
+    match stack.poll_ready(&mut cx) {
+        Poll::Ready(Ok(())) => Box::pin(stack.call(req)),
+        Poll::Ready(Err(e)) => Box::pin(std::future::ready(Err(e))),
+        // (Not so today) readiness is awaited with the caller's waker, on a clone.
+        Poll::Pending => Box::pin(stack.clone().oneshot(req)),
     }
 }
 
@@ -652,7 +683,8 @@ impl tower::Service<McpRequest> for McpStack {
     type Error = GatewayError;
     type Future = StackFuture;
 
-    /// Always ready: the stack's own readiness is checked per call, on the call's clone.
+    /// Always ready: the stack's own readiness is checked per call, on the calling thread's
+    /// clone.
     fn poll_ready(
         &mut self,
         _cx: &mut std::task::Context<'_>,
@@ -662,5 +694,72 @@ impl tower::Service<McpRequest> for McpStack {
 
     fn call(&mut self, req: McpRequest) -> StackFuture {
         self.0.call(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A service that counts its calls and holds `alive` (its clones too).
+    #[derive(Clone)]
+    struct Counting {
+        alive: Arc<()>,
+        calls: Arc<AtomicUsize>,
+    }
+
+    impl tower::Service<McpRequest> for Counting {
+        type Response = McpReply;
+        type Error = GatewayError;
+        type Future = std::future::Ready<Result<McpReply, GatewayError>>;
+
+        fn poll_ready(
+            &mut self,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Result<(), GatewayError>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, _req: McpRequest) -> Self::Future {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            std::future::ready(Ok(McpReply::accepted()))
+        }
+    }
+
+    /// Calls go through one clone of the stack per calling thread, made at its first call
+    /// (issue 36), and the clones go with the stack: nothing it holds (a registry, a store)
+    /// outlives it.
+    #[tokio::test]
+    async fn a_stack_is_cloned_once_per_thread_and_its_clones_go_with_it() {
+        let alive = Arc::new(());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stack = McpStack::new(Counting {
+            alive: alive.clone(),
+            calls: calls.clone(),
+        });
+        for _ in 0..3 {
+            let reply = stack
+                .send(crate::layers::testing::request(
+                    r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+                ))
+                .await
+                .unwrap();
+            assert_eq!(reply.status, StatusCode::ACCEPTED);
+        }
+        assert_eq!(calls.load(Ordering::Relaxed), 3);
+        // The test's own handle, the stack's and this thread's clone.
+        assert_eq!(Arc::strong_count(&alive), 3);
+        let other = stack.clone();
+        std::thread::spawn(move || {
+            let _ = other.send(crate::layers::testing::request(
+                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            ));
+        })
+        .join()
+        .unwrap();
+        assert_eq!(Arc::strong_count(&alive), 4);
+        drop(stack);
+        assert_eq!(Arc::strong_count(&alive), 1);
     }
 }
