@@ -911,3 +911,61 @@ async fn subscriptions_listen_is_an_unknown_method_404() {
     assert_eq!(v["id"], 1, "{v}");
     assert_eq!(up.count("subscriptions/listen"), 0, "nothing upstream");
 }
+
+/// The 2025 sessions taskgate holds are pinged (every `gateway.session_idle_ms` / 2 here), on
+/// the session and with its negotiated version, while a task created on one lives; a ping that
+/// meets 404 (the upstream lost the session) opens it again, so the client's next `tasks/get`
+/// finds the task without a round trip of its own to re-initialize.
+#[tokio::test]
+async fn held_sessions_are_pinged_and_reopened_when_lost() {
+    // The second ping finds the session gone (404), as a 1.x server answers after a restart.
+    let up = legacy_server_with(
+        UpBehaviour::default(),
+        Some(Arc::new(|method, _id, _task, n| {
+            (method == "ping" && n == 2)
+                .then(|| ScriptedResponse::status(404, Some("text/plain"), "Session not found"))
+        })),
+    )
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .gateway("session_idle_ms = 1000")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    assert_eq!(v["result"]["resultType"], "task", "{v}");
+    let pinged = eventually(std::time::Duration::from_secs(10), || async {
+        up.received("ping")
+            .iter()
+            .find(|r| r.header("mcp-session-id").as_deref() == Some("sess-1"))
+            .map(|r| r.header("mcp-protocol-version"))
+    })
+    .await;
+    assert_eq!(
+        pinged,
+        Some(Some("2025-11-25".to_string())),
+        "a ping on the held session"
+    );
+    let reopened = eventually(std::time::Duration::from_secs(10), || async {
+        (up.count("initialize") == 2).then_some(())
+    })
+    .await;
+    assert!(
+        reopened.is_some(),
+        "the lost session was opened again by a ping"
+    );
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    let (status, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(status, 200, "{v}");
+    let get = up
+        .received("tasks/get")
+        .last()
+        .cloned()
+        .expect("a tasks/get upstream");
+    assert_eq!(get.header("mcp-session-id").as_deref(), Some("sess-2"));
+    assert_eq!(
+        up.count("initialize"),
+        2,
+        "no initialize of the client's own"
+    );
+}

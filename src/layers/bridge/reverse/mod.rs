@@ -128,6 +128,10 @@ pub struct ReverseState {
     ids: OwnIds,
     /// The upstream's `timeout_ms`: bounds each exchange taskgate makes itself.
     timeout: Duration,
+    /// Whether the held sessions' pinger runs (started with the first session; see `sessions`).
+    pinging: std::sync::atomic::AtomicBool,
+    /// This state, for the pinger (which ends with it).
+    me: std::sync::Weak<ReverseState>,
 }
 
 impl ReverseState {
@@ -140,13 +144,15 @@ impl ReverseState {
         timeout: Duration,
         idle: Duration,
     ) -> Arc<ReverseState> {
-        Arc::new(ReverseState {
+        Arc::new_cyclic(|me| ReverseState {
             registry,
             era,
             sessions: UpstreamSessions::new(idle),
             inputs: input::Inputs::default(),
             ids: OwnIds::default(),
             timeout,
+            pinging: std::sync::atomic::AtomicBool::new(false),
+            me: me.clone(),
         })
     }
 
@@ -370,6 +376,12 @@ async fn session<S: McpService>(
     let s = open(state, inner, req)
         .await
         .map_err(|why| no_session(req, &why))?;
+    if !state
+        .pinging
+        .swap(true, std::sync::atomic::Ordering::SeqCst)
+    {
+        tokio::spawn(ping_held(state.me.clone(), inner.clone()));
+    }
     state
         .sessions
         .insert(tenant, s.clone())
@@ -434,6 +446,7 @@ async fn open<S: McpService>(
         .and_then(|v| HeaderValue::from_str(v).ok())
         .unwrap_or_else(|| HeaderValue::from_static(LEGACY_VERSION));
     let session = Arc::new(UpstreamSession::new(session_id, version, init));
+    session.set_opened_in(req.ctx.clone());
     let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     let out = request_with(req, note, Some(&session));
     let _ = state
@@ -441,6 +454,56 @@ async fn open<S: McpService>(
         .await;
     tracing::debug!(upstream = %upstream, session = ?session.id, "2025-11-25 upstream session opened for 2026-07-28 clients");
     Ok(session)
+}
+
+/// Pings every held session each `sessions.ping_every()`, in the context of the request that
+/// opened it, until the state is gone (see `sessions`: "Pings"). A ping the upstream answers
+/// 404 opens the session again (as [`send`] does, without its call back into [`session`],
+/// which spawns this); the answer itself is not read.
+async fn ping_held<S: McpService>(me: std::sync::Weak<ReverseState>, inner: S) {
+    loop {
+        let Some(every) = me.upgrade().map(|s| s.sessions.ping_every()) else {
+            return;
+        };
+        tokio::time::sleep(every).await;
+        let Some(state) = me.upgrade() else {
+            return;
+        };
+        for session in state.sessions.held() {
+            let (Some(mut ctx), Some(id)) = (session.opened_in(), session.id.clone()) else {
+                continue;
+            };
+            ctx.session_id = Some(id);
+            let own = state.ids.next_id();
+            let body = json!({"jsonrpc": "2.0", "id": id_value(&own), "method": "ping"});
+            let req = McpRequest {
+                op: Operation::Post(
+                    Message::parse(Bytes::from(body.to_string())).expect("a well-formed ping"),
+                ),
+                ctx,
+                extensions: http::Extensions::new(),
+            };
+            let upstream = req.ctx.upstream.clone();
+            let out = request_with(&req, body, Some(&session));
+            let lost = match state.bounded(&upstream, inner.clone().oneshot(out)).await {
+                Ok(reply) => reply.status == StatusCode::NOT_FOUND,
+                Err(e) => {
+                    tracing::debug!(upstream = %upstream, error = %e, "a held upstream session's ping was not answered");
+                    false
+                }
+            };
+            if lost {
+                // Opened again now, as `send` would for the next request on it.
+                let _one = state.sessions.opening.lock().await;
+                match open(&state, &inner, &req).await {
+                    Ok(new) => state.sessions.replace(&req.ctx.tenant(), &session, new),
+                    Err(why) => {
+                        tracing::info!(upstream = %upstream, %why, "a held upstream session lost (404) could not be opened again")
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// `id` as a JSON value.

@@ -25,12 +25,19 @@
 //! recorded on the old one go out on the new one (the TypeScript SDK 1.x store serves them
 //! there; a server that scoped the task to the lost session answers "not found").
 //!
+//! **Pings** (2025-11-25 basic/utilities/ping): every held session is sent a `ping` each
+//! [`ping_interval`] (`gateway.session_idle_ms` / 2, at most [`MAX_PING_INTERVAL`]), in the
+//! context of the request that opened it, so an upstream that ends idle sessions keeps the ones
+//! whose tasks a client may still ask about, and a session the upstream lost (404) is opened
+//! again before a client needs it. A ping does not count as use: a session idle past its limit
+//! with no live task is still forgotten.
+//!
 //! **Bounds**: at most [`MAX_UPSTREAM_SESSIONS`] sessions per upstream; past it the least
 //! recently used one without live tasks is forgotten, and when every one has live tasks the
 //! request is refused (`-32603`, "too many held upstream sessions"). At most
 //! [`MAX_REPLACED`] old→new routes are kept (the oldest dropped first).
 
-use crate::exchange::Tenant;
+use crate::exchange::{RequestContext, Tenant};
 use http::HeaderValue;
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -44,6 +51,14 @@ pub const MAX_UPSTREAM_SESSIONS: usize = 1024;
 pub const MAX_REPLACED: usize = 4096;
 /// Most tools of a `tools/list` kept per session (taskSupport lookups).
 pub const MAX_TOOLS: usize = 4096;
+/// The longest time between two pings of a held session.
+pub const MAX_PING_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How often held sessions are pinged: half of `idle` (`gateway.session_idle_ms`), between
+/// 100 ms and [`MAX_PING_INTERVAL`].
+pub fn ping_interval(idle: Duration) -> Duration {
+    (idle / 2).clamp(Duration::from_millis(100), MAX_PING_INTERVAL)
+}
 
 /// One 2025-11-25 session taskgate opened on the upstream.
 #[derive(Debug)]
@@ -59,6 +74,9 @@ pub struct UpstreamSession {
     /// Kept at least until then (the latest ttl end of a task created on it).
     keep_until: Mutex<Instant>,
     last_used: Mutex<Instant>,
+    /// The context of the request that opened it (its upstream, headers and caller): what its
+    /// pings are sent in.
+    opened_in: Mutex<Option<RequestContext>>,
 }
 
 impl UpstreamSession {
@@ -72,7 +90,18 @@ impl UpstreamSession {
             tools: Mutex::new(None),
             keep_until: Mutex::new(now),
             last_used: Mutex::new(now),
+            opened_in: Mutex::new(None),
         }
+    }
+
+    /// Notes the context of the request that opened the session (see [`Self::opened_in`]).
+    pub fn set_opened_in(&self, ctx: RequestContext) {
+        *self.opened_in.lock() = Some(ctx);
+    }
+
+    /// The context of the request that opened the session, when noted.
+    pub fn opened_in(&self) -> Option<RequestContext> {
+        self.opened_in.lock().clone()
     }
 
     /// The session id as text (what a task record keeps), when it has one that is text.
@@ -160,6 +189,21 @@ impl UpstreamSessions {
         }
         s.touch();
         Some(s)
+    }
+
+    /// The sessions held now (those idle past the limit with no live task are forgotten here),
+    /// without counting this as their use.
+    pub fn held(&self) -> Vec<Arc<UpstreamSession>> {
+        let now = Instant::now();
+        let idle = self.idle;
+        let mut table = self.by_tenant.lock();
+        table.retain(|_, s| now.duration_since(s.idle_since()) <= idle || s.has_live_tasks(now));
+        table.values().cloned().collect()
+    }
+
+    /// How often the held sessions are pinged ([`ping_interval`] of the idle limit).
+    pub fn ping_every(&self) -> Duration {
+        ping_interval(self.idle)
     }
 
     /// Keeps `session` as `tenant`'s. Errors: [`Full`] when [`MAX_UPSTREAM_SESSIONS`] are held
