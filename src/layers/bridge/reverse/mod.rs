@@ -19,7 +19,9 @@
 //! **Sessions** (`sessions`): each request goes out on a 2025-11-25 session taskgate holds,
 //! one per principal with auth and per client address without (why: see `sessions`), opened
 //! with `initialize` + `notifications/initialized` by the first request that needs it and
-//! opened again when the upstream answers 404 on it (the request is then sent once more).
+//! opened again when the upstream answers 404 on it (the request is then sent once more);
+//! pinged every `gateway.session_idle_ms` / 2 (at most 30 s), a ping answered 404 opening it
+//! again (`ping_held`).
 //!
 //! **Requests** (every one taskgate sends upstream here): under an id taskgate mints (a string
 //! no client id is: two stateless clients sharing a session can use the same id), the answer
