@@ -174,10 +174,12 @@ pub enum Access {
     Foreign,
     /// taskgate has no entry for this session id.
     Unknown,
-    /// The caller owns the session, but its entry was read from a store other replicas share
-    /// longer than [`REVALIDATE_AFTER`] ago: the store is asked again first (a DELETE or the
-    /// expiry on another replica removed it there), see `held_store`.
-    Recheck,
+    /// As [`Access::Owner`], and the entry was read from a store other replicas share longer
+    /// than [`REVALIDATE_AFTER`] ago: the request is served from the table, and the caller has
+    /// the store asked again in the background ([`Sessions::revive`]: a DELETE or the expiry on
+    /// another replica removed it there, and then it leaves this table too), see `held_store`.
+    /// Only one request per period is told so.
+    Recheck(Option<HeaderValue>),
 }
 
 /// How long a session read from (or written to) a store other replicas share is served from
@@ -350,18 +352,20 @@ impl Sessions {
         let key = (upstream.clone(), Some(SessionKey::Session(session.clone())));
         match table.map.get_mut(&key) {
             Some(info) if info.owner == *principal => {
-                if info.stored
+                let version = info.protocol_version.clone();
+                let access = if info.stored
                     && self.shared.load(std::sync::atomic::Ordering::Relaxed)
                     && now.saturating_sub(info.checked_at) >= REVALIDATE_AFTER.as_secs() as u32
                 {
-                    return (Access::Recheck, None);
-                }
+                    // This request has the store asked again; the next ones need not.
+                    info.checked_at = now;
+                    Access::Recheck(version)
+                } else {
+                    Access::Owner(version)
+                };
                 info.last_used = now;
                 self.touch_if_due(upstream, session, info);
-                (
-                    Access::Owner(info.protocol_version.clone()),
-                    wants(info.held.is_some()).then(|| info.view()),
-                )
+                (access, wants(info.held.is_some()).then(|| info.view()))
             }
             Some(_) => (Access::Foreign, None),
             None => (Access::Unknown, None),

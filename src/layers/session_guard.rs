@@ -34,8 +34,9 @@
 //!   digits: a session the `bridge` holds itself) is 404 either way, never forwarded. A stored
 //!   one the full table has no room for is 503; a store that cannot be read is 500 `-32603`
 //!   where the answer would be 404, and forwarded where it would be forwarded. On a store other
-//!   replicas share, a session's entry is read again once it is [`REVALIDATE_AFTER`] old, before
-//!   its request is served: one another replica ended is then unknown here too.
+//!   replicas share, a session's entry is read again in the background once it is
+//!   [`REVALIDATE_AFTER`] old (its request is served from the table meanwhile, so a store that
+//!   does not answer holds no request): one another replica ended is then unknown here too.
 //!   A session already in the table (and fresh) costs no store read.
 
 #[cfg(doc)]
@@ -173,8 +174,18 @@ impl<S> SessionGuard<S> {
                 .access_view(&req.ctx.upstream, session, &req.ctx.principal, |held| {
                     hand_down.wants(req, held)
                 });
+        let access_is_due = matches!(access, Access::Recheck(_));
         let refuse = match access {
-            Access::Owner(version) => {
+            Access::Owner(version) | Access::Recheck(version) => {
+                if access_is_due {
+                    // Served from the table; the shared store is asked again in the background.
+                    let sessions = self.sessions.clone();
+                    let (upstream, session) = (req.ctx.upstream.clone(), session.clone());
+                    let tenant = req.ctx.tenant();
+                    tokio::spawn(async move {
+                        sessions.revive(&upstream, &session, tenant).await;
+                    });
+                }
                 // What is known of the session goes down with the request (`SessionView`).
                 if let Some(view) = view {
                     req.extensions.insert(view);
@@ -190,14 +201,11 @@ impl<S> SessionGuard<S> {
                 false
             }
             Access::Foreign => true,
-            Access::Recheck if !looked_up => return Checked::LookUp,
             Access::Unknown
                 if !looked_up && self.sessions.may_look_up(&req.ctx.upstream, session) =>
             {
                 return Checked::LookUp;
             }
-            // Re-read just now (a concurrent request may have made it due again): served.
-            Access::Recheck => false,
             Access::Unknown => self.authenticated || is_held_form(session.as_bytes()),
         };
         if refuse {

@@ -23,10 +23,12 @@
 //!   decides). A store that cannot be read is 500 where the answer would be 404, and
 //!   forwarded where it would be forwarded. A session in the table costs no store read.
 //! - **DELETE on one replica, the others' tables** (a tier): a session read from (or written
-//!   to) a shared store is served from the table for [`super::REVALIDATE_AFTER`] (5 s), then
-//!   read again before its next request: gone from the store (a DELETE on another replica,
-//!   the sweep's expiry), it leaves this table too; a store that cannot be read leaves it
-//!   served from the table. Chosen over PostgreSQL `LISTEN`/`NOTIFY`: no connection held per
+//!   to) a shared store is served from the table; the first request after
+//!   [`super::REVALIDATE_AFTER`] (5 s) has it read again in the background (the request itself
+//!   is served from the table, so a slow or unreachable database holds no request): gone from
+//!   the store (a DELETE on another replica, the sweep's expiry), it leaves this table too, and
+//!   the session's next request is treated as an unknown id's; a store that cannot be read
+//!   leaves it served from the table. Chosen over PostgreSQL `LISTEN`/`NOTIFY`: no connection held per
 //!   replica, none to re-establish (notifications lost while it was down would need this
 //!   re-read anyway), it works through a transaction-pooling proxy (PgBouncer), and the cost is
 //!   bounded (one primary-key read per used session and replica every 5 s). What the 5 s
@@ -217,7 +219,8 @@ impl Sessions {
     }
 
     /// Brings a session the store keeps back into the table, or (an entry due for its re-read,
-    /// [`super::Access::Recheck`]) checks that the store still keeps it (see the module docs).
+    /// [`super::Access::Recheck`], in the background) checks that the store still keeps it and
+    /// forgets it when not (see the module docs).
     /// `tenant`: whom the session counts against when it has no owner principal (without
     /// auth, the client address of the request that brings it back).
     pub async fn revive(
