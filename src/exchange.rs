@@ -702,10 +702,10 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// A service that counts its calls and holds `alive` (its clones too).
+    /// A service that counts its calls and holds `_alive` (its clones too).
     #[derive(Clone)]
     struct Counting {
-        alive: Arc<()>,
+        _alive: Arc<()>,
         calls: Arc<AtomicUsize>,
     }
 
@@ -735,7 +735,7 @@ mod tests {
         let alive = Arc::new(());
         let calls = Arc::new(AtomicUsize::new(0));
         let stack = McpStack::new(Counting {
-            alive: alive.clone(),
+            _alive: alive.clone(),
             calls: calls.clone(),
         });
         for _ in 0..3 {
