@@ -214,6 +214,7 @@ async fn store_big_records(url: &str, owner: &taskgate::store::Owner) {
             terminal_result: (status == TaskStatus::Completed).then(|| result.clone()),
             trace_parent: None,
             tool_error: false,
+            terminal_error: None,
         };
         store.create(record).await.unwrap();
     }
