@@ -121,6 +121,7 @@ fn get(state: &GatewayTasksState, record: &TaskRecord, id: &Id, era: Era) -> Mcp
 /// `tasks/result` (2025-11-25): blocks until the task is terminal, then its outcome.
 async fn result(state: &Arc<GatewayTasksState>, mut record: Arc<TaskRecord>, id: &Id) -> McpReply {
     let owner = record.owner.clone();
+    let mut first = true;
     while !record.status.is_terminal() {
         let live = state.live.lock().get(&record.task_id).cloned();
         match live {
@@ -128,8 +129,12 @@ async fn result(state: &Arc<GatewayTasksState>, mut record: Arc<TaskRecord>, id:
                 let mut terminal = live.terminal.subscribe();
                 let _ = terminal.wait_for(|t| *t).await;
             }
+            // The record read above may predate the held call's end (no longer live here):
+            // read it again at once before polling.
+            None if first => {}
             None => tokio::time::sleep(RESULT_POLL).await,
         }
+        first = false;
         match state
             .registry
             .lookup_checked(&record.upstream, &record.task_id, &owner)

@@ -5,8 +5,8 @@
 //! `input_required` → working, and the terminal status), merged into the upstream's own GET
 //! stream. The `tasks/result` stream of a held call carries them too (see `input`).
 //!
-//! Bounds: one channel per session with an open GET stream (it goes when its last stream
-//! closes and the next notification finds nobody listening), [`BACKLOG`] notifications each;
+//! Bounds: one channel per session with an open GET stream (it goes with its last stream),
+//! [`BACKLOG`] notifications each;
 //! a stream that falls further behind misses the oldest (they are optional).
 
 use super::GatewayTasksState;
@@ -16,6 +16,7 @@ use crate::sse::Event;
 use crate::store::TaskRecord;
 use futures_util::StreamExt;
 use serde_json::json;
+use std::sync::Arc;
 use tokio::sync::broadcast;
 
 /// Most notifications a GET stream may fall behind by before it misses the oldest.
@@ -41,8 +42,16 @@ pub(super) fn listens(req: &McpRequest) -> Option<String> {
 }
 
 /// The upstream's GET stream `reply` with the notifications for `session` merged in (as it
-/// came when it is no stream). It ends when the upstream's stream ends.
-pub(super) fn merged(state: &GatewayTasksState, session: &str, mut reply: McpReply) -> McpReply {
+/// came when it is no stream). It ends when the upstream's stream ends; the session's channel
+/// goes with its last stream.
+pub(super) fn merged(
+    state: &Arc<GatewayTasksState>,
+    session: &str,
+    mut reply: McpReply,
+) -> McpReply {
+    if !matches!(reply.body, ReplyBody::Stream(_)) {
+        return reply;
+    }
     let ReplyBody::Stream(upstream) = std::mem::replace(&mut reply.body, ReplyBody::Empty) else {
         return reply;
     };
@@ -52,24 +61,56 @@ pub(super) fn merged(state: &GatewayTasksState, session: &str, mut reply: McpRep
         .entry(session.to_string())
         .or_insert_with(|| broadcast::channel(BACKLOG).0)
         .subscribe();
-    let stream = futures_util::stream::unfold((upstream, rx), |(mut up, mut rx)| async move {
-        loop {
-            tokio::select! {
-                ev = up.next() => return ev.map(|ev| (ev, (up, rx))),
-                note = rx.recv() => match note {
-                    Ok(ev) => return Some((ev, (up, rx))),
-                    Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                    // The sender went (never while the entry lives): the upstream's alone.
-                    Err(broadcast::error::RecvError::Closed) => {
-                        let ev = up.next().await?;
-                        return Some((ev, (up, rx)));
-                    }
-                },
+    let listening = Listening {
+        state: state.clone(),
+        session: session.to_string(),
+        rx: Some(rx),
+    };
+    let stream =
+        futures_util::stream::unfold((upstream, listening), |(mut up, mut l)| async move {
+            let Some(rx) = l.rx.as_mut() else {
+                let ev = up.next().await?;
+                return Some((ev, (up, l)));
+            };
+            loop {
+                tokio::select! {
+                    ev = up.next() => return ev.map(|ev| (ev, (up, l))),
+                    note = rx.recv() => match note {
+                        Ok(ev) => return Some((ev, (up, l))),
+                        Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                        // The sender went (never while the entry lives): the upstream's alone.
+                        Err(broadcast::error::RecvError::Closed) => {
+                            l.rx = None;
+                            let ev = up.next().await?;
+                            return Some((ev, (up, l)));
+                        }
+                    },
+                }
             }
-        }
-    });
+        });
     reply.body = ReplyBody::Stream(Box::pin(stream));
     reply
+}
+
+/// One GET stream's subscription: when it goes and it was the session's last, the session's
+/// channel goes too.
+struct Listening {
+    state: Arc<GatewayTasksState>,
+    session: String,
+    rx: Option<broadcast::Receiver<Event>>,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        drop(self.rx.take());
+        let mut listeners = self.state.listeners.lock();
+        if listeners
+            .get(&self.session)
+            .is_some_and(|tx| tx.receiver_count() == 0)
+        {
+            listeners.remove(&self.session);
+        }
+    }
 }
 
 /// Sends `session`'s GET streams the task's status now (its 2025 `Task`, read from the

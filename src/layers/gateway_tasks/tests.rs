@@ -106,3 +106,34 @@ fn kept_outcomes_are_bounded_and_the_oldest_go_first() {
     assert!(state.outcome(&format!("t{DONE_LIMIT}")).is_some());
     assert!(state.done.lock().bytes <= DONE_BYTES);
 }
+
+/// A GET answer that is no stream passes as it came; a session's channel to its GET streams
+/// goes with its last stream (the table stays bounded by the open streams).
+#[tokio::test]
+async fn get_stream_channels_go_with_their_last_stream() {
+    let state = GatewayTasksState::new_for_tests();
+    let json = crate::exchange::McpReply::local_json(bytes::Bytes::from_static(b"{}"));
+    let passed = listen::merged(&state, "s1", json);
+    assert!(matches!(passed.body, crate::exchange::ReplyBody::Json(ref b) if &b[..] == b"{}"));
+    assert!(state.listeners.lock().is_empty());
+    let (_tx1, rx1) = tokio::sync::mpsc::channel(1);
+    let (_tx2, rx2) = tokio::sync::mpsc::channel(1);
+    let a = listen::merged(
+        &state,
+        "s1",
+        crate::exchange::McpReply::event_stream(rx1, None),
+    );
+    let b = listen::merged(
+        &state,
+        "s1",
+        crate::exchange::McpReply::event_stream(rx2, None),
+    );
+    assert_eq!(state.listeners.lock().len(), 1);
+    drop(a);
+    assert_eq!(state.listeners.lock().len(), 1, "one stream still listens");
+    drop(b);
+    assert!(
+        state.listeners.lock().is_empty(),
+        "gone with the last stream"
+    );
+}
