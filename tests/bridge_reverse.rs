@@ -799,6 +799,49 @@ async fn both_bridges_read_one_learned_era() {
     );
 }
 
+/// A 2025 client on a 2025 task server (its `initialize` answer declares `capabilities.tasks`)
+/// needs no bridge, so taskgate sends no `server/discover` for it: Python `mcp` 1.30 (stateful)
+/// opens a transport for a request without a session and, when that one closes, stops task
+/// support for every session on the server ("TaskSupport not running"), so the probe made every
+/// 2025 task call through taskgate fail there (tests/interop step d, py-client-py-server).
+#[tokio::test]
+async fn a_2025_client_on_a_2025_task_server_asks_no_discovery() {
+    let up = legacy_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    let init = c.initialize().await;
+    assert!(
+        init["result"]["capabilities"]["tasks"].is_object(),
+        "{init}"
+    );
+    let created = c
+        .rpc(rpc(
+            "2",
+            "tools/call",
+            &json!({"name": "research", "arguments": {}, "task": {"ttl": 60000}}).to_string(),
+        ))
+        .await;
+    let task_id = created
+        .pointer("/result/task/taskId")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("a 2025 CreateTaskResult: {created}"))
+        .to_string();
+    let got = c
+        .rpc(rpc(
+            "3",
+            "tasks/get",
+            &json!({ "taskId": task_id }).to_string(),
+        ))
+        .await;
+    assert!(got["result"]["status"].is_string(), "{got}");
+    assert_eq!(
+        up.count("server/discover"),
+        0,
+        "nothing to bridge for a 2025 client on a 2025 task server"
+    );
+    assert_eq!(up.count("tools/call"), 1, "the task call went as it came");
+}
+
 /// A discovery unanswered in time decides nothing for either bridge, and keeps both from
 /// asking again (`bridge::UNANSWERED_RETRY`): the forward bridge used to take it for
 /// "2025-11-25" for the process's life while the reverse bridge asked again at once and

@@ -100,10 +100,10 @@ pub(super) async fn initialize<S: McpService>(
 }
 
 /// An `InitializeResult` with the 2025 `capabilities.tasks` added when the upstream serves the
-/// 2026 tasks extension; `None` when it stays as it is. The era is asked on the way (taskgate's
-/// own `server/discover`, once per upstream: the result says nothing of it), also when the
-/// upstream declares 2025 `capabilities.tasks`, so later requests of a 2025 upstream pass
-/// untouched.
+/// 2026 tasks extension; `None` when it stays as it is. An answer that declares 2025
+/// `capabilities.tasks` stays as it is and asks nothing: the upstream's 2025 sessions serve 2025
+/// tasks themselves ([`BridgeState::saw_legacy_tasks`]). Otherwise the era is asked on the way
+/// (taskgate's own `server/discover`, once per upstream: the result says nothing of it).
 async fn legacy_initialize<S: McpService>(
     state: &Arc<BridgeState>,
     inner: &S,
@@ -112,10 +112,11 @@ async fn legacy_initialize<S: McpService>(
 ) -> Option<Bytes> {
     let mut v = serde_json::from_slice::<Value>(answer).ok()?;
     let result = v.get_mut("result").filter(|r| r.is_object())?;
-    if tasks_bridged(state, inner, req).await
-        && result.pointer("/capabilities/tasks").is_none()
-        && translate::add_legacy_tasks_capability(result)
-    {
+    if result.pointer("/capabilities/tasks").is_some() {
+        state.saw_legacy_tasks();
+        return None;
+    }
+    if tasks_bridged(state, inner, req).await && translate::add_legacy_tasks_capability(result) {
         return Some(Bytes::from(v.to_string()));
     }
     None
@@ -183,7 +184,7 @@ pub(super) async fn task_call<S: McpService>(
     inner: S,
     mut req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
-    if !tasks_bridged(&state, &inner, &req).await {
+    if state.serves_legacy_tasks() || !tasks_bridged(&state, &inner, &req).await {
         return inner.oneshot(req).await;
     }
     let Some(id) = req.id().cloned() else {

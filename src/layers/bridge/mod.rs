@@ -177,6 +177,13 @@ pub struct BridgeState {
     /// The upstream's era, the one fact `reverse` reads too.
     era: Arc<Discovery>,
     task_only: Mutex<HashSet<String>>,
+    /// Its 2025 `initialize` answers declare 2025-11-25 `capabilities.tasks`: its 2025 sessions
+    /// serve 2025 tasks themselves, so their requests pass untranslated and need no
+    /// `server/discover`. An observation about its 2025 sessions, not its era (a dual-era server
+    /// may also serve the 2026 tasks extension): `reverse` never reads it. Not asking matters:
+    /// Python `mcp` 1.30 (stateful) opens a transport for the sessionless probe and, when that
+    /// one closes, stops task support for every other session on the server.
+    serves_legacy_tasks: std::sync::atomic::AtomicBool,
     /// Ids of taskgate's own upstream requests (shared with the relay).
     ids: Arc<OwnIds>,
     /// The relay of input the upstream asks for (`input_required`, MRTR), its own stage.
@@ -210,6 +217,7 @@ impl BridgeState {
             registry,
             era,
             task_only: Mutex::new(HashSet::new()),
+            serves_legacy_tasks: std::sync::atomic::AtomicBool::new(false),
             ids,
             relay,
             timeout,
@@ -217,6 +225,18 @@ impl BridgeState {
             held_calls: Mutex::new(std::collections::HashMap::new()),
             listens: listen::Listens::default(),
         })
+    }
+
+    /// Whether its 2025 sessions serve 2025 tasks themselves (see the field).
+    pub(super) fn serves_legacy_tasks(&self) -> bool {
+        self.serves_legacy_tasks
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Notes an `initialize` answer that declares 2025 `capabilities.tasks` (see the field).
+    pub(super) fn saw_legacy_tasks(&self) {
+        self.serves_legacy_tasks
+            .store(true, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The upstream's era when known without asking it.
@@ -329,10 +349,11 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
             }));
         }
         if !is_held
-            && matches!(
-                state.known(),
-                Some(UpstreamEra::Legacy | UpstreamEra::Modern)
-            )
+            && (state.serves_legacy_tasks()
+                || matches!(
+                    state.known(),
+                    Some(UpstreamEra::Legacy | UpstreamEra::Modern)
+                ))
             && !(holds && req.request_method() == Some("initialize"))
         {
             // (A 2026 upstream without the tasks extension whose sessions taskgate holds still
