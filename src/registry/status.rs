@@ -198,35 +198,18 @@ impl Registry {
         status: Option<TaskStatus>,
         result_json: String,
     ) -> bool {
-        let max = self.config.max_stored_result_bytes;
-        if max == 0 || result_json.len() as u64 > max || status.is_some_and(|s| !s.is_terminal()) {
+        if status.is_some_and(|s| !s.is_terminal()) {
             return false;
         }
-        let (up, id) = (upstream.to_string(), task_id.to_string());
-        self.off_runtime(move |this| {
-            let updated = this.update(&up, &id, &mut |r| {
-                let wanted = status.map_or(r.status.is_terminal(), |s| r.status == s);
-                if !wanted || r.terminal_result.is_some() {
-                    return false;
-                }
-                // A transaction may run this more than once: clone, never take.
-                r.terminal_result = Some(result_json.clone());
-                true
-            });
-            match updated {
-                Ok(Some((before, after))) if before != *after => {
-                    this.store.sync_soon();
-                    true
-                }
-                Ok(_) => false,
-                Err(e) => {
-                    this.write_failed(&e, "task store update failed");
-                    false
-                }
+        self.store_terminal(upstream, task_id, result_json, move |r, json| {
+            let wanted = status.map_or(r.status.is_terminal(), |s| r.status == s);
+            if !wanted || r.terminal_result.is_some() {
+                return false;
             }
+            r.terminal_result = Some(json.to_string());
+            true
         })
         .await
-        .unwrap_or(false)
     }
 
     /// Keeps `error_json` (the JSON-RPC `error` object a 2025-11-25 gateway task `failed` with)
@@ -239,21 +222,34 @@ impl Registry {
         task_id: &str,
         error_json: String,
     ) -> bool {
+        self.store_terminal(upstream, task_id, error_json, |r, json| {
+            if r.status != TaskStatus::Failed || r.terminal_error.is_some() {
+                return false;
+            }
+            r.terminal_error = Some(json.to_string());
+            true
+        })
+        .await
+    }
+
+    /// Writes `json` into the record of `(upstream, task_id)` with `put` (which says whether it
+    /// changed the record, and may run more than once in a transaction: it copies, never takes),
+    /// when `json` is at most `tasks.max_stored_result_bytes` (0 turns storing off); off the
+    /// runtime. Returns whether the record changed.
+    async fn store_terminal(
+        self: &std::sync::Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        json: String,
+        put: impl Fn(&mut crate::store::TaskRecord, &str) -> bool + Send + 'static,
+    ) -> bool {
         let max = self.config.max_stored_result_bytes;
-        if max == 0 || error_json.len() as u64 > max {
+        if max == 0 || json.len() as u64 > max {
             return false;
         }
         let (up, id) = (upstream.to_string(), task_id.to_string());
-        self.off_runtime(move |this| {
-            let updated = this.update(&up, &id, &mut |r| {
-                if r.status != TaskStatus::Failed || r.terminal_error.is_some() {
-                    return false;
-                }
-                // A transaction may run this more than once: clone, never take.
-                r.terminal_error = Some(error_json.clone());
-                true
-            });
-            match updated {
+        self.off_runtime(
+            move |this| match this.update(&up, &id, &mut |r| put(r, &json)) {
                 Ok(Some((before, after))) if before != *after => {
                     this.store.sync_soon();
                     true
@@ -263,8 +259,8 @@ impl Registry {
                     this.write_failed(&e, "task store update failed");
                     false
                 }
-            }
-        })
+            },
+        )
         .await
         .unwrap_or(false)
     }
