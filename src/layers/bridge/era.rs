@@ -16,6 +16,11 @@
 //!   [`UpstreamEra::ModernTasks`]; any other result: [`UpstreamEra::Modern`];
 //! - a JSON-RPC error, or no JSON-RPC answer (HTTP 400/404 without one, as 2025-11-25 servers
 //!   refuse a request without a session): [`UpstreamEra::Legacy`];
+//! - an answer that says nothing of the method, whatever its body ([`says_nothing_of_the_era`]:
+//!   HTTP 401, 403, 407, 408, 429 or 5xx, the credentials, a proxy or an overloaded server; or
+//!   a 2xx that carries no JSON-RPC answer): nothing is learned, and no request asks again for
+//!   [`UNANSWERED_RETRY`] (one 503 used to make a 2026-07-28 server "2025-11-25" for the
+//!   process's life, so every 2026 request went to a 2025 session it does not have);
 //! - not sent (a transport error): nothing is learned, the next request asks again;
 //! - unanswered within [`DISCOVER_DEADLINE`] (or the upstream's `timeout_ms` when shorter):
 //!   nothing is learned (a 2026-07-28 server slow at its start must not be taken for a
@@ -71,6 +76,9 @@ pub enum Discovered {
     NotSent,
     /// No answer within the deadline: nothing learned.
     Unanswered,
+    /// An answer that says nothing of the era (see [`says_nothing_of_the_era`]): nothing
+    /// learned.
+    Inconclusive,
     /// The answer (`None`: no JSON-RPC answer, such as an HTTP 400 or 404 page, or a stream
     /// that ended without one).
     Answer(Option<Value>),
@@ -145,13 +153,21 @@ impl Discovery {
         let out = discovery_request(req, &id);
         let asked = async {
             match inner.oneshot(out).await {
-                Ok(reply) => Ok(answer_of(reply, &id).await),
+                Ok(reply) => {
+                    let status = reply.status;
+                    Ok((status, answer_of(reply, &id).await))
+                }
                 Err(e) => Err(e),
             }
         };
         let upstream = &req.ctx.upstream;
         match tokio::time::timeout(DISCOVER_DEADLINE.min(self.timeout), asked).await {
-            Ok(Ok(answer)) => {
+            Ok(Ok((status, answer))) if says_nothing_of_the_era(status, answer.as_ref()) => {
+                tracing::info!(upstream = %upstream, %status, "server/discover answered without telling the era: asked again later");
+                *self.unanswered_until.lock() = Some(Instant::now() + UNANSWERED_RETRY);
+                Discovered::Inconclusive
+            }
+            Ok(Ok((_, answer))) => {
                 let era = match answer.as_ref().and_then(|a| a.get("result")) {
                     Some(r) if r.is_object() && translate::advertises_extension(r) => {
                         UpstreamEra::ModernTasks
@@ -184,6 +200,24 @@ impl Discovery {
             *l = Some(era);
         }
     }
+}
+
+/// Whether a `server/discover` answered with HTTP `status` and the JSON-RPC `answer` (`None`:
+/// none) says nothing of the upstream's era: 401, 403, 407 (credentials), 408, 429 and 5xx
+/// (a proxy, an overloaded or starting server) whatever the body, and a 2xx without a JSON-RPC
+/// answer. A 2025-11-25 server refuses the sessionless request with 400 or 404 (a JSON-RPC
+/// error or none); a 2026-07-28 one answers it.
+pub fn says_nothing_of_the_era(status: http::StatusCode, answer: Option<&Value>) -> bool {
+    use http::StatusCode as S;
+    matches!(
+        status,
+        S::UNAUTHORIZED
+            | S::FORBIDDEN
+            | S::PROXY_AUTHENTICATION_REQUIRED
+            | S::REQUEST_TIMEOUT
+            | S::TOO_MANY_REQUESTS
+    ) || status.is_server_error()
+        || (status.is_success() && answer.is_none())
 }
 
 /// taskgate's own `server/discover` under `id`, in `req`'s context (its upstream and the
@@ -279,6 +313,74 @@ mod tests {
         );
         assert_eq!(asked.load(Ordering::SeqCst), 2);
         assert_eq!(era.known(), Some(UpstreamEra::ModernTasks));
+    }
+
+    /// An answer that says nothing of the era (a 503, a 401, a 429, even with a JSON-RPC
+    /// error body) decides nothing, keeps everyone from asking for [`UNANSWERED_RETRY`], and
+    /// the next real answer is the fact: one 503 used to make a 2026-07-28 server "2025-11-25"
+    /// for the process's life.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_that_says_nothing_of_the_era_decides_nothing() {
+        for status in [503u16, 401, 429, 502] {
+            let asked = Arc::new(AtomicUsize::new(0));
+            let n = asked.clone();
+            let up = tower::service_fn(move |req: McpRequest| {
+                let first = n.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    let id = req.id().cloned().expect("an id");
+                    if first {
+                        let mut reply = McpReply::local_json(crate::jsonrpc::error_response(
+                            Some(&id),
+                            -32000,
+                            "unavailable",
+                        ));
+                        reply.status = http::StatusCode::from_u16(status).unwrap();
+                        return Ok::<_, GatewayError>(reply);
+                    }
+                    Ok(McpReply::local_json(crate::jsonrpc::result_response(
+                        &id,
+                        r#"{"supportedVersions":["2026-07-28"],"capabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}"#,
+                    )))
+                }
+            });
+            let era = Discovery::new(UpstreamProtocol::Auto, Duration::from_secs(60));
+            let ids = OwnIds::default();
+            assert_eq!(era.era(&up, &request(), &ids).await, None, "HTTP {status}");
+            assert_eq!(era.known(), None, "HTTP {status}: nothing learned");
+            assert_eq!(
+                era.era(&up, &request(), &ids).await,
+                None,
+                "not asked again yet"
+            );
+            tokio::time::advance(UNANSWERED_RETRY).await;
+            assert_eq!(
+                era.era(&up, &request(), &ids).await,
+                Some(UpstreamEra::ModernTasks),
+                "HTTP {status}"
+            );
+            assert_eq!(asked.load(Ordering::SeqCst), 2);
+        }
+    }
+
+    /// A 2025-11-25 server's refusal of the sessionless request (HTTP 400 with a JSON-RPC
+    /// error, as the TypeScript SDK 1.x answers) is still the fact "2025-11-25".
+    #[tokio::test]
+    async fn a_400_refusal_is_still_a_2025_server() {
+        let up = tower::service_fn(|req: McpRequest| async move {
+            let id = req.id().cloned().expect("an id");
+            let mut reply = McpReply::local_json(crate::jsonrpc::error_response(
+                Some(&id),
+                -32000,
+                "Bad Request: No valid session ID provided",
+            ));
+            reply.status = http::StatusCode::BAD_REQUEST;
+            Ok::<_, GatewayError>(reply)
+        });
+        let era = Discovery::new(UpstreamProtocol::Auto, Duration::from_secs(60));
+        assert_eq!(
+            era.era(&up, &request(), &OwnIds::default()).await,
+            Some(UpstreamEra::Legacy)
+        );
     }
 
     /// The request taskgate sends is its own well-formed, stateless 2026-07-28 discovery,
