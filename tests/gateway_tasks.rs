@@ -353,6 +353,22 @@ async fn a_2026_client_gets_a_task_and_its_result_inline() {
     assert_eq!(up.received("tools/call").len(), 2);
 }
 
+/// A 2026-07-28 `tools/call` that carries a `params.task` of any shape is not refused: 2026-07-28
+/// servers ignore the 2025 member (conformance-next `sep-2663-legacy-task-param-ignored`), and
+/// taskgate is this upstream's 2026 task server; only a 2025 `params.task` is taskgate's to check.
+#[tokio::test]
+async fn a_2026_call_with_an_odd_params_task_is_not_refused() {
+    let (_up, gate, tg) = setup(false).await;
+    gate.open();
+    let url = tg.mcp_url();
+    for (i, task) in [json!("x"), json!({"ttl": -5}), json!([])].iter().enumerate() {
+        let call = json!({"name": "slow", "arguments": {}, "task": task, "_meta": meta(false)});
+        let (status, v) = send(modern_req(&url, None, i as u64 + 1, "tools/call", call)).await;
+        assert_eq!(status, 200, "task {task}: {v}");
+        assert_eq!(v["result"]["content"][0]["text"], "done", "task {task}: {v}");
+    }
+}
+
 /// `kill -9` while a gateway task is working; after the restart it is `failed`, saying taskgate
 /// restarted, never `working` for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -643,6 +659,80 @@ async fn a_2026_input_request_is_shown_and_answered_with_tasks_update() {
     .await
     .expect("completed");
     assert_eq!(done["result"]["result"]["content"][0]["text"], "done");
+}
+
+/// 2026-07-28 `tasks/update` whose `inputResponses` is not an object of results (`[]`, `"x"`,
+/// `null`, `5`, or a key answered with `null`) is refused `-32602` (HTTP 400) naming
+/// `params.inputResponses`, nothing goes upstream, and the request still waits; a good update
+/// after that answers it.
+#[tokio::test]
+async fn a_malformed_input_responses_is_refused_and_the_request_still_waits() {
+    let (up, gate, tg) = setup(false).await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "ask").await;
+    let waiting = eventually(STEP, || async {
+        let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+        (v["result"]["status"] == "input_required").then_some(v)
+    })
+    .await
+    .expect("input_required with its inputRequests");
+    let key = waiting["result"]["inputRequests"]
+        .as_object()
+        .and_then(|m| m.keys().next().cloned())
+        .unwrap_or_else(|| panic!("inputRequests: {waiting}"));
+    let bad = [
+        json!([]),
+        json!("x"),
+        Value::Null,
+        json!(5),
+        json!({key.clone(): null}),
+        json!({key.clone(): "accept"}),
+    ];
+    for (i, responses) in bad.iter().enumerate() {
+        let update = modern_req(
+            &url,
+            None,
+            10 + i as u64,
+            "tasks/update",
+            json!({"taskId": t, "inputResponses": responses}),
+        );
+        let (status, v) = send(update).await;
+        assert_eq!(status, 400, "inputResponses {responses}: {v}");
+        assert_eq!(err_code(&v), -32602, "inputResponses {responses}: {v}");
+        assert!(
+            err_message(&v).contains("params.inputResponses"),
+            "inputResponses {responses}: {v}"
+        );
+    }
+    let (_, v) = task_call(&url, None, 20, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "input_required", "{v}");
+    assert!(v["result"]["inputRequests"].get(&key).is_some(), "{v}");
+    let answered = |up: &Upstream| {
+        up.requests()
+            .into_iter()
+            .filter(|r| {
+                let v = r.json();
+                v["id"] == "elicit-1" && v.get("method").is_none()
+            })
+            .count()
+    };
+    assert_eq!(answered(&up), 0, "nothing went upstream");
+    let update = modern_req(
+        &url,
+        None,
+        21,
+        "tasks/update",
+        json!({"taskId": t, "inputResponses": {key.clone(): {"action": "decline"}}}),
+    );
+    let (status, ack) = send(update).await;
+    assert_eq!(status, 200, "{ack}");
+    assert!(
+        eventually(STEP, || async { (answered(&up) == 1).then_some(()) })
+            .await
+            .is_some(),
+        "the good answer went upstream"
+    );
+    gate.open();
 }
 
 /// 2026-07-28 input on a 2025-11-25 server (the reverse bridge carries the held call): the

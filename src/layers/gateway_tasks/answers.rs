@@ -50,8 +50,10 @@ pub(super) async fn answer(
         }
         "tasks/cancel" => cancel(state, &record, &id, era).await,
         "tasks/update" if era == Era::Modern => {
-            super::input::update(state, &record.task_id, &req).await;
-            json_reply(&id, &serde_json::from_str(MODERN_ACK).unwrap_or_default())
+            match super::input::update(state, &record.task_id, &req).await {
+                Ok(()) => json_reply(&id, &serde_json::from_str(MODERN_ACK).unwrap_or_default()),
+                Err(why) => error(era, &id, jsonrpc::INVALID_PARAMS, &why),
+            }
         }
         _ => error(
             era,

@@ -16,7 +16,9 @@
 //!   answer last.
 //! - 2026-07-28: `tasks/get` shows `inputRequests` (`{key: {method, params}}`, every waiting
 //!   one); `tasks/update` with `inputResponses` (`{key: result}`) answers them (unknown or
-//!   answered keys ignored), acknowledged `{"resultType":"complete"}`.
+//!   answered keys ignored), acknowledged `{"resultType":"complete"}`; an `inputResponses`
+//!   that is not an object, or a result in it that is not one, is refused `-32602` (HTTP 400)
+//!   and answers nothing.
 //!
 //! Bounds: at most [`MAX_WAITING`] requests wait per task (one more is answered `-32603` to the
 //! server); waiting requests die with the held call (the task is terminal).
@@ -212,16 +214,37 @@ pub(super) async fn client_answer(state: &GatewayTasksState, req: &McpRequest) -
 }
 
 /// The 2026-07-28 `tasks/update` of a gateway task: each `inputResponses[key]` answers the
-/// waiting request `key` (unknown or answered keys ignored).
-pub(super) async fn update(state: &GatewayTasksState, task_id: &str, req: &McpRequest) {
-    let responses = req
-        .classified()
-        .and_then(|c| c.param("inputResponses"))
-        .and_then(|raw| serde_json::from_str::<Map<String, Value>>(raw).ok())
-        .unwrap_or_default();
+/// waiting request `key` (unknown or answered keys ignored). `inputResponses` maps keys to the
+/// client's results (2026-07-28 tasks §input_required), as the reverse bridge has it: a value
+/// that is not an object, or a member that is not one (no request taskgate relays has any
+/// other result), is the client's mistake, not an answer to relay; `Err` says what is wrong
+/// (the caller answers `-32602`) and nothing is answered, so every request still waits.
+pub(super) async fn update(
+    state: &GatewayTasksState,
+    task_id: &str,
+    req: &McpRequest,
+) -> Result<(), String> {
+    let Some(raw) = req.classified().and_then(|c| c.param("inputResponses")) else {
+        return Ok(());
+    };
+    let responses = match serde_json::from_str::<Value>(raw) {
+        Ok(Value::Object(map)) => map,
+        _ => {
+            return Err(
+                "params.inputResponses must be an object of input responses by key".to_string(),
+            )
+        }
+    };
+    if let Some((key, _)) = responses.iter().find(|(_, v)| !v.is_object()) {
+        return Err(format!(
+            "params.inputResponses[{}] must be an object (the client's result for that input request)",
+            Value::from(key.as_str())
+        ));
+    }
     for (key, value) in responses {
         answered(state, task_id, &key, Ok(value)).await;
     }
+    Ok(())
 }
 
 /// Capacity of the channel to a gateway task's `tasks/result` stream.
