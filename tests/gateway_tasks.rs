@@ -361,11 +361,17 @@ async fn a_2026_call_with_an_odd_params_task_is_not_refused() {
     let (_up, gate, tg) = setup(false).await;
     gate.open();
     let url = tg.mcp_url();
-    for (i, task) in [json!("x"), json!({"ttl": -5}), json!([])].iter().enumerate() {
+    for (i, task) in [json!("x"), json!({"ttl": -5}), json!([])]
+        .iter()
+        .enumerate()
+    {
         let call = json!({"name": "slow", "arguments": {}, "task": task, "_meta": meta(false)});
         let (status, v) = send(modern_req(&url, None, i as u64 + 1, "tools/call", call)).await;
         assert_eq!(status, 200, "task {task}: {v}");
-        assert_eq!(v["result"]["content"][0]["text"], "done", "task {task}: {v}");
+        assert_eq!(
+            v["result"]["content"][0]["text"], "done",
+            "task {task}: {v}"
+        );
     }
 }
 

@@ -426,6 +426,10 @@ fn is_response(req: &McpRequest) -> bool {
 /// it is not an object (`[]`, `null`, `"x"`), or its `ttl` is neither absent, `null` nor a
 /// number of ms at least 0 (`"60000"`, `true`, `-1`: refused, not taken as the cap).
 fn odd_task(req: &McpRequest) -> Option<String> {
+    if req.era() != Era::Legacy {
+        // 2026-07-28 servers ignore a 2025 `params.task` (2026-07-28 tasks, creation).
+        return None;
+    }
     let raw = req.classified().and_then(|c| c.param("task"))?;
     if !raw.trim_start().starts_with('{') {
         return Some(
