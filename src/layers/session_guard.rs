@@ -181,9 +181,8 @@ impl<S> SessionGuard<S> {
                     // Served from the table; the shared store is asked again in the background.
                     let sessions = self.sessions.clone();
                     let (upstream, session) = (req.ctx.upstream.clone(), session.clone());
-                    let tenant = req.ctx.tenant();
                     tokio::spawn(async move {
-                        sessions.revive(&upstream, &session, tenant).await;
+                        sessions.recheck(&upstream, &session).await;
                     });
                 }
                 // What is known of the session goes down with the request (`SessionView`).

@@ -120,6 +120,34 @@ async fn store_a_held_session(sessions: &Arc<Sessions>, up: &Arc<str>, id: &str,
     sessions.store_entry(up, &id).await.unwrap();
 }
 
+/// The background re-read of a session due for it never puts back an entry that went while the
+/// row was read: a local DELETE between the read and its answer left the session served again
+/// (up to the next re-read) although the store had removed it (cold review of issue 35).
+#[tokio::test]
+async fn a_recheck_never_brings_back_a_session_ended_meanwhile() {
+    let store = crate::layers::testing::CountingStore::new();
+    let up: Arc<str> = "up".into();
+    let id = format!("{HELD_SESSION_PREFIX}{}", "b".repeat(32));
+    let hv = HeaderValue::from_str(&id).unwrap();
+    let alice = Principal::Token("alice".into());
+    let sessions = Sessions::with_limits(10, Duration::from_secs(3600));
+    sessions.keep_held_in(store.clone());
+    store_a_held_session(&sessions, &up, &id, alice.clone()).await;
+    // The row as the re-read saw it before the DELETE removed it.
+    let stale = store.held_session(&up, &id).unwrap().expect("stored");
+    sessions
+        .forget_ended(&up, Some(&SessionKey::Session(hv.clone())))
+        .await;
+    use crate::store::HeldSessionStore;
+    store.put_held_session(stale).await.unwrap();
+    assert_eq!(
+        sessions.recheck(&up, &hv).await,
+        Revived::NotStored,
+        "a recheck does not insert"
+    );
+    assert_eq!(sessions.access(&up, &hv, &alice), Access::Unknown);
+}
+
 /// A held session comes back from the store into a new table (a restart) with its owner, its
 /// protocol version and what the client declared; one past `gateway.session_idle_ms` does not
 /// come back and leaves the store; a DELETE removes it from the store before it returns.

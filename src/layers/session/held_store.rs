@@ -229,6 +229,27 @@ impl Sessions {
         session: &HeaderValue,
         tenant: Tenant,
     ) -> Revived {
+        self.read_back(upstream, session, tenant, true).await
+    }
+
+    /// The background re-read of an entry due for it ([`super::Access::Recheck`]): forgets the
+    /// entry when the store no longer keeps the session, refreshes it when it does, and never
+    /// puts an entry back that went meanwhile (a local `DELETE` after the row was read: the
+    /// session must not be served again).
+    pub async fn recheck(&self, upstream: &Arc<str>, session: &HeaderValue) -> Revived {
+        self.read_back(upstream, session, Tenant::Unknown, false)
+            .await
+    }
+
+    /// [`Self::revive`] (`insert`: an entry missing from the table is put there) and
+    /// [`Self::recheck`] (not).
+    async fn read_back(
+        &self,
+        upstream: &Arc<str>,
+        session: &HeaderValue,
+        tenant: Tenant,
+        insert: bool,
+    ) -> Revived {
         let Some(store) = self.store.get().cloned() else {
             return Revived::NotStored;
         };
@@ -278,6 +299,10 @@ impl Sessions {
             // Re-read (or brought back by a concurrent request): still stored.
             info.checked_at = now;
             return Revived::InTable;
+        }
+        if !insert {
+            // Gone from the table while the row was read (ended here): it stays gone.
+            return Revived::NotStored;
         }
         let tenant = match &owner {
             Principal::Token(p) => Tenant::Principal(p.clone()),
