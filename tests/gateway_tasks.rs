@@ -578,6 +578,69 @@ async fn a_2025_input_request_is_relayed_on_the_result_stream() {
     assert_eq!(done["result"]["content"][0]["text"], "done", "{done}");
 }
 
+/// A 2025 client that loses its `tasks/result` stream while the server waits for its answer is
+/// asked again on the next one, under the same id taskgate minted; its answer goes upstream
+/// once, and a second answer under that id is not relayed again.
+#[tokio::test]
+async fn a_2025_client_that_lost_its_result_stream_is_asked_again() {
+    let (up, gate, tg) = setup(false).await;
+    let c = client_with(&tg.mcp_url(), json!({"elicitation": {}})).await;
+    let t = task_id_of(&create_call(&c, "1", "ask").await);
+    let waiting = eventually(STEP, || async {
+        let v = c.get("2", &t).await;
+        (v["result"]["status"] == "input_required").then_some(v)
+    })
+    .await;
+    assert!(waiting.is_some(), "input_required");
+    // A new `tasks/result` stream: the status, then the request (returned with the stream).
+    async fn asked(c: &Client, id: &str, t: &str) -> (Value, SseReader) {
+        let resp = c
+            .send(rpc(id, "tasks/result", &json!({"taskId": t}).to_string()))
+            .await;
+        assert_eq!(resp.status(), 200);
+        let mut sse = resp.sse();
+        let status = sse.next_event(STEP).await.json();
+        assert_eq!(status["params"]["status"], "input_required", "{status}");
+        let ask = sse.next_event(STEP).await.json();
+        assert_eq!(ask["method"], "elicitation/create", "{ask}");
+        (ask, sse)
+    }
+    let (first, sse) = asked(&c, "3", &t).await;
+    drop(sse);
+    let (again, mut sse) = asked(&c, "4", &t).await;
+    assert_eq!(again["id"], first["id"], "the same id: {again}");
+    assert_eq!(
+        again["params"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        json!(t),
+        "{again}"
+    );
+    let answer = json!({"jsonrpc": "2.0", "id": again["id"],
+        "result": {"action": "accept", "content": {"ok": true}}});
+    assert_eq!(c.send(answer.to_string()).await.status(), 202);
+    let working = sse.next_event(STEP).await.json();
+    assert_eq!(working["params"]["status"], "working", "{working}");
+    let _ = c.send(answer.to_string()).await;
+    let answers = || {
+        up.requests()
+            .into_iter()
+            .filter(|r| {
+                let v = r.json();
+                v["id"] == "elicit-1" && v.get("method").is_none()
+            })
+            .count()
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(answers(), 1, "the answer went upstream once");
+    gate.open();
+    let done = loop {
+        let v = sse.next_event(STEP).await.json();
+        if v.get("id").is_some() {
+            break v;
+        }
+    };
+    assert_eq!(done["result"]["content"][0]["text"], "done", "{done}");
+}
+
 /// A client whose session did not declare `capabilities.elicitation` is not asked: the server
 /// gets `-32601` saying so once the client reads `tasks/result`, and the task goes on.
 #[tokio::test]

@@ -7,9 +7,12 @@
 //! task is `working` again. How each era's client sees and answers them:
 //!
 //! - 2025-11-25: on the `tasks/result` stream (the client calls it on `input_required`), each
-//!   request under an id taskgate mints, with the related-task `_meta` (`relay::Inputs`: keys
-//!   asked once, bounded per caller and upstream, only a declared capability asked); the
-//!   client's POSTed answer to that id, from the same caller, is taken by the layer (HTTP 202).
+//!   request under an id taskgate mints, with the related-task `_meta` (`relay::Inputs`:
+//!   bounded per caller and upstream, only a declared capability asked). Every `tasks/result`
+//!   stream carries each request still waiting once, so a client that lost its stream and
+//!   calls `tasks/result` again is asked again, under the same id; the client's POSTed answer
+//!   to that id, from the same caller, is taken by the layer once (HTTP 202; a second answer
+//!   is not relayed).
 //!   A request whose capability the client's session did not declare is answered to the server
 //!   `-32601` saying so (the task goes on). The stream also carries a
 //!   `notifications/tasks/status` for each status change it sees, then the `tasks/result`
@@ -34,6 +37,7 @@ use crate::store::TaskRecord;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
@@ -279,7 +283,8 @@ where
     rx
 }
 
-/// Sends the held call's input requests (asked through `relay::Inputs`) and status changes on
+/// Sends the held call's input requests (asked through `relay::Inputs`, each still waiting
+/// once per stream, see [`crate::layers::relay::Inputs::ask_again`]) and status changes on
 /// `tx` until the task is terminal; `false` when the client went away.
 async fn follow(
     state: &Arc<GatewayTasksState>,
@@ -294,6 +299,10 @@ async fn follow(
     let mut changed = live.input.changed.subscribe();
     let mut terminal = live.terminal.subscribe();
     let mut status: Option<TaskStatus> = None;
+    // The keys this stream has carried: every new stream carries each request still waiting
+    // (a client that lost its stream sees them again, under the ids they were first sent
+    // under), and each once.
+    let mut sent: HashSet<String> = HashSet::new();
     loop {
         // A status change seen here: `notifications/tasks/status` (2025-11-25, optional).
         let now = state
@@ -311,17 +320,23 @@ async fn follow(
             }
         }
         let waiting = live.input.waiting.lock().clone();
+        // Only what still waits is remembered (bounded by [`MAX_WAITING`]).
+        sent.retain(|k| waiting.iter().any(|w| &w.key == k));
         for w in waiting {
+            if sent.contains(&w.key) {
+                continue;
+            }
             let request = json!({"method": w.method, "params": w.params});
             match state
                 .inputs
-                .ask(&declared, &req.ctx, task_id, &w.key, &request)
+                .ask_again(&declared, &req.ctx, task_id, &w.key, &request)
             {
                 Ask::Already => {}
                 Ask::Send(message) => {
                     if tx.send(Event::message(message)).await.is_err() {
                         return false;
                     }
+                    sent.insert(w.key);
                 }
                 Ask::Unsupported(method) => {
                     let error = json!({"code": jsonrpc::METHOD_NOT_FOUND, "message": format!("{method}: the client did not declare the capability it needs, so taskgate cannot ask it")});

@@ -8,7 +8,9 @@
 //! (`{"roots":[]}` for `roots/list`: a client that cannot list its roots offers none).
 //!
 //! Keys are never asked twice for a task (the snapshot repeats on every poll), across
-//! `tasks/result` calls too, while taskgate runs. A key whose method the client did not declare
+//! `tasks/result` calls too, while taskgate runs ([`Inputs::ask`]). Gateway tasks (see
+//! `gateway_tasks::input`) ask each still-waiting key again on every new `tasks/result` stream
+//! with [`Inputs::ask_again`]: under the id it was first sent under, its answer taken once. A key whose method the client did not declare
 //! (`capabilities.elicitation` / `capabilities.sampling` / `capabilities.roots` of its session),
 //! or any other method, ends the `tasks/result` with `-32603` naming it, and the task is
 //! cancelled upstream (counted in `taskgate_bridge_input_refused_total{reason="capability"}`).
@@ -113,6 +115,17 @@ impl PendingTable {
         }
     }
 
+    /// The id (JSON text) of `caller`'s unanswered request for `key` of `task_id` (at most
+    /// [`MAX_PENDING_PER_CALLER`] looked at).
+    fn id_of(&self, task_id: &str, key: &str, caller: &Caller) -> Option<String> {
+        self.by_caller.get(caller)?.iter().find_map(|id| {
+            self.by_id
+                .get(id)
+                .filter(|p| p.task_id == task_id && p.key == key && p.round.is_none())
+                .map(|_| id.clone())
+        })
+    }
+
     fn take(&mut self, id: &str, caller: &Caller) -> Option<Pending> {
         if self.by_id.get(id).is_none_or(|p| &p.caller != caller) {
             return None;
@@ -214,6 +227,31 @@ impl Inputs {
         self.ask_for(declared, ctx, round, key, request, Some(answers.clone()))
     }
 
+    /// [`Inputs::ask`] on a new stream to the client (a 2025-11-25 `tasks/result` stream opened
+    /// again after the client lost the one it was asked on): a key asked before is sent again
+    /// (never [`Ask::Already`]), under the id it was first sent under while that request waits
+    /// for this caller's answer (whose answer is still taken once: [`Inputs::take`]), else
+    /// (its pending request dropped by a bound, or asked of another caller) as a new request
+    /// under a new id. The caller keeps which keys a stream has carried.
+    pub fn ask_again(
+        &self,
+        declared: &dyn Fn(&str) -> bool,
+        ctx: &RequestContext,
+        task_id: &str,
+        key: &str,
+        request: &Value,
+    ) -> Ask {
+        let method = request.get("method").and_then(Value::as_str).unwrap_or("");
+        if !capability_for(method).is_some_and(declared) {
+            return Ask::Unsupported(method.to_string());
+        }
+        let sent = self.pending.lock().id_of(task_id, key, &ctx.caller());
+        if let Some(id) = sent.and_then(|id| serde_json::from_str::<Value>(&id).ok()) {
+            return Ask::Send(request_message(&id, task_id, method, request, true));
+        }
+        self.send_new(ctx, task_id, key, method, request, None)
+    }
+
     fn ask_for(
         &self,
         declared: &dyn Fn(&str) -> bool,
@@ -233,27 +271,30 @@ impl Inputs {
         if !capability_for(method).is_some_and(declared) {
             return Ask::Unsupported(method.to_string());
         }
+        self.send_new(ctx, task_id, key, method, request, round)
+    }
+
+    /// Registers `key` of `task_id` as asked, and its request as pending under a new id; the
+    /// message to send.
+    fn send_new(
+        &self,
+        ctx: &RequestContext,
+        task_id: &str,
+        key: &str,
+        method: &str,
+        request: &Value,
+        round: Option<mpsc::Sender<(String, Value)>>,
+    ) -> Ask {
         self.mark_asked(task_id, key);
         // SipHash under fresh random keys: not guessable by another client (who is also not
         // the caller the answer must come from).
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
         h.write(task_id.as_bytes());
         h.write(key.as_bytes());
-        let id = format!("taskgate-input-{:016x}", h.finish());
-        let mut params = request
-            .get("params")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        if round.is_none() {
-            let meta = params.entry("_meta").or_insert_with(|| json!({}));
-            if let Some(m) = meta.as_object_mut() {
-                m.insert(RELATED_TASK_META.into(), json!({ "taskId": task_id }));
-            }
-        }
-        let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let id = Value::String(format!("taskgate-input-{:016x}", h.finish()));
+        let message = request_message(&id, task_id, method, request, round.is_none());
         self.pending.lock().insert(
-            Value::String(id).to_string(),
+            id.to_string(),
             Pending {
                 task_id: task_id.to_string(),
                 key: key.to_string(),
@@ -263,7 +304,7 @@ impl Inputs {
                 round,
             },
         );
-        Ask::Send(message.to_string())
+        Ask::Send(message)
     }
 
     fn mark_asked(&self, task_id: &str, key: &str) {
@@ -297,6 +338,29 @@ impl Inputs {
         }
         self.pending.lock().forget_task(task_id);
     }
+}
+
+/// The request message (JSON text) under `id`: `request`'s `method` and `params`, with the
+/// related-task `_meta` naming `task_id` when `related` (not for an MRTR round).
+fn request_message(
+    id: &Value,
+    task_id: &str,
+    method: &str,
+    request: &Value,
+    related: bool,
+) -> String {
+    let mut params = request
+        .get("params")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    if related {
+        let meta = params.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(m) = meta.as_object_mut() {
+            m.insert(RELATED_TASK_META.into(), json!({ "taskId": task_id }));
+        }
+    }
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
 }
 
 /// The `inputResponses` value for a client's answer message to a `method` request: its
@@ -352,6 +416,38 @@ mod tests {
             .expect("alice's request kept");
         assert_eq!((p.task_id.as_str(), p.key.as_str()), ("a-task", "k"));
         assert!(inputs.pending.lock().by_id.len() <= MAX_PENDING_PER_CALLER);
+    }
+
+    /// A key asked again (a new stream) goes under the id it was first sent under while its
+    /// request waits for that caller, and its answer is taken once; once answered, or for
+    /// another caller, it is a new request under a new id. `ask` still asks a key once.
+    #[test]
+    fn a_key_asked_again_keeps_its_id_and_is_taken_once() {
+        let inputs = Inputs::default();
+        let all = |_: &str| true;
+        let request = json!({"method": "elicitation/create", "params": {"message": "?"}});
+        let c = ctx("s");
+        let first = id_of(inputs.ask_again(&all, &c, "t", "k", &request));
+        assert!(matches!(
+            inputs.ask(&all, &c, "t", "k", &request),
+            Ask::Already
+        ));
+        let Ask::Send(again) = inputs.ask_again(&all, &c, "t", "k", &request) else {
+            panic!("asked again")
+        };
+        let again: Value = serde_json::from_str(&again).unwrap();
+        assert_eq!(Id::from_value(&again["id"]).unwrap(), first);
+        assert_eq!(again["params"]["message"], "?");
+        assert_eq!(again["params"]["_meta"][RELATED_TASK_META]["taskId"], "t");
+        let other = id_of(inputs.ask_again(&all, &ctx("o"), "t", "k", &request));
+        assert_ne!(other, first, "another caller's own id");
+        assert!(inputs.take(&first, &c.caller()).is_some());
+        assert!(inputs.take(&first, &c.caller()).is_none(), "taken once");
+        assert_ne!(id_of(inputs.ask_again(&all, &c, "t", "k", &request)), first);
+        assert!(matches!(
+            inputs.ask_again(&|_| false, &c, "t", "k", &request),
+            Ask::Unsupported(_)
+        ));
     }
 
     #[test]
