@@ -555,7 +555,17 @@ impl Progress {
                 }
             }
         };
-        let report = json!({"status": "working", "statusMessage": message,
+        // The status stays what the waiting requests make it (`input_required` while one
+        // waits), decided under their status lock (see `input::CallInput::status_lock`).
+        let _lock = match &self.live {
+            Some(live) => Some(live.input.status_lock().await),
+            None => None,
+        };
+        let status = match &self.live {
+            Some(live) if live.input.waits() => "input_required",
+            _ => "working",
+        };
+        let report = json!({"status": status, "statusMessage": message,
             "lastUpdatedAt": format_rfc3339_ms(now_ms())});
         self.state
             .registry
@@ -594,19 +604,11 @@ impl Progress {
         };
         let (code, why) = match kept {
             Ok(key) => {
-                let report = json!({"status": "input_required",
-                    "statusMessage": format!("waiting for the client's answer to {method}"),
-                    "lastUpdatedAt": format_rfc3339_ms(now_ms())});
-                self.state
-                    .registry
-                    .observe_task_as(&self.upstream, &self.task_id, report, "gateway task input")
-                    .await;
-                tracing::info!(upstream = %self.upstream, task_id = %self.task_id, method, key, "a request to the client during a gateway task: input_required");
+                // `kept` is `Ok` only with a live entry.
                 if let Some(live) = &self.live {
-                    live.input.wake();
-                    super::listen::publish(&self.state, live.session.as_deref(), &live.record)
-                        .await;
+                    super::input::requested(&self.state, live, method).await;
                 }
+                tracing::info!(upstream = %self.upstream, task_id = %self.task_id, method, key, "a request to the client during a gateway task: input_required");
                 return;
             }
             Err(NotKept::Full) => (

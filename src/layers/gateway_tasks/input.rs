@@ -63,6 +63,9 @@ pub(super) struct CallInput {
     changed: watch::Sender<u64>,
     /// Answers (whole JSON-RPC responses) for the held call to send upstream.
     to_upstream: mpsc::Sender<Bytes>,
+    /// Held across every status write that follows from `waiting` (an answer's `working`, a
+    /// request's `input_required`, a progress `statusMessage`), see [`CallInput::status_lock`].
+    status_write: tokio::sync::Mutex<()>,
 }
 
 /// Why a server's request is not kept for the client.
@@ -82,7 +85,23 @@ impl CallInput {
             next: AtomicU64::new(1),
             changed: watch::channel(0).0,
             to_upstream,
+            status_write: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The lock every status write that follows from the waiting requests takes: the writer
+    /// decides (with [`CallInput::waits`]) and writes while holding it. So the writes land in
+    /// the order of the decisions, and every change to the list (made before its own write
+    /// takes the lock) is seen by a later write: the last write always matches the list (an
+    /// answer that leaves none waiting cannot write `working` after a new request's
+    /// `input_required`).
+    pub(super) async fn status_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.status_write.lock().await
+    }
+
+    /// Whether any request waits for the client's answer (the task is `input_required`).
+    pub(super) fn waits(&self) -> bool {
+        !self.waiting.lock().is_empty()
     }
 
     /// Keeps the server's request `id` → `method` / `params` for the client; its key. The
@@ -137,24 +156,25 @@ impl CallInput {
 
     /// The waiting request `key`, taken, with the server's answer to it made of `answer`
     /// (`Ok`: the client's `result`; `Err`: an `error` object); `None` when `key` does not wait.
-    fn answer(&self, key: &str, answer: Result<Value, Value>) -> Option<(String, Bytes, bool)> {
-        let (w, left) = {
+    fn answer(&self, key: &str, answer: Result<Value, Value>) -> Option<(String, Bytes)> {
+        let w = {
             let mut waiting = self.waiting.lock();
             let at = waiting.iter().position(|w| w.key == key)?;
-            let w = waiting.remove(at);
-            (w, !waiting.is_empty())
+            waiting.remove(at)
         };
         let mut msg = json!({"jsonrpc": "2.0", "id": w.upstream_id});
         match answer {
             Ok(result) => msg["result"] = result,
             Err(error) => msg["error"] = error,
         }
-        Some((w.method, Bytes::from(msg.to_string()), left))
+        Some((w.method, Bytes::from(msg.to_string())))
     }
 }
 
 /// Answers the waiting request `key` of `task_id` with `answer` (see [`CallInput`]); when none
 /// waits any more, the task is `working` again. Returns whether `key` was waiting.
+///
+/// [`requested`] is the other side: a request that arrived makes the task `input_required`.
 pub(super) async fn answered(
     state: &GatewayTasksState,
     task_id: &str,
@@ -164,28 +184,66 @@ pub(super) async fn answered(
     let Some(live) = state.live.lock().get(task_id).cloned() else {
         return false;
     };
-    let Some((method, bytes, left)) = live.input.answer(key, answer) else {
+    let Some((method, bytes)) = live.input.answer(key, answer) else {
         return false;
     };
     if live.input.to_upstream.try_send(bytes).is_err() {
         tracing::warn!(task_id, key, "a client's answer to a gateway task's input request could not be passed to its held call (it ended)");
     }
-    if !left && !*live.terminal.borrow() {
-        let report = json!({"status": "working", "lastUpdatedAt": format_rfc3339_ms(now_ms()),
-            "statusMessage": format!("the client answered {method}")});
-        state
-            .registry
-            .observe_task_as(
-                &live.upstream,
-                task_id,
-                report,
-                "gateway task input answered",
-            )
-            .await;
+    // Decided under the status lock, from the list as it is then (see `status_lock`): a
+    // request that arrived since the answer keeps the task `input_required`.
+    let written = {
+        let _lock = live.input.status_lock().await;
+        let working = !live.input.waits() && !*live.terminal.borrow();
+        if working {
+            let report = json!({"status": "working", "lastUpdatedAt": format_rfc3339_ms(now_ms()),
+                "statusMessage": format!("the client answered {method}")});
+            state
+                .registry
+                .observe_task_as(
+                    &live.upstream,
+                    task_id,
+                    report,
+                    "gateway task input answered",
+                )
+                .await;
+        }
+        working
+    };
+    if written {
         live.input.wake();
         super::listen::publish(state, live.session.as_deref(), &live.record).await;
     }
     true
+}
+
+/// Records `input_required` for the request (`method`) that just arrived in `live` (see
+/// [`CallInput::arrived`]), unless none waits any more by the time the status lock is taken
+/// (the client answered it already, and that answer's `working` stands); then wakes the
+/// `tasks/result` streams and tells the session's listeners. Returns whether it wrote.
+pub(super) async fn requested(state: &GatewayTasksState, live: &Live, method: &str) -> bool {
+    let written = {
+        let _lock = live.input.status_lock().await;
+        let waits = live.input.waits() && !*live.terminal.borrow();
+        if waits {
+            let report = json!({"status": "input_required",
+                "statusMessage": format!("waiting for the client's answer to {method}"),
+                "lastUpdatedAt": format_rfc3339_ms(now_ms())});
+            state
+                .registry
+                .observe_task_as(
+                    &live.upstream,
+                    &live.record.task_id,
+                    report,
+                    "gateway task input",
+                )
+                .await;
+        }
+        waits
+    };
+    live.input.wake();
+    super::listen::publish(state, live.session.as_deref(), &live.record).await;
+    written
 }
 
 /// A 2025-11-25 client's POSTed answer to an input request taskgate sent it for a gateway task
