@@ -503,6 +503,13 @@ async fn the_owner_limit_holds_in_both_eras() {
     task_id_of(&create_call(&c, "1", "slow").await);
     let over = create_call(&c, "2", "slow").await;
     assert_eq!(err_code(&over), -32029, "{over}");
+    // The held calls reach the server after the clients got their tasks: wait for both, then
+    // make sure no third follows (the refused call never goes upstream).
+    eventually(STEP, || async {
+        (up.received("tools/call").len() >= 2).then_some(())
+    })
+    .await
+    .expect("both owners' held calls reach the server");
     assert_eq!(
         up.received("tools/call").len(),
         2,
