@@ -458,6 +458,52 @@ async fn an_sse_initialize_answer_is_stored_before_it_goes_on() {
     assert_eq!(events.len(), 2, "{events:?}");
 }
 
+/// The events read ahead of an SSE `initialize` answer are bounded in bytes too: past
+/// `issued::MAX_BYTES_BEFORE` the stream goes on as it came (the session kept in this process's
+/// table only), so one `initialize` cannot hold 64 events of `limits.max_event_bytes` each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sse_initialize_answer_holds_a_bounded_number_of_bytes() {
+    let store = crate::layers::testing::CountingStore::new();
+    let sessions = Sessions::new();
+    sessions.keep_held_in(store.clone());
+    let upstream = tower::service_fn(|_req: McpRequest| async move {
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let big = "x".repeat(super::issued::MAX_BYTES_BEFORE + 1);
+        tx.send(crate::sse::Event::message(format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{big}"}}}}"#
+        )))
+        .await
+        .unwrap();
+        tx.send(crate::sse::Event::message(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{}}}"#
+                .into(),
+        ))
+        .await
+        .unwrap();
+        Ok::<_, GatewayError>(McpReply::event_stream(
+            rx,
+            Some(HeaderValue::from_static("big-session")),
+        ))
+    });
+    let svc = SessionGuardLayer::new(sessions.clone(), true)
+        .layer(SessionLayer::new(sessions.clone()).layer(upstream));
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"capabilities":{}}}"#;
+    let reply = svc
+        .oneshot(as_principal(with_session(init, None), "alice"))
+        .await
+        .unwrap();
+    assert!(
+        store.held_session("up", "big-session").unwrap().is_none(),
+        "not read ahead past the bound, so not stored"
+    );
+    let ReplyBody::Stream(events) = reply.body else {
+        panic!("an SSE answer stays one");
+    };
+    use futures_util::StreamExt;
+    let events: Vec<_> = events.collect().await;
+    assert_eq!(events.len(), 2, "the stream reaches the client whole");
+}
+
 /// A session id the store did not have is not asked for again for `REVALIDATE_AFTER` (without
 /// authentication such ids are forwarded, and a client that keeps using one would otherwise
 /// cost a store read per request); other ids still are.

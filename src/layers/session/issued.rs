@@ -6,7 +6,8 @@
 //! The answer is JSON or an SSE stream (2025-11-25 basic/transports: a POST may be answered
 //! either way). For a stream, its events are read up to the `initialize` answer and held
 //! until the session is stored, then passed on, the rest of the stream behind them: at most
-//! [`MAX_EVENTS_BEFORE`] events and [`ANSWER_WAIT`]; past either the stream goes on as it came
+//! [`MAX_EVENTS_BEFORE`] events, [`MAX_BYTES_BEFORE`] bytes of their data and [`ANSWER_WAIT`];
+//! past any of them the stream goes on as it came
 //! and the session is kept in this process's table only (as before issue 35), logged. A
 //! table without room gets 503 and a store that cannot write 500 (`-32603`), not an id that
 //! another replica would answer 404; the upstream session of such a refusal is left to the
@@ -24,6 +25,10 @@ use std::time::Duration;
 
 /// Events of an SSE `initialize` answer read ahead of the answer itself, at most.
 pub const MAX_EVENTS_BEFORE: usize = 64;
+/// Bytes of event data of an SSE `initialize` answer held ahead of the answer itself, at most
+/// (the answer's own event included): one event may be as large as `limits.max_event_bytes`,
+/// so the event count alone let one `initialize` hold 64 of them.
+pub const MAX_BYTES_BEFORE: usize = 1 << 20;
 /// How long an SSE `initialize` answer's stream is read for the answer, at most.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(30);
 
@@ -40,16 +45,18 @@ impl Finish {
             ReplyBody::Stream(mut events) => {
                 let mut before: Vec<Event> = Vec::new();
                 let mut found = None;
+                let mut held_bytes = 0usize;
                 let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
-                while before.len() < MAX_EVENTS_BEFORE {
+                while before.len() < MAX_EVENTS_BEFORE && held_bytes <= MAX_BYTES_BEFORE {
                     let Ok(Some(ev)) = tokio::time::timeout_at(deadline, events.next()).await
                     else {
                         break;
                     };
-                    let hit = ev
-                        .data
-                        .as_deref()
-                        .and_then(|d| answer(d.as_bytes(), self.id.as_ref()));
+                    let data = ev.data.as_deref().unwrap_or_default();
+                    held_bytes += data.len();
+                    let hit = (held_bytes <= MAX_BYTES_BEFORE)
+                        .then(|| answer(data.as_bytes(), self.id.as_ref()))
+                        .flatten();
                     before.push(ev);
                     if hit.is_some() {
                         found = hit;
