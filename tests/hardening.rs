@@ -649,6 +649,38 @@ async fn float_ttl_above_the_cap_is_lowered() {
     assert_eq!(sent["params"]["task"]["ttl"], json!(60000), "{sent}");
 }
 
+/// A fractional `ttl` within the cap loses its fraction (1500.7 → 1500), and one under
+/// `MIN_TASK_TTL_MS` is raised to it; it used to be taken for "above the cap" (600,000 ms for a
+/// client that asked for 1.5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fractional_ttl_loses_its_fraction_not_its_size() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_ttl_ms = 60000")
+        .start()
+        .await;
+    let mut c = tg.client();
+    c.initialize().await;
+    for (i, (asked, sent)) in [("1500.7", 1500), ("0.5", 1000), ("59999.9", 59999)]
+        .iter()
+        .enumerate()
+    {
+        let id = format!("{}", i + 1);
+        let v = rpc_or_fail(
+            &c,
+            task_call(&id, "{}", &format!(r#""task":{{"ttl":{asked}}}"#)),
+        )
+        .await;
+        assert!(v.pointer("/result/task/taskId").is_some(), "{v}");
+        let out = up.received("tools/call").pop().unwrap().json();
+        assert_eq!(
+            out["params"]["task"]["ttl"],
+            json!(sent),
+            "ttl {asked}: {out}"
+        );
+    }
+}
+
 // =============================================================================================
 // 11. Params taskgate cannot read
 // =============================================================================================

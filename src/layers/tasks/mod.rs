@@ -291,12 +291,18 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
         .answered_locally(LocalReason::OwnerLimit));
     };
     let cap = registry.config().max_ttl_ms;
-    // Any number above the cap (1e12 included), or a non-integer, is lowered to the cap; one
-    // below [`MIN_TASK_TTL_MS`] (0 included) is raised to it.
+    // Any number above the cap (1e12 included) is lowered to the cap; one below
+    // [`MIN_TASK_TTL_MS`] (0 included) is raised to it; a fraction of a millisecond is dropped.
     let ttl = match task_meta.get("ttl") {
         Some(Value::Number(n)) => match n.as_u64() {
             Some(t) if t < MIN_TASK_TTL_MS => Some(MIN_TASK_TTL_MS.min(cap)),
             Some(t) if t <= cap => None,
+            // A fraction of a millisecond is dropped (1500.7 → 1500), then bounded as above;
+            // it used to be taken for "above the cap".
+            None => match n.as_f64().filter(|f| f.is_finite() && *f >= 0.0) {
+                Some(f) if f < cap as f64 => Some((f.floor() as u64).max(MIN_TASK_TTL_MS).min(cap)),
+                _ => Some(cap),
+            },
             _ => Some(cap),
         },
         _ => None,
