@@ -3,7 +3,7 @@
 use super::answer::read_to_answer;
 use super::{
     ask_with, errors, failure_reply, legacy_reply, modern_request, tasks_bridged, BridgeState,
-    UpstreamEra, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
+    UpstreamEra, MAX_EARLY_BYTES, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
 };
 use super::{held, translate};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
@@ -48,6 +48,7 @@ pub(super) async fn initialize<S: McpService>(
         ReplyBody::Json(bytes) => (bytes, Vec::new(), None),
         ReplyBody::Stream(mut events) => {
             let mut before = Vec::new();
+            let mut early = EarlyBound::default();
             let mut found = None;
             while let Some(ev) = events.next().await {
                 if ev
@@ -58,7 +59,7 @@ pub(super) async fn initialize<S: McpService>(
                     found = Some(ev);
                     break;
                 }
-                if before.len() < MAX_EARLY_EVENTS {
+                if early.admits(&ev) {
                     before.push(ev);
                 }
             }
@@ -307,17 +308,40 @@ fn declare_session_capabilities(req: &McpRequest, params: &mut Value) {
 
 /// Reads `reply` up to the message answering `id` ([`read_to_answer`]): the answer; the
 /// notifications before it as a 2025 client gets them ([`translate::legacy_event`]; at most
-/// [`MAX_EARLY_EVENTS`], later ones dropped); and, for an SSE answer, the rest of the stream.
+/// [`MAX_EARLY_EVENTS`] and [`MAX_EARLY_BYTES`], later ones dropped); and, for an SSE answer,
+/// the rest of the stream.
 async fn read_answer(reply: McpReply, id: &Id) -> (Option<Value>, Vec<Event>, Option<EventStream>) {
     let mut early = Vec::new();
+    let mut bound = EarlyBound::default();
     let (answer, rest) = read_to_answer(reply, id, |ev| {
-        if early.len() < MAX_EARLY_EVENTS {
+        if bound.admits(&ev) {
             early.extend(translate::legacy_event(ev));
         }
         std::future::ready(true)
     })
     .await;
     (answer, early, rest)
+}
+
+/// What is kept of the events before an answer: at most [`MAX_EARLY_EVENTS`] events and
+/// [`MAX_EARLY_BYTES`] bytes of their data; the rest are dropped.
+#[derive(Default)]
+struct EarlyBound {
+    events: usize,
+    bytes: usize,
+}
+
+impl EarlyBound {
+    /// Whether `ev` is kept (and counted).
+    fn admits(&mut self, ev: &Event) -> bool {
+        let len = ev.data.as_deref().map_or(0, str::len);
+        if self.events >= MAX_EARLY_EVENTS || self.bytes + len > MAX_EARLY_BYTES {
+            return false;
+        }
+        self.events += 1;
+        self.bytes += len;
+        true
+    }
 }
 
 /// The 2025 answer `reply` (one JSON message) as an SSE stream: the `early` events, the
@@ -359,4 +383,44 @@ fn message_params(req: &McpRequest) -> Option<Value> {
 /// `params.name` of a `tools/call`, as the edge classified it (`mcp::classify`).
 fn tool_name(req: &McpRequest) -> Option<String> {
     req.classified()?.tool().map(std::borrow::Cow::into_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(len: usize) -> Event {
+        Event::message(format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#,
+            "x".repeat(len)
+        ))
+    }
+
+    /// The events kept before an answer are bounded in bytes as well as in number: 64 events
+    /// of `limits.max_event_bytes` each used to be held per answer.
+    #[tokio::test]
+    async fn early_events_are_bounded_in_bytes() {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let big = MAX_EARLY_BYTES / 2;
+        for _ in 0..3 {
+            tx.send(event(big)).await.unwrap();
+        }
+        tx.send(event(10)).await.unwrap();
+        tx.send(Event::message(
+            r#"{"jsonrpc":"2.0","id":1,"result":{}}"#.into(),
+        ))
+        .await
+        .unwrap();
+        drop(tx);
+        let reply = McpReply::event_stream(rx, None);
+        let id = Id::from_json("1").unwrap();
+        let (answer, early, _) = read_answer(reply, &id).await;
+        assert!(answer.is_some());
+        let kept: usize = early
+            .iter()
+            .map(|e| e.data.as_deref().map_or(0, str::len))
+            .sum();
+        assert!(kept <= MAX_EARLY_BYTES, "{kept} bytes kept");
+        assert_eq!(early.len(), 2, "one large event and the small one");
+    }
 }

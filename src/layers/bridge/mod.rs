@@ -165,6 +165,9 @@ use tower::ServiceExt;
 pub use crate::mcp::task::{MAX_POLL, MIN_POLL};
 /// Events of an SSE `initialize` answer kept before the answer itself (more are dropped).
 pub const MAX_EARLY_EVENTS: usize = 64;
+/// Bytes of event data kept before the answer itself, at most (events past it are dropped like
+/// those past [`MAX_EARLY_EVENTS`]): one event may be as large as `limits.max_event_bytes`.
+pub const MAX_EARLY_BYTES: usize = 1 << 20;
 /// Most requests of held sessions in flight per upstream that a `notifications/cancelled` can
 /// end (more are sent all the same, without that).
 pub const MAX_HELD_CALLS: usize = 4096;
