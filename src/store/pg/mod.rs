@@ -66,6 +66,10 @@ use std::future::Future;
 use std::time::Duration;
 use tokio::runtime::{Handle, Runtime};
 
+/// The database's clock now, in ms since the epoch, as the lease columns hold it (the one clock
+/// every replica shares): SQL for the slot and cancel-lease statements.
+const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
 /// The query timeout when the database URL sets no `connect_timeout`: how long a store call may
 /// wait for a free pooled connection, a new connection may take, and a query's answer may take
 /// (see `bounded`).

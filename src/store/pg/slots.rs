@@ -23,8 +23,7 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use std::time::Duration;
 
-/// The database's clock in ms, as the lease columns hold it.
-const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+use super::DB_NOW_MS;
 
 /// Advisory lock keys of owners' slots: `hashtextextended(current_schema() || '\n' || upstream || '\n' || owner, SEED)` (a
 /// collision only serialises two owners' slot takings).

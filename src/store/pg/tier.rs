@@ -41,8 +41,7 @@ use crate::mcp::task::TaskStatus;
 use crate::store::{CancelClaim, SharedCancelOutcome, StoreError};
 use deadpool_postgres::{ClientWrapper, Object};
 
-/// The database's clock now, in ms since the epoch (the one clock every replica shares).
-const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+use super::DB_NOW_MS;
 
 /// Seed of the TTL sweep's advisory lock key (`'taskgate'` as bytes, plus 2). The key itself
 /// is a hash of this seed and the session's `current_schema()` ([`SWEEP_LOCK_KEY`]), so two
