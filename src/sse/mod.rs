@@ -40,6 +40,38 @@ pub struct Event {
     pub retry: Option<u64>,
 }
 
+/// A bound on the events a reader holds back while it looks for one (an `initialize` answer, a
+/// call's answer, behind the notifications before it): at most `events` events and `bytes`
+/// bytes of their `data`. One event may be as large as `limits.max_event_bytes`, so a count
+/// alone does not bound the memory.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadAhead {
+    events_left: usize,
+    bytes_left: usize,
+}
+
+impl ReadAhead {
+    /// At most `events` events and `bytes` bytes of their data.
+    pub const fn new(events: usize, bytes: usize) -> ReadAhead {
+        ReadAhead {
+            events_left: events,
+            bytes_left: bytes,
+        }
+    }
+
+    /// Whether `ev` still fits, counting it when it does; `false` (nothing counted) once the
+    /// events or the bytes are used up.
+    pub fn admits(&mut self, ev: &Event) -> bool {
+        let len = ev.data.as_ref().map_or(0, |d| d.len());
+        if self.events_left == 0 || len > self.bytes_left {
+            return false;
+        }
+        self.events_left -= 1;
+        self.bytes_left -= len;
+        true
+    }
+}
+
 /// The usual event type (`event: message`), decoded without a slice nor a UTF-8 check.
 const MESSAGE: &str = "message";
 

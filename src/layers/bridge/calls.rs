@@ -16,7 +16,7 @@ use crate::layers::relay::mrtr;
 use crate::layers::McpService;
 use crate::mcp::capabilities::CLIENT_CAPABILITIES_META;
 use crate::mcp::era::{Era, MODERN_VERSION};
-use crate::sse::{ByteString, Event, EventStream};
+use crate::sse::{ByteString, Event, EventStream, ReadAhead};
 use crate::store::Origin;
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -48,7 +48,7 @@ pub(super) async fn initialize<S: McpService>(
         ReplyBody::Json(bytes) => (bytes, Vec::new(), None),
         ReplyBody::Stream(mut events) => {
             let mut before = Vec::new();
-            let mut early = EarlyBound::default();
+            let mut early = ReadAhead::new(MAX_EARLY_EVENTS, MAX_EARLY_BYTES);
             let mut found = None;
             while let Some(ev) = events.next().await {
                 if ev
@@ -312,7 +312,7 @@ fn declare_session_capabilities(req: &McpRequest, params: &mut Value) {
 /// the rest of the stream.
 async fn read_answer(reply: McpReply, id: &Id) -> (Option<Value>, Vec<Event>, Option<EventStream>) {
     let mut early = Vec::new();
-    let mut bound = EarlyBound::default();
+    let mut bound = ReadAhead::new(MAX_EARLY_EVENTS, MAX_EARLY_BYTES);
     let (answer, rest) = read_to_answer(reply, id, |ev| {
         if bound.admits(&ev) {
             early.extend(translate::legacy_event(ev));
@@ -321,27 +321,6 @@ async fn read_answer(reply: McpReply, id: &Id) -> (Option<Value>, Vec<Event>, Op
     })
     .await;
     (answer, early, rest)
-}
-
-/// What is kept of the events before an answer: at most [`MAX_EARLY_EVENTS`] events and
-/// [`MAX_EARLY_BYTES`] bytes of their data; the rest are dropped.
-#[derive(Default)]
-struct EarlyBound {
-    events: usize,
-    bytes: usize,
-}
-
-impl EarlyBound {
-    /// Whether `ev` is kept (and counted).
-    fn admits(&mut self, ev: &Event) -> bool {
-        let len = ev.data.as_deref().map_or(0, str::len);
-        if self.events >= MAX_EARLY_EVENTS || self.bytes + len > MAX_EARLY_BYTES {
-            return false;
-        }
-        self.events += 1;
-        self.bytes += len;
-        true
-    }
 }
 
 /// The 2025 answer `reply` (one JSON message) as an SSE stream: the `early` events, the

@@ -17,7 +17,7 @@ use super::service::{Finish, Watch};
 use super::SessionKey;
 use crate::exchange::{McpReply, ReplyBody};
 use crate::jsonrpc::Id;
-use crate::sse::Event;
+use crate::sse::{Event, ReadAhead};
 use futures_util::StreamExt;
 use http::HeaderValue;
 use serde_json::Value;
@@ -45,18 +45,18 @@ impl Finish {
             ReplyBody::Stream(mut events) => {
                 let mut before: Vec<Event> = Vec::new();
                 let mut found = None;
-                let mut held_bytes = 0usize;
+                let mut bound = ReadAhead::new(MAX_EVENTS_BEFORE, MAX_BYTES_BEFORE);
                 let deadline = tokio::time::Instant::now() + ANSWER_WAIT;
-                while before.len() < MAX_EVENTS_BEFORE && held_bytes <= MAX_BYTES_BEFORE {
-                    let Ok(Some(ev)) = tokio::time::timeout_at(deadline, events.next()).await
-                    else {
+                while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, events.next()).await {
+                    if !bound.admits(&ev) {
+                        // Past the bound: passed on as it came, the answer not looked for.
+                        before.push(ev);
                         break;
-                    };
-                    let data = ev.data.as_deref().unwrap_or_default();
-                    held_bytes += data.len();
-                    let hit = (held_bytes <= MAX_BYTES_BEFORE)
-                        .then(|| answer(data.as_bytes(), self.id.as_ref()))
-                        .flatten();
+                    }
+                    let hit = ev
+                        .data
+                        .as_deref()
+                        .and_then(|d| answer(d.as_bytes(), self.id.as_ref()));
                     before.push(ev);
                     if hit.is_some() {
                         found = hit;
