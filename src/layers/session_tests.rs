@@ -412,6 +412,34 @@ async fn sessions_the_upstream_issued_are_served_by_a_table_that_never_saw_them(
     assert_eq!(again.status, 404);
 }
 
+/// alice's `initialize` through the session layers to an upstream that answers it over SSE with
+/// `first` (a notification), then the `InitializeResult`, naming the upstream session `issued`.
+async fn sse_initialize(sessions: &Arc<Sessions>, first: String, issued: &'static str) -> McpReply {
+    let upstream = tower::service_fn(move |_req: McpRequest| {
+        let first = first.clone();
+        async move {
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            tx.send(crate::sse::Event::message(first)).await.unwrap();
+            tx.send(crate::sse::Event::message(
+                r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{}}}"#
+                    .into(),
+            ))
+            .await
+            .unwrap();
+            Ok::<_, GatewayError>(McpReply::event_stream(
+                rx,
+                Some(HeaderValue::from_static(issued)),
+            ))
+        }
+    });
+    let svc = SessionGuardLayer::new(sessions.clone(), true)
+        .layer(SessionLayer::new(sessions.clone()).layer(upstream));
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"capabilities":{}}}"#;
+    svc.oneshot(as_principal(with_session(init, None), "alice"))
+        .await
+        .unwrap()
+}
+
 /// Issue 35: an `initialize` answered over SSE has its session stored before the stream goes
 /// on, and the stream reaches the client whole (the answer and what came before it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -419,31 +447,12 @@ async fn an_sse_initialize_answer_is_stored_before_it_goes_on() {
     let store = crate::layers::testing::CountingStore::new();
     let sessions = Sessions::new();
     sessions.keep_held_in(store.clone());
-    let upstream = tower::service_fn(|_req: McpRequest| async move {
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        tx.send(crate::sse::Event::message(
-            r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#.into(),
-        ))
-        .await
-        .unwrap();
-        tx.send(crate::sse::Event::message(
-            r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{}}}"#
-                .into(),
-        ))
-        .await
-        .unwrap();
-        Ok::<_, GatewayError>(McpReply::event_stream(
-            rx,
-            Some(HeaderValue::from_static("sse-session")),
-        ))
-    });
-    let svc = SessionGuardLayer::new(sessions.clone(), true)
-        .layer(SessionLayer::new(sessions.clone()).layer(upstream));
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"capabilities":{}}}"#;
-    let reply = svc
-        .oneshot(as_principal(with_session(init, None), "alice"))
-        .await
-        .unwrap();
+    let reply = sse_initialize(
+        &sessions,
+        r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#.into(),
+        "sse-session",
+    )
+    .await;
     let stored = store.held_session("up", "sse-session").unwrap();
     assert_eq!(
         stored.and_then(|s| s.protocol_version).as_deref(),
@@ -466,32 +475,15 @@ async fn an_sse_initialize_answer_holds_a_bounded_number_of_bytes() {
     let store = crate::layers::testing::CountingStore::new();
     let sessions = Sessions::new();
     sessions.keep_held_in(store.clone());
-    let upstream = tower::service_fn(|_req: McpRequest| async move {
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let big = "x".repeat(super::issued::MAX_BYTES_BEFORE + 1);
-        tx.send(crate::sse::Event::message(format!(
+    let big = "x".repeat(super::issued::MAX_BYTES_BEFORE + 1);
+    let reply = sse_initialize(
+        &sessions,
+        format!(
             r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{big}"}}}}"#
-        )))
-        .await
-        .unwrap();
-        tx.send(crate::sse::Event::message(
-            r#"{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25","capabilities":{}}}"#
-                .into(),
-        ))
-        .await
-        .unwrap();
-        Ok::<_, GatewayError>(McpReply::event_stream(
-            rx,
-            Some(HeaderValue::from_static("big-session")),
-        ))
-    });
-    let svc = SessionGuardLayer::new(sessions.clone(), true)
-        .layer(SessionLayer::new(sessions.clone()).layer(upstream));
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"capabilities":{}}}"#;
-    let reply = svc
-        .oneshot(as_principal(with_session(init, None), "alice"))
-        .await
-        .unwrap();
+        ),
+        "big-session",
+    )
+    .await;
     assert!(
         store.held_session("up", "big-session").unwrap().is_none(),
         "not read ahead past the bound, so not stored"
