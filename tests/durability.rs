@@ -251,9 +251,12 @@ fn stored_record(task_id: &str, owner: &str, status: &str) -> Value {
 /// Writes `records` into the `tasks` tree of a sled store at `dir` (under the store's keys), as
 /// an older or damaged taskgate could have left them.
 fn write_raw_records(dir: &std::path::Path, records: &[Value]) {
+    // No background flusher: its thread holds the database (and its file lock) for a moment
+    // after the last handle drops, and the test opens the store right after this returns.
     let db = sled::Config::new()
         .path(dir)
         .mode(sled::Mode::LowSpace)
+        .flush_every_ms(None)
         .open()
         .unwrap();
     let tasks = db.open_tree("tasks").unwrap();
@@ -269,6 +272,21 @@ fn write_raw_records(dir: &std::path::Path, records: &[Value]) {
         tasks.insert(key, serde_json::to_vec(r).unwrap()).unwrap();
     }
     db.flush().unwrap();
+}
+
+/// Opens the sled store at `dir`, waiting (at most [`STEP`]) while the handle that wrote the
+/// raw records still holds the file lock.
+fn open_when_unlocked(dir: &std::path::Path) -> Arc<taskgate::store::SledStore> {
+    let deadline = std::time::Instant::now() + STEP;
+    loop {
+        match taskgate::store::SledStore::open(dir, 1 << 20, None) {
+            Ok(store) => return store,
+            Err(e) if e.to_string().contains("lock") && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("open the store: {e}"),
+        }
+    }
 }
 
 /// A record whose owner is not an owner's stored form (`principal:…`, `session:…`,
@@ -290,7 +308,7 @@ async fn restart_refuses_a_record_whose_owner_is_not_an_owner() {
                 stored_record("bad\"one", "alice", status),
             ],
         );
-        let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+        let store = open_when_unlocked(dir.path());
         let metrics = Arc::new(Metrics::new(&["up".to_string()]));
         let started = Registry::new(
             store.clone() as Arc<dyn TaskStore>,

@@ -71,8 +71,34 @@ pub type TestBody = UnsyncBoxBody<Bytes, Infallible>;
 pub const ACCEPT_BOTH: &str = "application/json, text/event-stream";
 pub const PROTOCOL_VERSION: &str = "2025-11-25";
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (bound, read, released).
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound, read, released), for a process
+/// that must be told its port before it starts (a replica nginx routes to, a PostgreSQL).
+///
+/// The port is taken below the system's ephemeral range (`ip_local_port_range`), and never
+/// twice in one test process. A port from `bind(127.0.0.1:0)` is an ephemeral one: between its
+/// release and the child's bind, an outgoing connection of a parallel test could take it as its
+/// local port, which is how a replica once failed with "Address already in use" under 500
+/// concurrent cancels.
 pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral_low.max(10_001));
+    let span = u32::from(high - low);
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let seed = std::process::id().wrapping_mul(2_654_435_761) ^ (given.len() as u32 * 7_919);
+    for i in 0..span {
+        let port = low + ((seed.wrapping_add(i) % span) as u16);
+        if given.contains(&port) {
+            continue;
+        }
+        if StdTcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
+            return port;
+        }
+    }
     let l = StdTcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     l.local_addr().unwrap().port()
 }

@@ -299,11 +299,19 @@ async function upgrade(o) {
 
 switch (cmd) {
     case 'free-port': {
-        const srv = createServer();
-        srv.listen(0, '127.0.0.1', () => {
-            const { port } = srv.address();
-            srv.close(() => console.log(port));
-        });
+        // Below the ephemeral range, so no outgoing connection's local port takes it between
+        // this check and the peer's bind (tests/common/mod.rs, free_port).
+        let low = 32768;
+        try {
+            low = Number(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]) || low;
+        } catch {}
+        const tryPort = (left) => {
+            const port = 10000 + Math.floor(Math.random() * Math.max(1, low - 10000));
+            const srv = createServer();
+            srv.once('error', () => (left > 0 ? tryPort(left - 1) : process.exit(1)));
+            srv.listen(port, '127.0.0.1', () => srv.close(() => console.log(port)));
+        };
+        tryPort(200);
         break;
     }
     case 'json-field': {
