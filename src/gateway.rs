@@ -21,7 +21,7 @@ use crate::layers::observe::ObserveLayer;
 use crate::layers::session::{HandDown, SessionLayer, Sessions};
 use crate::layers::session_guard::SessionGuardLayer;
 use crate::layers::tasks::TasksLayer;
-use crate::layers::upgrade::{cancel_orphans, UpgradeLayer, UpgradeState};
+use crate::layers::upgrade::{cancel_orphans, follow_adopted, UpgradeLayer, UpgradeState};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::store::{PgStore, SledStore, StoreError, TaskStore};
@@ -130,6 +130,11 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         telemetry: telemetry.clone(),
     };
     fail_gateway_tasks_of_previous_run(&config, &registry).await;
+    // A tier: this replica's call leases (held gateway-task calls, followed upgraded calls).
+    registry.keep_leases(
+        Duration::from_millis(config.store.lease_ms),
+        Duration::from_millis(config.store.lease_poll_ms),
+    );
     let listeners = Listeners::bind(&config).await?;
     let (gateway_addr, admin_addr) = (listeners.gateway_addr, listeners.admin_addr);
 
@@ -327,6 +332,29 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
         state: upgrade_state.clone(),
         stack: McpStack::new(inner.clone()),
     });
+    // A tier: an upgraded call a lost replica was following is adopted and followed here.
+    if let Some(keeper) = shared
+        .upgrade
+        .enabled
+        .then(|| shared.registry.leases())
+        .flatten()
+    {
+        let (state, stack, up) = (
+            upgrade_state.clone(),
+            McpStack::new(inner.clone()),
+            name.clone(),
+        );
+        keeper.on_adopt(
+            &name,
+            crate::store::LeaseKind::Followed,
+            Arc::new(move |task_id: String| {
+                let (state, stack, up) = (state.clone(), stack.clone(), up.clone());
+                Box::pin(async move {
+                    follow_adopted(&state, &up, stack, &task_id).await;
+                })
+            }),
+        );
+    }
     // What is known of a session goes down on every request `upgrade` or a layer below reads.
     let hand_down = if shared.upgrade.enabled {
         HandDown::Every

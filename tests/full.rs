@@ -14,4 +14,5 @@ mod store_unanswered;
 mod store_unreachable;
 mod tier;
 mod tier_cancel_lease;
+mod tier_leases;
 mod tier_sessions;

@@ -4,10 +4,12 @@
 //! status enforced by the database, compare-and-swap updates racing, the cancel claim, the sweep
 //! lease (kept by one replica, no connection churned per tick), audit facts appended once, and
 //! the owner's live-task limit counted in the database. The held sessions' part of the contract
-//! is `store_contract/held.rs`.
+//! is `store_contract/held.rs`, the call leases' `store_contract/leases.rs`.
 
 #[path = "store_contract/held.rs"]
 mod held;
+#[path = "store_contract/leases.rs"]
+mod leases;
 
 use crate::common::*;
 use std::sync::Arc;
@@ -230,7 +232,8 @@ async fn contract(store: Arc<dyn TaskStore>) {
     assert_eq!(seen, 8, "t2..t6, b1, old, and the odd one");
     store.sync().await.unwrap();
     store.ping().await.unwrap();
-    held::contract(store).await;
+    held::contract(store.clone()).await;
+    leases::contract(store).await;
 }
 
 #[tokio::test]

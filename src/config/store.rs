@@ -31,6 +31,12 @@ pub enum StoreBackend {
 pub(super) fn default_pool_size() -> u64 {
     16
 }
+pub(super) fn default_lease_ms() -> u64 {
+    15_000
+}
+pub(super) fn default_lease_poll_ms() -> u64 {
+    250
+}
 
 /// `[store]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -60,6 +66,16 @@ pub struct StoreConfig {
     /// the certificate and the host name are always verified.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    /// `postgres`: the lapse of a call lease, in ms (default 15000; see `store::lease`): a
+    /// replica renews its leases every third of it, and one not renewed for this long is taken
+    /// over by another replica (a gateway task's held call `failed`, an upgraded call followed).
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u64,
+    /// `postgres`: how often a replica reads the cancels asked of its leases and looks for
+    /// lapsed ones, in ms (default 250): the longest a `tasks/cancel` answered by another
+    /// replica waits before the holding replica acts on it.
+    #[serde(default = "default_lease_poll_ms")]
+    pub lease_poll_ms: u64,
 }
 
 /// Whether a PostgreSQL URL or key/value string carries a password.
@@ -87,6 +103,14 @@ impl StoreConfig {
             UNBOUNDED,
         )?;
         check_range("store.pool_size", self.pool_size, 1, 1000)?;
+        check_range("store.lease_ms", self.lease_ms, 300, 3_600_000)?;
+        check_range("store.lease_poll_ms", self.lease_poll_ms, 10, 60_000)?;
+        if self.lease_poll_ms * 3 > self.lease_ms {
+            return Err(ConfigError::Invalid(format!(
+                "store.lease_poll_ms ({}) must be at most a third of store.lease_ms ({}): leases are renewed every third of their lapse",
+                self.lease_poll_ms, self.lease_ms
+            )));
+        }
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         match (self.backend, &self.url_env, &self.url) {
             (StoreBackend::Sled, None, None) if self.ca_file.is_some() => invalid(
@@ -137,6 +161,8 @@ impl Default for StoreConfig {
             url: None,
             pool_size: default_pool_size(),
             ca_file: None,
+            lease_ms: default_lease_ms(),
+            lease_poll_ms: default_lease_poll_ms(),
         }
     }
 }

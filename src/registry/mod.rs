@@ -6,7 +6,9 @@
 //! - [`owners`]: live-task slots per owner and the [`Reservation`] guard;
 //! - [`releases`]: the "resources released" tracker and the `progressToken` → `taskId` map;
 //! - [`sweep`]: the TTL sweep;
-//! - `gone`: the tasks of an upstream process that died, failed and released.
+//! - `gone`: the tasks of an upstream process that died, failed and released;
+//! - [`leases`]: a tier's call leases (held and followed calls, cross-replica cancel asks,
+//!   lapsed leases adopted).
 //!
 //! Every method that touches the store is `async` and runs the store work on the registry's
 //! own store threads (`offload`): no store call runs on a runtime worker thread, nor on the
@@ -19,6 +21,7 @@
 mod cache;
 mod creation;
 mod gone;
+pub mod leases;
 mod offload;
 pub mod owners;
 pub mod releases;
@@ -26,6 +29,7 @@ mod status;
 pub mod sweep;
 mod tier;
 
+pub use leases::{LeaseGuard, LeaseKeeper};
 pub use offload::ListPage;
 pub use owners::{Owners, Reservation};
 pub use releases::{Releases, ResourceHold};
@@ -56,6 +60,8 @@ pub struct Registry {
     /// The trace export, when `[telemetry]` is on: the two audit facts become span events
     /// linked to the task's creating span (issue 34). Set once, at start.
     telemetry: std::sync::OnceLock<crate::telemetry::Telemetry>,
+    /// This process's call leases, in a tier (see `leases`). Set once, at start.
+    leases: std::sync::OnceLock<Arc<leases::LeaseKeeper>>,
 }
 
 impl Registry {
@@ -133,6 +139,7 @@ impl Registry {
             config,
             threads,
             telemetry: std::sync::OnceLock::new(),
+            leases: std::sync::OnceLock::new(),
         });
         for (up, id) in unreleased {
             registry

@@ -10,12 +10,14 @@
 //! (flush + `fdatasync`).
 
 pub mod held;
+pub mod lease;
 pub mod pg;
 pub mod record;
 pub mod shared;
 pub mod sled_store;
 
 pub use held::{HeldSessionRecord, HeldSessionStore};
+pub use lease::{Adopted, LeaseKind, LeaseStore};
 pub use pg::PgStore;
 pub use record::{AuditEvent, Origin, Owner, RecordHead, TaskRecord};
 pub use shared::{cancel_lease, CancelClaim, SharedCancelOutcome, CANCEL_LEASE_MARGIN};
@@ -190,6 +192,13 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
     /// ([`SlotStore`]). `None` (the default, one process): the registry's in-process count of
     /// live tasks per owner and its own view of the task gauges are the whole story.
     fn slots(&self) -> Option<&dyn SlotStore> {
+        None
+    }
+
+    /// The call leases ([`lease`]): which process holds or follows the upstream call of a task.
+    /// `None` (the default) for a store that keeps none; sled keeps them in memory, PostgreSQL
+    /// in `taskgate_leases`.
+    fn leases(&self) -> Option<&dyn LeaseStore> {
         None
     }
 }

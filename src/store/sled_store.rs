@@ -78,6 +78,8 @@ pub struct SledStore {
     held_by_expiry: sled::Tree,
     syncer: Mutex<Option<mpsc::Sender<Option<SyncReply>>>>,
     committer: Mutex<Option<JoinHandle<()>>>,
+    /// The call leases, in memory: this process holds every call (see `store::lease`).
+    leases: super::lease::LocalLeases,
 }
 
 fn decode(bytes: &[u8]) -> Result<TaskRecord, StoreError> {
@@ -156,6 +158,7 @@ impl SledStore {
             held_by_expiry,
             syncer: Mutex::new(Some(tx)),
             committer: Mutex::new(Some(committer)),
+            leases: Default::default(),
         }))
     }
 
@@ -572,6 +575,10 @@ impl TaskStore for SledStore {
 
     fn sync_soon(&self) {
         self.request_sync(None);
+    }
+
+    fn leases(&self) -> Option<&dyn super::lease::LeaseStore> {
+        Some(&self.leases)
     }
 }
 

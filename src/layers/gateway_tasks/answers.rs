@@ -215,12 +215,27 @@ async fn cancel(state: &GatewayTasksState, record: &TaskRecord, id: &Id, era: Er
     match observed {
         Observed::Recorded(TaskStatus::Cancelled) => {
             let live = state.live.lock().get(&record.task_id).cloned();
-            if let Some(live) = live {
-                if let Some(tx) = live.cancel.lock().take() {
-                    let _ = tx.send(());
+            match (live, state.registry.leases()) {
+                (Some(live), _) => super::stop_held(state, &live).await,
+                // A tier: another replica may hold the call. It is asked through its lease,
+                // sends the notification, and records "released" once its call has ended (so
+                // this replica, which holds nothing, does not).
+                (None, Some(keeper)) => {
+                    match keeper.ask_cancel(&record.upstream, &record.task_id).await {
+                        Ok(true) => state
+                            .registry
+                            .releases()
+                            .forget(&record.upstream, &record.task_id),
+                        Ok(false) => {}
+                        Err(e) => tracing::warn!(
+                            upstream = %record.upstream,
+                            task_id = %record.task_id,
+                            error = %e,
+                            "the replica holding a cancelled gateway task's call could not be asked to cancel it; it runs to its end or its ttl"
+                        ),
+                    }
                 }
-                live.terminal.send_replace(true);
-                super::listen::publish(state, live.session.as_deref(), &live.record).await;
+                (None, None) => {}
             }
             if era == Era::Modern {
                 return json_reply(id, &serde_json::from_str(MODERN_ACK).unwrap_or_default());

@@ -15,7 +15,7 @@ use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::{CreationRefusal, LocalReason};
 use crate::registry::Observed;
 use crate::sse::Event;
-use crate::store::{Origin, TaskRecord};
+use crate::store::{LeaseKind, Origin, TaskRecord};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -140,6 +140,23 @@ pub(super) async fn create<S: McpService>(
         input: CallInput::new(answers_tx),
     });
     state.live.lock().insert(task_id.clone(), live.clone());
+    // A tier: the call's lease, before the client can ask another replica to cancel it.
+    let lease = match state.registry.leases() {
+        Some(keeper) => {
+            let hook = super::cancelled_elsewhere(state.clone(), live.clone());
+            match keeper
+                .hold(&req.ctx.upstream, &task_id, LeaseKind::Held, Some(hook))
+                .await
+            {
+                Ok(guard) => Some(guard),
+                Err(e) => {
+                    tracing::warn!(upstream = %req.ctx.upstream, task_id = %task_id, error = %e, "a gateway task's call lease could not be taken: a cancel answered by another replica will not reach the call");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     req.op = Operation::Post(plain);
     // The task's expiry bounds the held call; no upstream timeout (a tool may run for minutes).
     req.extensions.insert(Deadline::Unbounded);
@@ -152,6 +169,7 @@ pub(super) async fn create<S: McpService>(
         own_id,
         token,
         era,
+        lease,
     };
     tokio::spawn(held.run(inner, req, cancel_rx, answers_rx, live));
     let body = create_result(&task, era);
@@ -224,6 +242,8 @@ struct Held {
     /// The call's `progressToken`, JSON text.
     token: String,
     era: Era,
+    /// The call's lease in a tier (ended when the call has).
+    lease: Option<crate::registry::LeaseGuard>,
 }
 
 /// How the wait on a held call ended.
@@ -318,6 +338,7 @@ impl Held {
         }
         drop(call);
         drop(hold);
+        drop(self.lease);
         self.state.live.lock().remove(&task_id);
         self.state.inputs.forget(&task_id);
         live.terminal.send_replace(true);

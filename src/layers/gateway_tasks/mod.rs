@@ -81,10 +81,14 @@
 //! Owner binding and `tasks/list` are the `tasks` layer's, as for every task (another
 //! principal gets `-32602` for everything). `notifications/tasks/status`: on the `tasks/result`
 //! stream of a held call (see `input`), and on the GET streams of the session the task was
-//! created on when its client declared `capabilities.tasks` (see `listen`). Not done here
-//! (issue 32, left): a
-//! `tasks/cancel` reaching another replica of a PostgreSQL tier than the one that holds the
-//! call (the status is recorded there; the held call runs to its end or its ttl).
+//! created on when its client declared `capabilities.tasks` (see `listen`).
+//! - A PostgreSQL tier (`registry::leases`): the replica holding the call keeps a lease on it
+//!   ([`crate::store::LeaseKind::Held`], taken before the `CreateTaskResult` is answered). A
+//!   `tasks/cancel` answered by another replica records `cancelled` there at once and asks the
+//!   holder through the lease; the holder, within `store.lease_poll_ms`, sends the one
+//!   `notifications/cancelled` and records "released" once its call has ended. When the holder
+//!   is gone (its lease not renewed within `store.lease_ms`), a surviving replica marks the task
+//!   `failed`, saying its replica was lost, and released.
 //!
 //! Files: this one (the layer, the dispatch, the negotiation rewrites), `held` (creation and
 //! the held call), `answers` (`tasks/get|result|cancel|update` and the task shapes of both
@@ -255,6 +259,34 @@ impl GatewayTasksState {
     fn outcome(&self, task_id: &str) -> Option<Outcome> {
         self.done.lock().map.get(task_id).map(|(o, _)| o.clone())
     }
+}
+
+/// Tells a held call its task was recorded cancelled (the held call then sends the server its
+/// `notifications/cancelled`, see `held`), once, and the session's listeners the new status.
+async fn stop_held(state: &GatewayTasksState, live: &Live) {
+    if let Some(tx) = live.cancel.lock().take() {
+        let _ = tx.send(());
+    }
+    live.terminal.send_replace(true);
+    listen::publish(state, live.session.as_deref(), &live.record).await;
+}
+
+/// The cancel hook of a held call's lease in a tier (`registry::leases`): another replica
+/// recorded the task cancelled and asked this one, which holds the call, to stop it. The
+/// release is tracked here, where the call is held ("resources released" once it has ended).
+fn cancelled_elsewhere(
+    state: Arc<GatewayTasksState>,
+    live: Arc<Live>,
+) -> crate::registry::leases::CancelHook {
+    Box::new(move || {
+        let (upstream, task_id) = (live.upstream.clone(), live.record.task_id.clone());
+        state.registry.releases().cancelled(
+            &upstream,
+            &task_id,
+            crate::metrics::ReleaseReason::Quiet,
+        );
+        tokio::spawn(async move { stop_held(&state, &live).await });
+    })
 }
 
 /// Builds [`GatewayTasksService`]s.

@@ -178,6 +178,26 @@ impl<S: McpService> Follower<S> {
             .registry
             .releases()
             .hold(&self.ctx.upstream, &self.task_id);
+        // A tier: the call's lease, so another replica adopts it if this one is lost
+        // (`adopt`); ended when this follower is done.
+        let _lease = match self.state.registry.leases() {
+            Some(keeper) => match keeper
+                .hold(
+                    &self.ctx.upstream,
+                    &self.task_id,
+                    crate::store::LeaseKind::Followed,
+                    None,
+                )
+                .await
+            {
+                Ok(guard) => Some(guard),
+                Err(e) => {
+                    tracing::warn!(task_id = %self.task_id, error = %e, "an upgraded call's lease could not be taken: it is not adopted if this replica is lost");
+                    None
+                }
+            },
+            None => None,
+        };
         let (relay_tx, mut relay_rx) = mpsc::channel::<Event>(RELAY_CAPACITY);
         // Progress first: the client learns at once that its call runs (as a task).
         if let Some(created) = &self.created {

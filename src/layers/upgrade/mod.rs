@@ -39,6 +39,9 @@
 //!   clients call them. Task-capable clients see the upstream's values.
 //! - After a restart, upgraded tasks that are not terminal have lost their client: taskgate cancels
 //!   them upstream ([`cancel_orphans`]), counted as `taskgate_upgraded_calls_total{outcome="orphaned"}`.
+//!   Not in a PostgreSQL tier, where the follower holds a lease on its call instead
+//!   (`registry::leases`): when its replica is lost, another replica adopts the call and follows
+//!   it to its end ([`follow_adopted`]), so its record gets its final status and result.
 //!
 //! Outcomes of `taskgate_upgraded_calls_total{upstream,outcome}`: `completed`, `failed` (error or
 //! `isError` result), `cancelled` (client's `notifications/cancelled`), `disconnected`,
@@ -97,8 +100,9 @@
 //! the driver up to the `CreateTaskResult` and taskgate's internal requests; `early` what comes
 //! before that answer; `follower` the
 //! task's follower; `progress` the increasing progress values and the GET-stream rewrite;
-//! `orphans` the sweep after a restart.
+//! `orphans` the sweep after a restart; `adopt` the follow of a call adopted from a lost replica.
 
+mod adopt;
 mod call;
 mod early;
 mod follower;
@@ -108,6 +112,7 @@ mod requests;
 mod tool_cache;
 mod tools;
 
+pub use adopt::follow_adopted;
 pub use orphans::cancel_orphans;
 pub use tool_cache::{ToolCache, ToolMap, Watched};
 

@@ -10,6 +10,44 @@ use crate::metrics::UpgradeOutcome;
 use http::{HeaderMap, HeaderValue};
 use std::sync::Arc;
 
+/// The context of a request taskgate makes itself about the upgraded task `r` whose client is
+/// gone: its upstream session, its owner's principal, the era it was created in (the request is
+/// authorised as `r.owner` with [`OnBehalfOf`](crate::layers::extensions::OnBehalfOf)).
+pub(super) fn owner_context(upstream: &Arc<str>, r: &crate::store::TaskRecord) -> RequestContext {
+    let session = r
+        .upstream_session
+        .as_deref()
+        .and_then(|s| HeaderValue::from_str(s).ok());
+    let principal = match &r.owner {
+        crate::store::Owner::Principal(p) => Principal::Token(p.as_str().into()),
+        _ => Principal::Anonymous,
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        http::header::ACCEPT,
+        HeaderValue::from_static("application/json, text/event-stream"),
+    );
+    if let Some(v) = r
+        .protocol_version
+        .as_deref()
+        .and_then(|v| HeaderValue::from_str(v).ok())
+    {
+        headers.insert("mcp-protocol-version", v);
+    }
+    RequestContext {
+        upstream: upstream.clone(),
+        session_id: session.clone(),
+        client_session_id: session,
+        principal,
+        client_addr: None,
+        headers,
+    }
+}
+
 /// What [`cancel_orphans`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Orphans {
@@ -34,38 +72,7 @@ pub async fn cancel_orphans<S: McpService>(
         cancelled: 0,
     };
     for r in &orphans {
-        let session = r
-            .upstream_session
-            .as_deref()
-            .and_then(|s| HeaderValue::from_str(s).ok());
-        let principal = match &r.owner {
-            crate::store::Owner::Principal(p) => Principal::Token(p.as_str().into()),
-            _ => Principal::Anonymous,
-        };
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert(
-            http::header::ACCEPT,
-            HeaderValue::from_static("application/json, text/event-stream"),
-        );
-        if let Some(v) = r
-            .protocol_version
-            .as_deref()
-            .and_then(|v| HeaderValue::from_str(v).ok())
-        {
-            headers.insert("mcp-protocol-version", v);
-        }
-        let ctx = RequestContext {
-            upstream: upstream.clone(),
-            session_id: session.clone(),
-            client_session_id: session,
-            principal,
-            client_addr: None,
-            headers,
-        };
+        let ctx = owner_context(upstream, r);
         state.count(upstream, UpgradeOutcome::Orphaned);
         match send_tasks_cancel_for(&stack, state, &ctx, &r.task_id, Some(&r.owner)).await {
             CancelSent::Cancelled => {

@@ -99,6 +99,26 @@ CREATE TABLE taskgate_held_sessions (
 CREATE INDEX taskgate_held_sessions_by_expiry ON taskgate_held_sessions (expires_at);
 "#,
     ),
+    (
+        4,
+        r#"
+-- Call leases (store::lease): the replica that holds a gateway task's tools/call (kind
+-- 'held') or follows an upgraded call (kind 'followed'), renewed by it; lapse_at (ms, the
+-- database's clock) passed means the replica is gone and another adopts the lease.
+-- cancel_asked: a tasks/cancel answered elsewhere asks the holder to cancel its call.
+CREATE TABLE taskgate_leases (
+    upstream     text    NOT NULL,
+    task_id      text    NOT NULL,
+    kind         text    NOT NULL,
+    holder       text    NOT NULL,
+    lapse_at     bigint  NOT NULL,
+    cancel_asked boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (upstream, task_id)
+);
+CREATE INDEX taskgate_leases_by_holder ON taskgate_leases (holder);
+CREATE INDEX taskgate_leases_by_lapse ON taskgate_leases (lapse_at);
+"#,
+    ),
 ];
 
 /// Applies every migration the database has not seen, in order, in one transaction.

@@ -23,7 +23,7 @@
 //! as JSON text plus the columns queries need: owner, recorded_at, expires_at, status, a version
 //! for compare-and-swap, and the cross-replica cancel claim), `taskgate_audit` (append-only),
 //! `taskgate_slots` (live-task slots of creations in flight), `taskgate_held_sessions` (the
-//! held sessions, see `held`).
+//! held sessions, see `held`), `taskgate_leases` (the call leases, see `leases`).
 //!
 //! **Guarantees across replicas, enforced by the database**:
 //! - `create` is one autocommitted `INSERT … ON CONFLICT DO NOTHING` (with the server's
@@ -43,6 +43,7 @@
 
 mod bounded;
 mod held;
+mod leases;
 mod migrations;
 mod names;
 mod open;
@@ -561,6 +562,10 @@ impl TaskStore for PgStore {
     }
 
     fn slots(&self) -> Option<&dyn super::SlotStore> {
+        Some(self)
+    }
+
+    fn leases(&self) -> Option<&dyn super::lease::LeaseStore> {
         Some(self)
     }
 }

@@ -1,0 +1,279 @@
+//! The lease keeper of a tier (issue 32, issue 35): this process's call leases
+//! ([`crate::store::lease`]) taken, renewed, asked to cancel, and the lapsed ones of processes
+//! that are gone adopted.
+//!
+//! - A layer that holds a call for a task takes its lease with [`LeaseKeeper::hold`] (a
+//!   gateway task's held `tools/call`: [`LeaseKind::Held`], with a cancel hook; an upgraded
+//!   call's follower: [`LeaseKind::Followed`]); the [`LeaseGuard`] ends the lease when the call
+//!   has ended.
+//! - Every `store.lease_poll_ms` (250 ms by default) one task of the keeper reads the cancels
+//!   other replicas asked of this process's leases ([`LeaseKeeper::ask_cancel`], from a
+//!   `tasks/cancel` answered there) and runs each lease's cancel hook once; and it adopts the
+//!   leases whose lapse (`store.lease_ms`, 15 s by default) has passed: a [`LeaseKind::Held`]
+//!   one's task is `failed` with a `statusMessage` saying its replica was lost (and released,
+//!   `reason="process_exited"`), a [`LeaseKind::Followed`] one is followed to its end by the
+//!   adopter its upstream registered ([`LeaseKeeper::on_adopt`]). Every third of the lapse it
+//!   renews all of this process's leases (one statement).
+//!
+//! Why a bounded poll and not PostgreSQL `LISTEN`/`NOTIFY`: a notification reaches only a
+//! session listening when it is sent, so a replica whose listening connection broke (a
+//! restart of the database, a network cut) misses the cancels sent meanwhile and needs this
+//! poll anyway; `LISTEN` also needs a connection of its own outside the pool, kept and
+//! re-opened by hand. The poll is one indexed statement per replica per `lease_poll_ms`, and a
+//! cancel reaches its holder within one poll (measured in `tests/tier_leases.rs`: about 150 ms
+//! on average, under 400 ms, with the default 250 ms).
+
+use super::Registry;
+use crate::mcp::task::now_ms;
+use crate::store::{Adopted, LeaseKind, LeaseStore, StoreError};
+use futures_util::future::BoxFuture;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+/// Most lapsed leases adopted per poll.
+const ADOPT_PER_POLL: usize = 16;
+
+type Key = (String, String);
+
+/// What a lease's holder does when another replica asks it to cancel the call.
+pub type CancelHook = Box<dyn FnOnce() + Send>;
+
+/// What an upstream does with a [`LeaseKind::Followed`] lease it adopted: follows the task
+/// (its id) to its end; the lease ends when the future does.
+pub type Adopter = Arc<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// This process's leases (see the module docs).
+pub struct LeaseKeeper {
+    registry: Weak<Registry>,
+    lapse: Duration,
+    poll: Duration,
+    /// The cancel hooks of the leases this process holds.
+    hooks: Mutex<HashMap<Key, CancelHook>>,
+    /// `(upstream, kind)` → what adopts such a lease.
+    adopters: Mutex<HashMap<(String, LeaseKind), Adopter>>,
+}
+
+/// A lease this process holds; dropping it ends the lease (in the background).
+pub struct LeaseGuard {
+    keeper: Arc<LeaseKeeper>,
+    key: Key,
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.keeper.hooks.lock().remove(&self.key);
+        let (keeper, key) = (self.keeper.clone(), self.key.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move { keeper.end(&key.0, &key.1).await });
+        }
+    }
+}
+
+impl LeaseKeeper {
+    /// The lapse of a lease (`store.lease_ms`).
+    pub fn lapse(&self) -> Duration {
+        self.lapse
+    }
+
+    /// Takes the lease of `(upstream, task_id)` for this process; `on_cancel` runs (once) when
+    /// another replica asks for the call's cancel. Returns once the lease is in the store.
+    ///
+    /// Errors: the store's (no lease is then held: the call runs, but a cancel answered by
+    /// another replica does not reach it, and it is not adopted if this process dies).
+    pub async fn hold(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        kind: LeaseKind,
+        on_cancel: Option<CancelHook>,
+    ) -> Result<LeaseGuard, StoreError> {
+        let key = (upstream.to_string(), task_id.to_string());
+        if let Some(hook) = on_cancel {
+            self.hooks.lock().insert(key.clone(), hook);
+        }
+        let guard = LeaseGuard {
+            keeper: self.clone(),
+            key,
+        };
+        self.with_leases(|l| l.take_lease(upstream, task_id, kind, self.lapse))
+            .await
+            .map(|()| guard)
+    }
+
+    /// Asks the replica holding `(upstream, task_id)`'s call to cancel it. Returns whether a
+    /// live lease was asked (false: no lease, or a lapsed one, whose adopter deals with it).
+    pub async fn ask_cancel(&self, upstream: &str, task_id: &str) -> Result<bool, StoreError> {
+        self.with_leases(|l| l.ask_cancel(upstream, task_id)).await
+    }
+
+    /// Registers what adopts a lapsed `kind` lease of `upstream`.
+    pub fn on_adopt(&self, upstream: &str, kind: LeaseKind, adopter: Adopter) {
+        self.adopters
+            .lock()
+            .insert((upstream.to_string(), kind), adopter);
+    }
+
+    /// Runs `op` on the store's leases (an error when the registry is gone or its store keeps
+    /// none).
+    fn with_leases<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&dyn LeaseStore) -> BoxFuture<'static, Result<T, StoreError>>,
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
+        let registry = self.registry.upgrade();
+        match registry.as_ref().and_then(|r| r.store.leases()) {
+            Some(l) => op(l),
+            None => Box::pin(std::future::ready(Err(StoreError::Db(
+                "the task store keeps no call leases".into(),
+            )))),
+        }
+    }
+
+    async fn end(&self, upstream: &str, task_id: &str) {
+        if let Err(e) = self.with_leases(|l| l.end_lease(upstream, task_id)).await {
+            // The lease lapses then; its adopter finds the task terminal (or fails it).
+            tracing::warn!(upstream, task_id, error = %e, "a call lease could not be ended");
+        }
+    }
+
+    /// One poll: the cancels asked, the renewal when due, the lapsed leases adopted.
+    async fn tick(self: &Arc<Self>, renew_at: &mut Instant) {
+        let Some(registry) = self.registry.upgrade() else {
+            return;
+        };
+        let Some(leases) = registry.store.leases() else {
+            return;
+        };
+        match leases.cancels_asked().await {
+            Ok(asked) => {
+                for key in asked {
+                    let hook = self.hooks.lock().remove(&key);
+                    if let Some(hook) = hook {
+                        tracing::info!(upstream = %key.0, task_id = %key.1, "a cancel asked by another replica reached the call this replica holds");
+                        hook();
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the cancels asked of this replica's leases could not be read")
+            }
+        }
+        if Instant::now() >= *renew_at {
+            match leases.renew_leases(self.lapse).await {
+                Ok(_) => *renew_at = Instant::now() + self.lapse / 3,
+                Err(e) => {
+                    tracing::warn!(error = %e, "this replica's call leases could not be renewed")
+                }
+            }
+        }
+        match leases.adopt_lapsed(self.lapse, ADOPT_PER_POLL).await {
+            Ok(adopted) => {
+                for a in adopted {
+                    let this = self.clone();
+                    tokio::spawn(async move { this.adopted(a).await });
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "lapsed call leases could not be looked for"),
+        }
+    }
+
+    /// What becomes of a lease this process adopted; the lease ends afterwards.
+    async fn adopted(self: Arc<Self>, a: Adopted) {
+        let Some(registry) = self.registry.upgrade() else {
+            return;
+        };
+        match a.kind {
+            LeaseKind::Held => {
+                let message = format!(
+                    "the taskgate replica holding this task's call to upstream `{}` was lost (its lease lapsed); the call's result was lost",
+                    a.upstream
+                );
+                let failed = registry
+                    .fail_tasks_of_dead_process(
+                        &a.upstream,
+                        Some(vec![a.task_id.clone()]),
+                        now_ms(),
+                        &message,
+                    )
+                    .await;
+                tracing::warn!(upstream = %a.upstream, task_id = %a.task_id, failed, "a gateway task's replica was lost: its lease lapsed");
+            }
+            LeaseKind::Followed => {
+                let adopter = self
+                    .adopters
+                    .lock()
+                    .get(&(a.upstream.clone(), a.kind))
+                    .cloned();
+                match adopter {
+                    Some(adopt) => {
+                        tracing::warn!(upstream = %a.upstream, task_id = %a.task_id, "an upgraded call's follower was lost (its lease lapsed): followed here");
+                        adopt(a.task_id.clone()).await;
+                    }
+                    None => {
+                        tracing::warn!(upstream = %a.upstream, task_id = %a.task_id, "an upgraded call's follower was lost, and this replica does not upgrade calls for its upstream: not followed")
+                    }
+                }
+            }
+        }
+        self.hooks
+            .lock()
+            .remove(&(a.upstream.clone(), a.task_id.clone()));
+        self.end(&a.upstream, &a.task_id).await;
+    }
+}
+
+impl Registry {
+    /// Starts keeping this process's call leases (a tier: a store shared by replicas), with
+    /// lapse `lapse` (`store.lease_ms`) and poll `poll` (`store.lease_poll_ms`); the keeper's
+    /// task ends with the registry. Does nothing on a store not shared (one process holds every
+    /// call; a restart deals with what the previous run held) or already keeping them.
+    pub fn keep_leases(self: &Arc<Self>, lapse: Duration, poll: Duration) {
+        if !self.store.shared() || self.store.leases().is_none() {
+            return;
+        }
+        let keeper = Arc::new(LeaseKeeper {
+            registry: Arc::downgrade(self),
+            lapse,
+            poll,
+            hooks: Mutex::new(HashMap::new()),
+            adopters: Mutex::new(HashMap::new()),
+        });
+        if self.leases.set(keeper.clone()).is_err() {
+            return;
+        }
+        let weak = Arc::downgrade(&keeper);
+        drop(keeper);
+        tokio::spawn(async move {
+            let mut renew_at = Instant::now();
+            loop {
+                let Some(keeper) = weak.upgrade() else { return };
+                tokio::time::sleep(keeper.poll).await;
+                keeper.tick(&mut renew_at).await;
+            }
+        });
+    }
+
+    /// The record of `(upstream, task_id)` as the store holds it now (`None`: none, or the read
+    /// failed, logged).
+    pub async fn record_of(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+    ) -> Option<crate::store::TaskRecord> {
+        self.off_runtime_about(upstream, task_id, |r, up, id| match r.store.get(up, id) {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::error!(error = %e, "task store read failed");
+                None
+            }
+        })
+        .await
+        .flatten()
+    }
+
+    /// The lease keeper, in a tier ([`Registry::keep_leases`]).
+    pub fn leases(&self) -> Option<&Arc<LeaseKeeper>> {
+        self.leases.get()
+    }
+}

@@ -1,0 +1,151 @@
+//! The call-lease part of the [`TaskStore`] contract (`store::lease`, issue 32 and issue 35):
+//! taken, asked to cancel (each ask read once), renewed, ended, and adopted once lapsed; then,
+//! with two `PgStore`s on one database standing for two replicas, what only a shared store
+//! adds: the ask reaches the holder only, a lapsed lease is adopted by one replica, and a
+//! replica cannot end a lease another one adopted.
+
+use super::*;
+use taskgate::store::{Adopted, LeaseKind, LeaseStore};
+
+fn key(up: &str, id: &str) -> (String, String) {
+    (up.to_string(), id.to_string())
+}
+
+/// Polls `adopt_lapsed` until it adopts something (the lapse must pass: no fixed sleep).
+async fn adopt_when_lapsed(l: &dyn LeaseStore) -> Vec<Adopted> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = l.adopt_lapsed(Duration::from_secs(60), 100).await.unwrap();
+        if !got.is_empty() || Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What every backend keeps, one process holding every lease.
+pub async fn contract(store: Arc<dyn TaskStore>) {
+    let l = store.leases().expect("the store keeps call leases");
+    let up = unique("leases");
+    let long = Duration::from_secs(60);
+    l.take_lease(&up, "held-1", LeaseKind::Held, long)
+        .await
+        .unwrap();
+    l.take_lease(&up, "followed-1", LeaseKind::Followed, long)
+        .await
+        .unwrap();
+    // Nothing asked yet; an ask is read once.
+    assert!(l.cancels_asked().await.unwrap().iter().all(|k| k.0 != up));
+    assert!(l.ask_cancel(&up, "held-1").await.unwrap());
+    assert!(!l.ask_cancel(&up, "no-such").await.unwrap());
+    let asked: Vec<_> = l
+        .cancels_asked()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|k| k.0 == up)
+        .collect();
+    assert_eq!(asked, vec![key(&up, "held-1")]);
+    assert!(l.cancels_asked().await.unwrap().iter().all(|k| k.0 != up));
+    // Renewed leases never lapse while renewed; nothing of this upstream is adoptable.
+    assert!(l.renew_leases(long).await.unwrap() >= 2);
+    let adopted = l.adopt_lapsed(long, 100).await.unwrap();
+    assert!(adopted.iter().all(|a| a.upstream != up), "{adopted:?}");
+    // An ended lease is gone: no ask reaches it.
+    l.end_lease(&up, "held-1").await.unwrap();
+    assert!(!l.ask_cancel(&up, "held-1").await.unwrap());
+    l.end_lease(&up, "followed-1").await.unwrap();
+    // A lease not renewed within its lapse is adopted, once, with its kind; asking a lapsed
+    // lease to cancel asks nobody.
+    l.take_lease(
+        &up,
+        "lapsing",
+        LeaseKind::Followed,
+        Duration::from_millis(50),
+    )
+    .await
+    .unwrap();
+    let adopted: Vec<_> = adopt_when_lapsed(l)
+        .await
+        .into_iter()
+        .filter(|a| a.upstream == up)
+        .collect();
+    assert_eq!(
+        adopted,
+        vec![Adopted {
+            upstream: up.clone(),
+            task_id: "lapsing".into(),
+            kind: LeaseKind::Followed
+        }]
+    );
+    let again = l.adopt_lapsed(long, 100).await.unwrap();
+    assert!(
+        again.iter().all(|a| a.upstream != up),
+        "adopted once: {again:?}"
+    );
+    l.end_lease(&up, "lapsing").await.unwrap();
+    l.take_lease(&up, "short", LeaseKind::Held, Duration::from_millis(1))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while l.ask_cancel(&up, "short").await.unwrap() {
+        assert!(Instant::now() < deadline, "the lease lapses");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    l.end_lease(&up, "short").await.unwrap();
+}
+
+/// Two replicas on one database: a cancel asked on one reaches the other, which holds the
+/// call; the holder's lapsed lease is adopted by the survivor only, which then holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_leases_reach_the_holder_and_are_adopted_once() {
+    let Some(pg) = PgCluster::start("postgres_leases_reach_the_holder_and_are_adopted_once") else {
+        return;
+    };
+    let a = PgStore::open(&pg.url, 2, None).await.unwrap();
+    let b = PgStore::open(&pg.url, 2, None).await.unwrap();
+    let (la, lb) = (a.leases().unwrap(), b.leases().unwrap());
+    let up = unique("tier-leases");
+    la.take_lease(&up, "t1", LeaseKind::Held, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(lb.ask_cancel(&up, "t1").await.unwrap(), "B asks A's lease");
+    assert!(
+        lb.cancels_asked().await.unwrap().is_empty(),
+        "not B's lease"
+    );
+    assert_eq!(la.cancels_asked().await.unwrap(), vec![key(&up, "t1")]);
+    assert!(la.cancels_asked().await.unwrap().is_empty(), "read once");
+    // A stops renewing (a kill -9): its lease lapses and B adopts it, A does not get it too.
+    la.take_lease(&up, "t2", LeaseKind::Followed, Duration::from_millis(100))
+        .await
+        .unwrap();
+    let adopted: Vec<_> = adopt_when_lapsed(lb)
+        .await
+        .into_iter()
+        .filter(|x| x.upstream == up)
+        .collect();
+    assert_eq!(adopted.len(), 1, "{adopted:?}");
+    assert_eq!(
+        (adopted[0].task_id.as_str(), adopted[0].kind),
+        ("t2", LeaseKind::Followed)
+    );
+    assert!(la
+        .adopt_lapsed(Duration::from_secs(60), 100)
+        .await
+        .unwrap()
+        .iter()
+        .all(|x| x.upstream != up));
+    // The lease is B's now: A ending it (its call ended late) leaves it; B renews it.
+    la.end_lease(&up, "t2").await.unwrap();
+    assert!(la.ask_cancel(&up, "t2").await.unwrap(), "still B's lease");
+    assert_eq!(lb.cancels_asked().await.unwrap(), vec![key(&up, "t2")]);
+    assert!(lb.renew_leases(Duration::from_secs(60)).await.unwrap() >= 1);
+    assert!(
+        la.renew_leases(Duration::from_secs(60)).await.unwrap() >= 1,
+        "A still holds t1"
+    );
+    lb.end_lease(&up, "t2").await.unwrap();
+    assert!(!la.ask_cancel(&up, "t2").await.unwrap(), "ended");
+    la.end_lease(&up, "t1").await.unwrap();
+}

@@ -1,0 +1,352 @@
+//! Call leases in a tier (issue 32, issue 35): three replicas (the real binary) on one
+//! PostgreSQL, leases of 1.5 s polled every 100 ms (`store.lease_ms`, `store.lease_poll_ms`), a
+//! scripted upstream. Proven on the wire:
+//! - a gateway task's `tasks/cancel` answered by another replica than the one holding the call
+//!   reaches the holder: one `notifications/cancelled` upstream naming the held call's id, and
+//!   "resources released" only once the upstream handler has ended;
+//! - kill -9 of the replica holding a gateway task's call: the task is `failed`, saying its
+//!   replica was lost, once the lease lapses (not `working` until its ttl);
+//! - kill -9 of the replica following an upgraded call: another replica adopts it and follows
+//!   it to its end; the record gets its final status and result.
+//!
+//! The requests go to the replicas directly (not through nginx): each test needs a request on
+//! a replica other than the holder. Each fails on the commit before the leases (5b6ec94, built
+//! and run with `TASKGATE_TEST_BIN`, which leaves the lease keys out of the configs): no
+//! notification reaches the upstream, the task stays `working`, the upgraded call's record stays
+//! `working`.
+
+use crate::common::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const AUTH: &[(&str, &str)] = &[("alice", "alice-token")];
+/// The lease lapse the replicas are given (ms).
+const LEASE_MS: u64 = 1500;
+
+/// Three replicas on one PostgreSQL, each started; a database client for the assertions.
+struct LeaseTier {
+    replicas: Vec<Replica>,
+    pg: PgCluster,
+    db: tokio_postgres::Client,
+    _dir: tempfile::TempDir,
+}
+
+impl LeaseTier {
+    /// `upstream_lines`: added to the `[[upstream]]` section; `upgrade`: `[upgrade] enabled`.
+    async fn start(
+        test: &str,
+        upstream: &str,
+        upstream_lines: &str,
+        upgrade: bool,
+    ) -> Option<LeaseTier> {
+        let pg = PgCluster::start(test)?;
+        let dir = tempfile::tempdir().unwrap();
+        // An older build (TASKGATE_TEST_BIN) refuses keys it does not know.
+        let lease = if std::env::var("TASKGATE_TEST_BIN").is_ok() {
+            String::new()
+        } else {
+            format!("lease_ms = {LEASE_MS}\nlease_poll_ms = 100\n")
+        };
+        let mut replicas: Vec<Replica> = (0..3)
+            .map(|n| {
+                let gp = free_port();
+                let toml = format!(
+                    "[gateway]\nlisten = \"127.0.0.1:{gp}\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n\
+                     [store]\nbackend = \"postgres\"\nurl_env = \"TASKGATE_DATABASE_URL\"\npool_size = 8\n{lease}\n\
+                     {auth}\n[tasks]\nrelease_quiet_ms = 100\n\n[upgrade]\nenabled = {upgrade}\n\n\
+                     [[upstream]]\nname = \"default\"\nurl = \"{upstream}\"\n{upstream_lines}\n",
+                    auth = bearer_auth(AUTH),
+                );
+                let config = dir.path().join(format!("replica{n}.toml"));
+                std::fs::write(&config, toml).unwrap();
+                Replica {
+                    config: config.to_str().unwrap().to_string(),
+                    gateway: std::net::SocketAddr::from(([127, 0, 0, 1], gp)),
+                    process: None,
+                }
+            })
+            .collect();
+        for r in &mut replicas {
+            r.start(&pg.url);
+        }
+        let (db, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        Some(LeaseTier {
+            replicas,
+            pg,
+            db,
+            _dir: dir,
+        })
+    }
+
+    fn on(&self, n: usize, session: &str) -> Client {
+        Client::new(&self.replicas[n].url())
+            .with_token("alice-token")
+            .with_session(session)
+    }
+
+    fn kill(&mut self, n: usize) {
+        sigkill(self.replicas[n].process.as_mut().unwrap());
+    }
+
+    /// How many `event` audit facts the task has.
+    async fn audit(&self, task_id: &str, event: &str) -> i64 {
+        self.db
+            .query_one(
+                "SELECT count(*) FROM taskgate_audit WHERE task_id = $1 AND event = $2",
+                &[&task_id, &event],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// The task's stored record.
+    async fn record(&self, task_id: &str) -> Option<Value> {
+        let row = self
+            .db
+            .query_opt(
+                "SELECT record FROM taskgate_tasks WHERE task_id = $1",
+                &[&task_id],
+            )
+            .await
+            .unwrap()?;
+        serde_json::from_str(&row.get::<_, String>(0)).ok()
+    }
+}
+
+/// A server without tasks: every `tools/call` answers on an SSE stream, first one progress
+/// notification, then its result once `gate` opens.
+fn held_call_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync {
+    let sessions = std::sync::atomic::AtomicUsize::new(0);
+    move |req| {
+        if req.method == "GET" {
+            return ScriptedResponse::sse(vec![SseStep::HoldOpen]);
+        }
+        let v = req.json();
+        let id = req.rpc_id_json();
+        match v["method"].as_str() {
+            Some("initialize") => {
+                let n = sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                mcp_handler(req).set_header("mcp-session-id", &format!("up-session-{n}"))
+            }
+            Some("tools/list") => ScriptedResponse::result_for(
+                req,
+                r#"{"tools":[{"name":"slow","inputSchema":{"type":"object"}}]}"#,
+            ),
+            Some("tools/call") => {
+                let token = v["params"]["_meta"]["progressToken"].to_string();
+                let progress = format!(
+                    r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{token},"progress":1,"total":2,"message":"halfway"}}}}"#
+                );
+                let answer = rpc_result(&id, r#"{"content":[{"type":"text","text":"done"}]}"#);
+                ScriptedResponse::sse(vec![
+                    ev().event("message").data(&progress).into(),
+                    SseStep::Wait(gate.clone()),
+                    ev().event("message").data(&answer).into(),
+                ])
+            }
+            _ => mcp_handler(req),
+        }
+    }
+}
+
+/// A gateway task created on replica 0 (which holds its call); returns its id and the session.
+async fn gateway_task(t: &LeaseTier, up: &Upstream) -> (String, String) {
+    let mut c = Client::new(&t.replicas[0].url()).with_token("alice-token");
+    c.initialize().await;
+    let v = c
+        .rpc(rpc(
+            "1",
+            "tools/call",
+            &json!({"name": "slow", "arguments": {}, "task": {"ttl": 600000}}).to_string(),
+        ))
+        .await;
+    let task = v
+        .pointer("/result/task/taskId")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("not a CreateTaskResult: {v}"))
+        .to_string();
+    assert!(
+        up.wait_for_method("tools/call", 1, STEP).await,
+        "the call is held upstream"
+    );
+    (task, c.session.clone().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_answered_by_another_replica_reaches_the_held_call() {
+    let gate = Gate::new();
+    let up = Upstream::start(held_call_server(gate.clone())).await;
+    let Some(t) = LeaseTier::start(
+        "a_cancel_answered_by_another_replica_reaches_the_held_call",
+        &up.url(),
+        "tasks = \"gateway\"",
+        false,
+    )
+    .await
+    else {
+        return;
+    };
+    let (task, sid) = gateway_task(&t, &up).await;
+    let call_id = up.received("tools/call")[0].json()["id"].clone();
+    // Replica 1 answers the cancel: `cancelled` at once.
+    let asked = Instant::now();
+    let v = t.on(1, &sid).cancel("2", &task).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    // Replica 2's later cancel finds it terminal.
+    let v = t.on(2, &sid).cancel("3", &task).await;
+    assert_eq!(err_code(&v), -32602, "{v}");
+    assert!(
+        up.wait_for_method("notifications/cancelled", 1, STEP).await,
+        "the cancel reached the replica holding the call"
+    );
+    let reach = asked.elapsed();
+    eprintln!(
+        "cross-replica cancel reached the holder in {} ms",
+        reach.as_millis()
+    );
+    let notes = up.received("notifications/cancelled");
+    assert_eq!(
+        notes[0].json()["params"]["requestId"],
+        call_id,
+        "{:?}",
+        notes[0].json()
+    );
+    // The upstream handler still runs: nothing released yet.
+    assert_eq!(
+        t.audit(&task, "resources_released").await,
+        0,
+        "released while the call runs"
+    );
+    gate.open();
+    let released = eventually(STEP, || async {
+        (t.audit(&task, "resources_released").await == 1).then_some(())
+    })
+    .await;
+    assert!(released.is_some(), "released once the held call ended");
+    assert_eq!(
+        up.received("notifications/cancelled").len(),
+        1,
+        "one notification across the replicas"
+    );
+    for n in 0..3 {
+        let v = t.on(n, &sid).get(&format!("\"g{n}\""), &task).await;
+        assert_eq!(v["result"]["status"], "cancelled", "replica {n}: {v}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_task_whose_replica_is_killed_fails_once_its_lease_lapses() {
+    let gate = Gate::new();
+    let up = Upstream::start(held_call_server(gate.clone())).await;
+    let Some(mut t) = LeaseTier::start(
+        "a_gateway_task_whose_replica_is_killed_fails_once_its_lease_lapses",
+        &up.url(),
+        "tasks = \"gateway\"",
+        false,
+    )
+    .await
+    else {
+        return;
+    };
+    let (task, sid) = gateway_task(&t, &up).await;
+    let v = t.on(1, &sid).get("2", &task).await;
+    assert_eq!(v["result"]["status"], "working", "{v}");
+    t.kill(0);
+    let killed = Instant::now();
+    let failed = eventually(Duration::from_millis(LEASE_MS) + STEP, || async {
+        let v = t.on(1, &sid).get("3", &task).await;
+        (v["result"]["status"] == "failed").then_some(v)
+    })
+    .await
+    .expect("failed once the lease lapsed, not working until the ttl");
+    eprintln!("kill -9 -> failed in {} ms", killed.elapsed().as_millis());
+    let message = failed["result"]["statusMessage"].as_str().unwrap_or("");
+    assert!(
+        message.contains("replica") && message.contains("lost"),
+        "{failed}"
+    );
+    let v = t.on(2, &sid).get("4", &task).await;
+    assert_eq!(v["result"]["status"], "failed", "{v}");
+    let r = t.on(2, &sid).result("5", &task).await;
+    assert_eq!(err_code(&r), -32603, "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_call_whose_follower_is_killed_is_followed_to_its_end() {
+    let server = UpServer::start(UpBehaviour {
+        task_ms: Some(4000),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let Some(mut t) = LeaseTier::start(
+        "an_upgraded_call_whose_follower_is_killed_is_followed_to_its_end",
+        &server.url(),
+        "",
+        true,
+    )
+    .await
+    else {
+        return;
+    };
+    let mut c = Client::new(&t.replicas[0].url()).with_token("alice-token");
+    c.initialize().await;
+    // A plain call to a `required` tool: replica 0 makes it a task and follows it.
+    let call = c
+        .send(rpc(
+            "1",
+            "tools/call",
+            r#"{"name":"research","arguments":{}}"#,
+        ))
+        .await;
+    assert_eq!(call.status(), 200);
+    let task = eventually(STEP, || async {
+        server.state.lock().unwrap().tasks.keys().next().cloned()
+    })
+    .await
+    .expect("the upgraded call is a task upstream");
+    // Followed: replica 0 polls it.
+    let followed = eventually(STEP, || async {
+        let state = server.state.lock().unwrap();
+        state
+            .seen
+            .iter()
+            .any(|(m, id, _)| m == "tasks/get" && *id == task)
+            .then_some(())
+    })
+    .await;
+    assert!(followed.is_some(), "replica 0 follows the task");
+    t.kill(0);
+    drop(call);
+    let killed = Instant::now();
+    let rec = eventually(Duration::from_secs(30), || async {
+        let r = t.record(&task).await?;
+        (r["status"] == "completed" && !r["terminal_result"].is_null()).then_some(r)
+    })
+    .await;
+    let rec = rec.unwrap_or_else(|| {
+        panic!(
+            "adopted and followed to its end; the record: {:?}",
+            futures_util::FutureExt::now_or_never(t.record(&task))
+        )
+    });
+    eprintln!(
+        "kill -9 -> adopted call's record complete in {} ms",
+        killed.elapsed().as_millis()
+    );
+    let results = server
+        .state
+        .lock()
+        .unwrap()
+        .result_calls
+        .get(&task)
+        .copied();
+    assert!(
+        results.unwrap_or(0) >= 1,
+        "tasks/result asked upstream: {rec}"
+    );
+    let _ = &t.pg;
+}
