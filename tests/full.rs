@@ -16,3 +16,4 @@ mod tier;
 mod tier_cancel_lease;
 mod tier_leases;
 mod tier_sessions;
+mod tier_store_outage;

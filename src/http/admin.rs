@@ -1,5 +1,6 @@
 //! The admin listener: `/healthz` (the process answers), `/readyz` (every upstream accepts TCP
-//! connections, or for a stdio upstream has a live child, and the task store answers: `"store": "ok"` or `"unreachable: <why>"`), `/metrics` (Prometheus text format 0.0.4), `/admin/tasks?owner=&status=&upstream=&limit=`
+//! connections, or for a stdio upstream has a live child, and the task store answers: `"store": "ok"` or `"unreachable: <why>"`;
+//! `/readyz?store=optional` reports the store without counting it, a tier's probe), `/metrics` (Prometheus text format 0.0.4), `/admin/tasks?owner=&status=&upstream=&limit=`
 //! (task records as JSON, newest first) and `/admin/tasks/<upstream>/<taskId>` (one record with
 //! its audit events).
 //!
@@ -113,7 +114,13 @@ impl Admin {
         }
         match req.uri().path() {
             "/healthz" => json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#)),
-            "/readyz" => self.readyz().await,
+            "/readyz" => match StoreNeed::of_query(req.uri().query().unwrap_or("")) {
+                Ok(need) => self.readyz(need).await,
+                Err(message) => json_response(
+                    StatusCode::BAD_REQUEST,
+                    serde_json::json!({ "error": message }).to_string().into(),
+                ),
+            },
             "/metrics" => Response::builder()
                 .header(
                     header::CONTENT_TYPE,
@@ -231,7 +238,7 @@ impl Admin {
         }
     }
 
-    async fn readyz(&self) -> Response<Body> {
+    async fn readyz(&self, need: StoreNeed) -> Response<Body> {
         let checks = self.upstreams.iter().map(|u| async move {
             let result = tokio::time::timeout(
                 Duration::from_secs(1),
@@ -261,7 +268,8 @@ impl Admin {
             };
             (name.clone(), status)
         }));
-        let ready = store == "ok" && results.iter().all(|(_, s)| s == "ok");
+        let store_ok = store == "ok" || need == StoreNeed::Optional;
+        let ready = store_ok && results.iter().all(|(_, s)| s == "ok");
         let upstreams: serde_json::Map<String, serde_json::Value> = results
             .into_iter()
             .map(|(n, s)| (n, serde_json::Value::String(s)))
@@ -283,6 +291,42 @@ impl Handler for Admin {
         _peer: std::net::SocketAddr,
     ) -> impl Future<Output = Response<Body>> + Send + 'static {
         self.serve(req)
+    }
+}
+
+/// Whether `/readyz` counts the task store (`?store=required`, the default) or only reports it
+/// (`?store=optional`).
+///
+/// `optional` is what a tier's readiness probe asks (issue 35): while the shared database is
+/// unreachable every replica alike still serves plain calls and refuses task operations fast
+/// with `-32603`, so taking them all out of the Service would stop the plain calls too and gain
+/// nothing; the body still says `"store": "unreachable: <why>"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreNeed {
+    Required,
+    Optional,
+}
+
+impl StoreNeed {
+    /// From `/readyz`'s query string; `Err` (the message for a 400) on any other parameter or
+    /// value.
+    fn of_query(query: &str) -> Result<StoreNeed, String> {
+        let mut need = StoreNeed::Required;
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            need = match (k.as_ref(), v.as_ref()) {
+                ("store", "required") => StoreNeed::Required,
+                ("store", "optional") => StoreNeed::Optional,
+                ("store", other) => {
+                    return Err(format!("store must be required or optional, got {other:?}"))
+                }
+                (other, _) => {
+                    return Err(format!(
+                        "unknown parameter {other:?}; /readyz takes store=required|optional"
+                    ))
+                }
+            };
+        }
+        Ok(need)
     }
 }
 
@@ -412,6 +456,25 @@ mod tests {
     use super::*;
     use crate::layers::testing::record;
     use crate::store::SledStore;
+
+    #[test]
+    fn readyz_store_parameter() {
+        assert_eq!(StoreNeed::of_query(""), Ok(StoreNeed::Required));
+        assert_eq!(
+            StoreNeed::of_query("store=required"),
+            Ok(StoreNeed::Required)
+        );
+        assert_eq!(
+            StoreNeed::of_query("store=optional"),
+            Ok(StoreNeed::Optional)
+        );
+        assert!(StoreNeed::of_query("store=maybe")
+            .unwrap_err()
+            .contains("maybe"));
+        assert!(StoreNeed::of_query("verbose=1")
+            .unwrap_err()
+            .contains("verbose"));
+    }
 
     /// Records t0..t9 (t9 newest); odd ones owned by another session, t8 completed.
     async fn store() -> (Arc<SledStore>, tempfile::TempDir) {

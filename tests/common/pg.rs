@@ -16,6 +16,70 @@ pub struct PgCluster {
     _dir: Option<tempfile::TempDir>,
     /// With `TASKGATE_TEST_DATABASE_URL`: `(that URL, the database made for this test)`.
     server: Option<(String, String)>,
+    /// A cluster of its own: how its server is started again ([`PgCluster::start_server`]).
+    own: Option<Own>,
+}
+
+/// What starts a cluster's server: its binaries, data directory, port, TLS, and the user it
+/// runs as when the tests run as root.
+struct Own {
+    bin: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    port: u16,
+    tls: bool,
+    ids: Option<(u32, u32)>,
+}
+
+impl Own {
+    fn cmd(&self, name: &str) -> Command {
+        let mut c = Command::new(self.bin.join(name));
+        if let Some((uid, gid)) = self.ids {
+            c.uid(uid).gid(gid);
+        }
+        c.stdin(Stdio::null());
+        c
+    }
+
+    /// Starts `postgres` on the data directory, its log appended to `postgres.log`.
+    fn spawn(&self) -> Result<Child, String> {
+        let path = self.dir.join("postgres.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        if let Some((uid, gid)) = self.ids {
+            let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+            unsafe { libc::chown(c.as_ptr(), uid, gid) };
+        }
+        let data = self.dir.join("data");
+        self.cmd("postgres")
+            .args(["-D", data.to_str().unwrap(), "-p", &self.port.to_string()])
+            .args(["-k", self.dir.to_str().unwrap()])
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "max_connections=300",
+            ])
+            .args(["-c", "fsync=off"])
+            .args(if self.tls {
+                &[
+                    "-c",
+                    "ssl=on",
+                    "-c",
+                    "ssl_cert_file=server.crt",
+                    "-c",
+                    "ssl_key_file=server.key",
+                ][..]
+            } else {
+                &[][..]
+            })
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("postgres: {e}"))
+    }
 }
 
 static NEXT_DB: AtomicUsize = AtomicUsize::new(0);
@@ -96,6 +160,7 @@ impl PgCluster {
                     child: None,
                     _dir: None,
                     server: Some((url, name)),
+                    own: None,
                 });
             }
         }
@@ -172,45 +237,67 @@ impl PgCluster {
         if tls {
             make_certs(dir.path(), &data, ids)?;
         }
-        let port = free_port();
-        let log = std::fs::File::create(dir.path().join("postgres.log")).unwrap();
-        if let Some((uid, gid)) = ids {
-            let c =
-                std::ffi::CString::new(dir.path().join("postgres.log").to_str().unwrap()).unwrap();
-            unsafe { libc::chown(c.as_ptr(), uid, gid) };
-        }
-        let child = cmd("postgres")
-            .args(["-D", data.to_str().unwrap(), "-p", &port.to_string()])
-            .args(["-k", dir.path().to_str().unwrap()])
-            .args([
-                "-c",
-                "listen_addresses=127.0.0.1",
-                "-c",
-                "max_connections=300",
-            ])
-            .args(["-c", "fsync=off"])
-            .args(if tls {
-                &[
-                    "-c",
-                    "ssl=on",
-                    "-c",
-                    "ssl_cert_file=server.crt",
-                    "-c",
-                    "ssl_key_file=server.key",
-                ][..]
-            } else {
-                &[][..]
-            })
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("postgres: {e}"))?;
+        let own = Own {
+            bin: bin.clone(),
+            dir: dir.path().to_path_buf(),
+            port: free_port(),
+            tls,
+            ids,
+        };
+        let port = own.port;
+        let child = own.spawn()?;
         let mut cluster = PgCluster {
             url: format!("postgres://taskgate@127.0.0.1:{port}/postgres"),
             child: Some(child),
             _dir: Some(dir),
             server: None,
+            own: Some(own),
         };
+        cluster.wait_ready()?;
+        Ok(cluster)
+    }
+
+    /// Whether this cluster's server can be stopped and started again ([`PgCluster::stop_server`]):
+    /// a cluster of its own, not `TASKGATE_TEST_DATABASE_URL`'s server.
+    pub fn can_stop(&self) -> bool {
+        self.own.is_some()
+    }
+
+    /// Stops the server as `pg_ctl stop -m fast` does (SIGINT: sessions are ended, connections
+    /// closed, new ones refused) and waits until it exited.
+    ///
+    /// Panics for a server not its own ([`PgCluster::can_stop`]).
+    pub fn stop_server(&mut self) {
+        assert!(self.own.is_some(), "not a cluster of its own");
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let until = Instant::now() + STEP * 3;
+        while Instant::now() < until {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Starts the stopped server again on its port and data directory; returns once it accepts
+    /// connections. Panics for a server not its own, or one that does not come back.
+    pub fn start_server(&mut self) {
+        let own = self.own.as_ref().expect("not a cluster of its own");
+        assert!(self.child.is_none(), "the server runs");
+        self.child = Some(own.spawn().expect("postgres starts again"));
+        self.wait_ready()
+            .expect("postgres accepts connections again");
+    }
+
+    /// Waits until the server accepts connections (30 s at most).
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let own = self.own.as_ref().expect("a cluster of its own");
+        let (bin, port) = (own.bin.clone(), own.port);
         let until = Instant::now() + STEP * 3;
         loop {
             let ready = Command::new(bin.join("pg_isready"))
@@ -219,9 +306,9 @@ impl PgCluster {
                 .map(|s| s.success())
                 .unwrap_or(false);
             if ready {
-                return Ok(cluster);
+                return Ok(());
             }
-            if let Some(Ok(Some(s))) = cluster.child.as_mut().map(|c| c.try_wait()) {
+            if let Some(Ok(Some(s))) = self.child.as_mut().map(|c| c.try_wait()) {
                 return Err(format!("postgres exited: {s}"));
             }
             if Instant::now() > until {
