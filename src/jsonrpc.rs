@@ -283,7 +283,7 @@ impl Known {
 /// once (a duplicate key is handed back too), so a lookup compares bytes, and a [`Known`] one
 /// is found by its slot. Small (36 bytes: it is moved with every request): places are offsets
 /// from `params`' start.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Params {
     /// Where the value of `params` starts; meaningful unless [`ParamsState::Absent`] or
     /// [`ParamsState::Walk`].
@@ -336,6 +336,85 @@ impl Params {
             }
             _ => self.state = ParamsState::Walk,
         }
+    }
+
+    /// These places after the bytes at `range` (absolute, inside the value of one member) were
+    /// replaced by `len` bytes: what lies after `range` moves; past 64 KiB lookups walk.
+    fn edited(&self, range: std::ops::Range<usize>, len: usize) -> Params {
+        let mut out = *self;
+        let at = self.at as usize;
+        let Some(end) = range.end.checked_sub(at) else {
+            out.state = ParamsState::Walk;
+            return out;
+        };
+        let moved = |n: u16| -> Option<u16> {
+            match usize::from(n) >= end {
+                true => u16::try_from(usize::from(n) - range.len() + len).ok(),
+                false => Some(n),
+            }
+        };
+        for slot in out.members[..usize::from(self.count)].iter_mut() {
+            for n in slot.iter_mut() {
+                match moved(*n) {
+                    Some(m) => *n = m,
+                    None => out.state = ParamsState::Walk,
+                }
+            }
+        }
+        match moved(self.len) {
+            Some(l) => out.len = l,
+            None => out.state = ParamsState::Walk,
+        }
+        out
+    }
+
+    /// These places after a `_meta` member of `len` bytes (its comma included) was inserted
+    /// right after `params`' opening brace: it is the first member, the others move; past
+    /// [`PARAMS`] members or 64 KiB lookups walk.
+    fn meta_added(&self, len: usize) -> Params {
+        let mut out = *self;
+        let count = usize::from(self.count);
+        let shift = |n: u16| u16::try_from(usize::from(n) + len).ok();
+        let (Some(total), true) = (shift(self.len), count < PARAMS) else {
+            out.state = ParamsState::Walk;
+            return out;
+        };
+        // `{"_meta":` then the value, which ends before the comma (if any) of `len`.
+        const KEY: usize = "{\"".len();
+        const VALUE: usize = "{\"_meta\":".len();
+        let value_end = 1 + len - usize::from(count > 0);
+        for i in (0..count).rev() {
+            let mut slot = self.members[i];
+            for n in slot.iter_mut() {
+                match shift(*n) {
+                    Some(m) => *n = m,
+                    None => {
+                        out.state = ParamsState::Walk;
+                        return out;
+                    }
+                }
+            }
+            out.members[i + 1] = slot;
+        }
+        out.members[0] = [KEY as u16, VALUE as u16, value_end as u16];
+        out.count = self.count + 1;
+        out.len = total;
+        // Every noted member's index moves up one; `_meta` is the first.
+        let mut known = 0u16;
+        for k in [
+            Known::Task,
+            Known::TaskId,
+            Known::Name,
+            Known::Meta,
+            Known::RequestId,
+        ] {
+            let slot = (self.known >> k.shift()) & 0b111;
+            if slot != 0 {
+                known |= (slot + 1) << k.shift();
+            }
+        }
+        out.known = known | 1 << Known::Meta.shift();
+        out
     }
 
     /// Sets where `params` ends (`end`); past 64 KiB lookups walk.
@@ -613,6 +692,92 @@ impl Message {
                 .ok()
                 .flatten()
                 .map(RawValue::get),
+        }
+    }
+
+    /// This request or notification with `params._meta.<key>` set to `value` (JSON text, put in
+    /// as it is) by splicing, every other byte as it was: the value replaced where `_meta` has the
+    /// key already (the last copy, as [`splice::replace`] finds it), else the member added first
+    /// to `_meta`, else `_meta` added first to `params`, else `params` added first to the
+    /// message. `None` when this is not a request or notification, or its `params` or `_meta` is
+    /// not an object. `key` needs no escaping.
+    ///
+    /// The envelope is kept, not parsed again: the edit lies inside `params`, so only the places
+    /// of `params`' members move, and they are moved here (issue 34: parsing the spliced
+    /// `_meta.traceparent` request again cost a small `tools/call` ~5,000 instructions). A
+    /// message whose `params` was not indexed (`ParamsState::Walk`), or one without `params`, is
+    /// parsed again.
+    pub fn with_meta_member(&self, key: &str, value: &str) -> Option<Message> {
+        self.method()?;
+        let raw = &self.raw[..];
+        let concat = |parts: &[&str]| -> Vec<u8> {
+            let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum::<usize>() + 1);
+            parts
+                .iter()
+                .for_each(|p| out.extend_from_slice(p.as_bytes()));
+            out
+        };
+        // The first member of the object starting at `open`: `member`, and a comma when the
+        // object has members already.
+        let first = |open: usize, object: &str, mut member: Vec<u8>| {
+            let inner = object.get(1..object.len().saturating_sub(1)).unwrap_or("");
+            if !inner.trim_matches([' ', '\t', '\n', '\r']).is_empty() {
+                member.push(b',');
+            }
+            (open + 1..open + 1, member)
+        };
+        match self.params.state {
+            ParamsState::NotAnObject => None,
+            ParamsState::Absent => {
+                // The message is an object (it has a method).
+                let at = raw.iter().position(|&b| b == b'{')? + 1;
+                let member = concat(&["\"params\":{\"_meta\":{\"", key, "\":", value, "}},"]);
+                Message::parse(splice::splice(raw, at..at, &member)).ok()
+            }
+            ParamsState::Walk | ParamsState::Indexed => {
+                let params = self.params()?;
+                if !params.starts_with('{') {
+                    return None;
+                }
+                let (range, with, added) = match self.param("_meta") {
+                    Some(meta) if meta.starts_with('{') => {
+                        let open = splice::span_of_str(raw, meta)?.start;
+                        match splice::raw_at(meta.as_bytes(), &[key]).ok()? {
+                            Some(old) => {
+                                let at = open + splice::span_of(meta.as_bytes(), old)?.start;
+                                (at..at + old.get().len(), value.as_bytes().to_vec(), false)
+                            }
+                            None => {
+                                let member = concat(&["\"", key, "\":", value]);
+                                let (range, with) = first(open, meta, member);
+                                (range, with, false)
+                            }
+                        }
+                    }
+                    Some(_) => return None,
+                    None => {
+                        let open = splice::span_of_str(raw, params)?.start;
+                        let member = concat(&["\"_meta\":{\"", key, "\":", value, "}"]);
+                        let (range, with) = first(open, params, member);
+                        (range, with, true)
+                    }
+                };
+                let spliced = splice::splice(raw, range.clone(), &with);
+                if self.params.state == ParamsState::Walk {
+                    return Message::parse(spliced).ok();
+                }
+                let params = match added {
+                    false => self.params.edited(range, with.len()),
+                    true => self.params.meta_added(with.len()),
+                };
+                Some(Message {
+                    raw: spliced,
+                    kind: self.kind,
+                    id: self.id.clone(),
+                    method: self.method.clone(),
+                    params,
+                })
+            }
         }
     }
 

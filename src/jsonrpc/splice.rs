@@ -225,7 +225,9 @@ pub fn splice(bytes: &[u8], range: Range<usize>, with: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
-fn span_of_str(outer: &[u8], inner: &str) -> Option<Range<usize>> {
+/// The byte range `inner` (a slice of `outer`, not its first byte) occupies in `outer`; `None`
+/// when it is not such a slice.
+pub fn span_of_str(outer: &[u8], inner: &str) -> Option<Range<usize>> {
     let start = (inner.as_ptr() as usize).checked_sub(outer.as_ptr() as usize)?;
     let end = start.checked_add(inner.len())?;
     (end <= outer.len() && start >= 1).then_some(start..end)

@@ -526,3 +526,82 @@ fn known_params_are_found_by_their_place_as_the_walk_finds_them() {
     assert_eq!(m.param("taskId"), Some("\"x\""));
     assert_eq!(m.param("task"), None);
 }
+
+/// `params._meta.<key>` set by splicing keeps every other byte, and the envelope and the places
+/// of `params`' members it keeps (not parsed again) are what parsing the result notes: every
+/// shape of `params` (members before and after `_meta`, known and other keys, whitespace, an
+/// empty `_meta` or `params`, the key there already, four members, none) (issue 34).
+#[test]
+fn a_meta_member_spliced_in_keeps_the_envelope_a_parse_would_make() {
+    let tp = "\"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\"";
+    let params = [
+        r#"{"name":"echo","arguments":{"text":"hello"}}"#,
+        r#"{"arguments":{"text":"hello"},"name":"echo"}"#,
+        r#"{}"#,
+        r#"{ }"#,
+        r#"{ "name" : "x" , "_meta" : { "traceparent" : "old" , "p" : 1.50 } , "task":{"ttl":5} }"#,
+        r#"{"_meta":{},"taskId":"t"}"#,
+        r#"{"taskId":"t","_meta":{ }}"#,
+        r#"{"_meta":{"progressToken":7},"name":"x","task":{},"requestId":3}"#,
+        r#"{"a":1,"name":"x","task":{},"requestId":3}"#,
+        r#"{"a":1,"b":2,"c":3,"d":4,"taskId":"x"}"#,
+        r#"{"_meta":{"traceparent":"a","traceparent":"b"},"name":"x"}"#,
+        r#"{"_meta":{"tr\u0061ceparent":"a"}}"#,
+    ];
+    for p in params {
+        for head in [
+            r#""jsonrpc":"2.0","id":1,"method":"tools/call""#,
+            r#""method":"n","jsonrpc":"2.0""#,
+        ] {
+            let text = format!(r#"{{{head},"params":{p}}}"#);
+            let m = Message::parse(Bytes::from(text.clone())).unwrap();
+            let out = m.with_meta_member("traceparent", tp).expect(&text);
+            let again = Message::parse(out.bytes().clone()).unwrap();
+            assert_eq!(
+                (out.kind, &out.id, &out.method),
+                (again.kind, &again.id, &again.method),
+                "{text}"
+            );
+            assert_eq!(out.params.state, again.params.state, "{text}");
+            if out.params.state == ParamsState::Indexed {
+                assert_eq!(out.params, again.params, "{text}");
+            }
+            // What a walk of the spliced bytes finds.
+            let walked = splice::raw_at(out.bytes(), &["params", "_meta", "traceparent"]).unwrap();
+            assert_eq!(walked.map(RawValue::get), Some(tp), "{text}");
+            for name in [
+                "name",
+                "arguments",
+                "task",
+                "taskId",
+                "requestId",
+                "_meta",
+                "a",
+                "d",
+            ] {
+                let walked = splice::raw_at(out.bytes(), &["params", name])
+                    .unwrap()
+                    .map(RawValue::get);
+                assert_eq!(out.param(name), walked, "{name} in {text}");
+            }
+        }
+    }
+    // The spliced bytes.
+    let m = Message::parse(Bytes::from_static(
+        br#"{"jsonrpc":"2.0","id":1,"method":"m","params":{ "a" : 1 }}"#,
+    ))
+    .unwrap();
+    assert_eq!(
+        m.with_meta_member("k", "2").unwrap().bytes(),
+        &br#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":{"k":2}, "a" : 1 }}"#[..]
+    );
+    // Not a request or notification, params or _meta not an object: nothing.
+    for text in [
+        r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":[1]}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"m","params":{"_meta":[]}}"#,
+    ] {
+        let m = Message::parse(Bytes::from(text.to_string())).unwrap();
+        assert!(m.with_meta_member("k", "1").is_none(), "{text}");
+    }
+}

@@ -466,53 +466,16 @@ pub fn error_type(message: &[u8]) -> Option<String> {
 }
 
 /// `msg` with `params._meta.traceparent` set to `traceparent` by splicing (every other byte as
-/// it was): the value replaced where the client put one, else the member added to `_meta`, else
-/// `_meta` added to `params`, else `params` added. `None` when `msg` is not a request or
-/// notification or its `params` is not an object (it then goes as it was).
+/// it was; [`Message::with_meta_member`]): the value replaced where the client put one, else the
+/// member added to `_meta`, else `_meta` added to `params`, else `params` added. `None` when
+/// `msg` is not a request or notification or its `params` is not an object (it then goes as it
+/// was).
 pub fn with_meta_traceparent(msg: &Message, traceparent: &str) -> Option<Message> {
-    msg.method()?;
-    // The members are concatenated, not `format!`ted: this runs for every upstream request.
-    let concat = |parts: &[&str]| -> String {
-        let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
-        parts.iter().for_each(|p| out.push_str(p));
-        out
-    };
-    let value = concat(&["\"", traceparent, "\""]);
-    let bytes = msg.bytes();
-    let spliced = match msg.param("_meta") {
-        Some(meta) if meta.starts_with('{') => {
-            match splice::replace(bytes, &["params", "_meta", semconv::TRACEPARENT], &value) {
-                Ok(Some(b)) => b,
-                _ => splice::insert_first(
-                    bytes,
-                    meta,
-                    &concat(&["\"", semconv::TRACEPARENT, "\":", &value]),
-                )?,
-            }
-        }
-        Some(_) => return None,
-        None => match msg.params() {
-            Some(params) if params.starts_with('{') => splice::insert_first(
-                bytes,
-                params,
-                &concat(&["\"_meta\":{\"", semconv::TRACEPARENT, "\":", &value, "}"]),
-            )?,
-            Some(_) => return None,
-            None => {
-                // A request without `params` (the message is an object: it has a method).
-                let at = bytes.iter().position(|&b| b == b'{')? + 1;
-                let member = concat(&[
-                    "\"params\":{\"_meta\":{\"",
-                    semconv::TRACEPARENT,
-                    "\":",
-                    &value,
-                    "}},",
-                ]);
-                splice::splice(bytes, at..at, member.as_bytes())
-            }
-        },
-    };
-    Message::parse(spliced).ok()
+    let mut value = String::with_capacity(traceparent.len() + 2);
+    value.push('"');
+    value.push_str(traceparent);
+    value.push('"');
+    msg.with_meta_member(semconv::TRACEPARENT, &value)
 }
 
 /// The creating span of the task a request concerns: set as a request extension by the layer
