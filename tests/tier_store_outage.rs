@@ -139,7 +139,7 @@ fn run_clients(
                     _ => s.refused.push((
                         "2025 create".into(),
                         status,
-                        err_code(&v),
+                        v["error"]["code"].as_i64().unwrap_or(0),
                         v["error"]["message"].as_str().unwrap_or_default().into(),
                         started.elapsed(),
                     )),
@@ -178,7 +178,7 @@ fn run_clients(
                     _ => s.refused.push((
                         "2026 create".into(),
                         status,
-                        err_code(&v),
+                        v["error"]["code"].as_i64().unwrap_or(0),
                         v["error"]["message"].as_str().unwrap_or_default().into(),
                         started.elapsed(),
                     )),
