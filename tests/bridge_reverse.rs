@@ -15,6 +15,9 @@ use taskgate::mcp::era::Era;
 use taskgate::mcp::task::TaskStatus;
 use taskgate::store::{Origin, Owner};
 
+/// `_meta` key naming the listen a notification belongs to (2026-07-28 §2.3).
+const SUB_ID: &str = "io.modelcontextprotocol/subscriptionId";
+
 /// What the TypeScript SDK 1.x answers a request without `Mcp-Session-Id` that is not
 /// `initialize`.
 fn no_session(id: &str) -> ScriptedResponse {
@@ -935,24 +938,280 @@ async fn an_input_responses_array_is_refused() {
     assert_eq!(v["result"]["resultType"], "complete", "{v}");
 }
 
-/// `subscriptions/listen` on a 2025-11-25-only upstream is a method the bridged server does
-/// not have: `-32601` with HTTP 404 (2026-07-28 transport: an unknown method), answered by
-/// taskgate, not the upstream's `-32601` under HTTP 200.
+/// Issue 33 item 8: a 2026 client's `subscriptions/listen` on a 2025 upstream. The
+/// acknowledgement names what is honoured (`toolsListChanged`: the upstream declares
+/// `tools.listChanged`; the caller's own task ids; `promptsListChanged` and
+/// `resourceSubscriptions` omitted), every message carries the listen's id as its subscription
+/// id; the upstream's `notifications/tasks/status` on the held session's GET stream becomes
+/// `notifications/tasks` with the `DetailedTask` a `tasks/get` gives (the result inline), only on
+/// the owner's listen; another principal naming the task is acknowledged without it and gets
+/// only its own session's list change. Task ids without the extension: `-32021`. (Before: `-32601`,
+/// HTTP 404.)
 #[tokio::test]
-async fn subscriptions_listen_is_an_unknown_method_404() {
-    let up = legacy_server().await;
+async fn subscriptions_listen_relays_task_status_and_list_changes() {
+    let task_cell: Arc<std::sync::Mutex<String>> = Default::default();
+    let gate = Gate::new();
+    let (cell, g) = (task_cell.clone(), gate.clone());
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: Some(50),
+            get_stream: Some(Arc::new(move || {
+                let t = cell.lock().unwrap().clone();
+                vec![
+                    SseStep::Wait(g.clone()),
+                    SseStep::Raw(ev().data(&status_notification(&t, "completed")).wire()),
+                    SseStep::Raw(
+                        ev().data(
+                            r#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#,
+                        )
+                        .wire(),
+                    ),
+                    SseStep::Raw(
+                        ev().data(
+                            r#"{"jsonrpc":"2.0","method":"notifications/prompts/list_changed"}"#,
+                        )
+                        .wire(),
+                    ),
+                    SseStep::HoldOpen,
+                ]
+            })),
+            ..UpBehaviour::default()
+        },
+        // Sessions whose upstream declares `tools.listChanged`.
+        Some(Arc::new(|method, id, _task, n| {
+            (method == "initialize").then(|| {
+                let result = json!({"protocolVersion": "2025-11-25",
+                    "capabilities": {"tools": {"listChanged": true},
+                        "tasks": {"requests": {"tools": {"call": {}}}, "cancel": {}}},
+                    "serverInfo": {"name": "scripted-tasks", "version": "1"}});
+                ScriptedResponse::json(rpc_result(id, &result.to_string()))
+                    .header("mcp-session-id", &format!("sess-{n}"))
+            })
+        })),
+    )
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .token("bob", "tok-b")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, Some("tok-a"), 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    *task_cell.lock().unwrap() = t.clone();
+
+    let listen = |token: &'static str, id: u64, ext: bool| {
+        modern_req(
+            &url,
+            Some(token),
+            id,
+            "subscriptions/listen",
+            json!({"notifications": {"toolsListChanged": true, "promptsListChanged": true,
+                "resourceSubscriptions": ["a://x"], "taskIds": [t.clone()]},
+                "_meta": meta(ext)}),
+        )
+    };
+    // Task ids without the extension.
+    let (status, v) = send(listen("tok-a", 6, false)).await;
+    assert_eq!((status, err_code(&v)), (400, -32021), "{v}");
+
+    let alice = listen("tok-a", 7, true).send().await;
+    assert_eq!(alice.status(), 200);
+    let mut alice = alice.sse();
+    let ack = alice.next_event(STEP).await.json();
+    assert_eq!(
+        ack["method"], "notifications/subscriptions/acknowledged",
+        "{ack}"
+    );
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"toolsListChanged": true, "taskIds": [t]}),
+        "{ack}"
+    );
+    assert_eq!(ack["params"]["_meta"][SUB_ID], 7, "{ack}");
+    let mut bob = listen("tok-b", 8, true).send().await.sse();
+    let ack = bob.next_event(STEP).await.json();
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"toolsListChanged": true}),
+        "another principal's task is not acknowledged: {ack}"
+    );
+    assert_eq!(
+        up.count("subscriptions/listen"),
+        0,
+        "nothing of 2026 upstream"
+    );
+
+    // Both principals' sessions' GET streams are read; the task has ended upstream.
+    let both = eventually(STEP, || async {
+        let gets: Vec<_> = up
+            .up
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "GET")
+            .filter_map(|r| r.header("mcp-session-id"))
+            .collect();
+        let ended = up
+            .task(&t)
+            .ends_at
+            .is_some_and(|e| std::time::Instant::now() >= e);
+        (gets.len() >= 2 && ended).then_some(gets)
+    })
+    .await
+    .expect("a GET stream per held session");
+    assert!(both.contains(&"sess-1".to_string()), "{both:?}");
+    gate.open();
+
+    let (mut task, mut tools) = (None, None);
+    while task.is_none() || tools.is_none() {
+        let n = alice.next_event(STEP).await.json();
+        assert_eq!(n["params"]["_meta"][SUB_ID], 7, "{n}");
+        match n["method"].as_str() {
+            Some("notifications/tasks") => task = Some(n),
+            Some("notifications/tools/list_changed") => tools = Some(n),
+            _ => panic!("not asked for: {n}"),
+        }
+    }
+    let task = task.unwrap();
+    let p = &task["params"];
+    assert_eq!(
+        (p["taskId"].as_str(), p["status"].as_str()),
+        (Some(t.as_str()), Some("completed")),
+        "{task}"
+    );
+    assert!(
+        p["result"]["content"].is_array(),
+        "the result inline: {task}"
+    );
+    assert!(p.get("resultType").is_none(), "{task}");
+    let n = bob.next_event(STEP).await.json();
+    assert_eq!(n["method"], "notifications/tools/list_changed", "{n}");
+    assert_eq!(n["params"]["_meta"][SUB_ID], 8, "{n}");
+    assert!(
+        matches!(
+            bob.next(std::time::Duration::from_millis(300)).await,
+            Next::Timeout
+        ),
+        "nothing of alice's task on bob's listen"
+    );
+}
+
+/// A captured input request outlives the `tasks/result` stream it came on: the upstream asks
+/// once and ends that stream (a restart-less reconnect: SEP-1699 polling, a proxy's idle cut),
+/// taskgate opens a new one that does not repeat the request, and the client's next `tasks/get`
+/// still shows it in `inputRequests`; its answer goes upstream under the request's id.
+#[tokio::test]
+async fn an_input_request_is_shown_again_after_its_stream_ended() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: None,
+            ..UpBehaviour::default()
+        },
+        Some(Arc::new(|method, id, task_id, n| match method {
+            "tasks/get" => {
+                let now = format_rfc3339_ms(now_ms());
+                Some(ScriptedResponse::json(rpc_result(
+                    id,
+                    &json!({"taskId": task_id, "status": "input_required", "createdAt": now,
+                        "lastUpdatedAt": now, "ttl": 60000, "pollInterval": 100})
+                    .to_string(),
+                )))
+            }
+            // The request once, then the stream ends; a later stream does not repeat it.
+            "tasks/result" if n == 1 => {
+                let ask = json!({"jsonrpc": "2.0", "id": format!("ask-{task_id}"),
+                    "method": "elicitation/create", "params": {"message": "Which one?",
+                        "requestedSchema": {"type": "object", "properties": {}},
+                        "_meta": {RELATED: {"taskId": task_id}}}});
+                Some(ScriptedResponse::sse(vec![SseStep::Raw(
+                    ev().event("message").data(&ask.to_string()).wire(),
+                )]))
+            }
+            "tasks/result" => Some(ScriptedResponse::sse(vec![SseStep::HoldOpen])),
+            _ => None,
+        })),
+    )
+    .await;
     let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    let key = format!("ask-{t}");
+    let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(
+        v["result"]["inputRequests"][&key]["method"], "elicitation/create",
+        "{v}"
+    );
+    // The first stream has ended: a later poll opens a second one, which repeats nothing.
+    let mut round = 3;
+    let shown = eventually(STEP, || {
+        round += 1;
+        let (url, t) = (url.clone(), t.clone());
+        let up = &up;
+        async move {
+            let (_, v) = task_call(&url, None, round, "tasks/get", &t).await;
+            (up.count("tasks/result") >= 2).then_some(v)
+        }
+    })
+    .await
+    .expect("a second tasks/result after the first stream ended");
+    assert_eq!(
+        shown["result"]["inputRequests"][&key]["method"], "elicitation/create",
+        "still shown after the stream it came on ended: {shown}"
+    );
     let (status, v) = send(modern_req(
-        &tg.mcp_url(),
+        &url,
         None,
-        1,
-        "subscriptions/listen",
-        json!({"notifications": {"toolsListChanged": true}, "_meta": meta(true)}),
+        90,
+        "tasks/update",
+        json!({"taskId": t, "inputResponses": {key.clone(): {"action": "accept", "content": {}}}}),
     ))
     .await;
-    assert_eq!((status, err_code(&v)), (404, -32601), "{v}");
-    assert_eq!(v["id"], 1, "{v}");
-    assert_eq!(up.count("subscriptions/listen"), 0, "nothing upstream");
+    assert_eq!(status, 200, "{v}");
+    let answer = eventually(STEP, || async { up.task(&t).answer })
+        .await
+        .expect("the answer reached the upstream");
+    assert_eq!(answer["id"], json!(key), "{answer}");
+}
+
+/// The held sessions' pings run side by side: a ping the upstream never answers (it waits up to
+/// `timeout_ms`, 30 s) does not hold back the other sessions' pings nor the next rounds (before:
+/// one at a time, so every other session went unpinged for 30 s).
+#[tokio::test]
+async fn a_hanging_ping_does_not_hold_back_the_others() {
+    let up = legacy_server_with(
+        UpBehaviour::default(),
+        Some(Arc::new(|method, _id, _task, n| {
+            (method == "ping" && n == 1).then(ScriptedResponse::hang)
+        })),
+    )
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .token("bob", "tok-b")
+        .gateway("session_idle_ms = 1000")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    for token in ["tok-a", "tok-b"] {
+        let (_, v) = call(&url, Some(token), 1, "research", true).await;
+        assert_eq!(v["result"]["resultType"], "task", "{v}");
+    }
+    // Pings every 500 ms; the first never answered.
+    let pinged = eventually(std::time::Duration::from_secs(5), || async {
+        let sessions: std::collections::HashSet<_> = up
+            .received("ping")
+            .iter()
+            .filter_map(|r| r.header("mcp-session-id"))
+            .collect();
+        (up.count("ping") >= 5 && sessions.len() == 2).then_some(())
+    })
+    .await;
+    assert!(
+        pinged.is_some(),
+        "pings went on beside the hanging one: {} pings",
+        up.count("ping")
+    );
 }
 
 /// The 2025 sessions taskgate holds are pinged (every `gateway.session_idle_ms` / 2 here), on

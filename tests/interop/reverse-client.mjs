@@ -4,7 +4,7 @@
 // (issue 33, the reverse bridge). Twelve steps, each one check:
 //
 //   node reverse-client.mjs URL [--label L] [--json FILE] [--bearer TOKEN] [--foreign-bearer TOKEN]
-//                               [--timeout-ms N] [--skip-input]
+//                               [--timeout-ms N] [--skip-input] [--listen]
 //
 //    1 discover               server/discover answers, supportedVersions includes 2026-07-28
 //    2 discover-extension     ... and offers io.modelcontextprotocol/tasks
@@ -27,6 +27,12 @@
 //                             py_task_server.py)
 //   foreign-refused           with --foreign-bearer: another principal's tasks/get and tasks/cancel of
 //                             the step-5 task get -32602 (a gateway's owner binding)
+//   listen-task               with --listen: subscriptions/listen naming a slow_task's id: the first
+//                             event acknowledges the id, the task's end arrives as notifications/tasks
+//                             (status completed, the result inline, the listen's id as its
+//                             subscriptionId) before the listen is closed
+//   listen-foreign            with --listen and --foreign-bearer: another principal's listen naming
+//                             that task is acknowledged without it
 //
 // Every request is a stateless 2026-07-28 POST (MCP-Protocol-Version, Mcp-Method, Mcp-Name headers;
 // protocolVersion and clientCapabilities with the tasks extension in params._meta; no initialize, no
@@ -34,10 +40,11 @@
 // {label, passed, total, failed:[names], checks:[{name, ok, detail}]}. Exit 0 only when all passed.
 
 const argv = process.argv.slice(2);
-const opt = { label: 'reverse', json: '', bearer: '', 'foreign-bearer': '', 'timeout-ms': '15000', 'skip-input': '' };
+const opt = { label: 'reverse', json: '', bearer: '', 'foreign-bearer': '', 'timeout-ms': '15000', 'skip-input': '', listen: '' };
 let url = '';
 for (let i = 0; i < argv.length; i++) {
     if (argv[i] === '--skip-input') opt['skip-input'] = '1';
+    else if (argv[i] === '--listen') opt.listen = '1';
     else if (argv[i].startsWith('--')) opt[argv[i].slice(2)] = argv[++i];
     else url = argv[i];
 }
@@ -197,6 +204,93 @@ if (opt['skip-input']) {
     }
 } else {
     check('input-update', false, show(ask), false);
+}
+
+/**
+ * Opens subscriptions/listen with `filter` and reads its SSE stream until `until(message)` holds (or,
+ * with `until` null, until the acknowledgement) or `ms` pass; then closes it (2026-07-28: closing
+ * the stream ends the listen). Returns {id, http, ack, hit, seen}.
+ */
+async function listenUntil(filter, until, ms, bearer = opt.bearer) {
+    const id = nextId++;
+    const body = {
+        jsonrpc: '2.0', id, method: 'subscriptions/listen',
+        params: {
+            notifications: filter,
+            _meta: {
+                'io.modelcontextprotocol/protocolVersion': VERSION,
+                'io.modelcontextprotocol/clientCapabilities': { extensions: { [EXT]: {} } },
+            },
+        },
+    };
+    const h = {
+        'content-type': 'application/json',
+        accept: 'application/json, text/event-stream',
+        'mcp-protocol-version': VERSION,
+        'mcp-method': 'subscriptions/listen',
+    };
+    if (bearer) h.authorization = `Bearer ${bearer}`;
+    const out = { id, http: 0, ack: undefined, hit: undefined, seen: [] };
+    const ctl = new AbortController();
+    const timer = setTimeout(() => ctl.abort(), ms);
+    try {
+        const res = await fetch(url, { method: 'POST', headers: h, body: JSON.stringify(body), signal: ctl.signal });
+        out.http = res.status;
+        const reader = res.body.getReader();
+        const dec = new TextDecoder();
+        let buf = '';
+        for (;;) {
+            const { value, done } = await reader.read();
+            if (done) break;
+            buf += dec.decode(value, { stream: true });
+            let m;
+            while ((m = /\r?\n\r?\n/.exec(buf))) {
+                const block = buf.slice(0, m.index);
+                buf = buf.slice(m.index + m[0].length);
+                const data = block.split(/\r?\n/).filter(l => l.startsWith('data:')).map(l => l.slice(5).trim()).join('\n');
+                if (!data) continue;
+                let msg;
+                try { msg = JSON.parse(data); } catch { continue; }
+                out.seen.push(msg.method ?? 'answer');
+                if (msg.method === 'notifications/subscriptions/acknowledged') {
+                    out.ack = msg;
+                    if (until === null) { ctl.abort(); return out; }
+                } else if (until && until(msg)) { out.hit = msg; ctl.abort(); return out; }
+            }
+        }
+    } catch (e) {
+        out.error = String(e);
+    } finally {
+        clearTimeout(timer);
+    }
+    return out;
+}
+
+// listen: a task's end as notifications/tasks on subscriptions/listen
+if (opt.listen) {
+    const t = await rpc('tools/call', { name: 'slow_task', arguments: { duration_ms: 1500, steps: 3 } });
+    if (t.result?.resultType === 'task') {
+        const taskId = t.result.taskId;
+        if (opt['foreign-bearer']) {
+            const foreign = await listenUntil({ taskIds: [taskId] }, null, 5000, opt['foreign-bearer']);
+            check('listen-foreign', foreign.http === 200 && foreign.ack && !(foreign.ack.params?.notifications?.taskIds ?? []).includes(taskId), JSON.stringify(foreign).slice(0, 400), false);
+        }
+        const got = await listenUntil(
+            { taskIds: [taskId] },
+            m => m.method === 'notifications/tasks' && m.params?.taskId === taskId && TERMINAL.includes(m.params?.status),
+            15000
+        );
+        const p = got.hit?.params ?? {};
+        check(
+            'listen-task',
+            got.http === 200 && (got.ack?.params?.notifications?.taskIds ?? []).includes(taskId) && p.status === 'completed' &&
+                (p.result?.content?.[0]?.text ?? '').startsWith('slow_task done') && p._meta?.['io.modelcontextprotocol/subscriptionId'] === got.id,
+            JSON.stringify(got).slice(0, 400),
+            false
+        );
+    } else {
+        check('listen-task', false, show(t), false);
+    }
 }
 
 const passed = checks.filter(x => x.ok).length;

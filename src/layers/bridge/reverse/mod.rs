@@ -20,8 +20,8 @@
 //! one per principal with auth and per client address without (why: see `sessions`), opened
 //! with `initialize` + `notifications/initialized` by the first request that needs it and
 //! opened again when the upstream answers 404 on it (the request is then sent once more);
-//! pinged every `gateway.session_idle_ms` / 2 (at most 30 s), a ping answered 404 opening it
-//! again (`ping_held`).
+//! pinged every `gateway.session_idle_ms` / 2 (at most 30 s), side by side (`ping_held`: at most
+//! [`MAX_CONCURRENT_PINGS`] at once, one per session), a ping answered 404 opening it again.
 //!
 //! **Requests** (every one taskgate sends upstream here): under an id taskgate mints (a string
 //! no client id is: two stateless clients sharing a session can use the same id), the answer
@@ -59,8 +59,11 @@
 //!   [`INPUT_WAIT`] for the first). `tasks/update`: each `inputResponses[key]` for a request
 //!   kept goes upstream as the JSON-RPC response to it; the ack (`{"resultType":"complete"}`),
 //!   unless `inputResponses` is not an object (`-32602`, HTTP 400).
-//! - `subscriptions/listen`: `-32601`, HTTP 404 (a 2025 server has no such method), answered
-//!   here.
+//! - `subscriptions/listen` (`listen`): served here, never sent upstream (a 2025 server has no
+//!   such method): the list changes the upstream declares and the caller's task ids
+//!   acknowledged; the upstream's `notifications/tasks/status` (on the held session's GET
+//!   stream, which taskgate reads while the caller listens, or a followed `tasks/result` stream)
+//!   sent as `notifications/tasks` with the `DetailedTask` a `tasks/get` gives.
 //! - any other request (`tools/list`, `resources/*`, `prompts/*`, …): sent on the session;
 //!   results get `resultType:"complete"`; an SSE answer keeps its notifications, loses the
 //!   upstream's own requests (2026-07-28 has no server→client requests).
@@ -80,6 +83,7 @@
 //! and gets the 2026-07-28 HTTP status for its code (`mcp::errors::modern_error_status`).
 
 pub mod input;
+pub mod listen;
 mod sessions;
 pub mod translate;
 
@@ -127,6 +131,8 @@ pub struct ReverseState {
     sessions: UpstreamSessions,
     /// Input requests of tasks that are `input_required` upstream (see `input`).
     inputs: input::Inputs,
+    /// The 2026 clients' `subscriptions/listen` streams (see `listen`).
+    listens: listen::Listens,
     ids: OwnIds,
     /// The upstream's `timeout_ms`: bounds each exchange taskgate makes itself.
     timeout: Duration,
@@ -151,6 +157,7 @@ impl ReverseState {
             era,
             sessions: UpstreamSessions::new(idle),
             inputs: input::Inputs::default(),
+            listens: listen::Listens::default(),
             ids: OwnIds::default(),
             timeout,
             pinging: std::sync::atomic::AtomicBool::new(false),
@@ -332,17 +339,9 @@ async fn bridge<S: McpService>(
             .answered_locally(LocalReason::HeldUpstreamSession),
             Err(NoSession(reply)) => reply,
         },
-        // The 2025 upstream has no `subscriptions/listen` (nor anything to listen to a 2026
-        // client could name): the 2026 answer for an unknown method (2026-07-28 transport:
-        // `-32601`, HTTP 404), under the client's id, not the upstream's `-32601` in an HTTP 200
-        // SSE stream.
-        "subscriptions/listen" => McpReply::era_error(
-            Era::Modern,
-            Some(&id),
-            jsonrpc::METHOD_NOT_FOUND,
-            "subscriptions/listen is not served for this 2025-11-25 upstream",
-            LocalReason::MethodNotFound,
-        ),
+        // Served here from the held session's GET stream and the statuses taskgate reads
+        // (`listen`); the 2025 upstream has no such method.
+        "subscriptions/listen" => listen::open(state, inner, req, &id, params.as_ref()).await,
         "tools/call" => tools_call(state, inner, req, id, params).await?,
         "tasks/get" | "tasks/cancel" | "tasks/update" => match record {
             Some(r) if r.era == Era::Legacy => match method.as_str() {
@@ -458,11 +457,19 @@ async fn open<S: McpService>(
     Ok(session)
 }
 
+/// Most pings of held sessions in flight at once, per upstream.
+pub const MAX_CONCURRENT_PINGS: usize = 16;
+
 /// Pings every held session each `sessions.ping_every()`, in the context of the request that
-/// opened it, until the state is gone (see `sessions`: "Pings"). A ping the upstream answers
-/// 404 opens the session again (as [`send`] does, without its call back into [`session`],
-/// which spawns this); the answer itself is not read.
+/// opened it, until the state is gone (see `sessions`: "Pings"). Each ping runs on its own, at
+/// most [`MAX_CONCURRENT_PINGS`] at once and one per session (a session whose last ping still
+/// waits, up to `timeout_ms`, is skipped this round), so an upstream slow to answer one ping
+/// delays no other session's. A ping the upstream answers 404 opens the session again
+/// ([`reopen`]); the answer itself is not read.
 async fn ping_held<S: McpService>(me: std::sync::Weak<ReverseState>, inner: S) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_PINGS));
+    // The sessions (by address: each is held by its ping while in flight) with a ping out.
+    let out: Arc<Mutex<std::collections::HashSet<usize>>> = Arc::default();
     loop {
         let Some(every) = me.upgrade().map(|s| s.sessions.ping_every()) else {
             return;
@@ -472,38 +479,75 @@ async fn ping_held<S: McpService>(me: std::sync::Weak<ReverseState>, inner: S) {
             return;
         };
         for session in state.sessions.held() {
-            let (Some(mut ctx), Some(id)) = (session.opened_in(), session.id.clone()) else {
+            let key = Arc::as_ptr(&session) as usize;
+            if !out.lock().insert(key) {
                 continue;
-            };
-            ctx.session_id = Some(id);
-            let own = state.ids.next_id();
-            let body = json!({"jsonrpc": "2.0", "id": id_value(&own), "method": "ping"});
-            let req = McpRequest {
-                op: Operation::Post(
-                    Message::parse(Bytes::from(body.to_string())).expect("a well-formed ping"),
-                ),
-                ctx,
-                extensions: http::Extensions::new(),
-            };
-            let upstream = req.ctx.upstream.clone();
-            let out = request_with(&req, body, Some(&session));
-            let lost = match state.bounded(&upstream, inner.clone().oneshot(out)).await {
-                Ok(reply) => reply.status == StatusCode::NOT_FOUND,
-                Err(e) => {
-                    tracing::debug!(upstream = %upstream, error = %e, "a held upstream session's ping was not answered");
-                    false
-                }
-            };
-            if lost {
-                // Opened again now, as `send` would for the next request on it.
-                let _one = state.sessions.opening.lock().await;
-                match open(&state, &inner, &req).await {
-                    Ok(new) => state.sessions.replace(&req.ctx.tenant(), &session, new),
-                    Err(why) => {
-                        tracing::info!(upstream = %upstream, %why, "a held upstream session lost (404) could not be opened again")
-                    }
-                }
             }
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                out.lock().remove(&key);
+                tracing::debug!("{MAX_CONCURRENT_PINGS} pings of held sessions wait: the rest wait for the next round");
+                break;
+            };
+            let (state, inner, out) = (state.clone(), inner.clone(), out.clone());
+            tokio::spawn(async move {
+                ping(&state, &inner, session).await;
+                drop(permit);
+                out.lock().remove(&key);
+            });
+        }
+    }
+}
+
+/// One ping of a held session (see [`ping_held`]).
+async fn ping<S: McpService>(state: &Arc<ReverseState>, inner: &S, session: Arc<UpstreamSession>) {
+    let (Some(mut ctx), Some(id)) = (session.opened_in(), session.id.clone()) else {
+        return;
+    };
+    ctx.session_id = Some(id);
+    let own = state.ids.next_id();
+    let body = json!({"jsonrpc": "2.0", "id": id_value(&own), "method": "ping"});
+    let req = McpRequest {
+        op: Operation::Post(
+            Message::parse(Bytes::from(body.to_string())).expect("a well-formed ping"),
+        ),
+        ctx,
+        extensions: http::Extensions::new(),
+    };
+    let upstream = req.ctx.upstream.clone();
+    let out = request_with(&req, body, Some(&session));
+    let lost = match state.bounded(&upstream, inner.clone().oneshot(out)).await {
+        Ok(reply) => reply.status == StatusCode::NOT_FOUND,
+        Err(e) => {
+            tracing::debug!(upstream = %upstream, error = %e, "a held upstream session's ping was not answered");
+            false
+        }
+    };
+    if lost {
+        reopen(state, inner, &req, &session).await;
+    }
+}
+
+/// Opens `req`'s caller's session again after the upstream answered 404 on `lost` (a ping, the
+/// GET stream), as [`send`] does for a request, without its call back into [`session`]
+/// (which spawns the pinger); a replacement another request already opened is kept.
+async fn reopen<S: McpService>(
+    state: &ReverseState,
+    inner: &S,
+    req: &McpRequest,
+    lost: &UpstreamSession,
+) {
+    let _one = state.sessions.opening.lock().await;
+    let tenant = req.ctx.tenant();
+    // Another request opened its replacement meanwhile (read without counting as use).
+    if let Some(id) = lost.id.as_ref() {
+        if state.sessions.route(id).is_some_and(|s| s.id != lost.id) {
+            return;
+        }
+    }
+    match open(state, inner, req).await {
+        Ok(new) => state.sessions.replace(&tenant, lost, new),
+        Err(why) => {
+            tracing::info!(upstream = %req.ctx.upstream, %why, "a held upstream session lost (404) could not be opened again")
         }
     }
 }
@@ -1153,6 +1197,10 @@ async fn follow_input<S: McpService>(
             if v.get("method").is_some() && v.get("id").is_some() {
                 if !task.add(&v) {
                     tracing::debug!(task_id = %task_id, "an upstream input request was not kept (bound)");
+                }
+            } else if v.get("method").is_some() {
+                if let Some(data) = ev.data.as_deref() {
+                    listen::seen(&state, &inner, &req.ctx.tenant(), data);
                 }
             } else if v.get("id").map(|i| i.to_string()).as_deref() == Some(own.as_json()) {
                 break;
