@@ -441,14 +441,19 @@ impl McpReply {
     /// span, issue 34) and ends it: `error.type` for a non-2xx status, a JSON-RPC error (its
     /// code) or a tool result with `isError: true` (`tool_error`). A JSON or empty reply ends it
     /// now; an SSE reply when its stream ends or is dropped, its answer to `id` read as it passes.
-    pub fn end_span(&mut self, trace: RequestTrace, id: Option<&Id>) {
+    /// `server`: the request's SERVER span when `trace` is an exchange's CLIENT span; a JSON
+    /// answer is then read once for both ([`RequestTrace::answer_json`]).
+    pub fn end_span(
+        &mut self,
+        trace: RequestTrace,
+        server: Option<&RequestTrace>,
+        id: Option<&Id>,
+    ) {
         let status = (!self.status.is_success()).then(|| self.status.as_u16().to_string());
         match &self.body {
             ReplyBody::Json(bytes) => {
                 // The JSON-RPC code says more than the HTTP status that carries it.
-                if let Some(kind) = crate::telemetry::error_type(bytes).or(status) {
-                    trace.set(KeyValue::new(semconv::ERROR_TYPE, kind));
-                }
+                trace.answer_json(bytes, status, server);
                 trace.end();
             }
             ReplyBody::Stream(_) => {

@@ -343,7 +343,7 @@ impl Edge {
         match result {
             Ok(mut reply) => {
                 if let Some(trace) = trace {
-                    reply.end_span(trace, labels.rpc_id.as_ref());
+                    reply.end_span(trace, None, labels.rpc_id.as_ref());
                 }
                 self.answer(served, &labels, era, primes, reply)
             }

@@ -12,6 +12,7 @@
 //! export thread, so a request's SERVER span allocates only the values that are the request's
 //! own (its id, its session, its tool name).
 
+use bytes::Bytes;
 use opentelemetry::trace::{Event, SpanContext, SpanId, SpanKind};
 use opentelemetry::KeyValue;
 use std::borrow::Cow;
@@ -114,9 +115,20 @@ pub(super) struct Record {
     pub(super) peer: Option<Peer>,
     pub(super) links: Vec<SpanContext>,
     pub(super) events: Vec<Event>,
+    /// The JSON answer whose `error.type` was worked out already (by the CLIENT span of the
+    /// exchange that brought it) and that outcome, kept until the span ends
+    /// (`RequestTrace::answer_json`).
+    pub(super) answer: Option<(Bytes, Option<String>)>,
 }
 
 impl Record {
+    /// The `error.type` noted for `body` when it is the very answer noted (the same bytes, not
+    /// a copy); `None` when it must be read.
+    pub(super) fn noted(&self, body: &Bytes) -> Option<Option<String>> {
+        let (noted, kind) = self.answer.as_ref()?;
+        (noted.as_ptr() == body.as_ptr() && noted.len() == body.len()).then(|| kind.clone())
+    }
+
     /// Sets `attribute`, replacing an earlier value of its key.
     pub(super) fn set(&mut self, attribute: KeyValue) {
         match self.attributes.iter_mut().find(|a| a.key == attribute.key) {

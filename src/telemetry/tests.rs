@@ -276,6 +276,7 @@ fn the_otlp_body_decodes_with_the_generated_types() {
             vec![KeyValue::new(semconv::MCP_TASK_ID, "t-1")],
             0,
         )],
+        answer: None,
     };
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name("svc")
@@ -361,4 +362,69 @@ fn the_otlp_body_decodes_with_the_generated_types() {
         .attributes
         .iter()
         .all(|kv| kv.key != "mcp.method.name"));
+}
+
+/// An exchange's answer is read once for its CLIENT span and the request's SERVER span: the
+/// SERVER span ending on the same bytes takes the outcome noted, on other bytes (a layer
+/// changed the answer) reads them; the HTTP status counts only without a JSON-RPC outcome
+/// (issue 34).
+#[test]
+fn an_answer_is_read_once_for_both_spans() {
+    use super::span::{Record, SpanName, Target};
+    use opentelemetry::trace::SpanKind;
+    let open = || {
+        let context = propagation::parse(TP, None).unwrap();
+        RequestTrace(Arc::new(Shared {
+            context: context.clone(),
+            record: Mutex::new(Some(Record {
+                context,
+                parent: None,
+                kind: SpanKind::Server,
+                name: SpanName::Method {
+                    method: "tools/call".into(),
+                    target: Target::None,
+                },
+                start: SystemTime::now(),
+                end: SystemTime::UNIX_EPOCH,
+                attributes: Vec::new(),
+                peer: None,
+                links: Vec::new(),
+                events: Vec::new(),
+                answer: None,
+            })),
+            queue: Arc::new(batch::Queue::new()),
+        }))
+    };
+    let error_type = |t: &RequestTrace| {
+        let record = t.0.record.lock();
+        let r = record.as_ref().unwrap();
+        r.attributes
+            .iter()
+            .find(|a| a.key.as_str() == semconv::ERROR_TYPE)
+            .map(|a| a.value.as_str().into_owned())
+    };
+    let failed =
+        Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"m"}}"#);
+    let (client, server) = (open(), open());
+    client.answer_json(&failed, Some("500".into()), Some(&server));
+    assert_eq!(error_type(&client).as_deref(), Some("-32602"));
+    // Noted on the SERVER span for these very bytes, not set: it ends on its own answer.
+    assert_eq!(error_type(&server), None);
+    let noted = server.0.record.lock().as_ref().unwrap().noted(&failed);
+    assert_eq!(noted, Some(Some("-32602".to_string())));
+    server.answer_json(&failed, None, None);
+    assert_eq!(error_type(&server).as_deref(), Some("-32602"));
+    // A copy of the bytes is not the noted answer: it is read.
+    let copy = Bytes::copy_from_slice(&failed);
+    assert_eq!(server.0.record.lock().as_ref().unwrap().noted(&copy), None);
+    let fine = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{"isError":false}}"#);
+    let (client, server) = (open(), open());
+    client.answer_json(&fine, None, Some(&server));
+    server.answer_json(&fine, Some("502".into()), None);
+    assert_eq!(error_type(&client), None);
+    assert_eq!(error_type(&server).as_deref(), Some("502"));
+    let tool = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{"isError":true}}"#);
+    let server = open();
+    server.answer_json(&tool, None, None);
+    assert_eq!(error_type(&server).as_deref(), Some(semconv::TOOL_ERROR));
 }

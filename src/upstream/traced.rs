@@ -69,11 +69,12 @@ impl Traced {
         let Some((span, id)) = self.start(&mut req) else {
             return transport.exchange(req);
         };
+        let server = req.extensions.get::<RequestTrace>().cloned();
         let exchange = transport.exchange(req);
         Box::pin(async move {
             let mut result = exchange.await;
             match &mut result {
-                Ok(reply) => reply.end_span(span, id.as_ref()),
+                Ok(reply) => reply.end_span(span, server.as_ref(), id.as_ref()),
                 Err(e) => e.end_span(span),
             }
             result
