@@ -338,6 +338,13 @@ async fn a_2026_client_gets_a_task_and_its_result_inline() {
         done["result"]["result"]["content"][0]["text"], "done",
         "{done}"
     );
+    // 2026-07-28 has no related-task `_meta` key (the task is the answer's subject).
+    assert!(
+        done["result"]["result"]["_meta"]
+            .get("io.modelcontextprotocol/related-task")
+            .is_none(),
+        "a 2025 key in a 2026 result: {done}"
+    );
     let plain = modern_req(
         &url,
         None,

@@ -378,7 +378,12 @@ impl Held {
                 .fail("the upstream created a task of its own for the plain call; set upstream.tasks = \"upstream\"")
                 .await;
         }
-        let result = with_related_task(result, task_id);
+        // 2025-11-25: a `tasks/result` answer carries the related-task `_meta`; 2026-07-28 has
+        // no such key (the result sits inside the task it belongs to).
+        let result = match self.record.era {
+            Era::Legacy => with_related_task(result, task_id),
+            Era::Modern => result.clone(),
+        };
         self.end(TaskStatus::Completed, "", Outcome::Result(Arc::new(result)))
             .await;
     }
