@@ -3,112 +3,13 @@
 //! keys are generated per test. Also `[limits]` (429 and recovery) in oauth and bearer modes.
 //! The real `oidc-provider` run is `tests/oauth/run.sh`.
 
+use crate::common::idp::*;
 use crate::common::*;
 
 use base64::Engine;
-use jsonwebtoken::jwk::Jwk;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
-use p256::pkcs8::EncodePrivateKey;
 use serde_json::{json, Value};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-const AUDIENCE: &str = "https://mcp.example.com/mcp";
-
-struct TestKey {
-    kid: String,
-    enc: EncodingKey,
-    jwk: Value,
-}
-
-fn new_key(kid: &str) -> TestKey {
-    let secret = p256::SecretKey::random(&mut rand::rngs::OsRng);
-    let der = secret.to_pkcs8_der().unwrap();
-    let enc = EncodingKey::from_ec_der(der.as_bytes());
-    let mut jwk =
-        serde_json::to_value(Jwk::from_encoding_key(&enc, Algorithm::ES256).unwrap()).unwrap();
-    jwk["kid"] = json!(kid);
-    jwk["use"] = json!("sig");
-    TestKey {
-        kid: kid.into(),
-        enc,
-        jwk,
-    }
-}
-
-#[derive(Default)]
-struct IdpState {
-    keys: Vec<Value>,
-    hang: bool,
-}
-
-/// A minimal authorization server: `/.well-known/openid-configuration` and `/jwks`.
-struct Idp {
-    up: Upstream,
-    state: Arc<Mutex<IdpState>>,
-}
-
-impl Idp {
-    async fn start(keys: &[&TestKey]) -> Idp {
-        let state = Arc::new(Mutex::new(IdpState {
-            keys: keys.iter().map(|k| k.jwk.clone()).collect(),
-            hang: false,
-        }));
-        let s = state.clone();
-        let issuer = Arc::new(Mutex::new(String::new()));
-        let iss = issuer.clone();
-        let up = Upstream::start(move |req| {
-            let st = s.lock().unwrap();
-            if st.hang {
-                return ScriptedResponse::Hang;
-            }
-            match req.path.as_str() {
-                "/.well-known/openid-configuration" => {
-                    let i = iss.lock().unwrap().clone();
-                    ScriptedResponse::json(
-                        json!({"issuer": i, "jwks_uri": format!("{i}/jwks")}).to_string(),
-                    )
-                }
-                "/jwks" => ScriptedResponse::json(json!({"keys": st.keys}).to_string()),
-                _ => ScriptedResponse::status(404, None, "not found"),
-            }
-        })
-        .await;
-        *issuer.lock().unwrap() = up.url_path("");
-        Idp { up, state }
-    }
-    fn issuer(&self) -> String {
-        self.up.url_path("")
-    }
-    fn set_keys(&self, keys: &[&TestKey]) {
-        self.state.lock().unwrap().keys = keys.iter().map(|k| k.jwk.clone()).collect();
-    }
-    fn jwks_fetches(&self) -> usize {
-        self.up
-            .requests()
-            .iter()
-            .filter(|r| r.path == "/jwks")
-            .count()
-    }
-}
-
-fn claims(idp: &Idp, sub: &str) -> Value {
-    let now = now_ms() / 1000;
-    json!({"iss": idp.issuer(), "aud": AUDIENCE, "sub": sub, "scope": "mcp other",
-           "iat": now, "exp": now + 300})
-}
-
-/// An RFC 9068 access token (`typ: at+jwt`) signed with `key`.
-fn sign(key: &TestKey, claims: &Value) -> String {
-    sign_typed(key, claims, Some("at+jwt"))
-}
-
-fn sign_typed(key: &TestKey, claims: &Value, typ: Option<&str>) -> String {
-    let mut h = Header::new(Algorithm::ES256);
-    h.kid = Some(key.kid.clone());
-    h.typ = typ.map(str::to_string);
-    encode(&h, claims, &key.enc).unwrap()
-}
 
 /// A token whose JOSE header lists a critical extension (`crit`), signed with `key`.
 fn with_crit(key: &TestKey, claims: &Value) -> String {

@@ -17,6 +17,7 @@ pub mod balancer;
 pub mod client;
 pub mod fake_upstream;
 pub mod harness;
+pub mod idp;
 pub mod metrics;
 pub mod modern_server;
 pub mod pg;
