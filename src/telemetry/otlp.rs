@@ -16,8 +16,9 @@
 use super::semconv;
 use super::span::{Record, SpanName, Target};
 use opentelemetry::trace::{SpanContext, SpanKind};
-use opentelemetry::Value;
+use opentelemetry::{KeyValue, Value};
 use prost::encoding::{encoded_len_varint, WireType};
+use std::sync::LazyLock;
 use std::time::SystemTime;
 
 /// `SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK`: the next bit says whether it is remote.
@@ -130,9 +131,15 @@ fn write_span(out: &mut Vec<u8>, r: Record) {
         attribute_field(out, 9, kv.key.as_str(), &kv.value);
     }
     if let Some(peer) = &r.peer {
-        for kv in peer.iter() {
-            if !r.attributes.iter().any(|a| a.key == kv.key) {
-                attribute_field(out, 9, kv.key.as_str(), &kv.value);
+        let peer_attributes = peer.attributes();
+        let replaced = |kv: &KeyValue| r.attributes.iter().any(|a| a.key == kv.key);
+        match peer_attributes.iter().any(replaced) {
+            // Encoded once per upstream (the common case: no request attribute replaces one).
+            false => out.extend_from_slice(peer.encoded()),
+            true => {
+                for kv in peer_attributes.iter().filter(|kv| !replaced(kv)) {
+                    attribute_field(out, 9, kv.key.as_str(), &kv.value);
+                }
             }
         }
     }
@@ -140,12 +147,7 @@ fn write_span(out: &mut Vec<u8>, r: Record) {
         Target::None => {}
         Target::Tool(tool) => {
             attribute_str(out, 9, semconv::GEN_AI_TOOL_NAME, tool);
-            attribute_str(
-                out,
-                9,
-                semconv::GEN_AI_OPERATION_NAME,
-                semconv::EXECUTE_TOOL,
-            );
+            out.extend_from_slice(&EXECUTE_TOOL);
         }
         Target::Prompt(prompt) => attribute_str(out, 9, semconv::GEN_AI_PROMPT_NAME, prompt),
     }
@@ -169,6 +171,27 @@ fn write_span(out: &mut Vec<u8>, r: Record) {
         | if remote { IS_REMOTE } else { 0 };
     encode_key(16, WireType::ThirtyTwoBit, out);
     out.extend_from_slice(&flags.to_le_bytes());
+}
+
+/// `gen_ai.operation.name = execute_tool`, a `Span.attributes` field, encoded once.
+static EXECUTE_TOOL: LazyLock<Vec<u8>> = LazyLock::new(|| {
+    let mut out = Vec::with_capacity(40);
+    attribute_str(
+        &mut out,
+        9,
+        semconv::GEN_AI_OPERATION_NAME,
+        semconv::EXECUTE_TOOL,
+    );
+    out
+});
+
+/// `attributes` as `Span.attributes` fields.
+pub(super) fn span_attributes(attributes: &[KeyValue]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for kv in attributes {
+        attribute_field(&mut out, 9, kv.key.as_str(), &kv.value);
+    }
+    out
 }
 
 /// A `Span.Link` message's fields.

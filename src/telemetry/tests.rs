@@ -268,7 +268,10 @@ fn the_otlp_body_decodes_with_the_generated_types() {
             KeyValue::new("x.bool", true),
             KeyValue::new("x.double", 0.5),
         ],
-        peer: Some(vec![KeyValue::new(semconv::SERVER_PORT, 8080i64)].into()),
+        peer: Some(Peer::new(vec![KeyValue::new(
+            semconv::SERVER_PORT,
+            8080i64,
+        )])),
         links: vec![link.clone()],
         events: vec![Event::new(
             "mcp.task.status_cancelled",

@@ -59,7 +59,7 @@ impl Traced {
         }
         Traced {
             telemetry,
-            peer: peer.into(),
+            peer: Peer::new(peer),
         }
     }
 
