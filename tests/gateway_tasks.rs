@@ -42,6 +42,23 @@ fn no_tasks_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse 
                 req,
                 r#"{"tools":[{"name":"slow","inputSchema":{"type":"object"}},{"name":"boom","inputSchema":{"type":"object"}},{"name":"oops","inputSchema":{"type":"object"}}]}"#,
             ),
+            // A 2026-07-28 server asking within the call (MRTR): `input_required` until the
+            // call comes again with the answer and the requestState echoed.
+            Some("tools/call") if v["params"]["name"] == "mrtr" => {
+                let answer = &v["params"]["inputResponses"]["confirm"];
+                if answer.is_null() || v["params"]["requestState"] != "st-1" {
+                    return ScriptedResponse::result_for(
+                        req,
+                        r#"{"resultType":"input_required","inputRequests":{"confirm":{"method":"elicitation/create","params":{"message":"sure?","requestedSchema":{"type":"object","properties":{}}}}},"requestState":"st-1"}"#,
+                    );
+                }
+                let text = format!("confirmed: {}", answer["action"].as_str().unwrap_or("?"));
+                ScriptedResponse::result_for(
+                    req,
+                    &json!({"resultType": "complete", "content": [{"type": "text", "text": text}]})
+                        .to_string(),
+                )
+            }
             Some("tools/call") => {
                 let token = v["params"]["_meta"]["progressToken"].to_string();
                 let progress = format!(
@@ -742,6 +759,61 @@ async fn a_2026_input_request_is_shown_and_answered_with_tasks_update() {
     .await
     .expect("completed");
     assert_eq!(done["result"]["result"]["content"][0]["text"], "done");
+}
+
+/// A 2026-07-28 server that answers the held call `input_required` (MRTR) asks the client
+/// through the task (issue 32, "Life"): the task is `input_required` with the server's
+/// request in `inputRequests`; the client's `tasks/update` answers it, the call goes upstream
+/// again under a new id with `inputResponses` (the server's key) and the `requestState`
+/// echoed, and its result completes the task. Fails on 9ca1420: the `input_required` result
+/// was recorded as the task's `completed` result.
+#[tokio::test]
+async fn a_2026_servers_input_required_answer_is_relayed_and_the_call_sent_again() {
+    let (up, _gate, tg) = setup(false).await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "mrtr").await;
+    let waiting = eventually(STEP, || async {
+        let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+        (v["result"]["status"] == "input_required").then_some(v)
+    })
+    .await
+    .expect("input_required with the server's inputRequests");
+    let requests = waiting["result"]["inputRequests"]
+        .as_object()
+        .unwrap_or_else(|| panic!("inputRequests: {waiting}"));
+    assert_eq!(requests.len(), 1, "{waiting}");
+    let (key, request) = requests.iter().next().unwrap();
+    assert_eq!(request["method"], "elicitation/create", "{waiting}");
+    assert_eq!(request["params"]["message"], "sure?", "{waiting}");
+    let update = modern_req(
+        &url,
+        None,
+        3,
+        "tasks/update",
+        json!({"taskId": t, "inputResponses": {key.clone(): {"action": "accept", "content": {}}}}),
+    );
+    let (status, ack) = send(update).await;
+    assert_eq!(status, 200, "{ack}");
+    let done = eventually(STEP, || async {
+        let (_, v) = task_call(&url, None, 4, "tasks/get", &t).await;
+        (v["result"]["status"] == "completed").then_some(v)
+    })
+    .await
+    .expect("completed once the call was sent again");
+    assert_eq!(
+        done["result"]["result"]["content"][0]["text"], "confirmed: accept",
+        "{done}"
+    );
+    let calls = up.received("tools/call");
+    assert_eq!(calls.len(), 2, "the call, then its retry");
+    let (first, retry) = (calls[0].json(), calls[1].json());
+    assert_ne!(first["id"], retry["id"], "the retry has a new id");
+    assert_eq!(
+        retry["params"]["inputResponses"],
+        json!({"confirm": {"action": "accept", "content": {}}})
+    );
+    assert_eq!(retry["params"]["requestState"], "st-1");
+    assert_eq!(retry["params"]["name"], "mrtr");
 }
 
 /// 2026-07-28 `tasks/update` whose `inputResponses` is not an object of results (`[]`, `"x"`,

@@ -7,6 +7,7 @@ use super::{GatewayTasksState, Live, Outcome, POLL_INTERVAL_MS};
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, splice, Id, Message};
 use crate::layers::extensions::{PendingCreation, RelaysUpstreamRequests};
+use crate::layers::relay::mrtr::{is_input_required, MAX_ROUNDS};
 use crate::layers::relay::read_to_answer;
 use crate::layers::McpService;
 use crate::mcp::era::Era;
@@ -232,6 +233,31 @@ pub(super) fn plain_call(msg: &Message, own_id: &Id, task_id: &str) -> Option<(M
     Some((Message::parse(bytes).ok()?, token))
 }
 
+/// The held call `out` sent again after an MRTR round (2026-07-28 §2.3): under the id `id`
+/// (JSON text), its `params` as first sent plus `inputResponses` and `requestState` (echoed as
+/// the upstream gave it; absent when it gave none). `None` when the call is not a request with
+/// object `params`.
+fn retried(
+    out: &McpRequest,
+    id: &str,
+    responses: serde_json::Map<String, Value>,
+    state: Option<Value>,
+) -> Option<(Message, Id)> {
+    let Operation::Post(msg) = &out.op else {
+        return None;
+    };
+    let mut v: Value = msg.parse_as().ok()?;
+    let params = v.get_mut("params")?.as_object_mut()?;
+    params.insert("inputResponses".into(), Value::Object(responses));
+    match state {
+        Some(s) => params.insert("requestState".into(), s),
+        None => params.remove("requestState"),
+    };
+    let id = Id::from_json(id)?;
+    v["id"] = id_value(&id);
+    Some((Message::parse(Bytes::from(v.to_string())).ok()?, id))
+}
+
 /// One held call and what it needs to finish its task.
 struct Held {
     state: Arc<GatewayTasksState>,
@@ -277,18 +303,52 @@ impl Held {
             .until_terminal(live.clone());
         let answer_inner = inner.clone();
         let own_id = self.own_id.clone();
+        let (round_state, round_live) = (self.state.clone(), live.clone());
         // Boxed, so that dropping it below closes the call's stream before the hold goes.
         let mut call = Box::pin(async move {
-            let reply = answer_inner.clone().oneshot(out.clone()).await?;
-            let (answer, _rest) = read_to_answer(reply, &own_id, |ev| {
-                let (progress, inner, out) = (progress.clone(), answer_inner.clone(), out.clone());
-                async move {
-                    progress.on_event(ev, inner, out).await;
-                    true
-                }
-            })
-            .await;
-            Ok(answer)
+            let (mut out, mut own_id) = (out, own_id);
+            let base = own_id.as_json().trim_end_matches('"').to_string();
+            for round in 1.. {
+                let reply = answer_inner.clone().oneshot(out.clone()).await?;
+                let (answer, _rest) = read_to_answer(reply, &own_id, |ev| {
+                    let (progress, inner, out) =
+                        (progress.clone(), answer_inner.clone(), out.clone());
+                    async move {
+                        progress.on_event(ev, inner, out).await;
+                        true
+                    }
+                })
+                .await;
+                // A 2026-07-28 upstream asking for input within the call (MRTR): relayed to the
+                // client as the task's input requests, then the call sent again (`input`).
+                let answer = match answer {
+                    Some(a) if is_input_required(&a) => a,
+                    other => return Ok(other),
+                };
+                let why = if round > MAX_ROUNDS {
+                    format!("the upstream asked for input more than {MAX_ROUNDS} times in one call (relay::mrtr::MAX_ROUNDS)")
+                } else {
+                    match super::input::mrtr_round(&round_state, &round_live, &answer).await {
+                        Ok(responses) => {
+                            let state = answer.pointer("/result/requestState").cloned();
+                            let retry_id = format!("{base}-r{round}\"");
+                            match retried(&out, &retry_id, responses, state) {
+                                Some((msg, id)) => {
+                                    out.op = Operation::Post(msg);
+                                    own_id = id;
+                                    continue;
+                                }
+                                None => "the call could not be sent again with the client's input"
+                                    .into(),
+                            }
+                        }
+                        Err(why) => why,
+                    }
+                };
+                return Ok(Some(json!({"jsonrpc": "2.0", "id": id_value(&own_id),
+                    "error": {"code": jsonrpc::INTERNAL_ERROR, "message": why}})));
+            }
+            Ok(None)
         });
         let cancelled = async {
             if cancel_rx.await.is_err() {

@@ -23,6 +23,14 @@
 //!   that is not an object, or a result in it that is not one, is refused `-32602` (HTTP 400)
 //!   and answers nothing.
 //!
+//! A 2026-07-28 upstream asks within the call itself (MRTR, 2026-07-28 §2.3): it answers the
+//! plain call `{"resultType":"input_required","inputRequests":{…},"requestState":…}`. Each
+//! entry then waits here as a request sent during the call would (the client sees and answers
+//! it the same way, in its era), and once all are answered the held call is sent again under a
+//! new id with `params.inputResponses` (by the server's keys; an error answer as
+//! `{"action":"decline"}`, `{"roots":[]}` for `roots/list`) and `requestState` echoed
+//! ([`mrtr_round`]; at most `relay::mrtr::MAX_ROUNDS` rounds).
+//!
 //! Bounds: at most [`MAX_WAITING`] requests wait per task (one more is answered `-32603` to the
 //! server); waiting requests die with the held call (the task is terminal).
 
@@ -30,7 +38,7 @@ use super::{GatewayTasksState, Live};
 use crate::exchange::McpRequest;
 use crate::jsonrpc;
 use crate::layers::extensions::SessionView;
-use crate::layers::relay::input::{capability_for, Ask};
+use crate::layers::relay::input::{capability_for, response_value, Ask};
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::sse::Event;
 use crate::store::TaskRecord;
@@ -53,6 +61,10 @@ struct Waiting {
     upstream_id: Value,
     method: String,
     params: Value,
+    /// The key in the `inputRequests` of a 2026-07-28 `input_required` result (MRTR), for a
+    /// request that came that way: its answer is collected for the call's retry instead of
+    /// going upstream as a response (see [`mrtr_round`]).
+    mrtr_key: Option<String>,
 }
 
 /// The input side of one held call.
@@ -66,6 +78,10 @@ pub(super) struct CallInput {
     /// Held across every status write that follows from `waiting` (an answer's `working`, a
     /// request's `input_required`, a progress `statusMessage`), see [`CallInput::status_lock`].
     status_write: tokio::sync::Mutex<()>,
+    /// The `inputResponses` of the MRTR round in progress, by the server's keys.
+    round: Mutex<Map<String, Value>>,
+    /// Woken when the MRTR round's last request is answered.
+    round_done: tokio::sync::Notify,
 }
 
 /// Why a server's request is not kept for the client.
@@ -86,6 +102,8 @@ impl CallInput {
             changed: watch::channel(0).0,
             to_upstream,
             status_write: tokio::sync::Mutex::new(()),
+            round: Mutex::new(Map::new()),
+            round_done: tokio::sync::Notify::new(),
         }
     }
 
@@ -113,6 +131,21 @@ impl CallInput {
         method: &str,
         params: Value,
     ) -> Result<String, NotKept> {
+        self.keep(id, method, params, None)
+    }
+
+    /// [`CallInput::arrived`] for one entry (`mrtr_key`) of an MRTR `input_required` result.
+    fn arrived_mrtr(&self, mrtr_key: &str, method: &str, params: Value) -> Result<String, NotKept> {
+        self.keep(&Value::Null, method, params, Some(mrtr_key.to_string()))
+    }
+
+    fn keep(
+        &self,
+        id: &Value,
+        method: &str,
+        params: Value,
+        mrtr_key: Option<String>,
+    ) -> Result<String, NotKept> {
         capability_for(method).ok_or(NotKept::Method)?;
         let key = {
             let mut waiting = self.waiting.lock();
@@ -125,6 +158,7 @@ impl CallInput {
                 upstream_id: id.clone(),
                 method: method.to_string(),
                 params,
+                mrtr_key,
             });
             key
         };
@@ -156,18 +190,85 @@ impl CallInput {
 
     /// The waiting request `key`, taken, with the server's answer to it made of `answer`
     /// (`Ok`: the client's `result`; `Err`: an `error` object); `None` when `key` does not wait.
-    fn answer(&self, key: &str, answer: Result<Value, Value>) -> Option<(String, Bytes)> {
-        let w = {
+    /// An MRTR request's answer is kept for the round (an error as
+    /// [`crate::layers::relay::input::response_value`] has it): no bytes then.
+    fn answer(&self, key: &str, answer: Result<Value, Value>) -> Option<(String, Option<Bytes>)> {
+        let (w, round_done) = {
             let mut waiting = self.waiting.lock();
             let at = waiting.iter().position(|w| w.key == key)?;
-            waiting.remove(at)
+            let w = waiting.remove(at);
+            let done = w.mrtr_key.is_some() && !waiting.iter().any(|o| o.mrtr_key.is_some());
+            (w, done)
         };
+        if let Some(mrtr_key) = &w.mrtr_key {
+            let value = match answer {
+                Ok(result) => result,
+                Err(_) => response_value(&w.method, &Value::Null),
+            };
+            self.round.lock().insert(mrtr_key.clone(), value);
+            if round_done {
+                self.round_done.notify_one();
+            }
+            return Some((w.method, None));
+        }
         let mut msg = json!({"jsonrpc": "2.0", "id": w.upstream_id});
         match answer {
             Ok(result) => msg["result"] = result,
             Err(error) => msg["error"] = error,
         }
-        Some((w.method, Bytes::from(msg.to_string())))
+        Some((w.method, Some(Bytes::from(msg.to_string()))))
+    }
+
+    /// Whether a request of the MRTR round in progress still waits.
+    fn round_waits(&self) -> bool {
+        self.waiting.lock().iter().any(|w| w.mrtr_key.is_some())
+    }
+}
+
+/// One MRTR round of a held call (2026-07-28 §2.3): the upstream answered the plain call
+/// `input_required` (`answer`, the whole JSON-RPC message). Each `inputRequests` entry waits
+/// for the client as a request the server sent during the call would (the task
+/// `input_required`; 2025-11-25: asked on the `tasks/result` stream, 2026-07-28: shown in
+/// `tasks/get`, answered by `tasks/update`); once every one is answered, returns the
+/// `inputResponses` by the server's keys, for the call's retry. `Err` says why the round
+/// cannot be relayed (no `inputRequests` object, an empty one, more than [`MAX_WAITING`], or a
+/// method taskgate does not relay); the task then fails with it.
+pub(super) async fn mrtr_round(
+    state: &GatewayTasksState,
+    live: &Live,
+    answer: &Value,
+) -> Result<Map<String, Value>, String> {
+    let requests = match answer.pointer("/result/inputRequests") {
+        Some(Value::Object(m)) if !m.is_empty() => m,
+        _ => {
+            return Err("the upstream answered the call input_required without inputRequests (an object with at least one request)".into())
+        }
+    };
+    if requests.len() > MAX_WAITING {
+        return Err(format!(
+            "the upstream asked for {} inputs in one round; taskgate relays at most {MAX_WAITING}",
+            requests.len()
+        ));
+    }
+    live.input.round.lock().clear();
+    let mut last = String::new();
+    for (key, request) in requests {
+        let method = request.get("method").and_then(Value::as_str).unwrap_or("");
+        let params = request.get("params").cloned().unwrap_or(Value::Null);
+        if live.input.arrived_mrtr(key, method, params).is_err() {
+            return Err(format!(
+                "the upstream asked for input with {method:?}; taskgate relays only elicitation/create, sampling/createMessage and roots/list"
+            ));
+        }
+        last = method.to_string();
+    }
+    requested(state, live, &last).await;
+    loop {
+        let done = live.input.round_done.notified();
+        if !live.input.round_waits() {
+            return Ok(std::mem::take(&mut *live.input.round.lock()));
+        }
+        done.await;
     }
 }
 
@@ -187,7 +288,7 @@ pub(super) async fn answered(
     let Some((method, bytes)) = live.input.answer(key, answer) else {
         return false;
     };
-    if live.input.to_upstream.try_send(bytes).is_err() {
+    if bytes.is_some_and(|b| live.input.to_upstream.try_send(b).is_err()) {
         tracing::warn!(task_id, key, "a client's answer to a gateway task's input request could not be passed to its held call (it ended)");
     }
     // Decided under the status lock, from the list as it is then (see `status_lock`): a

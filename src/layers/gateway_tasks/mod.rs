@@ -44,7 +44,12 @@
 //!   each era has it (see `input`: 2025-11-25 on the `tasks/result` stream with the
 //!   related-task `_meta`, 2026-07-28 as `inputRequests` answered by `tasks/update`); the
 //!   client's answer goes upstream as the response to the server's request, and the task is
-//!   `working` again. `ping` is answered by taskgate; any other request `-32601`.
+//!   `working` again. `ping` is answered by taskgate; any other request `-32601`. A 2026-07-28
+//!   upstream asks within the call instead (MRTR: it answers the plain call
+//!   `resultType: "input_required"`): each `inputRequests` entry is relayed the same way, and
+//!   once all are answered the call goes upstream again under a new id with `inputResponses`
+//!   and the `requestState` echoed (at most `relay::mrtr::MAX_ROUNDS` rounds; a round taskgate
+//!   cannot relay fails the task saying why). Such a result is never taken for the call's end.
 //! - The call's end: a result is `completed` (also with `isError: true`, as the spec has it),
 //!   a JSON-RPC error `failed` (its message the `statusMessage`), no answer at all `failed`
 //!   saying why. The result is kept in the record up to `tasks.max_stored_result_bytes`
