@@ -1096,6 +1096,66 @@ async fn subscriptions_listen_relays_task_status_and_list_changes() {
     );
 }
 
+/// The listens of one caller are bounded (16): the 17th ends the oldest, whose stream gets the
+/// listen's result (`resultType:"complete"`, its subscription id) and then ends; another caller's
+/// listen is untouched. A listen without `params.notifications` is `-32602` (HTTP 400).
+#[tokio::test]
+async fn a_callers_newest_listen_ends_its_oldest() {
+    let up = legacy_server().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .token("bob", "tok-b")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let (status, v) = send(modern_req(
+        &url,
+        Some("tok-a"),
+        1,
+        "subscriptions/listen",
+        json!({"_meta": meta(true)}),
+    ))
+    .await;
+    assert_eq!((status, err_code(&v)), (400, -32602), "{v}");
+    let listen = |token: &'static str, id: u64| {
+        modern_req(
+            &url,
+            Some(token),
+            id,
+            "subscriptions/listen",
+            json!({"notifications": {"toolsListChanged": true}, "_meta": meta(true)}),
+        )
+    };
+    let mut bob = listen("tok-b", 99).send().await.sse();
+    let _ack = bob.next_event(STEP).await;
+    let mut alice = Vec::new();
+    for id in 0..17u64 {
+        let mut r = listen("tok-a", 100 + id).send().await.sse();
+        let ack = r.next_event(STEP).await.json();
+        assert_eq!(
+            ack["params"]["notifications"],
+            json!({"toolsListChanged": true}),
+            "{ack}"
+        );
+        alice.push(r);
+    }
+    let end = alice[0].next_event(STEP).await.json();
+    assert_eq!(end["id"], 100, "{end}");
+    assert_eq!(end["result"]["resultType"], "complete", "{end}");
+    assert_eq!(end["result"]["_meta"][SUB_ID], 100, "{end}");
+    assert!(
+        matches!(alice[0].next(STEP).await, Next::End),
+        "the ended listen's stream ends"
+    );
+    assert!(
+        matches!(
+            bob.next(std::time::Duration::from_millis(300)).await,
+            Next::Timeout
+        ),
+        "another caller's listen stays open"
+    );
+}
+
 /// A captured input request outlives the `tasks/result` stream it came on: the upstream asks
 /// once and ends that stream (a restart-less reconnect: SEP-1699 polling, a proxy's idle cut),
 /// taskgate opens a new one that does not repeat the request, and the client's next `tasks/get`

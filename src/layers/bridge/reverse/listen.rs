@@ -59,7 +59,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tower::ServiceExt;
 
 /// Most listens open per caller (principal, or client address without auth) and upstream.
@@ -154,6 +154,8 @@ struct Listener {
     tx: mpsc::Sender<Event>,
     /// The listen request: the context its task status reads are made in.
     req: McpRequest,
+    /// Dropped with the listen: its watcher lets go of its sender, so the client's stream ends.
+    _gone: oneshot::Sender<()>,
 }
 
 impl Listener {
@@ -307,7 +309,7 @@ pub(super) async fn open<S: McpService>(
     let requested = params
         .and_then(|p| p.get("notifications"))
         .cloned()
-        .unwrap_or_else(|| json!({}));
+        .unwrap_or(Value::Null);
     if !requested.is_object() {
         return McpReply::era_error(
             Era::Modern,
@@ -341,12 +343,14 @@ pub(super) async fn open<S: McpService>(
         "params": {"notifications": honoured.filter(), "_meta": {SUBSCRIPTION_ID_META: sub}}});
     let _ = tx.try_send(Event::message(ack.to_string()));
     let tenant = req.ctx.tenant();
+    let (gone_tx, gone) = oneshot::channel();
     let listener = Listener {
         tenant: tenant.clone(),
         sub,
         honoured,
         tx: tx.clone(),
         req: req.clone(),
+        _gone: gone_tx,
     };
     let (n, tap) = match state.listens.add(listener) {
         Ok(added) => added,
@@ -362,10 +366,15 @@ pub(super) async fn open<S: McpService>(
             return r.answered_locally(LocalReason::HeldUpstreamSession);
         }
     };
-    // The listen ends when its client goes away.
+    // The listen ends when its client goes away; the client's stream ends when the listen is
+    // dropped here (ended, closed as lost), once this last other sender goes.
     let me = state.clone();
     tokio::spawn(async move {
-        tx.closed().await;
+        tokio::select! {
+            _ = tx.closed() => {}
+            _ = gone => {}
+        }
+        drop(tx);
         me.listens.remove(n);
     });
     if tap {
@@ -394,8 +403,9 @@ async fn read_get_stream<S: McpService>(
             let upstream = req.ctx.upstream.clone();
             match state.bounded(&upstream, inner.clone().oneshot(get)).await {
                 Ok(reply) if reply.status == StatusCode::NOT_FOUND => {
+                    // The session ended upstream: opened again, then asked after the wait (an
+                    // upstream that answers every GET 404 gets no tight loop of initialize).
                     super::reopen(&state, &inner, &req, &held).await;
-                    continue;
                 }
                 Ok(McpReply {
                     status,
@@ -432,9 +442,21 @@ async fn read_get_stream<S: McpService>(
                 }
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = ended.as_mut() => {}
+        // The whole wait, unless the caller stops listening (another caller's listen ending
+        // wakes this too: it does not shorten the wait).
+        let pause = tokio::time::sleep(wait);
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                _ = pause.as_mut() => break,
+                _ = ended.as_mut() => {
+                    if !state.listens.keeps_tap(&tenant) {
+                        return;
+                    }
+                    ended.set(state.listens.ended.notified());
+                    ended.as_mut().enable();
+                }
+            }
         }
         wait = (wait * 2).min(MAX_TAP_RETRY);
     }
@@ -619,6 +641,7 @@ mod tests {
                 },
                 tx,
                 req,
+                _gone: oneshot::channel().0,
             },
             rx,
         )
