@@ -13,7 +13,9 @@
 //!   one's task is `failed` with a `statusMessage` saying its replica was lost (and released,
 //!   `reason="process_exited"`), a [`LeaseKind::Followed`] one is followed to its end by the
 //!   adopter its upstream registered ([`LeaseKeeper::on_adopt`]). Every third of the lapse it
-//!   renews all of this process's leases (one statement).
+//!   renews all of this process's leases (one statement). After the store was out of reach
+//!   (a poll's store call failed), nothing is adopted for one lapse: every live replica's
+//!   renewals failed as well, and each gets that long to renew its own.
 //!
 //! Why a bounded poll and not PostgreSQL `LISTEN`/`NOTIFY`: a notification reaches only a
 //! session listening when it is sent, so a replica whose listening connection broke (a
@@ -43,6 +45,33 @@ pub type CancelHook = Box<dyn FnOnce() + Send>;
 /// What an upstream does with a [`LeaseKind::Followed`] lease it adopted: follows the task
 /// (its id) to its end; the lease ends when the future does.
 pub type Adopter = Arc<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// The keeper's task's own state across polls.
+struct Ticks {
+    /// When this replica's leases are renewed next.
+    renew_at: Instant,
+    /// No lease is adopted before this (a lapse after the store was last out of reach).
+    adopt_after: Instant,
+    /// A store call of this poll failed.
+    failing: bool,
+}
+
+impl Ticks {
+    /// `result`'s value; a failure is logged, once per outage (`failing` already set at the
+    /// previous poll: not again), and marks this poll failing.
+    fn note<T>(&mut self, result: Result<T, StoreError>, what: &str) -> Option<T> {
+        match result {
+            Ok(v) => Some(v),
+            Err(e) => {
+                if !self.failing && Instant::now() >= self.adopt_after {
+                    tracing::warn!(error = %e, "{what}");
+                }
+                self.failing = true;
+                None
+            }
+        }
+    }
+}
 
 /// This process's leases (see the module docs).
 pub struct LeaseKeeper {
@@ -138,43 +167,50 @@ impl LeaseKeeper {
     }
 
     /// One poll: the cancels asked, the renewal when due, the lapsed leases adopted.
-    async fn tick(self: &Arc<Self>, renew_at: &mut Instant) {
+    async fn tick(self: &Arc<Self>, t: &mut Ticks) {
         let Some(registry) = self.registry.upgrade() else {
             return;
         };
         let Some(leases) = registry.store.leases() else {
             return;
         };
-        match leases.cancels_asked().await {
-            Ok(asked) => {
-                for key in asked {
-                    let hook = self.hooks.lock().remove(&key);
-                    if let Some(hook) = hook {
-                        tracing::info!(upstream = %key.0, task_id = %key.1, "a cancel asked by another replica reached the call this replica holds");
-                        hook();
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "the cancels asked of this replica's leases could not be read")
+        let asked = leases.cancels_asked().await;
+        let asked = t.note(
+            asked,
+            "the cancels asked of this replica's leases could not be read",
+        );
+        for key in asked.unwrap_or_default() {
+            let hook = self.hooks.lock().remove(&key);
+            if let Some(hook) = hook {
+                tracing::info!(upstream = %key.0, task_id = %key.1, "a cancel asked by another replica reached the call this replica holds");
+                hook();
             }
         }
-        if Instant::now() >= *renew_at {
-            match leases.renew_leases(self.lapse).await {
-                Ok(_) => *renew_at = Instant::now() + self.lapse / 3,
-                Err(e) => {
-                    tracing::warn!(error = %e, "this replica's call leases could not be renewed")
-                }
+        if Instant::now() >= t.renew_at {
+            let renewed = leases.renew_leases(self.lapse).await;
+            if t.note(renewed, "this replica's call leases could not be renewed")
+                .is_some()
+            {
+                t.renew_at = Instant::now() + self.lapse / 3;
             }
         }
-        match leases.adopt_lapsed(self.lapse, ADOPT_PER_POLL).await {
-            Ok(adopted) => {
-                for a in adopted {
-                    let this = self.clone();
-                    tokio::spawn(async move { this.adopted(a).await });
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "lapsed call leases could not be looked for"),
+        if t.failing {
+            // Every replica's renewals failed too while the store was out of reach: after it
+            // comes back, each gets a whole lapse to renew before anything is adopted (else a
+            // replica that ticks first would take every live replica's leases, its own too).
+            t.adopt_after = Instant::now() + self.lapse;
+            return;
+        }
+        if Instant::now() < t.adopt_after {
+            return;
+        }
+        let adopted = leases.adopt_lapsed(self.lapse, ADOPT_PER_POLL).await;
+        for a in t
+            .note(adopted, "lapsed call leases could not be looked for")
+            .unwrap_or_default()
+        {
+            let this = self.clone();
+            tokio::spawn(async move { this.adopted(a).await });
         }
     }
 
@@ -245,11 +281,16 @@ impl Registry {
         let weak = Arc::downgrade(&keeper);
         drop(keeper);
         tokio::spawn(async move {
-            let mut renew_at = Instant::now();
+            let mut ticks = Ticks {
+                renew_at: Instant::now(),
+                adopt_after: Instant::now(),
+                failing: false,
+            };
             loop {
                 let Some(keeper) = weak.upgrade() else { return };
                 tokio::time::sleep(keeper.poll).await;
-                keeper.tick(&mut renew_at).await;
+                ticks.failing = false;
+                keeper.tick(&mut ticks).await;
             }
         });
     }
