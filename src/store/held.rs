@@ -24,10 +24,16 @@ pub const MAX_HELD_CAPABILITIES: usize = 4096;
 /// Longest `clientInfo` (JSON text, bytes) a held session keeps, in memory and stored; a longer
 /// one is not kept.
 pub const MAX_HELD_CLIENT_INFO: usize = 1024;
-/// Longest stored `Mcp-Session-Id` (taskgate mints 32 hex digits; an upstream's, passed
-/// through, is often a UUID; a longer one is not stored and its session is served only by the
-/// process that saw its `initialize`).
-pub const MAX_HELD_SESSION_ID: usize = 512;
+/// Longest stored `Mcp-Session-Id`, bytes. taskgate mints 32 hex digits; an upstream's, passed
+/// through, is often a UUID, but 2025-11-25 basic/transports allows visible ASCII of any length
+/// (a signed token, say), so the bound is generous: 2 KiB, kept below what one PostgreSQL B-tree
+/// entry of the table's primary key `(upstream, session_id)` may hold (2704 bytes, a third of a
+/// page; the upstream name adds at most [`MAX_HELD_UPSTREAM`]), so every id within it is stored on
+/// either backend. An upstream session id past it is not stored: with a store other processes
+/// share (a tier), its `initialize` is refused (HTTP 502, `-32603` naming the length and the
+/// bound: no replica but one could serve it); with an embedded store it is served by this
+/// process only, and not after a restart (`layers::session::issued`).
+pub const MAX_HELD_SESSION_ID: usize = 2048;
 /// Longest stored owner (a bearer principal's name, or an OAuth `<iss>#<sub>`).
 pub const MAX_HELD_OWNER: usize = 1024;
 /// Longest stored negotiated `protocolVersion`.

@@ -80,7 +80,7 @@ pub async fn contract(store: Arc<dyn TaskStore>) {
     let e = store.put_held_session(big).await.unwrap_err();
     assert!(e.to_string().contains("capabilities"), "{e}");
     assert!(store.held_session(&up, "dddd").unwrap().is_none());
-    let long_id = "e".repeat(600);
+    let long_id = "e".repeat(taskgate::store::held::MAX_HELD_SESSION_ID + 1);
     assert!(store
         .put_held_session(held(&up, &long_id, None, t0))
         .await

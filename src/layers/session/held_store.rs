@@ -141,6 +141,12 @@ impl Sessions {
         self.store.get().is_some()
     }
 
+    /// Whether sessions are kept in a store other processes share (a tier: any replica may get
+    /// any request of a session).
+    pub fn shares_store(&self) -> bool {
+        self.store.get().is_some() && self.shared.load(Ordering::Relaxed)
+    }
+
     /// Whether a request naming `session`, which the table does not hold, is looked up in the
     /// store: one is kept, and the store was not asked for it in the last
     /// [`super::REVALIDATE_AFTER`] ([`Absent`]).

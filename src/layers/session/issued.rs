@@ -10,8 +10,10 @@
 //! past any of them the stream goes on as it came
 //! and the session is kept in this process's table only (as before issue 35), logged. A
 //! table without room gets 503 and a store that cannot write 500 (`-32603`), not an id that
-//! another replica would answer 404; the upstream session of such a refusal is left to the
-//! upstream (it is never used).
+//! another replica would answer 404; so does (502) an upstream session id longer than
+//! [`MAX_HELD_SESSION_ID`](crate::store::held::MAX_HELD_SESSION_ID) with a store other processes
+//! share (with an embedded one it is served by this process only). The upstream session of such
+//! a refusal is left to the upstream (it is never used).
 
 use super::service::{Finish, Watch};
 use super::SessionKey;
@@ -88,6 +90,20 @@ impl Finish {
             refused.status = status;
             refused
         };
+        let (len, bound) = (issued.len(), crate::store::held::MAX_HELD_SESSION_ID);
+        if len > bound {
+            if self.sessions.shares_store() {
+                // Only this replica could serve it: refused, not a session that fails on the others.
+                tracing::warn!(upstream = %self.upstream, len, bound, "an upstream session id is too long to share; its initialize is refused");
+                return refuse(
+                    http::StatusCode::BAD_GATEWAY,
+                    &format!(
+                        "the upstream's Mcp-Session-Id is {len} bytes; the replicas of this tier share sessions whose id is at most {bound} bytes"
+                    ),
+                );
+            }
+            tracing::warn!(upstream = %self.upstream, len, bound, "an upstream session id is too long to store; its session is served by this process only, and not after a restart");
+        }
         let put = self.sessions.insert(
             &self.upstream,
             Some(key.clone()),
