@@ -478,6 +478,14 @@ fn check_config_refuses_the_otel_variables_serve_refuses() {
             vec![("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "collector:4318")],
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
         ),
+        (
+            vec![endpoint, ("OTEL_EXPORTER_OTLP_TIMEOUT", "10s")],
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ),
+        (
+            vec![endpoint, ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "zstd")],
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+        ),
     ] {
         let serve = run_taskgate(&["serve", "--config", f.path_str()], &bad);
         assert_eq!(
@@ -498,9 +506,69 @@ fn check_config_refuses_the_otel_variables_serve_refuses() {
         endpoint,
         ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
         ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+        ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "2500"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
     ];
     let check = run_taskgate(&["check-config", f.path_str()], &good);
     assert!(check.status.success(), "{check:?}");
+}
+
+/// `OTEL_EXPORTER_OTLP_COMPRESSION=gzip`: the taskgate binary (its endpoint from
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`) posts its exports gzipped, with `Content-Encoding: gzip`, and
+/// once gunzipped they are the spans (issue 34).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_compression_gzips_the_export_bodies() {
+    use std::io::Read as _;
+    let rx = receiver().await;
+    let up = Upstream::start(|req| {
+        ScriptedResponse::json(rpc_result(&req.rpc_id_json(), r#"{"content":[]}"#))
+    })
+    .await;
+    let f = ConfigFile::from_builder(&GatewayBuilder::single(&up.url()));
+    let endpoint = format!("http://{}", rx.addr);
+    let mut p = TaskgateProcess::spawn(
+        &["serve", "--config", f.path_str()],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ],
+    );
+    let (gw, _) = p.listening();
+    let r = Req::mcp_post(
+        &format!("http://{gw}/mcp"),
+        rpc("9", "tools/call", r#"{"name":"zipped"}"#),
+    )
+    .header("mcp-protocol-version", PROTOCOL_VERSION)
+    .send()
+    .await;
+    assert_eq!(r.status(), 200);
+    // A graceful stop exports what is queued.
+    p.sigterm();
+    assert!(p.wait_exit(STEP).is_some(), "no exit");
+    let posts = rx.requests();
+    assert!(!posts.is_empty(), "nothing exported");
+    let mut names = Vec::new();
+    for post in posts {
+        assert_eq!(post.header("content-encoding").as_deref(), Some("gzip"));
+        let mut body = Vec::new();
+        flate2::read::GzDecoder::new(&post.body[..])
+            .read_to_end(&mut body)
+            .expect("a gzip body");
+        let export = ExportTraceServiceRequest::decode(&body[..]).expect("OTLP protobuf");
+        for rs in export.resource_spans {
+            for ss in rs.scope_spans {
+                names.extend(ss.spans.into_iter().map(|s| (s.kind, s.name)));
+            }
+        }
+    }
+    assert!(
+        names.contains(&(SpanKind::Server as i32, "tools/call zipped".to_string())),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&(SpanKind::Client as i32, "tools/call zipped".to_string())),
+        "{names:?}"
+    );
 }
 
 /// A bridged call: a 2025-11-25 client's task-augmented `tools/call` through the forward bridge

@@ -1,17 +1,22 @@
-//! The OTLP/HTTP export of one batch: a POST of its protobuf body (`otlp`) to the traces
-//! endpoint, with the `OTEL_EXPORTER_OTLP_*HEADERS` header fields, on the export thread's
-//! runtime (`batch`), with the hyper and hyper-rustls (ring, webpki roots) taskgate already
-//! has: no second HTTP client, no second TLS stack, nothing on the serving threads. The spans of
-//! a batch whose export fails are counted in `taskgate_trace_export_failures_total`.
+//! The OTLP/HTTP export of one batch: a POST of its protobuf body (`otlp`), gzipped when
+//! `OTEL_EXPORTER_OTLP_*COMPRESSION` is `gzip`, to the traces endpoint, with the
+//! `OTEL_EXPORTER_OTLP_*HEADERS` header fields, within `OTEL_EXPORTER_OTLP_*TIMEOUT`, on the
+//! export thread's runtime (`batch`), with the hyper and hyper-rustls (ring, webpki roots)
+//! taskgate already has: no second HTTP client, no second TLS stack, nothing on the serving
+//! threads. The spans of a batch whose export fails are counted in
+//! `taskgate_trace_export_failures_total`.
 
+use super::Compression;
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
+use flate2::write::GzEncoder;
+use http::header::{CONTENT_ENCODING, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Method, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use std::io::Write as _;
 use std::time::Duration;
 
 /// Largest collector answer read, in bytes (an OTLP `ExportTraceServiceResponse` is a few bytes).
@@ -23,17 +28,20 @@ pub(super) struct Exporter {
     endpoint: Uri,
     headers: HeaderMap,
     timeout: Duration,
+    compression: Compression,
     failures: prometheus::IntCounter,
 }
 
 impl Exporter {
     /// An exporter to `endpoint` (the full `…/v1/traces` URL) sending `headers`, each export
-    /// ending within `timeout`, counting the spans of failed exports in `failures`. Errors: the
-    /// endpoint is not a URL, a header is not a valid field, or the TLS set-up failed.
+    /// ending within `timeout`, its body compressed as `compression` says, counting the spans
+    /// of failed exports in `failures`. Errors: the endpoint is not a URL, a header is not a
+    /// valid field, or the TLS set-up failed.
     pub(super) fn new(
         endpoint: &str,
         headers: &[(String, String)],
         timeout: Duration,
+        compression: Compression,
         failures: prometheus::IntCounter,
     ) -> Result<Exporter, String> {
         let endpoint: Uri = endpoint
@@ -51,6 +59,9 @@ impl Exporter {
             CONTENT_TYPE,
             HeaderValue::from_static("application/x-protobuf"),
         );
+        if compression == Compression::Gzip {
+            map.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        }
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
             .map_err(|e| format!("TLS set-up failed: {e}"))?
@@ -63,6 +74,7 @@ impl Exporter {
             endpoint,
             headers: map,
             timeout,
+            compression,
             failures,
         })
     }
@@ -77,6 +89,10 @@ impl Exporter {
     }
 
     async fn post(&self, body: Vec<u8>) -> Result<(), String> {
+        let body = match self.compression {
+            Compression::None => body,
+            Compression::Gzip => gzip(&body)?,
+        };
         let mut request = Request::new(Full::new(Bytes::from(body)));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.endpoint.clone();
@@ -101,4 +117,17 @@ impl Exporter {
             .await
             .map_err(|_| format!("no answer within {} ms", self.timeout.as_millis()))?
     }
+}
+
+/// `body` gzipped (flate2's default level: an export is a few hundred KiB at most, made on
+/// the export thread).
+pub(super) fn gzip(body: &[u8]) -> Result<Vec<u8>, String> {
+    let mut encoder = GzEncoder::new(
+        Vec::with_capacity(body.len() / 4),
+        flate2::Compression::default(),
+    );
+    encoder
+        .write_all(body)
+        .and_then(|()| encoder.finish())
+        .map_err(|e| format!("gzip: {e}"))
 }

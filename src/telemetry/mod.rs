@@ -42,7 +42,8 @@ use span::{Record, SpanName};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
-/// One export's deadline (connect, answer, body).
+/// One export's deadline (connect, answer, body) unless `OTEL_EXPORTER_OTLP_*TIMEOUT` says
+/// otherwise (the specification's default).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for the last export.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,6 +61,23 @@ pub struct Settings {
     /// `OTEL_EXPORTER_OTLP_HEADERS`: `name=value` pairs, comma-separated, values
     /// percent-decoded), in order.
     pub headers: Vec<(String, String)>,
+    /// One export's deadline: connect, answer and body (`OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`,
+    /// else `OTEL_EXPORTER_OTLP_TIMEOUT`, in milliseconds; default 10 s).
+    pub timeout: Duration,
+    /// How export bodies are compressed (`OTEL_EXPORTER_OTLP_TRACES_COMPRESSION`, else
+    /// `OTEL_EXPORTER_OTLP_COMPRESSION`: `gzip` or `none`; default none).
+    pub compression: Compression,
+}
+
+/// The compression of the OTLP/HTTP export bodies (the exporter specification's `gzip` and
+/// `none`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// Sent as encoded.
+    #[default]
+    None,
+    /// gzip, with `Content-Encoding: gzip`.
+    Gzip,
 }
 
 impl Settings {
@@ -73,7 +91,10 @@ impl Settings {
     /// Ratio: `telemetry.sample_ratio`, else `OTEL_TRACES_SAMPLER` (`always_on`, `always_off`,
     /// `traceidratio` and their `parentbased_` forms; the sampler is always parent-based) with
     /// `OTEL_TRACES_SAMPLER_ARG`, else 1.0. Header fields: `OTEL_EXPORTER_OTLP_TRACES_HEADERS`,
-    /// else `OTEL_EXPORTER_OTLP_HEADERS`. `OTEL_SDK_DISABLED=true` turns export off.
+    /// else `OTEL_EXPORTER_OTLP_HEADERS`. Export deadline: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`,
+    /// else `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds), else 10 s. Compression:
+    /// `OTEL_EXPORTER_OTLP_TRACES_COMPRESSION`, else `OTEL_EXPORTER_OTLP_COMPRESSION` (`gzip`
+    /// or `none`), else none. `OTEL_SDK_DISABLED=true` turns export off.
     ///
     /// Errors: [`ConfigError::Invalid`] naming the variable whose value is not usable.
     pub fn resolve(
@@ -117,11 +138,46 @@ impl Settings {
                 None => Vec::new(),
             },
         };
+        let either = |traces: &'static str, general: &'static str| match var(traces) {
+            Some(v) => Some((traces, v)),
+            None => var(general).map(|v| (general, v)),
+        };
+        let timeout = match either(
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ) {
+            None => EXPORT_TIMEOUT,
+            Some((name, v)) => match v.trim().parse::<u64>() {
+                Ok(ms) if ms > 0 => Duration::from_millis(ms),
+                _ => {
+                    return Err(ConfigError::Invalid(format!(
+                        "{name} {v:?} must be a whole number of milliseconds above 0"
+                    )))
+                }
+            },
+        };
+        let compression = match either(
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+        ) {
+            None => Compression::None,
+            Some((name, v)) => match v.trim() {
+                c if c.eq_ignore_ascii_case("gzip") => Compression::Gzip,
+                c if c.eq_ignore_ascii_case("none") => Compression::None,
+                _ => {
+                    return Err(ConfigError::Invalid(format!(
+                        "{name} {v:?}: taskgate supports gzip and none"
+                    )))
+                }
+            },
+        };
         Ok(Some(Settings {
             traces_endpoint,
             service_name,
             sample_ratio,
             headers,
+            timeout,
+            compression,
         }))
     }
 }
@@ -208,7 +264,8 @@ impl Telemetry {
         let exporter = export::Exporter::new(
             &settings.traces_endpoint,
             &settings.headers,
-            EXPORT_TIMEOUT,
+            settings.timeout,
+            settings.compression,
             failures,
         )?;
         let resource = opentelemetry_sdk::Resource::builder()

@@ -59,6 +59,8 @@ fn the_file_wins_over_the_variables_key_by_key() {
             service_name: "gw".into(),
             sample_ratio: 0.5,
             headers: Vec::new(),
+            timeout: Duration::from_secs(10),
+            compression: Compression::None,
         }
     );
     let s = Settings::resolve(&config(None, None, None), &vars)
@@ -71,6 +73,8 @@ fn the_file_wins_over_the_variables_key_by_key() {
             service_name: "from-env".into(),
             sample_ratio: 0.25,
             headers: Vec::new(),
+            timeout: Duration::from_secs(10),
+            compression: Compression::None,
         }
     );
     let s = Settings::resolve(
@@ -430,4 +434,65 @@ fn an_answer_is_read_once_for_both_spans() {
     let server = open();
     server.answer_json(&tool, None, None);
     assert_eq!(error_type(&server).as_deref(), Some(semconv::TOOL_ERROR));
+}
+
+/// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` (else `OTEL_EXPORTER_OTLP_TIMEOUT`, milliseconds) is one
+/// export's deadline, `…_COMPRESSION` (`gzip` or `none`) its body's compression; a value that
+/// is not one is refused naming the variable (issue 34).
+#[test]
+fn export_timeout_and_compression_come_from_the_variables() {
+    let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
+    let resolve = |vars: &[(&str, &str)]| {
+        let mut all = vars.to_vec();
+        all.push(endpoint);
+        Settings::resolve(&config(None, None, None), env(&all)).map(|s| s.unwrap())
+    };
+    let s = resolve(&[]).unwrap();
+    assert_eq!(
+        (s.timeout, s.compression),
+        (Duration::from_secs(10), Compression::None)
+    );
+    let s = resolve(&[
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+    ])
+    .unwrap();
+    assert_eq!(
+        (s.timeout, s.compression),
+        (Duration::from_millis(2500), Compression::Gzip)
+    );
+    let s = resolve(&[
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+        ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "700"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "none"),
+    ])
+    .unwrap();
+    assert_eq!(
+        (s.timeout, s.compression),
+        (Duration::from_millis(700), Compression::None)
+    );
+    for (name, bad) in [
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "10s"),
+        ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "0"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "zstd"),
+        ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "deflate"),
+    ] {
+        let err = resolve(&[(name, bad)]).unwrap_err();
+        assert!(err.to_string().contains(name), "{err}");
+    }
+}
+
+/// A gzipped export body is the body once gunzipped.
+#[test]
+fn a_gzipped_body_gunzips_to_the_body() {
+    use std::io::Read as _;
+    let body: Vec<u8> = (0..5000u32).flat_map(|i| (i % 251).to_le_bytes()).collect();
+    let zipped = export::gzip(&body).unwrap();
+    assert!(zipped.len() < body.len());
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(&zipped[..])
+        .read_to_end(&mut out)
+        .unwrap();
+    assert_eq!(out, body);
 }
