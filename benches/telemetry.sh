@@ -7,6 +7,7 @@
 #
 #   bash benches/telemetry.sh [TASKGATE_BIN]        # CONC=16 DURATION=10 REPS=3
 #   TOOL=callgrind bash benches/telemetry.sh [BIN]  # instructions per request instead (valgrind)
+#   RATIO=0.0 TOOL=callgrind bash benches/telemetry.sh [BIN]  # on = export on, no root sampled
 #
 # TOOL=callgrind runs taskgate under callgrind (threads serialised: the count hardly moves with
 # the machine's load, unlike CPU time) and counts its instructions, all threads, over the
@@ -24,6 +25,9 @@ TASKGATE=${1:-}
 CONC=${CONC:-16}
 DURATION=${DURATION:-10}
 REPS=${REPS:-3}
+# `sample_ratio` of the "on" runs: 1.0 every span exported; below it the spans not sampled
+# make no record (their context still goes upstream, sampled flag off).
+RATIO=${RATIO:-1.0}
 if [ -z "$TASKGATE" ]; then
   (cd "$ROOT" && cargo build --profile profiling --quiet --bin taskgate)
   TASKGATE="$ROOT/target/profiling/taskgate"
@@ -72,7 +76,7 @@ run_one() { # mode rep → prints "cpu_us_per_req rps"
   local mode=$1 rep=$2 toml="$WORK/tg-$1-$2.toml" pid
   taskgate_toml "$toml" "$WORK/store-$mode-$rep" "" "$UP"
   if [ "$mode" = on ]; then
-    printf '\n[telemetry]\notlp_endpoint = "%s"\nsample_ratio = 1.0\n' "$RX" >> "$toml"
+    printf '\n[telemetry]\notlp_endpoint = "%s"\nsample_ratio = %s\n' "$RX" "$RATIO" >> "$toml"
   fi
   "$LG" spawn-ready --stdout "$WORK/tg-$mode-$rep.out" --stderr "$WORK/tg-$mode-$rep.err" \
     --label taskgate -- env -u OTEL_EXPORTER_OTLP_ENDPOINT -u OTEL_EXPORTER_OTLP_TRACES_ENDPOINT \
@@ -94,7 +98,7 @@ run_callgrind() { # mode rep → prints "instructions_per_req requests"
   local mode=$1 rep=$2 toml="$WORK/tg-$1-$2.toml" pid dump total idle_total idle_rate t0 t1 requests
   taskgate_toml "$toml" "$WORK/store-$mode-$rep" "" "$UP"
   if [ "$mode" = on ]; then
-    printf '\n[telemetry]\notlp_endpoint = "%s"\nsample_ratio = 1.0\n' "$RX" >> "$toml"
+    printf '\n[telemetry]\notlp_endpoint = "%s"\nsample_ratio = %s\n' "$RX" "$RATIO" >> "$toml"
   fi
   "$LG" spawn-ready --stdout "$WORK/tg-$mode-$rep.out" --stderr "$WORK/tg-$mode-$rep.err" \
     --label taskgate -- env -u OTEL_EXPORTER_OTLP_ENDPOINT -u OTEL_EXPORTER_OTLP_TRACES_ENDPOINT \
@@ -131,7 +135,7 @@ median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 if [ "${TOOL:-}" = callgrind ]; then
   command -v callgrind_control > /dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
   SETTLE=${SETTLE:-6}; IDLE=${IDLE:-5}
-  echo "binary: $TASKGATE; callgrind; small tools/call, c=$CONC, ${DURATION}s per run, $REPS runs per mode"
+  echo "binary: $TASKGATE; callgrind; small tools/call, c=$CONC, ${DURATION}s per run, $REPS runs per mode, on: sample_ratio $RATIO"
   : > "$WORK/off"; : > "$WORK/on"
   for rep in $(seq "$REPS"); do
     for mode in off on; do
@@ -145,7 +149,7 @@ if [ "${TOOL:-}" = callgrind ]; then
   [ -s "$WORK/received" ] && echo "receiver: $(cut -d' ' -f1 "$WORK/received") exports, $(cut -d' ' -f2 "$WORK/received") bytes"
   exit 0
 fi
-echo "binary: $TASKGATE; small tools/call, c=$CONC, ${DURATION}s per run, $REPS runs per mode"
+echo "binary: $TASKGATE; small tools/call, c=$CONC, ${DURATION}s per run, $REPS runs per mode, on: sample_ratio $RATIO"
 : > "$WORK/off"; : > "$WORK/on"
 for rep in $(seq "$REPS"); do
   for mode in off on; do

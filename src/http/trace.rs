@@ -32,51 +32,55 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
         .and_then(|tp| propagation::parse(tp, header(semconv::TRACESTATE)));
     let incoming = Incoming::choose(meta, from_header);
 
-    let mut attributes = Vec::with_capacity(6);
-    if let Some(id) = msg.id() {
-        // A string id without its quotes (decoded), a number as written.
-        let json = id.as_json();
-        let text = match json.starts_with('"') {
-            true => serde_json::from_str::<String>(json).unwrap_or_else(|_| json.to_string()),
-            false => json.to_string(),
+    // Made only for a span that is sampled (a span that is not carries only its context).
+    let details = || {
+        let mut attributes = Vec::with_capacity(6);
+        if let Some(id) = msg.id() {
+            // A string id without its quotes (decoded), a number as written.
+            let json = id.as_json();
+            let text = match json.starts_with('"') {
+                true => serde_json::from_str::<String>(json).unwrap_or_else(|_| json.to_string()),
+                false => json.to_string(),
+            };
+            attributes.push(KeyValue::new(semconv::JSONRPC_REQUEST_ID, text));
+        }
+        let version = match request
+            .ctx
+            .headers
+            .get(&MCP_PROTOCOL_VERSION)
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(v) => Some(protocol_version(v)),
+            None => c
+                .meta_str(PROTOCOL_VERSION_META)
+                .map(|v| protocol_version(&v)),
         };
-        attributes.push(KeyValue::new(semconv::JSONRPC_REQUEST_ID, text));
-    }
-    let version = match request
-        .ctx
-        .headers
-        .get(&MCP_PROTOCOL_VERSION)
-        .and_then(|v| v.to_str().ok())
-    {
-        Some(v) => Some(protocol_version(v)),
-        None => c
-            .meta_str(PROTOCOL_VERSION_META)
-            .map(|v| protocol_version(&v)),
+        if let Some(version) = version {
+            attributes.push(KeyValue::new(semconv::MCP_PROTOCOL_VERSION, version));
+        }
+        if let Some(session) = request
+            .ctx
+            .client_session_id
+            .as_ref()
+            .and_then(|s| s.to_str().ok())
+        {
+            attributes.push(KeyValue::new(semconv::MCP_SESSION_ID, session.to_string()));
+        }
+        if let Some(task_id) = c.task_id() {
+            attributes.push(KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned()));
+        }
+        let target = match method {
+            "tools/call" => c
+                .tool()
+                .map_or(Target::None, |t| Target::Tool(t.to_string())),
+            "prompts/get" => c
+                .tool()
+                .map_or(Target::None, |p| Target::Prompt(p.to_string())),
+            _ => Target::None,
+        };
+        (target, attributes)
     };
-    if let Some(version) = version {
-        attributes.push(KeyValue::new(semconv::MCP_PROTOCOL_VERSION, version));
-    }
-    if let Some(session) = request
-        .ctx
-        .client_session_id
-        .as_ref()
-        .and_then(|s| s.to_str().ok())
-    {
-        attributes.push(KeyValue::new(semconv::MCP_SESSION_ID, session.to_string()));
-    }
-    if let Some(task_id) = c.task_id() {
-        attributes.push(KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned()));
-    }
-    let target = match method {
-        "tools/call" => c
-            .tool()
-            .map_or(Target::None, |t| Target::Tool(t.to_string())),
-        "prompts/get" => c
-            .tool()
-            .map_or(Target::None, |p| Target::Prompt(p.to_string())),
-        _ => Target::None,
-    };
-    let trace = telemetry.request_span(method, target, incoming, attributes);
+    let trace = telemetry.request_span(method, incoming, details);
     request.extensions.insert(trace.clone());
     Some(trace)
 }

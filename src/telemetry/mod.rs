@@ -286,84 +286,73 @@ impl Telemetry {
         self.0.queue.shutdown(SHUTDOWN_TIMEOUT);
     }
 
-    /// Starts the SERVER span of one MCP request for `method` (and its tool or prompt,
-    /// `target`), as `incoming` says (its parent, and a link to the HTTP header's span when
-    /// `_meta` named another), with the request's own `attributes` (`mcp.method.name` and the
-    /// GenAI ones are added from `method` and `target`).
+    /// Starts the SERVER span of one MCP request for `method`, as `incoming` says (its parent,
+    /// and a link to the HTTP header's span when `_meta` named another). `details` gives its
+    /// tool or prompt and the request's own attributes (`mcp.method.name` and the GenAI ones are
+    /// added from `method` and the target); it is called only for a span that is sampled (one
+    /// that is not carries only its context: nothing of the request is copied for it).
     pub fn request_span(
         &self,
         method: &str,
-        target: Target,
         incoming: Incoming,
-        attributes: Vec<KeyValue>,
+        details: impl FnOnce() -> (Target, Vec<KeyValue>),
     ) -> RequestTrace {
-        let links = incoming.link.into_iter().collect();
-        self.begin(
-            SpanName::Method {
+        let Incoming { parent, link } = incoming;
+        self.begin(SpanKind::Server, parent.as_ref(), || {
+            let (target, attributes) = details();
+            let name = SpanName::Method {
                 method: span::method(method),
                 target,
-            },
-            SpanKind::Server,
-            incoming.parent.as_ref(),
-            links,
-            attributes,
-            None,
-        )
+            };
+            (name, link.into_iter().collect(), attributes, None)
+        })
     }
 
-    /// Starts the CLIENT span of one upstream exchange to `peer` for `method` (and `target`): a
-    /// child of `parent` (the request's SERVER span), or a root linked to `links` (a task's
-    /// creating span) for a request taskgate makes itself.
+    /// Starts the CLIENT span of one upstream exchange to `peer` for `method`: a child of
+    /// `parent` (the request's SERVER span), or a root linked to `links` (a task's creating
+    /// span) for a request taskgate makes itself. `details` (the target and the exchange's own
+    /// attributes) is called only for a span that is sampled.
     pub fn exchange_span(
         &self,
         method: &str,
-        target: Target,
         parent: Option<&SpanContext>,
         links: &[SpanContext],
         peer: &Peer,
-        attributes: Vec<KeyValue>,
+        details: impl FnOnce() -> (Target, Vec<KeyValue>),
     ) -> RequestTrace {
-        self.begin(
-            SpanName::Method {
+        self.begin(SpanKind::Client, parent, || {
+            let (target, attributes) = details();
+            let name = SpanName::Method {
                 method: span::method(method),
                 target,
-            },
-            SpanKind::Client,
-            parent,
-            links.to_vec(),
-            attributes,
-            Some(peer.clone()),
-        )
+            };
+            (name, links.to_vec(), attributes, Some(peer.clone()))
+        })
     }
 
     /// Records one of a task's audit facts (`event`: [`semconv::EVENT_STATUS_CANCELLED`] or
     /// [`semconv::EVENT_RESOURCES_RELEASED`]) as a span of its own carrying that event, linked
     /// to the task's creating span `creating` (in its trace, when known).
     pub fn task_fact(&self, event: &'static str, task_id: &str, creating: Option<&SpanContext>) {
-        let attributes = vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.to_string())];
-        let links = creating.into_iter().cloned().collect();
-        let span = self.begin(
-            SpanName::Fixed(event),
-            SpanKind::Internal,
-            creating,
-            links,
-            attributes.clone(),
-            None,
-        );
-        span.event(event, attributes);
+        let attributes = || vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.to_string())];
+        let span = self.begin(SpanKind::Internal, creating, || {
+            let links = creating.into_iter().cloned().collect();
+            (SpanName::Fixed(event), links, attributes(), None)
+        });
+        if span.is_recording() {
+            span.event(event, attributes());
+        }
         span.end();
     }
 
     /// A new span: its ids, its sampling decision (parent-based: a parent's sampled flag, else
-    /// the ratio on the trace id) and, when sampled, its open record.
+    /// the ratio on the trace id) and, when sampled, its open record, of what `details` gives
+    /// (its name, links, attributes and peer; not called for a span not sampled).
     fn begin(
         &self,
-        name: SpanName,
         kind: SpanKind,
         parent: Option<&SpanContext>,
-        links: Vec<SpanContext>,
-        attributes: Vec<KeyValue>,
-        peer: Option<Peer>,
+        details: impl FnOnce() -> (SpanName, Vec<SpanContext>, Vec<KeyValue>, Option<Peer>),
     ) -> RequestTrace {
         let parent = parent.filter(|p| p.is_valid());
         let span_id = self.0.ids.new_span_id();
@@ -385,18 +374,21 @@ impl Telemetry {
             false => TraceFlags::default(),
         };
         let context = SpanContext::new(trace_id, span_id, flags, false, state);
-        let record = sampled.then(|| Record {
-            context: context.clone(),
-            parent: parent.map(|p| (p.span_id(), p.is_remote())),
-            kind,
-            name,
-            start: SystemTime::now(),
-            end: SystemTime::UNIX_EPOCH,
-            attributes,
-            peer,
-            links,
-            events: Vec::new(),
-            answer: None,
+        let record = sampled.then(|| {
+            let (name, links, attributes, peer) = details();
+            Record {
+                context: context.clone(),
+                parent: parent.map(|p| (p.span_id(), p.is_remote())),
+                kind,
+                name,
+                start: SystemTime::now(),
+                end: SystemTime::UNIX_EPOCH,
+                attributes,
+                peer,
+                links,
+                events: Vec::new(),
+                answer: None,
+            }
         });
         RequestTrace(Arc::new(Shared {
             context,

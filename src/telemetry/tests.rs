@@ -496,3 +496,39 @@ fn a_gzipped_body_gunzips_to_the_body() {
         .unwrap();
     assert_eq!(out, body);
 }
+
+/// A span not sampled (a root at `sample_ratio` 0, or a child of a parent not sampled) makes
+/// no record and reads nothing of its request (`details` is not called), yet has a valid
+/// context with the sampled flag off, which goes upstream; a child of a sampled parent records
+/// (issue 34).
+#[test]
+fn a_span_not_sampled_makes_no_record_and_carries_its_context() {
+    let settings = Settings {
+        traces_endpoint: "http://127.0.0.1:9/v1/traces".into(),
+        service_name: "t".into(),
+        sample_ratio: 0.0,
+        headers: Vec::new(),
+        timeout: Duration::from_millis(200),
+        compression: Compression::None,
+    };
+    let failures = prometheus::IntCounter::new("failures", "failures").unwrap();
+    let telemetry = Telemetry::start(&settings, failures).unwrap();
+    let not_read = || -> (Target, Vec<KeyValue>) { panic!("details read for a span not sampled") };
+    let root = telemetry.request_span("tools/call", Incoming::default(), not_read);
+    assert!(!root.is_recording());
+    assert!(root.context().is_valid() && !root.context().is_sampled());
+    assert!(propagation::traceparent(root.context()).ends_with("-00"));
+    let peer = Peer::new(Vec::new());
+    let child = telemetry.exchange_span("tools/call", Some(root.context()), &[], &peer, not_read);
+    assert!(!child.is_recording());
+    assert_eq!(child.context().trace_id(), root.context().trace_id());
+    let sampled = propagation::parse(TP, None).unwrap();
+    let child = telemetry.exchange_span("tools/call", Some(&sampled), &[], &peer, || {
+        (Target::Tool("t".into()), Vec::new())
+    });
+    assert!(child.is_recording() && child.context().is_sampled());
+    assert_eq!(child.context().trace_id(), sampled.trace_id());
+    child.end();
+    root.end();
+    telemetry.shutdown();
+}

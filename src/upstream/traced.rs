@@ -96,21 +96,24 @@ impl Traced {
             server.set_peer(&self.peer);
         }
         let link = req.extensions.get::<TaskLink>().map(|l| &l.0);
-        let mut attributes = Vec::new();
-        if let Some(task_id) = c.task_id() {
-            attributes.push(KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned()));
-        }
-        let target = match (method, c.tool()) {
-            ("tools/call", Some(tool)) => Target::Tool(tool.to_string()),
-            _ => Target::None,
+        // Made only for a span that is sampled.
+        let details = || {
+            let mut attributes = Vec::new();
+            if let Some(task_id) = c.task_id() {
+                attributes.push(KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned()));
+            }
+            let target = match (method, c.tool()) {
+                ("tools/call", Some(tool)) => Target::Tool(tool.to_string()),
+                _ => Target::None,
+            };
+            (target, attributes)
         };
         let span = self.telemetry.exchange_span(
             method,
-            target,
             server.map(RequestTrace::context),
             link.map_or(&[][..], std::slice::from_ref),
             &self.peer,
-            attributes,
+            details,
         );
         let id = msg.id().cloned();
         let parent = traceparent(span.context());
