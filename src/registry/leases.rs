@@ -22,8 +22,10 @@
 //! restart of the database, a network cut) misses the cancels sent meanwhile and needs this
 //! poll anyway; `LISTEN` also needs a connection of its own outside the pool, kept and
 //! re-opened by hand. The poll is one indexed statement per replica per `lease_poll_ms`, and a
-//! cancel reaches its holder within one poll (measured in `tests/tier_leases.rs`: about 150 ms
-//! on average, under 400 ms, with the default 250 ms).
+//! cancel reaches its holder within one poll: measured in `tests/tier_leases.rs` (real binary,
+//! local PostgreSQL), from the cancel's answer on one replica to the holder's
+//! `notifications/cancelled` upstream, 83 to 201 ms over 5 runs with the default 250 ms, 53 to
+//! 55 ms with 100 ms.
 
 use super::Registry;
 use crate::mcp::task::now_ms;
