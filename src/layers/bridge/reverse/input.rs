@@ -19,11 +19,20 @@
 //! restart loses the requests an upstream already sent (the upstream asks on its own stream, and
 //! a new `tasks/result` after the restart may not repeat them).
 
+use super::{legacy_body, listen, send, task_params, On, ReverseState, UpstreamSession};
+use crate::exchange::{McpReply, McpRequest, ReplyBody};
+use crate::jsonrpc::{self, Id};
+use crate::layers::extensions::AuthorisedTask;
+use crate::layers::McpService;
+use crate::mcp::era::Era;
+use crate::metrics::LocalReason;
+use crate::store::TaskRecord;
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Most input requests kept per task.
 pub const MAX_KEYS: usize = 32;
@@ -147,6 +156,145 @@ impl Inputs {
     pub fn forget(&self, task_id: &str) {
         self.tasks.lock().remove(task_id);
     }
+}
+
+// ---- the flow: following a task's input upstream, showing it, sending the answers ----
+
+/// How long a `tasks/get` of a task that just went `input_required` waits for the upstream's
+/// first input request to arrive on the follower's stream (then it answers what it has).
+pub const INPUT_WAIT: Duration = Duration::from_secs(1);
+
+/// The `inputRequests` of an `input_required` task (see `input`): its follower started when
+/// none runs; the first request waited for up to [`INPUT_WAIT`].
+pub(super) async fn input_requests<S: McpService>(
+    state: &Arc<ReverseState>,
+    inner: &S,
+    req: &McpRequest,
+    task_id: &str,
+) -> Value {
+    let Some((task, start)) = state.inputs.follow(task_id) else {
+        return json!({});
+    };
+    if start {
+        tokio::spawn(follow_input(
+            state.clone(),
+            inner.clone(),
+            req.clone(),
+            task.clone(),
+            task_id.to_string(),
+        ));
+    }
+    let until = tokio::time::Instant::now() + INPUT_WAIT;
+    while task.is_empty() && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task.shown()
+}
+
+/// Holds one upstream `tasks/result` of an `input_required` task open (no deadline but the
+/// task's longest ttl, `tasks.max_ttl_ms`) and keeps each request of the upstream's on it (see
+/// `input`); ends with the stream (the task's result, which `observe` keeps in the record).
+async fn follow_input<S: McpService>(
+    state: Arc<ReverseState>,
+    inner: S,
+    req: McpRequest,
+    task: Arc<TaskInputs>,
+    task_id: String,
+) {
+    use futures_util::StreamExt;
+    let own = state.ids.next_id();
+    let body = legacy_body(&own, "tasks/result", task_params(&task_id));
+    let unbounded = |out: &mut McpRequest, _: &UpstreamSession| {
+        out.extensions.insert(crate::exchange::Deadline::Unbounded);
+    };
+    let limit = Duration::from_millis(state.registry.config().max_ttl_ms);
+    let followed = async {
+        let Ok(Ok(reply)) = send(&state, &inner, &req, &body, On::Task, &unbounded).await else {
+            return;
+        };
+        let ReplyBody::Stream(mut events) = reply.body else {
+            return;
+        };
+        while let Some(ev) = events.next().await {
+            let Some(v) = ev
+                .data
+                .as_deref()
+                .and_then(|d| serde_json::from_str::<Value>(d).ok())
+            else {
+                continue;
+            };
+            if v.get("method").is_some() && v.get("id").is_some() {
+                if !task.add(&v) {
+                    tracing::debug!(task_id = %task_id, "an upstream input request was not kept (bound)");
+                }
+            } else if v.get("method").is_some() {
+                if let Some(data) = ev.data.as_deref() {
+                    listen::seen(&state, &inner, &req.ctx.tenant(), data);
+                }
+            } else if v.get("id").map(|i| i.to_string()).as_deref() == Some(own.as_json()) {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(limit, followed).await;
+    task.done();
+}
+
+/// A 2026-07-28 `tasks/update`: each `inputResponses[key]` for a request kept for the task (see
+/// `input`) goes upstream as the JSON-RPC response to it, on the task's session (its result with
+/// the related-task `_meta`); other keys are ignored. Always the ack.
+pub(super) async fn tasks_update<S: McpService>(
+    state: &ReverseState,
+    inner: S,
+    req: &McpRequest,
+    id: &Id,
+    record: Arc<TaskRecord>,
+    params: Option<&Value>,
+) -> McpReply {
+    let responses = params.and_then(|p| p.get("inputResponses"));
+    // `inputResponses` maps keys to responses (2026-07-28 tasks §input_required): anything
+    // else is the client's mistake, not an answer to ack and drop.
+    if responses.is_some_and(|r| !r.is_object()) {
+        return McpReply::era_error(
+            Era::Modern,
+            Some(id),
+            jsonrpc::INVALID_PARAMS,
+            "params.inputResponses must be an object of input responses by key",
+            LocalReason::InvalidParams,
+        );
+    }
+    let responses = responses.and_then(Value::as_object);
+    if let (Some(task), Some(responses)) = (state.inputs.of(&record.task_id), responses) {
+        for (key, response) in responses {
+            let Some(pending) = task.take(key) else {
+                continue;
+            };
+            let mut result = response.clone();
+            if let Some(o) = result.as_object_mut() {
+                let meta = o.entry("_meta").or_insert_with(|| json!({}));
+                if let Some(m) = meta.as_object_mut() {
+                    m.insert(
+                        crate::mcp::task::RELATED_TASK_META.into(),
+                        json!({ "taskId": record.task_id }),
+                    );
+                }
+            }
+            let body = json!({"jsonrpc": "2.0", "id": pending.id, "result": result});
+            let plain = |out: &mut McpRequest, _: &UpstreamSession| {
+                out.extensions.remove::<AuthorisedTask>();
+            };
+            if !matches!(
+                send(state, &inner, req, &body, On::Task, &plain).await,
+                Ok(Ok(_))
+            ) {
+                tracing::warn!(task_id = %record.task_id, key = %key, "an input response could not be sent upstream");
+            }
+        }
+    }
+    McpReply::local_json(jsonrpc::result_response(
+        id,
+        crate::layers::cancel::MODERN_ACK,
+    ))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@
 //! one per principal with auth and per client address without (why: see `sessions`), opened
 //! with `initialize` + `notifications/initialized` by the first request that needs it and
 //! opened again when the upstream answers 404 on it (the request is then sent once more);
-//! pinged every `gateway.session_idle_ms` / 2 (at most 30 s), side by side (`ping_held`: at most
+//! pinged every `gateway.session_idle_ms` / 2 (at most 30 s), side by side (`pings`: at most
 //! [`MAX_CONCURRENT_PINGS`] at once, one per session), a ping answered 404 opening it again.
 //!
 //! **Requests** (every one taskgate sends upstream here): under an id taskgate mints (a string
@@ -77,17 +77,27 @@
 //!   which this layer then keeps): sent on the caller's session as they are.
 //! - GET and DELETE: 405 (2026-07-28 has no standalone stream and no sessions).
 //!
+//! **Files**, by concern (each imports only this file and those listed before it): `sessions`
+//! (the table of held sessions), `translate` (the JSON of each era), this file (the layer, the
+//! dispatch, opening and sending on held sessions, `tools/call` and `tasks/get|cancel`),
+//! `pings` (keeping held sessions alive), `forward` (requests and notifications passed on as
+//! they are), `listen` (`subscriptions/listen`), `input` (input requests, `tasks/update`).
+//!
 //! **Errors**: an upstream session that cannot be opened is `-32603` naming why; an exchange
 //! taskgate makes itself that the upstream does not finish within its `timeout_ms` is the
 //! upstream timeout's `-32603`. A JSON-RPC error the upstream answers keeps its code and message
 //! and gets the 2026-07-28 HTTP status for its code (`mcp::errors::modern_error_status`).
 
+mod forward;
 pub mod input;
 pub mod listen;
+mod pings;
 mod sessions;
 pub mod translate;
 
 pub use super::era::ForModernUpstream;
+pub use input::INPUT_WAIT;
+pub use pings::MAX_CONCURRENT_PINGS;
 pub use sessions::{UpstreamSession, UpstreamSessions, MAX_UPSTREAM_SESSIONS};
 pub use translate::PROTOCOL_META_PREFIX;
 
@@ -105,9 +115,10 @@ use crate::metrics::LocalReason;
 use crate::registry::Registry;
 use crate::store::{Origin, TaskRecord};
 use bytes::Bytes;
+use forward::{forward, modern_reply, notification};
 use futures_util::future::Either;
 use http::{HeaderValue, StatusCode};
-use parking_lot::Mutex;
+use input::{input_requests, tasks_update};
 use serde_json::{json, Map, Value};
 use std::future::Future;
 use std::pin::Pin;
@@ -381,7 +392,7 @@ async fn session<S: McpService>(
         .pinging
         .swap(true, std::sync::atomic::Ordering::SeqCst)
     {
-        tokio::spawn(ping_held(state.me.clone(), inner.clone()));
+        tokio::spawn(pings::ping_held(state.me.clone(), inner.clone()));
     }
     state
         .sessions
@@ -455,76 +466,6 @@ async fn open<S: McpService>(
         .await;
     tracing::debug!(upstream = %upstream, session = ?session.id, "2025-11-25 upstream session opened for 2026-07-28 clients");
     Ok(session)
-}
-
-/// Most pings of held sessions in flight at once, per upstream.
-pub const MAX_CONCURRENT_PINGS: usize = 16;
-
-/// Pings every held session each `sessions.ping_every()`, in the context of the request that
-/// opened it, until the state is gone (see `sessions`: "Pings"). Each ping runs on its own, at
-/// most [`MAX_CONCURRENT_PINGS`] at once and one per session (a session whose last ping still
-/// waits, up to `timeout_ms`, is skipped this round), so an upstream slow to answer one ping
-/// delays no other session's. A ping the upstream answers 404 opens the session again
-/// ([`reopen`]); the answer itself is not read.
-async fn ping_held<S: McpService>(me: std::sync::Weak<ReverseState>, inner: S) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_PINGS));
-    // The sessions (by address: each is held by its ping while in flight) with a ping out.
-    let out: Arc<Mutex<std::collections::HashSet<usize>>> = Arc::default();
-    loop {
-        let Some(every) = me.upgrade().map(|s| s.sessions.ping_every()) else {
-            return;
-        };
-        tokio::time::sleep(every).await;
-        let Some(state) = me.upgrade() else {
-            return;
-        };
-        for session in state.sessions.held() {
-            let key = Arc::as_ptr(&session) as usize;
-            if !out.lock().insert(key) {
-                continue;
-            }
-            let Ok(permit) = permits.clone().try_acquire_owned() else {
-                out.lock().remove(&key);
-                tracing::debug!("{MAX_CONCURRENT_PINGS} pings of held sessions wait: the rest wait for the next round");
-                break;
-            };
-            let (state, inner, out) = (state.clone(), inner.clone(), out.clone());
-            tokio::spawn(async move {
-                ping(&state, &inner, session).await;
-                drop(permit);
-                out.lock().remove(&key);
-            });
-        }
-    }
-}
-
-/// One ping of a held session (see [`ping_held`]).
-async fn ping<S: McpService>(state: &Arc<ReverseState>, inner: &S, session: Arc<UpstreamSession>) {
-    let (Some(mut ctx), Some(id)) = (session.opened_in(), session.id.clone()) else {
-        return;
-    };
-    ctx.session_id = Some(id);
-    let own = state.ids.next_id();
-    let body = json!({"jsonrpc": "2.0", "id": id_value(&own), "method": "ping"});
-    let req = McpRequest {
-        op: Operation::Post(
-            Message::parse(Bytes::from(body.to_string())).expect("a well-formed ping"),
-        ),
-        ctx,
-        extensions: http::Extensions::new(),
-    };
-    let upstream = req.ctx.upstream.clone();
-    let out = request_with(&req, body, Some(&session));
-    let lost = match state.bounded(&upstream, inner.clone().oneshot(out)).await {
-        Ok(reply) => reply.status == StatusCode::NOT_FOUND,
-        Err(e) => {
-            tracing::debug!(upstream = %upstream, error = %e, "a held upstream session's ping was not answered");
-            false
-        }
-    };
-    if lost {
-        reopen(state, inner, &req, &session).await;
-    }
 }
 
 /// Opens `req`'s caller's session again after the upstream answered 404 on `lost` (a ping, the
@@ -659,241 +600,6 @@ async fn send<S: McpService>(
                 Err(why) => return Ok(Err(no_session(req, &why))),
             },
         };
-    }
-}
-
-/// The answer a 2026 client gets for the upstream `answer` under its `id`: `result` mapped by
-/// `map`, an `error` as it came (with its 2026-07-28 HTTP status), `-32603` without either.
-fn modern_reply(id: &Id, answer: Option<&Value>, map: impl FnOnce(&Value) -> Value) -> McpReply {
-    if let Some(result) = answer.and_then(|a| a.get("result")) {
-        return McpReply::local_json(jsonrpc::result_response(id, &map(result).to_string()));
-    }
-    match answer
-        .and_then(|a| a.get("error"))
-        .filter(|e| e.get("code").is_some_and(Value::is_i64))
-    {
-        Some(e) => {
-            let code = e.get("code").and_then(Value::as_i64).unwrap_or_default();
-            let mut reply = McpReply::local_json(Bytes::from(format!(
-                r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
-                id.as_json(),
-                e
-            )));
-            reply.status = crate::mcp::errors::modern_error_status(code);
-            reply
-        }
-        None => McpReply::local_error(
-            Some(id),
-            jsonrpc::INTERNAL_ERROR,
-            "the 2025-11-25 upstream gave no JSON-RPC answer to the bridged request",
-        ),
-    }
-}
-
-/// What [`relay`] does with one upstream message.
-enum Relayed {
-    /// Passed as it came (a notification, anything unreadable).
-    Keep,
-    /// Dropped: a request of the upstream's, which has no 2026-07-28 form.
-    Drop,
-    /// The answer, under the client's id.
-    Answer(String),
-}
-
-/// An upstream reply passed to the 2026 client: the answer to `own` under the client's `id`
-/// (its result through `complete_result`, or `cacheable_result` for a `method` whose 2026
-/// result carries caching hints), notifications as they came, the upstream's own
-/// requests dropped (2026-07-28 has none; kept when `keep_requests`, for a gateway task's held
-/// call: [`RelaysUpstreamRequests`]), HTTP errors as they came. `cancel` is disarmed once
-/// the answer has passed (before that, the client going away cancels the request upstream).
-fn relay(
-    reply: McpReply,
-    own: Id,
-    id: Id,
-    method: &str,
-    mut cancel: CancelOnDrop,
-    keep_requests: bool,
-) -> McpReply {
-    let result_of: fn(&Value) -> Value = if translate::carries_cache_hints(method) {
-        translate::cacheable_result
-    } else {
-        translate::complete_result
-    };
-    let McpReply {
-        status,
-        headers,
-        body,
-        ..
-    } = reply;
-    let fix = move |text: &str| -> Relayed {
-        let Ok(v) = serde_json::from_str::<Value>(text) else {
-            return Relayed::Keep;
-        };
-        if v.get("method").is_some() {
-            return match v.get("id") {
-                Some(_) if !keep_requests => Relayed::Drop,
-                _ => Relayed::Keep,
-            };
-        }
-        if v.get("id").map(|i| i.to_string()).as_deref() != Some(own.as_json()) {
-            return Relayed::Keep;
-        }
-        let mut reply = modern_reply(&id, Some(&v), result_of);
-        match std::mem::replace(&mut reply.body, ReplyBody::Empty) {
-            ReplyBody::Json(b) => Relayed::Answer(String::from_utf8_lossy(&b).into_owned()),
-            _ => Relayed::Keep,
-        }
-    };
-    let mut headers = headers;
-    headers.remove("mcp-session-id");
-    let body = match body {
-        ReplyBody::Json(bytes) => {
-            cancel.disarm();
-            match fix(&String::from_utf8_lossy(&bytes)) {
-                Relayed::Answer(t) => {
-                    let status = serde_json::from_str::<Value>(&t)
-                        .ok()
-                        .and_then(|v| v.pointer("/error/code").and_then(Value::as_i64))
-                        .map_or(status, crate::mcp::errors::modern_error_status);
-                    return McpReply::new(status, headers, ReplyBody::Json(Bytes::from(t)));
-                }
-                _ => ReplyBody::Json(bytes),
-            }
-        }
-        ReplyBody::Stream(events) => {
-            use futures_util::StreamExt;
-            ReplyBody::Stream(Box::pin(events.filter_map(move |mut ev| {
-                let out = match ev.data.as_deref().map(&fix) {
-                    Some(Relayed::Drop) => None,
-                    Some(Relayed::Answer(t)) => {
-                        cancel.disarm();
-                        ev.data = Some(t.into());
-                        Some(ev)
-                    }
-                    _ => Some(ev),
-                };
-                std::future::ready(out)
-            })))
-        }
-        other => {
-            cancel.disarm();
-            other
-        }
-    };
-    McpReply::new(status, headers, body)
-}
-
-/// Sends the upstream `notifications/cancelled` for one of taskgate's requests when dropped
-/// before [`CancelOnDrop::disarm`]: the 2026-07-28 client went away before its answer
-/// (2026-07-28 transports: closing the stream is the cancel; a 2025-11-25 server learns it only
-/// from `notifications/cancelled` with the request id it got, taskgate's own). Sent in the
-/// background on the request's session; nothing waits for it.
-pub(super) struct CancelOnDrop(Option<Box<dyn FnOnce() + Send>>);
-
-impl CancelOnDrop {
-    /// The guard of taskgate's request `own`, sent below `inner`; its session is known once
-    /// [`send`] picked it (the `note` cell its `prepare` fills).
-    fn new<S: McpService>(inner: &S, note: Arc<Mutex<Option<McpRequest>>>) -> CancelOnDrop {
-        let inner = inner.clone();
-        CancelOnDrop(Some(Box::new(move || {
-            let Some(note) = note.lock().take() else {
-                return;
-            };
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                tracing::debug!("2026-07-28 client gone before its answer: notifications/cancelled sent upstream");
-                rt.spawn(async move {
-                    let _ = inner.oneshot(note).await;
-                });
-            }
-        })))
-    }
-
-    /// The answer has passed: nothing to cancel.
-    fn disarm(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if let Some(fire) = self.0.take() {
-            fire();
-        }
-    }
-}
-
-/// A request with nothing of its own to translate: sent on the caller's session under an id
-/// taskgate mints, its answer relayed (see [`relay`]); the client going away first sends the
-/// upstream `notifications/cancelled` naming that id ([`CancelOnDrop`]).
-async fn forward<S: McpService>(
-    state: &ReverseState,
-    inner: S,
-    req: &McpRequest,
-    id: &Id,
-    method: &str,
-    params: Option<&Value>,
-    extra: Option<(&str, Value)>,
-) -> Result<McpReply, GatewayError> {
-    let own = state.ids.next_id();
-    let mut p = translate::legacy_params(params);
-    if let Some((k, v)) = extra {
-        p.insert(k.to_string(), v);
-    }
-    let body = legacy_body(&own, method, p);
-    let note = Arc::new(Mutex::new(None));
-    let cell = note.clone();
-    let cancelled = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
-        "params": {"requestId": id_value(&own), "reason": "the 2026-07-28 client closed its request"}});
-    let prepare = move |out: &mut McpRequest, _: &UpstreamSession| {
-        out.extensions.remove::<PendingCreation>();
-        let msg =
-            Message::parse(Bytes::from(cancelled.to_string())).expect("a well-formed message");
-        let mut extensions = http::Extensions::new();
-        extensions.insert(Era::Legacy);
-        *cell.lock() = Some(McpRequest {
-            op: Operation::Post(msg),
-            ctx: out.ctx.clone(),
-            extensions,
-        });
-    };
-    let mut cancel = CancelOnDrop::new(&inner, note);
-    match send(state, &inner, req, &body, On::Caller, &prepare).await {
-        Ok(Ok(reply)) => {
-            let keep = req.extensions.get::<RelaysUpstreamRequests>().is_some();
-            Ok(relay(reply, own, id.clone(), method, cancel, keep))
-        }
-        Ok(Err(NoSession(reply))) => {
-            cancel.disarm();
-            Ok(reply)
-        }
-        Err(e) => {
-            cancel.disarm();
-            Err(e)
-        }
-    }
-}
-
-/// A notification: sent on the caller's session with its `_meta` cleaned.
-async fn notification<S: McpService>(
-    state: &ReverseState,
-    inner: S,
-    req: &McpRequest,
-    msg: &Message,
-) -> Result<McpReply, GatewayError> {
-    let params: Option<Value> = match msg.params().map(serde_json::from_str::<Value>) {
-        None => None,
-        Some(Ok(p)) => Some(p),
-        // Unreadable (a number beyond f64): not translatable, and a notification has no answer.
-        Some(Err(_)) => return Ok(McpReply::accepted()),
-    };
-    let p = translate::legacy_params(params.as_ref());
-    let mut body = json!({"jsonrpc": "2.0", "method": msg.method().unwrap_or_default()});
-    if !p.is_empty() {
-        body["params"] = Value::Object(p);
-    }
-    match send(state, &inner, req, &body, On::Caller, &|_, _| {}).await? {
-        Ok(reply) => Ok(reply),
-        Err(NoSession(_)) => Ok(McpReply::accepted()),
     }
 }
 
@@ -1129,143 +835,6 @@ async fn tasks_get<S: McpService>(
         d
     });
     Ok(shown)
-}
-
-/// How long a `tasks/get` of a task that just went `input_required` waits for the upstream's
-/// first input request to arrive on the follower's stream (then it answers what it has).
-pub const INPUT_WAIT: Duration = Duration::from_secs(1);
-
-/// The `inputRequests` of an `input_required` task (see `input`): its follower started when
-/// none runs; the first request waited for up to [`INPUT_WAIT`].
-async fn input_requests<S: McpService>(
-    state: &Arc<ReverseState>,
-    inner: &S,
-    req: &McpRequest,
-    task_id: &str,
-) -> Value {
-    let Some((task, start)) = state.inputs.follow(task_id) else {
-        return json!({});
-    };
-    if start {
-        tokio::spawn(follow_input(
-            state.clone(),
-            inner.clone(),
-            req.clone(),
-            task.clone(),
-            task_id.to_string(),
-        ));
-    }
-    let until = tokio::time::Instant::now() + INPUT_WAIT;
-    while task.is_empty() && tokio::time::Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    task.shown()
-}
-
-/// Holds one upstream `tasks/result` of an `input_required` task open (no deadline but the
-/// task's longest ttl, `tasks.max_ttl_ms`) and keeps each request of the upstream's on it (see
-/// `input`); ends with the stream (the task's result, which `observe` keeps in the record).
-async fn follow_input<S: McpService>(
-    state: Arc<ReverseState>,
-    inner: S,
-    req: McpRequest,
-    task: Arc<input::TaskInputs>,
-    task_id: String,
-) {
-    use futures_util::StreamExt;
-    let own = state.ids.next_id();
-    let body = legacy_body(&own, "tasks/result", task_params(&task_id));
-    let unbounded = |out: &mut McpRequest, _: &UpstreamSession| {
-        out.extensions.insert(crate::exchange::Deadline::Unbounded);
-    };
-    let limit = Duration::from_millis(state.registry.config().max_ttl_ms);
-    let followed = async {
-        let Ok(Ok(reply)) = send(&state, &inner, &req, &body, On::Task, &unbounded).await else {
-            return;
-        };
-        let ReplyBody::Stream(mut events) = reply.body else {
-            return;
-        };
-        while let Some(ev) = events.next().await {
-            let Some(v) = ev
-                .data
-                .as_deref()
-                .and_then(|d| serde_json::from_str::<Value>(d).ok())
-            else {
-                continue;
-            };
-            if v.get("method").is_some() && v.get("id").is_some() {
-                if !task.add(&v) {
-                    tracing::debug!(task_id = %task_id, "an upstream input request was not kept (bound)");
-                }
-            } else if v.get("method").is_some() {
-                if let Some(data) = ev.data.as_deref() {
-                    listen::seen(&state, &inner, &req.ctx.tenant(), data);
-                }
-            } else if v.get("id").map(|i| i.to_string()).as_deref() == Some(own.as_json()) {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(limit, followed).await;
-    task.done();
-}
-
-/// A 2026-07-28 `tasks/update`: each `inputResponses[key]` for a request kept for the task (see
-/// `input`) goes upstream as the JSON-RPC response to it, on the task's session (its result with
-/// the related-task `_meta`); other keys are ignored. Always the ack.
-async fn tasks_update<S: McpService>(
-    state: &ReverseState,
-    inner: S,
-    req: &McpRequest,
-    id: &Id,
-    record: Arc<TaskRecord>,
-    params: Option<&Value>,
-) -> McpReply {
-    let responses = params.and_then(|p| p.get("inputResponses"));
-    // `inputResponses` maps keys to responses (2026-07-28 tasks §input_required): anything
-    // else is the client's mistake, not an answer to ack and drop.
-    if responses.is_some_and(|r| !r.is_object()) {
-        return McpReply::era_error(
-            Era::Modern,
-            Some(id),
-            jsonrpc::INVALID_PARAMS,
-            "params.inputResponses must be an object of input responses by key",
-            LocalReason::InvalidParams,
-        );
-    }
-    let responses = responses.and_then(Value::as_object);
-    if let (Some(task), Some(responses)) = (state.inputs.of(&record.task_id), responses) {
-        for (key, response) in responses {
-            let Some(pending) = task.take(key) else {
-                continue;
-            };
-            let mut result = response.clone();
-            if let Some(o) = result.as_object_mut() {
-                let meta = o.entry("_meta").or_insert_with(|| json!({}));
-                if let Some(m) = meta.as_object_mut() {
-                    m.insert(
-                        crate::mcp::task::RELATED_TASK_META.into(),
-                        json!({ "taskId": record.task_id }),
-                    );
-                }
-            }
-            let body = json!({"jsonrpc": "2.0", "id": pending.id, "result": result});
-            let plain = |out: &mut McpRequest, _: &UpstreamSession| {
-                out.extensions.remove::<AuthorisedTask>();
-            };
-            if !matches!(
-                send(state, &inner, req, &body, On::Task, &plain).await,
-                Ok(Ok(_))
-            ) {
-                tracing::warn!(task_id = %record.task_id, key = %key, "an input response could not be sent upstream");
-            }
-        }
-    }
-    McpReply::local_json(jsonrpc::result_response(
-        id,
-        crate::layers::cancel::MODERN_ACK,
-    ))
 }
 
 fn task_params(task_id: &str) -> Map<String, Value> {
