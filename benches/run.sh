@@ -19,9 +19,11 @@
 # onto a 2025-11-25 upstream session, beside the same-era path; 13: scenario 4's lifecycle of a
 # gateway-owned task (issue 32: `upstream.tasks = "gateway"` in front of `upstream --no-tasks`,
 # a server without tasks; taskgate runs the task, the server gets a plain call), beside scenario
-# 4's upstream-task path). Everything started here is killed on exit.
+# 4's upstream-task path; 14: scenario 4's lifecycle through a tier, three replicas on one
+# PostgreSQL behind nginx round-robin with no stickiness (issue 35), beside the sidecar on sled).
+# Everything started here is killed on exit.
 #
-# Scenario 10's PostgreSQL: TASKGATE_BENCH_DATABASE_URL (or TASKGATE_TEST_DATABASE_URL) names a
+# Scenario 10's and 14's PostgreSQL: TASKGATE_BENCH_DATABASE_URL (or TASKGATE_TEST_DATABASE_URL) names a
 # server where a database of its own is created; else a throwaway cluster is started as the tests
 # do (tests/pg/cluster.sh: Debian's postgresql, loopback port, `synchronous_commit` and `fsync`
 # on) and stopped on exit; without either, scenario 10 is skipped with a message.
@@ -43,7 +45,7 @@
 # per case and path in scenarios 1-5, 8, 9, 10 and 11, default 3), QUIET_PCT (10),
 # LIFECYCLE_TASKS (1000, scenarios 4, 8, 9 and 10), STDIO_TASKS (500, scenario 11's lifecycle, per
 # concurrency and path: supergateway takes ~15 s for 1000 at ~800 req/s), CANCELS (1000), RECORDS (100000), SCENARIOS (which
-# ones, default "1 2 3 4 5 6 7 8 9 10 11 12 13"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
+# ones, default "1 2 3 4 5 6 7 8 9 10 11 12 13 14"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
 set -euo pipefail
 
@@ -58,7 +60,7 @@ CANCELS=${CANCELS:-1000}
 RECORDS=${RECORDS:-100000}
 RESULTS=${RESULTS:-$HERE/RESULTS.md}
 STDIO_TASKS=${STDIO_TASKS:-500}
-SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10 11 12 13}
+SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10 11 12 13 14}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
@@ -423,26 +425,34 @@ want 6 && scenario6
 # Two taskgates of their own on the same upstream, one per store; task creation (the record is
 # committed, fdatasync'ed on sled, before the CreateTaskResult) at 1 and 16 clients, and scenario
 # 4's lifecycle; interleaved direct, taskgate-sled, taskgate-pg, REPEAT times.
-scenario10() {
-  local base="${TASKGATE_BENCH_DATABASE_URL:-${TASKGATE_TEST_DATABASE_URL:-}}" psql db pids9 rep t url cpu c
+# pg_database N NAME: a database NAME of its own for scenario N, its URL exported as
+# TASKGATE_DATABASE_URL and its server's settings in PG_SETTINGS. The server is
+# TASKGATE_BENCH_DATABASE_URL's (or TASKGATE_TEST_DATABASE_URL's), else a throwaway cluster
+# (started once, stopped on exit). Returns 1 (said) when there is none.
+pg_database() {
+  local n=$1 db=$2 base="${TASKGATE_BENCH_DATABASE_URL:-${TASKGATE_TEST_DATABASE_URL:-}}" psql
   if [ -z "$base" ]; then
     if ! compgen -G '/usr/lib/postgresql/*/bin/initdb' > /dev/null; then
-      say "10. skipped: no PostgreSQL (apt-get install postgresql, or set TASKGATE_BENCH_DATABASE_URL)"
-      PG_SETTINGS="not available: scenario 10 skipped"
-      return 0
+      say "$n. skipped: no PostgreSQL (apt-get install postgresql, or set TASKGATE_BENCH_DATABASE_URL)"
+      PG_SETTINGS="not available: scenario $n skipped"
+      return 1
     fi
-    say "10. starting a throwaway PostgreSQL (tests/pg/cluster.sh)"
+    say "$n. starting a throwaway PostgreSQL (tests/pg/cluster.sh)"
     # shellcheck source=../tests/pg/cluster.sh
-    source "$ROOT/tests/pg/cluster.sh" >&2 || { say "10. skipped: the PostgreSQL cluster did not start"; return 0; }
+    source "$ROOT/tests/pg/cluster.sh" >&2 || { say "$n. skipped: the PostgreSQL cluster did not start"; return 1; }
     OWN_PG=1
     base=$TASKGATE_TEST_DATABASE_URL
   fi
   psql="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)/psql"
-  db="taskgate_bench_$$"
   "$psql" -q -v ON_ERROR_STOP=1 "$base" -c "CREATE DATABASE $db" >&2
   export TASKGATE_DATABASE_URL="${base%/*}/$db"
   PG_SETTINGS=$("$psql" -At "$TASKGATE_DATABASE_URL" -c "SELECT 'PostgreSQL ' || current_setting('server_version') || ' on 127.0.0.1, synchronous_commit=' || current_setting('synchronous_commit') || ', fsync=' || current_setting('fsync') || ', wal_sync_method=' || current_setting('wal_sync_method') || ', shared_buffers=' || current_setting('shared_buffers') || ', data directory on ' || '$(df -PT "${PG_DIR:-/}" | awk 'NR==2 {print $2}')'")
-  say "10. $PG_SETTINGS"
+  say "$n. $PG_SETTINGS"
+}
+
+scenario10() {
+  local pids9 rep t url cpu c
+  pg_database 10 "taskgate_bench_$$" || return 0
   taskgate_config "$WORK/taskgate10s.toml" "$WORK/store9s" "max_live_tasks_per_owner = 10000000"
   start_taskgate "$WORK/taskgate10s.toml" "10. taskgate, sled" "$WORK/tg10s.json"
   local S_PID=$TG_PID S_ADDR=$TG_ADDR
@@ -480,6 +490,101 @@ scenario10() {
   stop_pid "$P_PID"
 }
 want 10 && scenario10
+
+# ---- scenario 14: scenario 4's lifecycle through a tier (issue 35) ------------------------------
+# Three taskgates of their own on one PostgreSQL database (`backend = "postgres"`, `pool_size = 8`
+# each) behind an nginx of their own, round-robin, no stickiness: the upstream's 2025-11-25
+# sessions are in the store, so every replica serves every request of every session (loadgen's one
+# connection per client reaches nginx, which spreads its requests). Beside the sidecar on sled
+# (path `taskgate`, the main one). Scenario 4's lifecycle, c=16, interleaved REPEAT times. The
+# tier's proxy CPU is its three replicas' together; its nginx's and PostgreSQL's are not in it
+# (said apart: TIER_CPU, CPU seconds over the scenario).
+scenario14() {
+  local rep t url cpu i r_pids="" r_addrs="" servers="" ng14_port ng14_pid ng14_cpu pids14 pg_pids ticks0 ticks1
+  pg_database 14 "taskgate_bench14_$$" || { TIER_CPU="not run: no PostgreSQL"; return 0; }
+  [ -n "$NGINX_BIN" ] || { say "14. skipped: no nginx"; TIER_CPU="not run: no nginx"; return 0; }
+  for i in 1 2 3; do
+    taskgate_config "$WORK/taskgate14-$i.toml" "unused" "max_live_tasks_per_owner = 10000000"
+    sed -i 's|^path = "unused"$|backend = "postgres"\nurl_env = "TASKGATE_DATABASE_URL"\npool_size = 8|' "$WORK/taskgate14-$i.toml"
+    start_taskgate "$WORK/taskgate14-$i.toml" "14. replica $i" "$WORK/tg14-$i.json"
+    r_pids="$r_pids${r_pids:+,}$TG_PID"
+    r_addrs="$r_addrs $TG_ADDR"
+    servers="$servers    server $TG_ADDR;
+"
+  done
+  TG_PID=$TGP_PID; TG_ADDR=$TGP_ADDR
+  ng14_port=$("$LG" free-port)
+  mkdir -p "$WORK/nginx14"
+  cat > "$WORK/nginx14/nginx.conf" <<NGINX14
+$USER_LINE
+worker_processes auto;
+pid $WORK/nginx14/nginx.pid;
+error_log $WORK/nginx14/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/nginx14/body;
+  proxy_temp_path $WORK/nginx14/proxy;
+  fastcgi_temp_path $WORK/nginx14/fastcgi;
+  uwsgi_temp_path $WORK/nginx14/uwsgi;
+  scgi_temp_path $WORK/nginx14/scgi;
+  upstream tier {
+$servers    keepalive 256;
+    keepalive_requests 1000000;
+  }
+  server {
+    listen 127.0.0.1:$ng14_port;
+    keepalive_requests 1000000;
+    location / {
+      proxy_pass http://tier;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host 127.0.0.1;
+      proxy_buffering off;
+    }
+  }
+}
+NGINX14
+  "$NGINX_BIN" -p "$WORK/nginx14" -c "$WORK/nginx14/nginx.conf" -g 'daemon off;' \
+    > "$WORK/nginx14/stdout" 2>&1 &
+  ng14_pid=$!; PIDS+=("$ng14_pid")
+  for _ in $(seq 400); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$ng14_port") 2>/dev/null && break
+    gone "$ng14_pid" && { cat "$WORK/nginx14/error.log" "$WORK/nginx14/stdout" >&2; return 1; }
+    sleep 0.025
+  done
+  sleep 0.2
+  ng14_cpu=$(echo "$ng14_pid" $(ps -o pid= --ppid "$ng14_pid") | tr -s ' ' ',')
+  say "14. tier: replicas$r_addrs (pids $r_pids) behind nginx 127.0.0.1:$ng14_port"
+  pids14="$(bench_pids),$r_pids,$ng14_cpu"
+  pg_pids=$(pgrep -d, -x postgres || true)
+  ticks() { local p t=0 v; for p in ${1//,/ }; do v=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0); t=$((t + v)); done; echo "$t"; }
+  local case14="14. task lifecycle (create, 10 × tasks/get, tasks/result) through a tier (3 replicas on PostgreSQL, nginx round-robin) beside the sidecar on sled, $LIFECYCLE_TASKS tasks, c=16"
+  say "$case14"
+  ticks0="$(ticks "$ng14_cpu") $(ticks "$pg_pids")"
+  for rep in $(seq "$REPEAT"); do
+    printf '  run %s:' "$rep" >&2
+    for t in taskgate tier; do
+      case $t in
+        taskgate) url="http://$TGP_ADDR/mcp"; cpu=$TGP_PID ;;
+        tier) url="http://127.0.0.1:$ng14_port/mcp"; cpu=$r_pids ;;
+      esac
+      "$LG" run --url "$url" --target "$t" --case "$case14" --cpu-pid "$cpu" --rep "$rep" \
+        --bench-pids "$pids14" --json-out "$RAW" --scenario lifecycle --concurrency 16 \
+        --count "$LIFECYCLE_TASKS" > /dev/null
+      printf ' %s' "$t" >&2
+    done
+    echo >&2
+  done
+  ticks1="$(ticks "$ng14_cpu") $(ticks "$pg_pids")"
+  TIER_CPU=$(echo "$ticks0 $ticks1" | awk -v hz="$CLK_TCK" \
+    '{ printf "nginx %.2f s, PostgreSQL (every postgres process) %.2f s of CPU over the scenario", ($3 - $1) / hz, ($4 - $2) / hz }')
+  say "14. $TIER_CPU; load average now $(cut -d' ' -f1-3 /proc/loadavg)"
+  for i in ${r_pids//,/ }; do stop_pid "$i"; done
+  stop_pid "$ng14_pid"
+}
+TIER_CPU="not run"
+want 14 && scenario14
 
 # ---- scenario 11: a stdio upstream (issue 31) --------------------------------------------------------
 # The bench upstream run as a stdio MCP server (`upstream --stdio`: the same answers as over HTTP,
@@ -620,6 +725,7 @@ Produced by \`$COMMAND\` (from the repository root) on $(date -u '+%Y-%m-%d %H:%
 | timed cases | ${WARMUP} s warm-up, then ${DURATION} s measured |
 | repeats | scenarios 1-5 and 8-11: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, then again); scenario 6: one |
 | task store | temp directory on $STORE_FS (sled); scenario 10's \`taskgate-pg\`: $PG_SETTINGS, \`pool_size = 16\` |
+| tier (scenario 14) | three replicas (\`pool_size = 8\` each) on $PG_SETTINGS, behind an nginx of their own (round-robin, keepalive 256, no stickiness); proxy CPU = the three replicas'; outside it: $TIER_CPU |
 | stdio (scenario 11) | server: benches/loadgen \`upstream --stdio\` (the same answers over stdin/stdout); \`direct\`: loadgen's own stdio client, one child; \`taskgate\`: a taskgate of its own, \`command = [upstream, --stdio]\`, one shared child; \`supergateway\`: $SG_VERSION, \`--outputTransport streamableHttp --stateful --logLevel none\`, one child per session; each client session opened before the clock starts and ended with DELETE after the run; proxy CPU = the proxy process alone, not its children |
 
 Everything runs on this one machine: load generator, proxy and upstream share the cores, so

@@ -1667,11 +1667,12 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// The paths of a case, in table order.
-const TARGETS: [&str; 11] = [
+const TARGETS: [&str; 12] = [
     "direct",
     "nginx",
     "hyper",
     "taskgate",
+    "tier",
     "taskgate-oauth",
     "taskgate-bridged",
     "taskgate-reverse",
@@ -1850,9 +1851,9 @@ fn cmd_report(args: &Args) {
                 }
             }
         }
-        // Scenarios 7, 9 and 10 compare taskgates with one another, 11 stdio paths; nginx takes
-        // no part there.
-        let taskgates_only = ["7.", "9.", "10.", "11."]
+        // Scenarios 7, 9, 10 and 14 compare taskgates with one another (14's tier has an nginx
+        // of its own, in its path), 11 stdio paths; nginx takes no part there.
+        let taskgates_only = ["7.", "9.", "10.", "11.", "14."]
             .iter()
             .any(|p| case.starts_with(p));
         if find(case, "nginx").is_none() && !taskgates_only {
