@@ -9,8 +9,8 @@
 //! - kill -9 of the replica following an upgraded call: another replica adopts it and follows
 //!   it to its end; the record gets its final status and result.
 //!
-//! The requests go to the replicas directly (not through nginx): each test needs a request on
-//! a replica other than the holder. Each fails on the commit before the leases (5b6ec94, built
+//! The requests that must reach a given replica go to it directly, the rest through nginx
+//! round-robin (30 more cancels; `tasks/get` after the kill). Each fails on the commit before the leases (5b6ec94, built
 //! and run with `TASKGATE_TEST_BIN`, which leaves the lease keys out of the configs): no
 //! notification reaches the upstream, the task stays `working`, the upgraded call's record stays
 //! `working`.
@@ -26,6 +26,8 @@ const LEASE_MS: u64 = 1500;
 /// Three replicas on one PostgreSQL, each started; a database client for the assertions.
 struct LeaseTier {
     replicas: Vec<Replica>,
+    /// nginx round-robin over the replicas.
+    balancer: Balancer,
     pg: PgCluster,
     db: tokio_postgres::Client,
     _dir: tempfile::TempDir,
@@ -69,12 +71,15 @@ impl LeaseTier {
         for r in &mut replicas {
             r.start(&pg.url);
         }
+        let backends: Vec<std::net::SocketAddr> = replicas.iter().map(|r| r.gateway).collect();
+        let balancer = Balancer::start(test, &backends)?;
         let (db, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
             .await
             .unwrap();
         tokio::spawn(conn);
         Some(LeaseTier {
             replicas,
+            balancer,
             pg,
             db,
             _dir: dir,
@@ -210,9 +215,23 @@ async fn a_cancel_answered_by_another_replica_reaches_the_held_call() {
         "cancel answered on replica 1 -> notifications/cancelled from replica 0: {} ms",
         reached.as_millis()
     );
-    // Replica 2's later cancel finds it terminal.
+    // Replica 2's later cancel finds it terminal, and so do 30 more spread by nginx.
     let v = t.on(2, &sid).cancel("3", &task).await;
     assert_eq!(err_code(&v), -32602, "{v}");
+    let via = t.balancer.mcp_url();
+    let more: Vec<_> = (0..30)
+        .map(|i| {
+            let c = Client::new(&via)
+                .with_token("alice-token")
+                .with_session(&sid);
+            let task = task.clone();
+            tokio::spawn(async move { c.cancel(&format!("\"n{i}\""), &task).await })
+        })
+        .collect();
+    for m in more {
+        let v = m.await.unwrap();
+        assert_eq!(err_code(&v), -32602, "{v}");
+    }
     let notes = up.received("notifications/cancelled");
     assert_eq!(
         notes[0].json()["params"]["requestId"],
@@ -278,6 +297,14 @@ async fn a_gateway_task_whose_replica_is_killed_fails_once_its_lease_lapses() {
     assert_eq!(v["result"]["status"], "failed", "{v}");
     let r = t.on(2, &sid).result("5", &task).await;
     assert_eq!(err_code(&r), -32603, "{r}");
+    // Through nginx too (it passes over the dead replica).
+    let c = Client::new(&t.balancer.mcp_url())
+        .with_token("alice-token")
+        .with_session(&sid);
+    for i in 0..4 {
+        let v = c.get(&format!("\"b{i}\""), &task).await;
+        assert_eq!(v["result"]["status"], "failed", "{v}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
