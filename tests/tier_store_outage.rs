@@ -4,7 +4,9 @@
 //! (`/mcp/old`) and a scripted 2026-07-28 task server (`/mcp/new`). Clients of both eras call
 //! plain tools and create tasks through nginx the whole time; the database is stopped as
 //! `pg_ctl stop -m fast` does (connections closed, new ones refused) and started again on its
-//! port. Proven on the wire:
+//! port, or (a hung server) frozen with SIGSTOP and thawed with SIGCONT, the replicas' URL
+//! saying `connect_timeout=1` (the bound of each store call's queries). Proven on the wire, for
+//! both:
 //! - plain calls are unaffected: every one is answered 200 with its result, 2025 sessions'
 //!   (each seen by every replica before the stop) and 2026 ones;
 //! - task operations fail fast with a clear error: each refused one within [`FAIL_FAST`], with
@@ -189,9 +191,28 @@ fn run_clients(
     loops
 }
 
+/// How the database goes away.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Outage {
+    /// `pg_ctl stop -m fast`, then started again: connections closed, new ones refused.
+    Stopped,
+    /// SIGSTOP to every PostgreSQL process, then SIGCONT: nothing answers, nothing is refused
+    /// (a hung server, a black-holed path); the replicas' URL says `connect_timeout=1`, which
+    /// bounds each store call's queries.
+    Hung,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tier_rides_out_a_stopped_database() {
-    let test = "the_tier_rides_out_a_stopped_database";
+    drill("the_tier_rides_out_a_stopped_database", Outage::Stopped).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tier_rides_out_a_hung_database() {
+    drill("the_tier_rides_out_a_hung_database", Outage::Hung).await;
+}
+
+async fn drill(test: &str, outage: Outage) {
     let Some(mut pg) = PgCluster::start(test) else {
         return;
     };
@@ -215,7 +236,11 @@ async fn the_tier_rides_out_a_stopped_database() {
             new.url()
         );
         std::fs::write(&r.config, toml).unwrap();
-        r.start(&pg.url);
+        let url = match outage {
+            Outage::Stopped => pg.url.clone(),
+            Outage::Hung => format!("{}?connect_timeout=1", pg.url),
+        };
+        r.start(&url);
     }
     let backends: Vec<_> = replicas.iter().map(|r| r.gateway).collect();
     let Some(balancer) = Balancer::start(test, &backends) else {
@@ -255,7 +280,10 @@ async fn the_tier_rides_out_a_stopped_database() {
     .expect("tasks are created before the stop");
 
     // The database stops.
-    pg.stop_server();
+    match outage {
+        Outage::Stopped => pg.stop_server(),
+        Outage::Hung => pg.pause_server(),
+    }
     let stopped = Instant::now();
     let acked_before_stop = created(&seen);
     for r in &replicas {
@@ -300,7 +328,10 @@ async fn the_tier_rides_out_a_stopped_database() {
     let refused_at_start = seen.lock().unwrap().refused.len();
     tokio::time::sleep(OUTAGE.saturating_sub(stopped.elapsed())).await;
     let refused_during = seen.lock().unwrap().refused.len() - refused_at_start;
-    pg.start_server();
+    match outage {
+        Outage::Stopped => pg.start_server(),
+        Outage::Hung => pg.resume_server(),
+    }
     let restarted = Instant::now();
 
     // The tier recovers without restarts: ready again, creations on every replica.

@@ -294,6 +294,51 @@ impl PgCluster {
             .expect("postgres accepts connections again");
     }
 
+    /// Freezes the server (SIGSTOP to the postmaster and every process it started): connections
+    /// stay open and nothing answers, new ones are accepted by the kernel and wait (a database
+    /// that hangs). [`PgCluster::resume_server`] thaws it. Panics for a server not its own.
+    pub fn pause_server(&self) {
+        self.signal_all(libc::SIGSTOP);
+    }
+
+    /// Thaws a server [`PgCluster::pause_server`] froze.
+    pub fn resume_server(&self) {
+        self.signal_all(libc::SIGCONT);
+    }
+
+    /// `sig` to the postmaster and its children (read from /proc: their parent is the postmaster).
+    fn signal_all(&self, sig: i32) {
+        assert!(self.own.is_some(), "not a cluster of its own");
+        let Some(child) = self.child.as_ref() else {
+            return;
+        };
+        let postmaster = child.id() as i32;
+        let children: Vec<i32> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|s| {
+                        let rest = &s[s.rfind(')')? + 2..];
+                        rest.split(' ').nth(1)?.parse::<i32>().ok()
+                    })
+                    == Some(postmaster)
+            })
+            .collect();
+        // The postmaster first when stopping (no new children meanwhile), last when resuming.
+        if sig == libc::SIGSTOP {
+            unsafe { libc::kill(postmaster, sig) };
+        }
+        for pid in children {
+            unsafe { libc::kill(pid, sig) };
+        }
+        if sig != libc::SIGSTOP {
+            unsafe { libc::kill(postmaster, sig) };
+        }
+    }
+
     /// Waits until the server accepts connections (30 s at most).
     fn wait_ready(&mut self) -> Result<(), String> {
         let own = self.own.as_ref().expect("a cluster of its own");
@@ -326,6 +371,10 @@ impl Drop for PgCluster {
                 &url,
                 &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
             );
+        }
+        if self.own.is_some() {
+            // A server a failed test left frozen takes its signals again.
+            self.signal_all(libc::SIGCONT);
         }
         let Some(mut child) = self.child.take() else {
             return;
