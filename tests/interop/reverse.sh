@@ -15,8 +15,8 @@
 #   raw      reverse-client.mjs (raw wire, 12 steps: discover, the tasks extension offered,
 #            tools/list, a plain call, a task call, polls to completed, the result inline, a tool
 #            error's content kept, cancel acked, the task cancelled, the cancel of a terminal task
-#            acked; on ts also input via tasks/update and subscriptions/listen (a task's end as
-#            notifications/tasks), and with bearer a second principal's tasks/get and tasks/cancel
+#            acked; subscriptions/listen (a task's end as notifications/tasks); on ts also input
+#            via tasks/update, and with bearer a second principal's tasks/get and tasks/cancel
 #            refused -32602 and its listen naming the task acknowledged without it)
 #   fastmcp  reverse_fastmcp_client.py (fastmcp.Client 4.1.4 + fastmcp-tasks 4.1.4, in .venv-modern
 #            from requirements-modern.txt; 11 checks: the era it picks, tools, a plain call, a task
@@ -169,8 +169,8 @@ run_client() {
         raw)
             args=("$NODE22" "$HERE/reverse-client.mjs" "${URL[$s-$route]}" --label "$label" --json "$json")
             [[ $s == py ]] && args+=(--skip-input)
-            # The TypeScript SDK sends notifications/tasks/status on the session's GET stream.
-            [[ $s == ts ]] && args+=(--listen)
+            # Both SDKs send notifications/tasks/status on the session's GET stream.
+            args+=(--listen)
             [[ $route == bearer ]] && args+=(--bearer "$TOKEN_A" --foreign-bearer "$TOKEN_B")
             ;;
         fastmcp) args=("$PY_MODERN" "$HERE/reverse_fastmcp_client.py" "${URL[$s-$route]}" --label "$label" --json "$json") ;;
