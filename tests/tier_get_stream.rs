@@ -5,8 +5,9 @@
 //! - the replica the client's GET reached holds the upstream GET of the session (the upstream's
 //!   `Mcp-Session-Id`) and relays what the upstream sends on it: a notification and a
 //!   server→client request arrive on the client's GET stream whichever replicas its POSTs go to;
-//! - a request related to a POST (a task's `elicitation/create` before its `CreateTaskResult`)
-//!   comes on that POST's own response stream, on whichever replica the POST reached;
+//! - a request related to a POST (a task's `elicitation/create` before its `CreateTaskResult`,
+//!   or on its `tasks/result` stream while the task is `input_required`) comes on that POST's
+//!   own response stream, on whichever replica the POST reached;
 //! - the client's answer to either is a POST like any other: any replica sends it upstream on the
 //!   session, under the id the upstream gave (taskgate never renames a server→client request's
 //!   id on a session the upstream issued), so the upstream matches it.
@@ -183,4 +184,65 @@ async fn server_to_client_messages_reach_a_2025_client_whose_get_is_on_another_r
     }
     // The stream is still open for what comes next.
     stream.expect_open_for(Duration::from_millis(300)).await;
+}
+
+/// A task that needs input, its requests spread over the replicas: created on one replica, its
+/// `tasks/result` on a second (the stream the upstream sends the task's `elicitation/create` on,
+/// under `related-task`), the client's answer on a third; the upstream takes the answer, the task
+/// ends, and the result comes on the `tasks/result` stream of the second replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_input_request_and_its_answer_on_different_replicas() {
+    let test = "a_task_input_request_and_its_answer_on_different_replicas";
+    let server = UpServer::start(UpBehaviour {
+        ask: Some("elicitation/create"),
+        task_ms: Some(50),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let Some(t) = Tier::start_with(test, &server.url(), &bearer_auth(AUTH)) else {
+        return;
+    };
+    let token = AUTH[0].1;
+    let mut c = Client::new(&t.replicas[0].url()).with_token(token);
+    c.initialize().await;
+    let sid = c.session.clone().unwrap();
+    let on = |n: usize| {
+        Client::new(&t.replicas[n].url())
+            .with_token(token)
+            .with_session(&sid)
+    };
+    let create = rpc(
+        "1",
+        "tools/call",
+        r#"{"name":"research","arguments":{"n":1},"task":{"ttl":60000}}"#,
+    );
+    let created = on(1).rpc(create).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a CreateTaskResult: {created}"))
+        .to_string();
+    let r = on(2)
+        .send(rpc(
+            "2",
+            "tasks/result",
+            &json!({"taskId": task}).to_string(),
+        ))
+        .await;
+    assert_eq!(r.status(), 200);
+    let mut stream = r.sse();
+    let ask = next_message(&mut stream).await;
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    assert_eq!(ask["id"], format!("ask-{task}"), "the upstream's id: {ask}");
+    let answer = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"action": "accept", "content": {"name": "x"}}});
+    assert_eq!(on(0).send(answer.to_string()).await.status(), 202);
+    let done = next_message(&mut stream).await;
+    assert_eq!(done["id"], 2, "{done}");
+    assert!(done["result"].is_object(), "the task's result: {done}");
+    let answered = server
+        .task(&task)
+        .answer
+        .expect("the upstream got the answer");
+    assert_eq!(answered["result"]["content"]["name"], "x", "{answered}");
+    let v = on(1).get("3", &task).await;
+    assert_eq!(v["result"]["status"], "completed", "{v}");
 }
