@@ -298,7 +298,7 @@ async fn restart_refuses_a_record_whose_owner_is_not_an_owner() {
     use taskgate::config::TasksConfig;
     use taskgate::metrics::Metrics;
     use taskgate::registry::Registry;
-    use taskgate::store::{SledStore, TaskStore};
+    use taskgate::store::TaskStore;
     for status in ["completed", "working"] {
         let dir = tempfile::tempdir().unwrap();
         write_raw_records(

@@ -9,7 +9,10 @@
 //! - bob's token with alice's session id is 404 on every replica, and from his own session her
 //!   task is `-32602` (not found) on every replica, and not in his `tasks/list`;
 //! - alice from a new session finds her task on every replica (tasks belong to the principal);
-//! - a token signed by a key the authorization server does not list is 401 on every replica.
+//! - a token signed by a key the authorization server does not list is 401 on every replica;
+//! - 2026-07-28 (no sessions), in front of a scripted 2026 task server: alice's tasks created
+//!   through nginx are found by her on every replica, by bob on none (`-32602`), and his
+//!   `tasks/cancel` of one never goes upstream.
 //!
 //! The real `oidc-provider` with the TypeScript SDK's OAuth client is `tests/oauth/run.sh`
 //! (one process); this test needs no network beyond loopback, so it always runs with the tier.
@@ -121,4 +124,46 @@ async fn oauth_principals_round_robin_over_the_tier() {
             .await;
         assert_eq!(resp.status(), 401, "a token the issuer never signed");
     }
+}
+
+/// 2026-07-28 (no sessions) under OAuth over the tier: alice's task, created through nginx, is
+/// found by her on every replica and by bob on none (`-32602`, as an unknown task).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oauth_principals_round_robin_over_the_tier_2026() {
+    let test = "oauth_principals_round_robin_over_the_tier_2026";
+    let key = new_key("k1");
+    let idp = Idp::start(&[&key]).await;
+    let (up, _state) = modern_server().await;
+    let Some(t) = Tier::start_with(test, &up.url(), &oauth_auth(&idp)) else {
+        return;
+    };
+    let alice = sign(&key, &claims(&idp, "alice"));
+    let bob = sign(&key, &claims(&idp, "bob"));
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        tasks.push(create(&t.balancer.mcp_url(), Some(&alice), "slow_compute").await);
+    }
+    for (i, task) in tasks.iter().enumerate() {
+        for r in &t.replicas {
+            let (status, v) = task_call(&r.url(), Some(&alice), 2, "tasks/get", task).await;
+            assert_eq!(
+                (status, v["result"]["taskId"].clone()),
+                (200, json!(task)),
+                "alice on {}: {v}",
+                r.url()
+            );
+            let (_, v) = task_call(&r.url(), Some(&bob), 3, "tasks/get", task).await;
+            assert_eq!(v["error"]["code"], -32602, "bob on {}: {v}", r.url());
+        }
+        if i == 0 {
+            let (_, v) =
+                task_call(&t.balancer.mcp_url(), Some(&bob), 4, "tasks/cancel", task).await;
+            assert_eq!(v["error"]["code"], -32602, "bob cannot cancel it: {v}");
+        }
+    }
+    assert_eq!(
+        count(&up, "tasks/cancel"),
+        0,
+        "bob's cancel never went upstream"
+    );
 }
