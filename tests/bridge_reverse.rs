@@ -503,6 +503,98 @@ async fn a_bridged_task_survives_sigkill() {
     assert_eq!(up.count("initialize"), 1, "no new session was needed");
 }
 
+/// An input request captured before `kill -9` cannot be had again: the upstream asks once (as the
+/// 1.x SDKs do: a later `tasks/result` stream gets nothing more), so after the restart the
+/// task's `tasks/get` opens a new `tasks/result`, finds nothing, and the task is `failed` with a
+/// `statusMessage` and an `error` saying the input request was lost when taskgate restarted;
+/// one upstream `tasks/cancel` stops the server waiting. Later polls answer the same from the
+/// store; the old key's answer goes nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_request_lost_with_a_restart_fails_the_task() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            ask: Some("elicitation/create"),
+            task_ms: Some(100),
+            ..UpBehaviour::default()
+        },
+        Some(Arc::new(|method, id, task_id, n| {
+            let now = format_rfc3339_ms(now_ms());
+            match method {
+                // The 1.x SDKs set `input_required` before anyone opens `tasks/result`.
+                "tasks/get" if n == 1 => Some(ScriptedResponse::json(rpc_result(
+                    id,
+                    &json!({"taskId": task_id, "status": "input_required", "createdAt": now,
+                        "lastUpdatedAt": now, "ttl": 60000, "pollInterval": 100})
+                    .to_string(),
+                ))),
+                // The request went out on the first stream: a later one waits, asking nothing.
+                "tasks/result" if n > 1 => Some(ScriptedResponse::sse(vec![SseStep::HoldOpen])),
+                _ => None,
+            }
+        })),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
+    let (mut p, gw, _) = spawn_binary(&cfg);
+    let url = format!("http://{gw}/mcp");
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    let key = format!("ask-{t}");
+    let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "input_required", "{v}");
+    assert_eq!(
+        v["result"]["inputRequests"][&key]["method"], "elicitation/create",
+        "{v}"
+    );
+    sigkill(&mut p);
+    let (_p2, gw, _) = spawn_binary(&cfg);
+    let url = format!("http://{gw}/mcp");
+    let (status, v) = task_call(&url, None, 3, "tasks/get", &t).await;
+    assert_eq!(status, 200, "{v}");
+    let r = &v["result"];
+    assert_eq!(r["status"], "failed", "{v}");
+    let said = r["statusMessage"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("input request was lost when taskgate restarted"),
+        "{v}"
+    );
+    assert_eq!(r["error"]["code"], -32603, "{v}");
+    assert_eq!(r["error"]["message"], said, "{v}");
+    assert!(r.get("inputRequests").is_none(), "{v}");
+    assert_eq!(
+        up.count("tasks/result"),
+        2,
+        "asked again once after the restart"
+    );
+    let cancels = eventually(STEP, || async {
+        let c = bodies(&up, "tasks/cancel");
+        (!c.is_empty()).then_some(c)
+    })
+    .await
+    .expect("the upstream task is cancelled");
+    assert_eq!(cancels.len(), 1, "{cancels:?}");
+    assert_eq!(cancels[0]["params"]["taskId"], json!(t));
+    assert_eq!(up.task(&t).status, "cancelled");
+    // Later polls: the same, from the store; the old key's answer goes nowhere.
+    let gets = up.count("tasks/get");
+    let (_, again) = task_call(&url, None, 4, "tasks/get", &t).await;
+    assert_eq!(again["result"]["status"], "failed", "{again}");
+    assert_eq!(again["result"]["error"], r["error"], "{again}");
+    assert_eq!(up.count("tasks/get"), gets, "answered from the store");
+    let (status, v) = send(modern_req(
+        &url,
+        None,
+        5,
+        "tasks/update",
+        json!({"taskId": t, "inputResponses": {key.clone(): {"action": "accept", "content": {}}}}),
+    ))
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert!(up.task(&t).answer.is_none(), "no answer went upstream");
+    assert_eq!(up.count("tasks/cancel"), 1);
+}
+
 /// A 2026-07-28 client that closes a plain call's stream before the answer cancels it (the 2026
 /// transport's cancel): the upstream gets `notifications/cancelled` naming the request id it
 /// got, on the same session; a call that was answered sends none.

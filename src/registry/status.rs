@@ -212,8 +212,9 @@ impl Registry {
         .await
     }
 
-    /// Keeps `error_json` (the JSON-RPC `error` object a 2025-11-25 gateway task `failed` with)
-    /// in the task's record, once: when the record is `failed`, holds no error yet, and
+    /// Keeps `error_json` (the JSON-RPC `error` object a 2025-11-25 gateway task `failed` with,
+    /// or the one taskgate failed a bridged task with: see `TaskRecord::terminal_error`) in the
+    /// task's record, once: when the record is `failed`, holds no error yet, and
     /// `error_json` is at most `tasks.max_stored_result_bytes` (0 turns this off). Returns
     /// whether it was stored. Store work runs off the runtime.
     pub async fn store_terminal_error(

@@ -175,7 +175,9 @@ pub struct TaskRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub terminal_result: Option<String>,
     /// The JSON-RPC `error` object (JSON text) a 2025-11-25 gateway task `failed` with (issue
-    /// 32: `tasks/result` answers exactly that error, also after a restart). At most
+    /// 32: `tasks/result` answers exactly that error, also after a restart), or that taskgate
+    /// failed a bridged task with (issue 33: its input request was lost when taskgate
+    /// restarted; the 2026-07-28 `tasks/get` shows it as `error`). At most
     /// `tasks.max_stored_result_bytes`. Absent in every other record, and in records written
     /// before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]

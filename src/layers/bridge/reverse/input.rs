@@ -15,9 +15,24 @@
 //!
 //! Bounds: at most [`MAX_KEYS`] requests kept per task (more are not shown: the task stays
 //! `input_required` until its ttl), at most [`MAX_TASKS`] tasks followed per upstream (past it,
-//! no new follower: the task's `inputRequests` stay empty). What is kept here is in memory: a
-//! restart loses the requests an upstream already sent (the upstream asks on its own stream, and
-//! a new `tasks/result` after the restart may not repeat them).
+//! no new follower: the task's `inputRequests` stay empty).
+//!
+//! **A restart.** What is kept here is in memory, and the upstream asks once: the 1.x SDKs
+//! (TypeScript 1.32.2 `Protocol`'s `tasks/result` handler, Python `mcp` 1.30
+//! `TaskResultHandler`) dequeue a task's request when they write it on a `tasks/result` stream
+//! and never write it again on a later one, though they still wait for its answer. So after
+//! taskgate restarts, a request its previous run captured cannot be had again. The sign of it:
+//! the record already says `input_required` (an earlier `tasks/get` saw it and opened a
+//! follower) but this process never followed the task. Such a task's `tasks/get` still opens a
+//! follower (an upstream that does ask again is shown as usual) and waits up to
+//! [`LOST_INPUT_WAIT`]; when nothing arrives, the task is recorded `failed` with
+//! [`LOST_INPUT_MESSAGE`] as its `statusMessage` and its `error` (`-32603`, kept in the record:
+//! later `tasks/get` calls are answered from it), and one upstream `tasks/cancel` is sent so the
+//! server stops waiting (first terminal status wins, as everywhere: an upstream that ended the
+//! task meanwhile keeps its status, and nothing is cancelled). Only with a store of one gateway:
+//! in a PostgreSQL tier another live replica may hold the follower that captured the request, so
+//! there the task is left as it is (its `inputRequests` empty on the replicas that did not
+//! capture it).
 
 use super::{legacy_body, listen, send, task_params, On, ReverseState, UpstreamSession};
 use crate::exchange::{McpReply, McpRequest, ReplyBody};
@@ -25,7 +40,9 @@ use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::AuthorisedTask;
 use crate::layers::McpService;
 use crate::mcp::era::Era;
+use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::LocalReason;
+use crate::registry::Observed;
 use crate::store::TaskRecord;
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
@@ -164,16 +181,39 @@ impl Inputs {
 /// first input request to arrive on the follower's stream (then it answers what it has).
 pub const INPUT_WAIT: Duration = Duration::from_secs(1);
 
+/// How long the `tasks/get` of a task whose input request a previous run of taskgate captured
+/// waits for the upstream to send it again before the task is failed (see `input`: the 1.x
+/// SDKs answer a new `tasks/result` at once, with what they still have to send).
+pub const LOST_INPUT_WAIT: Duration = Duration::from_secs(3);
+
+/// The `statusMessage` and `error.message` of a task whose input request was lost (see `input`).
+pub const LOST_INPUT_MESSAGE: &str = "the task's input request was lost when taskgate restarted: the upstream sent it on a tasks/result stream of taskgate's previous run and does not send it again; the task was cancelled upstream";
+
+/// What a `tasks/get` of an `input_required` task shows.
+pub(super) enum Input {
+    /// The `inputRequests` object (empty when none arrived in time).
+    Shown(Value),
+    /// The task's input request was lost with a previous run (see `input`).
+    Lost,
+}
+
 /// The `inputRequests` of an `input_required` task (see `input`): its follower started when
-/// none runs; the first request waited for up to [`INPUT_WAIT`].
+/// none runs; the first request waited for up to [`INPUT_WAIT`], or [`LOST_INPUT_WAIT`] when
+/// `record` says a previous run followed it ([`Input::Lost`] when none arrives).
 pub(super) async fn input_requests<S: McpService>(
     state: &Arc<ReverseState>,
     inner: &S,
     req: &McpRequest,
-    task_id: &str,
-) -> Value {
+    record: &TaskRecord,
+) -> Input {
+    let task_id = record.task_id.as_str();
+    // Seen `input_required` before, never followed here: a previous run's follower took the
+    // request (with a shared store, maybe a live replica's: left alone).
+    let followed_before = record.status == TaskStatus::InputRequired
+        && state.inputs.of(task_id).is_none()
+        && !state.registry.store().shared();
     let Some((task, start)) = state.inputs.follow(task_id) else {
-        return json!({});
+        return Input::Shown(json!({}));
     };
     if start {
         tokio::spawn(follow_input(
@@ -184,11 +224,67 @@ pub(super) async fn input_requests<S: McpService>(
             task_id.to_string(),
         ));
     }
-    let until = tokio::time::Instant::now() + INPUT_WAIT;
-    while task.is_empty() && tokio::time::Instant::now() < until {
+    let wait = if followed_before {
+        LOST_INPUT_WAIT
+    } else {
+        INPUT_WAIT
+    };
+    let until = tokio::time::Instant::now() + wait;
+    while task.is_empty()
+        && task.following.load(Ordering::SeqCst)
+        && tokio::time::Instant::now() < until
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    task.shown()
+    if followed_before && task.is_empty() {
+        return Input::Lost;
+    }
+    Input::Shown(task.shown())
+}
+
+/// A task whose input request was lost (see `input`): recorded `failed` with
+/// [`LOST_INPUT_MESSAGE`] (its `error` kept in the record), then one upstream `tasks/cancel` on
+/// the task's session. Returns whether this recorded the failure (`false`: the record was
+/// already terminal otherwise, and nothing was cancelled).
+pub(super) async fn input_lost<S: McpService>(
+    state: &Arc<ReverseState>,
+    inner: &S,
+    req: &McpRequest,
+    task_id: &str,
+) -> bool {
+    state.inputs.forget(task_id);
+    let upstream = req.ctx.upstream.clone();
+    let report = json!({"status": "failed", "statusMessage": LOST_INPUT_MESSAGE,
+        "lastUpdatedAt": format_rfc3339_ms(now_ms())});
+    let observed = state
+        .registry
+        .observe_task_as(&upstream, task_id, report, "input request lost")
+        .await;
+    if !matches!(observed, Observed::Recorded(TaskStatus::Failed)) {
+        return false;
+    }
+    let error = json!({"code": jsonrpc::INTERNAL_ERROR, "message": LOST_INPUT_MESSAGE});
+    state
+        .registry
+        .store_terminal_error(&upstream, task_id, error.to_string())
+        .await;
+    tracing::warn!(upstream = %upstream, task_id = %task_id, "a bridged task's input request was lost with taskgate's previous run: failed, cancelled upstream");
+    let own = state.ids.next_id();
+    let body = legacy_body(&own, "tasks/cancel", task_params(task_id));
+    let cancelled = state
+        .bounded(&upstream, async {
+            Ok(
+                match send(state, inner, req, &body, On::Task, &|_, _| {}).await? {
+                    Ok(reply) => super::answer_of(reply, &own).await,
+                    Err(_) => None,
+                },
+            )
+        })
+        .await;
+    if !matches!(cancelled, Ok(Some(ref a)) if a.get("result").is_some()) {
+        tracing::warn!(upstream = %upstream, task_id = %task_id, "the upstream did not accept the tasks/cancel of a task whose input request was lost");
+    }
+    true
 }
 
 /// Holds one upstream `tasks/result` of an `input_required` task open (no deadline but the

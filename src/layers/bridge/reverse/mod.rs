@@ -56,7 +56,9 @@
 //!   `tasks/result` for the task in the background; the upstream's requests on it
 //!   (`elicitation/create`, `sampling/createMessage`, `roots/list`) are shown as the
 //!   `DetailedTask`'s `inputRequests`, keyed by their JSON-RPC id (that `tasks/get` waits up to
-//!   [`INPUT_WAIT`] for the first). `tasks/update`: each `inputResponses[key]` for a request
+//!   [`INPUT_WAIT`] for the first). One a previous run of taskgate followed (the request it
+//!   captured died with it, and the 1.x SDKs do not send it again) is `failed` with a
+//!   `statusMessage` saying so, and cancelled upstream (see `input`). `tasks/update`: each `inputResponses[key]` for a request
 //!   kept goes upstream as the JSON-RPC response to it; the ack (`{"resultType":"complete"}`),
 //!   unless `inputResponses` is not an object (`-32602`, HTTP 400).
 //! - `subscriptions/listen` (`listen`): served here, never sent upstream (a 2025 server has no
@@ -118,7 +120,7 @@ use bytes::Bytes;
 use forward::{forward, modern_reply, notification};
 use futures_util::future::Either;
 use http::{HeaderValue, StatusCode};
-use input::{input_requests, tasks_update};
+use input::{input_lost, input_requests, tasks_update, Input};
 use serde_json::{json, Map, Value};
 use std::future::Future;
 use std::pin::Pin;
@@ -818,7 +820,27 @@ async fn tasks_get<S: McpService>(
         .and_then(Value::as_str)
         .and_then(TaskStatus::parse);
     let inputs = match status {
-        Some(TaskStatus::InputRequired) => Some(input_requests(state, &inner, req, &task_id).await),
+        Some(TaskStatus::InputRequired) => {
+            match input_requests(state, &inner, req, &record).await {
+                Input::Shown(shown) => Some(shown),
+                Input::Lost => {
+                    input_lost(state, &inner, req, &task_id).await;
+                    // The record as it now is (first terminal status wins).
+                    let now = state
+                        .registry
+                        .lookup_checked(&upstream, &task_id, &record.owner)
+                        .await;
+                    if let Some(detailed) = now.ok().flatten().as_deref().and_then(stored_detailed)
+                    {
+                        return Ok(McpReply::local_json(jsonrpc::result_response(
+                            id,
+                            &detailed.to_string(),
+                        )));
+                    }
+                    Some(json!({}))
+                }
+            }
+        }
         Some(s) if s.is_terminal() => {
             state.inputs.forget(&task_id);
             None
@@ -852,6 +874,11 @@ fn stored_detailed(record: &TaskRecord) -> Option<Value> {
     let task = serde_json::to_value(record.to_task()).ok()?;
     if record.status == TaskStatus::Cancelled {
         return translate::detailed_task(&task, None, "");
+    }
+    // An error taskgate failed the task with itself (`input`: the input request was lost).
+    if let Some(error) = record.terminal_error.as_deref() {
+        let error: Value = serde_json::from_str(error).ok()?;
+        return translate::detailed_task(&task, Some(&Outcome::Error(error)), "");
     }
     let stored: Value = serde_json::from_str(record.terminal_result.as_deref()?).ok()?;
     translate::detailed_task(&task, Some(&Outcome::Result(stored)), "")
