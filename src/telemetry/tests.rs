@@ -195,6 +195,20 @@ fn error_type_reads_the_json_only_for_an_error_or_an_is_error_true() {
         error_type(br#"{"jsonrpc":"2.0","id":1,"result":{"isError":false}}"#),
         None
     );
+    // `"error"` as text is not an error; the keys found by the end they share (`rror"`).
+    assert_eq!(
+        error_type(br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"\"error\" terror\""}],"isError":true}}"#)
+            .as_deref(),
+        Some("tool_error")
+    );
+    assert_eq!(
+        error_type(br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"mirror\" \"error\""}]}}"#),
+        None
+    );
+    assert_eq!(
+        error_type(br#"{"error":{"message":"m","code":-32603},"id":1,"jsonrpc":"2.0"}"#).as_deref(),
+        Some("-32603")
+    );
 }
 
 #[test]
