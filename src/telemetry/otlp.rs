@@ -135,7 +135,7 @@ fn write_span(out: &mut Vec<u8>, r: Record) {
         let replaced = |kv: &KeyValue| r.attributes.iter().any(|a| a.key == kv.key);
         match peer_attributes.iter().any(replaced) {
             // Encoded once per upstream (the common case: no request attribute replaces one).
-            false => out.extend_from_slice(peer.encoded()),
+            false => out.extend_from_slice(peer.encoded(span_attributes)),
             true => {
                 for kv in peer_attributes.iter().filter(|kv| !replaced(kv)) {
                     attribute_field(out, 9, kv.key.as_str(), &kv.value);

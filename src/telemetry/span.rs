@@ -57,16 +57,17 @@ pub struct Peer(Arc<PeerAttributes>);
 #[derive(Debug)]
 struct PeerAttributes {
     attributes: Vec<KeyValue>,
-    encoded: Vec<u8>,
+    /// Made by the encoder the first time it meets this peer (so the span records stand
+    /// below the encoder: `otlp` imports `span`, never the reverse).
+    encoded: std::sync::OnceLock<Vec<u8>>,
 }
 
 impl Peer {
     /// The peer of these attributes.
     pub fn new(attributes: Vec<KeyValue>) -> Peer {
-        let encoded = super::otlp::span_attributes(&attributes);
         Peer(Arc::new(PeerAttributes {
             attributes,
-            encoded,
+            encoded: std::sync::OnceLock::new(),
         }))
     }
 
@@ -75,9 +76,9 @@ impl Peer {
         &self.0.attributes
     }
 
-    /// The attributes as encoded `Span.attributes` fields.
-    pub(super) fn encoded(&self) -> &[u8] {
-        &self.0.encoded
+    /// The attributes as encoded `Span.attributes` fields, made with `encode` once per peer.
+    pub(super) fn encoded(&self, encode: fn(&[KeyValue]) -> Vec<u8>) -> &[u8] {
+        self.0.encoded.get_or_init(|| encode(&self.0.attributes))
     }
 }
 
