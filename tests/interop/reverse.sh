@@ -21,6 +21,10 @@
 #   fastmcp  reverse_fastmcp_client.py (fastmcp.Client 4.1.4 + fastmcp-tasks 4.1.4, in .venv-modern
 #            from requirements-modern.txt; 11 checks: the era it picks, tools, a plain call, a task
 #            run transparently, a task handle to its result, a failed task's content, cancel)
+#   restart  reverse-restart.mjs (raw wire, on its own ts server and taskgate): ask_task until its
+#            elicitation shows in inputRequests, kill -9 of taskgate, taskgate again on the same
+#            store: the task failed saying its input request was lost when taskgate restarted (the
+#            SDK sends it once), twice alike, tasks/update acked, its upstream tasks/cancel answered
 #   rmcp     rmcp-client/ (rmcp 3.11.0's client, ClientLifecycleMode::Auto, the tasks extension
 #            declared; 10 checks: the era, tools, a plain call, a task call, polls to completed,
 #            the result inline, a failed task's content, cancel acked, cancelled, the cancel of a
@@ -208,6 +212,37 @@ EOF
     done
 done
 [[ "$BIN" != none ]] && run_client raw ts bearer
+
+# ---- a captured input request lost with a restart (ts) ------------------------------------------
+# The TypeScript SDK 1.32.2 sends a task's elicitation/create once, on one tasks/result stream (its
+# Protocol dequeues it; a later tasks/result gets nothing more). After kill -9 of the taskgate that
+# captured it, the task's tasks/get fails it saying so, and its one upstream tasks/cancel is
+# answered `cancelled` (the audit's late_result in the restarted taskgate's log).
+if [[ "$BIN" != none ]]; then
+    # shellcheck disable=SC2046
+    start up-ts-restart $(server_cmd ts)
+    wait_ready up-ts-restart 60 || exit 1
+    config taskgate-restart $'[auth]\nmode = "none"\n' "$(field up-ts-restart listening)" >"$WORK/taskgate-restart.toml"
+    start taskgate-restart "$BIN" serve --config "$WORK/taskgate-restart.toml"
+    wait_ready taskgate-restart 60 || exit 1
+    rc=1
+    log "reverse restart: ask_task through $(field taskgate-restart listening.gateway), kill -9, restart"
+    if run_fg timeout 60 "$NODE22" "$HERE/reverse-restart.mjs" ask "http://$(field taskgate-restart listening.gateway)/mcp/up" \
+        >"$WORK/restart-ask.json" 2>"$WORK/restart.log"; then
+        kill -KILL "${PID[taskgate-restart]}"
+        wait "${PID[taskgate-restart]}" 2>/dev/null
+        unset 'PID[taskgate-restart]'
+        start taskgate-restarted "$BIN" serve --config "$WORK/taskgate-restart.toml"
+        wait_ready taskgate-restarted 60 || exit 1
+        run_fg timeout 60 "$NODE22" "$HERE/reverse-restart.mjs" lost "http://$(field taskgate-restarted listening.gateway)/mcp/up" \
+            "$("$NODE22" "$HERE/harness.mjs" json-field "$WORK/restart-ask.json" taskId)" >>"$WORK/restart.log" 2>&1 &&
+            grep -q 'event="late_result" detail=tasks/cancel reported cancelled after failed' "$WORK/taskgate-restarted.err" &&
+            rc=0
+        grep -q 'late_result' "$WORK/taskgate-restarted.err" || echo "FAIL the upstream tasks/cancel was not answered cancelled" >>"$WORK/restart.log"
+    fi
+    sed 's/^/  /' "$WORK/restart.log"
+    result "reverse raw client: a captured input request lost with a kill -9 of taskgate fails the task, cancelled upstream (ts)" $rc
+fi
 
 # ---- conformance-next tasks-* through the reverse bridge -----------------------------------------
 if [[ "$BIN" != none ]]; then

@@ -830,8 +830,7 @@ async fn tasks_get<S: McpService>(
                         .registry
                         .lookup_checked(&upstream, &task_id, &record.owner)
                         .await;
-                    if let Some(detailed) = now.ok().flatten().as_deref().and_then(stored_detailed)
-                    {
+                    if let Some(detailed) = now.ok().flatten().as_deref().and_then(lost_detailed) {
                         return Ok(McpReply::local_json(jsonrpc::result_response(
                             id,
                             &detailed.to_string(),
@@ -882,6 +881,21 @@ fn stored_detailed(record: &TaskRecord) -> Option<Value> {
     }
     let stored: Value = serde_json::from_str(record.terminal_result.as_deref()?).ok()?;
     translate::detailed_task(&task, Some(&Outcome::Result(stored)), "")
+}
+
+/// The `DetailedTask` of a task whose input request was lost (see `input`), from its record: the
+/// stored one, or (results not stored: `tasks.max_stored_result_bytes = 0`) the record's
+/// `failed` with the `-32603` error; `None` when the record is not terminal.
+fn lost_detailed(record: &TaskRecord) -> Option<Value> {
+    if let Some(detailed) = stored_detailed(record) {
+        return Some(detailed);
+    }
+    if record.status != TaskStatus::Failed {
+        return None;
+    }
+    let task = serde_json::to_value(record.to_task()).ok()?;
+    let error = json!({"code": jsonrpc::INTERNAL_ERROR, "message": input::LOST_INPUT_MESSAGE});
+    translate::detailed_task(&task, Some(&Outcome::Error(error)), "")
 }
 
 /// A 2026-07-28 `tasks/cancel`: one 2025 `tasks/cancel` (the `cancel` layer above lets one
