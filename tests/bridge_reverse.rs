@@ -1366,6 +1366,42 @@ async fn a_hanging_ping_does_not_hold_back_the_others() {
     );
 }
 
+/// More held sessions than pings allowed at once (16): every one of them is still pinged (a
+/// round that stopped at the first busy permit pinged the same 16 sessions every round).
+#[tokio::test]
+async fn every_held_session_is_pinged_past_the_concurrency_bound() {
+    let up = legacy_server_with(UpBehaviour::default(), None).await;
+    let mut cfg = TgConfig::new(&up.url()).gateway("session_idle_ms = 1000");
+    for n in 0..24 {
+        cfg = cfg.token(&format!("p{n}"), &format!("tok-{n}"));
+    }
+    let tg = cfg.start().await;
+    let url = tg.mcp_url();
+    for n in 0..24 {
+        let (_, v) = call(&url, Some(&format!("tok-{n}")), 1, "research", true).await;
+        assert_eq!(v["result"]["resultType"], "task", "{v}");
+    }
+    let pinged = eventually(std::time::Duration::from_secs(10), || async {
+        let sessions: std::collections::HashSet<_> = up
+            .received("ping")
+            .iter()
+            .filter_map(|r| r.header("mcp-session-id"))
+            .collect();
+        (sessions.len() == 24).then_some(())
+    })
+    .await;
+    let sessions: std::collections::HashSet<_> = up
+        .received("ping")
+        .iter()
+        .filter_map(|r| r.header("mcp-session-id"))
+        .collect();
+    assert!(
+        pinged.is_some(),
+        "{} of 24 held sessions pinged",
+        sessions.len()
+    );
+}
+
 /// The 2025 sessions taskgate holds are pinged (every `gateway.session_idle_ms` / 2 here), on
 /// the session and with its negotiated version, while a task created on one lives; a ping that
 /// meets 404 (the upstream lost the session) opens it again, so the client's next `tasks/get`

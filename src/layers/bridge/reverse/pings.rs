@@ -39,15 +39,15 @@ pub(super) async fn ping_held<S: McpService>(me: std::sync::Weak<ReverseState>, 
             if !out.lock().insert(key) {
                 continue;
             }
-            let Ok(permit) = permits.clone().try_acquire_owned() else {
-                out.lock().remove(&key);
-                tracing::debug!("{MAX_CONCURRENT_PINGS} pings of held sessions wait: the rest wait for the next round");
-                break;
-            };
+            // Each session's ping waits for a permit in a task of its own: every held session
+            // is pinged each round, at most MAX_CONCURRENT_PINGS at once (a round that stopped
+            // at the first busy permit pinged the same 16 sessions every time).
             let (state, inner, out) = (state.clone(), inner.clone(), out.clone());
+            let permits = permits.clone();
             tokio::spawn(async move {
-                ping(&state, &inner, session).await;
-                drop(permit);
+                if let Ok(_permit) = permits.acquire_owned().await {
+                    ping(&state, &inner, session).await;
+                }
                 out.lock().remove(&key);
             });
         }
