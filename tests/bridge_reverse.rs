@@ -1028,6 +1028,9 @@ async fn an_input_responses_array_is_refused() {
     let (status, v) = update(3, json!({"unknown-key": {"action": "decline"}})).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    // An answer that is not an object (a result) is refused, not taken and sent upstream.
+    let (status, v) = update(4, json!({"0": "yes"})).await;
+    assert_eq!((status, err_code(&v)), (400, -32602), "{v}");
 }
 
 /// Issue 33 item 8: a 2026 client's `subscriptions/listen` on a 2025 upstream. The

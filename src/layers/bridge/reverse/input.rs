@@ -88,7 +88,15 @@ impl TaskInputs {
         }
         let mut request = json!({ "method": method });
         if let Some(p) = msg.get("params") {
-            request["params"] = p.clone();
+            let mut params = p.clone();
+            // 2026-07-28 has no related-task key: the request is shown inside its task.
+            if let Some(meta) = params.get_mut("_meta").and_then(Value::as_object_mut) {
+                meta.remove(crate::mcp::task::RELATED_TASK_META);
+                if meta.is_empty() {
+                    params.as_object_mut().map(|o| o.remove("_meta"));
+                }
+            }
+            request["params"] = params;
         }
         pending.insert(
             key_of(id),
@@ -121,6 +129,14 @@ impl TaskInputs {
     /// The request under `key`, taken (answered once).
     pub fn take(&self, key: &str) -> Option<Pending> {
         self.pending.lock().remove(key)
+    }
+
+    /// Puts back under `key` a request [`TaskInputs::take`] gave (its answer could not be sent).
+    pub fn restore(&self, key: &str, pending: Pending) {
+        self.pending
+            .lock()
+            .entry(key.to_string())
+            .or_insert(pending);
     }
 
     /// The follower ended (its stream ended or failed).
@@ -360,6 +376,21 @@ pub(super) async fn tasks_update<S: McpService>(
         );
     }
     let responses = responses.and_then(Value::as_object);
+    // Each answer is the client's result for one request: one that is not an object is refused
+    // before any is taken (taken first, it went upstream as a result the server cannot read and
+    // the request was gone for good).
+    if let Some((key, _)) = responses.and_then(|r| r.iter().find(|(_, v)| !v.is_object())) {
+        return McpReply::era_error(
+            Era::Modern,
+            Some(id),
+            jsonrpc::INVALID_PARAMS,
+            &format!(
+                "params.inputResponses[{}] must be an object (the client's result for that input request)",
+                Value::String(key.clone())
+            ),
+            LocalReason::InvalidParams,
+        );
+    }
     if let (Some(task), Some(responses)) = (state.inputs.of(&record.task_id), responses) {
         for (key, response) in responses {
             let Some(pending) = task.take(key) else {
@@ -383,7 +414,9 @@ pub(super) async fn tasks_update<S: McpService>(
                 send(state, &inner, req, &body, On::Task, &plain).await,
                 Ok(Ok(_))
             ) {
-                tracing::warn!(task_id = %record.task_id, key = %key, "an input response could not be sent upstream");
+                // Kept, so the client sees it again in `tasks/get` and can answer once more.
+                task.restore(key, pending);
+                tracing::warn!(task_id = %record.task_id, key = %key, "an input response could not be sent upstream; the request is kept");
             }
         }
     }
@@ -410,6 +443,17 @@ mod tests {
         assert_eq!(shown["ask-1"]["method"], "elicitation/create");
         assert_eq!(shown["ask-1"]["params"]["message"], "?");
         assert_eq!(shown["7"]["method"], "sampling/createMessage");
+        assert!(t.add(&json!({"jsonrpc":"2.0","id":"m","method":"elicitation/create",
+            "params":{"message":"?","_meta":{"io.modelcontextprotocol/related-task":{"taskId":"t1"}}}})));
+        assert_eq!(
+            t.shown()["m"]["params"],
+            json!({"message":"?"}),
+            "no 2025 related-task key in a 2026 inputRequests entry"
+        );
+        let m = t.take("m").unwrap();
+        t.restore("m", m);
+        assert_eq!(t.shown()["m"]["method"], "elicitation/create", "restored");
+        t.take("m");
         assert_eq!(t.take("7").unwrap().id, json!(7));
         // The ids 9 and "9" (and "null" and null) are two requests, under two keys.
         assert!(t.add(&json!({"jsonrpc":"2.0","id":9,"method":"elicitation/create"})));
