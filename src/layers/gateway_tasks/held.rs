@@ -209,6 +209,18 @@ pub(super) fn plain_call(msg: &Message, own_id: &Id, task_id: &str) -> Option<(M
     if let Ok(Some(without)) = splice::remove(&bytes, &["params", "task"]) {
         bytes = without;
     }
+    // A 2026-07-28 client's tasks extension is taskgate's to serve here: declared to the
+    // server, it invites a task of the server's own, which fails the gateway task.
+    let extension = [
+        "params",
+        "_meta",
+        crate::mcp::capabilities::CLIENT_CAPABILITIES_META,
+        "extensions",
+        crate::mcp::capabilities::TASKS_EXTENSION,
+    ];
+    if let Ok(Some(without)) = splice::remove(&bytes, &extension) {
+        bytes = without;
+    }
     bytes = splice::replace(&bytes, &["id"], own_id.as_json()).ok()??;
     let token_path = ["params", "_meta", "progressToken"];
     let token = match splice::raw_at(&bytes, &token_path).ok()? {

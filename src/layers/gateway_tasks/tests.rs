@@ -67,6 +67,17 @@ fn the_plain_call_keeps_the_clients_bytes() {
         std::str::from_utf8(plain.bytes()).unwrap(),
         r#"{"jsonrpc":"2.0","id":"taskgate-gt-1","method":"tools/call","params":{"name":"slow","_meta":{"progressToken":42,"k":1}}}"#
     );
+    // 2026-07-28: the client's tasks extension is not declared to the server (it would invite
+    // a task of the server's own); its other capabilities go as they came.
+    let modern = crate::jsonrpc::Message::parse(bytes::Bytes::from_static(
+        br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"slow","_meta":{"progressToken":1,"io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}},"elicitation":{}}}}}"#,
+    ))
+    .unwrap();
+    let (plain, _) = held::plain_call(&modern, &own, "tgt-x").unwrap();
+    assert_eq!(
+        std::str::from_utf8(plain.bytes()).unwrap(),
+        r#"{"jsonrpc":"2.0","id":"taskgate-gt-1","method":"tools/call","params":{"name":"slow","_meta":{"progressToken":1,"io.modelcontextprotocol/clientCapabilities":{"extensions":{},"elicitation":{}}}}}"#
+    );
 }
 
 #[test]
