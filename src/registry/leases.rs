@@ -13,7 +13,9 @@
 //!   one's task is `failed` with a `statusMessage` saying its replica was lost (and released,
 //!   `reason="process_exited"`), a [`LeaseKind::Followed`] one is followed to its end by the
 //!   adopter its upstream registered ([`LeaseKeeper::on_adopt`]). Every third of the lapse it
-//!   renews all of this process's leases (one statement). After the store was out of reach
+//!   renews all of this process's leases (one statement); a held call whose lease is not among
+//!   those renewed was adopted by another replica (this one stalled or lost the store past the
+//!   lapse) and is stopped as a cancelled one is. After the store was out of reach
 //!   (a poll's store call failed), nothing is adopted for one lapse: every live replica's
 //!   renewals failed as well, and each gets that long to renew its own.
 //!
@@ -48,6 +50,12 @@ pub type CancelHook = Box<dyn FnOnce() + Send>;
 /// (its id) to its end; the lease ends when the future does.
 pub type Adopter = Arc<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;
 
+/// A lease's cancel hook, and when its lease was in the store (`None`: not yet).
+struct Hooked {
+    hook: CancelHook,
+    taken_at: Option<Instant>,
+}
+
 /// The keeper's task's own state across polls.
 struct Ticks {
     /// When this replica's leases are renewed next.
@@ -81,7 +89,7 @@ pub struct LeaseKeeper {
     lapse: Duration,
     poll: Duration,
     /// The cancel hooks of the leases this process holds.
-    hooks: Mutex<HashMap<Key, CancelHook>>,
+    hooks: Mutex<HashMap<Key, Hooked>>,
     /// `(upstream, kind)` → what adopts such a lease.
     adopters: Mutex<HashMap<(String, LeaseKind), Adopter>>,
 }
@@ -122,15 +130,46 @@ impl LeaseKeeper {
     ) -> Result<LeaseGuard, StoreError> {
         let key = (upstream.to_string(), task_id.to_string());
         if let Some(hook) = on_cancel {
-            self.hooks.lock().insert(key.clone(), hook);
+            let hooked = Hooked {
+                hook,
+                taken_at: None,
+            };
+            self.hooks.lock().insert(key.clone(), hooked);
         }
         let guard = LeaseGuard {
             keeper: self.clone(),
             key,
         };
         self.with_leases(|l| l.take_lease(upstream, task_id, kind, self.lapse))
-            .await
-            .map(|()| guard)
+            .await?;
+        if let Some(h) = self.hooks.lock().get_mut(&guard.key) {
+            h.taken_at = Some(Instant::now());
+        }
+        Ok(guard)
+    }
+
+    /// After a renewal that began at `started` and renewed `held`: each call whose lease was in
+    /// the store before then and is not among them is no longer this process's (it stalled or
+    /// lost the store past the lapse, and another replica adopted the lease, recording the task
+    /// failed). Its hook runs, as for a cancel asked: the call stops (its server is sent
+    /// `notifications/cancelled`) instead of running on unseen, where no cancel could reach it.
+    fn stop_lost(&self, held: &[Key], started: Instant) {
+        let held: std::collections::HashSet<&Key> = held.iter().collect();
+        let lost: Vec<(Key, CancelHook)> = {
+            let mut hooks = self.hooks.lock();
+            let keys: Vec<Key> = hooks
+                .iter()
+                .filter(|(k, h)| h.taken_at.is_some_and(|t| t < started) && !held.contains(k))
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| hooks.remove(&k).map(|h| (k, h.hook)))
+                .collect()
+        };
+        for ((upstream, task_id), hook) in lost {
+            tracing::warn!(upstream, task_id, "this replica's call lease was adopted by another replica (it was not renewed within its lapse): the call is stopped here");
+            hook();
+        }
     }
 
     /// Asks the replica holding `(upstream, task_id)`'s call to cancel it. Returns whether a
@@ -183,17 +222,17 @@ impl LeaseKeeper {
         );
         for key in asked.unwrap_or_default() {
             let hook = self.hooks.lock().remove(&key);
-            if let Some(hook) = hook {
+            if let Some(Hooked { hook, .. }) = hook {
                 tracing::info!(upstream = %key.0, task_id = %key.1, "a cancel asked by another replica reached the call this replica holds");
                 hook();
             }
         }
         if Instant::now() >= t.renew_at {
+            let started = Instant::now();
             let renewed = leases.renew_leases(self.lapse).await;
-            if t.note(renewed, "this replica's call leases could not be renewed")
-                .is_some()
-            {
+            if let Some(held) = t.note(renewed, "this replica's call leases could not be renewed") {
                 t.renew_at = Instant::now() + self.lapse / 3;
+                self.stop_lost(&held, started);
             }
         }
         if t.failing {
@@ -318,5 +357,45 @@ impl Registry {
     /// The lease keeper, in a tier ([`Registry::keep_leases`]).
     pub fn leases(&self) -> Option<&Arc<LeaseKeeper>> {
         self.leases.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> Key {
+        ("up".to_string(), id.to_string())
+    }
+
+    /// A renewal that no longer returns a lease taken before it stops that call (its hook
+    /// runs, once), and only that one: not a call still held, nor one whose lease was not yet
+    /// in the store when the renewal began.
+    #[test]
+    fn leases_adopted_elsewhere_stop_their_calls() {
+        let keeper = LeaseKeeper {
+            registry: Weak::new(),
+            lapse: Duration::from_secs(1),
+            poll: Duration::from_millis(100),
+            hooks: Mutex::new(HashMap::new()),
+            adopters: Mutex::new(HashMap::new()),
+        };
+        let stopped = Arc::new(Mutex::new(Vec::new()));
+        let taken = Instant::now();
+        for (id, taken_at) in [("lost", Some(taken)), ("held", Some(taken)), ("new", None)] {
+            let stopped = stopped.clone();
+            let hook: CancelHook = Box::new(move || stopped.lock().push(id));
+            keeper
+                .hooks
+                .lock()
+                .insert(key(id), Hooked { hook, taken_at });
+        }
+        let started = taken + Duration::from_millis(1);
+        keeper.stop_lost(&[key("held")], started);
+        assert_eq!(*stopped.lock(), vec!["lost"]);
+        keeper.stop_lost(&[key("held")], started);
+        assert_eq!(stopped.lock().len(), 1, "once");
+        assert!(keeper.hooks.lock().contains_key(&key("held")));
+        assert!(keeper.hooks.lock().contains_key(&key("new")));
     }
 }

@@ -72,8 +72,13 @@ pub trait LeaseStore: Send + Sync {
         lapse: Duration,
     ) -> BoxFuture<'static, Result<(), StoreError>>;
 
-    /// Moves the lapse of every lease this process holds to `lapse` from now; returns how many.
-    fn renew_leases(&self, lapse: Duration) -> BoxFuture<'static, Result<u64, StoreError>>;
+    /// Moves the lapse of every lease this process holds to `lapse` from now; returns the
+    /// `(upstream, task_id)` of each lease renewed. A lease this process took that is not among
+    /// them is no longer its own (it lapsed and another process adopted it): its call must stop.
+    fn renew_leases(
+        &self,
+        lapse: Duration,
+    ) -> BoxFuture<'static, Result<Vec<(String, String)>, StoreError>>;
 
     /// Ends the lease of `(upstream, task_id)` when it is this process's (its call ended).
     fn end_lease(
@@ -143,13 +148,18 @@ impl LeaseStore for LocalLeases {
         ready(())
     }
 
-    fn renew_leases(&self, lapse: Duration) -> BoxFuture<'static, Result<u64, StoreError>> {
+    fn renew_leases(
+        &self,
+        lapse: Duration,
+    ) -> BoxFuture<'static, Result<Vec<(String, String)>, StoreError>> {
         let mut leases = self.leases.lock();
         let until = Instant::now() + lapse;
-        for l in leases.values_mut() {
+        let mut renewed = Vec::with_capacity(leases.len());
+        for (key, l) in leases.iter_mut() {
             l.lapses_at = until;
+            renewed.push(key.clone());
         }
-        ready(leases.len() as u64)
+        ready(renewed)
     }
 
     fn end_lease(

@@ -48,7 +48,9 @@ pub async fn contract(store: Arc<dyn TaskStore>) {
     assert_eq!(asked, vec![key(&up, "held-1")]);
     assert!(l.cancels_asked().await.unwrap().iter().all(|k| k.0 != up));
     // Renewed leases never lapse while renewed; nothing of this upstream is adoptable.
-    assert!(l.renew_leases(long).await.unwrap() >= 2);
+    let renewed = l.renew_leases(long).await.unwrap();
+    assert!(renewed.contains(&key(&up, "held-1")), "{renewed:?}");
+    assert!(renewed.contains(&key(&up, "followed-1")), "{renewed:?}");
     let adopted = l.adopt_lapsed(long, 100).await.unwrap();
     assert!(adopted.iter().all(|a| a.upstream != up), "{adopted:?}");
     // An ended lease is gone: no ask reaches it.
@@ -136,13 +138,22 @@ async fn postgres_leases_reach_the_holder_and_are_adopted_once() {
         .unwrap()
         .iter()
         .all(|x| x.upstream != up));
+    // A's renewal no longer returns it (A stalled past the lapse: its call must stop).
+    let renewed_a = la.renew_leases(Duration::from_secs(60)).await.unwrap();
+    assert!(renewed_a.contains(&key(&up, "t1")), "{renewed_a:?}");
+    assert!(
+        !renewed_a.contains(&key(&up, "t2")),
+        "adopted by B: {renewed_a:?}"
+    );
     // The lease is B's now: A ending it (its call ended late) leaves it; B renews it.
     la.end_lease(&up, "t2").await.unwrap();
     assert!(la.ask_cancel(&up, "t2").await.unwrap(), "still B's lease");
     assert_eq!(lb.cancels_asked().await.unwrap(), vec![key(&up, "t2")]);
-    assert!(lb.renew_leases(Duration::from_secs(60)).await.unwrap() >= 1);
-    assert!(
-        la.renew_leases(Duration::from_secs(60)).await.unwrap() >= 1,
+    let renewed_b = lb.renew_leases(Duration::from_secs(60)).await.unwrap();
+    assert_eq!(renewed_b, vec![key(&up, "t2")]);
+    assert_eq!(
+        la.renew_leases(Duration::from_secs(60)).await.unwrap(),
+        vec![key(&up, "t1")],
         "A still holds t1"
     );
     lb.end_lease(&up, "t2").await.unwrap();

@@ -1,7 +1,8 @@
 //! The call leases of a tier ([`crate::store::lease`]) in `taskgate_leases`: one row per held or
 //! followed call, `holder` the replica's name (as in cancel claims), `lapse_at` on the
 //! database's clock (the one clock every replica shares). Each operation is one statement:
-//! renewing is one `UPDATE … WHERE holder = me` per renewal for all of a replica's leases;
+//! renewing is one `UPDATE … WHERE holder = me RETURNING` per renewal for all of a replica's
+//! leases (what it returns is what the replica still holds);
 //! reading the cancel asks is one `UPDATE … RETURNING` that clears them as it reads them (each
 //! ask seen once); adopting is one `UPDATE … RETURNING` over the lapsed rows locked with
 //! `FOR UPDATE SKIP LOCKED` and re-checked in the `UPDATE`, so a lapsed lease goes to one
@@ -47,17 +48,23 @@ impl LeaseStore for PgStore {
         }))
     }
 
-    fn renew_leases(&self, lapse: Duration) -> BoxFuture<'static, Result<u64, StoreError>> {
+    fn renew_leases(
+        &self,
+        lapse: Duration,
+    ) -> BoxFuture<'static, Result<Vec<(String, String)>, StoreError>> {
         let (me, lapse) = (self.replica.clone(), ms(lapse));
         Box::pin(self.spawn(move |c| async move {
-            c.execute(
-                &format!(
-                    "UPDATE taskgate_leases SET lapse_at = {DB_NOW_MS} + $2 WHERE holder = $1"
-                ),
-                &[&me, &lapse],
-            )
-            .await
-            .map_err(pg_err)
+            let rows = c
+                .query(
+                    &format!(
+                        "UPDATE taskgate_leases SET lapse_at = {DB_NOW_MS} + $2 WHERE holder = $1 \
+                         RETURNING upstream, task_id"
+                    ),
+                    &[&me, &lapse],
+                )
+                .await
+                .map_err(pg_err)?;
+            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
         }))
     }
 
