@@ -503,7 +503,110 @@ async fn a_bridged_task_survives_sigkill() {
     assert_eq!(up.count("initialize"), 1, "no new session was needed");
 }
 
-/// An input request captured before `kill -9` cannot be had again: the upstream asks once (as the
+/// The upstream's script of the restart tests: the 1.x SDKs set `input_required` before anyone
+/// opens `tasks/result`, and send the request once, on the first stream: the second waits,
+/// asking nothing (`hold_later`: every later one; otherwise the third answers as usual).
+fn asks_once(hold_later: bool) -> Hook {
+    Arc::new(move |method, id, task_id, n| {
+        let now = format_rfc3339_ms(now_ms());
+        match method {
+            "tasks/get" if n == 1 => Some(ScriptedResponse::json(rpc_result(
+                id,
+                &json!({"taskId": task_id, "status": "input_required", "createdAt": now,
+                    "lastUpdatedAt": now, "ttl": 60000, "pollInterval": 100})
+                .to_string(),
+            ))),
+            "tasks/result" if n == 2 || (hold_later && n > 2) => {
+                Some(ScriptedResponse::sse(vec![SseStep::HoldOpen]))
+            }
+            _ => None,
+        }
+    })
+}
+
+/// An input request captured before `kill -9` is in the task's record (issue 33): the upstream
+/// asks once (as the 1.x SDKs do), yet after the restart `tasks/get` shows it (without the 2025
+/// related-task `_meta`), `tasks/update` answers it on the task's session (a 2025 server takes
+/// a response by its id on any POST of the session), and the task completes; the key is
+/// answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_request_captured_before_a_restart_is_answered_after_it() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            ask: Some("elicitation/create"),
+            task_ms: Some(100),
+            ..UpBehaviour::default()
+        },
+        Some(asks_once(false)),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
+    let (mut p, gw, _) = spawn_binary(&cfg);
+    let url = format!("http://{gw}/mcp");
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    let key = format!("ask-{t}");
+    let (_, before) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(
+        before["result"]["inputRequests"][&key]["method"], "elicitation/create",
+        "{before}"
+    );
+    sigkill(&mut p);
+    let (_p2, gw, _) = spawn_binary(&cfg);
+    let url = format!("http://{gw}/mcp");
+    let (status, v) = task_call(&url, None, 3, "tasks/get", &t).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["status"], "input_required", "{v}");
+    assert_eq!(
+        v["result"]["inputRequests"], before["result"]["inputRequests"],
+        "the same request, from the record: {v}"
+    );
+    assert_eq!(v["result"]["inputRequests"][&key]["params"]["message"], "Which one?");
+    assert!(
+        v["result"]["inputRequests"][&key]["params"].get("_meta").is_none(),
+        "{v}"
+    );
+    assert_eq!(up.count("tasks/cancel"), 0, "not failed: {v}");
+    let answer = json!({"action": "accept", "content": {"choice": "b"}});
+    let (status, ack) = send(modern_req(
+        &url,
+        None,
+        4,
+        "tasks/update",
+        json!({"taskId": t, "inputResponses": {key.clone(): answer}}),
+    ))
+    .await;
+    assert_eq!(status, 200, "{ack}");
+    let got = up.task(&t).answer.expect("the answer went upstream");
+    assert_eq!(got["id"], json!(key), "{got}");
+    assert_eq!(got["result"]["content"]["choice"], "b", "{got}");
+    assert_eq!(got["result"]["_meta"][RELATED]["taskId"], json!(t), "{got}");
+    let answers = up
+        .received_all()
+        .iter()
+        .filter(|r| r.json().get("method").is_none() && r.json().get("id").is_some())
+        .map(|r| r.header("mcp-session-id"))
+        .collect::<Vec<_>>();
+    assert_eq!(answers, vec![Some("sess-1".to_string())], "once, on the task's session");
+    let done = until_terminal(&url, None, &t).await;
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    assert!(done["result"].get("inputRequests").is_none(), "{done}");
+    // Answered once: the key is gone from the record, a second answer goes nowhere.
+    let (status, _) = send(modern_req(
+        &url,
+        None,
+        5,
+        "tasks/update",
+        json!({"taskId": t, "inputResponses": {key.clone(): {"action": "decline"}}}),
+    ))
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(up.task(&t).answer.unwrap()["result"]["content"]["choice"], "b");
+}
+
+/// An input request captured before `kill -9` that the record could not hold (here: storing
+/// off, `tasks.max_stored_result_bytes = 0`) cannot be had again: the upstream asks once (as the
 /// 1.x SDKs do: a later `tasks/result` stream gets nothing more), so after the restart the
 /// task's `tasks/get` opens a new `tasks/result`, finds nothing, and the task is `failed` with a
 /// `statusMessage` and an `error` saying the input request was lost when taskgate restarted;
@@ -517,25 +620,13 @@ async fn an_input_request_lost_with_a_restart_fails_the_task() {
             task_ms: Some(100),
             ..UpBehaviour::default()
         },
-        Some(Arc::new(|method, id, task_id, n| {
-            let now = format_rfc3339_ms(now_ms());
-            match method {
-                // The 1.x SDKs set `input_required` before anyone opens `tasks/result`.
-                "tasks/get" if n == 1 => Some(ScriptedResponse::json(rpc_result(
-                    id,
-                    &json!({"taskId": task_id, "status": "input_required", "createdAt": now,
-                        "lastUpdatedAt": now, "ttl": 60000, "pollInterval": 100})
-                    .to_string(),
-                ))),
-                // The request went out on the first stream: a later one waits, asking nothing.
-                "tasks/result" if n > 1 => Some(ScriptedResponse::sse(vec![SseStep::HoldOpen])),
-                _ => None,
-            }
-        })),
+        Some(asks_once(true)),
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
+    let cfg = TgConfig::new(&up.url())
+        .tasks("max_stored_result_bytes = 0")
+        .write_for_binary(dir.path());
     let (mut p, gw, _) = spawn_binary(&cfg);
     let url = format!("http://{gw}/mcp");
     let (_, v) = call(&url, None, 1, "research", true).await;
@@ -1106,9 +1197,11 @@ async fn subscriptions_listen_relays_task_status_and_list_changes() {
                 "_meta": meta(ext)}),
         )
     };
-    // Task ids without the extension.
+    // Task ids without the extension: -32021, also for ids the caller does not own.
     let (status, v) = send(listen("tok-a", 6, false)).await;
     assert_eq!((status, err_code(&v)), (400, -32021), "{v}");
+    let (status, v) = send(listen("tok-b", 6, false)).await;
+    assert_eq!((status, err_code(&v)), (400, -32021), "another's ids: {v}");
 
     let alice = listen("tok-a", 7, true).send().await;
     assert_eq!(alice.status(), 200);

@@ -220,6 +220,24 @@ pub(super) async fn filter_listen(
             },
             _ => return Ok(()),
         };
+    // 2026-07-28: a listen naming tasks needs the tasks extension, whoever owns the ids (asked
+    // after the ids were filtered, a client naming only others' tasks was acknowledged).
+    if era == Era::Modern
+        && named > 0
+        && !declares_tasks_extension(
+            msg.parse_as::<Value>()
+                .ok()
+                .as_ref()
+                .and_then(|v| v.get("params")),
+        )
+    {
+        return Err(McpReply::era_error_bytes(
+            Era::Modern,
+            missing_tasks_extension(msg.id()),
+            MISSING_REQUIRED_CLIENT_CAPABILITY,
+            LocalReason::MissingExtension,
+        ));
+    }
     if named > MAX_LISTEN_TASK_IDS {
         return Err(McpReply::era_error(
             era,
