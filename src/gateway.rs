@@ -350,7 +350,13 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
             Arc::new(move |task_id: String| {
                 let (state, stack, up) = (state.clone(), stack.clone(), up.clone());
                 Box::pin(async move {
-                    follow_adopted(&state, &up, stack, &task_id).await;
+                    match follow_adopted(&state, &up, stack, &task_id).await {
+                        Ok(_) => true,
+                        Err(e) => {
+                            tracing::warn!(upstream = %up, task_id, error = %e, "an adopted upgraded call could not be followed");
+                            false
+                        }
+                    }
                 })
             }),
         );

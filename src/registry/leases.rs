@@ -30,7 +30,7 @@
 //! 55 ms with 100 ms.
 
 use super::Registry;
-use crate::mcp::task::now_ms;
+use crate::mcp::task::{now_ms, TaskStatus};
 use crate::store::{Adopted, LeaseKind, LeaseStore, StoreError};
 use futures_util::future::BoxFuture;
 use parking_lot::Mutex;
@@ -47,8 +47,9 @@ type Key = (String, String);
 pub type CancelHook = Box<dyn FnOnce() + Send>;
 
 /// What an upstream does with a [`LeaseKind::Followed`] lease it adopted: follows the task
-/// (its id) to its end; the lease ends when the future does.
-pub type Adopter = Arc<dyn Fn(String) -> BoxFuture<'static, ()> + Send + Sync>;
+/// (its id) to its end. The future's `true`: done, the lease ends; `false`: it failed (the
+/// store was out of reach), the lease is given back and adopted again at a later poll.
+pub type Adopter = Arc<dyn Fn(String) -> BoxFuture<'static, bool> + Send + Sync>;
 
 /// A lease's cancel hook, and when its lease was in the store (`None`: not yet).
 struct Hooked {
@@ -255,18 +256,20 @@ impl LeaseKeeper {
         }
     }
 
-    /// What becomes of a lease this process adopted; the lease ends afterwards.
+    /// What becomes of a lease this process adopted; the lease ends afterwards when the
+    /// adoption succeeded, else it is given back ([`LeaseStore::let_lapse`]) and adopted again
+    /// at a later poll (never ended with its task still `working` until its ttl).
     async fn adopted(self: Arc<Self>, a: Adopted) {
         let Some(registry) = self.registry.upgrade() else {
             return;
         };
-        match a.kind {
+        let done = match a.kind {
             LeaseKind::Held => {
                 let message = format!(
                     "the taskgate replica holding this task's call to upstream `{}` was lost (its lease lapsed); the call's result was lost",
                     a.upstream
                 );
-                let failed = registry
+                registry
                     .fail_tasks_of_dead_process(
                         &a.upstream,
                         Some(vec![a.task_id.clone()]),
@@ -274,7 +277,24 @@ impl LeaseKeeper {
                         &message,
                     )
                     .await;
-                tracing::warn!(upstream = %a.upstream, task_id = %a.task_id, failed, "a gateway task's replica was lost: its lease lapsed");
+                // Done once the store shows nothing left to do (the failures above are only
+                // logged): no record, or a terminal one (a cancelled one released too).
+                match registry.try_record_of(&a.upstream, &a.task_id).await {
+                    Ok(None) => true,
+                    Ok(Some(rec))
+                        if rec.status.is_terminal()
+                            && (rec.status != TaskStatus::Cancelled
+                                || rec.released_at.is_some()) =>
+                    {
+                        tracing::warn!(upstream = %a.upstream, task_id = %a.task_id, status = rec.status.as_str(), "a gateway task's replica was lost: its lease lapsed");
+                        true
+                    }
+                    Ok(Some(_)) => false,
+                    Err(e) => {
+                        tracing::warn!(upstream = %a.upstream, task_id = %a.task_id, error = %e, "a lost replica's gateway task could not be read after its adoption");
+                        false
+                    }
+                }
             }
             LeaseKind::Followed => {
                 let adopter = self
@@ -285,18 +305,31 @@ impl LeaseKeeper {
                 match adopter {
                     Some(adopt) => {
                         tracing::warn!(upstream = %a.upstream, task_id = %a.task_id, "an upgraded call's follower was lost (its lease lapsed): followed here");
-                        adopt(a.task_id.clone()).await;
+                        adopt(a.task_id.clone()).await
                     }
                     None => {
-                        tracing::warn!(upstream = %a.upstream, task_id = %a.task_id, "an upgraded call's follower was lost, and this replica does not upgrade calls for its upstream: not followed")
+                        tracing::warn!(upstream = %a.upstream, task_id = %a.task_id, "an upgraded call's follower was lost, and this replica does not upgrade calls for its upstream: not followed");
+                        true
                     }
                 }
             }
-        }
+        };
         self.hooks
             .lock()
             .remove(&(a.upstream.clone(), a.task_id.clone()));
-        self.end(&a.upstream, &a.task_id).await;
+        if done {
+            self.end(&a.upstream, &a.task_id).await;
+            return;
+        }
+        tracing::warn!(upstream = %a.upstream, task_id = %a.task_id, "a lapsed call lease could not be adopted (the task store failed): given back, adopted again at a later poll");
+        if let Err(e) = self
+            .with_leases(|l| l.let_lapse(&a.upstream, &a.task_id))
+            .await
+        {
+            // Renewed by this process until it ends: the lease is ended instead of kept.
+            tracing::warn!(upstream = %a.upstream, task_id = %a.task_id, error = %e, "a call lease whose adoption failed could not be given back");
+            self.end(&a.upstream, &a.task_id).await;
+        }
     }
 }
 
@@ -334,6 +367,20 @@ impl Registry {
                 keeper.tick(&mut ticks).await;
             }
         });
+    }
+
+    /// The record of `(upstream, task_id)` as the store holds it now (`None`: none).
+    ///
+    /// Errors: the store's read, or the work could not run.
+    pub async fn try_record_of(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+    ) -> Result<Option<crate::store::TaskRecord>, StoreError> {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        self.try_off_runtime(move |r| r.store.get(&up, &id))
+            .await
+            .and_then(|found| found)
     }
 
     /// The record of `(upstream, task_id)` as the store holds it now (`None`: none, or the read

@@ -87,6 +87,16 @@ pub trait LeaseStore: Send + Sync {
         task_id: &str,
     ) -> BoxFuture<'static, Result<(), StoreError>>;
 
+    /// Gives up the lease of `(upstream, task_id)` without ending it, when it is this
+    /// process's: it lapses now and is held by nobody (no renewal of this process keeps it), so
+    /// the next [`LeaseStore::adopt_lapsed`] of any process adopts it again (an adoption that
+    /// failed).
+    fn let_lapse(
+        &self,
+        upstream: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, Result<(), StoreError>>;
+
     /// Asks the holder of `(upstream, task_id)`'s lease to cancel its call. Returns whether a
     /// lease that has not lapsed was asked (false: no lease, or a lapsed one, which its
     /// adopter deals with).
@@ -170,6 +180,22 @@ impl LeaseStore for LocalLeases {
         self.leases
             .lock()
             .remove(&(upstream.to_string(), task_id.to_string()));
+        ready(())
+    }
+
+    fn let_lapse(
+        &self,
+        upstream: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        // One process holds every lease here: it lapses now (the keeper runs only in a tier).
+        if let Some(l) = self
+            .leases
+            .lock()
+            .get_mut(&(upstream.to_string(), task_id.to_string()))
+        {
+            l.lapses_at = Instant::now();
+        }
         ready(())
     }
 

@@ -85,6 +85,16 @@ pub async fn contract(store: Arc<dyn TaskStore>) {
         again.iter().all(|a| a.upstream != up),
         "adopted once: {again:?}"
     );
+    // Given back (its adoption failed): adopted again.
+    l.let_lapse(&up, "lapsing").await.unwrap();
+    let again: Vec<_> = l
+        .adopt_lapsed(long, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.upstream == up)
+        .collect();
+    assert_eq!(again.len(), 1, "adopted again: {again:?}");
     l.end_lease(&up, "lapsing").await.unwrap();
     l.take_lease(&up, "short", LeaseKind::Held, Duration::from_millis(1))
         .await
@@ -156,6 +166,24 @@ async fn postgres_leases_reach_the_holder_and_are_adopted_once() {
         vec![key(&up, "t1")],
         "A still holds t1"
     );
+    // B's adoption failed: it gives the lease back (not ended); A cannot, not being its
+    // holder. B's renewals no longer keep it, and the next poll of any replica adopts it again.
+    la.let_lapse(&up, "t2").await.unwrap();
+    assert!(
+        la.ask_cancel(&up, "t2").await.unwrap(),
+        "A gave back nothing"
+    );
+    assert!(lb.cancels_asked().await.unwrap().contains(&key(&up, "t2")));
+    lb.let_lapse(&up, "t2").await.unwrap();
+    assert!(lb
+        .renew_leases(Duration::from_secs(60))
+        .await
+        .unwrap()
+        .is_empty());
+    let again = la.adopt_lapsed(Duration::from_secs(60), 100).await.unwrap();
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0].task_id, "t2");
+    la.end_lease(&up, "t2").await.unwrap();
     lb.end_lease(&up, "t2").await.unwrap();
     assert!(!la.ask_cancel(&up, "t2").await.unwrap(), "ended");
     la.end_lease(&up, "t1").await.unwrap();

@@ -18,7 +18,7 @@ use crate::layers::extensions::OnBehalfOf;
 use crate::layers::McpService;
 use crate::mcp::era::Era;
 use crate::mcp::task::{now_ms, TaskStatus, MAX_POLL, MIN_POLL};
-use crate::store::Owner;
+use crate::store::{Owner, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::ServiceExt;
@@ -26,24 +26,32 @@ use tower::ServiceExt;
 /// Follows the upgraded task `task_id` of `upstream`, adopted from a lost replica, until its
 /// record is terminal (or expired, or gone), then asks its result once. Returns the status it
 /// ended with (`None`: no record).
+///
+/// Errors: the store's, when the record could not be read (the adoption failed: its lease is
+/// given back and adopted again, `registry::leases`).
 pub async fn follow_adopted<S: McpService>(
     state: &UpgradeState,
     upstream: &Arc<str>,
     stack: S,
     task_id: &str,
-) -> Option<TaskStatus> {
-    let mut record = state.registry.record_of(upstream, task_id).await?;
+) -> Result<Option<TaskStatus>, StoreError> {
+    let Some(mut record) = state.registry.try_record_of(upstream, task_id).await? else {
+        return Ok(None);
+    };
     let ctx = owner_context(upstream, &record);
     let poll =
         Duration::from_millis(record.poll_interval_ms.unwrap_or(1000)).clamp(MIN_POLL, MAX_POLL);
     while !record.status.is_terminal() {
         if record.is_expired(now_ms()) {
             tracing::warn!(upstream = %upstream, task_id, "an adopted upgraded call expired before it ended");
-            return Some(record.status);
+            return Ok(Some(record.status));
         }
         // Its answer is applied to the record by `observe`.
         ask(&stack, state, &ctx, "tasks/get", task_id, &record.owner).await;
-        record = state.registry.record_of(upstream, task_id).await?;
+        let Some(now) = state.registry.try_record_of(upstream, task_id).await? else {
+            return Ok(None);
+        };
+        record = now;
         if !record.status.is_terminal() {
             tokio::time::sleep(poll).await;
         }
@@ -52,7 +60,7 @@ pub async fn follow_adopted<S: McpService>(
         ask(&stack, state, &ctx, "tasks/result", task_id, &record.owner).await;
     }
     tracing::info!(upstream = %upstream, task_id, status = record.status.as_str(), "an adopted upgraded call was followed to its end");
-    Some(record.status)
+    Ok(Some(record.status))
 }
 
 /// One request about the task, authorised as `owner`; its answer is read to its end.

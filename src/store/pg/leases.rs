@@ -89,6 +89,30 @@ impl LeaseStore for PgStore {
         }))
     }
 
+    fn let_lapse(
+        &self,
+        upstream: &str,
+        task_id: &str,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let (up, id, me) = (
+            upstream.to_string(),
+            task_id.to_string(),
+            self.replica.clone(),
+        );
+        Box::pin(self.spawn(move |c| async move {
+            c.execute(
+                &format!(
+                    "UPDATE taskgate_leases SET holder = '', lapse_at = {DB_NOW_MS} \
+                     WHERE upstream = $1 AND task_id = $2 AND holder = $3"
+                ),
+                &[&up, &id, &me],
+            )
+            .await
+            .map_err(pg_err)?;
+            Ok(())
+        }))
+    }
+
     fn ask_cancel(
         &self,
         upstream: &str,
