@@ -15,9 +15,10 @@ use crate::store::Origin;
 use std::sync::Arc;
 
 impl Registry {
-    /// Fails the tasks of `upstream` recorded before `before_ms` that were not terminal: the
-    /// tasks `only` names (the ones the dead process created, as its transport saw them), or
-    /// with `None` every task of the upstream (a scan: right only where no other live process
+    /// Fails the tasks of `upstream` that were not terminal: the tasks `only` names (the ones
+    /// the dead process created, as its transport saw them, whenever they were recorded: their
+    /// `recorded_at` is the creator's clock, which may run ahead of this one), or with `None`
+    /// every task of the upstream recorded before `before_ms` (a scan: right only where no other live process
     /// serves the upstream, as with a store of one gateway). Records "resources released" for
     /// them and for those cancelled and not yet released. Returns how many records changed.
     pub async fn fail_tasks_of_dead_process(
@@ -101,12 +102,15 @@ impl Registry {
         message: &str,
         reason: ReleaseReason,
     ) -> usize {
+        // Named tasks are the dead process's own: no time filter (a scan needs one, for the
+        // tasks created after the process's end).
+        let named = only.is_some();
         let dead = |rec: &crate::store::TaskRecord| {
             let unreleased_cancel =
                 rec.status == TaskStatus::Cancelled && rec.released_at.is_none();
             rec.upstream == upstream
                 && origin.is_none_or(|o| rec.origin == o)
-                && rec.recorded_at <= before_ms
+                && (named || rec.recorded_at <= before_ms)
                 && (!rec.status.is_terminal() || unreleased_cancel)
         };
         // (task id, whether it still needs its `failed`: a cancelled one only its release,
@@ -177,5 +181,37 @@ impl Registry {
             );
         }
         changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::layers::testing::{record, registry};
+    use crate::mcp::task::{now_ms, TaskStatus};
+    use crate::store::TaskStore;
+
+    /// A task named by the lost replica's lease is failed even when its creator's clock ran
+    /// ahead of the adopter's (`recorded_at` after the adopter's now); a scan keeps the filter.
+    #[tokio::test]
+    async fn lost_replica_leases_fail_a_named_task_whatever_the_clocks() {
+        let (registry, store) = registry();
+        let mut ahead = record("ahead");
+        ahead.recorded_at = now_ms() + 60_000;
+        store.create(ahead.clone()).await.unwrap();
+        let mut scanned = ahead.clone();
+        scanned.task_id = "scanned".into();
+        store.create(scanned).await.unwrap();
+        let now = now_ms();
+        let changed = registry
+            .fail_tasks_of_dead_process("up", None, now, "lost")
+            .await;
+        assert_eq!(changed, 0, "a scan: recorded after `before_ms`");
+        let changed = registry
+            .fail_tasks_of_dead_process("up", Some(vec!["ahead".into()]), now, "lost")
+            .await;
+        assert_eq!(changed, 1);
+        let rec = store.get("up", "ahead").unwrap().unwrap();
+        assert_eq!(rec.status, TaskStatus::Failed);
+        assert!(rec.released_at.is_some());
     }
 }
