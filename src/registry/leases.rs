@@ -120,8 +120,8 @@ impl LeaseKeeper {
     /// Takes the lease of `(upstream, task_id)` for this process; `on_cancel` runs (once) when
     /// another replica asks for the call's cancel. Returns once the lease is in the store.
     ///
-    /// Errors: the store's (no lease is then held: the call runs, but a cancel answered by
-    /// another replica does not reach it, and it is not adopted if this process dies).
+    /// Errors: the store's (no lease is then held: a call run without it could not be cancelled
+    /// from another replica nor adopted, so `gateway_tasks` refuses the creation).
     pub async fn hold(
         self: &Arc<Self>,
         upstream: &str,

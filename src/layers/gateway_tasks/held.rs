@@ -113,6 +113,37 @@ pub(super) async fn create<S: McpService>(
             "the task record cannot be made",
         ));
     };
+    let (cancel_tx, cancel_rx) = oneshot::channel();
+    let (answers_tx, answers_rx) = mpsc::channel(MAX_WAITING);
+    let live = Arc::new(Live {
+        upstream: req.ctx.upstream.to_string(),
+        record: Arc::new(record.clone()),
+        session: super::listen::session_of(&req),
+        cancel: Mutex::new(Some(cancel_tx)),
+        terminal: watch::channel(false).0,
+        input: CallInput::new(answers_tx),
+    });
+    // A tier: the call's lease, before the record (the client can then ask another replica
+    // to cancel the call, and a replica adopts it if this one is lost). Without it the call is
+    // refused as without its record: nothing has gone upstream yet.
+    let lease = match state.registry.leases() {
+        Some(keeper) => {
+            let hook = super::cancelled_elsewhere(state.clone(), live.clone());
+            match keeper
+                .hold(&req.ctx.upstream, &task_id, LeaseKind::Held, Some(hook))
+                .await
+            {
+                Ok(guard) => Some(guard),
+                Err(e) => {
+                    return Ok(refuse(
+                        jsonrpc::INTERNAL_ERROR,
+                        &format!("the task store is unavailable: taskgate could not take the task's call lease ({e}); nothing was sent upstream"),
+                    ));
+                }
+            }
+        }
+        None => None,
+    };
     if let Err(e) = state
         .registry
         .record_creation(record.clone(), &pending.reservation)
@@ -130,34 +161,7 @@ pub(super) async fn create<S: McpService>(
         .registry
         .releases()
         .note_progress_token(&req.ctx.upstream, token.clone(), &task_id);
-    let (cancel_tx, cancel_rx) = oneshot::channel();
-    let (answers_tx, answers_rx) = mpsc::channel(MAX_WAITING);
-    let live = Arc::new(Live {
-        upstream: req.ctx.upstream.to_string(),
-        record: Arc::new(record.clone()),
-        session: super::listen::session_of(&req),
-        cancel: Mutex::new(Some(cancel_tx)),
-        terminal: watch::channel(false).0,
-        input: CallInput::new(answers_tx),
-    });
     state.live.lock().insert(task_id.clone(), live.clone());
-    // A tier: the call's lease, before the client can ask another replica to cancel it.
-    let lease = match state.registry.leases() {
-        Some(keeper) => {
-            let hook = super::cancelled_elsewhere(state.clone(), live.clone());
-            match keeper
-                .hold(&req.ctx.upstream, &task_id, LeaseKind::Held, Some(hook))
-                .await
-            {
-                Ok(guard) => Some(guard),
-                Err(e) => {
-                    tracing::warn!(upstream = %req.ctx.upstream, task_id = %task_id, error = %e, "a gateway task's call lease could not be taken: a cancel answered by another replica will not reach the call");
-                    None
-                }
-            }
-        }
-        None => None,
-    };
     req.op = Operation::Post(plain);
     // The task's expiry bounds the held call; no upstream timeout (a tool may run for minutes).
     req.extensions.insert(Deadline::Unbounded);
