@@ -9,7 +9,7 @@
 
 use super::status::Report;
 use super::Registry;
-use crate::mcp::task::{now_ms, TaskStatus};
+use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::ReleaseReason;
 use crate::store::Origin;
 use std::sync::Arc;
@@ -145,7 +145,7 @@ impl Registry {
                 let report = Report {
                     status: TaskStatus::Failed,
                     message: Some(message.to_string()),
-                    updated_at: None,
+                    updated_at: Some(format_rfc3339_ms(now_ms())),
                     poll_interval_ms: None,
                     tool_error: false,
                 };
@@ -213,5 +213,9 @@ mod tests {
         let rec = store.get("up", "ahead").unwrap().unwrap();
         assert_eq!(rec.status, TaskStatus::Failed);
         assert!(rec.released_at.is_some());
+        assert_ne!(
+            rec.last_updated_at, ahead.last_updated_at,
+            "lastUpdatedAt set"
+        );
     }
 }

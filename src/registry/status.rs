@@ -516,12 +516,20 @@ impl Registry {
 
     /// Records that a `tasks/cancel` for the task goes upstream: `cancel_requested_at` (set
     /// once) and a `cancel_requested` audit event. One store update; returns the record after it.
+    /// A gateway task's cancel (`layers::gateway_tasks`) does not go upstream as such: the
+    /// server of its held call is sent `notifications/cancelled`, and the event says so.
     pub(super) fn request_cancel_now(
         &self,
         upstream: &str,
         task_id: &str,
     ) -> Option<std::sync::Arc<TaskRecord>> {
-        self.cancel_requested_now(upstream, task_id, "tasks/cancel forwarded upstream")
+        self.cancel_requested_now(upstream, task_id, |r| {
+            if r.origin == crate::store::Origin::Gateway {
+                "tasks/cancel of a gateway task: notifications/cancelled sent upstream for its held tools/call"
+            } else {
+                "tasks/cancel forwarded upstream"
+            }
+        })
     }
 
     /// Records the "cancel requested" fact for a 2026-07-28 `tasks/cancel` that taskgate
@@ -532,11 +540,9 @@ impl Registry {
         task_id: &str,
     ) {
         self.off_runtime_about(upstream, task_id, |this, up, id| {
-            this.cancel_requested_now(
-                up,
-                id,
-                "tasks/cancel of a terminal task acknowledged by taskgate (not forwarded)",
-            )
+            this.cancel_requested_now(up, id, |_| {
+                "tasks/cancel of a terminal task acknowledged by taskgate (not forwarded)"
+            })
         })
         .await;
     }
@@ -545,7 +551,7 @@ impl Registry {
         &self,
         upstream: &str,
         task_id: &str,
-        detail: &str,
+        detail: impl Fn(&TaskRecord) -> &'static str,
     ) -> Option<std::sync::Arc<TaskRecord>> {
         let now = now_ms();
         let updated = self.update(upstream, task_id, &mut |r| {
@@ -557,7 +563,7 @@ impl Registry {
         });
         match updated {
             Ok(Some((_, after))) => {
-                self.audit(&after, "cancel_requested", detail.to_string());
+                self.audit(&after, "cancel_requested", detail(&after).to_string());
                 Some(after)
             }
             Ok(None) => None,

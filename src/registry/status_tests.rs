@@ -91,3 +91,35 @@ async fn a_status_change_keeps_the_new_record_cached() {
     assert_eq!(seen.status, TaskStatus::InputRequired);
     assert_eq!(store.counts.snapshot()[0], gets, "served from the cache");
 }
+
+/// A gateway task's `tasks/cancel` is audited as what it is (a notifications/cancelled for its
+/// held call), not as forwarded upstream; a client task's still is.
+#[tokio::test]
+async fn a_gateway_task_cancel_is_audited_as_notifications_cancelled() {
+    use crate::store::{Origin, TaskStore};
+    let (registry, store) = crate::layers::testing::registry();
+    let mut gateway = crate::layers::testing::record("gt");
+    gateway.origin = Origin::Gateway;
+    store.create(gateway).await.unwrap();
+    store
+        .create(crate::layers::testing::record("ct"))
+        .await
+        .unwrap();
+    registry.request_cancel("up", "gt").await.unwrap();
+    registry.request_cancel("up", "ct").await.unwrap();
+    let detail = |id: &str| {
+        store
+            .audit_for("up", id)
+            .unwrap()
+            .into_iter()
+            .find(|e| e.event == "cancel_requested")
+            .map(|e| e.detail)
+            .unwrap()
+    };
+    assert!(
+        detail("gt").contains("notifications/cancelled"),
+        "{}",
+        detail("gt")
+    );
+    assert_eq!(detail("ct"), "tasks/cancel forwarded upstream");
+}
