@@ -6,6 +6,8 @@
 //!   "resources released" only once the upstream handler has ended;
 //! - kill -9 of the replica holding a gateway task's call: the task is `failed`, saying its
 //!   replica was lost, once the lease lapses (not `working` until its ttl);
+//! - SIGSTOP of that replica past the lapse: the task is adopted and `failed`, and once it runs
+//!   again the holder stops its call (`notifications/cancelled` upstream), its lease lost;
 //! - kill -9 of the replica following an upgraded call: another replica adopts it and follows
 //!   it to its end; the record gets its final status and result.
 //!
@@ -381,4 +383,58 @@ async fn an_upgraded_call_whose_follower_is_killed_is_followed_to_its_end() {
         "tasks/result asked upstream: {rec}"
     );
     let _ = &t.pg;
+}
+
+/// The replica holding a gateway task's call stalls (SIGSTOP) past its lease's lapse: replica 1
+/// adopts the lease and records the task `failed`. Once the holder runs again its renewal no
+/// longer returns that lease, and it stops the call: one `notifications/cancelled` upstream
+/// naming the held call, before the tool's end. Fails with the renewal's answer ignored (as
+/// before bf55e9d): the call runs on to its end, nothing reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_holder_whose_lease_was_adopted_stops_its_call() {
+    let gate = Gate::new();
+    let up = Upstream::start(held_call_server(gate.clone())).await;
+    let Some(mut t) = LeaseTier::start(
+        "a_stalled_holder_whose_lease_was_adopted_stops_its_call",
+        &up.url(),
+        "tasks = \"gateway\"",
+        false,
+    )
+    .await
+    else {
+        return;
+    };
+    let (task, sid) = gateway_task(&t, &up).await;
+    let call_id = up.received("tools/call")[0].json()["id"].clone();
+    t.replicas[0]
+        .process
+        .as_mut()
+        .unwrap()
+        .signal(libc::SIGSTOP);
+    let failed = eventually(Duration::from_millis(LEASE_MS) + STEP, || async {
+        let v = t.on(1, &sid).get("3", &task).await;
+        (v["result"]["status"] == "failed").then_some(v)
+    })
+    .await;
+    t.replicas[0]
+        .process
+        .as_mut()
+        .unwrap()
+        .signal(libc::SIGCONT);
+    assert!(failed.is_some(), "adopted while its holder stalled");
+    assert!(
+        up.received("notifications/cancelled").is_empty(),
+        "nothing sent while stopped"
+    );
+    let stopped = eventually(STEP, || async {
+        (!up.received("notifications/cancelled").is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        stopped.is_some(),
+        "the holder stops the call whose lease another replica adopted"
+    );
+    let notes = up.received("notifications/cancelled");
+    assert_eq!(notes[0].json()["params"]["requestId"], call_id);
+    gate.open();
 }
