@@ -503,25 +503,15 @@ async fn a_bridged_task_survives_sigkill() {
     assert_eq!(up.count("initialize"), 1, "no new session was needed");
 }
 
-/// The upstream's script of the restart tests: the 1.x SDKs set `input_required` before anyone
-/// opens `tasks/result`, and send the request once, on the first stream: the second waits,
-/// asking nothing (`hold_later`: every later one; otherwise the third answers as usual).
-fn asks_once(hold_later: bool) -> Hook {
-    Arc::new(move |method, id, task_id, n| {
-        let now = format_rfc3339_ms(now_ms());
-        match method {
-            "tasks/get" if n == 1 => Some(ScriptedResponse::json(rpc_result(
-                id,
-                &json!({"taskId": task_id, "status": "input_required", "createdAt": now,
-                    "lastUpdatedAt": now, "ttl": 60000, "pollInterval": 100})
-                .to_string(),
-            ))),
-            "tasks/result" if n == 2 || (hold_later && n > 2) => {
-                Some(ScriptedResponse::sse(vec![SseStep::HoldOpen]))
-            }
-            _ => None,
-        }
-    })
+/// The upstream's `tasks/get` answer: `input_required`.
+fn input_required(id: &str, task_id: &str) -> ScriptedResponse {
+    let now = format_rfc3339_ms(now_ms());
+    ScriptedResponse::json(rpc_result(
+        id,
+        &json!({"taskId": task_id, "status": "input_required", "createdAt": now,
+            "lastUpdatedAt": now, "ttl": 60000, "pollInterval": 100})
+        .to_string(),
+    ))
 }
 
 /// An input request captured before `kill -9` is in the task's record (issue 33): the upstream
@@ -537,7 +527,14 @@ async fn an_input_request_captured_before_a_restart_is_answered_after_it() {
             task_ms: Some(100),
             ..UpBehaviour::default()
         },
-        Some(asks_once(false)),
+        // The 1.x SDKs set `input_required` before anyone opens `tasks/result`, and send the
+        // request once, on the first stream: the second (after the restart) waits, asking
+        // nothing; the third (after the answer) carries the result.
+        Some(Arc::new(|method, id, task_id, n| match method {
+            "tasks/get" if n == 1 => Some(input_required(id, task_id)),
+            "tasks/result" if n == 2 => Some(ScriptedResponse::sse(vec![SseStep::HoldOpen])),
+            _ => None,
+        })),
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -562,9 +559,14 @@ async fn an_input_request_captured_before_a_restart_is_answered_after_it() {
         v["result"]["inputRequests"], before["result"]["inputRequests"],
         "the same request, from the record: {v}"
     );
-    assert_eq!(v["result"]["inputRequests"][&key]["params"]["message"], "Which one?");
+    assert_eq!(
+        v["result"]["inputRequests"][&key]["params"]["message"],
+        "Which one?"
+    );
     assert!(
-        v["result"]["inputRequests"][&key]["params"].get("_meta").is_none(),
+        v["result"]["inputRequests"][&key]["params"]
+            .get("_meta")
+            .is_none(),
         "{v}"
     );
     assert_eq!(up.count("tasks/cancel"), 0, "not failed: {v}");
@@ -583,12 +585,17 @@ async fn an_input_request_captured_before_a_restart_is_answered_after_it() {
     assert_eq!(got["result"]["content"]["choice"], "b", "{got}");
     assert_eq!(got["result"]["_meta"][RELATED]["taskId"], json!(t), "{got}");
     let answers = up
-        .received_all()
+        .up
+        .requests()
         .iter()
-        .filter(|r| r.json().get("method").is_none() && r.json().get("id").is_some())
+        .filter(|r| r.method == "POST" && r.rpc_method().is_none())
         .map(|r| r.header("mcp-session-id"))
         .collect::<Vec<_>>();
-    assert_eq!(answers, vec![Some("sess-1".to_string())], "once, on the task's session");
+    assert_eq!(
+        answers,
+        vec![Some("sess-1".to_string())],
+        "once, on the task's session"
+    );
     let done = until_terminal(&url, None, &t).await;
     assert_eq!(done["result"]["status"], "completed", "{done}");
     assert!(done["result"].get("inputRequests").is_none(), "{done}");
@@ -602,11 +609,14 @@ async fn an_input_request_captured_before_a_restart_is_answered_after_it() {
     ))
     .await;
     assert_eq!(status, 200);
-    assert_eq!(up.task(&t).answer.unwrap()["result"]["content"]["choice"], "b");
+    assert_eq!(
+        up.task(&t).answer.unwrap()["result"]["content"]["choice"],
+        "b"
+    );
 }
 
-/// An input request captured before `kill -9` that the record could not hold (here: storing
-/// off, `tasks.max_stored_result_bytes = 0`) cannot be had again: the upstream asks once (as the
+/// An input request captured before `kill -9` that the record could not hold (here: over
+/// `tasks.max_stored_result_bytes`) cannot be had again: the upstream asks once (as the
 /// 1.x SDKs do: a later `tasks/result` stream gets nothing more), so after the restart the
 /// task's `tasks/get` opens a new `tasks/result`, finds nothing, and the task is `failed` with a
 /// `statusMessage` and an `error` saying the input request was lost when taskgate restarted;
@@ -620,12 +630,27 @@ async fn an_input_request_lost_with_a_restart_fails_the_task() {
             task_ms: Some(100),
             ..UpBehaviour::default()
         },
-        Some(asks_once(true)),
+        // Input required from the start; the request (2 KB, over the 1 KB bound the record
+        // holds) goes out once, on the first `tasks/result`: a later one waits, asking nothing.
+        Some(Arc::new(|method, id, task_id, n| match method {
+            "tasks/get" => Some(input_required(id, task_id)),
+            "tasks/result" if n == 1 => {
+                let ask = json!({"jsonrpc": "2.0", "id": format!("ask-{task_id}"),
+                    "method": "elicitation/create", "params": {"message": "?".repeat(2048),
+                    "requestedSchema": {"type": "object", "properties": {}}}});
+                Some(ScriptedResponse::sse(vec![
+                    ev().event("message").data(&ask.to_string()).into(),
+                    SseStep::HoldOpen,
+                ]))
+            }
+            "tasks/result" => Some(ScriptedResponse::sse(vec![SseStep::HoldOpen])),
+            _ => None,
+        })),
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = TgConfig::new(&up.url())
-        .tasks("max_stored_result_bytes = 0")
+        .tasks("max_stored_result_bytes = 1024")
         .write_for_binary(dir.path());
     let (mut p, gw, _) = spawn_binary(&cfg);
     let url = format!("http://{gw}/mcp");

@@ -54,6 +54,7 @@ fn record(upstream: &str, task_id: &str, owner: &str, recorded_at: u64) -> TaskR
         era: Era::Legacy,
         terminal_result: None,
         terminal_error: None,
+        input_requests: None,
         trace_parent: None,
         expires_at: recorded_at + 60_000,
     }
@@ -110,6 +111,45 @@ async fn contract(store: Arc<dyn TaskStore>) {
         Some(r#"{"code":-32001,"message":"x"}"#)
     );
     assert_eq!(store.get(&up, "t1").unwrap().unwrap().terminal_error, None);
+    // A bridged task's input requests not yet answered (issue 33) read back as written, are
+    // rewritten and cleared by updates; records without them read back without them.
+    let asked =
+        r#"{"ask-1":{"id":"ask-1","method":"elicitation/create","params":{"message":"?"}}}"#;
+    let mut bridged = record(&origins, "asked", "carol", t0);
+    bridged.status = TaskStatus::InputRequired;
+    bridged.input_requests = Some(asked.into());
+    store.create(bridged.clone()).await.unwrap();
+    assert_eq!(store.get(&origins, "asked").unwrap().unwrap(), bridged);
+    let two = r#"{"7":{"id":7,"method":"sampling/createMessage"},"ask-1":{"id":"ask-1","method":"elicitation/create"}}"#;
+    store
+        .update(&origins, "asked", &mut |r| {
+            r.input_requests = Some(two.into());
+            true
+        })
+        .unwrap();
+    assert_eq!(
+        store
+            .get(&origins, "asked")
+            .unwrap()
+            .unwrap()
+            .input_requests
+            .as_deref(),
+        Some(two)
+    );
+    store
+        .update(&origins, "asked", &mut |r| {
+            r.input_requests.take().is_some()
+        })
+        .unwrap();
+    assert_eq!(
+        store
+            .get(&origins, "asked")
+            .unwrap()
+            .unwrap()
+            .input_requests,
+        None
+    );
+    assert_eq!(store.get(&up, "t1").unwrap().unwrap().input_requests, None);
 
     // update: (before, after); a change refused leaves it; unknown → None.
     let (before, after) = store

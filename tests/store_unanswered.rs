@@ -215,6 +215,7 @@ async fn store_big_records(url: &str, owner: &taskgate::store::Owner) {
             trace_parent: None,
             tool_error: false,
             terminal_error: None,
+            input_requests: None,
         };
         store.create(record).await.unwrap();
     }

@@ -208,6 +208,7 @@ pub fn record(task_id: &str) -> TaskRecord {
         era: crate::mcp::era::Era::Legacy,
         terminal_result: None,
         terminal_error: None,
+        input_requests: None,
         trace_parent: None,
         expires_at: now + 60_000,
     }

@@ -233,6 +233,43 @@ impl Registry {
         .await
     }
 
+    /// Edits the input requests stored in a bridged task's record (`TaskRecord::input_requests`,
+    /// issue 33) with `edit`, which says whether it changed them (it may run more than once in a
+    /// transaction, on the latest record: it copies, never takes); off the runtime. Returns the
+    /// field as it was before and after the edit that stood, durable when it changed (the
+    /// store's sync awaited; a failed sync is counted and logged); `None` when the record is
+    /// unknown or the store failed (counted and logged).
+    pub async fn edit_input_requests(
+        self: &std::sync::Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        mut edit: impl FnMut(&mut Option<String>) -> bool + Send + 'static,
+    ) -> Option<(Option<String>, Option<String>)> {
+        let (up, id) = (upstream.to_string(), task_id.to_string());
+        let edited = self
+            .off_runtime(move |this| {
+                match this.update(&up, &id, &mut |r| edit(&mut r.input_requests)) {
+                    Ok(Some((before, after))) => {
+                        Some((before.input_requests, after.input_requests.clone()))
+                    }
+                    Ok(None) => None,
+                    Err(e) => {
+                        this.write_failed(&e, "task store update of input requests failed");
+                        None
+                    }
+                }
+            })
+            .await
+            .flatten()?;
+        if edited.0 != edited.1 {
+            // Durable before a request is shown (a `kill -9` right after must not lose it).
+            if let Err(e) = self.store.sync().await {
+                self.write_failed(&e, "task store sync of input requests failed");
+            }
+        }
+        Some(edited)
+    }
+
     /// Writes `json` into the record of `(upstream, task_id)` with `put` (which says whether it
     /// changed the record, and may run more than once in a transaction: it copies, never takes),
     /// when `json` is at most `tasks.max_stored_result_bytes` (0 turns storing off); off the

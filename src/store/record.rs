@@ -193,6 +193,17 @@ pub struct TaskRecord {
     /// facts link to it. Absent in records written without traces (and before them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_parent: Option<String>,
+    /// A bridged 2025-11-25 task's input requests not yet answered (issue 33,
+    /// `layers::bridge::reverse::input`), JSON text: an object from each request's key (its
+    /// JSON-RPC id as `inputRequests` shows it) to `{id, method, params}` as the upstream sent
+    /// them (`params` without the 2025 related-task `_meta`). Written by the replica that
+    /// captured them, so a `tasks/get` / `tasks/update` on any replica, or after a restart, can
+    /// show and answer them; a key is removed when answered. At most
+    /// `input::MAX_KEYS` keys and `tasks.max_stored_result_bytes` bytes. Absent in every other
+    /// record, and in records written before it existed (PostgreSQL keeps it in the `record`
+    /// column's JSON, like every optional field, so no migration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_requests: Option<String>,
 }
 
 /// What start-up counting needs of a record ([`super::TaskStore::scan_heads`]): the key, the
@@ -258,6 +269,7 @@ impl TaskRecord {
             + self.last_updated_at.capacity()
             + opt(&self.terminal_result)
             + opt(&self.terminal_error)
+            + opt(&self.input_requests)
     }
 }
 

@@ -1,22 +1,26 @@
 #!/usr/bin/env node
-// A captured input request lost with a restart of taskgate (issue 33, the reverse bridge): a raw
-// 2026-07-28 client (fetch only) through taskgate on the TypeScript SDK 1.32.2 task server
+// A captured input request answered across a restart of taskgate (issue 33, the reverse bridge):
+// a raw 2026-07-28 client (fetch only) through taskgate on the TypeScript SDK 1.32.2 task server
 // (task-server.mjs --mode stateful). reverse.sh runs the two phases around a kill -9 of taskgate:
 //
-//   node reverse-restart.mjs ask URL        ask_task; polls tasks/get until its elicitation/create
-//                                           shows in inputRequests (taskgate captured it on its
-//                                           tasks/result stream); prints {"taskId","key"}
-//   node reverse-restart.mjs lost URL TASK  after the restart: tasks/get answers failed, its
-//                                           statusMessage and error (-32603) saying the input
-//                                           request was lost when taskgate restarted (the SDK sent
-//                                           it once and does not send it again); a second tasks/get
-//                                           answers the same; tasks/update with any key is acked
+//   node reverse-restart.mjs ask URL             ask_task; polls tasks/get until its
+//                                                elicitation/create shows in inputRequests
+//                                                (taskgate captured it on its tasks/result stream
+//                                                and stored it in the task's record); prints
+//                                                {"taskId","key"}
+//   node reverse-restart.mjs answer URL TASK KEY after the restart: tasks/get answers
+//                                                input_required with the same request under KEY
+//                                                (from the record: the SDK sent it once and does
+//                                                not send it again), tasks/update answers it (the
+//                                                SDK takes the response by its id on any POST of
+//                                                the session), the task completes with the answer;
+//                                                a second answer to KEY is acked and goes nowhere
 //
 // Prints `PASS name` / `FAIL name: why` per check; exit 0 only when all passed.
 
-const [phase, url, taskId] = process.argv.slice(2);
-if (!['ask', 'lost'].includes(phase) || !url || (phase === 'lost' && !taskId)) {
-    console.error('usage: reverse-restart.mjs ask URL | lost URL TASK_ID');
+const [phase, url, taskId, askKey] = process.argv.slice(2);
+if (!['ask', 'answer'].includes(phase) || !url || (phase === 'answer' && !(taskId && askKey))) {
+    console.error('usage: reverse-restart.mjs ask URL | answer URL TASK_ID KEY');
     process.exit(2);
 }
 const MODERN = '2026-07-28';
@@ -93,24 +97,31 @@ if (phase === 'ask') {
     process.exit(failed ? 1 : 0);
 }
 
-const lost = 'input request was lost when taskgate restarted';
 const first = await rpc('tasks/get', { taskId }, taskId);
 const r = first.result ?? {};
-check('lost-failed', r.status === 'failed', JSON.stringify(first));
-check('lost-status-message', (r.statusMessage ?? '').includes(lost), JSON.stringify(first));
+check('restart-input-required', r.status === 'input_required', JSON.stringify(first));
+const shown = r.inputRequests?.[askKey];
 check(
-    'lost-error',
-    r.error?.code === -32603 && (r.error?.message ?? '').includes(lost),
+    'restart-input-shown',
+    shown?.method === 'elicitation/create' && shown?.params?.message === 'Proceed?' && shown?.params?._meta === undefined,
     JSON.stringify(first)
 );
-check('lost-no-input-requests', r.inputRequests === undefined, JSON.stringify(first));
-const again = await rpc('tasks/get', { taskId }, taskId);
+const update = await rpc('tasks/update', { taskId, inputResponses: { [askKey]: { action: 'accept', content: { answer: 'yes' } } } }, taskId);
+check('restart-update-acked', update.result?.resultType === 'complete', JSON.stringify(update));
+let done;
+const until = Date.now() + 10000;
+while (Date.now() < until) {
+    done = await rpc('tasks/get', { taskId }, taskId);
+    if (['completed', 'failed', 'cancelled'].includes(done.result?.status)) break;
+    await sleep(200);
+}
+const text = done?.result?.result?.content?.[0]?.text ?? '';
 check(
-    'lost-stays',
-    again.result?.status === 'failed' && JSON.stringify(again.result?.error) === JSON.stringify(r.error),
-    JSON.stringify(again)
+    'restart-answered',
+    done?.result?.status === 'completed' && text.includes('accept') && text.includes('yes'),
+    JSON.stringify(done)
 );
-const update = await rpc('tasks/update', { taskId, inputResponses: { 0: { action: 'accept', content: { answer: 'yes' } } } }, taskId);
-check('lost-update-acked', update.result?.resultType === 'complete', JSON.stringify(update));
+const again = await rpc('tasks/update', { taskId, inputResponses: { [askKey]: { action: 'decline' } } }, taskId);
+check('restart-second-answer-acked', again.result?.resultType === 'complete', JSON.stringify(again));
 console.error(failed ? `${failed} check(s) failed` : 'all passed');
 process.exit(failed ? 1 : 0);

@@ -560,6 +560,7 @@ fn template(req: &McpRequest, owner: Owner, tool: Option<String>) -> TaskRecord 
         era: crate::mcp::era::Era::Legacy,
         terminal_result: None,
         terminal_error: None,
+        input_requests: None,
         expires_at: 0,
         // The creating request's SERVER span, kept in the record (issue 34).
         trace_parent: req

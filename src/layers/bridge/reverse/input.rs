@@ -13,17 +13,32 @@
 //! SHOULD ignore them). The background `tasks/result` ends with the task's result, which
 //! `observe` keeps in the record like any other.
 //!
+//! **The record.** Each captured request is also written to the task's record
+//! (`TaskRecord::input_requests`: key → `{id, method, params}`) before it is shown, so a
+//! `tasks/get` on any replica of a PostgreSQL tier, or after a restart, shows it, and a
+//! `tasks/update` there answers it on the task's upstream session (a 2025-11-25 server matches a
+//! response to its waiting request by id, on any stream or POST of the session: TypeScript SDK
+//! 1.32.2 `Protocol._onresponse`). The table here stays the fast path of the process that
+//! captured it; for a request the record holds, the record decides: answering takes the key out
+//! of the record first (the store's compare-and-swap: one taker across replicas, so a key is
+//! answered once), and a `tasks/get` shows what the record still holds. A request whose answer
+//! could not be sent is put back. The record's requests are cleared when the task ends.
+//!
 //! Bounds: at most [`MAX_KEYS`] requests kept per task (more are not shown: the task stays
 //! `input_required` until its ttl), at most [`MAX_TASKS`] tasks followed per upstream (past it,
-//! no new follower: the task's `inputRequests` stay empty).
+//! no new follower: the task's `inputRequests` stay empty, but for what the record holds). The
+//! record holds at most [`MAX_KEYS`] requests and `tasks.max_stored_result_bytes` bytes of JSON
+//! (default 1 MiB; 0: none): a request past either is kept here only, shown and answered by this
+//! process alone.
 //!
-//! **A restart.** What is kept here is in memory, and the upstream asks once: the 1.x SDKs
-//! (TypeScript 1.32.2 `Protocol`'s `tasks/result` handler, Python `mcp` 1.30
-//! `TaskResultHandler`) dequeue a task's request when they write it on a `tasks/result` stream
-//! and never write it again on a later one, though they still wait for its answer. So after
-//! taskgate restarts, a request its previous run captured cannot be had again. The sign of it:
-//! the record already says `input_required` (an earlier `tasks/get` saw it and opened a
-//! follower) but this process never followed the task. Such a task's `tasks/get` still opens a
+//! **A restart.** The upstream asks once: the 1.x SDKs (TypeScript 1.32.2 `Protocol`'s
+//! `tasks/result` handler, Python `mcp` 1.30 `TaskResultHandler`) dequeue a task's request when
+//! they write it on a `tasks/result` stream and never write it again on a later one, though they
+//! still wait for its answer. So after taskgate restarts, a request its previous run captured is
+//! had from the record. When the record holds none (it could not be stored: over the bound, or
+//! the store write failed), it cannot be had again. The sign of it: the record already says
+//! `input_required` (an earlier `tasks/get` saw it and opened a follower), holds no request, and
+//! this process never followed the task. Such a task's `tasks/get` still opens a
 //! follower (an upstream that does ask again is shown as usual) and waits up to
 //! [`LOST_INPUT_WAIT`]; when nothing arrives, the task is recorded `failed` with
 //! [`LOST_INPUT_MESSAGE`] as its `statusMessage` and its `error` (`-32603`, kept in the record:
@@ -31,8 +46,7 @@
 //! server stops waiting (first terminal status wins, as everywhere: an upstream that ended the
 //! task meanwhile keeps its status, and nothing is cancelled). Only with a store of one gateway:
 //! in a PostgreSQL tier another live replica may hold the follower that captured the request, so
-//! there the task is left as it is (its `inputRequests` empty on the replicas that did not
-//! capture it).
+//! there the task is left as it is.
 
 use super::{legacy_body, listen, send, task_params, On, ReverseState, UpstreamSession};
 use crate::exchange::{McpReply, McpRequest, ReplyBody};
@@ -63,6 +77,72 @@ pub struct Pending {
     pub id: Value,
     /// `{method, params}`: what the client is shown.
     pub request: Value,
+    /// Also written in the task's record (`TaskRecord::input_requests`): the record, not this
+    /// table, decides whether it is still unanswered (another replica may have answered it).
+    pub stored: bool,
+}
+
+impl Pending {
+    /// The pending request in `msg` (a JSON-RPC request with an id) and its key; `None` when
+    /// `msg` is not one. `params` lose the 2025 related-task `_meta` (2026-07-28 has no
+    /// related-task key: the request is shown inside its task).
+    pub fn of_message(msg: &Value) -> Option<(String, Pending)> {
+        let (Some(id), Some(method)) = (msg.get("id"), msg.get("method").and_then(Value::as_str))
+        else {
+            return None;
+        };
+        let mut request = json!({ "method": method });
+        if let Some(p) = msg.get("params") {
+            let mut params = p.clone();
+            if let Some(meta) = params.get_mut("_meta").and_then(Value::as_object_mut) {
+                meta.remove(crate::mcp::task::RELATED_TASK_META);
+                if meta.is_empty() {
+                    params.as_object_mut().map(|o| o.remove("_meta"));
+                }
+            }
+            request["params"] = params;
+        }
+        Some((
+            key_of(id),
+            Pending {
+                id: id.clone(),
+                request,
+                stored: false,
+            },
+        ))
+    }
+
+    /// Its stored form, `{id, method, params}` (see `TaskRecord::input_requests`).
+    fn stored_form(&self) -> Value {
+        let mut v = self.request.clone();
+        if let Some(o) = v.as_object_mut() {
+            o.insert("id".into(), self.id.clone());
+        }
+        v
+    }
+
+    /// From its stored form; `None` for anything else.
+    fn from_stored(v: &Value) -> Option<Pending> {
+        let mut request = v.as_object()?.clone();
+        let id = request.remove("id")?;
+        request.get("method")?.as_str()?;
+        Some(Pending {
+            id,
+            request: Value::Object(request),
+            stored: true,
+        })
+    }
+}
+
+/// The requests a record holds (`TaskRecord::input_requests`), by key; empty when none (or
+/// unreadable: taskgate wrote it, so only a corrupt record).
+pub fn stored_requests(text: Option<&str>) -> Map<String, Value> {
+    text.and_then(|t| serde_json::from_str::<Value>(t).ok())
+        .and_then(|v| match v {
+            Value::Object(m) => Some(m),
+            _ => None,
+        })
+        .unwrap_or_default()
 }
 
 /// The input requests of one task.
@@ -78,47 +158,45 @@ impl TaskInputs {
     /// Keeps the upstream request `msg` (a JSON-RPC request with an id); `false` when it is not
     /// one or [`MAX_KEYS`] are kept.
     pub fn add(&self, msg: &Value) -> bool {
-        let (Some(id), Some(method)) = (msg.get("id"), msg.get("method").and_then(Value::as_str))
-        else {
-            return false;
-        };
-        let mut pending = self.pending.lock();
-        if pending.len() >= MAX_KEYS {
+        Pending::of_message(msg).is_some_and(|(key, pending)| self.insert(key, pending))
+    }
+
+    /// Keeps `pending` under `key`; `false` when [`MAX_KEYS`] are kept.
+    pub fn insert(&self, key: String, pending: Pending) -> bool {
+        let mut kept = self.pending.lock();
+        if kept.len() >= MAX_KEYS {
             return false;
         }
-        let mut request = json!({ "method": method });
-        if let Some(p) = msg.get("params") {
-            let mut params = p.clone();
-            // 2026-07-28 has no related-task key: the request is shown inside its task.
-            if let Some(meta) = params.get_mut("_meta").and_then(Value::as_object_mut) {
-                meta.remove(crate::mcp::task::RELATED_TASK_META);
-                if meta.is_empty() {
-                    params.as_object_mut().map(|o| o.remove("_meta"));
-                }
-            }
-            request["params"] = params;
-        }
-        pending.insert(
-            key_of(id),
-            Pending {
-                id: id.clone(),
-                request,
-            },
-        );
-        drop(pending);
+        kept.insert(key, pending);
+        drop(kept);
         self.arrived.notify_waiters();
         true
     }
 
+    /// Whether [`MAX_KEYS`] are kept.
+    pub fn is_full(&self) -> bool {
+        self.pending.lock().len() >= MAX_KEYS
+    }
+
     /// The `inputRequests` object: every request not yet answered, by key.
     pub fn shown(&self) -> Value {
+        Value::Object(self.shown_unstored(true))
+    }
+
+    /// The kept requests as `inputRequests` entries: all of them, or (`all` false) only those
+    /// not also in the record.
+    fn shown_unstored(&self, all: bool) -> Map<String, Value> {
         let pending = self.pending.lock();
-        Value::Object(
-            pending
-                .iter()
-                .map(|(k, p)| (k.clone(), p.request.clone()))
-                .collect::<Map<String, Value>>(),
-        )
+        pending
+            .iter()
+            .filter(|(_, p)| all || !p.stored)
+            .map(|(k, p)| (k.clone(), p.request.clone()))
+            .collect()
+    }
+
+    /// Whether a kept request is also in the record.
+    fn any_stored(&self) -> bool {
+        self.pending.lock().values().any(|p| p.stored)
     }
 
     /// Whether no request is kept.
@@ -213,9 +291,11 @@ pub(super) enum Input {
     Lost,
 }
 
-/// The `inputRequests` of an `input_required` task (see `input`): its follower started when
-/// none runs; the first request waited for up to [`INPUT_WAIT`], or [`LOST_INPUT_WAIT`] when
-/// `record` says a previous run followed it ([`Input::Lost`] when none arrives).
+/// The `inputRequests` of an `input_required` task (see `input`): what the record holds and
+/// what this process keeps that the record does not; its follower started when none runs; the
+/// first request waited for up to [`INPUT_WAIT`] (not at all when the record holds some), or
+/// [`LOST_INPUT_WAIT`] when `record` says a previous run followed it and holds none
+/// ([`Input::Lost`] when none arrives).
 pub(super) async fn input_requests<S: McpService>(
     state: &Arc<ReverseState>,
     inner: &S,
@@ -223,13 +303,16 @@ pub(super) async fn input_requests<S: McpService>(
     record: &TaskRecord,
 ) -> Input {
     let task_id = record.task_id.as_str();
-    // Seen `input_required` before, never followed here: a previous run's follower took the
-    // request (with a shared store, maybe a live replica's: left alone).
+    let stored = stored_requests(record.input_requests.as_deref());
+    // Seen `input_required` before, never followed here, nothing in the record: a previous
+    // run's follower took the request and could not store it (with a shared store, maybe a live
+    // replica's follower holds it: left alone).
     let followed_before = record.status == TaskStatus::InputRequired
+        && stored.is_empty()
         && state.inputs.of(task_id).is_none()
         && !state.registry.store().shared();
     let Some((task, start)) = state.inputs.follow(task_id) else {
-        return Input::Shown(json!({}));
+        return Input::Shown(Value::Object(shown_stored(&stored)));
     };
     if start {
         tokio::spawn(follow_input(
@@ -240,7 +323,10 @@ pub(super) async fn input_requests<S: McpService>(
             task_id.to_string(),
         ));
     }
-    let wait = if followed_before {
+    let wait = if !stored.is_empty() {
+        // Requests to show already (captured by another replica or a previous run).
+        Duration::ZERO
+    } else if followed_before {
         LOST_INPUT_WAIT
     } else {
         INPUT_WAIT
@@ -255,7 +341,88 @@ pub(super) async fn input_requests<S: McpService>(
     if followed_before && task.is_empty() {
         return Input::Lost;
     }
-    Input::Shown(task.shown())
+    // The record decides for the requests it holds (answered elsewhere: gone from it); it is
+    // read again when this process stored some since `record` was read.
+    let mut shown = if task.any_stored() {
+        let now = state
+            .registry
+            .lookup(&record.upstream, task_id, &record.owner)
+            .await;
+        shown_stored(&stored_requests(
+            now.as_deref().and_then(|r| r.input_requests.as_deref()),
+        ))
+    } else {
+        shown_stored(&stored)
+    };
+    for (key, request) in task.shown_unstored(false) {
+        shown.entry(key).or_insert(request);
+    }
+    Input::Shown(Value::Object(shown))
+}
+
+/// `inputRequests` entries (`{method, params}`) of the requests a record holds.
+fn shown_stored(stored: &Map<String, Value>) -> Map<String, Value> {
+    stored
+        .iter()
+        .filter_map(|(k, v)| Some((k.clone(), Pending::from_stored(v)?.request)))
+        .collect()
+}
+
+/// Keeps a captured request in the task's record (`TaskRecord::input_requests`) under `key`:
+/// at most [`MAX_KEYS`] keys and `tasks.max_stored_result_bytes` bytes of JSON (0: nothing
+/// stored). Returns whether the record holds it.
+async fn store_request(
+    state: &ReverseState,
+    upstream: &str,
+    task_id: &str,
+    key: &str,
+    pending: &Pending,
+) -> bool {
+    let max = state.registry.config().max_stored_result_bytes;
+    let (k, entry) = (key.to_string(), pending.stored_form());
+    let edited = state
+        .registry
+        .edit_input_requests(upstream, task_id, move |field| {
+            let mut all = stored_requests(field.as_deref());
+            if all.contains_key(&k) || all.len() >= MAX_KEYS {
+                return false;
+            }
+            all.insert(k.clone(), entry.clone());
+            let text = Value::Object(all).to_string();
+            if max == 0 || text.len() as u64 > max {
+                return false;
+            }
+            *field = Some(text);
+            true
+        })
+        .await;
+    matches!(edited, Some((_, Some(after))) if stored_requests(Some(&after)).contains_key(key))
+}
+
+/// Takes the request under `key` out of the task's record (answered once across replicas: the
+/// store's compare-and-swap lets one taker have it); `None` when the record holds none.
+async fn take_stored(
+    state: &ReverseState,
+    upstream: &str,
+    task_id: &str,
+    key: &str,
+) -> Option<Pending> {
+    let k = key.to_string();
+    let (before, after) = state
+        .registry
+        .edit_input_requests(upstream, task_id, move |field| {
+            let mut all = stored_requests(field.as_deref());
+            if all.remove(&k).is_none() {
+                return false;
+            }
+            *field = (!all.is_empty()).then(|| Value::Object(all).to_string());
+            true
+        })
+        .await?;
+    if before == after {
+        return None;
+    }
+    Pending::from_stored(stored_requests(before.as_deref()).get(key)?)
 }
 
 /// A task whose input request was lost (see `input`): recorded `failed` with
@@ -335,8 +502,18 @@ async fn follow_input<S: McpService>(
             else {
                 continue;
             };
-            if v.get("method").is_some() && v.get("id").is_some() {
-                if !task.add(&v) {
+            if let Some((key, mut pending)) = Pending::of_message(&v) {
+                // The record first: once the request is shown, any replica can answer it.
+                if task.is_full() {
+                    tracing::debug!(task_id = %task_id, "an upstream input request was not kept (bound)");
+                    continue;
+                }
+                pending.stored =
+                    store_request(&state, &req.ctx.upstream, &task_id, &key, &pending).await;
+                if !pending.stored {
+                    tracing::warn!(task_id = %task_id, key = %key, "an upstream input request was not stored in the task's record (bound, or the store failed): only this process can show and answer it");
+                }
+                if !task.insert(key, pending) {
                     tracing::debug!(task_id = %task_id, "an upstream input request was not kept (bound)");
                 }
             } else if v.get("method").is_some() {
@@ -353,8 +530,10 @@ async fn follow_input<S: McpService>(
 }
 
 /// A 2026-07-28 `tasks/update`: each `inputResponses[key]` for a request kept for the task (see
-/// `input`) goes upstream as the JSON-RPC response to it, on the task's session (its result with
-/// the related-task `_meta`); other keys are ignored. Always the ack.
+/// `input`: in this process's table, or in the task's record, taken from it first so a key is
+/// answered once across replicas) goes upstream as the JSON-RPC response to it, on the task's
+/// session (its result with the related-task `_meta`); other keys are ignored. The ack, unless
+/// `inputResponses` or one of its answers is not an object (`-32602`).
 pub(super) async fn tasks_update<S: McpService>(
     state: &ReverseState,
     inner: S,
@@ -391,10 +570,20 @@ pub(super) async fn tasks_update<S: McpService>(
             LocalReason::InvalidParams,
         );
     }
-    if let (Some(task), Some(responses)) = (state.inputs.of(&record.task_id), responses) {
+    let (upstream, task_id) = (record.upstream.as_str(), record.task_id.as_str());
+    if let Some(responses) = responses {
+        let kept = state.inputs.of(task_id);
         for (key, response) in responses {
-            let Some(pending) = task.take(key) else {
-                continue;
+            // This process's table first (fast path); a request the record holds too is taken
+            // from the record, which says whether it is still unanswered (any replica, or a
+            // previous run, may have stored or answered it).
+            let here = kept.as_ref().and_then(|t| t.take(key));
+            let (pending, from_record) = match here {
+                Some(p) if !p.stored => (p, false),
+                _ => match take_stored(state, upstream, task_id, key).await {
+                    Some(p) => (p, true),
+                    None => continue,
+                },
             };
             let mut result = response.clone();
             if let Some(o) = result.as_object_mut() {
@@ -415,7 +604,12 @@ pub(super) async fn tasks_update<S: McpService>(
                 Ok(Ok(_))
             ) {
                 // Kept, so the client sees it again in `tasks/get` and can answer once more.
-                task.restore(key, pending);
+                if from_record {
+                    store_request(state, upstream, task_id, key, &pending).await;
+                }
+                if let Some(t) = &kept {
+                    t.restore(key, pending);
+                }
                 tracing::warn!(task_id = %record.task_id, key = %key, "an input response could not be sent upstream; the request is kept");
             }
         }

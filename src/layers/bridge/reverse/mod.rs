@@ -56,11 +56,15 @@
 //!   `tasks/result` for the task in the background; the upstream's requests on it
 //!   (`elicitation/create`, `sampling/createMessage`, `roots/list`) are shown as the
 //!   `DetailedTask`'s `inputRequests`, keyed by their JSON-RPC id (that `tasks/get` waits up to
-//!   [`INPUT_WAIT`] for the first). One a previous run of taskgate followed (the request it
-//!   captured died with it, and the 1.x SDKs do not send it again) is `failed` with a
-//!   `statusMessage` saying so, and cancelled upstream (see `input`). `tasks/update`: each `inputResponses[key]` for a request
-//!   kept goes upstream as the JSON-RPC response to it; the ack (`{"resultType":"complete"}`),
-//!   unless `inputResponses` is not an object (`-32602`, HTTP 400).
+//!   [`INPUT_WAIT`] for the first), and written to the task's record
+//!   (`TaskRecord::input_requests`), so a `tasks/get` on another replica or after a restart
+//!   shows them too. One a previous run of taskgate followed whose record holds no request (it
+//!   could not be stored, and the 1.x SDKs do not send it again) is `failed` with a
+//!   `statusMessage` saying so, and cancelled upstream (see `input`). `tasks/update`: each
+//!   `inputResponses[key]` for a request kept (here, or in the record: answered once) goes
+//!   upstream as the JSON-RPC response to it, on the task's session; the ack
+//!   (`{"resultType":"complete"}`), unless `inputResponses` is not an object (`-32602`, HTTP
+//!   400).
 //! - `subscriptions/listen` (`listen`): served here, never sent upstream (a 2025 server has no
 //!   such method): the list changes the upstream declares and the caller's task ids
 //!   acknowledged; the upstream's `notifications/tasks/status` (on the held session's GET
@@ -842,6 +846,13 @@ async fn tasks_get<S: McpService>(
         }
         Some(s) if s.is_terminal() => {
             state.inputs.forget(&task_id);
+            if record.input_requests.is_some() {
+                // Nothing left to answer: the record no longer shows (or holds) them.
+                state
+                    .registry
+                    .edit_input_requests(&upstream, &task_id, |f| f.take().is_some())
+                    .await;
+            }
             None
         }
         _ => None,
