@@ -8,6 +8,7 @@
 //!   replica was lost, once the lease lapses (not `working` until its ttl);
 //! - SIGSTOP of that replica past the lapse: the task is adopted and `failed`, and once it runs
 //!   again the holder stops its call (`notifications/cancelled` upstream), its lease lost;
+//! - a gateway task whose lease cannot be taken is refused (-32603), nothing sent upstream;
 //! - kill -9 of the replica following an upgraded call: another replica adopts it and follows
 //!   it to its end; the record gets its final status and result.
 //!
@@ -437,4 +438,51 @@ async fn a_stalled_holder_whose_lease_was_adopted_stops_its_call() {
     let notes = up.received("notifications/cancelled");
     assert_eq!(notes[0].json()["params"]["requestId"], call_id);
     gate.open();
+}
+
+/// A gateway task whose call lease cannot be taken (the leases' table is gone; the records'
+/// is there) is refused like one whose record cannot be made: -32603 saying the task store is
+/// unavailable, nothing sent upstream, no record. Fails on d3e6784^: the call went ahead without
+/// its lease (neither cancellable from another replica nor adoptable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_task_whose_lease_cannot_be_taken_is_refused() {
+    let up = Upstream::start(held_call_server(Gate::new())).await;
+    let Some(t) = LeaseTier::start(
+        "a_gateway_task_whose_lease_cannot_be_taken_is_refused",
+        &up.url(),
+        "tasks = \"gateway\"",
+        false,
+    )
+    .await
+    else {
+        return;
+    };
+    t.db.batch_execute("ALTER TABLE taskgate_leases RENAME TO taskgate_leases_away")
+        .await
+        .unwrap();
+    let mut c = Client::new(&t.replicas[0].url()).with_token("alice-token");
+    c.initialize().await;
+    let v = c
+        .rpc(rpc(
+            "1",
+            "tools/call",
+            &json!({"name": "slow", "arguments": {}, "task": {"ttl": 600000}}).to_string(),
+        ))
+        .await;
+    assert_eq!(err_code(&v), -32603, "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("unavailable") && message.contains("lease"),
+        "{v}"
+    );
+    assert!(
+        up.received("tools/call").is_empty(),
+        "nothing went upstream"
+    );
+    let n: i64 =
+        t.db.query_one("SELECT count(*) FROM taskgate_tasks", &[])
+            .await
+            .unwrap()
+            .get(0);
+    assert_eq!(n, 0, "no record");
 }
