@@ -617,7 +617,7 @@ async fn check_config_and_readyz_report_the_database() {
     assert_eq!(v["error"]["code"], -32603, "{v}");
     // So does a 2026-07-28 subscriptions/listen naming a task: it is refused, not narrowed
     // silently to the tasks that could be read.
-    let listen = r#"{"jsonrpc":"2.0","id":8,"method":"subscriptions/listen","params":{"notifications":{"taskIds":["t-any"]},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#;
+    let listen = r#"{"jsonrpc":"2.0","id":8,"method":"subscriptions/listen","params":{"notifications":{"taskIds":["t-any"]},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{"extensions":{"io.modelcontextprotocol/tasks":{}}}}}}"#;
     let r = Req::mcp_post(&url, listen)
         .header("mcp-protocol-version", "2026-07-28")
         .header("mcp-method", "subscriptions/listen")
