@@ -17,6 +17,7 @@ mod tier_cancel_lease;
 mod tier_get_stream;
 mod tier_leases;
 mod tier_oauth;
+mod tier_reverse_input;
 mod tier_session_ids;
 mod tier_sessions;
 mod tier_store_outage;
