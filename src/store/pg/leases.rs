@@ -18,6 +18,34 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
 }
 
+/// The `(upstream, task_id)` pairs of rows `RETURNING upstream, task_id`.
+fn keys(rows: &[tokio_postgres::Row]) -> Vec<(String, String)> {
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}
+
+impl PgStore {
+    /// Runs `statement` (parameters `$1` upstream, `$2` task id, `$3` this replica) on the lease
+    /// of `(upstream, task_id)` this replica holds.
+    fn on_own_lease(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        statement: String,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        let (up, id, me) = (
+            upstream.to_string(),
+            task_id.to_string(),
+            self.replica.clone(),
+        );
+        Box::pin(self.spawn(move |c| async move {
+            c.execute(&statement, &[&up, &id, &me])
+                .await
+                .map_err(pg_err)?;
+            Ok(())
+        }))
+    }
+}
+
 impl LeaseStore for PgStore {
     fn take_lease(
         &self,
@@ -64,7 +92,7 @@ impl LeaseStore for PgStore {
                 )
                 .await
                 .map_err(pg_err)?;
-            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+            Ok(keys(&rows))
         }))
     }
 
@@ -73,20 +101,12 @@ impl LeaseStore for PgStore {
         upstream: &str,
         task_id: &str,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
-        let (up, id, me) = (
-            upstream.to_string(),
-            task_id.to_string(),
-            self.replica.clone(),
-        );
-        Box::pin(self.spawn(move |c| async move {
-            c.execute(
-                "DELETE FROM taskgate_leases WHERE upstream = $1 AND task_id = $2 AND holder = $3",
-                &[&up, &id, &me],
-            )
-            .await
-            .map_err(pg_err)?;
-            Ok(())
-        }))
+        self.on_own_lease(
+            upstream,
+            task_id,
+            "DELETE FROM taskgate_leases WHERE upstream = $1 AND task_id = $2 AND holder = $3"
+                .to_string(),
+        )
     }
 
     fn let_lapse(
@@ -94,23 +114,14 @@ impl LeaseStore for PgStore {
         upstream: &str,
         task_id: &str,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
-        let (up, id, me) = (
-            upstream.to_string(),
-            task_id.to_string(),
-            self.replica.clone(),
-        );
-        Box::pin(self.spawn(move |c| async move {
-            c.execute(
-                &format!(
-                    "UPDATE taskgate_leases SET holder = '', lapse_at = {DB_NOW_MS} \
-                     WHERE upstream = $1 AND task_id = $2 AND holder = $3"
-                ),
-                &[&up, &id, &me],
-            )
-            .await
-            .map_err(pg_err)?;
-            Ok(())
-        }))
+        self.on_own_lease(
+            upstream,
+            task_id,
+            format!(
+                "UPDATE taskgate_leases SET holder = '', lapse_at = {DB_NOW_MS} \
+                 WHERE upstream = $1 AND task_id = $2 AND holder = $3"
+            ),
+        )
     }
 
     fn ask_cancel(
@@ -145,7 +156,7 @@ impl LeaseStore for PgStore {
                 )
                 .await
                 .map_err(pg_err)?;
-            Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+            Ok(keys(&rows))
         }))
     }
 
