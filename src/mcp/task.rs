@@ -6,6 +6,21 @@ use serde::{Deserialize, Serialize};
 /// `_meta` key that ties a message to a task: `{"taskId": ...}`.
 pub const RELATED_TASK_META: &str = "io.modelcontextprotocol/related-task";
 
+/// Ties the message whose result or params is `object` to `task_id` (2025-11-25: every message
+/// of a task carries it): `_meta["io.modelcontextprotocol/related-task"] = {"taskId": task_id}`,
+/// the other `_meta` members kept. A `_meta` that is not an object is left as it is.
+pub fn set_related_task(object: &mut serde_json::Map<String, serde_json::Value>, task_id: &str) {
+    let meta = object
+        .entry("_meta")
+        .or_insert_with(|| serde_json::Value::Object(Default::default()));
+    if let Some(m) = meta.as_object_mut() {
+        m.insert(
+            RELATED_TASK_META.into(),
+            serde_json::json!({ "taskId": task_id }),
+        );
+    }
+}
+
 /// `TaskStatus`: `working | input_required | completed | failed | cancelled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -148,10 +148,7 @@ pub fn terminal_payload(task: &Value, task_id: &str) -> Option<Payload> {
                 let mut r = r.clone();
                 // 2025 results carry no `resultType`.
                 r.remove("resultType");
-                let meta = r.entry("_meta").or_insert_with(|| json!({}));
-                if let Some(m) = meta.as_object_mut() {
-                    m.insert(RELATED_TASK_META.into(), json!({ "taskId": task_id }));
-                }
+                crate::mcp::task::set_related_task(&mut r, task_id);
                 Payload::Result(Value::Object(r))
             }
             _ => Payload::None(format!(

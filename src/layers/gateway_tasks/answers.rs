@@ -10,7 +10,7 @@ use crate::layers::cancel::MODERN_ACK;
 use crate::layers::extensions::AuthorisedTask;
 use crate::mcp::era::Era;
 use crate::mcp::errors::TaskError;
-use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus, RELATED_TASK_META};
+use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::LocalReason;
 use crate::registry::Observed;
 use crate::store::TaskRecord;
@@ -318,10 +318,7 @@ fn modern_fields(task: &Value) -> Value {
 pub(super) fn with_related_task(result: &Value, task_id: &str) -> Value {
     let mut out = result.clone();
     if let Some(o) = out.as_object_mut() {
-        let meta = o.entry("_meta").or_insert_with(|| json!({}));
-        if let Some(meta) = meta.as_object_mut() {
-            meta.insert(RELATED_TASK_META.into(), json!({ "taskId": task_id }));
-        }
+        crate::mcp::task::set_related_task(o, task_id);
     }
     out
 }

@@ -33,7 +33,6 @@
 
 use crate::exchange::{Caller, RequestContext};
 use crate::jsonrpc::Id;
-use crate::mcp::task::RELATED_TASK_META;
 use parking_lot::Mutex;
 use serde_json::{json, Map, Value};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -355,10 +354,7 @@ fn request_message(
         .cloned()
         .unwrap_or_default();
     if related {
-        let meta = params.entry("_meta").or_insert_with(|| json!({}));
-        if let Some(m) = meta.as_object_mut() {
-            m.insert(RELATED_TASK_META.into(), json!({ "taskId": task_id }));
-        }
+        crate::mcp::task::set_related_task(&mut params, task_id);
     }
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
 }
@@ -438,7 +434,10 @@ mod tests {
         let again: Value = serde_json::from_str(&again).unwrap();
         assert_eq!(Id::from_value(&again["id"]).unwrap(), first);
         assert_eq!(again["params"]["message"], "?");
-        assert_eq!(again["params"]["_meta"][RELATED_TASK_META]["taskId"], "t");
+        assert_eq!(
+            again["params"]["_meta"][crate::mcp::task::RELATED_TASK_META]["taskId"],
+            "t"
+        );
         let other = id_of(inputs.ask_again(&all, &ctx("o"), "t", "k", &request));
         assert_ne!(other, first, "another caller's own id");
         assert!(inputs.take(&first, &c.caller()).is_some());

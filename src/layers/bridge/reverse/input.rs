@@ -587,13 +587,7 @@ pub(super) async fn tasks_update<S: McpService>(
             };
             let mut result = response.clone();
             if let Some(o) = result.as_object_mut() {
-                let meta = o.entry("_meta").or_insert_with(|| json!({}));
-                if let Some(m) = meta.as_object_mut() {
-                    m.insert(
-                        crate::mcp::task::RELATED_TASK_META.into(),
-                        json!({ "taskId": record.task_id }),
-                    );
-                }
+                crate::mcp::task::set_related_task(o, &record.task_id);
             }
             let body = json!({"jsonrpc": "2.0", "id": pending.id, "result": result});
             let plain = |out: &mut McpRequest, _: &UpstreamSession| {
