@@ -11,6 +11,7 @@
 use crate::jsonrpc::{self, Id, Message};
 use crate::mcp::classify::Classified;
 use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::metrics::{LocalReason, RequestOutcome};
 use crate::sse::EventStream;
 use crate::store::Owner;
@@ -380,7 +381,23 @@ impl McpReply {
         }
     }
 
-    /// A JSON-RPC error answered by taskgate itself under the request's id (HTTP 200).
+    /// The answer to a request taskgate refuses or fails itself: `error`'s JSON-RPC error under
+    /// `id` (`application/json`), with the HTTP status `error` has in `era`
+    /// ([`McpError::http_status`]) and its `Retry-After` when it has one. Mark it with
+    /// [`McpReply::answered_locally`] where the refusal is counted as a local answer.
+    pub fn error(era: Era, id: Option<&Id>, error: &McpError) -> McpReply {
+        let mut reply = McpReply::local_json(error.body(id));
+        reply.status = error.http_status(era);
+        if let Some(secs) = error.retry_after_secs() {
+            reply
+                .headers
+                .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        reply
+    }
+
+    /// A JSON-RPC error answered by taskgate itself under the request's id (HTTP 200). Prefer
+    /// [`McpReply::error`] with an [`McpError`] (one home for codes, messages and statuses).
     pub fn local_error(id: Option<&Id>, code: i64, message: &str) -> McpReply {
         McpReply::local_json(jsonrpc::error_response(id, code, message))
     }
@@ -492,7 +509,8 @@ impl McpReply {
         self.extensions.remove::<LocalReason>()
     }
 
-    /// A JSON-RPC error taskgate answers itself, in the request's era: under 2026-07-28 with the
+    /// A JSON-RPC error taskgate answers itself, in the request's era (prefer
+    /// [`McpReply::error`] with an [`McpError`]): under 2026-07-28 with the
     /// HTTP status its transport prescribes ([`crate::mcp::errors::modern_error_status`]), else HTTP 200;
     /// marked with `reason`.
     pub fn era_error(
@@ -551,6 +569,16 @@ pub enum GatewayError {
     /// taskgate is shutting down and takes no new work: HTTP 503.
     #[error("taskgate is shutting down")]
     ShuttingDown,
+}
+
+impl From<&GatewayError> for McpError {
+    /// [`McpError::Upstream`] with the failure's text: where a failed exchange is answered as
+    /// a JSON-RPC `-32603` (HTTP 200) rather than as its HTTP status.
+    fn from(e: &GatewayError) -> McpError {
+        McpError::Upstream {
+            detail: e.to_string(),
+        }
+    }
 }
 
 impl GatewayError {
