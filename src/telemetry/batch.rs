@@ -115,11 +115,11 @@ pub(super) fn start(
                 if dropped > 0 {
                     tracing::debug!(dropped, "trace export queue full: spans dropped");
                 }
-                while !spare.is_empty() {
-                    let take = spare.len().min(BATCH_SPANS);
-                    let body = encoder.body(spare.drain(..take));
-                    runtime.block_on(exporter.export(body, take));
+                for batch in spare.chunks(BATCH_SPANS) {
+                    let body = encoder.body(batch);
+                    runtime.block_on(exporter.export(body, batch.len()));
                 }
+                spare.clear();
                 if stop {
                     queue.state.lock().stopped = true;
                     queue.stopped.notify_all();

@@ -81,19 +81,19 @@ impl Exporter {
 
     /// Posts `body` (an `ExportTraceServiceRequest` of `spans` spans); a failure (no answer
     /// within the timeout, a transport error, a non-2xx status) counts the spans.
-    pub(super) async fn export(&self, body: Vec<u8>, spans: usize) {
+    pub(super) async fn export(&self, body: Bytes, spans: usize) {
         if let Err(e) = self.post(body).await {
             self.failures.inc_by(spans as u64);
             tracing::debug!(spans, error = %e, "trace export failed");
         }
     }
 
-    async fn post(&self, body: Vec<u8>) -> Result<(), String> {
+    async fn post(&self, body: Bytes) -> Result<(), String> {
         let body = match self.compression {
             Compression::None => body,
-            Compression::Gzip => gzip(&body)?,
+            Compression::Gzip => Bytes::from(gzip(&body)?),
         };
-        let mut request = Request::new(Full::new(Bytes::from(body)));
+        let mut request = Request::new(Full::new(body));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.endpoint.clone();
         *request.headers_mut() = self.headers.clone();

@@ -15,6 +15,7 @@
 
 use super::semconv;
 use super::span::{Record, SpanName, Target};
+use bytes::Bytes;
 use opentelemetry::trace::{SpanContext, SpanKind};
 use opentelemetry::{KeyValue, Value};
 use prost::encoding::{encoded_len_varint, WireType};
@@ -59,28 +60,39 @@ impl Encoder {
         }
     }
 
-    /// The `ExportTraceServiceRequest` of `records` (one resource, one scope).
-    pub(super) fn body(&mut self, records: impl Iterator<Item = Record>) -> Vec<u8> {
-        let mut scope_spans = Vec::with_capacity(64 * 1024);
-        scope_spans.extend_from_slice(&self.scope);
+    /// The `ExportTraceServiceRequest` of `records` (one resource, one scope), read in place
+    /// (moving each record out of its batch, ~350 bytes, twice, cost the export ~450
+    /// instructions per request, callgrind, issue 34).
+    pub(super) fn body(&mut self, records: &[Record]) -> Bytes {
+        // The spans are written after a gap that the message's head (the `ResourceSpans` key
+        // and length, the resource, the `ScopeSpans` key and length) fills once their length
+        // is known, so the body is never copied whole.
+        let gap = self.resource.len() + 2 * (1 + 10);
+        let mut out = Vec::with_capacity(gap + 64 * 1024);
+        out.resize(gap, 0);
+        out.extend_from_slice(&self.scope);
         for record in records {
             self.span.clear();
             self.span.reserve(1024);
             write_span(&mut self.span, record);
-            message(&mut scope_spans, 2, &self.span);
+            message(&mut out, 2, &self.span);
         }
-        let resource_spans_len = self.resource.len() + field_len(2, scope_spans.len());
-        let mut out = Vec::with_capacity(field_len(1, resource_spans_len));
-        encode_key(1, WireType::LengthDelimited, &mut out);
-        encode_varint(resource_spans_len as u64, &mut out);
-        out.extend_from_slice(&self.resource);
-        message(&mut out, 2, &scope_spans);
-        out
+        let scope_spans_len = out.len() - gap;
+        let resource_spans_len = self.resource.len() + field_len(2, scope_spans_len);
+        let mut head = Vec::with_capacity(gap);
+        encode_key(1, WireType::LengthDelimited, &mut head);
+        encode_varint(resource_spans_len as u64, &mut head);
+        head.extend_from_slice(&self.resource);
+        encode_key(2, WireType::LengthDelimited, &mut head);
+        encode_varint(scope_spans_len as u64, &mut head);
+        let start = gap - head.len();
+        out[start..gap].copy_from_slice(&head);
+        Bytes::from(out).slice(start..)
     }
 }
 
 /// A `Span` message's fields.
-fn write_span(out: &mut Vec<u8>, r: Record) {
+fn write_span(out: &mut Vec<u8>, r: &Record) {
     let context = &r.context;
     bytes(out, 1, &context.trace_id().to_bytes());
     bytes(out, 2, &context.span_id().to_bytes());

@@ -60,8 +60,10 @@ pub fn traceparent(context: &SpanContext) -> String {
     let _ = hex::encode_to_slice(context.span_id().to_bytes(), &mut out[36..52]);
     out[52] = b'-';
     let _ = hex::encode_to_slice([context.trace_flags().to_u8()], &mut out[53..55]);
-    // Only ASCII digits, lowercase hex letters and '-' were written.
-    out.iter().map(|&b| b as char).collect()
+    // Only ASCII digits, lowercase hex letters and '-' were written (one copy: collecting the
+    // bytes as `char`s, one UTF-8 push each, cost ~1,200 instructions per upstream request,
+    // callgrind, issue 34).
+    String::from_utf8(out.to_vec()).unwrap_or_default()
 }
 
 /// A `tracestate` header value (§3.3: `key=value` list members, empty ones skipped), or `None`

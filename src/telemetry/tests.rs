@@ -303,16 +303,13 @@ fn the_otlp_body_decodes_with_the_generated_types() {
         .with_service_name("svc")
         .build();
     let mut encoder = otlp::Encoder::new(&resource);
-    let body = encoder.body(
-        [
-            record(SpanName::Method {
-                method: "tools/call".into(),
-                target: Target::Tool("echo".into()),
-            }),
-            record(SpanName::Fixed("fixed")),
-        ]
-        .into_iter(),
-    );
+    let body = encoder.body(&[
+        record(SpanName::Method {
+            method: "tools/call".into(),
+            target: Target::Tool("echo".into()),
+        }),
+        record(SpanName::Fixed("fixed")),
+    ]);
     let export = ExportTraceServiceRequest::decode(&body[..]).unwrap();
     assert_eq!(export.resource_spans.len(), 1);
     let rs = &export.resource_spans[0];
