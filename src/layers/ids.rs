@@ -46,9 +46,10 @@
 //! Progress tokens (client-chosen as well) are not mapped.
 
 use crate::exchange::{Caller, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
-use crate::jsonrpc::{self, splice, Id, Kind, Message};
+use crate::jsonrpc::{splice, Id, Kind, Message};
 use crate::layers::after::{AfterReply, ReplyStep};
 use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::metrics::{DropReason, LocalReason, Metrics};
 use bytes::Bytes;
 use futures_util::future::{ready, Either, Ready};
@@ -373,10 +374,9 @@ where
             }
             Admit::Refuse => {
                 tracing::debug!(upstream = %req.ctx.upstream, id = %id, "request id already in flight on this session: refused");
-                let message = format!(
-                    "request id {id} is already in flight on this session; a request id must not be reused while its request is in flight"
-                );
-                let reply = McpReply::local_error(Some(&id), jsonrpc::INVALID_REQUEST, &message)
+                let error = McpError::IdInFlight { id: id.to_string() };
+                // Sessions (and so this refusal) are the 2025-11-25 transport's: HTTP 200.
+                let reply = McpReply::error(Era::Legacy, Some(&id), &error)
                     .answered_locally(LocalReason::IdInFlight);
                 Either::Right(ready(Ok(reply)))
             }

@@ -44,17 +44,19 @@ use super::session::REVALIDATE_AFTER;
 use super::session::{is_held_form, Access, HandDown, Revived, SessionKey, Sessions};
 use crate::exchange::Operation;
 use crate::exchange::{McpReply, McpRequest};
-use crate::jsonrpc::{self, Id};
+use crate::jsonrpc::Id;
+use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::registry::Registry;
 use futures_util::future::{self, BoxFuture, Either, Ready};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderValue, StatusCode};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// JSON-RPC code of "Session not found" (as the MCP SDKs answer it).
-pub const SESSION_NOT_FOUND: i64 = -32001;
+/// JSON-RPC code of "Session not found" (as the MCP SDKs answer it; its home is `mcp::errors`).
+pub use crate::mcp::errors::SESSION_NOT_FOUND;
 
 /// Builds [`SessionGuard`]s over the shared session table.
 #[derive(Clone)]
@@ -125,17 +127,10 @@ pub struct SessionGuard<S> {
     hand_down: HandDown,
 }
 
-fn local(status: StatusCode, id: Option<&Id>, code: i64, message: &str) -> McpReply {
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    McpReply::new(
-        status,
-        headers,
-        crate::exchange::ReplyBody::Json(jsonrpc::error_response(id, code, message)),
-    )
+/// `error` under `id`: sessions are the 2025-11-25 transport's, refused at the HTTP level
+/// (404 unknown, 503 full, 500 store failure).
+fn local(id: Option<&Id>, error: McpError) -> McpReply {
+    McpReply::error(Era::Legacy, id, &error)
 }
 
 /// What [`SessionGuard::check`] decided for a request.
@@ -156,12 +151,7 @@ impl<S> SessionGuard<S> {
             req.ctx.session_id = None;
             req.ctx.client_session_id = None;
             if !self.sessions.has_room(&req.ctx.tenant()) {
-                return Checked::Refuse(local(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    req.id(),
-                    jsonrpc::INTERNAL_ERROR,
-                    "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
-                ));
+                return Checked::Refuse(local(req.id(), McpError::SessionsFull));
             }
             return Checked::Pass;
         }
@@ -208,12 +198,7 @@ impl<S> SessionGuard<S> {
             Access::Unknown => self.authenticated || is_held_form(session.as_bytes()),
         };
         if refuse {
-            return Checked::Refuse(local(
-                StatusCode::NOT_FOUND,
-                req.id(),
-                SESSION_NOT_FOUND,
-                "Session not found: initialize a new session",
-            ));
+            return Checked::Refuse(local(req.id(), McpError::SessionNotFound));
         }
         Checked::Pass
     }
@@ -332,20 +317,12 @@ where
             let refuses_unknown = this.authenticated || is_held_form(session.as_bytes());
             let refused = match revived {
                 Revived::InTable | Revived::NotStored => None,
-                Revived::NoRoom => Some((
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    jsonrpc::INTERNAL_ERROR,
-                    "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
-                )),
-                Revived::Failed if refuses_unknown => Some((
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    jsonrpc::INTERNAL_ERROR,
-                    "taskgate could not read the session from its store; try again later",
-                )),
+                Revived::NoRoom => Some(McpError::SessionsFull),
+                Revived::Failed if refuses_unknown => Some(McpError::SessionStore { write: false }),
                 Revived::Failed => None,
             };
-            if let Some((status, code, message)) = refused {
-                return Ok(local(status, req.id(), code, message));
+            if let Some(error) = refused {
+                return Ok(local(req.id(), error));
             }
             match this.check(&mut req, true) {
                 Checked::Refuse(reply) => return Ok(reply),

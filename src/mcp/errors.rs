@@ -78,6 +78,9 @@ pub enum McpError {
         /// The task's terminal status.
         status: TaskStatus,
     },
+    /// `-32602`: a `tasks/cancel` that reached the cancel stage with no task authorised for
+    /// it (only in a stack without the `tasks` stage).
+    NoAuthorisedTask,
     /// `-32029` ([`TASK_LIMIT_EXCEEDED`]): the owner already has `limit` unfinished tasks on
     /// `upstream` (`tasks.max_live_tasks_per_owner`).
     TaskLimitExceeded {
@@ -89,6 +92,14 @@ pub enum McpError {
     /// `-32603`: task `task_id` completed, but taskgate did not keep its result (over
     /// `tasks.max_stored_result_bytes`, or lost in a restart).
     ResultNotKept {
+        /// The task's id.
+        task_id: String,
+    },
+    /// `-32602`: `method` (a `tasks/update` with input responses, in the wrong era or of a
+    /// task taskgate does not run) about a task that does not wait for input.
+    NotAwaitingInput {
+        /// The method.
+        method: String,
         /// The task's id.
         task_id: String,
     },
@@ -107,8 +118,17 @@ pub enum McpError {
     /// `-32603`: the task record of a gateway task could not be made.
     RecordNotMade,
     /// `-32603`: the creation could not be recorded durably (`detail`: the store's error), so
-    /// the task was not handed out.
+    /// the task was not handed out (or, `before_upstream`, nothing was sent upstream).
     NotRecorded {
+        /// The store's error.
+        detail: String,
+        /// Refused before the call went upstream (a gateway task), not after the upstream
+        /// created it.
+        before_upstream: bool,
+    },
+    /// `-32603`: the call lease of a gateway task could not be taken (`detail`: the store's
+    /// error); nothing was sent upstream.
+    LeaseNotTaken {
         /// The store's error.
         detail: String,
     },
@@ -297,6 +317,8 @@ impl McpError {
         match self {
             TaskNotFound { .. }
             | TaskAlreadyTerminal { .. }
+            | NoAuthorisedTask
+            | NotAwaitingInput { .. }
             | ParamsUnreadable { .. }
             | MissingParam { .. }
             | InvalidParam { .. }
@@ -313,6 +335,7 @@ impl McpError {
             | NoRandomTaskId
             | RecordNotMade
             | NotRecorded { .. }
+            | LeaseNotTaken { .. }
             | SessionsFull
             | SessionStore { .. }
             | SessionIdTooLong { .. }
@@ -392,6 +415,7 @@ impl fmt::Display for McpError {
                 f,
                 "Cannot cancel task {task_id}: it is already {status} (a terminal status)"
             ),
+            NoAuthorisedTask => f.write_str("tasks/cancel: no authorised task"),
             TaskLimitExceeded { limit, upstream } => write!(
                 f,
                 "Task limit reached: this caller already has {limit} unfinished tasks on upstream `{upstream}` (tasks.max_live_tasks_per_owner); wait for one to finish or cancel one"
@@ -400,6 +424,9 @@ impl fmt::Display for McpError {
                 f,
                 "task {task_id} completed, but its result was not kept (larger than tasks.max_stored_result_bytes, or lost in a restart)"
             ),
+            NotAwaitingInput { method, task_id } => {
+                write!(f, "{method}: task {task_id} does not wait for input")
+            }
             NoResult {
                 task_id,
                 status: TaskStatus::Cancelled,
@@ -414,9 +441,23 @@ impl fmt::Display for McpError {
             } => write!(f, "task {task_id} {status}"),
             NoRandomTaskId => f.write_str("taskgate could not draw a random taskId"),
             RecordNotMade => f.write_str("the task record cannot be made"),
-            NotRecorded { detail } => write!(
+            NotRecorded {
+                detail,
+                before_upstream: false,
+            } => write!(
                 f,
                 "taskgate could not record the task durably ({detail}); the task was not handed out"
+            ),
+            NotRecorded {
+                detail,
+                before_upstream: true,
+            } => write!(
+                f,
+                "taskgate could not record the task durably ({detail}); nothing was sent upstream"
+            ),
+            LeaseNotTaken { detail } => write!(
+                f,
+                "the task store is unavailable: taskgate could not take the task's call lease ({detail}); nothing was sent upstream"
             ),
             MissingTasksExtension => f.write_str("Missing required client capability"),
             NotInModernEra { method } => write!(
@@ -599,11 +640,16 @@ mod tests {
                 task_id: s("t1"),
                 status: TaskStatus::Completed,
             },
+            McpError::NoAuthorisedTask,
             McpError::TaskLimitExceeded {
                 limit: 3,
                 upstream: s("u"),
             },
             McpError::ResultNotKept { task_id: s("t1") },
+            McpError::NotAwaitingInput {
+                method: s("tasks/update"),
+                task_id: s("t1"),
+            },
             McpError::NoResult {
                 task_id: s("t1"),
                 status: TaskStatus::Failed,
@@ -611,7 +657,11 @@ mod tests {
             },
             McpError::NoRandomTaskId,
             McpError::RecordNotMade,
-            McpError::NotRecorded { detail: s("down") },
+            McpError::NotRecorded {
+                detail: s("down"),
+                before_upstream: false,
+            },
+            McpError::LeaseNotTaken { detail: s("down") },
             McpError::MissingTasksExtension,
             McpError::NotInModernEra {
                 method: s("tasks/list"),
@@ -693,12 +743,15 @@ mod tests {
         let expected: Vec<(&str, i64, u16, u16)> = vec![
             ("TaskNotFound", -32602, 200, 400),
             ("TaskAlreadyTerminal", -32602, 200, 400),
+            ("NoAuthorisedTask", -32602, 200, 400),
             ("TaskLimitExceeded", -32029, 200, 200),
             ("ResultNotKept", -32603, 200, 200),
+            ("NotAwaitingInput", -32602, 200, 400),
             ("NoResult", -32603, 200, 200),
             ("NoRandomTaskId", -32603, 200, 200),
             ("RecordNotMade", -32603, 200, 200),
             ("NotRecorded", -32603, 200, 200),
+            ("LeaseNotTaken", -32603, 200, 200),
             ("MissingTasksExtension", -32021, 200, 400),
             ("NotInModernEra", -32601, 200, 404),
             ("TasksListUnavailable", -32601, 200, 404),

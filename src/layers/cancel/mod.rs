@@ -66,6 +66,7 @@ use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc;
 use crate::layers::extensions::AuthorisedTask;
 use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::{self, LocalReason};
 use crate::registry::Registry;
@@ -305,10 +306,10 @@ where
     ) else {
         // Only without the `tasks` layer above: nothing was authorised.
         count(metrics::CancelOutcome::RejectedUnknown);
-        return Ok(McpReply::local_error(
+        return Ok(McpReply::error(
+            req.era(),
             req.id(),
-            jsonrpc::INVALID_PARAMS,
-            "tasks/cancel: no authorised task",
+            &McpError::NoAuthorisedTask,
         ));
     };
     let task_id = record.task_id.clone();
@@ -395,19 +396,18 @@ fn reply_of(
         }
         FlightAnswer::Http(reply, status) => match reply.lock().take() {
             Some(r) if first => r,
-            _ => McpReply::local_error(
-                Some(id),
-                jsonrpc::INTERNAL_ERROR,
-                &format!("upstream `{upstream}` answered tasks/cancel with HTTP {status}"),
-            ),
+            _ => {
+                let error = McpError::CancelAnsweredHttp {
+                    upstream: upstream.to_string(),
+                    status,
+                };
+                // `-32603`: HTTP 200 in both eras.
+                McpReply::error(Era::Legacy, Some(id), &error)
+            }
         },
         FlightAnswer::Failed(e) => return Err((*e).clone()),
         FlightAnswer::Terminal(_) | FlightAnswer::Acknowledged | FlightAnswer::Elsewhere(_) => {
-            McpReply::local_error(
-                Some(id),
-                jsonrpc::INTERNAL_ERROR,
-                "tasks/cancel: no outcome",
-            )
+            McpReply::error(Era::Legacy, Some(id), &McpError::CancelNoOutcome)
         }
     })
 }

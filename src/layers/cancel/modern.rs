@@ -5,7 +5,7 @@ use super::CancelState;
 use crate::exchange::McpReply;
 use crate::jsonrpc;
 use crate::mcp::era::Era;
-use crate::mcp::errors::TaskError;
+use crate::mcp::errors::McpError;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::LocalReason;
 use std::sync::Arc;
@@ -37,7 +37,11 @@ pub(super) async fn terminal_answer(
         } else {
             status
         };
-        McpReply::local_json(TaskError::AlreadyTerminal { task_id, status }.response(Some(id)))
+        let error = McpError::TaskAlreadyTerminal {
+            task_id: task_id.clone(),
+            status,
+        };
+        McpReply::error(era, Some(id), &error)
     };
     reply.answered_locally(LocalReason::CancelTerminal)
 }

@@ -9,7 +9,7 @@ use crate::jsonrpc::{self, Id};
 use crate::layers::cancel::MODERN_ACK;
 use crate::layers::extensions::AuthorisedTask;
 use crate::mcp::era::Era;
-use crate::mcp::errors::TaskError;
+use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::LocalReason;
 use crate::registry::Observed;
@@ -52,14 +52,16 @@ pub(super) async fn answer(
         "tasks/update" if era == Era::Modern => {
             match super::input::update(state, &record.task_id, &req).await {
                 Ok(()) => json_reply(&id, &serde_json::from_str(MODERN_ACK).unwrap_or_default()),
-                Err(why) => error(era, &id, jsonrpc::INVALID_PARAMS, &why),
+                Err(refused) => error(era, &id, refused),
             }
         }
         _ => error(
             era,
             &id,
-            jsonrpc::INVALID_PARAMS,
-            &format!("{method}: task {} does not wait for input", record.task_id),
+            McpError::NotAwaitingInput {
+                method: method.to_string(),
+                task_id: record.task_id.clone(),
+            },
         ),
     };
     reply.answered_locally(LocalReason::GatewayTask)
@@ -77,8 +79,14 @@ fn json_reply(id: &Id, result: &Value) -> McpReply {
     McpReply::local_json(jsonrpc::result_response(id, &result.to_string()))
 }
 
-fn error(era: Era, id: &Id, code: i64, message: &str) -> McpReply {
-    McpReply::era_error(era, Some(id), code, message, LocalReason::GatewayTask)
+/// `error` under `id` as a 2025-11-25 answer (HTTP 200): `tasks/result`, and a 2025
+/// `tasks/cancel` of a terminal task.
+fn legacy_error(id: &Id, error: McpError) -> McpReply {
+    McpReply::error(Era::Legacy, Some(id), &error)
+}
+
+fn error(era: Era, id: &Id, error: McpError) -> McpReply {
+    McpReply::error(era, Some(id), &error).answered_locally(LocalReason::GatewayTask)
 }
 
 /// `tasks/get`: the record's task (2025 `Task`; 2026 `DetailedTask`, with the result a
@@ -101,18 +109,14 @@ fn get(state: &GatewayTasksState, record: &TaskRecord, id: &Id, era: Era) -> Mcp
         (TaskStatus::Completed, Some(Outcome::Result(r))) => task["result"] = (*r).clone(),
         (TaskStatus::Failed, Some(Outcome::Error(e))) => task["error"] = (*e).clone(),
         (TaskStatus::Completed, _) => {
-            return error(
-                era,
-                id,
-                jsonrpc::INTERNAL_ERROR,
-                &format!(
-                    "task {} completed, but its result was not kept (larger than tasks.max_stored_result_bytes, or lost in a restart)",
-                    record.task_id
-                ),
-            )
+            let task_id = record.task_id.clone();
+            return error(era, id, McpError::ResultNotKept { task_id });
         }
         (TaskStatus::Failed, _) => {
-            let message = record.status_message.as_deref().unwrap_or("the call failed");
+            let message = record
+                .status_message
+                .as_deref()
+                .unwrap_or("the call failed");
             task["error"] = json!({"code": jsonrpc::INTERNAL_ERROR, "message": message});
         }
         _ => {}
@@ -144,32 +148,20 @@ async fn result(state: &Arc<GatewayTasksState>, mut record: Arc<TaskRecord>, id:
         {
             Ok(Some(r)) => record = r,
             Ok(None) => {
-                let gone = TaskError::NotFound {
-                    task_id: &record.task_id,
-                };
-                return McpReply::local_json(gone.response(Some(id)));
+                let task_id = record.task_id.clone();
+                return legacy_error(id, McpError::TaskNotFound { task_id });
             }
-            Err(_) => {
-                return McpReply::local_error(
-                    Some(id),
-                    jsonrpc::INTERNAL_ERROR,
-                    "task store unavailable; try again",
-                )
-            }
+            Err(_) => return legacy_error(id, McpError::StoreUnavailable { method: None }),
         }
     }
     match (record.status, state.outcome(&record.task_id)) {
         (TaskStatus::Completed, Some(Outcome::Result(r))) => json_reply(id, &r),
         (TaskStatus::Completed, _) => match record.terminal_result.as_deref() {
             Some(stored) => McpReply::local_json(jsonrpc::result_response(id, stored)),
-            None => McpReply::local_error(
-                Some(id),
-                jsonrpc::INTERNAL_ERROR,
-                &format!(
-                    "task {} completed, but its result was not kept (larger than tasks.max_stored_result_bytes, or lost in a restart)",
-                    record.task_id
-                ),
-            ),
+            None => {
+                let task_id = record.task_id.clone();
+                legacy_error(id, McpError::ResultNotKept { task_id })
+            }
         },
         (TaskStatus::Failed, Some(Outcome::Error(e))) => {
             let answer = json!({"jsonrpc": "2.0", "id": id_value(id), "error": (*e).clone()});
@@ -182,14 +174,12 @@ async fn result(state: &Arc<GatewayTasksState>, mut record: Arc<TaskRecord>, id:
             McpReply::local_json(answer.to_string().into())
         }
         (status, _) => {
-            let message = match status {
-                TaskStatus::Cancelled => format!("task {} was cancelled; it has no result", record.task_id),
-                _ => record
-                    .status_message
-                    .clone()
-                    .unwrap_or_else(|| format!("task {} {status}", record.task_id)),
+            let error = McpError::NoResult {
+                task_id: record.task_id.clone(),
+                status,
+                status_message: record.status_message.clone(),
             };
-            McpReply::local_error(Some(id), jsonrpc::INTERNAL_ERROR, &message)
+            legacy_error(id, error)
         }
     }
 }
@@ -246,23 +236,16 @@ async fn cancel(state: &GatewayTasksState, record: &TaskRecord, id: &Id, era: Er
             task.status_message = Some("cancelled by the client (tasks/cancel)".into());
             json_reply(id, &serde_json::to_value(task).unwrap_or_default())
         }
-        Observed::Unknown => McpReply::local_json(
-            TaskError::NotFound {
-                task_id: &record.task_id,
-            }
-            .response(Some(id)),
-        ),
+        Observed::Unknown => {
+            let task_id = record.task_id.clone();
+            McpReply::error(era, Some(id), &McpError::TaskNotFound { task_id })
+        }
         Observed::Rewrite { status, .. } | Observed::Recorded(status) => {
             if era == Era::Modern {
                 return json_reply(id, &serde_json::from_str(MODERN_ACK).unwrap_or_default());
             }
-            McpReply::local_json(
-                TaskError::AlreadyTerminal {
-                    task_id: &record.task_id,
-                    status,
-                }
-                .response(Some(id)),
-            )
+            let task_id = record.task_id.clone();
+            legacy_error(id, McpError::TaskAlreadyTerminal { task_id, status })
         }
     }
 }

@@ -11,7 +11,7 @@ use crate::layers::relay::mrtr::{is_input_required, MAX_ROUNDS};
 use crate::layers::relay::read_to_answer;
 use crate::layers::McpService;
 use crate::mcp::era::Era;
-use crate::mcp::errors::TASK_LIMIT_EXCEEDED;
+use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::{CreationRefusal, LocalReason};
 use crate::registry::Observed;
@@ -52,14 +52,8 @@ pub(super) async fn create<S: McpService>(
     let (Operation::Post(msg), Some(client_id)) = (&req.op, req.id().cloned()) else {
         return inner.oneshot(req).await;
     };
-    let refuse = |code: i64, message: &str| {
-        McpReply::era_error(
-            era,
-            Some(&client_id),
-            code,
-            message,
-            LocalReason::GatewayTask,
-        )
+    let refuse = |error: McpError| {
+        McpReply::error(era, Some(&client_id), &error).answered_locally(LocalReason::GatewayTask)
     };
     // A 2026-07-28 call took its slot over the limit (there the server decides whether a call
     // becomes a task); here taskgate decides, so the limit holds as for a 2025 creation.
@@ -70,27 +64,23 @@ pub(super) async fn create<S: McpService>(
             .registry
             .metrics()
             .task_creation_refused(&req.ctx.upstream, CreationRefusal::OwnerLimit);
-        return Ok(McpReply::era_error(
-            era,
-            Some(&client_id),
-            TASK_LIMIT_EXCEEDED,
-            &format!("Task limit reached: this caller already has {limit} unfinished tasks on upstream `{}` (tasks.max_live_tasks_per_owner); wait for one to finish or cancel one", req.ctx.upstream),
-            LocalReason::OwnerLimit,
-        ));
+        let error = McpError::TaskLimitExceeded {
+            limit,
+            upstream: req.ctx.upstream.to_string(),
+        };
+        return Ok(McpReply::error(era, Some(&client_id), &error)
+            .answered_locally(LocalReason::OwnerLimit));
     }
     let Some(task_id) = minted_task_id() else {
-        return Ok(refuse(
-            jsonrpc::INTERNAL_ERROR,
-            "taskgate could not draw a random taskId",
-        ));
+        return Ok(refuse(McpError::NoRandomTaskId));
     };
     let n = state.seq.fetch_add(1, Ordering::Relaxed);
     let own_id = Id::from_json(&format!("\"taskgate-gt-{n}\"")).expect("a string id");
     let Some((plain, token)) = plain_call(msg, &own_id, &task_id) else {
-        return Ok(refuse(
-            jsonrpc::INVALID_PARAMS,
-            "tools/call: params must be an object for taskgate to run the call as a task",
-        ));
+        return Ok(refuse(McpError::InvalidParams {
+            message: "tools/call: params must be an object for taskgate to run the call as a task"
+                .into(),
+        }));
     };
     // The ttl: the client's (2025, already capped by `tasks`), else the cap.
     let cap = state.registry.config().max_ttl_ms;
@@ -108,10 +98,7 @@ pub(super) async fn create<S: McpService>(
         ..TaskRecord::clone(&pending.template)
     };
     let Some(record) = state.registry.creation_record(&template, &task) else {
-        return Ok(refuse(
-            jsonrpc::INTERNAL_ERROR,
-            "the task record cannot be made",
-        ));
+        return Ok(refuse(McpError::RecordNotMade));
     };
     let (cancel_tx, cancel_rx) = oneshot::channel();
     let (answers_tx, answers_rx) = mpsc::channel(MAX_WAITING);
@@ -135,10 +122,9 @@ pub(super) async fn create<S: McpService>(
             {
                 Ok(guard) => Some(guard),
                 Err(e) => {
-                    return Ok(refuse(
-                        jsonrpc::INTERNAL_ERROR,
-                        &format!("the task store is unavailable: taskgate could not take the task's call lease ({e}); nothing was sent upstream"),
-                    ));
+                    return Ok(refuse(McpError::LeaseNotTaken {
+                        detail: e.to_string(),
+                    }));
                 }
             }
         }
@@ -149,10 +135,10 @@ pub(super) async fn create<S: McpService>(
         .record_creation(record.clone(), &pending.reservation)
         .await
     {
-        return Ok(refuse(
-            jsonrpc::INTERNAL_ERROR,
-            &format!("taskgate could not record the task durably ({e}); nothing was sent upstream"),
-        ));
+        return Ok(refuse(McpError::NotRecorded {
+            detail: e.to_string(),
+            before_upstream: true,
+        }));
     }
     // `cancel` drops a notifications/cancelled for the client's id from now on (tasks are
     // cancelled with tasks/cancel).

@@ -39,6 +39,7 @@ use crate::exchange::McpRequest;
 use crate::jsonrpc;
 use crate::layers::extensions::SessionView;
 use crate::layers::relay::input::{capability_for, response_value, Ask};
+use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::sse::Event;
 use crate::store::TaskRecord;
@@ -386,23 +387,26 @@ pub(super) async fn update(
     state: &GatewayTasksState,
     task_id: &str,
     req: &McpRequest,
-) -> Result<(), String> {
+) -> Result<(), McpError> {
     let Some(raw) = req.classified().and_then(|c| c.param("inputResponses")) else {
         return Ok(());
     };
     let responses = match serde_json::from_str::<Value>(raw) {
         Ok(Value::Object(map)) => map,
         _ => {
-            return Err(
-                "params.inputResponses must be an object of input responses by key".to_string(),
-            )
+            return Err(McpError::InvalidParam {
+                method: None,
+                key: "inputResponses".into(),
+                problem: "must be an object of input responses by key".into(),
+            })
         }
     };
     if let Some((key, _)) = responses.iter().find(|(_, v)| !v.is_object()) {
-        return Err(format!(
-            "params.inputResponses[{}] must be an object (the client's result for that input request)",
-            Value::from(key.as_str())
-        ));
+        return Err(McpError::InvalidParam {
+            method: None,
+            key: format!("inputResponses[{}]", Value::from(key.as_str())),
+            problem: "must be an object (the client's result for that input request)".into(),
+        });
     }
     for (key, value) in responses {
         answered(state, task_id, &key, Ok(value)).await;

@@ -112,6 +112,7 @@ use crate::layers::relay::Inputs;
 use crate::layers::McpService;
 use crate::mcp::capabilities::{declares_tasks_extension, TASKS_EXTENSION};
 use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::metrics::LocalReason;
 use crate::registry::Registry;
 use crate::store::Origin;
@@ -408,14 +409,11 @@ impl<S: McpService> tower::Service<McpRequest> for GatewayTasksService<S> {
                 // taskgate is this upstream's task server: the refusal of a malformed
                 // `params.task` is its to give (the server knows no `task` and would answer
                 // with an error about an unknown member, or run the call plainly).
-                let why = odd_task(&req).unwrap_or_default();
-                let reply = McpReply::era_error(
-                    req.era(),
-                    req.id(),
-                    jsonrpc::INVALID_PARAMS,
-                    &why,
-                    LocalReason::GatewayTask,
-                );
+                let reply = match odd_task(&req) {
+                    Some(refused) => McpReply::error(req.era(), req.id(), &refused)
+                        .answered_locally(LocalReason::GatewayTask),
+                    None => McpReply::accepted(),
+                };
                 Either::Right(Box::pin(std::future::ready(Ok(reply))))
             }
             Some("tools/call") if state.runs_tasks() && asks_for_task(&req) => {
@@ -462,16 +460,18 @@ fn is_response(req: &McpRequest) -> bool {
 /// Why a `tools/call`'s `params.task` cannot be taken (the `-32602` message), when it cannot:
 /// it is not an object (`[]`, `null`, `"x"`), or its `ttl` is neither absent, `null` nor a
 /// number of ms at least 0 (`"60000"`, `true`, `-1`: refused, not taken as the cap).
-fn odd_task(req: &McpRequest) -> Option<String> {
+fn odd_task(req: &McpRequest) -> Option<McpError> {
     if req.era() != Era::Legacy {
         // 2026-07-28 servers ignore a 2025 `params.task` (2026-07-28 tasks, creation).
         return None;
     }
     let raw = req.classified().and_then(|c| c.param("task"))?;
     if !raw.trim_start().starts_with('{') {
-        return Some(
-            "tools/call: params.task must be an object ({} or {\"ttl\": <ms>})".to_string(),
-        );
+        return Some(McpError::InvalidParam {
+            method: Some("tools/call".into()),
+            key: "task".into(),
+            problem: "must be an object ({} or {\"ttl\": <ms>})".into(),
+        });
     }
     let task = serde_json::from_str::<Value>(raw).ok()?;
     match task.get("ttl") {
@@ -485,9 +485,11 @@ fn odd_task(req: &McpRequest) -> Option<String> {
                 Value::Array(_) => "an array",
                 _ => "an object",
             };
-            Some(format!(
-                "tools/call: params.task.ttl must be a number of milliseconds, at least 0 (got {got})"
-            ))
+            Some(McpError::InvalidParam {
+                method: Some("tools/call".into()),
+                key: "task.ttl".into(),
+                problem: format!("must be a number of milliseconds, at least 0 (got {got})"),
+            })
         }
     }
 }

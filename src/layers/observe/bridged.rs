@@ -17,8 +17,9 @@
 //! [`AckIsCancelled`]: crate::layers::extensions::AckIsCancelled
 
 use super::Watch;
-use crate::jsonrpc::{self, Id};
+use crate::jsonrpc::Id;
 use crate::layers::extensions::{CancelAcknowledged, Fact, PendingCreation, SynthesizedTask};
+use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::store::TaskRecord;
 use bytes::Bytes;
@@ -77,13 +78,11 @@ impl Watch {
                 recorded.set(SynthesizedTask { record });
                 Ok(bytes.clone())
             }
-            Err(e) => Ok(jsonrpc::error_response(
-                Some(id),
-                jsonrpc::INTERNAL_ERROR,
-                &format!(
-                    "taskgate could not record the task durably ({e}); the task was not handed out"
-                ),
-            )),
+            Err(e) => Ok(McpError::NotRecorded {
+                detail: e.to_string(),
+                before_upstream: false,
+            }
+            .body(Some(id))),
         }
     }
 

@@ -50,6 +50,7 @@ use crate::layers::extensions::{
     SynthesizedTask,
 };
 use crate::mcp::era::{Era, MODERN_VERSION};
+use crate::mcp::errors::McpError;
 use crate::mcp::needles::{self, found};
 use crate::metrics::UndoOutcome;
 use crate::registry::as_registry_task;
@@ -597,13 +598,11 @@ impl Watch {
                 if let (Some(undo), false) = (undo, matches!(e, StoreError::Conflict(_))) {
                     undo.cancel(&self.registry, pending.template.era, task_id);
                 }
-                let message = format!(
-                    "taskgate could not record the task durably ({e}); the task was not handed out"
-                );
-                (
-                    jsonrpc::error_response(Some(id), jsonrpc::INTERNAL_ERROR, &message),
-                    None,
-                )
+                let error = McpError::NotRecorded {
+                    detail: e.to_string(),
+                    before_upstream: false,
+                };
+                (error.body(Some(id)), None)
             }
         }
     }

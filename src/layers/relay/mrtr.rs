@@ -45,6 +45,8 @@ use super::{read_to_answer, Client, Relay};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Message};
 use crate::layers::McpService;
+use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::metrics::MrtrOutcome;
 use crate::sse::{Event, EventStream};
 use bytes::Bytes;
@@ -294,11 +296,12 @@ where
         outcome
     }
 
-    fn end(&self, outcome: MrtrOutcome, code: i64, message: &str) -> Ended {
-        tracing::info!(upstream = %self.out.ctx.upstream, ?outcome, message, "MRTR exchange ended");
+    /// The exchange's end with `error`, as the 2025-11-25 client's answer (HTTP 200).
+    fn end(&self, outcome: MrtrOutcome, error: McpError) -> Ended {
+        tracing::info!(upstream = %self.out.ctx.upstream, ?outcome, message = %error, "MRTR exchange ended");
         (
             outcome,
-            McpReply::local_error(Some(&self.client_id), code, message),
+            McpReply::error(Era::Legacy, Some(&self.client_id), &error),
         )
     }
 
@@ -319,40 +322,32 @@ where
             if round > MAX_ROUNDS {
                 return Err(self.end(
                     MrtrOutcome::TooManyRounds,
-                    jsonrpc::INTERNAL_ERROR,
-                    &format!("the 2026-07-28 upstream asked for input in more than {MAX_ROUNDS} rounds of this request (MRTR); taskgate relays at most {MAX_ROUNDS}"),
+                    McpError::InputRoundsExceeded { max: MAX_ROUNDS },
                 ));
             }
             let result = &answer["result"];
             let requests = match result.get("inputRequests").and_then(Value::as_object) {
                 Some(r) if !r.is_empty() => r,
                 _ => {
-                    return Err(self.end(
-                        MrtrOutcome::UpstreamError,
-                        jsonrpc::INTERNAL_ERROR,
-                        "the 2026-07-28 upstream answered input_required without inputRequests",
-                    ))
+                    return Err(self.end(MrtrOutcome::UpstreamError, McpError::InputRequestsMissing))
                 }
             };
             if requests.len() > MAX_KEYS_PER_TASK {
-                return Err(self.end(
-                    MrtrOutcome::TooManyKeys,
-                    jsonrpc::INTERNAL_ERROR,
-                    &format!("the 2026-07-28 upstream asked for {} inputs in one round (MRTR), more than taskgate relays ({MAX_KEYS_PER_TASK})", requests.len()),
-                ));
+                let error = McpError::TooManyInputs {
+                    asked: requests.len(),
+                    max: MAX_KEYS_PER_TASK,
+                };
+                return Err(self.end(MrtrOutcome::TooManyKeys, error));
             }
             for request in requests.values() {
                 let method = request.get("method").and_then(Value::as_str).unwrap_or("");
                 if !capability_for(method).is_some_and(declared) {
-                    let message = match capability_for(method) {
-                        Some(cap) => format!("the 2026-07-28 upstream needs input by `{method}` to answer this request, which needs the client capability `{}`; this client did not declare it in initialize", cap.trim_start_matches('/')),
-                        None => format!("the 2026-07-28 upstream needs input by `{method}` to answer this request, which taskgate does not relay"),
+                    let error = McpError::InputNotRelayed {
+                        method: method.to_string(),
+                        capability: capability_for(method)
+                            .map(|cap| cap.trim_start_matches('/').to_string()),
                     };
-                    return Err(self.end(
-                        MrtrOutcome::RefusedCapability,
-                        jsonrpc::INVALID_REQUEST,
-                        &message,
-                    ));
+                    return Err(self.end(MrtrOutcome::RefusedCapability, error));
                 }
             }
             let Some(responses) = self.ask(round, requests, declared, tx).await? else {
@@ -371,20 +366,12 @@ where
                     rest = more;
                 }
                 Ok((None, _)) => {
-                    return Err(self.end(
-                        MrtrOutcome::UpstreamError,
-                        jsonrpc::INTERNAL_ERROR,
-                        "the 2026-07-28 upstream gave no answer to the retried request (MRTR)",
-                    ))
+                    return Err(self.end(MrtrOutcome::UpstreamError, McpError::RetryUnanswered))
                 }
                 Err(e) => {
                     return Err((
                         MrtrOutcome::UpstreamError,
-                        McpReply::local_error(
-                            Some(&self.client_id),
-                            jsonrpc::INTERNAL_ERROR,
-                            &e.to_string(),
-                        ),
+                        McpReply::error(Era::Legacy, Some(&self.client_id), &McpError::from(&e)),
                     ))
                 }
             }
@@ -432,21 +419,14 @@ where
                     responses.insert(key, value);
                 }
                 Ok(None) => {
-                    return Err(self.end(
-                        MrtrOutcome::UpstreamError,
-                        jsonrpc::INTERNAL_ERROR,
-                        "an input request of this request was dropped before the client answered it (too many unanswered input requests)",
-                    ))
+                    return Err(self.end(MrtrOutcome::UpstreamError, McpError::InputRequiredLost))
                 }
                 Err(_) => {
-                    return Err(self.end(
-                        MrtrOutcome::Timeout,
-                        jsonrpc::INTERNAL_ERROR,
-                        &format!(
-                            "the client did not answer the upstream's input requests (MRTR round {round}) within {} ms",
-                            self.relay.timeout.as_millis()
-                        ),
-                    ))
+                    let error = McpError::InputTimeout {
+                        round,
+                        timeout_ms: self.relay.timeout.as_millis(),
+                    };
+                    return Err(self.end(MrtrOutcome::Timeout, error));
                 }
             }
         }

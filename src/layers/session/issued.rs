@@ -19,6 +19,8 @@ use super::service::{Finish, Watch};
 use super::SessionKey;
 use crate::exchange::{McpReply, ReplyBody};
 use crate::jsonrpc::Id;
+use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::sse::{Event, ReadAhead};
 use futures_util::StreamExt;
 use http::HeaderValue;
@@ -84,23 +86,13 @@ impl Finish {
             return reply;
         };
         let key = SessionKey::Session(issued.clone());
-        let refuse = |status: http::StatusCode, message: &str| {
-            let mut refused =
-                McpReply::local_error(self.id.as_ref(), crate::jsonrpc::INTERNAL_ERROR, message);
-            refused.status = status;
-            refused
-        };
+        let refuse = |error: McpError| McpReply::error(Era::Legacy, self.id.as_ref(), &error);
         let (len, bound) = (issued.len(), crate::store::held::MAX_HELD_SESSION_ID);
         if len > bound {
             if self.sessions.shares_store() {
                 // Only this replica could serve it: refused, not a session that fails on the others.
                 tracing::warn!(upstream = %self.upstream, len, bound, "an upstream session id is too long to share; its initialize is refused");
-                return refuse(
-                    http::StatusCode::BAD_GATEWAY,
-                    &format!(
-                        "the upstream's Mcp-Session-Id is {len} bytes; the replicas of this tier share sessions whose id is at most {bound} bytes"
-                    ),
-                );
+                return refuse(McpError::SessionIdTooLong { len, bound });
             }
             tracing::warn!(upstream = %self.upstream, len, bound, "an upstream session id is too long to store; its session is served by this process only, and not after a restart");
         }
@@ -113,18 +105,12 @@ impl Finish {
             None,
         );
         if !put {
-            return refuse(
-                http::StatusCode::SERVICE_UNAVAILABLE,
-                "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
-            );
+            return refuse(McpError::SessionsFull);
         }
         if let Err(e) = self.sessions.store_entry(&self.upstream, &issued).await {
             tracing::error!(error = %e, "a session could not be written to the store");
             self.sessions.forget(&self.upstream, Some(&key));
-            return refuse(
-                http::StatusCode::INTERNAL_SERVER_ERROR,
-                "taskgate could not record the session in its store; try again later",
-            );
+            return refuse(McpError::SessionStore { write: true });
         }
         reply
     }

@@ -2,6 +2,8 @@
 //! `initialize` and `DELETE` pass, and hands the [`SessionView`] down (see the parent module).
 
 use super::*;
+use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use futures_util::future::Either;
 
 /// Builds [`SessionService`]s over a shared [`Sessions`] table.
@@ -276,25 +278,14 @@ async fn store_held(
         Some(Arc::new(HeldSession::from_initialize(params.as_ref()))),
     );
     let id = v.get("id").and_then(Id::from_value);
-    let refuse = |status: http::StatusCode, message: &str| {
-        let mut refused =
-            McpReply::local_error(id.as_ref(), crate::jsonrpc::INTERNAL_ERROR, message);
-        refused.status = status;
-        Some(refused)
-    };
+    let refuse = |error: McpError| Some(McpReply::error(Era::Legacy, id.as_ref(), &error));
     if !stored {
-        return refuse(
-            http::StatusCode::SERVICE_UNAVAILABLE,
-            "Service Unavailable: taskgate holds gateway.max_sessions sessions, none idle; try again later",
-        );
+        return refuse(McpError::SessionsFull);
     }
     if let Err(e) = sessions.store_entry(upstream, &issued).await {
         tracing::error!(error = %e, "a held session could not be written to the store");
         sessions.forget(upstream, Some(&key));
-        return refuse(
-            http::StatusCode::INTERNAL_SERVER_ERROR,
-            "taskgate could not record the session in its store; try again later",
-        );
+        return refuse(McpError::SessionStore { write: true });
     }
     None
 }

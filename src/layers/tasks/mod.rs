@@ -2,7 +2,7 @@
 //! upstream then reports is applied below, by `observe`.
 //!
 //! What it does to which messages:
-//! - `tools/call` with `params.task` (task-augmented): refused locally with [`TASK_LIMIT_EXCEEDED`]
+//! - `tools/call` with `params.task` (task-augmented): refused locally with `-32029` ([`McpError::TaskLimitExceeded`])
 //!   when the owner already has `tasks.max_live_tasks_per_owner` live tasks on this upstream;
 //!   `params.task.ttl` above `tasks.max_ttl_ms` is lowered to it, one below [`MIN_TASK_TTL_MS`]
 //!   (0 included) raised to it, a negative one refused `-32602`. Otherwise the request goes on
@@ -32,13 +32,13 @@ mod modern;
 
 use crate::exchange::{Deadline, McpReply, McpRequest, Operation};
 use crate::jsonrpc::splice;
-use crate::jsonrpc::{self, Message};
+use crate::jsonrpc::{self, Id, Message};
 use crate::layers::extensions::{
     AuthorisedTask, OnBehalfOf, PendingCreation, Upgraded, UpstreamWithoutTasks,
 };
 use crate::mcp::classify::Classified;
 use crate::mcp::era::Era;
-use crate::mcp::errors::{TaskError, TASK_LIMIT_EXCEEDED};
+use crate::mcp::errors::McpError;
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::{CancelOutcome, CreationRefusal, LocalReason, TaskMethod};
 use crate::registry::Registry;
@@ -241,10 +241,12 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
     // params it cannot read (numbers beyond f64: a skip of the text would not notice them)
     // is not forwarded. (Nesting deeper than 128 levels never passed the edge.)
     let unreadable = |e: serde_json::Error| {
-        McpReply::local_error(
-            Some(&id),
-            jsonrpc::INVALID_PARAMS,
-            &format!("tools/call: params cannot be read: {e}"),
+        refuse(
+            &id,
+            McpError::ParamsUnreadable {
+                method: Some("tools/call".into()),
+                detail: e.to_string(),
+            },
         )
     };
     if let Some(Err(e)) = msg.params().map(serde_json::from_str::<Value>) {
@@ -257,10 +259,14 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
         .is_some_and(|t| t < 0.0)
     {
         // A duration below 0 is no ttl to bound: refused, not taken as the cap (issue 32).
-        return Err(McpReply::local_error(
-            Some(&id),
-            jsonrpc::INVALID_PARAMS,
-            "tools/call: params.task.ttl must be a number of milliseconds, at least 0 (got a negative number)",
+        return Err(refuse(
+            &id,
+            McpError::InvalidParam {
+                method: Some("tools/call".into()),
+                key: "task.ttl".into(),
+                problem: "must be a number of milliseconds, at least 0 (got a negative number)"
+                    .into(),
+            },
         ));
     }
     let owner = req.ctx.caller().owner();
@@ -268,12 +274,10 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
     let reserved = match registry.reserve_creation(&upstream, &owner).await {
         Ok(r) => r,
         Err(e) => {
-            return Err(McpReply::local_error(
-                Some(&id),
-                jsonrpc::INTERNAL_ERROR,
-                &format!("tools/call: the task store could not count this caller's tasks: {e}"),
-            )
-            .answered_locally(LocalReason::StoreUnavailable))
+            let error = McpError::CountFailed {
+                detail: e.to_string(),
+            };
+            return Err(refuse(&id, error).answered_locally(LocalReason::StoreUnavailable));
         }
     };
     let Some(reservation) = reserved else {
@@ -281,14 +285,11 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
             .metrics()
             .task_creation_refused(&upstream, CreationRefusal::OwnerLimit);
         let limit = registry.config().max_live_tasks_per_owner;
-        return Err(McpReply::local_error(
-            Some(&id),
-            TASK_LIMIT_EXCEEDED,
-            &format!(
-                "Task limit reached: this caller already has {limit} unfinished tasks on upstream `{upstream}` (tasks.max_live_tasks_per_owner); wait for one to finish or cancel one"
-            ),
-        )
-        .answered_locally(LocalReason::OwnerLimit));
+        let error = McpError::TaskLimitExceeded {
+            limit,
+            upstream: upstream.to_string(),
+        };
+        return Err(refuse(&id, error).answered_locally(LocalReason::OwnerLimit));
     };
     let cap = registry.config().max_ttl_ms;
     // Any number above the cap (1e12 included) is lowered to the cap; one below
@@ -315,11 +316,17 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
             .and_then(|b| Message::parse(b).ok());
         match bounded {
             Some(m) => req.op = Operation::Post(m),
-            None => return Err(McpReply::local_error(
-                Some(&id),
-                jsonrpc::INVALID_PARAMS,
-                "tools/call: params.task.ttl is outside taskgate's bounds and the message cannot be rewritten",
-            )),
+            None => {
+                return Err(refuse(
+                    &id,
+                    McpError::InvalidParam {
+                        method: Some("tools/call".into()),
+                        key: "task.ttl".into(),
+                        problem: "is outside taskgate's bounds and the message cannot be rewritten"
+                            .into(),
+                    },
+                ))
+            }
         }
     }
     // Read from the message as it goes upstream (the ttl splice above left them as they were).
@@ -385,12 +392,12 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
     let task_id = match Classified::of(msg).task_id() {
         Some(t) => t.into_owned(),
         None => {
-            return Err(McpReply::local_error(
-                Some(&id),
-                jsonrpc::INVALID_PARAMS,
-                &format!("{name}: params.taskId (a string) is required"),
-            )
-            .answered_locally(LocalReason::InvalidParams))
+            let error = McpError::MissingParam {
+                method: Some(name.to_string()),
+                key: "taskId",
+                shape: "a string",
+            };
+            return Err(refuse(&id, error).answered_locally(LocalReason::InvalidParams));
         }
     };
     let owner = match req.extensions.get::<OnBehalfOf>() {
@@ -401,12 +408,8 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
         .lookup_checked(&req.ctx.upstream, &task_id, &owner)
         .await;
     let Ok(looked) = looked else {
-        return Err(McpReply::local_error(
-            Some(&id),
-            jsonrpc::INTERNAL_ERROR,
-            "task store unavailable; try again",
-        )
-        .answered_locally(LocalReason::StoreUnavailable));
+        return Err(refuse(&id, McpError::StoreUnavailable { method: None })
+            .answered_locally(LocalReason::StoreUnavailable));
     };
     let Some(record) = looked else {
         if let Some(method) = method {
@@ -419,8 +422,7 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
                 .metrics()
                 .cancel_request(&req.ctx.upstream, CancelOutcome::RejectedUnknown);
         }
-        let not_found = TaskError::NotFound { task_id: &task_id };
-        return Err(McpReply::local_json(not_found.response(Some(&id)))
+        return Err(refuse(&id, McpError::TaskNotFound { task_id })
             .answered_locally(LocalReason::TaskNotFound));
     };
     link_creating_span(req, &record);
@@ -446,6 +448,11 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
     Ok(())
 }
 
+/// `error` under `id`, as the 2025-11-25 path of this layer answers it (HTTP 200).
+fn refuse(id: &Id, error: McpError) -> McpReply {
+    McpReply::error(Era::Legacy, Some(id), &error)
+}
+
 /// `tasks/list` from the registry.
 async fn list(registry: &Arc<Registry>, authenticated: bool, req: &McpRequest) -> McpReply {
     let Operation::Post(msg) = &req.op else {
@@ -456,11 +463,7 @@ async fn list(registry: &Arc<Registry>, authenticated: bool, req: &McpRequest) -
     };
     let owner = req.ctx.caller().owner();
     if owner == Owner::Anonymous && !authenticated {
-        return McpReply::local_error(
-            Some(&id),
-            jsonrpc::METHOD_NOT_FOUND,
-            "tasks/list is not available: without [auth] and without an Mcp-Session-Id taskgate cannot tell callers apart",
-        );
+        return refuse(&id, McpError::TasksListUnavailable);
     }
     let params: Value = msg
         .parse_as::<Value>()
@@ -478,36 +481,26 @@ async fn list(registry: &Arc<Registry>, authenticated: bool, req: &McpRequest) -
             match decoded {
                 Some(c) => Some(c),
                 None => {
-                    return McpReply::local_error(
-                        Some(&id),
-                        jsonrpc::INVALID_PARAMS,
-                        "tasks/list: invalid cursor",
-                    )
+                    let error = McpError::InvalidCursor {
+                        not_a_string: false,
+                    };
+                    return refuse(&id, error);
                 }
             }
         }
-        Some(_) => {
-            return McpReply::local_error(
-                Some(&id),
-                jsonrpc::INVALID_PARAMS,
-                "tasks/list: invalid cursor (must be a string)",
-            )
-        }
+        Some(_) => return refuse(&id, McpError::InvalidCursor { not_a_string: true }),
     };
     // `[tasks] list_page_size` is 1..=1000, checked at load.
     let limit = registry.config().list_page_size;
     let invalid_cursor = cursor.is_some();
     match registry.list_page(upstream, &owner, cursor, limit).await {
-        Ok(None) if invalid_cursor => McpReply::local_error(
-            Some(&id),
-            jsonrpc::INVALID_PARAMS,
-            "tasks/list: invalid cursor",
+        Ok(None) if invalid_cursor => refuse(
+            &id,
+            McpError::InvalidCursor {
+                not_a_string: false,
+            },
         ),
-        Ok(None) => McpReply::local_error(
-            Some(&id),
-            jsonrpc::INTERNAL_ERROR,
-            "tasks/list: the task registry gave no page",
-        ),
+        Ok(None) => refuse(&id, McpError::ListFailed { detail: None }),
         Ok(Some((page, next))) => {
             let now = now_ms();
             let tasks: Vec<_> = page
@@ -522,10 +515,11 @@ async fn list(registry: &Arc<Registry>, authenticated: bool, req: &McpRequest) -
             }
             McpReply::local_json(jsonrpc::result_response(&id, &result.to_string()))
         }
-        Err(e) => McpReply::local_error(
-            Some(&id),
-            jsonrpc::INTERNAL_ERROR,
-            &format!("tasks/list: the task registry failed: {e}"),
+        Err(e) => refuse(
+            &id,
+            McpError::ListFailed {
+                detail: Some(e.to_string()),
+            },
         ),
     }
 }

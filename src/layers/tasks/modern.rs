@@ -31,7 +31,7 @@ use crate::layers::extensions::{AuthorisedTask, OnBehalfOf, PendingCreation};
 use crate::mcp::capabilities::declares_tasks_extension;
 use crate::mcp::classify::Classified;
 use crate::mcp::era::Era;
-use crate::mcp::errors::{missing_tasks_extension, TaskError, MISSING_REQUIRED_CLIENT_CAPABILITY};
+use crate::mcp::errors::McpError;
 use crate::metrics::{CancelOutcome, LocalReason, TaskMethod};
 use crate::registry::Registry;
 use crate::store::TaskRecord;
@@ -59,13 +59,15 @@ pub(super) fn decide(registry: &Registry, req: &mut McpRequest) -> Decision {
         }
         Some("tasks/get" | "tasks/update" | "tasks/cancel") => Decision::Authorise,
         Some("subscriptions/listen") => Decision::Listen,
-        Some(m @ ("tasks/result" | "tasks/list")) => Decision::Answer(McpReply::era_error(
-            Era::Modern,
-            req.id(),
-            jsonrpc::METHOD_NOT_FOUND,
-            &format!("Method not found: {m} does not exist under MCP 2026-07-28"),
-            LocalReason::MethodNotFound,
-        )),
+        Some(m @ ("tasks/result" | "tasks/list")) => {
+            let error = McpError::NotInModernEra {
+                method: m.to_string(),
+            };
+            Decision::Answer(
+                McpReply::error(Era::Modern, req.id(), &error)
+                    .answered_locally(LocalReason::MethodNotFound),
+            )
+        }
         _ => Decision::Forward,
     }
 }
@@ -106,17 +108,15 @@ pub(super) async fn authorise(
     let (Some(id), Some(method)) = (msg.id().cloned(), msg.method().map(str::to_string)) else {
         return Ok(());
     };
-    let refuse = |code: i64, message: &str, reason: LocalReason| {
-        McpReply::era_error(Era::Modern, Some(&id), code, message, reason)
+    let refuse = |error: McpError, reason: LocalReason| {
+        McpReply::error(Era::Modern, Some(&id), &error).answered_locally(reason)
     };
     let value: Value = msg.parse_as().unwrap_or(Value::Null);
     let params = value.get("params");
     if !declares_tasks_extension(params) {
         tracing::debug!(method, "tasks request without the tasks extension in _meta");
-        return Err(McpReply::era_error_bytes(
-            Era::Modern,
-            missing_tasks_extension(Some(&id)),
-            MISSING_REQUIRED_CLIENT_CAPABILITY,
+        return Err(refuse(
+            McpError::MissingTasksExtension,
             LocalReason::MissingExtension,
         ));
     }
@@ -125,11 +125,12 @@ pub(super) async fn authorise(
         .and_then(Value::as_str)
         .map(str::to_string)
     else {
-        return Err(refuse(
-            jsonrpc::INVALID_PARAMS,
-            &format!("{method}: params.taskId (a string) is required"),
-            LocalReason::InvalidParams,
-        ));
+        let error = McpError::MissingParam {
+            method: Some(method),
+            key: "taskId",
+            shape: "a string",
+        };
+        return Err(refuse(error, LocalReason::InvalidParams));
     };
     let owner = match req.extensions.get::<OnBehalfOf>() {
         Some(OnBehalfOf(owner)) => owner.clone(),
@@ -138,8 +139,7 @@ pub(super) async fn authorise(
     let upstream = req.ctx.upstream.clone();
     let Ok(looked) = registry.lookup_checked(&upstream, &task_id, &owner).await else {
         return Err(refuse(
-            jsonrpc::INTERNAL_ERROR,
-            "task store unavailable; try again",
+            McpError::StoreUnavailable { method: None },
             LocalReason::StoreUnavailable,
         ));
     };
@@ -152,10 +152,8 @@ pub(super) async fn authorise(
                 .metrics()
                 .cancel_request(&upstream, CancelOutcome::RejectedUnknown);
         }
-        let not_found = TaskError::NotFound { task_id: &task_id };
         return Err(refuse(
-            not_found.code(),
-            &not_found.message(),
+            McpError::TaskNotFound { task_id },
             LocalReason::TaskNotFound,
         ));
     };
@@ -231,21 +229,18 @@ pub(super) async fn filter_listen(
                 .and_then(|v| v.get("params")),
         )
     {
-        return Err(McpReply::era_error_bytes(
-            Era::Modern,
-            missing_tasks_extension(msg.id()),
-            MISSING_REQUIRED_CLIENT_CAPABILITY,
-            LocalReason::MissingExtension,
-        ));
+        return Err(
+            McpReply::error(Era::Modern, msg.id(), &McpError::MissingTasksExtension)
+                .answered_locally(LocalReason::MissingExtension),
+        );
     }
     if named > MAX_LISTEN_TASK_IDS {
-        return Err(McpReply::era_error(
-            era,
-            msg.id(),
-            jsonrpc::INVALID_PARAMS,
-            &format!("subscriptions/listen: at most {MAX_LISTEN_TASK_IDS} taskIds"),
-            LocalReason::InvalidParams,
-        ));
+        let error = McpError::TooManyTaskIds {
+            max: MAX_LISTEN_TASK_IDS,
+        };
+        return Err(
+            McpReply::error(era, msg.id(), &error).answered_locally(LocalReason::InvalidParams)
+        );
     }
     let mut kept = Vec::with_capacity(ids.len());
     for id in &ids {
@@ -255,13 +250,11 @@ pub(super) async fn filter_listen(
             Ok(Some(_)) => kept.push(id.as_str()),
             Ok(None) => {}
             Err(_) => {
-                return Err(McpReply::era_error(
-                    era,
-                    msg.id(),
-                    jsonrpc::INTERNAL_ERROR,
-                    "subscriptions/listen: task store unavailable; try again",
-                    LocalReason::StoreUnavailable,
-                ))
+                let error = McpError::StoreUnavailable {
+                    method: Some("subscriptions/listen".into()),
+                };
+                return Err(McpReply::error(era, msg.id(), &error)
+                    .answered_locally(LocalReason::StoreUnavailable));
             }
         }
     }
@@ -283,13 +276,14 @@ pub(super) async fn filter_listen(
             req.op = Operation::Post(m);
             Ok(())
         }
-        None => Err(McpReply::era_error(
-            era,
-            msg.id(),
-            jsonrpc::INVALID_PARAMS,
-            "subscriptions/listen: params.notifications.taskIds cannot be read",
-            LocalReason::InvalidParams,
-        )),
+        None => {
+            let error = McpError::InvalidParam {
+                method: Some("subscriptions/listen".into()),
+                key: "notifications.taskIds".into(),
+                problem: "cannot be read".into(),
+            };
+            Err(McpReply::error(era, msg.id(), &error).answered_locally(LocalReason::InvalidParams))
+        }
     }
 }
 

@@ -14,6 +14,8 @@ use crate::layers::extensions::{NeedsTask, SessionView};
 use crate::layers::McpService;
 use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::classify::Classified;
+use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::mcp::tools::TaskSupport;
 use crate::metrics::UpgradeOutcome;
 use crate::sse::Event;
@@ -90,10 +92,10 @@ pub(super) async fn tools_call<S: McpService>(
     ));
     match first_rx.await {
         Ok(reply) => reply,
-        Err(_) => Ok(McpReply::local_error(
+        Err(_) => Ok(McpReply::error(
+            Era::Legacy,
             Some(&original_id),
-            jsonrpc::INTERNAL_ERROR,
-            "the upgraded call ended without an answer",
+            &McpError::UpgradeEnded,
         )),
     }
 }
@@ -304,14 +306,10 @@ async fn drive<S: McpService>(
     }
     let Some(answer) = answer else {
         call.end(UpgradeOutcome::UpstreamError);
-        let reply = McpReply::local_error(
-            Some(&call.original_id),
-            jsonrpc::INTERNAL_ERROR,
-            &format!(
-                "upstream `{}` sent no answer to the upgraded tools/call",
-                call.ctx.upstream
-            ),
-        );
+        let error = McpError::UpgradeUnanswered {
+            upstream: call.ctx.upstream.to_string(),
+        };
+        let reply = McpReply::error(Era::Legacy, Some(&call.original_id), &error);
         return finish(pending, &tx, reply).await;
     };
     let Some(task) = answer
@@ -363,14 +361,15 @@ impl<S: McpService> Upgraded<S> {
         let task_id = answer
             .and_then(|a| a.pointer("/result/task/taskId"))
             .and_then(Value::as_str);
-        let _ = first.send(Ok(McpReply::local_error(
+        let error = McpError::UpgradeTooChatty {
+            upstream: self.ctx.upstream.to_string(),
+            limit: EARLY_LIMIT,
+            cancelled: task_id.is_some(),
+        };
+        let _ = first.send(Ok(McpReply::error(
+            Era::Legacy,
             Some(&self.original_id),
-            jsonrpc::INTERNAL_ERROR,
-            &format!(
-                "upstream `{}` sent more than {EARLY_LIMIT} messages before answering the upgraded tools/call; the exchange was ended{}",
-                self.ctx.upstream,
-                if task_id.is_some() { " and the task cancelled" } else { "" }
-            ),
+            &error,
         )));
         if let Some(task_id) = task_id {
             send_tasks_cancel(&self.inner, &self.state, &self.ctx, task_id).await;

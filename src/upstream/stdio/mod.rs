@@ -115,6 +115,8 @@ use crate::config::{ProcessMode, UpstreamConfig};
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
+use crate::mcp::task::TaskStatus;
 use crate::metrics::{Metrics, UpstreamErrorKind};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -689,7 +691,7 @@ impl Inner {
             if sessions.len() + starting >= MAX_CHILDREN {
                 return Ok(overloaded(
                     msg.id(),
-                    &format!(
+                    format!(
                         "upstream `{}` runs {MAX_CHILDREN} sessions (one child process each, those starting counted) already",
                         self.name
                     ),
@@ -704,7 +706,7 @@ impl Inner {
         if asked != Some(true) {
             return Ok(overloaded(
                 msg.id(),
-                &format!(
+                format!(
                     "upstream `{}`: too many children are starting at once",
                     self.name
                 ),
@@ -1152,11 +1154,13 @@ impl Inner {
                 id?,
                 r#"{"resultType":"complete"}"#,
             )),
-            _ => McpReply::local_error(
-                id,
-                jsonrpc::INVALID_PARAMS,
-                &format!("Cannot cancel task: it is failed ({})", task.why),
-            ),
+            _ => {
+                let error = McpError::TaskAlreadyTerminal {
+                    task_id,
+                    status: TaskStatus::Failed,
+                };
+                McpReply::error(era, id, &error)
+            }
         };
         Some(reply)
     }
@@ -1318,20 +1322,14 @@ fn is_result(answer: &[u8]) -> bool {
     splice::raw_at(answer, &["result"]).ok().flatten().is_some()
 }
 
+/// HTTP 404 `-32001`: a session this upstream does not hold (2025-11-25 transport).
 fn session_not_found(id: Option<&Id>) -> McpReply {
-    let mut reply = McpReply::local_error(id, -32001, "Session not found");
-    reply.status = StatusCode::NOT_FOUND;
-    reply
+    McpReply::error(Era::Legacy, id, &McpError::SessionNotFound)
 }
 
 /// 503 with `Retry-After` and a JSON-RPC `-32603`: no room for another child now.
-fn overloaded(id: Option<&Id>, message: &str) -> McpReply {
-    let mut reply = McpReply::local_error(id, jsonrpc::INTERNAL_ERROR, message);
-    reply.status = StatusCode::SERVICE_UNAVAILABLE;
-    reply
-        .headers
-        .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-    reply
+fn overloaded(id: Option<&Id>, message: String) -> McpReply {
+    McpReply::error(Era::Legacy, id, &McpError::Overloaded { message })
 }
 
 /// The era of a child by its answer to taskgate's `server/discover` probe: the versions a
