@@ -1,10 +1,12 @@
 //! The bounded queue between the serving threads and the export thread, and that thread.
 //!
-//! A serving thread ending a span moves its [`Record`] into the queue under a short lock: no
-//! allocation (the queue's buffer is allocated once, [`MAX_QUEUE_SPANS`] long), no wake-up but
-//! one per [`BATCH_SPANS`] spans; a full queue drops the span, never waits. The export thread
-//! wakes at that signal or every [`SCHEDULED_DELAY`], swaps the buffer for its spare, encodes
-//! the records [`BATCH_SPANS`] at a time (`otlp`) and posts each body (`export`) on a
+//! A serving thread ending a span moves its [`Record`] (one span, or a request's SERVER span
+//! and its first exchange's CLIENT span, queued once both ended) into the queue under a short
+//! lock: no allocation (the queue's buffer is allocated once, [`MAX_QUEUE_SPANS`] records
+//! long), no wake-up but one per [`BATCH_SPANS`] spans; a record that would take the queue past
+//! [`MAX_QUEUE_SPANS`] spans is dropped, never waited for. The export thread wakes at that
+//! signal or every [`SCHEDULED_DELAY`], swaps the buffer for its spare, encodes the records at
+//! most [`BATCH_SPANS`] spans at a time (`otlp`) and posts each body (`export`) on a
 //! current-thread tokio runtime of its own, one export at a time. (The SDK's
 //! `BatchSpanProcessor` does the same with `SpanData`, which must then be built on the serving
 //! threads: see `span.rs` for what that cost.)
@@ -36,7 +38,10 @@ pub(super) struct Queue {
 }
 
 struct State {
-    spans: Vec<Record>,
+    /// The records queued (a record holds one span or two, `Record::exchange`).
+    records: Vec<Record>,
+    /// The spans they hold.
+    spans: usize,
     /// Shutdown asked: export what is queued, then stop.
     stop: bool,
     /// Set by the export thread when it has stopped.
@@ -47,7 +52,8 @@ impl Queue {
     pub(super) fn new() -> Queue {
         Queue {
             state: Mutex::new(State {
-                spans: Vec::with_capacity(MAX_QUEUE_SPANS),
+                records: Vec::with_capacity(MAX_QUEUE_SPANS),
+                spans: 0,
                 stop: false,
                 stopped: false,
             }),
@@ -59,16 +65,27 @@ impl Queue {
 
     /// Queues `record` for export; drops it when the queue is full or export has stopped.
     pub(super) fn push(&self, record: Record) {
+        let spans = record.spans();
         let mut state = self.state.lock();
-        if state.spans.len() >= MAX_QUEUE_SPANS || state.stop {
+        if state.spans + spans > MAX_QUEUE_SPANS || state.stop {
             drop(state);
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.dropped.fetch_add(spans as u64, Ordering::Relaxed);
             return;
         }
-        state.spans.push(record);
-        if state.spans.len() == BATCH_SPANS {
+        state.records.push(record);
+        let before = state.spans;
+        state.spans += spans;
+        if before < BATCH_SPANS && state.spans >= BATCH_SPANS {
             self.wake.notify_one();
         }
+    }
+
+    /// The records queued, taken out (tests: a queue without its export thread).
+    #[cfg(test)]
+    pub(super) fn drain(&self) -> Vec<Record> {
+        let mut state = self.state.lock();
+        state.spans = 0;
+        std::mem::take(&mut state.records)
     }
 
     /// Asks the export thread to export what is queued and stop; waits at most `timeout` for it.
@@ -105,19 +122,29 @@ pub(super) fn start(
             loop {
                 let stop = {
                     let mut state = queue.state.lock();
-                    if state.spans.len() < BATCH_SPANS && !state.stop {
+                    if state.spans < BATCH_SPANS && !state.stop {
                         queue.wake.wait_for(&mut state, SCHEDULED_DELAY);
                     }
-                    std::mem::swap(&mut state.spans, &mut spare);
+                    std::mem::swap(&mut state.records, &mut spare);
+                    state.spans = 0;
                     state.stop
                 };
                 let dropped = queue.dropped.swap(0, Ordering::Relaxed);
                 if dropped > 0 {
                     tracing::debug!(dropped, "trace export queue full: spans dropped");
                 }
-                for batch in spare.chunks(BATCH_SPANS) {
-                    let body = encoder.body(batch);
-                    runtime.block_on(exporter.export(body, batch.len()));
+                let mut rest = &spare[..];
+                while !rest.is_empty() {
+                    // At most BATCH_SPANS spans per export (at least one record).
+                    let (mut take, mut spans) = (0, 0);
+                    while take < rest.len() && spans + rest[take].spans() <= BATCH_SPANS {
+                        spans += rest[take].spans();
+                        take += 1;
+                    }
+                    let (batch, later) = rest.split_at(take.max(1));
+                    let (body, spans) = encoder.body(batch);
+                    runtime.block_on(exporter.export(body, spans));
+                    rest = later;
                 }
                 spare.clear();
                 if stop {

@@ -6,10 +6,11 @@
 //!
 //! Off unless an OTLP endpoint is configured ([`Settings::resolve`]): then no [`Telemetry`]
 //! exists, and the data path checks one `Option` per request. On, a span is a compact record
-//! (`span`) kept by the serving threads while it is open; ended, it goes to a bounded queue
-//! (2048 spans; a full queue drops, never waits) emptied by the export thread (`batch`), which
-//! makes SDK spans of the records and posts them as OTLP/HTTP protobuf to
-//! `<endpoint>/v1/traces` through `opentelemetry-otlp` (`export`); a failed export is counted
+//! (`span`) kept by the serving threads while it is open (a request's SERVER span and its first
+//! upstream exchange's CLIENT span share one); ended, it goes to a bounded queue (2048 spans; a
+//! full queue drops, never waits) emptied by the export thread (`batch`), which encodes the
+//! records as OTLP/HTTP protobuf (`otlp`) and posts them to `<endpoint>/v1/traces` with the
+//! gateway's own HTTP client (`export`); a failed export is counted
 //! in `taskgate_trace_export_failures_total` and never reaches a request. Sampling is
 //! parent-based: a span with a parent follows its sampled flag, a root is sampled by the SDK's
 //! ratio sampler on its trace id.
@@ -38,8 +39,10 @@ use opentelemetry_sdk::trace::{
 };
 use parking_lot::Mutex;
 use propagation::Incoming;
-use span::{Record, SpanName};
-use std::sync::{Arc, LazyLock};
+use span::{ExchangeName, Record, SpanName};
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::{Duration, SystemTime};
 
 /// One export's deadline (connect, answer, body) unless `OTEL_EXPORTER_OTLP_*TIMEOUT` says
@@ -309,22 +312,81 @@ impl Telemetry {
     }
 
     /// Starts the CLIENT span of one upstream exchange to `peer` for `method`: a child of
-    /// `parent` (the request's SERVER span), or a root linked to `links` (a task's creating
-    /// span) for a request taskgate makes itself. `details` (the target and the exchange's own
-    /// attributes) is called only for a span that is sampled.
-    pub fn exchange_span(
+    /// `server` (the request's SERVER span), or a root linked to `links` (a task's creating
+    /// span) for a request taskgate makes itself. `details` (the tool a `tools/call` names and
+    /// the exchange's own attributes) is called only for a span that is sampled. The first
+    /// exchange of a sampled SERVER span is kept in the SERVER span's record (`span::Exchange`),
+    /// named after it when it has the same method and tool.
+    pub fn exchange_span<'t>(
         &self,
         method: &str,
-        parent: Option<&SpanContext>,
+        server: Option<&RequestTrace>,
         links: &[SpanContext],
         peer: &Peer,
-        details: impl FnOnce() -> (Target, Vec<KeyValue>),
+        details: impl FnOnce() -> (Option<Cow<'t, str>>, Vec<KeyValue>),
     ) -> RequestTrace {
-        self.begin(SpanKind::Client, parent, || {
-            let (target, attributes) = details();
+        let target = |tool: Option<Cow<'t, str>>| match (method, tool) {
+            ("tools/call", Some(tool)) => Target::Tool(tool.into_owned()),
+            _ => Target::None,
+        };
+        if let Some(server) = server.filter(|s| s.part == Part::Own) {
+            let shared = &server.shared;
+            let mut record = shared.record.lock();
+            if let Some(r) = record.as_mut().filter(|r| r.open && r.exchange.is_none()) {
+                let span_id = self.0.ids.new_span_id();
+                let (tool, attributes) = details();
+                let tool = tool.filter(|_| method == "tools/call");
+                let same = match &r.name {
+                    SpanName::Method { method: m, target } => {
+                        m == method
+                            && match (target, tool.as_deref()) {
+                                (Target::Tool(a), Some(b)) => a == b,
+                                (_, Some(_)) | (Target::Tool(_), None) => false,
+                                (_, None) => true,
+                            }
+                    }
+                    SpanName::Fixed(_) => false,
+                };
+                r.exchange = Some(span::Exchange {
+                    span_id,
+                    open: true,
+                    name: match same {
+                        true => ExchangeName::AsServer,
+                        false => ExchangeName::Own(SpanName::Method {
+                            method: span::method(method),
+                            target: target(tool),
+                        }),
+                    },
+                    start: SystemTime::now(),
+                    end: SystemTime::UNIX_EPOCH,
+                    attributes,
+                    peer: Some(peer.clone()),
+                    links: links.to_vec(),
+                    events: Vec::new(),
+                });
+                let c = &shared.context;
+                let context = SpanContext::new(
+                    c.trace_id(),
+                    span_id,
+                    c.trace_flags(),
+                    false,
+                    c.trace_state().clone(),
+                );
+                // Set once: a record holds one exchange and is queued when it is done.
+                let _ = shared.exchange.set(context);
+                drop(record);
+                shared.exchange_handles.fetch_add(1, Ordering::Relaxed);
+                return RequestTrace {
+                    shared: shared.clone(),
+                    part: Part::Exchange,
+                };
+            }
+        }
+        self.begin(SpanKind::Client, server.map(RequestTrace::context), || {
+            let (tool, attributes) = details();
             let name = SpanName::Method {
                 method: span::method(method),
-                target,
+                target: target(tool),
             };
             (name, links.to_vec(), attributes, Some(peer.clone()))
         })
@@ -377,6 +439,8 @@ impl Telemetry {
         let record = sampled.then(|| {
             let (name, links, attributes, peer) = details();
             Record {
+                open: true,
+                exchange: None,
                 context: context.clone(),
                 parent: parent.map(|p| (p.span_id(), p.is_remote())),
                 kind,
@@ -390,11 +454,16 @@ impl Telemetry {
                 answer: None,
             }
         });
-        RequestTrace(Arc::new(Shared {
-            context,
-            record: Mutex::new(record),
-            queue: self.0.queue.clone(),
-        }))
+        RequestTrace {
+            shared: Arc::new(Shared {
+                context,
+                exchange: OnceLock::new(),
+                exchange_handles: AtomicUsize::new(0),
+                record: Mutex::new(record),
+                queue: self.0.queue.clone(),
+            }),
+            part: Part::Own,
+        }
     }
 }
 
@@ -402,30 +471,67 @@ impl Telemetry {
 /// `mcp.task.id` and links on it, the upstream client the upstream's address), or an upstream
 /// exchange's CLIENT span. Travels down as a request extension. Ends once, at [`RequestTrace::end`]
 /// or when the last clone is dropped; a span not sampled only carries its context.
-#[derive(Clone)]
-pub struct RequestTrace(Arc<Shared>);
+pub struct RequestTrace {
+    shared: Arc<Shared>,
+    part: Part,
+}
+
+/// Which span of its record a [`RequestTrace`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// The record's own span (`Shared::context`).
+    Own,
+    /// The exchange the record holds (`Shared::exchange`, `span::Exchange`).
+    Exchange,
+}
 
 struct Shared {
     context: SpanContext,
-    /// The open span; `None` once ended, or when not sampled.
+    /// The context of the exchange's CLIENT span the record holds, once it has one.
+    exchange: OnceLock<SpanContext>,
+    /// The exchange's handles ([`Part::Exchange`]) alive: the last one dropped ends it.
+    exchange_handles: AtomicUsize,
+    /// The open span(s); `None` once all ended (queued), or when not sampled.
     record: Mutex<Option<Record>>,
     queue: Arc<batch::Queue>,
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        if let Some(record) = self.record.get_mut().take() {
-            ended(record, &self.queue);
+        if let Some(mut record) = self.record.get_mut().take() {
+            let now = SystemTime::now();
+            if record.open {
+                record.end = now;
+            }
+            if let Some(e) = record.exchange.as_mut().filter(|e| e.open) {
+                e.end = now;
+            }
+            record.answer = None;
+            self.queue.push(record);
         }
     }
 }
 
-/// Ends `record` now and queues it: the answer it kept is let go here, on the serving thread
-/// (freed on the export thread, the last copy of an answer's bytes cost ~750 instructions).
-fn ended(mut record: Record, queue: &batch::Queue) {
-    record.end = SystemTime::now();
-    record.answer = None;
-    queue.push(record);
+impl Clone for RequestTrace {
+    fn clone(&self) -> RequestTrace {
+        if self.part == Part::Exchange {
+            self.shared.exchange_handles.fetch_add(1, Ordering::Relaxed);
+        }
+        RequestTrace {
+            shared: self.shared.clone(),
+            part: self.part,
+        }
+    }
+}
+
+impl Drop for RequestTrace {
+    fn drop(&mut self) {
+        if self.part == Part::Exchange
+            && self.shared.exchange_handles.fetch_sub(1, Ordering::AcqRel) == 1
+        {
+            self.end();
+        }
+    }
 }
 
 impl std::fmt::Debug for RequestTrace {
@@ -433,7 +539,7 @@ impl std::fmt::Debug for RequestTrace {
         write!(
             f,
             "RequestTrace({})",
-            propagation::traceparent(&self.0.context)
+            propagation::traceparent(self.context())
         )
     }
 }
@@ -441,37 +547,59 @@ impl std::fmt::Debug for RequestTrace {
 impl RequestTrace {
     /// The span's context (its trace and span ids, sampled flag, trace state).
     pub fn context(&self) -> &SpanContext {
-        &self.0.context
+        match self.part {
+            Part::Own => &self.shared.context,
+            // Set before any handle of the exchange exists.
+            Part::Exchange => self.shared.exchange.get().unwrap_or(&self.shared.context),
+        }
+    }
+
+    /// Runs `f` on this span's open parts (its attributes, peer, links and events); `None`
+    /// when it is not sampled or has ended.
+    fn with<T>(&self, f: impl FnOnce(Open<'_>) -> T) -> Option<T> {
+        let mut record = self.shared.record.lock();
+        let r = record.as_mut()?;
+        match self.part {
+            Part::Own if r.open => Some(f(Open {
+                attributes: &mut r.attributes,
+                peer: &mut r.peer,
+                links: &mut r.links,
+                events: &mut r.events,
+            })),
+            Part::Exchange => {
+                let e = r.exchange.as_mut().filter(|e| e.open)?;
+                Some(f(Open {
+                    attributes: &mut e.attributes,
+                    peer: &mut e.peer,
+                    links: &mut e.links,
+                    events: &mut e.events,
+                }))
+            }
+            Part::Own => None,
+        }
     }
 
     /// Sets one attribute (a later value for the same key replaces the earlier).
     pub fn set(&self, attribute: KeyValue) {
-        if let Some(record) = self.0.record.lock().as_mut() {
-            record.set(attribute);
-        }
+        self.with(|o| span::set(o.attributes, attribute));
     }
 
     /// Sets the upstream's attributes (`server.address`, `server.port`, `network.transport`).
     pub fn set_peer(&self, peer: &Peer) {
-        if let Some(record) = self.0.record.lock().as_mut() {
-            record.peer = Some(peer.clone());
-        }
+        self.with(|o| *o.peer = Some(peer.clone()));
     }
 
     /// Adds a link to `context` (a task's creating span).
     pub fn link(&self, context: &SpanContext) {
-        if let Some(record) = self.0.record.lock().as_mut() {
-            record.links.push(context.clone());
-        }
+        self.with(|o| o.links.push(context.clone()));
     }
 
     /// Adds an event named `name`, now.
     pub fn event(&self, name: &'static str, attributes: Vec<KeyValue>) {
-        if let Some(record) = self.0.record.lock().as_mut() {
-            record
-                .events
-                .push(Event::new(name, SystemTime::now(), attributes, 0));
-        }
+        self.with(|o| {
+            o.events
+                .push(Event::new(name, SystemTime::now(), attributes, 0))
+        });
     }
 
     /// Records the JSON-RPC outcome of `message` (an answer): `error.type` is the error's code,
@@ -488,7 +616,7 @@ impl RequestTrace {
 
     /// Whether this span is sampled and still open (attributes set on it are exported).
     pub fn is_recording(&self) -> bool {
-        self.0.record.lock().is_some()
+        self.with(|_| ()).is_some()
     }
 
     /// Records the outcome of a JSON reply whose body is `body`: `error.type` is the JSON-RPC
@@ -501,16 +629,18 @@ impl RequestTrace {
     pub fn answer_json(&self, body: &Bytes, status: Option<String>, server: Option<&RequestTrace>) {
         let server = server.filter(|s| s.is_recording());
         let kind = {
-            let record = self.0.record.lock();
-            match record.as_ref() {
-                None if server.is_none() => return,
-                Some(r) => r.noted(body),
-                None => None,
+            let record = self.shared.record.lock();
+            match (record.as_ref(), self.part) {
+                (Some(r), Part::Own) if r.open => r.noted(body),
+                // An exchange's span has no answer noted.
+                (Some(r), Part::Exchange) if r.exchange.as_ref().is_some_and(|e| e.open) => None,
+                _ if server.is_none() => return,
+                _ => None,
             }
         };
         let kind = kind.unwrap_or_else(|| error_type(body));
-        if let Some(server) = server {
-            if let Some(record) = server.0.record.lock().as_mut() {
+        if let Some(server) = server.filter(|s| s.part == Part::Own) {
+            if let Some(record) = server.shared.record.lock().as_mut().filter(|r| r.open) {
                 record.answer = Some((body.clone(), kind.clone()));
             }
         }
@@ -519,13 +649,48 @@ impl RequestTrace {
         }
     }
 
-    /// Ends the span now and queues it for export (later calls and drops do nothing).
+    /// Ends the span now; once no span of its record is open, queues the record for export
+    /// (later calls and drops do nothing). The answer noted for a SERVER span is let go here,
+    /// on the serving thread (freed on the export thread, the last copy of an answer's bytes
+    /// cost ~750 instructions).
     pub fn end(&self) {
-        let record = self.0.record.lock().take();
-        if let Some(record) = record {
-            ended(record, &self.0.queue);
+        let done = {
+            let mut record = self.shared.record.lock();
+            let Some(r) = record.as_mut() else {
+                return;
+            };
+            match self.part {
+                Part::Own if r.open => {
+                    r.open = false;
+                    r.end = SystemTime::now();
+                    r.answer = None;
+                }
+                Part::Exchange => match r.exchange.as_mut().filter(|e| e.open) {
+                    Some(e) => {
+                        e.open = false;
+                        e.end = SystemTime::now();
+                    }
+                    None => return,
+                },
+                Part::Own => return,
+            }
+            match r.closed() {
+                true => record.take(),
+                false => None,
+            }
+        };
+        if let Some(record) = done {
+            self.shared.queue.push(record);
         }
     }
+}
+
+/// An open span's parts [`RequestTrace::with`] lends.
+struct Open<'a> {
+    attributes: &'a mut Vec<KeyValue>,
+    peer: &'a mut Option<Peer>,
+    links: &'a mut Vec<SpanContext>,
+    events: &'a mut Vec<Event>,
 }
 
 /// `error.type` of a JSON-RPC answer: the code of an error, [`semconv::TOOL_ERROR`] for a

@@ -14,9 +14,9 @@
 //! body with the generated `opentelemetry-proto` types.
 
 use super::semconv;
-use super::span::{Record, SpanName, Target};
+use super::span::{ExchangeName, Peer, Record, SpanName, Target};
 use bytes::Bytes;
-use opentelemetry::trace::{SpanContext, SpanKind};
+use opentelemetry::trace::{Event, SpanContext, SpanId, SpanKind, TraceFlags, TraceId};
 use opentelemetry::{KeyValue, Value};
 use prost::encoding::{encoded_len_varint, WireType};
 use std::sync::LazyLock;
@@ -60,10 +60,11 @@ impl Encoder {
         }
     }
 
-    /// The `ExportTraceServiceRequest` of `records` (one resource, one scope), read in place
+    /// The `ExportTraceServiceRequest` of `records` (one resource, one scope) and how many
+    /// spans it holds (a record may hold two: [`Record::exchange`]), read in place
     /// (moving each record out of its batch, ~350 bytes, twice, cost the export ~450
     /// instructions per request, callgrind, issue 34).
-    pub(super) fn body(&mut self, records: &[Record]) -> Bytes {
+    pub(super) fn body(&mut self, records: &[Record]) -> (Bytes, usize) {
         // The spans are written after a gap that the message's head (the `ResourceSpans` key
         // and length, the resource, the `ScopeSpans` key and length) fills once their length
         // is known, so the body is never copied whole.
@@ -71,11 +72,9 @@ impl Encoder {
         let mut out = Vec::with_capacity(gap + 64 * 1024);
         out.resize(gap, 0);
         out.extend_from_slice(&self.scope);
+        let mut spans = 0;
         for record in records {
-            self.span.clear();
-            self.span.reserve(1024);
-            write_span(&mut self.span, record);
-            message(&mut out, 2, &self.span);
+            spans += write_record(&mut out, &mut self.span, record);
         }
         let scope_spans_len = out.len() - gap;
         let resource_spans_len = self.resource.len() + field_len(2, scope_spans_len);
@@ -87,33 +86,105 @@ impl Encoder {
         encode_varint(scope_spans_len as u64, &mut head);
         let start = gap - head.len();
         out[start..gap].copy_from_slice(&head);
-        Bytes::from(out).slice(start..)
+        (Bytes::from(out).slice(start..), spans)
     }
 }
 
-/// A `Span` message's fields.
-fn write_span(out: &mut Vec<u8>, r: &Record) {
+/// One span as [`write_span`] reads it: a record's own, or the exchange it holds.
+struct View<'a> {
+    trace_id: TraceId,
+    span_id: SpanId,
+    /// The `tracestate` header (empty: none).
+    state: &'a str,
+    flags: TraceFlags,
+    parent: Option<(SpanId, bool)>,
+    kind: SpanKind,
+    name: &'a SpanName,
+    /// A `Target::Prompt` of `name` is not this span's (an exchange named as its SERVER span).
+    tool_only: bool,
+    start: SystemTime,
+    end: SystemTime,
+    attributes: &'a [KeyValue],
+    peer: Option<&'a Peer>,
+    links: &'a [SpanContext],
+    events: &'a [Event],
+}
+
+/// The `Span` messages of `r` (its own, then its exchange's) appended to `out` as `ScopeSpans`
+/// fields, each written in `span` first; returns how many.
+fn write_record(out: &mut Vec<u8>, span: &mut Vec<u8>, r: &Record) -> usize {
     let context = &r.context;
-    bytes(out, 1, &context.trace_id().to_bytes());
-    bytes(out, 2, &context.span_id().to_bytes());
     let state = context.trace_state().header();
-    if !state.is_empty() {
-        string(out, 3, &state);
+    let own = View {
+        trace_id: context.trace_id(),
+        span_id: context.span_id(),
+        state: &state,
+        flags: context.trace_flags(),
+        parent: r.parent,
+        kind: r.kind.clone(),
+        name: &r.name,
+        tool_only: false,
+        start: r.start,
+        end: r.end,
+        attributes: &r.attributes,
+        peer: r.peer.as_ref(),
+        links: &r.links,
+        events: &r.events,
+    };
+    span.clear();
+    write_span(span, &own);
+    message(out, 2, span);
+    let Some(e) = &r.exchange else {
+        return 1;
+    };
+    let (name, tool_only) = match &e.name {
+        ExchangeName::AsServer => (&r.name, true),
+        ExchangeName::Own(name) => (name, false),
+    };
+    let exchange = View {
+        span_id: e.span_id,
+        parent: Some((context.span_id(), false)),
+        kind: SpanKind::Client,
+        name,
+        tool_only,
+        start: e.start,
+        end: e.end,
+        attributes: &e.attributes,
+        peer: e.peer.as_ref(),
+        links: &e.links,
+        events: &e.events,
+        ..own
+    };
+    span.clear();
+    write_span(span, &exchange);
+    message(out, 2, span);
+    2
+}
+
+/// A `Span` message's fields.
+fn write_span(out: &mut Vec<u8>, r: &View<'_>) {
+    bytes(out, 1, &r.trace_id.to_bytes());
+    bytes(out, 2, &r.span_id.to_bytes());
+    if !r.state.is_empty() {
+        string(out, 3, r.state);
     }
     if let Some((parent, _)) = r.parent {
         bytes(out, 4, &parent.to_bytes());
     }
     let mut method = None;
     let mut target = &Target::None;
-    match &r.name {
+    match r.name {
         SpanName::Fixed(name) => string(out, 5, name),
         SpanName::Method {
             method: m,
             target: t,
         } => {
             method = Some(m.as_ref());
-            target = t;
-            match t {
+            target = match t {
+                Target::Prompt(_) if r.tool_only => &Target::None,
+                t => t,
+            };
+            match target {
                 Target::None => string(out, 5, m),
                 Target::Tool(t) | Target::Prompt(t) => {
                     encode_key(5, WireType::LengthDelimited, out);
@@ -139,10 +210,10 @@ fn write_span(out: &mut Vec<u8>, r: &Record) {
     if let Some(m) = method {
         attribute_str(out, 9, semconv::MCP_METHOD_NAME, m);
     }
-    for kv in &r.attributes {
+    for kv in r.attributes {
         attribute_field(out, 9, kv.key.as_str(), &kv.value);
     }
-    if let Some(peer) = &r.peer {
+    if let Some(peer) = r.peer {
         let peer_attributes = peer.attributes();
         let replaced = |kv: &KeyValue| r.attributes.iter().any(|a| a.key == kv.key);
         match peer_attributes.iter().any(replaced) {
@@ -163,7 +234,7 @@ fn write_span(out: &mut Vec<u8>, r: &Record) {
         }
         Target::Prompt(prompt) => attribute_str(out, 9, semconv::GEN_AI_PROMPT_NAME, prompt),
     }
-    for event in &r.events {
+    for event in r.events {
         let mut fields = Vec::new();
         fixed64(&mut fields, 1, nanos(event.timestamp));
         string(&mut fields, 2, &event.name);
@@ -172,15 +243,13 @@ fn write_span(out: &mut Vec<u8>, r: &Record) {
         }
         message(out, 11, &fields);
     }
-    for link in &r.links {
+    for link in r.links {
         let mut fields = Vec::with_capacity(64);
         link_fields(&mut fields, link);
         message(out, 13, &fields);
     }
     let remote = r.parent.is_some_and(|(_, remote)| remote);
-    let flags = u32::from(context.trace_flags().to_u8())
-        | HAS_IS_REMOTE
-        | if remote { IS_REMOTE } else { 0 };
+    let flags = u32::from(r.flags.to_u8()) | HAS_IS_REMOTE | if remote { IS_REMOTE } else { 0 };
     encode_key(16, WireType::ThirtyTwoBit, out);
     out.extend_from_slice(&flags.to_le_bytes());
 }

@@ -274,6 +274,8 @@ fn the_otlp_body_decodes_with_the_generated_types() {
     );
     let t0 = SystemTime::UNIX_EPOCH + Duration::from_nanos(1_700_000_000_123_456_789);
     let record = |name: SpanName| Record {
+        open: false,
+        exchange: None,
         context: context.clone(),
         parent: Some((parent.span_id(), true)),
         kind: SpanKind::Server,
@@ -303,13 +305,14 @@ fn the_otlp_body_decodes_with_the_generated_types() {
         .with_service_name("svc")
         .build();
     let mut encoder = otlp::Encoder::new(&resource);
-    let body = encoder.body(&[
+    let (body, spans) = encoder.body(&[
         record(SpanName::Method {
             method: "tools/call".into(),
             target: Target::Tool("echo".into()),
         }),
         record(SpanName::Fixed("fixed")),
     ]);
+    assert_eq!(spans, 2);
     let export = ExportTraceServiceRequest::decode(&body[..]).unwrap();
     assert_eq!(export.resource_spans.len(), 1);
     let rs = &export.resource_spans[0];
@@ -392,29 +395,36 @@ fn an_answer_is_read_once_for_both_spans() {
     use opentelemetry::trace::SpanKind;
     let open = || {
         let context = propagation::parse(TP, None).unwrap();
-        RequestTrace(Arc::new(Shared {
-            context: context.clone(),
-            record: Mutex::new(Some(Record {
-                context,
-                parent: None,
-                kind: SpanKind::Server,
-                name: SpanName::Method {
-                    method: "tools/call".into(),
-                    target: Target::None,
-                },
-                start: SystemTime::now(),
-                end: SystemTime::UNIX_EPOCH,
-                attributes: Vec::new(),
-                peer: None,
-                links: Vec::new(),
-                events: Vec::new(),
-                answer: None,
-            })),
-            queue: Arc::new(batch::Queue::new()),
-        }))
+        RequestTrace {
+            shared: Arc::new(Shared {
+                context: context.clone(),
+                exchange: std::sync::OnceLock::new(),
+                exchange_handles: std::sync::atomic::AtomicUsize::new(0),
+                record: Mutex::new(Some(Record {
+                    open: true,
+                    exchange: None,
+                    context,
+                    parent: None,
+                    kind: SpanKind::Server,
+                    name: SpanName::Method {
+                        method: "tools/call".into(),
+                        target: Target::None,
+                    },
+                    start: SystemTime::now(),
+                    end: SystemTime::UNIX_EPOCH,
+                    attributes: Vec::new(),
+                    peer: None,
+                    links: Vec::new(),
+                    events: Vec::new(),
+                    answer: None,
+                })),
+                queue: Arc::new(batch::Queue::new()),
+            }),
+            part: Part::Own,
+        }
     };
     let error_type = |t: &RequestTrace| {
-        let record = t.0.record.lock();
+        let record = t.shared.record.lock();
         let r = record.as_ref().unwrap();
         r.attributes
             .iter()
@@ -428,13 +438,16 @@ fn an_answer_is_read_once_for_both_spans() {
     assert_eq!(error_type(&client).as_deref(), Some("-32602"));
     // Noted on the SERVER span for these very bytes, not set: it ends on its own answer.
     assert_eq!(error_type(&server), None);
-    let noted = server.0.record.lock().as_ref().unwrap().noted(&failed);
+    let noted = server.shared.record.lock().as_ref().unwrap().noted(&failed);
     assert_eq!(noted, Some(Some("-32602".to_string())));
     server.answer_json(&failed, None, None);
     assert_eq!(error_type(&server).as_deref(), Some("-32602"));
     // A copy of the bytes is not the noted answer: it is read.
     let copy = Bytes::copy_from_slice(&failed);
-    assert_eq!(server.0.record.lock().as_ref().unwrap().noted(&copy), None);
+    assert_eq!(
+        server.shared.record.lock().as_ref().unwrap().noted(&copy),
+        None
+    );
     let fine = Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"result":{"isError":false}}"#);
     let (client, server) = (open(), open());
     client.answer_json(&fine, None, Some(&server));
@@ -530,16 +543,190 @@ fn a_span_not_sampled_makes_no_record_and_carries_its_context() {
     assert!(root.context().is_valid() && !root.context().is_sampled());
     assert!(propagation::traceparent(root.context()).ends_with("-00"));
     let peer = Peer::new(Vec::new());
-    let child = telemetry.exchange_span("tools/call", Some(root.context()), &[], &peer, not_read);
+    let not_read_exchange =
+        || -> (Option<Cow<'static, str>>, Vec<KeyValue>) { panic!("details read") };
+    let child = telemetry.exchange_span("tools/call", Some(&root), &[], &peer, not_read_exchange);
     assert!(!child.is_recording());
     assert_eq!(child.context().trace_id(), root.context().trace_id());
     let sampled = propagation::parse(TP, None).unwrap();
-    let child = telemetry.exchange_span("tools/call", Some(&sampled), &[], &peer, || {
-        (Target::Tool("t".into()), Vec::new())
+    let server = telemetry.request_span(
+        "tools/call",
+        Incoming {
+            parent: Some(sampled.clone()),
+            link: None,
+        },
+        || (Target::Tool("t".into()), Vec::new()),
+    );
+    let child = telemetry.exchange_span("tools/call", Some(&server), &[], &peer, || {
+        (Some("t".into()), Vec::new())
     });
     assert!(child.is_recording() && child.context().is_sampled());
     assert_eq!(child.context().trace_id(), sampled.trace_id());
     child.end();
+    server.end();
     root.end();
     telemetry.shutdown();
+}
+
+/// The first exchange of a sampled SERVER span is kept in its record and exported as a CLIENT
+/// span of its own: its own span id, the SERVER span as parent (not remote), the trace's state
+/// and flags, named after its method and tool (a prompt is not its target), its own attributes
+/// and links and the upstream's; the record is queued once both ended, whichever ends first,
+/// and an exchange's last handle dropped ends it. A second exchange has a record of its own
+/// (issue 34).
+#[test]
+fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use prost::Message as _;
+    let queue = Arc::new(batch::Queue::new());
+    let telemetry = Telemetry(Arc::new(Inner {
+        root_sampler: Sampler::TraceIdRatioBased(1.0),
+        ids: RandomIdGenerator::default(),
+        queue: queue.clone(),
+    }));
+    let parent = propagation::parse(TP, Some("congo=t61rcWkgMzE")).unwrap();
+    let incoming = || Incoming {
+        parent: Some(parent.clone()),
+        link: None,
+    };
+    let peer = Peer::new(vec![KeyValue::new(semconv::SERVER_PORT, 8080i64)]);
+    let link = propagation::parse(
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        None,
+    )
+    .unwrap();
+    let id = || vec![KeyValue::new(semconv::JSONRPC_REQUEST_ID, "7")];
+    let task = || vec![KeyValue::new(semconv::MCP_TASK_ID, "t-1")];
+
+    // tools/call: the exchange ends first, then the SERVER span; a second exchange apart.
+    let server = telemetry.request_span("tools/call", incoming(), || {
+        (Target::Tool("echo".into()), id())
+    });
+    server.set_peer(&peer);
+    let client = telemetry.exchange_span("tools/call", Some(&server), &[], &peer, || {
+        (Some("echo".into()), task())
+    });
+    assert_ne!(client.context().span_id(), server.context().span_id());
+    assert_eq!(client.context().trace_id(), server.context().trace_id());
+    client.set(KeyValue::new(semconv::ERROR_TYPE, "-32602"));
+    client.end();
+    assert!(!client.is_recording() && server.is_recording());
+    let second = telemetry.exchange_span(
+        "tasks/get",
+        Some(&server),
+        std::slice::from_ref(&link),
+        &peer,
+        || (None, Vec::new()),
+    );
+    second.end();
+    server.end();
+    // prompts/get: the SERVER span ends first, the exchange when its handle is dropped.
+    let prompt = telemetry.request_span("prompts/get", incoming(), || {
+        (Target::Prompt("p".into()), Vec::new())
+    });
+    let exchange = telemetry.exchange_span(
+        "prompts/get",
+        Some(&prompt),
+        std::slice::from_ref(&link),
+        &peer,
+        || (Some("p".into()), Vec::new()),
+    );
+    let copy = exchange.clone();
+    prompt.end();
+    drop(exchange);
+    assert!(copy.is_recording());
+    let prompt_client = copy.context().clone();
+    drop(copy);
+
+    let records = queue.drain();
+    assert_eq!(
+        records.len(),
+        3,
+        "two shared records and the second exchange's own"
+    );
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name("svc")
+        .build();
+    let (body, spans) = otlp::Encoder::new(&resource).body(&records);
+    assert_eq!(spans, 5);
+    let export = ExportTraceServiceRequest::decode(&body[..]).unwrap();
+    let all = &export.resource_spans[0].scope_spans[0].spans;
+    assert_eq!(all.len(), 5);
+    let text = |v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>| match v
+        .as_ref()
+        .and_then(|v| v.value.as_ref())
+    {
+        Some(Any::StringValue(s)) => s.clone(),
+        Some(Any::IntValue(i)) => format!("int {i}"),
+        other => format!("{other:?}"),
+    };
+    let attributes = |i: usize| -> Vec<(String, String)> {
+        all[i]
+            .attributes
+            .iter()
+            .map(|kv| (kv.key.clone(), text(&kv.value)))
+            .collect()
+    };
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let by_id = |context: &SpanContext| {
+        all.iter()
+            .position(|s| s.span_id == context.span_id().to_bytes())
+            .unwrap()
+    };
+    let (s, c) = (by_id(server.context()), by_id(client.context()));
+    assert_eq!(all[s].name, "tools/call echo");
+    assert_eq!(all[s].kind, 2);
+    assert_eq!(all[s].parent_span_id, parent.span_id().to_bytes());
+    assert_eq!(all[c].name, "tools/call echo");
+    assert_eq!(all[c].kind, 3);
+    assert_eq!(all[c].trace_id, parent.trace_id().to_bytes());
+    assert_eq!(all[c].parent_span_id, server.context().span_id().to_bytes());
+    assert_eq!(all[c].trace_state, "congo=t61rcWkgMzE");
+    assert_eq!(all[c].flags, 0x101, "sampled, parent local");
+    assert!(all[c].start_time_unix_nano >= all[s].start_time_unix_nano);
+    assert!(all[c].end_time_unix_nano <= all[s].end_time_unix_nano);
+    assert!(all[c].links.is_empty() && all[c].events.is_empty());
+    assert_eq!(
+        attributes(s),
+        pairs(&[
+            ("mcp.method.name", "tools/call"),
+            ("jsonrpc.request.id", "7"),
+            ("server.port", "int 8080"),
+            ("gen_ai.tool.name", "echo"),
+            ("gen_ai.operation.name", "execute_tool"),
+        ])
+    );
+    assert_eq!(
+        attributes(c),
+        pairs(&[
+            ("mcp.method.name", "tools/call"),
+            ("mcp.task.id", "t-1"),
+            ("error.type", "-32602"),
+            ("server.port", "int 8080"),
+            ("gen_ai.tool.name", "echo"),
+            ("gen_ai.operation.name", "execute_tool"),
+        ])
+    );
+    let g = all.iter().position(|s| s.name == "tasks/get").unwrap();
+    assert_eq!(all[g].kind, 3);
+    assert_eq!(all[g].parent_span_id, server.context().span_id().to_bytes());
+    assert_eq!(all[g].links.len(), 1);
+    let (p, pc) = (by_id(prompt.context()), by_id(&prompt_client));
+    assert_eq!(all[p].name, "prompts/get p");
+    assert_eq!(all[pc].name, "prompts/get");
+    assert_eq!(all[pc].kind, 3);
+    assert_eq!(all[pc].links[0].span_id, link.span_id().to_bytes());
+    assert_eq!(
+        attributes(pc),
+        pairs(&[
+            ("mcp.method.name", "prompts/get"),
+            ("server.port", "int 8080")
+        ])
+    );
+    assert!(all[pc].end_time_unix_nano >= all[p].end_time_unix_nano);
 }

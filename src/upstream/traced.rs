@@ -13,7 +13,7 @@ use crate::jsonrpc::Kind;
 use crate::mcp::classify::Classified;
 use crate::telemetry::propagation::traceparent;
 use crate::telemetry::{
-    semconv, with_meta_traceparent, KeyValue, Peer, RequestTrace, Target, TaskLink, Telemetry,
+    semconv, with_meta_traceparent, KeyValue, Peer, RequestTrace, TaskLink, Telemetry,
 };
 use http::{HeaderName, HeaderValue};
 use std::sync::Arc;
@@ -98,19 +98,15 @@ impl Traced {
         let link = req.extensions.get::<TaskLink>().map(|l| &l.0);
         // Made only for a span that is sampled.
         let details = || {
-            let mut attributes = Vec::new();
-            if let Some(task_id) = c.task_id() {
-                attributes.push(KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned()));
-            }
-            let target = match (method, c.tool()) {
-                ("tools/call", Some(tool)) => Target::Tool(tool.to_string()),
-                _ => Target::None,
+            let attributes = match c.task_id() {
+                Some(task_id) => vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned())],
+                None => Vec::new(),
             };
-            (target, attributes)
+            (c.tool(), attributes)
         };
         let span = self.telemetry.exchange_span(
             method,
-            server.map(RequestTrace::context),
+            server,
             link.map_or(&[][..], std::slice::from_ref),
             &self.peer,
             details,
