@@ -262,10 +262,8 @@ impl Edge {
                 if !fields.accept_lists(&["text/event-stream"]) {
                     return Err(self.reject(
                         RejectReason::Accept,
-                        rpc_error_response(
+                        transport_refusal(
                             StatusCode::NOT_ACCEPTABLE,
-                            None,
-                            jsonrpc::INVALID_REQUEST,
                             "Not Acceptable: a GET must accept text/event-stream",
                         ),
                     ));
@@ -274,10 +272,8 @@ impl Edge {
             }
             Method::DELETE => Operation::EndSession,
             _ => {
-                let mut resp = rpc_error_response(
+                let mut resp = transport_refusal(
                     StatusCode::METHOD_NOT_ALLOWED,
-                    None,
-                    jsonrpc::INVALID_REQUEST,
                     "Method Not Allowed: the MCP endpoint takes POST, GET and DELETE",
                 );
                 resp.headers_mut()
@@ -466,10 +462,8 @@ impl Edge {
         if hosts > 1 || (hosts == 0 && version != http::Version::HTTP_10) {
             return Err(self.reject(
                 RejectReason::Host,
-                rpc_error_response(
+                transport_refusal(
                     StatusCode::BAD_REQUEST,
-                    None,
-                    jsonrpc::INVALID_REQUEST,
                     &format!("Bad Request: a request must carry exactly one Host header field (got {hosts})"),
                 ),
             ));
@@ -485,10 +479,8 @@ impl Edge {
                 let host = host.to_ascii_lowercase();
                 return Err(self.reject(
                     RejectReason::Host,
-                    rpc_error_response(
+                    transport_refusal(
                         StatusCode::FORBIDDEN,
-                        None,
-                        jsonrpc::INVALID_REQUEST,
                         &format!("Forbidden: Host {host:?} is not allowed (gateway.allowed_hosts; DNS-rebinding protection)"),
                     ),
                 ));
@@ -500,10 +492,8 @@ impl Edge {
                 let origin = origin.to_ascii_lowercase();
                 return Err(self.reject(
                     RejectReason::Origin,
-                    rpc_error_response(
+                    transport_refusal(
                         StatusCode::FORBIDDEN,
-                        None,
-                        jsonrpc::INVALID_REQUEST,
                         &format!(
                             "Forbidden: Origin {origin:?} is not allowed (gateway.allowed_origins)"
                         ),
@@ -514,11 +504,30 @@ impl Edge {
         Ok(())
     }
 
+    /// A POST's body as one JSON-RPC message, in four steps: the media types
+    /// ([`Self::check_media_types`]), the body read within `gateway.max_body_bytes` and the body
+    /// timeout ([`Self::read_post_body`]), the parse, and the refusal's reason
+    /// ([`envelope_reject_reason`]). Errors: the counted transport refusal (415, 406, 413, 408,
+    /// 400), without the request's id (none was read).
     async fn decode_post(
         &self,
         fields: &HeadFields<'_>,
         body: Incoming,
     ) -> Result<Message, Response<Body>> {
+        self.check_media_types(fields)?;
+        let bytes = self.read_post_body(fields, body).await?;
+        Message::parse_checked(bytes).map_err(|e| {
+            self.reject(
+                envelope_reject_reason(&e),
+                rpc_error_response(StatusCode::BAD_REQUEST, None, e.code(), &e.to_string()),
+            )
+        })
+    }
+
+    /// A POST's `Content-Type` is `application/json` (UTF-8, 415 otherwise) and its `Accept`
+    /// lists both `application/json` and `text/event-stream` (406 otherwise; 2025-11-25 and
+    /// 2026-07-28 transports, "Sending Messages to the Server").
+    fn check_media_types(&self, fields: &HeadFields<'_>) -> Result<(), Response<Body>> {
         let content_type = content_type_is(fields.content_type, "application/json");
         if content_type != Ok(true) {
             let message = match content_type {
@@ -531,31 +540,34 @@ impl Edge {
             };
             return Err(self.reject(
                 RejectReason::ContentType,
-                rpc_error_response(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    None,
-                    jsonrpc::INVALID_REQUEST,
-                    &message,
-                ),
+                transport_refusal(StatusCode::UNSUPPORTED_MEDIA_TYPE, &message),
             ));
         }
         if !fields.accept_lists(&["application/json", "text/event-stream"]) {
             return Err(self.reject(
                 RejectReason::Accept,
-                rpc_error_response(
+                transport_refusal(
                     StatusCode::NOT_ACCEPTABLE,
-                    None,
-                    jsonrpc::INVALID_REQUEST,
                     "Not Acceptable: Accept must list both application/json and text/event-stream",
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// A POST's body, at most `gateway.max_body_bytes`: refused 413 at once (connection closed)
+    /// when its `Content-Length` is over what can be read away, or over the limit from a client
+    /// waiting for `100 Continue`; 413 when it grows over the limit; 408 (connection closed)
+    /// when it does not arrive within the body timeout; 400 when reading it fails.
+    async fn read_post_body(
+        &self,
+        fields: &HeadFields<'_>,
+        body: Incoming,
+    ) -> Result<bytes::Bytes, Response<Body>> {
         let limit = self.settings.max_body_bytes;
         let too_large = || {
-            rpc_error_response(
+            transport_refusal(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                None,
-                jsonrpc::INVALID_REQUEST,
                 &format!(
                     "Payload Too Large: the body exceeds {limit} bytes (gateway.max_body_bytes)"
                 ),
@@ -590,10 +602,8 @@ impl Edge {
             Poll::Pending => tokio::time::timeout(self.settings.body_timeout, reading).await,
         };
         let Ok(read) = read else {
-            let mut resp = rpc_error_response(
+            let mut resp = transport_refusal(
                 StatusCode::REQUEST_TIMEOUT,
-                None,
-                jsonrpc::INVALID_REQUEST,
                 &format!(
                     "Request Timeout: the body did not arrive within {} ms (gateway.request_timeout_ms)",
                     self.settings.body_timeout.as_millis()
@@ -603,34 +613,17 @@ impl Edge {
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return Err(self.reject(RejectReason::BodyTimeout, resp));
         };
-        let bytes = match read {
-            Ok(b) => b,
-            Err(BodyError::TooLarge) => {
-                return Err(self.reject(RejectReason::BodyTooLarge, too_large()))
-            }
-            Err(BodyError::Read(e)) => {
-                return Err(self.reject(
-                    RejectReason::Invalid,
-                    rpc_error_response(
-                        StatusCode::BAD_REQUEST,
-                        None,
-                        jsonrpc::INVALID_REQUEST,
-                        &format!("Bad Request: reading the body failed: {e}"),
-                    ),
-                ));
-            }
-        };
-        Message::parse_checked(bytes).map_err(|e| {
-            let reason = match e {
-                EnvelopeError::Parse(_) => RejectReason::Parse,
-                EnvelopeError::Batch => RejectReason::Batch,
-                EnvelopeError::Invalid(_) => RejectReason::Invalid,
-            };
-            self.reject(
-                reason,
-                rpc_error_response(StatusCode::BAD_REQUEST, None, e.code(), &e.to_string()),
-            )
-        })
+        match read {
+            Ok(bytes) => Ok(bytes),
+            Err(BodyError::TooLarge) => Err(self.reject(RejectReason::BodyTooLarge, too_large())),
+            Err(BodyError::Read(e)) => Err(self.reject(
+                RejectReason::Invalid,
+                transport_refusal(
+                    StatusCode::BAD_REQUEST,
+                    &format!("Bad Request: reading the body failed: {e}"),
+                ),
+            )),
+        }
     }
 
     fn encode_reply(&self, reply: McpReply, upstream: &Arc<str>, kind: SseKind) -> Response<Body> {
@@ -804,5 +797,20 @@ impl http_body::Body for HoldingPermit {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// A refusal of the HTTP exchange itself (before any JSON-RPC message was read): `status` with
+/// a JSON-RPC `-32600` error (no id) saying why.
+fn transport_refusal(status: StatusCode, message: &str) -> Response<Body> {
+    rpc_error_response(status, None, jsonrpc::INVALID_REQUEST, message)
+}
+
+/// The `taskgate_http_rejections_total` reason of a body that is not one JSON-RPC message.
+fn envelope_reject_reason(e: &EnvelopeError) -> RejectReason {
+    match e {
+        EnvelopeError::Parse(_) => RejectReason::Parse,
+        EnvelopeError::Batch => RejectReason::Batch,
+        EnvelopeError::Invalid(_) => RejectReason::Invalid,
     }
 }
