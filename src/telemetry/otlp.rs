@@ -69,7 +69,9 @@ impl Encoder {
         // and length, the resource, the `ScopeSpans` key and length) fills once their length
         // is known, so the body is never copied whole.
         let gap = self.resource.len() + 2 * (1 + 10);
-        let mut out = Vec::with_capacity(gap + 64 * 1024);
+        // A small `tools/call`'s two spans take ~700 bytes: grown from 64 KiB, the buffer
+        // of a full batch was copied twice (~450 instructions per request, issue 34).
+        let mut out = Vec::with_capacity(gap + self.scope.len() + records.len() * 768);
         out.resize(gap, 0);
         out.extend_from_slice(&self.scope);
         let mut spans = 0;
