@@ -2,7 +2,8 @@
 // Helpers for run.sh (plain ESM, node:* only, so it runs before `npm ci` too).
 //
 //   node harness.mjs free-port
-//       Binds 127.0.0.1:0, prints the port, releases it (for peers that cannot announce a port 0 bind).
+//       Binds a free 127.0.0.1 port below the ephemeral range (within INTEROP_PORT_RANGE=FROM-TO
+//       when set), prints it, releases it (for peers that cannot announce a port 0 bind).
 //   node harness.mjs json-field FILE PATH
 //       Prints the value at dotted PATH of the JSON document on FILE's first line ("" if absent).
 //   node harness.mjs conformance --scenarios FILE --expected FILE --direct-log F --direct-dir D
@@ -305,8 +306,13 @@ switch (cmd) {
         try {
             low = Number(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]) || low;
         } catch {}
+        // INTEROP_PORT_RANGE=FROM-TO (run.sh gives each script running at the same time a range
+        // of its own, so two of them never pick the same port between a check and a bind).
+        let [from, to] = [10000, low];
+        const range = /^(\d+)-(\d+)$/.exec(process.env.INTEROP_PORT_RANGE ?? '');
+        if (range) [from, to] = [Number(range[1]), Math.min(Number(range[2]), low)];
         const tryPort = (left) => {
-            const port = 10000 + Math.floor(Math.random() * Math.max(1, low - 10000));
+            const port = from + Math.floor(Math.random() * Math.max(1, to - from));
             const srv = createServer();
             srv.once('error', () => (left > 0 ? tryPort(left - 1) : process.exit(1)));
             srv.listen(port, '127.0.0.1', () => srv.close(() => console.log(port)));

@@ -97,9 +97,6 @@ ROUTES=(direct)
 for route in "${ROUTES[@]}"; do
     start "fixture-$route" "$VENV/bin/python" "$HERE/modern_task_server.py" --port 0
 done
-for route in "${ROUTES[@]}"; do
-    wait_ready "fixture-$route" 90 || exit 1
-done
 RMCP=${TASKGATE_INTEROP_RMCP:-1}
 if [[ $RMCP == 1 ]]; then
     # rmcp 3.11.0 as a second upstream (tasks-* scenarios, bridge-clients): built here, its own
@@ -124,6 +121,10 @@ if [[ $RMCP == 1 ]]; then
         wait_ready "rmcp-pure-$route" 30 || exit 1
     done
 fi
+# (The FastMCP fixtures started up while rmcp-server was built.)
+for route in "${ROUTES[@]}"; do
+    wait_ready "fixture-$route" 90 || exit 1
+done
 declare -A URL=() RMCP_URL=() RMCP_PURE_URL=()
 URL[direct]=$(field fixture-direct listening)
 [[ $RMCP == 1 ]] && RMCP_URL[direct]=$(field rmcp-direct listening) && RMCP_PURE_URL[direct]=$(field rmcp-pure-direct listening)
@@ -166,74 +167,29 @@ ROUTE_NAME_via="via taskgate (auth none)"
 ROUTE_NAME_bearer="via taskgate (bearer, through bearer-hop)"
 route_name() { local v="ROUTE_NAME_$1"; echo "${!v}"; }
 
-# ---- modern-conformance ---------------------------------------------------------------------------
+# ---- the runs: each route's one after the other, the three routes at the same time ---------------
+# A route's runs reach only its own processes (direct: fixture-direct, rmcp-direct, rmcp-pure-direct;
+# via: taskgate-none and the -via fixtures; bearer: bearer-hop, taskgate-bearer and the -bearer
+# fixtures), and they mostly wait (conformance scenarios, 2 s tasks), so the routes run at the same
+# time (issue 30). What a route prints is kept in $WORK/route-ROUTE.log and printed whole when all
+# three are done; the comparisons and results below read what the runs wrote, in their order.
 "$NODE22" "$CONFORMANCE" list --server >"$WORK/conformance-scenarios.txt" 2>&1
-for route in "${ROUTES[@]}"; do
-    log "modern-conformance: conformance-next server --suite all, $route ${URL[$route]}"
-    run_fg timeout 300 "$NODE22" "$CONFORMANCE" server --url "${URL[$route]}" --suite all -o "$WORK/conformance-$route" \
-        >"$WORK/conformance-$route.log" 2>&1
-    [[ $? == 124 ]] && echo "conformance run $route timed out after 300 s" >>"$WORK/conformance-$route.log"
-done
-CARGS=(conformance --scenarios "$WORK/conformance-scenarios.txt" --expected "$HERE/conformance-next-expected-failures.txt"
-    --direct-log "$WORK/conformance-direct.log" --direct-dir "$WORK/conformance-direct" --level "$LEVEL"
-    --gateway-fixes dns-rebinding-protection)
-if [[ "$BIN" == none ]]; then
-    "${COMPARE[@]}" "${CARGS[@]}" | tee "$WORK/conformance-report-direct.txt"
-    result "modern-conformance direct" "${PIPESTATUS[0]}"
-fi
-for route in "${ROUTES[@]:1}"; do
-    "${COMPARE[@]}" "${CARGS[@]}" --via-log "$WORK/conformance-$route.log" --via-dir "$WORK/conformance-$route" --route "$route" |
-        tee "$WORK/conformance-report-$route.txt"
-    rc=${PIPESTATUS[0]}
-    result "modern-conformance direct = $(route_name "$route")" "$rc"
-done
 
-# ---- rmcp-conformance: the tasks-* scenarios against rmcp 3.11.0 (TASKGATE_INTEROP_RMCP=1) --------
-if [[ $RMCP == 1 ]]; then
-    for route in "${ROUTES[@]}"; do
-        log "rmcp-conformance: conformance-next server --suite all, $route ${RMCP_URL[$route]}"
-        run_fg timeout 300 "$NODE22" "$CONFORMANCE" server --url "${RMCP_URL[$route]}" --suite all -o "$WORK/rmcp-conformance-$route" \
-            >"$WORK/rmcp-conformance-$route.log" 2>&1
-    done
-    RARGS=(conformance --upstream rmcp --scenario-prefix tasks- --scenarios "$WORK/conformance-scenarios.txt"
-        --expected "$HERE/conformance-next-rmcp-expected-failures.txt" --level "$LEVEL"
-        --direct-log "$WORK/rmcp-conformance-direct.log" --direct-dir "$WORK/rmcp-conformance-direct")
-    if [[ "$BIN" == none ]]; then
-        "${COMPARE[@]}" "${RARGS[@]}" | tee "$WORK/rmcp-conformance-report-direct.txt"
-        rc=${PIPESTATUS[0]}
-        result "rmcp-conformance tasks-* direct" "$rc"
-    fi
-    for route in "${ROUTES[@]:1}"; do
-        "${COMPARE[@]}" "${RARGS[@]}" --via-log "$WORK/rmcp-conformance-$route.log" --via-dir "$WORK/rmcp-conformance-$route" --route "$route" |
-            tee "$WORK/rmcp-conformance-report-$route.txt"
-        rc=${PIPESTATUS[0]}
-        result "rmcp-conformance tasks-* direct = $(route_name "$route")" "$rc"
-    done
-fi
-
-# ---- modern clients ----------------------------------------------------------------------------
-run_client() { # run_client LABEL SECONDS CLIENT...: CLIENT URL --label L --json FILE per route
-    local label=$1 secs=$2 route rc
-    shift 2
-    for route in "${ROUTES[@]}"; do
-        log "$label: $route ${URL[$route]}"
-        run_fg timeout "$secs" "$@" "${URL[$route]}" --label "$label $route" --json "$WORK/$label-$route.json" \
-            >"$WORK/$label-$route.log" 2>&1
-        tail -n 1 "$WORK/$label-$route.log" | sed 's/^/  /'
-    done
-    if [[ "$BIN" == none ]]; then
-        "${COMPARE[@]}" clients --label "$label" --direct "$WORK/$label-direct.json" --level "$LEVEL"
-        rc=$?
-        result "$label direct" $rc
-    fi
-    for route in "${ROUTES[@]:1}"; do
-        "${COMPARE[@]}" clients --label "$label" --direct "$WORK/$label-direct.json" --via "$WORK/$label-$route.json" --route "$route" --level "$LEVEL"
-        rc=$?
-        result "$label direct = $(route_name "$route")" $rc
-    done
+# conformance_run NAME URL: conformance-next server --suite all against URL -> $WORK/NAME{,.log}
+conformance_run() {
+    run_fg timeout 300 "$NODE22" "$CONFORMANCE" server --url "$2" --suite all -o "$WORK/$1" >"$WORK/$1.log" 2>&1
+    [[ $? == 124 ]] && echo "conformance run $1 timed out after 300 s" >>"$WORK/$1.log"
+    return 0
 }
-run_client modern-raw-client 120 "$NODE22" "$HERE/modern-raw-client.mjs"
-run_client modern-fastmcp-client 180 "$VENV/bin/python" "$HERE/modern_fastmcp_client.py"
+# client_run LABEL SECONDS ROUTE CLIENT...: CLIENT URL --label L --json FILE on ROUTE
+client_run() {
+    local label=$1 secs=$2 route=$3
+    shift 3
+    log "$label: $route ${URL[$route]}"
+    run_fg timeout "$secs" "$@" "${URL[$route]}" --label "$label $route" --json "$WORK/$label-$route.json" \
+        >"$WORK/$label-$route.log" 2>&1
+    tail -n 1 "$WORK/$label-$route.log" | sed 's/^/  /'
+}
 
 # ---- bridge-clients (issue 12): 2025-11-25 task clients on 2026-07-28 servers --------------------
 # The TS SDK 1.32.2 (bridge-client.mjs) and Python mcp 1.30.0 (py_bridge_client.py, in .venv from
@@ -255,37 +211,135 @@ run_client modern-fastmcp-client 180 "$VENV/bin/python" "$HERE/modern_fastmcp_cl
 # run params.task calls plainly or refuse initialize, answer -32021 for task-only tools and have no
 # 2025 tasks/*): the direct count is recorded in bridge-counts.txt, never required. Through
 # taskgate (its bridge layer) every check must pass.
-bridge_client() { # bridge_client LABEL UPSTREAM CLIENT...   (UPSTREAM: modern | rmcp | rmcp-pure)
-    local label=$1 upstream=$2 route rc passed url received
-    shift 2
-    for route in "${ROUTES[@]}"; do
-        case $upstream in
-            modern) url=${URL[$route]} received=$(field "fixture-$route" received) ;;
-            rmcp) url=${RMCP_URL[$route]:-} received="$WORK/rmcp-$route.out" ;;
-            rmcp-pure) url=${RMCP_PURE_URL[$route]:-} received="$WORK/rmcp-pure-$route.out" ;;
-        esac
-        [[ -z $url || ($upstream != modern && $route == bearer) ]] && continue
-        # ask_name (MRTR in a plain call) and the GET stream as subscriptions/listen only where
-        # taskgate holds the 2025 sessions.
-        run_fg timeout 180 "$@" "$url" --label "$label $route" --received "$received" $([[ $upstream == rmcp-pure ]] && echo --mrtr-plain --listen) \
-            >"$WORK/$label-$route.json" 2>"$WORK/$label-$route.log"
-        rc=$?
-        passed=$("$NODE22" -e 'const s=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));console.log(`${s.passed}/${s.total}`+(s.failed.length?` (failed: ${s.failed.join(", ")})`:""))' "$WORK/$label-$route.json" 2>/dev/null || echo "no summary")
-        log "$label $route: $passed"
-        echo "$label $route $passed" >>"$WORK/bridge-counts.txt"
-        [[ $route == direct ]] || result "$label $(route_name "$route")" $rc
-    done
-}
 BRIDGE_UPSTREAMS=(modern)
 [[ $RMCP == 1 ]] && BRIDGE_UPSTREAMS+=(rmcp rmcp-pure)
-for upstream in "${BRIDGE_UPSTREAMS[@]}"; do
-    suffix=$([[ $upstream == modern ]] || echo "-$upstream")
-    bridge_client "bridge-ts-client$suffix" "$upstream" "$NODE22" "$HERE/bridge-client.mjs"
-    if [[ -x "$HERE/.venv/bin/python" ]]; then
-        bridge_client "bridge-py-client$suffix" "$upstream" "$HERE/.venv/bin/python" "$HERE/py_bridge_client.py"
-    else
-        log "bridge-py-client$suffix skipped: $HERE/.venv missing (run.sh installs it from requirements.txt)"
+BRIDGE_CLIENTS=(ts)
+if [[ -x "$HERE/.venv/bin/python" ]]; then
+    BRIDGE_CLIENTS+=(py)
+else
+    log "bridge-py-client skipped: $HERE/.venv missing (run.sh installs it from requirements.txt)"
+fi
+bridge_label() { # bridge_label CLIENT UPSTREAM
+    echo "bridge-$1-client$([[ $2 == modern ]] || echo "-$2")"
+}
+bridge_on() { # bridge_on UPSTREAM ROUTE: true when the bridge clients run on UPSTREAM by ROUTE
+    case $1 in
+        modern) [[ -n ${URL[$2]:-} ]] ;;
+        rmcp) [[ -n ${RMCP_URL[$2]:-} && $2 != bearer ]] ;;
+        rmcp-pure) [[ -n ${RMCP_PURE_URL[$2]:-} && $2 != bearer ]] ;;
+    esac
+}
+# bridge_run CLIENT UPSTREAM ROUTE: one bridge client's run; its exit status in $WORK/LABEL-ROUTE.rc
+bridge_run() {
+    local client=$1 upstream=$2 route=$3 label url received passed cmd
+    label=$(bridge_label "$client" "$upstream")
+    case $client in
+        ts) cmd=("$NODE22" "$HERE/bridge-client.mjs") ;;
+        py) cmd=("$HERE/.venv/bin/python" "$HERE/py_bridge_client.py") ;;
+    esac
+    case $upstream in
+        modern) url=${URL[$route]} received=$(field "fixture-$route" received) ;;
+        rmcp) url=${RMCP_URL[$route]} received="$WORK/rmcp-$route.out" ;;
+        rmcp-pure) url=${RMCP_PURE_URL[$route]} received="$WORK/rmcp-pure-$route.out" ;;
+    esac
+    # ask_name (MRTR in a plain call) and the GET stream as subscriptions/listen only where
+    # taskgate holds the 2025 sessions.
+    run_fg timeout 180 "${cmd[@]}" "$url" --label "$label $route" --received "$received" $([[ $upstream == rmcp-pure ]] && echo --mrtr-plain --listen) \
+        >"$WORK/$label-$route.json" 2>"$WORK/$label-$route.log"
+    echo $? >"$WORK/$label-$route.rc"
+    passed=$("$NODE22" -e 'const s=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8"));console.log(`${s.passed}/${s.total}`+(s.failed.length?` (failed: ${s.failed.join(", ")})`:""))' "$WORK/$label-$route.json" 2>/dev/null || echo "no summary")
+    log "$label $route: $passed"
+    echo "$label $route $passed" >>"$WORK/bridge-counts.txt"
+}
+
+route_runs() { # route_runs ROUTE: every run by ROUTE, in order
+    local route=$1 upstream client
+    trap '[[ -n "$FG" ]] && kill -TERM "$FG" 2>/dev/null; exit 143' TERM
+    log "modern-conformance: conformance-next server --suite all, $route ${URL[$route]}"
+    conformance_run "conformance-$route" "${URL[$route]}"
+    if [[ $RMCP == 1 ]]; then
+        log "rmcp-conformance: conformance-next server --suite all, $route ${RMCP_URL[$route]}"
+        conformance_run "rmcp-conformance-$route" "${RMCP_URL[$route]}"
     fi
+    client_run modern-raw-client 120 "$route" "$NODE22" "$HERE/modern-raw-client.mjs"
+    client_run modern-fastmcp-client 180 "$route" "$VENV/bin/python" "$HERE/modern_fastmcp_client.py"
+    for upstream in "${BRIDGE_UPSTREAMS[@]}"; do
+        for client in "${BRIDGE_CLIENTS[@]}"; do
+            bridge_on "$upstream" "$route" && bridge_run "$client" "$upstream" "$route"
+        done
+    done
+}
+declare -A ROUTE_PID=()
+for route in "${ROUTES[@]}"; do
+    route_runs "$route" >"$WORK/route-$route.log" 2>&1 &
+    ROUTE_PID[$route]=$!
+    PID[route-$route]=$!
+done
+for route in "${ROUTES[@]}"; do
+    wait "${ROUTE_PID[$route]}"
+    unset "PID[route-$route]"
+done
+for route in "${ROUTES[@]}"; do
+    echo "-- route $route:"
+    cat "$WORK/route-$route.log"
+done
+
+# ---- modern-conformance ---------------------------------------------------------------------------
+CARGS=(conformance --scenarios "$WORK/conformance-scenarios.txt" --expected "$HERE/conformance-next-expected-failures.txt"
+    --direct-log "$WORK/conformance-direct.log" --direct-dir "$WORK/conformance-direct" --level "$LEVEL"
+    --gateway-fixes dns-rebinding-protection)
+if [[ "$BIN" == none ]]; then
+    "${COMPARE[@]}" "${CARGS[@]}" | tee "$WORK/conformance-report-direct.txt"
+    result "modern-conformance direct" "${PIPESTATUS[0]}"
+fi
+for route in "${ROUTES[@]:1}"; do
+    "${COMPARE[@]}" "${CARGS[@]}" --via-log "$WORK/conformance-$route.log" --via-dir "$WORK/conformance-$route" --route "$route" |
+        tee "$WORK/conformance-report-$route.txt"
+    rc=${PIPESTATUS[0]}
+    result "modern-conformance direct = $(route_name "$route")" "$rc"
+done
+
+# ---- rmcp-conformance: the tasks-* scenarios against rmcp 3.11.0 (TASKGATE_INTEROP_RMCP=1) --------
+if [[ $RMCP == 1 ]]; then
+    RARGS=(conformance --upstream rmcp --scenario-prefix tasks- --scenarios "$WORK/conformance-scenarios.txt"
+        --expected "$HERE/conformance-next-rmcp-expected-failures.txt" --level "$LEVEL"
+        --direct-log "$WORK/rmcp-conformance-direct.log" --direct-dir "$WORK/rmcp-conformance-direct")
+    if [[ "$BIN" == none ]]; then
+        "${COMPARE[@]}" "${RARGS[@]}" | tee "$WORK/rmcp-conformance-report-direct.txt"
+        rc=${PIPESTATUS[0]}
+        result "rmcp-conformance tasks-* direct" "$rc"
+    fi
+    for route in "${ROUTES[@]:1}"; do
+        "${COMPARE[@]}" "${RARGS[@]}" --via-log "$WORK/rmcp-conformance-$route.log" --via-dir "$WORK/rmcp-conformance-$route" --route "$route" |
+            tee "$WORK/rmcp-conformance-report-$route.txt"
+        rc=${PIPESTATUS[0]}
+        result "rmcp-conformance tasks-* direct = $(route_name "$route")" "$rc"
+    done
+fi
+
+# ---- modern clients ----------------------------------------------------------------------------
+for label in modern-raw-client modern-fastmcp-client; do
+    if [[ "$BIN" == none ]]; then
+        "${COMPARE[@]}" clients --label "$label" --direct "$WORK/$label-direct.json" --level "$LEVEL"
+        rc=$?
+        result "$label direct" $rc
+    fi
+    for route in "${ROUTES[@]:1}"; do
+        "${COMPARE[@]}" clients --label "$label" --direct "$WORK/$label-direct.json" --via "$WORK/$label-$route.json" --route "$route" --level "$LEVEL"
+        rc=$?
+        result "$label direct = $(route_name "$route")" $rc
+    done
+done
+
+# ---- bridge-clients: through taskgate every check must pass (direct counts only recorded) --------
+for upstream in "${BRIDGE_UPSTREAMS[@]}"; do
+    for client in "${BRIDGE_CLIENTS[@]}"; do
+        label=$(bridge_label "$client" "$upstream")
+        for route in "${ROUTES[@]:1}"; do
+            bridge_on "$upstream" "$route" || continue
+            result "$label $(route_name "$route")" "$(cat "$WORK/$label-$route.rc" 2>/dev/null || echo 1)"
+        done
+    done
 done
 
 # ---- modern-properties: taskgate's own (issue 11), upstream requests counted ------------------------

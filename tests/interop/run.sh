@@ -10,6 +10,10 @@
 # Everything listens on 127.0.0.1 (server-everything, which takes a port from $PORT, binds every
 # interface); every process started here is stopped on exit. Two gateways run: `taskgate`
 # ([upgrade] disabled) for steps a-d and f and `taskgate-upgrade` ([upgrade] enabled) for step e.
+# Steps g-k (modern.sh, tier.sh, stdio.sh, reverse.sh, gateway-tasks.sh: fixtures, gateways, ports
+# and work dirs of their own) start first and run in the background, at the same time as each
+# other and as steps a-f here (which run one after the other on the shared fixtures); the log of
+# each is printed whole when it has ended, with its exit status and wall time (issue 30).
 # Exit 0 only when every step passed.
 #
 # Environment:
@@ -102,23 +106,137 @@ fi
 
 PYTHON_ON=1
 [[ "${INTEROP_SKIP_PYTHON:-0}" == 1 ]] && PYTHON_ON=0
-# The venv remembers the requirements.txt it was built from; a changed file is installed again.
-REQ_SUM=$(sha256sum "$HERE/requirements.txt" | cut -d' ' -f1)
-if [[ $PYTHON_ON == 1 ]] && [[ ! -x "$VENV/bin/python" || "$(cat "$VENV/.requirements.sha256" 2>/dev/null)" != "$REQ_SUM" ]]; then
-    log "installing requirements.txt into $VENV"
-    { { [[ -x "$VENV/bin/python" ]] || python3 -m venv "$VENV"; } &&
-        "$VENV/bin/pip" install --disable-pip-version-check -q -r "$HERE/requirements.txt" &&
-        "$VENV/bin/pip" check --disable-pip-version-check; } >"$WORK/pip.log" 2>&1 || {
-        echo "installing the Python requirements failed:" >&2
-        tail -n 30 "$WORK/pip.log" >&2
-        rm -rf "$VENV"
-        exit 1
+# Step g. (modern.sh): TASKGATE_INTEROP_MODERN (see the header and step g. below).
+case "${TASKGATE_INTEROP_MODERN:-1}" in
+1 | strict) MODERN_LEVEL=strict ;;
+report) MODERN_LEVEL=report ;;
+*) MODERN_LEVEL="" ;;
+esac
+# install_venv DIR REQUIREMENTS LOG: (re)installs the venv DIR when it is missing or was built from
+# another REQUIREMENTS (it remembers the file's sha256); pip's output in $WORK/LOG.
+install_venv() {
+    local dir=$1 req=$2 out="$WORK/$3" sum
+    sum=$(sha256sum "$req" | cut -d' ' -f1)
+    [[ -x "$dir/bin/python" && "$(cat "$dir/.requirements.sha256" 2>/dev/null)" == "$sum" ]] && return 0
+    log "installing $(basename "$req") into $dir"
+    { { [[ -x "$dir/bin/python" ]] || python3 -m venv "$dir"; } &&
+        "$dir/bin/pip" install --disable-pip-version-check -q -r "$req" &&
+        "$dir/bin/pip" check --disable-pip-version-check; } >"$out" 2>&1 || {
+        echo "installing $req failed:" >&2
+        tail -n 30 "$out" >&2
+        rm -rf "$dir"
+        return 1
     }
-    echo "$REQ_SUM" >"$VENV/.requirements.sha256"
+    echo "$sum" >"$dir/.requirements.sha256"
+}
+# Both venvs here, at the same time (pip mostly waits on the network), before the scripts of steps
+# g.-k. start: they install the same venvs when run alone, and must not race each other here.
+# .venv: the Python task peers (and reverse.sh's); .venv-modern: modern.sh, tier.sh, reverse.sh and
+# gateway-tasks.sh (FastMCP 4).
+VENV_JOBS=()
+if [[ $PYTHON_ON == 1 || "$BIN" != none ]]; then
+    install_venv "$VENV" "$HERE/requirements.txt" pip.log &
+    VENV_JOBS+=($!)
 fi
+if [[ -n $MODERN_LEVEL || "$BIN" != none ]]; then
+    install_venv "$HERE/.venv-modern" "$HERE/requirements-modern.txt" pip-modern.log &
+    VENV_JOBS+=($!)
+fi
+for job in "${VENV_JOBS[@]}"; do
+    wait "$job" || exit 1
+done
 
 log "work dir: $WORK"
 log "node $("$NODE22" --version) for the harness; gateway: $BIN"
+
+# ---- g.-k. start now, in the background ----------------------------------------------------------
+# modern.sh, tier.sh, stdio.sh, reverse.sh and gateway-tasks.sh each start their own fixtures and
+# taskgates on ports the kernel picks (port 0; tier.sh's fixed ones from INTEROP_PORT_RANGE, a
+# range of its own), with their own work dirs and stores (tier.sh: its own database), so they run
+# at the same time as each other and as steps a.-f. here. Most of their time is spent waiting on
+# peers (a 2 s task, a conformance scenario's timeout), which overlaps; the one CPU-bound part, the
+# rmcp 3.11 builds (modern.sh: rmcp-server, which stdio.sh waits for on cargo's lock; reverse.sh:
+# rmcp-client), overlaps with those waits. Each one's output goes to $WORK/NAME.log and is printed
+# whole when it has ended and steps a.-f. are done, with its exit status and wall time; the
+# summary lists the results in step order.
+LANES=()
+declare -A LANE_PID=() LANE_LABEL=()
+# lane_run NAME CMD...: CMD's output in $WORK/NAME.log; `EXIT_STATUS SECONDS` in $WORK/NAME.lane
+lane_run() {
+    local name=$1 start child rc
+    shift
+    start=$(date +%s)
+    "$@" >"$WORK/$name.log" 2>&1 &
+    child=$!
+    trap 'kill -TERM "$child" 2>/dev/null; exit 143' TERM
+    wait "$child"
+    rc=$?
+    echo "$rc $(($(date +%s) - start))" >"$WORK/$name.lane"
+    return $rc
+}
+# after_rmcp_server CMD...: CMD (a program) once rmcp-server/ is built, by modern.sh or here (cargo's
+# lock on its target dir makes the second build wait for the first, then find it up to date)
+after_rmcp_server() {
+    cargo build --locked --quiet --manifest-path "$HERE/rmcp-server/Cargo.toml" >"$WORK/rmcp-server-build.log" 2>&1
+    exec "$@"
+}
+lane() { # lane NAME LABEL CMD...: starts CMD in the background (stopped with this script)
+    local name=$1 label=$2
+    shift 2
+    log "$label: started (its log follows when it ends)"
+    lane_run "$name" "$@" &
+    LANES+=("$name")
+    LANE_PID[$name]=$!
+    LANE_LABEL[$name]=$label
+    PID[lane-$name]=$!
+}
+# g. modern (2026-07-28): the tasks extension with real 2026-era peers (modern.sh).
+# FastMCP 4.1.4 + fastmcp-tasks 4.1.4, conformance 0.2.0-alpha.12, a raw wire client and
+# fastmcp.Client 4, direct and through taskgate (auth none; bearer behind bearer-hop.mjs), compared
+# check by check (issue 11), on by default:
+#   TASKGATE_INTEROP_MODERN=1       run, strict: any check that differs through taskgate fails
+#   TASKGATE_INTEROP_MODERN=report  run, print the differences as notes (direct failures still fail)
+#   0                               skipped (default: 1)
+if [[ -n $MODERN_LEVEL ]]; then
+    lane modern "g. modern (2026-07-28) steps, level $MODERN_LEVEL" \
+        timeout 900 env MODERN_LEVEL="$MODERN_LEVEL" INTEROP_WORK="$WORK/modern" bash "$HERE/modern.sh" "$BIN"
+else
+    log "g. modern (2026-07-28) steps skipped: TASKGATE_INTEROP_MODERN=1 runs them (strict), =report only reports"
+fi
+# h. a tier: three taskgate replicas on one PostgreSQL behind nginx (issue 13, tier.sh):
+# conformance tasks-* through nginx round-robin = direct (FastMCP 4.1.4), and the TS SDK task
+# client's 2025-11-25 lifecycle through nginx round-robin; strict. PostgreSQL from
+# TASKGATE_TEST_DATABASE_URL (tests/run-all.sh starts one), else tier.sh starts its own.
+#   TASKGATE_INTEROP_TIER=0   skipped (default: 1)
+# Its replicas' and nginx's ports come from harness.mjs free-port in 20000 up to the ephemeral
+# range; this script's own (server-everything's) from 10000-19999.
+if [[ "$BIN" != none && ${TASKGATE_INTEROP_TIER:-1} == 1 ]]; then
+    lane tier "h. tier: 3 replicas, PostgreSQL, nginx" \
+        timeout 900 env INTEROP_WORK="$WORK/tier" INTEROP_PORT_RANGE=20000-65535 bash "$HERE/tier.sh" "$BIN"
+else
+    log "h. tier steps skipped"
+fi
+if [[ "$BIN" != none ]]; then
+    # i. stdio upstreams: real peers as taskgate's children (stdio.sh): TS SDK, Python mcp and
+    # server-everything as 2025-11-25 children, and (TASKGATE_INTEROP_RMCP=1) rmcp 3.11 over stdio
+    # with 2026-07-28 tasks, dual-era and --modern-only (rmcp-server/, built by step g.; cargo's
+    # lock makes stdio.sh wait for that build, or build it itself when g. is off).
+    lane stdio "i. stdio upstreams (stdio.sh)" \
+        timeout 900 env INTEROP_WORK="$WORK" INTEROP_VENV="$VENV" bash "$HERE/stdio.sh" "$BIN"
+    # j. the reverse bridge: a 2026-07-28 client on a 2025-11-25 task server (reverse.sh). It
+    # builds rmcp-client/ first thing: that waits until rmcp-server/ is built, as two builds at
+    # once would each take twice as long, and step g. (the longest) needs rmcp-server/ first.
+    REVERSE=(timeout 900 env INTEROP_WORK="$WORK" bash "$HERE/reverse.sh" "$BIN")
+    if [[ ${TASKGATE_INTEROP_RMCP:-1} == 1 ]]; then
+        lane reverse "j. reverse bridge (reverse.sh)" after_rmcp_server "${REVERSE[@]}"
+    else
+        lane reverse "j. reverse bridge (reverse.sh)" "${REVERSE[@]}"
+    fi
+    # k. gateway-owned tasks: task clients on a server without tasks (gateway-tasks.sh).
+    lane gateway-tasks "k. gateway-owned tasks (gateway-tasks.sh)" \
+        timeout 300 env INTEROP_WORK="$WORK" INTEROP_VENV="$VENV" bash "$HERE/gateway-tasks.sh" "$BIN"
+fi
+STEPS_START=$(date +%s)
 
 # ---- upstream fixtures ------------------------------------------------------------------------
 start conformance-server "$NODE22" "$HERE/conformance-server.mjs" --port 0
@@ -136,7 +254,7 @@ fi
 
 # server-everything takes its port from $PORT and does not report what it bound (PORT=0 would be
 # lost), so it gets an ephemeral port picked by binding 127.0.0.1:0; it listens on every interface.
-EVERYTHING_PORT=$("$NODE22" "$HERE/harness.mjs" free-port)
+EVERYTHING_PORT=$(INTEROP_PORT_RANGE=10000-19999 "$NODE22" "$HERE/harness.mjs" free-port)
 start everything env PORT="$EVERYTHING_PORT" "$NODE22" "$HERE/node_modules/@modelcontextprotocol/server-everything/dist/index.js" streamableHttp
 
 UPSTREAMS=(conformance-server "${MODES[@]/#/ts-}" ts-notasks ts-legacy)
@@ -348,92 +466,61 @@ if [[ $PYTHON_ON == 1 ]]; then
     run_cancel cancel-fastmcp-unseen-completion fastmcp fastmcp-unseen-completion "" --received "$FASTMCP_RECEIVED"
 fi
 
-# ---- g. modern (2026-07-28): the tasks extension with real 2026-era peers (modern.sh) -------------
-# FastMCP 4.1.4 + fastmcp-tasks 4.1.4, conformance 0.2.0-alpha.12, a raw wire client and
-# fastmcp.Client 4, direct and through taskgate (auth none; bearer behind bearer-hop.mjs), compared
-# check by check (issue 11), on by default:
-#   TASKGATE_INTEROP_MODERN=1       run, strict: any check that differs through taskgate fails
-#   TASKGATE_INTEROP_MODERN=report  run, print the differences as notes (direct failures still fail)
-#   0                               skipped (default: 1)
-case "${TASKGATE_INTEROP_MODERN:-1}" in
-1 | strict) MODERN_LEVEL=strict ;;
-report) MODERN_LEVEL=report ;;
-*) MODERN_LEVEL="" ;;
-esac
-if [[ -n $MODERN_LEVEL ]]; then
-    log "g. modern (2026-07-28) steps, level $MODERN_LEVEL"
-    run_fg timeout 900 env MODERN_LEVEL="$MODERN_LEVEL" INTEROP_WORK="$WORK/modern" bash "$HERE/modern.sh" "$BIN" >"$WORK/modern.log" 2>&1
-    modern_rc=$?
-    sed 's/^/  | /' "$WORK/modern.log"
-    if [[ -s "$WORK/modern/results.txt" ]]; then
-        while read -r status name; do
-            result "$name" "$([[ $status == PASS ]] && echo 0 || echo 1)"
-        done <"$WORK/modern/results.txt"
-        [[ $modern_rc != 0 ]] && ! grep -q '^FAIL' "$WORK/modern/results.txt" && result "modern.sh exit status $modern_rc" 1
-    else
-        result "modern.sh (no results, exit $modern_rc; see $WORK/modern.log)" 1
-    fi
-else
-    log "g. modern (2026-07-28) steps skipped: TASKGATE_INTEROP_MODERN=1 runs them (strict), =report only reports"
-fi
+log "steps a.-f. done in $(($(date +%s) - STEPS_START)) s"
 
-# ---- h. a tier: three taskgate replicas on one PostgreSQL behind nginx (issue 13, tier.sh) --------
-# conformance tasks-* through nginx round-robin = direct (FastMCP 4.1.4), and the TS SDK task
-# client's 2025-11-25 lifecycle through nginx hashing on Mcp-Session-Id; strict. PostgreSQL from
-# TASKGATE_TEST_DATABASE_URL (tests/run-all.sh starts one), else tier.sh starts its own.
-#   TASKGATE_INTEROP_TIER=0   skipped (default: 1)
-if [[ "$BIN" != none && ${TASKGATE_INTEROP_TIER:-1} == 1 ]]; then
-    log "h. tier: 3 replicas, PostgreSQL, nginx"
-    run_fg timeout 900 env INTEROP_WORK="$WORK/tier" bash "$HERE/tier.sh" "$BIN" >"$WORK/tier.log" 2>&1
-    tier_rc=$?
-    grep -v '^  note' "$WORK/tier.log" | sed 's/^/  | /'
-    if [[ -s "$WORK/tier/results.txt" ]]; then
-        while read -r status name; do
-            result "$name" "$([[ $status == PASS ]] && echo 0 || echo 1)"
-        done <"$WORK/tier/results.txt"
-        [[ $tier_rc != 0 ]] && ! grep -q '^FAIL' "$WORK/tier/results.txt" && result "tier.sh exit status $tier_rc" 1
-    else
-        result "tier.sh (no results, exit $tier_rc; see $WORK/tier.log)" 1
-    fi
-else
-    log "h. tier steps skipped"
-fi
-# ---- i. stdio upstreams: real peers as taskgate's children (stdio.sh) ---------------------------
-# TS SDK, Python mcp and server-everything as 2025-11-25 children, and (TASKGATE_INTEROP_RMCP=1)
-# rmcp 3.11 over stdio with 2026-07-28 tasks, dual-era and --modern-only (rmcp-server/, built by
-# step g; stdio.sh builds it only when it is missing or stale, e.g. TASKGATE_INTEROP_MODERN=0).
-if [[ "$BIN" != none ]]; then
-    log "i. stdio upstreams (stdio.sh)"
-    run_fg timeout 900 env INTEROP_WORK="$WORK" INTEROP_VENV="$VENV" bash "$HERE/stdio.sh" "$BIN" >"$WORK/stdio.log" 2>&1
-    stdio_rc=$?
-    sed 's/^/  | /' "$WORK/stdio.log"
-    if [[ -s "$WORK/stdio/results.txt" ]]; then
-        while read -r status name; do
-            result "$name" "$([[ $status == PASS ]] && echo 0 || echo 1)"
-        done <"$WORK/stdio/results.txt"
-        [[ $stdio_rc != 0 ]] && ! grep -q '^FAIL' "$WORK/stdio/results.txt" && result "stdio.sh exit status $stdio_rc" 1
-    else
-        result "stdio.sh (no results, exit $stdio_rc; see $WORK/stdio.log)" 1
-    fi
-fi
+# ---- g.-k.: each one's log, whole, in the order they end ------------------------------------------
+lane_show() { # lane_show NAME: what the lane printed, as run.sh has always shown it
+    case $1 in
+        tier) grep -v '^  note' "$WORK/tier.log" | sed 's/^/  | /' ;;
+        reverse) sed -n '/^== reverse bridge/,$p' "$WORK/reverse.log" | sed 's/^/  | /' ;;
+        gateway-tasks) sed -n '/^== gateway-owned tasks/,$p' "$WORK/gateway-tasks.log" | sed 's/^/  | /' ;;
+        *) sed 's/^/  | /' "$WORK/$1.log" ;;
+    esac
+}
+declare -A LANE_RC=() LANE_SECS=()
+WAITING=("${LANES[@]}")
+while ((${#WAITING[@]})); do
+    pids=()
+    for name in "${WAITING[@]}"; do pids+=("${LANE_PID[$name]}"); done
+    ended=""
+    wait -n -p ended "${pids[@]}"
+    rc=$?
+    left=()
+    for name in "${WAITING[@]}"; do
+        if [[ ${LANE_PID[$name]} == "$ended" ]]; then
+            unset "PID[lane-$name]"
+            read -r "LANE_RC[$name]" "LANE_SECS[$name]" <"$WORK/$name.lane" 2>/dev/null ||
+                { LANE_RC[$name]=$rc LANE_SECS[$name]="?"; }
+            log "${LANE_LABEL[$name]}: $([[ ${LANE_RC[$name]} == 0 ]] && echo PASS || echo "FAIL (exit ${LANE_RC[$name]})") in ${LANE_SECS[$name]} s"
+            lane_show "$name"
+        else
+            left+=("$name")
+        fi
+    done
+    WAITING=("${left[@]}")
+done
 
-# ---- j. the reverse bridge: a 2026-07-28 client on a 2025-11-25 task server (reverse.sh) -------
-if [[ "$BIN" != none ]]; then
-    log "j. reverse bridge (reverse.sh)"
-    run_fg timeout 900 env INTEROP_WORK="$WORK" bash "$HERE/reverse.sh" "$BIN" >"$WORK/reverse.log" 2>&1
-    reverse_rc=$?
-    sed -n '/^== reverse bridge/,$p' "$WORK/reverse.log" | sed 's/^/  | /'
-    result "reverse bridge: reverse.sh (see $WORK/reverse/results.txt)" "$reverse_rc"
-fi
-
-# ---- k. gateway-owned tasks: task clients on a server without tasks (gateway-tasks.sh) ---------
-if [[ "$BIN" != none ]]; then
-    log "k. gateway-owned tasks (gateway-tasks.sh)"
-    run_fg timeout 300 env INTEROP_WORK="$WORK" INTEROP_VENV="$VENV" bash "$HERE/gateway-tasks.sh" "$BIN" >"$WORK/gateway-tasks.log" 2>&1
-    gateway_tasks_rc=$?
-    sed -n '/^== gateway-owned tasks/,$p' "$WORK/gateway-tasks.log" | sed 's/^/  | /'
-    result "gateway-owned tasks: gateway-tasks.sh (see $WORK/gateway-tasks/results.txt)" "$gateway_tasks_rc"
-fi
+# lane_results NAME LABEL: the PASS/FAIL lines of $WORK/NAME/results.txt as results
+lane_results() {
+    local name=$1 label=$2 rc=${LANE_RC[$1]}
+    if [[ -s "$WORK/$name/results.txt" ]]; then
+        while read -r status step; do
+            result "$step" "$([[ $status == PASS ]] && echo 0 || echo 1)"
+        done <"$WORK/$name/results.txt"
+        [[ $rc != 0 ]] && ! grep -q '^FAIL' "$WORK/$name/results.txt" && result "$label exit status $rc" 1
+    else
+        result "$label (no results, exit $rc; see $WORK/$name.log)" 1
+    fi
+}
+for name in "${LANES[@]}"; do
+    case $name in
+        modern) lane_results modern modern.sh ;;
+        tier) lane_results tier tier.sh ;;
+        stdio) lane_results stdio stdio.sh ;;
+        reverse) result "reverse bridge: reverse.sh (see $WORK/reverse/results.txt)" "${LANE_RC[reverse]}" ;;
+        gateway-tasks) result "gateway-owned tasks: gateway-tasks.sh (see $WORK/gateway-tasks/results.txt)" "${LANE_RC[gateway-tasks]}" ;;
+    esac
+done
 
 # ---- gateway health after all of it ---------------------------------------------------------
 if [[ "$BIN" != none ]]; then
