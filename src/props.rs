@@ -607,7 +607,7 @@ fn held_request_of(
 }
 
 /// A held session's request (any client `body` the edge accepts) as the stateless 2026-07-28
-/// request that goes upstream (`layers::bridge::held::modernize`, `add_session_meta`).
+/// request that goes upstream (`layers::bridge::sessionless::modernize`, `add_session_meta`).
 /// `flags`: bits 0-1 pick the held session ([`held_session_of`]); bits 2, 3, 4 make the
 /// client send a stale `Mcp-Name`, a wrong `Mcp-Method`, a 2025 `MCP-Protocol-Version`.
 /// - made exactly for a request (an id and a method);
@@ -622,7 +622,7 @@ fn held_request_of(
 ///   (only a method that cannot be a header value is missing).
 pub fn held_request(flags: u8, body: &[u8]) {
     use crate::exchange::Operation;
-    use crate::layers::bridge::held::{self, CLIENT_INFO_META};
+    use crate::layers::bridge::sessionless::{self as held, CLIENT_INFO_META};
     use crate::mcp::capabilities::CLIENT_CAPABILITIES_META;
     use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
     use crate::mcp::routing_headers::{self as routing, MCP_METHOD, MCP_NAME};
@@ -731,7 +731,7 @@ pub fn held_request(flags: u8, body: &[u8]) {
 }
 
 /// A 2026 upstream's reply to a held session's request as a 2025 client takes it
-/// (`layers::bridge::held::legacy_answer`), for any JSON body (`flags` bits 0-2 pick the HTTP
+/// (`layers::bridge::sessionless::legacy_answer`), for any JSON body (`flags` bits 0-2 pick the HTTP
 /// status; bit 3 sends `body` as SSE events, cut at `0xFF` bytes):
 /// - no `Mcp-Session-Id`; a 4xx carrying one JSON-RPC error is HTTP 200, any other status
 ///   stays;
@@ -740,7 +740,7 @@ pub fn held_request(flags: u8, body: &[u8]) {
 ///   error under the same id (same JSON value), never relayed as it is.
 pub fn held_answer(flags: u8, body: &[u8]) {
     use crate::exchange::ReplyBody;
-    use crate::layers::bridge::{held, translate as t};
+    use crate::layers::bridge::{sessionless as held, translate as t};
     use futures_util::{FutureExt, StreamExt};
     use serde_json::Value;
     let status = [200, 400, 404, 401, 500, 413, 202, 409][flags as usize % 8];

@@ -5,12 +5,12 @@ use super::{
     ask_with, errors, failure_reply, legacy_reply, modern_request, tasks_bridged, BridgeState,
     UpstreamEra, MAX_EARLY_BYTES, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
 };
-use super::{held, translate};
+use super::{sessionless, translate};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{
-    ClientDeclares, Fact, HeldSession, NeedsTask, PendingCreation, PlainAnswerIsTask, SessionsHeld,
-    SynthesizedTask,
+    ClientDeclares, Fact, HeldSession, HoldSession, NeedsTask, PendingCreation, PlainAnswerIsTask,
+    SessionsHeld, SynthesizedTask,
 };
 use crate::layers::relay::mrtr;
 use crate::layers::McpService;
@@ -33,12 +33,12 @@ pub(super) async fn initialize<S: McpService>(
         return inner.oneshot(req).await;
     };
     if req.extensions.get::<SessionsHeld>().is_some() {
-        return Ok(held::initialize(&state, &inner, &req).await);
+        return Ok(hold_initialize(&state, &inner, &req).await);
     }
     let probe_with = req.clone();
     let mut reply = inner.clone().oneshot(req).await?;
-    if held::refused_without_answer(&reply) {
-        if let Some(answered) = held::try_hold(&state, &inner, &probe_with).await {
+    if sessionless::refused_without_answer(&reply) {
+        if let Some(answered) = try_hold(&state, &inner, &probe_with).await {
             return Ok(answered);
         }
     }
@@ -80,9 +80,9 @@ pub(super) async fn initialize<S: McpService>(
             return Ok(reply);
         }
     };
-    if held::is_refusal(&answer) {
+    if sessionless::is_refusal(&answer) {
         // An upstream without 2025 sessions: taskgate holds them (see `held`).
-        if let Some(answered) = held::try_hold(&state, &inner, &probe_with).await {
+        if let Some(answered) = try_hold(&state, &inner, &probe_with).await {
             return Ok(answered);
         }
     }
@@ -98,6 +98,62 @@ pub(super) async fn initialize<S: McpService>(
         }
     };
     Ok(reply)
+}
+
+/// The upstream refused `initialize`: when it answers `server/discover`, taskgate holds 2025
+/// sessions for it from now on, and `held_sessions` answers this `initialize` itself (the
+/// reply carries [`HoldSession`]); `None` (nothing learned) when it does not.
+async fn try_hold<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+) -> Option<McpReply> {
+    let discovered = discover(state, inner.clone(), req).await?;
+    Some(hold_session(state, discovered))
+}
+
+/// A 2025 `initialize` of a client on an upstream whose sessions taskgate holds (see the module
+/// docs): the [`HoldSession`] reply `held_sessions` answers from; `-32603` when the upstream
+/// does not answer `server/discover`.
+async fn hold_initialize<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+) -> McpReply {
+    match discover(state, inner.clone(), req).await {
+        Some(discovered) => hold_session(state, discovered),
+        None => McpReply::local_error(
+            req.id(),
+            jsonrpc::INTERNAL_ERROR,
+            "the 2026-07-28 upstream did not answer server/discover; taskgate cannot open a session for it",
+        ),
+    }
+}
+
+/// The reply to a 2025 `initialize` that `held_sessions` answers itself: empty, carrying the
+/// [`HoldSession`] fact (the `server/discover` result, and whether the upstream serves the
+/// tasks extension, learned from it).
+fn hold_session(state: &BridgeState, discovered: Value) -> McpReply {
+    let mut reply = McpReply::accepted();
+    reply.extensions.insert(HoldSession {
+        discovered,
+        modern_tasks: state.known() == Some(UpstreamEra::ModernTasks),
+    });
+    reply
+}
+
+/// The upstream's `server/discover` result (`None`: not asked, no answer within the deadline,
+/// or an error); the upstream's era is learned from it (see `era`).
+async fn discover<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: S,
+    req: &McpRequest,
+) -> Option<Value> {
+    let super::era::Discovered::Answer(Some(answer)) = state.era.ask(inner, req, &state.ids).await
+    else {
+        return None;
+    };
+    answer.get("result").filter(|r| r.is_object()).cloned()
 }
 
 /// An `InitializeResult` with the 2025 `capabilities.tasks` added when the upstream serves the

@@ -133,6 +133,7 @@ mod follow;
 pub(crate) mod held;
 pub mod listen;
 pub mod reverse;
+pub(crate) mod sessionless;
 pub mod translate;
 
 use answer::{ask, ask_with, error_reply, failure_reply, legacy_reply};
@@ -532,7 +533,7 @@ fn modern_request(
 ) -> McpRequest {
     let mut params = params;
     if let Some(session) = req.extensions.get::<Arc<HeldSession>>() {
-        held::add_session_meta(&mut params, session);
+        sessionless::add_session_meta(&mut params, session);
     }
     let body = json!({"jsonrpc": "2.0", "method": method, "params": params});
     let mut text = body.to_string();
