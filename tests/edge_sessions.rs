@@ -4,6 +4,7 @@
 
 use crate::common::*;
 use serde_json::json;
+use std::sync::Arc;
 
 /// Bob, with his own valid token and alice's `Mcp-Session-Id`, gets 404 "Session not found" on
 /// a POSTed request, a notification (`notifications/cancelled`), the GET stream and DELETE;
@@ -270,4 +271,90 @@ async fn a_routed_task_request_answers_with_the_clients_own_session() {
         first.session,
         "sent on the task's session"
     );
+}
+
+/// Noticed in review (issue 35's follow-up): an `initialize` the upstream answered with a session
+/// but taskgate refused (here the table filled between the full-table check and the answer: two
+/// `initialize`s in flight with room for one) used to leave that upstream session open, since
+/// the client never learns its id and nobody else would end it; each retry left one more. Now
+/// the refused session is ended upstream: one `DELETE` naming it, and the kept one is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_initialize_ends_its_upstream_session() {
+    let gate = Gate::new();
+    let issued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let up = {
+        let (gate, issued) = (gate.clone(), issued.clone());
+        Upstream::start(move |req: &RecordedRequest| {
+            if req.method == "DELETE" {
+                return ScriptedResponse::status(200, None, "");
+            }
+            let v: serde_json::Value = serde_json::from_slice(&req.body).unwrap_or_default();
+            let id = v["id"].to_string();
+            match v["method"].as_str() {
+                Some("initialize") => {
+                    let n = issued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let result = json!({
+                        "protocolVersion": PROTOCOL_VERSION,
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "s", "version": "1"},
+                    });
+                    ScriptedResponse::json(rpc_result(&id, &result.to_string()))
+                        .header("mcp-session-id", &format!("up-{n}"))
+                        .after_gate(&gate)
+                }
+                Some(_) => ScriptedResponse::json(rpc_result(&id, "{}")),
+                None => ScriptedResponse::accepted(),
+            }
+        })
+        .await
+    };
+    let tg = TgConfig::new(&up.url())
+        .gateway("max_sessions = 1")
+        .start()
+        .await;
+    let opening: Vec<_> = (0..2)
+        .map(|_| {
+            let c = tg.client();
+            tokio::spawn(async move {
+                let r = c.send(initialize_body("\"init\"")).await;
+                (r.status(), r.header("mcp-session-id"))
+            })
+        })
+        .collect();
+    up.wait_for_count(2).await;
+    gate.open();
+    let mut answers = Vec::new();
+    for o in opening {
+        answers.push(o.await.unwrap());
+    }
+    answers.sort();
+    assert_eq!(answers[0].0, 200, "{answers:?}");
+    assert_eq!(answers[1], (503, None), "{answers:?}");
+    let kept = answers[0].1.clone().expect("the kept session's id");
+    let refused = if kept == "up-0" { "up-1" } else { "up-0" };
+    assert!(
+        up.wait_for_request(|r| r.method == "DELETE", STEP).await,
+        "the refused session was not ended upstream: {:?}",
+        up.requests()
+            .iter()
+            .map(|r| (r.method.clone(), r.rpc_method()))
+            .collect::<Vec<_>>()
+    );
+    let deletes: Vec<_> = up
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "DELETE")
+        .collect();
+    assert_eq!(deletes.len(), 1, "{deletes:?}");
+    assert_eq!(
+        deletes[0].header("mcp-session-id").as_deref(),
+        Some(refused)
+    );
+    // The kept session still works.
+    let r = tg
+        .client()
+        .with_session(&kept)
+        .send(rpc("2", "tools/list", "{}"))
+        .await;
+    assert_eq!(r.status(), 200);
 }

@@ -7,7 +7,7 @@
 //!   bytes were not stored and the other replicas answered 404 "Session not found";
 //! - a 2049-byte id: the `initialize` is refused 502 `-32603` naming the length and the bound,
 //!   not answered with a session two replicas of three would refuse; before this it was answered
-//!   200 and the other replicas said 404.
+//!   200 and the other replicas said 404. The refused session is ended upstream (a `DELETE`).
 //!
 //! And one process on its embedded store: a 4096-byte id is served (by that process only).
 
@@ -27,6 +27,9 @@ const ALPHABET: &[u8] =
 /// answers `tools/call` with the session it came on.
 async fn long_id_upstream(len: Arc<AtomicUsize>) -> Upstream {
     Upstream::start(move |req| {
+        if req.method == "DELETE" {
+            return ScriptedResponse::status(200, None, "");
+        }
         if req.method != "POST" {
             return ScriptedResponse::status(405, None, "");
         }
@@ -121,6 +124,18 @@ async fn long_upstream_session_ids_are_served_by_every_replica_up_to_the_bound()
             "{v}"
         );
     }
+    // Each refused session is ended upstream (the client never learned its id).
+    let ended = |r: &RecordedRequest| {
+        r.method == "DELETE" && r.header("mcp-session-id").is_some_and(|s| s.len() == 2049)
+    };
+    assert!(
+        up.wait_for_request(
+            |_| up.requests().iter().filter(|r| ended(r)).count() >= t.replicas.len(),
+            STEP
+        )
+        .await,
+        "one DELETE per refused session"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -416,6 +416,26 @@ impl Upstream {
         .is_ok()
             && self.received(method).len() >= n
     }
+    /// Waits (up to `within`) until a request matching `which` arrived; false if none did.
+    #[allow(dead_code)]
+    pub async fn wait_for_request(
+        &self,
+        which: impl Fn(&RecordedRequest) -> bool,
+        within: Duration,
+    ) -> bool {
+        let mut rx = self.shared.count.subscribe();
+        let seen = |up: &Self| up.requests().iter().any(&which);
+        tokio::time::timeout(within, async {
+            while !seen(self) {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await
+        .is_ok()
+            && seen(self)
+    }
     /// How many SSE responses lost their reader before their script ended.
     pub fn sse_disconnects(&self) -> usize {
         self.shared.sse_disconnects.load(Ordering::SeqCst)

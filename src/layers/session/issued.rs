@@ -13,7 +13,9 @@
 //! another replica would answer 404; so does (502) an upstream session id longer than
 //! [`MAX_HELD_SESSION_ID`](crate::store::held::MAX_HELD_SESSION_ID) with a store other processes
 //! share (with an embedded one it is served by this process only). The upstream session of such
-//! a refusal is left to the upstream (it is never used).
+//! a refusal is ended upstream (a `DELETE` naming it, sent once, its answer not waited for): the
+//! client never learns its id, so nobody else would end it, and each retry would leave one more
+//! session open upstream.
 
 use super::service::{Finish, Watch};
 use super::SessionKey;
@@ -36,10 +38,19 @@ pub const MAX_BYTES_BEFORE: usize = 1 << 20;
 /// How long an SSE `initialize` answer's stream is read for the answer, at most.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(30);
 
+/// What became of an `initialize` answer naming an upstream session ([`Finish::store_issued`]).
+pub(super) enum Issued {
+    /// The answer goes on: the session is kept (or there was none to keep).
+    Answer(McpReply),
+    /// The session could not be kept: the client gets this refusal instead of the answer, and
+    /// the upstream session must be ended (its id is the one the refused answer named).
+    Refused(McpReply),
+}
+
 impl Finish {
     /// `reply` (an `initialize` answer naming the upstream's session `issued`) once the session
     /// is in the table and the store; or the refusal that replaces it.
-    pub(super) async fn store_issued(self, mut reply: McpReply, issued: HeaderValue) -> McpReply {
+    pub(super) async fn store_issued(self, mut reply: McpReply, issued: HeaderValue) -> Issued {
         let answer = |bytes: &[u8], id: Option<&Id>| -> Option<Value> {
             let v = serde_json::from_slice::<Value>(bytes).ok()?;
             (v.get("id").and_then(Id::from_value).as_ref() == id).then_some(v)
@@ -76,17 +87,19 @@ impl Finish {
         let Some(answer) = found else {
             // No answer in reach: kept here only, from the stream as it passes.
             tracing::warn!(upstream = %self.upstream, "an initialize answer was not found in time; its session is not stored");
-            return self.reply(reply, false);
+            return Issued::Answer(self.reply(reply, false));
         };
         let Some(result) = answer.get("result") else {
             // An error: no session to keep.
-            return reply;
+            return Issued::Answer(reply);
         };
         let Watch::Initialize(caps, _) = &self.watch else {
-            return reply;
+            return Issued::Answer(reply);
         };
         let key = SessionKey::Session(issued.clone());
-        let refuse = |error: McpError| McpReply::error(Era::Legacy, self.id.as_ref(), &error);
+        let refuse = |error: McpError| {
+            Issued::Refused(McpReply::error(Era::Legacy, self.id.as_ref(), &error))
+        };
         let (len, bound) = (issued.len(), crate::store::held::MAX_HELD_SESSION_ID);
         if len > bound {
             if self.sessions.shares_store() {
@@ -112,6 +125,6 @@ impl Finish {
             self.sessions.forget(&self.upstream, Some(&key));
             return refuse(McpError::SessionStore { write: true });
         }
-        reply
+        Issued::Answer(reply)
     }
 }

@@ -1,7 +1,9 @@
 //! The `session` layer's tower `Layer`/`Service`: it fills the [`Sessions`] table as
 //! `initialize` and `DELETE` pass, and hands the [`SessionView`] down (see the parent module).
 
+use super::issued::Issued;
 use super::*;
+use crate::exchange::RequestContext;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use futures_util::future::Either;
@@ -107,6 +109,8 @@ where
                 return Either::Left(self.inner.call(req));
             }
         };
+        // What a refused session's `DELETE` is sent with (see `issued`): initialize only.
+        let end_ctx = matches!(watch, Watch::Initialize(..)).then(|| req.ctx.clone());
         let finish = Finish {
             sessions: self.sessions.clone(),
             upstream: req.ctx.upstream.clone(),
@@ -167,12 +171,54 @@ where
                 let issued = crate::headers::find(&reply.headers, &crate::headers::MCP_SESSION_ID)
                     .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
                 if let Some(issued) = issued {
-                    return Ok(finish.store_issued(reply, issued).await);
+                    return Ok(match finish.store_issued(reply, issued.clone()).await {
+                        Issued::Answer(reply) => reply,
+                        Issued::Refused(refused) => {
+                            if let Some(ctx) = end_ctx {
+                                end_refused(inner, ctx, issued);
+                            }
+                            refused
+                        }
+                    });
                 }
             }
             Ok(finish.reply(reply, held))
         }))
     }
+}
+
+/// Ends upstream the session of an `initialize` answer the client was refused (`issued`,
+/// see `issued`): one `DELETE` naming it, sent by a task of its own through the layers below
+/// (as the client's own `DELETE` would go), its answer only logged.
+fn end_refused<S>(mut inner: S, mut ctx: RequestContext, issued: HeaderValue)
+where
+    S: tower::Service<McpRequest, Response = McpReply> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    ctx.session_id = Some(issued.clone());
+    ctx.client_session_id = Some(issued);
+    let end = McpRequest {
+        op: Operation::EndSession,
+        ctx,
+        extensions: http::Extensions::new(),
+    };
+    let upstream = end.ctx.upstream.clone();
+    tokio::spawn(async move {
+        if futures_util::future::poll_fn(|cx| inner.poll_ready(cx))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        match inner.call(end).await {
+            Ok(reply) => {
+                tracing::info!(upstream = %upstream, status = reply.status.as_u16(), "the upstream session of a refused initialize was ended (DELETE)")
+            }
+            Err(_) => {
+                tracing::warn!(upstream = %upstream, "the upstream session of a refused initialize could not be ended (DELETE)")
+            }
+        }
+    });
 }
 
 /// What the `session` layer reads from an `initialize` answer as it passes (the session, its
