@@ -140,6 +140,11 @@ fn held_call_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse
                 let n = sessions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 mcp_handler(req).set_header("mcp-session-id", &format!("up-session-{n}"))
             }
+            // Both eras (2026-07-28 clients' calls go to it as they come).
+            Some("server/discover") => ScriptedResponse::result_for(
+                req,
+                r#"{"resultType":"complete","supportedVersions":["2025-11-25","2026-07-28"],"capabilities":{"tools":{}}}"#,
+            ),
             Some("tools/list") => ScriptedResponse::result_for(
                 req,
                 r#"{"tools":[{"name":"slow","inputSchema":{"type":"object"}}]}"#,
@@ -263,6 +268,54 @@ async fn a_cancel_answered_by_another_replica_reaches_the_held_call() {
         let v = t.on(n, &sid).get(&format!("\"g{n}\""), &task).await;
         assert_eq!(v["result"]["status"], "cancelled", "replica {n}: {v}");
     }
+}
+
+/// The same for a 2026-07-28 client (no session; the cancel is closing the held call's stream,
+/// 2026-07-28 has no `notifications/cancelled` over HTTP): its `tasks/cancel` answered by replica
+/// 1 is acked and the task `cancelled` on every replica; replica 0, holding the call, closes its
+/// stream once, sends no notification, and records "resources released" once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_cancel_answered_by_another_replica_closes_the_held_stream() {
+    let gate = Gate::new();
+    let up = Upstream::start(held_call_server(gate.clone())).await;
+    let Some(t) = LeaseTier::start(
+        "a_2026_cancel_answered_by_another_replica_closes_the_held_stream",
+        &up.url(),
+        "tasks = \"gateway\"",
+        false,
+    )
+    .await
+    else {
+        return;
+    };
+    let token = Some("alice-token");
+    let task = create(&t.replicas[0].url(), token, "slow").await;
+    assert!(
+        up.wait_for_method("tools/call", 1, STEP).await,
+        "the call is held upstream"
+    );
+    let (status, v) = task_call(&t.replicas[1].url(), token, 2, "tasks/cancel", &task).await;
+    assert_eq!(
+        (status, v["result"]["resultType"].clone()),
+        (200, json!("complete")),
+        "{v}"
+    );
+    assert!(
+        up.wait_for_sse_disconnects(1, STEP).await,
+        "the replica holding the call closed its stream"
+    );
+    let released = eventually(STEP, || async {
+        (t.audit(&task, "resources_released").await == 1).then_some(())
+    })
+    .await;
+    assert!(released.is_some(), "released once the stream is closed");
+    for n in 0..3 {
+        let (_, g) = task_call(&t.replicas[n].url(), token, 3, "tasks/get", &task).await;
+        assert_eq!(g["result"]["status"], "cancelled", "replica {n}: {g}");
+    }
+    assert!(up.received("notifications/cancelled").is_empty());
+    assert_eq!(up.sse_disconnects(), 1);
+    assert_eq!(t.audit(&task, "status_cancelled").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
