@@ -15,9 +15,12 @@ use crate::layers::bridge::reverse::{ReverseLayer, ReverseState};
 use crate::layers::bridge::{BridgeLayer, BridgeState, Discovery};
 use crate::layers::cancel::{CancelLayer, CancelState};
 use crate::layers::gateway_tasks::{GatewayTasksLayer, GatewayTasksState};
-use crate::layers::held_sessions::{HeldSessions, HeldSessionsLayer};
+use crate::layers::held_sessions::{
+    HeldSessions, HeldSessionsLayer, HeldUpstream, HeldUpstreamLayer,
+};
 use crate::layers::ids::IdsLayer;
 use crate::layers::observe::ObserveLayer;
+use crate::layers::relay::{OwnIds, Relay};
 use crate::layers::session::{HandDown, SessionLayer, Sessions};
 use crate::layers::session_guard::SessionGuardLayer;
 use crate::layers::tasks::TasksLayer;
@@ -296,6 +299,14 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
     let cancel_state = CancelState::new(shared.registry.clone(), timeout);
     // The upstream's era: one fact both bridges read (learned once, issue 30).
     let era = Discovery::new(u.protocol, timeout);
+    // taskgate's own request ids and the input relay, shared by the bridge and the held
+    // sessions' upstream stage below it (issue 30).
+    let ids = Arc::new(OwnIds::default());
+    let relay = Arc::new(Relay::new(
+        ids.clone(),
+        timeout,
+        shared.registry.metrics().clone(),
+    ));
     // Below `upgrade`: what its own requests (and the orphan sweep's) go through.
     let inner = tower::ServiceBuilder::new()
         .layer(TasksLayer::new(
@@ -315,7 +326,11 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
             era.clone(),
             timeout,
             cancel_state,
+            ids.clone(),
+            relay.clone(),
         )))
+        // Where a held session's requests go: stateless 2026-07-28 requests (issue 30).
+        .layer(HeldUpstreamLayer::new(HeldUpstream::new(ids, relay)))
         // 2026-07-28 clients on a 2025-11-25-only upstream (issue 33): below the bridge, which
         // passes every 2026-07-28 request on.
         .layer(ReverseLayer::new(ReverseState::new(

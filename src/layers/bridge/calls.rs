@@ -207,7 +207,10 @@ pub(super) async fn plain_call<S: McpService>(
     req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
     let tool = tool_name(&req);
-    let map_errors = errors::is_revision_or_none(req.ctx.protocol_version());
+    // A held session's call goes upstream as a 2026-07-28 request (a revision date), whatever
+    // version its client named: its answer is always mapped.
+    let map_errors = req.extensions.get::<Arc<HeldSession>>().is_some()
+        || errors::is_revision_or_none(req.ctx.protocol_version());
     let mut reply = inner.oneshot(req).await?;
     let st = state.clone();
     let needs_task = NeedsTask::default();

@@ -12,7 +12,7 @@
 //! requests are bridged when it is [`UpstreamEra::ModernTasks`]; while it is unknown (a
 //! discovery unanswered in time, asked again after [`UNANSWERED_RETRY`]) nothing is.
 //!
-//! Whether taskgate holds 2025 sessions itself (see `held` and `crate::layers::held_sessions`,
+//! Whether taskgate holds 2025 sessions itself (see `crate::layers::held_sessions`,
 //! which keeps that fact) is learned apart from the era: the first `initialize` the upstream
 //! refuses while it answers `server/discover` (`"auto"` and `"2026-07-28"` alike;
 //! `"2025-11-25"` never holds sessions).
@@ -112,25 +112,31 @@
 //! rmcp 3 with `legacy_session_mode` off): the bridge asks the upstream's `server/discover` and
 //! replies with the `HoldSession` fact, from which the `held_sessions` stage above answers the
 //! client's `initialize` (it mints the `Mcp-Session-Id`; `session` keeps it). Which requests are
-//! a held session's comes down from that stage (`HeldSession`, `SessionsHeld`); the bridge
-//! sends every request of such a session upstream as a stateless 2026 request; see `held`. Its
-//! GET stream is the upstream's `subscriptions/listen`; see `listen`. The bridge reads no
-//! session table: the input capabilities a client declared come down as `ClientDeclares`.
+//! a held session's comes down from that stage (`HeldSession`, `SessionsHeld`). The bridge
+//! translates a held session's task requests as any 2025 client's (with the session's `_meta`,
+//! `sessionless::add_session_meta`) and passes the rest on in their 2025 form: the held
+//! sessions' upstream stage below (`crate::layers::held_sessions::upstream`) sends them as
+//! stateless 2026 requests (`sessionless`) and answers what has no 2026 counterpart; the bridge
+//! still reads the answers it translates (`tools/list`, a plain `tools/call`'s `-32021`, the
+//! 2026-only error codes). Its GET stream is the upstream's `subscriptions/listen`; see
+//! `listen`. The bridge reads no session table: the input capabilities a client declared come
+//! down as `ClientDeclares`.
 //!
 //! Files: this one (the layer, the era, the dispatch, the request helpers), `calls`
 //! (`initialize`, `tools/list`, `tools/call`), `follow` (tasks/get, tasks/result, tasks/cancel,
-//! `server/discover`), `held` (held sessions), `listen` (a held session's GET stream), `answer`
+//! `server/discover`), `sessionless` (a held session's messages in the 2026 form and back),
+//! `listen` (a held session's GET stream), `answer`
 //! (the bridge's own exchanges), `translate` (the pure shape translations), `errors` (2026-only
 //! error codes for 2025 clients). The input relay (`input_required` and MRTR) is a stage of its
-//! own, `crate::layers::relay`: the bridge owns one [`Relay`] per upstream and calls it, handing
-//! it what the client declared and how the upstream's events are shown to a 2025 client.
+//! own, `crate::layers::relay`: the bridge is handed one [`Relay`] per upstream (shared with
+//! the held sessions' upstream stage) and calls it, handing it what the client declared and how
+//! the upstream's events are shown to a 2025 client.
 
 mod answer;
 mod calls;
 pub mod era;
 pub mod errors;
 mod follow;
-pub(crate) mod held;
 pub mod listen;
 pub mod reverse;
 pub(crate) mod sessionless;
@@ -169,9 +175,6 @@ pub const MAX_EARLY_EVENTS: usize = 64;
 /// Bytes of event data kept before the answer itself, at most (events past it are dropped like
 /// those past [`MAX_EARLY_EVENTS`]): one event may be as large as `limits.max_event_bytes`.
 pub const MAX_EARLY_BYTES: usize = 1 << 20;
-/// Most requests of held sessions in flight per upstream that a `notifications/cancelled` can
-/// end (more are sent all the same, without that).
-pub const MAX_HELD_CALLS: usize = 4096;
 /// Most tool names remembered as task-only per upstream.
 pub const MAX_TASK_ONLY_TOOLS: usize = 4096;
 
@@ -196,9 +199,6 @@ pub struct BridgeState {
     timeout: Duration,
     /// The `cancel` layer's state: taskgate's own `tasks/cancel` joins its single-flight.
     cancel: Option<Arc<crate::layers::cancel::CancelState>>,
-    /// Requests of held sessions in flight upstream, by caller and id: the client's
-    /// `notifications/cancelled` ends them (see `held`). At most [`MAX_HELD_CALLS`].
-    held_calls: Mutex<std::collections::HashMap<crate::exchange::CallKey, held::Flight>>,
     /// Held sessions' GET streams and resource subscriptions (see `listen`).
     listens: listen::Listens,
 }
@@ -208,15 +208,16 @@ impl BridgeState {
     /// handles it is given, not reached for: its own upstream exchanges bounded by `timeout` (the upstream's
     /// `timeout_ms`, see `ask`); its own `tasks/cancel` sent through `cancel`'s single-flight.
     /// It reads no session table: what it needs of the client's session (held or not) comes
-    /// down from `held_sessions` as request extensions.
+    /// down from `held_sessions` as request extensions. Its own ids come from `ids`, and input
+    /// is relayed by `relay` (both shared with the held sessions' upstream stage below it).
     pub fn new(
         registry: Arc<Registry>,
         era: Arc<Discovery>,
         timeout: Duration,
         cancel: Arc<crate::layers::cancel::CancelState>,
+        ids: Arc<OwnIds>,
+        relay: Arc<Relay>,
     ) -> Arc<BridgeState> {
-        let ids = Arc::new(OwnIds::default());
-        let relay = Arc::new(Relay::new(ids.clone(), timeout, registry.metrics().clone()));
         Arc::new(BridgeState {
             registry,
             era,
@@ -226,7 +227,6 @@ impl BridgeState {
             relay,
             timeout,
             cancel: Some(cancel),
-            held_calls: Mutex::new(std::collections::HashMap::new()),
             listens: listen::Listens::default(),
         })
     }
@@ -393,37 +393,20 @@ impl<S: McpService> BridgeService<S> {
                 return Box::pin(async move {
                     match listen::subscribe(&state, &inner, &req).await {
                         Some(reply) => Ok(reply),
-                        None => Ok(errors::legacy_reply(
-                            held::forward(state, inner, req).await?,
-                        )),
+                        None => Ok(errors::legacy_reply(inner.oneshot(req).await?)),
                     }
                 });
-            }
-            if let Some(reply) = held::local(&state, &req) {
-                return Box::pin(async move { Ok(reply) });
             }
         }
         let tasks_bridged = state.known() == Some(UpstreamEra::ModernTasks);
         match req.request_method() {
             Some("initialize") => Box::pin(calls::initialize(state, inner, req)),
-            Some("tools/list") if is_held => {
-                let st = state.clone();
-                Box::pin(held::forward_with(st, inner, req, move |inner, out| {
-                    calls::tools_list(state.clone(), inner, out)
-                }))
-            }
             Some("tools/list") => Box::pin(calls::tools_list(state, inner, req)),
             Some("tools/call")
                 if req.extensions.get::<PendingCreation>().is_some()
                     && (tasks_bridged || !is_held) =>
             {
                 Box::pin(calls::task_call(state, inner, req))
-            }
-            Some("tools/call") if is_held => {
-                let st = state.clone();
-                Box::pin(held::forward_with(st, inner, req, move |inner, out| {
-                    calls::plain_call(state.clone(), inner, out)
-                }))
             }
             Some("tools/call") => Box::pin(calls::plain_call(state, inner, req)),
             Some(m @ ("tasks/get" | "tasks/result" | "tasks/cancel")) => {
@@ -435,9 +418,7 @@ impl<S: McpService> BridgeService<S> {
                 let (Some(record), Some(id)) = (bridged, req.id().cloned()) else {
                     if is_held {
                         return Box::pin(async move {
-                            Ok(errors::legacy_reply(
-                                held::forward(state, inner, req).await?,
-                            ))
+                            Ok(errors::legacy_reply(inner.oneshot(req).await?))
                         });
                     }
                     return Box::pin(inner.oneshot(req));
@@ -453,11 +434,11 @@ impl<S: McpService> BridgeService<S> {
                     })
                 })
             }
-            _ if is_held => Box::pin(async move {
-                Ok(errors::legacy_reply(
-                    held::forward(state, inner, req).await?,
-                ))
-            }),
+            // The rest of a held session's requests: sent upstream as stateless 2026 requests
+            // (or answered) by the held sessions' upstream stage below.
+            _ if is_held => {
+                Box::pin(async move { Ok(errors::legacy_reply(inner.oneshot(req).await?)) })
+            }
             // Other 2025 requests pass; a 2026-only error code in their answers is mapped, and
             // `notifications/tasks` on their streams become `notifications/tasks/status`.
             Some(_)

@@ -47,9 +47,17 @@
 //! (`session::held_store`: written before the id goes on, revived by `session_guard`, removed on
 //! DELETE, reclaim and expiry) is the table's own durability, so it stays with the table.
 //!
-//! What a held session's requests become upstream (stateless 2026-07-28 requests), its GET
-//! stream (`subscriptions/listen`) and the local answers to its notifications, `ping` and
-//! DELETE are era translation and stay in the `bridge` (`bridge::held`, `bridge::listen`).
+//! Where a held session's requests go is this concern's other stage, [`upstream`], directly
+//! below the `bridge`: it sends what the bridge passes on of a held session (every request
+//! but `initialize` and the task requests the bridge translates) upstream as stateless
+//! 2026-07-28 requests, keeps them in flight (a `notifications/cancelled` ends them), and
+//! answers its notifications, `ping` and DELETE itself. The session is on both sides of the
+//! era translation: above it, who the session is; below it, where its requests go. What the
+//! requests and answers look like in either era (`bridge::sessionless`) is the bridge's.
+
+pub mod upstream;
+
+pub use upstream::{HeldUpstream, HeldUpstreamLayer};
 
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation};
 use crate::jsonrpc;
