@@ -253,22 +253,8 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
         return Err(unreadable(e));
     }
     let task_meta = serde_json::from_str::<Value>(task_text).map_err(unreadable)?;
-    if task_meta
-        .get("ttl")
-        .and_then(Value::as_f64)
-        .is_some_and(|t| t < 0.0)
-    {
-        // A duration below 0 is no ttl to bound: refused, not taken as the cap (issue 32).
-        return Err(refuse(
-            &id,
-            McpError::InvalidParam {
-                method: Some("tools/call".into()),
-                key: "task.ttl".into(),
-                problem: "must be a number of milliseconds, at least 0 (got a negative number)"
-                    .into(),
-            },
-        ));
-    }
+    let cap = registry.config().max_ttl_ms;
+    let ttl = bounded_ttl(&task_meta, cap).map_err(|e| refuse(&id, e))?;
     let owner = req.ctx.caller().owner();
     let upstream = req.ctx.upstream.clone();
     let reserved = match registry.reserve_creation(&upstream, &owner).await {
@@ -290,23 +276,6 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
             upstream: upstream.to_string(),
         };
         return Err(refuse(&id, error).answered_locally(LocalReason::OwnerLimit));
-    };
-    let cap = registry.config().max_ttl_ms;
-    // Any number above the cap (1e12 included) is lowered to the cap; one below
-    // [`MIN_TASK_TTL_MS`] (0 included) is raised to it; a fraction of a millisecond is dropped.
-    let ttl = match task_meta.get("ttl") {
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(t) if t < MIN_TASK_TTL_MS => Some(MIN_TASK_TTL_MS.min(cap)),
-            Some(t) if t <= cap => None,
-            // A fraction of a millisecond is dropped (1500.7 → 1500), then bounded as above;
-            // it used to be taken for "above the cap".
-            None => match n.as_f64().filter(|f| f.is_finite() && *f >= 0.0) {
-                Some(f) if f < cap as f64 => Some((f.floor() as u64).max(MIN_TASK_TTL_MS).min(cap)),
-                _ => Some(cap),
-            },
-            _ => Some(cap),
-        },
-        _ => None,
     };
     if let Some(ttl) = ttl {
         // Only the ttl's digits change: every other byte goes upstream as the client sent it.
@@ -348,6 +317,34 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
         created: Arc::default(),
     });
     Ok(())
+}
+
+/// The ttl a task creation goes upstream with, from its `params.task` (2025-11-25
+/// basic/utilities/tasks: `ttl` in milliseconds): `None` to leave the client's as it is, or the
+/// bound to write instead. Any number above `cap` (`tasks.max_ttl_ms`; 1e12 included) is lowered
+/// to it; one below [`MIN_TASK_TTL_MS`] (0 included) is raised to it; a fraction of a
+/// millisecond is dropped (1500.7 → 1500; it used to be taken for "above the cap"). A negative
+/// ttl is no duration to bound: `-32602` naming `task.ttl` (issue 32).
+fn bounded_ttl(task: &Value, cap: u64) -> Result<Option<u64>, McpError> {
+    let Some(Value::Number(n)) = task.get("ttl") else {
+        return Ok(None);
+    };
+    if n.as_f64().is_some_and(|t| t < 0.0) {
+        return Err(McpError::InvalidParam {
+            method: Some("tools/call".into()),
+            key: "task.ttl".into(),
+            problem: "must be a number of milliseconds, at least 0 (got a negative number)".into(),
+        });
+    }
+    Ok(match n.as_u64() {
+        Some(t) if t < MIN_TASK_TTL_MS => Some(MIN_TASK_TTL_MS.min(cap)),
+        Some(t) if t <= cap => None,
+        None => match n.as_f64().filter(|f| f.is_finite() && *f >= 0.0) {
+            Some(f) if f < cap as f64 => Some((f.floor() as u64).max(MIN_TASK_TTL_MS).min(cap)),
+            _ => Some(cap),
+        },
+        _ => Some(cap),
+    })
 }
 
 /// For `tasks/get|result|cancel`: authorise against the registry (→ [`AuthorisedTask`]) and
@@ -630,7 +627,30 @@ fn header_string(v: Option<&HeaderValue>) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::hide_tasks_list;
+    use super::{bounded_ttl, hide_tasks_list, MIN_TASK_TTL_MS};
+    use serde_json::json;
+
+    /// The ttl bounds (`tasks.max_ttl_ms` 60 s here): left alone within them, lowered to the cap,
+    /// raised to the floor, fractions dropped, a negative one refused; no ttl, or one that is not
+    /// a number, left to the upstream.
+    #[test]
+    fn a_creations_ttl_is_bounded() {
+        let cap = 60_000;
+        let ttl = |t: serde_json::Value| bounded_ttl(&json!({ "ttl": t }), cap);
+        assert_eq!(ttl(json!(30_000)), Ok(None));
+        assert_eq!(ttl(json!(cap)), Ok(None));
+        assert_eq!(ttl(json!(cap + 1)), Ok(Some(cap)));
+        assert_eq!(ttl(json!(1e12)), Ok(Some(cap)));
+        assert_eq!(ttl(json!(0)), Ok(Some(MIN_TASK_TTL_MS)));
+        assert_eq!(ttl(json!(1500.7)), Ok(Some(1500)));
+        assert_eq!(ttl(json!(0.5)), Ok(Some(MIN_TASK_TTL_MS)));
+        assert!(ttl(json!(-1)).is_err());
+        assert!(ttl(json!(-0.5)).is_err());
+        assert_eq!(ttl(json!("5000")), Ok(None));
+        assert_eq!(bounded_ttl(&json!({}), cap), Ok(None));
+        // A cap below the floor wins.
+        assert_eq!(bounded_ttl(&json!({"ttl": 0}), 500), Ok(Some(500)));
+    }
 
     #[test]
     fn tasks_list_is_spliced_out() {
