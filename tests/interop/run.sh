@@ -12,8 +12,9 @@
 # ([upgrade] disabled) for steps a-d and f and `taskgate-upgrade` ([upgrade] enabled) for step e.
 # Steps g-k (modern.sh, tier.sh, stdio.sh, reverse.sh, gateway-tasks.sh: fixtures, gateways, ports
 # and work dirs of their own) start first and run in the background, at the same time as each
-# other and as steps a-f here (which run one after the other on the shared fixtures); the log of
-# each is printed whole when it has ended, with its exit status and wall time (issue 30).
+# other and as steps a-f here (a-d and f one after the other on `taskgate`, e beside them on
+# `taskgate-upgrade`); the log of each is printed whole when it has ended, with its exit status
+# and wall time, and the summary keeps the step order (issue 30).
 # Exit 0 only when every step passed.
 #
 # Environment:
@@ -317,6 +318,72 @@ if [[ "$BIN" != none ]]; then
     done
 fi
 
+# ---- e. upgrade of plain calls: clients without capabilities.tasks call required tools ----------
+# Step e. talks to taskgate-upgrade only (its own gateway and store; the upstreams ts-stateful, on
+# sessions of its own, and server-everything, which no other step uses), so it runs in the
+# background from here, beside steps a.-d. and f. on taskgate; its log is printed whole, and its
+# results take their place after d.'s, once f. is done.
+# run_upgrade LABEL UPSTREAM TOOL ARGS_JSON STATUS "VIA_CHECKS" CLIENT...
+#   direct: CLIENT --expect error --list=false URL TOOL ARGS_JSON: the server's own refusal;
+#   via taskgate-upgrade: CLIENT VIA_CHECKS URL TOOL ARGS_JSON must succeed (VIA_CHECKS: the
+#   client's --expect/--min-*/--text options, no spaces inside values), and taskgate's newest
+#   record for TOOL must be origin=upgraded with STATUS.
+run_upgrade() {
+    local label=$1 upstream=$2 tool=$3 args=$4 status=$5 checks
+    read -ra checks <<<"$6"
+    shift 6
+    log "$label: direct ${DIRECT[$upstream]}"
+    run_fg timeout 120 "$@" --expect error --list=false --label "$label direct" "${DIRECT[$upstream]}" "$tool" "$args" >"$WORK/upgrade-$label-direct.json" 2>"$WORK/upgrade-$label-direct.err"
+    local hargs=(--label "$label" --direct "$WORK/upgrade-$label-direct.json")
+    if [[ -n "${UPGRADE_VIA[$upstream]:-}" ]]; then
+        log "$label: via ${UPGRADE_VIA[$upstream]}"
+        run_fg timeout 120 "$@" "${checks[@]}" --label "$label via" "${UPGRADE_VIA[$upstream]}" "$tool" "$args" >"$WORK/upgrade-$label-via.json" 2>"$WORK/upgrade-$label-via.err"
+        hargs+=(--via "$WORK/upgrade-$label-via.json" --admin "$UPGRADE_ADMIN" --upstream "$upstream" --tool "$tool" --status "$status")
+    fi
+    "$NODE22" "$HERE/harness.mjs" upgrade "${hargs[@]}" | tee "$WORK/upgrade-$label-report.txt"
+    local rc=${PIPESTATUS[0]}
+    alive "$upstream" || rc=1
+    [[ -n "${UPGRADE_VIA[$upstream]:-}" ]] && { alive taskgate-upgrade || rc=1; }
+    result "$label$([[ -n "${UPGRADE_VIA[$upstream]:-}" ]] && echo ' direct fails + via taskgate upgrades' || echo ' direct')" "$rc"
+}
+upgrade_steps() {
+    # Results to a file: this runs in a subshell.
+    result() { echo "$2 $1" >>"$WORK/upgrade-results.txt"; }
+    trap '[[ -n "$FG" ]] && kill -TERM "$FG" 2>/dev/null; exit 143' TERM
+    TS_UPGRADE=("$NODE22" "$HERE/upgrade-client.mjs")
+    PY_UPGRADE=("$VENV/bin/python" "$HERE/py_upgrade_client.py")
+    SLOW='{"duration_ms":1500,"steps":5}'
+    RESEARCH='{"topic":"python"}'
+    AMBIGUOUS='{"topic":"python","ambiguous":true}'
+    run_upgrade upgrade-ts-client-ts-server ts-stateful slow_task "$SLOW" completed \
+        "--min-progress 2 --text ^slow_task.done" "${TS_UPGRADE[@]}"
+    run_upgrade upgrade-ts-client-everything everything simulate-research-query "$RESEARCH" completed \
+        "--min-progress 2 --text Research.Report:.python" "${TS_UPGRADE[@]}"
+    run_upgrade upgrade-ts-client-everything-elicit everything simulate-research-query "$AMBIGUOUS" completed \
+        "--min-progress 2 --min-elicitations 1 --text Clarification" "${TS_UPGRADE[@]}" --elicit accept
+    run_upgrade upgrade-ts-client-ts-server-elicit ts-stateful ask_task '{}' completed \
+        "--min-elicitations 1 --text ^ask_task:.accept" "${TS_UPGRADE[@]}" --elicit accept
+    run_upgrade upgrade-ts-client-ts-server-no-elicitation ts-stateful ask_task '{}' cancelled \
+        "--expect error --error-text capabilities\.elicitation.*cancelled" "${TS_UPGRADE[@]}"
+    if [[ $PYTHON_ON == 1 ]]; then
+        run_upgrade upgrade-py-client-ts-server ts-stateful slow_task "$SLOW" completed \
+            "--min-progress 2 --text ^slow_task.done" "${PY_UPGRADE[@]}"
+        run_upgrade upgrade-py-client-everything everything simulate-research-query "$RESEARCH" completed \
+            "--min-progress 2 --text Research.Report:.python" "${PY_UPGRADE[@]}"
+        run_upgrade upgrade-py-client-everything-elicit everything simulate-research-query "$AMBIGUOUS" completed \
+            "--min-progress 2 --min-elicitations 1 --text Clarification" "${PY_UPGRADE[@]}" --elicit accept
+        run_upgrade upgrade-py-client-ts-server-elicit ts-stateful ask_task '{}' completed \
+            "--min-elicitations 1 --text ^ask_task:.accept" "${PY_UPGRADE[@]}" --elicit accept
+        run_upgrade upgrade-py-client-ts-server-no-elicitation ts-stateful ask_task '{}' cancelled \
+            "--expect error --error-text capabilities\.elicitation.*cancelled" "${PY_UPGRADE[@]}"
+    fi
+}
+: >"$WORK/upgrade-results.txt"
+UPGRADE_START=$(date +%s)
+log "e. upgrade steps: started (their log follows after f.)"
+upgrade_steps >"$WORK/upgrade-steps.log" 2>&1 &
+PID[upgrade-steps]=$!
+
 # ---- a. conformance server scenarios ----------------------------------------------------------
 "$NODE22" "$CONFORMANCE" list --server >"$WORK/conformance-scenarios.txt" 2>&1
 run_conformance() { # run_conformance LABEL URL
@@ -371,57 +438,8 @@ if [[ $PYTHON_ON == 1 ]]; then
     run_pair py-client-ts-server ts-stateful "$VENV/bin/python" "$HERE/py_task_client.py"
 fi
 
-# ---- e. upgrade of plain calls: clients without capabilities.tasks call required tools ----------
-# run_upgrade LABEL UPSTREAM TOOL ARGS_JSON STATUS "VIA_CHECKS" CLIENT...
-#   direct: CLIENT --expect error --list=false URL TOOL ARGS_JSON: the server's own refusal;
-#   via taskgate-upgrade: CLIENT VIA_CHECKS URL TOOL ARGS_JSON must succeed (VIA_CHECKS: the
-#   client's --expect/--min-*/--text options, no spaces inside values), and taskgate's newest
-#   record for TOOL must be origin=upgraded with STATUS.
-run_upgrade() {
-    local label=$1 upstream=$2 tool=$3 args=$4 status=$5 checks
-    read -ra checks <<<"$6"
-    shift 6
-    log "$label: direct ${DIRECT[$upstream]}"
-    run_fg timeout 120 "$@" --expect error --list=false --label "$label direct" "${DIRECT[$upstream]}" "$tool" "$args" >"$WORK/upgrade-$label-direct.json" 2>"$WORK/upgrade-$label-direct.err"
-    local hargs=(--label "$label" --direct "$WORK/upgrade-$label-direct.json")
-    if [[ -n "${UPGRADE_VIA[$upstream]:-}" ]]; then
-        log "$label: via ${UPGRADE_VIA[$upstream]}"
-        run_fg timeout 120 "$@" "${checks[@]}" --label "$label via" "${UPGRADE_VIA[$upstream]}" "$tool" "$args" >"$WORK/upgrade-$label-via.json" 2>"$WORK/upgrade-$label-via.err"
-        hargs+=(--via "$WORK/upgrade-$label-via.json" --admin "$UPGRADE_ADMIN" --upstream "$upstream" --tool "$tool" --status "$status")
-    fi
-    "$NODE22" "$HERE/harness.mjs" upgrade "${hargs[@]}" | tee "$WORK/upgrade-$label-report.txt"
-    local rc=${PIPESTATUS[0]}
-    alive "$upstream" || rc=1
-    [[ -n "${UPGRADE_VIA[$upstream]:-}" ]] && { alive taskgate-upgrade || rc=1; }
-    result "$label$([[ -n "${UPGRADE_VIA[$upstream]:-}" ]] && echo ' direct fails + via taskgate upgrades' || echo ' direct')" "$rc"
-}
-TS_UPGRADE=("$NODE22" "$HERE/upgrade-client.mjs")
-PY_UPGRADE=("$VENV/bin/python" "$HERE/py_upgrade_client.py")
-SLOW='{"duration_ms":1500,"steps":5}'
-RESEARCH='{"topic":"python"}'
-AMBIGUOUS='{"topic":"python","ambiguous":true}'
-run_upgrade upgrade-ts-client-ts-server ts-stateful slow_task "$SLOW" completed \
-    "--min-progress 2 --text ^slow_task.done" "${TS_UPGRADE[@]}"
-run_upgrade upgrade-ts-client-everything everything simulate-research-query "$RESEARCH" completed \
-    "--min-progress 2 --text Research.Report:.python" "${TS_UPGRADE[@]}"
-run_upgrade upgrade-ts-client-everything-elicit everything simulate-research-query "$AMBIGUOUS" completed \
-    "--min-progress 2 --min-elicitations 1 --text Clarification" "${TS_UPGRADE[@]}" --elicit accept
-run_upgrade upgrade-ts-client-ts-server-elicit ts-stateful ask_task '{}' completed \
-    "--min-elicitations 1 --text ^ask_task:.accept" "${TS_UPGRADE[@]}" --elicit accept
-run_upgrade upgrade-ts-client-ts-server-no-elicitation ts-stateful ask_task '{}' cancelled \
-    "--expect error --error-text capabilities\.elicitation.*cancelled" "${TS_UPGRADE[@]}"
-if [[ $PYTHON_ON == 1 ]]; then
-    run_upgrade upgrade-py-client-ts-server ts-stateful slow_task "$SLOW" completed \
-        "--min-progress 2 --text ^slow_task.done" "${PY_UPGRADE[@]}"
-    run_upgrade upgrade-py-client-everything everything simulate-research-query "$RESEARCH" completed \
-        "--min-progress 2 --text Research.Report:.python" "${PY_UPGRADE[@]}"
-    run_upgrade upgrade-py-client-everything-elicit everything simulate-research-query "$AMBIGUOUS" completed \
-        "--min-progress 2 --min-elicitations 1 --text Clarification" "${PY_UPGRADE[@]}" --elicit accept
-    run_upgrade upgrade-py-client-ts-server-elicit ts-stateful ask_task '{}' completed \
-        "--min-elicitations 1 --text ^ask_task:.accept" "${PY_UPGRADE[@]}" --elicit accept
-    run_upgrade upgrade-py-client-ts-server-no-elicitation ts-stateful ask_task '{}' cancelled \
-        "--expect error --error-text capabilities\.elicitation.*cancelled" "${PY_UPGRADE[@]}"
-fi
+# ---- e. (running since before a.): its log and results, in their place -------------------------
+E_AT_PASSED=${#PASSED[@]} E_AT_FAILED=${#FAILED[@]}
 
 # ---- f. cancellation (issue 4) against real task servers ----------------------------------------
 # run_cancel LABEL UPSTREAM SCENARIO "VIA_ARGS" [ARGS...]: cancel-check.mjs SCENARIO, direct against
@@ -466,6 +484,16 @@ if [[ $PYTHON_ON == 1 ]]; then
     run_cancel cancel-fastmcp-unseen-completion fastmcp fastmcp-unseen-completion "" --received "$FASTMCP_RECEIVED"
 fi
 
+wait "${PID[upgrade-steps]}"
+unset "PID[upgrade-steps]"
+log "e. upgrade steps (run beside a.-d. and f.), done in $(($(date +%s) - UPGRADE_START)) s:"
+cat "$WORK/upgrade-steps.log"
+E_PASSED=() E_FAILED=()
+while read -r rc name; do
+    if [[ $rc == 0 ]]; then E_PASSED+=("$name"); else E_FAILED+=("$name"); fi
+done <"$WORK/upgrade-results.txt"
+PASSED=("${PASSED[@]:0:E_AT_PASSED}" "${E_PASSED[@]}" "${PASSED[@]:E_AT_PASSED}")
+FAILED=("${FAILED[@]:0:E_AT_FAILED}" "${E_FAILED[@]}" "${FAILED[@]:E_AT_FAILED}")
 log "steps a.-f. done in $(($(date +%s) - STEPS_START)) s"
 
 # ---- g.-k.: each one's log, whole, in the order they end ------------------------------------------
