@@ -80,31 +80,7 @@ where
             }
             (Operation::EndSession, _) => Watch::End,
             _ => {
-                // What is known of the session goes down: `session_guard` handed down the
-                // view of a session the request names; a 2025 request without one is looked
-                // up here (under its principal, or the upstream's facts).
-                // (An entry without a session id is never a held session.)
-                if legacy
-                    && req.ctx.client_session_id.is_none()
-                    && self.hand_down.wants(&req, false)
-                {
-                    let key = session_key(&req.ctx);
-                    if let Some(view) = self.sessions.view(&req.ctx.upstream, key.as_ref()) {
-                        req.extensions.insert(view);
-                    }
-                }
-                let without_tasks = legacy
-                    && req
-                        .request_method()
-                        .is_some_and(|m| m.starts_with("tasks/"))
-                    && req
-                        .extensions
-                        .get::<SessionView>()
-                        .is_some_and(|v| v.upstream_without_tasks);
-                if without_tasks {
-                    req.extensions
-                        .insert(crate::layers::extensions::UpstreamWithoutTasks);
-                }
+                self.hand_down_view(&mut req, legacy);
                 // Nothing to learn from the reply.
                 return Either::Left(self.inner.call(req));
             }
@@ -125,65 +101,113 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Either::Right(Box::pin(async move {
-            let mut reply = inner.call(req).await?;
-            let held = reply.extensions.remove::<HeldAnswer>().is_some();
-            let Finish {
+            let reply = inner.call(req).await?;
+            Ok(finish.settle(reply, inner, end_ctx).await)
+        }))
+    }
+}
+
+impl<S> SessionService<S> {
+    /// Hands down what is known of the session of a request that is neither `initialize` nor
+    /// `DELETE`: `session_guard` handed down the view of a session the request names; a 2025
+    /// request without one (`legacy`) is looked up here (under its principal, or the upstream's
+    /// facts), and a 2025 `tasks/*` request to an upstream whose session declared no tasks is
+    /// marked [`UpstreamWithoutTasks`](crate::layers::extensions::UpstreamWithoutTasks).
+    fn hand_down_view(&self, req: &mut McpRequest, legacy: bool) {
+        // (An entry without a session id is never a held session.)
+        if legacy && req.ctx.client_session_id.is_none() && self.hand_down.wants(&req, false) {
+            let key = session_key(&req.ctx);
+            if let Some(view) = self.sessions.view(&req.ctx.upstream, key.as_ref()) {
+                req.extensions.insert(view);
+            }
+        }
+        let without_tasks = legacy
+            && req
+                .request_method()
+                .is_some_and(|m| m.starts_with("tasks/"))
+            && req
+                .extensions
+                .get::<SessionView>()
+                .is_some_and(|v| v.upstream_without_tasks);
+        if without_tasks {
+            req.extensions
+                .insert(crate::layers::extensions::UpstreamWithoutTasks);
+        }
+    }
+}
+
+impl Finish {
+    /// An `initialize` or `DELETE` answer (`reply`) once what it says is in the table and the
+    /// store: a held session's answer stored (`store_held`), an ended session forgotten, an
+    /// upstream-issued session stored before its id goes on (`issued`; a refusal replaces the
+    /// answer and ends that session upstream through `inner`, with `end_ctx`).
+    async fn settle<S>(
+        self,
+        mut reply: McpReply,
+        inner: S,
+        end_ctx: Option<RequestContext>,
+    ) -> McpReply
+    where
+        S: tower::Service<McpRequest, Response = McpReply> + Send + 'static,
+        S::Future: Send + 'static,
+    {
+        let held = reply.extensions.remove::<HeldAnswer>().is_some();
+        let Finish {
+            sessions,
+            upstream,
+            principal,
+            tenant,
+            watch,
+            session,
+            ..
+        } = &self;
+        if held {
+            let answered = match &reply.body {
+                ReplyBody::Json(bytes) => Some(bytes.clone()),
+                _ => None,
+            };
+            let issued = reply
+                .headers
+                .get("mcp-session-id")
+                .and_then(|h| HeaderValue::from_bytes(h.as_bytes()).ok());
+            if let Some(refused) = store_held(
                 sessions,
                 upstream,
-                principal,
-                tenant,
+                (principal, tenant),
                 watch,
-                session,
-                ..
-            } = &finish;
-            if held {
-                let answered = match &reply.body {
-                    ReplyBody::Json(bytes) => Some(bytes.clone()),
-                    _ => None,
-                };
-                let issued = reply
-                    .headers
-                    .get("mcp-session-id")
-                    .and_then(|h| HeaderValue::from_bytes(h.as_bytes()).ok());
-                if let Some(refused) = store_held(
-                    sessions,
-                    upstream,
-                    (principal, tenant),
-                    watch,
-                    answered,
-                    issued,
-                )
-                .await
-                {
-                    return Ok(refused);
-                }
+                answered,
+                issued,
+            )
+            .await
+            {
+                return refused;
             }
-            if let Watch::End = watch {
-                // Forgotten once the upstream ended it (or does not know it); a held session
-                // leaves the store before the answer goes on.
-                if reply.status.is_success() || reply.status == http::StatusCode::NOT_FOUND {
-                    sessions.forget_ended(upstream, session.as_ref()).await;
-                }
-                return Ok(reply);
+        }
+        if let Watch::End = watch {
+            // Forgotten once the upstream ended it (or does not know it); a held session
+            // leaves the store before the answer goes on.
+            if reply.status.is_success() || reply.status == http::StatusCode::NOT_FOUND {
+                sessions.forget_ended(upstream, session.as_ref()).await;
             }
-            // A session the upstream issued is stored before its id goes on (`issued`).
-            if !held && sessions.keeps_store() && matches!(watch, Watch::Initialize(..)) {
-                let issued = crate::headers::find(&reply.headers, &crate::headers::MCP_SESSION_ID)
-                    .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
-                if let Some(issued) = issued {
-                    return Ok(match finish.store_issued(reply, issued.clone()).await {
-                        Issued::Answer(reply) => reply,
-                        Issued::Refused(refused) => {
-                            if let Some(ctx) = end_ctx {
-                                end_refused(inner, ctx, issued);
-                            }
-                            refused
+            return reply;
+        }
+        // A session the upstream issued is stored before its id goes on (`issued`).
+        if !held && sessions.keeps_store() && matches!(watch, Watch::Initialize(..)) {
+            let issued = crate::headers::find(&reply.headers, &crate::headers::MCP_SESSION_ID)
+                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
+            if let Some(issued) = issued {
+                return match self.store_issued(reply, issued.clone()).await {
+                    Issued::Answer(reply) => reply,
+                    Issued::Refused(refused) => {
+                        if let Some(ctx) = end_ctx {
+                            end_refused(inner, ctx, issued);
                         }
-                    });
-                }
+                        refused
+                    }
+                };
             }
-            Ok(finish.reply(reply, held))
-        }))
+        }
+        self.reply(reply, held)
     }
 }
 
