@@ -261,8 +261,10 @@ start everything env PORT="$EVERYTHING_PORT" "$NODE22" "$HERE/node_modules/@mode
 UPSTREAMS=(conformance-server "${MODES[@]/#/ts-}" ts-notasks ts-legacy)
 [[ $PYTHON_ON == 1 ]] && UPSTREAMS+=(py-stateful fastmcp)
 declare -A DIRECT=()
+# Up to 90 s: at the start of a run the fixtures of steps g.-k. import their SDKs at the same time
+# (a Python fixture has taken 50 s on a busy 2-core machine).
 for name in "${UPSTREAMS[@]}"; do
-    wait_ready "$name" 30 || exit 1
+    wait_ready "$name" 90 || exit 1
     DIRECT[$name]=$(field "$name" listening)
     log "$name: ${DIRECT[$name]}"
 done
