@@ -272,6 +272,29 @@ pub enum McpError {
         /// A task was named, and cancelled.
         cancelled: bool,
     },
+    /// `-32603`: the upstream answered the followed `tasks/result` with a body that is not an
+    /// object.
+    UpgradeResultNotObject,
+    /// `-32603`: the upgraded task ended (`tasks/get` said so) but `tasks/result` gave no answer.
+    UpgradeNoResult {
+        /// The terminal status `tasks/get` gave.
+        status: String,
+        /// Its `statusMessage`, when not empty.
+        status_message: Option<String>,
+    },
+    /// `-32603`: the upgraded task asked for input by `method`, which needs the client
+    /// capability `capability` this client did not declare; the task was cancelled.
+    UpgradeNeedsCapability {
+        /// The input request's method.
+        method: &'static str,
+        /// The capability's path (`elicitation`, `sampling`).
+        capability: String,
+    },
+    /// `-32603`: following the upgraded task failed (`detail`: why).
+    UpgradeFollowFailed {
+        /// Why.
+        detail: String,
+    },
 
     // ---- input relayed from a 2026-07-28 upstream (MRTR, `input_required`) ----
     /// `-32603`: the upstream asked for input in more than `max` rounds of one request.
@@ -349,6 +372,10 @@ impl McpError {
             | UpgradeEnded
             | UpgradeUnanswered { .. }
             | UpgradeTooChatty { .. }
+            | UpgradeResultNotObject
+            | UpgradeNoResult { .. }
+            | UpgradeNeedsCapability { .. }
+            | UpgradeFollowFailed { .. }
             | InputRoundsExceeded { .. }
             | InputRequestsMissing
             | TooManyInputs { .. }
@@ -535,6 +562,26 @@ impl fmt::Display for McpError {
                 "upstream `{upstream}` sent more than {limit} messages before answering the upgraded tools/call; the exchange was ended{}",
                 if *cancelled { " and the task cancelled" } else { "" }
             ),
+            UpgradeResultNotObject => {
+                f.write_str("upstream answered tasks/result with a non-object body")
+            }
+            UpgradeNoResult {
+                status,
+                status_message,
+            } => {
+                write!(f, "the upgraded task ended with status `{status}`")?;
+                if let Some(m) = status_message {
+                    write!(f, " ({m})")?;
+                }
+                f.write_str(", but tasks/result gave no answer")
+            }
+            UpgradeNeedsCapability { method, capability } => write!(
+                f,
+                "the tool needs {method}, but this client did not declare capabilities.{capability}; the task was cancelled"
+            ),
+            UpgradeFollowFailed { detail } => {
+                write!(f, "following the upgraded task failed: {detail}")
+            }
             InputRoundsExceeded { max } => write!(
                 f,
                 "the 2026-07-28 upstream asked for input in more than {max} rounds of this request (MRTR); taskgate relays at most {max}"
@@ -708,6 +755,16 @@ mod tests {
                 limit: 8,
                 cancelled: true,
             },
+            McpError::UpgradeResultNotObject,
+            McpError::UpgradeNoResult {
+                status: s("failed"),
+                status_message: None,
+            },
+            McpError::UpgradeNeedsCapability {
+                method: "elicitation/create",
+                capability: s("elicitation"),
+            },
+            McpError::UpgradeFollowFailed { detail: s("x") },
             McpError::InputRoundsExceeded { max: 8 },
             McpError::InputRequestsMissing,
             McpError::TooManyInputs { asked: 9, max: 8 },
@@ -776,6 +833,10 @@ mod tests {
             ("UpgradeEnded", -32603, 200, 200),
             ("UpgradeUnanswered", -32603, 200, 200),
             ("UpgradeTooChatty", -32603, 200, 200),
+            ("UpgradeResultNotObject", -32603, 200, 200),
+            ("UpgradeNoResult", -32603, 200, 200),
+            ("UpgradeNeedsCapability", -32603, 200, 200),
+            ("UpgradeFollowFailed", -32603, 200, 200),
             ("InputRoundsExceeded", -32603, 200, 200),
             ("InputRequestsMissing", -32603, 200, 200),
             ("TooManyInputs", -32603, 200, 200),
@@ -883,6 +944,13 @@ mod tests {
                     status_message: None,
                 },
                 "task t1 failed",
+            ),
+            (
+                McpError::UpgradeNoResult {
+                    status: s("failed"),
+                    status_message: Some(s("boom")),
+                },
+                "the upgraded task ended with status `failed` (boom), but tasks/result gave no answer",
             ),
             (
                 McpError::UpgradeTooChatty {

@@ -6,9 +6,10 @@ use super::requests::{internal_request, send_tasks_cancel};
 use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
 use crate::config::OnDisconnect;
 use crate::exchange::{CallKey, RequestContext};
-use crate::jsonrpc::{self, Id};
+use crate::jsonrpc::Id;
 use crate::layers::McpService;
 use crate::mcp::capabilities::ClientCapabilities;
+use crate::mcp::errors::McpError;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::UpgradeOutcome;
 use crate::sse::Event;
@@ -361,30 +362,25 @@ impl<S: McpService> Follower<S> {
             }
             End::Answer(_) => {
                 self.state.count(upstream, UpgradeOutcome::UpstreamError);
-                self.send_error("upstream answered tasks/result with a non-object body")
-                    .await;
+                self.send_error(McpError::UpgradeResultNotObject).await;
             }
             End::Terminal(status, message) => {
                 self.state.count(upstream, UpgradeOutcome::UpstreamError);
-                let message = if message.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({message})")
+                let error = McpError::UpgradeNoResult {
+                    status,
+                    status_message: (!message.is_empty()).then_some(message),
                 };
-                self.send_error(&format!(
-                    "the upgraded task ended with status `{status}`{message}, but tasks/result gave no answer"
-                ))
-                .await;
+                self.send_error(error).await;
             }
             End::NeedsCapability(method, pointer) => {
                 self.state
                     .count(upstream, UpgradeOutcome::RefusedCapability);
                 self.cancel_upstream().await;
-                let message = format!(
-                    "the tool needs {method}, but this client did not declare capabilities.{}; the task was cancelled",
-                    pointer.trim_start_matches('/')
-                );
-                self.send_error(&message).await;
+                let error = McpError::UpgradeNeedsCapability {
+                    method,
+                    capability: pointer.trim_start_matches('/').to_string(),
+                };
+                self.send_error(error).await;
             }
             End::ClientCancelled => {
                 self.state.count(upstream, UpgradeOutcome::Cancelled);
@@ -402,16 +398,15 @@ impl<S: McpService> Follower<S> {
             }
             End::Failed(why) => {
                 self.state.count(upstream, UpgradeOutcome::UpstreamError);
-                self.send_error(&format!("following the upgraded task failed: {why}"))
+                self.send_error(McpError::UpgradeFollowFailed { detail: why })
                     .await;
             }
         }
     }
 
-    /// Answers the client's original request with a JSON-RPC error (`-32603`).
-    async fn send_error(&self, message: &str) {
-        let err =
-            jsonrpc::error_response(Some(&self.original_id), jsonrpc::INTERNAL_ERROR, message);
+    /// Answers the client's original request with `error` (`-32603`), as the stream's last event.
+    async fn send_error(&self, error: McpError) {
+        let err = error.body(Some(&self.original_id));
         self.send(String::from_utf8_lossy(&err).into_owned()).await;
     }
 

@@ -1146,10 +1146,12 @@ impl Inner {
                 );
                 McpReply::local_json(jsonrpc::result_response(id?, &result))
             }
-            "tasks/result" => answered(
-                jsonrpc::error_response(id, jsonrpc::INTERNAL_ERROR, &task.why),
-                era,
-            ),
+            "tasks/result" => {
+                let error = McpError::Upstream {
+                    detail: task.why.to_string(),
+                };
+                McpReply::error(era, id, &error)
+            }
             _ if era == Era::Modern => McpReply::local_json(jsonrpc::result_response(
                 id?,
                 r#"{"resultType":"complete"}"#,
