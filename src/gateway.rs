@@ -324,13 +324,17 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
         .layer(BridgeLayer::new(BridgeState::new(
             shared.registry.clone(),
             era.clone(),
-            timeout,
             cancel_state,
             ids.clone(),
             relay.clone(),
         )))
         // Where a held session's requests go: stateless 2026-07-28 requests (issue 30).
-        .layer(HeldUpstreamLayer::new(HeldUpstream::new(ids, relay)))
+        .layer(HeldUpstreamLayer::new(HeldUpstream::new(
+            ids,
+            relay,
+            era.clone(),
+            timeout,
+        )))
         // 2026-07-28 clients on a 2025-11-25-only upstream (issue 33): below the bridge, which
         // passes every 2026-07-28 request on.
         .layer(ReverseLayer::new(ReverseState::new(

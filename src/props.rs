@@ -1094,7 +1094,7 @@ pub fn routing_headers(flags: u8, parts: &[u8]) {
 
 /// The 2026 path's other untrusted inputs, on any JSON text `body` (`flags` picks an id):
 /// - a `subscriptions/listen` message for a held session's GET stream
-///   (`layers::bridge::listen::legacy_listen_event`): a relayed one is a JSON notification that
+///   (`layers::held_sessions::listen::legacy_listen_event`): a relayed one is a JSON notification that
 ///   is not the acknowledgement and carries no subscription id `_meta`, otherwise as it came
 ///   (or its `notifications/tasks/status` translation); an answer ends the stream, a request or
 ///   anything else is skipped;
@@ -1106,12 +1106,11 @@ pub fn routing_headers(flags: u8, parts: &[u8]) {
 ///   or is refused for a method taskgate does not relay; at most one request per key.
 pub fn listen_mrtr(flags: u8, body: &[u8]) {
     use crate::exchange::{Principal, RequestContext};
-    use crate::layers::bridge::listen::{
-        legacy_listen_event, Listened, Offer, SUBSCRIPTION_ID_META,
-    };
     use crate::layers::bridge::translate as t;
+    use crate::layers::held_sessions::listen::{legacy_listen_event, Listened, Offer};
     use crate::layers::relay::input::{capability_for, Ask, Inputs};
     use crate::layers::relay::mrtr;
+    use crate::mcp::capabilities::SUBSCRIPTION_ID_META;
     use crate::mcp::task::RELATED_TASK_META;
     use serde_json::{json, Value};
     let Ok(text) = std::str::from_utf8(body) else {

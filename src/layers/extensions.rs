@@ -33,8 +33,8 @@
 //!   bridged `tasks/result`): the input capabilities the client's session declared, so neither
 //!   reads the session table.
 //! - [`HeldAlive`]: set by `held_sessions` on a held session's GET stream and
-//!   `resources/subscribe`: asks whether taskgate still holds a session (the bridge's listen
-//!   state drops what belongs to sessions that ended).
+//!   `resources/subscribe`: asks whether taskgate still holds a session (the held sessions'
+//!   upstream stage's listen state drops what belongs to sessions that ended).
 
 //! - [`OnBehalfOf`]: set by taskgate on a request it makes itself about a task it recorded (the
 //!   cancel of an upgraded task orphaned by a restart): `tasks` authorises it as the record's

@@ -9,6 +9,10 @@ pub const CLIENT_CAPABILITIES_META: &str = "io.modelcontextprotocol/clientCapabi
 /// The tasks extension's identifier (SEP-2663).
 pub const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
 
+/// `_meta` key a 2026-07-28 server puts on every notification of a `subscriptions/listen`
+/// stream (and on its final result): the subscription's id.
+pub const SUBSCRIPTION_ID_META: &str = "io.modelcontextprotocol/subscriptionId";
+
 /// Whether `params._meta` of a request declares the tasks extension
 /// (`_meta["io.modelcontextprotocol/clientCapabilities"].extensions["io.modelcontextprotocol/tasks"]`).
 /// A client that declares only the legacy `tasks` capability does not count (SEP-2663 §back-compat).

@@ -118,14 +118,14 @@
 //! sessions' upstream stage below (`crate::layers::held_sessions::upstream`) sends them as
 //! stateless 2026 requests (`sessionless`) and answers what has no 2026 counterpart; the bridge
 //! still reads the answers it translates (`tools/list`, a plain `tools/call`'s `-32021`, the
-//! 2026-only error codes). Its GET stream is the upstream's `subscriptions/listen`; see
-//! `listen`. The bridge reads no session table: the input capabilities a client declared come
-//! down as `ClientDeclares`.
+//! 2026-only error codes). Its GET stream is passed on too: that stage makes it the
+//! upstream's `subscriptions/listen` (`held_sessions::listen`). The bridge reads no session
+//! table: the input capabilities a client declared come down as `ClientDeclares`.
 //!
 //! Files: this one (the layer, the era, the dispatch, the request helpers), `calls`
 //! (`initialize`, `tools/list`, `tools/call`), `follow` (tasks/get, tasks/result, tasks/cancel,
 //! `server/discover`), `sessionless` (a held session's messages in the 2026 form and back),
-//! `listen` (a held session's GET stream), `answer`
+//! `answer`
 //! (the bridge's own exchanges), `translate` (the pure shape translations), `errors` (2026-only
 //! error codes for 2025 clients). The input relay (`input_required` and MRTR) is a stage of its
 //! own, `crate::layers::relay`: the bridge is handed one [`Relay`] per upstream (shared with
@@ -137,7 +137,6 @@ mod calls;
 pub mod era;
 pub mod errors;
 mod follow;
-pub mod listen;
 pub mod reverse;
 pub(crate) mod sessionless;
 pub mod translate;
@@ -166,7 +165,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 use tower::ServiceExt;
 
 pub use crate::mcp::task::{MAX_POLL, MIN_POLL};
@@ -195,25 +193,21 @@ pub struct BridgeState {
     ids: Arc<OwnIds>,
     /// The relay of input the upstream asks for (`input_required`, MRTR), its own stage.
     relay: Arc<Relay>,
-    /// The upstream's `timeout_ms`: bounds each of taskgate's own exchanges (see [`ask`]).
-    timeout: Duration,
     /// The `cancel` layer's state: taskgate's own `tasks/cancel` joins its single-flight.
     cancel: Option<Arc<crate::layers::cancel::CancelState>>,
-    /// Held sessions' GET streams and resource subscriptions (see `listen`).
-    listens: listen::Listens,
 }
 
 impl BridgeState {
     /// The state of one upstream whose era is `era` (shared with its `reverse` state), with the
-    /// handles it is given, not reached for: its own upstream exchanges bounded by `timeout` (the upstream's
-    /// `timeout_ms`, see `ask`); its own `tasks/cancel` sent through `cancel`'s single-flight.
+    /// handles it is given, not reached for: its own upstream exchanges bounded by the
+    /// `relay`'s timeout (the upstream's `timeout_ms`, see `ask`); its own `tasks/cancel` sent
+    /// through `cancel`'s single-flight.
     /// It reads no session table: what it needs of the client's session (held or not) comes
     /// down from `held_sessions` as request extensions. Its own ids come from `ids`, and input
     /// is relayed by `relay` (both shared with the held sessions' upstream stage below it).
     pub fn new(
         registry: Arc<Registry>,
         era: Arc<Discovery>,
-        timeout: Duration,
         cancel: Arc<crate::layers::cancel::CancelState>,
         ids: Arc<OwnIds>,
         relay: Arc<Relay>,
@@ -225,9 +219,7 @@ impl BridgeState {
             serves_legacy_tasks: std::sync::atomic::AtomicBool::new(false),
             ids,
             relay,
-            timeout,
             cancel: Some(cancel),
-            listens: listen::Listens::default(),
         })
     }
 
@@ -379,24 +371,10 @@ impl<S: McpService> BridgeService<S> {
 
     /// What `call` does to a 2025-11-25 request that does not pass untranslated.
     fn translated(state: Arc<BridgeState>, inner: S, req: McpRequest, is_held: bool) -> BoxFut {
-        if is_held {
-            match &req.op {
-                // The GET stream: the upstream's `subscriptions/listen` (see `listen`).
-                Operation::OpenStream => return Box::pin(listen::open(state, inner, req)),
-                Operation::EndSession => listen::forget(&state, &req),
-                Operation::Post(_) => {}
-            }
-            if matches!(
-                req.request_method(),
-                Some("resources/subscribe" | "resources/unsubscribe")
-            ) {
-                return Box::pin(async move {
-                    match listen::subscribe(&state, &inner, &req).await {
-                        Some(reply) => Ok(reply),
-                        None => Ok(errors::legacy_reply(inner.oneshot(req).await?)),
-                    }
-                });
-            }
+        if is_held && matches!(req.op, Operation::OpenStream) {
+            // The GET stream: the held sessions' upstream stage below makes it the upstream's
+            // `subscriptions/listen`.
+            return Box::pin(inner.oneshot(req));
         }
         let tasks_bridged = state.known() == Some(UpstreamEra::ModernTasks);
         match req.request_method() {
@@ -505,7 +483,7 @@ pub(super) async fn tasks_bridged<S: McpService>(
 /// session, `MCP-Protocol-Version: 2026-07-28`, `Mcp-Method`, `Mcp-Name` (base64-encoded when it
 /// is not visible ASCII), era modern, and `req`'s extensions (its [`AuthorisedTask`] and
 /// [`PendingCreation`] for `observe`).
-fn modern_request(
+pub(crate) fn modern_request(
     req: &McpRequest,
     id: &Id,
     method: &str,

@@ -15,7 +15,7 @@
 //! - **Lookup** (once this upstream's sessions are held, or any held session is in the table,
 //!   say one `session_guard` brought back from the store after a restart): a request of a held
 //!   session gets its [`HeldSession`] (what the client declared: carried upstream in every
-//!   request's `_meta` by the `bridge`). A session id the table does not know, on an upstream
+//!   request's `_meta` by the `bridge` and the `upstream` stage). A session id the table does not know, on an upstream
 //!   whose sessions are held, is answered HTTP 404 `-32001` "Session not found" (the 2025
 //!   transport's answer to an unknown session; never forwarded), counted as
 //!   `taskgate_local_answers_total{reason="held_session"}`.
@@ -25,8 +25,8 @@
 //!   session's own, and what the session stage's [`SessionView`] says) on the
 //!   requests for which the `bridge` or the `relay` may ask the client for input: a held
 //!   session's, a task-augmented `tools/call`, a bridged `tasks/result`; [`HeldAlive`] on a held
-//!   session's GET stream and `resources/subscribe` (the `bridge`'s listen state drops entries
-//!   of sessions that ended).
+//!   session's GET stream and `resources/subscribe` (the `upstream` stage's listen state drops
+//!   entries of sessions that ended).
 //! - **`initialize`**: when the `bridge`'s reply carries [`HoldSession`] (the upstream refused a
 //!   2025 `initialize` and answered `server/discover`; learned once per upstream, then every
 //!   later `initialize` is answered so), this stage answers the client itself: the
@@ -55,6 +55,7 @@
 //! era translation: above it, who the session is; below it, where its requests go. What the
 //! requests and answers look like in either era (`bridge::sessionless`) is the bridge's.
 
+pub mod listen;
 pub mod upstream;
 
 pub use upstream::{HeldUpstream, HeldUpstreamLayer};

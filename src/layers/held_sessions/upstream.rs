@@ -79,10 +79,12 @@
 //! can end; the GET stream's subscriptions are in memory, at most `listen::MAX_SUBSCRIPTIONS`
 //! per session.
 
+use super::listen;
 use crate::exchange::{CallKey, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id, Kind};
 use crate::layers::bridge::sessionless::{legacy_answer, modernize};
 use crate::layers::bridge::translate;
+use crate::layers::bridge::Discovery;
 use crate::layers::extensions::{ClientDeclares, HeldSession};
 use crate::layers::relay::{self, mrtr, OwnIds, Relay};
 use crate::layers::McpService;
@@ -98,6 +100,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tokio::sync::oneshot;
 use tower::ServiceExt;
 
@@ -116,13 +119,23 @@ pub struct HeldUpstream {
     /// Requests of held sessions in flight upstream, by caller and id: the client's
     /// `notifications/cancelled` ends them. At most [`MAX_HELD_CALLS`].
     calls: Mutex<HashMap<CallKey, Flight>>,
+    /// Held sessions' GET streams and resource subscriptions (see `listen`).
+    listening: Arc<listen::Listening>,
 }
 
 impl HeldUpstream {
     /// The upstream path of one upstream's held sessions: its own ids from `ids`, MRTR rounds
-    /// relayed by `relay` (both shared with that upstream's `bridge`).
-    pub fn new(ids: Arc<OwnIds>, relay: Arc<Relay>) -> Arc<HeldUpstream> {
+    /// relayed by `relay` (both shared with that upstream's `bridge`), what a GET stream can
+    /// listen to from `era` (the upstream's `server/discover`, shared with both bridges), its
+    /// `subscriptions/listen` requests bounded by `timeout` (the upstream's `timeout_ms`).
+    pub fn new(
+        ids: Arc<OwnIds>,
+        relay: Arc<Relay>,
+        era: Arc<Discovery>,
+        timeout: Duration,
+    ) -> Arc<HeldUpstream> {
         Arc::new(HeldUpstream {
+            listening: Arc::new(listen::Listening::new(ids.clone(), era, timeout)),
             ids,
             relay,
             calls: Mutex::new(HashMap::new()),
@@ -195,12 +208,33 @@ impl<S: McpService> tower::Service<McpRequest> for HeldUpstreamService<S> {
         if !held {
             return Either::Left(self.inner.call(req));
         }
-        if let Some(reply) = local(&self.state, &req) {
-            return Either::Right(Box::pin(std::future::ready(Ok(reply))));
-        }
+        let state = self.state.clone();
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        Either::Right(Box::pin(forward(self.state.clone(), inner, req)))
+        match &req.op {
+            // The GET stream: the upstream's `subscriptions/listen` (see `listen`).
+            Operation::OpenStream => {
+                let listening = state.listening.clone();
+                return Either::Right(Box::pin(listen::open(listening, inner, req)));
+            }
+            Operation::EndSession => listen::forget(&state.listening, &req),
+            Operation::Post(_) => {}
+        }
+        if matches!(
+            req.request_method(),
+            Some("resources/subscribe" | "resources/unsubscribe")
+        ) {
+            return Either::Right(Box::pin(async move {
+                match listen::subscribe(&state.listening, &inner, &req).await {
+                    Some(reply) => Ok(reply),
+                    None => forward(state, inner, req).await,
+                }
+            }));
+        }
+        if let Some(reply) = local(&state, &req) {
+            return Either::Right(Box::pin(std::future::ready(Ok(reply))));
+        }
+        Either::Right(Box::pin(forward(state, inner, req)))
     }
 }
 

@@ -45,9 +45,9 @@
 use super::{session, tasks_get, NoSession, ReverseState};
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody, Tenant};
 use crate::jsonrpc::{self, Id};
-use crate::layers::bridge::listen::SUBSCRIPTION_ID_META;
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
 use crate::layers::McpService;
+use crate::mcp::capabilities::SUBSCRIPTION_ID_META;
 use crate::mcp::era::Era;
 use crate::metrics::LocalReason;
 use crate::sse::Event;

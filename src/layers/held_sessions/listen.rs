@@ -44,12 +44,15 @@
 //! into the next one (a `watch` channel keeps only the latest), so a burst of subscribes costs
 //! about one listen per upstream round trip, not one per subscribe.
 
-use super::{modern_request, translate, BridgeState};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, Tenant};
 use crate::jsonrpc;
+use crate::layers::bridge::era::Discovered;
+use crate::layers::bridge::Discovery;
+use crate::layers::bridge::{modern_request, translate};
 use crate::layers::extensions::HeldAlive;
+use crate::layers::relay::OwnIds;
 use crate::layers::McpService;
-use crate::mcp::capabilities::CLIENT_CAPABILITIES_META;
+use crate::mcp::capabilities::{CLIENT_CAPABILITIES_META, SUBSCRIPTION_ID_META};
 use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
 use crate::metrics::LocalReason;
 use crate::sse::{Event, EventStream};
@@ -82,8 +85,6 @@ pub const ENTRY_BYTES: usize = 256;
 pub const URI_OVERHEAD_BYTES: usize = 64;
 /// How long the upstream's `server/discover` capabilities are reused.
 pub const DISCOVER_TTL: Duration = Duration::from_secs(60);
-/// `_meta` key a 2026 server puts on every notification of a `subscriptions/listen` stream.
-pub const SUBSCRIPTION_ID_META: &str = "io.modelcontextprotocol/subscriptionId";
 /// The `Accept` of taskgate's POSTs for a GET stream.
 const BOTH_TYPES: HeaderValue = HeaderValue::from_static("application/json, text/event-stream");
 /// Capacity of the channel to the client's GET stream.
@@ -100,6 +101,34 @@ struct Session {
     changed: watch::Sender<u64>,
     /// The open GET stream: its token, and the signal that closes it.
     stream: Option<(u64, oneshot::Sender<()>)>,
+}
+
+/// What one upstream's held sessions' GET streams need: the listen state, and the handles
+/// the held sessions' upstream stage gives it.
+pub struct Listening {
+    /// Ids of taskgate's own upstream requests (shared with the bridge and the relay).
+    ids: Arc<OwnIds>,
+    /// The upstream's era, the one fact both bridges read: its `server/discover` says what a
+    /// GET stream can listen to.
+    era: Arc<Discovery>,
+    /// The upstream's `timeout_ms`: bounds each `subscriptions/listen` until its stream opens.
+    timeout: Duration,
+    /// The held sessions' GET streams and resource subscriptions.
+    listens: Listens,
+}
+
+impl Listening {
+    /// The GET streams of one upstream's held sessions: taskgate's own ids from `ids`, what
+    /// can be listened to from `era`'s `server/discover`, each `subscriptions/listen` bounded by
+    /// `timeout` (the upstream's `timeout_ms`).
+    pub fn new(ids: Arc<OwnIds>, era: Arc<Discovery>, timeout: Duration) -> Listening {
+        Listening {
+            ids,
+            era,
+            timeout,
+            listens: Listens::default(),
+        }
+    }
 }
 
 /// The listen state of one upstream's held sessions (see the module docs).
@@ -385,7 +414,7 @@ fn as_post(headers: &mut http::HeaderMap) {
 
 /// The upstream's `server/discover` capabilities (reused for [`DISCOVER_TTL`]).
 async fn capabilities<S: McpService>(
-    state: &Arc<BridgeState>,
+    state: &Arc<Listening>,
     inner: &S,
     req: &McpRequest,
 ) -> Option<Value> {
@@ -394,8 +423,7 @@ async fn capabilities<S: McpService>(
             return Some(caps.clone());
         }
     }
-    let super::era::Discovered::Answer(Some(answer)) =
-        state.era.ask(inner.clone(), req, &state.ids).await
+    let Discovered::Answer(Some(answer)) = state.era.ask(inner.clone(), req, &state.ids).await
     else {
         return None;
     };
@@ -406,7 +434,7 @@ async fn capabilities<S: McpService>(
 
 /// A held session's GET: its stream bridged to `subscriptions/listen` (see the module docs).
 pub(super) async fn open<S: McpService>(
-    state: Arc<BridgeState>,
+    state: Arc<Listening>,
     inner: S,
     req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
@@ -464,7 +492,7 @@ pub(super) async fn open<S: McpService>(
 /// session dropped, or the upstream ends its listen.
 #[allow(clippy::too_many_arguments)]
 async fn run<S: McpService>(
-    state: &Arc<BridgeState>,
+    state: &Arc<Listening>,
     inner: S,
     req: &McpRequest,
     session: &str,
@@ -514,12 +542,12 @@ async fn run<S: McpService>(
 
 /// Sends `subscriptions/listen` with `filter` upstream: its SSE stream, or why not.
 async fn listen<S: McpService>(
-    state: &BridgeState,
+    state: &Listening,
     inner: &S,
     req: &McpRequest,
     filter: Value,
 ) -> Result<EventStream, String> {
-    let id = state.next_id();
+    let id = state.ids.next_id();
     let params = json!({
         "notifications": filter,
         "_meta": {PROTOCOL_VERSION_META: MODERN_VERSION, CLIENT_CAPABILITIES_META: {}},
@@ -612,7 +640,7 @@ pub fn legacy_listen_event(data: &str) -> Listened {
 /// kept for its listen when the upstream offers `resources.subscribe`; `None` (send it upstream
 /// as any request) when it does not.
 pub(super) async fn subscribe<S: McpService>(
-    state: &Arc<BridgeState>,
+    state: &Arc<Listening>,
     inner: &S,
     req: &McpRequest,
 ) -> Option<McpReply> {
@@ -671,7 +699,7 @@ pub(super) async fn subscribe<S: McpService>(
 }
 
 /// Forgets the listen state of `req`'s session (its DELETE).
-pub(super) fn forget(state: &BridgeState, req: &McpRequest) {
+pub(super) fn forget(state: &Listening, req: &McpRequest) {
     if let Some(session) = session_of(req) {
         state.listens.forget(&session);
     }
