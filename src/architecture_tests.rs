@@ -118,7 +118,27 @@ const FORBIDDEN: &[(&str, &str, &str)] = &[
     (
         "layers::bridge",
         "layers::held_sessions",
-        "held_sessions sits above the bridge and hands it typed facts; the bridge never calls it",
+        "held_sessions sits above the bridge and hands it typed facts, and its upstream stage sits below it; the bridge calls neither",
+    ),
+    (
+        "layers::held_sessions::upstream",
+        "layers::session",
+        "a held session's upstream path is handed the HeldSession fact; it reads no session table",
+    ),
+    (
+        "layers::held_sessions::listen",
+        "layers::session",
+        "a held session's GET stream is told whether its session lives (HeldAlive); it reads no session table",
+    ),
+    (
+        "layers::held_sessions::upstream",
+        "registry",
+        "a held session's upstream path records no task fact (only observe does)",
+    ),
+    (
+        "layers::held_sessions::listen",
+        "registry",
+        "a held session's GET stream records no task fact (only observe does)",
     ),
     (
         "layers::upgrade",

@@ -31,8 +31,12 @@
 //! 6. `bridge`: a 2025-11-25 client's task requests to a 2026-07-28 task server translated
 //!    (below `cancel`, so single-flight and the terminal check stay in the client's era; above
 //!    `observe`, which records what actually went upstream). It calls `relay` (not a layer of
-//!    the stack: a stage the bridge owns per upstream) for input a 2026 upstream asks a 2025
-//!    client for (`input_required`, MRTR).
+//!    the stack: a stage handed to the bridge per upstream) for input a 2026 upstream asks a
+//!    2025 client for (`input_required`, MRTR).
+//!    Right below it, `held_sessions::upstream`: where a held session's requests go (the ones
+//!    the bridge passes on in their 2025 form: stateless 2026 requests, kept in flight for
+//!    `notifications/cancelled`, MRTR relayed; notifications, `ping`, DELETE answered; the GET
+//!    stream as `subscriptions/listen`). The held session is on both sides of the bridge.
 //! 7. `observe`: innermost but for `ids`: every upstream message passes it
 //!    once. It records creations, applies statuses, notes activity, holds resources and rewrites
 //!    terminal statuses. Being below `cancel`, it has applied an SSE `tasks/cancel` answer

@@ -1,5 +1,5 @@
 //! Sessions in the store: the 2025-11-25 sessions taskgate holds itself for an upstream
-//! without 2025 sessions (see `layers::bridge::held`), and (issue 35) the sessions an upstream
+//! without 2025 sessions (see `layers::held_sessions`), and (issue 35) the sessions an upstream
 //! issued that taskgate passes through ([`HeldSessionRecord::upstream_issued`]), kept so that an
 //! `Mcp-Session-Id` stays valid for its owner across a restart and on every replica sharing a
 //! PostgreSQL store (a tier needs no sticky routing). The names keep "held" from the first kind

@@ -318,7 +318,7 @@ pub(super) enum Watch {
     End,
 }
 
-/// A held session's `initialize` answer (taskgate minted the session, see `bridge::held`) is
+/// A held session's `initialize` answer (taskgate minted the session, see `held_sessions`) is
 /// stored, in the table and in the registry's store (durably), before the client sees its id:
 /// when the table has no room (concurrent `initialize`s past the `has_room` check), the client
 /// gets 503 instead of an id that would be 404 at once (found by review); when the store
