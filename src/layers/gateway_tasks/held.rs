@@ -16,7 +16,7 @@ use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::{CreationRefusal, LocalReason};
 use crate::registry::Observed;
 use crate::sse::Event;
-use crate::store::{LeaseKind, Origin, TaskRecord};
+use crate::store::{LeaseKind, Origin, Owner, TaskRecord};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -55,21 +55,8 @@ pub(super) async fn create<S: McpService>(
     let refuse = |error: McpError| {
         McpReply::error(era, Some(&client_id), &error).answered_locally(LocalReason::GatewayTask)
     };
-    // A 2026-07-28 call took its slot over the limit (there the server decides whether a call
-    // becomes a task); here taskgate decides, so the limit holds as for a 2025 creation.
-    let limit = state.registry.config().max_live_tasks_per_owner;
-    let owner = &pending.template.owner;
-    if era == Era::Modern && state.registry.owners_count(&req.ctx.upstream, owner) > limit {
-        state
-            .registry
-            .metrics()
-            .task_creation_refused(&req.ctx.upstream, CreationRefusal::OwnerLimit);
-        let error = McpError::TaskLimitExceeded {
-            limit,
-            upstream: req.ctx.upstream.to_string(),
-        };
-        return Ok(McpReply::error(era, Some(&client_id), &error)
-            .answered_locally(LocalReason::OwnerLimit));
+    if let Some(refused) = modern_owner_limit(&state, &req, &pending.template.owner, &client_id) {
+        return Ok(refused);
     }
     let Some(task_id) = minted_task_id() else {
         return Ok(refuse(McpError::NoRandomTaskId));
@@ -82,14 +69,7 @@ pub(super) async fn create<S: McpService>(
                 .into(),
         }));
     };
-    // The ttl: the client's (2025, already capped by `tasks`), else the cap.
-    let cap = state.registry.config().max_ttl_ms;
-    let ttl = req
-        .classified()
-        .and_then(|c| c.task())
-        .and_then(|t| serde_json::from_str::<Value>(t).ok())
-        .and_then(|t| t.get("ttl").and_then(Value::as_f64))
-        .map_or(cap, |t| (t as u64).min(cap));
+    let ttl = task_ttl(&req, state.registry.config().max_ttl_ms);
     let now = format_rfc3339_ms(now_ms());
     let task = json!({"taskId": task_id, "status": "working", "createdAt": now,
         "lastUpdatedAt": now, "ttl": ttl, "pollInterval": POLL_INTERVAL_MS});
@@ -113,22 +93,9 @@ pub(super) async fn create<S: McpService>(
     // A tier: the call's lease, before the record (the client can then ask another replica
     // to cancel the call, and a replica adopts it if this one is lost). Without it the call is
     // refused as without its record: nothing has gone upstream yet.
-    let lease = match state.registry.leases() {
-        Some(keeper) => {
-            let hook = super::cancelled_elsewhere(state.clone(), live.clone());
-            match keeper
-                .hold(&req.ctx.upstream, &task_id, LeaseKind::Held, Some(hook))
-                .await
-            {
-                Ok(guard) => Some(guard),
-                Err(e) => {
-                    return Ok(refuse(McpError::LeaseNotTaken {
-                        detail: e.to_string(),
-                    }));
-                }
-            }
-        }
-        None => None,
+    let lease = match take_lease(&state, &req.ctx.upstream, &task_id, &live).await {
+        Ok(lease) => lease,
+        Err(e) => return Ok(refuse(e)),
     };
     if let Err(e) = state
         .registry
@@ -168,6 +135,64 @@ pub(super) async fn create<S: McpService>(
         McpReply::local_json(jsonrpc::result_response(&client_id, &body.to_string()))
             .answered_locally(LocalReason::GatewayTask),
     )
+}
+
+/// A 2026-07-28 creation over `tasks.max_live_tasks_per_owner`: its `-32029` answer. (There
+/// the server decides whether a call becomes a task, so the call took its slot regardless;
+/// here taskgate decides, so the limit holds as for a 2025 creation.) `None` for a 2025
+/// creation (`tasks` checked it) or one within the limit.
+fn modern_owner_limit(
+    state: &GatewayTasksState,
+    req: &McpRequest,
+    owner: &Owner,
+    client_id: &Id,
+) -> Option<McpReply> {
+    let limit = state.registry.config().max_live_tasks_per_owner;
+    let era = req.era();
+    if era != Era::Modern || state.registry.owners_count(&req.ctx.upstream, owner) <= limit {
+        return None;
+    }
+    state
+        .registry
+        .metrics()
+        .task_creation_refused(&req.ctx.upstream, CreationRefusal::OwnerLimit);
+    let error = McpError::TaskLimitExceeded {
+        limit,
+        upstream: req.ctx.upstream.to_string(),
+    };
+    Some(McpReply::error(era, Some(client_id), &error).answered_locally(LocalReason::OwnerLimit))
+}
+
+/// A gateway task's ttl in ms: the client's `params.task.ttl` (2025-11-25, already bounded by
+/// `tasks`), else `cap` (`tasks.max_ttl_ms`).
+fn task_ttl(req: &McpRequest, cap: u64) -> u64 {
+    req.classified()
+        .and_then(|c| c.task())
+        .and_then(|t| serde_json::from_str::<Value>(t).ok())
+        .and_then(|t| t.get("ttl").and_then(Value::as_f64))
+        .map_or(cap, |t| (t as u64).min(cap))
+}
+
+/// In a tier (a store with leases): the lease on task `task_id`'s held call, a cancel from
+/// another replica reaching `live`; `None` without leases. `McpError::LeaseNotTaken` when the
+/// store could not give it.
+async fn take_lease(
+    state: &Arc<GatewayTasksState>,
+    upstream: &str,
+    task_id: &str,
+    live: &Arc<Live>,
+) -> Result<Option<crate::registry::LeaseGuard>, McpError> {
+    let Some(keeper) = state.registry.leases() else {
+        return Ok(None);
+    };
+    let hook = super::cancelled_elsewhere(state.clone(), live.clone());
+    keeper
+        .hold(upstream, task_id, LeaseKind::Held, Some(hook))
+        .await
+        .map(Some)
+        .map_err(|e| McpError::LeaseNotTaken {
+            detail: e.to_string(),
+        })
 }
 
 /// `object`'s JSON text with one more member `name`: `raw` (JSON text, not parsed again).
