@@ -17,7 +17,7 @@
 //! client never learns its id, so nobody else would end it, and each retry would leave one more
 //! session open upstream.
 
-use super::service::{Finish, Watch};
+use super::service::{Finish, Issued, Watch};
 use super::SessionKey;
 use crate::exchange::{McpReply, ReplyBody};
 use crate::jsonrpc::Id;
@@ -37,15 +37,6 @@ pub const MAX_EVENTS_BEFORE: usize = 64;
 pub const MAX_BYTES_BEFORE: usize = 1 << 20;
 /// How long an SSE `initialize` answer's stream is read for the answer, at most.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(30);
-
-/// What became of an `initialize` answer naming an upstream session ([`Finish::store_issued`]).
-pub(super) enum Issued {
-    /// The answer goes on: the session is kept (or there was none to keep).
-    Answer(McpReply),
-    /// The session could not be kept: the client gets this refusal instead of the answer, and
-    /// the upstream session must be ended (its id is the one the refused answer named).
-    Refused(McpReply),
-}
 
 impl Finish {
     /// `reply` (an `initialize` answer naming the upstream's session `issued`) once the session

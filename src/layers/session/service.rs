@@ -1,7 +1,6 @@
 //! The `session` layer's tower `Layer`/`Service`: it fills the [`Sessions`] table as
 //! `initialize` and `DELETE` pass, and hands the [`SessionView`] down (see the parent module).
 
-use super::issued::Issued;
 use super::*;
 use crate::exchange::RequestContext;
 use crate::mcp::era::Era;
@@ -243,6 +242,15 @@ where
             }
         }
     });
+}
+
+/// What became of an `initialize` answer naming an upstream session ([`Finish::store_issued`]).
+pub(super) enum Issued {
+    /// The answer goes on: the session is kept (or there was none to keep).
+    Answer(McpReply),
+    /// The session could not be kept: the client gets this refusal instead of the answer, and
+    /// the upstream session must be ended (its id is the one the refused answer named).
+    Refused(McpReply),
 }
 
 /// What the `session` layer reads from an `initialize` answer as it passes (the session, its
