@@ -882,3 +882,26 @@ fn the_probe_answer_says_the_era() {
         );
     }
 }
+
+/// An unknown session and "no room" are the transport's answers in the shared words of
+/// `mcp::errors`: 404 `-32001` "Session not found: initialize a new session" (the session
+/// layers' text; this one said only "Session not found" before issue 30), and 503 `-32603`
+/// with `Retry-After: 1`.
+#[tokio::test]
+async fn session_not_found_and_overloaded_use_the_shared_words() {
+    let id = Id::from_json("3").unwrap();
+    let reply = session_not_found(Some(&id));
+    assert_eq!(reply.status, StatusCode::NOT_FOUND);
+    let v = body(reply).await;
+    assert_eq!(v[0]["error"]["code"], -32001);
+    assert_eq!(
+        v[0]["error"]["message"],
+        "Session not found: initialize a new session"
+    );
+    let reply = overloaded(Some(&id), "upstream `u`: too many children".into());
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.headers[http::header::RETRY_AFTER], "1");
+    let v = body(reply).await;
+    assert_eq!(v[0]["error"]["code"], -32603);
+    assert_eq!(v[0]["error"]["message"], "upstream `u`: too many children");
+}
