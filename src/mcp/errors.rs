@@ -331,6 +331,103 @@ pub enum McpError {
         /// The relay's timeout in ms.
         timeout_ms: u128,
     },
+
+    // ---- the bridges (a 2025-11-25 client on a 2026-07-28 upstream, and the reverse) ----
+    /// `-32602` "Task {task_id} has expired": a bridged 2025 `tasks/result` waited past the
+    /// task's ttl (2025-11-25 basic/utilities/tasks: an expired task is `-32602`).
+    TaskExpired {
+        /// The task's id.
+        task_id: String,
+    },
+    /// `-32603`: a bridged task completed upstream, but its `DetailedTask` carried no result
+    /// object (2026-07-28 tasks extension: a completed task's `result`).
+    CompletedWithoutResult {
+        /// The task's id.
+        task_id: String,
+    },
+    /// `-32603`: the upstream of version `upstream_version` (`2026-07-28`, `2025-11-25`) gave
+    /// no JSON-RPC answer to a request the bridge translated for it.
+    BridgedUnanswered {
+        /// The upstream's protocol version.
+        upstream_version: &'static str,
+    },
+    /// `-32603`: the 2026-07-28 upstream answered a bridged request with neither `result` nor
+    /// `error` (JSON-RPC 2.0 §5: one of them).
+    BridgedNeitherResultNorError,
+    /// `-32603`: the 2026-07-28 upstream gave no answer to the `tasks/get` that follows task
+    /// `task_id` for a bridged `tasks/result`.
+    TaskGetUnanswered {
+        /// The task's id.
+        task_id: String,
+    },
+    /// `-32603`: a bridged `tasks/result` stream ended without an answer to give.
+    FollowUnanswered,
+    /// `-32603`: the 2026-07-28 upstream answered with a `CreateTaskResult` without a string
+    /// `taskId` and `status` (2026-07-28 tasks extension).
+    MalformedCreateTaskResult,
+    /// `-32603`: the 2026-07-28 upstream did not answer `server/discover` (2026-07-28
+    /// lifecycle), so taskgate cannot hold a 2025 session for it.
+    DiscoverUnanswered,
+    /// `-32603`: bridged task `task_id` asks for `asked` inputs, more than taskgate relays for
+    /// one task (`max`); the task was cancelled.
+    TaskInputsExceeded {
+        /// The task's id.
+        task_id: String,
+        /// How many inputs it asks for.
+        asked: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// `-32603`: bridged task `task_id` needs input by `method`, which the client did not
+    /// declare (or taskgate cannot relay); the task was cancelled.
+    TaskInputNotRelayed {
+        /// The task's id.
+        task_id: String,
+        /// The input request's method.
+        method: String,
+    },
+    /// `-32603`: the upstream acknowledged the cancel of task `task_id`, but taskgate could not
+    /// record it.
+    CancelNotRecorded {
+        /// The task's id.
+        task_id: String,
+    },
+    /// `-32603`: the 2026-07-28 upstream answered `input_required` to a request MRTR does not
+    /// allow it for (2026-07-28: only `tools/call`, `prompts/get`, `resources/read`).
+    InputNotAllowed,
+    /// `-32603`: taskgate could not hold a 2025-11-25 session on `upstream` for a 2026-07-28
+    /// client (`detail`: why).
+    UpstreamSessionNotHeld {
+        /// The upstream's name.
+        upstream: String,
+        /// Why.
+        detail: String,
+    },
+
+    // ---- held sessions (2025-11-25 sessions taskgate holds on a 2026-07-28 upstream) ----
+    /// `-32603`: taskgate could not draw a session id (the operating system's source failed).
+    NoRandomSessionId,
+    /// `-32600`: a message in a held session that has no 2026-07-28 form to send upstream.
+    NotForwardable,
+    /// `-32602`: a `resources/subscribe` URI longer than `max` bytes (what taskgate keeps).
+    UriTooLong {
+        /// The bound in bytes.
+        max: usize,
+    },
+    /// `-32602`: a held session already has `max` resource subscriptions.
+    TooManySubscriptions {
+        /// The bound per session.
+        max: usize,
+    },
+    /// `-32602`: the principal's resource subscriptions are over `max` bytes.
+    SubscriptionBytesExceeded {
+        /// The bound in bytes per principal.
+        max: usize,
+    },
+    /// `-32603`: taskgate holds listen state for as many held sessions as it keeps (a
+    /// `resources/subscribe` of a session without any); a GET stream gets
+    /// [`McpError::Overloaded`] instead.
+    HeldListenFull,
 }
 
 impl McpError {
@@ -347,11 +444,15 @@ impl McpError {
             | InvalidParam { .. }
             | InvalidCursor { .. }
             | TooManyTaskIds { .. }
-            | InvalidParams { .. } => jsonrpc::INVALID_PARAMS,
+            | InvalidParams { .. }
+            | TaskExpired { .. }
+            | UriTooLong { .. }
+            | TooManySubscriptions { .. }
+            | SubscriptionBytesExceeded { .. } => jsonrpc::INVALID_PARAMS,
             TaskLimitExceeded { .. } => TASK_LIMIT_EXCEEDED,
             MissingTasksExtension => MISSING_REQUIRED_CLIENT_CAPABILITY,
             NotInModernEra { .. } | TasksListUnavailable => jsonrpc::METHOD_NOT_FOUND,
-            IdInFlight { .. } | InputNotRelayed { .. } => jsonrpc::INVALID_REQUEST,
+            IdInFlight { .. } | InputNotRelayed { .. } | NotForwardable => jsonrpc::INVALID_REQUEST,
             SessionNotFound => SESSION_NOT_FOUND,
             ResultNotKept { .. }
             | NoResult { .. }
@@ -381,7 +482,21 @@ impl McpError {
             | TooManyInputs { .. }
             | RetryUnanswered
             | InputRequiredLost
-            | InputTimeout { .. } => jsonrpc::INTERNAL_ERROR,
+            | InputTimeout { .. }
+            | CompletedWithoutResult { .. }
+            | BridgedUnanswered { .. }
+            | BridgedNeitherResultNorError
+            | TaskGetUnanswered { .. }
+            | FollowUnanswered
+            | MalformedCreateTaskResult
+            | DiscoverUnanswered
+            | TaskInputsExceeded { .. }
+            | TaskInputNotRelayed { .. }
+            | CancelNotRecorded { .. }
+            | InputNotAllowed
+            | UpstreamSessionNotHeld { .. }
+            | NoRandomSessionId
+            | HeldListenFull => jsonrpc::INTERNAL_ERROR,
         }
     }
 
@@ -617,6 +732,76 @@ impl fmt::Display for McpError {
                 f,
                 "the client did not answer the upstream's input requests (MRTR round {round}) within {timeout_ms} ms"
             ),
+            TaskExpired { task_id } => write!(
+                f,
+                "Task {task_id} has expired: its ttl elapsed while tasks/result waited for it"
+            ),
+            CompletedWithoutResult { task_id } => write!(
+                f,
+                "task {task_id} completed but the upstream gave no result object"
+            ),
+            BridgedUnanswered { upstream_version } => write!(
+                f,
+                "the {upstream_version} upstream gave no JSON-RPC answer to the bridged request"
+            ),
+            BridgedNeitherResultNorError => f.write_str(
+                "the 2026-07-28 upstream answered the bridged request with neither a result nor an error",
+            ),
+            TaskGetUnanswered { task_id } => write!(
+                f,
+                "the upstream gave no answer to tasks/get for task {task_id}"
+            ),
+            FollowUnanswered => f.write_str("no answer"),
+            MalformedCreateTaskResult => {
+                f.write_str("the 2026-07-28 upstream answered with a malformed CreateTaskResult")
+            }
+            DiscoverUnanswered => f.write_str(
+                "the 2026-07-28 upstream did not answer server/discover; taskgate cannot open a session for it",
+            ),
+            TaskInputsExceeded {
+                task_id,
+                asked,
+                max,
+            } => write!(
+                f,
+                "task {task_id} asks for {asked} inputs, more than taskgate relays for one task ({max}); the task was cancelled"
+            ),
+            TaskInputNotRelayed { task_id, method } => write!(
+                f,
+                "task {task_id} needs input by `{method}`, which this client did not declare (or taskgate cannot relay); the task was cancelled"
+            ),
+            CancelNotRecorded { task_id } => write!(
+                f,
+                "the cancel of task {task_id} was acknowledged but could not be recorded"
+            ),
+            InputNotAllowed => f.write_str(
+                "the 2026-07-28 upstream asked for input within a request that MRTR does not allow (only tools/call, prompts/get and resources/read may answer input_required)",
+            ),
+            UpstreamSessionNotHeld { upstream, detail } => write!(
+                f,
+                "taskgate could not hold a 2025-11-25 session on upstream `{upstream}`: {detail}"
+            ),
+            NoRandomSessionId => f.write_str(
+                "taskgate could not draw a session id from the operating system's random source",
+            ),
+            NotForwardable => f.write_str(
+                "taskgate holds this session and cannot send this message to the 2026-07-28 upstream",
+            ),
+            UriTooLong { max } => write!(
+                f,
+                "the resource URI is longer than taskgate keeps ({max} bytes)"
+            ),
+            TooManySubscriptions { max } => write!(
+                f,
+                "taskgate keeps at most {max} resource subscriptions per session"
+            ),
+            SubscriptionBytesExceeded { max } => write!(
+                f,
+                "taskgate keeps at most {max} bytes of resource subscriptions per principal"
+            ),
+            HeldListenFull => f.write_str(
+                "taskgate holds listen state for as many held sessions as it keeps; try again later",
+            ),
         }
     }
 }
@@ -778,6 +963,37 @@ mod tests {
                 round: 1,
                 timeout_ms: 5,
             },
+            McpError::TaskExpired { task_id: s("t1") },
+            McpError::CompletedWithoutResult { task_id: s("t1") },
+            McpError::BridgedUnanswered {
+                upstream_version: "2026-07-28",
+            },
+            McpError::BridgedNeitherResultNorError,
+            McpError::TaskGetUnanswered { task_id: s("t1") },
+            McpError::FollowUnanswered,
+            McpError::MalformedCreateTaskResult,
+            McpError::DiscoverUnanswered,
+            McpError::TaskInputsExceeded {
+                task_id: s("t1"),
+                asked: 9,
+                max: 8,
+            },
+            McpError::TaskInputNotRelayed {
+                task_id: s("t1"),
+                method: s("sampling/createMessage"),
+            },
+            McpError::CancelNotRecorded { task_id: s("t1") },
+            McpError::InputNotAllowed,
+            McpError::UpstreamSessionNotHeld {
+                upstream: s("u"),
+                detail: s("x"),
+            },
+            McpError::NoRandomSessionId,
+            McpError::NotForwardable,
+            McpError::UriTooLong { max: 8 },
+            McpError::TooManySubscriptions { max: 8 },
+            McpError::SubscriptionBytesExceeded { max: 8 },
+            McpError::HeldListenFull,
         ]
     }
 
@@ -844,6 +1060,25 @@ mod tests {
             ("RetryUnanswered", -32603, 200, 200),
             ("InputRequiredLost", -32603, 200, 200),
             ("InputTimeout", -32603, 200, 200),
+            ("TaskExpired", -32602, 200, 400),
+            ("CompletedWithoutResult", -32603, 200, 200),
+            ("BridgedUnanswered", -32603, 200, 200),
+            ("BridgedNeitherResultNorError", -32603, 200, 200),
+            ("TaskGetUnanswered", -32603, 200, 200),
+            ("FollowUnanswered", -32603, 200, 200),
+            ("MalformedCreateTaskResult", -32603, 200, 200),
+            ("DiscoverUnanswered", -32603, 200, 200),
+            ("TaskInputsExceeded", -32603, 200, 200),
+            ("TaskInputNotRelayed", -32603, 200, 200),
+            ("CancelNotRecorded", -32603, 200, 200),
+            ("InputNotAllowed", -32603, 200, 200),
+            ("UpstreamSessionNotHeld", -32603, 200, 200),
+            ("NoRandomSessionId", -32603, 200, 200),
+            ("NotForwardable", -32600, 200, 400),
+            ("UriTooLong", -32602, 200, 400),
+            ("TooManySubscriptions", -32602, 200, 400),
+            ("SubscriptionBytesExceeded", -32602, 200, 400),
+            ("HeldListenFull", -32603, 200, 200),
         ];
         let expected: Vec<(String, i64, u16, u16)> = expected
             .into_iter()

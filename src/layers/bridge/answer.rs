@@ -7,6 +7,8 @@ use super::{errors, BridgeState, McpService};
 use crate::exchange::{GatewayError, McpReply, McpRequest};
 use crate::jsonrpc::{self, Id};
 pub(super) use crate::layers::relay::read_to_answer;
+use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use bytes::Bytes;
 use serde_json::Value;
 use std::future::Future;
@@ -61,7 +63,10 @@ where
 /// The 2025 answer under `id` when taskgate's own exchange with the upstream failed (see
 /// [`ask`]): JSON-RPC `-32603` (HTTP 200) with the error's message.
 pub(super) fn failure_reply(id: &Id, e: &GatewayError) -> McpReply {
-    McpReply::local_error(Some(id), jsonrpc::INTERNAL_ERROR, &e.to_string())
+    let error = McpError::Upstream {
+        detail: e.to_string(),
+    };
+    McpReply::error(Era::Legacy, Some(id), &error)
 }
 
 /// The 2025 answer under `id` for an upstream `answer`: its `result` mapped by `map`, its
@@ -72,11 +77,10 @@ pub(super) fn legacy_reply(
     map: impl FnOnce(&Value) -> Value,
 ) -> McpReply {
     let Some(answer) = answer else {
-        return McpReply::local_error(
-            Some(id),
-            jsonrpc::INTERNAL_ERROR,
-            "the 2026-07-28 upstream gave no answer to the bridged request",
-        );
+        let error = McpError::BridgedUnanswered {
+            upstream_version: crate::mcp::era::MODERN_VERSION,
+        };
+        return McpReply::error(Era::Legacy, Some(id), &error);
     };
     if let Some(result) = answer.get("result") {
         return McpReply::local_json(jsonrpc::result_response(id, &map(result).to_string()));
@@ -93,10 +97,10 @@ pub(super) fn error_reply(id: &Id, error: Option<&Value>) -> McpReply {
             id.as_json(),
             errors::legacy_error(e)
         ))),
-        None => McpReply::local_error(
+        None => McpReply::error(
+            Era::Legacy,
             Some(id),
-            jsonrpc::INTERNAL_ERROR,
-            "the 2026-07-28 upstream answered the bridged request with neither a result nor an error",
+            &McpError::BridgedNeitherResultNorError,
         ),
     }
 }

@@ -16,6 +16,7 @@ use crate::layers::relay::mrtr;
 use crate::layers::McpService;
 use crate::mcp::capabilities::CLIENT_CAPABILITIES_META;
 use crate::mcp::era::{Era, MODERN_VERSION};
+use crate::mcp::errors::McpError;
 use crate::sse::{ByteString, Event, EventStream, ReadAhead};
 use crate::store::Origin;
 use bytes::Bytes;
@@ -122,11 +123,7 @@ async fn hold_initialize<S: McpService>(
 ) -> McpReply {
     match discover(state, inner.clone(), req).await {
         Some(discovered) => hold_session(state, discovered),
-        None => McpReply::local_error(
-            req.id(),
-            jsonrpc::INTERNAL_ERROR,
-            "the 2026-07-28 upstream did not answer server/discover; taskgate cannot open a session for it",
-        ),
+        None => McpReply::error(Era::Legacy, req.id(), &McpError::DiscoverUnanswered),
     }
 }
 
@@ -311,11 +308,7 @@ fn creation_reply(
     {
         if translate::legacy_create_result(r).is_none() {
             // A CreateTaskResult without a string taskId and status: nothing to stand behind.
-            return McpReply::local_error(
-                Some(id),
-                jsonrpc::INTERNAL_ERROR,
-                "the 2026-07-28 upstream answered with a malformed CreateTaskResult",
-            );
+            return McpReply::error(Era::Legacy, Some(id), &McpError::MalformedCreateTaskResult);
         }
     }
     if let Some(task) = recorded.get() {

@@ -9,7 +9,8 @@ use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{AckIsCancelled, AuthorisedTask, CancelAcknowledged};
 use crate::layers::relay::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use crate::layers::McpService;
-use crate::mcp::errors::TaskError;
+use crate::mcp::era::Era;
+use crate::mcp::errors::{McpError, TaskError};
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::InputRefusal;
 use crate::registry::Observed;
@@ -103,9 +104,7 @@ fn payload_reply(id: &Id, payload: Payload) -> McpReply {
     match payload {
         Payload::Result(r) => McpReply::local_json(jsonrpc::result_response(id, &r.to_string())),
         Payload::Error(e) => error_reply(id, Some(&e)),
-        Payload::None(message) => {
-            McpReply::local_error(Some(id), jsonrpc::INTERNAL_ERROR, &message)
-        }
+        Payload::None(error) => McpReply::error(Era::Legacy, Some(id), &error),
     }
 }
 
@@ -126,7 +125,11 @@ pub(super) async fn tasks_result<S: McpService>(
         // Cancelled is final, whatever the upstream reports later: no result exists.
         return payload_reply(
             &id,
-            Payload::None(format!("task {task_id} was cancelled; it has no result")),
+            Payload::None(McpError::NoResult {
+                task_id,
+                status: TaskStatus::Cancelled,
+                status_message: None,
+            }),
         );
     }
     if record.status.is_terminal() {
@@ -149,7 +152,7 @@ pub(super) async fn tasks_result<S: McpService>(
             answer = follow_result(&state, inner, &req, &id, record, &tx) => {
                 let bytes = match answer.body {
                     ReplyBody::Json(b) => b,
-                    _ => jsonrpc::error_response(Some(&id), jsonrpc::INTERNAL_ERROR, "no answer"),
+                    _ => McpError::FollowUnanswered.body(Some(&id)),
                 };
                 let _ = tx.send(Event::message(String::from_utf8_lossy(&bytes).into_owned())).await;
             }
@@ -190,13 +193,8 @@ async fn follow_result<S: McpService>(
                 task_id,
                 "bridged tasks/result: the task's ttl elapsed while following it"
             );
-            return McpReply::local_error(
-                Some(id),
-                jsonrpc::INVALID_PARAMS,
-                &format!(
-                    "Task {task_id} has expired: its ttl elapsed while tasks/result waited for it"
-                ),
-            );
+            let error = McpError::TaskExpired { task_id };
+            return McpReply::error(Era::Legacy, Some(id), &error);
         }
         let poll_id = state.next_id();
         let answer = task_request(
@@ -212,11 +210,8 @@ async fn follow_result<S: McpService>(
         let answer = match answer {
             Ok(Some(answer)) => answer,
             Ok(None) => {
-                return McpReply::local_error(
-                    Some(id),
-                    jsonrpc::INTERNAL_ERROR,
-                    &format!("the upstream gave no answer to tasks/get for task {task_id}"),
-                )
+                let error = McpError::TaskGetUnanswered { task_id };
+                return McpReply::error(Era::Legacy, Some(id), &error);
             }
             Err(e) => return failure_reply(id, &e),
         };
@@ -278,13 +273,12 @@ async fn relay_inputs<S: McpService>(
         metrics.bridge_input_refused(&req.ctx.upstream, InputRefusal::TooManyKeys);
         tracing::warn!(%task_id, keys = total, limit = MAX_KEYS_PER_TASK, "a bridged task asks for more input than taskgate relays for one task: cancelling it");
         cancel_for_input(state, inner, req, record).await;
-        return Err(McpReply::local_error(
-            Some(id),
-            jsonrpc::INTERNAL_ERROR,
-            &format!(
-                "task {task_id} asks for {total} inputs, more than taskgate relays for one task ({MAX_KEYS_PER_TASK}); the task was cancelled"
-            ),
-        ));
+        let error = McpError::TaskInputsExceeded {
+            task_id: task_id.to_string(),
+            asked: total,
+            max: MAX_KEYS_PER_TASK,
+        };
+        return Err(McpReply::error(Era::Legacy, Some(id), &error));
     }
     for (key, request) in requests {
         let decision = state
@@ -301,13 +295,11 @@ async fn relay_inputs<S: McpService>(
             Ask::Unsupported(method) => {
                 metrics.bridge_input_refused(&req.ctx.upstream, InputRefusal::Capability);
                 cancel_for_input(state, inner, req, record).await;
-                return Err(McpReply::local_error(
-                    Some(id),
-                    jsonrpc::INTERNAL_ERROR,
-                    &format!(
-                        "task {task_id} needs input by `{method}`, which this client did not declare (or taskgate cannot relay); the task was cancelled"
-                    ),
-                ));
+                let error = McpError::TaskInputNotRelayed {
+                    task_id: task_id.to_string(),
+                    method: method.to_string(),
+                };
+                return Err(McpReply::error(Era::Legacy, Some(id), &error));
             }
         }
     }
@@ -415,11 +407,10 @@ pub(super) async fn tasks_cancel<S: McpService>(
         _ => return legacy_reply(&id, answer, Value::clone),
     }
     let Some(CancelAcknowledged { task, observed }) = ack.applied.get() else {
-        return McpReply::local_error(
-            Some(&id),
-            jsonrpc::INTERNAL_ERROR,
-            &format!("the cancel of task {task_id} was acknowledged but could not be recorded"),
-        );
+        let error = McpError::CancelNotRecorded {
+            task_id: task_id.to_string(),
+        };
+        return McpReply::error(Era::Legacy, Some(&id), &error);
     };
     match observed {
         Observed::Rewrite { status, .. } if *status != TaskStatus::Cancelled => {

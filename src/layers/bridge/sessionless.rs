@@ -20,6 +20,7 @@ use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::HeldSession;
 use crate::mcp::capabilities::{CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
 use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
+use crate::mcp::errors::McpError;
 use http::StatusCode;
 use serde_json::{json, Map, Value};
 
@@ -128,11 +129,7 @@ pub(crate) fn legacy_answer(mut reply: McpReply) -> McpReply {
             return None;
         }
         let id = v.get("id").and_then(Id::from_value)?;
-        let error = jsonrpc::error_response(
-            Some(&id),
-            jsonrpc::INTERNAL_ERROR,
-            "the 2026-07-28 upstream asked for input within a request that MRTR does not allow (only tools/call, prompts/get and resources/read may answer input_required)",
-        );
+        let error = McpError::InputNotAllowed.body(Some(&id));
         Some(String::from_utf8_lossy(&error).into_owned())
     });
     reply

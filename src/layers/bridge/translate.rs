@@ -11,6 +11,7 @@
 
 use crate::mcp::capabilities::{CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
 use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
+use crate::mcp::errors::McpError;
 use crate::mcp::task::RELATED_TASK_META;
 use crate::sse::Event;
 use serde_json::{json, Map, Value};
@@ -135,8 +136,10 @@ pub enum Payload {
     Result(Value),
     /// `failed`: the task's JSON-RPC `error` object.
     Error(Value),
-    /// `cancelled`, or a terminal task without its payload: no result exists.
-    None(String),
+    /// `cancelled` ([`McpError::NoResult`]), or a completed task without its result
+    /// ([`McpError::CompletedWithoutResult`]): no result exists; the error the 2025
+    /// `tasks/result` answers.
+    None(McpError),
 }
 
 /// The [`Payload`] of a terminal `DetailedTask` about `task_id`; `None` while it is live.
@@ -151,9 +154,9 @@ pub fn terminal_payload(task: &Value, task_id: &str) -> Option<Payload> {
                 crate::mcp::task::set_related_task(&mut r, task_id);
                 Payload::Result(Value::Object(r))
             }
-            _ => Payload::None(format!(
-                "task {task_id} completed but the upstream gave no result object"
-            )),
+            _ => Payload::None(McpError::CompletedWithoutResult {
+                task_id: task_id.to_string(),
+            }),
         },
         "failed" => match task.get("error") {
             Some(e @ Value::Object(_)) if e.get("code").is_some_and(Value::is_i64) => {
@@ -165,7 +168,11 @@ pub fn terminal_payload(task: &Value, task_id: &str) -> Option<Payload> {
                     .unwrap_or("the task failed upstream without an error object"),
             })),
         },
-        "cancelled" => Payload::None(format!("task {task_id} was cancelled; it has no result")),
+        "cancelled" => Payload::None(McpError::NoResult {
+            task_id: task_id.to_string(),
+            status: crate::mcp::task::TaskStatus::Cancelled,
+            status_message: None,
+        }),
         _ => return None,
     })
 }

@@ -53,7 +53,8 @@ use crate::layers::extensions::HeldAlive;
 use crate::layers::relay::OwnIds;
 use crate::layers::McpService;
 use crate::mcp::capabilities::{CLIENT_CAPABILITIES_META, SUBSCRIPTION_ID_META};
-use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
+use crate::mcp::era::{Era, MODERN_VERSION, PROTOCOL_VERSION_META};
+use crate::mcp::errors::McpError;
 use crate::metrics::LocalReason;
 use crate::sse::{Event, EventStream};
 use futures_util::StreamExt;
@@ -327,15 +328,10 @@ fn alive_in(req: &McpRequest) -> impl Fn(&str) -> bool {
 
 /// HTTP 503 with `Retry-After: 1`: no room for another session's listen state.
 fn no_room() -> McpReply {
-    let mut r = McpReply::local_error(
-        None,
-        jsonrpc::INTERNAL_ERROR,
-        "Service Unavailable: taskgate holds listen state for as many held sessions as it keeps; try again later",
-    );
-    r.status = StatusCode::SERVICE_UNAVAILABLE;
-    r.headers
-        .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-    r.answered_locally(LocalReason::HeldSession)
+    let error = McpError::Overloaded {
+        message: format!("Service Unavailable: {}", McpError::HeldListenFull),
+    };
+    McpReply::error(Era::Legacy, None, &error).answered_locally(LocalReason::HeldSession)
 }
 
 /// The filter categories an upstream offers (from its `server/discover` capabilities).
@@ -655,45 +651,32 @@ pub(super) async fn subscribe<S: McpService>(
     }
     let v: Value = msg.parse_as().ok()?;
     let Some(uri) = v.pointer("/params/uri").and_then(Value::as_str) else {
-        return Some(McpReply::local_error(
-            Some(&id),
-            jsonrpc::INVALID_PARAMS,
-            "params.uri (a string) is required",
-        ));
+        let error = McpError::MissingParam {
+            method: None,
+            key: "uri",
+            shape: "a string",
+        };
+        return Some(McpReply::error(Era::Legacy, Some(&id), &error));
     };
     if uri.len() > MAX_URI_BYTES {
-        return Some(McpReply::local_error(
-            Some(&id),
-            jsonrpc::INVALID_PARAMS,
-            &format!("the resource URI is longer than taskgate keeps ({MAX_URI_BYTES} bytes)"),
-        ));
+        let error = McpError::UriTooLong { max: MAX_URI_BYTES };
+        return Some(McpReply::error(Era::Legacy, Some(&id), &error));
     }
     let adding = msg.method() == Some("resources/subscribe");
     let alive = alive_in(req);
     let kept = state
         .listens
         .subscribe(&session, &req.ctx.tenant(), &alive, uri, adding);
+    let refuse = |error: McpError| McpReply::error(Era::Legacy, Some(&id), &error);
     let reply = match kept {
         Ok(true) => McpReply::local_json(jsonrpc::result_response(&id, "{}")),
-        Ok(false) => McpReply::local_error(
-            Some(&id),
-            jsonrpc::INVALID_PARAMS,
-            &format!(
-                "taskgate keeps at most {MAX_SUBSCRIPTIONS} resource subscriptions per session"
-            ),
-        ),
-        Err(Full::Principal) => McpReply::local_error(
-            Some(&id),
-            jsonrpc::INVALID_PARAMS,
-            &format!(
-                "taskgate keeps at most {MAX_LISTEN_BYTES_PER_PRINCIPAL} bytes of resource subscriptions per principal"
-            ),
-        ),
-        Err(Full::Table) => McpReply::local_error(
-            Some(&id),
-            jsonrpc::INTERNAL_ERROR,
-            "taskgate holds listen state for as many held sessions as it keeps; try again later",
-        ),
+        Ok(false) => refuse(McpError::TooManySubscriptions {
+            max: MAX_SUBSCRIPTIONS,
+        }),
+        Err(Full::Principal) => refuse(McpError::SubscriptionBytesExceeded {
+            max: MAX_LISTEN_BYTES_PER_PRINCIPAL,
+        }),
+        Err(Full::Table) => refuse(McpError::HeldListenFull),
     };
     Some(reply.answered_locally(LocalReason::HeldSession))
 }

@@ -70,9 +70,10 @@ use crate::layers::extensions::{
 use crate::layers::session::{Sessions, HELD_SESSION_PREFIX};
 use crate::layers::McpService;
 use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::metrics::LocalReason;
 use futures_util::future::Either;
-use http::{HeaderValue, StatusCode};
+use http::HeaderValue;
 use serde_json::{json, Map, Value};
 use std::future::Future;
 use std::pin::Pin;
@@ -229,11 +230,7 @@ impl HeldSessions {
             return McpReply::accepted();
         };
         let Some(session) = new_session_id() else {
-            return McpReply::local_error(
-                Some(id),
-                jsonrpc::INTERNAL_ERROR,
-                "taskgate could not draw a session id from the operating system's random source",
-            );
+            return McpReply::error(Era::Legacy, Some(id), &McpError::NoRandomSessionId);
         };
         let requested = match &req.op {
             Operation::Post(m) => m
@@ -295,14 +292,8 @@ fn client_declares(req: &McpRequest, held: Option<&HeldSession>) -> Option<Clien
 
 /// HTTP 404 `-32001` "Session not found" (the 2025 transport's answer to an unknown session).
 fn not_found(req: &McpRequest) -> McpReply {
-    let mut reply = McpReply::local_error(
-        req.id(),
-        crate::layers::session_guard::SESSION_NOT_FOUND,
-        "Session not found: initialize a new session",
-    )
-    .answered_locally(LocalReason::HeldSession);
-    reply.status = StatusCode::NOT_FOUND;
-    reply
+    McpReply::error(Era::Legacy, req.id(), &McpError::SessionNotFound)
+        .answered_locally(LocalReason::HeldSession)
 }
 
 /// The `InitializeResult` a held session's `initialize` gets: `protocolVersion` the client's

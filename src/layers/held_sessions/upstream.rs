@@ -89,6 +89,7 @@ use crate::layers::extensions::{ClientDeclares, HeldSession};
 use crate::layers::relay::{self, mrtr, OwnIds, Relay};
 use crate::layers::McpService;
 use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::metrics::LocalReason;
 use futures_util::future::Either;
 use futures_util::StreamExt;
@@ -346,10 +347,10 @@ async fn forward<S: McpService>(
     req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
     let Some(out) = modernize(&req) else {
-        return Ok(McpReply::local_error(
+        return Ok(McpReply::error(
+            Era::Legacy,
             req.id(),
-            jsonrpc::INVALID_REQUEST,
-            "taskgate holds this session and cannot send this message to the 2026-07-28 upstream",
+            &McpError::NotForwardable,
         ));
     };
     let client = state.client_of(&out);

@@ -9,6 +9,7 @@ use crate::jsonrpc::{self, Id, Message};
 use crate::layers::extensions::{PendingCreation, RelaysUpstreamRequests};
 use crate::layers::McpService;
 use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -39,10 +40,12 @@ pub(super) fn modern_reply(
             reply.status = crate::mcp::errors::modern_error_status(code);
             reply
         }
-        None => McpReply::local_error(
+        None => McpReply::error(
+            Era::Modern,
             Some(id),
-            jsonrpc::INTERNAL_ERROR,
-            "the 2025-11-25 upstream gave no JSON-RPC answer to the bridged request",
+            &McpError::BridgedUnanswered {
+                upstream_version: "2025-11-25",
+            },
         ),
     }
 }

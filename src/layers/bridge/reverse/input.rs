@@ -54,6 +54,7 @@ use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::AuthorisedTask;
 use crate::layers::McpService;
 use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::LocalReason;
 use crate::registry::Observed;
@@ -546,29 +547,26 @@ pub(super) async fn tasks_update<S: McpService>(
     // `inputResponses` maps keys to responses (2026-07-28 tasks §input_required): anything
     // else is the client's mistake, not an answer to ack and drop.
     if responses.is_some_and(|r| !r.is_object()) {
-        return McpReply::era_error(
-            Era::Modern,
-            Some(id),
-            jsonrpc::INVALID_PARAMS,
-            "params.inputResponses must be an object of input responses by key",
-            LocalReason::InvalidParams,
-        );
+        let error = McpError::InvalidParam {
+            method: None,
+            key: "inputResponses".to_string(),
+            problem: "must be an object of input responses by key".to_string(),
+        };
+        return McpReply::error(Era::Modern, Some(id), &error)
+            .answered_locally(LocalReason::InvalidParams);
     }
     let responses = responses.and_then(Value::as_object);
     // Each answer is the client's result for one request: one that is not an object is refused
     // before any is taken (taken first, it went upstream as a result the server cannot read and
     // the request was gone for good).
     if let Some((key, _)) = responses.and_then(|r| r.iter().find(|(_, v)| !v.is_object())) {
-        return McpReply::era_error(
-            Era::Modern,
-            Some(id),
-            jsonrpc::INVALID_PARAMS,
-            &format!(
-                "params.inputResponses[{}] must be an object (the client's result for that input request)",
-                Value::String(key.clone())
-            ),
-            LocalReason::InvalidParams,
-        );
+        let error = McpError::InvalidParam {
+            method: None,
+            key: format!("inputResponses[{}]", Value::String(key.clone())),
+            problem: "must be an object (the client's result for that input request)".to_string(),
+        };
+        return McpReply::error(Era::Modern, Some(id), &error)
+            .answered_locally(LocalReason::InvalidParams);
     }
     let (upstream, task_id) = (record.upstream.as_str(), record.task_id.as_str());
     if let Some(responses) = responses {

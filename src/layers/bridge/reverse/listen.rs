@@ -44,11 +44,12 @@
 
 use super::{session, tasks_get, NoSession, ReverseState};
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody, Tenant};
-use crate::jsonrpc::{self, Id};
+use crate::jsonrpc::Id;
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
 use crate::layers::McpService;
 use crate::mcp::capabilities::SUBSCRIPTION_ID_META;
 use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::metrics::LocalReason;
 use crate::sse::Event;
 use futures_util::StreamExt;
@@ -311,25 +312,21 @@ pub(super) async fn open<S: McpService>(
         .cloned()
         .unwrap_or(Value::Null);
     if !requested.is_object() {
-        return McpReply::era_error(
-            Era::Modern,
-            Some(id),
-            jsonrpc::INVALID_PARAMS,
-            "params.notifications (a SubscriptionFilter object) is required",
-            LocalReason::InvalidParams,
-        );
+        let error = McpError::MissingParam {
+            method: None,
+            key: "notifications",
+            shape: "a SubscriptionFilter object",
+        };
+        return McpReply::error(Era::Modern, Some(id), &error)
+            .answered_locally(LocalReason::InvalidParams);
     }
     let names_tasks = requested
         .get("taskIds")
         .and_then(Value::as_array)
         .is_some_and(|a| !a.is_empty());
     if names_tasks && !crate::mcp::capabilities::declares_tasks_extension(params) {
-        return McpReply::era_error_bytes(
-            Era::Modern,
-            crate::mcp::errors::missing_tasks_extension(Some(id)),
-            crate::mcp::errors::MISSING_REQUIRED_CLIENT_CAPABILITY,
-            LocalReason::MissingExtension,
-        );
+        return McpReply::error(Era::Modern, Some(id), &McpError::MissingTasksExtension)
+            .answered_locally(LocalReason::MissingExtension);
     }
     let held = match session(state, &inner, &req).await {
         Ok(s) => s,
@@ -355,15 +352,11 @@ pub(super) async fn open<S: McpService>(
     let (n, tap) = match state.listens.add(listener) {
         Ok(added) => added,
         Err(Full) => {
-            let mut r = McpReply::local_error(
-                Some(id),
-                jsonrpc::INTERNAL_ERROR,
-                &format!("taskgate holds {MAX_LISTENS} subscriptions/listen streams for this upstream; try again later"),
-            );
-            r.status = StatusCode::SERVICE_UNAVAILABLE;
-            r.headers
-                .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return r.answered_locally(LocalReason::HeldUpstreamSession);
+            let error = McpError::Overloaded {
+                message: format!("taskgate holds {MAX_LISTENS} subscriptions/listen streams for this upstream; try again later"),
+            };
+            return McpReply::error(Era::Modern, Some(id), &error)
+                .answered_locally(LocalReason::HeldUpstreamSession);
         }
     };
     // The listen ends when its client goes away; the client's stream ends when the listen is

@@ -116,6 +116,7 @@ use crate::layers::relay::OwnIds;
 use crate::layers::McpService;
 use crate::mcp::capabilities::declares_tasks_extension;
 use crate::mcp::era::Era;
+use crate::mcp::errors::McpError;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::LocalReason;
 use crate::registry::Registry;
@@ -311,13 +312,12 @@ async fn bridge<S: McpService>(
         None => None,
         Some(Ok(p)) => Some(p),
         Some(Err(e)) => {
-            return Ok(McpReply::era_error(
-                Era::Modern,
-                Some(&id),
-                jsonrpc::INVALID_PARAMS,
-                &format!("params cannot be read: {e}"),
-                LocalReason::InvalidParams,
-            ))
+            let error = McpError::ParamsUnreadable {
+                method: None,
+                detail: e.to_string(),
+            };
+            return Ok(McpReply::error(Era::Modern, Some(&id), &error)
+                .answered_locally(LocalReason::InvalidParams));
         }
     };
     // `params._meta` is an object (MCP basic/_meta) and `progressToken` a string or an integer
@@ -329,18 +329,18 @@ async fn bridge<S: McpService>(
         Some(Value::Object(m)) => match m.get("progressToken") {
             None | Some(Value::String(_)) => None,
             Some(Value::Number(n)) if n.is_i64() || n.is_u64() => None,
-            Some(_) => Some("params._meta.progressToken must be a string or an integer"),
+            Some(_) => Some(("_meta.progressToken", "must be a string or an integer")),
         },
-        Some(_) => Some("params._meta must be an object"),
+        Some(_) => Some(("_meta", "must be an object")),
     };
-    if let Some(why) = bad_meta {
-        return Ok(McpReply::era_error(
-            Era::Modern,
-            Some(&id),
-            jsonrpc::INVALID_PARAMS,
-            why,
-            LocalReason::InvalidParams,
-        ));
+    if let Some((key, problem)) = bad_meta {
+        let error = McpError::InvalidParam {
+            method: None,
+            key: key.to_string(),
+            problem: problem.to_string(),
+        };
+        return Ok(McpReply::error(Era::Modern, Some(&id), &error)
+            .answered_locally(LocalReason::InvalidParams));
     }
     let method = msg.method().unwrap_or_default().to_string();
     let record = req
@@ -408,14 +408,11 @@ async fn session<S: McpService>(
 }
 
 fn no_session(req: &McpRequest, why: &str) -> NoSession {
-    NoSession(McpReply::local_error(
-        req.id(),
-        jsonrpc::INTERNAL_ERROR,
-        &format!(
-            "taskgate could not hold a 2025-11-25 session on upstream `{}`: {why}",
-            req.ctx.upstream
-        ),
-    ))
+    let error = McpError::UpstreamSessionNotHeld {
+        upstream: req.ctx.upstream.to_string(),
+        detail: why.to_string(),
+    };
+    NoSession(McpReply::error(Era::Modern, req.id(), &error))
 }
 
 /// Opens a 2025-11-25 session on the upstream: `initialize` (taskgate's own client info, no
@@ -683,12 +680,10 @@ async fn tools_call<S: McpService>(
     let declared = declares_tasks_extension(params.as_ref());
     let as_task = match support.as_deref() {
         Some("required") if !declared => {
-            return Ok(McpReply::era_error_bytes(
-                Era::Modern,
-                crate::mcp::errors::missing_tasks_extension(Some(&id)),
-                crate::mcp::errors::MISSING_REQUIRED_CLIENT_CAPABILITY,
-                LocalReason::MissingExtension,
-            ));
+            return Ok(
+                McpReply::error(Era::Modern, Some(&id), &McpError::MissingTasksExtension)
+                    .answered_locally(LocalReason::MissingExtension),
+            );
         }
         Some("required") => true,
         Some("optional") => declared,
@@ -728,11 +723,10 @@ async fn tools_call<S: McpService>(
         Ok(Ok(answer)) => answer,
         Ok(Err(NoSession(reply))) => return Ok(reply),
         Err(e) => {
-            return Ok(McpReply::local_error(
-                Some(&id),
-                jsonrpc::INTERNAL_ERROR,
-                &e.to_string(),
-            ))
+            let error = McpError::Upstream {
+                detail: e.to_string(),
+            };
+            return Ok(McpReply::error(Era::Modern, Some(&id), &error));
         }
     };
     let created = answer
@@ -811,11 +805,10 @@ async fn tasks_get<S: McpService>(
         Ok(Ok(found)) => found,
         Ok(Err(reply)) => return Ok(reply),
         Err(e) => {
-            return Ok(McpReply::local_error(
-                Some(id),
-                jsonrpc::INTERNAL_ERROR,
-                &e.to_string(),
-            ))
+            let error = McpError::Upstream {
+                detail: e.to_string(),
+            };
+            return Ok(McpReply::error(Era::Modern, Some(id), &error));
         }
     };
     let status = task
