@@ -396,12 +396,6 @@ impl McpReply {
         reply
     }
 
-    /// A JSON-RPC error answered by taskgate itself under the request's id (HTTP 200). Prefer
-    /// [`McpReply::error`] with an [`McpError`] (one home for codes, messages and statuses).
-    pub fn local_error(id: Option<&Id>, code: i64, message: &str) -> McpReply {
-        McpReply::local_json(jsonrpc::error_response(id, code, message))
-    }
-
     /// An SSE answer taskgate makes itself (HTTP 200, `text/event-stream`, `no-cache`): the
     /// events `rx` receives, ending when every sender is gone; with the client's
     /// `Mcp-Session-Id` when given.
@@ -507,34 +501,6 @@ impl McpReply {
     /// Removes the local-answer mark; the reason, if this reply was answered locally.
     pub fn take_local_reason(&mut self) -> Option<LocalReason> {
         self.extensions.remove::<LocalReason>()
-    }
-
-    /// A JSON-RPC error taskgate answers itself, in the request's era (prefer
-    /// [`McpReply::error`] with an [`McpError`]): under 2026-07-28 with the
-    /// HTTP status its transport prescribes ([`crate::mcp::errors::modern_error_status`]), else HTTP 200;
-    /// marked with `reason`.
-    pub fn era_error(
-        era: Era,
-        id: Option<&Id>,
-        code: i64,
-        message: &str,
-        reason: LocalReason,
-    ) -> McpReply {
-        McpReply::era_error_bytes(
-            era,
-            jsonrpc::error_response(id, code, message),
-            code,
-            reason,
-        )
-    }
-
-    /// [`McpReply::era_error`] for an error message already built (`bytes`, with `code`).
-    pub fn era_error_bytes(era: Era, bytes: Bytes, code: i64, reason: LocalReason) -> McpReply {
-        let mut reply = McpReply::local_json(bytes).answered_locally(reason);
-        if era == Era::Modern {
-            reply.status = crate::mcp::errors::modern_error_status(code);
-        }
-        reply
     }
 }
 
