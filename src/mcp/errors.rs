@@ -1195,6 +1195,12 @@ mod tests {
                 },
                 "upstream `u` sent more than 8 messages before answering the upgraded tools/call; the exchange was ended",
             ),
+            (
+                McpError::BridgedUnanswered {
+                    upstream_version: crate::mcp::era::MODERN_VERSION,
+                },
+                "the 2026-07-28 upstream gave no JSON-RPC answer to the bridged request",
+            ),
         ];
         for (e, message) in cases {
             assert_eq!(e.to_string(), message);
