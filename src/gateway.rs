@@ -561,6 +561,9 @@ fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
 fn spawn_sweeper(registry: Arc<Registry>, every: Duration) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
+        // A sweep that took longer than `every` is followed by one sweep, not by one per
+        // period it missed.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
             registry.sweep().await;

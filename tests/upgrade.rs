@@ -686,6 +686,41 @@ async fn progress_and_status_reach_the_client_before_the_answer() {
     );
 }
 
+/// A slow `tasks/get` is not followed by a burst of polls (found this stop, behind a timing
+/// failure of the test above under load): the follower's poll ticker made up for the ticks it
+/// missed while a poll was out, so a server that took 700 ms to answer one `tasks/get` (the
+/// task's pollInterval 100 ms) got the next six back to back, a few ms apart. Now the next poll
+/// goes when the slow one is answered and the ones after it a pollInterval apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_tasks_get_is_not_followed_by_a_burst_of_polls() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: Some(1400),
+        poll_interval: 100,
+        hook: Some(Arc::new(|method, id, task_id, n| {
+            (method == "tasks/get" && n == 1).then(|| {
+                let task = json!({"taskId": task_id, "status": "working",
+                    "createdAt": "2026-12-05T00:00:00Z", "lastUpdatedAt": "2026-12-05T00:00:00Z",
+                    "ttl": 60000, "pollInterval": 100});
+                ScriptedResponse::json(rpc_result(id, &task.to_string()))
+                    .after(Duration::from_millis(700))
+            })
+        })),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let o = call(&c, &call_body("1", "research", None), &json!(1)).await;
+    assert!(o.answer.get("result").is_some(), "{o:?}");
+    let gets = up.seen("tasks/get", &up.only_task());
+    assert!(gets.len() >= 3, "{} tasks/get", gets.len());
+    let gaps: Vec<Duration> = gets.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(
+        gaps.iter().all(|g| *g >= Duration::from_millis(50)),
+        "tasks/get gaps {gaps:?}; pollInterval is 100 ms"
+    );
+}
+
 /// The progress values a client sees on its token must increase with each notification
 /// (2025-11-25 basic/utilities/progress: "The progress value MUST increase with each
 /// notification"), also when taskgate mixes its status messages with the upstream's progress.

@@ -236,6 +236,11 @@ impl<S: McpService> Follower<S> {
             5,
         ));
         let mut ticker = tokio::time::interval(self.poll);
+        // A tick missed while a slow `tasks/get` was out is not made up for: the next poll goes
+        // when that one is answered, the ones after it a poll interval apart (the default,
+        // `Burst`, sent the missed ones back to back, so a server slow to answer one poll got
+        // the next ones at once).
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
         let mut last_status: Option<(String, String)> = self.created.clone();
         // One tasks/get at a time, polled alongside (a slow one never delays the answer).
