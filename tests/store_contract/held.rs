@@ -1,4 +1,4 @@
-//! The held-session part of the [`TaskStore`] contract (`layers::bridge::held`: the 2025
+//! The held-session part of the [`TaskStore`] contract (`layers::held_sessions`: the 2025
 //! sessions taskgate holds itself, kept across restarts): put (durable, replacing), read back
 //! as written, touch (never creates), remove, the expiry sweep, and the bounds.
 
