@@ -234,8 +234,15 @@ where
             return;
         }
         match inner.call(end).await {
-            Ok(reply) => {
+            // 2xx: ended; 404: the upstream no longer knows it, which is as good.
+            Ok(reply)
+                if reply.status.is_success() || reply.status == http::StatusCode::NOT_FOUND =>
+            {
                 tracing::info!(upstream = %upstream, status = reply.status.as_u16(), "the upstream session of a refused initialize was ended (DELETE)")
+            }
+            // 405: the upstream does not let clients end sessions (2025-11-25 basic/transports).
+            Ok(reply) => {
+                tracing::warn!(upstream = %upstream, status = reply.status.as_u16(), "the upstream did not end the session of a refused initialize (DELETE answered with this status)")
             }
             Err(_) => {
                 tracing::warn!(upstream = %upstream, "the upstream session of a refused initialize could not be ended (DELETE)")
