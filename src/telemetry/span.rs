@@ -191,7 +191,10 @@ pub(super) fn set(attributes: &mut Vec<KeyValue>, attribute: KeyValue) {
 /// [`Record`]: a child of it in its trace (its trace id, trace state and flags), named after
 /// the exchange's method and tool, usually the SERVER span's own (issue 34: a record of its
 /// own, queued, encoded and freed apart, with the tool's name copied again, cost a small
-/// `tools/call` ~2,000 instructions).
+/// `tools/call` ~2,000 instructions). The shared record is queued for export once both spans
+/// have ended, so a SERVER span whose exchange streams for minutes (a long SSE answer) is
+/// exported when the stream ends, not when the request's own span does; one record per request
+/// in flight, so this holds no more than the requests do.
 #[derive(Debug)]
 pub(super) struct Exchange {
     pub(super) span_id: SpanId,
