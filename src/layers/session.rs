@@ -564,6 +564,7 @@ mod issued;
 mod service;
 pub use held_store::{is_held_form, touch_every, Revived, HELD_SESSION_PREFIX};
 pub use issued::{ANSWER_WAIT, MAX_EVENTS_BEFORE};
+pub(crate) use service::end_session;
 pub use service::{SessionLayer, SessionService};
 
 #[cfg(test)]

@@ -41,7 +41,7 @@
 
 #[cfg(doc)]
 use super::session::REVALIDATE_AFTER;
-use super::session::{is_held_form, Access, HandDown, Revived, SessionKey, Sessions};
+use super::session::{end_session, is_held_form, Access, HandDown, Revived, SessionKey, Sessions};
 use crate::exchange::Operation;
 use crate::exchange::{McpReply, McpRequest};
 use crate::jsonrpc::Id;
@@ -231,18 +231,13 @@ where
         let (registry, waiting) = (deferred.registry.clone(), deferred.waiting.clone());
         let give_up = Duration::from_millis(registry.config().max_ttl_ms);
         let mut inner = self.inner.clone();
-        let later = McpRequest {
-            op: Operation::EndSession,
-            ctx: req.ctx.clone(),
-            extensions: http::Extensions::new(),
-        };
+        let later = req.ctx.clone();
         tokio::spawn(async move {
             let started = tokio::time::Instant::now();
             while registry.owners_count(&upstream, &owner) > 0 && started.elapsed() < give_up {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            let _ = futures_util::future::poll_fn(|cx| inner.poll_ready(cx)).await;
-            let _ = inner.call(later).await;
+            let _ = end_session(&mut inner, later).await;
             waiting.fetch_sub(1, Ordering::SeqCst);
         });
         let mut reply = McpReply::accepted();

@@ -220,20 +220,9 @@ where
 {
     ctx.session_id = Some(issued.clone());
     ctx.client_session_id = Some(issued);
-    let end = McpRequest {
-        op: Operation::EndSession,
-        ctx,
-        extensions: http::Extensions::new(),
-    };
-    let upstream = end.ctx.upstream.clone();
+    let upstream = ctx.upstream.clone();
     tokio::spawn(async move {
-        if futures_util::future::poll_fn(|cx| inner.poll_ready(cx))
-            .await
-            .is_err()
-        {
-            return;
-        }
-        match inner.call(end).await {
+        match end_session(&mut inner, ctx).await {
             // 2xx: ended; 404: the upstream no longer knows it, which is as good.
             Ok(reply)
                 if reply.status.is_success() || reply.status == http::StatusCode::NOT_FOUND =>
@@ -249,6 +238,24 @@ where
             }
         }
     });
+}
+
+/// Sends `DELETE` for the session `ctx` names (`ctx.session_id`) through `inner`, once it is
+/// ready: how taskgate ends an upstream session the client did not end itself (a refused
+/// `initialize`'s, see `issued`; a `DELETE` `session_guard` deferred while the owner had live
+/// tasks).
+pub(crate) async fn end_session<S>(inner: &mut S, ctx: RequestContext) -> Result<McpReply, S::Error>
+where
+    S: tower::Service<McpRequest, Response = McpReply>,
+{
+    futures_util::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+    inner
+        .call(McpRequest {
+            op: Operation::EndSession,
+            ctx,
+            extensions: http::Extensions::new(),
+        })
+        .await
 }
 
 /// What became of an `initialize` answer naming an upstream session ([`Finish::store_issued`]).
