@@ -434,3 +434,40 @@ async fn held_sessions_authorise_every_request_naming_a_task() {
         }
     }
 }
+
+/// A held session's `tools/call` whose `params.task` taskgate cannot read as `TaskMetadata`
+/// (not an object; a `ttl` that is not a number of ms) is refused `-32602` naming the member,
+/// and nothing goes upstream. Before, `[]` and `null` went upstream as a plain call the
+/// pure-2026 upstream made a task of, and the 2025 client got a flat 2026 `CreateTaskResult`
+/// (`resultType: "task"`) it cannot read; a string ttl was dropped for the upstream's default.
+#[tokio::test]
+async fn a_held_sessions_unreadable_params_task_is_refused() {
+    let (up, _state) = pure_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    let r = c.send(initialize_with(json!({}))).await;
+    c.session = r.header("mcp-session-id");
+    let cases = [
+        ("[]", "params.task"),
+        ("null", "params.task"),
+        (r#"{"ttl":"abc"}"#, "params.task.ttl"),
+        (r#"{"ttl":true}"#, "params.task.ttl"),
+    ];
+    for (i, (task, member)) in cases.iter().enumerate() {
+        let r = c
+            .send(rpc(
+                &format!("{}", i + 3),
+                "tools/call",
+                &format!(r#"{{"name":"slow_compute","arguments":{{}},"task":{task}}}"#),
+            ))
+            .await;
+        assert_eq!(r.status(), 200, "task {task}");
+        let v = r.json().await;
+        assert_eq!(err_code(&v), -32602, "task {task}: {v}");
+        assert!(err_message(&v).contains(member), "task {task}: {v}");
+    }
+    assert!(
+        up.received("tools/call").is_empty(),
+        "nothing went upstream"
+    );
+}

@@ -581,6 +581,47 @@ async fn ttl_of_zero_is_raised_to_the_minimum() {
     assert_eq!(polled["result"]["taskId"], json!(task_id), "{polled}");
 }
 
+/// A `tools/call` whose `params.task` is not `TaskMetadata` taskgate can bound (not an object;
+/// a `ttl` that is not a number of ms at least 0) is refused `-32602` naming the member, on a
+/// 2025 task server as on a held session or a gateway-owned task; nothing goes upstream. A
+/// `ttl` of `null` is no ttl. Before, such a call went upstream untouched: `"ttl":"99999999"`
+/// escaped `tasks.max_ttl_ms` on a server that reads the string as a number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_params_task_taskgate_cannot_bound_is_refused() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = tg.client();
+    let cases = [
+        ("[]", "params.task"),
+        ("\"x\"", "params.task"),
+        (r#"{"ttl":"99999999"}"#, "params.task.ttl"),
+        (r#"{"ttl":[]}"#, "params.task.ttl"),
+    ];
+    for (i, (task, member)) in cases.iter().enumerate() {
+        let v = c
+            .rpc(rpc(
+                &format!("{}", i + 1),
+                "tools/call",
+                &format!(r#"{{"name":"slow","arguments":{{}},"task":{task}}}"#),
+            ))
+            .await;
+        assert_eq!(err_code(&v), -32602, "task {task}: {v}");
+        assert!(err_message(&v).contains(member), "task {task}: {v}");
+    }
+    assert!(
+        up.received("tools/call").is_empty(),
+        "nothing went upstream"
+    );
+    let v = c
+        .rpc(rpc(
+            "9",
+            "tools/call",
+            r#"{"name":"slow","arguments":{},"task":{"ttl":null}}"#,
+        ))
+        .await;
+    assert!(v["result"]["task"]["taskId"].is_string(), "{v}");
+}
+
 /// An upstream that reports a ttl above `tasks.max_ttl_ms` (here 10^12 ms) does not escape the
 /// cap: the record's ttl is the cap and it expires within the cap of its creation. The client is
 /// told the cap in the `CreateTaskResult` (before: the upstream's ttl, which taskgate does not

@@ -30,7 +30,7 @@
 //!   `tools/call` (without `params.task`) under taskgate's own id (`"taskgate-gt-<n>"`, which
 //!   `ids` sends under an id of its own on a shared session) with a `progressToken`
 //!   (the client's, else the taskId). A `params.task` that is not an object, or whose `ttl` is
-//!   not a number of ms at least 0, is refused `-32602` (a negative one by `tasks`).
+//!   not a number of ms at least 0, was refused `-32602` by `tasks` above.
 //!   taskgate holds that call on a task of its own
 //!   (`held`): until its answer, the end of its stream, or the task's expiry (its ttl,
 //!   capped by `tasks.max_ttl_ms`); live held calls count against
@@ -112,8 +112,6 @@ use crate::layers::relay::Inputs;
 use crate::layers::McpService;
 use crate::mcp::capabilities::{declares_tasks_extension, TASKS_EXTENSION};
 use crate::mcp::era::Era;
-use crate::mcp::errors::McpError;
-use crate::metrics::LocalReason;
 use crate::registry::Registry;
 use crate::store::Origin;
 use futures_util::future::Either;
@@ -405,17 +403,6 @@ impl<S: McpService> tower::Service<McpRequest> for GatewayTasksService<S> {
                     Ok(reply)
                 }))
             }
-            Some("tools/call") if state.runs_tasks() && odd_task(&req).is_some() => {
-                // taskgate is this upstream's task server: the refusal of a malformed
-                // `params.task` is its to give (the server knows no `task` and would answer
-                // with an error about an unknown member, or run the call plainly).
-                let reply = match odd_task(&req) {
-                    Some(refused) => McpReply::error(req.era(), req.id(), &refused)
-                        .answered_locally(LocalReason::GatewayTask),
-                    None => McpReply::accepted(),
-                };
-                Either::Right(Box::pin(std::future::ready(Ok(reply))))
-            }
             Some("tools/call") if state.runs_tasks() && asks_for_task(&req) => {
                 let inner = self.take_inner();
                 Either::Right(Box::pin(held::create(state, inner, req)))
@@ -455,43 +442,6 @@ fn asks_for_task(req: &McpRequest) -> bool {
 fn is_response(req: &McpRequest) -> bool {
     matches!(&req.op, crate::exchange::Operation::Post(m)
         if matches!(m.kind(), jsonrpc::Kind::Response | jsonrpc::Kind::Error))
-}
-
-/// Why a `tools/call`'s `params.task` cannot be taken (the `-32602` message), when it cannot:
-/// it is not an object (`[]`, `null`, `"x"`), or its `ttl` is neither absent, `null` nor a
-/// number of ms at least 0 (`"60000"`, `true`, `-1`: refused, not taken as the cap).
-fn odd_task(req: &McpRequest) -> Option<McpError> {
-    if req.era() != Era::Legacy {
-        // 2026-07-28 servers ignore a 2025 `params.task` (2026-07-28 tasks, creation).
-        return None;
-    }
-    let raw = req.classified().and_then(|c| c.param("task"))?;
-    if !raw.trim_start().starts_with('{') {
-        return Some(McpError::InvalidParam {
-            method: Some("tools/call".into()),
-            key: "task".into(),
-            problem: "must be an object ({} or {\"ttl\": <ms>})".into(),
-        });
-    }
-    let task = serde_json::from_str::<Value>(raw).ok()?;
-    match task.get("ttl") {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) if n.as_f64().is_some_and(|f| f >= 0.0) => None,
-        Some(other) => {
-            let got = match other {
-                Value::Number(_) => "a negative number",
-                Value::String(_) => "a string",
-                Value::Bool(_) => "a boolean",
-                Value::Array(_) => "an array",
-                _ => "an object",
-            };
-            Some(McpError::InvalidParam {
-                method: Some("tools/call".into()),
-                key: "task.ttl".into(),
-                problem: format!("must be a number of milliseconds, at least 0 (got {got})"),
-            })
-        }
-    }
 }
 
 /// Whether a `tasks/*` request names a task taskgate runs (the record `tasks` authorised).

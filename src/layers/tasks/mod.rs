@@ -219,10 +219,12 @@ where
     }
 }
 
-/// Whether a `tools/call` is task-augmented (`params.task` an object, as the edge classified
-/// it: `mcp::classify`); `false` means a plain call, forwarded as it is.
+/// Whether a `tools/call` names `params.task` (as the edge classified it: `mcp::classify`): an
+/// object is a task-augmented request; anything else is refused in [`prepare_creation`], since
+/// taskgate cannot tell a task from a plain call by it. `false` means a plain call, forwarded
+/// as it is.
 fn is_task_call(req: &McpRequest) -> bool {
-    req.classified().is_some_and(|c| c.task().is_some())
+    req.classified().is_some_and(|c| c.param("task").is_some())
 }
 
 /// For a task-augmented `tools/call`: owner limit (across the tier on a shared store), ttl cap,
@@ -234,7 +236,7 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
     let Some(id) = msg.id().cloned() else {
         return Ok(());
     };
-    let Some(task_text) = Classified::of(msg).task() else {
+    let Some(task_text) = Classified::of(msg).param("task") else {
         return Ok(());
     };
     // taskgate must know whether this is a task before it goes upstream; a message whose
@@ -320,22 +322,42 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
 }
 
 /// The ttl a task creation goes upstream with, from its `params.task` (2025-11-25
-/// basic/utilities/tasks: `ttl` in milliseconds): `None` to leave the client's as it is, or the
-/// bound to write instead. Any number above `cap` (`tasks.max_ttl_ms`; 1e12 included) is lowered
-/// to it; one below [`MIN_TASK_TTL_MS`] (0 included) is raised to it; a fraction of a
-/// millisecond is dropped (1500.7 → 1500; it used to be taken for "above the cap"). A negative
-/// ttl is no duration to bound: `-32602` naming `task.ttl` (issue 32).
+/// basic/utilities/tasks: `TaskMetadata`, an object whose optional `ttl` is in milliseconds):
+/// `None` to leave the client's as it is, or the bound to write instead. Any number above `cap`
+/// (`tasks.max_ttl_ms`; 1e12 included) is lowered to it; one below [`MIN_TASK_TTL_MS`] (0
+/// included) is raised to it; a fraction of a millisecond is dropped (1500.7 → 1500; it used to
+/// be taken for "above the cap"). `-32602` when taskgate cannot bound it: `params.task` not an
+/// object (`[]`, `null`, `"x"`: it was forwarded as a plain call, and a 2026-07-28 upstream
+/// behind a held session could make a task of it the client never saw as one), or a `ttl`
+/// that is neither absent, `null` nor a number of ms at least 0 (`"60000"`, `true`, `-1`: the
+/// cap cannot be applied to it, and an upstream that reads `"99999999"` as a number would keep
+/// the task past it).
 fn bounded_ttl(task: &Value, cap: u64) -> Result<Option<u64>, McpError> {
-    let Some(Value::Number(n)) = task.get("ttl") else {
-        return Ok(None);
-    };
-    if n.as_f64().is_some_and(|t| t < 0.0) {
+    let Value::Object(task) = task else {
         return Err(McpError::InvalidParam {
             method: Some("tools/call".into()),
-            key: "task.ttl".into(),
-            problem: "must be a number of milliseconds, at least 0 (got a negative number)".into(),
+            key: "task".into(),
+            problem: "must be an object ({} or {\"ttl\": <ms>})".into(),
         });
-    }
+    };
+    let n = match task.get("ttl") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) if n.as_f64().is_some_and(|t| t >= 0.0) => n,
+        Some(other) => {
+            let got = match other {
+                Value::Number(_) => "a negative number",
+                Value::String(_) => "a string",
+                Value::Bool(_) => "a boolean",
+                Value::Array(_) => "an array",
+                _ => "an object",
+            };
+            return Err(McpError::InvalidParam {
+                method: Some("tools/call".into()),
+                key: "task.ttl".into(),
+                problem: format!("must be a number of milliseconds, at least 0 (got {got})"),
+            });
+        }
+    };
     Ok(match n.as_u64() {
         Some(t) if t < MIN_TASK_TTL_MS => Some(MIN_TASK_TTL_MS.min(cap)),
         Some(t) if t <= cap => None,
@@ -631,8 +653,8 @@ mod tests {
     use serde_json::json;
 
     /// The ttl bounds (`tasks.max_ttl_ms` 60 s here): left alone within them, lowered to the cap,
-    /// raised to the floor, fractions dropped, a negative one refused; no ttl, or one that is not
-    /// a number, left to the upstream.
+    /// raised to the floor, fractions dropped; no ttl (or `null`) left to the upstream; a
+    /// negative one, one that is not a number, or a `params.task` that is not an object refused.
     #[test]
     fn a_creations_ttl_is_bounded() {
         let cap = 60_000;
@@ -646,8 +668,12 @@ mod tests {
         assert_eq!(ttl(json!(0.5)), Ok(Some(MIN_TASK_TTL_MS)));
         assert!(ttl(json!(-1)).is_err());
         assert!(ttl(json!(-0.5)).is_err());
-        assert_eq!(ttl(json!("5000")), Ok(None));
+        assert!(ttl(json!("5000")).is_err());
+        assert!(ttl(json!(true)).is_err());
+        assert_eq!(ttl(json!(null)), Ok(None));
         assert_eq!(bounded_ttl(&json!({}), cap), Ok(None));
+        assert!(bounded_ttl(&json!([]), cap).is_err());
+        assert!(bounded_ttl(&json!(null), cap).is_err());
         // A cap below the floor wins.
         assert_eq!(bounded_ttl(&json!({"ttl": 0}), 500), Ok(Some(500)));
     }
