@@ -289,6 +289,44 @@ async fn the_extension_decides_optional_tools_and_required_ones_need_it() {
     assert_eq!(up.count("tools/call"), calls, "nothing upstream");
 }
 
+/// taskgate is the 2026-07-28 server of a reverse-bridged client: a request without the
+/// `_meta` every 2026-07-28 request must carry (`io.modelcontextprotocol/protocolVersion` and
+/// `io.modelcontextprotocol/clientCapabilities`) is refused `-32602`, HTTP 400, naming what is
+/// missing, under the client's id, and sent nowhere (2026-07-28 basic: required request
+/// `_meta`). Before, it was served as if the client had declared nothing.
+#[tokio::test]
+async fn a_request_without_its_required_meta_is_refused() {
+    let up = legacy_server().await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let cases = [
+        ("", "_meta"),
+        (r#","_meta":{}"#, "protocolVersion"),
+        (
+            r#","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}"#,
+            "clientCapabilities",
+        ),
+        (
+            r#","_meta":{"io.modelcontextprotocol/clientCapabilities":{}}"#,
+            "protocolVersion",
+        ),
+    ];
+    for (i, (meta, named)) in cases.iter().enumerate() {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{},"method":"tools/list","params":{{"cursor":null{meta}}}}}"#,
+            20 + i
+        );
+        let r = Req::mcp_post(&url, body)
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/list");
+        let (status, v) = send(r).await;
+        assert_eq!((status, err_code(&v)), (400, -32602), "{meta}: {v}");
+        assert!(err_message(&v).contains(named), "{meta}: {v}");
+        assert_eq!(v["id"], 20 + i, "under the client's id: {v}");
+    }
+    assert_eq!(up.count("tools/list"), 0, "nothing upstream");
+}
+
 /// A failed tool call keeps its content (2026: `completed` with `isError`); a JSON-RPC error
 /// becomes `failed` with that error.
 #[tokio::test]

@@ -30,6 +30,11 @@
 //! `MCP-Protocol-Version` the session's negotiated version (`2025-11-25`), its
 //! `Mcp-Session-Id`, no `Mcp-Method` / `Mcp-Name`.
 //!
+//! A request whose `params._meta` lacks `io.modelcontextprotocol/protocolVersion` or
+//! `io.modelcontextprotocol/clientCapabilities` (required on every 2026-07-28 request), is
+//! not an object, or has a `progressToken` of another type is refused `-32602` (HTTP 400)
+//! under the client's id, sent nowhere: taskgate is this client's 2026-07-28 server.
+//!
 //! What each 2026-07-28 message becomes:
 //! - `server/discover`: answered here from the held session's `InitializeResult`
 //!   (`translate::discover_result`: `supportedVersions` with 2026-07-28, the tasks extension
@@ -114,8 +119,8 @@ use crate::jsonrpc::{self, Id, Kind, Message};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation, RelaysUpstreamRequests};
 use crate::layers::relay::OwnIds;
 use crate::layers::McpService;
-use crate::mcp::capabilities::declares_tasks_extension;
-use crate::mcp::era::Era;
+use crate::mcp::capabilities::{declares_tasks_extension, CLIENT_CAPABILITIES_META};
+use crate::mcp::era::{Era, PROTOCOL_VERSION_META};
 use crate::mcp::errors::McpError;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::LocalReason;
@@ -320,24 +325,43 @@ async fn bridge<S: McpService>(
                 .answered_locally(LocalReason::InvalidParams));
         }
     };
-    // `params._meta` is an object (MCP basic/_meta) and `progressToken` a string or an integer
-    // (2025-11-25 basic/utilities/progress): what the 2025 upstream would refuse with an error
-    // under no id is refused here, under the client's.
+    // taskgate is this client's 2026-07-28 server: `params._meta` is an object (MCP
+    // basic/_meta) carrying the version and the client's capabilities (2026-07-28: required on
+    // every request, `-32602` HTTP 400 without them), and `progressToken` a string or an
+    // integer (2025-11-25 basic/utilities/progress): what the 2025 upstream would refuse with
+    // an error under no id is refused here, under the client's.
     let meta = params.as_ref().and_then(|p| p.get("_meta"));
+    const REQUIRED: [&str; 2] = [PROTOCOL_VERSION_META, CLIENT_CAPABILITIES_META];
     let bad_meta = match meta {
-        None => None,
-        Some(Value::Object(m)) => match m.get("progressToken") {
-            None | Some(Value::String(_)) => None,
-            Some(Value::Number(n)) if n.is_i64() || n.is_u64() => None,
-            Some(_) => Some(("_meta.progressToken", "must be a string or an integer")),
+        None => Some((
+            "_meta".to_string(),
+            format!(
+                "must carry {} and {} (required on every 2026-07-28 request)",
+                REQUIRED[0], REQUIRED[1]
+            ),
+        )),
+        Some(Value::Object(m)) => match (
+            REQUIRED.iter().find(|k| !m.contains_key(**k)),
+            m.get("progressToken"),
+        ) {
+            (Some(k), _) => Some((
+                format!("_meta[\"{k}\"]"),
+                "is required on every 2026-07-28 request".to_string(),
+            )),
+            (None, None | Some(Value::String(_))) => None,
+            (None, Some(Value::Number(n))) if n.is_i64() || n.is_u64() => None,
+            (None, Some(_)) => Some((
+                "_meta.progressToken".to_string(),
+                "must be a string or an integer".to_string(),
+            )),
         },
-        Some(_) => Some(("_meta", "must be an object")),
+        Some(_) => Some(("_meta".to_string(), "must be an object".to_string())),
     };
     if let Some((key, problem)) = bad_meta {
         let error = McpError::InvalidParam {
             method: None,
-            key: key.to_string(),
-            problem: problem.to_string(),
+            key,
+            problem,
         };
         return Ok(McpReply::error(Era::Modern, Some(&id), &error)
             .answered_locally(LocalReason::InvalidParams));
