@@ -147,16 +147,37 @@ pub fn check(headers: &HeaderMap, msg: &Message) -> Result<Routing, String> {
     let body_name = body_name(msg, key);
     match (sent, body_name) {
         (Some(s), Some(b)) if s == b => {}
-        (Some(s), b) => {
+        (Some(s), Some(b)) => {
             return Err(format!(
-                "Header mismatch: Mcp-Name {s:?} is not params.{key} ({})",
-                b.map_or("absent".into(), |b| format!("{b:?}"))
+                "Header mismatch: Mcp-Name {s:?} is not params.{key} ({b:?})"
             ))
+        }
+        (Some(s), None) => {
+            // Present but not a string (`"taskId": 5`) is not "absent": say what it is.
+            let found = match msg.param(key) {
+                None => "absent".to_string(),
+                Some(raw) => format!("{}, not a string", json_kind(raw)),
+            };
+            return Err(format!(
+                "Header mismatch: Mcp-Name {s:?} is not params.{key} ({found})"
+            ));
         }
         (None, Some(b)) => routing.missing.push((&MCP_NAME, encode(&b))),
         (None, None) => {}
     }
     Ok(routing)
+}
+
+/// What kind of JSON value `raw` is, for a message (`a number`, `an object`, ...).
+fn json_kind(raw: &str) -> &'static str {
+    match raw.as_bytes().first() {
+        Some(b'{') => "an object",
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
+    }
 }
 
 /// `params.<key>` of `msg` when it is a string (read from the places the envelope parse noted,
@@ -224,6 +245,16 @@ mod tests {
         assert!(check(&bytes, &msg(GET)).is_err());
         let list = msg(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
         assert!(check(&headers(&[(&MCP_NAME, "x")]), &list).is_err());
+        // A taskId that is there but not a string is named as what it is, not "absent".
+        let numeric = msg(r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":5}}"#);
+        let e = check(&headers(&[(&MCP_NAME, "5")]), &numeric).unwrap_err();
+        assert!(
+            e.ends_with("is not params.taskId (a number, not a string)"),
+            "{e}"
+        );
+        let none = msg(r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{}}"#);
+        let e = check(&headers(&[(&MCP_NAME, "5")]), &none).unwrap_err();
+        assert!(e.ends_with("is not params.taskId (absent)"), "{e}");
     }
 
     /// 2026-07-28 §2.2: a missing header is refused like a mismatch, but for `Mcp-Name` on
