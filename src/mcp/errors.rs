@@ -507,7 +507,9 @@ impl McpError {
     pub fn http_status(&self, era: Era) -> StatusCode {
         match self {
             McpError::SessionNotFound => StatusCode::NOT_FOUND,
-            McpError::SessionsFull | McpError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            McpError::SessionsFull | McpError::Overloaded { .. } | McpError::HeldListenFull => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             McpError::SessionStore { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             McpError::SessionIdTooLong { .. } => StatusCode::BAD_GATEWAY,
             _ => match era {
@@ -517,9 +519,10 @@ impl McpError {
         }
     }
 
-    /// The `Retry-After` the reply carries, in seconds: 1 for [`McpError::Overloaded`].
+    /// The `Retry-After` the reply carries, in seconds: 1 for [`McpError::Overloaded`] and
+    /// [`McpError::HeldListenFull`] (no room now; a held session's state is freed when it ends).
     pub fn retry_after_secs(&self) -> Option<u32> {
-        matches!(self, McpError::Overloaded { .. }).then_some(1)
+        matches!(self, McpError::Overloaded { .. } | McpError::HeldListenFull).then_some(1)
     }
 
     /// The JSON-RPC error response under `id` (`data` where the variant has one).
@@ -1078,7 +1081,7 @@ mod tests {
             ("UriTooLong", -32602, 200, 400),
             ("TooManySubscriptions", -32602, 200, 400),
             ("SubscriptionBytesExceeded", -32602, 200, 400),
-            ("HeldListenFull", -32603, 200, 200),
+            ("HeldListenFull", -32603, 503, 503),
         ];
         let expected: Vec<(String, i64, u16, u16)> = expected
             .into_iter()
@@ -1088,9 +1091,10 @@ mod tests {
     }
 
     #[test]
-    fn only_overloaded_asks_to_retry() {
+    fn only_no_room_asks_to_retry() {
         for e in every_variant() {
-            let expected = matches!(e, McpError::Overloaded { .. }).then_some(1);
+            let expected =
+                matches!(e, McpError::Overloaded { .. } | McpError::HeldListenFull).then_some(1);
             assert_eq!(e.retry_after_secs(), expected, "{e:?}");
         }
     }

@@ -326,12 +326,11 @@ fn alive_in(req: &McpRequest) -> impl Fn(&str) -> bool {
     move |id: &str| alive.as_ref().map_or(true, |a| (a.0)(id))
 }
 
-/// HTTP 503 with `Retry-After: 1`: no room for another session's listen state.
+/// HTTP 503 with `Retry-After: 1`: no room for another session's listen state (a GET stream;
+/// a `resources/subscribe` gets the same error under its id).
 fn no_room() -> McpReply {
-    let error = McpError::Overloaded {
-        message: format!("Service Unavailable: {}", McpError::HeldListenFull),
-    };
-    McpReply::error(Era::Legacy, None, &error).answered_locally(LocalReason::HeldSession)
+    McpReply::error(Era::Legacy, None, &McpError::HeldListenFull)
+        .answered_locally(LocalReason::HeldSession)
 }
 
 /// The filter categories an upstream offers (from its `server/discover` capabilities).
