@@ -25,7 +25,7 @@ use crate::layers::session::{HandDown, SessionLayer, Sessions};
 use crate::layers::session_guard::SessionGuardLayer;
 use crate::layers::tasks::TasksLayer;
 use crate::layers::upgrade::{cancel_orphans, follow_adopted, UpgradeLayer, UpgradeState};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, UpgradeOutcome};
 use crate::registry::Registry;
 use crate::store::{PgStore, SledStore, StoreError, TaskStore};
 use crate::telemetry::{Settings, Telemetry};
@@ -358,19 +358,26 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
         .then(|| shared.registry.leases())
         .flatten()
     {
-        let (state, stack, up) = (
+        let (state, stack, up, metrics) = (
             upgrade_state.clone(),
             McpStack::new(inner.clone()),
             name.clone(),
+            shared.metrics.clone(),
         );
         keeper.on_adopt(
             &name,
             crate::store::LeaseKind::Followed,
             Arc::new(move |task_id: String| {
                 let (state, stack, up) = (state.clone(), stack.clone(), up.clone());
+                let metrics = metrics.clone();
                 Box::pin(async move {
                     match follow_adopted(&state, &up, stack, &task_id).await {
-                        Ok(_) => true,
+                        Ok(ended) => {
+                            if ended.is_some() {
+                                metrics.upgraded_call(&up, UpgradeOutcome::Adopted);
+                            }
+                            true
+                        }
                         Err(e) => {
                             tracing::warn!(upstream = %up, task_id, error = %e, "an adopted upgraded call could not be followed");
                             false

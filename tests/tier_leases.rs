@@ -436,6 +436,25 @@ async fn an_upgraded_call_whose_follower_is_killed_is_followed_to_its_end() {
         results.unwrap_or(0) >= 1,
         "tasks/result asked upstream: {rec}"
     );
+    // Counted once, by the replica that adopted it (once its follower ended).
+    let adopted = || async {
+        let mut n = 0.0;
+        for r in &t.replicas[1..] {
+            let text = scrape(r.admin().expect("a running replica")).await;
+            n += metric(
+                &text,
+                "taskgate_upgraded_calls_total",
+                &[("outcome", "adopted")],
+            );
+        }
+        n
+    };
+    let counted = eventually(STEP, || async { (adopted().await >= 1.0).then_some(()) }).await;
+    assert!(
+        counted.is_some(),
+        "upgraded_calls_total{{outcome=\"adopted\"}} counted"
+    );
+    assert_eq!(adopted().await, 1.0, "counted once over replicas 1 and 2");
     let _ = &t.pg;
 }
 

@@ -238,6 +238,9 @@ label_enum! {
         Failed = "failed",
         Cancelled = "cancelled",
         Orphaned = "orphaned",
+        /// A PostgreSQL tier: a call whose follower was lost with its replica, adopted and
+        /// followed to its end by this replica (`layers::upgrade::follow_adopted`).
+        Adopted = "adopted",
         UpstreamError = "upstream_error",
         Disconnected = "disconnected",
         RefusedCapability = "refused_capability",

@@ -155,6 +155,7 @@ fn label_values_are_the_documented_ones() {
             "failed",
             "cancelled",
             "orphaned",
+            "adopted",
             "upstream_error",
             "disconnected",
             "refused_capability",

@@ -48,6 +48,13 @@ impl Replica {
     pub fn url(&self) -> String {
         format!("http://{}/mcp", self.gateway)
     }
+
+    /// The admin listener's address (`/metrics`), from the listening line of the running process.
+    pub fn admin(&self) -> Option<SocketAddr> {
+        let line = self.process.as_ref()?.listening_line.as_deref()?;
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        v["listening"]["admin"].as_str()?.parse().ok()
+    }
 }
 
 /// Three replicas on one PostgreSQL behind nginx.

@@ -41,12 +41,14 @@
 //!   them upstream ([`cancel_orphans`]), counted as `taskgate_upgraded_calls_total{outcome="orphaned"}`.
 //!   Not in a PostgreSQL tier, where the follower holds a lease on its call instead
 //!   (`registry::leases`): when its replica is lost, another replica adopts the call and follows
-//!   it to its end ([`follow_adopted`]), so its record gets its final status and result.
+//!   it to its end ([`follow_adopted`]), so its record gets its final status and result,
+//!   counted as `taskgate_upgraded_calls_total{outcome="adopted"}` on the adopting replica.
 //!
 //! Outcomes of `taskgate_upgraded_calls_total{upstream,outcome}`: `completed`, `failed` (error or
 //! `isError` result), `cancelled` (client's `notifications/cancelled`), `disconnected`,
 //! `refused_capability`, `not_a_task` (the upstream answered without a task), `upstream_error`,
-//! `orphaned`, `relay_overflow` (too many events before the `CreateTaskResult`).
+//! `orphaned`, `adopted` (followed to its end by another replica of a tier), `relay_overflow`
+//! (too many events before the `CreateTaskResult`).
 //!
 //! A `notifications/cancelled` that arrives before the upstream's `CreateTaskResult` is held and
 //! becomes the `tasks/cancel` once the task exists. The upstream side of an upgraded call runs
