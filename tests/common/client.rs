@@ -560,6 +560,35 @@ pub fn err_message(v: &Value) -> String {
         .to_string()
 }
 
+/// `params.task` values taskgate cannot bound (2025-11-25 `TaskMetadata` is an object whose
+/// optional `ttl` is a number of ms), each with the member its `-32602` names.
+pub const UNBOUNDABLE_TASKS: [(&str, &str); 8] = [
+    ("[]", "params.task"),
+    ("null", "params.task"),
+    ("\"x\"", "params.task"),
+    ("7", "params.task"),
+    (r#"{"ttl":"99999999"}"#, "params.task.ttl"),
+    (r#"{"ttl":true}"#, "params.task.ttl"),
+    (r#"{"ttl":-1}"#, "params.task.ttl"),
+    (r#"{"ttl":[]}"#, "params.task.ttl"),
+];
+
+/// Calls `tool` with each of [`UNBOUNDABLE_TASKS`] as its `params.task` and asserts the answer
+/// is `-32602` (HTTP 200, 2025-11-25) naming the member.
+pub async fn assert_unboundable_tasks_refused(c: &Client, tool: &str) {
+    for (i, (task, member)) in UNBOUNDABLE_TASKS.iter().enumerate() {
+        let v = c
+            .rpc(rpc(
+                &format!("\"unboundable-{i}\""),
+                "tools/call",
+                &format!(r#"{{"name":"{tool}","arguments":{{}},"task":{task}}}"#),
+            ))
+            .await;
+        assert_eq!(err_code(&v), -32602, "task {task}: {v}");
+        assert!(err_message(&v).contains(member), "task {task}: {v}");
+    }
+}
+
 // =============================================================================================
 // Client side
 // =============================================================================================
