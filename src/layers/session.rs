@@ -364,7 +364,7 @@ impl Sessions {
                     Access::Owner(version)
                 };
                 info.last_used = now;
-                self.touch_if_due(upstream, session, info);
+                self.touch_if_due(upstream, session, info, now);
                 (access, wants(info.held.is_some()).then(|| info.view()))
             }
             Some(_) => (Access::Foreign, None),

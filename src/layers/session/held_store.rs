@@ -362,20 +362,21 @@ impl Sessions {
     }
 
     /// Moves the stored expiry of a held session in use (at most once per [`touch_every`]);
-    /// called under the table's lock by [`Sessions::access`].
+    /// called under the table's lock by [`Sessions::access`], with its `now` (the table's
+    /// clock, read once per request).
     pub(super) fn touch_if_due(
         &self,
         upstream: &Arc<str>,
         session: &HeaderValue,
         info: &mut SessionInfo,
+        now: u32,
     ) {
-        let Some(store) = self.store.get() else {
-            return;
-        };
         if !info.stored {
             return;
         }
-        let now = self.now();
+        let Some(store) = self.store.get() else {
+            return;
+        };
         let every = touch_every(self.idle).as_secs().min(u32::MAX as u64) as u32;
         if now.saturating_sub(info.stored_at) < every {
             return;
