@@ -66,7 +66,7 @@ impl std::hash::Hash for Id {
 
 impl Id {
     /// The id's JSON text as bytes (no UTF-8 check: what equality and hashing compare).
-    fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         match &self.0 {
             IdText::Inline { len, text } => text.get(..usize::from(*len)).unwrap_or_default(),
             IdText::Shared(text) => text.as_bytes(),
