@@ -146,12 +146,25 @@ fn is_plain_call(req: &McpRequest) -> bool {
 /// The key of a caller's entry in the session table: its `Mcp-Session-Id`; without one (an
 /// upstream without sessions), its bearer principal. Typed, so a client that sends
 /// `Mcp-Session-Id: principal:alice` names a session, never alice's entry.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionKey {
     /// The client's `Mcp-Session-Id`.
     Session(HeaderValue),
     /// A bearer principal calling an upstream that issues no sessions.
     Principal(Arc<str>),
+}
+
+/// One write, the key's text: the derived hash made four (the variant, the slice's length, the
+/// bytes, `HeaderValue`'s sensitive flag), and every request naming a session hashes its key
+/// (`Sessions::access_view`). Equal keys have equal texts, so equal hashes; a session and a
+/// principal spelled alike only share a bucket.
+impl std::hash::Hash for SessionKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            SessionKey::Session(id) => state.write(id.as_bytes()),
+            SessionKey::Principal(p) => state.write(p.as_bytes()),
+        }
+    }
 }
 
 /// The session-table key of a caller (see [`SessionKey`]); without a session or a principal,
