@@ -316,7 +316,9 @@ impl Telemetry {
     /// span) for a request taskgate makes itself. `details` (the tool a `tools/call` names and
     /// the exchange's own attributes) is called only for a span that is sampled. The first
     /// exchange of a sampled SERVER span is kept in the SERVER span's record (`span::Exchange`),
-    /// named after it when it has the same method and tool.
+    /// named after it when it has the same method and tool. `server` gets `peer` as its
+    /// upstream's attributes too ([`RequestTrace::set_peer`]), under the same lock when the
+    /// exchange is kept in its record.
     pub fn exchange_span<'t>(
         &self,
         method: &str,
@@ -333,6 +335,7 @@ impl Telemetry {
             let shared = &server.shared;
             let mut record = shared.record.lock();
             if let Some(r) = record.as_mut().filter(|r| r.open && r.exchange.is_none()) {
+                r.peer = Some(peer.clone());
                 let span_id = self.0.ids.new_span_id();
                 let (tool, attributes) = details();
                 let tool = tool.filter(|_| method == "tools/call");
@@ -381,6 +384,9 @@ impl Telemetry {
                     part: Part::Exchange,
                 };
             }
+        }
+        if let Some(server) = server {
+            server.set_peer(peer);
         }
         self.begin(SpanKind::Client, server.map(RequestTrace::context), || {
             let (tool, attributes) = details();

@@ -66,10 +66,9 @@ impl Traced {
     /// `req` sent through `transport` under a CLIENT span (a POSTed request; anything else goes
     /// as it is).
     pub(super) fn exchange(&self, transport: Arc<dyn Transport>, mut req: McpRequest) -> Exchange {
-        let Some((span, id)) = self.start(&mut req) else {
+        let Some((span, server, id)) = self.start(&mut req) else {
             return transport.exchange(req);
         };
-        let server = req.extensions.get::<RequestTrace>().cloned();
         let exchange = transport.exchange(req);
         Box::pin(async move {
             let mut result = exchange.await;
@@ -81,8 +80,9 @@ impl Traced {
         })
     }
 
-    /// Starts the span of `req` and writes it into `req` as its parent.
-    fn start(&self, req: &mut McpRequest) -> Option<(RequestTrace, Option<crate::jsonrpc::Id>)> {
+    /// Starts the span of `req` and writes it into `req` as its parent; with the request's
+    /// SERVER span (looked up once) and its id.
+    fn start(&self, req: &mut McpRequest) -> Option<Started> {
         let Operation::Post(msg) = &req.op else {
             return None;
         };
@@ -92,9 +92,6 @@ impl Traced {
         let c = Classified::of(msg);
         let method = c.method()?;
         let server = req.extensions.get::<RequestTrace>();
-        if let Some(server) = server {
-            server.set_peer(&self.peer);
-        }
         let link = req.extensions.get::<TaskLink>().map(|l| &l.0);
         // Made only for a span that is sampled.
         let details = || {
@@ -111,6 +108,7 @@ impl Traced {
             &self.peer,
             details,
         );
+        let server = server.cloned();
         let id = msg.id().cloned();
         // Made on the stack: a `String` for it, and one for its quoted form, cost ~400
         // instructions (issue 34).
@@ -133,6 +131,13 @@ impl Traced {
                 headers.remove(&TRACESTATE);
             }
         }
-        Some((span, id))
+        Some((span, server, id))
     }
 }
+
+/// A started CLIENT span, the request's SERVER span and the request's id.
+type Started = (
+    RequestTrace,
+    Option<RequestTrace>,
+    Option<crate::jsonrpc::Id>,
+);
