@@ -12,6 +12,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::fmt;
+use std::ops::Range;
 
 /// `-32700` Parse error: the body is not JSON.
 pub const PARSE_ERROR: i64 = -32700;
@@ -710,29 +711,28 @@ impl Message {
     pub fn with_meta_member(&self, key: &str, value: &str) -> Option<Message> {
         self.method()?;
         let raw = &self.raw[..];
-        let concat = |parts: &[&str]| -> Vec<u8> {
-            let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum::<usize>() + 1);
-            parts
-                .iter()
-                .for_each(|p| out.extend_from_slice(p.as_bytes()));
-            out
-        };
+        // What is put in is copied straight into the spliced message ([`Parts`]).
+        let concat = Parts::of;
         // The first member of the object starting at `open`: `member`, and a comma when the
         // object has members already.
-        let first = |open: usize, object: &str, mut member: Vec<u8>| {
+        fn first<'a>(
+            open: usize,
+            object: &str,
+            mut member: Parts<'a>,
+        ) -> (Range<usize>, Parts<'a>) {
             let inner = object.get(1..object.len().saturating_sub(1)).unwrap_or("");
             if !inner.trim_matches([' ', '\t', '\n', '\r']).is_empty() {
-                member.push(b',');
+                member.push(",");
             }
             (open + 1..open + 1, member)
-        };
+        }
         match self.params.state {
             ParamsState::NotAnObject => None,
             ParamsState::Absent => {
                 // The message is an object (it has a method).
                 let at = raw.iter().position(|&b| b == b'{')? + 1;
                 let member = concat(&["\"params\":{\"_meta\":{\"", key, "\":", value, "}},"]);
-                Message::parse(splice::splice(raw, at..at, &member)).ok()
+                Message::parse(member.spliced(raw, at..at)).ok()
             }
             ParamsState::Walk | ParamsState::Indexed => {
                 let params = self.params()?;
@@ -745,7 +745,7 @@ impl Message {
                         match splice::raw_at(meta.as_bytes(), &[key]).ok()? {
                             Some(old) => {
                                 let at = open + splice::span_of(meta.as_bytes(), old)?.start;
-                                (at..at + old.get().len(), value.as_bytes().to_vec(), false)
+                                (at..at + old.get().len(), Parts::of(&[value]), false)
                             }
                             None => {
                                 let member = concat(&["\"", key, "\":", value]);
@@ -762,7 +762,7 @@ impl Message {
                         (range, with, true)
                     }
                 };
-                let spliced = splice::splice(raw, range.clone(), &with);
+                let spliced = with.spliced(raw, range.clone());
                 if self.params.state == ParamsState::Walk {
                     return Message::parse(spliced).ok();
                 }
@@ -789,6 +789,46 @@ impl Message {
     /// Deserialises the whole message into `T` (for layers that need fields beyond the envelope).
     pub fn parse_as<'a, T: Deserialize<'a>>(&'a self) -> Result<T, serde_json::Error> {
         serde_json::from_slice(&self.raw)
+    }
+}
+
+/// The text [`Message::with_meta_member`] puts in, in at most six pieces, copied straight into
+/// the spliced message (joined in a `Vec` first, they cost an allocation per upstream request
+/// when traces are on, issue 34).
+#[derive(Default)]
+struct Parts<'a> {
+    parts: [&'a str; 6],
+    count: usize,
+}
+
+impl<'a> Parts<'a> {
+    fn of(parts: &[&'a str]) -> Parts<'a> {
+        let mut out = Parts::default();
+        parts.iter().for_each(|p| out.push(p));
+        out
+    }
+
+    fn push(&mut self, part: &'a str) {
+        debug_assert!(self.count < self.parts.len(), "at most six parts");
+        if let Some(slot) = self.parts.get_mut(self.count) {
+            *slot = part;
+            self.count += 1;
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.parts[..self.count].iter().map(|p| p.len()).sum()
+    }
+
+    /// `bytes` with `range` replaced by the parts.
+    fn spliced(&self, bytes: &[u8], range: Range<usize>) -> Bytes {
+        let mut out = Vec::with_capacity(bytes.len() - range.len() + self.len());
+        out.extend_from_slice(&bytes[..range.start]);
+        self.parts[..self.count]
+            .iter()
+            .for_each(|p| out.extend_from_slice(p.as_bytes()));
+        out.extend_from_slice(&bytes[range.end..]);
+        Bytes::from(out)
     }
 }
 
