@@ -11,8 +11,11 @@ use crate::jsonrpc::Kind;
 use crate::mcp::classify::Classified;
 use crate::mcp::era::PROTOCOL_VERSION_META;
 use crate::telemetry::propagation::{self, Incoming};
-use crate::telemetry::{protocol_version, semconv, KeyValue, RequestTrace, Target, Telemetry};
+use crate::telemetry::{
+    protocol_version, semconv, KeyValue, RequestTrace, RequestValues, Target, Telemetry,
+};
 use http::HeaderName;
+use std::borrow::Cow;
 
 /// Starts the SERVER span of `request` (a POSTed JSON-RPC request; GET streams, DELETEs,
 /// notifications and responses get none) and puts it in the request's extensions.
@@ -39,16 +42,18 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
 
     // Made only for a span that is sampled (a span that is not carries only its context).
     let details = || {
-        let mut attributes = Vec::with_capacity(6);
-        if let Some(id) = msg.id() {
-            // A string id without its quotes (decoded), a number as written.
+        // A string id without its quotes (decoded), a number as written.
+        let id = msg.id().map(|id| {
             let json = id.as_json();
-            let text = match json.starts_with('"') {
-                true => serde_json::from_str::<String>(json).unwrap_or_else(|_| json.to_string()),
-                false => json.to_string(),
-            };
-            attributes.push(KeyValue::new(semconv::JSONRPC_REQUEST_ID, text));
-        }
+            let inner = json.strip_prefix('"').and_then(|j| j.strip_suffix('"'));
+            match inner {
+                Some(inner) if !inner.contains('\\') => Cow::Borrowed(inner),
+                Some(_) => {
+                    serde_json::from_str::<String>(json).map_or(Cow::Borrowed(json), Cow::Owned)
+                }
+                None => Cow::Borrowed(json),
+            }
+        });
         let version = match request
             .ctx
             .headers
@@ -60,20 +65,16 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
                 .meta_str(PROTOCOL_VERSION_META)
                 .map(|v| protocol_version(&v)),
         };
-        if let Some(version) = version {
-            attributes.push(KeyValue::new(semconv::MCP_PROTOCOL_VERSION, version));
-        }
-        if let Some(session) = request
+        let session = request
             .ctx
             .client_session_id
             .as_ref()
-            .and_then(|s| s.to_str().ok())
-        {
-            attributes.push(KeyValue::new(semconv::MCP_SESSION_ID, session.to_string()));
-        }
-        if let Some(task_id) = c.task_id() {
-            attributes.push(KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned()));
-        }
+            .and_then(|s| s.to_str().ok());
+        let values = RequestValues::new(id.as_deref(), version, session);
+        let attributes = match c.task_id() {
+            Some(task_id) => vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned())],
+            None => Vec::new(),
+        };
         let target = match method {
             "tools/call" => c
                 .tool()
@@ -83,7 +84,7 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
                 .map_or(Target::None, |p| Target::Prompt(p.to_string())),
             _ => Target::None,
         };
-        (target, attributes)
+        (target, values, attributes)
     };
     let trace = telemetry.request_span(method, incoming, details);
     request.extensions.insert(trace.clone());

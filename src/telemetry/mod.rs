@@ -27,7 +27,7 @@ mod span;
 
 pub use opentelemetry::trace::SpanContext;
 pub use opentelemetry::KeyValue;
-pub use span::{protocol_version, Peer, Target};
+pub use span::{protocol_version, Peer, RequestValues, Target};
 
 use crate::config::{check_endpoint, ConfigError, TelemetryConfig};
 use crate::jsonrpc::{splice, Message};
@@ -291,23 +291,24 @@ impl Telemetry {
 
     /// Starts the SERVER span of one MCP request for `method`, as `incoming` says (its parent,
     /// and a link to the HTTP header's span when `_meta` named another). `details` gives its
-    /// tool or prompt and the request's own attributes (`mcp.method.name` and the GenAI ones are
-    /// added from `method` and the target); it is called only for a span that is sampled (one
-    /// that is not carries only its context: nothing of the request is copied for it).
+    /// tool or prompt, the request's id, protocol version and session, and its other
+    /// attributes (`mcp.method.name` and the GenAI ones are added from `method` and the
+    /// target); it is called only for a span that is sampled (one that is not carries only its
+    /// context: nothing of the request is copied for it).
     pub fn request_span(
         &self,
         method: &str,
         incoming: Incoming,
-        details: impl FnOnce() -> (Target, Vec<KeyValue>),
+        details: impl FnOnce() -> (Target, RequestValues, Vec<KeyValue>),
     ) -> RequestTrace {
         let Incoming { parent, link } = incoming;
         self.begin(SpanKind::Server, parent.as_ref(), || {
-            let (target, attributes) = details();
+            let (target, request, attributes) = details();
             let name = SpanName::Method {
                 method: span::method(method),
                 target,
             };
-            (name, link.into_iter().collect(), attributes, None)
+            (name, link.into_iter().collect(), request, attributes, None)
         })
     }
 
@@ -394,7 +395,14 @@ impl Telemetry {
                 method: span::method(method),
                 target: target(tool),
             };
-            (name, links.to_vec(), attributes, Some(peer.clone()))
+            let request = RequestValues::default();
+            (
+                name,
+                links.to_vec(),
+                request,
+                attributes,
+                Some(peer.clone()),
+            )
         })
     }
 
@@ -405,7 +413,8 @@ impl Telemetry {
         let attributes = || vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.to_string())];
         let span = self.begin(SpanKind::Internal, creating, || {
             let links = creating.into_iter().cloned().collect();
-            (SpanName::Fixed(event), links, attributes(), None)
+            let request = RequestValues::default();
+            (SpanName::Fixed(event), links, request, attributes(), None)
         });
         if span.is_recording() {
             span.event(event, attributes());
@@ -415,12 +424,13 @@ impl Telemetry {
 
     /// A new span: its ids, its sampling decision (parent-based: a parent's sampled flag, else
     /// the ratio on the trace id) and, when sampled, its open record, of what `details` gives
-    /// (its name, links, attributes and peer; not called for a span not sampled).
+    /// (its name, links, request values, attributes and peer; not called for a span not
+    /// sampled).
     fn begin(
         &self,
         kind: SpanKind,
         parent: Option<&SpanContext>,
-        details: impl FnOnce() -> (SpanName, Vec<SpanContext>, Vec<KeyValue>, Option<Peer>),
+        details: impl FnOnce() -> Details,
     ) -> RequestTrace {
         let parent = parent.filter(|p| p.is_valid());
         let span_id = self.0.ids.new_span_id();
@@ -443,7 +453,7 @@ impl Telemetry {
         };
         let context = SpanContext::new(trace_id, span_id, flags, false, state);
         let record = sampled.then(|| {
-            let (name, links, attributes, peer) = details();
+            let (name, links, request, attributes, peer) = details();
             Record {
                 open: true,
                 exchange: None,
@@ -453,6 +463,7 @@ impl Telemetry {
                 name,
                 start: SystemTime::now(),
                 end: SystemTime::UNIX_EPOCH,
+                request,
                 attributes,
                 peer,
                 links,
@@ -472,6 +483,16 @@ impl Telemetry {
         }
     }
 }
+
+/// What a new span is made of ([`Telemetry::begin`]): its name, links, request values,
+/// attributes and peer.
+type Details = (
+    SpanName,
+    Vec<SpanContext>,
+    RequestValues,
+    Vec<KeyValue>,
+    Option<Peer>,
+);
 
 /// A started span shared by the code that adds to it: the edge's SERVER span (the layers set
 /// `mcp.task.id` and links on it, the upstream client the upstream's address), or an upstream
@@ -567,6 +588,7 @@ impl RequestTrace {
         let r = record.as_mut()?;
         match self.part {
             Part::Own if r.open => Some(f(Open {
+                request: Some(&mut r.request),
                 attributes: &mut r.attributes,
                 peer: &mut r.peer,
                 links: &mut r.links,
@@ -575,6 +597,7 @@ impl RequestTrace {
             Part::Exchange => {
                 let e = r.exchange.as_mut().filter(|e| e.open)?;
                 Some(f(Open {
+                    request: None,
                     attributes: &mut e.attributes,
                     peer: &mut e.peer,
                     links: &mut e.links,
@@ -587,7 +610,12 @@ impl RequestTrace {
 
     /// Sets one attribute (a later value for the same key replaces the earlier).
     pub fn set(&self, attribute: KeyValue) {
-        self.with(|o| span::set(o.attributes, attribute));
+        self.with(|o| {
+            if let Some(request) = o.request {
+                request.forget(attribute.key.as_str());
+            }
+            span::set(o.attributes, attribute)
+        });
     }
 
     /// Sets the upstream's attributes (`server.address`, `server.port`, `network.transport`).
@@ -693,6 +721,8 @@ impl RequestTrace {
 
 /// An open span's parts [`RequestTrace::with`] lends.
 struct Open<'a> {
+    /// A record's own span's request values (an exchange has none).
+    request: Option<&'a mut RequestValues>,
     attributes: &'a mut Vec<KeyValue>,
     peer: &'a mut Option<Peer>,
     links: &'a mut Vec<SpanContext>,

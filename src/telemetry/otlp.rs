@@ -14,7 +14,7 @@
 //! body with the generated `opentelemetry-proto` types.
 
 use super::semconv;
-use super::span::{ExchangeName, Peer, Record, SpanName, Target};
+use super::span::{ExchangeName, Peer, Record, RequestValues, SpanName, Target};
 use bytes::Bytes;
 use opentelemetry::trace::{Event, SpanContext, SpanId, SpanKind, TraceFlags, TraceId};
 use opentelemetry::{KeyValue, Value};
@@ -107,6 +107,8 @@ struct View<'a> {
     tool_only: bool,
     start: SystemTime,
     end: SystemTime,
+    /// A SERVER span's request's id, protocol version and session.
+    request: Option<&'a RequestValues>,
     attributes: &'a [KeyValue],
     peer: Option<&'a Peer>,
     links: &'a [SpanContext],
@@ -129,6 +131,7 @@ fn write_record(out: &mut Vec<u8>, span: &mut Vec<u8>, r: &Record) -> usize {
         tool_only: false,
         start: r.start,
         end: r.end,
+        request: Some(&r.request),
         attributes: &r.attributes,
         peer: r.peer.as_ref(),
         links: &r.links,
@@ -171,6 +174,7 @@ fn write_record(out: &mut Vec<u8>, span: &mut Vec<u8>, r: &Record) -> usize {
         tool_only,
         start: e.start,
         end: e.end,
+        request: None,
         attributes: &e.attributes,
         peer: e.peer.as_ref(),
         links: &e.links,
@@ -265,6 +269,17 @@ fn write_span(out: &mut Vec<u8>, r: &View<'_>, named: Option<Written<'_>>) -> Na
         (None, None) => {}
     }
     let method_end = out.len();
+    if let Some(request) = r.request {
+        if let Some(id) = request.id() {
+            attribute_str(out, 9, semconv::JSONRPC_REQUEST_ID, id);
+        }
+        if let Some(version) = request.version() {
+            attribute_str(out, 9, semconv::MCP_PROTOCOL_VERSION, version);
+        }
+        if let Some(session) = request.session() {
+            attribute_str(out, 9, semconv::MCP_SESSION_ID, session);
+        }
+    }
     for kv in r.attributes {
         attribute_field(out, 9, kv.key.as_str(), &kv.value);
     }

@@ -282,6 +282,7 @@ fn the_otlp_body_decodes_with_the_generated_types() {
         name,
         start: t0,
         end: t0 + Duration::from_micros(5),
+        request: RequestValues::default(),
         attributes: vec![
             KeyValue::new(semconv::JSONRPC_REQUEST_ID, "7"),
             KeyValue::new("x.int", -42i64),
@@ -412,6 +413,7 @@ fn an_answer_is_read_once_for_both_spans() {
                     },
                     start: SystemTime::now(),
                     end: SystemTime::UNIX_EPOCH,
+                    request: RequestValues::default(),
                     attributes: Vec::new(),
                     peer: None,
                     links: Vec::new(),
@@ -537,7 +539,9 @@ fn a_span_not_sampled_makes_no_record_and_carries_its_context() {
     };
     let failures = prometheus::IntCounter::new("failures", "failures").unwrap();
     let telemetry = Telemetry::start(&settings, failures).unwrap();
-    let not_read = || -> (Target, Vec<KeyValue>) { panic!("details read for a span not sampled") };
+    let not_read = || -> (Target, RequestValues, Vec<KeyValue>) {
+        panic!("details read for a span not sampled")
+    };
     let root = telemetry.request_span("tools/call", Incoming::default(), not_read);
     assert!(!root.is_recording());
     assert!(root.context().is_valid() && !root.context().is_sampled());
@@ -555,7 +559,13 @@ fn a_span_not_sampled_makes_no_record_and_carries_its_context() {
             parent: Some(sampled.clone()),
             link: None,
         },
-        || (Target::Tool("t".into()), Vec::new()),
+        || {
+            (
+                Target::Tool("t".into()),
+                RequestValues::default(),
+                Vec::new(),
+            )
+        },
     );
     let child = telemetry.exchange_span("tools/call", Some(&server), &[], &peer, || {
         (Some("t".into()), Vec::new())
@@ -596,12 +606,12 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
         None,
     )
     .unwrap();
-    let id = || vec![KeyValue::new(semconv::JSONRPC_REQUEST_ID, "7")];
+    let id = || RequestValues::new(Some("7"), Some("2025-11-25".into()), Some("s-1"));
     let task = || vec![KeyValue::new(semconv::MCP_TASK_ID, "t-1")];
 
     // tools/call: the exchange ends first, then the SERVER span; a second exchange apart.
     let server = telemetry.request_span("tools/call", incoming(), || {
-        (Target::Tool("echo".into()), id())
+        (Target::Tool("echo".into()), id(), Vec::new())
     });
     server.set_peer(&peer);
     let client = telemetry.exchange_span("tools/call", Some(&server), &[], &peer, || {
@@ -623,7 +633,11 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
     server.end();
     // prompts/get: the SERVER span ends first, the exchange when its handle is dropped.
     let prompt = telemetry.request_span("prompts/get", incoming(), || {
-        (Target::Prompt("p".into()), Vec::new())
+        (
+            Target::Prompt("p".into()),
+            RequestValues::default(),
+            Vec::new(),
+        )
     });
     let exchange = telemetry.exchange_span(
         "prompts/get",
@@ -696,6 +710,8 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
         pairs(&[
             ("mcp.method.name", "tools/call"),
             ("jsonrpc.request.id", "7"),
+            ("mcp.protocol.version", "2025-11-25"),
+            ("mcp.session.id", "s-1"),
             ("server.port", "int 8080"),
             ("gen_ai.tool.name", "echo"),
             ("gen_ai.operation.name", "execute_tool"),
@@ -729,4 +745,24 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
         ])
     );
     assert!(all[pc].end_time_unix_nano >= all[p].end_time_unix_nano);
+}
+
+/// A request's id and session share one string; a value set later for one of its keys replaces
+/// it (the request's own is forgotten), the others stay (issue 34).
+#[test]
+fn request_values_share_one_string_and_a_later_value_replaces_one() {
+    let mut v = RequestValues::new(Some("7"), Some("2025-11-25".into()), Some("s-1"));
+    assert_eq!(
+        (v.id(), v.version(), v.session()),
+        (Some("7"), Some("2025-11-25"), Some("s-1"))
+    );
+    v.forget(semconv::JSONRPC_REQUEST_ID);
+    assert_eq!((v.id(), v.session()), (None, Some("s-1")));
+    v.forget(semconv::MCP_SESSION_ID);
+    v.forget(semconv::MCP_PROTOCOL_VERSION);
+    assert_eq!((v.id(), v.version(), v.session()), (None, None, None));
+    let v = RequestValues::new(None, None, Some("s"));
+    assert_eq!((v.id(), v.session()), (None, Some("s")));
+    let v = RequestValues::new(Some("\"x\""), None, None);
+    assert_eq!((v.id(), v.session()), (Some("\"x\""), None));
 }
