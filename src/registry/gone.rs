@@ -148,6 +148,7 @@ impl Registry {
                     updated_at: Some(format_rfc3339_ms(now_ms())),
                     poll_interval_ms: None,
                     tool_error: false,
+                    result: None,
                 };
                 self.apply_status(upstream, &task_id, report, reason.as_str());
             }

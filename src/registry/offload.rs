@@ -287,6 +287,30 @@ impl Registry {
         self.durable(applied).await
     }
 
+    /// [`Registry::observe_task_as`] of a terminal 2026-07-28 `tasks/get` answer that also keeps
+    /// `result` (the answer's whole `result`, JSON text) in the record, in the same store update
+    /// and under the same durable sync as the terminal status (kept as
+    /// [`Registry::store_terminal_result`] keeps it: once, in a record holding the reported
+    /// terminal status, at most `tasks.max_stored_result_bytes`).
+    ///
+    /// Why: storing the result apart was a second update of the record (read, decode, encode,
+    /// write: about 48,000 instructions) and a second trip to the store threads per task
+    /// (issue 36).
+    pub async fn observe_task_with_result(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        task: Value,
+        result: String,
+    ) -> Observed {
+        let applied = self
+            .off_runtime_about(upstream, task_id, move |r, up, id| {
+                r.observe_task_with_result_now(up, id, &task, "tasks/get", Some(result))
+            })
+            .await;
+        self.durable(applied).await
+    }
+
     /// [`Registry::observe_task_as`] of a `Task` already read into [`TaskFields`] (a typed view
     /// of the reply, no `Value` tree): the same report, applied the same way.
     pub async fn observe_fields_as(

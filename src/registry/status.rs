@@ -123,6 +123,10 @@ pub(super) struct Report {
     pub(super) poll_interval_ms: Option<u64>,
     /// The report is a 2026 `completed` whose `result.isError` is `true`.
     pub(super) tool_error: bool,
+    /// A terminal 2026-07-28 `tasks/get` answer's whole `result` (JSON text, at most
+    /// `tasks.max_stored_result_bytes`), kept in the record by the same update that records the
+    /// terminal status (see [`Registry::store_terminal_result`] for when it is kept).
+    pub(super) result: Option<String>,
 }
 
 /// A 2026-07-28 `Task` / `DetailedTask` object seen with the field names the status machine
@@ -166,6 +170,7 @@ impl Report {
             updated_at: task.last_updated_at.flatten().map(str::to_string),
             poll_interval_ms: task.poll_interval.flatten(),
             tool_error: task.tool_error,
+            result: None,
         })
     }
 }
@@ -321,6 +326,19 @@ impl Registry {
         task: &Value,
         source: &str,
     ) -> Applied {
+        self.observe_task_with_result_now(upstream, task_id, task, source, None)
+    }
+
+    /// [`Registry::observe_task_as_now`] that also keeps `result` (a terminal 2026-07-28
+    /// `tasks/get` answer's `result`, see [`Report::result`]) in the same store update.
+    pub(super) fn observe_task_with_result_now(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        task: &Value,
+        source: &str,
+        result: Option<String>,
+    ) -> Applied {
         let Some(status) = task
             .get("status")
             .and_then(Value::as_str)
@@ -343,6 +361,7 @@ impl Registry {
             updated_at,
             poll_interval_ms: poll,
             tool_error: is_tool_error(task),
+            result,
         };
         self.apply_status(upstream, task_id, report, source)
     }
@@ -396,9 +415,14 @@ impl Registry {
             updated_at,
             poll_interval_ms,
             tool_error,
+            result: keep,
         } = report;
         let now = now_ms();
-        let result = self.update(upstream, task_id, &mut |r| {
+        // The result is kept as `store_terminal_result` keeps it: once, in a record holding
+        // `status` (terminal), within the size bound.
+        let max = self.config.max_stored_result_bytes;
+        let keep = keep.filter(|json| status.is_terminal() && max > 0 && json.len() as u64 <= max);
+        let apply = |r: &mut TaskRecord| {
             // A 2026 tool error (`completed` + `isError`), noted once, also when the
             // `completed` itself was recorded before (a notification without its result).
             let note_tool_error = tool_error && status == TaskStatus::Completed && !r.tool_error;
@@ -427,6 +451,16 @@ impl Registry {
                 r.cancelled_at = Some(now);
             }
             true
+        };
+        let result = self.update(upstream, task_id, &mut |r| {
+            let changed = apply(r);
+            match &keep {
+                Some(json) if r.status == status && r.terminal_result.is_none() => {
+                    r.terminal_result = Some(json.clone());
+                    true
+                }
+                _ => changed,
+            }
         });
         let (before, after) = match result {
             Ok(Some(pair)) => pair,

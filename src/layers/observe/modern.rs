@@ -51,9 +51,38 @@ impl Watch {
         // changes); its result may still be the first one seen for the task (the status may
         // have come by notifications/tasks).
         let observed = if Registry::would_change(known, &task) {
-            self.registry
-                .observe_task_as(&self.upstream, task_id, task, "tasks/get")
-                .await
+            // A terminal answer's result goes into the record with its status: one update.
+            let terminal = task
+                .get("status")
+                .and_then(Value::as_str)
+                .and_then(TaskStatus::parse)
+                .is_some_and(TaskStatus::is_terminal);
+            let result = (terminal && known.terminal_result.is_none())
+                .then(|| splice::raw_at(&bytes, &["result"]).ok().flatten())
+                .flatten();
+            match result {
+                Some(raw) => {
+                    let observed = self
+                        .registry
+                        .observe_task_with_result(
+                            &self.upstream,
+                            task_id,
+                            task,
+                            raw.get().to_string(),
+                        )
+                        .await;
+                    if let Observed::Rewrite { .. } = observed {
+                        return rewrite(&observed, &bytes, "result");
+                    }
+                    // Kept with the status when it could be (the same conditions as below).
+                    return bytes;
+                }
+                None => {
+                    self.registry
+                        .observe_task_as(&self.upstream, task_id, task, "tasks/get")
+                        .await
+                }
+            }
         } else {
             Observed::Recorded(known.status)
         };
