@@ -87,7 +87,7 @@ fn decode(bytes: &[u8]) -> Result<TaskRecord, StoreError> {
 }
 
 fn encode(r: &TaskRecord) -> Vec<u8> {
-    serde_json::to_vec(r).expect("a record always serialises")
+    r.to_json()
 }
 
 /// What an update's transaction did (see [`TaskStore::update`] for [`SledStore`]).

@@ -126,7 +126,7 @@ fn decode(text: &str) -> Result<TaskRecord, StoreError> {
 }
 
 fn encode(r: &TaskRecord) -> String {
-    serde_json::to_string(r).expect("a record always serialises")
+    String::from_utf8(r.to_json()).expect("a record's JSON is UTF-8")
 }
 
 /// Milliseconds as the `bigint` columns hold them (saturating: a `u64` past `i64::MAX` is "never").
