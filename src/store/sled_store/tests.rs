@@ -260,3 +260,49 @@ async fn an_unreadable_record_does_not_stop_the_sweep() {
     let due = store.expired(10_000, 10).unwrap();
     assert_eq!(due.len(), 2, "{due:?}");
 }
+
+/// An update given the caller's record (`update_known`) takes it for the stored one only when
+/// it is that record: a stale one (the record changed since), another task's, or a record
+/// stored in an older encoding (no `era`) is not trusted, the stored record is decoded.
+#[tokio::test]
+async fn an_update_trusts_the_known_record_only_when_it_is_the_stored_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let stored = record("t1", "alice", 1);
+    store.create(stored.clone()).await.unwrap();
+    let mut stale = stored.clone();
+    stale.status = TaskStatus::InputRequired;
+    stale.status_message = Some("stale".into());
+    let mut other = stored.clone();
+    other.task_id = "t2".into();
+    let note = |r: &mut TaskRecord| {
+        r.poll_interval_ms = Some(r.poll_interval_ms.unwrap_or(0) + 1);
+        true
+    };
+    for known in [Some(&stale), Some(&other), Some(&stored), None] {
+        let current = store.get("up", "t1").unwrap().unwrap();
+        let (before, after) = store
+            .update_known("up", "t1", known, &mut |r| note(r))
+            .unwrap()
+            .unwrap();
+        assert_eq!(before, current, "{known:?}");
+        let mut expected = current.clone();
+        note(&mut expected);
+        assert_eq!(after, expected);
+        assert_eq!(store.get("up", "t1").unwrap().unwrap(), expected);
+    }
+    // A record written before `era` existed: its bytes are not the known record's encoding.
+    let mut old = serde_json::to_value(store.get("up", "t1").unwrap().unwrap()).unwrap();
+    old.as_object_mut().unwrap().remove("era");
+    let old_bytes = serde_json::to_vec(&old).unwrap();
+    store
+        .tasks
+        .insert(task_key("up", "t1"), old_bytes.clone())
+        .unwrap();
+    let known = decode(&old_bytes).unwrap();
+    let (before, _) = store
+        .update_known("up", "t1", Some(&known), &mut |r| note(r))
+        .unwrap()
+        .unwrap();
+    assert_eq!(before, known);
+}
