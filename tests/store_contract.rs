@@ -789,3 +789,64 @@ async fn postgres_tls_verifies_the_server() {
         "{err}"
     );
 }
+
+/// A row an earlier taskgate wrote (its `record` text as that code wrote it: no `era`, a
+/// terminal result as an escaped JSON string) is read, updated and read back by this one, and
+/// the text written back is the record's JSON as serde writes it (issue 36: the record's JSON
+/// is now written by hand; the stored form must not change).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_reads_and_updates_a_record_in_the_old_encoding() {
+    let Some(pg) = PgCluster::start("old_encoding") else {
+        return;
+    };
+    let store = PgStore::open(&pg.url, 2, None).await.unwrap();
+    let (client, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let up = unique("old");
+    let old = format!(
+        r#"{{"upstream":"{up}","task_id":"t1","owner":"session:s-1","upstream_session":"s-1","origin":"client","tool":"slow","protocol_version":"2025-11-25","status":"completed","status_message":null,"created_at":"2026-01-01T00:00:00Z","last_updated_at":"2026-01-01T00:00:01Z","ttl_ms":60000,"poll_interval_ms":null,"recorded_at":1,"cancel_requested_at":null,"cancelled_at":null,"released_at":null,"terminal_at":5,"expires_at":60001,"terminal_result":"{{\"content\":[{{\"type\":\"text\",\"text\":\"a\\\"b\"}}]}}"}}"#
+    );
+    client
+        .execute(
+            "INSERT INTO taskgate_tasks (upstream, task_id, owner, recorded_at, expires_at, status, record) \
+             VALUES ($1, 't1', 'session:s-1', 1, 60001, 'completed', $2)",
+            &[&up, &old],
+        )
+        .await
+        .unwrap();
+    let (s, u) = (store.clone(), up.clone());
+    let (read, updated) = tokio::task::spawn_blocking(move || {
+        let read = s.get(&u, "t1").unwrap().unwrap();
+        let updated = s
+            .update_known(&u, "t1", Some(&read), &mut |r| {
+                r.released_at = Some(7);
+                true
+            })
+            .unwrap()
+            .unwrap();
+        (read, updated)
+    })
+    .await
+    .unwrap();
+    assert_eq!(read.era, Era::Legacy, "no era: a record from before eras");
+    assert_eq!(read.owner, Owner::Session("s-1".into()));
+    assert_eq!(
+        read.terminal_result.as_deref(),
+        Some(r#"{"content":[{"type":"text","text":"a\"b"}]}"#)
+    );
+    assert_eq!(updated.0, read);
+    assert_eq!(updated.1.released_at, Some(7));
+    let text: String = client
+        .query_one(
+            "SELECT record FROM taskgate_tasks WHERE upstream = $1 AND task_id = 't1'",
+            &[&up],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(text, serde_json::to_string(&updated.1).unwrap());
+    let again: TaskRecord = serde_json::from_str(&text).unwrap();
+    assert_eq!(again, updated.1);
+}
