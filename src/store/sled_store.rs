@@ -335,36 +335,20 @@ impl TaskStore for SledStore {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
         let key = task_key(upstream, task_id);
-        // The caller's record stands for the stored one when it encodes to the same bytes
-        // (decoding is the dearer way: ~14,500 instructions against a few thousand for the
-        // encoding and the copy; issue 36). A record read from an older encoding never matches
-        // and is decoded.
-        let known = known
-            .filter(|k| k.upstream == upstream && k.task_id == task_id)
-            .map(|k| (k, k.to_json()));
-        if let Some((k, k_bytes)) = &known {
-            // A change decided on it goes straight to a compare-and-swap against its bytes,
-            // without a read: it applies only if the record is still exactly `k`. Anything else
-            // (no change, a moved expiry, a record changed since) takes the path below.
-            let mut probe = (*k).clone();
-            if change(&mut probe) && probe != **k && probe.expires_at == k.expires_at {
-                let swapped = self
-                    .tasks
-                    .compare_and_swap(&key, Some(&k_bytes[..]), Some(encode(&probe)))
-                    .map_err(db_err)?;
-                if swapped.is_ok() {
-                    return Ok(Some(((*k).clone(), probe)));
-                }
-            }
-        }
         // Most status reports change nothing (a tasks/get poll of a working task): decide that
         // on a plain read, because a sled transaction writes to the log even when it changes
         // nothing.
         let Some(raw) = self.tasks.get(&key).map_err(db_err)? else {
             return Ok(None);
         };
-        let current = match &known {
-            Some((k, k_bytes)) if **k_bytes == *raw => (*k).clone(),
+        // The caller's record stands for the stored one when it encodes to the same bytes
+        // (decoding is the dearer way: ~14,500 instructions against a few thousand for the
+        // encoding and the copy; issue 36). A record read from an older encoding never matches
+        // and is decoded.
+        let current = match known {
+            Some(k) if k.upstream == upstream && k.task_id == task_id && *k.to_json() == *raw => {
+                k.clone()
+            }
             _ => decode(&raw)?,
         };
         let mut probe = current.clone();
