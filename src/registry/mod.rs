@@ -304,11 +304,7 @@ impl Registry {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, Arc<TaskRecord>)>, StoreError> {
         let seen = self.records.epoch();
-        // The cached record spares the store its decoding when it is still the stored one.
-        let known = self.records.get(upstream, task_id);
-        let result = self
-            .store
-            .update_known(upstream, task_id, known.as_deref(), change);
+        let result = self.store.update(upstream, task_id, change);
         match result {
             Ok(Some((before, after))) => {
                 let after = Arc::new(after);

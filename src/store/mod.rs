@@ -74,21 +74,6 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError>;
 
-    /// [`TaskStore::update`] when the caller holds `known`, a record it read or wrote before
-    /// (the registry's record cache): a store may take `known` for the stored record instead of
-    /// decoding it, when it can tell they are the same (the embedded store compares `known`'s
-    /// encoding with the stored bytes). The default ignores `known`.
-    fn update_known(
-        &self,
-        upstream: &str,
-        task_id: &str,
-        known: Option<&TaskRecord>,
-        change: &mut dyn FnMut(&mut TaskRecord) -> bool,
-    ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
-        let _ = known;
-        self.update(upstream, task_id, change)
-    }
-
     /// Removes a record, its index entries and its audit events.
     fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError>;
 

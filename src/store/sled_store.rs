@@ -324,16 +324,6 @@ impl TaskStore for SledStore {
         task_id: &str,
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
-        self.update_known(upstream, task_id, None, change)
-    }
-
-    fn update_known(
-        &self,
-        upstream: &str,
-        task_id: &str,
-        known: Option<&TaskRecord>,
-        change: &mut dyn FnMut(&mut TaskRecord) -> bool,
-    ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
         let key = task_key(upstream, task_id);
         // Most status reports change nothing (a tasks/get poll of a working task): decide that
         // on a plain read, because a sled transaction writes to the log even when it changes
@@ -341,16 +331,7 @@ impl TaskStore for SledStore {
         let Some(raw) = self.tasks.get(&key).map_err(db_err)? else {
             return Ok(None);
         };
-        // The caller's record stands for the stored one when it encodes to the same bytes
-        // (decoding is the dearer way: ~14,500 instructions against a few thousand for the
-        // encoding and the copy; issue 36). A record read from an older encoding never matches
-        // and is decoded.
-        let current = match known {
-            Some(k) if k.upstream == upstream && k.task_id == task_id && *k.to_json() == *raw => {
-                k.clone()
-            }
-            _ => decode(&raw)?,
-        };
+        let current = decode(&raw)?;
         let mut probe = current.clone();
         if !change(&mut probe) || probe == current {
             return Ok(Some((current.clone(), current)));
