@@ -820,7 +820,7 @@ async fn postgres_reads_and_updates_a_record_in_the_old_encoding() {
     let (read, updated) = tokio::task::spawn_blocking(move || {
         let read = s.get(&u, "t1").unwrap().unwrap();
         let updated = s
-            .update_known(&u, "t1", Some(&read), &mut |r| {
+            .update(&u, "t1", &mut |r| {
                 r.released_at = Some(7);
                 true
             })
