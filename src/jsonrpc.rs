@@ -1053,6 +1053,19 @@ fn nesting_over(raw: &[u8], max: usize) -> Option<usize> {
     None
 }
 
+/// What kind of JSON value the (valid) JSON text `raw` is, for an error message: `an object`,
+/// `an array`, `a string`, `a boolean`, `null` or `a number`.
+pub fn kind_of(raw: &str) -> &'static str {
+    match raw.trim_start().as_bytes().first() {
+        Some(b'{') => "an object",
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
+    }
+}
+
 /// Builds the bytes of a JSON-RPC error response.
 ///
 /// `id` is `None` when the request's id could not be read (the error then carries `"id": null`).

@@ -156,7 +156,7 @@ pub fn check(headers: &HeaderMap, msg: &Message) -> Result<Routing, String> {
             // Present but not a string (`"taskId": 5`) is not "absent": say what it is.
             let found = match msg.param(key) {
                 None => "absent".to_string(),
-                Some(raw) => format!("{}, not a string", json_kind(raw)),
+                Some(raw) => format!("{}, not a string", crate::jsonrpc::kind_of(raw)),
             };
             return Err(format!(
                 "Header mismatch: Mcp-Name {s:?} is not params.{key} ({found})"
@@ -166,18 +166,6 @@ pub fn check(headers: &HeaderMap, msg: &Message) -> Result<Routing, String> {
         (None, None) => {}
     }
     Ok(routing)
-}
-
-/// What kind of JSON value `raw` is, for a message (`a number`, `an object`, ...).
-fn json_kind(raw: &str) -> &'static str {
-    match raw.as_bytes().first() {
-        Some(b'{') => "an object",
-        Some(b'[') => "an array",
-        Some(b'"') => "a string",
-        Some(b't' | b'f') => "a boolean",
-        Some(b'n') => "null",
-        _ => "a number",
-    }
 }
 
 /// `params.<key>` of `msg` when it is a string (read from the places the envelope parse noted,

@@ -275,6 +275,13 @@ impl Registry {
         Some(edited)
     }
 
+    /// Whether a terminal result of `json.len()` bytes is kept in its record:
+    /// `tasks.max_stored_result_bytes` is not 0 (off) and the result fits in it.
+    fn keeps_result(&self, json: &str) -> bool {
+        let max = self.config.max_stored_result_bytes;
+        max > 0 && json.len() as u64 <= max
+    }
+
     /// Writes `json` into the record of `(upstream, task_id)` with `put` (which says whether it
     /// changed the record, and may run more than once in a transaction: it copies, never takes),
     /// when `json` is at most `tasks.max_stored_result_bytes` (0 turns storing off); off the
@@ -286,8 +293,7 @@ impl Registry {
         json: String,
         put: impl Fn(&mut crate::store::TaskRecord, &str) -> bool + Send + 'static,
     ) -> bool {
-        let max = self.config.max_stored_result_bytes;
-        if max == 0 || json.len() as u64 > max {
+        if !self.keeps_result(&json) {
             return false;
         }
         let (up, id) = (upstream.to_string(), task_id.to_string());
@@ -420,8 +426,7 @@ impl Registry {
         let now = now_ms();
         // The result is kept as `store_terminal_result` keeps it: once, in a record holding
         // `status` (terminal), within the size bound.
-        let max = self.config.max_stored_result_bytes;
-        let keep = keep.filter(|json| status.is_terminal() && max > 0 && json.len() as u64 <= max);
+        let keep = keep.filter(|json| status.is_terminal() && self.keeps_result(json));
         let apply = |r: &mut TaskRecord| {
             // A 2026 tool error (`completed` + `isError`), noted once, also when the
             // `completed` itself was recorded before (a notification without its result).

@@ -20,7 +20,7 @@ use crate::jsonrpc::splice;
 use crate::mcp::era::Era;
 use crate::mcp::task::TaskStatus;
 use crate::registry::as_registry_task;
-use crate::registry::{Observed, Registry};
+use crate::registry::{Observed, Registry, TaskFields};
 use crate::store::TaskRecord;
 use bytes::Bytes;
 use serde_json::Value;
@@ -50,41 +50,33 @@ impl Watch {
         // A poll repeating what the record holds needs no store trip (a terminal record never
         // changes); its result may still be the first one seen for the task (the status may
         // have come by notifications/tasks).
-        let observed = if Registry::would_change(known, &task) {
-            // A terminal answer's result goes into the record with its status: one update.
-            let terminal = task
-                .get("status")
-                .and_then(Value::as_str)
+        // A terminal answer whose result the record does not hold yet keeps it with its status,
+        // in one store update.
+        let first_result = || {
+            let terminal = TaskFields::of(&task)
+                .status
                 .and_then(TaskStatus::parse)
                 .is_some_and(TaskStatus::is_terminal);
-            let result = (terminal && known.terminal_result.is_none())
+            (terminal && known.terminal_result.is_none())
                 .then(|| splice::raw_at(&bytes, &["result"]).ok().flatten())
-                .flatten();
-            match result {
-                Some(raw) => {
-                    let observed = self
-                        .registry
-                        .observe_task_with_result(
-                            &self.upstream,
-                            task_id,
-                            task,
-                            raw.get().to_string(),
-                        )
-                        .await;
-                    if let Observed::Rewrite { .. } = observed {
-                        return rewrite(&observed, &bytes, "result");
-                    }
-                    // Kept with the status when it could be (the same conditions as below).
-                    return bytes;
-                }
-                None => {
-                    self.registry
-                        .observe_task_as(&self.upstream, task_id, task, "tasks/get")
-                        .await
-                }
-            }
-        } else {
+                .flatten()
+        };
+        let observed = if !Registry::would_change(known, &task) {
             Observed::Recorded(known.status)
+        } else if let Some(raw) = first_result() {
+            let observed = self
+                .registry
+                .observe_task_with_result(&self.upstream, task_id, task, raw.get().to_string())
+                .await;
+            // Kept with the status when it could be: nothing left for the match below.
+            return match observed {
+                Observed::Rewrite { .. } => rewrite(&observed, &bytes, "result"),
+                _ => bytes,
+            };
+        } else {
+            self.registry
+                .observe_task_as(&self.upstream, task_id, task, "tasks/get")
+                .await
         };
         match observed {
             Observed::Recorded(status)

@@ -346,10 +346,8 @@ fn bounded_ttl(task: &Value, cap: u64) -> Result<Option<u64>, McpError> {
         Some(other) => {
             let got = match other {
                 Value::Number(_) => "a negative number",
-                Value::String(_) => "a string",
-                Value::Bool(_) => "a boolean",
-                Value::Array(_) => "an array",
-                _ => "an object",
+                // Only on this refusal: the value written back to name its kind.
+                _ => crate::jsonrpc::kind_of(&other.to_string()),
             };
             return Err(McpError::InvalidParam {
                 method: Some("tools/call".into()),
