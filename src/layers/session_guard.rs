@@ -209,8 +209,13 @@ where
     S: tower::Service<McpRequest, Response = McpReply> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
-    /// Answers a DELETE itself and sends it upstream later, when the owner has live tasks.
-    fn defer_delete(&self, req: &McpRequest) -> Option<McpReply> {
+    /// Answers a DELETE itself and sends it upstream later, when the owner has live tasks. The
+    /// answer waits until the session is gone from the table and from the store (a stored
+    /// session still in the store would be looked up and revived by the client's next request:
+    /// its session must have ended when the 200 arrives). One task of its own forgets the
+    /// session, waits for the owner's live tasks, and sends the DELETE, so a client that goes
+    /// away before its answer changes none of that.
+    fn defer_delete(&self, req: &McpRequest) -> Option<BoxFuture<'static, McpReply>> {
         let deferred = self.deferred.as_ref()?;
         if !matches!(req.op, Operation::EndSession) {
             return None;
@@ -225,14 +230,18 @@ where
             }
             return None;
         }
-        self.sessions
-            .forget(&upstream, Some(&SessionKey::Session(session)));
         tracing::info!(upstream = %upstream, live, "session DELETE deferred until the owner's live tasks end");
         let (registry, waiting) = (deferred.registry.clone(), deferred.waiting.clone());
         let give_up = Duration::from_millis(registry.config().max_ttl_ms);
         let mut inner = self.inner.clone();
+        let sessions = self.sessions.clone();
         let later = req.ctx.clone();
+        let (forgotten, answer) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
+            sessions
+                .forget_ended(&upstream, Some(&SessionKey::Session(session)))
+                .await;
+            let _ = forgotten.send(());
             let started = tokio::time::Instant::now();
             while registry.owners_count(&upstream, &owner) > 0 && started.elapsed() < give_up {
                 tokio::time::sleep(Duration::from_secs(1)).await;
@@ -240,9 +249,12 @@ where
             let _ = end_session(&mut inner, later).await;
             waiting.fetch_sub(1, Ordering::SeqCst);
         });
-        let mut reply = McpReply::accepted();
-        reply.status = StatusCode::OK;
-        Some(reply)
+        Some(Box::pin(async move {
+            let _ = answer.await;
+            let mut reply = McpReply::accepted();
+            reply.status = StatusCode::OK;
+            reply
+        }))
     }
 }
 
@@ -271,10 +283,10 @@ where
             Checked::Refuse(reply) => return Either::Left(Either::Right(future::ready(Ok(reply)))),
             Checked::LookUp => return Either::Right(self.look_up(req)),
         }
-        Either::Left(match self.defer_delete(&req) {
-            Some(reply) => Either::Right(future::ready(Ok(reply))),
-            None => Either::Left(self.inner.call(req)),
-        })
+        match self.defer_delete(&req) {
+            Some(answer) => Either::Right(Box::pin(async move { Ok(answer.await) })),
+            None => Either::Left(Either::Left(self.inner.call(req))),
+        }
     }
 }
 
@@ -324,7 +336,7 @@ where
                 Checked::Pass | Checked::LookUp => {}
             }
             match this.defer_delete(&req) {
-                Some(reply) => Ok(reply),
+                Some(answer) => Ok(answer.await),
                 None => this.inner.call(req).await,
             }
         })
