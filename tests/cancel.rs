@@ -814,12 +814,14 @@ async fn audit_facts_cancelled_first_released_after_last_activity_and_quiet_wind
             "released less than the quiet window after the last progress: {d}"
         );
     }
-    let d = eventually(Duration::from_secs(3), || async {
+    // How long the test waits is not what it asserts (a loaded machine may take seconds to
+    // run the watcher): the recorded `released_at` is checked against the window below.
+    let d = eventually(STEP, || async {
         let (_, d) = tg.admin(&path).await;
         d["task"]["released_at"].is_u64().then_some(d)
     })
     .await
-    .expect("resources released within 3 s after the last activity");
+    .expect("resources released after the last activity");
     let task = &d["task"];
     let cancelled_at = task["cancelled_at"].as_u64().unwrap();
     let released_at = task["released_at"].as_u64().unwrap();
