@@ -519,3 +519,62 @@ async fn an_absent_session_is_not_looked_up_again_at_once() {
     assert!(sessions.may_look_up(&up, &HeaderValue::from_static("another")));
     assert!(sessions.may_look_up(&"other-upstream".into(), &stale));
 }
+
+/// A `DELETE` deferred while its owner has a live task is answered only once the session has
+/// left the store too: before, the store removal ran in the background after the 200, and the
+/// client's next request on the ended session could find it still stored, revive it and be
+/// served (CI of 2026-12-05: 200 where 404 was due). A store that holds removals shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_delete_is_answered_once_its_session_left_the_store() {
+    let store = crate::layers::testing::CountingStore::new();
+    let up: Arc<str> = "up".into();
+    let id = format!("{HELD_SESSION_PREFIX}{}", "d".repeat(32));
+    let alice = Principal::Token("alice".into());
+    let sessions = Sessions::with_limits(10, Duration::from_secs(3600));
+    sessions.keep_held_in(store.clone());
+    store_a_held_session(&sessions, &up, &id, alice.clone()).await;
+    let (registry, _) = crate::layers::testing::registry();
+    let mut delete = as_principal(
+        with_session(r#"{"jsonrpc":"2.0","method":"x"}"#, Some(&id)),
+        "alice",
+    );
+    delete.op = crate::exchange::Operation::EndSession;
+    delete.ctx.upstream = up.clone();
+    // One live task of alice's on `up`.
+    let live = registry
+        .reserve(&up, &delete.ctx.caller().owner())
+        .expect("a slot");
+    live.keep();
+    let inner =
+        SessionLayer::new(sessions.clone()).layer(crate::layers::testing::issuing_upstream());
+    let svc = SessionGuardLayer::new(sessions.clone(), true)
+        .defer_deletes(registry)
+        .layer(inner);
+
+    let removals = store.held_removals.lock().unwrap();
+    let answer = tokio::spawn(svc.oneshot(delete));
+    // The removal has reached the store (and waits there).
+    while store
+        .held_removals_begun
+        .load(std::sync::atomic::Ordering::SeqCst)
+        == 0
+    {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !answer.is_finished(),
+        "answered while the session was still in the store"
+    );
+    drop(removals);
+    let reply = tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .expect("answered once the store let go")
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply.status, http::StatusCode::OK);
+    assert!(store.held_session(&up, &id).unwrap().is_none());
+    assert_eq!(
+        sessions.access(&up, &HeaderValue::from_str(&id).unwrap(), &alice),
+        Access::Unknown
+    );
+}

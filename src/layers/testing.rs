@@ -59,6 +59,10 @@ pub struct CountingStore {
     pub counts: Arc<Counts>,
     /// When set, every `create` fails (`StoreError::Db`), as a database that went away would.
     pub fail_creates: std::sync::atomic::AtomicBool,
+    /// Every `remove_held_session` counts itself in `held_removals_begun`, then takes this
+    /// lock: a test holding it keeps removals waiting (a slow store).
+    pub held_removals: std::sync::Mutex<()>,
+    pub held_removals_begun: AtomicUsize,
     _dir: tempfile::TempDir,
 }
 
@@ -70,6 +74,8 @@ impl CountingStore {
             inner,
             counts: Arc::default(),
             fail_creates: Default::default(),
+            held_removals: Default::default(),
+            held_removals_begun: Default::default(),
             _dir: dir,
         })
     }
@@ -156,6 +162,8 @@ impl crate::store::HeldSessionStore for CountingStore {
         self.inner.touch_held_session(upstream, id, at)
     }
     fn remove_held_session(&self, upstream: &str, id: &str) -> Result<bool, StoreError> {
+        inc(&self.held_removals_begun);
+        let _wait = self.held_removals.lock();
         self.inner.remove_held_session(upstream, id)
     }
     fn remove_expired_held_sessions(&self, now: u64, limit: usize) -> Result<usize, StoreError> {
