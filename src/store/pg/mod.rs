@@ -216,12 +216,13 @@ impl PgStore {
     ) -> Result<Option<(TaskRecord, i64)>, StoreError> {
         let (up, id) = (upstream.to_string(), task_id.to_string());
         let row = self.run(|c| async move {
-            c.query_opt(
-                "SELECT record, version FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2",
-                &[&up, &id],
-            )
-            .await
-            .map_err(pg_err)
+            let get = c
+                .prepare_cached(
+                    "SELECT record, version FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2",
+                )
+                .await
+                .map_err(pg_err)?;
+            c.query_opt(&get, &[&up, &id]).await.map_err(pg_err)
         })?;
         match row {
             None => Ok(None),
@@ -232,15 +233,20 @@ impl PgStore {
 
 /// Inserts `record` (JSON `text`) as a new row, unless its `(upstream, taskId)` exists: the
 /// rows inserted, 0 or 1. On a pooled client or inside a transaction.
-pub(super) async fn insert_task<C: tokio_postgres::GenericClient>(
+pub(super) async fn insert_task<C: deadpool_postgres::GenericClient>(
     c: &C,
     record: &TaskRecord,
     text: &str,
 ) -> Result<u64, tokio_postgres::Error> {
+    let insert = c
+        .prepare_cached(
+            "INSERT INTO taskgate_tasks \
+             (upstream, task_id, owner, recorded_at, expires_at, status, record) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+        )
+        .await?;
     c.execute(
-        "INSERT INTO taskgate_tasks \
-         (upstream, task_id, owner, recorded_at, expires_at, status, record) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+        &insert,
         &[
             &record.upstream,
             &record.task_id,
@@ -290,7 +296,7 @@ impl TaskStore for PgStore {
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
         let text = encode(&record);
         self.spawn(move |c| async move {
-            let n = insert_task(&***c, &record, &text).await.map_err(pg_err)?;
+            let n = insert_task(&*c, &record, &text).await.map_err(pg_err)?;
             if n == 0 {
                 return Err(StoreError::Conflict(record.task_id));
             }
@@ -322,13 +328,16 @@ impl TaskStore for PgStore {
             let (up, id, text) = (upstream.to_string(), task_id.to_string(), encode(&after));
             let (status, expires) = (after.status.as_str(), ms(after.expires_at));
             let n = self.run(move |c| async move {
-                c.execute(
-                    "UPDATE taskgate_tasks SET record = $3, status = $4, expires_at = $5, \
-                     version = version + 1 WHERE upstream = $1 AND task_id = $2 AND version = $6",
-                    &[&up, &id, &text, &status, &expires, &version],
-                )
-                .await
-                .map_err(pg_err)
+                let swap = c
+                    .prepare_cached(
+                        "UPDATE taskgate_tasks SET record = $3, status = $4, expires_at = $5, \
+                         version = version + 1 WHERE upstream = $1 AND task_id = $2 AND version = $6",
+                    )
+                    .await
+                    .map_err(pg_err)?;
+                c.execute(&swap, &[&up, &id, &text, &status, &expires, &version])
+                    .await
+                    .map_err(pg_err)
             })?;
             if n == 1 {
                 return Ok(Some((before, after)));
@@ -471,13 +480,16 @@ impl TaskStore for PgStore {
             event.event.clone(),
         );
         self.run(move |c| async move {
-            c.execute(
-                "INSERT INTO taskgate_audit (upstream, task_id, event, body) \
-                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                &[&up, &id, &ev, &body],
-            )
-            .await
-            .map_err(pg_err)
+            let insert = c
+                .prepare_cached(
+                    "INSERT INTO taskgate_audit (upstream, task_id, event, body) \
+                     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                )
+                .await
+                .map_err(pg_err)?;
+            c.execute(&insert, &[&up, &id, &ev, &body])
+                .await
+                .map_err(pg_err)
         })
         .map(|_| ())
     }
