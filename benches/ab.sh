@@ -24,10 +24,11 @@ for round in $(seq "$ROUNDS"); do
       bash "$HERE/run.sh" >/dev/null 2>"$OUT/$name-$round.log" ||
       { echo "run $name round $round failed: $OUT/$name-$round.log" >&2; cat "$OUT/$name-$round.log" >&2; exit 1; }
     # Each scenario table's taskgate rows: | taskgate | ops/s | ... | proxy CPU µs/req | errors |
-    # (scenario 10 has two, `taskgate-sled` and `taskgate-pg`: the path is added to the case).
+    # (scenario 10 has two, `taskgate-sled` and `taskgate-pg`, and scenario 14 `tier` beside
+    # `taskgate`: the path is added to the case).
     awk -v n="$name" -v r="$round" '
       /^#+ [0-9]/ { scen = $0; sub(/^#+ /, "", scen) }
-      /^\| taskgate(-[a-z]+)? \|/ && scen != "" { k = split($0, f, "|"); path = f[2]; gsub(/ /, "", path);
+      /^\| (taskgate(-[a-z]+)?|tier) \|/ && scen != "" { k = split($0, f, "|"); path = f[2]; gsub(/ /, "", path);
                           case_ = (path == "taskgate") ? scen : scen " [" path "]";
                           gsub(/ /, "", f[3]); gsub(/ /, "", f[k-2]);
                           printf "%s\tround %s\t%s\tops/s %s\tCPU µs/req %s\n", n, r, case_, f[3], f[k-2] }
