@@ -107,7 +107,9 @@ impl CancelState {
         let (Some(pending), Some(id)) = (req.extensions.get::<PendingCreation>(), req.id()) else {
             return;
         };
-        let key = (req.ctx.caller(), id.clone());
+        // Kept after the request (until its creation is recorded and cancelled, or the table
+        // is cleared): detached from the request's read buffer.
+        let key = (req.ctx.caller().detached(), id.clone());
         bounded_insert(
             &mut self.notes.lock().creations,
             key,
@@ -164,7 +166,8 @@ impl CancelState {
         if let Some(target) = notes.in_flight.get(&key) {
             req.ctx.session_id = target.clone();
         }
-        notes.forwarded.insert(key);
+        // Kept until the table is cleared (100,000): detached from the request's read buffer.
+        notes.forwarded.insert((key.0.detached(), key.1));
         None
     }
 }

@@ -208,6 +208,54 @@ async fn a_deleted_session_leaves_no_notes_and_the_noted_id_is_a_copy() {
     assert_eq!(state.notes_len(), 0, "the ended session's notes are gone");
 }
 
+/// Notes kept after their request (a task-augmented call's creation note, a forwarded
+/// `notifications/cancelled`) hold none of the request's read buffer: the client's
+/// `Mcp-Session-Id` as it arrived is a slice of it (8 KiB or more), and 10,000 creation notes
+/// kept 78 MiB of buffers alive in `benches/run.sh` scenario 6 (heaptrack, 2026-12-05).
+#[tokio::test]
+async fn notes_kept_after_their_request_hold_none_of_its_read_buffer() {
+    use crate::layers::extensions::PendingCreation;
+    use http::HeaderValue;
+    let (registry, _) = registry();
+    let state = CancelState::new(registry.clone(), Duration::from_secs(30));
+    // The client's head as hyper keeps it: every value a slice of one read buffer.
+    let buffer = Bytes::from(b"mcp-session-id: client-session-1\r\n".repeat(256));
+    let session = || HeaderValue::from_maybe_shared(buffer.slice(16..32)).unwrap();
+    let on_session = |mut req: McpRequest| {
+        req.ctx.session_id = Some(session());
+        req.ctx.client_session_id = Some(session());
+        req
+    };
+    let mut create = on_session(request(
+        r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"t","task":{}}}"#,
+    ));
+    let up: Arc<str> = "up".into();
+    let owner = create.ctx.caller().owner();
+    create.extensions.insert(PendingCreation {
+        template: Arc::new(record("t1")),
+        reservation: Arc::new(registry.reserve(&up, &owner).expect("a slot")),
+        progress_token: None,
+        created: Default::default(),
+    });
+    state.note_creation(&create);
+    drop(create);
+    let upstream =
+        tower::service_fn(|_req: McpRequest| async { Ok::<_, GatewayError>(McpReply::accepted()) });
+    let cancelled = on_session(request(
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":5}}"#,
+    ));
+    CancelLayer::new(state.clone())
+        .layer(upstream)
+        .oneshot(cancelled)
+        .await
+        .unwrap();
+    assert_eq!(state.notes_len(), 2, "both noted");
+    assert!(
+        buffer.is_unique(),
+        "a note keeps the request's read buffer alive"
+    );
+}
+
 /// The transport's deadline is set by the layers that know the request (never by the transport
 /// matching method names): `tasks` leaves a `tasks/result` unbounded, `cancel` bounds the whole
 /// exchange of the `tasks/cancel` it forwards, anything else keeps the default.
