@@ -211,6 +211,50 @@ fn error_type_reads_the_json_only_for_an_error_or_an_is_error_true() {
     );
 }
 
+/// A compact tool result whose last member is `isError` is read at its ends, with the outcome
+/// the search gives; any other shape is left to the search (issue 34).
+#[test]
+fn a_tool_result_ending_in_is_error_is_read_at_its_ends() {
+    let tool_error = Some(Some(semconv::TOOL_ERROR.to_string()));
+    for (message, at_ends) in [
+        (&br#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}"#[..], Some(None)),
+        (br#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":true}}"#, tool_error.clone()),
+        (br#"{"jsonrpc":"2.0","id":"a-1","result":{"isError":true}}"#, tool_error.clone()),
+        // The text says it, the result does not.
+        (
+            br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"\"isError\":true}}"}],"isError":false}}"#,
+            Some(None),
+        ),
+        // Left to the search: an error, `isError` not last or absent, nested, escapes, a
+        // result that is not the third member, white space.
+        (br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"x","isError":false}}"#, None),
+        (br#"{"jsonrpc":"2.0","id":1,"result":{"isError":true,"content":[]}}"#, None),
+        (br#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#, None),
+        (br#"{"jsonrpc":"2.0","id":1,"result":{"content":{"isError":false}}}"#, None),
+        (br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"isError":false}]}}"#, None),
+        (br#"{"jsonrpc":"2.0","id":"\u0031","result":{"isError":false}}"#, None),
+        (br#"{"jsonrpc":"2.0","id":1,"x":0,"result":{"isError":false}}"#, None),
+        (br#"{"result":{"content":[],"isError":true},"jsonrpc":"2.0","id":1}"#, None),
+        (br#"{"jsonrpc":"2.0","id":1,"result":"isError\":true}}"#, None),
+        (br#"{"jsonrpc":"2.0","id":1,"result":{"content":"a\"isError\":true}}"#, None),
+        (br#"{"id":"a-1","jsonrpc":"2.0","result":{"isError":true}}"#, None),
+        (
+            b" { \"jsonrpc\" : \"2.0\" , \"id\" : 7 , \"result\" : { \"isError\" : true } } \n",
+            None,
+        ),
+        (br#"{"jsonrpc":"2.0","id":"a\"b","result":{"isError":true}}"#, None),
+        (br#"{"jsonrpc":"2.0","id":,"result":{"isError":true}}"#, None),
+        (b"", None),
+    ] {
+        let text = String::from_utf8_lossy(message);
+        assert_eq!(tool_result_at_ends(message), at_ends, "{text}");
+        if at_ends.is_some() {
+            let searched = error_type_searched(message);
+            assert_eq!(at_ends, Some(searched), "{text}");
+        }
+    }
+}
+
 #[test]
 fn export_headers_come_from_the_traces_variable_else_the_general_one() {
     let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
