@@ -69,6 +69,25 @@ pub fn traceparent_bytes(context: &SpanContext) -> [u8; 55] {
     out
 }
 
+/// [`traceparent_bytes`] in quotes: the JSON string an upstream request's
+/// `params._meta.traceparent` gets, whose inside is its `traceparent` header field's value
+/// (one copy made and checked for both places: a UTF-8 check of each cost ~100 instructions per
+/// upstream request, callgrind, issue 34).
+pub fn traceparent_quoted(context: &SpanContext) -> [u8; 57] {
+    let mut out = [b'"'; 57];
+    out[1..56].copy_from_slice(&traceparent_bytes(context));
+    out
+}
+
+/// The `tracestate` header value of `context`; `None` when it has no trace state (the common
+/// case, told without making the empty header value).
+pub fn tracestate(context: &SpanContext) -> Option<String> {
+    let state = context.trace_state();
+    (*state != TraceState::NONE)
+        .then(|| state.header())
+        .filter(|h| !h.is_empty())
+}
+
 /// A `tracestate` header value (§3.3: `key=value` list members, empty ones skipped), or `None`
 /// when a member is not valid (the whole value is then ignored, as §3.3.1.1 allows).
 fn trace_state(value: &str) -> Option<TraceState> {

@@ -11,10 +11,8 @@ use crate::config::UpstreamConfig;
 use crate::exchange::{McpRequest, Operation};
 use crate::jsonrpc::Kind;
 use crate::mcp::classify::Classified;
-use crate::telemetry::propagation::traceparent_bytes;
-use crate::telemetry::{
-    semconv, with_meta_traceparent, KeyValue, Peer, RequestTrace, TaskLink, Telemetry,
-};
+use crate::telemetry::propagation::{traceparent_quoted, tracestate};
+use crate::telemetry::{semconv, KeyValue, Peer, RequestTrace, TaskLink, Telemetry};
 use http::{HeaderName, HeaderValue};
 use std::sync::Arc;
 
@@ -110,21 +108,22 @@ impl Traced {
         );
         let server = server.cloned();
         let id = msg.id().cloned();
-        // Made on the stack: a `String` for it, and one for its quoted form, cost ~400
-        // instructions (issue 34).
-        let parent = traceparent_bytes(span.context());
-        let rewritten =
-            with_meta_traceparent(msg, std::str::from_utf8(&parent).unwrap_or_default());
+        // Made on the stack, quoted, once for both places: a `String` for it, and one for its
+        // quoted form, cost ~400 instructions (issue 34).
+        let quoted = traceparent_quoted(span.context());
+        let quoted = std::str::from_utf8(&quoted).ok();
+        // `params._meta.traceparent`, spliced (`telemetry::with_meta_traceparent`).
+        let rewritten = quoted.and_then(|q| msg.with_meta_member(semconv::TRACEPARENT, q));
         if let Some(rewritten) = rewritten {
             req.op = Operation::Post(rewritten);
         }
         let headers = &mut req.ctx.headers;
-        if let Ok(value) = HeaderValue::from_bytes(&parent) {
+        let parent = quoted.and_then(|q| q.get(1..q.len() - 1));
+        if let Some(Ok(value)) = parent.map(HeaderValue::from_str) {
             headers.insert(TRACEPARENT.clone(), value);
         }
-        let state = span.context().trace_state().header();
-        match HeaderValue::from_str(&state) {
-            Ok(value) if !state.is_empty() => {
+        match tracestate(span.context()).map(HeaderValue::try_from) {
+            Some(Ok(value)) => {
                 headers.insert(TRACESTATE.clone(), value);
             }
             _ => {
