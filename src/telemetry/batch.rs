@@ -63,16 +63,24 @@ impl Queue {
         }
     }
 
-    /// Queues `record` for export; drops it when the queue is full or export has stopped.
-    pub(super) fn push(&self, record: Record) {
-        let spans = record.spans();
+    /// Queues the record `slot` holds for export, taken out of it; drops it when the queue is
+    /// full or export has stopped. (Taken from where it was kept, it is moved once, into the
+    /// queue: passed by value, a record (~600 bytes) was copied four times on its way, ~300
+    /// instructions per request, callgrind, issue 34.)
+    pub(super) fn push(&self, slot: &mut Option<Record>) {
+        let Some(spans) = slot.as_ref().map(Record::spans) else {
+            return;
+        };
         let mut state = self.state.lock();
         if state.spans + spans > MAX_QUEUE_SPANS || state.stop {
             drop(state);
+            *slot = None;
             self.dropped.fetch_add(spans as u64, Ordering::Relaxed);
             return;
         }
-        state.records.push(record);
+        if let Some(record) = slot.take() {
+            state.records.push(record);
+        }
         let before = state.spans;
         state.spans += spans;
         if before < BATCH_SPANS && state.spans >= BATCH_SPANS {

@@ -525,7 +525,8 @@ struct Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        if let Some(mut record) = self.record.get_mut().take() {
+        let slot = self.record.get_mut();
+        if let Some(record) = slot.as_mut() {
             let now = SystemTime::now();
             if record.open {
                 record.end = now;
@@ -534,7 +535,7 @@ impl Drop for Shared {
                 e.end = now;
             }
             record.answer = None;
-            self.queue.push(record);
+            self.queue.push(slot);
         }
     }
 }
@@ -702,8 +703,10 @@ impl RequestTrace {
     /// on the serving thread (freed on the export thread, the last copy of an answer's bytes
     /// cost ~750 instructions).
     pub fn end(&self) {
-        let done = {
-            let mut record = self.shared.record.lock();
+        // Queued from under the record's lock (the queue's lock is taken under it, never the
+        // reverse), so the record is moved once.
+        let mut record = self.shared.record.lock();
+        {
             let Some(r) = record.as_mut() else {
                 return;
             };
@@ -722,14 +725,11 @@ impl RequestTrace {
                 },
                 Part::Own => return,
             }
-            match r.closed() {
-                true => record.take(),
-                false => None,
+            if !r.closed() {
+                return;
             }
-        };
-        if let Some(record) = done {
-            self.shared.queue.push(record);
         }
+        self.shared.queue.push(&mut record);
     }
 }
 
