@@ -119,7 +119,7 @@ struct View<'a> {
 /// fields, each written in `span` first; returns how many.
 fn write_record(out: &mut Vec<u8>, span: &mut Vec<u8>, r: &Record) -> usize {
     let context = &r.context;
-    let state = context.trace_state().header();
+    let state = super::propagation::tracestate(context).unwrap_or_default();
     let own = View {
         trace_id: context.trace_id(),
         span_id: context.span_id(),
@@ -388,8 +388,13 @@ fn encode_key(tag: u32, wire: WireType, out: &mut Vec<u8>) {
 }
 
 fn nanos(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    // In u64 arithmetic (`as_nanos` is a u128, converted back: ~40 instructions more per
+    // timestamp, four per request, callgrind, issue 34).
+    t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| {
+        d.as_secs()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(d.subsec_nanos()))
+    })
 }
 
 /// The length of a length-delimited field `tag` of `len` bytes, key and length included.
