@@ -12,7 +12,8 @@ use crate::mcp::classify::Classified;
 use crate::mcp::era::PROTOCOL_VERSION_META;
 use crate::telemetry::propagation::{self, Incoming};
 use crate::telemetry::{
-    protocol_version, semconv, KeyValue, RequestTrace, RequestValues, Target, Telemetry,
+    protocol_version, semconv, shared_name, KeyValue, RequestTrace, RequestValues, Target,
+    Telemetry,
 };
 use http::HeaderName;
 use std::borrow::Cow;
@@ -78,10 +79,10 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
         let target = match method {
             "tools/call" => c
                 .tool()
-                .map_or(Target::None, |t| Target::Tool(t.to_string())),
+                .map_or(Target::None, |t| Target::Tool(shared_name(&t))),
             "prompts/get" => c
                 .tool()
-                .map_or(Target::None, |p| Target::Prompt(p.to_string())),
+                .map_or(Target::None, |p| Target::Prompt(shared_name(&p))),
             _ => Target::None,
         };
         (target, values, attributes)

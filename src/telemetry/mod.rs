@@ -27,7 +27,7 @@ mod span;
 
 pub use opentelemetry::trace::SpanContext;
 pub use opentelemetry::KeyValue;
-pub use span::{protocol_version, Peer, RequestValues, Target};
+pub use span::{protocol_version, shared_name, Peer, RequestValues, Target};
 
 use crate::config::{check_endpoint, ConfigError, TelemetryConfig};
 use crate::jsonrpc::{splice, Message};
@@ -329,7 +329,7 @@ impl Telemetry {
         details: impl FnOnce() -> (Option<Cow<'t, str>>, Vec<KeyValue>),
     ) -> RequestTrace {
         let target = |tool: Option<Cow<'t, str>>| match (method, tool) {
-            ("tools/call", Some(tool)) => Target::Tool(tool.into_owned()),
+            ("tools/call", Some(tool)) => Target::Tool(shared_name(&tool)),
             _ => Target::None,
         };
         if let Some(server) = server.filter(|s| s.part == Part::Own) {
@@ -344,7 +344,7 @@ impl Telemetry {
                     SpanName::Method { method: m, target } => {
                         m == method
                             && match (target, tool.as_deref()) {
-                                (Target::Tool(a), Some(b)) => a == b,
+                                (Target::Tool(a), Some(b)) => a.as_ref() == b,
                                 (_, Some(_)) | (Target::Tool(_), None) => false,
                                 (_, None) => true,
                             }

@@ -10,7 +10,7 @@
 //! shares (the method, the protocol version, the upstream's address) are `&'static str` or a
 //! shared [`Peer`], the span name and the GenAI attributes are made from [`Target`] on the
 //! export thread, so a request's SERVER span allocates only the values that are the request's
-//! own (its id, its session, its tool name).
+//! own (its id and its session, in one `String`; its tool's name is shared, [`shared_name`]).
 
 use super::semconv;
 use bytes::Bytes;
@@ -37,15 +37,53 @@ pub enum SpanName {
 
 /// The tool or prompt of a request: the span name's second word and the GenAI attributes
 /// (`gen_ai.tool.name` and `gen_ai.operation.name = execute_tool`, or `gen_ai.prompt.name`).
+/// The name is shared ([`shared_name`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Target {
     /// Neither.
     None,
     /// The tool of a `tools/call`.
-    Tool(String),
+    Tool(Arc<str>),
     /// The prompt of a `prompts/get`.
-    Prompt(String),
+    Prompt(Arc<str>),
 }
+
+/// `name` (a tool's or a prompt's) shared: the one this thread made last time when it is one of
+/// the last [`KEPT_NAMES`] it made (at most [`LONGEST_KEPT_NAME`] bytes), else made now and kept
+/// in place of the oldest. A span's target is then a reference count, where a `String` of its
+/// own was an allocation on the serving thread freed on the export thread (~300 instructions per
+/// small `tools/call`, callgrind, issue 34); a client naming tools at random costs what it did.
+pub fn shared_name(name: &str) -> Arc<str> {
+    type Kept = (usize, [Option<Arc<str>>; KEPT_NAMES]);
+    thread_local! {
+        static NAMES: std::cell::RefCell<Kept> = const {
+            std::cell::RefCell::new((0, [const { None }; KEPT_NAMES]))
+        };
+    }
+    if name.len() > LONGEST_KEPT_NAME {
+        return Arc::from(name);
+    }
+    NAMES.with(|kept| {
+        let Ok(mut kept) = kept.try_borrow_mut() else {
+            return Arc::from(name);
+        };
+        let (oldest, names) = &mut *kept;
+        if let Some(found) = names.iter().flatten().find(|n| n.as_ref() == name) {
+            return found.clone();
+        }
+        let made: Arc<str> = Arc::from(name);
+        if let Some(slot) = names.get_mut(*oldest) {
+            *slot = Some(made.clone());
+        }
+        *oldest = (*oldest + 1) % KEPT_NAMES;
+        made
+    })
+}
+
+/// How many names [`shared_name`] keeps per thread.
+const KEPT_NAMES: usize = 8;
+/// The longest name [`shared_name`] keeps, in bytes.
+const LONGEST_KEPT_NAME: usize = 128;
 
 /// One upstream's `server.address`, `server.port`, `network.transport` (and
 /// `network.protocol.name`), made once per upstream and shared by its spans, with their OTLP

@@ -211,6 +211,24 @@ fn error_type_reads_the_json_only_for_an_error_or_an_is_error_true() {
     );
 }
 
+/// A tool's name is shared with the spans of the same thread that named it lately, within
+/// bounds: at most eight names, none longer than 128 bytes (issue 34).
+#[test]
+fn tool_names_are_shared_within_bounds() {
+    let echo = shared_name("echo");
+    assert!(Arc::ptr_eq(&echo, &shared_name("echo")));
+    assert_eq!(&*shared_name("other"), "other");
+    let long = "x".repeat(129);
+    assert!(!Arc::ptr_eq(&shared_name(&long), &shared_name(&long)));
+    // Eight other names later, "echo" is made again.
+    for n in 0..8 {
+        shared_name(&format!("tool-{n}"));
+    }
+    let again = shared_name("echo");
+    assert_eq!(again, echo);
+    assert!(!Arc::ptr_eq(&again, &echo));
+}
+
 /// A compact tool result whose last member is `isError` is read at its ends, with the outcome
 /// the search gives; any other shape is left to the search (issue 34).
 #[test]
