@@ -827,18 +827,10 @@ fn error_type_searched(message: &[u8]) -> Option<String> {
 /// `msg` is not a request or notification or its `params` is not an object (it then goes as it
 /// was).
 pub fn with_meta_traceparent(msg: &Message, traceparent: &str) -> Option<Message> {
-    // A version-00 value (what taskgate writes) is quoted on the stack, not in a `String`.
-    let mut quoted = [b'"'; 57];
-    if let Some(inner) = quoted.get_mut(1..56).filter(|_| traceparent.len() == 55) {
-        inner.copy_from_slice(traceparent.as_bytes());
-        if let Ok(value) = std::str::from_utf8(&quoted) {
-            return msg.with_meta_member(semconv::TRACEPARENT, value);
-        }
-    }
-    let mut value = String::with_capacity(traceparent.len() + 2);
-    value.push('"');
-    value.push_str(traceparent);
-    value.push('"');
+    let mut value = Vec::with_capacity(traceparent.len() + 2);
+    value.push(b'"');
+    value.extend_from_slice(traceparent.as_bytes());
+    value.push(b'"');
     msg.with_meta_member(semconv::TRACEPARENT, &value)
 }
 

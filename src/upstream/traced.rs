@@ -111,15 +111,12 @@ impl Traced {
         // Made on the stack, quoted, once for both places: a `String` for it, and one for its
         // quoted form, cost ~400 instructions (issue 34).
         let quoted = traceparent_quoted(span.context());
-        let quoted = std::str::from_utf8(&quoted).ok();
         // `params._meta.traceparent`, spliced (`telemetry::with_meta_traceparent`).
-        let rewritten = quoted.and_then(|q| msg.with_meta_member(semconv::TRACEPARENT, q));
-        if let Some(rewritten) = rewritten {
+        if let Some(rewritten) = msg.with_meta_member(semconv::TRACEPARENT, &quoted) {
             req.op = Operation::Post(rewritten);
         }
         let headers = &mut req.ctx.headers;
-        let parent = quoted.and_then(|q| q.get(1..q.len() - 1));
-        if let Some(Ok(value)) = parent.map(HeaderValue::from_str) {
+        if let Ok(value) = HeaderValue::from_bytes(&quoted[1..quoted.len() - 1]) {
             headers.insert(TRACEPARENT.clone(), value);
         }
         match tracestate(span.context()).map(HeaderValue::try_from) {
