@@ -586,13 +586,13 @@ fn held_request_of(
     headers: http::HeaderMap,
     held: Option<crate::layers::extensions::HeldSession>,
 ) -> crate::exchange::McpRequest {
-    use crate::exchange::{McpRequest, Operation, Principal, RequestContext};
+    use crate::exchange::{McpRequest, Operation, Principal, RequestContext, RequestParts};
     let session = http::HeaderValue::from_static("tgh-00000000000000000000000000000000");
     let mut extensions = http::Extensions::new();
     if let Some(h) = held {
         extensions.insert(std::sync::Arc::new(h));
     }
-    McpRequest {
+    McpRequest::from(RequestParts {
         op: Operation::Post(msg),
         ctx: RequestContext {
             upstream: "up".into(),
@@ -603,7 +603,7 @@ fn held_request_of(
             headers,
         },
         extensions,
-    }
+    })
 }
 
 /// A held session's request (any client `body` the edge accepts) as the stateless 2026-07-28

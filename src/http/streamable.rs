@@ -44,7 +44,9 @@ use super::response::{never, read_body, BodyError, Head, HeadFields, DISCARD_LIM
 use super::server::{Body, BodyError as ResponseError, Handler};
 use crate::auth::Authenticator;
 use crate::exchange::Principal;
-use crate::exchange::{McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext};
+use crate::exchange::{
+    McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext, RequestParts,
+};
 use crate::headers::{content_type_is, remove_hop_by_hop, MCP_SESSION_ID};
 use crate::jsonrpc::{self, EnvelopeError, Message};
 use crate::limits::{Limiter, Permit};
@@ -311,7 +313,7 @@ impl Edge {
         if let Err(resp) = self.check_routing_headers(era, &head, &mut headers, &op) {
             return resp;
         }
-        let mut request = McpRequest {
+        let mut request = McpRequest::from(RequestParts {
             op,
             ctx: RequestContext {
                 upstream: served.route.name.clone(),
@@ -322,7 +324,7 @@ impl Edge {
                 headers,
             },
             extensions: http::Extensions::new(),
-        };
+        });
         store_era(&mut request, era);
         let trace = match &self.telemetry {
             Some(telemetry) => super::trace::start(telemetry, &mut request),

@@ -2,7 +2,7 @@
 //! it, and requests and records built by hand.
 
 use crate::config::TasksConfig;
-use crate::exchange::{McpReply, McpRequest, Operation, Principal, RequestContext};
+use crate::exchange::{McpReply, McpRequest, Operation, Principal, RequestContext, RequestParts};
 use crate::jsonrpc::Message;
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::Metrics;
@@ -225,7 +225,7 @@ pub fn record(task_id: &str) -> TaskRecord {
 /// A POSTed JSON-RPC message from the caller with session `s1` on upstream `up`.
 pub fn request(json: &str) -> McpRequest {
     let session = HeaderValue::from_static("s1");
-    McpRequest {
+    McpRequest::from(RequestParts {
         op: Operation::Post(Message::parse(Bytes::from(json.to_string())).unwrap()),
         ctx: RequestContext {
             upstream: "up".into(),
@@ -236,7 +236,7 @@ pub fn request(json: &str) -> McpRequest {
             headers: HeaderMap::new(),
         },
         extensions: http::Extensions::new(),
-    }
+    })
 }
 
 /// The bytes of a JSON reply.

@@ -185,6 +185,7 @@ impl StreamableHttp {
     /// or DELETE without a body, on the upstream's path, with the headers of
     /// [`StreamableHttp::upstream_headers`] and its own `Content-Length`.
     fn http_request(&self, req: McpRequest) -> Request<Full<Bytes>> {
+        let req = req.into_parts();
         let (method, body) = match req.op {
             // Moved, not cloned: a message a layer or the trace rewrote is a `Vec`'s bytes, whose
             // first clone allocates their shared count (~450 instructions per traced upstream

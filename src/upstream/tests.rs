@@ -2,7 +2,7 @@
 //! each [`Deadline`], against a scripted upstream socket.
 
 use super::*;
-use crate::exchange::{Deadline, Operation, Principal, ReplyBody, RequestContext};
+use crate::exchange::{Deadline, Operation, Principal, ReplyBody, RequestContext, RequestParts};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use tower::ServiceExt;
 
 fn request(method: &str, deadline: Option<Deadline>) -> McpRequest {
     let text = format!(r#"{{"jsonrpc":"2.0","id":7,"method":"{method}","params":{{}}}}"#);
-    let mut req = McpRequest {
+    let mut req = McpRequest::from(RequestParts {
         op: Operation::Post(crate::jsonrpc::Message::parse(Bytes::from(text)).unwrap()),
         ctx: RequestContext {
             upstream: "up".into(),
@@ -23,7 +23,7 @@ fn request(method: &str, deadline: Option<Deadline>) -> McpRequest {
             headers: ::http::HeaderMap::new(),
         },
         extensions: ::http::Extensions::new(),
-    };
+    });
     if let Some(d) = deadline {
         req.extensions.insert(d);
     }

@@ -30,7 +30,7 @@
 use super::answer::answer_of;
 use super::translate;
 use crate::config::UpstreamProtocol;
-use crate::exchange::{McpRequest, Operation};
+use crate::exchange::{McpRequest, Operation, RequestParts};
 use crate::jsonrpc::{Id, Message};
 use crate::layers::relay::OwnIds;
 use crate::layers::McpService;
@@ -254,11 +254,11 @@ fn discovery_request(req: &McpRequest, id: &Id) -> McpRequest {
     crate::telemetry::carry(&req.extensions, &mut extensions);
     extensions.insert(Era::Modern);
     extensions.insert(ForModernUpstream);
-    McpRequest {
+    McpRequest::from(RequestParts {
         op: Operation::Post(msg),
         ctx,
         extensions,
-    }
+    })
 }
 
 #[cfg(test)]

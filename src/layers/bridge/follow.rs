@@ -4,7 +4,7 @@
 use super::translate::{self, Payload};
 use super::{ask, error_reply, failure_reply, legacy_reply, modern_request};
 use super::{BridgeService, BridgeState, MAX_POLL, MIN_POLL};
-use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
+use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{AckIsCancelled, AuthorisedTask, CancelAcknowledged};
 use crate::layers::relay::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
@@ -364,11 +364,11 @@ pub(super) async fn send_update<S: McpService>(
         "inputResponses": { pending.key.clone(): input::response_value(&pending.method, &answer) },
         "_meta": translate::modern_meta(None),
     });
-    let base = McpRequest {
+    let base = McpRequest::from(RequestParts {
         op: req.op.clone(),
         ctx: pending.ctx.clone(),
         extensions: http::Extensions::new(),
-    };
+    });
     let out = modern_request(&base, &id, "tasks/update", params, Some(&pending.task_id));
     match ask(state, inner, out, &id).await {
         Ok(a) => {

@@ -145,7 +145,7 @@ use answer::{ask, ask_with, error_reply, failure_reply, legacy_reply};
 
 pub use era::{Discovery, UpstreamEra, DISCOVER_DEADLINE, UNANSWERED_RETRY};
 
-use crate::exchange::{GatewayError, McpReply, McpRequest, Operation};
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, RequestParts};
 use crate::jsonrpc::{self, Id, Message};
 use crate::layers::extensions::{
     AuthorisedTask, ClientDeclares, HeldSession, PendingCreation, SessionsHeld,
@@ -451,11 +451,11 @@ fn internal_request(req: &McpRequest, id: &Id, method: &str, task_id: &str) -> M
     );
     let mut extensions = http::Extensions::new();
     crate::telemetry::carry(&req.extensions, &mut extensions);
-    McpRequest {
+    McpRequest::from(RequestParts {
         op: Operation::Post(Message::parse(Bytes::from(text)).expect("a well-formed request")),
         ctx: req.ctx.clone(),
         extensions,
-    }
+    })
 }
 
 /// The input request a POSTed client response answers (see `relay::input`), taken.
@@ -519,9 +519,9 @@ pub(crate) fn modern_request(
     let mut extensions = req.extensions.clone();
     extensions.insert(Era::Modern);
     extensions.insert(era::ForModernUpstream);
-    McpRequest {
+    McpRequest::from(RequestParts {
         op: Operation::Post(msg),
         ctx,
         extensions,
-    }
+    })
 }

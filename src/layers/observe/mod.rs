@@ -42,7 +42,9 @@ mod poll;
 use modern::{show_recorded_ttl, ttl_path};
 use poll::TaskView;
 
-use crate::exchange::{Deadline, McpReply, McpRequest, Operation, ReplyBody, RequestContext};
+use crate::exchange::{
+    Deadline, McpReply, McpRequest, Operation, ReplyBody, RequestContext, RequestParts,
+};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::layers::after::{AfterReply, ReplyStep};
 use crate::layers::extensions::{
@@ -770,13 +772,13 @@ impl Undo {
             r#"{{"jsonrpc":"2.0","id":{},"method":"tasks/cancel","params":{params}}}"#,
             id.as_json()
         );
-        McpRequest {
+        McpRequest::from(RequestParts {
             op: Operation::Post(
                 jsonrpc::Message::parse(Bytes::from(text)).expect("a well-formed request"),
             ),
             ctx,
             extensions,
-        }
+        })
     }
 
     /// Sends the `tasks/cancel` of `task_id` (created in `era`) in the background: the client's

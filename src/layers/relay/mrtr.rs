@@ -42,7 +42,7 @@
 
 use super::input::{capability_for, Ask, Inputs, MAX_KEYS_PER_TASK};
 use super::{read_to_answer, Client, Relay};
-use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id, Message};
 use crate::layers::McpService;
 use crate::mcp::era::Era;
@@ -455,11 +455,11 @@ where
             None => params.remove("requestState"),
         };
         let msg = Message::parse(Bytes::from(v.to_string())).expect("a well-formed request");
-        McpRequest {
+        McpRequest::from(RequestParts {
             op: Operation::Post(msg),
             ctx: self.out.ctx.clone(),
             extensions: self.out.extensions.clone(),
-        }
+        })
     }
 }
 

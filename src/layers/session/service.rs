@@ -2,7 +2,7 @@
 //! `initialize` and `DELETE` pass, and hands the [`SessionView`] down (see the parent module).
 
 use super::*;
-use crate::exchange::RequestContext;
+use crate::exchange::{RequestContext, RequestParts};
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use futures_util::future::Either;
@@ -250,11 +250,11 @@ where
 {
     futures_util::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
     inner
-        .call(McpRequest {
+        .call(McpRequest::from(RequestParts {
             op: Operation::EndSession,
             ctx,
             extensions: http::Extensions::new(),
-        })
+        }))
         .await
 }
 

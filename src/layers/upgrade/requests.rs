@@ -4,7 +4,7 @@
 
 use super::early::{answer_of, Others};
 use super::UpgradeState;
-use crate::exchange::{McpRequest, Operation, RequestContext};
+use crate::exchange::{McpRequest, Operation, RequestContext, RequestParts};
 use crate::jsonrpc::{Id, Message};
 use crate::layers::McpService;
 use bytes::Bytes;
@@ -24,11 +24,11 @@ pub(super) fn internal_request(
     // Splice the id in as raw JSON (keeps its type).
     text.insert_str(1, &format!("\"id\":{},", id.as_json()));
     let msg = Message::parse(Bytes::from(text)).expect("a well-formed request");
-    McpRequest {
+    McpRequest::from(RequestParts {
         op: Operation::Post(msg),
         ctx: ctx.clone(),
         extensions: http::Extensions::new(),
-    }
+    })
 }
 
 /// Sends one `tasks/cancel` for an upgraded task upstream, through the rest of the stack (so the

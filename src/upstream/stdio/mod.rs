@@ -406,7 +406,7 @@ impl Inner {
             .as_ref()
             .and_then(|v| v.to_str().ok())
             .map(Arc::from);
-        match req.op {
+        match req.into_parts().op {
             Operation::EndSession => Ok(self.end_session(session)),
             Operation::OpenStream => Ok(self.open_stream(session)),
             Operation::Post(msg) => self.post(msg, session, deadline, era).await,

@@ -3,7 +3,7 @@
 //! requests answered with an error naming the upstream, and its restart.
 
 use super::*;
-use crate::exchange::{Principal, RequestContext};
+use crate::exchange::{Principal, RequestContext, RequestParts};
 use crate::mcp::era::Era;
 use futures_util::StreamExt;
 
@@ -55,7 +55,7 @@ impl Fixture {
         text: &str,
         extensions: http::Extensions,
     ) -> Result<McpReply, GatewayError> {
-        let req = McpRequest {
+        let req = McpRequest::from(RequestParts {
             op: Operation::Post(Message::parse(Bytes::from(text.to_string())).expect("json")),
             ctx: RequestContext {
                 upstream: "kid".into(),
@@ -66,7 +66,7 @@ impl Fixture {
                 headers: HeaderMap::new(),
             },
             extensions,
-        };
+        });
         self.transport.clone().exchange(req).await
     }
 

@@ -4,7 +4,7 @@
 //! gone before the answer becomes `notifications/cancelled` upstream ([`CancelOnDrop`]).
 
 use super::{id_value, legacy_body, send, translate, NoSession, On, ReverseState, UpstreamSession};
-use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id, Message};
 use crate::layers::extensions::{PendingCreation, RelaysUpstreamRequests};
 use crate::layers::McpService;
@@ -210,11 +210,11 @@ pub(super) async fn forward<S: McpService>(
             Message::parse(Bytes::from(cancelled.to_string())).expect("a well-formed message");
         let mut extensions = http::Extensions::new();
         extensions.insert(Era::Legacy);
-        *cell.lock() = Some(McpRequest {
+        *cell.lock() = Some(McpRequest::from(RequestParts {
             op: Operation::Post(msg),
             ctx: out.ctx.clone(),
             extensions,
-        });
+        }));
     };
     let mut cancel = CancelOnDrop::new(&inner, note);
     match send(state, &inner, req, &body, On::Caller, &prepare).await {

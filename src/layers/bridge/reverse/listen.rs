@@ -43,7 +43,7 @@
 //! bounded by the `tasks` layer (`MAX_LISTEN_TASK_IDS`).
 
 use super::{session, tasks_get, NoSession, ReverseState};
-use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody, Tenant};
+use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody, RequestParts, Tenant};
 use crate::jsonrpc::Id;
 use crate::layers::extensions::{AuthorisedTask, PendingCreation};
 use crate::layers::McpService;
@@ -470,11 +470,11 @@ fn get_request(req: &McpRequest, held: &super::UpstreamSession) -> McpRequest {
     );
     let mut extensions = http::Extensions::new();
     extensions.insert(Era::Legacy);
-    McpRequest {
+    McpRequest::from(RequestParts {
         op: Operation::OpenStream,
         ctx,
         extensions,
-    }
+    })
 }
 
 /// One upstream message read on a stream of `tenant`'s (the GET stream, a `tasks/result`

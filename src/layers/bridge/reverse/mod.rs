@@ -114,7 +114,7 @@ pub use translate::PROTOCOL_META_PREFIX;
 
 use super::answer::answer_of;
 use super::era::{Discovery, UpstreamEra};
-use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id, Kind, Message};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation, RelaysUpstreamRequests};
 use crate::layers::relay::OwnIds;
@@ -546,11 +546,11 @@ fn request_with(req: &McpRequest, body: Value, session: Option<&UpstreamSession>
     ctx.headers.remove(&crate::mcp::routing_headers::MCP_NAME);
     let mut extensions = req.extensions.clone();
     extensions.insert(Era::Legacy);
-    McpRequest {
+    McpRequest::from(RequestParts {
         op: Operation::Post(msg),
         ctx,
         extensions,
-    }
+    })
 }
 
 /// A 2025-11-25 request `method` with `params` under taskgate's own id `own`.

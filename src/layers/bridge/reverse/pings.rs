@@ -3,7 +3,7 @@
 //! opened it, side by side and bounded; a ping answered 404 opens the session again.
 
 use super::{id_value, reopen, request_with, ReverseState, UpstreamSession};
-use crate::exchange::{McpRequest, Operation};
+use crate::exchange::{McpRequest, Operation, RequestParts};
 use crate::jsonrpc::Message;
 use crate::layers::McpService;
 use bytes::Bytes;
@@ -62,13 +62,13 @@ async fn ping<S: McpService>(state: &Arc<ReverseState>, inner: &S, session: Arc<
     ctx.session_id = Some(id);
     let own = state.ids.next_id();
     let body = json!({"jsonrpc": "2.0", "id": id_value(&own), "method": "ping"});
-    let req = McpRequest {
+    let req = McpRequest::from(RequestParts {
         op: Operation::Post(
             Message::parse(Bytes::from(body.to_string())).expect("a well-formed ping"),
         ),
         ctx,
         extensions: http::Extensions::new(),
-    };
+    });
     let upstream = req.ctx.upstream.clone();
     let out = request_with(&req, body, Some(&session));
     let lost = match state.bounded(&upstream, inner.clone().oneshot(out)).await {
