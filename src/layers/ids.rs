@@ -63,40 +63,99 @@ use std::task::{Context, Poll};
 /// Most requests tracked in flight per upstream; past it a request passes untracked.
 pub const MAX_IN_FLIGHT: usize = 65_536;
 
-/// A request id on one upstream session (`None`: the upstream has no sessions).
+/// A client's request id on one upstream session (`None`: the upstream has no sessions): the
+/// key of [`Table::mapped`], the rare path.
 #[derive(Clone, PartialEq, Eq)]
 struct Key(Option<HeaderValue>, Id);
 
 /// Two writes, the id's text and the session's: the derived hash of the pair made six (the
-/// `Option`'s and `HeaderValue`'s parts, each slice's length), ~114 instructions a hash, and
-/// every tracked request hashes its key twice (benches/profile.sh small). Keys that are equal
-/// have equal texts, so equal hashes.
+/// `Option`'s and `HeaderValue`'s parts, each slice's length), ~114 instructions a hash
+/// (benches/profile.sh small). Keys that are equal have equal texts, so equal hashes.
 impl std::hash::Hash for Key {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        state.write(self.1.as_bytes());
-        if let Some(session) = &self.0 {
-            state.write(session.as_bytes());
-        }
+        hash_key(state, self.0.as_ref(), &self.1);
+    }
+}
+
+fn hash_key<H: std::hash::Hasher>(state: &mut H, session: Option<&HeaderValue>, id: &Id) {
+    state.write(id.as_bytes());
+    if let Some(session) = session {
+        state.write(session.as_bytes());
     }
 }
 
 type Hasher = foldhash::fast::RandomState;
 
-/// One request in flight on an upstream session.
+/// One request in flight on an upstream session, under its upstream id.
 struct Entry {
+    /// The hash of `(session, id)`, kept: the table grows without hashing again, and the
+    /// request's [`Tracked`] finds its entry by it.
+    hash: u64,
+    /// This entry among those of its hash: what [`Tracked`] removes, without comparing keys.
+    token: u64,
+    /// The upstream session.
+    session: Option<HeaderValue>,
+    /// The upstream id.
+    id: Id,
     /// Who sent it.
     caller: Caller,
     /// The client's own id when the request went upstream under a minted one.
     client_id: Option<Id>,
 }
 
+impl Entry {
+    fn is(&self, session: Option<&HeaderValue>, id: &Id) -> bool {
+        self.id == *id && self.session.as_ref() == session
+    }
+}
+
 #[derive(Default)]
 struct Table {
-    /// `(session, upstream id)` → the request.
-    in_flight: HashMap<Key, Entry, Hasher>,
+    /// `(session, upstream id)` → the request, by [`Entry::hash`]: a request is hashed once,
+    /// when admitted, and its entry removed by hash and token when its reply is done.
+    in_flight: hashbrown::HashTable<Entry>,
+    /// Hashes the keys of both maps.
+    hasher: Hasher,
+    /// The next [`Entry::token`].
+    tokens: u64,
     /// `(session, client id)` → the minted ids of that client id's mapped requests, with who
     /// sent each (for `notifications/cancelled`).
     mapped: HashMap<Key, Vec<(Caller, Id)>, Hasher>,
+}
+
+impl Table {
+    fn hash(&self, session: Option<&HeaderValue>, id: &Id) -> u64 {
+        use std::hash::{BuildHasher, Hasher as _};
+        let mut state = self.hasher.build_hasher();
+        hash_key(&mut state, session, id);
+        state.finish()
+    }
+
+    /// Enters a request; the token of its entry.
+    fn enter(
+        &mut self,
+        hash: u64,
+        session: Option<HeaderValue>,
+        id: Id,
+        caller: Caller,
+        client_id: Option<Id>,
+    ) -> u64 {
+        self.tokens += 1;
+        let token = self.tokens;
+        self.in_flight.insert_unique(
+            hash,
+            Entry {
+                hash,
+                token,
+                session,
+                id,
+                caller,
+                client_id,
+            },
+            |e| e.hash,
+        );
+        token
+    }
 }
 
 /// The layer's state for one upstream.
@@ -123,27 +182,21 @@ impl IdsState {
     }
 
     /// Decides a request (see the module docs).
-    fn admit(self: &Arc<Self>, session: Option<HeaderValue>, id: &Id, caller: Caller) -> Admit {
+    fn admit(self: &Arc<Self>, session: Option<&HeaderValue>, id: &Id, caller: Caller) -> Admit {
         let mut t = self.table.lock();
         if t.in_flight.len() >= MAX_IN_FLIGHT {
             return Admit::Untracked;
         }
-        let key = Key(session, id.clone());
-        // One hash and probe for the common case (the id is free: inserted), not a lookup and
-        // then an insert.
-        let holder = match t.in_flight.entry(key.clone()) {
-            std::collections::hash_map::Entry::Vacant(free) => {
-                free.insert(Entry {
-                    caller,
-                    client_id: None,
-                });
-                return Admit::Plain(Tracked {
-                    state: self.clone(),
-                    key,
-                    mapped_from: None,
-                });
-            }
-            std::collections::hash_map::Entry::Occupied(held) => held.into_mut(),
+        let hash = t.hash(session, id);
+        let Some(holder) = t.in_flight.find(hash, |e| e.is(session, id)) else {
+            // The common case: the id is free (one hash and one probe, then the insert).
+            let token = t.enter(hash, session.cloned(), id.clone(), caller, None);
+            return Admit::Plain(Tracked {
+                state: self.clone(),
+                hash,
+                token,
+                mapped: None,
+            });
         };
         if holder.caller == caller
             && caller.client_session.is_some()
@@ -151,43 +204,47 @@ impl IdsState {
         {
             return Admit::Refuse;
         }
-        let Key(session, _) = key;
-        let minted = loop {
+        let (minted, minted_hash) = loop {
             let n = self.next.fetch_add(1, Ordering::Relaxed);
             let minted = Id::from_json(&format!("\"taskgate-id-{n}\"")).expect("a string id");
-            if !t
-                .in_flight
-                .contains_key(&Key(session.clone(), minted.clone()))
+            let minted_hash = t.hash(session, &minted);
+            if t.in_flight
+                .find(minted_hash, |e| e.is(session, &minted))
+                .is_none()
             {
-                break minted;
+                break (minted, minted_hash);
             }
         };
-        t.in_flight.insert(
-            Key(session.clone(), minted.clone()),
-            Entry {
-                caller: caller.clone(),
-                client_id: Some(id.clone()),
-            },
+        let token = t.enter(
+            minted_hash,
+            session.cloned(),
+            minted.clone(),
+            caller.clone(),
+            Some(id.clone()),
         );
         t.mapped
-            .entry(Key(session.clone(), id.clone()))
+            .entry(Key(session.cloned(), id.clone()))
             .or_default()
             .push((caller, minted.clone()));
         Admit::Mapped(Tracked {
             state: self.clone(),
-            key: Key(session, minted),
-            mapped_from: Some(id.clone()),
+            hash: minted_hash,
+            token,
+            mapped: Some(Box::new(Mapped {
+                session: session.cloned(),
+                minted,
+                client: id.clone(),
+            })),
         })
     }
 
     /// Where a `notifications/cancelled` naming `id` from `caller` on `session` goes.
-    fn route_cancel(&self, session: &Option<HeaderValue>, id: &Id, caller: &Caller) -> CancelRoute {
+    fn route_cancel(&self, session: Option<&HeaderValue>, id: &Id, caller: &Caller) -> CancelRoute {
         let t = self.table.lock();
-        let key = Key(session.clone(), id.clone());
         let mut own: Option<&Id> = None;
         let mut owns = 0;
         let mut others = false;
-        if let Some(e) = t.in_flight.get(&key) {
+        if let Some(e) = t.in_flight.find(t.hash(session, id), |e| e.is(session, id)) {
             if e.client_id.is_none() {
                 if e.caller == *caller {
                     own = Some(id);
@@ -197,6 +254,7 @@ impl IdsState {
                 }
             }
         }
+        let key = Key(session.cloned(), id.clone());
         for (c, minted) in t.mapped.get(&key).into_iter().flatten() {
             if c == caller {
                 own = Some(minted);
@@ -236,20 +294,33 @@ enum CancelRoute {
 /// A request's entry, removed when dropped (with its reply).
 struct Tracked {
     state: Arc<IdsState>,
-    /// `(session, upstream id)`.
-    key: Key,
-    /// The client's id of a mapped request.
-    mapped_from: Option<Id>,
+    /// Its entry's hash and token.
+    hash: u64,
+    token: u64,
+    /// A mapped request's ids.
+    mapped: Option<Box<Mapped>>,
+}
+
+/// A request sent under a minted id.
+struct Mapped {
+    /// The upstream session.
+    session: Option<HeaderValue>,
+    /// The id it went upstream under.
+    minted: Id,
+    /// The client's id.
+    client: Id,
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
         let mut t = self.state.table.lock();
-        t.in_flight.remove(&self.key);
-        if let Some(client_id) = &self.mapped_from {
-            let k = Key(self.key.0.clone(), client_id.clone());
+        if let Ok(entry) = t.in_flight.find_entry(self.hash, |e| e.token == self.token) {
+            entry.remove();
+        }
+        if let Some(m) = &self.mapped {
+            let k = Key(m.session.clone(), m.client.clone());
             if let Some(list) = t.mapped.get_mut(&k) {
-                list.retain(|(_, m)| *m != self.key.1);
+                list.retain(|(_, minted)| *minted != m.minted);
                 if list.is_empty() {
                     t.mapped.remove(&k);
                 }
@@ -267,9 +338,9 @@ impl ReplyStep for Release {
     fn apply(self, mut reply: McpReply) -> McpReply {
         let tracked = self.0;
         let restore = tracked
-            .mapped_from
-            .clone()
-            .map(|client| (tracked.key.1.clone(), client));
+            .mapped
+            .as_ref()
+            .map(|m| (m.minted.clone(), m.client.clone()));
         if restore.is_none() && !matches!(reply.body, ReplyBody::Stream(_)) {
             // A JSON answer is whole: the request is no longer in flight.
             return reply;
@@ -376,7 +447,7 @@ where
         let id = msg.id().expect("a request has an id").clone();
         match self
             .state
-            .admit(req.ctx.session_id.clone(), &id, req.ctx.caller())
+            .admit(req.ctx.session_id.as_ref(), &id, req.ctx.caller())
         {
             Admit::Untracked => Either::Left(Either::Left(self.inner.call(req))),
             Admit::Plain(tracked) => {
@@ -384,8 +455,9 @@ where
                 Either::Left(Either::Right(AfterReply::new(fut, Release(tracked))))
             }
             Admit::Mapped(tracked) => {
-                tracing::debug!(upstream = %req.ctx.upstream, id = %id, upstream_id = %tracked.key.1, "request id in flight on the upstream session for another caller: sent under a minted id");
-                let req = with_id(req, &tracked.key.1);
+                let minted = &tracked.mapped.as_ref().expect("a mapped request").minted;
+                tracing::debug!(upstream = %req.ctx.upstream, id = %id, upstream_id = %minted, "request id in flight on the upstream session for another caller: sent under a minted id");
+                let req = with_id(req, minted);
                 let fut = self.inner.call(req);
                 Either::Left(Either::Right(AfterReply::new(fut, Release(tracked))))
             }
@@ -411,9 +483,9 @@ where
         let Some(target) = target else {
             return Either::Left(Either::Left(self.inner.call(req)));
         };
-        let route = self
-            .state
-            .route_cancel(&req.ctx.session_id, &target, &req.ctx.caller());
+        let route =
+            self.state
+                .route_cancel(req.ctx.session_id.as_ref(), &target, &req.ctx.caller());
         match route {
             CancelRoute::AsIs => Either::Left(Either::Left(self.inner.call(req))),
             CancelRoute::Rewrite(upstream_id) => {
