@@ -188,21 +188,35 @@ impl IdsState {
             return Admit::Untracked;
         }
         let hash = t.hash(session, id);
-        let Some(holder) = t.in_flight.find(hash, |e| e.is(session, id)) else {
-            // The common case: the id is free (one hash and one probe, then the insert).
-            let token = t.enter(hash, session.cloned(), id.clone(), caller, None);
-            return Admit::Plain(Tracked {
-                state: self.clone(),
-                hash,
-                token,
-                mapped: None,
-            });
-        };
-        if holder.caller == caller
-            && caller.client_session.is_some()
-            && !id.as_json().starts_with("\"taskgate-")
-        {
-            return Admit::Refuse;
+        t.tokens += 1;
+        let token = t.tokens;
+        // One probe for the common case (the id is free: inserted), not a look-up and then an
+        // insert.
+        match t.in_flight.entry(hash, |e| e.is(session, id), |e| e.hash) {
+            hashbrown::hash_table::Entry::Vacant(free) => {
+                free.insert(Entry {
+                    hash,
+                    token,
+                    session: session.cloned(),
+                    id: id.clone(),
+                    caller,
+                    client_id: None,
+                });
+                return Admit::Plain(Tracked {
+                    state: self.clone(),
+                    hash,
+                    token,
+                    mapped: None,
+                });
+            }
+            hashbrown::hash_table::Entry::Occupied(held) => {
+                if held.get().caller == caller
+                    && caller.client_session.is_some()
+                    && !id.as_json().starts_with("\"taskgate-")
+                {
+                    return Admit::Refuse;
+                }
+            }
         }
         let (minted, minted_hash) = loop {
             let n = self.next.fetch_add(1, Ordering::Relaxed);
