@@ -184,9 +184,9 @@ impl StreamableHttp {
     /// `req` as the HTTP request to the upstream: POST with the message's bytes unchanged, GET
     /// or DELETE without a body, on the upstream's path, with the headers of
     /// [`StreamableHttp::upstream_headers`] and its own `Content-Length`.
-    fn http_request(&self, req: McpRequest) -> Request<Full<Bytes>> {
-        let req = req.into_parts();
-        let (method, body) = match req.op {
+    fn http_request(&self, mut req: McpRequest) -> Request<Full<Bytes>> {
+        // What is taken is taken out of the request's box, not the box's parts moved out whole.
+        let (method, body) = match std::mem::replace(&mut req.op, Operation::OpenStream) {
             // Moved, not cloned: a message a layer or the trace rewrote is a `Vec`'s bytes, whose
             // first clone allocates their shared count (~450 instructions per traced upstream
             // request, whose `_meta.traceparent` is spliced in; callgrind, issue 34).
@@ -199,8 +199,9 @@ impl StreamableHttp {
         *request.method_mut() = method;
         *request.uri_mut() = self.target.clone();
         let headers = request.headers_mut();
-        *headers = req.ctx.headers;
-        self.upstream_headers(headers, &req.ctx.principal, req.ctx.session_id);
+        let ctx = &mut req.ctx;
+        *headers = std::mem::take(&mut ctx.headers);
+        self.upstream_headers(headers, &ctx.principal, ctx.session_id.take());
         // Replaces the client's `Content-Length` (the edge leaves it in place).
         if length == 0 {
             headers.remove(header::CONTENT_LENGTH);
