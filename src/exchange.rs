@@ -231,6 +231,13 @@ pub struct RequestParts {
     pub ctx: RequestContext,
     /// Facts a layer learned for the layers below it (see `layers::extensions`).
     pub extensions: http::Extensions,
+    /// The request's SERVER span when it is traced (issue 34): set by the edge, read by the
+    /// layers that add to it (`mcp.task.id`, task links) and by the upstream's CLIENT span;
+    /// copied to a request a layer makes for it ([`crate::telemetry::carry`]). A field, not an
+    /// extension: the extension map's first insert allocates it (three allocations, freed with
+    /// the request) and makes every layer's look-up a hashed one, ~1,900 instructions per
+    /// traced small `tools/call` (callgrind, 2026-12-05); most requests have no other extension.
+    pub trace: Option<RequestTrace>,
 }
 
 impl From<RequestParts> for McpRequest {

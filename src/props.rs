@@ -603,6 +603,7 @@ fn held_request_of(
             headers,
         },
         extensions,
+        trace: None,
     })
 }
 

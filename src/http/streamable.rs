@@ -324,6 +324,7 @@ impl Edge {
                 headers,
             },
             extensions: http::Extensions::new(),
+            trace: None,
         });
         store_era(&mut request, era);
         let trace = match &self.telemetry {

@@ -1,7 +1,7 @@
 //! The SERVER span of each MCP request the edge sends down the stack (issue 34; `telemetry`
 //! says what is exported and when). Its parent comes from `params._meta.traceparent`, else the
 //! HTTP `traceparent` (`telemetry::propagation::Incoming`); it travels down as the request's
-//! `RequestTrace` extension, on which the layers set `mcp.task.id` and task links and the
+//! `RequestTrace` (the request's `trace` field), on which the layers set `mcp.task.id` and task links and the
 //! upstream client the upstream's address; it ends when the answer is complete (an SSE answer:
 //! when its stream ends), carrying `error.type` for an error answer.
 
@@ -88,6 +88,6 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
         (target, values, attributes)
     };
     let trace = telemetry.request_span(method, incoming, details);
-    request.extensions.insert(trace.clone());
+    request.trace = Some(trace.clone());
     Some(trace)
 }

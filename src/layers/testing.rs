@@ -236,6 +236,7 @@ pub fn request(json: &str) -> McpRequest {
             headers: HeaderMap::new(),
         },
         extensions: http::Extensions::new(),
+        trace: None,
     })
 }
 

@@ -839,13 +839,12 @@ pub fn with_meta_traceparent(msg: &Message, traceparent: &str) -> Option<Message
 #[derive(Debug, Clone)]
 pub struct TaskLink(pub SpanContext);
 
-/// Copies the trace facts of a client's request (its [`RequestTrace`], its [`TaskLink`]) to a
-/// request a layer makes for it (the bridge's polls of a `tasks/result`), so that request's
-/// CLIENT span is a child of the client's SERVER span and links to the task's creation.
+/// Copies the task link of a client's request ([`TaskLink`]) to a request a layer makes for it
+/// (the bridge's polls of a `tasks/result`), so that request's CLIENT span links to the task's
+/// creation; the request's [`RequestTrace`] goes with it as the new request's `trace` (a field
+/// of [`crate::exchange::RequestParts`]), making that CLIENT span a child of the client's
+/// SERVER span.
 pub fn carry(from: &http::Extensions, to: &mut http::Extensions) {
-    if let Some(trace) = from.get::<RequestTrace>() {
-        to.insert(trace.clone());
-    }
     if let Some(link) = from.get::<TaskLink>() {
         to.insert(link.clone());
     }

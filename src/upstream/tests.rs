@@ -23,6 +23,7 @@ fn request(method: &str, deadline: Option<Deadline>) -> McpRequest {
             headers: ::http::HeaderMap::new(),
         },
         extensions: ::http::Extensions::new(),
+        trace: None,
     });
     if let Some(d) = deadline {
         req.extensions.insert(d);

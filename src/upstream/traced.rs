@@ -1,5 +1,5 @@
 //! The CLIENT span of each upstream exchange (issue 34), whatever the transport: a child of the
-//! request's SERVER span (the edge's `RequestTrace` extension), or for a request taskgate makes
+//! request's SERVER span (the edge's `RequestTrace`, the request's `trace`), or for a request taskgate makes
 //! itself (`upgrade`'s and the bridge's polls) a root linked to the task's creating span
 //! ([`TaskLink`], set by the `tasks` layer). The upstream request carries the CLIENT span as its
 //! parent twice: in the HTTP `traceparent` (and `tracestate`) header fields, and in
@@ -89,7 +89,7 @@ impl Traced {
         }
         let c = Classified::of(msg);
         let method = c.method()?;
-        let server = req.extensions.get::<RequestTrace>();
+        let server = req.trace.as_ref();
         let link = req.extensions.get::<TaskLink>().map(|l| &l.0);
         // Made only for a span that is sampled.
         let details = || {

@@ -258,6 +258,7 @@ fn discovery_request(req: &McpRequest, id: &Id) -> McpRequest {
         op: Operation::Post(msg),
         ctx,
         extensions,
+        trace: req.trace.clone(),
     })
 }
 

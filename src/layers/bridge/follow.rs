@@ -368,6 +368,7 @@ pub(super) async fn send_update<S: McpService>(
         op: req.op.clone(),
         ctx: pending.ctx.clone(),
         extensions: http::Extensions::new(),
+        trace: None,
     });
     let out = modern_request(&base, &id, "tasks/update", params, Some(&pending.task_id));
     match ask(state, inner, out, &id).await {

@@ -455,6 +455,7 @@ fn internal_request(req: &McpRequest, id: &Id, method: &str, task_id: &str) -> M
         op: Operation::Post(Message::parse(Bytes::from(text)).expect("a well-formed request")),
         ctx: req.ctx.clone(),
         extensions,
+        trace: req.trace.clone(),
     })
 }
 
@@ -523,5 +524,6 @@ pub(crate) fn modern_request(
         op: Operation::Post(msg),
         ctx,
         extensions,
+        trace: req.trace.clone(),
     })
 }

@@ -163,10 +163,7 @@ impl Expect {
                             .extensions
                             .remove::<PlainAnswerIsTask>()
                             .map(|p| p.recorded),
-                        trace: req
-                            .extensions
-                            .get::<crate::telemetry::RequestTrace>()
-                            .cloned(),
+                        trace: req.trace.clone(),
                     },
                     None => Expect::Nothing,
                 }
@@ -778,6 +775,7 @@ impl Undo {
             ),
             ctx,
             extensions,
+            trace: None,
         })
     }
 

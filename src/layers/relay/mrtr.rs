@@ -459,6 +459,7 @@ where
             op: Operation::Post(msg),
             ctx: self.out.ctx.clone(),
             extensions: self.out.extensions.clone(),
+            trace: self.out.trace.clone(),
         })
     }
 }

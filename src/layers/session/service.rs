@@ -254,6 +254,7 @@ where
             op: Operation::EndSession,
             ctx,
             extensions: http::Extensions::new(),
+            trace: None,
         }))
         .await
 }

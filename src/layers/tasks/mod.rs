@@ -575,8 +575,8 @@ fn template(req: &McpRequest, owner: Owner, tool: Option<String>) -> TaskRecord 
         expires_at: 0,
         // The creating request's SERVER span, kept in the record (issue 34).
         trace_parent: req
-            .extensions
-            .get::<crate::telemetry::RequestTrace>()
+            .trace
+            .as_ref()
             .map(|t| crate::telemetry::stored(t.context())),
     }
 }
@@ -593,7 +593,7 @@ pub(crate) fn link_creating_span(req: &mut McpRequest, record: &TaskRecord) {
     else {
         return;
     };
-    if let Some(trace) = req.extensions.get::<crate::telemetry::RequestTrace>() {
+    if let Some(trace) = &req.trace {
         trace.link(&creating);
     }
     req.extensions.insert(crate::telemetry::TaskLink(creating));

@@ -28,6 +28,7 @@ pub(super) fn internal_request(
         op: Operation::Post(msg),
         ctx: ctx.clone(),
         extensions: http::Extensions::new(),
+        trace: None,
     })
 }
 

@@ -66,6 +66,7 @@ impl Fixture {
                 headers: HeaderMap::new(),
             },
             extensions,
+            trace: None,
         });
         self.transport.clone().exchange(req).await
     }

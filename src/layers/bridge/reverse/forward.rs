@@ -214,6 +214,7 @@ pub(super) async fn forward<S: McpService>(
             op: Operation::Post(msg),
             ctx: out.ctx.clone(),
             extensions,
+            trace: None,
         }));
     };
     let mut cancel = CancelOnDrop::new(&inner, note);

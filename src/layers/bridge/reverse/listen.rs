@@ -474,6 +474,7 @@ fn get_request(req: &McpRequest, held: &super::UpstreamSession) -> McpRequest {
         op: Operation::OpenStream,
         ctx,
         extensions,
+        trace: None,
     })
 }
 

@@ -550,6 +550,7 @@ fn request_with(req: &McpRequest, body: Value, session: Option<&UpstreamSession>
         op: Operation::Post(msg),
         ctx,
         extensions,
+        trace: req.trace.clone(),
     })
 }
 

@@ -68,6 +68,7 @@ async fn ping<S: McpService>(state: &Arc<ReverseState>, inner: &S, session: Arc<
         ),
         ctx,
         extensions: http::Extensions::new(),
+        trace: None,
     });
     let upstream = req.ctx.upstream.clone();
     let out = request_with(&req, body, Some(&session));
