@@ -1,9 +1,9 @@
 //! The SERVER span of each MCP request the edge sends down the stack (issue 34; `telemetry`
 //! says what is exported and when). Its parent comes from `params._meta.traceparent`, else the
 //! HTTP `traceparent` (`telemetry::propagation::Incoming`); it travels down as the request's
-//! `RequestTrace` (the request's `trace` field), on which the layers set `mcp.task.id` and task links and the
-//! upstream client the upstream's address; it ends when the answer is complete (an SSE answer:
-//! when its stream ends), carrying `error.type` for an error answer.
+//! `RequestTrace` (its `trace` field), on which the layers set `mcp.task.id` and task links and
+//! the upstream client the upstream's address; it ends when the answer is complete (an SSE
+//! answer: when its stream ends), carrying `error.type` for an error answer.
 
 use crate::exchange::{McpRequest, Operation};
 use crate::headers::MCP_PROTOCOL_VERSION;
@@ -19,7 +19,7 @@ use http::HeaderName;
 use std::borrow::Cow;
 
 /// Starts the SERVER span of `request` (a POSTed JSON-RPC request; GET streams, DELETEs,
-/// notifications and responses get none) and puts it in the request's extensions.
+/// notifications and responses get none) and sets it as the request's `trace`.
 pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<RequestTrace> {
     let Operation::Post(msg) = &request.op else {
         return None;

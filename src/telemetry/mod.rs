@@ -496,8 +496,9 @@ type Details = (
 
 /// A started span shared by the code that adds to it: the edge's SERVER span (the layers set
 /// `mcp.task.id` and links on it, the upstream client the upstream's address), or an upstream
-/// exchange's CLIENT span. Travels down as a request extension. Ends once, at [`RequestTrace::end`]
-/// or when the last clone is dropped; a span not sampled only carries its context.
+/// exchange's CLIENT span. Travels down as the request's `trace` (a field of
+/// [`crate::exchange::RequestParts`]). Ends once, at [`RequestTrace::end`] or when the last
+/// clone is dropped; a span not sampled only carries its context.
 pub struct RequestTrace {
     shared: Arc<Shared>,
     part: Part,
