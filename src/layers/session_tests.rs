@@ -552,19 +552,38 @@ async fn a_deferred_delete_is_answered_once_its_session_left_the_store() {
         .layer(inner);
 
     let removals = store.held_removals.lock().unwrap();
-    let answer = tokio::spawn(svc.oneshot(delete));
+    let answer = tokio::spawn(svc.clone().oneshot(delete));
     // The removal has reached the store (and waits there).
-    while store
-        .held_removals_begun
-        .load(std::sync::atomic::Ordering::SeqCst)
-        == 0
-    {
-        tokio::task::yield_now().await;
-    }
+    let begun = || {
+        store
+            .held_removals_begun
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 0
+    };
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !begun() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the session's removal reached the store");
     assert!(
         !answer.is_finished(),
         "answered while the session was still in the store"
     );
+    // A request on the session meanwhile (its client has no answer to its DELETE yet) is
+    // served from the table; it must not bring the session back from the store for later
+    // (taken from the table before the store removal, it was looked up there and revived).
+    let mut meanwhile = as_principal(
+        with_session(
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+            Some(&id),
+        ),
+        "alice",
+    );
+    meanwhile.ctx.upstream = up.clone();
+    let served = svc.clone().oneshot(meanwhile).await.unwrap();
+    assert_eq!(served.status, http::StatusCode::OK, "served meanwhile");
     drop(removals);
     let reply = tokio::time::timeout(Duration::from_secs(10), answer)
         .await

@@ -415,34 +415,31 @@ impl Sessions {
         });
     }
 
-    /// Forgets a session that ended (its DELETE); a held one is removed from the store before
-    /// this returns.
+    /// Forgets a session that ended (its DELETE); a stored one is removed from the store before
+    /// this returns. The store first, then the table: a request on the session meanwhile still
+    /// finds it in the table (the session has not ended for its client before this returns),
+    /// and one after finds it in neither (taken from the table first, a request in between
+    /// found it still stored, looked it up and brought it back; the cold review of 2026-12-05).
     pub async fn forget_ended(&self, upstream: &Arc<str>, session: Option<&SessionKey>) {
-        let removed = self
-            .table
-            .lock()
-            .take(&(upstream.clone(), session.cloned()));
-        let (Some(store), Some(info), Some(SessionKey::Session(id))) =
-            (self.store.get().cloned(), removed, session)
-        else {
-            return;
-        };
-        let Ok(id) = id.to_str().map(str::to_string) else {
-            return;
-        };
-        if !info.stored {
-            return;
+        let key = (upstream.clone(), session.cloned());
+        let stored = self.table.lock().map.get(&key).is_some_and(|i| i.stored);
+        if let (true, Some(store), Some(SessionKey::Session(id))) =
+            (stored, self.store.get().cloned(), session)
+        {
+            if let Ok(id) = id.to_str().map(str::to_string) {
+                let up = upstream.to_string();
+                let handle = tokio::runtime::Handle::current();
+                let done = tokio::task::spawn_blocking(move || {
+                    store.remove_held_session(&up, &id)?;
+                    handle.block_on(store.sync())
+                })
+                .await;
+                if let Ok(Err(e)) = done {
+                    tracing::warn!(error = %e, "an ended held session was not removed from the store");
+                }
+            }
         }
-        let up = upstream.to_string();
-        let handle = tokio::runtime::Handle::current();
-        let done = tokio::task::spawn_blocking(move || {
-            store.remove_held_session(&up, &id)?;
-            handle.block_on(store.sync())
-        })
-        .await;
-        if let Ok(Err(e)) = done {
-            tracing::warn!(error = %e, "an ended held session was not removed from the store");
-        }
+        self.table.lock().take(&key);
     }
 
     /// The held sessions among the entries `table` is about to drop, as `(upstream, id)`.
