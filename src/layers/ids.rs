@@ -114,7 +114,7 @@ struct Table {
     /// `(session, upstream id)` → the request, by [`Entry::hash`]: a request is hashed once,
     /// when admitted, and its entry removed by hash and token when its reply is done.
     in_flight: hashbrown::HashTable<Entry>,
-    /// Hashes the keys of both maps.
+    /// Hashes the keys of `in_flight`.
     hasher: Hasher,
     /// The next [`Entry::token`].
     tokens: u64,

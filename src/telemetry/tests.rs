@@ -1,4 +1,5 @@
 use super::*;
+use crate::jsonrpc::Message;
 use bytes::Bytes;
 use std::collections::HashMap;
 

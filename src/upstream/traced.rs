@@ -111,7 +111,7 @@ impl Traced {
         // Made on the stack, quoted, once for both places: a `String` for it, and one for its
         // quoted form, cost ~400 instructions (issue 34).
         let quoted = traceparent_quoted(span.context());
-        // `params._meta.traceparent`, spliced (`telemetry::with_meta_traceparent`).
+        // `params._meta.traceparent`, spliced (`Message::with_meta_member`).
         if let Some(rewritten) = msg.with_meta_member(semconv::TRACEPARENT, &quoted) {
             req.op = Operation::Post(rewritten);
         }

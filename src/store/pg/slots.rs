@@ -49,10 +49,14 @@ impl SlotStore for PgStore {
             // without waiting for its WAL flush (`synchronous_commit` off, for it alone): the
             // owner's lock is held until the commit, so a flush in it made every creation of
             // one owner wait for the one before it to reach the disk (scenario 10 at c=16:
-            // 323 creations/s, p50 47 ms, one flush after another). A slot row is a lease:
-            // one a database crash loses was for a creation that fails with it or whose
-            // task's own commit (synchronous, later in the WAL) flushed it anyway, and other
-            // sessions see a committed row at once either way.
+            // 323 creations/s, p50 47 ms, one flush after another). Other sessions see the
+            // committed row at once either way. What it trades: a database crash within about
+            // three `wal_writer_delay`s of a taking may lose its row (and the id sequence's
+            // step) while the replica's call goes on, so until that call's task is recorded
+            // (a synchronous commit, later in the WAL) or its slot given back, the owner can be
+            // one task per lost row past the limit, and a reused id's `DELETE` can give back
+            // another call's row early: a brief overshoot of the limit after a database crash,
+            // never a lost task record.
             let lock = tx
                 .prepare_cached(
                     "SELECT set_config('synchronous_commit', 'off', true), \
