@@ -104,16 +104,9 @@ impl Caller {
     /// for the few notes that outlive their request, costs nothing on other requests (copying
     /// every id at the edge cost ~2,000 instructions per lifecycle request).
     pub fn detached(self) -> Caller {
-        let client_session = self.client_session.map(|v| {
-            let mut copy =
-                HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(v.as_bytes()))
-                    .unwrap_or(v.clone());
-            copy.set_sensitive(v.is_sensitive());
-            copy
-        });
         Caller {
             principal: self.principal,
-            client_session,
+            client_session: self.client_session.as_ref().map(crate::headers::owned),
         }
     }
 
@@ -233,7 +226,8 @@ pub struct RequestParts {
     pub extensions: http::Extensions,
     /// The request's SERVER span when it is traced (issue 34): set by the edge, read by the
     /// layers that add to it (`mcp.task.id`, task links) and by the upstream's CLIENT span;
-    /// copied to a request a layer makes for it ([`crate::telemetry::carry`]). A field, not an
+    /// copied to a request a layer makes for it (beside [`crate::telemetry::carry`], which copies
+    /// the task link). A field, not an
     /// extension: the extension map's first insert allocates it (three allocations, freed with
     /// the request) and makes every layer's look-up a hashed one, ~1,900 instructions per
     /// traced small `tools/call` (callgrind, 2026-12-05); most requests have no other extension.

@@ -10,6 +10,16 @@ pub static MCP_SESSION_ID: HeaderName = HeaderName::from_static("mcp-session-id"
 /// `MCP-Protocol-Version` (case-insensitive on the wire).
 pub static MCP_PROTOCOL_VERSION: HeaderName = HeaderName::from_static("mcp-protocol-version");
 
+/// `value` in an allocation of its own, with its sensitivity. hyper's header values are slices of
+/// the connection's read buffer (8 KiB or more): a value kept after its request (a session
+/// table entry, a note) must be a copy, or it keeps that whole buffer alive.
+pub fn owned(value: &HeaderValue) -> HeaderValue {
+    let mut copy = HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(value.as_bytes()))
+        .unwrap_or_else(|_| value.clone());
+    copy.set_sensitive(value.is_sensitive());
+    copy
+}
+
 /// The first value of `name`, found by a look at each field present rather than a hashed
 /// look-up. Why: `HeaderMap::get`/`remove`/`entry` hash the name on every call (about 190
 /// instructions for a custom name like `MCP-Protocol-Version`, 380 for a `&str`;

@@ -60,7 +60,7 @@ impl CancelState {
         let caller = Caller {
             principal: caller.principal,
             client_session: crate::headers::find(&reply.headers, &crate::headers::MCP_SESSION_ID)
-                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok()),
+                .map(crate::headers::owned),
         };
         bounded_insert(&mut self.notes.lock().initialize, caller, id);
     }

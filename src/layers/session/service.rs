@@ -193,7 +193,7 @@ impl Finish {
         // A session the upstream issued is stored before its id goes on (`issued`).
         if !held && sessions.keeps_store() && matches!(watch, Watch::Initialize(..)) {
             let issued = crate::headers::find(&reply.headers, &crate::headers::MCP_SESSION_ID)
-                .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
+                .map(crate::headers::owned);
             if let Some(issued) = issued {
                 return match self.store_issued(reply, issued.clone()).await {
                     Issued::Answer(reply) => reply,
@@ -298,7 +298,7 @@ impl Finish {
         // A copy: a clone would be a slice of hyper's whole read buffer (kilobytes), kept
         // alive as long as the entry.
         let issued = crate::headers::find(&reply.headers, &crate::headers::MCP_SESSION_ID)
-            .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok());
+            .map(crate::headers::owned);
         // Without a session or a principal every client shares one entry: keep the
         // upstream's facts there, never one client's capabilities.
         let keep_client_caps = has_identity || issued.is_some();
