@@ -248,8 +248,10 @@ fn open_store_for_cli(
     store: Option<PathBuf>,
     config: Option<PathBuf>,
 ) -> Result<std::sync::Arc<dyn taskgate::store::TaskStore>, String> {
-    use taskgate::config::StoreBackend;
+    use taskgate::config::{StoreBackend, StoreConfig};
     use taskgate::store::{PgStore, SledStore};
+    // sled's page cache: the config's `store.cache_capacity_bytes`, else the gateway's default.
+    let mut cache_capacity_bytes = StoreConfig::default().cache_capacity_bytes;
     let path = match (store, config) {
         (Some(path), _) => path,
         (None, Some(file)) => {
@@ -272,6 +274,7 @@ fn open_store_for_cli(
                     .map_err(|e| e.to_string())?;
                 return Ok(store as std::sync::Arc<dyn taskgate::store::TaskStore>);
             }
+            cache_capacity_bytes = config.store.cache_capacity_bytes;
             config.store.path
         }
         (None, None) => return Err("give --store DIR or --config FILE".into()),
@@ -279,7 +282,7 @@ fn open_store_for_cli(
     if !path.join("db").exists() {
         return Err(format!("no task store at {}", path.display()));
     }
-    let store = SledStore::open(&path, 16 * 1024 * 1024, None).map_err(|e| {
+    let store = SledStore::open(&path, cache_capacity_bytes, None).map_err(|e| {
         format!("{e} (is taskgate running on this store? use the admin endpoint /admin/tasks)")
     })?;
     Ok(store as std::sync::Arc<dyn taskgate::store::TaskStore>)
