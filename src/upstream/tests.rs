@@ -32,8 +32,12 @@ fn request(method: &str, deadline: Option<Deadline>) -> McpRequest {
 }
 
 /// An upstream that reads one request per connection and, after `delay`, writes `answer`
-/// (then keeps the connection open for a while).
+/// (then keeps the connection open for a while); taskgate's `timeout_ms` for it is 100.
 async fn scripted(delay: Duration, answer: &'static str) -> Upstream {
+    scripted_with_timeout(delay, answer, 100).await
+}
+
+async fn scripted_with_timeout(delay: Duration, answer: &'static str, timeout_ms: u64) -> Upstream {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -57,7 +61,7 @@ async fn scripted(delay: Duration, answer: &'static str) -> Upstream {
         }
     });
     let config: UpstreamConfig = toml::from_str(&format!(
-        "name = \"up\"\nurl = \"http://{addr}/mcp\"\ntimeout_ms = 100\n"
+        "name = \"up\"\nurl = \"http://{addr}/mcp\"\ntimeout_ms = {timeout_ms}\n"
     ))
     .unwrap();
     Upstream::for_config(&config, Arc::new(Metrics::new(&["up".to_string()])))
@@ -129,13 +133,15 @@ async fn exchange_deadline_ends_a_stream_that_never_answers() {
 
 #[tokio::test]
 async fn head_deadline_lets_a_started_stream_run() {
-    let up = scripted(Duration::ZERO, SILENT_SSE).await;
+    // The head must arrive within timeout_ms for this to test anything: 500 ms leaves room for
+    // a loaded machine's scheduling (at 100 ms the head itself timed out once under load 10).
+    let up = scripted_with_timeout(Duration::ZERO, SILENT_SSE, 500).await;
     let reply = up.oneshot(request("tasks/cancel", None)).await.unwrap();
     let ReplyBody::Stream(mut events) = reply.body else {
         panic!("an SSE answer");
     };
     assert!(
-        tokio::time::timeout(Duration::from_millis(300), events.next())
+        tokio::time::timeout(Duration::from_millis(1_000), events.next())
             .await
             .is_err(),
         "no event and no end past timeout_ms"
