@@ -11,12 +11,22 @@
 #   COUNT=500 TOP=30 bash benches/profile.sh lifecycle /work/bins/taskgate-old
 #   TOOL=strace bash benches/profile.sh small BIN   # system calls per request instead (strace -f -c)
 #   TOOL=perf CONC=16 bash benches/profile.sh small BIN   # CPU samples, kernel included (perf record)
+#   CONC=64 bash benches/profile.sh small BIN   # callgrind with 64 clients (small, sse, sse-apart:
+#                                  # the window opens once their sessions are open, see below)
+#   CACHESIM=1 CONC=64 bash benches/profile.sh small BIN   # and simulated L1/LL cache misses per request
 #   PERF_CALLGRAPH=dwarf TOOL=perf ...   # call chains through code built without frame pointers
 #   TOOL=perf PERF_EVENT=syscalls:sys_enter_futex KEEP=/tmp/f.data bash benches/profile.sh lifecycle BIN
 #                                                          # who makes a system call, with call chains
 #   bash benches/profile.sh small benches/loadgen/target/release/hyperproxy   # the hyper floor
 #   KEEP=/tmp/small.cg bash benches/profile.sh small BIN   # keep the callgrind dump (perf.data with TOOL=perf)
 #
+# CONC (default 1) is the number of concurrent clients for every TOOL. With callgrind and CONC > 1
+# (small, sse, sse-apart), the measured part is the middle of one long run: its clients open their
+# sessions first (each initialize costs far more than a call, and the session store's write at
+# initialize runs on other threads), so the counters are zeroed LEAD seconds (default 5) into the
+# run and dumped 20 seconds later, and the requests are the bench upstream's count between the two.
+# CACHESIM=1 adds valgrind's cache simulation (--cache-sim=yes: first-level and last-level misses
+# per request; a model of one cache shared by all threads, no coherence between cores).
 # TOOL=strace counts taskgate's system calls (all threads, warm-up and measured part together)
 # per request: futex and the eventfd `write` are the cross-thread wake-ups CPU time hides.
 # TOOL=perf samples taskgate's CPU (user and kernel, all threads) over the measured part at CONC
@@ -65,6 +75,7 @@ elif [ "$TOOL" = perf ]; then
   wrap=()
 else
   wrap=(valgrind --tool=callgrind --callgrind-out-file="$WORK/cg.%p")
+  [ "${CACHESIM:-0}" = 1 ] && wrap+=(--cache-sim=yes)
 fi
 serve=(serve --config "$WORK/tg.toml")
 # benches/loadgen's hyperproxy (the hyper floor, see run.sh's FLOOR) profiles the same way.
@@ -74,7 +85,7 @@ serve=(serve --config "$WORK/tg.toml")
 TG_PID=$(field "$WORK/tg.json" pid); PIDS+=("$TG_PID")
 URL="http://$(field "$WORK/tg.json" gateway)/mcp"
 [ "$(basename "$TASKGATE")" = hyperproxy ] && URL="http://$(field "$WORK/tg.json" addr)/mcp"
-conc=1; [ "$TOOL" = perf ] && conc=$CONC
+conc=$CONC
 args=(--url "$URL" --target taskgate --case profile --rep 1 --concurrency "$conc")
 case $SCENARIO in
   small) warm=(--scenario small --duration 2 --warmup 0); measured=(--scenario small --duration 20 --warmup 0) ;;
@@ -97,7 +108,13 @@ if [ "$TOOL" = callgrind ] && [ "${IDLE:-5}" -gt 0 ]; then
   idle_total=$(callgrind_annotate "$idle_dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(/,/, "", $1); print $1; exit }' || true)
   idle_rate=$(awk -v n="${idle_total:-0}" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", n / (b - a) }')
 fi
-[ "$TOOL" = callgrind ] && callgrind_control -z "$TG_PID" > /dev/null 2>&1
+# The window in the middle of one run (CONC > 1 under callgrind, timed scenarios; see the header).
+midrun=0
+if [ "$TOOL" = callgrind ] && [ "$conc" -gt 1 ]; then
+  case $SCENARIO in small | sse | sse-apart) midrun=1 ;; esac
+fi
+upstream_requests() { curl -s "http://$(field "$WORK/up.json" addr)/stats" | sed -n 's/.*"requests":\([0-9]*\).*/\1/p'; }
+[ "$TOOL" = callgrind ] && [ "$midrun" = 0 ] && callgrind_control -z "$TG_PID" > /dev/null 2>&1
 run_t0=$(date +%s.%N)
 if [ "$TOOL" = perf ]; then
   # PERF_EVENT=syscalls:sys_enter_futex (say) samples every such event instead of the CPU.
@@ -114,7 +131,23 @@ if [ "$TOOL" = perf ]; then
     sleep 0.05
   done
 fi
-"$LG" run "${args[@]}" "${measured[@]}" --cpu-pid "$TG_PID" --json-out "$WORK/run.jsonl" > /dev/null
+if [ "$midrun" = 1 ]; then
+  lead=${LEAD:-5}
+  long=() prev=""  # the measured arguments with --duration: lead-in, window, tail
+  for a in "${measured[@]}"; do
+    [ "$prev" = --duration ] && a=$((lead + 20 + 5))
+    long+=("$a"); prev=$a
+  done
+  "$LG" run "${args[@]}" "${long[@]}" --json-out "$WORK/run.jsonl" > /dev/null &
+  LG_RUN=$!
+  sleep "$lead"
+  up0=$(upstream_requests); callgrind_control -z "$TG_PID" > /dev/null 2>&1; run_t0=$(date +%s.%N)
+  sleep 20
+  callgrind_control -d "$TG_PID" > /dev/null 2>&1; run_t1=$(date +%s.%N); up1=$(upstream_requests)
+  wait "$LG_RUN"
+else
+  "$LG" run "${args[@]}" "${measured[@]}" --cpu-pid "$TG_PID" --json-out "$WORK/run.jsonl" > /dev/null
+fi
 if [ "$TOOL" = perf ]; then
   kill -INT "$PERF_PID" 2>/dev/null || true; wait "$PERF_PID" 2>/dev/null || true
   [ -n "${KEEP:-}" ] && cp "$WORK/perf.data" "$KEEP"
@@ -138,24 +171,37 @@ if [ "$TOOL" = strace ]; then
   kill -TERM "$(pgrep -P "$TG_PID" | head -1)" 2>/dev/null || true
   for _ in $(seq 500); do [ -s "$WORK/strace.txt" ] && grep -q total "$WORK/strace.txt" && break; sleep 0.02; done
   echo "binary:       $TASKGATE"
-  echo "scenario:     $SCENARIO, c=1"
+  echo "scenario:     $SCENARIO, c=$conc"
   echo "requests:     $((warm_n + run_n)) (warm-up and measured; start and stop included)"
   echo "system calls per request (all threads):"
   awk -v n=$((warm_n + run_n)) '$1 ~ /^[0-9.]+$/ && NF >= 5 { name = $NF; calls = (NF == 6) ? $4 : $4;
     printf "%10.2f  %s\n", calls / n, name }' "$WORK/strace.txt" | sort -rn | head -"$TOP"
   exit 0
 fi
-callgrind_control -d "$TG_PID" > /dev/null 2>&1
-run_t1=$(date +%s.%N)
-requests=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
+if [ "$midrun" = 1 ]; then
+  requests=$((up1 - up0))
+else
+  callgrind_control -d "$TG_PID" > /dev/null 2>&1
+  run_t1=$(date +%s.%N)
+  requests=$(sed -n 's/.*"requests":\([0-9]*\).*/\1/p' "$WORK/run.jsonl" | tail -1)
+fi
 dump=$(ls -t "$WORK"/cg.* | head -1)
 # KEEP=FILE keeps the callgrind dump for callgrind_annotate --tree=caller or kcachegrind.
 [ -n "${KEEP:-}" ] && cp "$dump" "$KEEP"
 total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(/,/, "", $1); print $1; exit }' || true)
 echo "binary:       $TASKGATE"
-echo "scenario:     $SCENARIO, c=1"
+echo "scenario:     $SCENARIO, c=$conc"
 echo "requests:     $requests"
 echo "instructions: $total ($((total / requests)) per request)"
+if [ "${CACHESIM:-0}" = 1 ]; then
+  # Every event of the dump per request (Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw), no idle subtracted.
+  callgrind_annotate "$dump" 2>/dev/null | awk -v n="$requests" '
+    /^Events shown/ { for (i = 3; i <= NF; i++) ev[i - 2] = $i }
+    /PROGRAM TOTALS/ { k = 0; line = "";
+      for (i = 1; i <= NF; i++) if ($i ~ /^[0-9,]+$/) { v = $i; gsub(/,/, "", v); k++;
+        line = line sprintf(" %s %.1f", ev[k], v / n) }
+      print "per request: " line; exit }'
+fi
 if [ "$idle_rate" != 0 ]; then
   awk -v t="$total" -v r="$idle_rate" -v a="$run_t0" -v b="$run_t1" -v n="$requests" 'BEGIN {
     printf "idle-corrected: %.0f per request (idle %.0f per second subtracted over %.1f s)\n",
