@@ -63,6 +63,8 @@ pub struct CountingStore {
     /// lock: a test holding it keeps removals waiting (a slow store).
     pub held_removals: std::sync::Mutex<()>,
     pub held_removals_begun: AtomicUsize,
+    /// Every `sync` takes this lock first: a test holding it keeps group commits waiting.
+    pub syncs_gate: tokio::sync::Mutex<()>,
     _dir: tempfile::TempDir,
 }
 
@@ -76,6 +78,7 @@ impl CountingStore {
             fail_creates: Default::default(),
             held_removals: Default::default(),
             held_removals_begun: Default::default(),
+            syncs_gate: Default::default(),
             _dir: dir,
         })
     }
@@ -137,7 +140,10 @@ impl TaskStore for CountingStore {
     }
     fn sync(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         inc(&self.counts.syncs);
-        self.inner.sync()
+        Box::pin(async move {
+            let _gate = self.syncs_gate.lock().await;
+            self.inner.sync().await
+        })
     }
     fn sync_soon(&self) {
         self.inner.sync_soon()
@@ -145,10 +151,7 @@ impl TaskStore for CountingStore {
 }
 
 impl crate::store::HeldSessionStore for CountingStore {
-    fn put_held_session(
-        &self,
-        session: crate::store::HeldSessionRecord,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
+    fn put_held_session(&self, session: crate::store::HeldSessionRecord) -> Result<(), StoreError> {
         self.inner.put_held_session(session)
     }
     fn held_session(

@@ -13,7 +13,6 @@
 //! back.
 
 use super::StoreError;
-use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -189,13 +188,18 @@ mod tests {
 /// Where held sessions are kept: a part of every [`super::TaskStore`] (a supertrait, so each
 /// backend implements it in its own `held.rs`).
 pub trait HeldSessionStore {
-    /// Writes a held session , replacing the one stored under its
-    /// `(upstream, session_id)`; returns once it is durable.
+    /// Writes a held session, replacing the one stored under its `(upstream, session_id)`;
+    /// durable once [`super::TaskStore::sync`] has returned after it. Blocking (a store call:
+    /// run it off the runtime).
+    ///
+    /// Why not durable on return: a caller that waited for the group commit on its blocking
+    /// thread held that thread through the `fdatasync`, so a burst of `initialize`s (each
+    /// writes its session) started a thread each (62 for 64 clients opening sessions at once,
+    /// `benches/profile.sh`, issue 30); the caller now awaits `sync()` on the runtime.
     ///
     /// Errors: [`StoreError::Db`] naming the field when a bound of [`HeldSessionRecord::check`]
     /// is exceeded (nothing is written), or the store's.
-    fn put_held_session(&self, session: HeldSessionRecord)
-        -> BoxFuture<'_, Result<(), StoreError>>;
+    fn put_held_session(&self, session: HeldSessionRecord) -> Result<(), StoreError>;
 
     /// The held session `(upstream, session_id)`, expired or not (the caller compares
     /// `expires_at`). [`StoreError::Corrupt`] for a stored value past a bound.

@@ -26,14 +26,14 @@ pub async fn contract(store: Arc<dyn TaskStore>) {
     let up = unique("held");
     let t0 = now_ms();
     let a = held(&up, "aaaa", Some("alice"), t0 + 60_000);
-    store.put_held_session(a.clone()).await.unwrap();
+    store.put_held_session(a.clone()).unwrap();
     assert_eq!(store.held_session(&up, "aaaa").unwrap(), Some(a.clone()));
     assert!(store.held_session(&up, "nope").unwrap().is_none());
     assert!(store.held_session("other", "aaaa").unwrap().is_none());
     // A put replaces; a touch moves the expiry and never creates.
     let mut a2 = a.clone();
     a2.protocol_version = Some("2025-06-18".into());
-    store.put_held_session(a2.clone()).await.unwrap();
+    store.put_held_session(a2.clone()).unwrap();
     assert_eq!(store.held_session(&up, "aaaa").unwrap(), Some(a2.clone()));
     assert!(store.touch_held_session(&up, "aaaa", t0 + 90_000).unwrap());
     assert_eq!(
@@ -45,10 +45,10 @@ pub async fn contract(store: Arc<dyn TaskStore>) {
 
     // The sweep removes only what is expired (and sees a touch made since).
     let anonymous = held(&up, "bbbb", None, 5);
-    store.put_held_session(anonymous.clone()).await.unwrap();
+    store.put_held_session(anonymous.clone()).unwrap();
     assert_eq!(store.held_session(&up, "bbbb").unwrap(), Some(anonymous));
     let c = held(&up, "cccc", None, 6);
-    store.put_held_session(c).await.unwrap();
+    store.put_held_session(c).unwrap();
     assert!(store.touch_held_session(&up, "cccc", t0 + 60_000).unwrap());
     assert!(store.remove_expired_held_sessions(t0, 10_000).unwrap() >= 1);
     assert!(store.held_session(&up, "bbbb").unwrap().is_none());
@@ -60,7 +60,7 @@ pub async fn contract(store: Arc<dyn TaskStore>) {
     passed.upstream_issued = true;
     passed.client_capabilities = json!({});
     passed.client_info = None;
-    store.put_held_session(passed.clone()).await.unwrap();
+    store.put_held_session(passed.clone()).unwrap();
     assert_eq!(
         store.held_session(&up, "3f0c8a52-upstream-uuid").unwrap(),
         Some(passed)
@@ -77,13 +77,12 @@ pub async fn contract(store: Arc<dyn TaskStore>) {
     // Bounds: nothing past them is written.
     let mut big = held(&up, "dddd", None, t0 + 60_000);
     big.client_capabilities = json!({"sampling": {"x": "y".repeat(5000)}});
-    let e = store.put_held_session(big).await.unwrap_err();
+    let e = store.put_held_session(big).unwrap_err();
     assert!(e.to_string().contains("capabilities"), "{e}");
     assert!(store.held_session(&up, "dddd").unwrap().is_none());
     let long_id = "e".repeat(taskgate::store::held::MAX_HELD_SESSION_ID + 1);
     assert!(store
         .put_held_session(held(&up, &long_id, None, t0))
-        .await
         .is_err());
     store.sync().await.unwrap();
 }

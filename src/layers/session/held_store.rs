@@ -218,10 +218,13 @@ impl Sessions {
         let Some(record) = record else {
             return Ok(());
         };
-        let handle = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || handle.block_on(store.put_held_session(record)))
+        // The write on a blocking thread, the group commit awaited here: a thread held through
+        // the commit's fdatasync made a burst of initializes start a thread each (issue 30).
+        let writer = store.clone();
+        tokio::task::spawn_blocking(move || writer.put_held_session(record))
             .await
-            .unwrap_or_else(|e| Err(StoreError::Db(format!("session not written: {e}"))))
+            .unwrap_or_else(|e| Err(StoreError::Db(format!("session not written: {e}"))))?;
+        store.sync().await
     }
 
     /// Brings a session the store keeps back into the table, or (an entry due for its re-read,

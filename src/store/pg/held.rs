@@ -4,7 +4,6 @@
 
 use super::{ms, pg_err, PgStore};
 use crate::store::{HeldSessionRecord, HeldSessionStore, StoreError};
-use futures_util::future::{BoxFuture, FutureExt};
 
 impl PgStore {
     pub(super) async fn put_held_now(
@@ -31,12 +30,9 @@ impl PgStore {
 }
 
 impl HeldSessionStore for PgStore {
-    fn put_held_session(
-        &self,
-        session: HeldSessionRecord,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.spawn(move |c| PgStore::put_held_now(c, session))
-            .boxed()
+    /// Committed (durable) on return: PostgreSQL's `sync()` has nothing left to wait for.
+    fn put_held_session(&self, session: HeldSessionRecord) -> Result<(), StoreError> {
+        self.run(move |c| PgStore::put_held_now(c, session))
     }
 
     fn held_session(

@@ -5,7 +5,6 @@
 
 use super::{db_err, push_str, read_str, read_u64, task_key, SledStore};
 use crate::store::{HeldSessionRecord, HeldSessionStore, StoreError, TaskStore};
-use futures_util::future::BoxFuture;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
 
@@ -88,17 +87,10 @@ impl SledStore {
 }
 
 impl HeldSessionStore for SledStore {
-    /// Writes `session` and its expiry entry (replacing an older version of it), then waits
-    /// for the group commit.
-    fn put_held_session(
-        &self,
-        session: HeldSessionRecord,
-    ) -> BoxFuture<'_, Result<(), StoreError>> {
-        let written = self.put_held(&session);
-        Box::pin(async move {
-            written?;
-            self.sync().await
-        })
+    /// Writes `session` and its expiry entry (replacing an older version of it); durable with
+    /// the next group commit.
+    fn put_held_session(&self, session: HeldSessionRecord) -> Result<(), StoreError> {
+        self.put_held(&session)
     }
 
     /// The stored held session.
