@@ -431,13 +431,18 @@ impl Sessions {
         {
             if let Ok(id) = id.to_str().map(str::to_string) {
                 let up = upstream.to_string();
-                let handle = tokio::runtime::Handle::current();
-                let done = tokio::task::spawn_blocking(move || {
-                    store.remove_held_session(&up, &id)?;
-                    handle.block_on(store.sync())
+                let remover = store.clone();
+                // The commit awaited here, not on the blocking thread (see `store_entry`).
+                let done = match tokio::task::spawn_blocking(move || {
+                    remover.remove_held_session(&up, &id)
                 })
-                .await;
-                if let Ok(Err(e)) = done {
+                .await
+                {
+                    Ok(Ok(_)) => store.sync().await,
+                    Ok(Err(e)) => Err(e),
+                    Err(e) => Err(StoreError::Db(format!("session not removed: {e}"))),
+                };
+                if let Err(e) = done {
                     tracing::warn!(error = %e, "an ended held session was not removed from the store");
                 }
             }
