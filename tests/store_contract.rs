@@ -169,6 +169,40 @@ async fn contract(store: Arc<dyn TaskStore>) {
         TaskStatus::InputRequired
     );
 
+    // update_from: the change applies to the stored record, whether `known` is that record or
+    // an older one (a stale `known` never overwrites what the store holds).
+    let known = store.get(&up, "t1").unwrap().unwrap();
+    let (before, after) = store
+        .update_from(&up, "t1", &known, &mut |r| {
+            r.status_message = Some("from known".into());
+            true
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(before, known);
+    assert_eq!(after.status_message.as_deref(), Some("from known"));
+    assert_eq!(store.get(&up, "t1").unwrap().unwrap(), after);
+    let (before, after) = store
+        .update_from(&up, "t1", &known, &mut |r| {
+            r.poll_interval_ms = Some(250);
+            true
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(before.status_message.as_deref(), Some("from known"));
+    assert_eq!(after.status_message.as_deref(), Some("from known"));
+    assert_eq!(after.poll_interval_ms, Some(250));
+    assert_eq!(store.get(&up, "t1").unwrap().unwrap(), after);
+    let (b, a) = store
+        .update_from(&up, "t1", &known, &mut |_| false)
+        .unwrap()
+        .unwrap();
+    assert_eq!((b.clone(), a), (after.clone(), after));
+    assert!(store
+        .update_from(&up, "nope", &known, &mut |_| true)
+        .unwrap()
+        .is_none());
+
     // list_owner: newest first, paged with a cursor valid only for its owner.
     for i in 2..=6 {
         store

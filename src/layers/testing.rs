@@ -109,6 +109,16 @@ impl TaskStore for CountingStore {
         inc(&self.counts.updates);
         self.inner.update(upstream, task_id, change)
     }
+    fn update_from(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        known: &TaskRecord,
+        change: &mut dyn FnMut(&mut TaskRecord) -> bool,
+    ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
+        inc(&self.counts.updates);
+        self.inner.update_from(upstream, task_id, known, change)
+    }
     fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
         self.inner.remove(upstream, task_id)
     }

@@ -304,7 +304,13 @@ impl Registry {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, Arc<TaskRecord>)>, StoreError> {
         let seen = self.records.epoch();
-        let result = self.store.update(upstream, task_id, change);
+        // The cached record is the last one this process read or wrote: the store swaps
+        // against it instead of reading and decoding the record again (see
+        // `TaskStore::update_from`; never cached on a shared store).
+        let result = match self.records.get(upstream, task_id) {
+            Some(known) => self.store.update_from(upstream, task_id, &known, change),
+            None => self.store.update(upstream, task_id, change),
+        };
         match result {
             Ok(Some((before, after))) => {
                 let after = Arc::new(after);

@@ -74,6 +74,21 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError>;
 
+    /// [`TaskStore::update`] for a caller that holds `known`, the record as this process last
+    /// read or wrote it (the registry's record cache): a store may apply `change` to `known`
+    /// and write the result only if the stored record is still exactly `known` (else it does
+    /// what `update` does). Same contract and result as `update`. The default is `update`.
+    fn update_from(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        known: &TaskRecord,
+        change: &mut dyn FnMut(&mut TaskRecord) -> bool,
+    ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
+        let _ = known;
+        self.update(upstream, task_id, change)
+    }
+
     /// Removes a record, its index entries and its audit events.
     fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError>;
 

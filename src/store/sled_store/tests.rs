@@ -260,3 +260,47 @@ async fn an_unreadable_record_does_not_stop_the_sweep() {
     let due = store.expired(10_000, 10).unwrap();
     assert_eq!(due.len(), 2, "{due:?}");
 }
+
+/// `update_from` swaps against the record it is handed only while the store still holds exactly
+/// that record: from a stale one (the task was cancelled since) the change is decided on the
+/// stored record, so a late `completed` never overwrites `cancelled`.
+#[tokio::test]
+async fn an_update_from_a_stale_record_decides_on_the_stored_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    store.create(record("t", "alice", 1)).await.unwrap();
+    let known = store.get("up", "t").unwrap().unwrap();
+    let mut complete = |r: &mut TaskRecord| {
+        if !r.status.can_become(TaskStatus::Completed) {
+            return false;
+        }
+        r.status = TaskStatus::Completed;
+        true
+    };
+    // Current: swapped against it.
+    let (before, after) = store
+        .update_from("up", "t", &known, &mut |r| {
+            r.status_message = Some("half way".into());
+            true
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(before, known);
+    assert_eq!(store.get("up", "t").unwrap().unwrap(), after);
+    let cancelled = store
+        .update("up", "t", &mut |r| {
+            r.status = TaskStatus::Cancelled;
+            true
+        })
+        .unwrap()
+        .unwrap()
+        .1;
+    // Stale (`known` is still working): the stored `cancelled` decides.
+    let (before, after) = store
+        .update_from("up", "t", &known, &mut complete)
+        .unwrap()
+        .unwrap();
+    assert_eq!(before, cancelled);
+    assert_eq!(after, cancelled);
+    assert_eq!(store.get("up", "t").unwrap().unwrap(), cancelled);
+}
