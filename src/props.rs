@@ -348,6 +348,15 @@ pub fn bridge_translate(body: &[u8]) {
     let params = t::modern_params(Some(&v));
     assert!(params.get("task").is_none(), "task kept: {params}");
     assert!(declares_tasks_extension(Some(&params)), "{params}");
+    // Read from the raw `_meta` (the 2026 `tasks/*` gate) as from the `Value`.
+    let raw_meta = crate::jsonrpc::splice::raw_at(body, &["_meta"])
+        .ok()
+        .flatten();
+    assert_eq!(
+        crate::mcp::capabilities::meta_declares_tasks_extension(raw_meta.map(|r| r.get())),
+        declares_tasks_extension(Some(&v)),
+        "{v}"
+    );
     let meta = &params["_meta"];
     assert_eq!(meta[PROTOCOL_VERSION_META], MODERN_VERSION);
     assert!(meta.get(RELATED_TASK_META).is_none());

@@ -28,7 +28,7 @@
 use crate::exchange::{McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{AuthorisedTask, OnBehalfOf, PendingCreation};
-use crate::mcp::capabilities::declares_tasks_extension;
+use crate::mcp::capabilities::{declares_tasks_extension, meta_declares_tasks_extension};
 use crate::mcp::classify::Classified;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
@@ -111,20 +111,16 @@ pub(super) async fn authorise(
     let refuse = |error: McpError, reason: LocalReason| {
         McpReply::error(Era::Modern, Some(&id), &error).answered_locally(reason)
     };
-    let value: Value = msg.parse_as().unwrap_or(Value::Null);
-    let params = value.get("params");
-    if !declares_tasks_extension(params) {
+    // Read from the members the edge's envelope parse indexed (no `Value` tree of the request).
+    let classified = Classified::of(msg);
+    if !meta_declares_tasks_extension(classified.param("_meta")) {
         tracing::debug!(method, "tasks request without the tasks extension in _meta");
         return Err(refuse(
             McpError::MissingTasksExtension,
             LocalReason::MissingExtension,
         ));
     }
-    let Some(task_id) = params
-        .and_then(|p| p.get("taskId"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-    else {
+    let Some(task_id) = classified.task_id().map(std::borrow::Cow::into_owned) else {
         let error = McpError::MissingParam {
             method: Some(method),
             key: "taskId",
