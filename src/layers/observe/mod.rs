@@ -394,6 +394,9 @@ impl Watch {
             if let Some(out) = self.on_get_answer(&bytes).await {
                 return out;
             }
+            if let Some(out) = self.on_payload_answer(&bytes).await {
+                return out;
+            }
         }
         let Ok(msg) = Message::parse(bytes.clone()) else {
             return bytes;
@@ -505,6 +508,35 @@ impl Watch {
         *self.expect.lock() = Expect::Nothing;
         let out = self.apply_get(bytes.clone(), &task, &task_id, &known).await;
         Some(show_recorded_ttl(out, ttl_path(Era::Legacy, false), &known))
+    }
+
+    /// The answer to an awaited 2025-11-25 `tasks/result` of a task authorised as terminal,
+    /// read in one pass ([`poll::payload_of_answer`]): its payload kept in the record once (as
+    /// `on_task_reply` keeps it), the message passed as it came. `None` (nothing done) for any
+    /// other message, which then takes the envelope path.
+    async fn on_payload_answer(&self, bytes: &Bytes) -> Option<Bytes> {
+        let (id, task_id, keep) = match &*self.expect.lock() {
+            Expect::TaskReply {
+                id,
+                method: ReplyTo::Result,
+                task_id,
+                known,
+                era: Era::Legacy,
+                ack: None,
+            } if known.status.is_terminal() => {
+                (id.clone(), task_id.clone(), known.terminal_result.is_none())
+            }
+            _ => return None,
+        };
+        let raw = poll::payload_of_answer(bytes, &id)?;
+        // The answer: nothing more is awaited (as `on_message` does).
+        *self.expect.lock() = Expect::Nothing;
+        if keep {
+            self.registry
+                .store_terminal_result(&self.upstream, &task_id, None, raw.get().to_string())
+                .await;
+        }
+        Some(bytes.clone())
     }
 
     /// Applies a 2025-11-25 `tasks/get` answer read into `task`: nothing when it repeats what

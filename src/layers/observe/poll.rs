@@ -128,6 +128,43 @@ impl<'a> TaskView<'a> {
     }
 }
 
+/// A 2025-11-25 `tasks/result` answer read in one pass: the envelope fields `Message::parse`
+/// reads, and `result` as raw JSON.
+#[derive(serde::Deserialize)]
+struct PayloadAnswer<'a> {
+    #[serde(borrow)]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow)]
+    id: Option<&'a RawValue>,
+    method: Option<IgnoredAny>,
+    #[serde(borrow)]
+    result: Option<&'a RawValue>,
+    error: Option<IgnoredAny>,
+}
+
+/// The raw `result` of `bytes` when `bytes` is a JSON-RPC 2.0 result answering `id` (what
+/// `Message::parse`, the id check and `splice::raw_at(bytes, ["result"])` would find); `None`
+/// for anything else (an error, another id, a `null` or repeated `result`, text that is not
+/// UTF-8): the caller then takes the envelope path, which decides as before.
+///
+/// Why: a `tasks/result` payload was parsed as an envelope and then walked again for its
+/// `result`, two passes over the ~1 KiB payload (about 17,000 instructions per task in the
+/// lifecycle benchmark, issue 36).
+pub(super) fn payload_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<&'a RawValue> {
+    std::str::from_utf8(bytes).ok()?;
+    let answer = serde_json::from_slice::<MapOnly<PayloadAnswer<'a>>>(bytes)
+        .ok()?
+        .0;
+    let is_result = answer.jsonrpc.map(RawValue::get) == Some("\"2.0\"")
+        && answer.method.is_none()
+        && answer.error.is_none();
+    let answers = answer
+        .id
+        .and_then(|raw| Id::from_json(raw.get()))
+        .is_some_and(|got| got == *id);
+    answer.result.filter(|_| is_result && answers)
+}
+
 /// `T` read from a JSON object only: serde's derived structs also take an array (the fields in
 /// order), where a `Value` lookup by key finds nothing.
 struct MapOnly<T>(T);
@@ -210,6 +247,34 @@ mod tests {
         let bytes = reply(tool_error);
         let view = TaskView::of_reply(&bytes).expect("an object");
         assert!(view.fields().tool_error);
+    }
+
+    /// The payload view finds what the envelope path finds: the raw `result` of a result
+    /// answering the id, nothing for an error, another id, a notification or a `null` result.
+    #[test]
+    fn a_payload_is_read_with_its_envelope() {
+        let id = Id::from_json("3").unwrap();
+        let ok =
+            br#"{"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"a\"b"}]}}"#;
+        assert_eq!(
+            payload_of_answer(ok, &id).map(RawValue::get),
+            Some(r#"{"content":[{"type":"text","text":"a\"b"}]}"#)
+        );
+        for other in [
+            &br#"{"jsonrpc":"2.0","id":4,"result":{}}"#[..],
+            br#"{"jsonrpc":"2.0","id":3,"error":{"code":1,"message":"x"}}"#,
+            br#"{"jsonrpc":"2.0","id":3,"result":null}"#,
+            br#"{"jsonrpc":"2.0","id":3,"result":{},"result":{}}"#,
+            br#"{"jsonrpc":"1.0","id":3,"result":{}}"#,
+            br#"{"jsonrpc":"2.0","method":"x","id":3,"result":{}}"#,
+            br#"[{"jsonrpc":"2.0","id":3,"result":{}}]"#,
+        ] {
+            assert!(
+                payload_of_answer(other, &id).is_none(),
+                "{}",
+                String::from_utf8_lossy(other)
+            );
+        }
     }
 
     #[test]
