@@ -397,6 +397,9 @@ impl Watch {
             if let Some(out) = self.on_payload_answer(&bytes).await {
                 return out;
             }
+            if let Some(out) = self.on_creation_answer(&bytes, in_stream).await {
+                return out;
+            }
         }
         let Ok(msg) = Message::parse(bytes.clone()) else {
             return bytes;
@@ -441,18 +444,7 @@ impl Watch {
                     }
                 }
                 let (out, created) = self.on_creation(bytes, parsed, &id, pending, undo).await;
-                if let (Some(trace), Some(task_id)) = (&trace, &created) {
-                    trace.set(crate::telemetry::KeyValue::new(
-                        crate::telemetry::semconv::MCP_TASK_ID,
-                        task_id.clone(),
-                    ));
-                }
-                if let (Some(task_id), true) = (created, in_stream) {
-                    // The creation's own stream relays the task's messages from now on.
-                    let hold = self.registry.releases().hold(&self.upstream, &task_id);
-                    self.holds.lock().push(hold);
-                }
-                out
+                self.created(out, created, trace.as_ref(), in_stream)
             }
             Expect::TaskReply {
                 task_id,
@@ -539,6 +531,60 @@ impl Watch {
         Some(bytes.clone())
     }
 
+    /// The answer to an awaited 2025-11-25 task-augmented `tools/call` (not the bridge's),
+    /// read in one pass ([`poll::creation_of_answer`]: its envelope and `result.task`, the only
+    /// part read into a `Value`) and recorded as `on_creation` records it. `None` (nothing
+    /// done) for any other message, which then takes the envelope path.
+    async fn on_creation_answer(&self, bytes: &Bytes, in_stream: bool) -> Option<Bytes> {
+        let id = match &*self.expect.lock() {
+            Expect::Creation {
+                id,
+                pending,
+                plain: None,
+                ..
+            } if pending.template.era == Era::Legacy => id.clone(),
+            _ => return None,
+        };
+        let task = poll::creation_of_answer(bytes, &id)?;
+        let Expect::Creation {
+            id,
+            pending,
+            undo,
+            trace,
+            ..
+        } = std::mem::replace(&mut *self.expect.lock(), Expect::Nothing)
+        else {
+            return None;
+        };
+        let (out, created) = self
+            .record_task(bytes.clone(), task, &id, pending, undo)
+            .await;
+        Some(self.created(out, created, trace.as_ref(), in_stream))
+    }
+
+    /// After a creation was handled: the span learns the recorded taskId, and a creation
+    /// answered on its own stream holds the new task while that stream is relayed.
+    fn created(
+        &self,
+        out: Bytes,
+        created: Option<String>,
+        trace: Option<&crate::telemetry::RequestTrace>,
+        in_stream: bool,
+    ) -> Bytes {
+        if let (Some(trace), Some(task_id)) = (trace, &created) {
+            trace.set(crate::telemetry::KeyValue::new(
+                crate::telemetry::semconv::MCP_TASK_ID,
+                task_id.clone(),
+            ));
+        }
+        if let (Some(task_id), true) = (created, in_stream) {
+            // The creation's own stream relays the task's messages from now on.
+            let hold = self.registry.releases().hold(&self.upstream, &task_id);
+            self.holds.lock().push(hold);
+        }
+        out
+    }
+
     /// Applies a 2025-11-25 `tasks/get` answer read into `task`: nothing when it repeats what
     /// `known` holds (see the `Value` path's `would_change` in `on_task_reply` for why that is
     /// enough), else the report, and the answer rewritten if it contradicts a terminal record.
@@ -603,6 +649,19 @@ impl Watch {
                 .filter(|r| r.get("resultType").and_then(Value::as_str) == Some("task"))
                 .map(|r| as_registry_task(r, self.registry.config().max_ttl_ms)),
         };
+        self.record_task(bytes, task, id, pending, undo).await
+    }
+
+    /// Records the `Task` of a `CreateTaskResult` (`None`: the answer holds none); returns the
+    /// message to pass on and the recorded taskId (see [`Watch::on_creation`]).
+    async fn record_task(
+        &self,
+        bytes: Bytes,
+        task: Option<Value>,
+        id: &Id,
+        pending: PendingCreation,
+        undo: Option<Undo>,
+    ) -> (Bytes, Option<String>) {
         let Some(record) = task
             .as_ref()
             .and_then(|task| self.registry.creation_record(&pending.template, task))
