@@ -64,20 +64,6 @@ struct Reply<'a> {
     result: Option<MapOnly<TaskView<'a>>>,
 }
 
-/// A 2025-11-25 `tasks/get` answer read in one pass: the envelope fields `Message::parse`
-/// reads, and the `Task` as [`TaskView`].
-#[derive(serde::Deserialize)]
-struct Answer<'a> {
-    #[serde(borrow)]
-    jsonrpc: Option<&'a RawValue>,
-    #[serde(borrow)]
-    id: Option<&'a RawValue>,
-    method: Option<IgnoredAny>,
-    #[serde(borrow)]
-    result: Option<MapOnly<TaskView<'a>>>,
-    error: Option<IgnoredAny>,
-}
-
 impl<'a> TaskView<'a> {
     /// The `Task` of `bytes` when `bytes` is a JSON-RPC 2.0 result answering `id` (what
     /// `Message::parse` and the id check would find) whose `result` the view can read; `None`
@@ -87,20 +73,7 @@ impl<'a> TaskView<'a> {
     /// Why: the envelope parse of every `tasks/get` answer, and then this view, were two passes
     /// over the same bytes (issue 15).
     pub(super) fn of_answer(bytes: &'a [u8], id: &Id) -> Option<TaskView<'a>> {
-        // `Message::parse` refuses text that is not UTF-8 where the view would skip it.
-        std::str::from_utf8(bytes).ok()?;
-        let answer = serde_json::from_slice::<MapOnly<Answer<'a>>>(bytes).ok()?.0;
-        let is_result = answer.jsonrpc.map(RawValue::get) == Some("\"2.0\"")
-            && answer.method.is_none()
-            && answer.error.is_none();
-        let answers = answer
-            .id
-            .and_then(|raw| Id::from_json(raw.get()))
-            .is_some_and(|got| got == *id);
-        match answer.result {
-            Some(MapOnly(task)) if is_result && answers => Some(task),
-            _ => None,
-        }
+        result_answering::<MapOnly<TaskView<'a>>>(bytes, id).map(|MapOnly(task)| task)
     }
 
     /// The view of `bytes`' `result` (see the type's doc).
@@ -128,31 +101,27 @@ impl<'a> TaskView<'a> {
     }
 }
 
-/// A 2025-11-25 `tasks/result` answer read in one pass: the envelope fields `Message::parse`
-/// reads, and `result` as raw JSON.
+/// A JSON-RPC answer read in one pass: the envelope fields `Message::parse` reads, and
+/// `result` as `R`.
 #[derive(serde::Deserialize)]
-struct PayloadAnswer<'a> {
+struct Answer<'a, R> {
     #[serde(borrow)]
     jsonrpc: Option<&'a RawValue>,
     #[serde(borrow)]
     id: Option<&'a RawValue>,
     method: Option<IgnoredAny>,
-    #[serde(borrow)]
-    result: Option<&'a RawValue>,
+    result: Option<R>,
     error: Option<IgnoredAny>,
 }
 
-/// The raw `result` of `bytes` when `bytes` is a JSON-RPC 2.0 result answering `id` (what
-/// `Message::parse`, the id check and `splice::raw_at(bytes, ["result"])` would find); `None`
-/// for anything else (an error, another id, a `null` or repeated `result`, text that is not
-/// UTF-8): the caller then takes the envelope path, which decides as before.
-///
-/// Why: a `tasks/result` payload was parsed as an envelope and then walked again for its
-/// `result`, two passes over the ~1 KiB payload (about 17,000 instructions per task in the
-/// lifecycle benchmark, issue 36).
-pub(super) fn payload_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<&'a RawValue> {
+/// `result` of `bytes`, read as `R`, when `bytes` is a JSON-RPC 2.0 result answering `id`
+/// (what `Message::parse` and the id check would find); `None` for anything else (an error,
+/// another id, a `null` or repeated member, text that is not UTF-8, a `result` that is not an
+/// `R`): the caller then takes the envelope path, which decides as before.
+fn result_answering<'a, R: serde::Deserialize<'a>>(bytes: &'a [u8], id: &Id) -> Option<R> {
+    // `Message::parse` refuses text that is not UTF-8 where serde would skip it in a string.
     std::str::from_utf8(bytes).ok()?;
-    let answer = serde_json::from_slice::<MapOnly<PayloadAnswer<'a>>>(bytes)
+    let answer = serde_json::from_slice::<MapOnly<Answer<'a, R>>>(bytes)
         .ok()?
         .0;
     let is_result = answer.jsonrpc.map(RawValue::get) == Some("\"2.0\"")
@@ -165,47 +134,32 @@ pub(super) fn payload_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<&'a RawV
     answer.result.filter(|_| is_result && answers)
 }
 
-/// A 2025-11-25 `CreateTaskResult` answer read in one pass: the envelope fields
-/// `Message::parse` reads, and of `result` only `task` (as raw JSON).
-#[derive(serde::Deserialize)]
-struct CreationAnswer<'a> {
-    #[serde(borrow)]
-    jsonrpc: Option<&'a RawValue>,
-    #[serde(borrow)]
-    id: Option<&'a RawValue>,
-    method: Option<IgnoredAny>,
-    #[serde(borrow)]
-    result: Option<MapOnly<CreateResult<'a>>>,
-    error: Option<IgnoredAny>,
+/// The raw `result` of a 2025-11-25 `tasks/result` answer to `id` (what
+/// `splice::raw_at(bytes, ["result"])` would find after the envelope path), or `None` as
+/// [`result_answering`] says.
+///
+/// Why: a `tasks/result` payload was parsed as an envelope and then walked again for its
+/// `result`, two passes over the ~1 KiB payload (about 17,000 instructions per task in the
+/// lifecycle benchmark, issue 36).
+pub(super) fn payload_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<&'a RawValue> {
+    result_answering(bytes, id)
 }
 
+/// Of a `CreateTaskResult`'s `result`, only `task` (as raw JSON).
 #[derive(serde::Deserialize)]
 struct CreateResult<'a> {
     #[serde(borrow)]
     task: Option<&'a RawValue>,
 }
 
-/// `result.task` of `bytes` as a `Value` (`Some(None)`: the result holds none, or `null`) when
-/// `bytes` is a JSON-RPC 2.0 result answering `id` whose `result` is an object (what
-/// `Message::parse`, the id check and `pointer("/result/task")` of the whole message as a
-/// `Value` would find); `None` for anything else (an error, another id, a repeated key, text
-/// that is not UTF-8): the caller then takes the envelope path, which decides as before.
+/// `result.task` of a 2025-11-25 `CreateTaskResult` answering `id`, as a `Value` (`Some(None)`:
+/// the result, an object, holds none, or `null`; what `pointer("/result/task")` of the whole
+/// message as a `Value` would find), or `None` as [`result_answering`] says.
 ///
 /// Why: the answer was parsed as an envelope and then whole into a `Value`, of which only the
 /// `Task` is used (about 25,000 instructions per task in the lifecycle benchmark, issue 36).
 pub(super) fn creation_of_answer(bytes: &[u8], id: &Id) -> Option<Option<serde_json::Value>> {
-    std::str::from_utf8(bytes).ok()?;
-    let answer = serde_json::from_slice::<MapOnly<CreationAnswer<'_>>>(bytes)
-        .ok()?
-        .0;
-    let is_result = answer.jsonrpc.map(RawValue::get) == Some("\"2.0\"")
-        && answer.method.is_none()
-        && answer.error.is_none();
-    let answers = answer
-        .id
-        .and_then(|raw| Id::from_json(raw.get()))
-        .is_some_and(|got| got == *id);
-    let MapOnly(result) = answer.result.filter(|_| is_result && answers)?;
+    let MapOnly(result) = result_answering::<MapOnly<CreateResult<'_>>>(bytes, id)?;
     match result.task {
         Some(raw) => serde_json::from_str(raw.get()).ok().map(Some),
         None => Some(None),
