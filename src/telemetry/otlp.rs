@@ -270,14 +270,14 @@ fn write_span(out: &mut Vec<u8>, r: &View<'_>, named: Option<Written<'_>>) -> Na
     }
     let method_end = out.len();
     if let Some(request) = r.request {
-        if let Some(id) = request.id() {
-            keyed(out, &key!(JSONRPC_REQUEST_ID), id.as_bytes());
+        if let Some(id) = request.id_bytes() {
+            keyed(out, &key!(JSONRPC_REQUEST_ID), id);
         }
         if let Some(version) = request.version() {
             keyed(out, &key!(MCP_PROTOCOL_VERSION), version.as_bytes());
         }
-        if let Some(session) = request.session() {
-            keyed(out, &key!(MCP_SESSION_ID), session.as_bytes());
+        if let Some(session) = request.session_bytes() {
+            keyed(out, &key!(MCP_SESSION_ID), session);
         }
     }
     for kv in r.attributes {

@@ -171,18 +171,95 @@ pub fn protocol_version(version: &str) -> Cow<'static, str> {
 
 /// A request's own values on its SERVER span, `jsonrpc.request.id`, `mcp.protocol.version` and
 /// `mcp.session.id`, exported in that order before the span's other attributes: the id's and
-/// the session's text in one `String` (issue 34: as three `KeyValue`s in a `Vec`, two of them
-/// owned strings, they cost a small `tools/call` three allocations on the serving thread and
-/// three frees on the export thread).
+/// the session's text in one [`Text`], in place when short (issue 34: as three `KeyValue`s in a
+/// `Vec`, two of them owned strings, they cost a small `tools/call` three allocations on the
+/// serving thread and three frees on the export thread; in one `String`, one of each, ~250
+/// instructions with the free on the other thread).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RequestValues {
     /// The id's text, then the session's.
-    text: String,
+    text: Text,
     /// Where the id ends in `text`, when there is one (it starts at 0).
     id: Option<usize>,
     /// Whether `text` holds a session after the id.
     session: bool,
     version: Option<Cow<'static, str>>,
+}
+
+/// Text of at most [`INLINE_TEXT`] bytes kept in place, longer text in a `String`.
+#[derive(Debug, Clone)]
+enum Text {
+    Inline { len: u8, bytes: [u8; INLINE_TEXT] },
+    Heap(String),
+}
+
+/// The longest [`Text`] kept in place: a request id and a session id of 36 characters (a UUID)
+/// or of taskgate's own (`tgs-` and 32 hex digits) with room to spare.
+const INLINE_TEXT: usize = 62;
+
+impl Default for Text {
+    fn default() -> Text {
+        Text::Inline {
+            len: 0,
+            bytes: [0; INLINE_TEXT],
+        }
+    }
+}
+
+impl PartialEq for Text {
+    fn eq(&self, other: &Text) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Text {
+    /// `first` then `second`.
+    fn of(first: &str, second: &str) -> Text {
+        let len = first.len() + second.len();
+        if len > INLINE_TEXT {
+            let mut text = String::with_capacity(len);
+            text.push_str(first);
+            text.push_str(second);
+            return Text::Heap(text);
+        }
+        let mut bytes = [0; INLINE_TEXT];
+        bytes[..first.len()].copy_from_slice(first.as_bytes());
+        bytes[first.len()..len].copy_from_slice(second.as_bytes());
+        Text::Inline {
+            len: len as u8,
+            bytes,
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Text::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Text::Heap(text) => text.as_bytes(),
+        }
+    }
+
+    /// Its bytes in `range` as text (made of whole `&str`s cut where they met: always UTF-8).
+    #[cfg(test)]
+    fn get(&self, range: std::ops::Range<usize>) -> Option<&str> {
+        match self {
+            Text::Inline { .. } => std::str::from_utf8(self.as_bytes().get(range)?).ok(),
+            Text::Heap(text) => text.get(range),
+        }
+    }
+
+    /// Drops its first `end` bytes (where one `&str` of it ends).
+    fn drop_front(&mut self, end: usize) {
+        match self {
+            Text::Inline { len, bytes } => {
+                let (from, to) = (end.min(usize::from(*len)), usize::from(*len));
+                bytes.copy_within(from..to, 0);
+                *len = (to - from) as u8;
+            }
+            Text::Heap(text) => {
+                text.drain(..end.min(text.len()));
+            }
+        }
+    }
 }
 
 impl RequestValues {
@@ -193,26 +270,23 @@ impl RequestValues {
         version: Option<Cow<'static, str>>,
         session: Option<&str>,
     ) -> RequestValues {
-        let len = id.map_or(0, str::len) + session.map_or(0, str::len);
-        let mut text = String::with_capacity(len);
-        if let Some(id) = id {
-            text.push_str(id);
-        }
-        let id_end = id.map(|_| text.len());
-        if let Some(session) = session {
-            text.push_str(session);
-        }
         RequestValues {
-            text,
-            id: id_end,
+            text: Text::of(id.unwrap_or_default(), session.unwrap_or_default()),
+            id: id.map(str::len),
             session: session.is_some(),
             version,
         }
     }
 
     /// `jsonrpc.request.id`.
+    #[cfg(test)]
     pub(super) fn id(&self) -> Option<&str> {
-        self.id.and_then(|end| self.text.get(..end))
+        self.id.and_then(|end| self.text.get(0..end))
+    }
+
+    /// [`RequestValues::id`]'s bytes, for the encoder (read as they were put in, unchecked).
+    pub(super) fn id_bytes(&self) -> Option<&[u8]> {
+        self.id.and_then(|end| self.text.as_bytes().get(..end))
     }
 
     /// `mcp.protocol.version`.
@@ -221,9 +295,20 @@ impl RequestValues {
     }
 
     /// `mcp.session.id`.
+    #[cfg(test)]
     pub(super) fn session(&self) -> Option<&str> {
         match self.session {
-            true => self.text.get(self.id.unwrap_or(0)..),
+            true => self
+                .text
+                .get(self.id.unwrap_or(0)..self.text.as_bytes().len()),
+            false => None,
+        }
+    }
+
+    /// [`RequestValues::session`]'s bytes, for the encoder.
+    pub(super) fn session_bytes(&self) -> Option<&[u8]> {
+        match self.session {
+            true => self.text.as_bytes().get(self.id.unwrap_or(0)..),
             false => None,
         }
     }
@@ -233,7 +318,7 @@ impl RequestValues {
         match key {
             semconv::JSONRPC_REQUEST_ID => {
                 if let Some(end) = self.id.take() {
-                    self.text.drain(..end);
+                    self.text.drop_front(end);
                 }
             }
             semconv::MCP_SESSION_ID => self.session = false,
@@ -332,4 +417,25 @@ pub(super) enum ExchangeName {
     AsServer,
     /// Its own.
     Own(SpanName),
+}
+
+#[cfg(test)]
+mod text_tests {
+    use super::*;
+
+    /// Values too long to keep in place read as short ones do, and forget the same way.
+    #[test]
+    fn long_request_values_read_and_forget_as_short_ones() {
+        let session = "s".repeat(INLINE_TEXT);
+        for (id, session) in [("7", "s-1"), ("7", session.as_str()), ("", "")] {
+            let mut v = RequestValues::new(Some(id), None, Some(session));
+            assert_eq!((v.id(), v.session()), (Some(id), Some(session)));
+            assert_eq!(v.id_bytes(), Some(id.as_bytes()));
+            assert_eq!(v.session_bytes(), Some(session.as_bytes()));
+            assert_eq!(v, v.clone());
+            v.forget(semconv::JSONRPC_REQUEST_ID);
+            assert_eq!((v.id(), v.session()), (None, Some(session)));
+            assert_eq!(v, RequestValues::new(None, None, Some(session)));
+        }
+    }
 }
