@@ -114,6 +114,14 @@ impl Transport for StreamableHttp {
     fn exchange(self: Arc<Self>, req: McpRequest) -> Exchange {
         Box::pin(async move { self.send(req).await })
     }
+
+    fn traced_exchange(self: Arc<Self>, req: McpRequest, span: super::ClientSpan) -> Exchange {
+        Box::pin(async move {
+            let mut result = self.send(req).await;
+            span.end(&mut result);
+            result
+        })
+    }
 }
 
 impl StreamableHttp {

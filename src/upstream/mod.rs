@@ -90,6 +90,7 @@ mod traced;
 
 pub use self::h1::pin_thread;
 pub use self::http::StreamableHttp;
+pub use self::traced::ClientSpan;
 
 use crate::config::UpstreamConfig;
 use crate::exchange::{GatewayError, McpReply, McpRequest};
@@ -110,6 +111,19 @@ pub trait Transport: Send + Sync + 'static {
     /// Sends `req` and returns its answer, as the module docs say. The future is `'static`: it
     /// owns its share of the transport.
     fn exchange(self: Arc<Self>, req: McpRequest) -> Exchange;
+
+    /// [`Transport::exchange`] of `req` under its CLIENT span `span` (issue 34), which ends
+    /// with the answer ([`ClientSpan::end`]). By default a future around the exchange's own;
+    /// a transport may end the span in its own future instead, one allocation and one future
+    /// fewer per traced exchange (~400 instructions, callgrind, issue 34).
+    fn traced_exchange(self: Arc<Self>, req: McpRequest, span: ClientSpan) -> Exchange {
+        let exchange = self.exchange(req);
+        Box::pin(async move {
+            let mut result = exchange.await;
+            span.end(&mut result);
+            result
+        })
+    }
 }
 
 /// One configured upstream as the stack's innermost service (`tower::Service<McpRequest>`,

@@ -8,7 +8,7 @@
 
 use super::{Exchange, Transport};
 use crate::config::UpstreamConfig;
-use crate::exchange::{McpRequest, Operation};
+use crate::exchange::{GatewayError, McpReply, McpRequest, Operation};
 use crate::jsonrpc::Kind;
 use crate::mcp::classify::Classified;
 use crate::telemetry::propagation::{traceparent_quoted, tracestate};
@@ -64,23 +64,15 @@ impl Traced {
     /// `req` sent through `transport` under a CLIENT span (a POSTed request; anything else goes
     /// as it is).
     pub(super) fn exchange(&self, transport: Arc<dyn Transport>, mut req: McpRequest) -> Exchange {
-        let Some((span, server, id)) = self.start(&mut req) else {
-            return transport.exchange(req);
-        };
-        let exchange = transport.exchange(req);
-        Box::pin(async move {
-            let mut result = exchange.await;
-            match &mut result {
-                Ok(reply) => reply.end_span(span, server.as_ref(), id.as_ref()),
-                Err(e) => e.end_span(span),
-            }
-            result
-        })
+        match self.start(&mut req) {
+            Some(span) => transport.traced_exchange(req, span),
+            None => transport.exchange(req),
+        }
     }
 
     /// Starts the span of `req` and writes it into `req` as its parent; with the request's
     /// SERVER span (looked up once) and its id.
-    fn start(&self, req: &mut McpRequest) -> Option<Started> {
+    fn start(&self, req: &mut McpRequest) -> Option<ClientSpan> {
         let Operation::Post(msg) = &req.op else {
             return None;
         };
@@ -128,13 +120,31 @@ impl Traced {
                 crate::headers::take(headers, &TRACESTATE);
             }
         }
-        Some((span, server, id))
+        Some(ClientSpan { span, server, id })
     }
 }
 
-/// A started CLIENT span, the request's SERVER span and the request's id.
-type Started = (
-    RequestTrace,
-    Option<RequestTrace>,
-    Option<crate::jsonrpc::Id>,
-);
+/// The CLIENT span of one upstream exchange, started ([`super::Transport::traced_exchange`]),
+/// with the request's SERVER span and the request's id.
+pub struct ClientSpan {
+    span: RequestTrace,
+    server: Option<RequestTrace>,
+    id: Option<crate::jsonrpc::Id>,
+}
+
+impl ClientSpan {
+    /// Ends the span with the exchange's outcome: `error.type` of the answer (read once for
+    /// this span and the SERVER span, `McpReply::end_span`) or of the failure.
+    pub fn end(self, result: &mut Result<McpReply, GatewayError>) {
+        match result {
+            Ok(reply) => reply.end_span(self.span, self.server.as_ref(), self.id.as_ref()),
+            Err(e) => e.end_span(self.span),
+        }
+    }
+}
+
+impl std::fmt::Debug for ClientSpan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ClientSpan").field(&self.span).finish()
+    }
+}

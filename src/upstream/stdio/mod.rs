@@ -394,6 +394,15 @@ impl Transport for StdioTransport {
         let inner = self.inner.clone();
         Box::pin(async move { inner.exchange(req).await })
     }
+
+    fn traced_exchange(self: Arc<Self>, req: McpRequest, span: super::ClientSpan) -> Exchange {
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut result = inner.exchange(req).await;
+            span.end(&mut result);
+            result
+        })
+    }
 }
 
 impl Inner {
