@@ -308,7 +308,12 @@ impl Telemetry {
                 method: span::method(method),
                 target,
             };
-            (name, link.into_iter().collect(), request, attributes, None)
+            // Not collected from the `Option`'s iterator (~80 instructions more, callgrind).
+            let links = match link {
+                Some(link) => vec![link],
+                None => Vec::new(),
+            };
+            (name, links, request, attributes, None)
         })
     }
 
