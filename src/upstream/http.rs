@@ -214,7 +214,10 @@ impl StreamableHttp {
         if length == 0 {
             headers.remove(header::CONTENT_LENGTH);
         } else {
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+            headers.insert(
+                header::CONTENT_LENGTH,
+                crate::headers::content_length(length as u64),
+            );
         }
         request
     }

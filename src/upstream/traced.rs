@@ -108,7 +108,9 @@ impl Traced {
             req.op = Operation::Post(rewritten);
         }
         let headers = &mut req.ctx.headers;
-        if let Ok(value) = HeaderValue::from_bytes(&quoted[1..quoted.len() - 1]) {
+        // Carved from a buffer this thread keeps, not an allocation of its own (~120
+        // instructions, callgrind, issue 34).
+        if let Some(value) = crate::headers::carved(&quoted[1..quoted.len() - 1]) {
             headers.insert(TRACEPARENT.clone(), value);
         }
         match tracestate(span.context()).map(HeaderValue::try_from) {
