@@ -67,15 +67,23 @@ s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
 print(s.server_address[1], flush=True)
 s.serve_forever()
 PY
-python3 "$WORK/receiver.py" "$WORK/received" > "$WORK/rx.port" 2> "$WORK/rx.err" &
-PIDS+=("$!")
-for _ in $(seq 200); do [ -s "$WORK/rx.port" ] && break; sleep 0.05; done
-RX="http://127.0.0.1:$(cat "$WORK/rx.port")"
+# A receiver of its own for each "on" run: one receiver for every run slowed as they went (R25's and
+# R29's "on" runs rose run after run, 27 → 35 µs, while "off" stayed level), and a receiver that
+# answers late makes taskgate's exporter hold its batches longer.
+RX_PID=
+start_receiver() { # rep → sets RX
+  : > "$WORK/rx-$1.port"
+  python3 "$WORK/receiver.py" "$WORK/received-$1" > "$WORK/rx-$1.port" 2> "$WORK/rx-$1.err" &
+  RX_PID=$!; PIDS+=("$RX_PID")
+  for _ in $(seq 200); do [ -s "$WORK/rx-$1.port" ] && break; sleep 0.05; done
+  RX="http://127.0.0.1:$(cat "$WORK/rx-$1.port")"
+}
 
 run_one() { # mode rep → prints "cpu_us_per_req rps"
   local mode=$1 rep=$2 toml="$WORK/tg-$1-$2.toml" pid
   taskgate_toml "$toml" "$WORK/store-$mode-$rep" "" "$UP"
   if [ "$mode" = on ]; then
+    start_receiver "$rep"
     printf '\n[telemetry]\notlp_endpoint = "%s"\nsample_ratio = %s\n' "$RX" "$RATIO" >> "$toml"
   fi
   "$LG" spawn-ready --stdout "$WORK/tg-$mode-$rep.out" --stderr "$WORK/tg-$mode-$rep.err" \
@@ -89,8 +97,10 @@ run_one() { # mode rep → prints "cpu_us_per_req rps"
     --json-out "$WORK/run-$mode-$rep.jsonl" > /dev/null
   local admin failures
   admin=$(json_field "$WORK/tg-$mode-$rep.json" admin)
-  failures=$(curl -s "http://$admin/metrics" | awk '/^taskgate_trace_export_failures_total/ { print $2 }')
+  failures=$(curl -s "http://$admin/metrics" | awk '/^taskgate_trace_export_failures_total/ { f = $2 }
+    /^taskgate_trace_spans_dropped_total/ { d = $2 } END { printf "%s/%s", f, d }')
   stop_pid "$pid"
+  [ "$mode" = on ] && stop_pid "$RX_PID"
   echo "$(json_field "$WORK/run-$mode-$rep.jsonl" cpu_us_per_req) $(json_field "$WORK/run-$mode-$rep.jsonl" req_per_s) ${failures:-?}"
 }
 
@@ -98,6 +108,7 @@ run_callgrind() { # mode rep → prints "instructions_per_req requests"
   local mode=$1 rep=$2 toml="$WORK/tg-$1-$2.toml" pid dump total idle_total idle_rate t0 t1 requests
   taskgate_toml "$toml" "$WORK/store-$mode-$rep" "" "$UP"
   if [ "$mode" = on ]; then
+    start_receiver "$rep"
     printf '\n[telemetry]\notlp_endpoint = "%s"\nsample_ratio = %s\n' "$RX" "$RATIO" >> "$toml"
   fi
   "$LG" spawn-ready --stdout "$WORK/tg-$mode-$rep.out" --stderr "$WORK/tg-$mode-$rep.err" \
@@ -126,9 +137,12 @@ run_callgrind() { # mode rep → prints "instructions_per_req requests"
   total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ { gsub(/,/, "", $1); print $1; exit }' || true)
   requests=$(json_field "$WORK/run-$mode-$rep.jsonl" requests)
   stop_pid "$pid"
+  [ "$mode" = on ] && stop_pid "$RX_PID"
   awk -v t="$total" -v r="$idle_rate" -v a="$t0" -v b="$t1" -v n="$requests" 'BEGIN {
     printf "%.0f %d\n", (t - r * (b - a)) / n, n }'
 }
+
+received() { cat "$WORK"/received-* 2>/dev/null | awk '{ n += $1; b += $2 } END { if (NR) printf "receivers: %d exports, %d bytes\n", n, b }'; }
 
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
@@ -146,7 +160,7 @@ if [ "${TOOL:-}" = callgrind ]; then
   done
   off=$(median < "$WORK/off"); on=$(median < "$WORK/on")
   echo "median instructions per request: off ${off}, on ${on} ($(awk -v a="$off" -v b="$on" 'BEGIN { printf "%+.1f %%", (b - a) * 100 / a }'))"
-  [ -s "$WORK/received" ] && echo "receiver: $(cut -d' ' -f1 "$WORK/received") exports, $(cut -d' ' -f2 "$WORK/received") bytes"
+  received
   exit 0
 fi
 echo "binary: $TASKGATE; small tools/call, c=$CONC, ${DURATION}s per run, $REPS runs per mode, on: sample_ratio $RATIO"
@@ -154,10 +168,10 @@ echo "binary: $TASKGATE; small tools/call, c=$CONC, ${DURATION}s per run, $REPS 
 for rep in $(seq "$REPS"); do
   for mode in off on; do
     read -r cpu rps failures < <(run_one "$mode" "$rep")
-    echo "  run $rep $mode: ${cpu} µs CPU per request, ${rps} requests/s, export failures ${failures}"
+    echo "  run $rep $mode: ${cpu} µs CPU per request, ${rps} requests/s, spans failed/dropped ${failures}"
     echo "$cpu" >> "$WORK/$mode"
   done
 done
 off=$(median < "$WORK/off"); on=$(median < "$WORK/on")
 echo "median CPU per request: off ${off} µs, on ${on} µs ($(awk -v a="$off" -v b="$on" 'BEGIN { printf "%+.1f %%", (b - a) * 100 / a }'))"
-[ -s "$WORK/received" ] && echo "receiver: $(cut -d' ' -f1 "$WORK/received") exports, $(cut -d' ' -f2 "$WORK/received") bytes"
+received

@@ -218,8 +218,12 @@ fn start_telemetry(config: &Config, metrics: &Metrics) -> Result<Option<Telemetr
     let Some(settings) = settings else {
         return Ok(None);
     };
-    let telemetry = Telemetry::start(&settings, metrics.trace_export_failures_total.clone())
-        .map_err(StartError::Telemetry)?;
+    let telemetry = Telemetry::start(
+        &settings,
+        metrics.trace_export_failures_total.clone(),
+        metrics.trace_spans_dropped_total.clone(),
+    )
+    .map_err(StartError::Telemetry)?;
     tracing::info!(endpoint = %settings.traces_endpoint, service = %settings.service_name, ratio = settings.sample_ratio, "exporting traces (OTLP/HTTP)");
     Ok(Some(telemetry))
 }

@@ -95,6 +95,11 @@ const TRACE_EXPORT_FAILURES_TOTAL: Spec = spec(
     "Spans whose OTLP export failed ([telemetry]).",
     &[],
 );
+const TRACE_SPANS_DROPPED_TOTAL: Spec = spec(
+    "taskgate_trace_spans_dropped_total",
+    "Spans dropped before export because the export queue was full or export had stopped ([telemetry]).",
+    &[],
+);
 const STORE_WRITE_DURATION_SECONDS: Spec = spec(
     "taskgate_store_write_duration_seconds",
     "Duration of one durable registry commit (apply, flush, fdatasync), in seconds.",
@@ -291,6 +296,10 @@ pub struct Metrics {
     /// their batch's OTLP export failed (the collector unreachable, a non-2xx answer, a timeout;
     /// `src/telemetry/`).
     pub trace_export_failures_total: IntCounter,
+    /// `taskgate_trace_spans_dropped_total`: spans `[telemetry]` dropped before any export
+    /// because its queue (2048 spans) was full, the collector or the export thread being behind,
+    /// or export had stopped (`src/telemetry/batch.rs`).
+    pub trace_spans_dropped_total: IntCounter,
     /// `taskgate_store_write_duration_seconds`: one group commit (apply + flush + fdatasync).
     pub store_write_duration_seconds: Histogram,
     /// `taskgate_task_status_transitions_total{upstream,from,to}` ([`TaskStatus`] twice).
@@ -366,6 +375,7 @@ impl Metrics {
             task_creation_refused_total: b.counter_vec(&TASK_CREATION_REFUSED_TOTAL),
             store_write_failures_total: b.counter(&STORE_WRITE_FAILURES_TOTAL),
             trace_export_failures_total: b.counter(&TRACE_EXPORT_FAILURES_TOTAL),
+            trace_spans_dropped_total: b.counter(&TRACE_SPANS_DROPPED_TOTAL),
             store_write_duration_seconds: b.histogram(&STORE_WRITE_DURATION_SECONDS, STORE_BUCKETS),
             task_status_transitions_total: b.counter_vec(&TASK_STATUS_TRANSITIONS_TOTAL),
             task_terminal_rewrites_total: b.counter_vec(&TASK_TERMINAL_REWRITES_TOTAL),

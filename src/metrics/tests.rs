@@ -32,6 +32,7 @@ const CONTRACT: &[(&str, &str)] = &[
     ("taskgate_tasks_created_total", "counter"),
     ("taskgate_tasks_expired_total", "counter"),
     ("taskgate_trace_export_failures_total", "counter"),
+    ("taskgate_trace_spans_dropped_total", "counter"),
     ("taskgate_unrecorded_task_cancels_total", "counter"),
     ("taskgate_upgraded_calls_total", "counter"),
     ("taskgate_upstream_errors_total", "counter"),

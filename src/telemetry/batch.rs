@@ -15,7 +15,6 @@ use super::export::Exporter;
 use super::otlp::Encoder;
 use super::span::Record;
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,8 +32,9 @@ pub(super) struct Queue {
     wake: Condvar,
     /// Wakes [`Queue::shutdown`] when the export thread has stopped.
     stopped: Condvar,
-    /// Spans dropped because the queue was full (logged by the export thread).
-    dropped: AtomicU64,
+    /// Spans dropped because the queue was full or export had stopped
+    /// (`taskgate_trace_spans_dropped_total`; logged by the export thread).
+    dropped: prometheus::IntCounter,
 }
 
 struct State {
@@ -49,7 +49,8 @@ struct State {
 }
 
 impl Queue {
-    pub(super) fn new() -> Queue {
+    /// An empty queue; the spans it drops are counted in `dropped`.
+    pub(super) fn new(dropped: prometheus::IntCounter) -> Queue {
         Queue {
             state: Mutex::new(State {
                 records: Vec::with_capacity(MAX_QUEUE_SPANS),
@@ -59,7 +60,7 @@ impl Queue {
             }),
             wake: Condvar::new(),
             stopped: Condvar::new(),
-            dropped: AtomicU64::new(0),
+            dropped,
         }
     }
 
@@ -75,7 +76,7 @@ impl Queue {
         if state.spans + spans > MAX_QUEUE_SPANS || state.stop {
             drop(state);
             *slot = None;
-            self.dropped.fetch_add(spans as u64, Ordering::Relaxed);
+            self.dropped.inc_by(spans as u64);
             return;
         }
         if let Some(record) = slot.take() {
@@ -127,6 +128,7 @@ pub(super) fn start(
         .name("taskgate-trace-export".into())
         .spawn(move || {
             let mut spare: Vec<Record> = Vec::with_capacity(MAX_QUEUE_SPANS);
+            let mut dropped_before = queue.dropped.get();
             loop {
                 let stop = {
                     let mut state = queue.state.lock();
@@ -137,9 +139,13 @@ pub(super) fn start(
                     state.spans = 0;
                     state.stop
                 };
-                let dropped = queue.dropped.swap(0, Ordering::Relaxed);
-                if dropped > 0 {
-                    tracing::debug!(dropped, "trace export queue full: spans dropped");
+                let dropped = queue.dropped.get();
+                if dropped > dropped_before {
+                    tracing::debug!(
+                        dropped = dropped - dropped_before,
+                        "trace export queue full: spans dropped"
+                    );
+                    dropped_before = dropped;
                 }
                 let mut rest = &spare[..];
                 while !rest.is_empty() {

@@ -258,11 +258,12 @@ impl std::fmt::Debug for Telemetry {
 
 impl Telemetry {
     /// Starts the export (its thread and bounded queue) to `settings`' endpoint; spans whose
-    /// export fails are counted in `failures`. Errors: the exporter or its thread could not be
-    /// made (the message says why).
+    /// export fails are counted in `failures`, spans dropped at a full queue in `dropped`.
+    /// Errors: the exporter or its thread could not be made (the message says why).
     pub fn start(
         settings: &Settings,
         failures: prometheus::IntCounter,
+        dropped: prometheus::IntCounter,
     ) -> Result<Telemetry, String> {
         let exporter = export::Exporter::new(
             &settings.traces_endpoint,
@@ -274,7 +275,7 @@ impl Telemetry {
         let resource = opentelemetry_sdk::Resource::builder()
             .with_service_name(settings.service_name.clone())
             .build();
-        let queue = Arc::new(batch::Queue::new());
+        let queue = Arc::new(batch::Queue::new(dropped));
         batch::start(queue.clone(), exporter, &resource)?;
         Ok(Telemetry(Arc::new(Inner {
             root_sampler: Sampler::TraceIdRatioBased(settings.sample_ratio),

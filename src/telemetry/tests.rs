@@ -483,7 +483,9 @@ fn an_answer_is_read_once_for_both_spans() {
                     events: Vec::new(),
                     answer: None,
                 })),
-                queue: Arc::new(batch::Queue::new()),
+                queue: Arc::new(batch::Queue::new(
+                    prometheus::IntCounter::new("dropped", "dropped").unwrap(),
+                )),
             }),
             part: Part::Own,
         }
@@ -601,7 +603,8 @@ fn a_span_not_sampled_makes_no_record_and_carries_its_context() {
         compression: Compression::None,
     };
     let failures = prometheus::IntCounter::new("failures", "failures").unwrap();
-    let telemetry = Telemetry::start(&settings, failures).unwrap();
+    let dropped = prometheus::IntCounter::new("dropped", "dropped").unwrap();
+    let telemetry = Telemetry::start(&settings, failures, dropped).unwrap();
     let not_read = || -> (Target, RequestValues, Vec<KeyValue>) {
         panic!("details read for a span not sampled")
     };
@@ -652,7 +655,9 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
     use prost::Message as _;
-    let queue = Arc::new(batch::Queue::new());
+    let queue = Arc::new(batch::Queue::new(
+        prometheus::IntCounter::new("dropped", "dropped").unwrap(),
+    ));
     let telemetry = Telemetry(Arc::new(Inner {
         root_sampler: Sampler::TraceIdRatioBased(1.0),
         ids: RandomIdGenerator::default(),
@@ -828,4 +833,27 @@ fn request_values_share_one_string_and_a_later_value_replaces_one() {
     assert_eq!((v.id(), v.session()), (None, Some("s")));
     let v = RequestValues::new(Some("\"x\""), None, None);
     assert_eq!((v.id(), v.session()), (Some("\"x\""), None));
+}
+
+/// A full queue drops what would take it past `MAX_QUEUE_SPANS` and counts each dropped span
+/// in `taskgate_trace_spans_dropped_total`'s counter (they were only logged at debug level, so
+/// an exporter that fell behind lost spans unseen: the benchmark's collector did, issue 34).
+#[test]
+fn spans_dropped_at_a_full_queue_are_counted() {
+    let dropped = prometheus::IntCounter::new("dropped", "dropped").unwrap();
+    let queue = Arc::new(batch::Queue::new(dropped.clone()));
+    let telemetry = Telemetry(Arc::new(Inner {
+        root_sampler: Sampler::TraceIdRatioBased(1.0),
+        ids: RandomIdGenerator::default(),
+        queue: queue.clone(),
+    }));
+    let extra = 5;
+    for _ in 0..batch::MAX_QUEUE_SPANS + extra {
+        let span = telemetry.request_span("ping", Incoming::default(), || {
+            (Target::None, RequestValues::default(), Vec::new())
+        });
+        span.end();
+    }
+    assert_eq!(dropped.get(), extra as u64);
+    assert_eq!(queue.drain().len(), batch::MAX_QUEUE_SPANS);
 }
