@@ -67,9 +67,10 @@ s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
 print(s.server_address[1], flush=True)
 s.serve_forever()
 PY
-# A receiver of its own for each "on" run: one receiver for every run slowed as they went (R25's and
-# R29's "on" runs rose run after run, 27 → 35 µs, while "off" stayed level), and a receiver that
-# answers late makes taskgate's exporter hold its batches longer.
+# A receiver of its own for each "on" run, stopped with it, so no run inherits another's receiver
+# (R25's "on" runs rose run after run with one receiver for all; a run with one receiver per run
+# rose as much, so the receiver is not shown to be the cause). Each run prints the spans whose
+# export failed and those dropped at a full export queue (a receiver too slow): both should be 0.
 RX_PID=
 start_receiver() { # rep → sets RX
   : > "$WORK/rx-$1.port"
