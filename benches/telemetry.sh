@@ -37,7 +37,9 @@ LG="$HERE/loadgen/target/release/loadgen"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/taskgate-telemetry.XXXXXX")
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
-trap bench_exit EXIT
+# taskgate and the receivers are started inside `< <(run_one …)` subshells, whose PIDS+= the
+# parent never sees: each also leaves its pid in a file, stopped here on any exit.
+trap 'for f in "$WORK"/pid-*; do [ -f "$f" ] && stop_pid "$(cat "$f")"; done; bench_exit' EXIT
 
 "$LG" spawn-ready --stdout "$WORK/up.out" --stderr "$WORK/up.err" --label upstream \
   -- "$HERE/loadgen/target/release/upstream" --listen 127.0.0.1:0 --threads 1 > "$WORK/up.json"
@@ -75,7 +77,7 @@ RX_PID=
 start_receiver() { # rep → sets RX
   : > "$WORK/rx-$1.port"
   python3 "$WORK/receiver.py" "$WORK/received-$1" > "$WORK/rx-$1.port" 2> "$WORK/rx-$1.err" &
-  RX_PID=$!; PIDS+=("$RX_PID")
+  RX_PID=$!; PIDS+=("$RX_PID"); echo "$RX_PID" > "$WORK/pid-rx-$1"
   for _ in $(seq 200); do [ -s "$WORK/rx-$1.port" ] && break; sleep 0.05; done
   RX="http://127.0.0.1:$(cat "$WORK/rx-$1.port")"
 }
@@ -90,7 +92,7 @@ run_one() { # mode rep → prints "cpu_us_per_req rps"
   "$LG" spawn-ready --stdout "$WORK/tg-$mode-$rep.out" --stderr "$WORK/tg-$mode-$rep.err" \
     --label taskgate -- env -u OTEL_EXPORTER_OTLP_ENDPOINT -u OTEL_EXPORTER_OTLP_TRACES_ENDPOINT \
     "$TASKGATE" serve --config "$toml" > "$WORK/tg-$mode-$rep.json"
-  pid=$(json_field "$WORK/tg-$mode-$rep.json" pid); PIDS+=("$pid")
+  pid=$(json_field "$WORK/tg-$mode-$rep.json" pid); PIDS+=("$pid"); echo "$pid" > "$WORK/pid-tg-$mode-$rep"
   local url="http://$(json_field "$WORK/tg-$mode-$rep.json" gateway)/mcp"
   local args=(--url "$url" --target taskgate --case "telemetry-$mode" --rep "$rep" --concurrency "$CONC")
   "$LG" run "${args[@]}" --scenario small --duration 2 --warmup 0 --json-out "$WORK/warm.jsonl" > /dev/null
@@ -116,7 +118,7 @@ run_callgrind() { # mode rep → prints "instructions_per_req requests"
     --label taskgate -- env -u OTEL_EXPORTER_OTLP_ENDPOINT -u OTEL_EXPORTER_OTLP_TRACES_ENDPOINT \
     valgrind --tool=callgrind --callgrind-out-file="$WORK/cg-$mode-$rep.%p" \
     "$TASKGATE" serve --config "$toml" > "$WORK/tg-$mode-$rep.json"
-  pid=$(json_field "$WORK/tg-$mode-$rep.json" pid); PIDS+=("$pid")
+  pid=$(json_field "$WORK/tg-$mode-$rep.json" pid); PIDS+=("$pid"); echo "$pid" > "$WORK/pid-tg-$mode-$rep"
   local url="http://$(json_field "$WORK/tg-$mode-$rep.json" gateway)/mcp"
   local args=(--url "$url" --target taskgate --case "telemetry-$mode" --rep "$rep" --concurrency "$CONC")
   "$LG" run "${args[@]}" --scenario small --duration 2 --warmup 0 --json-out "$WORK/warm.jsonl" > /dev/null
