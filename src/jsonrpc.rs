@@ -670,7 +670,8 @@ impl Message {
         std::str::from_utf8(raw.get(usize::from(v)..usize::from(e))?).ok()
     }
 
-    /// [`Message::param`] in every case.
+    /// [`Message::param`] of any other member (a [`Known`] one of indexed `params` is
+    /// [`Message::known_param`]'s).
     fn param_by_name(&self, name: &str) -> Option<&str> {
         let p = &self.params;
         match p.state {
@@ -679,12 +680,6 @@ impl Message {
                 let at = p.at as usize;
                 let raw = self.raw.get(at..at + usize::from(p.len))?;
                 let name = name.as_bytes();
-                if let Some(known) = Known::of_key(name) {
-                    let slot = usize::from((p.known >> known.shift()) & 0b111);
-                    let [_, v, e] = *p.members.get(slot.checked_sub(1)?)?;
-                    // The reader checked the whole text is UTF-8.
-                    return std::str::from_utf8(raw.get(usize::from(v)..usize::from(e))?).ok();
-                }
                 p.members[..usize::from(p.count)]
                     .iter()
                     .find_map(|&[k, v, e]| {

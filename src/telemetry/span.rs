@@ -186,81 +186,14 @@ pub struct RequestValues {
     version: Option<Cow<'static, str>>,
 }
 
-/// Text of at most [`INLINE_TEXT`] bytes kept in place, longer text in a `String`.
-#[derive(Debug, Clone)]
-enum Text {
-    Inline { len: u8, bytes: [u8; INLINE_TEXT] },
-    Heap(String),
-}
+/// The id's and the session's text: in place up to [`INLINE_TEXT`] bytes, on the heap past it
+/// (`smallvec`, already in the tree). Made of whole `&str`s and cut only where one ended, so
+/// it is always UTF-8.
+type Text = smallvec::SmallVec<[u8; INLINE_TEXT]>;
 
 /// The longest [`Text`] kept in place: a request id and a session id of 36 characters (a UUID)
 /// or of taskgate's own (`tgs-` and 32 hex digits) with room to spare.
 const INLINE_TEXT: usize = 62;
-
-impl Default for Text {
-    fn default() -> Text {
-        Text::Inline {
-            len: 0,
-            bytes: [0; INLINE_TEXT],
-        }
-    }
-}
-
-impl PartialEq for Text {
-    fn eq(&self, other: &Text) -> bool {
-        self.as_bytes() == other.as_bytes()
-    }
-}
-
-impl Text {
-    /// `first` then `second`.
-    fn of(first: &str, second: &str) -> Text {
-        let len = first.len() + second.len();
-        if len > INLINE_TEXT {
-            let mut text = String::with_capacity(len);
-            text.push_str(first);
-            text.push_str(second);
-            return Text::Heap(text);
-        }
-        let mut bytes = [0; INLINE_TEXT];
-        bytes[..first.len()].copy_from_slice(first.as_bytes());
-        bytes[first.len()..len].copy_from_slice(second.as_bytes());
-        Text::Inline {
-            len: len as u8,
-            bytes,
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        match self {
-            Text::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            Text::Heap(text) => text.as_bytes(),
-        }
-    }
-
-    /// Its bytes in `range` as text (made of whole `&str`s cut where they met: always UTF-8).
-    #[cfg(test)]
-    fn get(&self, range: std::ops::Range<usize>) -> Option<&str> {
-        match self {
-            Text::Inline { .. } => std::str::from_utf8(self.as_bytes().get(range)?).ok(),
-            Text::Heap(text) => text.get(range),
-        }
-    }
-
-    /// Drops its first `end` bytes (where one `&str` of it ends).
-    fn drop_front(&mut self, end: usize) {
-        match self {
-            Text::Inline { len, bytes } => {
-                let (from, to) = (end.min(usize::from(*len)), usize::from(*len));
-                bytes.copy_within(from..to, 0);
-                *len = (to - from) as u8;
-            }
-            Text::Heap(text) => {
-                text.drain(..end.min(text.len()));
-            }
-        }
-    }
-}
 
 impl RequestValues {
     /// The values of a request with `id` (the id's text: a string id decoded, a number as
@@ -271,7 +204,13 @@ impl RequestValues {
         session: Option<&str>,
     ) -> RequestValues {
         RequestValues {
-            text: Text::of(id.unwrap_or_default(), session.unwrap_or_default()),
+            text: {
+                let (id, session) = (id.unwrap_or_default(), session.unwrap_or_default());
+                let mut text = Text::with_capacity(id.len() + session.len());
+                text.extend_from_slice(id.as_bytes());
+                text.extend_from_slice(session.as_bytes());
+                text
+            },
             id: id.map(str::len),
             session: session.is_some(),
             version,
@@ -281,12 +220,13 @@ impl RequestValues {
     /// `jsonrpc.request.id`.
     #[cfg(test)]
     pub(super) fn id(&self) -> Option<&str> {
-        self.id.and_then(|end| self.text.get(0..end))
+        self.id
+            .and_then(|end| std::str::from_utf8(self.text.get(..end)?).ok())
     }
 
     /// [`RequestValues::id`]'s bytes, for the encoder (read as they were put in, unchecked).
     pub(super) fn id_bytes(&self) -> Option<&[u8]> {
-        self.id.and_then(|end| self.text.as_bytes().get(..end))
+        self.id.and_then(|end| self.text.as_slice().get(..end))
     }
 
     /// `mcp.protocol.version`.
@@ -298,9 +238,7 @@ impl RequestValues {
     #[cfg(test)]
     pub(super) fn session(&self) -> Option<&str> {
         match self.session {
-            true => self
-                .text
-                .get(self.id.unwrap_or(0)..self.text.as_bytes().len()),
+            true => std::str::from_utf8(self.text.get(self.id.unwrap_or(0)..)?).ok(),
             false => None,
         }
     }
@@ -308,7 +246,7 @@ impl RequestValues {
     /// [`RequestValues::session`]'s bytes, for the encoder.
     pub(super) fn session_bytes(&self) -> Option<&[u8]> {
         match self.session {
-            true => self.text.as_bytes().get(self.id.unwrap_or(0)..),
+            true => self.text.as_slice().get(self.id.unwrap_or(0)..),
             false => None,
         }
     }
@@ -318,7 +256,7 @@ impl RequestValues {
         match key {
             semconv::JSONRPC_REQUEST_ID => {
                 if let Some(end) = self.id.take() {
-                    self.text.drop_front(end);
+                    self.text.drain(..end.min(self.text.len()));
                 }
             }
             semconv::MCP_SESSION_ID => self.session = false,
