@@ -68,3 +68,16 @@ thread_cpu_per_req() {
     { d = ($3 - $2) * 1e6 / hz / n; if (d > 0) printf "%s %.1f\n", $1, d }' |
     sort -k2 -rn | awk '{ printf "%s%s=%s", (NR > 1 ? " " : ""), $1, $2 } END { print "" }'
 }
+
+# Starts benches/otlp_receiver.py (an OTLP/HTTP receiver answering 200, counting exports and
+# bytes into $1/received-$2) and waits for its port: sets RX_PID and RX (its base URL). The
+# caller adds RX_PID to PIDS (or stops it itself).
+start_otlp_receiver() {
+  local dir=$1 name=$2 here
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+  : > "$dir/rx-$name.port"
+  python3 "$here/otlp_receiver.py" "$dir/received-$name" > "$dir/rx-$name.port" 2> "$dir/rx-$name.err" &
+  RX_PID=$!
+  for _ in $(seq 200); do [ -s "$dir/rx-$name.port" ] && break; sleep 0.05; done
+  RX="http://127.0.0.1:$(head -1 "$dir/rx-$name.port")"
+}

@@ -20,7 +20,10 @@
 # gateway-owned task (issue 32: `upstream.tasks = "gateway"` in front of `upstream --no-tasks`,
 # a server without tasks; taskgate runs the task, the server gets a plain call), beside scenario
 # 4's upstream-task path; 14: scenario 4's lifecycle through a tier, three replicas on one
-# PostgreSQL behind nginx round-robin with no stickiness (issue 35), beside the sidecar on sled).
+# PostgreSQL behind nginx round-robin with no stickiness (issue 35), beside the sidecar on sled;
+# 15: scenario 1's small call at c=16 through a taskgate exporting every request's spans
+# (`[telemetry]`, `sample_ratio = 1.0`, OTLP/HTTP to benches/otlp_receiver.py) beside the one
+# without, issue 34's cost in the same run as nginx).
 # Everything started here is killed on exit.
 #
 # Scenario 10's and 14's PostgreSQL: TASKGATE_BENCH_DATABASE_URL (or TASKGATE_TEST_DATABASE_URL) names a
@@ -42,10 +45,10 @@
 # pair of runs of two revisions).
 #
 # Settings (environment): DURATION (s per timed case, default 2), WARMUP (s, 0.5), REPEAT (runs
-# per case and path in scenarios 1-5, 8, 9, 10 and 11, default 3), QUIET_PCT (10),
+# per case and path in scenarios 1-5, 8-13 and 15, default 3), QUIET_PCT (10),
 # LIFECYCLE_TASKS (1000, scenarios 4, 8, 9 and 10), STDIO_TASKS (500, scenario 11's lifecycle, per
 # concurrency and path: supergateway takes ~15 s for 1000 at ~800 req/s), CANCELS (1000), RECORDS (100000), SCENARIOS (which
-# ones, default "1 2 3 4 5 6 7 8 9 10 11 12 13 14"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
+# ones, default "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
 set -euo pipefail
 
@@ -60,7 +63,7 @@ CANCELS=${CANCELS:-1000}
 RECORDS=${RECORDS:-100000}
 RESULTS=${RESULTS:-$HERE/RESULTS.md}
 STDIO_TASKS=${STDIO_TASKS:-500}
-SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10 11 12 13 14}
+SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 15}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
@@ -69,6 +72,10 @@ for v in DURATION WARMUP REPEAT QUIET_PCT LIFECYCLE_TASKS STDIO_TASKS CANCELS RE
 done
 COMMAND="${ENVSET}${COMMAND}"
 export CLK_TCK=$(getconf CLK_TCK)
+# Trace export only where a scenario asks for it (15): the standard variables would turn it on
+# for every taskgate started here.
+unset OTEL_EXPORTER_OTLP_ENDPOINT OTEL_EXPORTER_OTLP_TRACES_ENDPOINT OTEL_TRACES_SAMPLER \
+  OTEL_TRACES_SAMPLER_ARG OTEL_SERVICE_NAME
 
 say() { printf '\n== %s\n' "$*" >&2; }
 
@@ -206,8 +213,8 @@ fi
 
 # ---- scenarios 1-5 ----------------------------------------------------------------------------
 # Every process of the benchmark (their CPU is not "other processes'" CPU).
-TGB_PID=""; TGB_ADDR=""; TGG_PID=""; TGG_ADDR=""; UPN_PID=""
-bench_pids() { echo "$UP_PID" $TG_PID $TGB_PID $TGG_PID $UPN_PID $HP_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
+TGB_PID=""; TGB_ADDR=""; TGG_PID=""; TGG_ADDR=""; UPN_PID=""; TGT_PID=""; TGT_ADDR=""; RX_PID=""
+bench_pids() { echo "$UP_PID" $TG_PID $TGB_PID $TGG_PID $TGT_PID $RX_PID $UPN_PID $HP_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
 # run CASE TARGET REP ARGS..: one loadgen run against one path.
 run() {
   local case=$1 target=$2 rep=$3 url cpu=""
@@ -220,6 +227,7 @@ run() {
     taskgate-bridged) url="http://$TGB_ADDR/mcp"; cpu=$TGB_PID ;;
     taskgate-reverse) url="http://$TGB_ADDR/mcp"; cpu=$TGB_PID ;;
     taskgate-gateway) url="http://$TGG_ADDR/mcp"; cpu=$TGG_PID ;;
+    taskgate-traced) url="http://$TGT_ADDR/mcp"; cpu=$TGT_PID ;;
   esac
   "$LG" run --url "$url" --target "$target" --case "$case" ${cpu:+--cpu-pid "$cpu"} \
     --rep "$rep" --bench-pids "$(bench_pids)" --json-out "$RAW" "$@" > /dev/null
@@ -309,6 +317,36 @@ if want 13; then
       run "$case13" "$t" "$rep" --scenario lifecycle --concurrency 16 --count "$LIFECYCLE_TASKS"
     done
   done
+fi
+# Scenario 15 (issues 34, 36): scenario 1's small call at c=16 through a second taskgate that
+# exports every request's SERVER and CLIENT span (`[telemetry]`, `sample_ratio = 1.0`) as OTLP/HTTP
+# protobuf to benches/otlp_receiver.py, beside `taskgate` (no export), direct and nginx,
+# interleaved. Proxy CPU is taskgate's alone (its export thread included; the receiver's CPU is
+# the benchmark's own). The report's header says how many spans failed or were dropped (both
+# should be 0: a figure with dropped spans is flattered).
+TRACED_NOTE="not run"
+if want 15; then
+  say "starting an OTLP receiver and taskgate-traced ([telemetry] sample_ratio = 1.0)"
+  start_otlp_receiver "$WORK" traced; PIDS+=("$RX_PID")
+  taskgate_config "$WORK/taskgate-tr.toml" "$WORK/store-tr" ""
+  printf '\n[telemetry]\notlp_endpoint = "%s"\nsample_ratio = 1.0\n' "$RX" >> "$WORK/taskgate-tr.toml"
+  TGP15_PID=$TG_PID; TGP15_ADDR=$TG_ADDR
+  start_taskgate "$WORK/taskgate-tr.toml" taskgate-traced "$WORK/taskgate-tr.json"
+  TGT_PID=$TG_PID; TGT_ADDR=$TG_ADDR; TGT_ADMIN=$TG_ADMIN; TG_PID=$TGP15_PID; TG_ADDR=$TGP15_ADDR
+  case15="15. small tools/call (~1 KiB JSON answer), c=16: trace export off (taskgate) and on (taskgate-traced, sample_ratio 1.0)"
+  say "$case15"
+  for rep in $(seq "$REPEAT"); do
+    printf '  run %s:' "$rep" >&2
+    for t in direct nginx taskgate taskgate-traced; do
+      [ "$t" = nginx ] && [ -z "$NG_ADDR" ] && continue
+      run "$case15" "$t" "$rep" --scenario small --concurrency 16 "${TIMED[@]}"; printf ' %s' "$t" >&2
+    done
+    echo >&2
+  done
+  sleep 6  # the export thread sends what is left at most 5 s after a span ends
+  TRACED_NOTE=$(curl -s "http://$TGT_ADMIN/metrics" | awk -v rx="$(cat "$WORK/received-traced" 2>/dev/null)" '
+    /^taskgate_trace_export_failures_total/ { f = $2 } /^taskgate_trace_spans_dropped_total/ { d = $2 }
+    END { split(rx, r, " "); printf "the receiver got %d exports, %d bytes; spans whose export failed: %s, dropped at a full queue: %s", r[1], r[2], f, d }')
 fi
 want 5 && each "5. cancel storm: $CANCELS concurrent identical tasks/cancel for one task" \
   --scenario cancel --concurrency "$CANCELS" --stats-url "http://$UP_ADDR/stats"
@@ -723,9 +761,10 @@ Produced by \`$COMMAND\` (from the repository root) on $(date -u '+%Y-%m-%d %H:%
 | upstream | benches/loadgen \`upstream\`, 1 tokio worker thread |
 | load generator | benches/loadgen \`loadgen\`, 1 thread, one keep-alive HTTP/1.1 connection per concurrent client, each with its own MCP session (scenarios 1-4; 8 is 2026-07-28, sessionless) |
 | timed cases | ${WARMUP} s warm-up, then ${DURATION} s measured |
-| repeats | scenarios 1-5 and 8-11: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, then again); scenario 6: one |
+| repeats | scenarios 1-5, 8-13 and 15: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, then again); scenario 6: one |
 | task store | temp directory on $STORE_FS (sled); scenario 10's \`taskgate-pg\`: $PG_SETTINGS, \`pool_size = 16\` |
 | tier (scenario 14) | three replicas (\`pool_size = 8\` each) on $PG_SETTINGS, behind an nginx of their own (round-robin, keepalive 256, no stickiness); proxy CPU = the three replicas'; outside it: $TIER_CPU |
+| traces (scenario 15) | \`taskgate-traced\`: a taskgate of its own with \`[telemetry] otlp_endpoint\` (benches/otlp_receiver.py, python3, answers 200) and \`sample_ratio = 1.0\`; $TRACED_NOTE |
 | stdio (scenario 11) | server: benches/loadgen \`upstream --stdio\` (the same answers over stdin/stdout); \`direct\`: loadgen's own stdio client, one child; \`taskgate\`: a taskgate of its own, \`command = [upstream, --stdio]\`, one shared child; \`supergateway\`: $SG_VERSION, \`--outputTransport streamableHttp --stateful --logLevel none\`, one child per session; each client session opened before the clock starts and ended with DELETE after the run; proxy CPU = the proxy process alone, not its children |
 
 Everything runs on this one machine: load generator, proxy and upstream share the cores, so

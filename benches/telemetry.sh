@@ -46,40 +46,14 @@ trap 'for f in "$WORK"/pid-*; do [ -f "$f" ] && stop_pid "$(cat "$f")"; done; be
 PIDS+=("$(json_field "$WORK/up.json" pid)")
 UP=$(json_field "$WORK/up.json" addr)
 
-# The OTLP/HTTP receiver: 200 to every POST, its body counted (requests and bytes in a file).
-cat > "$WORK/receiver.py" <<'PY'
-import http.server, sys
-stats = sys.argv[1]
-got = [0, 0]
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_POST(self):
-        n = int(self.headers.get("content-length", 0))
-        self.rfile.read(n)
-        got[0] += 1; got[1] += n
-        with open(stats, "w") as f:
-            f.write(f"{got[0]} {got[1]}\n")
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.send_header("content-length", "0")
-        self.end_headers()
-    def log_message(self, *a):
-        pass
-s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-print(s.server_address[1], flush=True)
-s.serve_forever()
-PY
+# The OTLP/HTTP receiver is benches/otlp_receiver.py (200 to every POST, bodies counted).
 # A receiver of its own for each "on" run, stopped with it, so no run inherits another's receiver
 # (R25's "on" runs rose run after run with one receiver for all; a run with one receiver per run
 # rose as much, so the receiver is not shown to be the cause). Each run prints the spans whose
 # export failed and those dropped at a full export queue (a receiver too slow): both should be 0.
 RX_PID=
 start_receiver() { # rep → sets RX
-  : > "$WORK/rx-$1.port"
-  python3 "$WORK/receiver.py" "$WORK/received-$1" > "$WORK/rx-$1.port" 2> "$WORK/rx-$1.err" &
-  RX_PID=$!; PIDS+=("$RX_PID"); echo "$RX_PID" > "$WORK/pid-rx-$1"
-  for _ in $(seq 200); do [ -s "$WORK/rx-$1.port" ] && break; sleep 0.05; done
-  RX="http://127.0.0.1:$(cat "$WORK/rx-$1.port")"
+  start_otlp_receiver "$WORK" "$1"; echo "$RX_PID" > "$WORK/pid-rx-$1"; PIDS+=("$RX_PID")
 }
 
 run_one() { # mode rep → prints "cpu_us_per_req rps"

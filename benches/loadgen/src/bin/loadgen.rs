@@ -1667,7 +1667,7 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// The paths of a case, in table order.
-const TARGETS: [&str; 12] = [
+const TARGETS: [&str; 13] = [
     "direct",
     "nginx",
     "hyper",
@@ -1677,6 +1677,7 @@ const TARGETS: [&str; 12] = [
     "taskgate-bridged",
     "taskgate-reverse",
     "taskgate-gateway",
+    "taskgate-traced",
     "taskgate-sled",
     "taskgate-pg",
     "supergateway",
@@ -1851,9 +1852,23 @@ fn cmd_report(args: &Args) {
                 }
             }
         }
-        // Scenarios 7, 9, 10 and 14 compare taskgates with one another (14's tier has an nginx
-        // of its own, in its path), 11 stdio paths; nginx takes no part there.
-        let taskgates_only = ["7.", "9.", "10.", "11.", "14."]
+        // Scenario 15: what trace export costs, on ÷ off (issue 34's goal: at most +10 %).
+        if case.starts_with("15.") {
+            if let (Some(off), Some(on)) = (find(case, "taskgate"), find(case, "taskgate-traced")) {
+                let nginx = find(case, "nginx").map(|n| f(&n, "cpu_us_per_req"));
+                let (off, on) = (f(&off, "cpu_us_per_req"), f(&on, "cpu_us_per_req"));
+                let of_nginx = |x: f64| nginx.map(|n| ratio(x, n)).unwrap_or_else(|| "–".into());
+                md.push_str(&format!(
+                    "\nProxy CPU per request, medians: trace export on ÷ off {}; off ÷ nginx {}, on ÷ nginx {}\n",
+                    ratio(on, off),
+                    of_nginx(off),
+                    of_nginx(on),
+                ));
+            }
+        }
+        // Scenarios 7, 9, 10, 12, 13 and 14 compare taskgates with one another (14's tier has an
+        // nginx of its own, in its path), 11 stdio paths; nginx takes no part there.
+        let taskgates_only = ["7.", "9.", "10.", "11.", "12.", "13.", "14."]
             .iter()
             .any(|p| case.starts_with(p));
         if find(case, "nginx").is_none() && !taskgates_only {
