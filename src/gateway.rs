@@ -122,7 +122,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         registry.trace_with(telemetry.clone());
     }
     let shared = Shared {
-        sessions: session_table(&config, &store),
+        sessions: session_table(&config, &store, registry.store_threads()),
         registry: registry.clone(),
         metrics: metrics.clone(),
         authenticated: config.auth.mode.identifies_callers(),
@@ -243,7 +243,11 @@ async fn open_registry(
 
 /// The session table every upstream stack shares, bounded by `gateway.max_sessions`,
 /// `gateway.session_idle_ms` and `[limits]`'s sessions per principal.
-fn session_table(config: &Config, store: &Arc<dyn TaskStore>) -> Arc<Sessions> {
+fn session_table(
+    config: &Config,
+    store: &Arc<dyn TaskStore>,
+    threads: crate::registry::StoreThreads,
+) -> Arc<Sessions> {
     let sessions = Sessions::with_caps(
         config.gateway.max_sessions,
         Duration::from_millis(config.gateway.session_idle_ms),
@@ -252,8 +256,9 @@ fn session_table(config: &Config, store: &Arc<dyn TaskStore>) -> Arc<Sessions> {
             .sessions_per_principal(config.gateway.max_sessions),
     );
     // Held sessions (the bridge's, for an upstream without 2025 sessions) are written to the
-    // store before their id goes out: the session table gets its store handle here.
-    sessions.keep_held_in(store.clone());
+    // store before their id goes out: the session table gets its store handle here, and runs
+    // its store calls on the registry's store threads.
+    sessions.keep_held_in(store.clone(), threads);
     sessions
 }
 

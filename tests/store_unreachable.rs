@@ -14,6 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// An `initialize`'s params (2025-11-25, no capabilities).
+const INITIALIZE: &str =
+    r#"{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}"#;
+
 /// Blocking threads of the runtime taskgate serves on in this test (the binary's have 512).
 const BLOCKING_THREADS: usize = 4;
 
@@ -25,20 +29,47 @@ const STORE_CALLERS: usize = 32;
 /// `connect_timeout_ms` of 5 s, which a queued DNS look-up ran into before the fix).
 const PLAIN_WITHIN: Duration = Duration::from_secs(4);
 
+/// What keeps store calls in flight while the database is black-holed.
+#[derive(Clone, Copy)]
+enum Load {
+    /// `tasks/get` of a task (the registry's store calls): answered `-32603` "task store
+    /// unavailable".
+    TasksGet,
+    /// `initialize` of new sessions, each written to the store before its answer (the session
+    /// table's store calls): answered HTTP 500 `-32603`. Reproduced on the code before they
+    /// ran on the registry's store threads: they parked the serving runtime's blocking pool as
+    /// the registry's calls once did, and the plain call failed.
+    Initialize,
+}
+
 #[test]
 fn plain_calls_keep_working_while_the_database_is_black_holed() {
+    black_holed(
+        Load::TasksGet,
+        "plain_calls_keep_working_while_the_database_is_black_holed",
+    );
+}
+
+#[test]
+fn plain_calls_keep_working_while_initializes_wait_for_a_black_holed_database() {
+    black_holed(
+        Load::Initialize,
+        "plain_calls_keep_working_while_initializes_wait_for_a_black_holed_database",
+    );
+}
+
+fn black_holed(load: Load, test: &'static str) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .max_blocking_threads(BLOCKING_THREADS)
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(black_holed_database_leaves_plain_calls_alone());
+    runtime.block_on(black_holed_database_leaves_plain_calls_alone(load, test));
     runtime.shutdown_timeout(Duration::from_secs(5));
 }
 
-async fn black_holed_database_leaves_plain_calls_alone() {
-    let test = "plain_calls_keep_working_while_the_database_is_black_holed";
+async fn black_holed_database_leaves_plain_calls_alone(load: Load, test: &'static str) {
     let Some(pg) = PgCluster::start(test) else {
         return;
     };
@@ -50,7 +81,10 @@ async fn black_holed_database_leaves_plain_calls_alone() {
     let plain = Upstream::mcp().await;
     // A host name, not an address: a new connection to it needs a DNS look-up.
     let plain_url = format!("http://localhost:{}/mcp", plain.addr.port());
-    let env = "TG_STORE_UNREACHABLE_DB";
+    let env = match load {
+        Load::TasksGet => "TG_STORE_UNREACHABLE_DB",
+        Load::Initialize => "TG_STORE_UNREACHABLE_DB_INIT",
+    };
     std::env::set_var(env, &url);
     let tg = Tg::start(|_| {
         format!(
@@ -79,23 +113,23 @@ async fn black_holed_database_leaves_plain_calls_alone() {
         .map(|n| {
             let (c, task, stop, failed) =
                 (c.clone(), task.clone(), stop.clone(), failed_tx.clone());
+            // A client of its own for each initialize (no session header).
+            let fresh = Client::new(&format!("{base}/tasks"));
             tokio::spawn(async move {
                 let mut i = 0;
                 while !stop.load(Ordering::SeqCst) {
                     i += 1;
-                    let r = c
-                        .send(rpc(
-                            &format!("\"g{n}-{i}\""),
-                            "tasks/get",
-                            &format!("{{\"taskId\":{task:?}}}"),
-                        ))
-                        .await;
-                    let status = r.status();
-                    let v = if status == 200 {
-                        r.json().await
-                    } else {
-                        serde_json::Value::Null
+                    let id = format!("\"g{n}-{i}\"");
+                    let r = match load {
+                        Load::TasksGet => {
+                            c.send(rpc(&id, "tasks/get", &format!("{{\"taskId\":{task:?}}}")))
+                                .await
+                        }
+                        Load::Initialize => fresh.send(rpc(&id, "initialize", INITIALIZE)).await,
                     };
+                    let status = r.status();
+                    let v: serde_json::Value =
+                        serde_json::from_slice(&r.bytes().await).unwrap_or_default();
                     let _ = failed.send((status, err_code(&v)));
                 }
             })
@@ -107,7 +141,11 @@ async fn black_holed_database_leaves_plain_calls_alone() {
         .await
         .expect("a tasks/get answers while the database does not")
         .unwrap();
-    assert_eq!(first, (200, -32603), "task store unavailable");
+    let unavailable = match load {
+        Load::TasksGet => (200, -32603),
+        Load::Initialize => (500, -32603),
+    };
+    assert_eq!(first, unavailable, "task store unavailable");
 
     let plain_client = Client::new(&format!("{base}/plain"));
     let started = tokio::time::Instant::now();
@@ -144,7 +182,7 @@ async fn black_holed_database_leaves_plain_calls_alone() {
             .unwrap();
     }
     while let Ok((status, code)) = failed_rx.try_recv() {
-        assert_eq!((status, code), (200, -32603), "task store unavailable");
+        assert_eq!((status, code), unavailable, "task store unavailable");
     }
 }
 

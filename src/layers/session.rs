@@ -281,8 +281,9 @@ pub struct Sessions {
     per_tenant: usize,
     idle: Duration,
     epoch: Instant,
-    /// Where held sessions are kept (see `held_store`); none in unit tests.
-    store: std::sync::OnceLock<Arc<dyn crate::store::TaskStore>>,
+    /// Where held sessions are kept, and the threads their store calls run on (see
+    /// `held_store`); none in unit tests.
+    store: std::sync::OnceLock<held_store::Keeping>,
     /// A held session was in the table at some point.
     any_held: std::sync::atomic::AtomicBool,
     /// The store is shared by other processes (a tier on PostgreSQL): stored entries are

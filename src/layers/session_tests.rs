@@ -5,8 +5,14 @@ use super::*;
 use crate::exchange::{GatewayError, McpReply, McpRequest};
 use crate::layers::session_guard::SessionGuardLayer;
 use crate::layers::testing::request;
+use crate::registry::StoreThreads;
 use crate::store::HeldSessionStore;
 use tower::{Layer, ServiceExt};
+
+/// Store threads of their own, as the registry's (the session table's store calls run there).
+fn threads() -> StoreThreads {
+    StoreThreads::new().unwrap()
+}
 
 /// An upstream answering `initialize` with session `issued-<n>` and anything else with a
 /// `tools/list` result naming one tool.
@@ -120,11 +126,11 @@ async fn store_a_held_session(sessions: &Arc<Sessions>, up: &Arc<str>, id: &str,
     sessions.store_entry(up, &id).await.unwrap();
 }
 
-/// A burst of sessions written to the store holds no blocking thread through the group commit:
-/// with one blocking thread and the commit held, every session is still written. (Each write
-/// used to wait for the commit on its blocking thread, so 64 clients opening sessions at once
-/// started 62 threads, `benches/profile.sh` at c=64, issue 30; here the first write kept the
-/// only thread and the others never ran.)
+/// A burst of sessions written to the store holds no store thread through the group commit:
+/// with one store thread (and one blocking thread) and the commit held, every session is still
+/// written. (Each write used to wait for the commit on its thread, so 64 clients opening
+/// sessions at once started 62 threads, `benches/profile.sh` at c=64, issue 30; here the first
+/// write kept the only thread and the others never ran.)
 #[test]
 fn session_writes_hold_no_thread_through_the_group_commit() {
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -135,7 +141,7 @@ fn session_writes_hold_no_thread_through_the_group_commit() {
     runtime.block_on(async {
         let store = crate::layers::testing::CountingStore::new();
         let sessions = Sessions::with_limits(100, Duration::from_secs(3600));
-        sessions.keep_held_in(store.clone());
+        sessions.keep_held_in(store.clone(), StoreThreads::with_max(1).unwrap());
         let up: Arc<str> = "up".into();
         let commits = store.syncs_gate.lock().await;
         let held = HeldSession::from_initialize(Some(&serde_json::json!({"capabilities": {}})));
@@ -196,7 +202,7 @@ async fn a_recheck_never_brings_back_a_session_ended_meanwhile() {
     let hv = HeaderValue::from_str(&id).unwrap();
     let alice = Principal::Token("alice".into());
     let sessions = Sessions::with_limits(10, Duration::from_secs(3600));
-    sessions.keep_held_in(store.clone());
+    sessions.keep_held_in(store.clone(), threads());
     store_a_held_session(&sessions, &up, &id, alice.clone()).await;
     // The row as the re-read saw it before the DELETE removed it.
     let stale = store.held_session(&up, &id).unwrap().expect("stored");
@@ -225,11 +231,11 @@ async fn held_sessions_come_back_from_the_store_within_their_idle_limit() {
     let hv = HeaderValue::from_str(&id).unwrap();
     let alice = Principal::Token("alice".into());
     let before = Sessions::with_limits(10, Duration::from_secs(3600));
-    before.keep_held_in(store.clone());
+    before.keep_held_in(store.clone(), threads());
     store_a_held_session(&before, &up, &id, alice.clone()).await;
 
     let after = Sessions::with_limits(10, Duration::from_secs(3600));
-    after.keep_held_in(store.clone());
+    after.keep_held_in(store.clone(), threads());
     assert_eq!(after.access(&up, &hv, &alice), Access::Unknown);
     assert_eq!(
         after.revive(&up, &hv, Tenant::Unknown).await,
@@ -252,7 +258,7 @@ async fn held_sessions_come_back_from_the_store_within_their_idle_limit() {
         .await;
     assert!(store.held_session(&up, &id).unwrap().is_none());
     let again = Sessions::with_limits(10, Duration::from_secs(3600));
-    again.keep_held_in(store.clone());
+    again.keep_held_in(store.clone(), threads());
     assert_eq!(
         again.revive(&up, &hv, Tenant::Unknown).await,
         Revived::NotStored
@@ -260,11 +266,11 @@ async fn held_sessions_come_back_from_the_store_within_their_idle_limit() {
 
     // Idle past the limit (0 here) when the table comes back: not revived, and gone.
     let idle = Sessions::with_limits(10, Duration::ZERO);
-    idle.keep_held_in(store.clone());
+    idle.keep_held_in(store.clone(), threads());
     store_a_held_session(&idle, &up, &id, Principal::Anonymous).await;
     assert!(store.held_session(&up, &id).unwrap().is_some());
     let restarted = Sessions::with_limits(10, Duration::ZERO);
-    restarted.keep_held_in(store.clone());
+    restarted.keep_held_in(store.clone(), threads());
     assert_eq!(
         restarted.revive(&up, &hv, Tenant::Unknown).await,
         Revived::NotStored
@@ -279,7 +285,7 @@ async fn a_reclaimed_held_session_leaves_the_store() {
     let up: Arc<str> = "up".into();
     let id = format!("{HELD_SESSION_PREFIX}{}", "b".repeat(32));
     let sessions = Sessions::with_limits(1, Duration::ZERO);
-    sessions.keep_held_in(store.clone());
+    sessions.keep_held_in(store.clone(), threads());
     store_a_held_session(&sessions, &up, &id, Principal::Anonymous).await;
     assert!(
         sessions.has_room(&Tenant::Unknown),
@@ -315,7 +321,7 @@ async fn a_principal_past_its_share_reclaims_its_own_least_recent_session() {
     let store = crate::layers::testing::CountingStore::new();
     let up: Arc<str> = "up".into();
     let sessions = Sessions::with_caps(100, Duration::from_secs(3600), 2);
-    sessions.keep_held_in(store.clone());
+    sessions.keep_held_in(store.clone(), threads());
     let alice = Principal::Token("alice".into());
     let bob = Principal::Token("bob".into());
     let as_alice = || (alice.clone(), Tenant::of(&alice, None));
@@ -414,7 +420,7 @@ async fn sessions_the_upstream_issued_are_served_by_a_table_that_never_saw_them(
     let store = crate::layers::testing::CountingStore::new();
     let up: Arc<str> = "up".into();
     let before = Sessions::new();
-    before.keep_held_in(store.clone());
+    before.keep_held_in(store.clone(), threads());
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"capabilities":{"tasks":{},"elicitation":{}}}}"#;
     let reply = authenticated_stack(before.clone())
         .oneshot(as_principal(with_session(init, None), "alice"))
@@ -430,7 +436,7 @@ async fn sessions_the_upstream_issued_are_served_by_a_table_that_never_saw_them(
     assert_eq!(stored.owner.as_deref(), Some("alice"));
 
     let after = Sessions::new();
-    after.keep_held_in(store.clone());
+    after.keep_held_in(store.clone(), threads());
     let svc = authenticated_stack(after.clone());
     let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
     let bob = svc
@@ -470,7 +476,7 @@ async fn sessions_the_upstream_issued_are_served_by_a_table_that_never_saw_them(
         "DELETE removes it"
     );
     let gone = Sessions::new();
-    gone.keep_held_in(store.clone());
+    gone.keep_held_in(store.clone(), threads());
     let again = authenticated_stack(gone)
         .oneshot(as_principal(with_session(list, Some(&sid)), "alice"))
         .await
@@ -512,7 +518,7 @@ async fn sse_initialize(sessions: &Arc<Sessions>, first: String, issued: &'stati
 async fn an_sse_initialize_answer_is_stored_before_it_goes_on() {
     let store = crate::layers::testing::CountingStore::new();
     let sessions = Sessions::new();
-    sessions.keep_held_in(store.clone());
+    sessions.keep_held_in(store.clone(), threads());
     let reply = sse_initialize(
         &sessions,
         r#"{"jsonrpc":"2.0","method":"notifications/message","params":{}}"#.into(),
@@ -540,7 +546,7 @@ async fn an_sse_initialize_answer_is_stored_before_it_goes_on() {
 async fn an_sse_initialize_answer_holds_a_bounded_number_of_bytes() {
     let store = crate::layers::testing::CountingStore::new();
     let sessions = Sessions::new();
-    sessions.keep_held_in(store.clone());
+    sessions.keep_held_in(store.clone(), threads());
     let big = "x".repeat(super::issued::MAX_BYTES_BEFORE + 1);
     let reply = sse_initialize(
         &sessions,
@@ -574,7 +580,7 @@ async fn an_absent_session_is_not_looked_up_again_at_once() {
         !sessions.may_look_up(&up, &HeaderValue::from_static("x")),
         "no store"
     );
-    sessions.keep_held_in(store);
+    sessions.keep_held_in(store, threads());
     let stale = HeaderValue::from_static("from-before-the-upgrade");
     assert!(sessions.may_look_up(&up, &stale));
     assert_eq!(
@@ -597,7 +603,7 @@ async fn a_deferred_delete_is_answered_once_its_session_left_the_store() {
     let id = format!("{HELD_SESSION_PREFIX}{}", "d".repeat(32));
     let alice = Principal::Token("alice".into());
     let sessions = Sessions::with_limits(10, Duration::from_secs(3600));
-    sessions.keep_held_in(store.clone());
+    sessions.keep_held_in(store.clone(), threads());
     store_a_held_session(&sessions, &up, &id, alice.clone()).await;
     let (registry, _) = crate::layers::testing::registry();
     let mut delete = as_principal(

@@ -30,7 +30,7 @@ pub mod sweep;
 mod tier;
 
 pub use leases::{LeaseGuard, LeaseKeeper};
-pub use offload::ListPage;
+pub use offload::{ListPage, NotRun, StoreThreads};
 pub use owners::{Owners, Reservation};
 pub use releases::{Releases, ResourceHold};
 pub use status::{as_registry_task, Observed, TaskFields};

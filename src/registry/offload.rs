@@ -49,8 +49,17 @@ pub const STORE_QUEUE: usize = 4_096;
 pub const STORE_QUEUE_WAIT: Duration = Duration::from_secs(5);
 
 /// The registry's store threads (see the module doc): the blocking pool of a runtime of their
-/// own, which runs nothing else (it is never driven: only its blocking pool is used).
-pub(super) struct StoreThreads {
+/// own, which runs nothing else (it is never driven: only its blocking pool is used). A cheap
+/// handle: clones share the threads and their bound, which end when the last clone goes. The
+/// session table runs its stored sessions' reads and writes here too
+/// (`layers::session::held_store`), so a store that does not answer never fills the serving
+/// runtime's blocking pool either way.
+#[derive(Clone)]
+pub struct StoreThreads {
+    inner: Arc<Threads>,
+}
+
+struct Threads {
     runtime: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
     /// Jobs queued or running.
@@ -59,7 +68,7 @@ pub(super) struct StoreThreads {
 
 /// Why a store job did not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum NotRun {
+pub enum NotRun {
     /// [`STORE_QUEUE`] jobs were already queued or running.
     Busy,
     /// It waited [`STORE_QUEUE_WAIT`] for a thread.
@@ -83,47 +92,78 @@ impl StoreThreads {
     ///
     /// Errors: the OS refused the runtime's resources (its I/O driver is not enabled; this
     /// only fails where a thread or an event fd cannot be had).
-    pub(super) fn new() -> std::io::Result<StoreThreads> {
+    pub fn new() -> std::io::Result<StoreThreads> {
+        StoreThreads::with_max(STORE_THREADS)
+    }
+
+    /// [`Self::new`] with at most `threads` store threads (tests: a burst's bound).
+    pub fn with_max(threads: usize) -> std::io::Result<StoreThreads> {
         let runtime = tokio::runtime::Builder::new_current_thread()
-            .max_blocking_threads(STORE_THREADS)
+            .max_blocking_threads(threads.max(1))
             .thread_name("tg-store")
             .build()?;
         Ok(StoreThreads {
-            handle: runtime.handle().clone(),
-            runtime: Some(runtime),
-            pending: Arc::new(AtomicUsize::new(0)),
+            inner: Arc::new(Threads {
+                handle: runtime.handle().clone(),
+                runtime: Some(runtime),
+                pending: Arc::new(AtomicUsize::new(0)),
+            }),
         })
     }
 
     /// Runs `work` on a store thread and waits for it (see the module doc for the bounds).
-    pub(super) async fn run<T, F>(&self, work: F) -> Result<T, NotRun>
+    ///
+    /// Errors: [`NotRun`] when it did not run (the queue was full, it waited
+    /// [`STORE_QUEUE_WAIT`] for a thread, or the threads are shutting down). A panic in `work`
+    /// is resumed here.
+    pub async fn run<T, F>(&self, work: F) -> Result<T, NotRun>
     where
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        if self.pending.fetch_add(1, Ordering::SeqCst) >= STORE_QUEUE {
-            self.pending.fetch_sub(1, Ordering::SeqCst);
+        match self.queue(work)?.await {
+            Ok(v) => v,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(NotRun::ShuttingDown),
+        }
+    }
+
+    /// Queues `work` on a store thread without waiting for it (in the background: what it
+    /// does is its own to log). Errors: [`NotRun::Busy`] when the queue is full (it is then
+    /// not run; a job that waits too long for a thread is dropped unrun as in [`Self::run`]).
+    pub fn spawn<F>(&self, work: F) -> Result<(), NotRun>
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        self.queue(work).map(drop)
+    }
+
+    /// The job of [`Self::run`] and [`Self::spawn`]: counted against [`STORE_QUEUE`], dropped
+    /// unrun after [`STORE_QUEUE_WAIT`] in the queue.
+    fn queue<T, F>(&self, work: F) -> Result<tokio::task::JoinHandle<Result<T, NotRun>>, NotRun>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let inner = &self.inner;
+        if inner.pending.fetch_add(1, Ordering::SeqCst) >= STORE_QUEUE {
+            inner.pending.fetch_sub(1, Ordering::SeqCst);
             return Err(NotRun::Busy);
         }
-        let pending = self.pending.clone();
+        let pending = inner.pending.clone();
         let queued = Instant::now();
         // The work sees the caller's runtime as its own, as it did on that runtime's blocking
         // pool: what it spawns (the release tracker's waiters) runs there, never on the store
         // threads' runtime, which is not driven.
         let caller = tokio::runtime::Handle::try_current().ok();
-        let job = self.handle.spawn_blocking(move || {
+        Ok(inner.handle.spawn_blocking(move || {
             let _done = Done(pending);
             if queued.elapsed() > STORE_QUEUE_WAIT {
                 return Err(NotRun::Late);
             }
             let _entered = caller.as_ref().map(tokio::runtime::Handle::enter);
             Ok(work())
-        });
-        match job.await {
-            Ok(v) => v,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(_) => Err(NotRun::ShuttingDown),
-        }
+        }))
     }
 }
 
@@ -136,7 +176,7 @@ impl Drop for Done {
     }
 }
 
-impl Drop for StoreThreads {
+impl Drop for Threads {
     fn drop(&mut self) {
         if let Some(rt) = self.runtime.take() {
             // Never blocks (the registry may be dropped on a runtime worker).
@@ -175,6 +215,12 @@ impl Registry {
             .run(move || work(&this))
             .await
             .map_err(|why| StoreError::Db(why.to_string()))
+    }
+
+    /// The store threads, for store work outside the registry that must stay off the serving
+    /// runtime too (the session table's stored sessions).
+    pub fn store_threads(&self) -> StoreThreads {
+        self.threads.clone()
     }
 
     /// A store job that did not run: counted like a failed store call (unless shutting down)

@@ -47,6 +47,7 @@ use crate::exchange::{Principal, Tenant};
 use crate::layers::extensions::{HeldSession, SessionLife};
 use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::task::now_ms;
+use crate::registry::StoreThreads;
 use crate::store::{HeldSessionRecord, StoreError, TaskStore};
 use http::HeaderValue;
 use std::sync::atomic::Ordering;
@@ -119,6 +120,49 @@ pub enum Revived {
     Failed,
 }
 
+/// Where stored sessions are kept: the registry's store, whose calls run on the registry's
+/// store threads ([`StoreThreads`]: bounded, and apart from the serving runtime's blocking pool,
+/// which also resolves upstream host names; a database that does not answer must not fill it
+/// with `initialize`s' session writes, issue 29's rule).
+#[derive(Clone)]
+pub(super) struct Keeping {
+    store: Arc<dyn TaskStore>,
+    threads: StoreThreads,
+}
+
+impl Keeping {
+    /// Runs `work` on a store thread and waits for it; a job that did not run (the threads
+    /// busy or shutting down) is a [`StoreError::Db`] saying why.
+    async fn run<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        F: FnOnce(&dyn TaskStore) -> Result<T, StoreError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let store = self.store.clone();
+        self.threads
+            .run(move || work(store.as_ref()))
+            .await
+            .unwrap_or_else(|why| Err(StoreError::Db(why.to_string())))
+    }
+
+    /// Queues `work` on a store thread in the background; its failure (or its not running) is
+    /// logged with `what` (what was not done).
+    fn spawn<F>(&self, what: &'static str, work: F)
+    where
+        F: FnOnce(&dyn TaskStore) -> Result<(), StoreError> + Send + 'static,
+    {
+        let store = self.store.clone();
+        let queued = self.threads.spawn(move || {
+            if let Err(e) = work(store.as_ref()) {
+                tracing::warn!(error = %e, "{what}");
+            }
+        });
+        if let Err(why) = queued {
+            tracing::warn!(reason = %why, "{what}");
+        }
+    }
+}
+
 fn owner_of(p: &Principal) -> Option<String> {
     match p {
         Principal::Token(t) => Some(t.to_string()),
@@ -127,11 +171,12 @@ fn owner_of(p: &Principal) -> Option<String> {
 }
 
 impl Sessions {
-    /// Keeps the sessions in `store` from now on (the first store given is kept); a store
-    /// other processes share has its entries re-read (see the module docs).
-    pub fn keep_held_in(&self, store: Arc<dyn TaskStore>) {
+    /// Keeps the sessions in `store` from now on, its calls run on `threads` (the registry's;
+    /// the first store given is kept); a store other processes share has its entries re-read
+    /// (see the module docs).
+    pub fn keep_held_in(&self, store: Arc<dyn TaskStore>, threads: StoreThreads) {
         let shared = store.shared();
-        if self.store.set(store).is_ok() {
+        if self.store.set(Keeping { store, threads }).is_ok() {
             self.shared.store(shared, Ordering::Relaxed);
         }
     }
@@ -218,13 +263,10 @@ impl Sessions {
         let Some(record) = record else {
             return Ok(());
         };
-        // The write on a blocking thread, the group commit awaited here: a thread held through
+        // The write on a store thread, the group commit awaited here: a thread held through
         // the commit's fdatasync made a burst of initializes start a thread each (issue 30).
-        let writer = store.clone();
-        tokio::task::spawn_blocking(move || writer.put_held_session(record))
-            .await
-            .unwrap_or_else(|e| Err(StoreError::Db(format!("session not written: {e}"))))?;
-        store.sync().await
+        store.run(move |s| s.put_held_session(record)).await?;
+        store.store.sync().await
     }
 
     /// Brings a session the store keeps back into the table, or (an entry due for its re-read,
@@ -266,22 +308,20 @@ impl Sessions {
             return Revived::NotStored;
         };
         let up = upstream.to_string();
-        let found = tokio::task::spawn_blocking(move || -> Result<_, StoreError> {
-            let found = store.held_session(&up, &id)?;
-            match found {
+        let found = store
+            .run(move |store| match store.held_session(&up, &id)? {
                 Some(s) if s.expires_at <= now_ms() => {
                     // Past its idle limit: never revived, and gone.
                     store.remove_held_session(&up, &id)?;
                     Ok(None)
                 }
                 other => Ok(other),
-            }
-        })
-        .await;
+            })
+            .await;
         let key = (upstream.clone(), Some(SessionKey::Session(session.clone())));
         let record = match found {
-            Ok(Ok(Some(r))) => r,
-            Ok(Ok(None)) => {
+            Ok(Some(r)) => r,
+            Ok(None) => {
                 // Gone from the store (ended or expired on another replica): gone here too.
                 if self.table.lock().take(&key).is_some() {
                     tracing::debug!(upstream = %upstream, "a session another replica ended is forgotten");
@@ -289,13 +329,12 @@ impl Sessions {
                 self.absent.lock().note(key, self.now());
                 return Revived::NotStored;
             }
-            Ok(Err(StoreError::Corrupt(e))) => {
+            Err(StoreError::Corrupt(e)) => {
                 // Never written so (bounds are checked on write): not a session taskgate serves.
                 tracing::warn!(error = %e, "a stored session cannot be read back");
                 self.table.lock().take(&key);
                 return Revived::NotStored;
             }
-            Ok(Err(e)) => return self.unread(&key, &e),
             Err(e) => return self.unread(&key, &e),
         };
         let now = self.now();
@@ -385,15 +424,13 @@ impl Sessions {
             return;
         }
         info.stored_at = now;
-        let (Ok(handle), Ok(id)) = (tokio::runtime::Handle::try_current(), session.to_str()) else {
+        let Ok(id) = session.to_str() else {
             return;
         };
-        let (store, up, id) = (store.clone(), upstream.to_string(), id.to_string());
+        let (up, id) = (upstream.to_string(), id.to_string());
         let expires_at = now_ms().saturating_add(self.idle_ms());
-        handle.spawn_blocking(move || {
-            if let Err(e) = store.touch_held_session(&up, &id, expires_at) {
-                tracing::warn!(error = %e, "a held session's stored expiry was not moved");
-            }
+        store.spawn("a held session's stored expiry was not moved", move |s| {
+            s.touch_held_session(&up, &id, expires_at).map(drop)
         });
     }
 
@@ -402,19 +439,17 @@ impl Sessions {
         let Some(store) = self.store.get() else {
             return;
         };
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         if gone.is_empty() {
             return;
         }
-        let store = store.clone();
-        handle.spawn_blocking(move || {
+        store.spawn("a held session was not removed from the store", move |s| {
+            let mut failed = Ok(());
             for (up, id) in gone {
-                if let Err(e) = store.remove_held_session(&up, &id) {
-                    tracing::warn!(error = %e, "a held session was not removed from the store");
+                if let Err(e) = s.remove_held_session(&up, &id) {
+                    failed = Err(e);
                 }
             }
+            failed
         });
     }
 
@@ -431,16 +466,10 @@ impl Sessions {
         {
             if let Ok(id) = id.to_str().map(str::to_string) {
                 let up = upstream.to_string();
-                let remover = store.clone();
-                // The commit awaited here, not on the blocking thread (see `store_entry`).
-                let done = match tokio::task::spawn_blocking(move || {
-                    remover.remove_held_session(&up, &id)
-                })
-                .await
-                {
-                    Ok(Ok(_)) => store.sync().await,
-                    Ok(Err(e)) => Err(e),
-                    Err(e) => Err(StoreError::Db(format!("session not removed: {e}"))),
+                // The commit awaited here, not on the store thread (see `store_entry`).
+                let done = match store.run(move |s| s.remove_held_session(&up, &id)).await {
+                    Ok(_) => store.store.sync().await,
+                    Err(e) => Err(e),
                 };
                 if let Err(e) = done {
                     tracing::warn!(error = %e, "an ended held session was not removed from the store");
