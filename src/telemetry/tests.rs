@@ -857,3 +857,146 @@ fn spans_dropped_at_a_full_queue_are_counted() {
     assert_eq!(dropped.get(), extra as u64);
     assert_eq!(queue.drain().len(), batch::MAX_QUEUE_SPANS);
 }
+
+/// The encoder's bytes are pinned (their length and an FNV-1a hash of them, taken from the
+/// encoder as it was before issue 34's last cost cuts): records of every shape, a SERVER span
+/// with its exchange named as it (its name and name attributes copied), with one named apart,
+/// a prompt's, a fixed name with events, links and attributes of each type replacing a peer's,
+/// a span under 128 bytes and one over 16 KiB (their length fields one and three bytes long).
+/// A change of the encoder must leave every byte as it was: the receivers decode them.
+#[test]
+fn the_encoded_bytes_are_pinned() {
+    use super::span::{Exchange, ExchangeName, Record, SpanName, Target};
+    use opentelemetry::trace::{Event, SpanId, SpanKind, TraceFlags};
+    use std::time::{Duration, SystemTime};
+
+    let parent = propagation::parse(TP, Some("congo=t61rcWkgMzE")).unwrap();
+    let link = propagation::parse(
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        None,
+    )
+    .unwrap();
+    let at = |n: u64| SystemTime::UNIX_EPOCH + Duration::from_nanos(1_700_000_000_000_000_000 + n);
+    let peer = Peer::new(vec![
+        KeyValue::new(semconv::NETWORK_TRANSPORT, semconv::TCP),
+        KeyValue::new(semconv::NETWORK_PROTOCOL_NAME, "http"),
+        KeyValue::new(semconv::SERVER_ADDRESS, "127.0.0.1"),
+        KeyValue::new(semconv::SERVER_PORT, 8080i64),
+    ]);
+    let context = |span: u64, state: bool| {
+        SpanContext::new(
+            parent.trace_id(),
+            SpanId::from(span),
+            TraceFlags::SAMPLED,
+            false,
+            match state {
+                true => parent.trace_state().clone(),
+                false => Default::default(),
+            },
+        )
+    };
+    let record = |span: u64, name: SpanName, exchange: Option<Exchange>| Record {
+        open: false,
+        exchange,
+        context: context(span, true),
+        parent: Some((parent.span_id(), true)),
+        kind: SpanKind::Server,
+        name,
+        start: at(span),
+        end: at(span + 12_345),
+        request: RequestValues::new(Some("7"), Some("2025-11-25".into()), Some("tgs-0123")),
+        attributes: Vec::new(),
+        peer: Some(peer.clone()),
+        links: Vec::new(),
+        events: Vec::new(),
+        answer: None,
+    };
+    let exchange = |span: u64, name: ExchangeName, links: Vec<SpanContext>| Exchange {
+        span_id: SpanId::from(span),
+        open: false,
+        name,
+        start: at(span + 100),
+        end: at(span + 9_000),
+        attributes: vec![
+            KeyValue::new(semconv::MCP_TASK_ID, "t-1"),
+            KeyValue::new(semconv::ERROR_TYPE, "-32602"),
+        ],
+        peer: Some(peer.clone()),
+        links,
+        events: Vec::new(),
+    };
+    let tool = |name: &str| SpanName::Method {
+        method: "tools/call".into(),
+        target: Target::Tool(name.into()),
+    };
+    let mut fixed = record(40, SpanName::Fixed("mcp.task.status_cancelled"), None);
+    fixed.kind = SpanKind::Internal;
+    fixed.parent = None;
+    fixed.request = RequestValues::default();
+    fixed.attributes = vec![
+        KeyValue::new(semconv::SERVER_PORT, 9090i64),
+        KeyValue::new("x.bool", true),
+        KeyValue::new("x.double", 0.5),
+        KeyValue::new("x.long", "v".repeat(300)),
+    ];
+    fixed.links = vec![link.clone(), parent.clone()];
+    fixed.events = vec![Event::new(
+        "mcp.task.status_cancelled",
+        at(41),
+        vec![KeyValue::new(semconv::MCP_TASK_ID, "t-1")],
+        0,
+    )];
+    let mut tiny = record(50, SpanName::Fixed("t"), None);
+    tiny.context = context(50, false);
+    tiny.parent = None;
+    tiny.request = RequestValues::default();
+    tiny.peer = None;
+    let mut huge = record(60, tool("big"), None);
+    huge.attributes = vec![KeyValue::new("x.huge", "h".repeat(20_000))];
+    let records = [
+        record(
+            10,
+            tool("echo"),
+            Some(exchange(11, ExchangeName::AsServer, Vec::new())),
+        ),
+        record(
+            20,
+            SpanName::Method {
+                method: "prompts/get".into(),
+                target: Target::Prompt("p".into()),
+            },
+            Some(exchange(21, ExchangeName::AsServer, vec![link.clone()])),
+        ),
+        record(
+            30,
+            SpanName::Method {
+                method: "tools/list".into(),
+                target: Target::None,
+            },
+            Some(exchange(
+                31,
+                ExchangeName::Own(SpanName::Method {
+                    method: "tasks/get".into(),
+                    target: Target::None,
+                }),
+                Vec::new(),
+            )),
+        ),
+        fixed,
+        tiny,
+        huge,
+    ];
+    let resource = opentelemetry_sdk::Resource::builder_empty()
+        .with_service_name("svc")
+        .build();
+    let (body, spans) = otlp::Encoder::new(&resource).body(&records);
+    assert_eq!(spans, 9);
+    let fnv = body.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    assert_eq!(
+        (body.len(), fnv),
+        (23_348, 11_700_045_893_670_541_157),
+        "the encoded bytes changed"
+    );
+}
