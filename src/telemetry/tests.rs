@@ -659,7 +659,7 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
         prometheus::IntCounter::new("dropped", "dropped").unwrap(),
     ));
     let telemetry = Telemetry(Arc::new(Inner {
-        root_sampler: Sampler::TraceIdRatioBased(1.0),
+        root_sampler: RootSampler::new(1.0),
         ids: RandomIdGenerator::default(),
         queue: queue.clone(),
     }));
@@ -843,7 +843,7 @@ fn spans_dropped_at_a_full_queue_are_counted() {
     let dropped = prometheus::IntCounter::new("dropped", "dropped").unwrap();
     let queue = Arc::new(batch::Queue::new(dropped.clone()));
     let telemetry = Telemetry(Arc::new(Inner {
-        root_sampler: Sampler::TraceIdRatioBased(1.0),
+        root_sampler: RootSampler::new(1.0),
         ids: RandomIdGenerator::default(),
         queue: queue.clone(),
     }));
@@ -999,4 +999,48 @@ fn the_encoded_bytes_are_pinned() {
         (23_348, 11_700_045_893_670_541_157),
         "the encoded bytes changed"
     );
+}
+
+/// The root sampler decides as the SDK's `Sampler::TraceIdRatioBased` does, for ratios in and
+/// out of range and trace ids of every kind.
+#[test]
+fn the_root_sampler_decides_as_the_sdks() {
+    use opentelemetry::trace::{SpanKind, TraceId};
+    use opentelemetry_sdk::trace::{
+        IdGenerator as _, Sampler, SamplingDecision, ShouldSample as _,
+    };
+    let ids = RandomIdGenerator::default();
+    let mut trace_ids: Vec<TraceId> = (0..2000).map(|_| ids.new_trace_id()).collect();
+    trace_ids.extend([
+        TraceId::from(1u128),
+        TraceId::from(u128::MAX),
+        TraceId::from(u128::from(u64::MAX >> 1)),
+        TraceId::from(1u128 << 63),
+    ]);
+    for ratio in [
+        -1.0,
+        0.0,
+        1e-9,
+        0.1,
+        0.25,
+        0.5,
+        0.75,
+        0.999_999,
+        1.0,
+        2.0,
+        f64::NAN,
+    ] {
+        let sdk = Sampler::TraceIdRatioBased(ratio);
+        let ours = RootSampler::new(ratio);
+        for &id in &trace_ids {
+            let decision = sdk
+                .should_sample(None, id, "", &SpanKind::Server, &[], &[])
+                .decision;
+            assert_eq!(
+                ours.samples(id),
+                decision == SamplingDecision::RecordAndSample,
+                "ratio {ratio}, trace id {id}"
+            );
+        }
+    }
 }
