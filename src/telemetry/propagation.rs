@@ -57,31 +57,36 @@ pub fn traceparent(context: &SpanContext) -> String {
 
 /// [`traceparent`] without an allocation: its 55 ASCII bytes (made for every upstream request
 /// when tracing is on: `format!` with the ids' `{:032x}` cost about 1,500 instructions,
-/// collecting the bytes as `char`s ~1,200, with `hex::encode_to_slice` ~280, this ~250;
-/// callgrind, issue 34).
+/// collecting the bytes as `char`s ~1,200, with `hex::encode_to_slice` ~280, a digit table ~250,
+/// four bytes at a time in a `u64` ([`hex4`]) ~150; callgrind, issue 34).
 pub fn traceparent_bytes(context: &SpanContext) -> [u8; 55] {
     let mut out = [0u8; 55];
     out[..3].copy_from_slice(b"00-");
-    out[3..35].copy_from_slice(&lower_hex::<16, 32>(context.trace_id().to_bytes()));
+    let trace = u128::from_be_bytes(context.trace_id().to_bytes());
+    for (i, at) in [3, 11, 19, 27].into_iter().enumerate() {
+        out[at..at + 8].copy_from_slice(&hex4((trace >> (96 - 32 * i)) as u32));
+    }
     out[35] = b'-';
-    out[36..52].copy_from_slice(&lower_hex::<8, 16>(context.span_id().to_bytes()));
+    let span = u64::from_be_bytes(context.span_id().to_bytes());
+    out[36..44].copy_from_slice(&hex4((span >> 32) as u32));
+    out[44..52].copy_from_slice(&hex4(span as u32));
     out[52] = b'-';
-    out[53..55].copy_from_slice(&lower_hex::<1, 2>([context.trace_flags().to_u8()]));
+    let flags = hex4(u32::from(context.trace_flags().to_u8()));
+    out[53..55].copy_from_slice(&flags[6..]);
     out
 }
 
-/// `bytes` as lowercase hex, two digits a byte from a table (`N` and `M` fixed: the loop is
-/// unrolled, without bounds checks; `M` is twice `N`).
+/// `word` as eight lowercase hex digits, most significant first: its nibbles spread one to a
+/// byte of a `u64`, each then made a digit by adding `'0'`, and `'a' - '0' - 10` more to those
+/// of 10 and above (found by the carry of adding 6), all eight at once.
 #[inline]
-fn lower_hex<const N: usize, const M: usize>(bytes: [u8; N]) -> [u8; M] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    const { assert!(M == 2 * N) };
-    let mut out = [0u8; M];
-    for i in 0..N {
-        out[2 * i] = DIGITS[usize::from(bytes[i] >> 4)];
-        out[2 * i + 1] = DIGITS[usize::from(bytes[i] & 0x0f)];
-    }
-    out
+fn hex4(word: u32) -> [u8; 8] {
+    let mut v = u64::from(word);
+    v = (v | v << 16) & 0x0000_ffff_0000_ffff;
+    v = (v | v << 8) & 0x00ff_00ff_00ff_00ff;
+    v = (v | v << 4) & 0x0f0f_0f0f_0f0f_0f0f;
+    let letters = ((v + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+    (v + 0x3030_3030_3030_3030 + letters * (b'a' - b'0' - 10) as u64).to_be_bytes()
 }
 
 /// [`traceparent_bytes`] in quotes: the JSON string an upstream request's
@@ -180,6 +185,39 @@ mod tests {
         .unwrap();
         assert!(!c.is_sampled());
         assert_eq!(c.trace_state().header(), "");
+    }
+
+    /// The ids and flags are written as `format!`'s lowercase hex writes them.
+    #[test]
+    fn traceparent_bytes_are_the_formatted_ids() {
+        use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
+        let ids = RandomIdGenerator::default();
+        let mut cases: Vec<(u128, u64, u8)> = (0..500)
+            .map(|i| {
+                let trace = u128::from_be_bytes(ids.new_trace_id().to_bytes());
+                let span = u64::from_be_bytes(ids.new_span_id().to_bytes());
+                (trace, span, i as u8)
+            })
+            .collect();
+        cases.extend([
+            (1, 1, 0),
+            (u128::MAX, u64::MAX, 0xff),
+            (0x0123_4567_89ab_cdef, 0xfedc_ba98, 1),
+        ]);
+        for (trace, span, flags) in cases {
+            let context = SpanContext::new(
+                TraceId::from(trace),
+                SpanId::from(span),
+                TraceFlags::new(flags),
+                false,
+                TraceState::default(),
+            );
+            let written = traceparent_bytes(&context);
+            assert_eq!(
+                std::str::from_utf8(&written).unwrap(),
+                format!("00-{trace:032x}-{span:016x}-{flags:02x}")
+            );
+        }
     }
 
     #[test]
