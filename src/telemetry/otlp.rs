@@ -102,8 +102,9 @@ struct View<'a> {
     name: &'a SpanName,
     /// A `Target::Prompt` of `name` is not this span's (an exchange named as its SERVER span).
     tool_only: bool,
-    start: SystemTime,
-    end: SystemTime,
+    /// Nanoseconds since the Unix epoch.
+    start: u64,
+    end: u64,
     /// A SERVER span's request's id, protocol version and session.
     request: Option<&'a RequestValues>,
     attributes: &'a [KeyValue],
@@ -293,9 +294,9 @@ fn write_span(out: &mut Vec<u8>, r: &View<'_>, named: Option<&Named>) -> Named {
         kind,
         (7 << 3) | WireType::SixtyFourBit as u8,
     ]);
-    times[3..11].copy_from_slice(&nanos(r.start).to_le_bytes());
+    times[3..11].copy_from_slice(&r.start.to_le_bytes());
     times[11] = (8 << 3) | WireType::SixtyFourBit as u8;
-    times[12..].copy_from_slice(&nanos(r.end).to_le_bytes());
+    times[12..].copy_from_slice(&r.end.to_le_bytes());
     out.extend_from_slice(&times);
     let method_at = out.len();
     match (named, method) {

@@ -18,7 +18,6 @@ use opentelemetry::trace::{Event, SpanContext, SpanId, SpanKind};
 use opentelemetry::KeyValue;
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 /// What a span is named after: an MCP request's method and, for `tools/call` and `prompts/get`,
 /// its tool or prompt (`{mcp.method.name} {target}`), or a fixed name (an audit fact's).
@@ -282,8 +281,9 @@ pub(super) struct Record {
     pub(super) parent: Option<(SpanId, bool)>,
     pub(super) kind: SpanKind,
     pub(super) name: SpanName,
-    pub(super) start: SystemTime,
-    pub(super) end: SystemTime,
+    /// Nanoseconds since the Unix epoch ([`super::now_nanos`]); `end` 0 until it ends.
+    pub(super) start: u64,
+    pub(super) end: u64,
     /// A SERVER span's request's id, protocol version and session.
     pub(super) request: RequestValues,
     /// The request's own attributes (a later value for a key replaces the earlier).
@@ -338,8 +338,9 @@ pub(super) struct Exchange {
     pub(super) span_id: SpanId,
     pub(super) open: bool,
     pub(super) name: ExchangeName,
-    pub(super) start: SystemTime,
-    pub(super) end: SystemTime,
+    /// As [`Record::start`] and [`Record::end`].
+    pub(super) start: u64,
+    pub(super) end: u64,
     /// The exchange's own attributes (`mcp.task.id`, `error.type`).
     pub(super) attributes: Vec<KeyValue>,
     pub(super) peer: Option<Peer>,

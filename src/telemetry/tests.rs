@@ -343,8 +343,8 @@ fn the_otlp_body_decodes_with_the_generated_types() {
         parent: Some((parent.span_id(), true)),
         kind: SpanKind::Server,
         name,
-        start: t0,
-        end: t0 + Duration::from_micros(5),
+        start: 1_700_000_000_123_456_789,
+        end: 1_700_000_000_123_456_789 + 5_000,
         request: RequestValues::default(),
         attributes: vec![
             KeyValue::new(semconv::JSONRPC_REQUEST_ID, "7"),
@@ -474,8 +474,8 @@ fn an_answer_is_read_once_for_both_spans() {
                         method: "tools/call".into(),
                         target: Target::None,
                     },
-                    start: SystemTime::now(),
-                    end: SystemTime::UNIX_EPOCH,
+                    start: now_nanos(),
+                    end: 0,
                     request: RequestValues::default(),
                     attributes: Vec::new(),
                     peer: None,
@@ -876,7 +876,8 @@ fn the_encoded_bytes_are_pinned() {
         None,
     )
     .unwrap();
-    let at = |n: u64| SystemTime::UNIX_EPOCH + Duration::from_nanos(1_700_000_000_000_000_000 + n);
+    let ns = |n: u64| 1_700_000_000_000_000_000 + n;
+    let at = |n: u64| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns(n));
     let peer = Peer::new(vec![
         KeyValue::new(semconv::NETWORK_TRANSPORT, semconv::TCP),
         KeyValue::new(semconv::NETWORK_PROTOCOL_NAME, "http"),
@@ -902,8 +903,8 @@ fn the_encoded_bytes_are_pinned() {
         parent: Some((parent.span_id(), true)),
         kind: SpanKind::Server,
         name,
-        start: at(span),
-        end: at(span + 12_345),
+        start: ns(span),
+        end: ns(span + 12_345),
         request: RequestValues::new(Some("7"), Some("2025-11-25".into()), Some("tgs-0123")),
         attributes: Vec::new(),
         peer: Some(peer.clone()),
@@ -915,8 +916,8 @@ fn the_encoded_bytes_are_pinned() {
         span_id: SpanId::from(span),
         open: false,
         name,
-        start: at(span + 100),
-        end: at(span + 9_000),
+        start: ns(span + 100),
+        end: ns(span + 9_000),
         attributes: vec![
             KeyValue::new(semconv::MCP_TASK_ID, "t-1"),
             KeyValue::new(semconv::ERROR_TYPE, "-32602"),
