@@ -401,21 +401,14 @@ impl Params {
         out.members[0] = [KEY as u16, VALUE as u16, value_end as u16];
         out.count = self.count + 1;
         out.len = total;
-        // Every noted member's index moves up one; `_meta` is the first.
-        let mut known = 0u16;
-        for k in [
-            Known::Task,
-            Known::TaskId,
-            Known::Name,
-            Known::Meta,
-            Known::RequestId,
-        ] {
-            let slot = (self.known >> k.shift()) & 0b111;
-            if slot != 0 {
-                known |= (slot + 1) << k.shift();
-            }
-        }
-        out.known = known | 1 << Known::Meta.shift();
+        // Every noted member's index moves up one; `_meta` is the first. All five slots at
+        // once: one added to each that is not 0 (a slot holds at most `PARAMS`, so none
+        // carries into the next). With a loop over the five, this function cost ~115
+        // instructions per traced upstream request, so ~85 (callgrind, issue 34).
+        const LOW_BITS: u16 = 0b001_001_001_001_001;
+        let slots = self.known & 0o77777;
+        let noted = (slots | slots >> 1 | slots >> 2) & LOW_BITS;
+        out.known = (slots + noted) & !(0b111 << Known::Meta.shift()) | 1 << Known::Meta.shift();
         out
     }
 
