@@ -767,22 +767,11 @@ impl RequestTrace {
 }
 
 /// Now, in nanoseconds since the Unix epoch (0 before it), as a span's times are exported.
-/// Read with `clock_gettime` itself: `SystemTime::now()`, turned into nanoseconds by
-/// `duration_since(UNIX_EPOCH)` on the export thread, cost ~85 instructions per time, four per
-/// traced small `tools/call`, this ~15 (callgrind, issue 34).
+/// Read with `clock_gettime(CLOCK_REALTIME)` itself (rustix's safe call): `SystemTime::now()`,
+/// turned into nanoseconds by `duration_since(UNIX_EPOCH)` on the export thread, cost ~85
+/// instructions per time, four per traced small `tools/call`, this ~15 (callgrind, issue 34).
 fn now_nanos() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `clock_gettime` writes one `timespec` through the pointer, which points to one
-    // that lives across the call; it reads nothing else. (The unsafe call is the measured cost
-    // cut above: std has no safe reading of the realtime clock in nanoseconds.)
-    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut now) } != 0 {
-        return SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-    }
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::Realtime);
     match (u64::try_from(now.tv_sec), u64::try_from(now.tv_nsec)) {
         (Ok(secs), Ok(nanos)) => secs.saturating_mul(1_000_000_000).saturating_add(nanos),
         _ => 0,
