@@ -398,20 +398,22 @@ impl Pool {
             }
             let head_only = req.method() == http::Method::HEAD;
             conn.ctl.arm();
-            let mut sent = Box::pin(conn.sender.try_send_request(req));
-            let result = std::future::poll_fn(|cx| {
-                if let Poll::Ready(r) = sent.as_mut().poll(cx) {
-                    return Poll::Ready(r);
-                }
-                conn.drive(cx);
-                if conn.closed {
-                    // The exchange cannot progress any more: the sender reports why.
-                    return sent.as_mut().poll(cx);
-                }
-                Poll::Pending
-            })
-            .await;
-            drop(sent);
+            let result = {
+                // Pinned in this future, not boxed: an allocation less per request.
+                let mut sent = std::pin::pin!(conn.sender.try_send_request(req));
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(r) = sent.as_mut().poll(cx) {
+                        return Poll::Ready(r);
+                    }
+                    conn.drive(cx);
+                    if conn.closed {
+                        // The exchange cannot progress any more: the sender reports why.
+                        return sent.as_mut().poll(cx);
+                    }
+                    Poll::Pending
+                })
+                .await
+            };
             match result {
                 Ok(resp) => return Ok(self.clone().body_of(resp, conn, head_only)),
                 Err(mut e) => match e.take_message() {
