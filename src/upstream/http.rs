@@ -39,7 +39,7 @@ use crate::sse;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Uri};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::Full;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -141,13 +141,14 @@ impl StreamableHttp {
             _ => (None, None),
         };
         let request = self.http_request(req);
-        // One timer for both the response head and, for a JSON answer, its body.
-        let mut timer = match deadline {
-            Deadline::Head | Deadline::Exchange => Some(Box::pin(tokio::time::sleep(self.timeout))),
+        // One timer for both the response head and, for a JSON answer, its body; pinned in
+        // this future, not boxed (an allocation less per request).
+        let mut timer = std::pin::pin!(match deadline {
+            Deadline::Head | Deadline::Exchange => Some(tokio::time::sleep(self.timeout)),
             Deadline::Unbounded => None,
-        };
+        });
         let sent = self.pool.send(request);
-        let response = match timer.as_mut() {
+        let response = match timer.as_mut().as_pin_mut() {
             Some(timer) => tokio::select! {
                 biased;
                 r = sent => r,
@@ -162,7 +163,7 @@ impl StreamableHttp {
         let is_sse = self.check_head(&mut headers)?;
         if is_sse {
             let events = sse::decode(incoming, self.name.clone(), self.max_message_bytes);
-            let give_up = match timer {
+            let give_up = match timer.as_pin_mut() {
                 Some(timer) if deadline == Deadline::Exchange => Some(timer.deadline()),
                 _ => None,
             };
@@ -175,8 +176,8 @@ impl StreamableHttp {
         }
         // Read whole within `max_message_bytes` and the same timer. Awaited here rather than in
         // a helper `async fn`: its future moved into this one cost memcpy per request.
-        let collect = Limited::new(incoming, self.max_message_bytes).collect();
-        let collected = match timer.as_mut() {
+        let collect = Whole::new(incoming, self.max_message_bytes);
+        let collected = match timer.as_mut().as_pin_mut() {
             Some(timer) => tokio::select! {
                 biased;
                 r = collect => r,
@@ -184,7 +185,7 @@ impl StreamableHttp {
             },
             None => collect.await,
         };
-        let bytes = collected.map_err(|e| self.body_error(e))?.to_bytes();
+        let bytes = collected.map_err(|e| self.body_error(e))?;
         let body = self.whole_body(&headers, bytes)?;
         Ok(McpReply::new(parts.status, headers, body))
     }
@@ -299,10 +300,10 @@ impl StreamableHttp {
 
     /// Why a non-SSE answer's body could not be read whole (counted): over
     /// `max_message_bytes`, or cut short ([`GatewayError::UpstreamProtocol`]).
-    fn body_error(&self, e: Box<dyn std::error::Error + Send + Sync>) -> GatewayError {
+    fn body_error(&self, e: WholeError) -> GatewayError {
         self.metrics
             .upstream_error(&self.name, UpstreamErrorKind::Protocol);
-        if e.downcast_ref::<LengthLimitError>().is_some() {
+        let WholeError::Body(e) = e else {
             self.metrics
                 .upstream_oversize(&self.name, OversizeKind::Json);
             tracing::warn!(upstream = %self.name, limit = self.max_message_bytes, "upstream answer exceeded max_message_bytes");
@@ -313,7 +314,7 @@ impl StreamableHttp {
                     self.max_message_bytes
                 ),
             };
-        }
+        };
         GatewayError::UpstreamProtocol {
             upstream: self.name.clone(),
             detail: format!("body ended early: {e}"),
@@ -393,6 +394,82 @@ impl StreamableHttp {
 
 /// The origin-form request target (`/path?q`, RFC 9112 §3.2.1) of `url`
 /// (`http://host:port/path?q`); `/` when it has no path.
+/// A JSON (or other non-SSE) answer's body read to its end, which gives its connection back to
+/// the pool, within `limit` bytes (past it [`WholeError::Oversize`], at once). A body of one
+/// frame (a small answer, read with its head) is kept as it came, without a copy;
+/// `http_body_util`'s `Limited` and `collect` queued each frame in a list of their own (an
+/// allocation per answer). Trailers are dropped, as `collect`'s bytes dropped them.
+struct Whole {
+    body: super::h1::PooledBody,
+    limit: usize,
+    seen: usize,
+    /// The first data frame, while it is the only one.
+    first: Option<Bytes>,
+    /// Every data frame, once there is more than one.
+    more: bytes::BytesMut,
+}
+
+/// Why [`Whole`] gave up.
+enum WholeError {
+    /// The body grew past the limit.
+    Oversize,
+    /// Reading the body failed (hyper's error, or the chunked reader's).
+    Body(super::h1::pool::BodyError),
+}
+
+impl Whole {
+    fn new(body: super::h1::PooledBody, limit: usize) -> Whole {
+        Whole {
+            body,
+            limit,
+            seen: 0,
+            first: None,
+            more: bytes::BytesMut::new(),
+        }
+    }
+}
+
+impl Future for Whole {
+    type Output = Result<Bytes, WholeError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        use http_body::Body as _;
+        let this = self.get_mut();
+        loop {
+            let frame = match std::task::ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+                Some(Ok(frame)) => frame,
+                Some(Err(e)) => return Poll::Ready(Err(WholeError::Body(e))),
+                None => {
+                    let bytes = match this.first.take() {
+                        Some(first) => first,
+                        None => std::mem::take(&mut this.more).freeze(),
+                    };
+                    return Poll::Ready(Ok(bytes));
+                }
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            this.seen += data.len();
+            if this.seen > this.limit {
+                return Poll::Ready(Err(WholeError::Oversize));
+            }
+            if data.is_empty() {
+                continue;
+            }
+            match this.first.take() {
+                None if this.more.is_empty() => this.first = Some(data),
+                None => this.more.extend_from_slice(&data),
+                Some(first) => {
+                    this.more.reserve(first.len() + data.len());
+                    this.more.extend_from_slice(&first);
+                    this.more.extend_from_slice(&data);
+                }
+            }
+        }
+    }
+}
+
 fn origin_form(url: &Uri) -> Uri {
     url.path_and_query()
         .cloned()
