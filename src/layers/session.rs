@@ -167,6 +167,32 @@ impl std::hash::Hash for SessionKey {
     }
 }
 
+/// The table key of a session a request names, borrowed from the request: what
+/// [`Sessions::access_view`] looks up on every request with a session, where a [`Key`] built
+/// for it cost a clone and a drop of the upstream's name and of the session id. Hashes and
+/// compares as `(upstream, Some(SessionKey::Session(id)))`.
+struct SessionRef<'a> {
+    upstream: &'a str,
+    session: &'a [u8],
+}
+
+impl std::hash::Hash for SessionRef<'_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // As the `Key` tuple: the name (`Arc<str>` hashes its `str`), `Some`'s discriminant,
+        // then `SessionKey`'s own hash (the id's bytes).
+        self.upstream.hash(state);
+        Some(()).hash(state);
+        state.write(self.session);
+    }
+}
+
+impl hashbrown::Equivalent<Key> for SessionRef<'_> {
+    fn equivalent(&self, key: &Key) -> bool {
+        *key.0 == *self.upstream
+            && matches!(&key.1, Some(SessionKey::Session(id)) if id.as_bytes() == self.session)
+    }
+}
+
 /// The session-table key of a caller (see [`SessionKey`]); without a session or a principal,
 /// `None`, under which only the upstream's facts (capabilities, tools) are kept, never a client's.
 pub fn session_key(ctx: &crate::exchange::RequestContext) -> Option<SessionKey> {
@@ -212,7 +238,9 @@ pub const REVALIDATE_AFTER: Duration = Duration::from_secs(5);
 type TableHasher = foldhash::fast::RandomState;
 
 pub(crate) struct Table {
-    map: HashMap<Key, SessionInfo, TableHasher>,
+    /// hashbrown's map, not std's: a request's session is looked up by a [`SessionRef`] of
+    /// its own bytes, without a [`Key`] built for it.
+    map: hashbrown::HashMap<Key, SessionInfo, TableHasher>,
     /// Per tenant, the keys of its entries under a client `Mcp-Session-Id` (the ones
     /// `limits.max_sessions_per_principal` counts).
     tenants: HashMap<Tenant, HashSet<Key, TableHasher>, TableHasher>,
@@ -312,7 +340,7 @@ impl Sessions {
     pub fn with_caps(max: usize, idle: Duration, per_tenant: usize) -> Arc<Sessions> {
         Arc::new(Sessions {
             table: Mutex::new(Table {
-                map: HashMap::default(),
+                map: hashbrown::HashMap::default(),
                 tenants: HashMap::default(),
                 last_reclaim: None,
             }),
@@ -363,7 +391,10 @@ impl Sessions {
     ) -> (Access, Option<SessionView>) {
         let now = self.now();
         let mut table = self.table.lock();
-        let key = (upstream.clone(), Some(SessionKey::Session(session.clone())));
+        let key = SessionRef {
+            upstream,
+            session: session.as_bytes(),
+        };
         match table.map.get_mut(&key) {
             Some(info) if info.owner == *principal => {
                 let version = info.protocol_version.clone();

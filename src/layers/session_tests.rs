@@ -669,3 +669,66 @@ async fn a_deferred_delete_is_answered_once_its_session_left_the_store() {
         Access::Unknown
     );
 }
+
+/// A request's session is looked up by a `SessionRef` of its bytes (issue 36): it must hash
+/// and compare as the `Key` the table holds, or a session in the table would read as unknown.
+#[test]
+fn a_session_ref_hashes_and_compares_as_its_key() {
+    use std::hash::BuildHasher;
+    let hasher = TableHasher::default();
+    let upstream: Arc<str> = "bench".into();
+    let id = HeaderValue::from_static("sess-1");
+    let key: Key = (upstream.clone(), Some(SessionKey::Session(id.clone())));
+    let at = SessionRef {
+        upstream: &upstream,
+        session: id.as_bytes(),
+    };
+    assert_eq!(hasher.hash_one(&key), hasher.hash_one(&at));
+    assert!(hashbrown::Equivalent::equivalent(&at, &key));
+    let other_id: Key = (
+        upstream.clone(),
+        Some(SessionKey::Session(HeaderValue::from_static("sess-2"))),
+    );
+    let other_upstream: Key = ("other".into(), Some(SessionKey::Session(id.clone())));
+    let principal: Key = (
+        upstream.clone(),
+        Some(SessionKey::Principal("sess-1".into())),
+    );
+    for k in [
+        &other_id,
+        &other_upstream,
+        &principal,
+        &(upstream.clone(), None),
+    ] {
+        assert!(!hashbrown::Equivalent::equivalent(&at, k));
+    }
+    // And through the table: an owner's session is found by it.
+    let sessions = Sessions::new();
+    let owner = Principal::Token("alice".into());
+    sessions.table.lock().put(
+        key.clone(),
+        SessionInfo {
+            owner: owner.clone(),
+            tenant: Tenant::Unknown,
+            client_caps: Default::default(),
+            upstream_tasks_tools_call: false,
+            upstream_without_tasks: false,
+            life: Default::default(),
+            protocol_version: None,
+            last_used: 0,
+            held: None,
+            stored: false,
+            stored_at: 0,
+            checked_at: 0,
+        },
+    );
+    let (access, _) = sessions.access_view(&upstream, &id, &owner, |_| false);
+    assert_eq!(access, Access::Owner(None));
+    let (access, _) = sessions.access_view(
+        &upstream,
+        &HeaderValue::from_static("sess-2"),
+        &owner,
+        |_| false,
+    );
+    assert_eq!(access, Access::Unknown);
+}
