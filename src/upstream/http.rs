@@ -392,8 +392,6 @@ impl StreamableHttp {
     }
 }
 
-/// The origin-form request target (`/path?q`, RFC 9112 §3.2.1) of `url`
-/// (`http://host:port/path?q`); `/` when it has no path.
 /// A JSON (or other non-SSE) answer's body read to its end, which gives its connection back to
 /// the pool, within `limit` bytes (past it [`WholeError::Oversize`], at once). A body of one
 /// frame (a small answer, read with its head) is kept as it came, without a copy;
@@ -470,6 +468,8 @@ impl Future for Whole {
     }
 }
 
+/// The origin-form request target (`/path?q`, RFC 9112 §3.2.1) of `url`
+/// (`http://host:port/path?q`); `/` when it has no path.
 fn origin_form(url: &Uri) -> Uri {
     url.path_and_query()
         .cloned()
