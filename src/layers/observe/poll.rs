@@ -11,6 +11,8 @@ use serde::de::IgnoredAny;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
 
+mod scan;
+
 /// Whether `bytes`, a reply to a 2025-11-25 `tasks/get`, repeats what `known` holds (see
 /// [`Registry::would_change`]), read through a typed, borrowing view: only `result`'s `status`,
 /// `statusMessage`, `lastUpdatedAt` and `pollInterval` are read, everything else is skipped
@@ -71,8 +73,15 @@ impl<'a> TaskView<'a> {
     /// caller then takes the envelope path, which decides as before.
     ///
     /// Why: the envelope parse of every `tasks/get` answer, and then this view, were two passes
-    /// over the same bytes (issue 15).
+    /// over the same bytes (issue 15). Read by hand first (`scan`: the common shape, without
+    /// serde's derived readers), through serde for what that hands back.
     pub(super) fn of_answer(bytes: &'a [u8], id: &Id) -> Option<TaskView<'a>> {
+        scan::task_of_answer(bytes, id).or_else(|| Self::of_answer_by_serde(bytes, id))
+    }
+
+    /// [`TaskView::of_answer`] through serde's derived readers (the reference `scan` agrees
+    /// with).
+    fn of_answer_by_serde(bytes: &'a [u8], id: &Id) -> Option<TaskView<'a>> {
         result_answering::<MapOnly<TaskView<'a>>>(bytes, id).map(|MapOnly(task)| task)
     }
 

@@ -1,0 +1,532 @@
+//! The answer to a 2025-11-25 `tasks/get` read by hand, in one pass over its bytes: what
+//! [`super::result_answering`] reads into a [`TaskView`] through serde's derived readers, for the
+//! shape nearly every answer has; anything else is handed back (`None`) and serde decides as
+//! before.
+//!
+//! Why: serde's derived readers (the envelope's five members, then the `Task`'s, each key
+//! matched by a generated visitor, `IgnoredAny` for the rest) cost about 5,900 instructions per
+//! answer, ten answers per task in the lifecycle benchmark (issue 36).
+//!
+//! Conservative, like `jsonrpc::envelope`: it accepts only text that serde's readers accept,
+//! with the same view. Handed back: text that is not UTF-8; a `method` or `error` member (an
+//! error answer, or not an answer); a key with an escape; a `\u` escape anywhere (it may be a
+//! lone surrogate); any escape in a string the view keeps; a known member twice; a
+//! `pollInterval` that is not plain digits fitting a `u64`; a member of another type than the
+//! view reads; nesting deeper than [`MAX_DEPTH`]; any syntax error.
+
+use super::{MapOnly, ResultView, TaskView};
+use crate::jsonrpc::Id;
+use crate::store::record::json_plain_len;
+use std::borrow::Cow;
+
+/// Nesting (the message is 1) past which the text is handed back; serde_json's limit is 128.
+const MAX_DEPTH: usize = 64;
+
+/// The `Task` of `bytes` when it is a JSON-RPC 2.0 result answering `id` (see the module doc);
+/// `None` to let serde decide.
+pub(super) fn task_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<TaskView<'a>> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut r = Scan {
+        text,
+        b: bytes,
+        i: 0,
+    };
+    let (mut jsonrpc, mut raw_id, mut task) = (None, None, None);
+    r.ws();
+    r.eat(b'{')?;
+    loop {
+        r.ws();
+        let key = r.key()?;
+        r.ws();
+        r.eat(b':')?;
+        r.ws();
+        let start = r.i;
+        match key {
+            "jsonrpc" | "id" => {
+                r.value(1)?;
+                let slot = if key == "id" {
+                    &mut raw_id
+                } else {
+                    &mut jsonrpc
+                };
+                if slot.replace(text.get(start..r.i)?).is_some() {
+                    return None;
+                }
+            }
+            "result" => {
+                if task.replace(r.task()?).is_some() {
+                    return None;
+                }
+            }
+            "method" | "error" => return None,
+            _ => r.value(1)?,
+        }
+        r.ws();
+        if !r.next_member()? {
+            break;
+        }
+    }
+    r.ws();
+    if r.i != r.b.len() || jsonrpc? != "\"2.0\"" {
+        return None;
+    }
+    // The same text is the same id (an id's text is its canonical form); another text may
+    // still spell it (`Id::from_json` decides).
+    let raw_id: &str = raw_id?;
+    let answers =
+        raw_id.as_bytes() == id.as_bytes() || Id::from_json(raw_id).is_some_and(|got| got == *id);
+    task.filter(|_| answers)
+}
+
+struct Scan<'a> {
+    text: &'a str,
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Scan<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.peek()? == c).then(|| self.i += 1)
+    }
+
+    /// JSON whitespace (RFC 8259: space, tab, line feed, carriage return).
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    /// After a member's value: `true` at `,` (another member follows), `false` at `}`.
+    fn next_member(&mut self) -> Option<bool> {
+        let c = self.peek()?;
+        self.i += 1;
+        match c {
+            b',' => Some(true),
+            b'}' => Some(false),
+            _ => None,
+        }
+    }
+
+    /// A string without escape or control character (the opening quote next): its text.
+    fn key(&mut self) -> Option<&'a str> {
+        self.eat(b'"')?;
+        let start = self.i;
+        self.i += json_plain_len(self.b.get(start..)?);
+        self.eat(b'"')?;
+        // Both ends are next to a quote: on character boundaries of the (UTF-8) text.
+        let text: &'a str = self.text;
+        text.get(start..self.i - 1)
+    }
+
+    /// A member the view keeps as a string: `Some(None)` for `null`, the text of a string
+    /// without escape; `None` (handed back) for anything else.
+    fn text_or_null(&mut self) -> Option<Option<Cow<'a, str>>> {
+        if self.peek()? == b'n' {
+            return self.literal(b"null").map(|()| None);
+        }
+        self.key().map(|s| Some(Cow::Borrowed(s)))
+    }
+
+    /// `pollInterval` as serde reads an `Option<u64>`: `Some(None)` for `null`, plain digits
+    /// fitting a `u64`; `None` for anything else (a sign, a fraction or exponent, which serde
+    /// refuses or reads otherwise).
+    fn u64_or_null(&mut self) -> Option<Option<u64>> {
+        let first = self.peek()?;
+        if first == b'n' {
+            return self.literal(b"null").map(|()| None);
+        }
+        if !first.is_ascii_digit() {
+            return None;
+        }
+        let start = self.i;
+        let mut n = 0u64;
+        while let Some(c @ b'0'..=b'9') = self.peek() {
+            n = n.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+            self.i += 1;
+        }
+        // No digit after a leading 0 (serde: "invalid number").
+        if first == b'0' && self.i - start > 1 {
+            return None;
+        }
+        match self.peek() {
+            Some(b'.' | b'e' | b'E') => None,
+            _ => Some(Some(n)),
+        }
+    }
+
+    /// The answer's `result`, a `Task` object (anything else is handed back: `null` is no
+    /// view, an array is not a `Task`).
+    fn task(&mut self) -> Option<TaskView<'a>> {
+        let mut view = TaskView {
+            status: None,
+            status_message: None,
+            last_updated_at: None,
+            poll_interval: None,
+            result: None,
+        };
+        self.eat(b'{')?;
+        self.ws();
+        if self.eat(b'}').is_some() {
+            return Some(view);
+        }
+        // The members read, one bit each: serde refuses a known member twice.
+        let mut seen = 0u8;
+        loop {
+            self.ws();
+            let key = self.key()?;
+            self.ws();
+            self.eat(b':')?;
+            self.ws();
+            let bit = match key {
+                "status" => 1,
+                "statusMessage" => 2,
+                "lastUpdatedAt" => 4,
+                "pollInterval" => 8,
+                "result" => 16,
+                _ => 0,
+            };
+            if seen & bit != 0 {
+                return None;
+            }
+            seen |= bit;
+            match key {
+                "status" => view.status = self.text_or_null()?,
+                "statusMessage" => view.status_message = self.text_or_null()?,
+                "lastUpdatedAt" => view.last_updated_at = self.text_or_null()?,
+                "pollInterval" => view.poll_interval = self.u64_or_null()?,
+                "result" => view.result = self.result_view()?,
+                _ => self.value(2)?,
+            }
+            self.ws();
+            if !self.next_member()? {
+                return Some(view);
+            }
+        }
+    }
+
+    /// The `Task`'s own `result` (a 2026 `DetailedTask`'s): `Some(None)` for `null`, an object
+    /// of which `isError` (a boolean or `null`) is read; `None` for anything else.
+    fn result_view(&mut self) -> Option<Option<MapOnly<ResultView>>> {
+        if self.peek()? == b'n' {
+            return self.literal(b"null").map(|()| None);
+        }
+        self.eat(b'{')?;
+        let mut is_error = None;
+        self.ws();
+        if self.eat(b'}').is_some() {
+            return Some(Some(MapOnly(ResultView { is_error })));
+        }
+        let mut seen = false;
+        loop {
+            self.ws();
+            let key = self.key()?;
+            self.ws();
+            self.eat(b':')?;
+            self.ws();
+            if key == "isError" {
+                if std::mem::replace(&mut seen, true) {
+                    return None;
+                }
+                is_error = match self.peek()? {
+                    b't' => self.literal(b"true").map(|()| Some(true))?,
+                    b'f' => self.literal(b"false").map(|()| Some(false))?,
+                    _ => self.literal(b"null").map(|()| None)?,
+                };
+            } else {
+                self.value(3)?;
+            }
+            self.ws();
+            if !self.next_member()? {
+                return Some(Some(MapOnly(ResultView { is_error })));
+            }
+        }
+    }
+
+    /// A string (the opening quote next): control characters refused as JSON does; escapes
+    /// other than `\u` checked; `\u` handed back.
+    fn string(&mut self) -> Option<()> {
+        self.eat(b'"')?;
+        loop {
+            self.i += json_plain_len(self.b.get(self.i..)?);
+            match self.peek()? {
+                b'"' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                b'\\' => match self.b.get(self.i + 1).copied()? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 2,
+                    _ => return None,
+                },
+                _ => return None,
+            }
+        }
+    }
+
+    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?` (RFC 8259 section 6).
+    fn number(&mut self) -> Option<()> {
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        match self.peek()? {
+            b'0' => self.i += 1,
+            b'1'..=b'9' => self.digits(),
+            _ => return None,
+        }
+        if self.peek() == Some(b'.') {
+            self.i += 1;
+            self.some_digits()?;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.i += 1;
+            }
+            self.some_digits()?;
+        }
+        Some(())
+    }
+
+    fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.i += 1;
+        }
+    }
+
+    fn some_digits(&mut self) -> Option<()> {
+        let start = self.i;
+        self.digits();
+        (self.i > start).then_some(())
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        let end = self.i.checked_add(word.len())?;
+        (self.b.get(self.i..end)? == word).then(|| self.i = end)
+    }
+
+    /// One value at nesting `depth` (the message is 1), skipped (serde's `IgnoredAny`, which
+    /// also takes a key twice in an object it skips).
+    fn value(&mut self, depth: usize) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.string(),
+            b'{' | b'[' => {
+                if depth >= MAX_DEPTH {
+                    return None;
+                }
+                let object = self.peek() == Some(b'{');
+                let close = if object { b'}' } else { b']' };
+                self.i += 1;
+                self.ws();
+                if self.eat(close).is_some() {
+                    return Some(());
+                }
+                loop {
+                    self.ws();
+                    if object {
+                        self.string()?;
+                        self.ws();
+                        self.eat(b':')?;
+                        self.ws();
+                    }
+                    self.value(depth + 1)?;
+                    self.ws();
+                    let c = self.peek()?;
+                    self.i += 1;
+                    match c {
+                        b',' => continue,
+                        c if c == close => return Some(()),
+                        _ => return None,
+                    }
+                }
+            }
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            _ => self.number(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::TaskFields;
+
+    /// What a reader makes of `text` answering id 7: the fields and the inner `isError`.
+    type Read<'a> = Option<(TaskFields<'a>, Option<Option<bool>>)>;
+
+    fn seen<'a>(view: Option<&'a TaskView<'a>>) -> Read<'a> {
+        view.map(|v| (v.fields(), v.result.as_ref().map(|r| r.0.is_error)))
+    }
+
+    fn id() -> Id {
+        Id::from_json("7").unwrap()
+    }
+
+    /// Answers of the usual shapes are read by hand, as serde reads them.
+    #[test]
+    fn common_answers_are_read_by_hand_as_serde_reads_them() {
+        let common = [
+            r#"{"jsonrpc":"2.0","id":7,"result":{"createdAt":"2026-12-05T12:00:00.000Z","lastUpdatedAt":"2026-12-05T12:00:01.000Z","pollInterval":100,"status":"completed","taskId":"t-1","ttl":600000}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"taskId":"t\"1\\\/","status":"working","statusMessage":"half way","pollInterval":0,"_meta":{"x":[1,-2.5e3,{"y":null}],"é":true}}}"#,
+            " {\n \"result\" : {\"status\":\"completed\",\"result\":{\"content\":[],\"isError\":true}} , \"id\":7,\"jsonrpc\":\"2.0\"}\t",
+            r#"{"jsonrpc":"2.0","id":7,"result":{"status":null,"statusMessage":null,"lastUpdatedAt":null,"pollInterval":null,"result":null}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"status":"failed","pollInterval":18446744073709551615,"result":{"isError":null}}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"x":[{"a":1,"a":2}],"result":{"k":{},"k":[]}}"#,
+        ];
+        for text in common {
+            let hand = task_of_answer(text.as_bytes(), &id());
+            let serde = TaskView::of_answer_by_serde(text.as_bytes(), &id());
+            assert!(hand.is_some(), "{text}");
+            assert_eq!(seen(hand.as_ref()), seen(serde.as_ref()), "{text}");
+        }
+    }
+
+    /// What the reader is not sure of goes to serde, which decides as before.
+    #[test]
+    fn unusual_answers_are_handed_to_serde() {
+        let handed_back = [
+            r#"{"jsonrpc":"2.0","id":8,"result":{"status":"working"}}"#,
+            r#"{"jsonrpc":"2.0","id":"7","result":{"status":"working"}}"#,
+            r#"{"jsonrpc":"1.0","id":7,"result":{"status":"working"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":1,"message":"x"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"method":null,"result":{"status":"working"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"status":"work\u0069ng"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"st\u0061tus":"working"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"statusMessage":"a\nb"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"status":"working","status":"failed"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"status":null,"status":null}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"status":7}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"pollInterval":-1}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"pollInterval":-0}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"pollInterval":1.0}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"pollInterval":1e3}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"pollInterval":01}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"pollInterval":18446744073709551616}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"result":[true]}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"result":{"isError":1}}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"result":{"isError":true,"isError":false}}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":["working"]}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":null}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{},"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"id":7,"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"a":"\ud800"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"a":"x	y"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"a":1,}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{}} x"#,
+            r#"{"jsonrpc":"2.0","id":null,"result":{}}"#,
+            r#"{"id":7,"result":{}}"#,
+            "\u{feff}{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}",
+            r#"[{"jsonrpc":"2.0","id":7,"result":{}}]"#,
+            "",
+        ];
+        for text in handed_back {
+            assert!(task_of_answer(text.as_bytes(), &id()).is_none(), "{text}");
+        }
+        assert!(task_of_answer(
+            b"{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"a\":\"\xff\"}}",
+            &id()
+        )
+        .is_none());
+        let nested = |n: usize| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":7,"result":{{"a":{}1{}}}}}"#,
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+        };
+        assert!(task_of_answer(nested(60).as_bytes(), &id()).is_some());
+        assert!(task_of_answer(nested(200).as_bytes(), &id()).is_none());
+        // (serde skips it: the view comes from serde's reader then.)
+        assert!(TaskView::of_answer(nested(200).as_bytes(), &id()).is_some());
+    }
+
+    /// Whatever the reader takes, serde takes with the same view: texts with several random
+    /// edits (a fixed seed: the run repeats), JSON tokens and the view's keys inserted, replaced
+    /// and removed anywhere. `SCAN_ROUNDS=N` runs N texts instead of 40,000.
+    #[test]
+    fn the_reader_agrees_with_serde_after_random_edits() {
+        let seeds = [
+            r#"{"jsonrpc":"2.0","id":7,"result":{"createdAt":"2026-12-05T12:00:00.000Z","lastUpdatedAt":"2026-12-05T12:00:01.000Z","pollInterval":100,"status":"completed","taskId":"t-1","ttl":600000}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"taskId":"t1","status":"working","statusMessage":"a b","result":{"isError":false,"content":[{"type":"text","text":"x\ny"}]},"_meta":{"n":[1,-2.5e3,null]}}}"#,
+        ];
+        let tokens: [&str; 30] = [
+            "{",
+            "}",
+            "[",
+            "]",
+            ":",
+            ",",
+            "\"",
+            "\\",
+            "\\u",
+            "\\n",
+            " ",
+            "\t",
+            "0",
+            "1",
+            "-",
+            ".",
+            "e",
+            "true",
+            "null",
+            "\"status\"",
+            "\"pollInterval\"",
+            "\"result\"",
+            "\"isError\"",
+            "\"id\"",
+            "\"jsonrpc\"",
+            "\"error\"",
+            "\"statusMessage\"",
+            "\"lastUpdatedAt\"",
+            "\u{1}",
+            "é",
+        ];
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let mut read = 0;
+        let rounds = std::env::var("SCAN_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(40_000usize);
+        for round in 0..rounds {
+            let mut text: Vec<char> = seeds[round % seeds.len()].chars().collect();
+            for _ in 0..1 + next(3) {
+                let at = next(text.len() + 1);
+                let token: Vec<char> = tokens[next(tokens.len())].chars().collect();
+                match next(3) {
+                    0 => {
+                        text.splice(at..at, token);
+                    }
+                    1 if at < text.len() => {
+                        text.splice(at..at + 1, token);
+                    }
+                    _ if at < text.len() => {
+                        text.remove(at);
+                    }
+                    _ => {}
+                }
+            }
+            let text: String = text.into_iter().collect();
+            let hand = task_of_answer(text.as_bytes(), &id());
+            if hand.is_some() {
+                read += 1;
+                let serde = TaskView::of_answer_by_serde(text.as_bytes(), &id());
+                assert_eq!(seen(hand.as_ref()), seen(serde.as_ref()), "{text}");
+            }
+        }
+        assert!(
+            read > rounds / 10,
+            "the reader took too few texts to compare ({read})"
+        );
+    }
+}
