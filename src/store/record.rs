@@ -422,33 +422,49 @@ pub fn json_plain_len(b: &[u8]) -> usize {
         .unwrap_or(chunks.remainder().len())
 }
 
-/// Whether `s` is written in JSON as it is (serde_json escapes `"`, `\\` and the control
-/// characters below U+0020, nothing else).
-fn needs_no_escape(s: &str) -> bool {
-    s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\')
-}
-
 /// `s` as a JSON string, as serde_json writes it.
 fn json_str(out: &mut Vec<u8>, s: &str) {
-    if needs_no_escape(s) {
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
-    } else {
-        serde_json::to_writer(&mut *out, s).expect("a string always serialises");
-    }
+    json_str_with(out, "", s);
 }
 
-/// `prefix` (needing no escape) and `s` as one JSON string, as serde_json writes it.
+/// `prefix` (needing no escape) and `s` as one JSON string, as serde_json writes it: the runs
+/// of plain bytes copied whole ([`json_plain_len`]), each byte between them escaped as
+/// serde_json escapes it (`\"`, `\\`, the short escapes of five control characters, `\u00xx`
+/// with lowercase digits for the others).
+///
+/// Why: the stored terminal result (JSON text, full of quotes) went through serde_json's
+/// byte-by-byte escaping, about 11,700 instructions for the benchmark's small result (issue 36).
 fn json_str_with(out: &mut Vec<u8>, prefix: &str, s: &str) {
-    if needs_no_escape(s) {
-        out.push(b'"');
-        out.extend_from_slice(prefix.as_bytes());
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
-    } else {
-        json_str(out, &format!("{prefix}{s}"));
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    out.extend_from_slice(prefix.as_bytes());
+    let mut rest = s.as_bytes();
+    loop {
+        let (plain, tail) = rest.split_at(json_plain_len(rest).min(rest.len()));
+        out.extend_from_slice(plain);
+        let Some((&c, tail)) = tail.split_first() else {
+            break;
+        };
+        match c {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            _ => out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(c >> 4)],
+                HEX[usize::from(c & 0xf)],
+            ]),
+        }
+        rest = tail;
     }
+    out.push(b'"');
 }
 
 fn json_opt_str(out: &mut Vec<u8>, s: &Option<String>) {
@@ -554,6 +570,32 @@ mod tests {
                 &serde_json::from_slice::<TaskRecord>(&r.to_json()).unwrap(),
                 r
             );
+        }
+    }
+
+    /// Every ASCII character, alone, between plain text, and in runs, is written as serde_json
+    /// writes it (the control characters' short and `\u00xx` escapes included).
+    #[test]
+    fn every_ascii_character_is_escaped_as_serde_does() {
+        for c in 0u8..0x80 {
+            let c = char::from(c);
+            for s in [
+                c.to_string(),
+                format!("ab{c}cd"),
+                format!("{c}{c}0123456789{c}"),
+                format!("é{c}😀"),
+            ] {
+                let mut out = Vec::new();
+                json_str(&mut out, &s);
+                assert_eq!(out, serde_json::to_vec(&s).unwrap(), "{s:?}");
+                let mut out = Vec::new();
+                json_str_with(&mut out, "session:", &s);
+                assert_eq!(
+                    out,
+                    serde_json::to_vec(&format!("session:{s}")).unwrap(),
+                    "{s:?}"
+                );
+            }
         }
     }
 
