@@ -133,12 +133,12 @@ enum Expect {
         /// The creating request's span (`[telemetry]` on), given `mcp.task.id` once recorded.
         trace: Option<crate::telemetry::RequestTrace>,
     },
-    /// The reply to `tasks/get|result|cancel` about `task_id`.
+    /// The reply to `tasks/get|result|cancel` about the task of `known`.
     TaskReply {
         id: Id,
         method: ReplyTo,
-        task_id: String,
-        /// The record `tasks` authorised the request against (shared, not copied).
+        /// The record `tasks` authorised the request against (shared, not copied; its `task_id`
+        /// names the task).
         known: Arc<TaskRecord>,
         /// The request's era (2026-07-28 `tasks/get` answers are flat `DetailedTask`s).
         era: Era,
@@ -177,7 +177,6 @@ impl Expect {
             Some(a) => Expect::TaskReply {
                 id,
                 method,
-                task_id: a.record.task_id.clone(),
                 known: a.record.clone(),
                 era: req.era(),
                 ack: match method {
@@ -232,9 +231,9 @@ where
         let request_hold = match &expect {
             Expect::TaskReply {
                 method: ReplyTo::Result,
-                task_id,
+                known,
                 ..
-            } => Some(registry.releases().hold(&upstream, task_id)),
+            } => Some(registry.releases().hold(&upstream, &known.task_id)),
             _ => None,
         };
         Either::Right(Box::pin(async move {
@@ -447,28 +446,24 @@ impl Watch {
                 self.created(out, created, trace.as_ref(), in_stream)
             }
             Expect::TaskReply {
-                task_id,
                 known,
                 ack: Some(applied),
                 ..
             } => {
                 if msg.kind() == Kind::Response {
-                    self.on_cancel_ack(&task_id, &known, &applied).await;
+                    self.on_cancel_ack(&known.task_id, &known, &applied).await;
                 }
                 bytes
             }
             Expect::TaskReply {
-                method,
-                task_id,
-                known,
-                era,
-                ..
+                method, known, era, ..
             } => {
+                let task_id = &known.task_id;
                 let out = if era == Era::Modern {
-                    self.on_modern_task_reply(bytes, parsed, method, &task_id, &known)
+                    self.on_modern_task_reply(bytes, parsed, method, task_id, &known)
                         .await
                 } else {
-                    self.on_task_reply(bytes, parsed, method, &task_id, &known)
+                    self.on_task_reply(bytes, parsed, method, task_id, &known)
                         .await
                 };
                 match method {
@@ -484,21 +479,28 @@ impl Watch {
     /// bytes ([`TaskView::of_answer`]); `None` (nothing done) for any other message, which then
     /// takes the envelope path.
     async fn on_get_answer(&self, bytes: &Bytes) -> Option<Bytes> {
-        let (id, task_id, known) = match &*self.expect.lock() {
-            Expect::TaskReply {
+        // Read under the lock (no await), so nothing awaited is copied out of it.
+        let (task, known) = {
+            let mut expect = self.expect.lock();
+            let Expect::TaskReply {
                 id,
                 method: ReplyTo::Get,
-                task_id,
                 known,
                 era: Era::Legacy,
                 ..
-            } => (id.clone(), task_id.clone(), known.clone()),
-            _ => return None,
+            } = &*expect
+            else {
+                return None;
+            };
+            let task = TaskView::of_answer(bytes, id)?;
+            let known = known.clone();
+            // The answer: nothing more is awaited (as `on_message` does).
+            *expect = Expect::Nothing;
+            (task, known)
         };
-        let task = TaskView::of_answer(bytes, &id)?;
-        // The answer: nothing more is awaited (as `on_message` does).
-        *self.expect.lock() = Expect::Nothing;
-        let out = self.apply_get(bytes.clone(), &task, &task_id, &known).await;
+        let out = self
+            .apply_get(bytes.clone(), &task, &known.task_id, &known)
+            .await;
         Some(show_recorded_ttl(out, ttl_path(Era::Legacy, false), &known))
     }
 
@@ -507,25 +509,30 @@ impl Watch {
     /// `on_task_reply` keeps it), the message passed as it came. `None` (nothing done) for any
     /// other message, which then takes the envelope path.
     async fn on_payload_answer(&self, bytes: &Bytes) -> Option<Bytes> {
-        let (id, task_id, keep) = match &*self.expect.lock() {
-            Expect::TaskReply {
+        let (raw, known) = {
+            let mut expect = self.expect.lock();
+            let Expect::TaskReply {
                 id,
                 method: ReplyTo::Result,
-                task_id,
                 known,
                 era: Era::Legacy,
                 ack: None,
-            } if known.status.is_terminal() => {
-                (id.clone(), task_id.clone(), known.terminal_result.is_none())
+            } = &*expect
+            else {
+                return None;
+            };
+            if !known.status.is_terminal() {
+                return None;
             }
-            _ => return None,
+            let raw = poll::payload_of_answer(bytes, id)?;
+            let known = known.clone();
+            // The answer: nothing more is awaited (as `on_message` does).
+            *expect = Expect::Nothing;
+            (raw, known)
         };
-        let raw = poll::payload_of_answer(bytes, &id)?;
-        // The answer: nothing more is awaited (as `on_message` does).
-        *self.expect.lock() = Expect::Nothing;
-        if keep {
+        if known.terminal_result.is_none() {
             self.registry
-                .store_terminal_result(&self.upstream, &task_id, None, raw.get().to_string())
+                .store_terminal_result(&self.upstream, &known.task_id, None, raw.get().to_string())
                 .await;
         }
         Some(bytes.clone())
