@@ -31,7 +31,7 @@
 //! cache for anything another replica can change: there, only the immutable parts of a record
 //! (owner, upstream session) could be served from it.
 
-use crate::store::TaskRecord;
+use crate::store::{StoredForm, TaskRecord};
 use parking_lot::Mutex;
 use quick_cache::{sync::Cache, Equivalent, Weighter};
 use std::hash::{Hash, Hasher};
@@ -63,26 +63,38 @@ impl Equivalent<Key> for KeyRef<'_> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Epoch(u64);
 
-/// Weighs an entry by the heap it holds, at least `floor` (so the entry count stays bounded).
+/// A cached record and, when the store gave them, the bytes it holds for it
+/// ([`crate::store::TaskStore::update_from_stored`] swaps against them, so an update does not
+/// encode the record again: about 4,000 instructions, twice per task in the lifecycle
+/// benchmark, issue 36). Both are written together, so they always describe the same record.
+#[derive(Clone)]
+struct Entry {
+    record: Arc<TaskRecord>,
+    form: Option<StoredForm>,
+}
+
+/// Weighs an entry by the heap it holds (the stored bytes included), at least `floor` (so the
+/// entry count stays bounded).
 #[derive(Clone)]
 struct ByHeap {
     floor: u64,
 }
 
-impl Weighter<Key, Arc<TaskRecord>> for ByHeap {
-    fn weight(&self, key: &Key, record: &Arc<TaskRecord>) -> u64 {
+impl Weighter<Key, Entry> for ByHeap {
+    fn weight(&self, key: &Key, entry: &Entry) -> u64 {
         let heap = std::mem::size_of::<Key>()
             + key.0.len()
             + key.1.len()
             + std::mem::size_of::<TaskRecord>()
-            + record.heap_bytes();
+            + entry.record.heap_bytes()
+            + entry.form.as_ref().map_or(0, |f| f.len());
         (heap as u64).max(self.floor)
     }
 }
 
 /// Task records by `(upstream, taskId)`, bounded in bytes and entries.
 pub(crate) struct RecordCache {
-    records: Option<Cache<Key, Arc<TaskRecord>, ByHeap>>,
+    records: Option<Cache<Key, Entry, ByHeap>>,
     /// Bumped by every invalidation; held while a fill checks it.
     epoch: Mutex<u64>,
 }
@@ -103,7 +115,18 @@ impl RecordCache {
 
     /// The cached record of `(upstream, task_id)`, if any.
     pub(crate) fn get(&self, upstream: &str, task_id: &str) -> Option<Arc<TaskRecord>> {
-        self.records.as_ref()?.get(&KeyRef(upstream, task_id))
+        self.get_with_form(upstream, task_id)
+            .map(|(record, _)| record)
+    }
+
+    /// The cached record of `(upstream, task_id)` and the store's bytes of it, if it has them.
+    pub(crate) fn get_with_form(
+        &self,
+        upstream: &str,
+        task_id: &str,
+    ) -> Option<(Arc<TaskRecord>, Option<StoredForm>)> {
+        let entry = self.records.as_ref()?.get(&KeyRef(upstream, task_id))?;
+        Some((entry.record, entry.form))
     }
 
     /// Call before a store read whose result may fill the cache.
@@ -111,9 +134,9 @@ impl RecordCache {
         Epoch(*self.epoch.lock())
     }
 
-    /// Caches `record`, read from the store after `seen`, unless a write invalidated anything
-    /// since.
-    pub(crate) fn fill(&self, seen: Epoch, record: &Arc<TaskRecord>) {
+    /// Caches `record` (with `form`, the store's bytes of it, if known), read or written after
+    /// `seen`, unless a write invalidated anything since.
+    pub(crate) fn fill(&self, seen: Epoch, record: &Arc<TaskRecord>, form: Option<StoredForm>) {
         let Some(records) = &self.records else {
             return;
         };
@@ -121,7 +144,10 @@ impl RecordCache {
         if *epoch == seen.0 {
             records.insert(
                 Key(record.upstream.clone(), record.task_id.clone()),
-                record.clone(),
+                Entry {
+                    record: record.clone(),
+                    form,
+                },
             );
         }
     }
@@ -129,7 +155,8 @@ impl RecordCache {
     /// After a store update of `after`'s record committed (`seen`: [`RecordCache::epoch`] read
     /// before the update): caches `after` if nothing was invalidated or refreshed since `seen`,
     /// else drops the entry. Either way later fills of reads made before now are refused.
-    pub(crate) fn refresh(&self, seen: Epoch, after: &Arc<TaskRecord>) {
+    /// `form`: the store's bytes of `after`, if it returned them.
+    pub(crate) fn refresh(&self, seen: Epoch, after: &Arc<TaskRecord>, form: Option<StoredForm>) {
         let Some(records) = &self.records else {
             return;
         };
@@ -139,7 +166,10 @@ impl RecordCache {
         if alone {
             records.insert(
                 Key(after.upstream.clone(), after.task_id.clone()),
-                after.clone(),
+                Entry {
+                    record: after.clone(),
+                    form,
+                },
             );
         } else {
             records.remove(&KeyRef(&after.upstream, &after.task_id));
@@ -170,11 +200,11 @@ mod tests {
         let seen = cache.epoch();
         // A write to the record committed and invalidated between the read and the fill.
         cache.invalidate(&r.upstream, &r.task_id);
-        cache.fill(seen, &r);
+        cache.fill(seen, &r, None);
         assert!(cache.get(&r.upstream, &r.task_id).is_none());
         // A fill read after it is kept, and found by a borrowed key.
         let seen = cache.epoch();
-        cache.fill(seen, &r);
+        cache.fill(seen, &r, None);
         let hit = cache.get(&r.upstream, &r.task_id).expect("cached");
         assert_eq!(hit, r);
         cache.invalidate(&r.upstream, &r.task_id);
@@ -195,13 +225,13 @@ mod tests {
         });
         // One write alone: its result is cached.
         let seen = cache.epoch();
-        cache.refresh(seen, &a);
+        cache.refresh(seen, &a, None);
         assert_eq!(cache.get(&a.upstream, &a.task_id).expect("cached"), a);
         // A read made before that write may not fill behind it.
         cache.invalidate(&a.upstream, &a.task_id);
         let read = cache.epoch();
-        cache.refresh(cache.epoch(), &a);
-        cache.fill(read, &old);
+        cache.refresh(cache.epoch(), &a, None);
+        cache.fill(read, &old, None);
         assert_eq!(cache.get(&a.upstream, &a.task_id).unwrap(), a);
         // Two overlapping writes, a committed first, b after it; whichever refreshes first,
         // the entry left is never a (older than what the store holds).
@@ -209,11 +239,11 @@ mod tests {
             cache.invalidate(&a.upstream, &a.task_id);
             let (seen_a, seen_b) = (cache.epoch(), cache.epoch());
             if a_first {
-                cache.refresh(seen_a, &a);
-                cache.refresh(seen_b, &b);
+                cache.refresh(seen_a, &a, None);
+                cache.refresh(seen_b, &b, None);
             } else {
-                cache.refresh(seen_b, &b);
-                cache.refresh(seen_a, &a);
+                cache.refresh(seen_b, &b, None);
+                cache.refresh(seen_a, &a, None);
             }
             let left = cache.get(&a.upstream, &a.task_id);
             assert!(left != Some(a.clone()), "a_first={a_first}: {left:?}");
@@ -224,7 +254,7 @@ mod tests {
     fn zero_entries_caches_nothing() {
         for cache in [RecordCache::new(0, 1 << 20), RecordCache::new(16, 0)] {
             let r = Arc::new(record("t1"));
-            cache.fill(cache.epoch(), &r);
+            cache.fill(cache.epoch(), &r, None);
             assert!(cache.get(&r.upstream, &r.task_id).is_none());
         }
     }
@@ -238,7 +268,7 @@ mod tests {
         for i in 0..64 {
             let mut r = record(&format!("t{i}"));
             r.terminal_result = Some("x".repeat(256 * 1024));
-            cache.fill(cache.epoch(), &Arc::new(r));
+            cache.fill(cache.epoch(), &Arc::new(r), None);
         }
         for i in 0..64 {
             if cache.get("up", &format!("t{i}")).is_some() {
@@ -254,7 +284,7 @@ mod tests {
         let cache = RecordCache::new(8, 1 << 20);
         for i in 0..100 {
             let r = Arc::new(record(&format!("t{i}")));
-            cache.fill(cache.epoch(), &r);
+            cache.fill(cache.epoch(), &r, None);
         }
         let cached = (0..100)
             .filter(|i| cache.get("up", &format!("t{i}")).is_some())

@@ -71,18 +71,21 @@ impl Registry {
         let handle = tokio::runtime::Handle::current();
         let write = move || match (store.slots(), slot) {
             // The slot taken in a shared store becomes the task in the same transaction.
-            (Some(slots), Some(slot)) => handle.block_on(slots.create_in_slot(copy, slot)),
-            _ => handle.block_on(store.create(copy)),
+            (Some(slots), Some(slot)) => handle
+                .block_on(slots.create_in_slot(copy, slot))
+                .map(|()| None),
+            // With the bytes the store holds, so the record's first update need not encode it.
+            _ => handle.block_on(store.create_stored(copy)),
         };
         let result = match self.threads.run(write).await {
             Ok(r) => r,
             Err(why) => Err(StoreError::Db(format!("the write was not run: {why}"))),
         };
         match &result {
-            Ok(()) => {
+            Ok(form) => {
                 // The client's first tasks/get follows at once: it finds the record here.
                 let record = std::sync::Arc::new(record);
-                self.records.fill(seen, &record);
+                self.records.fill(seen, &record, form.clone());
                 self.metrics.task_created(&up, origin);
                 if self.counts_own_gauges() {
                     self.metrics.tasks_inc(&up, status);
@@ -107,6 +110,6 @@ impl Registry {
                 tracing::error!(error = %e, upstream = %up, task_id = %record.task_id, "could not record a task");
             }
         }
-        result
+        result.map(|_| ())
     }
 }

@@ -307,16 +307,23 @@ impl Registry {
         // The cached record is the last one this process read or wrote: the store swaps
         // against it instead of reading and decoding the record again (see
         // `TaskStore::update_from`; never cached on a shared store).
-        let result = match self.records.get(upstream, task_id) {
-            Some(known) => self.store.update_from(upstream, task_id, &known, change),
-            None => self.store.update(upstream, task_id, change),
+        // With the store's bytes of it when the cache has them (see `cache::Entry`).
+        let result = match self.records.get_with_form(upstream, task_id) {
+            Some((known, form)) => {
+                self.store
+                    .update_from_stored(upstream, task_id, &known, form.as_deref(), change)
+            }
+            None => self
+                .store
+                .update(upstream, task_id, change)
+                .map(|r| r.map(|(before, after)| (before, after, None))),
         };
         match result {
-            Ok(Some((before, after))) => {
+            Ok(Some((before, after, form))) => {
                 let after = Arc::new(after);
                 if before != *after {
                     // Changed: the next poll finds the new record (see `cache`).
-                    self.records.refresh(seen, &after);
+                    self.records.refresh(seen, &after, form);
                 }
                 Ok(Some((before, after)))
             }

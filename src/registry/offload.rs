@@ -289,7 +289,7 @@ impl Registry {
         match read {
             Ok(Some(r)) => {
                 let r = Arc::new(r);
-                self.records.fill(seen, &r);
+                self.records.fill(seen, &r, None);
                 Ok(visible(&r).then_some(r))
             }
             Ok(None) => Ok(None),

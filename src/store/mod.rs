@@ -48,6 +48,15 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// A record's bytes as a store that compares records by their bytes (sled) holds them: returned
+/// by [`TaskStore::create_stored`] and [`TaskStore::update_from_stored`], handed back to the
+/// latter with the record they encode.
+pub type StoredForm = std::sync::Arc<[u8]>;
+
+/// What [`TaskStore::update_from_stored`] returns: the record before and after the update, and
+/// the bytes the store now holds for `after` when it has them.
+pub type UpdatedStored = Option<(TaskRecord, TaskRecord, Option<StoredForm>)>;
+
 /// A position in an owner's `tasks/list`, opaque to clients.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListCursor(pub Vec<u8>);
@@ -57,6 +66,17 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
     /// Inserts a new record and returns once it is durable. Fails with [`StoreError::Conflict`]
     /// when the key is already recorded (nothing is overwritten).
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// [`TaskStore::create`] that also returns the bytes the store now holds for the record
+    /// (see [`TaskStore::update_from_stored`]); `None` from a store that does not compare
+    /// records by their bytes (the default).
+    fn create_stored(
+        &self,
+        record: TaskRecord,
+    ) -> BoxFuture<'_, Result<Option<StoredForm>, StoreError>> {
+        let created = self.create(record);
+        Box::pin(async move { created.await.map(|()| None) })
+    }
 
     /// The record of `(upstream, task_id)`, expired or not.
     fn get(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError>;
@@ -87,6 +107,25 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
         let _ = known;
         self.update(upstream, task_id, change)
+    }
+
+    /// [`TaskStore::update_from`] for a caller that may also hold `known_form`, the bytes a
+    /// `create_stored` or `update_from_stored` call returned together with `known` (never
+    /// another record's): the store need not encode `known` again to compare with what it
+    /// holds. Also returns the bytes it holds for the record after the update, when it has
+    /// them. Same contract and records as `update_from`; the default is `update_from`, without
+    /// bytes.
+    fn update_from_stored(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        known: &TaskRecord,
+        known_form: Option<&[u8]>,
+        change: &mut dyn FnMut(&mut TaskRecord) -> bool,
+    ) -> Result<UpdatedStored, StoreError> {
+        let _ = known_form;
+        let updated = self.update_from(upstream, task_id, known, change)?;
+        Ok(updated.map(|(before, after)| (before, after, None)))
     }
 
     /// Removes a record, its index entries and its audit events.

@@ -304,3 +304,56 @@ async fn an_update_from_a_stale_record_decides_on_the_stored_one() {
     assert_eq!(after, cancelled);
     assert_eq!(store.get("up", "t").unwrap().unwrap(), cancelled);
 }
+
+/// `update_from_stored` swaps against the bytes handed with the record: the bytes `create_stored`
+/// and each swap return are exactly what the store holds, so the next update swaps against them
+/// without encoding; once the record changed under them (a stale pair), the stored record
+/// decides, as for `update_from`.
+#[tokio::test]
+async fn an_update_from_stored_bytes_swaps_against_them_and_falls_back_when_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let created = record("t", "alice", 1);
+    let form = store
+        .create_stored(created.clone())
+        .await
+        .unwrap()
+        .expect("sled returns its bytes");
+    let held = |store: &SledStore| store.tasks.get(task_key("up", "t")).unwrap().unwrap();
+    assert_eq!(&*held(&store), &*form);
+    let (before, after, next) = store
+        .update_from_stored("up", "t", &created, Some(&form), &mut |r| {
+            r.status_message = Some("half way".into());
+            true
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(before, created);
+    let next = next.expect("the swap's bytes");
+    assert_eq!(&*held(&store), &*next);
+    assert_eq!(store.get("up", "t").unwrap().unwrap(), after);
+    let cancelled = store
+        .update("up", "t", &mut |r| {
+            r.status = TaskStatus::Cancelled;
+            true
+        })
+        .unwrap()
+        .unwrap()
+        .1;
+    // Stale (`after` and its bytes are still working): the stored `cancelled` decides.
+    let (before, now, none) = store
+        .update_from_stored("up", "t", &after, Some(&next), &mut |r| {
+            if !r.status.can_become(TaskStatus::Completed) {
+                return false;
+            }
+            r.status = TaskStatus::Completed;
+            true
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (before, now.clone(), none),
+        (cancelled.clone(), cancelled, None)
+    );
+    assert_eq!(store.get("up", "t").unwrap().unwrap(), now);
+}
