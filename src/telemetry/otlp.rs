@@ -14,7 +14,7 @@
 //! body with the generated `opentelemetry-proto` types.
 
 use super::semconv;
-use super::span::{ExchangeName, Peer, Record, RequestValues, SpanName, Target};
+use super::span::{self, ExchangeName, Peer, Record, RequestValues, SpanName, Target};
 use bytes::Bytes;
 use opentelemetry::trace::{Event, SpanContext, SpanId, SpanKind, TraceFlags, TraceId};
 use opentelemetry::{KeyValue, Value};
@@ -134,8 +134,8 @@ fn write_record(out: &mut Vec<u8>, r: &Record) -> usize {
         request: Some(&r.request),
         attributes: &r.attributes,
         peer: r.peer.as_ref(),
-        links: &r.links,
-        events: &r.events,
+        links: span::links(&r.rare),
+        events: span::events(&r.rare),
     };
     let at = open_span(out);
     let named = write_span(out, &own, None);
@@ -177,8 +177,8 @@ fn write_record(out: &mut Vec<u8>, r: &Record) -> usize {
         request: None,
         attributes: &e.attributes,
         peer: e.peer.as_ref(),
-        links: &e.links,
-        events: &e.events,
+        links: span::links(&e.rare),
+        events: span::events(&e.rare),
         ..own
     };
     let at = open_span(out);

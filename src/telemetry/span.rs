@@ -305,19 +305,51 @@ pub(super) struct Record {
     pub(super) attributes: Vec<KeyValue>,
     /// The upstream's attributes, shared.
     pub(super) peer: Option<Peer>,
+    /// Its links, events and noted answer, which few spans have ([`Rare`]).
+    pub(super) rare: Option<Box<Rare>>,
+}
+
+/// What few spans have, kept apart behind one pointer (issue 34: as three fields of every
+/// record they made it larger to move through the queue and slower to drop, on every traced
+/// request).
+#[derive(Debug, Default)]
+pub(super) struct Rare {
     pub(super) links: Vec<SpanContext>,
     pub(super) events: Vec<Event>,
     /// The JSON answer whose `error.type` was worked out already (by the CLIENT span of the
     /// exchange that brought it) and that outcome, kept until the span ends
-    /// (`RequestTrace::answer_json`).
+    /// (`RequestTrace::answer_json`; a record's own span only).
     pub(super) answer: Option<(Bytes, Option<String>)>,
+}
+
+impl Rare {
+    /// `links` and `events` kept apart, `None` when both are empty.
+    pub(super) fn of(links: Vec<SpanContext>, events: Vec<Event>) -> Option<Box<Rare>> {
+        (!links.is_empty() || !events.is_empty()).then(|| {
+            Box::new(Rare {
+                links,
+                events,
+                answer: None,
+            })
+        })
+    }
+}
+
+/// The links of `rare`.
+pub(super) fn links(rare: &Option<Box<Rare>>) -> &[SpanContext] {
+    rare.as_ref().map_or(&[], |r| &r.links)
+}
+
+/// The events of `rare`.
+pub(super) fn events(rare: &Option<Box<Rare>>) -> &[Event] {
+    rare.as_ref().map_or(&[], |r| &r.events)
 }
 
 impl Record {
     /// The `error.type` noted for `body` when it is the very answer noted (the same bytes, not
     /// a copy); `None` when it must be read.
     pub(super) fn noted(&self, body: &Bytes) -> Option<Option<String>> {
-        let (noted, kind) = self.answer.as_ref()?;
+        let (noted, kind) = self.rare.as_ref()?.answer.as_ref()?;
         (noted.as_ptr() == body.as_ptr() && noted.len() == body.len()).then(|| kind.clone())
     }
 
@@ -359,8 +391,8 @@ pub(super) struct Exchange {
     /// The exchange's own attributes (`mcp.task.id`, `error.type`).
     pub(super) attributes: Vec<KeyValue>,
     pub(super) peer: Option<Peer>,
-    pub(super) links: Vec<SpanContext>,
-    pub(super) events: Vec<Event>,
+    /// Its links and events, which few exchanges have (never an answer).
+    pub(super) rare: Option<Box<Rare>>,
 }
 
 /// What an exchange's span is named after.

@@ -356,14 +356,15 @@ fn the_otlp_body_decodes_with_the_generated_types() {
             semconv::SERVER_PORT,
             8080i64,
         )])),
-        links: vec![link.clone()],
-        events: vec![Event::new(
-            "mcp.task.status_cancelled",
-            t0,
-            vec![KeyValue::new(semconv::MCP_TASK_ID, "t-1")],
-            0,
-        )],
-        answer: None,
+        rare: super::span::Rare::of(
+            vec![link.clone()],
+            vec![Event::new(
+                "mcp.task.status_cancelled",
+                t0,
+                vec![KeyValue::new(semconv::MCP_TASK_ID, "t-1")],
+                0,
+            )],
+        ),
     };
     let resource = opentelemetry_sdk::Resource::builder()
         .with_service_name("svc")
@@ -479,9 +480,7 @@ fn an_answer_is_read_once_for_both_spans() {
                     request: RequestValues::default(),
                     attributes: Vec::new(),
                     peer: None,
-                    links: Vec::new(),
-                    events: Vec::new(),
-                    answer: None,
+                    rare: None,
                 })),
                 queue: Arc::new(batch::Queue::new(
                     prometheus::IntCounter::new("dropped", "dropped").unwrap(),
@@ -613,8 +612,7 @@ fn a_span_not_sampled_makes_no_record_and_carries_its_context() {
     assert!(root.context().is_valid() && !root.context().is_sampled());
     assert!(propagation::traceparent(root.context()).ends_with("-00"));
     let peer = Peer::new(Vec::new());
-    let not_read_exchange =
-        || -> (Option<Cow<'static, str>>, Vec<KeyValue>) { panic!("details read") };
+    let not_read_exchange = || -> (Option<Cow<'static, str>>, Vec<KeyValue>) { panic!("details read") };
     let child = telemetry.exchange_span("tools/call", Some(&root), &[], &peer, not_read_exchange);
     assert!(!child.is_recording());
     assert_eq!(child.context().trace_id(), root.context().trace_id());
@@ -908,9 +906,7 @@ fn the_encoded_bytes_are_pinned() {
         request: RequestValues::new(Some("7"), Some("2025-11-25".into()), Some("tgs-0123")),
         attributes: Vec::new(),
         peer: Some(peer.clone()),
-        links: Vec::new(),
-        events: Vec::new(),
-        answer: None,
+        rare: None,
     };
     let exchange = |span: u64, name: ExchangeName, links: Vec<SpanContext>| Exchange {
         span_id: SpanId::from(span),
@@ -923,8 +919,7 @@ fn the_encoded_bytes_are_pinned() {
             KeyValue::new(semconv::ERROR_TYPE, "-32602"),
         ],
         peer: Some(peer.clone()),
-        links,
-        events: Vec::new(),
+        rare: super::span::Rare::of(links, Vec::new()),
     };
     let tool = |name: &str| SpanName::Method {
         method: "tools/call".into(),
@@ -940,13 +935,15 @@ fn the_encoded_bytes_are_pinned() {
         KeyValue::new("x.double", 0.5),
         KeyValue::new("x.long", "v".repeat(300)),
     ];
-    fixed.links = vec![link.clone(), parent.clone()];
-    fixed.events = vec![Event::new(
-        "mcp.task.status_cancelled",
-        at(41),
-        vec![KeyValue::new(semconv::MCP_TASK_ID, "t-1")],
-        0,
-    )];
+    fixed.rare = super::span::Rare::of(
+        vec![link.clone(), parent.clone()],
+        vec![Event::new(
+            "mcp.task.status_cancelled",
+            at(41),
+            vec![KeyValue::new(semconv::MCP_TASK_ID, "t-1")],
+            0,
+        )],
+    );
     let mut tiny = record(50, SpanName::Fixed("t"), None);
     tiny.context = context(50, false);
     tiny.parent = None;
