@@ -12,7 +12,7 @@ use crate::mcp::classify::Classified;
 use crate::mcp::era::PROTOCOL_VERSION_META;
 use crate::telemetry::propagation::{self, Incoming};
 use crate::telemetry::{
-    protocol_version, semconv, shared_name, KeyValue, RequestTrace, RequestValues, Target,
+    protocol_version, semconv, shared_json_name, KeyValue, RequestTrace, RequestValues, Target,
     Telemetry,
 };
 use http::HeaderName;
@@ -73,13 +73,11 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
             Some(task_id) => vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned())],
             None => Vec::new(),
         };
+        // Its bytes compared with the names kept, not checked as UTF-8 first (issue 34).
+        let name = || msg.param_bytes("name").and_then(shared_json_name);
         let target = match method {
-            "tools/call" => c
-                .tool()
-                .map_or(Target::None, |t| Target::Tool(shared_name(&t))),
-            "prompts/get" => c
-                .tool()
-                .map_or(Target::None, |p| Target::Prompt(shared_name(&p))),
+            "tools/call" => name().map_or(Target::None, Target::Tool),
+            "prompts/get" => name().map_or(Target::None, Target::Prompt),
             _ => Target::None,
         };
         (target, values, attributes)

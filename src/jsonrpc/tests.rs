@@ -512,7 +512,9 @@ fn known_params_are_found_by_their_place_as_the_walk_finds_them() {
                 .map(RawValue::get);
             assert_eq!(m.param(name), Some(values[i]), "{text}");
             assert_eq!(m.param(name), walked, "{text}");
+            assert_eq!(m.param_bytes(name), walked.map(str::as_bytes), "{text}");
             assert_eq!(m.param("other0"), Some("0"), "{text}");
+            assert_eq!(m.param_bytes("other0"), Some(&b"0"[..]), "{text}");
             for other in known.iter().filter(|k| *k != name) {
                 assert_eq!(m.param(other), None, "{other} in {text}");
             }
@@ -524,7 +526,9 @@ fn known_params_are_found_by_their_place_as_the_walk_finds_them() {
     let m = Message::parse_checked(Bytes::from_static(text.as_bytes())).unwrap();
     assert_eq!(m.params.state, ParamsState::Walk);
     assert_eq!(m.param("taskId"), Some("\"x\""));
+    assert_eq!(m.param_bytes("taskId"), Some(&b"\"x\""[..]));
     assert_eq!(m.param("task"), None);
+    assert_eq!(m.param_bytes("task"), None);
 }
 
 /// `params._meta.<key>` set by splicing keeps every other byte, and the envelope and the places

@@ -27,7 +27,7 @@ mod span;
 
 pub use opentelemetry::trace::SpanContext;
 pub use opentelemetry::KeyValue;
-pub use span::{protocol_version, shared_name, Peer, RequestValues, Target};
+pub use span::{protocol_version, shared_json_name, shared_name, Peer, RequestValues, Target};
 
 use crate::config::{check_endpoint, ConfigError, TelemetryConfig};
 use crate::jsonrpc::splice;
@@ -37,8 +37,7 @@ use opentelemetry::trace::{Event, SpanKind, TraceFlags, TraceId, TraceState};
 use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
 use parking_lot::Mutex;
 use propagation::Incoming;
-use span::{ExchangeName, Record, SpanName};
-use std::borrow::Cow;
+use span::{ExchangeName, JsonString, Record, SpanName};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -330,10 +329,10 @@ impl Telemetry {
         server: Option<&RequestTrace>,
         links: &[SpanContext],
         peer: &Peer,
-        details: impl FnOnce() -> (Option<Cow<'t, str>>, Vec<KeyValue>),
+        details: impl FnOnce() -> (Option<&'t [u8]>, Vec<KeyValue>),
     ) -> RequestTrace {
-        let target = |tool: Option<Cow<'t, str>>| match (method, tool) {
-            ("tools/call", Some(tool)) => Target::Tool(shared_name(&tool)),
+        let target = |tool: Option<&JsonString<'_>>| match (method, tool) {
+            ("tools/call", Some(tool)) => tool.shared().map_or(Target::None, Target::Tool),
             _ => Target::None,
         };
         if let Some(server) = server.filter(|s| s.part == Part::Own) {
@@ -343,12 +342,15 @@ impl Telemetry {
                 r.peer = Some(peer.clone());
                 let span_id = self.0.ids.new_span_id();
                 let (tool, attributes) = details();
-                let tool = tool.filter(|_| method == "tools/call");
+                // Compared as bytes with the SERVER span's tool, not decoded and checked again.
+                let tool = tool
+                    .filter(|_| method == "tools/call")
+                    .and_then(JsonString::of);
                 let same = match &r.name {
                     SpanName::Method { method: m, target } => {
                         m == method
-                            && match (target, tool.as_deref()) {
-                                (Target::Tool(a), Some(b)) => a.as_ref() == b,
+                            && match (target, tool.as_ref()) {
+                                (Target::Tool(a), Some(b)) => a.as_bytes() == b.bytes(),
                                 (_, Some(_)) | (Target::Tool(_), None) => false,
                                 (_, None) => true,
                             }
@@ -362,7 +364,7 @@ impl Telemetry {
                         true => ExchangeName::AsServer,
                         false => ExchangeName::Own(SpanName::Method {
                             method: span::method(method),
-                            target: target(tool),
+                            target: target(tool.as_ref()),
                         }),
                     },
                     start: now_nanos(),
@@ -400,7 +402,7 @@ impl Telemetry {
             let (tool, attributes) = details();
             let name = SpanName::Method {
                 method: span::method(method),
-                target: target(tool),
+                target: target(tool.and_then(JsonString::of).as_ref()),
             };
             let request = RequestValues::default();
             (

@@ -53,6 +53,56 @@ pub enum Target {
 /// own was an allocation on the serving thread freed on the export thread (~300 instructions per
 /// small `tools/call`, callgrind, issue 34); a client naming tools at random costs what it did.
 pub fn shared_name(name: &str) -> Arc<str> {
+    shared(name.as_bytes(), || Some(name)).unwrap_or_else(|| Arc::from(name))
+}
+
+/// [`shared_name`] of `raw`, the raw JSON value of a request's tool or prompt (`params.name`),
+/// when it is a string: without escapes its bytes between the quotes are compared with the
+/// names kept, checked as UTF-8 only when none is it (issue 34: decoding and checking the name
+/// first cost a traced small `tools/call` ~100 instructions per span); with escapes decoded.
+pub fn shared_json_name(raw: &[u8]) -> Option<Arc<str>> {
+    JsonString::of(raw)?.shared()
+}
+
+/// A JSON string value: its bytes between the quotes when it has no escape, else decoded.
+pub(super) enum JsonString<'a> {
+    Plain(&'a [u8]),
+    Decoded(String),
+}
+
+impl<'a> JsonString<'a> {
+    /// `raw` (one JSON value) as a string; `None` for any other value (or a string that does
+    /// not decode).
+    pub(super) fn of(raw: &'a [u8]) -> Option<JsonString<'a>> {
+        let inner = raw.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+        if !inner.contains(&b'\\') {
+            return Some(JsonString::Plain(inner));
+        }
+        serde_json::from_slice::<String>(raw)
+            .ok()
+            .map(JsonString::Decoded)
+    }
+
+    /// [`shared_name`] of the string (`None`: not UTF-8).
+    pub(super) fn shared(&self) -> Option<Arc<str>> {
+        match self {
+            JsonString::Plain(name) => shared(name, || std::str::from_utf8(name).ok()),
+            JsonString::Decoded(name) => Some(shared_name(name)),
+        }
+    }
+
+    /// The string's bytes.
+    pub(super) fn bytes(&self) -> &[u8] {
+        match self {
+            JsonString::Plain(b) => b,
+            JsonString::Decoded(s) => s.as_bytes(),
+        }
+    }
+}
+
+/// [`shared_name`] of `name`'s bytes; `text` gives them as text for a name not kept (`None`:
+/// not UTF-8, nothing made).
+fn shared<'n>(name: &[u8], text: impl FnOnce() -> Option<&'n str>) -> Option<Arc<str>> {
     type Kept = (usize, [Option<Arc<str>>; KEPT_NAMES]);
     thread_local! {
         static NAMES: std::cell::RefCell<Kept> = const {
@@ -60,22 +110,22 @@ pub fn shared_name(name: &str) -> Arc<str> {
         };
     }
     if name.len() > LONGEST_KEPT_NAME {
-        return Arc::from(name);
+        return text().map(Arc::from);
     }
     NAMES.with(|kept| {
         let Ok(mut kept) = kept.try_borrow_mut() else {
-            return Arc::from(name);
+            return text().map(Arc::from);
         };
         let (oldest, names) = &mut *kept;
-        if let Some(found) = names.iter().flatten().find(|n| n.as_ref() == name) {
-            return found.clone();
+        if let Some(found) = names.iter().flatten().find(|n| n.as_bytes() == name) {
+            return Some(found.clone());
         }
-        let made: Arc<str> = Arc::from(name);
+        let made: Arc<str> = Arc::from(text()?);
         if let Some(slot) = names.get_mut(*oldest) {
             *slot = Some(made.clone());
         }
         *oldest = (*oldest + 1) % KEPT_NAMES;
-        made
+        Some(made)
     })
 }
 
@@ -408,6 +458,39 @@ pub(super) enum ExchangeName {
 #[cfg(test)]
 mod text_tests {
     use super::*;
+
+    /// A tool's raw JSON name is shared as its decoded string, and only a string is a name:
+    /// compared as bytes without escapes, decoded with them, as `serde_json` reads it.
+    #[test]
+    fn a_json_name_is_shared_as_its_decoded_string() {
+        let raws: [&[u8]; 10] = [
+            br#""echo""#,
+            br#""e\u0063ho""#,
+            br#""a\"b""#,
+            br#""""#,
+            br#"""#,
+            b"42",
+            b"null",
+            br#""\ud800""#,
+            "\"é\"".as_bytes(),
+            br#"["echo"]"#,
+        ];
+        for _ in 0..2 {
+            for raw in raws {
+                let expected = serde_json::from_slice::<String>(raw).ok();
+                assert_eq!(
+                    shared_json_name(raw).as_deref(),
+                    expected.as_deref(),
+                    "{}",
+                    String::from_utf8_lossy(raw)
+                );
+            }
+        }
+        assert!(Arc::ptr_eq(
+            &shared_json_name(br#""echo""#).unwrap(),
+            &shared_name("echo")
+        ));
+    }
 
     /// Values too long to keep in place read as short ones do, and forget the same way.
     #[test]

@@ -612,7 +612,7 @@ fn a_span_not_sampled_makes_no_record_and_carries_its_context() {
     assert!(root.context().is_valid() && !root.context().is_sampled());
     assert!(propagation::traceparent(root.context()).ends_with("-00"));
     let peer = Peer::new(Vec::new());
-    let not_read_exchange = || -> (Option<Cow<'static, str>>, Vec<KeyValue>) { panic!("details read") };
+    let not_read_exchange = || -> (Option<&'static [u8]>, Vec<KeyValue>) { panic!("details read") };
     let child = telemetry.exchange_span("tools/call", Some(&root), &[], &peer, not_read_exchange);
     assert!(!child.is_recording());
     assert_eq!(child.context().trace_id(), root.context().trace_id());
@@ -632,7 +632,7 @@ fn a_span_not_sampled_makes_no_record_and_carries_its_context() {
         },
     );
     let child = telemetry.exchange_span("tools/call", Some(&server), &[], &peer, || {
-        (Some("t".into()), Vec::new())
+        (Some(&br#""t""#[..]), Vec::new())
     });
     assert!(child.is_recording() && child.context().is_sampled());
     assert_eq!(child.context().trace_id(), sampled.trace_id());
@@ -681,7 +681,7 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
     });
     server.set_peer(&peer);
     let client = telemetry.exchange_span("tools/call", Some(&server), &[], &peer, || {
-        (Some("echo".into()), task())
+        (Some(&br#""echo""#[..]), task())
     });
     assert_ne!(client.context().span_id(), server.context().span_id());
     assert_eq!(client.context().trace_id(), server.context().trace_id());
@@ -710,7 +710,7 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
         Some(&prompt),
         std::slice::from_ref(&link),
         &peer,
-        || (Some("p".into()), Vec::new()),
+        || (Some(&br#""p""#[..]), Vec::new()),
     );
     let copy = exchange.clone();
     prompt.end();

@@ -89,7 +89,8 @@ impl Traced {
                 Some(task_id) => vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned())],
                 None => Vec::new(),
             };
-            (c.tool(), attributes)
+            // Raw: compared with the SERVER span's tool as bytes (`Telemetry::exchange_span`).
+            (msg.param_bytes("name"), attributes)
         };
         let span = self.telemetry.exchange_span(
             method,
