@@ -79,5 +79,6 @@ start_otlp_receiver() {
   python3 "$here/otlp_receiver.py" "$dir/received-$name" > "$dir/rx-$name.port" 2> "$dir/rx-$name.err" &
   RX_PID=$!
   for _ in $(seq 200); do [ -s "$dir/rx-$name.port" ] && break; sleep 0.05; done
+  [ -s "$dir/rx-$name.port" ] || { cat "$dir/rx-$name.err" >&2; echo "the OTLP receiver did not start" >&2; return 1; }
   RX="http://127.0.0.1:$(head -1 "$dir/rx-$name.port")"
 }

@@ -330,9 +330,10 @@ if want 15; then
   start_otlp_receiver "$WORK" traced; PIDS+=("$RX_PID")
   taskgate_config "$WORK/taskgate-tr.toml" "$WORK/store-tr" ""
   printf '\n[telemetry]\notlp_endpoint = "%s"\nsample_ratio = 1.0\n' "$RX" >> "$WORK/taskgate-tr.toml"
-  TGP15_PID=$TG_PID; TGP15_ADDR=$TG_ADDR
+  TGP15_PID=$TG_PID; TGP15_ADDR=$TG_ADDR; TGP15_ADMIN=$TG_ADMIN
   start_taskgate "$WORK/taskgate-tr.toml" taskgate-traced "$WORK/taskgate-tr.json"
-  TGT_PID=$TG_PID; TGT_ADDR=$TG_ADDR; TGT_ADMIN=$TG_ADMIN; TG_PID=$TGP15_PID; TG_ADDR=$TGP15_ADDR
+  TGT_PID=$TG_PID; TGT_ADDR=$TG_ADDR; TGT_ADMIN=$TG_ADMIN
+  TG_PID=$TGP15_PID; TG_ADDR=$TGP15_ADDR; TG_ADMIN=$TGP15_ADMIN
   case15="15. small tools/call (~1 KiB JSON answer), c=16: trace export off (taskgate) and on (taskgate-traced, sample_ratio 1.0)"
   say "$case15"
   for rep in $(seq "$REPEAT"); do

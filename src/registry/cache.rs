@@ -19,7 +19,9 @@
 //! two thread hand-overs per task in the lifecycle benchmark.) Unknown ids are not cached (each costs a store
 //! read). Bounded twice (quick_cache's S3-FIFO eviction over a weight): by bytes,
 //! `tasks.record_cache_bytes`, counting each record's heap (its strings, the stored terminal
-//! result included), and by entries, `tasks.record_cache_entries`, since each record weighs at
+//! result included, and the store's bytes of it when they are kept: not for a record that
+//! carries its terminal result, which is not updated again, so a large result is not counted
+//! twice), and by entries, `tasks.record_cache_entries`, since each record weighs at
 //! least `record_cache_bytes / record_cache_entries`. 0 in either turns the cache off.
 //!
 //! Why bytes: a record may carry its terminal result (up to `tasks.max_stored_result_bytes`,
@@ -71,6 +73,19 @@ pub(crate) struct Epoch(u64);
 struct Entry {
     record: Arc<TaskRecord>,
     form: Option<StoredForm>,
+}
+
+impl Entry {
+    /// `record` with `form`, unless it carries its terminal result: nothing updates such a
+    /// record again in a task's life (its expiry moves go through `update`), and its bytes
+    /// hold the result a second time, escaped (a cache of 1 MiB results would hold half as
+    /// many; the cold review of 2026-12-05).
+    fn new(record: &Arc<TaskRecord>, form: Option<StoredForm>) -> Entry {
+        Entry {
+            record: record.clone(),
+            form: form.filter(|_| record.terminal_result.is_none()),
+        }
+    }
 }
 
 /// Weighs an entry by the heap it holds (the stored bytes included), at least `floor` (so the
@@ -144,10 +159,7 @@ impl RecordCache {
         if *epoch == seen.0 {
             records.insert(
                 Key(record.upstream.clone(), record.task_id.clone()),
-                Entry {
-                    record: record.clone(),
-                    form,
-                },
+                Entry::new(record, form),
             );
         }
     }
@@ -166,10 +178,7 @@ impl RecordCache {
         if alone {
             records.insert(
                 Key(after.upstream.clone(), after.task_id.clone()),
-                Entry {
-                    record: after.clone(),
-                    form,
-                },
+                Entry::new(after, form),
             );
         } else {
             records.remove(&KeyRef(&after.upstream, &after.task_id));
@@ -257,6 +266,28 @@ mod tests {
             cache.fill(cache.epoch(), &r, None);
             assert!(cache.get(&r.upstream, &r.task_id).is_none());
         }
+    }
+
+    /// The store's bytes are kept beside a record until it carries its terminal result, then
+    /// not (they would hold the result a second time; nothing updates it again).
+    #[test]
+    fn stored_bytes_are_kept_until_the_result_is() {
+        let cache = RecordCache::new(16, 1 << 20);
+        let form: StoredForm = Arc::from(&b"{}"[..]);
+        let working = Arc::new(record("t1"));
+        cache.fill(cache.epoch(), &working, Some(form.clone()));
+        let (_, kept) = cache.get_with_form("up", "t1").unwrap();
+        assert!(kept.is_some());
+        let mut done = record("t1");
+        done.terminal_result = Some("{\"content\":[]}".into());
+        let done = Arc::new(done);
+        cache.refresh(cache.epoch(), &done, Some(form));
+        let (cached, kept) = cache.get_with_form("up", "t1").unwrap();
+        assert_eq!(cached, done);
+        assert!(
+            kept.is_none(),
+            "a record with its result keeps no stored bytes"
+        );
     }
 
     /// Records carrying their terminal result fill the cache by bytes, not by count: 64 records

@@ -16,8 +16,9 @@
 //!
 //! **Bounded**: at most [`STORE_QUEUE`] store jobs are queued or running at once; past that a
 //! job is refused at once, and a job that waited [`STORE_QUEUE_WAIT`] for a thread is not run:
-//! both end like a failed store call (counted in `taskgate_store_write_failures_total`; the
-//! caller answers "task store unavailable" where a request depends on it). So a store that
+//! both end like a failed store call (the registry's counted in
+//! `taskgate_store_write_failures_total`, the session table's logged; the caller answers "task
+//! store unavailable", or the session's error, where a request depends on it). So a store that
 //! does not answer costs at most [`STORE_THREADS`] parked threads, a bounded queue, and each
 //! caller a bounded wait.
 //!
@@ -121,7 +122,7 @@ impl StoreThreads {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        match self.queue(work)?.await {
+        match self.queue(work, false)?.await {
             Ok(v) => v,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => Err(NotRun::ShuttingDown),
@@ -130,17 +131,22 @@ impl StoreThreads {
 
     /// Queues `work` on a store thread without waiting for it (in the background: what it
     /// does is its own to log). Errors: [`NotRun::Busy`] when the queue is full (it is then
-    /// not run; a job that waits too long for a thread is dropped unrun as in [`Self::run`]).
+    /// not run); a job that waits too long for a thread is dropped unrun as in [`Self::run`],
+    /// and logged here (nobody waits for it to say so).
     pub fn spawn<F>(&self, work: F) -> Result<(), NotRun>
     where
         F: FnOnce() + Send + 'static,
     {
-        self.queue(work).map(drop)
+        self.queue(work, true).map(drop)
     }
 
     /// The job of [`Self::run`] and [`Self::spawn`]: counted against [`STORE_QUEUE`], dropped
-    /// unrun after [`STORE_QUEUE_WAIT`] in the queue.
-    fn queue<T, F>(&self, work: F) -> Result<tokio::task::JoinHandle<Result<T, NotRun>>, NotRun>
+    /// unrun after [`STORE_QUEUE_WAIT`] in the queue (logged when `log_late`).
+    fn queue<T, F>(
+        &self,
+        work: F,
+        log_late: bool,
+    ) -> Result<tokio::task::JoinHandle<Result<T, NotRun>>, NotRun>
     where
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
@@ -159,6 +165,9 @@ impl StoreThreads {
         Ok(inner.handle.spawn_blocking(move || {
             let _done = Done(pending);
             if queued.elapsed() > STORE_QUEUE_WAIT {
+                if log_late {
+                    tracing::warn!(reason = %NotRun::Late, "background task store work was not run");
+                }
                 return Err(NotRun::Late);
             }
             let _entered = caller.as_ref().map(tokio::runtime::Handle::enter);

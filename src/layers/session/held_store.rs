@@ -145,8 +145,9 @@ impl Keeping {
             .unwrap_or_else(|why| Err(StoreError::Db(why.to_string())))
     }
 
-    /// Queues `work` on a store thread in the background; its failure (or its not running) is
-    /// logged with `what` (what was not done).
+    /// Queues `work` on a store thread in the background; its failure, or its not being queued,
+    /// is logged with `what` (what was not done); a job dropped after waiting too long for a
+    /// thread is logged by the store threads.
     fn spawn<F>(&self, what: &'static str, work: F)
     where
         F: FnOnce(&dyn TaskStore) -> Result<(), StoreError> + Send + 'static,
