@@ -6,6 +6,7 @@
 //! and `"0"` stays the string `"0"` (2025-11-25 basic: "Requests": ids are strings or integers).
 
 mod envelope;
+pub(crate) mod lex;
 pub mod splice;
 
 use bytes::Bytes;

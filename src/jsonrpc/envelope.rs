@@ -23,6 +23,8 @@
 //! open objects is handed back (serde_json's parse then checks it). A key with an escape is
 //! handed back as well (`"a\/b"` and `"a/b"` are the same key).
 
+use super::lex::Lex;
+
 /// The envelope members of a message, as the serde_json parse reports them: the raw JSON text
 /// of `jsonrpc` and `id`, the text of a `method` string, whether `result` and `error` are there.
 pub(super) struct Members<'a> {
@@ -39,9 +41,7 @@ pub(super) struct Members<'a> {
 /// common shape; `None` to let serde_json decide.
 pub(super) fn read(text: &str) -> Option<Members<'_>> {
     let mut r = Reader {
-        text,
-        b: text.as_bytes(),
-        i: 0,
+        lex: Lex::new(text),
         keys: [(0, 0); KEYS],
         open: 0,
     };
@@ -137,14 +137,25 @@ pub(super) fn read(text: &str) -> Option<Members<'_>> {
 const KEYS: usize = 64;
 
 struct Reader<'a> {
-    /// The message's text; [`Reader::b`] is its bytes.
-    text: &'a str,
-    b: &'a [u8],
-    i: usize,
+    /// The text and the place read next (the tokens, [`Lex`]'s).
+    lex: Lex<'a>,
     /// The keys of the objects open on the current path, outermost first, as (start, end) of
     /// their text without the quotes; the first [`Reader::open`] are in use.
     keys: [(u32, u32); KEYS],
     open: usize,
+}
+
+impl<'a> std::ops::Deref for Reader<'a> {
+    type Target = Lex<'a>;
+    fn deref(&self) -> &Lex<'a> {
+        &self.lex
+    }
+}
+
+impl<'a> std::ops::DerefMut for Reader<'a> {
+    fn deref_mut(&mut self) -> &mut Lex<'a> {
+        &mut self.lex
+    }
 }
 
 impl<'a> Reader<'a> {
@@ -180,120 +191,6 @@ impl<'a> Reader<'a> {
             self.i += 1;
         }
         None
-    }
-
-    fn peek(&self) -> Option<u8> {
-        self.b.get(self.i).copied()
-    }
-
-    fn eat(&mut self, c: u8) -> Option<()> {
-        (self.peek()? == c).then(|| self.i += 1)
-    }
-
-    /// JSON whitespace (RFC 8259: space, tab, line feed, carriage return).
-    fn ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.i += 1;
-        }
-    }
-
-    /// After a member's value: `true` at `,` (another member follows), `false` at `}`.
-    fn next_member(&mut self) -> Option<bool> {
-        let c = self.peek()?;
-        self.i += 1;
-        match c {
-            b',' => Some(true),
-            b'}' => Some(false),
-            _ => None,
-        }
-    }
-
-    /// A string without any escape (a key): its text.
-    fn plain_string(&mut self) -> Option<&'a str> {
-        self.eat(b'"')?;
-        let start = self.i;
-        loop {
-            match self.peek()? {
-                b'"' => break,
-                b'\\' => return None,
-                c if c < 0x20 => return None,
-                _ => self.i += 1,
-            }
-        }
-        // Cut from the text (UTF-8 already): both ends are next to a quote, so on character
-        // boundaries; a `from_utf8` of each key cost ~70 instructions a key.
-        let text: &'a str = self.text;
-        let s = text.get(start..self.i)?;
-        self.i += 1;
-        Some(s)
-    }
-
-    /// A string (the opening quote next): control characters refused as JSON does; escapes
-    /// other than `\u` checked; `\u` handed back (it may be a lone surrogate, which serde_json
-    /// refuses in the members it reads).
-    fn string(&mut self) -> Option<()> {
-        self.eat(b'"')?;
-        loop {
-            // Most bytes are plain: skipped in a tight loop.
-            while let Some(&c) = self.b.get(self.i) {
-                if c == b'"' || c == b'\\' || c < 0x20 {
-                    break;
-                }
-                self.i += 1;
-            }
-            match self.peek()? {
-                b'"' => {
-                    self.i += 1;
-                    return Some(());
-                }
-                b'\\' => match self.b.get(self.i + 1).copied()? {
-                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 2,
-                    _ => return None,
-                },
-                _ => return None,
-            }
-        }
-    }
-
-    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?` (RFC 8259 section 6).
-    fn number(&mut self) -> Option<()> {
-        if self.peek() == Some(b'-') {
-            self.i += 1;
-        }
-        match self.peek()? {
-            b'0' => self.i += 1,
-            b'1'..=b'9' => self.digits(),
-            _ => return None,
-        }
-        if self.peek() == Some(b'.') {
-            self.i += 1;
-            self.some_digits()?;
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.i += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.i += 1;
-            }
-            self.some_digits()?;
-        }
-        Some(())
-    }
-
-    fn digits(&mut self) {
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.i += 1;
-        }
-    }
-
-    fn some_digits(&mut self) -> Option<()> {
-        let start = self.i;
-        self.digits();
-        (self.i > start).then_some(())
-    }
-
-    fn literal(&mut self, word: &[u8]) -> Option<()> {
-        let end = self.i.checked_add(word.len())?;
-        (self.b.get(self.i..end)? == word).then(|| self.i = end)
     }
 
     /// The envelope's `params` value (at `start`): read as any value, and when it is an object,

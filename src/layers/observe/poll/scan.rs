@@ -15,8 +15,8 @@
 //! view reads; nesting deeper than [`MAX_DEPTH`]; any syntax error.
 
 use super::{MapOnly, ResultView, TaskView};
+use crate::jsonrpc::lex::Lex;
 use crate::jsonrpc::Id;
-use crate::store::record::json_plain_len;
 use std::borrow::Cow;
 
 /// Nesting (the message is 1) past which the text is handed back; serde_json's limit is 128.
@@ -27,9 +27,7 @@ const MAX_DEPTH: usize = 64;
 pub(super) fn task_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<TaskView<'a>> {
     let text = std::str::from_utf8(bytes).ok()?;
     let mut r = Scan {
-        text,
-        b: bytes,
-        i: 0,
+        lex: Lex::new(text),
     };
     let (mut jsonrpc, mut raw_id, mut task) = (None, None, None);
     r.ws();
@@ -79,47 +77,27 @@ pub(super) fn task_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<TaskView<'a
 }
 
 struct Scan<'a> {
-    text: &'a str,
-    b: &'a [u8],
-    i: usize,
+    /// The text and the place read next (the tokens, [`Lex`]'s).
+    lex: Lex<'a>,
+}
+
+impl<'a> std::ops::Deref for Scan<'a> {
+    type Target = Lex<'a>;
+    fn deref(&self) -> &Lex<'a> {
+        &self.lex
+    }
+}
+
+impl<'a> std::ops::DerefMut for Scan<'a> {
+    fn deref_mut(&mut self) -> &mut Lex<'a> {
+        &mut self.lex
+    }
 }
 
 impl<'a> Scan<'a> {
-    fn peek(&self) -> Option<u8> {
-        self.b.get(self.i).copied()
-    }
-
-    fn eat(&mut self, c: u8) -> Option<()> {
-        (self.peek()? == c).then(|| self.i += 1)
-    }
-
-    /// JSON whitespace (RFC 8259: space, tab, line feed, carriage return).
-    fn ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
-            self.i += 1;
-        }
-    }
-
-    /// After a member's value: `true` at `,` (another member follows), `false` at `}`.
-    fn next_member(&mut self) -> Option<bool> {
-        let c = self.peek()?;
-        self.i += 1;
-        match c {
-            b',' => Some(true),
-            b'}' => Some(false),
-            _ => None,
-        }
-    }
-
     /// A string without escape or control character (the opening quote next): its text.
     fn key(&mut self) -> Option<&'a str> {
-        self.eat(b'"')?;
-        let start = self.i;
-        self.i += json_plain_len(self.b.get(start..)?);
-        self.eat(b'"')?;
-        // Both ends are next to a quote: on character boundaries of the (UTF-8) text.
-        let text: &'a str = self.text;
-        text.get(start..self.i - 1)
+        self.plain_string()
     }
 
     /// A member the view keeps as a string: `Some(None)` for `null`, the text of a string
@@ -244,67 +222,6 @@ impl<'a> Scan<'a> {
                 return Some(Some(MapOnly(ResultView { is_error })));
             }
         }
-    }
-
-    /// A string (the opening quote next): control characters refused as JSON does; escapes
-    /// other than `\u` checked; `\u` handed back.
-    fn string(&mut self) -> Option<()> {
-        self.eat(b'"')?;
-        loop {
-            self.i += json_plain_len(self.b.get(self.i..)?);
-            match self.peek()? {
-                b'"' => {
-                    self.i += 1;
-                    return Some(());
-                }
-                b'\\' => match self.b.get(self.i + 1).copied()? {
-                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 2,
-                    _ => return None,
-                },
-                _ => return None,
-            }
-        }
-    }
-
-    /// `-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?` (RFC 8259 section 6).
-    fn number(&mut self) -> Option<()> {
-        if self.peek() == Some(b'-') {
-            self.i += 1;
-        }
-        match self.peek()? {
-            b'0' => self.i += 1,
-            b'1'..=b'9' => self.digits(),
-            _ => return None,
-        }
-        if self.peek() == Some(b'.') {
-            self.i += 1;
-            self.some_digits()?;
-        }
-        if let Some(b'e' | b'E') = self.peek() {
-            self.i += 1;
-            if let Some(b'+' | b'-') = self.peek() {
-                self.i += 1;
-            }
-            self.some_digits()?;
-        }
-        Some(())
-    }
-
-    fn digits(&mut self) {
-        while let Some(b'0'..=b'9') = self.peek() {
-            self.i += 1;
-        }
-    }
-
-    fn some_digits(&mut self) -> Option<()> {
-        let start = self.i;
-        self.digits();
-        (self.i > start).then_some(())
-    }
-
-    fn literal(&mut self, word: &[u8]) -> Option<()> {
-        let end = self.i.checked_add(word.len())?;
-        (self.b.get(self.i..end)? == word).then(|| self.i = end)
     }
 
     /// One value at nesting `depth` (the message is 1), skipped (serde's `IgnoredAny`, which
