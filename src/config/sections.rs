@@ -294,7 +294,8 @@ pub struct TasksConfig {
     #[serde(default = "default_record_cache_entries")]
     pub record_cache_entries: usize,
     /// Most heap those cached records may hold, in bytes, their stored terminal results included
-    /// (default 8 MiB; 0 turns the cache off). See `src/registry/cache.rs`.
+    /// and, for a record without its result yet, the bytes sled holds for it (default 8 MiB; 0
+    /// turns the cache off). See `src/registry/cache.rs`.
     #[serde(default = "default_record_cache_bytes")]
     pub record_cache_bytes: u64,
     /// Largest terminal result kept in a task's record, in bytes of JSON text (default 1 MiB;
