@@ -68,6 +68,17 @@ impl<'a> Lex<'a> {
         Some(s)
     }
 
+    /// An object member's name and its colon (whitespace around each skipped): the name's text,
+    /// `None` for a name with an escape or a control character (as [`Lex::plain_string`]).
+    pub fn member_name(&mut self) -> Option<&'a str> {
+        self.ws();
+        let name = self.plain_string()?;
+        self.ws();
+        self.eat(b':')?;
+        self.ws();
+        Some(name)
+    }
+
     /// A string (the opening quote next): control characters refused as JSON does; escapes
     /// other than `\u` checked; `\u` handed back (it may be a lone surrogate, which serde_json
     /// refuses in the members it reads).
@@ -135,5 +146,46 @@ impl<'a> Lex<'a> {
     pub fn literal(&mut self, word: &[u8]) -> Option<()> {
         let end = self.i.checked_add(word.len())?;
         (self.b.get(self.i..end)? == word).then(|| self.i = end)
+    }
+}
+
+/// For the readers' agreement tests: each of `rounds` texts made from `seeds` by one to three
+/// random edits (a token of `tokens` inserted or put in place of a character, or a character
+/// removed; xorshift from `seed`, so a failure is replayed), handed to `each`.
+#[cfg(test)]
+pub(crate) fn random_edits(
+    seeds: &[&str],
+    tokens: &[&str],
+    seed: u64,
+    rounds: usize,
+    mut each: impl FnMut(&str),
+) {
+    let mut state = seed;
+    let mut next = |n: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n as u64) as usize
+    };
+    for round in 0..rounds {
+        let mut text: Vec<char> = seeds[round % seeds.len()].chars().collect();
+        for _ in 0..1 + next(3) {
+            let at = next(text.len() + 1);
+            let token: Vec<char> = tokens[next(tokens.len())].chars().collect();
+            match next(3) {
+                0 => {
+                    text.splice(at..at, token);
+                }
+                1 if at < text.len() => {
+                    text.splice(at..at + 1, token);
+                }
+                _ if at < text.len() => {
+                    text.remove(at);
+                }
+                _ => {}
+            }
+        }
+        let text: String = text.into_iter().collect();
+        each(&text);
     }
 }

@@ -327,42 +327,17 @@ fn the_envelope_reader_agrees_with_serde_json_after_random_edits() {
         "\u{1}",
         "é",
     ];
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = |n: usize| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % n as u64) as usize
-    };
     let mut read = 0;
-    for round in 0..std::env::var("ENVELOPE_ROUNDS")
+    let rounds = std::env::var("ENVELOPE_ROUNDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(40_000usize)
-    {
-        let mut text: Vec<char> = seeds[round % seeds.len()].chars().collect();
-        for _ in 0..1 + next(3) {
-            let at = next(text.len() + 1);
-            let token: Vec<char> = tokens[next(tokens.len())].chars().collect();
-            match next(3) {
-                0 => {
-                    text.splice(at..at, token);
-                }
-                1 if at < text.len() => {
-                    text.splice(at..at + 1, token);
-                }
-                _ if at < text.len() => {
-                    text.remove(at);
-                }
-                _ => {}
-            }
-        }
-        let text: String = text.into_iter().collect();
-        if let Some(fast) = by_reader(&text) {
+        .unwrap_or(40_000usize);
+    super::lex::random_edits(&seeds, &tokens, 0x2545_f491_4f6c_dd1d, rounds, |text| {
+        if let Some(fast) = by_reader(text) {
             read += 1;
-            assert_eq!(Some(fast), by_serde(&text), "{text}");
+            assert_eq!(Some(fast), by_serde(text), "{text}");
         }
-    }
+    });
     assert!(
         read > 1_000,
         "the reader took too few texts to compare ({read})"

@@ -33,11 +33,7 @@ pub(super) fn task_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<TaskView<'a
     r.ws();
     r.eat(b'{')?;
     loop {
-        r.ws();
-        let key = r.key()?;
-        r.ws();
-        r.eat(b':')?;
-        r.ws();
+        let key = r.member_name()?;
         let start = r.i;
         match key {
             "jsonrpc" | "id" => {
@@ -95,18 +91,13 @@ impl<'a> std::ops::DerefMut for Scan<'a> {
 }
 
 impl<'a> Scan<'a> {
-    /// A string without escape or control character (the opening quote next): its text.
-    fn key(&mut self) -> Option<&'a str> {
-        self.plain_string()
-    }
-
     /// A member the view keeps as a string: `Some(None)` for `null`, the text of a string
     /// without escape; `None` (handed back) for anything else.
     fn text_or_null(&mut self) -> Option<Option<Cow<'a, str>>> {
         if self.peek()? == b'n' {
             return self.literal(b"null").map(|()| None);
         }
-        self.key().map(|s| Some(Cow::Borrowed(s)))
+        self.plain_string().map(|s| Some(Cow::Borrowed(s)))
     }
 
     /// `pollInterval` as serde reads an `Option<u64>`: `Some(None)` for `null`, plain digits
@@ -154,11 +145,7 @@ impl<'a> Scan<'a> {
         // The members read, one bit each: serde refuses a known member twice.
         let mut seen = 0u8;
         loop {
-            self.ws();
-            let key = self.key()?;
-            self.ws();
-            self.eat(b':')?;
-            self.ws();
+            let key = self.member_name()?;
             let bit = match key {
                 "status" => 1,
                 "statusMessage" => 2,
@@ -200,11 +187,7 @@ impl<'a> Scan<'a> {
         }
         let mut seen = false;
         loop {
-            self.ws();
-            let key = self.key()?;
-            self.ws();
-            self.eat(b':')?;
-            self.ws();
+            let key = self.member_name()?;
             if key == "isError" {
                 if std::mem::replace(&mut seen, true) {
                     return None;
@@ -403,44 +386,20 @@ mod tests {
             "\u{1}",
             "é",
         ];
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = |n: usize| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n as u64) as usize
-        };
         let mut read = 0;
         let rounds = std::env::var("SCAN_ROUNDS")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(40_000usize);
-        for round in 0..rounds {
-            let mut text: Vec<char> = seeds[round % seeds.len()].chars().collect();
-            for _ in 0..1 + next(3) {
-                let at = next(text.len() + 1);
-                let token: Vec<char> = tokens[next(tokens.len())].chars().collect();
-                match next(3) {
-                    0 => {
-                        text.splice(at..at, token);
-                    }
-                    1 if at < text.len() => {
-                        text.splice(at..at + 1, token);
-                    }
-                    _ if at < text.len() => {
-                        text.remove(at);
-                    }
-                    _ => {}
-                }
-            }
-            let text: String = text.into_iter().collect();
+        let seed = 0x9e37_79b9_7f4a_7c15u64;
+        crate::jsonrpc::lex::random_edits(&seeds, &tokens, seed, rounds, |text| {
             let hand = task_of_answer(text.as_bytes(), &id());
             if hand.is_some() {
                 read += 1;
                 let serde = TaskView::of_answer_by_serde(text.as_bytes(), &id());
                 assert_eq!(seen(hand.as_ref()), seen(serde.as_ref()), "{text}");
             }
-        }
+        });
         assert!(
             read > rounds / 10,
             "the reader took too few texts to compare ({read})"
