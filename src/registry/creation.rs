@@ -63,23 +63,28 @@ impl Registry {
         let up = record.upstream.clone();
         let status = record.status;
         let origin = record.origin;
-        // The store makes its writes before it waits for the group commit: both on a store
-        // thread (`offload`), never on a runtime worker nor on the runtime's blocking pool.
-        let (store, copy) = (self.store.clone(), record.clone());
         let slot = reservation.store_slot();
         let seen = self.records.epoch();
-        let handle = tokio::runtime::Handle::current();
-        let write = move || match (store.slots(), slot) {
-            // The slot taken in a shared store becomes the task in the same transaction.
-            (Some(slots), Some(slot)) => handle
-                .block_on(slots.create_in_slot(copy, slot))
-                .map(|()| None),
-            // With the bytes the store holds, so the record's first update need not encode it.
-            _ => handle.block_on(store.create_stored(copy)),
-        };
-        let result = match self.threads.run(write).await {
-            Ok(r) => r,
-            Err(why) => Err(StoreError::Db(format!("the write was not run: {why}"))),
+        let result = if self.store.quick_point_calls() {
+            // sled: the writes on this thread, the group commit awaited (see `Registry::point`).
+            self.store.create_stored(record.clone()).await
+        } else {
+            // The store makes its writes before it waits for the group commit: both on a store
+            // thread (`offload`), never on a runtime worker nor on the runtime's blocking pool.
+            let (store, copy) = (self.store.clone(), record.clone());
+            let handle = tokio::runtime::Handle::current();
+            let write = move || match (store.slots(), slot) {
+                // The slot taken in a shared store becomes the task in the same transaction.
+                (Some(slots), Some(slot)) => handle
+                    .block_on(slots.create_in_slot(copy, slot))
+                    .map(|()| None),
+                // With the bytes the store holds, so the record's first update need not encode it.
+                _ => handle.block_on(store.create_stored(copy)),
+            };
+            match self.threads.run(write).await {
+                Ok(r) => r,
+                Err(why) => Err(StoreError::Db(format!("the write was not run: {why}"))),
+            }
         };
         match &result {
             Ok(form) => {

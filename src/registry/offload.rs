@@ -1,7 +1,11 @@
 //! The registry's store work, off the runtime: every method here runs its store calls (reads,
 //! transactions, audit appends, scans) on the registry's **store threads** ([`StoreThreads`])
-//! and awaits the result, so a sled stall, an fsync or a database that does not answer never
-//! occupies one of the (two, on the target machine) runtime workers.
+//! and awaits the result, so an fsync or a database that does not answer never occupies one of
+//! the (two, on the target machine) runtime workers. The exception: a store whose calls about
+//! one task are memory work of microseconds (sled:
+//! [`crate::store::TaskStore::quick_point_calls`]) has those
+//! run on the calling thread ([`Registry::point`]); its scans, sweeps and listings still come
+//! here, and its one disk wait, the group commit, is its committer thread's.
 //!
 //! **Why threads of their own, not tokio's blocking pool** (issue 29, item 8): the serving
 //! runtimes' blocking pool also resolves upstream host names (`TcpStream::connect` of a name
@@ -241,8 +245,30 @@ impl Registry {
         tracing::warn!(reason = %why, "task store work was not run");
     }
 
-    /// [`Registry::off_runtime`] for work about one task: `work` gets the registry and the task's
-    /// `(upstream, taskId)` (owned copies moved to the blocking pool, so callers keep borrows).
+    /// Runs `work`, store calls about one task, where the store says they belong
+    /// ([`crate::store::TaskStore::quick_point_calls`]): on this thread for sled, whose point
+    /// calls are memory work done in microseconds; on the store threads otherwise, as
+    /// [`Registry::off_runtime`] does.
+    ///
+    /// Why not the store threads for sled too: in the 2025 task lifecycle (c=16) those threads
+    /// took 17 % of taskgate's CPU, most of it waking a thread and putting it back to sleep for
+    /// each of a task's three store trips, against a few microseconds of tree work (perf,
+    /// issue 36). The disk wait stays off the runtime: a commit's `fdatasync` is the committer
+    /// thread's, and the caller awaits it.
+    pub(super) async fn point<T, F>(self: &Arc<Self>, work: F) -> Option<T>
+    where
+        F: FnOnce(&Registry) -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        if self.store.quick_point_calls() {
+            return Some(work(self));
+        }
+        self.off_runtime(work).await
+    }
+
+    /// [`Registry::point`] for work about one task: `work` gets the registry and the task's
+    /// `(upstream, taskId)` (owned copies moved to a store thread when it goes there, so
+    /// callers keep borrows).
     pub(super) async fn off_runtime_about<T, F>(
         self: &Arc<Self>,
         upstream: &str,
@@ -253,6 +279,9 @@ impl Registry {
         F: FnOnce(&Registry, &str, &str) -> T + Send + 'static,
         T: Send + 'static,
     {
+        if self.store.quick_point_calls() {
+            return Some(work(self, upstream, task_id));
+        }
         let (up, id) = (upstream.to_string(), task_id.to_string());
         self.off_runtime(move |r| work(r, &up, &id)).await
     }
@@ -290,11 +319,14 @@ impl Registry {
             return Ok(visible(&r).then_some(r));
         }
         let seen = self.records.epoch();
-        let (up, id) = (upstream.to_string(), task_id.to_string());
-        let read = self
-            .try_off_runtime(move |r| r.store.get(&up, &id))
-            .await
-            .and_then(|read| read);
+        let read = if self.store.quick_point_calls() {
+            self.store.get(upstream, task_id)
+        } else {
+            let (up, id) = (upstream.to_string(), task_id.to_string());
+            self.try_off_runtime(move |r| r.store.get(&up, &id))
+                .await
+                .and_then(|read| read)
+        };
         match read {
             Ok(Some(r)) => {
                 let r = Arc::new(r);
@@ -320,7 +352,7 @@ impl Registry {
     ) -> Observed {
         let up = upstream.to_string();
         let applied = self
-            .off_runtime(move |r| r.observe_task_now(&up, &task, source))
+            .point(move |r| r.observe_task_now(&up, &task, source))
             .await;
         self.durable(applied).await
     }

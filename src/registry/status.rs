@@ -252,8 +252,8 @@ impl Registry {
     ) -> Option<(Option<String>, Option<String>)> {
         let (up, id) = (upstream.to_string(), task_id.to_string());
         let edited = self
-            .off_runtime(move |this| {
-                match this.update(&up, &id, &mut |r| edit(&mut r.input_requests)) {
+            .point(
+                move |this| match this.update(&up, &id, &mut |r| edit(&mut r.input_requests)) {
                     Ok(Some((before, after))) => {
                         Some((before.input_requests, after.input_requests.clone()))
                     }
@@ -262,8 +262,8 @@ impl Registry {
                         this.write_failed(&e, "task store update of input requests failed");
                         None
                     }
-                }
-            })
+                },
+            )
             .await
             .flatten()?;
         if edited.0 != edited.1 {
@@ -297,7 +297,7 @@ impl Registry {
             return false;
         }
         let (up, id) = (upstream.to_string(), task_id.to_string());
-        self.off_runtime(
+        self.point(
             move |this| match this.update(&up, &id, &mut |r| put(r, &json)) {
                 Ok(Some((before, after))) if before != *after => {
                     this.store.sync_soon();

@@ -177,6 +177,17 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
         false
     }
 
+    /// True when a call about one task ([`TaskStore::get`], [`TaskStore::update`] and its
+    /// variants, [`TaskStore::append_audit`], the writes of [`TaskStore::create`] before its
+    /// commit) is work in this process on memory and local files, done in microseconds, that
+    /// never waits on a network nor on the disk's write cache (the commit's `fdatasync` is
+    /// awaited apart): the registry then makes those calls on the calling thread instead of
+    /// handing each to its store threads (`registry::offload`). False (the default): every
+    /// call goes to the store threads (PostgreSQL: a call may wait on the database).
+    fn quick_point_calls(&self) -> bool {
+        false
+    }
+
     /// Checks that the store answers (`/readyz`); an embedded store always does.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async { Ok(()) })
