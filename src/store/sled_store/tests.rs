@@ -14,6 +14,25 @@ fn record(id: &str, owner: &str, recorded_at: u64) -> TaskRecord {
     }
 }
 
+/// Opens the store at `dir` again after the test dropped its first handle: sled's own threads
+/// (its flusher, its I/O pool) may hold the database a moment longer, so "could not acquire
+/// lock" is retried until the lock is free (at most 10 s); any other error fails at once.
+async fn reopen(dir: &std::path::Path) -> Arc<SledStore> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match SledStore::open(dir, 1 << 20, None) {
+            Ok(store) => return store,
+            Err(e)
+                if e.to_string().contains("could not acquire lock")
+                    && std::time::Instant::now() < until =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("reopening the store failed: {e}"),
+        }
+    }
+}
+
 #[tokio::test]
 async fn records_survive_reopen_and_list_newest_first() {
     let dir = tempfile::tempdir().unwrap();
@@ -40,7 +59,7 @@ async fn records_survive_reopen_and_list_newest_first() {
         assert_eq!(page.len(), 1);
         assert!(next.is_none());
     }
-    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let store = reopen(dir.path()).await;
     assert_eq!(store.len(), 6);
     let (before, after) = store
         .update("up", "t:1", &mut |r| {
