@@ -377,6 +377,9 @@ impl Registry {
         upstream: &str,
         task_id: &str,
     ) -> Result<Option<crate::store::TaskRecord>, StoreError> {
+        if self.store.quick_point_calls() {
+            return self.store.get(upstream, task_id);
+        }
         let (up, id) = (upstream.to_string(), task_id.to_string());
         self.try_off_runtime(move |r| r.store.get(&up, &id))
             .await

@@ -319,14 +319,7 @@ impl Registry {
             return Ok(visible(&r).then_some(r));
         }
         let seen = self.records.epoch();
-        let read = if self.store.quick_point_calls() {
-            self.store.get(upstream, task_id)
-        } else {
-            let (up, id) = (upstream.to_string(), task_id.to_string());
-            self.try_off_runtime(move |r| r.store.get(&up, &id))
-                .await
-                .and_then(|read| read)
-        };
+        let read = self.try_record_of(upstream, task_id).await;
         match read {
             Ok(Some(r)) => {
                 let r = Arc::new(r);
