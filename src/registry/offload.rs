@@ -529,3 +529,7 @@ impl Registry {
 
 /// One page of `tasks/list`: the records and the cursor of the next page.
 pub type ListPage = (Vec<TaskRecord>, Option<crate::store::ListCursor>);
+
+#[cfg(test)]
+#[path = "offload_tests.rs"]
+mod tests;
