@@ -23,7 +23,7 @@
 //! open objects is handed back (serde_json's parse then checks it). A key with an escape is
 //! handed back as well (`"a\/b"` and `"a/b"` are the same key).
 
-use super::lex::Lex;
+use super::lex::{plain_len, Lex};
 
 /// The envelope members of a message, as the serde_json parse reports them: the raw JSON text
 /// of `jsonrpc` and `id`, the text of a `method` string, whether `result` and `error` are there.
@@ -180,17 +180,9 @@ impl<'a> Reader<'a> {
     fn key(&mut self) -> Option<(usize, usize)> {
         self.eat(b'"')?;
         let start = self.i;
-        while let Some(&c) = self.b.get(self.i) {
-            if c == b'"' {
-                self.i += 1;
-                return Some((start, self.i - 1));
-            }
-            if c == b'\\' || c < 0x20 {
-                return None;
-            }
-            self.i += 1;
-        }
-        None
+        self.i += plain_len(self.b.get(start..)?);
+        self.eat(b'"')?;
+        Some((start, self.i - 1))
     }
 
     /// The envelope's `params` value (at `start`): read as any value, and when it is an object,

@@ -1,6 +1,7 @@
 //! The task record: one per `(upstream, taskId)`, with what was last seen of the task and the
 //! audit event appended for the two cancellation facts.
 
+use crate::jsonrpc::lex::plain_len;
 use crate::mcp::task::{Task, TaskStatus};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
@@ -390,45 +391,13 @@ impl TaskRecord {
     }
 }
 
-/// How many bytes at the start of `b` a JSON string holds as they are: up to the first quote,
-/// backslash or control character (below U+0020), the bytes serde_json escapes; the whole
-/// length when there is none. Eight bytes at a time (the bit tricks flag a byte exactly when it
-/// is one of those; the lowest flag is the first such byte, later ones may be borrows).
-///
-/// Why: a byte-by-byte scan cost 6 to 8 instructions a byte, in the record's encoding and in the
-/// one-pass reader of `tasks/get` answers (issue 36).
-pub fn json_plain_len(b: &[u8]) -> usize {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let zero_in = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
-    let mut chunks = b.chunks_exact(8);
-    let mut at = 0;
-    for chunk in &mut chunks {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        let w = u64::from_le_bytes(word);
-        let flags = (w.wrapping_sub(ONES * 0x20) & !w & HIGH)
-            | zero_in(w ^ (ONES * u64::from(b'"')))
-            | zero_in(w ^ (ONES * u64::from(b'\\')));
-        if flags != 0 {
-            return at + (flags.trailing_zeros() / 8) as usize;
-        }
-        at += 8;
-    }
-    at + chunks
-        .remainder()
-        .iter()
-        .position(|&c| c < 0x20 || c == b'"' || c == b'\\')
-        .unwrap_or(chunks.remainder().len())
-}
-
 /// `s` as a JSON string, as serde_json writes it.
 fn json_str(out: &mut Vec<u8>, s: &str) {
     json_str_with(out, "", s);
 }
 
 /// `prefix` (needing no escape) and `s` as one JSON string, as serde_json writes it: the runs
-/// of plain bytes copied whole ([`json_plain_len`]), each byte between them escaped as
+/// of plain bytes copied whole ([`plain_len`]), each byte between them escaped as
 /// serde_json escapes it (`\"`, `\\`, the short escapes of five control characters, `\u00xx`
 /// with lowercase digits for the others).
 ///
@@ -440,7 +409,7 @@ fn json_str_with(out: &mut Vec<u8>, prefix: &str, s: &str) {
     out.extend_from_slice(prefix.as_bytes());
     let mut rest = s.as_bytes();
     loop {
-        let (plain, tail) = rest.split_at(json_plain_len(rest).min(rest.len()));
+        let (plain, tail) = rest.split_at(plain_len(rest).min(rest.len()));
         out.extend_from_slice(plain);
         let Some((&c, tail)) = tail.split_first() else {
             break;
@@ -595,40 +564,6 @@ mod tests {
                     serde_json::to_vec(&format!("session:{s}")).unwrap(),
                     "{s:?}"
                 );
-            }
-        }
-    }
-
-    /// [`json_plain_len`] finds the first byte serde_json escapes, as a byte-by-byte scan does:
-    /// every special byte at every place of texts of every length up to 40, over plain bytes of
-    /// every kind (ASCII, UTF-8 continuation bytes, 0x7f, the bytes next to the special ones).
-    #[test]
-    fn the_plain_length_is_the_first_escaped_byte() {
-        let by_byte = |b: &[u8]| {
-            b.iter()
-                .position(|&c| c < 0x20 || c == b'"' || c == b'\\')
-                .unwrap_or(b.len())
-        };
-        let fillers = [
-            b'a', 0x7f, 0x80, 0xff, 0x21, 0x23, 0x5b, 0x5d, 0x20, 0xa2, 0xdc,
-        ];
-        let specials = [0u8, 0x01, 0x1f, b'"', b'\\'];
-        for len in 0..40 {
-            for &fill in &fillers {
-                let plain = vec![fill; len];
-                assert_eq!(json_plain_len(&plain), len);
-                for at in 0..len {
-                    for &special in &specials {
-                        let mut text = plain.clone();
-                        text[at] = special;
-                        assert_eq!(json_plain_len(&text), by_byte(&text), "{text:?}");
-                        // A second special byte after the first changes nothing.
-                        if at + 3 < len {
-                            text[at + 3] = b'"';
-                            assert_eq!(json_plain_len(&text), at, "{text:?}");
-                        }
-                    }
-                }
             }
         }
     }
