@@ -68,48 +68,50 @@ pub(super) fn read(text: &str) -> Option<Members<'_>> {
             r.eat(b':')?;
             r.ws();
             let start = r.i;
-            if key == "params" {
-                // The one member read with an index of its own members: where each of
-                // `params`' keys and values are, so nothing reads `params` again for them.
-                m.params = r.params(start)?;
-            } else {
-                r.value(1)?;
-            }
-            let value = text.get(start..r.i)?;
+            let top = Top::of_key(key.as_bytes());
             // A known member twice is serde's "duplicate field" error, `null` its `None`:
-            // both left to it.
-            let known = match key {
-                "jsonrpc" => &mut m.jsonrpc,
-                "id" => &mut m.id,
-                "method" => &mut m.method,
-                "result" | "error" => {
-                    let seen = if key == "result" {
+            // both left to it (a key twice is handed back by `new_key` already).
+            let known = match top {
+                Top::Params => {
+                    // The one member read with an index of its own members: where each of
+                    // `params`' keys and values are, so nothing reads `params` again for them.
+                    m.params = r.params(start)?;
+                    None
+                }
+                Top::Method => {
+                    // `method` as serde reads it into a string: only a plain one here (its
+                    // text without the quotes; an escape, `null` or another type is serde's).
+                    m.method = Some(r.plain_string()?);
+                    None
+                }
+                Top::Jsonrpc => Some(&mut m.jsonrpc),
+                Top::Id => Some(&mut m.id),
+                Top::Result | Top::Error => {
+                    r.value(1)?;
+                    let seen = if top == Top::Result {
                         &mut m.result
                     } else {
                         &mut m.error
                     };
-                    if *seen || value == "null" {
+                    if *seen || text.get(start..r.i)? == "null" {
                         return None;
                     }
                     *seen = true;
-                    r.ws();
-                    if r.next_member()? {
-                        continue;
-                    }
-                    break;
+                    None
                 }
-                _ => {
-                    r.ws();
-                    if r.next_member()? {
-                        continue;
-                    }
-                    break;
+                Top::Other => {
+                    r.value(1)?;
+                    None
                 }
             };
-            if known.is_some() || value == "null" {
-                return None;
+            if let Some(known) = known {
+                r.value(1)?;
+                let value = text.get(start..r.i)?;
+                if known.is_some() || value == "null" {
+                    return None;
+                }
+                *known = Some(value);
             }
-            *known = Some(value);
             r.ws();
             if !r.next_member()? {
                 break;
@@ -120,16 +122,36 @@ pub(super) fn read(text: &str) -> Option<Members<'_>> {
     if r.i != r.b.len() {
         return None;
     }
-    // `method` as serde reads it into a string: only a plain one here (the value's text
-    // without its quotes, which hold no escape).
-    if let Some(method) = m.method {
-        let inner = method.strip_prefix('"')?.strip_suffix('"')?;
-        if inner.contains('\\') {
-            return None;
-        }
-        m.method = Some(inner);
-    }
     Some(m)
+}
+
+/// The envelope's members by their key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Top {
+    Jsonrpc,
+    Id,
+    Method,
+    Params,
+    Result,
+    Error,
+    Other,
+}
+
+impl Top {
+    /// The member a key names. (Byte patterns: a length test and byte comparisons, where a
+    /// `match` on string literals called `memcmp` for each key and arm.)
+    #[inline(always)]
+    fn of_key(key: &[u8]) -> Top {
+        match key {
+            [b'j', b's', b'o', b'n', b'r', b'p', b'c'] => Top::Jsonrpc,
+            [b'i', b'd'] => Top::Id,
+            [b'm', b'e', b't', b'h', b'o', b'd'] => Top::Method,
+            [b'p', b'a', b'r', b'a', b'm', b's'] => Top::Params,
+            [b'r', b'e', b's', b'u', b'l', b't'] => Top::Result,
+            [b'e', b'r', b'r', b'o', b'r'] => Top::Error,
+            _ => Top::Other,
+        }
+    }
 }
 
 /// Keys (of the objects open on the current path) whose places [`Reader`] keeps to find a
