@@ -156,19 +156,24 @@ impl<'a> Lex<'a> {
 pub fn plain_len(b: &[u8]) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
-    let zero_in = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    let mut rest = b;
     let mut at = 0;
-    while let Some(&word) = b.get(at..).and_then(<[u8]>::first_chunk::<8>) {
-        let w = u64::from_le_bytes(word);
-        let flags = (w.wrapping_sub(ONES * 0x20) & !w & HIGH)
-            | zero_in(w ^ (ONES * u64::from(b'"')))
-            | zero_in(w ^ (ONES * u64::from(b'\\')));
+    while let Some((word, tail)) = rest.split_first_chunk::<8>() {
+        let w = u64::from_le_bytes(*word);
+        // A byte's high bit is flagged where it is clear in `w` and set by the subtraction: a
+        // byte below 0x20, or zero once xored with a quote or a backslash (which leave the
+        // high bit as it is in `w`, so one `!w` serves the three tests).
+        let flags = (w.wrapping_sub(ONES * 0x20)
+            | (w ^ (ONES * u64::from(b'"'))).wrapping_sub(ONES)
+            | (w ^ (ONES * u64::from(b'\\'))).wrapping_sub(ONES))
+            & !w
+            & HIGH;
         if flags != 0 {
             return at + (flags.trailing_zeros() / 8) as usize;
         }
         at += 8;
+        rest = tail;
     }
-    let rest = b.get(at..).unwrap_or_default();
     at + rest
         .iter()
         .position(|&c| c < 0x20 || c == b'"' || c == b'\\')
