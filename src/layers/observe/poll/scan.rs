@@ -158,12 +158,14 @@ impl<'a> Scan<'a> {
                 return None;
             }
             seen |= bit;
-            match key {
-                "status" => view.status = self.text_or_null()?,
-                "statusMessage" => view.status_message = self.text_or_null()?,
-                "lastUpdatedAt" => view.last_updated_at = self.text_or_null()?,
-                "pollInterval" => view.poll_interval = self.u64_or_null()?,
-                "result" => view.result = self.result_view()?,
+            // By the bit: the key is compared once (a second `match` on the key compared
+            // the keys of the same length again, with a `memcmp` each).
+            match bit {
+                1 => view.status = self.text_or_null()?,
+                2 => view.status_message = self.text_or_null()?,
+                4 => view.last_updated_at = self.text_or_null()?,
+                8 => view.poll_interval = self.u64_or_null()?,
+                16 => view.result = self.result_view()?,
                 _ => self.value(2)?,
             }
             self.ws();
