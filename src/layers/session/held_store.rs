@@ -132,17 +132,12 @@ pub(super) struct Keeping {
 
 impl Keeping {
     /// Runs `work` on a store thread and waits for it; a job that did not run (the threads
-    /// busy or shutting down) is a [`StoreError::Db`] saying why. On this thread instead for
-    /// a store whose calls about one record are memory work
-    /// ([`TaskStore::quick_point_calls`]: sled), as the registry's `point` does.
+    /// busy or shutting down) is a [`StoreError::Db`] saying why.
     async fn run<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         F: FnOnce(&dyn TaskStore) -> Result<T, StoreError> + Send + 'static,
         T: Send + 'static,
     {
-        if self.store.quick_point_calls() {
-            return work(self.store.as_ref());
-        }
         let store = self.store.clone();
         self.threads
             .run(move || work(store.as_ref()))
