@@ -66,6 +66,8 @@ impl Registry {
         let slot = reservation.store_slot();
         let seen = self.records.epoch();
         let result = if self.store.quick_point_calls() {
+            // No slot to turn into the task: a store with slots is a shared one (PostgreSQL).
+            debug_assert!(slot.is_none() || self.store.slots().is_none());
             // sled: the writes on this thread, the group commit awaited (see `Registry::point`).
             self.store.create_stored(record.clone()).await
         } else {

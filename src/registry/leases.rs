@@ -393,7 +393,7 @@ impl Registry {
         upstream: &str,
         task_id: &str,
     ) -> Option<crate::store::TaskRecord> {
-        self.off_runtime_about(upstream, task_id, |r, up, id| match r.store.get(up, id) {
+        self.point_about(upstream, task_id, |r, up, id| match r.store.get(up, id) {
             Ok(found) => found,
             Err(e) => {
                 tracing::error!(error = %e, "task store read failed");

@@ -11,8 +11,10 @@
 //!   lapsed leases adopted).
 //!
 //! Every method that touches the store is `async` and runs the store work on the registry's
-//! own store threads (`offload`): no store call runs on a runtime worker thread, nor on the
-//! runtime's blocking pool (which resolves upstream host names).
+//! own store threads (`offload`), never on the runtime's blocking pool (which resolves
+//! upstream host names); the exception is sled's calls about one task, which run on the
+//! calling serving thread (`Registry::point`, `TaskStore::quick_point_calls`: they are
+//! memory work; the commit's `fdatasync` stays on sled's committer thread).
 //!
 //! Layers read and write task facts only through [`Registry`]: `tasks` looks records up to
 //! authorise and reserves slots, `cancel` records `cancel_requested_at`, and `observe` (the

@@ -3,9 +3,10 @@
 //! and awaits the result, so an fsync or a database that does not answer never occupies one of
 //! the (two, on the target machine) runtime workers. The exception: a store whose calls about
 //! one task are memory work of microseconds (sled:
-//! [`crate::store::TaskStore::quick_point_calls`]) has those
-//! run on the calling thread ([`Registry::point`]); its scans, sweeps and listings still come
-//! here, and its one disk wait, the group commit, is its committer thread's.
+//! [`crate::store::TaskStore::quick_point_calls`], which says what they can still wait for)
+//! has those run on the calling thread ([`Registry::point`]); its scans, sweeps, listings and
+//! the session table's stored sessions still come here, and the group commit's `fdatasync`
+//! is its committer thread's.
 //!
 //! **Why threads of their own, not tokio's blocking pool** (issue 29, item 8): the serving
 //! runtimes' blocking pool also resolves upstream host names (`TcpStream::connect` of a name
@@ -253,8 +254,9 @@ impl Registry {
     /// Why not the store threads for sled too: in the 2025 task lifecycle (c=16) those threads
     /// took 17 % of taskgate's CPU, most of it waking a thread and putting it back to sleep for
     /// each of a task's three store trips, against a few microseconds of tree work (perf,
-    /// issue 36). The disk wait stays off the runtime: a commit's `fdatasync` is the committer
-    /// thread's, and the caller awaits it.
+    /// issue 36). The commit's `fdatasync` stays off the runtime, on the committer thread,
+    /// awaited; what a sled call can still wait for (sled's global lock behind a flush in
+    /// progress) is said at `SledStore`'s `quick_point_calls`.
     pub(super) async fn point<T, F>(self: &Arc<Self>, work: F) -> Option<T>
     where
         F: FnOnce(&Registry) -> T + Send + 'static,
@@ -269,7 +271,7 @@ impl Registry {
     /// [`Registry::point`] for work about one task: `work` gets the registry and the task's
     /// `(upstream, taskId)` (owned copies moved to a store thread when it goes there, so
     /// callers keep borrows).
-    pub(super) async fn off_runtime_about<T, F>(
+    pub(super) async fn point_about<T, F>(
         self: &Arc<Self>,
         upstream: &str,
         task_id: &str,
@@ -303,7 +305,7 @@ impl Registry {
     /// [`Registry::lookup`] that tells a failed store read apart (counted in
     /// `taskgate_store_write_failures_total` and logged), so the caller answers `-32603` and not
     /// "not found". Served from the record cache when it holds the record (no blocking-pool
-    /// trip; never on a shared store); otherwise read off the runtime and cached.
+    /// trip; never on a shared store); otherwise read (see [`Registry::point`]) and cached.
     ///
     /// The record is shared with the cache, not copied: a tasks/get hands it to the layers
     /// below and `observe` compares the answer with it (two whole-record clones per request
@@ -360,7 +362,7 @@ impl Registry {
         source: &'static str,
     ) -> Observed {
         let applied = self
-            .off_runtime_about(upstream, task_id, move |r, up, id| {
+            .point_about(upstream, task_id, move |r, up, id| {
                 r.observe_task_as_now(up, id, &task, source)
             })
             .await;
@@ -374,8 +376,7 @@ impl Registry {
     /// terminal status, at most `tasks.max_stored_result_bytes`).
     ///
     /// Why: storing the result apart was a second update of the record (read, decode, encode,
-    /// write: about 48,000 instructions) and a second trip to the store threads per task
-    /// (issue 36).
+    /// write: about 48,000 instructions) and a second store call per task (issue 36).
     pub async fn observe_task_with_result(
         self: &Arc<Self>,
         upstream: &str,
@@ -384,7 +385,7 @@ impl Registry {
         result: String,
     ) -> Observed {
         let applied = self
-            .off_runtime_about(upstream, task_id, move |r, up, id| {
+            .point_about(upstream, task_id, move |r, up, id| {
                 r.observe_task_with_result_now(up, id, &task, "tasks/get", Some(result))
             })
             .await;
@@ -404,7 +405,7 @@ impl Registry {
             return Observed::Unknown;
         };
         let applied = self
-            .off_runtime_about(upstream, task_id, move |r, up, id| {
+            .point_about(upstream, task_id, move |r, up, id| {
                 r.apply_status(up, id, report, source)
             })
             .await;
@@ -439,7 +440,7 @@ impl Registry {
         failed: bool,
     ) {
         let terminal_now = self
-            .off_runtime_about(upstream, task_id, move |r, up, id| {
+            .point_about(upstream, task_id, move |r, up, id| {
                 r.apply_result_payload_now(up, id, failed)
             })
             .await;
@@ -455,7 +456,7 @@ impl Registry {
         upstream: &str,
         task_id: &str,
     ) -> Option<Arc<TaskRecord>> {
-        self.off_runtime_about(upstream, task_id, Registry::request_cancel_now)
+        self.point_about(upstream, task_id, Registry::request_cancel_now)
             .await
             .flatten()
     }
@@ -467,7 +468,7 @@ impl Registry {
         task_id: &str,
         reason: crate::metrics::ReleaseReason,
     ) {
-        self.off_runtime_about(upstream, task_id, move |r, up, id| {
+        self.point_about(upstream, task_id, move |r, up, id| {
             r.record_released_now(up, id, reason)
         })
         .await;

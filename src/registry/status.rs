@@ -615,7 +615,7 @@ impl Registry {
         upstream: &str,
         task_id: &str,
     ) {
-        self.off_runtime_about(upstream, task_id, |this, up, id| {
+        self.point_about(upstream, task_id, |this, up, id| {
             this.cancel_requested_now(up, id, |_| {
                 "tasks/cancel of a terminal task acknowledged by taskgate (not forwarded)"
             })

@@ -111,7 +111,7 @@ impl Registry {
         outcome: SharedCancelOutcome,
     ) {
         let done = self
-            .off_runtime_about(upstream, task_id, move |r, up, id| {
+            .point_about(upstream, task_id, move |r, up, id| {
                 r.store.finish_cancel(up, id, generation, &outcome)
             })
             .await;
@@ -133,7 +133,7 @@ impl Registry {
         let mut pause = Duration::from_millis(10);
         loop {
             let read = self
-                .off_runtime_about(upstream, task_id, move |r, up, id| {
+                .point_about(upstream, task_id, move |r, up, id| {
                     r.store.cancel_outcome(up, id, generation)
                 })
                 .await;

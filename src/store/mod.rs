@@ -180,10 +180,12 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
     /// True when a call about one task ([`TaskStore::get`], [`TaskStore::update`] and its
     /// variants, [`TaskStore::append_audit`], the writes of [`TaskStore::create`] before its
     /// commit) is work in this process on memory and local files, done in microseconds, that
-    /// never waits on a network nor on the disk's write cache (the commit's `fdatasync` is
-    /// awaited apart): the registry then makes those calls on the calling thread instead of
-    /// handing each to its store threads (`registry::offload`). False (the default): every
-    /// call goes to the store threads (PostgreSQL: a call may wait on the database).
+    /// never waits on a network (the commit's `fdatasync` is awaited apart): the registry then
+    /// makes those calls on the calling thread, a serving thread's single-threaded runtime,
+    /// instead of handing each to its store threads (`registry::offload`). False (the
+    /// default): every call goes to the store threads (PostgreSQL: a call may wait on the
+    /// database). Only the registry's calls about one task rely on it; scans, sweeps and the
+    /// session table's stored sessions always go to the store threads.
     fn quick_point_calls(&self) -> bool {
         false
     }

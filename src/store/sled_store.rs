@@ -673,10 +673,18 @@ impl TaskStore for SledStore {
         self.request_sync(None);
     }
 
-    /// sled's point calls are in-memory tree operations on this process's page cache (a read
-    /// of an evicted page is a local `pread`); the only wait for the disk, the group commit,
-    /// is on the committer thread. Measured (issue 36): handing each to a store thread cost
-    /// more than the call (a thread woken and put back to sleep each time).
+    /// sled's point calls are in-memory tree operations on this process's page cache; the
+    /// group commit's `fdatasync` is the committer thread's. Measured (issue 36): handing each
+    /// to a store thread cost more than the call (a thread woken and put back to sleep each
+    /// time). What they can still wait for: a read of an evicted page (a local `pread`), and
+    /// sled 0.34's global lock. After the process's first sled transaction (a sweep's removal,
+    /// a held session's write, an update whose compare-and-swap lost) every tree call takes
+    /// that lock shared; a transaction takes it exclusively and waits for a flush in progress
+    /// (which holds it shared through its buffer write and `sync_file_range`), and callers
+    /// arriving meanwhile wait behind the transaction. On a healthy disk that is one buffer's
+    /// write (about a commit's time, 0.1 to 1 ms); on a stalled disk the calling serving thread
+    /// stalls with it. The task updates of the lifecycle are compare-and-swaps, not
+    /// transactions, and the held sessions' transactions stay on the store threads.
     fn quick_point_calls(&self) -> bool {
         true
     }
