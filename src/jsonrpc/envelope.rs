@@ -68,49 +68,20 @@ pub(super) fn read(text: &str) -> Option<Members<'_>> {
             r.eat(b':')?;
             r.ws();
             let start = r.i;
-            let top = Top::of_key(key.as_bytes());
-            // A known member twice is serde's "duplicate field" error, `null` its `None`:
-            // both left to it (a key twice is handed back by `new_key` already).
-            let known = match top {
-                Top::Params => {
-                    // The one member read with an index of its own members: where each of
-                    // `params`' keys and values are, so nothing reads `params` again for them.
-                    m.params = r.params(start)?;
-                    None
-                }
-                Top::Method => {
-                    // `method` as serde reads it into a string: only a plain one here (its
-                    // text without the quotes; an escape, `null` or another type is serde's).
-                    m.method = Some(r.plain_string()?);
-                    None
-                }
-                Top::Jsonrpc => Some(&mut m.jsonrpc),
-                Top::Id => Some(&mut m.id),
-                Top::Result | Top::Error => {
-                    r.value(1)?;
-                    let seen = if top == Top::Result {
-                        &mut m.result
-                    } else {
-                        &mut m.error
-                    };
-                    if *seen || text.get(start..r.i)? == "null" {
-                        return None;
-                    }
-                    *seen = true;
-                    None
-                }
-                Top::Other => {
-                    r.value(1)?;
-                    None
-                }
-            };
-            if let Some(known) = known {
-                r.value(1)?;
-                let value = text.get(start..r.i)?;
-                if known.is_some() || value == "null" {
-                    return None;
-                }
-                *known = Some(value);
+            // A known member twice is serde's "duplicate field" error, `null` its `None`: both
+            // left to it (a key twice is handed back by `new_key` above).
+            match Top::of_key(key.as_bytes()) {
+                // The one member read with an index of its own members: where each of
+                // `params`' keys and values are, so nothing reads `params` again for them.
+                Top::Params => m.params = r.params(start)?,
+                // `method` as serde reads it into a string: only a plain one here (its text
+                // without the quotes; an escape, `null` or another type is serde's).
+                Top::Method => m.method = Some(r.plain_string()?),
+                Top::Jsonrpc => m.jsonrpc = Some(r.non_null(start)?),
+                Top::Id => m.id = Some(r.non_null(start)?),
+                Top::Result => m.result = r.non_null(start).map(|_| true)?,
+                Top::Error => m.error = r.non_null(start).map(|_| true)?,
+                Top::Other => r.value(1)?,
             }
             r.ws();
             if !r.next_member()? {
@@ -181,6 +152,14 @@ impl<'a> std::ops::DerefMut for Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// The value starting at `start` (the place read next), read whole: its text, `None`
+    /// (handed back) for `null` or a value the reader does not take.
+    fn non_null(&mut self, start: usize) -> Option<&'a str> {
+        self.value(1)?;
+        let text: &'a str = self.text;
+        text.get(start..self.i).filter(|v| *v != "null")
+    }
+
     /// Notes the key at `start..end` (no escape in it) of the object whose first key is at
     /// `keys[base]`: `None` (handed back) when that object has it already, or when [`KEYS`]
     /// keys are open.

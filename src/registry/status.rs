@@ -195,7 +195,7 @@ impl Registry {
     /// `tasks/result` answer, as it passed through) in the task's record, once: when the record
     /// holds no result yet, its status is `status` (any terminal status for `None`) and
     /// `result_json` is at most `tasks.max_stored_result_bytes` (0 turns this off). Returns
-    /// whether it was stored. Store work runs off the runtime.
+    /// whether it was stored. Store work runs where `Registry::point` says.
     pub async fn store_terminal_result(
         self: &std::sync::Arc<Self>,
         upstream: &str,
@@ -221,7 +221,7 @@ impl Registry {
     /// or the one taskgate failed a bridged task with: see `TaskRecord::terminal_error`) in the
     /// task's record, once: when the record is `failed`, holds no error yet, and
     /// `error_json` is at most `tasks.max_stored_result_bytes` (0 turns this off). Returns
-    /// whether it was stored. Store work runs off the runtime.
+    /// whether it was stored. Store work runs where `Registry::point` says.
     pub async fn store_terminal_error(
         self: &std::sync::Arc<Self>,
         upstream: &str,
@@ -240,7 +240,7 @@ impl Registry {
 
     /// Edits the input requests stored in a bridged task's record (`TaskRecord::input_requests`,
     /// issue 33) with `edit`, which says whether it changed them (it may run more than once in a
-    /// transaction, on the latest record: it copies, never takes); off the runtime. Returns the
+    /// transaction, on the latest record: it copies, never takes); where `Registry::point` says. Returns the
     /// field as it was before and after the edit that stood, durable when it changed (the
     /// store's sync awaited; a failed sync is counted and logged); `None` when the record is
     /// unknown or the store failed (counted and logged).
@@ -250,10 +250,9 @@ impl Registry {
         task_id: &str,
         mut edit: impl FnMut(&mut Option<String>) -> bool + Send + 'static,
     ) -> Option<(Option<String>, Option<String>)> {
-        let (up, id) = (upstream.to_string(), task_id.to_string());
         let edited = self
-            .point(
-                move |this| match this.update(&up, &id, &mut |r| edit(&mut r.input_requests)) {
+            .point_about(upstream, task_id, move |this, up, id| {
+                match this.update(up, id, &mut |r| edit(&mut r.input_requests)) {
                     Ok(Some((before, after))) => {
                         Some((before.input_requests, after.input_requests.clone()))
                     }
@@ -262,8 +261,8 @@ impl Registry {
                         this.write_failed(&e, "task store update of input requests failed");
                         None
                     }
-                },
-            )
+                }
+            })
             .await
             .flatten()?;
         if edited.0 != edited.1 {
@@ -284,8 +283,8 @@ impl Registry {
 
     /// Writes `json` into the record of `(upstream, task_id)` with `put` (which says whether it
     /// changed the record, and may run more than once in a transaction: it copies, never takes),
-    /// when `json` is at most `tasks.max_stored_result_bytes` (0 turns storing off); off the
-    /// runtime. Returns whether the record changed.
+    /// when `json` is at most `tasks.max_stored_result_bytes` (0 turns storing off); where
+    /// `Registry::point` says. Returns whether the record changed.
     async fn store_terminal(
         self: &std::sync::Arc<Self>,
         upstream: &str,
@@ -296,9 +295,8 @@ impl Registry {
         if !self.keeps_result(&json) {
             return false;
         }
-        let (up, id) = (upstream.to_string(), task_id.to_string());
-        self.point(
-            move |this| match this.update(&up, &id, &mut |r| put(r, &json)) {
+        self.point_about(upstream, task_id, move |this, up, id| {
+            match this.update(up, id, &mut |r| put(r, &json)) {
                 Ok(Some((before, after))) if before != *after => {
                     this.store.sync_soon();
                     true
@@ -308,8 +306,8 @@ impl Registry {
                     this.write_failed(&e, "task store update failed");
                     false
                 }
-            },
-        )
+            }
+        })
         .await
         .unwrap_or(false)
     }
