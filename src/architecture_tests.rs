@@ -263,6 +263,109 @@ fn imports_follow_the_architecture() {
     );
 }
 
+/// sled 0.34 calls that switch its process-global concurrency-control lock (`sled-0.34.7/src/
+/// concurrency_control.rs`) into its blocking mode for the rest of the process: a transaction,
+/// a batch, a checksum. taskgate's sled code makes none (`store::sled_store::swap` says why and
+/// what replaces them): sled's calls about one task run on the serving threads
+/// (`TaskStore::quick_point_calls`), which must never queue behind a transaction waiting for a
+/// flush.
+const SLED_EXCLUSIVE: &[&str] = &[
+    "transaction",
+    "Transactional",
+    "TransactionalTree",
+    "apply_batch",
+    "checksum",
+];
+
+/// The files that may name sled: the embedded store's.
+fn names_sled_legitimately(file: &str) -> bool {
+    file == "src/store/sled_store.rs" || file.starts_with("src/store/sled_store/")
+}
+
+/// Every `.rs` file under `dir` (tests included), as `src/…` paths with their text.
+fn every_source(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            every_source(root, &path, out);
+        } else if path.extension().is_some_and(|x| x == "rs") {
+            let name = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            out.insert(name, std::fs::read_to_string(&path).unwrap());
+        }
+    }
+}
+
+/// The code of `sources` (comments and strings left out) that names sled (`sled::…`) outside
+/// the embedded store's files, or that makes one of the [`SLED_EXCLUSIVE`] calls in them: one
+/// line per fault.
+fn sled_faults(sources: &BTreeMap<String, String>) -> Vec<String> {
+    let mut faults = Vec::new();
+    for (file, text) in sources {
+        let t = tokens(&strip(text));
+        let sled_path = t
+            .windows(2)
+            .any(|w| w[0] == Token::Ident("sled".into()) && w[1] == Token::PathSep);
+        if !names_sled_legitimately(file) {
+            if sled_path {
+                faults.push(format!("{file} names sled outside src/store/sled_store"));
+            }
+            continue;
+        }
+        for call in SLED_EXCLUSIVE {
+            if t.contains(&Token::Ident(call.to_string())) {
+                faults.push(format!("{file} names sled's `{call}`"));
+            }
+        }
+    }
+    faults
+}
+
+/// taskgate's sled code runs no sled transaction (nor anything else that takes sled's global
+/// lock exclusively): every file naming sled is the embedded store's, and none of them names
+/// a [`SLED_EXCLUSIVE`] call. PostgreSQL's transactions (`src/store/pg/`) name no sled.
+#[test]
+fn the_sled_store_runs_no_transaction() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut sources = BTreeMap::new();
+    every_source(root, &root.join("src"), &mut sources);
+    assert!(sources.contains_key("src/store/sled_store.rs"));
+    let faults = sled_faults(&sources);
+    assert!(
+        faults.is_empty(),
+        "sled's lock must stay in its lock-free mode:\n  {}",
+        faults.join("\n  ")
+    );
+    // The check sees what it should: a transaction (whatever the spelling) in the store's
+    // files, sled named elsewhere; not a word in a comment or a string, nor PostgreSQL's.
+    let probe = |file: &str, text: &str| {
+        let one = BTreeMap::from([(file.to_string(), text.to_string())]);
+        sled_faults(&one).len()
+    };
+    let tx = "fn f(a: &sled::Tree, b: &sled::Tree) { (a, b).transaction(|(a, b)| Ok(())); }";
+    assert_eq!(probe("src/store/sled_store/held.rs", tx), 1);
+    assert_eq!(
+        probe("src/store/sled_store.rs", "use sled::Transactional;"),
+        1
+    );
+    assert_eq!(probe("src/store/sled_store/x.rs", "t.apply_batch(b)?;"), 1);
+    assert_eq!(probe("src/registry/x.rs", "let t: sled::Tree;"), 1);
+    assert_eq!(
+        probe("src/store/pg/x.rs", "let tx = c.transaction().await?;"),
+        0
+    );
+    assert_eq!(
+        probe(
+            "src/store/sled_store.rs",
+            "// no .transaction(\nlet s = \"transaction\";"
+        ),
+        0
+    );
+}
+
 /// Whether module `m` is `area` or inside it.
 fn under(m: &[String], area: &str) -> bool {
     let area: Vec<&str> = area.split("::").collect();

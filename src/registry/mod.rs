@@ -14,7 +14,8 @@
 //! own store threads (`offload`), never on the runtime's blocking pool (which resolves
 //! upstream host names); the exception is sled's calls about one task, which run on the
 //! calling serving thread (`Registry::point`, `TaskStore::quick_point_calls`: they are
-//! memory work; the commit's `fdatasync` stays on sled's committer thread).
+//! memory work; the commit's `fdatasync` stays on sled's committer thread, and sled's global
+//! lock stays in its lock-free mode because taskgate runs no sled transaction).
 //!
 //! Layers read and write task facts only through [`Registry`]: `tasks` looks records up to
 //! authorise and reserves slots, `cancel` records `cancel_requested_at`, and `observe` (the

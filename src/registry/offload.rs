@@ -1,5 +1,5 @@
 //! The registry's store work, off the runtime: every method here runs its store calls (reads,
-//! transactions, audit appends, scans) on the registry's **store threads** ([`StoreThreads`])
+//! writes, audit appends, scans) on the registry's **store threads** ([`StoreThreads`])
 //! and awaits the result, so an fsync or a database that does not answer never occupies one of
 //! the (two, on the target machine) runtime workers. The exception: a store whose calls about
 //! one task are memory work of microseconds (sled:
@@ -29,7 +29,7 @@
 //!
 //! Why threads and not a store thread (actor) of its own: it keeps [`crate::store::TaskStore`]
 //! synchronous and small, lets independent reads run in parallel (sled is thread-safe; one
-//! actor thread would queue every `tasks/get` authorisation behind every transaction), and the
+//! actor thread would queue every `tasks/get` authorisation behind every write), and the
 //! only place that must wait for the disk (group commit + `fdatasync`) already has its own
 //! committer thread.
 //!
@@ -255,8 +255,9 @@ impl Registry {
     /// took 17 % of taskgate's CPU, most of it waking a thread and putting it back to sleep for
     /// each of a task's three store trips, against a few microseconds of tree work (perf,
     /// issue 36). The commit's `fdatasync` stays off the runtime, on the committer thread,
-    /// awaited; what a sled call can still wait for (sled's global lock behind a flush in
-    /// progress) is said at `SledStore`'s `quick_point_calls`.
+    /// awaited. sled's global lock does not hold these calls up behind a flush: it blocks only
+    /// after a sled transaction, and taskgate's sled code runs none (`SledStore`'s
+    /// `quick_point_calls` says what a call can still wait for: a read of an evicted page).
     pub(super) async fn point<T, F>(self: &Arc<Self>, work: F) -> Option<T>
     where
         F: FnOnce(&Registry) -> T + Send + 'static,

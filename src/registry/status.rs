@@ -239,8 +239,8 @@ impl Registry {
     }
 
     /// Edits the input requests stored in a bridged task's record (`TaskRecord::input_requests`,
-    /// issue 33) with `edit`, which says whether it changed them (it may run more than once in a
-    /// transaction, on the latest record: it copies, never takes); where `Registry::point` says. Returns the
+    /// issue 33) with `edit`, which says whether it changed them (it may run more than once, on
+    /// the latest record each time: it copies, never takes); where `Registry::point` says. Returns the
     /// field as it was before and after the edit that stood, durable when it changed (the
     /// store's sync awaited; a failed sync is counted and logged); `None` when the record is
     /// unknown or the store failed (counted and logged).
@@ -282,7 +282,8 @@ impl Registry {
     }
 
     /// Writes `json` into the record of `(upstream, task_id)` with `put` (which says whether it
-    /// changed the record, and may run more than once in a transaction: it copies, never takes),
+    /// changed the record, and may run more than once, on the latest record each time: it
+    /// copies, never takes),
     /// when `json` is at most `tasks.max_stored_result_bytes` (0 turns storing off); where
     /// `Registry::point` says. Returns whether the record changed.
     async fn store_terminal(

@@ -82,9 +82,9 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
     fn get(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError>;
 
     /// Atomically applies `change` to the record; `change` returns false to leave it as it was.
-    /// `change` may run more than once for one call (sled retries a transaction that conflicted,
-    /// and the implementation re-reads the record on a lost compare-and-swap): it must compute
-    /// the same change from the same record every time and have no other effect.
+    /// `change` may run more than once for one call (sled re-reads the record and applies it
+    /// again when another change won the compare-and-swap meanwhile; PostgreSQL likewise): it
+    /// must compute the same change from the same record every time and have no other effect.
     /// Returns `(before, after)` when a record exists. Made durable by the next group commit
     /// (call [`TaskStore::sync`] to wait for it).
     fn update(

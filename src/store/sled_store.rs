@@ -8,13 +8,14 @@
 //! - `held_sessions`, `held_by_expiry`: the held sessions (see `held`).
 //!
 //! Keys are length-prefixed strings and big-endian integers, so any `taskId` bytes are safe and
-//! ranges sort by time. A creation writes the index entries, then the record if absent (a
-//! compare-and-swap, no transaction: see [`SledStore::insert_new`]), so a crash may leave index
-//! entries without a record; readers check an entry against its record and skip (and after
-//! [`LEFTOVER_GRACE_MS`] remove) such leftovers. An update that changes only the record (its
-//! expiry stays) is one compare-and-swap against the bytes it read; one that moves the expiry,
-//! and a removal, change the record and its index entries in one multi-tree transaction (see
-//! [`TaskStore::update`] for [`SledStore`]).
+//! ranges sort by time. No change runs a sled transaction (`swap` says why and argues crashes and
+//! races): a creation writes the index entries, then the record if absent (a compare-and-swap:
+//! see [`SledStore::insert_new`]); an update is a compare-and-swap against the bytes it read,
+//! retried on the record as it is now when it loses (an expiry it moves: the new entry written
+//! before, the old one removed after); a removal swaps the record to nothing, then removes its
+//! entries. So a crash may leave index entries without their record, never a record without
+//! them; readers check an entry against its record and skip (and after [`LEFTOVER_GRACE_MS`]
+//! remove) such leftovers.
 //!
 //! Durability (sled 0.34.7 as measured on a 2-core ext4 machine): `flush_async` deadlocks under concurrency and
 //! `flush` alone does not empty the disk's write cache. One committer thread does group commit:
@@ -29,6 +30,7 @@
 
 pub(crate) mod held;
 mod keys;
+mod swap;
 
 use super::{
     AuditEvent, ListCursor, Owner, StoreError, StoredForm, TaskRecord, TaskStore, UpdatedStored,
@@ -38,15 +40,18 @@ use futures_util::future::BoxFuture;
 use keys::{expiry_key, owner_key, task_key};
 pub(super) use keys::{owner_prefix, push_str, read_str, read_u64};
 use parking_lot::Mutex;
-use sled::transaction::{ConflictableTransactionError, TransactionError};
-use sled::Transactional;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use swap::{remove_entry, swap_indexed};
 use tokio::sync::oneshot;
 
 type SyncReply = oneshot::Sender<Result<(), String>>;
+
+/// What [`SledStore::write_index`] wrote: the `by_owner` and the `by_expiry` entry, each its key
+/// and value.
+type IndexWritten = ((Vec<u8>, [u8; 16]), (Vec<u8>, [u8; 16]));
 
 /// How long a lone [`TaskStore::sync_soon`] request waits for a waited sync to share its group
 /// commit (see the module doc): the longest a "soon" change stays only in memory.
@@ -59,12 +64,16 @@ pub const SOON: std::time::Duration = std::time::Duration::from_millis(10);
 /// `expires_at` in `by_expiry`) and the time it was written (see `is_leftover`).
 pub const LEFTOVER_GRACE_MS: u64 = 60_000;
 
-/// Whether an index entry with no record of its own (see [`SledStore::insert_new`]) is surely
-/// what a crash left, not a creation in progress: its own time (`key_ms`) and the time it was
-/// written (its value, 8 bytes big-endian ms; empty in entries written before taskgate stored
-/// it, or by a transaction) are both more than [`LEFTOVER_GRACE_MS`] before `now`.
+/// Whether an index entry with no record of its own (see `swap`) is surely what a crash or a
+/// lost race left, not a change in progress: its own time (`key_ms`) and the time it was
+/// written (its value's first 8 bytes, big-endian ms: `swap::index_value`; the value is empty
+/// in entries written before taskgate stored it, or by a transaction) are both more than
+/// [`LEFTOVER_GRACE_MS`] before `now`.
 fn is_leftover(key_ms: u64, value: &[u8], now: u64) -> bool {
-    let written = <[u8; 8]>::try_from(value).map_or(0, u64::from_be_bytes);
+    let written = value
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map_or(0, u64::from_be_bytes);
     key_ms.max(written).saturating_add(LEFTOVER_GRACE_MS) < now
 }
 
@@ -90,16 +99,6 @@ fn decode(bytes: &[u8]) -> Result<TaskRecord, StoreError> {
 
 fn encode(r: &TaskRecord) -> Vec<u8> {
     r.to_json()
-}
-
-/// What an update's transaction did (see [`TaskStore::update`] for [`SledStore`]).
-enum Updated {
-    /// The record was gone.
-    Missing,
-    /// The record was as first read: the change applied to that read was written.
-    Probe,
-    /// The record had changed since: `(before, after)` read and changed in the transaction.
-    Other(Box<(TaskRecord, TaskRecord)>),
 }
 
 /// Told of every group commit: how long it took (flush and `fdatasync`) and whether it succeeded.
@@ -220,9 +219,10 @@ impl SledStore {
     /// which is the commit point and keeps "a taskId is never rewritten".
     ///
     /// Why not a transaction: each sled 0.34 transaction takes sled's global write lock and makes
-    /// its log roll the I/O buffer (an extra job for sled's I/O thread pool and a batch marker).
-    /// Measured on the task lifecycle (issue 15, `benches/RESULTS.md`): the creation's transaction
-    /// was most of what sled's I/O pool still cost per task.
+    /// its log roll the I/O buffer (an extra job for sled's I/O thread pool and a batch marker);
+    /// measured on the task lifecycle (issue 15, `benches/RESULTS.md`), the creation's transaction
+    /// was most of what sled's I/O pool still cost per task. And the first one would switch sled's
+    /// lock into its blocking mode for good (`swap`).
     ///
     /// Why this order: sled's log recovers a prefix of the writes, so a crash before the group
     /// commit leaves at worst index entries without their record (never a record without them,
@@ -231,8 +231,9 @@ impl SledStore {
     /// Returns the record's bytes as stored.
     fn insert_new(&self, record: &TaskRecord) -> Result<StoredForm, StoreError> {
         let key = task_key(&record.upstream, &record.task_id);
-        let (listed, expiring) = self.write_index(record, now_ms())?;
+        let ((listed, listed_as), (expiring, expiring_as)) = self.write_index(record, now_ms())?;
         let form = StoredForm::from(encode(record));
+        swap::write_step()?;
         let swapped = self
             .tasks
             .compare_and_swap(&key, None::<&[u8]>, Some(&*form))
@@ -241,38 +242,72 @@ impl SledStore {
             return Ok(form);
         };
         // A taskId is never rewritten: an upstream handing out one twice is refused. The entries
-        // just added go again, unless they are the recorded task's own (same owner and times).
+        // just added go again (if still as written: `swap`), unless they are the recorded task's
+        // own (same owner and times).
         let recorded = taken.current.as_deref().map(decode).transpose()?;
         let owns = |k: &[u8], of: fn(&TaskRecord) -> Vec<u8>| {
             recorded.as_ref().is_some_and(|r| of(r) == k)
         };
         if !owns(&listed, owner_key) {
-            self.by_owner.remove(&listed).map_err(db_err)?;
+            remove_entry(&self.by_owner, &listed, &listed_as)?;
         }
         if !owns(&expiring, expiry_key) {
-            self.by_expiry.remove(&expiring).map_err(db_err)?;
+            remove_entry(&self.by_expiry, &expiring, &expiring_as)?;
         }
         Err(StoreError::Conflict(record.task_id.clone()))
     }
 
     /// A creation's first step: `record`'s `by_owner` and `by_expiry` entries, each carrying
     /// `written_ms`, the time it is written (so a creation whose writes come long after its
-    /// record was built, a stalled disk, is still not taken for a leftover: `is_leftover`).
-    /// Returns the two keys.
+    /// record was built, a stalled disk, is still not taken for a leftover: `is_leftover`), in
+    /// a value of its own (`swap::index_value`). Returns each entry's key and value.
     fn write_index(
         &self,
         record: &TaskRecord,
         written_ms: u64,
-    ) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
+    ) -> Result<IndexWritten, StoreError> {
         let (listed, expiring) = (owner_key(record), expiry_key(record));
-        let written = written_ms.to_be_bytes();
+        let (listed_as, expiring_as) =
+            (swap::index_value(written_ms), swap::index_value(written_ms));
+        swap::write_step()?;
         self.by_owner
-            .insert(&listed, &written[..])
+            .insert(&listed, &listed_as[..])
             .map_err(db_err)?;
+        swap::write_step()?;
         self.by_expiry
-            .insert(&expiring, &written[..])
+            .insert(&expiring, &expiring_as[..])
             .map_err(db_err)?;
-        Ok((listed, expiring))
+        Ok(((listed, listed_as), (expiring, expiring_as)))
+    }
+
+    /// Writes `after` over `raw` (the bytes of `before`, as read) by [`swap_indexed`]: the
+    /// `by_expiry` entry moves with the expiry when it changes (the new one written before the
+    /// swap, the old one removed after), and the `by_owner` entry stays (an update never
+    /// changes the owner or `recorded_at`). `Ok(Err(current))` when the record was no longer
+    /// `raw`.
+    fn swap_task(
+        &self,
+        key: &[u8],
+        raw: &[u8],
+        before: &TaskRecord,
+        after: &TaskRecord,
+        bytes: &[u8],
+    ) -> Result<Result<(), Option<sled::IVec>>, StoreError> {
+        debug_assert_eq!(
+            (&before.owner, before.recorded_at),
+            (&after.owner, after.recorded_at),
+            "an update never moves the by_owner entry"
+        );
+        let new = Some(bytes);
+        if after.expires_at == before.expires_at {
+            return swap_indexed(&self.tasks, key, Some(raw), new, &[], &[], 0);
+        }
+        let (moved_from, moved_to) = (expiry_key(before), expiry_key(after));
+        let (added, dropped) = (
+            [(&self.by_expiry, &*moved_to)],
+            [(&self.by_expiry, &*moved_from)],
+        );
+        swap_indexed(&self.tasks, key, Some(raw), new, &added, &dropped, now_ms())
     }
 
     fn request_sync(&self, reply: Option<SyncReply>) -> bool {
@@ -361,6 +396,12 @@ impl TaskStore for SledStore {
         }
     }
 
+    /// A compare-and-swap against the bytes read, retried on the record as it is then when
+    /// another change won meanwhile (`change` runs again on it, so no edit is lost and a record
+    /// that became terminal since is judged as it is); `None` when the record is gone, also when
+    /// a removal won. Most status reports change nothing (a tasks/get poll of a working task):
+    /// that is decided on the read alone, and nothing goes to sled's log. An expiry the change moves takes its
+    /// `by_expiry` entry along (see `swap_task`; why no transaction: `swap`).
     fn update(
         &self,
         upstream: &str,
@@ -368,69 +409,23 @@ impl TaskStore for SledStore {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
         let key = task_key(upstream, task_id);
-        // Most status reports change nothing (a tasks/get poll of a working task): decide that
-        // on a plain read, because a sled transaction writes to the log even when it changes
-        // nothing.
-        let Some(raw) = self.tasks.get(&key).map_err(db_err)? else {
+        let Some(mut raw) = self.tasks.get(&key).map_err(db_err)? else {
             return Ok(None);
         };
-        let current = decode(&raw)?;
-        let mut probe = current.clone();
-        if !change(&mut probe) || probe == current {
-            return Ok(Some((current.clone(), current)));
-        }
-        // Encoded once, not once per transaction attempt; the records go to the caller moved,
-        // not cloned (issue 15: `TaskRecord::clone` and `serialize` per update).
-        let probe_bytes = sled::IVec::from(encode(&probe));
-        if probe.expires_at == current.expires_at {
-            // Only the record changes (a status, a stored result, a fact): one compare-and-swap
-            // against the bytes read above is atomic on its own. Why not a transaction: a sled
-            // transaction holds sled's global write lock (every other store call waits) and
-            // logs a batch marker besides its write (issue 15: two such updates per task in the
-            // lifecycle). A record changed since the read falls through to the transaction.
-            let swapped = self
-                .tasks
-                .compare_and_swap(&key, Some(&raw), Some(probe_bytes.clone()))
-                .map_err(db_err)?;
-            if swapped.is_ok() {
-                return Ok(Some((current, probe)));
+        loop {
+            let current = decode(&raw)?;
+            let mut after = current.clone();
+            if !change(&mut after) || after == current {
+                return Ok(Some((current.clone(), current)));
             }
-        }
-        let change = std::cell::RefCell::new(change);
-        let result = (&self.tasks, &self.by_expiry).transaction(|(t, e)| {
-            let Some(bytes) = t.get(&key)? else {
-                return Ok(Updated::Missing);
-            };
-            // Unchanged since the plain read (the usual case): its decoded record and the change
-            // already applied to it stand, so the record is not decoded twice (a record carries
-            // its terminal result: ~14,500 instructions per decode in the lifecycle benchmark).
-            if bytes == raw {
-                if probe.expires_at != current.expires_at {
-                    e.remove(expiry_key(&current))?;
-                    e.insert(expiry_key(&probe), &[][..])?;
-                }
-                t.insert(key.as_slice(), probe_bytes.clone())?;
-                return Ok(Updated::Probe);
+            // The records go to the caller moved, not cloned (issue 15: `TaskRecord::clone` and
+            // `serialize` per update).
+            let bytes = encode(&after);
+            match self.swap_task(&key, &raw, &current, &after, &bytes)? {
+                Ok(()) => return Ok(Some((current, after))),
+                Err(Some(stored)) => raw = stored,
+                Err(None) => return Ok(None),
             }
-            let before: TaskRecord = serde_json::from_slice(&bytes)
-                .map_err(|err| ConflictableTransactionError::Abort(err.to_string()))?;
-            let mut after = before.clone();
-            if !(change.borrow_mut())(&mut after) || after == before {
-                return Ok(Updated::Other(Box::new((before.clone(), before))));
-            }
-            if after.expires_at != before.expires_at {
-                e.remove(expiry_key(&before))?;
-                e.insert(expiry_key(&after), &[][..])?;
-            }
-            t.insert(key.as_slice(), encode(&after))?;
-            Ok(Updated::Other(Box::new((before, after))))
-        });
-        match result {
-            Ok(Updated::Probe) => Ok(Some((current, probe))),
-            Ok(Updated::Other(pair)) => Ok(Some(*pair)),
-            Ok(Updated::Missing) => Ok(None),
-            Err(TransactionError::Abort(msg)) => Err(StoreError::Corrupt(msg)),
-            Err(TransactionError::Storage(e)) => Err(db_err(e)),
         }
     }
 
@@ -473,8 +468,8 @@ impl TaskStore for SledStore {
             Ok(updated.map(|(before, after)| (before, after, None)))
         };
         let mut probe = known.clone();
-        // Nothing to write, or an expiry to move (a transaction with its index): `known` may
-        // be older than the store, so the stored record decides.
+        // Nothing to write, or an expiry to move (its index entry with it: `update`): `known`
+        // may be older than the store, so the stored record decides.
         if !change(&mut probe) || probe == *known || probe.expires_at != known.expires_at {
             return by_update(change);
         }
@@ -498,22 +493,26 @@ impl TaskStore for SledStore {
         }
     }
 
+    /// The record swapped to nothing against the bytes read (retried if another change won
+    /// meanwhile, so the entries removed are those of the record removed), then its `by_owner`
+    /// and `by_expiry` entries, each if still as read before the swap (`swap`). A change racing
+    /// the removal finds no record and writes none; a crash after the record's removal leaves
+    /// only its entries, leftovers that `list_owner` and `expired` skip and clean. A record that
+    /// cannot be read stays ([`StoreError::Corrupt`], nothing removed).
     fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
         let key = task_key(upstream, task_id);
-        let result = (&self.tasks, &self.by_owner, &self.by_expiry).transaction(|(t, o, e)| {
-            let Some(bytes) = t.remove(key.as_slice())? else {
-                return Ok(None);
+        let removed = loop {
+            let Some(raw) = self.tasks.get(&key).map_err(db_err)? else {
+                break None;
             };
-            let old: TaskRecord = serde_json::from_slice(&bytes)
-                .map_err(|err| ConflictableTransactionError::Abort(err.to_string()))?;
-            o.remove(owner_key(&old))?;
-            e.remove(expiry_key(&old))?;
-            Ok(Some(old))
-        });
-        let removed = match result {
-            Ok(v) => v,
-            Err(TransactionError::Abort(msg)) => return Err(StoreError::Corrupt(msg)),
-            Err(TransactionError::Storage(e)) => return Err(db_err(e)),
+            let old = decode(&raw)?;
+            let (listed, expiring) = (owner_key(&old), expiry_key(&old));
+            let dropped = [(&self.by_owner, &*listed), (&self.by_expiry, &*expiring)];
+            match swap_indexed(&self.tasks, &key, Some(&raw), None, &[], &dropped, 0)? {
+                Ok(()) => break Some(old),
+                Err(Some(_)) => continue,
+                Err(None) => break None,
+            }
         };
         if removed.is_some() {
             // The task's audit events go with it (the tree would otherwise only grow).
@@ -558,11 +557,12 @@ impl TaskStore for SledStore {
                     page.push(r);
                     last_key = Some(k.to_vec());
                 }
-                // What a crash left (`insert_new`): its record was never written, or the id was
-                // recorded again later for someone else. Skipped; removed once surely not a
-                // creation in progress.
+                // What a crash or a lost race left (`swap`): its record was never written or is
+                // gone, or the id was recorded again later for someone else. Skipped; removed
+                // once surely not a creation in progress, and only if still as read (a creation
+                // of the id may be writing it again).
                 _ if is_leftover(recorded_at, &v, now_ms()) => {
-                    self.by_owner.remove(&k).map_err(db_err)?;
+                    remove_entry(&self.by_owner, &k, &v)?;
                 }
                 _ => {}
             }
@@ -607,10 +607,11 @@ impl TaskStore for SledStore {
             if recorded == Some(expires_at) {
                 out.push((up.to_string(), id.to_string()));
             } else if is_leftover(expires_at, &v, now_ms) {
-                // What a crash left (see `insert_new`): no record, or the record of a later
-                // creation of the same id, which has an entry of its own. Never returned: the
-                // sweep would remove that later record before its time.
-                self.by_expiry.remove(&k).map_err(db_err)?;
+                // What a crash or a lost race left (see `swap`): no record, or a record whose
+                // expiry is another (moved since, or a later creation of the same id), which has
+                // an entry of its own. Never returned: the sweep would remove that record before
+                // its time. Removed only if still as read (a change may be writing it again).
+                remove_entry(&self.by_expiry, &k, &v)?;
             }
             if out.len() >= limit {
                 break;
@@ -676,15 +677,12 @@ impl TaskStore for SledStore {
     /// sled's point calls are in-memory tree operations on this process's page cache; the
     /// group commit's `fdatasync` is the committer thread's. Measured (issue 36): handing each
     /// to a store thread cost more than the call (a thread woken and put back to sleep each
-    /// time). What they can still wait for: a read of an evicted page (a local `pread`), and
-    /// sled 0.34's global lock. After the process's first sled transaction (a sweep's removal,
-    /// a held session's write, an update whose compare-and-swap lost) every tree call takes
-    /// that lock shared; a transaction takes it exclusively and waits for a flush in progress
-    /// (which holds it shared through its buffer write and `sync_file_range`), and callers
-    /// arriving meanwhile wait behind the transaction. On a healthy disk that is one buffer's
-    /// write (about a commit's time, 0.1 to 1 ms); on a stalled disk the calling serving thread
-    /// stalls with it. The task updates of the lifecycle are compare-and-swaps, not
-    /// transactions, and the held sessions' transactions stay on the store threads.
+    /// time). What they can still wait for: a read of an evicted page (a local `pread`). Not
+    /// sled 0.34's global concurrency-control lock: it blocks only once a process has run a
+    /// sled transaction (then every tree call takes it shared, a transaction exclusively behind
+    /// any flush in progress, and callers queue behind the transaction), and taskgate runs none
+    /// (`swap`; `architecture_tests` checks), so the lock stays in its lock-free mode, where a
+    /// call only counts itself in an atomic.
     fn quick_point_calls(&self) -> bool {
         true
     }

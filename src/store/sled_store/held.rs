@@ -1,12 +1,16 @@
 //! The sled store's held sessions (see [`crate::store::held`]): tree `held_sessions`
 //! (`(upstream, Mcp-Session-Id)` → JSON [`HeldSessionRecord`]) and its expiry index
-//! `held_by_expiry` (`(expires_at, upstream, Mcp-Session-Id)` → `()`), changed together in one
-//! transaction.
+//! `held_by_expiry` (`(expires_at, upstream, Mcp-Session-Id)` → when it was written:
+//! `swap::index_value`), changed together as the task records and their index are, without a
+//! sled transaction ([`super::swap`]): a session's new expiry entry is written before the
+//! session, its old one removed after; a removal swaps the session to nothing, then removes its
+//! entry. A crash or a lost race leaves at worst an entry without its session, which the sweep
+//! skips and removes once surely not a write in progress (`is_leftover`).
 
-use super::{db_err, push_str, read_str, read_u64, task_key, SledStore};
+use super::swap::{remove_entry, swap_indexed};
+use super::{db_err, is_leftover, push_str, read_str, read_u64, task_key, SledStore};
+use crate::mcp::task::now_ms;
 use crate::store::{HeldSessionRecord, HeldSessionStore, StoreError, TaskStore};
-use sled::transaction::{ConflictableTransactionError, TransactionError};
-use sled::Transactional;
 
 /// `held_by_expiry` key: `(expires_at, upstream, Mcp-Session-Id)`, sorting by `expires_at`.
 pub(crate) fn expiry_key(expires_at: u64, upstream: &str, session: &str) -> Vec<u8> {
@@ -28,35 +32,53 @@ pub(crate) fn read_expiry_key(key: &[u8]) -> Option<(u64, &str, &str)> {
     ))
 }
 
-type Tx = Result<Option<HeldSessionRecord>, TransactionError<String>>;
-
-fn tx_err(e: TransactionError<String>) -> StoreError {
-    match e {
-        TransactionError::Abort(msg) => StoreError::Corrupt(msg),
-        TransactionError::Storage(e) => db_err(e),
-    }
-}
-
 impl SledStore {
-    /// Writes `session` and its expiry entry in one transaction (not yet durable).
+    /// Writes `session` and its expiry entry (not yet durable), replacing the stored version:
+    /// a compare-and-swap against the version read (retried if another change won meanwhile),
+    /// its entry moved as [`SledStore::change_held`] moves it. A stored version that cannot be
+    /// read is replaced; its entry, if any, is left to the sweep.
     fn put_held(&self, session: &HeldSessionRecord) -> Result<(), StoreError> {
         session.check().map_err(StoreError::Db)?;
         let key = task_key(&session.upstream, &session.session_id);
         let text = session.encode();
-        let done: Tx = (&self.held, &self.held_by_expiry).transaction(|(h, e)| {
-            if let Some(old) = h.insert(key.as_slice(), text.as_bytes())? {
-                if let Ok(old) = HeldSessionRecord::decode(&old) {
-                    e.remove(expiry_key(old.expires_at, &old.upstream, &old.session_id))?;
-                }
+        let new_k = expiry_key(session.expires_at, &session.upstream, &session.session_id);
+        let mut old = self.held.get(&key).map_err(db_err)?;
+        loop {
+            let old_k = old
+                .as_deref()
+                .and_then(|o| HeldSessionRecord::decode(o).ok())
+                .map(|o| expiry_key(o.expires_at, &o.upstream, &o.session_id));
+            let same = old_k.as_ref() == Some(&new_k);
+            let added: &[_] = if same {
+                &[]
+            } else {
+                &[(&self.held_by_expiry, &*new_k)]
+            };
+            let dropped = match &old_k {
+                Some(k) if !same => vec![(&self.held_by_expiry, &k[..])],
+                _ => Vec::new(),
+            };
+            let swapped = swap_indexed(
+                &self.held,
+                &key,
+                old.as_deref(),
+                Some(text.as_bytes()),
+                added,
+                &dropped,
+                now_ms(),
+            )?;
+            match swapped {
+                Ok(()) => return Ok(()),
+                Err(current) => old = current,
             }
-            let k = expiry_key(session.expires_at, &session.upstream, &session.session_id);
-            e.insert(k, &[][..])?;
-            Ok(None)
-        });
-        done.map(|_| ()).map_err(tx_err)
+        }
     }
 
-    /// Applies `change` to a stored held session (`None` from it removes the session).
+    /// Applies `change` to a stored held session (`None` from it removes the session): a
+    /// compare-and-swap against the version read, retried on the version stored then if another
+    /// change won meanwhile (`change` runs again); the expiry entry moves with the session (see
+    /// the module doc). Whether a session was stored; [`StoreError::Corrupt`] (nothing changed)
+    /// for one that cannot be read.
     fn change_held(
         &self,
         upstream: &str,
@@ -64,25 +86,40 @@ impl SledStore {
         change: impl Fn(HeldSessionRecord) -> Option<HeldSessionRecord>,
     ) -> Result<bool, StoreError> {
         let key = task_key(upstream, session);
-        let done: Tx = (&self.held, &self.held_by_expiry).transaction(|(h, e)| {
-            let Some(old) = h.get(&key)? else {
-                return Ok(None);
-            };
-            let old = HeldSessionRecord::decode(&old)
-                .map_err(|err| ConflictableTransactionError::Abort(err.to_string()))?;
-            e.remove(expiry_key(old.expires_at, upstream, session))?;
-            match change(old.clone()) {
+        let Some(mut raw) = self.held.get(&key).map_err(db_err)? else {
+            return Ok(false);
+        };
+        loop {
+            let old = HeldSessionRecord::decode(&raw)?;
+            let old_k = expiry_key(old.expires_at, upstream, session);
+            let swapped = match change(old) {
                 Some(new) => {
-                    h.insert(key.as_slice(), new.encode().as_bytes())?;
-                    e.insert(expiry_key(new.expires_at, upstream, session), &[][..])?;
+                    let text = new.encode();
+                    if text.as_bytes() == &raw[..] {
+                        return Ok(true);
+                    }
+                    let new_k = expiry_key(new.expires_at, upstream, session);
+                    let new = Some(text.as_bytes());
+                    if new_k == old_k {
+                        swap_indexed(&self.held, &key, Some(&raw), new, &[], &[], 0)?
+                    } else {
+                        let added = [(&self.held_by_expiry, &*new_k)];
+                        let dropped = [(&self.held_by_expiry, &*old_k)];
+                        let at = now_ms();
+                        swap_indexed(&self.held, &key, Some(&raw), new, &added, &dropped, at)?
+                    }
                 }
                 None => {
-                    h.remove(key.as_slice())?;
+                    let dropped = [(&self.held_by_expiry, &*old_k)];
+                    swap_indexed(&self.held, &key, Some(&raw), None, &[], &dropped, 0)?
                 }
+            };
+            match swapped {
+                Ok(()) => return Ok(true),
+                Err(Some(current)) => raw = current,
+                Err(None) => return Ok(false),
             }
-            Ok(Some(old))
-        });
-        done.map(|old| old.is_some()).map_err(tx_err)
+        }
     }
 }
 
@@ -129,16 +166,16 @@ impl HeldSessionStore for SledStore {
             .held_by_expiry
             .range(..expiry_key(now_ms.saturating_add(1), "", ""))
         {
-            let (k, _) = item.map_err(db_err)?;
-            if let Some((_, up, id)) = read_expiry_key(&k) {
-                keys.push((up.to_string(), id.to_string(), k.clone()));
+            let (k, v) = item.map_err(db_err)?;
+            if let Some((at, up, id)) = read_expiry_key(&k) {
+                keys.push((up.to_string(), id.to_string(), at, k.clone(), v));
             }
             if keys.len() >= limit {
                 break;
             }
         }
         let mut removed = 0;
-        for (up, id, k) in keys {
+        for (up, id, at, k, v) in keys {
             // Only a session still expired (a touch may have moved it since the scan).
             let expired = std::cell::Cell::new(false);
             let changed = self.change_held(&up, &id, |s| {
@@ -146,7 +183,9 @@ impl HeldSessionStore for SledStore {
                 (s.expires_at > now_ms).then_some(s)
             });
             match changed {
-                Ok(_) => removed += usize::from(expired.get()),
+                // Counted when this call removed it (the change's last run said expired, and its
+                // swap won).
+                Ok(stored) => removed += usize::from(stored && expired.get()),
                 // A value that cannot be read back (never written so) would stop every later
                 // sweep here: it goes.
                 Err(StoreError::Corrupt(_)) => {
@@ -155,8 +194,13 @@ impl HeldSessionStore for SledStore {
                 }
                 Err(e) => return Err(e),
             }
-            // An index entry without its session (never expected) goes too.
-            self.held_by_expiry.remove(k).map_err(db_err)?;
+            // The entry itself went with its session if it was the session's own. Otherwise it is
+            // a leftover (no session, or one whose expiry moved on: a crash or a lost race, see
+            // the module doc): it goes once surely not a write in progress, and only if still as
+            // read (a write of the session may be asserting it again).
+            if is_leftover(at, &v, now_ms) {
+                remove_entry(&self.held_by_expiry, &k, &v)?;
+            }
         }
         Ok(removed)
     }

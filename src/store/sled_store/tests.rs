@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::mcp::task::TaskStatus;
+use crate::store::{HeldSessionRecord, HeldSessionStore};
 
 /// `layers::testing`'s working task, owned by principal `owner`, recorded at `recorded_at` (ms)
 /// and expiring 1 s later.
@@ -93,10 +94,10 @@ fn a_second_open_names_the_lock() {
 }
 
 /// An update whose record changed between its plain read and its write (here: another update
-/// made from inside the change, the first time it runs) is not lost: the compare-and-swap of an
-/// update that only changes the record fails, and the change is applied again to the record as it
-/// is now, in the transaction. Both changes are in the record afterwards, and `before` is the
-/// record the change was finally applied to.
+/// made from inside the change, the first time it runs) is not lost: the compare-and-swap against
+/// the bytes first read fails, and the change is applied again to the record as it is now. Both
+/// changes are in the record afterwards, and `before` is the record the change was finally
+/// applied to.
 #[tokio::test]
 async fn an_update_racing_another_keeps_both() {
     let dir = tempfile::tempdir().unwrap();
@@ -141,7 +142,8 @@ async fn an_update_racing_another_keeps_both() {
 }
 
 /// A record changed by an update that moves its expiry is found by the sweep at the new time
-/// only (the index entry moves with the record, in one transaction).
+/// only (the index entry moves with the record: the new one written before it, the old one
+/// removed after).
 #[tokio::test]
 async fn an_update_moving_the_expiry_moves_its_index_entry() {
     let dir = tempfile::tempdir().unwrap();
@@ -155,6 +157,7 @@ async fn an_update_moving_the_expiry_moves_its_index_entry() {
         .unwrap();
     assert!(store.expired(1_001, 10).unwrap().is_empty());
     assert_eq!(store.expired(5_000, 10).unwrap().len(), 1);
+    assert_eq!(store.by_expiry.len(), 1, "the old entry is gone");
 }
 
 /// A creation refused for a taskId already recorded leaves no index entry of its own behind (the
@@ -375,4 +378,395 @@ async fn an_update_from_stored_bytes_swaps_against_them_and_falls_back_when_stal
         (cancelled.clone(), cancelled, None)
     );
     assert_eq!(store.get("up", "t").unwrap().unwrap(), now);
+}
+
+/// The count an edit of [`concurrent_updates_all_apply_and_a_terminal_status_stands`] keeps in
+/// `status_message`.
+fn edits(r: &TaskRecord) -> u64 {
+    r.status_message
+        .as_deref()
+        .map_or(0, |m| m.parse().unwrap())
+}
+
+/// Updates of one task from several threads at once (each counting itself in the record, some
+/// cancelling, some completing, each only from a status that may become it) all apply: no
+/// lost edit (the count is every update's), and the first terminal status stands (exactly one
+/// update made the task terminal, and the record ends with its status).
+#[test]
+fn concurrent_updates_all_apply_and_a_terminal_status_stands() {
+    const THREADS: u64 = 6;
+    const EACH: u64 = 150;
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let key = task_key("up", "t");
+    store
+        .write_index(&record("t", "alice", 1), now_ms())
+        .unwrap();
+    store
+        .tasks
+        .insert(&key, encode(&record("t", "alice", 1)))
+        .unwrap();
+    let made_terminal = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (store, made_terminal) = (&store, &made_terminal);
+            s.spawn(move || {
+                for i in 0..EACH {
+                    // Thread 0 cancels half way; the others complete in their second half.
+                    let to = match t {
+                        0 if i == EACH / 2 => Some(TaskStatus::Cancelled),
+                        0 => None,
+                        _ if i >= EACH / 2 => Some(TaskStatus::Completed),
+                        _ => None,
+                    };
+                    let (before, after) = store
+                        .update("up", "t", &mut |r| {
+                            r.status_message = Some((edits(r) + 1).to_string());
+                            if let Some(to) = to.filter(|&to| r.status.can_become(to)) {
+                                r.status = to;
+                            }
+                            true
+                        })
+                        .unwrap()
+                        .unwrap();
+                    assert_eq!(edits(&after), edits(&before) + 1);
+                    if !before.status.is_terminal() && after.status.is_terminal() {
+                        made_terminal.lock().unwrap().push(after.status);
+                    }
+                }
+            });
+        }
+    });
+    let last = store.get("up", "t").unwrap().unwrap();
+    assert_eq!(edits(&last), THREADS * EACH, "an edit was lost");
+    let made_terminal = made_terminal.into_inner().unwrap();
+    assert_eq!(made_terminal.len(), 1, "{made_terminal:?}");
+    assert_eq!(last.status, made_terminal[0]);
+    assert_eq!((store.by_owner.len(), store.by_expiry.len()), (1, 1));
+}
+
+/// An update that loses its compare-and-swap to a cancel (made from inside its change, the first
+/// time it runs) judges the cancelled record: its `completed` is refused, and `cancelled` stays.
+#[tokio::test]
+async fn an_update_that_loses_to_a_cancel_does_not_overwrite_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    store.create(record("t", "alice", 1)).await.unwrap();
+    let mut calls = 0;
+    let (before, after) = store
+        .update("up", "t", &mut |r| {
+            calls += 1;
+            if calls == 1 {
+                let cancel = store.update("up", "t", &mut |c| {
+                    c.status = TaskStatus::Cancelled;
+                    true
+                });
+                assert!(cancel.unwrap().is_some());
+            }
+            if !r.status.can_become(TaskStatus::Completed) {
+                return false;
+            }
+            r.status = TaskStatus::Completed;
+            true
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(calls, 2);
+    assert_eq!(
+        (before.status, after.status),
+        (TaskStatus::Cancelled, TaskStatus::Cancelled)
+    );
+    assert_eq!(
+        store.get("up", "t").unwrap().unwrap().status,
+        TaskStatus::Cancelled
+    );
+}
+
+/// A removal made while an update that moves the expiry is under way (from inside its change,
+/// the first time it runs): the update finds no record and writes none (it returns `None`: the
+/// record is not brought back), and the expiry entry it wrote before its swap is a leftover the
+/// sweep removes; the removal took the record's own entries.
+#[tokio::test]
+async fn a_removal_racing_an_update_leaves_no_record_and_no_entry_after_a_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    store.create(record("t", "alice", 1)).await.unwrap();
+    let now = now_ms();
+    let mut calls = 0;
+    let updated = store
+        .update("up", "t", &mut |r| {
+            calls += 1;
+            if calls == 1 {
+                assert!(store.remove("up", "t").unwrap().is_some());
+            }
+            r.status = TaskStatus::Completed;
+            r.expires_at = now + 5_000;
+            true
+        })
+        .unwrap();
+    assert!(updated.is_none(), "{updated:?}");
+    assert_eq!(calls, 1);
+    assert!(store.get("up", "t").unwrap().is_none());
+    assert_eq!(store.by_owner.len(), 0);
+    assert_eq!(store.by_expiry.len(), 1, "the update's entry, left");
+    // Not returned (no record), and removed once past the grace.
+    assert!(store.expired(now + 5_000, 10).unwrap().is_empty());
+    assert_eq!(
+        store.by_expiry.len(),
+        1,
+        "young: could be a change in progress"
+    );
+    let later = now + 5_000 + LEFTOVER_GRACE_MS + 1;
+    assert!(store.expired(later, 10).unwrap().is_empty());
+    assert_eq!(store.by_expiry.len(), 0);
+    assert!(store.scan_heads(&mut |_| panic!("a ghost")).is_ok());
+}
+
+/// Removals racing updates (moving the expiry) from several threads, each task created again
+/// after its removal: whichever wins, no record is left after the last removal, and after a
+/// sweep past the grace no index entry either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removals_racing_updates_leave_nothing_after_a_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    for round in 0..40u64 {
+        store.create(record("t", "alice", round)).await.unwrap();
+        let removed = std::thread::scope(|s| {
+            for t in 0..3u64 {
+                let store = &store;
+                s.spawn(move || {
+                    for i in 0..20 {
+                        let _ = store
+                            .update("up", "t", &mut |r| {
+                                r.expires_at = 10_000 + round * 1_000 + t * 100 + i;
+                                true
+                            })
+                            .unwrap();
+                    }
+                });
+            }
+            let remover = s.spawn(|| store.remove("up", "t").unwrap());
+            remover.join().unwrap()
+        });
+        assert!(removed.is_some());
+        assert!(store.get("up", "t").unwrap().is_none(), "round {round}");
+    }
+    assert_eq!(store.len(), 0);
+    assert_eq!(store.by_owner.len(), 0);
+    let later = now_ms() + LEFTOVER_GRACE_MS + 1;
+    assert!(store.expired(later, 10_000).unwrap().is_empty());
+    assert_eq!(store.by_expiry.len(), 0);
+}
+
+/// Whether the store's trees agree: every record has its `by_owner` and `by_expiry` entries,
+/// every held session its `held_by_expiry` entry (an entry without its record is allowed: a
+/// leftover).
+fn every_record_indexed(store: &SledStore) {
+    let mut records = Vec::new();
+    store
+        .scan(&mut |r| {
+            records.push(r);
+            true
+        })
+        .unwrap();
+    for r in &records {
+        assert!(store.by_owner.contains_key(owner_key(r)).unwrap(), "{r:?}");
+        assert!(
+            store.by_expiry.contains_key(expiry_key(r)).unwrap(),
+            "{r:?}"
+        );
+    }
+    for item in store.held.iter() {
+        let s = HeldSessionRecord::decode(&item.unwrap().1).unwrap();
+        let k = held::expiry_key(s.expires_at, &s.upstream, &s.session_id);
+        assert!(store.held_by_expiry.contains_key(k).unwrap(), "{s:?}");
+    }
+}
+
+/// The readers after a crash: a listing and a sweep return only stored records (no ghosts), each
+/// once, and leave exactly the records' own index entries.
+fn readers_return_no_ghosts_and_clean(store: &SledStore) {
+    let mut keys = std::collections::BTreeSet::new();
+    store
+        .scan(&mut |r| {
+            keys.insert((r.upstream, r.task_id));
+            true
+        })
+        .unwrap();
+    let alice = Owner::Principal("alice".into());
+    let listed = store.list_owner("up", &alice, None, 100).unwrap().0;
+    let listed: Vec<_> = listed
+        .into_iter()
+        .map(|r| (r.upstream, r.task_id))
+        .collect();
+    assert_eq!(
+        listed
+            .iter()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>(),
+        keys
+    );
+    assert_eq!(listed.len(), keys.len());
+    let far = now_ms() + 2 * LEFTOVER_GRACE_MS + 7_200_000;
+    let due = store.expired(far, 100).unwrap();
+    assert_eq!(
+        due.iter()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>(),
+        keys
+    );
+    assert_eq!(due.len(), keys.len());
+    assert_eq!(
+        store.by_expiry.len(),
+        keys.len(),
+        "a leftover expiry entry stayed"
+    );
+    // `list_owner` judges by the clock: an entry without its record written just now (a
+    // creation cut short in this test) is young, and stays; none older does.
+    for item in store.by_owner.iter() {
+        let (k, v) = item.unwrap();
+        let mut rest = &k[owner_prefix("up", &alice).len()..];
+        let (at, id) = (read_u64(&mut rest).unwrap(), read_str(&mut rest).unwrap());
+        if !keys.contains(&("up".to_string(), id.to_string())) {
+            assert!(
+                !is_leftover(at, &v, now_ms()),
+                "an old by_owner leftover of {id} stayed"
+            );
+        }
+    }
+}
+
+/// A held session `id` of alice's on upstream `up`, expiring at `expires_at`.
+fn session(id: &str, expires_at: u64) -> HeldSessionRecord {
+    HeldSessionRecord {
+        upstream: "up".into(),
+        session_id: id.into(),
+        owner: Some("alice".into()),
+        protocol_version: Some("2025-11-25".into()),
+        capability_bits: 2,
+        upstream_tasks_tools_call: true,
+        upstream_without_tasks: false,
+        client_capabilities: serde_json::json!({"elicitation": {}}),
+        client_info: None,
+        expires_at,
+        upstream_issued: false,
+    }
+}
+
+/// Every change stopped after each prefix of its writes (a simulated crash: `swap::WRITES_LEFT`),
+/// the store reopened: no record or held session is left without its index entries, the record
+/// is as before or as after the change, and listings and sweeps return no ghost and clean the
+/// leftovers. (Writing a record before the entries it gains, or removing its entries before the
+/// record, fails here.)
+#[tokio::test]
+async fn a_change_cut_after_any_write_recovers_after_a_reopen() {
+    let now = now_ms();
+    // The task: recorded and indexed long ago (so that its `by_owner` entry, once a leftover,
+    // is old enough for `list_owner` to remove), expiring in an hour.
+    let mut old = record("t", "alice", 1);
+    old.expires_at = now + 3_600_000;
+    type Change = fn(&SledStore, u64) -> Result<(), StoreError>;
+    let changes: [(&str, Change); 6] = [
+        ("create", |s, now| {
+            let mut r = record("n", "alice", 2);
+            r.expires_at = now + 3_600_000;
+            s.insert_new(&r).map(drop)
+        }),
+        ("update moving the expiry", |s, now| {
+            let moved = s.update("up", "t", &mut |r| {
+                r.status = TaskStatus::Completed;
+                r.expires_at = now + 1_800_000;
+                true
+            });
+            moved.map(drop)
+        }),
+        ("remove", |s, _| s.remove("up", "t").map(drop)),
+        ("put over a held session", |s, now| {
+            s.put_held_session(session("h", now + 120_000))
+        }),
+        ("touch a held session", |s, now| {
+            s.touch_held_session("up", "h", now + 180_000).map(drop)
+        }),
+        ("remove a held session", |s, _| {
+            s.remove_held_session("up", "h").map(drop)
+        }),
+    ];
+    for (what, change) in changes {
+        for writes in 0..=4 {
+            let dir = tempfile::tempdir().unwrap();
+            {
+                let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+                store.write_index(&old, 1).unwrap();
+                let key = task_key(&old.upstream, &old.task_id);
+                store.tasks.insert(key, encode(&old)).unwrap();
+                store.put_held_session(session("h", now + 60_000)).unwrap();
+                swap::WRITES_LEFT.set(Some(writes));
+                let done = change(&store, now);
+                swap::WRITES_LEFT.set(None);
+                if let Err(e) = &done {
+                    assert!(e.to_string().contains("simulated crash"), "{what}: {e}");
+                }
+                store.close();
+            }
+            let store = reopen(dir.path()).await;
+            every_record_indexed(&store);
+            let t = store.get("up", "t").unwrap();
+            assert!(
+                t.as_ref().is_none_or(|t| t.task_id == "t"),
+                "{what} after {writes} writes: {t:?}"
+            );
+            readers_return_no_ghosts_and_clean(&store);
+            // The held sessions: the sweep at a time past every expiry and its grace leaves
+            // neither a session nor an entry (a session without its entry would stay).
+            let far = now + 2 * LEFTOVER_GRACE_MS + 3_600_000;
+            store.remove_expired_held_sessions(far, 100).unwrap();
+            assert_eq!(
+                (store.held.len(), store.held_by_expiry.len()),
+                (0, 0),
+                "{what} after {writes} writes"
+            );
+        }
+    }
+}
+
+/// Held sessions written, touched and removed survive a reopen as last written, with their
+/// index: the sweep still finds a touched session at its new expiry only.
+#[tokio::test]
+async fn held_sessions_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = now_ms();
+    {
+        let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+        for id in ["a", "b", "c"] {
+            store.put_held_session(session(id, now + 60_000)).unwrap();
+        }
+        assert!(store.touch_held_session("up", "b", now + 600_000).unwrap());
+        assert!(store.remove_held_session("up", "c").unwrap());
+        store.sync().await.unwrap();
+    }
+    let store = reopen(dir.path()).await;
+    assert_eq!(
+        store.held_session("up", "a").unwrap(),
+        Some(session("a", now + 60_000))
+    );
+    assert_eq!(
+        store.held_session("up", "b").unwrap(),
+        Some(session("b", now + 600_000))
+    );
+    assert!(store.held_session("up", "c").unwrap().is_none());
+    assert_eq!(store.held_by_expiry.len(), 2);
+    assert_eq!(
+        store
+            .remove_expired_held_sessions(now + 60_000, 10)
+            .unwrap(),
+        1
+    );
+    assert!(store.held_session("up", "b").unwrap().is_some());
+    assert_eq!(
+        store
+            .remove_expired_held_sessions(now + 600_000, 10)
+            .unwrap(),
+        1
+    );
+    assert_eq!((store.held.len(), store.held_by_expiry.len()), (0, 0));
 }
