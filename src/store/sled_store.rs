@@ -164,7 +164,8 @@ impl SledStore {
     }
 
     /// Flushes everything, stops the committer thread and waits for it. Later writes still
-    /// apply but are only made durable by sled's own background flush or on drop.
+    /// apply but are only made durable by sled's own background flush or on drop, and a later
+    /// [`TaskStore::sync`] fails at once (nothing waited for is made durable after this).
     pub fn close(&self) {
         let sender = self.syncer.lock().take();
         drop(sender);
@@ -660,8 +661,15 @@ impl TaskStore for SledStore {
         let (tx, rx) = oneshot::channel();
         let sent = self.request_sync(Some(tx));
         Box::pin(async move {
+            // After `close` (the gateway's shutdown, once its listeners have drained) nothing
+            // more is made durable: a flush here would run on the caller's thread (a runtime
+            // worker) and, without the committer's `fdatasync`, would not be power-safe either.
+            // So the caller is told, and acknowledges nothing (a creation's client gets an error,
+            // not a `taskId` that may not survive).
             if !sent {
-                return self.db.flush().map(|_| ()).map_err(db_err);
+                return Err(StoreError::Db(
+                    "the task store is closed (taskgate is shutting down)".into(),
+                ));
             }
             match rx.await {
                 Ok(r) => r.map_err(StoreError::Db),

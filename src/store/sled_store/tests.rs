@@ -93,6 +93,23 @@ fn a_second_open_names_the_lock() {
     }
 }
 
+/// After `close` (the gateway's shutdown) a sync fails at once instead of flushing on the
+/// caller's thread without the committer's `fdatasync`: nothing waited for afterwards is
+/// acknowledged as durable. Before `close` the same store's sync succeeds.
+#[tokio::test]
+async fn a_sync_after_close_fails_instead_of_flushing_on_the_callers_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    store.create(record("t", "alice", now_ms())).await.unwrap();
+    store.sync().await.unwrap();
+    store.close();
+    let err = store.sync().await.unwrap_err();
+    assert!(
+        err.to_string().contains("the task store is closed"),
+        "{err}"
+    );
+}
+
 /// An update whose record changed between its plain read and its write (here: another update
 /// made from inside the change, the first time it runs) is not lost: the compare-and-swap against
 /// the bytes first read fails, and the change is applied again to the record as it is now. Both
