@@ -448,6 +448,29 @@ fn the_otlp_body_decodes_with_the_generated_types() {
         .attributes
         .iter()
         .all(|kv| kv.key != "mcp.method.name"));
+
+    // The next body is written into the last one's buffer once that is dropped, and reads the
+    // same: a shorter body leaves nothing of the longer one, the same records the same bytes.
+    let first = body.to_vec();
+    let at = body.as_ptr() as usize;
+    drop(body);
+    let (short, spans) = encoder.body(&[record(SpanName::Fixed("fixed"))]);
+    assert_eq!(spans, 1);
+    let export = ExportTraceServiceRequest::decode(&short[..]).unwrap();
+    assert_eq!(
+        export.resource_spans[0].scope_spans[0].spans,
+        vec![fixed.clone()]
+    );
+    drop(short);
+    let (again, _) = encoder.body(&[
+        record(SpanName::Method {
+            method: "tools/call".into(),
+            target: Target::Tool("echo".into()),
+        }),
+        record(SpanName::Fixed("fixed")),
+    ]);
+    assert_eq!(again[..], first[..]);
+    assert_eq!(again.as_ptr() as usize, at, "the buffer is reused");
 }
 
 /// An exchange's answer is read once for its CLIENT span and the request's SERVER span: the
