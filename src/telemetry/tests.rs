@@ -681,7 +681,7 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
     ));
     let telemetry = Telemetry(Arc::new(Inner {
         root_sampler: RootSampler::new(1.0),
-        ids: RandomIdGenerator::default(),
+        ids: Ids,
         queue: queue.clone(),
     }));
     let parent = propagation::parse(TP, Some("congo=t61rcWkgMzE")).unwrap();
@@ -865,7 +865,7 @@ fn spans_dropped_at_a_full_queue_are_counted() {
     let queue = Arc::new(batch::Queue::new(dropped.clone()));
     let telemetry = Telemetry(Arc::new(Inner {
         root_sampler: RootSampler::new(1.0),
-        ids: RandomIdGenerator::default(),
+        ids: Ids,
         queue: queue.clone(),
     }));
     let extra = 5;
@@ -1064,4 +1064,28 @@ fn the_root_sampler_decides_as_the_sdks() {
             );
         }
     }
+}
+
+/// Span and trace ids are never zero, differ from draw to draw and from thread to thread, and
+/// a ratio samples about its share of them.
+#[test]
+fn ids_are_random_per_thread() {
+    let draw = || {
+        (0..5000)
+            .map(|_| (Ids.new_trace_id(), Ids.new_span_id()))
+            .collect::<Vec<_>>()
+    };
+    let here = draw();
+    let there = std::thread::spawn(draw).join().unwrap();
+    let (mut traces, mut spans) = (
+        std::collections::HashSet::new(),
+        std::collections::HashSet::new(),
+    );
+    for (trace, span) in here.iter().chain(&there) {
+        assert!(*trace != TraceId::INVALID && *span != SpanId::INVALID);
+        assert!(traces.insert(*trace) && spans.insert(*span));
+    }
+    let half = RootSampler::new(0.5);
+    let sampled = traces.iter().filter(|t| half.samples(**t)).count();
+    assert!((4_500..5_500).contains(&sampled), "{sampled} of 10,000");
 }
