@@ -6,7 +6,7 @@
 //! answer: when its stream ends), carrying `error.type` for an error answer.
 
 use crate::exchange::{McpRequest, Operation};
-use crate::headers::{find, MCP_PROTOCOL_VERSION};
+use crate::headers::{find, text, MCP_PROTOCOL_VERSION};
 use crate::jsonrpc::Kind;
 use crate::mcp::classify::Classified;
 use crate::mcp::era::PROTOCOL_VERSION_META;
@@ -34,7 +34,7 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
     // (`headers::find`), not hashed (~120 instructions less per look-up).
     static TRACEPARENT: HeaderName = HeaderName::from_static(semconv::TRACEPARENT);
     static TRACESTATE: HeaderName = HeaderName::from_static(semconv::TRACESTATE);
-    let header = |name: &HeaderName| find(&request.ctx.headers, name).and_then(|v| v.to_str().ok());
+    let header = |name: &HeaderName| find(&request.ctx.headers, name).and_then(text);
     let meta = c
         .meta_str(semconv::TRACEPARENT)
         .and_then(|tp| propagation::parse(&tp, c.meta_str(semconv::TRACESTATE).as_deref()));
@@ -56,18 +56,13 @@ pub(super) fn start(telemetry: &Telemetry, request: &mut McpRequest) -> Option<R
                 None => Cow::Borrowed(json),
             }
         });
-        let version =
-            match find(&request.ctx.headers, &MCP_PROTOCOL_VERSION).and_then(|v| v.to_str().ok()) {
-                Some(v) => Some(protocol_version(v)),
-                None => c
-                    .meta_str(PROTOCOL_VERSION_META)
-                    .map(|v| protocol_version(&v)),
-            };
-        let session = request
-            .ctx
-            .client_session_id
-            .as_ref()
-            .and_then(|s| s.to_str().ok());
+        let version = match find(&request.ctx.headers, &MCP_PROTOCOL_VERSION).and_then(text) {
+            Some(v) => Some(protocol_version(v)),
+            None => c
+                .meta_str(PROTOCOL_VERSION_META)
+                .map(|v| protocol_version(&v)),
+        };
+        let session = request.ctx.client_session_id.as_ref().and_then(text);
         let values = RequestValues::new(id.as_deref(), version, session);
         let attributes = match c.task_id() {
             Some(task_id) => vec![KeyValue::new(semconv::MCP_TASK_ID, task_id.into_owned())],

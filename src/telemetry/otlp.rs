@@ -18,9 +18,10 @@ use super::span::{self, ExchangeName, Peer, Record, RequestValues, SpanName, Tar
 use bytes::Bytes;
 use opentelemetry::trace::{Event, SpanContext, SpanId, SpanKind, TraceFlags, TraceId};
 use opentelemetry::{KeyValue, Value};
+use parking_lot::Mutex;
 use prost::encoding::{encoded_len_varint, WireType};
 use std::ops::Range;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::SystemTime;
 
 /// `SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK`: the next bit says whether it is remote.
@@ -35,6 +36,39 @@ pub(super) struct Encoder {
     resource: Vec<u8>,
     /// `ScopeSpans.scope`, encoded.
     scope: Vec<u8>,
+    /// The buffer of the last body, given back when hyper drops the body ([`Pooled`]).
+    spare: Arc<Mutex<Vec<u8>>>,
+}
+
+/// The largest body buffer kept for the next export, in bytes (a full batch of small
+/// `tools/call` spans takes ~180 KiB).
+const KEPT_BODY_BYTES: usize = 4 << 20;
+
+/// An export body's buffer: the body is `buf[start..]`; dropped (the export done, or its bytes
+/// gzipped), the buffer goes back to the encoder's `spare`, so the next export writes into pages
+/// already mapped (a fresh ~200 KiB `Vec` per export is a fresh `mmap` or a trimmed heap top:
+/// its pages faulted in and cleared by the kernel again on every export, issue 34).
+struct Pooled {
+    buf: Vec<u8>,
+    start: usize,
+    pool: Arc<Mutex<Vec<u8>>>,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if self.buf.capacity() <= KEPT_BODY_BYTES {
+            let mut spare = self.pool.lock();
+            if spare.capacity() < self.buf.capacity() {
+                *spare = std::mem::take(&mut self.buf);
+            }
+        }
+    }
 }
 
 impl Encoder {
@@ -55,6 +89,7 @@ impl Encoder {
         Encoder {
             resource: out,
             scope,
+            spare: Arc::default(),
         }
     }
 
@@ -69,7 +104,9 @@ impl Encoder {
         let gap = self.resource.len() + 2 * (1 + 10);
         // A small `tools/call`'s two spans take ~700 bytes: grown from 64 KiB, the buffer
         // of a full batch was copied twice (~450 instructions per request, issue 34).
-        let mut out = Vec::with_capacity(gap + self.scope.len() + records.len() * 768);
+        let mut out = std::mem::take(&mut *self.spare.lock());
+        out.clear();
+        out.reserve(gap + self.scope.len() + records.len() * 768);
         out.resize(gap, 0);
         out.extend_from_slice(&self.scope);
         let mut spans = 0;
@@ -86,7 +123,12 @@ impl Encoder {
         encode_varint(scope_spans_len as u64, &mut head);
         let start = gap - head.len();
         out[start..gap].copy_from_slice(&head);
-        (Bytes::from(out).slice(start..), spans)
+        let body = Pooled {
+            buf: out,
+            start,
+            pool: self.spare.clone(),
+        };
+        (Bytes::from_owner(body), spans)
     }
 }
 

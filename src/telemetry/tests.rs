@@ -448,6 +448,29 @@ fn the_otlp_body_decodes_with_the_generated_types() {
         .attributes
         .iter()
         .all(|kv| kv.key != "mcp.method.name"));
+
+    // The next body is written into the last one's buffer once that is dropped, and reads the
+    // same: a shorter body leaves nothing of the longer one, the same records the same bytes.
+    let first = body.to_vec();
+    let at = body.as_ptr() as usize;
+    drop(body);
+    let (short, spans) = encoder.body(&[record(SpanName::Fixed("fixed"))]);
+    assert_eq!(spans, 1);
+    let export = ExportTraceServiceRequest::decode(&short[..]).unwrap();
+    assert_eq!(
+        export.resource_spans[0].scope_spans[0].spans,
+        vec![fixed.clone()]
+    );
+    drop(short);
+    let (again, _) = encoder.body(&[
+        record(SpanName::Method {
+            method: "tools/call".into(),
+            target: Target::Tool("echo".into()),
+        }),
+        record(SpanName::Fixed("fixed")),
+    ]);
+    assert_eq!(again[..], first[..]);
+    assert_eq!(again.as_ptr() as usize, at, "the buffer is reused");
 }
 
 /// An exchange's answer is read once for its CLIENT span and the request's SERVER span: the
@@ -658,7 +681,7 @@ fn a_requests_first_exchange_is_exported_from_its_server_spans_record() {
     ));
     let telemetry = Telemetry(Arc::new(Inner {
         root_sampler: RootSampler::new(1.0),
-        ids: RandomIdGenerator::default(),
+        ids: Ids,
         queue: queue.clone(),
     }));
     let parent = propagation::parse(TP, Some("congo=t61rcWkgMzE")).unwrap();
@@ -842,7 +865,7 @@ fn spans_dropped_at_a_full_queue_are_counted() {
     let queue = Arc::new(batch::Queue::new(dropped.clone()));
     let telemetry = Telemetry(Arc::new(Inner {
         root_sampler: RootSampler::new(1.0),
-        ids: RandomIdGenerator::default(),
+        ids: Ids,
         queue: queue.clone(),
     }));
     let extra = 5;
@@ -1041,4 +1064,28 @@ fn the_root_sampler_decides_as_the_sdks() {
             );
         }
     }
+}
+
+/// Span and trace ids are never zero, differ from draw to draw and from thread to thread, and
+/// a ratio samples about its share of them.
+#[test]
+fn ids_are_random_per_thread() {
+    let draw = || {
+        (0..5000)
+            .map(|_| (Ids.new_trace_id(), Ids.new_span_id()))
+            .collect::<Vec<_>>()
+    };
+    let here = draw();
+    let there = std::thread::spawn(draw).join().unwrap();
+    let (mut traces, mut spans) = (
+        std::collections::HashSet::new(),
+        std::collections::HashSet::new(),
+    );
+    for (trace, span) in here.iter().chain(&there) {
+        assert!(*trace != TraceId::INVALID && *span != SpanId::INVALID);
+        assert!(traces.insert(*trace) && spans.insert(*span));
+    }
+    let half = RootSampler::new(0.5);
+    let sampled = traces.iter().filter(|t| half.samples(**t)).count();
+    assert!((4_500..5_500).contains(&sampled), "{sampled} of 10,000");
 }
