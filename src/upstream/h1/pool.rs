@@ -254,9 +254,8 @@ impl Pool {
         &self.idle[THREAD_SHARD.with(|s| s.get())].0
     }
 
-    /// Removes the idle connections older than the idle timeout (the oldest come first).
-    fn expire(&self, idle: &mut Vec<(Conn, Instant)>) -> Vec<(Conn, Instant)> {
-        let now = Instant::now();
+    /// Removes the idle connections older than the idle timeout at `now` (the oldest come first).
+    fn expire(&self, idle: &mut Vec<(Conn, Instant)>, now: Instant) -> Vec<(Conn, Instant)> {
         let fresh = idle
             .iter()
             .position(|(_, since)| now.duration_since(*since) <= self.limits.idle_timeout)
@@ -267,7 +266,7 @@ impl Pool {
 
     fn checkout(&self) -> Option<Conn> {
         let mut idle = self.idle_list().lock();
-        let expired = self.expire(&mut idle);
+        let expired = self.expire(&mut idle, Instant::now());
         let mut found = None;
         while let Some((mut conn, _)) = idle.pop() {
             self.idle_count.fetch_sub(1, Ordering::Relaxed);
@@ -288,7 +287,10 @@ impl Pool {
             return;
         }
         let mut idle = self.idle_list().lock();
-        let expired = self.expire(&mut idle);
+        // One clock read, under the lock (the list stays in idle order), for both the expiry and
+        // the returned connection's idle mark.
+        let now = Instant::now();
+        let expired = self.expire(&mut idle, now);
         // Taken before the push: the count never exceeds max_idle, whatever other threads do.
         let room = self
             .idle_count
@@ -297,7 +299,7 @@ impl Pool {
             })
             .is_ok();
         let rejected = if room {
-            idle.push((conn, Instant::now()));
+            idle.push((conn, now));
             None
         } else {
             Some(conn)
