@@ -10,7 +10,8 @@
 #   RATIO=0.0 TOOL=callgrind bash benches/telemetry.sh [BIN]  # on = export on, no root sampled
 #
 # TOOL=callgrind runs taskgate under callgrind (threads serialised: the count hardly moves with
-# the machine's load, unlike CPU time) and counts its instructions, all threads, over the
+# the machine's load, unlike CPU time), sends COUNT requests (default 8000) per run, and counts
+# its instructions, all threads, over the
 # measured run and the SETTLE seconds after it (default 6: the export thread exports what is
 # left at most 5 s after a span ends), minus what it runs idle (IDLE seconds measured first);
 # per request, off and on, medians of REPS.
@@ -105,7 +106,7 @@ run_callgrind() { # mode rep → prints "instructions_per_req requests"
   idle_rate=$(awk -v n="${idle_total:-0}" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", n / (b - a) }')
   callgrind_control -z "$pid" > /dev/null 2>&1
   t0=$(date +%s.%N)
-  "$LG" run "${args[@]}" --scenario small --duration "$DURATION" --warmup 0 \
+  "$LG" run "${args[@]}" --scenario small --count "$COUNT" --warmup 0 \
     --json-out "$WORK/run-$mode-$rep.jsonl" > /dev/null
   sleep "$SETTLE"
   callgrind_control -d "$pid" > /dev/null 2>&1; t1=$(date +%s.%N)
@@ -126,7 +127,11 @@ median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 if [ "${TOOL:-}" = callgrind ]; then
   command -v callgrind_control > /dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
   SETTLE=${SETTLE:-6}; IDLE=${IDLE:-5}
-  echo "binary: $TASKGATE; callgrind; small tools/call, c=$CONC, ${DURATION}s per run, $REPS runs per mode, on: sample_ratio $RATIO"
+  # A fixed number of requests per run, not a duration: under callgrind a 10 s run served 5,000
+  # to 19,000 requests as the machine's load moved, and the per-request share of what runs once
+  # per run or per export batch moved with it (±250 instructions between runs of one binary).
+  COUNT=${COUNT:-8000}
+  echo "binary: $TASKGATE; callgrind; small tools/call, c=$CONC, $COUNT requests per run, $REPS runs per mode, on: sample_ratio $RATIO"
   : > "$WORK/off"; : > "$WORK/on"
   for rep in $(seq "$REPS"); do
     for mode in off on; do
