@@ -19,8 +19,9 @@
 //!
 //! Durability (sled 0.34.7 as measured on a 2-core ext4 machine): `flush_async` deadlocks under concurrency and
 //! `flush` alone does not empty the disk's write cache. One committer thread does group commit:
-//! it takes every pending sync request, runs `flush()` and then `fdatasync` on the database file
-//! once, and answers them all. [`TaskStore::create`] waits for that before it returns.
+//! it takes every pending sync request, runs `flush()`, `fsync`s the blob files written since
+//! the last commit (`blobs`: sled never does), then `fdatasync`s the database file once, and
+//! answers them all. [`TaskStore::create`] waits for that before it returns.
 //!
 //! A [`TaskStore::sync_soon`] request that arrives alone (a change no client waits on: a
 //! non-terminal status, a stored result, a sweep) waits up to [`SOON`] for a waited request to
@@ -28,6 +29,7 @@
 //! through its I/O thread pool, `sync_file_range`, `fdatasync`, about 29 futex calls), and in
 //! the task lifecycle one commit in three was such a lone "soon" (issue 15, `benches/RESULTS.md`).
 
+mod blobs;
 pub(crate) mod held;
 mod keys;
 mod swap;
@@ -91,6 +93,8 @@ pub struct SledStore {
     committer: Mutex<Option<JoinHandle<()>>>,
     /// The call leases, in memory: this process holds every call (see `store::lease`).
     leases: super::lease::LocalLeases,
+    /// Blob files the committer has synced (`blobs`).
+    blobs_synced: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn decode(bytes: &[u8]) -> Result<TaskRecord, StoreError> {
@@ -145,9 +149,11 @@ impl SledStore {
         let (tx, rx) = mpsc::channel::<Option<SyncReply>>();
         let committer_db = db.clone();
         let db_file = path.join("db");
+        let blobs_synced = Arc::<std::sync::atomic::AtomicU64>::default();
+        let blobs = blobs::BlobSync::new(path.join("blobs"), blobs_synced.clone());
         let committer = std::thread::Builder::new()
             .name("taskgate-store-commit".into())
-            .spawn(move || commit_loop(committer_db, db_file, rx, metrics))
+            .spawn(move || commit_loop(committer_db, db_file, blobs, rx, metrics))
             .map_err(|e| open_err(e.to_string()))?;
         Ok(Arc::new(SledStore {
             db,
@@ -160,6 +166,7 @@ impl SledStore {
             syncer: Mutex::new(Some(tx)),
             committer: Mutex::new(Some(committer)),
             leases: Default::default(),
+            blobs_synced,
         }))
     }
 
@@ -323,6 +330,7 @@ impl SledStore {
 fn commit_loop(
     db: sled::Db,
     db_file: PathBuf,
+    mut blobs: blobs::BlobSync,
     rx: mpsc::Receiver<Option<SyncReply>>,
     metrics: Option<Arc<dyn CommitObserver>>,
 ) {
@@ -351,6 +359,13 @@ fn commit_loop(
             .flush()
             .map(|_| ())
             .map_err(|e| e.to_string())
+            // The blob files the log points to before the log itself (`blobs`).
+            .and_then(|()| {
+                blobs
+                    .sync_new()
+                    .map(drop)
+                    .map_err(|e| format!("blob files: {e}"))
+            })
             .and_then(|()| match &file {
                 Some(f) => f.sync_data().map_err(|e| e.to_string()),
                 None => Ok(()),
