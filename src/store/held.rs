@@ -209,8 +209,10 @@ pub trait HeldSessionStore {
         session_id: &str,
     ) -> Result<Option<HeldSessionRecord>, StoreError>;
 
-    /// Sets a stored held session's `expires_at` (Unix ms); never creates one. Whether it was
-    /// stored. Durable with the next group commit.
+    /// Moves a stored held session's `expires_at` (Unix ms) forward to `expires_at`, never back
+    /// (touches queued on the store threads may run out of order: the latest expiry stands, and
+    /// the sled store's index relies on an expiry never returning to an earlier value); never
+    /// creates one. Whether it was stored. Durable with the next group commit.
     fn touch_held_session(
         &self,
         upstream: &str,

@@ -40,6 +40,12 @@ pub async fn contract(store: Arc<dyn TaskStore>) {
         store.held_session(&up, "aaaa").unwrap().unwrap().expires_at,
         t0 + 90_000
     );
+    // Never back: a touch made earlier but run later keeps the latest expiry.
+    assert!(store.touch_held_session(&up, "aaaa", t0 + 70_000).unwrap());
+    assert_eq!(
+        store.held_session(&up, "aaaa").unwrap().unwrap().expires_at,
+        t0 + 90_000
+    );
     assert!(!store.touch_held_session(&up, "nope", t0).unwrap());
     assert!(store.held_session(&up, "nope").unwrap().is_none());
 

@@ -69,7 +69,7 @@ impl HeldSessionStore for PgStore {
         let (up, id) = (upstream.to_string(), session.to_string());
         let n = self.run(move |c| async move {
             c.execute(
-                "UPDATE taskgate_held_sessions SET expires_at = $3 \
+                "UPDATE taskgate_held_sessions SET expires_at = GREATEST(expires_at, $3) \
                  WHERE upstream = $1 AND session_id = $2",
                 &[&up, &id, &ms(expires_at)],
             )

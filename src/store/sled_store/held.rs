@@ -148,8 +148,10 @@ impl HeldSessionStore for SledStore {
         session: &str,
         expires_at: u64,
     ) -> Result<bool, StoreError> {
+        // Forward only (the trait's doc): an expiry that came back to a value it had would
+        // break `swap`'s rule for removing index entries.
         self.change_held(upstream, session, |mut s| {
-            s.expires_at = expires_at;
+            s.expires_at = s.expires_at.max(expires_at);
             Some(s)
         })
     }
@@ -187,10 +189,22 @@ impl HeldSessionStore for SledStore {
                 // swap won).
                 Ok(stored) => removed += usize::from(stored && expired.get()),
                 // A value that cannot be read back (never written so) would stop every later
-                // sweep here: it goes.
+                // sweep here: it goes, if still those bytes (a put may have replaced it since
+                // with a session that reads).
                 Err(StoreError::Corrupt(_)) => {
-                    self.held.remove(task_key(&up, &id)).map_err(db_err)?;
-                    removed += 1;
+                    let key = task_key(&up, &id);
+                    if let Some(bytes) = self.held.get(&key).map_err(db_err)? {
+                        let unreadable = HeldSessionRecord::decode(&bytes).is_err();
+                        if unreadable
+                            && self
+                                .held
+                                .compare_and_swap(&key, Some(&bytes), None::<&[u8]>)
+                                .map_err(db_err)?
+                                .is_ok()
+                        {
+                            removed += 1;
+                        }
+                    }
                 }
                 Err(e) => return Err(e),
             }

@@ -1,7 +1,8 @@
 //! A record and its index entries changed together without a sled transaction: the record by
 //! one compare-and-swap (the commit point), the index entries it gains written before it, the
 //! ones it loses removed after it. Every write of a task record after its creation, every removal
-//! of one, and every write or removal of a held session goes through [`swap_indexed`]; a creation
+//! of one, and every write or removal of a held session goes through [`swap_indexed`] (but
+//! `update_from_stored`'s bare compare-and-swap, which changes no indexed field); a creation
 //! is [`super::SledStore::insert_new`], the same order with a swap from nothing.
 //!
 //! **Why no transaction.** sled 0.34 runs every tree call through a process-global
@@ -13,7 +14,9 @@
 //! the ones on the serving threads included (`TaskStore::quick_point_calls`). taskgate now runs
 //! none (`architecture_tests` checks), so the lock never leaves its first mode.
 //!
-//! **Crash.** sled's log recovers a prefix of the writes, in the order they were made. The
+//! **Crash.** sled's log recovers a prefix of the writes, in the order they were made (for
+//! messages over about 128 KiB, which sled keeps in blob files, because the committer `fsync`s
+//! those files before the log: `blobs`). The
 //! entries a change adds are written before the record's swap and the ones it drops after it, so
 //! whatever prefix survives, a record always has the index entries of its fields (it is listed
 //! and it expires); what a crash can leave is only entries no record has: an entry of a record

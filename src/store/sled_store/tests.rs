@@ -93,6 +93,73 @@ fn a_second_open_names_the_lock() {
     }
 }
 
+/// A record over sled's blob threshold (about 128 KiB: a large kept result) lives in a file of
+/// its own that sled never syncs: the commit syncs it (`blobs`) before acknowledging, and a
+/// store of small records syncs none.
+#[tokio::test]
+async fn a_commit_syncs_the_blob_files_sled_writes_for_large_records() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    store
+        .create(record("small", "alice", now_ms()))
+        .await
+        .unwrap();
+    store.sync().await.unwrap();
+    assert_eq!(store.blobs_synced.load(Ordering::Relaxed), 0);
+    let mut large = record("large", "alice", now_ms());
+    large.terminal_result = Some(format!("{{\"text\":\"{}\"}}", "x".repeat(300 << 10)));
+    store.create(large).await.unwrap();
+    store.sync().await.unwrap();
+    assert!(
+        store.blobs_synced.load(Ordering::Relaxed) >= 1,
+        "the large record's blob file was not synced"
+    );
+    assert!(std::fs::read_dir(dir.path().join("blobs")).unwrap().count() >= 1);
+}
+
+/// `swap`'s second rule: an index entry is removed only if it still has the value its remover
+/// read; one written again since (a writer asserting it for its record) stays. And no two
+/// writes of an entry leave the same value, so "as read" means "not written since" (the cold
+/// review: no other test failed with a plain remove or a constant value).
+#[test]
+fn an_index_entry_written_again_after_it_was_read_is_not_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let key = b"entry";
+    let read = swap::index_value(5);
+    store.by_expiry.insert(key, &read[..]).unwrap();
+    let again = swap::index_value(5);
+    assert_ne!(read, again, "two writes at one time leave different values");
+    store.by_expiry.insert(key, &again[..]).unwrap();
+    assert!(!remove_entry(&store.by_expiry, key, &read).unwrap());
+    assert!(store.by_expiry.get(key).unwrap().is_some());
+    assert!(remove_entry(&store.by_expiry, key, &again).unwrap());
+    assert!(store.by_expiry.get(key).unwrap().is_none());
+}
+
+/// A held session's touches run on the store threads in no set order: an earlier expiry
+/// arriving late does not move it back (an expiry returning to a value it had would break
+/// `swap`'s rule), and its index entry stays the latest's.
+#[test]
+fn a_late_touch_does_not_move_a_held_session_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let now = now_ms();
+    store.put_held_session(session("h", now + 60_000)).unwrap();
+    assert!(store.touch_held_session("up", "h", now + 120_000).unwrap());
+    assert!(store.touch_held_session("up", "h", now + 90_000).unwrap());
+    let kept = store.held_session("up", "h").unwrap().unwrap();
+    assert_eq!(kept.expires_at, now + 120_000);
+    assert_eq!(store.held_by_expiry.len(), 1);
+    assert_eq!(
+        store
+            .remove_expired_held_sessions(now + 100_000, 10)
+            .unwrap(),
+        0
+    );
+}
+
 /// After `close` (the gateway's shutdown) a sync fails at once instead of flushing on the
 /// caller's thread without the committer's `fdatasync`: nothing waited for afterwards is
 /// acknowledged as durable. Before `close` the same store's sync succeeds.
