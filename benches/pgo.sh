@@ -12,8 +12,10 @@
 # upstream, both on 127.0.0.1 ephemeral ports): TRAIN_COUNT small tools/calls (scenario 1),
 # TRAIN_COUNT/10 task lifecycles of the 2025 era (scenario 4: create, 10 × tasks/get,
 # tasks/result) and of the 2026 tasks extension (scenario 8), and TRAIN_COUNT/10 SSE answers of
-# 100 progress events (scenario 3). Startup, session opening and the graceful stop are in the
-# profile too. Everything started here stops on exit.
+# 100 progress events (scenario 3); then, through a second taskgate with trace export on
+# (every span sampled, to benches/otlp_receiver.py), TRAIN_COUNT/2 small calls and TRAIN_COUNT/20
+# lifecycles of each era. Startup, session opening and the graceful stop are in the profile too.
+# Everything started here stops on exit.
 #
 # Time on a 2-core machine: two fat-LTO release builds from scratch (instrumented, then optimised;
 # 7 and 4.5 min measured on a shared machine) plus a few seconds of training. The builds use their
@@ -63,12 +65,16 @@ say "training"
 "$LG" spawn-ready --stdout "$WORK/up.out" --stderr "$WORK/up.err" --label upstream \
   -- "$HERE/loadgen/target/release/upstream" --listen 127.0.0.1:0 --threads 1 > "$WORK/up.json"
 PIDS+=("$(json_field "$WORK/up.json" pid)")
+start_taskgate() { # $1 name (its config is $WORK/$1.toml) → sets TG_PID and URL
+  "$LG" spawn-ready --stdout "$WORK/$1.out" --stderr "$WORK/$1.err" --label taskgate \
+    -- env -u OTEL_EXPORTER_OTLP_ENDPOINT -u OTEL_EXPORTER_OTLP_TRACES_ENDPOINT \
+    "$GEN_BIN" serve --config "$WORK/$1.toml" > "$WORK/$1.json"
+  TG_PID=$(json_field "$WORK/$1.json" pid)
+  PIDS+=("$TG_PID")
+  URL="http://$(json_field "$WORK/$1.json" gateway)/mcp"
+}
 taskgate_toml "$WORK/tg.toml" "$WORK/store" "" "$(json_field "$WORK/up.json" addr)"
-"$LG" spawn-ready --stdout "$WORK/tg.out" --stderr "$WORK/tg.err" --label taskgate \
-  -- "$GEN_BIN" serve --config "$WORK/tg.toml" > "$WORK/tg.json"
-TG_PID=$(json_field "$WORK/tg.json" pid)
-PIDS+=("$TG_PID")
-URL="http://$(json_field "$WORK/tg.json" gateway)/mcp"
+start_taskgate tg
 train() { # $1 scenario, $2 count
   local t0=$SECONDS
   "$LG" run --url "$URL" --target taskgate --case pgo --rep 1 --concurrency 16 \
@@ -80,6 +86,19 @@ train lifecycle $((TRAIN_COUNT / 10))
 train modern-lifecycle $((TRAIN_COUNT / 10))
 train sse $((TRAIN_COUNT / 10))
 # The profile is written when the process exits normally: SIGTERM is taskgate's graceful stop.
+stop_pid "$TG_PID"
+# Then with trace export on (`[telemetry]`, every span sampled, to benches/otlp_receiver.py):
+# without it the span and export code was cold in the profile, and export on cost +19.4 % CPU
+# per small call on the PGO binary against +12.2 % on the plain one (benches/telemetry.sh,
+# 5 pairs each, 2026-12-05). The profiles of both processes merge.
+start_otlp_receiver "$WORK" pgo
+PIDS+=("$RX_PID")
+taskgate_toml "$WORK/traced.toml" "$WORK/store-traced" "" "$(json_field "$WORK/up.json" addr)"
+printf '\n[telemetry]\notlp_endpoint = "%s"\nsample_ratio = 1.0\n' "$RX" >> "$WORK/traced.toml"
+start_taskgate traced
+train small $((TRAIN_COUNT / 2))
+train lifecycle $((TRAIN_COUNT / 20))
+train modern-lifecycle $((TRAIN_COUNT / 20))
 stop_pid "$TG_PID"
 ls "$RAW"/*.profraw > /dev/null 2>&1 || { echo "no profile written (taskgate did not exit cleanly?)" >&2; exit 1; }
 
