@@ -18,7 +18,8 @@
 # Everything started here stops on exit.
 #
 # Time on a 2-core machine: two fat-LTO release builds from scratch (instrumented, then optimised;
-# 7 and 4.5 min measured on a shared machine) plus a few seconds of training. The builds use their
+# 7 and 4.5 min measured on a shared machine) plus under a minute of training (the instrumented
+# binary is slower). The builds use their
 # own target directories under ${CARGO_TARGET_DIR:-target} (pgo-gen, pgo-use), so the ordinary
 # release build's cache is left alone. RUSTFLAGS apply to every crate of the binary (tokio,
 # hyper, serde_json too) but not to build scripts and proc macros (cargo --target).
@@ -52,7 +53,7 @@ LG="$HERE/loadgen/target/release/loadgen"
 build() { # $1 target subdirectory, $2 RUSTFLAGS; prints the binary's path
   local t0=$SECONDS
   (cd "$ROOT" && CARGO_TARGET_DIR="$TARGET_BASE/$1" RUSTFLAGS="$2" \
-    nice cargo build --release --quiet --bin taskgate --target "$HOST" >&2)
+    nice cargo build --release --quiet --bin taskgate --target "$HOST" >&2) || return 1
   say "$1 build: $((SECONDS - t0)) s"
   echo "$TARGET_BASE/$1/$HOST/release/taskgate"
 }
@@ -67,7 +68,7 @@ say "training"
 PIDS+=("$(json_field "$WORK/up.json" pid)")
 start_taskgate() { # $1 name (its config is $WORK/$1.toml) → sets TG_PID and URL
   "$LG" spawn-ready --stdout "$WORK/$1.out" --stderr "$WORK/$1.err" --label taskgate \
-    -- env -u OTEL_EXPORTER_OTLP_ENDPOINT -u OTEL_EXPORTER_OTLP_TRACES_ENDPOINT \
+    -- env -u OTEL_EXPORTER_OTLP_ENDPOINT -u OTEL_EXPORTER_OTLP_TRACES_ENDPOINT -u LLVM_PROFILE_FILE \
     "$GEN_BIN" serve --config "$WORK/$1.toml" > "$WORK/$1.json"
   TG_PID=$(json_field "$WORK/$1.json" pid)
   PIDS+=("$TG_PID")
@@ -100,6 +101,9 @@ train small $((TRAIN_COUNT / 2))
 train lifecycle $((TRAIN_COUNT / 20))
 train modern-lifecycle $((TRAIN_COUNT / 20))
 stop_pid "$TG_PID"
+# Nothing stays up through the second build (and no pid is signalled again at exit).
+for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
+PIDS=()
 ls "$RAW"/*.profraw > /dev/null 2>&1 || { echo "no profile written (taskgate did not exit cleanly?)" >&2; exit 1; }
 
 MERGED="$WORK/merged.profdata"

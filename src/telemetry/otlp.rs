@@ -44,8 +44,8 @@ pub(super) struct Encoder {
 /// `tools/call` spans takes ~180 KiB).
 const KEPT_BODY_BYTES: usize = 4 << 20;
 
-/// An export body's buffer: the body is `buf[start..]`; dropped (the export done, or its bytes
-/// gzipped), the buffer goes back to the encoder's `spare`, so the next export writes into pages
+/// An export body's buffer: the body is `buf[start..]`; dropped (when the export that posted it,
+/// or gzipped it, returns), the buffer goes back to the encoder's `spare`, so the next export writes into pages
 /// already mapped (a fresh ~200 KiB `Vec` per export is a fresh `mmap` or a trimmed heap top:
 /// its pages faulted in and cleared by the kernel again on every export, issue 34).
 struct Pooled {

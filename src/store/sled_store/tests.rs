@@ -160,6 +160,27 @@ fn a_late_touch_does_not_move_a_held_session_back() {
     );
 }
 
+/// A held session whose bytes cannot be read back goes at the sweep (it would stop every later
+/// sweep), and its index entry after the leftover grace (the cold review: the compare-and-swap
+/// removal had no test).
+#[test]
+fn an_unreadable_held_session_is_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    store.put_held_session(session("h", 1_000)).unwrap();
+    store
+        .held
+        .insert(task_key("up", "h"), &b"not a session"[..])
+        .unwrap();
+    assert!(store.held_session("up", "h").is_err());
+    assert_eq!(store.remove_expired_held_sessions(2_000, 10).unwrap(), 1);
+    assert_eq!(store.held.len(), 0);
+    // Its entry, written just now, goes once surely not a write in progress (`is_leftover`).
+    let far = now_ms() + 2 * LEFTOVER_GRACE_MS;
+    store.remove_expired_held_sessions(far, 10).unwrap();
+    assert_eq!(store.held_by_expiry.len(), 0);
+}
+
 /// After `close` (the gateway's shutdown) a sync fails at once instead of flushing on the
 /// caller's thread without the committer's `fdatasync`: nothing waited for afterwards is
 /// acknowledged as durable. Before `close` the same store's sync succeeds.
