@@ -194,13 +194,8 @@ impl HeldSessionStore for SledStore {
                 Err(StoreError::Corrupt(_)) => {
                     let key = task_key(&up, &id);
                     if let Some(bytes) = self.held.get(&key).map_err(db_err)? {
-                        let unreadable = HeldSessionRecord::decode(&bytes).is_err();
-                        if unreadable
-                            && self
-                                .held
-                                .compare_and_swap(&key, Some(&bytes), None::<&[u8]>)
-                                .map_err(db_err)?
-                                .is_ok()
+                        if HeldSessionRecord::decode(&bytes).is_err()
+                            && remove_entry(&self.held, &key, &bytes)?
                         {
                             removed += 1;
                         }

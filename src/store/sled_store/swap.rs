@@ -140,8 +140,8 @@ pub(super) fn swap_indexed(
     Ok(Ok(()))
 }
 
-/// Removes entry `k` of `tree` if its value is still `seen` (the module doc's second rule);
-/// whether it did.
+/// Removes entry `k` of `tree` if its value is still `seen` (the module doc's second rule; also
+/// an unreadable held session, if still those bytes); whether it did.
 pub(super) fn remove_entry(tree: &sled::Tree, k: &[u8], seen: &[u8]) -> Result<bool, StoreError> {
     let removed = tree
         .compare_and_swap(k, Some(seen), None::<&[u8]>)
