@@ -34,7 +34,6 @@ use crate::jsonrpc::splice;
 use bytes::Bytes;
 use memchr::memmem::Finder;
 use opentelemetry::trace::{Event, SpanId, SpanKind, TraceFlags, TraceId, TraceState};
-use opentelemetry_sdk::trace::{IdGenerator as _, RandomIdGenerator};
 use parking_lot::Mutex;
 use propagation::Incoming;
 use span::{ExchangeName, JsonString, Record, SpanName};
@@ -247,37 +246,19 @@ struct Inner {
     queue: Arc<batch::Queue>,
 }
 
-/// The ids of new spans and traces: random, from a generator per thread (wyrand, seeded from
-/// the SDK's `RandomIdGenerator`, which the OS seeds), never all zero. Inlined where a span
-/// starts: the SDK's generator, a call, a thread-local `RefCell` and Xoshiro256++ per id, cost
-/// a traced small `tools/call` ~160 instructions for its three ids (callgrind, issue 34).
+/// The ids of new spans and traces: random, from `fastrand`'s generator per thread (wyrand,
+/// seeded per thread from a hash of the monotonic clock and the thread id: ids must be unique,
+/// not secret), never all zero (W3C Trace Context: an all-zero id is invalid). The SDK's `RandomIdGenerator` (a call, a
+/// thread-local `RefCell` and Xoshiro256++ per id) cost a traced small `tools/call` ~160
+/// instructions for its three ids (callgrind, issue 34); this is inlined where a span starts.
 #[derive(Debug, Default, Clone, Copy)]
 struct Ids;
 
 impl Ids {
-    /// 64 random bits.
-    #[inline]
-    fn next(self) -> u64 {
-        thread_local! {
-            /// 0: not seeded yet.
-            static STATE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-        }
-        STATE.with(|state| {
-            let mut s = state.get();
-            if s == 0 {
-                s = u64::from_be_bytes(RandomIdGenerator::default().new_span_id().to_bytes());
-            }
-            s = s.wrapping_add(0xa076_1d64_78bd_642f);
-            state.set(s);
-            let t = u128::from(s) * u128::from(s ^ 0xe703_7ed1_a0b4_28db);
-            (t >> 64) as u64 ^ t as u64
-        })
-    }
-
     #[inline]
     fn new_span_id(self) -> SpanId {
         loop {
-            let id = self.next();
+            let id = fastrand::u64(..);
             if id != 0 {
                 return SpanId::from(id);
             }
@@ -287,7 +268,7 @@ impl Ids {
     #[inline]
     fn new_trace_id(self) -> TraceId {
         loop {
-            let id = u128::from(self.next()) << 64 | u128::from(self.next());
+            let id = fastrand::u128(..);
             if id != 0 {
                 return TraceId::from(id);
             }

@@ -1028,7 +1028,7 @@ fn the_encoded_bytes_are_pinned() {
 fn the_root_sampler_decides_as_the_sdks() {
     use opentelemetry::trace::{SpanKind, TraceId};
     use opentelemetry_sdk::trace::{
-        IdGenerator as _, Sampler, SamplingDecision, ShouldSample as _,
+        IdGenerator as _, RandomIdGenerator, Sampler, SamplingDecision, ShouldSample as _,
     };
     let ids = RandomIdGenerator::default();
     let mut trace_ids: Vec<TraceId> = (0..2000).map(|_| ids.new_trace_id()).collect();
