@@ -53,7 +53,7 @@ LG="$HERE/loadgen/target/release/loadgen"
 build() { # $1 target subdirectory, $2 RUSTFLAGS; prints the binary's path
   local t0=$SECONDS
   (cd "$ROOT" && CARGO_TARGET_DIR="$TARGET_BASE/$1" RUSTFLAGS="$2" \
-    nice cargo build --release --quiet --bin taskgate --target "$HOST" >&2) || return 1
+    nice cargo build --release --locked --quiet --bin taskgate --target "$HOST" >&2) || return 1
   say "$1 build: $((SECONDS - t0)) s"
   echo "$TARGET_BASE/$1/$HOST/release/taskgate"
 }

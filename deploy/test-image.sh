@@ -3,13 +3,13 @@
 #
 # The builder stage of deploy/Dockerfile starts FROM rust:1-bookworm, which needs a registry; the
 # runtime stage is FROM scratch, which does not. So this script
-#   1. builds the static binary on the host, as the builder stage would (release code, --locked, musl;
-#      thin LTO unless TASKGATE_IMAGE_PROFILE=release;
-#      if the musl target cannot be installed, a static glibc build: see STATIC below),
+#   1. builds the binary on the host, as the builder stage would with PGO=0 (release code,
+#      --locked, glibc; thin LTO unless TASKGATE_IMAGE_PROFILE=release) and stages it with the
+#      glibc files it needs (deploy/image/rootfs.sh, as the builder stage does),
 #   2. builds the Dockerfile's own `runtime` stage (cut out of deploy/Dockerfile, with
-#      `--from=builder /out/` pointed at a staged folder) with podman,
+#      `--from=builder /out/` pointed at the staged folder) with podman,
 #   3. checks the image's configuration (user, ports, volume, entrypoint, no HEALTHCHECK) and
-#      its files (owners, modes, static binary),
+#      its files (owners, modes, the loader and libraries, their package records),
 #   4. runs it with podman, as uid 65532 on a read-only root filesystem with the store on a
 #      volume: check-config on the baked-in config, then serve (loopback only, --network host),
 #      probes /healthz, /readyz, /metrics, SIGTERM must end it with exit 0, and a second start on
@@ -22,11 +22,14 @@
 # rust:1-bookworm made here without a registry: a Debian bookworm root filesystem from
 # debootstrap (Debian's mirror) plus this machine's own Rust toolchain and CA bundle. The build
 # reaches crates.io from inside the container (--network host). Slow (minutes, 1.4 GB image,
-# kept for the next run); not part of deploy/check.sh.
+# kept for the next run; the Dockerfile's default PGO=1 build trains and builds twice, about
+# 10 minutes more on 2 cores); not part of deploy/check.sh.
 #
 # Environment:
-#   TASKGATE_IMAGE_BINARY=path   use this static binary instead of building one (step 1 skipped)
+#   TASKGATE_IMAGE_BINARY=path   use this glibc binary instead of building one (step 1 skipped)
 #   TASKGATE_IMAGE_FULL=1        build the whole Dockerfile (see above)
+#   TASKGATE_IMAGE_PGO=0|1       the Dockerfile's PGO build argument for TASKGATE_IMAGE_FULL
+#                                (default: the Dockerfile's own default, 1)
 #   TASKGATE_IMAGE_PROFILE=name  the cargo profile of step 1 (default image-check: thin LTO;
 #                                release: the Dockerfile's own build)
 #   TASKGATE_RUST_IMAGE=name     the builder image for TASKGATE_IMAGE_FULL
@@ -128,57 +131,42 @@ if [ "${TASKGATE_IMAGE_FULL:-0}" = 1 ]; then
     "$podman" image exists "$builder" || make_builder_image "$builder"
     find_runtime "$builder" /bin/true \
         || skip "podman cannot run the builder stage here: $(tr '\n' ';' < "$work/runtime-errors")"
-    say "podman build -f deploy/Dockerfile --build-arg RUST_IMAGE=$builder (runtime: $runtime_ok) -> $tag"
+    say "podman build -f deploy/Dockerfile --build-arg RUST_IMAGE=$builder ${TASKGATE_IMAGE_PGO:+--build-arg PGO=$TASKGATE_IMAGE_PGO }(runtime: $runtime_ok) -> $tag"
     (cd "$root" && "$podman" build --pull=never --format docker --network host "${run_opts[@]}" \
-        --build-arg RUST_IMAGE="$builder" -f deploy/Dockerfile -t "$tag" .) >"$work/build.log" 2>&1 \
+        --build-arg RUST_IMAGE="$builder" ${TASKGATE_IMAGE_PGO:+--build-arg PGO="$TASKGATE_IMAGE_PGO"} \
+        -f deploy/Dockerfile -t "$tag" .) >"$work/build.log" 2>&1 \
         || { tail -n 40 "$work/build.log" >&2; fail "podman build of deploy/Dockerfile failed"; }
-    grep -E '^\s+Finished ' "$work/build.log" | sed 's/^ */test-image: builder: /' || true
+    grep -E '^\s+Finished |^== ' "$work/build.log" | sed 's/^ */test-image: builder: /' || true
 else
-# --- 1. the static binary ------------------------------------------------------------------------
+# --- 1. the binary -------------------------------------------------------------------------------
 if [ -n "${TASKGATE_IMAGE_BINARY:-}" ]; then
     bin="$TASKGATE_IMAGE_BINARY"
     [ -x "$bin" ] || fail "TASKGATE_IMAGE_BINARY=$bin is not an executable file"
     say "using prebuilt binary $bin"
 else
     command -v cargo >/dev/null 2>&1 || skip "cargo is not installed"
-    target=x86_64-unknown-linux-musl
-    [ "$(uname -m)" = aarch64 ] && target=aarch64-unknown-linux-musl
-    # STATIC: musl like the Dockerfile; if rustup cannot fetch the musl std (offline), a static
-    # glibc build of the host target instead (fine for this test: the upstream is an IP address,
-    # so no NSS/DNS lookups happen; the Dockerfile itself always builds musl).
-    if rustup target list --installed 2>/dev/null | grep -qx "$target"; then
-        flags=""
-    elif rustup target add "$target" >"$work/rustup.log" 2>&1; then
-        flags=""
-    else
-        say "rustup target add $target failed ($(tail -n 1 "$work/rustup.log")); building static glibc instead"
-        target="$(rustc -vV | sed -n 's/^host: //p')"
-        flags="-C target-feature=+crt-static"
-    fi
     # The release profile's code with thin LTO (Cargo.toml [profile.image-check]) unless
-    # TASKGATE_IMAGE_PROFILE=release asks for the Dockerfile's exact build.
+    # TASKGATE_IMAGE_PROFILE=release asks for the Dockerfile's PGO=0 build. Built for the host
+    # (glibc), as the builder stage builds for its own platform.
     profile="${TASKGATE_IMAGE_PROFILE:-image-check}"
-    say "cargo build --profile $profile --locked --target $target --bin taskgate ${flags:+(RUSTFLAGS=$flags)}"
-    (cd "$root" && RUSTFLAGS="${RUSTFLAGS:-} $flags" cargo build --profile "$profile" --locked --target "$target" --bin taskgate) \
-        || fail "cargo build failed"
-    bin="${CARGO_TARGET_DIR:-$root/target}/$target/$profile/taskgate"
+    say "cargo build --profile $profile --locked --bin taskgate"
+    (cd "$root" && cargo build --profile "$profile" --locked --bin taskgate) || fail "cargo build failed"
+    bin="${CARGO_TARGET_DIR:-$root/target}/$profile/taskgate"
 fi
-if readelf -l "$bin" | grep -q 'Requesting program interpreter'; then
-    fail "$bin is dynamically linked: a FROM scratch image cannot run it"
-fi
+readelf -l "$bin" | grep -q 'Requesting program interpreter' \
+    || fail "$bin is statically linked: the image carries glibc for a dynamically linked glibc binary"
 
 # --- 2. build the runtime stage ------------------------------------------------------------------
 ctx="$work/context"
-mkdir -p "$ctx/deploy" "$ctx/rootfs/empty"
+mkdir -p "$ctx/deploy" "$ctx/out/empty"
 cp -a "$here/image" "$ctx/deploy/image"
-objcopy --strip-debug "$bin" "$ctx/rootfs/taskgate"
-chmod 0755 "$ctx/rootfs/taskgate"
+sh "$here/image/rootfs.sh" "$bin" "$ctx/out/rootfs" || fail "deploy/image/rootfs.sh failed"
 # The runtime stage is everything from `FROM scratch AS runtime` to the end of the Dockerfile.
 sed -n '/^FROM scratch AS runtime$/,$p' "$here/Dockerfile" > "$work/runtime.Containerfile"
 grep -q '^FROM scratch AS runtime$' "$work/runtime.Containerfile" \
     || fail "deploy/Dockerfile has no 'FROM scratch AS runtime' stage"
-# `COPY --from=builder [--chown=..] /out/X Y`  ->  `COPY [--chown=..] rootfs/X Y`
-sed -i -E 's#--from=builder((\s+--[a-z]+=\S+)*)\s+/out/#\1 rootfs/#' "$work/runtime.Containerfile"
+# `COPY --from=builder [--chown=..] /out/X Y`  ->  `COPY [--chown=..] out/X Y`
+sed -i -E 's#--from=builder((\s+--[a-z]+=\S+)*)\s+/out/#\1 out/#' "$work/runtime.Containerfile"
 if grep -n -- '--from=' "$work/runtime.Containerfile"; then
     fail "the runtime stage copies from the builder outside /out/ (see the Dockerfile's header)"
 fi
@@ -235,13 +223,28 @@ want = {
     "var": ("drwxr-xr-x", "0/0"),
     "var/lib": ("drwxr-xr-x", "0/0"),
     "var/lib/taskgate": ("drwxr-xr-x", "65532/65532"),
+    "etc/nsswitch.conf": ("-rw-r--r--", "0/0"),
+    "etc/os-release": ("-rw-r--r--", "0/0"),
+    "var/lib/dpkg/status.d/libc6": ("-rw-r--r--", "0/0"),
 }
 bad = []
 for path, (mode, owner) in want.items():
     got = rows.get(path)
     if got != (mode, owner):
         bad.append(f"{path}: want {mode} {owner}, got {got}")
-extra = [p for p in rows if p and p not in want and not any(w.startswith(p + "/") for w in want)]
+# glibc (deploy/image/rootfs.sh): the loader and the libraries, root-owned, writable by root only.
+libs = [p for p in rows if p.startswith(("lib/", "lib64/", "usr/lib/")) and rows[p][0][0] == "-"]
+for stem in ("ld-linux", "libc.so.", "libgcc_s.so."):
+    if not any(p.rsplit("/", 1)[-1].startswith(stem) for p in libs):
+        bad.append(f"no {stem}* in the image (glibc libraries: {libs})")
+for p in libs:
+    if rows[p][1] != "0/0" or rows[p][0][5] == "w" or rows[p][0][8] == "w":
+        bad.append(f"{p}: {rows[p]}, want root-owned and writable by root only")
+lib_dirs = {"lib", "lib64", "usr/lib", "var/lib/dpkg", "var/lib/dpkg/status.d"}
+extra = [p for p in rows if p and p not in want and p not in libs and p not in lib_dirs
+         and not p.startswith("var/lib/dpkg/status.d/")
+         and not any(w.startswith(p + "/") for w in want)
+         and not any(l.startswith(p + "/") for l in libs)]
 # podman export adds the runtime's mount points and files (dev, proc, sys, run, etc/hosts...)
 extra = [p for p in extra if p.split("/")[0] not in {"dev", "proc", "sys", "run", "tmp"}
          and p not in {"etc/hosts", "etc/resolv.conf", "etc/hostname", ".containerenv", "run/.containerenv"}]
@@ -250,7 +253,7 @@ if extra:
 for b in bad:
     print("  image files:", b, file=sys.stderr)
 if not bad:
-    print("test-image: image files ok (binary and config root-owned, /var/lib/taskgate owned by 65532)")
+    print(f"test-image: image files ok (binary, config and {len(libs)} glibc files root-owned, /var/lib/taskgate owned by 65532)")
 sys.exit(1 if bad else 0)
 EOF
 
@@ -270,7 +273,9 @@ if "$podman" run --rm "${run_opts[@]}" -v "$work/broken.toml:/etc/taskgate/broke
 fi
 say "check-config: baked-in config valid; unknown key rejected ($(head -n 1 "$work/cc-broken.log"))"
 
-# A stand-in upstream: /readyz is ready when every upstream accepts TCP connections.
+# A stand-in upstream: /readyz is ready when every upstream accepts TCP connections. The config
+# names it `localhost`: glibc's resolver in the image must read the container's /etc/hosts
+# (/etc/nsswitch.conf), as it would a Kubernetes service name through DNS.
 python3 -c '
 import socket, sys, time
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
@@ -302,7 +307,7 @@ mode = "none"
 enabled = false
 [[upstream]]
 name = "default"
-url = "http://127.0.0.1:$upstream_port/mcp"
+url = "http://localhost:$upstream_port/mcp"
 EOF
 chmod 0644 "$work/test.toml"
 "$podman" volume create "$volume" >/dev/null
