@@ -67,6 +67,89 @@ async fn sse_creation_and_notifications_update_the_record() {
     let _ = up;
 }
 
+/// `tasks.max_live_tasks_per_owner` holds for the tasks a 2026-07-28 server makes of plain
+/// calls: at the limit, a `tools/call` the server answers with a live `CreateTaskResult` gets
+/// `-32029` (HTTP 200, the limit's answer in both eras), the task is cancelled upstream once
+/// and never recorded; plain answers pass at the limit; a task that ends frees a slot. Before
+/// the fix the third task was recorded and handed out (the owner then had 3 live tasks).
+#[tokio::test]
+async fn a_task_the_server_makes_over_the_owner_limit_is_cancelled_and_refused() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 2")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t1 = create(&url, None, "slow_compute").await;
+    create(&url, None, "slow_compute").await;
+    let call = |id: u64, tool: &str| {
+        modern_req(
+            &url,
+            None,
+            id,
+            "tools/call",
+            json!({"name": tool, "arguments": {}}),
+        )
+    };
+    // A plain answer is not a task: not limited.
+    let (status, v) = send(call(3, "plain_tool")).await;
+    assert_eq!(
+        (status, v["result"]["resultType"].clone()),
+        (200, json!("complete")),
+        "{v}"
+    );
+
+    let (status, v) = send(call(4, "slow_compute")).await;
+    assert_eq!((status, err_code(&v)), (200, -32029), "{v}");
+    assert_eq!(v["id"], json!(4), "{v}");
+    assert!(
+        err_message(&v).contains("max_live_tasks_per_owner"),
+        "the message says what happened: {v}"
+    );
+    let cancels = eventually(STEP, || async {
+        let c = up.received("tasks/cancel");
+        (!c.is_empty()).then_some(c)
+    })
+    .await
+    .expect("the task the server made over the limit is cancelled upstream");
+    let over = cancels[0].json()["params"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(state.lock().unwrap().tasks[&over], "cancelled");
+    assert!(tg.record(&over).is_none(), "never recorded");
+    // The SSE form of a creation is refused the same way.
+    let (status, v) = send(call(5, "sse_tool")).await;
+    assert_eq!((status, err_code(&v)), (200, -32029), "{v}");
+    eventually(STEP, || async {
+        (up.received("tasks/cancel").len() == 2).then_some(())
+    })
+    .await
+    .expect("the SSE creation's task is cancelled upstream too");
+
+    // One task ends: the owner may have another.
+    state
+        .lock()
+        .unwrap()
+        .tasks
+        .insert(t1.clone(), "completed".into());
+    let (_, v) = task_call(&url, None, 6, "tasks/get", &t1).await;
+    assert_eq!(v["result"]["status"], "completed", "{v}");
+    let t4 = create(&url, None, "slow_compute").await;
+    assert!(tg.record(&t4).is_some());
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_task_creation_refused_total",
+            &[("reason", "owner_limit")]
+        ),
+        2.0,
+        "{m}"
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 2, "one cancel per refused task");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Gates and HTTP statuses
 // ---------------------------------------------------------------------------------------------

@@ -337,6 +337,71 @@ async fn owner_limit_and_task_gauges_hold_across_replicas() {
     assert!(sums.is_some(), "one replica exports the database's counts");
 }
 
+/// The tasks a 2026-07-28 server makes of plain calls count against
+/// `tasks.max_live_tasks_per_owner` in the database too: alice has one task made on replica A
+/// and one on B; a third live one, made on A (whose own count knows one), is cancelled upstream
+/// and answered `-32029`, and never recorded. A plain answer passes at the limit. (Before: every
+/// such task was recorded, whatever the limit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_server_task_over_the_owner_limit_is_refused_across_replicas() {
+    let test = "a_2026_server_task_over_the_owner_limit_is_refused_across_replicas";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let (up, state) = modern_server().await;
+    let config = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .token("bob", "bob-token")
+        .tasks("max_live_tasks_per_owner = 2");
+    let env = "TG_TIER_MODERN_LIMIT_DB";
+    let a = tg_on_pg(&config, env, &pg.url).await;
+    let b = tg_on_pg(&config, env, &pg.url).await;
+    let alice = Some("alice-token");
+    create(&a.mcp_url(), alice, "slow_compute").await;
+    create(&b.mcp_url(), alice, "slow_compute").await;
+    let call = |url: &str, id: u64, tool: &str| {
+        modern_req(
+            url,
+            alice,
+            id,
+            "tools/call",
+            json!({"name": tool, "arguments": {}}),
+        )
+    };
+    let (status, v) = send(call(&a.mcp_url(), 3, "plain_tool")).await;
+    assert_eq!(
+        (status, v["result"]["resultType"].clone()),
+        (200, json!("complete")),
+        "{v}"
+    );
+    let (status, v) = send(call(&a.mcp_url(), 4, "slow_compute")).await;
+    assert_eq!((status, err_code(&v)), (200, -32029), "{v}");
+    assert!(
+        up.wait_for_method("tasks/cancel", 1, STEP).await,
+        "the task over the limit is cancelled upstream"
+    );
+    let over = up.received("tasks/cancel")[0].json()["params"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(state.lock().unwrap().tasks[&over], "cancelled");
+    assert!(a.record(&over).is_none(), "never recorded");
+    // The same on B; another owner is not affected.
+    let (status, v) = send(call(&b.mcp_url(), 5, "slow_compute")).await;
+    assert_eq!(
+        (status, err_code(&v)),
+        (200, -32029),
+        "alice again, on B: {v}"
+    );
+    let t = create(&b.mcp_url(), Some("bob-token"), "slow_compute").await;
+    assert!(b.record(&t).is_some());
+    assert!(
+        up.wait_for_method("tasks/cancel", 2, STEP).await,
+        "one cancel per refused task"
+    );
+    assert_eq!(up.received("tasks/cancel").len(), 2);
+}
+
 /// 2025-11-25 sessions under bearer authentication through a tier behind HAProxy with the
 /// optional stickiness `deploy/README.md` documents (stick on the `Mcp-Session-Id` the
 /// `initialize`'s response set): six sessions of two principals, placed round-robin, each run

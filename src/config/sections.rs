@@ -278,6 +278,8 @@ pub struct TasksConfig {
     #[serde(default = "default_max_ttl_ms")]
     pub max_ttl_ms: u64,
     /// Live (non-terminal) tasks one owner may have per upstream; over it creation is refused (default 100).
+    /// A live task a 2026-07-28 server makes of a plain `tools/call` over it cannot be refused
+    /// before it exists: it is cancelled upstream and the client gets the same `-32029`.
     #[serde(default = "default_max_live_tasks_per_owner")]
     pub max_live_tasks_per_owner: usize,
     /// How often the sweeper removes expired records, in ms (default 30000).

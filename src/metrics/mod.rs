@@ -192,7 +192,7 @@ const CANCELLED_NOTIFICATIONS_DROPPED_TOTAL: Spec = spec(
 );
 const UNRECORDED_TASK_CANCELS_TOTAL: Spec = spec(
     "taskgate_unrecorded_task_cancels_total",
-    "tasks/cancel sent upstream for a task whose creation could not be recorded (the client got -32603), by outcome.",
+    "tasks/cancel sent upstream for a task the upstream created that taskgate did not record (the store failed: the client got -32603; a 2026 task over tasks.max_live_tasks_per_owner: -32029), by outcome.",
     &["upstream", "outcome"],
 );
 const UPSTREAM_OVERSIZE_TOTAL: Spec = spec(
@@ -346,7 +346,8 @@ pub struct Metrics {
     /// `notifications/cancelled` not forwarded ([`DropReason`]).
     pub cancelled_notifications_dropped_total: IntCounterVec,
     /// `taskgate_unrecorded_task_cancels_total{upstream,outcome}`: `tasks/cancel` taskgate sent
-    /// for a task the upstream created but the registry could not record ([`UndoOutcome`]).
+    /// for a task the upstream created but the registry could not record, or refused over
+    /// `tasks.max_live_tasks_per_owner` ([`UndoOutcome`]).
     pub unrecorded_task_cancels_total: IntCounterVec,
     /// `taskgate_upstream_oversize_total{upstream,kind}`: upstream answers cut off because they
     /// exceeded the upstream's `max_message_bytes` ([`OversizeKind`]).

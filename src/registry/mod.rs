@@ -282,6 +282,48 @@ impl Registry {
         }
     }
 
+    /// Holds the live task a 2026-07-28 server made of a plain call to
+    /// `tasks.max_live_tasks_per_owner`, before it is recorded: `Ok(true)` when `reservation`
+    /// (the call's provisional slot, [`Registry::reserve_modern`]) may become the task's,
+    /// `Ok(false)` when the owner is at the limit without it (the caller refuses the task and
+    /// cancels it upstream). At once `Ok(true)` for a slot that is not provisional (a 2025-11-25
+    /// creation's, taken within the limit). On a shared store the database counts, as for a
+    /// 2025 creation: a slot is taken in the store and the task replaces it when recorded (one
+    /// transaction more per 2026 task, none per plain call). Errors: the store's (counted).
+    pub async fn admit_creation(
+        self: &Arc<Self>,
+        reservation: &Reservation,
+    ) -> Result<bool, StoreError> {
+        if !reservation.is_provisional() {
+            return Ok(true);
+        }
+        if self.store.slots().is_none() {
+            return Ok(self.owners.admit(reservation, false));
+        }
+        let (upstream, owner) = reservation.key();
+        let (up, who) = (upstream.to_string(), owner.clone());
+        let limit = self.config.max_live_tasks_per_owner;
+        let lease = crate::store::TASK_SLOT_LEASE;
+        let taken = self
+            .try_off_runtime(move |r| match r.store.slots() {
+                Some(slots) => slots.reserve_slot(&up, &who, limit, lease),
+                None => Ok(None),
+            })
+            .await
+            .and_then(|taken| taken);
+        match taken {
+            Ok(Some(id)) => {
+                reservation.attach_store_slot(self.store.clone(), id);
+                Ok(self.owners.admit(reservation, true))
+            }
+            Ok(None) => Ok(false),
+            Err(e) => {
+                self.write_failed(&e, "a live-task slot could not be taken");
+                Err(e)
+            }
+        }
+    }
+
     /// How many live-task slots `owner` holds on `upstream`.
     pub fn owners_count(&self, upstream: &str, owner: &Owner) -> usize {
         self.owners.count(upstream, owner)

@@ -181,14 +181,16 @@ impl Report {
 pub(super) type Applied = (Observed, bool);
 
 impl Registry {
-    /// A live-task slot for a 2026-07-28 `tools/call` (the server decides whether it becomes a
-    /// task, so the slot is taken even at `tasks.max_live_tasks_per_owner`).
+    /// A provisional live-task slot for a 2026-07-28 `tools/call` (the server decides whether it
+    /// becomes a task, so the slot is taken even at `tasks.max_live_tasks_per_owner`; a live
+    /// task the server makes of the call is held to the limit by
+    /// [`Registry::admit_creation`] before it is recorded).
     pub fn reserve_modern(
         &self,
         upstream: &std::sync::Arc<str>,
         owner: &crate::store::Owner,
     ) -> super::Reservation {
-        self.owners.reserve_over_limit(upstream, owner)
+        self.owners.reserve_provisional(upstream, owner)
     }
 
     /// Keeps `result_json` (the `result` of a terminal 2026 `tasks/get` answer, or of a 2025

@@ -137,9 +137,9 @@ pub(super) async fn create<S: McpService>(
     )
 }
 
-/// A 2026-07-28 creation over `tasks.max_live_tasks_per_owner`: its `-32029` answer. (There
-/// the server decides whether a call becomes a task, so the call took its slot regardless;
-/// here taskgate decides, so the limit holds as for a 2025 creation.) `None` for a 2025
+/// A 2026-07-28 creation over `tasks.max_live_tasks_per_owner`: its `-32029` answer. (The
+/// call took a provisional slot regardless, as the server would decide whether it becomes a
+/// task; here taskgate decides, so the limit holds before anything goes upstream.) `None` for a 2025
 /// creation (`tasks` checked it) or one within the limit.
 fn modern_owner_limit(
     state: &GatewayTasksState,

@@ -15,7 +15,11 @@
 //!   with `Mcp-Method`/`Mcp-Name` and the tasks extension in `_meta`), logged, and counted in
 //!   `taskgate_unrecorded_task_cancels_total{outcome}` (`answered`, `failed`). Not when the
 //!   store refused the record as a duplicate (`StoreError::Conflict`): that taskId names a task
-//!   already recorded, maybe another owner's, which must not be cancelled. An
+//!   already recorded, maybe another owner's, which must not be cancelled. A live task a
+//!   2026-07-28 server made of a plain call (its slot provisional) whose owner is at
+//!   `tasks.max_live_tasks_per_owner` is not recorded either: the client gets `-32029`, the same
+//!   `TaskLimitExceeded` a 2025-11-25 creation is refused with before it goes upstream, and the
+//!   task is cancelled upstream the same way (once, counted in the same metric). An
 //!   answer that is not a `CreateTaskResult` (an error, a plain result) records nothing and the
 //!   owner's slot is given back. The message passes as sent but for its ttl (`show_recorded_ttl`).
 //! - **Statuses**: replies to `tasks/get` and `tasks/cancel` (a Task; applied to the task the
@@ -54,7 +58,7 @@ use crate::layers::extensions::{
 use crate::mcp::era::{Era, MODERN_VERSION};
 use crate::mcp::errors::McpError;
 use crate::mcp::needles::{self, found};
-use crate::metrics::UndoOutcome;
+use crate::metrics::{CreationRefusal, UndoOutcome};
 use crate::registry::as_registry_task;
 use crate::registry::{Registry, ResourceHold};
 use crate::sse::{ByteString, Event, EventStream};
@@ -676,7 +680,26 @@ impl Watch {
             return (bytes, None);
         };
         let task_id = record.task_id.clone();
-        let bytes = show_recorded_ttl(bytes, ttl_path(pending.template.era, true), &record);
+        let era = pending.template.era;
+        // A live task made of a 2026-07-28 plain call (its slot is provisional) is held to
+        // `tasks.max_live_tasks_per_owner` here, where it is known to be a task (module docs).
+        if !record.status.is_terminal() {
+            match self.registry.admit_creation(&pending.reservation).await {
+                Ok(true) => {}
+                Ok(false) => return (self.over_limit(id, undo, era, task_id), None),
+                Err(e) => {
+                    if let Some(undo) = undo {
+                        undo.cancel(&self.registry, era, task_id, UndoReason::NotRecorded);
+                    }
+                    let error = McpError::NotRecorded {
+                        detail: e.to_string(),
+                        before_upstream: false,
+                    };
+                    return (error.body(Some(id)), None);
+                }
+            }
+        }
+        let bytes = show_recorded_ttl(bytes, ttl_path(era, true), &record);
         match self
             .registry
             .record_creation(record, &pending.reservation)
@@ -693,7 +716,7 @@ impl Watch {
             }
             Err(e) => {
                 if let (Some(undo), false) = (undo, matches!(e, StoreError::Conflict(_))) {
-                    undo.cancel(&self.registry, pending.template.era, task_id);
+                    undo.cancel(&self.registry, era, task_id, UndoReason::NotRecorded);
                 }
                 let error = McpError::NotRecorded {
                     detail: e.to_string(),
@@ -702,6 +725,26 @@ impl Watch {
                 (error.body(Some(id)), None)
             }
         }
+    }
+
+    /// The answer to a creation whose live task (`task_id`, made by the server of a 2026-07-28
+    /// plain call) is over `tasks.max_live_tasks_per_owner`: the task is cancelled upstream
+    /// with `undo`, once, and the client gets the `-32029` the limit is answered with
+    /// elsewhere (`McpError::TaskLimitExceeded`, the same code and message as a refused
+    /// 2025-11-25 creation or 2026 gateway task). The upstream had already created the task, so
+    /// refusing it before it went upstream, as for a 2025 creation, was not possible.
+    fn over_limit(&self, id: &Id, undo: Option<Undo>, era: Era, task_id: String) -> Bytes {
+        self.registry
+            .metrics()
+            .task_creation_refused(&self.upstream, CreationRefusal::OwnerLimit);
+        if let Some(undo) = undo {
+            undo.cancel(&self.registry, era, task_id, UndoReason::OwnerLimit);
+        }
+        let error = McpError::TaskLimitExceeded {
+            limit: self.registry.config().max_live_tasks_per_owner,
+            upstream: self.upstream.to_string(),
+        };
+        error.body(Some(id))
     }
 
     /// Applies the reply to a `tasks/get|result|cancel` about `task_id`.
@@ -792,6 +835,16 @@ pub(crate) struct Undo {
     send: SendBelow,
 }
 
+/// Why a task the upstream created is cancelled there by [`Undo::cancel`].
+#[derive(Clone, Copy)]
+enum UndoReason {
+    /// Its record could not be written.
+    NotRecorded,
+    /// Its owner is at `tasks.max_live_tasks_per_owner` (a 2026-07-28 server made it of a
+    /// plain call).
+    OwnerLimit,
+}
+
 /// The ids of taskgate's own `tasks/cancel` for unrecorded tasks (`"taskgate-undo-<n>"`).
 static UNDO_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -880,13 +933,21 @@ impl Undo {
     /// Sends the `tasks/cancel` of `task_id` (created in `era`) in the background: the client's
     /// `-32603` does not wait for it. Its whole exchange is bounded by the upstream's
     /// `timeout_ms` (its [`Deadline::Exchange`]: a `tasks/cancel` answer, streamed or not, always is).
-    fn cancel(self, registry: &Arc<Registry>, era: Era, task_id: String) {
+    fn cancel(self, registry: &Arc<Registry>, era: Era, task_id: String, why: UndoReason) {
         let n = UNDO_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let id = Id::from_json(&format!("\"taskgate-undo-{n}\"")).expect("a string id");
         let req = self.request(era, &task_id, &id);
         let upstream = self.ctx.upstream.clone();
         let registry = registry.clone();
-        tracing::warn!(%upstream, %task_id, era = era.as_str(), "a task the upstream created could not be recorded: sending tasks/cancel upstream");
+        match why {
+            UndoReason::NotRecorded => {
+                tracing::warn!(%upstream, %task_id, era = era.as_str(), "a task the upstream created could not be recorded: sending tasks/cancel upstream")
+            }
+            // A policy answer, not a fault: the client got -32029.
+            UndoReason::OwnerLimit => {
+                tracing::info!(%upstream, %task_id, era = era.as_str(), "a task the upstream made of a plain call is over tasks.max_live_tasks_per_owner: refused, sending tasks/cancel upstream")
+            }
+        }
         tokio::spawn(async move {
             let outcome = match (self.send)(req).await {
                 Ok(reply) => match answer_in(reply, &id).await {

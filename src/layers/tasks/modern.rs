@@ -2,10 +2,12 @@
 //! SEP-2663; DESIGN.md "Two eras, one gateway"). Requests whose [`Era`] is modern come here.
 //!
 //! - `tools/call`: the server alone decides whether it becomes a task, so every call goes
-//!   upstream with a [`PendingCreation`] (era `modern`, the owner's slot taken even at
-//!   `tasks.max_live_tasks_per_owner`); `observe` records a `CreateTaskResult`
+//!   upstream with a [`PendingCreation`] (era `modern`, a provisional slot of the owner's taken
+//!   even at `tasks.max_live_tasks_per_owner`); `observe` records a `CreateTaskResult`
 //!   (`resultType:"task"`) durably before the reply is passed on, and gives the slot back for any
-//!   other answer.
+//!   other answer. A live task over the limit (the provisional slot not admitted:
+//!   `Registry::admit_creation`) is not recorded: `observe` cancels it upstream and answers
+//!   `-32029`, the limit's answer in both eras.
 //! - `tasks/get`, `tasks/update`, `tasks/cancel`: the spec's gates first, in its order, then the
 //!   registry, all answered here and never forwarded when they refuse:
 //!   1. `params._meta` does not declare the extension → `-32021` with
