@@ -111,10 +111,15 @@ impl Registry {
                 );
             }
             Err(e) => {
-                self.metrics.store_write_failures_total.inc();
                 self.metrics
                     .task_creation_refused(&up, CreationRefusal::Store);
-                tracing::error!(error = %e, upstream = %up, task_id = %record.task_id, "could not record a task");
+                if e.is_closed() {
+                    // A creation that raced a graceful stop (its client gets -32603).
+                    tracing::debug!(error = %e, upstream = %up, task_id = %record.task_id, "could not record a task");
+                } else {
+                    self.metrics.store_write_failures_total.inc();
+                    tracing::error!(error = %e, upstream = %up, task_id = %record.task_id, "could not record a task");
+                }
             }
         }
         result.map(|_| ())

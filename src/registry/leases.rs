@@ -396,7 +396,7 @@ impl Registry {
         self.point_about(upstream, task_id, |r, up, id| match r.store.get(up, id) {
             Ok(found) => found,
             Err(e) => {
-                tracing::error!(error = %e, "task store read failed");
+                crate::store::log_failure(&e, "task store read failed");
                 None
             }
         })

@@ -392,9 +392,14 @@ impl Registry {
     }
 
     /// A store write failed: counted in `taskgate_store_write_failures_total` and logged.
+    /// A store call failed: counted and logged at ERROR, but for work that raced a graceful
+    /// stop ([`StoreError::Closed`]): logged at DEBUG only, as a job the stopping store threads
+    /// did not run is not counted either ([`Registry::not_run`]).
     fn write_failed(&self, e: &StoreError, what: &str) {
-        self.metrics.store_write_failures_total.inc();
-        tracing::error!(error = %e, "{what}");
+        if !e.is_closed() {
+            self.metrics.store_write_failures_total.inc();
+        }
+        crate::store::log_failure(e, what);
     }
 
     /// Appends an audit event and logs it with target `taskgate::audit`.

@@ -83,6 +83,17 @@ pub enum NotRun {
     ShuttingDown,
 }
 
+impl NotRun {
+    /// As the store error a caller reports: [`StoreError::Closed`] when shutting down (work
+    /// that raced a graceful stop), else a [`StoreError::Db`] saying why.
+    pub fn into_store_error(self) -> StoreError {
+        match self {
+            NotRun::ShuttingDown => StoreError::Closed,
+            why => StoreError::Db(why.to_string()),
+        }
+    }
+}
+
 impl std::fmt::Display for NotRun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -218,7 +229,8 @@ impl Registry {
     }
 
     /// [`Registry::off_runtime`] for work whose caller counts its failures itself: why it did
-    /// not run as a [`StoreError::Db`], neither counted nor logged here.
+    /// not run as a [`StoreError::Db`] ([`StoreError::Closed`] when the store threads are
+    /// shutting down), neither counted nor logged here.
     pub(super) async fn try_off_runtime<T, F>(self: &Arc<Self>, work: F) -> Result<T, StoreError>
     where
         F: FnOnce(&Registry) -> T + Send + 'static,
@@ -228,7 +240,7 @@ impl Registry {
         self.threads
             .run(move || work(&this))
             .await
-            .map_err(|why| StoreError::Db(why.to_string()))
+            .map_err(NotRun::into_store_error)
     }
 
     /// The store threads, for store work outside the registry that must stay off the serving
@@ -240,9 +252,12 @@ impl Registry {
     /// A store job that did not run: counted like a failed store call (unless shutting down)
     /// and logged.
     pub(super) fn not_run(&self, why: NotRun) {
-        if why != NotRun::ShuttingDown {
-            self.metrics.store_write_failures_total.inc();
+        if why == NotRun::ShuttingDown {
+            // Work that raced a graceful stop: not a fault (see `StoreError::Closed`).
+            tracing::debug!(reason = %why, "task store work was not run");
+            return;
         }
+        self.metrics.store_write_failures_total.inc();
         tracing::warn!(reason = %why, "task store work was not run");
     }
 
@@ -331,8 +346,7 @@ impl Registry {
             }
             Ok(None) => Ok(None),
             Err(e) => {
-                self.metrics.store_write_failures_total.inc();
-                tracing::error!(error = %e, "task store read failed");
+                self.write_failed(&e, "task store read failed");
                 Err(e)
             }
         }
@@ -495,7 +509,7 @@ impl Registry {
                 true
             });
             if let Err(e) = scanned {
-                tracing::error!(error = %e, "task store scan failed");
+                crate::store::log_failure(&e, "task store scan failed");
             }
             found
         })

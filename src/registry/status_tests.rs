@@ -123,3 +123,84 @@ async fn a_gateway_task_cancel_is_audited_as_notifications_cancelled() {
     );
     assert_eq!(detail("ct"), "tasks/cancel forwarded upstream");
 }
+
+/// What a test's tracing events wrote, as text (a `MakeWriter` over a shared buffer).
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// Every event at DEBUG and above on this thread, until the guard is dropped.
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        let writer = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Work that races a graceful stop (a task turned terminal after the sled store was closed:
+/// its commit cannot be awaited any more) ends quietly: no ERROR, nothing counted as a store
+/// failure; the fact is logged at DEBUG. (Before: "task store error: the task store is closed
+/// (taskgate is shutting down)" at ERROR, and a store write failure counted, at every stop.)
+#[tokio::test]
+async fn a_terminal_status_racing_shutdown_logs_no_store_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::SledStore::open(dir.path(), 1 << 20, None).unwrap();
+    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new(&["up".to_string()]));
+    let registry = Registry::new(
+        store.clone() as std::sync::Arc<dyn crate::store::TaskStore>,
+        metrics.clone(),
+        crate::config::TasksConfig::default(),
+    )
+    .unwrap();
+    let owner = crate::layers::testing::owner();
+    let reservation = registry.reserve(&"up".into(), &owner).unwrap();
+    registry
+        .record_creation(crate::layers::testing::record("t1"), &reservation)
+        .await
+        .unwrap();
+    store.close();
+    let logs = Captured::default();
+    let guard = logs.install();
+    let done = serde_json::json!({"taskId": "t1", "status": "completed"});
+    registry.observe_task("up", done, "tasks/get").await;
+    drop(guard);
+    let text = logs.text();
+    assert!(text.contains("the task store is closed"), "{text}");
+    assert!(!text.contains("ERROR"), "{text}");
+    assert_eq!(metrics.store_write_failures_total.get(), 0, "{text}");
+}
+
+/// A real store failure still logs at ERROR (only the closed store's is quiet).
+#[test]
+fn a_real_store_failure_still_logs_at_error() {
+    let logs = Captured::default();
+    let guard = logs.install();
+    crate::store::log_failure(
+        &crate::store::StoreError::Db("disk full".into()),
+        "a write failed",
+    );
+    crate::store::log_failure(&crate::store::StoreError::Closed, "a racing write");
+    drop(guard);
+    let text = logs.text();
+    let line = |needle: &str| text.lines().find(|l| l.contains(needle)).unwrap_or("");
+    assert!(line("disk full").contains("ERROR"), "{text}");
+    assert!(line("a racing write").contains("DEBUG"), "{text}");
+}

@@ -25,7 +25,7 @@ impl Registry {
                 return 0;
             }
             Err(e) => {
-                tracing::error!(error = %e, "sweeper could not take the sweep lease");
+                crate::store::log_failure(&e, "sweeper could not take the sweep lease");
                 self.clear_shared_gauges();
                 return 0;
             }
@@ -34,7 +34,7 @@ impl Registry {
         let keys = match self.store.expired(now, 10_000) {
             Ok(k) => k,
             Err(e) => {
-                tracing::error!(error = %e, "sweeper could not read the expiry index");
+                crate::store::log_failure(&e, "sweeper could not read the expiry index");
                 return 0;
             }
         };
@@ -58,7 +58,7 @@ impl Registry {
                     tracing::debug!(upstream = %up, task_id = %id, "expired task record removed");
                 }
                 Ok(None) => {}
-                Err(e) => tracing::error!(error = %e, "sweeper could not remove a record"),
+                Err(e) => crate::store::log_failure(&e, "sweeper could not remove a record"),
             }
         }
         // Held sessions idle past `gateway.session_idle_ms` (see `store::held`) go too.
@@ -68,7 +68,7 @@ impl Registry {
                 self.store.sync_soon();
             }
             Ok(_) => {}
-            Err(e) => tracing::error!(error = %e, "sweeper could not remove idle held sessions"),
+            Err(e) => crate::store::log_failure(&e, "sweeper could not remove idle held sessions"),
         }
         if removed > 0 {
             self.store.sync_soon();
@@ -94,7 +94,7 @@ impl Registry {
         let counts = match slots.count_by_status() {
             Ok(c) => c,
             Err(e) => {
-                tracing::error!(error = %e, "the task gauges could not be counted in the store");
+                crate::store::log_failure(&e, "the task gauges could not be counted in the store");
                 self.metrics.tasks.reset();
                 return;
             }

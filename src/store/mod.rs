@@ -46,6 +46,29 @@ pub enum StoreError {
     /// A stored value could not be decoded.
     #[error("task store holds a corrupt record: {0}")]
     Corrupt(String),
+    /// The store was closed by taskgate's graceful shutdown (or its store threads are stopping):
+    /// work that raced the stop asked for a commit no longer made. Not a fault of the store:
+    /// logged at DEBUG ([`log_failure`]), not counted as a store failure.
+    #[error("the task store is closed (taskgate is shutting down)")]
+    Closed,
+}
+
+impl StoreError {
+    /// Whether this is [`StoreError::Closed`]: work that raced a graceful stop.
+    pub fn is_closed(&self) -> bool {
+        matches!(self, StoreError::Closed)
+    }
+}
+
+/// Logs a failed store call, `what` with the error: at ERROR, but at DEBUG for
+/// [`StoreError::Closed`] (background work that raced a graceful stop ends quietly; every stop
+/// logged it as a store error before).
+pub fn log_failure(e: &StoreError, what: &str) {
+    if e.is_closed() {
+        tracing::debug!(error = %e, "{what}");
+    } else {
+        tracing::error!(error = %e, "{what}");
+    }
 }
 
 /// A record's bytes as a store that compares records by their bytes (sled) holds them: returned

@@ -683,9 +683,7 @@ impl TaskStore for SledStore {
             // So the caller is told, and acknowledges nothing (a creation's client gets an error,
             // not a `taskId` that may not survive).
             if !sent {
-                return Err(StoreError::Db(
-                    "the task store is closed (taskgate is shutting down)".into(),
-                ));
+                return Err(StoreError::Closed);
             }
             match rx.await {
                 Ok(r) => r.map_err(StoreError::Db),

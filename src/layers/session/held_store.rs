@@ -142,7 +142,7 @@ impl Keeping {
         self.threads
             .run(move || work(store.as_ref()))
             .await
-            .unwrap_or_else(|why| Err(StoreError::Db(why.to_string())))
+            .unwrap_or_else(|why| Err(why.into_store_error()))
     }
 
     /// Queues `work` on a store thread in the background; its failure, or its not being queued,
@@ -394,13 +394,13 @@ impl Sessions {
     /// The store could not be read for `key`: an entry due for its re-read stays served from
     /// the table (re-read again after [`super::REVALIDATE_AFTER`]); an unknown one is
     /// [`Revived::Failed`].
-    fn unread(&self, key: &super::Key, e: &dyn std::fmt::Display) -> Revived {
+    fn unread(&self, key: &super::Key, e: &StoreError) -> Revived {
         if let Some(info) = self.table.lock().map.get_mut(key) {
             tracing::warn!(error = %e, "a session could not be re-read from the store; served from the table");
             info.checked_at = self.now();
             return Revived::InTable;
         }
-        tracing::error!(error = %e, "a session could not be read from the store");
+        crate::store::log_failure(e, "a session could not be read from the store");
         Revived::Failed
     }
 

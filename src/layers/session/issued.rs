@@ -112,7 +112,7 @@ impl Finish {
             return refuse(McpError::SessionsFull);
         }
         if let Err(e) = self.sessions.store_entry(&self.upstream, &issued).await {
-            tracing::error!(error = %e, "a session could not be written to the store");
+            crate::store::log_failure(&e, "a session could not be written to the store");
             self.sessions.forget(&self.upstream, Some(&key));
             return refuse(McpError::SessionStore { write: true });
         }

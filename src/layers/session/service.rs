@@ -376,7 +376,7 @@ async fn store_held(
         return refuse(McpError::SessionsFull);
     }
     if let Err(e) = sessions.store_entry(upstream, &issued).await {
-        tracing::error!(error = %e, "a held session could not be written to the store");
+        crate::store::log_failure(&e, "a held session could not be written to the store");
         sessions.forget(upstream, Some(&key));
         return refuse(McpError::SessionStore { write: true });
     }

@@ -196,6 +196,7 @@ async fn a_sync_after_close_fails_instead_of_flushing_on_the_callers_thread() {
         err.to_string().contains("the task store is closed"),
         "{err}"
     );
+    assert!(err.is_closed(), "work racing the stop, told apart: {err:?}");
 }
 
 /// An update whose record changed between its plain read and its write (here: another update
