@@ -686,7 +686,24 @@ impl Watch {
         if !record.status.is_terminal() {
             match self.registry.admit_creation(&pending.reservation).await {
                 Ok(true) => {}
-                Ok(false) => return (self.over_limit(id, undo, era, task_id), None),
+                Ok(false) => {
+                    // A taskId already recorded (an upstream reusing one, maybe another
+                    // owner's task) is refused as a duplicate and never cancelled, as
+                    // `record_creation`'s `Conflict` below; a failed read is not taken for
+                    // "new" either: cancelling a recorded task upstream would end it for its
+                    // owner, while a new one left running ends at its ttl.
+                    let known = self.registry.try_record_of(&self.upstream, &task_id).await;
+                    let detail = match known {
+                        Ok(None) => return (self.over_limit(id, undo, era, task_id), None),
+                        Ok(Some(_)) => StoreError::Conflict(task_id).to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    let error = McpError::NotRecorded {
+                        detail,
+                        before_upstream: false,
+                    };
+                    return (error.body(Some(id)), None);
+                }
                 Err(e) => {
                     if let Some(undo) = undo {
                         undo.cancel(&self.registry, era, task_id, UndoReason::NotRecorded);

@@ -1,11 +1,12 @@
 //! Tests of the `observe` layer (the module docs say what it must do).
 
 use super::*;
+use crate::config::TasksConfig;
 use crate::exchange::GatewayError;
-use crate::layers::testing::{json_of, owner, record, registry, request};
+use crate::layers::testing::{json_of, owner, record, registry, request, CountingStore};
 use crate::mcp::task::TaskStatus;
 use crate::registry::Observed;
-use crate::store::TaskRecord;
+use crate::store::{TaskRecord, TaskStore};
 use futures_util::StreamExt;
 use http::{HeaderMap, StatusCode};
 use tower::{Layer, ServiceExt};
@@ -497,6 +498,65 @@ async fn a_duplicate_task_id_is_not_cancelled() {
         "no tasks/cancel for a recorded task"
     );
     assert_eq!(undo_count(&registry, "answered", 0).await, 0);
+}
+
+/// A 2026-07-28 server answering a plain call with the taskId of a task already recorded
+/// while its owner is at `tasks.max_live_tasks_per_owner`: refused as a duplicate, as below the
+/// limit, and not cancelled upstream (the id names the recorded task). The limit's refusal
+/// cancelled it (cold review, 2026-12-05).
+#[tokio::test]
+async fn a_duplicate_modern_task_id_at_the_limit_is_not_cancelled() {
+    const FLAT: &str = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":"t9","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttlMs":60000}}"#;
+    let store = CountingStore::new();
+    let config = TasksConfig {
+        max_live_tasks_per_owner: 1,
+        ..TasksConfig::default()
+    };
+    let metrics = Arc::new(crate::metrics::Metrics::new(&["up".to_string()]));
+    let registry = Registry::new(store.clone() as Arc<dyn TaskStore>, metrics, config).unwrap();
+    let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+    registry.record_creation(record("t9"), &slot).await.unwrap();
+    let (svc, mut seen) = recording_upstream(&registry, FLAT);
+    let mut req = request(
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+    );
+    req.ctx.session_id = None;
+    req.extensions.insert(Era::Modern);
+    let template = TaskRecord {
+        task_id: String::new(),
+        era: Era::Modern,
+        upstream_session: None,
+        ..record("")
+    };
+    req.extensions.insert(PendingCreation {
+        template: Arc::new(template),
+        reservation: Arc::new(registry.reserve_modern(&"up".into(), &owner())),
+        progress_token: None,
+        created: Arc::default(),
+    });
+    let reply = json_of(&svc.oneshot(req).await.unwrap());
+    assert_eq!(reply["error"]["code"], -32603, "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already recorded"),
+        "{reply}"
+    );
+    next_upstream_request(&mut seen).await;
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        seen.try_recv().is_err(),
+        "no tasks/cancel for a recorded task"
+    );
+    assert!(registry.store().get("up", "t9").unwrap().is_some());
+    assert_eq!(
+        registry.owners_count("up", &owner()),
+        1,
+        "the call's slot given back"
+    );
 }
 
 /// A plain result to the `bridge`'s task call (`PlainAnswerIsTask`) is a `completed` task
