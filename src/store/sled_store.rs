@@ -319,12 +319,12 @@ impl SledStore {
         swap_indexed(&self.tasks, key, Some(raw), new, &added, &dropped, now_ms())
     }
 
-    fn request_sync(&self, reply: Option<SyncReply>) -> bool {
+    /// Hands a commit request to the committer thread: `None` once `close` took its channel
+    /// (the graceful stop), `Some(false)` when the thread is gone (it died: a fault, not a
+    /// stop), `Some(true)` when sent.
+    fn request_sync(&self, reply: Option<SyncReply>) -> Option<bool> {
         let guard = self.syncer.lock();
-        match guard.as_ref() {
-            Some(tx) => tx.send(reply).is_ok(),
-            None => false,
-        }
+        guard.as_ref().map(|tx| tx.send(reply).is_ok())
     }
 }
 
@@ -682,8 +682,10 @@ impl TaskStore for SledStore {
             // worker) and, without the committer's `fdatasync`, would not be power-safe either.
             // So the caller is told, and acknowledges nothing (a creation's client gets an error,
             // not a `taskId` that may not survive).
-            if !sent {
-                return Err(StoreError::Closed);
+            match sent {
+                None => return Err(StoreError::Closed),
+                Some(false) => return Err(StoreError::Db("the store committer stopped".into())),
+                Some(true) => {}
             }
             match rx.await {
                 Ok(r) => r.map_err(StoreError::Db),
@@ -693,7 +695,7 @@ impl TaskStore for SledStore {
     }
 
     fn sync_soon(&self) {
-        self.request_sync(None);
+        let _ = self.request_sync(None);
     }
 
     /// sled's point calls are in-memory tree operations on this process's page cache; the

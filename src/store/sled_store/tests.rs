@@ -199,6 +199,27 @@ async fn a_sync_after_close_fails_instead_of_flushing_on_the_callers_thread() {
     assert!(err.is_closed(), "work racing the stop, told apart: {err:?}");
 }
 
+/// A committer thread that died (here: its commit observer panics) is a fault, not a graceful
+/// stop: every later sync fails as a store error, counted and logged at ERROR by the registry,
+/// never as [`StoreError::Closed`] (cold review, 2026-12-05: a dead committer read as closed).
+#[tokio::test]
+async fn a_dead_committer_is_a_store_error_not_a_closed_store() {
+    struct Panics;
+    impl CommitObserver for Panics {
+        fn commit(&self, _seconds: f64, _ok: bool) {
+            panic!("the committer dies (test)");
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(dir.path(), 1 << 20, Some(Arc::new(Panics))).unwrap();
+    // The first sync's commit kills the thread (while it unwinds, or after it is gone).
+    for round in 0..50 {
+        let err = store.sync().await.unwrap_err();
+        assert!(!err.is_closed(), "round {round}: {err:?}");
+        assert!(err.to_string().contains("committer stopped"), "{err}");
+    }
+}
+
 /// An update whose record changed between its plain read and its write (here: another update
 /// made from inside the change, the first time it runs) is not lost: the compare-and-swap against
 /// the bytes first read fails, and the change is applied again to the record as it is now. Both
