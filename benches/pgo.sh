@@ -80,14 +80,27 @@ train() { # $1 scenario, $2 count
   local t0=$SECONDS
   "$LG" run --url "$URL" --target taskgate --case pgo --rep 1 --concurrency 16 \
     --scenario "$1" --count "$2" --json-out "$WORK/train-$1.jsonl" > /dev/null
+  # A training whose requests failed profiles the error paths, not the ones users run.
+  local errors
+  errors=$(json_field "$WORK/train-$1.jsonl" errors)
+  [ "$errors" = 0 ] || { echo "training $1: $errors of $2 requests failed" >&2; exit 1; }
   say "  $1 × $2 at c=16: $((SECONDS - t0)) s"
+}
+# The profile is written when taskgate exits normally: SIGTERM is its graceful stop (drain up to
+# 10 s by default). A taskgate still running after 60 s is killed and its profile lost: fail.
+stop_training() { # $1 pid
+  local i
+  kill -TERM "$1" 2>/dev/null || { echo "taskgate $1 was gone before its stop: no profile" >&2; exit 1; }
+  for i in $(seq 6000); do gone "$1" && return 0; sleep 0.01; done
+  kill -KILL "$1" 2>/dev/null || true
+  echo "taskgate $1 did not stop within 60 s of SIGTERM: its profile is lost" >&2
+  exit 1
 }
 train small "$TRAIN_COUNT"
 train lifecycle $((TRAIN_COUNT / 10))
 train modern-lifecycle $((TRAIN_COUNT / 10))
 train sse $((TRAIN_COUNT / 10))
-# The profile is written when the process exits normally: SIGTERM is taskgate's graceful stop.
-stop_pid "$TG_PID"
+stop_training "$TG_PID"
 # Then with trace export on (`[telemetry]`, every span sampled, to benches/otlp_receiver.py):
 # without it the span and export code was cold in the profile, and export on cost +19.4 % CPU
 # per small call on the PGO binary against +12.2 % on the plain one (benches/telemetry.sh,
@@ -100,7 +113,7 @@ start_taskgate traced
 train small $((TRAIN_COUNT / 2))
 train lifecycle $((TRAIN_COUNT / 20))
 train modern-lifecycle $((TRAIN_COUNT / 20))
-stop_pid "$TG_PID"
+stop_training "$TG_PID"
 # Nothing stays up through the second build (and no pid is signalled again at exit).
 for pid in "${PIDS[@]}"; do stop_pid "$pid"; done
 PIDS=()

@@ -9,8 +9,10 @@
 # OUT/<path>                   the dynamic loader and each shared library `ldd BINARY` names
 #                              (libc, libm, libgcc_s), copied from the builder (symlinks followed)
 # OUT/var/lib/dpkg/status.d/   the dpkg records of the Debian packages those files come from, and
-# OUT/etc/os-release           the builder's OS release, so that image scanners (Trivy, Grype)
-#                              see which glibc the image carries (the layout of distroless images)
+# OUT/etc/os-release,          the builder's OS release, so that image scanners see which glibc
+# OUT/etc/debian_version       the image carries (the layout of distroless images: Trivy detects
+#                              Debian from debian_version, Grype from os-release); only on a
+#                              Debian builder (dpkg-query present)
 #
 # Why glibc and not a static musl binary: musl's allocator takes one lock for every thread; the
 # same code built for musl cost 1.82x nginx's CPU per small tools/call at c=16 against 1.45x for
@@ -44,4 +46,5 @@ if command -v dpkg-query >/dev/null 2>&1; then
         dpkg-query -s "$pkg" > "$out/var/lib/dpkg/status.d/$pkg"
     done
     cp -L /etc/os-release "$out/etc/os-release"
+    cp -L /etc/debian_version "$out/etc/debian_version"
 fi
