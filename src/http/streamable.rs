@@ -40,7 +40,7 @@
 
 use super::gate::Gate;
 use super::response::{gateway_error_response, json_response, rpc_error_response};
-use super::response::{never, read_body, BodyError, Head, HeadFields, DISCARD_LIMIT};
+use super::response::{read_body, BodyError, Head, HeadFields, DISCARD_LIMIT};
 use super::server::{Body, BodyError as ResponseError, Handler};
 use crate::auth::Authenticator;
 use crate::exchange::Principal;
@@ -208,23 +208,16 @@ impl Edge {
                     primes: super::response::version_primes(fields.protocol_version),
                     routing: fields.routing,
                 };
-                self.forward(served, parts.headers, head, op, principal, peer)
-                    .await
+                let caller = Admitted {
+                    principal,
+                    peer,
+                    permit,
+                };
+                return self.forward(served, parts.headers, head, op, caller).await;
             }
             Err(resp) => resp,
         };
-        match permit {
-            // The slot (in flight, or a GET stream's) is held until the answer's body (an SSE
-            // stream too) is done.
-            Some(permit) => resp.map(|body| {
-                HoldingPermit {
-                    body,
-                    _permit: permit,
-                }
-                .boxed_unsync()
-            }),
-            None => resp,
-        }
+        holding(resp, permit)
     }
 
     /// DNS-rebinding protection first, then authentication, then `[limits]`: nothing (not even
@@ -304,14 +297,18 @@ impl Edge {
         mut headers: HeaderMap,
         head: Head,
         op: Operation,
-        principal: Principal,
-        peer: IpAddr,
+        caller: Admitted,
     ) -> Response<Body> {
+        let Admitted {
+            principal,
+            peer,
+            mut permit,
+        } = caller;
         let session_id = strip_client_fields(&mut headers, &head);
         let era = era_of(&head, &headers, &op);
         let primes = sends_primes(era, &head, &op);
         if let Err(resp) = self.check_routing_headers(era, &head, &mut headers, &op) {
-            return resp;
+            return holding(resp, permit);
         }
         let mut request = McpRequest::from(RequestParts {
             op,
@@ -344,7 +341,7 @@ impl Edge {
                 if let Some(trace) = trace {
                     reply.end_span(trace, None, labels.rpc_id.as_ref());
                 }
-                self.answer(served, &labels, era, primes, reply)
+                self.answer(served, &labels, era, primes, reply, &mut permit)
             }
             Err(e) => {
                 if let Some(trace) = trace {
@@ -360,7 +357,7 @@ impl Edge {
                         "request failed"
                     )
                 });
-                gateway_error_response(&e, labels.rpc_id.as_ref())
+                holding(gateway_error_response(&e, labels.rpc_id.as_ref()), permit)
             }
         }
     }
@@ -413,7 +410,8 @@ impl Edge {
     }
 
     /// The stack's reply as the client's answer: priming events removed when the client does
-    /// not take them, a session's GET stream or DELETE noted, a local answer counted as one.
+    /// not take them, a session's GET stream or DELETE noted, a local answer counted as one;
+    /// its body holds `permit` (see [`Edge::encode_reply`]).
     fn answer(
         &self,
         served: &Served,
@@ -421,6 +419,7 @@ impl Edge {
         era: Era,
         primes: bool,
         mut reply: McpReply,
+        permit: &mut Option<Permit>,
     ) -> Response<Body> {
         let (route, series, method) = (&served.route, &served.series, labels.method);
         if !primes {
@@ -443,7 +442,7 @@ impl Edge {
                 era = era.as_str(),
                 "answered by taskgate"
             );
-            return self.encode_reply(reply, &route.name, labels.stream_kind);
+            return self.encode_reply(reply, &route.name, labels.stream_kind, permit.take());
         }
         let outcome = if reply.status.is_success() {
             RequestOutcome::Ok
@@ -451,7 +450,7 @@ impl Edge {
             RequestOutcome::UpstreamStatus
         };
         series.request(method, outcome);
-        self.encode_reply(reply, &route.name, labels.stream_kind)
+        self.encode_reply(reply, &route.name, labels.stream_kind, permit.take())
     }
 
     fn check_host_and_origin(
@@ -629,12 +628,21 @@ impl Edge {
         }
     }
 
-    fn encode_reply(&self, reply: McpReply, upstream: &Arc<str>, kind: SseKind) -> Response<Body> {
+    /// The reply as the HTTP response, its body holding `permit` (boxed once with it: a JSON
+    /// answer boxed, then boxed again in [`HoldingPermit`], cost an allocation per request;
+    /// benches/profile.sh small, issue 36).
+    fn encode_reply(
+        &self,
+        reply: McpReply,
+        upstream: &Arc<str>,
+        kind: SseKind,
+        permit: Option<Permit>,
+    ) -> Response<Body> {
         let mut builder = Response::builder().status(reply.status);
         *builder.headers_mut().expect("fresh builder") = reply.headers;
         let body: Body = match reply.body {
-            ReplyBody::Json(b) | ReplyBody::Raw(b) => Full::new(b).map_err(never).boxed_unsync(),
-            ReplyBody::Empty => Empty::new().map_err(never).boxed_unsync(),
+            ReplyBody::Json(b) | ReplyBody::Raw(b) => boxed(Full::new(b), permit),
+            ReplyBody::Empty => boxed(Empty::new(), permit),
             ReplyBody::Stream(events) => {
                 let guard = self.metrics.sse_stream_opened(upstream, kind);
                 let mut shutdown = self.shutdown.clone();
@@ -654,7 +662,7 @@ impl Edge {
                         let _ = &guard;
                         b.map(Frame::data).map_err(ResponseError::from)
                     });
-                StreamBody::new(bytes).boxed_unsync()
+                boxed(StreamBody::new(bytes), permit)
             }
         };
         builder.body(body).expect("valid response parts")
@@ -775,15 +783,52 @@ impl Handler for Edge {
     }
 }
 
+/// Who the gate admitted, and the `[limits]` slot the request holds (if any) until its
+/// answer's body is done.
+struct Admitted {
+    principal: Principal,
+    peer: IpAddr,
+    permit: Option<Permit>,
+}
+
+/// `resp` with its body holding `permit` (the slot, in flight or a GET stream's, is held until
+/// the answer's body, an SSE stream too, is done).
+fn holding(resp: Response<Body>, permit: Option<Permit>) -> Response<Body> {
+    match permit {
+        Some(permit) => resp.map(|body| boxed(body, Some(permit))),
+        None => resp,
+    }
+}
+
+/// `body` as the edge's [`Body`], boxed once, holding `permit` when there is one.
+fn boxed<B>(body: B, permit: Option<Permit>) -> Body
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+    B::Error: Into<ResponseError>,
+{
+    match permit {
+        Some(permit) => HoldingPermit {
+            body,
+            _permit: permit,
+        }
+        .boxed_unsync(),
+        None => body.map_err(Into::into).boxed_unsync(),
+    }
+}
+
 /// An answer's body that holds a `[limits]` slot until it is done (dropped with the body).
 /// Hand-written because `http_body_util`'s `MapFrame` does not forward `size_hint`: a JSON
 /// answer wrapped by it lost its `Content-Length` and went out chunked.
-struct HoldingPermit {
-    body: Body,
+struct HoldingPermit<B> {
+    body: B,
     _permit: Permit,
 }
 
-impl http_body::Body for HoldingPermit {
+impl<B> http_body::Body for HoldingPermit<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<ResponseError>,
+{
     type Data = bytes::Bytes;
     type Error = ResponseError;
 
@@ -791,7 +836,9 @@ impl http_body::Body for HoldingPermit {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+        std::pin::Pin::new(&mut self.body)
+            .poll_frame(cx)
+            .map_err(Into::into)
     }
 
     fn is_end_stream(&self) -> bool {
