@@ -378,7 +378,9 @@ impl Pool {
         loop {
             let (mut conn, reused) = match self.checkout() {
                 Some(c) => (c, true),
-                None => (self.connect().await?, false),
+                // Boxed: a new connection is rare, and its future in place made every
+                // request's future (and the transport's box it is moved into) 400 bytes larger.
+                None => (Box::pin(self.connect()).await?, false),
             };
             // Ready to take a request (drives the connection meanwhile).
             let ready = std::future::poll_fn(|cx| {
