@@ -182,42 +182,52 @@ impl Edge {
         response
     }
 
-    async fn serve(self: Arc<Self>, req: Request<Incoming>, peer: IpAddr) -> Response<Body> {
+    fn serve(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: IpAddr,
+    ) -> impl Future<Output = Response<Body>> + Send + 'static {
+        // Taken apart here, not in the async block, and the block is no `async fn`: an
+        // `async fn`'s argument (or a value its body takes apart) stays in its future beside
+        // the copy made of it (rust-lang/rust#62958), and hyper moves this future into its
+        // connection's per request.
         let (parts, body) = req.into_parts();
-        let fields = HeadFields::of(&parts.headers);
-        let (principal, mut permit) = match self.gate(&parts, &fields, peer).await {
-            Ok(admitted) => admitted,
-            Err(resp) => return resp,
-        };
-        let resp = match self.decode(&parts, &fields, body).await {
-            Ok((served, op)) => {
-                if matches!(op, Operation::OpenStream) {
-                    // Counted before it goes upstream: a principal at its cap never takes
-                    // another pooled upstream connection.
-                    let tenant = crate::exchange::Tenant::of(&principal, Some(peer));
-                    match self.settings.limits.open_stream(&tenant) {
-                        Ok(slot) => permit = Some(slot),
-                        Err(over) => return super::gate::too_many(&self.metrics, over),
+        async move {
+            let fields = HeadFields::of(&parts.headers);
+            let (principal, mut permit) = match self.gate(&parts, &fields, peer).await {
+                Ok(admitted) => admitted,
+                Err(resp) => return resp,
+            };
+            let resp = match self.decode(&parts, &fields, body).await {
+                Ok((served, op)) => {
+                    if matches!(op, Operation::OpenStream) {
+                        // Counted before it goes upstream: a principal at its cap never takes
+                        // another pooled upstream connection.
+                        let tenant = crate::exchange::Tenant::of(&principal, Some(peer));
+                        match self.settings.limits.open_stream(&tenant) {
+                            Ok(slot) => permit = Some(slot),
+                            Err(over) => return super::gate::too_many(&self.metrics, over),
+                        }
                     }
+                    let head = Head {
+                        era: fields.protocol_version.map(crate::mcp::era::Era::of_header),
+                        session_id: fields.session_id,
+                        origin: fields.origin.is_some(),
+                        hop_by_hop: fields.hop_by_hop,
+                        primes: super::response::version_primes(fields.protocol_version),
+                        routing: fields.routing,
+                    };
+                    let caller = Admitted {
+                        principal,
+                        peer,
+                        permit,
+                    };
+                    return self.forward(served, parts.headers, head, op, caller).await;
                 }
-                let head = Head {
-                    era: fields.protocol_version.map(crate::mcp::era::Era::of_header),
-                    session_id: fields.session_id,
-                    origin: fields.origin.is_some(),
-                    hop_by_hop: fields.hop_by_hop,
-                    primes: super::response::version_primes(fields.protocol_version),
-                    routing: fields.routing,
-                };
-                let caller = Admitted {
-                    principal,
-                    peer,
-                    permit,
-                };
-                return self.forward(served, parts.headers, head, op, caller).await;
-            }
-            Err(resp) => resp,
-        };
-        holding(resp, permit)
+                Err(resp) => resp,
+            };
+            holding(resp, permit)
+        }
     }
 
     /// DNS-rebinding protection first, then authentication, then `[limits]`: nothing (not even
@@ -291,73 +301,77 @@ impl Edge {
     /// Sends a decoded request through its route's stack and answers with its reply: the
     /// client's head fields taskgate does not forward removed, the era computed once, the
     /// routing headers checked, then the stack's reply (or error) encoded and counted.
-    async fn forward(
-        &self,
-        served: &Served,
+    /// (Not an `async fn`, for the reason `serve` gives.)
+    fn forward<'a>(
+        &'a self,
+        served: &'a Served,
         mut headers: HeaderMap,
         head: Head,
         op: Operation,
         caller: Admitted,
-    ) -> Response<Body> {
-        let Admitted {
-            principal,
-            peer,
-            mut permit,
-        } = caller;
-        let session_id = strip_client_fields(&mut headers, &head);
-        let era = era_of(&head, &headers, &op);
-        let primes = sends_primes(era, &head, &op);
-        if let Err(resp) = self.check_routing_headers(era, &head, &mut headers, &op) {
-            return holding(resp, permit);
-        }
-        let mut request = McpRequest::from(RequestParts {
-            op,
-            ctx: RequestContext {
-                upstream: served.route.name.clone(),
-                client_session_id: session_id.clone(),
-                session_id,
+    ) -> impl Future<Output = Response<Body>> + 'a {
+        async move {
+            let Admitted {
                 principal,
-                client_addr: Some(peer),
-                headers,
-            },
-            extensions: http::Extensions::new(),
-            trace: None,
-        });
-        store_era(&mut request, era);
-        let trace = match &self.telemetry {
-            Some(telemetry) => super::trace::start(telemetry, &mut request),
-            None => None,
-        };
-        let labels = Labels::of(&request);
-        let span = labels.span(&served.route.name, &request);
-        let started = Instant::now();
-        let result =
-            tracing::Instrument::instrument(served.route.stack.send(request), span.clone()).await;
-        served
-            .series
-            .duration(labels.method, started.elapsed().as_secs_f64());
-        match result {
-            Ok(mut reply) => {
-                if let Some(trace) = trace {
-                    reply.end_span(trace, None, labels.rpc_id.as_ref());
-                }
-                self.answer(served, &labels, era, primes, reply, &mut permit)
+                peer,
+                mut permit,
+            } = caller;
+            let session_id = strip_client_fields(&mut headers, &head);
+            let era = era_of(&head, &headers, &op);
+            let primes = sends_primes(era, &head, &op);
+            if let Err(resp) = self.check_routing_headers(era, &head, &mut headers, &op) {
+                return holding(resp, permit);
             }
-            Err(e) => {
-                if let Some(trace) = trace {
-                    e.end_span(trace);
+            let mut request = McpRequest::from(RequestParts {
+                op,
+                ctx: RequestContext {
+                    upstream: served.route.name.clone(),
+                    client_session_id: session_id.clone(),
+                    session_id,
+                    principal,
+                    client_addr: Some(peer),
+                    headers,
+                },
+                extensions: http::Extensions::new(),
+                trace: None,
+            });
+            store_era(&mut request, era);
+            let trace = match &self.telemetry {
+                Some(telemetry) => super::trace::start(telemetry, &mut request),
+                None => None,
+            };
+            let labels = Labels::of(&request);
+            let span = labels.span(&served.route.name, &request);
+            let started = Instant::now();
+            let result =
+                tracing::Instrument::instrument(served.route.stack.send(request), span.clone())
+                    .await;
+            served
+                .series
+                .duration(labels.method, started.elapsed().as_secs_f64());
+            match result {
+                Ok(mut reply) => {
+                    if let Some(trace) = trace {
+                        reply.end_span(trace, None, labels.rpc_id.as_ref());
+                    }
+                    self.answer(served, &labels, era, primes, reply, &mut permit)
                 }
-                served.series.request(labels.method, e.outcome());
-                span.in_scope(|| {
-                    tracing::warn!(
-                        upstream = %served.route.name,
-                        method = labels.method.as_str(),
-                        id = labels.rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
-                        error = %e,
-                        "request failed"
-                    )
-                });
-                holding(gateway_error_response(&e, labels.rpc_id.as_ref()), permit)
+                Err(e) => {
+                    if let Some(trace) = trace {
+                        e.end_span(trace);
+                    }
+                    served.series.request(labels.method, e.outcome());
+                    span.in_scope(|| {
+                        tracing::warn!(
+                            upstream = %served.route.name,
+                            method = labels.method.as_str(),
+                            id = labels.rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
+                            error = %e,
+                            "request failed"
+                        )
+                    });
+                    holding(gateway_error_response(&e, labels.rpc_id.as_ref()), permit)
+                }
             }
         }
     }
