@@ -40,7 +40,7 @@
 
 use super::gate::Gate;
 use super::response::{gateway_error_response, json_response, rpc_error_response};
-use super::response::{never, read_body, BodyError, Head, HeadFields, DISCARD_LIMIT};
+use super::response::{read_body, BodyError, Head, HeadFields, DISCARD_LIMIT};
 use super::server::{Body, BodyError as ResponseError, Handler};
 use crate::auth::Authenticator;
 use crate::exchange::Principal;
@@ -182,48 +182,51 @@ impl Edge {
         response
     }
 
-    async fn serve(self: Arc<Self>, req: Request<Incoming>, peer: IpAddr) -> Response<Body> {
+    fn serve(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        peer: IpAddr,
+    ) -> impl Future<Output = Response<Body>> + Send + 'static {
+        // Taken apart here, not in the async block, and the block is no `async fn`: an
+        // `async fn`'s argument (or a value its body takes apart) stays in its future beside
+        // the copy made of it (rust-lang/rust#62958), and hyper moves this future into its
+        // connection's per request.
         let (parts, body) = req.into_parts();
-        let fields = HeadFields::of(&parts.headers);
-        let (principal, mut permit) = match self.gate(&parts, &fields, peer).await {
-            Ok(admitted) => admitted,
-            Err(resp) => return resp,
-        };
-        let resp = match self.decode(&parts, &fields, body).await {
-            Ok((served, op)) => {
-                if matches!(op, Operation::OpenStream) {
-                    // Counted before it goes upstream: a principal at its cap never takes
-                    // another pooled upstream connection.
-                    let tenant = crate::exchange::Tenant::of(&principal, Some(peer));
-                    match self.settings.limits.open_stream(&tenant) {
-                        Ok(slot) => permit = Some(slot),
-                        Err(over) => return super::gate::too_many(&self.metrics, over),
+        async move {
+            let fields = HeadFields::of(&parts.headers);
+            let (principal, mut permit) = match self.gate(&parts, &fields, peer).await {
+                Ok(admitted) => admitted,
+                Err(resp) => return resp,
+            };
+            let resp = match self.decode(&parts, &fields, body).await {
+                Ok((served, op)) => {
+                    if matches!(op, Operation::OpenStream) {
+                        // Counted before it goes upstream: a principal at its cap never takes
+                        // another pooled upstream connection.
+                        let tenant = crate::exchange::Tenant::of(&principal, Some(peer));
+                        match self.settings.limits.open_stream(&tenant) {
+                            Ok(slot) => permit = Some(slot),
+                            Err(over) => return super::gate::too_many(&self.metrics, over),
+                        }
                     }
+                    let head = Head {
+                        era: fields.protocol_version.map(crate::mcp::era::Era::of_header),
+                        session_id: fields.session_id,
+                        origin: fields.origin.is_some(),
+                        hop_by_hop: fields.hop_by_hop,
+                        primes: super::response::version_primes(fields.protocol_version),
+                        routing: fields.routing,
+                    };
+                    let caller = Admitted {
+                        principal,
+                        peer,
+                        permit,
+                    };
+                    return self.forward(served, parts.headers, head, op, caller).await;
                 }
-                let head = Head {
-                    era: fields.protocol_version.map(crate::mcp::era::Era::of_header),
-                    session_id: fields.session_id,
-                    origin: fields.origin.is_some(),
-                    hop_by_hop: fields.hop_by_hop,
-                    primes: super::response::version_primes(fields.protocol_version),
-                    routing: fields.routing,
-                };
-                self.forward(served, parts.headers, head, op, principal, peer)
-                    .await
-            }
-            Err(resp) => resp,
-        };
-        match permit {
-            // The slot (in flight, or a GET stream's) is held until the answer's body (an SSE
-            // stream too) is done.
-            Some(permit) => resp.map(|body| {
-                HoldingPermit {
-                    body,
-                    _permit: permit,
-                }
-                .boxed_unsync()
-            }),
-            None => resp,
+                Err(resp) => resp,
+            };
+            holding(resp, permit)
         }
     }
 
@@ -298,69 +301,77 @@ impl Edge {
     /// Sends a decoded request through its route's stack and answers with its reply: the
     /// client's head fields taskgate does not forward removed, the era computed once, the
     /// routing headers checked, then the stack's reply (or error) encoded and counted.
-    async fn forward(
-        &self,
-        served: &Served,
+    /// (Not an `async fn`, for the reason `serve` gives.)
+    fn forward<'a>(
+        &'a self,
+        served: &'a Served,
         mut headers: HeaderMap,
         head: Head,
         op: Operation,
-        principal: Principal,
-        peer: IpAddr,
-    ) -> Response<Body> {
-        let session_id = strip_client_fields(&mut headers, &head);
-        let era = era_of(&head, &headers, &op);
-        let primes = sends_primes(era, &head, &op);
-        if let Err(resp) = self.check_routing_headers(era, &head, &mut headers, &op) {
-            return resp;
-        }
-        let mut request = McpRequest::from(RequestParts {
-            op,
-            ctx: RequestContext {
-                upstream: served.route.name.clone(),
-                client_session_id: session_id.clone(),
-                session_id,
+        caller: Admitted,
+    ) -> impl Future<Output = Response<Body>> + 'a {
+        async move {
+            let Admitted {
                 principal,
-                client_addr: Some(peer),
-                headers,
-            },
-            extensions: http::Extensions::new(),
-            trace: None,
-        });
-        store_era(&mut request, era);
-        let trace = match &self.telemetry {
-            Some(telemetry) => super::trace::start(telemetry, &mut request),
-            None => None,
-        };
-        let labels = Labels::of(&request);
-        let span = labels.span(&served.route.name, &request);
-        let started = Instant::now();
-        let result =
-            tracing::Instrument::instrument(served.route.stack.send(request), span.clone()).await;
-        served
-            .series
-            .duration(labels.method, started.elapsed().as_secs_f64());
-        match result {
-            Ok(mut reply) => {
-                if let Some(trace) = trace {
-                    reply.end_span(trace, None, labels.rpc_id.as_ref());
-                }
-                self.answer(served, &labels, era, primes, reply)
+                peer,
+                mut permit,
+            } = caller;
+            let session_id = strip_client_fields(&mut headers, &head);
+            let era = era_of(&head, &headers, &op);
+            let primes = sends_primes(era, &head, &op);
+            if let Err(resp) = self.check_routing_headers(era, &head, &mut headers, &op) {
+                return holding(resp, permit);
             }
-            Err(e) => {
-                if let Some(trace) = trace {
-                    e.end_span(trace);
+            let mut request = McpRequest::from(RequestParts {
+                op,
+                ctx: RequestContext {
+                    upstream: served.route.name.clone(),
+                    client_session_id: session_id.clone(),
+                    session_id,
+                    principal,
+                    client_addr: Some(peer),
+                    headers,
+                },
+                extensions: http::Extensions::new(),
+                trace: None,
+            });
+            store_era(&mut request, era);
+            let trace = match &self.telemetry {
+                Some(telemetry) => super::trace::start(telemetry, &mut request),
+                None => None,
+            };
+            let labels = Labels::of(&request);
+            let span = labels.span(&served.route.name, &request);
+            let started = Instant::now();
+            let result =
+                tracing::Instrument::instrument(served.route.stack.send(request), span.clone())
+                    .await;
+            served
+                .series
+                .duration(labels.method, started.elapsed().as_secs_f64());
+            match result {
+                Ok(mut reply) => {
+                    if let Some(trace) = trace {
+                        reply.end_span(trace, None, labels.rpc_id.as_ref());
+                    }
+                    self.answer(served, &labels, era, primes, reply, &mut permit)
                 }
-                served.series.request(labels.method, e.outcome());
-                span.in_scope(|| {
-                    tracing::warn!(
-                        upstream = %served.route.name,
-                        method = labels.method.as_str(),
-                        id = labels.rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
-                        error = %e,
-                        "request failed"
-                    )
-                });
-                gateway_error_response(&e, labels.rpc_id.as_ref())
+                Err(e) => {
+                    if let Some(trace) = trace {
+                        e.end_span(trace);
+                    }
+                    served.series.request(labels.method, e.outcome());
+                    span.in_scope(|| {
+                        tracing::warn!(
+                            upstream = %served.route.name,
+                            method = labels.method.as_str(),
+                            id = labels.rpc_id.as_ref().map(|i| tracing::field::display(i.as_json())),
+                            error = %e,
+                            "request failed"
+                        )
+                    });
+                    holding(gateway_error_response(&e, labels.rpc_id.as_ref()), permit)
+                }
             }
         }
     }
@@ -413,7 +424,8 @@ impl Edge {
     }
 
     /// The stack's reply as the client's answer: priming events removed when the client does
-    /// not take them, a session's GET stream or DELETE noted, a local answer counted as one.
+    /// not take them, a session's GET stream or DELETE noted, a local answer counted as one;
+    /// its body holds `permit` (see [`Edge::encode_reply`]).
     fn answer(
         &self,
         served: &Served,
@@ -421,6 +433,7 @@ impl Edge {
         era: Era,
         primes: bool,
         mut reply: McpReply,
+        permit: &mut Option<Permit>,
     ) -> Response<Body> {
         let (route, series, method) = (&served.route, &served.series, labels.method);
         if !primes {
@@ -443,7 +456,7 @@ impl Edge {
                 era = era.as_str(),
                 "answered by taskgate"
             );
-            return self.encode_reply(reply, &route.name, labels.stream_kind);
+            return self.encode_reply(reply, &route.name, labels.stream_kind, permit.take());
         }
         let outcome = if reply.status.is_success() {
             RequestOutcome::Ok
@@ -451,7 +464,7 @@ impl Edge {
             RequestOutcome::UpstreamStatus
         };
         series.request(method, outcome);
-        self.encode_reply(reply, &route.name, labels.stream_kind)
+        self.encode_reply(reply, &route.name, labels.stream_kind, permit.take())
     }
 
     fn check_host_and_origin(
@@ -629,12 +642,21 @@ impl Edge {
         }
     }
 
-    fn encode_reply(&self, reply: McpReply, upstream: &Arc<str>, kind: SseKind) -> Response<Body> {
+    /// The reply as the HTTP response, its body holding `permit` (boxed once with it: a JSON
+    /// answer boxed, then boxed again in [`HoldingPermit`], cost an allocation per request;
+    /// benches/profile.sh small, issue 36).
+    fn encode_reply(
+        &self,
+        reply: McpReply,
+        upstream: &Arc<str>,
+        kind: SseKind,
+        permit: Option<Permit>,
+    ) -> Response<Body> {
         let mut builder = Response::builder().status(reply.status);
         *builder.headers_mut().expect("fresh builder") = reply.headers;
         let body: Body = match reply.body {
-            ReplyBody::Json(b) | ReplyBody::Raw(b) => Full::new(b).map_err(never).boxed_unsync(),
-            ReplyBody::Empty => Empty::new().map_err(never).boxed_unsync(),
+            ReplyBody::Json(b) | ReplyBody::Raw(b) => boxed(Full::new(b), permit),
+            ReplyBody::Empty => boxed(Empty::new(), permit),
             ReplyBody::Stream(events) => {
                 let guard = self.metrics.sse_stream_opened(upstream, kind);
                 let mut shutdown = self.shutdown.clone();
@@ -654,7 +676,7 @@ impl Edge {
                         let _ = &guard;
                         b.map(Frame::data).map_err(ResponseError::from)
                     });
-                StreamBody::new(bytes).boxed_unsync()
+                boxed(StreamBody::new(bytes), permit)
             }
         };
         builder.body(body).expect("valid response parts")
@@ -775,15 +797,52 @@ impl Handler for Edge {
     }
 }
 
+/// Who the gate admitted, and the `[limits]` slot the request holds (if any) until its
+/// answer's body is done.
+struct Admitted {
+    principal: Principal,
+    peer: IpAddr,
+    permit: Option<Permit>,
+}
+
+/// `resp` with its body holding `permit` (the slot, in flight or a GET stream's, is held until
+/// the answer's body, an SSE stream too, is done).
+fn holding(resp: Response<Body>, permit: Option<Permit>) -> Response<Body> {
+    match permit {
+        Some(permit) => resp.map(|body| boxed(body, Some(permit))),
+        None => resp,
+    }
+}
+
+/// `body` as the edge's [`Body`], boxed once, holding `permit` when there is one.
+fn boxed<B>(body: B, permit: Option<Permit>) -> Body
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+    B::Error: Into<ResponseError>,
+{
+    match permit {
+        Some(permit) => HoldingPermit {
+            body,
+            _permit: permit,
+        }
+        .boxed_unsync(),
+        None => body.map_err(Into::into).boxed_unsync(),
+    }
+}
+
 /// An answer's body that holds a `[limits]` slot until it is done (dropped with the body).
 /// Hand-written because `http_body_util`'s `MapFrame` does not forward `size_hint`: a JSON
 /// answer wrapped by it lost its `Content-Length` and went out chunked.
-struct HoldingPermit {
-    body: Body,
+struct HoldingPermit<B> {
+    body: B,
     _permit: Permit,
 }
 
-impl http_body::Body for HoldingPermit {
+impl<B> http_body::Body for HoldingPermit<B>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Unpin,
+    B::Error: Into<ResponseError>,
+{
     type Data = bytes::Bytes;
     type Error = ResponseError;
 
@@ -791,7 +850,9 @@ impl http_body::Body for HoldingPermit {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+        std::pin::Pin::new(&mut self.body)
+            .poll_frame(cx)
+            .map_err(Into::into)
     }
 
     fn is_end_stream(&self) -> bool {

@@ -371,59 +371,66 @@ impl Pool {
     /// Sends `req` (origin-form URI) and returns the response once its head arrived. The body
     /// keeps the connection until it is read to its end (then the connection is pooled again)
     /// or dropped (then it is closed).
-    pub async fn send(
+    ///
+    /// Not an `async fn`: its future would keep the request (256 bytes) twice, the argument
+    /// and the body's own copy of it (rust-lang/rust#62958); the block uses the one it captured.
+    pub fn send(
         self: &Arc<Self>,
         mut req: Request<Full<Bytes>>,
-    ) -> Result<Response<PooledBody>, PoolError> {
-        loop {
-            let (mut conn, reused) = match self.checkout() {
-                Some(c) => (c, true),
-                None => (self.connect().await?, false),
-            };
-            // Ready to take a request (drives the connection meanwhile).
-            let ready = std::future::poll_fn(|cx| {
-                conn.drive(cx);
-                if conn.closed {
-                    return Poll::Ready(false);
-                }
-                conn.sender.poll_ready(cx).map(|r| r.is_ok())
-            })
-            .await;
-            if !ready {
-                if reused {
-                    continue;
-                }
-                return Err(PoolError::Connect(format!(
-                    "{} closed the connection at once",
-                    self.authority
-                )));
-            }
-            let head_only = req.method() == http::Method::HEAD;
-            conn.ctl.arm();
-            let result = {
-                // Pinned in this future, not boxed: an allocation less per request.
-                let mut sent = std::pin::pin!(conn.sender.try_send_request(req));
-                std::future::poll_fn(|cx| {
-                    if let Poll::Ready(r) = sent.as_mut().poll(cx) {
-                        return Poll::Ready(r);
-                    }
+    ) -> impl Future<Output = Result<Response<PooledBody>, PoolError>> + Send + '_ {
+        async move {
+            loop {
+                let (mut conn, reused) = match self.checkout() {
+                    Some(c) => (c, true),
+                    // Boxed: a new connection is rare, and its future in place made every
+                    // request's future (and the transport's box it is moved into) 400 bytes larger.
+                    None => (Box::pin(self.connect()).await?, false),
+                };
+                // Ready to take a request (drives the connection meanwhile).
+                let ready = std::future::poll_fn(|cx| {
                     conn.drive(cx);
                     if conn.closed {
-                        // The exchange cannot progress any more: the sender reports why.
-                        return sent.as_mut().poll(cx);
+                        return Poll::Ready(false);
                     }
-                    Poll::Pending
+                    conn.sender.poll_ready(cx).map(|r| r.is_ok())
                 })
-                .await
-            };
-            match result {
-                Ok(resp) => return Ok(self.clone().body_of(resp, conn, head_only)),
-                Err(mut e) => match e.take_message() {
-                    // Not sent on a reused connection the upstream had closed: send it on a
-                    // fresh one.
-                    Some(unsent) if reused => req = unsent,
-                    _ => return Err(PoolError::Http(e.into_error())),
-                },
+                .await;
+                if !ready {
+                    if reused {
+                        continue;
+                    }
+                    return Err(PoolError::Connect(format!(
+                        "{} closed the connection at once",
+                        self.authority
+                    )));
+                }
+                let head_only = req.method() == http::Method::HEAD;
+                conn.ctl.arm();
+                let result = {
+                    // Pinned in this future, not boxed: an allocation less per request.
+                    let mut sent = std::pin::pin!(conn.sender.try_send_request(req));
+                    std::future::poll_fn(|cx| {
+                        if let Poll::Ready(r) = sent.as_mut().poll(cx) {
+                            return Poll::Ready(r);
+                        }
+                        conn.drive(cx);
+                        if conn.closed {
+                            // The exchange cannot progress any more: the sender reports why.
+                            return sent.as_mut().poll(cx);
+                        }
+                        Poll::Pending
+                    })
+                    .await
+                };
+                match result {
+                    Ok(resp) => return Ok(self.clone().body_of(resp, conn, head_only)),
+                    Err(mut e) => match e.take_message() {
+                        // Not sent on a reused connection the upstream had closed: send it on a
+                        // fresh one.
+                        Some(unsent) if reused => req = unsent,
+                        _ => return Err(PoolError::Http(e.into_error())),
+                    },
+                }
             }
         }
     }
