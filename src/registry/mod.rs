@@ -258,6 +258,22 @@ impl Registry {
         if self.store.slots().is_none() {
             return Ok(self.owners.reserve(upstream, owner));
         }
+        Ok(self.take_store_slot(upstream, owner).await?.map(|id| {
+            self.owners
+                .reserve_over_limit(upstream, owner)
+                .with_store_slot(self.store.clone(), id)
+        }))
+    }
+
+    /// A live-task slot of `owner` on `upstream` taken in the shared store
+    /// ([`crate::store::SlotStore::reserve_slot`], off the runtime, held at most
+    /// [`crate::store::TASK_SLOT_LEASE`]): its id, or `None` at the limit (or without a shared
+    /// store). Errors: the store's (counted in `taskgate_store_write_failures_total`).
+    async fn take_store_slot(
+        self: &Arc<Self>,
+        upstream: &str,
+        owner: &Owner,
+    ) -> Result<Option<i64>, StoreError> {
         let (up, who) = (upstream.to_string(), owner.clone());
         let limit = self.config.max_live_tasks_per_owner;
         let lease = crate::store::TASK_SLOT_LEASE;
@@ -268,18 +284,10 @@ impl Registry {
             })
             .await
             .and_then(|taken| taken);
-        match taken {
-            Ok(Some(id)) => Ok(Some(
-                self.owners
-                    .reserve_over_limit(upstream, owner)
-                    .with_store_slot(self.store.clone(), id),
-            )),
-            Ok(None) => Ok(None),
-            Err(e) => {
-                self.write_failed(&e, "a live-task slot could not be taken");
-                Err(e)
-            }
+        if let Err(e) = &taken {
+            self.write_failed(e, "a live-task slot could not be taken");
         }
+        taken
     }
 
     /// Holds the live task a 2026-07-28 server made of a plain call to
@@ -301,26 +309,12 @@ impl Registry {
             return Ok(self.owners.admit(reservation, false));
         }
         let (upstream, owner) = reservation.key();
-        let (up, who) = (upstream.to_string(), owner.clone());
-        let limit = self.config.max_live_tasks_per_owner;
-        let lease = crate::store::TASK_SLOT_LEASE;
-        let taken = self
-            .try_off_runtime(move |r| match r.store.slots() {
-                Some(slots) => slots.reserve_slot(&up, &who, limit, lease),
-                None => Ok(None),
-            })
-            .await
-            .and_then(|taken| taken);
-        match taken {
-            Ok(Some(id)) => {
+        match self.take_store_slot(upstream, owner).await? {
+            Some(id) => {
                 reservation.attach_store_slot(self.store.clone(), id);
                 Ok(self.owners.admit(reservation, true))
             }
-            Ok(None) => Ok(false),
-            Err(e) => {
-                self.write_failed(&e, "a live-task slot could not be taken");
-                Err(e)
-            }
+            None => Ok(false),
         }
     }
 

@@ -402,6 +402,24 @@ async fn an_unrecorded_creation_is_cancelled_upstream() {
     assert!(registry.store().get("up", "t9").unwrap().is_none());
 }
 
+/// Makes `req` a 2026-07-28 `tools/call` whose answer `observe` records (as `tasks` marks one),
+/// holding `slot`.
+fn modern_creation(req: &mut McpRequest, slot: crate::registry::Reservation) {
+    req.extensions.insert(Era::Modern);
+    let template = TaskRecord {
+        task_id: String::new(),
+        era: Era::Modern,
+        upstream_session: None,
+        ..record("")
+    };
+    req.extensions.insert(PendingCreation {
+        template: Arc::new(template),
+        reservation: Arc::new(slot),
+        progress_token: None,
+        created: Arc::default(),
+    });
+}
+
 /// Issue 29 #17, 2026-07-28: the unrecorded task is cancelled statelessly (no session), with
 /// the version, `Mcp-Method: tasks/cancel` and `Mcp-Name: <taskId>` headers and the tasks
 /// extension in `_meta`; the creation's `Mcp-Param-*` headers are not carried over.
@@ -425,19 +443,8 @@ async fn an_unrecorded_modern_creation_is_cancelled_upstream_statelessly() {
     ] {
         req.ctx.headers.insert(k, http::HeaderValue::from_static(v));
     }
-    req.extensions.insert(Era::Modern);
-    let template = TaskRecord {
-        task_id: String::new(),
-        era: Era::Modern,
-        upstream_session: None,
-        ..record("")
-    };
-    req.extensions.insert(PendingCreation {
-        template: Arc::new(template),
-        reservation: Arc::new(registry.reserve(&"up".into(), &owner()).unwrap()),
-        progress_token: None,
-        created: Arc::default(),
-    });
+    let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+    modern_creation(&mut req, slot);
     let reply = json_of(&svc.oneshot(req).await.unwrap());
     assert_eq!(reply["error"]["code"], -32603, "{reply}");
 
@@ -521,19 +528,7 @@ async fn a_duplicate_modern_task_id_at_the_limit_is_not_cancelled() {
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
     );
     req.ctx.session_id = None;
-    req.extensions.insert(Era::Modern);
-    let template = TaskRecord {
-        task_id: String::new(),
-        era: Era::Modern,
-        upstream_session: None,
-        ..record("")
-    };
-    req.extensions.insert(PendingCreation {
-        template: Arc::new(template),
-        reservation: Arc::new(registry.reserve_modern(&"up".into(), &owner())),
-        progress_token: None,
-        created: Arc::default(),
-    });
+    modern_creation(&mut req, registry.reserve_modern(&"up".into(), &owner()));
     let reply = json_of(&svc.oneshot(req).await.unwrap());
     assert_eq!(reply["error"]["code"], -32603, "{reply}");
     assert!(
