@@ -71,7 +71,8 @@ impl Tier {
         Tier::start_with(test, upstream, "[auth]\nmode = \"none\"\n")
     }
 
-    /// [`Tier::start`] with the replicas' `[auth]` section `auth` (TOML; [`bearer_auth`]).
+    /// [`Tier::start`] with the replicas' `[auth]` section `auth` (TOML; [`bearer_auth`]), which
+    /// may add other sections after it (`[tasks]`).
     pub fn start_with(test: &str, upstream: &str, auth: &str) -> Option<Tier> {
         let pg = PgCluster::start(test)?;
         let dir = tempfile::tempdir().unwrap();
