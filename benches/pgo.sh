@@ -78,6 +78,8 @@ taskgate_toml "$WORK/tg.toml" "$WORK/store" "" "$(json_field "$WORK/up.json" add
 start_taskgate tg
 train() { # $1 scenario, $2 count
   local t0=$SECONDS
+  # loadgen appends to --json-out: a file per run, so that its own errors are the ones read.
+  rm -f "$WORK/train-$1.jsonl"
   "$LG" run --url "$URL" --target taskgate --case pgo --rep 1 --concurrency 16 \
     --scenario "$1" --count "$2" --json-out "$WORK/train-$1.jsonl" > /dev/null
   # A training whose requests failed profiles the error paths, not the ones users run.

@@ -209,7 +209,9 @@ EOF
 "$podman" export "$name" | tar -tvf - --numeric-owner > "$work/files.txt"
 "$podman" rm -v "$name" >/dev/null
 debian_builder=1
-if [ "${TASKGATE_IMAGE_FULL:-0}" != 1 ] && ! command -v dpkg-query >/dev/null 2>&1; then debian_builder=0; fi
+if [ "${TASKGATE_IMAGE_FULL:-0}" != 1 ] && ! { command -v dpkg-query >/dev/null 2>&1 && [ -r /etc/debian_version ]; }; then
+    debian_builder=0 # as deploy/image/rootfs.sh decides
+fi
 DEBIAN_BUILDER=$debian_builder python3 - "$work/files.txt" <<'EOF' || fail "image files"
 import os, sys
 rows = {}

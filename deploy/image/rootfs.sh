@@ -12,7 +12,7 @@
 # OUT/etc/os-release,          the builder's OS release, so that image scanners see which glibc
 # OUT/etc/debian_version       the image carries (the layout of distroless images: Trivy detects
 #                              Debian from debian_version, Grype from os-release); only on a
-#                              Debian builder (dpkg-query present)
+#                              Debian builder (dpkg-query and /etc/debian_version present)
 #
 # Why glibc and not a static musl binary: musl's allocator takes one lock for every thread; the
 # same code built for musl cost 1.82x nginx's CPU per small tools/call at c=16 against 1.45x for
@@ -40,9 +40,17 @@ for lib in $libs; do
     chmod 0755 "$out$lib"
 done
 
-if command -v dpkg-query >/dev/null 2>&1; then
+if command -v dpkg-query >/dev/null 2>&1 && [ -r /etc/debian_version ]; then
     mkdir -p "$out/var/lib/dpkg/status.d" "$out/etc"
-    for pkg in $(dpkg-query -S $libs 2>/dev/null | sed 's/:.*//' | sort -u); do
+    # dpkg knows a library by the path its package installs: /lib/... on bookworm, /usr/lib/...
+    # since the /usr merge (trixie); ldd prints the /lib one.
+    pkgs=""
+    for lib in $libs; do
+        owner="$( { dpkg-query -S "$lib" || dpkg-query -S "/usr$lib" || dpkg-query -S "$(readlink -f "$lib")"; } 2>/dev/null | head -n 1 | sed 's/:.*//')"
+        [ -n "$owner" ] || { echo "rootfs.sh: no Debian package owns $lib" >&2; exit 1; }
+        pkgs="$pkgs $owner"
+    done
+    for pkg in $(printf '%s\n' $pkgs | sort -u); do
         dpkg-query -s "$pkg" > "$out/var/lib/dpkg/status.d/$pkg"
     done
     cp -L /etc/os-release "$out/etc/os-release"

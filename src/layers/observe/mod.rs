@@ -696,7 +696,14 @@ impl Watch {
                     let detail = match known {
                         Ok(None) => return (self.over_limit(id, undo, era, task_id), None),
                         Ok(Some(_)) => StoreError::Conflict(task_id).to_string(),
-                        Err(e) => e.to_string(),
+                        Err(e) => {
+                            let what = format!(
+                                "task {task_id:?} of upstream `{}`, made over tasks.max_live_tasks_per_owner, could not be looked up: neither recorded nor cancelled upstream (it ends at its ttl)",
+                                self.upstream
+                            );
+                            crate::store::log_failure(&e, &what);
+                            e.to_string()
+                        }
                     };
                     let error = McpError::NotRecorded {
                         detail,
