@@ -189,14 +189,14 @@ impl crate::store::HeldSessionStore for CountingStore {
 
 /// A registry over a fresh counting store, with the counts.
 pub fn registry() -> (Arc<Registry>, Arc<CountingStore>) {
+    registry_with(TasksConfig::default())
+}
+
+/// [`registry`] with `config`.
+pub fn registry_with(config: TasksConfig) -> (Arc<Registry>, Arc<CountingStore>) {
     let store = CountingStore::new();
     let metrics = Arc::new(Metrics::new(&["up".to_string()]));
-    let registry = Registry::new(
-        store.clone() as Arc<dyn TaskStore>,
-        metrics,
-        TasksConfig::default(),
-    )
-    .unwrap();
+    let registry = Registry::new(store.clone() as Arc<dyn TaskStore>, metrics, config).unwrap();
     (registry, store)
 }
 

@@ -686,40 +686,12 @@ impl Watch {
         if !record.status.is_terminal() {
             match self.registry.admit_creation(&pending.reservation).await {
                 Ok(true) => {}
-                Ok(false) => {
-                    // A taskId already recorded (an upstream reusing one, maybe another
-                    // owner's task) is refused as a duplicate and never cancelled, as
-                    // `record_creation`'s `Conflict` below; a failed read is not taken for
-                    // "new" either: cancelling a recorded task upstream would end it for its
-                    // owner, while a new one left running ends at its ttl.
-                    let known = self.registry.try_record_of(&self.upstream, &task_id).await;
-                    let detail = match known {
-                        Ok(None) => return (self.over_limit(id, undo, era, task_id), None),
-                        Ok(Some(_)) => StoreError::Conflict(task_id).to_string(),
-                        Err(e) => {
-                            let what = format!(
-                                "task {task_id:?} of upstream `{}`, made over tasks.max_live_tasks_per_owner, could not be looked up: neither recorded nor cancelled upstream (it ends at its ttl)",
-                                self.upstream
-                            );
-                            crate::store::log_failure(&e, &what);
-                            e.to_string()
-                        }
-                    };
-                    let error = McpError::NotRecorded {
-                        detail,
-                        before_upstream: false,
-                    };
-                    return (error.body(Some(id)), None);
-                }
+                Ok(false) => return (self.over_limit(id, undo, era, task_id).await, None),
                 Err(e) => {
                     if let Some(undo) = undo {
                         undo.cancel(&self.registry, era, task_id, UndoReason::NotRecorded);
                     }
-                    let error = McpError::NotRecorded {
-                        detail: e.to_string(),
-                        before_upstream: false,
-                    };
-                    return (error.body(Some(id)), None);
+                    return (not_recorded(id, e), None);
                 }
             }
         }
@@ -742,11 +714,7 @@ impl Watch {
                 if let (Some(undo), false) = (undo, matches!(e, StoreError::Conflict(_))) {
                     undo.cancel(&self.registry, era, task_id, UndoReason::NotRecorded);
                 }
-                let error = McpError::NotRecorded {
-                    detail: e.to_string(),
-                    before_upstream: false,
-                };
-                (error.body(Some(id)), None)
+                (not_recorded(id, e), None)
             }
         }
     }
@@ -757,7 +725,24 @@ impl Watch {
     /// elsewhere (`McpError::TaskLimitExceeded`, the same code and message as a refused
     /// 2025-11-25 creation or 2026 gateway task). The upstream had already created the task, so
     /// refusing it before it went upstream, as for a 2025 creation, was not possible.
-    fn over_limit(&self, id: &Id, undo: Option<Undo>, era: Era, task_id: String) -> Bytes {
+    ///
+    /// But a taskId already recorded (an upstream reusing one, maybe another owner's task) is
+    /// refused as a duplicate and never cancelled, as `record_creation`'s `Conflict` is; a
+    /// failed read is not taken for "new" either: cancelling a recorded task upstream would end
+    /// it for its owner, while a new one left running ends at its ttl.
+    async fn over_limit(&self, id: &Id, undo: Option<Undo>, era: Era, task_id: String) -> Bytes {
+        match self.registry.try_record_of(&self.upstream, &task_id).await {
+            Ok(None) => {}
+            Ok(Some(_)) => return not_recorded(id, StoreError::Conflict(task_id)),
+            Err(e) => {
+                let what = format!(
+                    "task {task_id:?} of upstream `{}`, made over tasks.max_live_tasks_per_owner, could not be looked up: neither recorded nor cancelled upstream (it ends at its ttl)",
+                    self.upstream
+                );
+                crate::store::log_failure(&e, &what);
+                return not_recorded(id, e);
+            }
+        }
         self.registry
             .metrics()
             .task_creation_refused(&self.upstream, CreationRefusal::OwnerLimit);
@@ -857,6 +842,16 @@ pub(crate) struct Undo {
     ctx: RequestContext,
     extensions: http::Extensions,
     send: SendBelow,
+}
+
+/// The `-32603` answer to request `id` whose task the upstream created but taskgate did not
+/// record (`e` says why).
+fn not_recorded(id: &Id, e: StoreError) -> Bytes {
+    let error = McpError::NotRecorded {
+        detail: e.to_string(),
+        before_upstream: false,
+    };
+    error.body(Some(id))
 }
 
 /// Why a task the upstream created is cancelled there by [`Undo::cancel`].

@@ -3,10 +3,10 @@
 use super::*;
 use crate::config::TasksConfig;
 use crate::exchange::GatewayError;
-use crate::layers::testing::{json_of, owner, record, registry, request, CountingStore};
+use crate::layers::testing::{json_of, owner, record, registry, registry_with, request};
 use crate::mcp::task::TaskStatus;
 use crate::registry::Observed;
-use crate::store::{TaskRecord, TaskStore};
+use crate::store::TaskRecord;
 use futures_util::StreamExt;
 use http::{HeaderMap, StatusCode};
 use tower::{Layer, ServiceExt};
@@ -337,6 +337,18 @@ async fn next_upstream_request(
         .expect("the upstream is alive")
 }
 
+/// No further request (an undo's `tasks/cancel`, spawned in the background) reaches the
+/// upstream while the runtime runs everything ready 100 times over.
+async fn assert_no_cancel_sent(rx: &mut tokio::sync::mpsc::UnboundedReceiver<McpRequest>) {
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        rx.try_recv().is_err(),
+        "no tasks/cancel for a recorded task"
+    );
+}
+
 /// `taskgate_unrecorded_task_cancels_total{upstream="up",outcome}` once it reaches `want`
 /// (waited for: the cancel runs in the background), or what it was after 10 s.
 async fn undo_count(registry: &Arc<Registry>, outcome: &str, want: u64) -> u64 {
@@ -497,13 +509,7 @@ async fn a_duplicate_task_id_is_not_cancelled() {
     let reply = json_of(&svc.oneshot(creation_request(&registry)).await.unwrap());
     assert_eq!(reply["error"]["code"], -32603, "{reply}");
     next_upstream_request(&mut seen).await;
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
-    assert!(
-        seen.try_recv().is_err(),
-        "no tasks/cancel for a recorded task"
-    );
+    assert_no_cancel_sent(&mut seen).await;
     assert_eq!(undo_count(&registry, "answered", 0).await, 0);
 }
 
@@ -514,13 +520,10 @@ async fn a_duplicate_task_id_is_not_cancelled() {
 #[tokio::test]
 async fn a_duplicate_modern_task_id_at_the_limit_is_not_cancelled() {
     const FLAT: &str = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"task","taskId":"t9","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttlMs":60000}}"#;
-    let store = CountingStore::new();
-    let config = TasksConfig {
+    let (registry, _store) = registry_with(TasksConfig {
         max_live_tasks_per_owner: 1,
         ..TasksConfig::default()
-    };
-    let metrics = Arc::new(crate::metrics::Metrics::new(&["up".to_string()]));
-    let registry = Registry::new(store.clone() as Arc<dyn TaskStore>, metrics, config).unwrap();
+    });
     let slot = registry.reserve(&"up".into(), &owner()).unwrap();
     registry.record_creation(record("t9"), &slot).await.unwrap();
     let (svc, mut seen) = recording_upstream(&registry, FLAT);
@@ -539,13 +542,7 @@ async fn a_duplicate_modern_task_id_at_the_limit_is_not_cancelled() {
         "{reply}"
     );
     next_upstream_request(&mut seen).await;
-    for _ in 0..100 {
-        tokio::task::yield_now().await;
-    }
-    assert!(
-        seen.try_recv().is_err(),
-        "no tasks/cancel for a recorded task"
-    );
+    assert_no_cancel_sent(&mut seen).await;
     assert!(registry.store().get("up", "t9").unwrap().is_some());
     assert_eq!(
         registry.owners_count("up", &owner()),
