@@ -542,6 +542,52 @@ async fn the_owner_limit_holds_in_both_eras() {
     gate.open();
 }
 
+/// A plain 2026-07-28 call in flight (from a client without the tasks extension: it passes
+/// through, holding only the provisional slot every 2026 `tools/call` takes) is not one of the
+/// owner's live tasks: with `max_live_tasks_per_owner = 1` the owner still gets its gateway
+/// task, and only a second task is `-32029`.
+#[tokio::test]
+async fn a_plain_call_in_flight_does_not_count_against_the_owner_limit() {
+    let gate = Gate::new();
+    let up = Upstream::start(no_tasks_server(gate.clone())).await;
+    let tg = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .upstream_line("tasks = \"gateway\"")
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let plain = tokio::spawn(send(modern_req(
+        &url,
+        None,
+        7,
+        "tools/call",
+        json!({"name": "slow", "arguments": {}, "_meta": meta(false)}),
+    )));
+    assert!(
+        up.wait_for_method("tools/call", 1, STEP).await,
+        "the plain call is held upstream"
+    );
+    let t = create(&url, None, "slow").await;
+    assert!(tg.record(&t).is_some(), "the gateway task is recorded");
+    let (_, over) = send(modern_req(
+        &url,
+        None,
+        8,
+        "tools/call",
+        json!({"name": "slow", "arguments": {}}),
+    ))
+    .await;
+    assert_eq!(err_code(&over), -32029, "{over}");
+    gate.open();
+    let (status, v) = plain.await.expect("the plain call's task");
+    assert_eq!(
+        (status, v["result"]["content"][0]["text"].clone()),
+        (200, json!("done")),
+        "{v}"
+    );
+}
+
 /// 2025-11-25 input: a request the server sends the client during the held call
 /// (`elicitation/create`) makes the task `input_required`; `tasks/result` is then an SSE
 /// stream carrying the status, the request (an id taskgate minted, the related-task `_meta`)

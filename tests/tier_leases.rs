@@ -558,3 +558,65 @@ async fn a_gateway_task_whose_lease_cannot_be_taken_is_refused() {
             .get(0);
     assert_eq!(n, 0, "no record");
 }
+
+/// `tasks.max_live_tasks_per_owner` holds for gateway tasks across replicas (the database
+/// counts, as for the tasks a server makes): with a limit of 1, alice's gateway task held by
+/// replica A refuses her second, asked of replica B, `-32029`, and nothing of it goes
+/// upstream; bob's passes. (Before: each replica counted only its own held calls, and B made
+/// alice a second task.) Two replicas in this process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_limit_holds_for_gateway_tasks_across_replicas() {
+    let test = "the_owner_limit_holds_for_gateway_tasks_across_replicas";
+    let Some(pg) = PgCluster::start(test) else {
+        return;
+    };
+    let gate = Gate::new();
+    let up = Upstream::start(held_call_server(gate.clone())).await;
+    let mut config = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .upstream_line("tasks = \"gateway\"")
+        .tasks("max_live_tasks_per_owner = 1");
+    config.tg = config
+        .tg
+        .token("alice", "alice-token")
+        .token("bob", "bob-token");
+    let env = "TG_TIER_GATEWAY_LIMIT_DB";
+    std::env::set_var(env, &pg.url);
+    let replica = || {
+        Tg::start(|store| {
+            config.to_toml(store).replace(
+                &format!("[store]\npath = {store:?}\n"),
+                &format!("[store]\nbackend = \"postgres\"\nurl_env = {env:?}\npool_size = 4\n"),
+            )
+        })
+    };
+    let (a, b) = (replica().await, replica().await);
+    let alice = Some("alice-token");
+    let first = create(&a.mcp_url(), alice, "slow").await;
+    assert!(a.record(&first).is_some());
+    assert!(
+        up.wait_for_method("tools/call", 1, STEP).await,
+        "alice's call is held upstream by A"
+    );
+    let (status, v) = send(modern_req(
+        &b.mcp_url(),
+        alice,
+        2,
+        "tools/call",
+        json!({"name": "slow", "arguments": {}}),
+    ))
+    .await;
+    assert_eq!((status, err_code(&v)), (200, -32029), "alice on B: {v}");
+    let t = create(&b.mcp_url(), Some("bob-token"), "slow").await;
+    assert!(b.record(&t).is_some());
+    assert!(
+        up.wait_for_method("tools/call", 2, STEP).await,
+        "bob's call is held upstream by B"
+    );
+    assert_eq!(
+        up.received("tools/call").len(),
+        2,
+        "alice's refused call never went upstream"
+    );
+    gate.open();
+}

@@ -16,7 +16,7 @@ use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::{CreationRefusal, LocalReason};
 use crate::registry::Observed;
 use crate::sse::Event;
-use crate::store::{LeaseKind, Origin, Owner, TaskRecord};
+use crate::store::{LeaseKind, Origin, TaskRecord};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -55,8 +55,15 @@ pub(super) async fn create<S: McpService>(
     let refuse = |error: McpError| {
         McpReply::error(era, Some(&client_id), &error).answered_locally(LocalReason::GatewayTask)
     };
-    if let Some(refused) = modern_owner_limit(&state, &req, &pending.template.owner, &client_id) {
-        return Ok(refused);
+    match state.registry.admit_creation(&pending.reservation).await {
+        Ok(true) => {}
+        Ok(false) => return Ok(owner_limit(&state, &req, &client_id)),
+        Err(e) => {
+            return Ok(refuse(McpError::NotRecorded {
+                detail: e.to_string(),
+                before_upstream: true,
+            }))
+        }
     }
     let Some(task_id) = minted_task_id() else {
         return Ok(refuse(McpError::NoRandomTaskId));
@@ -137,21 +144,15 @@ pub(super) async fn create<S: McpService>(
     )
 }
 
-/// A 2026-07-28 creation over `tasks.max_live_tasks_per_owner`: its `-32029` answer. (The
-/// call took a provisional slot regardless, as the server would decide whether it becomes a
-/// task; here taskgate decides, so the limit holds before anything goes upstream.) `None` for a 2025
-/// creation (`tasks` checked it) or one within the limit.
-fn modern_owner_limit(
-    state: &GatewayTasksState,
-    req: &McpRequest,
-    owner: &Owner,
-    client_id: &Id,
-) -> Option<McpReply> {
+/// The `-32029` answer of a 2026-07-28 creation over `tasks.max_live_tasks_per_owner`. The
+/// call took a provisional slot, as the server would decide whether it becomes a task; here
+/// taskgate decides, so the slot is admitted against the owner's live tasks before anything
+/// goes upstream (`Registry::admit_creation`: other calls in flight, which hold provisional
+/// slots too, are not tasks and do not count; on a shared store the database counts). A
+/// 2025-11-25 creation's slot was taken within the limit by `tasks` and is admitted at once.
+fn owner_limit(state: &GatewayTasksState, req: &McpRequest, client_id: &Id) -> McpReply {
     let limit = state.registry.config().max_live_tasks_per_owner;
     let era = req.era();
-    if era != Era::Modern || state.registry.owners_count(&req.ctx.upstream, owner) <= limit {
-        return None;
-    }
     state
         .registry
         .metrics()
@@ -160,7 +161,7 @@ fn modern_owner_limit(
         limit,
         upstream: req.ctx.upstream.to_string(),
     };
-    Some(McpReply::error(era, Some(client_id), &error).answered_locally(LocalReason::OwnerLimit))
+    McpReply::error(era, Some(client_id), &error).answered_locally(LocalReason::OwnerLimit)
 }
 
 /// A gateway task's ttl in ms: the client's `params.task.ttl` (2025-11-25, already bounded by
