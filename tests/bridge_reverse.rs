@@ -237,6 +237,30 @@ async fn a_task_tool_runs_as_a_task_and_its_result_comes_inline() {
     assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Completed);
 }
 
+/// `tasks.max_live_tasks_per_owner` holds for a bridged task before anything goes upstream:
+/// taskgate, not the 2025-11-25 server, decides that a 2026-07-28 call becomes a task, so with
+/// a limit of 1 and one live task the owner's second is `-32029` and the server gets no second
+/// task-augmented `tools/call`. (Before: the server made the task, and taskgate cancelled it.)
+#[tokio::test]
+async fn a_bridged_task_over_the_owner_limit_is_refused_before_it_goes_upstream() {
+    let up = legacy_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    assert_eq!(v["result"]["resultType"], "task", "{v}");
+    let (status, v) = call(&url, None, 2, "research", true).await;
+    assert_eq!((status, err_code(&v)), (200, -32029), "{v}");
+    assert_eq!(
+        up.count("tools/call"),
+        1,
+        "the refused call never went upstream"
+    );
+    assert_eq!(up.count("tasks/cancel"), 0, "nothing to cancel upstream");
+}
+
 /// `optional` runs as a task only when the request declares the extension; a `required` tool
 /// without it is `-32021` (HTTP 400) and nothing goes upstream; a plain tool's answer gets
 /// `resultType:"complete"`.

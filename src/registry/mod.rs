@@ -39,8 +39,9 @@ pub use releases::{Releases, ResourceHold};
 pub use status::{as_registry_task, Observed, TaskFields};
 
 use crate::config::TasksConfig;
+use crate::mcp::errors::McpError;
 use crate::mcp::task::{now_ms, TaskStatus};
-use crate::metrics::{Metrics, ReleaseReason};
+use crate::metrics::{CreationRefusal, Metrics, ReleaseReason};
 use crate::store::{AuditEvent, Owner, StoreError, TaskRecord, TaskStore};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -237,6 +238,19 @@ impl Registry {
     /// The `[tasks]` settings.
     pub fn config(&self) -> &TasksConfig {
         &self.config
+    }
+
+    /// The error a creation over `tasks.max_live_tasks_per_owner` on `upstream` is refused
+    /// with (`-32029`, [`McpError::TaskLimitExceeded`]), counted in
+    /// `taskgate_task_creation_refused_total{reason="owner_limit"}`: one refusal, whichever
+    /// path found the owner at the limit.
+    pub fn refuse_over_limit(&self, upstream: &str) -> McpError {
+        self.metrics
+            .task_creation_refused(upstream, CreationRefusal::OwnerLimit);
+        McpError::TaskLimitExceeded {
+            limit: self.config.max_live_tasks_per_owner,
+            upstream: upstream.to_string(),
+        }
     }
 
     /// Reserves a live-task slot for `owner`; `None` when the owner is at the limit.

@@ -13,7 +13,7 @@ use crate::layers::McpService;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
-use crate::metrics::{CreationRefusal, LocalReason};
+use crate::metrics::LocalReason;
 use crate::registry::Observed;
 use crate::sse::Event;
 use crate::store::{LeaseKind, Origin, TaskRecord};
@@ -57,7 +57,16 @@ pub(super) async fn create<S: McpService>(
     };
     match state.registry.admit_creation(&pending.reservation).await {
         Ok(true) => {}
-        Ok(false) => return Ok(owner_limit(&state, &req, &client_id)),
+        // The call took a provisional slot, as the server would decide whether it becomes a
+        // task; here taskgate decides, so the slot is admitted against the owner's live tasks
+        // before anything goes upstream: other calls in flight, holding provisional slots too,
+        // are not tasks and do not count; on a shared store the database counts. (A
+        // 2025-11-25 creation's slot was taken within the limit by `tasks`: admitted at once.)
+        Ok(false) => {
+            let error = state.registry.refuse_over_limit(&req.ctx.upstream);
+            return Ok(McpReply::error(era, Some(&client_id), &error)
+                .answered_locally(LocalReason::OwnerLimit));
+        }
         Err(e) => {
             return Ok(refuse(McpError::NotRecorded {
                 detail: e.to_string(),
@@ -142,26 +151,6 @@ pub(super) async fn create<S: McpService>(
         McpReply::local_json(jsonrpc::result_response(&client_id, &body.to_string()))
             .answered_locally(LocalReason::GatewayTask),
     )
-}
-
-/// The `-32029` answer of a 2026-07-28 creation over `tasks.max_live_tasks_per_owner`. The
-/// call took a provisional slot, as the server would decide whether it becomes a task; here
-/// taskgate decides, so the slot is admitted against the owner's live tasks before anything
-/// goes upstream (`Registry::admit_creation`: other calls in flight, which hold provisional
-/// slots too, are not tasks and do not count; on a shared store the database counts). A
-/// 2025-11-25 creation's slot was taken within the limit by `tasks` and is admitted at once.
-fn owner_limit(state: &GatewayTasksState, req: &McpRequest, client_id: &Id) -> McpReply {
-    let limit = state.registry.config().max_live_tasks_per_owner;
-    let era = req.era();
-    state
-        .registry
-        .metrics()
-        .task_creation_refused(&req.ctx.upstream, CreationRefusal::OwnerLimit);
-    let error = McpError::TaskLimitExceeded {
-        limit,
-        upstream: req.ctx.upstream.to_string(),
-    };
-    McpReply::error(era, Some(client_id), &error).answered_locally(LocalReason::OwnerLimit)
 }
 
 /// A gateway task's ttl in ms: the client's `params.task.ttl` (2025-11-25, already bounded by

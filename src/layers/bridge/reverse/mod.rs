@@ -717,6 +717,26 @@ async fn tools_call<S: McpService>(
     if !as_task {
         return forward(state, inner, &req, &id, "tools/call", params.as_ref(), None).await;
     }
+    // Here taskgate, not the server, decides that the call becomes a task: its slot (a 2026
+    // call's, provisional) is admitted against the owner's live tasks before anything goes
+    // upstream (before: after the server had made the task, which was then cancelled).
+    if let Some(pending) = req.extensions.get::<PendingCreation>() {
+        match state.registry.admit_creation(&pending.reservation).await {
+            Ok(true) => {}
+            Ok(false) => {
+                let error = state.registry.refuse_over_limit(&req.ctx.upstream);
+                return Ok(McpReply::error(Era::Modern, Some(&id), &error)
+                    .answered_locally(LocalReason::OwnerLimit));
+            }
+            Err(e) => {
+                let error = McpError::NotRecorded {
+                    detail: e.to_string(),
+                    before_upstream: true,
+                };
+                return Ok(McpReply::error(Era::Modern, Some(&id), &error));
+            }
+        }
+    }
     let ttl = state.registry.config().max_ttl_ms;
     let own = state.ids.next_id();
     let mut p = translate::legacy_params(params.as_ref());
