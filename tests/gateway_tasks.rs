@@ -498,11 +498,9 @@ async fn a_2026_cancel_closes_the_held_stream() {
     assert!(up.received("notifications/cancelled").is_empty());
 }
 
-/// `tasks.max_live_tasks_per_owner` holds for gateway tasks of both eras (taskgate, not the
-/// server, decides that a 2026-07-28 call becomes a task here): one more is `-32029`, and
-/// nothing reaches the server.
-#[tokio::test]
-async fn the_owner_limit_holds_in_both_eras() {
+/// taskgate with `tasks = "gateway"` in front of [`no_tasks_server`] and
+/// `max_live_tasks_per_owner = 1`; the gate closed.
+async fn one_task_per_owner() -> (Upstream, Gate, Tg) {
     let gate = Gate::new();
     let up = Upstream::start(no_tasks_server(gate.clone())).await;
     let tg = UgConfig::new(&up.url())
@@ -511,6 +509,15 @@ async fn the_owner_limit_holds_in_both_eras() {
         .tasks("max_live_tasks_per_owner = 1")
         .start()
         .await;
+    (up, gate, tg)
+}
+
+/// `tasks.max_live_tasks_per_owner` holds for gateway tasks of both eras (taskgate, not the
+/// server, decides that a 2026-07-28 call becomes a task here): one more is `-32029`, and
+/// nothing reaches the server.
+#[tokio::test]
+async fn the_owner_limit_holds_in_both_eras() {
+    let (up, gate, tg) = one_task_per_owner().await;
     let url = tg.mcp_url();
     create(&url, None, "slow").await;
     let (_, v) = send(modern_req(
@@ -548,14 +555,7 @@ async fn the_owner_limit_holds_in_both_eras() {
 /// task, and only a second task is `-32029`.
 #[tokio::test]
 async fn a_plain_call_in_flight_does_not_count_against_the_owner_limit() {
-    let gate = Gate::new();
-    let up = Upstream::start(no_tasks_server(gate.clone())).await;
-    let tg = UgConfig::new(&up.url())
-        .upgrade(&["enabled = false"])
-        .upstream_line("tasks = \"gateway\"")
-        .tasks("max_live_tasks_per_owner = 1")
-        .start()
-        .await;
+    let (up, gate, tg) = one_task_per_owner().await;
     let url = tg.mcp_url();
     let plain = tokio::spawn(send(modern_req(
         &url,
