@@ -8,7 +8,7 @@ use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::Metrics;
 use crate::registry::Registry;
 use crate::store::{
-    AuditEvent, ListCursor, Origin, Owner, SledStore, StoreError, TaskRecord, TaskStore,
+    AuditEvent, ListCursor, Origin, Owner, SledStore, SlotStore, StoreError, TaskRecord, TaskStore,
 };
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -65,7 +65,22 @@ pub struct CountingStore {
     pub held_removals_begun: AtomicUsize,
     /// Every `sync` takes this lock first: a test holding it keeps group commits waiting.
     pub syncs_gate: tokio::sync::Mutex<()>,
+    /// When set, the store is a shared one ([`TaskStore::slots`]: [`FakeSlots`]).
+    pub with_slots: std::sync::atomic::AtomicBool,
+    pub slots: FakeSlots,
     _dir: tempfile::TempDir,
+}
+
+/// The live-task slots of a shared store as [`CountingStore`] fakes them: every
+/// `reserve_slot` counts itself in `begun`, then takes the `gate` lock (a test holding it keeps
+/// the takings waiting, as a database that answers late) and hands out the next id, whatever
+/// the limit; the ids given back are noted.
+#[derive(Default)]
+pub struct FakeSlots {
+    pub begun: AtomicUsize,
+    pub gate: std::sync::Mutex<()>,
+    next: AtomicUsize,
+    pub released: std::sync::Mutex<Vec<i64>>,
 }
 
 impl CountingStore {
@@ -79,6 +94,8 @@ impl CountingStore {
             held_removals: Default::default(),
             held_removals_begun: Default::default(),
             syncs_gate: Default::default(),
+            with_slots: Default::default(),
+            slots: FakeSlots::default(),
             _dir: dir,
         })
     }
@@ -160,6 +177,42 @@ impl TaskStore for CountingStore {
     }
     fn sync_soon(&self) {
         self.inner.sync_soon()
+    }
+    fn slots(&self) -> Option<&dyn SlotStore> {
+        self.with_slots
+            .load(Ordering::SeqCst)
+            .then_some(self as &dyn SlotStore)
+    }
+}
+
+impl SlotStore for CountingStore {
+    fn reserve_slot(
+        &self,
+        _upstream: &str,
+        _owner: &Owner,
+        _limit: usize,
+        _lease: std::time::Duration,
+    ) -> Result<Option<i64>, StoreError> {
+        inc(&self.slots.begun);
+        let _wait = self.slots.gate.lock();
+        Ok(Some(
+            self.slots.next.fetch_add(1, Ordering::SeqCst) as i64 + 1,
+        ))
+    }
+    fn release_slot(&self, slot: i64) {
+        if let Ok(mut released) = self.slots.released.lock() {
+            released.push(slot);
+        }
+    }
+    fn create_in_slot(
+        &self,
+        record: TaskRecord,
+        _slot: i64,
+    ) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.create(record)
+    }
+    fn count_by_status(&self) -> Result<crate::store::StatusCounts, StoreError> {
+        Ok(Default::default())
     }
 }
 

@@ -311,10 +311,15 @@ impl Registry {
     /// cancels it upstream). At once `Ok(true)` for a slot that is not provisional (a 2025-11-25
     /// creation's, taken within the limit). On a shared store the database counts, as for a
     /// 2025 creation: a slot is taken in the store and the task replaces it when recorded (one
-    /// transaction more per 2026 task, none per plain call). Errors: the store's (counted).
+    /// transaction more per 2026 task, none per plain call). The slot is attached to
+    /// `reservation` where it is taken, off the runtime: a caller that went away meanwhile (its
+    /// client disconnected) leaves the last clone of the reservation there, which gives the
+    /// slot back (before: its id was dropped with the caller's future, and the slot counted
+    /// against the owner until [`crate::store::TASK_SLOT_LEASE`] lapsed). Errors: the store's
+    /// (counted).
     pub async fn admit_creation(
         self: &Arc<Self>,
-        reservation: &Reservation,
+        reservation: &Arc<Reservation>,
     ) -> Result<bool, StoreError> {
         if !reservation.is_provisional() {
             return Ok(true);
@@ -322,13 +327,30 @@ impl Registry {
         if self.store.slots().is_none() {
             return Ok(self.owners.admit(reservation, false));
         }
-        let (upstream, owner) = reservation.key();
-        match self.take_store_slot(upstream, owner).await? {
-            Some(id) => {
-                reservation.attach_store_slot(self.store.clone(), id);
-                Ok(self.owners.admit(reservation, true))
+        let held = reservation.clone();
+        let limit = self.config.max_live_tasks_per_owner;
+        let taken = self
+            .try_off_runtime(move |r| {
+                let Some(slots) = r.store.slots() else {
+                    return Ok(false);
+                };
+                let (upstream, owner) = held.key();
+                let taken =
+                    slots.reserve_slot(upstream, owner, limit, crate::store::TASK_SLOT_LEASE)?;
+                Ok(taken.is_some_and(|id| {
+                    held.attach_store_slot(r.store.clone(), id);
+                    true
+                }))
+            })
+            .await
+            .and_then(|taken| taken);
+        match taken {
+            Ok(true) => Ok(self.owners.admit(reservation, true)),
+            Ok(false) => Ok(false),
+            Err(e) => {
+                self.write_failed(&e, "a live-task slot could not be taken");
+                Err(e)
             }
-            None => Ok(false),
         }
     }
 

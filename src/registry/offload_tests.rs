@@ -52,3 +52,53 @@ async fn a_tasks_own_store_calls_do_not_wait_for_busy_store_threads() {
     assert_eq!(record.status, crate::mcp::task::TaskStatus::Completed);
     drop(held);
 }
+
+/// A 2026-07-28 creation's slot taken in a shared store for a caller that went away meanwhile
+/// (its client disconnected while the database answered: the `admit_creation` future dropped)
+/// is given back once the taking ends, not held until its lease lapses
+/// (`TASK_SLOT_LEASE`, 120 s, counting against the owner's limit all that time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_taken_for_a_caller_gone_meanwhile_is_given_back() {
+    let (registry, store) = testing::registry();
+    store.with_slots.store(true, Ordering::SeqCst);
+    let up: Arc<str> = "up".into();
+    let reservation = Arc::new(registry.reserve_modern(&up, &testing::owner()));
+    let held = store.slots.gate.lock().unwrap();
+    let admitting = tokio::spawn({
+        let (registry, reservation) = (registry.clone(), reservation.clone());
+        async move { registry.admit_creation(&reservation).await }
+    });
+    let begun = tokio::task::spawn_blocking({
+        let store = store.clone();
+        move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while store.slots.begun.load(Ordering::SeqCst) == 0 {
+                assert!(std::time::Instant::now() < deadline, "the taking began");
+                std::thread::yield_now();
+            }
+        }
+    });
+    begun.await.unwrap();
+    // The caller goes away while the store takes the slot.
+    admitting.abort();
+    assert!(admitting.await.unwrap_err().is_cancelled());
+    drop(reservation);
+    drop(held);
+    let released = tokio::task::spawn_blocking({
+        let store = store.clone();
+        move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let released = store.slots.released.lock().unwrap().clone();
+                if !released.is_empty() || std::time::Instant::now() > deadline {
+                    return released;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(released, vec![1], "the slot taken is given back");
+    assert_eq!(registry.owners_count(&up, &testing::owner()), 0);
+}
