@@ -93,11 +93,14 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
     /// [`TaskStore::create`] that also returns the bytes the store now holds for the record
     /// (see [`TaskStore::update_from_stored`]); `None` from a store that does not compare
     /// records by their bytes (the default).
+    /// The record is shared, not moved: the caller keeps it (the registry's record cache), and
+    /// a store that only reads it (sled) need not copy it; the default copies it when it is
+    /// shared.
     fn create_stored(
         &self,
-        record: TaskRecord,
+        record: std::sync::Arc<TaskRecord>,
     ) -> BoxFuture<'_, Result<Option<StoredForm>, StoreError>> {
-        let created = self.create(record);
+        let created = self.create(std::sync::Arc::unwrap_or_clone(record));
         Box::pin(async move { created.await.map(|()| None) })
     }
 

@@ -386,13 +386,13 @@ fn commit_loop(
 
 impl TaskStore for SledStore {
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
-        let created = self.create_stored(record);
+        let created = self.create_stored(Arc::new(record));
         Box::pin(async move { created.await.map(|_| ()) })
     }
 
     fn create_stored(
         &self,
-        record: TaskRecord,
+        record: Arc<TaskRecord>,
     ) -> BoxFuture<'_, Result<Option<StoredForm>, StoreError>> {
         let written = self.insert_new(&record);
         Box::pin(async move {

@@ -464,7 +464,7 @@ async fn an_update_from_stored_bytes_swaps_against_them_and_falls_back_when_stal
     let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
     let created = record("t", "alice", 1);
     let form = store
-        .create_stored(created.clone())
+        .create_stored(Arc::new(created.clone()))
         .await
         .unwrap()
         .expect("sled returns its bytes");
