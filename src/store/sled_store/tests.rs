@@ -477,7 +477,10 @@ async fn an_update_from_stored_bytes_swaps_against_them_and_falls_back_when_stal
         })
         .unwrap()
         .unwrap();
-    assert_eq!(before, created);
+    assert_eq!(
+        before, None,
+        "the record before is `created` itself, not a copy"
+    );
     let next = next.expect("the swap's bytes");
     assert_eq!(&*held(&store), &*next);
     assert_eq!(store.get("up", "t").unwrap().unwrap(), after);
@@ -502,7 +505,7 @@ async fn an_update_from_stored_bytes_swaps_against_them_and_falls_back_when_stal
         .unwrap();
     assert_eq!(
         (before, now.clone(), none),
-        (cancelled.clone(), cancelled, None)
+        (Some(cancelled.clone()), cancelled, None)
     );
     assert_eq!(store.get("up", "t").unwrap().unwrap(), now);
 }
