@@ -71,10 +71,7 @@ pub fn log_failure(e: &StoreError, what: &str) {
     }
 }
 
-/// A record's bytes as a store that compares records by their bytes (sled) holds them: returned
-/// by [`TaskStore::create_stored`] and [`TaskStore::update_from_stored`], handed back to the
-/// latter with the record they encode.
-pub type StoredForm = std::sync::Arc<[u8]>;
+pub use sled_store::StoredForm;
 
 /// What [`TaskStore::update_from_stored`] returns: the record before the update (`None`: it was
 /// exactly the caller's `known`, which is not copied to say so), the record after it, and the

@@ -284,14 +284,21 @@ impl TaskRecord {
     /// Why: encoding a record through serde took about 13,000 instructions, three times per task
     /// in the task lifecycle (its creation and two updates; issue 36, `benches/profile.sh`).
     pub fn to_json(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.to_json_into(&mut out);
+        out
+    }
+
+    /// [`TaskRecord::to_json`] appended to `out` (a buffer the caller reuses).
+    pub fn to_json_into(&self, out: &mut Vec<u8>) {
         let opt_len = |s: &Option<String>| s.as_ref().map_or(0, String::len);
-        let mut out = Vec::with_capacity(
-            512 + opt_len(&self.terminal_result)
+        out.reserve(
+            1024 + opt_len(&self.terminal_result)
                 + opt_len(&self.terminal_error)
                 + opt_len(&self.input_requests)
                 + opt_len(&self.status_message),
         );
-        let o = &mut out;
+        let o = out;
         o.extend_from_slice(b"{\"upstream\":");
         json_str(o, &self.upstream);
         o.extend_from_slice(b",\"task_id\":");
@@ -358,7 +365,6 @@ impl TaskRecord {
             json_str(o, v);
         }
         o.push(b'}');
-        out
     }
 
     /// The `Task` object as the 2025-11-25 spec shapes it (for `tasks/list` and rewrites): a

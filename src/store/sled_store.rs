@@ -34,9 +34,7 @@ pub(crate) mod held;
 mod keys;
 mod swap;
 
-use super::{
-    AuditEvent, ListCursor, Owner, StoreError, StoredForm, TaskRecord, TaskStore, UpdatedStored,
-};
+use super::{AuditEvent, ListCursor, Owner, StoreError, TaskRecord, TaskStore, UpdatedStored};
 use crate::mcp::task::now_ms;
 use futures_util::future::BoxFuture;
 use keys::{expiry_key, owner_key, task_key};
@@ -104,6 +102,62 @@ fn decode(bytes: &[u8]) -> Result<TaskRecord, StoreError> {
 
 fn encode(r: &TaskRecord) -> Vec<u8> {
     r.to_json()
+}
+
+/// A scratch buffer at most this large is kept for the next [`encode_form`] on its thread (a
+/// record carrying a large result leaves none behind).
+const SCRATCH_KEPT: usize = 16 * 1024;
+
+/// [`encode`] into the one buffer the record's bytes are held in ([`StoredForm`]: the registry's
+/// cache and sled's tree share it), written first into a scratch buffer this thread reuses.
+///
+/// Why: encoding into a `Vec` of its own (grown once past its first 512 bytes), then copying
+/// it into an `Arc` and sled copying it again into an `IVec` of its own was four allocations
+/// and two copies of the record per write, three writes per task in the lifecycle benchmark
+/// (callgrind, issue 36).
+fn encode_form(r: &TaskRecord) -> StoredForm {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with_borrow_mut(|buf| {
+        buf.clear();
+        r.to_json_into(buf);
+        let form = StoredForm::from(&buf[..]);
+        if buf.capacity() > SCRATCH_KEPT {
+            *buf = Vec::new();
+        }
+        form
+    })
+}
+
+/// A record's bytes as a store that compares records by their bytes (sled) holds them: returned
+/// by [`TaskStore::create_stored`] and [`TaskStore::update_from_stored`], handed back to the
+/// latter with the record they encode. sled's own buffer, shared with its tree (a clone counts
+/// a reference; the bytes are never copied).
+///
+/// Why sled's buffer: sled copied the bytes of every write into a buffer of its own (an
+/// `IVec`), one allocation and copy of the record more per write, three writes per task in the
+/// lifecycle benchmark, and the record cache's copy was a second one in memory (issue 36).
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoredForm(sled::IVec);
+
+impl std::ops::Deref for StoredForm {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<&[u8]> for StoredForm {
+    fn from(bytes: &[u8]) -> StoredForm {
+        StoredForm(sled::IVec::from(bytes))
+    }
+}
+
+impl std::fmt::Debug for StoredForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StoredForm({} bytes)", self.0.len())
+    }
 }
 
 /// Told of every group commit: how long it took (flush and `fdatasync`) and whether it succeeded.
@@ -241,11 +295,11 @@ impl SledStore {
     fn insert_new(&self, record: &TaskRecord) -> Result<StoredForm, StoreError> {
         let key = task_key(&record.upstream, &record.task_id);
         let ((listed, listed_as), (expiring, expiring_as)) = self.write_index(record, now_ms())?;
-        let form = StoredForm::from(encode(record));
+        let form = encode_form(record);
         swap::write_step()?;
         let swapped = self
             .tasks
-            .compare_and_swap(&key, None::<&[u8]>, Some(&*form))
+            .compare_and_swap(&key, None::<&[u8]>, Some(form.0.clone()))
             .map_err(db_err)?;
         let Err(taken) = swapped else {
             return Ok(form);
@@ -499,10 +553,10 @@ impl TaskStore for SledStore {
                 &encoded[..]
             }
         };
-        let form = StoredForm::from(encode(&probe));
+        let form = encode_form(&probe);
         let swapped = self
             .tasks
-            .compare_and_swap(&key, Some(old), Some(&*form))
+            .compare_and_swap(&key, Some(old), Some(form.0.clone()))
             .map_err(db_err)?;
         match swapped {
             // `before` is `known` itself: the caller holds it (issue 36: a copy made only to

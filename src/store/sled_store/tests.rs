@@ -470,6 +470,8 @@ async fn an_update_from_stored_bytes_swaps_against_them_and_falls_back_when_stal
         .expect("sled returns its bytes");
     let held = |store: &SledStore| store.tasks.get(task_key("up", "t")).unwrap().unwrap();
     assert_eq!(&*held(&store), &*form);
+    // The very bytes sled holds, not a copy of them.
+    assert_eq!(held(&store).as_ptr(), form.as_ptr());
     let (before, after, next) = store
         .update_from_stored("up", "t", &created, Some(&form), &mut |r| {
             r.status_message = Some("half way".into());
@@ -483,6 +485,7 @@ async fn an_update_from_stored_bytes_swaps_against_them_and_falls_back_when_stal
     );
     let next = next.expect("the swap's bytes");
     assert_eq!(&*held(&store), &*next);
+    assert_eq!(held(&store).as_ptr(), next.as_ptr());
     assert_eq!(store.get("up", "t").unwrap().unwrap(), after);
     let cancelled = store
         .update("up", "t", &mut |r| {
