@@ -116,12 +116,24 @@ const SCRATCH_KEPT: usize = 16 * 1024;
 /// and two copies of the record per write, three writes per task in the lifecycle benchmark
 /// (callgrind, issue 36).
 fn encode_form(r: &TaskRecord) -> StoredForm {
+    in_scratch(|buf| r.to_json_into(buf))
+}
+
+/// [`encode_form`] of `after`, a change of `before` whose bytes are `before_form` (exactly
+/// `encode(before)`): the unchanged members are copied from them
+/// ([`TaskRecord::to_json_after`]).
+fn encode_form_after(after: &TaskRecord, before: &TaskRecord, before_form: &[u8]) -> StoredForm {
+    in_scratch(|buf| after.to_json_after(before, before_form, buf))
+}
+
+/// The bytes `write` puts in this thread's scratch buffer (see [`encode_form`]).
+fn in_scratch(write: impl FnOnce(&mut Vec<u8>)) -> StoredForm {
     thread_local! {
         static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
     SCRATCH.with_borrow_mut(|buf| {
         buf.clear();
-        r.to_json_into(buf);
+        write(buf);
         let form = StoredForm::from(&buf[..]);
         if buf.capacity() > SCRATCH_KEPT {
             *buf = Vec::new();
@@ -553,7 +565,7 @@ impl TaskStore for SledStore {
                 &encoded[..]
             }
         };
-        let form = encode_form(&probe);
+        let form = encode_form_after(&probe, known, old);
         let swapped = self
             .tasks
             .compare_and_swap(&key, Some(old), Some(form.0.clone()))
