@@ -273,7 +273,7 @@ mod tests {
     #[test]
     fn stored_bytes_are_kept_until_the_result_is() {
         let cache = RecordCache::new(16, 1 << 20);
-        let form: StoredForm = Arc::from(&b"{}"[..]);
+        let form = StoredForm::from(&b"{}"[..]);
         let working = Arc::new(record("t1"));
         cache.fill(cache.epoch(), &working, Some(form.clone()));
         let (_, kept) = cache.get_with_form("up", "t1").unwrap();

@@ -371,32 +371,36 @@ impl Registry {
 
     /// [`TaskStore::update`], then the record cache takes the new record if it changed (or
     /// forgets it). Every registry write to an existing record goes through here. The record
-    /// after the update is shared with the cache, not copied into it.
+    /// after the update is shared with the cache, not copied into it; so is the one before it
+    /// when the store swapped against the cached record (`TaskStore::update_from_stored`).
     fn update(
         &self,
         upstream: &str,
         task_id: &str,
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
-    ) -> Result<Option<(TaskRecord, Arc<TaskRecord>)>, StoreError> {
+    ) -> Result<Option<(Arc<TaskRecord>, Arc<TaskRecord>)>, StoreError> {
         let seen = self.records.epoch();
         // The cached record is the last one this process read or wrote: the store swaps
         // against it instead of reading and decoding the record again (see
         // `TaskStore::update_from`; never cached on a shared store).
         // With the store's bytes of it when the cache has them (see `cache::Entry`).
         let result = match self.records.get_with_form(upstream, task_id) {
-            Some((known, form)) => {
-                self.store
-                    .update_from_stored(upstream, task_id, &known, form.as_deref(), change)
-            }
+            Some((known, form)) => self
+                .store
+                .update_from_stored(upstream, task_id, &known, form.as_deref(), change)
+                .map(|r| {
+                    // `None`: the record before was the cached one itself.
+                    r.map(|(before, after, form)| (before.map_or(known, Arc::new), after, form))
+                }),
             None => self
                 .store
                 .update(upstream, task_id, change)
-                .map(|r| r.map(|(before, after)| (before, after, None))),
+                .map(|r| r.map(|(before, after)| (Arc::new(before), after, None))),
         };
         match result {
             Ok(Some((before, after, form))) => {
                 let after = Arc::new(after);
-                if before != *after {
+                if before != after {
                     // Changed: the next poll finds the new record (see `cache`).
                     self.records.refresh(seen, &after, form);
                 }

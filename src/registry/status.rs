@@ -256,7 +256,7 @@ impl Registry {
             .point_about(upstream, task_id, move |this, up, id| {
                 match this.update(up, id, &mut |r| edit(&mut r.input_requests)) {
                     Ok(Some((before, after))) => {
-                        Some((before.input_requests, after.input_requests.clone()))
+                        Some((before.input_requests.clone(), after.input_requests.clone()))
                     }
                     Ok(None) => None,
                     Err(e) => {
@@ -300,7 +300,7 @@ impl Registry {
         }
         self.point_about(upstream, task_id, move |this, up, id| {
             match this.update(up, id, &mut |r| put(r, &json)) {
-                Ok(Some((before, after))) if before != *after => {
+                Ok(Some((before, after))) if before != after => {
                     this.store.sync_soon();
                     true
                 }
@@ -487,7 +487,7 @@ impl Registry {
         if after.status.is_terminal() && status != after.status {
             return (self.on_stale_terminal(&after, status, source, now), false);
         }
-        if before != *after {
+        if before != after {
             self.store.sync_soon();
         }
         (Observed::Recorded(after.status), false)

@@ -71,14 +71,12 @@ pub fn log_failure(e: &StoreError, what: &str) {
     }
 }
 
-/// A record's bytes as a store that compares records by their bytes (sled) holds them: returned
-/// by [`TaskStore::create_stored`] and [`TaskStore::update_from_stored`], handed back to the
-/// latter with the record they encode.
-pub type StoredForm = std::sync::Arc<[u8]>;
+pub use sled_store::StoredForm;
 
-/// What [`TaskStore::update_from_stored`] returns: the record before and after the update, and
-/// the bytes the store now holds for `after` when it has them.
-pub type UpdatedStored = Option<(TaskRecord, TaskRecord, Option<StoredForm>)>;
+/// What [`TaskStore::update_from_stored`] returns: the record before the update (`None`: it was
+/// exactly the caller's `known`, which is not copied to say so), the record after it, and the
+/// bytes the store now holds for `after` when it has them.
+pub type UpdatedStored = Option<(Option<TaskRecord>, TaskRecord, Option<StoredForm>)>;
 
 /// A position in an owner's `tasks/list`, opaque to clients.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,11 +91,14 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
     /// [`TaskStore::create`] that also returns the bytes the store now holds for the record
     /// (see [`TaskStore::update_from_stored`]); `None` from a store that does not compare
     /// records by their bytes (the default).
+    /// The record is shared, not moved: the caller keeps it (the registry's record cache), and
+    /// a store that only reads it (sled) need not copy it; the default copies it when it is
+    /// shared.
     fn create_stored(
         &self,
-        record: TaskRecord,
+        record: std::sync::Arc<TaskRecord>,
     ) -> BoxFuture<'_, Result<Option<StoredForm>, StoreError>> {
-        let created = self.create(record);
+        let created = self.create(std::sync::Arc::unwrap_or_clone(record));
         Box::pin(async move { created.await.map(|()| None) })
     }
 
@@ -136,8 +137,9 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
     /// `create_stored` or `update_from_stored` call returned together with `known` (never
     /// another record's): the store need not encode `known` again to compare with what it
     /// holds. Also returns the bytes it holds for the record after the update, when it has
-    /// them. Same contract and records as `update_from`; the default is `update_from`, without
-    /// bytes.
+    /// them. Same contract and records as `update_from`, but the record before the update is
+    /// `None` when it was exactly `known` (the caller holds it: no copy is made to return it).
+    /// The default is `update_from`, without bytes.
     fn update_from_stored(
         &self,
         upstream: &str,
@@ -148,7 +150,7 @@ pub trait TaskStore: HeldSessionStore + Send + Sync + 'static {
     ) -> Result<UpdatedStored, StoreError> {
         let _ = known_form;
         let updated = self.update_from(upstream, task_id, known, change)?;
-        Ok(updated.map(|(before, after)| (before, after, None)))
+        Ok(updated.map(|(before, after)| (Some(before), after, None)))
     }
 
     /// Removes a record, its index entries and its audit events.

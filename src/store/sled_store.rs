@@ -34,9 +34,7 @@ pub(crate) mod held;
 mod keys;
 mod swap;
 
-use super::{
-    AuditEvent, ListCursor, Owner, StoreError, StoredForm, TaskRecord, TaskStore, UpdatedStored,
-};
+use super::{AuditEvent, ListCursor, Owner, StoreError, TaskRecord, TaskStore, UpdatedStored};
 use crate::mcp::task::now_ms;
 use futures_util::future::BoxFuture;
 use keys::{expiry_key, owner_key, task_key};
@@ -104,6 +102,74 @@ fn decode(bytes: &[u8]) -> Result<TaskRecord, StoreError> {
 
 fn encode(r: &TaskRecord) -> Vec<u8> {
     r.to_json()
+}
+
+/// A scratch buffer at most this large is kept for the next [`encode_form`] on its thread (a
+/// record carrying a large result leaves none behind).
+const SCRATCH_KEPT: usize = 16 * 1024;
+
+/// [`encode`] into the one buffer the record's bytes are held in ([`StoredForm`]: the registry's
+/// cache and sled's tree share it), written first into a scratch buffer this thread reuses.
+///
+/// Why: encoding into a `Vec` of its own (grown once past its first 512 bytes), then copying
+/// it into an `Arc` and sled copying it again into an `IVec` of its own was four allocations
+/// and two copies of the record per write, three writes per task in the lifecycle benchmark
+/// (callgrind, issue 36).
+fn encode_form(r: &TaskRecord) -> StoredForm {
+    in_scratch(|buf| r.to_json_into(buf))
+}
+
+/// [`encode_form`] of `after`, a change of `before` whose bytes are `before_form` (exactly
+/// `encode(before)`): the unchanged members are copied from them
+/// ([`TaskRecord::to_json_after`]).
+fn encode_form_after(after: &TaskRecord, before: &TaskRecord, before_form: &[u8]) -> StoredForm {
+    in_scratch(|buf| after.to_json_after(before, before_form, buf))
+}
+
+/// The bytes `write` puts in this thread's scratch buffer (see [`encode_form`]).
+fn in_scratch(write: impl FnOnce(&mut Vec<u8>)) -> StoredForm {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with_borrow_mut(|buf| {
+        buf.clear();
+        write(buf);
+        let form = StoredForm::from(&buf[..]);
+        if buf.capacity() > SCRATCH_KEPT {
+            *buf = Vec::new();
+        }
+        form
+    })
+}
+
+/// A record's bytes as a store that compares records by their bytes (sled) holds them: returned
+/// by [`TaskStore::create_stored`] and [`TaskStore::update_from_stored`], handed back to the
+/// latter with the record they encode. sled's own buffer, shared with its tree (a clone counts
+/// a reference; the bytes are never copied).
+///
+/// Why sled's buffer: sled copied the bytes of every write into a buffer of its own (an
+/// `IVec`), one allocation and copy of the record more per write, three writes per task in the
+/// lifecycle benchmark, and the record cache's copy was a second one in memory (issue 36).
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoredForm(sled::IVec);
+
+impl std::ops::Deref for StoredForm {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<&[u8]> for StoredForm {
+    fn from(bytes: &[u8]) -> StoredForm {
+        StoredForm(sled::IVec::from(bytes))
+    }
+}
+
+impl std::fmt::Debug for StoredForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StoredForm({} bytes)", self.0.len())
+    }
 }
 
 /// Told of every group commit: how long it took (flush and `fdatasync`) and whether it succeeded.
@@ -241,11 +307,11 @@ impl SledStore {
     fn insert_new(&self, record: &TaskRecord) -> Result<StoredForm, StoreError> {
         let key = task_key(&record.upstream, &record.task_id);
         let ((listed, listed_as), (expiring, expiring_as)) = self.write_index(record, now_ms())?;
-        let form = StoredForm::from(encode(record));
+        let form = encode_form(record);
         swap::write_step()?;
         let swapped = self
             .tasks
-            .compare_and_swap(&key, None::<&[u8]>, Some(&*form))
+            .compare_and_swap(&key, None::<&[u8]>, Some(form.0.clone()))
             .map_err(db_err)?;
         let Err(taken) = swapped else {
             return Ok(form);
@@ -386,13 +452,13 @@ fn commit_loop(
 
 impl TaskStore for SledStore {
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
-        let created = self.create_stored(record);
+        let created = self.create_stored(Arc::new(record));
         Box::pin(async move { created.await.map(|_| ()) })
     }
 
     fn create_stored(
         &self,
-        record: TaskRecord,
+        record: Arc<TaskRecord>,
     ) -> BoxFuture<'_, Result<Option<StoredForm>, StoreError>> {
         let written = self.insert_new(&record);
         Box::pin(async move {
@@ -463,7 +529,7 @@ impl TaskStore for SledStore {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
         let updated = self.update_from_stored(upstream, task_id, known, None, change)?;
-        Ok(updated.map(|(before, after, _)| (before, after)))
+        Ok(updated.map(|(before, after, _)| (before.unwrap_or_else(|| known.clone()), after)))
     }
 
     /// [`TaskStore::update_from`]'s compare-and-swap against `known_form` when the caller has
@@ -482,7 +548,7 @@ impl TaskStore for SledStore {
     ) -> Result<UpdatedStored, StoreError> {
         let by_update = |change: &mut dyn FnMut(&mut TaskRecord) -> bool| {
             let updated = self.update(upstream, task_id, change)?;
-            Ok(updated.map(|(before, after)| (before, after, None)))
+            Ok(updated.map(|(before, after)| (Some(before), after, None)))
         };
         let mut probe = known.clone();
         // Nothing to write, or an expiry to move (its index entry with it: `update`): `known`
@@ -499,13 +565,15 @@ impl TaskStore for SledStore {
                 &encoded[..]
             }
         };
-        let form = StoredForm::from(encode(&probe));
+        let form = encode_form_after(&probe, known, old);
         let swapped = self
             .tasks
-            .compare_and_swap(&key, Some(old), Some(&*form))
+            .compare_and_swap(&key, Some(old), Some(form.0.clone()))
             .map_err(db_err)?;
         match swapped {
-            Ok(()) => Ok(Some((known.clone(), probe, Some(form)))),
+            // `before` is `known` itself: the caller holds it (issue 36: a copy made only to
+            // be returned, ~1,500 instructions and its drop, per update).
+            Ok(()) => Ok(Some((None, probe, Some(form)))),
             Err(_) => by_update(change),
         }
     }

@@ -464,12 +464,14 @@ async fn an_update_from_stored_bytes_swaps_against_them_and_falls_back_when_stal
     let store = SledStore::open(dir.path(), 1 << 20, None).unwrap();
     let created = record("t", "alice", 1);
     let form = store
-        .create_stored(created.clone())
+        .create_stored(Arc::new(created.clone()))
         .await
         .unwrap()
         .expect("sled returns its bytes");
     let held = |store: &SledStore| store.tasks.get(task_key("up", "t")).unwrap().unwrap();
     assert_eq!(&*held(&store), &*form);
+    // The very bytes sled holds, not a copy of them.
+    assert_eq!(held(&store).as_ptr(), form.as_ptr());
     let (before, after, next) = store
         .update_from_stored("up", "t", &created, Some(&form), &mut |r| {
             r.status_message = Some("half way".into());
@@ -477,9 +479,13 @@ async fn an_update_from_stored_bytes_swaps_against_them_and_falls_back_when_stal
         })
         .unwrap()
         .unwrap();
-    assert_eq!(before, created);
+    assert_eq!(
+        before, None,
+        "the record before is `created` itself, not a copy"
+    );
     let next = next.expect("the swap's bytes");
     assert_eq!(&*held(&store), &*next);
+    assert_eq!(held(&store).as_ptr(), next.as_ptr());
     assert_eq!(store.get("up", "t").unwrap().unwrap(), after);
     let cancelled = store
         .update("up", "t", &mut |r| {
@@ -502,7 +508,7 @@ async fn an_update_from_stored_bytes_swaps_against_them_and_falls_back_when_stal
         .unwrap();
     assert_eq!(
         (before, now.clone(), none),
-        (cancelled.clone(), cancelled, None)
+        (Some(cancelled.clone()), cancelled, None)
     );
     assert_eq!(store.get("up", "t").unwrap().unwrap(), now);
 }
