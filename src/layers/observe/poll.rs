@@ -52,6 +52,26 @@ pub(super) struct TaskView<'a> {
     #[serde(rename = "pollInterval")]
     poll_interval: Option<u64>,
     result: Option<MapOnly<ResultView>>,
+    /// The `Task`'s `ttl` as the one-pass reader saw it; [`TtlSeen::Unread`] through serde.
+    #[serde(skip)]
+    ttl: TtlSeen,
+}
+
+/// The `ttl` member of the `Task` a [`TaskView`] was read from, as far as the one-pass reader
+/// (`scan`) knows it: enough to tell that `show_recorded_ttl` would leave the answer as it is,
+/// without the search for `"ttl"` and the number's parse it does (about 1,000 instructions per
+/// `tasks/get` answer, ten per task in the lifecycle benchmark: callgrind, issue 36).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) enum TtlSeen {
+    /// Not known (read through serde's derived readers): ask `show_recorded_ttl`.
+    #[default]
+    Unread,
+    /// The `Task` has no `ttl` member.
+    Absent,
+    /// One `ttl` member, a number in plain digits that fits a `u64`.
+    Plain(u64),
+    /// Anything else: `null`, another number or type, the member twice.
+    Other,
 }
 
 #[derive(serde::Deserialize)]
@@ -106,6 +126,19 @@ impl<'a> TaskView<'a> {
             poll_interval: self.poll_interval.map(Some),
             tool_error: self.status.as_deref() == Some("completed")
                 && self.result.as_ref().and_then(|r| r.0.is_error) == Some(true),
+        }
+    }
+
+    /// Whether `show_recorded_ttl` would leave the answer this view was read from as it is,
+    /// for a record holding `recorded` as its ttl, decided from the view alone; `false` when the
+    /// view cannot tell (the caller then asks `show_recorded_ttl`). True for a record without
+    /// a ttl, a `Task` without one, or a plain number no greater than the record's: the cases
+    /// in which `show_recorded_ttl` finds `result.ttl` absent or no longer than the record's.
+    pub(super) fn shows_recorded_ttl(&self, recorded: Option<u64>) -> bool {
+        match (recorded, self.ttl) {
+            (None, _) | (Some(_), TtlSeen::Absent) => true,
+            (Some(cap), TtlSeen::Plain(ttl)) => ttl <= cap,
+            (Some(_), TtlSeen::Unread | TtlSeen::Other) => false,
         }
     }
 }

@@ -14,7 +14,7 @@
 //! `pollInterval` that is not plain digits fitting a `u64`; a member of another type than the
 //! view reads; nesting deeper than [`MAX_DEPTH`]; any syntax error.
 
-use super::{MapOnly, ResultView, TaskView};
+use super::{MapOnly, ResultView, TaskView, TtlSeen};
 use crate::jsonrpc::lex::Lex;
 use crate::jsonrpc::Id;
 use std::borrow::Cow;
@@ -136,6 +136,7 @@ impl<'a> Scan<'a> {
             last_updated_at: None,
             poll_interval: None,
             result: None,
+            ttl: TtlSeen::Absent,
         };
         self.eat(b'{')?;
         self.ws();
@@ -152,12 +153,13 @@ impl<'a> Scan<'a> {
                 "lastUpdatedAt" => 4,
                 "pollInterval" => 8,
                 "result" => 16,
+                // Not refused twice (serde's view skips it): noted as `Other` then.
+                "ttl" => 32,
                 _ => 0,
             };
-            if seen & bit != 0 {
+            if seen & bit & !32 != 0 {
                 return None;
             }
-            seen |= bit;
             // By the bit: the key is compared once (a second `match` on the key compared
             // the keys of the same length again, with a `memcmp` each).
             match bit {
@@ -166,13 +168,41 @@ impl<'a> Scan<'a> {
                 4 => view.last_updated_at = self.text_or_null()?,
                 8 => view.poll_interval = self.u64_or_null()?,
                 16 => view.result = self.result_view()?,
+                32 => view.ttl = self.ttl(seen & 32 != 0)?,
                 _ => self.value(2)?,
             }
+            seen |= bit;
             self.ws();
             if !self.next_member()? {
                 return Some(view);
             }
         }
+    }
+
+    /// The `Task`'s `ttl` (`again`: a `ttl` member came before), skipped as any value and noted
+    /// as [`TtlSeen`] says.
+    fn ttl(&mut self, again: bool) -> Option<TtlSeen> {
+        let start = self.i;
+        self.value(2)?;
+        let raw = &self.b[start..self.i];
+        let mut n = 0u64;
+        for &c in raw {
+            if !c.is_ascii_digit() {
+                return Some(TtlSeen::Other);
+            }
+            let Some(next) = n
+                .checked_mul(10)
+                .and_then(|n| n.checked_add(u64::from(c - b'0')))
+            else {
+                return Some(TtlSeen::Other);
+            };
+            n = next;
+        }
+        Some(if again || raw.is_empty() {
+            TtlSeen::Other
+        } else {
+            TtlSeen::Plain(n)
+        })
     }
 
     /// The `Task`'s own `result` (a 2026 `DetailedTask`'s): `Some(None)` for `null`, an object
@@ -345,6 +375,72 @@ mod tests {
         assert!(task_of_answer(nested(200).as_bytes(), &id()).is_none());
         // (serde skips it: the view comes from serde's reader then.)
         assert!(TaskView::of_answer(nested(200).as_bytes(), &id()).is_some());
+    }
+
+    /// Where the reader's note of the `ttl` says the answer shows the recorded ttl already,
+    /// `show_recorded_ttl` leaves it as it is (it is then not asked): the usual members, odd
+    /// ones, and texts with random edits around a `ttl`, for records with several ttls.
+    #[test]
+    fn the_ttl_noted_agrees_with_show_recorded_ttl() {
+        use crate::layers::observe::modern::show_recorded_ttl;
+        let noted = [
+            (r#"{"status":"working","ttl":60000}"#, TtlSeen::Plain(60000)),
+            (r#"{"ttl":0,"status":"working"}"#, TtlSeen::Plain(0)),
+            (r#"{"status":"working"}"#, TtlSeen::Absent),
+            (
+                r#"{"_meta":{"ttl":99999999},"x":[{"ttl":null}]}"#,
+                TtlSeen::Absent,
+            ),
+            (r#"{"ttl":null}"#, TtlSeen::Other),
+            (r#"{"ttl":6e4}"#, TtlSeen::Other),
+            (r#"{"ttl":60000.0}"#, TtlSeen::Other),
+            (r#"{"ttl":-1}"#, TtlSeen::Other),
+            (r#"{"ttl":"60000"}"#, TtlSeen::Other),
+            (r#"{"ttl":{}}"#, TtlSeen::Other),
+            (r#"{"ttl":1,"ttl":2}"#, TtlSeen::Other),
+            (r#"{"ttl":18446744073709551616}"#, TtlSeen::Other),
+            (r#"{"ttl":18446744073709551615}"#, TtlSeen::Plain(u64::MAX)),
+        ];
+        let agrees = |text: &str, view: &TaskView<'_>| {
+            for cap in [
+                None,
+                Some(0),
+                Some(1),
+                Some(59_999),
+                Some(60_000),
+                Some(u64::MAX),
+            ] {
+                let mut r = crate::layers::testing::record("t1");
+                r.ttl_ms = cap;
+                let bytes = bytes::Bytes::from(text.to_string());
+                if view.shows_recorded_ttl(cap) {
+                    let shown = show_recorded_ttl(bytes.clone(), &["ttl"], &r);
+                    assert_eq!(shown, bytes, "{text} {cap:?}");
+                }
+            }
+        };
+        for (task, ttl) in noted {
+            let text = format!(r#"{{"jsonrpc":"2.0","id":7,"result":{task}}}"#);
+            let view = task_of_answer(text.as_bytes(), &id()).expect("read by hand");
+            assert_eq!(view.ttl, ttl, "{task}");
+            agrees(&text, &view);
+            // Through serde the ttl is not known: `show_recorded_ttl` decides.
+            let serde = TaskView::of_answer_by_serde(text.as_bytes(), &id()).expect("read");
+            assert_eq!(serde.ttl, TtlSeen::Unread);
+            assert!(!serde.shows_recorded_ttl(Some(60_000)));
+        }
+        let seeds = [
+            r#"{"jsonrpc":"2.0","id":7,"result":{"status":"working","ttl":60000,"pollInterval":100}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"ttl":1000,"_meta":{"ttl":5},"status":"completed"}}"#,
+        ];
+        let tokens = [
+            "\"ttl\"", ":", ",", "{", "}", "0", "9", "99999", "-", ".", "e", "null", "\"", " ",
+        ];
+        crate::jsonrpc::lex::random_edits(&seeds, &tokens, 0x2545_f491_4f6c_dd1d, 20_000, |t| {
+            if let Some(view) = task_of_answer(t.as_bytes(), &id()) {
+                agrees(t, &view);
+            }
+        });
     }
 
     /// Whatever the reader takes, serde takes with the same view: texts with several random
