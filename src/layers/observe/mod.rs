@@ -419,10 +419,10 @@ impl Watch {
             if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
                 self.registry.note_activity_in(&self.upstream, &value);
                 if msg.method() == Some("notifications/tasks/status") {
-                    return self.on_status_notification(bytes, value).await;
+                    return Box::pin(self.on_status_notification(bytes, value)).await;
                 }
                 if msg.method() == Some("notifications/tasks") {
-                    return self.on_tasks_notification(bytes, value).await;
+                    return Box::pin(self.on_tasks_notification(bytes, value)).await;
                 }
                 parsed = Some(value);
             }
@@ -461,7 +461,7 @@ impl Watch {
                 ..
             } => {
                 if msg.kind() == Kind::Response {
-                    self.on_cancel_ack(&known.task_id, &known, &applied).await;
+                    Box::pin(self.on_cancel_ack(&known.task_id, &known, &applied)).await;
                 }
                 bytes
             }
@@ -547,9 +547,14 @@ impl Watch {
             (raw, known)
         };
         if known.terminal_result.is_none() {
-            self.registry
-                .store_terminal_result(&self.upstream, &known.task_id, None, raw.get().to_string())
-                .await;
+            // Boxed: once per task (see `apply_get`).
+            let upstream = &self.upstream;
+            let raw = raw.to_string();
+            Box::pin(
+                self.registry
+                    .store_terminal_result(upstream, &known.task_id, None, raw),
+            )
+            .await;
         }
         Some(bytes.clone())
     }
@@ -622,9 +627,15 @@ impl Watch {
         if !Registry::would_change_fields(known, &fields) {
             return bytes;
         }
-        let observed = self
-            .registry
-            .observe_fields_as(&self.upstream, task_id, &fields, ReplyTo::Get.source())
+        // Boxed: a poll that reports a change is the rare one, and the store's future inline
+        // made every request's future larger by its size (issue 36: the boxed future of
+        // `ObserveService::call` was 4,896 bytes, moved into its box on every task request).
+        let source = ReplyTo::Get.source();
+        let observed =
+            Box::pin(
+                self.registry
+                    .observe_fields_as(&self.upstream, task_id, &fields, source),
+            )
             .await;
         observed.rewrite_bytes(&bytes, &["result"]).unwrap_or(bytes)
     }

@@ -183,8 +183,9 @@ fn result_answering<'a, R: serde::Deserialize<'a>>(bytes: &'a [u8], id: &Id) -> 
 /// Why: a `tasks/result` payload was parsed as an envelope and then walked again for its
 /// `result`, two passes over the ~1 KiB payload (about 17,000 instructions per task in the
 /// lifecycle benchmark, issue 36).
-pub(super) fn payload_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<&'a RawValue> {
-    result_answering(bytes, id)
+pub(super) fn payload_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<&'a str> {
+    scan::payload_of_answer(bytes, id)
+        .or_else(|| result_answering::<&RawValue>(bytes, id).map(RawValue::get))
 }
 
 /// Of a `CreateTaskResult`'s `result`, only `task` (as raw JSON).
@@ -200,10 +201,17 @@ struct CreateResult<'a> {
 ///
 /// Why: the answer was parsed as an envelope and then whole into a `Value`, of which only the
 /// `Task` is used (about 25,000 instructions per task in the lifecycle benchmark, issue 36).
+/// Read by hand first (`scan`), through serde for what that hands back.
 pub(super) fn creation_of_answer(bytes: &[u8], id: &Id) -> Option<Option<serde_json::Value>> {
-    let MapOnly(result) = result_answering::<MapOnly<CreateResult<'_>>>(bytes, id)?;
-    match result.task {
-        Some(raw) => serde_json::from_str(raw.get()).ok().map(Some),
+    let task = match scan::creation_task_of_answer(bytes, id) {
+        Some(task) => task,
+        None => {
+            let MapOnly(result) = result_answering::<MapOnly<CreateResult<'_>>>(bytes, id)?;
+            result.task.map(RawValue::get)
+        }
+    };
+    match task {
+        Some(raw) => serde_json::from_str(raw).ok().map(Some),
         None => Some(None),
     }
 }
@@ -300,7 +308,7 @@ mod tests {
         let ok =
             br#"{"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"a\"b"}]}}"#;
         assert_eq!(
-            payload_of_answer(ok, &id).map(RawValue::get),
+            payload_of_answer(ok, &id),
             Some(r#"{"content":[{"type":"text","text":"a\"b"}]}"#)
         );
         for other in [
