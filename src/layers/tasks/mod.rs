@@ -492,8 +492,10 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
     };
     // `None` for `tasks/update` and any other `tasks/*` method: authorised alike, not labelled.
     let method = TaskMethod::parse(name);
+    // Borrowed from the message (owned only when it holds an escape): a `String` per request
+    // was an allocation and a free on every `tasks/get` (issue 36).
     let task_id = match Classified::of(msg).task_id() {
-        Some(t) => t.into_owned(),
+        Some(t) => t,
         None => {
             let error = McpError::MissingParam {
                 method: Some(name.to_string()),
@@ -525,6 +527,7 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
                 .metrics()
                 .cancel_request(&req.ctx.upstream, CancelOutcome::RejectedUnknown);
         }
+        let task_id = task_id.into_owned();
         return Err(refuse(&id, McpError::TaskNotFound { task_id })
             .answered_locally(LocalReason::TaskNotFound));
     };
