@@ -122,21 +122,26 @@ impl ReplyTo {
     }
 }
 
+/// An awaited `CreateTaskResult` answering `id`; `undo` cancels the task upstream when it cannot
+/// be recorded.
+struct Creation {
+    id: Id,
+    pending: PendingCreation,
+    /// Boxed: it holds the request's context, and [`Expect`] is kept in every task request's
+    /// future (issue 36).
+    undo: Option<Box<Undo>>,
+    /// The `bridge`'s [`PlainAnswerIsTask`]: a plain result is a `completed` task.
+    plain: Option<Fact<SynthesizedTask>>,
+    /// The creating request's span (`[telemetry]` on), given `mcp.task.id` once recorded.
+    trace: Option<crate::telemetry::RequestTrace>,
+}
+
 /// What the answer to the request is awaited for.
 enum Expect {
     /// Nothing beyond status notifications and activity.
     Nothing,
-    /// A `CreateTaskResult` answering `id`; `undo` cancels the task upstream when it cannot be
-    /// recorded.
-    Creation {
-        id: Id,
-        pending: PendingCreation,
-        undo: Option<Undo>,
-        /// The `bridge`'s [`PlainAnswerIsTask`]: a plain result is a `completed` task.
-        plain: Option<Fact<SynthesizedTask>>,
-        /// The creating request's span (`[telemetry]` on), given `mcp.task.id` once recorded.
-        trace: Option<crate::telemetry::RequestTrace>,
-    },
+    /// A `CreateTaskResult` ([`Creation`]).
+    Creation(Creation),
     /// The reply to `tasks/get|result|cancel` about the task of `known`.
     TaskReply {
         id: Id,
@@ -159,7 +164,7 @@ impl Expect {
         let method = match req.request_method() {
             Some("tools/call") => {
                 return match req.extensions.remove::<PendingCreation>() {
-                    Some(pending) => Expect::Creation {
+                    Some(pending) => Expect::Creation(Creation {
                         id,
                         pending,
                         undo: None,
@@ -168,7 +173,7 @@ impl Expect {
                             .remove::<PlainAnswerIsTask>()
                             .map(|p| p.recorded),
                         trace: req.trace.clone(),
-                    },
+                    }),
                     None => Expect::Nothing,
                 }
             }
@@ -196,7 +201,7 @@ impl Expect {
     fn id(&self) -> Option<&Id> {
         match self {
             Expect::Nothing => None,
-            Expect::Creation { id, .. } | Expect::TaskReply { id, .. } => Some(id),
+            Expect::Creation(Creation { id, .. }) | Expect::TaskReply { id, .. } => Some(id),
         }
     }
 }
@@ -222,8 +227,8 @@ where
         let registry = self.registry.clone();
         let upstream = req.ctx.upstream.clone();
         let mut expect = Expect::of(&mut req);
-        if let Expect::Creation { undo, .. } = &mut expect {
-            *undo = Some(Undo::new(self.inner.clone(), &req));
+        if let Expect::Creation(Creation { undo, .. }) = &mut expect {
+            *undo = Some(Box::new(Undo::new(self.inner.clone(), &req)));
         }
         if matches!(expect, Expect::Nothing) {
             let watch = WatchStream { registry, upstream };
@@ -240,19 +245,18 @@ where
             } => Some(registry.releases().hold(&upstream, &known.task_id)),
             _ => None,
         };
+        // Built here, so that the boxed future holds one pointer rather than the expectation,
+        // the hold and the registry (callgrind, issue 36: that future is moved into its box on
+        // every task request, and at 1,064 bytes it was past the allocator's small sizes).
+        let watch = Arc::new(Watch {
+            registry,
+            upstream,
+            expect: Mutex::new(expect),
+            holds: Mutex::new(request_hold.into_iter().collect()),
+        });
         Either::Right(Box::pin(async move {
-            // An error drops `expect`: a creation's reserved slot is given back.
+            // An error drops `watch` and its `expect`: a creation's reserved slot is given back.
             let mut reply = inner.call(req).await?;
-            if matches!(expect, Expect::Nothing) && !matches!(reply.body, ReplyBody::Stream(_)) {
-                // Fast path: a JSON answer to an ordinary request carries nothing to apply.
-                return Ok(reply);
-            }
-            let watch = Arc::new(Watch {
-                registry,
-                upstream,
-                expect: Mutex::new(expect),
-                holds: Mutex::new(request_hold.into_iter().collect()),
-            });
             reply.body = match reply.body {
                 ReplyBody::Json(bytes) => ReplyBody::Json(watch.on_message(bytes, false).await),
                 ReplyBody::Stream(events) => ReplyBody::Stream(Watch::watch(watch, events)),
@@ -323,6 +327,39 @@ impl futures_util::Stream for Watched {
     }
 }
 
+/// What [`Watch::envelope_step`] found a message to call for.
+enum Step {
+    /// Nothing to apply: the message passes as it is.
+    Done(Bytes),
+    /// A `notifications/tasks/status` (2025-11-25), read.
+    StatusNotification(Bytes, Value),
+    /// A `notifications/tasks` (2026-07-28), read.
+    TasksNotification(Bytes, Value),
+    /// The answer to an awaited creation (`response`: a result, not an error).
+    Creation {
+        bytes: Bytes,
+        response: bool,
+        creation: Creation,
+    },
+    /// The answer to a `tasks/cancel` carrying the bridge's [`AckIsCancelled`] (`response`: a
+    /// result, not an error).
+    CancelAck {
+        bytes: Bytes,
+        response: bool,
+        known: Arc<TaskRecord>,
+        applied: Fact<CancelAcknowledged>,
+    },
+    /// The answer to a `tasks/get|result|cancel` about `known`'s task (`parsed`: the message as
+    /// a `Value` when it was read for a status or activity).
+    TaskReply {
+        bytes: Bytes,
+        parsed: Option<Value>,
+        method: ReplyTo,
+        known: Arc<TaskRecord>,
+        era: Era,
+    },
+}
+
 /// Watches one reply (a JSON message, or an SSE stream event by event).
 struct Watch {
     registry: Arc<Registry>,
@@ -385,8 +422,11 @@ impl Watch {
     /// Applies one JSON-RPC message of the reply; returns it, rewritten if needed.
     async fn on_message(self: &Arc<Self>, bytes: Bytes, in_stream: bool) -> Bytes {
         // Escapes may spell either method (`notifications\/tasks\/status`): then read it.
-        let is_status = found(&needles::TASK_STATUS, &bytes)
-            || found(&needles::TASKS_NOTIFICATION, &bytes)
+        // One search where neither method is named (nearly always): `TASKS_METHODS` is found
+        // in every message either is (callgrind, issue 36: ~190 instructions a message).
+        let is_status = (found(&needles::TASKS_METHODS, &bytes)
+            && (found(&needles::TASK_STATUS, &bytes)
+                || found(&needles::TASKS_NOTIFICATION, &bytes)))
             || needles::may_hide_names(&bytes);
         let is_activity = self.is_activity(&bytes);
         let waiting_for = self.expect.lock().id().cloned();
@@ -400,12 +440,87 @@ impl Watch {
             if let Some(out) = self.on_payload_answer(&bytes).await {
                 return out;
             }
-            if let Some(out) = self.on_creation_answer(&bytes, in_stream).await {
+            // Boxed, as the other creation paths below: a creation comes once per task, and its
+            // future (~3,000 bytes) inline made every request's future as large (issue 36).
+            if let Some(out) = Box::pin(self.on_creation_answer(&bytes, in_stream)).await {
                 return out;
             }
         }
+        self.on_envelope(bytes, is_status, is_activity, waiting_for, in_stream)
+            .await
+    }
+
+    /// The envelope path of [`Watch::on_message`]: the message read ([`Watch::envelope_step`]),
+    /// then what it calls for applied. Only small values are held across an await here, and the
+    /// rare paths' futures are boxed: the message, the expectation and those futures inline made
+    /// every request's future larger (issue 36: `ObserveService::call`'s boxed future was 4,896
+    /// bytes, moved into its box on every task request).
+    async fn on_envelope(
+        &self,
+        bytes: Bytes,
+        is_status: bool,
+        is_activity: bool,
+        waiting_for: Option<Id>,
+        in_stream: bool,
+    ) -> Bytes {
+        match self.envelope_step(bytes, is_status, is_activity, waiting_for) {
+            Step::Done(bytes) => bytes,
+            Step::StatusNotification(bytes, value) => {
+                Box::pin(self.on_status_notification(bytes, value)).await
+            }
+            Step::TasksNotification(bytes, value) => {
+                Box::pin(self.on_tasks_notification(bytes, value)).await
+            }
+            Step::Creation {
+                bytes,
+                response,
+                creation,
+            } => Box::pin(self.on_creation_reply(bytes, response, creation, in_stream)).await,
+            Step::CancelAck {
+                bytes,
+                response,
+                known,
+                applied,
+            } => {
+                if response {
+                    Box::pin(self.on_cancel_ack(&known.task_id, &known, &applied)).await;
+                }
+                bytes
+            }
+            Step::TaskReply {
+                bytes,
+                parsed,
+                method,
+                known,
+                era,
+            } => {
+                let task_id = &known.task_id;
+                let out = if era == Era::Modern {
+                    self.on_modern_task_reply(bytes, parsed, method, task_id, &known)
+                        .await
+                } else {
+                    // Boxed: the `Value` path, seldom taken (the common answers are read by
+                    // `on_get_answer` and `on_payload_answer`).
+                    Box::pin(self.on_task_reply(bytes, parsed, method, task_id, &known)).await
+                };
+                match method {
+                    ReplyTo::Get => show_recorded_ttl(out, ttl_path(era, false), &known),
+                    _ => out,
+                }
+            }
+        }
+    }
+
+    /// Reads a message for [`Watch::on_envelope`] (no await): what to apply, with what it needs.
+    fn envelope_step(
+        &self,
+        bytes: Bytes,
+        is_status: bool,
+        is_activity: bool,
+        waiting_for: Option<Id>,
+    ) -> Step {
         let Ok(msg) = Message::parse(bytes.clone()) else {
-            return bytes;
+            return Step::Done(bytes);
         };
         // One parse serves the activity note, the status update and the reply's handling below
         // (a tasks/get answer was parsed twice before: about 10,000 instructions each).
@@ -414,10 +529,10 @@ impl Watch {
             if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
                 self.registry.note_activity_in(&self.upstream, &value);
                 if msg.method() == Some("notifications/tasks/status") {
-                    return self.on_status_notification(bytes, value).await;
+                    return Step::StatusNotification(bytes, value);
                 }
                 if msg.method() == Some("notifications/tasks") {
-                    return self.on_tasks_notification(bytes, value).await;
+                    return Step::TasksNotification(bytes, value);
                 }
                 parsed = Some(value);
             }
@@ -426,57 +541,67 @@ impl Watch {
             && msg.id() == waiting_for.as_ref()
             && matches!(msg.kind(), Kind::Response | Kind::Error);
         if !answers {
-            return bytes;
+            return Step::Done(bytes);
         }
+        let response = msg.kind() == Kind::Response;
         let expect = std::mem::replace(&mut *self.expect.lock(), Expect::Nothing);
         match expect {
-            Expect::Creation {
-                id,
-                pending,
-                undo,
-                plain,
-                trace,
-            } => {
-                // The bridge's task call: a plain result is a completed task (`bridged`); any
-                // other answer is read as a creation, from the one parse.
-                let mut parsed = None;
-                if let (Some(recorded), Kind::Response) = (&plain, msg.kind()) {
-                    match self.on_plain_answer(&bytes, &id, &pending, recorded).await {
-                        Ok(out) => return out,
-                        Err(value) => parsed = value,
-                    }
-                }
-                let (out, created) = self.on_creation(bytes, parsed, &id, pending, undo).await;
-                self.created(out, created, trace.as_ref(), in_stream)
-            }
+            Expect::Creation(creation) => Step::Creation {
+                bytes,
+                response,
+                creation,
+            },
             Expect::TaskReply {
                 known,
                 ack: Some(applied),
                 ..
-            } => {
-                if msg.kind() == Kind::Response {
-                    self.on_cancel_ack(&known.task_id, &known, &applied).await;
-                }
-                bytes
-            }
+            } => Step::CancelAck {
+                bytes,
+                response,
+                known,
+                applied,
+            },
             Expect::TaskReply {
                 method, known, era, ..
-            } => {
-                let task_id = &known.task_id;
-                let out = if era == Era::Modern {
-                    self.on_modern_task_reply(bytes, parsed, method, task_id, &known)
-                        .await
-                } else {
-                    self.on_task_reply(bytes, parsed, method, task_id, &known)
-                        .await
-                };
-                match method {
-                    ReplyTo::Get => show_recorded_ttl(out, ttl_path(era, false), &known),
-                    _ => out,
-                }
-            }
-            Expect::Nothing => bytes,
+            } => Step::TaskReply {
+                bytes,
+                parsed,
+                method,
+                known,
+                era,
+            },
+            Expect::Nothing => Step::Done(bytes),
         }
+    }
+
+    /// The answer to an awaited creation (`response`: a result, not an error), read on the
+    /// envelope path: the bridge's task call's plain result is a completed task (`bridged`);
+    /// any other answer is read as a creation, from the one parse.
+    async fn on_creation_reply(
+        &self,
+        bytes: Bytes,
+        response: bool,
+        creation: Creation,
+        in_stream: bool,
+    ) -> Bytes {
+        let Creation {
+            id,
+            pending,
+            undo,
+            plain,
+            trace,
+        } = creation;
+        let mut parsed = None;
+        if let (Some(recorded), true) = (&plain, response) {
+            match self.on_plain_answer(&bytes, &id, &pending, recorded).await {
+                Ok(out) => return out,
+                Err(value) => parsed = value,
+            }
+        }
+        let (out, created) = self
+            .on_creation(bytes, parsed, &id, pending, undo.map(|u| *u))
+            .await;
+        self.created(out, created, trace.as_ref(), in_stream)
     }
 
     /// The answer to an awaited 2025-11-25 `tasks/get`, read and applied in one pass over its
@@ -505,6 +630,12 @@ impl Watch {
         let out = self
             .apply_get(bytes.clone(), &task, &known.task_id, &known)
             .await;
+        // The answer as it came, whose ttl the reader saw to need no change: passed as it is
+        // (what `show_recorded_ttl` decides, without its search: ~1,000 instructions a poll).
+        let unchanged = out.as_ptr() == bytes.as_ptr() && out.len() == bytes.len();
+        if unchanged && task.shows_recorded_ttl(known.ttl_ms) {
+            return Some(out);
+        }
         Some(show_recorded_ttl(out, ttl_path(Era::Legacy, false), &known))
     }
 
@@ -535,9 +666,14 @@ impl Watch {
             (raw, known)
         };
         if known.terminal_result.is_none() {
-            self.registry
-                .store_terminal_result(&self.upstream, &known.task_id, None, raw.get().to_string())
-                .await;
+            // Boxed: once per task (see `apply_get`).
+            let upstream = &self.upstream;
+            let raw = raw.to_string();
+            Box::pin(
+                self.registry
+                    .store_terminal_result(upstream, &known.task_id, None, raw),
+            )
+            .await;
         }
         Some(bytes.clone())
     }
@@ -548,27 +684,27 @@ impl Watch {
     /// done) for any other message, which then takes the envelope path.
     async fn on_creation_answer(&self, bytes: &Bytes, in_stream: bool) -> Option<Bytes> {
         let id = match &*self.expect.lock() {
-            Expect::Creation {
+            Expect::Creation(Creation {
                 id,
                 pending,
                 plain: None,
                 ..
-            } if pending.template.era == Era::Legacy => id.clone(),
+            }) if pending.template.era == Era::Legacy => id.clone(),
             _ => return None,
         };
         let task = poll::creation_of_answer(bytes, &id)?;
-        let Expect::Creation {
+        let Expect::Creation(Creation {
             id,
             pending,
             undo,
             trace,
             ..
-        } = std::mem::replace(&mut *self.expect.lock(), Expect::Nothing)
+        }) = std::mem::replace(&mut *self.expect.lock(), Expect::Nothing)
         else {
             return None;
         };
         let (out, created) = self
-            .record_task(bytes.clone(), task, &id, pending, undo)
+            .record_task(bytes.clone(), task, &id, pending, undo.map(|u| *u))
             .await;
         Some(self.created(out, created, trace.as_ref(), in_stream))
     }
@@ -610,9 +746,15 @@ impl Watch {
         if !Registry::would_change_fields(known, &fields) {
             return bytes;
         }
-        let observed = self
-            .registry
-            .observe_fields_as(&self.upstream, task_id, &fields, ReplyTo::Get.source())
+        // Boxed: a poll that reports a change is the rare one, and the store's future inline
+        // made every request's future larger by its size (issue 36: the boxed future of
+        // `ObserveService::call` was 4,896 bytes, moved into its box on every task request).
+        let source = ReplyTo::Get.source();
+        let observed =
+            Box::pin(
+                self.registry
+                    .observe_fields_as(&self.upstream, task_id, &fields, source),
+            )
             .await;
         observed.rewrite_bytes(&bytes, &["result"]).unwrap_or(bytes)
     }

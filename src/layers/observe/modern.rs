@@ -64,33 +64,41 @@ impl Watch {
         let observed = if !Registry::would_change(known, &task) {
             Observed::Recorded(known.status)
         } else if let Some(raw) = first_result() {
-            let observed = self
-                .registry
-                .observe_task_with_result(&self.upstream, task_id, task, raw.get().to_string())
-                .await;
+            // Boxed, as the store's futures below: only a poll that reports a change awaits
+            // one (see `apply_get`).
+            let raw = raw.get().to_string();
+            let observed = Box::pin(self.registry.observe_task_with_result(
+                &self.upstream,
+                task_id,
+                task,
+                raw,
+            ))
+            .await;
             // Kept with the status when it could be: nothing left for the match below.
             return match observed {
                 Observed::Rewrite { .. } => rewrite(&observed, &bytes, "result"),
                 _ => bytes,
             };
         } else {
-            self.registry
-                .observe_task_as(&self.upstream, task_id, task, "tasks/get")
-                .await
+            Box::pin(
+                self.registry
+                    .observe_task_as(&self.upstream, task_id, task, "tasks/get"),
+            )
+            .await
         };
         match observed {
             Observed::Recorded(status)
                 if status.is_terminal() && known.terminal_result.is_none() =>
             {
                 if let Ok(Some(raw)) = splice::raw_at(&bytes, &["result"]) {
-                    self.registry
-                        .store_terminal_result(
-                            &self.upstream,
-                            task_id,
-                            Some(status),
-                            raw.get().to_string(),
-                        )
-                        .await;
+                    let raw = raw.get().to_string();
+                    Box::pin(self.registry.store_terminal_result(
+                        &self.upstream,
+                        task_id,
+                        Some(status),
+                        raw,
+                    ))
+                    .await;
                 }
                 bytes
             }

@@ -52,6 +52,26 @@ pub(super) struct TaskView<'a> {
     #[serde(rename = "pollInterval")]
     poll_interval: Option<u64>,
     result: Option<MapOnly<ResultView>>,
+    /// The `Task`'s `ttl` as the one-pass reader saw it; [`TtlSeen::Unread`] through serde.
+    #[serde(skip)]
+    ttl: TtlSeen,
+}
+
+/// The `ttl` member of the `Task` a [`TaskView`] was read from, as far as the one-pass reader
+/// (`scan`) knows it: enough to tell that `show_recorded_ttl` would leave the answer as it is,
+/// without the search for `"ttl"` and the number's parse it does (about 1,000 instructions per
+/// `tasks/get` answer, ten per task in the lifecycle benchmark: callgrind, issue 36).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) enum TtlSeen {
+    /// Not known (read through serde's derived readers): ask `show_recorded_ttl`.
+    #[default]
+    Unread,
+    /// The `Task` has no `ttl` member.
+    Absent,
+    /// One `ttl` member, a number in plain digits that fits a `u64`.
+    Plain(u64),
+    /// Anything else: `null`, another number or type, the member twice.
+    Other,
 }
 
 #[derive(serde::Deserialize)]
@@ -108,6 +128,19 @@ impl<'a> TaskView<'a> {
                 && self.result.as_ref().and_then(|r| r.0.is_error) == Some(true),
         }
     }
+
+    /// Whether `show_recorded_ttl` would leave the answer this view was read from as it is,
+    /// for a record holding `recorded` as its ttl, decided from the view alone; `false` when the
+    /// view cannot tell (the caller then asks `show_recorded_ttl`). True for a record without
+    /// a ttl, a `Task` without one, or a plain number no greater than the record's: the cases
+    /// in which `show_recorded_ttl` finds `result.ttl` absent or no longer than the record's.
+    pub(super) fn shows_recorded_ttl(&self, recorded: Option<u64>) -> bool {
+        match (recorded, self.ttl) {
+            (None, _) | (Some(_), TtlSeen::Absent) => true,
+            (Some(cap), TtlSeen::Plain(ttl)) => ttl <= cap,
+            (Some(_), TtlSeen::Unread | TtlSeen::Other) => false,
+        }
+    }
 }
 
 /// A JSON-RPC answer read in one pass: the envelope fields `Message::parse` reads, and
@@ -150,8 +183,9 @@ fn result_answering<'a, R: serde::Deserialize<'a>>(bytes: &'a [u8], id: &Id) -> 
 /// Why: a `tasks/result` payload was parsed as an envelope and then walked again for its
 /// `result`, two passes over the ~1 KiB payload (about 17,000 instructions per task in the
 /// lifecycle benchmark, issue 36).
-pub(super) fn payload_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<&'a RawValue> {
-    result_answering(bytes, id)
+pub(super) fn payload_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<&'a str> {
+    scan::payload_of_answer(bytes, id)
+        .or_else(|| result_answering::<&RawValue>(bytes, id).map(RawValue::get))
 }
 
 /// Of a `CreateTaskResult`'s `result`, only `task` (as raw JSON).
@@ -167,10 +201,17 @@ struct CreateResult<'a> {
 ///
 /// Why: the answer was parsed as an envelope and then whole into a `Value`, of which only the
 /// `Task` is used (about 25,000 instructions per task in the lifecycle benchmark, issue 36).
+/// Read by hand first (`scan`), through serde for what that hands back.
 pub(super) fn creation_of_answer(bytes: &[u8], id: &Id) -> Option<Option<serde_json::Value>> {
-    let MapOnly(result) = result_answering::<MapOnly<CreateResult<'_>>>(bytes, id)?;
-    match result.task {
-        Some(raw) => serde_json::from_str(raw.get()).ok().map(Some),
+    let task = match scan::creation_task_of_answer(bytes, id) {
+        Some(task) => task,
+        None => {
+            let MapOnly(result) = result_answering::<MapOnly<CreateResult<'_>>>(bytes, id)?;
+            result.task.map(RawValue::get)
+        }
+    };
+    match task {
+        Some(raw) => serde_json::from_str(raw).ok().map(Some),
         None => Some(None),
     }
 }
@@ -267,7 +308,7 @@ mod tests {
         let ok =
             br#"{"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"a\"b"}]}}"#;
         assert_eq!(
-            payload_of_answer(ok, &id).map(RawValue::get),
+            payload_of_answer(ok, &id),
             Some(r#"{"content":[{"type":"text","text":"a\"b"}]}"#)
         );
         for other in [

@@ -1,7 +1,8 @@
 //! The answer to a 2025-11-25 `tasks/get` read by hand, in one pass over its bytes: what
 //! [`super::result_answering`] reads into a [`TaskView`] through serde's derived readers, for the
 //! shape nearly every answer has; anything else is handed back (`None`) and serde decides as
-//! before.
+//! before. The same reader finds a `tasks/result` answer's raw payload and a `CreateTaskResult`'s
+//! raw `task` ([`payload_of_answer`], [`creation_task_of_answer`]).
 //!
 //! Why: serde's derived readers (the envelope's five members, then the `Task`'s, each key
 //! matched by a generated visitor, `IgnoredAny` for the rest) cost about 5,900 instructions per
@@ -14,7 +15,7 @@
 //! `pollInterval` that is not plain digits fitting a `u64`; a member of another type than the
 //! view reads; nesting deeper than [`MAX_DEPTH`]; any syntax error.
 
-use super::{MapOnly, ResultView, TaskView};
+use super::{MapOnly, ResultView, TaskView, TtlSeen};
 use crate::jsonrpc::lex::Lex;
 use crate::jsonrpc::Id;
 use std::borrow::Cow;
@@ -25,11 +26,49 @@ const MAX_DEPTH: usize = 64;
 /// The `Task` of `bytes` when it is a JSON-RPC 2.0 result answering `id` (see the module doc);
 /// `None` to let serde decide.
 pub(super) fn task_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<TaskView<'a>> {
+    answer(bytes, id, Scan::task)
+}
+
+/// The raw `result` of `bytes` when it is a JSON-RPC 2.0 result answering `id` (a `tasks/result`
+/// payload): the text serde's `&RawValue` holds; `None` to let serde decide (a `null` result
+/// too, which serde reads as none).
+///
+/// Why: serde's derived reader of the envelope and the `RawValue` skip of the ~1 KiB payload
+/// cost about 7,600 instructions per `tasks/result` in the lifecycle benchmark (issue 36).
+pub(super) fn payload_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<&'a str> {
+    answer(bytes, id, |r| {
+        if r.peek()? == b'n' {
+            return None;
+        }
+        let start = r.i;
+        r.value(1)?;
+        r.text.get(start..r.i)
+    })
+}
+
+/// `result.task` of `bytes`, raw, when it is a JSON-RPC 2.0 result answering `id` whose
+/// `result` is an object (a 2025-11-25 `CreateTaskResult`): `Some(None)` when it holds no
+/// `task`; `None` to let serde decide (a `task` of `null` or twice too).
+///
+/// Why: serde's derived readers of the envelope and of `result` cost about 4,600 instructions
+/// per creation in the lifecycle benchmark (issue 36).
+pub(super) fn creation_task_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<Option<&'a str>> {
+    answer(bytes, id, Scan::creation_task)
+}
+
+/// What `read` makes of `result` when `bytes` is a JSON-RPC 2.0 result answering `id`, read in
+/// one pass with its envelope; `None` to let serde decide (see the module doc).
+fn answer<'a, R>(
+    bytes: &'a [u8],
+    id: &Id,
+    read: impl FnOnce(&mut Scan<'a>) -> Option<R>,
+) -> Option<R> {
     let text = std::str::from_utf8(bytes).ok()?;
     let mut r = Scan {
         lex: Lex::new(text),
     };
-    let (mut jsonrpc, mut raw_id, mut task) = (None, None, None);
+    let (mut jsonrpc, mut raw_id, mut result) = (None, None, None);
+    let mut read = Some(read);
     r.ws();
     r.eat(b'{')?;
     loop {
@@ -47,11 +86,8 @@ pub(super) fn task_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<TaskView<'a
                     return None;
                 }
             }
-            "result" => {
-                if task.replace(r.task()?).is_some() {
-                    return None;
-                }
-            }
+            // A second `result` finds `read` taken: handed back.
+            "result" => result = Some(read.take()?(&mut r)?),
             "method" | "error" => return None,
             _ => r.value(1)?,
         }
@@ -69,7 +105,7 @@ pub(super) fn task_of_answer<'a>(bytes: &'a [u8], id: &Id) -> Option<TaskView<'a
     let raw_id: &str = raw_id?;
     let answers =
         raw_id.as_bytes() == id.as_bytes() || Id::from_json(raw_id).is_some_and(|got| got == *id);
-    task.filter(|_| answers)
+    result.filter(|_| answers)
 }
 
 struct Scan<'a> {
@@ -136,6 +172,7 @@ impl<'a> Scan<'a> {
             last_updated_at: None,
             poll_interval: None,
             result: None,
+            ttl: TtlSeen::Absent,
         };
         self.eat(b'{')?;
         self.ws();
@@ -152,12 +189,13 @@ impl<'a> Scan<'a> {
                 "lastUpdatedAt" => 4,
                 "pollInterval" => 8,
                 "result" => 16,
+                // Not refused twice (serde's view skips it): noted as `Other` then.
+                "ttl" => 32,
                 _ => 0,
             };
-            if seen & bit != 0 {
+            if seen & bit & !32 != 0 {
                 return None;
             }
-            seen |= bit;
             // By the bit: the key is compared once (a second `match` on the key compared
             // the keys of the same length again, with a `memcmp` each).
             match bit {
@@ -166,13 +204,70 @@ impl<'a> Scan<'a> {
                 4 => view.last_updated_at = self.text_or_null()?,
                 8 => view.poll_interval = self.u64_or_null()?,
                 16 => view.result = self.result_view()?,
+                32 => view.ttl = self.ttl(seen & 32 != 0)?,
                 _ => self.value(2)?,
             }
+            seen |= bit;
             self.ws();
             if !self.next_member()? {
                 return Some(view);
             }
         }
+    }
+
+    /// A `CreateTaskResult`'s `result` (an object): its `task`, raw, as serde's `&RawValue`
+    /// holds it (`None` inside: no `task`); `None` for anything else (not an object, a `task`
+    /// of `null` or twice).
+    fn creation_task(&mut self) -> Option<Option<&'a str>> {
+        self.eat(b'{')?;
+        self.ws();
+        if self.eat(b'}').is_some() {
+            return Some(None);
+        }
+        let mut task = None;
+        loop {
+            let key = self.member_name()?;
+            if key == "task" {
+                if task.is_some() || self.peek()? == b'n' {
+                    return None;
+                }
+                let start = self.i;
+                self.value(2)?;
+                task = Some(self.text.get(start..self.i)?);
+            } else {
+                self.value(2)?;
+            }
+            self.ws();
+            if !self.next_member()? {
+                return Some(task);
+            }
+        }
+    }
+
+    /// The `Task`'s `ttl` (`again`: a `ttl` member came before), skipped as any value and noted
+    /// as [`TtlSeen`] says.
+    fn ttl(&mut self, again: bool) -> Option<TtlSeen> {
+        let start = self.i;
+        self.value(2)?;
+        let raw = &self.b[start..self.i];
+        let mut n = 0u64;
+        for &c in raw {
+            if !c.is_ascii_digit() {
+                return Some(TtlSeen::Other);
+            }
+            let Some(next) = n
+                .checked_mul(10)
+                .and_then(|n| n.checked_add(u64::from(c - b'0')))
+            else {
+                return Some(TtlSeen::Other);
+            };
+            n = next;
+        }
+        Some(if again || raw.is_empty() {
+            TtlSeen::Other
+        } else {
+            TtlSeen::Plain(n)
+        })
     }
 
     /// The `Task`'s own `result` (a 2026 `DetailedTask`'s): `Some(None)` for `null`, an object
@@ -345,6 +440,131 @@ mod tests {
         assert!(task_of_answer(nested(200).as_bytes(), &id()).is_none());
         // (serde skips it: the view comes from serde's reader then.)
         assert!(TaskView::of_answer(nested(200).as_bytes(), &id()).is_some());
+    }
+
+    /// Where the reader's note of the `ttl` says the answer shows the recorded ttl already,
+    /// `show_recorded_ttl` leaves it as it is (it is then not asked): the usual members, odd
+    /// ones, and texts with random edits around a `ttl`, for records with several ttls.
+    #[test]
+    fn the_ttl_noted_agrees_with_show_recorded_ttl() {
+        use crate::layers::observe::modern::show_recorded_ttl;
+        let noted = [
+            (r#"{"status":"working","ttl":60000}"#, TtlSeen::Plain(60000)),
+            (r#"{"ttl":0,"status":"working"}"#, TtlSeen::Plain(0)),
+            (r#"{"status":"working"}"#, TtlSeen::Absent),
+            (
+                r#"{"_meta":{"ttl":99999999},"x":[{"ttl":null}]}"#,
+                TtlSeen::Absent,
+            ),
+            (r#"{"ttl":null}"#, TtlSeen::Other),
+            (r#"{"ttl":6e4}"#, TtlSeen::Other),
+            (r#"{"ttl":60000.0}"#, TtlSeen::Other),
+            (r#"{"ttl":-1}"#, TtlSeen::Other),
+            (r#"{"ttl":"60000"}"#, TtlSeen::Other),
+            (r#"{"ttl":{}}"#, TtlSeen::Other),
+            (r#"{"ttl":1,"ttl":2}"#, TtlSeen::Other),
+            (r#"{"ttl":18446744073709551616}"#, TtlSeen::Other),
+            (r#"{"ttl":18446744073709551615}"#, TtlSeen::Plain(u64::MAX)),
+        ];
+        let agrees = |text: &str, view: &TaskView<'_>| {
+            for cap in [
+                None,
+                Some(0),
+                Some(1),
+                Some(59_999),
+                Some(60_000),
+                Some(u64::MAX),
+            ] {
+                let mut r = crate::layers::testing::record("t1");
+                r.ttl_ms = cap;
+                let bytes = bytes::Bytes::from(text.to_string());
+                if view.shows_recorded_ttl(cap) {
+                    let shown = show_recorded_ttl(bytes.clone(), &["ttl"], &r);
+                    assert_eq!(shown, bytes, "{text} {cap:?}");
+                }
+            }
+        };
+        for (task, ttl) in noted {
+            let text = format!(r#"{{"jsonrpc":"2.0","id":7,"result":{task}}}"#);
+            let view = task_of_answer(text.as_bytes(), &id()).expect("read by hand");
+            assert_eq!(view.ttl, ttl, "{task}");
+            agrees(&text, &view);
+            // Through serde the ttl is not known: `show_recorded_ttl` decides.
+            let serde = TaskView::of_answer_by_serde(text.as_bytes(), &id()).expect("read");
+            assert_eq!(serde.ttl, TtlSeen::Unread);
+            assert!(!serde.shows_recorded_ttl(Some(60_000)));
+        }
+        let seeds = [
+            r#"{"jsonrpc":"2.0","id":7,"result":{"status":"working","ttl":60000,"pollInterval":100}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"ttl":1000,"_meta":{"ttl":5},"status":"completed"}}"#,
+        ];
+        let tokens = [
+            "\"ttl\"", ":", ",", "{", "}", "0", "9", "99999", "-", ".", "e", "null", "\"", " ",
+        ];
+        crate::jsonrpc::lex::random_edits(&seeds, &tokens, 0x2545_f491_4f6c_dd1d, 20_000, |t| {
+            if let Some(view) = task_of_answer(t.as_bytes(), &id()) {
+                agrees(t, &view);
+            }
+        });
+    }
+
+    /// The payload and creation readers take only what serde takes, with the same text: texts
+    /// with random edits (as below), compared with `result_answering`.
+    #[test]
+    fn the_payload_and_creation_readers_agree_with_serde_after_random_edits() {
+        use super::super::{result_answering, CreateResult};
+        use serde_json::value::RawValue;
+        let seeds = [
+            r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"x\ny"}],"isError":false}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"task":{"taskId":"t1","status":"working","ttl":60000},"_meta":{"a":[1,-2.5e3,null]}}}"#,
+        ];
+        let tokens = [
+            "{",
+            "}",
+            "[",
+            "]",
+            ":",
+            ",",
+            "\"",
+            "\\",
+            "\\u",
+            "\\n",
+            " ",
+            "0",
+            "1",
+            "-",
+            ".",
+            "e",
+            "true",
+            "null",
+            "\"task\"",
+            "\"result\"",
+            "\"id\"",
+            "\"jsonrpc\"",
+            "\"error\"",
+            "\"method\"",
+            "\u{1}",
+            "é",
+        ];
+        let (mut payloads, mut creations) = (0, 0);
+        crate::jsonrpc::lex::random_edits(&seeds, &tokens, 0x5851_f42d_4c95_7f2d, 40_000, |t| {
+            let b = t.as_bytes();
+            if let Some(hand) = payload_of_answer(b, &id()) {
+                payloads += 1;
+                let serde = result_answering::<&RawValue>(b, &id()).map(RawValue::get);
+                assert_eq!(Some(hand), serde, "{t}");
+            }
+            if let Some(hand) = creation_task_of_answer(b, &id()) {
+                creations += 1;
+                let serde = result_answering::<MapOnly<CreateResult<'_>>>(b, &id())
+                    .map(|MapOnly(r)| r.task.map(RawValue::get));
+                assert_eq!(Some(hand), serde, "{t}");
+            }
+        });
+        assert!(
+            payloads > 4_000 && creations > 2_000,
+            "{payloads} {creations}"
+        );
     }
 
     /// Whatever the reader takes, serde takes with the same view: texts with several random
