@@ -58,7 +58,7 @@ use crate::layers::extensions::{
 use crate::mcp::era::{Era, MODERN_VERSION};
 use crate::mcp::errors::McpError;
 use crate::mcp::needles::{self, found};
-use crate::metrics::{CreationRefusal, UndoOutcome};
+use crate::metrics::UndoOutcome;
 use crate::registry::as_registry_task;
 use crate::registry::{Registry, ResourceHold};
 use crate::sse::{ByteString, Event, EventStream};
@@ -885,16 +885,10 @@ impl Watch {
                 return not_recorded(id, e);
             }
         }
-        self.registry
-            .metrics()
-            .task_creation_refused(&self.upstream, CreationRefusal::OwnerLimit);
+        let error = self.registry.refuse_over_limit(&self.upstream);
         if let Some(undo) = undo {
             undo.cancel(&self.registry, era, task_id, UndoReason::OwnerLimit);
         }
-        let error = McpError::TaskLimitExceeded {
-            limit: self.registry.config().max_live_tasks_per_owner,
-            upstream: self.upstream.to_string(),
-        };
         error.body(Some(id))
     }
 

@@ -40,7 +40,7 @@ use crate::mcp::classify::Classified;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::{now_ms, TaskStatus};
-use crate::metrics::{CancelOutcome, CreationRefusal, LocalReason, TaskMethod};
+use crate::metrics::{CancelOutcome, LocalReason, TaskMethod};
 use crate::registry::Registry;
 use crate::store::{ListCursor, Origin, Owner, TaskRecord};
 use base64::Engine;
@@ -269,14 +269,7 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
         }
     };
     let Some(reservation) = reserved else {
-        registry
-            .metrics()
-            .task_creation_refused(&upstream, CreationRefusal::OwnerLimit);
-        let limit = registry.config().max_live_tasks_per_owner;
-        let error = McpError::TaskLimitExceeded {
-            limit,
-            upstream: upstream.to_string(),
-        };
+        let error = registry.refuse_over_limit(&upstream);
         return Err(refuse(&id, error).answered_locally(LocalReason::OwnerLimit));
     };
     if let Some(ttl) = ttl {
