@@ -107,7 +107,10 @@ fn inc(c: &AtomicUsize) {
 
 impl TaskStore for CountingStore {
     fn quick_point_calls(&self) -> bool {
-        self.inner.quick_point_calls()
+        !self.with_slots.load(Ordering::SeqCst) && self.inner.quick_point_calls()
+    }
+    fn shared(&self) -> bool {
+        self.with_slots.load(Ordering::SeqCst)
     }
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
         inc(&self.counts.creates);

@@ -262,8 +262,10 @@ impl Registry {
     /// the owner is at `tasks.max_live_tasks_per_owner`. On a shared store the limit holds across
     /// every replica: the slot is taken in the store
     /// ([`crate::store::SlotStore::reserve_slot`], off the runtime, held at most
-    /// [`crate::store::TASK_SLOT_LEASE`]). Errors: the store's (counted in
-    /// `taskgate_store_write_failures_total`).
+    /// [`crate::store::TASK_SLOT_LEASE`]). The reservation is made where the slot is taken,
+    /// off the runtime, so a caller gone meanwhile (its client disconnected) drops it there,
+    /// which gives the slot back (as [`Registry::admit_creation`]). Errors: the store's
+    /// (counted in `taskgate_store_write_failures_total`).
     pub async fn reserve_creation(
         self: &Arc<Self>,
         upstream: &Arc<str>,
@@ -272,29 +274,19 @@ impl Registry {
         if self.store.slots().is_none() {
             return Ok(self.owners.reserve(upstream, owner));
         }
-        Ok(self.take_store_slot(upstream, owner).await?.map(|id| {
-            self.owners
-                .reserve_over_limit(upstream, owner)
-                .with_store_slot(self.store.clone(), id)
-        }))
-    }
-
-    /// A live-task slot of `owner` on `upstream` taken in the shared store
-    /// ([`crate::store::SlotStore::reserve_slot`], off the runtime, held at most
-    /// [`crate::store::TASK_SLOT_LEASE`]): its id, or `None` at the limit (or without a shared
-    /// store). Errors: the store's (counted in `taskgate_store_write_failures_total`).
-    async fn take_store_slot(
-        self: &Arc<Self>,
-        upstream: &str,
-        owner: &Owner,
-    ) -> Result<Option<i64>, StoreError> {
-        let (up, who) = (upstream.to_string(), owner.clone());
+        let (up, who) = (upstream.clone(), owner.clone());
         let limit = self.config.max_live_tasks_per_owner;
-        let lease = crate::store::TASK_SLOT_LEASE;
         let taken = self
-            .try_off_runtime(move |r| match r.store.slots() {
-                Some(slots) => slots.reserve_slot(&up, &who, limit, lease),
-                None => Ok(None),
+            .try_off_runtime(move |r| {
+                let Some(slots) = r.store.slots() else {
+                    return Ok(None);
+                };
+                let taken = slots.reserve_slot(&up, &who, limit, crate::store::TASK_SLOT_LEASE)?;
+                Ok(taken.map(|id| {
+                    r.owners
+                        .reserve_over_limit(&up, &who)
+                        .with_store_slot(r.store.clone(), id)
+                }))
             })
             .await
             .and_then(|taken| taken);
@@ -304,11 +296,13 @@ impl Registry {
         taken
     }
 
-    /// Holds the live task a 2026-07-28 server made of a plain call to
-    /// `tasks.max_live_tasks_per_owner`, before it is recorded: `Ok(true)` when `reservation`
-    /// (the call's provisional slot, [`Registry::reserve_modern`]) may become the task's,
-    /// `Ok(false)` when the owner is at the limit without it (the caller refuses the task and
-    /// cancels it upstream). At once `Ok(true)` for a slot that is not provisional (a 2025-11-25
+    /// Holds a 2026-07-28 call that becomes a task to `tasks.max_live_tasks_per_owner`: a live
+    /// task the server made of a plain call, before it is recorded (`observe`), or a call
+    /// taskgate itself makes a task of, before anything goes upstream (a gateway task, a
+    /// reverse-bridged one). `Ok(true)` when `reservation` (the call's provisional slot,
+    /// [`Registry::reserve_modern`]) may become the task's, `Ok(false)` when the owner is at
+    /// the limit without it (the caller refuses the task, and `observe` cancels it upstream).
+    /// At once `Ok(true)` for a slot that is not provisional (a 2025-11-25
     /// creation's, taken within the limit). On a shared store the database counts, as for a
     /// 2025 creation: a slot is taken in the store and the task replaces it when recorded (one
     /// transaction more per 2026 task, none per plain call). The slot is attached to

@@ -53,20 +53,36 @@ async fn a_tasks_own_store_calls_do_not_wait_for_busy_store_threads() {
     drop(held);
 }
 
-/// A 2026-07-28 creation's slot taken in a shared store for a caller that went away meanwhile
-/// (its client disconnected while the database answered: the `admit_creation` future dropped)
+/// A creation's slot taken in a shared store for a caller that went away meanwhile (its client
+/// disconnected while the database answered: the `admit_creation` or, for 2025-11-25,
+/// `reserve_creation` future dropped)
 /// is given back once the taking ends, not held until its lease lapses
 /// (`TASK_SLOT_LEASE`, 120 s, counting against the owner's limit all that time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_taken_for_a_caller_gone_meanwhile_is_given_back() {
+    given_back_when_the_caller_is_gone(true).await;
+    given_back_when_the_caller_is_gone(false).await;
+}
+
+/// [`a_slot_taken_for_a_caller_gone_meanwhile_is_given_back`] for a 2026 call's admission
+/// (`modern`) or a 2025 creation's reservation.
+async fn given_back_when_the_caller_is_gone(modern: bool) {
     let (registry, store) = testing::registry();
     store.with_slots.store(true, Ordering::SeqCst);
     let up: Arc<str> = "up".into();
     let reservation = Arc::new(registry.reserve_modern(&up, &testing::owner()));
     let held = store.slots.gate.lock().unwrap();
     let admitting = tokio::spawn({
-        let (registry, reservation) = (registry.clone(), reservation.clone());
-        async move { registry.admit_creation(&reservation).await }
+        let (registry, reservation, up) = (registry.clone(), reservation.clone(), up.clone());
+        async move {
+            match modern {
+                true => registry.admit_creation(&reservation).await.map(|_| ()),
+                false => registry
+                    .reserve_creation(&up, &testing::owner())
+                    .await
+                    .map(|_| ()),
+            }
+        }
     });
     let begun = tokio::task::spawn_blocking({
         let store = store.clone();
@@ -99,6 +115,10 @@ async fn a_slot_taken_for_a_caller_gone_meanwhile_is_given_back() {
     })
     .await
     .unwrap();
-    assert_eq!(released, vec![1], "the slot taken is given back");
+    assert_eq!(
+        released,
+        vec![1],
+        "the slot taken is given back (modern: {modern})"
+    );
     assert_eq!(registry.owners_count(&up, &testing::owner()), 0);
 }

@@ -18,6 +18,8 @@
 //! server does answer with a live task, the slot is admitted only if the owner's other slots
 //! (live tasks, 2025-11-25 creations in flight, admitted ones), provisional ones left out, are
 //! below the limit; otherwise `observe` refuses the task (`-32029`) and cancels it upstream.
+//! A call taskgate itself makes a task of (a gateway task, a reverse-bridged one) is admitted
+//! the same way, before anything goes upstream.
 
 use crate::store::{Owner, TaskStore};
 use parking_lot::Mutex;

@@ -68,10 +68,11 @@ pub(super) async fn create<S: McpService>(
                 .answered_locally(LocalReason::OwnerLimit));
         }
         Err(e) => {
-            return Ok(refuse(McpError::NotRecorded {
+            let error = McpError::CountFailed {
                 detail: e.to_string(),
-                before_upstream: true,
-            }))
+            };
+            return Ok(McpReply::error(era, Some(&client_id), &error)
+                .answered_locally(LocalReason::StoreUnavailable));
         }
     }
     let Some(task_id) = minted_task_id() else {

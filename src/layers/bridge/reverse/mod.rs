@@ -729,11 +729,11 @@ async fn tools_call<S: McpService>(
                     .answered_locally(LocalReason::OwnerLimit));
             }
             Err(e) => {
-                let error = McpError::NotRecorded {
+                let error = McpError::CountFailed {
                     detail: e.to_string(),
-                    before_upstream: true,
                 };
-                return Ok(McpReply::error(Era::Modern, Some(&id), &error));
+                return Ok(McpReply::error(Era::Modern, Some(&id), &error)
+                    .answered_locally(LocalReason::StoreUnavailable));
             }
         }
     }
