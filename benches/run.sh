@@ -741,7 +741,7 @@ REPORT=$("$LG" report --in "$RAW" --quiet-pct "$QUIET_PCT")
 MEM_GIB=$(awk '/^MemTotal:/ {printf "%.1f", $2 / 1048576}' /proc/meminfo)
 CPU_MODEL=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 REV=$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
-DIRTY=$(cd "$ROOT" && git status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null | wc -l)
+DIRTY=$(cd "$ROOT" && git status --porcelain -- src vendor Cargo.toml Cargo.lock 2>/dev/null | wc -l)
 [ "$DIRTY" != 0 ] && REV="$REV + uncommitted changes in src/"
 # A binary given with TASKGATE_BIN is not this checkout's: say which file it was.
 [ -n "${TASKGATE_BIN:-}" ] && REV="TASKGATE_BIN=$TASKGATE_BIN (the checkout is $REV)"

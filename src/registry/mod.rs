@@ -274,26 +274,12 @@ impl Registry {
         if self.store.slots().is_none() {
             return Ok(self.owners.reserve(upstream, owner));
         }
-        let (up, who) = (upstream.clone(), owner.clone());
-        let limit = self.config.max_live_tasks_per_owner;
-        let taken = self
-            .try_off_runtime(move |r| {
-                let Some(slots) = r.store.slots() else {
-                    return Ok(None);
-                };
-                let taken = slots.reserve_slot(&up, &who, limit, crate::store::TASK_SLOT_LEASE)?;
-                Ok(taken.map(|id| {
-                    r.owners
-                        .reserve_over_limit(&up, &who)
-                        .with_store_slot(r.store.clone(), id)
-                }))
-            })
-            .await
-            .and_then(|taken| taken);
-        if let Err(e) = &taken {
-            self.write_failed(e, "a live-task slot could not be taken");
-        }
-        taken
+        self.take_store_slot(upstream.clone(), owner.clone(), |r, upstream, owner, id| {
+            r.owners
+                .reserve_over_limit(upstream, owner)
+                .with_store_slot(r.store.clone(), id)
+        })
+        .await
     }
 
     /// Holds a 2026-07-28 call that becomes a task to `tasks.max_live_tasks_per_owner`: a live
@@ -322,30 +308,43 @@ impl Registry {
             return Ok(self.owners.admit(reservation, false));
         }
         let held = reservation.clone();
+        let (upstream, owner) = reservation.key();
+        let attached = self
+            .take_store_slot(upstream.clone(), owner.clone(), move |r, _, _, id| {
+                held.attach_store_slot(r.store.clone(), id)
+            })
+            .await?;
+        Ok(attached.is_some() && self.owners.admit(reservation, true))
+    }
+
+    /// Takes a live-task slot for `owner` on `upstream` in the shared store (the database
+    /// counts the owner's tasks and slots across the tier), off the runtime, and there hands
+    /// its id to `keep`, which ties it to a reservation: whatever `keep` returns is dropped
+    /// there when the caller went away meanwhile, and gives the slot back. `Ok(None)`: the
+    /// owner is at `tasks.max_live_tasks_per_owner` (or the store takes no slots). Errors: the
+    /// store's (counted as a failed write).
+    async fn take_store_slot<T: Send + 'static>(
+        self: &Arc<Self>,
+        upstream: Arc<str>,
+        owner: Owner,
+        keep: impl FnOnce(&Registry, &Arc<str>, &Owner, i64) -> T + Send + 'static,
+    ) -> Result<Option<T>, StoreError> {
         let limit = self.config.max_live_tasks_per_owner;
         let taken = self
             .try_off_runtime(move |r| {
                 let Some(slots) = r.store.slots() else {
-                    return Ok(false);
+                    return Ok(None);
                 };
-                let (upstream, owner) = held.key();
                 let taken =
-                    slots.reserve_slot(upstream, owner, limit, crate::store::TASK_SLOT_LEASE)?;
-                Ok(taken.is_some_and(|id| {
-                    held.attach_store_slot(r.store.clone(), id);
-                    true
-                }))
+                    slots.reserve_slot(&upstream, &owner, limit, crate::store::TASK_SLOT_LEASE)?;
+                Ok(taken.map(|id| keep(r, &upstream, &owner, id)))
             })
             .await
             .and_then(|taken| taken);
-        match taken {
-            Ok(true) => Ok(self.owners.admit(reservation, true)),
-            Ok(false) => Ok(false),
-            Err(e) => {
-                self.write_failed(&e, "a live-task slot could not be taken");
-                Err(e)
-            }
+        if let Err(e) = &taken {
+            self.write_failed(e, "a live-task slot could not be taken");
         }
+        taken
     }
 
     /// How many live-task slots `owner` holds on `upstream`.
