@@ -600,6 +600,9 @@ const fn key_field<const N: usize>(name: &str) -> [u8; N] {
     out
 }
 
+/// The room [`keyed`] writes a field's head in: a key field of up to 58 bytes.
+const KEYED_HEAD: usize = 64;
+
 /// A `Span.attributes` field (9) whose key field is `key` ([`key!`]) and whose value is the
 /// string `value`: the same bytes as [`attribute_str`]'s, the key copied whole as a constant
 /// (encoding it with its lengths and copying it by `memcpy` cost ~35 instructions of the
@@ -609,10 +612,17 @@ fn keyed<const N: usize>(out: &mut Vec<u8>, key: &[u8; N], value: &[u8]) {
     let any = field_len(1, value.len());
     let kv = N + field_len(2, any);
     if kv < 128 {
+        // The field's head, the key and the value's head copied at once, a length known at
+        // compile time (copied apart, ~15 instructions more per attribute, three per SERVER
+        // span; callgrind, issue 34).
+        const { assert!(N + 6 <= KEYED_HEAD) };
+        let mut head = [0u8; KEYED_HEAD];
+        head[0] = (9 << 3) | WireType::LengthDelimited as u8;
+        head[1] = kv as u8;
+        head[2..N + 2].copy_from_slice(key);
+        head[N + 2..N + 6].copy_from_slice(&[0x12, any as u8, 0x0a, value.len() as u8]);
         out.reserve(2 + kv);
-        out.extend_from_slice(&[(9 << 3) | WireType::LengthDelimited as u8, kv as u8]);
-        out.extend_from_slice(key);
-        out.extend_from_slice(&[0x12, any as u8, 0x0a, value.len() as u8]);
+        out.extend_from_slice(&head[..N + 6]);
         out.extend_from_slice(value);
         return;
     }
