@@ -1020,6 +1020,62 @@ fn the_encoded_bytes_are_pinned() {
         (23_348, 11_700_045_893_670_541_157),
         "the encoded bytes changed"
     );
+
+    // The span names are encoded once per encoder and copied (issue 34): written again with
+    // every name kept, after other names replaced every kept one, and with the SERVER span's
+    // name kept in the very slot the next new name takes, the bytes are the same.
+    let first = body.to_vec();
+    drop(body);
+    let body = |encoder: &mut otlp::Encoder, records: &[Record]| encoder.body(records).0.to_vec();
+    let mut encoder = otlp::Encoder::new(&resource);
+    assert_eq!(body(&mut encoder, &records), first, "names made");
+    assert_eq!(body(&mut encoder, &records), first, "names kept");
+    let others: Vec<Record> = (0..40)
+        .map(|i| {
+            let own = exchange(
+                200 + i,
+                ExchangeName::Own(tool(&format!("o-{i}"))),
+                Vec::new(),
+            );
+            record(100 + i, tool(&format!("t-{i}")), Some(own))
+        })
+        .collect();
+    let fresh = body(&mut otlp::Encoder::new(&resource), &others);
+    assert_eq!(body(&mut encoder, &others), fresh, "names replaced");
+    assert_eq!(body(&mut encoder, &records), first, "names made again");
+    let list = || SpanName::Method {
+        method: "tools/list".into(),
+        target: Target::None,
+    };
+    let mut encoder = otlp::Encoder::new(&resource);
+    body(&mut encoder, &[record(1, list(), None)]);
+    let fill: Vec<Record> = (0..40)
+        .map(|i| record(2 + i, tool(&i.to_string()), None))
+        .collect();
+    body(&mut encoder, &fill[..15]);
+    let own = |n| {
+        record(n, list(), {
+            let name = tool(&format!("named apart {n}"));
+            Some(exchange(n + 1, ExchangeName::Own(name), Vec::new()))
+        })
+    };
+    let fresh = body(&mut otlp::Encoder::new(&resource), &[own(3)]);
+    assert_eq!(
+        body(&mut encoder, &[own(3)]),
+        fresh,
+        "the SERVER span's slot kept"
+    );
+    let long = record(
+        5,
+        tool(&"L".repeat(300)),
+        Some(exchange(6, ExchangeName::AsServer, Vec::new())),
+    );
+    let records = [long, own(7), record(8, list(), None)];
+    let fresh = body(&mut otlp::Encoder::new(&resource), &records);
+    for _ in 0..3 {
+        assert_eq!(body(&mut encoder, &records), fresh, "a long name");
+        body(&mut encoder, &fill);
+    }
 }
 
 /// The root sampler decides as the SDK's `Sampler::TraceIdRatioBased` does, for ratios in and
