@@ -15,30 +15,33 @@ impl Registry {
     /// no upstream can make a record outlive the cap, and the client is told the ttl taskgate
     /// keeps the task for. `None` when `task` has no string `taskId`.
     pub fn creation_record(&self, template: &TaskRecord, task: &Value) -> Option<TaskRecord> {
-        let task_id = task.get("taskId").and_then(Value::as_str)?;
-        let text = |key: &str| task.get(key).and_then(Value::as_str).map(str::to_string);
+        self.creation_record_of(template, &CreatedTask::of(task)?)
+    }
+
+    /// [`Registry::creation_record`] of a `Task` read already (by hand, or by
+    /// [`CreatedTask::of`]).
+    pub fn creation_record_of(
+        &self,
+        template: &TaskRecord,
+        task: &CreatedTask<'_>,
+    ) -> Option<TaskRecord> {
+        let text = |s: Option<&str>| s.map(str::to_string);
         let now = now_ms();
         let mut record = template.clone();
-        record.task_id = task_id.to_string();
-        record.status = text("status")
-            .as_deref()
+        record.task_id = task.task_id.to_string();
+        record.status = task
+            .status
             .and_then(TaskStatus::parse)
             .unwrap_or(TaskStatus::Working);
-        record.status_message = text("statusMessage");
-        record.created_at = text("createdAt").unwrap_or_else(|| format_rfc3339_ms(now));
-        record.last_updated_at = text("lastUpdatedAt").unwrap_or_else(|| record.created_at.clone());
+        record.status_message = text(task.status_message);
+        record.created_at = text(task.created_at).unwrap_or_else(|| format_rfc3339_ms(now));
+        record.last_updated_at =
+            text(task.last_updated_at).unwrap_or_else(|| record.created_at.clone());
         let cap = self.config.max_ttl_ms;
         // `null` (2025-11-25: unlimited) or none: the record still ends at the cap, so the cap
         // is the ttl recorded and shown to the client (see `observe`'s `show_recorded_ttl`).
-        record.ttl_ms = Some(match task.get("ttl") {
-            // A number written as a float (`1000.0`, `1e3`) is a ttl too: whole ms, rounded up.
-            Some(Value::Number(n)) => n
-                .as_u64()
-                .or_else(|| n.as_f64().filter(|f| *f >= 0.0).map(|f| f.ceil() as u64))
-                .map_or(cap, |t| t.min(cap)),
-            _ => cap,
-        });
-        record.poll_interval_ms = task.get("pollInterval").and_then(Value::as_u64);
+        record.ttl_ms = Some(task.ttl.map_or(cap, |t| t.min(cap)));
+        record.poll_interval_ms = task.poll_interval;
         record.recorded_at = now;
         if record.status.is_terminal() {
             record.terminal_at = Some(now);
@@ -125,5 +128,49 @@ impl Registry {
             }
         }
         result.map(|_| ())
+    }
+}
+
+/// What [`Registry::creation_record`] reads of a `CreateTaskResult`'s `Task`, borrowed: from a
+/// `Value` ([`CreatedTask::of`]), or read by hand from its text (`layers::observe`'s one-pass
+/// reader, which must make the same of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreatedTask<'a> {
+    /// `taskId`.
+    pub task_id: &'a str,
+    /// `status`, when a string.
+    pub status: Option<&'a str>,
+    /// `statusMessage`, when a string.
+    pub status_message: Option<&'a str>,
+    /// `createdAt`, when a string.
+    pub created_at: Option<&'a str>,
+    /// `lastUpdatedAt`, when a string.
+    pub last_updated_at: Option<&'a str>,
+    /// `ttl` in whole ms when a number that is one (a fraction rounded up); `None` for `null`,
+    /// none, or anything else (the cap then).
+    pub ttl: Option<u64>,
+    /// `pollInterval` when an integer that fits a `u64`.
+    pub poll_interval: Option<u64>,
+}
+
+impl<'a> CreatedTask<'a> {
+    /// The `Task` object `task`; `None` when it has no string `taskId`.
+    pub fn of(task: &'a Value) -> Option<CreatedTask<'a>> {
+        let text = |key: &str| task.get(key).and_then(Value::as_str);
+        Some(CreatedTask {
+            task_id: text("taskId")?,
+            status: text("status"),
+            status_message: text("statusMessage"),
+            created_at: text("createdAt"),
+            last_updated_at: text("lastUpdatedAt"),
+            // A number written as a float (`1000.0`, `1e3`) is a ttl too: whole ms, rounded up.
+            ttl: match task.get("ttl") {
+                Some(Value::Number(n)) => n
+                    .as_u64()
+                    .or_else(|| n.as_f64().filter(|f| *f >= 0.0).map(|f| f.ceil() as u64)),
+                _ => None,
+            },
+            poll_interval: task.get("pollInterval").and_then(Value::as_u64),
+        })
     }
 }

@@ -32,6 +32,7 @@ mod status;
 pub mod sweep;
 mod tier;
 
+pub use creation::CreatedTask;
 pub use leases::{LeaseGuard, LeaseKeeper};
 pub use offload::{ListPage, NotRun, StoreThreads};
 pub use owners::{Owners, Reservation};

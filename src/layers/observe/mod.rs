@@ -683,16 +683,26 @@ impl Watch {
     /// part read into a `Value`) and recorded as `on_creation` records it. `None` (nothing
     /// done) for any other message, which then takes the envelope path.
     async fn on_creation_answer(&self, bytes: &Bytes, in_stream: bool) -> Option<Bytes> {
-        let id = match &*self.expect.lock() {
-            Expect::Creation(Creation {
+        // Read under the lock (no await): the record is made there, from the template.
+        let record = {
+            let expect = self.expect.lock();
+            let Expect::Creation(Creation {
                 id,
                 pending,
                 plain: None,
                 ..
-            }) if pending.template.era == Era::Legacy => id.clone(),
-            _ => return None,
+            }) = &*expect
+            else {
+                return None;
+            };
+            if pending.template.era != Era::Legacy {
+                return None;
+            }
+            let template = &pending.template;
+            poll::creation_of_answer(bytes, id, |task| {
+                self.registry.creation_record_of(template, task)
+            })?
         };
-        let task = poll::creation_of_answer(bytes, &id)?;
         let Expect::Creation(Creation {
             id,
             pending,
@@ -704,7 +714,7 @@ impl Watch {
             return None;
         };
         let (out, created) = self
-            .record_task(bytes.clone(), task, &id, pending, undo.map(|u| *u))
+            .record_task(bytes.clone(), record, &id, pending, undo.map(|u| *u))
             .await;
         Some(self.created(out, created, trace.as_ref(), in_stream))
     }
@@ -802,23 +812,24 @@ impl Watch {
                 .filter(|r| r.get("resultType").and_then(Value::as_str) == Some("task"))
                 .map(|r| as_registry_task(r, self.registry.config().max_ttl_ms)),
         };
-        self.record_task(bytes, task, id, pending, undo).await
+        let record = task
+            .as_ref()
+            .and_then(|task| self.registry.creation_record(&pending.template, task));
+        self.record_task(bytes, record, id, pending, undo).await
     }
 
-    /// Records the `Task` of a `CreateTaskResult` (`None`: the answer holds none); returns the
-    /// message to pass on and the recorded taskId (see [`Watch::on_creation`]).
+    /// Records the record made of the `Task` of a `CreateTaskResult` (`None`: the answer holds
+    /// none, or none could be made of it); returns the message to pass on and the recorded
+    /// taskId (see [`Watch::on_creation`]).
     async fn record_task(
         &self,
         bytes: Bytes,
-        task: Option<Value>,
+        record: Option<TaskRecord>,
         id: &Id,
         pending: PendingCreation,
         undo: Option<Undo>,
     ) -> (Bytes, Option<String>) {
-        let Some(record) = task
-            .as_ref()
-            .and_then(|task| self.registry.creation_record(&pending.template, task))
-        else {
+        let Some(record) = record else {
             return (bytes, None);
         };
         let task_id = record.task_id.clone();

@@ -4,7 +4,7 @@
 use crate::jsonrpc::Id;
 #[cfg(test)]
 use crate::registry::Registry;
-use crate::registry::TaskFields;
+use crate::registry::{CreatedTask, TaskFields};
 #[cfg(test)]
 use crate::store::TaskRecord;
 use serde::de::IgnoredAny;
@@ -195,14 +195,20 @@ struct CreateResult<'a> {
     task: Option<&'a RawValue>,
 }
 
-/// `result.task` of a 2025-11-25 `CreateTaskResult` answering `id`, as a `Value` (`Some(None)`:
-/// the result, an object, holds none, or `null`; what `pointer("/result/task")` of the whole
-/// message as a `Value` would find), or `None` as [`result_answering`] says.
+/// What `record` makes of `result.task` of a 2025-11-25 `CreateTaskResult` answering `id`
+/// (`Some(None)`: the result, an object, holds none, or `null`, or `record` made nothing of it;
+/// what `pointer("/result/task")` of the whole message as a `Value` would find), or `None` as
+/// [`result_answering`] says, or for a `task` serde_json cannot read as a `Value`.
 ///
 /// Why: the answer was parsed as an envelope and then whole into a `Value`, of which only the
 /// `Task` is used (about 25,000 instructions per task in the lifecycle benchmark, issue 36).
-/// Read by hand first (`scan`), through serde for what that hands back.
-pub(super) fn creation_of_answer(bytes: &[u8], id: &Id) -> Option<Option<serde_json::Value>> {
+/// Read by hand first (`scan`: the envelope, then the `Task`'s members), through serde for what
+/// that hands back.
+pub(super) fn creation_of_answer<T>(
+    bytes: &[u8],
+    id: &Id,
+    record: impl FnOnce(&CreatedTask<'_>) -> Option<T>,
+) -> Option<Option<T>> {
     let task = match scan::creation_task_of_answer(bytes, id) {
         Some(task) => task,
         None => {
@@ -210,10 +216,14 @@ pub(super) fn creation_of_answer(bytes: &[u8], id: &Id) -> Option<Option<serde_j
             result.task.map(RawValue::get)
         }
     };
-    match task {
-        Some(raw) => serde_json::from_str(raw).ok().map(Some),
-        None => Some(None),
+    let Some(raw) = task else {
+        return Some(None);
+    };
+    if let Some(task) = scan::created_task(raw) {
+        return Some(record(&task));
     }
+    let value = serde_json::from_str::<serde_json::Value>(raw).ok()?;
+    Some(CreatedTask::of(&value).and_then(|task| record(&task)))
 }
 
 /// `T` read from a JSON object only: serde's derived structs also take an array (the fields in
@@ -333,26 +343,38 @@ mod tests {
     #[test]
     fn a_creation_is_read_with_its_envelope() {
         let id = Id::from_json("\"c1\"").unwrap();
-        let task = r#"{"taskId":"t\u0031","status":"working","ttl":60000,"pollInterval":100}"#;
-        let ok = format!(
-            r#"{{"jsonrpc":"2.0","id":"c1","result":{{"task":{task},"_meta":{{"a":[1]}}}}}}"#
-        );
-        let whole: serde_json::Value = serde_json::from_str(&ok).unwrap();
-        assert_eq!(
-            creation_of_answer(ok.as_bytes(), &id),
-            Some(whole.pointer("/result/task").cloned())
-        );
+        let read = |task: &CreatedTask<'_>| Some(format!("{task:?}"));
+        // Escaped (the `Value` path) and plain (read by hand).
+        for task in [
+            r#"{"taskId":"t\u0031","status":"working","ttl":60000,"pollInterval":100}"#,
+            r#"{"taskId":"t1","status":"working","ttl":60000,"pollInterval":100}"#,
+        ] {
+            let ok = format!(
+                r#"{{"jsonrpc":"2.0","id":"c1","result":{{"task":{task},"_meta":{{"a":[1]}}}}}}"#
+            );
+            let whole: serde_json::Value = serde_json::from_str(&ok).unwrap();
+            let found = whole.pointer("/result/task").and_then(CreatedTask::of);
+            assert_eq!(
+                creation_of_answer(ok.as_bytes(), &id, read),
+                Some(Some(format!("{:?}", found.expect("a task"))))
+            );
+        }
         let none = br#"{"jsonrpc":"2.0","id":"c1","result":{"content":[]}}"#;
-        assert_eq!(creation_of_answer(none, &id), Some(None));
+        assert_eq!(creation_of_answer(none, &id, read), Some(None));
+        // No string `taskId`: nothing to record.
+        let no_id = br#"{"jsonrpc":"2.0","id":"c1","result":{"task":{"taskId":1}}}"#;
+        assert_eq!(creation_of_answer(no_id, &id, read), Some(None));
         for other in [
             &br#"{"jsonrpc":"2.0","id":"c2","result":{"task":{}}}"#[..],
             br#"{"jsonrpc":"2.0","id":"c1","error":{"code":1,"message":"x"}}"#,
             br#"{"jsonrpc":"2.0","id":"c1","result":[{"task":{}}]}"#,
             br#"{"jsonrpc":"2.0","id":"c1","result":{"task":{},"task":{}}}"#,
             br#"{"jsonrpc":"2.0","id":"c1","id":"c1","result":{"task":{}}}"#,
+            // A `task` serde_json cannot read as a `Value`.
+            br#"{"jsonrpc":"2.0","id":"c1","result":{"task":{"taskId":"t","x":1e400}}}"#,
         ] {
             assert!(
-                creation_of_answer(other, &id).is_none(),
+                creation_of_answer(other, &id, read).is_none(),
                 "{}",
                 String::from_utf8_lossy(other)
             );
