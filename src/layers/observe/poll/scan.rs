@@ -119,6 +119,7 @@ fn answer<'a, R>(
 /// about 6,000 instructions per creation in the lifecycle benchmark (issue 36).
 pub(super) fn created_task(raw: &str) -> Option<CreatedTask<'_>> {
     let mut r = Scan::new(raw);
+    r.notes_wide = true;
     let mut task = CreatedTask {
         task_id: "",
         status: None,
@@ -179,6 +180,9 @@ pub(super) fn created_task(raw: &str) -> Option<CreatedTask<'_>> {
 struct Scan<'a> {
     /// The text and the place read next (the tokens, [`Lex`]'s).
     lex: Lex<'a>,
+    /// Whether skipped numbers are noted in [`Scan::wide`] ([`created_task`] only: the other
+    /// readers skip numbers as serde's `IgnoredAny` does, whatever their range).
+    notes_wide: bool,
     /// A number skipped had an exponent or more than 19 digits before its point (see
     /// [`created_task`]).
     wide: bool,
@@ -201,6 +205,7 @@ impl<'a> Scan<'a> {
     fn new(text: &'a str) -> Scan<'a> {
         Scan {
             lex: Lex::new(text),
+            notes_wide: false,
             wide: false,
         }
     }
@@ -225,11 +230,15 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// A number skipped by [`Scan::value`], noted in [`Scan::wide`] when serde_json might find
-    /// it out of an `f64`'s range.
+    /// A number skipped by [`Scan::value`], noted in [`Scan::wide`] (when [`Scan::notes_wide`])
+    /// if serde_json might find it out of an `f64`'s range. (Noted always, the check cost the
+    /// `tasks/get` reader ~70 instructions a poll, callgrind, issue 36.)
     fn skipped_number(&mut self) -> Option<()> {
         let start = self.i;
         self.number()?;
+        if !self.notes_wide {
+            return Some(());
+        }
         let raw = &self.b[start..self.i];
         let whole = raw
             .iter()
