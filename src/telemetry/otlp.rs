@@ -96,6 +96,14 @@ impl Encoder {
         }
     }
 
+    /// The bytes the encoder holds for span names, kept and made for one record (tests).
+    #[cfg(test)]
+    pub(super) fn name_bytes_held(&self) -> usize {
+        let kept = self.names.kept.iter().map(|(_, n)| n.bytes.capacity());
+        let scratch = self.names.scratch.iter().map(|n| n.bytes.capacity());
+        kept.chain(scratch).sum()
+    }
+
     /// The `ExportTraceServiceRequest` of `records` (one resource, one scope) and how many
     /// spans it holds (a record may hold two: [`Record::exchange`]), read in place
     /// (moving each record out of its batch, ~350 bytes, twice, cost the export ~450
@@ -162,6 +170,14 @@ struct View<'a> {
 /// spans cost ~400 instructions more, callgrind, issue 34); their names and name attributes
 /// copied from `names`; returns how many.
 fn write_record(out: &mut Vec<u8>, r: &Record, names: &mut Names) -> usize {
+    let spans = write_spans(out, r, names);
+    // A name too long to keep was made for this record only: its bytes go now.
+    names.scratch.clear();
+    spans
+}
+
+/// [`write_record`]'s spans, their names found (or made) in `names`.
+fn write_spans(out: &mut Vec<u8>, r: &Record, names: &mut Names) -> usize {
     let own_name = names.find(&r.name, false, None);
     // Named as the SERVER span with its tool (not a prompt, which is the SERVER span's only):
     // the same encoded name, not looked up again.
@@ -230,13 +246,17 @@ fn write_record(out: &mut Vec<u8>, r: &Record, names: &mut Names) -> usize {
 /// again for every request's SERVER span, they cost the export thread ~90 instructions per
 /// request, callgrind). At most [`KEPT_SPAN_NAMES`], the oldest replaced: a gateway's spans are
 /// named after a few methods and tools; a client naming tools at random costs one encoding
-/// each, as before, and a look through the kept names.
+/// each, as before, a look through the kept names and, on the export thread, an allocation and
+/// a free per name replaced.
 #[derive(Default)]
 struct Names {
     /// Each name's method, its target (a prompt only when it is the span's) and its bytes.
     kept: Vec<(NameKey, NameBytes)>,
     /// The slot the next name not kept takes once `kept` is full.
     next: usize,
+    /// The names of the record being written that are too long to keep
+    /// ([`LONGEST_KEPT_SPAN_NAME`]), slots `KEPT_SPAN_NAMES..`; emptied after each record.
+    scratch: Vec<NameBytes>,
 }
 
 /// A kept name: its method and target (the tool's or prompt's name shared: compared by pointer
@@ -248,6 +268,12 @@ struct NameKey {
 
 /// How many span names [`Names`] keeps.
 const KEPT_SPAN_NAMES: usize = 16;
+/// The longest method and tool or prompt name [`Names`] keeps, in bytes together (as the
+/// serving threads' `shared_name`): a longer one is the client's to choose (up to
+/// `gateway.max_body_bytes`), and kept it would stay in the export thread's memory until 16
+/// other names replaced it (cold review: 16 names of 4 MiB pinned ~256 MiB). It is encoded
+/// for its record alone, as every name was before.
+const LONGEST_KEPT_SPAN_NAME: usize = 128;
 
 impl Names {
     /// The slot in `kept` of `name`'s bytes (its target a prompt only when `tool_only` is
@@ -274,6 +300,14 @@ impl Names {
         if let Some(at) = self.kept.iter().position(|(k, _)| same(k)) {
             return Some(at);
         }
+        let target_len = match target {
+            Target::None => 0,
+            Target::Tool(t) | Target::Prompt(t) => t.len(),
+        };
+        if method.len() + target_len > LONGEST_KEPT_SPAN_NAME {
+            self.scratch.push(NameBytes::of(method, target));
+            return Some(KEPT_SPAN_NAMES + self.scratch.len() - 1);
+        }
         let entry = (
             NameKey {
                 method: method.clone(),
@@ -297,8 +331,12 @@ impl Names {
     /// How a span named `name` is written: from the bytes in slot `found` ([`Names::find`]'s
     /// answer for it).
     fn name<'a>(&'a self, name: &'a SpanName, found: Option<usize>) -> Name<'a> {
-        match (name, found.and_then(|at| self.kept.get(at))) {
-            (_, Some((_, bytes))) => Name::Encoded(bytes),
+        let bytes = found.and_then(|at| match at.checked_sub(KEPT_SPAN_NAMES) {
+            None => self.kept.get(at).map(|(_, bytes)| bytes),
+            Some(at) => self.scratch.get(at),
+        });
+        match (name, bytes) {
+            (_, Some(bytes)) => Name::Encoded(bytes),
             (SpanName::Fixed(name), None) => Name::Fixed(name),
             // `find` keeps every name after a method: not reached.
             (SpanName::Method { method, .. }, None) => Name::Fixed(method),

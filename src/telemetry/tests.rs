@@ -1076,6 +1076,28 @@ fn the_encoded_bytes_are_pinned() {
         assert_eq!(body(&mut encoder, &records), fresh, "a long name");
         body(&mut encoder, &fill);
     }
+
+    // A name longer than the encoder keeps (the client's to choose, up to the body limit) is
+    // encoded for its record alone: nothing of it stays once the record is written, while the
+    // names kept are short (cold review: a 1 MiB tool name stayed until 16 others replaced it).
+    let mut encoder = otlp::Encoder::new(&resource);
+    let huge_name = record(
+        9,
+        tool(&"x".repeat(1 << 20)),
+        Some(exchange(10, ExchangeName::AsServer, Vec::new())),
+    );
+    let written = body(&mut encoder, std::slice::from_ref(&huge_name));
+    assert_eq!(
+        written,
+        body(&mut otlp::Encoder::new(&resource), &[huge_name]),
+        "a name not kept"
+    );
+    body(&mut encoder, &fill[..3]);
+    let held = encoder.name_bytes_held();
+    assert!(
+        held < 16 * 1024,
+        "the encoder holds {held} bytes of span names"
+    );
 }
 
 /// The root sampler decides as the SDK's `Sampler::TraceIdRatioBased` does, for ratios in and
