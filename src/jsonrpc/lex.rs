@@ -180,6 +180,15 @@ pub fn plain_len(b: &[u8]) -> usize {
         .unwrap_or(rest.len())
 }
 
+/// The JSON the readers' agreement tests edit texts with ([`random_edits`]): structure, a
+/// quote and escapes, whitespace, number parts, literals, a control character and a two-byte
+/// character. Each test adds the member names (and odd numbers) its reader looks for.
+#[cfg(test)]
+pub(crate) const JSON_TOKENS: [&str; 21] = [
+    "{", "}", "[", "]", ":", ",", "\"", "\\", "\\u", "\\n", " ", "\t", "0", "1", "-", ".", "e",
+    "true", "null", "\u{1}", "é",
+];
+
 /// For the readers' agreement tests: each of `rounds` texts made from `seeds` by one to three
 /// random edits (a token of `tokens` inserted or put in place of a character, or a character
 /// removed; xorshift from `seed`, so a failure is replayed), handed to `each`.

@@ -642,34 +642,18 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":7,"result":{"content":[{"type":"text","text":"x\ny"}],"isError":false}}"#,
             r#"{"jsonrpc":"2.0","id":7,"result":{"task":{"taskId":"t1","status":"working","ttl":60000},"_meta":{"a":[1,-2.5e3,null]}}}"#,
         ];
-        let tokens = [
-            "{",
-            "}",
-            "[",
-            "]",
-            ":",
-            ",",
-            "\"",
-            "\\",
-            "\\u",
-            "\\n",
-            " ",
-            "0",
-            "1",
-            "-",
-            ".",
-            "e",
-            "true",
-            "null",
-            "\"task\"",
-            "\"result\"",
-            "\"id\"",
-            "\"jsonrpc\"",
-            "\"error\"",
-            "\"method\"",
-            "\u{1}",
-            "é",
-        ];
+        let tokens: Vec<&str> = crate::jsonrpc::lex::JSON_TOKENS
+            .iter()
+            .copied()
+            .chain([
+                "\"task\"",
+                "\"result\"",
+                "\"id\"",
+                "\"jsonrpc\"",
+                "\"error\"",
+                "\"method\"",
+            ])
+            .collect();
         let (mut payloads, mut creations) = (0, 0);
         crate::jsonrpc::lex::random_edits(&seeds, &tokens, 0x5851_f42d_4c95_7f2d, 40_000, |t| {
             let b = t.as_bytes();
@@ -746,37 +730,21 @@ mod tests {
             r#"{"taskId":"t-1","status":"working","statusMessage":"half way","createdAt":"2026-12-05T12:00:00.000Z","lastUpdatedAt":"2026-12-05T12:00:01.000Z","ttl":60000,"pollInterval":100}"#,
             r#"{"pollInterval":5000,"ttl":null,"taskId":"a/b","_meta":{"n":[1,-2.5,null,{"taskId":"x\/y"}]},"status":"completed"}"#,
         ];
-        let tokens = [
-            "{",
-            "}",
-            "[",
-            "]",
-            ":",
-            ",",
-            "\"",
-            "\\",
-            "\\u",
-            "\\n",
-            " ",
-            "0",
-            "1",
-            "9999999999999999999",
-            "-",
-            ".",
-            "e",
-            "e400",
-            "true",
-            "null",
-            "\"taskId\"",
-            "\"status\"",
-            "\"statusMessage\"",
-            "\"createdAt\"",
-            "\"lastUpdatedAt\"",
-            "\"ttl\"",
-            "\"pollInterval\"",
-            "\u{1}",
-            "é",
-        ];
+        let tokens: Vec<&str> = crate::jsonrpc::lex::JSON_TOKENS
+            .iter()
+            .copied()
+            .chain([
+                "9999999999999999999",
+                "e400",
+                "\"taskId\"",
+                "\"status\"",
+                "\"statusMessage\"",
+                "\"createdAt\"",
+                "\"lastUpdatedAt\"",
+                "\"ttl\"",
+                "\"pollInterval\"",
+            ])
+            .collect();
         let mut taken = 0;
         crate::jsonrpc::lex::random_edits(&seeds, &tokens, 0x2f69_3a5b_c1d7_e4f3, 40_000, |t| {
             if agrees(t) {
@@ -795,38 +763,21 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":7,"result":{"createdAt":"2026-12-05T12:00:00.000Z","lastUpdatedAt":"2026-12-05T12:00:01.000Z","pollInterval":100,"status":"completed","taskId":"t-1","ttl":600000}}"#,
             r#"{"jsonrpc":"2.0","id":7,"result":{"taskId":"t1","status":"working","statusMessage":"a b","result":{"isError":false,"content":[{"type":"text","text":"x\ny"}]},"_meta":{"n":[1,-2.5e3,null]}}}"#,
         ];
-        let tokens: [&str; 30] = [
-            "{",
-            "}",
-            "[",
-            "]",
-            ":",
-            ",",
-            "\"",
-            "\\",
-            "\\u",
-            "\\n",
-            " ",
-            "\t",
-            "0",
-            "1",
-            "-",
-            ".",
-            "e",
-            "true",
-            "null",
-            "\"status\"",
-            "\"pollInterval\"",
-            "\"result\"",
-            "\"isError\"",
-            "\"id\"",
-            "\"jsonrpc\"",
-            "\"error\"",
-            "\"statusMessage\"",
-            "\"lastUpdatedAt\"",
-            "\u{1}",
-            "é",
-        ];
+        let tokens: Vec<&str> = crate::jsonrpc::lex::JSON_TOKENS
+            .iter()
+            .copied()
+            .chain([
+                "\"status\"",
+                "\"pollInterval\"",
+                "\"result\"",
+                "\"isError\"",
+                "\"id\"",
+                "\"jsonrpc\"",
+                "\"error\"",
+                "\"statusMessage\"",
+                "\"lastUpdatedAt\"",
+            ])
+            .collect();
         let mut read = 0;
         let rounds = std::env::var("SCAN_ROUNDS")
             .ok()
