@@ -32,6 +32,7 @@ mod registry;
 mod request_ids;
 mod routing;
 mod stdio;
+mod store_io_wakeups;
 mod telemetry;
 mod upgrade;
 
