@@ -89,7 +89,9 @@ impl Admin {
             .and_then(|v| v.split_once(' '))
             // The auth scheme is case-insensitive (RFC 9110 §11.1).
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .is_some_and(|(_, t)| sha2::Sha256::digest(t.trim().as_bytes()).as_slice() == want)
+            // Indexed, not `as_slice()`, which the generic-array releases `cargo update` brings
+            // deprecate.
+            .is_some_and(|(_, t)| sha2::Sha256::digest(t.trim().as_bytes())[..] == want[..])
     }
 
     async fn serve(self: Arc<Self>, req: Request<Incoming>) -> Response<Body> {
