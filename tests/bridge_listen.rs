@@ -47,6 +47,16 @@ fn upstream(capabilities: Value) -> impl Fn(&RecordedRequest) -> ScriptedRespons
                     "capabilities": capabilities.clone()})
                 .to_string(),
             )),
+            // The task the notifications below are about (a notification about a task taskgate
+            // has not recorded is not passed on).
+            Some("tools/call") => ScriptedResponse::json(rpc_result(
+                &id,
+                &json!({"resultType": "task", "taskId": "t-1", "status": "working",
+                    "createdAt": format_rfc3339_ms(now_ms()),
+                    "lastUpdatedAt": format_rfc3339_ms(now_ms()),
+                    "ttlMs": 60000, "pollIntervalMs": 50})
+                .to_string(),
+            )),
             Some("subscriptions/listen") => {
                 let filter = &body["params"]["notifications"];
                 let ack = json!({"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged",
@@ -75,6 +85,19 @@ fn upstream(capabilities: Value) -> impl Fn(&RecordedRequest) -> ScriptedRespons
     }
 }
 
+/// Makes the task `t-1` through the held session (a 2025 task-augmented call, bridged), so the
+/// upstream's notifications about it reach the client.
+async fn make_t1(c: &Client) {
+    let v = c
+        .rpc(rpc(
+            "9",
+            "tools/call",
+            &json!({"name": "slow", "arguments": {}, "task": {"ttl": 60000}}).to_string(),
+        ))
+        .await;
+    assert_eq!(v["result"]["task"]["taskId"], "t-1", "{v}");
+}
+
 fn offers_lists_and_subscriptions() -> Value {
     json!({"tools": {"listChanged": true}, "resources": {"subscribe": true},
         "extensions": {EXT: {}}})
@@ -95,6 +118,7 @@ async fn a_held_sessions_get_stream_relays_the_upstreams_listen() {
     let up = Upstream::start(upstream(offers_lists_and_subscriptions())).await;
     let tg = TgConfig::new(&up.url()).start().await;
     let c = client_with(&tg.mcp_url(), json!({})).await;
+    make_t1(&c).await;
     let r = get(&c).send().await;
     assert_eq!(r.status(), 200);
     let mut sse = r.sse();
@@ -192,6 +216,7 @@ async fn a_second_get_stream_replaces_the_first() {
     let up = Upstream::start(upstream(offers_lists_and_subscriptions())).await;
     let tg = TgConfig::new(&up.url()).start().await;
     let c = client_with(&tg.mcp_url(), json!({})).await;
+    make_t1(&c).await;
     let mut one = get(&c).send().await.sse();
     // All the first stream carries before the second GET: events, not timing, decide.
     assert_eq!(

@@ -67,6 +67,84 @@ async fn sse_creation_and_notifications_update_the_record() {
     let _ = up;
 }
 
+/// A `notifications/tasks` about a task taskgate has not recorded never reaches the client:
+/// not one the server sends before its `CreateTaskResult` (the record is written when the answer
+/// comes; passed on, it showed the `taskId` before the record existed), and none about a task
+/// refused over `tasks.max_live_tasks_per_owner` (before or after the refusal). Notifications
+/// about the recorded task pass. On the old code the client saw the early `working` and, for
+/// the refused task, both notifications carrying its id.
+#[tokio::test]
+async fn notifications_about_a_task_not_recorded_never_reach_the_client() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let call = |id: u64| {
+        modern_req(
+            &url,
+            None,
+            id,
+            "tools/call",
+            json!({"name": "sse_early_tool", "arguments": {}}),
+        )
+    };
+    let events = |text: &str| -> Vec<serde_json::Value> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str(d.trim()).ok())
+            .collect()
+    };
+
+    // Recorded: the answer and the later notification pass, the early one does not.
+    let text = call(1).send().await.text().await;
+    let seen = events(&text);
+    let answer = seen
+        .iter()
+        .find(|m| m["id"] == json!(1))
+        .unwrap_or_else(|| panic!("no answer: {text}"));
+    let t = answer["result"]["taskId"].as_str().unwrap().to_string();
+    assert!(tg.record(&t).is_some(), "{text}");
+    let statuses: Vec<_> = seen
+        .iter()
+        .filter(|m| m["method"] == "notifications/tasks")
+        .map(|m| (m["params"]["taskId"].clone(), m["params"]["status"].clone()))
+        .collect();
+    assert_eq!(statuses, vec![(json!(t), json!("completed"))], "{text}");
+    assert_eq!(
+        seen[0]["id"],
+        json!(1),
+        "the answer comes first now: {text}"
+    );
+
+    // That task ended; with one live task the owner is at its limit: the next task the server
+    // makes is refused, and no message on its stream names it.
+    create(&url, None, "slow_compute").await;
+    let text = call(2).send().await.text().await;
+    let seen = events(&text);
+    let refused = seen
+        .iter()
+        .find(|m| m["id"] == json!(2))
+        .unwrap_or_else(|| panic!("no answer: {text}"));
+    assert_eq!(refused["error"]["code"], -32029, "{text}");
+    let cancels = eventually(STEP, || async {
+        let c = up.received("tasks/cancel");
+        (!c.is_empty()).then_some(c)
+    })
+    .await
+    .expect("the refused task is cancelled upstream");
+    let over = cancels[0].json()["params"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        !text.contains(&over),
+        "the refused task's id reached the client: {text}"
+    );
+    assert_eq!(seen.len(), 1, "only the refusal: {text}");
+}
+
 /// `tasks.max_live_tasks_per_owner` holds for the tasks a 2026-07-28 server makes of plain
 /// calls: at the limit, a `tools/call` the server answers with a live `CreateTaskResult` gets
 /// `-32029` (HTTP 200, the limit's answer in both eras), the task is cancelled upstream once

@@ -431,6 +431,48 @@ async fn terminal_status_is_final_and_later_reports_are_rewritten() {
     );
 }
 
+/// A `notifications/tasks/status` about a task taskgate never recorded (the server's own, one
+/// refused, one not recorded yet) is not passed on: it would show the client a `taskId` that has
+/// no record. The next one, about a recorded task, is. On the old code the client got both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_notification_about_a_task_not_recorded_is_not_passed_on() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let up = TaskServer::start(Behaviour {
+        get_stream: Some(Arc::new(move || {
+            vec![
+                SseStep::Wait(g.clone()),
+                ev().data(&status_notification("task-unseen", "working"))
+                    .into(),
+                ev().data(&status_notification("task-1", "completed"))
+                    .into(),
+                SseStep::HoldOpen,
+            ]
+        })),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    assert_eq!(c.create_task("1").await, "task-1");
+    let r = Req::mcp_get(&tg.mcp_url())
+        .header("mcp-session-id", c.session.as_deref().unwrap())
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(r.status(), 200);
+    let mut get_stream = r.sse();
+    gate.open();
+    let n = get_stream.next_event(STEP).await.json();
+    assert_eq!(
+        (n["params"]["taskId"].clone(), n["params"]["status"].clone()),
+        (json!("task-1"), json!("completed")),
+        "the first event the client gets is about the recorded task: {n}"
+    );
+    assert!(tg.record("task-unseen").is_none());
+}
+
 /// `notifications/tasks/status` on the GET stream updates the record (seen on /admin/tasks);
 /// one reporting a non-terminal status after a terminal one is rewritten for the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

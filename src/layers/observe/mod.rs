@@ -60,7 +60,7 @@ use crate::mcp::errors::McpError;
 use crate::mcp::needles::{self, found};
 use crate::metrics::UndoOutcome;
 use crate::registry::as_registry_task;
-use crate::registry::{Registry, ResourceHold};
+use crate::registry::{Observed, Registry, ResourceHold};
 use crate::sse::{ByteString, Event, EventStream};
 use crate::store::{StoreError, TaskRecord};
 use bytes::Bytes;
@@ -258,7 +258,10 @@ where
             // An error drops `watch` and its `expect`: a creation's reserved slot is given back.
             let mut reply = inner.call(req).await?;
             reply.body = match reply.body {
-                ReplyBody::Json(bytes) => ReplyBody::Json(watch.on_message(bytes, false).await),
+                // Only an SSE event is ever dropped (`Watch::on_message`): a JSON body stays.
+                ReplyBody::Json(bytes) => {
+                    ReplyBody::Json(watch.on_message(bytes, false).await.unwrap_or_default())
+                }
                 ReplyBody::Stream(events) => ReplyBody::Stream(Watch::watch(watch, events)),
                 other => other,
             };
@@ -296,8 +299,9 @@ impl ReplyStep for WatchStream {
 struct Watched {
     watch: Arc<Watch>,
     events: EventStream,
-    /// The event being applied; the next one is read only after it.
-    applying: Option<Pin<Box<dyn Future<Output = Event> + Send>>>,
+    /// The event being applied (`None` once applied: dropped); the next one is read only after
+    /// it.
+    applying: Option<Pin<Box<dyn Future<Output = Option<Event>> + Send>>>,
 }
 
 impl futures_util::Stream for Watched {
@@ -305,24 +309,23 @@ impl futures_util::Stream for Watched {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Event>> {
         let this = self.get_mut();
-        if let Some(applying) = this.applying.as_mut() {
-            let event = std::task::ready!(applying.as_mut().poll(cx));
-            this.applying = None;
-            return Poll::Ready(Some(event));
-        }
-        let Some(event) = std::task::ready!(this.events.as_mut().poll_next(cx)) else {
-            return Poll::Ready(None);
-        };
-        if !this.watch.cares_about(&event) {
-            return Poll::Ready(Some(event));
-        }
-        let mut applying = Box::pin(this.watch.clone().on_event(event));
-        match applying.as_mut().poll(cx) {
-            Poll::Ready(event) => Poll::Ready(Some(event)),
-            Poll::Pending => {
-                this.applying = Some(applying);
-                Poll::Pending
+        loop {
+            if let Some(applying) = this.applying.as_mut() {
+                let event = std::task::ready!(applying.as_mut().poll(cx));
+                this.applying = None;
+                match event {
+                    Some(event) => return Poll::Ready(Some(event)),
+                    // Dropped (`Watch::on_event`): the next one.
+                    None => continue,
+                }
             }
+            let Some(event) = std::task::ready!(this.events.as_mut().poll_next(cx)) else {
+                return Poll::Ready(None);
+            };
+            if !this.watch.cares_about(&event) {
+                return Poll::Ready(Some(event));
+            }
+            this.applying = Some(Box::pin(this.watch.clone().on_event(event)));
         }
     }
 }
@@ -386,21 +389,22 @@ impl Watch {
             .is_some_and(|d| self.cares(d.as_bytes()))
     }
 
-    /// Applies an event that [`Watch::cares_about`]; returns it, rewritten if needed.
-    async fn on_event(self: Arc<Self>, mut event: Event) -> Event {
+    /// Applies an event that [`Watch::cares_about`]; returns it, rewritten if needed, or `None`
+    /// when it must not reach the client ([`Watch::unrecorded`]).
+    async fn on_event(self: Arc<Self>, mut event: Event) -> Option<Event> {
         let Some(data) = event.data.as_ref() else {
-            return event;
+            return Some(event);
         };
         // The event's own bytes (shared, not copied).
         let original = data.as_bytes().clone();
-        let bytes = self.on_message(original.clone(), true).await;
+        let bytes = self.on_message(original.clone(), true).await?;
         if bytes != original {
             event.data = Some(
                 ByteString::try_from(bytes.clone())
                     .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned().into()),
             );
         }
-        event
+        Some(event)
     }
 
     /// Whether a message may concern this watch: a status or task-related message, or (while
@@ -419,8 +423,9 @@ impl Watch {
                 || found(&needles::RELATED_TASK, bytes))
     }
 
-    /// Applies one JSON-RPC message of the reply; returns it, rewritten if needed.
-    async fn on_message(self: &Arc<Self>, bytes: Bytes, in_stream: bool) -> Bytes {
+    /// Applies one JSON-RPC message of the reply; returns it, rewritten if needed, or `None` for
+    /// a task notification that must not reach the client (only `in_stream`: an SSE event).
+    async fn on_message(self: &Arc<Self>, bytes: Bytes, in_stream: bool) -> Option<Bytes> {
         // Escapes may spell either method (`notifications\/tasks\/status`): then read it.
         // One search where neither method is named (nearly always): `TASKS_METHODS` is found
         // in every message either is (callgrind, issue 36: ~190 instructions a message).
@@ -431,19 +436,19 @@ impl Watch {
         let is_activity = self.is_activity(&bytes);
         let waiting_for = self.expect.lock().id().cloned();
         if !is_status && !is_activity && waiting_for.is_none() {
-            return bytes;
+            return Some(bytes);
         }
         if !is_status && !is_activity {
             if let Some(out) = self.on_get_answer(&bytes).await {
-                return out;
+                return Some(out);
             }
             if let Some(out) = self.on_payload_answer(&bytes).await {
-                return out;
+                return Some(out);
             }
             // Boxed, as the other creation paths below: a creation comes once per task, and its
             // future (~3,000 bytes) inline made every request's future as large (issue 36).
             if let Some(out) = Box::pin(self.on_creation_answer(&bytes, in_stream)).await {
-                return out;
+                return Some(out);
             }
         }
         self.on_envelope(bytes, is_status, is_activity, waiting_for, in_stream)
@@ -462,14 +467,14 @@ impl Watch {
         is_activity: bool,
         waiting_for: Option<Id>,
         in_stream: bool,
-    ) -> Bytes {
-        match self.envelope_step(bytes, is_status, is_activity, waiting_for) {
+    ) -> Option<Bytes> {
+        let out = match self.envelope_step(bytes, is_status, is_activity, waiting_for) {
             Step::Done(bytes) => bytes,
             Step::StatusNotification(bytes, value) => {
-                Box::pin(self.on_status_notification(bytes, value)).await
+                return Box::pin(self.on_status_notification(bytes, value, in_stream)).await;
             }
             Step::TasksNotification(bytes, value) => {
-                Box::pin(self.on_tasks_notification(bytes, value)).await
+                return Box::pin(self.on_tasks_notification(bytes, value, in_stream)).await;
             }
             Step::Creation {
                 bytes,
@@ -508,7 +513,8 @@ impl Watch {
                     _ => out,
                 }
             }
-        }
+        };
+        Some(out)
     }
 
     /// Reads a message for [`Watch::on_envelope`] (no await): what to apply, with what it needs.
@@ -769,15 +775,54 @@ impl Watch {
         observed.rewrite_bytes(&bytes, &["result"]).unwrap_or(bytes)
     }
 
-    async fn on_status_notification(&self, bytes: Bytes, value: Value) -> Bytes {
+    async fn on_status_notification(
+        &self,
+        bytes: Bytes,
+        value: Value,
+        in_stream: bool,
+    ) -> Option<Bytes> {
         let Some(params) = value.get("params") else {
-            return bytes;
+            return Some(bytes);
         };
         let observed = self
             .registry
             .observe_task(&self.upstream, params.clone(), "notifications/tasks/status")
             .await;
-        observed.rewrite_bytes(&bytes, &["params"]).unwrap_or(bytes)
+        if in_stream && self.unrecorded(&observed, params).await {
+            return None;
+        }
+        Some(observed.rewrite_bytes(&bytes, &["params"]).unwrap_or(bytes))
+    }
+
+    /// Whether a task notification (`task`: its `params`, a `Task` or `DetailedTask`), applied
+    /// as `observed`, is about a task taskgate has no record of, so must not reach the client:
+    /// its creation not recorded yet (a notification sent before the answer, or on another
+    /// stream), refused (`tasks.max_live_tasks_per_owner`, a failed write) or expired. Passed
+    /// on, it showed the client a `taskId` before or without its record, which taskgate
+    /// promises never to do. A notification without a `taskId` passes as it came, and so does
+    /// one whose record could not be read (the failure is logged; a notification is advice).
+    async fn unrecorded(&self, observed: &Observed, task: &Value) -> bool {
+        if !matches!(observed, Observed::Unknown) {
+            return false;
+        }
+        let Some(task_id) = task.get("taskId").and_then(Value::as_str) else {
+            return false;
+        };
+        match self.registry.try_record_of(&self.upstream, task_id).await {
+            Ok(None) => {
+                tracing::debug!(
+                    upstream = %self.upstream,
+                    task_id,
+                    "a notification about a task taskgate has not recorded is not passed on"
+                );
+                true
+            }
+            Ok(Some(_)) => false,
+            Err(e) => {
+                crate::store::log_failure(&e, "a task notification's record could not be read");
+                false
+            }
+        }
     }
 
     /// Records a `CreateTaskResult`; returns the message to pass on and the recorded taskId.

@@ -108,9 +108,15 @@ impl Watch {
     }
 
     /// Applies a `notifications/tasks` (a `DetailedTask` in `params`).
-    pub(super) async fn on_tasks_notification(&self, bytes: Bytes, value: Value) -> Bytes {
+    /// `None`: not passed on ([`Watch::unrecorded`], only `in_stream`).
+    pub(super) async fn on_tasks_notification(
+        &self,
+        bytes: Bytes,
+        value: Value,
+        in_stream: bool,
+    ) -> Option<Bytes> {
         let Some(params) = value.get("params").filter(|p| p.is_object()) else {
-            return bytes;
+            return Some(bytes);
         };
         if let Some(task_id) = params.get("taskId").and_then(Value::as_str) {
             if self.registry.releases().activity(&self.upstream, task_id) {
@@ -124,7 +130,10 @@ impl Watch {
             .registry
             .observe_task(&self.upstream, task, "notifications/tasks")
             .await;
-        rewrite(&observed, &bytes, "params")
+        if in_stream && self.unrecorded(&observed, params).await {
+            return None;
+        }
+        Some(rewrite(&observed, &bytes, "params"))
     }
 }
 
