@@ -110,6 +110,34 @@ impl Caller {
         }
     }
 
+    /// Whether this caller may see a task recorded for `owner`, in either era: `owner` is
+    /// [`Caller::owner`] or [`Caller::modern_owner`] (the principal with auth; without auth the
+    /// 2025-11-25 session, or no binding at all). No allocation.
+    pub fn may_see(&self, owner: &Owner) -> bool {
+        match (owner, &self.principal) {
+            (Owner::Principal(p), Principal::Token(t)) => **t == **p,
+            (Owner::Session(s), Principal::Anonymous) => self
+                .client_session
+                .as_ref()
+                .is_some_and(|v| v.as_bytes() == s.as_bytes()),
+            (Owner::Anonymous, Principal::Anonymous) => true,
+            _ => false,
+        }
+    }
+
+    /// This caller as a watched stream keeps it for [`Caller::may_see`]: with a principal, the
+    /// session is dropped (ownership does not read it); without, it is [`Caller::detached`] (a
+    /// stream lives long, and must not keep the client's read buffer alive).
+    pub fn kept_for_streams(self) -> Caller {
+        match self.principal {
+            Principal::Token(_) => Caller {
+                principal: self.principal,
+                client_session: None,
+            },
+            Principal::Anonymous => self.detached(),
+        }
+    }
+
     /// Whether anything tells this caller apart from other callers (a principal or a session).
     pub fn is_identified(&self) -> bool {
         self.client_session.is_some() || matches!(self.principal, Principal::Token(_))

@@ -392,6 +392,51 @@ async fn another_principal_cannot_touch_a_task() {
     assert_eq!(count(&up, "tasks/update"), 1);
 }
 
+/// A server that reports another principal's task on bob's stream (a `notifications/tasks`
+/// with alice's task, its result included) does not show it to bob, and the report is not
+/// applied to alice's record (she never got it); alice's own call reporting it passes and is
+/// applied. On the old code bob got alice's result and her record turned `completed`.
+#[tokio::test]
+async fn another_principals_task_notification_does_not_reach_a_caller() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .token("bob", "tok-b")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, Some("tok-a"), "slow_compute").await;
+    let notify = |token: &str, id: u64| {
+        modern_req(
+            &url,
+            Some(token),
+            id,
+            "tools/call",
+            json!({"name": "notify_about", "arguments": {"taskId": t}}),
+        )
+    };
+    let text = notify("tok-b", 2).send().await.text().await;
+    assert!(!text.contains(&t), "alice's task reached bob: {text}");
+    assert!(
+        text.contains(r#""id":2"#),
+        "bob's own answer passes: {text}"
+    );
+    assert_eq!(
+        tg.record(&t).unwrap().status,
+        taskgate::mcp::task::TaskStatus::Working,
+        "a report on bob's stream is not applied to alice's task"
+    );
+    let text = notify("tok-a", 3).send().await.text().await;
+    assert!(
+        text.contains(&t),
+        "alice sees her own task's report: {text}"
+    );
+    assert_eq!(
+        tg.record(&t).unwrap().status,
+        taskgate::mcp::task::TaskStatus::Completed
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cancel
 // ---------------------------------------------------------------------------------------------

@@ -473,6 +473,48 @@ async fn a_status_notification_about_a_task_not_recorded_is_not_passed_on() {
     assert!(tg.record("task-unseen").is_none());
 }
 
+/// Without auth a 2025-11-25 task is its session's: a `notifications/tasks/status` about
+/// session A's task on session B's GET stream is not passed to B, nor applied to A's record
+/// (A never got it); B's own task's passes. On the old code B got A's task first and A's record
+/// turned `completed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_sessions_task_status_is_not_passed_on() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let up = TaskServer::start(Behaviour {
+        get_stream: Some(Arc::new(move || {
+            vec![
+                SseStep::Wait(g.clone()),
+                ev().data(&status_notification("task-1", "completed"))
+                    .into(),
+                ev().data(&status_notification("task-2", "completed"))
+                    .into(),
+                SseStep::HoldOpen,
+            ]
+        })),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (mut a, mut b) = (tg.client(), tg.client());
+    a.initialize().await;
+    b.initialize().await;
+    assert_eq!(a.create_task("1").await, "task-1");
+    assert_eq!(b.create_task("1").await, "task-2");
+    let r = Req::mcp_get(&tg.mcp_url())
+        .header("mcp-session-id", b.session.as_deref().unwrap())
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(r.status(), 200);
+    let mut get_stream = r.sse();
+    gate.open();
+    let n = get_stream.next_event(STEP).await.json();
+    assert_eq!(n["params"]["taskId"], json!("task-2"), "{n}");
+    assert_eq!(tg.record("task-1").unwrap().status, TaskStatus::Working);
+    assert_eq!(tg.record("task-2").unwrap().status, TaskStatus::Completed);
+}
+
 /// `notifications/tasks/status` on the GET stream updates the record (seen on /admin/tasks);
 /// one reporting a non-terminal status after a terminal one is rewritten for the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

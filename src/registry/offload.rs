@@ -333,8 +333,22 @@ impl Registry {
         owner: &Owner,
     ) -> Result<Option<Arc<TaskRecord>>, crate::store::StoreError> {
         let visible = |r: &TaskRecord| r.owner == *owner && !r.is_expired(now_ms());
+        Ok(self
+            .record_cached(upstream, task_id)
+            .await?
+            .filter(|r| visible(r)))
+    }
+
+    /// The record of a task, whoever owns it, expired or not: from the record cache when it
+    /// holds it, else read and cached. Errors: the store read failed (counted in
+    /// `taskgate_store_write_failures_total` and logged).
+    pub async fn record_cached(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+    ) -> Result<Option<Arc<TaskRecord>>, crate::store::StoreError> {
         if let Some(r) = self.records.get(upstream, task_id) {
-            return Ok(visible(&r).then_some(r));
+            return Ok(Some(r));
         }
         let seen = self.records.epoch();
         let read = self.try_record_of(upstream, task_id).await;
@@ -342,7 +356,7 @@ impl Registry {
             Ok(Some(r)) => {
                 let r = Arc::new(r);
                 self.records.fill(seen, &r, None);
-                Ok(visible(&r).then_some(r))
+                Ok(Some(r))
             }
             Ok(None) => Ok(None),
             Err(e) => {

@@ -111,6 +111,20 @@ pub fn modern_handler(
             "tasks/get" if s.tasks.get(&task_id).is_some_and(|st| st == "garbage") => {
                 ScriptedResponse::json(rpc_result(&id, "\"oops\""))
             }
+            // A plain call whose stream also reports the task named in `arguments.taskId`
+            // (`completed`, with its result): a server that reports more than the caller asked.
+            "tools/call" if v["params"]["name"] == "notify_about" => {
+                let other = v["params"]["arguments"]["taskId"]
+                    .as_str()
+                    .unwrap_or_default();
+                let note = json!({"jsonrpc":"2.0","method":"notifications/tasks",
+                    "params": detailed(other, "completed")});
+                let done = json!({"resultType": "complete", "content": []});
+                ScriptedResponse::sse(vec![
+                    SseStep::Raw(ev().data(&note.to_string()).wire()),
+                    SseStep::Raw(ev().data(&rpc_result(&id, &done.to_string())).wire()),
+                ])
+            }
             // Runs plainly even when the request declares the extension.
             "tools/call" if v["params"]["name"] == "plain_tool" => result(json!({
                 "resultType": "complete", "content": [{"type": "text", "text": "plain"}]

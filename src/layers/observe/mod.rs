@@ -47,7 +47,7 @@ use modern::{show_recorded_ttl, ttl_path};
 use poll::TaskView;
 
 use crate::exchange::{
-    Deadline, McpReply, McpRequest, Operation, ReplyBody, RequestContext, RequestParts,
+    Caller, Deadline, McpReply, McpRequest, Operation, ReplyBody, RequestContext, RequestParts,
 };
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::layers::after::{AfterReply, ReplyStep};
@@ -58,9 +58,10 @@ use crate::layers::extensions::{
 use crate::mcp::era::{Era, MODERN_VERSION};
 use crate::mcp::errors::McpError;
 use crate::mcp::needles::{self, found};
+use crate::mcp::task::now_ms;
 use crate::metrics::UndoOutcome;
 use crate::registry::as_registry_task;
-use crate::registry::{Observed, Registry, ResourceHold};
+use crate::registry::{Registry, ResourceHold};
 use crate::sse::{ByteString, Event, EventStream};
 use crate::store::{StoreError, TaskRecord};
 use bytes::Bytes;
@@ -231,7 +232,11 @@ where
             *undo = Some(Box::new(Undo::new(self.inner.clone(), &req)));
         }
         if matches!(expect, Expect::Nothing) {
-            let watch = WatchStream { registry, upstream };
+            let watch = WatchStream {
+                registry,
+                upstream,
+                caller: req.ctx.caller(),
+            };
             return Either::Left(AfterReply::new(self.inner.call(req), watch));
         }
         let clone = self.inner.clone();
@@ -254,15 +259,16 @@ where
             expect: Mutex::new(expect),
             holds: Mutex::new(request_hold.into_iter().collect()),
         });
+        let caller = req.ctx.caller();
         Either::Right(Box::pin(async move {
             // An error drops `watch` and its `expect`: a creation's reserved slot is given back.
             let mut reply = inner.call(req).await?;
             reply.body = match reply.body {
                 // Only an SSE event is ever dropped (`Watch::on_message`): a JSON body stays.
                 ReplyBody::Json(bytes) => {
-                    ReplyBody::Json(watch.on_message(bytes, false).await.unwrap_or_default())
+                    ReplyBody::Json(watch.on_message(bytes, None).await.unwrap_or_default())
                 }
-                ReplyBody::Stream(events) => ReplyBody::Stream(Watch::watch(watch, events)),
+                ReplyBody::Stream(events) => ReplyBody::Stream(Watch::watch(watch, events, caller)),
                 other => other,
             };
             Ok(reply)
@@ -276,6 +282,8 @@ where
 pub struct WatchStream {
     registry: Arc<Registry>,
     upstream: Arc<str>,
+    /// Who the reply goes to (a stream's task notifications are checked against it).
+    caller: Caller,
 }
 
 impl ReplyStep for WatchStream {
@@ -287,7 +295,7 @@ impl ReplyStep for WatchStream {
                 expect: Mutex::new(Expect::Nothing),
                 holds: Mutex::new(Vec::new()),
             });
-            reply.body = ReplyBody::Stream(Watch::watch(watch, events));
+            reply.body = ReplyBody::Stream(Watch::watch(watch, events, self.caller));
         }
         reply
     }
@@ -299,6 +307,8 @@ impl ReplyStep for WatchStream {
 struct Watched {
     watch: Arc<Watch>,
     events: EventStream,
+    /// Who the stream goes to ([`Caller::kept_for_streams`]).
+    caller: Arc<Caller>,
     /// The event being applied (`None` once applied: dropped); the next one is read only after
     /// it.
     applying: Option<Pin<Box<dyn Future<Output = Option<Event>> + Send>>>,
@@ -325,7 +335,8 @@ impl futures_util::Stream for Watched {
             if !this.watch.cares_about(&event) {
                 return Poll::Ready(Some(event));
             }
-            this.applying = Some(Box::pin(this.watch.clone().on_event(event)));
+            let caller = this.caller.clone();
+            this.applying = Some(Box::pin(this.watch.clone().on_event(event, caller)));
         }
     }
 }
@@ -373,10 +384,11 @@ struct Watch {
 }
 
 impl Watch {
-    fn watch(this: Arc<Watch>, events: EventStream) -> EventStream {
+    fn watch(this: Arc<Watch>, events: EventStream, caller: Caller) -> EventStream {
         Box::pin(Watched {
             watch: this,
             events,
+            caller: Arc::new(caller.kept_for_streams()),
             applying: None,
         })
     }
@@ -391,13 +403,13 @@ impl Watch {
 
     /// Applies an event that [`Watch::cares_about`]; returns it, rewritten if needed, or `None`
     /// when it must not reach the client ([`Watch::unrecorded`]).
-    async fn on_event(self: Arc<Self>, mut event: Event) -> Option<Event> {
+    async fn on_event(self: Arc<Self>, mut event: Event, caller: Arc<Caller>) -> Option<Event> {
         let Some(data) = event.data.as_ref() else {
             return Some(event);
         };
         // The event's own bytes (shared, not copied).
         let original = data.as_bytes().clone();
-        let bytes = self.on_message(original.clone(), true).await?;
+        let bytes = self.on_message(original.clone(), Some(&caller)).await?;
         if bytes != original {
             event.data = Some(
                 ByteString::try_from(bytes.clone())
@@ -424,8 +436,10 @@ impl Watch {
     }
 
     /// Applies one JSON-RPC message of the reply; returns it, rewritten if needed, or `None` for
-    /// a task notification that must not reach the client (only `in_stream`: an SSE event).
-    async fn on_message(self: &Arc<Self>, bytes: Bytes, in_stream: bool) -> Option<Bytes> {
+    /// a task notification that must not reach the client (only in a stream: `stream` is the
+    /// caller the SSE stream goes to, [`Watch::shown_to`]; `None` for a JSON body).
+    async fn on_message(self: &Arc<Self>, bytes: Bytes, stream: Option<&Caller>) -> Option<Bytes> {
+        let in_stream = stream.is_some();
         // Escapes may spell either method (`notifications\/tasks\/status`): then read it.
         // One search where neither method is named (nearly always): `TASKS_METHODS` is found
         // in every message either is (callgrind, issue 36: ~190 instructions a message).
@@ -451,7 +465,7 @@ impl Watch {
                 return Some(out);
             }
         }
-        self.on_envelope(bytes, is_status, is_activity, waiting_for, in_stream)
+        self.on_envelope(bytes, is_status, is_activity, waiting_for, stream)
             .await
     }
 
@@ -466,15 +480,16 @@ impl Watch {
         is_status: bool,
         is_activity: bool,
         waiting_for: Option<Id>,
-        in_stream: bool,
+        stream: Option<&Caller>,
     ) -> Option<Bytes> {
+        let in_stream = stream.is_some();
         let out = match self.envelope_step(bytes, is_status, is_activity, waiting_for) {
             Step::Done(bytes) => bytes,
             Step::StatusNotification(bytes, value) => {
-                return Box::pin(self.on_status_notification(bytes, value, in_stream)).await;
+                return Box::pin(self.on_status_notification(bytes, value, stream)).await;
             }
             Step::TasksNotification(bytes, value) => {
-                return Box::pin(self.on_tasks_notification(bytes, value, in_stream)).await;
+                return Box::pin(self.on_tasks_notification(bytes, value, stream)).await;
             }
             Step::Creation {
                 bytes,
@@ -779,50 +794,52 @@ impl Watch {
         &self,
         bytes: Bytes,
         value: Value,
-        in_stream: bool,
+        stream: Option<&Caller>,
     ) -> Option<Bytes> {
         let Some(params) = value.get("params") else {
             return Some(bytes);
         };
+        if let Some(caller) = stream {
+            if !self.shown_to(caller, params).await {
+                return None;
+            }
+        }
         let observed = self
             .registry
             .observe_task(&self.upstream, params.clone(), "notifications/tasks/status")
             .await;
-        if in_stream && self.unrecorded(&observed, params).await {
-            return None;
-        }
         Some(observed.rewrite_bytes(&bytes, &["params"]).unwrap_or(bytes))
     }
 
-    /// Whether a task notification (`task`: its `params`, a `Task` or `DetailedTask`), applied
-    /// as `observed`, is about a task taskgate has no record of, so must not reach the client:
-    /// its creation not recorded yet (a notification sent before the answer, or on another
-    /// stream), refused (`tasks.max_live_tasks_per_owner`, a failed write) or expired. Passed
-    /// on, it showed the client a `taskId` before or without its record, which taskgate
-    /// promises never to do. A notification without a `taskId` passes as it came, and so does
-    /// one whose record could not be read (the failure is logged; a notification is advice).
-    async fn unrecorded(&self, observed: &Observed, task: &Value) -> bool {
-        if !matches!(observed, Observed::Unknown) {
-            return false;
-        }
+    /// Whether a task notification (`task`: its `params`, a `Task` or `DetailedTask`) on a stream
+    /// to `caller` may reach it, and be applied: only when the task it names is recorded, not
+    /// expired, and `caller`'s ([`Caller::may_see`]). Not one about a task taskgate has no
+    /// record of (its creation not recorded yet: a notification sent before the answer, or on
+    /// another stream; refused over `tasks.max_live_tasks_per_owner`; expired): passed on, it
+    /// showed the client a `taskId` before or without its record. Not one about another
+    /// caller's task (an upstream that reports more than this caller asked for): passed on, it
+    /// showed that task's status and result to a caller refused its `tasks/get`, and applied,
+    /// it changed that task's record on a report its owner never got. A notification without a
+    /// `taskId` passes as it came, and so does one whose record could not be read (the failure
+    /// is logged; a notification is advice). (Before, every such notification passed and was
+    /// applied: found by a hostile-upstream test, `tests/modern.rs`.)
+    async fn shown_to(&self, caller: &Caller, task: &Value) -> bool {
         let Some(task_id) = task.get("taskId").and_then(Value::as_str) else {
-            return false;
+            return true;
         };
-        match self.registry.try_record_of(&self.upstream, task_id).await {
-            Ok(None) => {
-                tracing::debug!(
-                    upstream = %self.upstream,
-                    task_id,
-                    "a notification about a task taskgate has not recorded is not passed on"
-                );
-                true
-            }
-            Ok(Some(_)) => false,
-            Err(e) => {
-                crate::store::log_failure(&e, "a task notification's record could not be read");
-                false
-            }
+        let shown = match self.registry.record_cached(&self.upstream, task_id).await {
+            Ok(Some(r)) => caller.may_see(&r.owner) && !r.is_expired(now_ms()),
+            Ok(None) => false,
+            Err(_) => return true,
+        };
+        if !shown {
+            tracing::debug!(
+                upstream = %self.upstream,
+                task_id,
+                "a notification about a task this caller has no record of is not passed on"
+            );
         }
+        shown
     }
 
     /// Records a `CreateTaskResult`; returns the message to pass on and the recorded taskId.

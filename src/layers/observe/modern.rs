@@ -16,6 +16,7 @@
 //! holds it when the upstream's is `null` or longer ([`show_recorded_ttl`]).
 
 use super::{ReplyTo, Watch};
+use crate::exchange::Caller;
 use crate::jsonrpc::splice;
 use crate::mcp::era::Era;
 use crate::mcp::task::TaskStatus;
@@ -108,16 +109,21 @@ impl Watch {
     }
 
     /// Applies a `notifications/tasks` (a `DetailedTask` in `params`).
-    /// `None`: not passed on ([`Watch::unrecorded`], only `in_stream`).
+    /// `None`: not passed on ([`Watch::shown_to`], only in a stream: `stream` is its caller).
     pub(super) async fn on_tasks_notification(
         &self,
         bytes: Bytes,
         value: Value,
-        in_stream: bool,
+        stream: Option<&Caller>,
     ) -> Option<Bytes> {
         let Some(params) = value.get("params").filter(|p| p.is_object()) else {
             return Some(bytes);
         };
+        if let Some(caller) = stream {
+            if !self.shown_to(caller, params).await {
+                return None;
+            }
+        }
         if let Some(task_id) = params.get("taskId").and_then(Value::as_str) {
             if self.registry.releases().activity(&self.upstream, task_id) {
                 self.registry
@@ -130,9 +136,6 @@ impl Watch {
             .registry
             .observe_task(&self.upstream, task, "notifications/tasks")
             .await;
-        if in_stream && self.unrecorded(&observed, params).await {
-            return None;
-        }
         Some(rewrite(&observed, &bytes, "params"))
     }
 }
