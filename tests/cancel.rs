@@ -994,3 +994,48 @@ async fn cancelled_notifications_are_told_apart_by_caller_on_a_sessionless_upstr
     );
     drop((call_a, call_b, call_b8));
 }
+
+/// A 2025-11-25 task cancelled while its `tasks/result` waits: the upstream acknowledges the
+/// cancel, then sends the success payload anyway (a server that finishes the work after the
+/// ack). The waiting client gets `-32603` "task … was cancelled; it has no result", as the
+/// bridge and gateway-owned tasks answer it, nothing is kept as the task's result, and a later
+/// `tasks/result` is answered so by taskgate without asking the upstream. On the old code the
+/// client got "completed" content for a task `tasks/get` shows `cancelled`, and taskgate kept it
+/// and served it from the record (break-tasks H1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_tasks_late_payload_is_not_its_result() {
+    let gate = Gate::new();
+    let up = TaskServer::start(Behaviour {
+        result_gate: Some(gate.clone()),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = c.create_task("1").await;
+    let waiting = {
+        let (c, t) = (c.clone(), t.clone());
+        tokio::spawn(async move { c.result("2", &t).await })
+    };
+    assert!(up.up.wait_for_method("tasks/result", 1, STEP).await);
+    // (The scripted server completes a working task when its `tasks/result` arrives: the task
+    // is still working until the payload is sent.)
+    up.set(&t, "working");
+    let v = c.cancel("3", &t).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    gate.open();
+    let v = waiting.await.unwrap();
+    assert_eq!(err_code(&v), -32603, "{v}");
+    assert!(
+        err_message(&v).contains("was cancelled; it has no result"),
+        "{v}"
+    );
+    assert_eq!(v["id"], json!(2), "{v}");
+    let r = tg.record(&t).unwrap();
+    assert_eq!(r.status, TaskStatus::Cancelled);
+    assert!(r.terminal_result.is_none(), "{:?}", r.terminal_result);
+    let v = c.result("4", &t).await;
+    assert_eq!(err_code(&v), -32603, "{v}");
+    assert_eq!(up.count("tasks/result"), 1, "answered by taskgate");
+}

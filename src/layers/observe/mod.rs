@@ -58,7 +58,7 @@ use crate::layers::extensions::{
 use crate::mcp::era::{Era, MODERN_VERSION};
 use crate::mcp::errors::McpError;
 use crate::mcp::needles::{self, found};
-use crate::mcp::task::now_ms;
+use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::UndoOutcome;
 use crate::registry::as_registry_task;
 use crate::registry::{Registry, ResourceHold};
@@ -682,6 +682,12 @@ impl Watch {
             }
             let raw = poll::payload_of_answer(bytes, id)?;
             let known = known.clone();
+            if known.status == TaskStatus::Cancelled {
+                // Nothing more is awaited: the answer is replaced.
+                let id = id.clone();
+                *expect = Expect::Nothing;
+                return Some(cancelled_has_no_result(&known.task_id, Some(&id)));
+            }
             // The answer: nothing more is awaited (as `on_message` does).
             *expect = Expect::Nothing;
             (raw, known)
@@ -965,6 +971,19 @@ impl Watch {
         error.body(Some(id))
     }
 
+    /// Whether `task_id` is recorded `cancelled` now (`known`: its record when the request was
+    /// authorised; a blocking `tasks/result` may see the cancel happen while it waits, so the
+    /// record is read again then, from the record cache).
+    async fn cancelled(&self, task_id: &str, known: &TaskRecord) -> bool {
+        if known.status == TaskStatus::Cancelled {
+            return true;
+        }
+        matches!(
+            self.registry.record_cached(&self.upstream, task_id).await,
+            Ok(Some(r)) if r.status == TaskStatus::Cancelled
+        )
+    }
+
     /// Applies the reply to a `tasks/get|result|cancel` about `task_id`.
     /// `parsed`: `bytes` as a `Value` when `on_message` already parsed it.
     async fn on_task_reply(
@@ -985,7 +1004,11 @@ impl Watch {
         }
         // The payload of a task authorised as terminal: there is no status to apply (a payload
         // only ever ends a live record), only the payload to keep once; no `Value` tree.
-        if parsed.is_none() && method == ReplyTo::Result && known.status.is_terminal() {
+        if parsed.is_none()
+            && method == ReplyTo::Result
+            && known.status.is_terminal()
+            && known.status != TaskStatus::Cancelled
+        {
             if known.terminal_result.is_none() {
                 if let Ok(Some(raw)) = splice::raw_at(&bytes, &["result"]) {
                     self.registry
@@ -1009,6 +1032,10 @@ impl Watch {
                 self.registry
                     .apply_result_payload(&self.upstream, task_id, failed)
                     .await;
+            }
+            if self.cancelled(task_id, known).await {
+                let id = value.get("id").and_then(Id::from_value);
+                return cancelled_has_no_result(task_id, id.as_ref());
             }
             // The payload of a task now terminal: later tasks/result calls are answered from
             // the record (`tasks.max_stored_result_bytes`), once.
@@ -1051,6 +1078,21 @@ pub(crate) struct Undo {
     ctx: RequestContext,
     extensions: http::Extensions,
     send: SendBelow,
+}
+
+/// The answer to a 2025-11-25 `tasks/result` of a task recorded `cancelled`, whatever the
+/// upstream answered: `-32603` "task … was cancelled; it has no result", as the bridge and
+/// gateway-owned tasks answer it. An upstream that completes the work after acknowledging the
+/// cancel has a success payload for it; relayed (and kept as the task's result, answered from
+/// the record from then on), it told the client "completed" about a task `tasks/get` shows
+/// `cancelled`: the late completion taskgate promises never overwrites `cancelled`.
+fn cancelled_has_no_result(task_id: &str, id: Option<&Id>) -> Bytes {
+    McpError::NoResult {
+        task_id: task_id.to_string(),
+        status: TaskStatus::Cancelled,
+        status_message: None,
+    }
+    .body(id)
 }
 
 /// The `-32603` answer to request `id` whose task the upstream created but taskgate did not

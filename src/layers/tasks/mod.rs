@@ -532,6 +532,17 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
         && record.status.is_terminal()
         && record.era == Era::Legacy
     {
+        // Cancelled is final: it has no result, whatever the upstream holds (`observe` answers
+        // an upstream's late payload so too; a record kept one before that, it is not served).
+        if record.status == TaskStatus::Cancelled {
+            let task_id = record.task_id.clone();
+            let error = McpError::NoResult {
+                task_id,
+                status: TaskStatus::Cancelled,
+                status_message: None,
+            };
+            return Err(refuse(&id, error).answered_locally(LocalReason::StoredResult));
+        }
         if let Some(result) = record.terminal_result.as_deref() {
             return Err(McpReply::local_json(jsonrpc::result_response(&id, result))
                 .answered_locally(LocalReason::StoredResult));
