@@ -611,6 +611,51 @@ async fn a_modern_task_survives_sigkill() {
     assert_eq!(count(&up, "tasks/get"), 1);
 }
 
+/// One upstream `tasks/cancel` per 2026-07-28 task, also across a restart: the upstream
+/// acknowledged the first (the task may keep running: a cancel is cooperative), so the cancel
+/// after the restart is acknowledged by taskgate. On the old code the acknowledgement was held
+/// in memory only, and the second cancel went upstream (break-tasks H2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_cancel_is_not_sent_again_after_a_restart() {
+    let (up, _) = modern_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
+    let spawn = |cfg: String| {
+        tokio::task::block_in_place(move || {
+            let mut p = TaskgateProcess::spawn(&["serve", "--config", &cfg], &[]);
+            let (g, _) = p.listening();
+            (p, g)
+        })
+    };
+    let (mut p, gw) = spawn(cfg.clone());
+    let url = format!("http://{gw}/mcp");
+    let t = create(&url, None, "slow_compute").await;
+    let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, v["result"].clone()),
+        (200, json!({"resultType":"complete"})),
+        "{v}"
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    tokio::task::block_in_place(|| {
+        p.signal(libc::SIGTERM);
+        p.wait_exit(STEP).expect("taskgate did not stop on SIGTERM");
+    });
+    let (_p2, gw) = spawn(cfg);
+    let url = format!("http://{gw}/mcp");
+    let (status, v) = task_call(&url, None, 3, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, v["result"].clone()),
+        (200, json!({"resultType":"complete"})),
+        "{v}"
+    );
+    assert_eq!(
+        count(&up, "tasks/cancel"),
+        1,
+        "the second cancel went upstream"
+    );
+}
+
 /// Under 2026-07-28 a `notifications/cancelled` naming the `tools/call` that became a task never
 /// reaches the upstream (tasks are cancelled with `tasks/cancel` only).
 #[tokio::test]

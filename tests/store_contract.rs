@@ -55,6 +55,7 @@ fn record(upstream: &str, task_id: &str, owner: &str, recorded_at: u64) -> TaskR
         terminal_result: None,
         terminal_error: None,
         input_requests: None,
+        cancel_acked: false,
         trace_parent: None,
         expires_at: recorded_at + 60_000,
     }

@@ -216,6 +216,7 @@ async fn store_big_records(url: &str, owner: &taskgate::store::Owner) {
             tool_error: false,
             terminal_error: None,
             input_requests: None,
+            cancel_acked: false,
         };
         store.create(record).await.unwrap();
     }

@@ -289,6 +289,7 @@ pub fn record(task_id: &str) -> TaskRecord {
         terminal_result: None,
         terminal_error: None,
         input_requests: None,
+        cancel_acked: false,
         trace_parent: None,
         expires_at: now + 60_000,
     }

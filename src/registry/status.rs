@@ -624,6 +624,23 @@ impl Registry {
         .await;
     }
 
+    /// Records that the upstream acknowledged a 2026-07-28 `tasks/cancel` for the task (a
+    /// non-terminal ack: `TaskRecord::cancel_acked`), so later cancels are acknowledged by
+    /// taskgate, also after a restart. Made durable soon (the ack is not a terminal status);
+    /// a failed write is logged and counted, and only the in-memory note is then left.
+    pub async fn record_cancel_acked(self: &std::sync::Arc<Self>, upstream: &str, task_id: &str) {
+        self.point_about(upstream, task_id, |this, up, id| {
+            match this.update(up, id, &mut |r| {
+                !std::mem::replace(&mut r.cancel_acked, true)
+            }) {
+                Ok(Some((before, after))) if before != after => this.store.sync_soon(),
+                Ok(_) => {}
+                Err(e) => this.write_failed(&e, "task store update failed"),
+            }
+        })
+        .await;
+    }
+
     fn cancel_requested_now(
         &self,
         upstream: &str,

@@ -212,6 +212,12 @@ pub struct TaskRecord {
     /// column's JSON, like every optional field, so no migration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_requests: Option<String>,
+    /// A 2026-07-28 task whose `tasks/cancel` the upstream acknowledged (a non-terminal ack):
+    /// every later cancel gets the ack from taskgate, one upstream cancel per task, also after
+    /// a restart (held in memory alone, a restart forgot it and the next cancel went upstream
+    /// again). Absent (false) in every other record, and in records written before it existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancel_acked: bool,
 }
 
 /// What start-up counting needs of a record ([`super::TaskStore::scan_heads`]): the key, the
@@ -374,6 +380,7 @@ impl TaskRecord {
             && !self.tool_error
             && self.trace_parent.is_none()
             && self.input_requests.is_none()
+            && !self.cancel_acked
     }
 
     /// Whether the members [`TaskRecord::json_head`] writes are the same in `other`.
@@ -479,6 +486,9 @@ impl TaskRecord {
         if let Some(v) = &self.input_requests {
             o.extend_from_slice(b",\"input_requests\":");
             json_str(o, v);
+        }
+        if self.cancel_acked {
+            o.extend_from_slice(b",\"cancel_acked\":true");
         }
         o.push(b'}');
     }

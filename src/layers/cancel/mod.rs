@@ -322,8 +322,11 @@ where
             // Checked under the flights lock: a finished flight leaves its terminal status in
             // `settled` before it leaves the table, so this sees it.
             Err(Some(status))
-        } else if era == Era::Modern && state.acked.lock().contains(&task_id) {
-            // 2026-07-28: one upstream cancel per task; the ack is all any caller gets.
+        } else if era == Era::Modern
+            && (record.cancel_acked || state.acked.lock().contains(&task_id))
+        {
+            // 2026-07-28: one upstream cancel per task; the ack is all any caller gets (the
+            // record holds it across restarts, the note until the record says so).
             Err(None)
         } else {
             let flight = tier::forward_cancel(state.clone(), inner, req, task_id.clone())
@@ -468,7 +471,8 @@ where
     let answer = message
         .as_deref()
         .and_then(|b| serde_json::from_slice::<Answer>(b).ok());
-    match answer {
+    let mut acked_now = false;
+    let outcome = match answer {
         Some(Answer {
             result: Some(r), ..
         }) if !r.get().trim_start().starts_with('{') => FlightAnswer::Error(internal(format!(
@@ -483,14 +487,15 @@ where
                 if settled.len() >= NOTES_LIMIT {
                     settled.clear();
                 }
-                settled.insert(task_id, s);
+                settled.insert(task_id.clone(), s);
             } else if era == Era::Modern {
                 // Before the flight leaves the table, like `settled`.
                 let mut acked = state.acked.lock();
                 if acked.len() >= NOTES_LIMIT {
                     acked.clear();
                 }
-                acked.insert(task_id);
+                acked.insert(task_id.clone());
+                acked_now = true;
             }
             FlightAnswer::Result(r.get().to_string())
         }
@@ -498,7 +503,16 @@ where
         _ => FlightAnswer::Error(internal(format!(
             "upstream `{upstream}` sent no answer to tasks/cancel (HTTP {status})"
         ))),
+    };
+    if acked_now {
+        // Kept in the record too, before the flight leaves the table: the note above is
+        // forgotten at a restart (and past `NOTES_LIMIT` tasks), the record is not.
+        state
+            .registry
+            .record_cancel_acked(&upstream, &task_id)
+            .await;
     }
+    outcome
 }
 
 /// The `status` of a Task object.

@@ -667,6 +667,7 @@ fn template(req: &McpRequest, owner: Owner, tool: Option<String>) -> TaskRecord 
         terminal_result: None,
         terminal_error: None,
         input_requests: None,
+        cancel_acked: false,
         expires_at: 0,
         // The creating request's SERVER span, kept in the record (issue 34).
         trace_parent: req
