@@ -738,6 +738,25 @@ async fn listen_keeps_only_the_callers_tasks() {
         seen[1].json()["params"]["notifications"]["taskIds"],
         json!([t])
     );
+    // Not an array (one id as a string, a set as an object): refused, never passed on unread
+    // (an upstream that took them so streamed alice's task to bob: break-edge F2).
+    for (i, ids) in [json!(t.clone()), json!({t.clone(): {}}), json!(null)]
+        .into_iter()
+        .enumerate()
+    {
+        let params = json!({"notifications": {"taskIds": ids}, "_meta": meta(true)});
+        let req = modern_req(
+            &url,
+            Some("tok-b"),
+            10 + i as u64,
+            "subscriptions/listen",
+            params,
+        );
+        let (status, v) = send(req).await;
+        assert_eq!((status, err_code(&v)), (400, -32602), "{v}");
+        assert!(err_message(&v).contains("taskIds"), "{v}");
+    }
+    assert_eq!(up.received("subscriptions/listen").len(), 2);
 }
 
 // ---------------------------------------------------------------------------------------------

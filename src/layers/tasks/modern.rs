@@ -202,7 +202,18 @@ pub(super) async fn filter_listen(
         return Ok(());
     };
     const PATH: [&str; 3] = ["params", "notifications", "taskIds"];
-    // Entries that are not strings name no task: they are removed like unknown ids.
+    // A `taskIds` that is not an array is refused, never passed on unread: an upstream that
+    // took one id as a string, or a set as an object, streamed another owner's task to the
+    // caller (break-edge F2). Entries that are not strings name no task: they are removed like
+    // unknown ids.
+    let not_an_array = || {
+        let error = McpError::InvalidParam {
+            method: Some("subscriptions/listen".into()),
+            key: "notifications.taskIds".into(),
+            problem: "must be an array of task ids".into(),
+        };
+        McpReply::error(era, msg.id(), &error).answered_locally(LocalReason::InvalidParams)
+    };
     let (named, ids): (usize, Vec<String>) =
         match crate::jsonrpc::splice::raw_at(msg.bytes(), &PATH) {
             Ok(Some(raw)) => match serde_json::from_str::<Vec<Value>>(raw.get()) {
@@ -212,9 +223,10 @@ pub(super) async fn filter_listen(
                         .filter_map(|x| x.as_str().map(str::to_string))
                         .collect(),
                 ),
-                Err(_) => return Ok(()),
+                Err(_) => return Err(not_an_array()),
             },
-            _ => return Ok(()),
+            Ok(None) => return Ok(()),
+            Err(_) => return Err(not_an_array()),
         };
     // 2026-07-28: a listen naming tasks needs the tasks extension, whoever owns the ids (asked
     // after the ids were filtered, a client naming only others' tasks was acknowledged).
