@@ -437,6 +437,45 @@ async fn another_principals_task_notification_does_not_reach_a_caller() {
     );
 }
 
+/// A `tasks/get` answer about another task than the one asked about (an upstream that mixed up
+/// its tasks: here alice's, completed, with its result) is not passed on nor applied: bob gets
+/// `-32603` saying so, his task stays `working` with no result kept, and the next `tasks/get`
+/// asks the upstream again. On the old code bob got alice's result, his record turned
+/// `completed` and kept it, and later polls were answered from it (break-edge F2b).
+#[tokio::test]
+async fn a_tasks_get_answer_about_another_task_is_not_passed_on() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state.clone());
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        if v["method"] == "tasks/get" {
+            return ScriptedResponse::json(rpc_result(
+                &req.rpc_id_json(),
+                &detailed("alice-task", "completed").to_string(),
+            ));
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    for id in [2, 3] {
+        let (status, v) = task_call(&url, None, id, "tasks/get", &t).await;
+        assert_eq!((status, err_code(&v)), (200, -32603), "{v}");
+        assert!(err_message(&v).contains("another task"), "{v}");
+        assert!(!v.to_string().contains("alice-task"), "{v}");
+    }
+    assert_eq!(
+        count(&up, "tasks/get"),
+        2,
+        "nothing was answered from the record"
+    );
+    let r = tg.record(&t).unwrap();
+    assert_eq!(r.status, taskgate::mcp::task::TaskStatus::Working);
+    assert!(r.terminal_result.is_none());
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cancel
 // ---------------------------------------------------------------------------------------------

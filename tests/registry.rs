@@ -515,6 +515,62 @@ async fn another_sessions_task_status_is_not_passed_on() {
     assert_eq!(tg.record("task-2").unwrap().status, TaskStatus::Completed);
 }
 
+/// 2025-11-25: a `tasks/get` answer whose `Task` is another task than the one asked about is
+/// not passed on nor applied (`-32603`, the record unchanged); one without a `taskId` is taken
+/// as the one asked about. On the old code the client got the other task and its record turned
+/// `completed` (break-edge F2b).
+#[tokio::test]
+async fn a_tasks_get_answer_about_another_task_is_not_applied() {
+    let up = Upstream::start(|req: &RecordedRequest| {
+        let v = req.json();
+        let now = format_rfc3339_ms(now_ms());
+        let task = |id: Option<&str>, status: &str| {
+            let mut t = json!({"status": status, "createdAt": now, "lastUpdatedAt": now,
+                "ttl": 60000, "pollInterval": 100});
+            if let Some(id) = id {
+                t["taskId"] = json!(id);
+            }
+            t
+        };
+        match v["method"].as_str() {
+            Some("initialize") => ScriptedResponse::result_for(
+                req,
+                &json!({"protocolVersion": PROTOCOL_VERSION,
+                    "capabilities": {"tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}},
+                    "serverInfo": {"name": "swap", "version": "1"}})
+                .to_string(),
+            )
+            .header("mcp-session-id", "sess-1"),
+            Some("tools/call") => ScriptedResponse::result_for(
+                req,
+                &json!({"task": task(Some("bob-task"), "working")}).to_string(),
+            ),
+            Some("tasks/get") if v["id"] == json!(2) => {
+                ScriptedResponse::result_for(req, &task(Some("alice-task"), "completed").to_string())
+            }
+            Some("tasks/get") => {
+                ScriptedResponse::result_for(req, &task(None, "input_required").to_string())
+            }
+            _ => ScriptedResponse::accepted(),
+        }
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    assert_eq!(c.create_task("1").await, "bob-task");
+    let v = c.get("2", "bob-task").await;
+    assert_eq!(err_code(&v), -32603, "{v}");
+    assert!(!v.to_string().contains("alice-task"), "{v}");
+    assert_eq!(tg.record("bob-task").unwrap().status, TaskStatus::Working);
+    let v = c.get("3", "bob-task").await;
+    assert_eq!(v["result"]["status"], "input_required", "{v}");
+    assert_eq!(
+        tg.record("bob-task").unwrap().status,
+        TaskStatus::InputRequired
+    );
+}
+
 /// `notifications/tasks/status` on the GET stream updates the record (seen on /admin/tasks);
 /// one reporting a non-terminal status after a terminal one is rewritten for the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

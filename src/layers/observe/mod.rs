@@ -643,6 +643,11 @@ impl Watch {
                 return None;
             };
             let task = TaskView::of_answer(bytes, id)?;
+            if task.names_another(&known.task_id) {
+                let out = self.foreign_answer("tasks/get", &known.task_id, Some(id));
+                *expect = Expect::Nothing;
+                return Some(out);
+            }
             let known = known.clone();
             // The answer: nothing more is awaited (as `on_message` does).
             *expect = Expect::Nothing;
@@ -971,6 +976,24 @@ impl Watch {
         error.body(Some(id))
     }
 
+    /// The answer to a `method` about `task_id` whose `Task` names another task (see
+    /// [`TaskView::names_another`]): `-32603` naming both, in place of the upstream's answer,
+    /// which is applied to no record.
+    fn foreign_answer(&self, method: &str, task_id: &str, id: Option<&Id>) -> Bytes {
+        tracing::warn!(
+            upstream = %self.upstream,
+            task_id,
+            "the upstream answered {method} about another task: not passed on"
+        );
+        McpError::Upstream {
+            detail: format!(
+                "upstream `{}` answered {method} for task {task_id:?} with another task; not passed on",
+                self.upstream
+            ),
+        }
+        .body(id)
+    }
+
     /// Whether `task_id` is recorded `cancelled` now (`known`: its record when the request was
     /// authorised; a blocking `tasks/result` may see the cancel happen while it waits, so the
     /// record is read again then, from the record cache).
@@ -999,6 +1022,9 @@ impl Watch {
         // one that reports a change is applied from the same view.
         if parsed.is_none() && method == ReplyTo::Get {
             if let Some(task) = TaskView::of_reply(&bytes) {
+                if task.names_another(task_id) {
+                    return self.foreign_answer("tasks/get", task_id, answer_id(&bytes).as_ref());
+                }
                 return self.apply_get(bytes.clone(), &task, task_id, known).await;
             }
         }
@@ -1024,6 +1050,10 @@ impl Watch {
         let Some(result) = value.get("result") else {
             return bytes;
         };
+        if method != ReplyTo::Result && names_another(result, task_id) {
+            let id = value.get("id").and_then(Id::from_value);
+            return self.foreign_answer(method.source(), task_id, id.as_ref());
+        }
         if method == ReplyTo::Result {
             // A payload only ever ends a live record: for one authorised as terminal (final
             // forever) there is nothing to apply and no store trip.
@@ -1078,6 +1108,19 @@ pub(crate) struct Undo {
     ctx: RequestContext,
     extensions: http::Extensions,
     send: SendBelow,
+}
+
+/// Whether `task` (a `Task` object as a `Value`) names another task than `task_id`, as
+/// [`TaskView::names_another`] decides it: a string `taskId` that is not `task_id`.
+pub(super) fn names_another(task: &Value, task_id: &str) -> bool {
+    task.get("taskId")
+        .and_then(Value::as_str)
+        .is_some_and(|t| t != task_id)
+}
+
+/// The id of the JSON-RPC message `bytes`, if it has one that can be read.
+fn answer_id(bytes: &Bytes) -> Option<Id> {
+    Message::parse(bytes.clone()).ok()?.id().cloned()
 }
 
 /// The answer to a 2025-11-25 `tasks/result` of a task recorded `cancelled`, whatever the

@@ -47,6 +47,10 @@ impl Watch {
         let Some(result) = value.get("result").filter(|r| r.is_object()) else {
             return bytes;
         };
+        if super::names_another(result, task_id) {
+            let id = value.get("id").and_then(crate::jsonrpc::Id::from_value);
+            return self.foreign_answer("tasks/get", task_id, id.as_ref());
+        }
         let task = as_registry_task(result, self.registry.config().max_ttl_ms);
         // A poll repeating what the record holds needs no store trip (a terminal record never
         // changes); its result may still be the first one seen for the task (the status may

@@ -43,6 +43,8 @@ pub(super) fn poll_repeats(bytes: &[u8], known: &TaskRecord) -> bool {
 /// 15: it was parsed twice then, typed and into a `Value`).
 #[derive(serde::Deserialize)]
 pub(super) struct TaskView<'a> {
+    #[serde(borrow, rename = "taskId")]
+    task_id: Option<Cow<'a, str>>,
     #[serde(borrow)]
     status: Option<Cow<'a, str>>,
     #[serde(borrow, rename = "statusMessage")]
@@ -127,6 +129,15 @@ impl<'a> TaskView<'a> {
             tool_error: self.status.as_deref() == Some("completed")
                 && self.result.as_ref().and_then(|r| r.0.is_error) == Some(true),
         }
+    }
+
+    /// Whether the `Task` names another task than `task_id` (the one asked about): an answer
+    /// that is not about the task asked about is never applied to it (break-edge F2b: an
+    /// upstream that mixed up its tasks had another owner's status and result relayed, applied
+    /// and kept as this task's). A `Task` without a `taskId` (or a `null` one) is taken as
+    /// the one asked about.
+    pub(super) fn names_another(&self, task_id: &str) -> bool {
+        self.task_id.as_deref().is_some_and(|t| t != task_id)
     }
 
     /// Whether `show_recorded_ttl` would leave the answer this view was read from as it is,

@@ -291,6 +291,7 @@ impl<'a> Scan<'a> {
     /// view, an array is not a `Task`).
     fn task(&mut self) -> Option<TaskView<'a>> {
         let mut view = TaskView {
+            task_id: None,
             status: None,
             status_message: None,
             last_updated_at: None,
@@ -315,6 +316,7 @@ impl<'a> Scan<'a> {
                 "result" => 16,
                 // Not refused twice (serde's view skips it): noted as `Other` then.
                 "ttl" => 32,
+                "taskId" => 64,
                 _ => 0,
             };
             if seen & bit & !32 != 0 {
@@ -329,6 +331,7 @@ impl<'a> Scan<'a> {
                 8 => view.poll_interval = self.u64_or_null()?,
                 16 => view.result = self.result_view()?,
                 32 => view.ttl = self.ttl(seen & 32 != 0)?,
+                64 => view.task_id = self.text_or_null()?,
                 _ => self.value(2)?,
             }
             seen |= bit;
@@ -476,11 +479,15 @@ mod tests {
     use super::*;
     use crate::registry::TaskFields;
 
-    /// What a reader makes of `text` answering id 7: the fields and the inner `isError`.
-    type Read<'a> = Option<(TaskFields<'a>, Option<Option<bool>>)>;
+    /// What a reader makes of `text` answering id 7: the fields, the inner `isError` and the
+    /// `taskId`.
+    type Read<'a> = Option<(TaskFields<'a>, Option<Option<bool>>, Option<&'a str>)>;
 
     fn seen<'a>(view: Option<&'a TaskView<'a>>) -> Read<'a> {
-        view.map(|v| (v.fields(), v.result.as_ref().map(|r| r.0.is_error)))
+        view.map(|v| {
+            let is_error = v.result.as_ref().map(|r| r.0.is_error);
+            (v.fields(), is_error, v.task_id.as_deref())
+        })
     }
 
     fn id() -> Id {
@@ -492,7 +499,7 @@ mod tests {
     fn common_answers_are_read_by_hand_as_serde_reads_them() {
         let common = [
             r#"{"jsonrpc":"2.0","id":7,"result":{"createdAt":"2026-12-05T12:00:00.000Z","lastUpdatedAt":"2026-12-05T12:00:01.000Z","pollInterval":100,"status":"completed","taskId":"t-1","ttl":600000}}"#,
-            r#"{"jsonrpc":"2.0","id":7,"result":{"taskId":"t\"1\\\/","status":"working","statusMessage":"half way","pollInterval":0,"_meta":{"x":[1,-2.5e3,{"y":null}],"é":true}}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"taskId":"t-1","status":"working","statusMessage":"half way","pollInterval":0,"_meta":{"x":[1,-2.5e3,{"y":null}],"é":true}}}"#,
             " {\n \"result\" : {\"status\":\"completed\",\"result\":{\"content\":[],\"isError\":true}} , \"id\":7,\"jsonrpc\":\"2.0\"}\t",
             r#"{"jsonrpc":"2.0","id":7,"result":{"status":null,"statusMessage":null,"lastUpdatedAt":null,"pollInterval":null,"result":null}}"#,
             r#"{"jsonrpc":"2.0","id":7,"result":{"status":"failed","pollInterval":18446744073709551615,"result":{"isError":null}}}"#,
@@ -519,6 +526,9 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":7,"result":{"status":"work\u0069ng"}}"#,
             r#"{"jsonrpc":"2.0","id":7,"result":{"st\u0061tus":"working"}}"#,
             r#"{"jsonrpc":"2.0","id":7,"result":{"statusMessage":"a\nb"}}"#,
+            // A `taskId` with escapes: serde decodes it (compared with the task asked about).
+            r#"{"jsonrpc":"2.0","id":7,"result":{"taskId":"t\"1\\\/","status":"working"}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"result":{"taskId":"t","taskId":"u"}}"#,
             r#"{"jsonrpc":"2.0","id":7,"result":{"status":"working","status":"failed"}}"#,
             r#"{"jsonrpc":"2.0","id":7,"result":{"status":null,"status":null}}"#,
             r#"{"jsonrpc":"2.0","id":7,"result":{"status":7}}"#,
