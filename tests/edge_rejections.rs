@@ -401,6 +401,35 @@ async fn host_check_comes_before_routing() {
     assert_eq!(r.status(), 403, "bad Origin on an unknown name");
 }
 
+/// Two `Origin` or two `Authorization` fields: 400 naming the field, nothing forwarded. The
+/// checks read the first one, an upstream or a proxy may read the other: on the old code an
+/// allowed Origin before an evil one passed, and of two bearer tokens the first one's
+/// principal was taken (break-edge F9).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_origin_or_authorization_is_400() {
+    let up = Upstream::mcp().await;
+    let gw = GatewayBuilder::new().upstream("u", &up.url()).start().await;
+    for (name, first, second) in [
+        ("origin", "http://localhost", "http://evil.example"),
+        ("authorization", "Bearer one", "Bearer two"),
+    ] {
+        let r = Req::mcp_post(&gw.url("/mcp"), rpc("1", "ping", "{}"))
+            .header(name, first)
+            .header(name, second)
+            .send()
+            .await;
+        let status = r.status();
+        let text = r.text().await;
+        assert_eq!(status, 400, "{name}: {text}");
+        assert!(
+            text.to_ascii_lowercase()
+                .contains(&format!("one {name} header")),
+            "{text}"
+        );
+    }
+    assert!(up.received("ping").is_empty(), "nothing was forwarded");
+}
+
 /// `Origin` not in the allow-list: 403; no Origin, localhost/127.0.0.1 origins and configured
 /// `allowed_origins` pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

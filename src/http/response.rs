@@ -125,6 +125,10 @@ pub(super) struct HeadFields<'a> {
     pub hop_by_hop: bool,
     /// Whether `Mcp-Method` or `Mcp-Name` is present ([`crate::mcp::routing_headers`]).
     pub routing: bool,
+    /// How many `Origin` fields.
+    pub origins: usize,
+    /// How many `Authorization` fields.
+    pub authorizations: usize,
     /// All of them, for a field that occurs more than once.
     headers: Option<&'a HeaderMap>,
 }
@@ -155,7 +159,10 @@ impl<'a> HeadFields<'a> {
                 f.session_ids += 1;
                 f.session_value.get_or_insert(value);
             } else if name == header::ORIGIN {
+                f.origins += 1;
                 f.origin.get_or_insert(value);
+            } else if name == header::AUTHORIZATION {
+                f.authorizations += 1;
             } else if name == header::EXPECT {
                 f.expect.get_or_insert(value);
             } else if name == crate::mcp::routing_headers::MCP_METHOD

@@ -484,6 +484,23 @@ impl Edge {
                 ),
             ));
         }
+        // One Origin and one Authorization at most: of two, the checks read the first and an
+        // upstream or proxy may read the other (an allowed Origin before an evil one passed;
+        // two tokens, the first one's principal was taken: break-edge F9).
+        for (count, name, reason) in [
+            (fields.origins, "Origin", RejectReason::Origin),
+            (fields.authorizations, "Authorization", RejectReason::Auth),
+        ] {
+            if count > 1 {
+                return Err(self.reject(
+                    reason,
+                    transport_refusal(
+                        StatusCode::BAD_REQUEST,
+                        &format!("Bad Request: a request may carry at most one {name} header field (got {count})"),
+                    ),
+                ));
+            }
+        }
         // An absolute-form request line (`POST http://evil.example/mcp`) names the host too.
         // Compared without a copy: the allowed values are lowercase (on every request).
         let host = uri
