@@ -145,6 +145,28 @@ async fn notifications_about_a_task_not_recorded_never_reach_the_client() {
     assert_eq!(seen.len(), 1, "only the refusal: {text}");
 }
 
+/// A `CreateTaskResult` whose `taskId` is not a string names no task taskgate could record (nor
+/// one a client could ask about or cancel): the client gets `-32603` saying so, not the
+/// unrecorded "task". On the old code it was handed out unrecorded (break-edge F5).
+#[tokio::test]
+async fn a_create_task_result_without_a_string_task_id_is_not_handed_out() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let req = modern_req(
+        &tg.mcp_url(),
+        None,
+        1,
+        "tools/call",
+        json!({"name": "bad_task", "arguments": {}}),
+    );
+    let (status, v) = send(req).await;
+    assert_eq!((status, err_code(&v)), (200, -32603), "{v}");
+    assert!(err_message(&v).contains("CreateTaskResult"), "{v}");
+    assert!(v.get("result").is_none(), "{v}");
+    let (_, list) = tg.admin("/admin/tasks").await;
+    assert_eq!(list["tasks"], json!([]), "{list}");
+}
+
 /// `tasks.max_live_tasks_per_owner` holds for the tasks a 2026-07-28 server makes of plain
 /// calls: at the limit, a `tools/call` the server answers with a live `CreateTaskResult` gets
 /// `-32029` (HTTP 200, the limit's answer in both eras), the task is cancelled upstream once

@@ -888,6 +888,16 @@ impl Watch {
         let record = task
             .as_ref()
             .and_then(|task| self.registry.creation_record(&pending.template, task));
+        if task.is_some() && record.is_none() {
+            // A CreateTaskResult taskgate cannot record (no string taskId: it names no task
+            // that could be asked about or cancelled): never handed out unrecorded (break-edge
+            // F5). Dropping `pending` gives the owner's slot back.
+            tracing::warn!(
+                upstream = %self.upstream,
+                "the upstream answered with a CreateTaskResult whose taskId is not a string: not passed on"
+            );
+            return (McpError::MalformedCreateTaskResult.body(Some(id)), None);
+        }
         self.record_task(bytes, record, id, pending, undo).await
     }
 
