@@ -1039,3 +1039,70 @@ async fn a_cancelled_tasks_late_payload_is_not_its_result() {
     assert_eq!(err_code(&v), -32603, "{v}");
     assert_eq!(up.count("tasks/result"), 1, "answered by taskgate");
 }
+
+/// A client that goes away while its task-augmented `tools/call` waits for the upstream's
+/// answer (JSON here; SSE below): the upstream made the task, and only that answer names it.
+/// taskgate reads it all the same, does not record the task (nobody will learn its taskId),
+/// cancels it upstream once, and gives the owner's slot back. On the old code the exchange was
+/// dropped with the client: the task ran on upstream, never recorded nor cancelled, and the
+/// owner could start any number of them past `max_live_tasks_per_owner` (break-tasks H3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creation_whose_client_went_away_is_cancelled_upstream() {
+    let up = TaskServer::start(Behaviour {
+        creation_delay: Duration::from_millis(300),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let req = c.req(Client::create_body("1", Some(60_000)));
+    let gone = tokio::time::timeout(Duration::from_millis(100), req.send()).await;
+    assert!(gone.is_err(), "the client was to go away before the answer");
+    let cancels = eventually(STEP, || async {
+        let c = up.received("tasks/cancel");
+        (!c.is_empty()).then_some(c)
+    })
+    .await
+    .expect("the task whose client went away is cancelled upstream");
+    assert_eq!(cancels[0].json()["params"]["taskId"], "task-1");
+    assert!(tg.record("task-1").is_none(), "not recorded");
+    // The owner's slot was given back: a second creation is admitted.
+    assert_eq!(c.create_task("2").await, "task-2");
+    assert_eq!(up.count("tasks/cancel"), 1);
+}
+
+/// The same for a creation answered as SSE: the client reads the stream's head and goes away
+/// before the event carrying the `CreateTaskResult`; taskgate reads on until it comes and
+/// cancels that task upstream, not recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sse_creation_whose_client_went_away_is_cancelled_upstream() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let up = TaskServer::start(Behaviour {
+        creation_sse: true,
+        creation_head: Some(Arc::new(move |_: &str, _: &Value| {
+            vec![SseStep::Wait(g.clone())]
+        })),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let r = c.send(Client::create_body("1", Some(60_000))).await;
+    assert_eq!(r.status(), 200);
+    drop(r);
+    gate.open();
+    let cancels = eventually(STEP, || async {
+        let c = up.received("tasks/cancel");
+        (!c.is_empty()).then_some(c)
+    })
+    .await
+    .expect("the task whose client went away is cancelled upstream");
+    assert_eq!(cancels[0].json()["params"]["taskId"], "task-1");
+    assert!(tg.record("task-1").is_none(), "not recorded");
+}

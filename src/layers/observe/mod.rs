@@ -258,9 +258,12 @@ where
             upstream,
             expect: Mutex::new(expect),
             holds: Mutex::new(request_hold.into_iter().collect()),
+            client_gone: Default::default(),
         });
         let caller = req.ctx.caller();
-        Either::Right(Box::pin(async move {
+        let creation = matches!(*watch.expect.lock(), Expect::Creation(_));
+        let gone = creation.then(|| ClientGone(Some(watch.clone())));
+        let work = async move {
             // An error drops `watch` and its `expect`: a creation's reserved slot is given back.
             let mut reply = inner.call(req).await?;
             reply.body = match reply.body {
@@ -272,7 +275,97 @@ where
                 other => other,
             };
             Ok(reply)
+        };
+        let Some(mut gone) = gone else {
+            return Either::Right(Box::pin(work));
+        };
+        // A creation runs to its answer even when the client goes away meanwhile: the upstream
+        // may have made the task already, and only its answer names it, to be cancelled then
+        // (nobody else will ever learn its taskId). Dropped with the client, the exchange left
+        // that task running upstream, never recorded nor cancelled, and the owner's slot given
+        // back (break-tasks H3).
+        let running = tokio::spawn(work);
+        Either::Right(Box::pin(async move {
+            let out = running.await;
+            gone.disarm();
+            match out {
+                Ok(out) => out,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // Cancelled: the runtime is shutting down, which drops this future too.
+                Err(_) => std::future::pending().await,
+            }
         }))
+    }
+}
+
+/// Marks a creation's [`Watch`] when the client's side of the exchange is dropped before the
+/// answer was relayed to it (the client went away): the answer is then not recorded but
+/// cancelled upstream ([`UndoReason::ClientGone`]). Disarmed (`None`) once the reply is handed
+/// on.
+struct ClientGone(Option<Arc<Watch>>);
+
+impl ClientGone {
+    /// The reply reached the client's side: nothing to mark.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for ClientGone {
+    fn drop(&mut self) {
+        if let Some(watch) = &self.0 {
+            watch
+                .client_gone
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// How long a creation's SSE answer is still read after its client went away, for the
+/// answer naming the task (to cancel it upstream: [`UndoReason::ClientGone`]).
+const CLIENT_GONE_DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Drop for Watched {
+    /// A stream dropped before its creation's answer came (the client went away; or the event
+    /// being applied was still being applied): that event is applied to its end, and the rest
+    /// of the upstream's stream is read, within [`CLIENT_GONE_DRAIN`], until the answer naming
+    /// the task comes, to cancel it upstream (break-tasks H3: the task was left running,
+    /// never recorded nor cancelled). Nothing is done for a stream whose creation was answered
+    /// or that awaits none.
+    fn drop(&mut self) {
+        let applying = self.applying.take();
+        let awaiting = matches!(*self.watch.expect.lock(), Expect::Creation(_));
+        if !awaiting && applying.is_none() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if awaiting {
+            self.watch
+                .client_gone
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        let events = std::mem::replace(&mut self.events, Box::pin(futures_util::stream::empty()));
+        let (watch, caller) = (self.watch.clone(), self.caller.clone());
+        runtime.spawn(async move {
+            if let Some(applying) = applying {
+                let _ = applying.await;
+            }
+            let deadline = tokio::time::Instant::now() + CLIENT_GONE_DRAIN;
+            let mut events = events;
+            while matches!(*watch.expect.lock(), Expect::Creation(_)) {
+                let next = futures_util::StreamExt::next(&mut events);
+                let Ok(Some(event)) = tokio::time::timeout_at(deadline, next).await else {
+                    break;
+                };
+                if let Some(data) = event.data {
+                    let _ = watch
+                        .on_message(data.as_bytes().clone(), Some(&caller))
+                        .await;
+                }
+            }
+        });
     }
 }
 
@@ -294,6 +387,7 @@ impl ReplyStep for WatchStream {
                 upstream: self.upstream,
                 expect: Mutex::new(Expect::Nothing),
                 holds: Mutex::new(Vec::new()),
+                client_gone: Default::default(),
             });
             reply.body = ReplyBody::Stream(Watch::watch(watch, events, self.caller));
         }
@@ -381,6 +475,8 @@ struct Watch {
     expect: Mutex<Expect>,
     /// Resources held for tasks while this reply is relayed (dropped with the reply).
     holds: Mutex<Vec<ResourceHold>>,
+    /// The client went away before the reply was relayed (a creation's: see [`ClientGone`]).
+    client_gone: std::sync::atomic::AtomicBool,
 }
 
 impl Watch {
@@ -917,6 +1013,14 @@ impl Watch {
         };
         let task_id = record.task_id.clone();
         let era = pending.template.era;
+        if self.client_gone.load(std::sync::atomic::Ordering::Relaxed) {
+            // Nobody will see this answer: not recorded (the owner's slot is given back with
+            // `pending`), cancelled upstream.
+            if let Some(undo) = undo {
+                undo.cancel(&self.registry, era, task_id, UndoReason::ClientGone);
+            }
+            return (bytes, None);
+        }
         // A live task made of a 2026-07-28 plain call (its slot is provisional) is held to
         // `tasks.max_live_tasks_per_owner` here, where it is known to be a task (module docs).
         if !record.status.is_terminal() {
@@ -1166,6 +1270,9 @@ enum UndoReason {
     /// Its owner is at `tasks.max_live_tasks_per_owner` (a 2026-07-28 server made it of a
     /// plain call).
     OwnerLimit,
+    /// The client went away before the answer naming it arrived: nobody will ever learn its
+    /// taskId, so nobody could ask about it or cancel it.
+    ClientGone,
 }
 
 /// The ids of taskgate's own `tasks/cancel` for unrecorded tasks (`"taskgate-undo-<n>"`).
@@ -1269,6 +1376,9 @@ impl Undo {
             // A policy answer, not a fault: the client got -32029.
             UndoReason::OwnerLimit => {
                 tracing::info!(%upstream, %task_id, era = era.as_str(), "a task the upstream made of a plain call is over tasks.max_live_tasks_per_owner: refused, sending tasks/cancel upstream")
+            }
+            UndoReason::ClientGone => {
+                tracing::info!(%upstream, %task_id, era = era.as_str(), "the client went away before the task it created was answered: not recorded, sending tasks/cancel upstream")
             }
         }
         tokio::spawn(async move {
