@@ -261,8 +261,7 @@ where
             client_gone: Default::default(),
         });
         let caller = req.ctx.caller();
-        let creation = matches!(*watch.expect.lock(), Expect::Creation(_));
-        let gone = creation.then(|| ClientGone(Some(watch.clone())));
+        let creation = matches!(*watch.expect.lock(), Expect::Creation(_)).then(|| watch.clone());
         let work = async move {
             // An error drops `watch` and its `expect`: a creation's reserved slot is given back.
             let mut reply = inner.call(req).await?;
@@ -276,47 +275,55 @@ where
             };
             Ok(reply)
         };
-        let Some(mut gone) = gone else {
-            return Either::Right(Box::pin(work));
+        match creation {
+            Some(watch) => Either::Right(Box::pin(RunToEnd {
+                work: Some(Box::pin(work)),
+                watch,
+            })),
+            None => Either::Right(Box::pin(work)),
+        }
+    }
+}
+
+/// A creation's exchange, run to its answer even when its client goes away meanwhile: the
+/// upstream may have made the task already, and only its answer names it, to be cancelled
+/// then (nobody else will ever learn its taskId): dropped before it ended, the rest of the
+/// exchange goes on in a task of its own, its [`Watch`] marked so that the answer is not
+/// recorded but cancelled upstream ([`UndoReason::ClientGone`]). Dropped with the client, the
+/// exchange left that task running upstream, never recorded nor cancelled, and the owner's
+/// slot given back (break-tasks H3). Nothing is spawned for an exchange that ends while its
+/// client waits (the common case costs nothing more).
+struct RunToEnd<E: Send + 'static> {
+    work: Option<BoxFut<E>>,
+    watch: Arc<Watch>,
+}
+
+impl<E: Send + 'static> Future for RunToEnd<E> {
+    type Output = Result<McpReply, E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Some(work) = self.work.as_mut() else {
+            return Poll::Pending;
         };
-        // A creation runs to its answer even when the client goes away meanwhile: the upstream
-        // may have made the task already, and only its answer names it, to be cancelled then
-        // (nobody else will ever learn its taskId). Dropped with the client, the exchange left
-        // that task running upstream, never recorded nor cancelled, and the owner's slot given
-        // back (break-tasks H3).
-        let running = tokio::spawn(work);
-        Either::Right(Box::pin(async move {
-            let out = running.await;
-            gone.disarm();
-            match out {
-                Ok(out) => out,
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                // Cancelled: the runtime is shutting down, which drops this future too.
-                Err(_) => std::future::pending().await,
-            }
-        }))
+        let out = std::task::ready!(work.as_mut().poll(cx));
+        self.work = None;
+        Poll::Ready(out)
     }
 }
 
-/// Marks a creation's [`Watch`] when the client's side of the exchange is dropped before the
-/// answer was relayed to it (the client went away): the answer is then not recorded but
-/// cancelled upstream ([`UndoReason::ClientGone`]). Disarmed (`None`) once the reply is handed
-/// on.
-struct ClientGone(Option<Arc<Watch>>);
-
-impl ClientGone {
-    /// The reply reached the client's side: nothing to mark.
-    fn disarm(&mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for ClientGone {
+impl<E: Send + 'static> Drop for RunToEnd<E> {
     fn drop(&mut self) {
-        if let Some(watch) = &self.0 {
-            watch
-                .client_gone
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        self.watch
+            .client_gone
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                // An SSE reply's stream is dropped at once: `Watched`'s drop reads on.
+                let _ = work.await;
+            });
         }
     }
 }
