@@ -643,26 +643,28 @@ async fn polls_of_a_terminal_task_are_not_forwarded() {
 // Durability: the real binary, SIGKILL
 // ---------------------------------------------------------------------------------------------
 
+/// The real binary serving `cfg` (a config file), and its gateway address.
+fn serve_binary(cfg: &str) -> (TaskgateProcess, String) {
+    tokio::task::block_in_place(move || {
+        let mut p = TaskgateProcess::spawn(&["serve", "--config", cfg], &[]);
+        let (g, _) = p.listening();
+        (p, g.to_string())
+    })
+}
+
 /// A task created before SIGKILL is still reachable with tasks/get after a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_modern_task_survives_sigkill() {
     let (up, _) = modern_server().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
-    let spawn = |cfg: String| {
-        tokio::task::block_in_place(move || {
-            let mut p = TaskgateProcess::spawn(&["serve", "--config", &cfg], &[]);
-            let (g, _) = p.listening();
-            (p, g)
-        })
-    };
-    let (mut p, gw) = spawn(cfg.clone());
+    let (mut p, gw) = serve_binary(&cfg);
     let t = create(&format!("http://{gw}/mcp"), None, "slow_compute").await;
     tokio::task::block_in_place(|| {
         p.signal(libc::SIGKILL);
         p.wait_exit(STEP).expect("taskgate did not die on SIGKILL");
     });
-    let (_p2, gw) = spawn(cfg);
+    let (_p2, gw) = serve_binary(&cfg);
     let (status, v) = task_call(&format!("http://{gw}/mcp"), None, 2, "tasks/get", &t).await;
     assert_eq!(
         (status, v["result"]["status"].clone()),
@@ -681,14 +683,7 @@ async fn an_acknowledged_cancel_is_not_sent_again_after_a_restart() {
     let (up, _) = modern_server().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = TgConfig::new(&up.url()).write_for_binary(dir.path());
-    let spawn = |cfg: String| {
-        tokio::task::block_in_place(move || {
-            let mut p = TaskgateProcess::spawn(&["serve", "--config", &cfg], &[]);
-            let (g, _) = p.listening();
-            (p, g)
-        })
-    };
-    let (mut p, gw) = spawn(cfg.clone());
+    let (mut p, gw) = serve_binary(&cfg);
     let url = format!("http://{gw}/mcp");
     let t = create(&url, None, "slow_compute").await;
     let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
@@ -702,7 +697,7 @@ async fn an_acknowledged_cancel_is_not_sent_again_after_a_restart() {
         p.signal(libc::SIGTERM);
         p.wait_exit(STEP).expect("taskgate did not stop on SIGTERM");
     });
-    let (_p2, gw) = spawn(cfg);
+    let (_p2, gw) = serve_binary(&cfg);
     let url = format!("http://{gw}/mcp");
     let (status, v) = task_call(&url, None, 3, "tasks/cancel", &t).await;
     assert_eq!(

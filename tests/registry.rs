@@ -431,38 +431,50 @@ async fn terminal_status_is_final_and_later_reports_are_rewritten() {
     );
 }
 
-/// A `notifications/tasks/status` about a task taskgate never recorded (the server's own, one
-/// refused, one not recorded yet) is not passed on: it would show the client a `taskId` that has
-/// no record. The next one, about a recorded task, is. On the old code the client got both.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_status_notification_about_a_task_not_recorded_is_not_passed_on() {
+/// A task server whose GET stream, once the gate opens, sends a `notifications/tasks/status`
+/// for each `(taskId, status)` and stays open.
+async fn gated_get_stream(notes: &[(&str, &str)]) -> (TaskServer, Gate) {
     let gate = Gate::new();
     let g = gate.clone();
+    let notes: Vec<String> = notes
+        .iter()
+        .map(|(t, status)| status_notification(t, status))
+        .collect();
     let up = TaskServer::start(Behaviour {
         get_stream: Some(Arc::new(move || {
-            vec![
-                SseStep::Wait(g.clone()),
-                ev().data(&status_notification("task-unseen", "working"))
-                    .into(),
-                ev().data(&status_notification("task-1", "completed"))
-                    .into(),
-                SseStep::HoldOpen,
-            ]
+            let mut steps = vec![SseStep::Wait(g.clone())];
+            steps.extend(notes.iter().map(|n| ev().data(n).into()));
+            steps.push(SseStep::HoldOpen);
+            steps
         })),
         ..Behaviour::default()
     })
     .await;
-    let tg = TgConfig::new(&up.url()).start().await;
-    let mut c = tg.client();
-    c.initialize().await;
-    assert_eq!(c.create_task("1").await, "task-1");
+    (up, gate)
+}
+
+/// `c`'s session's GET stream through taskgate.
+async fn open_get_stream(tg: &Tg, c: &Client) -> SseReader {
     let r = Req::mcp_get(&tg.mcp_url())
         .header("mcp-session-id", c.session.as_deref().unwrap())
         .header("mcp-protocol-version", PROTOCOL_VERSION)
         .send()
         .await;
     assert_eq!(r.status(), 200);
-    let mut get_stream = r.sse();
+    r.sse()
+}
+
+/// A `notifications/tasks/status` about a task taskgate never recorded (the server's own, one
+/// refused, one not recorded yet) is not passed on: it would show the client a `taskId` that has
+/// no record. The next one, about a recorded task, is. On the old code the client got both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_notification_about_a_task_not_recorded_is_not_passed_on() {
+    let (up, gate) = gated_get_stream(&[("task-unseen", "working"), ("task-1", "completed")]).await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    assert_eq!(c.create_task("1").await, "task-1");
+    let mut get_stream = open_get_stream(&tg, &c).await;
     gate.open();
     let n = get_stream.next_event(STEP).await.json();
     assert_eq!(
@@ -479,35 +491,14 @@ async fn a_status_notification_about_a_task_not_recorded_is_not_passed_on() {
 /// turned `completed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_sessions_task_status_is_not_passed_on() {
-    let gate = Gate::new();
-    let g = gate.clone();
-    let up = TaskServer::start(Behaviour {
-        get_stream: Some(Arc::new(move || {
-            vec![
-                SseStep::Wait(g.clone()),
-                ev().data(&status_notification("task-1", "completed"))
-                    .into(),
-                ev().data(&status_notification("task-2", "completed"))
-                    .into(),
-                SseStep::HoldOpen,
-            ]
-        })),
-        ..Behaviour::default()
-    })
-    .await;
+    let (up, gate) = gated_get_stream(&[("task-1", "completed"), ("task-2", "completed")]).await;
     let tg = TgConfig::new(&up.url()).start().await;
     let (mut a, mut b) = (tg.client(), tg.client());
     a.initialize().await;
     b.initialize().await;
     assert_eq!(a.create_task("1").await, "task-1");
     assert_eq!(b.create_task("1").await, "task-2");
-    let r = Req::mcp_get(&tg.mcp_url())
-        .header("mcp-session-id", b.session.as_deref().unwrap())
-        .header("mcp-protocol-version", PROTOCOL_VERSION)
-        .send()
-        .await;
-    assert_eq!(r.status(), 200);
-    let mut get_stream = r.sse();
+    let mut get_stream = open_get_stream(&tg, &b).await;
     gate.open();
     let n = get_stream.next_event(STEP).await.json();
     assert_eq!(n["params"]["taskId"], json!("task-2"), "{n}");
