@@ -502,6 +502,34 @@ async fn a_tasks_get_answer_about_another_task_is_not_passed_on() {
 // Cancel
 // ---------------------------------------------------------------------------------------------
 
+/// An upstream's error to a 2026-07-28 `tasks/cancel` (here `-32602`: it lost the task) reaches
+/// the caller with the HTTP status that code has in 2026-07-28 (400), as an error passed on
+/// as it came does. On the old code the single flight answered it with 200 (break-tasks M6).
+#[tokio::test]
+async fn a_cancels_upstream_error_keeps_its_2026_status() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state.clone());
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        if req.json()["method"] == "tasks/cancel" {
+            return ScriptedResponse::status(
+                400,
+                Some("application/json"),
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32602,"message":"Task not found"}}}}"#,
+                    req.rpc_id_json()
+                ),
+            );
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!((status, err_code(&v)), (400, -32602), "{v}");
+}
+
 /// 200 concurrent identical tasks/cancel: exactly one reaches the upstream, every caller gets
 /// the ack under its own id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -375,7 +375,7 @@ where
         (true, true) => metrics::CancelOutcome::UpstreamError,
         (false, _) => metrics::CancelOutcome::Deduplicated,
     });
-    reply_of(outcome, &id, first, &upstream)
+    reply_of(outcome, &id, first, &upstream, era)
 }
 
 /// The reply one caller gets from a flight's outcome, under its own id (`first`: the caller
@@ -385,6 +385,7 @@ fn reply_of(
     id: &jsonrpc::Id,
     first: bool,
     upstream: &str,
+    era: Era,
 ) -> Result<McpReply, GatewayError> {
     Ok(match outcome {
         FlightAnswer::Result(result) => McpReply::local_json(jsonrpc::result_response(id, &result)),
@@ -395,7 +396,15 @@ fn reply_of(
             text.push_str(",\"error\":");
             text.push_str(&error);
             text.push('}');
-            McpReply::local_json(Bytes::from(text))
+            let mut reply = McpReply::local_json(Bytes::from(text));
+            // A 2026-07-28 error keeps the HTTP status its code has in that era (`-32602`: 400),
+            // as an error passed on as it came does; each caller gets its own era's (break-tasks
+            // M6: every such error was answered 200).
+            if era == Era::Modern {
+                let code = serde_json::from_str::<ErrorCode>(&error).map_or(0, |e| e.code);
+                reply.status = crate::mcp::errors::modern_error_status(code);
+            }
+            reply
         }
         FlightAnswer::Http(reply, status) => match reply.lock().take() {
             Some(r) if first => r,
@@ -413,6 +422,12 @@ fn reply_of(
             McpReply::error(Era::Legacy, Some(id), &McpError::CancelNoOutcome)
         }
     })
+}
+
+/// The `code` of a JSON-RPC `error` object.
+#[derive(Deserialize)]
+struct ErrorCode {
+    code: i64,
 }
 
 /// The answer to a `tasks/cancel`, its parts kept as the bytes that came.
