@@ -530,6 +530,48 @@ async fn a_cancels_upstream_error_keeps_its_2026_status() {
     assert_eq!((status, err_code(&v)), (400, -32602), "{v}");
 }
 
+/// A 2026-07-28 client that hangs up on its `tools/call` cancels it (the spec: closing the
+/// stream is the cancel of a plain call): the upstream exchange ends with it, also though the
+/// server might have made the call a task (only a call the client asked to run as a task runs
+/// to its answer: `tests/cancel.rs`).
+#[tokio::test]
+async fn a_2026_client_hanging_up_ends_its_call_upstream() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let state: Shared = Default::default();
+    let modern = modern_handler(state);
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        if req.json()["method"] == "tools/call" {
+            let done = rpc_result(
+                &req.rpc_id_json(),
+                r#"{"resultType":"complete","content":[]}"#,
+            );
+            return ScriptedResponse::sse(vec![
+                SseStep::Wait(g.clone()),
+                SseStep::Raw(ev().data(&done).wire()),
+            ]);
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let req = modern_req(
+        &tg.mcp_url(),
+        None,
+        1,
+        "tools/call",
+        json!({"name": "slow_compute", "arguments": {}}),
+    );
+    let r = req.send().await;
+    assert_eq!(r.status(), 200);
+    drop(r);
+    assert!(
+        up.wait_for_sse_disconnects(1, STEP).await,
+        "the upstream exchange ended with the client's"
+    );
+    gate.open();
+}
+
 /// 200 concurrent identical tasks/cancel: exactly one reaches the upstream, every caller gets
 /// the ack under its own id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -253,15 +253,22 @@ where
         // Built here, so that the boxed future holds one pointer rather than the expectation,
         // the hold and the registry (callgrind, issue 36: that future is moved into its box on
         // every task request, and at 1,064 bytes it was past the allocator's small sizes).
+        // A creation the client asked for (`params.task`: a 2025-11-25 task-augmented call,
+        // also one a bridge made for its client) runs to its answer ([`RunToEnd`]). A
+        // 2026-07-28 call the server may turn into a task does not: a 2026 client's disconnect
+        // cancels its plain call (the exchange is dropped), as it always did.
+        let runs_to_end = matches!(expect, Expect::Creation(_))
+            && req.classified().is_some_and(|c| c.task().is_some());
         let watch = Arc::new(Watch {
             registry,
             upstream,
             expect: Mutex::new(expect),
             holds: Mutex::new(request_hold.into_iter().collect()),
             client_gone: Default::default(),
+            runs_to_end,
         });
         let caller = req.ctx.caller();
-        let creation = matches!(*watch.expect.lock(), Expect::Creation(_)).then(|| watch.clone());
+        let creation = watch.runs_to_end.then(|| watch.clone());
         let work = async move {
             // An error drops `watch` and its `expect`: a creation's reserved slot is given back.
             let mut reply = inner.call(req).await?;
@@ -341,7 +348,8 @@ impl Drop for Watched {
     /// or that awaits none.
     fn drop(&mut self) {
         let applying = self.applying.take();
-        let awaiting = matches!(*self.watch.expect.lock(), Expect::Creation(_));
+        let awaiting =
+            self.watch.runs_to_end && matches!(*self.watch.expect.lock(), Expect::Creation(_));
         if !awaiting && applying.is_none() {
             return;
         }
@@ -361,7 +369,7 @@ impl Drop for Watched {
             }
             let deadline = tokio::time::Instant::now() + CLIENT_GONE_DRAIN;
             let mut events = events;
-            while matches!(*watch.expect.lock(), Expect::Creation(_)) {
+            while awaiting && matches!(*watch.expect.lock(), Expect::Creation(_)) {
                 let next = futures_util::StreamExt::next(&mut events);
                 let Ok(Some(event)) = tokio::time::timeout_at(deadline, next).await else {
                     break;
@@ -395,6 +403,7 @@ impl ReplyStep for WatchStream {
                 expect: Mutex::new(Expect::Nothing),
                 holds: Mutex::new(Vec::new()),
                 client_gone: Default::default(),
+                runs_to_end: false,
             });
             reply.body = ReplyBody::Stream(Watch::watch(watch, events, self.caller));
         }
@@ -482,8 +491,11 @@ struct Watch {
     expect: Mutex<Expect>,
     /// Resources held for tasks while this reply is relayed (dropped with the reply).
     holds: Mutex<Vec<ResourceHold>>,
-    /// The client went away before the reply was relayed (a creation's: see [`ClientGone`]).
+    /// The client went away before the creation's answer was relayed ([`RunToEnd`]).
     client_gone: std::sync::atomic::AtomicBool,
+    /// A creation the client asked for: it runs to its answer if the client goes away
+    /// ([`RunToEnd`], and the drop of [`Watched`]).
+    runs_to_end: bool,
 }
 
 impl Watch {
@@ -505,7 +517,7 @@ impl Watch {
     }
 
     /// Applies an event that [`Watch::cares_about`]; returns it, rewritten if needed, or `None`
-    /// when it must not reach the client ([`Watch::unrecorded`]).
+    /// when it must not reach the client ([`Watch::shown_to`]).
     async fn on_event(self: Arc<Self>, mut event: Event, caller: Arc<Caller>) -> Option<Event> {
         let Some(data) = event.data.as_ref() else {
             return Some(event);
@@ -934,17 +946,18 @@ impl Watch {
     /// caller's task (an upstream that reports more than this caller asked for): passed on, it
     /// showed that task's status and result to a caller refused its `tasks/get`, and applied,
     /// it changed that task's record on a report its owner never got. A notification without a
-    /// `taskId` passes as it came, and so does one whose record could not be read (the failure
-    /// is logged; a notification is advice). (Before, every such notification passed and was
-    /// applied: found by a hostile-upstream test, `tests/modern.rs`.)
+    /// `taskId` passes as it came; one whose record could not be read does not (the failure is
+    /// logged). (Before, every such notification passed and was applied: found by a
+    /// hostile-upstream test, `tests/modern.rs`.)
     async fn shown_to(&self, caller: &Caller, task: &Value) -> bool {
         let Some(task_id) = task.get("taskId").and_then(Value::as_str) else {
             return true;
         };
+        // A failed read (logged by the registry) is not "shown": a notification is advice,
+        // and passed on unchecked it could show a task to a caller `tasks/get` refuses.
         let shown = match self.registry.record_cached(&self.upstream, task_id).await {
             Ok(Some(r)) => caller.may_see(&r.owner) && !r.is_expired(now_ms()),
-            Ok(None) => false,
-            Err(_) => return true,
+            Ok(None) | Err(_) => false,
         };
         if !shown {
             tracing::debug!(
