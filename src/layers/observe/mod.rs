@@ -40,6 +40,7 @@
 //! their bytes.
 
 mod bridged;
+mod client_gone;
 pub(crate) mod modern;
 mod poll;
 
@@ -65,6 +66,7 @@ use crate::registry::{Registry, ResourceHold};
 use crate::sse::{ByteString, Event, EventStream};
 use crate::store::{StoreError, TaskRecord};
 use bytes::Bytes;
+use client_gone::RunToEnd;
 use futures_util::future::{BoxFuture, Either};
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -292,98 +294,6 @@ where
     }
 }
 
-/// A creation's exchange, run to its answer even when its client goes away meanwhile: the
-/// upstream may have made the task already, and only its answer names it, to be cancelled
-/// then (nobody else will ever learn its taskId): dropped before it ended, the rest of the
-/// exchange goes on in a task of its own, its [`Watch`] marked so that the answer is not
-/// recorded but cancelled upstream ([`UndoReason::ClientGone`]). Dropped with the client, the
-/// exchange left that task running upstream, never recorded nor cancelled, and the owner's
-/// slot given back (break-tasks H3). Nothing is spawned for an exchange that ends while its
-/// client waits (the common case costs nothing more).
-struct RunToEnd<E: Send + 'static> {
-    work: Option<BoxFut<E>>,
-    watch: Arc<Watch>,
-}
-
-impl<E: Send + 'static> Future for RunToEnd<E> {
-    type Output = Result<McpReply, E>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Some(work) = self.work.as_mut() else {
-            return Poll::Pending;
-        };
-        let out = std::task::ready!(work.as_mut().poll(cx));
-        self.work = None;
-        Poll::Ready(out)
-    }
-}
-
-impl<E: Send + 'static> Drop for RunToEnd<E> {
-    fn drop(&mut self) {
-        let Some(work) = self.work.take() else {
-            return;
-        };
-        self.watch
-            .client_gone
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                // An SSE reply's stream is dropped at once: `Watched`'s drop reads on.
-                let _ = work.await;
-            });
-        }
-    }
-}
-
-/// How long a creation's SSE answer is still read after its client went away, for the
-/// answer naming the task (to cancel it upstream: [`UndoReason::ClientGone`]).
-const CLIENT_GONE_DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
-
-impl Drop for Watched {
-    /// A stream dropped before its creation's answer came (the client went away; or the event
-    /// being applied was still being applied): that event is applied to its end, and the rest
-    /// of the upstream's stream is read, within [`CLIENT_GONE_DRAIN`], until the answer naming
-    /// the task comes, to cancel it upstream (break-tasks H3: the task was left running,
-    /// never recorded nor cancelled). Nothing is done for a stream whose creation was answered
-    /// or that awaits none.
-    fn drop(&mut self) {
-        let applying = self.applying.take();
-        let awaiting =
-            self.watch.runs_to_end && matches!(*self.watch.expect.lock(), Expect::Creation(_));
-        if !awaiting && applying.is_none() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if awaiting {
-            self.watch
-                .client_gone
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-        }
-        let events = std::mem::replace(&mut self.events, Box::pin(futures_util::stream::empty()));
-        let (watch, caller) = (self.watch.clone(), self.caller.clone());
-        runtime.spawn(async move {
-            if let Some(applying) = applying {
-                let _ = applying.await;
-            }
-            let deadline = tokio::time::Instant::now() + CLIENT_GONE_DRAIN;
-            let mut events = events;
-            while awaiting && matches!(*watch.expect.lock(), Expect::Creation(_)) {
-                let next = futures_util::StreamExt::next(&mut events);
-                let Ok(Some(event)) = tokio::time::timeout_at(deadline, next).await else {
-                    break;
-                };
-                if let Some(data) = event.data {
-                    let _ = watch
-                        .on_message(data.as_bytes().clone(), Some(&caller))
-                        .await;
-                }
-            }
-        });
-    }
-}
-
 /// The reply to a request with nothing to expect: a JSON answer passes as it is (nothing to
 /// apply); an SSE stream is watched for status notifications and activity.
 #[doc(hidden)]
@@ -419,6 +329,8 @@ struct Watched {
     events: EventStream,
     /// Who the stream goes to ([`Caller::kept_for_streams`]).
     caller: Arc<Caller>,
+    /// The upstream's stream ended (it is not read again: see `client_gone`).
+    ended: bool,
     /// The event being applied (`None` once applied: dropped); the next one is read only after
     /// it.
     applying: Option<Pin<Box<dyn Future<Output = Option<Event>> + Send>>>,
@@ -440,6 +352,7 @@ impl futures_util::Stream for Watched {
                 }
             }
             let Some(event) = std::task::ready!(this.events.as_mut().poll_next(cx)) else {
+                this.ended = true;
                 return Poll::Ready(None);
             };
             if !this.watch.cares_about(&event) {
@@ -504,6 +417,7 @@ impl Watch {
             watch: this,
             events,
             caller: Arc::new(caller.kept_for_streams()),
+            ended: false,
             applying: None,
         })
     }
