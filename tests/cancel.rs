@@ -1062,13 +1062,12 @@ async fn a_creation_whose_client_went_away_is_cancelled_upstream() {
     let req = c.req(Client::create_body("1", Some(60_000)));
     let gone = tokio::time::timeout(Duration::from_millis(100), req.send()).await;
     assert!(gone.is_err(), "the client was to go away before the answer");
-    let cancels = eventually(STEP, || async {
-        let c = up.received("tasks/cancel");
-        (!c.is_empty()).then_some(c)
-    })
-    .await
-    .expect("the task whose client went away is cancelled upstream");
-    assert_eq!(cancels[0].json()["params"]["taskId"], "task-1");
+    let cancelled = up.up.first_cancelled_task(STEP).await;
+    assert_eq!(
+        cancelled.as_deref(),
+        Some("task-1"),
+        "the task whose client went away is cancelled upstream"
+    );
     assert!(tg.record("task-1").is_none(), "not recorded");
     // The owner's slot was given back: a second creation is admitted.
     assert_eq!(c.create_task("2").await, "task-2");
@@ -1096,13 +1095,25 @@ async fn an_sse_creation_whose_client_went_away_is_cancelled_upstream() {
     let r = c.send(Client::create_body("1", Some(60_000))).await;
     assert_eq!(r.status(), 200);
     drop(r);
+    // The answer comes once taskgate saw the client go (its stream no longer relayed).
+    let relayed = || async {
+        let m = tg.metrics_text().await;
+        let open = metric(
+            &m,
+            "taskgate_sse_streams_open",
+            &[("upstream", "default"), ("kind", "post")],
+        );
+        (open == 0.0).then_some(())
+    };
+    eventually(STEP, relayed)
+        .await
+        .expect("taskgate saw the client go");
     gate.open();
-    let cancels = eventually(STEP, || async {
-        let c = up.received("tasks/cancel");
-        (!c.is_empty()).then_some(c)
-    })
-    .await
-    .expect("the task whose client went away is cancelled upstream");
-    assert_eq!(cancels[0].json()["params"]["taskId"], "task-1");
+    let cancelled = up.up.first_cancelled_task(STEP).await;
+    assert_eq!(
+        cancelled.as_deref(),
+        Some("task-1"),
+        "the task whose client went away is cancelled upstream"
+    );
     assert!(tg.record("task-1").is_none(), "not recorded");
 }

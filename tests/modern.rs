@@ -128,16 +128,10 @@ async fn notifications_about_a_task_not_recorded_never_reach_the_client() {
         .find(|m| m["id"] == json!(2))
         .unwrap_or_else(|| panic!("no answer: {text}"));
     assert_eq!(refused["error"]["code"], -32029, "{text}");
-    let cancels = eventually(STEP, || async {
-        let c = up.received("tasks/cancel");
-        (!c.is_empty()).then_some(c)
-    })
-    .await
-    .expect("the refused task is cancelled upstream");
-    let over = cancels[0].json()["params"]["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let over = up
+        .first_cancelled_task(STEP)
+        .await
+        .expect("the refused task is cancelled upstream");
     assert!(
         !text.contains(&over),
         "the refused task's id reached the client: {text}"
@@ -206,16 +200,10 @@ async fn a_task_the_server_makes_over_the_owner_limit_is_cancelled_and_refused()
         err_message(&v).contains("max_live_tasks_per_owner"),
         "the message says what happened: {v}"
     );
-    let cancels = eventually(STEP, || async {
-        let c = up.received("tasks/cancel");
-        (!c.is_empty()).then_some(c)
-    })
-    .await
-    .expect("the task the server made over the limit is cancelled upstream");
-    let over = cancels[0].json()["params"]["taskId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let over = up
+        .first_cancelled_task(STEP)
+        .await
+        .expect("the task the server made over the limit is cancelled upstream");
     assert_eq!(state.lock().unwrap().tasks[&over], "cancelled");
     assert!(tg.record(&over).is_none(), "never recorded");
     // The SSE form of a creation is refused the same way.

@@ -380,6 +380,18 @@ impl Upstream {
         self.shared.log.lock().unwrap().len()
     }
     /// Every JSON-RPC message with this method received so far.
+    /// The `params.taskId` of the first `tasks/cancel` this upstream receives within `within`.
+    pub async fn first_cancelled_task(&self, within: Duration) -> Option<String> {
+        let cancels = eventually(within, || async {
+            let c = self.received("tasks/cancel");
+            (!c.is_empty()).then_some(c)
+        })
+        .await?;
+        cancels[0].json()["params"]["taskId"]
+            .as_str()
+            .map(str::to_string)
+    }
+
     pub fn received(&self, method: &str) -> Vec<RecordedRequest> {
         self.requests()
             .into_iter()
