@@ -7,7 +7,7 @@
 
 use crate::common::*;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use std::time::Duration;
 
 // ---------------------------------------------------------------------------------------------
@@ -912,4 +912,47 @@ async fn routing_headers_that_disagree_with_the_body_are_refused_at_the_edge() {
         m.contains(r#"reason="header_mismatch""#),
         "counted as a rejection: {m}"
     );
+}
+
+/// Hostile tester F7: an `MCP-Protocol-Version` that is not the body's
+/// `_meta["io.modelcontextprotocol/protocolVersion"]` (2026-07-28 §2.2: the header "MUST
+/// equal the `_meta` value") is refused at the edge with 400 `-32020`, in either direction and
+/// when the `_meta` value is not a string: taskgate takes the era from the header, the upstream
+/// may take it from `_meta`. Before, each was forwarded. A request whose two agree passes.
+#[tokio::test]
+async fn a_version_header_that_disagrees_with_meta_is_refused_at_the_edge() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let call = |id: u64, version: Value| {
+        let mut meta = meta(true);
+        meta["io.modelcontextprotocol/protocolVersion"] = version;
+        modern_req(
+            &url,
+            None,
+            id,
+            "tools/call",
+            json!({"name": "plain_tool", "arguments": {}, "_meta": meta}),
+        )
+    };
+    let before = up.count();
+    let cases = [
+        call(1, json!("2025-11-25")),
+        call(2, json!(20260728)),
+        // A 2025 header on a body that names 2026-07-28.
+        call(3, json!(MODERN))
+            .without("mcp-protocol-version")
+            .header("mcp-protocol-version", "2025-11-25"),
+    ];
+    for (i, req) in cases.into_iter().enumerate() {
+        let (status, v) = send(req).await;
+        assert_eq!((status, err_code(&v)), (400, -32020), "case {i}: {v}");
+        assert_eq!(v["id"], json!(i + 1), "case {i}: names the request: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("MCP-Protocol-Version"), "case {i}: {v}");
+    }
+    assert_eq!(up.count(), before, "nothing was forwarded");
+    let (status, v) = send(call(4, json!(MODERN))).await;
+    assert_eq!(status, 200, "agreeing versions pass: {v}");
+    assert!(up.count() > before, "and were forwarded");
 }

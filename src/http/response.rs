@@ -309,6 +309,42 @@ pub(super) fn refuse_session_or_version(
     )
 }
 
+/// The 400 `-32020` HeaderMismatch answer for a request whose `MCP-Protocol-Version` is not
+/// the version its body names in `params._meta["io.modelcontextprotocol/protocolVersion"]`
+/// (2026-07-28 §2.2: the header "MUST equal the `_meta` value"); `None` when either is absent
+/// or they agree. A `_meta` version that is not a JSON string disagrees with every header.
+/// Refused at the edge because taskgate takes a request's era from the header while the
+/// upstream may take it from `_meta`: the two would handle one request as different eras.
+///
+/// Cost: a look-up of `_meta` among the members the envelope parse noted; the `_meta` object
+/// is scanned for the key only when the request has both.
+pub(super) fn refuse_version_disagreement(
+    f: &HeadFields<'_>,
+    msg: &jsonrpc::Message,
+) -> Option<(crate::metrics::RejectReason, Response<Body>)> {
+    let header = f.protocol_version?;
+    let meta =
+        crate::mcp::classify::Classified::of(msg).meta(crate::mcp::era::PROTOCOL_VERSION_META)?;
+    let named = crate::mcp::classify::string(meta);
+    if named.as_deref().map(str::as_bytes) == Some(header.as_bytes()) {
+        return None;
+    }
+    let message = format!(
+        "Header mismatch: MCP-Protocol-Version {:?} is not the body's _meta[\"{}\"] ({meta})",
+        String::from_utf8_lossy(header.as_bytes()),
+        crate::mcp::era::PROTOCOL_VERSION_META,
+    );
+    Some((
+        crate::metrics::RejectReason::HeaderMismatch,
+        rpc_error_response(
+            StatusCode::BAD_REQUEST,
+            msg.id(),
+            crate::mcp::errors::HEADER_MISMATCH,
+            &message,
+        ),
+    ))
+}
+
 /// What the edge keeps of a request's head fields once it changes them: found by [`HeadFields`]
 /// before.
 pub(super) struct Head {

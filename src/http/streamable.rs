@@ -17,6 +17,7 @@
 //! | over a per-principal `[limits]` limit (a GET: past `limits.max_get_streams` open streams) | 429 with `Retry-After`, `-32029` |
 //! | `Mcp-Session-Id` empty, not visible ASCII (0x21 to 0x7E), a comma-separated list, or on two header lines | 400, `-32600` saying which |
 //! | `MCP-Protocol-Version` not one taskgate serves ([`crate::mcp::era::SUPPORTED_VERSIONS`]), or on two header lines | 400; `-32022` with `data: {supported, requested}` for a 2026-era date (`2099-01-01`), else `-32600` |
+//! | `MCP-Protocol-Version` present and not the body's `_meta["io.modelcontextprotocol/protocolVersion"]` (2026-07-28 §2.2) | 400, `-32020` naming both |
 //! | method other than POST, GET, DELETE | 405 with `Allow` |
 //! | POST `Content-Type` not `application/json` | 415 |
 //! | POST `Accept` not listing both `application/json` and `text/event-stream` | 406 |
@@ -294,6 +295,12 @@ impl Edge {
         };
         if let Some((reason, resp)) = super::response::refuse_session_or_version(fields, id) {
             return Err(self.reject(reason, resp));
+        }
+        if let Operation::Post(msg) = &op {
+            if let Some((reason, resp)) = super::response::refuse_version_disagreement(fields, msg)
+            {
+                return Err(self.reject(reason, resp));
+            }
         }
         Ok((served, op))
     }

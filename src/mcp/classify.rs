@@ -110,7 +110,7 @@ impl<'a> Classified<'a> {
 
 /// A JSON string's value: borrowed without escapes, decoded with them; `None` for any other
 /// JSON value.
-pub(super) fn string(raw: &str) -> Option<Cow<'_, str>> {
+pub fn string(raw: &str) -> Option<Cow<'_, str>> {
     let inner = raw.strip_prefix('"')?.strip_suffix('"')?;
     if !inner.contains('\\') {
         return Some(Cow::Borrowed(inner));
