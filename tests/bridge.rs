@@ -908,3 +908,69 @@ async fn modern_error_codes_are_mapped_for_2025_clients() {
     assert_eq!(err_code(&v), -32602, "{v}");
     assert_eq!(v["error"]["data"]["supported"][0], MODERN, "{v}");
 }
+
+/// Break-tasks M1: a 2025 client (through the bridge) and a 2026 client cancelling one task at
+/// the same time share one upstream `tasks/cancel`, and each gets its own era's answer: the
+/// 2025 client the cancelled `Task` (a `CancelTaskResult`), the 2026 client the ack, whichever
+/// went first. Before, the second caller got the first one's bytes: a 2025 client
+/// `{"resultType":"complete"}`, a 2026 client a 2025 `Task`.
+#[tokio::test]
+async fn cancels_of_both_eras_joined_in_one_flight_get_their_own_eras_answer() {
+    let (up, state) = modern_server().await;
+    state.lock().unwrap().cancel_delay = std::time::Duration::from_millis(400);
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let mut c = tg.client().with_token("tok-a");
+    c.initialize().await;
+    let ack = json!({"resultType": "complete"});
+    for (round, modern_first) in [(0u64, true), (1, false)] {
+        let t = create(&c, 10 + round).await;
+        let sent = round as usize + 1;
+        let (legacy, modern) = if modern_first {
+            let (url, t2) = (url.clone(), t.clone());
+            let modern = tokio::spawn(async move {
+                task_call(&url, Some("tok-a"), 20 + round, "tasks/cancel", &t2).await
+            });
+            assert!(
+                up.wait_for_method("tasks/cancel", sent, std::time::Duration::from_secs(5))
+                    .await
+            );
+            let legacy = c.cancel(&(30 + round).to_string(), &t).await;
+            (legacy, modern.await.unwrap())
+        } else {
+            let (c2, t2) = (c.clone(), t.clone());
+            let legacy =
+                tokio::spawn(async move { c2.cancel(&(30 + round).to_string(), &t2).await });
+            assert!(
+                up.wait_for_method("tasks/cancel", sent, std::time::Duration::from_secs(5))
+                    .await
+            );
+            let modern = task_call(&url, Some("tok-a"), 20 + round, "tasks/cancel", &t).await;
+            (legacy.await.unwrap(), modern)
+        };
+        let (status, modern) = modern;
+        assert_eq!(status, 200, "round {round}: {modern}");
+        assert_eq!(
+            modern["result"], ack,
+            "round {round}: the 2026 ack: {modern}"
+        );
+        assert_eq!(
+            (&legacy["result"]["taskId"], &legacy["result"]["status"]),
+            (&json!(t), &json!("cancelled")),
+            "round {round}: the 2025 CancelTaskResult: {legacy}"
+        );
+        assert_eq!(
+            count(&up, "tasks/cancel"),
+            sent,
+            "round {round}: one upstream cancel"
+        );
+        assert_eq!(
+            tg.record(&t).unwrap().status,
+            TaskStatus::Cancelled,
+            "round {round}"
+        );
+    }
+}

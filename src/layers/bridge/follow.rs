@@ -10,10 +10,9 @@ use crate::layers::extensions::{AckIsCancelled, AuthorisedTask, CancelAcknowledg
 use crate::layers::relay::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use crate::layers::McpService;
 use crate::mcp::era::Era;
-use crate::mcp::errors::{McpError, TaskError};
+use crate::mcp::errors::McpError;
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::InputRefusal;
-use crate::registry::Observed;
 use crate::sse::Event;
 use crate::store::TaskRecord;
 use serde_json::{json, Value};
@@ -413,17 +412,5 @@ pub(super) async fn tasks_cancel<S: McpService>(
         };
         return McpReply::error(Era::Legacy, Some(&id), &error);
     };
-    match observed {
-        Observed::Rewrite { status, .. } if *status != TaskStatus::Cancelled => {
-            let terminal = TaskError::AlreadyTerminal {
-                task_id: &task_id,
-                status: *status,
-            };
-            McpReply::local_json(terminal.response(Some(&id)))
-        }
-        Observed::Unknown => {
-            McpReply::local_json(TaskError::NotFound { task_id: &task_id }.response(Some(&id)))
-        }
-        _ => McpReply::local_json(jsonrpc::result_response(&id, &task.to_string())),
-    }
+    McpReply::local_json(observed.legacy_cancel_answer(&id, &task_id, task))
 }

@@ -375,6 +375,12 @@ where
         (true, true) => metrics::CancelOutcome::UpstreamError,
         (false, _) => metrics::CancelOutcome::Deduplicated,
     });
+    if let FlightAnswer::Result(result) = &outcome {
+        let answer = modern::other_eras_answer(&state, era, &upstream, &record, &id, result);
+        if let Some(reply) = answer.await {
+            return Ok(reply);
+        }
+    }
     reply_of(outcome, &id, first, &upstream, era)
 }
 

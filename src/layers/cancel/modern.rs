@@ -46,5 +46,40 @@ pub(super) async fn terminal_answer(
     reply.answered_locally(LocalReason::CancelTerminal)
 }
 
+/// The answer of a caller whose era is not the one the flight's successful `result` is shaped
+/// for: a 2025-11-25 caller who joined a 2026-07-28 caller's cancel of the same task, or the
+/// other way round (break-tasks M1: each got the other era's shape, which its SDK rejects).
+/// A 2026 caller gets the ack; a 2025 caller the ack applied as the task `cancelled`, as the
+/// bridge answers its own cancel ([`Registry::apply_cancel_ack`]). `None`: `result` already
+/// has the caller's era's shape (a 2026 ack has `resultType`, a 2025 `Task` has `status`).
+///
+/// [`Registry::apply_cancel_ack`]: crate::registry::Registry::apply_cancel_ack
+pub(super) async fn other_eras_answer(
+    state: &Arc<CancelState>,
+    era: Era,
+    upstream: &str,
+    record: &crate::store::TaskRecord,
+    id: &jsonrpc::Id,
+    result: &str,
+) -> Option<McpReply> {
+    let has = |member: &str| {
+        matches!(
+            jsonrpc::splice::raw_at(result.as_bytes(), &[member]),
+            Ok(Some(_))
+        )
+    };
+    match era {
+        Era::Modern if !has("resultType") => Some(McpReply::local_json(jsonrpc::result_response(
+            id, MODERN_ACK,
+        ))),
+        Era::Legacy if !has("status") => {
+            let (task, observed) = state.registry.apply_cancel_ack(upstream, record).await;
+            let answer = observed.legacy_cancel_answer(id, &record.task_id, &task);
+            Some(McpReply::local_json(answer))
+        }
+        _ => None,
+    }
+}
+
 /// The 2026-07-28 `tasks/cancel` (and `tasks/update`) ack: `{"resultType":"complete"}`.
 pub const MODERN_ACK: &str = r#"{"resultType":"complete"}"#;

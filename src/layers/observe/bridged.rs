@@ -20,7 +20,7 @@ use super::Watch;
 use crate::jsonrpc::Id;
 use crate::layers::extensions::{CancelAcknowledged, Fact, PendingCreation, SynthesizedTask};
 use crate::mcp::errors::McpError;
-use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
+use crate::mcp::task::{format_rfc3339_ms, now_ms};
 use crate::store::TaskRecord;
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -106,22 +106,17 @@ impl Watch {
     }
 
     /// The ack to a `tasks/cancel` carrying
-    /// [`AckIsCancelled`](crate::layers::extensions::AckIsCancelled) about `task_id`: `known`
-    /// (the authorised record) `cancelled` and updated now, applied; `applied` filled.
+    /// [`AckIsCancelled`](crate::layers::extensions::AckIsCancelled): `known` (the authorised
+    /// record) `cancelled` and updated now, applied ([`Registry::apply_cancel_ack`]); `applied`
+    /// filled.
+    ///
+    /// [`Registry::apply_cancel_ack`]: crate::registry::Registry::apply_cancel_ack
     pub(super) async fn on_cancel_ack(
         &self,
-        task_id: &str,
         known: &TaskRecord,
         applied: &Fact<CancelAcknowledged>,
     ) {
-        let mut task = known.to_task();
-        task.status = TaskStatus::Cancelled;
-        task.last_updated_at = format_rfc3339_ms(now_ms());
-        let task = serde_json::to_value(&task).unwrap_or(Value::Null);
-        let observed = self
-            .registry
-            .observe_task_as(&self.upstream, task_id, task.clone(), "tasks/cancel")
-            .await;
+        let (task, observed) = self.registry.apply_cancel_ack(&self.upstream, known).await;
         applied.set(CancelAcknowledged { task, observed });
     }
 }

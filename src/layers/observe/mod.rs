@@ -532,7 +532,7 @@ impl Watch {
                 applied,
             } => {
                 if response {
-                    Box::pin(self.on_cancel_ack(&known.task_id, &known, &applied)).await;
+                    Box::pin(self.on_cancel_ack(&known, &applied)).await;
                 }
                 bytes
             }
