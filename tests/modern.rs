@@ -956,3 +956,41 @@ async fn a_version_header_that_disagrees_with_meta_is_refused_at_the_edge() {
     assert_eq!(status, 200, "agreeing versions pass: {v}");
     assert!(up.count() > before, "and were forwarded");
 }
+
+/// Hostile tester F6: a `notifications/tasks` reporting a task `completed` with its `result`
+/// is kept with its status, so a later `tasks/get` (the upstream still answering `working`,
+/// as an eventually consistent one does) is answered `completed` with that `result` from the
+/// record (2026-07-28 tasks: `completed` MUST carry `result`). Before, the upstream's `working`
+/// was rewritten `completed` without any `result`.
+#[tokio::test]
+async fn a_terminal_notifications_result_answers_later_polls() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let (status, v) = send(modern_req(
+        &url,
+        None,
+        2,
+        "tools/call",
+        json!({"name": "notify_about", "arguments": {"taskId": t}}),
+    ))
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let done = eventually(STEP, || async {
+        tg.record(&t)
+            .filter(|r| r.status == taskgate::mcp::task::TaskStatus::Completed)
+    })
+    .await;
+    assert!(done.is_some(), "the notification was applied");
+    let (status, v) = task_call(&url, None, 3, "tasks/get", &t).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["status"], "completed", "{v}");
+    assert_eq!(
+        v["result"]["result"]["content"][0]["text"],
+        json!(format!("done {t}")),
+        "completed carries its result: {v}"
+    );
+    assert_eq!(v["result"]["resultType"], "complete", "{v}");
+    assert!(v["result"].get("_meta").is_none(), "{v}");
+}

@@ -419,8 +419,9 @@ impl Registry {
         self.durable(applied).await
     }
 
-    /// [`Registry::observe_task_as`] of a terminal 2026-07-28 `tasks/get` answer that also keeps
-    /// `result` (the answer's whole `result`, JSON text) in the record, in the same store update
+    /// [`Registry::observe_task_as`] of a terminal 2026-07-28 `tasks/get` answer (or a terminal
+    /// `notifications/tasks`: `source`) that also keeps `result` (the answer's whole `result`,
+    /// the `DetailedTask` a later `tasks/get` is answered with, JSON text) in the record, in the same store update
     /// and under the same durable sync as the terminal status (kept as
     /// [`Registry::store_terminal_result`] keeps it: once, in a record holding the reported
     /// terminal status, at most `tasks.max_stored_result_bytes`).
@@ -433,10 +434,11 @@ impl Registry {
         task_id: &str,
         task: Value,
         result: String,
+        source: &'static str,
     ) -> Observed {
         let applied = self
             .point_about(upstream, task_id, move |r, up, id| {
-                r.observe_task_with_result_now(up, id, &task, "tasks/get", Some(result))
+                r.observe_task_with_result_now(up, id, &task, source, Some(result))
             })
             .await;
         self.durable(applied).await

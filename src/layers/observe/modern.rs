@@ -77,6 +77,7 @@ impl Watch {
                 task_id,
                 task,
                 raw,
+                "tasks/get",
             ))
             .await;
             // Kept with the status when it could be: nothing left for the match below.
@@ -136,12 +137,55 @@ impl Watch {
             }
         }
         let task = as_registry_task(params, self.registry.config().max_ttl_ms);
-        let observed = self
-            .registry
-            .observe_task(&self.upstream, task, "notifications/tasks")
-            .await;
+        let task_id = params.get("taskId").and_then(Value::as_str);
+        let observed = match task_id.zip(terminal_payload(params)) {
+            // A terminal report keeps its payload with its status, as a terminal `tasks/get`
+            // answer does: a later `tasks/get` is answered from the record (hostile tester F6:
+            // an upstream still answering `working` was shown `completed` without `result`).
+            Some((task_id, payload)) => {
+                self.registry
+                    .observe_task_with_result(
+                        &self.upstream,
+                        task_id,
+                        task,
+                        payload,
+                        "notifications/tasks",
+                    )
+                    .await
+            }
+            None => {
+                self.registry
+                    .observe_task(&self.upstream, task, "notifications/tasks")
+                    .await
+            }
+        };
         Some(rewrite(&observed, &bytes, "params"))
     }
+}
+
+/// The `tasks/get` result a terminal `notifications/tasks` stands for (its `params`, a
+/// `DetailedTask`, without the notification's `_meta`, with `resultType: "complete"`), as JSON
+/// text; `None` for a live status, and for a `completed` without `result` or a `failed`
+/// without `error` (2026-07-28 tasks: each MUST carry it; such a report is applied, not kept).
+fn terminal_payload(params: &Value) -> Option<String> {
+    let status = params
+        .get("status")
+        .and_then(Value::as_str)
+        .and_then(TaskStatus::parse)?;
+    let needs = match status {
+        TaskStatus::Completed => Some("result"),
+        TaskStatus::Failed => Some("error"),
+        TaskStatus::Cancelled => None,
+        TaskStatus::Working | TaskStatus::InputRequired => return None,
+    };
+    if needs.is_some_and(|member| params.get(member).is_none()) {
+        return None;
+    }
+    let mut task = params.as_object()?.clone();
+    task.remove("_meta");
+    task.entry("resultType")
+        .or_insert_with(|| Value::String("complete".into()));
+    serde_json::to_string(&task).ok()
 }
 
 /// `bytes` with the `DetailedTask` at `member` showing the recorded terminal status; a
