@@ -67,6 +67,74 @@ async fn sse_creation_and_notifications_update_the_record() {
     let _ = up;
 }
 
+/// Break-tasks H4 and the refused leftover: a `notifications/tasks` the server sends about its
+/// new task before the `CreateTaskResult` is held until that answer was recorded and passed, then
+/// passed (the client never learns a `taskId` before its record exists); no message about a task
+/// refused over `tasks.max_live_tasks_per_owner` reaches the client, before the refusal or
+/// after. On the old code the client saw the early `working` first and, for the refused task,
+/// both notifications carrying its id.
+#[tokio::test]
+async fn a_task_is_never_named_to_the_client_before_its_record_nor_when_refused() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let call = |id: u64| {
+        modern_req(
+            &url,
+            None,
+            id,
+            "tools/call",
+            json!({"name": "sse_early_tool", "arguments": {}}),
+        )
+    };
+    let events = |text: &str| -> Vec<Value> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str(d.trim()).ok())
+            .collect()
+    };
+
+    // Recorded: the answer first, then the early `working`, then the end.
+    let text = call(1).send().await.text().await;
+    let seen = events(&text);
+    assert_eq!(seen[0]["id"], json!(1), "the answer comes first: {text}");
+    let t = seen[0]["result"]["taskId"].as_str().unwrap().to_string();
+    assert!(tg.record(&t).is_some(), "{text}");
+    let statuses: Vec<_> = seen
+        .iter()
+        .filter(|m| m["method"] == "notifications/tasks")
+        .map(|m| (m["params"]["taskId"].clone(), m["params"]["status"].clone()))
+        .collect();
+    assert_eq!(
+        statuses,
+        vec![(json!(t), json!("working")), (json!(t), json!("completed"))],
+        "{text}"
+    );
+
+    // That task ended; with one live task the owner is at its limit: the next task the server
+    // makes is refused, and no message on its stream names it.
+    create(&url, None, "slow_compute").await;
+    let text = call(2).send().await.text().await;
+    let seen = events(&text);
+    let refused = seen
+        .iter()
+        .find(|m| m["id"] == json!(2))
+        .unwrap_or_else(|| panic!("no answer: {text}"));
+    assert_eq!(refused["error"]["code"], -32029, "{text}");
+    let over = up
+        .first_cancelled_task(STEP)
+        .await
+        .expect("the refused task is cancelled upstream");
+    assert!(
+        !text.contains(&over),
+        "the refused task's id reached the client: {text}"
+    );
+    assert_eq!(seen.len(), 1, "only the refusal: {text}");
+}
+
 /// A `CreateTaskResult` whose `taskId` is not a string names no task taskgate could record (nor
 /// one a client could ask about or cancel): the client gets `-32603` saying so, not the
 /// unrecorded "task". On the old code it was handed out unrecorded (break-edge F5).

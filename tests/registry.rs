@@ -464,6 +464,56 @@ async fn open_get_stream(tg: &Tg, c: &Client) -> SseReader {
     r.sse()
 }
 
+/// Break-tasks H4 on the GET stream: a `notifications/tasks/status` naming a task whose
+/// creation is still in flight (the TypeScript SDK 1.x server sends a quick task's
+/// `completed` there as it ends) waits until the `CreateTaskResult` was recorded, then passes
+/// and is applied. On the old code it passed before the record existed, was applied to no
+/// record, and the task stayed `working`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_notification_racing_its_creation_waits_for_the_record() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let up = TaskServer::start(Behaviour {
+        get_stream: Some(Arc::new(move || {
+            vec![
+                SseStep::Wait(g.clone()),
+                ev().data(&status_notification("task-1", "completed"))
+                    .into(),
+                SseStep::HoldOpen,
+            ]
+        })),
+        creation_delay: Duration::from_millis(400),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let mut get_stream = open_get_stream(&tg, &c).await;
+    let creating = {
+        let c = c.clone();
+        tokio::spawn(async move { c.create_task("1").await })
+    };
+    assert!(up.up.wait_for_method("tools/call", 1, STEP).await);
+    gate.open();
+    let n = get_stream.next_event(STEP).await.json();
+    assert_eq!(n["params"]["taskId"], json!("task-1"), "{n}");
+    assert!(
+        tg.record("task-1").is_some(),
+        "the task was recorded before the client heard of it"
+    );
+    assert_eq!(creating.await.unwrap(), "task-1");
+    let applied = eventually(STEP, || async {
+        tg.record("task-1")
+            .filter(|r| r.status == taskgate::mcp::task::TaskStatus::Completed)
+    })
+    .await;
+    assert!(
+        applied.is_some(),
+        "the completion was applied to the record"
+    );
+}
+
 /// Without auth a 2025-11-25 task is its session's: a `notifications/tasks/status` about
 /// session A's task on session B's GET stream is not passed to B, nor applied to A's record
 /// (A never got it); B's own task's passes. On the old code B got A's task first and A's record

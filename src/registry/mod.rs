@@ -24,6 +24,7 @@
 mod cache;
 mod creation;
 mod gone;
+pub mod in_flight;
 pub mod leases;
 mod offload;
 pub mod owners;
@@ -67,6 +68,9 @@ pub struct Registry {
     telemetry: std::sync::OnceLock<crate::telemetry::Telemetry>,
     /// This process's call leases, in a tier (see `leases`). Set once, at start.
     leases: std::sync::OnceLock<Arc<leases::LeaseKeeper>>,
+    /// Creations in flight and the tasks refused unrecorded, for the notifications that name
+    /// a task before (or instead of) its record (see `in_flight`).
+    creations: in_flight::CreationsInFlight,
 }
 
 impl Registry {
@@ -145,6 +149,7 @@ impl Registry {
             threads,
             telemetry: std::sync::OnceLock::new(),
             leases: std::sync::OnceLock::new(),
+            creations: Default::default(),
         });
         for (up, id) in unreleased {
             registry
@@ -157,6 +162,11 @@ impl Registry {
     /// The "resources released" tracker.
     pub fn releases(&self) -> &Arc<Releases> {
         &self.releases
+    }
+
+    /// The creations in flight and the tasks refused unrecorded ([`in_flight`]).
+    pub fn creations(&self) -> &in_flight::CreationsInFlight {
+        &self.creations
     }
 
     /// The upstream sent something about a message's task (progress on its token, related-task

@@ -147,6 +147,20 @@ pub fn modern_handler(
                         SseStep::Raw(ev().data(&done.to_string()).wire()),
                     ]);
                 }
+                // A server that reports the task (`working`) before answering with it, then
+                // its end, on the call's stream.
+                if v["params"]["name"] == "sse_early_tool" {
+                    let working = json!({"jsonrpc":"2.0","method":"notifications/tasks",
+                        "params": detailed(&tid, "working")});
+                    let done = json!({"jsonrpc":"2.0","method":"notifications/tasks",
+                        "params": detailed(&tid, "completed")});
+                    s.tasks.insert(tid.clone(), "completed".into());
+                    return ScriptedResponse::sse(vec![
+                        SseStep::Raw(ev().data(&working.to_string()).wire()),
+                        SseStep::Raw(ev().data(&rpc_result(&id, &created.to_string())).wire()),
+                        SseStep::Raw(ev().data(&done.to_string()).wire()),
+                    ]);
+                }
                 result(created)
             }
             "tasks/get" => match s.tasks.get(&task_id) {

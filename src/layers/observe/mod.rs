@@ -62,6 +62,7 @@ use crate::mcp::needles::{self, found};
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::UndoOutcome;
 use crate::registry::as_registry_task;
+use crate::registry::in_flight::{InFlight, Settled};
 use crate::registry::{Registry, ResourceHold};
 use crate::sse::{ByteString, Event, EventStream};
 use crate::store::{StoreError, TaskRecord};
@@ -137,6 +138,10 @@ struct Creation {
     plain: Option<Fact<SynthesizedTask>>,
     /// The creating request's span (`[telemetry]` on), given `mcp.task.id` once recorded.
     trace: Option<crate::telemetry::RequestTrace>,
+    /// A creation the client asked for, counted in flight on its upstream until it is
+    /// recorded or refused (`registry::in_flight`: what a notification naming its task on
+    /// another stream waits for).
+    in_flight: Option<InFlight>,
 }
 
 /// What the answer to the request is awaited for.
@@ -176,6 +181,7 @@ impl Expect {
                             .remove::<PlainAnswerIsTask>()
                             .map(|p| p.recorded),
                         trace: req.trace.clone(),
+                        in_flight: None,
                     }),
                     None => Expect::Nothing,
                 }
@@ -230,8 +236,20 @@ where
         let registry = self.registry.clone();
         let upstream = req.ctx.upstream.clone();
         let mut expect = Expect::of(&mut req);
-        if let Expect::Creation(Creation { undo, .. }) = &mut expect {
+        // A creation the client asked for (`params.task`: a 2025-11-25 task-augmented call,
+        // also one a bridge made for its client) runs to its answer ([`RunToEnd`]). A
+        // 2026-07-28 call the server may turn into a task does not: a 2026 client's disconnect
+        // cancels its plain call (the exchange is dropped), as it always did.
+        let runs_to_end = matches!(expect, Expect::Creation(_))
+            && req.classified().is_some_and(|c| c.task().is_some());
+        if let Expect::Creation(Creation {
+            undo, in_flight, ..
+        }) = &mut expect
+        {
             *undo = Some(Box::new(Undo::new(self.inner.clone(), &req)));
+            if runs_to_end {
+                *in_flight = Some(registry.creations().begin(&upstream));
+            }
         }
         if matches!(expect, Expect::Nothing) {
             let watch = WatchStream {
@@ -255,12 +273,6 @@ where
         // Built here, so that the boxed future holds one pointer rather than the expectation,
         // the hold and the registry (callgrind, issue 36: that future is moved into its box on
         // every task request, and at 1,064 bytes it was past the allocator's small sizes).
-        // A creation the client asked for (`params.task`: a 2025-11-25 task-augmented call,
-        // also one a bridge made for its client) runs to its answer ([`RunToEnd`]). A
-        // 2026-07-28 call the server may turn into a task does not: a 2026 client's disconnect
-        // cancels its plain call (the exchange is dropped), as it always did.
-        let runs_to_end = matches!(expect, Expect::Creation(_))
-            && req.classified().is_some_and(|c| c.task().is_some());
         let watch = Arc::new(Watch {
             registry,
             upstream,
@@ -333,7 +345,35 @@ struct Watched {
     ended: bool,
     /// The event being applied (`None` once applied: dropped); the next one is read only after
     /// it.
-    applying: Option<Pin<Box<dyn Future<Output = Option<Event>> + Send>>>,
+    applying: Option<Pin<Box<dyn Future<Output = Relay> + Send>>>,
+    /// Task notifications held until the creation is answered ([`Relay::Hold`]), at most
+    /// [`MAX_HELD_EVENTS`] (more pass as they come).
+    held: std::collections::VecDeque<Event>,
+}
+
+/// Whether a message may be a task notification (`notifications/tasks/status`, 2025-11-25, or
+/// `notifications/tasks`, 2026-07-28). Escapes may spell either method
+/// (`notifications\/tasks\/status`): then it is read. One search where neither method is named
+/// (nearly always): `TASKS_METHODS` is found in every message either is (callgrind, issue 36:
+/// ~190 instructions a message).
+#[inline]
+fn is_task_notification(bytes: &[u8]) -> bool {
+    (found(&needles::TASKS_METHODS, bytes)
+        && (found(&needles::TASK_STATUS, bytes) || found(&needles::TASKS_NOTIFICATION, bytes)))
+        || needles::may_hide_names(bytes)
+}
+
+/// Most task notifications one creation's stream holds until its answer.
+const MAX_HELD_EVENTS: usize = 16;
+
+/// What becomes of one event of a watched stream ([`Watch::on_event`]).
+enum Relay {
+    /// Passed on (rewritten if needed).
+    Pass(Event),
+    /// Not passed on ([`Watch::shown_to`]).
+    Drop,
+    /// Held until the stream's creation is answered ([`Watch::names_a_task_to_hold`]).
+    Hold(Event),
 }
 
 impl futures_util::Stream for Watched {
@@ -343,23 +383,42 @@ impl futures_util::Stream for Watched {
         let this = self.get_mut();
         loop {
             if let Some(applying) = this.applying.as_mut() {
-                let event = std::task::ready!(applying.as_mut().poll(cx));
+                let relay = std::task::ready!(applying.as_mut().poll(cx));
                 this.applying = None;
-                match event {
-                    Some(event) => return Poll::Ready(Some(event)),
+                match relay {
+                    Relay::Pass(event) => return Poll::Ready(Some(event)),
                     // Dropped (`Watch::on_event`): the next one.
-                    None => continue,
+                    Relay::Drop => continue,
+                    Relay::Hold(event) => {
+                        this.held.push_back(event);
+                        continue;
+                    }
                 }
+            }
+            // Held events go on once the creation was answered (or the stream ended without
+            // its answer), in their order, no longer held.
+            if this.ended || !this.watch.awaits_creation() {
+                if let Some(event) = this.held.pop_front() {
+                    let caller = this.caller.clone();
+                    let relay = this.watch.clone().on_event(event, caller, false);
+                    this.applying = Some(Box::pin(relay));
+                    continue;
+                }
+            }
+            if this.ended {
+                return Poll::Ready(None);
             }
             let Some(event) = std::task::ready!(this.events.as_mut().poll_next(cx)) else {
                 this.ended = true;
-                return Poll::Ready(None);
+                continue;
             };
             if !this.watch.cares_about(&event) {
                 return Poll::Ready(Some(event));
             }
             let caller = this.caller.clone();
-            this.applying = Some(Box::pin(this.watch.clone().on_event(event, caller)));
+            let may_hold = this.held.len() < MAX_HELD_EVENTS;
+            let relay = this.watch.clone().on_event(event, caller, may_hold);
+            this.applying = Some(Box::pin(relay));
         }
     }
 }
@@ -419,6 +478,7 @@ impl Watch {
             caller: Arc::new(caller.kept_for_streams()),
             ended: false,
             applying: None,
+            held: Default::default(),
         })
     }
 
@@ -430,22 +490,60 @@ impl Watch {
             .is_some_and(|d| self.cares(d.as_bytes()))
     }
 
-    /// Applies an event that [`Watch::cares_about`]; returns it, rewritten if needed, or `None`
-    /// when it must not reach the client ([`Watch::shown_to`]).
-    async fn on_event(self: Arc<Self>, mut event: Event, caller: Arc<Caller>) -> Option<Event> {
+    /// Applies an event that [`Watch::cares_about`]: passed on, rewritten if needed; dropped
+    /// when it must not reach the client ([`Watch::shown_to`]); or, when `may_hold`, held
+    /// until this reply's creation is answered ([`Watch::names_a_task_to_hold`]).
+    async fn on_event(
+        self: Arc<Self>,
+        mut event: Event,
+        caller: Arc<Caller>,
+        may_hold: bool,
+    ) -> Relay {
         let Some(data) = event.data.as_ref() else {
-            return Some(event);
+            return Relay::Pass(event);
         };
         // The event's own bytes (shared, not copied).
         let original = data.as_bytes().clone();
-        let bytes = self.on_message(original.clone(), Some(&caller)).await?;
+        if may_hold && self.awaits_creation() && is_task_notification(&original) {
+            if Box::pin(self.names_a_task_to_hold(&original)).await {
+                return Relay::Hold(event);
+            }
+        }
+        let Some(bytes) = self.on_message(original.clone(), Some(&caller)).await else {
+            return Relay::Drop;
+        };
         if bytes != original {
             event.data = Some(
                 ByteString::try_from(bytes.clone())
                     .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).into_owned().into()),
             );
         }
-        Some(event)
+        Relay::Pass(event)
+    }
+
+    /// Whether a task notification on the stream of a creation still awaited names a task that
+    /// is neither recorded nor refused: the server reporting its new task before the
+    /// `CreateTaskResult` (server-everything sends `working` first). Such an event is held
+    /// until the answer passed, so the client never learns a `taskId` before it is recorded
+    /// (break-tasks H4), then passed as its record says (or dropped, refused).
+    async fn names_a_task_to_hold(&self, bytes: &[u8]) -> bool {
+        let Ok(value) = serde_json::from_slice::<Value>(bytes) else {
+            return false;
+        };
+        let Some(task_id) = value.pointer("/params/taskId").and_then(Value::as_str) else {
+            return false;
+        };
+        matches!(
+            value.get("method").and_then(Value::as_str),
+            Some("notifications/tasks/status" | "notifications/tasks")
+        ) && !self
+            .registry
+            .creations()
+            .was_refused(&self.upstream, task_id)
+            && matches!(
+                self.registry.record_cached(&self.upstream, task_id).await,
+                Ok(None)
+            )
     }
 
     /// Whether a message may concern this watch: a status or task-related message, or (while
@@ -469,13 +567,7 @@ impl Watch {
     /// caller the SSE stream goes to, [`Watch::shown_to`]; `None` for a JSON body).
     async fn on_message(self: &Arc<Self>, bytes: Bytes, stream: Option<&Caller>) -> Option<Bytes> {
         let in_stream = stream.is_some();
-        // Escapes may spell either method (`notifications\/tasks\/status`): then read it.
-        // One search where neither method is named (nearly always): `TASKS_METHODS` is found
-        // in every message either is (callgrind, issue 36: ~190 instructions a message).
-        let is_status = (found(&needles::TASKS_METHODS, &bytes)
-            && (found(&needles::TASK_STATUS, &bytes)
-                || found(&needles::TASKS_NOTIFICATION, &bytes)))
-            || needles::may_hide_names(&bytes);
+        let is_status = is_task_notification(&bytes);
         let is_activity = self.is_activity(&bytes);
         let waiting_for = self.expect.lock().id().cloned();
         if !is_status && !is_activity && waiting_for.is_none() {
@@ -634,12 +726,14 @@ impl Watch {
         creation: Creation,
         in_stream: bool,
     ) -> Bytes {
+        // `_in_flight` is given back at the end, once the task is recorded or refused.
         let Creation {
             id,
             pending,
             undo,
             plain,
             trace,
+            in_flight: _in_flight,
         } = creation;
         let mut parsed = None;
         if let (Some(recorded), true) = (&plain, response) {
@@ -764,11 +858,13 @@ impl Watch {
                 self.registry.creation_record_of(template, task)
             })?
         };
+        // `_in_flight` is given back at the end, once the task is recorded or refused.
         let Expect::Creation(Creation {
             id,
             pending,
             undo,
             trace,
+            in_flight: _in_flight,
             ..
         }) = std::mem::replace(&mut *self.expect.lock(), Expect::Nothing)
         else {
@@ -858,29 +954,63 @@ impl Watch {
     /// `tasks/get`, and had it applied to a record on a report its owner never got (break-edge
     /// F1). One whose record could not be read does not pass either (the failure is logged).
     ///
-    /// A notification about a task not recorded (yet) passes as it came, as before. Held back,
-    /// a real server's `completed` lost its race with the record of its own creation: the
-    /// TypeScript SDK 1.x server sends it on the GET stream as a quick task ends, and the
-    /// interop suite saw 3 of its 4 through taskgate. So a task refused over
-    /// `tasks.max_live_tasks_per_owner`, and one the server reports before its
-    /// `CreateTaskResult` was recorded, still show their id that way (noted on the issue).
+    /// A notification about a task not recorded (yet) waits for the creations in flight on
+    /// its upstream ([`Watch::unrecorded_shown`]): the task a server reports before its
+    /// `CreateTaskResult` was recorded is then shown as its record says (break-tasks H4); one
+    /// taskgate refused or never recorded, and cancelled upstream, is not shown at all.
     async fn shown_to(&self, caller: &Caller, task: &Value) -> bool {
         let Some(task_id) = task.get("taskId").and_then(Value::as_str) else {
             return true;
         };
         let shown = match self.registry.record_cached(&self.upstream, task_id).await {
             Ok(Some(r)) => caller.may_see(&r.owner) && !r.is_expired(now_ms()),
-            Ok(None) => true,
+            Ok(None) => Box::pin(self.unrecorded_shown(caller, task_id)).await,
             Err(_) => false,
         };
         if !shown {
             tracing::debug!(
                 upstream = %self.upstream,
                 task_id,
-                "a notification about another caller's task is not passed on"
+                "a notification about another caller's task, or a refused one, is not passed on"
             );
         }
         shown
+    }
+
+    /// [`Watch::shown_to`] of a task not recorded: not a task taskgate cancelled upstream
+    /// unrecorded (over `tasks.max_live_tasks_per_owner`, its client gone, its record not
+    /// written). On another stream than a creation's own, it first waits (at most
+    /// `in_flight::SETTLE_WAIT`) until the task is recorded, refused, or no creation is in
+    /// flight on the upstream: the TypeScript SDK 1.x server sends a quick task's `completed`
+    /// on the GET stream while its `CreateTaskResult` is being recorded. A creation's own
+    /// stream does not wait (its own creation is in flight: its events are held instead,
+    /// [`Watched`]). A task neither recorded nor refused passes, as it always did (a task
+    /// created past taskgate, or one of an older refusal).
+    async fn unrecorded_shown(&self, caller: &Caller, task_id: &str) -> bool {
+        let creations = self.registry.creations();
+        if self.awaits_creation() {
+            return !creations.was_refused(&self.upstream, task_id);
+        }
+        let recorded = || async {
+            matches!(
+                self.registry.record_cached(&self.upstream, task_id).await,
+                Ok(Some(_)) | Err(_)
+            )
+        };
+        match creations.settle(&self.upstream, task_id, recorded).await {
+            Settled::Refused => false,
+            Settled::Unrecorded => true,
+            Settled::Recorded => match self.registry.record_cached(&self.upstream, task_id).await {
+                Ok(Some(r)) => caller.may_see(&r.owner) && !r.is_expired(now_ms()),
+                Ok(None) => true,
+                Err(_) => false,
+            },
+        }
+    }
+
+    /// Whether this reply still awaits its creation's answer.
+    fn awaits_creation(&self) -> bool {
+        matches!(*self.expect.lock(), Expect::Creation(_))
     }
 
     /// Records a `CreateTaskResult`; returns the message to pass on and the recorded taskId.
@@ -1302,6 +1432,9 @@ impl Undo {
         let id = Id::from_json(&format!("\"taskgate-undo-{n}\"")).expect("a string id");
         let req = self.request(era, &task_id, &id);
         let upstream = self.ctx.upstream.clone();
+        // Before the creation's `InFlight` is given back: a notification waiting on it then
+        // sees the task refused, and is not passed on.
+        registry.creations().refused(&upstream, &task_id);
         let registry = registry.clone();
         match why {
             UndoReason::NotRecorded => {
