@@ -1062,3 +1062,55 @@ async fn a_malformed_params_task_is_refused_by_taskgate() {
         "nothing went upstream"
     );
 }
+
+/// Break-tasks M4: a gateway task whose result is larger than `tasks.max_stored_result_bytes`
+/// (nowhere to keep it) ends `failed` saying so, in both eras: a 2026 `tasks/get` answers a
+/// `DetailedTask` with its `error`, a 2025 `tasks/result` the error. Before, it was `completed`
+/// with no result anywhere: a 2026 `tasks/get` answered a JSON-RPC error instead of the task,
+/// and a 2025 `tasks/result` `-32603`.
+#[tokio::test]
+async fn a_result_too_large_to_keep_fails_the_task_saying_so() {
+    let gate = Gate::new();
+    gate.open();
+    let up = Upstream::start(no_tasks_server(gate.clone())).await;
+    let tg = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .upstream_line("tasks = \"gateway\"")
+        .tasks("max_stored_result_bytes = 16")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow").await;
+    let done = eventually(STEP, || async {
+        let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+        (v["result"]["status"] == "failed").then_some(v)
+    })
+    .await
+    .expect("failed, not completed without its result");
+    let message = done["result"]["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("max_stored_result_bytes"), "{done}");
+    assert_eq!(done["result"]["resultType"], "complete", "{done}");
+
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = task_id_of(&create_call(&c, "1", "slow").await);
+    let failed = eventually(STEP, || async {
+        let v = c.get("2", &t).await;
+        (v["result"]["status"] == "failed").then_some(v)
+    })
+    .await
+    .expect("failed");
+    let said = failed["result"]["statusMessage"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(said.contains("max_stored_result_bytes"), "{failed}");
+    let r = c.result("3", &t).await;
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("max_stored_result_bytes")),
+        "{r}"
+    );
+}

@@ -487,6 +487,17 @@ impl Held {
         let text = match &outcome {
             Outcome::Result(v) | Outcome::Error(v) => v.to_string(),
         };
+        let max = registry.config().max_stored_result_bytes;
+        if matches!(outcome, Outcome::Result(_)) && text.len() as u64 > max {
+            // Neither the record nor memory may keep it: `completed` would be a task whose
+            // result nobody can fetch (a 2026 `tasks/get` could not even be answered: its
+            // `DetailedTask` must carry the result; break-tasks M4). `failed`, saying why.
+            let why = format!(
+                "the call's result ({} bytes) is larger than tasks.max_stored_result_bytes ({max}), so taskgate could not keep it for the task",
+                text.len()
+            );
+            return Box::pin(self.fail(&why)).await;
+        }
         self.state.remember(task_id, outcome.clone(), text.len());
         let now = format_rfc3339_ms(now_ms());
         let mut report = json!({"status": status.as_str(), "lastUpdatedAt": now});
