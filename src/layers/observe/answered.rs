@@ -6,7 +6,8 @@
 //! README's error table has it: a JSON answer becomes HTTP 502 with `-32603` naming the upstream
 //! and what was wrong ([`GatewayError::UpstreamProtocol`], under the client's id); a stream gets
 //! a `-32603` event for the request before it ends, as an oversized event gets one from the
-//! transport. Both count `taskgate_upstream_errors_total{kind="protocol"}` (and the edge
+//! transport (unless a 2025-11-25 stream may be resumed: an event with an SSE `id` passed). Both
+//! count `taskgate_upstream_errors_total{kind="protocol"}` (and the edge
 //! `outcome="upstream_invalid"` for the 502). A second response to the request's id on a stream
 //! is not passed on: only the first is the answer (and only the first `CreateTaskResult` is
 //! recorded).
@@ -27,6 +28,16 @@ use crate::sse::Event;
 use bytes::Bytes;
 use memchr::memmem::Finder;
 use std::sync::LazyLock;
+
+/// What a reply to a request must carry: the response to `id`. `may_resume`: the request's era
+/// lets an SSE answer end before its response once an event with an SSE `id` passed (2025-11-25
+/// transports: the server MAY close the connection without ending the stream, the client
+/// resumes with GET and `Last-Event-ID`); 2026-07-28 has no resumability.
+#[derive(Clone)]
+pub(super) struct Awaited {
+    pub(super) id: Id,
+    pub(super) may_resume: bool,
+}
 
 static RESULT_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\"result\""));
 static ERROR_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\"error\""));

@@ -288,8 +288,8 @@ where
                     // The one pass above took the body for the answer (the expectation is
                     // met), or it is not the answer: read again only then, to say why.
                     let unmet = watch.expect.lock().id().is_some();
-                    if let (true, Some(id)) = (unmet, &answer) {
-                        if let Err(detail) = answered::check_json(&out, id) {
+                    if let (true, Some(awaited)) = (unmet, &answer) {
+                        if let Err(detail) = answered::check_json(&out, &awaited.id) {
                             return Err(watch.invalid(detail));
                         }
                     }
@@ -299,7 +299,7 @@ where
                     ReplyBody::Stream(Watch::watch(watch, events, caller, answer))
                 }
                 ReplyBody::Empty if answer.is_some() => {
-                    return Err(watch.invalid(empty_answer(answer.as_ref())));
+                    return Err(watch.invalid(empty_answer(answer.as_ref().map(|a| &a.id))));
                 }
                 other => other,
             };
@@ -323,8 +323,8 @@ pub struct WatchStream {
     upstream: Arc<str>,
     /// Who the reply goes to (a stream's task notifications are checked against it).
     caller: Caller,
-    /// The id of the request whose answer this reply must be ([`awaited_answer`]).
-    answer: Option<Id>,
+    /// The request whose answer this reply must be ([`awaited_answer`]).
+    answer: Option<answered::Awaited>,
 }
 
 impl ReplyStep<GatewayError> for WatchStream {
@@ -334,8 +334,8 @@ impl ReplyStep<GatewayError> for WatchStream {
         let answer = self.answer.filter(|_| reply.status.is_success());
         let fault = match (&reply.body, &answer) {
             (ReplyBody::Stream(_), _) | (_, None) => None,
-            (ReplyBody::Json(bytes), Some(id)) => answered::check_json(bytes, id).err(),
-            (ReplyBody::Empty, Some(_)) => Some(empty_answer(answer.as_ref())),
+            (ReplyBody::Json(bytes), Some(a)) => answered::check_json(bytes, &a.id).err(),
+            (ReplyBody::Empty, Some(a)) => Some(empty_answer(Some(&a.id))),
             (ReplyBody::Raw(_), Some(_)) => None,
         };
         if let Some(detail) = fault {
@@ -360,11 +360,16 @@ impl ReplyStep<GatewayError> for WatchStream {
     }
 }
 
-/// The id of the request `req` when it is one (a client's response or notification is
-/// answered 202, with no message): its reply must answer it ([`answered`]).
-fn awaited_answer(req: &McpRequest) -> Option<Id> {
+/// What the reply to `req` must answer, when `req` is a request (a client's response or
+/// notification is answered 202, with no message): its id ([`answered`]).
+fn awaited_answer(req: &McpRequest) -> Option<answered::Awaited> {
     match &req.op {
-        Operation::Post(msg) if msg.kind() == Kind::Request => msg.id().cloned(),
+        Operation::Post(msg) if msg.kind() == Kind::Request => {
+            msg.id().map(|id| answered::Awaited {
+                id: id.clone(),
+                may_resume: req.era() == Era::Legacy,
+            })
+        }
         _ => None,
     }
 }
@@ -390,12 +395,15 @@ struct Watched {
     /// The event being applied (`None` once applied: dropped); the next one is read only after
     /// it.
     applying: Option<Pin<Box<dyn Future<Output = Option<Event>> + Send>>>,
-    /// The id of the request this stream answers (`None`: a GET stream, or a stream the
-    /// transport cut): its first response passes, a later one does not, and a stream that
-    /// ends without one gets a `-32603` event for it ([`answered`]).
-    answer: Option<Id>,
+    /// The request this stream answers (`None`: a GET stream, or a stream the transport cut):
+    /// its first response passes, a later one does not, and a stream that ends without one
+    /// gets a `-32603` event for it ([`answered`]) unless it may be resumed.
+    answer: Option<answered::Awaited>,
     /// The response to `answer` has passed.
     answered: bool,
+    /// An event with an SSE `id` passed on a stream whose era lets the client resume it (GET
+    /// with `Last-Event-ID`): its end before the response is not an invalid answer.
+    resumable: bool,
     /// The event being applied went to `on_message` while the expectation awaited the answer:
     /// once applied, a met expectation means it was the answer.
     applying_awaited: bool,
@@ -427,11 +435,11 @@ impl futures_util::Stream for Watched {
             }
             let Some(event) = std::task::ready!(this.events.as_mut().poll_next(cx)) else {
                 this.ended = true;
-                if let (Some(id), false) = (&this.answer, this.answered) {
+                if let (Some(a), false, false) = (&this.answer, this.answered, this.resumable) {
                     // Ended without the answer (break-edge F3): a -32603 event for it, once.
                     this.answered = true;
                     let (metrics, upstream) = (this.watch.registry.metrics(), &this.watch.upstream);
-                    return Poll::Ready(Some(answered::unanswered_event(metrics, upstream, id)));
+                    return Poll::Ready(Some(answered::unanswered_event(metrics, upstream, &a.id)));
                 }
                 return Poll::Ready(None);
             };
@@ -442,7 +450,11 @@ impl futures_util::Stream for Watched {
             }
             // Awaited by the expectation, the answer is found by `on_message`'s one pass.
             let awaited = this.watch.expect.lock().id().is_some();
-            if let (Some(id), Some(data)) = (&this.answer, event.data.as_ref()) {
+            if let Some(a) = &this.answer {
+                this.resumable |= a.may_resume && event.id.as_ref().is_some_and(|i| !i.is_empty());
+            }
+            if let (Some(a), Some(data)) = (&this.answer, event.data.as_ref()) {
+                let id = &a.id;
                 if this.answered {
                     if answered::answers(data.as_bytes(), id) {
                         let (metrics, upstream) =
@@ -517,7 +529,7 @@ impl Watch {
         this: Arc<Watch>,
         events: EventStream,
         caller: Caller,
-        answer: Option<Id>,
+        answer: Option<answered::Awaited>,
     ) -> EventStream {
         Box::pin(Watched {
             watch: this,
@@ -527,6 +539,7 @@ impl Watch {
             applying: None,
             answer,
             answered: false,
+            resumable: false,
             applying_awaited: false,
         })
     }
