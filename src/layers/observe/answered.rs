@@ -81,9 +81,12 @@ pub(super) fn check_json(bytes: &Bytes, id: &Id) -> Result<(), String> {
 /// Whether the SSE event `data` is a response (result or error) under `id`. Read only when it
 /// can be one: a response has a `result` or an `error` member, whose key is spelled out unless
 /// escaped (`\u`).
-pub(super) fn answers(data: &[u8], id: &Id) -> bool {
+pub(super) fn answers(data: &Bytes, id: &Id) -> bool {
     (found(&RESULT_KEY, data) || found(&ERROR_KEY, data) || found(&needles::UNICODE_ESCAPE, data))
-        && jsonrpc::is_answer_to(data, id)
+        // The event's own bytes, shared (`jsonrpc::is_answer_to` copies them).
+        && Message::parse(data.clone()).is_ok_and(|m| {
+            m.id() == Some(id) && matches!(m.kind(), Kind::Response | Kind::Error)
+        })
 }
 
 /// The invalid answer of `upstream` (`detail`: what was wrong), counted and logged: the
@@ -178,18 +181,17 @@ mod tests {
     #[test]
     fn an_event_answers_only_under_the_id() {
         let i = id("7");
-        assert!(answers(br#"{"jsonrpc":"2.0","id":7,"result":{}}"#, &i));
+        let answers = |text: &'static str| answers(&Bytes::from_static(text.as_bytes()), &i);
+        assert!(answers(r#"{"jsonrpc":"2.0","id":7,"result":{}}"#));
         assert!(answers(
-            br#"{"jsonrpc":"2.0","id":7,"error":{"code":1,"message":"x"}}"#,
-            &i
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":1,"message":"x"}}"#
         ));
-        assert!(answers(br#"{"jsonrpc":"2.0","id":7,"r\u0065sult":{}}"#, &i));
-        assert!(!answers(br#"{"jsonrpc":"2.0","id":8,"result":{}}"#, &i));
-        assert!(!answers(br#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#, &i));
+        assert!(answers(r#"{"jsonrpc":"2.0","id":7,"r\u0065sult":{}}"#));
+        assert!(!answers(r#"{"jsonrpc":"2.0","id":8,"result":{}}"#));
+        assert!(!answers(r#"{"jsonrpc":"2.0","id":7,"method":"ping"}"#));
         assert!(!answers(
-            br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"result":1}}"#,
-            &i
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"result":1}}"#
         ));
-        assert!(!answers(b"not json", &i));
+        assert!(!answers("not json"));
     }
 }

@@ -36,8 +36,13 @@
 //! - **Holds**: a `tasks/result` in flight holds its task until its reply is done; a creation's
 //!   own SSE stream holds the new task while it is still relayed.
 //!
+//! - **Answers** (`answered`): a 2xx reply to a request must be its JSON-RPC response: a JSON
+//!   body that is not (not JSON, empty, another id) is the upstream's invalid answer (502
+//!   `-32603`), an SSE answer that ends without it (and cannot be resumed) gets a `-32603`
+//!   event, and a second response on the stream is not passed on.
+//!
 //! Messages that concern none of this pass without a parse (a byte search decides) and keep
-//! their bytes.
+//! their bytes; a plain request's JSON answer is read once, for whether it is the answer.
 
 mod answered;
 mod bridged;
