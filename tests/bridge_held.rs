@@ -453,3 +453,56 @@ async fn a_held_sessions_unreadable_params_task_is_refused() {
         "nothing went upstream"
     );
 }
+
+/// A held session's request (sent upstream as a stateless 2026-07-28 request) answered under
+/// another id than its own is an invalid answer: the 2025 client gets HTTP 502 with `-32603`
+/// under its own id naming the upstream, counted as a protocol error. On the old code the
+/// answer was relayed under the foreign id, and the client never got its own (break-edge F3).
+#[tokio::test]
+async fn a_held_sessions_answer_under_another_id_is_an_upstream_error() {
+    let pure = pure_2026(Shared::default());
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        if v["method"] == "tools/call" && v["params"]["name"] == "wrongid" {
+            return ScriptedResponse::json(rpc_result(
+                r#""not-yours""#,
+                r#"{"resultType":"complete","content":[]}"#,
+            ));
+        }
+        pure(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    assert!(
+        c.session.as_deref().is_some_and(|s| s.starts_with("tgh-")),
+        "a held session"
+    );
+    let r = c
+        .send(rpc(
+            "4",
+            "tools/call",
+            r#"{"name":"wrongid","arguments":{}}"#,
+        ))
+        .await;
+    let status = r.status();
+    let v = r.json().await;
+    assert_eq!((status, err_code(&v)), (502, -32603), "{v}");
+    assert_eq!(v["id"], json!(4), "{v}");
+    let message = err_message(&v);
+    assert!(
+        message.contains("upstream `default` sent an invalid response")
+            && message.contains("\"not-yours\""),
+        "{v}"
+    );
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_upstream_errors_total",
+            &[("kind", "protocol")]
+        ),
+        1.0,
+        "{m}"
+    );
+}

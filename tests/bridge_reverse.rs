@@ -1649,3 +1649,43 @@ async fn held_sessions_are_pinged_and_reopened_when_lost() {
         "no initialize of the client's own"
     );
 }
+
+/// A 2025-11-25 upstream's answer under another id than the one taskgate sent the request under
+/// is an invalid answer: the 2026-07-28 client gets HTTP 502 with `-32603` under its own id
+/// naming the upstream, counted as a protocol error. On the old code it was relayed as the
+/// answer, under the upstream's id (break-edge F3).
+#[tokio::test]
+async fn an_answer_under_another_id_is_an_upstream_error() {
+    let hook: Hook = Arc::new(|method, _, _, _| {
+        (method == "resources/list")
+            .then(|| ScriptedResponse::json(rpc_result(r#""not-yours""#, r#"{"resources":[]}"#)))
+    });
+    let up = legacy_server_with(UpBehaviour::default(), Some(hook)).await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (status, v) = send(modern_req(
+        &tg.mcp_url(),
+        None,
+        43,
+        "resources/list",
+        json!({}),
+    ))
+    .await;
+    assert_eq!((status, err_code(&v)), (502, -32603), "{v}");
+    assert_eq!(v["id"], json!(43), "{v}");
+    let message = err_message(&v);
+    assert!(
+        message.contains("upstream `default` sent an invalid response")
+            && message.contains("\"not-yours\""),
+        "{v}"
+    );
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_upstream_errors_total",
+            &[("kind", "protocol")]
+        ),
+        1.0,
+        "{m}"
+    );
+}

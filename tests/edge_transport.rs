@@ -1131,3 +1131,177 @@ async fn priming_events_reach_only_clients_of_2025_11_25_or_later() {
         s.expect_end(STEP).await;
     }
 }
+
+// =============================================================================================
+// Invalid answers (break-edge F3, F4)
+// =============================================================================================
+
+/// A notification the scripted upstreams below send on their streams.
+const LOG_FIRST: &str = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"first"}}"#;
+
+/// An upstream that misbehaves as the tool called says: `badjson` (a JSON body that is not
+/// JSON), `empty` (an empty body under `application/json`), `wrongid` (a result under another
+/// id), `truncated_sse` (a stream that ends after a notification and a partial event, with no
+/// answer), `twice` (a stream with two results for the request); any other tool is answered
+/// well.
+fn misbehaving(req: &RecordedRequest) -> ScriptedResponse {
+    let id = req.rpc_id_json();
+    let v = req.json();
+    match v["params"]["name"].as_str().unwrap_or_default() {
+        "badjson" => ScriptedResponse::json(format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":["#
+        )),
+        "empty" => ScriptedResponse::status(200, Some("application/json"), ""),
+        "wrongid" => ScriptedResponse::json(rpc_result(r#""not-yours""#, r#"{"content":[]}"#)),
+        "truncated_sse" => ScriptedResponse::sse(vec![
+            ev().data(LOG_FIRST).into(),
+            SseStep::Raw(format!("data: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"res\n")),
+        ]),
+        "twice" => ScriptedResponse::sse(vec![
+            ev().data(&rpc_result(
+                &id,
+                r#"{"content":[{"type":"text","text":"first"}]}"#,
+            ))
+            .into(),
+            ev().data(LOG_FIRST).into(),
+            ev().data(&rpc_result(
+                &id,
+                r#"{"content":[{"type":"text","text":"second"}]}"#,
+            ))
+            .into(),
+        ]),
+        _ => ScriptedResponse::result_for(req, r#"{"content":[]}"#),
+    }
+}
+
+fn protocol_errors(m: &str) -> f64 {
+    metric(m, "taskgate_upstream_errors_total", &[("kind", "protocol")])
+}
+
+fn tools_calls(m: &str, outcome: &str) -> f64 {
+    metric(
+        m,
+        "taskgate_requests_total",
+        &[("method", "tools/call"), ("outcome", outcome)],
+    )
+}
+
+/// A JSON answer that is not the JSON-RPC response to the request (a body that is not JSON, an
+/// empty body, a result under another id) is an invalid answer, as the README's error table
+/// says: HTTP 502 with `-32603` under the client's id, naming the upstream and what was wrong,
+/// counted in `taskgate_upstream_errors_total{kind="protocol"}` and as
+/// `outcome="upstream_invalid"`. A valid answer still passes byte for byte. On the old code each
+/// reached the client as 200, as it came, counted `outcome="ok"` (break-edge F3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_json_answer_is_502_naming_the_upstream() {
+    let up = Upstream::start(misbehaving).await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+    for (n, (tool, says)) in [
+        ("badjson", "not JSON"),
+        ("empty", "empty body"),
+        ("wrongid", "\"not-yours\""),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let call = rpc(
+            &format!("\"c{n}\""),
+            "tools/call",
+            &format!(r#"{{"name":"{tool}","arguments":{{}}}}"#),
+        );
+        let r = Req::mcp_post(&gw.url("/mcp"), call).send().await;
+        let status = r.status();
+        let v = r.json().await;
+        assert_eq!((status, err_code(&v)), (502, -32603), "{tool}: {v}");
+        assert_eq!(v["id"], json!(format!("c{n}")), "{tool}: {v}");
+        let message = err_message(&v);
+        assert!(
+            message.contains("upstream `default` sent an invalid response")
+                && message.contains(says),
+            "{tool}: {v}"
+        );
+    }
+    let r = Req::mcp_post(
+        &gw.url("/mcp"),
+        rpc("9", "tools/call", r#"{"name":"fine","arguments":{}}"#),
+    )
+    .send()
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await, rpc_result("9", r#"{"content":[]}"#));
+    let m = scrape(gw.admin).await;
+    assert_eq!(protocol_errors(&m), 3.0, "{m}");
+    assert_eq!(tools_calls(&m, "upstream_invalid"), 3.0, "{m}");
+    assert_eq!(tools_calls(&m, "ok"), 1.0, "{m}");
+}
+
+/// An SSE answer that ends without the response to the request (after a notification and a
+/// partial event) gets a `-32603` event for the request, naming the upstream and what was
+/// wrong, before the stream ends, as an oversized event does; counted as a protocol error. On
+/// the old code the stream just ended: the client had neither an answer nor an error (break-edge
+/// F3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sse_answer_that_ends_unanswered_gets_an_error_event() {
+    let up = Upstream::start(misbehaving).await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+    let r = Req::mcp_post(
+        &gw.url("/mcp"),
+        rpc(
+            "5",
+            "tools/call",
+            r#"{"name":"truncated_sse","arguments":{}}"#,
+        ),
+    )
+    .send()
+    .await;
+    assert_eq!(r.status(), 200);
+    let (events, raw) = all_events(r).await;
+    let data: Vec<Value> = events
+        .iter()
+        .filter_map(|(_, d)| d.as_deref().map(|d| parse_json(d.as_bytes())))
+        .collect();
+    assert_eq!(data.len(), 2, "the notification, then the error: {raw}");
+    assert_eq!(data[0]["params"]["data"], json!("first"), "{raw}");
+    let err = &data[1];
+    assert_eq!(
+        (err["id"].clone(), err_code(err)),
+        (json!(5), -32603),
+        "{raw}"
+    );
+    let message = err_message(err);
+    assert!(
+        message.contains("upstream `default` sent an invalid response")
+            && message.contains("without a response"),
+        "{raw}"
+    );
+    let m = scrape(gw.admin).await;
+    assert_eq!(protocol_errors(&m), 1.0, "{m}");
+}
+
+/// Two responses to one request on an SSE stream: the first is the answer and passes, so does
+/// the notification after it; the second is not passed on (counted as a protocol error). On the
+/// old code the client got both (break-edge F4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_response_on_a_stream_is_not_passed_on() {
+    let up = Upstream::start(misbehaving).await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+    let r = Req::mcp_post(
+        &gw.url("/mcp"),
+        rpc("6", "tools/call", r#"{"name":"twice","arguments":{}}"#),
+    )
+    .send()
+    .await;
+    assert_eq!(r.status(), 200);
+    let (events, raw) = all_events(r).await;
+    let data: Vec<String> = events.into_iter().filter_map(|(_, d)| d).collect();
+    assert_eq!(
+        data,
+        vec![
+            rpc_result("6", r#"{"content":[{"type":"text","text":"first"}]}"#),
+            LOG_FIRST.to_string(),
+        ],
+        "{raw}"
+    );
+    let m = scrape(gw.admin).await;
+    assert_eq!(protocol_errors(&m), 1.0, "{m}");
+}

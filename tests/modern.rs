@@ -482,6 +482,112 @@ async fn a_tasks_get_answer_about_another_task_is_not_passed_on() {
     assert!(r.terminal_result.is_none());
 }
 
+/// A 2026-07-28 upstream whose `tools/call` answers misbehave as the tool says (see
+/// `misbehaving_2026`); everything else as `modern_handler` answers it.
+async fn misbehaving_2026_server() -> Upstream {
+    let modern = modern_handler(Shared::default());
+    Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        match (v["method"].as_str(), v["params"]["name"].as_str()) {
+            (Some("tools/call"), Some(tool)) => {
+                misbehaving_2026(req, tool).unwrap_or_else(|| modern(req))
+            }
+            _ => modern(req),
+        }
+    })
+    .await
+}
+
+/// `badjson`, `empty`, `wrongid`, `truncated_sse` (see `edge_transport`'s `misbehaving`), and
+/// `twice`: an SSE stream with two `CreateTaskResult`s for the request.
+fn misbehaving_2026(req: &RecordedRequest, tool: &str) -> Option<ScriptedResponse> {
+    let id = req.rpc_id_json();
+    let task = |t: &str| {
+        let mut created = detailed(t, "working");
+        created["resultType"] = json!("task");
+        ev().data(&rpc_result(&id, &created.to_string())).into()
+    };
+    Some(match tool {
+        "badjson" => ScriptedResponse::json(format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":["#
+        )),
+        "empty" => ScriptedResponse::status(200, Some("application/json"), ""),
+        "wrongid" => ScriptedResponse::json(rpc_result(
+            r#""not-yours""#,
+            r#"{"resultType":"complete","content":[]}"#,
+        )),
+        "truncated_sse" => ScriptedResponse::sse(vec![SseStep::Raw(format!(
+            "data: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"res\n"
+        ))]),
+        "twice" => ScriptedResponse::sse(vec![task("first-task"), task("second-task")]),
+        _ => return None,
+    })
+}
+
+/// What is not the answer to a 2026-07-28 `tools/call` is an invalid answer (break-edge F3): a
+/// JSON body that is not JSON, an empty body or a result under another id gets HTTP 502 with
+/// `-32603` under the client's id naming the upstream, a stream that ends without the answer a
+/// `-32603` event for the request; each counted in
+/// `taskgate_upstream_errors_total{kind="protocol"}`. Two `CreateTaskResult`s on one stream
+/// (F4): only the first reaches the client, and it is the one recorded. On the old code every
+/// one of these reached the client as it came (200), and the second task id went out
+/// unrecorded.
+#[tokio::test]
+async fn invalid_answers_to_a_2026_call_are_upstream_errors() {
+    let up = misbehaving_2026_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let call = |id: u64, tool: &str| {
+        modern_req(
+            &url,
+            None,
+            id,
+            "tools/call",
+            json!({"name": tool, "arguments": {}}),
+        )
+    };
+    for (id, (tool, says)) in [
+        ("badjson", "not JSON"),
+        ("empty", "empty body"),
+        ("wrongid", "\"not-yours\""),
+        ("truncated_sse", "without a response"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = id as u64 + 1;
+        let (status, v) = send(call(id, tool)).await;
+        let want_status = if tool == "truncated_sse" { 200 } else { 502 };
+        assert_eq!((status, err_code(&v)), (want_status, -32603), "{tool}: {v}");
+        assert_eq!(v["id"], json!(id), "{tool}: {v}");
+        let message = err_message(&v);
+        assert!(
+            message.contains("upstream `default` sent an invalid response")
+                && message.contains(says),
+            "{tool}: {v}"
+        );
+    }
+    let text = call(9, "twice").send().await.text().await;
+    assert!(text.contains("first-task"), "{text}");
+    assert!(
+        !text.contains("second-task"),
+        "the second task went out: {text}"
+    );
+    assert!(tg.record("first-task").is_some(), "the first is recorded");
+    let (_, list) = tg.admin("/admin/tasks").await;
+    assert_eq!(list["tasks"].as_array().map(Vec::len), Some(1), "{list}");
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_upstream_errors_total",
+            &[("kind", "protocol")]
+        ),
+        5.0,
+        "{m}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cancel
 // ---------------------------------------------------------------------------------------------

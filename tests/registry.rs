@@ -143,6 +143,55 @@ async fn create_task_result_inside_sse_is_recorded_before_the_event_is_relayed()
     assert_eq!(list["tasks"].as_array().unwrap().len(), 1);
 }
 
+/// Two `CreateTaskResult`s answering one task-augmented call on its SSE stream (break-edge F4):
+/// the first is recorded and passes, the second is not passed on (counted as a protocol error),
+/// so no task id the registry does not hold reaches the client. On the old code both reached
+/// the client and only the first was recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_create_task_result_on_the_stream_is_not_passed_on() {
+    let up = TaskServer::start(Behaviour {
+        creation_sse: true,
+        creation_tail: Some(Arc::new(|task_id, v| {
+            let second = json!({"task": {"taskId": format!("second-{task_id}"),
+                "status": "working", "createdAt": "2026-01-01T00:00:00Z",
+                "lastUpdatedAt": "2026-01-01T00:00:00Z", "ttl": 60000}});
+            vec![ev()
+                .data(&rpc_result(&v["id"].to_string(), &second.to_string()))
+                .into()]
+        })),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let r = c.send(Client::create_body("1", Some(60_000))).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await;
+    assert!(
+        !text.contains("second-"),
+        "an unrecorded task id went out: {text}"
+    );
+    let (_, list) = tg.admin("/admin/tasks").await;
+    let tasks = list["tasks"].as_array().cloned().unwrap_or_default();
+    assert_eq!(tasks.len(), 1, "{list}");
+    let recorded = tasks[0]["task_id"].as_str().unwrap_or_default();
+    assert!(
+        text.contains(&format!(r#""taskId":"{recorded}""#)),
+        "the recorded task is the one the client got: {text}"
+    );
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_upstream_errors_total",
+            &[("kind", "protocol")]
+        ),
+        1.0,
+        "{m}"
+    );
+}
+
 // =============================================================================================
 // Durability: the real binary, SIGKILL
 // =============================================================================================

@@ -8,9 +8,10 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 /// What a layer does to a reply once it arrives, without waiting on anything.
-pub(crate) trait ReplyStep {
-    /// `reply` as the layer passes it on.
-    fn apply(self, reply: McpReply) -> McpReply;
+pub(crate) trait ReplyStep<E> {
+    /// `reply` as the layer passes it on, or the error it turns into (`observe`: an invalid
+    /// answer).
+    fn apply(self, reply: McpReply) -> Result<McpReply, E>;
 }
 
 pin_project_lite::pin_project! {
@@ -35,7 +36,7 @@ impl<F, T> AfterReply<F, T> {
 impl<F, T, E> Future for AfterReply<F, T>
 where
     F: Future<Output = Result<McpReply, E>>,
-    T: ReplyStep,
+    T: ReplyStep<E>,
 {
     type Output = Result<McpReply, E>;
 
@@ -46,6 +47,6 @@ where
             .step
             .take()
             .expect("AfterReply polled after it completed");
-        Poll::Ready(Ok(step.apply(reply)))
+        Poll::Ready(step.apply(reply))
     }
 }

@@ -348,8 +348,15 @@ impl Drop for Tracked {
 #[doc(hidden)]
 pub struct Release(Tracked);
 
-impl ReplyStep for Release {
-    fn apply(self, mut reply: McpReply) -> McpReply {
+impl<E> ReplyStep<E> for Release {
+    fn apply(self, reply: McpReply) -> Result<McpReply, E> {
+        Ok(self.pass(reply))
+    }
+}
+
+impl Release {
+    /// The reply as it goes on (see [`ReplyStep`]).
+    fn pass(self, mut reply: McpReply) -> McpReply {
         let tracked = self.0;
         let restore = tracked
             .mapped

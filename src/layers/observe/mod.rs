@@ -36,9 +36,15 @@
 //! - **Holds**: a `tasks/result` in flight holds its task until its reply is done; a creation's
 //!   own SSE stream holds the new task while it is still relayed.
 //!
+//! - **Answers** (`answered`): a 2xx reply to a request must be its JSON-RPC response: a JSON
+//!   body that is not (not JSON, empty, another id) is the upstream's invalid answer (502
+//!   `-32603`), an SSE answer that ends without it (and cannot be resumed) gets a `-32603`
+//!   event, and a second response on the stream is not passed on.
+//!
 //! Messages that concern none of this pass without a parse (a byte search decides) and keep
-//! their bytes.
+//! their bytes; a plain request's JSON answer is read once, for whether it is the answer.
 
+mod answered;
 mod bridged;
 mod client_gone;
 pub(crate) mod modern;
@@ -48,7 +54,8 @@ use modern::{show_recorded_ttl, ttl_path};
 use poll::TaskView;
 
 use crate::exchange::{
-    Caller, Deadline, McpReply, McpRequest, Operation, ReplyBody, RequestContext, RequestParts,
+    Caller, Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestContext,
+    RequestParts,
 };
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::layers::after::{AfterReply, ReplyStep};
@@ -217,9 +224,11 @@ impl Expect {
 
 impl<S> tower::Service<McpRequest> for ObserveService<S>
 where
-    S: tower::Service<McpRequest, Response = McpReply> + Clone + Send + 'static,
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
-    S::Error: std::fmt::Display + Send + 'static,
 {
     type Response = McpReply;
     type Error = S::Error;
@@ -256,6 +265,7 @@ where
                 registry,
                 upstream,
                 caller: req.ctx.caller(),
+                answer: awaited_answer(&req),
             };
             return Either::Left(AfterReply::new(self.inner.call(req), watch));
         }
@@ -282,16 +292,32 @@ where
             runs_to_end,
         });
         let caller = req.ctx.caller();
+        let answer = awaited_answer(&req);
         let creation = watch.runs_to_end.then(|| watch.clone());
         let work = async move {
             // An error drops `watch` and its `expect`: a creation's reserved slot is given back.
             let mut reply = inner.call(req).await?;
+            let answer = answer.filter(|_| reply.status.is_success());
             reply.body = match reply.body {
                 // Only an SSE event is ever dropped (`Watch::on_message`): a JSON body stays.
                 ReplyBody::Json(bytes) => {
-                    ReplyBody::Json(watch.on_message(bytes, None).await.unwrap_or_default())
+                    let out = watch.on_message(bytes, None).await.unwrap_or_default();
+                    // The one pass above took the body for the answer (the expectation is
+                    // met), or it is not the answer: read again only then, to say why.
+                    let unmet = watch.expect.lock().id().is_some();
+                    if let (true, Some(awaited)) = (unmet, &answer) {
+                        if let Err(detail) = answered::check_json(&out, &awaited.id) {
+                            return Err(watch.invalid(detail));
+                        }
+                    }
+                    ReplyBody::Json(out)
                 }
-                ReplyBody::Stream(events) => ReplyBody::Stream(Watch::watch(watch, events, caller)),
+                ReplyBody::Stream(events) => {
+                    ReplyBody::Stream(Watch::watch(watch, events, caller, answer))
+                }
+                ReplyBody::Empty if answer.is_some() => {
+                    return Err(watch.invalid(empty_answer(answer.as_ref().map(|a| &a.id))));
+                }
                 other => other,
             };
             Ok(reply)
@@ -314,10 +340,28 @@ pub struct WatchStream {
     upstream: Arc<str>,
     /// Who the reply goes to (a stream's task notifications are checked against it).
     caller: Caller,
+    /// The request whose answer this reply must be ([`awaited_answer`]).
+    answer: Option<answered::Awaited>,
 }
 
-impl ReplyStep for WatchStream {
-    fn apply(self, mut reply: McpReply) -> McpReply {
+impl ReplyStep<GatewayError> for WatchStream {
+    /// A JSON answer is read once here, for whether it is the answer ([`answered`]); a stream
+    /// is watched.
+    fn apply(self, mut reply: McpReply) -> Result<McpReply, GatewayError> {
+        let answer = self.answer.filter(|_| reply.status.is_success());
+        let fault = match (&reply.body, &answer) {
+            (ReplyBody::Stream(_), _) | (_, None) => None,
+            (ReplyBody::Json(bytes), Some(a)) => answered::check_json(bytes, &a.id).err(),
+            (ReplyBody::Empty, Some(a)) => Some(empty_answer(Some(&a.id))),
+            (ReplyBody::Raw(_), Some(_)) => None,
+        };
+        if let Some(detail) = fault {
+            return Err(answered::invalid(
+                self.registry.metrics(),
+                &self.upstream,
+                detail,
+            ));
+        }
         if let ReplyBody::Stream(events) = reply.body {
             let watch = Arc::new(Watch {
                 registry: self.registry,
@@ -327,10 +371,32 @@ impl ReplyStep for WatchStream {
                 client_gone: Default::default(),
                 runs_to_end: false,
             });
-            reply.body = ReplyBody::Stream(Watch::watch(watch, events, self.caller));
+            reply.body = ReplyBody::Stream(Watch::watch(watch, events, self.caller, answer));
         }
-        reply
+        Ok(reply)
     }
+}
+
+/// What the reply to `req` must answer, when `req` is a request (a client's response or
+/// notification is answered 202, with no message): its id ([`answered`]).
+fn awaited_answer(req: &McpRequest) -> Option<answered::Awaited> {
+    match &req.op {
+        Operation::Post(msg) if msg.kind() == Kind::Request => {
+            msg.id().map(|id| answered::Awaited {
+                id: id.clone(),
+                may_resume: req.era() == Era::Legacy,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// What is wrong with an empty 2xx answer to request `id`.
+fn empty_answer(id: Option<&Id>) -> String {
+    format!(
+        "its answer to request id {} has an empty body",
+        id.map_or("null", Id::as_json)
+    )
 }
 
 /// An SSE reply as [`Watch`] relays it: every event passes [`Watch::on_event`] once, in order.
@@ -349,6 +415,18 @@ struct Watched {
     /// Task notifications held until the creation is answered ([`Relay::Hold`]), at most
     /// [`MAX_HELD_EVENTS`] (more pass as they come).
     held: std::collections::VecDeque<Event>,
+    /// The request this stream answers (`None`: a GET stream, or a stream the transport cut):
+    /// its first response passes, a later one does not, and a stream that ends without one
+    /// gets a `-32603` event for it ([`answered`]) unless it may be resumed.
+    answer: Option<answered::Awaited>,
+    /// The response to `answer` has passed.
+    answered: bool,
+    /// An event with an SSE `id` passed on a stream whose era lets the client resume it (GET
+    /// with `Last-Event-ID`): its end before the response is not an invalid answer.
+    resumable: bool,
+    /// The event being applied went to `on_message` while the expectation awaited the answer:
+    /// once applied, a met expectation means it was the answer.
+    applying_awaited: bool,
 }
 
 /// Whether a message may be a task notification (`notifications/tasks/status`, 2025-11-25, or
@@ -385,6 +463,12 @@ impl futures_util::Stream for Watched {
             if let Some(applying) = this.applying.as_mut() {
                 let relay = std::task::ready!(applying.as_mut().poll(cx));
                 this.applying = None;
+                if std::mem::take(&mut this.applying_awaited)
+                    && this.watch.expect.lock().id().is_none()
+                {
+                    // `on_message` took it for the answer (break-edge F4: the next is not).
+                    this.answered = true;
+                }
                 match relay {
                     Relay::Pass(event) => return Poll::Ready(Some(event)),
                     // Dropped (`Watch::on_event`): the next one.
@@ -406,15 +490,45 @@ impl futures_util::Stream for Watched {
                 }
             }
             if this.ended {
+                if let (Some(a), false, false) = (&this.answer, this.answered, this.resumable) {
+                    // Ended without the answer (break-edge F3): a -32603 event for it, once.
+                    this.answered = true;
+                    let (metrics, upstream) = (this.watch.registry.metrics(), &this.watch.upstream);
+                    return Poll::Ready(Some(answered::unanswered_event(metrics, upstream, &a.id)));
+                }
                 return Poll::Ready(None);
             }
             let Some(event) = std::task::ready!(this.events.as_mut().poll_next(cx)) else {
                 this.ended = true;
                 continue;
             };
+            // The transport cut the stream (the client's connection is aborted): nothing more.
+            if event.is_abort() {
+                this.answer = None;
+                return Poll::Ready(Some(event));
+            }
+            // Awaited by the expectation, the answer is found by `on_message`'s one pass.
+            let awaited = this.watch.expect.lock().id().is_some();
+            if let Some(a) = &this.answer {
+                this.resumable |= a.may_resume && event.id.as_ref().is_some_and(|i| !i.is_empty());
+            }
+            if let (Some(a), Some(data)) = (&this.answer, event.data.as_ref()) {
+                let id = &a.id;
+                if this.answered {
+                    if answered::answers(data.as_bytes(), id) {
+                        let (metrics, upstream) =
+                            (this.watch.registry.metrics(), &this.watch.upstream);
+                        answered::dropped_second_answer(metrics, upstream, id);
+                        continue;
+                    }
+                } else if !awaited && answered::answers(data.as_bytes(), id) {
+                    this.answered = true;
+                }
+            }
             if !this.watch.cares_about(&event) {
                 return Poll::Ready(Some(event));
             }
+            this.applying_awaited = awaited && this.answer.is_some() && !this.answered;
             let caller = this.caller.clone();
             let may_hold = this.held.len() < MAX_HELD_EVENTS;
             let relay = this.watch.clone().on_event(event, caller, may_hold);
@@ -471,7 +585,13 @@ struct Watch {
 }
 
 impl Watch {
-    fn watch(this: Arc<Watch>, events: EventStream, caller: Caller) -> EventStream {
+    /// `events` watched; `answer`: the id of the request they answer ([`Watched::answer`]).
+    fn watch(
+        this: Arc<Watch>,
+        events: EventStream,
+        caller: Caller,
+        answer: Option<answered::Awaited>,
+    ) -> EventStream {
         Box::pin(Watched {
             watch: this,
             events,
@@ -479,7 +599,16 @@ impl Watch {
             ended: false,
             applying: None,
             held: Default::default(),
+            answer,
+            answered: false,
+            resumable: false,
+            applying_awaited: false,
         })
+    }
+
+    /// The invalid answer `detail` describes, counted ([`answered::invalid`]).
+    fn invalid(&self, detail: String) -> GatewayError {
+        answered::invalid(self.registry.metrics(), &self.upstream, detail)
     }
 
     /// Whether `event` may concern this watch (see [`Watch::cares`]).

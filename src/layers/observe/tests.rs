@@ -229,8 +229,8 @@ async fn a_terminal_tasks_result_payload_is_kept() {
 
 /// A `tasks/get` answer is read in one pass only when it is the JSON-RPC result to the request:
 /// a message under another id, one that also carries `error` or `method`, or another
-/// `jsonrpc` changes nothing (as the envelope parse decided); the same status under the
-/// request's id is applied.
+/// `jsonrpc` changes nothing (as the envelope parse decided) and, not being the answer, is the
+/// upstream's invalid answer (break-edge F3); the same status under the request's id is applied.
 #[tokio::test]
 async fn only_the_answer_to_the_request_is_applied() {
     let (registry, _store) = registry();
@@ -257,7 +257,11 @@ async fn only_the_answer_to_the_request_is_applied() {
         format!(r#"{{"jsonrpc":"2.0","id":5,"result":{task},"error":{{"code":1,"message":"x"}}}}"#),
         format!(r#"{{"jsonrpc":"2.0","id":5,"method":"x","result":{task}}}"#),
     ] {
-        get(other.clone()).await.unwrap();
+        let out = get(other.clone()).await;
+        assert!(
+            matches!(out, Err(GatewayError::UpstreamProtocol { .. })),
+            "{other}"
+        );
         let r = registry.store().get("up", "t1").unwrap().unwrap();
         assert_eq!(r.status, TaskStatus::Working, "{other}");
     }

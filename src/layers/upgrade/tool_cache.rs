@@ -197,8 +197,15 @@ pub struct Learn {
     tools_list: bool,
 }
 
-impl ReplyStep for Learn {
-    fn apply(self, mut reply: McpReply) -> McpReply {
+impl<E> ReplyStep<E> for Learn {
+    fn apply(self, reply: McpReply) -> Result<McpReply, E> {
+        Ok(self.pass(reply))
+    }
+}
+
+impl Learn {
+    /// The reply as it goes on (see [`ReplyStep`]).
+    fn pass(self, mut reply: McpReply) -> McpReply {
         // A JSON answer is the one response: only a tools/list answer matters; a stream may
         // carry `notifications/tools/list_changed`.
         if !self.tools_list && !matches!(reply.body, ReplyBody::Stream(_)) {
