@@ -548,6 +548,80 @@ async fn cancel_of_a_terminal_task_is_acked_here() {
     assert_eq!(v["result"]["status"], "completed", "{v}");
 }
 
+/// The "cancel requested" audit fact is recorded once per task: concurrent cancels (one goes
+/// upstream, the rest share its ack) and any number of later acks of the terminal task leave
+/// one `cancel_requested` event, so an owner cannot grow its task's durable record by
+/// repeating `tasks/cancel` (break-tasks M5: one event per cancel, without bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_cancels_record_cancel_requested_once() {
+    let (up, state) = modern_server().await;
+    state.lock().unwrap().cancel_delay = Duration::from_millis(200);
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let mut calls = Vec::new();
+    for i in 0..8u64 {
+        let (url, t) = (url.clone(), t.clone());
+        calls.push(tokio::spawn(async move {
+            task_call(&url, None, 100 + i, "tasks/cancel", &t).await
+        }));
+    }
+    for c in calls {
+        let (status, v) = c.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+    }
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    let (_, before) = audit_events(&tg, &t).await;
+    for i in 0..30u64 {
+        let (status, v) = task_call(&url, None, 200 + i, "tasks/cancel", &t).await;
+        assert_eq!(
+            (status, v["result"].clone()),
+            (200, json!({"resultType":"complete"})),
+            "{v}"
+        );
+    }
+    assert_eq!(count(&up, "tasks/cancel"), 1, "acked here, not forwarded");
+    let (_, events) = audit_events(&tg, &t).await;
+    let requested = events.iter().filter(|e| *e == "cancel_requested").count();
+    assert_eq!(requested, 1, "{events:?}");
+    assert_eq!(
+        events.len(),
+        before.len(),
+        "later acks add nothing: {events:?}"
+    );
+}
+
+/// A task completed before any cancel: its first acknowledged cancel records the fact, the
+/// next ones do not repeat it.
+#[tokio::test]
+async fn acks_of_a_terminal_task_record_cancel_requested_once() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    state
+        .lock()
+        .unwrap()
+        .tasks
+        .insert(t.clone(), "completed".into());
+    let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "completed", "{v}");
+    for i in 0..20u64 {
+        let (status, v) = task_call(&url, None, 10 + i, "tasks/cancel", &t).await;
+        assert_eq!(
+            (status, v["result"].clone()),
+            (200, json!({"resultType":"complete"})),
+            "{v}"
+        );
+    }
+    assert_eq!(count(&up, "tasks/cancel"), 0);
+    let (_, events) = audit_events(&tg, &t).await;
+    let requested = events.iter().filter(|e| *e == "cancel_requested").count();
+    assert_eq!(requested, 1, "{events:?}");
+}
+
 /// After `cancelled` is recorded, a later `completed` (with its result) is shown as
 /// `cancelled` without the result, counted as a rewrite; the three audit facts stay apart.
 #[tokio::test]

@@ -591,8 +591,9 @@ impl Registry {
         }
     }
 
-    /// Records that a `tasks/cancel` for the task goes upstream: `cancel_requested_at` (set
-    /// once) and a `cancel_requested` audit event. One store update; returns the record after it.
+    /// Records that a `tasks/cancel` for the task goes upstream: `cancel_requested_at` and a
+    /// `cancel_requested` audit event, both once per task (a later cancel changes nothing).
+    /// One store update; returns the record after it.
     /// A gateway task's cancel (`layers::gateway_tasks`) does not go upstream as such: the
     /// server of its held call is sent `notifications/cancelled`, and the event says so.
     pub(super) fn request_cancel_now(
@@ -656,8 +657,14 @@ impl Registry {
             true
         });
         match updated {
-            Ok(Some((_, after))) => {
-                self.audit(&after, "cancel_requested", detail(&after).to_string());
+            Ok(Some((before, after))) => {
+                // The fact is recorded once per task: only the update that set
+                // `cancel_requested_at` audits it (the store's swap lets one caller win, also
+                // among concurrent ones). A repeated cancel (a 2026 client may send any number
+                // for a terminal task, each acknowledged) adds nothing to the record.
+                if before.cancel_requested_at.is_none() && after.cancel_requested_at.is_some() {
+                    self.audit(&after, "cancel_requested", detail(&after).to_string());
+                }
                 Some(after)
             }
             Ok(None) => None,

@@ -24,10 +24,14 @@ pub(super) async fn terminal_answer(
 ) -> McpReply {
     let task_id = &record.task_id;
     let reply = if era == Era::Modern {
-        state
-            .registry
-            .record_cancel_acknowledged(upstream, task_id)
-            .await;
+        // Recorded once per task: a repeated ack of a task whose cancel is already recorded
+        // costs no store round trip (the registry checks again under the store's swap).
+        if record.cancel_requested_at.is_none() {
+            state
+                .registry
+                .record_cancel_acknowledged(upstream, task_id)
+                .await;
+        }
         tracing::debug!(task_id = %task_id, %status, "tasks/cancel of a terminal task: acknowledged here");
         McpReply::local_json(jsonrpc::result_response(id, MODERN_ACK))
     } else {
