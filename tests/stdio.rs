@@ -284,6 +284,63 @@ async fn a_child_killed_mid_task_fails_the_task_and_is_restarted() {
     );
 }
 
+/// break-tasks M7: a task failed because its child died is answered from its record on any
+/// session of its owner: a new, valid session's `tasks/result` gets the error the task was
+/// failed with (HTTP 200), and `tasks/get` the failed task, never the dead child's session's
+/// HTTP 404 `-32001` (which tells a client its own session is gone).
+#[tokio::test]
+async fn a_task_of_a_dead_child_is_answered_from_its_record_on_a_new_session() {
+    let child = Kid::new();
+    let upstream = child.upstream("", "");
+    let token = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"alice-token"));
+    let tg = Tg::start(|store| {
+        toml(store, &upstream).replace(
+            "[auth]\nmode = \"none\"\n",
+            &format!("[auth]\nmode = \"bearer\"\n\n[[auth.token]]\nprincipal = \"alice\"\nsha256 = {token:?}\n"),
+        )
+    })
+    .await;
+    readyz(tg.admin, 200).await;
+    let mut first = tg.client().with_token("alice-token");
+    first.initialize().await;
+    let task = first.create_task("1").await;
+    assert_eq!(first.get("2", &task).await["result"]["status"], "working");
+    let pid = child.pids()[0];
+    // SAFETY: a signal to the child this test's taskgate started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    until("the task is failed", || {
+        tg.record(&task)
+            .is_some_and(|r| r.status.as_str() == "failed" && r.released_at.is_some())
+    })
+    .await;
+    until("a second child", || child.pids().len() == 2).await;
+    readyz(tg.admin, 200).await;
+    let mut second = tg.client().with_token("alice-token");
+    second.initialize().await;
+    assert_ne!(first.session, second.session);
+    // `rpc` asserts HTTP 200.
+    let result = second.result("3", &task).await;
+    assert_eq!(err_code(&result), -32603, "{result}");
+    assert!(err_message(&result).contains("restarted"), "{result}");
+    let got = second.get("4", &task).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    assert!(
+        got["result"]["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("restarted")),
+        "{got}"
+    );
+    let cancel = second.cancel("5", &task).await;
+    assert_eq!(err_code(&cancel), -32602, "terminal: {cancel}");
+    // The creating session is answered the same way.
+    let result = first.result("6", &task).await;
+    assert_eq!(err_code(&result), -32603, "{result}");
+    assert!(
+        child.seen_method("tasks/result").is_empty(),
+        "never asked of a child"
+    );
+}
+
 #[tokio::test]
 async fn a_request_of_the_child_reaches_the_client_whose_call_it_serves() {
     let child = Kid::new();

@@ -127,6 +127,11 @@ pub(super) struct Report {
     /// `tasks.max_stored_result_bytes`), kept in the record by the same update that records the
     /// terminal status (see [`Registry::store_terminal_result`] for when it is kept).
     pub(super) result: Option<String>,
+    /// A JSON-RPC `error` object (JSON text) taskgate itself ends the task with (its process
+    /// died, its upstream lost it: `registry::gone`): kept in `terminal_error` by the same
+    /// update, only when this report is what makes the task `failed`. It marks the record as
+    /// ended by taskgate, which then answers the task's requests from it.
+    pub(super) error: Option<String>,
 }
 
 /// A 2026-07-28 `Task` / `DetailedTask` object seen with the field names the status machine
@@ -171,6 +176,7 @@ impl Report {
             poll_interval_ms: task.poll_interval.flatten(),
             tool_error: task.tool_error,
             result: None,
+            error: None,
         })
     }
 }
@@ -369,6 +375,7 @@ impl Registry {
             poll_interval_ms: poll,
             tool_error: is_tool_error(task),
             result,
+            error: None,
         };
         self.apply_status(upstream, task_id, report, source)
     }
@@ -423,6 +430,7 @@ impl Registry {
             poll_interval_ms,
             tool_error,
             result: keep,
+            error,
         } = report;
         let now = now_ms();
         // The result is kept as `store_terminal_result` keeps it: once, in a record holding
@@ -459,7 +467,13 @@ impl Registry {
             true
         };
         let result = self.update(upstream, task_id, &mut |r| {
+            let was_live = !r.status.is_terminal();
             let changed = apply(r);
+            if let Some(error) = &error {
+                if changed && was_live && r.status == TaskStatus::Failed {
+                    r.terminal_error = Some(error.clone());
+                }
+            }
             match &keep {
                 Some(json) if r.status == status && r.terminal_result.is_none() => {
                     r.terminal_result = Some(json.clone());
