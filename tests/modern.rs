@@ -622,6 +622,38 @@ async fn acks_of_a_terminal_task_record_cancel_requested_once() {
     assert_eq!(requested, 1, "{events:?}");
 }
 
+/// break-tasks M3: after the upstream acknowledges a forwarded `tasks/cancel`, taskgate polls
+/// the task once itself, so a client that forgets the task right after the ack (the spec allows
+/// it) finds its slot free when the upstream cancelled it: the next creation is not refused
+/// `-32029`. Still one upstream cancel per task.
+#[tokio::test]
+async fn a_cancel_and_forget_client_gets_its_slot_back() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, v["result"].clone()),
+        (200, json!({"resultType":"complete"})),
+        "{v}"
+    );
+    assert_eq!(state.lock().unwrap().tasks[&t], "cancelled");
+    // No poll of the client's: the record already shows what the upstream made of it.
+    let r = tg.record(&t).expect("record");
+    assert_eq!(r.status, taskgate::mcp::task::TaskStatus::Cancelled);
+    let next = create(&url, None, "slow_compute").await;
+    assert_ne!(next, t);
+    // Later cancels are acknowledged here.
+    let (status, _) = task_call(&url, None, 3, "tasks/cancel", &t).await;
+    assert_eq!(status, 200);
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    assert_eq!(count(&up, "tasks/get"), 1, "taskgate's one poll");
+}
+
 /// break-tasks M2 (2026-07-28): a server that restarted and forgot a task answers its
 /// `tasks/get` with `-32602` (HTTP 400). taskgate ends the record (`failed`, saying the upstream
 /// lost the task, "resources released" with `reason=upstream_lost`), answers the failed
@@ -736,7 +768,8 @@ async fn a_late_completed_after_cancelled_is_shown_cancelled() {
     let (_, v) = task_call(&url, None, 4, "tasks/get", &t).await;
     assert_eq!(v["result"]["status"], "cancelled", "{v}");
     assert!(v["result"].get("result").is_none(), "{v}");
-    assert_eq!(count(&up, "tasks/get"), 2);
+    // The client's two and taskgate's own after the forwarded cancel's ack.
+    assert_eq!(count(&up, "tasks/get"), 3);
     let text = tg.metrics_text().await;
     assert_eq!(
         metric(
