@@ -537,6 +537,62 @@ async fn tasks_of_a_taskgate_killed_with_its_child_are_failed_at_the_next_start(
     again.wait_exit(Duration::from_secs(15)).expect("exits");
 }
 
+/// break-tasks M7, after a restart: the tasks a `kill -9`ed taskgate's child took with it are
+/// `failed` at the next start, and their owner's new session gets the failed task and the error
+/// from the record (HTTP 200), not the HTTP 404 `-32001` of the gone child's session that the
+/// task was routed to (a 404 tells the SDK client its own, valid session is gone).
+#[tokio::test]
+async fn a_task_failed_at_the_next_start_is_answered_from_its_record() {
+    let child = Kid::new();
+    let upstream = child.upstream("", "");
+    let config = child.path("taskgate.toml");
+    let store = child.path("store");
+    let token = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"alice-token"));
+    let text = toml(store.to_str().unwrap(), &upstream).replace(
+        "[auth]\nmode = \"none\"\n",
+        &format!("[auth]\nmode = \"bearer\"\n\n[[auth.token]]\nprincipal = \"alice\"\nsha256 = {token:?}\n"),
+    );
+    std::fs::write(&config, text).unwrap();
+    let args = ["serve", "--config", config.to_str().unwrap()];
+    let mut p = TaskgateProcess::spawn(&args, &[]);
+    let (gw, admin) = p.listening();
+    readyz(admin, 200).await;
+    let mut client = Client::new(&format!("http://{gw}/mcp")).with_token("alice-token");
+    client.initialize().await;
+    let task = client.create_task("1").await;
+    p.signal(libc::SIGKILL);
+    p.wait_exit(Duration::from_secs(5)).expect("killed");
+    let mut again = TaskgateProcess::spawn(&args, &[]);
+    let (gw, admin) = again.listening();
+    readyz(admin, 200).await;
+    let path = format!("/admin/tasks/default/{task}");
+    let mut failed = false;
+    for _ in 0..250 {
+        let (status, body) = admin_json(admin, &path).await;
+        if status == 200 && body["task"]["status"] == "failed" {
+            failed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(failed, "the task is failed at the next start");
+    let mut fresh = Client::new(&format!("http://{gw}/mcp")).with_token("alice-token");
+    fresh.initialize().await;
+    // `rpc` asserts HTTP 200.
+    let result = fresh.result("2", &task).await;
+    assert_eq!(err_code(&result), -32603, "{result}");
+    assert!(
+        err_message(&result).contains("taskgate restarted"),
+        "{result}"
+    );
+    let got = fresh.get("3", &task).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    let cancel = fresh.cancel("4", &task).await;
+    assert_eq!(err_code(&cancel), -32602, "terminal: {cancel}");
+    again.sigterm();
+    again.wait_exit(Duration::from_secs(15)).expect("exits");
+}
+
 #[tokio::test]
 async fn kill_9_of_taskgate_leaves_no_child() {
     let child = Kid::new();
