@@ -108,7 +108,6 @@ fn id_value(id: &Id) -> Value {
 /// A `tasks/get|result|cancel` about a task recorded live, whose upstream answer is read for
 /// "the upstream lost the task" (see the module docs).
 pub(super) struct Probe {
-    registry: Arc<Registry>,
     record: Arc<TaskRecord>,
     method: TaskMethod,
     era: Era,
@@ -121,7 +120,7 @@ impl Probe {
     /// The probe for `req` (authorised: its [`AuthorisedTask`]), or `None` when there is nothing
     /// to read its answer for: the task is terminal, a gateway task, or the request is bridged
     /// to the other era (the bridge answers for the task there).
-    pub(super) fn of(registry: &Arc<Registry>, req: &McpRequest) -> Option<Probe> {
+    pub(super) fn of(req: &McpRequest) -> Option<Probe> {
         let record = req.extensions.get::<AuthorisedTask>()?.record.clone();
         let method = TaskMethod::parse(req.request_method()?)?;
         let era = req.era();
@@ -133,7 +132,6 @@ impl Probe {
             _ => false,
         };
         Some(Probe {
-            registry: registry.clone(),
             id: req.id()?.clone(),
             record,
             method,
@@ -164,7 +162,7 @@ impl Probe {
 
     /// The reply the client gets: `reply` itself, or (the upstream lost the task) the answer
     /// from the record taskgate just failed.
-    pub(super) async fn check(self, reply: McpReply) -> McpReply {
+    pub(super) async fn check(self, registry: &Arc<Registry>, reply: McpReply) -> McpReply {
         let ReplyBody::Json(bytes) = &reply.body else {
             return reply;
         };
@@ -175,8 +173,7 @@ impl Probe {
             return reply;
         };
         let (upstream, task_id) = (&self.record.upstream, &self.record.task_id);
-        if self
-            .registry
+        if registry
             .fail_task_lost_upstream(upstream, task_id, &why)
             .await
         {
@@ -187,7 +184,7 @@ impl Probe {
         if self.method == TaskMethod::Cancel && code == INVALID_PARAMS {
             return reply;
         }
-        match self.registry.record_cached(upstream, task_id).await {
+        match registry.record_cached(upstream, task_id).await {
             Ok(Some(record)) => answer(&record, self.method, self.era, &self.id).unwrap_or(reply),
             _ => reply,
         }

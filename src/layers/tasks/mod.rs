@@ -148,10 +148,10 @@ where
                     Either::Right(Box::pin(async move {
                         match modern::authorise(&registry, &mut req).await {
                             Ok(()) => {
-                                let probe = lost::Probe::of(&registry, &req);
+                                let probe = lost::Probe::of(&req);
                                 let reply = inner.call(req).await?;
                                 Ok(match probe {
-                                    Some(probe) => probe.check(reply).await,
+                                    Some(probe) => probe.check(&registry, reply).await,
                                     None => reply,
                                 })
                             }
@@ -174,10 +174,10 @@ where
                 match authorise(&registry, &mut req).await {
                     Ok(()) => {
                         let own = routed_from(&req);
-                        let probe = lost::Probe::of(&registry, &req);
+                        let probe = lost::Probe::of(&req);
                         let mut reply = inner.call(req).await?;
                         if let Some(probe) = probe {
-                            reply = probe.check(reply).await;
+                            reply = probe.check(&registry, reply).await;
                         }
                         Ok(with_own_session(reply, own))
                     }
