@@ -451,9 +451,41 @@ async fn a_task_whose_upstream_session_was_lost_is_failed_not_a_session_error() 
     again.create_task("6").await;
 }
 
+/// A 2025-11-25 `tasks/cancel` of a task the upstream forgot: its `-32602` also means "already
+/// terminal" there, so taskgate asks once with a `tasks/get` of its own; answered `-32602` too,
+/// the record is failed and the slot freed. The client gets the upstream's `-32602` as it came.
+#[tokio::test]
+async fn a_cancel_of_a_task_the_upstream_forgot_fails_it_once_confirmed() {
+    let (up, tg, alice, t1, _t2) = alice_at_her_limit().await;
+    up.state.lock().unwrap().tasks.clear();
+    let cancel = alice.cancel("4", &t1).await;
+    assert_eq!(err_code(&cancel), -32602, "{cancel}");
+    let r = tg.record(&t1).expect("record");
+    assert_eq!(r.status, TaskStatus::Failed);
+    assert!(r.released_at.is_some(), "released");
+    assert_eq!(up.count("tasks/cancel"), 1);
+    assert_eq!(up.count("tasks/get"), 1, "taskgate's one confirmation");
+    alice.create_task("5").await;
+}
+
+/// A 2025-11-25 `tasks/cancel` answered `-32602` because the task ended upstream unobserved:
+/// taskgate's confirming `tasks/get` sees it `completed`, which is recorded (the record no longer
+/// stays `working`, holding the slot, until someone polls).
+#[tokio::test]
+async fn a_cancel_of_a_task_that_ended_unobserved_records_its_end() {
+    let (up, tg, alice, t1, _t2) = alice_at_her_limit().await;
+    up.set(&t1, "completed");
+    let cancel = alice.cancel("4", &t1).await;
+    assert_eq!(err_code(&cancel), -32602, "{cancel}");
+    let r = tg.record(&t1).expect("record");
+    assert_eq!(r.status, TaskStatus::Completed);
+    assert_eq!(up.count("tasks/get"), 1);
+    alice.create_task("5").await;
+}
+
 /// Only an authoritative "not found" ends a record: another error from the upstream (here
 /// `-32603` to `tasks/cancel`), and a 2025-11-25 `-32602` to `tasks/cancel` (it also means
-/// "already terminal" there), leave it `working`.
+/// "already terminal" there) whose confirming `tasks/get` finds the task, leave it `working`.
 #[tokio::test]
 async fn other_upstream_errors_leave_the_record_live() {
     for (code, message) in [
@@ -474,6 +506,9 @@ async fn other_upstream_errors_leave_the_record_live() {
         let r = tg.record(&t).expect("record");
         assert_eq!(r.status, TaskStatus::Working, "{code}");
         assert!(r.released_at.is_none());
+        // A `-32602` is confirmed with one `tasks/get` (the task is there, working).
+        let confirmed = usize::from(code == -32602);
+        assert_eq!(up.count("tasks/get"), confirmed, "{code}");
         assert_eq!(c.get("3", &t).await["result"]["status"], "working");
     }
 }

@@ -9,10 +9,12 @@
 //! - **Lost upstream** ([`Probe`]): the upstream's answer to a `tasks/get|result|cancel` about a
 //!   task recorded live is read for an authoritative "not found" about that very task: under
 //!   2025-11-25 `-32602` to `tasks/get` / `tasks/result` (the spec's answer for a nonexistent
-//!   `taskId`; not to `tasks/cancel`, where it also means "already terminal"), under 2026-07-28
-//!   `-32602` to `tasks/get` / `tasks/cancel` (a terminal task's cancel is acknowledged there),
-//!   and `-32001` "Session not found" from the task's own upstream session (2025-11-25: SDK task
-//!   stores are per session). The record is then failed the way a dead child's tasks are
+//!   `taskId`), and to `tasks/cancel` once confirmed (there it also means "already terminal"):
+//!   one `tasks/get` of taskgate's own is answered `-32602` too (a `Task` it answers instead is
+//!   applied by `observe`, so a task that ended unobserved is recorded terminal); under
+//!   2026-07-28 `-32602` to `tasks/get` / `tasks/cancel` (a terminal task's cancel is
+//!   acknowledged there); and `-32001` "Session not found" from the task's own upstream session
+//!   (2025-11-25: SDK task stores are per session). The record is then failed the way a dead child's tasks are
 //!   (`Registry::fail_task_lost_upstream`: `failed`, "resources released" with
 //!   `reason="upstream_lost"`, the owner's slot given back) and the client is answered from it
 //!   as above (a `tasks/cancel` answered `-32602` by the upstream gets that answer as it came;
@@ -114,7 +116,13 @@ pub(super) struct Probe {
     id: Id,
     /// The request went out on the task's own upstream session.
     on_task_session: bool,
+    /// A 2025-11-25 `tasks/cancel`: its context, for the `tasks/get` that tells "not found"
+    /// from "already terminal" when the upstream answers `-32602` (cloned for cancels only).
+    confirm: Option<crate::exchange::RequestContext>,
 }
+
+/// The ids of taskgate's own `tasks/get` after a 2025-11-25 cancel answered `-32602`.
+static CONFIRM_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Probe {
     /// The probe for `req` (authorised: its [`AuthorisedTask`]), or `None` when there is nothing
@@ -131,12 +139,14 @@ impl Probe {
             (Some(task), Some(sent)) => sent.as_bytes() == task.as_bytes(),
             _ => false,
         };
+        let confirm = (era == Era::Legacy && method == TaskMethod::Cancel).then(|| req.ctx.clone());
         Some(Probe {
             id: req.id()?.clone(),
             record,
             method,
             era,
             on_task_session,
+            confirm,
         })
     }
 
@@ -162,15 +172,42 @@ impl Probe {
 
     /// The reply the client gets: `reply` itself, or (the upstream lost the task) the answer
     /// from the record taskgate just failed.
-    pub(super) async fn check(self, registry: &Arc<Registry>, reply: McpReply) -> McpReply {
+    /// `inner`: the service the request went to (a 2025-11-25 cancel's `-32602` is confirmed
+    /// through it).
+    pub(super) async fn check<S>(
+        mut self,
+        registry: &Arc<Registry>,
+        inner: &mut S,
+        reply: McpReply,
+    ) -> McpReply
+    where
+        S: tower::Service<McpRequest, Response = McpReply>,
+    {
         let ReplyBody::Json(bytes) = &reply.body else {
             return reply;
         };
         let Some(code) = error_code(bytes) else {
             return reply;
         };
-        let Some(why) = self.lost_because(code) else {
-            return reply;
+        let why = match self.lost_because(code) {
+            Some(why) => why,
+            None => match self.confirm.take() {
+                Some(ctx) if code == INVALID_PARAMS => {
+                    // Concurrent cancels share one answer: once one of them confirmed, the
+                    // record says so and nobody asks again.
+                    let (up, id) = (&self.record.upstream, &self.record.task_id);
+                    if let Ok(Some(now)) = registry.record_cached(up, id).await {
+                        if now.status.is_terminal() {
+                            return reply;
+                        }
+                    }
+                    match self.confirm_lost(inner, ctx).await {
+                        Some(why) => why,
+                        None => return reply,
+                    }
+                }
+                _ => return reply,
+            },
         };
         let (upstream, task_id) = (&self.record.upstream, &self.record.task_id);
         if registry
@@ -188,6 +225,75 @@ impl Probe {
             Ok(Some(record)) => answer(&record, self.method, self.era, &self.id).unwrap_or(reply),
             _ => reply,
         }
+    }
+}
+
+impl Probe {
+    /// After a 2025-11-25 `tasks/cancel` answered `-32602` (the task is unknown, or already
+    /// terminal: the spec gives both that code), one `tasks/get` of taskgate's own on the same
+    /// upstream session, with the task's [`AuthorisedTask`] (`observe` applies a `Task` it
+    /// answers, so a task that ended unobserved is recorded terminal). Why the task is lost when
+    /// that answer is `-32602` too; `None` otherwise (any failure included: nothing changes).
+    async fn confirm_lost<S>(
+        &self,
+        inner: &mut S,
+        mut ctx: crate::exchange::RequestContext,
+    ) -> Option<String>
+    where
+        S: tower::Service<McpRequest, Response = McpReply>,
+    {
+        use crate::exchange::{Deadline, Operation, RequestParts};
+        use futures_util::StreamExt;
+        use tower::ServiceExt;
+        for name in [
+            &crate::mcp::routing_headers::MCP_METHOD,
+            &crate::mcp::routing_headers::MCP_NAME,
+        ] {
+            ctx.headers.remove(name);
+        }
+        let n = CONFIRM_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let params = serde_json::json!({ "taskId": self.record.task_id });
+        let text = format!(
+            r#"{{"jsonrpc":"2.0","id":"taskgate-lost-check-{n}","method":"tasks/get","params":{params}}}"#
+        );
+        let msg = jsonrpc::Message::parse(bytes::Bytes::from(text)).ok()?;
+        let id = msg.id()?.clone();
+        let mut extensions = http::Extensions::new();
+        extensions.insert(Era::Legacy);
+        // Bounded whole by the upstream's `timeout_ms`, a streamed answer included.
+        extensions.insert(Deadline::Exchange);
+        extensions.insert(AuthorisedTask {
+            record: self.record.clone(),
+        });
+        let get = McpRequest::from(RequestParts {
+            op: Operation::Post(msg),
+            ctx,
+            extensions,
+            trace: None,
+        });
+        let reply = inner.ready().await.ok()?.call(get).await.ok()?;
+        let answer = match reply.body {
+            ReplyBody::Json(bytes) => bytes,
+            ReplyBody::Stream(mut events) => {
+                let mut found = None;
+                while let Some(ev) = events.next().await {
+                    if let Some(data) = ev.data {
+                        if jsonrpc::is_answer_to(data.as_bytes(), &id) {
+                            found = Some(data.into_bytes());
+                            break;
+                        }
+                    }
+                }
+                found?
+            }
+            _ => return None,
+        };
+        (error_code(&answer)? == INVALID_PARAMS).then(|| {
+            format!(
+                "upstream `{}` no longer has this task (it answered `tasks/cancel` and `tasks/get` with -32602, task not found); the task's state was lost (a restart of the upstream?)",
+                self.record.upstream
+            )
+        })
     }
 }
 

@@ -151,7 +151,7 @@ where
                                 let probe = lost::Probe::of(&req);
                                 let reply = inner.call(req).await?;
                                 Ok(match probe {
-                                    Some(probe) => probe.check(&registry, reply).await,
+                                    Some(probe) => probe.check(&registry, &mut inner, reply).await,
                                     None => reply,
                                 })
                             }
@@ -177,7 +177,7 @@ where
                         let probe = lost::Probe::of(&req);
                         let mut reply = inner.call(req).await?;
                         if let Some(probe) = probe {
-                            reply = probe.check(&registry, reply).await;
+                            reply = probe.check(&registry, &mut inner, reply).await;
                         }
                         Ok(with_own_session(reply, own))
                     }
