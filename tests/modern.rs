@@ -722,6 +722,202 @@ async fn cancel_of_a_terminal_task_is_acked_here() {
     assert_eq!(v["result"]["status"], "completed", "{v}");
 }
 
+/// The "cancel requested" audit fact is recorded once per task: concurrent cancels (one goes
+/// upstream, the rest share its ack) and any number of later acks of the terminal task leave
+/// one `cancel_requested` event, so an owner cannot grow its task's durable record by
+/// repeating `tasks/cancel` (break-tasks M5: one event per cancel, without bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_cancels_record_cancel_requested_once() {
+    let (up, state) = modern_server().await;
+    state.lock().unwrap().cancel_delay = Duration::from_millis(200);
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let mut calls = Vec::new();
+    for i in 0..8u64 {
+        let (url, t) = (url.clone(), t.clone());
+        calls.push(tokio::spawn(async move {
+            task_call(&url, None, 100 + i, "tasks/cancel", &t).await
+        }));
+    }
+    for c in calls {
+        let (status, v) = c.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+    }
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    let (_, before) = audit_events(&tg, &t).await;
+    for i in 0..30u64 {
+        let (status, v) = task_call(&url, None, 200 + i, "tasks/cancel", &t).await;
+        assert_eq!(
+            (status, v["result"].clone()),
+            (200, json!({"resultType":"complete"})),
+            "{v}"
+        );
+    }
+    assert_eq!(count(&up, "tasks/cancel"), 1, "acked here, not forwarded");
+    let (_, events) = audit_events(&tg, &t).await;
+    let requested = events.iter().filter(|e| *e == "cancel_requested").count();
+    assert_eq!(requested, 1, "{events:?}");
+    assert_eq!(
+        events.len(),
+        before.len(),
+        "later acks add nothing: {events:?}"
+    );
+}
+
+/// A task completed before any cancel: its first acknowledged cancel records the fact, the
+/// next ones do not repeat it.
+#[tokio::test]
+async fn acks_of_a_terminal_task_record_cancel_requested_once() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    state
+        .lock()
+        .unwrap()
+        .tasks
+        .insert(t.clone(), "completed".into());
+    let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "completed", "{v}");
+    for i in 0..20u64 {
+        let (status, v) = task_call(&url, None, 10 + i, "tasks/cancel", &t).await;
+        assert_eq!(
+            (status, v["result"].clone()),
+            (200, json!({"resultType":"complete"})),
+            "{v}"
+        );
+    }
+    assert_eq!(count(&up, "tasks/cancel"), 0);
+    let (_, events) = audit_events(&tg, &t).await;
+    let requested = events.iter().filter(|e| *e == "cancel_requested").count();
+    assert_eq!(requested, 1, "{events:?}");
+}
+
+/// break-tasks M3: after the upstream acknowledges a forwarded `tasks/cancel`, taskgate polls
+/// the task once itself, so a client that forgets the task right after the ack (the spec allows
+/// it) finds its slot free when the upstream cancelled it: the next creation is not refused
+/// `-32029`. Still one upstream cancel per task.
+#[tokio::test]
+async fn a_cancel_and_forget_client_gets_its_slot_back() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, v["result"].clone()),
+        (200, json!({"resultType":"complete"})),
+        "{v}"
+    );
+    assert_eq!(state.lock().unwrap().tasks[&t], "cancelled");
+    // No poll of the client's: the record already shows what the upstream made of it.
+    let r = tg.record(&t).expect("record");
+    assert_eq!(r.status, taskgate::mcp::task::TaskStatus::Cancelled);
+    let next = create(&url, None, "slow_compute").await;
+    assert_ne!(next, t);
+    // Later cancels are acknowledged here.
+    let (status, _) = task_call(&url, None, 3, "tasks/cancel", &t).await;
+    assert_eq!(status, 200);
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    assert_eq!(count(&up, "tasks/get"), 1, "taskgate's one poll");
+}
+
+/// break-tasks M2 (2026-07-28): a server that restarted and forgot a task answers its
+/// `tasks/get` with `-32602` (HTTP 400). taskgate ends the record (`failed`, saying the upstream
+/// lost the task, "resources released" with `reason=upstream_lost`), answers the failed
+/// `DetailedTask`, and the owner's slot is free again: the next creation is not refused
+/// `-32029` for the rest of the ttl. A later cancel is the terminal ack, not forwarded.
+#[tokio::test]
+async fn a_task_the_upstream_forgot_is_failed_and_frees_its_slot() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    // The upstream restarts: its tasks are gone.
+    state.lock().unwrap().tasks.clear();
+    let (status, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["status"], "failed", "{v}");
+    assert_eq!(v["result"]["taskId"], json!(t), "{v}");
+    assert_eq!(v["result"]["error"]["code"], -32603, "{v}");
+    assert!(
+        v["result"]["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("no longer has this task")),
+        "{v}"
+    );
+    let r = tg.record(&t).expect("record");
+    assert_eq!(r.status, taskgate::mcp::task::TaskStatus::Failed);
+    assert!(r.released_at.is_some());
+    let (d, events) = audit_events(&tg, &t).await;
+    assert!(events.contains(&"resources_released".to_string()), "{d}");
+    assert!(d.to_string().contains("reason=upstream_lost"), "{d}");
+    let text = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &text,
+            "taskgate_task_resources_released_total",
+            &[("upstream", "default"), ("reason", "upstream_lost")]
+        ),
+        1.0
+    );
+    // The slot is free.
+    let again = create(&url, None, "slow_compute").await;
+    assert_ne!(again, t);
+    // The next get is answered from the record; a cancel is the terminal ack.
+    let (status, v) = task_call(&url, None, 3, "tasks/get", &t).await;
+    assert_eq!(
+        (status, v["result"]["status"].clone()),
+        (200, json!("failed"))
+    );
+    let (status, v) = task_call(&url, None, 4, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, v["result"].clone()),
+        (200, json!({"resultType":"complete"})),
+        "{v}"
+    );
+    assert_eq!(count(&up, "tasks/get"), 1);
+    assert_eq!(count(&up, "tasks/cancel"), 0);
+}
+
+/// break-tasks M2 (2026-07-28): the forgotten task's first request may be a `tasks/cancel`
+/// (the upstream's `-32602`, HTTP 400, passed on as it came): the record is failed and the
+/// slot freed the same way; the next cancel is the ack of a terminal task, not forwarded.
+#[tokio::test]
+async fn a_cancel_of_a_task_the_upstream_forgot_fails_it_and_frees_its_slot() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    state.lock().unwrap().tasks.clear();
+    let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!((status, err_code(&v)), (400, -32602), "{v}");
+    assert_eq!(
+        tg.record(&t).expect("record").status,
+        taskgate::mcp::task::TaskStatus::Failed
+    );
+    create(&url, None, "slow_compute").await;
+    let (status, v) = task_call(&url, None, 3, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, v["result"].clone()),
+        (200, json!({"resultType":"complete"})),
+        "{v}"
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+}
+
 /// After `cancelled` is recorded, a later `completed` (with its result) is shown as
 /// `cancelled` without the result, counted as a rewrite; the three audit facts stay apart.
 #[tokio::test]
@@ -746,7 +942,8 @@ async fn a_late_completed_after_cancelled_is_shown_cancelled() {
     let (_, v) = task_call(&url, None, 4, "tasks/get", &t).await;
     assert_eq!(v["result"]["status"], "cancelled", "{v}");
     assert!(v["result"].get("result").is_none(), "{v}");
-    assert_eq!(count(&up, "tasks/get"), 2);
+    // The client's two and taskgate's own after the forwarded cancel's ack.
+    assert_eq!(count(&up, "tasks/get"), 3);
     let text = tg.metrics_text().await;
     assert_eq!(
         metric(

@@ -401,6 +401,168 @@ async fn same_principal_new_session_reaches_task_on_original_session() {
 }
 
 // =============================================================================================
+// An upstream that lost its tasks (break-tasks M2)
+// =============================================================================================
+
+/// alice at `max_live_tasks_per_owner = 2` on an upstream that restarts and forgets its tasks.
+async fn alice_at_her_limit() -> (TaskServer, Tg, Client, String, String) {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .tasks("max_live_tasks_per_owner = 2")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let t1 = alice.create_task("1").await;
+    let t2 = alice.create_task("2").await;
+    let refused = alice.rpc(Client::create_body("3", Some(600_000))).await;
+    assert_eq!(err_code(&refused), -32029, "at the limit: {refused}");
+    (up, tg, alice, t1, t2)
+}
+
+/// The upstream answers `-32602` (task not found) to `tasks/get` and `tasks/result` of tasks
+/// taskgate recorded live: each record becomes `failed` (statusMessage: the upstream lost it),
+/// "resources released" is recorded (`reason=upstream_lost`), the client gets the failed task
+/// and the error it was failed with, and the owner can create tasks again (before: the records
+/// stayed `working`, and alice was refused `-32029` until their ttl).
+#[tokio::test]
+async fn tasks_the_upstream_forgot_are_failed_and_free_the_owners_slots() {
+    let (up, tg, alice, t1, t2) = alice_at_her_limit().await;
+    up.state.lock().unwrap().tasks.clear();
+    let got = alice.get("4", &t1).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    assert_eq!(got["result"]["taskId"], json!(t1), "{got}");
+    assert!(
+        got["result"]["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("no longer has this task")),
+        "{got}"
+    );
+    let result = alice.result("5", &t2).await;
+    assert_eq!(err_code(&result), -32603, "{result}");
+    assert!(
+        err_message(&result).contains("no longer has this task"),
+        "{result}"
+    );
+    for t in [&t1, &t2] {
+        let r = tg.record(t).expect("record");
+        assert_eq!(r.status, TaskStatus::Failed);
+        assert!(r.released_at.is_some(), "released");
+        let audit = tg.registry.store().audit_for("default", t).expect("audit");
+        assert!(
+            audit
+                .iter()
+                .any(|e| e.event == "resources_released" && e.detail == "reason=upstream_lost"),
+            "{audit:?}"
+        );
+    }
+    // Answered from the records from now on: nothing more goes upstream.
+    let before = up.task_requests().len();
+    assert_eq!(alice.get("6", &t1).await["result"]["status"], "failed");
+    assert_eq!(err_code(&alice.result("7", &t1).await), -32603);
+    assert_eq!(err_code(&alice.cancel("8", &t2).await), -32602, "terminal");
+    assert_eq!(up.task_requests().len(), before);
+    // Both slots are free again.
+    alice.create_task("9").await;
+    alice.create_task("10").await;
+}
+
+/// The upstream restarted and forgot its sessions too: a request on the task's session gets
+/// HTTP 404 `-32001`. A new, valid session of the owner is not told its own session is gone:
+/// the record is failed as above, and `tasks/get` / `tasks/cancel` answer from it (HTTP 200).
+#[tokio::test]
+async fn a_task_whose_upstream_session_was_lost_is_failed_not_a_session_error() {
+    let (up, tg, _alice, t1, t2) = alice_at_her_limit().await;
+    up.state.lock().unwrap().forget_everything();
+    let mut again = tg.client().with_token("alice-token");
+    again.initialize().await;
+    // `rpc` asserts HTTP 200.
+    let got = again.get("4", &t1).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    assert!(
+        got["result"]["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("no longer has the session")),
+        "{got}"
+    );
+    let cancel = again.cancel("5", &t2).await;
+    assert_eq!(
+        err_code(&cancel),
+        -32602,
+        "the task is terminal now: {cancel}"
+    );
+    for t in [&t1, &t2] {
+        let r = tg.record(t).expect("record");
+        assert_eq!(r.status, TaskStatus::Failed);
+        assert!(r.released_at.is_some(), "released");
+    }
+    again.create_task("6").await;
+}
+
+/// A 2025-11-25 `tasks/cancel` of a task the upstream forgot: its `-32602` also means "already
+/// terminal" there, so taskgate asks once with a `tasks/get` of its own; answered `-32602` too,
+/// the record is failed and the slot freed. The client gets the upstream's `-32602` as it came.
+#[tokio::test]
+async fn a_cancel_of_a_task_the_upstream_forgot_fails_it_once_confirmed() {
+    let (up, tg, alice, t1, _t2) = alice_at_her_limit().await;
+    up.state.lock().unwrap().tasks.clear();
+    let cancel = alice.cancel("4", &t1).await;
+    assert_eq!(err_code(&cancel), -32602, "{cancel}");
+    let r = tg.record(&t1).expect("record");
+    assert_eq!(r.status, TaskStatus::Failed);
+    assert!(r.released_at.is_some(), "released");
+    assert_eq!(up.count("tasks/cancel"), 1);
+    assert_eq!(up.count("tasks/get"), 1, "taskgate's one confirmation");
+    alice.create_task("5").await;
+}
+
+/// A 2025-11-25 `tasks/cancel` answered `-32602` because the task ended upstream unobserved:
+/// taskgate's confirming `tasks/get` sees it `completed`, which is recorded (the record no longer
+/// stays `working`, holding the slot, until someone polls).
+#[tokio::test]
+async fn a_cancel_of_a_task_that_ended_unobserved_records_its_end() {
+    let (up, tg, alice, t1, _t2) = alice_at_her_limit().await;
+    up.set(&t1, "completed");
+    let cancel = alice.cancel("4", &t1).await;
+    assert_eq!(err_code(&cancel), -32602, "{cancel}");
+    let r = tg.record(&t1).expect("record");
+    assert_eq!(r.status, TaskStatus::Completed);
+    assert_eq!(up.count("tasks/get"), 1);
+    alice.create_task("5").await;
+}
+
+/// Only an authoritative "not found" ends a record: another error from the upstream (here
+/// `-32603` to `tasks/cancel`), and a 2025-11-25 `-32602` to `tasks/cancel` (it also means
+/// "already terminal" there) whose confirming `tasks/get` finds the task, leave it `working`.
+#[tokio::test]
+async fn other_upstream_errors_leave_the_record_live() {
+    for (code, message) in [
+        (-32603, "boom"),
+        (-32602, "Cannot cancel task: it is already completed"),
+    ] {
+        let up = TaskServer::start(Behaviour {
+            cancel_error: Some((code, message.to_string())),
+            ..Behaviour::default()
+        })
+        .await;
+        let tg = TgConfig::new(&up.url()).start().await;
+        let mut c = tg.client();
+        c.initialize().await;
+        let t = c.create_task("1").await;
+        let cancel = c.cancel("2", &t).await;
+        assert_eq!(err_code(&cancel), code, "relayed: {cancel}");
+        let r = tg.record(&t).expect("record");
+        assert_eq!(r.status, TaskStatus::Working, "{code}");
+        assert!(r.released_at.is_none());
+        // A `-32602` is confirmed with one `tasks/get` (the task is there, working).
+        let confirmed = usize::from(code == -32602);
+        assert_eq!(up.count("tasks/get"), confirmed, "{code}");
+        assert_eq!(c.get("3", &t).await["result"]["status"], "working");
+    }
+}
+
+// =============================================================================================
 // Status tracking
 // =============================================================================================
 

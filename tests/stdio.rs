@@ -284,6 +284,63 @@ async fn a_child_killed_mid_task_fails_the_task_and_is_restarted() {
     );
 }
 
+/// break-tasks M7: a task failed because its child died is answered from its record on any
+/// session of its owner: a new, valid session's `tasks/result` gets the error the task was
+/// failed with (HTTP 200), and `tasks/get` the failed task, never the dead child's session's
+/// HTTP 404 `-32001` (which tells a client its own session is gone).
+#[tokio::test]
+async fn a_task_of_a_dead_child_is_answered_from_its_record_on_a_new_session() {
+    let child = Kid::new();
+    let upstream = child.upstream("", "");
+    let token = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"alice-token"));
+    let tg = Tg::start(|store| {
+        toml(store, &upstream).replace(
+            "[auth]\nmode = \"none\"\n",
+            &format!("[auth]\nmode = \"bearer\"\n\n[[auth.token]]\nprincipal = \"alice\"\nsha256 = {token:?}\n"),
+        )
+    })
+    .await;
+    readyz(tg.admin, 200).await;
+    let mut first = tg.client().with_token("alice-token");
+    first.initialize().await;
+    let task = first.create_task("1").await;
+    assert_eq!(first.get("2", &task).await["result"]["status"], "working");
+    let pid = child.pids()[0];
+    // SAFETY: a signal to the child this test's taskgate started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    until("the task is failed", || {
+        tg.record(&task)
+            .is_some_and(|r| r.status.as_str() == "failed" && r.released_at.is_some())
+    })
+    .await;
+    until("a second child", || child.pids().len() == 2).await;
+    readyz(tg.admin, 200).await;
+    let mut second = tg.client().with_token("alice-token");
+    second.initialize().await;
+    assert_ne!(first.session, second.session);
+    // `rpc` asserts HTTP 200.
+    let result = second.result("3", &task).await;
+    assert_eq!(err_code(&result), -32603, "{result}");
+    assert!(err_message(&result).contains("restarted"), "{result}");
+    let got = second.get("4", &task).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    assert!(
+        got["result"]["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("restarted")),
+        "{got}"
+    );
+    let cancel = second.cancel("5", &task).await;
+    assert_eq!(err_code(&cancel), -32602, "terminal: {cancel}");
+    // The creating session is answered the same way.
+    let result = first.result("6", &task).await;
+    assert_eq!(err_code(&result), -32603, "{result}");
+    assert!(
+        child.seen_method("tasks/result").is_empty(),
+        "never asked of a child"
+    );
+}
+
 #[tokio::test]
 async fn a_request_of_the_child_reaches_the_client_whose_call_it_serves() {
     let child = Kid::new();
@@ -476,6 +533,62 @@ async fn tasks_of_a_taskgate_killed_with_its_child_are_failed_at_the_next_start(
             .is_some_and(|m| m.contains("taskgate restarted")),
         "{record}"
     );
+    again.sigterm();
+    again.wait_exit(Duration::from_secs(15)).expect("exits");
+}
+
+/// break-tasks M7, after a restart: the tasks a `kill -9`ed taskgate's child took with it are
+/// `failed` at the next start, and their owner's new session gets the failed task and the error
+/// from the record (HTTP 200), not the HTTP 404 `-32001` of the gone child's session that the
+/// task was routed to (a 404 tells the SDK client its own, valid session is gone).
+#[tokio::test]
+async fn a_task_failed_at_the_next_start_is_answered_from_its_record() {
+    let child = Kid::new();
+    let upstream = child.upstream("", "");
+    let config = child.path("taskgate.toml");
+    let store = child.path("store");
+    let token = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"alice-token"));
+    let text = toml(store.to_str().unwrap(), &upstream).replace(
+        "[auth]\nmode = \"none\"\n",
+        &format!("[auth]\nmode = \"bearer\"\n\n[[auth.token]]\nprincipal = \"alice\"\nsha256 = {token:?}\n"),
+    );
+    std::fs::write(&config, text).unwrap();
+    let args = ["serve", "--config", config.to_str().unwrap()];
+    let mut p = TaskgateProcess::spawn(&args, &[]);
+    let (gw, admin) = p.listening();
+    readyz(admin, 200).await;
+    let mut client = Client::new(&format!("http://{gw}/mcp")).with_token("alice-token");
+    client.initialize().await;
+    let task = client.create_task("1").await;
+    p.signal(libc::SIGKILL);
+    p.wait_exit(Duration::from_secs(5)).expect("killed");
+    let mut again = TaskgateProcess::spawn(&args, &[]);
+    let (gw, admin) = again.listening();
+    readyz(admin, 200).await;
+    let path = format!("/admin/tasks/default/{task}");
+    let mut failed = false;
+    for _ in 0..250 {
+        let (status, body) = admin_json(admin, &path).await;
+        if status == 200 && body["task"]["status"] == "failed" {
+            failed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(failed, "the task is failed at the next start");
+    let mut fresh = Client::new(&format!("http://{gw}/mcp")).with_token("alice-token");
+    fresh.initialize().await;
+    // `rpc` asserts HTTP 200.
+    let result = fresh.result("2", &task).await;
+    assert_eq!(err_code(&result), -32603, "{result}");
+    assert!(
+        err_message(&result).contains("taskgate restarted"),
+        "{result}"
+    );
+    let got = fresh.get("3", &task).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    let cancel = fresh.cancel("4", &task).await;
+    assert_eq!(err_code(&cancel), -32602, "terminal: {cancel}");
     again.sigterm();
     again.wait_exit(Duration::from_secs(15)).expect("exits");
 }

@@ -228,6 +228,9 @@ label_enum! {
         Expired = "expired",
         /// The upstream process that ran the task is gone (a stdio child exited).
         ProcessExited = "process_exited",
+        /// The upstream answered that it no longer has the task (or the task's session): it
+        /// lost it (a restart), so nothing is held for it any more.
+        UpstreamLost = "upstream_lost",
     }
 }
 

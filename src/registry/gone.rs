@@ -78,6 +78,40 @@ impl Registry {
         changed
     }
 
+    /// Fails the task `task_id` of `upstream` that the upstream itself says it no longer has
+    /// (break-tasks M2: it restarted and forgot its tasks, or the task's session): an
+    /// authoritative "not found" about that very task, read by `layers::tasks`. As for a dead
+    /// process: `failed` with `message` (and the error it keeps, `terminal_error`) and
+    /// "resources released" (`reason="upstream_lost"`), which gives the owner's slot back.
+    /// Nothing happens to a record that is terminal already. Returns whether it changed.
+    pub async fn fail_task_lost_upstream(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        message: &str,
+    ) -> bool {
+        let (up, id, message) = (
+            upstream.to_string(),
+            task_id.to_string(),
+            message.to_string(),
+        );
+        let changed = self
+            .off_runtime(move |r| {
+                r.fail_dead_now(
+                    &up,
+                    Some(vec![id]),
+                    None,
+                    now_ms(),
+                    &message,
+                    ReleaseReason::UpstreamLost,
+                )
+            })
+            .await
+            .unwrap_or(0);
+        self.sync_failed(changed).await;
+        changed > 0
+    }
+
     /// Makes the records failed just now durable (a failed sync is logged and counted).
     async fn sync_failed(&self, changed: usize) {
         if changed > 0 {
@@ -114,13 +148,18 @@ impl Registry {
                 && (!rec.status.is_terminal() || unreleased_cancel)
         };
         // (task id, whether it still needs its `failed`: a cancelled one only its release,
-        // else the status machine would count the `failed` as a late result after `cancelled`.)
+        // else the status machine would count the `failed` as a late result after `cancelled`;
+        // whether it is a client's task, whose record then keeps the error it was failed with.)
         let mut found = Vec::new();
         match only {
             Some(ids) => {
                 for id in ids {
                     match self.store.get(upstream, &id) {
-                        Ok(Some(rec)) if dead(&rec) => found.push((id, !rec.status.is_terminal())),
+                        Ok(Some(rec)) if dead(&rec) => found.push((
+                            id,
+                            !rec.status.is_terminal(),
+                            rec.origin == Origin::Client,
+                        )),
                         Ok(_) => {}
                         Err(e) => self.write_failed(&e, "task store read failed"),
                     }
@@ -130,7 +169,8 @@ impl Registry {
                 let scanned = self.store.scan(&mut |rec| {
                     if dead(&rec) {
                         let fail = !rec.status.is_terminal();
-                        found.push((rec.task_id, fail));
+                        let client = rec.origin == Origin::Client;
+                        found.push((rec.task_id, fail, client));
                     }
                     true
                 });
@@ -139,8 +179,13 @@ impl Registry {
                 }
             }
         }
+        // A client's task failed here keeps the error it ended with (`terminal_error`): its
+        // `tasks/get` and `tasks/result` are answered from the record (`layers::tasks`), never
+        // sent to the process or session that lost it. A gateway task's own layer answers it.
+        let error = serde_json::json!({"code": crate::jsonrpc::INTERNAL_ERROR, "message": message})
+            .to_string();
         let mut changed = 0;
-        for (task_id, fail) in found {
+        for (task_id, fail, client) in found {
             if fail {
                 let report = Report {
                     status: TaskStatus::Failed,
@@ -149,6 +194,7 @@ impl Registry {
                     poll_interval_ms: None,
                     tool_error: false,
                     result: None,
+                    error: client.then(|| error.clone()),
                 };
                 self.apply_status(upstream, &task_id, report, reason.as_str());
             }
@@ -190,6 +236,49 @@ mod tests {
     use crate::layers::testing::{record, registry};
     use crate::mcp::task::{now_ms, TaskStatus};
     use crate::store::TaskStore;
+
+    /// A task the upstream lost is failed with the error it keeps (answered from the record
+    /// from then on) and released; a record already terminal is left as it is.
+    #[tokio::test]
+    async fn a_task_the_upstream_lost_is_failed_and_released_once() {
+        let (registry, store) = registry();
+        store.create(record("live")).await.unwrap();
+        let mut done = record("done");
+        done.status = TaskStatus::Completed;
+        store.create(done.clone()).await.unwrap();
+        assert!(
+            registry
+                .fail_task_lost_upstream("up", "live", "lost it")
+                .await
+        );
+        let rec = store.get("up", "live").unwrap().unwrap();
+        assert_eq!(rec.status, TaskStatus::Failed);
+        assert_eq!(rec.status_message.as_deref(), Some("lost it"));
+        assert!(rec.released_at.is_some());
+        let error: serde_json::Value =
+            serde_json::from_str(rec.terminal_error.as_deref().unwrap()).unwrap();
+        assert_eq!(error["code"], -32603);
+        assert_eq!(error["message"], "lost it");
+        assert!(
+            !registry
+                .fail_task_lost_upstream("up", "live", "again")
+                .await
+        );
+        assert!(
+            !registry
+                .fail_task_lost_upstream("up", "done", "lost it")
+                .await
+        );
+        assert_eq!(store.get("up", "done").unwrap().unwrap(), done);
+        let released = store
+            .audit_for("up", "live")
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.event == "resources_released")
+            .map(|e| e.detail)
+            .collect::<Vec<_>>();
+        assert_eq!(released, ["reason=upstream_lost"]);
+    }
 
     /// A task named by the lost replica's lease is failed even when its creator's clock ran
     /// ahead of the adopter's (`recorded_at` after the adopter's now); a scan keeps the filter.

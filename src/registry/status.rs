@@ -151,6 +151,11 @@ pub(super) struct Report {
     /// `tasks.max_stored_result_bytes`), kept in the record by the same update that records the
     /// terminal status (see [`Registry::store_terminal_result`] for when it is kept).
     pub(super) result: Option<String>,
+    /// A JSON-RPC `error` object (JSON text) taskgate itself ends the task with (its process
+    /// died, its upstream lost it: `registry::gone`): kept in `terminal_error` by the same
+    /// update, only when this report is what makes the task `failed`. It marks the record as
+    /// ended by taskgate, which then answers the task's requests from it.
+    pub(super) error: Option<String>,
 }
 
 /// A 2026-07-28 `Task` / `DetailedTask` object seen with the field names the status machine
@@ -195,6 +200,7 @@ impl Report {
             poll_interval_ms: task.poll_interval.flatten(),
             tool_error: task.tool_error,
             result: None,
+            error: None,
         })
     }
 }
@@ -393,6 +399,7 @@ impl Registry {
             poll_interval_ms: poll,
             tool_error: is_tool_error(task),
             result,
+            error: None,
         };
         self.apply_status(upstream, task_id, report, source)
     }
@@ -447,6 +454,7 @@ impl Registry {
             poll_interval_ms,
             tool_error,
             result: keep,
+            error,
         } = report;
         let now = now_ms();
         // The result is kept as `store_terminal_result` keeps it: once, in a record holding
@@ -483,7 +491,13 @@ impl Registry {
             true
         };
         let result = self.update(upstream, task_id, &mut |r| {
+            let was_live = !r.status.is_terminal();
             let changed = apply(r);
+            if let Some(error) = &error {
+                if changed && was_live && r.status == TaskStatus::Failed {
+                    r.terminal_error = Some(error.clone());
+                }
+            }
             match &keep {
                 Some(json) if r.status == status && r.terminal_result.is_none() => {
                     r.terminal_result = Some(json.clone());
@@ -615,8 +629,9 @@ impl Registry {
         }
     }
 
-    /// Records that a `tasks/cancel` for the task goes upstream: `cancel_requested_at` (set
-    /// once) and a `cancel_requested` audit event. One store update; returns the record after it.
+    /// Records that a `tasks/cancel` for the task goes upstream: `cancel_requested_at` and a
+    /// `cancel_requested` audit event, both once per task (a later cancel changes nothing).
+    /// One store update; returns the record after it.
     /// A gateway task's cancel (`layers::gateway_tasks`) does not go upstream as such: the
     /// server of its held call is sent `notifications/cancelled`, and the event says so.
     pub(super) fn request_cancel_now(
@@ -680,8 +695,14 @@ impl Registry {
             true
         });
         match updated {
-            Ok(Some((_, after))) => {
-                self.audit(&after, "cancel_requested", detail(&after).to_string());
+            Ok(Some((before, after))) => {
+                // The fact is recorded once per task: only the update that set
+                // `cancel_requested_at` audits it (the store's swap lets one caller win, also
+                // among concurrent ones). A repeated cancel (a 2026 client may send any number
+                // for a terminal task, each acknowledged) adds nothing to the record.
+                if before.cancel_requested_at.is_none() && after.cancel_requested_at.is_some() {
+                    self.audit(&after, "cancel_requested", detail(&after).to_string());
+                }
                 Some(after)
             }
             Ok(None) => None,

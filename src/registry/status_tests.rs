@@ -124,6 +124,31 @@ async fn a_gateway_task_cancel_is_audited_as_notifications_cancelled() {
     assert_eq!(detail("ct"), "tasks/cancel forwarded upstream");
 }
 
+/// "cancel requested" is one fact per task: a second forwarded cancel (a gateway task's, a
+/// bridge's) and any number of acknowledged ones leave one `cancel_requested` event and keep
+/// the first `cancel_requested_at` (break-tasks M5: each appended an event, without bound).
+#[tokio::test]
+async fn cancel_requested_is_recorded_once_per_task() {
+    use crate::store::{Origin, TaskStore};
+    let (registry, store) = crate::layers::testing::registry();
+    let mut gateway = crate::layers::testing::record("gt");
+    gateway.origin = Origin::Gateway;
+    store.create(gateway).await.unwrap();
+    let first = registry.request_cancel("up", "gt").await.unwrap();
+    let again = registry.request_cancel("up", "gt").await.unwrap();
+    assert_eq!(first.cancel_requested_at, again.cancel_requested_at);
+    for _ in 0..5 {
+        registry.record_cancel_acknowledged("up", "gt").await;
+    }
+    let requested = store
+        .audit_for("up", "gt")
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.event == "cancel_requested")
+        .count();
+    assert_eq!(requested, 1);
+}
+
 /// What a test's tracing events wrote, as text (a `MakeWriter` over a shared buffer).
 #[derive(Clone, Default)]
 struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);

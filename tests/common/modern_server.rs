@@ -173,6 +173,14 @@ pub fn modern_handler(
                     ),
                 ),
             },
+            // A task the server does not have (never made, or forgotten in a restart).
+            "tasks/cancel" if !s.tasks.contains_key(&task_id) => ScriptedResponse::status(
+                400,
+                Some("application/json"),
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"Task not found"}}}}"#
+                ),
+            ),
             "tasks/cancel" => {
                 let late = s.after_cancel.get(&task_id).cloned();
                 if let Some(st) = s.tasks.get_mut(&task_id) {

@@ -55,6 +55,18 @@ pub struct ServerState {
     pub tasks: HashMap<String, ServerTask>,
     /// Statuses `tasks/get` reports for a task instead of its real one, one per call.
     pub get_script: HashMap<String, VecDeque<String>>,
+    /// Sessions the server forgot (a restart): a request on one is answered HTTP 404 `-32001`
+    /// "Session not found", as the SDK servers answer an unknown session.
+    pub lost_sessions: std::collections::HashSet<String>,
+}
+
+impl ServerState {
+    /// A restart: every task and every session issued so far are forgotten.
+    pub fn forget_everything(&mut self) {
+        self.tasks.clear();
+        self.lost_sessions
+            .extend((1..=self.next_session).map(|n| format!("sess-{n}")));
+    }
 }
 
 impl ServerState {
@@ -200,6 +212,13 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
         return ScriptedResponse::accepted(); // notifications and responses
     };
     let id = req.rpc_id_json();
+    if req
+        .header("mcp-session-id")
+        .is_some_and(|s| state.lock().unwrap().lost_sessions.contains(&s))
+    {
+        let body = rpc_error_json(&id, -32001, "Session not found");
+        return ScriptedResponse::status(404, Some("application/json"), body);
+    }
     let task_id_param = v
         .pointer("/params/taskId")
         .and_then(Value::as_str)

@@ -466,6 +466,7 @@ where
     // The whole exchange, a streamed answer included, within the upstream's `timeout_ms`:
     // every caller of this flight waits on it.
     req.extensions.insert(Deadline::Exchange);
+    let poll = modern::poll_after_ack(&req);
     let reply = match inner.call(req).await {
         Err(e) => return FlightAnswer::Failed(Arc::new(e)),
         Ok(reply) => reply,
@@ -532,8 +533,51 @@ where
             .registry
             .record_cancel_acked(&upstream, &task_id)
             .await;
+        // The ack tells no status: one poll of taskgate's own records what the upstream made
+        // of the cancel before the callers get the ack (a client that forgets the task right
+        // after it then finds its slot free when the upstream cancelled it at once).
+        if let Some(poll) = poll {
+            poll_once(&mut inner, poll).await;
+        }
     }
     outcome
+}
+
+/// Sends taskgate's own `tasks/get` after a forwarded 2026-07-28 cancel (see
+/// `modern::poll_after_ack`) and reads its answer to the end (`observe`, below, applies it as
+/// it passes); any failure only leaves the record as it was (logged at debug).
+async fn poll_once<S>(inner: &mut S, poll: McpRequest)
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>,
+{
+    use tower::ServiceExt;
+    let Some(id) = poll.id().cloned() else {
+        return;
+    };
+    let reply = match inner.ready().await {
+        Ok(ready) => ready.call(poll).await,
+        Err(e) => Err(e),
+    };
+    match reply {
+        Ok(reply) => {
+            if let ReplyBody::Stream(mut events) = reply.body {
+                // Read up to its answer (applied by then), within the poll's
+                // `Deadline::Exchange`.
+                while let Some(ev) = events.next().await {
+                    if ev
+                        .data
+                        .as_ref()
+                        .is_some_and(|d| jsonrpc::is_answer_to(d.as_bytes(), &id))
+                    {
+                        break;
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "taskgate's tasks/get after a forwarded cancel failed")
+        }
+    }
 }
 
 /// The `status` of a Task object.

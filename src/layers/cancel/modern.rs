@@ -2,7 +2,7 @@
 //! SEP-2663: the cancel of a terminal task has no error, it is acknowledged).
 
 use super::CancelState;
-use crate::exchange::McpReply;
+use crate::exchange::{McpReply, McpRequest};
 use crate::jsonrpc;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
@@ -24,10 +24,14 @@ pub(super) async fn terminal_answer(
 ) -> McpReply {
     let task_id = &record.task_id;
     let reply = if era == Era::Modern {
-        state
-            .registry
-            .record_cancel_acknowledged(upstream, task_id)
-            .await;
+        // Recorded once per task: a repeated ack of a task whose cancel is already recorded
+        // costs no store round trip (the registry checks again under the store's swap).
+        if record.cancel_requested_at.is_none() {
+            state
+                .registry
+                .record_cancel_acknowledged(upstream, task_id)
+                .await;
+        }
         tracing::debug!(task_id = %task_id, %status, "tasks/cancel of a terminal task: acknowledged here");
         McpReply::local_json(jsonrpc::result_response(id, MODERN_ACK))
     } else {
@@ -83,3 +87,56 @@ pub(super) async fn other_eras_answer(
 
 /// The 2026-07-28 `tasks/cancel` (and `tasks/update`) ack: `{"resultType":"complete"}`.
 pub const MODERN_ACK: &str = r#"{"resultType":"complete"}"#;
+
+/// The ids of taskgate's own `tasks/get` after a forwarded 2026-07-28 cancel
+/// (`"taskgate-cancel-poll-<n>"`; the `ids` layer keeps them apart from the clients').
+static POLL_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// taskgate's own `tasks/get` of the task a 2026-07-28 `tasks/cancel` (`cancel`) names, sent
+/// once after the upstream acknowledged that cancel (break-tasks M3): the ack carries no
+/// status, and a client may forget the task right after it (the spec allows it), so without
+/// this the record stayed `working`, holding its owner's slot, until someone polled it or its
+/// ttl passed. The answer is applied by `observe` like a client's poll (the task's
+/// [`AuthorisedTask`](crate::layers::extensions::AuthorisedTask)). `None` when the task is
+/// not a 2026-07-28 one on a 2026-07-28 upstream (the bridges record their own outcome).
+pub(super) fn poll_after_ack(cancel: &McpRequest) -> Option<McpRequest> {
+    use crate::exchange::{Deadline, Operation, RequestParts};
+    use crate::layers::extensions::AuthorisedTask;
+    if cancel.era() != Era::Modern {
+        return None;
+    }
+    let authorised = cancel.extensions.get::<AuthorisedTask>()?;
+    if authorised.record.era != Era::Modern {
+        return None;
+    }
+    let record = authorised.record.clone();
+    let mut ctx = cancel.ctx.clone();
+    ctx.headers.insert(
+        &crate::mcp::routing_headers::MCP_METHOD,
+        http::HeaderValue::from_static("tasks/get"),
+    );
+    ctx.headers.insert(
+        &crate::mcp::routing_headers::MCP_NAME,
+        crate::mcp::routing_headers::encode(&record.task_id),
+    );
+    let mut extensions = http::Extensions::new();
+    extensions.insert(Era::Modern);
+    // Bounded whole by the upstream's `timeout_ms`, a streamed answer included.
+    extensions.insert(Deadline::Exchange);
+    let n = POLL_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let params = serde_json::json!({
+        "taskId": record.task_id,
+        "_meta": crate::layers::bridge::translate::modern_meta(None),
+    });
+    extensions.insert(AuthorisedTask { record });
+    let text = format!(
+        r#"{{"jsonrpc":"2.0","id":"taskgate-cancel-poll-{n}","method":"tasks/get","params":{params}}}"#
+    );
+    let msg = jsonrpc::Message::parse(bytes::Bytes::from(text)).ok()?;
+    Some(McpRequest::from(RequestParts {
+        op: Operation::Post(msg),
+        ctx,
+        extensions,
+        trace: cancel.trace.clone(),
+    }))
+}

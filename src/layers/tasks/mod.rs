@@ -28,6 +28,7 @@
 //! holds the session id is the owner), or `anonymous` without a session (no binding at all; task
 //! ids are the upstream's).
 
+mod lost;
 mod modern;
 
 use crate::exchange::{Deadline, McpReply, McpRequest, Operation};
@@ -146,7 +147,14 @@ where
                     let (registry, mut inner) = (self.registry.clone(), self.take_inner());
                     Either::Right(Box::pin(async move {
                         match modern::authorise(&registry, &mut req).await {
-                            Ok(()) => inner.call(req).await,
+                            Ok(()) => {
+                                let probe = lost::Probe::of(&req);
+                                let reply = inner.call(req).await?;
+                                Ok(match probe {
+                                    Some(probe) => probe.check(&registry, &mut inner, reply).await,
+                                    None => reply,
+                                })
+                            }
                             Err(answered) => Ok(answered),
                         }
                     }))
@@ -166,7 +174,11 @@ where
                 match authorise(&registry, &mut req).await {
                     Ok(()) => {
                         let own = routed_from(&req);
-                        let reply = inner.call(req).await?;
+                        let probe = lost::Probe::of(&req);
+                        let mut reply = inner.call(req).await?;
+                        if let Some(probe) = probe {
+                            reply = probe.check(&registry, &mut inner, reply).await;
+                        }
                         Ok(with_own_session(reply, own))
                     }
                     Err(refused) => Ok(refused),
@@ -527,6 +539,16 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
             .answered_locally(LocalReason::TaskNotFound));
     };
     link_creating_span(req, &record);
+    // A task taskgate ended itself (its child died, its upstream lost it) is answered from its
+    // record: the process or session that lost it is not asked (`lost`). A `tasks/cancel` of
+    // it is answered by the `cancel` layer (terminal).
+    if record.era == Era::Legacy && lost::ended_here(&record) {
+        if let Some(m @ (TaskMethod::Get | TaskMethod::Result)) = method {
+            if let Some(reply) = lost::answer(&record, m, Era::Legacy, &id) {
+                return Err(reply);
+            }
+        }
+    }
     // A bridged (2026-07-28) record holds a `DetailedTask`: the `bridge` layer answers from it.
     if method == Some(TaskMethod::Result)
         && record.status.is_terminal()

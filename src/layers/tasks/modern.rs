@@ -162,6 +162,11 @@ pub(super) async fn authorise(
         if let Some(reply) = stored_result(&record, &id) {
             return Err(reply);
         }
+        // A task taskgate ended itself (its upstream lost it): the failed `DetailedTask` with
+        // the error it was failed with (`super::lost`).
+        if let Some(reply) = super::lost::answer(&record, TaskMethod::Get, Era::Modern, &id) {
+            return Err(reply);
+        }
     }
     // A task created on a 2025 session keeps going out on it (dual-era servers serve it there).
     if record.era == Era::Legacy {
