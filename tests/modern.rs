@@ -520,6 +520,29 @@ fn misbehaving_2026(req: &RecordedRequest, tool: &str) -> Option<ScriptedRespons
             "data: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"res\n"
         ))]),
         "twice" => ScriptedResponse::sse(vec![task("first-task"), task("second-task")]),
+        // Both ends intact, broken inside (a trailing comma): a CreateTaskResult nobody can read.
+        "badjson_ends" => ScriptedResponse::json(format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"result":{{"resultType":"task","taskId":"leak-1","status":"working",}}}}"#
+        )),
+        // 17 notifications about the new task before its answer: one more than are held.
+        "many_early" => {
+            let mut steps: Vec<SseStep> = (0..17)
+                .map(|n| {
+                    let mut d = detailed("early-1", "working");
+                    d["statusMessage"] = json!(format!("n{n}"));
+                    let note = json!({"jsonrpc":"2.0","method":"notifications/tasks","params": d});
+                    SseStep::Raw(ev().data(&note.to_string()).wire())
+                })
+                .collect();
+            steps.push(task("early-1"));
+            ScriptedResponse::sse(steps)
+        }
+        // A notification about a new task, then the stream ends without the answer.
+        "early_then_end" => {
+            let note = json!({"jsonrpc":"2.0","method":"notifications/tasks",
+                "params": detailed("orphan-1", "working")});
+            ScriptedResponse::sse(vec![SseStep::Raw(ev().data(&note.to_string()).wire())])
+        }
         _ => return None,
     })
 }
@@ -1364,4 +1387,94 @@ async fn a_terminal_notifications_result_answers_later_polls() {
     );
     assert_eq!(v["result"]["resultType"], "complete", "{v}");
     assert!(v["result"].get("_meta").is_none(), "{v}");
+}
+
+/// Review 17, #3 and #4: an awaited answer broken inside (both ends intact) is the upstream's
+/// invalid answer, not relayed nor recorded; past 16 held notifications about a new task, the
+/// next is dropped, not passed before the answer; a stream that ends without its answer does
+/// not pass the held notifications naming a task never recorded. On the code before, the
+/// broken answer was relayed 200, the 17th notification came first, and the orphan's id
+/// reached the client.
+#[tokio::test]
+async fn no_task_id_leaks_from_a_broken_or_unanswered_creation() {
+    let up = misbehaving_2026_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let call = |id: u64, tool: &str| {
+        modern_req(
+            &url,
+            None,
+            id,
+            "tools/call",
+            json!({"name": tool, "arguments": {}}),
+        )
+    };
+    let (status, v) = send(call(1, "badjson_ends")).await;
+    assert_eq!((status, err_code(&v)), (502, -32603), "{v}");
+    assert!(tg.record("leak-1").is_none());
+
+    let text = call(2, "many_early").send().await.text().await;
+    let first = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data:"))
+        .map(|d| serde_json::from_str::<Value>(d.trim()).unwrap())
+        .unwrap_or_else(|| panic!("no event: {text}"));
+    assert_eq!(first["id"], json!(2), "the answer comes first: {text}");
+    assert!(tg.record("early-1").is_some());
+
+    let text = call(3, "early_then_end").send().await.text().await;
+    assert!(
+        !text.contains("orphan-1"),
+        "an unrecorded task's id: {text}"
+    );
+}
+
+/// Review 17, #1: a `-32602` the client provoked with its own params (a 2026-07-28
+/// `tasks/get` without the required `_meta` protocol version: §2.1 answers `-32602`) is not
+/// taken for "the upstream lost the task": the record stays live and keeps its slot. On the
+/// code before, the task was failed and its slot freed while the upstream still ran it.
+#[tokio::test]
+async fn a_client_provoked_32602_does_not_end_its_task() {
+    let modern = modern_handler(Shared::default());
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        let version = &v["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"];
+        if v["method"] == "tasks/get" && version.is_null() {
+            let id = req.rpc_id_json();
+            return ScriptedResponse::status(
+                400,
+                Some("application/json"),
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"missing _meta protocolVersion"}}}}"#
+                ),
+            );
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let mut m = meta(true);
+    m.as_object_mut()
+        .unwrap()
+        .remove("io.modelcontextprotocol/protocolVersion");
+    let (status, v) = send(modern_req(
+        &url,
+        None,
+        5,
+        "tasks/get",
+        json!({"taskId": t, "_meta": m}),
+    ))
+    .await;
+    assert_eq!(
+        (status, err_code(&v)),
+        (400, -32602),
+        "the upstream's answer: {v}"
+    );
+    assert_eq!(
+        tg.record(&t).map(|r| r.status),
+        Some(taskgate::mcp::task::TaskStatus::Working),
+        "the task is still live"
+    );
 }

@@ -28,6 +28,12 @@ pub static TASK_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\
 pub static UNICODE_ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\\u"));
 /// `"tools"`, quoted: the capability key of an `initialize` result.
 pub static TOOLS_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\"tools\""));
+/// `/protocolVersion":`: the end of the `_meta` key a 2026-07-28 request names its version
+/// under (`"io.modelcontextprotocol/protocolVersion":` as a compact writer spells it; the
+/// whole key is a longer needle, which `memmem` searches with its slower two-way path:
+/// about 500 instructions a search, callgrind).
+pub static PROTOCOL_VERSION_KEY: LazyLock<Finder<'static>> =
+    LazyLock::new(|| Finder::new("/protocolVersion\":"));
 /// The related-task `_meta` key.
 pub static RELATED_TASK: LazyLock<Finder<'static>> =
     LazyLock::new(|| Finder::new(crate::mcp::task::RELATED_TASK_META));

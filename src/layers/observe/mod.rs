@@ -351,7 +351,7 @@ impl ReplyStep<GatewayError> for WatchStream {
         let answer = self.answer.filter(|_| reply.status.is_success());
         let fault = match (&reply.body, &answer) {
             (ReplyBody::Stream(_), _) | (_, None) => None,
-            (ReplyBody::Json(bytes), Some(a)) => answered::check_json(bytes, &a.id).err(),
+            (ReplyBody::Json(bytes), Some(a)) => answered::check_plain_json(bytes, &a.id).err(),
             (ReplyBody::Empty, Some(a)) => Some(empty_answer(Some(&a.id))),
             (ReplyBody::Raw(_), Some(_)) => None,
         };
@@ -413,7 +413,7 @@ struct Watched {
     /// it.
     applying: Option<Pin<Box<dyn Future<Output = Relay> + Send>>>,
     /// Task notifications held until the creation is answered ([`Relay::Hold`]), at most
-    /// [`MAX_HELD_EVENTS`] (more pass as they come).
+    /// [`MAX_HELD_EVENTS`] (more are dropped).
     held: std::collections::VecDeque<Event>,
     /// The request this stream answers (`None`: a GET stream, or a stream the transport cut):
     /// its first response passes, a later one does not, and a stream that ends without one
@@ -474,14 +474,20 @@ impl futures_util::Stream for Watched {
                     // Dropped (`Watch::on_event`): the next one.
                     Relay::Drop => continue,
                     Relay::Hold(event) => {
-                        this.held.push_back(event);
+                        if this.held.len() < MAX_HELD_EVENTS {
+                            this.held.push_back(event);
+                        } else {
+                            // Passed on, it would name the task before its record (review 17,
+                            // #4): dropped, as a status notification may be.
+                            tracing::debug!(upstream = %this.watch.upstream, "more task notifications before a creation's answer than are held: dropped");
+                        }
                         continue;
                     }
                 }
             }
             // Held events go on once the creation was answered (or the stream ended without
             // its answer), in their order, no longer held.
-            if this.ended || !this.watch.awaits_creation() {
+            if !this.held.is_empty() && (this.ended || !this.watch.awaits_creation()) {
                 if let Some(event) = this.held.pop_front() {
                     let caller = this.caller.clone();
                     let relay = this.watch.clone().on_event(event, caller, false);
@@ -530,8 +536,7 @@ impl futures_util::Stream for Watched {
             }
             this.applying_awaited = awaited && this.answer.is_some() && !this.answered;
             let caller = this.caller.clone();
-            let may_hold = this.held.len() < MAX_HELD_EVENTS;
-            let relay = this.watch.clone().on_event(event, caller, may_hold);
+            let relay = this.watch.clone().on_event(event, caller, true);
             this.applying = Some(Box::pin(relay));
         }
     }
@@ -1118,7 +1123,9 @@ impl Watch {
     async fn unrecorded_shown(&self, caller: &Caller, task_id: &str) -> bool {
         let creations = self.registry.creations();
         if self.awaits_creation() {
-            return !creations.was_refused(&self.upstream, task_id);
+            // Its own creation in flight: what was held names a task never recorded when the
+            // stream ended without the answer (review 17, #4), or a refused one.
+            return false;
         }
         let recorded = || async {
             matches!(

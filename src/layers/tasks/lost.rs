@@ -119,6 +119,9 @@ pub(super) struct Probe {
     /// A 2025-11-25 `tasks/cancel`: its context, for the `tasks/get` that tells "not found"
     /// from "already terminal" when the upstream answers `-32602` (cloned for cancels only).
     confirm: Option<crate::exchange::RequestContext>,
+    /// The request as the client sent it (shared bytes): a `-32602` counts only when it asked
+    /// about nothing but the task ([`asked_only_about_the_task`]).
+    request: bytes::Bytes,
 }
 
 /// The ids of taskgate's own `tasks/get` after a 2025-11-25 cancel answered `-32602`.
@@ -140,7 +143,12 @@ impl Probe {
             _ => false,
         };
         let confirm = (era == Era::Legacy && method == TaskMethod::Cancel).then(|| req.ctx.clone());
+        let request = match &req.op {
+            crate::exchange::Operation::Post(msg) => msg.bytes().clone(),
+            _ => return None,
+        };
         Some(Probe {
+            request,
             id: req.id()?.clone(),
             record,
             method,
@@ -161,7 +169,9 @@ impl Probe {
                 ))
             }
             (INVALID_PARAMS, Era::Legacy, TaskMethod::Get | TaskMethod::Result)
-            | (INVALID_PARAMS, Era::Modern, TaskMethod::Get | TaskMethod::Cancel) => {
+            | (INVALID_PARAMS, Era::Modern, TaskMethod::Get | TaskMethod::Cancel)
+                if asked_only_about_the_task(&self.request, self.era) =>
+            {
                 Some(format!(
                     "upstream `{up}` no longer has this task (it answered `{method}` with -32602, task not found); the task's state was lost (a restart of the upstream?)"
                 ))
@@ -295,6 +305,34 @@ impl Probe {
             )
         })
     }
+}
+
+/// Whether `request` (a `tasks/*` request) carries nothing a server could refuse with
+/// `-32602` but its `taskId`: `params` holds only `taskId` (a string) and `_meta`, and under
+/// 2026-07-28 that `_meta` has the required `io.modelcontextprotocol/protocolVersion` (a
+/// string) and `io.modelcontextprotocol/clientCapabilities` (an object). Otherwise a `-32602`
+/// may be about the client's own params (2026-07-28 §2.1: a missing required `_meta` member is
+/// `-32602`), and taking it for "task not found" let a client fail its own live task and free
+/// its slot while the upstream still ran it (review 17, #1). Read only for an error answer.
+fn asked_only_about_the_task(request: &[u8], era: Era) -> bool {
+    let Ok(v) = serde_json::from_slice::<Value>(request) else {
+        return false;
+    };
+    let Some(params) = v.get("params").and_then(Value::as_object) else {
+        return false;
+    };
+    let known = params.keys().all(|k| k == "taskId" || k == "_meta");
+    let meta = params.get("_meta");
+    let meta_ok = match era {
+        Era::Legacy => meta.is_none_or(Value::is_object),
+        Era::Modern => meta.is_some_and(|m| {
+            m.get(crate::mcp::era::PROTOCOL_VERSION_META)
+                .is_some_and(Value::is_string)
+                && m.get("io.modelcontextprotocol/clientCapabilities")
+                    .is_some_and(Value::is_object)
+        }),
+    };
+    known && meta_ok && params.get("taskId").is_some_and(Value::is_string)
 }
 
 /// The `error.code` of a JSON-RPC error reply; `None` for anything else (read only when a byte
