@@ -1478,3 +1478,39 @@ async fn a_client_provoked_32602_does_not_end_its_task() {
         "the task is still live"
     );
 }
+
+/// Review 17: a `subscriptions/listen` stream the upstream ends (a restart, say) is not an
+/// invalid answer: the one long-lived stream of 2026-07-28 is never meant to be answered, so
+/// the client gets no `-32603` event and no protocol error is counted. Before, every listener
+/// got one at every upstream restart.
+#[tokio::test]
+async fn a_listen_stream_the_upstream_ends_is_not_an_invalid_answer() {
+    let modern = modern_handler(Shared::default());
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        if req.json()["method"] == "subscriptions/listen" {
+            let ack = json!({"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged",
+                "params": {}});
+            return ScriptedResponse::sse(vec![SseStep::Raw(ev().data(&ack.to_string()).wire())]);
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let listen = modern_req(
+        &tg.mcp_url(),
+        None,
+        1,
+        "subscriptions/listen",
+        json!({"notifications": {"toolsListChanged": true}}),
+    );
+    let text = listen.send().await.text().await;
+    assert!(text.contains("acknowledged"), "{text}");
+    assert!(!text.contains("-32603"), "no error event: {text}");
+    let m = scrape(tg.admin).await;
+    let counted = m
+        .lines()
+        .filter(|l| l.starts_with("taskgate_upstream_errors_total"))
+        .filter(|l| l.contains(r#"kind="protocol""#))
+        .any(|l| !l.ends_with(" 0"));
+    assert!(!counted, "no protocol error counted: {m}");
+}

@@ -379,9 +379,15 @@ impl ReplyStep<GatewayError> for WatchStream {
 
 /// What the reply to `req` must answer, when `req` is a request (a client's response or
 /// notification is answered 202, with no message): its id ([`answered`]).
+///
+/// Not `subscriptions/listen` (2026-07-28 §2.3: the one long-lived stream): it ends with its
+/// connection, an upstream restart included, and was never meant to be answered; an error
+/// event there was a false "invalid answer" for every listener (review 17).
 fn awaited_answer(req: &McpRequest) -> Option<answered::Awaited> {
     match &req.op {
-        Operation::Post(msg) if msg.kind() == Kind::Request => {
+        Operation::Post(msg)
+            if msg.kind() == Kind::Request && msg.method() != Some("subscriptions/listen") =>
+        {
             msg.id().map(|id| answered::Awaited {
                 id: id.clone(),
                 may_resume: req.era() == Era::Legacy,
