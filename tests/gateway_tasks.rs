@@ -1114,3 +1114,37 @@ async fn a_result_too_large_to_keep_fails_the_task_saying_so() {
         "{r}"
     );
 }
+
+/// Review 17 #8: under 2026-07-28 the record keeps the whole `DetailedTask`, a few hundred bytes
+/// more than the result: a result that fits `tasks.max_stored_result_bytes` while its
+/// `DetailedTask` does not is measured as kept, so the task is `failed` saying so, and a
+/// `tasks/get` still answers the task. Before, it was `completed` with nothing kept, and the
+/// `tasks/get` was an error.
+#[tokio::test]
+async fn a_2026_result_is_measured_as_the_record_keeps_it() {
+    let gate = Gate::new();
+    gate.open();
+    let up = Upstream::start(no_tasks_server(gate.clone())).await;
+    let tg = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .upstream_line("tasks = \"gateway\"")
+        .tasks("max_stored_result_bytes = 100")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow").await;
+    let done = eventually(STEP, || async {
+        let (_, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+        v["result"]["status"]
+            .as_str()
+            .is_some_and(|s| s != "working")
+            .then_some(v)
+    })
+    .await
+    .expect("ended");
+    assert_eq!(done["result"]["status"], "failed", "{done}");
+    let message = done["result"]["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(message.contains("max_stored_result_bytes"), "{done}");
+}

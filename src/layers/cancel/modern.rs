@@ -76,7 +76,9 @@ pub(super) async fn other_eras_answer(
         Era::Modern if !has("resultType") => Some(McpReply::local_json(jsonrpc::result_response(
             id, MODERN_ACK,
         ))),
-        Era::Legacy if !has("status") => {
+        // Only a 2026 ack (`resultType`, no `status`): a 2025 result that is malformed stays
+        // the caller's to see (review 17 #9: `{}` was taken for an ack and recorded cancelled).
+        Era::Legacy if has("resultType") && !has("status") => {
             let (task, observed) = state.registry.apply_cancel_ack(upstream, record).await;
             let answer = observed.legacy_cancel_answer(id, &record.task_id, &task);
             Some(McpReply::local_json(answer))

@@ -487,19 +487,32 @@ impl Held {
         let text = match &outcome {
             Outcome::Result(v) | Outcome::Error(v) => v.to_string(),
         };
+        let now = format_rfc3339_ms(now_ms());
+        // What the record keeps: 2025 the outcome itself; 2026 the `DetailedTask` with the
+        // outcome inline (a few hundred bytes more: measured whole, review 17 #8).
+        let modern_stored = (self.era == Era::Modern).then(|| {
+            let mut record = self.record.clone();
+            record.status = status;
+            record.last_updated_at = now.clone();
+            record.status_message = (!message.is_empty()).then(|| message.to_string());
+            let member = match outcome {
+                Outcome::Result(_) => "result",
+                Outcome::Error(_) => "error",
+            };
+            with_member(&detailed_task(&record), member, &text)
+        });
+        let kept = modern_stored.as_ref().map_or(text.len(), String::len);
         let max = registry.config().max_stored_result_bytes;
-        if matches!(outcome, Outcome::Result(_)) && text.len() as u64 > max {
+        if matches!(outcome, Outcome::Result(_)) && kept as u64 > max {
             // Neither the record nor memory may keep it: `completed` would be a task whose
             // result nobody can fetch (a 2026 `tasks/get` could not even be answered: its
             // `DetailedTask` must carry the result; break-tasks M4). `failed`, saying why.
             let why = format!(
-                "the call's result ({} bytes) is larger than tasks.max_stored_result_bytes ({max}), so taskgate could not keep it for the task",
-                text.len()
+                "the call's result ({kept} bytes as kept) is larger than tasks.max_stored_result_bytes ({max}), so taskgate could not keep it for the task"
             );
             return Box::pin(self.fail(&why)).await;
         }
         self.state.remember(task_id, outcome.clone(), text.len());
-        let now = format_rfc3339_ms(now_ms());
         let mut report = json!({"status": status.as_str(), "lastUpdatedAt": now});
         if !message.is_empty() {
             report["statusMessage"] = json!(message);
@@ -520,18 +533,11 @@ impl Held {
                 registry.store_terminal_error(upstream, task_id, text).await;
             }
             (Era::Modern, _) => {
-                let mut record = self.record.clone();
-                record.status = status;
-                record.last_updated_at = now;
-                record.status_message = (!message.is_empty()).then(|| message.to_string());
-                let member = match outcome {
-                    Outcome::Result(_) => "result",
-                    Outcome::Error(_) => "error",
-                };
-                let stored = with_member(&detailed_task(&record), member, &text);
-                registry
-                    .store_terminal_result(upstream, task_id, Some(status), stored)
-                    .await;
+                if let Some(stored) = modern_stored {
+                    registry
+                        .store_terminal_result(upstream, task_id, Some(status), stored)
+                        .await;
+                }
             }
         }
     }
