@@ -530,6 +530,29 @@ impl McpReply {
 }
 
 impl McpReply {
+    /// The JSON-RPC message answering request `id` in this reply: a JSON body that is that
+    /// answer, or the first SSE event that is (the stream read up to it, within whatever
+    /// deadline the exchange carries); `None` for anything else. For taskgate's own requests
+    /// (a cancel of an unrecorded task, the poll after a 2026 cancel ack, the check of a task
+    /// the upstream may have lost), which read their answers themselves.
+    pub async fn answer_to(self, id: &Id) -> Option<Bytes> {
+        match self.body {
+            ReplyBody::Json(bytes) => jsonrpc::is_answer_to(&bytes, id).then_some(bytes),
+            ReplyBody::Stream(mut events) => {
+                use futures_util::StreamExt;
+                while let Some(event) = events.next().await {
+                    if let Some(data) = event.data.as_ref() {
+                        if jsonrpc::is_answer_to(data.as_bytes(), id) {
+                            return Some(data.as_bytes().clone());
+                        }
+                    }
+                }
+                None
+            }
+            ReplyBody::Empty | ReplyBody::Raw(_) => None,
+        }
+    }
+
     /// Notes this reply's outcome on `trace` (a request's SERVER span or an exchange's CLIENT
     /// span, issue 34) and ends it: `error.type` for a non-2xx status, a JSON-RPC error (its
     /// code) or a tool result with `isError: true` (`tool_error`). A JSON or empty reply ends it

@@ -474,16 +474,12 @@ where
     let status = reply.status.as_u16();
     let message = match reply.body {
         ReplyBody::Json(bytes) => Some(bytes),
-        ReplyBody::Stream(mut events) => {
-            let mut found = None;
-            while let Some(ev) = events.next().await {
-                let Some(data) = ev.data else { continue };
-                if jsonrpc::is_answer_to(data.as_bytes(), &id) {
-                    found = Some(data.into_bytes());
-                    break;
-                }
-            }
-            found
+        ReplyBody::Stream(events) => {
+            let stream = McpReply {
+                body: ReplyBody::Stream(events),
+                ..reply
+            };
+            stream.answer_to(&id).await
         }
         body => {
             let reply = McpReply { body, ..reply };
@@ -559,20 +555,9 @@ where
         Err(e) => Err(e),
     };
     match reply {
+        // Read up to its answer (applied by then), within the poll's `Deadline::Exchange`.
         Ok(reply) => {
-            if let ReplyBody::Stream(mut events) = reply.body {
-                // Read up to its answer (applied by then), within the poll's
-                // `Deadline::Exchange`.
-                while let Some(ev) = events.next().await {
-                    if ev
-                        .data
-                        .as_ref()
-                        .is_some_and(|d| jsonrpc::is_answer_to(d.as_bytes(), &id))
-                    {
-                        break;
-                    }
-                }
-            }
+            let _ = reply.answer_to(&id).await;
         }
         Err(e) => {
             tracing::debug!(error = %e, "taskgate's tasks/get after a forwarded cancel failed")

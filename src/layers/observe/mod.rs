@@ -1592,7 +1592,7 @@ impl Undo {
         }
         tokio::spawn(async move {
             let outcome = match (self.send)(req).await {
-                Ok(reply) => match answer_in(reply, &id).await {
+                Ok(reply) => match reply.answer_to(&id).await {
                     Some(answer) => {
                         tracing::info!(%upstream, %task_id, answer = %String::from_utf8_lossy(&answer), "the unrecorded task's cancel was answered");
                         UndoOutcome::Answered
@@ -1611,26 +1611,6 @@ impl Undo {
                 .metrics()
                 .unrecorded_task_cancel(&upstream, outcome);
         });
-    }
-}
-
-/// The JSON-RPC message answering `id` in `reply`: its JSON body, or the SSE event that
-/// answers it (the stream is read until then, so the upstream sees no early disconnect).
-async fn answer_in(reply: McpReply, id: &Id) -> Option<Bytes> {
-    match reply.body {
-        ReplyBody::Json(bytes) => jsonrpc::is_answer_to(&bytes, id).then_some(bytes),
-        ReplyBody::Stream(mut events) => {
-            use futures_util::StreamExt;
-            while let Some(event) = events.next().await {
-                if let Some(data) = event.data.as_ref() {
-                    if jsonrpc::is_answer_to(data.as_bytes(), id) {
-                        return Some(data.as_bytes().clone());
-                    }
-                }
-            }
-            None
-        }
-        ReplyBody::Empty | ReplyBody::Raw(_) => None,
     }
 }
 

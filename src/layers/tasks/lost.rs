@@ -253,7 +253,6 @@ impl Probe {
         S: tower::Service<McpRequest, Response = McpReply>,
     {
         use crate::exchange::{Deadline, Operation, RequestParts};
-        use futures_util::StreamExt;
         use tower::ServiceExt;
         for name in [
             &crate::mcp::routing_headers::MCP_METHOD,
@@ -282,22 +281,7 @@ impl Probe {
             trace: None,
         });
         let reply = inner.ready().await.ok()?.call(get).await.ok()?;
-        let answer = match reply.body {
-            ReplyBody::Json(bytes) => bytes,
-            ReplyBody::Stream(mut events) => {
-                let mut found = None;
-                while let Some(ev) = events.next().await {
-                    if let Some(data) = ev.data {
-                        if jsonrpc::is_answer_to(data.as_bytes(), &id) {
-                            found = Some(data.into_bytes());
-                            break;
-                        }
-                    }
-                }
-                found?
-            }
-            _ => return None,
-        };
+        let answer = reply.answer_to(&id).await?;
         (error_code(&answer)? == INVALID_PARAMS).then(|| {
             format!(
                 "upstream `{}` no longer has this task (it answered `tasks/cancel` and `tasks/get` with -32602, task not found); the task's state was lost (a restart of the upstream?)",
