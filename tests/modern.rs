@@ -1514,3 +1514,38 @@ async fn a_listen_stream_the_upstream_ends_is_not_an_invalid_answer() {
         .any(|l| !l.ends_with(" 0"));
     assert!(!counted, "no protocol error counted: {m}");
 }
+
+/// Review 17 #6: the poll taskgate sends after a forwarded 2026 cancel's ack does not hold the
+/// ack for long: an upstream slow to answer that `tasks/get` (here 30 s, within its
+/// `timeout_ms`) still lets the caller have its ack within `POLL_AFTER_ACK_WAIT`. Before, the
+/// ack waited for the poll, up to the upstream's `timeout_ms`.
+#[tokio::test]
+async fn a_slow_poll_after_a_cancel_ack_does_not_hold_the_ack() {
+    let modern = modern_handler(Shared::default());
+    let cancelled = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = cancelled.clone();
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let method = req.json()["method"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if method == "tasks/cancel" {
+            seen.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        let answer = modern(req);
+        if method == "tasks/get" && seen.load(std::sync::atomic::Ordering::SeqCst) {
+            return answer.after(Duration::from_secs(30));
+        }
+        answer
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let cancel = task_call(&url, None, 2, "tasks/cancel", &t);
+    let (status, v) = tokio::time::timeout(Duration::from_secs(10), cancel)
+        .await
+        .expect("the ack did not wait for the slow poll");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"], json!({"resultType": "complete"}), "{v}");
+}

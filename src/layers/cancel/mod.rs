@@ -532,12 +532,22 @@ where
         // The ack tells no status: one poll of taskgate's own records what the upstream made
         // of the cancel before the callers get the ack (a client that forgets the task right
         // after it then finds its slot free when the upstream cancelled it at once).
+        // At most `POLL_AFTER_ACK_WAIT`: the callers' ack waits on it (review 17 #6: a slow
+        // upstream held every 2026 cancel up to its `timeout_ms`); a poll cut short leaves
+        // the record as it was.
         if let Some(poll) = poll {
-            poll_once(&mut inner, poll).await;
+            let polled = tokio::time::timeout(POLL_AFTER_ACK_WAIT, poll_once(&mut inner, poll));
+            if polled.await.is_err() {
+                tracing::debug!(%upstream, %task_id, "the poll after a 2026 cancel ack took too long: the ack goes out without it");
+            }
         }
     }
     outcome
 }
+
+/// The longest the callers of a forwarded 2026-07-28 cancel wait for taskgate's own poll of
+/// the task after the upstream's ack ([`poll_once`]).
+pub const POLL_AFTER_ACK_WAIT: Duration = Duration::from_secs(2);
 
 /// Sends taskgate's own `tasks/get` after a forwarded 2026-07-28 cancel (see
 /// `modern::poll_after_ack`) and reads its answer to the end (`observe`, below, applies it as
