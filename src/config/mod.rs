@@ -175,7 +175,16 @@ impl Config {
             return invalid("[[auth.token]] is set but auth.mode is not \"bearer\"".into());
         }
         let mut seen = std::collections::HashSet::new();
+        let keeps_results = self.tasks.max_stored_result_bytes > 0;
         for (i, up) in self.upstream.iter_mut().enumerate() {
+            if up.tasks == sections::TaskOwnership::Gateway && !keeps_results {
+                // A gateway task's result lives only in its record: with none kept, every
+                // task with a result would end `failed` (break-tasks M4, review 17 #8).
+                return invalid(format!(
+                    "upstream {:?}: tasks = \"gateway\" keeps each task's result in its record, but tasks.max_stored_result_bytes = 0 keeps none (every such task would fail): raise it, or remove tasks = \"gateway\"",
+                    up.name
+                ));
+            }
             if up.name.is_empty()
                 || !up
                     .name

@@ -318,4 +318,8 @@ fn upstream_tasks_ownership() {
         err.contains("both") && err.contains("gateway") && err.contains("line 6"),
         "{err}"
     );
+    // A gateway task's result lives only in its record: none kept is refused, saying so.
+    let none_kept = format!("[tasks]\nmax_stored_result_bytes = 0\n{MINIMAL}tasks = \"gateway\"\n");
+    let err = Config::from_toml_str(&none_kept).unwrap_err().to_string();
+    assert!(err.contains("max_stored_result_bytes = 0"), "{err}");
 }
