@@ -1070,15 +1070,7 @@ async fn a_malformed_params_task_is_refused_by_taskgate() {
 /// and a 2025 `tasks/result` `-32603`.
 #[tokio::test]
 async fn a_result_too_large_to_keep_fails_the_task_saying_so() {
-    let gate = Gate::new();
-    gate.open();
-    let up = Upstream::start(no_tasks_server(gate.clone())).await;
-    let tg = UgConfig::new(&up.url())
-        .upgrade(&["enabled = false"])
-        .upstream_line("tasks = \"gateway\"")
-        .tasks("max_stored_result_bytes = 16")
-        .start()
-        .await;
+    let (_up, tg) = keeping_at_most(16).await;
     let url = tg.mcp_url();
     let t = create(&url, None, "slow").await;
     let done = eventually(STEP, || async {
@@ -1122,15 +1114,7 @@ async fn a_result_too_large_to_keep_fails_the_task_saying_so() {
 /// `tasks/get` was an error.
 #[tokio::test]
 async fn a_2026_result_is_measured_as_the_record_keeps_it() {
-    let gate = Gate::new();
-    gate.open();
-    let up = Upstream::start(no_tasks_server(gate.clone())).await;
-    let tg = UgConfig::new(&up.url())
-        .upgrade(&["enabled = false"])
-        .upstream_line("tasks = \"gateway\"")
-        .tasks("max_stored_result_bytes = 100")
-        .start()
-        .await;
+    let (_up, tg) = keeping_at_most(100).await;
     let url = tg.mcp_url();
     let t = create(&url, None, "slow").await;
     let done = eventually(STEP, || async {
@@ -1147,4 +1131,19 @@ async fn a_2026_result_is_measured_as_the_record_keeps_it() {
         .as_str()
         .unwrap_or_default();
     assert!(message.contains("max_stored_result_bytes"), "{done}");
+}
+
+/// taskgate with `tasks = "gateway"` in front of [`no_tasks_server`] whose calls end at once
+/// (its gate open), keeping results of at most `bytes` (`tasks.max_stored_result_bytes`).
+async fn keeping_at_most(bytes: u64) -> (Upstream, Tg) {
+    let gate = Gate::new();
+    gate.open();
+    let up = Upstream::start(no_tasks_server(gate)).await;
+    let tg = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .upstream_line("tasks = \"gateway\"")
+        .tasks(&format!("max_stored_result_bytes = {bytes}"))
+        .start()
+        .await;
+    (up, tg)
 }
