@@ -802,6 +802,63 @@ async fn a_tasks_get_answer_about_another_task_is_not_applied() {
     );
 }
 
+/// An upstream that answers a request with a task notification as its JSON body (a protocol
+/// violation: a JSON body is the one response) has it neither applied nor passed on: bob's
+/// `tasks/get` answered with alice's `completed` status leaves alice's record `working` and
+/// bob gets the invalid-answer error. On the old code alice's record turned `completed`
+/// (review 16, R2: the ownership check ran only for SSE events).
+#[tokio::test]
+async fn a_task_notification_as_a_json_answer_is_not_applied() {
+    let up = Upstream::start(|req: &RecordedRequest| {
+        let v = req.json();
+        let now = format_rfc3339_ms(now_ms());
+        let task = |id: &str, status: &str| {
+            json!({"taskId": id, "status": status, "createdAt": now, "lastUpdatedAt": now,
+                "ttl": 60000, "pollInterval": 100})
+        };
+        match v["method"].as_str() {
+            Some("initialize") => ScriptedResponse::result_for(
+                req,
+                &json!({"protocolVersion": PROTOCOL_VERSION,
+                    "capabilities": {"tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}},
+                    "serverInfo": {"name": "leak", "version": "1"}})
+                .to_string(),
+            )
+            .header("mcp-session-id", "sess-1"),
+            Some("tools/call") if v["id"] == json!(1) => ScriptedResponse::result_for(
+                req,
+                &json!({"task": task("alice-task", "working")}).to_string(),
+            ),
+            Some("tools/call") => ScriptedResponse::result_for(
+                req,
+                &json!({"task": task("bob-task", "working")}).to_string(),
+            ),
+            Some("tasks/get") => ScriptedResponse::json(
+                &json!({"jsonrpc": "2.0", "method": "notifications/tasks/status",
+                    "params": task("alice-task", "completed")})
+                .to_string(),
+            ),
+            _ => ScriptedResponse::accepted(),
+        }
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (mut alice, mut bob) = (tg.client(), tg.client());
+    alice.initialize().await;
+    bob.initialize().await;
+    assert_eq!(alice.create_task("1").await, "alice-task");
+    assert_eq!(bob.create_task("2").await, "bob-task");
+    let r = bob
+        .send(rpc("3", "tasks/get", r#"{"taskId":"bob-task"}"#))
+        .await;
+    assert_eq!(r.status(), 502);
+    let v = r.json().await;
+    assert_eq!(err_code(&v), -32603, "{v}");
+    assert!(!v.to_string().contains("alice-task"), "{v}");
+    assert_eq!(tg.record("alice-task").unwrap().status, TaskStatus::Working);
+    assert_eq!(tg.record("bob-task").unwrap().status, TaskStatus::Working);
+}
+
 /// `notifications/tasks/status` on the GET stream updates the record (seen on /admin/tasks);
 /// one reporting a non-terminal status after a terminal one is rewritten for the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -746,6 +746,15 @@ impl Watch {
         let in_stream = stream.is_some();
         let out = match self.envelope_step(bytes, is_status, is_activity, waiting_for) {
             Step::Done(bytes) => bytes,
+            // A task notification as a JSON body (where the one response belongs) is never
+            // applied: no caller's stream to check it against, and it is not the answer (the
+            // caller gets the invalid-answer error, `answered::check_json`). Applied, another
+            // owner's task took the status an upstream reported in bob's reply (review 16, R2).
+            Step::StatusNotification(bytes, _) | Step::TasksNotification(bytes, _)
+                if stream.is_none() =>
+            {
+                bytes
+            }
             Step::StatusNotification(bytes, value) => {
                 return Box::pin(self.on_status_notification(bytes, value, stream)).await;
             }
