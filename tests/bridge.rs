@@ -909,6 +909,40 @@ async fn modern_error_codes_are_mapped_for_2025_clients() {
     assert_eq!(v["error"]["data"]["supported"][0], MODERN, "{v}");
 }
 
+/// 2026-07-28 (break-tasks H2b): once a task's cancel was acknowledged upstream, a 2025 client's
+/// cancel of it through the bridge does not send a second `tasks/cancel`: the upstream keeps the
+/// task `working` after the ack (the spec allows it), and the 2025 client gets the ack as the
+/// bridge answers it, the task `cancelled`. On the old code the upstream got a second cancel.
+#[tokio::test]
+async fn a_2025_cancel_after_a_2026_ack_is_not_sent_again() {
+    let (up, state) = modern_server().await;
+    state.lock().unwrap().cancel_ignored = true;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let mut c = tg.client().with_token("tok-a");
+    c.initialize().await;
+    let t = create(&c, 10).await;
+    let (status, modern) = task_call(&url, Some("tok-a"), 20, "tasks/cancel", &t).await;
+    assert_eq!(status, 200, "{modern}");
+    assert_eq!(
+        modern["result"],
+        json!({"resultType": "complete"}),
+        "{modern}"
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    let legacy = c.cancel("30", &t).await;
+    assert_eq!(
+        (&legacy["result"]["taskId"], &legacy["result"]["status"]),
+        (&json!(t), &json!("cancelled")),
+        "the 2025 CancelTaskResult: {legacy}"
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 1, "one upstream cancel");
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Cancelled);
+}
+
 /// Break-tasks M1: a 2025 client (through the bridge) and a 2026 client cancelling one task at
 /// the same time share one upstream `tasks/cancel`, and each gets its own era's answer: the
 /// 2025 client the cancelled `Task` (a `CancelTaskResult`), the 2026 client the ack, whichever

@@ -23,6 +23,9 @@ pub struct Modern {
     pub next: u32,
     /// Delay of every `tasks/cancel` answer.
     pub cancel_delay: Duration,
+    /// `tasks/cancel` is acknowledged and changes nothing (2026 §1.6: cooperative, the status
+    /// MAY stay non-terminal after the ack).
+    pub cancel_ignored: bool,
 }
 
 pub type Shared = Arc<Mutex<Modern>>;
@@ -183,6 +186,9 @@ pub fn modern_handler(
             ),
             "tasks/cancel" => {
                 let late = s.after_cancel.get(&task_id).cloned();
+                if s.cancel_ignored {
+                    return result(json!({"resultType":"complete"}));
+                }
                 if let Some(st) = s.tasks.get_mut(&task_id) {
                     if !matches!(st.as_str(), "completed" | "failed" | "cancelled") {
                         *st = "cancelled".into();

@@ -322,11 +322,11 @@ where
             // Checked under the flights lock: a finished flight leaves its terminal status in
             // `settled` before it leaves the table, so this sees it.
             Err(Some(status))
-        } else if era == Era::Modern
-            && (record.cancel_acked || state.acked.lock().contains(&task_id))
-        {
-            // 2026-07-28: one upstream cancel per task; the ack is all any caller gets (the
-            // record holds it across restarts, the note until the record says so).
+        } else if record.cancel_acked || state.acked.lock().contains(&task_id) {
+            // 2026-07-28: one upstream cancel per task, whatever the era of the caller (only
+            // a 2026 upstream acknowledges one); the ack is all any caller gets (the record
+            // holds it across restarts, the note until the record says so). A 2025 caller's
+            // through the bridge went upstream again (break-tasks H2b).
             Err(None)
         } else {
             let flight = tier::forward_cancel(state.clone(), inner, req, task_id.clone())
@@ -344,10 +344,14 @@ where
         }
         Err(None) => {
             count(metrics::CancelOutcome::Deduplicated);
-            return Ok(
-                McpReply::local_json(jsonrpc::result_response(&id, MODERN_ACK))
-                    .answered_locally(LocalReason::CancelAcknowledged),
-            );
+            // A 2025 caller gets the ack as the bridge answers it: the task `cancelled`.
+            let legacy =
+                modern::other_eras_answer(&state, era, &upstream, &record, &id, MODERN_ACK);
+            let reply = match legacy.await {
+                Some(reply) => reply,
+                None => McpReply::local_json(jsonrpc::result_response(&id, MODERN_ACK)),
+            };
+            return Ok(reply.answered_locally(LocalReason::CancelAcknowledged));
         }
     };
     let (outcome, here) = match flight.await {
