@@ -443,6 +443,79 @@ async fn another_principals_task_notification_does_not_reach_a_caller() {
     );
 }
 
+/// Without auth (2026-07-28: no owner, the unguessable `taskId` is the only key), a task's
+/// notification reaches only a stream whose request named the task: a listener that named it
+/// gets it; another listener, or a plain call's stream, that did not is not handed the id and
+/// its result, and the report is not applied. On the old code every anonymous stream the
+/// upstream sent it to passed it on (review 16, R4).
+#[tokio::test]
+async fn without_auth_a_tasks_notification_reaches_only_a_stream_that_named_it() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state.clone());
+    let known = state.clone();
+    // A server that sends every listener a `notifications/tasks` about every task it has.
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        if v["method"] != "subscriptions/listen" {
+            return modern(req);
+        }
+        let mut steps = Vec::new();
+        for t in known.lock().unwrap().tasks.keys() {
+            let note = json!({"jsonrpc":"2.0","method":"notifications/tasks",
+                "params": detailed(t, "completed")});
+            steps.push(SseStep::Raw(ev().data(&note.to_string()).wire()));
+        }
+        let done = json!({"resultType": "complete"});
+        steps.push(SseStep::Raw(
+            ev().data(&rpc_result(&req.rpc_id_json(), &done.to_string()))
+                .wire(),
+        ));
+        ScriptedResponse::sse(steps)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let listen = |id: u64, ids: Value| {
+        modern_req(
+            &url,
+            None,
+            id,
+            "subscriptions/listen",
+            json!({"notifications": {"taskIds": ids}, "_meta": meta(true)}),
+        )
+    };
+    let text = listen(2, json!([])).send().await.text().await;
+    assert!(
+        !text.contains(&t),
+        "a task the listener did not name: {text}"
+    );
+    assert!(
+        text.contains(r#""id":2"#),
+        "the listen's own answer: {text}"
+    );
+    let notify = modern_req(
+        &url,
+        None,
+        3,
+        "tools/call",
+        json!({"name": "notify_about", "arguments": {"taskId": t}}),
+    );
+    let text = notify.send().await.text().await;
+    assert!(!text.contains(&t), "a plain call's stream: {text}");
+    assert_eq!(
+        tg.record(&t).unwrap().status,
+        taskgate::mcp::task::TaskStatus::Working,
+        "reports on streams that did not name the task are not applied"
+    );
+    let text = listen(4, json!([t])).send().await.text().await;
+    assert!(text.contains(&t), "the listener that named it: {text}");
+    assert_eq!(
+        tg.record(&t).unwrap().status,
+        taskgate::mcp::task::TaskStatus::Completed
+    );
+}
+
 /// A `tasks/get` answer about another task than the one asked about (an upstream that mixed up
 /// its tasks: here alice's, completed, with its result) is not passed on nor applied: bob gets
 /// `-32603` saying so, his task stays `working` with no result kept, and the next `tasks/get`
@@ -1359,12 +1432,16 @@ async fn a_version_header_that_disagrees_with_meta_is_refused_at_the_edge() {
 #[tokio::test]
 async fn a_terminal_notifications_result_answers_later_polls() {
     let (up, _) = modern_server().await;
-    let tg = TgConfig::new(&up.url()).start().await;
+    // With auth: without it only a stream that named the task may carry its notification.
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .start()
+        .await;
     let url = tg.mcp_url();
-    let t = create(&url, None, "slow_compute").await;
+    let t = create(&url, Some("tok-a"), "slow_compute").await;
     let (status, v) = send(modern_req(
         &url,
-        None,
+        Some("tok-a"),
         2,
         "tools/call",
         json!({"name": "notify_about", "arguments": {"taskId": t}}),
@@ -1377,7 +1454,7 @@ async fn a_terminal_notifications_result_answers_later_polls() {
     })
     .await;
     assert!(done.is_some(), "the notification was applied");
-    let (status, v) = task_call(&url, None, 3, "tasks/get", &t).await;
+    let (status, v) = task_call(&url, Some("tok-a"), 3, "tasks/get", &t).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["result"]["status"], "completed", "{v}");
     assert_eq!(

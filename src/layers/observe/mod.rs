@@ -266,11 +266,16 @@ where
                 upstream,
                 caller: req.ctx.caller(),
                 answer: awaited_answer(&req),
+                named: listened_task_ids(&req),
             };
             return Either::Left(AfterReply::new(self.inner.call(req), watch));
         }
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        let asked_about = match &expect {
+            Expect::TaskReply { known, .. } => Some(known.clone()),
+            _ => None,
+        };
         // An open tasks/result is a resource held for its task until its reply is done.
         let request_hold = match &expect {
             Expect::TaskReply {
@@ -290,6 +295,8 @@ where
             holds: Mutex::new(request_hold.into_iter().collect()),
             client_gone: Default::default(),
             runs_to_end,
+            named: Mutex::default(),
+            asked_about,
         });
         let caller = req.ctx.caller();
         let answer = awaited_answer(&req);
@@ -342,6 +349,8 @@ pub struct WatchStream {
     caller: Caller,
     /// The request whose answer this reply must be ([`awaited_answer`]).
     answer: Option<answered::Awaited>,
+    /// A `subscriptions/listen`'s `taskIds` ([`Watch::named`]).
+    named: Vec<Arc<str>>,
 }
 
 impl ReplyStep<GatewayError> for WatchStream {
@@ -370,6 +379,8 @@ impl ReplyStep<GatewayError> for WatchStream {
                 holds: Mutex::new(Vec::new()),
                 client_gone: Default::default(),
                 runs_to_end: false,
+                named: Mutex::new(self.named),
+                asked_about: None,
             });
             reply.body = ReplyBody::Stream(Watch::watch(watch, events, self.caller, answer));
         }
@@ -441,6 +452,28 @@ struct Watched {
 /// (nearly always): `TASKS_METHODS` is found in every message either is (callgrind, issue 36:
 /// ~190 instructions a message).
 #[inline]
+/// The `params.notifications.taskIds` of a `subscriptions/listen` (as the `tasks` layer
+/// filtered them to the caller's tasks); empty for any other request. Read only for that method
+/// (one long-lived stream per listener): other requests pay a method comparison.
+fn listened_task_ids(req: &McpRequest) -> Vec<Arc<str>> {
+    if req.request_method() != Some("subscriptions/listen") {
+        return Vec::new();
+    }
+    let Operation::Post(msg) = &req.op else {
+        return Vec::new();
+    };
+    const PATH: [&str; 3] = ["params", "notifications", "taskIds"];
+    let Ok(Some(raw)) = splice::raw_at(msg.bytes(), &PATH) else {
+        return Vec::new();
+    };
+    serde_json::from_str::<Vec<Value>>(raw.get())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(Value::as_str)
+        .map(Arc::from)
+        .collect()
+}
+
 fn is_task_notification(bytes: &[u8]) -> bool {
     (found(&needles::TASKS_METHODS, bytes)
         && (found(&needles::TASK_STATUS, bytes) || found(&needles::TASKS_NOTIFICATION, bytes)))
@@ -593,6 +626,13 @@ struct Watch {
     /// A creation the client asked for: it runs to its answer if the client goes away
     /// ([`RunToEnd`], and the drop of [`Watched`]).
     runs_to_end: bool,
+    /// The tasks this reply's request named (a `subscriptions/listen`'s `taskIds` as `tasks`
+    /// filtered them) or created; with [`Watch::asked_about`], the only ones whose
+    /// notifications reach the caller when neither the task nor the caller has an owner
+    /// ([`Watch::shows`]).
+    named: Mutex<Vec<Arc<str>>>,
+    /// The task a `tasks/*` request is about (the record `tasks` authorised it against).
+    asked_about: Option<Arc<TaskRecord>>,
 }
 
 impl Watch {
@@ -1044,6 +1084,7 @@ impl Watch {
             // The creation's own stream relays the task's messages from now on.
             let hold = self.registry.releases().hold(&self.upstream, &task_id);
             self.holds.lock().push(hold);
+            self.named.lock().push(Arc::from(task_id));
         }
         out
     }
@@ -1112,7 +1153,7 @@ impl Watch {
             return true;
         };
         let shown = match self.registry.record_cached(&self.upstream, task_id).await {
-            Ok(Some(r)) => caller.may_see(&r.owner) && !r.is_expired(now_ms()),
+            Ok(Some(r)) => self.shows(caller, &r),
             Ok(None) => Box::pin(self.unrecorded_shown(caller, task_id)).await,
             Err(_) => false,
         };
@@ -1152,11 +1193,28 @@ impl Watch {
             Settled::Refused => false,
             Settled::Unrecorded => true,
             Settled::Recorded => match self.registry.record_cached(&self.upstream, task_id).await {
-                Ok(Some(r)) => caller.may_see(&r.owner) && !r.is_expired(now_ms()),
+                Ok(Some(r)) => self.shows(caller, &r),
                 Ok(None) => true,
                 Err(_) => false,
             },
         }
+    }
+
+    /// Whether a notification about the task of `record` may reach `caller` on this reply: the
+    /// caller may see its owner ([`Caller::may_see`]), it has not expired, and a task without
+    /// an owner (2026-07-28 without auth: the unguessable `taskId` is the only key) is one
+    /// this reply's request named or created ([`Watch::named`]). Without that last rule, an
+    /// upstream that sent every listener every task's notification handed each anonymous
+    /// caller the others' ids and results (review 16, R4).
+    fn shows(&self, caller: &Caller, record: &TaskRecord) -> bool {
+        caller.may_see(&record.owner)
+            && !record.is_expired(now_ms())
+            && (record.owner != crate::store::Owner::Anonymous
+                || self
+                    .asked_about
+                    .as_ref()
+                    .is_some_and(|a| a.task_id == record.task_id)
+                || self.named.lock().iter().any(|n| **n == *record.task_id))
     }
 
     /// Whether this reply still awaits its creation's answer.
