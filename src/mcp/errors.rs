@@ -555,7 +555,7 @@ impl fmt::Display for McpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use McpError::*;
         match self {
-            TaskNotFound { task_id } => write!(f, "Task not found: {task_id}"),
+            TaskNotFound { task_id } => write!(f, "Task not found: {}", Echoed(task_id)),
             TaskAlreadyTerminal { task_id, status } => write!(
                 f,
                 "Cannot cancel task {task_id}: it is already {status} (a terminal status)"
@@ -828,6 +828,28 @@ pub enum TaskError<'a> {
         /// The task's terminal status.
         status: TaskStatus,
     },
+}
+
+/// A `taskId` a client sent, as an error message repeats it: whole up to [`ECHOED_ID_BYTES`],
+/// else its start and its length (break-tasks L5: a 3,000-byte id came back whole in the
+/// `-32602`, for every such request).
+struct Echoed<'a>(&'a str);
+
+/// The longest client-sent `taskId` an error message repeats whole, in bytes.
+const ECHOED_ID_BYTES: usize = 128;
+
+impl fmt::Display for Echoed<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let id = self.0;
+        if id.len() <= ECHOED_ID_BYTES {
+            return f.write_str(id);
+        }
+        let mut end = ECHOED_ID_BYTES / 2;
+        while !id.is_char_boundary(end) {
+            end -= 1;
+        }
+        write!(f, "{}… ({} bytes)", &id[..end], id.len())
+    }
 }
 
 impl From<TaskError<'_>> for McpError {
@@ -1217,6 +1239,13 @@ mod tests {
         assert_eq!(
             (e.code(), e.message().as_str()),
             (-32602, "Task not found: t1")
+        );
+        // A long id is not echoed whole (break-tasks L5), and is cut on a character boundary.
+        let long = format!("é{}", "x".repeat(2_999));
+        let message = McpError::from(TaskError::NotFound { task_id: &long }).to_string();
+        assert_eq!(
+            message,
+            format!("Task not found: é{}… (3001 bytes)", "x".repeat(62))
         );
         let e = TaskError::AlreadyTerminal {
             task_id: "t1",
