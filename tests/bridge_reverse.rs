@@ -422,6 +422,75 @@ async fn cancel_is_one_upstream_cancel_and_acked() {
     assert!(tg.record(&t).unwrap().cancelled_at.is_some());
 }
 
+/// The same principal's cancels of one reverse-bridged task from a 2026 client and a 2025
+/// client at the same time share one upstream `tasks/cancel`, and each gets its own era's
+/// answer: the 2026 client the ack, the 2025 client the cancelled `Task` (review 17 #16: break-
+/// tasks M1 was tested only on a 2026 upstream).
+#[tokio::test]
+async fn cancels_of_both_eras_of_a_reverse_bridged_task_get_their_own_eras_answer() {
+    // The upstream's cancel answer (the task `cancelled`) comes 400 ms late, so both join.
+    let slow_cancel: Hook = Arc::new(|method, id, task_id, _| {
+        (method == "tasks/cancel").then(|| {
+            let now = format_rfc3339_ms(now_ms());
+            let task = json!({"taskId": task_id, "status": "cancelled", "createdAt": now,
+                "lastUpdatedAt": now, "ttl": 60000, "pollInterval": 100});
+            ScriptedResponse::json(rpc_result(id, &task.to_string()))
+                .after(std::time::Duration::from_millis(400))
+        })
+    });
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: None,
+            ..UpBehaviour::default()
+        },
+        Some(slow_cancel),
+    )
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let mut legacy = tg.client().with_token("tok-a");
+    legacy.initialize().await;
+    for (round, modern_first) in [(0u64, true), (1, false)] {
+        let (_, v) = call(&url, Some("tok-a"), 1 + round, "research", true).await;
+        let t = v["result"]["taskId"].as_str().unwrap().to_string();
+        let sent = round as usize + 1;
+        let (url2, t2, c2) = (url.clone(), t.clone(), legacy.clone());
+        let (old, new) = if modern_first {
+            let modern = tokio::spawn(async move {
+                task_call(&url2, Some("tok-a"), 20 + round, "tasks/cancel", &t2).await
+            });
+            assert!(up.up.wait_for_method("tasks/cancel", sent, STEP).await);
+            let old = legacy.cancel(&(30 + round).to_string(), &t).await;
+            (old, modern.await.unwrap())
+        } else {
+            let old = tokio::spawn(async move { c2.cancel(&(30 + round).to_string(), &t2).await });
+            assert!(up.up.wait_for_method("tasks/cancel", sent, STEP).await);
+            let new = task_call(&url, Some("tok-a"), 20 + round, "tasks/cancel", &t).await;
+            (old.await.unwrap(), new)
+        };
+        let (status, new) = new;
+        assert_eq!(status, 200, "round {round}: {new}");
+        assert_eq!(
+            new["result"],
+            json!({"resultType": "complete"}),
+            "round {round}: the 2026 ack: {new}"
+        );
+        assert_eq!(
+            (&old["result"]["taskId"], &old["result"]["status"]),
+            (&json!(t), &json!("cancelled")),
+            "round {round}: the 2025 CancelTaskResult: {old}"
+        );
+        assert_eq!(
+            up.count("tasks/cancel"),
+            sent,
+            "round {round}: one upstream cancel"
+        );
+    }
+}
+
 /// With bearer auth each principal has its own upstream session, and another principal's
 /// `tasks/get|update|cancel` is `-32602` with nothing sent upstream.
 #[tokio::test]
