@@ -563,7 +563,7 @@ impl fmt::Display for McpError {
             NoAuthorisedTask => f.write_str("tasks/cancel: no authorised task"),
             TaskLimitExceeded { limit, upstream } => write!(
                 f,
-                "Task limit reached: this caller already has {limit} unfinished tasks on upstream `{upstream}` (tasks.max_live_tasks_per_owner); wait for one to finish or cancel one"
+                "Task limit reached: this caller already has {limit} unfinished tasks on upstream `{upstream}` (tasks.max_live_tasks_per_owner); wait for one to finish or cancel one (a task counts until the upstream reports it ended: cancelled, completed or failed)"
             ),
             ResultNotKept { task_id } => write!(
                 f,
