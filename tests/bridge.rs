@@ -916,7 +916,8 @@ async fn modern_error_codes_are_mapped_for_2025_clients() {
 #[tokio::test]
 async fn a_2025_cancel_after_a_2026_ack_is_not_sent_again() {
     let (up, state) = modern_server().await;
-    state.lock().unwrap().cancel_ignored = true;
+    // Acknowledged, and still `working` long after (2026 §1.6: cooperative).
+    state.lock().unwrap().cancel_after = Some(std::time::Duration::from_secs(3600));
     let tg = TgConfig::new(&up.url())
         .token("alice", "tok-a")
         .start()

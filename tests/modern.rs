@@ -985,6 +985,73 @@ async fn a_task_the_upstream_forgot_is_failed_and_frees_its_slot() {
     assert_eq!(count(&up, "tasks/cancel"), 0);
 }
 
+/// break-tasks M2 (2026-07-28) on a server that answers by SSE, as the TypeScript and Python
+/// SDK servers do by default (errors included): its `-32602` event ends the record all the same
+/// (review 17 #2: only a JSON answer was read, so the record stayed `working`, holding the
+/// slot). The client gets the failed `DetailedTask` in that event.
+#[tokio::test]
+async fn a_task_the_upstream_forgot_answered_by_sse_is_failed_and_frees_its_slot() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    {
+        let mut s = state.lock().unwrap();
+        s.tasks.clear();
+        s.sse_errors = true;
+    }
+    let (status, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["status"], "failed", "{v}");
+    assert_eq!(v["result"]["taskId"], json!(t), "{v}");
+    assert_eq!(v["result"]["error"]["code"], -32603, "{v}");
+    let r = tg.record(&t).expect("record");
+    assert_eq!(r.status, taskgate::mcp::task::TaskStatus::Failed);
+    assert!(r.released_at.is_some());
+    let again = create(&url, None, "slow_compute").await;
+    assert_ne!(again, t);
+    assert_eq!(count(&up, "tasks/get"), 1);
+}
+
+/// A server that cancels cooperatively (2026-07-28 §1.6: the status may stay non-terminal after
+/// the ack): it acknowledges the cancel and the task turns `cancelled` 200 ms later. taskgate
+/// follows the task up after the ack, off the request path, so the owner's slot comes back with
+/// no poll of the client's (review 17 #6: one poll right after the ack saw `working`, and the
+/// record held the slot until someone polled or its ttl passed). Still one upstream cancel.
+#[tokio::test]
+async fn a_cooperative_cancel_frees_the_slot_with_no_client_poll() {
+    let (up, state) = modern_server().await;
+    state.lock().unwrap().cancel_after = Some(Duration::from_millis(200));
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, v["result"].clone()),
+        (200, json!({"resultType":"complete"})),
+        "{v}"
+    );
+    let (record, id) = (&tg, &t);
+    let cancelled = eventually(Duration::from_secs(5), || async move {
+        let r = record.record(id).expect("record");
+        (r.status == taskgate::mcp::task::TaskStatus::Cancelled).then_some(())
+    })
+    .await;
+    assert!(cancelled.is_some(), "{:?}", tg.record(&t));
+    let next = create(&url, None, "slow_compute").await;
+    assert_ne!(next, t);
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    // The follow-up stopped at the terminal status.
+    let polls = count(&up, "tasks/get");
+    assert!((2..=6).contains(&polls), "{polls}");
+}
+
 /// break-tasks M2 (2026-07-28): the forgotten task's first request may be a `tasks/cancel`
 /// (the upstream's `-32602`, HTTP 400, passed on as it came): the record is failed and the
 /// slot freed the same way; the next cancel is the ack of a terminal task, not forwarded.

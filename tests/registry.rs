@@ -406,7 +406,12 @@ async fn same_principal_new_session_reaches_task_on_original_session() {
 
 /// alice at `max_live_tasks_per_owner = 2` on an upstream that restarts and forgets its tasks.
 async fn alice_at_her_limit() -> (TaskServer, Tg, Client, String, String) {
-    let up = TaskServer::default().await;
+    alice_at_her_limit_on(Behaviour::default()).await
+}
+
+/// [`alice_at_her_limit`] on an upstream that behaves as `b` says.
+async fn alice_at_her_limit_on(b: Behaviour) -> (TaskServer, Tg, Client, String, String) {
+    let up = TaskServer::start(b).await;
     let tg = TgConfig::new(&up.url())
         .token("alice", "alice-token")
         .tasks("max_live_tasks_per_owner = 2")
@@ -466,6 +471,61 @@ async fn tasks_the_upstream_forgot_are_failed_and_free_the_owners_slots() {
     // Both slots are free again.
     alice.create_task("9").await;
     alice.create_task("10").await;
+}
+
+/// The same upstream answering by SSE, as the TypeScript and Python SDK servers do by default
+/// (errors included): its `-32602` event ends the records and frees the slots all the same
+/// (review 17 #2: only a JSON answer was read, so the records stayed `working`, holding the
+/// slots); the client gets the failed task and the error it was failed with in that event.
+#[tokio::test]
+async fn tasks_the_upstream_forgot_are_failed_when_it_answers_by_sse() {
+    let (up, tg, alice, t1, t2) = alice_at_her_limit_on(Behaviour {
+        errors_sse: true,
+        ..Behaviour::default()
+    })
+    .await;
+    up.state.lock().unwrap().tasks.clear();
+    let got = alice.get("4", &t1).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    assert_eq!(got["result"]["taskId"], json!(t1), "{got}");
+    let result = alice.result("5", &t2).await;
+    assert_eq!(err_code(&result), -32603, "{result}");
+    assert!(
+        err_message(&result).contains("no longer has this task"),
+        "{result}"
+    );
+    for t in [&t1, &t2] {
+        let r = tg.record(t).expect("record");
+        assert_eq!(r.status, TaskStatus::Failed, "{t}");
+        assert!(r.released_at.is_some(), "released");
+    }
+    alice.create_task("6").await;
+    alice.create_task("7").await;
+}
+
+/// Concurrent 2025-11-25 cancels of a task the upstream forgot share the cancel's flight, and
+/// its confirmation too: the upstream gets one `tasks/cancel` and one confirming `tasks/get`
+/// (review 17 #14: each caller sent its own `tasks/get`); every caller gets the `-32602`, the
+/// record is failed and the slot freed.
+#[tokio::test]
+async fn concurrent_cancels_of_a_forgotten_task_share_one_confirmation() {
+    let (up, tg, alice, t1, _t2) = alice_at_her_limit_on(Behaviour {
+        // The answer comes late enough for every cancel to join the first one's flight.
+        cancel_delay: Arc::new(|_| Duration::from_millis(300)),
+        ..Behaviour::default()
+    })
+    .await;
+    up.state.lock().unwrap().tasks.clear();
+    let ids: Vec<String> = (0..6).map(|i| format!("\"c{i}\"")).collect();
+    let cancels = ids.iter().map(|id| alice.cancel(id, &t1));
+    for answer in futures_util::future::join_all(cancels).await {
+        assert_eq!(err_code(&answer), -32602, "{answer}");
+    }
+    assert_eq!(up.count("tasks/cancel"), 1, "one flight");
+    assert_eq!(up.count("tasks/get"), 1, "one confirmation for all six");
+    let r = tg.record(&t1).expect("record");
+    assert_eq!(r.status, TaskStatus::Failed);
+    alice.create_task("5").await;
 }
 
 /// The upstream restarted and forgot its sessions too: a request on the task's session gets

@@ -47,6 +47,9 @@
 //!    under a minted id and answered under the client's), and a `notifications/cancelled` reaches
 //!    only its sender's request. `observe` above it sees the clients' ids.
 //!
+//! Not a layer: `own_request`, how the requests taskgate sends on its own are built (the
+//! id, the context and routing headers, the body) and their answers read.
+//!
 //! Each module's doc says which messages it touches.
 
 mod after;
@@ -57,6 +60,7 @@ pub mod gateway_tasks;
 pub mod held_sessions;
 pub mod ids;
 pub mod observe;
+pub(crate) mod own_request;
 pub mod relay;
 pub mod session;
 pub mod session_guard;

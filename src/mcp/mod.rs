@@ -7,6 +7,7 @@ pub mod capabilities;
 pub mod classify;
 pub mod era;
 pub mod errors;
+pub mod modern;
 pub mod needles;
 pub mod routing_headers;
 pub mod task;

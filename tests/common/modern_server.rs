@@ -23,9 +23,14 @@ pub struct Modern {
     pub next: u32,
     /// Delay of every `tasks/cancel` answer.
     pub cancel_delay: Duration,
-    /// `tasks/cancel` is acknowledged and changes nothing (2026 §1.6: cooperative, the status
-    /// MAY stay non-terminal after the ack).
-    pub cancel_ignored: bool,
+    /// A request about a task it does not have is answered `-32602` in an SSE stream (the
+    /// TypeScript and Python SDK default), not a JSON body with HTTP 400.
+    pub sse_errors: bool,
+    /// A cooperative cancel: `tasks/cancel` is acknowledged and the task stays `working` for
+    /// this long, then turns `cancelled` (a worker-queue server).
+    pub cancel_after: Option<Duration>,
+    /// taskId → when its asynchronous cancel takes effect (see `cancel_after`).
+    pub cancelling: HashMap<String, std::time::Instant>,
 }
 
 pub type Shared = Arc<Mutex<Modern>>;
@@ -166,29 +171,30 @@ pub fn modern_handler(
                 }
                 result(created)
             }
-            "tasks/get" => match s.tasks.get(&task_id) {
-                Some(st) => result(detailed(&task_id, st)),
-                None => ScriptedResponse::status(
-                    400,
-                    Some("application/json"),
-                    format!(
-                        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"Task not found"}}}}"#
-                    ),
-                ),
-            },
+            "tasks/get" => {
+                if s.cancelling
+                    .get(&task_id)
+                    .is_some_and(|at| *at <= std::time::Instant::now())
+                {
+                    s.cancelling.remove(&task_id);
+                    s.tasks.insert(task_id.clone(), "cancelled".into());
+                }
+                match s.tasks.get(&task_id) {
+                    Some(st) => result(detailed(&task_id, st)),
+                    None => not_found(&id, s.sse_errors),
+                }
+            }
             // A task the server does not have (never made, or forgotten in a restart).
-            "tasks/cancel" if !s.tasks.contains_key(&task_id) => ScriptedResponse::status(
-                400,
-                Some("application/json"),
-                format!(
-                    r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"Task not found"}}}}"#
-                ),
-            ),
+            "tasks/cancel" if !s.tasks.contains_key(&task_id) => not_found(&id, s.sse_errors),
+            "tasks/cancel" if s.cancel_after.is_some() => {
+                let at = std::time::Instant::now() + s.cancel_after.unwrap_or_default();
+                if s.tasks.get(&task_id).is_some_and(|st| st == "working") {
+                    s.cancelling.insert(task_id.clone(), at);
+                }
+                result(json!({"resultType":"complete"}))
+            }
             "tasks/cancel" => {
                 let late = s.after_cancel.get(&task_id).cloned();
-                if s.cancel_ignored {
-                    return result(json!({"resultType":"complete"}));
-                }
                 if let Some(st) = s.tasks.get_mut(&task_id) {
                     if !matches!(st.as_str(), "completed" | "failed" | "cancelled") {
                         *st = "cancelled".into();
@@ -205,6 +211,18 @@ pub fn modern_handler(
             "tasks/update" => result(json!({"resultType":"complete"})),
             _ => result(json!({"resultType":"complete"})),
         }
+    }
+}
+
+/// `-32602` "Task not found": a JSON body with HTTP 400, or (`sse`) one event of an SSE stream.
+fn not_found(id: &str, sse: bool) -> ScriptedResponse {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"Task not found"}}}}"#
+    );
+    if sse {
+        ScriptedResponse::sse(vec![SseStep::Raw(ev().data(&body).wire())])
+    } else {
+        ScriptedResponse::status(400, Some("application/json"), body)
     }
 }
 

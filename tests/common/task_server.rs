@@ -117,6 +117,9 @@ pub struct Behaviour {
     pub cancel_sse: bool,
     /// Delay before a JSON `CreateTaskResult` is sent.
     pub creation_delay: Duration,
+    /// A `tasks/*` request about a task it does not have is answered `-32602` in an SSE stream
+    /// (the TypeScript and Python SDK default), not a JSON body.
+    pub errors_sse: bool,
 }
 
 impl Default for Behaviour {
@@ -136,6 +139,7 @@ impl Default for Behaviour {
             result_gate: None,
             cancel_sse: false,
             creation_delay: Duration::ZERO,
+            errors_sse: false,
         }
     }
 }
@@ -292,7 +296,7 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
                 .get_mut(&task_id_param)
                 .and_then(VecDeque::pop_front);
             let Some(t) = st.tasks.get(&task_id_param) else {
-                return ScriptedResponse::json(rpc_error_json(&id, -32602, "Task not found"));
+                return not_found(b, &id);
             };
             let mut t = t.clone();
             if let Some(s) = scripted {
@@ -306,7 +310,8 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
             }
             let mut st = state.lock().unwrap();
             let Some(t) = st.tasks.get_mut(&task_id_param) else {
-                return ScriptedResponse::json(rpc_error_json(&id, -32602, "Task not found"));
+                let delay = (b.cancel_delay)(&task_id_param);
+                return not_found(b, &id).after(delay);
             };
             if matches!(t.status.as_str(), "completed" | "failed" | "cancelled") {
                 let msg = format!("Cannot cancel task: it is already {}", t.status);
@@ -334,7 +339,7 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
         "tasks/result" => {
             let mut st = state.lock().unwrap();
             let Some(t) = st.tasks.get_mut(&task_id_param) else {
-                return ScriptedResponse::json(rpc_error_json(&id, -32602, "Task not found"));
+                return not_found(b, &id);
             };
             if t.status == "working" {
                 t.status = "completed".into();
@@ -353,6 +358,16 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
         }
         "tasks/list" => ScriptedResponse::json(rpc_result(&id, r#"{"tasks":[]}"#)),
         m => ScriptedResponse::json(rpc_result(&id, &json!({ "echo": m }).to_string())),
+    }
+}
+
+/// `-32602` "Task not found" for request `id`: JSON, or one SSE event (`errors_sse`).
+fn not_found(b: &Behaviour, id: &str) -> ScriptedResponse {
+    let body = rpc_error_json(id, -32602, "Task not found");
+    if b.errors_sse {
+        ScriptedResponse::sse(vec![ev().data(&body).into()])
+    } else {
+        ScriptedResponse::json(body)
     }
 }
 

@@ -31,12 +31,11 @@ use super::answer::answer_of;
 use super::translate;
 use crate::config::UpstreamProtocol;
 use crate::exchange::{McpRequest, Operation, RequestParts};
-use crate::jsonrpc::{Id, Message};
+use crate::jsonrpc::Id;
+use crate::layers::own_request;
 use crate::layers::relay::OwnIds;
 use crate::layers::McpService;
-use crate::mcp::era::{Era, MODERN_VERSION};
-use crate::mcp::routing_headers::{MCP_METHOD, MCP_NAME};
-use bytes::Bytes;
+use crate::mcp::era::Era;
 use http::HeaderValue;
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -226,21 +225,10 @@ pub fn says_nothing_of_the_era(status: http::StatusCode, answer: Option<&Value>)
 /// protocol version and client capabilities declaring the tasks extension in `_meta`), whatever
 /// `req` was (a GET included).
 fn discovery_request(req: &McpRequest, id: &Id) -> McpRequest {
-    let text = format!(
-        r#"{{"jsonrpc":"2.0","id":{},"method":"server/discover","params":{}}}"#,
-        id.as_json(),
-        json!({ "_meta": translate::modern_meta(None) })
-    );
-    let msg = Message::parse(Bytes::from(text)).expect("a well-formed request");
-    let mut ctx = req.ctx.clone();
-    ctx.session_id = None;
+    let params = json!({ "_meta": translate::modern_meta(None) });
+    let msg = own_request::message(id, "server/discover", &params);
+    let mut ctx = own_request::context(&req.ctx, Era::Modern, "server/discover", None);
     let h = &mut ctx.headers;
-    h.insert(
-        &crate::headers::MCP_PROTOCOL_VERSION,
-        HeaderValue::from_static(MODERN_VERSION),
-    );
-    h.insert(&MCP_METHOD, HeaderValue::from_static("server/discover"));
-    h.remove(&MCP_NAME);
     h.insert(
         http::header::ACCEPT,
         HeaderValue::from_static("application/json, text/event-stream"),
@@ -268,6 +256,7 @@ mod tests {
     //! upstream, with paused time.
     use super::*;
     use crate::exchange::{GatewayError, McpReply};
+    use crate::mcp::era::MODERN_VERSION;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn request() -> McpRequest {

@@ -146,20 +146,18 @@ use answer::{ask, ask_with, error_reply, failure_reply, legacy_reply};
 pub use era::{Discovery, UpstreamEra, DISCOVER_DEADLINE, UNANSWERED_RETRY};
 
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, RequestParts};
-use crate::jsonrpc::{self, Id, Message};
+use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{
     AuthorisedTask, ClientDeclares, HeldSession, PendingCreation, SessionsHeld,
 };
+use crate::layers::own_request;
 use crate::layers::relay::{self, input, mrtr, OwnIds, Relay};
 use crate::layers::McpService;
-use crate::mcp::era::{Era, MODERN_VERSION};
-use crate::mcp::routing_headers::MCP_NAME;
+use crate::mcp::era::Era;
 use crate::registry::Registry;
-use bytes::Bytes;
 use futures_util::future::Either;
-use http::HeaderValue;
 use parking_lot::Mutex;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
@@ -441,22 +439,12 @@ impl<S: McpService> BridgeService<S> {
 }
 
 /// taskgate's own 2025 `method` about `task_id` under `id`, in `req`'s context (for
-/// `follow`'s `tasks/cancel` of a task whose input cannot be asked).
+/// `follow`'s `tasks/cancel` of a task whose input cannot be asked; see `own_request`).
 fn internal_request(req: &McpRequest, id: &Id, method: &str, task_id: &str) -> McpRequest {
-    let text = format!(
-        r#"{{"jsonrpc":"2.0","id":{},"method":{},"params":{}}}"#,
-        id.as_json(),
-        Value::String(method.to_string()),
-        json!({ "taskId": task_id })
-    );
-    let mut extensions = http::Extensions::new();
-    crate::telemetry::carry(&req.extensions, &mut extensions);
-    McpRequest::from(RequestParts {
-        op: Operation::Post(Message::parse(Bytes::from(text)).expect("a well-formed request")),
-        ctx: req.ctx.clone(),
-        extensions,
-        trace: req.trace.clone(),
-    })
+    let mut out = own_request::task_request(&req.ctx, Era::Legacy, method, task_id, id);
+    crate::telemetry::carry(&req.extensions, &mut out.extensions);
+    out.trace = req.trace.clone();
+    out
 }
 
 /// The input request a POSTed client response answers (see `relay::input`), taken.
@@ -495,28 +483,9 @@ pub(crate) fn modern_request(
     if let Some(session) = req.extensions.get::<Arc<HeldSession>>() {
         sessionless::add_session_meta(&mut params, session);
     }
-    let body = json!({"jsonrpc": "2.0", "method": method, "params": params});
-    let mut text = body.to_string();
-    text.insert_str(1, &format!("\"id\":{},", id.as_json()));
-    let msg = Message::parse(Bytes::from(text)).expect("a well-formed request");
-    let mut ctx = req.ctx.clone();
-    ctx.session_id = None;
-    ctx.headers.insert(
-        &crate::headers::MCP_PROTOCOL_VERSION,
-        HeaderValue::from_static(MODERN_VERSION),
-    );
-    // The client's own routing headers never go on: they name its request, not this one (a
-    // method that cannot be a header value is sent without `Mcp-Method`; found by fuzzing).
-    ctx.headers.remove(&crate::mcp::routing_headers::MCP_METHOD);
-    if let Ok(m) = HeaderValue::from_str(method) {
-        ctx.headers
-            .insert(&crate::mcp::routing_headers::MCP_METHOD, m);
-    }
-    ctx.headers.remove(&MCP_NAME);
-    if let Some(n) = name {
-        ctx.headers
-            .insert(&MCP_NAME, crate::mcp::routing_headers::encode(n));
-    }
+    let msg = own_request::message(id, method, &params);
+    // The client's own routing headers never go on: they name its request, not this one.
+    let ctx = own_request::context(&req.ctx, Era::Modern, method, name);
     let mut extensions = req.extensions.clone();
     extensions.insert(Era::Modern);
     extensions.insert(era::ForModernUpstream);

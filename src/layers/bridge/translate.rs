@@ -9,32 +9,11 @@
 //! | `failed` (a tool error too) | `completed` with `result.isError: true` is a 2025 `failed`; 2026 `failed` carries a JSON-RPC `error` |
 //! | `notifications/tasks/status` (a `Task`) | `notifications/tasks` (a `DetailedTask`) |
 
-use crate::mcp::capabilities::{CLIENT_CAPABILITIES_META, TASKS_EXTENSION};
-use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
+use crate::mcp::capabilities::TASKS_EXTENSION;
 use crate::mcp::errors::McpError;
-use crate::mcp::task::RELATED_TASK_META;
+pub use crate::mcp::modern::modern_meta;
 use crate::sse::Event;
 use serde_json::{json, Map, Value};
-
-/// The `_meta` a bridged request carries upstream (2026-07-28 basic: required request `_meta`):
-/// the protocol version and client capabilities declaring the tasks extension, plus the
-/// client's own `_meta` members (a `progressToken`, say) except the 2025 related-task key.
-pub fn modern_meta(client_meta: Option<&Value>) -> Value {
-    let mut meta = Map::new();
-    if let Some(Value::Object(m)) = client_meta {
-        for (k, v) in m {
-            if k != RELATED_TASK_META {
-                meta.insert(k.clone(), v.clone());
-            }
-        }
-    }
-    meta.insert(PROTOCOL_VERSION_META.into(), json!(MODERN_VERSION));
-    meta.insert(
-        CLIENT_CAPABILITIES_META.into(),
-        json!({ "extensions": { TASKS_EXTENSION: {} } }),
-    );
-    Value::Object(meta)
-}
 
 /// The 2026 params of a bridged request: `params` without `task`, with [`modern_meta`].
 pub fn modern_params(params: Option<&Value>) -> Value {
@@ -252,6 +231,8 @@ pub fn is_missing_tasks_extension(error: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::era::{MODERN_VERSION, PROTOCOL_VERSION_META};
+    use crate::mcp::task::RELATED_TASK_META;
 
     #[test]
     fn flat_becomes_nested_and_is_error_becomes_failed() {

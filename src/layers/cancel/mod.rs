@@ -80,6 +80,7 @@ use serde_json::value::RawValue;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -118,6 +119,9 @@ pub struct CancelState {
     notes: Mutex<CancelNotes>,
     /// The lease of this upstream's cross-replica cancel claims (`timeout_ms` plus a margin).
     lease: Duration,
+    /// How many follow-ups of acknowledged 2026-07-28 cancels run (at most
+    /// [`MAX_FOLLOW_UPS`]; see [`follow_after_ack`]).
+    follow_ups: Arc<AtomicUsize>,
 }
 
 impl CancelState {
@@ -132,6 +136,7 @@ impl CancelState {
             acked: Mutex::new(Default::default()),
             notes: Mutex::new(CancelNotes::default()),
             lease: crate::store::cancel_lease(upstream_timeout),
+            follow_ups: Arc::default(),
         })
     }
 }
@@ -470,7 +475,8 @@ where
     // The whole exchange, a streamed answer included, within the upstream's `timeout_ms`:
     // every caller of this flight waits on it.
     req.extensions.insert(Deadline::Exchange);
-    let poll = modern::poll_after_ack(&req);
+    let poll = modern::PollAfterAck::of(&req);
+    let confirm = crate::layers::tasks::lost::Confirm::of(&req);
     let reply = match inner.call(req).await {
         Err(e) => return FlightAnswer::Failed(Arc::new(e)),
         Ok(reply) => reply,
@@ -526,6 +532,18 @@ where
             "upstream `{upstream}` sent no answer to tasks/cancel (HTTP {status})"
         ))),
     };
+    if let (Some(confirm), FlightAnswer::Error(error)) = (confirm, &outcome) {
+        // A 2025-11-25 `-32602`: "not found" or "already terminal". Told apart here, inside
+        // the flight, so every caller sharing this answer shares the one `tasks/get` it takes
+        // (review 17 #14), and the record says so before the flight leaves the table.
+        if confirm.run(&state.registry, &mut inner, error).await {
+            let mut settled = state.settled.lock();
+            if settled.len() >= NOTES_LIMIT {
+                settled.clear();
+            }
+            settled.insert(task_id.clone(), TaskStatus::Failed);
+        }
+    }
     if acked_now {
         // Kept in the record too, before the flight leaves the table: the note above is
         // forgotten at a restart (and past `NOTES_LIMIT` tasks), the record is not.
@@ -533,49 +551,118 @@ where
             .registry
             .record_cancel_acked(&upstream, &task_id)
             .await;
-        // The ack tells no status: one poll of taskgate's own records what the upstream made
-        // of the cancel before the callers get the ack (a client that forgets the task right
-        // after it then finds its slot free when the upstream cancelled it at once).
-        // At most `POLL_AFTER_ACK_WAIT`: the callers' ack waits on it (review 17 #6: a slow
-        // upstream held every 2026 cancel up to its `timeout_ms`); a poll cut short leaves
-        // the record as it was.
         if let Some(poll) = poll {
-            let polled = tokio::time::timeout(POLL_AFTER_ACK_WAIT, poll_once(&mut inner, poll));
-            if polled.await.is_err() {
-                tracing::debug!(%upstream, %task_id, "the poll after a 2026 cancel ack took too long: the ack goes out without it");
-            }
+            follow_after_ack(&state, inner, poll).await;
         }
     }
     outcome
 }
 
 /// The longest the callers of a forwarded 2026-07-28 cancel wait for taskgate's own poll of
-/// the task after the upstream's ack ([`poll_once`]).
+/// the task after the upstream's ack ([`follow_after_ack`]).
 pub const POLL_AFTER_ACK_WAIT: Duration = Duration::from_secs(2);
 
-/// Sends taskgate's own `tasks/get` after a forwarded 2026-07-28 cancel (see
-/// `modern::poll_after_ack`) and reads its answer to the end (`observe`, below, applies it as
-/// it passes); any failure only leaves the record as it was (logged at debug).
+/// The polls of a follow-up after the first ([`follow_after_ack`]).
+pub const FOLLOW_UP_POLLS: u32 = 5;
+
+/// The most follow-ups of one upstream's acknowledged cancels running at once; past it a task
+/// still live after the first poll keeps its record as it is (the next poll of a client's, or
+/// its ttl, ends it).
+pub const MAX_FOLLOW_UPS: usize = 256;
+
+/// After a forwarded 2026-07-28 cancel was acknowledged (the ack tells no status): what the
+/// upstream made of the cancel, recorded without anyone polling (break-tasks M3, review 17 #6).
+///
+/// - A record already terminal after the flight (a gateway task: `gateway_tasks` below
+///   recorded it `cancelled`) is asked nothing.
+/// - One poll of taskgate's own before the callers get the ack (a server that cancels at once:
+///   a client that forgets the task right after the ack finds its slot free), waited for at
+///   most [`POLL_AFTER_ACK_WAIT`] (a slow upstream held every cancel up to its `timeout_ms`).
+/// - A task still live then (2026-07-28 §1.6: the cancel is cooperative, the status may stay
+///   non-terminal after the ack; a worker-queue server cancels a moment later) is followed off
+///   the request path: up to [`FOLLOW_UP_POLLS`] more polls at the task's `pollIntervalMs`
+///   (100 ms to 5 s), ending at a terminal status, each bounded by the upstream's
+///   `timeout_ms`; at most [`MAX_FOLLOW_UPS`] at once per upstream; stopped when the stack
+///   is dropped (the layer's state is held weakly, as the reverse bridge's pings are).
+///
+/// Each poll's answer is applied by `observe` below; any failure leaves the record as it was.
+async fn follow_after_ack<S>(state: &Arc<CancelState>, mut inner: S, poll: modern::PollAfterAck)
+where
+    S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let registry = &state.registry;
+    if ended(registry, &poll).await {
+        return;
+    }
+    let (upstream, task_id) = poll.task();
+    let first = tokio::time::timeout(POLL_AFTER_ACK_WAIT, poll_once(&mut inner, poll.request()));
+    if first.await.is_err() {
+        tracing::debug!(%upstream, %task_id, "the poll after a 2026 cancel ack took too long: the ack goes out without it");
+    }
+    if ended(registry, &poll).await {
+        return;
+    }
+    let Some(slot) = FollowUp::take(&state.follow_ups) else {
+        tracing::debug!(%upstream, %task_id, "{MAX_FOLLOW_UPS} cancelled tasks followed already: this one is not");
+        return;
+    };
+    let me = Arc::downgrade(state);
+    tokio::spawn(async move {
+        let _slot = slot;
+        let every = poll.interval();
+        for _ in 0..FOLLOW_UP_POLLS {
+            tokio::time::sleep(every).await;
+            // Gone: the stack was dropped (taskgate stops).
+            let Some(registry) = me.upgrade().map(|s| s.registry.clone()) else {
+                return;
+            };
+            poll_once(&mut inner, poll.request()).await;
+            if ended(&registry, &poll).await {
+                return;
+            }
+        }
+        let (upstream, task_id) = poll.task();
+        tracing::debug!(%upstream, %task_id, polls = FOLLOW_UP_POLLS + 1, "a cancelled task is still live upstream after taskgate's polls");
+    });
+}
+
+/// Whether the record of the task `poll` asks about is terminal.
+async fn ended(registry: &Arc<Registry>, poll: &modern::PollAfterAck) -> bool {
+    let (upstream, task_id) = poll.task();
+    matches!(registry.record_cached(upstream, task_id).await, Ok(Some(r)) if r.status.is_terminal())
+}
+
+/// One running follow-up of [`follow_after_ack`], counted while it lives.
+struct FollowUp(Arc<AtomicUsize>);
+
+impl FollowUp {
+    /// A place among the [`MAX_FOLLOW_UPS`] of `count`, if one is free.
+    fn take(count: &Arc<AtomicUsize>) -> Option<FollowUp> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_FOLLOW_UPS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| FollowUp(count.clone()))
+    }
+}
+
+impl Drop for FollowUp {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Sends one of taskgate's own `tasks/get` after a forwarded 2026-07-28 cancel and reads its
+/// answer to the end (`observe`, below, applies it as it passes); any failure only leaves the
+/// record as it was (logged at debug).
 async fn poll_once<S>(inner: &mut S, poll: McpRequest)
 where
     S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>,
 {
-    use tower::ServiceExt;
-    let Some(id) = poll.id().cloned() else {
-        return;
-    };
-    let reply = match inner.ready().await {
-        Ok(ready) => ready.call(poll).await,
-        Err(e) => Err(e),
-    };
-    match reply {
-        // Read up to its answer (applied by then), within the poll's `Deadline::Exchange`.
-        Ok(reply) => {
-            let _ = reply.answer_to(&id).await;
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "taskgate's tasks/get after a forwarded cancel failed")
-        }
+    if let Err(e) = crate::layers::own_request::ask(inner, poll).await {
+        tracing::debug!(error = %e, "taskgate's tasks/get after a forwarded cancel failed");
     }
 }
 

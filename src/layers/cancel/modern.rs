@@ -4,11 +4,14 @@
 use super::CancelState;
 use crate::exchange::{McpReply, McpRequest};
 use crate::jsonrpc;
+use crate::layers::extensions::AuthorisedTask;
+use crate::layers::own_request;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
-use crate::mcp::task::TaskStatus;
+use crate::mcp::task::{TaskStatus, MAX_POLL, MIN_POLL};
 use crate::metrics::LocalReason;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The answer to a `tasks/cancel` of a task known terminal, without calling the upstream:
 /// under 2025-11-25 `-32602` naming the status; under 2026-07-28 the ack
@@ -87,58 +90,61 @@ pub(super) async fn other_eras_answer(
     }
 }
 
-/// The 2026-07-28 `tasks/cancel` (and `tasks/update`) ack: `{"resultType":"complete"}`.
-pub const MODERN_ACK: &str = r#"{"resultType":"complete"}"#;
+pub use crate::mcp::modern::MODERN_ACK;
 
-/// The ids of taskgate's own `tasks/get` after a forwarded 2026-07-28 cancel
-/// (`"taskgate-cancel-poll-<n>"`; the `ids` layer keeps them apart from the clients').
-static POLL_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+/// taskgate's own `tasks/get` of the task a 2026-07-28 `tasks/cancel` names, after the upstream
+/// acknowledged that cancel (break-tasks M3): the ack carries no status, and a client may
+/// forget the task right after it (the spec allows it), so without it the record stayed
+/// `working`, holding its owner's slot, until someone polled it or its ttl passed. Each
+/// [`PollAfterAck::request`] is a fresh one (`own_request`), answered to `observe` like a
+/// client's poll (the task's [`AuthorisedTask`]).
+pub(super) struct PollAfterAck {
+    /// The cancel's context (its upstream, the caller's credentials).
+    ctx: crate::exchange::RequestContext,
+    record: Arc<crate::store::TaskRecord>,
+    trace: Option<crate::telemetry::RequestTrace>,
+}
 
-/// taskgate's own `tasks/get` of the task a 2026-07-28 `tasks/cancel` (`cancel`) names, sent
-/// once after the upstream acknowledged that cancel (break-tasks M3): the ack carries no
-/// status, and a client may forget the task right after it (the spec allows it), so without
-/// this the record stayed `working`, holding its owner's slot, until someone polled it or its
-/// ttl passed. The answer is applied by `observe` like a client's poll (the task's
-/// [`AuthorisedTask`](crate::layers::extensions::AuthorisedTask)). `None` when the task is
-/// not a 2026-07-28 one on a 2026-07-28 upstream (the bridges record their own outcome).
-pub(super) fn poll_after_ack(cancel: &McpRequest) -> Option<McpRequest> {
-    use crate::exchange::{Deadline, Operation, RequestParts};
-    use crate::layers::extensions::AuthorisedTask;
-    if cancel.era() != Era::Modern {
-        return None;
+impl PollAfterAck {
+    /// The polls a 2026-07-28 `tasks/cancel` (`cancel`) may need; `None` when the task is not a
+    /// 2026-07-28 one on a 2026-07-28 upstream (the bridges record their own outcome).
+    pub(super) fn of(cancel: &McpRequest) -> Option<PollAfterAck> {
+        if cancel.era() != Era::Modern {
+            return None;
+        }
+        let authorised = cancel.extensions.get::<AuthorisedTask>()?;
+        if authorised.record.era != Era::Modern {
+            return None;
+        }
+        Some(PollAfterAck {
+            ctx: cancel.ctx.clone(),
+            record: authorised.record.clone(),
+            trace: cancel.trace.clone(),
+        })
     }
-    let authorised = cancel.extensions.get::<AuthorisedTask>()?;
-    if authorised.record.era != Era::Modern {
-        return None;
+
+    /// The task's upstream and id.
+    pub(super) fn task(&self) -> (&str, &str) {
+        (&self.record.upstream, &self.record.task_id)
     }
-    let record = authorised.record.clone();
-    let mut ctx = cancel.ctx.clone();
-    ctx.headers.insert(
-        &crate::mcp::routing_headers::MCP_METHOD,
-        http::HeaderValue::from_static("tasks/get"),
-    );
-    ctx.headers.insert(
-        &crate::mcp::routing_headers::MCP_NAME,
-        crate::mcp::routing_headers::encode(&record.task_id),
-    );
-    let mut extensions = http::Extensions::new();
-    extensions.insert(Era::Modern);
-    // Bounded whole by the upstream's `timeout_ms`, a streamed answer included.
-    extensions.insert(Deadline::Exchange);
-    let n = POLL_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let params = serde_json::json!({
-        "taskId": record.task_id,
-        "_meta": crate::layers::bridge::translate::modern_meta(None),
-    });
-    extensions.insert(AuthorisedTask { record });
-    let text = format!(
-        r#"{{"jsonrpc":"2.0","id":"taskgate-cancel-poll-{n}","method":"tasks/get","params":{params}}}"#
-    );
-    let msg = jsonrpc::Message::parse(bytes::Bytes::from(text)).ok()?;
-    Some(McpRequest::from(RequestParts {
-        op: Operation::Post(msg),
-        ctx,
-        extensions,
-        trace: cancel.trace.clone(),
-    }))
+
+    /// The task's `pollIntervalMs` as recorded, within [`MIN_POLL`]..=[`MAX_POLL`].
+    pub(super) fn interval(&self) -> Duration {
+        self.record
+            .poll_interval_ms
+            .map_or(MIN_POLL, Duration::from_millis)
+            .clamp(MIN_POLL, MAX_POLL)
+    }
+
+    /// One `tasks/get` of the task (`"taskgate-cancel-poll-<n>"`).
+    pub(super) fn request(&self) -> McpRequest {
+        let id = own_request::own_id("cancel-poll");
+        let task_id = &self.record.task_id;
+        let mut poll = own_request::task_request(&self.ctx, Era::Modern, "tasks/get", task_id, &id);
+        poll.extensions.insert(AuthorisedTask {
+            record: self.record.clone(),
+        });
+        poll.trace = self.trace.clone();
+        poll
+    }
 }

@@ -54,16 +54,16 @@ use modern::{show_recorded_ttl, ttl_path};
 use poll::TaskView;
 
 use crate::exchange::{
-    Caller, Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestContext,
-    RequestParts,
+    Caller, GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestContext,
 };
-use crate::jsonrpc::{self, splice, Id, Kind, Message};
+use crate::jsonrpc::{splice, Id, Kind, Message};
 use crate::layers::after::{AfterReply, ReplyStep};
 use crate::layers::extensions::{
     AckIsCancelled, AuthorisedTask, CancelAcknowledged, Fact, PendingCreation, PlainAnswerIsTask,
     SynthesizedTask,
 };
-use crate::mcp::era::{Era, MODERN_VERSION};
+use crate::layers::own_request;
+use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::needles::{self, found};
 use crate::mcp::task::{now_ms, TaskStatus};
@@ -1493,7 +1493,6 @@ type SendBelow = Box<dyn FnOnce(McpRequest) -> BoxFuture<'static, Result<McpRepl
 /// Built for task-augmented `tools/call`s only (a clone of the service and of the context).
 pub(crate) struct Undo {
     ctx: RequestContext,
-    extensions: http::Extensions,
     send: SendBelow,
 }
 
@@ -1548,9 +1547,6 @@ enum UndoReason {
     ClientGone,
 }
 
-/// The ids of taskgate's own `tasks/cancel` for unrecorded tasks (`"taskgate-undo-<n>"`).
-static UNDO_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
 impl Undo {
     fn new<S>(inner: S, req: &McpRequest) -> Undo
     where
@@ -1558,13 +1554,8 @@ impl Undo {
         S::Future: Send + 'static,
         S::Error: std::fmt::Display + Send + 'static,
     {
-        let mut extensions = http::Extensions::new();
-        if let Some(era) = req.extensions.get::<Era>() {
-            extensions.insert(*era);
-        }
         Undo {
             ctx: req.ctx.clone(),
-            extensions,
             send: Box::new(move |req| {
                 Box::pin(async move {
                     use tower::ServiceExt;
@@ -1574,72 +1565,13 @@ impl Undo {
         }
     }
 
-    /// The `tasks/cancel` of `task_id` in `era`, under `id` (see the module docs).
-    fn request(&self, era: Era, task_id: &str, id: &Id) -> McpRequest {
-        let mut ctx = self.ctx.clone();
-        let mut extensions = self.extensions.clone();
-        // Bounded whole by the upstream's `timeout_ms`, a streamed answer included.
-        extensions.insert(Deadline::Exchange);
-        // The creation's own routing headers name `tools/call` and its tool; its
-        // `Mcp-Param-*` headers its arguments: none of them describe this request.
-        let stale: Vec<http::HeaderName> = ctx
-            .headers
-            .keys()
-            .filter(|n| {
-                *n == crate::mcp::routing_headers::MCP_METHOD
-                    || *n == crate::mcp::routing_headers::MCP_NAME
-                    || n.as_str().starts_with("mcp-param-")
-            })
-            .cloned()
-            .collect();
-        for name in stale {
-            ctx.headers.remove(name);
-        }
-        let params = match era {
-            Era::Legacy => serde_json::json!({ "taskId": task_id }),
-            Era::Modern => {
-                // Stateless: no session, the version and the routing headers the spec requires.
-                ctx.session_id = None;
-                ctx.headers.insert(
-                    &crate::headers::MCP_PROTOCOL_VERSION,
-                    http::HeaderValue::from_static(MODERN_VERSION),
-                );
-                ctx.headers.insert(
-                    &crate::mcp::routing_headers::MCP_METHOD,
-                    http::HeaderValue::from_static("tasks/cancel"),
-                );
-                ctx.headers.insert(
-                    &crate::mcp::routing_headers::MCP_NAME,
-                    crate::mcp::routing_headers::encode(task_id),
-                );
-                extensions.insert(Era::Modern);
-                serde_json::json!({
-                    "taskId": task_id,
-                    "_meta": crate::layers::bridge::translate::modern_meta(None),
-                })
-            }
-        };
-        let text = format!(
-            r#"{{"jsonrpc":"2.0","id":{},"method":"tasks/cancel","params":{params}}}"#,
-            id.as_json()
-        );
-        McpRequest::from(RequestParts {
-            op: Operation::Post(
-                jsonrpc::Message::parse(Bytes::from(text)).expect("a well-formed request"),
-            ),
-            ctx,
-            extensions,
-            trace: None,
-        })
-    }
-
     /// Sends the `tasks/cancel` of `task_id` (created in `era`) in the background: the client's
     /// `-32603` does not wait for it. Its whole exchange is bounded by the upstream's
     /// `timeout_ms` (its [`Deadline::Exchange`]: a `tasks/cancel` answer, streamed or not, always is).
     fn cancel(self, registry: &Arc<Registry>, era: Era, task_id: String, why: UndoReason) {
-        let n = UNDO_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let id = Id::from_json(&format!("\"taskgate-undo-{n}\"")).expect("a string id");
-        let req = self.request(era, &task_id, &id);
+        // The creation's context: the upstream session it went out on, its credentials.
+        let id = own_request::own_id("undo");
+        let req = own_request::task_request(&self.ctx, era, "tasks/cancel", &task_id, &id);
         let upstream = self.ctx.upstream.clone();
         // Before the creation's `InFlight` is given back: a notification waiting on it then
         // sees the task refused, and is not passed on.

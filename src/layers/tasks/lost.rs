@@ -9,29 +9,37 @@
 //! - **Lost upstream** ([`Probe`]): the upstream's answer to a `tasks/get|result|cancel` about a
 //!   task recorded live is read for an authoritative "not found" about that very task: under
 //!   2025-11-25 `-32602` to `tasks/get` / `tasks/result` (the spec's answer for a nonexistent
-//!   `taskId`), and to `tasks/cancel` once confirmed (there it also means "already terminal"):
-//!   one `tasks/get` of taskgate's own is answered `-32602` too (a `Task` it answers instead is
-//!   applied by `observe`, so a task that ended unobserved is recorded terminal); under
-//!   2026-07-28 `-32602` to `tasks/get` / `tasks/cancel` (a terminal task's cancel is
-//!   acknowledged there); and `-32001` "Session not found" from the task's own upstream session
-//!   (2025-11-25: SDK task stores are per session). The record is then failed the way a dead child's tasks are
+//!   `taskId`); under 2026-07-28 `-32602` to `tasks/get` / `tasks/cancel` (a terminal task's
+//!   cancel is acknowledged there); a `-32602` counts only when the request asked about nothing
+//!   but the task ([`asked_only_about_the_task`]); and `-32001` "Session not found" from the
+//!   task's own upstream session (2025-11-25: SDK task stores are per session). A 2025-11-25
+//!   `tasks/cancel` answered `-32602` (there it also means "already terminal") is confirmed
+//!   inside the `cancel` layer's flight, once for all the callers sharing it ([`confirm`]).
+//!   The record is then failed the way a dead child's tasks are
 //!   (`Registry::fail_task_lost_upstream`: `failed`, "resources released" with
 //!   `reason="upstream_lost"`, the owner's slot given back) and the client is answered from it
 //!   as above (a `tasks/cancel` answered `-32602` by the upstream gets that answer as it came;
 //!   one answered `-32001` gets 2025-11-25 `-32602` "already terminal").
-//!   Anything else (a 5xx, a timeout, another code) changes nothing. Only replies that are
-//!   JSON-RPC errors are read: a byte search rules out the others, so the common poll pays for
-//!   one short search and nothing else.
+//!   Anything else (a 5xx, a timeout, another code) changes nothing. The answer is read
+//!   whether it came as a JSON body or as an event of an SSE stream (the TypeScript and Python
+//!   SDK servers answer every POST with SSE by default, errors included: review 17 #2); only
+//!   error answers are read: a byte search rules out the others, so the common poll pays for
+//!   one short search and nothing else, and an SSE answer one per event.
 
-use crate::exchange::{McpReply, McpRequest, ReplyBody};
+use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody, RequestContext};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::AuthorisedTask;
+use crate::layers::own_request;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
+use crate::mcp::modern;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::{LocalReason, TaskMethod};
 use crate::registry::Registry;
+use crate::sse::{ByteString, Event};
 use crate::store::{Origin, TaskRecord};
+use bytes::Bytes;
+use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::Value;
 use std::sync::Arc;
@@ -74,22 +82,16 @@ pub(super) fn answer(
         }
         (TaskMethod::Get, Era::Modern) => {
             let task = serde_json::to_value(record.to_task()).ok()?;
-            let outcome = crate::layers::bridge::reverse::translate::Outcome::Error(error);
-            let detailed = crate::layers::bridge::reverse::translate::detailed_task(
-                &task,
-                Some(&outcome),
-                "",
-            )?;
+            let detailed = modern::detailed_task(&task, Some(&modern::Outcome::Error(error)), "")?;
             McpReply::local_json(jsonrpc::result_response(id, &detailed.to_string()))
         }
         (TaskMethod::Result, _) => {
             let answer = serde_json::json!({"jsonrpc": "2.0", "id": id_value(id), "error": error});
             McpReply::local_json(answer.to_string().into())
         }
-        (TaskMethod::Cancel, Era::Modern) => McpReply::local_json(jsonrpc::result_response(
-            id,
-            crate::layers::cancel::MODERN_ACK,
-        )),
+        (TaskMethod::Cancel, Era::Modern) => {
+            McpReply::local_json(jsonrpc::result_response(id, modern::MODERN_ACK))
+        }
         (TaskMethod::Cancel, Era::Legacy) => McpReply::error(
             Era::Legacy,
             Some(id),
@@ -116,16 +118,10 @@ pub(super) struct Probe {
     id: Id,
     /// The request went out on the task's own upstream session.
     on_task_session: bool,
-    /// A 2025-11-25 `tasks/cancel`: its context, for the `tasks/get` that tells "not found"
-    /// from "already terminal" when the upstream answers `-32602` (cloned for cancels only).
-    confirm: Option<crate::exchange::RequestContext>,
     /// The request as the client sent it (shared bytes): a `-32602` counts only when it asked
     /// about nothing but the task ([`asked_only_about_the_task`]).
     request: bytes::Bytes,
 }
-
-/// The ids of taskgate's own `tasks/get` after a 2025-11-25 cancel answered `-32602`.
-static CONFIRM_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Probe {
     /// The probe for `req` (authorised: its [`AuthorisedTask`]), or `None` when there is nothing
@@ -142,9 +138,8 @@ impl Probe {
             (Some(task), Some(sent)) => sent.as_bytes() == task.as_bytes(),
             _ => false,
         };
-        let confirm = (era == Era::Legacy && method == TaskMethod::Cancel).then(|| req.ctx.clone());
         let request = match &req.op {
-            crate::exchange::Operation::Post(msg) => msg.bytes().clone(),
+            Operation::Post(msg) => msg.bytes().clone(),
             _ => return None,
         };
         Some(Probe {
@@ -154,7 +149,6 @@ impl Probe {
             method,
             era,
             on_task_session,
-            confirm,
         })
     }
 
@@ -181,44 +175,54 @@ impl Probe {
     }
 
     /// The reply the client gets: `reply` itself, or (the upstream lost the task) the answer
-    /// from the record taskgate just failed.
-    /// `inner`: the service the request went to (a 2025-11-25 cancel's `-32602` is confirmed
-    /// through it).
-    pub(super) async fn check<S>(
-        mut self,
-        registry: &Arc<Registry>,
-        inner: &mut S,
-        reply: McpReply,
-    ) -> McpReply
-    where
-        S: tower::Service<McpRequest, Response = McpReply>,
-    {
-        let ReplyBody::Json(bytes) = &reply.body else {
-            return reply;
-        };
-        let Some(code) = error_code(bytes) else {
-            return reply;
-        };
-        let why = match self.lost_because(code) {
-            Some(why) => why,
-            None => match self.confirm.take() {
-                Some(ctx) if code == INVALID_PARAMS => {
-                    // Concurrent cancels share one answer: once one of them confirmed, the
-                    // record says so and nobody asks again.
-                    let (up, id) = (&self.record.upstream, &self.record.task_id);
-                    if let Ok(Some(now)) = registry.record_cached(up, id).await {
-                        if now.status.is_terminal() {
-                            return reply;
+    /// from the record taskgate just failed. An SSE reply is read event by event as it passes:
+    /// the event answering the request is replaced the same way.
+    pub(super) async fn check(self, registry: &Arc<Registry>, mut reply: McpReply) -> McpReply {
+        match reply.body {
+            ReplyBody::Json(ref bytes) => {
+                let Some(code) = error_code(bytes) else {
+                    return reply;
+                };
+                match self.instead(registry, code).await {
+                    Some(answer) => answer,
+                    None => reply,
+                }
+            }
+            ReplyBody::Stream(events) => {
+                let (registry, mut probe) = (registry.clone(), Some(self));
+                let events = events.then(move |event| {
+                    // Until the answer passed: an error answering the request, with its code.
+                    let found = probe.as_ref().and_then(|p| p.error_answer(&event));
+                    let work = found.and_then(|code| Some((probe.take()?, code, registry.clone())));
+                    async move {
+                        let Some((probe, code, registry)) = work else {
+                            return event;
+                        };
+                        match probe.instead(&registry, code).await.map(|r| r.body) {
+                            Some(ReplyBody::Json(bytes)) => with_data(event, bytes),
+                            _ => event,
                         }
                     }
-                    match self.confirm_lost(inner, ctx).await {
-                        Some(why) => why,
-                        None => return reply,
-                    }
-                }
-                _ => return reply,
-            },
-        };
+                });
+                reply.body = ReplyBody::Stream(Box::pin(events));
+                reply
+            }
+            _ => reply,
+        }
+    }
+
+    /// The code of `event` when it is a JSON-RPC error answering the request.
+    fn error_answer(&self, event: &Event) -> Option<i64> {
+        let data = event.data.as_ref()?.as_bytes();
+        let code = error_code(data)?;
+        jsonrpc::is_answer_to(data, &self.id).then_some(code)
+    }
+
+    /// What the client gets instead of the upstream's error answer `code`, when that answer
+    /// says the upstream lost the task: the record is failed, then answered from (`None`: the
+    /// answer passes as it came, the record failed or not).
+    async fn instead(&self, registry: &Arc<Registry>, code: i64) -> Option<McpReply> {
+        let why = self.lost_because(code)?;
         let (upstream, task_id) = (&self.record.upstream, &self.record.task_id);
         if registry
             .fail_task_lost_upstream(upstream, task_id, &why)
@@ -229,65 +233,82 @@ impl Probe {
         // The upstream's own "not found" to a `tasks/cancel` is already the right answer
         // (`-32602`, HTTP 400 under 2026-07-28); a session error never is.
         if self.method == TaskMethod::Cancel && code == INVALID_PARAMS {
-            return reply;
+            return None;
         }
         match registry.record_cached(upstream, task_id).await {
-            Ok(Some(record)) => answer(&record, self.method, self.era, &self.id).unwrap_or(reply),
-            _ => reply,
+            Ok(Some(record)) => answer(&record, self.method, self.era, &self.id),
+            _ => None,
         }
     }
 }
 
-impl Probe {
-    /// After a 2025-11-25 `tasks/cancel` answered `-32602` (the task is unknown, or already
-    /// terminal: the spec gives both that code), one `tasks/get` of taskgate's own on the same
-    /// upstream session, with the task's [`AuthorisedTask`] (`observe` applies a `Task` it
-    /// answers, so a task that ended unobserved is recorded terminal). Why the task is lost when
-    /// that answer is `-32602` too; `None` otherwise (any failure included: nothing changes).
-    async fn confirm_lost<S>(
-        &self,
-        inner: &mut S,
-        mut ctx: crate::exchange::RequestContext,
-    ) -> Option<String>
+/// `event` carrying `data` instead of its own.
+fn with_data(mut event: Event, data: Bytes) -> Event {
+    event.data = Some(
+        ByteString::try_from(data.clone())
+            .unwrap_or_else(|_| String::from_utf8_lossy(&data).into_owned().into()),
+    );
+    event
+}
+
+/// A 2025-11-25 `tasks/cancel` answered `-32602`: the task is unknown, or already terminal (the
+/// spec gives both that code). [`confirm`] tells them apart with one `tasks/get` of taskgate's
+/// own, sent by the `cancel` layer inside the cancel's flight, so the callers sharing that
+/// answer share one confirmation too (review 17 #14: each sent its own).
+pub(crate) struct Confirm {
+    /// The cancel's context (the task's upstream session, the caller's credentials).
+    ctx: RequestContext,
+    record: Arc<TaskRecord>,
+}
+
+impl Confirm {
+    /// The confirmation a 2025-11-25 `tasks/cancel` (`req`, authorised) may need: `None` when
+    /// the task is not a client's live 2025-11-25 task (see [`Probe::of`]).
+    pub(crate) fn of(req: &McpRequest) -> Option<Confirm> {
+        let record = &req.extensions.get::<AuthorisedTask>()?.record;
+        let live_here = !record.status.is_terminal()
+            && record.origin == Origin::Client
+            && record.era == Era::Legacy;
+        (req.era() == Era::Legacy && live_here).then(|| Confirm {
+            ctx: req.ctx.clone(),
+            record: record.clone(),
+        })
+    }
+
+    /// Reads the flight's error answer `error` (its JSON text): when it is `-32602`, one
+    /// `tasks/get` of taskgate's own on the same upstream session, with the task's
+    /// [`AuthorisedTask`] (`observe` applies a `Task` it answers, so a task that ended
+    /// unobserved is recorded terminal). Answered `-32602` too, the task is lost: its record
+    /// is failed as [`Probe`] fails one. Whether it was (any failure: nothing changes).
+    pub(crate) async fn run<S>(self, registry: &Arc<Registry>, inner: &mut S, error: &str) -> bool
     where
         S: tower::Service<McpRequest, Response = McpReply>,
     {
-        use crate::exchange::{Deadline, Operation, RequestParts};
-        use tower::ServiceExt;
-        for name in [
-            &crate::mcp::routing_headers::MCP_METHOD,
-            &crate::mcp::routing_headers::MCP_NAME,
-        ] {
-            ctx.headers.remove(name);
+        if error_object_code(error) != Some(INVALID_PARAMS) {
+            return false;
         }
-        let n = CONFIRM_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let params = serde_json::json!({ "taskId": self.record.task_id });
-        let text = format!(
-            r#"{{"jsonrpc":"2.0","id":"taskgate-lost-check-{n}","method":"tasks/get","params":{params}}}"#
-        );
-        let msg = jsonrpc::Message::parse(bytes::Bytes::from(text)).ok()?;
-        let id = msg.id()?.clone();
-        let mut extensions = http::Extensions::new();
-        extensions.insert(Era::Legacy);
-        // Bounded whole by the upstream's `timeout_ms`, a streamed answer included.
-        extensions.insert(Deadline::Exchange);
-        extensions.insert(AuthorisedTask {
+        let id = own_request::own_id("lost-check");
+        let (upstream, task_id) = (&self.record.upstream, &self.record.task_id);
+        let mut get = own_request::task_request(&self.ctx, Era::Legacy, "tasks/get", task_id, &id);
+        get.extensions.insert(AuthorisedTask {
             record: self.record.clone(),
         });
-        let get = McpRequest::from(RequestParts {
-            op: Operation::Post(msg),
-            ctx,
-            extensions,
-            trace: None,
-        });
-        let reply = inner.ready().await.ok()?.call(get).await.ok()?;
-        let answer = reply.answer_to(&id).await?;
-        (error_code(&answer)? == INVALID_PARAMS).then(|| {
-            format!(
-                "upstream `{}` no longer has this task (it answered `tasks/cancel` and `tasks/get` with -32602, task not found); the task's state was lost (a restart of the upstream?)",
-                self.record.upstream
-            )
-        })
+        let Ok(Some(answer)) = own_request::ask(inner, get).await else {
+            return false;
+        };
+        if error_code(&answer) != Some(INVALID_PARAMS) {
+            return false;
+        }
+        let why = format!(
+            "upstream `{upstream}` no longer has this task (it answered `tasks/cancel` and `tasks/get` with -32602, task not found); the task's state was lost (a restart of the upstream?)"
+        );
+        let failed = registry
+            .fail_task_lost_upstream(upstream, task_id, &why)
+            .await;
+        if failed {
+            tracing::warn!(upstream = %upstream, task_id = %task_id, "the upstream lost a task: its record is failed and its slot released");
+        }
+        failed
     }
 }
 
@@ -337,6 +358,15 @@ fn error_code(bytes: &[u8]) -> Option<i64> {
         .ok()?
         .error
         .map(|e| e.code)
+}
+
+/// The `code` of a JSON-RPC `error` object (its JSON text).
+fn error_object_code(error: &str) -> Option<i64> {
+    #[derive(Deserialize)]
+    struct Code {
+        code: i64,
+    }
+    serde_json::from_str::<Code>(error).ok().map(|c| c.code)
 }
 
 #[cfg(test)]

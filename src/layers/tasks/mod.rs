@@ -28,7 +28,7 @@
 //! holds the session id is the owner), or `anonymous` without a session (no binding at all; task
 //! ids are the upstream's).
 
-mod lost;
+pub(crate) mod lost;
 mod modern;
 
 use crate::exchange::{Deadline, McpReply, McpRequest, Operation};
@@ -151,7 +151,7 @@ where
                                 let probe = lost::Probe::of(&req);
                                 let reply = inner.call(req).await?;
                                 Ok(match probe {
-                                    Some(probe) => probe.check(&registry, &mut inner, reply).await,
+                                    Some(probe) => probe.check(&registry, reply).await,
                                     None => reply,
                                 })
                             }
@@ -177,7 +177,7 @@ where
                         let probe = lost::Probe::of(&req);
                         let mut reply = inner.call(req).await?;
                         if let Some(probe) = probe {
-                            reply = probe.check(&registry, &mut inner, reply).await;
+                            reply = probe.check(&registry, reply).await;
                         }
                         Ok(with_own_session(reply, own))
                     }

@@ -117,6 +117,7 @@ use super::era::{Discovery, UpstreamEra};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id, Kind, Message};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation, RelaysUpstreamRequests};
+use crate::layers::own_request;
 use crate::layers::relay::OwnIds;
 use crate::layers::McpService;
 use crate::mcp::capabilities::{declares_tasks_extension, CLIENT_CAPABILITIES_META};
@@ -531,7 +532,8 @@ fn id_value(id: &Id) -> Value {
 /// and the `cancel` layer's deadline for `observe` and the transport).
 fn request_with(req: &McpRequest, body: Value, session: Option<&UpstreamSession>) -> McpRequest {
     let msg = Message::parse(Bytes::from(body.to_string())).expect("a well-formed message");
-    let mut ctx = req.ctx.clone();
+    let method = msg.method().unwrap_or_default();
+    let mut ctx = own_request::context(&req.ctx, Era::Legacy, method, None);
     ctx.session_id = session.and_then(|s| s.id.clone());
     match session {
         Some(s) => {
@@ -542,8 +544,6 @@ fn request_with(req: &McpRequest, body: Value, session: Option<&UpstreamSession>
             ctx.headers.remove(&crate::headers::MCP_PROTOCOL_VERSION);
         }
     }
-    ctx.headers.remove(&crate::mcp::routing_headers::MCP_METHOD);
-    ctx.headers.remove(&crate::mcp::routing_headers::MCP_NAME);
     let mut extensions = req.extensions.clone();
     extensions.insert(Era::Legacy);
     McpRequest::from(RequestParts {

@@ -15,6 +15,7 @@
 
 use crate::mcp::capabilities::TASKS_EXTENSION;
 use crate::mcp::era::MODERN_VERSION;
+pub use crate::mcp::modern::{complete_result, detailed_task, modern_task, Outcome};
 use serde_json::{json, Map, Value};
 
 /// The prefix of the `_meta` keys 2026-07-28 requests carry for the protocol itself
@@ -100,56 +101,10 @@ pub fn discover_result(init: &Value) -> Value {
     Value::Object(out)
 }
 
-/// A 2026-07-28 `Task` (flat: `ttlMs`, `pollIntervalMs`) from a 2025-11-25 `Task` (`ttl`,
-/// `pollInterval`), with `resultType` set to `result_type`; the related-task `_meta` and any
-/// other `_meta` dropped (2026-07-28 has no related-task key). `None` when `task` is not an
-/// object with a string `taskId` and `status`.
-pub fn modern_task(task: &Value, result_type: &str) -> Option<Map<String, Value>> {
-    let o = task.as_object()?;
-    o.get("taskId")?.as_str()?;
-    o.get("status")?.as_str()?;
-    let mut out = Map::new();
-    out.insert("resultType".into(), Value::from(result_type));
-    for (k, v) in o {
-        match k.as_str() {
-            "ttl" => {
-                out.insert("ttlMs".into(), v.clone());
-            }
-            "pollInterval" => {
-                out.insert("pollIntervalMs".into(), v.clone());
-            }
-            "_meta" | "resultType" => {}
-            _ => {
-                out.insert(k.clone(), v.clone());
-            }
-        }
-    }
-    out.entry("ttlMs").or_insert(Value::Null);
-    Some(out)
-}
-
 /// The flat 2026-07-28 `CreateTaskResult` (`resultType:"task"`) for a nested 2025-11-25 one
 /// (`{task:{…}}`); `None` when `result` has no task.
 pub fn modern_create_result(result: &Value) -> Option<Value> {
     modern_task(result.get("task")?, "task").map(Value::Object)
-}
-
-/// A result as a 2026-07-28 client gets it: `resultType: "complete"` added when it has none
-/// (2026-07-28: a result without it counts as complete, but every result carries it), the
-/// related-task `_meta` key removed. Not an object: unchanged.
-pub fn complete_result(result: &Value) -> Value {
-    let Some(o) = result.as_object() else {
-        return result.clone();
-    };
-    let mut o = o.clone();
-    o.entry("resultType").or_insert_with(|| json!("complete"));
-    if let Some(Value::Object(meta)) = o.get_mut("_meta") {
-        meta.remove(crate::mcp::task::RELATED_TASK_META);
-        if meta.is_empty() {
-            o.remove("_meta");
-        }
-    }
-    Value::Object(o)
 }
 
 /// Whether a 2026-07-28 result of `method` carries caching hints (SEP-2549: `ttlMs`,
@@ -175,61 +130,6 @@ pub fn cacheable_result(result: &Value) -> Value {
         o.entry("cacheScope").or_insert_with(|| json!("private"));
     }
     v
-}
-
-/// What a terminal 2025-11-25 task's `tasks/result` answered.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    /// A result (a `CallToolResult`, an `isError` one included).
-    Result(Value),
-    /// A JSON-RPC `error` object.
-    Error(Value),
-}
-
-/// The 2026-07-28 `DetailedTask` (`resultType:"complete"`) for a 2025-11-25 `Task` and, once it
-/// is terminal, what its `tasks/result` answered (2026-07-28 tasks §`tasks/get`):
-/// - `completed` with a result: `result` inline (`resultType` added);
-/// - `failed` with a result (a tool error, 2025-11-25 `isError`): `completed`, the result
-///   inline with `isError: true`, its content kept (2026-07-28: `failed` is only for JSON-RPC
-///   errors);
-/// - `completed` or `failed` with a JSON-RPC error: `failed` with that `error`;
-/// - `failed` or `completed` whose payload could not be had: `failed` with a `-32603` `error`
-///   naming why (`missing`);
-/// - `input_required`: `inputRequests` (an empty object when taskgate has none to show);
-/// - `working`, `cancelled`: the task alone.
-///
-/// `None` when `task` is not a task (see [`modern_task`]).
-pub fn detailed_task(task: &Value, outcome: Option<&Outcome>, missing: &str) -> Option<Value> {
-    let mut t = modern_task(task, "complete")?;
-    let status = t.get("status").and_then(Value::as_str).unwrap_or_default();
-    match (status, outcome) {
-        ("completed" | "failed", Some(Outcome::Result(r))) => {
-            let mut r = complete_result(r);
-            if status == "failed" {
-                if let Some(o) = r.as_object_mut() {
-                    o.insert("isError".into(), json!(true));
-                }
-            }
-            t.insert("status".into(), json!("completed"));
-            t.insert("result".into(), r);
-        }
-        ("completed" | "failed", Some(Outcome::Error(e))) => {
-            t.insert("status".into(), json!("failed"));
-            t.insert("error".into(), e.clone());
-        }
-        ("completed" | "failed", None) => {
-            t.insert("status".into(), json!("failed"));
-            t.insert(
-                "error".into(),
-                json!({"code": crate::jsonrpc::INTERNAL_ERROR, "message": missing}),
-            );
-        }
-        ("input_required", _) => {
-            t.entry("inputRequests").or_insert_with(|| json!({}));
-        }
-        _ => {}
-    }
-    Some(Value::Object(t))
 }
 
 /// `execution.taskSupport` of the tool `name` in a `tools/list` result's `tools`
@@ -304,51 +204,6 @@ mod tests {
                 "lastUpdatedAt":"y","ttlMs":5000,"pollIntervalMs":200})
         );
         assert!(modern_create_result(&json!({"content":[]})).is_none());
-        assert!(modern_task(&json!({"taskId":1,"status":"working"}), "task").is_none());
-        let no_ttl = modern_task(&json!({"taskId":"a","status":"working"}), "task").unwrap();
-        assert!(no_ttl["ttlMs"].is_null());
-    }
-
-    #[test]
-    fn terminal_tasks_carry_their_payload() {
-        let task = |s: &str| json!({"taskId":"a","status":s,"ttl":1,"pollInterval":2});
-        let r = Outcome::Result(json!({"content":[{"type":"text","text":"ok"}],
-            "_meta":{"io.modelcontextprotocol/related-task":{"taskId":"a"}}}));
-        let done = detailed_task(&task("completed"), Some(&r), "m").unwrap();
-        assert_eq!(done["status"], "completed");
-        assert_eq!(done["result"]["resultType"], "complete");
-        assert!(done["result"].get("_meta").is_none(), "{done}");
-        let tool_error = detailed_task(&task("failed"), Some(&r), "m").unwrap();
-        assert_eq!(
-            (
-                tool_error["status"].clone(),
-                tool_error["result"]["isError"].clone()
-            ),
-            (json!("completed"), json!(true))
-        );
-        assert_eq!(tool_error["result"]["content"][0]["text"], "ok");
-        let e = Outcome::Error(json!({"code":-32000,"message":"boom"}));
-        let failed = detailed_task(&task("failed"), Some(&e), "m").unwrap();
-        assert_eq!(
-            (failed["status"].clone(), failed["error"]["message"].clone()),
-            (json!("failed"), json!("boom"))
-        );
-        let lost = detailed_task(&task("completed"), None, "gone").unwrap();
-        assert_eq!(
-            (lost["status"].clone(), lost["error"]["message"].clone()),
-            (json!("failed"), json!("gone"))
-        );
-        let input = detailed_task(&task("input_required"), None, "m").unwrap();
-        assert_eq!(input["inputRequests"], json!({}));
-        let cancelled = detailed_task(&task("cancelled"), None, "m").unwrap();
-        assert!(cancelled.get("result").is_none() && cancelled.get("error").is_none());
-        assert_eq!(
-            (
-                cancelled["ttlMs"].clone(),
-                cancelled["pollIntervalMs"].clone()
-            ),
-            (json!(1), json!(2))
-        );
     }
 
     #[test]
