@@ -1758,3 +1758,108 @@ async fn an_answer_under_another_id_is_an_upstream_error() {
         "{m}"
     );
 }
+
+/// review18a #1: without auth, a 2026 client's `subscriptions/listen` on a 2025 upstream naming
+/// its own task gets the task's `notifications/tasks`, as it does with auth
+/// (`subscriptions_listen_relays_task_status_and_list_changes`). The reverse bridge reads the
+/// status from the held session's GET stream, which reaches `observe` as a GET: the per-stream
+/// rule for tasks without an owner (127d6d1) finds no `taskIds` on it and drops the event, so
+/// the listener never hears of its task.
+#[tokio::test]
+async fn without_auth_a_reverse_bridged_listen_gets_its_tasks_status() {
+    let task_cell: Arc<std::sync::Mutex<String>> = Default::default();
+    let gate = Gate::new();
+    let (cell, g) = (task_cell.clone(), gate.clone());
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: Some(50),
+            get_stream: Some(Arc::new(move || {
+                let t = cell.lock().unwrap().clone();
+                vec![
+                    SseStep::Wait(g.clone()),
+                    SseStep::Raw(ev().data(&status_notification(&t, "completed")).wire()),
+                    SseStep::HoldOpen,
+                ]
+            })),
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    *task_cell.lock().unwrap() = t.clone();
+    let listen = modern_req(
+        &url,
+        None,
+        7,
+        "subscriptions/listen",
+        json!({"notifications": {"taskIds": [t.clone()]}, "_meta": meta(true)}),
+    )
+    .send()
+    .await;
+    assert_eq!(listen.status(), 200);
+    let mut listen = listen.sse();
+    let ack = listen.next_event(STEP).await.json();
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"taskIds": [t]}),
+        "{ack}"
+    );
+    let opened = eventually(STEP, || async {
+        let ended = up
+            .task(&t)
+            .ends_at
+            .is_some_and(|e| std::time::Instant::now() >= e);
+        (up.up.requests().iter().any(|r| r.method == "GET") && ended).then_some(())
+    })
+    .await;
+    assert!(opened.is_some(), "the held session's GET stream is read");
+    gate.open();
+    let n = listen.next_event(STEP).await.json();
+    assert_eq!(n["method"], "notifications/tasks", "{n}");
+    assert_eq!(n["params"]["taskId"], json!(t), "{n}");
+}
+
+/// review18a #4: the reverse bridge acknowledges a 2026 cancel also when the 2025 upstream
+/// answers `-32602` "already completed" (the task ended unobserved), and the `cancel` layer
+/// notes that ack on the 2025 task's record. Since c53c9da every later cancel of the task, a
+/// 2025 client's straight to the 2025 upstream included, is answered here as the ack applied:
+/// the completed task is recorded `cancelled` and its result is gone for its owner
+/// (`tasks/result`: "... was cancelled"). On the code before, the 2025 cancel went upstream, got
+/// "already completed" and taskgate's own `tasks/get` recorded the task `completed`.
+#[tokio::test]
+async fn a_2025_cancel_after_a_reverse_bridged_ack_does_not_cancel_a_completed_task() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: None,
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, Some("tok-a"), 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().unwrap().to_string();
+    // The task completes upstream; nobody polls it.
+    up.state.lock().unwrap().tasks.get_mut(&t).unwrap().status = "completed".into();
+    let (status, v) = task_call(&url, Some("tok-a"), 2, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, &v["result"]),
+        (200, &json!({"resultType": "complete"})),
+        "{v}"
+    );
+    let mut legacy = tg.client().with_token("tok-a");
+    legacy.initialize().await;
+    let cancel = legacy.cancel("3", &t).await;
+    assert_eq!(err_code(&cancel), -32602, "already completed: {cancel}");
+    assert_ne!(tg.record(&t).unwrap().status, TaskStatus::Cancelled);
+    let result = legacy.result("4", &t).await;
+    assert!(result.get("result").is_some(), "its result: {result}");
+}

@@ -3,7 +3,8 @@
 //! record (`Undo`), `cancel`'s `tasks/get` after a forwarded 2026-07-28 cancel was acknowledged
 //! and after a 2025-11-25 cancel was answered `-32602` (is the task lost?), and the `bridge`'s
 //! `tasks/*` requests; the bridges' other requests (`server/discover`, a translated call) take
-//! their context and message from here too.
+//! their context and message from here too. Not yet: `upgrade`'s requests, the reverse
+//! bridge's 2025 bodies and the MRTR retry (ARCHITECTURE.md says why).
 //!
 //! - **Id**: taskgate's own ([`own_id`]: `"taskgate-<purpose>-<n>"`, a string no client id
 //!   equals by type and prefix, from one sequence). The bridge and the relay number theirs

@@ -327,11 +327,15 @@ where
             // Checked under the flights lock: a finished flight leaves its terminal status in
             // `settled` before it leaves the table, so this sees it.
             Err(Some(status))
-        } else if record.cancel_acked || state.acked.lock().contains(&task_id) {
-            // 2026-07-28: one upstream cancel per task, whatever the era of the caller (only
-            // a 2026 upstream acknowledges one); the ack is all any caller gets (the record
-            // holds it across restarts, the note until the record says so). A 2025 caller's
-            // through the bridge went upstream again (break-tasks H2b).
+        } else if (era == Era::Modern || record.era == Era::Modern)
+            && (record.cancel_acked || state.acked.lock().contains(&task_id))
+        {
+            // 2026-07-28: one upstream cancel per task; the ack is all any 2026 caller gets
+            // (the record holds it across restarts, the note until the record says so), and
+            // a 2025 caller of a 2026 task (through the bridge: it went upstream again,
+            // break-tasks H2b) gets it as the bridge answers it. Not a 2025 caller of a 2025
+            // task: the reverse bridge acks every 2025 answer to a 2026 cancel, "already
+            // completed" included, which says nothing about the 2025 task (review 18a #4).
             Err(None)
         } else {
             let flight = tier::forward_cancel(state.clone(), inner, req, task_id.clone())

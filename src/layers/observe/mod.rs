@@ -266,7 +266,7 @@ where
                 upstream,
                 caller: req.ctx.caller(),
                 answer: awaited_answer(&req),
-                named: listened_task_ids(&req),
+                named: named_by(&req),
             };
             return Either::Left(AfterReply::new(self.inner.call(req), watch));
         }
@@ -295,7 +295,7 @@ where
             holds: Mutex::new(request_hold.into_iter().collect()),
             client_gone: Default::default(),
             runs_to_end,
-            named: Mutex::default(),
+            named: named_by(&req).map(Mutex::new),
             asked_about,
         });
         let caller = req.ctx.caller();
@@ -349,8 +349,8 @@ pub struct WatchStream {
     caller: Caller,
     /// The request whose answer this reply must be ([`awaited_answer`]).
     answer: Option<answered::Awaited>,
-    /// A `subscriptions/listen`'s `taskIds` ([`Watch::named`]).
-    named: Vec<Arc<str>>,
+    /// What the reply may show of tasks without an owner ([`Watch::named`]).
+    named: Option<Vec<Arc<str>>>,
 }
 
 impl ReplyStep<GatewayError> for WatchStream {
@@ -379,7 +379,7 @@ impl ReplyStep<GatewayError> for WatchStream {
                 holds: Mutex::new(Vec::new()),
                 client_gone: Default::default(),
                 runs_to_end: false,
-                named: Mutex::new(self.named),
+                named: self.named.map(Mutex::new),
                 asked_about: None,
             });
             reply.body = ReplyBody::Stream(Watch::watch(watch, events, self.caller, answer));
@@ -446,34 +446,42 @@ struct Watched {
     applying_awaited: bool,
 }
 
+/// What a reply to `req` may show of tasks without an owner ([`Watch::named`]): `None` (not
+/// scoped) for a request that does not go upstream as 2026-07-28 (a 2025 stream keeps the
+/// owner rule, and the reverse bridge's own GET stream of its held session feeds listeners the
+/// bridge scopes itself); else the `params.notifications.taskIds` of a `subscriptions/listen`
+/// (as the `tasks` layer filtered them to the caller's tasks), empty for any other request.
+/// Read only for that method (one long-lived stream per listener): other requests pay a
+/// comparison of the era and the method.
+fn named_by(req: &McpRequest) -> Option<Vec<Arc<str>>> {
+    if req.era() != Era::Modern {
+        return None;
+    }
+    if req.request_method() != Some("subscriptions/listen") {
+        return Some(Vec::new());
+    }
+    let Operation::Post(msg) = &req.op else {
+        return Some(Vec::new());
+    };
+    const PATH: [&str; 3] = ["params", "notifications", "taskIds"];
+    let Ok(Some(raw)) = splice::raw_at(msg.bytes(), &PATH) else {
+        return Some(Vec::new());
+    };
+    let ids = serde_json::from_str::<Vec<Value>>(raw.get()).unwrap_or_default();
+    Some(
+        ids.iter()
+            .filter_map(Value::as_str)
+            .map(Arc::from)
+            .collect(),
+    )
+}
+
 /// Whether a message may be a task notification (`notifications/tasks/status`, 2025-11-25, or
 /// `notifications/tasks`, 2026-07-28). Escapes may spell either method
 /// (`notifications\/tasks\/status`): then it is read. One search where neither method is named
 /// (nearly always): `TASKS_METHODS` is found in every message either is (callgrind, issue 36:
 /// ~190 instructions a message).
 #[inline]
-/// The `params.notifications.taskIds` of a `subscriptions/listen` (as the `tasks` layer
-/// filtered them to the caller's tasks); empty for any other request. Read only for that method
-/// (one long-lived stream per listener): other requests pay a method comparison.
-fn listened_task_ids(req: &McpRequest) -> Vec<Arc<str>> {
-    if req.request_method() != Some("subscriptions/listen") {
-        return Vec::new();
-    }
-    let Operation::Post(msg) = &req.op else {
-        return Vec::new();
-    };
-    const PATH: [&str; 3] = ["params", "notifications", "taskIds"];
-    let Ok(Some(raw)) = splice::raw_at(msg.bytes(), &PATH) else {
-        return Vec::new();
-    };
-    serde_json::from_str::<Vec<Value>>(raw.get())
-        .unwrap_or_default()
-        .iter()
-        .filter_map(Value::as_str)
-        .map(Arc::from)
-        .collect()
-}
-
 fn is_task_notification(bytes: &[u8]) -> bool {
     (found(&needles::TASKS_METHODS, bytes)
         && (found(&needles::TASK_STATUS, bytes) || found(&needles::TASKS_NOTIFICATION, bytes)))
@@ -626,11 +634,11 @@ struct Watch {
     /// A creation the client asked for: it runs to its answer if the client goes away
     /// ([`RunToEnd`], and the drop of [`Watched`]).
     runs_to_end: bool,
-    /// The tasks this reply's request named (a `subscriptions/listen`'s `taskIds` as `tasks`
-    /// filtered them) or created; with [`Watch::asked_about`], the only ones whose
-    /// notifications reach the caller when neither the task nor the caller has an owner
-    /// ([`Watch::shows`]).
-    named: Mutex<Vec<Arc<str>>>,
+    /// For a request that went upstream as 2026-07-28 ([`named_by`]), the tasks it named (a
+    /// `subscriptions/listen`'s `taskIds` as `tasks` filtered them) or created; with
+    /// [`Watch::asked_about`], the only ones whose notifications reach the caller when neither
+    /// the task nor the caller has an owner ([`Watch::shows`]). `None`: the owner rule alone.
+    named: Option<Mutex<Vec<Arc<str>>>>,
     /// The task a `tasks/*` request is about (the record `tasks` authorised it against).
     asked_about: Option<Arc<TaskRecord>>,
 }
@@ -1084,7 +1092,9 @@ impl Watch {
             // The creation's own stream relays the task's messages from now on.
             let hold = self.registry.releases().hold(&self.upstream, &task_id);
             self.holds.lock().push(hold);
-            self.named.lock().push(Arc::from(task_id));
+            if let Some(named) = &self.named {
+                named.lock().push(Arc::from(task_id));
+            }
         }
         out
     }
@@ -1203,7 +1213,8 @@ impl Watch {
     /// Whether a notification about the task of `record` may reach `caller` on this reply: the
     /// caller may see its owner ([`Caller::may_see`]), it has not expired, and a task without
     /// an owner (2026-07-28 without auth: the unguessable `taskId` is the only key) is one
-    /// this reply's request named or created ([`Watch::named`]). Without that last rule, an
+    /// this reply's request named or created, when that request went upstream as 2026-07-28
+    /// ([`Watch::named`]). Without that last rule, an
     /// upstream that sent every listener every task's notification handed each anonymous
     /// caller the others' ids and results (review 16, R4).
     fn shows(&self, caller: &Caller, record: &TaskRecord) -> bool {
@@ -1214,7 +1225,10 @@ impl Watch {
                     .asked_about
                     .as_ref()
                     .is_some_and(|a| a.task_id == record.task_id)
-                || self.named.lock().iter().any(|n| **n == *record.task_id))
+                || self
+                    .named
+                    .as_ref()
+                    .is_none_or(|named| named.lock().iter().any(|n| **n == *record.task_id)))
     }
 
     /// Whether this reply still awaits its creation's answer.
