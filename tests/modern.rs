@@ -1389,6 +1389,95 @@ async fn a_terminal_notifications_result_answers_later_polls() {
     assert!(v["result"].get("_meta").is_none(), "{v}");
 }
 
+/// Review 17 #7 (F6 left open): a terminal `notifications/tasks` whose payload taskgate did not
+/// keep (a `completed` without `result`; a `DetailedTask` over `tasks.max_stored_result_bytes`)
+/// still ends the record, but a later `tasks/get` the upstream answers `working`, and a later
+/// `working` notification, are passed as the upstream sent them: never `completed` without
+/// `result` (2026-07-28 §1.4). When the upstream then answers `completed` with its `result`,
+/// that is what the client gets. On the code before, both were rewritten `completed` without
+/// `result`.
+#[tokio::test]
+async fn a_terminal_report_without_a_kept_payload_is_never_shown_without_it() {
+    for (case, tool, stored_bytes) in [
+        ("no result", "notify_bare", 1 << 20),
+        ("over the size bound", "notify_about", 64),
+    ] {
+        let state: Shared = Default::default();
+        let modern = modern_handler(state.clone());
+        let up = Upstream::start(move |req: &RecordedRequest| {
+            let v = req.json();
+            let report = |mut task: Value| {
+                task.as_object_mut().unwrap().remove("result");
+                let note = json!({"jsonrpc":"2.0","method":"notifications/tasks","params": task});
+                let done = json!({"resultType": "complete", "content": []});
+                let id = req.rpc_id_json();
+                ScriptedResponse::sse(vec![
+                    SseStep::Raw(ev().data(&note.to_string()).wire()),
+                    SseStep::Raw(ev().data(&rpc_result(&id, &done.to_string())).wire()),
+                ])
+            };
+            let t = v["params"]["arguments"]["taskId"].as_str().unwrap_or("");
+            match v["params"]["name"].as_str() {
+                Some("notify_bare") => report(detailed(t, "completed")),
+                Some("notify_working") => report(detailed(t, "working")),
+                _ => modern(req),
+            }
+        })
+        .await;
+        let tg = TgConfig::new(&up.url())
+            .tasks(&format!("max_stored_result_bytes = {stored_bytes}"))
+            .start()
+            .await;
+        let url = tg.mcp_url();
+        let t = create(&url, None, "slow_compute").await;
+        let notify = |id: u64, tool: &str| {
+            modern_req(
+                &url,
+                None,
+                id,
+                "tools/call",
+                json!({"name": tool, "arguments": {"taskId": t}}),
+            )
+        };
+        let (status, v) = send(notify(2, tool)).await;
+        assert_eq!(status, 200, "{case}: {v}");
+        let done = eventually(STEP, || async {
+            tg.record(&t)
+                .filter(|r| r.status == taskgate::mcp::task::TaskStatus::Completed)
+        })
+        .await;
+        let done = done.unwrap_or_else(|| panic!("{case}: the notification was applied"));
+        assert!(done.terminal_result.is_none(), "{case}: nothing kept");
+
+        let (status, v) = task_call(&url, None, 3, "tasks/get", &t).await;
+        assert_eq!(status, 200, "{case}: {v}");
+        assert_eq!(
+            v["result"]["status"], "working",
+            "{case}: the upstream's live answer, not completed without result: {v}"
+        );
+        let text = notify(4, "notify_working").send().await.text().await;
+        assert!(text.contains("notifications/tasks"), "{case}: {text}");
+        assert!(
+            !text.contains(r#""status":"completed""#),
+            "{case}: no completed without result: {text}"
+        );
+
+        state
+            .lock()
+            .unwrap()
+            .tasks
+            .insert(t.clone(), "completed".into());
+        let (status, v) = task_call(&url, None, 5, "tasks/get", &t).await;
+        assert_eq!(status, 200, "{case}: {v}");
+        assert_eq!(v["result"]["status"], "completed", "{case}: {v}");
+        assert_eq!(
+            v["result"]["result"]["content"][0]["text"],
+            json!(format!("done {t}")),
+            "{case}: completed carries its result: {v}"
+        );
+    }
+}
+
 /// Review 17, #3 and #4: an awaited answer broken inside (both ends intact) is the upstream's
 /// invalid answer, not relayed nor recorded; past 16 held notifications about a new task, the
 /// next is dropped, not passed before the answer; a stream that ends without its answer does
