@@ -520,6 +520,18 @@ fn misbehaving_2026(req: &RecordedRequest, tool: &str) -> Option<ScriptedRespons
             "data: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"res\n"
         ))]),
         "twice" => ScriptedResponse::sse(vec![task("first-task"), task("second-task")]),
+        // A CreateTaskResult under another id than the request's: as JSON, and as the only
+        // event of a stream.
+        "wrongid_task" | "wrongid_task_sse" => {
+            let t = format!("stray-{tool}");
+            let mut created = detailed(&t, "working");
+            created["resultType"] = json!("task");
+            let answer = rpc_result(r#""not-yours""#, &created.to_string());
+            match tool {
+                "wrongid_task" => ScriptedResponse::json(answer),
+                _ => ScriptedResponse::sse(vec![ev().data(&answer).into()]),
+            }
+        }
         // Both ends intact, broken inside (a trailing comma): a CreateTaskResult nobody can read.
         "badjson_ends" => ScriptedResponse::json(format!(
             r#"{{"jsonrpc":"2.0","id":{id},"result":{{"resultType":"task","taskId":"leak-1","status":"working",}}}}"#
@@ -609,6 +621,53 @@ async fn invalid_answers_to_a_2026_call_are_upstream_errors() {
         5.0,
         "{m}"
     );
+}
+
+/// A `CreateTaskResult` under another id than the `tools/call`'s is not its answer (break-edge
+/// F3): the client gets HTTP 502 `-32603` (JSON) or a `-32603` event without the stray one
+/// (SSE), nothing is recorded, and the upstream gets a `tasks/cancel` for the task it named.
+/// On the code before, that task was left running upstream, and the stream passed the stray
+/// event naming it.
+#[tokio::test]
+async fn a_creation_answered_under_another_id_is_cancelled_upstream() {
+    let up = misbehaving_2026_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let call = |id: u64, tool: &str| {
+        modern_req(
+            &url,
+            None,
+            id,
+            "tools/call",
+            json!({"name": tool, "arguments": {}}),
+        )
+    };
+    let (status, v) = send(call(1, "wrongid_task")).await;
+    assert_eq!((status, err_code(&v)), (502, -32603), "{v}");
+    assert!(err_message(&v).contains("\"not-yours\""), "{v}");
+    let text = call(2, "wrongid_task_sse").send().await.text().await;
+    assert!(!text.contains("stray-"), "an unrecorded task's id: {text}");
+    assert!(text.contains("-32603"), "{text}");
+    assert!(
+        up.wait_for_method("tasks/cancel", 2, Duration::from_secs(10))
+            .await,
+        "each stray task is cancelled upstream"
+    );
+    let mut cancelled: Vec<String> = up
+        .received("tasks/cancel")
+        .iter()
+        .map(|r| {
+            r.json()["params"]["taskId"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    cancelled.sort();
+    assert_eq!(cancelled, ["stray-wrongid_task", "stray-wrongid_task_sse"]);
+    for t in &cancelled {
+        assert!(tg.record(t).is_none(), "{t} is not recorded");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

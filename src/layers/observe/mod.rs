@@ -19,7 +19,9 @@
 //!   2026-07-28 server made of a plain call (its slot provisional) whose owner is at
 //!   `tasks.max_live_tasks_per_owner` is not recorded either: the client gets `-32029`, the same
 //!   `TaskLimitExceeded` a 2025-11-25 creation is refused with before it goes upstream, and the
-//!   task is cancelled upstream the same way (once, counted in the same metric). An
+//!   task is cancelled upstream the same way (once, counted in the same metric). So is a task
+//!   a `CreateTaskResult` under another id than the creation's names (not the answer: the
+//!   client gets `-32603`, and such an event on a stream is not passed on). An
 //!   answer that is not a `CreateTaskResult` (an error, a plain result) records nothing and the
 //!   owner's slot is given back. The message passes as sent but for its ttl (`show_recorded_ttl`).
 //! - **Statuses**: replies to `tasks/get` and `tasks/cancel` (a Task; applied to the task the
@@ -570,6 +572,14 @@ enum Step {
         known: Arc<TaskRecord>,
         applied: Fact<CancelAcknowledged>,
     },
+    /// A `CreateTaskResult` under another id than the awaited creation's (not its answer): the
+    /// task it names is cancelled upstream with `undo`, a copy of the creation's, which stays.
+    StrayCreation {
+        bytes: Bytes,
+        task_id: String,
+        era: Era,
+        undo: Undo,
+    },
     /// The answer to a `tasks/get|result|cancel` about `known`'s task (`parsed`: the message as
     /// a `Value` when it was read for a status or activity).
     TaskReply {
@@ -752,6 +762,17 @@ impl Watch {
             Step::TasksNotification(bytes, value) => {
                 return Box::pin(self.on_tasks_notification(bytes, value, stream)).await;
             }
+            Step::StrayCreation {
+                bytes,
+                task_id,
+                era,
+                undo,
+            } => {
+                undo.cancel(&self.registry, era, task_id, UndoReason::WrongId);
+                // A JSON body stays: it is refused as an answer under another id (502). An
+                // event is dropped: it would name a task never recorded.
+                return (!in_stream).then_some(bytes);
+            }
             Step::Creation {
                 bytes,
                 response,
@@ -823,6 +844,18 @@ impl Watch {
             && msg.id() == waiting_for.as_ref()
             && matches!(msg.kind(), Kind::Response | Kind::Error);
         if !answers {
+            // A response under another id while a creation is awaited (rare: the upstream
+            // answered under an id it was not sent).
+            if waiting_for.is_some() && msg.kind() == Kind::Response {
+                if let Some((task_id, era, undo)) = self.stray_creation(&bytes, parsed) {
+                    return Step::StrayCreation {
+                        bytes,
+                        task_id,
+                        era,
+                        undo,
+                    };
+                }
+            }
             return Step::Done(bytes);
         }
         let response = msg.kind() == Kind::Response;
@@ -1150,6 +1183,37 @@ impl Watch {
         }
     }
 
+    /// The task a `CreateTaskResult` under another id than the awaited creation's names (`bytes`,
+    /// a response; `parsed`: it as a `Value` when already read), in the creation's era's shape,
+    /// with that era and a copy of the creation's [`Undo`]; `None` when no creation is awaited,
+    /// it has no `Undo`, or `bytes` is no `CreateTaskResult` naming a string taskId.
+    fn stray_creation(&self, bytes: &Bytes, parsed: Option<Value>) -> Option<(String, Era, Undo)> {
+        let era = match &*self.expect.lock() {
+            Expect::Creation(Creation {
+                pending,
+                undo: Some(_),
+                ..
+            }) => pending.template.era,
+            _ => return None,
+        };
+        let value = parsed.or_else(|| serde_json::from_slice::<Value>(bytes).ok())?;
+        let result = value.get("result")?;
+        let task_id = match era {
+            Era::Legacy => result.pointer("/task/taskId"),
+            Era::Modern => result
+                .get("taskId")
+                .filter(|_| result.get("resultType").and_then(Value::as_str) == Some("task")),
+        }
+        .and_then(Value::as_str)?
+        .to_string();
+        match &*self.expect.lock() {
+            Expect::Creation(Creation {
+                undo: Some(undo), ..
+            }) => Some((task_id, era, Undo::clone(undo))),
+            _ => None,
+        }
+    }
+
     /// Whether this reply still awaits its creation's answer.
     fn awaits_creation(&self) -> bool {
         matches!(*self.expect.lock(), Expect::Creation(_))
@@ -1418,12 +1482,15 @@ impl Watch {
 }
 
 /// Sends the service below one request of taskgate's own and waits for its reply (type-erased,
-/// so that [`Watch`] stays free of the service's type).
-type SendBelow = Box<dyn FnOnce(McpRequest) -> BoxFuture<'static, Result<McpReply, String>> + Send>;
+/// so that [`Watch`] stays free of the service's type). Shared: an [`Undo`] may be cloned (a
+/// stray `CreateTaskResult` is cancelled while the creation still awaits its own answer).
+type SendBelow =
+    Arc<dyn Fn(McpRequest) -> BoxFuture<'static, Result<McpReply, String>> + Send + Sync>;
 
 /// How to cancel upstream a task whose creation could not be recorded: the creation request's
 /// context (the upstream session it went out on, its headers) and the service below `observe`.
 /// Built for task-augmented `tools/call`s only (a clone of the service and of the context).
+#[derive(Clone)]
 pub(crate) struct Undo {
     ctx: RequestContext,
     extensions: http::Extensions,
@@ -1479,6 +1546,9 @@ enum UndoReason {
     /// The client went away before the answer naming it arrived: nobody will ever learn its
     /// taskId, so nobody could ask about it or cancel it.
     ClientGone,
+    /// Its `CreateTaskResult` came under another JSON-RPC id than the creation's: not the
+    /// answer, so not recorded (the client gets `-32603`, break-edge F3) nor passed on.
+    WrongId,
 }
 
 /// The ids of taskgate's own `tasks/cancel` for unrecorded tasks (`"taskgate-undo-<n>"`).
@@ -1487,7 +1557,7 @@ static UNDO_IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 impl Undo {
     fn new<S>(inner: S, req: &McpRequest) -> Undo
     where
-        S: tower::Service<McpRequest, Response = McpReply> + Send + 'static,
+        S: tower::Service<McpRequest, Response = McpReply> + Clone + Send + 'static,
         S::Future: Send + 'static,
         S::Error: std::fmt::Display + Send + 'static,
     {
@@ -1498,12 +1568,17 @@ impl Undo {
         Undo {
             ctx: req.ctx.clone(),
             extensions,
-            send: Box::new(move |req| {
-                Box::pin(async move {
-                    use tower::ServiceExt;
-                    inner.oneshot(req).await.map_err(|e| e.to_string())
+            send: {
+                // `Sync` for the shared closure; locked only to clone the service.
+                let inner = Mutex::new(inner);
+                Arc::new(move |req| {
+                    let inner = inner.lock().clone();
+                    Box::pin(async move {
+                        use tower::ServiceExt;
+                        inner.oneshot(req).await.map_err(|e| e.to_string())
+                    })
                 })
-            }),
+            },
         }
     }
 
@@ -1588,6 +1663,9 @@ impl Undo {
             }
             UndoReason::ClientGone => {
                 tracing::info!(%upstream, %task_id, era = era.as_str(), "the client went away before the task it created was answered: not recorded, sending tasks/cancel upstream")
+            }
+            UndoReason::WrongId => {
+                tracing::warn!(%upstream, %task_id, era = era.as_str(), "the upstream answered a creation with a CreateTaskResult under another id: not recorded nor passed on, sending tasks/cancel upstream")
             }
         }
         tokio::spawn(async move {
