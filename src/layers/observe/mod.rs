@@ -259,7 +259,8 @@ where
         {
             *undo = Some(Box::new(Undo::new(self.inner.clone(), &req)));
             if runs_to_end {
-                *in_flight = Some(registry.creations().begin(&upstream));
+                let session = req.ctx.session_id.as_ref().and_then(|s| s.to_str().ok());
+                *in_flight = Some(registry.creations().begin(&upstream, session));
             }
         }
         if matches!(expect, Expect::Nothing) {
@@ -268,6 +269,11 @@ where
                 upstream,
                 caller: req.ctx.caller(),
                 answer: awaited_answer(&req),
+                // A GET stream's only (not a plain POST's: no copy on that path).
+                session: match req.op {
+                    Operation::OpenStream => req.ctx.session_id.clone(),
+                    _ => None,
+                },
             };
             return Either::Left(AfterReply::new(self.inner.call(req), watch));
         }
@@ -292,6 +298,7 @@ where
             holds: Mutex::new(request_hold.into_iter().collect()),
             client_gone: Default::default(),
             runs_to_end,
+            session: req.ctx.session_id.clone(),
         });
         let caller = req.ctx.caller();
         let answer = awaited_answer(&req);
@@ -344,6 +351,8 @@ pub struct WatchStream {
     caller: Caller,
     /// The request whose answer this reply must be ([`awaited_answer`]).
     answer: Option<answered::Awaited>,
+    /// The upstream session of a GET stream ([`Watch::session`]); `None` for a POST.
+    session: Option<http::HeaderValue>,
 }
 
 impl ReplyStep<GatewayError> for WatchStream {
@@ -372,6 +381,7 @@ impl ReplyStep<GatewayError> for WatchStream {
                 holds: Mutex::new(Vec::new()),
                 client_gone: Default::default(),
                 runs_to_end: false,
+                session: self.session,
             });
             reply.body = ReplyBody::Stream(Watch::watch(watch, events, self.caller, answer));
         }
@@ -603,6 +613,10 @@ struct Watch {
     /// A creation the client asked for: it runs to its answer if the client goes away
     /// ([`RunToEnd`], and the drop of [`Watched`]).
     runs_to_end: bool,
+    /// The upstream session the reply comes on, when known (a task request's, a GET
+    /// stream's): a notification about an unrecorded task waits only for that session's
+    /// creations in flight (`registry::in_flight`); `None`: for the upstream's.
+    session: Option<http::HeaderValue>,
 }
 
 impl Watch {
@@ -1172,7 +1186,11 @@ impl Watch {
                 Ok(Some(_)) | Err(_)
             )
         };
-        match creations.settle(&self.upstream, task_id, recorded).await {
+        let session = self.session.as_ref().and_then(|s| s.to_str().ok());
+        match creations
+            .settle(&self.upstream, session, task_id, recorded)
+            .await
+        {
             Settled::Refused => false,
             Settled::Unrecorded => true,
             Settled::Recorded => match self.registry.record_cached(&self.upstream, task_id).await {
