@@ -549,6 +549,18 @@ fn misbehaving_2026(req: &RecordedRequest, tool: &str) -> Option<ScriptedRespons
             steps.push(task("early-1"));
             ScriptedResponse::sse(steps)
         }
+        // A notification about a new task, then a JSON-RPC error answer.
+        "early_then_error" => {
+            let note = json!({"jsonrpc":"2.0","method":"notifications/tasks",
+                "params": detailed("orphan-2", "working")});
+            let error = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32603,"message":"tool crashed"}}}}"#
+            );
+            ScriptedResponse::sse(vec![
+                SseStep::Raw(ev().data(&note.to_string()).wire()),
+                SseStep::Raw(ev().data(&error).wire()),
+            ])
+        }
         // A notification about a new task, then the stream ends without the answer.
         "early_then_end" => {
             let note = json!({"jsonrpc":"2.0","method":"notifications/tasks",
@@ -1562,19 +1574,42 @@ async fn no_task_id_leaks_from_a_broken_or_unanswered_creation() {
     assert!(tg.record("leak-1").is_none());
 
     let text = call(2, "many_early").send().await.text().await;
-    let first = text
+    let events: Vec<Value> = text
         .lines()
-        .find_map(|l| l.strip_prefix("data:"))
+        .filter_map(|l| l.strip_prefix("data:"))
         .map(|d| serde_json::from_str::<Value>(d.trim()).unwrap())
-        .unwrap_or_else(|| panic!("no event: {text}"));
-    assert_eq!(first["id"], json!(2), "the answer comes first: {text}");
-    assert!(tg.record("early-1").is_some());
-
-    let text = call(3, "early_then_end").send().await.text().await;
-    assert!(
-        !text.contains("orphan-1"),
-        "an unrecorded task's id: {text}"
+        .collect();
+    assert_eq!(
+        events.first().map(|e| &e["id"]),
+        Some(&json!(2)),
+        "the answer comes first: {text}"
     );
+    assert!(tg.record("early-1").is_some());
+    // Review 17 #16: the 16 held pass after it, in their order; the 17th is dropped.
+    let held: Vec<&str> = events[1..]
+        .iter()
+        .map(|e| e["params"]["statusMessage"].as_str().unwrap_or("?"))
+        .collect();
+    let want: Vec<String> = (0..16).map(|n| format!("n{n}")).collect();
+    assert_eq!(held, want, "{text}");
+
+    // A stream that ends, or is answered with an error, after an early notification: the
+    // held notification naming a task never recorded is not passed on.
+    for (id, tool, orphan) in [
+        (3, "early_then_end", "orphan-1"),
+        (4, "early_then_error", "orphan-2"),
+    ] {
+        let text = call(id, tool).send().await.text().await;
+        assert!(
+            !text.contains(orphan),
+            "{tool}: an unrecorded task's id: {text}"
+        );
+        assert!(
+            text.contains("-32603"),
+            "{tool}: the error reaches the client: {text}"
+        );
+        assert!(tg.record(orphan).is_none(), "{tool}");
+    }
 }
 
 /// Review 17, #1: a `-32602` the client provoked with its own params (a 2026-07-28

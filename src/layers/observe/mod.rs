@@ -655,8 +655,12 @@ impl Watch {
     }
 
     /// Applies an event that [`Watch::cares_about`]: passed on, rewritten if needed; dropped
-    /// when it must not reach the client ([`Watch::shown_to`]); or, when `may_hold`, held
-    /// until this reply's creation is answered ([`Watch::names_a_task_to_hold`]).
+    /// when it must not reach the client ([`Watch::shown_to`]); or, when `may_hold` (a new
+    /// event), held until this reply's creation is answered ([`Watch::names_a_task_to_hold`]).
+    /// An event released from hold (`may_hold` false) that still names a task neither recorded
+    /// nor refused is dropped: the creation was answered without recording it (an error, a
+    /// plain result, a refusal; or the stream ended), so it names a task no client may learn
+    /// (review 17 #4: an error answer let it through).
     async fn on_event(
         self: Arc<Self>,
         mut event: Event,
@@ -672,6 +676,9 @@ impl Watch {
             if Box::pin(self.names_a_task_to_hold(&original)).await {
                 return Relay::Hold(event);
             }
+        } else if !may_hold && Box::pin(self.names_a_task_to_hold(&original)).await {
+            tracing::debug!(upstream = %self.upstream, "a held notification names a task its creation did not record: dropped");
+            return Relay::Drop;
         }
         let Some(bytes) = self.on_message(original.clone(), Some(&caller)).await else {
             return Relay::Drop;
