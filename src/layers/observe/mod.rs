@@ -1326,7 +1326,7 @@ impl Watch {
                     if let Some(undo) = undo {
                         undo.cancel(&self.registry, era, task_id, UndoReason::NotRecorded);
                     }
-                    return (not_recorded(id, e), None);
+                    return (not_recorded(id, &self.upstream, e), None);
                 }
             }
         }
@@ -1349,7 +1349,7 @@ impl Watch {
                 if let (Some(undo), false) = (undo, matches!(e, StoreError::Conflict(_))) {
                     undo.cancel(&self.registry, era, task_id, UndoReason::NotRecorded);
                 }
-                (not_recorded(id, e), None)
+                (not_recorded(id, &self.upstream, e), None)
             }
         }
     }
@@ -1368,14 +1368,14 @@ impl Watch {
     async fn over_limit(&self, id: &Id, undo: Option<Undo>, era: Era, task_id: String) -> Bytes {
         match self.registry.try_record_of(&self.upstream, &task_id).await {
             Ok(None) => {}
-            Ok(Some(_)) => return not_recorded(id, StoreError::Conflict(task_id)),
+            Ok(Some(_)) => return not_recorded(id, &self.upstream, StoreError::Conflict(task_id)),
             Err(e) => {
                 let what = format!(
                     "task {task_id:?} of upstream `{}`, made over tasks.max_live_tasks_per_owner, could not be looked up: neither recorded nor cancelled upstream (it ends at its ttl)",
                     self.upstream
                 );
                 crate::store::log_failure(&e, &what);
-                return not_recorded(id, e);
+                return not_recorded(id, &self.upstream, e);
             }
         }
         let error = self.registry.refuse_over_limit(&self.upstream);
@@ -1551,11 +1551,18 @@ fn cancelled_has_no_result(task_id: &str, id: Option<&Id>) -> Bytes {
 }
 
 /// The `-32603` answer to request `id` whose task the upstream created but taskgate did not
-/// record (`e` says why).
-fn not_recorded(id: &Id, e: StoreError) -> Bytes {
-    let error = McpError::NotRecorded {
-        detail: e.to_string(),
-        before_upstream: false,
+/// record (`e` says why; a `Conflict` is the upstream reusing a recorded `taskId` of
+/// `upstream`, said as such: it is no store failure, break-tasks L4).
+fn not_recorded(id: &Id, upstream: &str, e: StoreError) -> Bytes {
+    let error = match e {
+        StoreError::Conflict(task_id) => McpError::TaskIdReused {
+            task_id,
+            upstream: upstream.to_string(),
+        },
+        e => McpError::NotRecorded {
+            detail: e.to_string(),
+            before_upstream: false,
+        },
     };
     error.body(Some(id))
 }

@@ -545,6 +545,14 @@ async fn a_duplicate_task_id_is_not_cancelled() {
     let (svc, mut seen) = recording_upstream(&registry, CREATED);
     let reply = json_of(&svc.oneshot(creation_request(&registry)).await.unwrap());
     assert_eq!(reply["error"]["code"], -32603, "{reply}");
+    // Break-tasks L4: said as what happened, not as a store failure.
+    let message = reply["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("upstream `up` answered with taskId \"t9\"")
+            && message.contains("reuses taskIds")
+            && !message.contains("durably"),
+        "{reply}"
+    );
     next_upstream_request(&mut seen).await;
     assert_no_cancel_sent(&mut seen).await;
     assert_eq!(undo_count(&registry, "answered", 0).await, 0);
