@@ -781,7 +781,8 @@ async fn concurrent_cancels_send_one() {
     assert_eq!(count(&up, "tasks/cancel"), 1);
 }
 
-/// A cancel of a task recorded terminal is acknowledged without calling the upstream.
+/// A cancel of a task recorded terminal is acknowledged without calling the upstream, and
+/// counted `outcome="acknowledged_terminal"` (the code before counted it `rejected_terminal`).
 #[tokio::test]
 async fn cancel_of_a_terminal_task_is_acked_here() {
     let (up, state) = modern_server().await;
@@ -802,6 +803,11 @@ async fn cancel_of_a_terminal_task_is_acked_here() {
         "{v}"
     );
     assert_eq!(count(&up, "tasks/cancel"), 0);
+    // Counted as what it is (break-tasks L7: it was `rejected_terminal`).
+    let m = tg.metrics_text().await;
+    let outcome = |o: &str| metric(&m, "taskgate_cancel_requests_total", &[("outcome", o)]);
+    assert_eq!(outcome("acknowledged_terminal"), 1.0, "{m}");
+    assert_eq!(outcome("rejected_terminal"), 0.0, "{m}");
     // The ack is recorded as "cancel requested"; the status stays completed.
     let (_, events) = audit_events(&tg, &t).await;
     assert!(
