@@ -593,6 +593,18 @@ fn misbehaving_2026(req: &RecordedRequest, tool: &str) -> Option<ScriptedRespons
             "data: {{\"jsonrpc\":\"2.0\",\"id\":{id},\"res\n"
         ))]),
         "twice" => ScriptedResponse::sse(vec![task("first-task"), task("second-task")]),
+        // A CreateTaskResult under another id than the request's: as JSON, and as the only
+        // event of a stream.
+        "wrongid_task" | "wrongid_task_sse" => {
+            let t = format!("stray-{tool}");
+            let mut created = detailed(&t, "working");
+            created["resultType"] = json!("task");
+            let answer = rpc_result(r#""not-yours""#, &created.to_string());
+            match tool {
+                "wrongid_task" => ScriptedResponse::json(answer),
+                _ => ScriptedResponse::sse(vec![ev().data(&answer).into()]),
+            }
+        }
         // Both ends intact, broken inside (a trailing comma): a CreateTaskResult nobody can read.
         "badjson_ends" => ScriptedResponse::json(format!(
             r#"{{"jsonrpc":"2.0","id":{id},"result":{{"resultType":"task","taskId":"leak-1","status":"working",}}}}"#
@@ -609,6 +621,18 @@ fn misbehaving_2026(req: &RecordedRequest, tool: &str) -> Option<ScriptedRespons
                 .collect();
             steps.push(task("early-1"));
             ScriptedResponse::sse(steps)
+        }
+        // A notification about a new task, then a JSON-RPC error answer.
+        "early_then_error" => {
+            let note = json!({"jsonrpc":"2.0","method":"notifications/tasks",
+                "params": detailed("orphan-2", "working")});
+            let error = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32603,"message":"tool crashed"}}}}"#
+            );
+            ScriptedResponse::sse(vec![
+                SseStep::Raw(ev().data(&note.to_string()).wire()),
+                SseStep::Raw(ev().data(&error).wire()),
+            ])
         }
         // A notification about a new task, then the stream ends without the answer.
         "early_then_end" => {
@@ -682,6 +706,53 @@ async fn invalid_answers_to_a_2026_call_are_upstream_errors() {
         5.0,
         "{m}"
     );
+}
+
+/// A `CreateTaskResult` under another id than the `tools/call`'s is not its answer (break-edge
+/// F3): the client gets HTTP 502 `-32603` (JSON) or a `-32603` event without the stray one
+/// (SSE), nothing is recorded, and the upstream gets a `tasks/cancel` for the task it named.
+/// On the code before, that task was left running upstream, and the stream passed the stray
+/// event naming it.
+#[tokio::test]
+async fn a_creation_answered_under_another_id_is_cancelled_upstream() {
+    let up = misbehaving_2026_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let call = |id: u64, tool: &str| {
+        modern_req(
+            &url,
+            None,
+            id,
+            "tools/call",
+            json!({"name": tool, "arguments": {}}),
+        )
+    };
+    let (status, v) = send(call(1, "wrongid_task")).await;
+    assert_eq!((status, err_code(&v)), (502, -32603), "{v}");
+    assert!(err_message(&v).contains("\"not-yours\""), "{v}");
+    let text = call(2, "wrongid_task_sse").send().await.text().await;
+    assert!(!text.contains("stray-"), "an unrecorded task's id: {text}");
+    assert!(text.contains("-32603"), "{text}");
+    assert!(
+        up.wait_for_method("tasks/cancel", 2, Duration::from_secs(10))
+            .await,
+        "each stray task is cancelled upstream"
+    );
+    let mut cancelled: Vec<String> = up
+        .received("tasks/cancel")
+        .iter()
+        .map(|r| {
+            r.json()["params"]["taskId"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    cancelled.sort();
+    assert_eq!(cancelled, ["stray-wrongid_task", "stray-wrongid_task_sse"]);
+    for t in &cancelled {
+        assert!(tg.record(t).is_none(), "{t} is not recorded");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -783,7 +854,8 @@ async fn concurrent_cancels_send_one() {
     assert_eq!(count(&up, "tasks/cancel"), 1);
 }
 
-/// A cancel of a task recorded terminal is acknowledged without calling the upstream.
+/// A cancel of a task recorded terminal is acknowledged without calling the upstream, and
+/// counted `outcome="acknowledged_terminal"` (the code before counted it `rejected_terminal`).
 #[tokio::test]
 async fn cancel_of_a_terminal_task_is_acked_here() {
     let (up, state) = modern_server().await;
@@ -804,6 +876,11 @@ async fn cancel_of_a_terminal_task_is_acked_here() {
         "{v}"
     );
     assert_eq!(count(&up, "tasks/cancel"), 0);
+    // Counted as what it is (break-tasks L7: it was `rejected_terminal`).
+    let m = tg.metrics_text().await;
+    let outcome = |o: &str| metric(&m, "taskgate_cancel_requests_total", &[("outcome", o)]);
+    assert_eq!(outcome("acknowledged_terminal"), 1.0, "{m}");
+    assert_eq!(outcome("rejected_terminal"), 0.0, "{m}");
     // The ack is recorded as "cancel requested"; the status stays completed.
     let (_, events) = audit_events(&tg, &t).await;
     assert!(
@@ -1533,6 +1610,97 @@ async fn a_terminal_notifications_result_answers_later_polls() {
     assert!(v["result"].get("_meta").is_none(), "{v}");
 }
 
+/// Review 17 #7 (F6 left open): a terminal `notifications/tasks` whose payload taskgate did not
+/// keep (a `completed` without `result`; a `DetailedTask` over `tasks.max_stored_result_bytes`)
+/// still ends the record, but a later `tasks/get` the upstream answers `working`, and a later
+/// `working` notification, are passed as the upstream sent them: never `completed` without
+/// `result` (2026-07-28 §1.4). When the upstream then answers `completed` with its `result`,
+/// that is what the client gets. On the code before, both were rewritten `completed` without
+/// `result`.
+#[tokio::test]
+async fn a_terminal_report_without_a_kept_payload_is_never_shown_without_it() {
+    for (case, tool, stored_bytes) in [
+        ("no result", "notify_bare", 1 << 20),
+        ("over the size bound", "notify_about", 64),
+    ] {
+        let state: Shared = Default::default();
+        let modern = modern_handler(state.clone());
+        let up = Upstream::start(move |req: &RecordedRequest| {
+            let v = req.json();
+            let report = |mut task: Value| {
+                task.as_object_mut().unwrap().remove("result");
+                let note = json!({"jsonrpc":"2.0","method":"notifications/tasks","params": task});
+                let done = json!({"resultType": "complete", "content": []});
+                let id = req.rpc_id_json();
+                ScriptedResponse::sse(vec![
+                    SseStep::Raw(ev().data(&note.to_string()).wire()),
+                    SseStep::Raw(ev().data(&rpc_result(&id, &done.to_string())).wire()),
+                ])
+            };
+            let t = v["params"]["arguments"]["taskId"].as_str().unwrap_or("");
+            match v["params"]["name"].as_str() {
+                Some("notify_bare") => report(detailed(t, "completed")),
+                Some("notify_working") => report(detailed(t, "working")),
+                _ => modern(req),
+            }
+        })
+        .await;
+        // With auth: without it only a stream that named the task may carry its notification.
+        let tg = TgConfig::new(&up.url())
+            .token("alice", "tok-a")
+            .tasks(&format!("max_stored_result_bytes = {stored_bytes}"))
+            .start()
+            .await;
+        let url = tg.mcp_url();
+        let t = create(&url, Some("tok-a"), "slow_compute").await;
+        let notify = |id: u64, tool: &str| {
+            modern_req(
+                &url,
+                Some("tok-a"),
+                id,
+                "tools/call",
+                json!({"name": tool, "arguments": {"taskId": t}}),
+            )
+        };
+        let (status, v) = send(notify(2, tool)).await;
+        assert_eq!(status, 200, "{case}: {v}");
+        let done = eventually(STEP, || async {
+            tg.record(&t)
+                .filter(|r| r.status == taskgate::mcp::task::TaskStatus::Completed)
+        })
+        .await;
+        let done = done.unwrap_or_else(|| panic!("{case}: the notification was applied"));
+        assert!(done.terminal_result.is_none(), "{case}: nothing kept");
+
+        let (status, v) = task_call(&url, Some("tok-a"), 3, "tasks/get", &t).await;
+        assert_eq!(status, 200, "{case}: {v}");
+        assert_eq!(
+            v["result"]["status"], "working",
+            "{case}: the upstream's live answer, not completed without result: {v}"
+        );
+        let text = notify(4, "notify_working").send().await.text().await;
+        assert!(text.contains("notifications/tasks"), "{case}: {text}");
+        assert!(
+            !text.contains(r#""status":"completed""#),
+            "{case}: no completed without result: {text}"
+        );
+
+        state
+            .lock()
+            .unwrap()
+            .tasks
+            .insert(t.clone(), "completed".into());
+        let (status, v) = task_call(&url, Some("tok-a"), 5, "tasks/get", &t).await;
+        assert_eq!(status, 200, "{case}: {v}");
+        assert_eq!(v["result"]["status"], "completed", "{case}: {v}");
+        assert_eq!(
+            v["result"]["result"]["content"][0]["text"],
+            json!(format!("done {t}")),
+            "{case}: completed carries its result: {v}"
+        );
+    }
+}
+
 /// Review 17, #3 and #4: an awaited answer broken inside (both ends intact) is the upstream's
 /// invalid answer, not relayed nor recorded; past 16 held notifications about a new task, the
 /// next is dropped, not passed before the answer; a stream that ends without its answer does
@@ -1558,19 +1726,42 @@ async fn no_task_id_leaks_from_a_broken_or_unanswered_creation() {
     assert!(tg.record("leak-1").is_none());
 
     let text = call(2, "many_early").send().await.text().await;
-    let first = text
+    let events: Vec<Value> = text
         .lines()
-        .find_map(|l| l.strip_prefix("data:"))
+        .filter_map(|l| l.strip_prefix("data:"))
         .map(|d| serde_json::from_str::<Value>(d.trim()).unwrap())
-        .unwrap_or_else(|| panic!("no event: {text}"));
-    assert_eq!(first["id"], json!(2), "the answer comes first: {text}");
-    assert!(tg.record("early-1").is_some());
-
-    let text = call(3, "early_then_end").send().await.text().await;
-    assert!(
-        !text.contains("orphan-1"),
-        "an unrecorded task's id: {text}"
+        .collect();
+    assert_eq!(
+        events.first().map(|e| &e["id"]),
+        Some(&json!(2)),
+        "the answer comes first: {text}"
     );
+    assert!(tg.record("early-1").is_some());
+    // Review 17 #16: the 16 held pass after it, in their order; the 17th is dropped.
+    let held: Vec<&str> = events[1..]
+        .iter()
+        .map(|e| e["params"]["statusMessage"].as_str().unwrap_or("?"))
+        .collect();
+    let want: Vec<String> = (0..16).map(|n| format!("n{n}")).collect();
+    assert_eq!(held, want, "{text}");
+
+    // A stream that ends, or is answered with an error, after an early notification: the
+    // held notification naming a task never recorded is not passed on.
+    for (id, tool, orphan) in [
+        (3, "early_then_end", "orphan-1"),
+        (4, "early_then_error", "orphan-2"),
+    ] {
+        let text = call(id, tool).send().await.text().await;
+        assert!(
+            !text.contains(orphan),
+            "{tool}: an unrecorded task's id: {text}"
+        );
+        assert!(
+            text.contains("-32603"),
+            "{tool}: the error reaches the client: {text}"
+        );
+        assert!(tg.record(orphan).is_none(), "{tool}");
+    }
 }
 
 /// Review 17, #1: a `-32602` the client provoked with its own params (a 2026-07-28

@@ -126,6 +126,16 @@ pub enum McpError {
         /// created it.
         before_upstream: bool,
     },
+    /// `-32603`: the upstream answered a creation with a `taskId` taskgate already recorded for
+    /// it (an upstream reusing ids, as one restarted with a counter does; break-tasks L4): the
+    /// new task is neither recorded nor handed out, nor cancelled upstream (a `tasks/cancel` of
+    /// that id would end the recorded task).
+    TaskIdReused {
+        /// The reused `taskId`.
+        task_id: String,
+        /// The upstream's name.
+        upstream: String,
+    },
     /// `-32603`: the call lease of a gateway task could not be taken (`detail`: the store's
     /// error); nothing was sent upstream.
     LeaseNotTaken {
@@ -459,6 +469,7 @@ impl McpError {
             | NoRandomTaskId
             | RecordNotMade
             | NotRecorded { .. }
+            | TaskIdReused { .. }
             | LeaseNotTaken { .. }
             | SessionsFull
             | SessionStore { .. }
@@ -599,6 +610,10 @@ impl fmt::Display for McpError {
             } => write!(
                 f,
                 "taskgate could not record the task durably ({detail}); nothing was sent upstream"
+            ),
+            TaskIdReused { task_id, upstream } => write!(
+                f,
+                "upstream `{upstream}` answered with taskId {task_id:?}, which names a task taskgate already recorded for it (the upstream reuses taskIds, as one that restarted with a counter does): the new task was not recorded nor handed out, and is not cancelled upstream (that would end the recorded one)"
             ),
             LeaseNotTaken { detail } => write!(
                 f,
@@ -918,6 +933,10 @@ mod tests {
                 detail: s("down"),
                 before_upstream: false,
             },
+            McpError::TaskIdReused {
+                task_id: s("t1"),
+                upstream: s("u"),
+            },
             McpError::LeaseNotTaken { detail: s("down") },
             McpError::MissingTasksExtension,
             McpError::NotInModernEra {
@@ -1049,6 +1068,7 @@ mod tests {
             ("NoRandomTaskId", -32603, 200, 200),
             ("RecordNotMade", -32603, 200, 200),
             ("NotRecorded", -32603, 200, 200),
+            ("TaskIdReused", -32603, 200, 200),
             ("LeaseNotTaken", -32603, 200, 200),
             ("MissingTasksExtension", -32021, 200, 400),
             ("NotInModernEra", -32601, 200, 404),

@@ -212,8 +212,23 @@ label_enum! {
         Forwarded = "forwarded",
         Deduplicated = "deduplicated",
         RejectedTerminal = "rejected_terminal",
+        /// A 2026-07-28 cancel of a terminal task: taskgate acknowledges it (the spec defines
+        /// no error there) without calling the upstream (break-tasks L7: it was counted
+        /// `rejected_terminal`, which it is not).
+        AcknowledgedTerminal = "acknowledged_terminal",
         RejectedUnknown = "rejected_unknown",
         UpstreamError = "upstream_error",
+    }
+}
+
+impl CancelOutcome {
+    /// The outcome of a cancel of a terminal task answered by taskgate: acknowledged
+    /// (`acknowledged`: the 2026-07-28 ack) or rejected (the 2025-11-25 `-32602`).
+    pub fn of_terminal(acknowledged: bool) -> CancelOutcome {
+        match acknowledged {
+            true => CancelOutcome::AcknowledgedTerminal,
+            false => CancelOutcome::RejectedTerminal,
+        }
     }
 }
 

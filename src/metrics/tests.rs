@@ -166,7 +166,7 @@ fn label_values_are_the_documented_ones() {
     );
     assert_eq!(
         s(CancelOutcome::ALL.iter().map(|o| o.as_str()).collect()),
-        "forwarded deduplicated rejected_terminal rejected_unknown upstream_error"
+        "forwarded deduplicated rejected_terminal acknowledged_terminal rejected_unknown upstream_error"
     );
     assert_eq!(
         s(RequestOutcome::ALL.iter().map(|o| o.as_str()).collect()),

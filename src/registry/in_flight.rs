@@ -9,19 +9,28 @@
 //! `tasks.max_live_tasks_per_owner`) or never recorded (the client went away), which taskgate
 //! cancelled upstream: its id must not reach a client.
 //!
-//! - [`CreationsInFlight::begin`]: a creation the client asked for (`params.task`) is counted
-//!   while its answer is awaited and recorded ([`InFlight`], given back on drop).
+//! - [`CreationsInFlight::begin`]: a creation the client asked for (`params.task`) is counted,
+//!   per upstream session, while its answer is awaited and recorded ([`InFlight`], given back
+//!   on drop).
 //! - [`CreationsInFlight::refused`]: the task ids taskgate cancelled upstream unrecorded, the
 //!   last [`REFUSED_KEPT`] per upstream.
 //! - [`CreationsInFlight::settle`]: a notification about an unrecorded task on another stream
 //!   waits, at most [`SETTLE_WAIT`], until that task is recorded or refused, or no creation is
-//!   in flight on its upstream.
+//!   in flight that it could be about: on the stream's upstream session when the stream has one
+//!   (a 2025-11-25 server reports on a session's streams only that session's tasks), on its
+//!   upstream otherwise. One slow creation so holds back only its own session's notifications,
+//!   not every other client's on that upstream (review 17 #11).
+//!
+//! 2026-07-28 creations (a plain `tools/call` the server makes a task of) are not counted: a
+//! 2026 server reports a task on another stream only on a `subscriptions/listen` naming its
+//! `taskId`, which a client can only name once it got the `CreateTaskResult`, recorded before
+//! it was passed on (and `tasks` removes unrecorded ids from the subscription). A notification
+//! about an unrecorded task there races no creation: it passes at once, as before.
 //!
 //! The common path pays nothing: only a creation the client asked for takes a lock, once.
 
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,21 +50,45 @@ pub struct CreationsInFlight {
 
 /// One upstream's creations in flight and refused tasks.
 #[derive(Default)]
-pub struct UpstreamCreations {
-    in_flight: AtomicUsize,
+struct UpstreamCreations {
+    /// The creations in flight per upstream session (`""`: none); a session with none is
+    /// removed (the map holds only sessions with a creation in flight).
+    in_flight: Mutex<HashMap<Box<str>, usize>>,
     refused: Mutex<VecDeque<String>>,
     /// Woken when a creation settles or a task is refused.
     settled: tokio::sync::Notify,
 }
 
-/// A creation counted in flight on its upstream until this is dropped (after its answer was
-/// recorded, or refused, or the exchange ended without one).
-pub struct InFlight(Arc<UpstreamCreations>);
+/// A creation counted in flight on its upstream session until this is dropped (after its
+/// answer was recorded, or refused, or the exchange ended without one).
+pub struct InFlight {
+    of: Arc<UpstreamCreations>,
+    session: Box<str>,
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.0.settled.notify_waiters();
+        {
+            let mut in_flight = self.of.in_flight.lock();
+            if let Some(n) = in_flight.get_mut(&self.session) {
+                *n -= 1;
+                if *n == 0 {
+                    in_flight.remove(&self.session);
+                }
+            }
+        }
+        self.of.settled.notify_waiters();
+    }
+}
+
+impl UpstreamCreations {
+    /// Whether a creation is in flight on `session` (`None`: on any session of the upstream).
+    fn in_flight_on(&self, session: Option<&str>) -> bool {
+        let in_flight = self.in_flight.lock();
+        match session {
+            Some(s) => in_flight.contains_key(s),
+            None => !in_flight.is_empty(),
+        }
     }
 }
 
@@ -81,11 +114,13 @@ impl CreationsInFlight {
         u
     }
 
-    /// Counts a creation on `upstream` in flight until the returned guard is dropped.
-    pub fn begin(&self, upstream: &str) -> InFlight {
+    /// Counts a creation on `upstream`, sent on its upstream `session` (`None`: sessionless),
+    /// in flight until the returned guard is dropped.
+    pub fn begin(&self, upstream: &str, session: Option<&str>) -> InFlight {
         let u = self.upstream(upstream);
-        u.in_flight.fetch_add(1, Ordering::AcqRel);
-        InFlight(u)
+        let session: Box<str> = session.unwrap_or_default().into();
+        *u.in_flight.lock().entry(session.clone()).or_default() += 1;
+        InFlight { of: u, session }
     }
 
     /// Notes `task_id` of `upstream` as cancelled upstream unrecorded (the last
@@ -113,9 +148,16 @@ impl CreationsInFlight {
     }
 
     /// Waits, at most [`SETTLE_WAIT`], until `recorded()` says the task is recorded, or it was
-    /// refused, or no creation is in flight on `upstream`. `recorded` is asked again each time
-    /// a creation settles.
-    pub async fn settle<F, Fut>(&self, upstream: &str, task_id: &str, mut recorded: F) -> Settled
+    /// refused, or no creation is in flight on `upstream`'s `session` (the upstream session of
+    /// the stream the notification came on; `None`: on any of `upstream`'s sessions).
+    /// `recorded` is asked again each time a creation settles.
+    pub async fn settle<F, Fut>(
+        &self,
+        upstream: &str,
+        session: Option<&str>,
+        task_id: &str,
+        mut recorded: F,
+    ) -> Settled
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
@@ -133,7 +175,7 @@ impl CreationsInFlight {
             if recorded().await {
                 return Settled::Recorded;
             }
-            if u.in_flight.load(Ordering::Acquire) == 0 {
+            if !u.in_flight_on(session) {
                 return Settled::Unrecorded;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -146,36 +188,91 @@ impl CreationsInFlight {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::FutureExt;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-    #[tokio::test]
+    /// A waiter whose task is recorded (`recorded` set) once `settle` asks again; `asked`
+    /// counts how often it asked.
+    fn waiter(
+        c: &Arc<CreationsInFlight>,
+        session: Option<&'static str>,
+        recorded: &Arc<AtomicBool>,
+        asked: &Arc<AtomicUsize>,
+    ) -> tokio::task::JoinHandle<Settled> {
+        let (c, recorded, asked) = (c.clone(), recorded.clone(), asked.clone());
+        tokio::spawn(async move {
+            c.settle("up", session, "t1", || {
+                asked.fetch_add(1, Ordering::AcqRel);
+                let r = recorded.load(Ordering::Acquire);
+                async move { r }
+            })
+            .await
+        })
+    }
+
+    /// Review 17 #16: the waiter has asked and is still pending while its session's creation is
+    /// in flight (time paused: nothing but the guard can end the wait before `SETTLE_WAIT`),
+    /// and settles `Recorded` once the guard is dropped after the record.
+    #[tokio::test(start_paused = true)]
     async fn a_notification_waits_for_the_creation_in_flight() {
         let c = Arc::new(CreationsInFlight::default());
-        let guard = c.begin("up");
-        let recorded = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let waiter = {
-            let (c, recorded) = (c.clone(), recorded.clone());
-            tokio::spawn(async move {
-                c.settle("up", "t1", || {
-                    let r = recorded.load(Ordering::Acquire);
-                    async move { r }
-                })
-                .await
-            })
-        };
-        tokio::task::yield_now().await;
+        let guard = c.begin("up", Some("s1"));
+        let recorded = Arc::new(AtomicBool::new(false));
+        let asked = Arc::new(AtomicUsize::new(0));
+        let mut waiting = waiter(&c, Some("s1"), &recorded, &asked);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::advance(SETTLE_WAIT / 2).await;
+        assert_eq!(
+            asked.load(Ordering::Acquire),
+            1,
+            "it asked once, then waited"
+        );
+        assert!(
+            (&mut waiting).now_or_never().is_none(),
+            "it waits while the creation is in flight"
+        );
         recorded.store(true, Ordering::Release);
         drop(guard);
-        assert_eq!(waiter.await.unwrap(), Settled::Recorded);
+        assert_eq!(waiting.await.unwrap(), Settled::Recorded);
+        assert_eq!(asked.load(Ordering::Acquire), 2);
+    }
+
+    /// Review 17 #11: a creation in flight on one upstream session holds back no notification on
+    /// another session's stream; a stream without a known session waits for any; and the wait
+    /// ends at `SETTLE_WAIT` when nothing settles.
+    #[tokio::test(start_paused = true)]
+    async fn only_the_streams_own_session_waits() {
+        let c = Arc::new(CreationsInFlight::default());
+        let _guard = c.begin("up", Some("s1"));
+        let never = Arc::new(AtomicBool::new(false));
+        let asked = Arc::default();
+        let other = waiter(&c, Some("s2"), &never, &asked);
+        assert_eq!(other.await.unwrap(), Settled::Unrecorded, "at once");
+        let start = tokio::time::Instant::now();
+        let any = waiter(&c, None, &never, &asked);
+        assert_eq!(any.await.unwrap(), Settled::Unrecorded);
+        assert!(
+            start.elapsed() >= SETTLE_WAIT,
+            "it waited for s1's creation"
+        );
+        assert!(c.upstream("up").in_flight_on(Some("s1")));
+        drop(_guard);
+        assert!(
+            !c.upstream("up").in_flight_on(None),
+            "nothing left in flight"
+        );
     }
 
     #[tokio::test]
     async fn refused_tasks_are_known_and_bounded() {
         let c = CreationsInFlight::default();
-        let _guard = c.begin("up");
+        let _guard = c.begin("up", None);
         c.refused("up", "t1");
         assert!(c.was_refused("up", "t1"));
         assert!(!c.was_refused("other", "t1"));
-        let settled = c.settle("up", "t1", || async { false }).await;
+        let settled = c.settle("up", None, "t1", || async { false }).await;
         assert_eq!(settled, Settled::Refused);
         for i in 0..REFUSED_KEPT {
             c.refused("up", &format!("x{i}"));
@@ -186,7 +283,7 @@ mod tests {
     #[tokio::test]
     async fn nothing_in_flight_settles_at_once() {
         let c = CreationsInFlight::default();
-        let settled = c.settle("up", "t1", || async { false }).await;
+        let settled = c.settle("up", Some("s1"), "t1", || async { false }).await;
         assert_eq!(settled, Settled::Unrecorded);
     }
 }

@@ -5,7 +5,7 @@
 
 use super::Registry;
 use crate::jsonrpc::splice;
-use crate::mcp::task::{now_ms, TaskStatus};
+use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::ReleaseReason;
 use crate::store::TaskRecord;
 use bytes::Bytes;
@@ -472,12 +472,18 @@ impl Registry {
                 return false;
             }
             r.tool_error |= note_tool_error;
+            let moved = r.status != status;
             r.status = status;
             if message.is_some() {
                 r.status_message = message.clone();
             }
-            if let Some(u) = &updated_at {
-                r.last_updated_at = u.clone();
+            match &updated_at {
+                Some(u) => r.last_updated_at = u.clone(),
+                // A new status without the upstream's time (a notification or answer that
+                // left it out): taskgate's, not the creation's (break-tasks L6: `tasks/list`
+                // showed a completed task last updated at its creation).
+                None if moved => r.last_updated_at = format_rfc3339_ms(now),
+                None => {}
             }
             if poll_interval_ms.is_some() {
                 r.poll_interval_ms = poll_interval_ms;
@@ -611,6 +617,9 @@ impl Registry {
                 return false;
             }
             r.status = status;
+            // The payload carries no `lastUpdatedAt`: the time taskgate saw the task end
+            // (break-tasks L6: `tasks/list` showed it last updated at its creation).
+            r.last_updated_at = format_rfc3339_ms(now);
             if r.terminal_at.is_none() {
                 r.terminal_at = Some(now);
             }

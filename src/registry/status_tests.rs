@@ -229,3 +229,44 @@ fn a_real_store_failure_still_logs_at_error() {
     assert!(line("disk full").contains("ERROR"), "{text}");
     assert!(line("a racing write").contains("DEBUG"), "{text}");
 }
+
+/// Break-tasks L6: a task that ends by its `tasks/result` payload (no `lastUpdatedAt`), or by a
+/// status report without one, is recorded (and so listed by `tasks/list`) as last updated
+/// when taskgate saw it end, not at its creation; a report's own `lastUpdatedAt` still wins.
+/// On the code before, both kept the creation's time.
+#[tokio::test]
+async fn a_new_status_without_the_upstreams_time_is_dated_now() {
+    let (registry, _store) = crate::layers::testing::registry();
+    let owner = crate::layers::testing::owner();
+    for t in ["t1", "t2", "t3"] {
+        let reservation = registry.reserve(&"up".into(), &owner).unwrap();
+        registry
+            .record_creation(crate::layers::testing::record(t), &reservation)
+            .await
+            .unwrap();
+    }
+    let created = crate::layers::testing::record("t1").last_updated_at;
+    let before = now_ms();
+    registry.apply_result_payload("up", "t1", false).await;
+    let done = serde_json::json!({"taskId": "t2", "status": "completed"});
+    registry
+        .observe_task("up", done, "notifications/tasks/status")
+        .await;
+    let dated = serde_json::json!({"taskId": "t3", "status": "completed",
+        "lastUpdatedAt": "2026-01-01T00:00:05Z"});
+    registry.observe_task("up", dated, "tasks/get").await;
+    for t in ["t1", "t2"] {
+        let r = registry.store().get("up", t).unwrap().unwrap();
+        assert_eq!(r.status, TaskStatus::Completed, "{t}");
+        assert_ne!(r.last_updated_at, created, "{t}");
+        let at = crate::mcp::task::parse_rfc3339_ms(&r.last_updated_at);
+        assert!(at >= Some(before), "{t}: {}", r.last_updated_at);
+        assert_eq!(
+            r.to_task().last_updated_at,
+            r.last_updated_at,
+            "{t}: listed so"
+        );
+    }
+    let r = registry.store().get("up", "t3").unwrap().unwrap();
+    assert_eq!(r.last_updated_at, "2026-01-01T00:00:05Z");
+}

@@ -11,7 +11,8 @@
 //! - **Terminal**: a task whose record is `completed`, `failed` or `cancelled` (the authorised
 //!   record, or the outcome of a flight that just ended) is answered `-32602` naming the status;
 //!   the upstream is not called (`outcome="rejected_terminal"`). Under 2026-07-28 it is the ack
-//!   `{"resultType":"complete"}` instead (the spec defines no error there), with the
+//!   `{"resultType":"complete"}` instead (the spec defines no error there;
+//!   `outcome="acknowledged_terminal"`), with the
 //!   `cancel_requested` audit fact; and a task whose forwarded cancel the upstream acknowledged
 //!   gets the ack here for every later cancel (one upstream cancel per task). The three audit
 //!   facts stay apart: cancel requested (the ack), status cancelled (first seen in a later
@@ -348,7 +349,7 @@ where
     let (flight, first) = match joined {
         Ok(joined) => joined,
         Err(Some(status)) => {
-            count(metrics::CancelOutcome::RejectedTerminal);
+            count(metrics::CancelOutcome::of_terminal(era == Era::Modern));
             return Ok(terminal_answer(&state, era, &upstream, &record, &id, status).await);
         }
         Err(None) => {
@@ -369,7 +370,7 @@ where
     };
     match outcome {
         FlightAnswer::Terminal(status) => {
-            count(metrics::CancelOutcome::RejectedTerminal);
+            count(metrics::CancelOutcome::of_terminal(era == Era::Modern));
             return Ok(terminal_answer(&state, era, &upstream, &record, &id, status).await);
         }
         FlightAnswer::Acknowledged => {

@@ -19,7 +19,9 @@
 //!   2026-07-28 server made of a plain call (its slot provisional) whose owner is at
 //!   `tasks.max_live_tasks_per_owner` is not recorded either: the client gets `-32029`, the same
 //!   `TaskLimitExceeded` a 2025-11-25 creation is refused with before it goes upstream, and the
-//!   task is cancelled upstream the same way (once, counted in the same metric). An
+//!   task is cancelled upstream the same way (once, counted in the same metric). So is a task
+//!   a `CreateTaskResult` under another id than the creation's names (not the answer: the
+//!   client gets `-32603`, and such an event on a stream is not passed on). An
 //!   answer that is not a `CreateTaskResult` (an error, a plain result) records nothing and the
 //!   owner's slot is given back. The message passes as sent but for its ttl (`show_recorded_ttl`).
 //! - **Statuses**: replies to `tasks/get` and `tasks/cancel` (a Task; applied to the task the
@@ -257,7 +259,8 @@ where
         {
             *undo = Some(Box::new(Undo::new(self.inner.clone(), &req)));
             if runs_to_end {
-                *in_flight = Some(registry.creations().begin(&upstream));
+                let session = req.ctx.session_id.as_ref().and_then(|s| s.to_str().ok());
+                *in_flight = Some(registry.creations().begin(&upstream, session));
             }
         }
         if matches!(expect, Expect::Nothing) {
@@ -267,6 +270,11 @@ where
                 caller: req.ctx.caller(),
                 answer: awaited_answer(&req),
                 named: named_by(&req),
+                // A GET stream's only (not a plain POST's: no copy on that path).
+                session: match req.op {
+                    Operation::OpenStream => req.ctx.session_id.clone(),
+                    _ => None,
+                },
             };
             return Either::Left(AfterReply::new(self.inner.call(req), watch));
         }
@@ -297,6 +305,7 @@ where
             runs_to_end,
             named: named_by(&req).map(Mutex::new),
             asked_about,
+            session: req.ctx.session_id.clone(),
         });
         let caller = req.ctx.caller();
         let answer = awaited_answer(&req);
@@ -351,6 +360,8 @@ pub struct WatchStream {
     answer: Option<answered::Awaited>,
     /// What the reply may show of tasks without an owner ([`Watch::named`]).
     named: Option<Vec<Arc<str>>>,
+    /// The upstream session of a GET stream ([`Watch::session`]); `None` for a POST.
+    session: Option<http::HeaderValue>,
 }
 
 impl ReplyStep<GatewayError> for WatchStream {
@@ -381,6 +392,7 @@ impl ReplyStep<GatewayError> for WatchStream {
                 runs_to_end: false,
                 named: self.named.map(Mutex::new),
                 asked_about: None,
+                session: self.session,
             });
             reply.body = ReplyBody::Stream(Watch::watch(watch, events, self.caller, answer));
         }
@@ -611,6 +623,14 @@ enum Step {
         known: Arc<TaskRecord>,
         applied: Fact<CancelAcknowledged>,
     },
+    /// A `CreateTaskResult` under another id than the awaited creation's (not its answer): the
+    /// task it names is cancelled upstream with `undo`, a copy of the creation's, which stays.
+    StrayCreation {
+        bytes: Bytes,
+        task_id: String,
+        era: Era,
+        undo: Undo,
+    },
     /// The answer to a `tasks/get|result|cancel` about `known`'s task (`parsed`: the message as
     /// a `Value` when it was read for a status or activity).
     TaskReply {
@@ -641,6 +661,10 @@ struct Watch {
     named: Option<Mutex<Vec<Arc<str>>>>,
     /// The task a `tasks/*` request is about (the record `tasks` authorised it against).
     asked_about: Option<Arc<TaskRecord>>,
+    /// The upstream session the reply comes on, when known (a task request's, a GET
+    /// stream's): a notification about an unrecorded task waits only for that session's
+    /// creations in flight (`registry::in_flight`); `None`: for the upstream's.
+    session: Option<http::HeaderValue>,
 }
 
 impl Watch {
@@ -679,8 +703,12 @@ impl Watch {
     }
 
     /// Applies an event that [`Watch::cares_about`]: passed on, rewritten if needed; dropped
-    /// when it must not reach the client ([`Watch::shown_to`]); or, when `may_hold`, held
-    /// until this reply's creation is answered ([`Watch::names_a_task_to_hold`]).
+    /// when it must not reach the client ([`Watch::shown_to`]); or, when `may_hold` (a new
+    /// event), held until this reply's creation is answered ([`Watch::names_a_task_to_hold`]).
+    /// An event released from hold (`may_hold` false) that still names a task neither recorded
+    /// nor refused is dropped: the creation was answered without recording it (an error, a
+    /// plain result, a refusal; or the stream ended), so it names a task no client may learn
+    /// (review 17 #4: an error answer let it through).
     async fn on_event(
         self: Arc<Self>,
         mut event: Event,
@@ -696,6 +724,9 @@ impl Watch {
             if Box::pin(self.names_a_task_to_hold(&original)).await {
                 return Relay::Hold(event);
             }
+        } else if !may_hold && Box::pin(self.names_a_task_to_hold(&original)).await {
+            tracing::debug!(upstream = %self.upstream, "a held notification names a task its creation did not record: dropped");
+            return Relay::Drop;
         }
         let Some(bytes) = self.on_message(original.clone(), Some(&caller)).await else {
             return Relay::Drop;
@@ -809,6 +840,17 @@ impl Watch {
             Step::TasksNotification(bytes, value) => {
                 return Box::pin(self.on_tasks_notification(bytes, value, stream)).await;
             }
+            Step::StrayCreation {
+                bytes,
+                task_id,
+                era,
+                undo,
+            } => {
+                undo.cancel(&self.registry, era, task_id, UndoReason::WrongId);
+                // A JSON body stays: it is refused as an answer under another id (502). An
+                // event is dropped: it would name a task never recorded.
+                return (!in_stream).then_some(bytes);
+            }
             Step::Creation {
                 bytes,
                 response,
@@ -880,6 +922,18 @@ impl Watch {
             && msg.id() == waiting_for.as_ref()
             && matches!(msg.kind(), Kind::Response | Kind::Error);
         if !answers {
+            // A response under another id while a creation is awaited (rare: the upstream
+            // answered under an id it was not sent).
+            if waiting_for.is_some() && msg.kind() == Kind::Response {
+                if let Some((task_id, era, undo)) = self.stray_creation(&bytes, parsed) {
+                    return Step::StrayCreation {
+                        bytes,
+                        task_id,
+                        era,
+                        undo,
+                    };
+                }
+            }
             return Step::Done(bytes);
         }
         let response = msg.kind() == Kind::Response;
@@ -1199,7 +1253,11 @@ impl Watch {
                 Ok(Some(_)) | Err(_)
             )
         };
-        match creations.settle(&self.upstream, task_id, recorded).await {
+        let session = self.session.as_ref().and_then(|s| s.to_str().ok());
+        match creations
+            .settle(&self.upstream, session, task_id, recorded)
+            .await
+        {
             Settled::Refused => false,
             Settled::Unrecorded => true,
             Settled::Recorded => match self.registry.record_cached(&self.upstream, task_id).await {
@@ -1229,6 +1287,37 @@ impl Watch {
                     .named
                     .as_ref()
                     .is_none_or(|named| named.lock().iter().any(|n| **n == *record.task_id)))
+    }
+
+    /// The task a `CreateTaskResult` under another id than the awaited creation's names (`bytes`,
+    /// a response; `parsed`: it as a `Value` when already read), in the creation's era's shape,
+    /// with that era and a copy of the creation's [`Undo`]; `None` when no creation is awaited,
+    /// it has no `Undo`, or `bytes` is no `CreateTaskResult` naming a string taskId.
+    fn stray_creation(&self, bytes: &Bytes, parsed: Option<Value>) -> Option<(String, Era, Undo)> {
+        let era = match &*self.expect.lock() {
+            Expect::Creation(Creation {
+                pending,
+                undo: Some(_),
+                ..
+            }) => pending.template.era,
+            _ => return None,
+        };
+        let value = parsed.or_else(|| serde_json::from_slice::<Value>(bytes).ok())?;
+        let result = value.get("result")?;
+        let task_id = match era {
+            Era::Legacy => result.pointer("/task/taskId"),
+            Era::Modern => result
+                .get("taskId")
+                .filter(|_| result.get("resultType").and_then(Value::as_str) == Some("task")),
+        }
+        .and_then(Value::as_str)?
+        .to_string();
+        match &*self.expect.lock() {
+            Expect::Creation(Creation {
+                undo: Some(undo), ..
+            }) => Some((task_id, era, Undo::clone(undo))),
+            _ => None,
+        }
     }
 
     /// Whether this reply still awaits its creation's answer.
@@ -1318,7 +1407,7 @@ impl Watch {
                     if let Some(undo) = undo {
                         undo.cancel(&self.registry, era, task_id, UndoReason::NotRecorded);
                     }
-                    return (not_recorded(id, e), None);
+                    return (not_recorded(id, &self.upstream, e), None);
                 }
             }
         }
@@ -1341,7 +1430,7 @@ impl Watch {
                 if let (Some(undo), false) = (undo, matches!(e, StoreError::Conflict(_))) {
                     undo.cancel(&self.registry, era, task_id, UndoReason::NotRecorded);
                 }
-                (not_recorded(id, e), None)
+                (not_recorded(id, &self.upstream, e), None)
             }
         }
     }
@@ -1360,14 +1449,14 @@ impl Watch {
     async fn over_limit(&self, id: &Id, undo: Option<Undo>, era: Era, task_id: String) -> Bytes {
         match self.registry.try_record_of(&self.upstream, &task_id).await {
             Ok(None) => {}
-            Ok(Some(_)) => return not_recorded(id, StoreError::Conflict(task_id)),
+            Ok(Some(_)) => return not_recorded(id, &self.upstream, StoreError::Conflict(task_id)),
             Err(e) => {
                 let what = format!(
                     "task {task_id:?} of upstream `{}`, made over tasks.max_live_tasks_per_owner, could not be looked up: neither recorded nor cancelled upstream (it ends at its ttl)",
                     self.upstream
                 );
                 crate::store::log_failure(&e, &what);
-                return not_recorded(id, e);
+                return not_recorded(id, &self.upstream, e);
             }
         }
         let error = self.registry.refuse_over_limit(&self.upstream);
@@ -1499,12 +1588,15 @@ impl Watch {
 }
 
 /// Sends the service below one request of taskgate's own and waits for its reply (type-erased,
-/// so that [`Watch`] stays free of the service's type).
-type SendBelow = Box<dyn FnOnce(McpRequest) -> BoxFuture<'static, Result<McpReply, String>> + Send>;
+/// so that [`Watch`] stays free of the service's type). Shared: an [`Undo`] may be cloned (a
+/// stray `CreateTaskResult` is cancelled while the creation still awaits its own answer).
+type SendBelow =
+    Arc<dyn Fn(McpRequest) -> BoxFuture<'static, Result<McpReply, String>> + Send + Sync>;
 
 /// How to cancel upstream a task whose creation could not be recorded: the creation request's
 /// context (the upstream session it went out on, its headers) and the service below `observe`.
 /// Built for task-augmented `tools/call`s only (a clone of the service and of the context).
+#[derive(Clone)]
 pub(crate) struct Undo {
     ctx: RequestContext,
     send: SendBelow,
@@ -1539,11 +1631,18 @@ fn cancelled_has_no_result(task_id: &str, id: Option<&Id>) -> Bytes {
 }
 
 /// The `-32603` answer to request `id` whose task the upstream created but taskgate did not
-/// record (`e` says why).
-fn not_recorded(id: &Id, e: StoreError) -> Bytes {
-    let error = McpError::NotRecorded {
-        detail: e.to_string(),
-        before_upstream: false,
+/// record (`e` says why; a `Conflict` is the upstream reusing a recorded `taskId` of
+/// `upstream`, said as such: it is no store failure, break-tasks L4).
+fn not_recorded(id: &Id, upstream: &str, e: StoreError) -> Bytes {
+    let error = match e {
+        StoreError::Conflict(task_id) => McpError::TaskIdReused {
+            task_id,
+            upstream: upstream.to_string(),
+        },
+        e => McpError::NotRecorded {
+            detail: e.to_string(),
+            before_upstream: false,
+        },
     };
     error.body(Some(id))
 }
@@ -1559,23 +1658,31 @@ enum UndoReason {
     /// The client went away before the answer naming it arrived: nobody will ever learn its
     /// taskId, so nobody could ask about it or cancel it.
     ClientGone,
+    /// Its `CreateTaskResult` came under another JSON-RPC id than the creation's: not the
+    /// answer, so not recorded (the client gets `-32603`, break-edge F3) nor passed on.
+    WrongId,
 }
 
 impl Undo {
     fn new<S>(inner: S, req: &McpRequest) -> Undo
     where
-        S: tower::Service<McpRequest, Response = McpReply> + Send + 'static,
+        S: tower::Service<McpRequest, Response = McpReply> + Clone + Send + 'static,
         S::Future: Send + 'static,
         S::Error: std::fmt::Display + Send + 'static,
     {
         Undo {
             ctx: req.ctx.clone(),
-            send: Box::new(move |req| {
-                Box::pin(async move {
-                    use tower::ServiceExt;
-                    inner.oneshot(req).await.map_err(|e| e.to_string())
+            send: {
+                // `Sync` for the shared closure; locked only to clone the service.
+                let inner = Mutex::new(inner);
+                Arc::new(move |req| {
+                    let inner = inner.lock().clone();
+                    Box::pin(async move {
+                        use tower::ServiceExt;
+                        inner.oneshot(req).await.map_err(|e| e.to_string())
+                    })
                 })
-            }),
+            },
         }
     }
 
@@ -1601,6 +1708,9 @@ impl Undo {
             }
             UndoReason::ClientGone => {
                 tracing::info!(%upstream, %task_id, era = era.as_str(), "the client went away before the task it created was answered: not recorded, sending tasks/cancel upstream")
+            }
+            UndoReason::WrongId => {
+                tracing::warn!(%upstream, %task_id, era = era.as_str(), "the upstream answered a creation with a CreateTaskResult under another id: not recorded nor passed on, sending tasks/cancel upstream")
             }
         }
         tokio::spawn(async move {

@@ -4,7 +4,8 @@
 //!   with `isError: true` is still `completed`; `failed` carries `error`). Applied to the
 //!   authorised task; a status contradicting a recorded terminal one is rewritten (byte-exact
 //!   splice) to the recorded one, without the contradicting `result` / `error` when the recorded
-//!   status is `cancelled`. The first terminal answer's `result` member is kept in the record
+//!   status is `cancelled`; never to a `completed` / `failed` lacking its payload
+//!   ([`Watch::against_terminal`]). The first terminal answer's `result` member is kept in the record
 //!   (`tasks.max_stored_result_bytes`), so later polls are answered by the `tasks` layer.
 //! - replies to `tasks/cancel` and `tasks/update`: acks (`{"resultType":"complete"}`), nothing to
 //!   apply (the status cancelled is first seen in a later `tasks/get` or notification).
@@ -108,9 +109,64 @@ impl Watch {
                 }
                 bytes
             }
-            Observed::Rewrite { .. } => rewrite(&observed, &bytes, "result"),
+            Observed::Rewrite { status, .. } => {
+                let reported = result
+                    .get("status")
+                    .and_then(Value::as_str)
+                    .and_then(TaskStatus::parse);
+                let shown =
+                    self.against_terminal(&observed, status, reported, bytes, task_id, "result");
+                Box::pin(shown).await
+            }
             _ => bytes,
         }
+    }
+
+    /// A 2026-07-28 `tasks/get` answer (its `DetailedTask` at `member`, `"result"`) or
+    /// `notifications/tasks` (at `"params"`) whose status (`reported`) contradicts the task's
+    /// recorded terminal `status` (`observed`, an [`Observed::Rewrite`]), as the client is
+    /// shown it. A `completed` or
+    /// `failed` `DetailedTask` MUST carry its `result` / `error` (2026-07-28 §1.4), which
+    /// splicing the recorded status into the upstream's answer cannot add (review 17 #7: a
+    /// `working` answer became `completed` without `result`). So, for those two statuses:
+    ///
+    /// - the record now holds the task's payload (a terminal report kept it while this poll was
+    ///   upstream): that payload, as the `tasks` layer answers a later poll;
+    /// - it holds none (the terminal `notifications/tasks` had no `result`, or its
+    ///   `DetailedTask` was over `tasks.max_stored_result_bytes`) and the upstream's answer is
+    ///   live (an eventually consistent server behind its own notification): the upstream's
+    ///   answer unchanged, a valid `DetailedTask`. The client polls on (it SHOULD poll until
+    ///   terminal) and gets the upstream's terminal answer with its payload when it comes.
+    ///
+    /// Otherwise (`cancelled`, which carries nothing; or another terminal status upstream) the
+    /// recorded status is shown ([`rewrite`]). Runs only for a contradicted terminal record.
+    async fn against_terminal(
+        &self,
+        observed: &Observed,
+        status: TaskStatus,
+        reported: Option<TaskStatus>,
+        bytes: Bytes,
+        task_id: &str,
+        member: &str,
+    ) -> Bytes {
+        if !matches!(status, TaskStatus::Completed | TaskStatus::Failed) {
+            return rewrite(observed, &bytes, member);
+        }
+        let held = self.registry.record_cached(&self.upstream, task_id).await;
+        let stored = held
+            .ok()
+            .flatten()
+            .filter(|r| r.status == status)
+            .and_then(|r| r.terminal_result.clone());
+        if let Some(stored) = stored {
+            if let Ok(Some(out)) = splice::replace(&bytes, &[member], &stored) {
+                return out;
+            }
+        }
+        if reported.is_some_and(|s| !s.is_terminal()) {
+            return bytes;
+        }
+        rewrite(observed, &bytes, member)
     }
 
     /// Applies a `notifications/tasks` (a `DetailedTask` in `params`).
@@ -159,7 +215,18 @@ impl Watch {
                     .await
             }
         };
-        Some(rewrite(&observed, &bytes, "params"))
+        match (&observed, task_id) {
+            (Observed::Rewrite { status, .. }, Some(task_id)) => {
+                let reported = params
+                    .get("status")
+                    .and_then(Value::as_str)
+                    .and_then(TaskStatus::parse);
+                let shown =
+                    self.against_terminal(&observed, *status, reported, bytes, task_id, "params");
+                Some(Box::pin(shown).await)
+            }
+            _ => Some(rewrite(&observed, &bytes, "params")),
+        }
     }
 }
 

@@ -418,6 +418,39 @@ async fn an_unrecorded_creation_is_cancelled_upstream() {
     assert!(registry.store().get("up", "t9").unwrap().is_none());
 }
 
+/// A 2025-11-25 `CreateTaskResult` under another id than the creation's is not its answer:
+/// the client gets `-32603` (break-edge F3), nothing is recorded, the slot is given back, and
+/// the task it names is cancelled upstream on the creation's session, as an unrecorded one is.
+/// On the code before, that task was left running upstream.
+#[tokio::test]
+async fn a_creation_answered_under_another_id_is_cancelled_upstream() {
+    const STRAY: &str = r#"{"jsonrpc":"2.0","id":"not-yours","result":{"task":{"taskId":"t9","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":60000}}}"#;
+    let (registry, _store) = registry();
+    let (svc, mut seen) = recording_upstream(&registry, STRAY);
+    let err = svc
+        .oneshot(creation_request(&registry))
+        .await
+        .err()
+        .expect("an invalid answer");
+    assert!(err.to_string().contains("another id"), "{err}");
+    assert_eq!(registry.owners_count("up", &owner()), 0, "the slot is free");
+    assert!(registry.store().get("up", "t9").unwrap().is_none());
+    next_upstream_request(&mut seen).await;
+    let cancel = next_upstream_request(&mut seen).await;
+    assert_eq!(cancel.request_method(), Some("tasks/cancel"));
+    let Operation::Post(msg) = &cancel.op else {
+        panic!("not a POST")
+    };
+    let body: Value = msg.parse_as().unwrap();
+    assert_eq!(
+        body["params"],
+        serde_json::json!({"taskId": "t9"}),
+        "{body}"
+    );
+    assert_eq!(cancel.ctx.session_id.as_ref().unwrap(), "s1");
+    assert_eq!(undo_count(&registry, "answered", 1).await, 1);
+}
+
 /// Makes `req` a 2026-07-28 `tools/call` whose answer `observe` records (as `tasks` marks one),
 /// holding `slot`.
 fn modern_creation(req: &mut McpRequest, slot: crate::registry::Reservation) {
@@ -512,6 +545,14 @@ async fn a_duplicate_task_id_is_not_cancelled() {
     let (svc, mut seen) = recording_upstream(&registry, CREATED);
     let reply = json_of(&svc.oneshot(creation_request(&registry)).await.unwrap());
     assert_eq!(reply["error"]["code"], -32603, "{reply}");
+    // Break-tasks L4: said as what happened, not as a store failure.
+    let message = reply["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("upstream `up` answered with taskId \"t9\"")
+            && message.contains("reuses taskIds")
+            && !message.contains("durably"),
+        "{reply}"
+    );
     next_upstream_request(&mut seen).await;
     assert_no_cancel_sent(&mut seen).await;
     assert_eq!(undo_count(&registry, "answered", 0).await, 0);
