@@ -990,6 +990,146 @@ async fn upstream_405_on_get_and_delete_passes_through() {
     assert_eq!(up.count(), 2);
 }
 
+/// An upstream's 401 or 403 refuses taskgate's credentials, not the client's (break-edge F8):
+/// the client gets 502 `-32603` naming the upstream under its own id, never the upstream's
+/// `WWW-Authenticate` (an OAuth client would run discovery against the upstream's metadata),
+/// counted `upstream_errors_total{kind="auth"}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_401_and_403_are_502_without_the_challenge() {
+    let up = Upstream::start(|req| {
+        let status = if req.rpc_id_json() == "1" { 401 } else { 403 };
+        ScriptedResponse::status(
+            status,
+            Some("application/json"),
+            "{\"error\":\"invalid_token\"}",
+        )
+        .header(
+            "www-authenticate",
+            "Bearer resource_metadata=\"http://127.0.0.1:9/.well-known/oauth-protected-resource\"",
+        )
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+
+    for (id, status) in [(1, 401), (2, 403)] {
+        let r = Req::mcp_post(&gw.url("/mcp"), rpc(&id.to_string(), "tools/list", "{}"))
+            .header("mcp-session-id", "s")
+            .send()
+            .await;
+        assert_eq!(r.status(), 502, "an upstream {status}");
+        assert_eq!(
+            r.header("www-authenticate"),
+            None,
+            "the upstream's challenge"
+        );
+        let v = r.json().await;
+        assert_eq!(v["id"], json!(id), "{v}");
+        assert_eq!(v["error"]["code"], json!(-32603), "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("upstream `default` refused taskgate's credentials")
+                && message.contains(&format!("HTTP {status}")),
+            "{v}"
+        );
+    }
+    let text = scrape(gw.admin).await;
+    assert_eq!(
+        metric(
+            &text,
+            "taskgate_upstream_errors_total",
+            &[("upstream", "default"), ("kind", "auth")]
+        ),
+        2.0
+    );
+}
+
+/// With `forward_authorization = true` the token the upstream refused is the client's own: its
+/// 401 and challenge reach the client as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_401_passes_through_when_the_client_token_is_forwarded() {
+    let up = Upstream::start(|_| {
+        ScriptedResponse::status(401, Some("text/plain"), "Unauthorized")
+            .header("www-authenticate", "Bearer")
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url())
+        .upstream_opt("forward_authorization = true")
+        .start()
+        .await;
+
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("1", "tools/list", "{}"))
+        .header("mcp-session-id", "s")
+        .send()
+        .await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.header("www-authenticate").as_deref(), Some("Bearer"));
+}
+
+/// taskgate does not follow an upstream's redirect nor pass its `Location` on: 502 `-32603`
+/// naming the status (break-edge F8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_redirect_is_502_naming_the_status() {
+    let up = Upstream::start(|_| {
+        ScriptedResponse::status(302, None, "").header("location", "http://evil.example/mcp")
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("4", "tools/list", "{}"))
+        .header("mcp-session-id", "s")
+        .send()
+        .await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(r.header("location"), None);
+    let v = r.json().await;
+    assert_eq!(v["id"], json!(4), "{v}");
+    assert_eq!(v["error"]["code"], json!(-32603), "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("HTTP 302") && message.contains("redirect"),
+        "{v}"
+    );
+    assert_eq!(up.count(), 1, "the redirect is not followed");
+}
+
+/// 2026-07-28 has no sessions: an `Mcp-Session-Id` on the upstream's answer to a 2026 request
+/// is not passed on (break-edge F8); a 2025 client still gets its session's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_modern_answer_never_carries_the_upstreams_session_id() {
+    let up = Upstream::start(|req| {
+        ScriptedResponse::result_for(req, r#"{"content":[]}"#)
+            .header("mcp-session-id", "upstream-chosen")
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url())
+        .upstream_opt("protocol = \"2026-07-28\"")
+        .start()
+        .await;
+
+    let r = modern_req(
+        &gw.url("/mcp"),
+        None,
+        3,
+        "tools/call",
+        json!({"name": "ok"}),
+    )
+    .send()
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.header("mcp-session-id"), None, "a 2026 answer");
+
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("5", "tools/list", "{}"))
+        .header("mcp-session-id", "upstream-chosen")
+        .send()
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.header("mcp-session-id").as_deref(),
+        Some("upstream-chosen"),
+        "a 2025 answer"
+    );
+}
+
 /// In-process shutdown ends open GET streams at once (clients reconnect elsewhere) instead of
 /// waiting out the drain timeout, and lets go of the upstream stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

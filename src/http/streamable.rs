@@ -430,8 +430,8 @@ impl Edge {
         }
     }
 
-    /// The stack's reply as the client's answer: priming events removed when the client does
-    /// not take them, a session's GET stream or DELETE noted, a local answer counted as one;
+    /// The stack's reply as the client's answer: a 2026 client's without `Mcp-Session-Id`,
+    /// priming events removed when the client does not take them, a session's GET stream or DELETE noted, a local answer counted as one;
     /// its body holds `permit` (see [`Edge::encode_reply`]).
     fn answer(
         &self,
@@ -443,6 +443,11 @@ impl Edge {
         permit: &mut Option<Permit>,
     ) -> Response<Body> {
         let (route, series, method) = (&served.route, &served.series, labels.method);
+        if era == Era::Modern {
+            // 2026-07-28 has no sessions: an upstream's (or a bridged session's) id is never
+            // passed on (break-edge F8). One look-up per 2026 answer; 2025 answers pay nothing.
+            reply.headers.remove(&crate::headers::MCP_SESSION_ID);
+        }
         if !primes {
             reply.body = super::response::without_priming(reply.body);
         }

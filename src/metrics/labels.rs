@@ -137,6 +137,8 @@ label_enum! {
         Protocol = "protocol",
         /// An SSE answer or GET stream whose body failed before its end (reset, truncated).
         StreamReset = "stream_reset",
+        /// The upstream refused taskgate's credentials (HTTP 401 or 403; answered 502).
+        Auth = "auth",
     }
 }
 
