@@ -1130,6 +1130,82 @@ async fn a_modern_answer_never_carries_the_upstreams_session_id() {
     );
 }
 
+/// Writes `request` on a new connection, shuts down the sending side (a half-close, RFC 9112
+/// section 9.6) and reads until the server closes; the bytes read.
+async fn half_closed_exchange(addr: std::net::SocketAddr, request: String) -> String {
+    tokio::task::spawn_blocking(move || {
+        use std::os::fd::AsRawFd;
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(STEP * 4)).unwrap();
+        // The end of stream right behind the request's bytes, as a half-closing client sends
+        // it: corked, the shutdown's FIN leaves in the request's last segment, so no test
+        // machine's scheduling can put a wait between them.
+        let on: libc::c_int = 1;
+        // SAFETY: a valid socket and option value of the size given.
+        let corked = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_CORK,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(corked, 0, "TCP_CORK");
+        s.write_all(request.as_bytes()).expect("write");
+        s.shutdown(std::net::Shutdown::Write)
+            .expect("shutdown(SHUT_WR)");
+        let mut got = Vec::new();
+        s.read_to_end(&mut got)
+            .expect("the server answers and closes");
+        String::from_utf8_lossy(&got).into_owned()
+    })
+    .await
+    .unwrap()
+}
+
+/// A client that half-closes after a complete request still gets its answer, JSON or SSE, and
+/// then the connection closes (break-edge F10: it got nothing, though the request had gone
+/// upstream). The answer is late on purpose: the end of stream arrives long before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_closed_client_gets_its_answer() {
+    let up = Upstream::start(|req| {
+        let done = rpc_result(&req.rpc_id_json(), r#"{"content":[]}"#);
+        if req.json()["params"]["name"] == "sse" {
+            return ScriptedResponse::sse(vec![
+                ev().data(&server_note(1)).into(),
+                ev().data(&done).into(),
+            ])
+            .after(Duration::from_millis(300));
+        }
+        ScriptedResponse::json(done).after(Duration::from_millis(300))
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+
+    for (id, tool) in [(1, "json"), (2, "sse")] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}"}}}}"#
+        );
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\naccept: application/json, text/event-stream\r\nmcp-session-id: s\r\ncontent-length: {}\r\n\r\n{body}",
+            gw.addr,
+            body.len()
+        );
+        let got = half_closed_exchange(gw.addr, request).await;
+        assert!(got.starts_with("HTTP/1.1 200"), "{tool}: {got:?}");
+        assert!(
+            got.to_ascii_lowercase().contains("connection: close"),
+            "{tool}: {got:?}"
+        );
+        assert!(
+            got.contains(r#""result":{"content":[]}"#),
+            "{tool}: the answer arrived: {got:?}"
+        );
+    }
+    assert_eq!(up.count(), 2);
+}
+
 /// In-process shutdown ends open GET streams at once (clients reconnect elsewhere) instead of
 /// waiting out the drain timeout, and lets go of the upstream stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
