@@ -111,6 +111,8 @@ pub(super) struct HeadFields<'a> {
     pub content_length: Option<&'a HeaderValue>,
     /// The first `Expect` value.
     pub expect: Option<&'a HeaderValue>,
+    /// The first `Content-Encoding` value.
+    pub content_encoding: Option<&'a HeaderValue>,
     /// The first `MCP-Protocol-Version` value.
     pub protocol_version: Option<&'a HeaderValue>,
     /// How many `MCP-Protocol-Version` fields.
@@ -165,6 +167,8 @@ impl<'a> HeadFields<'a> {
                 f.authorizations += 1;
             } else if name == header::EXPECT {
                 f.expect.get_or_insert(value);
+            } else if name == header::CONTENT_ENCODING {
+                f.content_encoding.get_or_insert(value);
             } else if name == crate::mcp::routing_headers::MCP_METHOD
                 || name == crate::mcp::routing_headers::MCP_NAME
             {

@@ -561,7 +561,15 @@ impl Edge {
     ) -> Result<Message, Response<Body>> {
         self.check_media_types(fields)?;
         let bytes = self.read_post_body(fields, body).await?;
+        let bom = bytes.starts_with(b"\xEF\xBB\xBF");
         Message::parse_checked(bytes).map_err(|e| {
+            let e = match bom {
+                // serde_json's "expected value at line 1 column 1" does not say why.
+                true => crate::jsonrpc::EnvelopeError::Parse(
+                    "the body starts with a UTF-8 byte order mark (EF BB BF), which JSON text sent over a network must not (RFC 8259 section 8.1)".into(),
+                ),
+                false => e,
+            };
             self.reject(
                 envelope_reject_reason(&e),
                 rpc_error_response(StatusCode::BAD_REQUEST, None, e.code(), &e.to_string()),
@@ -569,7 +577,8 @@ impl Edge {
         })
     }
 
-    /// A POST's `Content-Type` is `application/json` (UTF-8, 415 otherwise) and its `Accept`
+    /// A POST's `Content-Type` is `application/json` (UTF-8, 415 otherwise), it has no
+    /// `Content-Encoding` but `identity` (415 otherwise), and its `Accept`
     /// lists both `application/json` and `text/event-stream` (406 otherwise; 2025-11-25 and
     /// 2026-07-28 transports, "Sending Messages to the Server").
     fn check_media_types(&self, fields: &HeadFields<'_>) -> Result<(), Response<Body>> {
@@ -583,6 +592,21 @@ impl Edge {
                     "Unsupported Media Type: Content-Type must be application/json".to_string()
                 }
             };
+            return Err(self.reject(
+                RejectReason::ContentType,
+                transport_refusal(StatusCode::UNSUPPORTED_MEDIA_TYPE, &message),
+            ));
+        }
+        if let Some(coding) = fields
+            .content_encoding
+            .filter(|c| !c.as_bytes().trim_ascii().eq_ignore_ascii_case(b"identity"))
+        {
+            // RFC 9110 section 15.5.16: a content coding the server does not take is 415.
+            // taskgate reads every message it relays, and forwards none compressed.
+            let message = format!(
+                "Unsupported Media Type: Content-Encoding not supported ({}); send the body uncompressed",
+                String::from_utf8_lossy(coding.as_bytes())
+            );
             return Err(self.reject(
                 RejectReason::ContentType,
                 transport_refusal(StatusCode::UNSUPPORTED_MEDIA_TYPE, &message),
