@@ -538,10 +538,7 @@ impl Bounded {
     fn error_event(&mut self, message: &str) -> sse::Event {
         self.events = None;
         let body = jsonrpc::error_response(self.rpc_id.as_ref(), jsonrpc::INTERNAL_ERROR, message);
-        sse::Event {
-            data: Some(String::from_utf8_lossy(&body).into_owned().into()),
-            ..Default::default()
-        }
+        sse::Event::transport_error(String::from_utf8_lossy(&body).into_owned())
     }
 }
 
