@@ -637,6 +637,16 @@ pub enum GatewayError {
         /// What was wrong.
         detail: String,
     },
+    /// The upstream refused taskgate's credentials (HTTP 401 or 403 to a request whose
+    /// `Authorization` is not the client's): HTTP 502, without the upstream's challenge, so the
+    /// client does not take it for a refusal of its own token.
+    #[error("upstream `{upstream}` refused taskgate's credentials (HTTP {})", status.as_u16())]
+    UpstreamRefused {
+        /// Upstream name.
+        upstream: Arc<str>,
+        /// The upstream's status (401 or 403).
+        status: StatusCode,
+    },
     /// taskgate is shutting down and takes no new work: HTTP 503.
     #[error("taskgate is shutting down")]
     ShuttingDown,
@@ -656,9 +666,9 @@ impl GatewayError {
     /// The HTTP status for this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            GatewayError::UpstreamUnreachable { .. } | GatewayError::UpstreamProtocol { .. } => {
-                StatusCode::BAD_GATEWAY
-            }
+            GatewayError::UpstreamUnreachable { .. }
+            | GatewayError::UpstreamProtocol { .. }
+            | GatewayError::UpstreamRefused { .. } => StatusCode::BAD_GATEWAY,
             GatewayError::UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -682,6 +692,7 @@ impl GatewayError {
             GatewayError::UpstreamUnreachable { .. } => RequestOutcome::Unreachable,
             GatewayError::UpstreamTimeout { .. } => RequestOutcome::Timeout,
             GatewayError::UpstreamProtocol { .. } => RequestOutcome::UpstreamInvalid,
+            GatewayError::UpstreamRefused { .. } => RequestOutcome::UpstreamStatus,
             GatewayError::ShuttingDown => RequestOutcome::Rejected,
         }
     }

@@ -542,6 +542,11 @@ impl Message {
                         "`id` must not be null (MCP: request ids are strings or integers; a notification has no id)".into(),
                     ))
                 }
+                None if is_integer_literal(raw_id) => {
+                    return Err(EnvelopeError::Invalid(format!(
+                        "`id` {raw_id} is an integer out of range: ids are taken from -9223372036854775808 to 18446744073709551615 (64 bits)"
+                    )))
+                }
                 None => {
                     return Err(EnvelopeError::Invalid(format!(
                         "`id` must be a string or an integer, got {raw_id}"
@@ -1043,6 +1048,12 @@ pub fn duplicate_key(text: &str) -> Option<String> {
     }
     .deserialize(&mut de);
     found.into_inner()
+}
+
+/// Whether `raw` is a JSON integer (an optional `-`, digits, no fraction or exponent).
+fn is_integer_literal(raw: &str) -> bool {
+    let digits = raw.strip_prefix('-').unwrap_or(raw);
+    !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// Deepest nesting of arrays and objects accepted in a client's message (serde_json's own

@@ -212,3 +212,45 @@ async fn admin_metrics_sse_streams_open_tracks_open_get_stream() {
         panic!("gauge not back to 0 5 s after the client left\n{text}");
     }
 }
+
+/// break-edge F12: a negative `limit` is refused naming the range, not "must be a number"; a
+/// task under an upstream that is not configured is a 404 naming the unknown upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_errors_name_the_range_and_the_unknown_upstream() {
+    let gw = GatewayBuilder::single(&dead_url()).start().await;
+    let (status, v) = admin_get_json(&gw, "/admin/tasks?limit=-1").await;
+    assert_eq!(status, 400);
+    let error = v["error"].as_str().unwrap_or_default();
+    assert!(error.contains("from 0 to") && error.contains("-1"), "{v}");
+    let (status, v) = admin_get_json(&gw, "/admin/tasks?limit=ten").await;
+    assert_eq!(status, 400);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("whole number"),
+        "{v}"
+    );
+
+    let (status, v) = admin_get_json(&gw, "/admin/tasks/nope/x").await;
+    assert_eq!(status, 404);
+    let error = v["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("unknown upstream \"nope\"") && error.contains("default"),
+        "{v}"
+    );
+    let (status, v) = admin_get_json(&gw, "/admin/tasks/default/x").await;
+    assert_eq!(status, 404);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("no task"),
+        "{v}"
+    );
+}
+
+async fn admin_get_json(gw: &Gateway, path: &str) -> (u16, serde_json::Value) {
+    let (status, text) = admin_get(gw, path).await;
+    (status, serde_json::from_str(&text).unwrap_or_default())
+}

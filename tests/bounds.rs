@@ -278,3 +278,58 @@ async fn cancel_answered_by_silent_sse_stream_times_out_for_every_waiter() {
     assert_eq!(err_code(&v), -32603, "{v}");
     assert_eq!(count_cancels(), 2);
 }
+
+/// Review 17 #10: an oversized event after the answer ends the stream; the transport's error
+/// event for it, a second response to the request, is not passed on, and is counted once as a
+/// protocol error (before: once where it was made and again as a second response).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_event_after_the_answer_is_counted_once() {
+    let up = Upstream::start(|req| match req.rpc_method().as_deref() {
+        Some("tools/call") => ScriptedResponse::sse(vec![
+            ev().data(&rpc_result(&req.rpc_id_json(), r#"{"content":[]}"#))
+                .into(),
+            SseStep::Raw(format!("data: {}", "y".repeat(3000))),
+            SseStep::HoldOpen,
+        ]),
+        _ => mcp_handler(req),
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url())
+        .upstream_opt("max_message_bytes = 1024")
+        .start()
+        .await;
+    let r = Req::mcp_post(
+        &gw.url("/mcp"),
+        rpc("8", "tools/call", r#"{"name":"t","arguments":{}}"#),
+    )
+    .header("mcp-session-id", "s")
+    .send()
+    .await;
+    assert_eq!(r.status(), 200);
+    let mut sse = r.sse();
+    let within = Duration::from_secs(3);
+    let answer = sse.next_event(within).await.json();
+    assert_eq!(answer["id"], json!(8), "{answer}");
+    assert!(answer.get("result").is_some(), "{answer}");
+    loop {
+        match sse.next(within).await {
+            Next::End => break,
+            Next::Item(SseItem::Comment(_)) => continue,
+            other => panic!("nothing after the answer, got {other:?}"),
+        }
+    }
+    let protocol = |m: &str| {
+        metric(
+            m,
+            "taskgate_upstream_errors_total",
+            &[("upstream", "default"), ("kind", "protocol")],
+        )
+    };
+    let counted = eventually(within, || async {
+        let m = scrape(gw.admin).await;
+        (oversize(&m, "sse_event") == 1.0).then_some(m)
+    })
+    .await
+    .expect("the oversized event is counted");
+    assert_eq!(protocol(&counted), 1.0, "counted once");
+}

@@ -281,7 +281,7 @@ async fn a_cancelled_plain_call_of_a_held_session_is_closed_upstream() {
 /// error is passed on, and taskgate never starts holding sessions for the upstream, so the next
 /// good `initialize` still gets the upstream's own session (found by review: one bad
 /// `initialize` switched every later session to held ones). An upstream 401 that is not a
-/// JSON-RPC error keeps its status.
+/// JSON-RPC error is not made a 200: it is taskgate's credentials refused, a 502 (break-edge F8).
 #[tokio::test]
 async fn a_malformed_initialize_never_switches_a_dual_era_upstream_to_held_sessions() {
     let up = Upstream::start(|req: &RecordedRequest| {
@@ -340,8 +340,8 @@ async fn a_malformed_initialize_never_switches_a_dual_era_upstream_to_held_sessi
     let r = c.send(rpc("3", "tools/list", "{}")).await;
     assert_eq!(
         r.status(),
-        401,
-        "a 401 that is no JSON-RPC answer keeps its status"
+        502,
+        "a 401 that is no JSON-RPC answer is the upstream refusing taskgate"
     );
 }
 

@@ -161,8 +161,9 @@ async fn a_held_sessions_owner_binding_survives_kill_9() {
 }
 
 /// Found by review: on a held session, an upstream's HTTP 401 whose JSON body is no JSON-RPC
-/// message (an OAuth `{"error":"invalid_token"}`) reaches the client as 401 with its
-/// `WWW-Authenticate`, not rewritten to 200 as a 2026 JSON-RPC error answer is.
+/// message (an OAuth `{"error":"invalid_token"}`) is not rewritten to 200 as a 2026 JSON-RPC
+/// error answer is. It refused taskgate's credentials, not the client's (break-edge F8): 502
+/// `-32603` saying so, without the upstream's `WWW-Authenticate`.
 #[tokio::test]
 async fn a_held_sessions_upstream_401_keeps_its_status() {
     let state: Shared = Default::default();
@@ -184,12 +185,17 @@ async fn a_held_sessions_upstream_401_keeps_its_status() {
     c.initialize().await;
     assert!(c.session.is_some());
     let r = c.send(rpc("1", "tools/list", "{}")).await;
-    assert_eq!(r.status(), 401);
-    assert_eq!(
-        r.header("www-authenticate").as_deref(),
-        Some("Bearer error=\"invalid_token\"")
+    assert_eq!(r.status(), 502);
+    assert_eq!(r.header("www-authenticate"), None);
+    let v = r.json().await;
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("refused taskgate's credentials (HTTP 401)"),
+        "{v}"
     );
-    assert_eq!(r.json().await, json!({"error": "invalid_token"}));
 }
 
 /// Found by review: held `initialize`s that pass the full-table check together (their

@@ -513,3 +513,68 @@ async fn duplicate_keys_are_400_invalid_request_and_not_forwarded() {
     assert_eq!(r.status(), 200, "the same key in different objects passes");
     assert_session_works(&gw, &up, &sid).await;
 }
+
+/// break-edge F12: an id past 64 bits is said to be out of range (it is an integer); a body
+/// with a `Content-Encoding` other than identity is 415 "Content-Encoding not supported"
+/// (before: parsed as it was, or forwarded with the header); a body starting with a UTF-8 BOM
+/// is a parse error naming the BOM. Nothing reaches the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_ids_encoded_bodies_and_a_bom_are_refused_saying_why() {
+    let up = Upstream::mcp().await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+    let before = up.count();
+
+    let r = Req::mcp_post(
+        &gw.url("/mcp"),
+        r#"{"jsonrpc":"2.0","id":18446744073709551616,"method":"ping"}"#,
+    )
+    .send()
+    .await;
+    assert_eq!(r.status(), 400);
+    let v = error_body(r).await;
+    assert_eq!(v["error"]["code"], json!(-32600), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("out of range"),
+        "{v}"
+    );
+
+    for coding in ["gzip", "br, identity"] {
+        let r = Req::mcp_post(&gw.url("/mcp"), rpc("1", "ping", "{}"))
+            .header("content-encoding", coding)
+            .send()
+            .await;
+        assert_eq!(r.status(), 415, "{coding}");
+        let text = r.text().await;
+        assert!(
+            text.contains("Content-Encoding not supported"),
+            "{coding}: {text}"
+        );
+    }
+
+    let mut bom = b"\xEF\xBB\xBF".to_vec();
+    bom.extend_from_slice(rpc("2", "ping", "{}").as_bytes());
+    let r = Req::mcp_post(&gw.url("/mcp"), Bytes::from(bom))
+        .send()
+        .await;
+    assert_eq!(r.status(), 400);
+    let v = error_body(r).await;
+    assert_eq!(v["error"]["code"], json!(-32700), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("byte order mark"),
+        "{v}"
+    );
+    assert_eq!(up.count(), before, "nothing was forwarded");
+
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("3", "ping", "{}"))
+        .header("content-encoding", "identity")
+        .header("mcp-session-id", "s")
+        .send()
+        .await;
+    assert_eq!(r.status(), 200, "identity is no coding");
+}

@@ -990,6 +990,222 @@ async fn upstream_405_on_get_and_delete_passes_through() {
     assert_eq!(up.count(), 2);
 }
 
+/// An upstream's 401 or 403 refuses taskgate's credentials, not the client's (break-edge F8):
+/// the client gets 502 `-32603` naming the upstream under its own id, never the upstream's
+/// `WWW-Authenticate` (an OAuth client would run discovery against the upstream's metadata),
+/// counted `upstream_errors_total{kind="auth"}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_401_and_403_are_502_without_the_challenge() {
+    let up = Upstream::start(|req| {
+        let status = if req.rpc_id_json() == "1" { 401 } else { 403 };
+        ScriptedResponse::status(
+            status,
+            Some("application/json"),
+            "{\"error\":\"invalid_token\"}",
+        )
+        .header(
+            "www-authenticate",
+            "Bearer resource_metadata=\"http://127.0.0.1:9/.well-known/oauth-protected-resource\"",
+        )
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+
+    for (id, status) in [(1, 401), (2, 403)] {
+        let r = Req::mcp_post(&gw.url("/mcp"), rpc(&id.to_string(), "tools/list", "{}"))
+            .header("mcp-session-id", "s")
+            .send()
+            .await;
+        assert_eq!(r.status(), 502, "an upstream {status}");
+        assert_eq!(
+            r.header("www-authenticate"),
+            None,
+            "the upstream's challenge"
+        );
+        let v = r.json().await;
+        assert_eq!(v["id"], json!(id), "{v}");
+        assert_eq!(v["error"]["code"], json!(-32603), "{v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("upstream `default` refused taskgate's credentials")
+                && message.contains(&format!("HTTP {status}")),
+            "{v}"
+        );
+    }
+    let text = scrape(gw.admin).await;
+    assert_eq!(
+        metric(
+            &text,
+            "taskgate_upstream_errors_total",
+            &[("upstream", "default"), ("kind", "auth")]
+        ),
+        2.0
+    );
+}
+
+/// With `forward_authorization = true` the token the upstream refused is the client's own: its
+/// 401 and challenge reach the client as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_401_passes_through_when_the_client_token_is_forwarded() {
+    let up = Upstream::start(|_| {
+        ScriptedResponse::status(401, Some("text/plain"), "Unauthorized")
+            .header("www-authenticate", "Bearer")
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url())
+        .upstream_opt("forward_authorization = true")
+        .start()
+        .await;
+
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("1", "tools/list", "{}"))
+        .header("mcp-session-id", "s")
+        .send()
+        .await;
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.header("www-authenticate").as_deref(), Some("Bearer"));
+}
+
+/// taskgate does not follow an upstream's redirect nor pass its `Location` on: 502 `-32603`
+/// naming the status (break-edge F8).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_redirect_is_502_naming_the_status() {
+    let up = Upstream::start(|_| {
+        ScriptedResponse::status(302, None, "").header("location", "http://evil.example/mcp")
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("4", "tools/list", "{}"))
+        .header("mcp-session-id", "s")
+        .send()
+        .await;
+    assert_eq!(r.status(), 502);
+    assert_eq!(r.header("location"), None);
+    let v = r.json().await;
+    assert_eq!(v["id"], json!(4), "{v}");
+    assert_eq!(v["error"]["code"], json!(-32603), "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("HTTP 302") && message.contains("redirect"),
+        "{v}"
+    );
+    assert_eq!(up.count(), 1, "the redirect is not followed");
+}
+
+/// 2026-07-28 has no sessions: an `Mcp-Session-Id` on the upstream's answer to a 2026 request
+/// is not passed on (break-edge F8); a 2025 client still gets its session's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_modern_answer_never_carries_the_upstreams_session_id() {
+    let up = Upstream::start(|req| {
+        ScriptedResponse::result_for(req, r#"{"content":[]}"#)
+            .header("mcp-session-id", "upstream-chosen")
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url())
+        .upstream_opt("protocol = \"2026-07-28\"")
+        .start()
+        .await;
+
+    let r = modern_req(
+        &gw.url("/mcp"),
+        None,
+        3,
+        "tools/call",
+        json!({"name": "ok"}),
+    )
+    .send()
+    .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.header("mcp-session-id"), None, "a 2026 answer");
+
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("5", "tools/list", "{}"))
+        .header("mcp-session-id", "upstream-chosen")
+        .send()
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.header("mcp-session-id").as_deref(),
+        Some("upstream-chosen"),
+        "a 2025 answer"
+    );
+}
+
+/// Writes `request` on a new connection, shuts down the sending side (a half-close, RFC 9112
+/// section 9.6) and reads until the server closes; the bytes read.
+async fn half_closed_exchange(addr: std::net::SocketAddr, request: String) -> String {
+    tokio::task::spawn_blocking(move || {
+        use std::os::fd::AsRawFd;
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(STEP * 4)).unwrap();
+        // The end of stream right behind the request's bytes, as a half-closing client sends
+        // it: corked, the shutdown's FIN leaves in the request's last segment, so no test
+        // machine's scheduling can put a wait between them.
+        let on: libc::c_int = 1;
+        // SAFETY: a valid socket and option value of the size given.
+        let corked = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_CORK,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(corked, 0, "TCP_CORK");
+        s.write_all(request.as_bytes()).expect("write");
+        s.shutdown(std::net::Shutdown::Write)
+            .expect("shutdown(SHUT_WR)");
+        let mut got = Vec::new();
+        s.read_to_end(&mut got)
+            .expect("the server answers and closes");
+        String::from_utf8_lossy(&got).into_owned()
+    })
+    .await
+    .unwrap()
+}
+
+/// A client that half-closes after a complete request still gets its answer, JSON or SSE, and
+/// then the connection closes (break-edge F10: it got nothing, though the request had gone
+/// upstream). The answer is late on purpose: the end of stream arrives long before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_closed_client_gets_its_answer() {
+    let up = Upstream::start(|req| {
+        let done = rpc_result(&req.rpc_id_json(), r#"{"content":[]}"#);
+        if req.json()["params"]["name"] == "sse" {
+            return ScriptedResponse::sse(vec![
+                ev().data(&server_note(1)).into(),
+                ev().data(&done).into(),
+            ])
+            .after(Duration::from_millis(300));
+        }
+        ScriptedResponse::json(done).after(Duration::from_millis(300))
+    })
+    .await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+
+    for (id, tool) in [(1, "json"), (2, "sse")] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}"}}}}"#
+        );
+        let request = format!(
+            "POST /mcp HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\naccept: application/json, text/event-stream\r\nmcp-session-id: s\r\ncontent-length: {}\r\n\r\n{body}",
+            gw.addr,
+            body.len()
+        );
+        let got = half_closed_exchange(gw.addr, request).await;
+        assert!(got.starts_with("HTTP/1.1 200"), "{tool}: {got:?}");
+        assert!(
+            got.to_ascii_lowercase().contains("connection: close"),
+            "{tool}: {got:?}"
+        );
+        assert!(
+            got.contains(r#""result":{"content":[]}"#),
+            "{tool}: the answer arrived: {got:?}"
+        );
+    }
+    assert_eq!(up.count(), 2);
+}
+
 /// In-process shutdown ends open GET streams at once (clients reconnect elsewhere) instead of
 /// waiting out the drain timeout, and lets go of the upstream stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

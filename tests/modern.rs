@@ -1568,6 +1568,77 @@ async fn a_version_header_that_disagrees_with_meta_is_refused_at_the_edge() {
     assert!(up.count() > before, "and were forwarded");
 }
 
+/// Review 17 #12: 2026-07-28 §2.2 "mismatch or missing header: 400 `-32020`". A request
+/// without `MCP-Protocol-Version` whose `_meta` names a version is refused, naming the missing
+/// header (before, it was served as 2026 from `_meta`); a 2026 request whose `_meta` client
+/// capabilities are not an object is refused `-32602` (§2.1; before, forwarded). Neither
+/// reaches the upstream; a 2025 request without either passes.
+#[tokio::test]
+async fn a_missing_version_header_or_non_object_capabilities_is_refused() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let before = up.count();
+
+    let no_header = modern_req(
+        &url,
+        None,
+        1,
+        "tools/call",
+        json!({"name": "plain_tool", "arguments": {}}),
+    )
+    .without("mcp-protocol-version");
+    let (status, v) = send(no_header).await;
+    assert_eq!((status, err_code(&v)), (400, -32020), "{v}");
+    assert_eq!(v["id"], json!(1), "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("MCP-Protocol-Version is missing"), "{v}");
+
+    for (i, caps) in [json!("x"), json!(null), json!([])].into_iter().enumerate() {
+        let mut meta = meta(true);
+        meta["io.modelcontextprotocol/clientCapabilities"] = caps;
+        let id = 2 + i as u64;
+        let (status, v) = send(modern_req(
+            &url,
+            None,
+            id,
+            "tools/call",
+            json!({"name": "plain_tool", "arguments": {}, "_meta": meta}),
+        ))
+        .await;
+        assert_eq!((status, err_code(&v)), (400, -32602), "case {i}: {v}");
+        assert_eq!(v["id"], json!(id), "case {i}: {v}");
+        let message = v["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("clientCapabilities") && message.contains("must be an object"),
+            "case {i}: {v}"
+        );
+    }
+    assert_eq!(up.count(), before, "nothing was forwarded");
+
+    // Spaces around the key take the slow path, with the same answer.
+    let body = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"plain_tool","arguments":{},"_meta":{ "io.modelcontextprotocol/protocolVersion" : "2026-07-28", "io.modelcontextprotocol/clientCapabilities" : 5 }}}"#;
+    let (status, v) = send(
+        Req::mcp_post(&url, body)
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "plain_tool"),
+    )
+    .await;
+    assert_eq!((status, err_code(&v)), (400, -32602), "{v}");
+    assert_eq!(up.count(), before, "nothing was forwarded");
+
+    let (status, v) = send(modern_req(
+        &url,
+        None,
+        10,
+        "tools/call",
+        json!({"name": "plain_tool", "arguments": {}}),
+    ))
+    .await;
+    assert_eq!(status, 200, "a well-formed 2026 request passes: {v}");
+}
+
 /// Hostile tester F6: a `notifications/tasks` reporting a task `completed` with its `result`
 /// is kept with its status, so a later `tasks/get` (the upstream still answering `working`,
 /// as an eventually consistent one does) is answered `completed` with that `result` from the

@@ -141,7 +141,14 @@ impl Admin {
             }
             path if path.starts_with("/admin/tasks/") => {
                 let rest = path["/admin/tasks/".len()..].to_string();
-                self.blocking(move |store| Admin::task(store, &rest)).await
+                let names: Vec<String> = self
+                    .upstreams
+                    .iter()
+                    .map(|u| u.name.clone())
+                    .chain(self.probes.iter().map(|(name, _)| name.clone()))
+                    .collect();
+                self.blocking(move |store| Admin::task(store, &rest, &names))
+                    .await
             }
             other => json_response(
                 StatusCode::NOT_FOUND,
@@ -175,10 +182,14 @@ impl Admin {
                 "limit" => match v.parse() {
                     Ok(n) => filter.limit = n,
                     Err(_) => {
+                        let error = match v.parse::<i128>() {
+                            Ok(_) => format!("limit must be from 0 to {}, got {v}", usize::MAX),
+                            Err(_) => format!("limit must be a whole number, got {v:?}"),
+                        };
                         return json_response(
                             StatusCode::BAD_REQUEST,
-                            serde_json::json!({"error": format!("limit must be a number, got {v:?}")}).to_string().into(),
-                        )
+                            serde_json::json!({ "error": error }).to_string().into(),
+                        );
                     }
                 },
                 other => {
@@ -201,8 +212,9 @@ impl Admin {
         }
     }
 
-    /// `GET /admin/tasks/<upstream>/<taskId>`: one record with its audit events.
-    fn task(store: &dyn TaskStore, rest: &str) -> Response<Body> {
+    /// `GET /admin/tasks/<upstream>/<taskId>`: one record with its audit events; a 404 for
+    /// none names the upstream when it is not one of `names` (the configured upstreams).
+    fn task(store: &dyn TaskStore, rest: &str, names: &[String]) -> Response<Body> {
         let Some((upstream, task_id)) = rest.split_once('/') else {
             return json_response(
                 StatusCode::NOT_FOUND,
@@ -212,6 +224,10 @@ impl Admin {
         let (upstream, task_id) = (percent_decode(upstream), percent_decode(task_id));
         match task_detail(store, &upstream, &task_id) {
             Ok(Some(v)) => json_response(StatusCode::OK, v.to_string().into()),
+            Ok(None) if !names.iter().any(|n| *n == upstream) => json_response(
+                StatusCode::NOT_FOUND,
+                serde_json::json!({"error": format!("unknown upstream {upstream:?} (configured: {}), and no task {task_id:?} recorded for it", names.join(", "))}).to_string().into(),
+            ),
             Ok(None) => json_response(
                 StatusCode::NOT_FOUND,
                 serde_json::json!({"error": format!("no task {task_id:?} on upstream {upstream:?}")}).to_string().into(),

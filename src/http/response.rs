@@ -111,6 +111,8 @@ pub(super) struct HeadFields<'a> {
     pub content_length: Option<&'a HeaderValue>,
     /// The first `Expect` value.
     pub expect: Option<&'a HeaderValue>,
+    /// The first `Content-Encoding` value.
+    pub content_encoding: Option<&'a HeaderValue>,
     /// The first `MCP-Protocol-Version` value.
     pub protocol_version: Option<&'a HeaderValue>,
     /// How many `MCP-Protocol-Version` fields.
@@ -165,6 +167,8 @@ impl<'a> HeadFields<'a> {
                 f.authorizations += 1;
             } else if name == header::EXPECT {
                 f.expect.get_or_insert(value);
+            } else if name == header::CONTENT_ENCODING {
+                f.content_encoding.get_or_insert(value);
             } else if name == crate::mcp::routing_headers::MCP_METHOD
                 || name == crate::mcp::routing_headers::MCP_NAME
             {
@@ -309,26 +313,53 @@ pub(super) fn refuse_session_or_version(
     )
 }
 
-/// The 400 `-32020` HeaderMismatch answer for a request whose `MCP-Protocol-Version` is not
-/// the version its body names in `params._meta["io.modelcontextprotocol/protocolVersion"]`
-/// (2026-07-28 §2.2: the header "MUST equal the `_meta` value"); `None` when either is absent
-/// or they agree. A `_meta` version that is not a JSON string disagrees with every header.
-/// Refused at the edge because taskgate takes a request's era from the header while the
+/// The 400 answer for a request whose `MCP-Protocol-Version` and `params._meta` disagree
+/// (2026-07-28 §2.2: the header "MUST equal the `_meta` value"; "mismatch or missing header:
+/// 400 with `-32020`"), or whose 2026 `_meta` is malformed (§2.1); `None` when neither is
+/// wrong. Refused at the edge because taskgate takes a request's era from the header while the
 /// upstream may take it from `_meta`: the two would handle one request as different eras.
+/// - `-32020`: the header is not the `_meta["io.modelcontextprotocol/protocolVersion"]` value
+///   (a value that is not a JSON string disagrees with every header), or the header is
+///   missing while `_meta` names a version (review 17 #12: such a request was served as
+///   2026 by taskgate and as whatever the upstream reads).
+/// - `-32602`: a 2026-era request whose `_meta["io.modelcontextprotocol/clientCapabilities"]`
+///   is present but not an object (break-edge F7).
 ///
-/// Cost: a look-up of `_meta` among the members the envelope parse noted, then one search of
-/// its text for the key. A request whose `_meta` spells the key and the header's version
-/// plainly is done there; only another spelling (an escape, spaces, another version) reads
+/// Cost: a look-up of `_meta` among the members the envelope parse noted (a request without
+/// one is done there, as are 2025 clients, which never send these keys), then one search of
+/// its text for the version key, and on a 2026 request one more for the capabilities key. A
+/// request whose `_meta` spells the keys, the header's version and an object plainly is done
+/// there; only another spelling (an escape, spaces, another version, another value) reads
 /// `_meta` as JSON (that read on every 2026 request cost ~3,600 instructions, callgrind). (A
-/// nested member spelling the key and the header's version first passes too; the upstream
-/// still sees the top-level value.)
+/// nested member spelling a key first passes too; the upstream still sees the top-level value.)
 pub(super) fn refuse_version_disagreement(
     f: &HeadFields<'_>,
     msg: &jsonrpc::Message,
 ) -> Option<(crate::metrics::RejectReason, Response<Body>)> {
-    use crate::mcp::needles::{found, PROTOCOL_VERSION_KEY, UNICODE_ESCAPE};
-    let header = f.protocol_version?;
     let text = msg.param("_meta")?.as_bytes();
+    let Some(header) = f.protocol_version else {
+        return refuse_missing_version(msg, text);
+    };
+    if !version_agrees(header, msg, text) {
+        let meta = crate::mcp::classify::Classified::of(msg)
+            .meta(crate::mcp::era::PROTOCOL_VERSION_META)
+            .unwrap_or("nothing");
+        let message = format!(
+            "Header mismatch: MCP-Protocol-Version {:?} is not the body's _meta[\"{}\"] ({meta})",
+            String::from_utf8_lossy(header.as_bytes()),
+            crate::mcp::era::PROTOCOL_VERSION_META,
+        );
+        return Some(header_mismatch(msg, &message));
+    }
+    if crate::mcp::era::Era::of_header(header) == crate::mcp::era::Era::Modern {
+        return refuse_capabilities(msg, text);
+    }
+    None
+}
+
+/// Whether `_meta` (its raw `text`) names `header`'s version, or no version at all.
+fn version_agrees(header: &HeaderValue, msg: &jsonrpc::Message, text: &[u8]) -> bool {
+    use crate::mcp::needles::PROTOCOL_VERSION_KEY;
     if let Some(at) = PROTOCOL_VERSION_KEY.find(text) {
         let value = &text[at + PROTOCOL_VERSION_KEY.needle().len()..];
         let agrees = text[..at]
@@ -338,32 +369,94 @@ pub(super) fn refuse_version_disagreement(
             .and_then(|v| v.strip_prefix(header.as_bytes()))
             .is_some_and(|v| v.starts_with(b"\""));
         if agrees {
-            return None;
+            return true;
         }
-    } else if !found(&UNICODE_ESCAPE, text) && !text.contains(&b' ') && !text.contains(&b'\n') {
-        // Neither the key nor a spelling that could hide it: no version in `_meta`.
+    } else if plainly_without_keys(text) {
+        return true;
+    }
+    match crate::mcp::classify::Classified::of(msg).meta(crate::mcp::era::PROTOCOL_VERSION_META) {
+        None => true,
+        Some(meta) => {
+            crate::mcp::classify::string(meta)
+                .as_deref()
+                .map(str::as_bytes)
+                == Some(header.as_bytes())
+        }
+    }
+}
+
+/// Whether `_meta`'s raw `text`, in which a needle found no key, cannot spell one either: no
+/// escape, space or line break.
+fn plainly_without_keys(text: &[u8]) -> bool {
+    !crate::mcp::needles::found(&crate::mcp::needles::UNICODE_ESCAPE, text)
+        && !text.contains(&b' ')
+        && !text.contains(&b'\n')
+}
+
+/// `-32020` for a request without `MCP-Protocol-Version` whose `_meta` names a version.
+fn refuse_missing_version(
+    msg: &jsonrpc::Message,
+    text: &[u8],
+) -> Option<(crate::metrics::RejectReason, Response<Body>)> {
+    use crate::mcp::needles::PROTOCOL_VERSION_KEY;
+    if PROTOCOL_VERSION_KEY.find(text).is_none() && plainly_without_keys(text) {
         return None;
     }
     let meta =
         crate::mcp::classify::Classified::of(msg).meta(crate::mcp::era::PROTOCOL_VERSION_META)?;
-    let named = crate::mcp::classify::string(meta);
-    if named.as_deref().map(str::as_bytes) == Some(header.as_bytes()) {
+    let message = format!(
+        "Header mismatch: MCP-Protocol-Version is missing; the body's _meta[\"{}\"] is {meta}: send that version in the header too",
+        crate::mcp::era::PROTOCOL_VERSION_META,
+    );
+    Some(header_mismatch(msg, &message))
+}
+
+/// `-32602` for a 2026-era request whose `_meta` client capabilities are not an object.
+fn refuse_capabilities(
+    msg: &jsonrpc::Message,
+    text: &[u8],
+) -> Option<(crate::metrics::RejectReason, Response<Body>)> {
+    use crate::mcp::capabilities::CLIENT_CAPABILITIES_META;
+    use crate::mcp::needles::CLIENT_CAPABILITIES_KEY;
+    match CLIENT_CAPABILITIES_KEY.find(text) {
+        Some(at) if text.get(at + CLIENT_CAPABILITIES_KEY.needle().len()) == Some(&b'{') => {
+            return None
+        }
+        None if plainly_without_keys(text) => return None,
+        _ => {}
+    }
+    let caps = crate::mcp::classify::Classified::of(msg).meta(CLIENT_CAPABILITIES_META)?;
+    if caps.starts_with('{') {
         return None;
     }
     let message = format!(
-        "Header mismatch: MCP-Protocol-Version {:?} is not the body's _meta[\"{}\"] ({meta})",
-        String::from_utf8_lossy(header.as_bytes()),
-        crate::mcp::era::PROTOCOL_VERSION_META,
+        "Invalid params: _meta[\"{CLIENT_CAPABILITIES_META}\"] must be an object, got {caps}"
     );
     Some((
+        crate::metrics::RejectReason::Invalid,
+        rpc_error_response(
+            StatusCode::BAD_REQUEST,
+            msg.id(),
+            jsonrpc::INVALID_PARAMS,
+            &message,
+        ),
+    ))
+}
+
+/// The 400 `-32020` answer under `msg`'s id.
+fn header_mismatch(
+    msg: &jsonrpc::Message,
+    message: &str,
+) -> (crate::metrics::RejectReason, Response<Body>) {
+    (
         crate::metrics::RejectReason::HeaderMismatch,
         rpc_error_response(
             StatusCode::BAD_REQUEST,
             msg.id(),
             crate::mcp::errors::HEADER_MISMATCH,
-            &message,
+            message,
         ),
-    ))
+    )
 }
 
 /// What the edge keeps of a request's head fields once it changes them: found by [`HeadFields`]

@@ -430,8 +430,8 @@ impl Edge {
         }
     }
 
-    /// The stack's reply as the client's answer: priming events removed when the client does
-    /// not take them, a session's GET stream or DELETE noted, a local answer counted as one;
+    /// The stack's reply as the client's answer: a 2026 client's without `Mcp-Session-Id`,
+    /// priming events removed when the client does not take them, a session's GET stream or DELETE noted, a local answer counted as one;
     /// its body holds `permit` (see [`Edge::encode_reply`]).
     fn answer(
         &self,
@@ -443,6 +443,11 @@ impl Edge {
         permit: &mut Option<Permit>,
     ) -> Response<Body> {
         let (route, series, method) = (&served.route, &served.series, labels.method);
+        if era == Era::Modern {
+            // 2026-07-28 has no sessions: an upstream's (or a bridged session's) id is never
+            // passed on (break-edge F8). One look-up per 2026 answer; 2025 answers pay nothing.
+            reply.headers.remove(&crate::headers::MCP_SESSION_ID);
+        }
         if !primes {
             reply.body = super::response::without_priming(reply.body);
         }
@@ -556,7 +561,15 @@ impl Edge {
     ) -> Result<Message, Response<Body>> {
         self.check_media_types(fields)?;
         let bytes = self.read_post_body(fields, body).await?;
+        let bom = bytes.starts_with(b"\xEF\xBB\xBF");
         Message::parse_checked(bytes).map_err(|e| {
+            let e = match bom {
+                // serde_json's "expected value at line 1 column 1" does not say why.
+                true => crate::jsonrpc::EnvelopeError::Parse(
+                    "the body starts with a UTF-8 byte order mark (EF BB BF), which JSON text sent over a network must not (RFC 8259 section 8.1)".into(),
+                ),
+                false => e,
+            };
             self.reject(
                 envelope_reject_reason(&e),
                 rpc_error_response(StatusCode::BAD_REQUEST, None, e.code(), &e.to_string()),
@@ -564,7 +577,8 @@ impl Edge {
         })
     }
 
-    /// A POST's `Content-Type` is `application/json` (UTF-8, 415 otherwise) and its `Accept`
+    /// A POST's `Content-Type` is `application/json` (UTF-8, 415 otherwise), it has no
+    /// `Content-Encoding` but `identity` (415 otherwise), and its `Accept`
     /// lists both `application/json` and `text/event-stream` (406 otherwise; 2025-11-25 and
     /// 2026-07-28 transports, "Sending Messages to the Server").
     fn check_media_types(&self, fields: &HeadFields<'_>) -> Result<(), Response<Body>> {
@@ -578,6 +592,21 @@ impl Edge {
                     "Unsupported Media Type: Content-Type must be application/json".to_string()
                 }
             };
+            return Err(self.reject(
+                RejectReason::ContentType,
+                transport_refusal(StatusCode::UNSUPPORTED_MEDIA_TYPE, &message),
+            ));
+        }
+        if let Some(coding) = fields
+            .content_encoding
+            .filter(|c| !c.as_bytes().trim_ascii().eq_ignore_ascii_case(b"identity"))
+        {
+            // RFC 9110 section 15.5.16: a content coding the server does not take is 415.
+            // taskgate reads every message it relays, and forwards none compressed.
+            let message = format!(
+                "Unsupported Media Type: Content-Encoding not supported ({}); send the body uncompressed",
+                String::from_utf8_lossy(coding.as_bytes())
+            );
             return Err(self.reject(
                 RejectReason::ContentType,
                 transport_refusal(StatusCode::UNSUPPORTED_MEDIA_TYPE, &message),

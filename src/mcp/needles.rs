@@ -34,6 +34,11 @@ pub static TOOLS_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("
 /// about 500 instructions a search, callgrind).
 pub static PROTOCOL_VERSION_KEY: LazyLock<Finder<'static>> =
     LazyLock::new(|| Finder::new("/protocolVersion\":"));
+/// `/clientCapabilities":`: the end of the `_meta` key a 2026-07-28 request declares its
+/// capabilities under (`"io.modelcontextprotocol/clientCapabilities":`), for the same reason
+/// as [`PROTOCOL_VERSION_KEY`].
+pub static CLIENT_CAPABILITIES_KEY: LazyLock<Finder<'static>> =
+    LazyLock::new(|| Finder::new("/clientCapabilities\":"));
 /// The related-task `_meta` key.
 pub static RELATED_TASK: LazyLock<Finder<'static>> =
     LazyLock::new(|| Finder::new(crate::mcp::task::RELATED_TASK_META));

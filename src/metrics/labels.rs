@@ -137,6 +137,8 @@ label_enum! {
         Protocol = "protocol",
         /// An SSE answer or GET stream whose body failed before its end (reset, truncated).
         StreamReset = "stream_reset",
+        /// The upstream refused taskgate's credentials (HTTP 401 or 403; answered 502).
+        Auth = "auth",
     }
 }
 
@@ -182,8 +184,13 @@ label_enum! {
 label_enum! {
     /// `reason` of `taskgate_task_creation_refused_total`.
     CreationRefusal {
+        /// The owner was at `max_live_tasks_per_owner` (before the upstream; or, 2026, a task
+        /// the upstream made anyway, cancelled).
         OwnerLimit = "owner_limit",
+        /// The store write of the record failed.
         Store = "store",
+        /// The upstream's `taskId` is already recorded for that upstream (not handed out).
+        Duplicate = "duplicate",
     }
 }
 

@@ -82,7 +82,7 @@ const TASKS_CREATED_TOTAL: Spec = spec(
 );
 const TASK_CREATION_REFUSED_TOTAL: Spec = spec(
     "taskgate_task_creation_refused_total",
-    "Task-augmented requests refused before reaching the upstream, by reason.",
+    "Task creations not recorded, by reason (owner_limit: over max_live_tasks_per_owner; store: the record's write failed; duplicate: the upstream's taskId was already recorded).",
     &["upstream", "reason"],
 );
 const STORE_WRITE_FAILURES_TOTAL: Spec = spec(

@@ -115,6 +115,13 @@ impl Registry {
                     "task created"
                 );
             }
+            Err(e @ crate::store::StoreError::Conflict(_)) => {
+                // The upstream named a task already recorded (break-edge F11): the store is
+                // sound, and the request did reach the upstream.
+                self.metrics
+                    .task_creation_refused(up, CreationRefusal::Duplicate);
+                tracing::warn!(error = %e, upstream = %up, task_id = %record.task_id, "the upstream reused a recorded taskId; not handed out");
+            }
             Err(e) => {
                 self.metrics
                     .task_creation_refused(up, CreationRefusal::Store);

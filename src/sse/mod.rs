@@ -93,6 +93,10 @@ pub enum Cut {
 /// The type of the marker event [`Event::abort`]: a decoded event type never holds a newline.
 const ABORT_TYPE: &str = "\n";
 
+/// The type of an [`Event::transport_error`], compared by address, not text: a `static` of its
+/// own (a string literal's bytes may be shared with every other `"message"`).
+static TRANSPORT_ERROR_TYPE: [u8; 7] = *b"message";
+
 impl Event {
     /// The same event with each field in an allocation of its own. A decoded event's fields are
     /// slices of the upstream connection's read buffer (`Decoder::feed_bytes`), so an event kept
@@ -127,6 +131,28 @@ impl Event {
             event: Some(ByteString::from_static(ABORT_TYPE)),
             ..Default::default()
         }
+    }
+
+    /// An event carrying `data`, a JSON-RPC error the transport made itself for the request
+    /// (an oversized upstream event, a deadline): marked so that the layers above count it as
+    /// the transport's, not as the upstream's (review 17 #10). The mark is its event type's
+    /// text, `message` (what a client takes for no type at all), held in this module's static:
+    /// a decoded event's type is a slice of the bytes it came in, never that static.
+    pub fn transport_error(data: String) -> Event {
+        Event {
+            event: Some(ByteString::from_static(
+                std::str::from_utf8(&TRANSPORT_ERROR_TYPE).expect("ASCII"),
+            )),
+            data: Some(data.into()),
+            ..Default::default()
+        }
+    }
+
+    /// Whether this is an [`Event::transport_error`] (its type is the static's own bytes).
+    pub fn is_transport_error(&self) -> bool {
+        self.event
+            .as_deref()
+            .is_some_and(|t| std::ptr::eq(t.as_ptr(), TRANSPORT_ERROR_TYPE.as_ptr()))
     }
 
     /// Whether this is a priming event (2025-11-25 transports, SEP-1699: an event that carries

@@ -25,6 +25,10 @@
 //!   line or event ends the stream with a JSON-RPC error event for the request (id `null` on a GET
 //!   stream), so the client never sees a clean end. Both count
 //!   `taskgate_upstream_oversize_total{kind}` and `taskgate_upstream_errors_total{kind="protocol"}`.
+//! - Status: a redirect (3xx) is not followed and not passed on (502 `-32603`, counted
+//!   `kind="protocol"`); a 401 or 403 is taskgate's credentials refused, not the client's, and
+//!   becomes 502 `-32603` without the upstream's `WWW-Authenticate` (counted `kind="auth"`),
+//!   unless `forward_authorization` sent the client's own token, when it is passed on.
 //! - The answer's body becomes [`ReplyBody::Json`], [`ReplyBody::Stream`] (decoded event by event
 //!   as it arrives), [`ReplyBody::Empty`] or [`ReplyBody::Raw`].
 
@@ -159,6 +163,10 @@ impl StreamableHttp {
         .map_err(|e| self.unreachable(e))?;
 
         let (parts, incoming) = response.into_parts();
+        // The one check a 200 answer pays; the body of a refused answer is dropped unread.
+        if parts.status != http::StatusCode::OK {
+            self.check_status(parts.status)?;
+        }
         let mut headers = parts.headers;
         let is_sse = self.check_head(&mut headers)?;
         if is_sse {
@@ -296,6 +304,34 @@ impl StreamableHttp {
                 "its event stream declares charset={c}; MCP messages are UTF-8"
             ))
         })
+    }
+
+    /// An answer's status that is not passed on (break-edge F8). Errors: a redirect
+    /// ([`GatewayError::UpstreamProtocol`]: taskgate does not follow it, and its `Location` is
+    /// the upstream's to choose), and, unless `forward_authorization` sends the client's own
+    /// token, a 401 or 403 ([`GatewayError::UpstreamRefused`], counted `kind="auth"`: the
+    /// credentials refused are taskgate's, and the upstream's `WWW-Authenticate` would send an
+    /// OAuth client to discover the upstream's authorization server).
+    fn check_status(&self, status: http::StatusCode) -> Result<(), GatewayError> {
+        if status.is_redirection() {
+            return Err(self.protocol_error(format!(
+                "it answered HTTP {status}, a redirect, which taskgate does not follow"
+            )));
+        }
+        if matches!(
+            status,
+            http::StatusCode::UNAUTHORIZED | http::StatusCode::FORBIDDEN
+        ) && !self.forward_authorization
+        {
+            self.metrics
+                .upstream_error(&self.name, UpstreamErrorKind::Auth);
+            tracing::warn!(upstream = %self.name, status = status.as_u16(), "the upstream refused taskgate's credentials");
+            return Err(GatewayError::UpstreamRefused {
+                upstream: self.name.clone(),
+                status,
+            });
+        }
+        Ok(())
     }
 
     /// Why a non-SSE answer's body could not be read whole (counted): over
@@ -502,10 +538,7 @@ impl Bounded {
     fn error_event(&mut self, message: &str) -> sse::Event {
         self.events = None;
         let body = jsonrpc::error_response(self.rpc_id.as_ref(), jsonrpc::INTERNAL_ERROR, message);
-        sse::Event {
-            data: Some(String::from_utf8_lossy(&body).into_owned().into()),
-            ..Default::default()
-        }
+        sse::Event::transport_error(String::from_utf8_lossy(&body).into_owned())
     }
 }
 

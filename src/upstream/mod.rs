@@ -57,7 +57,8 @@
 //! - **Errors.** [`GatewayError::UpstreamUnreachable`] (nothing delivered: connect failed, the
 //!   pool is full, no child is running), [`GatewayError::UpstreamTimeout`] (the deadline passed
 //!   before the answer started), [`GatewayError::UpstreamProtocol`] (the answer is not MCP over
-//!   this transport), each naming the upstream and counted in
+//!   this transport; a redirect), [`GatewayError::UpstreamRefused`] (a 401 or 403 to
+//!   taskgate's own credentials), each naming the upstream and counted in
 //!   `taskgate_upstream_errors_total{kind}`. Nothing a server sends panics or grows a buffer
 //!   without bound.
 //! - **Threads.** An exchange runs on the serving thread that called it: its I/O is polled by
@@ -82,6 +83,7 @@
 //! [`GatewayError::UpstreamProtocol`]: crate::exchange::GatewayError::UpstreamProtocol
 //! [`GatewayError::UpstreamTimeout`]: crate::exchange::GatewayError::UpstreamTimeout
 //! [`GatewayError::UpstreamUnreachable`]: crate::exchange::GatewayError::UpstreamUnreachable
+//! [`GatewayError::UpstreamRefused`]: crate::exchange::GatewayError::UpstreamRefused
 
 pub mod h1;
 pub mod http;

@@ -581,9 +581,13 @@ impl futures_util::Stream for Watched {
                 let id = &a.id;
                 if this.answered {
                     if answered::answers(data.as_bytes(), id) {
-                        let (metrics, upstream) =
-                            (this.watch.registry.metrics(), &this.watch.upstream);
-                        answered::dropped_second_answer(metrics, upstream, id);
+                        // The transport's own error event (an oversized event after the answer)
+                        // was counted where it was made (review 17 #10).
+                        if !event.is_transport_error() {
+                            let (metrics, upstream) =
+                                (this.watch.registry.metrics(), &this.watch.upstream);
+                            answered::dropped_second_answer(metrics, upstream, id);
+                        }
                         continue;
                     }
                 } else if !awaited && answered::answers(data.as_bytes(), id) {

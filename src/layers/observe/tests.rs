@@ -596,6 +596,30 @@ async fn a_duplicate_modern_task_id_at_the_limit_is_not_cancelled() {
     );
 }
 
+/// break-edge F11: a creation whose taskId is already recorded (the upstream reused it) is
+/// counted `task_creation_refused_total{reason="duplicate"}`, not `store` (whose write did not
+/// fail, and whose HELP said "before reaching the upstream"), nor a store write failure.
+#[tokio::test]
+async fn a_recorded_task_id_created_again_is_counted_as_a_duplicate() {
+    let (registry, _store) = registry_with(TasksConfig::default());
+    let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+    registry.record_creation(record("t9"), &slot).await.unwrap();
+    let again = registry.reserve(&"up".into(), &owner()).unwrap();
+    assert!(registry
+        .record_creation(record("t9"), &again)
+        .await
+        .is_err());
+    let refused = |reason: &str| {
+        registry
+            .metrics()
+            .task_creation_refused_total
+            .with_label_values(&["up", reason])
+            .get()
+    };
+    assert_eq!((refused("duplicate"), refused("store")), (1, 0));
+    assert_eq!(registry.metrics().store_write_failures_total.get(), 0);
+}
+
 /// A plain result to the `bridge`'s task call (`PlainAnswerIsTask`) is a `completed` task
 /// under a minted id, with the result stored, recorded before the answer passes (JSON or SSE),
 /// and handed back in the request's fact; the message passes as it came. `input_required` and
