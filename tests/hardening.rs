@@ -860,11 +860,7 @@ async fn abandoned_rerouted_requests_leave_no_in_flight_note() {
         })
         .await;
         assert!(ok.is_some(), "tasks/result r{i} reached the upstream");
-        // The client goes away before any answer, with a reset: an end of stream right
-        // behind a request is taken for a half-close, whose answer is still awaited
-        // (`http/head_io.rs`, break-edge F10).
-        s.set_zero_linger().unwrap();
-        drop(s);
+        drop(s); // the client goes away before any answer
     }
     let routed = received("tasks/result");
     assert!(routed

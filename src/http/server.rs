@@ -98,21 +98,9 @@ pub async fn serve<H: Handler>(
                 let dispatched = Dispatched::default();
                 let io = HeadTimeoutIo::new(stream, dispatched.clone());
                 let service = hyper::service::service_fn(move |req| {
-                    dispatched.dispatched.store(true, Ordering::Relaxed);
+                    dispatched.store(true, Ordering::Relaxed);
                     let handler = handler.clone();
-                    let state = dispatched.clone();
-                    async move {
-                        let mut resp = handler.handle(req, peer).await;
-                        if state.half_closed.load(Ordering::Relaxed) {
-                            // The client half-closed after this request (`head_io`): hyper
-                            // closes the connection once this answer is written.
-                            resp.headers_mut().insert(
-                                hyper::header::CONNECTION,
-                                hyper::header::HeaderValue::from_static("close"),
-                            );
-                        }
-                        Ok::<_, Infallible>(resp)
-                    }
+                    async move { Ok::<_, Infallible>(handler.handle(req, peer).await) }
                 });
                 let conn = builder.serve_connection(TokioIo::new(io), service);
                 let conn = graceful.watch(conn);
