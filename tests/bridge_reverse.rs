@@ -1184,6 +1184,25 @@ async fn a_2025_client_on_a_2025_task_server_asks_no_discovery() {
     assert_eq!(up.count("tools/call"), 1, "the task call went as it came");
 }
 
+/// An upstream that refuses taskgate's credentials (401 to everything) is asked
+/// `server/discover` once within `bridge::UNANSWERED_RETRY`, not on every request: since the
+/// 401 is a 502 (break-edge F8) the discovery saw an error, which it took for "not sent" and
+/// asked again each time.
+#[tokio::test]
+async fn an_upstream_refusing_credentials_is_not_asked_its_era_on_every_request() {
+    let up = Upstream::start(|_req: &RecordedRequest| {
+        ScriptedResponse::status(401, Some("application/json"), "{}".to_string())
+            .header("www-authenticate", "Bearer")
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    for id in 1..=3 {
+        let (status, v) = send(modern_req(&tg.mcp_url(), None, id, "tools/list", json!({}))).await;
+        assert_eq!(status, 502, "{v}");
+    }
+    assert_eq!(count(&up, "server/discover"), 1, "asked once");
+}
+
 /// A discovery unanswered in time decides nothing for either bridge, and keeps both from
 /// asking again (`bridge::UNANSWERED_RETRY`): the forward bridge used to take it for
 /// "2025-11-25" for the process's life while the reverse bridge asked again at once and

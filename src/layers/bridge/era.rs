@@ -177,6 +177,17 @@ impl Discovery {
                 self.learn(upstream, era);
                 Discovered::Answer(answer)
             }
+            // The upstream answered, but refused taskgate's credentials or answered a redirect
+            // (both 502 since break-edge F8; before, an answer that says nothing of the era):
+            // asked again after `UNANSWERED_RETRY`, not on every request.
+            Ok(Err(
+                e @ (crate::exchange::GatewayError::UpstreamRefused { .. }
+                | crate::exchange::GatewayError::UpstreamProtocol { .. }),
+            )) => {
+                tracing::info!(upstream = %upstream, error = %e, "server/discover answered without telling the era: asked again later");
+                *self.unanswered_until.lock() = Some(Instant::now() + UNANSWERED_RETRY);
+                Discovered::Inconclusive
+            }
             Ok(Err(e)) => {
                 tracing::debug!(upstream = %upstream, error = %e, "server/discover could not be sent; asked again later");
                 Discovered::NotSent
