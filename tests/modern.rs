@@ -1693,3 +1693,54 @@ async fn a_slow_poll_after_a_cancel_ack_does_not_hold_the_ack() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["result"], json!({"resultType": "complete"}), "{v}");
 }
+
+/// Review 18a #1: a client's `tasks/get` whose `_meta` carries a member of the wrong type
+/// (`progressToken` an object) is refused `-32602` by a validating server (the Python SDK:
+/// "Invalid request parameters"), in an SSE stream as that SDK answers by default. taskgate's
+/// own clean `tasks/get` finds the task, so the client gets the server's refusal as it came and
+/// the task stays live (before: taken for "not found", the live task was failed and its owner's
+/// slot freed while the upstream still ran it, the limit bypass of review 17 #1).
+#[tokio::test]
+async fn a_clients_malformed_meta_does_not_fail_its_live_task() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state.clone());
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        let bad = v["params"]["_meta"]["progressToken"].is_object();
+        if v["method"] == "tasks/get" && bad {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32602,"message":"Invalid request parameters"}}}}"#,
+                req.rpc_id_json()
+            );
+            return ScriptedResponse::sse(vec![SseStep::Raw(ev().data(&body).wire())]);
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let mut m = meta(true);
+    m["progressToken"] = json!({"not": "a token"});
+    let (_, v) = send(modern_req(
+        &url,
+        None,
+        2,
+        "tasks/get",
+        json!({"taskId": t, "_meta": m}),
+    ))
+    .await;
+    assert_eq!(
+        err_code(&v),
+        -32602,
+        "the server's refusal, as it came: {v}"
+    );
+    assert_eq!(
+        tg.record(&t).unwrap().status,
+        taskgate::mcp::task::TaskStatus::Working,
+        "the task still runs upstream"
+    );
+}

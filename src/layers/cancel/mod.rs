@@ -65,6 +65,7 @@ pub use modern::MODERN_ACK;
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc;
 use crate::layers::extensions::AuthorisedTask;
+use crate::layers::lost_task;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::TaskStatus;
@@ -476,7 +477,7 @@ where
     // every caller of this flight waits on it.
     req.extensions.insert(Deadline::Exchange);
     let poll = modern::PollAfterAck::of(&req);
-    let confirm = crate::layers::tasks::lost::Confirm::of(&req);
+    let confirm = lost_task::Confirm::of(&req);
     let reply = match inner.call(req).await {
         Err(e) => return FlightAnswer::Failed(Arc::new(e)),
         Ok(reply) => reply,
@@ -532,11 +533,17 @@ where
             "upstream `{upstream}` sent no answer to tasks/cancel (HTTP {status})"
         ))),
     };
+    let invalid = |e: &str| lost_task::error_object_code(e) == Some(lost_task::INVALID_PARAMS);
     if let (Some(confirm), FlightAnswer::Error(error)) = (confirm, &outcome) {
-        // A 2025-11-25 `-32602`: "not found" or "already terminal". Told apart here, inside
-        // the flight, so every caller sharing this answer shares the one `tasks/get` it takes
-        // (review 17 #14), and the record says so before the flight leaves the table.
-        if confirm.run(&state.registry, &mut inner, error).await {
+        // A `-32602`: "not found", "already terminal" (2025-11-25), or about the caller's own
+        // params (review 18a #1). Told apart with a clean `tasks/get` here, inside the flight,
+        // so every caller sharing this answer shares the one `tasks/get` it takes (review 17
+        // #14), and the record says so before the flight leaves the table.
+        if invalid(error)
+            && confirm
+                .run(&state.registry, &mut inner, "tasks/cancel")
+                .await
+        {
             let mut settled = state.settled.lock();
             if settled.len() >= NOTES_LIMIT {
                 settled.clear();
