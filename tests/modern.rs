@@ -1744,3 +1744,90 @@ async fn a_clients_malformed_meta_does_not_fail_its_live_task() {
         "the task still runs upstream"
     );
 }
+
+/// Review 18a #5: a worker-queue server that cancels 1.5 s after the ack (2026 §1.6) is seen
+/// to by taskgate's follow-up, which is bounded by time (backing off from the task's
+/// `pollIntervalMs`), and the record becomes `cancelled` (before: 5 polls at the interval,
+/// about half a second, then the record stayed `working` and held the owner's slot).
+#[tokio::test]
+async fn a_cancel_that_takes_effect_a_moment_later_frees_the_slot() {
+    let (up, state) = modern_server().await;
+    state.lock().unwrap().cancel_after = Some(Duration::from_millis(1500));
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let (status, _) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!(status, 200);
+    let (record, id) = (&tg, &t);
+    let cancelled = eventually(Duration::from_secs(5), || async move {
+        let r = record.record(id).expect("record");
+        (r.status == taskgate::mcp::task::TaskStatus::Cancelled).then_some(())
+    })
+    .await;
+    assert!(
+        cancelled.is_some(),
+        "polls: {}, record: {:?}",
+        count(&up, "tasks/get"),
+        tg.record(&t).map(|r| r.status)
+    );
+}
+
+/// Review 18a #5: a server that deletes a task once its cooperative cancel took effect answers
+/// taskgate's follow-up `tasks/get` `-32602`. That clean request's "not found" ends the record
+/// (`failed`, the upstream lost it) and frees the owner's slot: the next creation is not refused
+/// `-32029` (before: the record stayed `working` and held the slot until its ttl).
+#[tokio::test]
+async fn a_task_gone_after_a_cancel_ack_frees_the_slot() {
+    let state: Shared = Default::default();
+    state.lock().unwrap().cancel_after = Some(Duration::from_secs(600));
+    let modern = modern_handler(state.clone());
+    let polls_after_cancel = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (polls, cancelled) = (
+        polls_after_cancel.clone(),
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        use std::sync::atomic::Ordering::SeqCst;
+        let v = req.json();
+        if v["method"] == "tasks/cancel" {
+            cancelled.store(true, SeqCst);
+        }
+        // The poll before the ack finds the task working; it is gone from the next one on.
+        if v["method"] == "tasks/get" && cancelled.load(SeqCst) && polls.fetch_add(1, SeqCst) >= 1
+        {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32602,"message":"Task not found"}}}}"#,
+                req.rpc_id_json()
+            );
+            return ScriptedResponse::status(400, Some("application/json"), body);
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!(status, 200, "{v}");
+    let (record, id) = (&tg, &t);
+    let failed = eventually(Duration::from_secs(5), || async move {
+        let r = record.record(id).expect("record");
+        (r.status == taskgate::mcp::task::TaskStatus::Failed).then_some(())
+    })
+    .await;
+    assert!(
+        failed.is_some(),
+        "polls after the cancel: {}, record: {:?}",
+        polls_after_cancel.load(std::sync::atomic::Ordering::SeqCst),
+        tg.record(&t).map(|r| r.status)
+    );
+    // The slot is free again.
+    let again = create(&url, None, "slow_compute").await;
+    assert_ne!(again, t);
+}
