@@ -981,7 +981,8 @@ async fn a_task_the_upstream_forgot_is_failed_and_frees_its_slot() {
         (200, json!({"resultType":"complete"})),
         "{v}"
     );
-    assert_eq!(count(&up, "tasks/get"), 1);
+    // The client's and taskgate's own clean one that confirmed the -32602 (review 18a #1).
+    assert_eq!(count(&up, "tasks/get"), 2);
     assert_eq!(count(&up, "tasks/cancel"), 0);
 }
 
@@ -1013,7 +1014,8 @@ async fn a_task_the_upstream_forgot_answered_by_sse_is_failed_and_frees_its_slot
     assert!(r.released_at.is_some());
     let again = create(&url, None, "slow_compute").await;
     assert_ne!(again, t);
-    assert_eq!(count(&up, "tasks/get"), 1);
+    // The client's and taskgate's own clean one that confirmed the -32602 (review 18a #1).
+    assert_eq!(count(&up, "tasks/get"), 2);
 }
 
 /// A server that cancels cooperatively (2026-07-28 §1.6: the status may stay non-terminal after
