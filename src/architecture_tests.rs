@@ -172,6 +172,64 @@ const ONLY: &[(&str, &[&str], &str)] = &[
     ),
 ];
 
+/// The layers, outermost first (`layers`'s module doc, `gateway::build_stack`): a file of one
+/// may name a layer below it, never one above it (review 18a #7: `cancel` named
+/// `tasks::lost`, an arrow up that formed no circle and named nothing [`FORBIDDEN`]). A module
+/// under `layers` that is not listed (`extensions`, `own_request`, `lost_task`, `relay`, ...)
+/// is no layer: any layer may name it. A layer's own sub-modules are that layer.
+const LAYERS: &[&str] = &[
+    "layers::session_guard",
+    "layers::session",
+    "layers::upgrade",
+    "layers::tasks",
+    "layers::cancel",
+    "layers::gateway_tasks",
+    "layers::held_sessions",
+    "layers::bridge",
+    "layers::observe",
+    "layers::ids",
+];
+
+/// `(layer, path, why)`: the arrows up the stack there are by design, by the path they name
+/// (each still fails this test once no file names it, so the entry goes with it).
+const UPWARD_BY_DESIGN: &[(&str, &str, &str)] = &[
+    (
+        "layers::bridge",
+        "crate::layers::cancel::cancel_from_below",
+        "the bridge's own `tasks/cancel` goes through the cancel layer's single-flight, from below",
+    ),
+    (
+        "layers::bridge",
+        "crate::layers::cancel::CancelState",
+        "the cancel state `cancel_from_below` takes",
+    ),
+    (
+        "layers::bridge",
+        "crate::layers::cancel::MODERN_ACK",
+        "a re-export of the protocol's `mcp::modern::MODERN_ACK`, no code of the cancel layer's",
+    ),
+    (
+        "layers::gateway_tasks",
+        "crate::layers::cancel::MODERN_ACK",
+        "a re-export of the protocol's `mcp::modern::MODERN_ACK`, no code of the cancel layer's",
+    ),
+    (
+        "layers::held_sessions",
+        "crate::layers::session::Sessions",
+        "held sessions live in the session table (`layers`: no layer below `session` reads it but `held_sessions`)",
+    ),
+];
+
+/// Where `m` stands in [`LAYERS`] (the longest entry it is under), if it is in a layer.
+fn floor(m: &[String]) -> Option<usize> {
+    LAYERS
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| under(m, l))
+        .max_by_key(|(_, l)| l.len())
+        .map(|(i, _)| i)
+}
+
 /// File circles known and owned elsewhere: each is still reported if it grows, and this test
 /// fails once it is gone (so the entry is removed with it).
 /// (None today: the bridge's `calls.rs → held.rs → mrtr.rs → calls.rs` was opened when
@@ -201,6 +259,31 @@ fn imports_follow_the_architecture() {
                 ));
             }
         }
+    }
+
+    // Layers: imports point down the stack.
+    let mut unused: BTreeSet<usize> = (0..UPWARD_BY_DESIGN.len()).collect();
+    for arrow in &house.arrows {
+        let (from, to) = (&house.files[&arrow.from], &house.files[&arrow.to]);
+        if let (Some(a), Some(b)) = (floor(from), floor(to)) {
+            let by_design = UPWARD_BY_DESIGN
+                .iter()
+                .position(|(l, path, _)| under(from, l) && arrow.path == *path);
+            if let Some(i) = by_design {
+                unused.remove(&i);
+            } else if b < a {
+                faults.push(format!(
+                    "{} → {}: {} names `{}` (a layer names only layers below it)",
+                    LAYERS[a], LAYERS[b], arrow.from, arrow.path
+                ));
+            }
+        }
+    }
+    for i in unused {
+        faults.push(format!(
+            "UPWARD_BY_DESIGN lists {:?}, which no file names any more: remove the entry",
+            UPWARD_BY_DESIGN[i]
+        ));
     }
 
     // Top-level modules: no circle, so each stands above all that it imports.

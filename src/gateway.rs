@@ -121,7 +121,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     if let Some(telemetry) = &telemetry {
         registry.trace_with(telemetry.clone());
     }
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let shared = Shared {
+        shutdown: shutdown_rx.clone(),
         sessions: session_table(&config, &store, registry.store_threads()),
         registry: registry.clone(),
         metrics: metrics.clone(),
@@ -155,7 +157,6 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         routes.push(built.route);
     }
 
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let auth = Authenticator::new(&config.auth).map_err(StartError::Auth)?;
     auth.warm_up();
     let edge = Arc::new(
@@ -277,6 +278,8 @@ struct Shared {
     cancel_orphans: bool,
     /// The trace export, when `[telemetry]` is on: a CLIENT span per upstream exchange.
     telemetry: Option<Telemetry>,
+    /// taskgate's shutdown signal (`true`: stopping): what runs in the background stops on it.
+    shutdown: watch::Receiver<bool>,
 }
 
 /// One upstream's stack, the start-up job that cancels its orphaned upgraded tasks, and for a
@@ -305,7 +308,8 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
     let name = upstream.name().clone();
     let timeout = Duration::from_millis(u.timeout_ms);
     let upgrade_state = UpgradeState::new(shared.registry.clone(), shared.upgrade.clone(), timeout);
-    let cancel_state = CancelState::new(shared.registry.clone(), timeout);
+    let cancel_state =
+        CancelState::stopping_with(shared.registry.clone(), timeout, shared.shutdown.clone());
     // The upstream's era: one fact both bridges read (learned once, issue 30).
     let era = Discovery::new(u.protocol, timeout);
     // taskgate's own request ids and the input relay, shared by the bridge and the held

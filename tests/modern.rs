@@ -1058,7 +1058,8 @@ async fn a_task_the_upstream_forgot_is_failed_and_frees_its_slot() {
         (200, json!({"resultType":"complete"})),
         "{v}"
     );
-    assert_eq!(count(&up, "tasks/get"), 1);
+    // The client's and taskgate's own clean one that confirmed the -32602 (review 18a #1).
+    assert_eq!(count(&up, "tasks/get"), 2);
     assert_eq!(count(&up, "tasks/cancel"), 0);
 }
 
@@ -1090,7 +1091,8 @@ async fn a_task_the_upstream_forgot_answered_by_sse_is_failed_and_frees_its_slot
     assert!(r.released_at.is_some());
     let again = create(&url, None, "slow_compute").await;
     assert_ne!(again, t);
-    assert_eq!(count(&up, "tasks/get"), 1);
+    // The client's and taskgate's own clean one that confirmed the -32602 (review 18a #1).
+    assert_eq!(count(&up, "tasks/get"), 2);
 }
 
 /// A server that cancels cooperatively (2026-07-28 §1.6: the status may stay non-terminal after
@@ -1954,4 +1956,142 @@ async fn a_slow_poll_after_a_cancel_ack_does_not_hold_the_ack() {
         .expect("the ack did not wait for the slow poll");
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["result"], json!({"resultType": "complete"}), "{v}");
+}
+
+/// Review 18a #1: a client's `tasks/get` whose `_meta` carries a member of the wrong type
+/// (`progressToken` an object) is refused `-32602` by a validating server (the Python SDK:
+/// "Invalid request parameters"), in an SSE stream as that SDK answers by default. taskgate's
+/// own clean `tasks/get` finds the task, so the client gets the server's refusal as it came and
+/// the task stays live (before: taken for "not found", the live task was failed and its owner's
+/// slot freed while the upstream still ran it, the limit bypass of review 17 #1).
+#[tokio::test]
+async fn a_clients_malformed_meta_does_not_fail_its_live_task() {
+    let state: Shared = Default::default();
+    let modern = modern_handler(state.clone());
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        let bad = v["params"]["_meta"]["progressToken"].is_object();
+        if v["method"] == "tasks/get" && bad {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32602,"message":"Invalid request parameters"}}}}"#,
+                req.rpc_id_json()
+            );
+            return ScriptedResponse::sse(vec![SseStep::Raw(ev().data(&body).wire())]);
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let mut m = meta(true);
+    m["progressToken"] = json!({"not": "a token"});
+    let (_, v) = send(modern_req(
+        &url,
+        None,
+        2,
+        "tasks/get",
+        json!({"taskId": t, "_meta": m}),
+    ))
+    .await;
+    assert_eq!(
+        err_code(&v),
+        -32602,
+        "the server's refusal, as it came: {v}"
+    );
+    assert_eq!(
+        tg.record(&t).unwrap().status,
+        taskgate::mcp::task::TaskStatus::Working,
+        "the task still runs upstream"
+    );
+}
+
+/// Review 18a #5: a worker-queue server that cancels 1.5 s after the ack (2026 §1.6) is seen
+/// to by taskgate's follow-up, which is bounded by time (backing off from the task's
+/// `pollIntervalMs`), and the record becomes `cancelled` (before: 5 polls at the interval,
+/// about half a second, then the record stayed `working` and held the owner's slot).
+#[tokio::test]
+async fn a_cancel_that_takes_effect_a_moment_later_frees_the_slot() {
+    let (up, state) = modern_server().await;
+    state.lock().unwrap().cancel_after = Some(Duration::from_millis(1500));
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let (status, _) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!(status, 200);
+    let (record, id) = (&tg, &t);
+    let cancelled = eventually(Duration::from_secs(5), || async move {
+        let r = record.record(id).expect("record");
+        (r.status == taskgate::mcp::task::TaskStatus::Cancelled).then_some(())
+    })
+    .await;
+    assert!(
+        cancelled.is_some(),
+        "polls: {}, record: {:?}",
+        count(&up, "tasks/get"),
+        tg.record(&t).map(|r| r.status)
+    );
+}
+
+/// Review 18a #5: a server that deletes a task once its cooperative cancel took effect answers
+/// taskgate's follow-up `tasks/get` `-32602`. That clean request's "not found" ends the record
+/// (`failed`, the upstream lost it) and frees the owner's slot: the next creation is not refused
+/// `-32029` (before: the record stayed `working` and held the slot until its ttl).
+#[tokio::test]
+async fn a_task_gone_after_a_cancel_ack_frees_the_slot() {
+    let state: Shared = Default::default();
+    state.lock().unwrap().cancel_after = Some(Duration::from_secs(600));
+    let modern = modern_handler(state.clone());
+    let polls_after_cancel = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (polls, cancelled) = (
+        polls_after_cancel.clone(),
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        use std::sync::atomic::Ordering::SeqCst;
+        let v = req.json();
+        if v["method"] == "tasks/cancel" {
+            cancelled.store(true, SeqCst);
+        }
+        // The poll before the ack finds the task working; it is gone from the next one on.
+        if v["method"] == "tasks/get" && cancelled.load(SeqCst) && polls.fetch_add(1, SeqCst) >= 1
+        {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32602,"message":"Task not found"}}}}"#,
+                req.rpc_id_json()
+            );
+            return ScriptedResponse::status(400, Some("application/json"), body);
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "slow_compute").await;
+    let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!(status, 200, "{v}");
+    let (record, id) = (&tg, &t);
+    let failed = eventually(Duration::from_secs(5), || async move {
+        let r = record.record(id).expect("record");
+        (r.status == taskgate::mcp::task::TaskStatus::Failed).then_some(())
+    })
+    .await;
+    assert!(
+        failed.is_some(),
+        "polls after the cancel: {}, record: {:?}",
+        polls_after_cancel.load(std::sync::atomic::Ordering::SeqCst),
+        tg.record(&t).map(|r| r.status)
+    );
+    // The slot is free again.
+    let again = create(&url, None, "slow_compute").await;
+    assert_ne!(again, t);
 }

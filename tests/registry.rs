@@ -1789,3 +1789,48 @@ async fn terminal_status_rewrite_splices_the_reply_bytes() {
     let expected = r#"{"jsonrpc":"2.0","id":3,"result":{"ttl":60000,"status":"completed","taskId":"t-big","_meta":{"z":123456789012345678901234567890,"a":1.10},"statusMessage":"done"}}"#;
     assert_eq!(text, expected);
 }
+
+/// Review 18a #2: 2025-11-25 `tasks/result` of a task whose tool failed with a JSON-RPC
+/// `-32602` (an SDK's invalid-arguments error, the spec's "unknown tool") MUST answer "that
+/// same error". taskgate's own `tasks/get` finds the task, so the client gets the tool's error
+/// as it came (before: taken for "the upstream no longer has this task", the client got
+/// taskgate's `-32603` "... a restart of the upstream?" and the record was failed as lost).
+#[tokio::test]
+async fn a_tasks_result_error_of_the_tools_own_is_passed_on() {
+    let tool_error: Hook = Arc::new(|method, id, _task, _n| {
+        (method == "tasks/result").then(|| {
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"Invalid arguments for tool slow: city is required"}}}}"#
+            );
+            ScriptedResponse::sse(vec![ev().data(&body).into()])
+        })
+    });
+    let up = UpServer::start(UpBehaviour {
+        task_ms: None,
+        hook: Some(tool_error),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let created = c
+        .rpc(rpc(
+            "1",
+            "tools/call",
+            r#"{"name":"research","arguments":{},"task":{"ttl":60000}}"#,
+        ))
+        .await;
+    let t = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The tool failed upstream (unobserved: no poll in between).
+    up.state.lock().unwrap().tasks.get_mut(&t).unwrap().status = "failed".into();
+    let v = c.result("2", &t).await;
+    assert_eq!(err_code(&v), -32602, "the tool's own error: {v}");
+    assert!(
+        err_message(&v).contains("Invalid arguments"),
+        "the tool's own error: {v}"
+    );
+}

@@ -47,8 +47,11 @@
 //!    under a minted id and answered under the client's), and a `notifications/cancelled` reaches
 //!    only its sender's request. `observe` above it sees the clients' ids.
 //!
-//! Not a layer: `own_request`, how the requests taskgate sends on its own are built (the
-//! id, the context and routing headers, the body) and their answers read.
+//! Not layers: `own_request`, how the requests taskgate sends on its own are built (the
+//! id, the context and routing headers, the body) and their answers read; `lost_task`, whether
+//! an upstream lost a task (a `-32602` confirmed with taskgate's own clean `tasks/get`), which
+//! `tasks` and `cancel` share. A layer names only layers below it, and these (the architecture
+//! test checks it).
 //!
 //! Each module's doc says which messages it touches.
 
@@ -59,6 +62,7 @@ pub mod extensions;
 pub mod gateway_tasks;
 pub mod held_sessions;
 pub mod ids;
+pub(crate) mod lost_task;
 pub mod observe;
 pub(crate) mod own_request;
 pub mod relay;

@@ -1,7 +1,8 @@
 //! taskgate's own requests: the ones it sends upstream on its own rather than forwarding a
 //! client's, built one way. About a task: `observe`'s `tasks/cancel` of a task it could not
-//! record (`Undo`), `cancel`'s `tasks/get` after a forwarded 2026-07-28 cancel was acknowledged
-//! and after a 2025-11-25 cancel was answered `-32602` (is the task lost?), and the `bridge`'s
+//! record (`Undo`), `cancel`'s `tasks/get` after a forwarded 2026-07-28 cancel was acknowledged,
+//! `lost_task`'s `tasks/get` after a `tasks/*` was answered `-32602` (is the task lost?), and the
+//! `bridge`'s
 //! `tasks/*` requests; the bridges' other requests (`server/discover`, a translated call) take
 //! their context and message from here too. Not yet: `upgrade`'s requests, the reverse
 //! bridge's 2025 bodies and the MRTR retry (ARCHITECTURE.md says why).

@@ -66,6 +66,7 @@ pub use modern::MODERN_ACK;
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc;
 use crate::layers::extensions::AuthorisedTask;
+use crate::layers::lost_task;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::TaskStatus;
@@ -85,6 +86,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::sync::watch;
 
 /// The upstream's answer to one forwarded `tasks/cancel`, shared by every waiting caller.
 #[derive(Clone)]
@@ -123,6 +125,8 @@ pub struct CancelState {
     /// How many follow-ups of acknowledged 2026-07-28 cancels run (at most
     /// [`MAX_FOLLOW_UPS`]; see [`follow_after_ack`]).
     follow_ups: Arc<AtomicUsize>,
+    /// taskgate's shutdown signal (`true`: stopping), which ends the follow-ups.
+    shutdown: Option<watch::Receiver<bool>>,
 }
 
 impl CancelState {
@@ -130,7 +134,25 @@ impl CancelState {
     /// `timeout_ms`, which bounds a forwarded `tasks/cancel` and sets the claim's lease on a
     /// shared store ([`crate::store::cancel_lease`]).
     pub fn new(registry: Arc<Registry>, upstream_timeout: Duration) -> Arc<CancelState> {
-        Arc::new(CancelState {
+        Arc::new(Self::state(registry, upstream_timeout, None))
+    }
+
+    /// As [`CancelState::new`], with taskgate's shutdown signal (`true`: stopping), which ends
+    /// the follow-ups of acknowledged cancels ([`follow_after_ack`]) at once.
+    pub fn stopping_with(
+        registry: Arc<Registry>,
+        upstream_timeout: Duration,
+        shutdown: watch::Receiver<bool>,
+    ) -> Arc<CancelState> {
+        Arc::new(Self::state(registry, upstream_timeout, Some(shutdown)))
+    }
+
+    fn state(
+        registry: Arc<Registry>,
+        upstream_timeout: Duration,
+        shutdown: Option<watch::Receiver<bool>>,
+    ) -> CancelState {
+        CancelState {
             registry,
             flights: Mutex::new(HashMap::new()),
             settled: Mutex::new(HashMap::new()),
@@ -138,7 +160,8 @@ impl CancelState {
             notes: Mutex::new(CancelNotes::default()),
             lease: crate::store::cancel_lease(upstream_timeout),
             follow_ups: Arc::default(),
-        })
+            shutdown,
+        }
     }
 }
 
@@ -481,7 +504,7 @@ where
     // every caller of this flight waits on it.
     req.extensions.insert(Deadline::Exchange);
     let poll = modern::PollAfterAck::of(&req);
-    let confirm = crate::layers::tasks::lost::Confirm::of(&req);
+    let confirm = lost_task::Confirm::of(&req);
     let reply = match inner.call(req).await {
         Err(e) => return FlightAnswer::Failed(Arc::new(e)),
         Ok(reply) => reply,
@@ -537,11 +560,17 @@ where
             "upstream `{upstream}` sent no answer to tasks/cancel (HTTP {status})"
         ))),
     };
+    let invalid = |e: &str| lost_task::error_object_code(e) == Some(lost_task::INVALID_PARAMS);
     if let (Some(confirm), FlightAnswer::Error(error)) = (confirm, &outcome) {
-        // A 2025-11-25 `-32602`: "not found" or "already terminal". Told apart here, inside
-        // the flight, so every caller sharing this answer shares the one `tasks/get` it takes
-        // (review 17 #14), and the record says so before the flight leaves the table.
-        if confirm.run(&state.registry, &mut inner, error).await {
+        // A `-32602`: "not found", "already terminal" (2025-11-25), or about the caller's own
+        // params (review 18a #1). Told apart with a clean `tasks/get` here, inside the flight,
+        // so every caller sharing this answer shares the one `tasks/get` it takes (review 17
+        // #14), and the record says so before the flight leaves the table.
+        if invalid(error)
+            && confirm
+                .run(&state.registry, &mut inner, "tasks/cancel")
+                .await
+        {
             let mut settled = state.settled.lock();
             if settled.len() >= NOTES_LIMIT {
                 settled.clear();
@@ -567,8 +596,13 @@ where
 /// the task after the upstream's ack ([`follow_after_ack`]).
 pub const POLL_AFTER_ACK_WAIT: Duration = Duration::from_secs(2);
 
-/// The polls of a follow-up after the first ([`follow_after_ack`]).
-pub const FOLLOW_UP_POLLS: u32 = 5;
+/// How long a follow-up after the first poll lasts at most ([`follow_after_ack`]): a
+/// worker-queue server may cancel seconds after its ack (review 18a #5: 5 polls at the task's
+/// `pollIntervalMs` gave up after about half a second).
+pub const FOLLOW_UP_FOR: Duration = Duration::from_secs(30);
+
+/// The most polls of a follow-up after the first ([`follow_after_ack`]).
+pub const FOLLOW_UP_POLLS: u32 = 12;
 
 /// The most follow-ups of one upstream's acknowledged cancels running at once; past it a task
 /// still live after the first poll keeps its record as it is (the next poll of a client's, or
@@ -585,13 +619,19 @@ pub const MAX_FOLLOW_UPS: usize = 256;
 ///   most [`POLL_AFTER_ACK_WAIT`] (a slow upstream held every cancel up to its `timeout_ms`).
 /// - A task still live then (2026-07-28 §1.6: the cancel is cooperative, the status may stay
 ///   non-terminal after the ack; a worker-queue server cancels a moment later) is followed off
-///   the request path: up to [`FOLLOW_UP_POLLS`] more polls at the task's `pollIntervalMs`
-///   (100 ms to 5 s), ending at a terminal status, each bounded by the upstream's
-///   `timeout_ms`; at most [`MAX_FOLLOW_UPS`] at once per upstream; stopped when the stack
-///   is dropped (the layer's state is held weakly, as the reverse bridge's pings are).
+///   the request path: polls starting at the task's `pollIntervalMs` (100 ms to 5 s), each
+///   wait twice the last up to 5 s, at most [`FOLLOW_UP_POLLS`] and none starting after
+///   [`FOLLOW_UP_FOR`], ending at a terminal status; each poll bounded by the upstream's
+///   `timeout_ms`; at most [`MAX_FOLLOW_UPS`] at once per upstream; stopped at once when
+///   taskgate shuts down (a poll in progress included) or the stack is dropped. The follow-up
+///   carries no trace (the cancel it follows was answered long before).
+/// - A poll answered `-32602` (taskgate's own clean `tasks/get`: the upstream no longer has
+///   the task, e.g. a server that deletes a cancelled task) ends the record as a lost task
+///   (`lost_task::fail_lost`): its slot is freed (review 18a #5).
 ///
-/// Each poll's answer is applied by `observe` below; any failure leaves the record as it was.
-async fn follow_after_ack<S>(state: &Arc<CancelState>, mut inner: S, poll: modern::PollAfterAck)
+/// Each poll's answer is applied by `observe` below; any other failure leaves the record as it
+/// was.
+async fn follow_after_ack<S>(state: &Arc<CancelState>, mut inner: S, mut poll: modern::PollAfterAck)
 where
     S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError> + Send + 'static,
     S::Future: Send + 'static,
@@ -601,9 +641,13 @@ where
         return;
     }
     let (upstream, task_id) = poll.task();
-    let first = tokio::time::timeout(POLL_AFTER_ACK_WAIT, poll_once(&mut inner, poll.request()));
-    if first.await.is_err() {
-        tracing::debug!(%upstream, %task_id, "the poll after a 2026 cancel ack took too long: the ack goes out without it");
+    let first = tokio::time::timeout(POLL_AFTER_ACK_WAIT, poll_once(registry, &mut inner, &poll));
+    match first.await {
+        Err(_) => {
+            tracing::debug!(%upstream, %task_id, "the poll after a 2026 cancel ack took too long: the ack goes out without it");
+        }
+        Ok(true) => return,
+        Ok(false) => {}
     }
     if ended(registry, &poll).await {
         return;
@@ -612,24 +656,47 @@ where
         tracing::debug!(%upstream, %task_id, "{MAX_FOLLOW_UPS} cancelled tasks followed already: this one is not");
         return;
     };
+    poll.untraced();
     let me = Arc::downgrade(state);
-    tokio::spawn(async move {
-        let _slot = slot;
-        let every = poll.interval();
+    let mut shutdown = state.shutdown.clone();
+    let follow = async move {
+        let started = tokio::time::Instant::now();
+        let mut every = poll.interval();
         for _ in 0..FOLLOW_UP_POLLS {
+            if started.elapsed() + every > FOLLOW_UP_FOR {
+                break;
+            }
             tokio::time::sleep(every).await;
+            every = (every * 2).min(crate::mcp::task::MAX_POLL);
             // Gone: the stack was dropped (taskgate stops).
             let Some(registry) = me.upgrade().map(|s| s.registry.clone()) else {
                 return;
             };
-            poll_once(&mut inner, poll.request()).await;
-            if ended(&registry, &poll).await {
+            if poll_once(&registry, &mut inner, &poll).await || ended(&registry, &poll).await {
                 return;
             }
         }
         let (upstream, task_id) = poll.task();
-        tracing::debug!(%upstream, %task_id, polls = FOLLOW_UP_POLLS + 1, "a cancelled task is still live upstream after taskgate's polls");
+        tracing::debug!(%upstream, %task_id, "a cancelled task is still live upstream after taskgate's follow-up");
+    };
+    tokio::spawn(async move {
+        let _slot = slot;
+        tokio::select! {
+            () = follow => {}
+            () = stopping(&mut shutdown) => {}
+        }
     });
+}
+
+/// Resolves when taskgate shuts down (never without a shutdown signal, as in unit tests).
+async fn stopping(shutdown: &mut Option<watch::Receiver<bool>>) {
+    match shutdown {
+        // A dropped sender: taskgate is gone too.
+        Some(rx) => {
+            let _ = rx.wait_for(|stopped| *stopped).await;
+        }
+        None => std::future::pending().await,
+    }
 }
 
 /// Whether the record of the task `poll` asks about is terminal.
@@ -660,15 +727,30 @@ impl Drop for FollowUp {
 }
 
 /// Sends one of taskgate's own `tasks/get` after a forwarded 2026-07-28 cancel and reads its
-/// answer to the end (`observe`, below, applies it as it passes); any failure only leaves the
-/// record as it was (logged at debug).
-async fn poll_once<S>(inner: &mut S, poll: McpRequest)
+/// answer to the end (`observe`, below, applies it as it passes). Answered `-32602` (a clean
+/// request: the upstream no longer has the task), the record is failed as lost and this says
+/// `true`; any failure only leaves the record as it was (logged at debug).
+async fn poll_once<S>(registry: &Arc<Registry>, inner: &mut S, poll: &modern::PollAfterAck) -> bool
 where
     S: tower::Service<McpRequest, Response = McpReply, Error = GatewayError>,
 {
-    if let Err(e) = crate::layers::own_request::ask(inner, poll).await {
-        tracing::debug!(error = %e, "taskgate's tasks/get after a forwarded cancel failed");
+    let answer = match crate::layers::own_request::ask(inner, poll.request()).await {
+        Ok(Some(answer)) => answer,
+        Ok(None) => return false,
+        Err(e) => {
+            tracing::debug!(error = %e, "taskgate's tasks/get after a forwarded cancel failed");
+            return false;
+        }
+    };
+    if lost_task::error_code(&answer) != Some(lost_task::INVALID_PARAMS) {
+        return false;
     }
+    let (upstream, task_id) = poll.task();
+    let why = format!(
+        "upstream `{upstream}` no longer has this task (after acknowledging its cancel, it answered taskgate's own `tasks/get` with -32602, task not found)"
+    );
+    lost_task::fail_lost(registry, upstream, task_id, "tasks/get", &why).await;
+    true
 }
 
 /// The `status` of a Task object.

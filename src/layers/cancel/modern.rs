@@ -136,6 +136,12 @@ impl PollAfterAck {
             .clamp(MIN_POLL, MAX_POLL)
     }
 
+    /// Drops the cancel's trace: the polls from now on carry none (a follow-up outlives the
+    /// request it follows by far; review 18a #5).
+    pub(super) fn untraced(&mut self) {
+        self.trace = None;
+    }
+
     /// One `tasks/get` of the task (`"taskgate-cancel-poll-<n>"`).
     pub(super) fn request(&self) -> McpRequest {
         let id = own_request::own_id("cancel-poll");

@@ -290,3 +290,58 @@ async fn the_layers_set_each_request_s_deadline() {
         ]
     );
 }
+
+/// Review 18a #5: a follow-up of an acknowledged 2026-07-28 cancel stops at taskgate's
+/// shutdown signal: no poll goes upstream after it (before: polls ran on until their count was
+/// used up, possibly after the store was closed). Paused time: the
+/// follow-up's waits pass at once, so a follow-up that ignored the signal would poll on.
+#[tokio::test(start_paused = true)]
+async fn a_follow_up_after_a_cancel_ack_stops_at_shutdown() {
+    use crate::layers::extensions::AuthorisedTask;
+    let (registry, _) = registry();
+    let slot = registry
+        .reserve(&"up".into(), &crate::layers::testing::owner())
+        .unwrap();
+    let mut live = record("t1");
+    live.era = Era::Modern;
+    registry.record_creation(live.clone(), &slot).await.unwrap();
+    let polls = Arc::new(AtomicUsize::new(0));
+    let counted = polls.clone();
+    // The task stays `working` upstream, however often it is polled.
+    let upstream = tower::service_fn(move |req: McpRequest| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let id = req
+                .id()
+                .map(|i| i.as_json().to_string())
+                .unwrap_or_default();
+            let body = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"resultType":"complete","taskId":"t1","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttlMs":60000,"pollIntervalMs":100}}}}"#
+            );
+            Ok::<_, GatewayError>(McpReply::local_json(Bytes::from(body)))
+        }
+    });
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let state = CancelState::stopping_with(registry.clone(), Duration::from_secs(30), shutdown);
+    let mut cancel =
+        request(r#"{"jsonrpc":"2.0","id":7,"method":"tasks/cancel","params":{"taskId":"t1"}}"#);
+    cancel.extensions.insert(Era::Modern);
+    cancel.extensions.insert(AuthorisedTask {
+        record: Arc::new(live),
+    });
+    let poll = modern::PollAfterAck::of(&cancel).expect("a 2026 task");
+    follow_after_ack(&state, upstream, poll).await;
+    assert_eq!(polls.load(Ordering::SeqCst), 1, "the poll before the ack");
+    // The follow-up runs (its first wait is the task's interval).
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(polls.load(Ordering::SeqCst), 2, "one follow-up poll");
+    assert_eq!(state.follow_ups.load(Ordering::SeqCst), 1);
+    stop.send(true).unwrap();
+    tokio::time::sleep(FOLLOW_UP_FOR * 2).await;
+    assert_eq!(polls.load(Ordering::SeqCst), 2, "no poll after shutdown");
+    assert_eq!(
+        state.follow_ups.load(Ordering::SeqCst),
+        0,
+        "its place given back"
+    );
+}

@@ -28,7 +28,7 @@
 //! holds the session id is the owner), or `anonymous` without a session (no binding at all; task
 //! ids are the upstream's).
 
-pub(crate) mod lost;
+mod lost;
 mod modern;
 
 use crate::exchange::{Deadline, McpReply, McpRequest, Operation};
@@ -37,6 +37,7 @@ use crate::jsonrpc::{self, Id, Message};
 use crate::layers::extensions::{
     AuthorisedTask, OnBehalfOf, PendingCreation, Upgraded, UpstreamWithoutTasks,
 };
+use crate::layers::lost_task::Confirmations;
 use crate::mcp::classify::Classified;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
@@ -65,6 +66,9 @@ pub struct TasksLayer {
     registry: Arc<Registry>,
     /// `[auth] mode` `bearer` or `oauth`: callers are told apart by principal even without sessions.
     authenticated: bool,
+    /// The running confirmations of a `-32602` about a live task (`lost`), shared by the
+    /// services of one upstream's stack.
+    confirming: Arc<Confirmations>,
 }
 
 impl TasksLayer {
@@ -73,6 +77,7 @@ impl TasksLayer {
         TasksLayer {
             registry,
             authenticated,
+            confirming: Arc::default(),
         }
     }
 }
@@ -85,6 +90,7 @@ impl<S> tower::Layer<S> for TasksLayer {
             inner,
             registry: self.registry.clone(),
             authenticated: self.authenticated,
+            confirming: self.confirming.clone(),
         }
     }
 }
@@ -95,6 +101,7 @@ pub struct TasksService<S> {
     inner: S,
     registry: Arc<Registry>,
     authenticated: bool,
+    confirming: Arc<Confirmations>,
 }
 
 type BoxFut<E> = Pin<Box<dyn Future<Output = Result<McpReply, E>> + Send>>;
@@ -145,13 +152,16 @@ where
                 }
                 modern::Decision::Authorise => {
                     let (registry, mut inner) = (self.registry.clone(), self.take_inner());
+                    let confirming = self.confirming.clone();
                     Either::Right(Box::pin(async move {
                         match modern::authorise(&registry, &mut req).await {
                             Ok(()) => {
                                 let probe = lost::Probe::of(&req);
                                 let reply = inner.call(req).await?;
                                 Ok(match probe {
-                                    Some(probe) => probe.check(&registry, reply).await,
+                                    Some(probe) => {
+                                        probe.check(&registry, reply, inner, &confirming).await
+                                    }
                                     None => reply,
                                 })
                             }
@@ -170,6 +180,7 @@ where
         }
         if names_a_task(&req) {
             let (registry, mut inner) = (self.registry.clone(), self.take_inner());
+            let confirming = self.confirming.clone();
             return Either::Right(Box::pin(async move {
                 match authorise(&registry, &mut req).await {
                     Ok(()) => {
@@ -177,7 +188,7 @@ where
                         let probe = lost::Probe::of(&req);
                         let mut reply = inner.call(req).await?;
                         if let Some(probe) = probe {
-                            reply = probe.check(&registry, reply).await;
+                            reply = probe.check(&registry, reply, inner, &confirming).await;
                         }
                         Ok(with_own_session(reply, own))
                     }

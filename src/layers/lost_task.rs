@@ -1,0 +1,341 @@
+//! Whether an upstream lost a task: the check `tasks` (its lost-task probe) and `cancel` (a
+//! cancel's flight, the follow-up polls after a 2026-07-28 ack) share. Not a layer: both name it
+//! below them (review 18a #7: `cancel` named `tasks::lost`, an import pointing up).
+//!
+//! - **A `-32602` is not proof** (review 18a #1, #2): an upstream answers `-32602` to a
+//!   `tasks/*` request whose `taskId` it does not know, but also to a client's own malformed
+//!   params (an ill-typed `_meta.progressToken`, a missing required `_meta` member under
+//!   2026-07-28), and a 2025-11-25 `tasks/result` returns the tool's own error, `-32602`
+//!   included, "exactly" as the underlying request would have. So a `-32602` to a client's
+//!   `tasks/*` about a task recorded live is [`Confirm`]ed with one `tasks/get` of taskgate's
+//!   own, clean (`own_request`: `{taskId}` and, under 2026-07-28, the required `_meta`),
+//!   carrying the task's `AuthorisedTask` (`observe` applies a `Task` it answers, so a task
+//!   that ended unobserved is recorded terminal). Only when that too is answered `-32602` is
+//!   the task lost: its record is failed ([`fail_lost`]) and its owner's slot given back.
+//!   Otherwise the client's answer passes as it came.
+//! - **Once per task** ([`Confirmations`]): the callers whose answers arrive while a task's
+//!   confirmation runs share it (one `tasks/get`); a cancel's flight confirms once for all the
+//!   callers that share the flight. A confirmation runs to its end (its `tasks/get` is bounded
+//!   by the upstream's `timeout_ms`) even when its callers go away, then leaves the table.
+//! - **Cost**: only a `-32602` answer to a `tasks/*` request about a live task pays it.
+
+use crate::exchange::{McpReply, McpRequest, RequestContext};
+use crate::layers::extensions::AuthorisedTask;
+use crate::layers::own_request;
+use crate::registry::Registry;
+use crate::store::{Origin, TaskRecord};
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use parking_lot::Mutex;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// JSON-RPC `-32602` Invalid params: the spec's answer for a nonexistent `taskId`.
+pub(crate) const INVALID_PARAMS: i64 = -32602;
+
+/// Replies longer than this are not read for an error (a JSON-RPC error about a task is short;
+/// a long reply is a payload).
+pub(crate) const MAX_ERROR_REPLY: usize = 16 * 1024;
+
+/// The `error.code` of a JSON-RPC error reply; `None` for anything else (read only when a byte
+/// search finds an `"error"` member in a short body).
+pub(crate) fn error_code(bytes: &[u8]) -> Option<i64> {
+    if bytes.len() > MAX_ERROR_REPLY || memchr::memmem::find(bytes, b"\"error\"").is_none() {
+        return None;
+    }
+    #[derive(Deserialize)]
+    struct Envelope {
+        error: Option<Code>,
+    }
+    serde_json::from_slice::<Envelope>(bytes)
+        .ok()?
+        .error
+        .map(|e| e.code)
+}
+
+/// The `code` of a JSON-RPC `error` object (its JSON text).
+pub(crate) fn error_object_code(error: &str) -> Option<i64> {
+    serde_json::from_str::<Code>(error).ok().map(|c| c.code)
+}
+
+#[derive(Deserialize)]
+struct Code {
+    code: i64,
+}
+
+/// Fails the record of a task its upstream lost (`why`: what showed it), as a dead child's
+/// tasks are (`failed`, `reason="upstream_lost"`, the owner's slot given back); whether this
+/// call failed it (logged at warn then).
+pub(crate) async fn fail_lost(
+    registry: &Arc<Registry>,
+    upstream: &str,
+    task_id: &str,
+    method: &str,
+    why: &str,
+) -> bool {
+    let failed = registry
+        .fail_task_lost_upstream(upstream, task_id, why)
+        .await;
+    if failed {
+        tracing::warn!(upstream = %upstream, task_id = %task_id, method, "the upstream lost a task: its record is failed and its slot released");
+    }
+    failed
+}
+
+/// The confirmation a `-32602` answer about a task recorded live needs (see the module docs).
+pub(crate) struct Confirm {
+    /// What the confirming request's context is made of (see [`Carried`]).
+    carried: Carried,
+    record: Arc<TaskRecord>,
+}
+
+/// The parts of the request answered `-32602` its confirmation is sent with: its upstream,
+/// session (the task's own under 2025-11-25), caller, and the `Authorization` and
+/// `MCP-Protocol-Version` headers it carried. Shared handles only, nothing allocated: it is
+/// taken for every `tasks/get|result` about a live task, before its answer is known. A client
+/// header other than those two (an upstream authenticating by a custom header) is not sent
+/// with the confirmation; refused then, the confirmation finds nothing and the client's answer
+/// passes as it came.
+struct Carried {
+    upstream: Arc<str>,
+    session_id: Option<http::HeaderValue>,
+    principal: crate::exchange::Principal,
+    client_addr: Option<std::net::IpAddr>,
+    authorization: Option<http::HeaderValue>,
+    version: Option<http::HeaderValue>,
+}
+
+impl Carried {
+    fn of(ctx: &RequestContext) -> Carried {
+        Carried {
+            upstream: ctx.upstream.clone(),
+            session_id: ctx.session_id.clone(),
+            principal: ctx.principal.clone(),
+            client_addr: ctx.client_addr,
+            authorization: ctx.headers.get(http::header::AUTHORIZATION).cloned(),
+            version: ctx.protocol_version().cloned(),
+        }
+    }
+
+    /// The context these parts make (`own_request::context` then sets the confirmation's own
+    /// headers).
+    fn context(&self) -> RequestContext {
+        let mut headers = http::HeaderMap::new();
+        if let Some(a) = &self.authorization {
+            headers.insert(http::header::AUTHORIZATION, a.clone());
+        }
+        if let Some(v) = &self.version {
+            headers.insert(&crate::headers::MCP_PROTOCOL_VERSION, v.clone());
+        }
+        RequestContext {
+            upstream: self.upstream.clone(),
+            session_id: self.session_id.clone(),
+            client_session_id: None,
+            principal: self.principal.clone(),
+            client_addr: self.client_addr,
+            headers,
+        }
+    }
+}
+
+impl Confirm {
+    /// The confirmation `req` (a `tasks/*` request, authorised) may need: `None` when its task
+    /// is not a client's task recorded live in the request's era (a gateway task, a terminal
+    /// one, or one bridged to the other era, where the bridge answers for it).
+    pub(crate) fn of(req: &McpRequest) -> Option<Confirm> {
+        let record = &req.extensions.get::<AuthorisedTask>()?.record;
+        let live_here = !record.status.is_terminal()
+            && record.origin == Origin::Client
+            && record.era == req.era();
+        live_here.then(|| Confirm {
+            carried: Carried::of(&req.ctx),
+            record: record.clone(),
+        })
+    }
+
+    /// The task's id.
+    pub(crate) fn task_id(&self) -> &str {
+        &self.record.task_id
+    }
+
+    /// Sends the clean `tasks/get` (see the module docs) through `inner`: answered `-32602`
+    /// too, the task is lost and its record is failed, naming `method` (the request first
+    /// answered `-32602`). Whether the task was found lost (any failure: it was not, nothing
+    /// changes).
+    pub(crate) async fn run<S>(self, registry: &Arc<Registry>, inner: &mut S, method: &str) -> bool
+    where
+        S: tower::Service<McpRequest, Response = McpReply>,
+    {
+        let id = own_request::own_id("lost-check");
+        let (upstream, task_id) = (&self.record.upstream, &self.record.task_id);
+        let era = self.record.era;
+        let ctx = self.carried.context();
+        let mut get = own_request::task_request(&ctx, era, "tasks/get", task_id, &id);
+        get.extensions.insert(AuthorisedTask {
+            record: self.record.clone(),
+        });
+        let Ok(Some(answer)) = own_request::ask(inner, get).await else {
+            return false;
+        };
+        if error_code(&answer) != Some(INVALID_PARAMS) {
+            return false;
+        }
+        let why = format!(
+            "upstream `{upstream}` no longer has this task (it answered `{method}` and taskgate's own `tasks/get` with -32602, task not found); the task's state was lost (a restart of the upstream?)"
+        );
+        // Failed here or a moment before by another path: the task is gone either way.
+        fail_lost(registry, upstream, task_id, method, &why).await;
+        true
+    }
+}
+
+/// The confirmation of one task that is running.
+type Flight = Shared<BoxFuture<'static, bool>>;
+
+/// The confirmations running for one upstream's tasks, by task id: callers whose `-32602`
+/// arrives while one runs share it (one `tasks/get` per task at a time).
+#[derive(Default)]
+pub(crate) struct Confirmations {
+    flights: Mutex<HashMap<String, Flight>>,
+}
+
+impl Confirmations {
+    /// Runs `confirm` (with `inner`, the service below the caller), or joins the one running for
+    /// its task; whether the task was found lost ([`Confirm::run`]).
+    pub(crate) async fn confirm<S>(
+        self: &Arc<Self>,
+        confirm: Confirm,
+        registry: Arc<Registry>,
+        mut inner: S,
+        method: &'static str,
+    ) -> bool
+    where
+        S: tower::Service<McpRequest, Response = McpReply> + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+    {
+        let flight = {
+            let mut flights = self.flights.lock();
+            match flights.get(confirm.task_id()) {
+                Some(running) => running.clone(),
+                None => {
+                    let task_id = confirm.task_id().to_string();
+                    let done = Done {
+                        table: self.clone(),
+                        task_id: task_id.clone(),
+                    };
+                    let flight = async move {
+                        let _done = done;
+                        confirm.run(&registry, &mut inner, method).await
+                    }
+                    .boxed()
+                    .shared();
+                    flights.insert(task_id, flight.clone());
+                    // Driven to its end (bounded by the upstream's `timeout_ms`) even when
+                    // every caller goes away, so it always leaves the table.
+                    tokio::spawn(flight.clone());
+                    flight
+                }
+            }
+        };
+        flight.await
+    }
+}
+
+/// Removes a confirmation from its table when its future ends in any way.
+struct Done {
+    table: Arc<Confirmations>,
+    task_id: String,
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.table.flights.lock().remove(&self.task_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exchange::GatewayError;
+    use crate::layers::testing::{owner, record, registry, request};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// Review 18a #1: `-32602`s about one task that arrive while its confirmation runs share
+    /// it: the upstream gets one `tasks/get`, clean (`{taskId}` only), and both callers learn
+    /// the task is lost; the record is failed once.
+    #[tokio::test]
+    async fn concurrent_confirmations_of_one_task_send_one_clean_tasks_get() {
+        let (registry, _) = registry();
+        let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+        let recorded = Arc::new(record("t1"));
+        registry
+            .record_creation((*recorded).clone(), &slot)
+            .await
+            .unwrap();
+        let (calls, params) = (Arc::new(AtomicUsize::new(0)), Arc::new(Mutex::new(None)));
+        let (counted, seen) = (calls.clone(), params.clone());
+        let upstream = tower::service_fn(move |req: McpRequest| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            if let crate::exchange::Operation::Post(m) = &req.op {
+                *seen.lock() = m.params().map(str::to_string);
+            }
+            async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let id = req
+                    .id()
+                    .map(|i| i.as_json().to_string())
+                    .unwrap_or_default();
+                let body = format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32602,"message":"Task not found"}}}}"#
+                );
+                Ok::<_, GatewayError>(McpReply::local_json(bytes::Bytes::from(body)))
+            }
+        });
+        let mut get = request(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tasks/get","params":{"taskId":"t1","_meta":{"progressToken":{}}}}"#,
+        );
+        get.extensions.insert(AuthorisedTask { record: recorded });
+        let confirming = Arc::new(Confirmations::default());
+        let (a, b) = tokio::join!(
+            confirming.confirm(
+                Confirm::of(&get).unwrap(),
+                registry.clone(),
+                upstream.clone(),
+                "tasks/get"
+            ),
+            confirming.confirm(
+                Confirm::of(&get).unwrap(),
+                registry.clone(),
+                upstream,
+                "tasks/result"
+            ),
+        );
+        assert!(a && b, "both learn the task is lost");
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "one tasks/get");
+        assert_eq!(params.lock().as_deref(), Some(r#"{"taskId":"t1"}"#));
+        let r = registry.record_cached("up", "t1").await.unwrap().unwrap();
+        assert_eq!(r.status, crate::mcp::task::TaskStatus::Failed);
+        assert!(confirming.flights.lock().is_empty(), "it left the table");
+    }
+
+    #[test]
+    fn only_error_replies_have_a_code() {
+        assert_eq!(
+            error_code(br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":"x"}}"#),
+            Some(-32602)
+        );
+        assert_eq!(
+            error_code(br#"{"jsonrpc":"2.0","id":1,"result":{"type":"error"}}"#),
+            None
+        );
+        assert_eq!(error_code(br#"{"error":{"code":"no"}}"#), None);
+        assert_eq!(error_code(b"not json \"error\""), None);
+        let mut long = br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":""#.to_vec();
+        long.extend(std::iter::repeat_n(b'a', MAX_ERROR_REPLY));
+        long.extend(br#""}}"#);
+        assert_eq!(error_code(&long), None, "bounded");
+        assert_eq!(error_object_code(r#"{"code":-32602}"#), Some(-32602));
+    }
+}
