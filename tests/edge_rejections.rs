@@ -578,3 +578,35 @@ async fn big_ids_encoded_bodies_and_a_bom_are_refused_saying_why() {
         .await;
     assert_eq!(r.status(), 200, "identity is no coding");
 }
+
+/// Review 18b: the Content-Encoding 415 reads only the first field (`HeadFields`'
+/// `get_or_insert`): `Content-Encoding: identity` then `Content-Encoding: gzip` passes, and
+/// both fields are forwarded, so the upstream is told the (plain) body is gzip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_content_encoding_field_is_refused_too() {
+    let up = Upstream::mcp().await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+    let before = up.count();
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("1", "ping", "{}"))
+        .header("content-encoding", "identity")
+        .header("content-encoding", "gzip")
+        .send()
+        .await;
+    let status = r.status();
+    let forwarded: Vec<String> = up
+        .requests()
+        .iter()
+        .skip(before)
+        .flat_map(|q| {
+            q.headers
+                .iter()
+                .filter(|(n, _)| n == "content-encoding")
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(
+        status, 415,
+        "a gzip coding in a second field; the upstream was sent content-encoding {forwarded:?}"
+    );
+}

@@ -111,7 +111,7 @@ pub(super) struct HeadFields<'a> {
     pub content_length: Option<&'a HeaderValue>,
     /// The first `Expect` value.
     pub expect: Option<&'a HeaderValue>,
-    /// The first `Content-Encoding` value.
+    /// The first `Content-Encoding` value that is not `identity`, else the first.
     pub content_encoding: Option<&'a HeaderValue>,
     /// The first `MCP-Protocol-Version` value.
     pub protocol_version: Option<&'a HeaderValue>,
@@ -168,7 +168,15 @@ impl<'a> HeadFields<'a> {
             } else if name == header::EXPECT {
                 f.expect.get_or_insert(value);
             } else if name == header::CONTENT_ENCODING {
-                f.content_encoding.get_or_insert(value);
+                // Every field is read: an `identity` first must not hide a `gzip` after it
+                // (review 18b #4: both were forwarded, naming the plain body gzip).
+                let identity = value
+                    .as_bytes()
+                    .trim_ascii()
+                    .eq_ignore_ascii_case(b"identity");
+                if !identity || f.content_encoding.is_none() {
+                    f.content_encoding = Some(value);
+                }
             } else if name == crate::mcp::routing_headers::MCP_METHOD
                 || name == crate::mcp::routing_headers::MCP_NAME
             {

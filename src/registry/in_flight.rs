@@ -101,6 +101,11 @@ pub enum Settled {
     Refused,
     /// Neither, and no creation it could belong to is in flight (or [`SETTLE_WAIT`] passed).
     Unrecorded,
+    /// Neither, none in flight on the stream's own session, but creations are in flight on
+    /// other sessions of its upstream: it may be one of theirs, which must not reach this
+    /// session before its record (and the owner rule) says whose it is (review 18b #3: the
+    /// per-session wait let session A's new task through on session B's stream).
+    InFlightElsewhere,
 }
 
 impl CreationsInFlight {
@@ -176,6 +181,9 @@ impl CreationsInFlight {
                 return Settled::Recorded;
             }
             if !u.in_flight_on(session) {
+                if session.is_some() && u.in_flight_on(None) {
+                    return Settled::InFlightElsewhere;
+                }
                 return Settled::Unrecorded;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -240,8 +248,9 @@ mod tests {
     }
 
     /// Review 17 #11: a creation in flight on one upstream session holds back no notification on
-    /// another session's stream; a stream without a known session waits for any; and the wait
-    /// ends at `SETTLE_WAIT` when nothing settles.
+    /// another session's stream (it is not passed on at once: it may be that creation's task,
+    /// review 18b #3); a stream without a known session waits for any; and the wait ends at
+    /// `SETTLE_WAIT` when nothing settles.
     #[tokio::test(start_paused = true)]
     async fn only_the_streams_own_session_waits() {
         let c = Arc::new(CreationsInFlight::default());
@@ -249,7 +258,7 @@ mod tests {
         let never = Arc::new(AtomicBool::new(false));
         let asked = Arc::default();
         let other = waiter(&c, Some("s2"), &never, &asked);
-        assert_eq!(other.await.unwrap(), Settled::Unrecorded, "at once");
+        assert_eq!(other.await.unwrap(), Settled::InFlightElsewhere, "at once");
         let start = tokio::time::Instant::now();
         let any = waiter(&c, None, &never, &asked);
         assert_eq!(any.await.unwrap(), Settled::Unrecorded);

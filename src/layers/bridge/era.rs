@@ -177,13 +177,11 @@ impl Discovery {
                 self.learn(upstream, era);
                 Discovered::Answer(answer)
             }
-            // The upstream answered, but refused taskgate's credentials or answered a redirect
-            // (both 502 since break-edge F8; before, an answer that says nothing of the era):
-            // asked again after `UNANSWERED_RETRY`, not on every request.
-            Ok(Err(
-                e @ (crate::exchange::GatewayError::UpstreamRefused { .. }
-                | crate::exchange::GatewayError::UpstreamProtocol { .. }),
-            )) => {
+            // The upstream answered, but refused taskgate's credentials (a 502 since break-edge
+            // F8; before, an answer that says nothing of the era): asked again after
+            // `UNANSWERED_RETRY`, not on every request. Not any protocol error (a body cut
+            // short is asked again at once, as before: review 18b #5).
+            Ok(Err(e @ crate::exchange::GatewayError::UpstreamRefused { .. })) => {
                 tracing::info!(upstream = %upstream, error = %e, "server/discover answered without telling the era: asked again later");
                 *self.unanswered_until.lock() = Some(Instant::now() + UNANSWERED_RETRY);
                 Discovered::Inconclusive

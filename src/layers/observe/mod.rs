@@ -850,7 +850,13 @@ impl Watch {
                 era,
                 undo,
             } => {
-                undo.cancel(&self.registry, era, task_id, UndoReason::WrongId);
+                // Only a task taskgate never recorded: a recorded one may be another client's
+                // live task, which an upstream mixing up its answers names here (review 18b #1;
+                // as a taskId the upstream reuses is not cancelled either, break-tasks L4).
+                let recorded = self.registry.record_cached(&self.upstream, &task_id).await;
+                if matches!(recorded, Ok(None)) {
+                    undo.cancel(&self.registry, era, task_id, UndoReason::WrongId);
+                }
                 // A JSON body stays: it is refused as an answer under another id (502). An
                 // event is dropped: it would name a task never recorded.
                 return (!in_stream).then_some(bytes);
@@ -1262,7 +1268,7 @@ impl Watch {
             .settle(&self.upstream, session, task_id, recorded)
             .await
         {
-            Settled::Refused => false,
+            Settled::Refused | Settled::InFlightElsewhere => false,
             Settled::Unrecorded => true,
             Settled::Recorded => match self.registry.record_cached(&self.upstream, task_id).await {
                 Ok(Some(r)) => self.shows(caller, &r),

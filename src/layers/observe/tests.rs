@@ -728,3 +728,24 @@ async fn an_acknowledged_bridged_cancel_is_recorded_cancelled() {
         }
     }
 }
+
+/// Review 18b: a stray `CreateTaskResult` (another id) naming a task taskgate already recorded
+/// (an upstream replaying an earlier creation's answer, or reusing ids: break-tasks L4) is
+/// cancelled upstream anyway: `Step::StrayCreation` calls `Undo` without the
+/// `StoreError::Conflict` / recorded check the in-order path makes, so it ends the recorded
+/// task of another request (its owner's live task).
+#[tokio::test]
+async fn a_stray_creation_naming_a_recorded_task_is_not_cancelled() {
+    const STRAY: &str = r#"{"jsonrpc":"2.0","id":"not-yours","result":{"task":{"taskId":"t9","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":60000}}}"#;
+    let (registry, _store) = registry();
+    let reservation = registry.reserve(&"up".into(), &owner()).unwrap();
+    registry
+        .record_creation(crate::layers::testing::record("t9"), &reservation)
+        .await
+        .unwrap();
+    drop(reservation);
+    let (svc, mut seen) = recording_upstream(&registry, STRAY);
+    let _ = svc.oneshot(creation_request(&registry)).await;
+    next_upstream_request(&mut seen).await;
+    assert_no_cancel_sent(&mut seen).await;
+}
