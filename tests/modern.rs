@@ -172,15 +172,7 @@ async fn a_task_the_server_makes_over_the_owner_limit_is_cancelled_and_refused()
     let url = tg.mcp_url();
     let t1 = create(&url, None, "slow_compute").await;
     create(&url, None, "slow_compute").await;
-    let call = |id: u64, tool: &str| {
-        modern_req(
-            &url,
-            None,
-            id,
-            "tools/call",
-            json!({"name": tool, "arguments": {}}),
-        )
-    };
+    let call = |id: u64, tool: &str| call_tool(&url, id, tool);
     // A plain answer is not a task: not limited.
     let (status, v) = send(call(3, "plain_tool")).await;
     assert_eq!(
@@ -657,15 +649,7 @@ async fn invalid_answers_to_a_2026_call_are_upstream_errors() {
     let up = misbehaving_2026_server().await;
     let tg = TgConfig::new(&up.url()).start().await;
     let url = tg.mcp_url();
-    let call = |id: u64, tool: &str| {
-        modern_req(
-            &url,
-            None,
-            id,
-            "tools/call",
-            json!({"name": tool, "arguments": {}}),
-        )
-    };
+    let call = |id: u64, tool: &str| call_tool(&url, id, tool);
     for (id, (tool, says)) in [
         ("badjson", "not JSON"),
         ("empty", "empty body"),
@@ -718,15 +702,7 @@ async fn a_creation_answered_under_another_id_is_cancelled_upstream() {
     let up = misbehaving_2026_server().await;
     let tg = TgConfig::new(&up.url()).start().await;
     let url = tg.mcp_url();
-    let call = |id: u64, tool: &str| {
-        modern_req(
-            &url,
-            None,
-            id,
-            "tools/call",
-            json!({"name": tool, "arguments": {}}),
-        )
-    };
+    let call = |id: u64, tool: &str| call_tool(&url, id, tool);
     let (status, v) = send(call(1, "wrongid_task")).await;
     assert_eq!((status, err_code(&v)), (502, -32603), "{v}");
     assert!(err_message(&v).contains("\"not-yours\""), "{v}");
@@ -1785,15 +1761,7 @@ async fn no_task_id_leaks_from_a_broken_or_unanswered_creation() {
     let up = misbehaving_2026_server().await;
     let tg = TgConfig::new(&up.url()).start().await;
     let url = tg.mcp_url();
-    let call = |id: u64, tool: &str| {
-        modern_req(
-            &url,
-            None,
-            id,
-            "tools/call",
-            json!({"name": tool, "arguments": {}}),
-        )
-    };
+    let call = |id: u64, tool: &str| call_tool(&url, id, tool);
     let (status, v) = send(call(1, "badjson_ends")).await;
     assert_eq!((status, err_code(&v)), (502, -32603), "{v}");
     assert!(tg.record("leak-1").is_none());

@@ -244,6 +244,17 @@ pub fn meta(with_ext: bool) -> Value {
 }
 
 /// A 2026-07-28 request: headers and `_meta` as the spec's clients send them.
+/// An anonymous 2026 `tools/call` of `tool` with no arguments, under `id`.
+pub fn call_tool(url: &str, id: u64, tool: &str) -> Req {
+    modern_req(
+        url,
+        None,
+        id,
+        "tools/call",
+        json!({"name": tool, "arguments": {}}),
+    )
+}
+
 pub fn modern_req(url: &str, token: Option<&str>, id: u64, method: &str, params: Value) -> Req {
     let mut params = params;
     if params.get("_meta").is_none() {
