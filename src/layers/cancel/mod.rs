@@ -444,7 +444,7 @@ fn reply_of(
             // as an error passed on as it came does; each caller gets its own era's (break-tasks
             // M6: every such error was answered 200).
             if era == Era::Modern {
-                let code = serde_json::from_str::<ErrorCode>(&error).map_or(0, |e| e.code);
+                let code = crate::layers::lost_task::error_object_code(&error).unwrap_or(0);
                 reply.status = crate::mcp::errors::modern_error_status(code);
             }
             reply
@@ -465,12 +465,6 @@ fn reply_of(
             McpReply::error(Era::Legacy, Some(id), &McpError::CancelNoOutcome)
         }
     })
-}
-
-/// The `code` of a JSON-RPC `error` object.
-#[derive(Deserialize)]
-struct ErrorCode {
-    code: i64,
 }
 
 /// The answer to a `tasks/cancel`, its parts kept as the bytes that came.
