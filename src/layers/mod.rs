@@ -58,6 +58,7 @@
 mod after;
 pub mod bridge;
 pub mod cancel;
+pub(crate) mod cancel_ack;
 pub mod extensions;
 pub mod gateway_tasks;
 pub mod held_sessions;

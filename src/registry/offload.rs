@@ -381,27 +381,6 @@ impl Registry {
         self.durable(applied).await
     }
 
-    /// Applies a 2026-07-28 `tasks/cancel` ack as the task `cancelled`, for a 2025-11-25 caller
-    /// (2025-11-25 tasks: the receiver "MUST set `cancelled` before replying"; the bridge's
-    /// `tasks/cancel`, and a 2025 caller who joined a 2026 caller's cancel): `known`, the
-    /// authorised record, with status `cancelled` and updated now. A terminal status recorded
-    /// first stands. Returns the 2025 `Task` applied and what applying it did; answer the
-    /// caller with [`Observed::legacy_cancel_answer`].
-    pub async fn apply_cancel_ack(
-        self: &Arc<Self>,
-        upstream: &str,
-        known: &crate::store::TaskRecord,
-    ) -> (Value, Observed) {
-        let mut task = known.to_task();
-        task.status = crate::mcp::task::TaskStatus::Cancelled;
-        task.last_updated_at = crate::mcp::task::format_rfc3339_ms(crate::mcp::task::now_ms());
-        let task = serde_json::to_value(&task).unwrap_or(Value::Null);
-        let observed = self
-            .observe_task_as(upstream, &known.task_id, task.clone(), "tasks/cancel")
-            .await;
-        (task, observed)
-    }
-
     /// Applies a status report about `task_id` (a reply to a request about that task: its own
     /// `taskId`, if any, is not trusted to name another task).
     pub async fn observe_task_as(

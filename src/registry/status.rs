@@ -28,30 +28,6 @@ pub enum Observed {
 }
 
 impl Observed {
-    /// The 2025-11-25 answer under `id` to a `tasks/cancel` whose 2026-07-28 ack was applied as
-    /// `task` ([`Registry::apply_cancel_ack`]): the cancelled `Task` (a `CancelTaskResult`);
-    /// `-32602` naming the status when another terminal status was recorded first; `-32602`
-    /// "Task not found" when the task is no longer recorded.
-    pub fn legacy_cancel_answer(
-        &self,
-        id: &crate::jsonrpc::Id,
-        task_id: &str,
-        task: &Value,
-    ) -> Bytes {
-        use crate::mcp::errors::TaskError;
-        match self {
-            Observed::Rewrite { status, .. } if *status != TaskStatus::Cancelled => {
-                TaskError::AlreadyTerminal {
-                    task_id,
-                    status: *status,
-                }
-                .response(Some(id))
-            }
-            Observed::Unknown => TaskError::NotFound { task_id }.response(Some(id)),
-            _ => crate::jsonrpc::result_response(id, &task.to_string()),
-        }
-    }
-
     /// For [`Observed::Rewrite`]: sets `status` (and `statusMessage`) of a Task object to the
     /// recorded ones. Returns whether anything was rewritten.
     pub fn rewrite(&self, task: &mut Value) -> bool {

@@ -6,6 +6,7 @@ use super::{ask, error_reply, failure_reply, legacy_reply, modern_request};
 use super::{BridgeService, BridgeState, MAX_POLL, MIN_POLL};
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id};
+use crate::layers::cancel_ack;
 use crate::layers::extensions::{AckIsCancelled, AuthorisedTask, CancelAcknowledged};
 use crate::layers::relay::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use crate::layers::McpService;
@@ -412,5 +413,5 @@ pub(super) async fn tasks_cancel<S: McpService>(
         };
         return McpReply::error(Era::Legacy, Some(&id), &error);
     };
-    McpReply::local_json(observed.legacy_cancel_answer(&id, &task_id, task))
+    McpReply::local_json(cancel_ack::legacy_answer(observed, &id, &task_id, task))
 }

@@ -4,6 +4,7 @@
 use super::CancelState;
 use crate::exchange::{McpReply, McpRequest};
 use crate::jsonrpc;
+use crate::layers::cancel_ack;
 use crate::layers::extensions::AuthorisedTask;
 use crate::layers::own_request;
 use crate::mcp::era::Era;
@@ -57,10 +58,8 @@ pub(super) async fn terminal_answer(
 /// for: a 2025-11-25 caller who joined a 2026-07-28 caller's cancel of the same task, or the
 /// other way round (break-tasks M1: each got the other era's shape, which its SDK rejects).
 /// A 2026 caller gets the ack; a 2025 caller the ack applied as the task `cancelled`, as the
-/// bridge answers its own cancel ([`Registry::apply_cancel_ack`]). `None`: `result` already
-/// has the caller's era's shape (a 2026 ack has `resultType`, a 2025 `Task` has `status`).
-///
-/// [`Registry::apply_cancel_ack`]: crate::registry::Registry::apply_cancel_ack
+/// bridge answers its own cancel ([`cancel_ack`]). `None`: `result` already has the caller's
+/// era's shape (a 2026 ack has `resultType`, a 2025 `Task` has `status`).
 pub(super) async fn other_eras_answer(
     state: &Arc<CancelState>,
     era: Era,
@@ -82,8 +81,8 @@ pub(super) async fn other_eras_answer(
         // Only a 2026 ack (`resultType`, no `status`): a 2025 result that is malformed stays
         // the caller's to see (review 17 #9: `{}` was taken for an ack and recorded cancelled).
         Era::Legacy if has("resultType") && !has("status") => {
-            let (task, observed) = state.registry.apply_cancel_ack(upstream, record).await;
-            let answer = observed.legacy_cancel_answer(id, &record.task_id, &task);
+            let (task, observed) = cancel_ack::apply(&state.registry, upstream, record).await;
+            let answer = cancel_ack::legacy_answer(&observed, id, &record.task_id, &task);
             Some(McpReply::local_json(answer))
         }
         _ => None,

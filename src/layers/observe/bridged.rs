@@ -18,6 +18,7 @@
 
 use super::Watch;
 use crate::jsonrpc::Id;
+use crate::layers::cancel_ack;
 use crate::layers::extensions::{CancelAcknowledged, Fact, PendingCreation, SynthesizedTask};
 use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms};
@@ -107,16 +108,13 @@ impl Watch {
 
     /// The ack to a `tasks/cancel` carrying
     /// [`AckIsCancelled`](crate::layers::extensions::AckIsCancelled): `known` (the authorised
-    /// record) `cancelled` and updated now, applied ([`Registry::apply_cancel_ack`]); `applied`
-    /// filled.
-    ///
-    /// [`Registry::apply_cancel_ack`]: crate::registry::Registry::apply_cancel_ack
+    /// record) `cancelled` and updated now, applied ([`cancel_ack::apply`]); `applied` filled.
     pub(super) async fn on_cancel_ack(
         &self,
         known: &TaskRecord,
         applied: &Fact<CancelAcknowledged>,
     ) {
-        let (task, observed) = self.registry.apply_cancel_ack(&self.upstream, known).await;
+        let (task, observed) = cancel_ack::apply(&self.registry, &self.upstream, known).await;
         applied.set(CancelAcknowledged { task, observed });
     }
 }
