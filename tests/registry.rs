@@ -557,6 +557,23 @@ async fn a_task_whose_upstream_session_was_lost_is_failed_not_a_session_error() 
         assert_eq!(r.status, TaskStatus::Failed);
         assert!(r.released_at.is_some(), "released");
     }
+    // A 2026-07-28 request of the owner about the 2025 task (no session) is answered from the
+    // record too, the failed `DetailedTask` with its error; the upstream is not asked (review
+    // 17 #13: it went out on the lost session).
+    let asked = up.count("tasks/get");
+    let url = format!("http://{}/mcp", tg.gw);
+    let (status, modern) = send(modern_req(
+        &url,
+        Some("alice-token"),
+        7,
+        "tasks/get",
+        json!({ "taskId": t1 }),
+    ))
+    .await;
+    assert_eq!(status, 200, "{modern}");
+    assert_eq!(modern["result"]["status"], "failed", "{modern}");
+    assert!(modern["result"]["error"]["code"].is_i64(), "{modern}");
+    assert_eq!(up.count("tasks/get"), asked, "the upstream was asked again");
     again.create_task("6").await;
 }
 

@@ -332,6 +332,21 @@ async fn a_task_of_a_dead_child_is_answered_from_its_record_on_a_new_session() {
     );
     let cancel = second.cancel("5", &task).await;
     assert_eq!(err_code(&cancel), -32602, "terminal: {cancel}");
+    // A 2026-07-28 request of the owner (no session; README: a task is reachable across eras)
+    // is answered from the record too, the failed `DetailedTask` with the error, not routed
+    // to the dead child's session (review 17 #13: HTTP 404 `-32001`).
+    let url = format!("http://{}/mcp", tg.gw);
+    let (status, modern) = send(modern_req(
+        &url,
+        Some("alice-token"),
+        8,
+        "tasks/get",
+        json!({ "taskId": task }),
+    ))
+    .await;
+    assert_eq!(status, 200, "{modern}");
+    assert_eq!(modern["result"]["status"], "failed", "{modern}");
+    assert_eq!(modern["result"]["error"]["code"], -32603, "{modern}");
     // The creating session is answered the same way.
     let result = first.result("6", &task).await;
     assert_eq!(err_code(&result), -32603, "{result}");

@@ -551,9 +551,10 @@ async fn authorise(registry: &Arc<Registry>, req: &mut McpRequest) -> Result<(),
     };
     link_creating_span(req, &record);
     // A task taskgate ended itself (its child died, its upstream lost it) is answered from its
-    // record: the process or session that lost it is not asked (`lost`). A `tasks/cancel` of
-    // it is answered by the `cancel` layer (terminal).
-    if record.era == Era::Legacy && lost::ended_here(&record) {
+    // record, whichever era created it: the process or session that lost it is not asked
+    // (`lost`; review 17 #13). A `tasks/cancel` of it is answered by the `cancel` layer
+    // (terminal).
+    if lost::ended_here(&record) {
         if let Some(m @ (TaskMethod::Get | TaskMethod::Result)) = method {
             if let Some(reply) = lost::answer(&record, m, Era::Legacy, &id) {
                 return Err(reply);

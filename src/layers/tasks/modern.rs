@@ -162,8 +162,11 @@ pub(super) async fn authorise(
         if let Some(reply) = stored_result(&record, &id) {
             return Err(reply);
         }
-        // A task taskgate ended itself (its upstream lost it): the failed `DetailedTask` with
-        // the error it was failed with (`super::lost`).
+    }
+    // A task taskgate ended itself (its upstream or child lost it), whichever era created it:
+    // the failed `DetailedTask` with the error it was failed with (`super::lost`), not a
+    // request to the session that lost it (review 17 #13).
+    if method == "tasks/get" {
         if let Some(reply) = super::lost::answer(&record, TaskMethod::Get, Era::Modern, &id) {
             return Err(reply);
         }
