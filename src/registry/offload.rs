@@ -444,14 +444,15 @@ impl Registry {
     }
 
     /// Waits until a status that just became terminal is on disk (group commit + `fdatasync`)
-    /// before the message that reported it is passed on; a status that changed otherwise is
-    /// synced soon. A failed sync is logged and counted: the message still goes on (the
-    /// upstream's word stands; the record is only less durable).
+    /// before the message that reported it is passed on, when only taskgate holds it
+    /// (`status::awaits_disk`); any other change was handed to the next group commit. A failed
+    /// sync is logged and counted: the message still goes on (the upstream's word stands; the
+    /// record is only less durable).
     async fn durable(self: &Arc<Self>, applied: Option<Applied>) -> Observed {
-        let Some((observed, terminal_now)) = applied else {
+        let Some((observed, waits)) = applied else {
             return Observed::Unknown;
         };
-        if terminal_now {
+        if waits {
             self.sync_terminal().await;
         }
         observed
@@ -470,12 +471,12 @@ impl Registry {
         task_id: &str,
         failed: bool,
     ) {
-        let terminal_now = self
+        let waits = self
             .point_about(upstream, task_id, move |r, up, id| {
                 r.apply_result_payload_now(up, id, failed)
             })
             .await;
-        if terminal_now == Some(true) {
+        if waits == Some(true) {
             self.sync_terminal().await;
         }
     }
