@@ -19,8 +19,7 @@ fn sse(messages: &[&str]) -> McpReply {
         .map(|m| Event {
             event: None,
             data: Some(m.to_string().into()),
-            id: None,
-            retry: None,
+            ..Default::default()
         })
         .collect();
     McpReply::new(
