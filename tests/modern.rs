@@ -2063,3 +2063,91 @@ async fn a_task_gone_after_a_cancel_ack_frees_the_slot() {
     let again = create(&url, None, "slow_compute").await;
     assert_ne!(again, t);
 }
+
+/// Review 18b #2: a `notifications/tasks` contradicting a terminal record whose payload is
+/// kept is answered with that payload (F6), but keeps its own `params._meta`: 2026-07-28 §2.3,
+/// every notification on a `subscriptions/listen` stream carries the `subscriptionId` its
+/// client demultiplexes by. The stored `tasks/get` result's own `_meta` is not the
+/// notification's; a notification without `_meta` shows none. On the code before, the whole
+/// `params` was replaced by the stored result: the stored `_meta` shown, the notification's lost.
+#[tokio::test]
+async fn a_served_payload_keeps_the_notifications_meta() {
+    let modern = modern_handler(Default::default());
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        let t = v["params"]["arguments"]["taskId"].as_str().unwrap_or("");
+        let id = req.rpc_id_json();
+        match (v["method"].as_str(), v["params"]["name"].as_str()) {
+            // An upstream whose terminal answer carries a `_meta` of its own.
+            (Some("tasks/get"), _) => {
+                let mut task = detailed(v["params"]["taskId"].as_str().unwrap(), "completed");
+                task["_meta"] = json!({"vendor/stored": 1});
+                ScriptedResponse::json(rpc_result(&id, &task.to_string()))
+            }
+            // Then a late `working` report, with the `_meta` the call names.
+            (_, Some("notify_working")) => {
+                let mut task = detailed(t, "working");
+                if let Some(meta) = v["params"]["arguments"].get("meta") {
+                    task["_meta"] = meta.clone();
+                }
+                let note = json!({"jsonrpc":"2.0","method":"notifications/tasks","params": task});
+                let done = json!({"resultType": "complete", "content": []});
+                ScriptedResponse::sse(vec![
+                    SseStep::Raw(ev().data(&note.to_string()).wire()),
+                    SseStep::Raw(ev().data(&rpc_result(&id, &done.to_string())).wire()),
+                ])
+            }
+            _ => modern(req),
+        }
+    })
+    .await;
+    // With auth: without it only a stream that named the task may carry its notification.
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create(&url, Some("tok-a"), "slow_compute").await;
+    let (status, v) = task_call(&url, Some("tok-a"), 2, "tasks/get", &t).await;
+    assert_eq!(
+        (status, &v["result"]["status"]),
+        (200, &json!("completed")),
+        "{v}"
+    );
+    assert!(
+        tg.record(&t).and_then(|r| r.terminal_result).is_some(),
+        "the payload is kept"
+    );
+
+    let sub = json!({"io.modelcontextprotocol/subscriptionId": "sub-7"});
+    for (id, meta) in [(3, Some(&sub)), (4, None)] {
+        let mut arguments = json!({"taskId": t});
+        if let Some(meta) = meta {
+            arguments["meta"] = meta.clone();
+        }
+        let params = json!({"name": "notify_working", "arguments": arguments});
+        let text = modern_req(&url, Some("tok-a"), id, "tools/call", params)
+            .send()
+            .await
+            .text()
+            .await;
+        let note = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .find(|m| m["method"] == "notifications/tasks")
+            .unwrap_or_else(|| panic!("the notification is relayed: {text}"));
+        let shown = &note["params"];
+        assert_eq!(shown["status"], "completed", "the kept payload: {note}");
+        assert_eq!(
+            shown["result"]["content"][0]["text"],
+            json!(format!("done {t}")),
+            "{note}"
+        );
+        assert_eq!(
+            shown.get("_meta"),
+            meta,
+            "the notification's own _meta: {note}"
+        );
+    }
+}

@@ -152,6 +152,15 @@ impl CreationsInFlight {
         refused.iter().any(|t| t == task_id)
     }
 
+    /// Whether a creation is in flight on `upstream`'s `session` (`None`: on any of its
+    /// sessions).
+    pub fn in_flight(&self, upstream: &str, session: Option<&str>) -> bool {
+        let Some(u) = self.upstreams.lock().get(upstream).cloned() else {
+            return false;
+        };
+        u.in_flight_on(session)
+    }
+
     /// Waits, at most [`SETTLE_WAIT`], until `recorded()` says the task is recorded, or it was
     /// refused, or no creation is in flight on `upstream`'s `session` (the upstream session of
     /// the stream the notification came on; `None`: on any of `upstream`'s sessions).

@@ -38,6 +38,10 @@ pub struct Event {
     pub id: Option<ByteString>,
     /// `retry:` in ms.
     pub retry: Option<u64>,
+    /// An [`Event::transport_error`]: an error the transport made itself, not the upstream's.
+    /// Never encoded (the client sees the event as any other), never decoded (no wire event
+    /// carries it), kept by [`Event::detached`].
+    pub(crate) transport_error: bool,
 }
 
 /// A bound on the events a reader holds back while it looks for one (an `initialize` answer, a
@@ -93,10 +97,6 @@ pub enum Cut {
 /// The type of the marker event [`Event::abort`]: a decoded event type never holds a newline.
 const ABORT_TYPE: &str = "\n";
 
-/// The type of an [`Event::transport_error`], compared by address, not text: a `static` of its
-/// own (a string literal's bytes may be shared with every other `"message"`).
-static TRANSPORT_ERROR_TYPE: [u8; 7] = *b"message";
-
 impl Event {
     /// The same event with each field in an allocation of its own. A decoded event's fields are
     /// slices of the upstream connection's read buffer (`Decoder::feed_bytes`), so an event kept
@@ -109,6 +109,7 @@ impl Event {
             data: own(self.data),
             id: own(self.id),
             retry: self.retry,
+            transport_error: self.transport_error,
         }
     }
 
@@ -118,8 +119,7 @@ impl Event {
         Event {
             event: Some(ByteString::from_static("message")),
             data: Some(data.into()),
-            id: None,
-            retry: None,
+            ..Default::default()
         }
     }
 
@@ -135,24 +135,19 @@ impl Event {
 
     /// An event carrying `data`, a JSON-RPC error the transport made itself for the request
     /// (an oversized upstream event, a deadline): marked so that the layers above count it as
-    /// the transport's, not as the upstream's (review 17 #10). The mark is its event type's
-    /// text, `message` (what a client takes for no type at all), held in this module's static:
-    /// a decoded event's type is a slice of the bytes it came in, never that static.
+    /// the transport's, not as the upstream's (review 17 #10). The mark is a flag that is not
+    /// encoded: the client gets a plain `data:` event, as for the upstream's messages.
     pub fn transport_error(data: String) -> Event {
         Event {
-            event: Some(ByteString::from_static(
-                std::str::from_utf8(&TRANSPORT_ERROR_TYPE).expect("ASCII"),
-            )),
             data: Some(data.into()),
+            transport_error: true,
             ..Default::default()
         }
     }
 
-    /// Whether this is an [`Event::transport_error`] (its type is the static's own bytes).
+    /// Whether this is an [`Event::transport_error`] (detached or not).
     pub fn is_transport_error(&self) -> bool {
-        self.event
-            .as_deref()
-            .is_some_and(|t| std::ptr::eq(t.as_ptr(), TRANSPORT_ERROR_TYPE.as_ptr()))
+        self.transport_error
     }
 
     /// Whether this is a priming event (2025-11-25 transports, SEP-1699: an event that carries

@@ -228,6 +228,7 @@ fn encode_writes_every_field() {
         id: Some("s1-8".into()),
         retry: Some(2500),
         data: Some("a\n\nb\n".into()),
+        ..Default::default()
     };
     assert_eq!(
         &encode(&ev)[..],
@@ -299,4 +300,27 @@ fn a_detached_event_keeps_no_slice_of_the_chunk() {
             "{field} is a slice of the chunk"
         );
     }
+}
+
+/// Review 18b #8: the transport's own error event is known as such after `detached` (which
+/// copies every field into an allocation of its own; before, the mark was the address of its
+/// type's text and was lost there), and goes out as a plain `data:` event, the mark not on the
+/// wire (before, as `event: message`). A decoded event, or any other, is not one.
+#[test]
+fn a_detached_transport_error_is_still_one() {
+    let body = r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"too big"}}"#;
+    let ev = Event::transport_error(body.to_string());
+    assert!(ev.is_transport_error());
+    let detached = ev.clone().detached();
+    assert!(detached.is_transport_error(), "kept by detached");
+    assert_eq!(detached, ev);
+    let wire = format!("data: {body}\n\n");
+    assert_eq!(&encode(&detached)[..], wire.as_bytes());
+    assert!(!Event::message(body.to_string()).is_transport_error());
+    let mut decoder = Decoder::default();
+    let mut out = Vec::new();
+    decoder.feed(wire.as_bytes(), &mut out).unwrap();
+    assert_eq!(out.len(), 1);
+    assert!(!out[0].is_transport_error(), "never decoded from the wire");
+    assert!(!out[0].clone().detached().is_transport_error());
 }

@@ -54,8 +54,7 @@ fn stack(
             .map(|d| Event {
                 event: None,
                 data: Some(d.into()),
-                id: None,
-                retry: None,
+                ..Default::default()
             });
             // (Built from `local_json` so that it stays right whatever fields a reply has.)
             let mut reply = McpReply::local_json(Bytes::new());

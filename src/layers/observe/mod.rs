@@ -303,6 +303,7 @@ where
             holds: Mutex::new(request_hold.into_iter().collect()),
             client_gone: Default::default(),
             runs_to_end,
+            recorded_its_task: Default::default(),
             named: named_by(&req).map(Mutex::new),
             asked_about,
             session: req.ctx.session_id.clone(),
@@ -390,6 +391,7 @@ impl ReplyStep<GatewayError> for WatchStream {
                 holds: Mutex::new(Vec::new()),
                 client_gone: Default::default(),
                 runs_to_end: false,
+                recorded_its_task: Default::default(),
                 named: self.named.map(Mutex::new),
                 asked_about: None,
                 session: self.session,
@@ -658,6 +660,10 @@ struct Watch {
     /// A creation the client asked for: it runs to its answer if the client goes away
     /// ([`RunToEnd`], and the drop of [`Watched`]).
     runs_to_end: bool,
+    /// The creation's answer was a `CreateTaskResult` taskgate recorded ([`Watch::created`]):
+    /// a held notification still naming an unrecorded task is about another task, which may be
+    /// another creation's of the same session ([`Watch::on_event`]).
+    recorded_its_task: std::sync::atomic::AtomicBool,
     /// For a request that went upstream as 2026-07-28 ([`named_by`]), the tasks it named (a
     /// `subscriptions/listen`'s `taskIds` as `tasks` filtered them) or created; with
     /// [`Watch::asked_about`], the only ones whose notifications reach the caller when neither
@@ -712,7 +718,10 @@ impl Watch {
     /// An event released from hold (`may_hold` false) that still names a task neither recorded
     /// nor refused is dropped: the creation was answered without recording it (an error, a
     /// plain result, a refusal; or the stream ended), so it names a task no client may learn
-    /// (review 17 #4: an error answer let it through).
+    /// (review 17 #4: an error answer let it through). Only when the answer recorded this
+    /// creation's task and another creation is in flight on the stream's upstream session is
+    /// it about that one's task, perhaps: it goes the normal way ([`Watch::unrecorded_shown`]
+    /// waits for that creation to settle), as before it was held (review 18b #9).
     async fn on_event(
         self: Arc<Self>,
         mut event: Event,
@@ -728,7 +737,10 @@ impl Watch {
             if Box::pin(self.names_a_task_to_hold(&original)).await {
                 return Relay::Hold(event);
             }
-        } else if !may_hold && Box::pin(self.names_a_task_to_hold(&original)).await {
+        } else if !may_hold
+            && Box::pin(self.names_a_task_to_hold(&original)).await
+            && !self.another_creation_in_flight()
+        {
             tracing::debug!(upstream = %self.upstream, "a held notification names a task its creation did not record: dropped");
             return Relay::Drop;
         }
@@ -1137,8 +1149,9 @@ impl Watch {
         Some(self.created(out, created, trace.as_ref(), in_stream))
     }
 
-    /// After a creation was handled: the span learns the recorded taskId, and a creation
-    /// answered on its own stream holds the new task while that stream is relayed.
+    /// After a creation was handled: the span learns the recorded taskId, the watch notes that
+    /// its task was recorded ([`Watch::another_creation_in_flight`]), and a creation answered
+    /// on its own stream holds the new task while that stream is relayed.
     fn created(
         &self,
         out: Bytes,
@@ -1151,6 +1164,10 @@ impl Watch {
                 crate::telemetry::semconv::MCP_TASK_ID,
                 task_id.clone(),
             ));
+        }
+        if created.is_some() {
+            self.recorded_its_task
+                .store(true, std::sync::atomic::Ordering::Release);
         }
         if let (Some(task_id), true) = (created, in_stream) {
             // The creation's own stream relays the task's messages from now on.
@@ -1328,6 +1345,17 @@ impl Watch {
             }) => Some((task_id, era, Undo::clone(undo))),
             _ => None,
         }
+    }
+
+    /// Whether this creation's answer recorded its task and another creation is in flight on
+    /// the stream's upstream session (the session's own `in_flight` guard is given back once
+    /// its task is recorded, before any held event is released): what a held notification
+    /// naming a task still unrecorded may be about ([`Watch::on_event`]).
+    fn another_creation_in_flight(&self) -> bool {
+        let session = self.session.as_ref().and_then(|s| s.to_str().ok());
+        self.recorded_its_task
+            .load(std::sync::atomic::Ordering::Acquire)
+            && self.registry.creations().in_flight(&self.upstream, session)
     }
 
     /// Whether this reply still awaits its creation's answer.

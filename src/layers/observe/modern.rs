@@ -26,6 +26,7 @@ use crate::registry::{Observed, Registry, TaskFields};
 use crate::store::TaskRecord;
 use bytes::Bytes;
 use serde_json::Value;
+use std::borrow::Cow;
 
 impl Watch {
     /// Applies the reply to a 2026-07-28 `tasks/get|cancel` about `task_id`.
@@ -131,7 +132,8 @@ impl Watch {
     /// `working` answer became `completed` without `result`). So, for those two statuses:
     ///
     /// - the record now holds the task's payload (a terminal report kept it while this poll was
-    ///   upstream): that payload, as the `tasks` layer answers a later poll;
+    ///   upstream): that payload, as the `tasks` layer answers a later poll (a notification
+    ///   keeps its own `params._meta`, [`served`]);
     /// - it holds none (the terminal `notifications/tasks` had no `result`, or its
     ///   `DetailedTask` was over `tasks.max_stored_result_bytes`) and the upstream's answer is
     ///   live (an eventually consistent server behind its own notification): the upstream's
@@ -158,8 +160,8 @@ impl Watch {
             .flatten()
             .filter(|r| r.status == status)
             .and_then(|r| r.terminal_result.clone());
-        if let Some(stored) = stored {
-            if let Ok(Some(out)) = splice::replace(&bytes, &[member], &stored) {
+        if let Some(shown) = stored.as_deref().and_then(|s| served(s, &bytes, member)) {
+            if let Ok(Some(out)) = splice::replace(&bytes, &[member], &shown) {
                 return out;
             }
         }
@@ -253,6 +255,40 @@ fn terminal_payload(params: &Value) -> Option<String> {
     task.entry("resultType")
         .or_insert_with(|| Value::String("complete".into()));
     serde_json::to_string(&task).ok()
+}
+
+/// The stored `tasks/get` result `stored` as the `DetailedTask` at `member` of `bytes`, the
+/// message [`Watch::against_terminal`] answers from the record. A `tasks/get` answer (`"result"`)
+/// is the stored result as it is, as the `tasks` layer serves later polls. A
+/// `notifications/tasks` (`"params"`) keeps its own `params._meta` in place of any the stored
+/// result has: 2026-07-28 §2.3, every notification on a `subscriptions/listen` stream carries
+/// `_meta["io.modelcontextprotocol/subscriptionId"]`, which its client demultiplexes listens by,
+/// and a `related-task` or vendor key is the notification's too (review 18b #2: the whole
+/// `params` was replaced, `_meta` lost). `None` when either is not the JSON it should be.
+/// Runs only when a contradicted terminal record's payload is served.
+fn served<'a>(stored: &'a str, bytes: &[u8], member: &str) -> Option<Cow<'a, str>> {
+    if member != "params" {
+        return Some(Cow::Borrowed(stored));
+    }
+    let own = splice::raw_at(bytes, &["params", "_meta"]).ok()?;
+    let without = match splice::remove(stored.as_bytes(), &["_meta"]).ok()? {
+        Some(without) => Cow::Owned(String::from_utf8(without.into()).ok()?),
+        None => Cow::Borrowed(stored),
+    };
+    let Some(own) = own else {
+        return Some(without);
+    };
+    // `_meta` put first, every other byte of the stored result as it was.
+    let members = without.trim_start().strip_prefix('{')?;
+    let comma = if members.trim_start().starts_with('}') {
+        ""
+    } else {
+        ","
+    };
+    Some(Cow::Owned(format!(
+        "{{\"_meta\":{}{comma}{members}",
+        own.get()
+    )))
 }
 
 /// `bytes` with the `DetailedTask` at `member` showing the recorded terminal status; a

@@ -19,8 +19,7 @@ fn sse(messages: &[&str]) -> McpReply {
         .map(|m| Event {
             event: None,
             data: Some(m.to_string().into()),
-            id: None,
-            retry: None,
+            ..Default::default()
         })
         .collect();
     McpReply::new(
@@ -748,4 +747,59 @@ async fn a_stray_creation_naming_a_recorded_task_is_not_cancelled() {
     let _ = svc.oneshot(creation_request(&registry)).await;
     next_upstream_request(&mut seen).await;
     assert_no_cancel_sent(&mut seen).await;
+}
+
+/// Review 18b #9: a notification held on a creation's stream about another task, unrecorded
+/// yet, while another creation of the same upstream session is in flight (the server reporting
+/// that one's task before its answer), goes the normal way once this creation recorded its
+/// task: it waits for the other creation and passes once that one records the task. With no
+/// other creation in flight it is still dropped (review 17 #4). On the code before, it was
+/// dropped in both cases.
+#[tokio::test]
+async fn a_held_notification_about_another_creations_task_passes_once_recorded() {
+    const OTHER: &str = r#"{"jsonrpc":"2.0","method":"notifications/tasks/status","params":{"taskId":"t-other","status":"working"}}"#;
+    for other_in_flight in [false, true] {
+        let (registry, _store) = registry();
+        let streamed = stack(&registry, || sse(&[OTHER, CREATED]));
+        let other = other_in_flight.then(|| registry.creations().begin("up", Some("s1")));
+        let reply = streamed.oneshot(creation_request(&registry)).await.unwrap();
+        let ReplyBody::Stream(mut events) = reply.body else {
+            panic!("not a stream")
+        };
+        let first = events.next().await.unwrap();
+        assert_eq!(
+            first.data.as_deref(),
+            Some(CREATED),
+            "the answer comes first"
+        );
+        let Some(other) = other else {
+            assert!(
+                events.next().await.is_none(),
+                "no other creation in flight: the unrecorded task's notification is dropped"
+            );
+            continue;
+        };
+        // The held notification is released and waits for the other creation to settle.
+        let mut next = std::pin::pin!(events.next());
+        for _ in 0..100 {
+            if let Some(event) = futures_util::FutureExt::now_or_never(&mut next) {
+                panic!("released before the other creation settled: {event:?}");
+            }
+            tokio::task::yield_now().await;
+        }
+        let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+        registry
+            .record_creation(record("t-other"), &slot)
+            .await
+            .unwrap();
+        drop(other);
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), next)
+            .await
+            .expect("in time");
+        assert_eq!(
+            event.and_then(|e| e.data).as_deref(),
+            Some(OTHER),
+            "the other creation's task, recorded for this session, is shown"
+        );
+    }
 }
