@@ -503,6 +503,58 @@ async fn tasks_the_upstream_forgot_are_failed_when_it_answers_by_sse() {
     alice.create_task("7").await;
 }
 
+/// An upstream that authenticates its clients by a header of its own (`X-Api-Key`, not
+/// `Authorization`) and forgot alice's task: taskgate's confirming `tasks/get` carries the
+/// client's headers as its other own requests do, so it is answered `-32602` too: the record
+/// is failed and alice's slot freed (before: the confirmation carried `Authorization` and
+/// `MCP-Protocol-Version` only, was refused HTTP 401, and the record stayed `working`,
+/// holding the slot until its ttl).
+#[tokio::test]
+async fn a_task_forgotten_by_an_upstream_keyed_by_its_own_header_is_failed() {
+    const KEY: &str = "k-123";
+    let up = TaskServer::start(Behaviour {
+        api_key: Some(KEY),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("alice-token");
+    let keyed = |c: &Client, body: String| {
+        let req = c.req(body).header("x-api-key", KEY);
+        async move {
+            let r = req.send().await;
+            assert_eq!(r.status(), 200);
+            (r.header("mcp-session-id"), r.json().await)
+        }
+    };
+    let (session, _) = keyed(&alice, initialize_body("\"init\"")).await;
+    alice.session = session;
+    let (_, created) = keyed(&alice, Client::create_body("1", Some(600_000))).await;
+    let t1 = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    up.state.lock().unwrap().tasks.clear();
+    let get = rpc("2", "tasks/get", &json!({ "taskId": t1 }).to_string());
+    let (_, got) = keyed(&alice, get).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    let confirmations = up.received("tasks/get");
+    assert_eq!(confirmations.len(), 2, "the client's and taskgate's own");
+    assert!(confirmations
+        .iter()
+        .all(|r| r.header("x-api-key").as_deref() == Some(KEY)));
+    let r = tg.record(&t1).expect("record");
+    assert_eq!(r.status, TaskStatus::Failed);
+    assert!(r.released_at.is_some(), "released");
+    // The slot is free again.
+    let (_, again) = keyed(&alice, Client::create_body("3", Some(600_000))).await;
+    assert!(again["result"]["task"]["taskId"].is_string(), "{again}");
+}
+
 /// Concurrent 2025-11-25 cancels of a task the upstream forgot share the cancel's flight, and
 /// its confirmation too: the upstream gets one `tasks/cancel` and one confirming `tasks/get`
 /// (review 17 #14: each caller sent its own `tasks/get`); every caller gets the `-32602`, the

@@ -120,6 +120,9 @@ pub struct Behaviour {
     /// A `tasks/*` request about a task it does not have is answered `-32602` in an SSE stream
     /// (the TypeScript and Python SDK default), not a JSON body.
     pub errors_sse: bool,
+    /// Every POST must carry `X-Api-Key` with this value (an upstream authenticating its
+    /// clients by a header of its own); one without it is answered HTTP 401.
+    pub api_key: Option<&'static str>,
 }
 
 impl Default for Behaviour {
@@ -140,6 +143,7 @@ impl Default for Behaviour {
             cancel_sse: false,
             creation_delay: Duration::ZERO,
             errors_sse: false,
+            api_key: None,
         }
     }
 }
@@ -216,6 +220,12 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
         return ScriptedResponse::accepted(); // notifications and responses
     };
     let id = req.rpc_id_json();
+    if let Some(key) = b.api_key {
+        if req.header("x-api-key").as_deref() != Some(key) {
+            let body = rpc_error_json(&id, -32001, "X-Api-Key required");
+            return ScriptedResponse::status(401, Some("application/json"), body);
+        }
+    }
     if req
         .header("mcp-session-id")
         .is_some_and(|s| state.lock().unwrap().lost_sessions.contains(&s))
