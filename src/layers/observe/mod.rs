@@ -28,7 +28,8 @@
 //!   `tasks` layer authorised, [`AuthorisedTask`]), `tasks/result` payloads (the task ended:
 //!   `failed` for an `isError` result), and `notifications/tasks/status` on any stream, follow the
 //!   spec's transitions. A message reporting another status for a task recorded terminal is
-//!   rewritten to show the recorded status (counted, and logged once as a late result).
+//!   rewritten to show the recorded status (counted when it is rewritten, and logged once as a
+//!   late result).
 //! - **For the `bridge`** (its 2025-11-25 client's task on a 2026-07-28 server, see `bridged`):
 //!   a plain result to a call carrying `PlainAnswerIsTask` is recorded as a `completed` task;
 //!   the ack to a `tasks/cancel` carrying `AckIsCancelled` applies `cancelled`. What was recorded
@@ -698,6 +699,21 @@ impl Watch {
         answered::invalid(self.registry.metrics(), &self.upstream, detail)
     }
 
+    /// `rewritten` (the message shown with a recorded terminal status instead of the one the
+    /// upstream reported), counted in `taskgate_task_terminal_rewrites_total`; `bytes`, as they
+    /// came, when nothing was rewritten (not counted).
+    fn shown_recorded(&self, rewritten: Option<Bytes>, bytes: Bytes) -> Bytes {
+        match rewritten {
+            Some(out) => {
+                self.registry
+                    .metrics()
+                    .task_terminal_rewrite(&self.upstream);
+                out
+            }
+            None => bytes,
+        }
+    }
+
     /// Whether `event` may concern this watch (see [`Watch::cares`]).
     fn cares_about(&self, event: &Event) -> bool {
         event
@@ -1187,7 +1203,7 @@ impl Watch {
                     .observe_fields_as(&self.upstream, task_id, &fields, source),
             )
             .await;
-        observed.rewrite_bytes(&bytes, &["result"]).unwrap_or(bytes)
+        self.shown_recorded(observed.rewrite_bytes(&bytes, &["result"]), bytes)
     }
 
     async fn on_status_notification(
@@ -1208,7 +1224,7 @@ impl Watch {
             .registry
             .observe_task(&self.upstream, params.clone(), "notifications/tasks/status")
             .await;
-        Some(observed.rewrite_bytes(&bytes, &["params"]).unwrap_or(bytes))
+        Some(self.shown_recorded(observed.rewrite_bytes(&bytes, &["params"]), bytes))
     }
 
     /// Whether a task notification (`task`: its `params`, a `Task` or `DetailedTask`) on a stream
@@ -1593,7 +1609,7 @@ impl Watch {
             .registry
             .observe_task_as(&self.upstream, task_id, result.clone(), method.source())
             .await;
-        observed.rewrite_bytes(&bytes, &["result"]).unwrap_or(bytes)
+        self.shown_recorded(observed.rewrite_bytes(&bytes, &["result"]), bytes)
     }
 }
 
