@@ -555,6 +555,68 @@ async fn a_task_forgotten_by_an_upstream_keyed_by_its_own_header_is_failed() {
     assert!(again["result"]["task"]["taskId"].is_string(), "{again}");
 }
 
+/// An upstream that names the task a creation started (a `notifications/tasks/status` on the
+/// creation's stream) and then answers the `tools/call` with a JSON-RPC error: nothing records
+/// that task, nobody can learn its id, so taskgate cancels it upstream, once (as a wrong-id
+/// creation is undone). A recorded task named on the same stream is shown, never cancelled.
+/// Before, the orphan kept running upstream (no `tasks/cancel` at all).
+#[tokio::test]
+async fn the_task_of_an_error_answered_creation_is_cancelled_upstream_once() {
+    let up = TaskServer::start(Behaviour {
+        creation_sse: true,
+        creation_head: Some(Arc::new(|task_id, v| {
+            let mut steps = vec![
+                ev().data(&status_notification(task_id, "working")).into(),
+                ev().data(&status_notification(task_id, "working")).into(),
+            ];
+            if let Some(also) = v.pointer("/params/arguments/also").and_then(Value::as_str) {
+                steps.push(ev().data(&status_notification(also, "working")).into());
+            }
+            steps
+        })),
+        creation_error: Some(Arc::new(|v| {
+            v.pointer("/params/arguments/also")
+                .is_some()
+                .then(|| (-32603, "the tool failed after it started".to_string()))
+        })),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let recorded = c.create_task("1").await;
+    let call = rpc(
+        "2",
+        "tools/call",
+        &json!({"name": "slow", "arguments": {"also": recorded}, "task": {"ttl": 60_000}})
+            .to_string(),
+    );
+    let r = c.send(call).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await;
+    assert!(text.contains("the tool failed after it started"), "{text}");
+    let orphan = "task-2";
+    assert!(
+        !text.contains(orphan),
+        "the orphan's id never reaches the client: {text}"
+    );
+    let cancelled = eventually(STEP, || async {
+        (up.count("tasks/cancel") > 0).then(|| up.received("tasks/cancel"))
+    })
+    .await
+    .expect("the orphan is cancelled upstream");
+    assert_eq!(cancelled.len(), 1, "once");
+    assert_eq!(cancelled[0].json()["params"]["taskId"], json!(orphan));
+    assert_eq!(up.state.lock().unwrap().status(orphan), "cancelled");
+    assert!(tg.record(orphan).is_none(), "not recorded");
+    // The recorded task named on that stream is untouched.
+    assert_eq!(up.state.lock().unwrap().status(&recorded), "working");
+    assert_eq!(tg.record(&recorded).unwrap().status, TaskStatus::Working);
+    assert_eq!(c.get("3", &recorded).await["result"]["status"], "working");
+    assert_eq!(up.count("tasks/cancel"), 1);
+}
+
 /// Concurrent 2025-11-25 cancels of a task the upstream forgot share the cancel's flight, and
 /// its confirmation too: the upstream gets one `tasks/cancel` and one confirming `tasks/get`
 /// (review 17 #14: each caller sent its own `tasks/get`); every caller gets the `-32602`, the

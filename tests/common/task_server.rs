@@ -123,6 +123,10 @@ pub struct Behaviour {
     /// Every POST must carry `X-Api-Key` with this value (an upstream authenticating its
     /// clients by a header of its own); one without it is answered HTTP 401.
     pub api_key: Option<&'static str>,
+    /// A task-augmented `tools/call` for which this returns `Some((code, message))` (it gets
+    /// the request) still starts its task, but is answered with that JSON-RPC error instead of
+    /// the `CreateTaskResult` (after `creation_head`, under `creation_sse`).
+    pub creation_error: Option<Arc<dyn Fn(&Value) -> Option<(i64, String)> + Send + Sync>>,
 }
 
 impl Default for Behaviour {
@@ -144,6 +148,7 @@ impl Default for Behaviour {
             creation_delay: Duration::ZERO,
             errors_sse: false,
             api_key: None,
+            creation_error: None,
         }
     }
 }
@@ -278,7 +283,10 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
                 ttl,
                 session: req.header("mcp-session-id"),
             };
-            let body = rpc_result(&id, &json!({ "task": t.to_json(&task_id) }).to_string());
+            let body = match b.creation_error.as_ref().and_then(|f| f(&v)) {
+                Some((code, message)) => rpc_error_json(&id, code, &message),
+                None => rpc_result(&id, &json!({ "task": t.to_json(&task_id) }).to_string()),
+            };
             st.tasks.insert(task_id.clone(), t);
             drop(st);
             if !b.creation_sse {
