@@ -17,7 +17,9 @@
 //!   confirmation runs share it (one `tasks/get`); a cancel's flight confirms once for all the
 //!   callers that share the flight. A confirmation runs to its end (its `tasks/get` is bounded
 //!   by the upstream's `timeout_ms`) even when its callers go away, then leaves the table.
-//! - **Cost**: only a `-32602` answer to a `tasks/*` request about a live task pays it.
+//! - **Cost**: a `tasks/get|result` about a live task keeps a copy of its context (one header
+//!   map; the values are shared) until its answer is read; only a `-32602` answer pays the
+//!   confirmation itself.
 
 use crate::exchange::{McpReply, McpRequest, RequestContext};
 use crate::layers::extensions::AuthorisedTask;
