@@ -1121,34 +1121,37 @@ async fn status_notification_on_get_stream_updates_record() {
 
 /// Finding L2: a 2025-11-25 `tasks/result` that the upstream holds until the task ends (here:
 /// never) waits at most until the task's record expires; then the client gets what any request
-/// about an expired task gets, `-32602` "Task not found", on the SSE stream whose head already
-/// went up, and the stream ends. Before, it kept waiting past the ttl, about a task taskgate no
-/// longer knew.
+/// about an expired task gets, `-32602` "Task not found": as the JSON answer when the upstream
+/// sent no head, as an event on the SSE stream whose head already went up. Before, it kept
+/// waiting past the ttl, about a task taskgate no longer knew.
 #[tokio::test]
 async fn a_blocking_tasks_result_ends_with_its_tasks_ttl() {
-    let never = Gate::new();
-    let up = TaskServer::start(Behaviour {
-        result_gate: Some(never.clone()),
-        ..Behaviour::default()
-    })
-    .await;
-    let tg = TgConfig::new(&up.url()).start().await;
-    let mut c = tg.client();
-    c.initialize().await;
-    let created = c.rpc(Client::create_body("1", Some(1_000))).await;
-    let t = created["result"]["task"]["taskId"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{created}"))
-        .to_string();
-    let answer = tokio::time::timeout(STEP, c.result("2", &t))
-        .await
-        .expect("answered once the ttl passed");
-    assert_eq!(answer["id"], json!(2), "{answer}");
-    assert_eq!(err_code(&answer), -32602, "{answer}");
-    assert!(err_message(&answer).contains("not found"), "{answer}");
-    assert_eq!(up.count("tasks/result"), 1);
-    // The task is unknown from now on, as that answer said.
-    assert_eq!(err_code(&c.get("3", &t).await), -32602);
+    for sse in [true, false] {
+        let never = Gate::new();
+        let up = TaskServer::start(Behaviour {
+            result_gate: sse.then(|| never.clone()),
+            result_json_gate: (!sse).then(|| never.clone()),
+            ..Behaviour::default()
+        })
+        .await;
+        let tg = TgConfig::new(&up.url()).start().await;
+        let mut c = tg.client();
+        c.initialize().await;
+        let created = c.rpc(Client::create_body("1", Some(1_000))).await;
+        let t = created["result"]["task"]["taskId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{created}"))
+            .to_string();
+        let answer = tokio::time::timeout(STEP, c.result("2", &t))
+            .await
+            .unwrap_or_else(|_| panic!("sse {sse}: answered once the ttl passed"));
+        assert_eq!(answer["id"], json!(2), "sse {sse}: {answer}");
+        assert_eq!(err_code(&answer), -32602, "sse {sse}: {answer}");
+        assert!(err_message(&answer).contains("not found"), "{answer}");
+        assert_eq!(up.count("tasks/result"), 1);
+        // The task is unknown from now on, as that answer said.
+        assert_eq!(err_code(&c.get("3", &t).await), -32602);
+    }
 }
 
 /// A requested ttl above `tasks.max_ttl_ms` reaches the upstream lowered to the cap (the rest of

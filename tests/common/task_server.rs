@@ -127,6 +127,8 @@ pub struct Behaviour {
     /// the request) still starts its task, but is answered with that JSON-RPC error instead of
     /// the `CreateTaskResult` (after `creation_head`, under `creation_sse`).
     pub creation_error: Option<Arc<dyn Fn(&Value) -> Option<(i64, String)> + Send + Sync>>,
+    /// `tasks/result` answers JSON, head and body only once this gate opens.
+    pub result_json_gate: Option<Gate>,
 }
 
 impl Default for Behaviour {
@@ -149,6 +151,7 @@ impl Default for Behaviour {
             errors_sse: false,
             api_key: None,
             creation_error: None,
+            result_json_gate: None,
         }
     }
 }
@@ -367,11 +370,12 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
                 "_meta": {"io.modelcontextprotocol/related-task": {"taskId": task_id_param}},
             });
             let body = rpc_result(&id, &result.to_string());
-            match &b.result_gate {
-                Some(g) => {
+            match (&b.result_gate, &b.result_json_gate) {
+                (Some(g), _) => {
                     ScriptedResponse::sse(vec![SseStep::Wait(g.clone()), ev().data(&body).into()])
                 }
-                None => ScriptedResponse::json(body),
+                (None, Some(g)) => ScriptedResponse::json(body).after_gate(g),
+                (None, None) => ScriptedResponse::json(body),
             }
         }
         "tasks/list" => ScriptedResponse::json(rpc_result(&id, r#"{"tasks":[]}"#)),
