@@ -1733,6 +1733,13 @@ async fn a_terminal_report_without_a_kept_payload_is_never_shown_without_it() {
             !text.contains(r#""status":"completed""#),
             "{case}: no completed without result: {text}"
         );
+        // Both passed unchanged: no terminal rewrite is counted (before, each was).
+        let m = tg.metrics_text().await;
+        assert_eq!(
+            metric(&m, "taskgate_task_terminal_rewrites_total", &[]),
+            0.0,
+            "{case}: nothing was rewritten"
+        );
 
         state
             .lock()

@@ -503,6 +503,120 @@ async fn tasks_the_upstream_forgot_are_failed_when_it_answers_by_sse() {
     alice.create_task("7").await;
 }
 
+/// An upstream that authenticates its clients by a header of its own (`X-Api-Key`, not
+/// `Authorization`) and forgot alice's task: taskgate's confirming `tasks/get` carries the
+/// client's headers as its other own requests do, so it is answered `-32602` too: the record
+/// is failed and alice's slot freed (before: the confirmation carried `Authorization` and
+/// `MCP-Protocol-Version` only, was refused HTTP 401, and the record stayed `working`,
+/// holding the slot until its ttl).
+#[tokio::test]
+async fn a_task_forgotten_by_an_upstream_keyed_by_its_own_header_is_failed() {
+    const KEY: &str = "k-123";
+    let up = TaskServer::start(Behaviour {
+        api_key: Some(KEY),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("alice-token");
+    let keyed = |c: &Client, body: String| {
+        let req = c.req(body).header("x-api-key", KEY);
+        async move {
+            let r = req.send().await;
+            assert_eq!(r.status(), 200);
+            (r.header("mcp-session-id"), r.json().await)
+        }
+    };
+    let (session, _) = keyed(&alice, initialize_body("\"init\"")).await;
+    alice.session = session;
+    let (_, created) = keyed(&alice, Client::create_body("1", Some(600_000))).await;
+    let t1 = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_string();
+    up.state.lock().unwrap().tasks.clear();
+    let get = rpc("2", "tasks/get", &json!({ "taskId": t1 }).to_string());
+    let (_, got) = keyed(&alice, get).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    let confirmations = up.received("tasks/get");
+    assert_eq!(confirmations.len(), 2, "the client's and taskgate's own");
+    assert!(confirmations
+        .iter()
+        .all(|r| r.header("x-api-key").as_deref() == Some(KEY)));
+    let r = tg.record(&t1).expect("record");
+    assert_eq!(r.status, TaskStatus::Failed);
+    assert!(r.released_at.is_some(), "released");
+    // The slot is free again.
+    let (_, again) = keyed(&alice, Client::create_body("3", Some(600_000))).await;
+    assert!(again["result"]["task"]["taskId"].is_string(), "{again}");
+}
+
+/// An upstream that names the task a creation started (a `notifications/tasks/status` on the
+/// creation's stream) and then answers the `tools/call` with a JSON-RPC error: nothing records
+/// that task, nobody can learn its id, so taskgate cancels it upstream, once (as a wrong-id
+/// creation is undone). A recorded task named on the same stream is shown, never cancelled.
+/// Before, the orphan kept running upstream (no `tasks/cancel` at all).
+#[tokio::test]
+async fn the_task_of_an_error_answered_creation_is_cancelled_upstream_once() {
+    let up = TaskServer::start(Behaviour {
+        creation_sse: true,
+        creation_head: Some(Arc::new(|task_id, v| {
+            let mut steps = vec![
+                ev().data(&status_notification(task_id, "working")).into(),
+                ev().data(&status_notification(task_id, "working")).into(),
+            ];
+            if let Some(also) = v.pointer("/params/arguments/also").and_then(Value::as_str) {
+                steps.push(ev().data(&status_notification(also, "working")).into());
+            }
+            steps
+        })),
+        creation_error: Some(Arc::new(|v| {
+            v.pointer("/params/arguments/also")
+                .is_some()
+                .then(|| (-32603, "the tool failed after it started".to_string()))
+        })),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let recorded = c.create_task("1").await;
+    let call = rpc(
+        "2",
+        "tools/call",
+        &json!({"name": "slow", "arguments": {"also": recorded}, "task": {"ttl": 60_000}})
+            .to_string(),
+    );
+    let r = c.send(call).await;
+    assert_eq!(r.status(), 200);
+    let text = r.text().await;
+    assert!(text.contains("the tool failed after it started"), "{text}");
+    let orphan = "task-2";
+    assert!(
+        !text.contains(orphan),
+        "the orphan's id never reaches the client: {text}"
+    );
+    let cancelled = eventually(STEP, || async {
+        (up.count("tasks/cancel") > 0).then(|| up.received("tasks/cancel"))
+    })
+    .await
+    .expect("the orphan is cancelled upstream");
+    assert_eq!(cancelled.len(), 1, "once");
+    assert_eq!(cancelled[0].json()["params"]["taskId"], json!(orphan));
+    assert_eq!(up.state.lock().unwrap().status(orphan), "cancelled");
+    assert!(tg.record(orphan).is_none(), "not recorded");
+    // The recorded task named on that stream is untouched.
+    assert_eq!(up.state.lock().unwrap().status(&recorded), "working");
+    assert_eq!(tg.record(&recorded).unwrap().status, TaskStatus::Working);
+    assert_eq!(c.get("3", &recorded).await["result"]["status"], "working");
+    assert_eq!(up.count("tasks/cancel"), 1);
+}
+
 /// Concurrent 2025-11-25 cancels of a task the upstream forgot share the cancel's flight, and
 /// its confirmation too: the upstream gets one `tasks/cancel` and one confirming `tasks/get`
 /// (review 17 #14: each caller sent its own `tasks/get`); every caller gets the `-32602`, the
@@ -1021,6 +1135,41 @@ async fn status_notification_on_get_stream_updates_record() {
 // =============================================================================================
 // TTL and limits
 // =============================================================================================
+
+/// Finding L2: a 2025-11-25 `tasks/result` that the upstream holds until the task ends (here:
+/// never) waits at most until the task's record expires; then the client gets what any request
+/// about an expired task gets, `-32602` "Task not found": as the JSON answer when the upstream
+/// sent no head, as an event on the SSE stream whose head already went up. Before, it kept
+/// waiting past the ttl, about a task taskgate no longer knew.
+#[tokio::test]
+async fn a_blocking_tasks_result_ends_with_its_tasks_ttl() {
+    for sse in [true, false] {
+        let never = Gate::new();
+        let up = TaskServer::start(Behaviour {
+            result_gate: sse.then(|| never.clone()),
+            result_json_gate: (!sse).then(|| never.clone()),
+            ..Behaviour::default()
+        })
+        .await;
+        let tg = TgConfig::new(&up.url()).start().await;
+        let mut c = tg.client();
+        c.initialize().await;
+        let created = c.rpc(Client::create_body("1", Some(1_000))).await;
+        let t = created["result"]["task"]["taskId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{created}"))
+            .to_string();
+        let answer = tokio::time::timeout(STEP, c.result("2", &t))
+            .await
+            .unwrap_or_else(|_| panic!("sse {sse}: answered once the ttl passed"));
+        assert_eq!(answer["id"], json!(2), "sse {sse}: {answer}");
+        assert_eq!(err_code(&answer), -32602, "sse {sse}: {answer}");
+        assert!(err_message(&answer).contains("not found"), "{answer}");
+        assert_eq!(up.count("tasks/result"), 1);
+        // The task is unknown from now on, as that answer said.
+        assert_eq!(err_code(&c.get("3", &t).await), -32602);
+    }
+}
 
 /// A requested ttl above `tasks.max_ttl_ms` reaches the upstream lowered to the cap (the rest of
 /// the request unchanged); a ttl under the cap goes upstream as the exact bytes sent.

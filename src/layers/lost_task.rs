@@ -17,7 +17,9 @@
 //!   confirmation runs share it (one `tasks/get`); a cancel's flight confirms once for all the
 //!   callers that share the flight. A confirmation runs to its end (its `tasks/get` is bounded
 //!   by the upstream's `timeout_ms`) even when its callers go away, then leaves the table.
-//! - **Cost**: only a `-32602` answer to a `tasks/*` request about a live task pays it.
+//! - **Cost**: a `tasks/get|result` about a live task keeps a copy of its context (one header
+//!   map; the values are shared) until its answer is read; only a `-32602` answer pays the
+//!   confirmation itself.
 
 use crate::exchange::{McpReply, McpRequest, RequestContext};
 use crate::layers::extensions::AuthorisedTask;
@@ -84,58 +86,14 @@ pub(crate) async fn fail_lost(
 
 /// The confirmation a `-32602` answer about a task recorded live needs (see the module docs).
 pub(crate) struct Confirm {
-    /// What the confirming request's context is made of (see [`Carried`]).
-    carried: Carried,
+    /// The context of the request answered `-32602` (its upstream, session, caller and
+    /// headers): the confirmation is sent with it as taskgate's other own requests are
+    /// (`own_request::context`), so the credentials the client sent (`Authorization`, or an
+    /// upstream's own header such as `X-Api-Key`) go with it. Taken for every
+    /// `tasks/get|result` about a live task, before its answer is known: one copy of the
+    /// request's context (its header map; the values are shared).
+    ctx: RequestContext,
     record: Arc<TaskRecord>,
-}
-
-/// The parts of the request answered `-32602` its confirmation is sent with: its upstream,
-/// session (the task's own under 2025-11-25), caller, and the `Authorization` and
-/// `MCP-Protocol-Version` headers it carried. Shared handles only, nothing allocated: it is
-/// taken for every `tasks/get|result` about a live task, before its answer is known. A client
-/// header other than those two (an upstream authenticating by a custom header) is not sent
-/// with the confirmation; refused then, the confirmation finds nothing and the client's answer
-/// passes as it came.
-struct Carried {
-    upstream: Arc<str>,
-    session_id: Option<http::HeaderValue>,
-    principal: crate::exchange::Principal,
-    client_addr: Option<std::net::IpAddr>,
-    authorization: Option<http::HeaderValue>,
-    version: Option<http::HeaderValue>,
-}
-
-impl Carried {
-    fn of(ctx: &RequestContext) -> Carried {
-        Carried {
-            upstream: ctx.upstream.clone(),
-            session_id: ctx.session_id.clone(),
-            principal: ctx.principal.clone(),
-            client_addr: ctx.client_addr,
-            authorization: ctx.headers.get(http::header::AUTHORIZATION).cloned(),
-            version: ctx.protocol_version().cloned(),
-        }
-    }
-
-    /// The context these parts make (`own_request::context` then sets the confirmation's own
-    /// headers).
-    fn context(&self) -> RequestContext {
-        let mut headers = http::HeaderMap::new();
-        if let Some(a) = &self.authorization {
-            headers.insert(http::header::AUTHORIZATION, a.clone());
-        }
-        if let Some(v) = &self.version {
-            headers.insert(&crate::headers::MCP_PROTOCOL_VERSION, v.clone());
-        }
-        RequestContext {
-            upstream: self.upstream.clone(),
-            session_id: self.session_id.clone(),
-            client_session_id: None,
-            principal: self.principal.clone(),
-            client_addr: self.client_addr,
-            headers,
-        }
-    }
 }
 
 impl Confirm {
@@ -148,7 +106,7 @@ impl Confirm {
             && record.origin == Origin::Client
             && record.era == req.era();
         live_here.then(|| Confirm {
-            carried: Carried::of(&req.ctx),
+            ctx: req.ctx.clone(),
             record: record.clone(),
         })
     }
@@ -169,8 +127,7 @@ impl Confirm {
         let id = own_request::own_id("lost-check");
         let (upstream, task_id) = (&self.record.upstream, &self.record.task_id);
         let era = self.record.era;
-        let ctx = self.carried.context();
-        let mut get = own_request::task_request(&ctx, era, "tasks/get", task_id, &id);
+        let mut get = own_request::task_request(&self.ctx, era, "tasks/get", task_id, &id);
         get.extensions.insert(AuthorisedTask {
             record: self.record.clone(),
         });

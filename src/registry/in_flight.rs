@@ -128,6 +128,15 @@ impl CreationsInFlight {
         InFlight { of: u, session }
     }
 
+    /// Whether a creation is in flight on `upstream`'s `session` (`None`: on any of its
+    /// sessions).
+    pub fn in_flight(&self, upstream: &str, session: Option<&str>) -> bool {
+        let Some(u) = self.upstreams.lock().get(upstream).cloned() else {
+            return false;
+        };
+        u.in_flight_on(session)
+    }
+
     /// Notes `task_id` of `upstream` as cancelled upstream unrecorded (the last
     /// [`REFUSED_KEPT`] are kept).
     pub fn refused(&self, upstream: &str, task_id: &str) {
@@ -150,15 +159,6 @@ impl CreationsInFlight {
         };
         let refused = u.refused.lock();
         refused.iter().any(|t| t == task_id)
-    }
-
-    /// Whether a creation is in flight on `upstream`'s `session` (`None`: on any of its
-    /// sessions).
-    pub fn in_flight(&self, upstream: &str, session: Option<&str>) -> bool {
-        let Some(u) = self.upstreams.lock().get(upstream).cloned() else {
-            return false;
-        };
-        u.in_flight_on(session)
     }
 
     /// Waits, at most [`SETTLE_WAIT`], until `recorded()` says the task is recorded, or it was

@@ -535,8 +535,8 @@ impl Registry {
         (Observed::Recorded(after.status), false)
     }
 
-    /// Another status was reported for a task recorded terminal: counted, the first late
-    /// terminal result audited and logged; the message must show the recorded status.
+    /// Another status was reported for a task recorded terminal: the first late terminal
+    /// result counted, audited and logged; the message must show the recorded status.
     pub(super) fn on_stale_terminal(
         &self,
         after: &TaskRecord,
@@ -545,8 +545,9 @@ impl Registry {
         now: u64,
     ) -> Observed {
         // The first terminal state wins forever (2025-11-25 tasks: a terminal status MUST NOT change).
+        // The message is counted as rewritten where it is (`observe`): a 2026-07-28 live
+        // answer about a task whose payload is not held passes unchanged.
         let up = after.upstream.as_str();
-        self.metrics.task_terminal_rewrite(up);
         // A late result is one fact per task: counted, audited and logged the first time,
         // however often the upstream repeats it (every poll of tasks/get would).
         let first_late = status.is_terminal()

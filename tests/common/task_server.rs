@@ -120,6 +120,15 @@ pub struct Behaviour {
     /// A `tasks/*` request about a task it does not have is answered `-32602` in an SSE stream
     /// (the TypeScript and Python SDK default), not a JSON body.
     pub errors_sse: bool,
+    /// Every POST must carry `X-Api-Key` with this value (an upstream authenticating its
+    /// clients by a header of its own); one without it is answered HTTP 401.
+    pub api_key: Option<&'static str>,
+    /// A task-augmented `tools/call` for which this returns `Some((code, message))` (it gets
+    /// the request) still starts its task, but is answered with that JSON-RPC error instead of
+    /// the `CreateTaskResult` (after `creation_head`, under `creation_sse`).
+    pub creation_error: Option<Arc<dyn Fn(&Value) -> Option<(i64, String)> + Send + Sync>>,
+    /// `tasks/result` answers JSON, head and body only once this gate opens.
+    pub result_json_gate: Option<Gate>,
 }
 
 impl Default for Behaviour {
@@ -140,6 +149,9 @@ impl Default for Behaviour {
             cancel_sse: false,
             creation_delay: Duration::ZERO,
             errors_sse: false,
+            api_key: None,
+            creation_error: None,
+            result_json_gate: None,
         }
     }
 }
@@ -216,6 +228,12 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
         return ScriptedResponse::accepted(); // notifications and responses
     };
     let id = req.rpc_id_json();
+    if let Some(key) = b.api_key {
+        if req.header("x-api-key").as_deref() != Some(key) {
+            let body = rpc_error_json(&id, -32001, "X-Api-Key required");
+            return ScriptedResponse::status(401, Some("application/json"), body);
+        }
+    }
     if req
         .header("mcp-session-id")
         .is_some_and(|s| state.lock().unwrap().lost_sessions.contains(&s))
@@ -268,7 +286,10 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
                 ttl,
                 session: req.header("mcp-session-id"),
             };
-            let body = rpc_result(&id, &json!({ "task": t.to_json(&task_id) }).to_string());
+            let body = match b.creation_error.as_ref().and_then(|f| f(&v)) {
+                Some((code, message)) => rpc_error_json(&id, code, &message),
+                None => rpc_result(&id, &json!({ "task": t.to_json(&task_id) }).to_string()),
+            };
             st.tasks.insert(task_id.clone(), t);
             drop(st);
             if !b.creation_sse {
@@ -349,11 +370,12 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
                 "_meta": {"io.modelcontextprotocol/related-task": {"taskId": task_id_param}},
             });
             let body = rpc_result(&id, &result.to_string());
-            match &b.result_gate {
-                Some(g) => {
+            match (&b.result_gate, &b.result_json_gate) {
+                (Some(g), _) => {
                     ScriptedResponse::sse(vec![SseStep::Wait(g.clone()), ev().data(&body).into()])
                 }
-                None => ScriptedResponse::json(body),
+                (None, Some(g)) => ScriptedResponse::json(body).after_gate(g),
+                (None, None) => ScriptedResponse::json(body),
             }
         }
         "tasks/list" => ScriptedResponse::json(rpc_result(&id, r#"{"tasks":[]}"#)),

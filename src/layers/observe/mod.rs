@@ -23,12 +23,14 @@
 //!   a `CreateTaskResult` under another id than the creation's names (not the answer: the
 //!   client gets `-32603`, and such an event on a stream is not passed on). An
 //!   answer that is not a `CreateTaskResult` (an error, a plain result) records nothing and the
-//!   owner's slot is given back. The message passes as sent but for its ttl (`show_recorded_ttl`).
+//!   owner's slot is given back; a task a notification on the creation's stream named before an
+//!   error answer is cancelled upstream the same way (`Watch::cancel_orphan`). The message passes as sent but for its ttl (`show_recorded_ttl`).
 //! - **Statuses**: replies to `tasks/get` and `tasks/cancel` (a Task; applied to the task the
 //!   `tasks` layer authorised, [`AuthorisedTask`]), `tasks/result` payloads (the task ended:
 //!   `failed` for an `isError` result), and `notifications/tasks/status` on any stream, follow the
 //!   spec's transitions. A message reporting another status for a task recorded terminal is
-//!   rewritten to show the recorded status (counted, and logged once as a late result).
+//!   rewritten to show the recorded status (counted when it is rewritten, and logged once as a
+//!   late result).
 //! - **For the `bridge`** (its 2025-11-25 client's task on a 2026-07-28 server, see `bridged`):
 //!   a plain result to a call carrying `PlainAnswerIsTask` is recorded as a `completed` task;
 //!   the ack to a `tasks/cancel` carrying `AckIsCancelled` applies `cancelled`. What was recorded
@@ -302,6 +304,7 @@ where
             expect: Mutex::new(expect),
             holds: Mutex::new(request_hold.into_iter().collect()),
             client_gone: Default::default(),
+            orphan: Default::default(),
             runs_to_end,
             recorded_its_task: Default::default(),
             named: named_by(&req).map(Mutex::new),
@@ -390,6 +393,7 @@ impl ReplyStep<GatewayError> for WatchStream {
                 expect: Mutex::new(Expect::Nothing),
                 holds: Mutex::new(Vec::new()),
                 client_gone: Default::default(),
+                orphan: Default::default(),
                 runs_to_end: false,
                 recorded_its_task: Default::default(),
                 named: self.named.map(Mutex::new),
@@ -655,6 +659,9 @@ struct Watch {
     expect: Mutex<Expect>,
     /// Resources held for tasks while this reply is relayed (dropped with the reply).
     holds: Mutex<Vec<ResourceHold>>,
+    /// The creation was answered with an error on its stream: its [`Undo`] and era, to cancel
+    /// upstream the task a held notification named before that answer ([`Watch::cancel_orphan`]).
+    orphan: Mutex<Option<(Undo, Era)>>,
     /// The client went away before the creation's answer was relayed ([`RunToEnd`]).
     client_gone: std::sync::atomic::AtomicBool,
     /// A creation the client asked for: it runs to its answer if the client goes away
@@ -704,6 +711,21 @@ impl Watch {
         answered::invalid(self.registry.metrics(), &self.upstream, detail)
     }
 
+    /// `rewritten` (the message shown with a recorded terminal status instead of the one the
+    /// upstream reported), counted in `taskgate_task_terminal_rewrites_total`; `bytes`, as they
+    /// came, when nothing was rewritten (not counted).
+    fn shown_recorded(&self, rewritten: Option<Bytes>, bytes: Bytes) -> Bytes {
+        match rewritten {
+            Some(out) => {
+                self.registry
+                    .metrics()
+                    .task_terminal_rewrite(&self.upstream);
+                out
+            }
+            None => bytes,
+        }
+    }
+
     /// Whether `event` may concern this watch (see [`Watch::cares`]).
     fn cares_about(&self, event: &Event) -> bool {
         event
@@ -742,6 +764,7 @@ impl Watch {
             && !self.another_creation_in_flight()
         {
             tracing::debug!(upstream = %self.upstream, "a held notification names a task its creation did not record: dropped");
+            self.cancel_orphan(&original);
             return Relay::Drop;
         }
         let Some(bytes) = self.on_message(original.clone(), Some(&caller)).await else {
@@ -1015,9 +1038,13 @@ impl Watch {
                 Err(value) => parsed = value,
             }
         }
-        let (out, created) = self
-            .on_creation(bytes, parsed, &id, pending, undo.map(|u| *u))
-            .await;
+        let undo = undo.map(|u| *u);
+        if let (Some(undo), false, true) = (&undo, response, in_stream) {
+            // Nothing is recorded: a task the stream named before this error was started by
+            // this creation (`cancel_orphan`, when a held notification naming it is released).
+            *self.orphan.lock() = Some((undo.clone(), pending.template.era));
+        }
+        let (out, created) = self.on_creation(bytes, parsed, &id, pending, undo).await;
         self.created(out, created, trace.as_ref(), in_stream)
     }
 
@@ -1204,7 +1231,7 @@ impl Watch {
                     .observe_fields_as(&self.upstream, task_id, &fields, source),
             )
             .await;
-        observed.rewrite_bytes(&bytes, &["result"]).unwrap_or(bytes)
+        self.shown_recorded(observed.rewrite_bytes(&bytes, &["result"]), bytes)
     }
 
     async fn on_status_notification(
@@ -1225,7 +1252,7 @@ impl Watch {
             .registry
             .observe_task(&self.upstream, params.clone(), "notifications/tasks/status")
             .await;
-        Some(observed.rewrite_bytes(&bytes, &["params"]).unwrap_or(bytes))
+        Some(self.shown_recorded(observed.rewrite_bytes(&bytes, &["params"]), bytes))
     }
 
     /// Whether a task notification (`task`: its `params`, a `Task` or `DetailedTask`) on a stream
@@ -1356,6 +1383,31 @@ impl Watch {
         self.recorded_its_task
             .load(std::sync::atomic::Ordering::Acquire)
             && self.registry.creations().in_flight(&self.upstream, session)
+    }
+
+    /// A notification held on this creation's stream, released after the creation was answered
+    /// with an error, names `bytes`' task, neither recorded nor refused: the task the creation
+    /// started upstream before it failed (an orphan nobody can learn of, ask about or cancel).
+    /// Cancelled there once, as a wrong-id creation is ([`UndoReason::Orphan`]; noted refused,
+    /// so a later notification naming it is dropped, not cancelled again), unless another
+    /// creation is in flight on the stream's upstream session (the task may be its). A recorded
+    /// task is never cancelled here (`names_a_task_to_hold` said it is not recorded).
+    fn cancel_orphan(&self, bytes: &[u8]) {
+        let session = self.session.as_ref().and_then(|s| s.to_str().ok());
+        if self.registry.creations().in_flight(&self.upstream, session) {
+            return;
+        }
+        let Some((undo, era)) = self.orphan.lock().take() else {
+            return;
+        };
+        let value = serde_json::from_slice::<Value>(bytes).ok();
+        let task_id = value
+            .as_ref()
+            .and_then(|v| v.pointer("/params/taskId"))
+            .and_then(Value::as_str);
+        if let Some(task_id) = task_id {
+            undo.cancel(&self.registry, era, task_id.to_string(), UndoReason::Orphan);
+        }
     }
 
     /// Whether this reply still awaits its creation's answer.
@@ -1621,7 +1673,7 @@ impl Watch {
             .registry
             .observe_task_as(&self.upstream, task_id, result.clone(), method.source())
             .await;
-        observed.rewrite_bytes(&bytes, &["result"]).unwrap_or(bytes)
+        self.shown_recorded(observed.rewrite_bytes(&bytes, &["result"]), bytes)
     }
 }
 
@@ -1699,6 +1751,9 @@ enum UndoReason {
     /// Its `CreateTaskResult` came under another JSON-RPC id than the creation's: not the
     /// answer, so not recorded (the client gets `-32603`, break-edge F3) nor passed on.
     WrongId,
+    /// Its creation was answered with a JSON-RPC error after a notification on the creation's
+    /// stream named it ([`Watch::cancel_orphan`]): nothing recorded it.
+    Orphan,
 }
 
 impl Undo {
@@ -1746,6 +1801,9 @@ impl Undo {
             }
             UndoReason::ClientGone => {
                 tracing::info!(%upstream, %task_id, era = era.as_str(), "the client went away before the task it created was answered: not recorded, sending tasks/cancel upstream")
+            }
+            UndoReason::Orphan => {
+                tracing::warn!(%upstream, %task_id, era = era.as_str(), "the upstream answered a creation with an error after naming the task it started: sending tasks/cancel upstream")
             }
             UndoReason::WrongId => {
                 tracing::warn!(%upstream, %task_id, era = era.as_str(), "the upstream answered a creation with a CreateTaskResult under another id: not recorded nor passed on, sending tasks/cancel upstream")

@@ -84,7 +84,7 @@ impl Watch {
             .await;
             // Kept with the status when it could be: nothing left for the match below.
             return match observed {
-                Observed::Rewrite { .. } => rewrite(&observed, &bytes, "result"),
+                Observed::Rewrite { .. } => self.rewritten(&observed, bytes, "result"),
                 _ => bytes,
             };
         } else {
@@ -137,8 +137,9 @@ impl Watch {
     /// - it holds none (the terminal `notifications/tasks` had no `result`, or its
     ///   `DetailedTask` was over `tasks.max_stored_result_bytes`) and the upstream's answer is
     ///   live (an eventually consistent server behind its own notification): the upstream's
-    ///   answer unchanged, a valid `DetailedTask`. The client polls on (it SHOULD poll until
-    ///   terminal) and gets the upstream's terminal answer with its payload when it comes.
+    ///   answer unchanged, a valid `DetailedTask` (not counted as a terminal rewrite). The
+    ///   client polls on (it SHOULD poll until terminal) and gets the upstream's terminal
+    ///   answer with its payload when it comes.
     ///
     /// Otherwise (`cancelled`, which carries nothing; or another terminal status upstream) the
     /// recorded status is shown ([`rewrite`]). Runs only for a contradicted terminal record.
@@ -152,7 +153,7 @@ impl Watch {
         member: &str,
     ) -> Bytes {
         if !matches!(status, TaskStatus::Completed | TaskStatus::Failed) {
-            return rewrite(observed, &bytes, member);
+            return self.rewritten(observed, bytes, member);
         }
         let held = self.registry.record_cached(&self.upstream, task_id).await;
         let stored = held
@@ -162,13 +163,21 @@ impl Watch {
             .and_then(|r| r.terminal_result.clone());
         if let Some(shown) = stored.as_deref().and_then(|s| served(s, &bytes, member)) {
             if let Ok(Some(out)) = splice::replace(&bytes, &[member], &shown) {
-                return out;
+                return self.shown_recorded(Some(out), bytes);
             }
         }
         if reported.is_some_and(|s| !s.is_terminal()) {
             return bytes;
         }
-        rewrite(observed, &bytes, member)
+        self.rewritten(observed, bytes, member)
+    }
+
+    /// [`rewrite`], counted as a terminal rewrite when it changed the message
+    /// ([`Watch::shown_recorded`]).
+    fn rewritten(&self, observed: &Observed, bytes: Bytes, member: &str) -> Bytes {
+        let out = rewrite(observed, &bytes, member);
+        let changed = out.as_ptr() != bytes.as_ptr() || out.len() != bytes.len();
+        self.shown_recorded(changed.then_some(out), bytes)
     }
 
     /// Applies a `notifications/tasks` (a `DetailedTask` in `params`).
@@ -227,7 +236,7 @@ impl Watch {
                     self.against_terminal(&observed, *status, reported, bytes, task_id, "params");
                 Some(Box::pin(shown).await)
             }
-            _ => Some(rewrite(&observed, &bytes, "params")),
+            _ => Some(self.rewritten(&observed, bytes, "params")),
         }
     }
 }

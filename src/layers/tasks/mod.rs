@@ -14,7 +14,9 @@
 //!   someone else is answered `-32602` "Task not found" here and never forwarded. A known one goes
 //!   upstream on the task's recorded `Mcp-Session-Id` (SDK task stores are per session), so a
 //!   client that opened a new session (same principal) still reaches it, with an
-//!   [`AuthorisedTask`] (the record read here) for the layers below.
+//!   [`AuthorisedTask`] (the record read here) for the layers below. A `tasks/result` of a live
+//!   task waits for its answer at most until the record expires, then is answered the same
+//!   `-32602` (`expiry`).
 //! - `tasks/list`: answered here from the registry: the caller's tasks on this upstream, newest
 //!   first, `tasks.list_page_size` per page, opaque `nextCursor` (an invalid cursor is `-32602`).
 //!   Each task's status is the last one taskgate saw (see `observe`); call `tasks/get` for the
@@ -28,6 +30,7 @@
 //! holds the session id is the owner), or `anonymous` without a session (no binding at all; task
 //! ids are the upstream's).
 
+mod expiry;
 mod lost;
 mod modern;
 
@@ -186,9 +189,23 @@ where
                     Ok(()) => {
                         let own = routed_from(&req);
                         let probe = lost::Probe::of(&req);
-                        let mut reply = inner.call(req).await?;
+                        // A `tasks/result` waits at most until its task's record expires.
+                        let expiry = expiry::Expiry::of(&req);
+                        let call = inner.call(req);
+                        let mut reply = match &expiry {
+                            None => call.await?,
+                            Some(e) => match e.bound(call).await? {
+                                expiry::Bounded::Reply(reply) => reply,
+                                expiry::Bounded::Expired(answer) => {
+                                    return Ok(with_own_session(answer, own))
+                                }
+                            },
+                        };
                         if let Some(probe) = probe {
                             reply = probe.check(&registry, reply, inner, &confirming).await;
+                        }
+                        if let Some(expiry) = expiry {
+                            reply = expiry.stream(reply);
                         }
                         Ok(with_own_session(reply, own))
                     }
