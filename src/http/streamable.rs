@@ -19,6 +19,7 @@
 //! | `MCP-Protocol-Version` not one taskgate serves ([`crate::mcp::era::SUPPORTED_VERSIONS`]), or on two header lines | 400; `-32022` with `data: {supported, requested}` for a 2026-era date (`2099-01-01`), else `-32600` |
 //! | `MCP-Protocol-Version` present and not the body's `_meta["io.modelcontextprotocol/protocolVersion"]` (2026-07-28 §2.2) | 400, `-32020` naming both |
 //! | method other than POST, GET, DELETE | 405 with `Allow` |
+//! | GET or DELETE with a 2026-era `MCP-Protocol-Version` (2026-07-28 §2.2: no GET stream, no sessions) | 405 with `Allow: POST`, `-32600`, before any `[limits]` GET slot or the upstream |
 //! | POST `Content-Type` not `application/json` | 415 |
 //! | POST `Accept` not listing both `application/json` and `text/event-stream` | 406 |
 //! | GET `Accept` not listing `text/event-stream` | 406 |
@@ -262,6 +263,18 @@ impl Edge {
             Ok(served) => served,
             Err(resp) => return Err(self.reject(RejectReason::Route, resp)),
         };
+        if parts.method != Method::POST && modern_version(fields) {
+            // 2026-07-28 §2.2: "405: GET or DELETE". Answered here, before a GET takes one of
+            // the caller's `limits.max_get_streams` slots (break-edge F12: past them, a 2026
+            // GET got 429) and before the upstream is asked.
+            let mut resp = transport_refusal(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Method Not Allowed: MCP 2026-07-28 has no GET stream and no sessions to DELETE; POST each request (subscriptions/listen for notifications)",
+            );
+            resp.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            return Err(self.reject(RejectReason::Method, resp));
+        }
         let op = match parts.method {
             Method::POST => Operation::Post(self.decode_post(fields, body).await?),
             Method::GET => {
@@ -553,7 +566,8 @@ impl Edge {
     /// ([`Self::check_media_types`]), the body read within `gateway.max_body_bytes` and the body
     /// timeout ([`Self::read_post_body`]), the parse, and the refusal's reason
     /// ([`envelope_reject_reason`]). Errors: the counted transport refusal (415, 406, 413, 408,
-    /// 400), without the request's id (none was read).
+    /// 400), with the request's id when the JSON was read and its `id` is one (a duplicate key
+    /// elsewhere, a `method` that is not a string: break-edge F12), else id `null`.
     async fn decode_post(
         &self,
         fields: &HeadFields<'_>,
@@ -562,7 +576,7 @@ impl Edge {
         self.check_media_types(fields)?;
         let bytes = self.read_post_body(fields, body).await?;
         let bom = bytes.starts_with(b"\xEF\xBB\xBF");
-        Message::parse_checked(bytes).map_err(|e| {
+        Message::parse_checked_with_id(bytes).map_err(|(e, id)| {
             let e = match bom {
                 // serde_json's "expected value at line 1 column 1" does not say why.
                 true => crate::jsonrpc::EnvelopeError::Parse(
@@ -572,7 +586,7 @@ impl Edge {
             };
             self.reject(
                 envelope_reject_reason(&e),
-                rpc_error_response(StatusCode::BAD_REQUEST, None, e.code(), &e.to_string()),
+                rpc_error_response(StatusCode::BAD_REQUEST, id.as_ref(), e.code(), &e.to_string()),
             )
         })
     }
@@ -753,6 +767,15 @@ fn strip_client_fields(headers: &mut HeaderMap, head: &Head) -> Option<HeaderVal
         headers.remove(header::ORIGIN);
     }
     session_id
+}
+
+/// Whether `MCP-Protocol-Version` is one 2026-era revision taskgate serves (sent once; another
+/// value is refused as the version checks say, whatever the method).
+fn modern_version(fields: &HeadFields<'_>) -> bool {
+    fields.protocol_versions == 1
+        && fields.protocol_version.is_some_and(|v| {
+            crate::mcp::era::is_supported_version(v.as_bytes()) && Era::of_header(v) == Era::Modern
+        })
 }
 
 /// The request's era: its `MCP-Protocol-Version` (gone if a `Connection` field named it),
