@@ -481,15 +481,23 @@ impl Edge {
                 era = era.as_str(),
                 "answered by taskgate"
             );
-            return self.encode_reply(reply, &route.name, labels.stream_kind, permit.take());
+            return self.encode_reply(reply, &route.name, labels.stream_kind, permit.take(), None);
         }
-        let outcome = if reply.status.is_success() {
-            RequestOutcome::Ok
+        if !reply.status.is_success() {
+            series.request(method, RequestOutcome::UpstreamStatus);
+        } else if labels.stream_kind == SseKind::Post && matches!(reply.body, ReplyBody::Stream(_))
+        {
+            // An SSE answer is counted when it ends: the transport may still end it with an
+            // error of its own (an oversized event: break-edge F11).
+            let count = Some(PendingCount {
+                series: series.clone(),
+                method,
+            });
+            return self.encode_reply(reply, &route.name, labels.stream_kind, permit.take(), count);
         } else {
-            RequestOutcome::UpstreamStatus
-        };
-        series.request(method, outcome);
-        self.encode_reply(reply, &route.name, labels.stream_kind, permit.take())
+            series.request(method, RequestOutcome::Ok);
+        }
+        self.encode_reply(reply, &route.name, labels.stream_kind, permit.take(), None)
     }
 
     fn check_host_and_origin(
@@ -718,6 +726,7 @@ impl Edge {
         upstream: &Arc<str>,
         kind: SseKind,
         permit: Option<Permit>,
+        count: Option<PendingCount>,
     ) -> Response<Body> {
         let mut builder = Response::builder().status(reply.status);
         *builder.headers_mut().expect("fresh builder") = reply.headers;
@@ -737,12 +746,11 @@ impl Edge {
                     } else {
                         Box::pin(std::future::pending())
                     };
-                let bytes = KeepAlive::new(events, self.settings.sse_keepalive)
-                    .take_until(stop)
-                    .map(move |b| {
-                        let _ = &guard;
-                        b.map(Frame::data).map_err(ResponseError::from)
-                    });
+                let bytes = Relayed {
+                    events: KeepAlive::new(events, self.settings.sse_keepalive).take_until(stop),
+                    _guard: guard,
+                    count,
+                };
                 boxed(StreamBody::new(bytes), permit)
             }
         };
@@ -903,6 +911,63 @@ where
         }
         .boxed_unsync(),
         None => body.map_err(Into::into).boxed_unsync(),
+    }
+}
+
+/// A request whose `taskgate_requests_total` count waits for the end of its SSE answer.
+struct PendingCount {
+    series: RequestSeries,
+    method: McpMethod,
+}
+
+/// An SSE answer's bytes as the client gets them ([`KeepAlive`]), holding the stream's
+/// `taskgate_sse_streams_open` count, and counting the request when the stream ends (or is
+/// dropped, the client gone): `ok`, or what an error event the transport made itself reports
+/// (`upstream_invalid` for an event over `max_message_bytes`, `timeout` past a deadline;
+/// break-edge F11: such a stream was counted `ok` when its head went out).
+struct Relayed {
+    events: futures_util::stream::TakeUntil<
+        KeepAlive,
+        std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    >,
+    _guard: crate::metrics::GaugeGuard,
+    count: Option<PendingCount>,
+}
+
+impl Relayed {
+    /// Counts the request once, by what the stream relayed so far.
+    fn settle(&mut self) {
+        if let Some(PendingCount { series, method }) = self.count.take() {
+            let outcome = match self.events.get_ref().transport_failure() {
+                None => RequestOutcome::Ok,
+                Some(crate::sse::TransportFailure::Invalid) => RequestOutcome::UpstreamInvalid,
+                Some(crate::sse::TransportFailure::Timeout) => RequestOutcome::Timeout,
+            };
+            series.request(method, outcome);
+        }
+    }
+}
+
+impl futures_util::Stream for Relayed {
+    type Item = Result<Frame<bytes::Bytes>, ResponseError>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let next = std::task::ready!(this.events.poll_next_unpin(cx));
+        // Counted before the end goes out (a client that read the whole answer sees the count).
+        if !matches!(next, Some(Ok(_))) {
+            this.settle();
+        }
+        Poll::Ready(next.map(|b| b.map(Frame::data).map_err(ResponseError::from)))
+    }
+}
+
+impl Drop for Relayed {
+    fn drop(&mut self) {
+        self.settle();
     }
 }
 

@@ -97,6 +97,20 @@ const ABORT_TYPE: &str = "\n";
 /// own (a string literal's bytes may be shared with every other `"message"`).
 static TRANSPORT_ERROR_TYPE: [u8; 7] = *b"message";
 
+/// The type of a [`TransportFailure::Timeout`] [`Event::transport_error`] (as
+/// [`TRANSPORT_ERROR_TYPE`], a `static` of its own).
+static TRANSPORT_TIMEOUT_TYPE: [u8; 7] = *b"message";
+
+/// Why the transport ended an answer with an error event of its own
+/// ([`Event::transport_error`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportFailure {
+    /// The upstream's answer was invalid (an event or line over `max_message_bytes`).
+    Invalid,
+    /// The upstream did not answer within its deadline.
+    Timeout,
+}
+
 impl Event {
     /// The same event with each field in an allocation of its own. A decoded event's fields are
     /// slices of the upstream connection's read buffer (`Decoder::feed_bytes`), so an event kept
@@ -138,21 +152,36 @@ impl Event {
     /// the transport's, not as the upstream's (review 17 #10). The mark is its event type's
     /// text, `message` (what a client takes for no type at all), held in this module's static:
     /// a decoded event's type is a slice of the bytes it came in, never that static.
-    pub fn transport_error(data: String) -> Event {
+    /// `why` says which failure it reports (the edge counts the request's outcome by it).
+    pub fn transport_error(data: String, why: TransportFailure) -> Event {
+        let mark: &'static [u8; 7] = match why {
+            TransportFailure::Invalid => &TRANSPORT_ERROR_TYPE,
+            TransportFailure::Timeout => &TRANSPORT_TIMEOUT_TYPE,
+        };
         Event {
             event: Some(ByteString::from_static(
-                std::str::from_utf8(&TRANSPORT_ERROR_TYPE).expect("ASCII"),
+                std::str::from_utf8(mark).expect("ASCII"),
             )),
             data: Some(data.into()),
             ..Default::default()
         }
     }
 
-    /// Whether this is an [`Event::transport_error`] (its type is the static's own bytes).
+    /// Whether this is an [`Event::transport_error`] (its type is one of the statics' own bytes).
     pub fn is_transport_error(&self) -> bool {
-        self.event
-            .as_deref()
-            .is_some_and(|t| std::ptr::eq(t.as_ptr(), TRANSPORT_ERROR_TYPE.as_ptr()))
+        self.transport_failure().is_some()
+    }
+
+    /// The failure an [`Event::transport_error`] reports; `None` for any other event.
+    pub fn transport_failure(&self) -> Option<TransportFailure> {
+        let at = self.event.as_deref()?.as_ptr();
+        if std::ptr::eq(at, TRANSPORT_ERROR_TYPE.as_ptr()) {
+            Some(TransportFailure::Invalid)
+        } else if std::ptr::eq(at, TRANSPORT_TIMEOUT_TYPE.as_ptr()) {
+            Some(TransportFailure::Timeout)
+        } else {
+            None
+        }
     }
 
     /// Whether this is a priming event (2025-11-25 transports, SEP-1699: an event that carries

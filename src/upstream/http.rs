@@ -553,10 +553,10 @@ struct Bounded {
 }
 
 impl Bounded {
-    fn error_event(&mut self, message: &str) -> sse::Event {
+    fn error_event(&mut self, message: &str, why: sse::TransportFailure) -> sse::Event {
         self.events = None;
         let body = jsonrpc::error_response(self.rpc_id.as_ref(), jsonrpc::INTERNAL_ERROR, message);
-        sse::Event::transport_error(String::from_utf8_lossy(&body).into_owned())
+        sse::Event::transport_error(String::from_utf8_lossy(&body).into_owned(), why)
     }
 }
 
@@ -585,7 +585,9 @@ impl futures_util::Stream for Bounded {
                     st.method.as_deref().unwrap_or("the request"),
                     st.timeout_ms
                 );
-                return Poll::Ready(Some(st.error_event(&message)));
+                return Poll::Ready(Some(
+                    st.error_event(&message, sse::TransportFailure::Timeout),
+                ));
             }
         };
         match next {
@@ -606,7 +608,9 @@ impl futures_util::Stream for Bounded {
                     "upstream `{}` sent an invalid response: the upstream answer exceeded max_message_bytes={}",
                     st.name, oversize.limit
                 );
-                Poll::Ready(Some(st.error_event(&message)))
+                Poll::Ready(Some(
+                    st.error_event(&message, sse::TransportFailure::Invalid),
+                ))
             }
             None => {
                 st.events = None;
