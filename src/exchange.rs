@@ -637,15 +637,22 @@ pub enum GatewayError {
         /// What was wrong.
         detail: String,
     },
-    /// The upstream refused taskgate's credentials (HTTP 401 or 403 to a request whose
-    /// `Authorization` is not the client's): HTTP 502, without the upstream's challenge, so the
-    /// client does not take it for a refusal of its own token.
-    #[error("upstream `{upstream}` refused taskgate's credentials (HTTP {})", status.as_u16())]
+    /// The upstream refused taskgate's credentials, or a request without any (HTTP 401 or 403
+    /// to a request whose `Authorization` is not the client's): HTTP 502, without the
+    /// upstream's challenge, so the client does not take it for a refusal of its own token.
+    #[error(
+        "upstream `{upstream}` refused {} (HTTP {})",
+        if *credentials { "taskgate's credentials" } else { "the request" },
+        status.as_u16()
+    )]
     UpstreamRefused {
         /// Upstream name.
         upstream: Arc<str>,
         /// The upstream's status (401 or 403).
         status: StatusCode,
+        /// Whether taskgate sent credentials of its own (configured `headers`); without, the
+        /// request had none at all.
+        credentials: bool,
     },
     /// taskgate is shutting down and takes no new work: HTTP 503.
     #[error("taskgate is shutting down")]

@@ -589,6 +589,26 @@ impl Message {
     /// taskgate and the upstream could act on different values (a `params.taskId` taskgate
     /// authorised and another one the upstream serves).
     pub fn parse_checked(raw: Bytes) -> Result<Message, EnvelopeError> {
+        Message::checked(&raw)
+    }
+
+    /// [`Message::parse_checked`] for a client's body, whose refusal names the request it
+    /// answers: with an [`EnvelopeError::Invalid`] (JSON, but not a message taskgate takes: a
+    /// duplicate key, a `method` that is not a string) comes the message's `id` when it could
+    /// be read as one ([`readable_id`]; JSON-RPC 2.0 section 5: the id is `null` only when it
+    /// could not be read). Costs what `parse_checked` does until it fails.
+    pub fn parse_checked_with_id(raw: Bytes) -> Result<Message, (EnvelopeError, Option<Id>)> {
+        Message::checked(&raw).map_err(|e| {
+            let id = match e {
+                EnvelopeError::Invalid(_) => readable_id(&raw),
+                EnvelopeError::Parse(_) | EnvelopeError::Batch => None,
+            };
+            (e, id)
+        })
+    }
+
+    /// What [`Message::parse_checked`] does, on borrowed bytes (the message keeps a clone).
+    fn checked(raw: &Bytes) -> Result<Message, EnvelopeError> {
         // The common shape in one pass (`envelope`: it checks the grammar and the nesting the
         // rest does; anything it is not sure of goes the way below, which decides as before).
         if let Ok(text) = std::str::from_utf8(&raw) {
@@ -597,7 +617,7 @@ impl Message {
                 return Message::of_members(&raw, members, method);
             }
         }
-        let text = check_json(&raw)?;
+        let text = check_json(raw)?;
         if text.trim_start().starts_with('{') {
             // What the one-pass reader handed back is read for duplicate keys here (the reader
             // hands back every message that has one).
@@ -608,9 +628,10 @@ impl Message {
             }
             // Read as text: serde_json does not check each string's UTF-8 again (about 400
             // instructions less per small request: benches/profile.sh small).
-            return Message::parse_object(&raw, Some(text));
+            return Message::parse_object(raw, Some(text));
         }
-        Message::parse(raw)
+        // Not an object: always refused (a batch, a scalar), so the clone costs no request.
+        Message::parse(raw.clone())
     }
 
     /// The bytes of the message, exactly as they arrived (or as a layer rewrote them).
@@ -1059,6 +1080,21 @@ fn is_integer_literal(raw: &str) -> bool {
 /// Deepest nesting of arrays and objects accepted in a client's message (serde_json's own
 /// recursion limit, which every later parse of the message applies too).
 pub const MAX_DEPTH: usize = 128;
+
+/// The `id` of a JSON object `raw` when it is one JSON-RPC id (a string or an integer in
+/// range), read on its own: other members are skipped unread, so a message refused for
+/// something else (a duplicate key elsewhere, a `method` that is not a string) still names
+/// its request. `None` when `raw` is not a JSON object, has no `id`, has two, or its `id` is
+/// no id.
+pub fn readable_id(raw: &[u8]) -> Option<Id> {
+    #[derive(Deserialize)]
+    struct OnlyId<'a> {
+        #[serde(borrow)]
+        id: Option<&'a RawValue>,
+    }
+    let only: OnlyId<'_> = serde_json::from_slice(raw).ok()?;
+    Id::from_json(only.id?.get())
+}
 
 /// Checks what the envelope parse does not: that all of `raw` is UTF-8 (serde_json skips the
 /// fields it does not read, `params` included, without checking their strings) and nested at

@@ -76,7 +76,8 @@ async fn oversize_json_answer_is_a_jsonrpc_error_naming_the_limit() {
 /// An SSE answer whose second event never ends (a 3000-byte `data:` line without newline, then
 /// the stream stays open): the client gets the first event, then a JSON-RPC error event under
 /// its id naming the limit, then the end of the stream; the upstream connection is dropped and
-/// the metric counts it. (Before the fix the decoder buffered without limit and the client saw
+/// the metric counts it, and the request is counted `outcome="upstream_invalid"` (break-edge
+/// F11: it was `ok`). (Before the fix the decoder buffered without limit and the client saw
 /// nothing after the first event.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversize_sse_event_ends_stream_with_error_event() {
@@ -129,6 +130,18 @@ async fn oversize_sse_event_ends_stream_with_error_event() {
     );
     let m = scrape(gw.admin).await;
     assert_eq!(oversize(&m, "sse_event"), 1.0);
+    // break-edge F11: the request is counted as what it was, an invalid answer, not `ok`.
+    assert_eq!(outcome(&m, "upstream_invalid"), 1.0, "{m}");
+    assert_eq!(outcome(&m, "ok"), 0.0, "{m}");
+}
+
+/// `taskgate_requests_total` of `tools/call` with `outcome`.
+fn outcome(m: &str, outcome: &str) -> f64 {
+    metric(
+        m,
+        "taskgate_requests_total",
+        &[("method", "tools/call"), ("outcome", outcome)],
+    )
 }
 
 /// `max_message_bytes` below 1024 is refused naming the key; 1024 is accepted.
@@ -332,4 +345,10 @@ async fn oversize_event_after_the_answer_is_counted_once() {
     .await
     .expect("the oversized event is counted");
     assert_eq!(protocol(&counted), 1.0, "counted once");
+    assert_eq!(
+        outcome(&counted, "ok"),
+        1.0,
+        "the client got its answer: {counted}"
+    );
+    assert_eq!(outcome(&counted, "upstream_invalid"), 0.0, "{counted}");
 }

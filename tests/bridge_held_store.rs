@@ -162,8 +162,9 @@ async fn a_held_sessions_owner_binding_survives_kill_9() {
 
 /// Found by review: on a held session, an upstream's HTTP 401 whose JSON body is no JSON-RPC
 /// message (an OAuth `{"error":"invalid_token"}`) is not rewritten to 200 as a 2026 JSON-RPC
-/// error answer is. It refused taskgate's credentials, not the client's (break-edge F8): 502
-/// `-32603` saying so, without the upstream's `WWW-Authenticate`.
+/// error answer is. It refused taskgate's request (no credentials configured), not the
+/// client's token (break-edge F8, review 18b #6): 502 `-32603` saying so, without the
+/// upstream's `WWW-Authenticate`.
 #[tokio::test]
 async fn a_held_sessions_upstream_401_keeps_its_status() {
     let state: Shared = Default::default();
@@ -193,7 +194,7 @@ async fn a_held_sessions_upstream_401_keeps_its_status() {
         v["error"]["message"]
             .as_str()
             .unwrap_or_default()
-            .contains("refused taskgate's credentials (HTTP 401)"),
+            .contains("refused the request (HTTP 401)"),
         "{v}"
     );
 }

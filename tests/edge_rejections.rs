@@ -514,6 +514,40 @@ async fn duplicate_keys_are_400_invalid_request_and_not_forwarded() {
     assert_session_works(&gw, &up, &sid).await;
 }
 
+/// break-edge F12: a message refused after its JSON was read (a duplicate key, a `method` that
+/// is not a string, no `jsonrpc`) is answered under its id (JSON-RPC 2.0 section 5: `null`
+/// only when the id could not be read); an id that is no id, or is sent twice, gets `null`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_message_is_answered_under_its_id_when_it_was_read() {
+    let up = Upstream::mcp().await;
+    let gw = GatewayBuilder::single(&up.url()).start().await;
+    let before = up.count();
+    for (body, id) in [
+        (
+            r#"{"jsonrpc":"2.0","id":7,"method":"tasks/get","params":{"taskId":"a","taskId":"b"}}"#,
+            json!(7),
+        ),
+        (r#"{"jsonrpc":"2.0","id":"s-8","method":5}"#, json!("s-8")),
+        (r#"{"id":9,"method":"ping"}"#, json!(9)),
+        (
+            r#"{"jsonrpc":"2.0","id":10,"method":"ping","result":{}}"#,
+            json!(10),
+        ),
+        (r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#, json!(null)),
+        (
+            r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"ping"}"#,
+            json!(null),
+        ),
+    ] {
+        let r = Req::mcp_post(&gw.url("/mcp"), body).send().await;
+        assert_eq!(r.status(), 400, "{body}");
+        let v = error_body(r).await;
+        assert_eq!(v["error"]["code"], json!(-32600), "{body}: {v}");
+        assert_eq!(v["id"], id, "{body}: {v}");
+    }
+    assert_eq!(up.count(), before, "nothing was forwarded");
+}
+
 /// break-edge F12: an id past 64 bits is said to be out of range (it is an integer); a body
 /// with a `Content-Encoding` other than identity is 415 "Content-Encoding not supported"
 /// (before: parsed as it was, or forwarded with the header); a body starting with a UTF-8 BOM

@@ -993,7 +993,8 @@ async fn upstream_405_on_get_and_delete_passes_through() {
 /// An upstream's 401 or 403 refuses taskgate's credentials, not the client's (break-edge F8):
 /// the client gets 502 `-32603` naming the upstream under its own id, never the upstream's
 /// `WWW-Authenticate` (an OAuth client would run discovery against the upstream's metadata),
-/// counted `upstream_errors_total{kind="auth"}`.
+/// counted `upstream_errors_total{kind="auth"}`. Without configured `headers` taskgate sent no
+/// credentials at all, and the message does not name any (review 18b #6).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_401_and_403_are_502_without_the_challenge() {
     let up = Upstream::start(|req| {
@@ -1009,42 +1010,59 @@ async fn upstream_401_and_403_are_502_without_the_challenge() {
         )
     })
     .await;
-    let gw = GatewayBuilder::single(&up.url()).start().await;
+    let configured = GatewayBuilder::single(&up.url())
+        .upstream_opt("headers = { Authorization = \"Bearer taskgate\" }")
+        .start()
+        .await;
+    let bare = GatewayBuilder::single(&up.url()).start().await;
 
-    for (id, status) in [(1, 401), (2, 403)] {
-        let r = Req::mcp_post(&gw.url("/mcp"), rpc(&id.to_string(), "tools/list", "{}"))
-            .header("mcp-session-id", "s")
-            .send()
-            .await;
-        assert_eq!(r.status(), 502, "an upstream {status}");
+    for (gw, refused) in [
+        (&configured, "refused taskgate's credentials"),
+        (&bare, "refused the request"),
+    ] {
+        for (id, status) in [(1, 401), (2, 403)] {
+            let r = Req::mcp_post(&gw.url("/mcp"), rpc(&id.to_string(), "tools/list", "{}"))
+                .header("mcp-session-id", "s")
+                .send()
+                .await;
+            assert_eq!(r.status(), 502, "an upstream {status}");
+            assert_eq!(
+                r.header("www-authenticate"),
+                None,
+                "the upstream's challenge"
+            );
+            let v = r.json().await;
+            assert_eq!(v["id"], json!(id), "{v}");
+            assert_eq!(v["error"]["code"], json!(-32603), "{v}");
+            let message = v["error"]["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains(&format!("upstream `default` {refused} (HTTP {status})")),
+                "{v}"
+            );
+        }
+        let text = scrape(gw.admin).await;
         assert_eq!(
-            r.header("www-authenticate"),
-            None,
-            "the upstream's challenge"
-        );
-        let v = r.json().await;
-        assert_eq!(v["id"], json!(id), "{v}");
-        assert_eq!(v["error"]["code"], json!(-32603), "{v}");
-        let message = v["error"]["message"].as_str().unwrap_or_default();
-        assert!(
-            message.contains("upstream `default` refused taskgate's credentials")
-                && message.contains(&format!("HTTP {status}")),
-            "{v}"
+            metric(
+                &text,
+                "taskgate_upstream_errors_total",
+                &[("upstream", "default"), ("kind", "auth")]
+            ),
+            2.0
         );
     }
-    let text = scrape(gw.admin).await;
+    let sent = up.requests();
     assert_eq!(
-        metric(
-            &text,
-            "taskgate_upstream_errors_total",
-            &[("upstream", "default"), ("kind", "auth")]
-        ),
-        2.0
+        sent[0].header("authorization").as_deref(),
+        Some("Bearer taskgate")
     );
+    assert_eq!(sent[2].header("authorization"), None);
 }
 
-/// With `forward_authorization = true` the token the upstream refused is the client's own: its
-/// 401 and challenge reach the client as they are.
+/// With `forward_authorization = true` the token the upstream refused is the client's own when
+/// the client sent one: its 401 and challenge reach the client as they are. Without a client
+/// token (an anonymous client, taskgate's own background requests), or with a configured
+/// `Authorization` replacing the client's, the refused credentials are not the client's: 502
+/// `-32603` without the challenge (review 18b #6).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_401_passes_through_when_the_client_token_is_forwarded() {
     let up = Upstream::start(|_| {
@@ -1059,10 +1077,61 @@ async fn upstream_401_passes_through_when_the_client_token_is_forwarded() {
 
     let r = Req::mcp_post(&gw.url("/mcp"), rpc("1", "tools/list", "{}"))
         .header("mcp-session-id", "s")
+        .header("authorization", "Bearer client")
         .send()
         .await;
     assert_eq!(r.status(), 401);
     assert_eq!(r.header("www-authenticate").as_deref(), Some("Bearer"));
+    assert_eq!(
+        up.requests()[0].header("authorization").as_deref(),
+        Some("Bearer client")
+    );
+
+    let r = Req::mcp_post(&gw.url("/mcp"), rpc("2", "tools/list", "{}"))
+        .header("mcp-session-id", "s")
+        .send()
+        .await;
+    assert_eq!(r.status(), 502, "no client token was sent");
+    assert_eq!(r.header("www-authenticate"), None);
+    let v = r.json().await;
+    assert_eq!(v["id"], json!(2), "{v}");
+    assert_eq!(v["error"]["code"], json!(-32603), "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("upstream `default` refused the request (HTTP 401)"),
+        "{v}"
+    );
+
+    let replaced = GatewayBuilder::single(&up.url())
+        .upstream_opt("forward_authorization = true")
+        .upstream_opt("headers = { Authorization = \"Bearer taskgate\" }")
+        .start()
+        .await;
+    let r = Req::mcp_post(&replaced.url("/mcp"), rpc("3", "tools/list", "{}"))
+        .header("mcp-session-id", "s")
+        .header("authorization", "Bearer client")
+        .send()
+        .await;
+    assert_eq!(
+        r.status(),
+        502,
+        "taskgate's configured token replaced the client's"
+    );
+    assert_eq!(r.header("www-authenticate"), None);
+    let v = r.json().await;
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("upstream `default` refused taskgate's credentials (HTTP 401)"),
+        "{v}"
+    );
+    assert_eq!(
+        up.requests()[2].header("authorization").as_deref(),
+        Some("Bearer taskgate")
+    );
 }
 
 /// taskgate does not follow an upstream's redirect nor pass its `Location` on: 502 `-32603`

@@ -94,6 +94,65 @@ async fn get_streams_are_capped_per_principal() {
     drop((second, bobs, again));
 }
 
+/// break-edge F12: 2026-07-28 has no GET stream and no sessions (§2.2 "405: GET or DELETE"):
+/// a GET or DELETE with a 2026 `MCP-Protocol-Version` is 405 `Allow: POST` at the edge,
+/// below the caller's `max_get_streams` as past it (before: past it, 429 `-32029`), and never
+/// reaches the upstream nor takes a GET slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_modern_get_is_405_even_past_the_get_stream_limit() {
+    let up = TaskServer::start(Behaviour {
+        get_stream: Some(Arc::new(|| {
+            vec![ev().id("g-1").data("").into(), SseStep::HoldOpen]
+        })),
+        ..Default::default()
+    })
+    .await;
+    let tg = bearer_with_limits(&up, &["max_get_streams = 1"]).await;
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let modern = |req: Req| {
+        req.header("authorization", "Bearer alice-token")
+            .header("mcp-protocol-version", "2026-07-28")
+    };
+    let check = |r: Resp, what: &'static str| async move {
+        assert_eq!(r.status(), 405, "{what}");
+        assert_eq!(r.header("allow").as_deref(), Some("POST"), "{what}");
+        let v = r.json().await;
+        assert_eq!(v["error"]["code"], json!(-32600), "{what}: {v}");
+    };
+    check(
+        modern(Req::mcp_get(&tg.mcp_url())).send().await,
+        "a 2026 GET below the limit",
+    )
+    .await;
+    let held = open_get(&tg, &alice).await;
+    assert_eq!(held.status(), 200, "the 2025 GET takes alice's one slot");
+    check(
+        modern(Req::mcp_get(&tg.mcp_url())).send().await,
+        "a 2026 GET past the limit",
+    )
+    .await;
+    check(
+        modern(Req::delete(&tg.mcp_url())).send().await,
+        "a 2026 DELETE",
+    )
+    .await;
+    assert_eq!(
+        upstream_gets(&up),
+        1,
+        "only the 2025 GET reached the upstream"
+    );
+    assert_eq!(
+        up.up
+            .requests()
+            .iter()
+            .filter(|r| r.method == "DELETE")
+            .count(),
+        0
+    );
+    drop(held);
+}
+
 /// A raw HTTP/1.1 request from the local address `from` (another loopback address than the
 /// test client's): the status code of its answer.
 async fn status_from(from: &str, gw: std::net::SocketAddr, token: &str) -> u16 {

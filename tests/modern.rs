@@ -1617,6 +1617,48 @@ async fn a_missing_version_header_or_non_object_capabilities_is_refused() {
     assert_eq!(status, 200, "a well-formed 2026 request passes: {v}");
 }
 
+/// Review 18b #7: a 2026 request whose JSON has a space after each colon (Python's
+/// `json.dumps` default, `": "`) or is pretty-printed is judged as the compact spelling is:
+/// capabilities that are not an object are refused 400 `-32602` before the upstream, an object
+/// is served.
+#[tokio::test]
+async fn spaced_meta_is_judged_as_compact_meta() {
+    let (up, _) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let post = |id: u64, caps: &str, sep: &str| {
+        let body = format!(
+            "{{\"jsonrpc\": \"2.0\", \"id\": {id}, \"method\": \"tools/call\", \"params\": {{\"name\": \"plain_tool\", \"arguments\": {{}}, \"_meta\": {{\"io.modelcontextprotocol/protocolVersion\":{sep}\"{MODERN}\", \"io.modelcontextprotocol/clientCapabilities\":{sep}{caps}}}}}}}"
+        );
+        Req::mcp_post(&url, body)
+            .header("mcp-protocol-version", MODERN)
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "plain_tool")
+    };
+    let before = up.count();
+    for (id, sep) in [(1, " "), (2, "\n    ")] {
+        let (status, v) = send(post(id, "\"x\"", sep)).await;
+        assert_eq!((status, err_code(&v)), (400, -32602), "{sep:?}: {v}");
+        assert_eq!(v["id"], json!(id), "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("must be an object"),
+            "{v}"
+        );
+    }
+    assert_eq!(up.count(), before, "nothing was forwarded");
+    let caps = format!("{{\"extensions\": {{\"{EXT}\": {{}}}}}}");
+    for (id, sep) in [(3, " "), (4, "\n    ")] {
+        let (status, v) = send(post(id, &caps, sep)).await;
+        assert_eq!(status, 200, "{sep:?}: {v}");
+        assert_eq!(v["id"], json!(id), "{v}");
+        assert!(v.get("result").is_some(), "served: {v}");
+    }
+    assert!(up.count() >= before + 2, "both were forwarded");
+}
+
 /// Hostile tester F6: a `notifications/tasks` reporting a task `completed` with its `result`
 /// is kept with its status, so a later `tasks/get` (the upstream still answering `working`,
 /// as an eventually consistent one does) is answered `completed` with that `result` from the

@@ -1602,6 +1602,44 @@ async fn tasks_list_pages_newest_first_only_callers_tasks() {
     );
 }
 
+/// break-edge F12: a 2025 `tasks/list` whose `params` is not an object (`"x"`, `[]`, a number,
+/// a boolean) is refused `-32602` saying params must be an object, instead of listing the
+/// caller's tasks; without `params`, or with `null`, the list starts at its first page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_list_with_params_not_an_object_is_invalid_params() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let task = alice.create_task("1").await;
+    for (id, params) in [(2, "\"x\""), (3, "[]"), (4, "5"), (5, "true")] {
+        let v = alice.rpc(rpc(&id.to_string(), "tasks/list", params)).await;
+        assert_eq!(err_code(&v), -32602, "params {params}: {v}");
+        assert_eq!(v["id"], json!(id), "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("tasks/list: params must be an object"),
+            "params {params}: {v}"
+        );
+    }
+    for body in [
+        r#"{"jsonrpc":"2.0","id":6,"method":"tasks/list"}"#.to_string(),
+        rpc("7", "tasks/list", "null"),
+    ] {
+        let v = alice.rpc(body.clone()).await;
+        assert_eq!(
+            v["result"]["tasks"][0]["taskId"],
+            json!(task),
+            "{body}: {v}"
+        );
+    }
+}
+
 /// Without auth and without a session nobody can be told apart: `capabilities.tasks.list` is
 /// removed from the initialize result and tasks/list gets -32601. With bearer auth the same
 /// upstream keeps it.

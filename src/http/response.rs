@@ -336,8 +336,9 @@ pub(super) fn refuse_session_or_version(
 /// Cost: a look-up of `_meta` among the members the envelope parse noted (a request without
 /// one is done there, as are 2025 clients, which never send these keys), then one search of
 /// its text for the version key, and on a 2026 request one more for the capabilities key. A
-/// request whose `_meta` spells the keys, the header's version and an object plainly is done
-/// there; only another spelling (an escape, spaces, another version, another value) reads
+/// request whose `_meta` spells the keys, the header's version and an object plainly (spaces
+/// after a key's colon too) is done there; only another spelling (an escape, spaces before a
+/// colon, another version, another value) reads
 /// `_meta` as JSON (that read on every 2026 request cost ~3,600 instructions, callgrind). (A
 /// nested member spelling a key first passes too; the upstream still sees the top-level value.)
 pub(super) fn refuse_version_disagreement(
@@ -367,22 +368,10 @@ pub(super) fn refuse_version_disagreement(
 
 /// Whether `_meta` (its raw `text`) names `header`'s version, or no version at all.
 fn version_agrees(header: &HeaderValue, msg: &jsonrpc::Message, text: &[u8]) -> bool {
-    use crate::mcp::needles::PROTOCOL_VERSION_KEY;
-    if let Some(at) = PROTOCOL_VERSION_KEY.find(text) {
-        let value = &text[at + PROTOCOL_VERSION_KEY.needle().len()..];
-        let agrees = text[..at]
-            .ends_with(b"\"io.modelcontextprotocol")
-            .then_some(value)
-            .and_then(|v| v.strip_prefix(b"\""))
-            .and_then(|v| v.strip_prefix(header.as_bytes()))
-            .is_some_and(|v| v.starts_with(b"\""));
-        if agrees {
-            return true;
-        }
-    } else if plainly_without_keys(text) {
+    if version_plainly_agrees(header.as_bytes(), text) {
         return true;
     }
-    match crate::mcp::classify::Classified::of(msg).meta(crate::mcp::era::PROTOCOL_VERSION_META) {
+    match meta_read(msg, crate::mcp::era::PROTOCOL_VERSION_META) {
         None => true,
         Some(meta) => {
             crate::mcp::classify::string(meta)
@@ -391,6 +380,60 @@ fn version_agrees(header: &HeaderValue, msg: &jsonrpc::Message, text: &[u8]) -> 
                 == Some(header.as_bytes())
         }
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// How many times this thread's checks read a `_meta` as JSON ([`meta_read`]).
+    static META_READS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The raw JSON of `msg`'s `params._meta[key]`, read as JSON: the slow path of the checks of
+/// every 2026 request, taken only when the text does not decide plainly (counted in tests).
+fn meta_read<'a>(msg: &'a jsonrpc::Message, key: &str) -> Option<&'a str> {
+    #[cfg(test)]
+    META_READS.with(|n| n.set(n.get() + 1));
+    crate::mcp::classify::Classified::of(msg).meta(key)
+}
+
+/// Whether `_meta`'s raw `text` plainly names `version` under the version key, or plainly
+/// names no version (no key, and no escape or space that could spell one): decided without
+/// reading `_meta` as JSON. Spaces after the key's colon (`": "`, Python's `json.dumps` and
+/// pretty printers) are skipped (review 18b #7).
+fn version_plainly_agrees(version: &[u8], text: &[u8]) -> bool {
+    use crate::mcp::needles::PROTOCOL_VERSION_KEY;
+    let Some(at) = PROTOCOL_VERSION_KEY.find(text) else {
+        return plainly_without_keys(text);
+    };
+    text[..at].ends_with(b"\"io.modelcontextprotocol")
+        && json_value(&text[at + PROTOCOL_VERSION_KEY.needle().len()..])
+            .strip_prefix(b"\"")
+            .and_then(|v| v.strip_prefix(version))
+            .is_some_and(|v| v.starts_with(b"\""))
+}
+
+/// Whether `_meta`'s raw `text` plainly declares its client capabilities an object (the key,
+/// then `{` after any spaces), or plainly has no such key: decided without reading `_meta` as
+/// JSON (review 18b #7: `": {"` read `_meta` on every request).
+fn capabilities_plainly_object(text: &[u8]) -> bool {
+    use crate::mcp::needles::CLIENT_CAPABILITIES_KEY;
+    match CLIENT_CAPABILITIES_KEY.find(text) {
+        Some(at) => {
+            json_value(&text[at + CLIENT_CAPABILITIES_KEY.needle().len()..]).first() == Some(&b'{')
+        }
+        None => plainly_without_keys(text),
+    }
+}
+
+/// `text` after a member's colon without the JSON whitespace before its value (RFC 8259
+/// section 2: space, tab, line feed, carriage return). A compact writer's value starts at once:
+/// one comparison.
+fn json_value(text: &[u8]) -> &[u8] {
+    let start = text
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        .unwrap_or(text.len());
+    &text[start..]
 }
 
 /// Whether `_meta`'s raw `text`, in which a needle found no key, cannot spell one either: no
@@ -425,15 +468,10 @@ fn refuse_capabilities(
     text: &[u8],
 ) -> Option<(crate::metrics::RejectReason, Response<Body>)> {
     use crate::mcp::capabilities::CLIENT_CAPABILITIES_META;
-    use crate::mcp::needles::CLIENT_CAPABILITIES_KEY;
-    match CLIENT_CAPABILITIES_KEY.find(text) {
-        Some(at) if text.get(at + CLIENT_CAPABILITIES_KEY.needle().len()) == Some(&b'{') => {
-            return None
-        }
-        None if plainly_without_keys(text) => return None,
-        _ => {}
+    if capabilities_plainly_object(text) {
+        return None;
     }
-    let caps = crate::mcp::classify::Classified::of(msg).meta(CLIENT_CAPABILITIES_META)?;
+    let caps = meta_read(msg, CLIENT_CAPABILITIES_META)?;
     if caps.starts_with('{') {
         return None;
     }
@@ -769,5 +807,39 @@ mod tests {
         }
         let (reason, _, _) = check(&[(ver, b"2025-11-25"), (ver, b"2025-11-25")]).unwrap();
         assert_eq!(reason, "protocol_version");
+    }
+
+    /// Review 18b #7: `_meta` written with a space after each colon (Python's `json.dumps`,
+    /// pretty printers) is decided from its text as the compact spelling is, without reading
+    /// it as JSON; a capabilities value that is not an object is still refused, and a
+    /// version that disagrees still read.
+    #[test]
+    fn spaced_meta_takes_the_fast_path() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            &MCP_PROTOCOL_VERSION,
+            HeaderValue::from_static("2026-07-28"),
+        );
+        let check = |meta: &str| {
+            let text = format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{"_meta":{meta}}}}}"#
+            );
+            let msg = jsonrpc::Message::parse_checked(bytes::Bytes::from(text)).unwrap();
+            META_READS.with(|n| n.set(0));
+            let refused = refuse_version_disagreement(&HeadFields::of(&h), &msg)
+                .map(|(_, resp)| resp.status());
+            (refused, META_READS.with(|n| n.get()))
+        };
+        for meta in [
+            r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#,
+            r#"{"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}"#,
+            "{\"io.modelcontextprotocol/protocolVersion\":\r\n\t \"2026-07-28\",\n  \"io.modelcontextprotocol/clientCapabilities\":\n    {\"extensions\": {}}}",
+        ] {
+            assert_eq!(check(meta), (None, 0), "{meta}");
+        }
+        let bad = r#"{"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": 5}"#;
+        assert_eq!(check(bad).0, Some(StatusCode::BAD_REQUEST));
+        let other = r#"{"io.modelcontextprotocol/protocolVersion": "2025-11-25", "io.modelcontextprotocol/clientCapabilities": {}}"#;
+        assert_eq!(check(other), (Some(StatusCode::BAD_REQUEST), 1));
     }
 }

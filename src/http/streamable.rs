@@ -19,6 +19,7 @@
 //! | `MCP-Protocol-Version` not one taskgate serves ([`crate::mcp::era::SUPPORTED_VERSIONS`]), or on two header lines | 400; `-32022` with `data: {supported, requested}` for a 2026-era date (`2099-01-01`), else `-32600` |
 //! | `MCP-Protocol-Version` present and not the body's `_meta["io.modelcontextprotocol/protocolVersion"]` (2026-07-28 §2.2) | 400, `-32020` naming both |
 //! | method other than POST, GET, DELETE | 405 with `Allow` |
+//! | GET or DELETE with a 2026-era `MCP-Protocol-Version` (2026-07-28 §2.2: no GET stream, no sessions) | 405 with `Allow: POST`, `-32600`, before any `[limits]` GET slot or the upstream |
 //! | POST `Content-Type` not `application/json` | 415 |
 //! | POST `Accept` not listing both `application/json` and `text/event-stream` | 406 |
 //! | GET `Accept` not listing `text/event-stream` | 406 |
@@ -262,6 +263,18 @@ impl Edge {
             Ok(served) => served,
             Err(resp) => return Err(self.reject(RejectReason::Route, resp)),
         };
+        if parts.method != Method::POST && modern_version(fields) {
+            // 2026-07-28 §2.2: "405: GET or DELETE". Answered here, before a GET takes one of
+            // the caller's `limits.max_get_streams` slots (break-edge F12: past them, a 2026
+            // GET got 429) and before the upstream is asked.
+            let mut resp = transport_refusal(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Method Not Allowed: MCP 2026-07-28 has no GET stream and no sessions to DELETE; POST each request (subscriptions/listen for notifications)",
+            );
+            resp.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            return Err(self.reject(RejectReason::Method, resp));
+        }
         let op = match parts.method {
             Method::POST => Operation::Post(self.decode_post(fields, body).await?),
             Method::GET => {
@@ -468,15 +481,23 @@ impl Edge {
                 era = era.as_str(),
                 "answered by taskgate"
             );
-            return self.encode_reply(reply, &route.name, labels.stream_kind, permit.take());
+            return self.encode_reply(reply, &route.name, labels.stream_kind, permit.take(), None);
         }
-        let outcome = if reply.status.is_success() {
-            RequestOutcome::Ok
+        if !reply.status.is_success() {
+            series.request(method, RequestOutcome::UpstreamStatus);
+        } else if labels.stream_kind == SseKind::Post && matches!(reply.body, ReplyBody::Stream(_))
+        {
+            // An SSE answer is counted when it ends: the transport may still end it with an
+            // error of its own (an oversized event: break-edge F11).
+            let count = Some(PendingCount {
+                series: series.clone(),
+                method,
+            });
+            return self.encode_reply(reply, &route.name, labels.stream_kind, permit.take(), count);
         } else {
-            RequestOutcome::UpstreamStatus
-        };
-        series.request(method, outcome);
-        self.encode_reply(reply, &route.name, labels.stream_kind, permit.take())
+            series.request(method, RequestOutcome::Ok);
+        }
+        self.encode_reply(reply, &route.name, labels.stream_kind, permit.take(), None)
     }
 
     fn check_host_and_origin(
@@ -553,7 +574,8 @@ impl Edge {
     /// ([`Self::check_media_types`]), the body read within `gateway.max_body_bytes` and the body
     /// timeout ([`Self::read_post_body`]), the parse, and the refusal's reason
     /// ([`envelope_reject_reason`]). Errors: the counted transport refusal (415, 406, 413, 408,
-    /// 400), without the request's id (none was read).
+    /// 400), with the request's id when the JSON was read and its `id` is one (a duplicate key
+    /// elsewhere, a `method` that is not a string: break-edge F12), else id `null`.
     async fn decode_post(
         &self,
         fields: &HeadFields<'_>,
@@ -562,7 +584,7 @@ impl Edge {
         self.check_media_types(fields)?;
         let bytes = self.read_post_body(fields, body).await?;
         let bom = bytes.starts_with(b"\xEF\xBB\xBF");
-        Message::parse_checked(bytes).map_err(|e| {
+        Message::parse_checked_with_id(bytes).map_err(|(e, id)| {
             let e = match bom {
                 // serde_json's "expected value at line 1 column 1" does not say why.
                 true => crate::jsonrpc::EnvelopeError::Parse(
@@ -572,7 +594,7 @@ impl Edge {
             };
             self.reject(
                 envelope_reject_reason(&e),
-                rpc_error_response(StatusCode::BAD_REQUEST, None, e.code(), &e.to_string()),
+                rpc_error_response(StatusCode::BAD_REQUEST, id.as_ref(), e.code(), &e.to_string()),
             )
         })
     }
@@ -704,6 +726,7 @@ impl Edge {
         upstream: &Arc<str>,
         kind: SseKind,
         permit: Option<Permit>,
+        count: Option<PendingCount>,
     ) -> Response<Body> {
         let mut builder = Response::builder().status(reply.status);
         *builder.headers_mut().expect("fresh builder") = reply.headers;
@@ -723,12 +746,11 @@ impl Edge {
                     } else {
                         Box::pin(std::future::pending())
                     };
-                let bytes = KeepAlive::new(events, self.settings.sse_keepalive)
-                    .take_until(stop)
-                    .map(move |b| {
-                        let _ = &guard;
-                        b.map(Frame::data).map_err(ResponseError::from)
-                    });
+                let bytes = Relayed {
+                    events: KeepAlive::new(events, self.settings.sse_keepalive).take_until(stop),
+                    _guard: guard,
+                    count,
+                };
                 boxed(StreamBody::new(bytes), permit)
             }
         };
@@ -753,6 +775,15 @@ fn strip_client_fields(headers: &mut HeaderMap, head: &Head) -> Option<HeaderVal
         headers.remove(header::ORIGIN);
     }
     session_id
+}
+
+/// Whether `MCP-Protocol-Version` is one 2026-era revision taskgate serves (sent once; another
+/// value is refused as the version checks say, whatever the method).
+fn modern_version(fields: &HeadFields<'_>) -> bool {
+    fields.protocol_versions == 1
+        && fields.protocol_version.is_some_and(|v| {
+            crate::mcp::era::is_supported_version(v.as_bytes()) && Era::of_header(v) == Era::Modern
+        })
 }
 
 /// The request's era: its `MCP-Protocol-Version` (gone if a `Connection` field named it),
@@ -880,6 +911,63 @@ where
         }
         .boxed_unsync(),
         None => body.map_err(Into::into).boxed_unsync(),
+    }
+}
+
+/// A request whose `taskgate_requests_total` count waits for the end of its SSE answer.
+struct PendingCount {
+    series: RequestSeries,
+    method: McpMethod,
+}
+
+/// An SSE answer's bytes as the client gets them ([`KeepAlive`]), holding the stream's
+/// `taskgate_sse_streams_open` count, and counting the request when the stream ends (or is
+/// dropped, the client gone): `ok`, or what an error event the transport made itself reports
+/// (`upstream_invalid` for an event over `max_message_bytes`, `timeout` past a deadline;
+/// break-edge F11: such a stream was counted `ok` when its head went out).
+struct Relayed {
+    events: futures_util::stream::TakeUntil<
+        KeepAlive,
+        std::pin::Pin<Box<dyn Future<Output = ()> + Send>>,
+    >,
+    _guard: crate::metrics::GaugeGuard,
+    count: Option<PendingCount>,
+}
+
+impl Relayed {
+    /// Counts the request once, by what the stream relayed so far.
+    fn settle(&mut self) {
+        if let Some(PendingCount { series, method }) = self.count.take() {
+            let outcome = match self.events.get_ref().transport_failure() {
+                None => RequestOutcome::Ok,
+                Some(crate::sse::TransportFailure::Invalid) => RequestOutcome::UpstreamInvalid,
+                Some(crate::sse::TransportFailure::Timeout) => RequestOutcome::Timeout,
+            };
+            series.request(method, outcome);
+        }
+    }
+}
+
+impl futures_util::Stream for Relayed {
+    type Item = Result<Frame<bytes::Bytes>, ResponseError>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let next = std::task::ready!(this.events.poll_next_unpin(cx));
+        // Counted before the end goes out (a client that read the whole answer sees the count).
+        if !matches!(next, Some(Ok(_))) {
+            this.settle();
+        }
+        Poll::Ready(next.map(|b| b.map(Frame::data).map_err(ResponseError::from)))
+    }
+}
+
+impl Drop for Relayed {
+    fn drop(&mut self) {
+        self.settle();
     }
 }
 

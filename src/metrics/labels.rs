@@ -137,7 +137,8 @@ label_enum! {
         Protocol = "protocol",
         /// An SSE answer or GET stream whose body failed before its end (reset, truncated).
         StreamReset = "stream_reset",
-        /// The upstream refused taskgate's credentials (HTTP 401 or 403; answered 502).
+        /// The upstream refused taskgate's credentials, or a request without any (HTTP 401 or
+        /// 403 to a request without the client's own `Authorization`; answered 502).
         Auth = "auth",
     }
 }

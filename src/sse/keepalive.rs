@@ -2,7 +2,7 @@
 //! that are ready together, inserts keep-alive comments on idle streams, and ends with
 //! [`StreamAborted`] when the upstream's stream was cut.
 
-use super::{encode_into, EventStream, KEEPALIVE_COMMENT};
+use super::{encode_into, EventStream, TransportFailure, KEEPALIVE_COMMENT};
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use std::future::Future;
@@ -24,6 +24,8 @@ pub struct KeepAlive {
     /// Whether the stream has answered `Pending` once since the abort arrived (see
     /// [`KeepAlive::end`]).
     yielded: bool,
+    /// The failure the first [`Event::transport_error`] relayed reported.
+    failure: Option<TransportFailure>,
 }
 
 /// Largest chunk assembled from events that are ready at once, in bytes.
@@ -43,7 +45,14 @@ impl KeepAlive {
             done: false,
             aborted: None,
             yielded: false,
+            failure: None,
         }
+    }
+
+    /// The failure reported by the first [`Event::transport_error`] this stream relayed (an
+    /// oversized upstream event, a deadline): the request's outcome, for the edge's count.
+    pub fn transport_failure(&self) -> Option<TransportFailure> {
+        self.failure
     }
 
     /// The end of the stream once `done`: `None` for a clean end; for a cut upstream, one
@@ -97,6 +106,9 @@ impl Stream for KeepAlive {
                         let data = event.data.as_ref().map_or(0, |d| d.len());
                         BytesMut::with_capacity((data + 64).max(BATCH_START))
                     });
+                    if this.failure.is_none() {
+                        this.failure = event.transport_failure();
+                    }
                     encode_into(&event, b);
                     if b.len() >= BATCH_BYTES {
                         break;

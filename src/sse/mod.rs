@@ -40,8 +40,9 @@ pub struct Event {
     pub retry: Option<u64>,
     /// An [`Event::transport_error`]: an error the transport made itself, not the upstream's.
     /// Never encoded (the client sees the event as any other), never decoded (no wire event
-    /// carries it), kept by [`Event::detached`].
-    pub(crate) transport_error: bool,
+    /// carries it), kept by [`Event::detached`]; what failed (the edge counts the request's
+    /// outcome by it).
+    pub(crate) transport_error: Option<TransportFailure>,
 }
 
 /// A bound on the events a reader holds back while it looks for one (an `initialize` answer, a
@@ -97,6 +98,16 @@ pub enum Cut {
 /// The type of the marker event [`Event::abort`]: a decoded event type never holds a newline.
 const ABORT_TYPE: &str = "\n";
 
+/// Why the transport ended an answer with an error event of its own
+/// ([`Event::transport_error`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportFailure {
+    /// The upstream's answer was invalid (an event or line over `max_message_bytes`).
+    Invalid,
+    /// The upstream did not answer within its deadline.
+    Timeout,
+}
+
 impl Event {
     /// The same event with each field in an allocation of its own. A decoded event's fields are
     /// slices of the upstream connection's read buffer (`Decoder::feed_bytes`), so an event kept
@@ -135,18 +146,24 @@ impl Event {
 
     /// An event carrying `data`, a JSON-RPC error the transport made itself for the request
     /// (an oversized upstream event, a deadline): marked so that the layers above count it as
-    /// the transport's, not as the upstream's (review 17 #10). The mark is a flag that is not
-    /// encoded: the client gets a plain `data:` event, as for the upstream's messages.
-    pub fn transport_error(data: String) -> Event {
+    /// the transport's, not as the upstream's (review 17 #10). The mark is a field that is not
+    /// encoded: the client gets a plain `data:` event, as for the upstream's messages. `why`
+    /// says which failure it reports (the edge counts the request's outcome by it).
+    pub fn transport_error(data: String, why: TransportFailure) -> Event {
         Event {
             data: Some(data.into()),
-            transport_error: true,
+            transport_error: Some(why),
             ..Default::default()
         }
     }
 
     /// Whether this is an [`Event::transport_error`] (detached or not).
     pub fn is_transport_error(&self) -> bool {
+        self.transport_error.is_some()
+    }
+
+    /// The failure an [`Event::transport_error`] reports; `None` for any other event.
+    pub fn transport_failure(&self) -> Option<TransportFailure> {
         self.transport_error
     }
 

@@ -309,7 +309,7 @@ fn a_detached_event_keeps_no_slice_of_the_chunk() {
 #[test]
 fn a_detached_transport_error_is_still_one() {
     let body = r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"too big"}}"#;
-    let ev = Event::transport_error(body.to_string());
+    let ev = Event::transport_error(body.to_string(), crate::sse::TransportFailure::Invalid);
     assert!(ev.is_transport_error());
     let detached = ev.clone().detached();
     assert!(detached.is_transport_error(), "kept by detached");

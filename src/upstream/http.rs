@@ -26,9 +26,12 @@
 //!   stream), so the client never sees a clean end. Both count
 //!   `taskgate_upstream_oversize_total{kind}` and `taskgate_upstream_errors_total{kind="protocol"}`.
 //! - Status: a redirect (3xx) is not followed and not passed on (502 `-32603`, counted
-//!   `kind="protocol"`); a 401 or 403 is taskgate's credentials refused, not the client's, and
-//!   becomes 502 `-32603` without the upstream's `WWW-Authenticate` (counted `kind="auth"`),
-//!   unless `forward_authorization` sent the client's own token, when it is passed on.
+//!   `kind="protocol"`). A 401 or 403 to a request that carried the client's own
+//!   `Authorization` (`forward_authorization = true`, the client sent one, and no configured
+//!   `Authorization` replaced it) is passed on as it came; any other 401 or 403 refused
+//!   taskgate's credentials (its configured `headers`), or a request without any, not the
+//!   client's, and becomes 502 `-32603` without the upstream's `WWW-Authenticate` (counted
+//!   `kind="auth"`).
 //! - The answer's body becomes [`ReplyBody::Json`], [`ReplyBody::Stream`] (decoded event by event
 //!   as it arrives), [`ReplyBody::Empty`] or [`ReplyBody::Raw`].
 
@@ -62,6 +65,8 @@ pub struct StreamableHttp {
     timeout_ms: u64,
     headers: HeaderMap,
     forward_authorization: bool,
+    /// Whether the configured `headers` set `Authorization` (replacing a forwarded client's).
+    configured_authorization: bool,
     principal_header: Option<HeaderName>,
     max_message_bytes: usize,
     metrics: Arc<Metrics>,
@@ -98,6 +103,7 @@ impl StreamableHttp {
             pool,
             timeout: Duration::from_millis(config.timeout_ms),
             timeout_ms: config.timeout_ms,
+            configured_authorization: headers.contains_key(header::AUTHORIZATION),
             headers,
             forward_authorization: config.forward_authorization,
             principal_header: config
@@ -144,7 +150,7 @@ impl StreamableHttp {
             ),
             _ => (None, None),
         };
-        let request = self.http_request(req);
+        let (request, client_token) = self.http_request(req);
         // One timer for both the response head and, for a JSON answer, its body; pinned in
         // this future, not boxed (an allocation less per request).
         let mut timer = std::pin::pin!(match deadline {
@@ -165,7 +171,7 @@ impl StreamableHttp {
         let (parts, incoming) = response.into_parts();
         // The one check a 200 answer pays; the body of a refused answer is dropped unread.
         if parts.status != http::StatusCode::OK {
-            self.check_status(parts.status)?;
+            self.check_status(parts.status, client_token)?;
         }
         let mut headers = parts.headers;
         let is_sse = self.check_head(&mut headers)?;
@@ -200,8 +206,9 @@ impl StreamableHttp {
 
     /// `req` as the HTTP request to the upstream: POST with the message's bytes unchanged, GET
     /// or DELETE without a body, on the upstream's path, with the headers of
-    /// [`StreamableHttp::upstream_headers`] and its own `Content-Length`.
-    fn http_request(&self, mut req: McpRequest) -> Request<Full<Bytes>> {
+    /// [`StreamableHttp::upstream_headers`] and its own `Content-Length`; and whether it carries
+    /// the client's own `Authorization`.
+    fn http_request(&self, mut req: McpRequest) -> (Request<Full<Bytes>>, bool) {
         // What is taken is taken out of the request's box, not the box's parts moved out whole.
         let (method, body) = match std::mem::replace(&mut req.op, Operation::OpenStream) {
             // Moved, not cloned: a message a layer or the trace rewrote is a `Vec`'s bytes, whose
@@ -218,7 +225,7 @@ impl StreamableHttp {
         let headers = request.headers_mut();
         let ctx = &mut req.ctx;
         *headers = std::mem::take(&mut ctx.headers);
-        self.upstream_headers(headers, &ctx.principal, ctx.session_id.take());
+        let client_token = self.upstream_headers(headers, &ctx.principal, ctx.session_id.take());
         // Replaces the client's `Content-Length` (the edge leaves it in place).
         if length == 0 {
             headers.remove(header::CONTENT_LENGTH);
@@ -228,19 +235,21 @@ impl StreamableHttp {
                 crate::headers::content_length(length as u64),
             );
         }
-        request
+        (request, client_token)
     }
 
     /// The client's head fields as the upstream gets them: `Authorization` (unless
     /// `forward_authorization`), `Accept-Encoding` and the client's own `principal_header`
     /// removed; the principal, the upstream's `Host`, the routed `Mcp-Session-Id` and the
-    /// configured headers set.
+    /// configured headers set. Returns whether the `Authorization` that goes up is the
+    /// client's own: it sent one, `forward_authorization` keeps it, and no configured
+    /// `Authorization` replaces it (review 18b #6).
     fn upstream_headers(
         &self,
         headers: &mut HeaderMap,
         principal: &crate::exchange::Principal,
         session_id: Option<HeaderValue>,
-    ) {
+    ) -> bool {
         // The names to drop, found in one pass over the few present (a hashed `remove` per
         // name, present or not, cost more; benches/profile.sh small).
         let (mut authorization, mut encoding, mut own_principal) = (false, false, false);
@@ -275,6 +284,7 @@ impl StreamableHttp {
         for (k, v) in &self.headers {
             headers.insert(k.clone(), v.clone());
         }
+        authorization && self.forward_authorization && !self.configured_authorization
     }
 
     /// The answer's head fields as they go up (taskgate's own `x-taskgate-*` and
@@ -308,11 +318,16 @@ impl StreamableHttp {
 
     /// An answer's status that is not passed on (break-edge F8). Errors: a redirect
     /// ([`GatewayError::UpstreamProtocol`]: taskgate does not follow it, and its `Location` is
-    /// the upstream's to choose), and, unless `forward_authorization` sends the client's own
-    /// token, a 401 or 403 ([`GatewayError::UpstreamRefused`], counted `kind="auth"`: the
-    /// credentials refused are taskgate's, and the upstream's `WWW-Authenticate` would send an
-    /// OAuth client to discover the upstream's authorization server).
-    fn check_status(&self, status: http::StatusCode) -> Result<(), GatewayError> {
+    /// the upstream's to choose), and, unless `client_token` (the request carried the client's
+    /// own `Authorization`, forwarded as it came: [`StreamableHttp::upstream_headers`]), a 401
+    /// or 403 ([`GatewayError::UpstreamRefused`], counted `kind="auth"`: what was refused is
+    /// taskgate's credentials or none, not the client's, and the upstream's `WWW-Authenticate`
+    /// would send an OAuth client to discover the upstream's authorization server).
+    fn check_status(
+        &self,
+        status: http::StatusCode,
+        client_token: bool,
+    ) -> Result<(), GatewayError> {
         if status.is_redirection() {
             return Err(self.protocol_error(format!(
                 "it answered HTTP {status}, a redirect, which taskgate does not follow"
@@ -321,14 +336,17 @@ impl StreamableHttp {
         if matches!(
             status,
             http::StatusCode::UNAUTHORIZED | http::StatusCode::FORBIDDEN
-        ) && !self.forward_authorization
+        ) && !client_token
         {
             self.metrics
                 .upstream_error(&self.name, UpstreamErrorKind::Auth);
-            tracing::warn!(upstream = %self.name, status = status.as_u16(), "the upstream refused taskgate's credentials");
+            // Any configured header may be the credential (`Authorization`, an API key's).
+            let credentials = !self.headers.is_empty();
+            tracing::warn!(upstream = %self.name, status = status.as_u16(), credentials, "the upstream refused taskgate's request (its credentials, or none)");
             return Err(GatewayError::UpstreamRefused {
                 upstream: self.name.clone(),
                 status,
+                credentials,
             });
         }
         Ok(())
@@ -535,10 +553,10 @@ struct Bounded {
 }
 
 impl Bounded {
-    fn error_event(&mut self, message: &str) -> sse::Event {
+    fn error_event(&mut self, message: &str, why: sse::TransportFailure) -> sse::Event {
         self.events = None;
         let body = jsonrpc::error_response(self.rpc_id.as_ref(), jsonrpc::INTERNAL_ERROR, message);
-        sse::Event::transport_error(String::from_utf8_lossy(&body).into_owned())
+        sse::Event::transport_error(String::from_utf8_lossy(&body).into_owned(), why)
     }
 }
 
@@ -567,7 +585,9 @@ impl futures_util::Stream for Bounded {
                     st.method.as_deref().unwrap_or("the request"),
                     st.timeout_ms
                 );
-                return Poll::Ready(Some(st.error_event(&message)));
+                return Poll::Ready(Some(
+                    st.error_event(&message, sse::TransportFailure::Timeout),
+                ));
             }
         };
         match next {
@@ -588,7 +608,9 @@ impl futures_util::Stream for Bounded {
                     "upstream `{}` sent an invalid response: the upstream answer exceeded max_message_bytes={}",
                     st.name, oversize.limit
                 );
-                Poll::Ready(Some(st.error_event(&message)))
+                Poll::Ready(Some(
+                    st.error_event(&message, sse::TransportFailure::Invalid),
+                ))
             }
             None => {
                 st.events = None;

@@ -58,7 +58,7 @@
 //!   pool is full, no child is running), [`GatewayError::UpstreamTimeout`] (the deadline passed
 //!   before the answer started), [`GatewayError::UpstreamProtocol`] (the answer is not MCP over
 //!   this transport; a redirect), [`GatewayError::UpstreamRefused`] (a 401 or 403 to
-//!   taskgate's own credentials), each naming the upstream and counted in
+//!   a request without the client's own `Authorization`), each naming the upstream and counted in
 //!   `taskgate_upstream_errors_total{kind}`. Nothing a server sends panics or grows a buffer
 //!   without bound.
 //! - **Threads.** An exchange runs on the serving thread that called it: its I/O is polled by

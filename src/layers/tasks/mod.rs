@@ -18,7 +18,8 @@
 //!   task waits for its answer at most until the record expires, then is answered the same
 //!   `-32602` (`expiry`).
 //! - `tasks/list`: answered here from the registry: the caller's tasks on this upstream, newest
-//!   first, `tasks.list_page_size` per page, opaque `nextCursor` (an invalid cursor is `-32602`).
+//!   first, `tasks.list_page_size` per page, opaque `nextCursor` (an invalid cursor, or `params`
+//!   neither an object nor absent, is `-32602`).
 //!   Each task's status is the last one taskgate saw (see `observe`); call `tasks/get` for the
 //!   upstream's current status.
 //! - `initialize`: when callers cannot be told apart (`[auth] mode = "none"` and the upstream gives
@@ -633,6 +634,19 @@ async fn list(registry: &Arc<Registry>, authenticated: bool, req: &McpRequest) -
         .ok()
         .and_then(|v| v.get("params").cloned())
         .unwrap_or(Value::Null);
+    // Absent (or `null`, as absent) lists from the start; any other non-object is no request
+    // for a page (break-edge F12: `"x"` and `[]` listed the tasks).
+    let got = match params {
+        Value::Object(_) | Value::Null => None,
+        Value::String(_) => Some("a string"),
+        Value::Array(_) => Some("an array"),
+        Value::Number(_) => Some("a number"),
+        Value::Bool(_) => Some("a boolean"),
+    };
+    if let Some(got) = got {
+        let message = format!("tasks/list: params must be an object, got {got}");
+        return refuse(&id, McpError::InvalidParams { message });
+    }
     let upstream = &req.ctx.upstream;
     let cursor = match params.get("cursor") {
         None | Some(Value::Null) => None,
