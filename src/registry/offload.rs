@@ -444,15 +444,14 @@ impl Registry {
     }
 
     /// Waits until a status that just became terminal is on disk (group commit + `fdatasync`)
-    /// before the message that reported it is passed on, when only taskgate holds it
-    /// (`status::awaits_disk`); any other change was handed to the next group commit. A failed
-    /// sync is logged and counted: the message still goes on (the upstream's word stands; the
-    /// record is only less durable).
+    /// before the message that reported it is passed on; a status that changed otherwise is
+    /// synced soon. A failed sync is logged and counted: the message still goes on (the
+    /// upstream's word stands; the record is only less durable).
     async fn durable(self: &Arc<Self>, applied: Option<Applied>) -> Observed {
-        let Some((observed, waits)) = applied else {
+        let Some((observed, terminal_now)) = applied else {
             return Observed::Unknown;
         };
-        if waits {
+        if terminal_now {
             self.sync_terminal().await;
         }
         observed
@@ -471,12 +470,12 @@ impl Registry {
         task_id: &str,
         failed: bool,
     ) {
-        let waits = self
+        let terminal_now = self
             .point_about(upstream, task_id, move |r, up, id| {
                 r.apply_result_payload_now(up, id, failed)
             })
             .await;
-        if waits == Some(true) {
+        if terminal_now == Some(true) {
             self.sync_terminal().await;
         }
     }

@@ -7,7 +7,7 @@ use super::Registry;
 use crate::jsonrpc::splice;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::ReleaseReason;
-use crate::store::{Origin, TaskRecord};
+use crate::store::TaskRecord;
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -181,32 +181,10 @@ impl Report {
     }
 }
 
-/// What applying a report did, and whether the caller must wait for
-/// [`crate::store::TaskStore::sync`] before the message that told it leaves taskgate: a status
-/// that just became terminal and [`awaits_disk`] (otherwise the change was handed to the next
-/// group commit, `sync_soon`).
+/// What applying a report did, and whether it made the record terminal just now: then the
+/// caller waits for [`crate::store::TaskStore::sync`] before the message that told it leaves
+/// taskgate (a terminal status a client was told about survives a crash, like a creation).
 pub(super) type Applied = (Observed, bool);
-
-/// Whether a status that just became terminal (`before` → `after`) must be on disk before the
-/// message that reported it leaves taskgate, or is made durable by the store's next group
-/// commit (`sync_soon`: milliseconds later, with whatever else is written).
-///
-/// It waits for what only taskgate holds: `cancelled` (a late completion must never overwrite
-/// it, across a restart too), a result or error kept in the record to be served later
-/// (`terminal_result`, `terminal_error`: the upstream may forget the task once it reported
-/// it), and the end of a gateway task (taskgate ran it). An upstream's own task ending
-/// `completed` or `failed`, with nothing kept, is the upstream's fact: should a crash lose it
-/// before the next commit, the record shows its last durable status, and the next `tasks/get`
-/// or `tasks/result` learns the end from the upstream again (a task the upstream forgot
-/// meanwhile is failed by the lost-task confirmation). Waiting for it put a second group
-/// commit on every 2025 task's path (issue 36: the lifecycle's tasks/s, benches/RESULTS.md R67).
-fn awaits_disk(before: &TaskRecord, after: &TaskRecord) -> bool {
-    let kept = |b: &Option<String>, a: &Option<String>| b.is_none() && a.is_some();
-    after.status == TaskStatus::Cancelled
-        || after.origin == Origin::Gateway
-        || kept(&before.terminal_result, &after.terminal_result)
-        || kept(&before.terminal_error, &after.terminal_error)
-}
 
 impl Registry {
     /// A provisional live-task slot for a 2026-07-28 `tools/call` (the server decides whether it
@@ -520,11 +498,11 @@ impl Registry {
         };
         if before.status != after.status {
             self.on_transition(&before, &after, source);
-            let waits = after.status.is_terminal() && awaits_disk(&before, &after);
-            if !waits {
+            let terminal_now = after.status.is_terminal();
+            if !terminal_now {
                 self.store.sync_soon();
             }
-            return (Observed::Recorded(after.status), waits);
+            return (Observed::Recorded(after.status), terminal_now);
         }
         if after.status.is_terminal() && status != after.status {
             return (self.on_stale_terminal(&after, status, source, now), false);
@@ -598,7 +576,7 @@ impl Registry {
     /// Applied only to a record that is not terminal yet: a payload carries no status, so it
     /// never contradicts a recorded terminal one (the Python SDK answers an empty result for a
     /// cancelled task).
-    /// Returns whether the caller must wait for the store's sync (see [`Applied`]).
+    /// Returns whether the record became terminal just now (see [`Applied`]).
     pub(super) fn apply_result_payload_now(
         &self,
         upstream: &str,
@@ -627,11 +605,7 @@ impl Registry {
         match result {
             Ok(Some((before, after))) if before.status != after.status => {
                 self.on_transition(&before, &after, "tasks/result");
-                let waits = awaits_disk(&before, &after);
-                if !waits {
-                    self.store.sync_soon();
-                }
-                waits
+                true
             }
             Ok(_) => false,
             Err(e) => {
@@ -652,7 +626,7 @@ impl Registry {
         task_id: &str,
     ) -> Option<std::sync::Arc<TaskRecord>> {
         self.cancel_requested_now(upstream, task_id, |r| {
-            if r.origin == Origin::Gateway {
+            if r.origin == crate::store::Origin::Gateway {
                 "tasks/cancel of a gateway task: notifications/cancelled sent upstream for its held tools/call"
             } else {
                 "tasks/cancel forwarded upstream"

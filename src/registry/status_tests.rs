@@ -204,9 +204,8 @@ async fn a_terminal_status_racing_shutdown_logs_no_store_error() {
     store.close();
     let logs = Captured::default();
     let guard = logs.install();
-    // `cancelled`: a terminal status whose commit is awaited (`awaits_disk`).
-    let done = serde_json::json!({"taskId": "t1", "status": "cancelled"});
-    registry.observe_task("up", done, "tasks/cancel").await;
+    let done = serde_json::json!({"taskId": "t1", "status": "completed"});
+    registry.observe_task("up", done, "tasks/get").await;
     drop(guard);
     let text = logs.text();
     assert!(text.contains("the task store is closed"), "{text}");
@@ -270,77 +269,4 @@ async fn a_new_status_without_the_upstreams_time_is_dated_now() {
     }
     let r = registry.store().get("up", "t3").unwrap().unwrap();
     assert_eq!(r.last_updated_at, "2026-01-01T00:00:05Z");
-}
-
-/// Issue 36: a terminal status waits for the store's sync before its message leaves taskgate
-/// only when taskgate alone holds it (`cancelled`, a kept result, a gateway task's end); an
-/// upstream's own task ending `completed`/`failed` with nothing kept goes to the next group
-/// commit. On the code before, every terminal status waited (two syncs more here).
-#[tokio::test]
-async fn only_what_taskgate_alone_holds_waits_for_the_disk() {
-    use std::sync::atomic::Ordering;
-    let (registry, store) = crate::layers::testing::registry();
-    let owner = crate::layers::testing::owner();
-    for t in ["done", "payload", "cancelled", "gateway", "kept"] {
-        let mut record = crate::layers::testing::record(t);
-        if t == "gateway" {
-            record.origin = crate::store::Origin::Gateway;
-        }
-        let reservation = registry.reserve(&"up".into(), &owner).unwrap();
-        registry
-            .record_creation(record, &reservation)
-            .await
-            .unwrap();
-    }
-    let syncs = || store.counts.syncs.load(Ordering::SeqCst);
-    let report = |t: &str, status: &str| serde_json::json!({"taskId": t, "status": status});
-    let mut waited = Vec::new();
-    let before = syncs();
-    registry
-        .observe_task("up", report("done", "completed"), "tasks/get")
-        .await;
-    waited.push(("done", syncs() - before));
-    let before = syncs();
-    registry.apply_result_payload("up", "payload", false).await;
-    waited.push(("payload", syncs() - before));
-    let before = syncs();
-    registry
-        .observe_task("up", report("cancelled", "cancelled"), "tasks/cancel")
-        .await;
-    waited.push(("cancelled", syncs() - before));
-    let before = syncs();
-    registry
-        .observe_task_as(
-            "up",
-            "gateway",
-            report("gateway", "completed"),
-            "gateway task",
-        )
-        .await;
-    waited.push(("gateway", syncs() - before));
-    let before = syncs();
-    registry
-        .observe_task_with_result(
-            "up",
-            "kept",
-            report("kept", "completed"),
-            r#"{"taskId":"kept","status":"completed","result":{"content":[]}}"#.into(),
-            "tasks/get",
-        )
-        .await;
-    waited.push(("kept", syncs() - before));
-    assert_eq!(
-        waited,
-        [
-            ("done", 0),
-            ("payload", 0),
-            ("cancelled", 1),
-            ("gateway", 1),
-            ("kept", 1)
-        ]
-    );
-    for t in ["done", "payload", "cancelled", "gateway", "kept"] {
-        let r = registry.store().get("up", t).unwrap().unwrap();
-        assert!(r.status.is_terminal(), "{t}: {:?}", r.status);
-    }
 }
