@@ -418,8 +418,12 @@ fn version_plainly_agrees(version: &[u8], text: &[u8]) -> bool {
 fn capabilities_plainly_object(text: &[u8]) -> bool {
     use crate::mcp::needles::CLIENT_CAPABILITIES_KEY;
     match CLIENT_CAPABILITIES_KEY.find(text) {
+        // The spec's key only: a vendor's `…/clientCapabilities` found first is no answer
+        // (review 19 #4), and the JSON is read.
         Some(at) => {
-            json_value(&text[at + CLIENT_CAPABILITIES_KEY.needle().len()..]).first() == Some(&b'{')
+            text[..at].ends_with(b"\"io.modelcontextprotocol")
+                && json_value(&text[at + CLIENT_CAPABILITIES_KEY.needle().len()..]).first()
+                    == Some(&b'{')
         }
         None => plainly_without_keys(text),
     }
@@ -841,5 +845,30 @@ mod tests {
         assert_eq!(check(bad).0, Some(StatusCode::BAD_REQUEST));
         let other = r#"{"io.modelcontextprotocol/protocolVersion": "2025-11-25", "io.modelcontextprotocol/clientCapabilities": {}}"#;
         assert_eq!(check(other), (Some(StatusCode::BAD_REQUEST), 1));
+    }
+
+    /// Review 19 #4: a vendor key spelt `x.example/clientCapabilities` with an object value,
+    /// written first, does not decide the capabilities fast path: the spec's
+    /// `io.modelcontextprotocol/clientCapabilities` that is not an object is still refused (it
+    /// passed to the upstream unread: the fast path took the first `/clientCapabilities":`).
+    #[test]
+    fn another_keys_capabilities_do_not_decide_the_fast_path() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            &MCP_PROTOCOL_VERSION,
+            HeaderValue::from_static("2026-07-28"),
+        );
+        let meta = r#"{"x.example/clientCapabilities":{},"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":"x"}"#;
+        let text = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{"_meta":{meta}}}}}"#
+        );
+        let msg = jsonrpc::Message::parse_checked(bytes::Bytes::from(text)).unwrap();
+        let refused =
+            refuse_version_disagreement(&HeadFields::of(&h), &msg).map(|(_, resp)| resp.status());
+        assert_eq!(
+            refused,
+            Some(StatusCode::BAD_REQUEST),
+            "capabilities \"x\" passed"
+        );
     }
 }

@@ -661,7 +661,9 @@ struct Watch {
     holds: Mutex<Vec<ResourceHold>>,
     /// The creation was answered with an error on its stream: its [`Undo`] and era, to cancel
     /// upstream the task a held notification named before that answer ([`Watch::cancel_orphan`]).
-    orphan: Mutex<Option<(Undo, Era)>>,
+    /// Boxed: an `Undo` is ~250 bytes, and every `Watch` (each creation, `tasks/get`,
+    /// `tasks/result`) would carry them for this rare case (review 19).
+    orphan: Mutex<Option<Box<(Undo, Era)>>>,
     /// The client went away before the creation's answer was relayed ([`RunToEnd`]).
     client_gone: std::sync::atomic::AtomicBool,
     /// A creation the client asked for: it runs to its answer if the client goes away
@@ -1042,7 +1044,7 @@ impl Watch {
         if let (Some(undo), false, true) = (&undo, response, in_stream) {
             // Nothing is recorded: a task the stream named before this error was started by
             // this creation (`cancel_orphan`, when a held notification naming it is released).
-            *self.orphan.lock() = Some((undo.clone(), pending.template.era));
+            *self.orphan.lock() = Some(Box::new((undo.clone(), pending.template.era)));
         }
         let (out, created) = self.on_creation(bytes, parsed, &id, pending, undo).await;
         self.created(out, created, trace.as_ref(), in_stream)
@@ -1389,17 +1391,26 @@ impl Watch {
     /// with an error, names `bytes`' task, neither recorded nor refused: the task the creation
     /// started upstream before it failed (an orphan nobody can learn of, ask about or cancel).
     /// Cancelled there once, as a wrong-id creation is ([`UndoReason::Orphan`]; noted refused,
-    /// so a later notification naming it is dropped, not cancelled again), unless another
-    /// creation is in flight on the stream's upstream session (the task may be its). A recorded
+    /// so a later notification naming it is dropped, not cancelled again). A 2025-11-25
+    /// creation's stream may carry its session's other tasks: not while another creation is in
+    /// flight on the stream's upstream session (the task may be its). A 2026-07-28 POST stream
+    /// carries only its own exchange's messages, so its orphan is its own, whoever else is
+    /// creating (review 19 #3: any creation on the upstream suppressed the cancel). A recorded
     /// task is never cancelled here (`names_a_task_to_hold` said it is not recorded).
     fn cancel_orphan(&self, bytes: &[u8]) {
         let session = self.session.as_ref().and_then(|s| s.to_str().ok());
-        if self.registry.creations().in_flight(&self.upstream, session) {
-            return;
-        }
-        let Some((undo, era)) = self.orphan.lock().take() else {
+        let mut orphan = self.orphan.lock();
+        let Some(era) = orphan.as_ref().map(|o| o.1) else {
             return;
         };
+        if era != Era::Modern && self.registry.creations().in_flight(&self.upstream, session) {
+            return;
+        }
+        let Some(taken) = orphan.take() else {
+            return;
+        };
+        drop(orphan);
+        let (undo, era) = *taken;
         let value = serde_json::from_slice::<Value>(bytes).ok();
         let task_id = value
             .as_ref()

@@ -803,3 +803,106 @@ async fn a_held_notification_about_another_creations_task_passes_once_recorded()
         );
     }
 }
+
+/// A 2025-11-25 `tasks/result` of a live task ends it: the terminal status is on disk (one
+/// sync awaited) before the payload leaves, and the result is kept in the record (review 19:
+/// a status not awaited let the payload leave with none).
+#[tokio::test]
+async fn a_tasks_result_that_ends_a_task_leaves_once_it_is_on_disk() {
+    use std::sync::atomic::Ordering;
+    let (registry, store) = registry();
+    let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+    let live = record("t1");
+    registry.record_creation(live.clone(), &slot).await.unwrap();
+    const PAYLOAD: &str = r#"{"jsonrpc":"2.0","id":6,"result":{"content":[{"type":"text","text":"hi"}],"isError":false}}"#;
+    let svc = stack(&registry, || {
+        McpReply::local_json(Bytes::from_static(PAYLOAD.as_bytes()))
+    });
+    let mut req =
+        request(r#"{"jsonrpc":"2.0","id":6,"method":"tasks/result","params":{"taskId":"t1"}}"#);
+    req.extensions.insert(AuthorisedTask {
+        record: live.into(),
+    });
+    let before = store.counts.syncs.load(Ordering::SeqCst);
+    let reply = svc.oneshot(req).await.unwrap();
+    let waited = store.counts.syncs.load(Ordering::SeqCst) - before;
+    assert_eq!(json_of(&reply)["result"]["content"][0]["text"], "hi");
+    let r = registry.store().get("up", "t1").unwrap().unwrap();
+    assert_eq!(r.status, TaskStatus::Completed);
+    assert!(
+        r.terminal_result.is_some(),
+        "the result is kept to be served"
+    );
+    assert!(
+        waited >= 1,
+        "the payload that ended the task left with no sync awaited"
+    );
+}
+
+/// A 2026-07-28 creation whose stream named its task (held) and was then answered with a
+/// JSON-RPC error: the orphan is cancelled upstream, also while another caller's creation is in
+/// flight on the upstream (a 2026 POST stream carries only its own exchange's messages; review
+/// 19 #3: any creation on the upstream suppressed the cancel, so a busy upstream never saw it).
+#[tokio::test]
+async fn a_modern_orphan_is_cancelled_while_another_callers_creation_is_in_flight() {
+    const NOTE: &str = r#"{"jsonrpc":"2.0","method":"notifications/tasks","params":{"taskId":"t-orphan","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttlMs":60000}}"#;
+    const ERR: &str = r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32603,"message":"the tool failed after it started"}}"#;
+    for elsewhere in [false, true] {
+        let (registry, _store) = registry();
+        let (tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let svc =
+            ObserveLayer::new(registry.clone()).layer(tower::service_fn(move |req: McpRequest| {
+                let reply = if req.method() == Some("tools/call") {
+                    sse(&[NOTE, ERR])
+                } else {
+                    McpReply::local_json(Bytes::from(format!(
+                        r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#,
+                        req.id()
+                            .map(|i| i.as_json().to_string())
+                            .unwrap_or_default()
+                    )))
+                };
+                let _ = tx.send(req);
+                async move { Ok::<_, GatewayError>(reply) }
+            }));
+        // Another caller's creation, on another upstream session, in flight meanwhile.
+        let _elsewhere = elsewhere.then(|| {
+            registry
+                .creations()
+                .begin("up", Some("someone-elses-session"))
+        });
+        let mut req = request(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+        );
+        req.ctx.session_id = None;
+        req.ctx.headers.insert(
+            "mcp-protocol-version",
+            http::HeaderValue::from_static("2026-07-28"),
+        );
+        let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+        modern_creation(&mut req, slot);
+        let reply = svc.oneshot(req).await.unwrap();
+        let ReplyBody::Stream(events) = reply.body else {
+            panic!("not a stream")
+        };
+        let shown: Vec<Event> = events.collect().await;
+        assert!(
+            shown
+                .iter()
+                .all(|e| !e.data.as_deref().unwrap_or("").contains("t-orphan")),
+            "{shown:?}"
+        );
+        assert_eq!(
+            next_upstream_request(&mut seen).await.method(),
+            Some("tools/call")
+        );
+        let cancel = tokio::time::timeout(std::time::Duration::from_secs(2), seen.recv())
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| {
+                panic!("elsewhere={elsewhere}: the orphan is not cancelled upstream")
+            });
+        assert_eq!(cancel.request_method(), Some("tasks/cancel"));
+    }
+}
