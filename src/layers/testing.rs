@@ -68,6 +68,9 @@ pub struct CountingStore {
     /// When set, the store is a shared one ([`TaskStore::slots`]: [`FakeSlots`]).
     pub with_slots: std::sync::atomic::AtomicBool,
     pub slots: FakeSlots,
+    /// Every record as an `update` or `update_from` left it (what a crash right after that
+    /// write could leave on disk).
+    pub written: std::sync::Mutex<Vec<TaskRecord>>,
     _dir: tempfile::TempDir,
 }
 
@@ -84,6 +87,14 @@ pub struct FakeSlots {
 }
 
 impl CountingStore {
+    fn note_written(&self, updated: &Result<Option<(TaskRecord, TaskRecord)>, StoreError>) {
+        if let Ok(Some((before, after))) = updated {
+            if before != after {
+                self.written.lock().unwrap().push(after.clone());
+            }
+        }
+    }
+
     pub fn new() -> Arc<CountingStore> {
         let dir = tempfile::tempdir().unwrap();
         let inner = SledStore::open(dir.path(), 1 << 20, None).unwrap();
@@ -96,6 +107,7 @@ impl CountingStore {
             syncs_gate: Default::default(),
             with_slots: Default::default(),
             slots: FakeSlots::default(),
+            written: Default::default(),
             _dir: dir,
         })
     }
@@ -130,7 +142,9 @@ impl TaskStore for CountingStore {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
         inc(&self.counts.updates);
-        self.inner.update(upstream, task_id, change)
+        let updated = self.inner.update(upstream, task_id, change);
+        self.note_written(&updated);
+        updated
     }
     fn update_from(
         &self,
@@ -140,7 +154,9 @@ impl TaskStore for CountingStore {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
         inc(&self.counts.updates);
-        self.inner.update_from(upstream, task_id, known, change)
+        let updated = self.inner.update_from(upstream, task_id, known, change);
+        self.note_written(&updated);
+        updated
     }
     fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
         self.inner.remove(upstream, task_id)

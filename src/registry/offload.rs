@@ -417,7 +417,33 @@ impl Registry {
     ) -> Observed {
         let applied = self
             .point_about(upstream, task_id, move |r, up, id| {
-                r.observe_task_with_result_now(up, id, &task, source, Some(result))
+                r.observe_task_with_result_now(up, id, &task, source, Some(result), None)
+            })
+            .await;
+        self.durable(applied).await
+    }
+
+    /// [`Registry::observe_task_as`] of a `failed` report that also keeps `error` (the JSON-RPC
+    /// `error` object a 2025-11-25 gateway task failed with, JSON text) in the record, in the
+    /// same store update and under the same durable sync as the status (kept as
+    /// [`Registry::store_terminal_error`] keeps it: once, in a record that became `failed`, at
+    /// most `tasks.max_stored_result_bytes`).
+    ///
+    /// Why: a gateway task's outcome is held by taskgate alone (the upstream got a plain call);
+    /// written after its status, a crash between the two writes left a durable `failed` task
+    /// whose error was nowhere (review 19 #2).
+    pub async fn observe_task_with_error(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        task: Value,
+        error: String,
+        source: &'static str,
+    ) -> Observed {
+        let applied = self
+            .point_about(upstream, task_id, move |r, up, id| {
+                let error = r.keeps_result(&error).then_some(error);
+                r.observe_task_with_result_now(up, id, &task, source, None, error)
             })
             .await;
         self.durable(applied).await

@@ -284,7 +284,7 @@ impl Registry {
 
     /// Whether a terminal result of `json.len()` bytes is kept in its record:
     /// `tasks.max_stored_result_bytes` is not 0 (off) and the result fits in it.
-    fn keeps_result(&self, json: &str) -> bool {
+    pub(super) fn keeps_result(&self, json: &str) -> bool {
         let max = self.config.max_stored_result_bytes;
         max > 0 && json.len() as u64 <= max
     }
@@ -339,11 +339,13 @@ impl Registry {
         task: &Value,
         source: &str,
     ) -> Applied {
-        self.observe_task_with_result_now(upstream, task_id, task, source, None)
+        self.observe_task_with_result_now(upstream, task_id, task, source, None, None)
     }
 
     /// [`Registry::observe_task_as_now`] that also keeps `result` (a terminal 2026-07-28
-    /// `tasks/get` answer's `result`, see [`Report::result`]) in the same store update.
+    /// `tasks/get` answer's `result`, a gateway task's outcome, see [`Report::result`]) or
+    /// `error` (a `failed` task's JSON-RPC error, see [`Report::error`]) in the same store
+    /// update.
     pub(super) fn observe_task_with_result_now(
         &self,
         upstream: &str,
@@ -351,6 +353,7 @@ impl Registry {
         task: &Value,
         source: &str,
         result: Option<String>,
+        error: Option<String>,
     ) -> Applied {
         let Some(status) = task
             .get("status")
@@ -375,7 +378,7 @@ impl Registry {
             poll_interval_ms: poll,
             tool_error: is_tool_error(task),
             result,
-            error: None,
+            error,
         };
         self.apply_status(upstream, task_id, report, source)
     }
@@ -506,6 +509,17 @@ impl Registry {
         }
         if after.status.is_terminal() && status != after.status {
             return (self.on_stale_terminal(&after, status, source, now), false);
+        }
+        // A result or error kept now, after its terminal status was recorded (a 2026
+        // `notifications/tasks` `completed` without `result`, then the `tasks/get` that carries
+        // it): taskgate serves it from the record from now on, whoever forgets it upstream, so
+        // it is on disk before the message that brought it leaves, as it is when it comes with
+        // the status (review 19 #2).
+        let kept = |b: &Option<String>, a: &Option<String>| b.is_none() && a.is_some();
+        if kept(&before.terminal_result, &after.terminal_result)
+            || kept(&before.terminal_error, &after.terminal_error)
+        {
+            return (Observed::Recorded(after.status), true);
         }
         if before != after {
             self.store.sync_soon();

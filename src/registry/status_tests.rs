@@ -270,3 +270,41 @@ async fn a_new_status_without_the_upstreams_time_is_dated_now() {
     let r = registry.store().get("up", "t3").unwrap().unwrap();
     assert_eq!(r.last_updated_at, "2026-01-01T00:00:05Z");
 }
+
+/// Review 19 #2: a result kept in the record after its terminal status was recorded (a
+/// 2026-07-28 `notifications/tasks` `completed` without `result`, then the `tasks/get` that
+/// carries it) is what taskgate serves from then on (F6): it is on disk before the answer
+/// leaves (one sync awaited), as when it comes with the status. On the code before it went to
+/// the next group commit (0 syncs).
+#[tokio::test]
+async fn a_result_kept_after_its_status_waits_for_the_disk() {
+    use std::sync::atomic::Ordering;
+    let (registry, store) = crate::layers::testing::registry();
+    let owner = crate::layers::testing::owner();
+    let reservation = registry.reserve(&"up".into(), &owner).unwrap();
+    registry
+        .record_creation(crate::layers::testing::record("kept-later"), &reservation)
+        .await
+        .unwrap();
+    let report = serde_json::json!({"taskId": "kept-later", "status": "completed"});
+    registry
+        .observe_task("up", report.clone(), "notifications/tasks")
+        .await;
+    let before = store.counts.syncs.load(Ordering::SeqCst);
+    registry
+        .observe_task_with_result(
+            "up",
+            "kept-later",
+            report,
+            r#"{"taskId":"kept-later","status":"completed","result":{"content":[]}}"#.into(),
+            "tasks/get",
+        )
+        .await;
+    let waited = store.counts.syncs.load(Ordering::SeqCst) - before;
+    let r = registry.store().get("up", "kept-later").unwrap().unwrap();
+    assert!(r.terminal_result.is_some(), "kept");
+    assert_eq!(
+        waited, 1,
+        "the kept result went to the next group commit, not awaited"
+    );
+}

@@ -14,7 +14,6 @@ use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::LocalReason;
-use crate::registry::Observed;
 use crate::sse::Event;
 use crate::store::{LeaseKind, Origin, TaskRecord};
 use bytes::Bytes;
@@ -517,29 +516,32 @@ impl Held {
         if !message.is_empty() {
             report["statusMessage"] = json!(message);
         }
-        let observed = registry
-            .observe_task_as(upstream, task_id, report, "gateway task")
-            .await;
-        if observed != Observed::Recorded(status) {
-            return;
-        }
-        match (self.era, &outcome) {
-            (Era::Legacy, Outcome::Result(_)) => {
+        // The status and what the record keeps in one store update, awaited: nobody else holds
+        // the outcome (the upstream got a plain call), so no crash may leave the one without
+        // the other (review 19 #2: the outcome was written after the status, unawaited).
+        const SOURCE: &str = "gateway task";
+        match (self.era, &outcome, modern_stored) {
+            (Era::Legacy, Outcome::Result(_), _) => {
                 registry
-                    .store_terminal_result(upstream, task_id, Some(status), text)
-                    .await;
+                    .observe_task_with_result(upstream, task_id, report, text, SOURCE)
+                    .await
             }
-            (Era::Legacy, Outcome::Error(_)) => {
-                registry.store_terminal_error(upstream, task_id, text).await;
+            (Era::Legacy, Outcome::Error(_), _) => {
+                registry
+                    .observe_task_with_error(upstream, task_id, report, text, SOURCE)
+                    .await
             }
-            (Era::Modern, _) => {
-                if let Some(stored) = modern_stored {
-                    registry
-                        .store_terminal_result(upstream, task_id, Some(status), stored)
-                        .await;
-                }
+            (Era::Modern, _, Some(stored)) => {
+                registry
+                    .observe_task_with_result(upstream, task_id, report, stored, SOURCE)
+                    .await
             }
-        }
+            (Era::Modern, _, None) => {
+                registry
+                    .observe_task_as(upstream, task_id, report, SOURCE)
+                    .await
+            }
+        };
     }
 
     /// An answer that came after the task was cancelled: applied as a status report, which the

@@ -148,3 +148,79 @@ async fn get_stream_channels_go_with_their_last_stream() {
         "gone with the last stream"
     );
 }
+
+/// Review 19 #2: a gateway task's end and what its record keeps (the 2025-11-25 result of a
+/// completed call, the JSON-RPC error of a failed one) are one store write, awaited: no write
+/// leaves the record terminal without its outcome. The upstream got a plain call and holds
+/// nothing, so a crash right after a status-only write left a durable `completed` whose result
+/// was nowhere. On the code before, the status was written first, the outcome after it.
+#[tokio::test]
+async fn a_gateway_tasks_end_and_its_outcome_are_one_write() {
+    use crate::exchange::GatewayError;
+    use crate::layers::testing::{owner, record, registry, request};
+    use crate::store::TaskRecord;
+    use tower::{Layer, ServiceExt};
+    for fails in [false, true] {
+        let (registry, store) = registry();
+        let state = GatewayTasksState::new(registry.clone(), true);
+        let upstream = tower::service_fn(move |req: McpRequest| {
+            let id = req
+                .id()
+                .map(|i| i.as_json().to_string())
+                .unwrap_or_default();
+            let body = match fails {
+                true => format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32000,"message":"the tool broke"}}}}"#
+                ),
+                false => format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"done"}}]}}}}"#
+                ),
+            };
+            async move { Ok::<_, GatewayError>(McpReply::local_json(body.into())) }
+        });
+        let svc = GatewayTasksLayer::new(state).layer(upstream);
+        let mut req = request(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow","arguments":{},"task":{"ttl":60000}}}"#,
+        );
+        let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+        req.extensions.insert(Era::Legacy);
+        req.extensions.insert(PendingCreation {
+            template: Arc::new(TaskRecord {
+                task_id: String::new(),
+                ..record("")
+            }),
+            reservation: Arc::new(slot),
+            progress_token: None,
+            created: Arc::default(),
+        });
+        let reply = svc.oneshot(req).await.unwrap();
+        let created: Value = match &reply.body {
+            crate::exchange::ReplyBody::Json(b) => serde_json::from_slice(b).unwrap(),
+            _ => panic!("not a JSON CreateTaskResult"),
+        };
+        let task_id = created["result"]["task"]["taskId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{created}"))
+            .to_string();
+        let ended = |r: &TaskRecord| r.task_id == task_id && r.status.is_terminal();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !store.written.lock().unwrap().iter().any(ended) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the task never ended"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        for r in store.written.lock().unwrap().iter().filter(|r| ended(r)) {
+            let kept = match fails {
+                true => r.terminal_error.is_some(),
+                false => r.terminal_result.is_some(),
+            };
+            assert!(
+                kept,
+                "fails={fails}: a write left the task {:?} without its outcome",
+                r.status
+            );
+        }
+    }
+}
