@@ -190,5 +190,26 @@ mod tests {
         let poll =
             request(r#"{"jsonrpc":"2.0","id":7,"method":"tasks/get","params":{"taskId":"t1"}}"#);
         assert!(Expiry::of(&poll).is_none());
+        // Tasks whose layers follow their own requests, and a 2026 record, are not bounded here
+        // (review 19 #7: nothing checked these exclusions).
+        for origin in [Origin::Gateway, Origin::Upgraded, Origin::Bridged] {
+            let mut req = result_request(5_000);
+            let mut r = record("t1");
+            r.origin = origin;
+            req.extensions.insert(AuthorisedTask {
+                record: Arc::new(r),
+            });
+            assert!(Expiry::of(&req).is_none(), "{origin:?}");
+        }
+        let mut modern_record = result_request(5_000);
+        let mut r = record("t1");
+        r.era = Era::Modern;
+        modern_record.extensions.insert(AuthorisedTask {
+            record: Arc::new(r),
+        });
+        assert!(Expiry::of(&modern_record).is_none(), "a 2026 record");
+        let mut modern_request = result_request(5_000);
+        modern_request.extensions.insert(Era::Modern);
+        assert!(Expiry::of(&modern_request).is_none(), "a 2026 request");
     }
 }
