@@ -423,11 +423,33 @@ impl Registry {
         self.durable(applied).await
     }
 
+    /// [`Registry::store_terminal_result`] on disk before it returns, when it stored (the
+    /// store's sync awaited): for a result taskgate serves from the record from then on, kept
+    /// after its terminal status was recorded (a 2026-07-28 `tasks/get` carrying the result of
+    /// a task a `notifications/tasks` had reported `completed`: review 19b #1, it went to the
+    /// next group commit). Returns whether it stored.
+    pub async fn keep_terminal_result(
+        self: &Arc<Self>,
+        upstream: &str,
+        task_id: &str,
+        status: Option<crate::mcp::task::TaskStatus>,
+        result_json: String,
+    ) -> bool {
+        let stored = self
+            .store_terminal_result(upstream, task_id, status, result_json)
+            .await;
+        if stored {
+            self.sync_terminal().await;
+        }
+        stored
+    }
+
     /// [`Registry::observe_task_as`] of a `failed` report that also keeps `error` (the JSON-RPC
     /// `error` object a 2025-11-25 gateway task failed with, JSON text) in the record, in the
     /// same store update and under the same durable sync as the status (kept as
-    /// [`Registry::store_terminal_error`] keeps it: once, in a record that became `failed`, at
-    /// most `tasks.max_stored_result_bytes`).
+    /// [`Registry::store_terminal_error`] keeps it: once, in a record `failed` without one,
+    /// whether this report or an earlier one failed it, at most
+    /// `tasks.max_stored_result_bytes`).
     ///
     /// Why: a gateway task's outcome is held by taskgate alone (the upstream got a plain call);
     /// written after its status, a crash between the two writes left a durable `failed` task

@@ -476,11 +476,17 @@ impl Registry {
             true
         };
         let result = self.update(upstream, task_id, &mut |r| {
-            let was_live = !r.status.is_terminal();
-            let changed = apply(r);
+            let mut changed = apply(r);
+            // A `failed` report's error, kept once: with the status, or in a record already
+            // `failed` without one (a gateway task failed meanwhile by `gone`, whose real error
+            // came after: review 19b #2, as `store_terminal_error` kept it).
             if let Some(error) = &error {
-                if changed && was_live && r.status == TaskStatus::Failed {
+                if status == TaskStatus::Failed
+                    && r.status == TaskStatus::Failed
+                    && r.terminal_error.is_none()
+                {
                     r.terminal_error = Some(error.clone());
+                    changed = true;
                 }
             }
             match &keep {

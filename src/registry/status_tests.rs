@@ -308,3 +308,37 @@ async fn a_result_kept_after_its_status_waits_for_the_disk() {
         "the kept result went to the next group commit, not awaited"
     );
 }
+
+/// Review 19b #2: a gateway task failed meanwhile (by `gone`: its process died) whose held
+/// call then ends with a JSON-RPC error: the error is kept in the record (as
+/// `store_terminal_error` kept it), so a later `tasks/result` answers with it. Dropped by the
+/// first version of the one-write end.
+#[tokio::test]
+async fn the_error_of_a_task_failed_meanwhile_is_kept() {
+    let (registry, _store) = crate::layers::testing::registry();
+    let owner = crate::layers::testing::owner();
+    let reservation = registry.reserve(&"up".into(), &owner).unwrap();
+    registry
+        .record_creation(crate::layers::testing::record("f1"), &reservation)
+        .await
+        .unwrap();
+    registry
+        .observe_task_as("up", "f1", serde_json::json!({"status": "failed"}), "gone")
+        .await;
+    let observed = registry
+        .observe_task_with_error(
+            "up",
+            "f1",
+            serde_json::json!({"status": "failed"}),
+            r#"{"code":-32000,"message":"the tool broke"}"#.into(),
+            "gateway task",
+        )
+        .await;
+    assert_eq!(
+        observed,
+        Observed::Recorded(TaskStatus::Failed),
+        "recorded failed"
+    );
+    let r = registry.store().get("up", "f1").unwrap().unwrap();
+    assert!(r.terminal_error.is_some(), "the error is kept");
+}

@@ -98,9 +98,11 @@ impl Watch {
             Observed::Recorded(status)
                 if status.is_terminal() && known.terminal_result.is_none() =>
             {
+                // Served from the record from now on: on disk before the answer leaves, as
+                // when it comes with the status (review 19b #1).
                 if let Ok(Some(raw)) = splice::raw_at(&bytes, &["result"]) {
                     let raw = raw.get().to_string();
-                    Box::pin(self.registry.store_terminal_result(
+                    Box::pin(self.registry.keep_terminal_result(
                         &self.upstream,
                         task_id,
                         Some(status),

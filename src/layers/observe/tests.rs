@@ -906,3 +906,49 @@ async fn a_modern_orphan_is_cancelled_while_another_callers_creation_is_in_fligh
         assert_eq!(cancel.request_method(), Some("tasks/cancel"));
     }
 }
+
+/// Review 19b #1: a 2026-07-28 task a `notifications/tasks` reported `completed` (no result),
+/// then a `tasks/get` carrying the result: the record keeps it, and serves it from then on, so
+/// it is on disk (one sync awaited) before the answer leaves. On the code before it went to the
+/// next group commit (0 syncs): the path goes through `store_terminal_result`, not the status
+/// machine.
+#[tokio::test]
+async fn a_modern_result_kept_after_a_notified_status_is_on_disk_before_it_leaves() {
+    use std::sync::atomic::Ordering;
+    const GET: &str = r#"{"jsonrpc":"2.0","id":7,"result":{"taskId":"t1","status":"completed","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":60000,"result":{"content":[{"type":"text","text":"hi"}]}}}"#;
+    let (registry, store) = registry();
+    let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+    let live = TaskRecord {
+        era: Era::Modern,
+        ..record("t1")
+    };
+    registry.record_creation(live, &slot).await.unwrap();
+    registry
+        .observe_task(
+            "up",
+            serde_json::json!({"taskId":"t1","status":"completed"}),
+            "notifications/tasks",
+        )
+        .await;
+    let known = registry.store().get("up", "t1").unwrap().unwrap();
+    assert_eq!(known.status, TaskStatus::Completed);
+    assert!(known.terminal_result.is_none());
+    let svc = stack(&registry, || {
+        McpReply::local_json(Bytes::from_static(GET.as_bytes()))
+    });
+    let mut req =
+        request(r#"{"jsonrpc":"2.0","id":7,"method":"tasks/get","params":{"taskId":"t1"}}"#);
+    req.extensions.insert(Era::Modern);
+    req.extensions.insert(AuthorisedTask {
+        record: known.into(),
+    });
+    let before = store.counts.syncs.load(Ordering::SeqCst);
+    let _ = svc.oneshot(req).await.unwrap();
+    let waited = store.counts.syncs.load(Ordering::SeqCst) - before;
+    let r = registry.store().get("up", "t1").unwrap().unwrap();
+    assert!(r.terminal_result.is_some(), "kept");
+    assert_eq!(
+        waited, 1,
+        "the result kept after its status left with no sync awaited"
+    );
+}
