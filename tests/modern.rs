@@ -1092,12 +1092,7 @@ async fn a_cooperative_cancel_frees_the_slot_with_no_client_poll() {
         (200, json!({"resultType":"complete"})),
         "{v}"
     );
-    let (record, id) = (&tg, &t);
-    let cancelled = eventually(Duration::from_secs(5), || async move {
-        let r = record.record(id).expect("record");
-        (r.status == taskgate::mcp::task::TaskStatus::Cancelled).then_some(())
-    })
-    .await;
+    let cancelled = recorded_as(&tg, &t, taskgate::mcp::task::TaskStatus::Cancelled).await;
     assert!(cancelled.is_some(), "{:?}", tg.record(&t));
     let next = create(&url, None, "slow_compute").await;
     assert_ne!(next, t);
@@ -2042,12 +2037,7 @@ async fn a_cancel_that_takes_effect_a_moment_later_frees_the_slot() {
     let t = create(&url, None, "slow_compute").await;
     let (status, _) = task_call(&url, None, 2, "tasks/cancel", &t).await;
     assert_eq!(status, 200);
-    let (record, id) = (&tg, &t);
-    let cancelled = eventually(Duration::from_secs(5), || async move {
-        let r = record.record(id).expect("record");
-        (r.status == taskgate::mcp::task::TaskStatus::Cancelled).then_some(())
-    })
-    .await;
+    let cancelled = recorded_as(&tg, &t, taskgate::mcp::task::TaskStatus::Cancelled).await;
     assert!(
         cancelled.is_some(),
         "polls: {}, record: {:?}",
@@ -2199,4 +2189,17 @@ async fn a_served_payload_keeps_the_notifications_meta() {
             "the notification's own _meta: {note}"
         );
     }
+}
+
+/// `Some` once `task_id`'s record holds `status` (within 5 s), `None` if it never does.
+async fn recorded_as(
+    tg: &Tg,
+    task_id: &str,
+    status: taskgate::mcp::task::TaskStatus,
+) -> Option<()> {
+    eventually(Duration::from_secs(5), || async move {
+        let r = tg.record(task_id).expect("record");
+        (r.status == status).then_some(())
+    })
+    .await
 }
