@@ -289,8 +289,10 @@ async fn events_before_broken_framing_in_the_same_read_reach_the_client() {
     }
 }
 
-/// The client's stream is aborted (a transport error, no clean end), and the truncation is
-/// counted in `taskgate_upstream_errors_total{kind="stream_reset"}`.
+/// The client's stream is aborted (a transport error, no clean end), the truncation is
+/// counted in `taskgate_upstream_errors_total{kind="stream_reset"}`, and the request is counted
+/// `outcome="upstream_invalid"`, as a JSON answer cut short is (break-edge F11: it was counted
+/// `ok`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_upstream_sse_aborts_the_clients_stream() {
     let (url, _task) = resetting_upstream().await;
@@ -323,6 +325,15 @@ async fn reset_upstream_sse_aborts_the_clients_stream() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+    let outcome = |o: &str| {
+        metric(
+            &metrics,
+            "taskgate_requests_total",
+            &[("method", "tools/call"), ("outcome", o)],
+        )
+    };
+    assert_eq!(outcome("upstream_invalid"), 1.0, "{metrics}");
+    assert_eq!(outcome("ok"), 0.0, "{metrics}");
 }
 
 /// A stream whose framing breaks before its first event still gives the client the 200 and a

@@ -923,8 +923,9 @@ struct PendingCount {
 /// An SSE answer's bytes as the client gets them ([`KeepAlive`]), holding the stream's
 /// `taskgate_sse_streams_open` count, and counting the request when the stream ends (or is
 /// dropped, the client gone): `ok`, or what an error event the transport made itself reports
-/// (`upstream_invalid` for an event over `max_message_bytes`, `timeout` past a deadline;
-/// break-edge F11: such a stream was counted `ok` when its head went out).
+/// (`upstream_invalid` for an event over `max_message_bytes` or a stream the upstream cut,
+/// `timeout` past a deadline; break-edge F11: such a stream was counted `ok` when its head
+/// went out).
 struct Relayed {
     events: futures_util::stream::TakeUntil<
         KeepAlive,
@@ -940,7 +941,10 @@ impl Relayed {
         if let Some(PendingCount { series, method }) = self.count.take() {
             let outcome = match self.events.get_ref().transport_failure() {
                 None => RequestOutcome::Ok,
-                Some(crate::sse::TransportFailure::Invalid) => RequestOutcome::UpstreamInvalid,
+                // A stream cut short is an invalid answer, as a JSON body cut short is.
+                Some(crate::sse::TransportFailure::Invalid | crate::sse::TransportFailure::Cut) => {
+                    RequestOutcome::UpstreamInvalid
+                }
                 Some(crate::sse::TransportFailure::Timeout) => RequestOutcome::Timeout,
             };
             series.request(method, outcome);

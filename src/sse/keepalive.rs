@@ -24,7 +24,8 @@ pub struct KeepAlive {
     /// Whether the stream has answered `Pending` once since the abort arrived (see
     /// [`KeepAlive::end`]).
     yielded: bool,
-    /// The failure the first [`Event::transport_error`] relayed reported.
+    /// The failure the first [`Event::transport_error`] relayed reported, or the cut
+    /// ([`Event::abort`]) the stream ended with.
     failure: Option<TransportFailure>,
 }
 
@@ -50,7 +51,8 @@ impl KeepAlive {
     }
 
     /// The failure reported by the first [`Event::transport_error`] this stream relayed (an
-    /// oversized upstream event, a deadline): the request's outcome, for the edge's count.
+    /// oversized upstream event, a deadline), else [`TransportFailure::Cut`] when the stream
+    /// ended with [`Event::abort`]: the request's outcome, for the edge's count.
     pub fn transport_failure(&self) -> Option<TransportFailure> {
         self.failure
     }
@@ -95,6 +97,7 @@ impl Stream for KeepAlive {
             match this.events.as_mut().poll_next(cx) {
                 Poll::Ready(Some(event)) if event.is_abort() => {
                     this.aborted = Some(StreamAborted);
+                    this.failure.get_or_insert(TransportFailure::Cut);
                     this.done = true;
                     break;
                 }

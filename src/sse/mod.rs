@@ -106,6 +106,10 @@ pub enum TransportFailure {
     Invalid,
     /// The upstream did not answer within its deadline.
     Timeout,
+    /// The upstream's stream was cut before its end (a reset, a truncated body): set by
+    /// [`Event::abort`]'s arrival, not by an event of its own (break-edge F11: such an answer
+    /// was counted `ok`).
+    Cut,
 }
 
 impl Event {
