@@ -520,25 +520,22 @@ impl Held {
         // the outcome (the upstream got a plain call), so no crash may leave the one without
         // the other (review 19 #2: the outcome was written after the status, unawaited).
         const SOURCE: &str = "gateway task";
-        match (self.era, &outcome, modern_stored) {
-            (Era::Legacy, Outcome::Result(_), _) => {
-                registry
-                    .observe_task_with_result(upstream, task_id, report, text, SOURCE)
-                    .await
-            }
-            (Era::Legacy, Outcome::Error(_), _) => {
-                registry
-                    .observe_task_with_error(upstream, task_id, report, text, SOURCE)
-                    .await
-            }
-            (Era::Modern, _, Some(stored)) => {
+        // 2026: the `DetailedTask` (result or error inline) is what the record keeps either
+        // way; 2025: the result, or the error in its own field.
+        match (modern_stored, &outcome) {
+            (Some(stored), _) => {
                 registry
                     .observe_task_with_result(upstream, task_id, report, stored, SOURCE)
                     .await
             }
-            (Era::Modern, _, None) => {
+            (None, Outcome::Result(_)) => {
                 registry
-                    .observe_task_as(upstream, task_id, report, SOURCE)
+                    .observe_task_with_result(upstream, task_id, report, text, SOURCE)
+                    .await
+            }
+            (None, Outcome::Error(_)) => {
+                registry
+                    .observe_task_with_error(upstream, task_id, report, text, SOURCE)
                     .await
             }
         };
