@@ -39,6 +39,15 @@ say() { printf '== %s\n' "$*" >&2; }
 PROFDATA_TOOL="$(rustc --print sysroot)/lib/rustlib/$HOST/bin/llvm-profdata"
 [ -x "$PROFDATA_TOOL" ] || PROFDATA_TOOL=$(command -v llvm-profdata || true)
 [ -n "$PROFDATA_TOOL" ] || { echo "needs llvm-profdata: rustup component add llvm-tools" >&2; exit 2; }
+# Checked before the builds: one of another LLVM (Debian's, on PATH) refuses the profiles only
+# after the instrumented build and the training ("unsupported instrumentation profile format
+# version", seen on a new machine without llvm-tools).
+RUSTC_LLVM=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+TOOL_LLVM=$("$PROFDATA_TOOL" --version 2>/dev/null | sed -n 's/.*LLVM version \([0-9]*\).*/\1/p' | head -1)
+if [ -n "$RUSTC_LLVM" ] && [ "$TOOL_LLVM" != "$RUSTC_LLVM" ]; then
+  echo "$PROFDATA_TOOL is LLVM ${TOOL_LLVM:-?}, rustc is LLVM $RUSTC_LLVM: rustup component add llvm-tools" >&2
+  exit 2
+fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/taskgate-pgo.XXXXXX")
 # shellcheck source=lib.sh

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use taskgate::config::Config;
 
-/// A tasks-aware transparent gateway for the Model Context Protocol (MCP 2025-11-25).
+/// A tasks-aware transparent gateway for the Model Context Protocol (MCP 2025-11-25 and the
+/// 2026-07-28 tasks extension).
 #[derive(Parser)]
 #[command(name = "taskgate", version, about)]
 struct Cli {
