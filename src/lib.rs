@@ -1,5 +1,5 @@
-//! taskgate: a tasks-aware transparent gateway for the Model Context Protocol (MCP 2025-11-25 and the
-//! 2026-07-28 tasks extension).
+//! taskgate: a tasks-aware transparent gateway for the Model Context Protocol (MCP 2025-11-25
+//! and the 2026-07-28 tasks extension).
 //!
 //! The data path, outermost first (see `gateway`):
 //! [`http::streamable`] (edge) → the `McpService` stack → [`upstream::Upstream`] (a transport).
