@@ -981,23 +981,9 @@ async fn lost_upstream(
     record: &TaskRecord,
     method: &str,
 ) -> Option<McpReply> {
-    let (upstream, task_id) = (&record.upstream, &record.task_id);
-    state.inputs.forget(task_id);
-    let why = format!(
-        "upstream `{upstream}` no longer has this task (it answered taskgate's own `{method}` with -32602, task not found); the task's state was lost (a restart of the upstream?)"
-    );
-    crate::layers::lost_task::fail_lost(&state.registry, upstream, task_id, method, &why).await;
-    let error = json!({"code": jsonrpc::INTERNAL_ERROR, "message": why});
-    state
-        .registry
-        .store_terminal_error(upstream, task_id, error.to_string())
-        .await;
-    let now = state
-        .registry
-        .lookup_checked(upstream, task_id, &record.owner)
-        .await;
-    let now = now.ok().flatten()?;
-    let message = now.status_message.clone().unwrap_or(why);
+    state.inputs.forget(&record.task_id);
+    let now = crate::layers::lost_task::fail_lost_bridged(&state.registry, record, method).await?;
+    let message = now.status_message.clone().unwrap_or_default();
     let detailed = ended_here_detailed(&now, &message)?;
     Some(
         McpReply::local_json(jsonrpc::result_response(id, &detailed.to_string()))
