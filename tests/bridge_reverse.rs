@@ -678,6 +678,48 @@ async fn a_bridged_task_the_upstream_forgot_is_failed_by_its_cancel() {
     assert_eq!(up.count("tasks/cancel"), 1);
 }
 
+/// An upstream that does not answer a bridged task's `tasks/get`, or a task tool's call,
+/// within its `timeout_ms` is the upstream timeout (README Errors: HTTP 504, `-32603` naming the
+/// upstream), as every other request of this bridge (`tools/list`, `tasks/cancel`) and every
+/// 2026 request passed through are. Before: those two answered HTTP 200 (a 2026 `-32603`'s
+/// status), so a client or load balancer could not tell the gateway's timeout from the task's
+/// own error.
+#[tokio::test]
+async fn a_bridged_exchange_past_the_upstream_timeout_is_504() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: None,
+            get_delay: std::time::Duration::from_millis(1500),
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg =
+        Tg::start(|store| TgConfig::new(&up.url()).to_toml(store) + "timeout_ms = 500\n").await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().expect("a task").to_string();
+    let (status, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!((status, err_code(&v)), (504, -32603), "{v}");
+    assert_eq!(v["id"], json!(2), "{v}");
+    assert!(err_message(&v).contains("`default`"), "{v}");
+
+    let slow = legacy_server_with(
+        UpBehaviour {
+            creation_delay: std::time::Duration::from_millis(1500),
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg =
+        Tg::start(|store| TgConfig::new(&slow.url()).to_toml(store) + "timeout_ms = 500\n").await;
+    let (status, v) = call(&tg.mcp_url(), None, 3, "research", true).await;
+    assert_eq!((status, err_code(&v)), (504, -32603), "{v}");
+    assert_eq!(v["id"], json!(3), "{v}");
+}
+
 /// A 2025-11-25 client of the same upstream through the same taskgate is unchanged: its
 /// session and task pass through (the upstream's own session id, the nested result).
 #[tokio::test]

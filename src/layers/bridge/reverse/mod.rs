@@ -767,12 +767,9 @@ async fn tools_call<S: McpService>(
     let answer = match sent {
         Ok(Ok(answer)) => answer,
         Ok(Err(NoSession(reply))) => return Ok(reply),
-        Err(e) => {
-            let error = McpError::Upstream {
-                detail: e.to_string(),
-            };
-            return Ok(McpReply::error(Era::Modern, Some(&id), &error));
-        }
+        // Unreachable, invalid, past `timeout_ms`: the edge's 502 / 504 with `-32603` naming
+        // the upstream, as for every other request (a 2026 `-32603` of its own is HTTP 200).
+        Err(e) => return Err(e),
     };
     let created = answer
         .as_ref()
@@ -849,12 +846,8 @@ async fn tasks_get<S: McpService>(
     let (task, outcome) = match asked {
         Ok(Ok(found)) => found,
         Ok(Err(reply)) => return Ok(reply),
-        Err(e) => {
-            let error = McpError::Upstream {
-                detail: e.to_string(),
-            };
-            return Ok(McpReply::error(Era::Modern, Some(id), &error));
-        }
+        // As a task tool's call (see `tools_call`): the edge's 502 / 504.
+        Err(e) => return Err(e),
     };
     if is_not_found(task.as_ref()) {
         if let Some(reply) = lost_upstream(state, id, &record, "tasks/get").await {
