@@ -48,7 +48,8 @@
 //!   taskgate's own `tasks/get`, or to a `tasks/cancel` and then to that: it restarted) has the
 //!   record failed as lost (`lost_task::fail_lost_bridged`: the owner's slot freed), and the
 //!   task is answered from it from then on: `tasks/get` the failed `Task`, `tasks/result` the
-//!   `-32603` it was failed with, `tasks/cancel` `-32602` "already terminal". **Overall bound**: the follower stops at the record's expiry (the
+//!   `-32603` it was failed with, `tasks/cancel` `-32602` "already terminal". **Overall
+//!   bound**: the follower stops at the record's expiry (the
 //!   task's `createdAt` + its ttl from the `CreateTaskResult`, or + `tasks.max_ttl_ms` when the
 //!   ttl is `null`, and never more than that cap) and answers `-32602` (2025-11-25: an expired
 //!   task); a client that closes the stream stops it (the poll in flight is dropped) once
