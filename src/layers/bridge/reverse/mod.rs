@@ -1005,9 +1005,10 @@ async fn tasks_cancel<S: McpService>(
         // the upstream lost the task (see `lost_upstream`). The client gets the ack either way.
         let own = state.ids.next_id();
         let body = legacy_body(&own, "tasks/get", task_params(&record.task_id));
-        let task = match send(state, &inner, req, &body, On::Task, &|_, _| {}).await? {
-            Ok(reply) => answer_of(reply, &own).await,
-            Err(_) => None,
+        // A failed check changes nothing: the cancel's own answer stands.
+        let task = match send(state, &inner, req, &body, On::Task, &|_, _| {}).await {
+            Ok(Ok(reply)) => answer_of(reply, &own).await,
+            _ => None,
         };
         if is_not_found(task.as_ref()) {
             lost_upstream(state, id, &record, "tasks/cancel").await;
