@@ -350,6 +350,29 @@ async fn a_task_the_upstream_dropped_is_failed_by_its_cancel() {
     assert_eq!(count(&up, "tasks/cancel"), 1);
 }
 
+/// A bridged task recorded `cancelled` (its cancel acknowledged) that the upstream then forgets
+/// (a restart) is still shown `cancelled` to the 2025 client's `tasks/get` (the first terminal
+/// status is final), and its "resources released" is recorded (`reason=upstream_lost`); before,
+/// the upstream's `-32602` "not found" about a task the client had just cancelled.
+#[tokio::test]
+async fn a_cancelled_task_the_upstream_dropped_stays_cancelled() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_stored_result_bytes = 0")
+        .start()
+        .await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    let cancel = c.cancel("3", &t).await;
+    assert_eq!(cancel["result"]["status"], "cancelled", "{cancel}");
+    state.lock().unwrap().tasks.remove(&t);
+    let got = c.get("4", &t).await;
+    assert_eq!(got["result"]["status"], "cancelled", "{got}");
+    let r = tg.record(&t).expect("record");
+    assert_eq!(r.status, TaskStatus::Cancelled);
+    assert!(r.released_at.is_some(), "released");
+}
+
 /// kill -9 in the middle of a bridged tasks/result: after a restart the task is still
 /// reachable and tasks/result completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

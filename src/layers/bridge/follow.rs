@@ -8,6 +8,7 @@ use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody, RequestPart
 use crate::jsonrpc::{self, Id};
 use crate::layers::cancel_ack;
 use crate::layers::extensions::{AckIsCancelled, AuthorisedTask, CancelAcknowledged};
+use crate::layers::lost_task;
 use crate::layers::relay::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use crate::layers::McpService;
 use crate::mcp::era::Era;
@@ -63,9 +64,18 @@ pub(super) async fn tasks_get<S: McpService>(
     }
     match task_request(state, inner, &req, &id, "tasks/get", &record.task_id, None).await {
         Ok(answer) if is_not_found(answer.as_ref()) => {
-            lost(state, &record, "tasks/get", Lost::Get, &id)
-                .await
-                .unwrap_or_else(|| legacy_reply(&id, answer, Value::clone))
+            // Lost: the record as it now is (failed; or a status recorded terminal before, a
+            // cancel's, which stays), never the upstream's "not found" for a task it holds.
+            state.relay.inputs.forget(&record.task_id);
+            let now = lost_task::fail_lost_bridged(&state.registry, &record, "tasks/get").await;
+            match now.filter(|r| r.status.is_terminal()) {
+                Some(now) => match serde_json::to_string(&now.to_task()) {
+                    Ok(task) => McpReply::local_json(jsonrpc::result_response(&id, &task))
+                        .answered_locally(crate::metrics::LocalReason::StoredResult),
+                    Err(_) => legacy_reply(&id, answer, Value::clone),
+                },
+                None => legacy_reply(&id, answer, Value::clone),
+            }
         }
         Ok(answer) => legacy_reply(&id, answer, |r| {
             translate::legacy_task(r).unwrap_or_else(|| r.clone())
@@ -132,7 +142,7 @@ async fn lost(
     id: &Id,
 ) -> Option<McpReply> {
     state.relay.inputs.forget(&record.task_id);
-    let now = crate::layers::lost_task::fail_lost_bridged(&state.registry, record, first).await?;
+    let now = lost_task::fail_lost_bridged(&state.registry, record, first).await?;
     lost_answer(&now, method, id)
 }
 
