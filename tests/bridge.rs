@@ -260,18 +260,117 @@ async fn cancel_racing_completion_agrees_everywhere() {
     eprintln!("{cancelled} of 200 rounds ended cancelled");
 }
 
-/// An upstream that dropped the task (expired): tasks/get and tasks/result are -32602.
+/// An upstream that dropped a bridged task (it restarted, or deleted it) answers taskgate's own
+/// 2026 `tasks/get` `-32602`: as for every task an upstream lost (README: "when the upstream
+/// says it no longer has a task taskgate recorded live"), the record becomes `failed` ("no
+/// longer has this task"; "resources released", `reason=upstream_lost`), the owner's slot is
+/// free again, and the 2025 client gets the failed `Task` and, from `tasks/result`, the `-32603`
+/// it was failed with, from the record from then on (nothing more goes upstream); a cancel is
+/// `-32602` "already terminal". Before: `-32602` "not found" to each, and the record stayed
+/// `working`, holding the owner's slot for the task's ttl.
 #[tokio::test]
-async fn a_task_the_upstream_dropped_is_32602() {
+async fn a_task_the_upstream_dropped_is_failed_as_lost() {
     let (up, state) = modern_server().await;
-    let tg = TgConfig::new(&up.url()).start().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 2")
+        .start()
+        .await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    let t2 = create(&c, 3).await;
+    state.lock().unwrap().tasks.remove(&t);
+    state.lock().unwrap().tasks.remove(&t2);
+    let got = c.get("4", &t).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    assert_eq!(got["result"]["taskId"], json!(t), "{got}");
+    assert!(
+        got["result"]["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("no longer has this task")),
+        "{got}"
+    );
+    // Found lost by the blocking tasks/result's own poll.
+    let res = c.result("5", &t2).await;
+    assert_eq!(err_code(&res), -32603, "{res}");
+    assert!(
+        err_message(&res).contains("no longer has this task"),
+        "{res}"
+    );
+    for task in [&t, &t2] {
+        let r = tg.record(task).expect("record");
+        assert_eq!(r.status, TaskStatus::Failed, "{task}");
+        assert!(r.released_at.is_some(), "released");
+        let audit = tg
+            .registry
+            .store()
+            .audit_for("default", task)
+            .expect("audit");
+        assert!(
+            audit
+                .iter()
+                .any(|e| e.event == "resources_released" && e.detail == "reason=upstream_lost"),
+            "{audit:?}"
+        );
+    }
+    // From the records now: nothing more goes upstream.
+    let gets = count(&up, "tasks/get");
+    assert_eq!(c.get("6", &t).await["result"]["status"], "failed");
+    assert_eq!(err_code(&c.result("7", &t).await), -32603);
+    let cancel = c.cancel("8", &t2).await;
+    assert_eq!(err_code(&cancel), -32602, "terminal: {cancel}");
+    assert_eq!(count(&up, "tasks/get"), gets);
+    assert_eq!(count(&up, "tasks/cancel"), 0);
+    // Both slots are free again.
+    create(&c, 9).await;
+    create(&c, 10).await;
+}
+
+/// The same lost task cancelled before anyone polls it: the upstream answers the 2026
+/// `tasks/cancel` `-32602`, taskgate's own `tasks/get` is answered `-32602` too, so the record
+/// is failed as lost and the owner's slot freed; the 2025 client gets `-32602` "already
+/// terminal" naming `failed`. Before: the upstream's `-32602` "not found", and the record
+/// stayed `working` (its slot held) for the task's ttl.
+#[tokio::test]
+async fn a_task_the_upstream_dropped_is_failed_by_its_cancel() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
     let (c, _) = legacy_client(&tg).await;
     let t = create(&c, 2).await;
     state.lock().unwrap().tasks.remove(&t);
-    let got = c.get("3", &t).await;
-    assert_eq!(err_code(&got), -32602, "{got}");
-    let res = c.result("4", &t).await;
-    assert_eq!(err_code(&res), -32602, "{res}");
+    let cancel = c.cancel("3", &t).await;
+    assert_eq!(err_code(&cancel), -32602, "{cancel}");
+    assert!(err_message(&cancel).contains("failed"), "{cancel}");
+    let r = tg.record(&t).expect("record");
+    assert_eq!(r.status, TaskStatus::Failed, "{:?}", r.status_message);
+    assert!(r.released_at.is_some(), "released");
+    create(&c, 4).await;
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+}
+
+/// A bridged task recorded `cancelled` (its cancel acknowledged) that the upstream then forgets
+/// (a restart) is still shown `cancelled` to the 2025 client's `tasks/get` (the first terminal
+/// status is final), and its "resources released" is recorded (`reason=upstream_lost`); before,
+/// the upstream's `-32602` "not found" about a task the client had just cancelled.
+#[tokio::test]
+async fn a_cancelled_task_the_upstream_dropped_stays_cancelled() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_stored_result_bytes = 0")
+        .start()
+        .await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    let cancel = c.cancel("3", &t).await;
+    assert_eq!(cancel["result"]["status"], "cancelled", "{cancel}");
+    state.lock().unwrap().tasks.remove(&t);
+    let got = c.get("4", &t).await;
+    assert_eq!(got["result"]["status"], "cancelled", "{got}");
+    let r = tg.record(&t).expect("record");
+    assert_eq!(r.status, TaskStatus::Cancelled);
+    assert!(r.released_at.is_some(), "released");
 }
 
 /// kill -9 in the middle of a bridged tasks/result: after a restart the task is still

@@ -571,6 +571,155 @@ async fn a_lost_upstream_session_is_initialized_again() {
     assert_eq!(up.count("initialize"), 2);
 }
 
+/// An upstream that restarted and forgot a bridged task answers taskgate's own 2025
+/// `tasks/get` of it with `-32602` "Task not found" (the TypeScript SDK 1.x after a restart:
+/// the session is opened again and the task is unknown there). As for every task the upstream
+/// lost (README: "when the upstream says it no longer has a task taskgate recorded live"), the
+/// record becomes `failed` ("no longer has this task"), "resources released" is recorded
+/// (`reason=upstream_lost`), the owner's slot is free again, and the client gets the failed
+/// `DetailedTask`, from the record from then on. Before: the `-32602` was passed to the client
+/// and the record stayed `working`, holding the owner's slot for the task's ttl (a day by
+/// default), so an owner at its limit was refused `-32029` until then.
+#[tokio::test]
+async fn a_bridged_task_the_upstream_forgot_is_failed_and_frees_its_slot() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: None,
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().expect("a task").to_string();
+    // The upstream restarts: its tasks are gone.
+    up.state.lock().unwrap().tasks.clear();
+    let (status, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["status"], "failed", "{v}");
+    assert_eq!(v["result"]["taskId"], json!(t), "{v}");
+    assert_eq!(v["result"]["error"]["code"], -32603, "{v}");
+    assert!(
+        v["result"]["statusMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains("no longer has this task")),
+        "{v}"
+    );
+    let r = tg.record(&t).expect("record");
+    assert_eq!(r.status, TaskStatus::Failed);
+    assert!(r.released_at.is_some(), "released");
+    let audit = tg.registry.store().audit_for("default", &t).expect("audit");
+    assert!(
+        audit
+            .iter()
+            .any(|e| e.event == "resources_released" && e.detail == "reason=upstream_lost"),
+        "{audit:?}"
+    );
+    // The owner's slot is free: the next task is created.
+    let (status, v) = call(&url, None, 3, "research", true).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["resultType"], "task", "{v}");
+    // Answered from the record from now on; a cancel is the terminal ack.
+    let gets = up.count("tasks/get");
+    let (_, v) = task_call(&url, None, 4, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "failed", "{v}");
+    let (status, v) = task_call(&url, None, 5, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, &v["result"]),
+        (200, &json!({"resultType":"complete"})),
+        "{v}"
+    );
+    assert_eq!(up.count("tasks/get"), gets);
+    assert_eq!(up.count("tasks/cancel"), 0);
+}
+
+/// The same lost task cancelled before anyone polls it: the upstream answers the 2025
+/// `tasks/cancel` `-32602` ("not found", or "already terminal": 2025-11-25 answers both so),
+/// taskgate's own `tasks/get` is answered `-32602` too, so the record is failed as lost and
+/// the owner's slot freed; the client gets the 2026 ack. Before: the ack, and the record
+/// stayed `working` (its slot held) for the task's ttl.
+#[tokio::test]
+async fn a_bridged_task_the_upstream_forgot_is_failed_by_its_cancel() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: None,
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().expect("a task").to_string();
+    up.state.lock().unwrap().tasks.clear();
+    let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, &v["result"]),
+        (200, &json!({"resultType":"complete"})),
+        "{v}"
+    );
+    let r = tg.record(&t).expect("record");
+    assert_eq!(r.status, TaskStatus::Failed, "{:?}", r.status_message);
+    assert!(r.released_at.is_some(), "released");
+    let (status, v) = call(&url, None, 3, "research", true).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["resultType"], "task", "the slot is free: {v}");
+    let (_, v) = task_call(&url, None, 4, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "failed", "{v}");
+    assert_eq!(up.count("tasks/cancel"), 1);
+}
+
+/// An upstream that does not answer a bridged task's `tasks/get`, or a task tool's call,
+/// within its `timeout_ms` is the upstream timeout (README Errors: HTTP 504, `-32603` naming the
+/// upstream), as every other request of this bridge (`tools/list`, `tasks/cancel`) and every
+/// 2026 request passed through are. Before: those two answered HTTP 200 (a 2026 `-32603`'s
+/// status), so a client or load balancer could not tell the gateway's timeout from the task's
+/// own error.
+#[tokio::test]
+async fn a_bridged_exchange_past_the_upstream_timeout_is_504() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: None,
+            get_delay: std::time::Duration::from_millis(1500),
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg =
+        Tg::start(|store| TgConfig::new(&up.url()).to_toml(store) + "timeout_ms = 500\n").await;
+    let url = tg.mcp_url();
+    let (_, v) = call(&url, None, 1, "research", true).await;
+    let t = v["result"]["taskId"].as_str().expect("a task").to_string();
+    let (status, v) = task_call(&url, None, 2, "tasks/get", &t).await;
+    assert_eq!((status, err_code(&v)), (504, -32603), "{v}");
+    assert_eq!(v["id"], json!(2), "{v}");
+    assert!(err_message(&v).contains("`default`"), "{v}");
+
+    let slow = legacy_server_with(
+        UpBehaviour {
+            creation_delay: std::time::Duration::from_millis(1500),
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg =
+        Tg::start(|store| TgConfig::new(&slow.url()).to_toml(store) + "timeout_ms = 500\n").await;
+    let (status, v) = call(&tg.mcp_url(), None, 3, "research", true).await;
+    assert_eq!((status, err_code(&v)), (504, -32603), "{v}");
+    assert_eq!(v["id"], json!(3), "{v}");
+}
+
 /// A 2025-11-25 client of the same upstream through the same taskgate is unchanged: its
 /// session and task pass through (the upstream's own session id, the nested result).
 #[tokio::test]

@@ -84,6 +84,32 @@ pub(crate) async fn fail_lost(
     failed
 }
 
+/// A bridged task (either bridge) whose upstream answered taskgate's own clean `tasks/get` of
+/// it `-32602`: as [`fail_lost`] (`why` names `method`, the request first answered so), and the
+/// `-32603` error saying `why` kept in the record (`terminal_error`; within
+/// `tasks.max_stored_result_bytes`), from which the bridge answers the task from then on. The
+/// record as it now is (`None`: it could not be read; the upstream's answer then passes).
+pub(crate) async fn fail_lost_bridged(
+    registry: &Arc<Registry>,
+    record: &TaskRecord,
+    method: &str,
+) -> Option<Arc<TaskRecord>> {
+    let (upstream, task_id) = (&record.upstream, &record.task_id);
+    let why = format!(
+        "upstream `{upstream}` no longer has this task (it answered taskgate's own `{method}` with -32602, task not found); the task's state was lost (a restart of the upstream?)"
+    );
+    fail_lost(registry, upstream, task_id, method, &why).await;
+    let error = serde_json::json!({"code": crate::jsonrpc::INTERNAL_ERROR, "message": why});
+    registry
+        .store_terminal_error(upstream, task_id, error.to_string())
+        .await;
+    registry
+        .lookup_checked(upstream, task_id, &record.owner)
+        .await
+        .ok()
+        .flatten()
+}
+
 /// The confirmation a `-32602` answer about a task recorded live needs (see the module docs).
 pub(crate) struct Confirm {
     /// The context of the request answered `-32602` (its upstream, session, caller and

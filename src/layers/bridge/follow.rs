@@ -8,6 +8,7 @@ use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody, RequestPart
 use crate::jsonrpc::{self, Id};
 use crate::layers::cancel_ack;
 use crate::layers::extensions::{AckIsCancelled, AuthorisedTask, CancelAcknowledged};
+use crate::layers::lost_task;
 use crate::layers::relay::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use crate::layers::McpService;
 use crate::mcp::era::Era;
@@ -58,12 +59,91 @@ pub(super) async fn tasks_get<S: McpService>(
         return McpReply::local_json(jsonrpc::result_response(&id, &task.to_string()))
             .answered_locally(crate::metrics::LocalReason::StoredResult);
     }
+    if let Some(reply) = lost_answer(&record, Lost::Get, &id) {
+        return reply;
+    }
     match task_request(state, inner, &req, &id, "tasks/get", &record.task_id, None).await {
+        Ok(answer) if is_not_found(answer.as_ref()) => {
+            // Lost: the record as it now is (failed; or a status recorded terminal before, a
+            // cancel's, which stays), never the upstream's "not found" for a task it holds.
+            state.relay.inputs.forget(&record.task_id);
+            let now = lost_task::fail_lost_bridged(&state.registry, &record, "tasks/get").await;
+            match now.filter(|r| r.status.is_terminal()) {
+                Some(now) => match serde_json::to_string(&now.to_task()) {
+                    Ok(task) => McpReply::local_json(jsonrpc::result_response(&id, &task))
+                        .answered_locally(crate::metrics::LocalReason::StoredResult),
+                    Err(_) => legacy_reply(&id, answer, Value::clone),
+                },
+                None => legacy_reply(&id, answer, Value::clone),
+            }
+        }
         Ok(answer) => legacy_reply(&id, answer, |r| {
             translate::legacy_task(r).unwrap_or_else(|| r.clone())
         }),
         Err(e) => failure_reply(&id, &e),
     }
+}
+
+/// The request a lost task is answered for ([`lost_answer`]).
+#[derive(Clone, Copy)]
+enum Lost {
+    Get,
+    Result,
+    Cancel,
+}
+
+/// Whether `answer` is the upstream's `-32602` (the answer about a `taskId` it does not know)
+/// to a request taskgate built itself (`params_for`: the `taskId` and the required `_meta`,
+/// nothing of the client's).
+fn is_not_found(answer: Option<&Value>) -> bool {
+    answer
+        .and_then(|a| a.pointer("/error/code"))
+        .and_then(Value::as_i64)
+        == Some(jsonrpc::INVALID_PARAMS)
+}
+
+/// The 2025 answer about a bridged task taskgate failed itself (its upstream lost it: `failed`
+/// with the `-32603` it was failed with kept, no result), from its record: `tasks/get` the
+/// failed `Task`, `tasks/result` that error, `tasks/cancel` `-32602` "already terminal".
+/// `None` for any other record.
+fn lost_answer(record: &TaskRecord, method: Lost, id: &Id) -> Option<McpReply> {
+    if record.status != TaskStatus::Failed || record.terminal_result.is_some() {
+        return None;
+    }
+    let error: Value = serde_json::from_str(record.terminal_error.as_deref()?).ok()?;
+    let reply = match method {
+        Lost::Get => {
+            let task = serde_json::to_string(&record.to_task()).ok()?;
+            McpReply::local_json(jsonrpc::result_response(id, &task))
+        }
+        Lost::Result => error_reply(id, Some(&error)),
+        Lost::Cancel => McpReply::error(
+            Era::Legacy,
+            Some(id),
+            &McpError::TaskAlreadyTerminal {
+                task_id: record.task_id.clone(),
+                status: TaskStatus::Failed,
+            },
+        ),
+    };
+    Some(reply.answered_locally(crate::metrics::LocalReason::StoredResult))
+}
+
+/// A bridged task whose upstream answered taskgate's own `tasks/get` `-32602` (it restarted and
+/// forgot it), as for every task an upstream lost (README "when the upstream says it no longer
+/// has a task"): the record is failed (`reason="upstream_lost"`, the owner's slot given back)
+/// and the client answered from it ([`lost_answer`]). `first`: the request first answered
+/// `-32602`. `None`: the record could not be read or ended otherwise first.
+async fn lost(
+    state: &BridgeState,
+    record: &TaskRecord,
+    first: &str,
+    method: Lost,
+    id: &Id,
+) -> Option<McpReply> {
+    state.relay.inputs.forget(&record.task_id);
+    let now = lost_task::fail_lost_bridged(&state.registry, record, first).await?;
+    lost_answer(&now, method, id)
 }
 
 /// The 2025 `Task` of a terminal record from the `DetailedTask` it holds.
@@ -131,6 +211,9 @@ pub(super) async fn tasks_result<S: McpService>(
                 status_message: None,
             }),
         );
+    }
+    if let Some(reply) = lost_answer(&record, Lost::Result, &id) {
+        return reply;
     }
     if record.status.is_terminal() {
         if let Some(stored) = record
@@ -216,7 +299,13 @@ async fn follow_result<S: McpService>(
             Err(e) => return failure_reply(id, &e),
         };
         let Some(task) = answer.get("result").filter(|r| r.is_object()) else {
-            // The upstream no longer knows the task (expired, dropped: -32602), or failed.
+            // The upstream no longer knows the task (a restart: -32602, taskgate's own clean
+            // poll), or failed.
+            if is_not_found(Some(&answer)) {
+                if let Some(reply) = lost(state, &known, "tasks/get", Lost::Result, id).await {
+                    return reply;
+                }
+            }
             return error_reply(id, answer.get("error"));
         };
         if let Some(p) = translate::terminal_payload(task, &task_id) {
@@ -399,12 +488,28 @@ pub(super) async fn tasks_cancel<S: McpService>(
     // applied (unless another terminal status was recorded first: first terminal state wins).
     let ack = AckIsCancelled::default();
     out.extensions.insert(ack.clone());
-    let answer = match ask(state, inner, out, &id).await {
+    let answer = match ask(state, inner.clone(), out, &id).await {
         Ok(answer) => answer,
         Err(e) => return failure_reply(&id, &e),
     };
     match &answer {
         Some(a) if a.get("result").is_some() => {}
+        Some(a) if is_not_found(Some(a)) => {
+            // "Not found" (the upstream lost the task) or the caller's own params: told apart
+            // by taskgate's own clean `tasks/get` (`-32602` again: lost).
+            let get_id = state.next_id();
+            let get = task_request(state, inner, &req, &get_id, "tasks/get", &task_id, None);
+            if let Ok(got) = get.await {
+                if is_not_found(got.as_ref()) {
+                    if let Some(reply) =
+                        lost(state, &record, "tasks/cancel", Lost::Cancel, &id).await
+                    {
+                        return reply;
+                    }
+                }
+            }
+            return legacy_reply(&id, answer, Value::clone);
+        }
         _ => return legacy_reply(&id, answer, Value::clone),
     }
     let Some(CancelAcknowledged { task, observed }) = ack.applied.get() else {

@@ -44,8 +44,12 @@
 //!   status change) until it is terminal, then answered with the `CallToolResult` and the
 //!   related-task `_meta`, the task's JSON-RPC `error` when it `failed`, and `-32603` when it was
 //!   `cancelled` (no result exists). A terminal result the record holds is answered without the
-//!   upstream, so it survives a restart. An upstream that no longer knows the task (`-32602`) is
-//!   answered `-32602`. **Overall bound**: the follower stops at the record's expiry (the
+//!   upstream, so it survives a restart. An upstream that no longer knows the task (`-32602` to
+//!   taskgate's own `tasks/get`, or to a `tasks/cancel` and then to that: it restarted) has the
+//!   record failed as lost (`lost_task::fail_lost_bridged`: the owner's slot freed), and the
+//!   task is answered from it from then on: `tasks/get` the failed `Task`, `tasks/result` the
+//!   `-32603` it was failed with, `tasks/cancel` `-32602` "already terminal". **Overall
+//!   bound**: the follower stops at the record's expiry (the
 //!   task's `createdAt` + its ttl from the `CreateTaskResult`, or + `tasks.max_ttl_ms` when the
 //!   ttl is `null`, and never more than that cap) and answers `-32602` (2025-11-25: an expired
 //!   task); a client that closes the stream stops it (the poll in flight is dropped) once

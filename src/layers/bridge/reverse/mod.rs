@@ -767,12 +767,9 @@ async fn tools_call<S: McpService>(
     let answer = match sent {
         Ok(Ok(answer)) => answer,
         Ok(Err(NoSession(reply))) => return Ok(reply),
-        Err(e) => {
-            let error = McpError::Upstream {
-                detail: e.to_string(),
-            };
-            return Ok(McpReply::error(Era::Modern, Some(&id), &error));
-        }
+        // Unreachable, invalid, past `timeout_ms`: the edge's 502 / 504 with `-32603` naming
+        // the upstream, as for every other request (a 2026 `-32603` of its own is HTTP 200).
+        Err(e) => return Err(e),
     };
     let created = answer
         .as_ref()
@@ -849,13 +846,14 @@ async fn tasks_get<S: McpService>(
     let (task, outcome) = match asked {
         Ok(Ok(found)) => found,
         Ok(Err(reply)) => return Ok(reply),
-        Err(e) => {
-            let error = McpError::Upstream {
-                detail: e.to_string(),
-            };
-            return Ok(McpReply::error(Era::Modern, Some(id), &error));
-        }
+        // As a task tool's call (see `tools_call`): the edge's 502 / 504.
+        Err(e) => return Err(e),
     };
+    if is_not_found(task.as_ref()) {
+        if let Some(reply) = lost_upstream(state, id, &record, "tasks/get").await {
+            return Ok(reply);
+        }
+    }
     let status = task
         .as_ref()
         .and_then(|a| a.pointer("/result/status"))
@@ -872,7 +870,11 @@ async fn tasks_get<S: McpService>(
                         .registry
                         .lookup_checked(&upstream, &task_id, &record.owner)
                         .await;
-                    if let Some(detailed) = now.ok().flatten().as_deref().and_then(lost_detailed) {
+                    let detailed = now.ok().flatten();
+                    let detailed = detailed
+                        .as_deref()
+                        .and_then(|r| ended_here_detailed(r, input::LOST_INPUT_MESSAGE));
+                    if let Some(detailed) = detailed {
                         return Ok(McpReply::local_json(jsonrpc::result_response(
                             id,
                             &detailed.to_string(),
@@ -932,10 +934,11 @@ fn stored_detailed(record: &TaskRecord) -> Option<Value> {
     translate::detailed_task(&task, Some(&Outcome::Result(stored)), "")
 }
 
-/// The `DetailedTask` of a task whose input request was lost (see `input`), from its record: the
-/// stored one, or (results not stored: `tasks.max_stored_result_bytes = 0`) the record's
-/// `failed` with the `-32603` error; `None` when the record is not terminal.
-fn lost_detailed(record: &TaskRecord) -> Option<Value> {
+/// The `DetailedTask` of a task taskgate failed itself (its input request was lost: see
+/// `input`; its upstream lost it: [`lost_upstream`]), from its record: the stored one, or
+/// (results not stored: `tasks.max_stored_result_bytes = 0`) the record's `failed` with the
+/// `-32603` error saying `message`; `None` when the record is not terminal.
+fn ended_here_detailed(record: &TaskRecord, message: &str) -> Option<Value> {
     if let Some(detailed) = stored_detailed(record) {
         return Some(detailed);
     }
@@ -943,8 +946,42 @@ fn lost_detailed(record: &TaskRecord) -> Option<Value> {
         return None;
     }
     let task = serde_json::to_value(record.to_task()).ok()?;
-    let error = json!({"code": jsonrpc::INTERNAL_ERROR, "message": input::LOST_INPUT_MESSAGE});
+    let error = json!({"code": jsonrpc::INTERNAL_ERROR, "message": message});
     translate::detailed_task(&task, Some(&Outcome::Error(error)), "")
+}
+
+/// Whether `answer` is the upstream's `-32602` (the 2025-11-25 answer about a `taskId` it
+/// does not know) to a `tasks/*` request taskgate built itself (params `{taskId}` only, so
+/// never about a client's own params).
+fn is_not_found(answer: Option<&Value>) -> bool {
+    answer
+        .and_then(|a| a.pointer("/error/code"))
+        .and_then(Value::as_i64)
+        == Some(jsonrpc::INVALID_PARAMS)
+}
+
+/// A bridged task the upstream no longer has (it answered taskgate's own `tasks/get` of it
+/// `-32602` on the task's session, or on the session that replaced it after a 404: the
+/// upstream restarted), as for every task an upstream lost (`lost_task`; README "when the
+/// upstream says it no longer has a task"): the record is failed ("resources released",
+/// `reason="upstream_lost"`, the owner's slot given back) with the error kept, and the
+/// client gets the failed `DetailedTask` from it (later polls are answered from the record).
+/// `method`: the request that first got the `-32602`. `None`: the record could not be read
+/// (the upstream's answer then passes as it came).
+async fn lost_upstream(
+    state: &ReverseState,
+    id: &Id,
+    record: &TaskRecord,
+    method: &str,
+) -> Option<McpReply> {
+    state.inputs.forget(&record.task_id);
+    let now = crate::layers::lost_task::fail_lost_bridged(&state.registry, record, method).await?;
+    let message = now.status_message.clone().unwrap_or_default();
+    let detailed = ended_here_detailed(&now, &message)?;
+    Some(
+        McpReply::local_json(jsonrpc::result_response(id, &detailed.to_string()))
+            .answered_locally(LocalReason::StoredResult),
+    )
 }
 
 /// A 2026-07-28 `tasks/cancel`: one 2025 `tasks/cancel` (the `cancel` layer above lets one
@@ -962,10 +999,24 @@ async fn tasks_cancel<S: McpService>(
         Ok(reply) => answer_of(reply, &own).await,
         Err(NoSession(reply)) => return Ok(reply),
     };
-    let acked = answer.as_ref().is_some_and(|a| {
-        a.get("result").is_some()
-            || a.pointer("/error/code").and_then(Value::as_i64) == Some(jsonrpc::INVALID_PARAMS)
-    });
+    if is_not_found(answer.as_ref()) {
+        // "Already terminal" or "not found" (2025-11-25 answers both `-32602`): one clean
+        // `tasks/get` tells them apart (a `Task` is applied by `observe`); `-32602` again, and
+        // the upstream lost the task (see `lost_upstream`). The client gets the ack either way.
+        let own = state.ids.next_id();
+        let body = legacy_body(&own, "tasks/get", task_params(&record.task_id));
+        // A failed check changes nothing: the cancel's own answer stands.
+        let task = match send(state, &inner, req, &body, On::Task, &|_, _| {}).await {
+            Ok(Ok(reply)) => answer_of(reply, &own).await,
+            _ => None,
+        };
+        if is_not_found(task.as_ref()) {
+            lost_upstream(state, id, &record, "tasks/cancel").await;
+        }
+    }
+    let acked = answer
+        .as_ref()
+        .is_some_and(|a| a.get("result").is_some() || is_not_found(Some(a)));
     if acked {
         return Ok(McpReply::local_json(jsonrpc::result_response(
             id,
