@@ -390,6 +390,36 @@ async fn another_principal_cannot_touch_a_task() {
     assert_eq!(count(&up, "tasks/update"), 1);
 }
 
+/// 2026-07-28 has no sessions: a client's `Mcp-Session-Id` on a 2026 request is ignored
+/// (spec §2.2: "ignore it, never mint one"), not checked against the session table (with
+/// authentication an id taskgate never issued was 404 `-32001`) nor sent upstream (where a
+/// dual-era server takes a session id for the legacy era, §2.4). On the old code: 404 with
+/// auth, and the header reached the upstream without.
+#[tokio::test]
+async fn a_2026_request_ignores_a_session_id() {
+    let (up, _) = modern_server().await;
+    for auth in [true, false] {
+        let tg = match auth {
+            true => TgConfig::new(&up.url()).token("alice", "tok-a"),
+            false => TgConfig::new(&up.url()),
+        }
+        .start()
+        .await;
+        let token = auth.then_some("tok-a");
+        let r = modern_req(&tg.mcp_url(), token, 1, "tools/list", json!({}))
+            .header("mcp-session-id", "a-session-nobody-issued");
+        let (status, v) = send(r).await;
+        assert_eq!(status, 200, "auth {auth}: {v}");
+        assert!(v["result"]["tools"].is_array(), "auth {auth}: {v}");
+    }
+    let sent: Vec<_> = up
+        .requests()
+        .into_iter()
+        .filter_map(|r| r.header("mcp-session-id"))
+        .collect();
+    assert!(sent.is_empty(), "a session id went upstream: {sent:?}");
+}
+
 /// A server that reports another principal's task on bob's stream (a `notifications/tasks`
 /// with alice's task, its result included) does not show it to bob, and the report is not
 /// applied to alice's record (she never got it); alice's own call reporting it passes and is

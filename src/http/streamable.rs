@@ -338,6 +338,10 @@ impl Edge {
             } = caller;
             let session_id = strip_client_fields(&mut headers, &head);
             let era = era_of(&head, &headers, &op);
+            // 2026-07-28 has no sessions (§2.2: "ignore it, never mint one"): a client's
+            // `Mcp-Session-Id` on a 2026 request is neither checked nor sent upstream, where a
+            // dual-era server takes a session id for the legacy era (§2.4).
+            let session_id = session_id.filter(|_| era == Era::Legacy);
             let primes = sends_primes(era, &head, &op);
             if let Err(resp) = self.check_routing_headers(era, &head, &mut headers, &op) {
                 return holding(resp, permit);
