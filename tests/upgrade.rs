@@ -1315,6 +1315,55 @@ async fn tasks_result_stream_closed_before_the_answer_is_resumed() {
     assert_eq!(up.count("tasks/cancel"), 0);
 }
 
+/// The client's stream of an upgraded call is taskgate's own: none of its events carries an
+/// upstream event `id`. The upstream's ids name events of taskgate's own exchanges (the
+/// `tools/call` that made the task, its `tasks/result`); a client that resumed with
+/// `Last-Event-ID` would have the upstream replay them (server-everything does): the
+/// `CreateTaskResult` under the client's own id (the TypeScript SDK took it as an empty
+/// `CallToolResult`), the answers to taskgate's polls, a task id it never asked for.
+/// Events without data (SSE priming events) are not passed on either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgraded_streams_carry_no_upstream_event_ids() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: Some(300),
+        result_drops: 1,
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let r = c.send(call_body("1", "research", Some(json!("tok")))).await;
+    assert_eq!(r.status(), 200);
+    let mut sse = r.sse();
+    let mut events = Vec::new();
+    loop {
+        let e = sse.next_event(STEP).await;
+        let answer = e
+            .data()
+            .filter(|d| !d.is_empty())
+            .map(|d| parse_json(d.as_bytes()))
+            .is_some_and(|v| v.get("method").is_none() && v["id"] == json!(1));
+        events.push(e);
+        if answer {
+            break;
+        }
+    }
+    assert!(
+        up.count("tasks/result") >= 2,
+        "the priming-only tasks/result was sent"
+    );
+    for e in &events {
+        assert!(
+            e.id().is_none(),
+            "an upstream event id reached the client: {e:?}"
+        );
+        assert!(
+            e.data().is_some_and(|d| !d.is_empty()),
+            "an event without data reached the client: {e:?}"
+        );
+    }
+}
+
 /// Twenty upgraded calls at once on one session (numbers and strings, with their own progress
 /// tokens): each answer carries its own id and its own task's result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
