@@ -1370,8 +1370,9 @@ async fn upgraded_streams_carry_no_upstream_event_ids() {
 /// upgraded call (under the client's own id: the SDK resolved its `callTool` with it, an empty
 /// result, when taskgate restarted during the call) and the answers to taskgate's own polls.
 /// Neither is the client's: the task is recorded as an upgraded call's, and `"taskgate-…"` ids
-/// are taskgate's. Both are dropped; the rest of the stream, and an answer the client's own id
-/// may still get there, pass.
+/// are taskgate's. Both are dropped, and so is the upgraded task's status notification (the
+/// client asked for no task: it gets the statuses as progress on its call's stream); the rest
+/// of the stream, and an answer the client's own id may still get there, pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_get_stream_gets_no_upgraded_creation_nor_taskgates_own_answers() {
     let up = UpServer::start(UpBehaviour {
@@ -1379,6 +1380,7 @@ async fn a_resumed_get_stream_gets_no_upgraded_creation_nor_taskgates_own_answer
             let replayed = [
                 r#"{"jsonrpc":"2.0","id":1,"result":{"task":{"taskId":"up-task-1","status":"working","ttl":60000,"createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z"}}}"#,
                 r#"{"result":{"taskId":"up-task-1","status":"working","ttl":60000,"createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z"},"jsonrpc":"2.0","id":"taskgate-1"}"#,
+                r#"{"jsonrpc":"2.0","method":"notifications/tasks/status","params":{"taskId":"up-task-1","status":"completed","ttl":60000,"createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z"}}"#,
                 r#"{"jsonrpc":"2.0","id":2,"result":{"content":[{"type":"text","text":"the client's own"}]}}"#,
                 &notification("notifications/tools/list_changed", "{}"),
             ];
