@@ -15,7 +15,8 @@ use taskgate::mcp::task::TaskStatus;
 /// A server without tasks: `initialize` and `server/discover` declare only tools; `tools/list`
 /// lists `slow`, `boom`, `oops`; a `tools/call` answers on an SSE stream: one progress
 /// notification on the call's token ("halfway"), then, once `gate` opens, its answer (`slow`:
-/// a result, `oops`: an `isError` result, `boom`: a JSON-RPC error with `data`, at once, without
+/// a result, `oops`: an `isError` result, `heed`: the error the Python SDK answers a cancelled
+/// call with, `boom`: a JSON-RPC error with `data`, at once, without
 /// waiting for `gate`; `ask` sends an
 /// `elicitation/create` request instead of the progress). Everything else is
 /// [`mcp_handler`]'s.
@@ -71,6 +72,11 @@ fn no_tasks_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse 
                     Some("oops") => rpc_result(
                         &id,
                         r#"{"content":[{"type":"text","text":"bad input"}],"isError":true}"#,
+                    ),
+                    // How the Python SDK (`mcp` 1.x) heeds `notifications/cancelled`: it
+                    // stops the handler and answers the call with an error.
+                    Some("heed") => format!(
+                        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":0,"message":"Request cancelled"}}}}"#
                     ),
                     _ => rpc_result(&id, r#"{"content":[{"type":"text","text":"done"}]}"#),
                 };
@@ -1046,6 +1052,36 @@ async fn a_cancelled_call_the_server_keeps_open_is_closed_and_released() {
     let rec = tg.record(&t).unwrap();
     assert_eq!(rec.status, TaskStatus::Cancelled);
     assert!(rec.late_result_at.is_none(), "no late result: {rec:?}");
+}
+
+/// A server that heeds `notifications/cancelled` by stopping the handler and answering the call
+/// with an error (the Python SDK `mcp` 1.x answers `{"code":0,"message":"Request cancelled"}`):
+/// that answer is the call's end, not a late result. The task stays `cancelled`, is released,
+/// and neither `late_result_at` nor `taskgate_task_late_results_total` moves (the
+/// `TaskgateLateResultsAfterCancel` alert says "the work ran to the end after it was
+/// cancelled", which it did not).
+#[tokio::test]
+async fn a_cancelled_call_the_server_answers_with_an_error_is_no_late_result() {
+    let (up, gate, tg) = setup(false).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = task_id_of(&create_call(&c, "1", "heed").await);
+    assert!(up.wait_for_method("tools/call", 1, STEP).await);
+    let v = c.cancel("\"c\"", &t).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    assert!(up.wait_for_method("notifications/cancelled", 1, STEP).await);
+    gate.open();
+    let released = eventually(STEP, || async { tg.record(&t).and_then(|r| r.released_at) }).await;
+    assert!(released.is_some(), "released once the call ended");
+    // The record is written by a task of its own: give it the time it would take.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rec = tg.record(&t).unwrap();
+    assert_eq!(rec.status, TaskStatus::Cancelled);
+    assert!(rec.late_result_at.is_none(), "no late result: {rec:?}");
+    let m = tg.metrics_text().await;
+    assert_eq!(metric(&m, "taskgate_task_late_results_total", &[]), 0.0);
+    let (_, names) = audit_events(&tg, &t).await;
+    assert!(!names.iter().any(|n| n == "late_result"), "{names:?}");
 }
 
 /// taskgate is the task server of a `tasks = "gateway"` upstream: a `params.task` that is not

@@ -691,6 +691,30 @@ async fn a_task_whose_upstream_session_was_lost_is_failed_not_a_session_error() 
     again.create_task("6").await;
 }
 
+/// The same with the Python SDK's answer to a lost session (`mcp` 1.30: HTTP 404, JSON-RPC
+/// `-32600` "Session not found" under the id `"server-error"`): the spec's signal is the 404
+/// itself, its code is not specified. The record is failed and answered from, the client is not
+/// handed a 404 for its own, valid session (before: the 404 passed, the record stayed `working`
+/// and its slot taken until its ttl).
+#[tokio::test]
+async fn a_task_whose_upstream_session_the_python_sdk_lost_is_failed_not_a_session_error() {
+    let (up, tg, _alice, t1, _t2) = alice_at_her_limit_on(Behaviour {
+        python_session_not_found: true,
+        ..Behaviour::default()
+    })
+    .await;
+    up.state.lock().unwrap().forget_everything();
+    let mut again = tg.client().with_token("alice-token");
+    again.initialize().await;
+    // `rpc` asserts HTTP 200.
+    let got = again.get("4", &t1).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    let r = tg.record(&t1).expect("record");
+    assert_eq!(r.status, TaskStatus::Failed);
+    assert!(r.released_at.is_some(), "released");
+    again.create_task("6").await;
+}
+
 /// A 2025-11-25 `tasks/cancel` of a task the upstream forgot: its `-32602` also means "already
 /// terminal" there, so taskgate asks once with a `tasks/get` of its own; answered `-32602` too,
 /// the record is failed and the slot freed. The client gets the upstream's `-32602` as it came.

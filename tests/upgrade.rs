@@ -1315,6 +1315,114 @@ async fn tasks_result_stream_closed_before_the_answer_is_resumed() {
     assert_eq!(up.count("tasks/cancel"), 0);
 }
 
+/// The client's stream of an upgraded call is taskgate's own: none of its events carries an
+/// upstream event `id`. The upstream's ids name events of taskgate's own exchanges (the
+/// `tools/call` that made the task, its `tasks/result`); a client that resumed with
+/// `Last-Event-ID` would have the upstream replay them (server-everything does): the
+/// `CreateTaskResult` under the client's own id (the TypeScript SDK took it as an empty
+/// `CallToolResult`), the answers to taskgate's polls, a task id it never asked for.
+/// Events without data (SSE priming events) are not passed on either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgraded_streams_carry_no_upstream_event_ids() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: Some(300),
+        result_drops: 1,
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let r = c.send(call_body("1", "research", Some(json!("tok")))).await;
+    assert_eq!(r.status(), 200);
+    let mut sse = r.sse();
+    let mut events = Vec::new();
+    loop {
+        let e = sse.next_event(STEP).await;
+        let answer = e
+            .data()
+            .filter(|d| !d.is_empty())
+            .map(|d| parse_json(d.as_bytes()))
+            .is_some_and(|v| v.get("method").is_none() && v["id"] == json!(1));
+        events.push(e);
+        if answer {
+            break;
+        }
+    }
+    assert!(
+        up.count("tasks/result") >= 2,
+        "the priming-only tasks/result was sent"
+    );
+    for e in &events {
+        assert!(
+            e.id().is_none(),
+            "an upstream event id reached the client: {e:?}"
+        );
+        assert!(
+            e.data().is_some_and(|d| !d.is_empty()),
+            "an event without data reached the client: {e:?}"
+        );
+    }
+}
+
+/// A GET stream resumed with `Last-Event-ID` (the TypeScript SDK resumes its GET stream by
+/// itself, after a restart of taskgate too) gets what the upstream replays, and
+/// server-everything replays every later event of the session: the `CreateTaskResult` of an
+/// upgraded call (under the client's own id: the SDK resolved its `callTool` with it, an empty
+/// result, when taskgate restarted during the call) and the answers to taskgate's own polls.
+/// Neither is the client's: the task is recorded as an upgraded call's, and `"taskgate-…"` ids
+/// are taskgate's. Both are dropped, and so is the upgraded task's status notification (the
+/// client asked for no task: it gets the statuses as progress on its call's stream); the rest
+/// of the stream, and an answer the client's own id may still get there, pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_get_stream_gets_no_upgraded_creation_nor_taskgates_own_answers() {
+    let up = UpServer::start(UpBehaviour {
+        get_stream: Some(Arc::new(move || {
+            let replayed = [
+                r#"{"jsonrpc":"2.0","id":1,"result":{"task":{"taskId":"up-task-1","status":"working","ttl":60000,"createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z"}}}"#,
+                r#"{"result":{"taskId":"up-task-1","status":"working","ttl":60000,"createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z"},"jsonrpc":"2.0","id":"taskgate-1"}"#,
+                r#"{"jsonrpc":"2.0","method":"notifications/tasks/status","params":{"taskId":"up-task-1","status":"completed","ttl":60000,"createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z"}}"#,
+                r#"{"jsonrpc":"2.0","id":2,"result":{"content":[{"type":"text","text":"the client's own"}]}}"#,
+                &notification("notifications/tools/list_changed", "{}"),
+            ];
+            let mut steps: Vec<SseStep> = replayed
+                .iter()
+                .enumerate()
+                .map(|(i, d)| ev().event("message").id(&format!("e{i}")).data(d).into())
+                .collect();
+            steps.push(SseStep::HoldOpen);
+            steps
+        })),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    // The upgraded call whose creation the upstream replays.
+    let o = call(&c, &call_body("1", "research", None), &json!(1)).await;
+    assert_eq!(up.only_task(), "up-task-1");
+    assert!(o.answer["result"]["content"].is_array(), "{o:?}");
+    let get = Req::mcp_get(&tg.mcp_url())
+        .header("mcp-session-id", c.session.as_deref().unwrap())
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .header("last-event-id", "e-before")
+        .send()
+        .await;
+    assert_eq!(get.status(), 200);
+    let mut stream = get.sse();
+    let first = stream.next_event(STEP).await.json();
+    assert_eq!(
+        first["id"],
+        json!(2),
+        "the first event passed is the client's own answer: {first}"
+    );
+    let next = stream.next_event(STEP).await.json();
+    assert_eq!(
+        next["method"],
+        json!("notifications/tools/list_changed"),
+        "{next}"
+    );
+}
+
 /// Twenty upgraded calls at once on one session (numbers and strings, with their own progress
 /// tokens): each answer carries its own id and its own task's result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

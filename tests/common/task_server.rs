@@ -129,6 +129,10 @@ pub struct Behaviour {
     pub creation_error: Option<Arc<dyn Fn(&Value) -> Option<(i64, String)> + Send + Sync>>,
     /// `tasks/result` answers JSON, head and body only once this gate opens.
     pub result_json_gate: Option<Gate>,
+    /// A request on a lost session is answered as the Python SDK (`mcp` 1.x) answers it:
+    /// HTTP 404 with `{"id":"server-error","error":{"code":-32600,"message":"Session not
+    /// found"}}` (not the TypeScript SDK's `-32001` under the request's id).
+    pub python_session_not_found: bool,
 }
 
 impl Default for Behaviour {
@@ -152,6 +156,7 @@ impl Default for Behaviour {
             api_key: None,
             creation_error: None,
             result_json_gate: None,
+            python_session_not_found: false,
         }
     }
 }
@@ -238,7 +243,11 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
         .header("mcp-session-id")
         .is_some_and(|s| state.lock().unwrap().lost_sessions.contains(&s))
     {
-        let body = rpc_error_json(&id, -32001, "Session not found");
+        let body = if b.python_session_not_found {
+            rpc_error_json("\"server-error\"", -32600, "Session not found")
+        } else {
+            rpc_error_json(&id, -32001, "Session not found")
+        };
         return ScriptedResponse::status(404, Some("application/json"), body);
     }
     let task_id_param = v

@@ -541,12 +541,15 @@ impl Held {
         };
     }
 
-    /// An answer that came after the task was cancelled: applied as a status report, which the
-    /// status machine counts as a late result and never lets overturn `cancelled`.
+    /// An answer that came after the task was cancelled. A result (the work ran to its end
+    /// after all) is applied as a `completed` report, which the status machine counts as a
+    /// late result and never lets overturn `cancelled`. An error, or no answer, is how a server
+    /// heeds the `notifications/cancelled` (the Python SDK `mcp` 1.x answers the cancelled call
+    /// `{"code":0,"message":"Request cancelled"}`): the call's end, nothing late.
     fn late(&self, answer: Result<Option<Value>, GatewayError>) {
         let status = match &answer {
             Ok(Some(a)) if a.get("result").is_some() => TaskStatus::Completed,
-            _ => TaskStatus::Failed,
+            _ => return,
         };
         let (registry, upstream, task_id) = (
             self.state.registry.clone(),

@@ -14,7 +14,8 @@
 //!     `tasks/result` returns the tool's own error, review 18a #1, #2); otherwise the
 //!     client's answer passes as it came. A `tasks/cancel` answered `-32602` is confirmed the
 //!     same way inside the `cancel` layer's flight, once for all the callers sharing it.
-//!   - `-32001` "Session not found" from the task's own upstream session (2025-11-25: SDK task
+//!   - HTTP 404 with a JSON-RPC error (`-32001` "Session not found" from the TypeScript SDK,
+//!     `-32600` from the Python SDK) from the task's own upstream session (2025-11-25: SDK task
 //!     stores are per session), taken at once.
 //!
 //!   The record is then failed the way a dead child's tasks are
@@ -166,9 +167,17 @@ impl Probe {
     {
         match reply.body {
             ReplyBody::Json(ref bytes) => {
-                let Some(code) = error_code(bytes) else {
+                let Some(mut code) = error_code(bytes) else {
                     return reply;
                 };
+                // The spec's signal that a session is gone is the HTTP 404 itself; the code of
+                // its JSON-RPC error is not specified: the TypeScript SDK answers `-32001`, the
+                // Python SDK (`mcp` 1.x) `-32600` "Session not found" under the id
+                // "server-error". A 404 whose body is not a JSON-RPC error (a wrong path) is
+                // not read.
+                if reply.status == http::StatusCode::NOT_FOUND {
+                    code = SESSION_NOT_FOUND;
+                }
                 match self.instead(registry, code, inner, confirming).await {
                     Some(answer) => answer,
                     None => reply,
@@ -229,7 +238,7 @@ impl Probe {
         match code {
             SESSION_NOT_FOUND if self.era == Era::Legacy && self.on_task_session => {
                 let why = format!(
-                    "upstream `{upstream}` no longer has the session this task was created on (it answered `{method}` with -32001 \"Session not found\"); the task's state was lost (a restart of the upstream?)"
+                    "upstream `{upstream}` no longer has the session this task was created on (it answered `{method}` with HTTP 404 \"Session not found\"); the task's state was lost (a restart of the upstream?)"
                 );
                 lost_task::fail_lost(registry, upstream, task_id, method, &why).await;
             }

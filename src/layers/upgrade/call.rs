@@ -1,6 +1,6 @@
 //! The upgraded `tools/call`: the upgrade and the driver up to the task's `CreateTaskResult`.
 
-use super::early::{finish, read_to_answer, First};
+use super::early::{client_stream, finish, read_to_answer, First};
 use super::follower::Follower;
 use super::requests::send_tasks_cancel;
 use super::tool_cache::Watched;
@@ -339,7 +339,7 @@ async fn drive<S: McpService>(
     let follower = call.into_follower(task_id, poll, tx, created);
     if let Some((first, rx, session_id)) = pending {
         // If the client is gone, this drops the stream and the follower sees a disconnect.
-        let _ = first.send(Ok(McpReply::event_stream(rx, session_id)));
+        let _ = first.send(Ok(client_stream(rx, session_id)));
     }
     for ev in early {
         follower.relay_other(ev).await;

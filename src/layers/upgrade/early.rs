@@ -84,6 +84,28 @@ pub(super) async fn finish(pending: Pending, tx: &mpsc::Sender<Event>, reply: Mc
     }
 }
 
+/// The client's stream of an upgraded call, read from `rx`. It is taskgate's own, made of
+/// events of taskgate's exchanges with the upstream (the `tools/call` that made the task, its
+/// `tasks/result`), so it carries none of their event ids: a client resuming with
+/// `Last-Event-ID` would have the upstream replay those exchanges to it (server-everything
+/// does: the `CreateTaskResult` under the client's own id, which the TypeScript SDK took as an
+/// empty `CallToolResult`, and the answers to taskgate's polls). Events without data (priming
+/// events, whose only use is their id) are dropped.
+pub(super) fn client_stream(
+    rx: mpsc::Receiver<Event>,
+    session_id: Option<http::HeaderValue>,
+) -> McpReply {
+    let mut reply = McpReply::event_stream(rx, session_id);
+    if let ReplyBody::Stream(events) = reply.body {
+        reply.body = ReplyBody::Stream(Box::pin(events.filter_map(|mut ev| async move {
+            ev.id = None;
+            let data = ev.data.as_ref().is_some_and(|d| !d.is_empty());
+            (data || ev.is_transport_error()).then_some(ev)
+        })));
+    }
+    reply
+}
+
 /// The client's answer not sent yet: where it goes, the stream it will read, its session id.
 pub(super) type Pending = Option<(First, mpsc::Receiver<Event>, Option<http::HeaderValue>)>;
 
@@ -125,7 +147,7 @@ pub(super) async fn read_to_answer(
         }
         if let Some((first, rx, session_id)) = pending.take() {
             tracing::debug!("upgraded call: a request to the client before the task exists; the client's stream opens now");
-            let _ = first.send(Ok(McpReply::event_stream(rx, session_id)));
+            let _ = first.send(Ok(client_stream(rx, session_id)));
             for e in early.drain(..) {
                 let _ = tx.send(e).await;
             }

@@ -2,8 +2,10 @@
 //! stream, where some servers send progress on an upgraded call's token.
 
 use super::UpgradeState;
-use crate::exchange::{GatewayError, McpReply, McpRequest};
+use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::layers::McpService;
+use crate::store::Origin;
+use futures_util::future::Either;
 
 use parking_lot::Mutex;
 use serde_json::Value;
@@ -32,6 +34,55 @@ pub(super) fn next_progress(
     next
 }
 
+/// A message on a session's GET stream that may not be the client's ([`not_the_clients`]).
+enum NotTheClients {
+    /// The answer to one of taskgate's own requests.
+    Own,
+    /// A `CreateTaskResult` or a `notifications/tasks/status`: not the client's when the task
+    /// it names was recorded as an upgraded call's.
+    IfUpgraded(String),
+}
+
+/// What a message on a session's GET stream may be that is not the client's. A resumed GET
+/// stream (`Last-Event-ID`) gets what the upstream replays, and server-everything replays every
+/// later event of the session, taskgate's own exchanges included: the answers to its own
+/// requests (a `"taskgate-…"` id, but the ids layer's `"taskgate-id-…"`, which stand for a
+/// client's) and the `CreateTaskResult` of an upgraded call, under the client's own id (the
+/// TypeScript SDK resolved its `callTool` with it, an empty result, when taskgate restarted
+/// during the call). And the status notifications of an upgraded call's task are taskgate's:
+/// the client asked for no task, and gets the statuses as progress on its call's stream.
+/// Messages that cannot be any of these are not parsed.
+fn not_the_clients(data: &str) -> Option<NotTheClients> {
+    if !data.contains("\"taskgate-")
+        && !data.contains("\"task\"")
+        && !data.contains("notifications/tasks/status")
+    {
+        return None;
+    }
+    let v = serde_json::from_str::<Value>(data).ok()?;
+    if let Some(method) = v.get("method") {
+        let task_id = v.pointer("/params/taskId").and_then(Value::as_str);
+        return match (method.as_str(), task_id) {
+            (Some("notifications/tasks/status"), Some(t)) if v.get("id").is_none() => {
+                Some(NotTheClients::IfUpgraded(t.to_string()))
+            }
+            _ => None,
+        };
+    }
+    if !(v.get("result").is_some() || v.get("error").is_some()) {
+        return None;
+    }
+    let own = v
+        .get("id")
+        .and_then(Value::as_str)
+        .is_some_and(|id| id.starts_with("taskgate-") && !id.starts_with("taskgate-id-"));
+    if own {
+        return Some(NotTheClients::Own);
+    }
+    let task_id = v.pointer("/result/task/taskId")?.as_str()?;
+    Some(NotTheClients::IfUpgraded(task_id.to_string()))
+}
+
 /// The standalone GET stream: progress the upstream sends there on an upgraded call's token
 /// (the TypeScript SDK does) keeps increasing together with the call's own stream.
 pub(super) async fn get_stream<S: McpService>(
@@ -40,7 +91,25 @@ pub(super) async fn get_stream<S: McpService>(
     req: McpRequest,
 ) -> Result<McpReply, GatewayError> {
     let caller = req.ctx.caller();
+    let upstream = req.ctx.upstream.clone();
     let mut reply = inner.oneshot(req).await?;
+    if let ReplyBody::Stream(events) = reply.body {
+        use futures_util::StreamExt;
+        let registry = state.registry.clone();
+        reply.body = ReplyBody::Stream(Box::pin(events.filter(move |ev| {
+            match ev.data.as_deref().and_then(not_the_clients) {
+                None => Either::Left(std::future::ready(true)),
+                Some(NotTheClients::Own) => Either::Left(std::future::ready(false)),
+                Some(NotTheClients::IfUpgraded(task_id)) => {
+                    let (registry, upstream) = (registry.clone(), upstream.clone());
+                    Either::Right(Box::pin(async move {
+                        let record = registry.record_cached(&upstream, &task_id).await;
+                        !matches!(record, Ok(Some(r)) if r.origin == Origin::Upgraded)
+                    }))
+                }
+            }
+        })));
+    }
     reply.body = reply.body.map_messages(move |data| {
         if state.tokens.lock().is_empty()
             || !crate::mcp::needles::found(&crate::mcp::needles::PROGRESS, data.as_bytes())
