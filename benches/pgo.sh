@@ -43,7 +43,8 @@ PROFDATA_TOOL="$(rustc --print sysroot)/lib/rustlib/$HOST/bin/llvm-profdata"
 # after the instrumented build and the training ("unsupported instrumentation profile format
 # version", seen on a new machine without llvm-tools).
 RUSTC_LLVM=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
-TOOL_LLVM=$("$PROFDATA_TOOL" --version 2>/dev/null | sed -n 's/.*LLVM version \([0-9]*\).*/\1/p' | head -1)
+# (`merge --version`: an older llvm-profdata refuses a top-level `--version`.)
+TOOL_LLVM=$("$PROFDATA_TOOL" merge --version 2>/dev/null | sed -n 's/.*LLVM version \([0-9]*\).*/\1/p' | head -1 || true)
 if [ -n "$RUSTC_LLVM" ] && [ "$TOOL_LLVM" != "$RUSTC_LLVM" ]; then
   echo "$PROFDATA_TOOL is LLVM ${TOOL_LLVM:-?}, rustc is LLVM $RUSTC_LLVM: rustup component add llvm-tools" >&2
   exit 2
