@@ -715,6 +715,37 @@ async fn a_task_whose_upstream_session_the_python_sdk_lost_is_failed_not_a_sessi
     again.create_task("6").await;
 }
 
+/// An HTTP 404 on the task's session whose JSON-RPC error does not say the session is gone (a
+/// proxy's `-32603` "no route to backend" during a deploy) is not taken for the task lost: the
+/// server may still hold it (2025-11-25: a session may end with 404 while its tasks live on),
+/// and the record stays as it was, its slot held (review 20 #2: any code at a 404 failed it).
+#[tokio::test]
+async fn a_404_that_does_not_say_session_not_found_fails_no_task() {
+    let (up, tg, alice, t1, _t2) = alice_at_her_limit_on(Behaviour {
+        lost_session_error: Some((-32603, "no route to backend")),
+        ..Behaviour::default()
+    })
+    .await;
+    {
+        let mut st = up.state.lock().unwrap();
+        let n = st.next_session;
+        st.lost_sessions
+            .extend((1..=n).map(|n| format!("sess-{n}")));
+    }
+    let r = alice
+        .send(rpc("4", "tasks/get", &json!({"taskId": t1}).to_string()))
+        .await;
+    assert_eq!(r.status(), 404, "the upstream's answer passes");
+    let r = tg.record(&t1).expect("record");
+    assert_ne!(
+        r.status,
+        TaskStatus::Failed,
+        "failed: {:?}",
+        r.status_message
+    );
+    assert!(r.released_at.is_none(), "released");
+}
+
 /// A 2025-11-25 `tasks/cancel` of a task the upstream forgot: its `-32602` also means "already
 /// terminal" there, so taskgate asks once with a `tasks/get` of its own; answered `-32602` too,
 /// the record is failed and the slot freed. The client gets the upstream's `-32602` as it came.

@@ -39,6 +39,30 @@ pub(crate) const INVALID_PARAMS: i64 = -32602;
 /// a long reply is a payload).
 pub(crate) const MAX_ERROR_REPLY: usize = 16 * 1024;
 
+/// Whether an HTTP 404's JSON-RPC error `bytes` (its code `code`) says its session is gone: the
+/// TypeScript SDK's `-32001`, or the Python SDK's (`mcp` 1.x) `-32600` "Session not found". A
+/// 404 with any other error (a proxy's during a deploy) is not taken for the session lost: the
+/// tasks of a session may outlive it upstream (review 20 #2: any code was taken, and a live
+/// task was failed for good).
+pub(crate) fn says_session_not_found(code: i64, bytes: &[u8]) -> bool {
+    if code == crate::mcp::errors::SESSION_NOT_FOUND {
+        return true;
+    }
+    #[derive(Deserialize)]
+    struct Envelope {
+        error: Option<Message>,
+    }
+    #[derive(Deserialize)]
+    struct Message {
+        message: Option<String>,
+    }
+    code == crate::jsonrpc::INVALID_REQUEST
+        && serde_json::from_slice::<Envelope>(bytes)
+            .ok()
+            .and_then(|e| e.error?.message)
+            .is_some_and(|m| m.to_ascii_lowercase().contains("session not found"))
+}
+
 /// The `error.code` of a JSON-RPC error reply; `None` for anything else (read only when a byte
 /// search finds an `"error"` member in a short body).
 pub(crate) fn error_code(bytes: &[u8]) -> Option<i64> {

@@ -133,6 +133,9 @@ pub struct Behaviour {
     /// HTTP 404 with `{"id":"server-error","error":{"code":-32600,"message":"Session not
     /// found"}}` (not the TypeScript SDK's `-32001` under the request's id).
     pub python_session_not_found: bool,
+    /// A request on a lost session is answered HTTP 404 with this JSON-RPC error (code,
+    /// message) instead: a proxy in front of the server, say.
+    pub lost_session_error: Option<(i64, &'static str)>,
 }
 
 impl Default for Behaviour {
@@ -157,6 +160,7 @@ impl Default for Behaviour {
             creation_error: None,
             result_json_gate: None,
             python_session_not_found: false,
+            lost_session_error: None,
         }
     }
 }
@@ -243,7 +247,9 @@ fn handle(b: &Behaviour, state: &Mutex<ServerState>, req: &RecordedRequest) -> S
         .header("mcp-session-id")
         .is_some_and(|s| state.lock().unwrap().lost_sessions.contains(&s))
     {
-        let body = if b.python_session_not_found {
+        let body = if let Some((code, message)) = b.lost_session_error {
+            rpc_error_json(&id, code, message)
+        } else if b.python_session_not_found {
             rpc_error_json("\"server-error\"", -32600, "Session not found")
         } else {
             rpc_error_json(&id, -32001, "Session not found")

@@ -14,9 +14,10 @@
 //!     `tasks/result` returns the tool's own error, review 18a #1, #2); otherwise the
 //!     client's answer passes as it came. A `tasks/cancel` answered `-32602` is confirmed the
 //!     same way inside the `cancel` layer's flight, once for all the callers sharing it.
-//!   - HTTP 404 with a JSON-RPC error (`-32001` "Session not found" from the TypeScript SDK,
-//!     `-32600` from the Python SDK) from the task's own upstream session (2025-11-25: SDK task
-//!     stores are per session), taken at once.
+//!   - HTTP 404 with a JSON-RPC error saying the session is gone (`-32001` from the TypeScript
+//!     SDK, `-32600` "Session not found" from the Python SDK; not another code, a proxy's) from
+//!     the task's own upstream session (2025-11-25: SDK task stores are per session), taken at
+//!     once.
 //!
 //!   The record is then failed the way a dead child's tasks are
 //!   (`Registry::fail_task_lost_upstream`: `failed`, "resources released" with
@@ -170,12 +171,15 @@ impl Probe {
                 let Some(mut code) = error_code(bytes) else {
                     return reply;
                 };
-                // The spec's signal that a session is gone is the HTTP 404 itself; the code of
-                // its JSON-RPC error is not specified: the TypeScript SDK answers `-32001`, the
+                // The spec's signal that a session is gone is the HTTP 404; the code of its
+                // JSON-RPC error is not specified: the TypeScript SDK answers `-32001`, the
                 // Python SDK (`mcp` 1.x) `-32600` "Session not found" under the id
-                // "server-error". A 404 whose body is not a JSON-RPC error (a wrong path) is
-                // not read.
-                if reply.status == http::StatusCode::NOT_FOUND {
+                // "server-error" (`lost_task::says_session_not_found`). A 404 whose body is not
+                // a JSON-RPC error (a wrong path), or whose error says something else (a
+                // proxy's), is not taken for it.
+                if reply.status == http::StatusCode::NOT_FOUND
+                    && lost_task::says_session_not_found(code, bytes)
+                {
                     code = SESSION_NOT_FOUND;
                 }
                 match self.instead(registry, code, inner, confirming).await {
