@@ -1108,3 +1108,29 @@ async fn cancels_of_both_eras_joined_in_one_flight_get_their_own_eras_answer() {
         );
     }
 }
+
+/// A bridged task the upstream lost keeps the error it was failed with even when results are not
+/// stored (`tasks.max_stored_result_bytes = 0`): the 2025 client's `tasks/result` gets that
+/// `-32603` from the record, and nothing more goes upstream about it (review 20 #1: the error
+/// was kept in a second write within the size limit, so none was kept, and the upstream's
+/// `-32602` "Task not found" passed).
+#[tokio::test]
+async fn a_lost_bridged_task_keeps_its_error_without_stored_results() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_stored_result_bytes = 0")
+        .start()
+        .await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    state.lock().unwrap().tasks.remove(&t);
+    let got = c.get("3", &t).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    let r = tg.record(&t).expect("record");
+    assert_eq!(r.status, TaskStatus::Failed);
+    assert!(r.terminal_error.is_some(), "no error kept");
+    let gets = count(&up, "tasks/get");
+    let res = c.result("4", &t).await;
+    let again = count(&up, "tasks/get") - gets;
+    assert_eq!((err_code(&res), again), (-32603, 0), "{res}");
+}

@@ -109,10 +109,11 @@ pub(crate) async fn fail_lost(
 }
 
 /// A bridged task (either bridge) whose upstream answered taskgate's own clean `tasks/get` of
-/// it `-32602`: as [`fail_lost`] (`why` names `method`, the request first answered so), and the
-/// `-32603` error saying `why` kept in the record (`terminal_error`; within
-/// `tasks.max_stored_result_bytes`), from which the bridge answers the task from then on. The
-/// record as it now is (`None`: it could not be read; the upstream's answer then passes).
+/// it `-32602`: as [`fail_lost`] (`why` names `method`, the request first answered so), which
+/// keeps the `-32603` error saying `why` in the record (`terminal_error`) in the same update as
+/// its `failed`; from it the bridge answers the task from then on. A record already `failed`
+/// without an error gets this one (within `tasks.max_stored_result_bytes`). The record as it
+/// now is (`None`: it could not be read; the upstream's answer then passes).
 pub(crate) async fn fail_lost_bridged(
     registry: &Arc<Registry>,
     record: &TaskRecord,

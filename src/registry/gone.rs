@@ -149,17 +149,16 @@ impl Registry {
         };
         // (task id, whether it still needs its `failed`: a cancelled one only its release,
         // else the status machine would count the `failed` as a late result after `cancelled`;
-        // whether it is a client's task, whose record then keeps the error it was failed with.)
+        // whether its record keeps the error it was failed with: a client's or a bridged task,
+        // which are answered from it.)
         let mut found = Vec::new();
         match only {
             Some(ids) => {
                 for id in ids {
                     match self.store.get(upstream, &id) {
-                        Ok(Some(rec)) if dead(&rec) => found.push((
-                            id,
-                            !rec.status.is_terminal(),
-                            rec.origin == Origin::Client,
-                        )),
+                        Ok(Some(rec)) if dead(&rec) => {
+                            found.push((id, !rec.status.is_terminal(), keeps_error(&rec)))
+                        }
                         Ok(_) => {}
                         Err(e) => self.write_failed(&e, "task store read failed"),
                     }
@@ -169,8 +168,8 @@ impl Registry {
                 let scanned = self.store.scan(&mut |rec| {
                     if dead(&rec) {
                         let fail = !rec.status.is_terminal();
-                        let client = rec.origin == Origin::Client;
-                        found.push((rec.task_id, fail, client));
+                        let keeps = keeps_error(&rec);
+                        found.push((rec.task_id, fail, keeps));
                     }
                     true
                 });
@@ -179,13 +178,17 @@ impl Registry {
                 }
             }
         }
-        // A client's task failed here keeps the error it ended with (`terminal_error`): its
+        // A client's task failed here keeps the error it ended with (`terminal_error`), in the
+        // same update as its `failed`, whatever `tasks.max_stored_result_bytes` says: its
         // `tasks/get` and `tasks/result` are answered from the record (`layers::tasks`), never
-        // sent to the process or session that lost it. A gateway task's own layer answers it.
+        // sent to the process or session that lost it. So does a bridged task (its bridge
+        // answers from the record: review 20 #1, kept in a second write within the size limit,
+        // a bridge with results not stored kept none and went on asking the upstream). A
+        // gateway task's own layer answers it.
         let error = serde_json::json!({"code": crate::jsonrpc::INTERNAL_ERROR, "message": message})
             .to_string();
         let mut changed = 0;
-        for (task_id, fail, client) in found {
+        for (task_id, fail, keeps) in found {
             if fail {
                 let report = Report {
                     status: TaskStatus::Failed,
@@ -194,7 +197,7 @@ impl Registry {
                     poll_interval_ms: None,
                     tool_error: false,
                     result: None,
-                    error: client.then(|| error.clone()),
+                    error: keeps.then(|| error.clone()),
                 };
                 self.apply_status(upstream, &task_id, report, reason.as_str());
             }
@@ -308,4 +311,10 @@ mod tests {
             "lastUpdatedAt set"
         );
     }
+}
+
+/// Whether a task failed as dead or lost keeps the error it was failed with in its record: a
+/// client's task, and a bridged one (both answered from the record from then on).
+fn keeps_error(rec: &crate::store::TaskRecord) -> bool {
+    matches!(rec.origin, Origin::Client | Origin::Bridged)
 }
