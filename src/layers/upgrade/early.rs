@@ -90,7 +90,7 @@ pub(super) async fn finish(pending: Pending, tx: &mpsc::Sender<Event>, reply: Mc
 /// `Last-Event-ID` would have the upstream replay those exchanges to it (server-everything
 /// does: the `CreateTaskResult` under the client's own id, which the TypeScript SDK took as an
 /// empty `CallToolResult`, and the answers to taskgate's polls). Events without data (priming
-/// events, whose only use is their id) are dropped.
+/// events, whose only use is their id) are dropped, but for the abort marker.
 pub(super) fn client_stream(
     rx: mpsc::Receiver<Event>,
     session_id: Option<http::HeaderValue>,
@@ -100,7 +100,9 @@ pub(super) fn client_stream(
         reply.body = ReplyBody::Stream(Box::pin(events.filter_map(|mut ev| async move {
             ev.id = None;
             let data = ev.data.as_ref().is_some_and(|d| !d.is_empty());
-            (data || ev.is_transport_error()).then_some(ev)
+            // The abort marker (the upstream cut the stream) carries no data but must reach
+            // the edge, which aborts the client's stream (review 20 #6).
+            (data || ev.is_transport_error() || ev.is_abort()).then_some(ev)
         })));
     }
     reply
@@ -164,4 +166,32 @@ fn is_client_request(data: &str) -> bool {
     data.contains("\"method\"")
         && serde_json::from_str::<Value>(data)
             .is_ok_and(|v| v.get("method").is_some() && v.get("id").is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The client's stream of an upgraded call: upstream event ids gone, priming events
+    /// dropped, and the abort marker kept, so the edge still aborts the client's stream when
+    /// the upstream cut it (review 20 #6: the filter dropped it with the priming events).
+    #[tokio::test]
+    async fn the_clients_stream_drops_ids_and_primes_but_keeps_the_abort_marker() {
+        let (tx, rx) = mpsc::channel(4);
+        let mut prime = Event::message(String::new());
+        prime.id = Some("up-1-prime".into());
+        let mut message = Event::message(r#"{"jsonrpc":"2.0","method":"x"}"#.to_string());
+        message.id = Some("up-1-2".into());
+        for ev in [prime, message, Event::abort()] {
+            tx.send(ev).await.unwrap();
+        }
+        drop(tx);
+        let ReplyBody::Stream(events) = client_stream(rx, None).body else {
+            panic!("a stream");
+        };
+        let got: Vec<Event> = events.collect().await;
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(got[0].data.is_some() && got[0].id.is_none(), "{:?}", got[0]);
+        assert!(got[1].is_abort(), "{:?}", got[1]);
+    }
 }
