@@ -412,6 +412,14 @@ async fn a_2026_request_ignores_a_session_id() {
         assert_eq!(status, 200, "auth {auth}: {v}");
         assert!(v["result"]["tools"].is_array(), "auth {auth}: {v}");
     }
+    // Nor judged: a malformed one (empty, a list) is ignored too (review 20 #7: 400).
+    let tg = TgConfig::new(&up.url()).start().await;
+    for bad in ["a,b", ""] {
+        let r = modern_req(&tg.mcp_url(), None, 1, "tools/list", json!({}))
+            .header("mcp-session-id", bad);
+        let (status, v) = send(r).await;
+        assert_eq!(status, 200, "session id {bad:?}: {v}");
+    }
     let sent: Vec<_> = up
         .requests()
         .into_iter()

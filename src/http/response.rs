@@ -204,7 +204,8 @@ impl<'a> HeadFields<'a> {
 /// - `Mcp-Session-Id` on more than one header line, empty, a comma-separated list, or not
 ///   visible ASCII (0x21 to 0x7E, 2025-11-25 transports: Session Management): `-32600`, the
 ///   message saying which. (Two lines or a list would leave taskgate and the upstream reading
-///   different sessions: taskgate checks one owner, an upstream may join the values.)
+///   different sessions: taskgate checks one owner, an upstream may join the values.) Not on
+///   a request whose `MCP-Protocol-Version` is of the 2026 era, where it is ignored.
 /// - `MCP-Protocol-Version` on more than one line, or naming a revision not in
 ///   [`crate::mcp::era::SUPPORTED_VERSIONS`] (2025-11-25 transports: "an invalid or unsupported
 ///   value gets 400"): text other than a 2025-era date (a later date, `v999.0.0`) gets
@@ -231,7 +232,12 @@ pub(super) fn refuse_session_or_version(
             ),
         ))
     };
-    if f.session_ids > 1 {
+    // A 2026-07-28 request's session id is ignored (its edge drops it, §2.2): not judged
+    // either (review 20 #7: a malformed one was refused where a well-formed one passed).
+    let modern = f.protocol_versions == 1
+        && f.protocol_version
+            .is_some_and(|v| crate::mcp::era::Era::of_header(v) == crate::mcp::era::Era::Modern);
+    if f.session_ids > 1 && !modern {
         return bad(
             RejectReason::SessionId,
             format!(
@@ -240,7 +246,7 @@ pub(super) fn refuse_session_or_version(
             ),
         );
     }
-    if let Some(sid) = f.session_value {
+    if let Some(sid) = f.session_value.filter(|_| !modern) {
         let b = sid.as_bytes();
         let mut visible = true;
         let mut comma = false;
