@@ -394,7 +394,7 @@ impl Held {
                     // close is the call's end); otherwise every cancelled task would hold a
                     // connection until its ttl.
                     tokio::select! {
-                        late = &mut call => self.late(late),
+                        late = &mut call => self.late(late).await,
                         _ = tokio::time::sleep(CANCELLED_CALL_GRACE) => {}
                         _ = &mut expiry => {}
                     }
@@ -546,26 +546,23 @@ impl Held {
     /// late result and never lets overturn `cancelled`. An error, or no answer, is how a server
     /// heeds the `notifications/cancelled` (the Python SDK `mcp` 1.x answers the cancelled call
     /// `{"code":0,"message":"Request cancelled"}`): the call's end, nothing late.
-    fn late(&self, answer: Result<Option<Value>, GatewayError>) {
+    /// Awaited before the held call lets go of its task (its release follows), so whoever
+    /// sees the task released sees its late result too (review 20 #8: written by a task of its
+    /// own, a test had to sleep for it).
+    async fn late(&self, answer: Result<Option<Value>, GatewayError>) {
         let status = match &answer {
             Ok(Some(a)) if a.get("result").is_some() => TaskStatus::Completed,
             _ => return,
         };
-        let (registry, upstream, task_id) = (
-            self.state.registry.clone(),
-            self.record.upstream.clone(),
-            self.record.task_id.clone(),
-        );
-        tokio::spawn(async move {
-            registry
-                .observe_task_as(
-                    &upstream,
-                    &task_id,
-                    json!({"status": status.as_str()}),
-                    "gateway task (answer after cancel)",
-                )
-                .await;
-        });
+        self.state
+            .registry
+            .observe_task_as(
+                &self.record.upstream,
+                &self.record.task_id,
+                json!({"status": status.as_str()}),
+                "gateway task (answer after cancel)",
+            )
+            .await;
     }
 
     /// One `notifications/cancelled` naming the held call's id, sent as the client's (so `ids`
