@@ -39,6 +39,17 @@ pub(crate) const INVALID_PARAMS: i64 = -32602;
 /// a long reply is a payload).
 pub(crate) const MAX_ERROR_REPLY: usize = 16 * 1024;
 
+/// Whether `answer` (a parsed JSON-RPC answer) is the upstream's `-32602`, its answer about a
+/// `taskId` it does not know, to a `tasks/*` request taskgate built itself (params `{taskId}`,
+/// and the required `_meta` under 2026-07-28: never about a client's own params). Both bridges
+/// take it for the task lost.
+pub(crate) fn is_not_found(answer: Option<&serde_json::Value>) -> bool {
+    answer
+        .and_then(|a| a.pointer("/error/code"))
+        .and_then(serde_json::Value::as_i64)
+        == Some(INVALID_PARAMS)
+}
+
 /// Whether an HTTP 404's JSON-RPC error `bytes` (its code `code`) says its session is gone: the
 /// TypeScript SDK's `-32001`, or the Python SDK's (`mcp` 1.x) `-32600` "Session not found". A
 /// 404 with any other error (a proxy's during a deploy) is not taken for the session lost: the

@@ -63,7 +63,7 @@ pub(super) async fn tasks_get<S: McpService>(
         return reply;
     }
     match task_request(state, inner, &req, &id, "tasks/get", &record.task_id, None).await {
-        Ok(answer) if is_not_found(answer.as_ref()) => {
+        Ok(answer) if lost_task::is_not_found(answer.as_ref()) => {
             // Lost: the record as it now is (failed; or a status recorded terminal before, a
             // cancel's, which stays), never the upstream's "not found" for a task it holds.
             state.relay.inputs.forget(&record.task_id);
@@ -90,16 +90,6 @@ enum Lost {
     Get,
     Result,
     Cancel,
-}
-
-/// Whether `answer` is the upstream's `-32602` (the answer about a `taskId` it does not know)
-/// to a request taskgate built itself (`params_for`: the `taskId` and the required `_meta`,
-/// nothing of the client's).
-fn is_not_found(answer: Option<&Value>) -> bool {
-    answer
-        .and_then(|a| a.pointer("/error/code"))
-        .and_then(Value::as_i64)
-        == Some(jsonrpc::INVALID_PARAMS)
 }
 
 /// The 2025 answer about a bridged task taskgate failed itself (its upstream lost it: `failed`
@@ -301,7 +291,7 @@ async fn follow_result<S: McpService>(
         let Some(task) = answer.get("result").filter(|r| r.is_object()) else {
             // The upstream no longer knows the task (a restart: -32602, taskgate's own clean
             // poll), or failed.
-            if is_not_found(Some(&answer)) {
+            if lost_task::is_not_found(Some(&answer)) {
                 if let Some(reply) = lost(state, &known, "tasks/get", Lost::Result, id).await {
                     return reply;
                 }
@@ -494,13 +484,13 @@ pub(super) async fn tasks_cancel<S: McpService>(
     };
     match &answer {
         Some(a) if a.get("result").is_some() => {}
-        Some(a) if is_not_found(Some(a)) => {
+        Some(a) if lost_task::is_not_found(Some(a)) => {
             // "Not found" (the upstream lost the task) or the caller's own params: told apart
             // by taskgate's own clean `tasks/get` (`-32602` again: lost).
             let get_id = state.next_id();
             let get = task_request(state, inner, &req, &get_id, "tasks/get", &task_id, None);
             if let Ok(got) = get.await {
-                if is_not_found(got.as_ref()) {
+                if lost_task::is_not_found(got.as_ref()) {
                     if let Some(reply) =
                         lost(state, &record, "tasks/cancel", Lost::Cancel, &id).await
                     {

@@ -117,6 +117,7 @@ use super::era::{Discovery, UpstreamEra};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id, Kind, Message};
 use crate::layers::extensions::{AuthorisedTask, PendingCreation, RelaysUpstreamRequests};
+use crate::layers::lost_task;
 use crate::layers::own_request;
 use crate::layers::relay::OwnIds;
 use crate::layers::McpService;
@@ -849,7 +850,7 @@ async fn tasks_get<S: McpService>(
         // As a task tool's call (see `tools_call`): the edge's 502 / 504.
         Err(e) => return Err(e),
     };
-    if is_not_found(task.as_ref()) {
+    if lost_task::is_not_found(task.as_ref()) {
         if let Some(reply) = lost_upstream(state, id, &record, "tasks/get").await {
             return Ok(reply);
         }
@@ -950,16 +951,6 @@ fn ended_here_detailed(record: &TaskRecord, message: &str) -> Option<Value> {
     translate::detailed_task(&task, Some(&Outcome::Error(error)), "")
 }
 
-/// Whether `answer` is the upstream's `-32602` (the 2025-11-25 answer about a `taskId` it
-/// does not know) to a `tasks/*` request taskgate built itself (params `{taskId}` only, so
-/// never about a client's own params).
-fn is_not_found(answer: Option<&Value>) -> bool {
-    answer
-        .and_then(|a| a.pointer("/error/code"))
-        .and_then(Value::as_i64)
-        == Some(jsonrpc::INVALID_PARAMS)
-}
-
 /// A bridged task the upstream no longer has (it answered taskgate's own `tasks/get` of it
 /// `-32602` on the task's session, or on the session that replaced it after a 404: the
 /// upstream restarted), as for every task an upstream lost (`lost_task`; README "when the
@@ -975,7 +966,7 @@ async fn lost_upstream(
     method: &str,
 ) -> Option<McpReply> {
     state.inputs.forget(&record.task_id);
-    let now = crate::layers::lost_task::fail_lost_bridged(&state.registry, record, method).await?;
+    let now = lost_task::fail_lost_bridged(&state.registry, record, method).await?;
     let message = now.status_message.clone().unwrap_or_default();
     let detailed = ended_here_detailed(&now, &message)?;
     Some(
@@ -999,7 +990,7 @@ async fn tasks_cancel<S: McpService>(
         Ok(reply) => answer_of(reply, &own).await,
         Err(NoSession(reply)) => return Ok(reply),
     };
-    if is_not_found(answer.as_ref()) {
+    if lost_task::is_not_found(answer.as_ref()) {
         // "Already terminal" or "not found" (2025-11-25 answers both `-32602`): one clean
         // `tasks/get` tells them apart (a `Task` is applied by `observe`); `-32602` again, and
         // the upstream lost the task (see `lost_upstream`). The client gets the ack either way.
@@ -1010,13 +1001,13 @@ async fn tasks_cancel<S: McpService>(
             Ok(Ok(reply)) => answer_of(reply, &own).await,
             _ => None,
         };
-        if is_not_found(task.as_ref()) {
+        if lost_task::is_not_found(task.as_ref()) {
             lost_upstream(state, id, &record, "tasks/cancel").await;
         }
     }
     let acked = answer
         .as_ref()
-        .is_some_and(|a| a.get("result").is_some() || is_not_found(Some(a)));
+        .is_some_and(|a| a.get("result").is_some() || lost_task::is_not_found(Some(a)));
     if acked {
         return Ok(McpReply::local_json(jsonrpc::result_response(
             id,
