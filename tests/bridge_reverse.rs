@@ -582,23 +582,7 @@ async fn a_lost_upstream_session_is_initialized_again() {
 /// default), so an owner at its limit was refused `-32029` until then.
 #[tokio::test]
 async fn a_bridged_task_the_upstream_forgot_is_failed_and_frees_its_slot() {
-    let up = legacy_server_with(
-        UpBehaviour {
-            task_ms: None,
-            ..UpBehaviour::default()
-        },
-        None,
-    )
-    .await;
-    let tg = TgConfig::new(&up.url())
-        .tasks("max_live_tasks_per_owner = 1")
-        .start()
-        .await;
-    let url = tg.mcp_url();
-    let (_, v) = call(&url, None, 1, "research", true).await;
-    let t = v["result"]["taskId"].as_str().expect("a task").to_string();
-    // The upstream restarts: its tasks are gone.
-    up.state.lock().unwrap().tasks.clear();
+    let (up, tg, url, t) = a_task_the_upstream_forgot().await;
     let (status, v) = task_call(&url, None, 2, "tasks/get", &t).await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["result"]["status"], "failed", "{v}");
@@ -645,6 +629,27 @@ async fn a_bridged_task_the_upstream_forgot_is_failed_and_frees_its_slot() {
 /// stayed `working` (its slot held) for the task's ttl.
 #[tokio::test]
 async fn a_bridged_task_the_upstream_forgot_is_failed_by_its_cancel() {
+    let (up, tg, url, t) = a_task_the_upstream_forgot().await;
+    let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+    assert_eq!(
+        (status, &v["result"]),
+        (200, &json!({"resultType":"complete"})),
+        "{v}"
+    );
+    let r = tg.record(&t).expect("record");
+    assert_eq!(r.status, TaskStatus::Failed, "{:?}", r.status_message);
+    assert!(r.released_at.is_some(), "released");
+    let (status, v) = call(&url, None, 3, "research", true).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["resultType"], "task", "the slot is free: {v}");
+    let (_, v) = task_call(&url, None, 4, "tasks/get", &t).await;
+    assert_eq!(v["result"]["status"], "failed", "{v}");
+    assert_eq!(up.count("tasks/cancel"), 1);
+}
+
+/// A bridged task (its owner at `max_live_tasks_per_owner = 1`) whose 2025 upstream then
+/// forgot every task (a restart): the upstream, taskgate, its MCP URL and the task's id.
+async fn a_task_the_upstream_forgot() -> (UpServer, Tg, String, String) {
     let up = legacy_server_with(
         UpBehaviour {
             task_ms: None,
@@ -661,21 +666,7 @@ async fn a_bridged_task_the_upstream_forgot_is_failed_by_its_cancel() {
     let (_, v) = call(&url, None, 1, "research", true).await;
     let t = v["result"]["taskId"].as_str().expect("a task").to_string();
     up.state.lock().unwrap().tasks.clear();
-    let (status, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
-    assert_eq!(
-        (status, &v["result"]),
-        (200, &json!({"resultType":"complete"})),
-        "{v}"
-    );
-    let r = tg.record(&t).expect("record");
-    assert_eq!(r.status, TaskStatus::Failed, "{:?}", r.status_message);
-    assert!(r.released_at.is_some(), "released");
-    let (status, v) = call(&url, None, 3, "research", true).await;
-    assert_eq!(status, 200, "{v}");
-    assert_eq!(v["result"]["resultType"], "task", "the slot is free: {v}");
-    let (_, v) = task_call(&url, None, 4, "tasks/get", &t).await;
-    assert_eq!(v["result"]["status"], "failed", "{v}");
-    assert_eq!(up.count("tasks/cancel"), 1);
+    (up, tg, url, t)
 }
 
 /// An upstream that does not answer a bridged task's `tasks/get`, or a task tool's call,
