@@ -2022,3 +2022,30 @@ async fn a_2025_cancel_after_a_reverse_bridged_ack_does_not_cancel_a_completed_t
     let result = legacy.result("4", &t).await;
     assert!(result.get("result").is_some(), "its result: {result}");
 }
+
+/// An upstream that cannot be reached when the bridge must first open its 2025 session (a new
+/// principal; the first call after a restart of taskgate, whose held sessions are in memory) is
+/// the edge's 502 with `-32603` naming the upstream, as every other request to it is (review 20
+/// #4: the opening turned the failure into a refusal, answered HTTP 200).
+#[tokio::test]
+async fn an_unreachable_upstream_at_session_open_is_502() {
+    let up = legacy_server_with(
+        UpBehaviour {
+            task_ms: None,
+            ..UpBehaviour::default()
+        },
+        None,
+    )
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .token("bob", "tok-b")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let (status, v) = call(&url, Some("tok-a"), 1, "research", true).await;
+    assert_eq!(status, 200, "{v}");
+    up.up.stop();
+    let (status, v) = call(&url, Some("tok-b"), 2, "research", true).await;
+    assert_eq!((status, err_code(&v)), (502, -32603), "{v}");
+}

@@ -329,8 +329,10 @@ pub(super) async fn open<S: McpService>(
             .answered_locally(LocalReason::MissingExtension);
     }
     let held = match session(state, &inner, &req).await {
-        Ok(s) => s,
-        Err(NoSession(reply)) => return reply,
+        Ok(Ok(s)) => s,
+        Ok(Err(NoSession(reply))) => return reply,
+        // A listen's answer is its stream's: a failed opening is its `-32603` (HTTP 200).
+        Err(e) => return super::no_session(&req, &e.to_string()).0,
     };
     let tasks = super::translate::runs_tool_tasks(&held.init);
     let honoured = Honoured::of(&requested, &held.init, tasks);
@@ -391,7 +393,7 @@ async fn read_get_stream<S: McpService>(
         if !state.listens.keeps_tap(&tenant) {
             return;
         }
-        if let Ok(held) = session(&state, &inner, &req).await {
+        if let Ok(Ok(held)) = session(&state, &inner, &req).await {
             let get = get_request(&req, &held);
             let upstream = req.ctx.upstream.clone();
             match state.bounded(&upstream, inner.clone().oneshot(get)).await {

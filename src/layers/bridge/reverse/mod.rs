@@ -374,7 +374,7 @@ async fn bridge<S: McpService>(
         .get::<AuthorisedTask>()
         .map(|a| a.record.clone());
     Ok(match method.as_str() {
-        "server/discover" => match session(state, &inner, &req).await {
+        "server/discover" => match session(state, &inner, &req).await? {
             Ok(s) => McpReply::local_json(jsonrpc::result_response(
                 &id,
                 &translate::discover_result(&s.init).to_string(),
@@ -408,29 +408,30 @@ async fn session<S: McpService>(
     state: &ReverseState,
     inner: &S,
     req: &McpRequest,
-) -> Result<Arc<UpstreamSession>, NoSession> {
+) -> Result<Result<Arc<UpstreamSession>, NoSession>, GatewayError> {
     let tenant = req.ctx.tenant();
     if let Some(s) = state.sessions.get(&tenant) {
-        return Ok(s);
+        return Ok(Ok(s));
     }
     let _one = state.sessions.opening.lock().await;
     if let Some(s) = state.sessions.get(&tenant) {
-        return Ok(s);
+        return Ok(Ok(s));
     }
-    let s = open(state, inner, req)
-        .await
-        .map_err(|why| no_session(req, &why))?;
+    let s = match open(state, inner, req).await {
+        Ok(s) => s,
+        Err(Unopened::Refused(why)) => return Ok(Err(no_session(req, &why))),
+        Err(Unopened::Failed(e)) => return Err(e),
+    };
     if !state
         .pinging
         .swap(true, std::sync::atomic::Ordering::SeqCst)
     {
         tokio::spawn(pings::ping_held(state.me.clone(), inner.clone()));
     }
-    state
-        .sessions
-        .insert(tenant, s.clone())
-        .map_err(|_| no_session(req, &format!("taskgate holds {MAX_UPSTREAM_SESSIONS} upstream sessions, each with live tasks; try again later")))?;
-    Ok(s)
+    if state.sessions.insert(tenant, s.clone()).is_err() {
+        return Ok(Err(no_session(req, &format!("taskgate holds {MAX_UPSTREAM_SESSIONS} upstream sessions, each with live tasks; try again later"))));
+    }
+    Ok(Ok(s))
 }
 
 fn no_session(req: &McpRequest, why: &str) -> NoSession {
@@ -444,11 +445,28 @@ fn no_session(req: &McpRequest, why: &str) -> NoSession {
 /// Opens a 2025-11-25 session on the upstream: `initialize` (taskgate's own client info, no
 /// client capabilities), then `notifications/initialized`; both bounded by `timeout_ms`.
 /// Errors: why, as text.
+/// Why [`open`] held no session: the upstream refused the `initialize` (what it said), or the
+/// exchange failed (unreachable, an invalid answer, past `timeout_ms`), which is the edge's
+/// 502 / 504 as for any request (review 20 #4: it was answered HTTP 200 `-32603`).
+enum Unopened {
+    Refused(String),
+    Failed(GatewayError),
+}
+
+impl std::fmt::Display for Unopened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unopened::Refused(why) => f.write_str(why),
+            Unopened::Failed(e) => write!(f, "{e}"),
+        }
+    }
+}
+
 async fn open<S: McpService>(
     state: &ReverseState,
     inner: &S,
     req: &McpRequest,
-) -> Result<Arc<UpstreamSession>, String> {
+) -> Result<Arc<UpstreamSession>, Unopened> {
     let id = state.ids.next_id();
     let body = json!({"jsonrpc": "2.0", "id": id_value(&id), "method": "initialize", "params": {
         "protocolVersion": LEGACY_VERSION,
@@ -467,7 +485,7 @@ async fn open<S: McpService>(
             Ok((sid, answer_of(reply, &id).await))
         })
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(Unopened::Failed)?;
     let Some(init) = answer
         .as_ref()
         .and_then(|a| a.get("result"))
@@ -479,7 +497,7 @@ async fn open<S: McpService>(
             .and_then(|a| a.pointer("/error/message"))
             .and_then(Value::as_str)
             .unwrap_or("no InitializeResult");
-        return Err(format!("initialize: {why}"));
+        return Err(Unopened::Refused(format!("initialize: {why}")));
     };
     let version = init
         .get("protocolVersion")
@@ -583,7 +601,7 @@ async fn send<S: McpService>(
     prepare: &(dyn Fn(&mut McpRequest, &UpstreamSession) + Send + Sync),
 ) -> Result<Result<McpReply, NoSession>, GatewayError> {
     let mut first = match on {
-        On::Caller => match session(state, inner, req).await {
+        On::Caller => match session(state, inner, req).await? {
             Ok(s) => s,
             Err(e) => return Ok(Err(e)),
         },
@@ -626,7 +644,8 @@ async fn send<S: McpService>(
                     state.sessions.replace(&tenant, &first, s.clone());
                     s
                 }
-                Err(why) => return Ok(Err(no_session(req, &why))),
+                Err(Unopened::Refused(why)) => return Ok(Err(no_session(req, &why))),
+                Err(Unopened::Failed(e)) => return Err(e),
             },
         };
     }
@@ -689,7 +708,7 @@ async fn tools_call<S: McpService>(
     id: Id,
     params: Option<Value>,
 ) -> Result<McpReply, GatewayError> {
-    let held = match session(state, &inner, &req).await {
+    let held = match session(state, &inner, &req).await? {
         Ok(s) => s,
         Err(NoSession(reply)) => return Ok(reply),
     };
