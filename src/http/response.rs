@@ -234,10 +234,13 @@ pub(super) fn refuse_session_or_version(
     };
     // A 2026-07-28 request's session id is ignored (its edge drops it, §2.2): not judged
     // either (review 20 #7: a malformed one was refused where a well-formed one passed).
-    let modern = f.protocol_versions == 1
-        && f.protocol_version
-            .is_some_and(|v| crate::mcp::era::Era::of_header(v) == crate::mcp::era::Era::Modern);
-    if f.session_ids > 1 && !modern {
+    // Read only when a session id came (most 2026 requests carry none, a 2025 one a single).
+    let modern = || {
+        f.protocol_versions == 1
+            && f.protocol_version
+                .is_some_and(|v| crate::mcp::era::Era::of_header(v) == crate::mcp::era::Era::Modern)
+    };
+    if f.session_ids > 1 && !modern() {
         return bad(
             RejectReason::SessionId,
             format!(
@@ -246,7 +249,7 @@ pub(super) fn refuse_session_or_version(
             ),
         );
     }
-    if let Some(sid) = f.session_value.filter(|_| !modern) {
+    if let Some(sid) = f.session_value.filter(|_| !modern()) {
         let b = sid.as_bytes();
         let mut visible = true;
         let mut comma = false;
