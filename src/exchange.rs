@@ -79,6 +79,21 @@ pub enum Principal {
     Anonymous,
 }
 
+/// A request extension the edge sets on a 2025-11-25 client request whose JSON-RPC id has the
+/// form of taskgate's own ids ([`in_own_form`]): that id, as the client chose it. The `ids`
+/// layer sends such a request upstream under an id it mints (and gives the answer the client's
+/// id back), so an upstream never sees a client's id in taskgate's form, and an answer under
+/// one on a session's GET stream is never a client's (`ids` drops those there).
+#[derive(Debug, Clone)]
+pub struct ClientIdInOwnForm(pub Id);
+
+/// Whether `id` has the form of taskgate's own request ids: a string starting `taskgate-`
+/// (`layers::own_request`, the `upgrade`, `relay` and `gateway_tasks` ids, the `ids` layer's
+/// minted `taskgate-id-<n>`).
+pub fn in_own_form(id: &Id) -> bool {
+    id.as_json().starts_with("\"taskgate-")
+}
+
 /// Who sent a request, as far as taskgate can tell: the authenticated principal and the
 /// client's own `Mcp-Session-Id` (as it arrived, never a session a layer routed to). Tables that
 /// hold per-request facts (upgraded calls, `notifications/cancelled` routing) key them by

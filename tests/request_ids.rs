@@ -92,3 +92,75 @@ async fn two_principals_with_the_same_id_reach_a_sessionless_upstream_under_two_
         "{b}"
     );
 }
+
+/// A client's request whose id has the form of taskgate's own (`"taskgate-…"`) goes upstream
+/// under an id taskgate mints, even when that id is free (before, it went as it came), and its
+/// answer comes back under the client's id: the upstream never sees a client's id with
+/// taskgate's prefix, so an answer under such an id on a resumed GET stream is taskgate's.
+#[tokio::test]
+async fn a_client_id_in_taskgates_form_goes_upstream_under_a_minted_id() {
+    let up = Upstream::start(mcp_handler).await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let answer = c
+        .rpc(rpc("\"taskgate-gt-1\"", "tools/call", r#"{"name":"echo"}"#))
+        .await;
+    assert_eq!(answer["id"], serde_json::json!("taskgate-gt-1"), "{answer}");
+    assert_eq!(answer["result"]["echo"], serde_json::json!("tools/call"));
+    let sent = up.received("tools/call").pop().unwrap().rpc_id_json();
+    assert!(
+        sent.starts_with("\"taskgate-id-"),
+        "went upstream as {sent}"
+    );
+}
+
+/// A resumed GET stream (`Last-Event-ID`) without `upgrade`: the upstream replays the answers to
+/// taskgate's own requests on the session (a gateway-owned task's held call, a lost-task check)
+/// beside the client's own answer and a notification; the client gets only its own.
+#[tokio::test]
+async fn a_resumed_get_stream_gets_no_answer_to_taskgates_own_requests() {
+    let up = Upstream::start(|req| {
+        if req.method == "GET" {
+            let replayed = [
+                r#"{"jsonrpc":"2.0","id":"taskgate-gt-7","result":{"content":[]}}"#.to_string(),
+                r#"{"jsonrpc":"2.0","id":"taskgate-lost-check-3","error":{"code":-32602,"message":"Task not found"}}"#.to_string(),
+                r#"{"jsonrpc":"2.0","id":"taskgate-id-9","result":{"content":[]}}"#.to_string(),
+                r#"{"jsonrpc":"2.0","id":2,"result":{"content":[{"type":"text","text":"the client's own"}]}}"#.to_string(),
+                notification("notifications/tools/list_changed", "{}"),
+            ];
+            let mut steps: Vec<SseStep> = replayed
+                .iter()
+                .enumerate()
+                .map(|(i, d)| ev().event("message").id(&format!("e{i}")).data(d).into())
+                .collect();
+            steps.push(SseStep::HoldOpen);
+            return ScriptedResponse::sse(steps);
+        }
+        mcp_handler(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let get = Req::mcp_get(&tg.mcp_url())
+        .header("mcp-session-id", c.session.as_deref().unwrap())
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .header("last-event-id", "e-before")
+        .send()
+        .await;
+    assert_eq!(get.status(), 200);
+    let mut stream = get.sse();
+    let first = stream.next_event(STEP).await.json();
+    assert_eq!(
+        first["id"],
+        serde_json::json!(2),
+        "the first event passed is the client's own answer: {first}"
+    );
+    let next = stream.next_event(STEP).await.json();
+    assert_eq!(
+        next["method"],
+        serde_json::json!("notifications/tools/list_changed"),
+        "{next}"
+    );
+}

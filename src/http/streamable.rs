@@ -46,6 +46,7 @@ use super::response::{read_body, BodyError, Head, HeadFields, DISCARD_LIMIT};
 use super::server::{Body, BodyError as ResponseError, Handler};
 use crate::auth::Authenticator;
 use crate::exchange::Principal;
+use crate::exchange::{in_own_form, ClientIdInOwnForm};
 use crate::exchange::{
     McpReply, McpRequest, McpStack, Operation, ReplyBody, RequestContext, RequestParts,
 };
@@ -360,6 +361,7 @@ impl Edge {
                 trace: None,
             });
             store_era(&mut request, era);
+            mark_own_form_id(&mut request, era);
             let trace = match &self.telemetry {
                 Some(telemetry) => super::trace::start(telemetry, &mut request),
                 None => None,
@@ -823,6 +825,22 @@ fn sends_primes(era: Era, head: &Head, op: &Operation) -> bool {
 fn store_era(request: &mut McpRequest, era: Era) {
     if era != Era::default() {
         request.extensions.insert(era);
+    }
+}
+
+/// Marks a 2025-11-25 request whose id the client chose in taskgate's own form
+/// ([`ClientIdInOwnForm`]: the `ids` layer sends it under a minted id). A prefix compare per
+/// request with an id; the extension only on the rare request it marks.
+fn mark_own_form_id(request: &mut McpRequest, era: Era) {
+    if era != Era::Legacy {
+        return;
+    }
+    let Operation::Post(msg) = &request.op else {
+        return;
+    };
+    if let Some(id) = msg.id().filter(|id| in_own_form(id)) {
+        let marker = ClientIdInOwnForm(id.clone());
+        request.extensions.insert(marker);
     }
 }
 

@@ -30,7 +30,13 @@
 //!   (`"taskgate-…"`, so taskgate's own request is never refused for a client's choice of id): it
 //!   goes upstream under an id taskgate mints (`"taskgate-id-<n>"`, checked free on `S`), and the
 //!   message answering it (the JSON answer, or the SSE event that carries it) comes back under the
-//!   client's id, its text and type exactly as the client sent them (`0` a number, `"0"` a string).
+//!   client's id, its text and type exactly as the client sent them (`0` a number, `"0"` a string);
+//! - the client chose it in taskgate's form ([`ClientIdInOwnForm`], set by the edge): it goes
+//!   under a minted id in any case, so the upstream never sees a client's id in that form.
+//!
+//! A 2025-11-25 session's GET stream: the answers under ids in taskgate's form are dropped
+//! (`not_the_clients`): an upstream replays them to a client that resumes the stream
+//! (`Last-Event-ID`), and none answers a request the client sent under its own id.
 //!
 //! A client's `notifications/cancelled` (2025 era) naming `requestId` `X` on `S`: when `X` is one
 //! of the caller's calls in flight there, it goes upstream naming that call's upstream id (the
@@ -45,11 +51,13 @@
 //! that a request passes untracked (as before this layer) rather than waiting or failing.
 //! Progress tokens (client-chosen as well) are not mapped.
 
+use crate::exchange::{in_own_form, ClientIdInOwnForm};
 use crate::exchange::{Caller, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{splice, Id, Kind, Message};
 use crate::layers::after::{AfterReply, ReplyStep};
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
+use crate::mcp::needles;
 use crate::metrics::{DropReason, LocalReason, Metrics};
 use bytes::Bytes;
 use futures_util::future::{ready, Either, Ready};
@@ -182,39 +190,49 @@ impl IdsState {
     }
 
     /// Decides a request (see the module docs).
-    fn admit(self: &Arc<Self>, session: Option<&HeaderValue>, id: &Id, caller: Caller) -> Admit {
+    /// `own_form`: the client chose `id` in taskgate's own form ([`ClientIdInOwnForm`]), so it
+    /// is mapped even when free.
+    fn admit(
+        self: &Arc<Self>,
+        session: Option<&HeaderValue>,
+        id: &Id,
+        caller: Caller,
+        own_form: bool,
+    ) -> Admit {
         let mut t = self.table.lock();
         if t.in_flight.len() >= MAX_IN_FLIGHT {
             return Admit::Untracked;
         }
-        let hash = t.hash(session, id);
-        t.tokens += 1;
-        let token = t.tokens;
-        // One probe for the common case (the id is free: inserted), not a look-up and then an
-        // insert.
-        match t.in_flight.entry(hash, |e| e.is(session, id), |e| e.hash) {
-            hashbrown::hash_table::Entry::Vacant(free) => {
-                free.insert(Entry {
-                    hash,
-                    token,
-                    session: session.cloned(),
-                    id: id.clone(),
-                    caller,
-                    client_id: None,
-                });
-                return Admit::Plain(Tracked {
-                    state: self.clone(),
-                    hash,
-                    token,
-                    mapped: None,
-                });
-            }
-            hashbrown::hash_table::Entry::Occupied(held) => {
-                if held.get().caller == caller
-                    && caller.client_session.is_some()
-                    && !id.as_json().starts_with("\"taskgate-")
-                {
-                    return Admit::Refuse;
+        if !own_form {
+            let hash = t.hash(session, id);
+            t.tokens += 1;
+            let token = t.tokens;
+            // One probe for the common case (the id is free: inserted), not a look-up and then
+            // an insert.
+            match t.in_flight.entry(hash, |e| e.is(session, id), |e| e.hash) {
+                hashbrown::hash_table::Entry::Vacant(free) => {
+                    free.insert(Entry {
+                        hash,
+                        token,
+                        session: session.cloned(),
+                        id: id.clone(),
+                        caller,
+                        client_id: None,
+                    });
+                    return Admit::Plain(Tracked {
+                        state: self.clone(),
+                        hash,
+                        token,
+                        mapped: None,
+                    });
+                }
+                hashbrown::hash_table::Entry::Occupied(held) => {
+                    if held.get().caller == caller
+                        && caller.client_session.is_some()
+                        && !in_own_form(id)
+                    {
+                        return Admit::Refuse;
+                    }
                 }
             }
         }
@@ -343,37 +361,76 @@ impl Drop for Tracked {
     }
 }
 
-/// The reply step: keeps the entry while the reply is relayed and, for a mapped request, gives
-/// the answer the client's id back.
+/// The reply step ([`Step`]).
 #[doc(hidden)]
-pub struct Release(Tracked);
+pub struct Release(Step);
+
+/// What the reply step does.
+enum Step {
+    /// A request's: keeps the entry while the reply is relayed and, for a mapped request, gives
+    /// the answer the client's id back.
+    Request(Tracked),
+    /// A 2025-11-25 session's GET stream: answers under ids in taskgate's form are dropped
+    /// ([`not_the_clients`]).
+    Listen,
+}
 
 impl<E> ReplyStep<E> for Release {
     fn apply(self, reply: McpReply) -> Result<McpReply, E> {
-        Ok(self.pass(reply))
+        Ok(match self.0 {
+            Step::Request(tracked) => pass(tracked, reply),
+            Step::Listen => listen(reply),
+        })
     }
 }
 
-impl Release {
-    /// The reply as it goes on (see [`ReplyStep`]).
-    fn pass(self, mut reply: McpReply) -> McpReply {
-        let tracked = self.0;
-        let restore = tracked
-            .mapped
-            .as_ref()
-            .map(|m| (m.minted.clone(), m.client.clone()));
-        if restore.is_none() && !matches!(reply.body, ReplyBody::Stream(_)) {
-            // A JSON answer is whole: the request is no longer in flight.
-            return reply;
-        }
-        reply.body = reply.body.map_messages(move |text| {
-            // The entry lives as long as the stream is relayed.
-            let _held = &tracked;
-            let (minted, client) = restore.as_ref()?;
-            client_answer(text, minted, client)
-        });
-        reply
+/// A session's GET stream without the answers no client sent the request of. An upstream
+/// sends answers there only when a client resumes a stream (`Last-Event-ID`), and it replays
+/// every later event of the session (server-everything does), taskgate's own exchanges
+/// included: the answers to taskgate's own requests (a gateway-owned task's held call, a
+/// lost-task check, `upgrade`'s calls) and to the requests this layer sent under minted ids,
+/// whose client ids are no longer known. A client's id never goes upstream in that form
+/// ([`ClientIdInOwnForm`]), so none of these is a client's.
+fn listen(mut reply: McpReply) -> McpReply {
+    if let ReplyBody::Stream(events) = reply.body {
+        use futures_util::StreamExt;
+        reply.body = ReplyBody::Stream(Box::pin(events.filter(|ev| {
+            let keep = !ev.data.as_deref().is_some_and(not_the_clients);
+            std::future::ready(keep)
+        })));
     }
+    reply
+}
+
+/// Whether `data` is an answer (result or error) under an id in taskgate's form. Messages that
+/// cannot name `"taskgate-` are not parsed.
+fn not_the_clients(data: &str) -> bool {
+    if !needles::may_name(&needles::OWN_ID, data.as_bytes()) {
+        return false;
+    }
+    let Ok(msg) = Message::parse(Bytes::copy_from_slice(data.as_bytes())) else {
+        return false;
+    };
+    matches!(msg.kind(), Kind::Response | Kind::Error) && msg.id().is_some_and(in_own_form)
+}
+
+/// A request's reply as it goes on (see [`Step::Request`]).
+fn pass(tracked: Tracked, mut reply: McpReply) -> McpReply {
+    let restore = tracked
+        .mapped
+        .as_ref()
+        .map(|m| (m.minted.clone(), m.client.clone()));
+    if restore.is_none() && !matches!(reply.body, ReplyBody::Stream(_)) {
+        // A JSON answer is whole: the request is no longer in flight.
+        return reply;
+    }
+    reply.body = reply.body.map_messages(move |text| {
+        // The entry lives as long as the stream is relayed.
+        let _held = &tracked;
+        let (minted, client) = restore.as_ref()?;
+        client_answer(text, minted, client)
+    });
+    reply
 }
 
 /// `text` with its id set back to `client` when it is the answer (result or error) to `minted`.
@@ -451,6 +508,12 @@ where
 
     fn call(&mut self, req: McpRequest) -> Self::Future {
         let Operation::Post(msg) = &req.op else {
+            if matches!(req.op, Operation::OpenStream) && req.era() == Era::Legacy {
+                return Either::Left(Either::Right(AfterReply::new(
+                    self.inner.call(req),
+                    Release(Step::Listen),
+                )));
+            }
             return Either::Left(Either::Left(self.inner.call(req)));
         };
         let kind = msg.kind();
@@ -466,21 +529,31 @@ where
             return self.cancel(req);
         }
         let id = msg.id().expect("a request has an id").clone();
+        let own_form = req
+            .extensions
+            .get::<ClientIdInOwnForm>()
+            .is_some_and(|m| m.0 == id);
         match self
             .state
-            .admit(req.ctx.session_id.as_ref(), &id, req.ctx.caller())
+            .admit(req.ctx.session_id.as_ref(), &id, req.ctx.caller(), own_form)
         {
             Admit::Untracked => Either::Left(Either::Left(self.inner.call(req))),
             Admit::Plain(tracked) => {
                 let fut = self.inner.call(req);
-                Either::Left(Either::Right(AfterReply::new(fut, Release(tracked))))
+                Either::Left(Either::Right(AfterReply::new(
+                    fut,
+                    Release(Step::Request(tracked)),
+                )))
             }
             Admit::Mapped(tracked) => {
                 let minted = &tracked.mapped.as_ref().expect("a mapped request").minted;
                 tracing::debug!(upstream = %req.ctx.upstream, id = %id, upstream_id = %minted, "request id in flight on the upstream session for another caller: sent under a minted id");
                 let req = with_id(req, minted);
                 let fut = self.inner.call(req);
-                Either::Left(Either::Right(AfterReply::new(fut, Release(tracked))))
+                Either::Left(Either::Right(AfterReply::new(
+                    fut,
+                    Release(Step::Request(tracked)),
+                )))
             }
             Admit::Refuse => {
                 tracing::debug!(upstream = %req.ctx.upstream, id = %id, "request id already in flight on this session: refused");

@@ -39,6 +39,9 @@ pub static PROTOCOL_VERSION_KEY: LazyLock<Finder<'static>> =
 /// as [`PROTOCOL_VERSION_KEY`].
 pub static CLIENT_CAPABILITIES_KEY: LazyLock<Finder<'static>> =
     LazyLock::new(|| Finder::new("/clientCapabilities\":"));
+/// `"taskgate-`: the start of a request id in taskgate's own form
+/// (`crate::exchange::in_own_form`).
+pub static OWN_ID: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\"taskgate-"));
 /// The related-task `_meta` key.
 pub static RELATED_TASK: LazyLock<Finder<'static>> =
     LazyLock::new(|| Finder::new(crate::mcp::task::RELATED_TASK_META));

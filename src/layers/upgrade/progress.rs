@@ -34,29 +34,19 @@ pub(super) fn next_progress(
     next
 }
 
-/// A message on a session's GET stream that may not be the client's ([`not_the_clients`]).
-enum NotTheClients {
-    /// The answer to one of taskgate's own requests.
-    Own,
-    /// A `CreateTaskResult` or a `notifications/tasks/status`: not the client's when the task
-    /// it names was recorded as an upgraded call's.
-    IfUpgraded(String),
-}
-
-/// What a message on a session's GET stream may be that is not the client's. A resumed GET
-/// stream (`Last-Event-ID`) gets what the upstream replays, and server-everything replays every
-/// later event of the session, taskgate's own exchanges included: the answers to its own
-/// requests (a `"taskgate-…"` id, but the ids layer's `"taskgate-id-…"`, which stand for a
-/// client's) and the `CreateTaskResult` of an upgraded call, under the client's own id (the
+/// The task a message on a session's GET stream names when it is a `CreateTaskResult` or a
+/// `notifications/tasks/status`: not the client's when that task was recorded as an upgraded
+/// call's. A resumed GET stream (`Last-Event-ID`) gets what the upstream replays, and
+/// server-everything replays every later event of the session, taskgate's own exchanges
+/// included: the `CreateTaskResult` of an upgraded call, under the client's own id (the
 /// TypeScript SDK resolved its `callTool` with it, an empty result, when taskgate restarted
 /// during the call). And the status notifications of an upgraded call's task are taskgate's:
-/// the client asked for no task, and gets the statuses as progress on its call's stream.
-/// Messages that cannot be any of these are not parsed.
-fn not_the_clients(data: &str) -> Option<NotTheClients> {
-    if !data.contains("\"taskgate-")
-        && !data.contains("\"task\"")
-        && !data.contains("notifications/tasks/status")
-    {
+/// the client asked for no task, and gets the statuses as progress on its call's stream. (The
+/// answers to taskgate's own requests are dropped below, by `ids`, with or without `upgrade`.)
+/// Messages that cannot be either are not parsed.
+fn upgraded_task_named(data: &str) -> Option<String> {
+    use crate::mcp::needles::{may_name, TASK_KEY, TASK_STATUS};
+    if !(may_name(&TASK_KEY, data.as_bytes()) || may_name(&TASK_STATUS, data.as_bytes())) {
         return None;
     }
     let v = serde_json::from_str::<Value>(data).ok()?;
@@ -64,23 +54,16 @@ fn not_the_clients(data: &str) -> Option<NotTheClients> {
         let task_id = v.pointer("/params/taskId").and_then(Value::as_str);
         return match (method.as_str(), task_id) {
             (Some("notifications/tasks/status"), Some(t)) if v.get("id").is_none() => {
-                Some(NotTheClients::IfUpgraded(t.to_string()))
+                Some(t.to_string())
             }
             _ => None,
         };
     }
-    if !(v.get("result").is_some() || v.get("error").is_some()) {
+    if v.get("result").is_none() {
         return None;
     }
-    let own = v
-        .get("id")
-        .and_then(Value::as_str)
-        .is_some_and(|id| id.starts_with("taskgate-") && !id.starts_with("taskgate-id-"));
-    if own {
-        return Some(NotTheClients::Own);
-    }
     let task_id = v.pointer("/result/task/taskId")?.as_str()?;
-    Some(NotTheClients::IfUpgraded(task_id.to_string()))
+    Some(task_id.to_string())
 }
 
 /// The standalone GET stream: progress the upstream sends there on an upgraded call's token
@@ -97,10 +80,9 @@ pub(super) async fn get_stream<S: McpService>(
         use futures_util::StreamExt;
         let registry = state.registry.clone();
         reply.body = ReplyBody::Stream(Box::pin(events.filter(move |ev| {
-            match ev.data.as_deref().and_then(not_the_clients) {
+            match ev.data.as_deref().and_then(upgraded_task_named) {
                 None => Either::Left(std::future::ready(true)),
-                Some(NotTheClients::Own) => Either::Left(std::future::ready(false)),
-                Some(NotTheClients::IfUpgraded(task_id)) => {
+                Some(task_id) => {
                     let (registry, upstream) = (registry.clone(), upstream.clone());
                     Either::Right(Box::pin(async move {
                         let record = registry.record_cached(&upstream, &task_id).await;
