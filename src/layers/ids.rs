@@ -529,10 +529,12 @@ where
             return self.cancel(req);
         }
         let id = msg.id().expect("a request has an id").clone();
-        let own_form = req
-            .extensions
-            .get::<ClientIdInOwnForm>()
-            .is_some_and(|m| m.0 == id);
+        // The prefix first: the extension map is read only for an id in taskgate's form.
+        let own_form = in_own_form(&id)
+            && req
+                .extensions
+                .get::<ClientIdInOwnForm>()
+                .is_some_and(|m| m.0 == id);
         match self
             .state
             .admit(req.ctx.session_id.as_ref(), &id, req.ctx.caller(), own_form)
