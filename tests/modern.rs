@@ -1169,6 +1169,56 @@ async fn a_cancel_of_a_task_the_upstream_forgot_fails_it_and_frees_its_slot() {
     assert_eq!(count(&up, "tasks/cancel"), 1);
 }
 
+/// 2026-07-28, results not kept (`tasks.max_stored_result_bytes = 0`, so a terminal task's
+/// `tasks/get` goes upstream): a task recorded `cancelled` that the upstream then forgets (its
+/// `tasks/get` answered `-32602`, HTTP 400, as JSON or as an SSE event) stays `cancelled`: the
+/// client gets the cancelled `DetailedTask` from the record (HTTP 200), and the record is not
+/// failed as lost. Before: the upstream's `-32602` reached the client.
+#[tokio::test]
+async fn a_cancelled_task_the_upstream_forgot_stays_cancelled() {
+    for sse_errors in [false, true] {
+        let (up, state) = modern_server().await;
+        let tg = TgConfig::new(&up.url())
+            .tasks("max_stored_result_bytes = 0")
+            .start()
+            .await;
+        let url = tg.mcp_url();
+        let t = create(&url, None, "slow_compute").await;
+        let (_, v) = task_call(&url, None, 2, "tasks/cancel", &t).await;
+        assert_eq!(v["result"]["resultType"], "complete", "{v}");
+        let recorded = tg.record(&t).expect("record");
+        assert_eq!(recorded.status, taskgate::mcp::task::TaskStatus::Cancelled);
+        {
+            let mut s = state.lock().unwrap();
+            s.tasks.clear();
+            s.sse_errors = sse_errors;
+        }
+        let asked = count(&up, "tasks/get");
+        let (status, v) = task_call(&url, None, 3, "tasks/get", &t).await;
+        assert_eq!(status, 200, "sse {sse_errors}: {v}");
+        assert_eq!(v["id"], json!(3), "{v}");
+        assert_eq!(v["result"]["status"], "cancelled", "sse {sse_errors}: {v}");
+        assert_eq!(v["result"]["taskId"], json!(t), "{v}");
+        assert_eq!(
+            v["result"]["lastUpdatedAt"],
+            json!(recorded.last_updated_at),
+            "{v}"
+        );
+        assert!(v["result"].get("result").is_none(), "{v}");
+        assert_eq!(
+            count(&up, "tasks/get"),
+            asked + 1,
+            "the client's, forwarded"
+        );
+        let r = tg.record(&t).expect("record");
+        assert_eq!(
+            r.status,
+            taskgate::mcp::task::TaskStatus::Cancelled,
+            "not failed"
+        );
+    }
+}
+
 /// After `cancelled` is recorded, a later `completed` (with its result) is shown as
 /// `cancelled` without the result, counted as a rewrite; the three audit facts stay apart.
 #[tokio::test]

@@ -763,6 +763,97 @@ async fn a_cancel_of_a_task_the_upstream_forgot_fails_it_once_confirmed() {
     alice.create_task("5").await;
 }
 
+/// A task recorded `cancelled` (the client's `tasks/cancel`, acknowledged) that the upstream
+/// then forgets (a restart: `tasks/get` answered `-32602`, as JSON or as an SSE event) stays
+/// `cancelled`: its `tasks/get` is answered from the record as it was recorded (status,
+/// `statusMessage`, timestamps), not with the upstream's `-32602`, whether or not results are
+/// kept (`tasks.max_stored_result_bytes = 0` here); `tasks/result` is the "cancelled, no
+/// result" error and `tasks/list` shows it `cancelled`, neither asking the upstream. The record
+/// is not touched (it stays `cancelled`, not failed as lost). Before: the client got the
+/// upstream's `-32602` "Task not found" for a task taskgate holds as `cancelled`.
+#[tokio::test]
+async fn a_cancelled_task_the_upstream_forgot_stays_cancelled() {
+    for errors_sse in [false, true] {
+        let up = TaskServer::start(Behaviour {
+            errors_sse,
+            ..Behaviour::default()
+        })
+        .await;
+        let tg = TgConfig::new(&up.url())
+            .tasks("max_stored_result_bytes = 0")
+            .start()
+            .await;
+        let mut c = tg.client();
+        c.initialize().await;
+        let t = c.create_task("1").await;
+        let cancel = c.cancel("2", &t).await;
+        assert_eq!(cancel["result"]["status"], "cancelled", "{cancel}");
+        let recorded = tg.record(&t).expect("record");
+        assert_eq!(recorded.status, TaskStatus::Cancelled);
+        // The upstream restarts and forgets its tasks (the session is kept: a `-32602`).
+        up.state.lock().unwrap().tasks.clear();
+        let got = c.get("3", &t).await;
+        assert_eq!(got["id"], json!(3), "{got}");
+        let task = &got["result"];
+        assert_eq!(task["status"], "cancelled", "sse {errors_sse}: {got}");
+        assert_eq!(task["taskId"], json!(t), "{got}");
+        assert_eq!(task["createdAt"], json!(recorded.created_at), "{got}");
+        assert_eq!(
+            task["lastUpdatedAt"],
+            json!(recorded.last_updated_at),
+            "{got}"
+        );
+        assert_eq!(
+            task.get("statusMessage").and_then(Value::as_str),
+            recorded.status_message.as_deref(),
+            "{got}"
+        );
+        assert_eq!(up.count("tasks/get"), 1, "the client's, forwarded");
+        let result = c.result("4", &t).await;
+        assert_eq!(err_code(&result), -32603, "{result}");
+        assert!(err_message(&result).contains("cancelled"), "{result}");
+        let list = c.list("5", None).await;
+        let listed = list["result"]["tasks"]
+            .as_array()
+            .and_then(|ts| ts.iter().find(|x| x["taskId"] == json!(t)).cloned())
+            .unwrap_or_else(|| panic!("listed: {list}"));
+        assert_eq!(listed["status"], "cancelled", "{list}");
+        assert_eq!(up.count("tasks/result") + up.count("tasks/list"), 0);
+        let r = tg.record(&t).expect("record");
+        assert_eq!(r.status, TaskStatus::Cancelled, "not failed as lost");
+        assert_eq!(r.last_updated_at, recorded.last_updated_at);
+    }
+}
+
+/// The same restart losing the sessions too: the cancelled task's `tasks/get` goes out on its
+/// own upstream session and is answered HTTP 404 `-32001`; the owner's new session is answered
+/// the recorded `cancelled` task (HTTP 200), not a session error, and the record stays
+/// `cancelled`.
+#[tokio::test]
+async fn a_cancelled_task_whose_upstream_session_was_lost_stays_cancelled() {
+    let up = TaskServer::default().await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .tasks("max_stored_result_bytes = 0")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let t = alice.create_task("1").await;
+    let cancel = alice.cancel("2", &t).await;
+    assert_eq!(cancel["result"]["status"], "cancelled", "{cancel}");
+    up.state.lock().unwrap().forget_everything();
+    let mut again = tg.client().with_token("alice-token");
+    again.initialize().await;
+    // `rpc` asserts HTTP 200.
+    let got = again.get("3", &t).await;
+    assert_eq!(got["result"]["status"], "cancelled", "{got}");
+    assert_eq!(got["result"]["taskId"], json!(t), "{got}");
+    assert_eq!(up.count("tasks/get"), 1, "the client's, forwarded");
+    let r = tg.record(&t).expect("record");
+    assert_eq!(r.status, TaskStatus::Cancelled, "not failed as lost");
+}
+
 /// A 2025-11-25 `tasks/cancel` answered `-32602` because the task ended upstream unobserved:
 /// taskgate's confirming `tasks/get` sees it `completed`, which is recorded (the record no longer
 /// stays `working`, holding the slot, until someone polls).

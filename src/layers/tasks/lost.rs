@@ -28,6 +28,19 @@
 //!   SDK servers answer every POST with SSE by default, errors included: review 17 #2); only
 //!   error answers are read: a byte search rules out the others, so the common poll pays for
 //!   one short search and nothing else, and an SSE answer one per event.
+//! - **Forgotten after its end** ([`Probe`] of a terminal task): a `tasks/get` of a client's
+//!   task recorded terminal in the request's era still goes upstream (its answer may carry
+//!   what the record does not keep, and a contradicting one is shown as recorded by
+//!   `observe`), but an upstream that no longer knows the task (`-32602`, or HTTP 404
+//!   "session not found" from the task's own 2025-11-25 session: a restart) does not make it
+//!   unknown to the client: a terminal status is final and durable in the registry, so the
+//!   client is answered from the record (2025-11-25: the recorded `Task`; 2026-07-28: the
+//!   cancelled `DetailedTask`, the only terminal one the record can make without the payload
+//!   `tasks.max_stored_result_bytes` may not have kept). Nothing is confirmed and nothing is
+//!   written (the record is final; a `-32602` the client's own params caused gets the same
+//!   true answer). Cost: none on a live task's poll; on a terminal task's forwarded
+//!   `tasks/get`, the probe (one `Arc` and one id clone) and the error search above; the
+//!   answer is built from the record the request was authorised with, no store read.
 
 use crate::exchange::{McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id};
@@ -104,8 +117,9 @@ fn id_value(id: &Id) -> Value {
     serde_json::from_str(id.as_json()).unwrap_or(Value::Null)
 }
 
-/// A `tasks/get|result|cancel` about a task recorded live, whose upstream answer is read for
-/// "the upstream lost the task" (see the module docs).
+/// A `tasks/get|result|cancel` about a task recorded live, or a `tasks/get` of one recorded
+/// terminal, whose upstream answer is read for "the upstream lost the task" (see the module
+/// docs).
 pub(super) struct Probe {
     record: Arc<TaskRecord>,
     method: TaskMethod,
@@ -114,21 +128,31 @@ pub(super) struct Probe {
     /// The request went out on the task's own upstream session.
     on_task_session: bool,
     /// What a `-32602` answer needs before it counts (`None`: a `tasks/cancel`, whose
-    /// `-32602` the `cancel` layer confirms inside its flight).
+    /// `-32602` the `cancel` layer confirms inside its flight, or a terminal task's).
     confirm: Option<Confirm>,
+    /// The task is recorded terminal: an answer saying the upstream lost it is replaced by the
+    /// record's ([`terminal_answer`]), which is not failed.
+    terminal: bool,
 }
 
 impl Probe {
     /// The probe for `req` (authorised: its [`AuthorisedTask`]), or `None` when there is nothing
-    /// to read its answer for: the task is terminal, a gateway task, or the request is bridged
-    /// to the other era (the bridge answers for the task there).
+    /// to read its answer for: a gateway task, a request bridged to the other era (the bridge
+    /// answers for the task there), or a terminal task's request other than a `tasks/get` (a
+    /// `tasks/cancel` of it is answered by `cancel`; a `tasks/result` may carry the tool's own
+    /// `-32602`) or a `tasks/get` the record cannot answer ([`terminal_answer`]).
     pub(super) fn of(req: &McpRequest) -> Option<Probe> {
-        let record = req.extensions.get::<AuthorisedTask>()?.record.clone();
+        let record = &req.extensions.get::<AuthorisedTask>()?.record;
         let method = TaskMethod::parse(req.request_method()?)?;
         let era = req.era();
-        if record.status.is_terminal() || record.origin != Origin::Client || record.era != era {
+        if record.origin != Origin::Client || record.era != era {
             return None;
         }
+        let terminal = record.status.is_terminal();
+        if terminal && (method != TaskMethod::Get || !answerable_when_lost(record, era)) {
+            return None;
+        }
+        let record = record.clone();
         let on_task_session = match (&record.upstream_session, &req.ctx.session_id) {
             (Some(task), Some(sent)) => sent.as_bytes() == task.as_bytes(),
             _ => false,
@@ -147,6 +171,7 @@ impl Probe {
             era,
             on_task_session,
             confirm,
+            terminal,
         })
     }
 
@@ -239,8 +264,18 @@ impl Probe {
     {
         let (upstream, task_id) = (&self.record.upstream, &self.record.task_id);
         let method = self.method.as_str();
+        let session_lost =
+            code == SESSION_NOT_FOUND && self.era == Era::Legacy && self.on_task_session;
+        if self.terminal {
+            // Final and durable here: the upstream forgetting it changes nothing (module docs).
+            if code != INVALID_PARAMS && !session_lost {
+                return None;
+            }
+            tracing::debug!(upstream = %upstream, task_id = %task_id, code, "the upstream no longer knows a task recorded terminal: answered from its record");
+            return terminal_answer(&self.record, self.era, &self.id);
+        }
         match code {
-            SESSION_NOT_FOUND if self.era == Era::Legacy && self.on_task_session => {
+            _ if session_lost => {
                 let why = format!(
                     "upstream `{upstream}` no longer has the session this task was created on (it answered `{method}` with HTTP 404 \"Session not found\"); the task's state was lost (a restart of the upstream?)"
                 );
@@ -264,6 +299,33 @@ impl Probe {
             _ => None,
         }
     }
+}
+
+/// Whether [`terminal_answer`] can answer a `tasks/get` of `record` (terminal) in `era`:
+/// 2025-11-25 always (a `Task` needs no payload); 2026-07-28 only a `cancelled` one (a
+/// `completed` or `failed` `DetailedTask` carries its `result` or `error`).
+fn answerable_when_lost(record: &TaskRecord, era: Era) -> bool {
+    era == Era::Legacy || record.status == TaskStatus::Cancelled
+}
+
+/// The answer to a `tasks/get` (`id`) of a task recorded terminal that its upstream no longer
+/// knows, from its record, in `era` (see the module docs); `None` when the record cannot make
+/// one ([`answerable_when_lost`]): the upstream's answer then passes.
+fn terminal_answer(record: &TaskRecord, era: Era, id: &Id) -> Option<McpReply> {
+    if !record.status.is_terminal() || !answerable_when_lost(record, era) {
+        return None;
+    }
+    let result = match era {
+        Era::Legacy => serde_json::to_string(&record.to_task()).ok()?,
+        Era::Modern => {
+            let task = serde_json::to_value(record.to_task()).ok()?;
+            modern::detailed_task(&task, None, "")?.to_string()
+        }
+    };
+    Some(
+        McpReply::local_json(jsonrpc::result_response(id, &result))
+            .answered_locally(LocalReason::StoredResult),
+    )
 }
 
 /// `event` carrying `data` instead of its own.
