@@ -1182,3 +1182,161 @@ async fn keeping_at_most(bytes: u64) -> (Upstream, Tg) {
         .await;
     (up, tg)
 }
+
+/// How a server that lost a session answers a request on it: HTTP 404 with ...
+#[derive(Clone, Copy)]
+enum Gone {
+    /// ... `-32001` under the request's id (the TypeScript SDK).
+    TypeScript,
+    /// ... `-32600` "Session not found" under the id `"server-error"` (the Python SDK, `mcp` 1.x).
+    Python,
+    /// ... an error that does not say the session is gone (a proxy in front of the server).
+    Proxy,
+}
+
+/// [`no_tasks_server`] that can lose its sessions (a restart): a request on a session in
+/// `lost` is answered as `gone` says.
+fn losing_sessions(
+    gate: Gate,
+    lost: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    gone: Gone,
+) -> impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync {
+    let server = no_tasks_server(gate);
+    move |req| {
+        let lost_here = req
+            .header("mcp-session-id")
+            .is_some_and(|s| lost.lock().unwrap().contains(&s));
+        if !lost_here {
+            return server(req);
+        }
+        let id = req.rpc_id_json();
+        let body = match gone {
+            Gone::Python => r#"{"jsonrpc":"2.0","id":"server-error","error":{"code":-32600,"message":"Session not found"}}"#.to_string(),
+            Gone::TypeScript => format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32001,"message":"Session not found"}}}}"#),
+            Gone::Proxy => format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32000,"message":"no route to the server"}}}}"#),
+        };
+        ScriptedResponse::status(404, Some("application/json"), body)
+    }
+}
+
+/// The upstream restarted and lost the client's session (hostile tester): the first gateway
+/// task created on it fails ("Session not found": taskgate could not know yet), and from then
+/// on a task-augmented `tools/call` on that session is answered HTTP 404 `-32001` (2025-11-25
+/// transports: the client MUST then start a new session), not another `CreateTaskResult`
+/// whose held call fails again (the client looped for ever). The failed task stays readable by
+/// its owner (without auth: the old session id); after the new `initialize` tasks run again.
+async fn a_lost_upstream_session_is_404_to_the_next_task(gone: Gone) {
+    let (up, _tg, mut c, before, failed) = a_task_failed_on_a_lost_session(gone).await;
+    let old = c.session.clone().expect("a session");
+    let g = c.get("4", &failed).await;
+    assert_eq!(g["result"]["statusMessage"], "Session not found", "{g}");
+    // The next task-augmented call on that session: 404 -32001, no task, nothing upstream.
+    let calls = up.received("tools/call").len();
+    let body = rpc(
+        "5",
+        "tools/call",
+        &json!({"name": "slow", "arguments": {}, "task": {"ttl": 60000}}).to_string(),
+    );
+    let r = c.send(body).await;
+    assert_eq!(r.status(), 404, "a lost session is 404 to a new task");
+    let v = r.json().await;
+    assert_eq!(v["error"]["code"], -32001, "{v}");
+    assert_eq!(v["id"], 5, "{v}");
+    assert_eq!(
+        c.send(rpc(
+            "6",
+            "tools/call",
+            &json!({"name": "slow", "arguments": {}, "task": {}}).to_string()
+        ))
+        .await
+        .status(),
+        404,
+        "and stays so"
+    );
+    assert_eq!(
+        up.received("tools/call").len(),
+        calls,
+        "nothing went upstream"
+    );
+    // The failed task (and the one before) are still its owner's to read.
+    let g = c.get("7", &failed).await;
+    assert_eq!(g["result"]["status"], "failed", "{g}");
+    let r = c.result("8", &failed).await;
+    assert_eq!(r["error"]["message"], "Session not found", "{r}");
+    let r = c.result("9", &before).await;
+    assert_eq!(r["result"]["content"][0]["text"], "done", "{r}");
+    // The client starts a new session, as the 404 told it to: tasks run again.
+    c.initialize().await;
+    assert_ne!(c.session.as_deref(), Some(old.as_str()), "a new session");
+    let after = task_id_of(&create_call(&c, "10", "slow").await);
+    let r = c.result("11", &after).await;
+    assert_eq!(r["result"]["content"][0]["text"], "done", "{r}");
+    // Without auth a task's owner is the session it was created on: the new session does not
+    // see the failed task, the old session id still does (README "Who owns a task").
+    assert_eq!(err_code(&c.get("12", &failed).await), -32602);
+    let g = c.clone().with_session(&old).get("13", &failed).await;
+    assert_eq!(g["result"]["status"], "failed", "{g}");
+}
+
+/// [`a_lost_upstream_session_is_404_to_the_next_task`], the TypeScript SDK's 404 (`-32001`).
+#[tokio::test]
+async fn a_lost_upstream_session_is_404_to_the_next_task_typescript() {
+    a_lost_upstream_session_is_404_to_the_next_task(Gone::TypeScript).await;
+}
+
+/// [`a_lost_upstream_session_is_404_to_the_next_task`], the Python SDK's 404 (`-32600`
+/// "Session not found" under the id `"server-error"`).
+#[tokio::test]
+async fn a_lost_upstream_session_is_404_to_the_next_task_python() {
+    a_lost_upstream_session_is_404_to_the_next_task(Gone::Python).await;
+}
+
+/// A 404 whose error does not say the session is gone (a proxy's, during a deploy) fails the
+/// task it answered, but is not taken for the session lost: the next task is created.
+#[tokio::test]
+async fn a_proxys_404_is_not_taken_for_a_lost_session() {
+    let (_up, _tg, c, _before, failed) = a_task_failed_on_a_lost_session(Gone::Proxy).await;
+    let g = c.get("4", &failed).await;
+    assert_eq!(
+        g["result"]["statusMessage"], "no route to the server",
+        "{g}"
+    );
+    let next = create_call(&c, "5", "slow").await;
+    assert_eq!(next["result"]["task"]["status"], "working", "{next}");
+}
+
+/// taskgate (`tasks = "gateway"`) in front of [`losing_sessions`] (calls end at once), and a
+/// client whose first task completed on its session; then the server loses that session
+/// (answering as `gone` says) and the client's second task fails. Returns the server,
+/// taskgate, the client (still on its old session), the first task and the failed one.
+async fn a_task_failed_on_a_lost_session(gone: Gone) -> (Upstream, Tg, Client, String, String) {
+    let gate = Gate::new();
+    gate.open();
+    let lost = std::sync::Arc::<std::sync::Mutex<std::collections::HashSet<String>>>::default();
+    let up = Upstream::start(losing_sessions(gate, lost.clone(), gone)).await;
+    let tg = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .upstream_line("tasks = \"gateway\"")
+        .tasks("release_quiet_ms = 100")
+        .start()
+        .await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let before = task_id_of(&create_call(&c, "1", "slow").await);
+    assert_eq!(
+        c.result("2", &before).await["result"]["content"][0]["text"],
+        "done"
+    );
+    // The upstream restarts: it no longer knows the session.
+    lost.lock()
+        .unwrap()
+        .insert(c.session.clone().expect("a session"));
+    let failed = task_id_of(&create_call(&c, "3", "slow").await);
+    eventually(STEP, || async {
+        let v = c.get("4", &failed).await;
+        (v["result"]["status"] == "failed").then_some(v)
+    })
+    .await
+    .expect("the held call on the lost session failed its task");
+    (up, tg, c, before, failed)
+}

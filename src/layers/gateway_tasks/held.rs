@@ -51,6 +51,15 @@ pub(super) async fn create<S: McpService>(
     let (Operation::Post(msg), Some(client_id)) = (&req.op, req.id().cloned()) else {
         return inner.oneshot(req).await;
     };
+    // A session the upstream said is gone (`gone`): 404, so that the client initializes
+    // again, rather than one more task whose held call fails (the slot `pending` reserved is
+    // given back as it drops).
+    if era == Era::Legacy && super::gone::is_gone(&state, &req) {
+        return Ok(
+            McpReply::error(era, Some(&client_id), &McpError::SessionNotFound)
+                .answered_locally(LocalReason::GatewayTask),
+        );
+    }
     let refuse = |error: McpError| {
         McpReply::error(era, Some(&client_id), &error).answered_locally(LocalReason::GatewayTask)
     };
@@ -327,6 +336,15 @@ impl Held {
             let base = own_id.as_json().trim_end_matches('"').to_string();
             for round in 1.. {
                 let reply = answer_inner.clone().oneshot(out.clone()).await?;
+                // Remembered before the task is recorded failed: whoever sees it failed and
+                // asks for another task on the session gets the 404 (`gone`).
+                if super::gone::says_session_gone(&reply) {
+                    super::gone::remember(
+                        &round_state,
+                        &out.ctx.upstream,
+                        round_live.session.as_deref(),
+                    );
+                }
                 let (answer, _rest) = read_to_answer(reply, &own_id, |ev| {
                     let (progress, inner, out) =
                         (progress.clone(), answer_inner.clone(), out.clone());

@@ -52,7 +52,11 @@
 //!   cannot relay fails the task saying why). Such a result is never taken for the call's end.
 //! - The call's end: a result is `completed` (also with `isError: true`, as the spec has it),
 //!   a JSON-RPC error `failed` (its message the `statusMessage`), no answer at all `failed`
-//!   saying why. The result is kept in the record up to `tasks.max_stored_result_bytes`
+//!   saying why. An HTTP 404 saying the call's session is not found (the upstream restarted)
+//!   fails the task the same way, and the client session is remembered gone (`gone`,
+//!   bounded): its next task-augmented `tools/call` is answered HTTP 404 `-32001` "Session not
+//!   found", so the 2025-11-25 client initializes again instead of creating tasks that fail
+//!   for ever; the failed tasks are still answered from their records. The result is kept in the record up to `tasks.max_stored_result_bytes`
 //!   (2025: the `CallToolResult` with the related-task `_meta`, or the JSON-RPC `error` of a
 //!   failed task in `terminal_error`, so that `tasks/result` answers exactly that error after a
 //!   restart too; 2026: the whole `DetailedTask`) and, bounded ([`DONE_LIMIT`] tasks, [`DONE_BYTES`], each at most
@@ -96,11 +100,12 @@
 //!   `failed`, saying its replica was lost, and released.
 //!
 //! Files: this one (the layer, the dispatch, the negotiation rewrites), `held` (creation and
-//! the held call), `answers` (`tasks/get|result|cancel|update` and the task shapes of both
+//! the held call), `gone` (client sessions the upstream said are gone), `answers` (`tasks/get|result|cancel|update` and the task shapes of both
 //! eras), `input` (the server's requests during the call, relayed to the client), `listen`
 //! (status notifications on the session's GET streams).
 
 mod answers;
+mod gone;
 mod held;
 mod input;
 mod listen;
@@ -192,6 +197,8 @@ pub struct GatewayTasksState {
     /// The input requests sent to 2025-11-25 clients on `tasks/result` streams, by the id
     /// taskgate minted (see `input`).
     inputs: Inputs,
+    /// Client sessions the upstream said are gone (bounded: see `gone`).
+    lost_sessions: Mutex<gone::Lost>,
     seq: AtomicU64,
 }
 
@@ -206,6 +213,7 @@ impl GatewayTasksState {
             done: Mutex::new(Done::default()),
             inputs: Inputs::default(),
             listeners: Mutex::new(HashMap::new()),
+            lost_sessions: Mutex::new(gone::Lost::default()),
             seq: AtomicU64::new(1),
         })
     }
