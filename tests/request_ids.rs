@@ -143,14 +143,7 @@ async fn a_resumed_get_stream_gets_no_answer_to_taskgates_own_requests() {
     let tg = TgConfig::new(&up.url()).start().await;
     let mut c = tg.client();
     c.initialize().await;
-    let get = Req::mcp_get(&tg.mcp_url())
-        .header("mcp-session-id", c.session.as_deref().unwrap())
-        .header("mcp-protocol-version", PROTOCOL_VERSION)
-        .header("last-event-id", "e-before")
-        .send()
-        .await;
-    assert_eq!(get.status(), 200);
-    let mut stream = get.sse();
+    let mut stream = c.resumed_get_stream().await;
     let first = stream.next_event(STEP).await.json();
     assert_eq!(
         first["id"],

@@ -1401,14 +1401,7 @@ async fn a_resumed_get_stream_gets_no_upgraded_creation_nor_taskgates_own_answer
     let o = call(&c, &call_body("1", "research", None), &json!(1)).await;
     assert_eq!(up.only_task(), "up-task-1");
     assert!(o.answer["result"]["content"].is_array(), "{o:?}");
-    let get = Req::mcp_get(&tg.mcp_url())
-        .header("mcp-session-id", c.session.as_deref().unwrap())
-        .header("mcp-protocol-version", PROTOCOL_VERSION)
-        .header("last-event-id", "e-before")
-        .send()
-        .await;
-    assert_eq!(get.status(), 200);
-    let mut stream = get.sse();
+    let mut stream = c.resumed_get_stream().await;
     let first = stream.next_event(STEP).await.json();
     assert_eq!(
         first["id"],

@@ -469,6 +469,18 @@ impl Client {
             }
         }
     }
+    /// Resumes this client's session GET stream (`Last-Event-ID: e-before`): asserts HTTP 200
+    /// and returns its events.
+    pub async fn resumed_get_stream(&self) -> SseReader {
+        let get = Req::mcp_get(&self.url)
+            .header("mcp-session-id", self.session.as_deref().expect("a session"))
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+            .header("last-event-id", "e-before")
+            .send()
+            .await;
+        assert_eq!(get.status(), 200);
+        get.sse()
+    }
     /// `initialize`; keeps the `Mcp-Session-Id` taskgate relayed (if any). Returns the result.
     pub async fn initialize(&mut self) -> Value {
         let r = self.send(initialize_body("\"init\"")).await;
