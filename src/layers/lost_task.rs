@@ -24,6 +24,7 @@
 use crate::exchange::{McpReply, McpRequest, RequestContext};
 use crate::layers::extensions::AuthorisedTask;
 use crate::layers::own_request;
+use crate::mcp::needles;
 use crate::registry::Registry;
 use crate::store::{Origin, TaskRecord};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -74,10 +75,16 @@ pub(crate) fn says_session_not_found(code: i64, bytes: &[u8]) -> bool {
             .is_some_and(|m| m.to_ascii_lowercase().contains("session not found"))
 }
 
+/// Whether `bytes` may be a JSON-RPC error reply [`error_code`] reads: short enough, and an
+/// `"error"` member found by a byte search.
+pub(crate) fn may_be_error(bytes: &[u8]) -> bool {
+    bytes.len() <= MAX_ERROR_REPLY && needles::found(&needles::ERROR_KEY, bytes)
+}
+
 /// The `error.code` of a JSON-RPC error reply; `None` for anything else (read only when a byte
 /// search finds an `"error"` member in a short body).
 pub(crate) fn error_code(bytes: &[u8]) -> Option<i64> {
-    if bytes.len() > MAX_ERROR_REPLY || memchr::memmem::find(bytes, b"\"error\"").is_none() {
+    if !may_be_error(bytes) {
         return None;
     }
     #[derive(Deserialize)]

@@ -39,6 +39,10 @@ pub static PROTOCOL_VERSION_KEY: LazyLock<Finder<'static>> =
 /// as [`PROTOCOL_VERSION_KEY`].
 pub static CLIENT_CAPABILITIES_KEY: LazyLock<Finder<'static>> =
     LazyLock::new(|| Finder::new("/clientCapabilities\":"));
+/// `"error"`, quoted: the member of a JSON-RPC error answer (`layers::lost_task::error_code`,
+/// read for every forwarded `tasks/*` answer about a recorded task: `memmem::find` built its
+/// searcher per call, ~390 instructions, callgrind, benches/profile.sh lifecycle).
+pub static ERROR_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\"error\""));
 /// `"taskgate-`: the start of a request id in taskgate's own form
 /// (`crate::exchange::in_own_form`).
 pub static OWN_ID: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("\"taskgate-"));

@@ -473,7 +473,10 @@ impl Client {
     /// and returns its events.
     pub async fn resumed_get_stream(&self) -> SseReader {
         let get = Req::mcp_get(&self.url)
-            .header("mcp-session-id", self.session.as_deref().expect("a session"))
+            .header(
+                "mcp-session-id",
+                self.session.as_deref().expect("a session"),
+            )
             .header("mcp-protocol-version", PROTOCOL_VERSION)
             .header("last-event-id", "e-before")
             .send()

@@ -179,6 +179,19 @@ impl Probe {
     /// from the record taskgate just failed. An SSE reply is read event by event as it passes:
     /// the event answering the request is replaced the same way. `inner` (the service below
     /// `tasks`) carries the confirming `tasks/get`, shared through `confirming`.
+    /// Whether [`Probe::check`] may change `reply`: an SSE answer, or a JSON one that may be
+    /// an error ([`lost_task::may_be_error`]). Asked first so that the common poll's answer
+    /// (JSON, no error) is not moved into `check`'s future: building it for every forwarded
+    /// poll of a terminal task cost the 2025 lifecycle ~320 instructions per request in
+    /// copies (callgrind, benches/profile.sh lifecycle).
+    pub(super) fn may_change(reply: &McpReply) -> bool {
+        match &reply.body {
+            ReplyBody::Json(bytes) => lost_task::may_be_error(bytes),
+            ReplyBody::Stream(_) => true,
+            _ => false,
+        }
+    }
+
     pub(super) async fn check<S>(
         self,
         registry: &Arc<Registry>,

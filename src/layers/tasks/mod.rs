@@ -163,10 +163,10 @@ where
                                 let probe = lost::Probe::of(&req);
                                 let reply = inner.call(req).await?;
                                 Ok(match probe {
-                                    Some(probe) => {
+                                    Some(probe) if lost::Probe::may_change(&reply) => {
                                         probe.check(&registry, reply, inner, &confirming).await
                                     }
-                                    None => reply,
+                                    _ => reply,
                                 })
                             }
                             Err(answered) => Ok(answered),
@@ -202,7 +202,7 @@ where
                                 }
                             },
                         };
-                        if let Some(probe) = probe {
+                        if let Some(probe) = probe.filter(|_| lost::Probe::may_change(&reply)) {
                             reply = probe.check(&registry, reply, inner, &confirming).await;
                         }
                         if let Some(expiry) = expiry {
