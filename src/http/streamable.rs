@@ -830,7 +830,8 @@ fn store_era(request: &mut McpRequest, era: Era) {
 
 /// Marks a 2025-11-25 request whose id the client chose in taskgate's own form
 /// ([`ClientIdInOwnForm`]: the `ids` layer sends it under a minted id). A prefix compare per
-/// request with an id; the extension only on the rare request it marks.
+/// request with an id; the extension only on the rare request it marks. (A client's response
+/// to a server request taskgate relayed carries taskgate's own id, rightly: not marked.)
 fn mark_own_form_id(request: &mut McpRequest, era: Era) {
     if era != Era::Legacy {
         return;
@@ -838,6 +839,9 @@ fn mark_own_form_id(request: &mut McpRequest, era: Era) {
     let Operation::Post(msg) = &request.op else {
         return;
     };
+    if msg.kind() != jsonrpc::Kind::Request {
+        return;
+    }
     if let Some(id) = msg.id().filter(|id| in_own_form(id)) {
         let marker = ClientIdInOwnForm(id.clone());
         request.extensions.insert(marker);
