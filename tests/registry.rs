@@ -2187,3 +2187,28 @@ async fn a_task_in_flight_on_another_session_is_not_shown_on_a_get_stream() {
         "nothing before it reached B: {n}"
     );
 }
+
+/// review-21: a JSON-RPC `-32001` that is NOT an HTTP 404 (here HTTP 200, the TypeScript SDK's
+/// `ErrorCode.RequestTimeout`, or any server-defined code in -32000..-32099) is not "session not
+/// found": only the 404 says the session is gone (2025-11-25 transports). The record must stay
+/// `working`, as for any other error (`other_upstream_errors_leave_the_record_live`).
+#[tokio::test]
+async fn review21_a_200_minus_32001_is_not_a_lost_session() {
+    let up = TaskServer::start(Behaviour {
+        cancel_error: Some((-32001, "Request timed out".to_string())),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = c.create_task("1").await;
+    let cancel = c.cancel("2", &t).await;
+    let r = tg.record(&t).expect("record");
+    assert_eq!(
+        r.status,
+        TaskStatus::Working,
+        "an HTTP 200 -32001 failed the live task as lost upstream: cancel answered {cancel}, record {r:?}"
+    );
+    assert_eq!(c.get("3", &t).await["result"]["status"], "working");
+}
