@@ -1340,3 +1340,86 @@ async fn a_task_failed_on_a_lost_session(gone: Gone) -> (Upstream, Tg, Client, S
     .expect("the held call on the lost session failed its task");
     (up, tg, c, before, failed)
 }
+
+/// review-21: [`no_tasks_server`] numbering its sessions from `s-0` (a counter, as this file's
+/// own servers do; 2025-11-25 transports only say a session id SHOULD be globally unique), that
+/// can restart: `restart` forgets every session and starts the count again. A request on a
+/// session it does not know is answered HTTP 404 `-32001` (the TypeScript SDK).
+fn restarting_server(
+    gate: Gate,
+    restart: std::sync::Arc<std::sync::Mutex<(usize, std::collections::HashSet<String>)>>,
+) -> impl Fn(&RecordedRequest) -> ScriptedResponse + Send + Sync {
+    let server = no_tasks_server(gate);
+    move |req| {
+        let v = req.json();
+        if req.method != "GET" && v["method"] == "initialize" {
+            let mut s = restart.lock().unwrap();
+            let id = format!("s-{}", s.0);
+            s.0 += 1;
+            s.1.insert(id.clone());
+            return mcp_handler(req).set_header("mcp-session-id", &id);
+        }
+        let known = req
+            .header("mcp-session-id")
+            .is_none_or(|s| restart.lock().unwrap().1.contains(&s));
+        if !known {
+            let id = req.rpc_id_json();
+            return ScriptedResponse::status(
+                404,
+                Some("application/json"),
+                format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32001,"message":"Session not found"}}}}"#),
+            );
+        }
+        server(req)
+    }
+}
+
+/// review-21: the `gone` set is never told that a session id it remembers was issued again. A
+/// server that restarted and numbers its sessions from the start again issues the client's
+/// old id to its new `initialize`: that session is live upstream (a plain `tools/call` on it
+/// works), yet taskgate answers its task-augmented `tools/call` HTTP 404 as if it were gone.
+#[tokio::test]
+async fn review21_a_session_id_issued_again_is_not_gone() {
+    let gate = Gate::new();
+    gate.open();
+    let restart = std::sync::Arc::<std::sync::Mutex<(usize, std::collections::HashSet<String>)>>::default();
+    let up = Upstream::start(restarting_server(gate, restart.clone())).await;
+    let tg = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .upstream_line("tasks = \"gateway\"")
+        .tasks("release_quiet_ms = 100")
+        .start()
+        .await;
+    let mut c = tg.client();
+    c.initialize().await;
+    assert_eq!(c.session.as_deref(), Some("s-0"));
+    // The server restarts: it forgets s-0 and counts from 0 again.
+    *restart.lock().unwrap() = Default::default();
+    let failed = task_id_of(&create_call(&c, "2", "slow").await);
+    eventually(STEP, || async {
+        let v = c.get("3", &failed).await;
+        (v["result"]["status"] == "failed").then_some(v)
+    })
+    .await
+    .expect("the held call on the lost session failed its task");
+    // The client initializes again and is issued s-0, live upstream.
+    c.initialize().await;
+    assert_eq!(c.session.as_deref(), Some("s-0"), "the restarted server's first session");
+    let plain = c
+        .rpc(rpc("4", "tools/call", &json!({"name": "slow", "arguments": {}}).to_string()))
+        .await;
+    assert_eq!(plain["result"]["content"][0]["text"], "done", "live upstream: {plain}");
+    let body = rpc(
+        "5",
+        "tools/call",
+        &json!({"name": "slow", "arguments": {}, "task": {"ttl": 60000}}).to_string(),
+    );
+    let r = c.send(body).await;
+    let status = r.status();
+    let v = r.json().await;
+    assert_eq!(
+        status, 200,
+        "a live session's task-augmented call was answered as gone: {v}"
+    );
+    assert_eq!(v["result"]["task"]["status"], "working", "{v}");
+}
