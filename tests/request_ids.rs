@@ -157,3 +157,66 @@ async fn a_resumed_get_stream_gets_no_answer_to_taskgates_own_requests() {
         "{next}"
     );
 }
+
+/// review-21: a client resumes its broken POST stream (2025-11-25 transports, "Resumability and
+/// Redelivery": GET with `Last-Event-ID` of that stream's event) and the upstream replays the
+/// answer to its request there, under the id the request went upstream with. A client that
+/// chose an id in taskgate's form now always goes upstream under a minted id, and the `ids`
+/// GET filter drops every answer under such an id: the client's own answer never arrives
+/// (without `upgrade` it did before this change: the free id went as it came). The control (a
+/// numeric id) gets it.
+#[tokio::test]
+async fn review21_a_resumed_post_stream_still_gets_the_clients_answer() {
+    let got = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let seen = got.clone();
+    let up = Upstream::start(move |req| {
+        if req.method == "GET" {
+            let id = seen.lock().unwrap().clone();
+            let answer = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"replayed"}}]}}}}"#
+            );
+            return ScriptedResponse::sse(vec![
+                ev().event("message").id("p2").data(&answer).into(),
+                SseStep::HoldOpen,
+            ]);
+        }
+        if req.rpc_method().as_deref() == Some("tools/call") {
+            *seen.lock().unwrap() = req.rpc_id_json();
+            // The stream breaks after its first event, before the answer.
+            return ScriptedResponse::sse(vec![ev()
+                .event("message")
+                .id("p1")
+                .data(&notification("notifications/message", r#"{"level":"info","data":"working"}"#))
+                .into()]);
+        }
+        mcp_handler(req)
+    })
+    .await;
+    let tg = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .start()
+        .await;
+    let mut c = tg.client();
+    c.initialize().await;
+    for id in ["7", "\"taskgate-mine\""] {
+        let r = c
+            .send(rpc(id, "tools/call", r#"{"name":"echo","arguments":{}}"#))
+            .await;
+        let mut post = r.sse();
+        let first = post.next_event(STEP).await.json();
+        assert_eq!(first["method"], "notifications/message", "{first}");
+        drop(post);
+        let get = Req::mcp_get(&tg.mcp_url())
+            .header("mcp-session-id", c.session.as_deref().unwrap())
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+            .header("last-event-id", "p1")
+            .send()
+            .await;
+        assert_eq!(get.status(), 200);
+        let mut stream = get.sse();
+        let answer = stream.next_event(STEP).await.json();
+        let want: serde_json::Value = serde_json::from_str(id).unwrap();
+        assert_eq!(answer["id"], want, "id {id}: {answer}");
+        eprintln!("review21: id {id}: the replayed answer arrived");
+    }
+}
