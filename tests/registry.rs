@@ -2212,3 +2212,42 @@ async fn review21_a_200_minus_32001_is_not_a_lost_session() {
     );
     assert_eq!(c.get("3", &t).await["result"]["status"], "working");
 }
+
+/// review-21: the same under 2025-11-25 `tasks/result`, which answers a failed tool's own
+/// JSON-RPC error (here `-32001`, HTTP 200, the way the TypeScript SDK relays an `McpError`
+/// with `ErrorCode.RequestTimeout`): the client must get that error, and the record must not be
+/// failed as "the upstream no longer has the session" (nothing answered HTTP 404).
+#[tokio::test]
+async fn review21_a_tools_own_minus_32001_under_tasks_result_is_not_a_lost_session() {
+    let up = Upstream::start(|req| match req.rpc_method().as_deref() {
+        Some("initialize") => ScriptedResponse::result_for(
+            req,
+            r#"{"protocolVersion":"2025-11-25","capabilities":{"tools":{},"tasks":{"list":{},"cancel":{},"requests":{"tools":{"call":{}}}}},"serverInfo":{"name":"s","version":"1"}}"#,
+        )
+        .set_header("mcp-session-id", "sess-1"),
+        Some("tools/call") => ScriptedResponse::result_for(
+            req,
+            r#"{"task":{"taskId":"t-1","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":60000}}"#,
+        ),
+        Some("tasks/result") => {
+            let id = req.rpc_id_json();
+            ScriptedResponse::json(format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32001,"message":"the tool's backend timed out"}}}}"#
+            ))
+        }
+        _ => mcp_handler(req),
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = c.create_task("1").await;
+    let r = c.result("2", &t).await;
+    let record = tg.record(&t).expect("record");
+    assert_eq!(
+        (r["error"]["code"].clone(), r["error"]["message"].clone()),
+        (json!(-32001), json!("the tool's backend timed out")),
+        "the tool's own error, relayed: {r}; record {record:?}"
+    );
+    assert_ne!(record.status, TaskStatus::Failed, "{record:?}");
+}
