@@ -26,6 +26,8 @@
 //!   about 10 KiB with the SDKs' 32- and 36-character ids), the oldest forgotten first (such
 //!   a session then costs one more failed task before it is remembered again); a longer id is
 //!   not remembered. One look-up, on the gateway-task creation path only.
+//! - **Issued again**: an `initialize` answer naming a remembered id forgets it ([`issued`]):
+//!   a server that numbers its sessions issues the old ids again after a restart.
 //! - **Per process**: another replica of a tier learns it from its own held call.
 
 use super::GatewayTasksState;
@@ -68,6 +70,32 @@ impl Lost {
 
     fn contains(&self, session: &str) -> bool {
         self.set.contains(session)
+    }
+
+    /// Forgets `session` (issued again).
+    fn remove(&mut self, session: &str) {
+        if self.set.remove(session) {
+            self.order.retain(|s| &**s != session);
+        }
+    }
+}
+
+/// Forgets the session an `initialize` answer (`reply`) issues: an upstream may issue an id
+/// again after a restart (2025-11-25 basic/transports asks only that ids SHOULD be globally
+/// unique; servers that number their sessions do), and the client that initialized as the
+/// 404 told it must not get the 404 again (review 21 #2). One look at the header; the set's
+/// lock only while it holds anything.
+pub(super) fn issued(state: &GatewayTasksState, reply: &McpReply) {
+    let Some(session) = reply
+        .headers
+        .get(&crate::headers::MCP_SESSION_ID)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return;
+    };
+    let mut lost = state.lost_sessions.lock();
+    if !lost.set.is_empty() {
+        lost.remove(session);
     }
 }
 
@@ -116,6 +144,9 @@ mod tests {
         let mut lost = Lost::default();
         assert!(lost.insert("a"));
         assert!(!lost.insert("a"), "once");
+        lost.remove("a");
+        assert!(!lost.contains("a"), "issued again");
+        assert!(lost.insert("a"));
         for n in 1..LOST_SESSIONS {
             assert!(lost.insert(&format!("s{n}")));
         }

@@ -381,6 +381,7 @@ impl<S: McpService> tower::Service<McpRequest> for GatewayTasksService<S> {
                 let mut inner = self.take_inner();
                 Either::Right(Box::pin(async move {
                     let mut reply = inner.call(req).await?;
+                    gone::issued(&state, &reply);
                     reply.body = reply
                         .body
                         .map_messages(move |text| advertise(&state, text, initialize_result));

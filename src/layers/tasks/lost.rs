@@ -47,7 +47,7 @@ use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::AuthorisedTask;
 use crate::layers::lost_task::{self, error_code, Confirm, Confirmations, INVALID_PARAMS};
 use crate::mcp::era::Era;
-use crate::mcp::errors::{McpError, SESSION_NOT_FOUND};
+use crate::mcp::errors::McpError;
 use crate::mcp::modern;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::{LocalReason, TaskMethod};
@@ -206,7 +206,7 @@ impl Probe {
     {
         match reply.body {
             ReplyBody::Json(ref bytes) => {
-                let Some(mut code) = error_code(bytes) else {
+                let Some(code) = error_code(bytes) else {
                     return reply;
                 };
                 // The spec's signal that a session is gone is the HTTP 404; the code of its
@@ -215,12 +215,17 @@ impl Probe {
                 // "server-error" (`lost_task::says_session_not_found`). A 404 whose body is not
                 // a JSON-RPC error (a wrong path), or whose error says something else (a
                 // proxy's), is not taken for it.
-                if reply.status == http::StatusCode::NOT_FOUND
+                // Only the 404 says so: a `-32001` under HTTP 200 or in an SSE event is a
+                // server's own error (the TypeScript SDK's `RequestTimeout`, a tool's; review
+                // 21 #1: it failed a live task as lost).
+                let said = if reply.status == http::StatusCode::NOT_FOUND
                     && lost_task::says_session_not_found(code, bytes)
                 {
-                    code = SESSION_NOT_FOUND;
-                }
-                match self.instead(registry, code, inner, confirming).await {
+                    Said::SessionGone
+                } else {
+                    Said::Error(code)
+                };
+                match self.instead(registry, said, inner, confirming).await {
                     Some(answer) => answer,
                     None => reply,
                 }
@@ -239,7 +244,8 @@ impl Probe {
                         let Some((probe, inner, code, registry, confirming)) = work else {
                             return event;
                         };
-                        let instead = probe.instead(&registry, code, inner, &confirming).await;
+                        let said = Said::Error(code);
+                        let instead = probe.instead(&registry, said, inner, &confirming).await;
                         match instead.map(|r| r.body) {
                             Some(ReplyBody::Json(bytes)) => with_data(event, bytes),
                             _ => event,
@@ -260,13 +266,13 @@ impl Probe {
         jsonrpc::is_answer_to(data, &self.id).then_some(code)
     }
 
-    /// What the client gets instead of the upstream's error answer `code`, when that answer
-    /// says the upstream lost the task: the record is failed, then answered from (`None`: the
-    /// answer passes as it came, the record failed or not).
+    /// What the client gets instead of the upstream's error answer, which `said`, when that
+    /// answer says the upstream lost the task: the record is failed, then answered from
+    /// (`None`: the answer passes as it came, the record failed or not).
     async fn instead<S>(
         self,
         registry: &Arc<Registry>,
-        code: i64,
+        said: Said,
         inner: S,
         confirming: &Arc<Confirmations>,
     ) -> Option<McpReply>
@@ -278,23 +284,23 @@ impl Probe {
         let (upstream, task_id) = (&self.record.upstream, &self.record.task_id);
         let method = self.method.as_str();
         let session_lost =
-            code == SESSION_NOT_FOUND && self.era == Era::Legacy && self.on_task_session;
+            said == Said::SessionGone && self.era == Era::Legacy && self.on_task_session;
         if self.terminal {
             // Final and durable here: the upstream forgetting it changes nothing (module docs).
-            if code != INVALID_PARAMS && !session_lost {
+            if said != Said::Error(INVALID_PARAMS) && !session_lost {
                 return None;
             }
-            tracing::debug!(upstream = %upstream, task_id = %task_id, code, "the upstream no longer knows a task recorded terminal: answered from its record");
+            tracing::debug!(upstream = %upstream, task_id = %task_id, ?said, "the upstream no longer knows a task recorded terminal: answered from its record");
             return terminal_answer(&self.record, self.era, &self.id);
         }
-        match code {
+        match said {
             _ if session_lost => {
                 let why = format!(
                     "upstream `{upstream}` no longer has the session this task was created on (it answered `{method}` with HTTP 404 \"Session not found\"); the task's state was lost (a restart of the upstream?)"
                 );
                 lost_task::fail_lost(registry, upstream, task_id, method, &why).await;
             }
-            INVALID_PARAMS => {
+            Said::Error(INVALID_PARAMS) => {
                 // Not taken on the client's word: its own params, or the tool's own error under
                 // `tasks/result`, may have caused it (review 18a #1, #2).
                 let confirm = self.confirm?;
@@ -312,6 +318,17 @@ impl Probe {
             _ => None,
         }
     }
+}
+
+/// What an upstream's error answer about a task says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Said {
+    /// HTTP 404 with a JSON-RPC error that says the session is not found
+    /// ([`lost_task::says_session_not_found`]): the 2025-11-25 transport's signal that the
+    /// session is gone. Never an SSE event's nor another status's error.
+    SessionGone,
+    /// A JSON-RPC error with this code.
+    Error(i64),
 }
 
 /// Whether [`terminal_answer`] can answer a `tasks/get` of `record` (terminal) in `era`:
