@@ -1341,7 +1341,7 @@ async fn a_task_failed_on_a_lost_session(gone: Gone) -> (Upstream, Tg, Client, S
     (up, tg, c, before, failed)
 }
 
-/// review-21: [`no_tasks_server`] numbering its sessions from `s-0` (a counter, as this file's
+/// [`no_tasks_server`] numbering its sessions from `s-0` (a counter, as this file's
 /// own servers do; 2025-11-25 transports only say a session id SHOULD be globally unique), that
 /// can restart: `restart` forgets every session and starts the count again. A request on a
 /// session it does not know is answered HTTP 404 `-32001` (the TypeScript SDK).
@@ -1367,22 +1367,25 @@ fn restarting_server(
             return ScriptedResponse::status(
                 404,
                 Some("application/json"),
-                format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32001,"message":"Session not found"}}}}"#),
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32001,"message":"Session not found"}}}}"#
+                ),
             );
         }
         server(req)
     }
 }
 
-/// review-21: the `gone` set is never told that a session id it remembers was issued again. A
-/// server that restarted and numbers its sessions from the start again issues the client's
+/// An upstream session id issued again is not gone (review 21 #2: the `gone` set was never told).
+/// A server that restarted and numbers its sessions from the start again issues the client's
 /// old id to its new `initialize`: that session is live upstream (a plain `tools/call` on it
-/// works), yet taskgate answers its task-augmented `tools/call` HTTP 404 as if it were gone.
+/// works), and its task-augmented `tools/call` is a task again (before: HTTP 404 as if gone).
 #[tokio::test]
-async fn review21_a_session_id_issued_again_is_not_gone() {
+async fn a_session_id_issued_again_is_not_gone() {
     let gate = Gate::new();
     gate.open();
-    let restart = std::sync::Arc::<std::sync::Mutex<(usize, std::collections::HashSet<String>)>>::default();
+    let restart =
+        std::sync::Arc::<std::sync::Mutex<(usize, std::collections::HashSet<String>)>>::default();
     let up = Upstream::start(restarting_server(gate, restart.clone())).await;
     let tg = UgConfig::new(&up.url())
         .upgrade(&["enabled = false"])
@@ -1404,11 +1407,22 @@ async fn review21_a_session_id_issued_again_is_not_gone() {
     .expect("the held call on the lost session failed its task");
     // The client initializes again and is issued s-0, live upstream.
     c.initialize().await;
-    assert_eq!(c.session.as_deref(), Some("s-0"), "the restarted server's first session");
+    assert_eq!(
+        c.session.as_deref(),
+        Some("s-0"),
+        "the restarted server's first session"
+    );
     let plain = c
-        .rpc(rpc("4", "tools/call", &json!({"name": "slow", "arguments": {}}).to_string()))
+        .rpc(rpc(
+            "4",
+            "tools/call",
+            &json!({"name": "slow", "arguments": {}}).to_string(),
+        ))
         .await;
-    assert_eq!(plain["result"]["content"][0]["text"], "done", "live upstream: {plain}");
+    assert_eq!(
+        plain["result"]["content"][0]["text"], "done",
+        "live upstream: {plain}"
+    );
     let body = rpc(
         "5",
         "tools/call",

@@ -2188,12 +2188,12 @@ async fn a_task_in_flight_on_another_session_is_not_shown_on_a_get_stream() {
     );
 }
 
-/// review-21: a JSON-RPC `-32001` that is NOT an HTTP 404 (here HTTP 200, the TypeScript SDK's
+/// A JSON-RPC `-32001` that is NOT an HTTP 404 (here HTTP 200, the TypeScript SDK's
 /// `ErrorCode.RequestTimeout`, or any server-defined code in -32000..-32099) is not "session not
 /// found": only the 404 says the session is gone (2025-11-25 transports). The record must stay
 /// `working`, as for any other error (`other_upstream_errors_leave_the_record_live`).
 #[tokio::test]
-async fn review21_a_200_minus_32001_is_not_a_lost_session() {
+async fn a_200_minus_32001_is_not_a_lost_session() {
     let up = TaskServer::start(Behaviour {
         cancel_error: Some((-32001, "Request timed out".to_string())),
         ..Behaviour::default()
@@ -2213,12 +2213,12 @@ async fn review21_a_200_minus_32001_is_not_a_lost_session() {
     assert_eq!(c.get("3", &t).await["result"]["status"], "working");
 }
 
-/// review-21: the same under 2025-11-25 `tasks/result`, which answers a failed tool's own
+/// The same under 2025-11-25 `tasks/result`, which answers a failed tool's own
 /// JSON-RPC error (here `-32001`, HTTP 200, the way the TypeScript SDK relays an `McpError`
 /// with `ErrorCode.RequestTimeout`): the client must get that error, and the record must not be
 /// failed as "the upstream no longer has the session" (nothing answered HTTP 404).
 #[tokio::test]
-async fn review21_a_tools_own_minus_32001_under_tasks_result_is_not_a_lost_session() {
+async fn a_tools_own_minus_32001_under_tasks_result_is_not_a_lost_session() {
     let up = Upstream::start(|req| match req.rpc_method().as_deref() {
         Some("initialize") => ScriptedResponse::result_for(
             req,

@@ -158,15 +158,13 @@ async fn a_resumed_get_stream_gets_no_answer_to_taskgates_own_requests() {
     );
 }
 
-/// review-21: a client resumes its broken POST stream (2025-11-25 transports, "Resumability and
+/// A client resumes its broken POST stream (2025-11-25 transports, "Resumability and
 /// Redelivery": GET with `Last-Event-ID` of that stream's event) and the upstream replays the
-/// answer to its request there, under the id the request went upstream with. A client that
-/// chose an id in taskgate's form now always goes upstream under a minted id, and the `ids`
-/// GET filter drops every answer under such an id: the client's own answer never arrives
-/// (without `upgrade` it did before this change: the free id went as it came). The control (a
-/// numeric id) gets it.
+/// answer to its request there, under the id the request went upstream with: the client gets
+/// it under its own id, a plain one (`7`) and one in taskgate's form, which went upstream
+/// under a minted id (review 21 #3: that answer was dropped as taskgate's own).
 #[tokio::test]
-async fn review21_a_resumed_post_stream_still_gets_the_clients_answer() {
+async fn a_resumed_post_stream_gets_the_clients_answer_under_its_id() {
     let got = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let seen = got.clone();
     let up = Upstream::start(move |req| {
@@ -217,6 +215,5 @@ async fn review21_a_resumed_post_stream_still_gets_the_clients_answer() {
         let answer = stream.next_event(STEP).await.json();
         let want: serde_json::Value = serde_json::from_str(id).unwrap();
         assert_eq!(answer["id"], want, "id {id}: {answer}");
-        eprintln!("review21: id {id}: the replayed answer arrived");
     }
 }

@@ -32,11 +32,14 @@
 //!   message answering it (the JSON answer, or the SSE event that carries it) comes back under the
 //!   client's id, its text and type exactly as the client sent them (`0` a number, `"0"` a string);
 //! - the client chose it in taskgate's form ([`ClientIdInOwnForm`], set by the edge): it goes
-//!   under a minted id in any case, so the upstream never sees a client's id in that form.
+//!   under a minted id in any case, so the upstream never sees a client's id in that form
+//!   (unless the table is full, below: then every request passes untracked).
 //!
-//! A 2025-11-25 session's GET stream: the answers under ids in taskgate's form are dropped
-//! (`not_the_clients`): an upstream replays them to a client that resumes the stream
-//! (`Last-Event-ID`), and none answers a request the client sent under its own id.
+//! A 2025-11-25 session's GET stream: an upstream replays answers there to a client that
+//! resumes a stream (`Last-Event-ID`). An answer under a minted id whose request is still known
+//! (in flight, or one of the last [`MAX_UNANSWERED`] whose stream ended before the answer) gets
+//! the client's id back; every other answer under an id in taskgate's form is dropped (it
+//! answers taskgate's own request, or one no longer known).
 //!
 //! A client's `notifications/cancelled` (2025 era) naming `requestId` `X` on `S`: when `X` is one
 //! of the caller's calls in flight there, it goes upstream naming that call's upstream id (the
@@ -70,6 +73,10 @@ use std::task::{Context, Poll};
 
 /// Most requests tracked in flight per upstream; past it a request passes untracked.
 pub const MAX_IN_FLIGHT: usize = 65_536;
+/// Most mapped requests per upstream whose reply ended before their answer passed, kept so that
+/// the answer can reach a resumed GET stream under the client's id (the oldest forgotten first;
+/// an entry is a few hundred bytes at most).
+pub const MAX_UNANSWERED: usize = 1_024;
 
 /// A client's request id on one upstream session (`None`: the upstream has no sessions): the
 /// key of [`Table::mapped`], the rare path.
@@ -129,6 +136,13 @@ struct Table {
     /// `(session, client id)` → the minted ids of that client id's mapped requests, with who
     /// sent each (for `notifications/cancelled`).
     mapped: HashMap<Key, Vec<(Caller, Id)>, Hasher>,
+    /// `(session, minted id)` → the client's id, for mapped requests whose reply ended before
+    /// their answer passed (the client's stream broke; it may resume it on the session's GET
+    /// stream, where the upstream replays the answer under the minted id). At most
+    /// [`MAX_UNANSWERED`], the oldest forgotten first.
+    unanswered: HashMap<Key, Id, Hasher>,
+    /// The keys of `unanswered`, oldest first (some already taken).
+    unanswered_order: std::collections::VecDeque<Key>,
 }
 
 impl Table {
@@ -137,6 +151,31 @@ impl Table {
         let mut state = self.hasher.build_hasher();
         hash_key(&mut state, session, id);
         state.finish()
+    }
+
+    /// Keeps a mapped request's ids after its reply ended without its answer.
+    fn keep_unanswered(&mut self, key: Key, client: Id) {
+        while self.unanswered_order.len() >= MAX_UNANSWERED {
+            if let Some(oldest) = self.unanswered_order.pop_front() {
+                self.unanswered.remove(&oldest);
+            }
+        }
+        self.unanswered.insert(key.clone(), client);
+        self.unanswered_order.push_back(key);
+    }
+
+    /// The client's id of the request sent under `minted` on `session`: one in flight, or one
+    /// whose reply ended without its answer (taken: an answer is restored once).
+    fn client_of(&mut self, session: Option<&HeaderValue>, minted: &Id) -> Option<Id> {
+        let hash = self.hash(session, minted);
+        if let Some(e) = self.in_flight.find(hash, |e| e.is(session, minted)) {
+            return e.client_id.clone();
+        }
+        if self.unanswered.is_empty() {
+            return None;
+        }
+        self.unanswered
+            .remove(&Key(session.cloned(), minted.clone()))
     }
 
     /// Enters a request; the token of its entry.
@@ -266,6 +305,7 @@ impl IdsState {
                 session: session.cloned(),
                 minted,
                 client: id.clone(),
+                answered: false,
             })),
         })
     }
@@ -341,6 +381,8 @@ struct Mapped {
     minted: Id,
     /// The client's id.
     client: Id,
+    /// Its answer passed (under the client's id).
+    answered: bool,
 }
 
 impl Drop for Tracked {
@@ -357,6 +399,9 @@ impl Drop for Tracked {
                     t.mapped.remove(&k);
                 }
             }
+            if !m.answered {
+                t.keep_unanswered(Key(m.session.clone(), m.minted.clone()), m.client.clone());
+            }
         }
     }
 }
@@ -370,52 +415,80 @@ enum Step {
     /// A request's: keeps the entry while the reply is relayed and, for a mapped request, gives
     /// the answer the client's id back.
     Request(Tracked),
-    /// A 2025-11-25 session's GET stream: answers under ids in taskgate's form are dropped
-    /// ([`not_the_clients`]).
-    Listen,
+    /// A 2025-11-25 session's GET stream on this upstream session: answers under ids in
+    /// taskgate's form are dropped or given the client's id back ([`listen`]).
+    Listen(Arc<IdsState>, Option<HeaderValue>),
 }
 
 impl<E> ReplyStep<E> for Release {
     fn apply(self, reply: McpReply) -> Result<McpReply, E> {
         Ok(match self.0 {
             Step::Request(tracked) => pass(tracked, reply),
-            Step::Listen => listen(reply),
+            Step::Listen(state, session) => listen(state, session, reply),
         })
     }
 }
 
-/// A session's GET stream without the answers no client sent the request of. An upstream
-/// sends answers there only when a client resumes a stream (`Last-Event-ID`), and it replays
-/// every later event of the session (server-everything does), taskgate's own exchanges
-/// included: the answers to taskgate's own requests (a gateway-owned task's held call, a
-/// lost-task check, `upgrade`'s calls) and to the requests this layer sent under minted ids,
-/// whose client ids are no longer known. A client's id never goes upstream in that form
-/// ([`ClientIdInOwnForm`]), so none of these is a client's.
-fn listen(mut reply: McpReply) -> McpReply {
+/// A session's GET stream without the answers under taskgate's ids, but the client's own given
+/// its id back. An upstream sends answers there only when a client resumes a stream
+/// (`Last-Event-ID`), and it replays every later event of the session (server-everything
+/// does), taskgate's own exchanges included: the answers to taskgate's own requests (a
+/// gateway-owned task's held call, a lost-task check, `upgrade`'s calls), dropped; and the
+/// answer to a client's request this layer sent under a minted id, whose stream broke before
+/// the answer: given the client's id back ([`Table::client_of`]; dropped when no longer known).
+/// A client's id never goes upstream in taskgate's form ([`ClientIdInOwnForm`]), so no other
+/// answer under one is a client's.
+fn listen(state: Arc<IdsState>, session: Option<HeaderValue>, mut reply: McpReply) -> McpReply {
     if let ReplyBody::Stream(events) = reply.body {
         use futures_util::StreamExt;
-        reply.body = ReplyBody::Stream(Box::pin(events.filter(|ev| {
-            let keep = !ev.data.as_deref().is_some_and(not_the_clients);
-            std::future::ready(keep)
+        reply.body = ReplyBody::Stream(Box::pin(events.filter_map(move |mut ev| {
+            let seen = ev.data.as_deref().map(|d| state.heard(session.as_ref(), d));
+            std::future::ready(match seen {
+                None | Some(Heard::Pass) => Some(ev),
+                Some(Heard::Drop) => None,
+                Some(Heard::Restored(text)) => {
+                    ev.data = Some(text.into());
+                    Some(ev)
+                }
+            })
         })));
     }
     reply
 }
 
-/// Whether `data` is an answer (result or error) under an id in taskgate's form. Messages that
-/// cannot name `"taskgate-` are not parsed.
-fn not_the_clients(data: &str) -> bool {
-    if !needles::may_name(&needles::OWN_ID, data.as_bytes()) {
-        return false;
+/// What becomes of a message on a session's GET stream ([`listen`]).
+enum Heard {
+    Pass,
+    Drop,
+    /// The answer under the client's own id.
+    Restored(String),
+}
+
+impl IdsState {
+    /// What becomes of `data`, a message on `session`'s GET stream (see [`listen`]). Messages
+    /// that cannot name `"taskgate-` are not parsed.
+    fn heard(&self, session: Option<&HeaderValue>, data: &str) -> Heard {
+        if !needles::may_name(&needles::OWN_ID, data.as_bytes()) {
+            return Heard::Pass;
+        }
+        let Ok(msg) = Message::parse(Bytes::copy_from_slice(data.as_bytes())) else {
+            return Heard::Pass;
+        };
+        let own =
+            matches!(msg.kind(), Kind::Response | Kind::Error) && msg.id().is_some_and(in_own_form);
+        let Some(id) = msg.id().filter(|_| own) else {
+            return Heard::Pass;
+        };
+        let client = self.table.lock().client_of(session, id);
+        match client.and_then(|client| client_answer(data, id, &client)) {
+            Some(text) => Heard::Restored(text),
+            None => Heard::Drop,
+        }
     }
-    let Ok(msg) = Message::parse(Bytes::copy_from_slice(data.as_bytes())) else {
-        return false;
-    };
-    matches!(msg.kind(), Kind::Response | Kind::Error) && msg.id().is_some_and(in_own_form)
 }
 
 /// A request's reply as it goes on (see [`Step::Request`]).
-fn pass(tracked: Tracked, mut reply: McpReply) -> McpReply {
+fn pass(mut tracked: Tracked, mut reply: McpReply) -> McpReply {
     let restore = tracked
         .mapped
         .as_ref()
@@ -426,9 +499,12 @@ fn pass(tracked: Tracked, mut reply: McpReply) -> McpReply {
     }
     reply.body = reply.body.map_messages(move |text| {
         // The entry lives as long as the stream is relayed.
-        let _held = &tracked;
         let (minted, client) = restore.as_ref()?;
-        client_answer(text, minted, client)
+        let answer = client_answer(text, minted, client);
+        if let (Some(_), Some(m)) = (&answer, tracked.mapped.as_mut()) {
+            m.answered = true;
+        }
+        answer
     });
     reply
 }
@@ -509,9 +585,10 @@ where
     fn call(&mut self, req: McpRequest) -> Self::Future {
         let Operation::Post(msg) = &req.op else {
             if matches!(req.op, Operation::OpenStream) && req.era() == Era::Legacy {
+                let step = Step::Listen(self.state.clone(), req.ctx.session_id.clone());
                 return Either::Left(Either::Right(AfterReply::new(
                     self.inner.call(req),
-                    Release(Step::Listen),
+                    Release(step),
                 )));
             }
             return Either::Left(Either::Left(self.inner.call(req)));

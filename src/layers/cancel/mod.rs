@@ -504,6 +504,17 @@ where
         Ok(reply) => reply,
     };
     let status = reply.status.as_u16();
+    // The 2025-11-25 transport's "session gone" (an HTTP 404 whose error says so) stays the
+    // reply it came as: its status is the signal the `tasks` layer's lost-task probe reads (a
+    // `-32001` under HTTP 200 is a server's own error: review 21 #1).
+    if let ReplyBody::Json(bytes) = &reply.body {
+        let gone = reply.status == http::StatusCode::NOT_FOUND
+            && lost_task::error_code(bytes)
+                .is_some_and(|code| lost_task::says_session_not_found(code, bytes));
+        if gone {
+            return FlightAnswer::Http(Arc::new(Mutex::new(Some(reply))), status);
+        }
+    }
     let message = match reply.body {
         ReplyBody::Json(bytes) => Some(bytes),
         ReplyBody::Stream(events) => {
