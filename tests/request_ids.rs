@@ -217,3 +217,84 @@ async fn a_resumed_post_stream_gets_the_clients_answer_under_its_id() {
         assert_eq!(answer["id"], want, "id {id}: {answer}");
     }
 }
+
+/// Callers share a session-less upstream's one stream of requests: the answer the upstream
+/// replays on a resumed GET stream under a minted id gets its client's id back only on its
+/// own caller's stream. bob, resuming with the event id of alice's broken stream, gets
+/// neither her answer nor her id; alice then gets it under her own id.
+#[tokio::test]
+async fn a_replayed_answer_is_restored_only_for_its_own_caller() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sent = seen.clone();
+    let up = Upstream::start(move |req| {
+        if req.method == "GET" {
+            let id = sent.lock().unwrap().clone();
+            let answer = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[]}}}}"#);
+            return ScriptedResponse::sse(vec![
+                ev().event("message").id("p2").data(&answer).into(),
+                ev().event("message")
+                    .id("p3")
+                    .data(&notification("notifications/tools/list_changed", "{}"))
+                    .into(),
+                SseStep::HoldOpen,
+            ]);
+        }
+        match req.rpc_method().as_deref() {
+            Some("initialize") => ScriptedResponse::result_for(
+                req,
+                r#"{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"s","version":"1"}}"#,
+            ),
+            Some("tools/call") => {
+                *sent.lock().unwrap() = req.rpc_id_json();
+                // The stream breaks after its first event, before the answer.
+                ScriptedResponse::sse(vec![ev()
+                    .event("message")
+                    .id("p1")
+                    .data(&notification("notifications/message", r#"{"level":"info","data":"working"}"#))
+                    .into()])
+            }
+            _ => ScriptedResponse::accepted(),
+        }
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .token("bob", "bob-token")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("alice-token");
+    let mut bob = tg.client().with_token("bob-token");
+    alice.initialize().await;
+    bob.initialize().await;
+    let r = alice
+        .send(rpc("\"taskgate-a\"", "tools/call", r#"{"name":"echo"}"#))
+        .await;
+    let mut post = r.sse();
+    assert_eq!(
+        post.next_event(STEP).await.json()["method"],
+        "notifications/message"
+    );
+    drop(post);
+    assert!(seen.lock().unwrap().starts_with("\"taskgate-id-"), "mapped");
+    let resume = |c: &Client| {
+        Req::mcp_get(&tg.mcp_url())
+            .header(
+                "authorization",
+                &format!("Bearer {}", c.token.clone().unwrap()),
+            )
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+            .header("last-event-id", "p1")
+            .send()
+    };
+    let get = resume(&bob).await;
+    assert_eq!(get.status(), 200);
+    let first = get.sse().next_event(STEP).await.json();
+    assert_eq!(
+        first["method"], "notifications/tools/list_changed",
+        "bob gets no answer of alice's: {first}"
+    );
+    let get = resume(&alice).await;
+    assert_eq!(get.status(), 200);
+    let first = get.sse().next_event(STEP).await.json();
+    assert_eq!(first["id"], serde_json::json!("taskgate-a"), "{first}");
+}

@@ -136,11 +136,12 @@ struct Table {
     /// `(session, client id)` → the minted ids of that client id's mapped requests, with who
     /// sent each (for `notifications/cancelled`).
     mapped: HashMap<Key, Vec<(Caller, Id)>, Hasher>,
-    /// `(session, minted id)` → the client's id, for mapped requests whose reply ended before
+    /// `(session, minted id)` → the client's id and who sent it, for mapped requests whose reply
+    /// ended before
     /// their answer passed (the client's stream broke; it may resume it on the session's GET
     /// stream, where the upstream replays the answer under the minted id). At most
     /// [`MAX_UNANSWERED`], the oldest forgotten first.
-    unanswered: HashMap<Key, Id, Hasher>,
+    unanswered: HashMap<Key, (Id, Caller), Hasher>,
     /// The keys of `unanswered`, oldest first (some already taken).
     unanswered_order: std::collections::VecDeque<Key>,
 }
@@ -154,7 +155,7 @@ impl Table {
     }
 
     /// Keeps a mapped request's ids after its reply ended without its answer.
-    fn keep_unanswered(&mut self, key: Key, client: Id) {
+    fn keep_unanswered(&mut self, key: Key, client: (Id, Caller)) {
         while self.unanswered_order.len() >= MAX_UNANSWERED {
             if let Some(oldest) = self.unanswered_order.pop_front() {
                 self.unanswered.remove(&oldest);
@@ -164,18 +165,31 @@ impl Table {
         self.unanswered_order.push_back(key);
     }
 
-    /// The client's id of the request sent under `minted` on `session`: one in flight, or one
-    /// whose reply ended without its answer (taken: an answer is restored once).
-    fn client_of(&mut self, session: Option<&HeaderValue>, minted: &Id) -> Option<Id> {
+    /// The client's id of the request `caller` sent under `minted` on `session`: one in flight,
+    /// or one whose reply ended without its answer (taken: an answer is restored once). `None`
+    /// for another caller's request: callers may share an upstream session (a session-less
+    /// upstream's, with authentication every principal's), and an answer goes to its own
+    /// caller only.
+    fn client_of(
+        &mut self,
+        session: Option<&HeaderValue>,
+        minted: &Id,
+        caller: &Caller,
+    ) -> Option<Id> {
         let hash = self.hash(session, minted);
         if let Some(e) = self.in_flight.find(hash, |e| e.is(session, minted)) {
-            return e.client_id.clone();
+            return e.client_id.clone().filter(|_| e.caller == *caller);
         }
         if self.unanswered.is_empty() {
             return None;
         }
-        self.unanswered
-            .remove(&Key(session.cloned(), minted.clone()))
+        let key = Key(session.cloned(), minted.clone());
+        match self.unanswered.get(&key) {
+            Some((_, sent_by)) if sent_by == caller => {
+                self.unanswered.remove(&key).map(|(client, _)| client)
+            }
+            _ => None,
+        }
     }
 
     /// Enters a request; the token of its entry.
@@ -388,9 +402,11 @@ struct Mapped {
 impl Drop for Tracked {
     fn drop(&mut self) {
         let mut t = self.state.table.lock();
-        if let Ok(entry) = t.in_flight.find_entry(self.hash, |e| e.token == self.token) {
-            entry.remove();
-        }
+        let removed = t
+            .in_flight
+            .find_entry(self.hash, |e| e.token == self.token)
+            .ok()
+            .map(|entry| entry.remove().0);
         if let Some(m) = &self.mapped {
             let k = Key(m.session.clone(), m.client.clone());
             if let Some(list) = t.mapped.get_mut(&k) {
@@ -399,8 +415,9 @@ impl Drop for Tracked {
                     t.mapped.remove(&k);
                 }
             }
-            if !m.answered {
-                t.keep_unanswered(Key(m.session.clone(), m.minted.clone()), m.client.clone());
+            if let Some(entry) = removed.filter(|_| !m.answered) {
+                let key = Key(m.session.clone(), m.minted.clone());
+                t.keep_unanswered(key, (m.client.clone(), entry.caller.detached()));
             }
         }
     }
@@ -417,14 +434,14 @@ enum Step {
     Request(Tracked),
     /// A 2025-11-25 session's GET stream on this upstream session: answers under ids in
     /// taskgate's form are dropped or given the client's id back ([`listen`]).
-    Listen(Arc<IdsState>, Option<HeaderValue>),
+    Listen(Arc<IdsState>, Option<HeaderValue>, Caller),
 }
 
 impl<E> ReplyStep<E> for Release {
     fn apply(self, reply: McpReply) -> Result<McpReply, E> {
         Ok(match self.0 {
             Step::Request(tracked) => pass(tracked, reply),
-            Step::Listen(state, session) => listen(state, session, reply),
+            Step::Listen(state, session, caller) => listen(state, session, caller, reply),
         })
     }
 }
@@ -435,14 +452,23 @@ impl<E> ReplyStep<E> for Release {
 /// does), taskgate's own exchanges included: the answers to taskgate's own requests (a
 /// gateway-owned task's held call, a lost-task check, `upgrade`'s calls), dropped; and the
 /// answer to a client's request this layer sent under a minted id, whose stream broke before
-/// the answer: given the client's id back ([`Table::client_of`]; dropped when no longer known).
+/// the answer: given the client's id back when the GET's caller sent it ([`Table::client_of`];
+/// dropped when no longer known, or another caller's).
 /// A client's id never goes upstream in taskgate's form ([`ClientIdInOwnForm`]), so no other
 /// answer under one is a client's.
-fn listen(state: Arc<IdsState>, session: Option<HeaderValue>, mut reply: McpReply) -> McpReply {
+fn listen(
+    state: Arc<IdsState>,
+    session: Option<HeaderValue>,
+    caller: Caller,
+    mut reply: McpReply,
+) -> McpReply {
     if let ReplyBody::Stream(events) = reply.body {
         use futures_util::StreamExt;
         reply.body = ReplyBody::Stream(Box::pin(events.filter_map(move |mut ev| {
-            let seen = ev.data.as_deref().map(|d| state.heard(session.as_ref(), d));
+            let seen = ev
+                .data
+                .as_deref()
+                .map(|d| state.heard(session.as_ref(), &caller, d));
             std::future::ready(match seen {
                 None | Some(Heard::Pass) => Some(ev),
                 Some(Heard::Drop) => None,
@@ -467,7 +493,7 @@ enum Heard {
 impl IdsState {
     /// What becomes of `data`, a message on `session`'s GET stream (see [`listen`]). Messages
     /// that cannot name `"taskgate-` are not parsed.
-    fn heard(&self, session: Option<&HeaderValue>, data: &str) -> Heard {
+    fn heard(&self, session: Option<&HeaderValue>, caller: &Caller, data: &str) -> Heard {
         if !needles::may_name(&needles::OWN_ID, data.as_bytes()) {
             return Heard::Pass;
         }
@@ -479,7 +505,7 @@ impl IdsState {
         let Some(id) = msg.id().filter(|_| own) else {
             return Heard::Pass;
         };
-        let client = self.table.lock().client_of(session, id);
+        let client = self.table.lock().client_of(session, id, caller);
         match client.and_then(|client| client_answer(data, id, &client)) {
             Some(text) => Heard::Restored(text),
             None => Heard::Drop,
@@ -585,7 +611,8 @@ where
     fn call(&mut self, req: McpRequest) -> Self::Future {
         let Operation::Post(msg) = &req.op else {
             if matches!(req.op, Operation::OpenStream) && req.era() == Era::Legacy {
-                let step = Step::Listen(self.state.clone(), req.ctx.session_id.clone());
+                let session = req.ctx.session_id.clone();
+                let step = Step::Listen(self.state.clone(), session, req.ctx.caller().detached());
                 return Either::Left(Either::Right(AfterReply::new(
                     self.inner.call(req),
                     Release(step),
