@@ -230,6 +230,23 @@ async fn a_replayed_answer_is_restored_only_for_its_own_caller() {
         if req.method == "GET" {
             let id = sent.lock().unwrap().clone();
             let answer = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[]}}}}"#);
+
+/// review-21b #1: on a session-less upstream (one upstream "session", `None`, shared by every
+/// principal) bob's call with id 1 is in flight; alice's call with id 1 goes under a minted id
+/// and her POST stream breaks before the answer. bob resumes a stream (GET, `Last-Event-ID`);
+/// the upstream replays alice's answer under the minted id there (server-everything replays
+/// the session's later events). bob must not get it: before the fix he gets alice's tool
+/// result under HIS id 1 (his call is still open: his client takes it as its answer).
+#[tokio::test]
+async fn review21b_a_replayed_answer_never_reaches_another_principal() {
+    let minted = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let m = minted.clone();
+    let up = Upstream::start(move |req| {
+        if req.method == "GET" {
+            let id = m.lock().unwrap().clone();
+            let answer = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[],"caller":"alice-secret"}}}}"#
+            );
             return ScriptedResponse::sse(vec![
                 ev().event("message").id("p2").data(&answer).into(),
                 ev().event("message")
@@ -247,6 +264,16 @@ async fn a_replayed_answer_is_restored_only_for_its_own_caller() {
             Some("tools/call") => {
                 *sent.lock().unwrap() = req.rpc_id_json();
                 // The stream breaks after its first event, before the answer.
+
+            Some("tools/call") if req.rpc_id_json() == "1" => ScriptedResponse::sse(vec![
+                ev().event("message")
+                    .id("b1")
+                    .data(&notification("notifications/message", r#"{"level":"info","data":"bob working"}"#))
+                    .into(),
+                SseStep::HoldOpen,
+            ]),
+            Some("tools/call") => {
+                *m.lock().unwrap() = req.rpc_id_json();
                 ScriptedResponse::sse(vec![ev()
                     .event("message")
                     .id("p1")
@@ -287,6 +314,29 @@ async fn a_replayed_answer_is_restored_only_for_its_own_caller() {
             .send()
     };
     let get = resume(&bob).await;
+
+    assert!(alice.session.is_none() && bob.session.is_none(), "session-less");
+    // bob's call 1, held open upstream.
+    let mut bob_post = bob
+        .send(rpc("1", "tools/call", r#"{"name":"bob"}"#))
+        .await
+        .sse();
+    assert_eq!(bob_post.next_event(STEP).await.json()["method"], "notifications/message");
+    // alice's call 1: mapped; her stream breaks before the answer.
+    let mut post = alice
+        .send(rpc("1", "tools/call", r#"{"name":"alice"}"#))
+        .await
+        .sse();
+    assert_eq!(post.next_event(STEP).await.json()["method"], "notifications/message");
+    drop(post);
+    assert!(minted.lock().unwrap().starts_with("\"taskgate-id-"), "mapped");
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let get = Req::mcp_get(&tg.mcp_url())
+        .header("authorization", "Bearer bob-token")
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .header("last-event-id", "b1")
+        .send()
+        .await;
     assert_eq!(get.status(), 200);
     let first = get.sse().next_event(STEP).await.json();
     assert_eq!(
@@ -297,4 +347,8 @@ async fn a_replayed_answer_is_restored_only_for_its_own_caller() {
     assert_eq!(get.status(), 200);
     let first = get.sse().next_event(STEP).await.json();
     assert_eq!(first["id"], serde_json::json!("taskgate-a"), "{first}");
+
+        "bob got alice's answer under his own id 1: {first}"
+    );
+    drop(bob_post);
 }
