@@ -2251,3 +2251,62 @@ async fn a_tools_own_minus_32001_under_tasks_result_is_not_a_lost_session() {
     );
     assert_ne!(record.status, TaskStatus::Failed, "{record:?}");
 }
+
+/// review-21b #2: two `tasks/cancel`s of one live task join one flight; the upstream answers
+/// it HTTP 404 "Session not found" (it lost the session). Alone, a cancel fails the record as
+/// lost and is answered from it. Joined: `reply_of` `take()`s the kept 404 before it checks
+/// `first`, so whichever caller reads the outcome first (here the joiner) swallows it: both
+/// get `-32603` "answered tasks/cancel with HTTP 404" and the record stays `working`. At
+/// 9617dbe both got the failed task's answer.
+#[tokio::test]
+async fn review21b_a_joined_cancel_of_a_lost_session_gets_the_failed_task_too() {
+    let gate = Gate::new();
+    let up = Upstream::start({
+        let gate = gate.clone();
+        move |req| match req.rpc_method().as_deref() {
+            Some("initialize") => ScriptedResponse::result_for(
+                req,
+                r#"{"protocolVersion":"2025-11-25","capabilities":{"tools":{},"tasks":{"list":{},"cancel":{},"requests":{"tools":{"call":{}}}}},"serverInfo":{"name":"s","version":"1"}}"#,
+            )
+            .set_header("mcp-session-id", "sess-1"),
+            Some("tools/call") => ScriptedResponse::result_for(
+                req,
+                r#"{"task":{"taskId":"t-1","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":60000}}"#,
+            ),
+            Some("tasks/cancel") => {
+                let id = req.rpc_id_json();
+                ScriptedResponse::status(
+                    404,
+                    Some("application/json"),
+                    format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32001,"message":"Session not found"}}}}"#),
+                )
+                .after_gate(&gate)
+            }
+            _ => mcp_handler(req),
+        }
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = c.create_task("1").await;
+    let send = |id: &str| {
+        let req = c.req(rpc(id, "tasks/cancel", &format!(r#"{{"taskId":"{t}"}}"#)));
+        tokio::spawn(async move {
+            let r = req.send().await;
+            (r.status(), r.json().await)
+        })
+    };
+    let a = send("2");
+    assert!(up.wait_for_method("tasks/cancel", 1, STEP).await);
+    let b = send("3");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    gate.open();
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    assert_eq!(up.received("tasks/cancel").len(), 1, "one flight");
+    let record = tg.record(&t).expect("record");
+    assert_eq!(record.status, TaskStatus::Failed, "{a:?} {b:?}");
+    // As for one cancel alone: the record's answer (`-32602`, the task is already failed).
+    assert_ne!(a.1["error"]["code"], json!(-32603), "first: {a:?}");
+    assert_ne!(b.1["error"]["code"], json!(-32603), "joined: {b:?}");
+}
