@@ -2252,14 +2252,12 @@ async fn a_tools_own_minus_32001_under_tasks_result_is_not_a_lost_session() {
     assert_ne!(record.status, TaskStatus::Failed, "{record:?}");
 }
 
-/// review-21b #2: two `tasks/cancel`s of one live task join one flight; the upstream answers
-/// it HTTP 404 "Session not found" (it lost the session). Alone, a cancel fails the record as
-/// lost and is answered from it. Joined: `reply_of` `take()`s the kept 404 before it checks
-/// `first`, so whichever caller reads the outcome first (here the joiner) swallows it: both
-/// get `-32603` "answered tasks/cancel with HTTP 404" and the record stays `working`. At
-/// 9617dbe both got the failed task's answer.
+/// Two `tasks/cancel`s of one live task join one flight; the upstream answers
+/// it HTTP 404 "Session not found" (it lost the session): every caller is answered from the
+/// record, failed as lost (review 21b #2: with the 404 kept as one reply, whichever caller read
+/// the outcome first took it, both got `-32603` and the record stayed `working`).
 #[tokio::test]
-async fn review21b_a_joined_cancel_of_a_lost_session_gets_the_failed_task_too() {
+async fn a_joined_cancel_of_a_lost_session_gets_the_failed_task_too() {
     let gate = Gate::new();
     let up = Upstream::start({
         let gate = gate.clone();

@@ -230,23 +230,6 @@ async fn a_replayed_answer_is_restored_only_for_its_own_caller() {
         if req.method == "GET" {
             let id = sent.lock().unwrap().clone();
             let answer = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[]}}}}"#);
-
-/// review-21b #1: on a session-less upstream (one upstream "session", `None`, shared by every
-/// principal) bob's call with id 1 is in flight; alice's call with id 1 goes under a minted id
-/// and her POST stream breaks before the answer. bob resumes a stream (GET, `Last-Event-ID`);
-/// the upstream replays alice's answer under the minted id there (server-everything replays
-/// the session's later events). bob must not get it: before the fix he gets alice's tool
-/// result under HIS id 1 (his call is still open: his client takes it as its answer).
-#[tokio::test]
-async fn review21b_a_replayed_answer_never_reaches_another_principal() {
-    let minted = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let m = minted.clone();
-    let up = Upstream::start(move |req| {
-        if req.method == "GET" {
-            let id = m.lock().unwrap().clone();
-            let answer = format!(
-                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[],"caller":"alice-secret"}}}}"#
-            );
             return ScriptedResponse::sse(vec![
                 ev().event("message").id("p2").data(&answer).into(),
                 ev().event("message")
@@ -264,16 +247,6 @@ async fn review21b_a_replayed_answer_never_reaches_another_principal() {
             Some("tools/call") => {
                 *sent.lock().unwrap() = req.rpc_id_json();
                 // The stream breaks after its first event, before the answer.
-
-            Some("tools/call") if req.rpc_id_json() == "1" => ScriptedResponse::sse(vec![
-                ev().event("message")
-                    .id("b1")
-                    .data(&notification("notifications/message", r#"{"level":"info","data":"bob working"}"#))
-                    .into(),
-                SseStep::HoldOpen,
-            ]),
-            Some("tools/call") => {
-                *m.lock().unwrap() = req.rpc_id_json();
                 ScriptedResponse::sse(vec![ev()
                     .event("message")
                     .id("p1")
@@ -314,22 +287,103 @@ async fn review21b_a_replayed_answer_never_reaches_another_principal() {
             .send()
     };
     let get = resume(&bob).await;
+    assert_eq!(get.status(), 200);
+    let first = get.sse().next_event(STEP).await.json();
+    assert_eq!(
+        first["method"], "notifications/tools/list_changed",
+        "bob gets no answer of alice's: {first}"
+    );
+    let get = resume(&alice).await;
+    assert_eq!(get.status(), 200);
+    let first = get.sse().next_event(STEP).await.json();
+    assert_eq!(first["id"], serde_json::json!("taskgate-a"), "{first}");
+}
 
-    assert!(alice.session.is_none() && bob.session.is_none(), "session-less");
+/// On a session-less upstream (one upstream "session", `None`, shared by every
+/// principal) bob's call with id 1 is in flight; alice's call with id 1 goes under a minted id
+/// and her POST stream breaks before the answer. bob resumes a stream (GET, `Last-Event-ID`);
+/// the upstream replays alice's answer under the minted id there (server-everything replays
+/// the session's later events). bob must not get it (review 21b #1: he got alice's tool
+/// result under his own id 1, his call still open: his client took it as its answer).
+#[tokio::test]
+async fn a_replayed_answer_never_reaches_another_principal() {
+    let minted = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let m = minted.clone();
+    let up = Upstream::start(move |req| {
+        if req.method == "GET" {
+            let id = m.lock().unwrap().clone();
+            let answer = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[],"caller":"alice-secret"}}}}"#
+            );
+            return ScriptedResponse::sse(vec![
+                ev().event("message").id("p2").data(&answer).into(),
+                ev().event("message")
+                    .id("p3")
+                    .data(&notification("notifications/tools/list_changed", "{}"))
+                    .into(),
+                SseStep::HoldOpen,
+            ]);
+        }
+        match req.rpc_method().as_deref() {
+            Some("initialize") => ScriptedResponse::result_for(
+                req,
+                r#"{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"s","version":"1"}}"#,
+            ),
+            Some("tools/call") if req.rpc_id_json() == "1" => ScriptedResponse::sse(vec![
+                ev().event("message")
+                    .id("b1")
+                    .data(&notification("notifications/message", r#"{"level":"info","data":"bob working"}"#))
+                    .into(),
+                SseStep::HoldOpen,
+            ]),
+            Some("tools/call") => {
+                *m.lock().unwrap() = req.rpc_id_json();
+                ScriptedResponse::sse(vec![ev()
+                    .event("message")
+                    .id("p1")
+                    .data(&notification("notifications/message", r#"{"level":"info","data":"working"}"#))
+                    .into()])
+            }
+            _ => ScriptedResponse::accepted(),
+        }
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .token("bob", "bob-token")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("alice-token");
+    let mut bob = tg.client().with_token("bob-token");
+    alice.initialize().await;
+    bob.initialize().await;
+    assert!(
+        alice.session.is_none() && bob.session.is_none(),
+        "session-less"
+    );
     // bob's call 1, held open upstream.
     let mut bob_post = bob
         .send(rpc("1", "tools/call", r#"{"name":"bob"}"#))
         .await
         .sse();
-    assert_eq!(bob_post.next_event(STEP).await.json()["method"], "notifications/message");
+    assert_eq!(
+        bob_post.next_event(STEP).await.json()["method"],
+        "notifications/message"
+    );
     // alice's call 1: mapped; her stream breaks before the answer.
     let mut post = alice
         .send(rpc("1", "tools/call", r#"{"name":"alice"}"#))
         .await
         .sse();
-    assert_eq!(post.next_event(STEP).await.json()["method"], "notifications/message");
+    assert_eq!(
+        post.next_event(STEP).await.json()["method"],
+        "notifications/message"
+    );
     drop(post);
-    assert!(minted.lock().unwrap().starts_with("\"taskgate-id-"), "mapped");
+    assert!(
+        minted.lock().unwrap().starts_with("\"taskgate-id-"),
+        "mapped"
+    );
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let get = Req::mcp_get(&tg.mcp_url())
         .header("authorization", "Bearer bob-token")
@@ -341,13 +395,6 @@ async fn review21b_a_replayed_answer_never_reaches_another_principal() {
     let first = get.sse().next_event(STEP).await.json();
     assert_eq!(
         first["method"], "notifications/tools/list_changed",
-        "bob gets no answer of alice's: {first}"
-    );
-    let get = resume(&alice).await;
-    assert_eq!(get.status(), 200);
-    let first = get.sse().next_event(STEP).await.json();
-    assert_eq!(first["id"], serde_json::json!("taskgate-a"), "{first}");
-
         "bob got alice's answer under his own id 1: {first}"
     );
     drop(bob_post);

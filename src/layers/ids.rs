@@ -116,6 +116,10 @@ struct Entry {
     caller: Caller,
     /// The client's own id when the request went upstream under a minted one.
     client_id: Option<Id>,
+    /// A client chose `client_id` (not one of taskgate's own requests, which carry their
+    /// client's context but an id of taskgate's form): its answer may be restored to it on a
+    /// GET stream ([`Table::client_of`]).
+    restorable: bool,
 }
 
 impl Entry {
@@ -176,9 +180,16 @@ impl Table {
         minted: &Id,
         caller: &Caller,
     ) -> Option<Id> {
+        // Callers taskgate cannot tell apart (no principal, no session of their own: a
+        // session-less upstream without auth) get no answer restored: it may be another's
+        // (review 21b #1).
+        if !caller.is_identified() {
+            return None;
+        }
         let hash = self.hash(session, minted);
         if let Some(e) = self.in_flight.find(hash, |e| e.is(session, minted)) {
-            return e.client_id.clone().filter(|_| e.caller == *caller);
+            let own = e.restorable && e.caller == *caller;
+            return e.client_id.clone().filter(|_| own);
         }
         if self.unanswered.is_empty() {
             return None;
@@ -200,6 +211,7 @@ impl Table {
         id: Id,
         caller: Caller,
         client_id: Option<Id>,
+        restorable: bool,
     ) -> u64 {
         self.tokens += 1;
         let token = self.tokens;
@@ -212,6 +224,7 @@ impl Table {
                 id,
                 caller,
                 client_id,
+                restorable,
             },
             |e| e.hash,
         );
@@ -271,6 +284,7 @@ impl IdsState {
                         id: id.clone(),
                         caller,
                         client_id: None,
+                        restorable: false,
                     });
                     return Admit::Plain(Tracked {
                         state: self.clone(),
@@ -300,12 +314,16 @@ impl IdsState {
                 break (minted, minted_hash);
             }
         };
+        // taskgate's own request (an id of its form the client did not choose) is never
+        // restored to a client (review 21b #4: some own ids are fixed, `"taskgate-listen"`).
+        let restorable = own_form || !in_own_form(id);
         let token = t.enter(
             minted_hash,
             session.cloned(),
             minted.clone(),
             caller.clone(),
             Some(id.clone()),
+            restorable,
         );
         t.mapped
             .entry(Key(session.cloned(), id.clone()))
@@ -415,8 +433,11 @@ impl Drop for Tracked {
                     t.mapped.remove(&k);
                 }
             }
-            if let Some(entry) = removed.filter(|_| !m.answered) {
-                let key = Key(m.session.clone(), m.minted.clone());
+            if let Some(entry) = removed.filter(|e| !m.answered && e.restorable) {
+                // Its own bytes: the session id as it arrived is a slice of the client
+                // connection's read buffer (see `Caller::detached`; review 21b #3).
+                let session = m.session.as_ref().map(crate::headers::owned);
+                let key = Key(session, m.minted.clone());
                 t.keep_unanswered(key, (m.client.clone(), entry.caller.detached()));
             }
         }

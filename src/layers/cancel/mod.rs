@@ -97,6 +97,11 @@ enum FlightAnswer {
     Error(String),
     /// The upstream answered with an HTTP error or no message at all.
     Http(Arc<Mutex<Option<McpReply>>>, u16),
+    /// The upstream answered HTTP 404 with a JSON-RPC error that says the task's 2025-11-25
+    /// session is gone ([`lost_task::says_session_not_found`]): that error's JSON text. Every
+    /// caller gets it under its own id with the 404, which the `tasks` layer's lost-task probe
+    /// reads (review 21 #1, 21b #2).
+    SessionGone(String),
     /// The upstream could not be reached.
     Failed(Arc<GatewayError>),
     /// Shared store: the task was terminal (with this status) when the cancel was claimed.
@@ -449,8 +454,18 @@ fn reply_of(
             }
             reply
         }
-        FlightAnswer::Http(reply, status) => match reply.lock().take() {
-            Some(r) if first => r,
+        FlightAnswer::SessionGone(error) => {
+            let mut reply = McpReply::local_json(Bytes::from(format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{},\"error\":{error}}}",
+                id.as_json()
+            )));
+            reply.status = http::StatusCode::NOT_FOUND;
+            reply
+        }
+        // Taken by the first caller only: a joiner that read the outcome first took it and
+        // threw it away (review 21b #2).
+        FlightAnswer::Http(reply, status) => match first.then(|| reply.lock().take()).flatten() {
+            Some(r) => r,
             _ => {
                 let error = McpError::CancelAnsweredHttp {
                     upstream: upstream.to_string(),
@@ -511,8 +526,12 @@ where
         let gone = reply.status == http::StatusCode::NOT_FOUND
             && lost_task::error_code(bytes)
                 .is_some_and(|code| lost_task::says_session_not_found(code, bytes));
-        if gone {
-            return FlightAnswer::Http(Arc::new(Mutex::new(Some(reply))), status);
+        let error = gone
+            .then(|| serde_json::from_slice::<Answer>(bytes).ok())
+            .flatten()
+            .and_then(|a| a.error);
+        if let Some(error) = error {
+            return FlightAnswer::SessionGone(error.get().to_string());
         }
     }
     let message = match reply.body {

@@ -74,6 +74,9 @@ where
     let shared = match &outcome {
         FlightAnswer::Result(r) => SharedCancelOutcome::Result(r.clone()),
         FlightAnswer::Error(e) => SharedCancelOutcome::Error(e.clone()),
+        // Other replicas' callers get the error under HTTP 200: the record is failed here by
+        // this replica's own caller's probe, and they read it from then on.
+        FlightAnswer::SessionGone(e) => SharedCancelOutcome::Error(e.clone()),
         FlightAnswer::Http(_, status) => {
             SharedCancelOutcome::Failed(format!("the upstream answered HTTP {status}"))
         }
