@@ -180,12 +180,7 @@ async fn a_resumed_post_stream_gets_the_clients_answer_under_its_id() {
         }
         if req.rpc_method().as_deref() == Some("tools/call") {
             *seen.lock().unwrap() = req.rpc_id_json();
-            // The stream breaks after its first event, before the answer.
-            return ScriptedResponse::sse(vec![ev()
-                .event("message")
-                .id("p1")
-                .data(&notification("notifications/message", r#"{"level":"info","data":"working"}"#))
-                .into()]);
+            return broken_stream();
         }
         mcp_handler(req)
     })
@@ -246,26 +241,13 @@ async fn a_replayed_answer_is_restored_only_for_its_own_caller() {
             ),
             Some("tools/call") => {
                 *sent.lock().unwrap() = req.rpc_id_json();
-                // The stream breaks after its first event, before the answer.
-                ScriptedResponse::sse(vec![ev()
-                    .event("message")
-                    .id("p1")
-                    .data(&notification("notifications/message", r#"{"level":"info","data":"working"}"#))
-                    .into()])
+                broken_stream()
             }
             _ => ScriptedResponse::accepted(),
         }
     })
     .await;
-    let tg = TgConfig::new(&up.url())
-        .token("alice", "alice-token")
-        .token("bob", "bob-token")
-        .start()
-        .await;
-    let mut alice = tg.client().with_token("alice-token");
-    let mut bob = tg.client().with_token("bob-token");
-    alice.initialize().await;
-    bob.initialize().await;
+    let (tg, alice, bob) = alice_and_bob(&up).await;
     let r = alice
         .send(rpc("\"taskgate-a\"", "tools/call", r#"{"name":"echo"}"#))
         .await;
@@ -338,25 +320,13 @@ async fn a_replayed_answer_never_reaches_another_principal() {
             ]),
             Some("tools/call") => {
                 *m.lock().unwrap() = req.rpc_id_json();
-                ScriptedResponse::sse(vec![ev()
-                    .event("message")
-                    .id("p1")
-                    .data(&notification("notifications/message", r#"{"level":"info","data":"working"}"#))
-                    .into()])
+                broken_stream()
             }
             _ => ScriptedResponse::accepted(),
         }
     })
     .await;
-    let tg = TgConfig::new(&up.url())
-        .token("alice", "alice-token")
-        .token("bob", "bob-token")
-        .start()
-        .await;
-    let mut alice = tg.client().with_token("alice-token");
-    let mut bob = tg.client().with_token("bob-token");
-    alice.initialize().await;
-    bob.initialize().await;
+    let (tg, alice, bob) = alice_and_bob(&up).await;
     assert!(
         alice.session.is_none() && bob.session.is_none(),
         "session-less"
@@ -398,4 +368,30 @@ async fn a_replayed_answer_never_reaches_another_principal() {
         "bob got alice's answer under his own id 1: {first}"
     );
     drop(bob_post);
+}
+
+/// A tools/call's SSE answer that breaks after its first event (id `p1`), before the answer.
+fn broken_stream() -> ScriptedResponse {
+    ScriptedResponse::sse(vec![ev()
+        .event("message")
+        .id("p1")
+        .data(&notification(
+            "notifications/message",
+            r#"{"level":"info","data":"working"}"#,
+        ))
+        .into()])
+}
+
+/// taskgate with bearer tokens for alice and bob in front of `up`, and both initialized.
+async fn alice_and_bob(up: &Upstream) -> (Tg, Client, Client) {
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .token("bob", "bob-token")
+        .start()
+        .await;
+    let mut alice = tg.client().with_token("alice-token");
+    let mut bob = tg.client().with_token("bob-token");
+    alice.initialize().await;
+    bob.initialize().await;
+    (tg, alice, bob)
 }
