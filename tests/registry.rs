@@ -2220,22 +2220,13 @@ async fn a_200_minus_32001_is_not_a_lost_session() {
 #[tokio::test]
 async fn a_tools_own_minus_32001_under_tasks_result_is_not_a_lost_session() {
     let up = Upstream::start(|req| match req.rpc_method().as_deref() {
-        Some("initialize") => ScriptedResponse::result_for(
-            req,
-            r#"{"protocolVersion":"2025-11-25","capabilities":{"tools":{},"tasks":{"list":{},"cancel":{},"requests":{"tools":{"call":{}}}}},"serverInfo":{"name":"s","version":"1"}}"#,
-        )
-        .set_header("mcp-session-id", "sess-1"),
-        Some("tools/call") => ScriptedResponse::result_for(
-            req,
-            r#"{"task":{"taskId":"t-1","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":60000}}"#,
-        ),
         Some("tasks/result") => {
             let id = req.rpc_id_json();
             ScriptedResponse::json(format!(
                 r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32001,"message":"the tool's backend timed out"}}}}"#
             ))
         }
-        _ => mcp_handler(req),
+        _ => one_task_session(req),
     })
     .await;
     let tg = TgConfig::new(&up.url()).start().await;
@@ -2262,15 +2253,6 @@ async fn a_joined_cancel_of_a_lost_session_gets_the_failed_task_too() {
     let up = Upstream::start({
         let gate = gate.clone();
         move |req| match req.rpc_method().as_deref() {
-            Some("initialize") => ScriptedResponse::result_for(
-                req,
-                r#"{"protocolVersion":"2025-11-25","capabilities":{"tools":{},"tasks":{"list":{},"cancel":{},"requests":{"tools":{"call":{}}}}},"serverInfo":{"name":"s","version":"1"}}"#,
-            )
-            .set_header("mcp-session-id", "sess-1"),
-            Some("tools/call") => ScriptedResponse::result_for(
-                req,
-                r#"{"task":{"taskId":"t-1","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":60000}}"#,
-            ),
             Some("tasks/cancel") => {
                 let id = req.rpc_id_json();
                 ScriptedResponse::status(
@@ -2280,7 +2262,7 @@ async fn a_joined_cancel_of_a_lost_session_gets_the_failed_task_too() {
                 )
                 .after_gate(&gate)
             }
-            _ => mcp_handler(req),
+            _ => one_task_session(req),
         }
     })
     .await;
@@ -2307,4 +2289,21 @@ async fn a_joined_cancel_of_a_lost_session_gets_the_failed_task_too() {
     // As for one cancel alone: the record's answer (`-32602`, the task is already failed).
     assert_ne!(a.1["error"]["code"], json!(-32603), "first: {a:?}");
     assert_ne!(b.1["error"]["code"], json!(-32603), "joined: {b:?}");
+}
+
+/// A 2025-11-25 upstream with tasks and one session (`sess-1`) whose every task-augmented
+/// `tools/call` creates task `t-1`, working; other methods as `mcp_handler`.
+fn one_task_session(req: &RecordedRequest) -> ScriptedResponse {
+    match req.rpc_method().as_deref() {
+        Some("initialize") => ScriptedResponse::result_for(
+            req,
+            r#"{"protocolVersion":"2025-11-25","capabilities":{"tools":{},"tasks":{"list":{},"cancel":{},"requests":{"tools":{"call":{}}}}},"serverInfo":{"name":"s","version":"1"}}"#,
+        )
+        .set_header("mcp-session-id", "sess-1"),
+        Some("tools/call") => ScriptedResponse::result_for(
+            req,
+            r#"{"task":{"taskId":"t-1","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttl":60000}}"#,
+        ),
+        _ => mcp_handler(req),
+    }
 }
