@@ -527,7 +527,8 @@ impl IdsState {
             return Heard::Pass;
         };
         let client = self.table.lock().client_of(session, id, caller);
-        match client.and_then(|client| client_answer(data, id, &client)) {
+        // The message is parsed already: its id is only replaced.
+        match client.and_then(|client| with_client_id(data, &client)) {
             Some(text) => Heard::Restored(text),
             None => Heard::Drop,
         }
@@ -565,6 +566,11 @@ fn client_answer(text: &str, minted: &Id, client: &Id) -> Option<String> {
     if msg.id() != Some(minted) || !matches!(msg.kind(), Kind::Response | Kind::Error) {
         return None;
     }
+    with_client_id(text, client)
+}
+
+/// `text`, an answer, with its id replaced by `client`.
+fn with_client_id(text: &str, client: &Id) -> Option<String> {
     let out = splice::replace(text.as_bytes(), &["id"], client.as_json()).ok()??;
     String::from_utf8(out.to_vec()).ok()
 }

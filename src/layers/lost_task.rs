@@ -51,6 +51,16 @@ pub(crate) fn is_not_found(answer: Option<&serde_json::Value>) -> bool {
         == Some(INVALID_PARAMS)
 }
 
+/// Whether a reply (its HTTP `status` and JSON body `bytes`) is the 2025-11-25 transport's
+/// "session gone": an HTTP 404 whose JSON-RPC error [`says_session_not_found`]. Only the 404
+/// says so: a `-32001` under another status or in an SSE event is a server's own error (the
+/// TypeScript SDK's `RequestTimeout`, a tool's; review 21 #1). The one test of it: the lost-task
+/// probe, the cancel flight and the gateway tasks' held call ask it.
+pub(crate) fn says_session_gone(status: http::StatusCode, bytes: &[u8]) -> bool {
+    status == http::StatusCode::NOT_FOUND
+        && error_code(bytes).is_some_and(|code| says_session_not_found(code, bytes))
+}
+
 /// Whether an HTTP 404's JSON-RPC error `bytes` (its code `code`) says its session is gone: the
 /// TypeScript SDK's `-32001`, or the Python SDK's (`mcp` 1.x) `-32600` "Session not found". A
 /// 404 with any other error (a proxy's during a deploy) is not taken for the session lost: the

@@ -519,14 +519,10 @@ where
         Ok(reply) => reply,
     };
     let status = reply.status.as_u16();
-    // The 2025-11-25 transport's "session gone" (an HTTP 404 whose error says so) stays the
-    // reply it came as: its status is the signal the `tasks` layer's lost-task probe reads (a
-    // `-32001` under HTTP 200 is a server's own error: review 21 #1).
+    // The 2025-11-25 transport's "session gone" keeps its 404 for every caller: the status is
+    // the signal the `tasks` layer's lost-task probe reads.
     if let ReplyBody::Json(bytes) = &reply.body {
-        let gone = reply.status == http::StatusCode::NOT_FOUND
-            && lost_task::error_code(bytes)
-                .is_some_and(|code| lost_task::says_session_not_found(code, bytes));
-        let error = gone
+        let error = lost_task::says_session_gone(reply.status, bytes)
             .then(|| serde_json::from_slice::<Answer>(bytes).ok())
             .flatten()
             .and_then(|a| a.error);

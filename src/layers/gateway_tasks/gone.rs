@@ -100,15 +100,12 @@ pub(super) fn issued(state: &GatewayTasksState, reply: &McpReply) {
 }
 
 /// Whether `reply` (to a held call) is the upstream's HTTP 404 saying the call's session is
-/// gone (a JSON body whose JSON-RPC error [`lost_task::says_session_not_found`]).
+/// gone ([`lost_task::says_session_gone`], the body as JSON or as it came).
 pub(super) fn says_session_gone(reply: &McpReply) -> bool {
-    if reply.status != http::StatusCode::NOT_FOUND {
-        return false;
-    }
     let (ReplyBody::Json(bytes) | ReplyBody::Raw(bytes)) = &reply.body else {
         return false;
     };
-    lost_task::error_code(bytes).is_some_and(|code| lost_task::says_session_not_found(code, bytes))
+    lost_task::says_session_gone(reply.status, bytes)
 }
 
 /// Remembers the client session `session` (the held call's) as gone upstream.

@@ -215,12 +215,7 @@ impl Probe {
                 // "server-error" (`lost_task::says_session_not_found`). A 404 whose body is not
                 // a JSON-RPC error (a wrong path), or whose error says something else (a
                 // proxy's), is not taken for it.
-                // Only the 404 says so: a `-32001` under HTTP 200 or in an SSE event is a
-                // server's own error (the TypeScript SDK's `RequestTimeout`, a tool's; review
-                // 21 #1: it failed a live task as lost).
-                let said = if reply.status == http::StatusCode::NOT_FOUND
-                    && lost_task::says_session_not_found(code, bytes)
-                {
+                let said = if lost_task::says_session_gone(reply.status, bytes) {
                     Said::SessionGone
                 } else {
                     Said::Error(code)
