@@ -209,6 +209,44 @@ async fn cancel_is_forwarded_once_and_stays_cancelled() {
     assert!(r.late_result_at.is_some(), "the late completion is counted");
 }
 
+/// A task that ended upstream before the 2025 client's cancel, while taskgate had not polled it
+/// (a 2026 server has no status notifications without a listen), is not turned into
+/// `cancelled`: the 2026 server acknowledges any cancel, so the bridge asks `tasks/get` first;
+/// the client gets `-32602` naming the status, as from a 2025 server, and its result stays
+/// reachable. Before: the ack was taken for `cancelled`, the answer said so, and `tasks/result`
+/// was `-32603` "was cancelled; it has no result" for a task that had completed.
+#[tokio::test]
+async fn a_cancel_of_a_task_that_already_ended_upstream_keeps_its_result() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "completed");
+    let v = c.cancel("3", &t).await;
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("completed"),
+        "{v}"
+    );
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Completed);
+    let res = c.result("4", &t).await;
+    assert_eq!(
+        res["result"]["content"][0]["text"],
+        json!(format!("done {t}")),
+        "{res}"
+    );
+    let got = c.get("5", &t).await;
+    assert_eq!(got["result"]["status"], "completed", "{got}");
+    assert_eq!(
+        count(&up, "tasks/cancel"),
+        0,
+        "an ended task is not cancelled"
+    );
+}
+
 /// A cancel racing the task's completion, 200 rounds: the cancel's answer, later tasks/get
 /// answers and the record agree, and the client never sees a terminal status change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -467,6 +467,35 @@ pub(super) async fn tasks_cancel<S: McpService>(
     record: TaskRecord,
 ) -> McpReply {
     let task_id = record.task_id.clone();
+    // A 2026 server acknowledges a cancel of a task that already ended, and the ack carries no
+    // status: taken for `cancelled`, it would hide a task that completed (or failed) unobserved
+    // and its result. So the task is asked about first (its answer applied by `observe`); one
+    // already terminal gets the 2025 answer for that, `-32602` naming its status.
+    let get_id = state.next_id();
+    let get = task_request(
+        state,
+        inner.clone(),
+        &req,
+        &get_id,
+        "tasks/get",
+        &task_id,
+        Some(&record),
+    );
+    if let Ok(Some(task)) = get.await {
+        let ended = task
+            .get("result")
+            .and_then(translate::legacy_task)
+            .and_then(|t| {
+                t.get("status")
+                    .and_then(Value::as_str)
+                    .and_then(TaskStatus::parse)
+            })
+            .filter(|s| s.is_terminal());
+        if let Some(status) = ended {
+            let error = McpError::TaskAlreadyTerminal { task_id, status };
+            return McpReply::error(Era::Legacy, Some(&id), &error);
+        }
+    }
     let mut out = modern_request(
         &req,
         &id,
