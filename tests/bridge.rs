@@ -636,6 +636,9 @@ async fn a_plain_answer_to_a_task_call_is_a_completed_task() {
     assert_eq!(tg.record(&t).unwrap().origin, Origin::Bridged);
     let got = c.get("3", &t).await;
     assert_eq!(got["result"]["status"], "completed", "{got}");
+    // The ttl the creation answer named (the record's, capped), not `null` ("kept for ever").
+    assert_eq!(got["result"]["ttl"], v["result"]["task"]["ttl"], "{got}");
+    assert!(got["result"]["ttl"].is_u64(), "{got}");
     let res = c.result("4", &t).await;
     assert_eq!(res["result"]["content"][0]["text"], "plain", "{res}");
     assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");

@@ -95,6 +95,8 @@ impl Watch {
             "lastUpdatedAt": now, "ttl": null});
         let mut record = self.registry.creation_record(template, &task)?;
         let mut detailed = task;
+        // The ttl the record keeps it for (capped), which the creation's answer names too.
+        detailed["ttl"] = json!(record.ttl_ms);
         detailed["result"] = result.clone();
         let stored = detailed.to_string();
         if stored.len() as u64 > self.registry.config().max_stored_result_bytes {
