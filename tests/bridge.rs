@@ -668,6 +668,38 @@ async fn malformed_upstream_answers_are_errors_not_panics() {
     assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");
 }
 
+/// A 2026 server that answers a bridged task call with the 2025-11-25 nested shape
+/// (`{"task": {"taskId": …}}`, no `resultType`) started a task no one could follow: the 2025
+/// client gets `-32603` "malformed CreateTaskResult" and the named task is cancelled upstream
+/// once. Before: the answer was taken for a plain result, the client got a task already
+/// `completed` whose result was the upstream's task object, and the upstream task ran on,
+/// never cancelled.
+#[tokio::test]
+async fn a_2025_shaped_creation_from_a_2026_server_is_refused_and_cancelled() {
+    let (up, _) = scripted(|req, v, _| {
+        (v["method"] == "tools/call" && v["params"]["name"] == "nested_task").then(|| {
+            let task = json!({"task": {"taskId": "nested-1", "status": "working",
+                "createdAt": "2026-12-07T00:00:00Z", "lastUpdatedAt": "2026-12-07T00:00:00Z",
+                "ttl": 60000, "pollInterval": 100}});
+            ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &task.to_string()))
+        })
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let v = c.rpc(create_body(2, "nested_task")).await;
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    assert!(
+        up.wait_for_method("tasks/cancel", 1, std::time::Duration::from_secs(5))
+            .await,
+        "the task the upstream named is cancelled there"
+    );
+    let cancel = up.received("tasks/cancel").pop().unwrap();
+    assert_eq!(cancel.json()["params"]["taskId"], "nested-1");
+    let (_, list) = tg.admin("/admin/tasks").await;
+    assert_eq!(list["tasks"].as_array().map(Vec::len), Some(0), "{list}");
+}
+
 /// An upstream that never answers `server/discover` is not bridged while it stays unknown:
 /// after `DISCOVER_DEADLINE` the client's `initialize` is answered (without
 /// `capabilities.tasks`) instead of waiting for the upstream timeout, and the upstream is not

@@ -1448,6 +1448,22 @@ impl Watch {
         let Some(value) = parsed.or_else(|| serde_json::from_slice::<Value>(&bytes).ok()) else {
             return (bytes, None);
         };
+        // A 2026-07-28 creation answered in the 2025-11-25 nested shape: a task started upstream
+        // that no 2026 request can follow as it is. Never handed out unrecorded: `-32603`, and
+        // the task it names cancelled upstream.
+        if pending.template.era == Era::Modern {
+            if let Some(task_id) = value.get("result").and_then(legacy_shaped_creation) {
+                if let Some(undo) = undo {
+                    undo.cancel(
+                        &self.registry,
+                        Era::Modern,
+                        task_id.to_string(),
+                        UndoReason::OtherEraShape,
+                    );
+                }
+                return (McpError::MalformedCreateTaskResult.body(Some(id)), None);
+            }
+        }
         // Not a CreateTaskResult (an error, or a server that ran the call plainly): nothing to
         // record, and dropping `pending` gives the owner's slot back.
         let task = match pending.template.era {
@@ -1765,6 +1781,18 @@ enum UndoReason {
     /// Its creation was answered with a JSON-RPC error after a notification on the creation's
     /// stream named it ([`Watch::cancel_orphan`]): nothing recorded it.
     Orphan,
+    /// A 2026-07-28 creation was answered in the 2025-11-25 nested shape
+    /// ([`legacy_shaped_creation`]): not recorded, the client got `-32603`.
+    OtherEraShape,
+}
+
+/// The taskId of a 2025-11-25 `CreateTaskResult` (`{"task": {"taskId": …}}`, no `resultType`)
+/// `result` is, when it is one: a server answering a 2026-07-28 creation in the other era's shape.
+pub(super) fn legacy_shaped_creation(result: &Value) -> Option<&str> {
+    if result.get("resultType").is_some() {
+        return None;
+    }
+    result.pointer("/task/taskId").and_then(Value::as_str)
 }
 
 impl Undo {
@@ -1815,6 +1843,9 @@ impl Undo {
             }
             UndoReason::Orphan => {
                 tracing::warn!(%upstream, %task_id, era = era.as_str(), "the upstream answered a creation with an error after naming the task it started: sending tasks/cancel upstream")
+            }
+            UndoReason::OtherEraShape => {
+                tracing::warn!(%upstream, %task_id, era = era.as_str(), "the upstream answered a 2026-07-28 creation with a 2025-11-25 CreateTaskResult: not recorded nor passed on, sending tasks/cancel upstream")
             }
             UndoReason::WrongId => {
                 tracing::warn!(%upstream, %task_id, era = era.as_str(), "the upstream answered a creation with a CreateTaskResult under another id: not recorded nor passed on, sending tasks/cancel upstream")
