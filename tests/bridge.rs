@@ -767,6 +767,40 @@ fn a_client(c: &Client) -> Client {
     }
 }
 
+/// A 2026 server whose `tasks/get` names no status the protocol has (`"done"`, a number): the
+/// blocking `tasks/result` of a 2025 client ends at once with `-32603` saying so, instead of
+/// polling the same answer until the task's ttl ends (up to `tasks.max_ttl_ms`, a day by
+/// default: before, the client hung that long).
+#[tokio::test]
+async fn tasks_result_ends_on_a_status_the_protocol_has_not() {
+    let (up, state) = scripted(|req, v, state| {
+        let task_id = v["params"]["taskId"].as_str()?;
+        let odd = state.lock().unwrap().tasks.get(task_id).cloned()?;
+        let status = match (v["method"].as_str(), odd.as_str()) {
+            (Some("tasks/get"), "odd_text") => json!("done"),
+            (Some("tasks/get"), "odd_number") => json!(5),
+            _ => return None,
+        };
+        let mut task = detailed(task_id, "working");
+        task["status"] = status;
+        Some(ScriptedResponse::json(rpc_result(
+            &req.rpc_id_json(),
+            &task.to_string(),
+        )))
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    for (n, odd) in [(10u64, "odd_text"), (20, "odd_number")] {
+        let t = create(&c, n).await;
+        set(&state, &t, odd);
+        let res = tokio::time::timeout(STEP, c.result(&(n + 1).to_string(), &t)).await;
+        let res = res.expect("tasks/result answered");
+        assert_eq!(res["error"]["code"], -32603, "{odd}: {res}");
+        assert!(err_message(&res).contains("status"), "{odd}: {res}");
+    }
+}
+
 /// An upstream that answers taskgate's own requests (the bridged `tools/call`, `tasks/get`, the
 /// polls of `tasks/result`) with an SSE stream that never carries the answer: each exchange ends
 /// at the upstream's `timeout_ms` with the upstream timeout's `-32603`, HTTP 200.

@@ -302,23 +302,35 @@ async fn follow_result<S: McpService>(
             state.relay.inputs.forget(&task_id);
             return payload_reply(id, p);
         }
-        if let Some(s) = task
+        let Some(s) = task
             .get("status")
             .and_then(Value::as_str)
             .and_then(TaskStatus::parse)
-        {
-            if s != known.status {
-                // A status change seen while following: `notifications/tasks/status` (2025).
-                backoff = MIN_POLL;
-                if let Some(t) = translate::legacy_task(task) {
-                    let note = json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t});
-                    if tx.send(Event::message(note.to_string())).await.is_err() {
-                        return McpReply::accepted();
-                    }
+        else {
+            // Not a status the protocol has: the same answer would only come back until the
+            // ttl ends (a day, for a task the upstream keeps for ever).
+            state.relay.inputs.forget(&task_id);
+            let error = McpError::Upstream {
+                detail: format!(
+                    "upstream `{}` answered tasks/get for task {task_id} with no valid task status ({})",
+                    req.ctx.upstream,
+                    task.get("status").map_or("none".into(), Value::to_string)
+                ),
+            };
+            return McpReply::error(Era::Legacy, Some(id), &error);
+        };
+        if s != known.status {
+            // A status change seen while following: `notifications/tasks/status` (2025).
+            backoff = MIN_POLL;
+            if let Some(t) = translate::legacy_task(task) {
+                let note =
+                    json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t});
+                if tx.send(Event::message(note.to_string())).await.is_err() {
+                    return McpReply::accepted();
                 }
             }
-            known.status = s;
         }
+        known.status = s;
         if let Some(requests) = task.get("inputRequests").and_then(Value::as_object) {
             if let Err(reply) =
                 relay_inputs(state, &inner, req, id, &known, requests, &*declared, tx).await
