@@ -60,7 +60,7 @@ impl Watch {
                     r.get("resultType").and_then(Value::as_str),
                     Some("task" | "input_required")
                 )
-                && super::legacy_shaped_creation(r).is_none()
+                && super::other_era_creation(crate::mcp::era::Era::Modern, r).is_none()
         });
         let Some(result) = plain else {
             return Err(Some(value));
