@@ -209,6 +209,44 @@ async fn cancel_is_forwarded_once_and_stays_cancelled() {
     assert!(r.late_result_at.is_some(), "the late completion is counted");
 }
 
+/// A task that ended upstream before the 2025 client's cancel, while taskgate had not polled it
+/// (a 2026 server has no status notifications without a listen), is not turned into
+/// `cancelled`: the 2026 server acknowledges any cancel, so the bridge asks `tasks/get` first;
+/// the client gets `-32602` naming the status, as from a 2025 server, and its result stays
+/// reachable. Before: the ack was taken for `cancelled`, the answer said so, and `tasks/result`
+/// was `-32603` "was cancelled; it has no result" for a task that had completed.
+#[tokio::test]
+async fn a_cancel_of_a_task_that_already_ended_upstream_keeps_its_result() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "completed");
+    let v = c.cancel("3", &t).await;
+    assert_eq!(v["error"]["code"], -32602, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("completed"),
+        "{v}"
+    );
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Completed);
+    let res = c.result("4", &t).await;
+    assert_eq!(
+        res["result"]["content"][0]["text"],
+        json!(format!("done {t}")),
+        "{res}"
+    );
+    let got = c.get("5", &t).await;
+    assert_eq!(got["result"]["status"], "completed", "{got}");
+    assert_eq!(
+        count(&up, "tasks/cancel"),
+        0,
+        "an ended task is not cancelled"
+    );
+}
+
 /// A cancel racing the task's completion, 200 rounds: the cancel's answer, later tasks/get
 /// answers and the record agree, and the client never sees a terminal status change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -598,6 +636,9 @@ async fn a_plain_answer_to_a_task_call_is_a_completed_task() {
     assert_eq!(tg.record(&t).unwrap().origin, Origin::Bridged);
     let got = c.get("3", &t).await;
     assert_eq!(got["result"]["status"], "completed", "{got}");
+    // The ttl the creation answer named (the record's, capped), not `null` ("kept for ever").
+    assert_eq!(got["result"]["ttl"], v["result"]["task"]["ttl"], "{got}");
+    assert!(got["result"]["ttl"].is_u64(), "{got}");
     let res = c.result("4", &t).await;
     assert_eq!(res["result"]["content"][0]["text"], "plain", "{res}");
     assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");
@@ -625,6 +666,38 @@ async fn malformed_upstream_answers_are_errors_not_panics() {
     set(&state, &t, "completed");
     let res = c.result("5", &t).await;
     assert_eq!(res["result"]["_meta"][RELATED]["taskId"], json!(t), "{res}");
+}
+
+/// A 2026 server that answers a bridged task call with the 2025-11-25 nested shape
+/// (`{"task": {"taskId": …}}`, no `resultType`) started a task no one could follow: the 2025
+/// client gets `-32603` "malformed CreateTaskResult" and the named task is cancelled upstream
+/// once. Before: the answer was taken for a plain result, the client got a task already
+/// `completed` whose result was the upstream's task object, and the upstream task ran on,
+/// never cancelled.
+#[tokio::test]
+async fn a_2025_shaped_creation_from_a_2026_server_is_refused_and_cancelled() {
+    let (up, _) = scripted(|req, v, _| {
+        (v["method"] == "tools/call" && v["params"]["name"] == "nested_task").then(|| {
+            let task = json!({"task": {"taskId": "nested-1", "status": "working",
+                "createdAt": "2026-12-07T00:00:00Z", "lastUpdatedAt": "2026-12-07T00:00:00Z",
+                "ttl": 60000, "pollInterval": 100}});
+            ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &task.to_string()))
+        })
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let v = c.rpc(create_body(2, "nested_task")).await;
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    assert!(
+        up.wait_for_method("tasks/cancel", 1, std::time::Duration::from_secs(5))
+            .await,
+        "the task the upstream named is cancelled there"
+    );
+    let cancel = up.received("tasks/cancel").pop().unwrap();
+    assert_eq!(cancel.json()["params"]["taskId"], "nested-1");
+    let (_, list) = tg.admin("/admin/tasks").await;
+    assert_eq!(list["tasks"].as_array().map(Vec::len), Some(0), "{list}");
 }
 
 /// An upstream that never answers `server/discover` is not bridged while it stays unknown:
@@ -691,6 +764,40 @@ fn a_client(c: &Client) -> Client {
         url: c.url.clone(),
         token: None,
         session: c.session.clone(),
+    }
+}
+
+/// A 2026 server whose `tasks/get` names no status the protocol has (`"done"`, a number): the
+/// blocking `tasks/result` of a 2025 client ends at once with `-32603` saying so, instead of
+/// polling the same answer until the task's ttl ends (up to `tasks.max_ttl_ms`, a day by
+/// default: before, the client hung that long).
+#[tokio::test]
+async fn tasks_result_ends_on_a_status_the_protocol_has_not() {
+    let (up, state) = scripted(|req, v, state| {
+        let task_id = v["params"]["taskId"].as_str()?;
+        let odd = state.lock().unwrap().tasks.get(task_id).cloned()?;
+        let status = match (v["method"].as_str(), odd.as_str()) {
+            (Some("tasks/get"), "odd_text") => json!("done"),
+            (Some("tasks/get"), "odd_number") => json!(5),
+            _ => return None,
+        };
+        let mut task = detailed(task_id, "working");
+        task["status"] = status;
+        Some(ScriptedResponse::json(rpc_result(
+            &req.rpc_id_json(),
+            &task.to_string(),
+        )))
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    for (n, odd) in [(10u64, "odd_text"), (20, "odd_number")] {
+        let t = create(&c, n).await;
+        set(&state, &t, odd);
+        let res = tokio::time::timeout(STEP, c.result(&(n + 1).to_string(), &t)).await;
+        let res = res.expect("tasks/result answered");
+        assert_eq!(res["error"]["code"], -32603, "{odd}: {res}");
+        assert!(err_message(&res).contains("status"), "{odd}: {res}");
     }
 }
 

@@ -237,6 +237,36 @@ async fn a_task_tool_runs_as_a_task_and_its_result_comes_inline() {
     assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Completed);
 }
 
+/// A 2025-11-25 server that answers the bridged 2025 task call in the 2026-07-28 flat shape
+/// (`resultType:"task"`, `taskId` at the top, no `task` object) started a task taskgate cannot
+/// record as a 2025 creation: the 2026 client gets `-32603` "malformed CreateTaskResult", not
+/// a taskId, and that task is cancelled upstream once. Before: the answer went to the client as
+/// it came, a `CreateTaskResult` naming a task never recorded (its `tasks/get` and
+/// `tasks/cancel` refused `-32602`), left running upstream.
+#[tokio::test]
+async fn a_2026_shaped_creation_from_a_2025_server_is_refused_and_cancelled() {
+    let hook: Hook = Arc::new(|method, id, _, _| {
+        (method == "tools/call").then(|| {
+            let flat = json!({"resultType": "task", "taskId": "flat-1", "status": "working",
+                "ttlMs": 60000, "createdAt": "2026-12-07T00:00:00Z",
+                "lastUpdatedAt": "2026-12-07T00:00:00Z"});
+            ScriptedResponse::json(rpc_result(id, &flat.to_string()))
+        })
+    });
+    let up = legacy_server_with(UpBehaviour::default(), Some(hook)).await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (_, v) = call(&tg.mcp_url(), None, 1, "research", true).await;
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    assert!(
+        up.up
+            .wait_for_method("tasks/cancel", 1, std::time::Duration::from_secs(5))
+            .await,
+        "the task it named is cancelled upstream"
+    );
+    assert_eq!(bodies(&up, "tasks/cancel")[0]["params"]["taskId"], "flat-1");
+    assert!(tg.record("flat-1").is_none());
+}
+
 /// `tasks.max_live_tasks_per_owner` holds for a bridged task before anything goes upstream:
 /// taskgate, not the 2025-11-25 server, decides that a 2026-07-28 call becomes a task, so with
 /// a limit of 1 and one live task the owner's second is `-32029` and the server gets no second

@@ -635,6 +635,11 @@ fn misbehaving_2026(req: &RecordedRequest, tool: &str) -> Option<ScriptedRespons
                 _ => ScriptedResponse::sse(vec![ev().data(&answer).into()]),
             }
         }
+        // The 2025-11-25 nested CreateTaskResult (no `resultType`) to a 2026-07-28 call.
+        "nested_task" => ScriptedResponse::json(rpc_result(
+            &id,
+            &json!({"task": {"taskId": "nested-2", "status": "working", "ttl": 60000}}).to_string(),
+        )),
         // Both ends intact, broken inside (a trailing comma): a CreateTaskResult nobody can read.
         "badjson_ends" => ScriptedResponse::json(format!(
             r#"{{"jsonrpc":"2.0","id":{id},"result":{{"resultType":"task","taskId":"leak-1","status":"working",}}}}"#
@@ -767,6 +772,27 @@ async fn a_creation_answered_under_another_id_is_cancelled_upstream() {
     for t in &cancelled {
         assert!(tg.record(t).is_none(), "{t} is not recorded");
     }
+}
+
+/// A 2026-07-28 call answered with the 2025-11-25 nested `CreateTaskResult` names a task the
+/// 2026 client cannot follow (`tasks/get` of an id never recorded is refused): `-32603`
+/// "malformed CreateTaskResult", nothing recorded, the task cancelled upstream once. On the code
+/// before, the answer passed as it came (a result without `resultType`, read as `complete`) and
+/// the task ran on upstream, never cancelled.
+#[tokio::test]
+async fn a_2025_shaped_creation_to_a_2026_call_is_refused_and_cancelled() {
+    let up = misbehaving_2026_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (_, v) = send(call_tool(&tg.mcp_url(), 1, "nested_task")).await;
+    assert_eq!(err_code(&v), -32603, "{v}");
+    assert!(
+        up.wait_for_method("tasks/cancel", 1, Duration::from_secs(5))
+            .await,
+        "the task it named is cancelled upstream"
+    );
+    let cancel = up.received("tasks/cancel").pop().unwrap();
+    assert_eq!(cancel.json()["params"]["taskId"], "nested-2");
+    assert!(tg.record("nested-2").is_none());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -302,23 +302,35 @@ async fn follow_result<S: McpService>(
             state.relay.inputs.forget(&task_id);
             return payload_reply(id, p);
         }
-        if let Some(s) = task
+        let Some(s) = task
             .get("status")
             .and_then(Value::as_str)
             .and_then(TaskStatus::parse)
-        {
-            if s != known.status {
-                // A status change seen while following: `notifications/tasks/status` (2025).
-                backoff = MIN_POLL;
-                if let Some(t) = translate::legacy_task(task) {
-                    let note = json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t});
-                    if tx.send(Event::message(note.to_string())).await.is_err() {
-                        return McpReply::accepted();
-                    }
+        else {
+            // Not a status the protocol has: the same answer would only come back until the
+            // ttl ends (a day, for a task the upstream keeps for ever).
+            state.relay.inputs.forget(&task_id);
+            let error = McpError::Upstream {
+                detail: format!(
+                    "upstream `{}` answered tasks/get for task {task_id} with no valid task status ({})",
+                    req.ctx.upstream,
+                    task.get("status").map_or("none".into(), Value::to_string)
+                ),
+            };
+            return McpReply::error(Era::Legacy, Some(id), &error);
+        };
+        if s != known.status {
+            // A status change seen while following: `notifications/tasks/status` (2025).
+            backoff = MIN_POLL;
+            if let Some(t) = translate::legacy_task(task) {
+                let note =
+                    json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t});
+                if tx.send(Event::message(note.to_string())).await.is_err() {
+                    return McpReply::accepted();
                 }
             }
-            known.status = s;
         }
+        known.status = s;
         if let Some(requests) = task.get("inputRequests").and_then(Value::as_object) {
             if let Err(reply) =
                 relay_inputs(state, &inner, req, id, &known, requests, &*declared, tx).await
@@ -467,6 +479,35 @@ pub(super) async fn tasks_cancel<S: McpService>(
     record: TaskRecord,
 ) -> McpReply {
     let task_id = record.task_id.clone();
+    // A 2026 server acknowledges a cancel of a task that already ended, and the ack carries no
+    // status: taken for `cancelled`, it would hide a task that completed (or failed) unobserved
+    // and its result. So the task is asked about first (its answer applied by `observe`); one
+    // already terminal gets the 2025 answer for that, `-32602` naming its status.
+    let get_id = state.next_id();
+    let get = task_request(
+        state,
+        inner.clone(),
+        &req,
+        &get_id,
+        "tasks/get",
+        &task_id,
+        Some(&record),
+    );
+    if let Ok(Some(task)) = get.await {
+        let ended = task
+            .get("result")
+            .and_then(translate::legacy_task)
+            .and_then(|t| {
+                t.get("status")
+                    .and_then(Value::as_str)
+                    .and_then(TaskStatus::parse)
+            })
+            .filter(|s| s.is_terminal());
+        if let Some(status) = ended {
+            let error = McpError::TaskAlreadyTerminal { task_id, status };
+            return McpReply::error(Era::Legacy, Some(&id), &error);
+        }
+    }
     let mut out = modern_request(
         &req,
         &id,

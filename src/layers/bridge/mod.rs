@@ -56,7 +56,11 @@
 //!   taskgate notices, at the latest on the next keep-alive (`gateway.sse_keepalive_ms`).
 //! - `tasks/cancel` (reaches here once per task: `cancel` single-flights it and answers terminal
 //!   tasks `-32602`; taskgate's own cancel of a task whose input its client cannot give is sent
-//!   through that same single-flight, [`crate::layers::cancel::cancel_from_below`]): 2026
+//!   through that same single-flight, [`crate::layers::cancel::cancel_from_below`]): first a
+//!   2026 `tasks/get` (a 2026 server acknowledges a cancel of a task that already ended, so an
+//!   ack alone would turn a task that completed unobserved into `cancelled` and lose its
+//!   result): a task it shows terminal is recorded so by `observe` and answered `-32602`
+//!   naming that status, nothing cancelled. Otherwise 2026
 //!   `tasks/cancel` carrying `AckIsCancelled`: on its ack `observe` records the task
 //!   `cancelled` (so a later upstream completion is a counted late result and never changes it)
 //!   and hands back what it applied; the client gets the `Task` with status `cancelled`, or, if

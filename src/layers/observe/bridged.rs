@@ -60,6 +60,7 @@ impl Watch {
                     r.get("resultType").and_then(Value::as_str),
                     Some("task" | "input_required")
                 )
+                && super::other_era_creation(crate::mcp::era::Era::Modern, r).is_none()
         });
         let Some(result) = plain else {
             return Err(Some(value));
@@ -95,6 +96,8 @@ impl Watch {
             "lastUpdatedAt": now, "ttl": null});
         let mut record = self.registry.creation_record(template, &task)?;
         let mut detailed = task;
+        // The ttl the record keeps it for (capped), which the creation's answer names too.
+        detailed["ttl"] = json!(record.ttl_ms);
         detailed["result"] = result.clone();
         let stored = detailed.to_string();
         if stored.len() as u64 > self.registry.config().max_stored_result_bytes {

@@ -1160,6 +1160,21 @@ impl Watch {
                 self.registry.creation_record_of(template, task)
             })?
         };
+        // No nested task: one in the other era's shape takes the envelope path, which refuses it
+        // (`on_creation`).
+        if record.is_none()
+            && (found(&needles::TASK_KEY, bytes) || found(&needles::UNICODE_ESCAPE, bytes))
+            && serde_json::from_slice::<Value>(bytes)
+                .ok()
+                .and_then(|v| {
+                    v.get("result")
+                        .and_then(|r| other_era_creation(Era::Legacy, r))
+                        .map(|_| ())
+                })
+                .is_some()
+        {
+            return None;
+        }
         // `_in_flight` is given back at the end, once the task is recorded or refused.
         let Expect::Creation(Creation {
             id,
@@ -1448,6 +1463,21 @@ impl Watch {
         let Some(value) = parsed.or_else(|| serde_json::from_slice::<Value>(&bytes).ok()) else {
             return (bytes, None);
         };
+        // A creation answered in the other era's `CreateTaskResult` shape: a task started
+        // upstream that is not recorded as this era's creation. Never handed out unrecorded:
+        // `-32603`, and the task it names cancelled upstream.
+        let era = pending.template.era;
+        if let Some(task_id) = value.get("result").and_then(|r| other_era_creation(era, r)) {
+            if let Some(undo) = undo {
+                undo.cancel(
+                    &self.registry,
+                    era,
+                    task_id.to_string(),
+                    UndoReason::OtherEraShape,
+                );
+            }
+            return (McpError::MalformedCreateTaskResult.body(Some(id)), None);
+        }
         // Not a CreateTaskResult (an error, or a server that ran the call plainly): nothing to
         // record, and dropping `pending` gives the owner's slot back.
         let task = match pending.template.era {
@@ -1765,6 +1795,25 @@ enum UndoReason {
     /// Its creation was answered with a JSON-RPC error after a notification on the creation's
     /// stream named it ([`Watch::cancel_orphan`]): nothing recorded it.
     Orphan,
+    /// A creation was answered in the other era's `CreateTaskResult` shape
+    /// ([`other_era_creation`]): not recorded, the client got `-32603`.
+    OtherEraShape,
+}
+
+/// The taskId a creation's `result` names when it is the other era's `CreateTaskResult`: for a
+/// 2026-07-28 creation the 2025-11-25 nested one (`{"task": {"taskId": …}}`, no `resultType`),
+/// for a 2025-11-25 creation the 2026-07-28 flat one (`resultType: "task"`, `taskId` at the
+/// top, no `task` object).
+pub(super) fn other_era_creation(era: Era, result: &Value) -> Option<&str> {
+    let result_type = result.get("resultType");
+    match era {
+        Era::Modern if result_type.is_none() => result.pointer("/task/taskId"),
+        Era::Legacy if result_type.and_then(Value::as_str) == Some("task") => result
+            .get("taskId")
+            .filter(|_| !result.get("task").is_some_and(Value::is_object)),
+        _ => None,
+    }
+    .and_then(Value::as_str)
 }
 
 impl Undo {
@@ -1815,6 +1864,9 @@ impl Undo {
             }
             UndoReason::Orphan => {
                 tracing::warn!(%upstream, %task_id, era = era.as_str(), "the upstream answered a creation with an error after naming the task it started: sending tasks/cancel upstream")
+            }
+            UndoReason::OtherEraShape => {
+                tracing::warn!(%upstream, %task_id, era = era.as_str(), "the upstream answered a creation with the other era's CreateTaskResult: not recorded nor passed on, sending tasks/cancel upstream")
             }
             UndoReason::WrongId => {
                 tracing::warn!(%upstream, %task_id, era = era.as_str(), "the upstream answered a creation with a CreateTaskResult under another id: not recorded nor passed on, sending tasks/cancel upstream")
