@@ -800,3 +800,42 @@ async fn a_modern_only_child_is_never_initialized_and_serves_both_eras() {
     assert!(child.seen_method("initialize").is_empty());
     assert_eq!(child.pids().len(), 1);
 }
+
+/// A child that stops reading its stdin (a hung server that runs on: its pipe and taskgate's
+/// write queue fill up) does not hang its clients: a notification or a request that cannot be
+/// written within `timeout_ms` is answered 504 (both waited without end, holding the
+/// request's `max_in_flight` slot).
+#[tokio::test]
+async fn a_child_that_stops_reading_its_stdin_does_not_hang_its_clients() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let stall = json!({"name": "stall", "arguments": {}}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
+    let pad = "z".repeat(16 * 1024);
+    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    let notes = (0..320).map(|_| c.req(body.clone()).try_send());
+    let answers = futures_util::future::join_all(notes).await;
+    let statuses: Vec<Result<u16, String>> =
+        answers.into_iter().map(|a| a.map(|r| r.status())).collect();
+    assert!(
+        statuses.iter().all(|s| matches!(s, Ok(202 | 504))),
+        "every notification is answered in time: {:?}",
+        statuses
+            .iter()
+            .filter(|s| !matches!(s, Ok(202)))
+            .take(3)
+            .collect::<Vec<_>>()
+    );
+    assert!(statuses.contains(&Ok(504)), "the queue was filled");
+    let ping = c.req(rpc("2", "ping", "{}")).try_send().await;
+    let ping = ping.expect("a request is answered in time");
+    assert_eq!(ping.status(), 504);
+    assert_eq!(err_code(&ping.json().await), -32603);
+}

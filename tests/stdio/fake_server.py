@@ -8,6 +8,7 @@ at start. Tools:
   slow {}                       as a task (params.task): stays `working` until cancelled
   hush {}                       closes its stdout (no answer) and runs on
   deafen {}                     answers, then closes its stdin and runs on
+  stall {}                      answers, then stops reading its stdin (open) and runs on
   fail {code}                   answers a JSON-RPC error with that code
 tasks/result of a `working` task is never answered (its caller waits).
 Behaviour switches (environment): STDIO_NO_TASKS=1 declares no tasks capability (gateway-owned
@@ -193,6 +194,11 @@ def main():
                 # Answers, then closes its stdin (here, where it reads) and runs on, deaf.
                 answer(msg.get("id"), {"content": [{"type": "text", "text": "deaf"}], "pid": os.getpid()})
                 os.close(0)
+                while True:
+                    time.sleep(3600)
+            if msg.get("method") == "tools/call" and (msg.get("params") or {}).get("name") == "stall":
+                # Answers, then never reads its stdin again (a hung server: the pipe fills).
+                answer(msg.get("id"), {"content": [{"type": "text", "text": "stalled"}], "pid": os.getpid()})
                 while True:
                     time.sleep(3600)
             threading.Thread(target=handle, args=(msg,), daemon=True).start()

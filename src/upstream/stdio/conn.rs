@@ -345,16 +345,11 @@ impl Conn {
 
     /// Gives up request `out` (its deadline passed): its slot is freed and the child is told
     /// (`notifications/cancelled`), so it may stop the work.
-    pub async fn give_up(&self, out: u64, reason: &str) {
-        if self.routes.lock().take(out).is_none() {
+    pub fn give_up(&self, out: u64, reason: &str) {
+        if self.routes.lock().take(out).is_none() || self.is_closed() {
             return;
         }
-        let note = serde_json::json!({
-            "jsonrpc": "2.0",
-            "method": "notifications/cancelled",
-            "params": { "requestId": out, "reason": reason },
-        });
-        let _ = self.write(note.to_string().as_bytes(), true).await;
+        self.tell_cancelled(out, reason);
     }
 
     /// Request `out` was abandoned (its caller went away: hyper dropped the exchange): its
@@ -364,13 +359,20 @@ impl Conn {
         if self.routes.lock().take(out).is_none() || !tell || self.is_closed() {
             return;
         }
+        self.tell_cancelled(out, "taskgate: the client went away");
+    }
+
+    /// Writes `notifications/cancelled` for request `out` ahead of queued requests, without
+    /// waiting: a child that stopped reading its stdin must not hold up the caller that gives
+    /// its request up (its deadline already passed, or it is a drop).
+    fn tell_cancelled(&self, out: u64, reason: &str) {
         let note = serde_json::json!({
             "jsonrpc": "2.0",
             "method": "notifications/cancelled",
-            "params": { "requestId": out, "reason": "taskgate: the client went away" },
+            "params": { "requestId": out, "reason": reason },
         });
         let line = one_line(note.to_string().as_bytes());
-        // Not awaited here (a drop): a full queue gets it from a task, in its turn.
+        // Not awaited: a full queue gets it from a task, in its turn.
         if let Err(mpsc::error::TrySendError::Full(line)) = self.urgent.try_send(line) {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let urgent = self.urgent.clone();

@@ -450,9 +450,7 @@ impl Inner {
                 // A client's answer to the child's request: only from the session asked.
                 if let Some(id) = msg.id() {
                     if conn.answered_by(id, &session) {
-                        conn.write(msg.bytes(), true)
-                            .await
-                            .map_err(|why| self.unreachable(why))?;
+                        self.write(&conn, msg.bytes(), true).await?;
                     }
                 }
                 Ok(McpReply::accepted())
@@ -535,9 +533,9 @@ impl Inner {
         let reg = conn
             .register(&msg, session, permit, task_call)
             .map_err(|why| self.unreachable(why))?;
-        if let Err(why) = conn.write(&reg.bytes, urgent).await {
-            conn.give_up(reg.out, "not written").await;
-            return Err(self.unreachable(why));
+        if let Err(e) = self.write(conn, &reg.bytes, urgent).await {
+            conn.give_up(reg.out, "not written");
+            return Err(e);
         }
         let client_id = msg.id().cloned();
         self.reply(conn.clone(), reg, client_id, method, deadline, era)
@@ -580,7 +578,7 @@ impl Inner {
                 };
             }
             () = async { match timer.as_mut() { Some(t) => t.await, None => std::future::pending().await } } => {
-                conn.give_up(reg.out, "taskgate: the request timed out").await;
+                conn.give_up(reg.out, "taskgate: the request timed out");
                 return Err(self.timeout_error());
             }
         };
@@ -648,14 +646,9 @@ impl Inner {
                 else {
                     return Ok(());
                 };
-                conn.write(&bytes, true)
-                    .await
-                    .map_err(|why| self.unreachable(why))
+                self.write(conn, &bytes, true).await
             }
-            _ => conn
-                .write(msg.bytes(), false)
-                .await
-                .map_err(|why| self.unreachable(why)),
+            _ => self.write(conn, msg.bytes(), false).await,
         }
     }
 
@@ -1012,8 +1005,7 @@ impl Inner {
             Ok(Ok(Err(why))) => return Err(why),
             Ok(Err(_)) => return Err("its child process is gone".into()),
             Err(_) => {
-                conn.give_up(reg.out, "taskgate: initialize timed out")
-                    .await;
+                conn.give_up(reg.out, "taskgate: initialize timed out");
                 return Err(format!("no answer within {} ms", self.timeout_ms));
             }
         };
@@ -1206,6 +1198,17 @@ impl Inner {
         }
     }
 
+    /// Writes one message to `conn` within `timeout_ms`: a child that stopped reading its
+    /// stdin (its pipe and taskgate's queue full) gets the request or notification refused
+    /// with the upstream's timeout (504), never waited for without end.
+    async fn write(&self, conn: &Conn, bytes: &[u8], urgent: bool) -> Result<(), GatewayError> {
+        match tokio::time::timeout(self.timeout, conn.write(bytes, urgent)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(self.unreachable(why)),
+            Err(_) => Err(self.timeout_error()),
+        }
+    }
+
     fn timeout_error(&self) -> GatewayError {
         self.metrics
             .upstream_error(&self.name, UpstreamErrorKind::Timeout);
@@ -1257,7 +1260,7 @@ impl ReplyEvents {
             }
             () = give_up => {
                 self.done = true;
-                self.conn.give_up(self.reg.out, "taskgate: the request timed out").await;
+                self.conn.give_up(self.reg.out, "taskgate: the request timed out");
                 self.error(&format!("upstream did not answer {} within {} ms", self.method, self.timeout_ms))
             }
         };
