@@ -466,6 +466,57 @@ async fn per_session_children_idle_past_the_session_idle_limit_are_ended() {
     until("the idle child is ended", || process_gone(pid)).await;
 }
 
+/// A `per_session` child answering a request is not idle: a call longer than
+/// `gateway.session_idle_ms` gets its answer (its child was ended mid-call, the client got 502),
+/// and a gateway task's held call (whose `tasks/get` polls never reach the child) completes
+/// instead of failing with its child. Idle time counts once nothing is in flight.
+#[tokio::test]
+async fn a_per_session_child_is_not_idle_while_it_answers_a_request() {
+    let child = Kid::new();
+    let upstream = child.upstream(
+        "process = \"per_session\"\ntasks = \"gateway\"",
+        "STDIO_NO_TASKS = \"1\"",
+    );
+    let tg = Tg::start(|store| {
+        toml(store, &upstream).replace(
+            "listen = \"127.0.0.1:0\"\n\n[admin]",
+            "listen = \"127.0.0.1:0\"\nsession_idle_ms = 1000\n\n[admin]",
+        )
+    })
+    .await;
+    let mut c = tg.client();
+    let init = c.initialize().await;
+    let pid = init["result"]["serverInfo"]["pid"].as_i64().expect("pid") as i32;
+    let echo = |delay: u64, task: bool| {
+        let mut params = json!({"name": "echo", "arguments": {"text": "done", "delay_ms": delay}});
+        if task {
+            params["task"] = json!({"ttl": 60000});
+        }
+        params.to_string()
+    };
+    let created = c.rpc(rpc("1", "tools/call", &echo(2500, true))).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a gateway task")
+        .to_string();
+    let answer = c.rpc(rpc("2", "tools/call", &echo(2500, false))).await;
+    assert_eq!(answer["result"]["content"][0]["text"], "done", "{answer}");
+    until("the gateway task completes", || {
+        tg.record(&task)
+            .is_some_and(|r| r.status.as_str() != "working")
+    })
+    .await;
+    let record = tg.record(&task).expect("record");
+    assert_eq!(
+        record.status.as_str(),
+        "completed",
+        "{:?}",
+        record.status_message
+    );
+    assert!(!process_gone(pid), "the child runs on");
+    until("the child, idle now, is ended", || process_gone(pid)).await;
+}
+
 /// The real binary with one stdio upstream whose child ignores the end of its stdin (only a
 /// signal ends it); returns it and the child's pid.
 async fn binary_with_child(child: &Kid) -> (TaskgateProcess, i32) {

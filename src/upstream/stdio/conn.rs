@@ -236,7 +236,6 @@ impl Conn {
     }
 
     /// Requests waiting for the child's answer now.
-    #[cfg(test)]
     pub fn in_flight(&self) -> usize {
         self.routes.lock().in_flight()
     }

@@ -1069,12 +1069,24 @@ impl Inner {
                 () = tokio::time::sleep(every) => {}
                 _ = stopped(&mut stop) => return,
             }
+            let now = Instant::now();
             let stops: Vec<_> = self
                 .sessions
                 .lock()
                 .values_mut()
-                .filter(|s| s.last_used.elapsed() >= self.idle)
-                .filter_map(|s| s.stop.take())
+                .filter_map(|s| {
+                    // A child answering a request is not idle (a call longer than the idle
+                    // limit, a gateway task's held call, whose polls never reach the child):
+                    // its idle time starts once nothing is in flight.
+                    if s.conn.as_ref().is_some_and(|c| c.in_flight() > 0) {
+                        s.last_used = now;
+                        return None;
+                    }
+                    if now.duration_since(s.last_used) < self.idle {
+                        return None;
+                    }
+                    s.stop.take()
+                })
                 .collect();
             for stop in stops {
                 let _ = stop.send(());
