@@ -797,6 +797,38 @@ async fn gateway_tasks_on_a_stdio_child_without_tasks() {
     assert_eq!(notes[0]["params"]["requestId"], calls[1]["id"]);
 }
 
+/// A gateway task's `statusMessage` from its call's `notifications/progress` is bounded: a
+/// server's 1 MB progress message was stored whole in the record at every write (one each
+/// 200 ms) and sent whole in every `tasks/get`, `tasks/list` and status notification.
+#[tokio::test]
+async fn a_gateway_tasks_progress_message_is_cut_to_a_bounded_status_message() {
+    let child = Kid::new();
+    let tg = start(&child, "tasks = \"gateway\"", "STDIO_NO_TASKS = \"1\"").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let long = "é".repeat(500_000);
+    let params = json!({"name": "echo", "task": {"ttl": 60000},
+        "arguments": {"text": "hi", "delay_ms": 1500, "progress_message": long}});
+    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a gateway task")
+        .to_string();
+    until("the progress message is the task's statusMessage", || {
+        tg.record(&task).is_some_and(|r| r.status_message.is_some())
+    })
+    .await;
+    let got = c.get("2", &task).await;
+    let message = got["result"]["statusMessage"].as_str().expect("a message");
+    assert!(message.starts_with("éé"), "{got}");
+    assert!(
+        message.len() <= 4096 + '…'.len_utf8(),
+        "{} bytes",
+        message.len()
+    );
+    assert!(message.ends_with('…'), "marked as cut");
+}
+
 /// Issue 31: a modern-only stdio server (2026-07-28 only; like rmcp 3.11's stdio server it
 /// answers `initialize` with `-32022` and exits) behind taskgate. Found by taskgate's
 /// `server/discover` probe, it is never sent `initialize`, so it is not restarted over and over

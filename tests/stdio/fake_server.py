@@ -4,7 +4,9 @@
 Newline-delimited JSON-RPC on stdin/stdout. Every line it reads is appended to $STDIO_LOG (one
 JSON line each, so a test can count what reached the child); its pid is appended to $STDIO_PIDS
 at start. Tools:
-  echo {text, delay_ms}         answers after delay_ms; with a progressToken, one progress first
+  echo {text, delay_ms, progress_message}
+                                answers after delay_ms; with a progressToken, one progress first
+                                (with progress_message as its message)
   slow {}                       as a task (params.task): stays `working` until cancelled
   hush {}                       closes its stdout (no answer) and runs on
   deafen {}                     answers, then closes its stdin and runs on
@@ -124,8 +126,10 @@ def handle(msg):
             return
         token = (params.get("_meta") or {}).get("progressToken")
         if token is not None:
-            send({"jsonrpc": "2.0", "method": "notifications/progress",
-                  "params": {"progressToken": token, "progress": 1, "total": 2}})
+            progress = {"progressToken": token, "progress": 1, "total": 2}
+            if "progress_message" in args:
+                progress["message"] = str(args["progress_message"])
+            send({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress})
         time.sleep(float(args.get("delay_ms", 0)) / 1000.0)
         answer(mid, {"content": [{"type": "text", "text": str(args.get("text", ""))}],
                      "pid": os.getpid()})
