@@ -46,6 +46,9 @@ pub const RELATED_QUEUE: usize = 64;
 pub const STREAM_QUEUE: usize = 64;
 /// Lines that may wait for the child's stdin (past it a writer waits for room).
 const WRITE_QUEUE: usize = 256;
+/// How long a `notifications/cancelled` taskgate sends on its own (a request given up or
+/// abandoned) waits for room in a full queue before it is dropped: the child is not reading.
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The key of the `_meta` member naming a server→client request's task (2025-11-25 tasks).
 const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
@@ -371,12 +374,14 @@ impl Conn {
             "params": { "requestId": out, "reason": reason },
         });
         let line = one_line(note.to_string().as_bytes());
-        // Not awaited: a full queue gets it from a task, in its turn.
+        // Not awaited: a full queue gets it from a task, in its turn, within CANCEL_WAIT (a
+        // child that stopped reading would otherwise keep one such task per request given up,
+        // for as long as it runs).
         if let Err(mpsc::error::TrySendError::Full(line)) = self.urgent.try_send(line) {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let urgent = self.urgent.clone();
                 rt.spawn(async move {
-                    let _ = urgent.send(line).await;
+                    let _ = tokio::time::timeout(CANCEL_WAIT, urgent.send(line)).await;
                 });
             }
         }

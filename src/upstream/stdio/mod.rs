@@ -95,7 +95,9 @@
 //! and are written ahead of queued requests, so a cancel overtakes the request it cancels; a
 //! `tasks/result` (which waits for its task's end) takes none either. A
 //! stdout line is at most `max_message_bytes` (`framing.rs`); related messages and GET stream
-//! messages wait in bounded queues ([`conn`]). A 2026-07-28 `subscriptions/listen` takes no
+//! messages wait in bounded queues ([`conn`]), and so do lines for the child's stdin: a write
+//! waits at most `timeout_ms` for room (a child that stopped reading its stdin gets later
+//! requests and notifications answered 504, never held open). A 2026-07-28 `subscriptions/listen` takes no
 //! slot (it stays open until its client closes it); its notifications come back on its own
 //! reply stream ([`conn`]). Processes: [`child`] (process group,
 //! parent-death signal, close stdin → `SIGTERM` → `SIGKILL`; stderr to the log, target
