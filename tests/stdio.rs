@@ -797,6 +797,39 @@ async fn gateway_tasks_on_a_stdio_child_without_tasks() {
     assert_eq!(notes[0]["params"]["requestId"], calls[1]["id"]);
 }
 
+/// A cancelled gateway task whose call the child never ends (it ignores the cancellation) is
+/// told once: the held call closed `CANCELLED_CALL_GRACE` after the task's
+/// `notifications/cancelled` sent the child a second one ("the client went away") as it was
+/// dropped. "Resources released" is still recorded once the call is closed.
+#[tokio::test]
+async fn a_cancelled_gateway_task_tells_its_child_once() {
+    let child = Kid::new();
+    let tg = start(&child, "tasks = \"gateway\"", "STDIO_NO_TASKS = \"1\"").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let params = json!({"name": "echo", "task": {"ttl": 60000},
+        "arguments": {"text": "late", "delay_ms": 9000}});
+    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a gateway task")
+        .to_string();
+    until("the child reads the call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let cancelled = c.cancel("2", &task).await;
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    // The grace (5 s) and the quiet window: "resources released" once the call is closed.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    until("resources released", || {
+        tg.record(&task).is_some_and(|r| r.released_at.is_some())
+    })
+    .await;
+    let notes = child.seen_method("notifications/cancelled");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+}
+
 /// A gateway task's `statusMessage` from its call's `notifications/progress` is bounded: a
 /// server's 1 MB progress message was stored whole in the record at every write (one each
 /// 200 ms) and sent whole in every `tasks/get`, `tasks/list` and status notification.

@@ -318,6 +318,7 @@ impl Conn {
             related: related_tx,
             task_call,
             permit,
+            told: false,
         });
         let rewritten = rewrite_request(msg.bytes(), out);
         match rewritten {
@@ -348,7 +349,8 @@ impl Conn {
     /// Gives up request `out` (its deadline passed): its slot is freed and the child is told
     /// (`notifications/cancelled`), so it may stop the work.
     pub fn give_up(&self, out: u64, reason: &str) {
-        if self.routes.lock().take(out).is_none() || self.is_closed() {
+        let told = self.routes.lock().take(out).is_none_or(|p| p.told);
+        if told || self.is_closed() {
             return;
         }
         self.tell_cancelled(out, reason);
@@ -358,7 +360,8 @@ impl Conn {
     /// route (and slot) goes, and, when `tell`, the child is told (`notifications/cancelled`)
     /// as a client's own cancel would. Nothing when it was answered or given up already.
     fn abandon(&self, out: u64, tell: bool) {
-        if self.routes.lock().take(out).is_none() || !tell || self.is_closed() {
+        let told = self.routes.lock().take(out).is_none_or(|p| p.told);
+        if told || !tell || self.is_closed() {
             return;
         }
         self.tell_cancelled(out, "taskgate: the client went away");
@@ -387,9 +390,11 @@ impl Conn {
         }
     }
 
-    /// The id the child saw for `session`'s request `id`, while it waits.
-    pub fn out_id(&self, session: &SessionKey, id: &Id) -> Option<u64> {
-        self.routes.lock().out_id(session, id)
+    /// The id the child saw for `session`'s request `id`, while it waits and its child was not
+    /// told it is cancelled yet; marked told (it is not told again, also not when the request
+    /// is then given up or dropped).
+    pub fn tell_cancelled_id(&self, session: &SessionKey, id: &Id) -> Option<u64> {
+        self.routes.lock().tell_cancelled(session, id)
     }
 
     /// Whether the child's request `id` (JSON text) was sent to `session`; forgets it then.

@@ -636,9 +636,9 @@ impl Inner {
                     .ok()
                     .flatten()
                     .and_then(|raw| Id::from_json(raw.get()));
-                let Some(out) = theirs.and_then(|id| conn.out_id(session, &id)) else {
+                let Some(out) = theirs.and_then(|id| conn.tell_cancelled_id(session, &id)) else {
                     // Not in flight here (answered already, or not this caller's): nothing
-                    // the child could stop.
+                    // the child could stop; or the child was told already.
                     return Ok(());
                 };
                 let Some(bytes) =
