@@ -83,8 +83,9 @@
 //!
 //! A client's `initialize` starts a child and is forwarded to it (ids mapped as in shared
 //! mode); its answer gets a taskgate session id. The session's requests go to its child; a
-//! `DELETE`, [`PER_SESSION_IDLE`]-style idle reclaim (`gateway.session_idle_ms`) and shutdown
-//! end it. A child that dies ends its session (later requests get 404, so the client
+//! `DELETE`, [`PER_SESSION_IDLE`]-style idle reclaim (`gateway.session_idle_ms`, counted while
+//! no request is in flight on the child: a long call or a gateway task's held call keeps it)
+//! and shutdown end it. A child that dies ends its session (later requests get 404, so the client
 //! initializes again) and its tasks fail as above. At most [`MAX_CHILDREN`] children at once,
 //! those still starting counted; past it an `initialize` gets 503 with `Retry-After`.
 //!
