@@ -89,20 +89,25 @@ impl Streams {
         }
     }
 
-    /// Sends `msg` on every open GET stream; returns on how many.
+    /// Sends `msg` on every open GET stream; returns on how many. Every stream's event shares
+    /// the message's bytes (a child's 10 MB notification is held once, not once per session).
     pub fn broadcast(&self, msg: &Bytes) -> usize {
+        let ev = event(msg);
         let mut map = self.0.lock();
         map.retain(|_, tx| !tx.is_closed());
         map.values()
-            .filter(|tx| tx.try_send(event(msg)).is_ok())
+            .filter(|tx| tx.try_send(ev.clone()).is_ok())
             .count()
     }
 }
 
-/// One JSON-RPC message as an SSE event.
+/// One JSON-RPC message as an SSE event, over the message's own bytes (a line of the child's
+/// stdout is UTF-8 already; anything else is copied, its invalid bytes replaced).
 pub fn event(msg: &Bytes) -> sse::Event {
+    let data = sse::ByteString::try_from(msg.clone())
+        .unwrap_or_else(|_| String::from_utf8_lossy(msg).into_owned().into());
     sse::Event {
-        data: Some(String::from_utf8_lossy(msg).into_owned().into()),
+        data: Some(data),
         ..Default::default()
     }
 }
@@ -746,6 +751,26 @@ mod tests {
             Some("t2")
         );
         assert!(created_task_id(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).is_none());
+    }
+
+    /// A child's notification for every GET stream is held once: each stream's event shares
+    /// the line's bytes (it was copied once per open stream, so a child's 4 MB notifications
+    /// queued for 5 slow streams took 5 times the memory).
+    #[test]
+    fn a_broadcast_shares_the_messages_bytes_with_every_stream() {
+        let streams = Streams::default();
+        let mut a = streams.open("a".into());
+        let mut b = streams.open("b".into());
+        let msg = Bytes::from(r#"{"jsonrpc":"2.0","method":"notifications/message"}"#);
+        assert_eq!(streams.broadcast(&msg), 2);
+        let data = |ev: sse::Event| ev.data.expect("data");
+        let (da, db) = (
+            data(a.try_recv().expect("a")),
+            data(b.try_recv().expect("b")),
+        );
+        assert_eq!(&*da, std::str::from_utf8(&msg).expect("utf-8"));
+        assert_eq!(da.as_ptr(), msg.as_ptr(), "not copied");
+        assert_eq!(db.as_ptr(), msg.as_ptr(), "not copied");
     }
 
     /// Issue 31: one lock order, `routes` before `why`. `register` holds `routes` and reads
