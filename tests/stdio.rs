@@ -466,6 +466,57 @@ async fn per_session_children_idle_past_the_session_idle_limit_are_ended() {
     until("the idle child is ended", || process_gone(pid)).await;
 }
 
+/// A `per_session` child answering a request is not idle: a call longer than
+/// `gateway.session_idle_ms` gets its answer (its child was ended mid-call, the client got 502),
+/// and a gateway task's held call (whose `tasks/get` polls never reach the child) completes
+/// instead of failing with its child. Idle time counts once nothing is in flight.
+#[tokio::test]
+async fn a_per_session_child_is_not_idle_while_it_answers_a_request() {
+    let child = Kid::new();
+    let upstream = child.upstream(
+        "process = \"per_session\"\ntasks = \"gateway\"",
+        "STDIO_NO_TASKS = \"1\"",
+    );
+    let tg = Tg::start(|store| {
+        toml(store, &upstream).replace(
+            "listen = \"127.0.0.1:0\"\n\n[admin]",
+            "listen = \"127.0.0.1:0\"\nsession_idle_ms = 1000\n\n[admin]",
+        )
+    })
+    .await;
+    let mut c = tg.client();
+    let init = c.initialize().await;
+    let pid = init["result"]["serverInfo"]["pid"].as_i64().expect("pid") as i32;
+    let echo = |delay: u64, task: bool| {
+        let mut params = json!({"name": "echo", "arguments": {"text": "done", "delay_ms": delay}});
+        if task {
+            params["task"] = json!({"ttl": 60000});
+        }
+        params.to_string()
+    };
+    let created = c.rpc(rpc("1", "tools/call", &echo(2500, true))).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a gateway task")
+        .to_string();
+    let answer = c.rpc(rpc("2", "tools/call", &echo(2500, false))).await;
+    assert_eq!(answer["result"]["content"][0]["text"], "done", "{answer}");
+    until("the gateway task completes", || {
+        tg.record(&task)
+            .is_some_and(|r| r.status.as_str() != "working")
+    })
+    .await;
+    let record = tg.record(&task).expect("record");
+    assert_eq!(
+        record.status.as_str(),
+        "completed",
+        "{:?}",
+        record.status_message
+    );
+    assert!(!process_gone(pid), "the child runs on");
+    until("the child, idle now, is ended", || process_gone(pid)).await;
+}
+
 /// The real binary with one stdio upstream whose child ignores the end of its stdin (only a
 /// signal ends it); returns it and the child's pid.
 async fn binary_with_child(child: &Kid) -> (TaskgateProcess, i32) {
@@ -746,6 +797,71 @@ async fn gateway_tasks_on_a_stdio_child_without_tasks() {
     assert_eq!(notes[0]["params"]["requestId"], calls[1]["id"]);
 }
 
+/// A cancelled gateway task whose call the child never ends (it ignores the cancellation) is
+/// told once: the held call closed `CANCELLED_CALL_GRACE` after the task's
+/// `notifications/cancelled` sent the child a second one ("the client went away") as it was
+/// dropped. "Resources released" is still recorded once the call is closed.
+#[tokio::test]
+async fn a_cancelled_gateway_task_tells_its_child_once() {
+    let child = Kid::new();
+    let tg = start(&child, "tasks = \"gateway\"", "STDIO_NO_TASKS = \"1\"").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let params = json!({"name": "echo", "task": {"ttl": 60000},
+        "arguments": {"text": "late", "delay_ms": 9000}});
+    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a gateway task")
+        .to_string();
+    until("the child reads the call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let cancelled = c.cancel("2", &task).await;
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    // The grace (5 s) and the quiet window: "resources released" once the call is closed.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    until("resources released", || {
+        tg.record(&task).is_some_and(|r| r.released_at.is_some())
+    })
+    .await;
+    let notes = child.seen_method("notifications/cancelled");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+}
+
+/// A gateway task's `statusMessage` from its call's `notifications/progress` is bounded: a
+/// server's 1 MB progress message was stored whole in the record at every write (one each
+/// 200 ms) and sent whole in every `tasks/get`, `tasks/list` and status notification.
+#[tokio::test]
+async fn a_gateway_tasks_progress_message_is_cut_to_a_bounded_status_message() {
+    let child = Kid::new();
+    let tg = start(&child, "tasks = \"gateway\"", "STDIO_NO_TASKS = \"1\"").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let long = "é".repeat(500_000);
+    let params = json!({"name": "echo", "task": {"ttl": 60000},
+        "arguments": {"text": "hi", "delay_ms": 1500, "progress_message": long}});
+    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a gateway task")
+        .to_string();
+    until("the progress message is the task's statusMessage", || {
+        tg.record(&task).is_some_and(|r| r.status_message.is_some())
+    })
+    .await;
+    let got = c.get("2", &task).await;
+    let message = got["result"]["statusMessage"].as_str().expect("a message");
+    assert!(message.starts_with("éé"), "{got}");
+    assert!(
+        message.len() <= 4096 + '…'.len_utf8(),
+        "{} bytes",
+        message.len()
+    );
+    assert!(message.ends_with('…'), "marked as cut");
+}
+
 /// Issue 31: a modern-only stdio server (2026-07-28 only; like rmcp 3.11's stdio server it
 /// answers `initialize` with `-32022` and exits) behind taskgate. Found by taskgate's
 /// `server/discover` probe, it is never sent `initialize`, so it is not restarted over and over
@@ -799,4 +915,43 @@ async fn a_modern_only_child_is_never_initialized_and_serves_both_eras() {
     assert!(r.header("mcp-session-id").is_some(), "a held 2025 session");
     assert!(child.seen_method("initialize").is_empty());
     assert_eq!(child.pids().len(), 1);
+}
+
+/// A child that stops reading its stdin (a hung server that runs on: its pipe and taskgate's
+/// write queue fill up) does not hang its clients: a notification or a request that cannot be
+/// written within `timeout_ms` is answered 504 (both waited without end, holding the
+/// request's `max_in_flight` slot).
+#[tokio::test]
+async fn a_child_that_stops_reading_its_stdin_does_not_hang_its_clients() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let stall = json!({"name": "stall", "arguments": {}}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
+    let pad = "z".repeat(16 * 1024);
+    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    let notes = (0..320).map(|_| c.req(body.clone()).try_send());
+    let answers = futures_util::future::join_all(notes).await;
+    let statuses: Vec<Result<u16, String>> =
+        answers.into_iter().map(|a| a.map(|r| r.status())).collect();
+    assert!(
+        statuses.iter().all(|s| matches!(s, Ok(202 | 504))),
+        "every notification is answered in time: {:?}",
+        statuses
+            .iter()
+            .filter(|s| !matches!(s, Ok(202)))
+            .take(3)
+            .collect::<Vec<_>>()
+    );
+    assert!(statuses.contains(&Ok(504)), "the queue was filled");
+    let ping = c.req(rpc("2", "ping", "{}")).try_send().await;
+    let ping = ping.expect("a request is answered in time");
+    assert_eq!(ping.status(), 504);
+    assert_eq!(err_code(&ping.json().await), -32603);
 }

@@ -4,10 +4,13 @@
 Newline-delimited JSON-RPC on stdin/stdout. Every line it reads is appended to $STDIO_LOG (one
 JSON line each, so a test can count what reached the child); its pid is appended to $STDIO_PIDS
 at start. Tools:
-  echo {text, delay_ms}         answers after delay_ms; with a progressToken, one progress first
+  echo {text, delay_ms, progress_message}
+                                answers after delay_ms; with a progressToken, one progress first
+                                (with progress_message as its message)
   slow {}                       as a task (params.task): stays `working` until cancelled
   hush {}                       closes its stdout (no answer) and runs on
   deafen {}                     answers, then closes its stdin and runs on
+  stall {}                      answers, then stops reading its stdin (open) and runs on
   fail {code}                   answers a JSON-RPC error with that code
 tasks/result of a `working` task is never answered (its caller waits).
 Behaviour switches (environment): STDIO_NO_TASKS=1 declares no tasks capability (gateway-owned
@@ -123,8 +126,10 @@ def handle(msg):
             return
         token = (params.get("_meta") or {}).get("progressToken")
         if token is not None:
-            send({"jsonrpc": "2.0", "method": "notifications/progress",
-                  "params": {"progressToken": token, "progress": 1, "total": 2}})
+            progress = {"progressToken": token, "progress": 1, "total": 2}
+            if "progress_message" in args:
+                progress["message"] = str(args["progress_message"])
+            send({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress})
         time.sleep(float(args.get("delay_ms", 0)) / 1000.0)
         answer(mid, {"content": [{"type": "text", "text": str(args.get("text", ""))}],
                      "pid": os.getpid()})
@@ -193,6 +198,11 @@ def main():
                 # Answers, then closes its stdin (here, where it reads) and runs on, deaf.
                 answer(msg.get("id"), {"content": [{"type": "text", "text": "deaf"}], "pid": os.getpid()})
                 os.close(0)
+                while True:
+                    time.sleep(3600)
+            if msg.get("method") == "tools/call" and (msg.get("params") or {}).get("name") == "stall":
+                # Answers, then never reads its stdin again (a hung server: the pipe fills).
+                answer(msg.get("id"), {"content": [{"type": "text", "text": "stalled"}], "pid": os.getpid()})
                 while True:
                     time.sleep(3600)
             threading.Thread(target=handle, args=(msg,), daemon=True).start()

@@ -36,6 +36,23 @@ use tower::ServiceExt;
 /// The shortest time between two `statusMessage` writes from progress notifications (a chatty
 /// server makes one store write per this interval at most).
 pub const PROGRESS_WRITE_EVERY: Duration = Duration::from_millis(200);
+/// The longest `statusMessage` taken from a progress notification's `message` (longer ones are
+/// cut at a character boundary and marked `…`): it is written to the record at every
+/// [`PROGRESS_WRITE_EVERY`] and sent in every `tasks/get`, `tasks/list` and status
+/// notification, so a server's megabyte of progress text must not be.
+pub const MAX_PROGRESS_MESSAGE: usize = 4096;
+
+/// `text` cut to at most `max` bytes at a character boundary, marked `…` when cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", text.get(..end).unwrap_or_default())
+}
 
 /// The answer to a task-augmented `tools/call` taskgate runs itself: the record written
 /// durably, then the `CreateTaskResult`; the held call started in the background.
@@ -682,7 +699,7 @@ impl Progress {
             *last = Some(Instant::now());
         }
         let message = match params.get("message").and_then(Value::as_str) {
-            Some(m) => m.to_string(),
+            Some(m) => cut(m, MAX_PROGRESS_MESSAGE),
             None => {
                 let progress = params.get("progress").map(Value::to_string);
                 let total = params.get("total").map(Value::to_string);

@@ -46,6 +46,9 @@ pub const RELATED_QUEUE: usize = 64;
 pub const STREAM_QUEUE: usize = 64;
 /// Lines that may wait for the child's stdin (past it a writer waits for room).
 const WRITE_QUEUE: usize = 256;
+/// How long a `notifications/cancelled` taskgate sends on its own (a request given up or
+/// abandoned) waits for room in a full queue before it is dropped: the child is not reading.
+const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The key of the `_meta` member naming a server→client request's task (2025-11-25 tasks).
 const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
@@ -86,20 +89,25 @@ impl Streams {
         }
     }
 
-    /// Sends `msg` on every open GET stream; returns on how many.
+    /// Sends `msg` on every open GET stream; returns on how many. Every stream's event shares
+    /// the message's bytes (a child's 10 MB notification is held once, not once per session).
     pub fn broadcast(&self, msg: &Bytes) -> usize {
+        let ev = event(msg);
         let mut map = self.0.lock();
         map.retain(|_, tx| !tx.is_closed());
         map.values()
-            .filter(|tx| tx.try_send(event(msg)).is_ok())
+            .filter(|tx| tx.try_send(ev.clone()).is_ok())
             .count()
     }
 }
 
-/// One JSON-RPC message as an SSE event.
+/// One JSON-RPC message as an SSE event, over the message's own bytes (a line of the child's
+/// stdout is UTF-8 already; anything else is copied, its invalid bytes replaced).
 pub fn event(msg: &Bytes) -> sse::Event {
+    let data = sse::ByteString::try_from(msg.clone())
+        .unwrap_or_else(|_| String::from_utf8_lossy(msg).into_owned().into());
     sse::Event {
-        data: Some(String::from_utf8_lossy(msg).into_owned().into()),
+        data: Some(data),
         ..Default::default()
     }
 }
@@ -236,7 +244,6 @@ impl Conn {
     }
 
     /// Requests waiting for the child's answer now.
-    #[cfg(test)]
     pub fn in_flight(&self) -> usize {
         self.routes.lock().in_flight()
     }
@@ -316,6 +323,7 @@ impl Conn {
             related: related_tx,
             task_call,
             permit,
+            told: false,
         });
         let rewritten = rewrite_request(msg.bytes(), out);
         match rewritten {
@@ -345,45 +353,53 @@ impl Conn {
 
     /// Gives up request `out` (its deadline passed): its slot is freed and the child is told
     /// (`notifications/cancelled`), so it may stop the work.
-    pub async fn give_up(&self, out: u64, reason: &str) {
-        if self.routes.lock().take(out).is_none() {
+    pub fn give_up(&self, out: u64, reason: &str) {
+        let told = self.routes.lock().take(out).is_none_or(|p| p.told);
+        if told || self.is_closed() {
             return;
         }
-        let note = serde_json::json!({
-            "jsonrpc": "2.0",
-            "method": "notifications/cancelled",
-            "params": { "requestId": out, "reason": reason },
-        });
-        let _ = self.write(note.to_string().as_bytes(), true).await;
+        self.tell_cancelled(out, reason);
     }
 
     /// Request `out` was abandoned (its caller went away: hyper dropped the exchange): its
     /// route (and slot) goes, and, when `tell`, the child is told (`notifications/cancelled`)
     /// as a client's own cancel would. Nothing when it was answered or given up already.
     fn abandon(&self, out: u64, tell: bool) {
-        if self.routes.lock().take(out).is_none() || !tell || self.is_closed() {
+        let told = self.routes.lock().take(out).is_none_or(|p| p.told);
+        if told || !tell || self.is_closed() {
             return;
         }
+        self.tell_cancelled(out, "taskgate: the client went away");
+    }
+
+    /// Writes `notifications/cancelled` for request `out` ahead of queued requests, without
+    /// waiting: a child that stopped reading its stdin must not hold up the caller that gives
+    /// its request up (its deadline already passed, or it is a drop).
+    fn tell_cancelled(&self, out: u64, reason: &str) {
         let note = serde_json::json!({
             "jsonrpc": "2.0",
             "method": "notifications/cancelled",
-            "params": { "requestId": out, "reason": "taskgate: the client went away" },
+            "params": { "requestId": out, "reason": reason },
         });
         let line = one_line(note.to_string().as_bytes());
-        // Not awaited here (a drop): a full queue gets it from a task, in its turn.
+        // Not awaited: a full queue gets it from a task, in its turn, within CANCEL_WAIT (a
+        // child that stopped reading would otherwise keep one such task per request given up,
+        // for as long as it runs).
         if let Err(mpsc::error::TrySendError::Full(line)) = self.urgent.try_send(line) {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let urgent = self.urgent.clone();
                 rt.spawn(async move {
-                    let _ = urgent.send(line).await;
+                    let _ = tokio::time::timeout(CANCEL_WAIT, urgent.send(line)).await;
                 });
             }
         }
     }
 
-    /// The id the child saw for `session`'s request `id`, while it waits.
-    pub fn out_id(&self, session: &SessionKey, id: &Id) -> Option<u64> {
-        self.routes.lock().out_id(session, id)
+    /// The id the child saw for `session`'s request `id`, while it waits and its child was not
+    /// told it is cancelled yet; marked told (it is not told again, also not when the request
+    /// is then given up or dropped).
+    pub fn tell_cancelled_id(&self, session: &SessionKey, id: &Id) -> Option<u64> {
+        self.routes.lock().tell_cancelled(session, id)
     }
 
     /// Whether the child's request `id` (JSON text) was sent to `session`; forgets it then.
@@ -735,6 +751,26 @@ mod tests {
             Some("t2")
         );
         assert!(created_task_id(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).is_none());
+    }
+
+    /// A child's notification for every GET stream is held once: each stream's event shares
+    /// the line's bytes (it was copied once per open stream, so a child's 4 MB notifications
+    /// queued for 5 slow streams took 5 times the memory).
+    #[test]
+    fn a_broadcast_shares_the_messages_bytes_with_every_stream() {
+        let streams = Streams::default();
+        let mut a = streams.open("a".into());
+        let mut b = streams.open("b".into());
+        let msg = Bytes::from(r#"{"jsonrpc":"2.0","method":"notifications/message"}"#);
+        assert_eq!(streams.broadcast(&msg), 2);
+        let data = |ev: sse::Event| ev.data.expect("data");
+        let (da, db) = (
+            data(a.try_recv().expect("a")),
+            data(b.try_recv().expect("b")),
+        );
+        assert_eq!(&*da, std::str::from_utf8(&msg).expect("utf-8"));
+        assert_eq!(da.as_ptr(), msg.as_ptr(), "not copied");
+        assert_eq!(db.as_ptr(), msg.as_ptr(), "not copied");
     }
 
     /// Issue 31: one lock order, `routes` before `why`. `register` holds `routes` and reads

@@ -83,8 +83,9 @@
 //!
 //! A client's `initialize` starts a child and is forwarded to it (ids mapped as in shared
 //! mode); its answer gets a taskgate session id. The session's requests go to its child; a
-//! `DELETE`, [`PER_SESSION_IDLE`]-style idle reclaim (`gateway.session_idle_ms`) and shutdown
-//! end it. A child that dies ends its session (later requests get 404, so the client
+//! `DELETE`, [`PER_SESSION_IDLE`]-style idle reclaim (`gateway.session_idle_ms`, counted while
+//! no request is in flight on the child: a long call or a gateway task's held call keeps it)
+//! and shutdown end it. A child that dies ends its session (later requests get 404, so the client
 //! initializes again) and its tasks fail as above. At most [`MAX_CHILDREN`] children at once,
 //! those still starting counted; past it an `initialize` gets 503 with `Retry-After`.
 //!
@@ -95,7 +96,9 @@
 //! and are written ahead of queued requests, so a cancel overtakes the request it cancels; a
 //! `tasks/result` (which waits for its task's end) takes none either. A
 //! stdout line is at most `max_message_bytes` (`framing.rs`); related messages and GET stream
-//! messages wait in bounded queues ([`conn`]). A 2026-07-28 `subscriptions/listen` takes no
+//! messages wait in bounded queues ([`conn`]), and so do lines for the child's stdin: a write
+//! waits at most `timeout_ms` for room (a child that stopped reading its stdin gets later
+//! requests and notifications answered 504, never held open). A 2026-07-28 `subscriptions/listen` takes no
 //! slot (it stays open until its client closes it); its notifications come back on its own
 //! reply stream ([`conn`]). Processes: [`child`] (process group,
 //! parent-death signal, close stdin → `SIGTERM` → `SIGKILL`; stderr to the log, target
@@ -450,9 +453,7 @@ impl Inner {
                 // A client's answer to the child's request: only from the session asked.
                 if let Some(id) = msg.id() {
                     if conn.answered_by(id, &session) {
-                        conn.write(msg.bytes(), true)
-                            .await
-                            .map_err(|why| self.unreachable(why))?;
+                        self.write(&conn, msg.bytes(), true).await?;
                     }
                 }
                 Ok(McpReply::accepted())
@@ -535,9 +536,9 @@ impl Inner {
         let reg = conn
             .register(&msg, session, permit, task_call)
             .map_err(|why| self.unreachable(why))?;
-        if let Err(why) = conn.write(&reg.bytes, urgent).await {
-            conn.give_up(reg.out, "not written").await;
-            return Err(self.unreachable(why));
+        if let Err(e) = self.write(conn, &reg.bytes, urgent).await {
+            conn.give_up(reg.out, "not written");
+            return Err(e);
         }
         let client_id = msg.id().cloned();
         self.reply(conn.clone(), reg, client_id, method, deadline, era)
@@ -580,7 +581,7 @@ impl Inner {
                 };
             }
             () = async { match timer.as_mut() { Some(t) => t.await, None => std::future::pending().await } } => {
-                conn.give_up(reg.out, "taskgate: the request timed out").await;
+                conn.give_up(reg.out, "taskgate: the request timed out");
                 return Err(self.timeout_error());
             }
         };
@@ -636,9 +637,9 @@ impl Inner {
                     .ok()
                     .flatten()
                     .and_then(|raw| Id::from_json(raw.get()));
-                let Some(out) = theirs.and_then(|id| conn.out_id(session, &id)) else {
+                let Some(out) = theirs.and_then(|id| conn.tell_cancelled_id(session, &id)) else {
                     // Not in flight here (answered already, or not this caller's): nothing
-                    // the child could stop.
+                    // the child could stop; or the child was told already.
                     return Ok(());
                 };
                 let Some(bytes) =
@@ -648,14 +649,9 @@ impl Inner {
                 else {
                     return Ok(());
                 };
-                conn.write(&bytes, true)
-                    .await
-                    .map_err(|why| self.unreachable(why))
+                self.write(conn, &bytes, true).await
             }
-            _ => conn
-                .write(msg.bytes(), false)
-                .await
-                .map_err(|why| self.unreachable(why)),
+            _ => self.write(conn, msg.bytes(), false).await,
         }
     }
 
@@ -1012,8 +1008,7 @@ impl Inner {
             Ok(Ok(Err(why))) => return Err(why),
             Ok(Err(_)) => return Err("its child process is gone".into()),
             Err(_) => {
-                conn.give_up(reg.out, "taskgate: initialize timed out")
-                    .await;
+                conn.give_up(reg.out, "taskgate: initialize timed out");
                 return Err(format!("no answer within {} ms", self.timeout_ms));
             }
         };
@@ -1077,12 +1072,24 @@ impl Inner {
                 () = tokio::time::sleep(every) => {}
                 _ = stopped(&mut stop) => return,
             }
+            let now = Instant::now();
             let stops: Vec<_> = self
                 .sessions
                 .lock()
                 .values_mut()
-                .filter(|s| s.last_used.elapsed() >= self.idle)
-                .filter_map(|s| s.stop.take())
+                .filter_map(|s| {
+                    // A child answering a request is not idle (a call longer than the idle
+                    // limit, a gateway task's held call, whose polls never reach the child):
+                    // its idle time starts once nothing is in flight.
+                    if s.conn.as_ref().is_some_and(|c| c.in_flight() > 0) {
+                        s.last_used = now;
+                        return None;
+                    }
+                    if now.duration_since(s.last_used) < self.idle {
+                        return None;
+                    }
+                    s.stop.take()
+                })
                 .collect();
             for stop in stops {
                 let _ = stop.send(());
@@ -1206,6 +1213,17 @@ impl Inner {
         }
     }
 
+    /// Writes one message to `conn` within `timeout_ms`: a child that stopped reading its
+    /// stdin (its pipe and taskgate's queue full) gets the request or notification refused
+    /// with the upstream's timeout (504), never waited for without end.
+    async fn write(&self, conn: &Conn, bytes: &[u8], urgent: bool) -> Result<(), GatewayError> {
+        match tokio::time::timeout(self.timeout, conn.write(bytes, urgent)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(self.unreachable(why)),
+            Err(_) => Err(self.timeout_error()),
+        }
+    }
+
     fn timeout_error(&self) -> GatewayError {
         self.metrics
             .upstream_error(&self.name, UpstreamErrorKind::Timeout);
@@ -1257,7 +1275,7 @@ impl ReplyEvents {
             }
             () = give_up => {
                 self.done = true;
-                self.conn.give_up(self.reg.out, "taskgate: the request timed out").await;
+                self.conn.give_up(self.reg.out, "taskgate: the request timed out");
                 self.error(&format!("upstream did not answer {} within {} ms", self.method, self.timeout_ms))
             }
         };

@@ -43,6 +43,9 @@ pub struct Pending {
     pub task_call: bool,
     /// Its in-flight slot (`max_in_flight`), freed with the entry.
     pub permit: Option<OwnedSemaphorePermit>,
+    /// The child was told it is cancelled (the caller's `notifications/cancelled` went to it):
+    /// it is not told again when the request is given up or dropped.
+    pub told: bool,
 }
 
 /// A replaced `progressToken`: whose it is and what it was.
@@ -111,6 +114,17 @@ impl Routes {
     /// The request the child knows as `out`, while it waits.
     pub fn get(&self, out: u64) -> Option<&Pending> {
         self.pending.get(&out)
+    }
+
+    /// The id the child saw for `session`'s request `id`, marked told (see [`Pending::told`]);
+    /// `None` when it is not in flight or was told already (one cancellation per request).
+    pub fn tell_cancelled(&mut self, session: &SessionKey, id: &Id) -> Option<u64> {
+        let out = self.out_id(session, id)?;
+        let p = self.pending.get_mut(&out)?;
+        if std::mem::replace(&mut p.told, true) {
+            return None;
+        }
+        Some(out)
     }
 
     /// Every request still waiting (the child is gone), removed.
@@ -196,6 +210,7 @@ mod tests {
                 related,
                 task_call: false,
                 permit: None,
+                told: false,
             },
             rx,
         )
