@@ -1803,8 +1803,13 @@ enum UndoReason {
 /// The taskId a creation's `result` names when it is the other era's `CreateTaskResult`: for a
 /// 2026-07-28 creation the 2025-11-25 nested one (`{"task": {"taskId": …}}`, no `resultType`),
 /// for a 2025-11-25 creation the 2026-07-28 flat one (`resultType: "task"`, `taskId` at the
-/// top, no `task` object).
+/// top, no `task` object). Neither has `content`, which every `CallToolResult` has: a plain
+/// result that carries a member `task` (or `taskId`) of its own is a result, never refused nor
+/// anything it names cancelled upstream.
 pub(super) fn other_era_creation(era: Era, result: &Value) -> Option<&str> {
+    if result.get("content").is_some() {
+        return None;
+    }
     let result_type = result.get("resultType");
     match era {
         Era::Modern if result_type.is_none() => result.pointer("/task/taskId"),
