@@ -258,6 +258,12 @@ async fn a_2026_shaped_creation_from_a_2025_server_is_refused_and_cancelled() {
     let (_, v) = call(&tg.mcp_url(), None, 1, "research", true).await;
     assert_eq!(v["error"]["code"], -32603, "{v}");
     assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("other protocol era")),
+        "{v}"
+    );
+    assert!(
         up.up
             .wait_for_method("tasks/cancel", 1, std::time::Duration::from_secs(5))
             .await,

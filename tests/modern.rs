@@ -793,6 +793,8 @@ async fn a_2025_shaped_creation_to_a_2026_call_is_refused_and_cancelled() {
     let tg = TgConfig::new(&up.url()).start().await;
     let (_, v) = send(call_tool(&tg.mcp_url(), 1, "nested_task")).await;
     assert_eq!(err_code(&v), -32603, "{v}");
+    // What was wrong with it: not "no string taskId, or no status" (it has both).
+    assert!(err_message(&v).contains("other protocol era"), "{v}");
     assert!(
         up.wait_for_method("tasks/cancel", 1, Duration::from_secs(5))
             .await,
