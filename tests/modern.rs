@@ -791,8 +791,9 @@ async fn a_creation_answered_under_another_id_is_cancelled_upstream() {
 async fn a_2025_shaped_creation_to_a_2026_call_is_refused_and_cancelled() {
     let up = misbehaving_2026_server().await;
     let tg = TgConfig::new(&up.url()).start().await;
-    let (_, v) = send(call_tool(&tg.mcp_url(), 1, "nested_task")).await;
+    let (status, v) = send(call_tool(&tg.mcp_url(), 1, "nested_task")).await;
     assert_eq!(err_code(&v), -32603, "{v}");
+    assert_eq!(status, 200, "README: 200, as any malformed CreateTaskResult");
     // What was wrong with it: not "no string taskId, or no status" (it has both).
     assert!(err_message(&v).contains("other protocol era"), "{v}");
     assert!(
