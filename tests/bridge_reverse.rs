@@ -257,7 +257,10 @@ async fn a_2026_shaped_creation_from_a_2025_server_is_refused_and_cancelled() {
     let tg = TgConfig::new(&up.url()).start().await;
     let (status, v) = call(&tg.mcp_url(), None, 1, "research", true).await;
     assert_eq!(v["error"]["code"], -32603, "{v}");
-    assert_eq!(status, 200, "README: 200, as any malformed CreateTaskResult");
+    assert_eq!(
+        status, 200,
+        "README: 200, as any malformed CreateTaskResult"
+    );
     assert!(
         v["error"]["message"]
             .as_str()

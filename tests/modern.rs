@@ -640,6 +640,11 @@ fn misbehaving_2026(req: &RecordedRequest, tool: &str) -> Option<ScriptedRespons
             &id,
             &json!({"task": {"taskId": "nested-2", "status": "working", "ttl": 60000}}).to_string(),
         )),
+        // The same with a taskId that is not a string: no task anyone can name.
+        "nested_numeric" => ScriptedResponse::json(rpc_result(
+            &id,
+            &json!({"task": {"taskId": 5, "status": "working", "ttl": 60000}}).to_string(),
+        )),
         // A plain CallToolResult (no `resultType`: a legacy result counts as `complete`) that
         // carries an extra top-level `task` object of its own (a to-do tool's new item).
         "task_field" => ScriptedResponse::json(rpc_result(
@@ -793,7 +798,10 @@ async fn a_2025_shaped_creation_to_a_2026_call_is_refused_and_cancelled() {
     let tg = TgConfig::new(&up.url()).start().await;
     let (status, v) = send(call_tool(&tg.mcp_url(), 1, "nested_task")).await;
     assert_eq!(err_code(&v), -32603, "{v}");
-    assert_eq!(status, 200, "README: 200, as any malformed CreateTaskResult");
+    assert_eq!(
+        status, 200,
+        "README: 200, as any malformed CreateTaskResult"
+    );
     // What was wrong with it: not "no string taskId, or no status" (it has both).
     assert!(err_message(&v).contains("other protocol era"), "{v}");
     assert!(
@@ -804,6 +812,28 @@ async fn a_2025_shaped_creation_to_a_2026_call_is_refused_and_cancelled() {
     let cancel = up.received("tasks/cancel").pop().unwrap();
     assert_eq!(cancel.json()["params"]["taskId"], "nested-2");
     assert!(tg.record("nested-2").is_none());
+}
+
+/// The 2025-11-25 nested `CreateTaskResult` whose taskId is not a string is refused as the
+/// README's table says for any `CreateTaskResult` without a string taskId (nothing to cancel):
+/// it passed on as a plain result (`resultType` absent reads `complete`), a creation shown to a
+/// 2026 client as a tool's result.
+#[tokio::test]
+async fn a_2025_shaped_creation_without_a_string_task_id_is_refused() {
+    let up = misbehaving_2026_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (status, v) = send(call_tool(&tg.mcp_url(), 1, "nested_numeric")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(err_code(&v), -32603, "{v}");
+    assert!(
+        err_message(&v).contains("malformed CreateTaskResult"),
+        "{v}"
+    );
+    assert!(
+        !up.wait_for_method("tasks/cancel", 1, Duration::from_millis(300))
+            .await,
+        "no id to cancel"
+    );
 }
 
 /// A plain 2026-07-28 tool result (no `resultType`) that carries a top-level `task` object of

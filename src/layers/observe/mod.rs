@@ -1467,8 +1467,8 @@ impl Watch {
         // upstream that is not recorded as this era's creation. Never handed out unrecorded:
         // `-32603`, and the task it names cancelled upstream.
         let era = pending.template.era;
-        if let Some(task_id) = value.get("result").and_then(|r| other_era_creation(era, r)) {
-            if let Some(undo) = undo {
+        if let Some(named) = value.get("result").and_then(|r| other_era_creation(era, r)) {
+            if let (Some(undo), Some(task_id)) = (undo, named) {
                 undo.cancel(
                     &self.registry,
                     era,
@@ -1800,25 +1800,26 @@ enum UndoReason {
     OtherEraShape,
 }
 
-/// The taskId a creation's `result` names when it is the other era's `CreateTaskResult`: for a
+/// Whether a creation's `result` is the other era's `CreateTaskResult`, and the taskId it
+/// names (`Some(None)`: that shape, its taskId not a string, no task anyone can name): for a
 /// 2026-07-28 creation the 2025-11-25 nested one (`{"task": {"taskId": …}}`, no `resultType`),
 /// for a 2025-11-25 creation the 2026-07-28 flat one (`resultType: "task"`, `taskId` at the
 /// top, no `task` object). Neither has `content`, which every `CallToolResult` has: a plain
 /// result that carries a member `task` (or `taskId`) of its own is a result, never refused nor
 /// anything it names cancelled upstream.
-pub(super) fn other_era_creation(era: Era, result: &Value) -> Option<&str> {
+pub(super) fn other_era_creation(era: Era, result: &Value) -> Option<Option<&str>> {
     if result.get("content").is_some() {
         return None;
     }
     let result_type = result.get("resultType");
-    match era {
+    let task_id = match era {
         Era::Modern if result_type.is_none() => result.pointer("/task/taskId"),
         Era::Legacy if result_type.and_then(Value::as_str) == Some("task") => result
             .get("taskId")
             .filter(|_| !result.get("task").is_some_and(Value::is_object)),
         _ => None,
-    }
-    .and_then(Value::as_str)
+    }?;
+    Some(task_id.as_str())
 }
 
 impl Undo {
