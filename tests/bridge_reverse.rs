@@ -277,6 +277,35 @@ async fn a_2026_shaped_creation_from_a_2025_server_is_refused_and_cancelled() {
     assert!(tg.record("flat-1").is_none());
 }
 
+/// A 2025-11-25 `CreateTaskResult` whose taskId is not a string names no task anyone could
+/// ask about: `-32603` "malformed CreateTaskResult" (README), nothing recorded, to a 2026 client
+/// through the reverse bridge and to a 2025 client alike. Before: the 2025 client got it as it
+/// came (the one-pass reader of 2025 creations took "no record made" for "no task").
+#[tokio::test]
+async fn a_2025_creation_without_a_string_task_id_is_refused() {
+    let hook: Hook = Arc::new(|method, id, _, _| {
+        (method == "tools/call").then(|| {
+            let nested = json!({"task": {"taskId": 5, "status": "working", "ttl": 60000,
+                "createdAt": "2026-12-07T00:00:00Z", "lastUpdatedAt": "2026-12-07T00:00:00Z"}});
+            ScriptedResponse::json(rpc_result(id, &nested.to_string()))
+        })
+    });
+    let up = legacy_server_with(UpBehaviour::default(), Some(hook.clone())).await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (_, v) = call(&tg.mcp_url(), None, 1, "research", true).await;
+    assert_eq!(v["error"]["code"], -32603, "2026 client: {v}");
+    let mut b = UpBehaviour::default();
+    b.hook = Some(hook);
+    let up = UpServer::start(b).await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let body = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "research", "arguments": {}, "task": {"ttl": 60000}}});
+    let v = c.rpc(body.to_string()).await;
+    assert_eq!(v["error"]["code"], -32603, "2025 client: {v}");
+}
+
 /// `tasks.max_live_tasks_per_owner` holds for a bridged task before anything goes upstream:
 /// taskgate, not the 2025-11-25 server, decides that a 2026-07-28 call becomes a task, so with
 /// a limit of 1 and one live task the owner's second is `-32029` and the server gets no second

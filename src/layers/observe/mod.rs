@@ -1160,18 +1160,18 @@ impl Watch {
                 self.registry.creation_record_of(template, task)
             })?
         };
-        // No nested task: one in the other era's shape takes the envelope path, which refuses it
-        // (`on_creation`).
+        // No record made: a `CreateTaskResult` in the other era's shape, or a nested one no
+        // record can be made of (no string taskId), takes the envelope path, which refuses it
+        // (`on_creation`); a plain result (with `content`) passes below.
         if record.is_none()
             && (found(&needles::TASK_KEY, bytes) || found(&needles::UNICODE_ESCAPE, bytes))
-            && serde_json::from_slice::<Value>(bytes)
-                .ok()
-                .and_then(|v| {
-                    v.get("result")
-                        .and_then(|r| other_era_creation(Era::Legacy, r))
-                        .map(|_| ())
+            && serde_json::from_slice::<Value>(bytes).ok().and_then(|v| {
+                v.get("result").map(|r| {
+                    other_era_creation(Era::Legacy, r).is_some()
+                        || (r.get("content").is_none()
+                            && r.get("task").is_some_and(Value::is_object))
                 })
-                .is_some()
+            }) == Some(true)
         {
             return None;
         }
