@@ -294,9 +294,11 @@ async fn a_2025_creation_without_a_string_task_id_is_refused() {
     let tg = TgConfig::new(&up.url()).start().await;
     let (_, v) = call(&tg.mcp_url(), None, 1, "research", true).await;
     assert_eq!(v["error"]["code"], -32603, "2026 client: {v}");
-    let mut b = UpBehaviour::default();
-    b.hook = Some(hook);
-    let up = UpServer::start(b).await;
+    let up = UpServer::start(UpBehaviour {
+        hook: Some(hook),
+        ..Default::default()
+    })
+    .await;
     let tg = TgConfig::new(&up.url()).start().await;
     let mut c = tg.client();
     c.initialize().await;
