@@ -700,6 +700,36 @@ async fn a_2025_shaped_creation_from_a_2026_server_is_refused_and_cancelled() {
     assert_eq!(list["tasks"].as_array().map(Vec::len), Some(0), "{list}");
 }
 
+/// A plain answer to a bridged task call that carries a top-level `task` object of its own
+/// (`content` too: a `CallToolResult`, not the 2025-11-25 nested `CreateTaskResult`) is a
+/// plain answer: the 2025 client gets a task already `completed` whose result is that answer,
+/// and nothing named in it is cancelled upstream. Broken by c6a4e51: `-32603` "malformed
+/// CreateTaskResult" and a `tasks/cancel` of `todo-1` sent upstream.
+#[tokio::test]
+async fn a_plain_answer_with_a_task_field_is_a_completed_task() {
+    let (up, _) = scripted(|req, v, _| {
+        (v["method"] == "tools/call" && v["params"]["name"] == "task_field").then(|| {
+            let plain = json!({"content": [{"type": "text", "text": "filed"}],
+                "task": {"taskId": "todo-1", "title": "buy milk"}});
+            ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &plain.to_string()))
+        })
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let v = c.rpc(create_body(2, "task_field")).await;
+    assert_eq!(v["result"]["task"]["status"], "completed", "{v}");
+    let t = v["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    let res = c.result("3", &t).await;
+    assert_eq!(res["result"]["content"][0]["text"], "filed", "{res}");
+    assert_eq!(res["result"]["task"]["taskId"], "todo-1", "{res}");
+    assert!(
+        !up.wait_for_method("tasks/cancel", 1, std::time::Duration::from_millis(500))
+            .await,
+        "nothing is cancelled upstream"
+    );
+}
+
 /// An upstream that never answers `server/discover` is not bridged while it stays unknown:
 /// after `DISCOVER_DEADLINE` the client's `initialize` is answered (without
 /// `capabilities.tasks`) instead of waiting for the upstream timeout, and the upstream is not

@@ -255,8 +255,18 @@ async fn a_2026_shaped_creation_from_a_2025_server_is_refused_and_cancelled() {
     });
     let up = legacy_server_with(UpBehaviour::default(), Some(hook)).await;
     let tg = TgConfig::new(&up.url()).start().await;
-    let (_, v) = call(&tg.mcp_url(), None, 1, "research", true).await;
+    let (status, v) = call(&tg.mcp_url(), None, 1, "research", true).await;
     assert_eq!(v["error"]["code"], -32603, "{v}");
+    assert_eq!(
+        status, 200,
+        "README: 200, as any malformed CreateTaskResult"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("other protocol era")),
+        "{v}"
+    );
     assert!(
         up.up
             .wait_for_method("tasks/cancel", 1, std::time::Duration::from_secs(5))
@@ -265,6 +275,37 @@ async fn a_2026_shaped_creation_from_a_2025_server_is_refused_and_cancelled() {
     );
     assert_eq!(bodies(&up, "tasks/cancel")[0]["params"]["taskId"], "flat-1");
     assert!(tg.record("flat-1").is_none());
+}
+
+/// A 2025-11-25 `CreateTaskResult` whose taskId is not a string names no task anyone could
+/// ask about: `-32603` "malformed CreateTaskResult" (README), nothing recorded, to a 2026 client
+/// through the reverse bridge and to a 2025 client alike. Before: the 2025 client got it as it
+/// came (the one-pass reader of 2025 creations took "no record made" for "no task").
+#[tokio::test]
+async fn a_2025_creation_without_a_string_task_id_is_refused() {
+    let hook: Hook = Arc::new(|method, id, _, _| {
+        (method == "tools/call").then(|| {
+            let nested = json!({"task": {"taskId": 5, "status": "working", "ttl": 60000,
+                "createdAt": "2026-12-07T00:00:00Z", "lastUpdatedAt": "2026-12-07T00:00:00Z"}});
+            ScriptedResponse::json(rpc_result(id, &nested.to_string()))
+        })
+    });
+    let up = legacy_server_with(UpBehaviour::default(), Some(hook.clone())).await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (_, v) = call(&tg.mcp_url(), None, 1, "research", true).await;
+    assert_eq!(v["error"]["code"], -32603, "2026 client: {v}");
+    let up = UpServer::start(UpBehaviour {
+        hook: Some(hook),
+        ..Default::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let body = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "research", "arguments": {}, "task": {"ttl": 60000}}});
+    let v = c.rpc(body.to_string()).await;
+    assert_eq!(v["error"]["code"], -32603, "2025 client: {v}");
 }
 
 /// `tasks.max_live_tasks_per_owner` holds for a bridged task before anything goes upstream:

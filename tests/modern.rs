@@ -640,6 +640,19 @@ fn misbehaving_2026(req: &RecordedRequest, tool: &str) -> Option<ScriptedRespons
             &id,
             &json!({"task": {"taskId": "nested-2", "status": "working", "ttl": 60000}}).to_string(),
         )),
+        // The same with a taskId that is not a string: no task anyone can name.
+        "nested_numeric" => ScriptedResponse::json(rpc_result(
+            &id,
+            &json!({"task": {"taskId": 5, "status": "working", "ttl": 60000}}).to_string(),
+        )),
+        // A plain CallToolResult (no `resultType`: a legacy result counts as `complete`) that
+        // carries an extra top-level `task` object of its own (a to-do tool's new item).
+        "task_field" => ScriptedResponse::json(rpc_result(
+            &id,
+            &json!({"content": [{"type": "text", "text": "filed"}],
+                "task": {"taskId": "todo-7", "title": "buy milk"}})
+            .to_string(),
+        )),
         // Both ends intact, broken inside (a trailing comma): a CreateTaskResult nobody can read.
         "badjson_ends" => ScriptedResponse::json(format!(
             r#"{{"jsonrpc":"2.0","id":{id},"result":{{"resultType":"task","taskId":"leak-1","status":"working",}}}}"#
@@ -783,8 +796,14 @@ async fn a_creation_answered_under_another_id_is_cancelled_upstream() {
 async fn a_2025_shaped_creation_to_a_2026_call_is_refused_and_cancelled() {
     let up = misbehaving_2026_server().await;
     let tg = TgConfig::new(&up.url()).start().await;
-    let (_, v) = send(call_tool(&tg.mcp_url(), 1, "nested_task")).await;
+    let (status, v) = send(call_tool(&tg.mcp_url(), 1, "nested_task")).await;
     assert_eq!(err_code(&v), -32603, "{v}");
+    assert_eq!(
+        status, 200,
+        "README: 200, as any malformed CreateTaskResult"
+    );
+    // What was wrong with it: not "no string taskId, or no status" (it has both).
+    assert!(err_message(&v).contains("other protocol era"), "{v}");
     assert!(
         up.wait_for_method("tasks/cancel", 1, Duration::from_secs(5))
             .await,
@@ -793,6 +812,50 @@ async fn a_2025_shaped_creation_to_a_2026_call_is_refused_and_cancelled() {
     let cancel = up.received("tasks/cancel").pop().unwrap();
     assert_eq!(cancel.json()["params"]["taskId"], "nested-2");
     assert!(tg.record("nested-2").is_none());
+}
+
+/// The 2025-11-25 nested `CreateTaskResult` whose taskId is not a string is refused as the
+/// README's table says for any `CreateTaskResult` without a string taskId (nothing to cancel):
+/// it passed on as a plain result (`resultType` absent reads `complete`), a creation shown to a
+/// 2026 client as a tool's result.
+#[tokio::test]
+async fn a_2025_shaped_creation_without_a_string_task_id_is_refused() {
+    let up = misbehaving_2026_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (status, v) = send(call_tool(&tg.mcp_url(), 1, "nested_numeric")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(err_code(&v), -32603, "{v}");
+    assert!(
+        err_message(&v).contains("malformed CreateTaskResult"),
+        "{v}"
+    );
+    assert!(
+        !up.wait_for_method("tasks/cancel", 1, Duration::from_millis(300))
+            .await,
+        "no id to cancel"
+    );
+}
+
+/// A plain 2026-07-28 tool result (no `resultType`) that carries a top-level `task` object of
+/// its own (with a `taskId`) is a result, not the 2025-11-25 nested `CreateTaskResult`: that
+/// one has no `content`, which a `CallToolResult` must have. The client gets the result as it
+/// came, and nothing named in it is cancelled upstream. Broken by c6a4e51: `-32603`
+/// "malformed CreateTaskResult" (the tool's work lost) and a `tasks/cancel` of `todo-7` sent
+/// upstream.
+#[tokio::test]
+async fn a_plain_2026_result_with_a_task_field_is_a_result() {
+    let up = misbehaving_2026_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (status, v) = send(call_tool(&tg.mcp_url(), 1, "task_field")).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["result"]["content"][0]["text"], "filed", "{v}");
+    assert_eq!(v["result"]["task"]["taskId"], "todo-7", "{v}");
+    assert!(
+        !up.wait_for_method("tasks/cancel", 1, Duration::from_millis(500))
+            .await,
+        "nothing is cancelled upstream"
+    );
+    assert!(tg.record("todo-7").is_none());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1160,18 +1160,18 @@ impl Watch {
                 self.registry.creation_record_of(template, task)
             })?
         };
-        // No nested task: one in the other era's shape takes the envelope path, which refuses it
-        // (`on_creation`).
+        // No record made: a `CreateTaskResult` in the other era's shape, or a nested one no
+        // record can be made of (no string taskId), takes the envelope path, which refuses it
+        // (`on_creation`); a plain result (with `content`) passes below.
         if record.is_none()
             && (found(&needles::TASK_KEY, bytes) || found(&needles::UNICODE_ESCAPE, bytes))
-            && serde_json::from_slice::<Value>(bytes)
-                .ok()
-                .and_then(|v| {
-                    v.get("result")
-                        .and_then(|r| other_era_creation(Era::Legacy, r))
-                        .map(|_| ())
+            && serde_json::from_slice::<Value>(bytes).ok().and_then(|v| {
+                v.get("result").map(|r| {
+                    other_era_creation(Era::Legacy, r).is_some()
+                        || (r.get("content").is_none()
+                            && r.get("task").is_some_and(Value::is_object))
                 })
-                .is_some()
+            }) == Some(true)
         {
             return None;
         }
@@ -1467,8 +1467,8 @@ impl Watch {
         // upstream that is not recorded as this era's creation. Never handed out unrecorded:
         // `-32603`, and the task it names cancelled upstream.
         let era = pending.template.era;
-        if let Some(task_id) = value.get("result").and_then(|r| other_era_creation(era, r)) {
-            if let Some(undo) = undo {
+        if let Some(named) = value.get("result").and_then(|r| other_era_creation(era, r)) {
+            if let (Some(undo), Some(task_id)) = (undo, named) {
                 undo.cancel(
                     &self.registry,
                     era,
@@ -1800,20 +1800,26 @@ enum UndoReason {
     OtherEraShape,
 }
 
-/// The taskId a creation's `result` names when it is the other era's `CreateTaskResult`: for a
+/// Whether a creation's `result` is the other era's `CreateTaskResult`, and the taskId it
+/// names (`Some(None)`: that shape, its taskId not a string, no task anyone can name): for a
 /// 2026-07-28 creation the 2025-11-25 nested one (`{"task": {"taskId": …}}`, no `resultType`),
 /// for a 2025-11-25 creation the 2026-07-28 flat one (`resultType: "task"`, `taskId` at the
-/// top, no `task` object).
-pub(super) fn other_era_creation(era: Era, result: &Value) -> Option<&str> {
+/// top, no `task` object). Neither has `content`, which every `CallToolResult` has: a plain
+/// result that carries a member `task` (or `taskId`) of its own is a result, never refused nor
+/// anything it names cancelled upstream.
+pub(super) fn other_era_creation(era: Era, result: &Value) -> Option<Option<&str>> {
+    if result.get("content").is_some() {
+        return None;
+    }
     let result_type = result.get("resultType");
-    match era {
+    let task_id = match era {
         Era::Modern if result_type.is_none() => result.pointer("/task/taskId"),
         Era::Legacy if result_type.and_then(Value::as_str) == Some("task") => result
             .get("taskId")
             .filter(|_| !result.get("task").is_some_and(Value::is_object)),
         _ => None,
-    }
-    .and_then(Value::as_str)
+    }?;
+    Some(task_id.as_str())
 }
 
 impl Undo {
