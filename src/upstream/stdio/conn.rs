@@ -14,7 +14,8 @@
 //! - a notification of a 2026-07-28 `subscriptions/listen` (its
 //!   `_meta["io.modelcontextprotocol/subscriptionId"]` the id the child saw for the listen) →
 //!   that listen's reply stream while it is open, the caller's id put back; else dropped;
-//! - other notifications (`list_changed`, logging) → every session's GET stream;
+//! - other notifications (`list_changed`, logging) → every session's GET stream (a `per_session`
+//!   child's: its own session's only, [`Owner`]);
 //! - a request (`sampling/createMessage`, `elicitation/create`, `roots/list`) → the session of
 //!   the task its `_meta["io.modelcontextprotocol/related-task"]` names, else the one request
 //!   in flight if there is exactly one, else it is answered `-32603` (taskgate cannot tell
@@ -128,6 +129,20 @@ pub struct Conn {
     why: Mutex<Option<String>>,
     /// When the last line-noise warning was logged (one a second at most).
     noise_logged: Mutex<Option<std::time::Instant>>,
+    /// Whose GET streams get the child's notifications for every stream (see [`Owner`]).
+    owner: Mutex<Owner>,
+}
+
+/// Whose GET streams a child's notification for every stream (`notifications/message`, a list
+/// change, ...) goes to.
+#[derive(Debug, Clone)]
+pub enum Owner {
+    /// A shared child's: every session's.
+    Every,
+    /// A `per_session` child's whose session is not made yet: nobody's (no stream is open).
+    NotYet,
+    /// A `per_session` child's: its own session's only.
+    Session(Arc<str>),
 }
 
 /// A started child: its connection, its end (a reason), and the switch that ends it.
@@ -153,6 +168,7 @@ impl Conn {
         max_message_bytes: usize,
         streams: Arc<Streams>,
         metrics: Arc<Metrics>,
+        owner: Owner,
     ) -> Running {
         let (normal, normal_rx) = mpsc::channel(WRITE_QUEUE);
         let (urgent, urgent_rx) = mpsc::channel(WRITE_QUEUE);
@@ -166,6 +182,7 @@ impl Conn {
             closed: AtomicBool::new(false),
             why: Mutex::new(None),
             noise_logged: Mutex::new(None),
+            owner: Mutex::new(owner),
         });
         let pid = child.id();
         let (close_stdin, close_rx) = oneshot::channel::<()>();
@@ -241,6 +258,12 @@ impl Conn {
     /// The tasks the child created (noted from its answers), taken: the child is gone.
     pub fn take_tasks(&self) -> Vec<(String, TaskNote)> {
         self.routes.lock().drain_tasks()
+    }
+
+    /// A `per_session` child's session is made: its notifications for every stream go to that
+    /// session's GET stream (and no other session's).
+    pub fn owned_by(&self, session: Arc<str>) {
+        *self.owner.lock() = Owner::Session(session);
     }
 
     /// Requests waiting for the child's answer now.
@@ -547,7 +570,16 @@ impl Conn {
             _ => {
                 let path = ["params", "_meta", SUBSCRIPTION_ID];
                 let Some(listen) = raw(bytes, &path) else {
-                    self.streams.broadcast(bytes);
+                    let owner = self.owner.lock().clone();
+                    match owner {
+                        Owner::Every => {
+                            self.streams.broadcast(bytes);
+                        }
+                        Owner::Session(s) => {
+                            self.to_session(&Some(s), bytes);
+                        }
+                        Owner::NotYet => self.dropped("a notification before its session"),
+                    }
                     return;
                 };
                 let target = listen.parse::<u64>().ok().and_then(|out| {
@@ -790,6 +822,7 @@ mod tests {
             closed: AtomicBool::new(false),
             why: Mutex::new(None),
             noise_logged: Mutex::new(None),
+            owner: Mutex::new(Owner::Every),
         });
         // As `register` does: `routes` held, then `is_closed`, then `why`.
         let routes = conn.routes.lock();

@@ -749,6 +749,7 @@ impl Inner {
             };
         };
         let conn_for_tasks = conn.clone();
+        conn.owned_by(session.clone());
         self.keep_session(session.clone(), Some(conn), Some(running.stop));
         // Counted as a session now.
         drop(slot);
@@ -868,6 +869,7 @@ impl Inner {
                 self.max_message_bytes,
                 self.streams.clone(),
                 self.metrics.clone(),
+                conn::Owner::Every,
             );
             tracing::info!(target: "taskgate::upstream::stdio", upstream = %self.name, pid = ?running.pid, "child started");
             let init = tokio::select! {
@@ -1048,6 +1050,7 @@ impl Inner {
                     self.max_message_bytes,
                     self.streams.clone(),
                     self.metrics.clone(),
+                    conn::Owner::NotYet,
                 );
                 // Shutdown waits for the child's end (the keeper), not only for the session.
                 let keeper = std::mem::replace(&mut running.keeper, tokio::spawn(async {}));
