@@ -955,3 +955,71 @@ async fn a_child_that_stops_reading_its_stdin_does_not_hang_its_clients() {
     assert_eq!(ping.status(), 504);
     assert_eq!(err_code(&ping.json().await), -32603);
 }
+
+/// A `per_session` child's notification for every GET stream (`notifications/message`, a list
+/// change) is its own session's: it reaches that session's GET stream and no other session's
+/// (every child shared the upstream's streams, so one client's child's log lines went to every
+/// client of the upstream).
+#[tokio::test]
+async fn a_per_session_childs_notification_reaches_only_its_own_sessions_stream() {
+    let child = Kid::new();
+    let tg = start(&child, "process = \"per_session\"", "").await;
+    let (mut a, mut b) = (tg.client(), tg.client());
+    a.initialize().await;
+    b.initialize().await;
+    let stream = |c: &Client| {
+        Req::mcp_get(&tg.mcp_url())
+            .header("mcp-session-id", c.session.as_deref().expect("a session"))
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+            .send()
+    };
+    let (sa, sb) = (stream(&a).await, stream(&b).await);
+    assert_eq!((sa.status(), sb.status()), (200, 200));
+    let (mut sa, mut sb) = (sa.sse(), sb.sse());
+    let log = json!({"name": "log", "arguments": {"text": "a's secret"}}).to_string();
+    let logged = a.rpc(rpc("1", "tools/call", &log)).await;
+    assert_eq!(logged["result"]["content"][0]["text"], "logged", "{logged}");
+    let ev = sa.next_event(Duration::from_secs(5)).await.json();
+    assert_eq!(ev["params"]["data"], "a's secret", "{ev}");
+    loop {
+        match sb.next(Duration::from_secs(1)).await {
+            Next::Item(SseItem::Comment(_)) => continue,
+            Next::Timeout => break,
+            other => panic!("session b got a's child's notification: {other:?}"),
+        }
+    }
+}
+
+/// A gateway task's `statusMessage` made of a progress notification's `progress` (no
+/// `message`) is bounded too: a server's 1 MB `progress` string was stored whole.
+#[tokio::test]
+async fn a_gateway_tasks_progress_value_is_cut_to_a_bounded_status_message() {
+    let child = Kid::new();
+    let tg = start(&child, "tasks = \"gateway\"", "STDIO_NO_TASKS = \"1\"").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let long = "é".repeat(500_000);
+    let params = json!({"name": "echo", "task": {"ttl": 60000},
+        "arguments": {"text": "hi", "delay_ms": 1500, "progress_value": long}});
+    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a gateway task")
+        .to_string();
+    until("the progress is the task's statusMessage", || {
+        tg.record(&task).is_some_and(|r| r.status_message.is_some())
+    })
+    .await;
+    let got = c.get("2", &task).await;
+    let message = got["result"]["statusMessage"].as_str().expect("a message");
+    assert!(
+        message.starts_with("\"éé"),
+        "{}",
+        message.get(..40).unwrap_or(message)
+    );
+    assert!(
+        message.len() <= 4096 + '…'.len_utf8(),
+        "{} bytes",
+        message.len()
+    );
+}

@@ -4,9 +4,11 @@
 Newline-delimited JSON-RPC on stdin/stdout. Every line it reads is appended to $STDIO_LOG (one
 JSON line each, so a test can count what reached the child); its pid is appended to $STDIO_PIDS
 at start. Tools:
-  echo {text, delay_ms, progress_message}
+  echo {text, delay_ms, progress_message, progress_value}
                                 answers after delay_ms; with a progressToken, one progress first
-                                (with progress_message as its message)
+                                (with progress_message as its message; progress_value, any
+                                JSON, as its progress, with no total)
+  log {text}                    sends notifications/message (data: text), then answers
   slow {}                       as a task (params.task): stays `working` until cancelled
   hush {}                       closes its stdout (no answer) and runs on
   deafen {}                     answers, then closes its stdin and runs on
@@ -111,6 +113,11 @@ def handle(msg):
         if name == "fail":
             send({"jsonrpc": "2.0", "id": mid, "error": {"code": int(args.get("code", -32603)), "message": "failed on purpose"}})
             return
+        if name == "log":
+            send({"jsonrpc": "2.0", "method": "notifications/message",
+                  "params": {"level": "info", "data": str(args.get("text", ""))}})
+            answer(mid, {"content": [{"type": "text", "text": "logged"}], "pid": os.getpid()})
+            return
         if name == "hush":
             # Closes its stdout and keeps running (reading stdin).
             with out_lock:
@@ -129,6 +136,8 @@ def handle(msg):
             progress = {"progressToken": token, "progress": 1, "total": 2}
             if "progress_message" in args:
                 progress["message"] = str(args["progress_message"])
+            if "progress_value" in args:
+                progress = {"progressToken": token, "progress": args["progress_value"]}
             send({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress})
         time.sleep(float(args.get("delay_ms", 0)) / 1000.0)
         answer(mid, {"content": [{"type": "text", "text": str(args.get("text", ""))}],
