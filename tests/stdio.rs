@@ -1023,3 +1023,61 @@ async fn a_gateway_tasks_progress_value_is_cut_to_a_bounded_status_message() {
         message.len()
     );
 }
+
+/// A request taskgate could not write to a child's stdin within `timeout_ms` (504) is not
+/// cancelled at the child: the child never saw it, yet a `notifications/cancelled` naming it
+/// was queued ahead of everything (and read once the child read again).
+#[tokio::test]
+async fn a_request_never_written_is_not_cancelled_at_the_child() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let stall = json!({"name": "stall", "arguments": {"resume_ms": 8000}}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
+    let pad = "z".repeat(16 * 1024);
+    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    let notes = futures_util::future::join_all((0..320).map(|_| c.req(body.clone()).try_send()));
+    let ping = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        c.req(rpc("2", "ping", "{}")).try_send().await
+    };
+    let (_, ping) = tokio::join!(notes, ping);
+    assert_eq!(ping.expect("answered in time").status(), 504);
+    // The child reads again: everything queued reaches it, then this ping.
+    let pong = c.rpc(rpc("3", "ping", "{}")).await;
+    assert!(pong.get("result").is_some(), "{pong}");
+    let cancels = child.seen_method("notifications/cancelled");
+    assert!(cancels.is_empty(), "{cancels:?}");
+}
+
+/// A child's message with a bare `\r` between its JSON tokens (JSON whitespace: one line, one
+/// valid JSON-RPC message) reaches a GET stream as one event whose data is that JSON: the SSE
+/// encoder split `data` at `\n` only, and a client's SSE parser ends a line at `\r` too (the
+/// rest became a field of its own, the data a cut JSON text).
+#[tokio::test]
+async fn a_childs_message_with_a_carriage_return_is_one_valid_sse_event() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let get = Req::mcp_get(&tg.mcp_url())
+        .header("mcp-session-id", c.session.as_deref().expect("a session"))
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(get.status(), 200);
+    let mut stream = get.sse();
+    let log = json!({"name": "log", "arguments": {"text": "a\u{0}b", "cr": true}}).to_string();
+    let logged = c.rpc(rpc("1", "tools/call", &log)).await;
+    assert_eq!(logged["result"]["content"][0]["text"], "logged", "{logged}");
+    let ev = stream.next_event(Duration::from_secs(5)).await;
+    let data = ev.data().expect("data");
+    let note: Value = serde_json::from_str(&data).unwrap_or_else(|e| panic!("{e}: {ev:?}"));
+    assert_eq!(note["params"]["data"], "a\u{0}b", "{note}");
+}

@@ -8,11 +8,13 @@ at start. Tools:
                                 answers after delay_ms; with a progressToken, one progress first
                                 (with progress_message as its message; progress_value, any
                                 JSON, as its progress, with no total)
-  log {text}                    sends notifications/message (data: text), then answers
+  log {text, cr}                sends notifications/message (data: text; with cr, a bare \r
+                                between its JSON tokens), then answers
   slow {}                       as a task (params.task): stays `working` until cancelled
   hush {}                       closes its stdout (no answer) and runs on
   deafen {}                     answers, then closes its stdin and runs on
-  stall {}                      answers, then stops reading its stdin (open) and runs on
+  stall {resume_ms}             answers, then stops reading its stdin (open) and runs on; with
+                                resume_ms, reads again after that long
   fail {code}                   answers a JSON-RPC error with that code
 tasks/result of a `working` task is never answered (its caller waits).
 Behaviour switches (environment): STDIO_NO_TASKS=1 declares no tasks capability (gateway-owned
@@ -114,8 +116,14 @@ def handle(msg):
             send({"jsonrpc": "2.0", "id": mid, "error": {"code": int(args.get("code", -32603)), "message": "failed on purpose"}})
             return
         if name == "log":
-            send({"jsonrpc": "2.0", "method": "notifications/message",
-                  "params": {"level": "info", "data": str(args.get("text", ""))}})
+            note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                               "params": {"level": "info", "data": str(args.get("text", ""))}})
+            if args.get("cr"):
+                # JSON whitespace, so still one JSON-RPC message (its line ends at \n only).
+                note = note.replace(', ', ',\r', 1)
+            with out_lock:
+                sys.stdout.write(note + "\n")
+                sys.stdout.flush()
             answer(mid, {"content": [{"type": "text", "text": "logged"}], "pid": os.getpid()})
             return
         if name == "hush":
@@ -212,6 +220,10 @@ def main():
             if msg.get("method") == "tools/call" and (msg.get("params") or {}).get("name") == "stall":
                 # Answers, then never reads its stdin again (a hung server: the pipe fills).
                 answer(msg.get("id"), {"content": [{"type": "text", "text": "stalled"}], "pid": os.getpid()})
+                resume = ((msg.get("params") or {}).get("arguments") or {}).get("resume_ms")
+                if resume is not None:
+                    time.sleep(float(resume) / 1000.0)
+                    continue
                 while True:
                     time.sleep(3600)
             threading.Thread(target=handle, args=(msg,), daemon=True).start()

@@ -384,6 +384,12 @@ impl Conn {
         self.tell_cancelled(out, reason);
     }
 
+    /// Request `out` was never written (the child never saw it): its route (and slot) goes,
+    /// and the child is not told anything.
+    pub fn forget(&self, out: u64) {
+        self.routes.lock().take(out);
+    }
+
     /// Request `out` was abandoned (its caller went away: hyper dropped the exchange): its
     /// route (and slot) goes, and, when `tell`, the child is told (`notifications/cancelled`)
     /// as a client's own cancel would. Nothing when it was answered or given up already.

@@ -537,7 +537,9 @@ impl Inner {
             .register(&msg, session, permit, task_call)
             .map_err(|why| self.unreachable(why))?;
         if let Err(e) = self.write(conn, &reg.bytes, urgent).await {
-            conn.give_up(reg.out, "not written");
+            // Never written (the child is gone, or its stdin queue stayed full): the child
+            // does not know it, so it is not told it is cancelled either.
+            conn.forget(reg.out);
             return Err(e);
         }
         let client_id = msg.id().cloned();
