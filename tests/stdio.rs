@@ -1081,3 +1081,73 @@ async fn a_childs_message_with_a_carriage_return_is_one_valid_sse_event() {
     let note: Value = serde_json::from_str(&data).unwrap_or_else(|e| panic!("{e}: {ev:?}"));
     assert_eq!(note["params"]["data"], "a\u{0}b", "{note}");
 }
+
+/// A client's `notifications/cancelled` that finds the child's stdin queue full still reaches
+/// the child once it reads again, once: the request was marked told, the cancel waited
+/// `timeout_ms` for room and was dropped (504), and the request's own give-up, seeing it
+/// told, told the child nothing.
+#[tokio::test]
+async fn a_cancel_that_finds_the_stdin_queue_full_reaches_the_child_once_it_reads() {
+    let child = Kid::new();
+    let tg = start(&child, "max_in_flight = 1000", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let long = json!({"name": "echo", "arguments": {"text": "x", "delay_ms": 20000}});
+    let call = tokio::spawn(
+        c.req(rpc("\"x\"", "tools/call", &long.to_string()))
+            .try_send(),
+    );
+    until("the child reads the call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let out = child.seen_method("tools/call")[0]["id"].clone();
+    let stall = json!({"name": "stall", "arguments": {"resume_ms": 9000}}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    // Requests that fill the pipe (64 KiB) and the write queue, then their cancellations
+    // (urgent lines, written ahead): more than the urgent queue (256 lines) holds.
+    let pad = "z".repeat(16 * 1024);
+    let params = json!({"name": "echo", "arguments": {"text": pad}}).to_string();
+    let calls = futures_util::future::join_all(
+        (0..300).map(|i| c.req(rpc(&i.to_string(), "tools/call", &params)).try_send()),
+    );
+    let cancels = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let cancel = |id: String| {
+            let params = json!({"requestId": id, "reason": "no"}).to_string();
+            c.req(notification("notifications/cancelled", &params))
+                .try_send()
+        };
+        let all = futures_util::future::join_all((0..300).map(|i| {
+            let params = format!(r#"{{"requestId":{i},"reason":"no"}}"#);
+            c.req(notification("notifications/cancelled", &params))
+                .try_send()
+        }));
+        let ours = async {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            cancel("x".into()).await
+        };
+        tokio::join!(all, ours).1
+    };
+    let (_, note) = tokio::join!(calls, cancels);
+    let status = note.expect("answered").status();
+    assert!(matches!(status, 202 | 504), "{status}");
+    let _ = call.await;
+    let for_the_call = || {
+        child
+            .seen_method("notifications/cancelled")
+            .into_iter()
+            .filter(|n| n["params"]["requestId"] == out)
+            .count()
+    };
+    until("the call's cancellation reaches the child", || {
+        for_the_call() > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(for_the_call(), 1);
+}

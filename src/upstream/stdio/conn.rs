@@ -410,7 +410,15 @@ impl Conn {
             "method": "notifications/cancelled",
             "params": { "requestId": out, "reason": reason },
         });
-        let line = one_line(note.to_string().as_bytes());
+        self.send_cancelled(note.to_string().as_bytes());
+    }
+
+    /// Writes a `notifications/cancelled` (`note`, naming the id the child saw) ahead of
+    /// queued requests, without waiting. A caller's own goes this way too: its request is
+    /// marked told before, so a full queue must not drop it (the request's give-up or drop
+    /// would then tell the child nothing, it being told).
+    pub fn send_cancelled(&self, note: &[u8]) {
+        let line = one_line(note);
         // Not awaited: a full queue gets it from a task, in its turn, within CANCEL_WAIT (a
         // child that stopped reading would otherwise keep one such task per request given up,
         // for as long as it runs).

@@ -98,7 +98,10 @@
 //! stdout line is at most `max_message_bytes` (`framing.rs`); related messages and GET stream
 //! messages wait in bounded queues ([`conn`]), and so do lines for the child's stdin: a write
 //! waits at most `timeout_ms` for room (a child that stopped reading its stdin gets later
-//! requests and notifications answered 504, never held open). A 2026-07-28 `subscriptions/listen` takes no
+//! requests and notifications answered 504, never held open; a request not written is not
+//! cancelled at the child, which never saw it). A `notifications/cancelled` is not waited
+//! for: one that finds the queue full is written by a task once there is room (within
+//! 30 s), so it still reaches a child that reads again. A 2026-07-28 `subscriptions/listen` takes no
 //! slot (it stays open until its client closes it); its notifications come back on its own
 //! reply stream ([`conn`]). Processes: [`child`] (process group,
 //! parent-death signal, close stdin → `SIGTERM` → `SIGKILL`; stderr to the log, target
@@ -651,7 +654,13 @@ impl Inner {
                 else {
                     return Ok(());
                 };
-                self.write(conn, &bytes, true).await
+                if conn.is_closed() {
+                    return Err(self.unreachable(conn.why_closed().unwrap_or_default()));
+                }
+                // Not waited for (its request is marked told: it must not be dropped when the
+                // queue is full, nor hold its caller).
+                conn.send_cancelled(&bytes);
+                Ok(())
             }
             _ => self.write(conn, msg.bytes(), false).await,
         }
