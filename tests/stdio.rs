@@ -1151,3 +1151,62 @@ async fn a_cancel_that_finds_the_stdin_queue_full_reaches_the_child_once_it_read
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(for_the_call(), 1);
 }
+
+/// A client's `notifications/cancelled` for a request still waiting in the child's stdin queue
+/// reaches the child after that request, not before it: written ahead of the queue, it named
+/// an id the child did not know yet (ignored), then the request ran, and its give-up, the
+/// request being told already, told the child nothing more.
+#[tokio::test]
+async fn a_cancel_of_a_request_still_queued_reaches_the_child_after_it() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let stall = json!({"name": "stall", "arguments": {"resume_ms": 3000}}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    // A backlog: more than the pipe (64 KiB) holds, queued (202) behind it.
+    let pad = "z".repeat(16 * 1024);
+    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    for _ in 0..20 {
+        assert_eq!(c.send(body.clone()).await.status(), 202);
+    }
+    let long = json!({"name": "echo", "arguments": {"text": "queued", "delay_ms": 4000}});
+    let call = tokio::spawn(
+        c.req(rpc("\"q\"", "tools/call", &long.to_string()))
+            .try_send(),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let params = json!({"requestId": "q", "reason": "the user gave up"}).to_string();
+    let note = c
+        .send(notification("notifications/cancelled", &params))
+        .await;
+    assert_eq!(note.status(), 202);
+    let _ = call.await;
+    let is_call = |m: &Value| m["params"]["arguments"]["text"] == "queued";
+    until("the child reads the call", || {
+        child.seen().iter().any(is_call)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let seen = child.seen();
+    let at = seen.iter().position(is_call).expect("the call");
+    let out = &seen[at]["id"];
+    let after: Vec<_> = seen[at..]
+        .iter()
+        .filter(|m| m["method"] == "notifications/cancelled" && m["params"]["requestId"] == *out)
+        .collect();
+    assert_eq!(
+        after.len(),
+        1,
+        "the child is told, once, after the call: {:?}",
+        {
+            seen.iter()
+                .filter(|m| m["method"] != "notifications/message")
+                .collect::<Vec<_>>()
+        }
+    );
+}

@@ -1,4 +1,4 @@
-//! One running child as a JSON-RPC peer: the writer (two queues: cancels overtake), the reader
+//! One running child as a JSON-RPC peer: the writer (two queues: `tasks/cancel` overtakes), the reader
 //! (each stdout line routed by [`super::route::Routes`]), and the keeper that owns the process
 //! and ends it.
 //!
@@ -401,8 +401,8 @@ impl Conn {
         self.tell_cancelled(out, "taskgate: the client went away");
     }
 
-    /// Writes `notifications/cancelled` for request `out` ahead of queued requests, without
-    /// waiting: a child that stopped reading its stdin must not hold up the caller that gives
+    /// Writes `notifications/cancelled` for request `out` (after it: see [`Conn::send_cancelled`]),
+    /// without waiting: a child that stopped reading its stdin must not hold up the caller that gives
     /// its request up (its deadline already passed, or it is a drop).
     fn tell_cancelled(&self, out: u64, reason: &str) {
         let note = serde_json::json!({
@@ -413,20 +413,23 @@ impl Conn {
         self.send_cancelled(note.to_string().as_bytes());
     }
 
-    /// Writes a `notifications/cancelled` (`note`, naming the id the child saw) ahead of
-    /// queued requests, without waiting. A caller's own goes this way too: its request is
+    /// Writes a `notifications/cancelled` (`note`, naming the id the child saw) after the
+    /// lines queued already, without waiting. A caller's own goes this way too: its request is
     /// marked told before, so a full queue must not drop it (the request's give-up or drop
     /// would then tell the child nothing, it being told).
+    ///
+    /// In order, not ahead of the queue: the request it names may still wait in the queue, and
+    /// a child told before it sees the request ignores the id (not known yet), then runs it.
     pub fn send_cancelled(&self, note: &[u8]) {
         let line = one_line(note);
         // Not awaited: a full queue gets it from a task, in its turn, within CANCEL_WAIT (a
         // child that stopped reading would otherwise keep one such task per request given up,
         // for as long as it runs).
-        if let Err(mpsc::error::TrySendError::Full(line)) = self.urgent.try_send(line) {
+        if let Err(mpsc::error::TrySendError::Full(line)) = self.normal.try_send(line) {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let urgent = self.urgent.clone();
+                let normal = self.normal.clone();
                 rt.spawn(async move {
-                    let _ = tokio::time::timeout(CANCEL_WAIT, urgent.send(line)).await;
+                    let _ = tokio::time::timeout(CANCEL_WAIT, normal.send(line)).await;
                 });
             }
         }

@@ -92,8 +92,11 @@
 //! # Bounds
 //!
 //! Requests in flight on one upstream: `max_in_flight` (default 64); more wait for a slot
-//! within `timeout_ms`, then get 504. `tasks/cancel` and `notifications/cancelled` take no slot
-//! and are written ahead of queued requests, so a cancel overtakes the request it cancels; a
+//! within `timeout_ms`, then get 504. `tasks/cancel` takes no slot and is written ahead of
+//! queued requests (its task's creating call was answered, so written, already);
+//! `notifications/cancelled` takes none and is written in order, after the request it names
+//! (ahead of it, while that request still waited in the queue, it named an id the child did
+//! not know yet, and the request then ran); a
 //! `tasks/result` (which waits for its task's end) takes none either. A
 //! stdout line is at most `max_message_bytes` (`framing.rs`); related messages and GET stream
 //! messages wait in bounded queues ([`conn`]), and so do lines for the child's stdin: a write
