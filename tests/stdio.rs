@@ -1210,3 +1210,39 @@ async fn a_cancel_of_a_request_still_queued_reaches_the_child_after_it() {
         }
     );
 }
+
+/// A `per_session` child's request outside any call (`roots/list` once initialized, as
+/// filesystem servers send it) goes to its session's GET stream and the client's answer back
+/// to the child: it was answered `-32603` ("taskgate cannot tell which client ... its process
+/// is shared") although the child has one client only.
+#[tokio::test]
+async fn a_per_session_childs_request_outside_a_call_reaches_its_session() {
+    let child = Kid::new();
+    let tg = start(&child, "process = \"per_session\"", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let get = Req::mcp_get(&tg.mcp_url())
+        .header("mcp-session-id", c.session.as_deref().expect("a session"))
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(get.status(), 200);
+    let mut stream = get.sse();
+    let later = json!({"name": "later", "arguments": {"delay_ms": 300}}).to_string();
+    let answered = c.rpc(rpc("1", "tools/call", &later)).await;
+    assert_eq!(
+        answered["result"]["content"][0]["text"], "later",
+        "{answered}"
+    );
+    let ask = stream.next_event(Duration::from_secs(5)).await.json();
+    assert_eq!(ask["method"], "roots/list", "{ask}");
+    let reply = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"roots": []}}).to_string();
+    assert_eq!(c.send(reply).await.status(), 202);
+    until("the child gets the client's answer", || {
+        child
+            .seen()
+            .iter()
+            .any(|m| m["id"] == "roots-1" && m.get("result").is_some())
+    })
+    .await;
+}

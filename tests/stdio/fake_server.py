@@ -8,6 +8,8 @@ at start. Tools:
                                 answers after delay_ms; with a progressToken, one progress first
                                 (with progress_message as its message; progress_value, any
                                 JSON, as its progress, with no total)
+  later {delay_ms}              answers, then after delay_ms sends a roots/list request (outside
+                                any call); the answer to it is logged like any line read
   log {text, cr}                sends notifications/message (data: text; with cr, a bare \r
                                 between its JSON tokens), then answers
   slow {}                       as a task (params.task): stays `working` until cancelled
@@ -114,6 +116,11 @@ def handle(msg):
             return
         if name == "fail":
             send({"jsonrpc": "2.0", "id": mid, "error": {"code": int(args.get("code", -32603)), "message": "failed on purpose"}})
+            return
+        if name == "later":
+            answer(mid, {"content": [{"type": "text", "text": "later"}], "pid": os.getpid()})
+            time.sleep(float(args.get("delay_ms", 0)) / 1000.0)
+            send({"jsonrpc": "2.0", "id": "roots-1", "method": "roots/list", "params": {}})
             return
         if name == "log":
             note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",

@@ -18,8 +18,8 @@
 //!   child's: its own session's only, [`Owner`]);
 //! - a request (`sampling/createMessage`, `elicitation/create`, `roots/list`) → the session of
 //!   the task its `_meta["io.modelcontextprotocol/related-task"]` names, else the one request
-//!   in flight if there is exactly one, else it is answered `-32603` (taskgate cannot tell
-//!   which client it is for); `ping` is answered by taskgate.
+//!   in flight if there is exactly one, else (a `per_session` child's) its own session's GET
+//!   stream, else it is answered `-32603` (taskgate cannot tell which client it is for); `ping` is answered by taskgate.
 //!
 //! A line that is not one JSON-RPC message is counted (`taskgate_upstream_errors_total
 //! {kind="protocol"}`), logged at warn (at most one line a second), never forwarded; a line
@@ -646,6 +646,18 @@ impl Conn {
             }
         } else {
             drop(routes);
+            // A `per_session` child's request outside any call (`roots/list` once initialized,
+            // for one) is its own session's: it goes to that session's GET stream.
+            let owner = self.owner.lock().clone();
+            if let Owner::Session(s) = owner {
+                let session = Some(s);
+                self.routes
+                    .lock()
+                    .note_asked(id.as_json().to_string(), session.clone());
+                if self.to_session(&session, &bytes) {
+                    return;
+                }
+            }
         }
         self.routes.lock().take_asked(id.as_json());
         let refusal = jsonrpc::error_response(
