@@ -955,3 +955,294 @@ async fn a_child_that_stops_reading_its_stdin_does_not_hang_its_clients() {
     assert_eq!(ping.status(), 504);
     assert_eq!(err_code(&ping.json().await), -32603);
 }
+
+/// A `per_session` child's notification for every GET stream (`notifications/message`, a list
+/// change) is its own session's: it reaches that session's GET stream and no other session's
+/// (every child shared the upstream's streams, so one client's child's log lines went to every
+/// client of the upstream).
+#[tokio::test]
+async fn a_per_session_childs_notification_reaches_only_its_own_sessions_stream() {
+    let child = Kid::new();
+    let tg = start(&child, "process = \"per_session\"", "").await;
+    let (mut a, mut b) = (tg.client(), tg.client());
+    a.initialize().await;
+    b.initialize().await;
+    let stream = |c: &Client| {
+        Req::mcp_get(&tg.mcp_url())
+            .header("mcp-session-id", c.session.as_deref().expect("a session"))
+            .header("mcp-protocol-version", PROTOCOL_VERSION)
+            .send()
+    };
+    let (sa, sb) = (stream(&a).await, stream(&b).await);
+    assert_eq!((sa.status(), sb.status()), (200, 200));
+    let (mut sa, mut sb) = (sa.sse(), sb.sse());
+    let log = json!({"name": "log", "arguments": {"text": "a's secret"}}).to_string();
+    let logged = a.rpc(rpc("1", "tools/call", &log)).await;
+    assert_eq!(logged["result"]["content"][0]["text"], "logged", "{logged}");
+    let ev = sa.next_event(Duration::from_secs(5)).await.json();
+    assert_eq!(ev["params"]["data"], "a's secret", "{ev}");
+    loop {
+        match sb.next(Duration::from_secs(1)).await {
+            Next::Item(SseItem::Comment(_)) => continue,
+            Next::Timeout => break,
+            other => panic!("session b got a's child's notification: {other:?}"),
+        }
+    }
+}
+
+/// A gateway task's `statusMessage` made of a progress notification's `progress` (no
+/// `message`) is bounded too: a server's 1 MB `progress` string was stored whole.
+#[tokio::test]
+async fn a_gateway_tasks_progress_value_is_cut_to_a_bounded_status_message() {
+    let child = Kid::new();
+    let tg = start(&child, "tasks = \"gateway\"", "STDIO_NO_TASKS = \"1\"").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let long = "é".repeat(500_000);
+    let params = json!({"name": "echo", "task": {"ttl": 60000},
+        "arguments": {"text": "hi", "delay_ms": 1500, "progress_value": long}});
+    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a gateway task")
+        .to_string();
+    until("the progress is the task's statusMessage", || {
+        tg.record(&task).is_some_and(|r| r.status_message.is_some())
+    })
+    .await;
+    let got = c.get("2", &task).await;
+    let message = got["result"]["statusMessage"].as_str().expect("a message");
+    assert!(
+        message.starts_with("\"éé"),
+        "{}",
+        message.get(..40).unwrap_or(message)
+    );
+    assert!(
+        message.len() <= 4096 + '…'.len_utf8(),
+        "{} bytes",
+        message.len()
+    );
+}
+
+/// A request taskgate could not write to a child's stdin within `timeout_ms` (504) is not
+/// cancelled at the child: the child never saw it, yet a `notifications/cancelled` naming it
+/// was queued ahead of everything (and read once the child read again).
+#[tokio::test]
+async fn a_request_never_written_is_not_cancelled_at_the_child() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let stall = json!({"name": "stall", "arguments": {"resume_ms": 8000}}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
+    let pad = "z".repeat(16 * 1024);
+    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    let notes = futures_util::future::join_all((0..320).map(|_| c.req(body.clone()).try_send()));
+    let ping = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        c.req(rpc("2", "ping", "{}")).try_send().await
+    };
+    let (_, ping) = tokio::join!(notes, ping);
+    assert_eq!(ping.expect("answered in time").status(), 504);
+    // The child reads again: everything queued reaches it, then this ping.
+    let pong = c.rpc(rpc("3", "ping", "{}")).await;
+    assert!(pong.get("result").is_some(), "{pong}");
+    let cancels = child.seen_method("notifications/cancelled");
+    assert!(cancels.is_empty(), "{cancels:?}");
+}
+
+/// A child's message with a bare `\r` between its JSON tokens (JSON whitespace: one line, one
+/// valid JSON-RPC message) reaches a GET stream as one event whose data is that JSON: the SSE
+/// encoder split `data` at `\n` only, and a client's SSE parser ends a line at `\r` too (the
+/// rest became a field of its own, the data a cut JSON text).
+#[tokio::test]
+async fn a_childs_message_with_a_carriage_return_is_one_valid_sse_event() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let get = Req::mcp_get(&tg.mcp_url())
+        .header("mcp-session-id", c.session.as_deref().expect("a session"))
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(get.status(), 200);
+    let mut stream = get.sse();
+    let log = json!({"name": "log", "arguments": {"text": "a\u{0}b", "cr": true}}).to_string();
+    let logged = c.rpc(rpc("1", "tools/call", &log)).await;
+    assert_eq!(logged["result"]["content"][0]["text"], "logged", "{logged}");
+    let ev = stream.next_event(Duration::from_secs(5)).await;
+    let data = ev.data().expect("data");
+    let note: Value = serde_json::from_str(&data).unwrap_or_else(|e| panic!("{e}: {ev:?}"));
+    assert_eq!(note["params"]["data"], "a\u{0}b", "{note}");
+}
+
+/// A client's `notifications/cancelled` that finds the child's stdin queue full still reaches
+/// the child once it reads again, once: the request was marked told, the cancel waited
+/// `timeout_ms` for room and was dropped (504), and the request's own give-up, seeing it
+/// told, told the child nothing.
+#[tokio::test]
+async fn a_cancel_that_finds_the_stdin_queue_full_reaches_the_child_once_it_reads() {
+    let child = Kid::new();
+    let tg = start(&child, "max_in_flight = 1000", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let long = json!({"name": "echo", "arguments": {"text": "x", "delay_ms": 20000}});
+    let call = tokio::spawn(
+        c.req(rpc("\"x\"", "tools/call", &long.to_string()))
+            .try_send(),
+    );
+    until("the child reads the call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let out = child.seen_method("tools/call")[0]["id"].clone();
+    let stall = json!({"name": "stall", "arguments": {"resume_ms": 9000}}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    // Requests that fill the pipe (64 KiB) and the write queue, then their cancellations
+    // (urgent lines, written ahead): more than the urgent queue (256 lines) holds.
+    let pad = "z".repeat(16 * 1024);
+    let params = json!({"name": "echo", "arguments": {"text": pad}}).to_string();
+    let calls = futures_util::future::join_all(
+        (0..300).map(|i| c.req(rpc(&i.to_string(), "tools/call", &params)).try_send()),
+    );
+    let cancels = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let cancel = |id: String| {
+            let params = json!({"requestId": id, "reason": "no"}).to_string();
+            c.req(notification("notifications/cancelled", &params))
+                .try_send()
+        };
+        let all = futures_util::future::join_all((0..300).map(|i| {
+            let params = format!(r#"{{"requestId":{i},"reason":"no"}}"#);
+            c.req(notification("notifications/cancelled", &params))
+                .try_send()
+        }));
+        let ours = async {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            cancel("x".into()).await
+        };
+        tokio::join!(all, ours).1
+    };
+    let (_, note) = tokio::join!(calls, cancels);
+    let status = note.expect("answered").status();
+    assert!(matches!(status, 202 | 504), "{status}");
+    let _ = call.await;
+    let for_the_call = || {
+        child
+            .seen_method("notifications/cancelled")
+            .into_iter()
+            .filter(|n| n["params"]["requestId"] == out)
+            .count()
+    };
+    until("the call's cancellation reaches the child", || {
+        for_the_call() > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(for_the_call(), 1);
+}
+
+/// A client's `notifications/cancelled` for a request still waiting in the child's stdin queue
+/// reaches the child after that request, not before it: written ahead of the queue, it named
+/// an id the child did not know yet (ignored), then the request ran, and its give-up, the
+/// request being told already, told the child nothing more.
+#[tokio::test]
+async fn a_cancel_of_a_request_still_queued_reaches_the_child_after_it() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let stall = json!({"name": "stall", "arguments": {"resume_ms": 3000}}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    // A backlog: more than the pipe (64 KiB) holds, queued (202) behind it.
+    let pad = "z".repeat(16 * 1024);
+    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    for _ in 0..20 {
+        assert_eq!(c.send(body.clone()).await.status(), 202);
+    }
+    let long = json!({"name": "echo", "arguments": {"text": "queued", "delay_ms": 4000}});
+    let call = tokio::spawn(
+        c.req(rpc("\"q\"", "tools/call", &long.to_string()))
+            .try_send(),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let params = json!({"requestId": "q", "reason": "the user gave up"}).to_string();
+    let note = c
+        .send(notification("notifications/cancelled", &params))
+        .await;
+    assert_eq!(note.status(), 202);
+    let _ = call.await;
+    let is_call = |m: &Value| m["params"]["arguments"]["text"] == "queued";
+    until("the child reads the call", || {
+        child.seen().iter().any(is_call)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let seen = child.seen();
+    let at = seen.iter().position(is_call).expect("the call");
+    let out = &seen[at]["id"];
+    let after: Vec<_> = seen[at..]
+        .iter()
+        .filter(|m| m["method"] == "notifications/cancelled" && m["params"]["requestId"] == *out)
+        .collect();
+    assert_eq!(
+        after.len(),
+        1,
+        "the child is told, once, after the call: {:?}",
+        {
+            seen.iter()
+                .filter(|m| m["method"] != "notifications/message")
+                .collect::<Vec<_>>()
+        }
+    );
+}
+
+/// A `per_session` child's request outside any call (`roots/list` once initialized, as
+/// filesystem servers send it) goes to its session's GET stream and the client's answer back
+/// to the child: it was answered `-32603` ("taskgate cannot tell which client ... its process
+/// is shared") although the child has one client only.
+#[tokio::test]
+async fn a_per_session_childs_request_outside_a_call_reaches_its_session() {
+    let child = Kid::new();
+    let tg = start(&child, "process = \"per_session\"", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let get = Req::mcp_get(&tg.mcp_url())
+        .header("mcp-session-id", c.session.as_deref().expect("a session"))
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(get.status(), 200);
+    let mut stream = get.sse();
+    let later = json!({"name": "later", "arguments": {"delay_ms": 300}}).to_string();
+    let answered = c.rpc(rpc("1", "tools/call", &later)).await;
+    assert_eq!(
+        answered["result"]["content"][0]["text"], "later",
+        "{answered}"
+    );
+    let ask = stream.next_event(Duration::from_secs(5)).await.json();
+    assert_eq!(ask["method"], "roots/list", "{ask}");
+    let reply = json!({"jsonrpc": "2.0", "id": ask["id"], "result": {"roots": []}}).to_string();
+    assert_eq!(c.send(reply).await.status(), 202);
+    until("the child gets the client's answer", || {
+        child
+            .seen()
+            .iter()
+            .any(|m| m["id"] == "roots-1" && m.get("result").is_some())
+    })
+    .await;
+}

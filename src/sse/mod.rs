@@ -560,9 +560,12 @@ pub fn encode_into(event: &Event, buf: &mut BytesMut) {
         put_field(buf, b"retry: ", retry.to_string().as_bytes());
     }
     if let Some(mut data) = data {
-        while let Some(i) = memchr::memchr(b'\n', data) {
+        // A line of SSE ends at `\n`, `\r\n` or a bare `\r` (a child's JSON may hold a `\r` as
+        // whitespace): each ends a `data:` line, or a client reads the rest as a field.
+        while let Some(i) = memchr::memchr2(b'\n', b'\r', data) {
             put_field(buf, b"data: ", &data[..i]);
-            data = &data[i + 1..];
+            let crlf = data[i] == b'\r' && data.get(i + 1) == Some(&b'\n');
+            data = &data[i + if crlf { 2 } else { 1 }..];
         }
         put_field(buf, b"data: ", data);
     }

@@ -237,6 +237,30 @@ fn encode_writes_every_field() {
     assert_eq!(&encode(&Event::default())[..], b"\n");
 }
 
+/// A `\r` or `\r\n` in `data` ends a `data:` line as `\n` does (an SSE parser ends a line at
+/// each): written raw, the rest of the data was read as a field of its own. Decoding gives the
+/// data back with `\n` for each.
+#[test]
+fn encode_ends_a_data_line_at_a_carriage_return_too() {
+    let ev = Event {
+        data: Some("{\"a\":1,\r\"b\":2,\r\n\"c\":3}\r".into()),
+        ..Default::default()
+    };
+    let wire = encode(&ev);
+    assert_eq!(
+        &wire[..],
+        b"data: {\"a\":1,\ndata: \"b\":2,\ndata: \"c\":3}\ndata: \n\n"
+    );
+    let mut d = Decoder::new(1 << 20);
+    let mut out = Vec::new();
+    d.feed(&wire, &mut out).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].data.as_deref(),
+        Some("{\"a\":1,\n\"b\":2,\n\"c\":3}\n")
+    );
+}
+
 /// After a large line (here a 4 MiB comment, which no event even carries) the decoder does not
 /// go on decoding into the allocation that held it: the events decoded later are slices of a
 /// small buffer, so holding one (a relay queue to a slow client) does not keep megabytes alive.

@@ -4,13 +4,19 @@
 Newline-delimited JSON-RPC on stdin/stdout. Every line it reads is appended to $STDIO_LOG (one
 JSON line each, so a test can count what reached the child); its pid is appended to $STDIO_PIDS
 at start. Tools:
-  echo {text, delay_ms, progress_message}
+  echo {text, delay_ms, progress_message, progress_value}
                                 answers after delay_ms; with a progressToken, one progress first
-                                (with progress_message as its message)
+                                (with progress_message as its message; progress_value, any
+                                JSON, as its progress, with no total)
+  later {delay_ms}              answers, then after delay_ms sends a roots/list request (outside
+                                any call); the answer to it is logged like any line read
+  log {text, cr}                sends notifications/message (data: text; with cr, a bare \r
+                                between its JSON tokens), then answers
   slow {}                       as a task (params.task): stays `working` until cancelled
   hush {}                       closes its stdout (no answer) and runs on
   deafen {}                     answers, then closes its stdin and runs on
-  stall {}                      answers, then stops reading its stdin (open) and runs on
+  stall {resume_ms}             answers, then stops reading its stdin (open) and runs on; with
+                                resume_ms, reads again after that long
   fail {code}                   answers a JSON-RPC error with that code
 tasks/result of a `working` task is never answered (its caller waits).
 Behaviour switches (environment): STDIO_NO_TASKS=1 declares no tasks capability (gateway-owned
@@ -111,6 +117,22 @@ def handle(msg):
         if name == "fail":
             send({"jsonrpc": "2.0", "id": mid, "error": {"code": int(args.get("code", -32603)), "message": "failed on purpose"}})
             return
+        if name == "later":
+            answer(mid, {"content": [{"type": "text", "text": "later"}], "pid": os.getpid()})
+            time.sleep(float(args.get("delay_ms", 0)) / 1000.0)
+            send({"jsonrpc": "2.0", "id": "roots-1", "method": "roots/list", "params": {}})
+            return
+        if name == "log":
+            note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                               "params": {"level": "info", "data": str(args.get("text", ""))}})
+            if args.get("cr"):
+                # JSON whitespace, so still one JSON-RPC message (its line ends at \n only).
+                note = note.replace(', ', ',\r', 1)
+            with out_lock:
+                sys.stdout.write(note + "\n")
+                sys.stdout.flush()
+            answer(mid, {"content": [{"type": "text", "text": "logged"}], "pid": os.getpid()})
+            return
         if name == "hush":
             # Closes its stdout and keeps running (reading stdin).
             with out_lock:
@@ -129,6 +151,8 @@ def handle(msg):
             progress = {"progressToken": token, "progress": 1, "total": 2}
             if "progress_message" in args:
                 progress["message"] = str(args["progress_message"])
+            if "progress_value" in args:
+                progress = {"progressToken": token, "progress": args["progress_value"]}
             send({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress})
         time.sleep(float(args.get("delay_ms", 0)) / 1000.0)
         answer(mid, {"content": [{"type": "text", "text": str(args.get("text", ""))}],
@@ -203,6 +227,10 @@ def main():
             if msg.get("method") == "tools/call" and (msg.get("params") or {}).get("name") == "stall":
                 # Answers, then never reads its stdin again (a hung server: the pipe fills).
                 answer(msg.get("id"), {"content": [{"type": "text", "text": "stalled"}], "pid": os.getpid()})
+                resume = ((msg.get("params") or {}).get("arguments") or {}).get("resume_ms")
+                if resume is not None:
+                    time.sleep(float(resume) / 1000.0)
+                    continue
                 while True:
                     time.sleep(3600)
             threading.Thread(target=handle, args=(msg,), daemon=True).start()

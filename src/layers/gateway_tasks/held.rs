@@ -36,7 +36,8 @@ use tower::ServiceExt;
 /// The shortest time between two `statusMessage` writes from progress notifications (a chatty
 /// server makes one store write per this interval at most).
 pub const PROGRESS_WRITE_EVERY: Duration = Duration::from_millis(200);
-/// The longest `statusMessage` taken from a progress notification's `message` (longer ones are
+/// The longest `statusMessage` taken from a progress notification's `message` (or its
+/// `progress`/`total` when it has none; longer ones are
 /// cut at a character boundary and marked `…`): it is written to the record at every
 /// [`PROGRESS_WRITE_EVERY`] and sent in every `tasks/get`, `tasks/list` and status
 /// notification, so a server's megabyte of progress text must not be.
@@ -698,14 +699,16 @@ impl Progress {
             }
             *last = Some(Instant::now());
         }
+        // Cut either way: `progress` and `total` are the server's JSON too (a string or an
+        // array of any size, not only the numbers the spec has them).
         let message = match params.get("message").and_then(Value::as_str) {
             Some(m) => cut(m, MAX_PROGRESS_MESSAGE),
             None => {
                 let progress = params.get("progress").map(Value::to_string);
                 let total = params.get("total").map(Value::to_string);
                 match (progress, total) {
-                    (Some(p), Some(t)) => format!("{p}/{t}"),
-                    (Some(p), None) => p,
+                    (Some(p), Some(t)) => cut(&format!("{p}/{t}"), MAX_PROGRESS_MESSAGE),
+                    (Some(p), None) => cut(&p, MAX_PROGRESS_MESSAGE),
                     _ => return,
                 }
             }

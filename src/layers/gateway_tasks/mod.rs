@@ -37,8 +37,8 @@
 //!   `tasks.max_live_tasks_per_owner` as the live tasks they are, in both eras (a 2026 call
 //!   over the limit is refused `-32029` here: taskgate, not the server, makes it a task).
 //! - While the call runs: the task is `working`; each `notifications/progress` on its token
-//!   becomes the task's `statusMessage` (its `message`, cut at `held::MAX_PROGRESS_MESSAGE`
-//!   bytes, else `progress/total`; written at most every `held::PROGRESS_WRITE_EVERY`, 200 ms,
+//!   becomes the task's `statusMessage` (its `message`, else `progress/total`, cut at
+//!   `held::MAX_PROGRESS_MESSAGE` bytes; written at most every `held::PROGRESS_WRITE_EVERY`, 200 ms,
 //!   and no more once the task is terminal). A
 //!   request the server sends the client during the call (`elicitation/create`,
 //!   `sampling/createMessage`, `roots/list`) makes the task `input_required` and is relayed as

@@ -1,4 +1,4 @@
-//! One running child as a JSON-RPC peer: the writer (two queues: cancels overtake), the reader
+//! One running child as a JSON-RPC peer: the writer (two queues: `tasks/cancel` overtakes), the reader
 //! (each stdout line routed by [`super::route::Routes`]), and the keeper that owns the process
 //! and ends it.
 //!
@@ -14,11 +14,12 @@
 //! - a notification of a 2026-07-28 `subscriptions/listen` (its
 //!   `_meta["io.modelcontextprotocol/subscriptionId"]` the id the child saw for the listen) →
 //!   that listen's reply stream while it is open, the caller's id put back; else dropped;
-//! - other notifications (`list_changed`, logging) → every session's GET stream;
+//! - other notifications (`list_changed`, logging) → every session's GET stream (a `per_session`
+//!   child's: its own session's only, [`Owner`]);
 //! - a request (`sampling/createMessage`, `elicitation/create`, `roots/list`) → the session of
 //!   the task its `_meta["io.modelcontextprotocol/related-task"]` names, else the one request
-//!   in flight if there is exactly one, else it is answered `-32603` (taskgate cannot tell
-//!   which client it is for); `ping` is answered by taskgate.
+//!   in flight if there is exactly one, else (a `per_session` child's) its own session's GET
+//!   stream, else it is answered `-32603` (taskgate cannot tell which client it is for); `ping` is answered by taskgate.
 //!
 //! A line that is not one JSON-RPC message is counted (`taskgate_upstream_errors_total
 //! {kind="protocol"}`), logged at warn (at most one line a second), never forwarded; a line
@@ -128,6 +129,20 @@ pub struct Conn {
     why: Mutex<Option<String>>,
     /// When the last line-noise warning was logged (one a second at most).
     noise_logged: Mutex<Option<std::time::Instant>>,
+    /// Whose GET streams get the child's notifications for every stream (see [`Owner`]).
+    owner: Mutex<Owner>,
+}
+
+/// Whose GET streams a child's notification for every stream (`notifications/message`, a list
+/// change, ...) goes to.
+#[derive(Debug, Clone)]
+pub enum Owner {
+    /// A shared child's: every session's.
+    Every,
+    /// A `per_session` child's whose session is not made yet: nobody's (no stream is open).
+    NotYet,
+    /// A `per_session` child's: its own session's only.
+    Session(Arc<str>),
 }
 
 /// A started child: its connection, its end (a reason), and the switch that ends it.
@@ -153,6 +168,7 @@ impl Conn {
         max_message_bytes: usize,
         streams: Arc<Streams>,
         metrics: Arc<Metrics>,
+        owner: Owner,
     ) -> Running {
         let (normal, normal_rx) = mpsc::channel(WRITE_QUEUE);
         let (urgent, urgent_rx) = mpsc::channel(WRITE_QUEUE);
@@ -166,6 +182,7 @@ impl Conn {
             closed: AtomicBool::new(false),
             why: Mutex::new(None),
             noise_logged: Mutex::new(None),
+            owner: Mutex::new(owner),
         });
         let pid = child.id();
         let (close_stdin, close_rx) = oneshot::channel::<()>();
@@ -241,6 +258,12 @@ impl Conn {
     /// The tasks the child created (noted from its answers), taken: the child is gone.
     pub fn take_tasks(&self) -> Vec<(String, TaskNote)> {
         self.routes.lock().drain_tasks()
+    }
+
+    /// A `per_session` child's session is made: its notifications for every stream go to that
+    /// session's GET stream (and no other session's).
+    pub fn owned_by(&self, session: Arc<str>) {
+        *self.owner.lock() = Owner::Session(session);
     }
 
     /// Requests waiting for the child's answer now.
@@ -361,6 +384,12 @@ impl Conn {
         self.tell_cancelled(out, reason);
     }
 
+    /// Request `out` was never written (the child never saw it): its route (and slot) goes,
+    /// and the child is not told anything.
+    pub fn forget(&self, out: u64) {
+        self.routes.lock().take(out);
+    }
+
     /// Request `out` was abandoned (its caller went away: hyper dropped the exchange): its
     /// route (and slot) goes, and, when `tell`, the child is told (`notifications/cancelled`)
     /// as a client's own cancel would. Nothing when it was answered or given up already.
@@ -372,8 +401,8 @@ impl Conn {
         self.tell_cancelled(out, "taskgate: the client went away");
     }
 
-    /// Writes `notifications/cancelled` for request `out` ahead of queued requests, without
-    /// waiting: a child that stopped reading its stdin must not hold up the caller that gives
+    /// Writes `notifications/cancelled` for request `out` (after it: see [`Conn::send_cancelled`]),
+    /// without waiting: a child that stopped reading its stdin must not hold up the caller that gives
     /// its request up (its deadline already passed, or it is a drop).
     fn tell_cancelled(&self, out: u64, reason: &str) {
         let note = serde_json::json!({
@@ -381,15 +410,26 @@ impl Conn {
             "method": "notifications/cancelled",
             "params": { "requestId": out, "reason": reason },
         });
-        let line = one_line(note.to_string().as_bytes());
+        self.send_cancelled(note.to_string().as_bytes());
+    }
+
+    /// Writes a `notifications/cancelled` (`note`, naming the id the child saw) after the
+    /// lines queued already, without waiting. A caller's own goes this way too: its request is
+    /// marked told before, so a full queue must not drop it (the request's give-up or drop
+    /// would then tell the child nothing, it being told).
+    ///
+    /// In order, not ahead of the queue: the request it names may still wait in the queue, and
+    /// a child told before it sees the request ignores the id (not known yet), then runs it.
+    pub fn send_cancelled(&self, note: &[u8]) {
+        let line = one_line(note);
         // Not awaited: a full queue gets it from a task, in its turn, within CANCEL_WAIT (a
         // child that stopped reading would otherwise keep one such task per request given up,
         // for as long as it runs).
-        if let Err(mpsc::error::TrySendError::Full(line)) = self.urgent.try_send(line) {
+        if let Err(mpsc::error::TrySendError::Full(line)) = self.normal.try_send(line) {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let urgent = self.urgent.clone();
+                let normal = self.normal.clone();
                 rt.spawn(async move {
-                    let _ = tokio::time::timeout(CANCEL_WAIT, urgent.send(line)).await;
+                    let _ = tokio::time::timeout(CANCEL_WAIT, normal.send(line)).await;
                 });
             }
         }
@@ -547,7 +587,16 @@ impl Conn {
             _ => {
                 let path = ["params", "_meta", SUBSCRIPTION_ID];
                 let Some(listen) = raw(bytes, &path) else {
-                    self.streams.broadcast(bytes);
+                    let owner = self.owner.lock().clone();
+                    match owner {
+                        Owner::Every => {
+                            self.streams.broadcast(bytes);
+                        }
+                        Owner::Session(s) => {
+                            self.to_session(&Some(s), bytes);
+                        }
+                        Owner::NotYet => self.dropped("a notification before its session"),
+                    }
                     return;
                 };
                 let target = listen.parse::<u64>().ok().and_then(|out| {
@@ -597,6 +646,18 @@ impl Conn {
             }
         } else {
             drop(routes);
+            // A `per_session` child's request outside any call (`roots/list` once initialized,
+            // for one) is its own session's: it goes to that session's GET stream.
+            let owner = self.owner.lock().clone();
+            if let Owner::Session(s) = owner {
+                let session = Some(s);
+                self.routes
+                    .lock()
+                    .note_asked(id.as_json().to_string(), session.clone());
+                if self.to_session(&session, &bytes) {
+                    return;
+                }
+            }
         }
         self.routes.lock().take_asked(id.as_json());
         let refusal = jsonrpc::error_response(
@@ -790,6 +851,7 @@ mod tests {
             closed: AtomicBool::new(false),
             why: Mutex::new(None),
             noise_logged: Mutex::new(None),
+            owner: Mutex::new(Owner::Every),
         });
         // As `register` does: `routes` held, then `is_closed`, then `why`.
         let routes = conn.routes.lock();

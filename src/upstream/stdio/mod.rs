@@ -92,13 +92,19 @@
 //! # Bounds
 //!
 //! Requests in flight on one upstream: `max_in_flight` (default 64); more wait for a slot
-//! within `timeout_ms`, then get 504. `tasks/cancel` and `notifications/cancelled` take no slot
-//! and are written ahead of queued requests, so a cancel overtakes the request it cancels; a
+//! within `timeout_ms`, then get 504. `tasks/cancel` takes no slot and is written ahead of
+//! queued requests (its task's creating call was answered, so written, already);
+//! `notifications/cancelled` takes none and is written in order, after the request it names
+//! (ahead of it, while that request still waited in the queue, it named an id the child did
+//! not know yet, and the request then ran); a
 //! `tasks/result` (which waits for its task's end) takes none either. A
 //! stdout line is at most `max_message_bytes` (`framing.rs`); related messages and GET stream
 //! messages wait in bounded queues ([`conn`]), and so do lines for the child's stdin: a write
 //! waits at most `timeout_ms` for room (a child that stopped reading its stdin gets later
-//! requests and notifications answered 504, never held open). A 2026-07-28 `subscriptions/listen` takes no
+//! requests and notifications answered 504, never held open; a request not written is not
+//! cancelled at the child, which never saw it). A `notifications/cancelled` is not waited
+//! for: one that finds the queue full is written by a task once there is room (within
+//! 30 s), so it still reaches a child that reads again. A 2026-07-28 `subscriptions/listen` takes no
 //! slot (it stays open until its client closes it); its notifications come back on its own
 //! reply stream ([`conn`]). Processes: [`child`] (process group,
 //! parent-death signal, close stdin → `SIGTERM` → `SIGKILL`; stderr to the log, target
@@ -537,7 +543,9 @@ impl Inner {
             .register(&msg, session, permit, task_call)
             .map_err(|why| self.unreachable(why))?;
         if let Err(e) = self.write(conn, &reg.bytes, urgent).await {
-            conn.give_up(reg.out, "not written");
+            // Never written (the child is gone, or its stdin queue stayed full): the child
+            // does not know it, so it is not told it is cancelled either.
+            conn.forget(reg.out);
             return Err(e);
         }
         let client_id = msg.id().cloned();
@@ -649,7 +657,13 @@ impl Inner {
                 else {
                     return Ok(());
                 };
-                self.write(conn, &bytes, true).await
+                if conn.is_closed() {
+                    return Err(self.unreachable(conn.why_closed().unwrap_or_default()));
+                }
+                // Not waited for (its request is marked told: it must not be dropped when the
+                // queue is full, nor hold its caller).
+                conn.send_cancelled(&bytes);
+                Ok(())
             }
             _ => self.write(conn, msg.bytes(), false).await,
         }
@@ -749,6 +763,7 @@ impl Inner {
             };
         };
         let conn_for_tasks = conn.clone();
+        conn.owned_by(session.clone());
         self.keep_session(session.clone(), Some(conn), Some(running.stop));
         // Counted as a session now.
         drop(slot);
@@ -868,6 +883,7 @@ impl Inner {
                 self.max_message_bytes,
                 self.streams.clone(),
                 self.metrics.clone(),
+                conn::Owner::Every,
             );
             tracing::info!(target: "taskgate::upstream::stdio", upstream = %self.name, pid = ?running.pid, "child started");
             let init = tokio::select! {
@@ -1048,6 +1064,7 @@ impl Inner {
                     self.max_message_bytes,
                     self.streams.clone(),
                     self.metrics.clone(),
+                    conn::Owner::NotYet,
                 );
                 // Shutdown waits for the child's end (the keeper), not only for the session.
                 let keeper = std::mem::replace(&mut running.keeper, tokio::spawn(async {}));
