@@ -365,6 +365,7 @@ impl Conn {
                     // `server/discover` probe: before `initialize` a legacy child is sent
                     // nothing else (rmcp's stdio server stops on a notification there).
                     tell_on_drop: msg.method() != Some("initialize") && !own,
+                    queued: false,
                 })
             }
             Err(e) => {
@@ -657,6 +658,16 @@ impl Conn {
                 if self.to_session(&session, &bytes) {
                     return;
                 }
+                self.routes.lock().take_asked(id.as_json());
+                let refusal = jsonrpc::error_response(
+                    Some(&id),
+                    jsonrpc::INTERNAL_ERROR,
+                    &format!(
+                        "the client of upstream `{}` has no open GET stream for this request (or it is full)",
+                        self.name
+                    ),
+                );
+                return self.reply_soon(refusal);
             }
         }
         self.routes.lock().take_asked(id.as_json());
@@ -705,16 +716,28 @@ pub struct Registered {
     conn: std::sync::Weak<Conn>,
     /// Whether an abandoned one is cancelled at the child (not `initialize`).
     tell_on_drop: bool,
+    /// Whether its line is in the stdin queue (so, in order, before any cancellation of it):
+    /// one dropped before (its caller went away while it waited for room) is forgotten, the
+    /// child never seeing it.
+    queued: bool,
+}
+
+impl Registered {
+    /// Its line is in the child's stdin queue: dropped from now on, the child is told.
+    pub fn queued(&mut self) {
+        self.queued = true;
+    }
 }
 
 /// The drop guard of a request (issue 31): dropped before its answer (the client went away,
 /// hyper dropped the exchange; no timer runs then), its route and `max_in_flight` slot are
-/// freed and the child gets `notifications/cancelled`. After its answer, or once given up,
-/// its route is gone and this does nothing.
+/// freed and the child gets `notifications/cancelled` (not when it was never queued: the
+/// child never saw it). After its answer, or once given up, its route is gone and this does
+/// nothing.
 impl Drop for Registered {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.upgrade() {
-            conn.abandon(self.out, self.tell_on_drop);
+            conn.abandon(self.out, self.tell_on_drop && self.queued);
         }
     }
 }

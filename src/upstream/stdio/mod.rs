@@ -539,15 +539,17 @@ impl Inner {
                 Some(self.permit().await?)
             };
         let task_call = method == "tools/call";
-        let reg = conn
+        let mut reg = conn
             .register(&msg, session, permit, task_call)
             .map_err(|why| self.unreachable(why))?;
+        // Never written (the child is gone, or its stdin queue stayed full, or the caller went
+        // away while it waited for room: `reg` dropped unqueued): the child does not know it,
+        // so it is not told it is cancelled either.
         if let Err(e) = self.write(conn, &reg.bytes, urgent).await {
-            // Never written (the child is gone, or its stdin queue stayed full): the child
-            // does not know it, so it is not told it is cancelled either.
             conn.forget(reg.out);
             return Err(e);
         }
+        reg.queued();
         let client_id = msg.id().cloned();
         self.reply(conn.clone(), reg, client_id, method, deadline, era)
             .await
