@@ -1320,3 +1320,47 @@ async fn a_per_session_childs_request_without_a_stream_is_refused_for_that_reaso
     assert!(!message.contains("shared"), "{message}");
     assert!(message.contains("GET stream"), "{message}");
 }
+
+/// A client's `notifications/cancelled` for a request still waiting for a `max_in_flight` slot
+/// is not lost: the request was not registered yet, so the cancellation found nothing in
+/// flight and was dropped, and the request, given its slot, then ran at the child, which was
+/// never told.
+#[tokio::test]
+async fn a_cancel_of_a_request_waiting_for_a_slot_is_not_lost() {
+    let child = Kid::new();
+    let tg = start(&child, "max_in_flight = 1", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let long = json!({"name": "echo", "arguments": {"text": "first", "delay_ms": 1500}});
+    let first = tokio::spawn(
+        c.req(rpc("\"a\"", "tools/call", &long.to_string()))
+            .try_send(),
+    );
+    until("the child reads the first call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let waiting = json!({"name": "echo", "arguments": {"text": "waiting", "delay_ms": 1000}});
+    let second = tokio::spawn(
+        c.req(rpc("\"q\"", "tools/call", &waiting.to_string()))
+            .try_send(),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let params = json!({"requestId": "q", "reason": "the user gave up"}).to_string();
+    let note = c
+        .send(notification("notifications/cancelled", &params))
+        .await;
+    assert_eq!(note.status(), 202);
+    let _ = first.await;
+    let _ = second.await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let seen = child.seen();
+    let is_call = |m: &Value| m["params"]["arguments"]["text"] == "waiting";
+    if let Some(at) = seen.iter().position(is_call) {
+        let out = &seen[at]["id"];
+        let told = seen[at..]
+            .iter()
+            .any(|m| m["method"] == "notifications/cancelled" && m["params"]["requestId"] == *out);
+        assert!(told, "the cancelled call ran at the child, never told");
+    }
+}
