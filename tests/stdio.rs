@@ -1364,3 +1364,45 @@ async fn a_cancel_of_a_request_waiting_for_a_slot_is_not_lost() {
         assert!(told, "the cancelled call ran at the child, never told");
     }
 }
+
+/// A client's `notifications/cancelled` for a request still waiting for room in the child's
+/// stdin queue, which then is never written (504 past `timeout_ms`), does not reach the child:
+/// it waited for room in its turn and named, once the child read again, an id it never saw.
+#[tokio::test]
+async fn a_cancel_of_a_request_never_written_does_not_reach_the_child() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let stall = json!({"name": "stall", "arguments": {"resume_ms": 7000}}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
+    let pad = "z".repeat(16 * 1024);
+    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    let notes = futures_util::future::join_all((0..300).map(|_| c.req(body.clone()).try_send()));
+    let call = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let call = json!({"name": "echo", "arguments": {"text": "never"}}).to_string();
+        c.req(rpc("\"n\"", "tools/call", &call)).try_send().await
+    };
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let params = json!({"requestId": "n", "reason": "no"}).to_string();
+        c.req(notification("notifications/cancelled", &params))
+            .try_send()
+            .await
+    };
+    let (_, call, cancel) = tokio::join!(notes, call, cancel);
+    assert_eq!(call.expect("answered").status(), 504);
+    assert_eq!(cancel.expect("answered").status(), 202);
+    // The child reads again: everything queued reaches it, then this ping.
+    let pong = c.rpc(rpc("3", "ping", "{}")).await;
+    assert!(pong.get("result").is_some(), "{pong}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cancels = child.seen_method("notifications/cancelled");
+    assert!(cancels.is_empty(), "{cancels:?}");
+}

@@ -347,6 +347,8 @@ impl Conn {
             task_call,
             permit,
             told: false,
+            queued: false,
+            held_cancel: None,
         });
         let rewritten = rewrite_request(msg.bytes(), out);
         match rewritten {
@@ -383,6 +385,32 @@ impl Conn {
             return;
         }
         self.tell_cancelled(out, reason);
+    }
+
+    /// Request `out`'s line is in the stdin queue: a cancellation its caller sent while it
+    /// waited for room is written now, after it.
+    pub fn queued(&self, out: u64) {
+        let held = self.routes.lock().get_mut(out).and_then(|p| {
+            p.queued = true;
+            p.held_cancel.take()
+        });
+        if let Some(note) = held {
+            self.send_cancelled(&note);
+        }
+    }
+
+    /// The caller's `notifications/cancelled` for request `out` (told already, see
+    /// [`Conn::tell_cancelled_id`]): written after the request when it is queued, else held
+    /// until it is ([`Conn::queued`]; dropped with it when it never is).
+    pub fn cancel_from_client(&self, out: u64, note: Bytes) {
+        {
+            let mut routes = self.routes.lock();
+            if let Some(p) = routes.get_mut(out).filter(|p| !p.queued) {
+                p.held_cancel = Some(note);
+                return;
+            }
+        }
+        self.send_cancelled(&note);
     }
 
     /// Request `out` was never written (the child never saw it): its route (and slot) goes,

@@ -625,6 +625,7 @@ impl Inner {
             return Err(e);
         }
         reg.queued();
+        conn.queued(reg.out);
         let client_id = msg.id().cloned();
         self.reply(conn.clone(), reg, client_id, method, deadline, era)
             .await
@@ -751,8 +752,8 @@ impl Inner {
                     return Err(self.unreachable(conn.why_closed().unwrap_or_default()));
                 }
                 // Not waited for (its request is marked told: it must not be dropped when the
-                // queue is full, nor hold its caller).
-                conn.send_cancelled(&bytes);
+                // queue is full, nor hold its caller); held while its request waits for room.
+                conn.cancel_from_client(out, bytes);
                 Ok(())
             }
             _ => self.write(conn, msg.bytes(), false).await,
