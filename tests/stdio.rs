@@ -1234,3 +1234,163 @@ async fn a_per_session_childs_request_outside_a_call_reaches_its_session() {
     })
     .await;
 }
+
+/// A request whose caller goes away while it still waits for room in the child's stdin queue
+/// (the child stopped reading) is forgotten, not cancelled at the child: it was never written,
+/// yet its drop guard queued a `notifications/cancelled` naming it (read by the child once it
+/// read again, an id it never saw).
+#[tokio::test]
+async fn a_request_dropped_before_it_was_written_is_not_cancelled_at_the_child() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let stall = json!({"name": "stall", "arguments": {"resume_ms": 3000}}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold: the rest wait
+    // for room (within timeout_ms, 5 s; the child reads again after 3 s).
+    let pad = "z".repeat(16 * 1024);
+    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    let notes = futures_util::future::join_all((0..300).map(|_| c.req(body.clone()).try_send()));
+    let dropped = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let call = json!({"name": "echo", "arguments": {"text": "never"}}).to_string();
+        let sent = c.req(rpc("\"n\"", "tools/call", &call)).try_send();
+        // The client gives up (its connection closed) while the call waits for room.
+        tokio::time::timeout(Duration::from_millis(500), sent).await
+    };
+    let (_, dropped) = tokio::join!(notes, dropped);
+    if let Ok(answered) = dropped {
+        panic!("the call was answered: {:?}", answered.map(|r| r.status()));
+    }
+    // The child reads again: everything queued reaches it, then this ping.
+    let pong = c.rpc(rpc("3", "ping", "{}")).await;
+    assert!(pong.get("result").is_some(), "{pong}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls: Vec<_> = child
+        .seen_method("tools/call")
+        .into_iter()
+        .filter(|m| m["params"]["arguments"]["text"] == "never")
+        .collect();
+    assert!(calls.is_empty(), "{calls:?}");
+    let cancels = child.seen_method("notifications/cancelled");
+    assert!(cancels.is_empty(), "{cancels:?}");
+}
+
+/// A `per_session` child's request outside any call while its session has no GET stream open
+/// is refused `-32603` naming why: the refusal said "its process is shared", which it is not.
+#[tokio::test]
+async fn a_per_session_childs_request_without_a_stream_is_refused_for_that_reason() {
+    let child = Kid::new();
+    let tg = start(&child, "process = \"per_session\"", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let later = json!({"name": "later", "arguments": {"delay_ms": 100}}).to_string();
+    let answered = c.rpc(rpc("1", "tools/call", &later)).await;
+    assert_eq!(
+        answered["result"]["content"][0]["text"], "later",
+        "{answered}"
+    );
+    let refused = || {
+        child
+            .seen()
+            .into_iter()
+            .find(|m| m["id"] == "roots-1" && m.get("error").is_some())
+    };
+    until("the child gets taskgate's refusal", || refused().is_some()).await;
+    let refusal = refused().expect("a refusal");
+    assert_eq!(refusal["error"]["code"], -32603, "{refusal}");
+    let message = refusal["error"]["message"].as_str().expect("a message");
+    assert!(!message.contains("shared"), "{message}");
+    assert!(message.contains("GET stream"), "{message}");
+}
+
+/// A client's `notifications/cancelled` for a request still waiting for a `max_in_flight` slot
+/// is not lost: the request was not registered yet, so the cancellation found nothing in
+/// flight and was dropped, and the request, given its slot, then ran at the child, which was
+/// never told.
+#[tokio::test]
+async fn a_cancel_of_a_request_waiting_for_a_slot_is_not_lost() {
+    let child = Kid::new();
+    let tg = start(&child, "max_in_flight = 1", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let long = json!({"name": "echo", "arguments": {"text": "first", "delay_ms": 1500}});
+    let first = tokio::spawn(
+        c.req(rpc("\"a\"", "tools/call", &long.to_string()))
+            .try_send(),
+    );
+    until("the child reads the first call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let waiting = json!({"name": "echo", "arguments": {"text": "waiting", "delay_ms": 1000}});
+    let second = tokio::spawn(
+        c.req(rpc("\"q\"", "tools/call", &waiting.to_string()))
+            .try_send(),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let params = json!({"requestId": "q", "reason": "the user gave up"}).to_string();
+    let note = c
+        .send(notification("notifications/cancelled", &params))
+        .await;
+    assert_eq!(note.status(), 202);
+    let _ = first.await;
+    let _ = second.await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let seen = child.seen();
+    let is_call = |m: &Value| m["params"]["arguments"]["text"] == "waiting";
+    if let Some(at) = seen.iter().position(is_call) {
+        let out = &seen[at]["id"];
+        let told = seen[at..]
+            .iter()
+            .any(|m| m["method"] == "notifications/cancelled" && m["params"]["requestId"] == *out);
+        assert!(told, "the cancelled call ran at the child, never told");
+    }
+}
+
+/// A client's `notifications/cancelled` for a request still waiting for room in the child's
+/// stdin queue, which then is never written (504 past `timeout_ms`), does not reach the child:
+/// it waited for room in its turn and named, once the child read again, an id it never saw.
+#[tokio::test]
+async fn a_cancel_of_a_request_never_written_does_not_reach_the_child() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let stall = json!({"name": "stall", "arguments": {"resume_ms": 7000}}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+    // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
+    let pad = "z".repeat(16 * 1024);
+    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    let notes = futures_util::future::join_all((0..300).map(|_| c.req(body.clone()).try_send()));
+    let call = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let call = json!({"name": "echo", "arguments": {"text": "never"}}).to_string();
+        c.req(rpc("\"n\"", "tools/call", &call)).try_send().await
+    };
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let params = json!({"requestId": "n", "reason": "no"}).to_string();
+        c.req(notification("notifications/cancelled", &params))
+            .try_send()
+            .await
+    };
+    let (_, call, cancel) = tokio::join!(notes, call, cancel);
+    assert_eq!(call.expect("answered").status(), 504);
+    assert_eq!(cancel.expect("answered").status(), 202);
+    // The child reads again: everything queued reaches it, then this ping.
+    let pong = c.rpc(rpc("3", "ping", "{}")).await;
+    assert!(pong.get("result").is_some(), "{pong}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cancels = child.seen_method("notifications/cancelled");
+    assert!(cancels.is_empty(), "{cancels:?}");
+}

@@ -347,6 +347,8 @@ impl Conn {
             task_call,
             permit,
             told: false,
+            queued: false,
+            held_cancel: None,
         });
         let rewritten = rewrite_request(msg.bytes(), out);
         match rewritten {
@@ -365,6 +367,7 @@ impl Conn {
                     // `server/discover` probe: before `initialize` a legacy child is sent
                     // nothing else (rmcp's stdio server stops on a notification there).
                     tell_on_drop: msg.method() != Some("initialize") && !own,
+                    queued: false,
                 })
             }
             Err(e) => {
@@ -382,6 +385,32 @@ impl Conn {
             return;
         }
         self.tell_cancelled(out, reason);
+    }
+
+    /// Request `out`'s line is in the stdin queue: a cancellation its caller sent while it
+    /// waited for room is written now, after it.
+    pub fn queued(&self, out: u64) {
+        let held = self.routes.lock().get_mut(out).and_then(|p| {
+            p.queued = true;
+            p.held_cancel.take()
+        });
+        if let Some(note) = held {
+            self.send_cancelled(&note);
+        }
+    }
+
+    /// The caller's `notifications/cancelled` for request `out` (told already, see
+    /// [`Conn::tell_cancelled_id`]): written after the request when it is queued, else held
+    /// until it is ([`Conn::queued`]; dropped with it when it never is).
+    pub fn cancel_from_client(&self, out: u64, note: Bytes) {
+        {
+            let mut routes = self.routes.lock();
+            if let Some(p) = routes.get_mut(out).filter(|p| !p.queued) {
+                p.held_cancel = Some(note);
+                return;
+            }
+        }
+        self.send_cancelled(&note);
     }
 
     /// Request `out` was never written (the child never saw it): its route (and slot) goes,
@@ -657,6 +686,16 @@ impl Conn {
                 if self.to_session(&session, &bytes) {
                     return;
                 }
+                self.routes.lock().take_asked(id.as_json());
+                let refusal = jsonrpc::error_response(
+                    Some(&id),
+                    jsonrpc::INTERNAL_ERROR,
+                    &format!(
+                        "the client of upstream `{}` has no open GET stream for this request (or it is full)",
+                        self.name
+                    ),
+                );
+                return self.reply_soon(refusal);
             }
         }
         self.routes.lock().take_asked(id.as_json());
@@ -705,16 +744,28 @@ pub struct Registered {
     conn: std::sync::Weak<Conn>,
     /// Whether an abandoned one is cancelled at the child (not `initialize`).
     tell_on_drop: bool,
+    /// Whether its line is in the stdin queue (so, in order, before any cancellation of it):
+    /// one dropped before (its caller went away while it waited for room) is forgotten, the
+    /// child never seeing it.
+    queued: bool,
+}
+
+impl Registered {
+    /// Its line is in the child's stdin queue: dropped from now on, the child is told.
+    pub fn queued(&mut self) {
+        self.queued = true;
+    }
 }
 
 /// The drop guard of a request (issue 31): dropped before its answer (the client went away,
 /// hyper dropped the exchange; no timer runs then), its route and `max_in_flight` slot are
-/// freed and the child gets `notifications/cancelled`. After its answer, or once given up,
-/// its route is gone and this does nothing.
+/// freed and the child gets `notifications/cancelled` (not when it was never queued: the
+/// child never saw it). After its answer, or once given up, its route is gone and this does
+/// nothing.
 impl Drop for Registered {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.upgrade() {
-            conn.abandon(self.out, self.tell_on_drop);
+            conn.abandon(self.out, self.tell_on_drop && self.queued);
         }
     }
 }

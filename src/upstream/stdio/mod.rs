@@ -96,7 +96,8 @@
 //! queued requests (its task's creating call was answered, so written, already);
 //! `notifications/cancelled` takes none and is written in order, after the request it names
 //! (ahead of it, while that request still waited in the queue, it named an id the child did
-//! not know yet, and the request then ran); a
+//! not know yet, and the request then ran); a request cancelled while it still waits for a
+//! slot is never sent (`-32603` to its caller); a
 //! `tasks/result` (which waits for its task's end) takes none either. A
 //! stdout line is at most `max_message_bytes` (`framing.rs`); related messages and GET stream
 //! messages wait in bounded queues ([`conn`]), and so do lines for the child's stdin: a write
@@ -249,6 +250,56 @@ struct Inner {
     starting: std::sync::atomic::AtomicUsize,
     /// Shared: the era the probe found, kept for later children (`None`: probe the next one).
     era: Mutex<Option<ChildEra>>,
+    /// Requests waiting for a `max_in_flight` slot (not registered yet), by session and the
+    /// client's id: how many, and whether the client cancelled one (then it is not sent). Only
+    /// while they wait (at most `timeout_ms`); locked before a conn's routes.
+    slot_waiters: Mutex<HashMap<WaiterKey, (usize, bool)>>,
+}
+
+/// A request waiting for a slot: its session and its client's id (JSON text).
+type WaiterKey = (SessionKey, String);
+
+/// A request's place in [`Inner::slot_waiters`] while it waits for a slot; left when it got
+/// one ([`SlotWaiter::finish`]) or when its caller went away (dropped).
+struct SlotWaiter {
+    inner: Arc<Inner>,
+    key: Option<WaiterKey>,
+}
+
+impl SlotWaiter {
+    fn new(inner: &Arc<Inner>, key: WaiterKey) -> SlotWaiter {
+        inner.slot_waiters.lock().entry(key.clone()).or_default().0 += 1;
+        SlotWaiter {
+            inner: inner.clone(),
+            key: Some(key),
+        }
+    }
+
+    /// Leaves the waiters (their lock held by the caller); true when the client cancelled it.
+    fn finish(mut self, waiters: &mut HashMap<WaiterKey, (usize, bool)>) -> bool {
+        self.key.take().is_some_and(|k| leave(waiters, &k))
+    }
+}
+
+impl Drop for SlotWaiter {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            leave(&mut self.inner.slot_waiters.lock(), &key);
+        }
+    }
+}
+
+/// One waiter of `key` leaves; whether it was cancelled.
+fn leave(waiters: &mut HashMap<WaiterKey, (usize, bool)>, key: &WaiterKey) -> bool {
+    let Some(entry) = waiters.get_mut(key) else {
+        return false;
+    };
+    entry.0 = entry.0.saturating_sub(1);
+    let cancelled = entry.1;
+    if entry.0 == 0 {
+        waiters.remove(key);
+    }
+    cancelled
 }
 
 /// A shared child's era, as the probe found it.
@@ -324,6 +375,7 @@ impl StdioTransport {
             spawner: Mutex::new(None),
             starting: std::sync::atomic::AtomicUsize::new(0),
             era: Mutex::new(None),
+            slot_waiters: Mutex::new(HashMap::new()),
         });
         let keeper = match inner.mode {
             ProcessMode::Shared => tokio::spawn(inner.clone().supervise()),
@@ -532,22 +584,48 @@ impl Inner {
         // A cancel must overtake; a `tasks/result` (no deadline: it waits for its task's end)
         // must not hold a slot for as long as a task runs, nor a 2026-07-28
         // `subscriptions/listen` (open until its client closes it).
-        let permit =
-            if urgent || deadline == Deadline::Unbounded || method == "subscriptions/listen" {
-                None
-            } else {
-                Some(self.permit().await?)
-            };
+        let needs_slot =
+            !(urgent || deadline == Deadline::Unbounded || method == "subscriptions/listen");
+        // While it waits for a slot, a client's `notifications/cancelled` for it is kept (it is
+        // not registered yet): cancelled, it is not sent at all.
+        let waiter = match (needs_slot, msg.id()) {
+            (true, Some(id)) => Some(SlotWaiter::new(
+                self,
+                (session.clone(), id.as_json().to_string()),
+            )),
+            _ => None,
+        };
+        let permit = if needs_slot {
+            Some(self.permit().await?)
+        } else {
+            None
+        };
         let task_call = method == "tools/call";
-        let reg = conn
-            .register(&msg, session, permit, task_call)
-            .map_err(|why| self.unreachable(why))?;
+        let mut reg = {
+            let mut waiters = self.slot_waiters.lock();
+            if waiter.is_some_and(|w| w.finish(&mut waiters)) {
+                return Ok(McpReply::local_json(jsonrpc::error_response(
+                    msg.id(),
+                    jsonrpc::INTERNAL_ERROR,
+                    &format!(
+                        "cancelled by the client before it was sent to upstream `{}`",
+                        self.name
+                    ),
+                )));
+            }
+            // Registered under the waiters' lock: a cancellation finds it waiting or in flight.
+            conn.register(&msg, session, permit, task_call)
+                .map_err(|why| self.unreachable(why))?
+        };
+        // Never written (the child is gone, or its stdin queue stayed full, or the caller went
+        // away while it waited for room: `reg` dropped unqueued): the child does not know it,
+        // so it is not told it is cancelled either.
         if let Err(e) = self.write(conn, &reg.bytes, urgent).await {
-            // Never written (the child is gone, or its stdin queue stayed full): the child
-            // does not know it, so it is not told it is cancelled either.
             conn.forget(reg.out);
             return Err(e);
         }
+        reg.queued();
+        conn.queued(reg.out);
         let client_id = msg.id().cloned();
         self.reply(conn.clone(), reg, client_id, method, deadline, era)
             .await
@@ -645,7 +723,20 @@ impl Inner {
                     .ok()
                     .flatten()
                     .and_then(|raw| Id::from_json(raw.get()));
-                let Some(out) = theirs.and_then(|id| conn.tell_cancelled_id(session, &id)) else {
+                let Some(theirs) = theirs else {
+                    return Ok(());
+                };
+                let out = {
+                    let mut waiters = self.slot_waiters.lock();
+                    let key = (session.clone(), theirs.as_json().to_string());
+                    if let Some(waiting) = waiters.get_mut(&key) {
+                        // Still waiting for a slot: it will not be sent.
+                        waiting.1 = true;
+                        return Ok(());
+                    }
+                    conn.tell_cancelled_id(session, &theirs)
+                };
+                let Some(out) = out else {
                     // Not in flight here (answered already, or not this caller's): nothing
                     // the child could stop; or the child was told already.
                     return Ok(());
@@ -661,8 +752,8 @@ impl Inner {
                     return Err(self.unreachable(conn.why_closed().unwrap_or_default()));
                 }
                 // Not waited for (its request is marked told: it must not be dropped when the
-                // queue is full, nor hold its caller).
-                conn.send_cancelled(&bytes);
+                // queue is full, nor hold its caller); held while its request waits for room.
+                conn.cancel_from_client(out, bytes);
                 Ok(())
             }
             _ => self.write(conn, msg.bytes(), false).await,

@@ -46,6 +46,12 @@ pub struct Pending {
     /// The child was told it is cancelled (the caller's `notifications/cancelled` went to it):
     /// it is not told again when the request is given up or dropped.
     pub told: bool,
+    /// Its line is in the child's stdin queue (see [`Pending::held_cancel`]).
+    pub queued: bool,
+    /// The caller's `notifications/cancelled` (as the child is to read it), while the request
+    /// still waits for room in the stdin queue: written once the request is (after it), never
+    /// when the request is not (the child would read an id it never saw).
+    pub held_cancel: Option<Bytes>,
 }
 
 /// A replaced `progressToken`: whose it is and what it was.
@@ -114,6 +120,11 @@ impl Routes {
     /// The request the child knows as `out`, while it waits.
     pub fn get(&self, out: u64) -> Option<&Pending> {
         self.pending.get(&out)
+    }
+
+    /// The request the child knows as `out`, to change.
+    pub fn get_mut(&mut self, out: u64) -> Option<&mut Pending> {
+        self.pending.get_mut(&out)
     }
 
     /// The id the child saw for `session`'s request `id`, marked told (see [`Pending::told`]);
@@ -211,6 +222,8 @@ mod tests {
                 task_call: false,
                 permit: None,
                 told: false,
+                queued: false,
+                held_cancel: None,
             },
             rx,
         )
