@@ -108,6 +108,25 @@ fn process_gone(pid: i32) -> bool {
     }
 }
 
+/// Stalls the child (its `stall` tool: it stops reading its stdin, for `resume_ms` or for good)
+/// through `c`, asserting the tool answered first.
+async fn stall(c: &mut Client, resume_ms: Option<u64>) {
+    let arguments = resume_ms.map_or(json!({}), |ms| json!({"resume_ms": ms}));
+    let stall = json!({"name": "stall", "arguments": arguments}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+}
+
+/// A `notifications/message` of 16 KiB: a few hundred fill a stalled child's pipe (64 KiB) and
+/// taskgate's stdin write queue (256 lines).
+fn padded_note() -> String {
+    let pad = "z".repeat(16 * 1024);
+    notification("notifications/message", &json!({"pad": pad}).to_string())
+}
+
 async fn start(child: &Kid, lines: &str, env: &str) -> Tg {
     let upstream = child.upstream(lines, env);
     let tg = Tg::start(|store| toml(store, &upstream)).await;
@@ -949,15 +968,9 @@ async fn a_child_that_stops_reading_its_stdin_does_not_hang_its_clients() {
     let tg = start(&child, "", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    let stall = json!({"name": "stall", "arguments": {}}).to_string();
-    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
-    assert_eq!(
-        stalled["result"]["content"][0]["text"], "stalled",
-        "{stalled}"
-    );
+    stall(&mut c, None).await;
     // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
-    let pad = "z".repeat(16 * 1024);
-    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    let body = padded_note();
     let notes = (0..320).map(|_| c.req(body.clone()).try_send());
     let answers = futures_util::future::join_all(notes).await;
     let statuses: Vec<Result<u16, String>> =
@@ -1021,15 +1034,9 @@ async fn a_request_never_written_is_not_cancelled_at_the_child() {
     let tg = start(&child, "", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    let stall = json!({"name": "stall", "arguments": {"resume_ms": 8000}}).to_string();
-    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
-    assert_eq!(
-        stalled["result"]["content"][0]["text"], "stalled",
-        "{stalled}"
-    );
+    stall(&mut c, Some(8000)).await;
     // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
-    let pad = "z".repeat(16 * 1024);
-    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    let body = padded_note();
     let notes = futures_util::future::join_all((0..320).map(|_| c.req(body.clone()).try_send()));
     let ping = async {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1090,12 +1097,7 @@ async fn a_cancel_that_finds_the_stdin_queue_full_reaches_the_child_once_it_read
     })
     .await;
     let out = child.seen_method("tools/call")[0]["id"].clone();
-    let stall = json!({"name": "stall", "arguments": {"resume_ms": 9000}}).to_string();
-    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
-    assert_eq!(
-        stalled["result"]["content"][0]["text"], "stalled",
-        "{stalled}"
-    );
+    stall(&mut c, Some(9000)).await;
     // Requests that fill the pipe (64 KiB) and the write queue, then their cancellations
     // (urgent lines, written ahead): more than the urgent queue (256 lines) holds.
     let pad = "z".repeat(16 * 1024);
@@ -1150,15 +1152,9 @@ async fn a_cancel_of_a_request_still_queued_reaches_the_child_after_it() {
     let tg = start(&child, "", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    let stall = json!({"name": "stall", "arguments": {"resume_ms": 3000}}).to_string();
-    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
-    assert_eq!(
-        stalled["result"]["content"][0]["text"], "stalled",
-        "{stalled}"
-    );
+    stall(&mut c, Some(3000)).await;
     // A backlog: more than the pipe (64 KiB) holds, queued (202) behind it.
-    let pad = "z".repeat(16 * 1024);
-    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    let body = padded_note();
     for _ in 0..20 {
         assert_eq!(c.send(body.clone()).await.status(), 202);
     }
@@ -1245,16 +1241,10 @@ async fn a_request_dropped_before_it_was_written_is_not_cancelled_at_the_child()
     let tg = start(&child, "", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    let stall = json!({"name": "stall", "arguments": {"resume_ms": 3000}}).to_string();
-    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
-    assert_eq!(
-        stalled["result"]["content"][0]["text"], "stalled",
-        "{stalled}"
-    );
+    stall(&mut c, Some(3000)).await;
     // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold: the rest wait
     // for room (within timeout_ms, 5 s; the child reads again after 3 s).
-    let pad = "z".repeat(16 * 1024);
-    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    let body = padded_note();
     let notes = futures_util::future::join_all((0..300).map(|_| c.req(body.clone()).try_send()));
     let dropped = async {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1362,15 +1352,9 @@ async fn a_cancel_of_a_request_never_written_does_not_reach_the_child() {
     let tg = start(&child, "", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    let stall = json!({"name": "stall", "arguments": {"resume_ms": 7000}}).to_string();
-    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
-    assert_eq!(
-        stalled["result"]["content"][0]["text"], "stalled",
-        "{stalled}"
-    );
+    stall(&mut c, Some(7000)).await;
     // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
-    let pad = "z".repeat(16 * 1024);
-    let body = notification("notifications/message", &json!({"pad": pad}).to_string());
+    let body = padded_note();
     let notes = futures_util::future::join_all((0..300).map(|_| c.req(body.clone()).try_send()));
     let call = async {
         tokio::time::sleep(Duration::from_millis(500)).await;
