@@ -225,14 +225,7 @@ async fn a_replayed_answer_is_restored_only_for_its_own_caller() {
         if req.method == "GET" {
             let id = sent.lock().unwrap().clone();
             let answer = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[]}}}}"#);
-            return ScriptedResponse::sse(vec![
-                ev().event("message").id("p2").data(&answer).into(),
-                ev().event("message")
-                    .id("p3")
-                    .data(&notification("notifications/tools/list_changed", "{}"))
-                    .into(),
-                SseStep::HoldOpen,
-            ]);
+            return replayed_on_get(&answer);
         }
         match req.rpc_method().as_deref() {
             Some("initialize") => ScriptedResponse::result_for(
@@ -247,7 +240,7 @@ async fn a_replayed_answer_is_restored_only_for_its_own_caller() {
         }
     })
     .await;
-    let (tg, alice, bob) = alice_and_bob(&up).await;
+    let (tg, alice, bob) = alice_and_bob_at(&up.url()).await;
     let r = alice
         .send(rpc("\"taskgate-a\"", "tools/call", r#"{"name":"echo"}"#))
         .await;
@@ -297,14 +290,7 @@ async fn a_replayed_answer_never_reaches_another_principal() {
             let answer = format!(
                 r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[],"caller":"alice-secret"}}}}"#
             );
-            return ScriptedResponse::sse(vec![
-                ev().event("message").id("p2").data(&answer).into(),
-                ev().event("message")
-                    .id("p3")
-                    .data(&notification("notifications/tools/list_changed", "{}"))
-                    .into(),
-                SseStep::HoldOpen,
-            ]);
+            return replayed_on_get(&answer);
         }
         match req.rpc_method().as_deref() {
             Some("initialize") => ScriptedResponse::result_for(
@@ -326,7 +312,7 @@ async fn a_replayed_answer_never_reaches_another_principal() {
         }
     })
     .await;
-    let (tg, alice, bob) = alice_and_bob(&up).await;
+    let (tg, alice, bob) = alice_and_bob_at(&up.url()).await;
     assert!(
         alice.session.is_none() && bob.session.is_none(),
         "session-less"
@@ -382,16 +368,15 @@ fn broken_stream() -> ScriptedResponse {
         .into()])
 }
 
-/// taskgate with bearer tokens for alice and bob in front of `up`, and both initialized.
-async fn alice_and_bob(up: &Upstream) -> (Tg, Client, Client) {
-    let tg = TgConfig::new(&up.url())
-        .token("alice", "alice-token")
-        .token("bob", "bob-token")
-        .start()
-        .await;
-    let mut alice = tg.client().with_token("alice-token");
-    let mut bob = tg.client().with_token("bob-token");
-    alice.initialize().await;
-    bob.initialize().await;
-    (tg, alice, bob)
+/// A resumed GET stream's script: the upstream replays `answer` (event `p2`), then a
+/// `notifications/tools/list_changed` (event `p3`, which every stream gets), and holds open.
+fn replayed_on_get(answer: &str) -> ScriptedResponse {
+    ScriptedResponse::sse(vec![
+        ev().event("message").id("p2").data(answer).into(),
+        ev().event("message")
+            .id("p3")
+            .data(&notification("notifications/tools/list_changed", "{}"))
+            .into(),
+        SseStep::HoldOpen,
+    ])
 }

@@ -667,11 +667,10 @@ pub fn records_in_store(store: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// A scripted task server behind taskgate with bearer principals `alice` and `bob`, each with an
-/// initialized session of its own: `(upstream, gateway, alice, bob)`.
-pub async fn bearer_pair() -> (TaskServer, Tg, Client, Client) {
-    let up = TaskServer::default().await;
-    let tg = TgConfig::new(&up.url())
+/// taskgate in front of the upstream at `url` with bearer tokens for `alice` and `bob`
+/// (`alice-token`, `bob-token`), and a client of each, initialized: `(gateway, alice, bob)`.
+pub async fn alice_and_bob_at(url: &str) -> (Tg, Client, Client) {
+    let tg = TgConfig::new(url)
         .token("alice", "alice-token")
         .token("bob", "bob-token")
         .start()
@@ -680,6 +679,14 @@ pub async fn bearer_pair() -> (TaskServer, Tg, Client, Client) {
     alice.initialize().await;
     let mut bob = tg.client().with_token("bob-token");
     bob.initialize().await;
+    (tg, alice, bob)
+}
+
+/// A scripted task server behind taskgate with bearer principals `alice` and `bob`, each with an
+/// initialized session of its own: `(upstream, gateway, alice, bob)`.
+pub async fn bearer_pair() -> (TaskServer, Tg, Client, Client) {
+    let up = TaskServer::default().await;
+    let (tg, alice, bob) = alice_and_bob_at(&up.url()).await;
     assert_ne!(
         alice.session, bob.session,
         "the upstream issues one id per session"
