@@ -1378,3 +1378,69 @@ async fn a_cancel_of_a_request_never_written_does_not_reach_the_child() {
     let cancels = child.seen_method("notifications/cancelled");
     assert!(cancels.is_empty(), "{cancels:?}");
 }
+
+/// A gateway task (`tasks = "gateway"`) whose held call dies with its child (`kill -9`) is
+/// `failed` with both audit facts, as a task of the child's own is: "resources released"
+/// (`reason=process_exited`, counted in `taskgate_task_resources_released_total`) was never
+/// recorded for it (the child never saw the task, so its death did not name it; and a call
+/// failed by its held call first was skipped as terminal already).
+async fn a_gateway_task_whose_child_dies_is_released(mode: &str) {
+    let child = Kid::new();
+    let lines = format!("process = \"{mode}\"\ntasks = \"gateway\"");
+    let tg = start(&child, &lines, "STDIO_NO_TASKS = \"1\"").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let params = json!({"name": "echo", "task": {"ttl": 60000},
+        "arguments": {"text": "never", "delay_ms": 60000}});
+    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a gateway task")
+        .to_string();
+    until("the child reads the call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let pid = child.pids()[0];
+    // SAFETY: a signal to the child this test's taskgate started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    until("the gateway task is failed", || {
+        tg.record(&task)
+            .is_some_and(|r| r.status.as_str() == "failed")
+    })
+    .await;
+    until("the gateway task is released", || {
+        tg.record(&task).is_some_and(|r| r.released_at.is_some())
+    })
+    .await;
+    let audit = tg
+        .registry
+        .store()
+        .audit_for("default", &task)
+        .expect("audit");
+    let released: Vec<&str> = audit
+        .iter()
+        .filter(|e| e.event == "resources_released")
+        .map(|e| e.detail.as_str())
+        .collect();
+    assert_eq!(released, ["reason=process_exited"], "{audit:?}");
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_task_resources_released_total",
+            &[("reason", "process_exited")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_gateway_task_whose_per_session_child_dies_is_released() {
+    a_gateway_task_whose_child_dies_is_released("per_session").await;
+}
+
+#[tokio::test]
+async fn a_gateway_task_whose_shared_child_dies_is_released() {
+    a_gateway_task_whose_child_dies_is_released("shared").await;
+}

@@ -131,6 +131,9 @@ pub struct Conn {
     noise_logged: Mutex<Option<std::time::Instant>>,
     /// Whose GET streams get the child's notifications for every stream (see [`Owner`]).
     owner: Mutex<Owner>,
+    /// The gateway tasks whose held calls were in flight when the child went ([`Conn::close`]):
+    /// they died with it. At most the requests in flight then; taken by the death's announcer.
+    dead_held: Mutex<Vec<String>>,
 }
 
 /// Whose GET streams a child's notification for every stream (`notifications/message`, a list
@@ -183,6 +186,7 @@ impl Conn {
             why: Mutex::new(None),
             noise_logged: Mutex::new(None),
             owner: Mutex::new(owner),
+            dead_held: Mutex::new(Vec::new()),
         });
         let pid = child.id();
         let (close_stdin, close_rx) = oneshot::channel::<()>();
@@ -260,6 +264,11 @@ impl Conn {
         self.routes.lock().drain_tasks()
     }
 
+    /// The gateway tasks whose held calls were in flight when the child went, taken.
+    pub fn take_held(&self) -> Vec<String> {
+        std::mem::take(&mut *self.dead_held.lock())
+    }
+
     /// A `per_session` child's session is made: its notifications for every stream go to that
     /// session's GET stream (and no other session's).
     pub fn owned_by(&self, session: Arc<str>) {
@@ -295,6 +304,13 @@ impl Conn {
             self.closed.store(true, Ordering::Release);
         }
         let waiting = self.routes.lock().drain();
+        let held: Vec<String> = waiting
+            .iter()
+            .filter_map(|p| p.held_task.as_deref().map(str::to_string))
+            .collect();
+        if !held.is_empty() {
+            self.dead_held.lock().extend(held);
+        }
         for p in waiting {
             let _ = p.answer.send(Err(why.to_string()));
         }
@@ -330,6 +346,7 @@ impl Conn {
         session: SessionKey,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
         task_call: bool,
+        held_task: Option<Arc<str>>,
     ) -> Result<Registered, String> {
         let client_id = msg.id().cloned().ok_or("a request without an id")?;
         let own = session.as_deref() == Some(super::OWN_SESSION);
@@ -349,6 +366,7 @@ impl Conn {
             told: false,
             queued: false,
             held_cancel: None,
+            held_task,
         });
         let rewritten = rewrite_request(msg.bytes(), out);
         match rewritten {
@@ -903,6 +921,7 @@ mod tests {
             why: Mutex::new(None),
             noise_logged: Mutex::new(None),
             owner: Mutex::new(Owner::Every),
+            dead_held: Mutex::new(Vec::new()),
         });
         // As `register` does: `routes` held, then `is_closed`, then `why`.
         let routes = conn.routes.lock();

@@ -74,7 +74,9 @@
 //! one is starting, they wait for it within `timeout_ms`). A child that dies or does not
 //! answer during taskgate's `initialize` is a failed start (logged, backed off), never a hang.
 //! Each death is announced as a [`ChildGone`] (the gateway marks the upstream's tasks that
-//! were not terminal `failed`, with both audit facts: the process is gone); the new child never
+//! were not terminal `failed`, with both audit facts: the process is gone; so are the gateway
+//! tasks, `tasks = "gateway"`, whose held calls were in flight on it, [`ChildGone::held`],
+//! released even when their held call recorded them `failed` first); the new child never
 //! knew them, so taskgate answers their `tasks/get` (`failed`, the reason as `statusMessage`),
 //! `tasks/result` (`-32603`) and `tasks/cancel` (`-32602`) itself. `/readyz` is red while no
 //! child is live ([`StdioHandle::readiness`]).
@@ -172,6 +174,11 @@ pub struct ChildGone {
     /// The tasks the child created, as taskgate saw their `CreateTaskResult` go by (at most
     /// [`route::MAX_NOTES`]; a child that created more has its oldest notes forgotten).
     pub tasks: Vec<String>,
+    /// The gateway tasks (`upstream.tasks = "gateway"`) whose held calls were in flight on the
+    /// child when it went (`exchange::HeldTask`): they died with it too. Their held call may
+    /// have recorded them `failed` already (it saw its answer never come); they are released
+    /// all the same.
+    pub held: Vec<String>,
     /// When it was seen gone (ms since the epoch): tasks recorded after it are not its.
     pub at_ms: u64,
     /// Why, in words ("its child process exited (exit code 1)").
@@ -470,6 +477,7 @@ impl Inner {
     async fn exchange(self: &Arc<Self>, req: McpRequest) -> Result<McpReply, GatewayError> {
         let deadline = req.deadline();
         let era = req.era();
+        let held = req.held_task();
         let session: SessionKey = req
             .ctx
             .session_id
@@ -479,7 +487,7 @@ impl Inner {
         match req.into_parts().op {
             Operation::EndSession => Ok(self.end_session(session)),
             Operation::OpenStream => Ok(self.open_stream(session)),
-            Operation::Post(msg) => self.post(msg, session, deadline, era).await,
+            Operation::Post(msg) => self.post(msg, session, deadline, era, held).await,
         }
     }
 
@@ -489,6 +497,7 @@ impl Inner {
         session: SessionKey,
         deadline: Deadline,
         era: Era,
+        held: Option<Arc<str>>,
     ) -> Result<McpReply, GatewayError> {
         let kind = msg.kind();
         if kind == Kind::Request && msg.method() == Some("initialize") {
@@ -502,7 +511,7 @@ impl Inner {
             Err(reply) => return Ok(reply),
         };
         match kind {
-            Kind::Request => self.call(&conn, msg, session, deadline, era).await,
+            Kind::Request => self.call(&conn, msg, session, deadline, era, held).await,
             Kind::Notification => {
                 self.notify(&conn, msg, &session).await?;
                 Ok(McpReply::accepted())
@@ -564,7 +573,8 @@ impl Inner {
     }
 
     /// A request: written under taskgate's id, answered under the caller's (a 2026-07-28
-    /// request's JSON-RPC error with the HTTP status its transport prescribes).
+    /// request's JSON-RPC error with the HTTP status its transport prescribes). `held`: the
+    /// gateway task it is the held call of, named in the child's death ([`ChildGone::held`]).
     async fn call(
         self: &Arc<Self>,
         conn: &Arc<Conn>,
@@ -572,6 +582,7 @@ impl Inner {
         session: SessionKey,
         deadline: Deadline,
         era: Era,
+        held: Option<Arc<str>>,
     ) -> Result<McpReply, GatewayError> {
         let method = msg.method().unwrap_or_default().to_string();
         // Only once a new child is live: by then the gateway has failed the dead child's tasks
@@ -614,7 +625,7 @@ impl Inner {
                 )));
             }
             // Registered under the waiters' lock: a cancellation finds it waiting or in flight.
-            conn.register(&msg, session, permit, task_call)
+            conn.register(&msg, session, permit, task_call, held)
                 .map_err(|why| self.unreachable(why))?
         };
         // Never written (the child is gone, or its stdin queue stayed full, or the caller went
@@ -781,7 +792,10 @@ impl Inner {
                 ))
             }
             (Some(Init::Modern(supported)), id) => Ok(refuse_initialize(&msg, id, &supported)),
-            _ => self.call(&conn, msg, None, deadline, Era::Legacy).await,
+            _ => {
+                self.call(&conn, msg, None, deadline, Era::Legacy, None)
+                    .await
+            }
         }
     }
 
@@ -828,7 +842,9 @@ impl Inner {
             Err(_) => return Err(GatewayError::ShuttingDown),
         };
         let conn = running.conn.clone();
-        let answer = self.call(&conn, msg, None, deadline, Era::Legacy).await;
+        let answer = self
+            .call(&conn, msg, None, deadline, Era::Legacy, None)
+            .await;
         let session = match &answer {
             Ok(McpReply {
                 body: ReplyBody::Json(b),
@@ -880,7 +896,10 @@ impl Inner {
                 .into_iter()
                 .map(|(id, _)| id)
                 .collect();
-            inner.announce_gone(Some(key.to_string()), tasks, why).await;
+            let held = conn_for_tasks.take_held();
+            inner
+                .announce_gone(Some(key.to_string()), tasks, held, why)
+                .await;
         });
         self.keepers.lock().push(watcher);
         self.keepers.lock().retain(|k| !k.is_finished());
@@ -1011,7 +1030,8 @@ impl Inner {
             };
             self.state.send_replace(State::Down(why.clone()));
             let tasks = self.bury(&running.conn, &why);
-            self.announce_gone(None, tasks, why).await;
+            let held = running.conn.take_held();
+            self.announce_gone(None, tasks, held, why).await;
             if started.elapsed() >= SUSTAINED_UPTIME {
                 backoff = Backoff::default();
             }
@@ -1080,7 +1100,7 @@ impl Inner {
             } },
         });
         let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
-        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false)?;
+        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false, None)?;
         conn.write(&reg.bytes, false).await?;
         match tokio::time::timeout(self.timeout, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => Ok(classify_probe(&bytes)),
@@ -1108,7 +1128,7 @@ impl Inner {
             },
         });
         let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
-        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false)?;
+        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false, None)?;
         conn.write(&reg.bytes, false).await?;
         let answer = match tokio::time::timeout(self.timeout, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => bytes,
@@ -1296,12 +1316,19 @@ impl Inner {
     /// bounded too, each announcer (a session's watcher, at most [`MAX_CHILDREN`], or the
     /// supervisor) holding its one death. Only while nobody took [`StdioHandle::deaths`]
     /// (no gateway: unit tests) is a death past the queue dropped.
-    async fn announce_gone(&self, session: Option<String>, tasks: Vec<String>, why: String) {
+    async fn announce_gone(
+        &self,
+        session: Option<String>,
+        tasks: Vec<String>,
+        held: Vec<String>,
+        why: String,
+    ) {
         let at_ms = crate::mcp::task::now_ms();
         let gone = ChildGone {
             upstream: self.name.clone(),
             session,
             tasks,
+            held,
             at_ms,
             why,
         };

@@ -52,6 +52,9 @@ pub struct Pending {
     /// still waits for room in the stdin queue: written once the request is (after it), never
     /// when the request is not (the child would read an id it never saw).
     pub held_cancel: Option<Bytes>,
+    /// The gateway task it is the held call of (`exchange::HeldTask`): named in the child's
+    /// death when it is still in flight then.
+    pub held_task: Option<Arc<str>>,
 }
 
 /// A replaced `progressToken`: whose it is and what it was.
@@ -224,6 +227,7 @@ mod tests {
                 told: false,
                 queued: false,
                 held_cancel: None,
+                held_task: None,
             },
             rx,
         )
