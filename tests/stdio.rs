@@ -1444,3 +1444,52 @@ async fn a_gateway_task_whose_per_session_child_dies_is_released() {
 async fn a_gateway_task_whose_shared_child_dies_is_released() {
     a_gateway_task_whose_child_dies_is_released("shared").await;
 }
+
+/// A child's request (`roots/list`) sent while an `initialize` is in flight (the client's to a
+/// `per_session` child, taskgate's own to a shared one) is answered `-32603` by taskgate at
+/// once, and the `initialize` goes on: no client could answer it (the client has no session
+/// yet; MCP lifecycle: a server SHOULD NOT send it). It was tied to the `initialize`: a
+/// client's answer was then an SSE stream with no session (the child was ended, the client
+/// got 502), taskgate's own never read it (the child waited for an answer that never came).
+async fn a_childs_request_during_initialize_is_refused_at_once(mode: &str) {
+    let child = Kid::new();
+    let lines = format!("process = \"{mode}\"");
+    let tg = start(&child, &lines, "STDIO_ROOTS_ON_INIT = \"1\"").await;
+    let mut c = tg.client();
+    let started = std::time::Instant::now();
+    let init = c.initialize().await;
+    assert!(init["result"]["serverInfo"].is_object(), "{init}");
+    assert!(c.session.is_some(), "a session");
+    let refused = || {
+        child
+            .seen()
+            .into_iter()
+            .find(|m| m["id"] == "roots-init" && m.get("method").is_none())
+    };
+    until("the child gets taskgate's refusal", || refused().is_some()).await;
+    let refusal = refused().expect("a refusal");
+    assert_eq!(refusal["error"]["code"], -32603, "{refusal}");
+    let message = refusal["error"]["message"].as_str().expect("a message");
+    assert!(message.contains("initialize"), "{message}");
+    if mode == "per_session" {
+        // At once: the child waits 4 s for an answer before it answers the initialize.
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    let echo = json!({"name": "echo", "arguments": {"text": "hi"}}).to_string();
+    let answered = c.rpc(rpc("1", "tools/call", &echo)).await;
+    assert_eq!(answered["result"]["content"][0]["text"], "hi", "{answered}");
+}
+
+#[tokio::test]
+async fn a_per_session_childs_request_during_initialize_is_refused_at_once() {
+    a_childs_request_during_initialize_is_refused_at_once("per_session").await;
+}
+
+#[tokio::test]
+async fn a_shared_childs_request_during_its_initialize_is_refused_at_once() {
+    a_childs_request_during_initialize_is_refused_at_once("shared").await;
+}

@@ -21,7 +21,8 @@ at start. Tools:
 tasks/result of a `working` task is never answered (its caller waits).
 Behaviour switches (environment): STDIO_NO_TASKS=1 declares no tasks capability (gateway-owned
 tasks, issue 32); STDIO_NOISE=1 prints a non-JSON line first; STDIO_CRASH_INIT=1
-exits on initialize; STDIO_IGNORE_EOF=1 keeps running after stdin closes (only a signal ends
+exits on initialize; STDIO_ROOTS_ON_INIT=1 sends a roots/list request (id "roots-init") on
+initialize and waits for its answer (at most 4 s) before it answers the initialize; STDIO_IGNORE_EOF=1 keeps running after stdin closes (only a signal ends
 it); STDIO_CANCEL_DELAY_MS delays tasks/cancel answers; STDIO_ASK=1 sends an
 elicitation request (tool `ask`) and answers with what came back.
 `server/discover` (taskgate's era probe) is answered -32601 like any unknown method, unless:
@@ -43,6 +44,7 @@ tasks_lock = threading.Lock()
 asked = {}
 next_task = [0]
 next_ask = [0]
+roots_init_answered = threading.Event()
 
 
 def log(line):
@@ -94,6 +96,10 @@ def handle(msg):
     if method == "initialize":
         if os.environ.get("STDIO_CRASH_INIT"):
             os._exit(3)
+        if os.environ.get("STDIO_ROOTS_ON_INIT"):
+            # Before the client could answer (MCP lifecycle: a server SHOULD NOT).
+            send({"jsonrpc": "2.0", "id": "roots-init", "method": "roots/list", "params": {}})
+            roots_init_answered.wait(4.0)
         caps = {"tools": {}, "tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}}
         if os.environ.get("STDIO_NO_TASKS"):
             del caps["tasks"]
@@ -192,6 +198,8 @@ def handle(msg):
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed", "params": {"_meta": meta}})
     elif method == "ping":
         answer(mid, {})
+    elif mid == "roots-init" and method is None:
+        roots_init_answered.set()
     elif mid is not None and method is None:
         # An answer to our elicitation.
         call = asked.pop(mid, None)

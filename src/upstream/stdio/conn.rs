@@ -18,7 +18,10 @@
 //!   child's: its own session's only, [`Owner`]);
 //! - a request (`sampling/createMessage`, `elicitation/create`, `roots/list`) → the session of
 //!   the task its `_meta["io.modelcontextprotocol/related-task"]` names, else the one request
-//!   in flight if there is exactly one, else (a `per_session` child's) its own session's GET
+//!   in flight if there is exactly one (when that one is an `initialize`, a client's or
+//!   taskgate's own, or taskgate's era probe, it is answered `-32603` at once: no client has a
+//!   session to answer it on yet, and MCP lifecycle says a server SHOULD NOT send it; the
+//!   `initialize` goes on), else (a `per_session` child's) its own session's GET
 //!   stream, else it is answered `-32603` (taskgate cannot tell which client it is for); `ping` is answered by taskgate.
 //!
 //! A line that is not one JSON-RPC message is counted (`taskgate_upstream_errors_total
@@ -350,6 +353,7 @@ impl Conn {
     ) -> Result<Registered, String> {
         let client_id = msg.id().cloned().ok_or("a request without an id")?;
         let own = session.as_deref() == Some(super::OWN_SESSION);
+        let initialize = msg.method() == Some("initialize");
         let (answer_tx, answer) = oneshot::channel();
         let (related_tx, related) = mpsc::channel(RELATED_QUEUE);
         let mut routes = self.routes.lock();
@@ -366,6 +370,7 @@ impl Conn {
             told: false,
             queued: false,
             held_cancel: None,
+            before_session: initialize || own,
             held_task,
         });
         let rewritten = rewrite_request(msg.bytes(), out);
@@ -384,7 +389,7 @@ impl Conn {
                     // an abandoned one's child is ended by its starter. Nor is taskgate's
                     // `server/discover` probe: before `initialize` a legacy child is sent
                     // nothing else (rmcp's stdio server stops on a notification there).
-                    tell_on_drop: msg.method() != Some("initialize") && !own,
+                    tell_on_drop: !initialize && !own,
                     queued: false,
                 })
             }
@@ -683,6 +688,22 @@ impl Conn {
             }
         } else if let Some(out) = routes.only_pending() {
             let (session, related) = match routes.get(out) {
+                // During an `initialize` (a client's, or taskgate's own): no client could
+                // answer it (none has a session yet; MCP 2025-11-25 lifecycle: a server SHOULD
+                // NOT send requests but `ping` before it is initialized). Refused at once, so
+                // the child waits for nothing and the `initialize` goes on.
+                Some(p) if p.before_session => {
+                    drop(routes);
+                    let refusal = jsonrpc::error_response(
+                        Some(&id),
+                        jsonrpc::INTERNAL_ERROR,
+                        &format!(
+                            "taskgate cannot relay a request of upstream `{}` sent before its initialize was answered: no client has a session to answer it on",
+                            self.name
+                        ),
+                    );
+                    return self.reply_soon(refusal);
+                }
                 Some(p) => (p.session.clone(), p.related.clone()),
                 None => return,
             };

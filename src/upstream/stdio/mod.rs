@@ -84,7 +84,9 @@
 //! # `process = "per_session"`: one child per client session
 //!
 //! A client's `initialize` starts a child and is forwarded to it (ids mapped as in shared
-//! mode); its answer gets a taskgate session id. The session's requests go to its child; a
+//! mode); its answer gets a taskgate session id (a request the child sends before answering
+//! it, `roots/list` say, is answered `-32603` by taskgate at once: the client has no session
+//! to answer it on yet; see [`conn`]). The session's requests go to its child; a
 //! `DELETE`, [`PER_SESSION_IDLE`]-style idle reclaim (`gateway.session_idle_ms`, counted while
 //! no request is in flight on the child: a long call or a gateway task's held call keeps it)
 //! and shutdown end it. A child that dies ends its session (later requests get 404, so the client

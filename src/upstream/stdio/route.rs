@@ -52,6 +52,9 @@ pub struct Pending {
     /// still waits for room in the stdin queue: written once the request is (after it), never
     /// when the request is not (the child would read an id it never saw).
     pub held_cancel: Option<Bytes>,
+    /// An `initialize`, or taskgate's own request (its era probe, its `initialize`): no client
+    /// has a session to answer a request of the child's tied to it on (see `conn`).
+    pub before_session: bool,
     /// The gateway task it is the held call of (`exchange::HeldTask`): named in the child's
     /// death when it is still in flight then.
     pub held_task: Option<Arc<str>>,
@@ -227,6 +230,7 @@ mod tests {
                 told: false,
                 queued: false,
                 held_cancel: None,
+                before_session: false,
                 held_task: None,
             },
             rx,
