@@ -120,6 +120,20 @@ async fn stall(c: &mut Client, resume_ms: Option<u64>) {
     );
 }
 
+/// Makes the child a slow reader (its `stall` tool with `trickle_ms`: one line every 500 ms,
+/// for `resume_ms`, then as before) through `c`: its write queue stays full, so writes wait
+/// `timeout_ms` and get 504, yet lines still reach it (a deaf child, one that reads nothing
+/// while a write waits `timeout_ms`, is ended instead: the liveness rule).
+async fn slow_down(c: &mut Client, resume_ms: u64) {
+    let arguments = json!({"resume_ms": resume_ms, "trickle_ms": 500});
+    let stall = json!({"name": "stall", "arguments": arguments}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+}
+
 /// A `notifications/message` of 16 KiB: a few hundred fill a stalled child's pipe (64 KiB) and
 /// taskgate's stdin write queue (256 lines).
 fn padded_note() -> String {
@@ -961,13 +975,28 @@ async fn a_modern_only_child_is_never_initialized_and_serves_both_eras() {
 /// A child that stops reading its stdin (a hung server that runs on: its pipe and taskgate's
 /// write queue fill up) does not hang its clients: a notification or a request that cannot be
 /// written within `timeout_ms` is answered 504 (both waited without end, holding the
-/// request's `max_in_flight` slot).
+/// request's `max_in_flight` slot). And it is not kept (the liveness rule): nothing reached its
+/// stdin while a write waited `timeout_ms`, so it is ended and restarted as a crashed child is
+/// (`taskgate_upstream_restarts_total`), its request in flight ending as on a crash (502,
+/// naming why); it ran on, and every later client got 504 for as long as it lived.
 #[tokio::test]
-async fn a_child_that_stops_reading_its_stdin_does_not_hang_its_clients() {
+async fn a_child_that_stops_reading_its_stdin_is_ended_and_restarted() {
     let child = Kid::new();
     let tg = start(&child, "", "").await;
     let mut c = tg.client();
     c.initialize().await;
+    // In flight when the child is found deaf: a task's `tasks/result` (no deadline; the child
+    // answers it once the task ends, never here).
+    let task = c.create_task("\"t\"").await;
+    let result = {
+        let (c, task) = (c.clone(), task.clone());
+        let params = json!({ "taskId": task }).to_string();
+        tokio::spawn(async move { c.send(rpc("\"r\"", "tasks/result", &params)).await })
+    };
+    until("the child reads the tasks/result", || {
+        !child.seen_method("tasks/result").is_empty()
+    })
+    .await;
     stall(&mut c, None).await;
     // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
     let body = padded_note();
@@ -976,7 +1005,7 @@ async fn a_child_that_stops_reading_its_stdin_does_not_hang_its_clients() {
     let statuses: Vec<Result<u16, String>> =
         answers.into_iter().map(|a| a.map(|r| r.status())).collect();
     assert!(
-        statuses.iter().all(|s| matches!(s, Ok(202 | 504))),
+        statuses.iter().all(|s| matches!(s, Ok(202 | 502 | 504))),
         "every notification is answered in time: {:?}",
         statuses
             .iter()
@@ -985,10 +1014,42 @@ async fn a_child_that_stops_reading_its_stdin_does_not_hang_its_clients() {
             .collect::<Vec<_>>()
     );
     assert!(statuses.contains(&Ok(504)), "the queue was filled");
-    let ping = c.req(rpc("2", "ping", "{}")).try_send().await;
-    let ping = ping.expect("a request is answered in time");
-    assert_eq!(ping.status(), 504);
-    assert_eq!(err_code(&ping.json().await), -32603);
+    let result = result.await.expect("the tasks/result is answered");
+    // As on a crash: the child's death, named (HTTP 502).
+    assert_eq!(result.status(), 502);
+    let result = result.json().await;
+    assert_eq!(err_code(&result), -32603, "{result}");
+    assert!(
+        err_message(&result).contains("stopped reading its stdin"),
+        "{result}"
+    );
+    until("the task is failed and released", || {
+        tg.record(&task)
+            .is_some_and(|r| r.status.as_str() == "failed" && r.released_at.is_some())
+    })
+    .await;
+    let record = tg.record(&task).expect("record");
+    assert!(
+        record
+            .status_message
+            .as_deref()
+            .is_some_and(|m| m.contains("stopped reading its stdin")),
+        "{:?}",
+        record.status_message
+    );
+    until("a second child", || child.pids().len() == 2).await;
+    readyz(tg.admin, 200).await;
+    let pong = c.rpc(rpc("2", "ping", "{}")).await;
+    assert!(pong.get("result").is_some(), "{pong}");
+    let metrics = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "taskgate_upstream_restarts_total",
+            &[("upstream", "default")]
+        ),
+        1.0
+    );
 }
 
 /// A `per_session` child's notification for every GET stream (`notifications/message`, a list
@@ -1034,7 +1095,7 @@ async fn a_request_never_written_is_not_cancelled_at_the_child() {
     let tg = start(&child, "", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    stall(&mut c, Some(8000)).await;
+    slow_down(&mut c, 8000).await;
     // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
     let body = padded_note();
     let notes = futures_util::future::join_all((0..320).map(|_| c.req(body.clone()).try_send()));
@@ -1097,7 +1158,7 @@ async fn a_cancel_that_finds_the_stdin_queue_full_reaches_the_child_once_it_read
     })
     .await;
     let out = child.seen_method("tools/call")[0]["id"].clone();
-    stall(&mut c, Some(9000)).await;
+    slow_down(&mut c, 9000).await;
     // Requests that fill the pipe (64 KiB) and the write queue, then their cancellations
     // (urgent lines, written ahead): more than the urgent queue (256 lines) holds.
     let pad = "z".repeat(16 * 1024);
@@ -1352,7 +1413,7 @@ async fn a_cancel_of_a_request_never_written_does_not_reach_the_child() {
     let tg = start(&child, "", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    stall(&mut c, Some(7000)).await;
+    slow_down(&mut c, 7000).await;
     // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
     let body = padded_note();
     let notes = futures_util::future::join_all((0..300).map(|_| c.req(body.clone()).try_send()));

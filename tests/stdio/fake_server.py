@@ -15,8 +15,10 @@ at start. Tools:
   slow {}                       as a task (params.task): stays `working` until cancelled
   hush {}                       closes its stdout (no answer) and runs on
   deafen {}                     answers, then closes its stdin and runs on
-  stall {resume_ms}             answers, then stops reading its stdin (open) and runs on; with
-                                resume_ms, reads again after that long
+  stall {resume_ms, trickle_ms} answers, then stops reading its stdin (open) and runs on; with
+                                resume_ms, reads again after that long; with trickle_ms, a slow
+                                reader instead of a deaf one: reads one line every trickle_ms
+                                meanwhile (and handles it)
   fail {code}                   answers a JSON-RPC error with that code
 tasks/result of a `working` task is never answered (its caller waits).
 Behaviour switches (environment): STDIO_NO_TASKS=1 declares no tasks capability (gateway-owned
@@ -45,6 +47,8 @@ asked = {}
 next_task = [0]
 next_ask = [0]
 roots_init_answered = threading.Event()
+# (seconds between lines, until when) while the `stall` tool makes it a slow reader.
+slow = [None]
 
 
 def log(line):
@@ -221,6 +225,12 @@ def main():
     sys.stderr.flush()
     try:
         for line in sys.stdin:
+            if slow[0] is not None:
+                pause, until = slow[0]
+                if time.time() < until:
+                    time.sleep(pause)
+                else:
+                    slow[0] = None
             log(line)
             try:
                 msg = json.loads(line)
@@ -235,7 +245,13 @@ def main():
             if msg.get("method") == "tools/call" and (msg.get("params") or {}).get("name") == "stall":
                 # Answers, then never reads its stdin again (a hung server: the pipe fills).
                 answer(msg.get("id"), {"content": [{"type": "text", "text": "stalled"}], "pid": os.getpid()})
-                resume = ((msg.get("params") or {}).get("arguments") or {}).get("resume_ms")
+                args = (msg.get("params") or {}).get("arguments") or {}
+                resume = args.get("resume_ms")
+                trickle = args.get("trickle_ms")
+                if trickle is not None:
+                    until = time.time() + float(resume if resume is not None else 3600000) / 1000.0
+                    slow[0] = (float(trickle) / 1000.0, until)
+                    continue
                 if resume is not None:
                     time.sleep(float(resume) / 1000.0)
                     continue

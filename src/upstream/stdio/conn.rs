@@ -38,7 +38,7 @@ use crate::sse;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Child;
@@ -137,6 +137,13 @@ pub struct Conn {
     /// The gateway tasks whose held calls were in flight when the child went ([`Conn::close`]):
     /// they died with it. At most the requests in flight then; taken by the death's announcer.
     dead_held: Mutex<Vec<String>>,
+    /// Bytes the writer has put into the child's stdin so far (its progress: a write that
+    /// waited `timeout_ms` while this stood still found the pipe full all along).
+    written: Arc<AtomicU64>,
+    /// Wakes the keeper to end a child found deaf ([`Conn::deafened`]).
+    deaf: Arc<tokio::sync::Notify>,
+    /// Whether it was found deaf (the first finding ends it; later ones change nothing).
+    found_deaf: AtomicBool,
 }
 
 /// Whose GET streams a child's notification for every stream (`notifications/message`, a list
@@ -190,6 +197,9 @@ impl Conn {
             noise_logged: Mutex::new(None),
             owner: Mutex::new(owner),
             dead_held: Mutex::new(Vec::new()),
+            written: Arc::new(AtomicU64::new(0)),
+            deaf: Arc::new(tokio::sync::Notify::new()),
+            found_deaf: AtomicBool::new(false),
         });
         let pid = child.id();
         let (close_stdin, close_rx) = oneshot::channel::<()>();
@@ -198,8 +208,9 @@ impl Conn {
         let pipe_closed = Arc::new(tokio::sync::Notify::new());
         if let Some(stdin) = child.stdin.take() {
             let pipe_closed = pipe_closed.clone();
+            let written = conn.written.clone();
             tokio::spawn(async move {
-                if write_lines(stdin, normal_rx, urgent_rx, close_rx).await {
+                if write_lines(stdin, normal_rx, urgent_rx, close_rx, written).await {
                     pipe_closed.notify_one();
                 }
             });
@@ -225,6 +236,7 @@ impl Conn {
         let (stop, stop_rx) = oneshot::channel::<()>();
         let (exited_tx, exited) = oneshot::channel();
         let keeper_conn = conn.clone();
+        let deaf = conn.deaf.clone();
         let keeper = tokio::spawn(async move {
             let why = tokio::select! {
                 // An exit seen first is told as one, whatever else is ready.
@@ -248,6 +260,13 @@ impl Conn {
                     let how = super::child::end(&name, &mut child).await;
                     tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, "child closed its stdout or stdin: ended ({how})");
                     format!("its child process closed its stdout or stdin and was ended ({how})")
+                }
+                // A liveness rule: a child that stopped reading its stdin is a dead peer too.
+                () = deaf.notified() => {
+                    let _ = close_stdin.send(());
+                    let how = super::child::end(&name, &mut child).await;
+                    tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, "child stopped reading its stdin: ended ({how})");
+                    format!("its child process stopped reading its stdin and was ended ({how})")
                 }
             };
             keeper_conn.close(&why);
@@ -276,6 +295,24 @@ impl Conn {
     /// session's GET stream (and no other session's).
     pub fn owned_by(&self, session: Arc<str>) {
         *self.owner.lock() = Owner::Session(session);
+    }
+
+    /// Bytes written to the child's stdin so far.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
+    /// The child is deaf: a write waited `timeout_ms` for room while nothing reached its stdin
+    /// (the pipe full all along). The keeper ends it as a child that closed its stdin (close
+    /// stdin, `SIGTERM`, `SIGKILL`): its requests in flight get the reason, and supervision
+    /// restarts it (or ends its `per_session` session) as after a crash.
+    /// Returns whether this was the first finding.
+    pub fn deafened(&self) -> bool {
+        let first = !self.found_deaf.swap(true, Ordering::AcqRel);
+        if first {
+            self.deaf.notify_one();
+        }
+        first
     }
 
     /// Requests waiting for the child's answer now.
@@ -851,6 +888,7 @@ async fn write_lines(
     mut normal: mpsc::Receiver<Bytes>,
     mut urgent: mpsc::Receiver<Bytes>,
     mut close: oneshot::Receiver<()>,
+    written: Arc<AtomicU64>,
 ) -> bool {
     loop {
         let line = tokio::select! {
@@ -860,7 +898,18 @@ async fn write_lines(
             Some(l) = normal.recv() => l,
             else => break,
         };
-        if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
+        // In pieces, each counted: a child reading a long line slowly makes progress.
+        let mut rest = &line[..];
+        while !rest.is_empty() {
+            match stdin.write(rest).await {
+                Ok(0) | Err(_) => return true,
+                Ok(n) => {
+                    rest = rest.get(n..).unwrap_or_default();
+                    written.fetch_add(n as u64, Ordering::AcqRel);
+                }
+            }
+        }
+        if stdin.flush().await.is_err() {
             return true;
         }
     }
@@ -943,6 +992,9 @@ mod tests {
             noise_logged: Mutex::new(None),
             owner: Mutex::new(Owner::Every),
             dead_held: Mutex::new(Vec::new()),
+            written: Arc::default(),
+            deaf: Arc::default(),
+            found_deaf: AtomicBool::new(false),
         });
         // As `register` does: `routes` held, then `is_closed`, then `why`.
         let routes = conn.routes.lock();

@@ -67,7 +67,10 @@
 //! **Supervision.** A child that exits or is killed is restarted after a back-off (100 ms,
 //! doubling to 30 s), reset once a child has stayed up [`SUSTAINED_UPTIME`]; a child that closes
 //! its stdout or its stdin but runs on is ended first (close stdin, `SIGTERM`, `SIGKILL`, as at
-//! shutdown), then restarted likewise; every start after
+//! shutdown), then restarted likewise, and so is a **deaf** child (the liveness rule): one
+//! from which a write waited `timeout_ms` for room in its stdin while not one byte reached it
+//! (its pipe full all along: it stopped reading; a slow reader, which still takes bytes, is
+//! not deaf), logged at warn; every start after
 //! the first counts in `taskgate_upstream_restarts_total{upstream}`. Requests waiting on the
 //! dead child get a JSON-RPC error naming the upstream ("upstream `x` is unreachable: its
 //! child process exited (…)"); requests that arrive while no child runs get it at once (while
@@ -107,7 +110,9 @@
 //! messages wait in bounded queues ([`conn`]), and so do lines for the child's stdin: a write
 //! waits at most `timeout_ms` for room (a child that stopped reading its stdin gets later
 //! requests and notifications answered 504, never held open; a request not written is not
-//! cancelled at the child, which never saw it). A `notifications/cancelled` is not waited
+//! cancelled at the child, which never saw it). A child that read nothing at all during such a
+//! wait is deaf: ended and restarted (see Supervision), its requests in flight answered as on
+//! a crash ("… stopped reading its stdin and was ended (…)"). A `notifications/cancelled` is not waited
 //! for: one that finds the queue full is written by a task once there is room (within
 //! 30 s), so it still reaches a child that reads again. A 2026-07-28 `subscriptions/listen` takes no
 //! slot (it stays open until its client closes it); its notifications come back on its own
@@ -1352,12 +1357,21 @@ impl Inner {
 
     /// Writes one message to `conn` within `timeout_ms`: a child that stopped reading its
     /// stdin (its pipe and taskgate's queue full) gets the request or notification refused
-    /// with the upstream's timeout (504), never waited for without end.
+    /// with the upstream's timeout (504), never waited for without end. The liveness rule:
+    /// when nothing at all reached the child's stdin while this write waited (the pipe full
+    /// all along, not a slow reader), the child is deaf and is ended
+    /// ([`Conn::deafened`]), then restarted as after a crash.
     async fn write(&self, conn: &Conn, bytes: &[u8], urgent: bool) -> Result<(), GatewayError> {
+        let before = conn.written();
         match tokio::time::timeout(self.timeout, conn.write(bytes, urgent)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(why)) => Err(self.unreachable(why)),
-            Err(_) => Err(self.timeout_error()),
+            Err(_) => {
+                if conn.written() == before && !conn.is_closed() && conn.deafened() {
+                    tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, timeout_ms = self.timeout_ms, "child read nothing from its stdin while a write waited timeout_ms for room: ending it");
+                }
+                Err(self.timeout_error())
+            }
         }
     }
 
