@@ -427,7 +427,6 @@ impl Conn {
                     // `server/discover` probe: before `initialize` a legacy child is sent
                     // nothing else (rmcp's stdio server stops on a notification there).
                     tell_on_drop: !initialize && !own,
-                    queued: false,
                 })
             }
             Err(e) => {
@@ -480,10 +479,16 @@ impl Conn {
     }
 
     /// Request `out` was abandoned (its caller went away: hyper dropped the exchange): its
-    /// route (and slot) goes, and, when `tell`, the child is told (`notifications/cancelled`)
-    /// as a client's own cancel would. Nothing when it was answered or given up already.
+    /// route (and slot) goes, and, when `tell` and its line is in the stdin queue
+    /// ([`Pending::queued`]), the child is told (`notifications/cancelled`) as a client's own
+    /// cancel would. Nothing when it was answered or given up already, nor when it was never
+    /// queued (its caller went away while it waited for room: the child never sees it).
     fn abandon(&self, out: u64, tell: bool) {
-        let told = self.routes.lock().take(out).is_none_or(|p| p.told);
+        let told = self
+            .routes
+            .lock()
+            .take(out)
+            .is_none_or(|p| p.told || !p.queued);
         if told || !tell || self.is_closed() {
             return;
         }
@@ -731,15 +736,10 @@ impl Conn {
                 // the child waits for nothing and the `initialize` goes on.
                 Some(p) if p.before_session => {
                     drop(routes);
-                    let refusal = jsonrpc::error_response(
-                        Some(&id),
-                        jsonrpc::INTERNAL_ERROR,
-                        &format!(
-                            "taskgate cannot relay a request of upstream `{}` sent before its initialize was answered: no client has a session to answer it on",
-                            self.name
-                        ),
-                    );
-                    return self.reply_soon(refusal);
+                    return self.refuse(&id, &format!(
+                        "taskgate cannot relay a request of upstream `{}` sent before its initialize was answered: no client has a session to answer it on",
+                        self.name
+                    ));
                 }
                 Some(p) => (p.session.clone(), p.related.clone()),
                 None => return,
@@ -762,27 +762,23 @@ impl Conn {
                 if self.to_session(&session, &bytes) {
                     return;
                 }
-                self.routes.lock().take_asked(id.as_json());
-                let refusal = jsonrpc::error_response(
-                    Some(&id),
-                    jsonrpc::INTERNAL_ERROR,
-                    &format!(
-                        "the client of upstream `{}` has no open GET stream for this request (or it is full)",
-                        self.name
-                    ),
-                );
-                return self.reply_soon(refusal);
+                return self.refuse(&id, &format!(
+                    "the client of upstream `{}` has no open GET stream for this request (or it is full)",
+                    self.name
+                ));
             }
         }
+        self.refuse(&id, &format!(
+            "taskgate cannot tell which client of upstream `{}` this request is for (its process is shared)",
+            self.name
+        ));
+    }
+
+    /// Refuses the child's request `id` (it reaches no client): its note (whom it was sent to)
+    /// is forgotten, and the child is answered `-32603` saying `why`, without waiting.
+    fn refuse(&self, id: &Id, why: &str) {
         self.routes.lock().take_asked(id.as_json());
-        let refusal = jsonrpc::error_response(
-            Some(&id),
-            jsonrpc::INTERNAL_ERROR,
-            &format!(
-                "taskgate cannot tell which client of upstream `{}` this request is for (its process is shared)",
-                self.name
-            ),
-        );
+        let refusal = jsonrpc::error_response(Some(id), jsonrpc::INTERNAL_ERROR, why);
         self.reply_soon(refusal);
     }
 
@@ -818,19 +814,9 @@ pub struct Registered {
     pub related: mpsc::Receiver<Bytes>,
     /// Its child, for the drop guard.
     conn: std::sync::Weak<Conn>,
-    /// Whether an abandoned one is cancelled at the child (not `initialize`).
+    /// Whether an abandoned one is cancelled at the child (not `initialize`), once its line
+    /// is in the stdin queue ([`Conn::queued`], kept on its route: [`Pending::queued`]).
     tell_on_drop: bool,
-    /// Whether its line is in the stdin queue (so, in order, before any cancellation of it):
-    /// one dropped before (its caller went away while it waited for room) is forgotten, the
-    /// child never seeing it.
-    queued: bool,
-}
-
-impl Registered {
-    /// Its line is in the child's stdin queue: dropped from now on, the child is told.
-    pub fn queued(&mut self) {
-        self.queued = true;
-    }
 }
 
 /// The drop guard of a request (issue 31): dropped before its answer (the client went away,
@@ -841,7 +827,7 @@ impl Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.upgrade() {
-            conn.abandon(self.out, self.tell_on_drop && self.queued);
+            conn.abandon(self.out, self.tell_on_drop);
         }
     }
 }

@@ -619,7 +619,7 @@ impl Inner {
             None
         };
         let task_call = method == "tools/call";
-        let mut reg = {
+        let reg = {
             let mut waiters = self.slot_waiters.lock();
             if waiter.is_some_and(|w| w.finish(&mut waiters)) {
                 return Ok(McpReply::local_json(jsonrpc::error_response(
@@ -642,7 +642,6 @@ impl Inner {
             conn.forget(reg.out);
             return Err(e);
         }
-        reg.queued();
         conn.queued(reg.out);
         let client_id = msg.id().cloned();
         self.reply(conn.clone(), reg, client_id, method, deadline, era)

@@ -46,7 +46,9 @@ pub struct Pending {
     /// The child was told it is cancelled (the caller's `notifications/cancelled` went to it):
     /// it is not told again when the request is given up or dropped.
     pub told: bool,
-    /// Its line is in the child's stdin queue (see [`Pending::held_cancel`]).
+    /// Its line is in the child's stdin queue: a cancellation of it is written after it (see
+    /// [`Pending::held_cancel`]), and its caller's drop tells the child (one never queued is
+    /// forgotten: the child never saw it).
     pub queued: bool,
     /// The caller's `notifications/cancelled` (as the child is to read it), while the request
     /// still waits for room in the stdin queue: written once the request is (after it), never
