@@ -359,7 +359,20 @@ impl McpRequest {
             .copied()
             .unwrap_or_default()
     }
+
+    /// The gateway task this request is the held call of ([`HeldTask`]), if it is one.
+    pub fn held_task(&self) -> Option<Arc<str>> {
+        self.extensions.get::<HeldTask>().map(|h| h.0.clone())
+    }
 }
+
+/// The gateway task (`upstream.tasks = "gateway"`) a request is the held call of: a request
+/// extension, set by `gateway_tasks` on the plain `tools/call` it holds. A transport that
+/// loses the call with the process that ran it (a stdio child's death) names the task in
+/// that death (`upstream::stdio::ChildGone::held`), so the task is released as a task of the
+/// dead process (both audit facts), whichever of the call's end and the death is seen first.
+#[derive(Debug, Clone)]
+pub struct HeldTask(pub Arc<str>);
 
 /// Which part of a request's exchange with the upstream the upstream's `timeout_ms` bounds: a
 /// request extension, set by the layer that knows what the request is for; the transport reads

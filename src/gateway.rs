@@ -454,6 +454,7 @@ fn spawn_fail_dead_tasks(handle: StdioHandle, registry: Arc<Registry>) {
                 upstream,
                 session,
                 tasks,
+                held,
                 at_ms,
                 why,
             } = match gone.recv().await {
@@ -466,8 +467,12 @@ fn spawn_fail_dead_tasks(handle: StdioHandle, registry: Arc<Registry>) {
             };
             // A shared child on a store of its own gateway: every task of the upstream was its.
             let only = (tier || session.is_some()).then_some(tasks);
-            let failed = registry
+            let mut failed = registry
                 .fail_tasks_of_dead_process(&upstream, only, at_ms, &message)
+                .await;
+            // The gateway tasks whose held calls died with it (the child never knew them).
+            failed += registry
+                .release_held_of_dead_process(&upstream, held, &message)
                 .await;
             if failed > 0 {
                 tracing::warn!(upstream = %upstream, failed, "tasks of a dead stdio child marked failed");

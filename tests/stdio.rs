@@ -120,6 +120,20 @@ async fn stall(c: &mut Client, resume_ms: Option<u64>) {
     );
 }
 
+/// Makes the child a slow reader (its `stall` tool with `trickle_ms`: one line every 500 ms,
+/// for `resume_ms`, then as before) through `c`: its write queue stays full, so writes wait
+/// `timeout_ms` and get 504, yet lines still reach it (a deaf child, one that reads nothing
+/// while a write waits `timeout_ms`, is ended instead: the liveness rule).
+async fn slow_down(c: &mut Client, resume_ms: u64) {
+    let arguments = json!({"resume_ms": resume_ms, "trickle_ms": 500});
+    let stall = json!({"name": "stall", "arguments": arguments}).to_string();
+    let stalled = c.rpc(rpc("1", "tools/call", &stall)).await;
+    assert_eq!(
+        stalled["result"]["content"][0]["text"], "stalled",
+        "{stalled}"
+    );
+}
+
 /// A `notifications/message` of 16 KiB: a few hundred fill a stalled child's pipe (64 KiB) and
 /// taskgate's stdin write queue (256 lines).
 fn padded_note() -> String {
@@ -961,13 +975,28 @@ async fn a_modern_only_child_is_never_initialized_and_serves_both_eras() {
 /// A child that stops reading its stdin (a hung server that runs on: its pipe and taskgate's
 /// write queue fill up) does not hang its clients: a notification or a request that cannot be
 /// written within `timeout_ms` is answered 504 (both waited without end, holding the
-/// request's `max_in_flight` slot).
+/// request's `max_in_flight` slot). And it is not kept (the liveness rule): nothing reached its
+/// stdin while a write waited `timeout_ms`, so it is ended and restarted as a crashed child is
+/// (`taskgate_upstream_restarts_total`), its request in flight ending as on a crash (502,
+/// naming why); it ran on, and every later client got 504 for as long as it lived.
 #[tokio::test]
-async fn a_child_that_stops_reading_its_stdin_does_not_hang_its_clients() {
+async fn a_child_that_stops_reading_its_stdin_is_ended_and_restarted() {
     let child = Kid::new();
     let tg = start(&child, "", "").await;
     let mut c = tg.client();
     c.initialize().await;
+    // In flight when the child is found deaf: a task's `tasks/result` (no deadline; the child
+    // answers it once the task ends, never here).
+    let task = c.create_task("\"t\"").await;
+    let result = {
+        let (c, task) = (c.clone(), task.clone());
+        let params = json!({ "taskId": task }).to_string();
+        tokio::spawn(async move { c.send(rpc("\"r\"", "tasks/result", &params)).await })
+    };
+    until("the child reads the tasks/result", || {
+        !child.seen_method("tasks/result").is_empty()
+    })
+    .await;
     stall(&mut c, None).await;
     // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
     let body = padded_note();
@@ -976,7 +1005,7 @@ async fn a_child_that_stops_reading_its_stdin_does_not_hang_its_clients() {
     let statuses: Vec<Result<u16, String>> =
         answers.into_iter().map(|a| a.map(|r| r.status())).collect();
     assert!(
-        statuses.iter().all(|s| matches!(s, Ok(202 | 504))),
+        statuses.iter().all(|s| matches!(s, Ok(202 | 502 | 504))),
         "every notification is answered in time: {:?}",
         statuses
             .iter()
@@ -985,10 +1014,42 @@ async fn a_child_that_stops_reading_its_stdin_does_not_hang_its_clients() {
             .collect::<Vec<_>>()
     );
     assert!(statuses.contains(&Ok(504)), "the queue was filled");
-    let ping = c.req(rpc("2", "ping", "{}")).try_send().await;
-    let ping = ping.expect("a request is answered in time");
-    assert_eq!(ping.status(), 504);
-    assert_eq!(err_code(&ping.json().await), -32603);
+    let result = result.await.expect("the tasks/result is answered");
+    // As on a crash: the child's death, named (HTTP 502).
+    assert_eq!(result.status(), 502);
+    let result = result.json().await;
+    assert_eq!(err_code(&result), -32603, "{result}");
+    assert!(
+        err_message(&result).contains("stopped reading its stdin"),
+        "{result}"
+    );
+    until("the task is failed and released", || {
+        tg.record(&task)
+            .is_some_and(|r| r.status.as_str() == "failed" && r.released_at.is_some())
+    })
+    .await;
+    let record = tg.record(&task).expect("record");
+    assert!(
+        record
+            .status_message
+            .as_deref()
+            .is_some_and(|m| m.contains("stopped reading its stdin")),
+        "{:?}",
+        record.status_message
+    );
+    until("a second child", || child.pids().len() == 2).await;
+    readyz(tg.admin, 200).await;
+    let pong = c.rpc(rpc("2", "ping", "{}")).await;
+    assert!(pong.get("result").is_some(), "{pong}");
+    let metrics = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "taskgate_upstream_restarts_total",
+            &[("upstream", "default")]
+        ),
+        1.0
+    );
 }
 
 /// A `per_session` child's notification for every GET stream (`notifications/message`, a list
@@ -1034,7 +1095,7 @@ async fn a_request_never_written_is_not_cancelled_at_the_child() {
     let tg = start(&child, "", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    stall(&mut c, Some(8000)).await;
+    slow_down(&mut c, 8000).await;
     // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
     let body = padded_note();
     let notes = futures_util::future::join_all((0..320).map(|_| c.req(body.clone()).try_send()));
@@ -1097,7 +1158,7 @@ async fn a_cancel_that_finds_the_stdin_queue_full_reaches_the_child_once_it_read
     })
     .await;
     let out = child.seen_method("tools/call")[0]["id"].clone();
-    stall(&mut c, Some(9000)).await;
+    slow_down(&mut c, 9000).await;
     // Requests that fill the pipe (64 KiB) and the write queue, then their cancellations
     // (urgent lines, written ahead): more than the urgent queue (256 lines) holds.
     let pad = "z".repeat(16 * 1024);
@@ -1352,7 +1413,7 @@ async fn a_cancel_of_a_request_never_written_does_not_reach_the_child() {
     let tg = start(&child, "", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    stall(&mut c, Some(7000)).await;
+    slow_down(&mut c, 7000).await;
     // More than the pipe (64 KiB) and taskgate's write queue (256 lines) hold.
     let body = padded_note();
     let notes = futures_util::future::join_all((0..300).map(|_| c.req(body.clone()).try_send()));
@@ -1377,4 +1438,119 @@ async fn a_cancel_of_a_request_never_written_does_not_reach_the_child() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let cancels = child.seen_method("notifications/cancelled");
     assert!(cancels.is_empty(), "{cancels:?}");
+}
+
+/// A gateway task (`tasks = "gateway"`) whose held call dies with its child (`kill -9`) is
+/// `failed` with both audit facts, as a task of the child's own is: "resources released"
+/// (`reason=process_exited`, counted in `taskgate_task_resources_released_total`) was never
+/// recorded for it (the child never saw the task, so its death did not name it; and a call
+/// failed by its held call first was skipped as terminal already).
+async fn a_gateway_task_whose_child_dies_is_released(mode: &str) {
+    let child = Kid::new();
+    let lines = format!("process = \"{mode}\"\ntasks = \"gateway\"");
+    let tg = start(&child, &lines, "STDIO_NO_TASKS = \"1\"").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let params = json!({"name": "echo", "task": {"ttl": 60000},
+        "arguments": {"text": "never", "delay_ms": 60000}});
+    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a gateway task")
+        .to_string();
+    until("the child reads the call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let pid = child.pids()[0];
+    // SAFETY: a signal to the child this test's taskgate started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    until("the gateway task is failed", || {
+        tg.record(&task)
+            .is_some_and(|r| r.status.as_str() == "failed")
+    })
+    .await;
+    until("the gateway task is released", || {
+        tg.record(&task).is_some_and(|r| r.released_at.is_some())
+    })
+    .await;
+    let audit = tg
+        .registry
+        .store()
+        .audit_for("default", &task)
+        .expect("audit");
+    let released: Vec<&str> = audit
+        .iter()
+        .filter(|e| e.event == "resources_released")
+        .map(|e| e.detail.as_str())
+        .collect();
+    assert_eq!(released, ["reason=process_exited"], "{audit:?}");
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_task_resources_released_total",
+            &[("reason", "process_exited")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn a_gateway_task_whose_per_session_child_dies_is_released() {
+    a_gateway_task_whose_child_dies_is_released("per_session").await;
+}
+
+#[tokio::test]
+async fn a_gateway_task_whose_shared_child_dies_is_released() {
+    a_gateway_task_whose_child_dies_is_released("shared").await;
+}
+
+/// A child's request (`roots/list`) sent while an `initialize` is in flight (the client's to a
+/// `per_session` child, taskgate's own to a shared one) is answered `-32603` by taskgate at
+/// once, and the `initialize` goes on: no client could answer it (the client has no session
+/// yet; MCP lifecycle: a server SHOULD NOT send it). It was tied to the `initialize`: a
+/// client's answer was then an SSE stream with no session (the child was ended, the client
+/// got 502), taskgate's own never read it (the child waited for an answer that never came).
+async fn a_childs_request_during_initialize_is_refused_at_once(mode: &str) {
+    let child = Kid::new();
+    let lines = format!("process = \"{mode}\"");
+    let tg = start(&child, &lines, "STDIO_ROOTS_ON_INIT = \"1\"").await;
+    let mut c = tg.client();
+    let started = std::time::Instant::now();
+    let init = c.initialize().await;
+    assert!(init["result"]["serverInfo"].is_object(), "{init}");
+    assert!(c.session.is_some(), "a session");
+    let refused = || {
+        child
+            .seen()
+            .into_iter()
+            .find(|m| m["id"] == "roots-init" && m.get("method").is_none())
+    };
+    until("the child gets taskgate's refusal", || refused().is_some()).await;
+    let refusal = refused().expect("a refusal");
+    assert_eq!(refusal["error"]["code"], -32603, "{refusal}");
+    let message = refusal["error"]["message"].as_str().expect("a message");
+    assert!(message.contains("initialize"), "{message}");
+    if mode == "per_session" {
+        // At once: the child waits 4 s for an answer before it answers the initialize.
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    let echo = json!({"name": "echo", "arguments": {"text": "hi"}}).to_string();
+    let answered = c.rpc(rpc("1", "tools/call", &echo)).await;
+    assert_eq!(answered["result"]["content"][0]["text"], "hi", "{answered}");
+}
+
+#[tokio::test]
+async fn a_per_session_childs_request_during_initialize_is_refused_at_once() {
+    a_childs_request_during_initialize_is_refused_at_once("per_session").await;
+}
+
+#[tokio::test]
+async fn a_shared_childs_request_during_its_initialize_is_refused_at_once() {
+    a_childs_request_during_initialize_is_refused_at_once("shared").await;
 }

@@ -38,6 +38,41 @@ impl Registry {
                     before_ms,
                     &message,
                     ReleaseReason::ProcessExited,
+                    false,
+                )
+            })
+            .await
+            .unwrap_or(0);
+        self.sync_failed(changed).await;
+        changed
+    }
+
+    /// Releases the gateway tasks (`upstream.tasks = "gateway"`) whose held calls were in flight
+    /// on a process of `upstream` when it died (`upstream::stdio::ChildGone::held`): "resources
+    /// released" (`reason=process_exited`) for each not released yet, and `failed` with
+    /// `message` first for one still not terminal. One its held call recorded `failed` already
+    /// (it saw the call end without an answer) is released all the same: the process that held
+    /// its resources is gone. Returns how many records changed.
+    pub async fn release_held_of_dead_process(
+        self: &Arc<Self>,
+        upstream: &str,
+        held: Vec<String>,
+        message: &str,
+    ) -> usize {
+        if held.is_empty() {
+            return 0;
+        }
+        let (up, message) = (upstream.to_string(), message.to_string());
+        let changed = self
+            .off_runtime(move |r| {
+                r.fail_dead_now(
+                    &up,
+                    Some(held),
+                    Some(Origin::Gateway),
+                    now_ms(),
+                    &message,
+                    ReleaseReason::ProcessExited,
+                    true,
                 )
             })
             .await
@@ -70,6 +105,7 @@ impl Registry {
                     before_ms,
                     &message,
                     ReleaseReason::Restart,
+                    false,
                 )
             })
             .await
@@ -104,6 +140,7 @@ impl Registry {
                     now_ms(),
                     &message,
                     ReleaseReason::UpstreamLost,
+                    false,
                 )
             })
             .await
@@ -125,8 +162,10 @@ impl Registry {
     }
 
     /// The tasks of `upstream` (those `only` names, else a scan; of `origin` only, when given)
-    /// recorded before `before_ms` that were not terminal (or cancelled and not released):
-    /// failed with `message` and released with `reason`.
+    /// recorded before `before_ms` that were not terminal (or cancelled and not released; with
+    /// `ended_too`, any not released): failed with `message` (those not terminal) and released
+    /// with `reason`.
+    #[allow(clippy::too_many_arguments)]
     fn fail_dead_now(
         &self,
         upstream: &str,
@@ -135,6 +174,7 @@ impl Registry {
         before_ms: u64,
         message: &str,
         reason: ReleaseReason,
+        ended_too: bool,
     ) -> usize {
         // Named tasks are the dead process's own: no time filter (a scan needs one, for the
         // tasks created after the process's end).
@@ -145,7 +185,9 @@ impl Registry {
             rec.upstream == upstream
                 && origin.is_none_or(|o| rec.origin == o)
                 && (named || rec.recorded_at <= before_ms)
-                && (!rec.status.is_terminal() || unreleased_cancel)
+                && (!rec.status.is_terminal()
+                    || unreleased_cancel
+                    || (ended_too && rec.released_at.is_none()))
         };
         // (task id, whether it still needs its `failed`: a cancelled one only its release,
         // else the status machine would count the `failed` as a late result after `cancelled`;

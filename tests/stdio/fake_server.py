@@ -15,13 +15,16 @@ at start. Tools:
   slow {}                       as a task (params.task): stays `working` until cancelled
   hush {}                       closes its stdout (no answer) and runs on
   deafen {}                     answers, then closes its stdin and runs on
-  stall {resume_ms}             answers, then stops reading its stdin (open) and runs on; with
-                                resume_ms, reads again after that long
+  stall {resume_ms, trickle_ms} answers, then stops reading its stdin (open) and runs on; with
+                                resume_ms, reads again after that long; with trickle_ms, a slow
+                                reader instead of a deaf one: reads one line every trickle_ms
+                                meanwhile (and handles it)
   fail {code}                   answers a JSON-RPC error with that code
 tasks/result of a `working` task is never answered (its caller waits).
 Behaviour switches (environment): STDIO_NO_TASKS=1 declares no tasks capability (gateway-owned
 tasks, issue 32); STDIO_NOISE=1 prints a non-JSON line first; STDIO_CRASH_INIT=1
-exits on initialize; STDIO_IGNORE_EOF=1 keeps running after stdin closes (only a signal ends
+exits on initialize; STDIO_ROOTS_ON_INIT=1 sends a roots/list request (id "roots-init") on
+initialize and waits for its answer (at most 4 s) before it answers the initialize; STDIO_IGNORE_EOF=1 keeps running after stdin closes (only a signal ends
 it); STDIO_CANCEL_DELAY_MS delays tasks/cancel answers; STDIO_ASK=1 sends an
 elicitation request (tool `ask`) and answers with what came back.
 `server/discover` (taskgate's era probe) is answered -32601 like any unknown method, unless:
@@ -43,6 +46,9 @@ tasks_lock = threading.Lock()
 asked = {}
 next_task = [0]
 next_ask = [0]
+roots_init_answered = threading.Event()
+# (seconds between lines, until when) while the `stall` tool makes it a slow reader.
+slow = [None]
 
 
 def log(line):
@@ -94,6 +100,10 @@ def handle(msg):
     if method == "initialize":
         if os.environ.get("STDIO_CRASH_INIT"):
             os._exit(3)
+        if os.environ.get("STDIO_ROOTS_ON_INIT"):
+            # Before the client could answer (MCP lifecycle: a server SHOULD NOT).
+            send({"jsonrpc": "2.0", "id": "roots-init", "method": "roots/list", "params": {}})
+            roots_init_answered.wait(4.0)
         caps = {"tools": {}, "tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}}
         if os.environ.get("STDIO_NO_TASKS"):
             del caps["tasks"]
@@ -192,6 +202,8 @@ def handle(msg):
         send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed", "params": {"_meta": meta}})
     elif method == "ping":
         answer(mid, {})
+    elif mid == "roots-init" and method is None:
+        roots_init_answered.set()
     elif mid is not None and method is None:
         # An answer to our elicitation.
         call = asked.pop(mid, None)
@@ -213,6 +225,12 @@ def main():
     sys.stderr.flush()
     try:
         for line in sys.stdin:
+            if slow[0] is not None:
+                pause, until = slow[0]
+                if time.time() < until:
+                    time.sleep(pause)
+                else:
+                    slow[0] = None
             log(line)
             try:
                 msg = json.loads(line)
@@ -227,7 +245,13 @@ def main():
             if msg.get("method") == "tools/call" and (msg.get("params") or {}).get("name") == "stall":
                 # Answers, then never reads its stdin again (a hung server: the pipe fills).
                 answer(msg.get("id"), {"content": [{"type": "text", "text": "stalled"}], "pid": os.getpid()})
-                resume = ((msg.get("params") or {}).get("arguments") or {}).get("resume_ms")
+                args = (msg.get("params") or {}).get("arguments") or {}
+                resume = args.get("resume_ms")
+                trickle = args.get("trickle_ms")
+                if trickle is not None:
+                    until = time.time() + float(resume if resume is not None else 3600000) / 1000.0
+                    slow[0] = (float(trickle) / 1000.0, until)
+                    continue
                 if resume is not None:
                     time.sleep(float(resume) / 1000.0)
                     continue

@@ -4,7 +4,7 @@
 
 use super::answers::{create_result, detailed_task, id_value, with_related_task};
 use super::{GatewayTasksState, Live, Outcome, POLL_INTERVAL_MS};
-use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation};
+use crate::exchange::{Deadline, GatewayError, HeldTask, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, splice, Id, Message};
 use crate::layers::extensions::{PendingCreation, RelaysUpstreamRequests};
 use crate::layers::relay::mrtr::{is_input_required, MAX_ROUNDS};
@@ -164,6 +164,9 @@ pub(super) async fn create<S: McpService>(
     // The server's requests during the call reach this layer, and its answers the server, also
     // through the reverse bridge (a 2026-07-28 client on a 2025-11-25 server).
     req.extensions.insert(RelaysUpstreamRequests);
+    // A transport that loses the call with its process names the task in that death, so the
+    // task is released as the dead process's (`gateway.rs`, `registry::gone`).
+    req.extensions.insert(HeldTask(task_id.as_str().into()));
     let held = Held {
         state: state.clone(),
         record,

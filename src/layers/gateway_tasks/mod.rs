@@ -87,6 +87,10 @@
 //! - A restart (`gateway.rs` at start, on a store of one gateway): gateway tasks that were not
 //!   terminal are `failed` with a `statusMessage` saying taskgate restarted (the held call died
 //!   with the process), and released (`reason="restart"`).
+//! - A stdio upstream's child dies with held calls in flight (each held call carries
+//!   [`crate::exchange::HeldTask`], so the death names its task: `upstream::stdio::ChildGone`):
+//!   their tasks are `failed` (by the held call, which got no answer, or by the death, whichever
+//!   is seen first) and released (`reason="process_exited"`), as the child's own tasks are.
 //!
 //! Owner binding and `tasks/list` are the `tasks` layer's, as for every task (another
 //! principal gets `-32602` for everything). `notifications/tasks/status`: on the `tasks/result`

@@ -18,7 +18,10 @@
 //!   child's: its own session's only, [`Owner`]);
 //! - a request (`sampling/createMessage`, `elicitation/create`, `roots/list`) → the session of
 //!   the task its `_meta["io.modelcontextprotocol/related-task"]` names, else the one request
-//!   in flight if there is exactly one, else (a `per_session` child's) its own session's GET
+//!   in flight if there is exactly one (when that one is an `initialize`, a client's or
+//!   taskgate's own, or taskgate's era probe, it is answered `-32603` at once: no client has a
+//!   session to answer it on yet, and MCP lifecycle says a server SHOULD NOT send it; the
+//!   `initialize` goes on), else (a `per_session` child's) its own session's GET
 //!   stream, else it is answered `-32603` (taskgate cannot tell which client it is for); `ping` is answered by taskgate.
 //!
 //! A line that is not one JSON-RPC message is counted (`taskgate_upstream_errors_total
@@ -35,7 +38,7 @@ use crate::sse;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Child;
@@ -131,6 +134,16 @@ pub struct Conn {
     noise_logged: Mutex<Option<std::time::Instant>>,
     /// Whose GET streams get the child's notifications for every stream (see [`Owner`]).
     owner: Mutex<Owner>,
+    /// The gateway tasks whose held calls were in flight when the child went ([`Conn::close`]):
+    /// they died with it. At most the requests in flight then; taken by the death's announcer.
+    dead_held: Mutex<Vec<String>>,
+    /// Bytes the writer has put into the child's stdin so far (its progress: a write that
+    /// waited `timeout_ms` while this stood still found the pipe full all along).
+    written: Arc<AtomicU64>,
+    /// Wakes the keeper to end a child found deaf ([`Conn::deafened`]).
+    deaf: Arc<tokio::sync::Notify>,
+    /// Whether it was found deaf (the first finding ends it; later ones change nothing).
+    found_deaf: AtomicBool,
 }
 
 /// Whose GET streams a child's notification for every stream (`notifications/message`, a list
@@ -183,6 +196,10 @@ impl Conn {
             why: Mutex::new(None),
             noise_logged: Mutex::new(None),
             owner: Mutex::new(owner),
+            dead_held: Mutex::new(Vec::new()),
+            written: Arc::new(AtomicU64::new(0)),
+            deaf: Arc::new(tokio::sync::Notify::new()),
+            found_deaf: AtomicBool::new(false),
         });
         let pid = child.id();
         let (close_stdin, close_rx) = oneshot::channel::<()>();
@@ -191,8 +208,9 @@ impl Conn {
         let pipe_closed = Arc::new(tokio::sync::Notify::new());
         if let Some(stdin) = child.stdin.take() {
             let pipe_closed = pipe_closed.clone();
+            let written = conn.written.clone();
             tokio::spawn(async move {
-                if write_lines(stdin, normal_rx, urgent_rx, close_rx).await {
+                if write_lines(stdin, normal_rx, urgent_rx, close_rx, written).await {
                     pipe_closed.notify_one();
                 }
             });
@@ -218,6 +236,7 @@ impl Conn {
         let (stop, stop_rx) = oneshot::channel::<()>();
         let (exited_tx, exited) = oneshot::channel();
         let keeper_conn = conn.clone();
+        let deaf = conn.deaf.clone();
         let keeper = tokio::spawn(async move {
             let why = tokio::select! {
                 // An exit seen first is told as one, whatever else is ready.
@@ -242,6 +261,13 @@ impl Conn {
                     tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, "child closed its stdout or stdin: ended ({how})");
                     format!("its child process closed its stdout or stdin and was ended ({how})")
                 }
+                // A liveness rule: a child that stopped reading its stdin is a dead peer too.
+                () = deaf.notified() => {
+                    let _ = close_stdin.send(());
+                    let how = super::child::end(&name, &mut child).await;
+                    tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, "child stopped reading its stdin: ended ({how})");
+                    format!("its child process stopped reading its stdin and was ended ({how})")
+                }
             };
             keeper_conn.close(&why);
             let _ = exited_tx.send(why);
@@ -260,10 +286,33 @@ impl Conn {
         self.routes.lock().drain_tasks()
     }
 
+    /// The gateway tasks whose held calls were in flight when the child went, taken.
+    pub fn take_held(&self) -> Vec<String> {
+        std::mem::take(&mut *self.dead_held.lock())
+    }
+
     /// A `per_session` child's session is made: its notifications for every stream go to that
     /// session's GET stream (and no other session's).
     pub fn owned_by(&self, session: Arc<str>) {
         *self.owner.lock() = Owner::Session(session);
+    }
+
+    /// Bytes written to the child's stdin so far.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
+    /// The child is deaf: a write waited `timeout_ms` for room while nothing reached its stdin
+    /// (the pipe full all along). The keeper ends it as a child that closed its stdin (close
+    /// stdin, `SIGTERM`, `SIGKILL`): its requests in flight get the reason, and supervision
+    /// restarts it (or ends its `per_session` session) as after a crash.
+    /// Returns whether this was the first finding.
+    pub fn deafened(&self) -> bool {
+        let first = !self.found_deaf.swap(true, Ordering::AcqRel);
+        if first {
+            self.deaf.notify_one();
+        }
+        first
     }
 
     /// Requests waiting for the child's answer now.
@@ -295,6 +344,13 @@ impl Conn {
             self.closed.store(true, Ordering::Release);
         }
         let waiting = self.routes.lock().drain();
+        let held: Vec<String> = waiting
+            .iter()
+            .filter_map(|p| p.held_task.as_deref().map(str::to_string))
+            .collect();
+        if !held.is_empty() {
+            self.dead_held.lock().extend(held);
+        }
         for p in waiting {
             let _ = p.answer.send(Err(why.to_string()));
         }
@@ -330,9 +386,11 @@ impl Conn {
         session: SessionKey,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
         task_call: bool,
+        held_task: Option<Arc<str>>,
     ) -> Result<Registered, String> {
         let client_id = msg.id().cloned().ok_or("a request without an id")?;
         let own = session.as_deref() == Some(super::OWN_SESSION);
+        let initialize = msg.method() == Some("initialize");
         let (answer_tx, answer) = oneshot::channel();
         let (related_tx, related) = mpsc::channel(RELATED_QUEUE);
         let mut routes = self.routes.lock();
@@ -349,6 +407,8 @@ impl Conn {
             told: false,
             queued: false,
             held_cancel: None,
+            before_session: initialize || own,
+            held_task,
         });
         let rewritten = rewrite_request(msg.bytes(), out);
         match rewritten {
@@ -366,8 +426,7 @@ impl Conn {
                     // an abandoned one's child is ended by its starter. Nor is taskgate's
                     // `server/discover` probe: before `initialize` a legacy child is sent
                     // nothing else (rmcp's stdio server stops on a notification there).
-                    tell_on_drop: msg.method() != Some("initialize") && !own,
-                    queued: false,
+                    tell_on_drop: !initialize && !own,
                 })
             }
             Err(e) => {
@@ -420,10 +479,16 @@ impl Conn {
     }
 
     /// Request `out` was abandoned (its caller went away: hyper dropped the exchange): its
-    /// route (and slot) goes, and, when `tell`, the child is told (`notifications/cancelled`)
-    /// as a client's own cancel would. Nothing when it was answered or given up already.
+    /// route (and slot) goes, and, when `tell` and its line is in the stdin queue
+    /// ([`Pending::queued`]), the child is told (`notifications/cancelled`) as a client's own
+    /// cancel would. Nothing when it was answered or given up already, nor when it was never
+    /// queued (its caller went away while it waited for room: the child never sees it).
     fn abandon(&self, out: u64, tell: bool) {
-        let told = self.routes.lock().take(out).is_none_or(|p| p.told);
+        let told = self
+            .routes
+            .lock()
+            .take(out)
+            .is_none_or(|p| p.told || !p.queued);
         if told || !tell || self.is_closed() {
             return;
         }
@@ -665,6 +730,17 @@ impl Conn {
             }
         } else if let Some(out) = routes.only_pending() {
             let (session, related) = match routes.get(out) {
+                // During an `initialize` (a client's, or taskgate's own): no client could
+                // answer it (none has a session yet; MCP 2025-11-25 lifecycle: a server SHOULD
+                // NOT send requests but `ping` before it is initialized). Refused at once, so
+                // the child waits for nothing and the `initialize` goes on.
+                Some(p) if p.before_session => {
+                    drop(routes);
+                    return self.refuse(&id, &format!(
+                        "taskgate cannot relay a request of upstream `{}` sent before its initialize was answered: no client has a session to answer it on",
+                        self.name
+                    ));
+                }
                 Some(p) => (p.session.clone(), p.related.clone()),
                 None => return,
             };
@@ -686,27 +762,23 @@ impl Conn {
                 if self.to_session(&session, &bytes) {
                     return;
                 }
-                self.routes.lock().take_asked(id.as_json());
-                let refusal = jsonrpc::error_response(
-                    Some(&id),
-                    jsonrpc::INTERNAL_ERROR,
-                    &format!(
-                        "the client of upstream `{}` has no open GET stream for this request (or it is full)",
-                        self.name
-                    ),
-                );
-                return self.reply_soon(refusal);
+                return self.refuse(&id, &format!(
+                    "the client of upstream `{}` has no open GET stream for this request (or it is full)",
+                    self.name
+                ));
             }
         }
+        self.refuse(&id, &format!(
+            "taskgate cannot tell which client of upstream `{}` this request is for (its process is shared)",
+            self.name
+        ));
+    }
+
+    /// Refuses the child's request `id` (it reaches no client): its note (whom it was sent to)
+    /// is forgotten, and the child is answered `-32603` saying `why`, without waiting.
+    fn refuse(&self, id: &Id, why: &str) {
         self.routes.lock().take_asked(id.as_json());
-        let refusal = jsonrpc::error_response(
-            Some(&id),
-            jsonrpc::INTERNAL_ERROR,
-            &format!(
-                "taskgate cannot tell which client of upstream `{}` this request is for (its process is shared)",
-                self.name
-            ),
-        );
+        let refusal = jsonrpc::error_response(Some(id), jsonrpc::INTERNAL_ERROR, why);
         self.reply_soon(refusal);
     }
 
@@ -742,19 +814,9 @@ pub struct Registered {
     pub related: mpsc::Receiver<Bytes>,
     /// Its child, for the drop guard.
     conn: std::sync::Weak<Conn>,
-    /// Whether an abandoned one is cancelled at the child (not `initialize`).
+    /// Whether an abandoned one is cancelled at the child (not `initialize`), once its line
+    /// is in the stdin queue ([`Conn::queued`], kept on its route: [`Pending::queued`]).
     tell_on_drop: bool,
-    /// Whether its line is in the stdin queue (so, in order, before any cancellation of it):
-    /// one dropped before (its caller went away while it waited for room) is forgotten, the
-    /// child never seeing it.
-    queued: bool,
-}
-
-impl Registered {
-    /// Its line is in the child's stdin queue: dropped from now on, the child is told.
-    pub fn queued(&mut self) {
-        self.queued = true;
-    }
 }
 
 /// The drop guard of a request (issue 31): dropped before its answer (the client went away,
@@ -765,7 +827,7 @@ impl Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.upgrade() {
-            conn.abandon(self.out, self.tell_on_drop && self.queued);
+            conn.abandon(self.out, self.tell_on_drop);
         }
     }
 }
@@ -812,6 +874,7 @@ async fn write_lines(
     mut normal: mpsc::Receiver<Bytes>,
     mut urgent: mpsc::Receiver<Bytes>,
     mut close: oneshot::Receiver<()>,
+    written: Arc<AtomicU64>,
 ) -> bool {
     loop {
         let line = tokio::select! {
@@ -821,7 +884,18 @@ async fn write_lines(
             Some(l) = normal.recv() => l,
             else => break,
         };
-        if stdin.write_all(&line).await.is_err() || stdin.flush().await.is_err() {
+        // In pieces, each counted: a child reading a long line slowly makes progress.
+        let mut rest = &line[..];
+        while !rest.is_empty() {
+            match stdin.write(rest).await {
+                Ok(0) | Err(_) => return true,
+                Ok(n) => {
+                    rest = rest.get(n..).unwrap_or_default();
+                    written.fetch_add(n as u64, Ordering::AcqRel);
+                }
+            }
+        }
+        if stdin.flush().await.is_err() {
             return true;
         }
     }
@@ -903,6 +977,10 @@ mod tests {
             why: Mutex::new(None),
             noise_logged: Mutex::new(None),
             owner: Mutex::new(Owner::Every),
+            dead_held: Mutex::new(Vec::new()),
+            written: Arc::default(),
+            deaf: Arc::default(),
+            found_deaf: AtomicBool::new(false),
         });
         // As `register` does: `routes` held, then `is_closed`, then `why`.
         let routes = conn.routes.lock();

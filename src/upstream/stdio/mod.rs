@@ -67,14 +67,19 @@
 //! **Supervision.** A child that exits or is killed is restarted after a back-off (100 ms,
 //! doubling to 30 s), reset once a child has stayed up [`SUSTAINED_UPTIME`]; a child that closes
 //! its stdout or its stdin but runs on is ended first (close stdin, `SIGTERM`, `SIGKILL`, as at
-//! shutdown), then restarted likewise; every start after
+//! shutdown), then restarted likewise, and so is a **deaf** child (the liveness rule): one
+//! from which a write waited `timeout_ms` for room in its stdin while not one byte reached it
+//! (its pipe full all along: it stopped reading; a slow reader, which still takes bytes, is
+//! not deaf), logged at warn; every start after
 //! the first counts in `taskgate_upstream_restarts_total{upstream}`. Requests waiting on the
 //! dead child get a JSON-RPC error naming the upstream ("upstream `x` is unreachable: its
 //! child process exited (…)"); requests that arrive while no child runs get it at once (while
 //! one is starting, they wait for it within `timeout_ms`). A child that dies or does not
 //! answer during taskgate's `initialize` is a failed start (logged, backed off), never a hang.
 //! Each death is announced as a [`ChildGone`] (the gateway marks the upstream's tasks that
-//! were not terminal `failed`, with both audit facts: the process is gone); the new child never
+//! were not terminal `failed`, with both audit facts: the process is gone; so are the gateway
+//! tasks, `tasks = "gateway"`, whose held calls were in flight on it, [`ChildGone::held`],
+//! released even when their held call recorded them `failed` first); the new child never
 //! knew them, so taskgate answers their `tasks/get` (`failed`, the reason as `statusMessage`),
 //! `tasks/result` (`-32603`) and `tasks/cancel` (`-32602`) itself. `/readyz` is red while no
 //! child is live ([`StdioHandle::readiness`]).
@@ -82,7 +87,9 @@
 //! # `process = "per_session"`: one child per client session
 //!
 //! A client's `initialize` starts a child and is forwarded to it (ids mapped as in shared
-//! mode); its answer gets a taskgate session id. The session's requests go to its child; a
+//! mode); its answer gets a taskgate session id (a request the child sends before answering
+//! it, `roots/list` say, is answered `-32603` by taskgate at once: the client has no session
+//! to answer it on yet; see [`conn`]). The session's requests go to its child; a
 //! `DELETE`, [`PER_SESSION_IDLE`]-style idle reclaim (`gateway.session_idle_ms`, counted while
 //! no request is in flight on the child: a long call or a gateway task's held call keeps it)
 //! and shutdown end it. A child that dies ends its session (later requests get 404, so the client
@@ -103,7 +110,9 @@
 //! messages wait in bounded queues ([`conn`]), and so do lines for the child's stdin: a write
 //! waits at most `timeout_ms` for room (a child that stopped reading its stdin gets later
 //! requests and notifications answered 504, never held open; a request not written is not
-//! cancelled at the child, which never saw it). A `notifications/cancelled` is not waited
+//! cancelled at the child, which never saw it). A child that read nothing at all during such a
+//! wait is deaf: ended and restarted (see Supervision), its requests in flight answered as on
+//! a crash ("… stopped reading its stdin and was ended (…)"). A `notifications/cancelled` is not waited
 //! for: one that finds the queue full is written by a task once there is room (within
 //! 30 s), so it still reaches a child that reads again. A 2026-07-28 `subscriptions/listen` takes no
 //! slot (it stays open until its client closes it); its notifications come back on its own
@@ -172,6 +181,11 @@ pub struct ChildGone {
     /// The tasks the child created, as taskgate saw their `CreateTaskResult` go by (at most
     /// [`route::MAX_NOTES`]; a child that created more has its oldest notes forgotten).
     pub tasks: Vec<String>,
+    /// The gateway tasks (`upstream.tasks = "gateway"`) whose held calls were in flight on the
+    /// child when it went (`exchange::HeldTask`): they died with it too. Their held call may
+    /// have recorded them `failed` already (it saw its answer never come); they are released
+    /// all the same.
+    pub held: Vec<String>,
     /// When it was seen gone (ms since the epoch): tasks recorded after it are not its.
     pub at_ms: u64,
     /// Why, in words ("its child process exited (exit code 1)").
@@ -470,6 +484,7 @@ impl Inner {
     async fn exchange(self: &Arc<Self>, req: McpRequest) -> Result<McpReply, GatewayError> {
         let deadline = req.deadline();
         let era = req.era();
+        let held = req.held_task();
         let session: SessionKey = req
             .ctx
             .session_id
@@ -479,7 +494,7 @@ impl Inner {
         match req.into_parts().op {
             Operation::EndSession => Ok(self.end_session(session)),
             Operation::OpenStream => Ok(self.open_stream(session)),
-            Operation::Post(msg) => self.post(msg, session, deadline, era).await,
+            Operation::Post(msg) => self.post(msg, session, deadline, era, held).await,
         }
     }
 
@@ -489,6 +504,7 @@ impl Inner {
         session: SessionKey,
         deadline: Deadline,
         era: Era,
+        held: Option<Arc<str>>,
     ) -> Result<McpReply, GatewayError> {
         let kind = msg.kind();
         if kind == Kind::Request && msg.method() == Some("initialize") {
@@ -502,7 +518,7 @@ impl Inner {
             Err(reply) => return Ok(reply),
         };
         match kind {
-            Kind::Request => self.call(&conn, msg, session, deadline, era).await,
+            Kind::Request => self.call(&conn, msg, session, deadline, era, held).await,
             Kind::Notification => {
                 self.notify(&conn, msg, &session).await?;
                 Ok(McpReply::accepted())
@@ -564,7 +580,8 @@ impl Inner {
     }
 
     /// A request: written under taskgate's id, answered under the caller's (a 2026-07-28
-    /// request's JSON-RPC error with the HTTP status its transport prescribes).
+    /// request's JSON-RPC error with the HTTP status its transport prescribes). `held`: the
+    /// gateway task it is the held call of, named in the child's death ([`ChildGone::held`]).
     async fn call(
         self: &Arc<Self>,
         conn: &Arc<Conn>,
@@ -572,6 +589,7 @@ impl Inner {
         session: SessionKey,
         deadline: Deadline,
         era: Era,
+        held: Option<Arc<str>>,
     ) -> Result<McpReply, GatewayError> {
         let method = msg.method().unwrap_or_default().to_string();
         // Only once a new child is live: by then the gateway has failed the dead child's tasks
@@ -601,7 +619,7 @@ impl Inner {
             None
         };
         let task_call = method == "tools/call";
-        let mut reg = {
+        let reg = {
             let mut waiters = self.slot_waiters.lock();
             if waiter.is_some_and(|w| w.finish(&mut waiters)) {
                 return Ok(McpReply::local_json(jsonrpc::error_response(
@@ -614,7 +632,7 @@ impl Inner {
                 )));
             }
             // Registered under the waiters' lock: a cancellation finds it waiting or in flight.
-            conn.register(&msg, session, permit, task_call)
+            conn.register(&msg, session, permit, task_call, held)
                 .map_err(|why| self.unreachable(why))?
         };
         // Never written (the child is gone, or its stdin queue stayed full, or the caller went
@@ -624,7 +642,6 @@ impl Inner {
             conn.forget(reg.out);
             return Err(e);
         }
-        reg.queued();
         conn.queued(reg.out);
         let client_id = msg.id().cloned();
         self.reply(conn.clone(), reg, client_id, method, deadline, era)
@@ -781,7 +798,10 @@ impl Inner {
                 ))
             }
             (Some(Init::Modern(supported)), id) => Ok(refuse_initialize(&msg, id, &supported)),
-            _ => self.call(&conn, msg, None, deadline, Era::Legacy).await,
+            _ => {
+                self.call(&conn, msg, None, deadline, Era::Legacy, None)
+                    .await
+            }
         }
     }
 
@@ -828,7 +848,9 @@ impl Inner {
             Err(_) => return Err(GatewayError::ShuttingDown),
         };
         let conn = running.conn.clone();
-        let answer = self.call(&conn, msg, None, deadline, Era::Legacy).await;
+        let answer = self
+            .call(&conn, msg, None, deadline, Era::Legacy, None)
+            .await;
         let session = match &answer {
             Ok(McpReply {
                 body: ReplyBody::Json(b),
@@ -880,7 +902,10 @@ impl Inner {
                 .into_iter()
                 .map(|(id, _)| id)
                 .collect();
-            inner.announce_gone(Some(key.to_string()), tasks, why).await;
+            let held = conn_for_tasks.take_held();
+            inner
+                .announce_gone(Some(key.to_string()), tasks, held, why)
+                .await;
         });
         self.keepers.lock().push(watcher);
         self.keepers.lock().retain(|k| !k.is_finished());
@@ -1011,7 +1036,8 @@ impl Inner {
             };
             self.state.send_replace(State::Down(why.clone()));
             let tasks = self.bury(&running.conn, &why);
-            self.announce_gone(None, tasks, why).await;
+            let held = running.conn.take_held();
+            self.announce_gone(None, tasks, held, why).await;
             if started.elapsed() >= SUSTAINED_UPTIME {
                 backoff = Backoff::default();
             }
@@ -1080,7 +1106,7 @@ impl Inner {
             } },
         });
         let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
-        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false)?;
+        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false, None)?;
         conn.write(&reg.bytes, false).await?;
         match tokio::time::timeout(self.timeout, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => Ok(classify_probe(&bytes)),
@@ -1108,7 +1134,7 @@ impl Inner {
             },
         });
         let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
-        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false)?;
+        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false, None)?;
         conn.write(&reg.bytes, false).await?;
         let answer = match tokio::time::timeout(self.timeout, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => bytes,
@@ -1296,12 +1322,19 @@ impl Inner {
     /// bounded too, each announcer (a session's watcher, at most [`MAX_CHILDREN`], or the
     /// supervisor) holding its one death. Only while nobody took [`StdioHandle::deaths`]
     /// (no gateway: unit tests) is a death past the queue dropped.
-    async fn announce_gone(&self, session: Option<String>, tasks: Vec<String>, why: String) {
+    async fn announce_gone(
+        &self,
+        session: Option<String>,
+        tasks: Vec<String>,
+        held: Vec<String>,
+        why: String,
+    ) {
         let at_ms = crate::mcp::task::now_ms();
         let gone = ChildGone {
             upstream: self.name.clone(),
             session,
             tasks,
+            held,
             at_ms,
             why,
         };
@@ -1323,12 +1356,21 @@ impl Inner {
 
     /// Writes one message to `conn` within `timeout_ms`: a child that stopped reading its
     /// stdin (its pipe and taskgate's queue full) gets the request or notification refused
-    /// with the upstream's timeout (504), never waited for without end.
+    /// with the upstream's timeout (504), never waited for without end. The liveness rule:
+    /// when nothing at all reached the child's stdin while this write waited (the pipe full
+    /// all along, not a slow reader), the child is deaf and is ended
+    /// ([`Conn::deafened`]), then restarted as after a crash.
     async fn write(&self, conn: &Conn, bytes: &[u8], urgent: bool) -> Result<(), GatewayError> {
+        let before = conn.written();
         match tokio::time::timeout(self.timeout, conn.write(bytes, urgent)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(why)) => Err(self.unreachable(why)),
-            Err(_) => Err(self.timeout_error()),
+            Err(_) => {
+                if conn.written() == before && !conn.is_closed() && conn.deafened() {
+                    tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, timeout_ms = self.timeout_ms, "child read nothing from its stdin while a write waited timeout_ms for room: ending it");
+                }
+                Err(self.timeout_error())
+            }
         }
     }
 

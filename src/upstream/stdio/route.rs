@@ -46,12 +46,20 @@ pub struct Pending {
     /// The child was told it is cancelled (the caller's `notifications/cancelled` went to it):
     /// it is not told again when the request is given up or dropped.
     pub told: bool,
-    /// Its line is in the child's stdin queue (see [`Pending::held_cancel`]).
+    /// Its line is in the child's stdin queue: a cancellation of it is written after it (see
+    /// [`Pending::held_cancel`]), and its caller's drop tells the child (one never queued is
+    /// forgotten: the child never saw it).
     pub queued: bool,
     /// The caller's `notifications/cancelled` (as the child is to read it), while the request
     /// still waits for room in the stdin queue: written once the request is (after it), never
     /// when the request is not (the child would read an id it never saw).
     pub held_cancel: Option<Bytes>,
+    /// An `initialize`, or taskgate's own request (its era probe, its `initialize`): no client
+    /// has a session to answer a request of the child's tied to it on (see `conn`).
+    pub before_session: bool,
+    /// The gateway task it is the held call of (`exchange::HeldTask`): named in the child's
+    /// death when it is still in flight then.
+    pub held_task: Option<Arc<str>>,
 }
 
 /// A replaced `progressToken`: whose it is and what it was.
@@ -224,6 +232,8 @@ mod tests {
                 told: false,
                 queued: false,
                 held_cancel: None,
+                before_session: false,
+                held_task: None,
             },
             rx,
         )
