@@ -59,6 +59,9 @@ pub struct CountingStore {
     pub counts: Arc<Counts>,
     /// When set, every `create` fails (`StoreError::Db`), as a database that went away would.
     pub fail_creates: std::sync::atomic::AtomicBool,
+    /// When set, every `list_owner` fails (`StoreError::Db` with a driver's kind of text), as
+    /// a database that went away would.
+    pub fail_lists: std::sync::atomic::AtomicBool,
     /// Every `remove_held_session` counts itself in `held_removals_begun`, then takes this
     /// lock: a test holding it keeps removals waiting (a slow store).
     pub held_removals: std::sync::Mutex<()>,
@@ -102,6 +105,7 @@ impl CountingStore {
             inner,
             counts: Arc::default(),
             fail_creates: Default::default(),
+            fail_lists: Default::default(),
             held_removals: Default::default(),
             held_removals_begun: Default::default(),
             syncs_gate: Default::default(),
@@ -168,6 +172,11 @@ impl TaskStore for CountingStore {
         cursor: Option<&ListCursor>,
         limit: usize,
     ) -> Result<(Vec<TaskRecord>, Option<ListCursor>), StoreError> {
+        if self.fail_lists.load(Ordering::SeqCst) {
+            return Err(StoreError::Db(
+                "postgres: error connecting to server at db.internal:5432 (test)".into(),
+            ));
+        }
         self.inner.list_owner(upstream, owner, cursor, limit)
     }
     fn cursor_is_valid(&self, upstream: &str, owner: &Owner, cursor: &ListCursor) -> bool {

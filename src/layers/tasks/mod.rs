@@ -692,10 +692,11 @@ async fn list(registry: &Arc<Registry>, authenticated: bool, req: &McpRequest) -
             }
             McpReply::local_json(jsonrpc::result_response(&id, &result.to_string()))
         }
-        Err(e) => refuse(
+        // The store's error is logged (`Registry::list_page`), not sent to the client.
+        Err(_) => refuse(
             &id,
-            McpError::ListFailed {
-                detail: Some(e.to_string()),
+            McpError::StoreUnavailable {
+                method: Some("tasks/list".into()),
             },
         ),
     }
@@ -883,6 +884,32 @@ mod tests {
         assert!(bounded_ttl(&json!(null), cap).is_err());
         // A cap below the floor wins.
         assert_eq!(bounded_ttl(&json!({"ttl": 0}), 500), Ok(Some(500)));
+    }
+
+    /// A `tasks/list` page the store cannot read (a database outage) is `-32603` "task store
+    /// unavailable", counted in `taskgate_store_write_failures_total` as every other failed
+    /// registry read is (the `TaskgateStoreWriteFailures` alert). It was neither counted nor
+    /// logged, and the client's message carried the store's own error text.
+    #[tokio::test]
+    async fn a_tasks_list_the_store_fails_is_counted_and_names_no_store_detail() {
+        use crate::exchange::{GatewayError, McpReply, McpRequest};
+        use crate::layers::testing::{json_of, registry, request};
+        use tower::{Layer, ServiceExt};
+        let (registry, store) = registry();
+        store
+            .fail_lists
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let stack = super::TasksLayer::new(registry.clone(), false).layer(tower::service_fn(
+            |_req: McpRequest| async {
+                Ok::<_, GatewayError>(McpReply::local_json(bytes::Bytes::from_static(b"{}")))
+            },
+        ));
+        let req = request(r#"{"jsonrpc":"2.0","id":3,"method":"tasks/list","params":{}}"#);
+        let reply = json_of(&stack.oneshot(req).await.unwrap());
+        assert_eq!(reply["error"]["code"], -32603, "{reply}");
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert_eq!(message, "tasks/list: task store unavailable; try again");
+        assert_eq!(registry.metrics().store_write_failures_total.get(), 1);
     }
 
     #[test]
