@@ -62,6 +62,8 @@ pub struct CountingStore {
     /// When set, every `list_owner` fails (`StoreError::Db` with a driver's kind of text), as
     /// a database that went away would.
     pub fail_lists: std::sync::atomic::AtomicBool,
+    /// When set, every read and write of a held session fails (`StoreError::Db`).
+    pub fail_held: std::sync::atomic::AtomicBool,
     /// Every `remove_held_session` counts itself in `held_removals_begun`, then takes this
     /// lock: a test holding it keeps removals waiting (a slow store).
     pub held_removals: std::sync::Mutex<()>,
@@ -106,6 +108,7 @@ impl CountingStore {
             counts: Arc::default(),
             fail_creates: Default::default(),
             fail_lists: Default::default(),
+            fail_held: Default::default(),
             held_removals: Default::default(),
             held_removals_begun: Default::default(),
             syncs_gate: Default::default(),
@@ -246,6 +249,9 @@ impl SlotStore for CountingStore {
 
 impl crate::store::HeldSessionStore for CountingStore {
     fn put_held_session(&self, session: crate::store::HeldSessionRecord) -> Result<(), StoreError> {
+        if self.fail_held.load(Ordering::SeqCst) {
+            return Err(StoreError::Db("the store is down (test)".into()));
+        }
         self.inner.put_held_session(session)
     }
     fn held_session(
@@ -253,6 +259,9 @@ impl crate::store::HeldSessionStore for CountingStore {
         upstream: &str,
         session_id: &str,
     ) -> Result<Option<crate::store::HeldSessionRecord>, StoreError> {
+        if self.fail_held.load(Ordering::SeqCst) {
+            return Err(StoreError::Db("the store is down (test)".into()));
+        }
         self.inner.held_session(upstream, session_id)
     }
     fn touch_held_session(&self, upstream: &str, id: &str, at: u64) -> Result<bool, StoreError> {

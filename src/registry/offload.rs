@@ -21,8 +21,8 @@
 //!
 //! **Bounded**: at most [`STORE_QUEUE`] store jobs are queued or running at once; past that a
 //! job is refused at once, and a job that waited [`STORE_QUEUE_WAIT`] for a thread is not run:
-//! both end like a failed store call (the registry's counted in
-//! `taskgate_store_write_failures_total`, the session table's logged; the caller answers "task
+//! both end like a failed store call (counted in `taskgate_store_write_failures_total`: the
+//! registry's, and the session table's a client sees; the caller answers "task
 //! store unavailable", or the session's error, where a request depends on it). So a store that
 //! does not answer costs at most [`STORE_THREADS`] parked threads, a bounded queue, and each
 //! caller a bounded wait.
