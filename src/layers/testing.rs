@@ -89,6 +89,9 @@ pub struct FakeSlots {
     pub gate: std::sync::Mutex<()>,
     next: AtomicUsize,
     pub released: std::sync::Mutex<Vec<i64>>,
+    /// When set, every `reserve_slot` fails (`StoreError::Db`), as a database that went away
+    /// would.
+    pub fail: std::sync::atomic::AtomicBool,
 }
 
 impl CountingStore {
@@ -226,6 +229,11 @@ impl SlotStore for CountingStore {
     ) -> Result<Option<i64>, StoreError> {
         inc(&self.slots.begun);
         let _wait = self.slots.gate.lock();
+        if self.slots.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Db(
+                "postgres: error connecting to server at db.internal:5432 (test)".into(),
+            ));
+        }
         Ok(Some(
             self.slots.next.fetch_add(1, Ordering::SeqCst) as i64 + 1,
         ))
