@@ -358,6 +358,8 @@ pub struct Metrics {
     /// `taskgate_upstream_restarts_total{upstream}`: a stdio upstream's child started again
     /// after it exited or failed to start (`upstream::stdio`).
     pub upstream_restarts_total: IntCounterVec,
+    /// The upstream names given to [`Metrics::new`] (their series are pre-created).
+    upstreams: Vec<String>,
 }
 
 impl Metrics {
@@ -402,6 +404,7 @@ impl Metrics {
             local_answers_total: b.counter_vec(&LOCAL_ANSWERS_TOTAL),
             upstream_restarts_total: b.counter_vec(&UPSTREAM_RESTARTS_TOTAL),
             registry: b.0,
+            upstreams: upstreams.to_vec(),
         };
         for reason in RejectReason::ALL {
             m.http_rejections_total
@@ -411,6 +414,11 @@ impl Metrics {
             m.precreate(up);
         }
         m
+    }
+
+    /// The configured upstreams' names, whose series exist from start-up.
+    pub fn upstreams(&self) -> &[String] {
+        &self.upstreams
     }
 
     /// Creates, at 0, every series with `upstream=up` that the recording methods can record.
