@@ -124,7 +124,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let shared = Shared {
         shutdown: shutdown_rx.clone(),
-        sessions: session_table(&config, &store, registry.store_threads()),
+        sessions: session_table(&config, &store, registry.store_threads(), &metrics),
         registry: registry.clone(),
         metrics: metrics.clone(),
         authenticated: config.auth.mode.identifies_callers(),
@@ -248,6 +248,7 @@ fn session_table(
     config: &Config,
     store: &Arc<dyn TaskStore>,
     threads: crate::registry::StoreThreads,
+    metrics: &Metrics,
 ) -> Arc<Sessions> {
     let sessions = Sessions::with_caps(
         config.gateway.max_sessions,
@@ -260,6 +261,7 @@ fn session_table(
     // store before their id goes out: the session table gets its store handle here, and runs
     // its store calls on the registry's store threads.
     sessions.keep_held_in(store.clone(), threads);
+    sessions.count_store_failures(metrics.store_write_failures_total.clone());
     sessions
 }
 

@@ -63,6 +63,7 @@ fn at_line(line: &Option<usize>) -> String {
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// `[gateway]`: the MCP listener clients connect to.
+    #[serde(default)]
     pub gateway: GatewayConfig,
     /// `[admin]`: health, readiness, metrics and the admin API.
     #[serde(default)]

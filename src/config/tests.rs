@@ -4,6 +4,17 @@ use super::*;
 
 const MINIMAL: &str = "[gateway]\nlisten = \"127.0.0.1:0\"\n[[upstream]]\nname = \"a\"\nurl = \"http://127.0.0.1:1/mcp\"\n";
 
+/// Every `[gateway]` key has a default (config/REFERENCE.md), so a file without the section is
+/// one with the defaults, as for every other section. It was refused with "missing field
+/// `gateway`" pointing at line 1, column 1.
+#[test]
+fn a_file_without_a_gateway_section_has_its_defaults() {
+    let c = Config::from_toml_str("[[upstream]]\nname = \"a\"\nurl = \"http://127.0.0.1:1/mcp\"\n")
+        .unwrap();
+    assert_eq!(c.gateway.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.gateway.max_body_bytes, 4 * 1024 * 1024);
+}
+
 #[test]
 fn embedded_default_is_valid() {
     let c = Config::embedded_default();

@@ -319,6 +319,9 @@ pub struct Sessions {
     shared: std::sync::atomic::AtomicBool,
     /// Session ids the store was just asked for and did not have (see `held_store`).
     absent: Mutex<held_store::Absent>,
+    /// Where the store calls that failed are counted (`taskgate_store_write_failures_total`),
+    /// once given ([`Sessions::count_store_failures`]).
+    store_failures: std::sync::OnceLock<prometheus::IntCounter>,
 }
 
 impl Sessions {
@@ -351,6 +354,7 @@ impl Sessions {
             store: std::sync::OnceLock::new(),
             any_held: std::sync::atomic::AtomicBool::new(false),
             shared: std::sync::atomic::AtomicBool::new(false),
+            store_failures: std::sync::OnceLock::new(),
             absent: Mutex::default(),
         })
     }

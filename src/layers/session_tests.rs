@@ -220,6 +220,39 @@ async fn a_recheck_never_brings_back_a_session_ended_meanwhile() {
     assert_eq!(sessions.access(&up, &hv, &alice), Access::Unknown);
 }
 
+/// Session store calls that fail (a database outage) are counted in the registry's
+/// `taskgate_store_write_failures_total`: a replica that had not seen a session answered each
+/// of its requests 500 ("could not read the session"), and an `initialize` 500 ("could not
+/// record the session"), while that counter, behind the store alert, stayed 0.
+#[tokio::test]
+async fn session_store_failures_are_counted() {
+    let store = crate::layers::testing::CountingStore::new();
+    let up: Arc<str> = "up".into();
+    let sessions = Sessions::with_limits(10, Duration::from_secs(3600));
+    sessions.keep_held_in(store.clone(), threads());
+    let failures = prometheus::IntCounter::new("failures", "failures").unwrap();
+    sessions.count_store_failures(failures.clone());
+    let id = format!("{HELD_SESSION_PREFIX}{}", "c".repeat(32));
+    let hv = HeaderValue::from_str(&id).unwrap();
+    store_a_held_session(&sessions, &up, &id, Principal::Token("alice".into())).await;
+    assert_eq!(failures.get(), 0);
+    store
+        .fail_held
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // Its write fails (an `initialize` answered 500).
+    assert!(sessions.store_entry(&up, &hv).await.is_err());
+    assert_eq!(failures.get(), 1, "a failed session write is counted");
+    // Unknown to a table that never saw it (another replica): its read fails.
+    let other = Sessions::with_limits(10, Duration::from_secs(3600));
+    other.keep_held_in(store.clone(), threads());
+    other.count_store_failures(failures.clone());
+    assert_eq!(
+        other.revive(&up, &hv, Tenant::Unknown).await,
+        Revived::Failed
+    );
+    assert_eq!(failures.get(), 2, "a failed session read is counted");
+}
+
 /// A held session comes back from the store into a new table (a restart) with its owner, its
 /// protocol version and what the client declared; one past `gateway.session_idle_ms` does not
 /// come back and leaves the store; a DELETE removes it from the store before it returns.

@@ -59,6 +59,11 @@ pub struct CountingStore {
     pub counts: Arc<Counts>,
     /// When set, every `create` fails (`StoreError::Db`), as a database that went away would.
     pub fail_creates: std::sync::atomic::AtomicBool,
+    /// When set, every `list_owner` fails (`StoreError::Db` with a driver's kind of text), as
+    /// a database that went away would.
+    pub fail_lists: std::sync::atomic::AtomicBool,
+    /// When set, every read and write of a held session fails (`StoreError::Db`).
+    pub fail_held: std::sync::atomic::AtomicBool,
     /// Every `remove_held_session` counts itself in `held_removals_begun`, then takes this
     /// lock: a test holding it keeps removals waiting (a slow store).
     pub held_removals: std::sync::Mutex<()>,
@@ -84,6 +89,9 @@ pub struct FakeSlots {
     pub gate: std::sync::Mutex<()>,
     next: AtomicUsize,
     pub released: std::sync::Mutex<Vec<i64>>,
+    /// When set, every `reserve_slot` fails (`StoreError::Db`), as a database that went away
+    /// would.
+    pub fail: std::sync::atomic::AtomicBool,
 }
 
 impl CountingStore {
@@ -102,6 +110,8 @@ impl CountingStore {
             inner,
             counts: Arc::default(),
             fail_creates: Default::default(),
+            fail_lists: Default::default(),
+            fail_held: Default::default(),
             held_removals: Default::default(),
             held_removals_begun: Default::default(),
             syncs_gate: Default::default(),
@@ -168,6 +178,11 @@ impl TaskStore for CountingStore {
         cursor: Option<&ListCursor>,
         limit: usize,
     ) -> Result<(Vec<TaskRecord>, Option<ListCursor>), StoreError> {
+        if self.fail_lists.load(Ordering::SeqCst) {
+            return Err(StoreError::Db(
+                "postgres: error connecting to server at db.internal:5432 (test)".into(),
+            ));
+        }
         self.inner.list_owner(upstream, owner, cursor, limit)
     }
     fn cursor_is_valid(&self, upstream: &str, owner: &Owner, cursor: &ListCursor) -> bool {
@@ -214,6 +229,11 @@ impl SlotStore for CountingStore {
     ) -> Result<Option<i64>, StoreError> {
         inc(&self.slots.begun);
         let _wait = self.slots.gate.lock();
+        if self.slots.fail.load(Ordering::SeqCst) {
+            return Err(StoreError::Db(
+                "postgres: error connecting to server at db.internal:5432 (test)".into(),
+            ));
+        }
         Ok(Some(
             self.slots.next.fetch_add(1, Ordering::SeqCst) as i64 + 1,
         ))
@@ -237,6 +257,9 @@ impl SlotStore for CountingStore {
 
 impl crate::store::HeldSessionStore for CountingStore {
     fn put_held_session(&self, session: crate::store::HeldSessionRecord) -> Result<(), StoreError> {
+        if self.fail_held.load(Ordering::SeqCst) {
+            return Err(StoreError::Db("the store is down (test)".into()));
+        }
         self.inner.put_held_session(session)
     }
     fn held_session(
@@ -244,6 +267,9 @@ impl crate::store::HeldSessionStore for CountingStore {
         upstream: &str,
         session_id: &str,
     ) -> Result<Option<crate::store::HeldSessionRecord>, StoreError> {
+        if self.fail_held.load(Ordering::SeqCst) {
+            return Err(StoreError::Db("the store is down (test)".into()));
+        }
         self.inner.held_session(upstream, session_id)
     }
     fn touch_held_session(&self, upstream: &str, id: &str, at: u64) -> Result<bool, StoreError> {

@@ -57,7 +57,7 @@ const REQUEST_DURATION_SECONDS: Spec = spec(
 );
 const UPSTREAM_ERRORS_TOTAL: Spec = spec(
     "taskgate_upstream_errors_total",
-    "Failed exchanges with an upstream by kind (connect, timeout, protocol).",
+    "Failed exchanges with an upstream by kind (connect, timeout, protocol, stream_reset: a stream cut before its end, auth: the upstream refused taskgate's credentials).",
     &["upstream", "kind"],
 );
 const SSE_STREAMS_OPEN: Spec = spec(
@@ -77,7 +77,7 @@ const TASKS: Spec = spec(
 );
 const TASKS_CREATED_TOTAL: Spec = spec(
     "taskgate_tasks_created_total",
-    "Tasks recorded, by origin (client: the client asked for a task; upgraded: taskgate did).",
+    "Tasks recorded, by origin (client: the client asked for a task; upgraded: taskgate made a plain call one; bridged: a 2025-11-25 client's task on a 2026-07-28 upstream; gateway: a task taskgate runs itself).",
     &["upstream", "origin"],
 );
 const TASK_CREATION_REFUSED_TOTAL: Spec = spec(
@@ -87,7 +87,7 @@ const TASK_CREATION_REFUSED_TOTAL: Spec = spec(
 );
 const STORE_WRITE_FAILURES_TOTAL: Spec = spec(
     "taskgate_store_write_failures_total",
-    "Task registry writes that failed.",
+    "Task store calls that failed (writes, and the reads a request depends on).",
     &[],
 );
 const TRACE_EXPORT_FAILURES_TOTAL: Spec = spec(
@@ -102,7 +102,7 @@ const TRACE_SPANS_DROPPED_TOTAL: Spec = spec(
 );
 const STORE_WRITE_DURATION_SECONDS: Spec = spec(
     "taskgate_store_write_duration_seconds",
-    "Duration of one durable registry commit (apply, flush, fdatasync), in seconds.",
+    "Duration of one durable registry commit (apply, flush, fdatasync) of the sled store, in seconds.",
     &[],
 );
 const TASK_STATUS_TRANSITIONS_TOTAL: Spec = spec(
@@ -358,6 +358,8 @@ pub struct Metrics {
     /// `taskgate_upstream_restarts_total{upstream}`: a stdio upstream's child started again
     /// after it exited or failed to start (`upstream::stdio`).
     pub upstream_restarts_total: IntCounterVec,
+    /// The upstream names given to [`Metrics::new`] (their series are pre-created).
+    upstreams: Vec<String>,
 }
 
 impl Metrics {
@@ -402,6 +404,7 @@ impl Metrics {
             local_answers_total: b.counter_vec(&LOCAL_ANSWERS_TOTAL),
             upstream_restarts_total: b.counter_vec(&UPSTREAM_RESTARTS_TOTAL),
             registry: b.0,
+            upstreams: upstreams.to_vec(),
         };
         for reason in RejectReason::ALL {
             m.http_rejections_total
@@ -411,6 +414,11 @@ impl Metrics {
             m.precreate(up);
         }
         m
+    }
+
+    /// The configured upstreams' names, whose series exist from start-up.
+    pub fn upstreams(&self) -> &[String] {
+        &self.upstreams
     }
 
     /// Creates, at 0, every series with `upstream=up` that the recording methods can record.

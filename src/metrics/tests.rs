@@ -199,3 +199,59 @@ fn rendered_names_match_the_contract() {
     names.sort_unstable();
     assert_eq!(names, CONTRACT);
 }
+
+/// A `# HELP` text that lists the values of one of its labels lists all of them: an operator
+/// reading `/metrics` (or a dashboard's tooltip) learns the label's values from it. Two said
+/// less than the series carry (`taskgate_tasks_created_total`: client, upgraded, without
+/// bridged and gateway; `taskgate_upstream_errors_total`: connect, timeout, protocol, without
+/// stream_reset and auth).
+#[test]
+fn a_help_text_that_lists_label_values_lists_them_all() {
+    let text = scrape(&["a"]);
+    let mut help = std::collections::BTreeMap::new();
+    let mut values: std::collections::BTreeMap<
+        (String, String),
+        std::collections::BTreeSet<String>,
+    > = Default::default();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, h) = rest.split_once(' ').unwrap();
+            help.insert(name.to_string(), h.to_string());
+            continue;
+        }
+        let Some((series, _)) = line.split_once('{') else {
+            continue;
+        };
+        let labels = line[series.len() + 1..].split_once('}').unwrap().0;
+        for pair in labels.split(',') {
+            let (k, v) = pair.split_once('=').unwrap();
+            if k != "upstream" && k != "le" {
+                values
+                    .entry((series.to_string(), k.to_string()))
+                    .or_default()
+                    .insert(v.trim_matches('"').to_string());
+            }
+        }
+    }
+    let names = |h: &str, v: &str| {
+        h.match_indices(v).any(|(i, _)| {
+            let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+            !h[..i].ends_with(word) && !h[i + v.len()..].starts_with(word)
+        })
+    };
+    for ((name, label), vs) in &values {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s).filter(|f| help.contains_key(*f)))
+            .unwrap_or(name);
+        let h = &help[family];
+        let named: Vec<_> = vs.iter().filter(|v| names(h, v)).collect();
+        if named.len() >= 2 {
+            let missing: Vec<_> = vs.iter().filter(|v| !names(h, v)).collect();
+            assert!(
+                missing.is_empty(),
+                "{name}: its HELP lists {label} values but not {missing:?}: {h}"
+            );
+        }
+    }
+}

@@ -21,8 +21,8 @@
 //!
 //! **Bounded**: at most [`STORE_QUEUE`] store jobs are queued or running at once; past that a
 //! job is refused at once, and a job that waited [`STORE_QUEUE_WAIT`] for a thread is not run:
-//! both end like a failed store call (the registry's counted in
-//! `taskgate_store_write_failures_total`, the session table's logged; the caller answers "task
+//! both end like a failed store call (counted in `taskgate_store_write_failures_total`: the
+//! registry's, and the session table's a client sees; the caller answers "task
 //! store unavailable", or the session's error, where a request depends on it). So a store that
 //! does not answer costs at most [`STORE_THREADS`] parked threads, a bounded queue, and each
 //! caller a bounded wait.
@@ -583,7 +583,8 @@ impl Registry {
 
     /// One page of `owner`'s tasks on `upstream` for `tasks/list`, newest first, after
     /// `cursor` (see [`crate::store::TaskStore::list_owner`]). `Ok(None)` when the cursor is
-    /// not one this owner could have been given.
+    /// not one this owner could have been given. Errors: the store's (counted in
+    /// `taskgate_store_write_failures_total` and logged, as a failed read of one record is).
     pub async fn list_page(
         self: &Arc<Self>,
         upstream: &str,
@@ -592,18 +593,23 @@ impl Registry {
         limit: usize,
     ) -> Result<Option<ListPage>, crate::store::StoreError> {
         let (up, owner) = (upstream.to_string(), owner.clone());
-        self.off_runtime(move |r| {
-            if let Some(c) = &cursor {
-                if !r.store.cursor_is_valid(&up, &owner, c) {
-                    return Ok(None);
+        let listed = self
+            .try_off_runtime(move |r| {
+                if let Some(c) = &cursor {
+                    if !r.store.cursor_is_valid(&up, &owner, c) {
+                        return Ok(None);
+                    }
                 }
-            }
-            r.store
-                .list_owner(&up, &owner, cursor.as_ref(), limit)
-                .map(Some)
-        })
-        .await
-        .unwrap_or_else(|| Err(crate::store::StoreError::Db("the read was not run".into())))
+                r.store
+                    .list_owner(&up, &owner, cursor.as_ref(), limit)
+                    .map(Some)
+            })
+            .await
+            .and_then(|listed| listed);
+        if let Err(e) = &listed {
+            self.write_failed(e, "a tasks/list page could not be read");
+        }
+        listed
     }
 }
 

@@ -86,7 +86,8 @@ impl Registry {
     }
 
     /// The sweep lease holder of a shared store: `taskgate_tasks` as the database counts it
-    /// (every status of an upstream that has records; 0 for those it has none of).
+    /// (every status of each configured upstream and of each upstream that has records; 0 for
+    /// those it has none of).
     fn export_shared_gauges(&self) {
         let Some(slots) = self.store.slots() else {
             return;
@@ -100,8 +101,11 @@ impl Registry {
             }
         };
         self.metrics.tasks.reset();
-        let upstreams: std::collections::BTreeSet<&str> =
-            counts.iter().map(|(up, _, _)| up.as_str()).collect();
+        let upstreams: std::collections::BTreeSet<&str> = counts
+            .iter()
+            .map(|(up, _, _)| up.as_str())
+            .chain(self.metrics.upstreams().iter().map(String::as_str))
+            .collect();
         for up in upstreams {
             for &status in TaskStatus::ALL {
                 self.metrics.tasks_set(up, status, 0);
@@ -110,5 +114,32 @@ impl Registry {
         for (up, status, n) in &counts {
             self.metrics.tasks_set(up, *status, *n);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::layers::testing;
+    use std::sync::atomic::Ordering;
+
+    /// On a shared store the sweep lease holder exports `taskgate_tasks` at 0 for every
+    /// configured upstream without records, as every other series is pre-created: an upstream
+    /// whose last record was swept lost its series (a sum over the replicas said "no data",
+    /// not 0), and one with no task yet never had any.
+    #[test]
+    fn the_holder_exports_every_configured_upstream() {
+        let (registry, store) = testing::registry();
+        store.with_slots.store(true, Ordering::SeqCst);
+        registry.sweep_now();
+        let text = String::from_utf8(registry.metrics().encode()).unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l == r#"taskgate_tasks{status="working",upstream="up"} 0"#),
+            "{}",
+            text.lines()
+                .filter(|l| l.starts_with("taskgate_tasks"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
     }
 }

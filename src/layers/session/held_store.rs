@@ -182,6 +182,21 @@ impl Sessions {
         }
     }
 
+    /// Counts the session store calls that fail in `counter` from now on (the registry's
+    /// `taskgate_store_write_failures_total`: a replica whose database is unreachable answers
+    /// the requests of sessions it has not seen 500, and the store alert must say so).
+    pub fn count_store_failures(&self, counter: prometheus::IntCounter) {
+        let _ = self.store_failures.set(counter);
+    }
+
+    /// A session store call failed: counted (see [`Sessions::count_store_failures`]), unless it
+    /// raced a graceful stop.
+    fn store_failed(&self, e: &StoreError) {
+        if let (Some(counter), false) = (self.store_failures.get(), e.is_closed()) {
+            counter.inc();
+        }
+    }
+
     /// Whether sessions are kept in a store (written before their `initialize` answer).
     pub fn keeps_store(&self) -> bool {
         self.store.get().is_some()
@@ -266,8 +281,14 @@ impl Sessions {
         };
         // The write on a store thread, the group commit awaited here: a thread held through
         // the commit's fdatasync made a burst of initializes start a thread each (issue 30).
-        store.run(move |s| s.put_held_session(record)).await?;
-        store.store.sync().await
+        let written = match store.run(move |s| s.put_held_session(record)).await {
+            Ok(()) => store.store.sync().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &written {
+            self.store_failed(e);
+        }
+        written
     }
 
     /// Brings a session the store keeps back into the table, or (an entry due for its re-read,
@@ -395,6 +416,7 @@ impl Sessions {
     /// the table (re-read again after [`super::REVALIDATE_AFTER`]); an unknown one is
     /// [`Revived::Failed`].
     fn unread(&self, key: &super::Key, e: &StoreError) -> Revived {
+        self.store_failed(e);
         if let Some(info) = self.table.lock().map.get_mut(key) {
             tracing::warn!(error = %e, "a session could not be re-read from the store; served from the table");
             info.checked_at = self.now();
@@ -473,6 +495,7 @@ impl Sessions {
                     Err(e) => Err(e),
                 };
                 if let Err(e) = done {
+                    self.store_failed(&e);
                     tracing::warn!(error = %e, "an ended held session was not removed from the store");
                 }
             }

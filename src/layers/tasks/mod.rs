@@ -302,9 +302,10 @@ async fn prepare_creation(registry: &Arc<Registry>, req: &mut McpRequest) -> Res
     let upstream = req.ctx.upstream.clone();
     let reserved = match registry.reserve_creation(&upstream, &owner).await {
         Ok(r) => r,
-        Err(e) => {
-            let error = McpError::CountFailed {
-                detail: e.to_string(),
+        Err(_) => {
+            // The store's error is logged and counted by the registry, not sent to the client.
+            let error = McpError::StoreUnavailable {
+                method: Some("tools/call".into()),
             };
             return Err(refuse(&id, error).answered_locally(LocalReason::StoreUnavailable));
         }
@@ -692,10 +693,11 @@ async fn list(registry: &Arc<Registry>, authenticated: bool, req: &McpRequest) -
             }
             McpReply::local_json(jsonrpc::result_response(&id, &result.to_string()))
         }
-        Err(e) => refuse(
+        // The store's error is logged (`Registry::list_page`), not sent to the client.
+        Err(_) => refuse(
             &id,
-            McpError::ListFailed {
-                detail: Some(e.to_string()),
+            McpError::StoreUnavailable {
+                method: Some("tasks/list".into()),
             },
         ),
     }
@@ -883,6 +885,68 @@ mod tests {
         assert!(bounded_ttl(&json!(null), cap).is_err());
         // A cap below the floor wins.
         assert_eq!(bounded_ttl(&json!({"ttl": 0}), 500), Ok(Some(500)));
+    }
+
+    /// A `tasks/list` page the store cannot read (a database outage) is `-32603` "task store
+    /// unavailable", counted in `taskgate_store_write_failures_total` as every other failed
+    /// registry read is (the `TaskgateStoreWriteFailures` alert). It was neither counted nor
+    /// logged, and the client's message carried the store's own error text.
+    #[tokio::test]
+    async fn a_tasks_list_the_store_fails_is_counted_and_names_no_store_detail() {
+        use crate::exchange::{GatewayError, McpReply, McpRequest};
+        use crate::layers::testing::{json_of, registry, request};
+        use tower::{Layer, ServiceExt};
+        let (registry, store) = registry();
+        store
+            .fail_lists
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let stack = super::TasksLayer::new(registry.clone(), false).layer(tower::service_fn(
+            |_req: McpRequest| async {
+                Ok::<_, GatewayError>(McpReply::local_json(bytes::Bytes::from_static(b"{}")))
+            },
+        ));
+        let req = request(r#"{"jsonrpc":"2.0","id":3,"method":"tasks/list","params":{}}"#);
+        let reply = json_of(&stack.oneshot(req).await.unwrap());
+        assert_eq!(reply["error"]["code"], -32603, "{reply}");
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert_eq!(message, "tasks/list: task store unavailable; try again");
+        assert_eq!(registry.metrics().store_write_failures_total.get(), 1);
+    }
+
+    /// A task creation whose live-task slot the store cannot take (a database outage, shared
+    /// store) is `-32603` "task store unavailable" without the store's own error text (logged
+    /// and counted by the registry), and nothing goes upstream. The client's message carried
+    /// the driver's error.
+    #[tokio::test]
+    async fn a_creation_the_store_cannot_count_names_no_store_detail() {
+        use crate::exchange::{GatewayError, McpReply, McpRequest};
+        use crate::layers::testing::{json_of, registry, request};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tower::{Layer, ServiceExt};
+        let (registry, store) = registry();
+        store.with_slots.store(true, Ordering::SeqCst);
+        store.slots.fail.store(true, Ordering::SeqCst);
+        let calls = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let stack = super::TasksLayer::new(registry.clone(), false).layer(tower::service_fn(
+            move |_req: McpRequest| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    Ok::<_, GatewayError>(McpReply::local_json(bytes::Bytes::from_static(b"{}")))
+                }
+            },
+        ));
+        let req = request(
+            r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"t","arguments":{},"task":{}}}"#,
+        );
+        let reply = json_of(&stack.oneshot(req).await.unwrap());
+        assert_eq!(reply["error"]["code"], -32603, "{reply}");
+        assert_eq!(
+            reply["error"]["message"],
+            "tools/call: task store unavailable; try again"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "nothing went upstream");
+        assert_eq!(registry.metrics().store_write_failures_total.get(), 1);
     }
 
     #[test]
