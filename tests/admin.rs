@@ -49,6 +49,47 @@ async fn admin_readyz_follows_upstream_reachability() {
     assert_eq!(status, 503, "one of two upstreams down: {body}");
 }
 
+/// `/readyz?upstreams=any` (a tier in front of several servers) is 200 while one upstream is up,
+/// naming the one that is down, and 503 once none is; the store counts as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_readyz_upstreams_any_needs_one_upstream_up() {
+    let up = Upstream::mcp().await;
+    let gw = GatewayBuilder::new()
+        .upstream("up", &up.url())
+        .upstream("down", &dead_url())
+        .start()
+        .await;
+    let (status, body) = admin_get(&gw, "/readyz?upstreams=any").await;
+    assert_eq!(status, 200, "one of two upstreams up: {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["ready"], true, "{body}");
+    assert_eq!(v["upstreams"]["up"], "ok", "{body}");
+    assert!(
+        v["upstreams"]["down"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("unreachable")),
+        "the upstream that is down is named: {body}"
+    );
+    let (status, body) = admin_get(&gw, "/readyz?store=optional&upstreams=any").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = admin_get(&gw, "/readyz?upstreams=all").await;
+    assert_eq!(status, 503, "all: one down is not ready: {body}");
+    let (status, body) = admin_get(&gw, "/readyz?upstreams=some").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("some"), "{body}");
+
+    up.stop();
+    let none_up = eventually(Duration::from_secs(5), || async {
+        let (status, _) = admin_get(&gw, "/readyz?upstreams=any").await;
+        (status == 503).then_some(())
+    })
+    .await;
+    if none_up.is_none() {
+        let (status, body) = admin_get(&gw, "/readyz?upstreams=any").await;
+        panic!("readyz?upstreams=any still {status} with no upstream up: {body}");
+    }
+}
+
 /// The value of the first sample of `name` whose labels include all of `labels`. Every label
 /// combination is pre-created at 0, so name enough labels to pick one series.
 fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {

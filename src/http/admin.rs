@@ -1,6 +1,6 @@
 //! The admin listener: `/healthz` (the process answers), `/readyz` (every upstream accepts TCP
 //! connections, or for a stdio upstream has a live child, and the task store answers: `"store": "ok"` or `"unreachable: <why>"`;
-//! `/readyz?store=optional` reports the store without counting it, a tier's probe), `/metrics` (Prometheus text format 0.0.4), `/admin/tasks?owner=&status=&upstream=&limit=`
+//! `/readyz?store=optional` reports the store without counting it, a tier's probe; `upstreams=any`: ready while one upstream is up, for a tier in front of several servers), `/metrics` (Prometheus text format 0.0.4), `/admin/tasks?owner=&status=&upstream=&limit=`
 //! (task records as JSON, newest first) and `/admin/tasks/<upstream>/<taskId>` (one record with
 //! its audit events).
 //!
@@ -116,7 +116,7 @@ impl Admin {
         }
         match req.uri().path() {
             "/healthz" => json_response(StatusCode::OK, Bytes::from_static(br#"{"status":"ok"}"#)),
-            "/readyz" => match StoreNeed::of_query(req.uri().query().unwrap_or("")) {
+            "/readyz" => match Readiness::of_query(req.uri().query().unwrap_or("")) {
                 Ok(need) => self.readyz(need).await,
                 Err(message) => json_response(
                     StatusCode::BAD_REQUEST,
@@ -256,7 +256,7 @@ impl Admin {
         }
     }
 
-    async fn readyz(&self, need: StoreNeed) -> Response<Body> {
+    async fn readyz(&self, need: Readiness) -> Response<Body> {
         let checks = self.upstreams.iter().map(|u| async move {
             let result = tokio::time::timeout(
                 Duration::from_secs(1),
@@ -286,8 +286,14 @@ impl Admin {
             };
             (name.clone(), status)
         }));
-        let store_ok = store == "ok" || need == StoreNeed::Optional;
-        let ready = store_ok && results.iter().all(|(_, s)| s == "ok");
+        let store_ok = store == "ok" || need.store == StoreNeed::Optional;
+        let ok = |(_, s): &(String, String)| s == "ok";
+        let upstreams_ok = match need.upstreams {
+            UpstreamNeed::All => results.iter().all(ok),
+            // None configured: nothing to wait for, as with `all`.
+            UpstreamNeed::Any => results.is_empty() || results.iter().any(ok),
+        };
+        let ready = store_ok && upstreams_ok;
         let upstreams: serde_json::Map<String, serde_json::Value> = results
             .into_iter()
             .map(|(n, s)| (n, serde_json::Value::String(s)))
@@ -312,6 +318,60 @@ impl Handler for Admin {
     }
 }
 
+/// What `/readyz` waits for: the task store ([`StoreNeed`]) and the upstreams
+/// ([`UpstreamNeed`]), from its query string (`store=required|optional`,
+/// `upstreams=all|any`; a parameter given twice: the last one counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Readiness {
+    store: StoreNeed,
+    upstreams: UpstreamNeed,
+}
+
+/// Whether `/readyz` needs every upstream to be up (`?upstreams=all`, the default: a sidecar
+/// next to one server is not ready without it) or one of them (`?upstreams=any`).
+///
+/// `any` is for a tier in front of several servers: one server down would otherwise take every
+/// replica alike out of the Service, and with them the servers still up; the body still names
+/// each upstream's state (`"upstreams": {"<name>": "unreachable: <why>"}`), and the calls to
+/// the one that is down get 502 `-32603` naming it. A stdio upstream counts as up while it has
+/// a live child.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum UpstreamNeed {
+    All,
+    Any,
+}
+
+impl Readiness {
+    /// From `/readyz`'s query string; `Err` (the message for a 400) on any other parameter or
+    /// value.
+    fn of_query(query: &str) -> Result<Readiness, String> {
+        let mut need = Readiness {
+            store: StoreNeed::Required,
+            upstreams: UpstreamNeed::All,
+        };
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            match (k.as_ref(), v.as_ref()) {
+                ("store", "required") => need.store = StoreNeed::Required,
+                ("store", "optional") => need.store = StoreNeed::Optional,
+                ("store", other) => {
+                    return Err(format!("store must be required or optional, got {other:?}"))
+                }
+                ("upstreams", "all") => need.upstreams = UpstreamNeed::All,
+                ("upstreams", "any") => need.upstreams = UpstreamNeed::Any,
+                ("upstreams", other) => {
+                    return Err(format!("upstreams must be all or any, got {other:?}"))
+                }
+                (other, _) => {
+                    return Err(format!(
+                        "unknown parameter {other:?}; /readyz takes store=required|optional and upstreams=all|any"
+                    ))
+                }
+            }
+        }
+        Ok(need)
+    }
+}
+
 /// Whether `/readyz` counts the task store (`?store=required`, the default) or only reports it
 /// (`?store=optional`).
 ///
@@ -323,29 +383,6 @@ impl Handler for Admin {
 enum StoreNeed {
     Required,
     Optional,
-}
-
-impl StoreNeed {
-    /// From `/readyz`'s query string; `Err` (the message for a 400) on any other parameter or
-    /// value.
-    fn of_query(query: &str) -> Result<StoreNeed, String> {
-        let mut need = StoreNeed::Required;
-        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
-            need = match (k.as_ref(), v.as_ref()) {
-                ("store", "required") => StoreNeed::Required,
-                ("store", "optional") => StoreNeed::Optional,
-                ("store", other) => {
-                    return Err(format!("store must be required or optional, got {other:?}"))
-                }
-                (other, _) => {
-                    return Err(format!(
-                        "unknown parameter {other:?}; /readyz takes store=required|optional"
-                    ))
-                }
-            };
-        }
-        Ok(need)
-    }
 }
 
 /// A filter over task records, shared by `/admin/tasks` and `taskgate tasks list`.
@@ -476,22 +513,28 @@ mod tests {
     use crate::store::SledStore;
 
     #[test]
-    fn readyz_store_parameter() {
-        assert_eq!(StoreNeed::of_query(""), Ok(StoreNeed::Required));
+    fn readyz_parameters() {
+        let need = |q: &str| Readiness::of_query(q).map(|r| (r.store, r.upstreams));
+        assert_eq!(need(""), Ok((StoreNeed::Required, UpstreamNeed::All)));
         assert_eq!(
-            StoreNeed::of_query("store=required"),
-            Ok(StoreNeed::Required)
+            need("store=required"),
+            Ok((StoreNeed::Required, UpstreamNeed::All))
         );
         assert_eq!(
-            StoreNeed::of_query("store=optional"),
-            Ok(StoreNeed::Optional)
+            need("store=optional"),
+            Ok((StoreNeed::Optional, UpstreamNeed::All))
         );
-        assert!(StoreNeed::of_query("store=maybe")
-            .unwrap_err()
-            .contains("maybe"));
-        assert!(StoreNeed::of_query("verbose=1")
-            .unwrap_err()
-            .contains("verbose"));
+        assert_eq!(
+            need("upstreams=any"),
+            Ok((StoreNeed::Required, UpstreamNeed::Any))
+        );
+        assert_eq!(
+            need("store=optional&upstreams=any"),
+            Ok((StoreNeed::Optional, UpstreamNeed::Any))
+        );
+        assert!(need("store=maybe").unwrap_err().contains("maybe"));
+        assert!(need("upstreams=most").unwrap_err().contains("most"));
+        assert!(need("verbose=1").unwrap_err().contains("verbose"));
     }
 
     /// Records t0..t9 (t9 newest); odd ones owned by another session, t8 completed.
