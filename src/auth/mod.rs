@@ -203,12 +203,18 @@ fn bearer_token(headers: &HeaderMap) -> Result<&str, Refusal> {
             "Unauthorized: an Authorization: Bearer <token> header is required",
         ));
     };
-    value
-        .split_once(' ')
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, t)| t.trim())
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| missing("Unauthorized: the Authorization header must use the Bearer scheme"))
+    let (scheme, token) = value.trim().split_once(' ').unwrap_or((value.trim(), ""));
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(missing(
+            "Unauthorized: the Authorization header must use the Bearer scheme",
+        ));
+    }
+    match token.trim() {
+        "" => Err(missing(
+            "Unauthorized: the Authorization: Bearer header carries no token",
+        )),
+        token => Ok(token),
+    }
 }
 
 /// `<origin of audience>/.well-known/oauth-protected-resource<route path>` for a request to
@@ -266,6 +272,28 @@ fn quotable(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bearer_header_without_a_token_says_so() {
+        let token = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(AUTHORIZATION, v.parse().unwrap());
+            bearer_token(&h).map(str::to_string).map_err(|r| r.message)
+        };
+        assert_eq!(token("Bearer abc"), Ok("abc".to_string()));
+        assert_eq!(token("bearer  abc "), Ok("abc".to_string()));
+        for empty in ["Bearer", "Bearer ", "bearer   "] {
+            let why = token(empty).unwrap_err();
+            assert!(why.contains("carries no token"), "{empty:?}: {why}");
+        }
+        for other in ["Basic YWxhZGRpbjpvcGVu", "Token abc", "abc"] {
+            let why = token(other).unwrap_err();
+            assert!(
+                why.contains("must use the Bearer scheme"),
+                "{other:?}: {why}"
+            );
+        }
+    }
 
     #[test]
     fn metadata_url_keeps_only_route_paths() {
