@@ -247,6 +247,41 @@ async fn a_cancel_of_a_task_that_already_ended_upstream_keeps_its_result() {
     );
 }
 
+/// The cancel of a task that already ended upstream is taskgate's own answer for a terminal
+/// task, as when its record already said so: counted
+/// `taskgate_cancel_requests_total{outcome="rejected_terminal"}`, no "cancel requested" fact
+/// (nothing was sent). Before: counted `upstream_error`, and audited "tasks/cancel forwarded
+/// upstream" with `cancel_requested_at` set, for a cancel that never left taskgate.
+#[tokio::test]
+async fn a_cancel_of_an_ended_task_is_counted_as_taskgates_own_answer() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "completed");
+    let v = c.cancel("3", &t).await;
+    assert_eq!(err_code(&v), -32602, "{v}");
+    assert_eq!(count(&up, "tasks/cancel"), 0);
+    let m = tg.metrics_text().await;
+    let outcome = |o: &str| metric(&m, "taskgate_cancel_requests_total", &[("outcome", o)]);
+    assert_eq!(outcome("rejected_terminal"), 1.0, "{m}");
+    assert_eq!(outcome("upstream_error") + outcome("forwarded"), 0.0, "{m}");
+    let r = tg.record(&t).unwrap();
+    assert_eq!(r.status, TaskStatus::Completed);
+    assert!(r.cancel_requested_at.is_none(), "{r:?}");
+    let audit = tg.registry.store().audit_for("default", &t).unwrap();
+    assert!(
+        !audit.iter().any(|e| e.event == "cancel_requested"),
+        "{audit:?}"
+    );
+    // A second cancel is answered from the record, counted the same way.
+    let again = c.cancel("4", &t).await;
+    assert_eq!(err_code(&again), -32602, "{again}");
+    let m = tg.metrics_text().await;
+    let outcome = |o: &str| metric(&m, "taskgate_cancel_requests_total", &[("outcome", o)]);
+    assert_eq!(outcome("rejected_terminal"), 2.0, "{m}");
+}
+
 /// A cancel racing the task's completion, 200 rounds: the cancel's answer, later tasks/get
 /// answers and the record agree, and the client never sees a terminal status change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,9 @@ use super::{BridgeService, BridgeState, MAX_POLL, MIN_POLL};
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id};
 use crate::layers::cancel_ack;
-use crate::layers::extensions::{AckIsCancelled, AuthorisedTask, CancelAcknowledged};
+use crate::layers::extensions::{
+    AckIsCancelled, AuthorisedTask, CancelAcknowledged, CancelNotSent,
+};
 use crate::layers::lost_task;
 use crate::layers::relay::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use crate::layers::McpService;
@@ -421,17 +423,12 @@ async fn cancel_for_input<S: McpService>(
                 .await
                 .map(|r| r.body)
         }
-        None => {
-            state
-                .registry
-                .request_cancel(&req.ctx.upstream, &record.task_id)
-                .await;
-            Ok(
-                tasks_cancel(state, inner.clone(), cancel, id, record.clone())
-                    .await
-                    .body,
-            )
-        }
+        // (`tasks_cancel` records "cancel requested" when it sends the cancel.)
+        None => Ok(
+            tasks_cancel(state, inner.clone(), cancel, id, record.clone())
+                .await
+                .body,
+        ),
     };
     state.relay.inputs.forget(&record.task_id);
     tracing::info!(task_id = %record.task_id, answer = ?answer, "task cancelled: its input cannot be asked");
@@ -504,10 +501,19 @@ pub(super) async fn tasks_cancel<S: McpService>(
             })
             .filter(|s| s.is_terminal());
         if let Some(status) = ended {
+            // Nothing is sent: `cancel` counts this as its own answer for a terminal task.
             let error = McpError::TaskAlreadyTerminal { task_id, status };
-            return McpReply::error(Era::Legacy, Some(&id), &error);
+            let mut reply = McpReply::error(Era::Legacy, Some(&id), &error);
+            reply.extensions.insert(CancelNotSent(status));
+            return reply;
         }
     }
+    // "Cancel requested" is recorded here, when the cancel is sent (`cancel` leaves it to the
+    // bridge, which may find the task ended and send nothing).
+    state
+        .registry
+        .request_cancel(&req.ctx.upstream, &task_id)
+        .await;
     let mut out = modern_request(
         &req,
         &id,

@@ -60,8 +60,10 @@
 //!   2026 `tasks/get` (a 2026 server acknowledges a cancel of a task that already ended, so an
 //!   ack alone would turn a task that completed unobserved into `cancelled` and lose its
 //!   result): a task it shows terminal is recorded so by `observe` and answered `-32602`
-//!   naming that status, nothing cancelled. Otherwise 2026
-//!   `tasks/cancel` carrying `AckIsCancelled`: on its ack `observe` records the task
+//!   naming that status, nothing sent or cancelled (the reply carries `CancelNotSent`:
+//!   `cancel` counts it `rejected_terminal`, and no "cancel requested" fact is recorded).
+//!   Otherwise "cancel requested" is recorded here (`cancel` leaves it to the bridge) and the
+//!   2026 `tasks/cancel` is sent carrying `AckIsCancelled`: on its ack `observe` records the task
 //!   `cancelled` (so a later upstream completion is a counted late result and never changes it)
 //!   and hands back what it applied; the client gets the `Task` with status `cancelled`, or, if
 //!   the task reached another terminal status first, `-32602` naming it.
