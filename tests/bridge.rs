@@ -282,6 +282,44 @@ async fn a_cancel_of_an_ended_task_is_counted_as_taskgates_own_answer() {
     assert_eq!(outcome("rejected_terminal"), 2.0, "{m}");
 }
 
+/// The bridged cancel's `tasks/get` and `tasks/cancel` share one deadline, the upstream's
+/// `timeout_ms`: with each answered after 0.7 of it, the client gets the upstream timeout's
+/// `-32603` at `timeout_ms`, not the ack at 1.4 times it (before: each exchange had
+/// `timeout_ms` of its own, so a cancel could take twice as long).
+#[tokio::test]
+async fn a_bridged_cancel_ends_within_one_timeout() {
+    let slow = std::time::Duration::from_millis(700);
+    let (up, state) = scripted(move |req, v, state| {
+        if v["method"] != "tasks/get" {
+            return None;
+        }
+        let task_id = v["params"]["taskId"].as_str()?;
+        let status = state.lock().unwrap().tasks.get(task_id).cloned()?;
+        let task = detailed(task_id, &status);
+        Some(ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &task.to_string())).after(slow))
+    })
+    .await;
+    state.lock().unwrap().cancel_delay = slow;
+    let cfg = TgConfig::new(&up.url());
+    let tg = Tg::start(|store| cfg.to_toml(store) + "timeout_ms = 1000\n").await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    let started = std::time::Instant::now();
+    let v = tokio::time::timeout(STEP, c.cancel("3", &t))
+        .await
+        .expect("tasks/cancel answered");
+    let took = started.elapsed();
+    assert_eq!(err_code(&v), -32603, "{v}");
+    assert!(
+        err_message(&v).contains("did not answer within 1000 ms"),
+        "{v}"
+    );
+    assert!(
+        took < std::time::Duration::from_millis(1350),
+        "answered after {took:?}: {v}"
+    );
+}
+
 /// A cancel racing the task's completion, 200 rounds: the cancel's answer, later tasks/get
 /// answers and the record agree, and the client never sees a terminal status change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

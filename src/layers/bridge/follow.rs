@@ -2,7 +2,7 @@
 //! module docs of `bridge`).
 
 use super::translate::{self, Payload};
-use super::{ask, error_reply, failure_reply, legacy_reply, modern_request};
+use super::{ask, ask_until, error_reply, failure_reply, legacy_reply, modern_request};
 use super::{BridgeService, BridgeState, MAX_POLL, MIN_POLL};
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id};
@@ -468,6 +468,19 @@ pub(super) async fn send_update<S: McpService>(
 }
 
 /// A bridged `tasks/cancel` (one per task: `cancel` above single-flights it).
+///
+/// Its exchanges share one deadline, the upstream's `timeout_ms` from the start (past it, the
+/// upstream timeout's `-32603`; before, each had `timeout_ms` of its own, so a cancel could
+/// take twice as long):
+/// 1. a 2026 `tasks/get` (a 2026 server acknowledges a cancel of a task that already ended,
+///    and the ack carries no status: taken for `cancelled`, it would hide a task that completed
+///    or failed unobserved, and its result). A task it shows terminal (recorded so by
+///    `observe`) is answered `-32602` naming that status, marked [`CancelNotSent`]: nothing was
+///    sent, and `cancel` counts it as its own answer for a terminal task;
+/// 2. otherwise "cancel requested" is recorded (`Registry::request_cancel`, the audit's
+///    "forwarded upstream") and the 2026 `tasks/cancel` sent carrying `AckIsCancelled`: on its
+///    ack `observe` records the task `cancelled` (unless another terminal status was recorded
+///    first: first terminal state wins) and says what it applied.
 pub(super) async fn tasks_cancel<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
@@ -476,44 +489,22 @@ pub(super) async fn tasks_cancel<S: McpService>(
     record: TaskRecord,
 ) -> McpReply {
     let task_id = record.task_id.clone();
-    // A 2026 server acknowledges a cancel of a task that already ended, and the ack carries no
-    // status: taken for `cancelled`, it would hide a task that completed (or failed) unobserved
-    // and its result. So the task is asked about first (its answer applied by `observe`); one
-    // already terminal gets the 2025 answer for that, `-32602` naming its status.
+    let upstream = req.ctx.upstream.clone();
+    let deadline = tokio::time::Instant::now() + state.relay.timeout();
     let get_id = state.next_id();
-    let get = task_request(
-        state,
-        inner.clone(),
-        &req,
-        &get_id,
-        "tasks/get",
-        &task_id,
-        Some(&record),
-    );
-    if let Ok(Some(task)) = get.await {
-        let ended = task
-            .get("result")
-            .and_then(translate::legacy_task)
-            .and_then(|t| {
-                t.get("status")
-                    .and_then(Value::as_str)
-                    .and_then(TaskStatus::parse)
-            })
-            .filter(|s| s.is_terminal());
-        if let Some(status) = ended {
-            // Nothing is sent: `cancel` counts this as its own answer for a terminal task.
+    let asked = status_request(state, &inner, &req, &get_id, &record, deadline).await;
+    match asked {
+        Ok(Some(status)) if status.is_terminal() => {
             let error = McpError::TaskAlreadyTerminal { task_id, status };
             let mut reply = McpReply::error(Era::Legacy, Some(&id), &error);
             reply.extensions.insert(CancelNotSent(status));
             return reply;
         }
+        // The one deadline is spent: nothing was sent.
+        Err(e @ GatewayError::UpstreamTimeout { .. }) => return failure_reply(&id, &e),
+        _ => {}
     }
-    // "Cancel requested" is recorded here, when the cancel is sent (`cancel` leaves it to the
-    // bridge, which may find the task ended and send nothing).
-    state
-        .registry
-        .request_cancel(&req.ctx.upstream, &task_id)
-        .await;
+    state.registry.request_cancel(&upstream, &task_id).await;
     let mut out = modern_request(
         &req,
         &id,
@@ -525,7 +516,7 @@ pub(super) async fn tasks_cancel<S: McpService>(
     // applied (unless another terminal status was recorded first: first terminal state wins).
     let ack = AckIsCancelled::default();
     out.extensions.insert(ack.clone());
-    let answer = match ask(state, inner.clone(), out, &id).await {
+    let answer = match ask_until(state, inner.clone(), out, &id, deadline).await {
         Ok(answer) => answer,
         Err(e) => return failure_reply(&id, &e),
     };
@@ -535,8 +526,14 @@ pub(super) async fn tasks_cancel<S: McpService>(
             // "Not found" (the upstream lost the task) or the caller's own params: told apart
             // by taskgate's own clean `tasks/get` (`-32602` again: lost).
             let get_id = state.next_id();
-            let get = task_request(state, inner, &req, &get_id, "tasks/get", &task_id, None);
-            if let Ok(got) = get.await {
+            let get = modern_request(
+                &req,
+                &get_id,
+                "tasks/get",
+                params_for(&task_id),
+                Some(&task_id),
+            );
+            if let Ok(got) = ask_until(state, inner, get, &get_id, deadline).await {
                 if lost_task::is_not_found(got.as_ref()) {
                     if let Some(reply) =
                         lost(state, &record, "tasks/cancel", Lost::Cancel, &id).await
@@ -556,4 +553,33 @@ pub(super) async fn tasks_cancel<S: McpService>(
         return McpReply::error(Era::Legacy, Some(&id), &error);
     };
     McpReply::local_json(cancel_ack::legacy_answer(observed, &id, &task_id, task))
+}
+
+/// taskgate's own 2026 `tasks/get` of `record`'s task under `id`, before `deadline` (its
+/// answer applied by `observe`, `record` as the [`AuthorisedTask`]): the status it shows, as a
+/// 2025 client is told it (a tool error `failed`); `None` when the answer shows none (an error,
+/// no answer).
+async fn status_request<S: McpService>(
+    state: &BridgeState,
+    inner: &S,
+    req: &McpRequest,
+    id: &Id,
+    record: &TaskRecord,
+    deadline: tokio::time::Instant,
+) -> Result<Option<TaskStatus>, GatewayError> {
+    let task_id = &record.task_id;
+    let mut out = modern_request(req, id, "tasks/get", params_for(task_id), Some(task_id));
+    out.extensions.insert(AuthorisedTask {
+        record: Arc::new(record.clone()),
+    });
+    let answer = ask_until(state, inner.clone(), out, id, deadline).await?;
+    Ok(answer
+        .as_ref()
+        .and_then(|a| a.get("result"))
+        .and_then(translate::legacy_task)
+        .and_then(|t| {
+            t.get("status")
+                .and_then(Value::as_str)
+                .and_then(TaskStatus::parse)
+        }))
 }

@@ -90,8 +90,9 @@
 //! and in the answers to every other request of a 2025 client of a 2026 task upstream.
 //!
 //! **Deadlines**: each request taskgate sends itself (the bridged `tools/call`, `tasks/get`,
-//! every poll of `tasks/result`, `tasks/cancel`, `tasks/update`) is bounded as a whole, its SSE
-//! answer included, by the upstream's `timeout_ms`; past it the client gets the upstream
+//! every poll of `tasks/result`, `tasks/update`) is bounded as a whole, its SSE answer
+//! included, by the upstream's `timeout_ms`, and a bridged `tasks/cancel`'s exchanges
+//! (`tasks/get`, then `tasks/cancel`) by one `timeout_ms` together; past it the client gets the upstream
 //! timeout's message ("upstream `x` did not answer within N ms") as JSON-RPC `-32603`, HTTP
 //! 200, counted in `taskgate_upstream_errors_total{kind="timeout"}`. `server/discover` is bounded
 //! by [`DISCOVER_DEADLINE`] or `timeout_ms`, whichever is shorter.
@@ -151,7 +152,7 @@ pub mod reverse;
 pub(crate) mod sessionless;
 pub mod translate;
 
-use answer::{ask, ask_with, error_reply, failure_reply, legacy_reply};
+use answer::{ask, ask_until, ask_with, error_reply, failure_reply, legacy_reply};
 
 pub use era::{Discovery, UpstreamEra, DISCOVER_DEADLINE, UNANSWERED_RETRY};
 
