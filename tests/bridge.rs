@@ -168,18 +168,16 @@ async fn protocol_2025_is_never_bridged() {
 
 /// tasks/cancel of a working task: one upstream cancel, the reply and the record say
 /// cancelled; a second cancel is -32602 and not forwarded; a late upstream completion never
-/// changes what the 2025 client sees, and is counted as a late result.
+/// changes what the 2025 client sees, and is counted as a late result. The server cancels
+/// cooperatively: after its ack the task is still `working` (2026-07-28 §1.6), so the bridge's
+/// `tasks/get` after the ack sees it live and the ack stands as `cancelled`; then it completes.
 #[tokio::test]
 async fn cancel_is_forwarded_once_and_stays_cancelled() {
     let (up, state) = modern_server().await;
     let tg = TgConfig::new(&up.url()).start().await;
     let (c, _) = legacy_client(&tg).await;
     let t = create(&c, 2).await;
-    state
-        .lock()
-        .unwrap()
-        .after_cancel
-        .insert(t.clone(), "completed".into());
+    state.lock().unwrap().cancel_after = Some(std::time::Duration::from_secs(3600));
     let v = c.cancel("3", &t).await;
     assert_eq!(v["result"]["status"], "cancelled", "{v}");
     assert_eq!(v["result"]["taskId"], json!(t), "{v}");
@@ -318,6 +316,58 @@ async fn a_bridged_cancel_ends_within_one_timeout() {
         took < std::time::Duration::from_millis(1350),
         "answered after {took:?}: {v}"
     );
+}
+
+/// A task that completes upstream between the bridge's `tasks/get` and its `tasks/cancel` (the
+/// 2026 server acknowledges the cancel and keeps `completed`, as §1.6 allows) is not recorded
+/// `cancelled`: after the ack the bridge asks again, records `completed` with its result, and
+/// answers `-32602` naming it; the result stays reachable. Before: recorded `cancelled` from
+/// the ack, its result lost (`tasks/result` `-32603`).
+#[tokio::test]
+async fn a_task_that_completes_before_its_cancel_takes_effect_keeps_its_result() {
+    let flip: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =
+        Default::default();
+    let to_flip = flip.clone();
+    let (up, _state) = scripted(move |req, v, state| {
+        if v["method"] != "tasks/get" {
+            return None;
+        }
+        let task_id = v["params"]["taskId"].as_str()?;
+        if !to_flip.lock().unwrap().remove(task_id) {
+            return None;
+        }
+        // Answered `working`, and completed right after that answer.
+        state
+            .lock()
+            .unwrap()
+            .tasks
+            .insert(task_id.to_string(), "completed".into());
+        let task = detailed(task_id, "working");
+        Some(ScriptedResponse::json(rpc_result(
+            &req.rpc_id_json(),
+            &task.to_string(),
+        )))
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    flip.lock().unwrap().insert(t.clone());
+    let v = c.cancel("3", &t).await;
+    assert_eq!(err_code(&v), -32602, "{v}");
+    assert!(err_message(&v).contains("completed"), "{v}");
+    assert_eq!(count(&up, "tasks/cancel"), 1, "the cancel was sent");
+    let r = tg.record(&t).unwrap();
+    assert_eq!(r.status, TaskStatus::Completed, "{r:?}");
+    assert!(r.cancel_requested_at.is_some(), "{r:?}");
+    let res = c.result("4", &t).await;
+    assert_eq!(
+        res["result"]["content"][0]["text"],
+        json!(format!("done {t}")),
+        "{res}"
+    );
+    let got = c.get("5", &t).await;
+    assert_eq!(got["result"]["status"], "completed", "{got}");
 }
 
 /// A cancel racing the task's completion, 200 rounds: the cancel's answer, later tasks/get

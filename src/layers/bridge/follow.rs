@@ -7,9 +7,7 @@ use super::{BridgeService, BridgeState, MAX_POLL, MIN_POLL};
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id};
 use crate::layers::cancel_ack;
-use crate::layers::extensions::{
-    AckIsCancelled, AuthorisedTask, CancelAcknowledged, CancelNotSent,
-};
+use crate::layers::extensions::{AuthorisedTask, CancelNotSent};
 use crate::layers::lost_task;
 use crate::layers::relay::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use crate::layers::McpService;
@@ -469,18 +467,26 @@ pub(super) async fn send_update<S: McpService>(
 
 /// A bridged `tasks/cancel` (one per task: `cancel` above single-flights it).
 ///
-/// Its exchanges share one deadline, the upstream's `timeout_ms` from the start (past it, the
-/// upstream timeout's `-32603`; before, each had `timeout_ms` of its own, so a cancel could
-/// take twice as long):
+/// Three steps, all within one deadline, the upstream's `timeout_ms` from the start (past it,
+/// in the first two, the upstream timeout's `-32603`):
 /// 1. a 2026 `tasks/get` (a 2026 server acknowledges a cancel of a task that already ended,
 ///    and the ack carries no status: taken for `cancelled`, it would hide a task that completed
 ///    or failed unobserved, and its result). A task it shows terminal (recorded so by
 ///    `observe`) is answered `-32602` naming that status, marked [`CancelNotSent`]: nothing was
 ///    sent, and `cancel` counts it as its own answer for a terminal task;
 /// 2. otherwise "cancel requested" is recorded (`Registry::request_cancel`, the audit's
-///    "forwarded upstream") and the 2026 `tasks/cancel` sent carrying `AckIsCancelled`: on its
-///    ack `observe` records the task `cancelled` (unless another terminal status was recorded
-///    first: first terminal state wins) and says what it applied.
+///    "forwarded upstream") and the 2026 `tasks/cancel` sent;
+/// 3. after its ack, what the server made of it: 2026-07-28 §1.6 lets a task acknowledged
+///    cancelled still end `completed` or `failed` ("if the work finished before cancellation
+///    could take effect"), and the ack says nothing, so a task that ended between step 1 and
+///    the cancel is seen only by asking again: a second `tasks/get`, skipped when the record is
+///    already terminal (a `notifications/tasks` on the cancel's stream or another poll told
+///    it). Then the ack is applied as the task `cancelled` (`cancel_ack::apply`: the first
+///    terminal status recorded stands), so a task that completed keeps its result and the
+///    client gets `-32602` naming `completed`; a task still live (a cooperative cancel not yet
+///    taken effect), or one the second `tasks/get` could not tell about (an error, no answer,
+///    the deadline reached), is recorded `cancelled` as the 2025 client is told. What remains:
+///    such a task that completes after that answer keeps `cancelled` (a counted late result).
 pub(super) async fn tasks_cancel<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
@@ -505,17 +511,13 @@ pub(super) async fn tasks_cancel<S: McpService>(
         _ => {}
     }
     state.registry.request_cancel(&upstream, &task_id).await;
-    let mut out = modern_request(
+    let out = modern_request(
         &req,
         &id,
         "tasks/cancel",
         params_for(&task_id),
         Some(&task_id),
     );
-    // The ack is the task cancelled for the 2025 client: `observe` applies it and says what it
-    // applied (unless another terminal status was recorded first: first terminal state wins).
-    let ack = AckIsCancelled::default();
-    out.extensions.insert(ack.clone());
     let answer = match ask_until(state, inner.clone(), out, &id, deadline).await {
         Ok(answer) => answer,
         Err(e) => return failure_reply(&id, &e),
@@ -546,13 +548,20 @@ pub(super) async fn tasks_cancel<S: McpService>(
         }
         _ => return legacy_reply(&id, answer, Value::clone),
     }
-    let Some(CancelAcknowledged { task, observed }) = ack.applied.get() else {
-        let error = McpError::CancelNotRecorded {
-            task_id: task_id.to_string(),
-        };
-        return McpReply::error(Era::Legacy, Some(&id), &error);
-    };
-    McpReply::local_json(cancel_ack::legacy_answer(observed, &id, &task_id, task))
+    let known = matches!(
+        state.registry.record_cached(&upstream, &task_id).await,
+        Ok(Some(r)) if r.status.is_terminal()
+    );
+    if !known {
+        let get_id = state.next_id();
+        let after = status_request(state, &inner, &req, &get_id, &record, deadline).await;
+        if !matches!(after, Ok(Some(_))) {
+            tracing::debug!(%task_id, answer = ?after, "bridged tasks/cancel: the tasks/get after the ack told no status; the ack is taken as the task cancelled");
+        }
+    }
+    // The ack as the 2025 client's `cancelled` (a terminal status recorded first stands).
+    let (task, observed) = cancel_ack::apply(&state.registry, &upstream, &record).await;
+    McpReply::local_json(cancel_ack::legacy_answer(&observed, &id, &task_id, &task))
 }
 
 /// taskgate's own 2026 `tasks/get` of `record`'s task under `id`, before `deadline` (its

@@ -56,17 +56,20 @@
 //!   taskgate notices, at the latest on the next keep-alive (`gateway.sse_keepalive_ms`).
 //! - `tasks/cancel` (reaches here once per task: `cancel` single-flights it and answers terminal
 //!   tasks `-32602`; taskgate's own cancel of a task whose input its client cannot give is sent
-//!   through that same single-flight, [`crate::layers::cancel::cancel_from_below`]): first a
-//!   2026 `tasks/get` (a 2026 server acknowledges a cancel of a task that already ended, so an
-//!   ack alone would turn a task that completed unobserved into `cancelled` and lose its
-//!   result): a task it shows terminal is recorded so by `observe` and answered `-32602`
-//!   naming that status, nothing sent or cancelled (the reply carries `CancelNotSent`:
-//!   `cancel` counts it `rejected_terminal`, and no "cancel requested" fact is recorded).
-//!   Otherwise "cancel requested" is recorded here (`cancel` leaves it to the bridge) and the
-//!   2026 `tasks/cancel` is sent carrying `AckIsCancelled`: on its ack `observe` records the task
-//!   `cancelled` (so a later upstream completion is a counted late result and never changes it)
-//!   and hands back what it applied; the client gets the `Task` with status `cancelled`, or, if
-//!   the task reached another terminal status first, `-32602` naming it.
+//!   through that same single-flight, [`crate::layers::cancel::cancel_from_below`]), within
+//!   one deadline (the upstream's `timeout_ms` for all its exchanges): first a 2026 `tasks/get`
+//!   (a 2026 server acknowledges a cancel of a task that already ended, so an ack alone would
+//!   turn a task that completed unobserved into `cancelled` and lose its result): a task it
+//!   shows terminal is recorded so by `observe` and answered `-32602` naming that status,
+//!   nothing sent or cancelled (the reply carries `CancelNotSent`: `cancel` counts it
+//!   `rejected_terminal`, and no "cancel requested" fact is recorded). Otherwise "cancel
+//!   requested" is recorded here (`cancel` leaves it to the bridge) and the 2026 `tasks/cancel`
+//!   sent; after its ack (which carries no status, §1.6) a second `tasks/get` tells whether
+//!   the task ended otherwise meanwhile (skipped when the record already says it), then the
+//!   ack is applied as the task `cancelled` (`cancel_ack::apply`, first terminal status wins,
+//!   so a later upstream completion is a counted late result and never changes it): the client
+//!   gets the `Task` with status `cancelled`, or, if the task reached another terminal status
+//!   first, `-32602` naming it (see `follow::tasks_cancel` for what stays open).
 //! - a plain `tools/call` answered `-32021` naming the extension: the tool is remembered as
 //!   task-only (see `tools/list`), so `[upgrade]` runs later calls of it as tasks; the reply
 //!   carries the `NeedsTask` fact up, filled when that answer passes, so `[upgrade]` can retry
@@ -92,7 +95,7 @@
 //! **Deadlines**: each request taskgate sends itself (the bridged `tools/call`, `tasks/get`,
 //! every poll of `tasks/result`, `tasks/update`) is bounded as a whole, its SSE answer
 //! included, by the upstream's `timeout_ms`, and a bridged `tasks/cancel`'s exchanges
-//! (`tasks/get`, then `tasks/cancel`) by one `timeout_ms` together; past it the client gets the upstream
+//! (`tasks/get`, `tasks/cancel`, `tasks/get`) by one `timeout_ms` together; past it the client gets the upstream
 //! timeout's message ("upstream `x` did not answer within N ms") as JSON-RPC `-32603`, HTTP
 //! 200, counted in `taskgate_upstream_errors_total{kind="timeout"}`. `server/discover` is bounded
 //! by [`DISCOVER_DEADLINE`] or `timeout_ms`, whichever is shorter.
