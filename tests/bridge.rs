@@ -729,6 +729,79 @@ async fn input_required_is_asked_once_and_answered_with_tasks_update() {
     assert_eq!(count(&up, "tasks/update"), 1);
 }
 
+/// A `sampling/createMessage` input request the 2025 client answers with a JSON-RPC error: a
+/// 2026 `CreateMessageResult` cannot say "refused" (`InputResponse` has no error form), so
+/// nothing is sent as its answer; the task is cancelled upstream once, recorded `cancelled`,
+/// counted `taskgate_bridge_input_refused_total{reason="client_error"}`, and the
+/// `tasks/result` ends with `-32603`, the request not asked again although the (cooperative)
+/// server still shows it. Before: `tasks/update` with `{"action":"decline"}` (an
+/// `ElicitResult`) as the sampling result, and the task was left waiting.
+#[tokio::test]
+async fn a_sampling_request_answered_with_an_error_cancels_the_task() {
+    let (up, state) = scripted(|req, v, state| {
+        if v["method"] != "tasks/get" {
+            return None;
+        }
+        let task_id = v["params"]["taskId"].as_str()?;
+        if state.lock().unwrap().tasks.get(task_id)? != "sampling" {
+            return None;
+        }
+        let mut task = detailed(task_id, "input_required");
+        task["inputRequests"] = json!({"s1": {"method": "sampling/createMessage", "params": {
+            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+            "maxTokens": 10}}});
+        Some(ScriptedResponse::json(rpc_result(
+            &req.rpc_id_json(),
+            &task.to_string(),
+        )))
+    })
+    .await;
+    // A cooperative server: after the ack the task still asks for its input.
+    state.lock().unwrap().cancel_after = Some(std::time::Duration::from_secs(3600));
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({"sampling": {}, "tasks": {}})).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "sampling");
+    let resp = c
+        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut sse = resp.sse();
+    let status = sse.next_event(STEP).await.json();
+    assert_eq!(status["method"], "notifications/tasks/status", "{status}");
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    let refusal = json!({"jsonrpc": "2.0", "id": ask["id"],
+        "error": {"code": -1, "message": "User rejected sampling request"}});
+    let r = c.send(refusal.to_string()).await;
+    assert_eq!(r.status(), 202);
+    assert!(
+        up.wait_for_method("tasks/cancel", 1, STEP).await,
+        "the task is cancelled upstream; tasks/update sent: {:?}",
+        up.received("tasks/update")
+            .iter()
+            .map(|u| u.json())
+            .collect::<Vec<_>>()
+    );
+    let end = sse.next_event(STEP).await.json();
+    assert_eq!(end["id"], 3, "no second sampling request: {end}");
+    assert_eq!(err_code(&end), -32603, "{end}");
+    assert_eq!(
+        count(&up, "tasks/update"),
+        0,
+        "no decline sent as a sampling result"
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Cancelled);
+    let m = tg.metrics_text().await;
+    let refused = metric(
+        &m,
+        "taskgate_bridge_input_refused_total",
+        &[("reason", "client_error")],
+    );
+    assert_eq!(refused, 1.0, "{m}");
+}
+
 /// A client that did not declare `capabilities.elicitation` gets a clear error from
 /// `tasks/result`, and the task is cancelled upstream once.
 #[tokio::test]

@@ -284,6 +284,9 @@ label_enum! {
         Capability = "capability",
         /// The task asked for more input keys than taskgate relays for one task.
         TooManyKeys = "too_many_keys",
+        /// The client answered a `sampling/createMessage` (or any request whose 2026 result
+        /// has no refusal form) with a JSON-RPC error: no `inputResponses` value can say so.
+        ClientError = "client_error",
     }
 }
 

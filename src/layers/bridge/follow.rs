@@ -258,6 +258,25 @@ async fn follow_result<S: McpService>(
     let mut known = record;
     let mut backoff = MIN_POLL;
     loop {
+        if let Ok(Some(now)) = state
+            .registry
+            .record_cached(&req.ctx.upstream, &task_id)
+            .await
+        {
+            if now.status == TaskStatus::Cancelled {
+                // Cancelled while followed (a client's `tasks/cancel`, taskgate's own for input
+                // it could not relay): final, whatever the upstream reports later.
+                state.relay.inputs.forget(&task_id);
+                return payload_reply(
+                    id,
+                    Payload::None(McpError::NoResult {
+                        task_id,
+                        status: TaskStatus::Cancelled,
+                        status_message: now.status_message.clone(),
+                    }),
+                );
+            }
+        }
         if known.is_expired(now_ms()) {
             // The ttl (the CreateTaskResult's, capped by tasks.max_ttl_ms) has elapsed: the
             // upstream may have deleted the task (2025-11-25: expired is -32602).
@@ -444,17 +463,21 @@ pub(super) async fn send_update<S: McpService>(
         crate::exchange::Operation::Post(m) => m.parse_as::<Value>().unwrap_or(Value::Null),
         _ => Value::Null,
     };
-    let id = state.next_id();
-    let params = json!({
-        "taskId": pending.task_id,
-        "inputResponses": { pending.key.clone(): input::response_value(&pending.method, &answer) },
-        "_meta": translate::modern_meta(None),
-    });
     let base = McpRequest::from(RequestParts {
         op: req.op.clone(),
         ctx: pending.ctx.clone(),
         extensions: http::Extensions::new(),
         trace: None,
+    });
+    let Some(value) = input::response_value(&pending.method, &answer) else {
+        refused_by_client(state, &inner, &base, &pending, &answer).await;
+        return;
+    };
+    let id = state.next_id();
+    let params = json!({
+        "taskId": pending.task_id,
+        "inputResponses": { pending.key.clone(): value },
+        "_meta": translate::modern_meta(None),
     });
     let out = modern_request(&base, &id, "tasks/update", params, Some(&pending.task_id));
     match ask(state, inner, out, &id).await {
@@ -462,6 +485,45 @@ pub(super) async fn send_update<S: McpService>(
             tracing::debug!(task_id = %pending.task_id, key = %pending.key, answer = ?a, "tasks/update sent")
         }
         Err(e) => tracing::warn!(task_id = %pending.task_id, error = %e, "tasks/update failed"),
+    }
+}
+
+/// The client answered an input request whose 2026 result has no refusal form (a
+/// `sampling/createMessage`: `InputResponse = CreateMessageResult | ListRootsResult |
+/// ElicitResult`, and a `CreateMessageResult` cannot say "refused") with a JSON-RPC error.
+/// No `inputResponses` value says that: an `ElicitResult` `decline` is not a sampling result,
+/// and an error object is no `InputResponse` (the server may reject the whole `tasks/update`,
+/// or take it for a sampled message); sending nothing leaves the task waiting for the answer
+/// until its ttl. So the task is cancelled upstream, as for input the client cannot give
+/// ([`cancel_for_input`]: one `tasks/cancel` through `cancel`'s single-flight, recorded
+/// `cancelled`), counted `taskgate_bridge_input_refused_total{reason="client_error"}`; the
+/// client's `tasks/result` then ends with the `-32603` of a cancelled task.
+async fn refused_by_client<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+    pending: &Pending,
+    answer: &Value,
+) {
+    let upstream = &pending.ctx.upstream;
+    state
+        .registry
+        .metrics()
+        .bridge_input_refused(upstream, InputRefusal::ClientError);
+    let code = answer.pointer("/error/code").and_then(Value::as_i64);
+    tracing::info!(task_id = %pending.task_id, key = %pending.key, method = %pending.method, ?code, "the client answered an input request with an error its 2026 result cannot carry: cancelling the task");
+    match state
+        .registry
+        .record_cached(upstream, &pending.task_id)
+        .await
+    {
+        Ok(Some(record)) if !record.status.is_terminal() => {
+            cancel_for_input(state, inner, req, &record).await;
+        }
+        Ok(_) => state.relay.inputs.forget(&pending.task_id),
+        Err(e) => {
+            tracing::warn!(task_id = %pending.task_id, error = %e, "the task of a refused input request could not be read; not cancelled");
+        }
     }
 }
 

@@ -43,7 +43,8 @@
 //!   gives `0` or none, a back-off from [`MIN_POLL`] doubling to [`MAX_POLL`], restarted by a
 //!   status change) until it is terminal, then answered with the `CallToolResult` and the
 //!   related-task `_meta`, the task's JSON-RPC `error` when it `failed`, and `-32603` when it was
-//!   `cancelled` (no result exists). A terminal result the record holds is answered without the
+//!   `cancelled` (no result exists; also as soon as its record is `cancelled` while followed:
+//!   a client's `tasks/cancel`, or taskgate's own for input it cannot relay). A terminal result the record holds is answered without the
 //!   upstream, so it survives a restart. An upstream that no longer knows the task (`-32602` to
 //!   taskgate's own `tasks/get`, or to a `tasks/cancel` and then to that: it restarted) has the
 //!   record failed as lost (`lost_task::fail_lost_bridged`: the owner's slot freed), and the
@@ -102,7 +103,9 @@
 //!
 //! - `input_required` while a bridged `tasks/result` follows the task: see `relay::input` (prompts on
 //!   the `tasks/result` stream: `elicitation/create`, `sampling/createMessage`, `roots/list`;
-//!   answers upstream as `tasks/update`; keys asked once; bounded per task and per caller).
+//!   answers upstream as `tasks/update`; keys asked once; bounded per task and per caller). A
+//!   JSON-RPC error answering a `sampling/createMessage` has no 2026 `inputResponses` form: the
+//!   task is cancelled instead (`follow::refused_by_client`, `reason="client_error"`).
 //! - MRTR (an `input_required` *result*, 2026-07-28 §2.3) answering the bridged task-augmented
 //!   `tools/call` before its task exists, or a held session's `tools/call` / `prompts/get` /
 //!   `resources/read`: see `relay::mrtr` (the same prompts on the request's own stream, then the request

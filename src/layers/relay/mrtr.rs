@@ -13,7 +13,8 @@
 //!   (`"taskgate-input-…"`, the relay of `input`; no related-task `_meta`: there is no task);
 //! - the client's answers (JSON-RPC responses POSTed on its session, by the same caller) are
 //!   collected (HTTP 202 each; an error answer is `{"action":"decline"}`, `{"roots":[]}` for
-//!   `roots/list`, as for tasks), then the request goes upstream again under a new id
+//!   `roots/list`; also `decline` for a `sampling/createMessage`, whose result has no refusal
+//!   form: a task is cancelled instead, a round cannot yet end on it), then the request goes upstream again under a new id
 //!   (`"taskgate-bridge-…"`), its `params` as first sent plus `inputResponses` (key → the
 //!   client's result) and `requestState` echoed as the upstream gave it (absent when it gave
 //!   none); notifications of the retried request's stream are relayed (`notifications/tasks` as
@@ -501,7 +502,10 @@ pub fn answered(req: &McpRequest, pending: super::input::Pending) {
         Operation::Post(m) => m.parse_as::<Value>().unwrap_or(Value::Null),
         _ => Value::Null,
     };
-    let value = super::input::response_value(&pending.method, &answer);
+    // A sampling error has no `inputResponses` form; an MRTR round has no way yet to end on
+    // it, so it still gets the elicitation refusal (the task path cancels the task instead).
+    let value = super::input::response_value(&pending.method, &answer)
+        .unwrap_or_else(|| serde_json::json!({ "action": "decline" }));
     // The round's channel has room for each of its keys (each answered once); a round that
     // ended has dropped its receiver.
     let _ = round.try_send((pending.key, value));
