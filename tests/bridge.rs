@@ -357,6 +357,11 @@ async fn a_task_that_completes_before_its_cancel_takes_effect_keeps_its_result()
     assert_eq!(err_code(&v), -32602, "{v}");
     assert!(err_message(&v).contains("completed"), "{v}");
     assert_eq!(count(&up, "tasks/cancel"), 1, "the cancel was sent");
+    // Sent and acknowledged: `forwarded`, not an upstream error.
+    let m = tg.metrics_text().await;
+    let outcome = |o: &str| metric(&m, "taskgate_cancel_requests_total", &[("outcome", o)]);
+    assert_eq!(outcome("forwarded"), 1.0, "{m}");
+    assert_eq!(outcome("upstream_error"), 0.0, "{m}");
     let r = tg.record(&t).unwrap();
     assert_eq!(r.status, TaskStatus::Completed, "{r:?}");
     assert!(r.cancel_requested_at.is_some(), "{r:?}");

@@ -64,9 +64,10 @@
 //!   extension, which the 2025 client sees as `-32601`); `upgrade` reads it, not the error.
 //! - [`SynthesizedTask`], [`CancelAcknowledged`]: what `observe` recorded for a
 //!   [`PlainAnswerIsTask`] / [`AckIsCancelled`] request, handed to `bridge` in their [`Fact`].
-//! - [`CancelNotSent`]: set by `bridge` on its `-32602` answer to a 2025-11-25 `tasks/cancel`
-//!   whose task its 2026-07-28 server showed terminal before any cancel went upstream; `cancel`
-//!   counts it as its own answer for a terminal task (`outcome="rejected_terminal"`).
+//! - [`CancelFoundTerminal`]: set by `bridge` on its `-32602` answer to a 2025-11-25
+//!   `tasks/cancel` whose task its 2026-07-28 server showed terminal, before any cancel went
+//!   upstream (`cancel` counts it as its own answer, `outcome="rejected_terminal"`) or after
+//!   its ack (counted `forwarded`, not as an upstream error).
 //!
 //! A fact about a message of an SSE reply is known only once that message has passed, after the
 //! reply's head went up: such a fact travels as a [`Fact`], a cell the layer that learns it fills
@@ -293,12 +294,19 @@ pub struct CancelAcknowledged {
     pub observed: crate::registry::Observed,
 }
 
-/// Fact up, set by `bridge` on its answer to a 2025-11-25 `tasks/cancel` of a bridged task that
-/// its 2026-07-28 server showed terminal (`status`, as the 2025 client is told it) when asked
-/// before the cancel: no `tasks/cancel` went upstream and nothing was cancelled. The `cancel`
-/// layer counts it as its own answer for a terminal task, not as an upstream error.
+/// Fact up, set by `bridge` on its `-32602` answer to a 2025-11-25 `tasks/cancel` of a bridged
+/// task that its 2026-07-28 server showed terminal (`status`, as the 2025 client is told it):
+/// when asked before the cancel (`sent: false`: no `tasks/cancel` went upstream, nothing was
+/// cancelled; `cancel` counts it as its own answer for a terminal task, `rejected_terminal`),
+/// or when asked again after the server acknowledged the cancel (`sent: true`: the task ended
+/// otherwise first; counted `forwarded`, the upstream answered no error).
 #[derive(Debug, Clone, Copy)]
-pub struct CancelNotSent(pub crate::mcp::task::TaskStatus);
+pub struct CancelFoundTerminal {
+    /// The terminal status the 2025 client is told.
+    pub status: crate::mcp::task::TaskStatus,
+    /// Whether the 2026 `tasks/cancel` was sent (and acknowledged).
+    pub sent: bool,
+}
 
 /// Fact up, set by `bridge` on the reply to a plain 2025-11-25 `tools/call` and filled when the
 /// 2026-07-28 server answered that the tool runs only as a task (its `-32021` naming the tasks

@@ -7,7 +7,7 @@ use super::{BridgeService, BridgeState, MAX_POLL, MIN_POLL};
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id};
 use crate::layers::cancel_ack;
-use crate::layers::extensions::{AuthorisedTask, CancelNotSent};
+use crate::layers::extensions::{AuthorisedTask, CancelFoundTerminal};
 use crate::layers::lost_task;
 use crate::layers::relay::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use crate::layers::McpService;
@@ -15,6 +15,7 @@ use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::InputRefusal;
+use crate::registry::Observed;
 use crate::sse::Event;
 use crate::store::TaskRecord;
 use serde_json::{json, Value};
@@ -534,7 +535,7 @@ async fn refused_by_client<S: McpService>(
 /// 1. a 2026 `tasks/get` (a 2026 server acknowledges a cancel of a task that already ended,
 ///    and the ack carries no status: taken for `cancelled`, it would hide a task that completed
 ///    or failed unobserved, and its result). A task it shows terminal (recorded so by
-///    `observe`) is answered `-32602` naming that status, marked [`CancelNotSent`]: nothing was
+///    `observe`) is answered `-32602` naming that status, marked [`CancelFoundTerminal`]: nothing was
 ///    sent, and `cancel` counts it as its own answer for a terminal task;
 /// 2. otherwise "cancel requested" is recorded (`Registry::request_cancel`, the audit's
 ///    "forwarded upstream") and the 2026 `tasks/cancel` sent;
@@ -565,7 +566,10 @@ pub(super) async fn tasks_cancel<S: McpService>(
         Ok(Some(status)) if status.is_terminal() => {
             let error = McpError::TaskAlreadyTerminal { task_id, status };
             let mut reply = McpReply::error(Era::Legacy, Some(&id), &error);
-            reply.extensions.insert(CancelNotSent(status));
+            reply.extensions.insert(CancelFoundTerminal {
+                status,
+                sent: false,
+            });
             return reply;
         }
         // The one deadline is spent: nothing was sent.
@@ -623,7 +627,18 @@ pub(super) async fn tasks_cancel<S: McpService>(
     }
     // The ack as the 2025 client's `cancelled` (a terminal status recorded first stands).
     let (task, observed) = cancel_ack::apply(&state.registry, &upstream, &record).await;
-    McpReply::local_json(cancel_ack::legacy_answer(&observed, &id, &task_id, &task))
+    let mut reply =
+        McpReply::local_json(cancel_ack::legacy_answer(&observed, &id, &task_id, &task));
+    if let Observed::Rewrite { status, .. } = observed {
+        if status != TaskStatus::Cancelled {
+            // The answer is `-32602` naming it: `cancel` counts the cancel forwarded (the
+            // upstream acknowledged it), not as an upstream error.
+            reply
+                .extensions
+                .insert(CancelFoundTerminal { status, sent: true });
+        }
+    }
+    reply
 }
 
 /// taskgate's own 2026 `tasks/get` of `record`'s task under `id`, before `deadline` (its

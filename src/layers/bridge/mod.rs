@@ -62,7 +62,7 @@
 //!   (a 2026 server acknowledges a cancel of a task that already ended, so an ack alone would
 //!   turn a task that completed unobserved into `cancelled` and lose its result): a task it
 //!   shows terminal is recorded so by `observe` and answered `-32602` naming that status,
-//!   nothing sent or cancelled (the reply carries `CancelNotSent`: `cancel` counts it
+//!   nothing sent or cancelled (the reply carries `CancelFoundTerminal`: `cancel` counts it
 //!   `rejected_terminal`, and no "cancel requested" fact is recorded). Otherwise "cancel
 //!   requested" is recorded here (`cancel` leaves it to the bridge) and the 2026 `tasks/cancel`
 //!   sent; after its ack (which carries no status, §1.6) a second `tasks/get` tells whether

@@ -67,7 +67,7 @@ pub use modern::MODERN_ACK;
 
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc;
-use crate::layers::extensions::{AuthorisedTask, CancelNotSent};
+use crate::layers::extensions::{AuthorisedTask, CancelFoundTerminal};
 use crate::layers::lost_task;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
@@ -106,10 +106,14 @@ enum FlightAnswer {
     SessionGone(String),
     /// The upstream could not be reached.
     Failed(Arc<GatewayError>),
-    /// The `bridge` below found the task terminal (this status) before sending anything
-    /// ([`CancelNotSent`]): its JSON-RPC `error` JSON text (the 2025 `-32602`), answered to
-    /// every caller as taskgate's own answer for a terminal task.
-    NotSent(TaskStatus, String),
+    /// The `bridge` below found the task terminal (`status`, [`CancelFoundTerminal`]) before
+    /// sending anything (`sent: false`) or after the upstream acknowledged the cancel (`sent`):
+    /// its JSON-RPC `error` JSON text (the 2025 `-32602`), answered to every caller.
+    Ended {
+        status: TaskStatus,
+        error: String,
+        sent: bool,
+    },
     /// Shared store: the task was terminal (with this status) when the cancel was claimed.
     Terminal(TaskStatus),
     /// Shared store, 2026-07-28: a cancel of the task was already acknowledged upstream.
@@ -407,13 +411,27 @@ where
             count(metrics::CancelOutcome::of_terminal(era == Era::Modern));
             return Ok(terminal_answer(&state, era, &upstream, &record, &id, status).await);
         }
-        FlightAnswer::NotSent(status, error) => {
+        FlightAnswer::Ended {
+            status,
+            error,
+            sent: false,
+        } => {
             // Nothing went upstream: the bridge's answer for a terminal task is taskgate's own,
             // counted as a cancel of a task known terminal is (not `upstream_error`).
             count(metrics::CancelOutcome::of_terminal(era == Era::Modern));
             tracing::debug!(task_id = %task_id, %status, "tasks/cancel of a task its upstream showed terminal: answered here, nothing sent");
             let reply = reply_of(FlightAnswer::Error(error), &id, false, &upstream, era)?;
             return Ok(reply.answered_locally(LocalReason::CancelTerminal));
+        }
+        FlightAnswer::Ended {
+            error, sent: true, ..
+        } => {
+            // Sent and acknowledged; the task had ended otherwise first.
+            count(match first && here {
+                true => metrics::CancelOutcome::Forwarded,
+                false => metrics::CancelOutcome::Deduplicated,
+            });
+            return reply_of(FlightAnswer::Error(error), &id, false, &upstream, era);
         }
         FlightAnswer::Acknowledged => {
             count(metrics::CancelOutcome::Deduplicated);
@@ -491,7 +509,7 @@ fn reply_of(
         },
         FlightAnswer::Failed(e) => return Err((*e).clone()),
         FlightAnswer::Terminal(_)
-        | FlightAnswer::NotSent(..)
+        | FlightAnswer::Ended { .. }
         | FlightAnswer::Acknowledged
         | FlightAnswer::Elsewhere(_) => {
             McpReply::error(Era::Legacy, Some(id), &McpError::CancelNoOutcome)
@@ -538,7 +556,11 @@ where
         Ok(reply) => reply,
     };
     let status = reply.status.as_u16();
-    if let Some(CancelNotSent(ended)) = reply.extensions.get::<CancelNotSent>().copied() {
+    if let Some(CancelFoundTerminal {
+        status: ended,
+        sent,
+    }) = reply.extensions.get::<CancelFoundTerminal>().copied()
+    {
         let message = match reply.body {
             ReplyBody::Json(bytes) => Some(bytes),
             _ => None,
@@ -554,7 +576,11 @@ where
                 settled.clear();
             }
             settled.insert(task_id.clone(), ended);
-            return FlightAnswer::NotSent(ended, error);
+            return FlightAnswer::Ended {
+                status: ended,
+                error,
+                sent,
+            };
         }
         return FlightAnswer::Error(internal(format!(
             "tasks/cancel: the answer for task {task_id}, terminal upstream, could not be read"

@@ -73,7 +73,7 @@ where
     unfinished.registry = None;
     let shared = match &outcome {
         FlightAnswer::Result(r) => SharedCancelOutcome::Result(r.clone()),
-        FlightAnswer::Error(e) | FlightAnswer::NotSent(_, e) => {
+        FlightAnswer::Error(e) | FlightAnswer::Ended { error: e, .. } => {
             SharedCancelOutcome::Error(e.clone())
         }
         // Other replicas' callers get the error under HTTP 200: the record is failed here by
