@@ -304,6 +304,9 @@ label_enum! {
         TooManyRounds = "too_many_rounds",
         /// The client did not answer a round's input requests within the upstream's `timeout_ms`.
         Timeout = "timeout",
+        /// The client answered an input request with an error no input response can carry (a
+        /// `sampling/createMessage`).
+        ClientError = "client_error",
         /// The client cancelled the request or closed its stream.
         Disconnected = "disconnected",
         /// A retry failed or got no answer, or an `input_required` result was malformed.

@@ -64,9 +64,10 @@ pub struct Pending {
     pub caller: Caller,
     /// The context the `tasks/update` goes out in.
     pub ctx: RequestContext,
-    /// For an MRTR round (see `mrtr`): where the answer goes (`(key, inputResponses value)`)
-    /// instead of a `tasks/update`; `task_id` then names the round.
-    pub round: Option<mpsc::Sender<(String, Value)>>,
+    /// For an MRTR round (see `mrtr`): where the answer goes (`(key, inputResponses value)`,
+    /// `None` for an error no value can carry, see [`response_value`]) instead of a
+    /// `tasks/update`; `task_id` then names the round.
+    pub round: Option<mpsc::Sender<(String, Option<Value>)>>,
 }
 
 /// Unanswered requests by id (JSON text), with each caller's ids in the order they were sent.
@@ -224,7 +225,7 @@ impl Inputs {
         round: &str,
         key: &str,
         request: &Value,
-        answers: &mpsc::Sender<(String, Value)>,
+        answers: &mpsc::Sender<(String, Option<Value>)>,
     ) -> Ask {
         self.ask_for(declared, ctx, round, key, request, Some(answers.clone()))
     }
@@ -261,7 +262,7 @@ impl Inputs {
         task_id: &str,
         key: &str,
         request: &Value,
-        round: Option<mpsc::Sender<(String, Value)>>,
+        round: Option<mpsc::Sender<(String, Option<Value>)>>,
     ) -> Ask {
         {
             let asked = self.asked.lock();
@@ -285,7 +286,7 @@ impl Inputs {
         key: &str,
         method: &str,
         request: &Value,
-        round: Option<mpsc::Sender<(String, Value)>>,
+        round: Option<mpsc::Sender<(String, Option<Value>)>>,
     ) -> Ask {
         self.mark_asked(task_id, key);
         // SipHash under fresh random keys: not guessable by another client (who is also not
