@@ -168,18 +168,16 @@ async fn protocol_2025_is_never_bridged() {
 
 /// tasks/cancel of a working task: one upstream cancel, the reply and the record say
 /// cancelled; a second cancel is -32602 and not forwarded; a late upstream completion never
-/// changes what the 2025 client sees, and is counted as a late result.
+/// changes what the 2025 client sees, and is counted as a late result. The server cancels
+/// cooperatively: after its ack the task is still `working` (2026-07-28 §1.6), so the bridge's
+/// `tasks/get` after the ack sees it live and the ack stands as `cancelled`; then it completes.
 #[tokio::test]
 async fn cancel_is_forwarded_once_and_stays_cancelled() {
     let (up, state) = modern_server().await;
     let tg = TgConfig::new(&up.url()).start().await;
     let (c, _) = legacy_client(&tg).await;
     let t = create(&c, 2).await;
-    state
-        .lock()
-        .unwrap()
-        .after_cancel
-        .insert(t.clone(), "completed".into());
+    state.lock().unwrap().cancel_after = Some(std::time::Duration::from_secs(3600));
     let v = c.cancel("3", &t).await;
     assert_eq!(v["result"]["status"], "cancelled", "{v}");
     assert_eq!(v["result"]["taskId"], json!(t), "{v}");
@@ -245,6 +243,136 @@ async fn a_cancel_of_a_task_that_already_ended_upstream_keeps_its_result() {
         0,
         "an ended task is not cancelled"
     );
+}
+
+/// The cancel of a task that already ended upstream is taskgate's own answer for a terminal
+/// task, as when its record already said so: counted
+/// `taskgate_cancel_requests_total{outcome="rejected_terminal"}`, no "cancel requested" fact
+/// (nothing was sent). Before: counted `upstream_error`, and audited "tasks/cancel forwarded
+/// upstream" with `cancel_requested_at` set, for a cancel that never left taskgate.
+#[tokio::test]
+async fn a_cancel_of_an_ended_task_is_counted_as_taskgates_own_answer() {
+    let (up, state) = modern_server().await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "completed");
+    let v = c.cancel("3", &t).await;
+    assert_eq!(err_code(&v), -32602, "{v}");
+    assert_eq!(count(&up, "tasks/cancel"), 0);
+    let m = tg.metrics_text().await;
+    let outcome = |o: &str| metric(&m, "taskgate_cancel_requests_total", &[("outcome", o)]);
+    assert_eq!(outcome("rejected_terminal"), 1.0, "{m}");
+    assert_eq!(outcome("upstream_error") + outcome("forwarded"), 0.0, "{m}");
+    let r = tg.record(&t).unwrap();
+    assert_eq!(r.status, TaskStatus::Completed);
+    assert!(r.cancel_requested_at.is_none(), "{r:?}");
+    let audit = tg.registry.store().audit_for("default", &t).unwrap();
+    assert!(
+        !audit.iter().any(|e| e.event == "cancel_requested"),
+        "{audit:?}"
+    );
+    // A second cancel is answered from the record, counted the same way.
+    let again = c.cancel("4", &t).await;
+    assert_eq!(err_code(&again), -32602, "{again}");
+    let m = tg.metrics_text().await;
+    let outcome = |o: &str| metric(&m, "taskgate_cancel_requests_total", &[("outcome", o)]);
+    assert_eq!(outcome("rejected_terminal"), 2.0, "{m}");
+}
+
+/// The bridged cancel's `tasks/get` and `tasks/cancel` share one deadline, the upstream's
+/// `timeout_ms`: with each answered after 0.7 of it, the client gets the upstream timeout's
+/// `-32603` at `timeout_ms`, not the ack at 1.4 times it (before: each exchange had
+/// `timeout_ms` of its own, so a cancel could take twice as long).
+#[tokio::test]
+async fn a_bridged_cancel_ends_within_one_timeout() {
+    let slow = std::time::Duration::from_millis(700);
+    let (up, state) = scripted(move |req, v, state| {
+        if v["method"] != "tasks/get" {
+            return None;
+        }
+        let task_id = v["params"]["taskId"].as_str()?;
+        let status = state.lock().unwrap().tasks.get(task_id).cloned()?;
+        let task = detailed(task_id, &status);
+        Some(ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &task.to_string())).after(slow))
+    })
+    .await;
+    state.lock().unwrap().cancel_delay = slow;
+    let cfg = TgConfig::new(&up.url());
+    let tg = Tg::start(|store| cfg.to_toml(store) + "timeout_ms = 1000\n").await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    let started = std::time::Instant::now();
+    let v = tokio::time::timeout(STEP, c.cancel("3", &t))
+        .await
+        .expect("tasks/cancel answered");
+    let took = started.elapsed();
+    assert_eq!(err_code(&v), -32603, "{v}");
+    assert!(
+        err_message(&v).contains("did not answer within 1000 ms"),
+        "{v}"
+    );
+    assert!(
+        took < std::time::Duration::from_millis(1350),
+        "answered after {took:?}: {v}"
+    );
+}
+
+/// A task that completes upstream between the bridge's `tasks/get` and its `tasks/cancel` (the
+/// 2026 server acknowledges the cancel and keeps `completed`, as §1.6 allows) is not recorded
+/// `cancelled`: after the ack the bridge asks again, records `completed` with its result, and
+/// answers `-32602` naming it; the result stays reachable. Before: recorded `cancelled` from
+/// the ack, its result lost (`tasks/result` `-32603`).
+#[tokio::test]
+async fn a_task_that_completes_before_its_cancel_takes_effect_keeps_its_result() {
+    let flip: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =
+        Default::default();
+    let to_flip = flip.clone();
+    let (up, _state) = scripted(move |req, v, state| {
+        if v["method"] != "tasks/get" {
+            return None;
+        }
+        let task_id = v["params"]["taskId"].as_str()?;
+        if !to_flip.lock().unwrap().remove(task_id) {
+            return None;
+        }
+        // Answered `working`, and completed right after that answer.
+        state
+            .lock()
+            .unwrap()
+            .tasks
+            .insert(task_id.to_string(), "completed".into());
+        let task = detailed(task_id, "working");
+        Some(ScriptedResponse::json(rpc_result(
+            &req.rpc_id_json(),
+            &task.to_string(),
+        )))
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    flip.lock().unwrap().insert(t.clone());
+    let v = c.cancel("3", &t).await;
+    assert_eq!(err_code(&v), -32602, "{v}");
+    assert!(err_message(&v).contains("completed"), "{v}");
+    assert_eq!(count(&up, "tasks/cancel"), 1, "the cancel was sent");
+    // Sent and acknowledged: `forwarded`, not an upstream error.
+    let m = tg.metrics_text().await;
+    let outcome = |o: &str| metric(&m, "taskgate_cancel_requests_total", &[("outcome", o)]);
+    assert_eq!(outcome("forwarded"), 1.0, "{m}");
+    assert_eq!(outcome("upstream_error"), 0.0, "{m}");
+    let r = tg.record(&t).unwrap();
+    assert_eq!(r.status, TaskStatus::Completed, "{r:?}");
+    assert!(r.cancel_requested_at.is_some(), "{r:?}");
+    let res = c.result("4", &t).await;
+    assert_eq!(
+        res["result"]["content"][0]["text"],
+        json!(format!("done {t}")),
+        "{res}"
+    );
+    let got = c.get("5", &t).await;
+    assert_eq!(got["result"]["status"], "completed", "{got}");
 }
 
 /// A cancel racing the task's completion, 200 rounds: the cancel's answer, later tasks/get
@@ -604,6 +732,79 @@ async fn input_required_is_asked_once_and_answered_with_tasks_update() {
         "{done}"
     );
     assert_eq!(count(&up, "tasks/update"), 1);
+}
+
+/// A `sampling/createMessage` input request the 2025 client answers with a JSON-RPC error: a
+/// 2026 `CreateMessageResult` cannot say "refused" (`InputResponse` has no error form), so
+/// nothing is sent as its answer; the task is cancelled upstream once, recorded `cancelled`,
+/// counted `taskgate_bridge_input_refused_total{reason="client_error"}`, and the
+/// `tasks/result` ends with `-32603`, the request not asked again although the (cooperative)
+/// server still shows it. Before: `tasks/update` with `{"action":"decline"}` (an
+/// `ElicitResult`) as the sampling result, and the task was left waiting.
+#[tokio::test]
+async fn a_sampling_request_answered_with_an_error_cancels_the_task() {
+    let (up, state) = scripted(|req, v, state| {
+        if v["method"] != "tasks/get" {
+            return None;
+        }
+        let task_id = v["params"]["taskId"].as_str()?;
+        if state.lock().unwrap().tasks.get(task_id)? != "sampling" {
+            return None;
+        }
+        let mut task = detailed(task_id, "input_required");
+        task["inputRequests"] = json!({"s1": {"method": "sampling/createMessage", "params": {
+            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+            "maxTokens": 10}}});
+        Some(ScriptedResponse::json(rpc_result(
+            &req.rpc_id_json(),
+            &task.to_string(),
+        )))
+    })
+    .await;
+    // A cooperative server: after the ack the task still asks for its input.
+    state.lock().unwrap().cancel_after = Some(std::time::Duration::from_secs(3600));
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({"sampling": {}, "tasks": {}})).await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "sampling");
+    let resp = c
+        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut sse = resp.sse();
+    let status = sse.next_event(STEP).await.json();
+    assert_eq!(status["method"], "notifications/tasks/status", "{status}");
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    let refusal = json!({"jsonrpc": "2.0", "id": ask["id"],
+        "error": {"code": -1, "message": "User rejected sampling request"}});
+    let r = c.send(refusal.to_string()).await;
+    assert_eq!(r.status(), 202);
+    assert!(
+        up.wait_for_method("tasks/cancel", 1, STEP).await,
+        "the task is cancelled upstream; tasks/update sent: {:?}",
+        up.received("tasks/update")
+            .iter()
+            .map(|u| u.json())
+            .collect::<Vec<_>>()
+    );
+    let end = sse.next_event(STEP).await.json();
+    assert_eq!(end["id"], 3, "no second sampling request: {end}");
+    assert_eq!(err_code(&end), -32603, "{end}");
+    assert_eq!(
+        count(&up, "tasks/update"),
+        0,
+        "no decline sent as a sampling result"
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Cancelled);
+    let m = tg.metrics_text().await;
+    let refused = metric(
+        &m,
+        "taskgate_bridge_input_refused_total",
+        &[("reason", "client_error")],
+    );
+    assert_eq!(refused, 1.0, "{m}");
 }
 
 /// A client that did not declare `capabilities.elicitation` gets a clear error from

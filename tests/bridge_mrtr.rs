@@ -416,3 +416,43 @@ async fn an_upgraded_call_that_needs_input_before_its_task_exists() {
     assert_eq!(calls.len(), 3, "plain, as a task, retried with the answer");
     assert_eq!(calls[2].json()["params"]["requestState"], "u");
 }
+
+/// A `sampling/createMessage` the client answers with a JSON-RPC error ends the exchange with
+/// `-32603` saying so, and the request is not retried: a 2026 `CreateMessageResult` has no
+/// refusal form and `InputResponse` no error member (counted
+/// `taskgate_bridge_mrtr_total{outcome="client_error"}`). Before: the retry carried
+/// `{"action":"decline"}` (an `ElicitResult`) as the sampling result.
+#[tokio::test]
+async fn a_sampling_request_answered_with_an_error_is_not_retried() {
+    let (up, tg, c) = setup(json!({"sampling": {}})).await;
+    let body = rpc(
+        "5",
+        "tools/call",
+        &json!({"name": "ask_sampling", "arguments": {}}).to_string(),
+    );
+    let r = c.send(body).await;
+    assert_eq!(r.status(), 200);
+    let mut sse = r.sse();
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    let refusal = json!({"jsonrpc": "2.0", "id": ask["id"],
+        "error": {"code": -1, "message": "User rejected sampling request"}});
+    assert_eq!(c.send(refusal.to_string()).await.status(), 202);
+    let done = sse.next_event(STEP).await.json();
+    assert_eq!(done["id"], 5, "{done}");
+    assert_eq!(err_code(&done), -32603, "{done}");
+    assert!(
+        err_message(&done).contains("sampling/createMessage"),
+        "{done}"
+    );
+    let calls: Vec<Value> = up.received("tools/call").iter().map(|c| c.json()).collect();
+    assert_eq!(calls.len(), 1, "not retried: {calls:?}");
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            r#"taskgate_bridge_mrtr_total{outcome="client_error",upstream="default"}"#
+        ),
+        1.0
+    );
+}

@@ -1,7 +1,8 @@
 //! A 2026-07-28 `tasks/cancel` ack, for a 2025-11-25 caller. 2025-11-25 tasks: the receiver
 //! "MUST set `cancelled` before replying", and a 2026 ack carries no status; so where a 2025
-//! caller's cancel is answered by a 2026 ack (the bridge's `tasks/cancel`, which carries
-//! `AckIsCancelled` for `observe`; a 2025 caller who joined a 2026 caller's cancel, in `cancel`),
+//! caller's cancel is answered by a 2026 ack (the bridge's `tasks/cancel`, once a second
+//! `tasks/get` told what the server made of it; a 2025 caller who joined a 2026 caller's
+//! cancel, in `cancel`),
 //! the ack is applied to the record as the task `cancelled` ([`apply`]) and the caller is
 //! answered a 2025 `CancelTaskResult` ([`legacy_answer`], built by the `cancel` layer or the
 //! `bridge`). Protocol translation of the layers, kept out of the registry (review 17 #15).

@@ -45,10 +45,9 @@
 //!   in that call's context: the reverse bridge passes the server's requests on that call's
 //!   stream (it drops them for other 2026 calls) and sends those answers on the caller's
 //!   upstream session (it drops a 2026 client's responses otherwise).
-//! - [`PlainAnswerIsTask`], [`AckIsCancelled`]: set by `bridge` on the 2026-07-28 `tools/call`
-//!   and `tasks/cancel` it sends for a 2025-11-25 client: how `observe` is to read their answers
-//!   (a plain result is a `completed` task; an ack is the task `cancelled`). Each carries the
-//!   [`Fact`] `observe` fills with what it recorded.
+//! - [`PlainAnswerIsTask`]: set by `bridge` on the 2026-07-28 `tools/call` it sends for a
+//!   2025-11-25 client: how `observe` is to read its answer (a plain result is a `completed`
+//!   task). It carries the [`Fact`] `observe` fills with what it recorded.
 //!
 //! **Facts up** (reply extensions; none reaches the client):
 //!
@@ -62,8 +61,12 @@
 //! - [`NeedsTask`]: set by `bridge` on the reply to a plain 2025-11-25 `tools/call`: filled when
 //!   the 2026-07-28 server said the tool runs only as a task (`-32021` naming the tasks
 //!   extension, which the 2025 client sees as `-32601`); `upgrade` reads it, not the error.
-//! - [`SynthesizedTask`], [`CancelAcknowledged`]: what `observe` recorded for a
-//!   [`PlainAnswerIsTask`] / [`AckIsCancelled`] request, handed to `bridge` in their [`Fact`].
+//! - [`SynthesizedTask`]: what `observe` recorded for a [`PlainAnswerIsTask`] request, handed
+//!   to `bridge` in its [`Fact`].
+//! - [`CancelFoundTerminal`]: set by `bridge` on its `-32602` answer to a 2025-11-25
+//!   `tasks/cancel` whose task its 2026-07-28 server showed terminal, before any cancel went
+//!   upstream (`cancel` counts it as its own answer, `outcome="rejected_terminal"`) or after
+//!   its ack (counted `forwarded`, not as an upstream error).
 //!
 //! A fact about a message of an SSE reply is known only once that message has passed, after the
 //! reply's head went up: such a fact travels as a [`Fact`], a cell the layer that learns it fills
@@ -271,23 +274,18 @@ pub struct SynthesizedTask {
     pub record: Arc<TaskRecord>,
 }
 
-/// Policy down, set by `bridge` on the 2026-07-28 `tasks/cancel` it sends for a 2025-11-25 one
-/// (beside its [`AuthorisedTask`]): the server's ack (`{"resultType":"complete"}`) ends the task
-/// for the 2025 client, who is answered the cancelled task at once. `observe` applies
-/// `cancelled` to the record (the first terminal status stands) and fills `applied`.
-#[derive(Debug, Clone, Default)]
-pub struct AckIsCancelled {
-    /// Filled by `observe` once it applied the ack.
-    pub applied: Fact<CancelAcknowledged>,
-}
-
-/// Fact up: what `observe` applied for the ack to an [`AckIsCancelled`] request.
-#[derive(Debug, Clone)]
-pub struct CancelAcknowledged {
-    /// The 2025-11-25 `Task` applied: the authorised record, `cancelled`, updated now.
-    pub task: Value,
-    /// What applying it did (another terminal status recorded first stands).
-    pub observed: crate::registry::Observed,
+/// Fact up, set by `bridge` on its `-32602` answer to a 2025-11-25 `tasks/cancel` of a bridged
+/// task that its 2026-07-28 server showed terminal (`status`, as the 2025 client is told it):
+/// when asked before the cancel (`sent: false`: no `tasks/cancel` went upstream, nothing was
+/// cancelled; `cancel` counts it as its own answer for a terminal task, `rejected_terminal`),
+/// or when asked again after the server acknowledged the cancel (`sent: true`: the task ended
+/// otherwise first; counted `forwarded`, the upstream answered no error).
+#[derive(Debug, Clone, Copy)]
+pub struct CancelFoundTerminal {
+    /// The terminal status the 2025 client is told.
+    pub status: crate::mcp::task::TaskStatus,
+    /// Whether the 2026 `tasks/cancel` was sent (and acknowledged).
+    pub sent: bool,
 }
 
 /// Fact up, set by `bridge` on the reply to a plain 2025-11-25 `tools/call` and filled when the

@@ -341,6 +341,13 @@ pub enum McpError {
         /// The relay's timeout in ms.
         timeout_ms: u128,
     },
+    /// `-32603`: the client answered an input request (`method`) with a JSON-RPC error that no
+    /// 2026-07-28 `inputResponses` value can carry (a `sampling/createMessage` result has no
+    /// refusal form): the request is not retried.
+    InputRefused {
+        /// The input request's method.
+        method: String,
+    },
 
     // ---- the bridges (a 2025-11-25 client on a 2026-07-28 upstream, and the reverse) ----
     /// `-32602` "Task {task_id} has expired": a bridged 2025 `tasks/result` waited past the
@@ -494,6 +501,7 @@ impl McpError {
             | RetryUnanswered
             | InputRequiredLost
             | InputTimeout { .. }
+            | InputRefused { .. }
             | CompletedWithoutResult { .. }
             | BridgedUnanswered { .. }
             | BridgedNeitherResultNorError
@@ -749,6 +757,10 @@ impl fmt::Display for McpError {
             InputTimeout { round, timeout_ms } => write!(
                 f,
                 "the client did not answer the upstream's input requests (MRTR round {round}) within {timeout_ms} ms"
+            ),
+            InputRefused { method } => write!(
+                f,
+                "the client answered the upstream's {method} input request with an error, which a 2026-07-28 input response cannot carry; the request was not retried"
             ),
             TaskExpired { task_id } => write!(
                 f,
@@ -1007,6 +1019,9 @@ mod tests {
                 round: 1,
                 timeout_ms: 5,
             },
+            McpError::InputRefused {
+                method: s("sampling/createMessage"),
+            },
             McpError::TaskExpired { task_id: s("t1") },
             McpError::CompletedWithoutResult { task_id: s("t1") },
             McpError::BridgedUnanswered {
@@ -1105,6 +1120,7 @@ mod tests {
             ("RetryUnanswered", -32603, 200, 200),
             ("InputRequiredLost", -32603, 200, 200),
             ("InputTimeout", -32603, 200, 200),
+            ("InputRefused", -32603, 200, 200),
             ("TaskExpired", -32602, 200, 400),
             ("CompletedWithoutResult", -32603, 200, 200),
             ("BridgedUnanswered", -32603, 200, 200),

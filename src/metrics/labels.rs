@@ -284,6 +284,9 @@ label_enum! {
         Capability = "capability",
         /// The task asked for more input keys than taskgate relays for one task.
         TooManyKeys = "too_many_keys",
+        /// The client answered a `sampling/createMessage` (or any request whose 2026 result
+        /// has no refusal form) with a JSON-RPC error: no `inputResponses` value can say so.
+        ClientError = "client_error",
     }
 }
 
@@ -301,6 +304,9 @@ label_enum! {
         TooManyRounds = "too_many_rounds",
         /// The client did not answer a round's input requests within the upstream's `timeout_ms`.
         Timeout = "timeout",
+        /// The client answered an input request with an error no input response can carry (a
+        /// `sampling/createMessage`).
+        ClientError = "client_error",
         /// The client cancelled the request or closed its stream.
         Disconnected = "disconnected",
         /// A retry failed or got no answer, or an `input_required` result was malformed.

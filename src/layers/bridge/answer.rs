@@ -38,6 +38,26 @@ pub(super) async fn ask<S: McpService>(
     ask_with(state, inner, out, id, |reply| answer_of(reply, id)).await
 }
 
+/// [`ask`] for one of several exchanges bounded together by `deadline` (see
+/// `Relay::bounded_until`): past it, the upstream timeout's error.
+pub(super) async fn ask_until<S: McpService>(
+    state: &BridgeState,
+    inner: S,
+    out: McpRequest,
+    id: &Id,
+    deadline: tokio::time::Instant,
+) -> Result<Option<Value>, GatewayError> {
+    let upstream = out.ctx.upstream.clone();
+    let exchange = async {
+        let reply = inner.oneshot(out).await?;
+        Ok(answer_of(reply, id).await)
+    };
+    state
+        .relay
+        .bounded_until(upstream, id, deadline, exchange)
+        .await
+}
+
 /// [`ask`] with the reply read by `read` (which may keep the rest of an SSE stream): the
 /// exchange until `read` is done is bounded by the upstream's `timeout_ms`.
 pub(super) async fn ask_with<S, T, F, Fut>(

@@ -2,12 +2,12 @@
 //! module docs of `bridge`).
 
 use super::translate::{self, Payload};
-use super::{ask, error_reply, failure_reply, legacy_reply, modern_request};
+use super::{ask, ask_until, error_reply, failure_reply, legacy_reply, modern_request};
 use super::{BridgeService, BridgeState, MAX_POLL, MIN_POLL};
 use crate::exchange::{GatewayError, McpReply, McpRequest, ReplyBody, RequestParts};
 use crate::jsonrpc::{self, Id};
 use crate::layers::cancel_ack;
-use crate::layers::extensions::{AckIsCancelled, AuthorisedTask, CancelAcknowledged};
+use crate::layers::extensions::{AuthorisedTask, CancelFoundTerminal};
 use crate::layers::lost_task;
 use crate::layers::relay::input::{self, Ask, Pending, MAX_KEYS_PER_TASK};
 use crate::layers::McpService;
@@ -15,6 +15,7 @@ use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::InputRefusal;
+use crate::registry::Observed;
 use crate::sse::Event;
 use crate::store::TaskRecord;
 use serde_json::{json, Value};
@@ -258,6 +259,25 @@ async fn follow_result<S: McpService>(
     let mut known = record;
     let mut backoff = MIN_POLL;
     loop {
+        if let Ok(Some(now)) = state
+            .registry
+            .record_cached(&req.ctx.upstream, &task_id)
+            .await
+        {
+            if now.status == TaskStatus::Cancelled {
+                // Cancelled while followed (a client's `tasks/cancel`, taskgate's own for input
+                // it could not relay): final, whatever the upstream reports later.
+                state.relay.inputs.forget(&task_id);
+                return payload_reply(
+                    id,
+                    Payload::None(McpError::NoResult {
+                        task_id,
+                        status: TaskStatus::Cancelled,
+                        status_message: now.status_message.clone(),
+                    }),
+                );
+            }
+        }
         if known.is_expired(now_ms()) {
             // The ttl (the CreateTaskResult's, capped by tasks.max_ttl_ms) has elapsed: the
             // upstream may have deleted the task (2025-11-25: expired is -32602).
@@ -421,17 +441,12 @@ async fn cancel_for_input<S: McpService>(
                 .await
                 .map(|r| r.body)
         }
-        None => {
-            state
-                .registry
-                .request_cancel(&req.ctx.upstream, &record.task_id)
-                .await;
-            Ok(
-                tasks_cancel(state, inner.clone(), cancel, id, record.clone())
-                    .await
-                    .body,
-            )
-        }
+        // (`tasks_cancel` records "cancel requested" when it sends the cancel.)
+        None => Ok(
+            tasks_cancel(state, inner.clone(), cancel, id, record.clone())
+                .await
+                .body,
+        ),
     };
     state.relay.inputs.forget(&record.task_id);
     tracing::info!(task_id = %record.task_id, answer = ?answer, "task cancelled: its input cannot be asked");
@@ -449,17 +464,21 @@ pub(super) async fn send_update<S: McpService>(
         crate::exchange::Operation::Post(m) => m.parse_as::<Value>().unwrap_or(Value::Null),
         _ => Value::Null,
     };
-    let id = state.next_id();
-    let params = json!({
-        "taskId": pending.task_id,
-        "inputResponses": { pending.key.clone(): input::response_value(&pending.method, &answer) },
-        "_meta": translate::modern_meta(None),
-    });
     let base = McpRequest::from(RequestParts {
         op: req.op.clone(),
         ctx: pending.ctx.clone(),
         extensions: http::Extensions::new(),
         trace: None,
+    });
+    let Some(value) = input::response_value(&pending.method, &answer) else {
+        refused_by_client(state, &inner, &base, &pending, &answer).await;
+        return;
+    };
+    let id = state.next_id();
+    let params = json!({
+        "taskId": pending.task_id,
+        "inputResponses": { pending.key.clone(): value },
+        "_meta": translate::modern_meta(None),
     });
     let out = modern_request(&base, &id, "tasks/update", params, Some(&pending.task_id));
     match ask(state, inner, out, &id).await {
@@ -470,7 +489,67 @@ pub(super) async fn send_update<S: McpService>(
     }
 }
 
+/// The client answered an input request whose 2026 result has no refusal form (a
+/// `sampling/createMessage`: `InputResponse = CreateMessageResult | ListRootsResult |
+/// ElicitResult`, and a `CreateMessageResult` cannot say "refused") with a JSON-RPC error.
+/// No `inputResponses` value says that: an `ElicitResult` `decline` is not a sampling result,
+/// and an error object is no `InputResponse` (the server may reject the whole `tasks/update`,
+/// or take it for a sampled message); sending nothing leaves the task waiting for the answer
+/// until its ttl. So the task is cancelled upstream, as for input the client cannot give
+/// ([`cancel_for_input`]: one `tasks/cancel` through `cancel`'s single-flight, recorded
+/// `cancelled`), counted `taskgate_bridge_input_refused_total{reason="client_error"}`; the
+/// client's `tasks/result` then ends with the `-32603` of a cancelled task.
+async fn refused_by_client<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+    pending: &Pending,
+    answer: &Value,
+) {
+    let upstream = &pending.ctx.upstream;
+    state
+        .registry
+        .metrics()
+        .bridge_input_refused(upstream, InputRefusal::ClientError);
+    let code = answer.pointer("/error/code").and_then(Value::as_i64);
+    tracing::info!(task_id = %pending.task_id, key = %pending.key, method = %pending.method, ?code, "the client answered an input request with an error its 2026 result cannot carry: cancelling the task");
+    match state
+        .registry
+        .record_cached(upstream, &pending.task_id)
+        .await
+    {
+        Ok(Some(record)) if !record.status.is_terminal() => {
+            cancel_for_input(state, inner, req, &record).await;
+        }
+        Ok(_) => state.relay.inputs.forget(&pending.task_id),
+        Err(e) => {
+            tracing::warn!(task_id = %pending.task_id, error = %e, "the task of a refused input request could not be read; not cancelled");
+        }
+    }
+}
+
 /// A bridged `tasks/cancel` (one per task: `cancel` above single-flights it).
+///
+/// Three steps, all within one deadline, the upstream's `timeout_ms` from the start (past it,
+/// in the first two, the upstream timeout's `-32603`):
+/// 1. a 2026 `tasks/get` (a 2026 server acknowledges a cancel of a task that already ended,
+///    and the ack carries no status: taken for `cancelled`, it would hide a task that completed
+///    or failed unobserved, and its result). A task it shows terminal (recorded so by
+///    `observe`) is answered `-32602` naming that status, marked [`CancelFoundTerminal`]: nothing was
+///    sent, and `cancel` counts it as its own answer for a terminal task;
+/// 2. otherwise "cancel requested" is recorded (`Registry::request_cancel`, the audit's
+///    "forwarded upstream") and the 2026 `tasks/cancel` sent;
+/// 3. after its ack, what the server made of it: 2026-07-28 §1.6 lets a task acknowledged
+///    cancelled still end `completed` or `failed` ("if the work finished before cancellation
+///    could take effect"), and the ack says nothing, so a task that ended between step 1 and
+///    the cancel is seen only by asking again: a second `tasks/get`, skipped when the record is
+///    already terminal (a `notifications/tasks` on the cancel's stream or another poll told
+///    it). Then the ack is applied as the task `cancelled` (`cancel_ack::apply`: the first
+///    terminal status recorded stands), so a task that completed keeps its result and the
+///    client gets `-32602` naming `completed`; a task still live (a cooperative cancel not yet
+///    taken effect), or one the second `tasks/get` could not tell about (an error, no answer,
+///    the deadline reached), is recorded `cancelled` as the 2025 client is told. What remains:
+///    such a task that completes after that answer keeps `cancelled` (a counted late result).
 pub(super) async fn tasks_cancel<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
@@ -479,47 +558,33 @@ pub(super) async fn tasks_cancel<S: McpService>(
     record: TaskRecord,
 ) -> McpReply {
     let task_id = record.task_id.clone();
-    // A 2026 server acknowledges a cancel of a task that already ended, and the ack carries no
-    // status: taken for `cancelled`, it would hide a task that completed (or failed) unobserved
-    // and its result. So the task is asked about first (its answer applied by `observe`); one
-    // already terminal gets the 2025 answer for that, `-32602` naming its status.
+    let upstream = req.ctx.upstream.clone();
+    let deadline = tokio::time::Instant::now() + state.relay.timeout();
     let get_id = state.next_id();
-    let get = task_request(
-        state,
-        inner.clone(),
-        &req,
-        &get_id,
-        "tasks/get",
-        &task_id,
-        Some(&record),
-    );
-    if let Ok(Some(task)) = get.await {
-        let ended = task
-            .get("result")
-            .and_then(translate::legacy_task)
-            .and_then(|t| {
-                t.get("status")
-                    .and_then(Value::as_str)
-                    .and_then(TaskStatus::parse)
-            })
-            .filter(|s| s.is_terminal());
-        if let Some(status) = ended {
+    let asked = status_request(state, &inner, &req, &get_id, &record, deadline).await;
+    match asked {
+        Ok(Some(status)) if status.is_terminal() => {
             let error = McpError::TaskAlreadyTerminal { task_id, status };
-            return McpReply::error(Era::Legacy, Some(&id), &error);
+            let mut reply = McpReply::error(Era::Legacy, Some(&id), &error);
+            reply.extensions.insert(CancelFoundTerminal {
+                status,
+                sent: false,
+            });
+            return reply;
         }
+        // The one deadline is spent: nothing was sent.
+        Err(e @ GatewayError::UpstreamTimeout { .. }) => return failure_reply(&id, &e),
+        _ => {}
     }
-    let mut out = modern_request(
+    state.registry.request_cancel(&upstream, &task_id).await;
+    let out = modern_request(
         &req,
         &id,
         "tasks/cancel",
         params_for(&task_id),
         Some(&task_id),
     );
-    // The ack is the task cancelled for the 2025 client: `observe` applies it and says what it
-    // applied (unless another terminal status was recorded first: first terminal state wins).
-    let ack = AckIsCancelled::default();
-    out.extensions.insert(ack.clone());
-    let answer = match ask(state, inner.clone(), out, &id).await {
+    let answer = match ask_until(state, inner.clone(), out, &id, deadline).await {
         Ok(answer) => answer,
         Err(e) => return failure_reply(&id, &e),
     };
@@ -529,8 +594,14 @@ pub(super) async fn tasks_cancel<S: McpService>(
             // "Not found" (the upstream lost the task) or the caller's own params: told apart
             // by taskgate's own clean `tasks/get` (`-32602` again: lost).
             let get_id = state.next_id();
-            let get = task_request(state, inner, &req, &get_id, "tasks/get", &task_id, None);
-            if let Ok(got) = get.await {
+            let get = modern_request(
+                &req,
+                &get_id,
+                "tasks/get",
+                params_for(&task_id),
+                Some(&task_id),
+            );
+            if let Ok(got) = ask_until(state, inner, get, &get_id, deadline).await {
                 if lost_task::is_not_found(got.as_ref()) {
                     if let Some(reply) =
                         lost(state, &record, "tasks/cancel", Lost::Cancel, &id).await
@@ -543,11 +614,58 @@ pub(super) async fn tasks_cancel<S: McpService>(
         }
         _ => return legacy_reply(&id, answer, Value::clone),
     }
-    let Some(CancelAcknowledged { task, observed }) = ack.applied.get() else {
-        let error = McpError::CancelNotRecorded {
-            task_id: task_id.to_string(),
-        };
-        return McpReply::error(Era::Legacy, Some(&id), &error);
-    };
-    McpReply::local_json(cancel_ack::legacy_answer(observed, &id, &task_id, task))
+    let known = matches!(
+        state.registry.record_cached(&upstream, &task_id).await,
+        Ok(Some(r)) if r.status.is_terminal()
+    );
+    if !known {
+        let get_id = state.next_id();
+        let after = status_request(state, &inner, &req, &get_id, &record, deadline).await;
+        if !matches!(after, Ok(Some(_))) {
+            tracing::debug!(%task_id, answer = ?after, "bridged tasks/cancel: the tasks/get after the ack told no status; the ack is taken as the task cancelled");
+        }
+    }
+    // The ack as the 2025 client's `cancelled` (a terminal status recorded first stands).
+    let (task, observed) = cancel_ack::apply(&state.registry, &upstream, &record).await;
+    let mut reply =
+        McpReply::local_json(cancel_ack::legacy_answer(&observed, &id, &task_id, &task));
+    if let Observed::Rewrite { status, .. } = observed {
+        if status != TaskStatus::Cancelled {
+            // The answer is `-32602` naming it: `cancel` counts the cancel forwarded (the
+            // upstream acknowledged it), not as an upstream error.
+            reply
+                .extensions
+                .insert(CancelFoundTerminal { status, sent: true });
+        }
+    }
+    reply
+}
+
+/// taskgate's own 2026 `tasks/get` of `record`'s task under `id`, before `deadline` (its
+/// answer applied by `observe`, `record` as the [`AuthorisedTask`]): the status it shows, as a
+/// 2025 client is told it (a tool error `failed`); `None` when the answer shows none (an error,
+/// no answer).
+async fn status_request<S: McpService>(
+    state: &BridgeState,
+    inner: &S,
+    req: &McpRequest,
+    id: &Id,
+    record: &TaskRecord,
+    deadline: tokio::time::Instant,
+) -> Result<Option<TaskStatus>, GatewayError> {
+    let task_id = &record.task_id;
+    let mut out = modern_request(req, id, "tasks/get", params_for(task_id), Some(task_id));
+    out.extensions.insert(AuthorisedTask {
+        record: Arc::new(record.clone()),
+    });
+    let answer = ask_until(state, inner.clone(), out, id, deadline).await?;
+    Ok(answer
+        .as_ref()
+        .and_then(|a| a.get("result"))
+        .and_then(translate::legacy_task)
+        .and_then(|t| {
+            t.get("status")
+                .and_then(Value::as_str)
+                .and_then(TaskStatus::parse)
+        }))
 }

@@ -43,7 +43,8 @@
 //!   gives `0` or none, a back-off from [`MIN_POLL`] doubling to [`MAX_POLL`], restarted by a
 //!   status change) until it is terminal, then answered with the `CallToolResult` and the
 //!   related-task `_meta`, the task's JSON-RPC `error` when it `failed`, and `-32603` when it was
-//!   `cancelled` (no result exists). A terminal result the record holds is answered without the
+//!   `cancelled` (no result exists; also as soon as its record is `cancelled` while followed:
+//!   a client's `tasks/cancel`, or taskgate's own for input it cannot relay). A terminal result the record holds is answered without the
 //!   upstream, so it survives a restart. An upstream that no longer knows the task (`-32602` to
 //!   taskgate's own `tasks/get`, or to a `tasks/cancel` and then to that: it restarted) has the
 //!   record failed as lost (`lost_task::fail_lost_bridged`: the owner's slot freed), and the
@@ -56,15 +57,20 @@
 //!   taskgate notices, at the latest on the next keep-alive (`gateway.sse_keepalive_ms`).
 //! - `tasks/cancel` (reaches here once per task: `cancel` single-flights it and answers terminal
 //!   tasks `-32602`; taskgate's own cancel of a task whose input its client cannot give is sent
-//!   through that same single-flight, [`crate::layers::cancel::cancel_from_below`]): first a
-//!   2026 `tasks/get` (a 2026 server acknowledges a cancel of a task that already ended, so an
-//!   ack alone would turn a task that completed unobserved into `cancelled` and lose its
-//!   result): a task it shows terminal is recorded so by `observe` and answered `-32602`
-//!   naming that status, nothing cancelled. Otherwise 2026
-//!   `tasks/cancel` carrying `AckIsCancelled`: on its ack `observe` records the task
-//!   `cancelled` (so a later upstream completion is a counted late result and never changes it)
-//!   and hands back what it applied; the client gets the `Task` with status `cancelled`, or, if
-//!   the task reached another terminal status first, `-32602` naming it.
+//!   through that same single-flight, [`crate::layers::cancel::cancel_from_below`]), within
+//!   one deadline (the upstream's `timeout_ms` for all its exchanges): first a 2026 `tasks/get`
+//!   (a 2026 server acknowledges a cancel of a task that already ended, so an ack alone would
+//!   turn a task that completed unobserved into `cancelled` and lose its result): a task it
+//!   shows terminal is recorded so by `observe` and answered `-32602` naming that status,
+//!   nothing sent or cancelled (the reply carries `CancelFoundTerminal`: `cancel` counts it
+//!   `rejected_terminal`, and no "cancel requested" fact is recorded). Otherwise "cancel
+//!   requested" is recorded here (`cancel` leaves it to the bridge) and the 2026 `tasks/cancel`
+//!   sent; after its ack (which carries no status, §1.6) a second `tasks/get` tells whether
+//!   the task ended otherwise meanwhile (skipped when the record already says it), then the
+//!   ack is applied as the task `cancelled` (`cancel_ack::apply`, first terminal status wins,
+//!   so a later upstream completion is a counted late result and never changes it): the client
+//!   gets the `Task` with status `cancelled`, or, if the task reached another terminal status
+//!   first, `-32602` naming it (see `follow::tasks_cancel` for what stays open).
 //! - a plain `tools/call` answered `-32021` naming the extension: the tool is remembered as
 //!   task-only (see `tools/list`), so `[upgrade]` runs later calls of it as tasks; the reply
 //!   carries the `NeedsTask` fact up, filled when that answer passes, so `[upgrade]` can retry
@@ -88,15 +94,18 @@
 //! and in the answers to every other request of a 2025 client of a 2026 task upstream.
 //!
 //! **Deadlines**: each request taskgate sends itself (the bridged `tools/call`, `tasks/get`,
-//! every poll of `tasks/result`, `tasks/cancel`, `tasks/update`) is bounded as a whole, its SSE
-//! answer included, by the upstream's `timeout_ms`; past it the client gets the upstream
+//! every poll of `tasks/result`, `tasks/update`) is bounded as a whole, its SSE answer
+//! included, by the upstream's `timeout_ms`, and a bridged `tasks/cancel`'s exchanges
+//! (`tasks/get`, `tasks/cancel`, `tasks/get`) by one `timeout_ms` together; past it the client gets the upstream
 //! timeout's message ("upstream `x` did not answer within N ms") as JSON-RPC `-32603`, HTTP
 //! 200, counted in `taskgate_upstream_errors_total{kind="timeout"}`. `server/discover` is bounded
 //! by [`DISCOVER_DEADLINE`] or `timeout_ms`, whichever is shorter.
 //!
 //! - `input_required` while a bridged `tasks/result` follows the task: see `relay::input` (prompts on
 //!   the `tasks/result` stream: `elicitation/create`, `sampling/createMessage`, `roots/list`;
-//!   answers upstream as `tasks/update`; keys asked once; bounded per task and per caller).
+//!   answers upstream as `tasks/update`; keys asked once; bounded per task and per caller). A
+//!   JSON-RPC error answering a `sampling/createMessage` has no 2026 `inputResponses` form: the
+//!   task is cancelled instead (`follow::refused_by_client`, `reason="client_error"`).
 //! - MRTR (an `input_required` *result*, 2026-07-28 §2.3) answering the bridged task-augmented
 //!   `tools/call` before its task exists, or a held session's `tools/call` / `prompts/get` /
 //!   `resources/read`: see `relay::mrtr` (the same prompts on the request's own stream, then the request
@@ -149,7 +158,7 @@ pub mod reverse;
 pub(crate) mod sessionless;
 pub mod translate;
 
-use answer::{ask, ask_with, error_reply, failure_reply, legacy_reply};
+use answer::{ask, ask_until, ask_with, error_reply, failure_reply, legacy_reply};
 
 pub use era::{Discovery, UpstreamEra, DISCOVER_DEADLINE, UNANSWERED_RETRY};
 

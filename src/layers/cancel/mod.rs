@@ -22,7 +22,9 @@
 //!   requests wait for it and each gets the same outcome under its own JSON-RPC id
 //!   (`outcome="deduplicated"`). The first is `forwarded` (or `upstream_error` when the upstream
 //!   answers an error or cannot be reached); it records `cancel_requested_at` and the
-//!   `cancel_requested` audit event. A flight that ends with a terminal status leaves it behind
+//!   `cancel_requested` audit event (for a 2025-11-25 cancel of a 2026-07-28 task the `bridge`
+//!   below records them when it sends the cancel: it asks the task's status first, and a task
+//!   it finds terminal is answered `-32602` with nothing sent, counted `rejected_terminal`). A flight that ends with a terminal status leaves it behind
 //!   before it leaves the table, so a cancel arriving afterwards is answered here. Every caller
 //!   gets the answer as one `application/json` message, even if the upstream streamed it.
 //! - `notifications/cancelled` (ordinary cancellation): dropped when its `requestId` is the
@@ -65,7 +67,7 @@ pub use modern::MODERN_ACK;
 
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, ReplyBody};
 use crate::jsonrpc;
-use crate::layers::extensions::AuthorisedTask;
+use crate::layers::extensions::{AuthorisedTask, CancelFoundTerminal};
 use crate::layers::lost_task;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
@@ -104,6 +106,14 @@ enum FlightAnswer {
     SessionGone(String),
     /// The upstream could not be reached.
     Failed(Arc<GatewayError>),
+    /// The `bridge` below found the task terminal (`status`, [`CancelFoundTerminal`]) before
+    /// sending anything (`sent: false`) or after the upstream acknowledged the cancel (`sent`):
+    /// its JSON-RPC `error` JSON text (the 2025 `-32602`), answered to every caller.
+    Ended {
+        status: TaskStatus,
+        error: String,
+        sent: bool,
+    },
     /// Shared store: the task was terminal (with this status) when the cancel was claimed.
     Terminal(TaskStatus),
     /// Shared store, 2026-07-28: a cancel of the task was already acknowledged upstream.
@@ -401,6 +411,28 @@ where
             count(metrics::CancelOutcome::of_terminal(era == Era::Modern));
             return Ok(terminal_answer(&state, era, &upstream, &record, &id, status).await);
         }
+        FlightAnswer::Ended {
+            status,
+            error,
+            sent: false,
+        } => {
+            // Nothing went upstream: the bridge's answer for a terminal task is taskgate's own,
+            // counted as a cancel of a task known terminal is (not `upstream_error`).
+            count(metrics::CancelOutcome::of_terminal(era == Era::Modern));
+            tracing::debug!(task_id = %task_id, %status, "tasks/cancel of a task its upstream showed terminal: answered here, nothing sent");
+            let reply = reply_of(FlightAnswer::Error(error), &id, false, &upstream, era)?;
+            return Ok(reply.answered_locally(LocalReason::CancelTerminal));
+        }
+        FlightAnswer::Ended {
+            error, sent: true, ..
+        } => {
+            // Sent and acknowledged; the task had ended otherwise first.
+            count(match first && here {
+                true => metrics::CancelOutcome::Forwarded,
+                false => metrics::CancelOutcome::Deduplicated,
+            });
+            return reply_of(FlightAnswer::Error(error), &id, false, &upstream, era);
+        }
         FlightAnswer::Acknowledged => {
             count(metrics::CancelOutcome::Deduplicated);
             return Ok(
@@ -476,7 +508,10 @@ fn reply_of(
             }
         },
         FlightAnswer::Failed(e) => return Err((*e).clone()),
-        FlightAnswer::Terminal(_) | FlightAnswer::Acknowledged | FlightAnswer::Elsewhere(_) => {
+        FlightAnswer::Terminal(_)
+        | FlightAnswer::Ended { .. }
+        | FlightAnswer::Acknowledged
+        | FlightAnswer::Elsewhere(_) => {
             McpReply::error(Era::Legacy, Some(id), &McpError::CancelNoOutcome)
         }
     })
@@ -505,7 +540,9 @@ where
 {
     let upstream = req.ctx.upstream.clone();
     let era = req.era();
-    state.registry.request_cancel(&upstream, &task_id).await;
+    if !sent_by_bridge(&req) {
+        state.registry.request_cancel(&upstream, &task_id).await;
+    }
     let Some(id) = req.id().cloned() else {
         return FlightAnswer::Error(internal("tasks/cancel without an id".to_string()));
     };
@@ -519,6 +556,36 @@ where
         Ok(reply) => reply,
     };
     let status = reply.status.as_u16();
+    if let Some(CancelFoundTerminal {
+        status: ended,
+        sent,
+    }) = reply.extensions.get::<CancelFoundTerminal>().copied()
+    {
+        let message = match reply.body {
+            ReplyBody::Json(bytes) => Some(bytes),
+            _ => None,
+        };
+        let error = message
+            .as_deref()
+            .and_then(|b| serde_json::from_slice::<Answer>(b).ok())
+            .and_then(|a| a.error.map(|e| e.get().to_string()));
+        if let Some(error) = error {
+            // Before the flight leaves the table (see `cancel_from_below`).
+            let mut settled = state.settled.lock();
+            if settled.len() >= NOTES_LIMIT {
+                settled.clear();
+            }
+            settled.insert(task_id.clone(), ended);
+            return FlightAnswer::Ended {
+                status: ended,
+                error,
+                sent,
+            };
+        }
+        return FlightAnswer::Error(internal(format!(
+            "tasks/cancel: the answer for task {task_id}, terminal upstream, could not be read"
+        )));
+    }
     // The 2025-11-25 transport's "session gone" keeps its 404 for every caller: the status is
     // the signal the `tasks` layer's lost-task probe reads.
     if let ReplyBody::Json(bytes) = &reply.body {
@@ -610,6 +677,18 @@ where
         }
     }
     outcome
+}
+
+/// Whether the `bridge` below sends this `tasks/cancel` (a 2025-11-25 caller's cancel of a task
+/// on a 2026-07-28 task server): it asks the task's status first and sends a 2026
+/// `tasks/cancel` only for a live task, and records "cancel requested" itself when it does
+/// (`Registry::request_cancel`), so a task found terminal is not audited as forwarded.
+fn sent_by_bridge(req: &McpRequest) -> bool {
+    req.era() == Era::Legacy
+        && req
+            .extensions
+            .get::<AuthorisedTask>()
+            .is_some_and(|a| a.record.era == Era::Modern)
 }
 
 /// The longest the callers of a forwarded 2026-07-28 cancel wait for taskgate's own poll of

@@ -73,7 +73,9 @@ where
     unfinished.registry = None;
     let shared = match &outcome {
         FlightAnswer::Result(r) => SharedCancelOutcome::Result(r.clone()),
-        FlightAnswer::Error(e) => SharedCancelOutcome::Error(e.clone()),
+        FlightAnswer::Error(e) | FlightAnswer::Ended { error: e, .. } => {
+            SharedCancelOutcome::Error(e.clone())
+        }
         // Other replicas' callers get the error under HTTP 200: the record is failed here by
         // this replica's own caller's probe, and they read it from then on.
         FlightAnswer::SessionGone(e) => SharedCancelOutcome::Error(e.clone()),

@@ -204,7 +204,9 @@ impl CallInput {
         if let Some(mrtr_key) = &w.mrtr_key {
             let value = match answer {
                 Ok(result) => result,
-                Err(_) => response_value(&w.method, &Value::Null),
+                // As an MRTR round of the bridge (`relay::mrtr::answered`).
+                Err(_) => response_value(&w.method, &Value::Null)
+                    .unwrap_or_else(|| json!({ "action": "decline" })),
             };
             self.round.lock().insert(mrtr_key.clone(), value);
             if round_done {

@@ -1,5 +1,5 @@
 //! What `observe` records for the `bridge` (a 2025-11-25 client's task on a 2026-07-28 task
-//! server): the two answers whose meaning the bridge's client era gives them, asked for on the
+//! server): the answer whose meaning the bridge's client era gives it, asked for on the
 //! request and handed back in its [`Fact`] (see `layers::extensions`). Recording them here
 //! keeps `observe` the one place task facts reach the registry.
 //!
@@ -10,16 +10,12 @@
 //!   (`isError`) is a 2025 `failed`. A result over `tasks.max_stored_result_bytes`, or one no
 //!   record can be made of, is not recorded: the client then gets the plain result. When the
 //!   write fails the answer becomes `-32603` (nothing runs upstream to cancel).
-//! - **The ack to a `tasks/cancel`** ([`AckIsCancelled`]): the authorised record `cancelled`,
-//!   updated now, applied like any status (first terminal status wins).
 //!
 //! [`PlainAnswerIsTask`]: crate::layers::extensions::PlainAnswerIsTask
-//! [`AckIsCancelled`]: crate::layers::extensions::AckIsCancelled
 
 use super::Watch;
 use crate::jsonrpc::Id;
-use crate::layers::cancel_ack;
-use crate::layers::extensions::{CancelAcknowledged, Fact, PendingCreation, SynthesizedTask};
+use crate::layers::extensions::{Fact, PendingCreation, SynthesizedTask};
 use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms};
 use crate::store::TaskRecord;
@@ -107,17 +103,5 @@ impl Watch {
         // A tool error is a 2025 `failed` (the client's answer and `tasks/list` show it so).
         record.tool_error = result.get("isError").and_then(Value::as_bool) == Some(true);
         Some(record)
-    }
-
-    /// The ack to a `tasks/cancel` carrying
-    /// [`AckIsCancelled`](crate::layers::extensions::AckIsCancelled): `known` (the authorised
-    /// record) `cancelled` and updated now, applied ([`cancel_ack::apply`]); `applied` filled.
-    pub(super) async fn on_cancel_ack(
-        &self,
-        known: &TaskRecord,
-        applied: &Fact<CancelAcknowledged>,
-    ) {
-        let (task, observed) = cancel_ack::apply(&self.registry, &self.upstream, known).await;
-        applied.set(CancelAcknowledged { task, observed });
     }
 }

@@ -32,9 +32,9 @@
 //!   rewritten to show the recorded status (counted when it is rewritten, and logged once as a
 //!   late result).
 //! - **For the `bridge`** (its 2025-11-25 client's task on a 2026-07-28 server, see `bridged`):
-//!   a plain result to a call carrying `PlainAnswerIsTask` is recorded as a `completed` task;
-//!   the ack to a `tasks/cancel` carrying `AckIsCancelled` applies `cancelled`. What was recorded
-//!   goes to the bridge in the request's `Fact`.
+//!   a plain result to a call carrying `PlainAnswerIsTask` is recorded as a `completed` task,
+//!   which goes to the bridge in the request's `Fact`. (The bridge applies the ack to its
+//!   `tasks/cancel` itself, after asking the task's status again: `cancel_ack`.)
 //! - **Activity** for the "resources released" fact (`registry::releases`): progress on a task's
 //!   `progressToken`, messages whose related-task `_meta` names it, status notifications.
 //! - **Holds**: a `tasks/result` in flight holds its task until its reply is done; a creation's
@@ -63,8 +63,7 @@ use crate::exchange::{
 use crate::jsonrpc::{splice, Id, Kind, Message};
 use crate::layers::after::{AfterReply, ReplyStep};
 use crate::layers::extensions::{
-    AckIsCancelled, AuthorisedTask, CancelAcknowledged, Fact, PendingCreation, PlainAnswerIsTask,
-    SynthesizedTask,
+    AuthorisedTask, Fact, PendingCreation, PlainAnswerIsTask, SynthesizedTask,
 };
 use crate::layers::own_request;
 use crate::mcp::era::Era;
@@ -170,8 +169,6 @@ enum Expect {
         known: Arc<TaskRecord>,
         /// The request's era (2026-07-28 `tasks/get` answers are flat `DetailedTask`s).
         era: Era,
-        /// The `bridge`'s [`AckIsCancelled`] (a `tasks/cancel` only): an ack is `cancelled`.
-        ack: Option<Fact<CancelAcknowledged>>,
     },
 }
 
@@ -208,11 +205,6 @@ impl Expect {
                 method,
                 known: a.record.clone(),
                 era: req.era(),
-                ack: match method {
-                    ReplyTo::Cancel => req.extensions.remove::<AckIsCancelled>(),
-                    _ => None,
-                }
-                .map(|a| a.applied),
             },
             None => Expect::Nothing,
         }
@@ -625,14 +617,6 @@ enum Step {
         response: bool,
         creation: Creation,
     },
-    /// The answer to a `tasks/cancel` carrying the bridge's [`AckIsCancelled`] (`response`: a
-    /// result, not an error).
-    CancelAck {
-        bytes: Bytes,
-        response: bool,
-        known: Arc<TaskRecord>,
-        applied: Fact<CancelAcknowledged>,
-    },
     /// A `CreateTaskResult` under another id than the awaited creation's (not its answer): the
     /// task it names is cancelled upstream with `undo`, a copy of the creation's, which stays.
     StrayCreation {
@@ -903,17 +887,6 @@ impl Watch {
                 response,
                 creation,
             } => Box::pin(self.on_creation_reply(bytes, response, creation, in_stream)).await,
-            Step::CancelAck {
-                bytes,
-                response,
-                known,
-                applied,
-            } => {
-                if response {
-                    Box::pin(self.on_cancel_ack(&known, &applied)).await;
-                }
-                bytes
-            }
             Step::TaskReply {
                 bytes,
                 parsed,
@@ -990,16 +963,6 @@ impl Watch {
                 bytes,
                 response,
                 creation,
-            },
-            Expect::TaskReply {
-                known,
-                ack: Some(applied),
-                ..
-            } => Step::CancelAck {
-                bytes,
-                response,
-                known,
-                applied,
             },
             Expect::TaskReply {
                 method, known, era, ..
@@ -1102,7 +1065,6 @@ impl Watch {
                 method: ReplyTo::Result,
                 known,
                 era: Era::Legacy,
-                ack: None,
             } = &*expect
             else {
                 return None;

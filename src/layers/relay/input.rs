@@ -5,7 +5,10 @@
 //! (`"taskgate-input-<64 random bits>"`); the client's answer (a POSTed JSON-RPC response under
 //! that id, from the same caller) is consumed here (HTTP 202) and sent upstream as `tasks/update`
 //! with `inputResponses: {<key>: <result>}`. An error answer becomes `{"action":"decline"}`
-//! (`{"roots":[]}` for `roots/list`: a client that cannot list its roots offers none).
+//! for `elicitation/create` and `{"roots":[]}` for `roots/list` (a client that cannot list its
+//! roots offers none); a `sampling/createMessage` result has no refusal form (2026-07-28
+//! `InputResponse` has no error member), so an error to it sends nothing upstream: the bridge
+//! cancels the task instead ([`response_value`], `reason="client_error"`).
 //!
 //! Keys are never asked twice for a task (the snapshot repeats on every poll), across
 //! `tasks/result` calls too, while taskgate runs ([`Inputs::ask`]). Gateway tasks (see
@@ -61,9 +64,10 @@ pub struct Pending {
     pub caller: Caller,
     /// The context the `tasks/update` goes out in.
     pub ctx: RequestContext,
-    /// For an MRTR round (see `mrtr`): where the answer goes (`(key, inputResponses value)`)
-    /// instead of a `tasks/update`; `task_id` then names the round.
-    pub round: Option<mpsc::Sender<(String, Value)>>,
+    /// For an MRTR round (see `mrtr`): where the answer goes (`(key, inputResponses value)`,
+    /// `None` for an error no value can carry, see [`response_value`]) instead of a
+    /// `tasks/update`; `task_id` then names the round.
+    pub round: Option<mpsc::Sender<(String, Option<Value>)>>,
 }
 
 /// Unanswered requests by id (JSON text), with each caller's ids in the order they were sent.
@@ -221,7 +225,7 @@ impl Inputs {
         round: &str,
         key: &str,
         request: &Value,
-        answers: &mpsc::Sender<(String, Value)>,
+        answers: &mpsc::Sender<(String, Option<Value>)>,
     ) -> Ask {
         self.ask_for(declared, ctx, round, key, request, Some(answers.clone()))
     }
@@ -258,7 +262,7 @@ impl Inputs {
         task_id: &str,
         key: &str,
         request: &Value,
-        round: Option<mpsc::Sender<(String, Value)>>,
+        round: Option<mpsc::Sender<(String, Option<Value>)>>,
     ) -> Ask {
         {
             let asked = self.asked.lock();
@@ -282,7 +286,7 @@ impl Inputs {
         key: &str,
         method: &str,
         request: &Value,
-        round: Option<mpsc::Sender<(String, Value)>>,
+        round: Option<mpsc::Sender<(String, Option<Value>)>>,
     ) -> Ask {
         self.mark_asked(task_id, key);
         // SipHash under fresh random keys: not guessable by another client (who is also not
@@ -359,13 +363,19 @@ fn request_message(
     json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string()
 }
 
-/// The `inputResponses` value for a client's answer message to a `method` request: its
-/// `result`; for an error, `{"roots":[]}` for `roots/list`, else `{"action":"decline"}`.
-pub fn response_value(method: &str, answer: &Value) -> Value {
-    match answer.get("result") {
-        Some(r) => r.clone(),
-        None if method == "roots/list" => json!({ "roots": [] }),
-        None => json!({ "action": "decline" }),
+/// The `inputResponses` value for a client's answer message to a `method` request (2026-07-28
+/// schema: `InputResponse = CreateMessageResult | ListRootsResult | ElicitResult`, no error
+/// form): its `result`; for an error, the refusal that method's result can express:
+/// `{"action":"decline"}` (an `ElicitResult`) for `elicitation/create`, `{"roots":[]}` (a
+/// client that cannot list its roots offers none) for `roots/list`. `None` for an error to
+/// `sampling/createMessage` (a `CreateMessageResult` has no way to refuse) or any other
+/// method: no value says it, and the caller ends what asked instead.
+pub fn response_value(method: &str, answer: &Value) -> Option<Value> {
+    match (answer.get("result"), method) {
+        (Some(r), _) => Some(r.clone()),
+        (None, "roots/list") => Some(json!({ "roots": [] })),
+        (None, "elicitation/create") => Some(json!({ "action": "decline" })),
+        (None, _) => None,
     }
 }
 
@@ -477,11 +487,16 @@ mod tests {
         ));
         assert_eq!(
             response_value("roots/list", &json!({"error": {}})),
-            json!({"roots": []})
+            Some(json!({"roots": []}))
         );
         assert_eq!(
             response_value("elicitation/create", &json!({"error": {}})),
-            json!({"action": "decline"})
+            Some(json!({"action": "decline"}))
+        );
+        // A CreateMessageResult cannot refuse: no value (it is not an ElicitResult).
+        assert_eq!(
+            response_value("sampling/createMessage", &json!({"error": {}})),
+            None
         );
     }
 }

@@ -127,7 +127,21 @@ impl Relay {
         id: &Id,
         exchange: impl Future<Output = Result<T, GatewayError>>,
     ) -> Result<T, GatewayError> {
-        match tokio::time::timeout(self.timeout, exchange).await {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        self.bounded_until(upstream, id, deadline, exchange).await
+    }
+
+    /// As [`Relay::bounded`], for one of several exchanges that share one `deadline` (made
+    /// `timeout_ms` from the first one's start): past it the error is the same upstream
+    /// timeout's, naming `timeout_ms` (the bound of them all).
+    pub async fn bounded_until<T>(
+        &self,
+        upstream: Arc<str>,
+        id: &Id,
+        deadline: tokio::time::Instant,
+        exchange: impl Future<Output = Result<T, GatewayError>>,
+    ) -> Result<T, GatewayError> {
+        match tokio::time::timeout_at(deadline, exchange).await {
             Ok(answer) => answer,
             Err(_) => {
                 self.metrics

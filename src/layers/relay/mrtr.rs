@@ -12,8 +12,8 @@
 //!   `sampling/createMessage` or `roots/list` request under an id taskgate mints
 //!   (`"taskgate-input-…"`, the relay of `input`; no related-task `_meta`: there is no task);
 //! - the client's answers (JSON-RPC responses POSTed on its session, by the same caller) are
-//!   collected (HTTP 202 each; an error answer is `{"action":"decline"}`, `{"roots":[]}` for
-//!   `roots/list`, as for tasks), then the request goes upstream again under a new id
+//!   collected (HTTP 202 each; an error answer is `{"action":"decline"}` for
+//!   `elicitation/create`, `{"roots":[]}` for `roots/list`, as for tasks), then the request goes upstream again under a new id
 //!   (`"taskgate-bridge-…"`), its `params` as first sent plus `inputResponses` (key → the
 //!   client's result) and `requestState` echoed as the upstream gave it (absent when it gave
 //!   none); notifications of the retried request's stream are relayed (`notifications/tasks` as
@@ -33,6 +33,9 @@
 //! - the client's answers to one round within the upstream's `timeout_ms` (`-32603`), and each
 //!   retry, its SSE answer included, within it too (as every exchange of the bridge);
 //! - a malformed `input_required` (no `inputRequests` object, or an empty one): `-32603`.
+//! - a `sampling/createMessage` the client answered with a JSON-RPC error: `-32603` saying so,
+//!   no retry (a `CreateMessageResult` has no refusal form and a 2026 `InputResponse` no error
+//!   member; a `decline` would be an `ElicitResult` sent as a sampling result).
 //! - the client's `notifications/cancelled` (held sessions) or closing its stream ends the
 //!   exchange at once: the retry in flight is dropped (closing the upstream request is the
 //!   2026 cancel) and unanswered input requests are forgotten.
@@ -415,8 +418,20 @@ where
         let deadline = tokio::time::Instant::now() + self.relay.timeout;
         while responses.len() < requests.len() {
             match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Ok(Some((key, value))) => {
+                Ok(Some((key, Some(value)))) => {
                     responses.insert(key, value);
+                }
+                Ok(Some((key, None))) => {
+                    // A sampling request answered with an error: no `inputResponses` value
+                    // says "refused" (a `decline` is an `ElicitResult`), so no retry.
+                    let method = requests
+                        .get(&key)
+                        .and_then(|r| r.get("method"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("input")
+                        .to_string();
+                    let error = McpError::InputRefused { method };
+                    return Err(self.end(MrtrOutcome::ClientError, error));
                 }
                 Ok(None) => {
                     return Err(self.end(MrtrOutcome::UpstreamError, McpError::InputRequiredLost))
@@ -501,6 +516,7 @@ pub fn answered(req: &McpRequest, pending: super::input::Pending) {
         Operation::Post(m) => m.parse_as::<Value>().unwrap_or(Value::Null),
         _ => Value::Null,
     };
+    // `None`: an error no input response can carry; the round ends on it.
     let value = super::input::response_value(&pending.method, &answer);
     // The round's channel has room for each of its keys (each answered once); a round that
     // ended has dropped its receiver.
