@@ -117,11 +117,11 @@ pub enum McpError {
     NoRandomTaskId,
     /// `-32603`: the task record of a gateway task could not be made.
     RecordNotMade,
-    /// `-32603`: the creation could not be recorded durably (`detail`: the store's error), so
-    /// the task was not handed out (or, `before_upstream`, nothing was sent upstream).
+    /// `-32603`: the creation could not be recorded durably, so the task was not handed out
+    /// (or, `before_upstream`, nothing was sent upstream). The store's error is logged (and
+    /// counted in `taskgate_store_write_failures_total`) by the registry, not sent to the
+    /// client: a database's error names hosts and users.
     NotRecorded {
-        /// The store's error.
-        detail: String,
         /// Refused before the call went upstream (a gateway task), not after the upstream
         /// created it.
         before_upstream: bool,
@@ -136,12 +136,9 @@ pub enum McpError {
         /// The upstream's name.
         upstream: String,
     },
-    /// `-32603`: the call lease of a gateway task could not be taken (`detail`: the store's
-    /// error); nothing was sent upstream.
-    LeaseNotTaken {
-        /// The store's error.
-        detail: String,
-    },
+    /// `-32603`: the call lease of a gateway task could not be taken; nothing was sent
+    /// upstream. The store's error is logged where the lease was asked for, not sent.
+    LeaseNotTaken,
 
     // ---- methods and capabilities ----
     /// `-32021` ([`MISSING_REQUIRED_CLIENT_CAPABILITY`]) with `data.requiredCapabilities` naming
@@ -237,17 +234,9 @@ pub enum McpError {
         /// The method, when the message names it.
         method: Option<String>,
     },
-    /// `-32603`: the task store could not count the caller's unfinished tasks.
-    CountFailed {
-        /// The store's error.
-        detail: String,
-    },
-    /// `-32603`: the registry failed a `tasks/list` page (`detail`: its error; `None`: it gave
-    /// no page).
-    ListFailed {
-        /// The registry's error.
-        detail: Option<String>,
-    },
+    /// `-32603`: the registry gave no `tasks/list` page (a store that failed is
+    /// [`McpError::StoreUnavailable`]).
+    ListFailed,
 
     // ---- the upstream (`-32603`) ----
     /// `-32603` with a failed exchange's text (`exchange::GatewayError`'s `Display`), where
@@ -477,14 +466,13 @@ impl McpError {
             | RecordNotMade
             | NotRecorded { .. }
             | TaskIdReused { .. }
-            | LeaseNotTaken { .. }
+            | LeaseNotTaken
             | SessionsFull
             | SessionStore { .. }
             | SessionIdTooLong { .. }
             | Overloaded { .. }
             | StoreUnavailable { .. }
-            | CountFailed { .. }
-            | ListFailed { .. }
+            | ListFailed
             | Upstream { .. }
             | CancelAnsweredHttp { .. }
             | CancelNoOutcome
@@ -606,26 +594,21 @@ impl fmt::Display for McpError {
             NoRandomTaskId => f.write_str("taskgate could not draw a random taskId"),
             RecordNotMade => f.write_str("the task record cannot be made"),
             NotRecorded {
-                detail,
                 before_upstream: false,
-            } => write!(
-                f,
-                "taskgate could not record the task durably ({detail}); the task was not handed out"
+            } => f.write_str(
+                "taskgate could not record the task durably (task store unavailable); the task was not handed out",
             ),
             NotRecorded {
-                detail,
                 before_upstream: true,
-            } => write!(
-                f,
-                "taskgate could not record the task durably ({detail}); nothing was sent upstream"
+            } => f.write_str(
+                "taskgate could not record the task durably (task store unavailable); nothing was sent upstream",
             ),
             TaskIdReused { task_id, upstream } => write!(
                 f,
                 "upstream `{upstream}` answered with taskId {task_id:?}, which names a task taskgate already recorded for it (the upstream reuses taskIds, as one that restarted with a counter does): the new task was not recorded nor handed out, and is not cancelled upstream (that would end the recorded one)"
             ),
-            LeaseNotTaken { detail } => write!(
-                f,
-                "the task store is unavailable: taskgate could not take the task's call lease ({detail}); nothing was sent upstream"
+            LeaseNotTaken => f.write_str(
+                "the task store is unavailable: taskgate could not take the task's call lease; nothing was sent upstream",
             ),
             MissingTasksExtension => f.write_str("Missing required client capability"),
             NotInModernEra { method } => write!(
@@ -677,12 +660,7 @@ impl fmt::Display for McpError {
             StoreUnavailable { method } => {
                 write!(f, "{}task store unavailable; try again", Prefix(method))
             }
-            CountFailed { detail } => write!(
-                f,
-                "tools/call: the task store could not count this caller's tasks: {detail}"
-            ),
-            ListFailed { detail: Some(d) } => write!(f, "tasks/list: the task registry failed: {d}"),
-            ListFailed { detail: None } => f.write_str("tasks/list: the task registry gave no page"),
+            ListFailed => f.write_str("tasks/list: the task registry gave no page"),
             Upstream { detail } => f.write_str(detail),
             CancelAnsweredHttp { upstream, status } => write!(
                 f,
@@ -942,14 +920,13 @@ mod tests {
             McpError::NoRandomTaskId,
             McpError::RecordNotMade,
             McpError::NotRecorded {
-                detail: s("down"),
                 before_upstream: false,
             },
             McpError::TaskIdReused {
                 task_id: s("t1"),
                 upstream: s("u"),
             },
-            McpError::LeaseNotTaken { detail: s("down") },
+            McpError::LeaseNotTaken,
             McpError::MissingTasksExtension,
             McpError::NotInModernEra {
                 method: s("tasks/list"),
@@ -981,8 +958,7 @@ mod tests {
             McpError::SessionIdTooLong { len: 9, bound: 8 },
             McpError::Overloaded { message: s("full") },
             McpError::StoreUnavailable { method: None },
-            McpError::CountFailed { detail: s("x") },
-            McpError::ListFailed { detail: None },
+            McpError::ListFailed,
             McpError::Upstream { detail: s("x") },
             McpError::CancelAnsweredHttp {
                 upstream: s("u"),
@@ -1101,7 +1077,6 @@ mod tests {
             ("SessionIdTooLong", -32603, 502, 502),
             ("Overloaded", -32603, 503, 503),
             ("StoreUnavailable", -32603, 200, 200),
-            ("CountFailed", -32603, 200, 200),
             ("ListFailed", -32603, 200, 200),
             ("Upstream", -32603, 200, 200),
             ("CancelAnsweredHttp", -32603, 200, 200),

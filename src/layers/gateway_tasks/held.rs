@@ -93,9 +93,10 @@ pub(super) async fn create<S: McpService>(
             return Ok(McpReply::error(era, Some(&client_id), &error)
                 .answered_locally(LocalReason::OwnerLimit));
         }
-        Err(e) => {
-            let error = McpError::CountFailed {
-                detail: e.to_string(),
+        Err(_) => {
+            // The store's error is logged and counted by the registry, not sent.
+            let error = McpError::StoreUnavailable {
+                method: Some("tools/call".into()),
             };
             return Ok(McpReply::error(era, Some(&client_id), &error)
                 .answered_locally(LocalReason::StoreUnavailable));
@@ -140,13 +141,14 @@ pub(super) async fn create<S: McpService>(
         Ok(lease) => lease,
         Err(e) => return Ok(refuse(e)),
     };
-    if let Err(e) = state
+    if state
         .registry
         .record_creation(record.clone(), &pending.reservation)
         .await
+        .is_err()
     {
+        // Logged and counted by the registry (`record_creation`).
         return Ok(refuse(McpError::NotRecorded {
-            detail: e.to_string(),
             before_upstream: true,
         }));
     }
@@ -210,8 +212,9 @@ async fn take_lease(
         .hold(upstream, task_id, LeaseKind::Held, Some(hook))
         .await
         .map(Some)
-        .map_err(|e| McpError::LeaseNotTaken {
-            detail: e.to_string(),
+        .map_err(|e| {
+            tracing::warn!(upstream, task_id, error = %e, "a gateway task's call lease could not be taken");
+            McpError::LeaseNotTaken
         })
 }
 

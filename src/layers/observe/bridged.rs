@@ -76,8 +76,8 @@ impl Watch {
                 recorded.set(SynthesizedTask { record });
                 Ok(bytes.clone())
             }
-            Err(e) => Ok(McpError::NotRecorded {
-                detail: e.to_string(),
+            // Logged and counted by the registry (`record_creation`).
+            Err(_) => Ok(McpError::NotRecorded {
                 before_upstream: false,
             }
             .body(Some(id))),

@@ -1732,8 +1732,8 @@ fn not_recorded(id: &Id, upstream: &str, e: StoreError) -> Bytes {
             task_id,
             upstream: upstream.to_string(),
         },
-        e => McpError::NotRecorded {
-            detail: e.to_string(),
+        // Logged and counted by the registry (`record_creation`).
+        _ => McpError::NotRecorded {
             before_upstream: false,
         },
     };

@@ -383,6 +383,12 @@ async fn an_unrecorded_creation_is_cancelled_upstream() {
     let reply = json_of(&svc.oneshot(req).await.unwrap());
     assert_eq!(reply["error"]["code"], -32603, "{reply}");
     assert_eq!(reply["id"], 1, "{reply}");
+    // The store's own error (a database's names hosts and users) is logged, not sent.
+    assert_eq!(
+        reply["error"]["message"],
+        "taskgate could not record the task durably (task store unavailable); the task was not handed out",
+        "{reply}"
+    );
     assert_eq!(registry.owners_count("up", &owner()), 0, "the slot is free");
 
     assert_eq!(

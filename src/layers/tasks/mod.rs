@@ -678,7 +678,7 @@ async fn list(registry: &Arc<Registry>, authenticated: bool, req: &McpRequest) -
                 not_a_string: false,
             },
         ),
-        Ok(None) => refuse(&id, McpError::ListFailed { detail: None }),
+        Ok(None) => refuse(&id, McpError::ListFailed),
         Ok(Some((page, next))) => {
             let now = now_ms();
             let tasks: Vec<_> = page

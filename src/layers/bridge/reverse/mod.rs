@@ -748,9 +748,10 @@ async fn tools_call<S: McpService>(
                 return Ok(McpReply::error(Era::Modern, Some(&id), &error)
                     .answered_locally(LocalReason::OwnerLimit));
             }
-            Err(e) => {
-                let error = McpError::CountFailed {
-                    detail: e.to_string(),
+            Err(_) => {
+                // The store's error is logged and counted by the registry, not sent.
+                let error = McpError::StoreUnavailable {
+                    method: Some("tools/call".into()),
                 };
                 return Ok(McpReply::error(Era::Modern, Some(&id), &error)
                     .answered_locally(LocalReason::StoreUnavailable));
