@@ -78,6 +78,11 @@ pub struct Running {
     sled: Option<Arc<SledStore>>,
     /// The stdio upstreams, whose children are ended on shutdown.
     stdio: Vec<StdioHandle>,
+    /// Each `upstream.tasks = "gateway"` upstream's gateway tasks, whose held calls a graceful
+    /// stop lets finish within the drain.
+    gateway_tasks: Vec<Arc<GatewayTasksState>>,
+    /// `gateway.drain_timeout_ms`.
+    drain: Duration,
     /// The trace export (`[telemetry]`), flushed on shutdown.
     telemetry: Option<Telemetry>,
     shutdown: watch::Sender<bool>,
@@ -86,12 +91,25 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stops accepting connections, lets in-flight exchanges finish within the drain timeout,
-    /// ends GET streams, and returns when both listeners are closed.
+    /// Stops accepting connections, lets in-flight exchanges and the held calls of gateway
+    /// tasks finish within the drain timeout (`gateway.drain_timeout_ms`, counted from the
+    /// stop), ends GET streams, and returns when both listeners are closed. A held call still
+    /// running at the drain's end stops with the process; its task is failed at the next
+    /// start ("taskgate restarted"), or in a tier by the replica that adopts its lease.
     pub async fn shutdown(self) {
+        let deadline = tokio::time::Instant::now() + self.drain;
         let _ = self.shutdown.send(true);
         for s in self.servers {
             let _ = s.await;
+        }
+        let held =
+            futures_util::future::join_all(self.gateway_tasks.iter().map(|g| g.held_calls_ended()));
+        if tokio::time::timeout_at(deadline, held).await.is_err() {
+            let left: usize = self.gateway_tasks.iter().map(|g| g.held_calls()).sum();
+            tracing::warn!(
+                held_calls = left,
+                "the drain ended with gateway tasks' calls still held; their tasks are failed at the next start"
+            );
         }
         self.sweeper.abort();
         // Every child process and its group: close stdin, SIGTERM, SIGKILL (upstream::stdio).
@@ -145,8 +163,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
 
     let mut routes: Vec<Route> = Vec::with_capacity(config.upstream.len());
     let mut stdio = Vec::new();
+    let mut gateway_tasks = Vec::new();
     for u in &config.upstream {
         let built = build_stack(u, &shared, &config);
+        gateway_tasks.extend(built.gateway_tasks);
         if let Some(orphans) = built.orphans {
             orphans.spawn();
         }
@@ -204,6 +224,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         registry,
         sled,
         stdio,
+        gateway_tasks,
+        drain: Duration::from_millis(config.gateway.drain_timeout_ms),
         telemetry,
         shutdown: shutdown_tx,
         servers,
@@ -290,6 +312,9 @@ struct BuiltStack {
     route: Route,
     orphans: Option<OrphanSweep>,
     stdio: Option<StdioHandle>,
+    /// The gateway tasks' state (`upstream.tasks = "gateway"`), whose held calls a graceful
+    /// stop waits for.
+    gateway_tasks: Option<Arc<GatewayTasksState>>,
 }
 
 /// Builds the stack in front of upstream `u`: the layers, outermost first (see `layers` for
@@ -312,6 +337,8 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
     let upgrade_state = UpgradeState::new(shared.registry.clone(), shared.upgrade.clone(), timeout);
     let cancel_state =
         CancelState::stopping_with(shared.registry.clone(), timeout, shared.shutdown.clone());
+    let gateway_tasks =
+        GatewayTasksState::new(shared.registry.clone(), u.tasks == TaskOwnership::Gateway);
     // The upstream's era: one fact both bridges read (learned once, issue 30).
     let era = Discovery::new(u.protocol, timeout);
     // taskgate's own request ids and the input relay, shared by the bridge and the held
@@ -329,10 +356,7 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
             shared.authenticated,
         ))
         .layer(CancelLayer::new(cancel_state.clone()))
-        .layer(GatewayTasksLayer::new(GatewayTasksState::new(
-            shared.registry.clone(),
-            u.tasks == TaskOwnership::Gateway,
-        )))
+        .layer(GatewayTasksLayer::new(gateway_tasks.clone()))
         .layer(HeldSessionsLayer::new(HeldSessions::new(
             shared.sessions.clone(),
         )))
@@ -424,6 +448,7 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
         },
         orphans,
         stdio,
+        gateway_tasks: (u.tasks == TaskOwnership::Gateway).then_some(gateway_tasks),
     }
 }
 

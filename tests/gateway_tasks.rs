@@ -405,6 +405,52 @@ async fn a_2026_call_with_an_odd_params_task_is_not_refused() {
     }
 }
 
+/// A graceful stop (SIGTERM, a rolling restart) lets the held call of a gateway task still
+/// `working` finish within `gateway.drain_timeout_ms`: its task ends `completed` with its
+/// result, instead of being failed at the next start ("taskgate restarted") or, in a tier, by
+/// the replica that adopts its lease. (Before, the stop returned at once and the task was left
+/// `working`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_lets_a_held_call_finish_within_the_drain() {
+    let gate = Gate::new();
+    let up = Upstream::start(no_tasks_server(gate.clone())).await;
+    let mut tg = UgConfig::new(&up.url())
+        .upgrade(&["enabled = false"])
+        .upstream_line("tasks = \"gateway\"")
+        .gateway("drain_timeout_ms = 10000")
+        .start()
+        .await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = task_id_of(&create_call(&c, "1", "slow").await);
+    assert!(up.wait_for_method("tools/call", 1, STEP).await);
+    let running = tg.running.take().expect("running");
+    let mut stop = tokio::spawn(running.shutdown());
+    // The stop waits for the held call: it has not returned while the call is held (a window
+    // of 300 ms: no event marks "still waiting").
+    let early = tokio::time::timeout(std::time::Duration::from_millis(300), &mut stop).await;
+    assert!(
+        early.is_err(),
+        "the stop returned with the gateway task's call still held"
+    );
+    gate.open();
+    tokio::time::timeout(std::time::Duration::from_secs(8), stop)
+        .await
+        .expect("the stop returns once the held call ended")
+        .expect("the stop task");
+    let record = tg
+        .registry
+        .store()
+        .get("default", &t)
+        .expect("the store reads")
+        .expect("the task's record");
+    assert_eq!(
+        record.status,
+        taskgate::mcp::task::TaskStatus::Completed,
+        "{record:?}"
+    );
+}
+
 /// `kill -9` while a gateway task is working; after the restart it is `failed`, saying taskgate
 /// restarted, never `working` for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -459,6 +459,7 @@ impl Held {
         drop(hold);
         drop(self.lease);
         self.state.live.lock().remove(&task_id);
+        self.state.held_ended.notify_waiters();
         self.state.inputs.forget(&task_id);
         live.terminal.send_replace(true);
     }

@@ -195,6 +195,9 @@ pub struct GatewayTasksState {
     upstream_tasks: AtomicU8,
     /// taskId → its held call, while it is held.
     live: Mutex<HashMap<String, Arc<Live>>>,
+    /// Told each time a held call ends (its entry gone from `live`): what a graceful stop
+    /// waits on ([`GatewayTasksState::held_calls_ended`]).
+    held_ended: tokio::sync::Notify,
     /// taskId → how its held call ended (bounded: [`DONE_LIMIT`], [`DONE_BYTES`]).
     done: Mutex<Done>,
     /// Client session → the channel to its GET streams (see `listen`).
@@ -208,6 +211,28 @@ pub struct GatewayTasksState {
 }
 
 impl GatewayTasksState {
+    /// Returns once no call of a gateway task is held (each has ended and recorded how), for a
+    /// graceful stop: the calls of tasks still `working` finish within the drain instead of
+    /// being failed ("taskgate restarted", or "replica lost" in a tier) after it. Bound it with
+    /// a deadline.
+    pub async fn held_calls_ended(&self) {
+        loop {
+            let ended = self.held_ended.notified();
+            tokio::pin!(ended);
+            // Registered before the look, so an end between the two is not missed.
+            ended.as_mut().enable();
+            if self.live.lock().is_empty() {
+                return;
+            }
+            ended.await;
+        }
+    }
+
+    /// How many calls of gateway tasks are held now.
+    pub fn held_calls(&self) -> usize {
+        self.live.lock().len()
+    }
+
     /// The state of one upstream's layer; `enabled` is `upstream.tasks = "gateway"`.
     pub fn new(registry: Arc<Registry>, enabled: bool) -> Arc<GatewayTasksState> {
         Arc::new(GatewayTasksState {
@@ -215,6 +240,7 @@ impl GatewayTasksState {
             enabled,
             upstream_tasks: AtomicU8::new(UNKNOWN),
             live: Mutex::new(HashMap::new()),
+            held_ended: tokio::sync::Notify::new(),
             done: Mutex::new(Done::default()),
             inputs: Inputs::default(),
             listeners: Mutex::new(HashMap::new()),
