@@ -4,6 +4,7 @@
 //! extension, stateless 2026 task requests). Only the wire, the upstream's received requests and
 //! the registry are asserted.
 
+use crate::common::modern_server::create as create_modern;
 use crate::common::*;
 
 use serde_json::{json, Value};
@@ -278,6 +279,46 @@ async fn a_cancel_of_an_ended_task_is_counted_as_taskgates_own_answer() {
     let m = tg.metrics_text().await;
     let outcome = |o: &str| metric(&m, "taskgate_cancel_requests_total", &[("outcome", o)]);
     assert_eq!(outcome("rejected_terminal"), 2.0, "{m}");
+}
+
+/// A 2025 cancel of a principal's 2026 task on a server whose 2025 sessions serve 2025 tasks
+/// themselves (its `initialize` declares `capabilities.tasks`): the bridge passes the cancel
+/// on untranslated, and "cancel requested" is recorded as for any forwarded cancel. Before:
+/// `cancel` left it to the bridge (a 2025 cancel of a 2026-era record), which recorded it only
+/// when it sent the cancel itself: a cancel that went upstream with no "cancel requested".
+#[tokio::test]
+async fn a_2025_cancel_passed_on_untranslated_records_cancel_requested() {
+    let (up, _state) = scripted(|req, v, _| {
+        (v["method"] == "initialize").then(|| {
+            ScriptedResponse::json(rpc_result(
+                &req.rpc_id_json(),
+                &json!({"protocolVersion": "2025-11-25",
+                    "capabilities": {"tools": {}, "tasks": {"cancel": {}, "requests": {"tools": {"call": {}}}}},
+                    "serverInfo": {"name": "dual", "version": "1"}})
+                .to_string(),
+            ))
+            .header("mcp-session-id", "dual-session-1")
+        })
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create_modern(&url, Some("alice-token"), "slow_compute").await;
+    assert_eq!(tg.record(&t).unwrap().era, taskgate::mcp::era::Era::Modern);
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let v = alice.cancel("\"c1\"", &t).await;
+    assert!(
+        up.received("tasks/cancel")
+            .iter()
+            .any(|r| r.json()["id"] == "c1"),
+        "passed on untranslated, under the client's own id: {v}"
+    );
+    let r = tg.record(&t).unwrap();
+    assert!(r.cancel_requested_at.is_some(), "{r:?}");
 }
 
 /// The bridged cancel's `tasks/get` and `tasks/cancel` share one deadline, the upstream's

@@ -318,6 +318,35 @@ async fn cancel_is_recorded_at_once_and_released_when_the_call_ends() {
     );
 }
 
+/// A gateway task a principal created from a 2026-07-28 client and cancels from a 2025-11-25
+/// session: the `gateway_tasks` layer answers the cancel (no `bridge` sends it), and the
+/// "cancel requested" fact is recorded as for any cancel, apart from "status cancelled" and
+/// "resources released". Before: the `cancel` layer left it to the bridge (a 2025 cancel of a
+/// 2026-era record), which never saw it: no `cancel_requested_at`, no `cancel_requested` event.
+#[tokio::test]
+async fn a_2025_cancel_of_a_2026_gateway_task_records_cancel_requested() {
+    let (_up, gate, tg) = setup(true).await;
+    let url = tg.mcp_url();
+    let t = create(&url, Some("alice-token"), "slow").await;
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let v = alice.cancel("\"c1\"", &t).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    let rec = tg.record(&t).unwrap();
+    assert_eq!(rec.status, TaskStatus::Cancelled);
+    assert!(
+        rec.cancel_requested_at.is_some(),
+        "cancel requested: {rec:?}"
+    );
+    gate.open();
+    let released = eventually(STEP, || async { tg.record(&t).and_then(|r| r.released_at) }).await;
+    assert!(released.is_some(), "released once the call ended");
+    let (_, names) = audit_events(&tg, &t).await;
+    for fact in ["cancel_requested", "status_cancelled", "resources_released"] {
+        assert!(names.iter().any(|n| n == fact), "{fact}: {names:?}");
+    }
+}
+
 /// Another principal gets `-32602` for everything about the task; the owner's `tasks/list`
 /// lists it.
 #[tokio::test]
