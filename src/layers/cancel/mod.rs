@@ -421,6 +421,11 @@ where
             // counted as a cancel of a task known terminal is (not `upstream_error`).
             count(metrics::CancelOutcome::of_terminal(era == Era::Modern));
             tracing::debug!(task_id = %task_id, %status, "tasks/cancel of a task its upstream showed terminal: answered here, nothing sent");
+            if era == Era::Modern {
+                // A 2026 caller who joined a 2025 caller's flight: a 2026 cancel of a terminal
+                // task is acknowledged (2026-07-28 defines no error there), not the 2025 error.
+                return Ok(terminal_answer(&state, era, &upstream, &record, &id, status).await);
+            }
             let reply = reply_of(FlightAnswer::Error(error), &id, false, &upstream, era)?;
             return Ok(reply.answered_locally(LocalReason::CancelTerminal));
         }
@@ -432,6 +437,12 @@ where
                 true => metrics::CancelOutcome::Forwarded,
                 false => metrics::CancelOutcome::Deduplicated,
             });
+            if era == Era::Modern {
+                // The upstream acknowledged the cancel: a 2026 caller gets the ack.
+                return Ok(McpReply::local_json(jsonrpc::result_response(
+                    &id, MODERN_ACK,
+                )));
+            }
             return reply_of(FlightAnswer::Error(error), &id, false, &upstream, era);
         }
         FlightAnswer::Acknowledged => {
