@@ -4,6 +4,7 @@
 //! extension, stateless 2026 task requests). Only the wire, the upstream's received requests and
 //! the registry are asserted.
 
+use crate::common::modern_server::create as create_modern;
 use crate::common::*;
 
 use serde_json::{json, Value};
@@ -278,6 +279,46 @@ async fn a_cancel_of_an_ended_task_is_counted_as_taskgates_own_answer() {
     let m = tg.metrics_text().await;
     let outcome = |o: &str| metric(&m, "taskgate_cancel_requests_total", &[("outcome", o)]);
     assert_eq!(outcome("rejected_terminal"), 2.0, "{m}");
+}
+
+/// A 2025 cancel of a principal's 2026 task on a server whose 2025 sessions serve 2025 tasks
+/// themselves (its `initialize` declares `capabilities.tasks`): the bridge passes the cancel
+/// on untranslated, and "cancel requested" is recorded as for any forwarded cancel. Before:
+/// `cancel` left it to the bridge (a 2025 cancel of a 2026-era record), which recorded it only
+/// when it sent the cancel itself: a cancel that went upstream with no "cancel requested".
+#[tokio::test]
+async fn a_2025_cancel_passed_on_untranslated_records_cancel_requested() {
+    let (up, _state) = scripted(|req, v, _| {
+        (v["method"] == "initialize").then(|| {
+            ScriptedResponse::json(rpc_result(
+                &req.rpc_id_json(),
+                &json!({"protocolVersion": "2025-11-25",
+                    "capabilities": {"tools": {}, "tasks": {"cancel": {}, "requests": {"tools": {"call": {}}}}},
+                    "serverInfo": {"name": "dual", "version": "1"}})
+                .to_string(),
+            ))
+            .header("mcp-session-id", "dual-session-1")
+        })
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "alice-token")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let t = create_modern(&url, Some("alice-token"), "slow_compute").await;
+    assert_eq!(tg.record(&t).unwrap().era, taskgate::mcp::era::Era::Modern);
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let v = alice.cancel("\"c1\"", &t).await;
+    assert!(
+        up.received("tasks/cancel")
+            .iter()
+            .any(|r| r.json()["id"] == "c1"),
+        "passed on untranslated, under the client's own id: {v}"
+    );
+    let r = tg.record(&t).unwrap();
+    assert!(r.cancel_requested_at.is_some(), "{r:?}");
 }
 
 /// The bridged cancel's `tasks/get` and `tasks/cancel` share one deadline, the upstream's
@@ -1445,6 +1486,56 @@ async fn cancels_of_both_eras_joined_in_one_flight_get_their_own_eras_answer() {
             "round {round}"
         );
     }
+}
+
+/// A 2026 client's cancel that joins a 2025 client's bridged cancel of a task the upstream
+/// shows ended (the bridge's `tasks/get` finds it `completed`: nothing is sent) gets what a
+/// 2026 cancel of a terminal task gets, the ack (HTTP 200; 2026-07-28 defines no error there,
+/// and it is counted `acknowledged_terminal`), the 2025 client `-32602` naming `completed`.
+/// Before: the 2026 client got the 2025 `-32602` (HTTP 400) while counted as acknowledged.
+#[tokio::test]
+async fn a_2026_cancel_joining_a_bridged_cancel_of_an_ended_task_gets_the_ack() {
+    let slow: std::sync::Arc<std::sync::Mutex<Option<String>>> = Default::default();
+    let which = slow.clone();
+    let (up, _state) = scripted(move |req, v, _| {
+        let task_id = v["params"]["taskId"].as_str()?;
+        if v["method"] != "tasks/get" || which.lock().unwrap().as_deref() != Some(task_id) {
+            return None;
+        }
+        let task = detailed(task_id, "completed");
+        Some(
+            ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &task.to_string()))
+                .after(std::time::Duration::from_millis(500)),
+        )
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .token("alice", "tok-a")
+        .start()
+        .await;
+    let url = tg.mcp_url();
+    let mut c = tg.client().with_token("tok-a");
+    c.initialize().await;
+    let t = create(&c, 2).await;
+    *slow.lock().unwrap() = Some(t.clone());
+    let gets = count(&up, "tasks/get");
+    let (c2, t2) = (c.clone(), t.clone());
+    let legacy = tokio::spawn(async move { c2.cancel("3", &t2).await });
+    assert!(up.wait_for_method("tasks/get", gets + 1, STEP).await);
+    let (status, modern) = task_call(&url, Some("tok-a"), 4, "tasks/cancel", &t).await;
+    let legacy = legacy.await.unwrap();
+    assert_eq!(err_code(&legacy), -32602, "{legacy}");
+    assert!(err_message(&legacy).contains("completed"), "{legacy}");
+    assert_eq!(
+        (status, &modern["result"]),
+        (200, &json!({"resultType": "complete"})),
+        "the 2026 ack: {modern}"
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 0, "nothing sent");
+    let m = tg.metrics_text().await;
+    let outcome = |o: &str| metric(&m, "taskgate_cancel_requests_total", &[("outcome", o)]);
+    assert_eq!(outcome("acknowledged_terminal"), 1.0, "{m}");
+    assert_eq!(outcome("rejected_terminal"), 1.0, "{m}");
 }
 
 /// A bridged task the upstream lost keeps the error it was failed with even when results are not

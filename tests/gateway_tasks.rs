@@ -45,6 +45,23 @@ fn no_tasks_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse 
             ),
             // A 2026-07-28 server asking within the call (MRTR): `input_required` until the
             // call comes again with the answer and the requestState echoed.
+            // MRTR asking for a sampled message: `input_required` until the call comes again
+            // with an answer, which it completes with (whatever it is).
+            Some("tools/call") if v["params"]["name"] == "mrtr-sample" => {
+                let answer = &v["params"]["inputResponses"]["sample"];
+                if answer.is_null() {
+                    return ScriptedResponse::result_for(
+                        req,
+                        r#"{"resultType":"input_required","inputRequests":{"sample":{"method":"sampling/createMessage","params":{"messages":[{"role":"user","content":{"type":"text","text":"hi"}}],"maxTokens":5}}},"requestState":"st-s"}"#,
+                    );
+                }
+                let text = format!("sampled: {answer}");
+                ScriptedResponse::result_for(
+                    req,
+                    &json!({"resultType": "complete", "content": [{"type": "text", "text": text}]})
+                        .to_string(),
+                )
+            }
             Some("tools/call") if v["params"]["name"] == "mrtr" => {
                 let answer = &v["params"]["inputResponses"]["confirm"];
                 if answer.is_null() || v["params"]["requestState"] != "st-1" {
@@ -299,6 +316,35 @@ async fn cancel_is_recorded_at_once_and_released_when_the_call_ends() {
         ) >= 1.0,
         "counted as taskgate's answers"
     );
+}
+
+/// A gateway task a principal created from a 2026-07-28 client and cancels from a 2025-11-25
+/// session: the `gateway_tasks` layer answers the cancel (no `bridge` sends it), and the
+/// "cancel requested" fact is recorded as for any cancel, apart from "status cancelled" and
+/// "resources released". Before: the `cancel` layer left it to the bridge (a 2025 cancel of a
+/// 2026-era record), which never saw it: no `cancel_requested_at`, no `cancel_requested` event.
+#[tokio::test]
+async fn a_2025_cancel_of_a_2026_gateway_task_records_cancel_requested() {
+    let (_up, gate, tg) = setup(true).await;
+    let url = tg.mcp_url();
+    let t = create(&url, Some("alice-token"), "slow").await;
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let v = alice.cancel("\"c1\"", &t).await;
+    assert_eq!(v["result"]["status"], "cancelled", "{v}");
+    let rec = tg.record(&t).unwrap();
+    assert_eq!(rec.status, TaskStatus::Cancelled);
+    assert!(
+        rec.cancel_requested_at.is_some(),
+        "cancel requested: {rec:?}"
+    );
+    gate.open();
+    let released = eventually(STEP, || async { tg.record(&t).and_then(|r| r.released_at) }).await;
+    assert!(released.is_some(), "released once the call ended");
+    let (_, names) = audit_events(&tg, &t).await;
+    for fact in ["cancel_requested", "status_cancelled", "resources_released"] {
+        assert!(names.iter().any(|n| n == fact), "{fact}: {names:?}");
+    }
 }
 
 /// Another principal gets `-32602` for everything about the task; the owner's `tasks/list`
@@ -705,6 +751,54 @@ async fn a_2025_input_request_is_relayed_on_the_result_stream() {
     };
     assert_eq!(done["id"], 3, "{done}");
     assert_eq!(done["result"]["content"][0]["text"], "done", "{done}");
+}
+
+/// A 2025 client that answers an MRTR `sampling/createMessage` of a gateway task with a
+/// JSON-RPC error: a `CreateMessageResult` has no refusal form (a `decline` is an
+/// `ElicitResult`), so, as in the bridge's MRTR, the call is not sent again; the task fails
+/// with the `-32603` saying so. Before: the call went upstream again with
+/// `inputResponses: {"sample": {"action":"decline"}}` taken as the sampled message, and the task
+/// completed with it.
+#[tokio::test]
+async fn a_2025_error_answer_to_an_mrtr_sampling_request_fails_the_task_without_a_retry() {
+    let (up, _gate, tg) = setup(false).await;
+    let c = client_with(&tg.mcp_url(), json!({"sampling": {}})).await;
+    let t = task_id_of(&create_call(&c, "1", "mrtr-sample").await);
+    eventually(STEP, || async {
+        let v = c.get("2", &t).await;
+        (v["result"]["status"] == "input_required").then_some(v)
+    })
+    .await
+    .expect("input_required while the server waits for a sampled message");
+    let resp = c
+        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
+        .await;
+    assert_eq!(resp.status(), 200);
+    let mut sse = resp.sse();
+    let ask = loop {
+        let v = sse.next_event(STEP).await.json();
+        if v.get("id").is_some() {
+            break v;
+        }
+    };
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    let refusal = json!({"jsonrpc": "2.0", "id": ask["id"],
+        "error": {"code": -1, "message": "User rejected sampling request"}});
+    assert_eq!(c.send(refusal.to_string()).await.status(), 202);
+    let done = loop {
+        let v = sse.next_event(STEP).await.json();
+        if v.get("id").is_some() {
+            break v;
+        }
+    };
+    assert_eq!(done["id"], 3, "{done}");
+    assert_eq!(err_code(&done), -32603, "{done}");
+    assert!(
+        err_message(&done).contains("sampling/createMessage"),
+        "{done}"
+    );
+    assert_eq!(c.get("4", &t).await["result"]["status"], "failed");
+    assert_eq!(up.received("tools/call").len(), 1, "no retry of the call");
 }
 
 /// A 2025 client that loses its `tasks/result` stream while the server waits for its answer is

@@ -369,11 +369,37 @@ impl<S: McpService> tower::Service<McpRequest> for BridgeService<S> {
         {
             // (A 2026 upstream without the tasks extension whose sessions taskgate holds still
             // gets its `initialize` answered here.)
+            if passes_a_bridged_cancel(&req) {
+                // `cancel` above leaves "cancel requested" of a 2025 cancel of a 2026 task to
+                // the bridge (see `follow::tasks_cancel`); passed on as it came, it is sent.
+                let (state, mut inner) = (state.clone(), self.take_inner());
+                return Either::Right(Box::pin(async move {
+                    if let Some(a) = req.extensions.get::<AuthorisedTask>() {
+                        let task_id = a.record.task_id.clone();
+                        state
+                            .registry
+                            .request_cancel(&req.ctx.upstream, &task_id)
+                            .await;
+                    }
+                    inner.call(req).await
+                }));
+            }
             return Either::Left(self.inner.call(req));
         }
         let (state, inner) = (self.state.clone(), self.take_inner());
         Either::Right(Self::translated(state, inner, req, is_held))
     }
+}
+
+/// Whether `req` is a 2025-11-25 `tasks/cancel` of a 2026-07-28 task (not a gateway task's)
+/// that this layer passes on untranslated: the `cancel` layer leaves its "cancel requested"
+/// to the bridge (`cancel::sent_by_bridge`), so it is recorded when it passes.
+fn passes_a_bridged_cancel(req: &McpRequest) -> bool {
+    req.request_method() == Some("tasks/cancel")
+        && req.era() == Era::Legacy
+        && req.extensions.get::<AuthorisedTask>().is_some_and(|a| {
+            a.record.era == Era::Modern && a.record.origin != crate::store::Origin::Gateway
+        })
 }
 
 impl<S: McpService> BridgeService<S> {

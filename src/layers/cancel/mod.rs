@@ -22,8 +22,9 @@
 //!   requests wait for it and each gets the same outcome under its own JSON-RPC id
 //!   (`outcome="deduplicated"`). The first is `forwarded` (or `upstream_error` when the upstream
 //!   answers an error or cannot be reached); it records `cancel_requested_at` and the
-//!   `cancel_requested` audit event (for a 2025-11-25 cancel of a 2026-07-28 task the `bridge`
-//!   below records them when it sends the cancel: it asks the task's status first, and a task
+//!   `cancel_requested` audit event (for a 2025-11-25 cancel of a 2026-07-28 task, not a
+//!   gateway task's, the `bridge` below records them when it sends or passes on the cancel:
+//!   it asks the task's status first, and a task
 //!   it finds terminal is answered `-32602` with nothing sent, counted `rejected_terminal`). A flight that ends with a terminal status leaves it behind
 //!   before it leaves the table, so a cancel arriving afterwards is answered here. Every caller
 //!   gets the answer as one `application/json` message, even if the upstream streamed it.
@@ -420,6 +421,11 @@ where
             // counted as a cancel of a task known terminal is (not `upstream_error`).
             count(metrics::CancelOutcome::of_terminal(era == Era::Modern));
             tracing::debug!(task_id = %task_id, %status, "tasks/cancel of a task its upstream showed terminal: answered here, nothing sent");
+            if era == Era::Modern {
+                // A 2026 caller who joined a 2025 caller's flight: a 2026 cancel of a terminal
+                // task is acknowledged (2026-07-28 defines no error there), not the 2025 error.
+                return Ok(terminal_answer(&state, era, &upstream, &record, &id, status).await);
+            }
             let reply = reply_of(FlightAnswer::Error(error), &id, false, &upstream, era)?;
             return Ok(reply.answered_locally(LocalReason::CancelTerminal));
         }
@@ -431,6 +437,12 @@ where
                 true => metrics::CancelOutcome::Forwarded,
                 false => metrics::CancelOutcome::Deduplicated,
             });
+            if era == Era::Modern {
+                // The upstream acknowledged the cancel: a 2026 caller gets the ack.
+                return Ok(McpReply::local_json(jsonrpc::result_response(
+                    &id, MODERN_ACK,
+                )));
+            }
             return reply_of(FlightAnswer::Error(error), &id, false, &upstream, era);
         }
         FlightAnswer::Acknowledged => {
@@ -682,13 +694,14 @@ where
 /// Whether the `bridge` below sends this `tasks/cancel` (a 2025-11-25 caller's cancel of a task
 /// on a 2026-07-28 task server): it asks the task's status first and sends a 2026
 /// `tasks/cancel` only for a live task, and records "cancel requested" itself when it does
-/// (`Registry::request_cancel`), so a task found terminal is not audited as forwarded.
+/// (`Registry::request_cancel`), so a task found terminal is not audited as forwarded (it also
+/// records it for such a cancel it passes on untranslated). Not a gateway task's: the
+/// `gateway_tasks` layer answers that one above the bridge, whatever era created it.
 fn sent_by_bridge(req: &McpRequest) -> bool {
     req.era() == Era::Legacy
-        && req
-            .extensions
-            .get::<AuthorisedTask>()
-            .is_some_and(|a| a.record.era == Era::Modern)
+        && req.extensions.get::<AuthorisedTask>().is_some_and(|a| {
+            a.record.era == Era::Modern && a.record.origin != crate::store::Origin::Gateway
+        })
 }
 
 /// The longest the callers of a forwarded 2026-07-28 cancel wait for taskgate's own poll of

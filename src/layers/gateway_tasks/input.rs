@@ -28,8 +28,12 @@
 //! entry then waits here as a request sent during the call would (the client sees and answers
 //! it the same way, in its era), and once all are answered the held call is sent again under a
 //! new id with `params.inputResponses` (by the server's keys; an error answer as
-//! `{"action":"decline"}`, `{"roots":[]}` for `roots/list`) and `requestState` echoed
-//! ([`mrtr_round`]; at most `relay::mrtr::MAX_ROUNDS` rounds).
+//! `{"action":"decline"}` for `elicitation/create`, `{"roots":[]}` for `roots/list`) and
+//! `requestState` echoed ([`mrtr_round`]; at most `relay::mrtr::MAX_ROUNDS` rounds). An error
+//! answering a `sampling/createMessage` has no `inputResponses` form (a `CreateMessageResult`
+//! cannot refuse; a `decline` is an `ElicitResult`): as in the bridge's MRTR (`relay::mrtr`),
+//! the round ends there, the call is not sent again, and the task fails with the `-32603`
+//! saying so.
 //!
 //! Bounds: at most [`MAX_WAITING`] requests wait per task (one more is answered `-32603` to the
 //! server); waiting requests die with the held call (the task is terminal).
@@ -81,8 +85,12 @@ pub(super) struct CallInput {
     status_write: tokio::sync::Mutex<()>,
     /// The `inputResponses` of the MRTR round in progress, by the server's keys.
     round: Mutex<Map<String, Value>>,
-    /// Woken when the MRTR round's last request is answered.
+    /// Woken when the MRTR round's last request is answered (or one is refused).
     round_done: tokio::sync::Notify,
+    /// The method of an MRTR request of the round in progress that the client answered with an
+    /// error no `inputResponses` value can carry (a `sampling/createMessage`, see
+    /// [`response_value`]): the round ends on it, the call is not sent again.
+    refused: Mutex<Option<String>>,
 }
 
 /// Why a server's request is not kept for the client.
@@ -105,6 +113,7 @@ impl CallInput {
             status_write: tokio::sync::Mutex::new(()),
             round: Mutex::new(Map::new()),
             round_done: tokio::sync::Notify::new(),
+            refused: Mutex::new(None),
         }
     }
 
@@ -203,14 +212,25 @@ impl CallInput {
         };
         if let Some(mrtr_key) = &w.mrtr_key {
             let value = match answer {
-                Ok(result) => result,
-                // As an MRTR round of the bridge (`relay::mrtr::answered`).
-                Err(_) => response_value(&w.method, &Value::Null)
-                    .unwrap_or_else(|| json!({ "action": "decline" })),
+                Ok(result) => Some(result),
+                Err(_) => response_value(&w.method, &Value::Null),
             };
-            self.round.lock().insert(mrtr_key.clone(), value);
-            if round_done {
-                self.round_done.notify_one();
+            match value {
+                Some(value) => {
+                    self.round.lock().insert(mrtr_key.clone(), value);
+                    if round_done {
+                        self.round_done.notify_one();
+                    }
+                }
+                None => {
+                    // As an MRTR round of the bridge (`relay::mrtr`): an error no input
+                    // response can carry (a `decline` is an `ElicitResult`, not a sampling
+                    // result) ends the round at once, no retry; the round's other requests no
+                    // longer wait.
+                    self.waiting.lock().retain(|o| o.mrtr_key.is_none());
+                    self.refused.lock().get_or_insert_with(|| w.method.clone());
+                    self.round_done.notify_one();
+                }
             }
             return Some((w.method, None));
         }
@@ -225,6 +245,20 @@ impl CallInput {
     /// Whether a request of the MRTR round in progress still waits.
     fn round_waits(&self) -> bool {
         self.waiting.lock().iter().any(|w| w.mrtr_key.is_some())
+    }
+
+    /// How the MRTR round in progress ended, once it has: `Ok` with the `inputResponses` when
+    /// every request was answered, `Err` (why, the call not sent again) when the client
+    /// answered one with an error no input response can carry; `None` while one still waits.
+    fn round_outcome(&self) -> Option<Result<Map<String, Value>, String>> {
+        if let Some(method) = self.refused.lock().take() {
+            self.round.lock().clear();
+            return Some(Err(McpError::InputRefused { method }.to_string()));
+        }
+        if self.round_waits() {
+            return None;
+        }
+        Some(Ok(std::mem::take(&mut *self.round.lock())))
     }
 }
 
@@ -254,6 +288,7 @@ pub(super) async fn mrtr_round(
         ));
     }
     live.input.round.lock().clear();
+    *live.input.refused.lock() = None;
     let mut last = String::new();
     for (key, request) in requests {
         let method = request.get("method").and_then(Value::as_str).unwrap_or("");
@@ -268,8 +303,8 @@ pub(super) async fn mrtr_round(
     requested(state, live, &last).await;
     loop {
         let done = live.input.round_done.notified();
-        if !live.input.round_waits() {
-            return Ok(std::mem::take(&mut *live.input.round.lock()));
+        if let Some(outcome) = live.input.round_outcome() {
+            return outcome;
         }
         done.await;
     }
