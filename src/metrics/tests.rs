@@ -255,3 +255,64 @@ fn a_help_text_that_lists_label_values_lists_them_all() {
         }
     }
 }
+
+/// The README's metrics section, where it lists the values of a series' label (the text from
+/// the series' name to the next series' name), lists all of them, as its HELP text must (see
+/// above): `taskgate_bridge_input_refused_total`'s reasons and `taskgate_bridge_mrtr_total`'s
+/// outcomes left out `client_error` when it was added.
+#[test]
+fn the_readme_lists_every_value_of_a_label_it_lists() {
+    let readme = include_str!("../../README.md");
+    let text = scrape(&["a"]);
+    let mut values: std::collections::BTreeMap<
+        (String, String),
+        std::collections::BTreeSet<String>,
+    > = Default::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, rest)) = line.split_once('{') else {
+            continue;
+        };
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| series.strip_suffix(s))
+            .unwrap_or(series);
+        let labels = rest.split_once('}').unwrap().0;
+        for pair in labels.split(',') {
+            let (k, v) = pair.split_once('=').unwrap();
+            if k != "upstream" && k != "le" {
+                values
+                    .entry((family.to_string(), k.to_string()))
+                    .or_default()
+                    .insert(v.trim_matches('"').to_string());
+            }
+        }
+    }
+    let names = |h: &str, v: &str| {
+        h.match_indices(v).any(|(i, _)| {
+            let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+            !h[..i].ends_with(word) && !h[i + v.len()..].starts_with(word)
+        })
+    };
+    let mut missing = Vec::new();
+    for ((family, label), vs) in &values {
+        for opening in [format!("`{family}{{"), format!("`{family}`")] {
+            for (at, _) in readme.match_indices(&opening) {
+                let after = &readme[at + opening.len()..];
+                let end = after.find("`taskgate_").unwrap_or(after.len());
+                let end = after[..end].find("\n\n").unwrap_or(end);
+                let segment = &after[..end];
+                let named = vs.iter().filter(|v| names(segment, v)).count();
+                if named >= 2 {
+                    let left: Vec<_> = vs.iter().filter(|v| !names(segment, v)).collect();
+                    if !left.is_empty() {
+                        missing.push(format!("{family}{{{label}}}: {left:?}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "README lists some values but not these: {missing:?}"
+    );
+}

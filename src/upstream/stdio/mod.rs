@@ -70,7 +70,9 @@
 //! shutdown), then restarted likewise, and so is a **deaf** child (the liveness rule): one
 //! from which a write waited `timeout_ms` for room in its stdin while not one byte reached it
 //! (its pipe full all along: it stopped reading; a slow reader, which still takes bytes, is
-//! not deaf), logged at warn; every start after
+//! not deaf while room for the next line opens within `timeout_ms`: the kernel frees pipe room
+//! a 4 KiB page at a time and a reader buffers its input, so one taking less than a few KiB per
+//! `timeout_ms`, small lines at a slow pace, is found deaf too), logged at warn; every start after
 //! the first counts in `taskgate_upstream_restarts_total{upstream}`. Requests waiting on the
 //! dead child get a JSON-RPC error naming the upstream ("upstream `x` is unreachable: its
 //! child process exited (…)"); requests that arrive while no child runs get it at once (while
@@ -1358,7 +1360,8 @@ impl Inner {
     /// stdin (its pipe and taskgate's queue full) gets the request or notification refused
     /// with the upstream's timeout (504), never waited for without end. The liveness rule:
     /// when nothing at all reached the child's stdin while this write waited (the pipe full
-    /// all along, not a slow reader), the child is deaf and is ended
+    /// all along; a reader that took less than a pipe page looks so too: see Supervision in
+    /// the module docs), the child is deaf and is ended
     /// ([`Conn::deafened`]), then restarted as after a crash.
     async fn write(&self, conn: &Conn, bytes: &[u8], urgent: bool) -> Result<(), GatewayError> {
         let before = conn.written();
