@@ -78,9 +78,8 @@ pub struct Running {
     sled: Option<Arc<SledStore>>,
     /// The stdio upstreams, whose children are ended on shutdown.
     stdio: Vec<StdioHandle>,
-    /// Each `upstream.tasks = "gateway"` upstream's gateway tasks, whose held calls a graceful
-    /// stop lets finish within the drain.
-    gateway_tasks: Vec<Arc<GatewayTasksState>>,
+    /// The held calls of gateway tasks a graceful stop lets finish within the drain.
+    linger: Arc<Linger>,
     /// `gateway.drain_timeout_ms`.
     drain: Duration,
     /// The trace export (`[telemetry]`), flushed on shutdown.
@@ -97,17 +96,19 @@ impl Running {
     /// running at the drain's end stops with the process; its task is failed at the next
     /// start ("taskgate restarted"), or in a tier by the replica that adopts its lease.
     pub async fn shutdown(self) {
-        let deadline = tokio::time::Instant::now() + self.drain;
+        let _ = self
+            .linger
+            .deadline
+            .set(tokio::time::Instant::now() + self.drain);
         let _ = self.shutdown.send(true);
+        // Each serving thread keeps its runtime (where the held calls it started run) until
+        // they ended or the drain did (`Linger`); serving thread 0's run on this runtime.
         for s in self.servers {
             let _ = s.await;
         }
-        let held =
-            futures_util::future::join_all(self.gateway_tasks.iter().map(|g| g.held_calls_ended()));
-        if tokio::time::timeout_at(deadline, held).await.is_err() {
-            let left: usize = self.gateway_tasks.iter().map(|g| g.held_calls()).sum();
+        if !self.linger.held_calls_ended().await {
             tracing::warn!(
-                held_calls = left,
+                held_calls = self.linger.held_calls(),
                 "the drain ended with gateway tasks' calls still held; their tasks are failed at the next start"
             );
         }
@@ -163,10 +164,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
 
     let mut routes: Vec<Route> = Vec::with_capacity(config.upstream.len());
     let mut stdio = Vec::new();
-    let mut gateway_tasks = Vec::new();
+    let mut linger = Linger::default();
     for u in &config.upstream {
         let built = build_stack(u, &shared, &config);
-        gateway_tasks.extend(built.gateway_tasks);
+        linger.gateway_tasks.extend(built.gateway_tasks);
         if let Some(orphans) = built.orphans {
             orphans.spawn();
         }
@@ -176,6 +177,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         }
         routes.push(built.route);
     }
+    let linger = Arc::new(linger);
 
     let auth = Authenticator::new(&config.auth).map_err(StartError::Auth)?;
     auth.warm_up();
@@ -203,6 +205,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         admin,
         shutdown: shutdown_rx,
         drain: Duration::from_millis(config.gateway.drain_timeout_ms),
+        linger: linger.clone(),
         gateway_limits: Limits {
             connections: connection_budget(config.gateway.max_connections),
             header_timeout: Duration::from_millis(config.gateway.request_timeout_ms),
@@ -224,7 +227,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         registry,
         sled,
         stdio,
-        gateway_tasks,
+        linger,
         drain: Duration::from_millis(config.gateway.drain_timeout_ms),
         telemetry,
         shutdown: shutdown_tx,
@@ -680,7 +683,39 @@ struct Serving {
     admin: Arc<Admin>,
     shutdown: watch::Receiver<bool>,
     drain: Duration,
+    /// What a serving thread waits for after its drain, before it drops its runtime.
+    linger: Arc<Linger>,
     gateway_limits: Limits,
+}
+
+/// The held calls of gateway tasks (`upstream.tasks = "gateway"`: `layers::gateway_tasks`)
+/// that a graceful stop lets finish: a held call runs on the runtime of the serving thread
+/// whose request started it, which ends that call when it is dropped, so each serving thread
+/// waits here after its drain, until every held call ended or the drain's deadline passed.
+#[derive(Default)]
+struct Linger {
+    /// Each gateway-task upstream's state.
+    gateway_tasks: Vec<Arc<GatewayTasksState>>,
+    /// The drain's end: set when the stop begins (`gateway.drain_timeout_ms` from then).
+    deadline: std::sync::OnceLock<tokio::time::Instant>,
+}
+
+impl Linger {
+    /// Waits until no call of a gateway task is held, at most until the deadline; true when
+    /// none is left (at once when no stop has begun, or there is no gateway-task upstream).
+    async fn held_calls_ended(&self) -> bool {
+        let Some(deadline) = self.deadline.get() else {
+            return true;
+        };
+        let held =
+            futures_util::future::join_all(self.gateway_tasks.iter().map(|g| g.held_calls_ended()));
+        tokio::time::timeout_at(*deadline, held).await.is_ok()
+    }
+
+    /// How many calls of gateway tasks are held now.
+    fn held_calls(&self) -> usize {
+        self.gateway_tasks.iter().map(|g| g.held_calls()).sum()
+    }
 }
 
 impl Serving {
@@ -727,6 +762,7 @@ impl Serving {
     ) -> std::io::Result<JoinHandle<()>> {
         let (edge, shutdown) = (self.edge.clone(), self.shutdown.clone());
         let (drain, limits) = (self.drain, self.gateway_limits.clone());
+        let linger = self.linger.clone();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new()
             // Linux keeps 15 bytes of a thread's name: `tg-serve-1023` fits.
@@ -739,6 +775,8 @@ impl Serving {
                         Ok(listener) => serve(listener, edge, shutdown, drain, limits).await,
                         Err(e) => tracing::error!(error = %e, "a serving thread could not listen"),
                     }
+                    // The held calls this runtime runs end with it: they get the drain.
+                    linger.held_calls_ended().await;
                 });
                 // Dropping the runtime ends what its connections left running (as at exit).
                 drop(runtime);
