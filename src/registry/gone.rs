@@ -14,6 +14,21 @@ use crate::metrics::ReleaseReason;
 use crate::store::Origin;
 use std::sync::Arc;
 
+/// Which tasks a dead process (or a previous run) leaves behind, and what becomes of them
+/// ([`Registry::fail_dead_now`]): the tasks of `upstream` (those `only` names, else a scan; of
+/// `origin` only, when given) recorded before `before_ms` that were not terminal (or cancelled
+/// and not released; with `ended_too`, any not released) are failed with `message` (those not
+/// terminal) and released with `reason`.
+struct Dead {
+    upstream: String,
+    only: Option<Vec<String>>,
+    origin: Option<Origin>,
+    before_ms: u64,
+    message: String,
+    reason: ReleaseReason,
+    ended_too: bool,
+}
+
 impl Registry {
     /// Fails the tasks of `upstream` that were not terminal: the tasks `only` names (the ones
     /// the dead process created, as its transport saw them, whenever they were recorded: their
@@ -28,23 +43,16 @@ impl Registry {
         before_ms: u64,
         message: &str,
     ) -> usize {
-        let (up, message) = (upstream.to_string(), message.to_string());
-        let changed = self
-            .off_runtime(move |r| {
-                r.fail_dead_now(
-                    &up,
-                    only,
-                    None,
-                    before_ms,
-                    &message,
-                    ReleaseReason::ProcessExited,
-                    false,
-                )
-            })
-            .await
-            .unwrap_or(0);
-        self.sync_failed(changed).await;
-        changed
+        self.fail_dead(Dead {
+            upstream: upstream.to_string(),
+            only,
+            origin: None,
+            before_ms,
+            message: message.to_string(),
+            reason: ReleaseReason::ProcessExited,
+            ended_too: false,
+        })
+        .await
     }
 
     /// Releases the gateway tasks (`upstream.tasks = "gateway"`) whose held calls were in flight
@@ -62,23 +70,16 @@ impl Registry {
         if held.is_empty() {
             return 0;
         }
-        let (up, message) = (upstream.to_string(), message.to_string());
-        let changed = self
-            .off_runtime(move |r| {
-                r.fail_dead_now(
-                    &up,
-                    Some(held),
-                    Some(Origin::Gateway),
-                    now_ms(),
-                    &message,
-                    ReleaseReason::ProcessExited,
-                    true,
-                )
-            })
-            .await
-            .unwrap_or(0);
-        self.sync_failed(changed).await;
-        changed
+        self.fail_dead(Dead {
+            upstream: upstream.to_string(),
+            only: Some(held),
+            origin: Some(Origin::Gateway),
+            before_ms: now_ms(),
+            message: message.to_string(),
+            reason: ReleaseReason::ProcessExited,
+            ended_too: true,
+        })
+        .await
     }
 
     /// Fails the tasks of `upstream` with origin `origin` recorded before `before_ms` that were
@@ -95,23 +96,16 @@ impl Registry {
         before_ms: u64,
         message: &str,
     ) -> usize {
-        let (up, message) = (upstream.to_string(), message.to_string());
-        let changed = self
-            .off_runtime(move |r| {
-                r.fail_dead_now(
-                    &up,
-                    None,
-                    Some(origin),
-                    before_ms,
-                    &message,
-                    ReleaseReason::Restart,
-                    false,
-                )
-            })
-            .await
-            .unwrap_or(0);
-        self.sync_failed(changed).await;
-        changed
+        self.fail_dead(Dead {
+            upstream: upstream.to_string(),
+            only: None,
+            origin: Some(origin),
+            before_ms,
+            message: message.to_string(),
+            reason: ReleaseReason::Restart,
+            ended_too: false,
+        })
+        .await
     }
 
     /// Fails the task `task_id` of `upstream` that the upstream itself says it no longer has
@@ -126,31 +120,27 @@ impl Registry {
         task_id: &str,
         message: &str,
     ) -> bool {
-        let (up, id, message) = (
-            upstream.to_string(),
-            task_id.to_string(),
-            message.to_string(),
-        );
         let changed = self
-            .off_runtime(move |r| {
-                r.fail_dead_now(
-                    &up,
-                    Some(vec![id]),
-                    None,
-                    now_ms(),
-                    &message,
-                    ReleaseReason::UpstreamLost,
-                    false,
-                )
+            .fail_dead(Dead {
+                upstream: upstream.to_string(),
+                only: Some(vec![task_id.to_string()]),
+                origin: None,
+                before_ms: now_ms(),
+                message: message.to_string(),
+                reason: ReleaseReason::UpstreamLost,
+                ended_too: false,
             })
-            .await
-            .unwrap_or(0);
-        self.sync_failed(changed).await;
+            .await;
         changed > 0
     }
 
-    /// Makes the records failed just now durable (a failed sync is logged and counted).
-    async fn sync_failed(&self, changed: usize) {
+    /// [`Registry::fail_dead_now`] off the runtime, then what it changed made durable (a
+    /// failed sync is logged and counted). Returns how many records changed.
+    async fn fail_dead(self: &Arc<Self>, dead: Dead) -> usize {
+        let changed = self
+            .off_runtime(move |r| r.fail_dead_now(dead))
+            .await
+            .unwrap_or(0);
         if changed > 0 {
             if let Err(e) = self.store.sync().await {
                 self.write_failed(
@@ -159,23 +149,21 @@ impl Registry {
                 );
             }
         }
+        changed
     }
 
-    /// The tasks of `upstream` (those `only` names, else a scan; of `origin` only, when given)
-    /// recorded before `before_ms` that were not terminal (or cancelled and not released; with
-    /// `ended_too`, any not released): failed with `message` (those not terminal) and released
-    /// with `reason`.
-    #[allow(clippy::too_many_arguments)]
-    fn fail_dead_now(
-        &self,
-        upstream: &str,
-        only: Option<Vec<String>>,
-        origin: Option<Origin>,
-        before_ms: u64,
-        message: &str,
-        reason: ReleaseReason,
-        ended_too: bool,
-    ) -> usize {
+    /// The tasks `dead` describes, failed and released now ([`Dead`]); how many records changed.
+    fn fail_dead_now(&self, dead: Dead) -> usize {
+        let Dead {
+            upstream,
+            only,
+            origin,
+            before_ms,
+            message,
+            reason,
+            ended_too,
+        } = dead;
+        let (upstream, message) = (upstream.as_str(), message.as_str());
         // Named tasks are the dead process's own: no time filter (a scan needs one, for the
         // tasks created after the process's end).
         let named = only.is_some();
