@@ -45,6 +45,23 @@ fn set(state: &Shared, task_id: &str, status: &str) {
         .insert(task_id.into(), status.into());
 }
 
+/// Taskgate in front of `up`, a 2025 client declaring `capability` (and tasks), one of its
+/// bridged tasks set to `status` upstream, and that task's `tasks/result` (id 3) read up to its
+/// status notification: taskgate, the client, the task's id, the stream and the notification.
+async fn input_stream(
+    up: &Upstream,
+    state: &Shared,
+    capability: &str,
+    status: &str,
+) -> (Tg, Client, String, SseReader, Value) {
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({capability: {}, "tasks": {}})).await;
+    let t = create(&c, 2).await;
+    set(state, &t, status);
+    let (sse, notification) = c.input_stream("3", &t).await;
+    (tg, c, t, sse, notification)
+}
+
 /// initialize advertises 2025 `capabilities.tasks`, tools get `execution.taskSupport`, a
 /// task-augmented call goes upstream as a 2026 request declaring the extension (no
 /// `params.task`, no session, 2026 headers), comes back nested, recorded `bridged` before the
@@ -328,14 +345,9 @@ async fn a_2025_cancel_passed_on_untranslated_records_cancel_requested() {
 #[tokio::test]
 async fn a_bridged_cancel_ends_within_one_timeout() {
     let slow = std::time::Duration::from_millis(700);
-    let (up, state) = scripted(move |req, v, state| {
-        if v["method"] != "tasks/get" {
-            return None;
-        }
-        let task_id = v["params"]["taskId"].as_str()?;
+    let (up, state) = tasks_get_answered(slow, |task_id, state| {
         let status = state.lock().unwrap().tasks.get(task_id).cloned()?;
-        let task = detailed(task_id, &status);
-        Some(ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &task.to_string())).after(slow))
+        Some(detailed(task_id, &status))
     })
     .await;
     state.lock().unwrap().cancel_delay = slow;
@@ -369,11 +381,7 @@ async fn a_task_that_completes_before_its_cancel_takes_effect_keeps_its_result()
     let flip: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =
         Default::default();
     let to_flip = flip.clone();
-    let (up, _state) = scripted(move |req, v, state| {
-        if v["method"] != "tasks/get" {
-            return None;
-        }
-        let task_id = v["params"]["taskId"].as_str()?;
+    let (up, _state) = tasks_get_answered(std::time::Duration::ZERO, move |task_id, state| {
         if !to_flip.lock().unwrap().remove(task_id) {
             return None;
         }
@@ -383,11 +391,7 @@ async fn a_task_that_completes_before_its_cancel_takes_effect_keeps_its_result()
             .unwrap()
             .tasks
             .insert(task_id.to_string(), "completed".into());
-        let task = detailed(task_id, "working");
-        Some(ScriptedResponse::json(rpc_result(
-            &req.rpc_id_json(),
-            &task.to_string(),
-        )))
+        Some(detailed(task_id, "working"))
     })
     .await;
     let tg = TgConfig::new(&up.url()).start().await;
@@ -731,17 +735,8 @@ async fn notifications_cancelled_of_an_upgraded_call_cancels_once() {
 #[tokio::test]
 async fn input_required_is_asked_once_and_answered_with_tasks_update() {
     let (up, state) = modern_server().await;
-    let tg = TgConfig::new(&up.url()).start().await;
-    let c = client_with(&tg.mcp_url(), json!({"elicitation": {}, "tasks": {}})).await;
-    let t = create(&c, 2).await;
-    set(&state, &t, "input_required");
-    let resp = c
-        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
-        .await;
-    assert_eq!(resp.status(), 200);
-    let mut sse = resp.sse();
-    let status = sse.next_event(STEP).await.json();
-    assert_eq!(status["method"], "notifications/tasks/status", "{status}");
+    let (_tg, c, t, mut sse, status) =
+        input_stream(&up, &state, "elicitation", "input_required").await;
     assert_eq!(status["params"]["status"], "input_required", "{status}");
     let ask = sse.next_event(STEP).await.json();
     assert_eq!(ask["method"], "elicitation/create", "{ask}");
@@ -784,11 +779,7 @@ async fn input_required_is_asked_once_and_answered_with_tasks_update() {
 /// `ElicitResult`) as the sampling result, and the task was left waiting.
 #[tokio::test]
 async fn a_sampling_request_answered_with_an_error_cancels_the_task() {
-    let (up, state) = scripted(|req, v, state| {
-        if v["method"] != "tasks/get" {
-            return None;
-        }
-        let task_id = v["params"]["taskId"].as_str()?;
+    let (up, state) = tasks_get_answered(std::time::Duration::ZERO, |task_id, state| {
         if state.lock().unwrap().tasks.get(task_id)? != "sampling" {
             return None;
         }
@@ -796,25 +787,12 @@ async fn a_sampling_request_answered_with_an_error_cancels_the_task() {
         task["inputRequests"] = json!({"s1": {"method": "sampling/createMessage", "params": {
             "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
             "maxTokens": 10}}});
-        Some(ScriptedResponse::json(rpc_result(
-            &req.rpc_id_json(),
-            &task.to_string(),
-        )))
+        Some(task)
     })
     .await;
     // A cooperative server: after the ack the task still asks for its input.
     state.lock().unwrap().cancel_after = Some(std::time::Duration::from_secs(3600));
-    let tg = TgConfig::new(&up.url()).start().await;
-    let c = client_with(&tg.mcp_url(), json!({"sampling": {}, "tasks": {}})).await;
-    let t = create(&c, 2).await;
-    set(&state, &t, "sampling");
-    let resp = c
-        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
-        .await;
-    assert_eq!(resp.status(), 200);
-    let mut sse = resp.sse();
-    let status = sse.next_event(STEP).await.json();
-    assert_eq!(status["method"], "notifications/tasks/status", "{status}");
+    let (tg, c, t, mut sse, _status) = input_stream(&up, &state, "sampling", "sampling").await;
     let ask = sse.next_event(STEP).await.json();
     assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
     let refusal = json!({"jsonrpc": "2.0", "id": ask["id"],
@@ -1022,6 +1000,28 @@ async fn scripted(
     (up, state)
 }
 
+/// A scripted 2026 server (see [`scripted`]) whose answer to a `tasks/get` is the task `answer`
+/// gives for its id (it sees the server's state), sent after `delay`; a `tasks/get` it gives
+/// none for, and every other request, is the stateful server's.
+async fn tasks_get_answered(
+    delay: std::time::Duration,
+    answer: impl Fn(&str, &Shared) -> Option<Value> + Send + Sync + 'static,
+) -> (Upstream, Shared) {
+    scripted(move |req, v, state| {
+        if v["method"] != "tasks/get" {
+            return None;
+        }
+        let task = answer(v["params"]["taskId"].as_str()?, state)?;
+        let answer = ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &task.to_string()));
+        Some(if delay.is_zero() {
+            answer
+        } else {
+            answer.after(delay)
+        })
+    })
+    .await
+}
+
 fn status_of(state: &Shared, task_id: &str) -> Option<String> {
     state.lock().unwrap().tasks.get(task_id).cloned()
 }
@@ -1045,20 +1045,16 @@ fn a_client(c: &Client) -> Client {
 /// default: before, the client hung that long).
 #[tokio::test]
 async fn tasks_result_ends_on_a_status_the_protocol_has_not() {
-    let (up, state) = scripted(|req, v, state| {
-        let task_id = v["params"]["taskId"].as_str()?;
+    let (up, state) = tasks_get_answered(std::time::Duration::ZERO, |task_id, state| {
         let odd = state.lock().unwrap().tasks.get(task_id).cloned()?;
-        let status = match (v["method"].as_str(), odd.as_str()) {
-            (Some("tasks/get"), "odd_text") => json!("done"),
-            (Some("tasks/get"), "odd_number") => json!(5),
+        let status = match odd.as_str() {
+            "odd_text" => json!("done"),
+            "odd_number" => json!(5),
             _ => return None,
         };
         let mut task = detailed(task_id, "working");
         task["status"] = status;
-        Some(ScriptedResponse::json(rpc_result(
-            &req.rpc_id_json(),
-            &task.to_string(),
-        )))
+        Some(task)
     })
     .await;
     let tg = TgConfig::new(&up.url()).start().await;
@@ -1194,20 +1190,19 @@ async fn a_client_that_goes_away_stops_the_follower() {
 /// the refusal is counted.
 #[tokio::test]
 async fn too_many_input_keys_end_the_result_and_cancel_the_task() {
-    let (up, state) = scripted(|req, v, st| {
-        let t = v["params"]["taskId"].as_str().unwrap_or("").to_string();
+    let (up, state) = tasks_get_answered(std::time::Duration::ZERO, |t, st| {
         let flood = st
             .lock()
             .unwrap()
             .tasks
-            .get(&t)
+            .get(t)
             .is_some_and(|s| s == "flood");
-        (v["method"] == "tasks/get" && flood).then(|| {
-            let mut d = detailed(&t, "input_required");
+        flood.then(|| {
+            let mut d = detailed(t, "input_required");
             let one = d["inputRequests"]["name"].clone();
             let max = taskgate::layers::relay::input::MAX_KEYS_PER_TASK;
             d["inputRequests"] = (0..=max).map(|n| (format!("k{n}"), one.clone())).collect();
-            ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &d.to_string()))
+            d
         })
     })
     .await;
@@ -1283,18 +1278,17 @@ async fn the_bridge_cancel_and_a_client_cancel_make_one_upstream_cancel() {
 /// capability gets the clear error and the task is cancelled once.
 #[tokio::test]
 async fn roots_list_input_is_relayed_to_a_client_with_roots() {
-    let (up, state) = scripted(|req, v, st| {
-        let t = v["params"]["taskId"].as_str().unwrap_or("").to_string();
+    let (up, state) = tasks_get_answered(std::time::Duration::ZERO, |t, st| {
         let roots = st
             .lock()
             .unwrap()
             .tasks
-            .get(&t)
+            .get(t)
             .is_some_and(|s| s == "roots");
-        (v["method"] == "tasks/get" && roots).then(|| {
-            let mut d = detailed(&t, "input_required");
+        roots.then(|| {
+            let mut d = detailed(t, "input_required");
             d["inputRequests"] = json!({"where": {"method": "roots/list", "params": {}}});
-            ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &d.to_string()))
+            d
         })
     })
     .await;
@@ -1497,18 +1491,12 @@ async fn cancels_of_both_eras_joined_in_one_flight_get_their_own_eras_answer() {
 async fn a_2026_cancel_joining_a_bridged_cancel_of_an_ended_task_gets_the_ack() {
     let slow: std::sync::Arc<std::sync::Mutex<Option<String>>> = Default::default();
     let which = slow.clone();
-    let (up, _state) = scripted(move |req, v, _| {
-        let task_id = v["params"]["taskId"].as_str()?;
-        if v["method"] != "tasks/get" || which.lock().unwrap().as_deref() != Some(task_id) {
-            return None;
-        }
-        let task = detailed(task_id, "completed");
-        Some(
-            ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &task.to_string()))
-                .after(std::time::Duration::from_millis(500)),
-        )
-    })
-    .await;
+    let (up, _state) =
+        tasks_get_answered(std::time::Duration::from_millis(500), move |task_id, _| {
+            (which.lock().unwrap().as_deref() == Some(task_id))
+                .then(|| detailed(task_id, "completed"))
+        })
+        .await;
     let tg = TgConfig::new(&up.url())
         .token("alice", "tok-a")
         .start()

@@ -708,13 +708,7 @@ async fn a_2025_input_request_is_relayed_on_the_result_stream() {
             .is_some_and(|m| m.contains("elicitation/create")),
         "{waiting}"
     );
-    let resp = c
-        .send(rpc("3", "tasks/result", &json!({"taskId": t}).to_string()))
-        .await;
-    assert_eq!(resp.status(), 200);
-    let mut sse = resp.sse();
-    let status = sse.next_event(STEP).await.json();
-    assert_eq!(status["method"], "notifications/tasks/status", "{status}");
+    let (mut sse, status) = c.input_stream("3", &t).await;
     assert_eq!(status["params"]["status"], "input_required", "{status}");
     let ask = sse.next_event(STEP).await.json();
     assert_eq!(ask["method"], "elicitation/create", "{ask}");

@@ -830,6 +830,22 @@ async fn gateway_tasks_on_a_stdio_child_without_tasks() {
     assert_eq!(notes[0]["params"]["requestId"], calls[1]["id"]);
 }
 
+/// Taskgate with `lines` in front of a child without tasks of its own (`STDIO_NO_TASKS`), an
+/// initialized client, and the gateway task of its echo call with `arguments`: taskgate, the
+/// client and the task's id.
+async fn gateway_task(child: &Kid, lines: &str, arguments: Value) -> (Tg, Client, String) {
+    let tg = start(child, lines, "STDIO_NO_TASKS = \"1\"").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let params = json!({"name": "echo", "task": {"ttl": 60000}, "arguments": arguments});
+    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a gateway task")
+        .to_string();
+    (tg, c, task)
+}
+
 /// A cancelled gateway task whose call the child never ends (it ignores the cancellation) is
 /// told once: the held call closed `CANCELLED_CALL_GRACE` after the task's
 /// `notifications/cancelled` sent the child a second one ("the client went away") as it was
@@ -837,16 +853,12 @@ async fn gateway_tasks_on_a_stdio_child_without_tasks() {
 #[tokio::test]
 async fn a_cancelled_gateway_task_tells_its_child_once() {
     let child = Kid::new();
-    let tg = start(&child, "tasks = \"gateway\"", "STDIO_NO_TASKS = \"1\"").await;
-    let mut c = tg.client();
-    c.initialize().await;
-    let params = json!({"name": "echo", "task": {"ttl": 60000},
-        "arguments": {"text": "late", "delay_ms": 9000}});
-    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
-    let task = created["result"]["task"]["taskId"]
-        .as_str()
-        .expect("a gateway task")
-        .to_string();
+    let (tg, c, task) = gateway_task(
+        &child,
+        "tasks = \"gateway\"",
+        json!({"text": "late", "delay_ms": 9000}),
+    )
+    .await;
     until("the child reads the call", || {
         !child.seen_method("tools/call").is_empty()
     })
@@ -893,16 +905,12 @@ async fn a_gateway_tasks_progress_value_is_cut_to_a_bounded_status_message() {
 /// the cut's mark.
 async fn status_message_of_a_long_progress(argument: &str) -> String {
     let child = Kid::new();
-    let tg = start(&child, "tasks = \"gateway\"", "STDIO_NO_TASKS = \"1\"").await;
-    let mut c = tg.client();
-    c.initialize().await;
-    let params = json!({"name": "echo", "task": {"ttl": 60000},
-        "arguments": {"text": "hi", "delay_ms": 1500, argument: "é".repeat(500_000)}});
-    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
-    let task = created["result"]["task"]["taskId"]
-        .as_str()
-        .expect("a gateway task")
-        .to_string();
+    let (tg, c, task) = gateway_task(
+        &child,
+        "tasks = \"gateway\"",
+        json!({"text": "hi", "delay_ms": 1500, argument: "é".repeat(500_000)}),
+    )
+    .await;
     until("the progress is the task's statusMessage", || {
         tg.record(&task).is_some_and(|r| r.status_message.is_some())
     })
@@ -1448,16 +1456,8 @@ async fn a_cancel_of_a_request_never_written_does_not_reach_the_child() {
 async fn a_gateway_task_whose_child_dies_is_released(mode: &str) {
     let child = Kid::new();
     let lines = format!("process = \"{mode}\"\ntasks = \"gateway\"");
-    let tg = start(&child, &lines, "STDIO_NO_TASKS = \"1\"").await;
-    let mut c = tg.client();
-    c.initialize().await;
-    let params = json!({"name": "echo", "task": {"ttl": 60000},
-        "arguments": {"text": "never", "delay_ms": 60000}});
-    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
-    let task = created["result"]["task"]["taskId"]
-        .as_str()
-        .expect("a gateway task")
-        .to_string();
+    let (tg, _c, task) =
+        gateway_task(&child, &lines, json!({"text": "never", "delay_ms": 60000})).await;
     until("the child reads the call", || {
         !child.seen_method("tools/call").is_empty()
     })

@@ -200,6 +200,42 @@ fn rendered_names_match_the_contract() {
     assert_eq!(names, CONTRACT);
 }
 
+/// The values each label but `upstream` and `le` takes in a scrape's series, keyed by
+/// (`key` of the series' name, label): the two checks below of the texts that list them.
+fn label_values<'a>(
+    text: &'a str,
+    key: impl Fn(&'a str) -> &'a str,
+) -> std::collections::BTreeMap<(String, String), std::collections::BTreeSet<String>> {
+    let mut values: std::collections::BTreeMap<
+        (String, String),
+        std::collections::BTreeSet<String>,
+    > = Default::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, rest)) = line.split_once('{') else {
+            continue;
+        };
+        let labels = rest.split_once('}').unwrap().0;
+        for pair in labels.split(',') {
+            let (k, v) = pair.split_once('=').unwrap();
+            if k != "upstream" && k != "le" {
+                values
+                    .entry((key(series).to_string(), k.to_string()))
+                    .or_default()
+                    .insert(v.trim_matches('"').to_string());
+            }
+        }
+    }
+    values
+}
+
+/// Whether `text` names `value` as a whole word (not inside a longer name).
+fn names(text: &str, value: &str) -> bool {
+    text.match_indices(value).any(|(i, _)| {
+        let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        !text[..i].ends_with(word) && !text[i + value.len()..].starts_with(word)
+    })
+}
+
 /// A `# HELP` text that lists the values of one of its labels lists all of them: an operator
 /// reading `/metrics` (or a dashboard's tooltip) learns the label's values from it. Two said
 /// less than the series carry (`taskgate_tasks_created_total`: client, upgraded, without
@@ -209,36 +245,13 @@ fn rendered_names_match_the_contract() {
 fn a_help_text_that_lists_label_values_lists_them_all() {
     let text = scrape(&["a"]);
     let mut help = std::collections::BTreeMap::new();
-    let mut values: std::collections::BTreeMap<
-        (String, String),
-        std::collections::BTreeSet<String>,
-    > = Default::default();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# HELP ") {
             let (name, h) = rest.split_once(' ').unwrap();
             help.insert(name.to_string(), h.to_string());
-            continue;
-        }
-        let Some((series, _)) = line.split_once('{') else {
-            continue;
-        };
-        let labels = line[series.len() + 1..].split_once('}').unwrap().0;
-        for pair in labels.split(',') {
-            let (k, v) = pair.split_once('=').unwrap();
-            if k != "upstream" && k != "le" {
-                values
-                    .entry((series.to_string(), k.to_string()))
-                    .or_default()
-                    .insert(v.trim_matches('"').to_string());
-            }
         }
     }
-    let names = |h: &str, v: &str| {
-        h.match_indices(v).any(|(i, _)| {
-            let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
-            !h[..i].ends_with(word) && !h[i + v.len()..].starts_with(word)
-        })
-    };
+    let values = label_values(&text, |series| series);
     for ((name, label), vs) in &values {
         let family = ["_bucket", "_sum", "_count"]
             .iter()
@@ -264,35 +277,12 @@ fn a_help_text_that_lists_label_values_lists_them_all() {
 fn the_readme_lists_every_value_of_a_label_it_lists() {
     let readme = include_str!("../../README.md");
     let text = scrape(&["a"]);
-    let mut values: std::collections::BTreeMap<
-        (String, String),
-        std::collections::BTreeSet<String>,
-    > = Default::default();
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let Some((series, rest)) = line.split_once('{') else {
-            continue;
-        };
-        let family = ["_bucket", "_sum", "_count"]
+    let values = label_values(&text, |series| {
+        ["_bucket", "_sum", "_count"]
             .iter()
             .find_map(|s| series.strip_suffix(s))
-            .unwrap_or(series);
-        let labels = rest.split_once('}').unwrap().0;
-        for pair in labels.split(',') {
-            let (k, v) = pair.split_once('=').unwrap();
-            if k != "upstream" && k != "le" {
-                values
-                    .entry((family.to_string(), k.to_string()))
-                    .or_default()
-                    .insert(v.trim_matches('"').to_string());
-            }
-        }
-    }
-    let names = |h: &str, v: &str| {
-        h.match_indices(v).any(|(i, _)| {
-            let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
-            !h[..i].ends_with(word) && !h[i + v.len()..].starts_with(word)
-        })
-    };
+            .unwrap_or(series)
+    });
     let mut missing = Vec::new();
     for ((family, label), vs) in &values {
         for opening in [format!("`{family}{{"), format!("`{family}`")] {

@@ -534,6 +534,23 @@ impl Client {
     pub async fn result(&self, id_json: &str, task_id: &str) -> Value {
         self.task_call(id_json, "tasks/result", task_id).await
     }
+    /// `tasks/result` of a task that waits for the client's input: the answer (HTTP 200) is an
+    /// SSE stream whose first event is the task's status notification. Returns the stream, to
+    /// read on, and that notification.
+    pub async fn input_stream(&self, id_json: &str, task_id: &str) -> (SseReader, Value) {
+        let resp = self
+            .send(rpc(
+                id_json,
+                "tasks/result",
+                &json!({ "taskId": task_id }).to_string(),
+            ))
+            .await;
+        assert_eq!(resp.status(), 200);
+        let mut sse = resp.sse();
+        let status = sse.next_event(STEP).await.json();
+        assert_eq!(status["method"], "notifications/tasks/status", "{status}");
+        (sse, status)
+    }
     pub async fn list(&self, id_json: &str, cursor: Option<Value>) -> Value {
         let params = match cursor {
             Some(c) => json!({ "cursor": c }),
