@@ -141,8 +141,17 @@ impl LeaseKeeper {
             keeper: self.clone(),
             key,
         };
-        self.with_leases(|l| l.take_lease(upstream, task_id, kind, self.lapse))
-            .await?;
+        let taken = self
+            .with_leases(|l| l.take_lease(upstream, task_id, kind, self.lapse))
+            .await;
+        if let Err(e) = taken {
+            // Counted here, for every caller (a gateway task's call, an upgraded call): the
+            // caller logs the error, and the client is told no store detail.
+            if let Some(r) = self.registry.upgrade().filter(|_| !e.is_closed()) {
+                r.metrics.store_write_failures_total.inc();
+            }
+            return Err(e);
+        }
         if let Some(h) = self.hooks.lock().get_mut(&guard.key) {
             h.taken_at = Some(Instant::now());
         }
@@ -416,6 +425,31 @@ mod tests {
 
     fn key(id: &str) -> Key {
         ("up".to_string(), id.to_string())
+    }
+
+    /// A lease the store could not give (a database outage in a tier) is counted in
+    /// `taskgate_store_write_failures_total`, as every other failed store write: the client
+    /// gets `LeaseNotTaken` without the store's text, the log line has it. It was only logged.
+    #[tokio::test]
+    async fn a_lease_not_taken_is_counted() {
+        // The counting store keeps no leases: every take fails, as with a store gone away.
+        let (registry, _store) = crate::layers::testing::registry();
+        let keeper = Arc::new(LeaseKeeper {
+            registry: Arc::downgrade(&registry),
+            lapse: Duration::from_secs(1),
+            poll: Duration::from_millis(100),
+            hooks: Mutex::new(HashMap::new()),
+            adopters: Mutex::new(HashMap::new()),
+        });
+        let before = registry.metrics().store_write_failures_total.get();
+        assert!(keeper
+            .hold("up", "t1", LeaseKind::Held, None)
+            .await
+            .is_err());
+        assert_eq!(
+            registry.metrics().store_write_failures_total.get(),
+            before + 1
+        );
     }
 
     /// A renewal that no longer returns a lease taken before it stops that call (its hook
