@@ -75,6 +75,31 @@ fn toml(store: &str, upstream: &str) -> String {
     )
 }
 
+/// `tools/call` of the child's `echo` (`text`, answered after `delay_ms`) as request `id`
+/// (a JSON string), sent in the background.
+fn echo_call(
+    c: &Client,
+    id: &str,
+    text: &str,
+    delay_ms: u64,
+) -> tokio::task::JoinHandle<Result<Resp, String>> {
+    let call = json!({"name": "echo", "arguments": {"text": text, "delay_ms": delay_ms}});
+    tokio::spawn(
+        c.req(rpc(&format!("\"{id}\""), "tools/call", &call.to_string()))
+            .try_send(),
+    )
+}
+
+/// The client gives up on request `id` (a JSON string): its `notifications/cancelled`,
+/// answered 202.
+async fn give_up(c: &Client, id: &str) {
+    let params = json!({"requestId": id, "reason": "the user gave up"}).to_string();
+    let note = c
+        .send(notification("notifications/cancelled", &params))
+        .await;
+    assert_eq!(note.status(), 202);
+}
+
 /// Waits (polling, up to 10 s) until `check` holds.
 async fn until(what: &str, mut check: impl FnMut() -> bool) {
     for _ in 0..500 {
@@ -1071,15 +1096,7 @@ async fn a_per_session_childs_notification_reaches_only_its_own_sessions_stream(
     let (mut a, mut b) = (tg.client(), tg.client());
     a.initialize().await;
     b.initialize().await;
-    let stream = |c: &Client| {
-        Req::mcp_get(&tg.mcp_url())
-            .header("mcp-session-id", c.session.as_deref().expect("a session"))
-            .header("mcp-protocol-version", PROTOCOL_VERSION)
-            .send()
-    };
-    let (sa, sb) = (stream(&a).await, stream(&b).await);
-    assert_eq!((sa.status(), sb.status()), (200, 200));
-    let (mut sa, mut sb) = (sa.sse(), sb.sse());
+    let (mut sa, mut sb) = (a.get_stream().await, b.get_stream().await);
     let log = json!({"name": "log", "arguments": {"text": "a's secret"}}).to_string();
     let logged = a.rpc(rpc("1", "tools/call", &log)).await;
     assert_eq!(logged["result"]["content"][0]["text"], "logged", "{logged}");
@@ -1130,13 +1147,7 @@ async fn a_childs_message_with_a_carriage_return_is_one_valid_sse_event() {
     let tg = start(&child, "", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    let get = Req::mcp_get(&tg.mcp_url())
-        .header("mcp-session-id", c.session.as_deref().expect("a session"))
-        .header("mcp-protocol-version", PROTOCOL_VERSION)
-        .send()
-        .await;
-    assert_eq!(get.status(), 200);
-    let mut stream = get.sse();
+    let mut stream = c.get_stream().await;
     let log = json!({"name": "log", "arguments": {"text": "a\u{0}b", "cr": true}}).to_string();
     let logged = c.rpc(rpc("1", "tools/call", &log)).await;
     assert_eq!(logged["result"]["content"][0]["text"], "logged", "{logged}");
@@ -1156,11 +1167,7 @@ async fn a_cancel_that_finds_the_stdin_queue_full_reaches_the_child_once_it_read
     let tg = start(&child, "max_in_flight = 1000", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    let long = json!({"name": "echo", "arguments": {"text": "x", "delay_ms": 20000}});
-    let call = tokio::spawn(
-        c.req(rpc("\"x\"", "tools/call", &long.to_string()))
-            .try_send(),
-    );
+    let call = echo_call(&c, "x", "x", 20000);
     until("the child reads the call", || {
         !child.seen_method("tools/call").is_empty()
     })
@@ -1227,17 +1234,9 @@ async fn a_cancel_of_a_request_still_queued_reaches_the_child_after_it() {
     for _ in 0..20 {
         assert_eq!(c.send(body.clone()).await.status(), 202);
     }
-    let long = json!({"name": "echo", "arguments": {"text": "queued", "delay_ms": 4000}});
-    let call = tokio::spawn(
-        c.req(rpc("\"q\"", "tools/call", &long.to_string()))
-            .try_send(),
-    );
+    let call = echo_call(&c, "q", "queued", 4000);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let params = json!({"requestId": "q", "reason": "the user gave up"}).to_string();
-    let note = c
-        .send(notification("notifications/cancelled", &params))
-        .await;
-    assert_eq!(note.status(), 202);
+    give_up(&c, "q").await;
     let _ = call.await;
     let is_call = |m: &Value| m["params"]["arguments"]["text"] == "queued";
     until("the child reads the call", || {
@@ -1274,13 +1273,7 @@ async fn a_per_session_childs_request_outside_a_call_reaches_its_session() {
     let tg = start(&child, "process = \"per_session\"", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    let get = Req::mcp_get(&tg.mcp_url())
-        .header("mcp-session-id", c.session.as_deref().expect("a session"))
-        .header("mcp-protocol-version", PROTOCOL_VERSION)
-        .send()
-        .await;
-    assert_eq!(get.status(), 200);
-    let mut stream = get.sse();
+    let mut stream = c.get_stream().await;
     let later = json!({"name": "later", "arguments": {"delay_ms": 300}}).to_string();
     let answered = c.rpc(rpc("1", "tools/call", &later)).await;
     assert_eq!(
@@ -1378,26 +1371,14 @@ async fn a_cancel_of_a_request_waiting_for_a_slot_is_not_lost() {
     let tg = start(&child, "max_in_flight = 1", "").await;
     let mut c = tg.client();
     c.initialize().await;
-    let long = json!({"name": "echo", "arguments": {"text": "first", "delay_ms": 1500}});
-    let first = tokio::spawn(
-        c.req(rpc("\"a\"", "tools/call", &long.to_string()))
-            .try_send(),
-    );
+    let first = echo_call(&c, "a", "first", 1500);
     until("the child reads the first call", || {
         !child.seen_method("tools/call").is_empty()
     })
     .await;
-    let waiting = json!({"name": "echo", "arguments": {"text": "waiting", "delay_ms": 1000}});
-    let second = tokio::spawn(
-        c.req(rpc("\"q\"", "tools/call", &waiting.to_string()))
-            .try_send(),
-    );
+    let second = echo_call(&c, "q", "waiting", 1000);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let params = json!({"requestId": "q", "reason": "the user gave up"}).to_string();
-    let note = c
-        .send(notification("notifications/cancelled", &params))
-        .await;
-    assert_eq!(note.status(), 202);
+    give_up(&c, "q").await;
     let _ = first.await;
     let _ = second.await;
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -469,18 +469,26 @@ impl Client {
             }
         }
     }
+    /// Opens this client's session GET stream: asserts HTTP 200 and returns its events.
+    pub async fn get_stream(&self) -> SseReader {
+        self.open_get_stream(None).await
+    }
     /// Resumes this client's session GET stream (`Last-Event-ID: e-before`): asserts HTTP 200
     /// and returns its events.
     pub async fn resumed_get_stream(&self) -> SseReader {
-        let get = Req::mcp_get(&self.url)
+        self.open_get_stream(Some("e-before")).await
+    }
+    async fn open_get_stream(&self, last_event_id: Option<&str>) -> SseReader {
+        let mut get = Req::mcp_get(&self.url)
             .header(
                 "mcp-session-id",
                 self.session.as_deref().expect("a session"),
             )
-            .header("mcp-protocol-version", PROTOCOL_VERSION)
-            .header("last-event-id", "e-before")
-            .send()
-            .await;
+            .header("mcp-protocol-version", PROTOCOL_VERSION);
+        if let Some(id) = last_event_id {
+            get = get.header("last-event-id", id);
+        }
+        let get = get.send().await;
         assert_eq!(get.status(), 200);
         get.sse()
     }
