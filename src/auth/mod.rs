@@ -203,7 +203,8 @@ fn bearer_token(headers: &HeaderMap) -> Result<&str, Refusal> {
             "Unauthorized: an Authorization: Bearer <token> header is required",
         ));
     };
-    let (scheme, token) = value.trim().split_once(' ').unwrap_or((value.trim(), ""));
+    let value = value.trim();
+    let (scheme, token) = value.split_once(' ').unwrap_or((value, ""));
     if !scheme.eq_ignore_ascii_case("bearer") {
         return Err(missing(
             "Unauthorized: the Authorization header must use the Bearer scheme",
