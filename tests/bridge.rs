@@ -420,6 +420,41 @@ async fn a_task_that_completes_before_its_cancel_takes_effect_keeps_its_result()
     assert_eq!(got["result"]["status"], "completed", "{got}");
 }
 
+/// The same race with a tool error (2026 `completed` with `isError: true`, which a 2025
+/// client is shown as `failed`): the cancel's `-32602` names `failed`, as every `tasks/get`
+/// of the task does. Before: it named `completed`, the 2026 status, which this client never
+/// saw for the task.
+#[tokio::test]
+async fn a_tool_error_that_ends_before_its_cancel_takes_effect_is_named_failed() {
+    let flip: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =
+        Default::default();
+    let to_flip = flip.clone();
+    let (up, _state) = tasks_get_answered(std::time::Duration::ZERO, move |task_id, state| {
+        if !to_flip.lock().unwrap().remove(task_id) {
+            return None;
+        }
+        state
+            .lock()
+            .unwrap()
+            .tasks
+            .insert(task_id.to_string(), "tool_error".into());
+        Some(detailed(task_id, "working"))
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let (c, _) = legacy_client(&tg).await;
+    let t = create(&c, 2).await;
+    flip.lock().unwrap().insert(t.clone());
+    let v = c.cancel("3", &t).await;
+    assert_eq!(err_code(&v), -32602, "{v}");
+    assert!(err_message(&v).contains("failed"), "{v}");
+    let got = c.get("4", &t).await;
+    assert_eq!(got["result"]["status"], "failed", "{got}");
+    // A second cancel, answered from the record, names it the same way.
+    let again = c.cancel("5", &t).await;
+    assert!(err_message(&again).contains("failed"), "{again}");
+}
+
 /// A cancel racing the task's completion, 200 rounds: the cancel's answer, later tasks/get
 /// answers and the record agree, and the client never sees a terminal status change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,7 +19,9 @@ use std::sync::Arc;
 /// Applies the ack as the task `cancelled`: `known` (the authorised record) with status
 /// `cancelled` and updated now, reported to the registry as `tasks/cancel` would be. A terminal
 /// status recorded first stands. Returns the 2025 `Task` applied and what applying it did (for
-/// [`legacy_answer`]).
+/// [`legacy_answer`]), as a 2025 caller is shown it: a recorded 2026 tool error (`completed`
+/// with `isError: true`) is [`Observed::Rewrite`] `failed` ([`TaskRecord::legacy_status`]), as
+/// every `tasks/get` of it and a cancel answered from the record name it.
 pub async fn apply(
     registry: &Arc<Registry>,
     upstream: &str,
@@ -32,7 +34,37 @@ pub async fn apply(
     let observed = registry
         .observe_task_as(upstream, &known.task_id, task.clone(), "tasks/cancel")
         .await;
-    (task, observed)
+    (
+        task,
+        legacy(registry, upstream, &known.task_id, observed).await,
+    )
+}
+
+/// `observed` with a recorded `completed` that is a 2026 tool error named `failed`: the
+/// record's own view ([`TaskRecord::legacy_status`]), read from the registry's cache (the
+/// rewrite's status alone cannot tell a tool error).
+async fn legacy(
+    registry: &Arc<Registry>,
+    upstream: &str,
+    task_id: &str,
+    observed: Observed,
+) -> Observed {
+    match observed {
+        Observed::Rewrite {
+            status: TaskStatus::Completed,
+            status_message,
+        } => {
+            let status = match registry.record_cached(upstream, task_id).await {
+                Ok(Some(r)) => r.legacy_status(),
+                _ => TaskStatus::Completed,
+            };
+            Observed::Rewrite {
+                status,
+                status_message,
+            }
+        }
+        other => other,
+    }
 }
 
 /// The 2025-11-25 answer under `id` to a `tasks/cancel` whose ack [`apply`] applied as `task`:

@@ -196,7 +196,10 @@ pub fn modern_handler(
             "tasks/cancel" => {
                 let late = s.after_cancel.get(&task_id).cloned();
                 if let Some(st) = s.tasks.get_mut(&task_id) {
-                    if !matches!(st.as_str(), "completed" | "failed" | "cancelled") {
+                    if !matches!(
+                        st.as_str(),
+                        "completed" | "tool_error" | "failed" | "cancelled"
+                    ) {
                         *st = "cancelled".into();
                     }
                 }
