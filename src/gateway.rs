@@ -590,7 +590,7 @@ fn edge_settings(config: &Config, gateway_addr: SocketAddr) -> EdgeSettings {
     }
 }
 
-/// The upstreams `/readyz` connects to: each `url` one's name and `host:port` (port 80 when
+/// The upstreams `/readyz` connects to: each `url` one's name and `host:port` (port 80, or 443 for https, when
 /// the URL names none; stdio upstreams are probed instead, [`stdio_probes`]).
 fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
     config
@@ -599,14 +599,9 @@ fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
         .filter(|u| u.command.is_none())
         .map(|u| {
             let uri: http::Uri = u.url.parse().expect("validated url");
-            let authority = uri.authority().expect("validated url");
             UpstreamTarget {
                 name: u.name.clone(),
-                authority: format!(
-                    "{}:{}",
-                    authority.host(),
-                    authority.port_u16().unwrap_or(80)
-                ),
+                authority: crate::config::upstream_authority(&uri),
             }
         })
         .collect()

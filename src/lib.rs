@@ -27,4 +27,5 @@ pub mod registry;
 pub mod sse;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod upstream;

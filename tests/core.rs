@@ -35,6 +35,7 @@ mod stdio;
 mod store_io_wakeups;
 mod telemetry;
 mod upgrade;
+mod upstream_tls;
 
 /// Every `tests/*.rs` file is a module of one tier's crate (`Cargo.toml` sets `autotests =
 /// false`, so a file in neither would silently never run).

@@ -206,10 +206,19 @@ impl Config {
                 let uri: http::Uri = up.url.parse().map_err(|e| {
                     ConfigError::Invalid(format!("upstream {:?}: url {:?}: {e}", up.name, up.url))
                 })?;
-                if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+                let https = uri.scheme_str() == Some("https");
+                if !(https || uri.scheme_str() == Some("http")) || uri.authority().is_none() {
                     return invalid(format!(
-                        "upstream {:?}: url {:?} must be http://host:port/path (https is not supported yet; terminate TLS in front of a sidecar)",
+                        "upstream {:?}: url {:?} must be http://host[:port]/path or https://host[:port]/path",
                         up.name, up.url
+                    ));
+                }
+                if https {
+                    check_upstream_tls(i, up, &uri)?;
+                } else if up.ca_file.is_some() {
+                    return invalid(format!(
+                        "upstream {:?}: ca_file is for an https:// url",
+                        up.name
                     ));
                 }
             }
@@ -253,6 +262,48 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// An `https://` upstream's TLS settings: its host can be checked against a certificate (a DNS
+/// name or an IP address), and its `ca_file`, when set, holds CA certificates rustls can use.
+fn check_upstream_tls(i: usize, up: &UpstreamConfig, uri: &http::Uri) -> Result<(), ConfigError> {
+    let host = upstream_host(uri);
+    rustls_pki_types::ServerName::try_from(host).map_err(|e| {
+        ConfigError::Invalid(format!(
+            "upstream {:?}: host {host:?} of an https:// url cannot be checked against a certificate: {e}",
+            up.name
+        ))
+    })?;
+    if let Some(ca_file) = &up.ca_file {
+        crate::tls::client_config(&format!("upstream[{i}].ca_file"), Some(ca_file), &[])
+            .map_err(ConfigError::Invalid)?;
+    }
+    Ok(())
+}
+
+/// The host of an upstream's `url` as a certificate names it: without an IPv6 address's
+/// brackets.
+pub fn upstream_host(uri: &http::Uri) -> &str {
+    uri.host()
+        .unwrap_or_default()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+}
+
+/// The `host:port` an upstream's `url` connects to: its port, else 443 for `https://` and 80
+/// for `http://`.
+pub fn upstream_authority(uri: &http::Uri) -> String {
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
+    match uri.host() {
+        Some(host) => format!("{host}:{port}"),
+        None => format!(":{port}"),
     }
 }
 

@@ -448,10 +448,16 @@ pub(super) fn default_max_message_bytes() -> usize {
 pub struct UpstreamConfig {
     /// Route name: requests to `/mcp/<name>` go here. Letters, digits, `-`, `_`, `.`.
     pub name: String,
-    /// The upstream's MCP endpoint, `http://host:port/path`; empty for a `command` upstream
-    /// (exactly one of the two is set).
+    /// The upstream's MCP endpoint, `http://host[:port]/path` or `https://host[:port]/path`
+    /// (TLS, the certificate chain and host name verified; port 80 or 443 when not given);
+    /// empty for a `command` upstream (exactly one of the two is set).
     #[serde(default)]
     pub url: String,
+    /// For an `https://` `url`: a PEM file of the CA certificate(s) the upstream's certificate
+    /// must chain to, trusted instead of the Mozilla roots (a private CA, a self-signed
+    /// server's own certificate). Absent: the Mozilla roots.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// A stdio server: the program and its arguments (`["npx", "-y", "pkg"]`), started without
     /// a shell; the program is a path or a name found on `PATH`.
     #[serde(default)]

@@ -334,3 +334,45 @@ fn upstream_tasks_ownership() {
     let err = Config::from_toml_str(&none_kept).unwrap_err().to_string();
     assert!(err.contains("max_stored_result_bytes = 0"), "{err}");
 }
+
+/// `https://` upstreams: accepted with the Mozilla roots or a `ca_file` that holds CA
+/// certificates; `ca_file` beside an `http://` url, a file without certificates and a host no
+/// certificate can name are refused naming what is wrong. The scheme decides the default port.
+#[test]
+fn https_upstreams_and_their_ca_file() {
+    let upstream = |lines: &str| format!("[[upstream]]\nname = \"a\"\n{lines}\n");
+    let ok = |lines: &str| Config::from_toml_str(&upstream(lines)).map(|_| ());
+    let err = |lines: &str| ok(lines).unwrap_err().to_string();
+    let ca = format!("{}/tests/fixtures/tls/ca.pem", env!("CARGO_MANIFEST_DIR"));
+    ok("url = \"https://mcp.example.com/mcp\"").unwrap();
+    ok(&format!(
+        "url = \"https://127.0.0.1:8443/mcp\"\nca_file = {ca:?}"
+    ))
+    .unwrap();
+    ok("url = \"https://[::1]:8443/mcp\"").unwrap();
+    let e = err(&format!(
+        "url = \"http://127.0.0.1:1/mcp\"\nca_file = {ca:?}"
+    ));
+    assert!(e.contains("ca_file is for an https:// url"), "{e}");
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "no certificate here\n").unwrap();
+    let e = err(&format!("url = \"https://h/mcp\"\nca_file = {empty:?}"));
+    assert!(
+        e.contains("upstream[0].ca_file") && e.contains("no PEM certificate"),
+        "{e}"
+    );
+    let e = err("url = \"ftp://h/mcp\"");
+    assert!(
+        e.contains("must be http://host[:port]/path or https://"),
+        "{e}"
+    );
+    let uri = |u: &str| u.parse::<http::Uri>().unwrap();
+    assert_eq!(upstream_authority(&uri("https://h/mcp")), "h:443");
+    assert_eq!(upstream_authority(&uri("http://h/mcp")), "h:80");
+    assert_eq!(
+        upstream_authority(&uri("https://[::1]:8443/mcp")),
+        "[::1]:8443"
+    );
+    assert_eq!(upstream_host(&uri("https://[::1]:8443/mcp")), "::1");
+}

@@ -35,7 +35,7 @@
 //! - The answer's body becomes [`ReplyBody::Json`], [`ReplyBody::Stream`] (decoded event by event
 //!   as it arrives), [`ReplyBody::Empty`] or [`ReplyBody::Raw`].
 
-use super::h1::{Pool, PoolError};
+use super::h1::{Pool, PoolError, Tls};
 use super::{Exchange, Transport};
 use crate::config::UpstreamConfig;
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
@@ -80,14 +80,19 @@ impl StreamableHttp {
         let authority = uri.authority().expect("validated");
         let host = HeaderValue::from_str(authority.as_str())
             .expect("an authority is a valid header value");
-        let pool = Pool::new(
-            format!(
-                "{}:{}",
-                authority.host(),
-                authority.port_u16().unwrap_or(80)
-            ),
-            Duration::from_millis(config.connect_timeout_ms),
-        );
+        let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
+        let address = crate::config::upstream_authority(&uri);
+        let pool = match uri.scheme_str() {
+            Some("https") => {
+                let tls = Tls::new(
+                    crate::config::upstream_host(&uri),
+                    config.ca_file.as_deref(),
+                )
+                .expect("validated upstream TLS (config::check_upstream_tls)");
+                Pool::with_tls(address, connect_timeout, tls)
+            }
+            _ => Pool::new(address, connect_timeout),
+        };
         let target = origin_form(&uri);
         let mut headers = HeaderMap::new();
         for (k, v) in &config.headers {

@@ -50,7 +50,13 @@ impl Traced {
                                 .to_string(),
                         ));
                     }
-                    let port = url.port_u16().unwrap_or(80);
+                    let port = url
+                        .port_u16()
+                        .unwrap_or(if url.scheme_str() == Some("https") {
+                            443
+                        } else {
+                            80
+                        });
                     peer.push(KeyValue::new(semconv::SERVER_PORT, i64::from(port)));
                 }
             }

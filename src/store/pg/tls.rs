@@ -10,10 +10,7 @@
 //! encrypts without verifying anything, and verifying there would have refused, on upgrade, every
 //! server with a certificate outside the roots (found by review).
 
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
 use std::path::Path;
-use std::sync::Arc;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// Whether connections use TLS: `sslmode=require` (see the module docs).
@@ -22,39 +19,12 @@ pub(super) fn wanted(config: &tokio_postgres::Config) -> bool {
 }
 
 /// The connector for connections to the database, trusting the CA certificates in `ca_file`
-/// (PEM) or, without one, the Mozilla roots.
+/// (PEM) or, without one, the Mozilla roots ([`crate::tls::client_config`]).
 ///
 /// Errors: a message naming the file when it cannot be read, holds no certificate, or holds one
 /// rustls cannot use.
 pub(super) fn connector(ca_file: Option<&Path>) -> Result<MakeRustlsConnect, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    match ca_file {
-        Some(path) => {
-            let shown = path.display();
-            let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("store.ca_file {shown}: {e}"))?;
-            for cert in certs {
-                let cert = cert.map_err(|e| format!("store.ca_file {shown}: {e}"))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| format!("store.ca_file {shown}: {e}"))?;
-            }
-            if roots.is_empty() {
-                return Err(format!(
-                    "store.ca_file {shown}: no PEM certificate in the file"
-                ));
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Ok(MakeRustlsConnect::new(config))
+    crate::tls::client_config("store.ca_file", ca_file, &[]).map(MakeRustlsConnect::new)
 }
 
 #[cfg(test)]
@@ -68,7 +38,9 @@ mod tests {
         std::fs::write(&empty, "not a certificate\n").unwrap();
         let err = connector(Some(&empty)).err().expect("refused");
         assert!(
-            err.contains("ca.pem") && err.contains("no PEM certificate"),
+            err.contains("store.ca_file")
+                && err.contains("ca.pem")
+                && err.contains("no PEM certificate"),
             "{err}"
         );
         let missing = dir.path().join("missing.pem");

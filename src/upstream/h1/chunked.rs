@@ -10,11 +10,11 @@
 //! the last chunk (a truncated answer is never a clean end). The buffer holds at most one read
 //! (8 KiB) past such a line. Trailers are read and dropped (MCP has none).
 
+use super::io::Io;
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::Frame;
 use std::io;
 use std::task::{Context, Poll};
-use tokio::net::TcpStream;
 
 /// Longest chunk-size line taken, extensions and line end included, in bytes.
 pub const MAX_LINE: usize = 4096;
@@ -42,13 +42,13 @@ pub(crate) enum State {
 /// (`pool::Return`), which also holds the connection's slot until the body ends or is dropped.
 pub(super) trait Reuse {
     /// Takes the connection back, its body read to the end and nothing after it.
-    fn reuse(self, io: TcpStream);
+    fn reuse(self, io: Io);
 }
 
 /// The body (see the module docs). Dropped before its end, it closes the connection.
 pub(super) struct Chunked<R> {
     /// The connection, until the body ended or failed.
-    io: Option<TcpStream>,
+    io: Option<Io>,
     /// Bytes read and not decoded yet.
     buf: BytesMut,
     /// Where the framing is.
@@ -70,7 +70,7 @@ fn invalid(what: &str) -> Error {
 
 impl<R: Reuse> Chunked<R> {
     /// `buf`: the bytes after the response head already read (hyper's, then the gate's).
-    pub(super) fn new(io: TcpStream, buf: BytesMut, back: Option<R>, reuse: bool) -> Chunked<R> {
+    pub(super) fn new(io: Io, buf: BytesMut, back: Option<R>, reuse: bool) -> Chunked<R> {
         Chunked {
             io: Some(io),
             buf,

@@ -3,6 +3,7 @@
 use super::*;
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
 /// A connected pair: the upstream's end (written by the test) and taskgate's.
 async fn pair() -> (TcpStream, TcpStream) {
@@ -16,7 +17,7 @@ async fn pair() -> (TcpStream, TcpStream) {
 struct Closed;
 
 impl Reuse for Closed {
-    fn reuse(self, _io: TcpStream) {}
+    fn reuse(self, _io: Io) {}
 }
 
 struct Body(Chunked<Closed>);
@@ -50,7 +51,7 @@ async fn read(wire: &[u8], step: usize, close: bool) -> Result<Vec<u8>, String> 
             let _ = tokio::io::AsyncReadExt::read(&mut up, &mut [0u8; 1]).await;
         }
     });
-    let body = Body(Chunked::new(tg, BytesMut::new(), None, false));
+    let body = Body(Chunked::new(Io::Plain(tg), BytesMut::new(), None, false));
     let got = body.collect().await;
     drop(writer);
     got.map(|c| c.to_bytes().to_vec())

@@ -29,13 +29,13 @@
 //! The gate never holds bytes when open, and only the pool moves it out of [`Mode::Held`]; the
 //! pool does so for every response it receives, so hyper never waits on a held gate.
 
+use super::io::Io;
 use bytes::{Buf, BytesMut};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 
 /// `chunked` without its first letter, which may be upper case (transfer codings are
 /// case-insensitive; a head that writes the rest in upper case is left to hyper).
@@ -121,7 +121,7 @@ impl GateCtl {
 
 /// The gated stream (see the module docs).
 pub(super) struct Gate {
-    io: TcpStream,
+    io: Io,
     ctl: std::sync::Arc<GateCtl>,
     /// Bytes after the final head, not given to hyper (yet).
     held: BytesMut,
@@ -129,7 +129,7 @@ pub(super) struct Gate {
 }
 
 impl Gate {
-    pub(super) fn new(io: TcpStream, ctl: std::sync::Arc<GateCtl>) -> Gate {
+    pub(super) fn new(io: Io, ctl: std::sync::Arc<GateCtl>) -> Gate {
         Gate {
             io,
             ctl,
@@ -139,7 +139,7 @@ impl Gate {
     }
 
     /// The stream and the bytes held after the head (the start of the body).
-    pub(super) fn into_parts(self) -> (TcpStream, BytesMut) {
+    pub(super) fn into_parts(self) -> (Io, BytesMut) {
         (self.io, self.held)
     }
 }

@@ -29,6 +29,8 @@
 
 pub(crate) mod chunked;
 mod gate;
+mod io;
 pub mod pool;
 
+pub use io::Tls;
 pub use pool::{pin_thread, Pool, PoolError, PoolLimits, PooledBody};

@@ -57,6 +57,7 @@ use tokio::net::TcpStream;
 
 use super::chunked::{self, Chunked};
 use super::gate::{Gate, GateCtl};
+use super::io::{Io, Tls};
 
 /// Idle time before the first TCP keepalive probe.
 pub const KEEPALIVE_TIME: Duration = Duration::from_secs(30);
@@ -117,7 +118,7 @@ struct Return {
 }
 
 impl chunked::Reuse for Return {
-    fn reuse(self, io: TcpStream) {
+    fn reuse(self, io: Io) {
         self.pool.clone().checkin_stream(io, self);
     }
 }
@@ -186,6 +187,18 @@ fn chain(f: &mut std::fmt::Formatter<'_>, e: &dyn std::error::Error) -> std::fmt
     Ok(())
 }
 
+/// What a failed TLS handshake says: rustls's own error (e.g. "invalid peer certificate:
+/// UnknownIssuer") rather than the I/O wrapper's, when it is one.
+fn tls_error(e: &std::io::Error) -> String {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls) => rustls.to_string(),
+        None => e.to_string(),
+    }
+}
+
 /// Idle lists per pool: one per serving thread ([`pin_thread`]; with more serving threads than
 /// this, threads share lists by index modulo this, which still works, with cross-thread
 /// wake-ups for the connections they share). 64 lists of an empty `Vec` are 4 KiB per upstream.
@@ -217,6 +230,8 @@ struct IdleList(Mutex<Vec<(Conn, Instant)>>);
 pub struct Pool {
     authority: String,
     connect_timeout: Duration,
+    /// For an `https://` upstream: the TLS of each new connection.
+    tls: Option<Tls>,
     /// Idle connections, per serving thread ([`pin_thread`]). A thread expires only its own
     /// list: another thread's idle connections are dropped when that thread next uses the pool.
     idle: [IdleList; IDLE_SHARDS],
@@ -233,20 +248,34 @@ impl Pool {
         Pool::with_limits(authority, connect_timeout, PoolLimits::default())
     }
 
+    /// A pool for `authority` whose connections are made secure by `tls` (an `https://`
+    /// upstream), with the default [`PoolLimits`]. The TLS handshake counts in
+    /// `connect_timeout`.
+    pub fn with_tls(authority: String, connect_timeout: Duration, tls: Tls) -> Arc<Pool> {
+        let mut pool = Pool::unshared(authority, connect_timeout, PoolLimits::default());
+        pool.tls = Some(tls);
+        Arc::new(pool)
+    }
+
     /// A pool for `authority` (`host:port`).
     pub fn with_limits(
         authority: String,
         connect_timeout: Duration,
         limits: PoolLimits,
     ) -> Arc<Pool> {
-        Arc::new(Pool {
+        Arc::new(Pool::unshared(authority, connect_timeout, limits))
+    }
+
+    fn unshared(authority: String, connect_timeout: Duration, limits: PoolLimits) -> Pool {
+        Pool {
             authority,
             connect_timeout,
+            tls: None,
             idle: std::array::from_fn(|_| IdleList::default()),
             idle_count: AtomicUsize::new(0),
             limits,
             open: Arc::new(AtomicUsize::new(0)),
-        })
+        }
     }
 
     /// This thread's idle list.
@@ -311,7 +340,7 @@ impl Pool {
     async fn connect(&self) -> Result<Conn, PoolError> {
         let slot = Slot::take(&self.open, self.limits.max_connections)
             .ok_or(PoolError::Limit(self.limits.max_connections))?;
-        let stream = self.connect_tcp().await?;
+        let stream = self.connect_io().await?;
         let ctl = Arc::new(GateCtl::default());
         let (sender, driver) = http1::handshake(TokioIo::new(Gate::new(stream, ctl.clone())))
             .await
@@ -327,7 +356,7 @@ impl Pool {
 
     /// A connection whose chunked body taskgate read to its end goes back to the idle list as
     /// a new hyper connection (hyper's handshake does no I/O).
-    fn checkin_stream(self: Arc<Self>, io: TcpStream, back: Return) {
+    fn checkin_stream(self: Arc<Self>, io: Io, back: Return) {
         use futures_util::FutureExt;
         // Open, so the checkout's look for an EOF sees the idle connection's socket.
         back.ctl.open();
@@ -343,21 +372,41 @@ impl Pool {
         }
     }
 
-    /// Opens the TCP connection of a new pooled connection: no Nagle delay, TCP keepalive on.
-    async fn connect_tcp(&self) -> Result<TcpStream, PoolError> {
-        let stream = tokio::time::timeout(
-            self.connect_timeout,
-            TcpStream::connect(self.authority.as_str()),
-        )
-        .await
-        .map_err(|_| {
-            PoolError::Connect(format!(
-                "{} did not accept a connection within {} ms",
-                self.authority,
-                self.connect_timeout.as_millis()
-            ))
-        })?
-        .map_err(|e| PoolError::Connect(format!("{}: {e}", self.authority)))?;
+    /// Opens the stream of a new pooled connection: TCP, then for an `https://` upstream TLS,
+    /// both within the connect timeout.
+    async fn connect_io(&self) -> Result<Io, PoolError> {
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let stream = self.connect_tcp(deadline).await?;
+        let Some(tls) = &self.tls else {
+            return Ok(Io::Plain(stream));
+        };
+        tokio::time::timeout_at(deadline, tls.connect(stream))
+            .await
+            .map_err(|_| {
+                PoolError::Connect(format!(
+                    "{} did not complete the TLS handshake within {} ms",
+                    self.authority,
+                    self.connect_timeout.as_millis()
+                ))
+            })?
+            .map_err(|e| {
+                PoolError::Connect(format!("TLS with {}: {}", self.authority, tls_error(&e)))
+            })
+    }
+
+    /// Opens the TCP connection of a new pooled connection by `deadline`: no Nagle delay, TCP
+    /// keepalive on.
+    async fn connect_tcp(&self, deadline: tokio::time::Instant) -> Result<TcpStream, PoolError> {
+        let stream = tokio::time::timeout_at(deadline, TcpStream::connect(self.authority.as_str()))
+            .await
+            .map_err(|_| {
+                PoolError::Connect(format!(
+                    "{} did not accept a connection within {} ms",
+                    self.authority,
+                    self.connect_timeout.as_millis()
+                ))
+            })?
+            .map_err(|e| PoolError::Connect(format!("{}: {e}", self.authority)))?;
         let _ = stream.set_nodelay(true);
         let keepalive = socket2::TcpKeepalive::new()
             .with_time(KEEPALIVE_TIME)

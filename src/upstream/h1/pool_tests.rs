@@ -234,7 +234,10 @@ async fn pooled_connection_has_tcp_keepalive() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let pool = Pool::new(addr.to_string(), Duration::from_secs(5));
-    let (stream, accepted) = tokio::join!(pool.connect_tcp(), listener.accept());
+    let (stream, accepted) = tokio::join!(
+        pool.connect_tcp(tokio::time::Instant::now() + Duration::from_secs(5)),
+        listener.accept()
+    );
     let stream = stream.expect("connect");
     let _server_side = accepted.unwrap();
     let sock = socket2::SockRef::from(&stream);

@@ -1,0 +1,230 @@
+//! `https://` upstreams: taskgate's own HTTP/1.1 client over TLS (rustls), the server's
+//! certificate chain and host name verified against `upstream.ca_file` or the Mozilla roots.
+//!
+//! The upstream is a scripted task server behind a TLS front ([`TlsFront`], on 127.0.0.1, with
+//! the test-only certificates of `tests/fixtures/tls`), so every path the plain tests cover
+//! (JSON answers, SSE answers read by taskgate's chunked reader, pooled connections) is shown
+//! again through TLS.
+
+use crate::common::*;
+
+use serde_json::Value;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use taskgate::mcp::task::TaskStatus;
+use tokio::net::{TcpListener, TcpStream};
+
+fn fixture(name: &str) -> String {
+    format!("{}/tests/fixtures/tls/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A TLS server on 127.0.0.1 in front of a plain test upstream: it terminates TLS with the
+/// fixture certificate `cert` (`local`: localhost and 127.0.0.1; `other`: example.test only)
+/// and passes the bytes both ways. Counts the TLS connections it completed.
+struct TlsFront {
+    addr: SocketAddr,
+    path: String,
+    handshakes: Arc<AtomicUsize>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+impl TlsFront {
+    async fn start(upstream_url: &str, cert: &str) -> TlsFront {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_file_iter(fixture(&format!("{cert}.pem")))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(fixture(&format!("{cert}.key"))).unwrap();
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let plain: http::Uri = upstream_url.parse().unwrap();
+        let behind = format!("{}:{}", plain.host().unwrap(), plain.port_u16().unwrap());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let handshakes = Arc::new(AtomicUsize::new(0));
+        let counted = handshakes.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    return;
+                };
+                let (acceptor, behind, counted) =
+                    (acceptor.clone(), behind.clone(), counted.clone());
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    let Ok(mut up) = TcpStream::connect(&behind).await else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut up).await;
+                });
+            }
+        });
+        TlsFront {
+            addr,
+            path: plain.path().to_string(),
+            handshakes,
+            accept,
+        }
+    }
+
+    /// `https://<host>:<port><path>`.
+    fn url(&self, host: &str) -> String {
+        format!("https://{host}:{}{}", self.addr.port(), self.path)
+    }
+
+    fn handshakes(&self) -> usize {
+        self.handshakes.load(Ordering::SeqCst)
+    }
+}
+
+/// taskgate with one upstream at `url`, trusting `ca_file` (a fixture name) when given; one
+/// serving thread, so its pooled connections are one idle list (the pool keeps one per thread).
+async fn taskgate(url: &str, ca_file: Option<&str>) -> Tg {
+    let cfg = TgConfig::new(url).gateway("threads = 1");
+    let extra = ca_file
+        .map(|f| format!("ca_file = {:?}\n", fixture(f)))
+        .unwrap_or_default();
+    Tg::start(|store| cfg.to_toml(store) + &extra).await
+}
+
+/// A 2025-11-25 task's whole life (create, poll, result) through an `https://` upstream whose
+/// certificate chains to `ca_file`: recorded, answered, and every request on one pooled TLS
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_lifecycle_runs_over_tls_on_one_pooled_connection() {
+    let up = TaskServer::default().await;
+    let front = TlsFront::start(&up.url(), "local").await;
+    let tg = taskgate(&front.url("127.0.0.1"), Some("ca.pem")).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = c.create_task("1").await;
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Working);
+    let got = c.get("2", &t).await;
+    assert_eq!(got["result"]["status"], "working", "{got}");
+    up.set(&t, "completed");
+    let got = c.get("3", &t).await;
+    assert_eq!(got["result"]["status"], "completed", "{got}");
+    let res = c.result("4", &t).await;
+    assert!(res.get("result").is_some(), "{res}");
+    assert_eq!(tg.record(&t).unwrap().status, TaskStatus::Completed);
+    assert_eq!(up.count("tools/call"), 1);
+    assert_eq!(up.count("tasks/get"), 2);
+    // One client at a time: each exchange found the last one's connection idle.
+    assert_eq!(front.handshakes(), 1, "connections were not reused");
+}
+
+/// SSE answers (a `CreateTaskResult` inside an event stream), read by taskgate's own chunked
+/// body reader over TLS: relayed, recorded, and the connection pooled again after each stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_answers_come_through_tls_and_their_connection_is_reused() {
+    let up = TaskServer::start(Behaviour {
+        creation_sse: true,
+        ..Behaviour::default()
+    })
+    .await;
+    let front = TlsFront::start(&up.url(), "local").await;
+    let tg = taskgate(&front.url("localhost"), Some("ca.pem")).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    for id in 1..=3 {
+        let t = c.create_task(&id.to_string()).await;
+        assert!(tg.record(&t).is_some(), "task {t} recorded");
+    }
+    assert_eq!(up.count("tools/call"), 3);
+    assert_eq!(front.handshakes(), 1, "connections were not reused");
+}
+
+/// The JSON-RPC error a refused upstream connection gives the client: `-32603` naming the
+/// upstream and why, under HTTP 502; nothing reached the upstream.
+async fn refused(tg: &Tg) -> (u16, Value) {
+    let resp = Req::mcp_post(&tg.mcp_url(), initialize_body("1"))
+        .send()
+        .await;
+    let status = resp.status();
+    (status, resp.json().await)
+}
+
+/// A certificate that chains to no trusted root (no `ca_file`: the Mozilla roots) is refused
+/// before any byte of a request is sent, and the client is told why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_certificate_is_refused_and_named() {
+    let up = TaskServer::default().await;
+    let front = TlsFront::start(&up.url(), "local").await;
+    let tg = taskgate(&front.url("127.0.0.1"), None).await;
+    let (status, v) = refused(&tg).await;
+    assert_eq!(status, 502, "{v}");
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("unreachable") && message.contains("UnknownIssuer"),
+        "{v}"
+    );
+    assert_eq!(up.count("initialize"), 0);
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_upstream_errors_total",
+            &[("upstream", "default"), ("kind", "connect")]
+        ),
+        1.0,
+        "{m}"
+    );
+}
+
+/// A certificate of a trusted CA that does not name the URL's host is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_for_another_host_is_refused() {
+    let up = TaskServer::default().await;
+    let front = TlsFront::start(&up.url(), "other").await;
+    let tg = taskgate(&front.url("127.0.0.1"), Some("ca.pem")).await;
+    let (status, v) = refused(&tg).await;
+    assert_eq!(status, 502, "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("not valid for name"), "{v}");
+    assert_eq!(up.count("initialize"), 0);
+}
+
+/// A server that does not speak TLS at an `https://` URL: the handshake fails at once with an
+/// error, it does not wait for the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_server_at_an_https_url_fails_fast() {
+    let up = TaskServer::default().await;
+    let url = up.url().replacen("http://", "https://", 1);
+    let tg = taskgate(&url, Some("ca.pem")).await;
+    let started = std::time::Instant::now();
+    let (status, v) = refused(&tg).await;
+    assert_eq!(status, 502, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("TLS with 127.0.0.1"),
+        "{v}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(4),
+        "took {:?}",
+        started.elapsed()
+    );
+}
