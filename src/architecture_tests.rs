@@ -166,6 +166,11 @@ const ONLY: &[(&str, &[&str], &str)] = &[
     ),
     ("sse", &["sse"], "the SSE codec stands on its own"),
     (
+        "tls",
+        &["tls"],
+        "TLS client settings: config, the store and the upstream client use them",
+    ),
+    (
         "telemetry",
         &["telemetry", "config", "jsonrpc"],
         "traces are a leaf the edge, the layers and the upstream client use; it knows none of them",

@@ -195,6 +195,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--stdio", action="store_true", help="serve one client on stdin/stdout instead (stdio.sh)")
+    parser.add_argument("--tls-cert", help="serve https:// with this PEM certificate (and --tls-key): taskgate's https upstreams")
+    parser.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="[py-task-server] %(levelname)s %(name)s: %(message)s")
 
@@ -230,11 +232,13 @@ def main() -> None:
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         async with manager.run():
-            print(json.dumps({"listening": f"http://127.0.0.1:{port}/mcp", "port": port, "server": "py-task-fixture", "mode": "stateful"}), flush=True)
+            scheme = "https" if args.tls_cert else "http"
+            print(json.dumps({"listening": f"{scheme}://127.0.0.1:{port}/mcp", "port": port, "server": "py-task-fixture", "mode": "stateful"}), flush=True)
             yield
 
     app = Starlette(routes=[Route("/mcp", endpoint=McpEndpoint(manager), methods=["GET", "POST", "DELETE"])], lifespan=lifespan)
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+    tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key} if args.tls_cert else {}
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, **tls)
     uvicorn.Server(config).run(sockets=[sock])
 
 

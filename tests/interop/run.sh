@@ -32,6 +32,7 @@
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+TLS_FIXTURES=$(cd "$HERE/../fixtures/tls" && pwd)
 BIN=${1:-}
 if [[ -z "$BIN" ]]; then
     echo "usage: $0 TASKGATE_BIN|none" >&2
@@ -250,6 +251,10 @@ start ts-notasks "$NODE22" "$HERE/task-server.mjs" --mode notasks --port 0
 start ts-legacy "$NODE22" "$HERE/task-server.mjs" --mode legacy --port 0
 if [[ $PYTHON_ON == 1 ]]; then
     start py-stateful "$VENV/bin/python" "$HERE/py_task_server.py" --port 0
+    # The same server over TLS (uvicorn's own), its certificate from the test-only CA of
+    # tests/fixtures/tls: taskgate's https:// upstreams, with upstream.ca_file.
+    start py-tls "$VENV/bin/python" "$HERE/py_task_server.py" --port 0 \
+        --tls-cert "$TLS_FIXTURES/local.pem" --tls-key "$TLS_FIXTURES/local.key"
     start fastmcp "$VENV/bin/python" "$HERE/fastmcp_task_server.py" --port 0
 fi
 
@@ -259,7 +264,7 @@ EVERYTHING_PORT=$(INTEROP_PORT_RANGE=10000-19999 "$NODE22" "$HERE/harness.mjs" f
 start everything env PORT="$EVERYTHING_PORT" "$NODE22" "$HERE/node_modules/@modelcontextprotocol/server-everything/dist/index.js" streamableHttp
 
 UPSTREAMS=(conformance-server "${MODES[@]/#/ts-}" ts-notasks ts-legacy)
-[[ $PYTHON_ON == 1 ]] && UPSTREAMS+=(py-stateful fastmcp)
+[[ $PYTHON_ON == 1 ]] && UPSTREAMS+=(py-stateful py-tls fastmcp)
 declare -A DIRECT=()
 # Up to 90 s: at the start of a run the fixtures of steps g.-k. import their SDKs at the same time
 # (a Python fixture has taken 50 s on a busy 2-core machine).
@@ -283,6 +288,7 @@ if [[ "$BIN" != none ]]; then
         printf '[auth]\nmode = "none"\n\n[upgrade]\nenabled = false\n'
         for name in "${UPSTREAMS[@]}"; do
             printf '\n[[upstream]]\nname = "%s"\nurl = "%s"\n' "$name" "${DIRECT[$name]}"
+            [[ "${DIRECT[$name]}" == https://* ]] && printf 'ca_file = "%s"\n' "$TLS_FIXTURES/ca.pem"
         done
     } >"$CONFIG"
     start taskgate "$BIN" serve --config "$CONFIG"
@@ -438,6 +444,10 @@ if [[ $PYTHON_ON == 1 ]]; then
     run_pair py-client-py-server py-stateful "$VENV/bin/python" "$HERE/py_task_client.py"
     run_pair ts-client-py-server py-stateful "$NODE22" "$HERE/task-client.mjs"
     run_pair py-client-ts-server ts-stateful "$VENV/bin/python" "$HERE/py_task_client.py"
+    # The Python SDK server over TLS: direct, the client trusts the test CA (httpx reads
+    # SSL_CERT_FILE); through taskgate, taskgate does (upstream.ca_file) and the client talks
+    # plain HTTP to it.
+    run_pair py-client-py-tls-server py-tls env SSL_CERT_FILE="$TLS_FIXTURES/ca.pem" "$VENV/bin/python" "$HERE/py_task_client.py"
 fi
 
 # ---- e. (running since before a.): its log and results, in their place -------------------------
