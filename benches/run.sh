@@ -23,7 +23,10 @@
 # PostgreSQL behind nginx round-robin with no stickiness (issue 35), beside the sidecar on sled;
 # 15: scenario 1's small call at c=16 through a taskgate exporting every request's spans
 # (`[telemetry]`, `sample_ratio = 1.0`, OTLP/HTTP to benches/otlp_receiver.py) beside the one
-# without, issue 34's cost in the same run as nginx).
+# without, issue 34's cost in the same run as nginx; 16: scenario 1's small call at c=16 to an
+# `https://` upstream (the bench upstream with TLS, the test-only certificate of tests/fixtures/tls):
+# taskgate verifying it against `upstream.ca_file` beside nginx's `proxy_pass https://` with
+# `proxy_ssl_verify on`, each beside its own plain-HTTP path).
 # Everything started here is killed on exit.
 #
 # Scenario 10's and 14's PostgreSQL: TASKGATE_BENCH_DATABASE_URL (or TASKGATE_TEST_DATABASE_URL) names a
@@ -48,7 +51,7 @@
 # per case and path in scenarios 1-5, 8-13 and 15, default 3), QUIET_PCT (10),
 # LIFECYCLE_TASKS (1000, scenarios 4, 8, 9 and 10), STDIO_TASKS (500, scenario 11's lifecycle, per
 # concurrency and path: supergateway takes ~15 s for 1000 at ~800 req/s), CANCELS (1000), RECORDS (100000), SCENARIOS (which
-# ones, default "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
+# ones, default "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16"), RESULTS (output file, benches/RESULTS.md: the new report goes under the file's "a new report goes below this line" marker, after the goals table, or first under the title when there is no marker; every earlier section stays below it; "-" for none), KEEP=1 keeps the temp
 # directory (logs, configs, raw JSON).
 set -euo pipefail
 
@@ -63,7 +66,7 @@ CANCELS=${CANCELS:-1000}
 RECORDS=${RECORDS:-100000}
 RESULTS=${RESULTS:-$HERE/RESULTS.md}
 STDIO_TASKS=${STDIO_TASKS:-500}
-SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 15}
+SCENARIOS=${SCENARIOS:-1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16}
 want() { case " $SCENARIOS " in *" $1 "*) return 0 ;; esac; return 1; }
 COMMAND="bash benches/run.sh"
 ENVSET=""
@@ -133,6 +136,17 @@ say "starting the bench upstream"
 UP_PID=$(json_field "$WORK/upstream.json" pid); PIDS+=("$UP_PID")
 UP_ADDR=$(json_field "$WORK/upstream.json" addr)
 echo "upstream $UP_ADDR (pid $UP_PID)" >&2
+# Scenario 16: the same upstream with TLS (one more process, started only when it runs).
+TLS_FIXTURES="$ROOT/tests/fixtures/tls"
+UPS_PID=""; UPS_ADDR=""
+if want 16; then
+  "$LG" spawn-ready --stdout "$WORK/upstream-tls.out" --stderr "$WORK/upstream-tls.err" --label upstream-tls \
+    -- "$UPSTREAM_BIN" --listen 127.0.0.1:0 --threads 1 \
+    --tls-cert "$TLS_FIXTURES/local.pem" --tls-key "$TLS_FIXTURES/local.key" > "$WORK/upstream-tls.json"
+  UPS_PID=$(json_field "$WORK/upstream-tls.json" pid); PIDS+=("$UPS_PID")
+  UPS_ADDR=$(json_field "$WORK/upstream-tls.json" addr)
+  echo "upstream (TLS) $UPS_ADDR (pid $UPS_PID)" >&2
+fi
 
 taskgate_config() { taskgate_toml "$1" "$2" "$3" "$UP_ADDR"; } # $1 file, $2 store dir, $3 extra [tasks] lines
 start_taskgate() { # $1 config, $2 label, $3 json out, [$4 ready json out]
@@ -154,6 +168,32 @@ NG_ADDR=""; NG_CPU=""
 if [ -n "$NGINX_BIN" ]; then
   say "starting nginx ($NGINX_VERSION)"
   NG_PORT=$("$LG" free-port)
+  NGS_PORT=""; NGS_SERVER=""
+  if [ -n "$UPS_ADDR" ]; then
+    # Scenario 16: nginx to the TLS upstream, verifying its certificate as taskgate does.
+    NGS_PORT=$("$LG" free-port)
+    NGS_SERVER="
+  upstream mcps {
+    server $UPS_ADDR;
+    keepalive 256;
+    keepalive_requests 1000000;
+  }
+  server {
+    listen 127.0.0.1:$NGS_PORT;
+    keepalive_requests 1000000;
+    location / {
+      proxy_pass https://mcps;
+      proxy_http_version 1.1;
+      proxy_set_header Connection \"\";
+      proxy_buffering off;
+      proxy_ssl_verify on;
+      proxy_ssl_trusted_certificate $TLS_FIXTURES/ca.pem;
+      proxy_ssl_name localhost;
+      proxy_ssl_server_name on;
+      proxy_ssl_session_reuse on;
+    }
+  }"
+  fi
   mkdir -p "$WORK/nginx"
   USER_LINE=""; [ "$(id -u)" = 0 ] && USER_LINE="user root;"
   cat > "$WORK/nginx/nginx.conf" <<EOF
@@ -183,7 +223,7 @@ http {
       proxy_set_header Connection "";
       proxy_buffering off;
     }
-  }
+  }$NGS_SERVER
 }
 EOF
   "$NGINX_BIN" -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" -g 'daemon off;' \
@@ -197,7 +237,8 @@ EOF
   sleep 0.2
   NG_CPU=$(echo "$NG_MASTER" $(ps -o pid= --ppid "$NG_MASTER") | tr -s ' ' ',')
   NG_ADDR="127.0.0.1:$NG_PORT"
-  echo "nginx $NG_ADDR (master and workers: $NG_CPU)" >&2
+  NGS_ADDR=${NGS_PORT:+127.0.0.1:$NGS_PORT}
+  echo "nginx $NG_ADDR${NGS_ADDR:+, to the TLS upstream $NGS_ADDR} (master and workers: $NG_CPU)" >&2
 fi
 
 # ---- the hyper floor (FLOOR=1) ------------------------------------------------------------------
@@ -214,7 +255,8 @@ fi
 # ---- scenarios 1-5 ----------------------------------------------------------------------------
 # Every process of the benchmark (their CPU is not "other processes'" CPU).
 TGB_PID=""; TGB_ADDR=""; TGG_PID=""; TGG_ADDR=""; UPN_PID=""; TGT_PID=""; TGT_ADDR=""; RX_PID=""
-bench_pids() { echo "$UP_PID" $TG_PID $TGB_PID $TGG_PID $TGT_PID $RX_PID $UPN_PID $HP_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
+TGS_PID=""; TGS_ADDR=""
+bench_pids() { echo "$UP_PID" $UPS_PID $TG_PID $TGB_PID $TGG_PID $TGT_PID $TGS_PID $RX_PID $UPN_PID $HP_PID ${NG_CPU//,/ } | tr -s ' ' ','; }
 # run CASE TARGET REP ARGS..: one loadgen run against one path.
 run() {
   local case=$1 target=$2 rep=$3 url cpu=""
@@ -222,6 +264,8 @@ run() {
   case $target in
     direct) url="http://$UP_ADDR/mcp" ;;
     nginx) url="http://$NG_ADDR/mcp"; cpu=$NG_CPU ;;
+    nginx-https) url="http://$NGS_ADDR/mcp"; cpu=$NG_CPU ;;
+    taskgate-https) url="http://$TGS_ADDR/mcp"; cpu=$TGS_PID ;;
     hyper) url="http://$HP_ADDR/mcp"; cpu=$HP_PID ;;
     taskgate) url="http://$TG_ADDR/mcp"; cpu=$TG_PID ;;
     taskgate-bridged) url="http://$TGB_ADDR/mcp"; cpu=$TGB_PID ;;
@@ -348,6 +392,30 @@ if want 15; then
   TRACED_NOTE=$(curl -s "http://$TGT_ADMIN/metrics" | awk -v rx="$(cat "$WORK/received-traced" 2>/dev/null)" '
     /^taskgate_trace_export_failures_total/ { f = $2 } /^taskgate_trace_spans_dropped_total/ { d = $2 }
     END { split(rx, r, " "); printf "the receiver got %d exports, %d bytes; spans whose export failed: %s, dropped at a full queue: %s", r[1], r[2], f, d }')
+fi
+# Scenario 16: scenario 1's small call at c=16 to an https:// upstream (the bench upstream with
+# TLS): a taskgate of its own whose upstream is `https://` with `ca_file` (the test CA), beside
+# `taskgate` (plain), nginx (plain) and nginx's `proxy_pass https://` (`proxy_ssl_verify on`, the
+# same CA), interleaved. The TLS cost of each proxy is its https path ÷ its plain one; the
+# connections are kept alive, so the handshakes are a warm-up cost, not a per-request one.
+if want 16; then
+  say "starting taskgate-https (an https:// upstream, ca_file = the test CA)"
+  taskgate_toml "$WORK/taskgate-https.toml" "$WORK/store-https" "" "$UPS_ADDR"
+  sed -i "s|^url = \"http://$UPS_ADDR/mcp\"|url = \"https://$UPS_ADDR/mcp\"\nca_file = \"$TLS_FIXTURES/ca.pem\"|" "$WORK/taskgate-https.toml"
+  TGP16_PID=$TG_PID; TGP16_ADDR=$TG_ADDR; TGP16_ADMIN=$TG_ADMIN
+  start_taskgate "$WORK/taskgate-https.toml" taskgate-https "$WORK/taskgate-https.json"
+  TGS_PID=$TG_PID; TGS_ADDR=$TG_ADDR
+  TG_PID=$TGP16_PID; TG_ADDR=$TGP16_ADDR; TG_ADMIN=$TGP16_ADMIN
+  case16="16. small tools/call (~1 KiB JSON answer), c=16, to an https:// upstream: taskgate-https and nginx-https beside their plain paths"
+  say "$case16"
+  for rep in $(seq "$REPEAT"); do
+    printf '  run %s:' "$rep" >&2
+    for t in direct nginx nginx-https taskgate taskgate-https; do
+      case $t in nginx*) [ -z "$NG_ADDR" ] && continue ;; esac
+      run "$case16" "$t" "$rep" --scenario small --concurrency 16 "${TIMED[@]}"; printf ' %s' "$t" >&2
+    done
+    echo >&2
+  done
 fi
 want 5 && each "5. cancel storm: $CANCELS concurrent identical tasks/cancel for one task" \
   --scenario cancel --concurrency "$CANCELS" --stats-url "http://$UP_ADDR/stats"
@@ -762,10 +830,11 @@ Produced by \`$COMMAND\` (from the repository root) on $(date -u '+%Y-%m-%d %H:%
 | upstream | benches/loadgen \`upstream\`, 1 tokio worker thread |
 | load generator | benches/loadgen \`loadgen\`, 1 thread, one keep-alive HTTP/1.1 connection per concurrent client, each with its own MCP session (scenarios 1-4; 8 is 2026-07-28, sessionless) |
 | timed cases | ${WARMUP} s warm-up, then ${DURATION} s measured |
-| repeats | scenarios 1-5, 8-13 and 15: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, then again); scenario 6: one |
+| repeats | scenarios 1-5, 8-13, 15 and 16: $REPEAT runs per case and path, interleaved (direct, nginx, taskgate, then again); scenario 6: one |
 | task store | temp directory on $STORE_FS (sled); scenario 10's \`taskgate-pg\`: $PG_SETTINGS, \`pool_size = 16\` |
 | tier (scenario 14) | three replicas (\`pool_size = 8\` each) on $PG_SETTINGS, behind an nginx of their own (round-robin, keepalive 256, no stickiness); proxy CPU = the three replicas'; outside it: $TIER_CPU |
 | traces (scenario 15) | \`taskgate-traced\`: a taskgate of its own with \`[telemetry] otlp_endpoint\` (benches/otlp_receiver.py, python3, answers 200) and \`sample_ratio = 1.0\`; $TRACED_NOTE |
+| https upstream (scenario 16) | the bench upstream with TLS (rustls, the test-only certificate of tests/fixtures/tls, \`http/1.1\` by ALPN); \`taskgate-https\`: a taskgate of its own, \`url = "https://…"\`, \`ca_file\` = the test CA; \`nginx-https\`: the same nginx, \`proxy_pass https://\` with \`proxy_ssl_verify on\`, \`proxy_ssl_session_reuse on\` and a keepalive pool of 256 |
 | stdio (scenario 11) | server: benches/loadgen \`upstream --stdio\` (the same answers over stdin/stdout); \`direct\`: loadgen's own stdio client, one child; \`taskgate\`: a taskgate of its own, \`command = [upstream, --stdio]\`, one shared child; \`supergateway\`: $SG_VERSION, \`--outputTransport streamableHttp --stateful --logLevel none\`, one child per session; each client session opened before the clock starts and ended with DELETE after the run; proxy CPU = the proxy process alone, not its children |
 
 Everything runs on this one machine: load generator, proxy and upstream share the cores, so

@@ -1667,11 +1667,13 @@ fn ratio(a: f64, b: f64) -> String {
 }
 
 /// The paths of a case, in table order.
-const TARGETS: [&str; 13] = [
+const TARGETS: [&str; 15] = [
     "direct",
     "nginx",
+    "nginx-https",
     "hyper",
     "taskgate",
+    "taskgate-https",
     "tier",
     "taskgate-oauth",
     "taskgate-bridged",
@@ -1863,6 +1865,25 @@ fn cmd_report(args: &Args) {
                     ratio(on, off),
                     of_nginx(off),
                     of_nginx(on),
+                ));
+            }
+        }
+        // Scenario 16: an https:// upstream, each proxy against its own plain-HTTP path and
+        // taskgate against nginx, both speaking TLS upstream.
+        if case.starts_with("16.") {
+            let cpu = |t: &str| find(case, t).map(|r| f(&r, "cpu_us_per_req"));
+            if let (Some(tg), Some(tgs)) = (cpu("taskgate"), cpu("taskgate-https")) {
+                let to_nginx = match (cpu("nginx"), cpu("nginx-https")) {
+                    (Some(ng), Some(ngs)) => format!(
+                        "; nginx https ÷ http {}; taskgate ÷ nginx, both https {}",
+                        ratio(ngs, ng),
+                        ratio(tgs, ngs)
+                    ),
+                    _ => String::new(),
+                };
+                md.push_str(&format!(
+                    "\nProxy CPU per request, medians: taskgate https ÷ http {}{to_nginx}\n",
+                    ratio(tgs, tg),
                 ));
             }
         }

@@ -1,7 +1,8 @@
 //! A fast MCP upstream (Streamable HTTP, 2025-11-25) for taskgate's benchmark.
 //!
 //! `upstream [--listen 127.0.0.1:0] [--threads 1]` prints `{"listening":"ADDR"}` on stdout once
-//! bound, then serves until killed. `upstream --stdio` serves the same answers over stdin/stdout
+//! bound, then serves until killed. `--tls-cert PEM --tls-key PEM`: every connection is TLS
+//! (rustls, `http/1.1` by ALPN; scenario 16's `https://` upstream). `upstream --stdio` serves the same answers over stdin/stdout
 //! (newline-delimited JSON-RPC, MCP's stdio transport) until stdin ends (scenario 11).
 //!
 //! `POST /mcp`:
@@ -696,6 +697,27 @@ fn serve_stdio(state: Arc<State>) {
     }
 }
 
+/// A TLS acceptor with the certificate chain in `cert` and its key in `key` (PEM files).
+fn tls_acceptor(cert: &str, key: &str) -> tokio_rustls::TlsAcceptor {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(cert)
+        .expect("--tls-cert")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("--tls-cert PEM");
+    let key = PrivateKeyDer::from_pem_file(key).expect("--tls-key PEM");
+    let mut config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .expect("TLS certificate and key");
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--stdio") {
@@ -711,6 +733,10 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
+    let tls = arg(&args, "--tls-cert").map(|cert| {
+        let key = arg(&args, "--tls-key").expect("--tls-key PEM with --tls-cert");
+        tls_acceptor(&cert, &key)
+    });
     runtime.block_on(async move {
         let listener = TcpListener::bind(&listen).await.expect("bind");
         let addr = listener.local_addr().expect("bound");
@@ -731,15 +757,28 @@ fn main() {
             };
             let _ = stream.set_nodelay(true);
             let state = state.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req| {
                     let state = state.clone();
                     async move { Ok::<_, Infallible>(state.handle(req).await) }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .keep_alive(true)
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let mut http = hyper::server::conn::http1::Builder::new();
+                let _ = match tls {
+                    Some(acceptor) => {
+                        let Ok(stream) = acceptor.accept(stream).await else {
+                            return;
+                        };
+                        http.keep_alive(true)
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await
+                    }
+                    None => {
+                        http.keep_alive(true)
+                            .serve_connection(TokioIo::new(stream), service)
+                            .await
+                    }
+                };
             });
         }
     });
