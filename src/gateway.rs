@@ -843,6 +843,9 @@ async fn open_store(
                 config.store.ca_file.as_deref(),
             )
             .await?;
+            // Its task writes' durations, as sled's group commits
+            // (`taskgate_store_write_duration_seconds`).
+            store.observe_writes(metrics.clone());
             Ok((store, None))
         }
     }
