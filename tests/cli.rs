@@ -127,6 +127,38 @@ fn check_config_rejects_bad_feature_settings_and_missing_file() {
     assert!(!ran.stderr.is_empty());
 }
 
+/// `check-config` prints its verdict only after every check: with a PostgreSQL store it does
+/// not say "valid" on stdout and then fail the database check with exit 1; a failure prints
+/// only the failure (stderr), a success the verdict and the database line (stdout).
+#[test]
+fn check_config_prints_valid_only_after_the_database_check() {
+    let file = "[gateway]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+                [store]\nbackend = \"postgres\"\nurl_env = \"TG_CHECK_DB\"\n\
+                [[upstream]]\nname = \"default\"\nurl = \"http://127.0.0.1:9/mcp\"\n";
+    let f = ConfigFile::write(file);
+    // Nothing listens there: refused at once.
+    let dead = format!(
+        "postgres://taskgate:hunter2@127.0.0.1:{}/postgres?connect_timeout=2",
+        free_port()
+    );
+    let bad = run_taskgate(&["check-config", f.path_str()], &[("TG_CHECK_DB", &dead)]);
+    assert_eq!(bad.status.code(), Some(1), "{bad:?}");
+    assert!(bad.stderr.contains("unreachable"), "{}", bad.stderr);
+    assert!(
+        !bad.stdout.contains("valid") && bad.stdout.trim().is_empty(),
+        "a failed check prints no verdict on stdout: {:?}",
+        bad.stdout
+    );
+    let unset = run_taskgate(&["check-config", f.path_str()], &[]);
+    assert_eq!(unset.status.code(), Some(1), "{unset:?}");
+    assert!(unset.stderr.contains("TG_CHECK_DB"), "{}", unset.stderr);
+    assert!(
+        unset.stdout.trim().is_empty(),
+        "a failed check prints no verdict on stdout: {:?}",
+        unset.stdout
+    );
+}
+
 #[test]
 fn version_flag_prints_name_and_version() {
     let ran = run_taskgate(&["--version"], &[]);
