@@ -85,16 +85,23 @@ pub struct Running {
     /// The trace export (`[telemetry]`), flushed on shutdown.
     telemetry: Option<Telemetry>,
     shutdown: watch::Sender<bool>,
+    /// Stops the admin listener, once the drain has ended.
+    admin_stop: watch::Sender<bool>,
+    /// The gateway's serving threads (one handle each, done when drained).
     servers: Vec<JoinHandle<()>>,
+    /// The admin listener: it serves through the drain (`/readyz` 503, `/metrics` answering).
+    admin: JoinHandle<()>,
     sweeper: JoinHandle<()>,
 }
 
 impl Running {
     /// Stops accepting connections, lets in-flight exchanges and the held calls of gateway
     /// tasks finish within the drain timeout (`gateway.drain_timeout_ms`, counted from the
-    /// stop), ends GET streams, and returns when both listeners are closed. A held call still
-    /// running at the drain's end stops with the process; its task is failed at the next
-    /// start ("taskgate restarted"), or in a tier by the replica that adopts its lease.
+    /// stop), ends GET streams, and returns when both listeners are closed. The admin listener
+    /// serves until the drain has ended (`/readyz` answers 503 "draining" meanwhile, `/metrics`
+    /// the drain's counts). A held call still running at the drain's end stops with the
+    /// process; its task is failed at the next start ("taskgate restarted"), or in a tier by
+    /// the replica that adopts its lease.
     pub async fn shutdown(self) {
         let _ = self
             .linger
@@ -112,6 +119,9 @@ impl Running {
                 "the drain ended with gateway tasks' calls still held; their tasks are failed at the next start"
             );
         }
+        // The drain has ended: the admin listener (the probes, `/metrics`) closes now.
+        let _ = self.admin_stop.send(true);
+        let _ = self.admin.await;
         self.sweeper.abort();
         // Every child process and its group: close stdin, SIGTERM, SIGKILL (upstream::stdio).
         futures_util::future::join_all(self.stdio.iter().map(StdioHandle::shutdown)).await;
@@ -141,6 +151,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         registry.trace_with(telemetry.clone());
     }
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
     let shared = Shared {
         shutdown: shutdown_rx.clone(),
         sessions: session_table(&config, &store, registry.store_threads(), &metrics),
@@ -194,7 +205,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let admin = Arc::new(
         Admin::new(metrics.clone(), admin_targets(&config), store.clone())
             .with_token(config.admin.token_sha256())
-            .with_probes(stdio_probes(&stdio)),
+            .with_probes(stdio_probes(&stdio))
+            .with_draining(shutdown_rx.clone()),
     );
     let sweeper = spawn_sweeper(
         registry.clone(),
@@ -204,6 +216,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         edge,
         admin,
         shutdown: shutdown_rx,
+        admin_stop: admin_stop_rx,
         drain: Duration::from_millis(config.gateway.drain_timeout_ms),
         linger: linger.clone(),
         gateway_limits: Limits {
@@ -212,7 +225,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         },
     };
     let threads = listeners.threads;
-    let servers = serving
+    let (servers, admin) = serving
         .spawn(listeners)
         .map_err(|source| StartError::Bind {
             which: "gateway",
@@ -231,7 +244,9 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         drain: Duration::from_millis(config.gateway.drain_timeout_ms),
         telemetry,
         shutdown: shutdown_tx,
+        admin_stop: admin_stop_tx,
         servers,
+        admin,
         sweeper,
     })
 }
@@ -682,11 +697,17 @@ struct Serving {
     edge: Arc<Edge>,
     admin: Arc<Admin>,
     shutdown: watch::Receiver<bool>,
+    /// Stops the admin listener (after the drain: it serves through it).
+    admin_stop: watch::Receiver<bool>,
     drain: Duration,
     /// What a serving thread waits for after its drain, before it drops its runtime.
     linger: Arc<Linger>,
     gateway_limits: Limits,
 }
+
+/// How long the admin listener's own in-flight requests (a scrape, a probe, an `/admin/tasks`
+/// page) get once the gateway's drain has ended and it stops.
+const ADMIN_DRAIN: Duration = Duration::from_secs(2);
 
 /// The held calls of gateway tasks (`upstream.tasks = "gateway"`: `layers::gateway_tasks`)
 /// that a graceful stop lets finish: a held call runs on the runtime of the serving thread
@@ -721,11 +742,12 @@ impl Linger {
 impl Serving {
     /// Starts the serving threads 1.. (each on its own runtime and socket, see
     /// `http::listen`) and, on the calling runtime, serving thread 0 and the admin listener.
-    /// Returns one handle per listener, done when that listener is closed and drained.
+    /// Returns one handle per serving thread and the admin listener's, each done when that
+    /// listener is closed and drained.
     ///
     /// Errors: the OS refused a thread.
-    fn spawn(self, listeners: Listeners) -> std::io::Result<Vec<JoinHandle<()>>> {
-        let mut servers = Vec::with_capacity(listeners.others.len() + 2);
+    fn spawn(self, listeners: Listeners) -> std::io::Result<(Vec<JoinHandle<()>>, JoinHandle<()>)> {
+        let mut servers = Vec::with_capacity(listeners.others.len() + 1);
         for (index, (socket, runtime)) in listeners.others.into_iter().enumerate() {
             servers.push(self.spawn_serving_thread(index + 1, socket, runtime)?);
         }
@@ -733,23 +755,23 @@ impl Serving {
             connections: connection_budget(256),
             header_timeout: Duration::from_secs(10),
         };
-        servers.extend([
-            tokio::spawn(serve(
-                listeners.gateway,
-                self.edge,
-                self.shutdown.clone(),
-                self.drain,
-                self.gateway_limits,
-            )),
-            tokio::spawn(serve(
-                listeners.admin,
-                self.admin,
-                self.shutdown,
-                self.drain,
-                admin_limits,
-            )),
-        ]);
-        Ok(servers)
+        servers.push(tokio::spawn(serve(
+            listeners.gateway,
+            self.edge,
+            self.shutdown,
+            self.drain,
+            self.gateway_limits,
+        )));
+        // Stopped after the gateway's drain; its own in-flight requests (a scrape, a probe)
+        // then get a short drain of their own.
+        let admin = tokio::spawn(serve(
+            listeners.admin,
+            self.admin,
+            self.admin_stop,
+            ADMIN_DRAIN,
+            admin_limits,
+        ));
+        Ok((servers, admin))
     }
 
     /// Serving thread `index` (1..): its runtime serves `socket` until shutdown. The handle

@@ -383,6 +383,90 @@ async fn binary_sigterm_gives_up_after_drain_timeout() {
     );
 }
 
+/// The admin listener serves through the drain: after SIGTERM, while an SSE answer still holds
+/// the exit, `/metrics` answers (with the drain's counts) and `/readyz` is 503 "draining" (a
+/// load balancer stops sending); it closes once the drain has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_admin_serves_metrics_and_not_ready_through_the_drain() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let up = Upstream::start(move |req| {
+        ScriptedResponse::sse(vec![
+            ev().id("d-0").data("").into(),
+            SseStep::Wait(g.clone()),
+            ev().data(&rpc_result(&req.rpc_id_json(), "{\"drained\":true}"))
+                .into(),
+        ])
+    })
+    .await;
+    let f = ConfigFile::from_builder(
+        &GatewayBuilder::single(&up.url()).gateway_opt("drain_timeout_ms = 20000"),
+    );
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
+    let (gw, admin) = p.listening();
+    let r = Req::get(&format!("http://{admin}/readyz")).send().await;
+    assert_eq!(r.status(), 200, "ready before the stop");
+
+    let r = Req::mcp_post(
+        &format!("http://{gw}/mcp"),
+        rpc("9", "tools/call", r#"{"name":"x"}"#),
+    )
+    .header("mcp-protocol-version", PROTOCOL_VERSION)
+    .send()
+    .await;
+    let mut s = r.sse();
+    s.next_event(STEP).await;
+
+    p.sigterm();
+    let closed = eventually(STEP, || async move {
+        tokio::net::TcpStream::connect(gw)
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        closed.is_some(),
+        "still accepting MCP connections after SIGTERM"
+    );
+    assert!(
+        p.wait_exit(Duration::ZERO).is_none(),
+        "exited with a stream in flight"
+    );
+    // Draining: the admin listener still answers, each request on a new connection as a
+    // scraper and a probe make them.
+    let metrics = Req::get(&format!("http://{admin}/metrics"))
+        .try_send()
+        .await;
+    let metrics = metrics.expect("/metrics must answer during the drain");
+    assert_eq!(metrics.status(), 200);
+    let text = metrics.text().await;
+    assert!(text.contains("taskgate_"), "{text}");
+    let ready = Req::get(&format!("http://{admin}/readyz"))
+        .try_send()
+        .await
+        .expect("/readyz must answer during the drain");
+    assert_eq!(ready.status(), 503, "not ready while draining");
+    let body = ready.text().await;
+    assert!(body.contains(r#""draining":true"#), "{body}");
+    let health = Req::get(&format!("http://{admin}/healthz"))
+        .try_send()
+        .await
+        .expect("/healthz must answer during the drain");
+    assert_eq!(health.status(), 200, "alive while draining");
+
+    gate.open();
+    let e = s.next_event(STEP).await;
+    assert_eq!(e.json()["result"]["drained"], json!(true));
+    s.expect_end(STEP).await;
+    let status = p.wait_exit(STEP).expect("exit after the stream ended");
+    assert_eq!(status.code(), Some(0), "stderr: {}", p.stderr());
+    assert!(
+        tokio::net::TcpStream::connect(admin).await.is_err(),
+        "the admin listener closes with the process"
+    );
+}
+
 /// `--log-format json` writes JSON lines to stderr, and bodies are not logged at info level.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_json_logs_without_bodies() {
