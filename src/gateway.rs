@@ -9,7 +9,7 @@ use crate::auth::Authenticator;
 use crate::config::{Config, TaskOwnership, UpgradeConfig, UpstreamConfig};
 
 use crate::http::admin::{Admin, UpstreamTarget};
-use crate::http::server::{connection_budget, serve, Limits};
+use crate::http::server::{connection_budget, serve, Drain, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::bridge::reverse::{ReverseLayer, ReverseState};
 use crate::layers::bridge::{BridgeLayer, BridgeState, Discovery};
@@ -85,6 +85,8 @@ pub struct Running {
     /// The trace export (`[telemetry]`), flushed on shutdown.
     telemetry: Option<Telemetry>,
     shutdown: watch::Sender<bool>,
+    /// Turns true to end the drain at once ([`DrainCut`]).
+    cut: Arc<watch::Sender<bool>>,
     /// Stops the admin listener, once the drain has ended.
     admin_stop: watch::Sender<bool>,
     /// The gateway's serving threads (one handle each, done when drained).
@@ -94,14 +96,33 @@ pub struct Running {
     sweeper: JoinHandle<()>,
 }
 
+/// Ends a stop's drain at once (a second SIGTERM/SIGINT): the connections still in flight and
+/// the held calls of gateway tasks are not waited for any longer; the rest of the stop (stdio
+/// children, trace export, the store's flush) goes on.
+#[derive(Clone)]
+pub struct DrainCut(Arc<watch::Sender<bool>>);
+
+impl DrainCut {
+    /// Ends the drain now (again: nothing more).
+    pub fn cut(&self) {
+        self.0.send_replace(true);
+    }
+}
+
 impl Running {
+    /// The handle that ends a stop's drain at once (see [`DrainCut`]); take it before
+    /// [`Running::shutdown`].
+    pub fn drain_cut(&self) -> DrainCut {
+        DrainCut(self.cut.clone())
+    }
+
     /// Stops accepting connections, lets in-flight exchanges and the held calls of gateway
     /// tasks finish within the drain timeout (`gateway.drain_timeout_ms`, counted from the
-    /// stop), ends GET streams, and returns when both listeners are closed. The admin listener
-    /// serves until the drain has ended (`/readyz` answers 503 "draining" meanwhile, `/metrics`
-    /// the drain's counts). A held call still running at the drain's end stops with the
-    /// process; its task is failed at the next start ("taskgate restarted"), or in a tier by
-    /// the replica that adopts its lease.
+    /// stop) or until the drain is cut ([`Running::drain_cut`]), ends GET streams, and returns
+    /// when both listeners are closed. The admin listener serves until the drain has ended
+    /// (`/readyz` answers 503 "draining" meanwhile, `/metrics` the drain's counts). A held call
+    /// still running at the drain's end stops with the process; its task is failed at the next
+    /// start ("taskgate restarted"), or in a tier by the replica that adopts its lease.
     pub async fn shutdown(self) {
         let _ = self
             .linger
@@ -151,6 +172,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         registry.trace_with(telemetry.clone());
     }
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (cut_tx, cut_rx) = watch::channel(false);
     let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
     let shared = Shared {
         shutdown: shutdown_rx.clone(),
@@ -217,7 +239,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         admin,
         shutdown: shutdown_rx,
         admin_stop: admin_stop_rx,
-        drain: Duration::from_millis(config.gateway.drain_timeout_ms),
+        drain: Drain {
+            timeout: Duration::from_millis(config.gateway.drain_timeout_ms),
+            cut: cut_rx,
+        },
         linger: linger.clone(),
         gateway_limits: Limits {
             connections: connection_budget(config.gateway.max_connections),
@@ -244,6 +269,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         drain: Duration::from_millis(config.gateway.drain_timeout_ms),
         telemetry,
         shutdown: shutdown_tx,
+        cut: Arc::new(cut_tx),
         admin_stop: admin_stop_tx,
         servers,
         admin,
@@ -699,7 +725,7 @@ struct Serving {
     shutdown: watch::Receiver<bool>,
     /// Stops the admin listener (after the drain: it serves through it).
     admin_stop: watch::Receiver<bool>,
-    drain: Duration,
+    drain: Drain,
     /// What a serving thread waits for after its drain, before it drops its runtime.
     linger: Arc<Linger>,
     gateway_limits: Limits,
@@ -719,6 +745,8 @@ struct Linger {
     gateway_tasks: Vec<Arc<GatewayTasksState>>,
     /// The drain's end: set when the stop begins (`gateway.drain_timeout_ms` from then).
     deadline: std::sync::OnceLock<tokio::time::Instant>,
+    /// The drain cut short ([`DrainCut`]): set once the serving loops exist.
+    cut: std::sync::OnceLock<Drain>,
 }
 
 impl Linger {
@@ -730,7 +758,16 @@ impl Linger {
         };
         let held =
             futures_util::future::join_all(self.gateway_tasks.iter().map(|g| g.held_calls_ended()));
-        tokio::time::timeout_at(*deadline, held).await.is_ok()
+        let cut = async {
+            match self.cut.get() {
+                Some(drain) => drain.cut().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ended = tokio::time::timeout_at(*deadline, held) => ended.is_ok(),
+            () = cut => self.held_calls() == 0,
+        }
     }
 
     /// How many calls of gateway tasks are held now.
@@ -747,6 +784,7 @@ impl Serving {
     ///
     /// Errors: the OS refused a thread.
     fn spawn(self, listeners: Listeners) -> std::io::Result<(Vec<JoinHandle<()>>, JoinHandle<()>)> {
+        let _ = self.linger.cut.set(self.drain.clone());
         let mut servers = Vec::with_capacity(listeners.others.len() + 1);
         for (index, (socket, runtime)) in listeners.others.into_iter().enumerate() {
             servers.push(self.spawn_serving_thread(index + 1, socket, runtime)?);
@@ -759,16 +797,20 @@ impl Serving {
             listeners.gateway,
             self.edge,
             self.shutdown,
-            self.drain,
+            self.drain.clone(),
             self.gateway_limits,
         )));
         // Stopped after the gateway's drain; its own in-flight requests (a scrape, a probe)
         // then get a short drain of their own.
+        let admin_drain = Drain {
+            timeout: ADMIN_DRAIN,
+            cut: self.drain.cut,
+        };
         let admin = tokio::spawn(serve(
             listeners.admin,
             self.admin,
             self.admin_stop,
-            ADMIN_DRAIN,
+            admin_drain,
             admin_limits,
         ));
         Ok((servers, admin))
@@ -783,7 +825,7 @@ impl Serving {
         runtime: ServingRuntime,
     ) -> std::io::Result<JoinHandle<()>> {
         let (edge, shutdown) = (self.edge.clone(), self.shutdown.clone());
-        let (drain, limits) = (self.drain, self.gateway_limits.clone());
+        let (drain, limits) = (self.drain.clone(), self.gateway_limits.clone());
         let linger = self.linger.clone();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new()

@@ -303,7 +303,7 @@ async fn serve(config: Config) -> ExitCode {
         }
     };
     // Handlers first: a signal right after the listening line must drain, not kill.
-    let signals = Signals::install();
+    let mut signals = Signals::install();
     let line = format!(
         "{{\"listening\":{{\"gateway\":\"{}\",\"admin\":\"{}\"}}}}",
         running.gateway_addr, running.admin_addr
@@ -315,7 +315,19 @@ async fn serve(config: Config) -> ExitCode {
 
     signals.wait().await;
     tracing::info!("shutdown signal received; draining");
-    running.shutdown().await;
+    // A second signal ends the drain at once (what is still in flight is cut); the rest of
+    // the stop (stdio children, trace export, the store's flush) still runs.
+    let cut = running.drain_cut();
+    let stopping = running.shutdown();
+    tokio::pin!(stopping);
+    tokio::select! {
+        () = &mut stopping => {}
+        () = signals.wait() => {
+            tracing::warn!("second shutdown signal received; ending the drain now");
+            cut.cut();
+            stopping.await;
+        }
+    }
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }
@@ -334,7 +346,7 @@ impl Signals {
         }
     }
 
-    async fn wait(mut self) {
+    async fn wait(&mut self) {
         tokio::select! {
             _ = self.term.recv() => {}
             _ = self.int.recv() => {}

@@ -467,6 +467,62 @@ async fn binary_admin_serves_metrics_and_not_ready_through_the_drain() {
     );
 }
 
+/// A second SIGTERM (or SIGINT) during the drain ends it at once, logged, instead of waiting
+/// for `drain_timeout_ms` (an answer that never ends holds it here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_second_signal_ends_the_drain_at_once() {
+    let up = Upstream::start(|_| {
+        ScriptedResponse::sse(vec![ev().id("h-0").data("").into(), SseStep::HoldOpen])
+    })
+    .await;
+    let f = ConfigFile::from_builder(
+        &GatewayBuilder::single(&up.url()).gateway_opt("drain_timeout_ms = 60000"),
+    );
+    for second in [libc::SIGTERM, libc::SIGINT] {
+        let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
+        let (gw, _) = p.listening();
+        let r = Req::mcp_post(
+            &format!("http://{gw}/mcp"),
+            rpc("1", "tools/call", r#"{"name":"x"}"#),
+        )
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+        let mut s = r.sse();
+        s.next_event(STEP).await;
+
+        p.sigterm();
+        // The listener closing shows the first signal was handled and the drain began.
+        let closed = eventually(STEP, || async move {
+            tokio::net::TcpStream::connect(gw)
+                .await
+                .is_err()
+                .then_some(())
+        })
+        .await;
+        assert!(
+            closed.is_some(),
+            "still accepting connections after SIGTERM"
+        );
+        assert!(
+            p.wait_exit(Duration::from_millis(300)).is_none(),
+            "the stream in flight holds the drain"
+        );
+        let started = Instant::now();
+        p.signal(second);
+        let status = p
+            .wait_exit(Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("no exit within 5 s of a second signal {second}"));
+        assert_eq!(status.code(), Some(0), "stderr: {}", p.stderr());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let stderr = p.stderr();
+        assert!(
+            stderr.contains("second shutdown signal received"),
+            "the forced stop is logged: {stderr}"
+        );
+    }
+}
+
 /// `--log-format json` writes JSON lines to stderr, and bodies are not logged at info level.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_json_logs_without_bodies() {
