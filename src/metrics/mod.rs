@@ -172,7 +172,7 @@ const UPGRADED_CALLS_TOTAL: Spec = spec(
 );
 const BRIDGE_INPUT_REFUSED_TOTAL: Spec = spec(
     "taskgate_bridge_input_refused_total",
-    "Input requests of bridged tasks not relayed to the client (the task is cancelled), by reason.",
+    "Input requests not relayed to the client, by reason: capability, too_many_keys, client_error (a bridged task's; the task is cancelled); undeclared (a 2025-11-25 server's request during a 2026-07-28 client's call, answered -32601 upstream).",
     &["upstream", "reason"],
 );
 const BRIDGE_MRTR_TOTAL: Spec = spec(
