@@ -66,8 +66,9 @@ enum Relayed {
 /// An upstream reply passed to the 2026 client: the answer to `own` under the client's `id`
 /// (its result through `complete_result`, or `cacheable_result` for a `method` whose 2026
 /// result carries caching hints), notifications as they came, the upstream's own
-/// requests dropped (2026-07-28 has none; kept when `keep_requests`, for a gateway task's held
-/// call: [`RelaysUpstreamRequests`]), HTTP errors as they came. `cancel` is disarmed once
+/// requests not shown (2026-07-28 has none) but answered upstream by `refuser` (kept instead
+/// when `keep_requests`, for a gateway task's held call: [`RelaysUpstreamRequests`]), HTTP
+/// errors as they came. `cancel` is disarmed once
 /// the answer has passed (before that, the client going away cancels the request upstream).
 fn relay(
     reply: McpReply,
