@@ -9,7 +9,7 @@ use crate::auth::Authenticator;
 use crate::config::{Config, TaskOwnership, UpgradeConfig, UpstreamConfig};
 
 use crate::http::admin::{Admin, UpstreamTarget};
-use crate::http::server::{connection_budget, serve, Limits};
+use crate::http::server::{connection_budget, serve, Drain, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::bridge::reverse::{ReverseLayer, ReverseState};
 use crate::layers::bridge::{BridgeLayer, BridgeState, Discovery};
@@ -85,15 +85,43 @@ pub struct Running {
     /// The trace export (`[telemetry]`), flushed on shutdown.
     telemetry: Option<Telemetry>,
     shutdown: watch::Sender<bool>,
+    /// Turns true to end the drain at once ([`DrainCut`]).
+    cut: Arc<watch::Sender<bool>>,
+    /// Stops the admin listener, once the drain has ended.
+    admin_stop: watch::Sender<bool>,
+    /// The gateway's serving threads (one handle each, done when drained).
     servers: Vec<JoinHandle<()>>,
+    /// The admin listener: it serves through the drain (`/readyz` 503, `/metrics` answering).
+    admin: JoinHandle<()>,
     sweeper: JoinHandle<()>,
 }
 
+/// Ends a stop's drain at once (a second SIGTERM/SIGINT): the connections still in flight and
+/// the held calls of gateway tasks are not waited for any longer; the rest of the stop (stdio
+/// children, trace export, the store's flush) goes on.
+#[derive(Clone)]
+pub struct DrainCut(Arc<watch::Sender<bool>>);
+
+impl DrainCut {
+    /// Ends the drain now (again: nothing more).
+    pub fn cut(&self) {
+        self.0.send_replace(true);
+    }
+}
+
 impl Running {
+    /// The handle that ends a stop's drain at once (see [`DrainCut`]); take it before
+    /// [`Running::shutdown`].
+    pub fn drain_cut(&self) -> DrainCut {
+        DrainCut(self.cut.clone())
+    }
+
     /// Stops accepting connections, lets in-flight exchanges and the held calls of gateway
     /// tasks finish within the drain timeout (`gateway.drain_timeout_ms`, counted from the
-    /// stop), ends GET streams, and returns when both listeners are closed. A held call still
-    /// running at the drain's end stops with the process; its task is failed at the next
+    /// stop) or until the drain is cut ([`Running::drain_cut`]), ends GET streams, and returns
+    /// when both listeners are closed. The admin listener serves until the drain has ended
+    /// (`/readyz` answers 503 "draining" meanwhile, `/metrics` the drain's counts). A held call
+    /// still running at the drain's end stops with the process; its task is failed at the next
     /// start ("taskgate restarted"), or in a tier by the replica that adopts its lease.
     pub async fn shutdown(self) {
         let _ = self
@@ -112,6 +140,9 @@ impl Running {
                 "the drain ended with gateway tasks' calls still held; their tasks are failed at the next start"
             );
         }
+        // The drain has ended: the admin listener (the probes, `/metrics`) closes now.
+        let _ = self.admin_stop.send(true);
+        let _ = self.admin.await;
         self.sweeper.abort();
         // Every child process and its group: close stdin, SIGTERM, SIGKILL (upstream::stdio).
         futures_util::future::join_all(self.stdio.iter().map(StdioHandle::shutdown)).await;
@@ -141,6 +172,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         registry.trace_with(telemetry.clone());
     }
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (cut_tx, cut_rx) = watch::channel(false);
+    let (admin_stop_tx, admin_stop_rx) = watch::channel(false);
     let shared = Shared {
         shutdown: shutdown_rx.clone(),
         sessions: session_table(&config, &store, registry.store_threads(), &metrics),
@@ -194,7 +227,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let admin = Arc::new(
         Admin::new(metrics.clone(), admin_targets(&config), store.clone())
             .with_token(config.admin.token_sha256())
-            .with_probes(stdio_probes(&stdio)),
+            .with_probes(stdio_probes(&stdio))
+            .with_draining(shutdown_rx.clone()),
     );
     let sweeper = spawn_sweeper(
         registry.clone(),
@@ -204,7 +238,11 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         edge,
         admin,
         shutdown: shutdown_rx,
-        drain: Duration::from_millis(config.gateway.drain_timeout_ms),
+        admin_stop: admin_stop_rx,
+        drain: Drain {
+            timeout: Duration::from_millis(config.gateway.drain_timeout_ms),
+            cut: cut_rx,
+        },
         linger: linger.clone(),
         gateway_limits: Limits {
             connections: connection_budget(config.gateway.max_connections),
@@ -212,7 +250,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         },
     };
     let threads = listeners.threads;
-    let servers = serving
+    let (servers, admin) = serving
         .spawn(listeners)
         .map_err(|source| StartError::Bind {
             which: "gateway",
@@ -231,7 +269,10 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         drain: Duration::from_millis(config.gateway.drain_timeout_ms),
         telemetry,
         shutdown: shutdown_tx,
+        cut: Arc::new(cut_tx),
+        admin_stop: admin_stop_tx,
         servers,
+        admin,
         sweeper,
     })
 }
@@ -677,11 +718,17 @@ struct Serving {
     edge: Arc<Edge>,
     admin: Arc<Admin>,
     shutdown: watch::Receiver<bool>,
-    drain: Duration,
+    /// Stops the admin listener (after the drain: it serves through it).
+    admin_stop: watch::Receiver<bool>,
+    drain: Drain,
     /// What a serving thread waits for after its drain, before it drops its runtime.
     linger: Arc<Linger>,
     gateway_limits: Limits,
 }
+
+/// How long the admin listener's own in-flight requests (a scrape, a probe, an `/admin/tasks`
+/// page) get once the gateway's drain has ended and it stops.
+const ADMIN_DRAIN: Duration = Duration::from_secs(2);
 
 /// The held calls of gateway tasks (`upstream.tasks = "gateway"`: `layers::gateway_tasks`)
 /// that a graceful stop lets finish: a held call runs on the runtime of the serving thread
@@ -693,6 +740,8 @@ struct Linger {
     gateway_tasks: Vec<Arc<GatewayTasksState>>,
     /// The drain's end: set when the stop begins (`gateway.drain_timeout_ms` from then).
     deadline: std::sync::OnceLock<tokio::time::Instant>,
+    /// The drain cut short ([`DrainCut`]): set once the serving loops exist.
+    cut: std::sync::OnceLock<Drain>,
 }
 
 impl Linger {
@@ -704,7 +753,16 @@ impl Linger {
         };
         let held =
             futures_util::future::join_all(self.gateway_tasks.iter().map(|g| g.held_calls_ended()));
-        tokio::time::timeout_at(*deadline, held).await.is_ok()
+        let cut = async {
+            match self.cut.get() {
+                Some(drain) => drain.cut().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ended = tokio::time::timeout_at(*deadline, held) => ended.is_ok(),
+            () = cut => self.held_calls() == 0,
+        }
     }
 
     /// How many calls of gateway tasks are held now.
@@ -716,11 +774,13 @@ impl Linger {
 impl Serving {
     /// Starts the serving threads 1.. (each on its own runtime and socket, see
     /// `http::listen`) and, on the calling runtime, serving thread 0 and the admin listener.
-    /// Returns one handle per listener, done when that listener is closed and drained.
+    /// Returns one handle per serving thread and the admin listener's, each done when that
+    /// listener is closed and drained.
     ///
     /// Errors: the OS refused a thread.
-    fn spawn(self, listeners: Listeners) -> std::io::Result<Vec<JoinHandle<()>>> {
-        let mut servers = Vec::with_capacity(listeners.others.len() + 2);
+    fn spawn(self, listeners: Listeners) -> std::io::Result<(Vec<JoinHandle<()>>, JoinHandle<()>)> {
+        let _ = self.linger.cut.set(self.drain.clone());
+        let mut servers = Vec::with_capacity(listeners.others.len() + 1);
         for (index, (socket, runtime)) in listeners.others.into_iter().enumerate() {
             servers.push(self.spawn_serving_thread(index + 1, socket, runtime)?);
         }
@@ -728,23 +788,27 @@ impl Serving {
             connections: connection_budget(256),
             header_timeout: Duration::from_secs(10),
         };
-        servers.extend([
-            tokio::spawn(serve(
-                listeners.gateway,
-                self.edge,
-                self.shutdown.clone(),
-                self.drain,
-                self.gateway_limits,
-            )),
-            tokio::spawn(serve(
-                listeners.admin,
-                self.admin,
-                self.shutdown,
-                self.drain,
-                admin_limits,
-            )),
-        ]);
-        Ok(servers)
+        servers.push(tokio::spawn(serve(
+            listeners.gateway,
+            self.edge,
+            self.shutdown,
+            self.drain.clone(),
+            self.gateway_limits,
+        )));
+        // Stopped after the gateway's drain; its own in-flight requests (a scrape, a probe)
+        // then get a short drain of their own.
+        let admin_drain = Drain {
+            timeout: ADMIN_DRAIN,
+            cut: self.drain.cut,
+        };
+        let admin = tokio::spawn(serve(
+            listeners.admin,
+            self.admin,
+            self.admin_stop,
+            admin_drain,
+            admin_limits,
+        ));
+        Ok((servers, admin))
     }
 
     /// Serving thread `index` (1..): its runtime serves `socket` until shutdown. The handle
@@ -756,7 +820,7 @@ impl Serving {
         runtime: ServingRuntime,
     ) -> std::io::Result<JoinHandle<()>> {
         let (edge, shutdown) = (self.edge.clone(), self.shutdown.clone());
-        let (drain, limits) = (self.drain, self.gateway_limits.clone());
+        let (drain, limits) = (self.drain.clone(), self.gateway_limits.clone());
         let linger = self.linger.clone();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new()
@@ -838,6 +902,9 @@ async fn open_store(
                 config.store.ca_file.as_deref(),
             )
             .await?;
+            // Its task writes' durations, as sled's group commits
+            // (`taskgate_store_write_duration_seconds`).
+            store.observe_writes(metrics.clone());
             Ok((store, None))
         }
     }

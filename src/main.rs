@@ -98,13 +98,24 @@ fn main() -> ExitCode {
                     eprintln!("{}: {e}", file.display());
                     return ExitCode::FAILURE;
                 }
+                // The verdict only after every check: a failure prints only the failure.
+                let store = match check_database(&c) {
+                    Ok(line) => line,
+                    Err(e) => {
+                        eprintln!("store: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
                 println!(
                     "{}: valid ({} upstream{})",
                     file.display(),
                     c.upstream.len(),
                     if c.upstream.len() == 1 { "" } else { "s" }
                 );
-                check_database(&c)
+                if let Some(line) = store {
+                    println!("store: {line}");
+                }
+                ExitCode::SUCCESS
             }
             Err(e) => {
                 eprintln!("{e}");
@@ -142,32 +153,26 @@ fn main() -> ExitCode {
 }
 
 /// `check-config` with `[store] backend = "postgres"`: the database must answer (read only:
-/// nothing is created or migrated here).
-fn check_database(config: &Config) -> ExitCode {
+/// nothing is created or migrated here). `Ok(Some(line))` says what answered, `Ok(None)` that
+/// there is no database to check (sled); `Err` why it failed.
+fn check_database(config: &Config) -> Result<Option<String>, String> {
     if config.store.backend != taskgate::config::StoreBackend::Postgres {
-        return ExitCode::SUCCESS;
+        return Ok(None);
     }
     let Some(url) = config.store.database_url() else {
-        eprintln!("store: the database URL is not set");
-        return ExitCode::FAILURE;
+        return Err("the database URL is not set".into());
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("tokio runtime");
-    match runtime.block_on(taskgate::store::PgStore::probe(
-        &url,
-        config.store.ca_file.as_deref(),
-    )) {
-        Ok(line) => {
-            println!("store: {line}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("store: the PostgreSQL database is unreachable: {e}");
-            ExitCode::FAILURE
-        }
-    }
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    runtime
+        .block_on(taskgate::store::PgStore::probe(
+            &url,
+            config.store.ca_file.as_deref(),
+        ))
+        .map(Some)
+        .map_err(|e| format!("the PostgreSQL database is unreachable: {e}"))
 }
 
 fn tasks_command(command: TasksCommand) -> ExitCode {
@@ -298,7 +303,7 @@ async fn serve(config: Config) -> ExitCode {
         }
     };
     // Handlers first: a signal right after the listening line must drain, not kill.
-    let signals = Signals::install();
+    let mut signals = Signals::install();
     let line = format!(
         "{{\"listening\":{{\"gateway\":\"{}\",\"admin\":\"{}\"}}}}",
         running.gateway_addr, running.admin_addr
@@ -310,7 +315,19 @@ async fn serve(config: Config) -> ExitCode {
 
     signals.wait().await;
     tracing::info!("shutdown signal received; draining");
-    running.shutdown().await;
+    // A second signal ends the drain at once (what is still in flight is cut); the rest of
+    // the stop (stdio children, trace export, the store's flush) still runs.
+    let cut = running.drain_cut();
+    let stopping = running.shutdown();
+    tokio::pin!(stopping);
+    tokio::select! {
+        () = &mut stopping => {}
+        () = signals.wait() => {
+            tracing::warn!("second shutdown signal received; ending the drain now");
+            cut.cut();
+            stopping.await;
+        }
+    }
     tracing::info!("stopped");
     ExitCode::SUCCESS
 }
@@ -329,7 +346,7 @@ impl Signals {
         }
     }
 
-    async fn wait(mut self) {
+    async fn wait(&mut self) {
         tokio::select! {
             _ = self.term.recv() => {}
             _ = self.int.recv() => {}

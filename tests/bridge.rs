@@ -861,6 +861,58 @@ async fn a_sampling_request_answered_with_an_error_cancels_the_task() {
     assert_eq!(refused, 1.0, "{m}");
 }
 
+/// The client's POST of an error answering a relayed `sampling/createMessage` gets its 202 at
+/// once: the task's cancel that it causes runs in the background (here the upstream takes 3 s
+/// to acknowledge it), still counted (`reason="client_error"`) and recorded `cancelled`.
+/// Before: the 202 waited for the whole cancel (up to the upstream's `timeout_ms`).
+#[tokio::test]
+async fn an_error_answer_to_sampling_is_accepted_at_once_and_cancels_in_the_background() {
+    let (up, state) = tasks_get_answered(std::time::Duration::ZERO, |task_id, state| {
+        if state.lock().unwrap().tasks.get(task_id)? != "sampling" {
+            return None;
+        }
+        let mut task = detailed(task_id, "input_required");
+        task["inputRequests"] = json!({"s1": {"method": "sampling/createMessage", "params": {
+            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+            "maxTokens": 10}}});
+        Some(task)
+    })
+    .await;
+    state.lock().unwrap().cancel_delay = std::time::Duration::from_secs(3);
+    let (tg, c, t, mut sse, _status) = input_stream(&up, &state, "sampling", "sampling").await;
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    let refusal = json!({"jsonrpc": "2.0", "id": ask["id"],
+        "error": {"code": -1, "message": "User rejected sampling request"}});
+    let started = std::time::Instant::now();
+    let r = c.send(refusal.to_string()).await;
+    let took = started.elapsed();
+    assert_eq!(r.status(), 202);
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "the 202 waited {took:?} for the cancel"
+    );
+    // The cancel goes on: sent upstream once, the task recorded cancelled once acknowledged.
+    assert!(up.wait_for_method("tasks/cancel", 1, STEP).await);
+    let cancelled = eventually(STEP, || {
+        let status = tg.record(&t).map(|r| r.status);
+        async move { (status == Some(TaskStatus::Cancelled)).then_some(()) }
+    })
+    .await;
+    assert!(cancelled.is_some(), "{:?}", tg.record(&t));
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+    assert_eq!(count(&up, "tasks/update"), 0);
+    let end = sse.next_event(STEP).await.json();
+    assert_eq!(err_code(&end), -32603, "{end}");
+    let m = tg.metrics_text().await;
+    let refused = metric(
+        &m,
+        "taskgate_bridge_input_refused_total",
+        &[("reason", "client_error")],
+    );
+    assert_eq!(refused, 1.0, "{m}");
+}
+
 /// A client that did not declare `capabilities.elicitation` gets a clear error from
 /// `tasks/result`, and the task is cancelled upstream once.
 #[tokio::test]

@@ -301,6 +301,25 @@ async fn a_client_without_the_capability_gets_an_error_naming_it() {
     );
 }
 
+/// The same for a client that declared no capability at all (`capabilities: {}`): the
+/// refusal comes at once, not after the round's `timeout_ms` (30 s by default) spent waiting
+/// for an answer the client was never asked for (a report of session 24; it did not reproduce:
+/// every MRTR entry's capability is checked before its round asks anything).
+#[tokio::test]
+async fn a_client_that_declared_nothing_is_refused_at_once() {
+    let (up, _tg, c) = setup(json!({})).await;
+    let started = std::time::Instant::now();
+    let v = c.rpc(call_body("3", "ask_sampling", None)).await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(err_code(&v), -32600, "{v}");
+    assert!(err_message(&v).contains("`sampling`"), "{v}");
+    assert_eq!(count(&up, "tools/call"), 1);
+}
+
 /// An upstream that asks for input round after round: taskgate relays at most 8 rounds, then
 /// answers the client with an error naming the bound.
 #[tokio::test]

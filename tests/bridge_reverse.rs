@@ -2120,3 +2120,84 @@ async fn an_unreachable_upstream_at_session_open_is_502() {
     let (status, v) = call(&url, Some("tok-b"), 2, "research", true).await;
     assert_eq!((status, err_code(&v)), (502, -32603), "{v}");
 }
+
+/// A 2025 server that asks for input during a 2026 client's plain call (here
+/// `sampling/createMessage`, which taskgate's held session, `initialize`d with no client
+/// capabilities, never declared) gets its answer at once on the same session: `-32601` naming
+/// the method, counted `taskgate_bridge_input_refused_total{reason="undeclared"}`; the tool then
+/// goes on and the client gets the call's answer; a `ping` gets `{}`. Before: the request was
+/// dropped, never answered, and the call waited for the server to give up on it.
+#[tokio::test]
+async fn an_input_request_during_a_plain_call_is_refused_upstream_at_once() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let hook: Hook = Arc::new(move |method, id, _task, _n| {
+        if method != "tools/call" {
+            return None;
+        }
+        let ping = json!({"jsonrpc": "2.0", "id": "srv-ping", "method": "ping"});
+        let ask = json!({"jsonrpc": "2.0", "id": "srv-1", "method": "sampling/createMessage",
+            "params": {"messages": [], "maxTokens": 5}});
+        let done = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"went on"}}]}}}}"#
+        );
+        Some(ScriptedResponse::sse(vec![
+            ev().data(&ping.to_string()).into(),
+            ev().data(&ask.to_string()).into(),
+            SseStep::Wait(g.clone()),
+            ev().data(&done).into(),
+        ]))
+    });
+    let up = legacy_server_with(UpBehaviour::default(), Some(hook)).await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let url = tg.mcp_url();
+    let call = tokio::spawn(async move { call(&url, None, 1, "plain", false).await });
+    let answer_to = |id: &'static str| {
+        let up = &up;
+        move || {
+            let found = up.up.requests().into_iter().find(|r| {
+                let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+                v.get("method").is_none() && v["id"] == id
+            });
+            async move { found }
+        }
+    };
+    let refused = eventually(STEP, answer_to("srv-1"))
+        .await
+        .expect("the upstream's sampling request is answered");
+    let v = refused.json();
+    assert_eq!(v["error"]["code"], -32601, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("sampling/createMessage"),
+        "{v}"
+    );
+    let call_req = &up.received("tools/call")[0];
+    assert_eq!(
+        refused.header("mcp-session-id"),
+        call_req.header("mcp-session-id"),
+        "on the call's session"
+    );
+    let pong = eventually(STEP, answer_to("srv-ping"))
+        .await
+        .expect("the upstream's ping is answered");
+    assert_eq!(pong.json()["result"], json!({}), "{}", pong.body_str());
+
+    gate.open();
+    let (status, v) = call.await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["id"], 1, "{v}");
+    assert_eq!(v["result"]["content"][0]["text"], "went on", "{v}");
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_bridge_input_refused_total",
+            &[("reason", "undeclared")]
+        ),
+        1.0,
+        "{m}"
+    );
+}

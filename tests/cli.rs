@@ -127,6 +127,38 @@ fn check_config_rejects_bad_feature_settings_and_missing_file() {
     assert!(!ran.stderr.is_empty());
 }
 
+/// `check-config` prints its verdict only after every check: with a PostgreSQL store it does
+/// not say "valid" on stdout and then fail the database check with exit 1; a failure prints
+/// only the failure (stderr), a success the verdict and the database line (stdout).
+#[test]
+fn check_config_prints_valid_only_after_the_database_check() {
+    let file = "[gateway]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+                [store]\nbackend = \"postgres\"\nurl_env = \"TG_CHECK_DB\"\n\
+                [[upstream]]\nname = \"default\"\nurl = \"http://127.0.0.1:9/mcp\"\n";
+    let f = ConfigFile::write(file);
+    // Nothing listens there: refused at once.
+    let dead = format!(
+        "postgres://taskgate:hunter2@127.0.0.1:{}/postgres?connect_timeout=2",
+        free_port()
+    );
+    let bad = run_taskgate(&["check-config", f.path_str()], &[("TG_CHECK_DB", &dead)]);
+    assert_eq!(bad.status.code(), Some(1), "{bad:?}");
+    assert!(bad.stderr.contains("unreachable"), "{}", bad.stderr);
+    assert!(
+        !bad.stdout.contains("valid") && bad.stdout.trim().is_empty(),
+        "a failed check prints no verdict on stdout: {:?}",
+        bad.stdout
+    );
+    let unset = run_taskgate(&["check-config", f.path_str()], &[]);
+    assert_eq!(unset.status.code(), Some(1), "{unset:?}");
+    assert!(unset.stderr.contains("TG_CHECK_DB"), "{}", unset.stderr);
+    assert!(
+        unset.stdout.trim().is_empty(),
+        "a failed check prints no verdict on stdout: {:?}",
+        unset.stdout
+    );
+}
+
 #[test]
 fn version_flag_prints_name_and_version() {
     let ran = run_taskgate(&["--version"], &[]);
@@ -349,6 +381,146 @@ async fn binary_sigterm_gives_up_after_drain_timeout() {
         "did not wait for the drain: {:?}",
         started.elapsed()
     );
+}
+
+/// The admin listener serves through the drain: after SIGTERM, while an SSE answer still holds
+/// the exit, `/metrics` answers (with the drain's counts) and `/readyz` is 503 "draining" (a
+/// load balancer stops sending); it closes once the drain has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_admin_serves_metrics_and_not_ready_through_the_drain() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let up = Upstream::start(move |req| {
+        ScriptedResponse::sse(vec![
+            ev().id("d-0").data("").into(),
+            SseStep::Wait(g.clone()),
+            ev().data(&rpc_result(&req.rpc_id_json(), "{\"drained\":true}"))
+                .into(),
+        ])
+    })
+    .await;
+    let f = ConfigFile::from_builder(
+        &GatewayBuilder::single(&up.url()).gateway_opt("drain_timeout_ms = 20000"),
+    );
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
+    let (gw, admin) = p.listening();
+    let r = Req::get(&format!("http://{admin}/readyz")).send().await;
+    assert_eq!(r.status(), 200, "ready before the stop");
+
+    let r = Req::mcp_post(
+        &format!("http://{gw}/mcp"),
+        rpc("9", "tools/call", r#"{"name":"x"}"#),
+    )
+    .header("mcp-protocol-version", PROTOCOL_VERSION)
+    .send()
+    .await;
+    let mut s = r.sse();
+    s.next_event(STEP).await;
+
+    p.sigterm();
+    let closed = eventually(STEP, || async move {
+        tokio::net::TcpStream::connect(gw)
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        closed.is_some(),
+        "still accepting MCP connections after SIGTERM"
+    );
+    assert!(
+        p.wait_exit(Duration::ZERO).is_none(),
+        "exited with a stream in flight"
+    );
+    // Draining: the admin listener still answers, each request on a new connection as a
+    // scraper and a probe make them.
+    let metrics = Req::get(&format!("http://{admin}/metrics"))
+        .try_send()
+        .await;
+    let metrics = metrics.expect("/metrics must answer during the drain");
+    assert_eq!(metrics.status(), 200);
+    let text = metrics.text().await;
+    assert!(text.contains("taskgate_"), "{text}");
+    let ready = Req::get(&format!("http://{admin}/readyz"))
+        .try_send()
+        .await
+        .expect("/readyz must answer during the drain");
+    assert_eq!(ready.status(), 503, "not ready while draining");
+    let body = ready.text().await;
+    assert!(body.contains(r#""draining":true"#), "{body}");
+    let health = Req::get(&format!("http://{admin}/healthz"))
+        .try_send()
+        .await
+        .expect("/healthz must answer during the drain");
+    assert_eq!(health.status(), 200, "alive while draining");
+
+    gate.open();
+    let e = s.next_event(STEP).await;
+    assert_eq!(e.json()["result"]["drained"], json!(true));
+    s.expect_end(STEP).await;
+    let status = p.wait_exit(STEP).expect("exit after the stream ended");
+    assert_eq!(status.code(), Some(0), "stderr: {}", p.stderr());
+    assert!(
+        tokio::net::TcpStream::connect(admin).await.is_err(),
+        "the admin listener closes with the process"
+    );
+}
+
+/// A second SIGTERM (or SIGINT) during the drain ends it at once, logged, instead of waiting
+/// for `drain_timeout_ms` (an answer that never ends holds it here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_second_signal_ends_the_drain_at_once() {
+    let up = Upstream::start(|_| {
+        ScriptedResponse::sse(vec![ev().id("h-0").data("").into(), SseStep::HoldOpen])
+    })
+    .await;
+    let f = ConfigFile::from_builder(
+        &GatewayBuilder::single(&up.url()).gateway_opt("drain_timeout_ms = 60000"),
+    );
+    for second in [libc::SIGTERM, libc::SIGINT] {
+        let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
+        let (gw, _) = p.listening();
+        let r = Req::mcp_post(
+            &format!("http://{gw}/mcp"),
+            rpc("1", "tools/call", r#"{"name":"x"}"#),
+        )
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+        let mut s = r.sse();
+        s.next_event(STEP).await;
+
+        p.sigterm();
+        // The listener closing shows the first signal was handled and the drain began.
+        let closed = eventually(STEP, || async move {
+            tokio::net::TcpStream::connect(gw)
+                .await
+                .is_err()
+                .then_some(())
+        })
+        .await;
+        assert!(
+            closed.is_some(),
+            "still accepting connections after SIGTERM"
+        );
+        assert!(
+            p.wait_exit(Duration::from_millis(300)).is_none(),
+            "the stream in flight holds the drain"
+        );
+        let started = Instant::now();
+        p.signal(second);
+        let status = p
+            .wait_exit(Duration::from_secs(5))
+            .unwrap_or_else(|| panic!("no exit within 5 s of a second signal {second}"));
+        assert_eq!(status.code(), Some(0), "stderr: {}", p.stderr());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let stderr = p.stderr();
+        assert!(
+            stderr.contains("second shutdown signal received"),
+            "the forced stop is logged: {stderr}"
+        );
+    }
 }
 
 /// `--log-format json` writes JSON lines to stderr, and bodies are not logged at info level.

@@ -516,3 +516,32 @@ async fn a_black_holed_sweep_lease_holder_gives_the_lease_up() {
     .await;
     assert!(taken.is_some(), "b takes the lease a gave up");
 }
+
+/// On PostgreSQL the task writes' durations are recorded in
+/// `taskgate_store_write_duration_seconds`, as sled's group commits are (before: the histogram
+/// stayed empty on PostgreSQL, and so did its dashboard panel for a tier).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_task_writes_are_timed_in_the_store_write_histogram() {
+    let Some(pg) = PgCluster::start("postgres_task_writes_are_timed_in_the_store_write_histogram")
+    else {
+        return;
+    };
+    let up = TaskServer::default().await;
+    let config = TgConfig::new(&up.url()).token("alice", "alice-token");
+    let tg = tg_on_pg(&config, "TG_TIER_WRITE_TIMES_DB", &pg.url).await;
+    let before = tg.metrics_text().await;
+    let count = |text: &str| metric(text, "taskgate_store_write_duration_seconds_count", &[]);
+    let mut alice = tg.client().with_token("alice-token");
+    alice.initialize().await;
+    let task = alice.create_task("1").await;
+    assert!(!task.is_empty());
+    let after = tg.metrics_text().await;
+    assert!(
+        count(&after) >= count(&before) + 1.0,
+        "the creation's write is timed: before {}, after {}\n{after}",
+        count(&before),
+        count(&after)
+    );
+    let sum = metric(&after, "taskgate_store_write_duration_seconds_sum", &[]);
+    assert!(sum > 0.0, "{after}");
+}

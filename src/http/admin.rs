@@ -4,6 +4,10 @@
 //! (task records as JSON, newest first) and `/admin/tasks/<upstream>/<taskId>` (one record with
 //! its audit events).
 //!
+//! On a stop the listener keeps serving until the gateway's drain has ended (`gateway`), so a
+//! scrape during the drain sees its counts; `/readyz` answers 503 `{"ready":false,
+//! "draining":true}` meanwhile, so a load balancer stops sending new requests.
+//!
 //! `/admin/*` shows owners (session ids in `[auth] mode = "none"`, which act as credentials
 //! there). With `admin.token_env` it requires `Authorization: Bearer <token>` (401 with
 //! `WWW-Authenticate` otherwise); the probes and `/metrics` (no ids in it) stay open. Without a
@@ -45,6 +49,9 @@ pub struct Admin {
     probes: Vec<(String, ReadinessProbe)>,
     store: Arc<dyn TaskStore>,
     token_sha256: Option<[u8; 32]>,
+    /// taskgate's stop signal: `true` while it drains (the admin listener serves until the
+    /// drain ends; `/readyz` is 503 meanwhile, so a load balancer stops sending).
+    draining: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Admin {
@@ -60,7 +67,20 @@ impl Admin {
             probes: Vec::new(),
             store,
             token_sha256: None,
+            draining: None,
         }
+    }
+
+    /// `/readyz` answers 503 `{"ready":false,"draining":true,…}` once `stopping` is true
+    /// (taskgate's stop signal: the drain has begun).
+    pub fn with_draining(mut self, stopping: tokio::sync::watch::Receiver<bool>) -> Admin {
+        self.draining = Some(stopping);
+        self
+    }
+
+    /// Whether taskgate is draining (stopping).
+    fn is_draining(&self) -> bool {
+        self.draining.as_ref().is_some_and(|d| *d.borrow())
     }
 
     /// Upstreams whose readiness is a probe, not a TCP connect (stdio upstreams: `"ok"` while
@@ -257,6 +277,13 @@ impl Admin {
     }
 
     async fn readyz(&self, need: Readiness) -> Response<Body> {
+        if self.is_draining() {
+            // Whatever the upstreams and the store say: no new traffic while stopping.
+            return json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Bytes::from_static(br#"{"ready":false,"draining":true}"#),
+            );
+        }
         let checks = self.upstreams.iter().map(|u| async move {
             let result = tokio::time::timeout(
                 Duration::from_secs(1),

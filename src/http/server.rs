@@ -52,13 +52,34 @@ pub fn connection_budget(max: usize) -> Arc<tokio::sync::Semaphore> {
     Arc::new(tokio::sync::Semaphore::new(max))
 }
 
-/// Accepts connections on `listener` until `shutdown` turns true, then waits up to `drain` for
-/// open connections to finish their in-flight requests, and returns.
+/// How a listener's drain ends: open connections get `timeout` to finish their in-flight
+/// requests, unless `cut` turns true first (a second stop signal: the drain ends at once).
+#[derive(Clone)]
+pub struct Drain {
+    /// The drain's budget (`gateway.drain_timeout_ms` for the gateway).
+    pub timeout: Duration,
+    /// Turns true to end the drain at once.
+    pub cut: watch::Receiver<bool>,
+}
+
+impl Drain {
+    /// Returns once the drain is cut (never when `cut`'s sender is gone without cutting it).
+    pub async fn cut(&self) {
+        let mut cut = self.cut.clone();
+        if cut.wait_for(|c| *c).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Accepts connections on `listener` until `shutdown` turns true, then waits up to
+/// `drain.timeout` (or until the drain is cut) for open connections to finish their in-flight
+/// requests, and returns.
 pub async fn serve<H: Handler>(
     listener: TcpListener,
     handler: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
-    drain: Duration,
+    drain: Drain,
     limits: Limits,
 ) {
     let graceful = GracefulShutdown::new();
@@ -115,13 +136,17 @@ pub async fn serve<H: Handler>(
         }
     }
     drop(listener);
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            drain_ms = drain.as_millis() as u64,
-            "drain timeout reached; closing the remaining connections"
-        );
+    tokio::select! {
+        ended = tokio::time::timeout(drain.timeout, graceful.shutdown()) => {
+            if ended.is_err() {
+                tracing::warn!(
+                    drain_ms = drain.timeout.as_millis() as u64,
+                    "drain timeout reached; closing the remaining connections"
+                );
+            }
+        }
+        () = drain.cut() => {
+            tracing::debug!("drain cut short; closing the remaining connections");
+        }
     }
 }

@@ -102,7 +102,7 @@ const TRACE_SPANS_DROPPED_TOTAL: Spec = spec(
 );
 const STORE_WRITE_DURATION_SECONDS: Spec = spec(
     "taskgate_store_write_duration_seconds",
-    "Duration of one durable registry commit (apply, flush, fdatasync) of the sled store, in seconds.",
+    "Duration of one durable registry commit, in seconds: a group commit (apply, flush, fdatasync) of the sled store; a task write's transaction (from taking a pooled connection to its commit) of the PostgreSQL store.",
     &[],
 );
 const TASK_STATUS_TRANSITIONS_TOTAL: Spec = spec(
@@ -172,7 +172,7 @@ const UPGRADED_CALLS_TOTAL: Spec = spec(
 );
 const BRIDGE_INPUT_REFUSED_TOTAL: Spec = spec(
     "taskgate_bridge_input_refused_total",
-    "Input requests of bridged tasks not relayed to the client (the task is cancelled), by reason.",
+    "Input requests not relayed to the client, by reason: capability, too_many_keys, client_error (a bridged task's; the task is cancelled); undeclared (a 2025-11-25 server's request during a 2026-07-28 client's call, answered -32601 upstream).",
     &["upstream", "reason"],
 );
 const BRIDGE_MRTR_TOTAL: Spec = spec(
@@ -300,7 +300,8 @@ pub struct Metrics {
     /// because its queue (2048 spans) was full, the collector or the export thread being behind,
     /// or export had stopped (`src/telemetry/batch.rs`).
     pub trace_spans_dropped_total: IntCounter,
-    /// `taskgate_store_write_duration_seconds`: one group commit (apply + flush + fdatasync).
+    /// `taskgate_store_write_duration_seconds`: one group commit (apply + flush + fdatasync) of
+    /// sled, one task write's transaction of PostgreSQL.
     pub store_write_duration_seconds: Histogram,
     /// `taskgate_task_status_transitions_total{upstream,from,to}` ([`TaskStatus`] twice).
     pub task_status_transitions_total: IntCounterVec,
@@ -603,10 +604,14 @@ impl Metrics {
     }
 }
 
-/// The sled store's group commits, counted (`store_commit`).
+/// The sled store's group commits, counted (`store_commit`), and the PostgreSQL store's writes
+/// (their failures are counted where they are seen).
 impl crate::store::CommitObserver for Metrics {
     fn commit(&self, seconds: f64, ok: bool) {
         self.store_commit(seconds, ok);
+    }
+    fn write(&self, seconds: f64) {
+        self.store_write_duration_seconds.observe(seconds);
     }
 }
 

@@ -174,10 +174,14 @@ impl std::fmt::Debug for StoredForm {
 
 /// Told of every group commit: how long it took (flush and `fdatasync`) and whether it succeeded.
 /// The gateway's `Metrics` implement it: the store reports, the metrics count, and the store
-/// imports nothing above it.
+/// imports nothing above it. The PostgreSQL store reports each task write's transaction
+/// ([`CommitObserver::write`]).
 pub trait CommitObserver: Send + Sync {
     /// One commit took `seconds`; `ok` is false when it failed.
     fn commit(&self, seconds: f64, ok: bool);
+    /// One write of a store that commits each write itself (PostgreSQL) took `seconds`, until
+    /// committed or failed; its failures are its callers' to count.
+    fn write(&self, seconds: f64);
 }
 
 fn db_err(e: impl std::fmt::Display) -> StoreError {

@@ -453,7 +453,11 @@ async fn cancel_for_input<S: McpService>(
 }
 
 /// Sends a client's answer to an input request upstream as `tasks/update` (bounded like every
-/// exchange of the bridge; the client already got its 202).
+/// exchange of the bridge), before the answer's 202. An error answering a request whose 2026
+/// result cannot carry it (a `sampling/createMessage`) cancels the task instead
+/// ([`refused_by_client`]): in the background, so the 202 comes at once (at most
+/// [`super::MAX_BACKGROUND_CANCELS`] such cancels run at once per upstream; past it this one
+/// runs before the 202).
 pub(super) async fn send_update<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
@@ -471,7 +475,16 @@ pub(super) async fn send_update<S: McpService>(
         trace: None,
     });
     let Some(value) = input::response_value(&pending.method, &answer) else {
-        refused_by_client(state, &inner, &base, &pending, &answer).await;
+        match state.background_cancels.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let state = state.clone();
+                tokio::spawn(async move {
+                    refused_by_client(&state, &inner, &base, &pending, &answer).await;
+                    drop(permit);
+                });
+            }
+            Err(_) => refused_by_client(state, &inner, &base, &pending, &answer).await,
+        }
         return;
     };
     let id = state.next_id();

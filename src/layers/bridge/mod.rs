@@ -210,7 +210,15 @@ pub struct BridgeState {
     relay: Arc<Relay>,
     /// The `cancel` layer's state: taskgate's own `tasks/cancel` joins its single-flight.
     cancel: Option<Arc<crate::layers::cancel::CancelState>>,
+    /// Permits for the cancels of tasks whose sampling request a client refused, run in the
+    /// background after the refusal's 202 (at most [`MAX_BACKGROUND_CANCELS`] at once; past it
+    /// the refusal's POST waits for its cancel, as backpressure: none is dropped).
+    background_cancels: Arc<tokio::sync::Semaphore>,
 }
+
+/// Most cancels of refused-input tasks running in the background at once, per upstream (see
+/// `follow::send_update`).
+pub const MAX_BACKGROUND_CANCELS: usize = 64;
 
 impl BridgeState {
     /// The state of one upstream whose era is `era` (shared with its `reverse` state), with the
@@ -235,6 +243,7 @@ impl BridgeState {
             ids,
             relay,
             cancel: Some(cancel),
+            background_cancels: Arc::new(tokio::sync::Semaphore::new(MAX_BACKGROUND_CANCELS)),
         })
     }
 

@@ -90,6 +90,9 @@ pub struct PgStore {
     /// connection for its liveness check: the URL's `connect_timeout`, else [`POOL_TIMEOUT`]
     /// (see `bounded` and `tier`).
     query_timeout: Duration,
+    /// Told how long each task write took (`taskgate_store_write_duration_seconds`), once set
+    /// ([`PgStore::observe_writes`]).
+    writes: std::sync::OnceLock<std::sync::Arc<dyn super::CommitObserver>>,
 }
 
 impl Drop for PgStore {
@@ -197,6 +200,43 @@ impl PgStore {
         self.spawn_job(bounded(self.pool.clone(), self.query_timeout, work))
     }
 
+    /// Reports how long each task write takes (a creation, an update's compare-and-swap, a
+    /// removal, an audit fact: the whole store call, from waiting for a pooled connection to
+    /// the commit, failed ones included) to `observer` (`taskgate_store_write_duration_seconds`,
+    /// as the sled store's group commits). Set once; later calls change nothing.
+    pub fn observe_writes(&self, observer: std::sync::Arc<dyn super::CommitObserver>) {
+        let _ = self.writes.set(observer);
+    }
+
+    /// Tells the write observer (if any) that a write which started at `started` has ended.
+    fn wrote(&self, started: std::time::Instant) {
+        if let Some(o) = self.writes.get() {
+            o.write(started.elapsed().as_secs_f64());
+        }
+    }
+
+    /// A synchronous task write, timed (see [`PgStore::observe_writes`]).
+    fn timed<T>(&self, write: impl FnOnce() -> T) -> T {
+        let started = std::time::Instant::now();
+        let out = write();
+        self.wrote(started);
+        out
+    }
+
+    /// An asynchronous task write, timed (see [`PgStore::observe_writes`]).
+    fn timed_async<'a, T: Send + 'a>(
+        &'a self,
+        write: impl Future<Output = T> + Send + 'a,
+    ) -> BoxFuture<'a, T> {
+        let started = std::time::Instant::now();
+        async move {
+            let out = write.await;
+            self.wrote(started);
+            out
+        }
+        .boxed()
+    }
+
     /// [`PgStore::spawn`] that blocks this thread until the work is done (see
     /// [`PgStore::wait_job`]).
     fn run<T, F, Fut>(&self, work: F) -> Result<T, StoreError>
@@ -295,14 +335,13 @@ impl PgStore {
 impl TaskStore for PgStore {
     fn create(&self, record: TaskRecord) -> BoxFuture<'_, Result<(), StoreError>> {
         let text = encode(&record);
-        self.spawn(move |c| async move {
+        self.timed_async(self.spawn(move |c| async move {
             let n = insert_task(&*c, &record, &text).await.map_err(pg_err)?;
             if n == 0 {
                 return Err(StoreError::Conflict(record.task_id));
             }
             Ok(())
-        })
-        .boxed()
+        }))
     }
 
     fn get(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
@@ -327,7 +366,8 @@ impl TaskStore for PgStore {
             }
             let (up, id, text) = (upstream.to_string(), task_id.to_string(), encode(&after));
             let (status, expires) = (after.status.as_str(), ms(after.expires_at));
-            let n = self.run(move |c| async move {
+            let n = self.timed(|| {
+                self.run(move |c| async move {
                 let swap = c
                     .prepare_cached(
                         "UPDATE taskgate_tasks SET record = $3, status = $4, expires_at = $5, \
@@ -338,6 +378,7 @@ impl TaskStore for PgStore {
                 c.execute(&swap, &[&up, &id, &text, &status, &expires, &version])
                     .await
                     .map_err(pg_err)
+                })
             })?;
             if n == 1 {
                 return Ok(Some((before, after)));
@@ -350,24 +391,26 @@ impl TaskStore for PgStore {
 
     fn remove(&self, upstream: &str, task_id: &str) -> Result<Option<TaskRecord>, StoreError> {
         let (up, id) = (upstream.to_string(), task_id.to_string());
-        let row = self.run(|mut c| async move {
-            let tx = c.transaction().await.map_err(pg_err)?;
-            let row = tx
-                .query_opt(
-                    "DELETE FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2 \
+        let row = self.timed(|| {
+            self.run(|mut c| async move {
+                let tx = c.transaction().await.map_err(pg_err)?;
+                let row = tx
+                    .query_opt(
+                        "DELETE FROM taskgate_tasks WHERE upstream = $1 AND task_id = $2 \
                      RETURNING record",
+                        &[&up, &id],
+                    )
+                    .await
+                    .map_err(pg_err)?;
+                tx.execute(
+                    "DELETE FROM taskgate_audit WHERE upstream = $1 AND task_id = $2",
                     &[&up, &id],
                 )
                 .await
                 .map_err(pg_err)?;
-            tx.execute(
-                "DELETE FROM taskgate_audit WHERE upstream = $1 AND task_id = $2",
-                &[&up, &id],
-            )
-            .await
-            .map_err(pg_err)?;
-            tx.commit().await.map_err(pg_err)?;
-            Ok(row)
+                tx.commit().await.map_err(pg_err)?;
+                Ok(row)
+            })
         })?;
         row.map(|r| decode(r.get(0))).transpose()
     }
@@ -479,17 +522,19 @@ impl TaskStore for PgStore {
             event.task_id.clone(),
             event.event.clone(),
         );
-        self.run(move |c| async move {
-            let insert = c
-                .prepare_cached(
-                    "INSERT INTO taskgate_audit (upstream, task_id, event, body) \
-                     VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                )
-                .await
-                .map_err(pg_err)?;
-            c.execute(&insert, &[&up, &id, &ev, &body])
-                .await
-                .map_err(pg_err)
+        self.timed(|| {
+            self.run(move |c| async move {
+                let insert = c
+                    .prepare_cached(
+                        "INSERT INTO taskgate_audit (upstream, task_id, event, body) \
+                         VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                    )
+                    .await
+                    .map_err(pg_err)?;
+                c.execute(&insert, &[&up, &id, &ev, &body])
+                    .await
+                    .map_err(pg_err)
+            })
         })
         .map(|_| ())
     }

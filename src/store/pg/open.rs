@@ -104,6 +104,7 @@ impl PgStore {
             replica: replica_name(),
             sweep_holder: Default::default(),
             query_timeout,
+            writes: Default::default(),
         });
         let pool = store.pool.clone();
         let check = async move {

@@ -22,7 +22,6 @@ use super::{encode, pg_err, PgStore};
 use crate::mcp::task::TaskStatus;
 use crate::store::{Owner, SlotStore, StatusCounts, StoreError, TaskRecord};
 use futures_util::future::BoxFuture;
-use futures_util::FutureExt;
 use std::time::Duration;
 
 use super::DB_NOW_MS;
@@ -116,7 +115,7 @@ impl SlotStore for PgStore {
         record: TaskRecord,
         slot: i64,
     ) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.spawn(move |mut c| async move {
+        self.timed_async(self.spawn(move |mut c| async move {
             let text = encode(&record);
             let tx = c.transaction().await.map_err(pg_err)?;
             let n = super::insert_task(&tx, &record, &text)
@@ -132,8 +131,7 @@ impl SlotStore for PgStore {
                 .map_err(pg_err)?;
             tx.execute(&delete, &[&slot]).await.map_err(pg_err)?;
             tx.commit().await.map_err(pg_err)
-        })
-        .boxed()
+        }))
     }
 
     fn count_by_status(&self) -> Result<StatusCounts, StoreError> {

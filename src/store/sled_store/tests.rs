@@ -209,6 +209,7 @@ async fn a_dead_committer_is_a_store_error_not_a_closed_store() {
         fn commit(&self, _seconds: f64, _ok: bool) {
             panic!("the committer dies (test)");
         }
+        fn write(&self, _seconds: f64) {}
     }
     let dir = tempfile::tempdir().unwrap();
     let store = SledStore::open(dir.path(), 1 << 20, Some(Arc::new(Panics))).unwrap();

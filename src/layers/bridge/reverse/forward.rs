@@ -4,7 +4,9 @@
 //! gone before the answer becomes `notifications/cancelled` upstream ([`CancelOnDrop`]).
 
 use super::{id_value, legacy_body, send, translate, NoSession, On, ReverseState, UpstreamSession};
-use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestParts};
+use crate::exchange::{
+    GatewayError, McpReply, McpRequest, Operation, ReplyBody, RequestContext, RequestParts,
+};
 use crate::jsonrpc::{self, Id, Message};
 use crate::layers::extensions::{PendingCreation, RelaysUpstreamRequests};
 use crate::layers::McpService;
@@ -54,7 +56,8 @@ pub(super) fn modern_reply(
 enum Relayed {
     /// Passed as it came (a notification, anything unreadable).
     Keep,
-    /// Dropped: a request of the upstream's, which has no 2026-07-28 form.
+    /// Not shown: a request of the upstream's, which has no 2026-07-28 form (answered upstream
+    /// by the [`Refuser`]).
     Drop,
     /// The answer, under the client's id.
     Answer(String),
@@ -63,8 +66,9 @@ enum Relayed {
 /// An upstream reply passed to the 2026 client: the answer to `own` under the client's `id`
 /// (its result through `complete_result`, or `cacheable_result` for a `method` whose 2026
 /// result carries caching hints), notifications as they came, the upstream's own
-/// requests dropped (2026-07-28 has none; kept when `keep_requests`, for a gateway task's held
-/// call: [`RelaysUpstreamRequests`]), HTTP errors as they came. `cancel` is disarmed once
+/// requests not shown (2026-07-28 has none) but answered upstream by `refuser` (kept instead
+/// when `keep_requests`, for a gateway task's held call: [`RelaysUpstreamRequests`]), HTTP
+/// errors as they came. `cancel` is disarmed once
 /// the answer has passed (before that, the client going away cancels the request upstream).
 fn relay(
     reply: McpReply,
@@ -73,6 +77,7 @@ fn relay(
     method: &str,
     mut cancel: CancelOnDrop,
     keep_requests: bool,
+    refuser: Refuser,
 ) -> McpReply {
     let result_of: fn(&Value) -> Value = if translate::carries_cache_hints(method) {
         translate::cacheable_result
@@ -89,9 +94,12 @@ fn relay(
         let Ok(v) = serde_json::from_str::<Value>(text) else {
             return Relayed::Keep;
         };
-        if v.get("method").is_some() {
+        if let Some(asked) = v.get("method").and_then(Value::as_str) {
             return match v.get("id") {
-                Some(_) if !keep_requests => Relayed::Drop,
+                Some(request_id) if !keep_requests => {
+                    refuser.refuse(request_id, asked);
+                    Relayed::Drop
+                }
                 _ => Relayed::Keep,
             };
         }
@@ -141,6 +149,88 @@ fn relay(
         }
     };
     McpReply::new(status, headers, body)
+}
+
+/// Answers the upstream's own requests on the stream of a request forwarded for a 2026-07-28
+/// client, which cannot be asked anything (2026-07-28 has no server→client requests; a plain
+/// call has no task whose `inputRequests` could show them), so that the server does not wait
+/// for an answer that never comes (before: they were dropped, and a tool awaiting its
+/// `sampling/createMessage` held the client's call until the server gave up, if ever). The
+/// held session was `initialize`d with no client capabilities, so, as a 2025-11-25 client
+/// without a handler for the method: `-32601` naming it (a `ping` gets its empty result),
+/// sent on the same session in the background, counted in
+/// `taskgate_bridge_input_refused_total{reason="undeclared"}`. At most
+/// [`super::MAX_REFUSALS_IN_FLIGHT`] are in flight per upstream; past it one is left
+/// unanswered (logged at warn).
+#[derive(Clone)]
+struct Refuser(Arc<RefuserInner>);
+
+struct RefuserInner {
+    /// Sends one message on the held session, in the background (the service below).
+    send: Box<dyn Fn(McpRequest) + Send + Sync>,
+    /// The held session's request context, once [`send`] picked the session.
+    session: Arc<Mutex<Option<RequestContext>>>,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl Refuser {
+    fn new<S: McpService>(
+        state: &ReverseState,
+        inner: &S,
+        session: Arc<Mutex<Option<RequestContext>>>,
+    ) -> Refuser {
+        let inner = inner.clone();
+        let permits = state.refusals.clone();
+        let send = Box::new(move |message: McpRequest| {
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                tracing::warn!(
+                    "too many refusals of upstream requests in flight: one is left unanswered"
+                );
+                return;
+            };
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            let inner = inner.clone();
+            rt.spawn(async move {
+                let _ = inner.oneshot(message).await;
+                drop(permit);
+            });
+        });
+        Refuser(Arc::new(RefuserInner {
+            send,
+            session,
+            metrics: state.registry.metrics().clone(),
+        }))
+    }
+
+    /// Answers the upstream's request `id` (`method`) on the held session (see [`Refuser`]).
+    fn refuse(&self, id: &Value, method: &str) {
+        let Some(ctx) = self.0.session.lock().clone() else {
+            return;
+        };
+        let body = if method == "ping" {
+            json!({"jsonrpc": "2.0", "id": id, "result": {}})
+        } else {
+            self.0
+                .metrics
+                .bridge_input_refused(&ctx.upstream, crate::metrics::InputRefusal::Undeclared);
+            tracing::info!(upstream = %ctx.upstream, method, "the upstream asked a 2026-07-28 client's call for input: refused -32601");
+            json!({"jsonrpc": "2.0", "id": id, "error": {"code": jsonrpc::METHOD_NOT_FOUND,
+                "message": format!("{method}: taskgate's session with this server declared no client capabilities (its 2026-07-28 client cannot be asked during a call)")}})
+        };
+        let Ok(msg) = Message::parse(Bytes::from(body.to_string())) else {
+            return;
+        };
+        let mut extensions = http::Extensions::new();
+        extensions.insert(Era::Legacy);
+        (self.0.send)(McpRequest::from(RequestParts {
+            op: Operation::Post(msg),
+            ctx,
+            extensions,
+            trace: None,
+        }));
+    }
 }
 
 /// Sends the upstream `notifications/cancelled` for one of taskgate's requests when dropped
@@ -202,10 +292,13 @@ pub(super) async fn forward<S: McpService>(
     let body = legacy_body(&own, method, p);
     let note = Arc::new(Mutex::new(None));
     let cell = note.clone();
+    let session = Arc::new(Mutex::new(None));
+    let session_cell = session.clone();
     let cancelled = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
         "params": {"requestId": id_value(&own), "reason": "the 2026-07-28 client closed its request"}});
     let prepare = move |out: &mut McpRequest, _: &UpstreamSession| {
         out.extensions.remove::<PendingCreation>();
+        *session_cell.lock() = Some(out.ctx.clone());
         let msg =
             Message::parse(Bytes::from(cancelled.to_string())).expect("a well-formed message");
         let mut extensions = http::Extensions::new();
@@ -221,7 +314,8 @@ pub(super) async fn forward<S: McpService>(
     match send(state, &inner, req, &body, On::Caller, &prepare).await {
         Ok(Ok(reply)) => {
             let keep = req.extensions.get::<RelaysUpstreamRequests>().is_some();
-            Ok(relay(reply, own, id.clone(), method, cancel, keep))
+            let refuser = Refuser::new(state, &inner, session);
+            Ok(relay(reply, own, id.clone(), method, cancel, keep, refuser))
         }
         Ok(Err(NoSession(reply))) => {
             cancel.disarm();

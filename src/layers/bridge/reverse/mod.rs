@@ -76,8 +76,12 @@
 //!   stream, which taskgate reads while the caller listens, or a followed `tasks/result` stream)
 //!   sent as `notifications/tasks` with the `DetailedTask` a `tasks/get` gives.
 //! - any other request (`tools/list`, `resources/*`, `prompts/*`, …): sent on the session;
-//!   results get `resultType:"complete"`; an SSE answer keeps its notifications, loses the
-//!   upstream's own requests (2026-07-28 has no server→client requests).
+//!   results get `resultType:"complete"`; an SSE answer keeps its notifications; the
+//!   upstream's own requests on it (2026-07-28 has no server→client requests) are answered
+//!   upstream at once on the session, not shown: a `ping` with `{}`, any other (its
+//!   `sampling/createMessage`, `elicitation/create`, `roots/list`: capabilities the held
+//!   session, `initialize`d with none, did not declare) with `-32601` saying so, counted in
+//!   `taskgate_bridge_input_refused_total{reason="undeclared"}` (`forward::Refuser`).
 //! - a client that goes away before the answer to a request sent here (a plain `tools/call`,
 //!   any forwarded request): `notifications/cancelled` upstream on the same session, naming the
 //!   request id the upstream got (2026-07-28 transports: closing the stream is the cancel).
@@ -165,7 +169,14 @@ pub struct ReverseState {
     pinging: std::sync::atomic::AtomicBool,
     /// This state, for the pinger (which ends with it).
     me: std::sync::Weak<ReverseState>,
+    /// Permits for the refusals of the upstream's requests during a plain call, each sent in
+    /// the background (`forward::Refuser`): at most [`MAX_REFUSALS_IN_FLIGHT`] at once.
+    refusals: Arc<tokio::sync::Semaphore>,
 }
+
+/// Most refusals of the upstream's requests in flight at once per upstream (see
+/// `forward::Refuser`); past it a request is left unanswered, logged.
+pub const MAX_REFUSALS_IN_FLIGHT: usize = 64;
 
 impl ReverseState {
     /// The state of one upstream whose era is `era` (shared with its `bridge` state);
@@ -187,6 +198,7 @@ impl ReverseState {
             timeout,
             pinging: std::sync::atomic::AtomicBool::new(false),
             me: me.clone(),
+            refusals: Arc::new(tokio::sync::Semaphore::new(MAX_REFUSALS_IN_FLIGHT)),
         })
     }
 
