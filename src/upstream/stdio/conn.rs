@@ -23,6 +23,10 @@
 //!   session to answer it on yet, and MCP lifecycle says a server SHOULD NOT send it; the
 //!   `initialize` goes on), else (a `per_session` child's) its own session's GET
 //!   stream, else it is answered `-32603` (taskgate cannot tell which client it is for); `ping` is answered by taskgate.
+//!   Every request refused is answered: taskgate's answers go ahead of queued requests, and
+//!   when that queue is full the child's stdout is not read further until there is room (a
+//!   child that floods requests is read at the pace it reads its answers; a deaf one is ended,
+//!   as when a client's write finds it so).
 //!
 //! A line that is not one JSON-RPC message is counted (`taskgate_upstream_errors_total
 //! {kind="protocol"}`), logged at warn (at most one line a second), never forwarded; a line
@@ -144,6 +148,10 @@ pub struct Conn {
     deaf: Arc<tokio::sync::Notify>,
     /// Whether it was found deaf (the first finding ends it; later ones change nothing).
     found_deaf: AtomicBool,
+    /// The upstream's `timeout_ms`: how long an answer of taskgate's own (a refusal, a `pong`)
+    /// waits for room in a full stdin queue while nothing reaches the child before the child is
+    /// found deaf ([`Conn::reply`]).
+    timeout: std::time::Duration,
 }
 
 /// Whose GET streams a child's notification for every stream (`notifications/message`, a list
@@ -182,6 +190,7 @@ impl Conn {
         streams: Arc<Streams>,
         metrics: Arc<Metrics>,
         owner: Owner,
+        timeout: std::time::Duration,
     ) -> Running {
         let (normal, normal_rx) = mpsc::channel(WRITE_QUEUE);
         let (urgent, urgent_rx) = mpsc::channel(WRITE_QUEUE);
@@ -200,6 +209,7 @@ impl Conn {
             written: Arc::new(AtomicU64::new(0)),
             deaf: Arc::new(tokio::sync::Notify::new()),
             found_deaf: AtomicBool::new(false),
+            timeout,
         });
         let pid = child.id();
         let (close_stdin, close_rx) = oneshot::channel::<()>();
@@ -221,7 +231,12 @@ impl Conn {
             tokio::spawn(async move {
                 let mut lines = Lines::new(stdout, max_message_bytes);
                 while let Ok(Some(line)) = lines.next().await {
-                    conn.on_line(line, max_message_bytes);
+                    // An answer of taskgate's own is written before the next line is read: a
+                    // child that sends requests faster than it reads its stdin is read at the
+                    // pace it reads (none is left unanswered, nothing piles up here).
+                    if let Some(reply) = conn.on_line(line, max_message_bytes) {
+                        conn.reply(reply).await;
+                    }
                 }
                 // Usually the process is exiting: give the keeper the moment it needs to say
                 // how (the first reason given is the one requests get).
@@ -548,10 +563,11 @@ impl Conn {
         }
     }
 
-    /// One line from the child's stdout, routed (see the module docs).
-    fn on_line(&self, line: Line, max_message_bytes: usize) {
+    /// One line from the child's stdout, routed (see the module docs). Returns taskgate's own
+    /// answer to it (a child's request refused, a `ping`), for [`Conn::reply`].
+    fn on_line(&self, line: Line, max_message_bytes: usize) -> Option<Bytes> {
         let text = match line {
-            Line::Text(t) if t.trim().is_empty() => return,
+            Line::Text(t) if t.trim().is_empty() => return None,
             Line::Text(t) => t,
             Line::Oversize(id) => {
                 self.metrics
@@ -562,25 +578,31 @@ impl Conn {
                         "the upstream answer exceeded max_message_bytes={max_message_bytes}"
                     )));
                 }
-                return self.noise(&format!(
+                self.noise(&format!(
                     "a line over max_message_bytes={max_message_bytes} (discarded)"
                 ));
+                return None;
             }
-            Line::NotUtf8 => return self.noise("a line that is not UTF-8"),
+            Line::NotUtf8 => {
+                self.noise("a line that is not UTF-8");
+                return None;
+            }
         };
         let bytes = Bytes::from(text);
         let msg = match Message::parse(bytes.clone()) {
             Ok(m) => m,
             Err(e) => {
                 let shown = super::child::cut(&String::from_utf8_lossy(&bytes), 200);
-                return self.noise(&format!("a line that is not JSON-RPC ({e}): {shown}"));
+                self.noise(&format!("a line that is not JSON-RPC ({e}): {shown}"));
+                return None;
             }
         };
         match msg.kind() {
             Kind::Response | Kind::Error => self.answer(&msg),
             Kind::Notification => self.notification(&msg),
-            Kind::Request => self.request(&msg),
+            Kind::Request => return self.request(&msg),
         }
+        None
     }
 
     fn noise(&self, what: &str) {
@@ -712,13 +734,12 @@ impl Conn {
         }
     }
 
-    /// A server→client request.
-    fn request(&self, msg: &Message) {
-        let Some(id) = msg.id().cloned() else { return };
+    /// A server→client request. Returns taskgate's answer to it, when it reaches no client.
+    fn request(&self, msg: &Message) -> Option<Bytes> {
+        let id = msg.id().cloned()?;
         let bytes = msg.bytes().clone();
         if msg.method() == Some("ping") {
-            let pong = jsonrpc::result_response(&id, "{}");
-            return self.reply_soon(pong);
+            return Some(jsonrpc::result_response(&id, "{}"));
         }
         let task = raw_string(&bytes, &["params", "_meta", RELATED_TASK, "taskId"]);
         let mut routes = self.routes.lock();
@@ -726,7 +747,7 @@ impl Conn {
             routes.note_asked(id.as_json().to_string(), session.clone());
             drop(routes);
             if self.to_session(&session, &bytes) {
-                return;
+                return None;
             }
         } else if let Some(out) = routes.only_pending() {
             let (session, related) = match routes.get(out) {
@@ -736,18 +757,18 @@ impl Conn {
                 // the child waits for nothing and the `initialize` goes on.
                 Some(p) if p.before_session => {
                     drop(routes);
-                    return self.refuse(&id, &format!(
+                    return Some(self.refuse(&id, &format!(
                         "taskgate cannot relay a request of upstream `{}` sent before its initialize was answered: no client has a session to answer it on",
                         self.name
-                    ));
+                    )));
                 }
                 Some(p) => (p.session.clone(), p.related.clone()),
-                None => return,
+                None => return None,
             };
             routes.note_asked(id.as_json().to_string(), session);
             drop(routes);
             if related.try_send(bytes).is_ok() {
-                return;
+                return None;
             }
         } else {
             drop(routes);
@@ -760,30 +781,56 @@ impl Conn {
                     .lock()
                     .note_asked(id.as_json().to_string(), session.clone());
                 if self.to_session(&session, &bytes) {
-                    return;
+                    return None;
                 }
-                return self.refuse(&id, &format!(
+                return Some(self.refuse(&id, &format!(
                     "the client of upstream `{}` has no open GET stream for this request (or it is full)",
                     self.name
-                ));
+                )));
             }
         }
-        self.refuse(&id, &format!(
+        Some(self.refuse(&id, &format!(
             "taskgate cannot tell which client of upstream `{}` this request is for (its process is shared)",
             self.name
-        ));
+        )))
     }
 
     /// Refuses the child's request `id` (it reaches no client): its note (whom it was sent to)
-    /// is forgotten, and the child is answered `-32603` saying `why`, without waiting.
-    fn refuse(&self, id: &Id, why: &str) {
+    /// is forgotten; returns the `-32603` answer saying `why`, for [`Conn::reply`].
+    fn refuse(&self, id: &Id, why: &str) -> Bytes {
         self.routes.lock().take_asked(id.as_json());
-        let refusal = jsonrpc::error_response(Some(id), jsonrpc::INTERNAL_ERROR, why);
-        self.reply_soon(refusal);
+        jsonrpc::error_response(Some(id), jsonrpc::INTERNAL_ERROR, why)
     }
 
-    fn reply_soon(&self, msg: Bytes) {
-        let _ = self.urgent.try_send(one_line(&msg));
+    /// Writes taskgate's own answer to a request of the child's, ahead of queued requests.
+    /// The reader calls it before it reads the next line, so a full queue holds the child's
+    /// stdout until there is room: every request of a child that floods them is answered, at
+    /// the pace the child reads its stdin, and what waits is bounded by the queue and the
+    /// pipes. The liveness rule applies as to a client's write: when it waited `timeout_ms`
+    /// while not one byte reached the child, the child is deaf ([`Conn::deafened`]) and the
+    /// answer is dropped (the child is ended; it reads nothing more).
+    async fn reply(&self, msg: Bytes) {
+        let line = match self.urgent.try_send(one_line(&msg)) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return,
+            Err(mpsc::error::TrySendError::Full(line)) => line,
+        };
+        let mut before = self.written();
+        while !self.is_closed() && !self.found_deaf.load(Ordering::Acquire) {
+            match tokio::time::timeout(self.timeout, self.urgent.reserve()).await {
+                Ok(Ok(room)) => return room.send(line),
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    let now = self.written();
+                    if now == before {
+                        if self.deafened() {
+                            tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, timeout_ms = self.timeout.as_millis() as u64, "child read nothing from its stdin while taskgate's answer to its request waited timeout_ms for room: ending it");
+                        }
+                        return;
+                    }
+                    before = now;
+                }
+            }
+        }
     }
 
     fn to_session(&self, session: &SessionKey, msg: &Bytes) -> bool {
@@ -959,6 +1006,63 @@ mod tests {
         assert_eq!(db.as_ptr(), msg.as_ptr(), "not copied");
     }
 
+    /// A child that sends requests faster than it reads its stdin (here: it reads nothing for a
+    /// second) gets an answer to every one taskgate refuses: past the stdin queue they were
+    /// dropped, and the child waited for ever. Its stdout is read at the pace it reads its
+    /// stdin instead (nothing is held beyond the queue).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_refused_request_of_a_flooding_child_is_answered() {
+        const N: usize = 3000;
+        let dir = std::env::temp_dir().join(format!("tg-conn-flood-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let log = dir.join("read");
+        let script = r#"
+import sys, threading, time
+n, log = int(sys.argv[1]), sys.argv[2]
+def flood():
+    sys.stdout.write("".join('{"jsonrpc":"2.0","id":%d,"method":"x/ask","params":{}}\n' % i for i in range(n)))
+    sys.stdout.flush()
+threading.Thread(target=flood, daemon=True).start()
+time.sleep(1.0)
+with open(log, "w") as f:
+    for line in sys.stdin:
+        f.write(line)
+        f.flush()
+"#;
+        let child = tokio::process::Command::new("python3")
+            .args(["-c", script, &N.to_string(), &log.display().to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3");
+        let running = Conn::start(
+            "kid".into(),
+            child,
+            1 << 20,
+            Arc::default(),
+            Arc::new(Metrics::new(&["kid".to_string()])),
+            Owner::Every,
+            std::time::Duration::from_secs(5),
+        );
+        let answered = || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("\"error\""))
+                .count()
+        };
+        let start = std::time::Instant::now();
+        while answered() < N && start.elapsed() < std::time::Duration::from_secs(10) {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let got = answered();
+        let _ = running.stop.send(());
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(got, N, "requests of the child left without an answer");
+    }
+
     /// Issue 31: one lock order, `routes` before `why`. `register` holds `routes` and reads
     /// `why` (`gone`) once it sees the conn closed; `close` must not hold `why` while it
     /// waits for `routes`, or the two deadlock.
@@ -981,6 +1085,7 @@ mod tests {
             written: Arc::default(),
             deaf: Arc::default(),
             found_deaf: AtomicBool::new(false),
+            timeout: std::time::Duration::from_secs(1),
         });
         // As `register` does: `routes` held, then `is_closed`, then `why`.
         let routes = conn.routes.lock();

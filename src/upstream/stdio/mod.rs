@@ -116,7 +116,10 @@
 //! wait is deaf: ended and restarted (see Supervision), its requests in flight answered as on
 //! a crash ("… stopped reading its stdin and was ended (…)"). A `notifications/cancelled` is not waited
 //! for: one that finds the queue full is written by a task once there is room (within
-//! 30 s), so it still reaches a child that reads again. A 2026-07-28 `subscriptions/listen` takes no
+//! 30 s), so it still reaches a child that reads again. taskgate's own answers to the child's
+//! requests (a refusal, a `pong`) are never dropped: while they find the queue full, the
+//! child's stdout waits unread (it is read at the pace the child reads its stdin; one that read
+//! nothing for `timeout_ms` meanwhile is deaf). A 2026-07-28 `subscriptions/listen` takes no
 //! slot (it stays open until its client closes it); its notifications come back on its own
 //! reply stream ([`conn`]). Processes: [`child`] (process group,
 //! parent-death signal, close stdin → `SIGTERM` → `SIGKILL`; stderr to the log, target
@@ -1002,6 +1005,7 @@ impl Inner {
                 self.streams.clone(),
                 self.metrics.clone(),
                 conn::Owner::Every,
+                self.timeout,
             );
             tracing::info!(target: "taskgate::upstream::stdio", upstream = %self.name, pid = ?running.pid, "child started");
             let init = tokio::select! {
@@ -1184,6 +1188,7 @@ impl Inner {
                     self.streams.clone(),
                     self.metrics.clone(),
                     conn::Owner::NotYet,
+                    self.timeout,
                 );
                 // Shutdown waits for the child's end (the keeper), not only for the session.
                 let keeper = std::mem::replace(&mut running.keeper, tokio::spawn(async {}));
