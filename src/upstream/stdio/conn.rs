@@ -42,7 +42,7 @@ use crate::sse;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Child;
@@ -52,6 +52,12 @@ use tokio::sync::{mpsc, oneshot};
 pub const RELATED_QUEUE: usize = 64;
 /// Messages for one GET stream that may wait for its client (past it they are dropped).
 pub const STREAM_QUEUE: usize = 64;
+/// Bytes of the messages that may wait for one GET stream's client, at most: past it they are
+/// dropped as past [`STREAM_QUEUE`] (a notification is lost, a request of the child's is
+/// answered `-32603`). A message larger than this still goes to an empty queue, alone: one
+/// slow client holds at most this much, or one message (`max_message_bytes`), not
+/// [`STREAM_QUEUE`] of them (up to a gigabyte at the default 16 MiB).
+pub const STREAM_QUEUE_BYTES: usize = 4 << 20;
 /// Lines that may wait for the child's stdin (past it a writer waits for room).
 const WRITE_QUEUE: usize = 256;
 /// How long a `notifications/cancelled` taskgate sends on its own (a request given up or
@@ -66,14 +72,78 @@ const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 
 /// The GET streams of an upstream's sessions (they outlive a restarted child).
 #[derive(Default)]
-pub struct Streams(Mutex<HashMap<Arc<str>, mpsc::Sender<sse::Event>>>);
+pub struct Streams(Mutex<HashMap<Arc<str>, StreamTx>>);
+
+/// One GET stream's queue: at most [`STREAM_QUEUE`] messages and [`STREAM_QUEUE_BYTES`].
+struct StreamTx {
+    tx: mpsc::Sender<sse::Event>,
+    /// Bytes of the messages queued and not taken by the client yet.
+    queued: Arc<AtomicUsize>,
+}
+
+impl StreamTx {
+    fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+
+    /// Queues `ev` unless the queue is full, in messages or in bytes.
+    fn try_send(&self, ev: sse::Event) -> Result<(), mpsc::error::TrySendError<sse::Event>> {
+        let len = size(&ev);
+        let queued = self.queued.load(Ordering::Acquire);
+        if queued > 0 && queued.saturating_add(len) > STREAM_QUEUE_BYTES {
+            return Err(mpsc::error::TrySendError::Full(ev));
+        }
+        // Counted before it can be taken (senders hold the map's lock; the client only
+        // subtracts what it took), so the count never falls below what waits.
+        self.queued.fetch_add(len, Ordering::AcqRel);
+        self.tx.try_send(ev).inspect_err(|_| {
+            self.queued.fetch_sub(len, Ordering::AcqRel);
+        })
+    }
+}
+
+/// The bytes an event holds.
+fn size(ev: &sse::Event) -> usize {
+    ev.data.as_ref().map_or(0, |d| d.len())
+}
+
+/// The client's end of a GET stream ([`Streams::open`]): what it takes leaves the byte count.
+pub struct StreamRx {
+    rx: mpsc::Receiver<sse::Event>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl StreamRx {
+    /// The next message, when one waits.
+    pub fn try_recv(&mut self) -> Result<sse::Event, mpsc::error::TryRecvError> {
+        let ev = self.rx.try_recv()?;
+        self.queued.fetch_sub(size(&ev), Ordering::AcqRel);
+        Ok(ev)
+    }
+
+    /// The messages as they come, until the stream is closed (replaced, or its session gone).
+    pub fn into_events(self) -> sse::EventStream {
+        Box::pin(futures_util::stream::unfold(self, |mut s| async move {
+            let ev = s.rx.recv().await?;
+            s.queued.fetch_sub(size(&ev), Ordering::AcqRel);
+            Some((ev, s))
+        }))
+    }
+}
 
 impl Streams {
     /// Opens `session`'s GET stream (a second one replaces the first, which ends).
-    pub fn open(&self, session: Arc<str>) -> mpsc::Receiver<sse::Event> {
+    pub fn open(&self, session: Arc<str>) -> StreamRx {
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        self.0.lock().insert(session, tx);
-        rx
+        let queued = Arc::new(AtomicUsize::new(0));
+        self.0.lock().insert(
+            session,
+            StreamTx {
+                tx,
+                queued: queued.clone(),
+            },
+        );
+        StreamRx { rx, queued }
     }
 
     /// Ends `session`'s GET stream.
@@ -81,7 +151,8 @@ impl Streams {
         self.0.lock().remove(session);
     }
 
-    /// Sends `msg` on `session`'s GET stream; false when it has none or it is full.
+    /// Sends `msg` on `session`'s GET stream; false when it has none or it is full (in messages
+    /// or in bytes: the message is dropped, the caller says what that means).
     pub fn send(&self, session: &str, msg: &Bytes) -> bool {
         let mut map = self.0.lock();
         let Some(tx) = map.get(session) else {
@@ -1061,6 +1132,42 @@ with open(log, "w") as f:
         let _ = running.stop.send(());
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(got, N, "requests of the child left without an answer");
+    }
+
+    /// A GET stream's queue is bounded in bytes, not only in messages: 64 messages of up to
+    /// `max_message_bytes` (16 MiB) each let one slow client hold a gigabyte.
+    #[test]
+    fn a_get_streams_queue_is_bounded_in_bytes() {
+        let streams = Streams::default();
+        let mut rx = streams.open("s".into());
+        let big = Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#,
+            "x".repeat(1 << 20)
+        ));
+        let mut queued = 0usize;
+        for _ in 0..STREAM_QUEUE {
+            if streams.send("s", &big) {
+                queued += big.len();
+            }
+        }
+        assert!(queued > 0, "the first message is taken");
+        assert!(
+            queued <= 8 << 20,
+            "{queued} bytes queued for one GET stream"
+        );
+        assert!(!streams.send("s", &big), "full");
+        // What its client takes makes room again; a message larger than the whole bound
+        // still goes to an empty queue (else it could never be delivered).
+        while rx.try_recv().is_ok() {}
+        assert!(streams.send("s", &big));
+        while rx.try_recv().is_ok() {}
+        let huge = Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#,
+            "x".repeat(12 << 20)
+        ));
+        assert!(streams.send("s", &huge), "alone, any message goes");
+        assert!(!streams.send("s", &big), "but nothing after it");
+        assert_eq!(streams.broadcast(&big), 0);
     }
 
     /// Issue 31: one lock order, `routes` before `why`. `register` holds `routes` and reads

@@ -968,7 +968,7 @@ impl Inner {
             return session_not_found(None);
         }
         let rx = self.streams.open(s.clone());
-        McpReply::event_stream(rx, None)
+        McpReply::events(rx.into_events(), None)
     }
 
     /// The shared child's life: start, initialize, wait for its end, back off, again.
