@@ -101,7 +101,8 @@
 //! # Bounds
 //!
 //! Requests in flight on one upstream: `max_in_flight` (default 64); more wait for a slot
-//! within `timeout_ms`, then get 504. `tasks/cancel` takes no slot and is written ahead of
+//! within `timeout_ms`, then get 504; one `timeout_ms` covers the wait for a slot, the write
+//! and the answer (a request that got its slot late has what is left of it). `tasks/cancel` takes no slot and is written ahead of
 //! queued requests (its task's creating call was answered, so written, already);
 //! `notifications/cancelled` takes none and is written in order, after the request it names
 //! (ahead of it, while that request still waited in the queue, it named an id the child did
@@ -597,6 +598,9 @@ impl Inner {
         held: Option<Arc<str>>,
     ) -> Result<McpReply, GatewayError> {
         let method = msg.method().unwrap_or_default().to_string();
+        // One deadline for the wait for a slot, the write and the answer: a request that got
+        // its slot late has what is left of `timeout_ms`, not a whole one more.
+        let until = tokio::time::Instant::now() + self.timeout;
         // Only once a new child is live: by then the gateway has failed the dead child's tasks
         // with both audit facts (`ChildGone`); an answer here before that would be recorded as
         // a plain `failed`, and the death then skip the task (terminal already).
@@ -619,7 +623,7 @@ impl Inner {
             _ => None,
         };
         let permit = if needs_slot {
-            Some(self.permit().await?)
+            Some(self.permit(until).await?)
         } else {
             None
         };
@@ -643,18 +647,22 @@ impl Inner {
         // Never written (the child is gone, or its stdin queue stayed full, or the caller went
         // away while it waited for room: `reg` dropped unqueued): the child does not know it,
         // so it is not told it is cancelled either.
-        if let Err(e) = self.write(conn, &reg.bytes, urgent).await {
+        if let Err(e) = self.write_until(conn, &reg.bytes, urgent, until).await {
             conn.forget(reg.out);
             return Err(e);
         }
         conn.queued(reg.out);
         let client_id = msg.id().cloned();
-        self.reply(conn.clone(), reg, client_id, method, deadline, era)
+        self.reply(conn.clone(), reg, client_id, method, deadline, until, era)
             .await
     }
 
-    async fn permit(&self) -> Result<OwnedSemaphorePermit, GatewayError> {
-        match tokio::time::timeout(self.timeout, self.permits.clone().acquire_owned()).await {
+    /// A `max_in_flight` slot, waited for until `until` at most.
+    async fn permit(
+        &self,
+        until: tokio::time::Instant,
+    ) -> Result<OwnedSemaphorePermit, GatewayError> {
+        match tokio::time::timeout_at(until, self.permits.clone().acquire_owned()).await {
             Ok(Ok(p)) => Ok(p),
             Ok(Err(_)) => Err(GatewayError::ShuttingDown),
             Err(_) => Err(self.timeout_error()),
@@ -663,6 +671,8 @@ impl Inner {
 
     /// The reply to a written request: its answer as JSON, or, when related messages come
     /// first (progress, a server→client request), an SSE stream of them ending with it.
+    /// `until`: the request's deadline (unless [`Deadline::Unbounded`]).
+    #[allow(clippy::too_many_arguments)]
     async fn reply(
         self: &Arc<Self>,
         conn: Arc<Conn>,
@@ -670,10 +680,11 @@ impl Inner {
         client_id: Option<Id>,
         method: String,
         deadline: Deadline,
+        until: tokio::time::Instant,
         era: Era,
     ) -> Result<McpReply, GatewayError> {
         let mut timer = match deadline {
-            Deadline::Head | Deadline::Exchange => Some(Box::pin(tokio::time::sleep(self.timeout))),
+            Deadline::Head | Deadline::Exchange => Some(Box::pin(tokio::time::sleep_until(until))),
             Deadline::Unbounded => None,
         };
         // Related messages first: the child sent them before its answer (one reader, in
@@ -1369,12 +1380,28 @@ impl Inner {
     /// the module docs), the child is deaf and is ended
     /// ([`Conn::deafened`]), then restarted as after a crash.
     async fn write(&self, conn: &Conn, bytes: &[u8], urgent: bool) -> Result<(), GatewayError> {
+        let until = tokio::time::Instant::now() + self.timeout;
+        self.write_until(conn, bytes, urgent, until).await
+    }
+
+    /// [`Inner::write`], within `until` (a request's deadline, part of it spent waiting for a
+    /// slot). The liveness rule needs a whole `timeout_ms` of waiting: a shorter wait that saw
+    /// nothing written finds no child deaf.
+    async fn write_until(
+        &self,
+        conn: &Conn,
+        bytes: &[u8],
+        urgent: bool,
+        until: tokio::time::Instant,
+    ) -> Result<(), GatewayError> {
         let before = conn.written();
-        match tokio::time::timeout(self.timeout, conn.write(bytes, urgent)).await {
+        let started = tokio::time::Instant::now();
+        match tokio::time::timeout_at(until, conn.write(bytes, urgent)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(why)) => Err(self.unreachable(why)),
             Err(_) => {
-                if conn.written() == before && !conn.is_closed() && conn.deafened() {
+                let whole = started.elapsed() >= self.timeout;
+                if whole && conn.written() == before && !conn.is_closed() && conn.deafened() {
                     tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, timeout_ms = self.timeout_ms, "child read nothing from its stdin while a write waited timeout_ms for room: ending it");
                 }
                 Err(self.timeout_error())
