@@ -262,7 +262,7 @@ struct Inner {
     idle: Duration,
     /// Tasks a dead shared child took with it (bounded, [`route::MAX_NOTES`]): their
     /// `tasks/get|result|cancel` are answered here, since the new child never knew them.
-    dead: Mutex<HashMap<String, DeadTask>>,
+    dead: Mutex<route::Notes<String, DeadTask>>,
     /// `per_session`: asks the spawner task for a child (see [`Inner::spawner`]).
     spawner: Mutex<Option<tokio::sync::mpsc::Sender<Spawned>>>,
     /// `per_session`: children asked for and not yet kept as a session (starting, in
@@ -391,7 +391,7 @@ impl StdioTransport {
             stop: watch::Sender::new(false),
             keepers: Mutex::new(Vec::new()),
             idle,
-            dead: Mutex::new(HashMap::new()),
+            dead: Mutex::new(route::Notes::default()),
             spawner: Mutex::new(None),
             starting: std::sync::atomic::AtomicUsize::new(0),
             era: Mutex::new(None),
@@ -1261,9 +1261,6 @@ impl Inner {
         let tasks = conn.take_tasks();
         let ids = tasks.iter().map(|(id, _)| id.clone()).collect();
         for (task_id, note) in tasks {
-            if dead.len() >= route::MAX_NOTES {
-                dead.clear();
-            }
             dead.insert(
                 task_id,
                 DeadTask {

@@ -212,7 +212,7 @@ impl Routes {
 
 /// A table of notes, at most [`MAX_NOTES`]: a full one forgets its oldest note (the one noted
 /// or noted again longest ago) to take a new one.
-struct Notes<K, V> {
+pub struct Notes<K, V> {
     map: HashMap<K, (u64, V)>,
     /// The keys by when they were noted.
     order: BTreeMap<u64, K>,
@@ -230,7 +230,8 @@ impl<K, V> Default for Notes<K, V> {
 }
 
 impl<K: Hash + Eq + Clone, V> Notes<K, V> {
-    fn insert(&mut self, k: K, v: V) {
+    /// Notes `v` under `k` (the newest note; the oldest goes when the table is full).
+    pub fn insert(&mut self, k: K, v: V) {
         if let Some((seq, _)) = self.map.remove(&k) {
             self.order.remove(&seq);
         }
@@ -245,14 +246,16 @@ impl<K: Hash + Eq + Clone, V> Notes<K, V> {
         self.map.insert(k, (self.next, v));
     }
 
-    fn get<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> Option<&V>
+    /// The note under `k`.
+    pub fn get<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> Option<&V>
     where
         K: Borrow<Q>,
     {
         self.map.get(k).map(|(_, v)| v)
     }
 
-    fn remove<Q: Hash + Eq + ?Sized>(&mut self, k: &Q) -> Option<V>
+    /// The note under `k`, removed.
+    pub fn remove<Q: Hash + Eq + ?Sized>(&mut self, k: &Q) -> Option<V>
     where
         K: Borrow<Q>,
     {
@@ -261,7 +264,8 @@ impl<K: Hash + Eq + Clone, V> Notes<K, V> {
         Some(v)
     }
 
-    fn drain(&mut self) -> Vec<(K, V)> {
+    /// Every note, removed.
+    pub fn drain(&mut self) -> Vec<(K, V)> {
         self.order.clear();
         self.map.drain().map(|(k, (_, v))| (k, v)).collect()
     }
