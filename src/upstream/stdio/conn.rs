@@ -820,6 +820,10 @@ impl Conn {
             if self.to_session(&session, &bytes) {
                 return None;
             }
+            return Some(self.refuse(&id, &format!(
+                "the client of upstream `{}` whose task this request is about has no open GET stream for it (or it is full)",
+                self.name
+            )));
         } else if let Some(out) = routes.only_pending() {
             let (session, related) = match routes.get(out) {
                 // During an `initialize` (a client's, or taskgate's own): no client could
@@ -838,9 +842,20 @@ impl Conn {
             };
             routes.note_asked(id.as_json().to_string(), session);
             drop(routes);
-            if related.try_send(bytes).is_ok() {
-                return None;
-            }
+            let why = match related.try_send(bytes) {
+                Ok(()) => return None,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    "its reply holds as many messages as it may, its client does not take them"
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => "its client went away",
+            };
+            return Some(self.refuse(
+                &id,
+                &format!(
+                "the request of upstream `{}`'s client this request is about cannot take it: {why}",
+                self.name
+            ),
+            ));
         } else {
             drop(routes);
             // A `per_session` child's request outside any call (`roots/list` once initialized,
@@ -860,10 +875,18 @@ impl Conn {
                 )));
             }
         }
-        Some(self.refuse(&id, &format!(
-            "taskgate cannot tell which client of upstream `{}` this request is for (its process is shared)",
-            self.name
-        )))
+        // Not a `per_session` child's with its session made (that one returned above).
+        let why = match &*self.owner.lock() {
+            Owner::NotYet => "no client has a session with it yet",
+            Owner::Every | Owner::Session(_) => "its process is shared",
+        };
+        Some(self.refuse(
+            &id,
+            &format!(
+                "taskgate cannot tell which client of upstream `{}` this request is for ({why})",
+                self.name
+            ),
+        ))
     }
 
     /// Refuses the child's request `id` (it reaches no client): its note (whom it was sent to)
@@ -1075,6 +1098,84 @@ mod tests {
         assert_eq!(&*da, std::str::from_utf8(&msg).expect("utf-8"));
         assert_eq!(da.as_ptr(), msg.as_ptr(), "not copied");
         assert_eq!(db.as_ptr(), msg.as_ptr(), "not copied");
+    }
+
+    /// A Conn without a child: its stdin queues are the receivers returned (urgent second).
+    fn bare(owner: Owner) -> (Arc<Conn>, mpsc::Receiver<Bytes>, mpsc::Receiver<Bytes>) {
+        let (normal, normal_rx) = mpsc::channel(8);
+        let (urgent, urgent_rx) = mpsc::channel(8);
+        let conn = Arc::new(Conn {
+            name: "kid".into(),
+            normal,
+            urgent,
+            routes: Mutex::new(Routes::default()),
+            streams: Arc::default(),
+            metrics: Arc::new(Metrics::new(&["kid".to_string()])),
+            closed: AtomicBool::new(false),
+            why: Mutex::new(None),
+            noise_logged: Mutex::new(None),
+            owner: Mutex::new(owner),
+            dead_held: Mutex::new(Vec::new()),
+            written: Arc::default(),
+            deaf: Arc::default(),
+            found_deaf: AtomicBool::new(false),
+            timeout: std::time::Duration::from_secs(1),
+        });
+        (conn, normal_rx, urgent_rx)
+    }
+
+    /// One line of the child's stdout through `conn`; the answer taskgate writes back
+    /// (`error.message`), if any.
+    fn feed(conn: &Conn, line: &str) -> Option<String> {
+        let reply = conn.on_line(Line::Text(line.to_string()), 1 << 20)?;
+        let v: serde_json::Value = serde_json::from_slice(&reply).expect("json");
+        Some(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )
+    }
+
+    /// A `per_session` child's request refused because its client cannot take it now (no GET
+    /// stream, or a full one; the request it belongs to cannot take more) says so: it said
+    /// "its process is shared", which a `per_session` child's is not.
+    #[tokio::test]
+    async fn a_refused_request_says_the_real_reason() {
+        let (conn, _normal, _urgent) = bare(Owner::Session("s1".into()));
+        conn.routes.lock().note_task(
+            "t1".into(),
+            TaskNote {
+                session: Some("s1".into()),
+                ..TaskNote::default()
+            },
+        );
+        // Its task's session has no GET stream open.
+        let why = feed(
+            &conn,
+            r#"{"jsonrpc":"2.0","id":"e1","method":"elicitation/create","params":{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"t1"}}}}"#,
+        )
+        .expect("refused");
+        assert!(!why.contains("shared"), "{why}");
+        assert!(why.contains("GET stream"), "{why}");
+
+        // The one request in flight cannot take more related messages (its reply is gone).
+        let msg = Message::parse(Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}"#,
+        ))
+        .expect("json");
+        let mut reg = conn
+            .register(&msg, Some("s1".into()), None, true, None)
+            .expect("registered");
+        reg.related.close();
+        let why = feed(
+            &conn,
+            r#"{"jsonrpc":"2.0","id":"e2","method":"sampling/createMessage","params":{}}"#,
+        )
+        .expect("refused");
+        assert!(!why.contains("shared"), "{why}");
+        assert!(why.contains("request"), "{why}");
+        drop(reg);
     }
 
     /// A child that sends requests faster than it reads its stdin (here: it reads nothing for a
