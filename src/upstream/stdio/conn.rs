@@ -1008,8 +1008,10 @@ fn created_task_id(answer: &[u8]) -> Option<String> {
 }
 
 /// The writer: lines from the two queues (urgent first) to the child's stdin, until `close`
-/// fires or both queues end; dropping stdin closes it. Returns true when a write failed (the
-/// child closed its stdin).
+/// fires or both queues end; dropping stdin closes it. `close` is seen also while a line waits
+/// for room in a full pipe (its rest is not written): the child gets its EOF after what the
+/// pipe holds, not after the rest of a long line it may never read. Returns true when a write
+/// failed (the child closed its stdin).
 async fn write_lines(
     mut stdin: tokio::process::ChildStdin,
     mut normal: mpsc::Receiver<Bytes>,
@@ -1028,7 +1030,12 @@ async fn write_lines(
         // In pieces, each counted: a child reading a long line slowly makes progress.
         let mut rest = &line[..];
         while !rest.is_empty() {
-            match stdin.write(rest).await {
+            let wrote = tokio::select! {
+                biased;
+                _ = &mut close => return false,
+                wrote = stdin.write(rest) => wrote,
+            };
+            match wrote {
                 Ok(0) | Err(_) => return true,
                 Ok(n) => {
                     rest = rest.get(n..).unwrap_or_default();
@@ -1233,6 +1240,55 @@ with open(log, "w") as f:
         let _ = running.stop.send(());
         let _ = std::fs::remove_dir_all(&dir);
         assert_eq!(got, N, "requests of the child left without an answer");
+    }
+
+    /// A child being ended while a long line is half written gets its stdin closed at once:
+    /// the writer saw the close only between lines, so a child reading its stdin slowly read
+    /// the rest of the line before its EOF, and got `SIGTERM` after `STDIN_GRACE` instead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stop_closes_stdin_while_a_line_is_half_written() {
+        // Reads nothing for 1 s, then 4 KiB every 10 ms until EOF, and exits.
+        let script = r#"
+import os, time
+time.sleep(1.0)
+while os.read(0, 4096):
+    time.sleep(0.01)
+"#;
+        let child = tokio::process::Command::new("python3")
+            .args(["-c", script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3");
+        let running = Conn::start(
+            "kid".into(),
+            child,
+            1 << 20,
+            Arc::default(),
+            Arc::new(Metrics::new(&["kid".to_string()])),
+            Owner::Every,
+            std::time::Duration::from_secs(5),
+        );
+        // 4 MiB: far more than the pipe holds, and than the child reads within the grace.
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#,
+            "x".repeat(4 << 20)
+        );
+        running
+            .conn
+            .write(line.as_bytes(), false)
+            .await
+            .expect("queued");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let _ = running.stop.send(());
+        let why = tokio::time::timeout(std::time::Duration::from_secs(10), running.exited)
+            .await
+            .expect("ended")
+            .expect("a reason");
+        assert!(why.contains("exited after stdin closed"), "{why}");
     }
 
     /// A GET stream's queue is bounded in bytes, not only in messages: 64 messages of up to
