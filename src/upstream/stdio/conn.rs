@@ -350,7 +350,7 @@ impl Conn {
                 // A liveness rule: a child that stopped reading its stdin is a dead peer too.
                 () = deaf.notified() => {
                     let _ = close_stdin.send(());
-                    let how = super::child::end(&name, &mut child).await;
+                    let how = super::child::end_deaf(&name, &mut child).await;
                     tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, "child stopped reading its stdin: ended ({how})");
                     format!("its child process stopped reading its stdin and was ended ({how})")
                 }
@@ -389,8 +389,8 @@ impl Conn {
     }
 
     /// The child is deaf: a write waited `timeout_ms` for room while nothing reached its stdin
-    /// (the pipe full all along). The keeper ends it as a child that closed its stdin (close
-    /// stdin, `SIGTERM`, `SIGKILL`): its requests in flight get the reason, and supervision
+    /// (the pipe full all along). The keeper ends it (close stdin and `SIGTERM` at once:
+    /// `child::end_deaf`; `SIGKILL`): its requests in flight get the reason, and supervision
     /// restarts it (or ends its `per_session` session) as after a crash.
     /// Returns whether this was the first finding.
     pub fn deafened(&self) -> bool {
@@ -1289,6 +1289,42 @@ while os.read(0, 4096):
             .expect("ended")
             .expect("a reason");
         assert!(why.contains("exited after stdin closed"), "{why}");
+    }
+
+    /// A deaf child gets `SIGTERM` at once: it reads nothing, so its stdin closing is nothing it
+    /// can see, and waiting `STDIN_GRACE` for it only put its end (and its restart) 2 s later.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deaf_child_gets_sigterm_without_the_stdin_grace() {
+        let child = tokio::process::Command::new("python3")
+            .args(["-c", "import time; time.sleep(30)"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3");
+        let running = Conn::start(
+            "kid".into(),
+            child,
+            1 << 20,
+            Arc::default(),
+            Arc::new(Metrics::new(&["kid".to_string()])),
+            Owner::Every,
+            std::time::Duration::from_secs(5),
+        );
+        let started = std::time::Instant::now();
+        assert!(running.conn.deafened());
+        let why = tokio::time::timeout(std::time::Duration::from_secs(10), running.exited)
+            .await
+            .expect("ended")
+            .expect("a reason");
+        let took = started.elapsed();
+        assert!(why.contains("after SIGTERM"), "{why}");
+        assert!(
+            took < super::super::child::STDIN_GRACE,
+            "ended after {took:?}"
+        );
     }
 
     /// A GET stream's queue is bounded in bytes, not only in messages: 64 messages of up to

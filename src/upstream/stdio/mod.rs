@@ -72,7 +72,8 @@
 //! (its pipe full all along: it stopped reading; a slow reader, which still takes bytes, is
 //! not deaf while room for the next line opens within `timeout_ms`: the kernel frees pipe room
 //! a 4 KiB page at a time and a reader buffers its input, so one taking less than a few KiB per
-//! `timeout_ms`, small lines at a slow pace, is found deaf too), logged at warn; every start after
+//! `timeout_ms`, small lines at a slow pace, is found deaf too; it gets `SIGTERM` without the
+//! wait for an exit on EOF, which it cannot see), logged at warn; every start after
 //! the first counts in `taskgate_upstream_restarts_total{upstream}`. Requests waiting on the
 //! dead child get a JSON-RPC error naming the upstream ("upstream `x` is unreachable: its
 //! child process exited (…)"); requests that arrive while no child runs get it at once (while
