@@ -35,6 +35,7 @@
 //! bound.
 
 use super::framing::{one_line, Line, Lines};
+use super::queue::{queue, QueueRx, QueueTx};
 use super::route::{Answer, Pending, Progress, Routes, SessionKey, TaskNote};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
@@ -42,7 +43,7 @@ use crate::sse;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Child;
@@ -50,6 +51,10 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Messages related to one request that may wait for its client (past it they are dropped).
 pub const RELATED_QUEUE: usize = 64;
+/// Bytes of the messages related to one request that may wait for its client, at most (past it
+/// they are dropped as past [`RELATED_QUEUE`]; one larger message goes to an empty queue, alone:
+/// [`super::queue::QueueTx`]).
+pub const RELATED_QUEUE_BYTES: usize = 4 << 20;
 /// Messages for one GET stream that may wait for its client (past it they are dropped).
 pub const STREAM_QUEUE: usize = 64;
 /// Bytes of the messages that may wait for one GET stream's client, at most: past it they are
@@ -72,78 +77,17 @@ const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 
 /// The GET streams of an upstream's sessions (they outlive a restarted child).
 #[derive(Default)]
-pub struct Streams(Mutex<HashMap<Arc<str>, StreamTx>>);
+pub struct Streams(Mutex<HashMap<Arc<str>, QueueTx<sse::Event>>>);
 
-/// One GET stream's queue: at most [`STREAM_QUEUE`] messages and [`STREAM_QUEUE_BYTES`].
-struct StreamTx {
-    tx: mpsc::Sender<sse::Event>,
-    /// Bytes of the messages queued and not taken by the client yet.
-    queued: Arc<AtomicUsize>,
-}
-
-impl StreamTx {
-    fn is_closed(&self) -> bool {
-        self.tx.is_closed()
-    }
-
-    /// Queues `ev` unless the queue is full, in messages or in bytes.
-    fn try_send(&self, ev: sse::Event) -> Result<(), mpsc::error::TrySendError<sse::Event>> {
-        let len = size(&ev);
-        let queued = self.queued.load(Ordering::Acquire);
-        if queued > 0 && queued.saturating_add(len) > STREAM_QUEUE_BYTES {
-            return Err(mpsc::error::TrySendError::Full(ev));
-        }
-        // Counted before it can be taken (senders hold the map's lock; the client only
-        // subtracts what it took), so the count never falls below what waits.
-        self.queued.fetch_add(len, Ordering::AcqRel);
-        self.tx.try_send(ev).inspect_err(|_| {
-            self.queued.fetch_sub(len, Ordering::AcqRel);
-        })
-    }
-}
-
-/// The bytes an event holds.
-fn size(ev: &sse::Event) -> usize {
-    ev.data.as_ref().map_or(0, |d| d.len())
-}
-
-/// The client's end of a GET stream ([`Streams::open`]): what it takes leaves the byte count.
-pub struct StreamRx {
-    rx: mpsc::Receiver<sse::Event>,
-    queued: Arc<AtomicUsize>,
-}
-
-impl StreamRx {
-    /// The next message, when one waits.
-    pub fn try_recv(&mut self) -> Result<sse::Event, mpsc::error::TryRecvError> {
-        let ev = self.rx.try_recv()?;
-        self.queued.fetch_sub(size(&ev), Ordering::AcqRel);
-        Ok(ev)
-    }
-
-    /// The messages as they come, until the stream is closed (replaced, or its session gone).
-    pub fn into_events(self) -> sse::EventStream {
-        Box::pin(futures_util::stream::unfold(self, |mut s| async move {
-            let ev = s.rx.recv().await?;
-            s.queued.fetch_sub(size(&ev), Ordering::AcqRel);
-            Some((ev, s))
-        }))
-    }
-}
+/// The client's end of a GET stream ([`Streams::open`]).
+pub type StreamRx = QueueRx<sse::Event>;
 
 impl Streams {
     /// Opens `session`'s GET stream (a second one replaces the first, which ends).
     pub fn open(&self, session: Arc<str>) -> StreamRx {
-        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
-        let queued = Arc::new(AtomicUsize::new(0));
-        self.0.lock().insert(
-            session,
-            StreamTx {
-                tx,
-                queued: queued.clone(),
-            },
-        );
-        StreamRx { rx, queued }
+        let (tx, rx) = queue(STREAM_QUEUE, STREAM_QUEUE_BYTES);
+        self.0.lock().insert(session, tx);
+        rx
     }
 
     /// Ends `session`'s GET stream.
@@ -478,7 +422,7 @@ impl Conn {
         let own = session.as_deref() == Some(super::OWN_SESSION);
         let initialize = msg.method() == Some("initialize");
         let (answer_tx, answer) = oneshot::channel();
-        let (related_tx, related) = mpsc::channel(RELATED_QUEUE);
+        let (related_tx, related) = queue(RELATED_QUEUE, RELATED_QUEUE_BYTES);
         let mut routes = self.routes.lock();
         if self.is_closed() {
             return Err(self.gone());
@@ -952,7 +896,7 @@ pub struct Registered {
     /// Its answer.
     pub answer: oneshot::Receiver<Answer>,
     /// Messages related to it, before its answer.
-    pub related: mpsc::Receiver<Bytes>,
+    pub related: QueueRx<Bytes>,
     /// Its child, for the drop guard.
     conn: std::sync::Weak<Conn>,
     /// Whether an abandoned one is cancelled at the child (not `initialize`), once its line
@@ -1183,6 +1127,38 @@ mod tests {
         assert!(!why.contains("shared"), "{why}");
         assert!(why.contains("request"), "{why}");
         drop(reg);
+    }
+
+    /// Messages related to one request (its progress, the child's requests for its client) are
+    /// bounded in bytes too: 64 of up to `max_message_bytes` each let one slow client hold a
+    /// gigabyte per request in flight.
+    #[tokio::test]
+    async fn a_requests_related_messages_are_bounded_in_bytes() {
+        let (conn, _normal, _urgent) = bare(Owner::Every);
+        let msg = Message::parse(Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","_meta":{"progressToken":"p"}}}"#,
+        ))
+        .expect("json");
+        let mut reg = conn
+            .register(&msg, Some("s1".into()), None, false, None)
+            .expect("registered");
+        let progress = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{},"progress":1,"message":"{}"}}}}"#,
+            reg.out,
+            "x".repeat(1 << 20)
+        );
+        for _ in 0..RELATED_QUEUE {
+            feed(&conn, &progress);
+        }
+        let mut queued = 0;
+        while let Ok(m) = reg.related.try_recv() {
+            queued += m.len();
+        }
+        assert!(queued > 0, "the first message is taken");
+        assert!(queued <= 8 << 20, "{queued} bytes queued for one request");
+        // Room again once its client took them.
+        feed(&conn, &progress);
+        assert!(reg.related.try_recv().is_ok());
     }
 
     /// A child that sends requests faster than it reads its stdin (here: it reads nothing for a

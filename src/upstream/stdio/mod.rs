@@ -132,6 +132,7 @@
 pub mod child;
 pub mod conn;
 mod framing;
+pub mod queue;
 pub mod route;
 
 use self::conn::{Conn, Registered, Streams};
@@ -980,7 +981,7 @@ impl Inner {
             return session_not_found(None);
         }
         let rx = self.streams.open(s.clone());
-        McpReply::events(rx.into_events(), None)
+        McpReply::events(rx.into_stream(), None)
     }
 
     /// The shared child's life: start, initialize, wait for its end, back off, again.

@@ -20,7 +20,7 @@ use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 /// Entries at most in each table of notes.
 pub const MAX_NOTES: usize = 65_536;
@@ -41,7 +41,7 @@ pub struct Pending {
     pub answer: oneshot::Sender<Answer>,
     /// Where messages related to the request go before its answer (bounded; a full channel
     /// drops the message, counted).
-    pub related: mpsc::Sender<Bytes>,
+    pub related: super::queue::QueueTx<Bytes>,
     /// A task-augmented call: its answer names a task whose later messages go to `session`.
     pub task_call: bool,
     /// Its in-flight slot (`max_in_flight`), freed with the entry.
@@ -282,7 +282,7 @@ mod tests {
 
     fn pending(session: &str, id: &str) -> (Pending, oneshot::Receiver<Answer>) {
         let (tx, rx) = oneshot::channel();
-        let (related, _) = mpsc::channel(1);
+        let (related, _) = super::super::queue::queue(1, 1024);
         (
             Pending {
                 client_id: Id::from_json(id).expect("valid id"),
