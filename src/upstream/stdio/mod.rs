@@ -103,8 +103,9 @@
 //!
 //! Requests in flight on one upstream: `max_in_flight` (default 64); more wait for a slot
 //! within `timeout_ms`, then get 504; one `timeout_ms` covers the wait for a slot, the write
-//! and the answer (a request that got its slot late has what is left of it). `tasks/cancel` takes no slot and is written ahead of
-//! queued requests (its task's creating call was answered, so written, already);
+//! and the answer (a request that got its slot late has what is left of it). `tasks/cancel`
+//! takes no slot and is written ahead of queued requests (its task's creating call was
+//! answered, so written, already);
 //! `notifications/cancelled` takes none and is written in order, after the request it names
 //! (ahead of it, while that request still waited in the queue, it named an id the child did
 //! not know yet, and the request then ran); a request cancelled while it still waits for a
