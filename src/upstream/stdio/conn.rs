@@ -793,13 +793,11 @@ impl Conn {
                 }
                 Err(mpsc::error::TrySendError::Closed(_)) => "its client went away",
             };
-            return Some(self.refuse(
-                &id,
-                &format!(
+            let why = format!(
                 "the request of upstream `{}`'s client this request is about cannot take it: {why}",
                 self.name
-            ),
-            ));
+            );
+            return Some(self.refuse(&id, &why));
         } else {
             drop(routes);
             // A `per_session` child's request outside any call (`roots/list` once initialized,
