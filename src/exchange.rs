@@ -513,6 +513,15 @@ impl McpReply {
         rx: tokio::sync::mpsc::Receiver<crate::sse::Event>,
         session_id: Option<HeaderValue>,
     ) -> McpReply {
+        let events: EventStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|ev| (ev, rx))
+        }));
+        McpReply::events(events, session_id)
+    }
+
+    /// An SSE answer taskgate makes itself, as [`McpReply::event_stream`], of any stream of
+    /// `events`.
+    pub fn events(events: EventStream, session_id: Option<HeaderValue>) -> McpReply {
         let mut headers = HeaderMap::new();
         headers.insert(
             http::header::CONTENT_TYPE,
@@ -525,9 +534,6 @@ impl McpReply {
         if let Some(sid) = session_id {
             headers.insert("mcp-session-id", sid);
         }
-        let events: EventStream = Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|ev| (ev, rx))
-        }));
         McpReply {
             status: StatusCode::OK,
             headers,

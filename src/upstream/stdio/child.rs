@@ -3,7 +3,8 @@
 //!
 //! **No orphans.** Each child leads a process group of its own (`setpgid(0, 0)` at spawn), so
 //! ending it ends what it started too: close its stdin, wait [`STDIN_GRACE`], `SIGTERM` to the
-//! group, wait [`TERM_GRACE`], `SIGKILL` to the group. Should taskgate itself die without
+//! group, wait [`TERM_GRACE`], `SIGKILL` to the group (a deaf child, which reads nothing and so
+//! cannot see its stdin close, gets `SIGTERM` at once: [`end_deaf`]). Should taskgate itself die without
 //! ending its children (`kill -9`, a crash), the kernel's parent-death signal ends each child:
 //! `prctl(PR_SET_PDEATHSIG, SIGKILL)` in the child between fork and exec, checked against a
 //! parent that died before the `prctl` (then the child exits at once). The parent-death signal
@@ -126,8 +127,18 @@ pub fn signal_group(pgid: u32, signal: libc::c_int) {
 /// wait [`STDIN_GRACE`], `SIGTERM` the group, wait [`TERM_GRACE`], `SIGKILL` the group, reap.
 /// Returns how it ended (for the log).
 pub async fn end(name: &str, child: &mut Child) -> String {
+    end_after(name, child, STDIN_GRACE).await
+}
+
+/// Ends a deaf child (one that stopped reading its stdin) as [`end`] does, but without waiting
+/// [`STDIN_GRACE`] for it to exit on EOF: it reads nothing, so it never sees its stdin close.
+pub async fn end_deaf(name: &str, child: &mut Child) -> String {
+    end_after(name, child, Duration::ZERO).await
+}
+
+async fn end_after(name: &str, child: &mut Child, stdin_grace: Duration) -> String {
     let pgid = child.id();
-    let how = if let Ok(status) = tokio::time::timeout(STDIN_GRACE, child.wait()).await {
+    let how = if let Ok(status) = tokio::time::timeout(stdin_grace, child.wait()).await {
         format!("exited after stdin closed ({})", describe(status))
     } else {
         if let Some(pgid) = pgid {

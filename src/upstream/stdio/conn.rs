@@ -23,6 +23,10 @@
 //!   session to answer it on yet, and MCP lifecycle says a server SHOULD NOT send it; the
 //!   `initialize` goes on), else (a `per_session` child's) its own session's GET
 //!   stream, else it is answered `-32603` (taskgate cannot tell which client it is for); `ping` is answered by taskgate.
+//!   Every request refused is answered: taskgate's answers go ahead of queued requests, and
+//!   when that queue is full the child's stdout is not read further until there is room (a
+//!   child that floods requests is read at the pace it reads its answers; a deaf one is ended,
+//!   as when a client's write finds it so).
 //!
 //! A line that is not one JSON-RPC message is counted (`taskgate_upstream_errors_total
 //! {kind="protocol"}`), logged at warn (at most one line a second), never forwarded; a line
@@ -31,6 +35,7 @@
 //! bound.
 
 use super::framing::{one_line, Line, Lines};
+use super::queue::{queue, QueueRx, QueueTx};
 use super::route::{Answer, Pending, Progress, Routes, SessionKey, TaskNote};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
@@ -46,8 +51,18 @@ use tokio::sync::{mpsc, oneshot};
 
 /// Messages related to one request that may wait for its client (past it they are dropped).
 pub const RELATED_QUEUE: usize = 64;
+/// Bytes of the messages related to one request that may wait for its client, at most (past it
+/// they are dropped as past [`RELATED_QUEUE`]; one larger message goes to an empty queue, alone:
+/// [`super::queue::QueueTx`]).
+pub const RELATED_QUEUE_BYTES: usize = 4 << 20;
 /// Messages for one GET stream that may wait for its client (past it they are dropped).
 pub const STREAM_QUEUE: usize = 64;
+/// Bytes of the messages that may wait for one GET stream's client, at most: past it they are
+/// dropped as past [`STREAM_QUEUE`] (a notification is lost, a request of the child's is
+/// answered `-32603`). A message larger than this still goes to an empty queue, alone: one
+/// slow client holds at most this much, or one message (`max_message_bytes`), not
+/// [`STREAM_QUEUE`] of them (up to a gigabyte at the default 16 MiB).
+pub const STREAM_QUEUE_BYTES: usize = 4 << 20;
 /// Lines that may wait for the child's stdin (past it a writer waits for room).
 const WRITE_QUEUE: usize = 256;
 /// How long a `notifications/cancelled` taskgate sends on its own (a request given up or
@@ -62,12 +77,15 @@ const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 
 /// The GET streams of an upstream's sessions (they outlive a restarted child).
 #[derive(Default)]
-pub struct Streams(Mutex<HashMap<Arc<str>, mpsc::Sender<sse::Event>>>);
+pub struct Streams(Mutex<HashMap<Arc<str>, QueueTx<sse::Event>>>);
+
+/// The client's end of a GET stream ([`Streams::open`]).
+pub type StreamRx = QueueRx<sse::Event>;
 
 impl Streams {
     /// Opens `session`'s GET stream (a second one replaces the first, which ends).
-    pub fn open(&self, session: Arc<str>) -> mpsc::Receiver<sse::Event> {
-        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+    pub fn open(&self, session: Arc<str>) -> StreamRx {
+        let (tx, rx) = queue(STREAM_QUEUE, STREAM_QUEUE_BYTES);
         self.0.lock().insert(session, tx);
         rx
     }
@@ -77,7 +95,8 @@ impl Streams {
         self.0.lock().remove(session);
     }
 
-    /// Sends `msg` on `session`'s GET stream; false when it has none or it is full.
+    /// Sends `msg` on `session`'s GET stream; false when it has none or it is full (in messages
+    /// or in bytes: the message is dropped, the caller says what that means).
     pub fn send(&self, session: &str, msg: &Bytes) -> bool {
         let mut map = self.0.lock();
         let Some(tx) = map.get(session) else {
@@ -144,6 +163,10 @@ pub struct Conn {
     deaf: Arc<tokio::sync::Notify>,
     /// Whether it was found deaf (the first finding ends it; later ones change nothing).
     found_deaf: AtomicBool,
+    /// The upstream's `timeout_ms`: how long an answer of taskgate's own (a refusal, a `pong`)
+    /// waits for room in a full stdin queue while nothing reaches the child before the child is
+    /// found deaf ([`Conn::reply`]).
+    timeout: std::time::Duration,
 }
 
 /// Whose GET streams a child's notification for every stream (`notifications/message`, a list
@@ -182,6 +205,7 @@ impl Conn {
         streams: Arc<Streams>,
         metrics: Arc<Metrics>,
         owner: Owner,
+        timeout: std::time::Duration,
     ) -> Running {
         let (normal, normal_rx) = mpsc::channel(WRITE_QUEUE);
         let (urgent, urgent_rx) = mpsc::channel(WRITE_QUEUE);
@@ -200,6 +224,7 @@ impl Conn {
             written: Arc::new(AtomicU64::new(0)),
             deaf: Arc::new(tokio::sync::Notify::new()),
             found_deaf: AtomicBool::new(false),
+            timeout,
         });
         let pid = child.id();
         let (close_stdin, close_rx) = oneshot::channel::<()>();
@@ -221,7 +246,12 @@ impl Conn {
             tokio::spawn(async move {
                 let mut lines = Lines::new(stdout, max_message_bytes);
                 while let Ok(Some(line)) = lines.next().await {
-                    conn.on_line(line, max_message_bytes);
+                    // An answer of taskgate's own is written before the next line is read: a
+                    // child that sends requests faster than it reads its stdin is read at the
+                    // pace it reads (none is left unanswered, nothing piles up here).
+                    if let Some(reply) = conn.on_line(line, max_message_bytes) {
+                        conn.reply(reply).await;
+                    }
                 }
                 // Usually the process is exiting: give the keeper the moment it needs to say
                 // how (the first reason given is the one requests get).
@@ -264,7 +294,7 @@ impl Conn {
                 // A liveness rule: a child that stopped reading its stdin is a dead peer too.
                 () = deaf.notified() => {
                     let _ = close_stdin.send(());
-                    let how = super::child::end(&name, &mut child).await;
+                    let how = super::child::end_deaf(&name, &mut child).await;
                     tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, "child stopped reading its stdin: ended ({how})");
                     format!("its child process stopped reading its stdin and was ended ({how})")
                 }
@@ -303,8 +333,8 @@ impl Conn {
     }
 
     /// The child is deaf: a write waited `timeout_ms` for room while nothing reached its stdin
-    /// (the pipe full all along). The keeper ends it as a child that closed its stdin (close
-    /// stdin, `SIGTERM`, `SIGKILL`): its requests in flight get the reason, and supervision
+    /// (the pipe full all along). The keeper ends it (close stdin and `SIGTERM` at once:
+    /// `child::end_deaf`; `SIGKILL`): its requests in flight get the reason, and supervision
     /// restarts it (or ends its `per_session` session) as after a crash.
     /// Returns whether this was the first finding.
     pub fn deafened(&self) -> bool {
@@ -392,7 +422,7 @@ impl Conn {
         let own = session.as_deref() == Some(super::OWN_SESSION);
         let initialize = msg.method() == Some("initialize");
         let (answer_tx, answer) = oneshot::channel();
-        let (related_tx, related) = mpsc::channel(RELATED_QUEUE);
+        let (related_tx, related) = queue(RELATED_QUEUE, RELATED_QUEUE_BYTES);
         let mut routes = self.routes.lock();
         if self.is_closed() {
             return Err(self.gone());
@@ -548,10 +578,11 @@ impl Conn {
         }
     }
 
-    /// One line from the child's stdout, routed (see the module docs).
-    fn on_line(&self, line: Line, max_message_bytes: usize) {
+    /// One line from the child's stdout, routed (see the module docs). Returns taskgate's own
+    /// answer to it (a child's request refused, a `ping`), for [`Conn::reply`].
+    fn on_line(&self, line: Line, max_message_bytes: usize) -> Option<Bytes> {
         let text = match line {
-            Line::Text(t) if t.trim().is_empty() => return,
+            Line::Text(t) if t.trim().is_empty() => return None,
             Line::Text(t) => t,
             Line::Oversize(id) => {
                 self.metrics
@@ -562,25 +593,31 @@ impl Conn {
                         "the upstream answer exceeded max_message_bytes={max_message_bytes}"
                     )));
                 }
-                return self.noise(&format!(
+                self.noise(&format!(
                     "a line over max_message_bytes={max_message_bytes} (discarded)"
                 ));
+                return None;
             }
-            Line::NotUtf8 => return self.noise("a line that is not UTF-8"),
+            Line::NotUtf8 => {
+                self.noise("a line that is not UTF-8");
+                return None;
+            }
         };
         let bytes = Bytes::from(text);
         let msg = match Message::parse(bytes.clone()) {
             Ok(m) => m,
             Err(e) => {
                 let shown = super::child::cut(&String::from_utf8_lossy(&bytes), 200);
-                return self.noise(&format!("a line that is not JSON-RPC ({e}): {shown}"));
+                self.noise(&format!("a line that is not JSON-RPC ({e}): {shown}"));
+                return None;
             }
         };
         match msg.kind() {
             Kind::Response | Kind::Error => self.answer(&msg),
             Kind::Notification => self.notification(&msg),
-            Kind::Request => self.request(&msg),
+            Kind::Request => return self.request(&msg),
         }
+        None
     }
 
     fn noise(&self, what: &str) {
@@ -712,13 +749,12 @@ impl Conn {
         }
     }
 
-    /// A server→client request.
-    fn request(&self, msg: &Message) {
-        let Some(id) = msg.id().cloned() else { return };
+    /// A server→client request. Returns taskgate's answer to it, when it reaches no client.
+    fn request(&self, msg: &Message) -> Option<Bytes> {
+        let id = msg.id().cloned()?;
         let bytes = msg.bytes().clone();
         if msg.method() == Some("ping") {
-            let pong = jsonrpc::result_response(&id, "{}");
-            return self.reply_soon(pong);
+            return Some(jsonrpc::result_response(&id, "{}"));
         }
         let task = raw_string(&bytes, &["params", "_meta", RELATED_TASK, "taskId"]);
         let mut routes = self.routes.lock();
@@ -726,8 +762,12 @@ impl Conn {
             routes.note_asked(id.as_json().to_string(), session.clone());
             drop(routes);
             if self.to_session(&session, &bytes) {
-                return;
+                return None;
             }
+            return Some(self.refuse(&id, &format!(
+                "the client of upstream `{}` whose task this request is about has no open GET stream for it (or it is full)",
+                self.name
+            )));
         } else if let Some(out) = routes.only_pending() {
             let (session, related) = match routes.get(out) {
                 // During an `initialize` (a client's, or taskgate's own): no client could
@@ -736,19 +776,28 @@ impl Conn {
                 // the child waits for nothing and the `initialize` goes on.
                 Some(p) if p.before_session => {
                     drop(routes);
-                    return self.refuse(&id, &format!(
+                    return Some(self.refuse(&id, &format!(
                         "taskgate cannot relay a request of upstream `{}` sent before its initialize was answered: no client has a session to answer it on",
                         self.name
-                    ));
+                    )));
                 }
                 Some(p) => (p.session.clone(), p.related.clone()),
-                None => return,
+                None => return None,
             };
             routes.note_asked(id.as_json().to_string(), session);
             drop(routes);
-            if related.try_send(bytes).is_ok() {
-                return;
-            }
+            let why = match related.try_send(bytes) {
+                Ok(()) => return None,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    "its reply holds as many messages as it may, its client does not take them"
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => "its client went away",
+            };
+            let why = format!(
+                "the request of upstream `{}`'s client this request is about cannot take it: {why}",
+                self.name
+            );
+            return Some(self.refuse(&id, &why));
         } else {
             drop(routes);
             // A `per_session` child's request outside any call (`roots/list` once initialized,
@@ -760,30 +809,64 @@ impl Conn {
                     .lock()
                     .note_asked(id.as_json().to_string(), session.clone());
                 if self.to_session(&session, &bytes) {
-                    return;
+                    return None;
                 }
-                return self.refuse(&id, &format!(
+                return Some(self.refuse(&id, &format!(
                     "the client of upstream `{}` has no open GET stream for this request (or it is full)",
                     self.name
-                ));
+                )));
             }
         }
-        self.refuse(&id, &format!(
-            "taskgate cannot tell which client of upstream `{}` this request is for (its process is shared)",
-            self.name
-        ));
+        // Not a `per_session` child's with its session made (that one returned above).
+        let why = match &*self.owner.lock() {
+            Owner::NotYet => "no client has a session with it yet",
+            Owner::Every | Owner::Session(_) => "its process is shared",
+        };
+        Some(self.refuse(
+            &id,
+            &format!(
+                "taskgate cannot tell which client of upstream `{}` this request is for ({why})",
+                self.name
+            ),
+        ))
     }
 
     /// Refuses the child's request `id` (it reaches no client): its note (whom it was sent to)
-    /// is forgotten, and the child is answered `-32603` saying `why`, without waiting.
-    fn refuse(&self, id: &Id, why: &str) {
+    /// is forgotten; returns the `-32603` answer saying `why`, for [`Conn::reply`].
+    fn refuse(&self, id: &Id, why: &str) -> Bytes {
         self.routes.lock().take_asked(id.as_json());
-        let refusal = jsonrpc::error_response(Some(id), jsonrpc::INTERNAL_ERROR, why);
-        self.reply_soon(refusal);
+        jsonrpc::error_response(Some(id), jsonrpc::INTERNAL_ERROR, why)
     }
 
-    fn reply_soon(&self, msg: Bytes) {
-        let _ = self.urgent.try_send(one_line(&msg));
+    /// Writes taskgate's own answer to a request of the child's, ahead of queued requests.
+    /// The reader calls it before it reads the next line, so a full queue holds the child's
+    /// stdout until there is room: every request of a child that floods them is answered, at
+    /// the pace the child reads its stdin, and what waits is bounded by the queue and the
+    /// pipes. The liveness rule applies as to a client's write: when it waited `timeout_ms`
+    /// while not one byte reached the child, the child is deaf ([`Conn::deafened`]) and the
+    /// answer is dropped (the child is ended; it reads nothing more).
+    async fn reply(&self, msg: Bytes) {
+        let line = match self.urgent.try_send(one_line(&msg)) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return,
+            Err(mpsc::error::TrySendError::Full(line)) => line,
+        };
+        let mut before = self.written();
+        while !self.is_closed() && !self.found_deaf.load(Ordering::Acquire) {
+            match tokio::time::timeout(self.timeout, self.urgent.reserve()).await {
+                Ok(Ok(room)) => return room.send(line),
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    let now = self.written();
+                    if now == before {
+                        if self.deafened() {
+                            tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, timeout_ms = self.timeout.as_millis() as u64, "child read nothing from its stdin while taskgate's answer to its request waited timeout_ms for room: ending it");
+                        }
+                        return;
+                    }
+                    before = now;
+                }
+            }
+        }
     }
 
     fn to_session(&self, session: &SessionKey, msg: &Bytes) -> bool {
@@ -811,7 +894,7 @@ pub struct Registered {
     /// Its answer.
     pub answer: oneshot::Receiver<Answer>,
     /// Messages related to it, before its answer.
-    pub related: mpsc::Receiver<Bytes>,
+    pub related: QueueRx<Bytes>,
     /// Its child, for the drop guard.
     conn: std::sync::Weak<Conn>,
     /// Whether an abandoned one is cancelled at the child (not `initialize`), once its line
@@ -867,8 +950,10 @@ fn created_task_id(answer: &[u8]) -> Option<String> {
 }
 
 /// The writer: lines from the two queues (urgent first) to the child's stdin, until `close`
-/// fires or both queues end; dropping stdin closes it. Returns true when a write failed (the
-/// child closed its stdin).
+/// fires or both queues end; dropping stdin closes it. `close` is seen also while a line waits
+/// for room in a full pipe (its rest is not written): the child gets its EOF after what the
+/// pipe holds, not after the rest of a long line it may never read. Returns true when a write
+/// failed (the child closed its stdin).
 async fn write_lines(
     mut stdin: tokio::process::ChildStdin,
     mut normal: mpsc::Receiver<Bytes>,
@@ -887,7 +972,12 @@ async fn write_lines(
         // In pieces, each counted: a child reading a long line slowly makes progress.
         let mut rest = &line[..];
         while !rest.is_empty() {
-            match stdin.write(rest).await {
+            let wrote = tokio::select! {
+                biased;
+                _ = &mut close => return false,
+                wrote = stdin.write(rest) => wrote,
+            };
+            match wrote {
                 Ok(0) | Err(_) => return true,
                 Ok(n) => {
                     rest = rest.get(n..).unwrap_or_default();
@@ -959,6 +1049,294 @@ mod tests {
         assert_eq!(db.as_ptr(), msg.as_ptr(), "not copied");
     }
 
+    /// A Conn without a child: its stdin queues are the receivers returned (urgent second).
+    fn bare(owner: Owner) -> (Arc<Conn>, mpsc::Receiver<Bytes>, mpsc::Receiver<Bytes>) {
+        let (normal, normal_rx) = mpsc::channel(8);
+        let (urgent, urgent_rx) = mpsc::channel(8);
+        let conn = Arc::new(Conn {
+            name: "kid".into(),
+            normal,
+            urgent,
+            routes: Mutex::new(Routes::default()),
+            streams: Arc::default(),
+            metrics: Arc::new(Metrics::new(&["kid".to_string()])),
+            closed: AtomicBool::new(false),
+            why: Mutex::new(None),
+            noise_logged: Mutex::new(None),
+            owner: Mutex::new(owner),
+            dead_held: Mutex::new(Vec::new()),
+            written: Arc::default(),
+            deaf: Arc::default(),
+            found_deaf: AtomicBool::new(false),
+            timeout: std::time::Duration::from_secs(1),
+        });
+        (conn, normal_rx, urgent_rx)
+    }
+
+    /// One line of the child's stdout through `conn`; the answer taskgate writes back
+    /// (`error.message`), if any.
+    fn feed(conn: &Conn, line: &str) -> Option<String> {
+        let reply = conn.on_line(Line::Text(line.to_string()), 1 << 20)?;
+        let v: serde_json::Value = serde_json::from_slice(&reply).expect("json");
+        Some(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        )
+    }
+
+    /// A `per_session` child's request refused because its client cannot take it now (no GET
+    /// stream, or a full one; the request it belongs to cannot take more) says so: it said
+    /// "its process is shared", which a `per_session` child's is not.
+    #[tokio::test]
+    async fn a_refused_request_says_the_real_reason() {
+        let (conn, _normal, _urgent) = bare(Owner::Session("s1".into()));
+        conn.routes.lock().note_task(
+            "t1".into(),
+            TaskNote {
+                session: Some("s1".into()),
+                ..TaskNote::default()
+            },
+        );
+        // Its task's session has no GET stream open.
+        let why = feed(
+            &conn,
+            r#"{"jsonrpc":"2.0","id":"e1","method":"elicitation/create","params":{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"t1"}}}}"#,
+        )
+        .expect("refused");
+        assert!(!why.contains("shared"), "{why}");
+        assert!(why.contains("GET stream"), "{why}");
+
+        // The one request in flight cannot take more related messages (its reply is gone).
+        let msg = Message::parse(Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}"#,
+        ))
+        .expect("json");
+        let mut reg = conn
+            .register(&msg, Some("s1".into()), None, true, None)
+            .expect("registered");
+        reg.related.close();
+        let why = feed(
+            &conn,
+            r#"{"jsonrpc":"2.0","id":"e2","method":"sampling/createMessage","params":{}}"#,
+        )
+        .expect("refused");
+        assert!(!why.contains("shared"), "{why}");
+        assert!(why.contains("request"), "{why}");
+        drop(reg);
+    }
+
+    /// Messages related to one request (its progress, the child's requests for its client) are
+    /// bounded in bytes too: 64 of up to `max_message_bytes` each let one slow client hold a
+    /// gigabyte per request in flight.
+    #[tokio::test]
+    async fn a_requests_related_messages_are_bounded_in_bytes() {
+        let (conn, _normal, _urgent) = bare(Owner::Every);
+        let msg = Message::parse(Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","_meta":{"progressToken":"p"}}}"#,
+        ))
+        .expect("json");
+        let mut reg = conn
+            .register(&msg, Some("s1".into()), None, false, None)
+            .expect("registered");
+        let progress = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{},"progress":1,"message":"{}"}}}}"#,
+            reg.out,
+            "x".repeat(1 << 20)
+        );
+        for _ in 0..RELATED_QUEUE {
+            feed(&conn, &progress);
+        }
+        let mut queued = 0;
+        while let Ok(m) = reg.related.try_recv() {
+            queued += m.len();
+        }
+        assert!(queued > 0, "the first message is taken");
+        assert!(queued <= 8 << 20, "{queued} bytes queued for one request");
+        // Room again once its client took them.
+        feed(&conn, &progress);
+        assert!(reg.related.try_recv().is_ok());
+    }
+
+    /// A child that sends requests faster than it reads its stdin (here: it reads nothing for a
+    /// second) gets an answer to every one taskgate refuses: past the stdin queue they were
+    /// dropped, and the child waited for ever. Its stdout is read at the pace it reads its
+    /// stdin instead (nothing is held beyond the queue).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_refused_request_of_a_flooding_child_is_answered() {
+        const N: usize = 3000;
+        let dir = std::env::temp_dir().join(format!("tg-conn-flood-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let log = dir.join("read");
+        let script = r#"
+import sys, threading, time
+n, log = int(sys.argv[1]), sys.argv[2]
+def flood():
+    sys.stdout.write("".join('{"jsonrpc":"2.0","id":%d,"method":"x/ask","params":{}}\n' % i for i in range(n)))
+    sys.stdout.flush()
+threading.Thread(target=flood, daemon=True).start()
+time.sleep(1.0)
+with open(log, "w") as f:
+    for line in sys.stdin:
+        f.write(line)
+        f.flush()
+"#;
+        let child = tokio::process::Command::new("python3")
+            .args(["-c", script, &N.to_string(), &log.display().to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3");
+        let running = Conn::start(
+            "kid".into(),
+            child,
+            1 << 20,
+            Arc::default(),
+            Arc::new(Metrics::new(&["kid".to_string()])),
+            Owner::Every,
+            std::time::Duration::from_secs(5),
+        );
+        let answered = || {
+            std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("\"error\""))
+                .count()
+        };
+        let start = std::time::Instant::now();
+        while answered() < N && start.elapsed() < std::time::Duration::from_secs(10) {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let got = answered();
+        let _ = running.stop.send(());
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(got, N, "requests of the child left without an answer");
+    }
+
+    /// A child being ended while a long line is half written gets its stdin closed at once:
+    /// the writer saw the close only between lines, so a child reading its stdin slowly read
+    /// the rest of the line before its EOF, and got `SIGTERM` after `STDIN_GRACE` instead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stop_closes_stdin_while_a_line_is_half_written() {
+        // Reads nothing for 1 s, then 4 KiB every 10 ms until EOF, and exits.
+        let script = r#"
+import os, time
+time.sleep(1.0)
+while os.read(0, 4096):
+    time.sleep(0.01)
+"#;
+        let child = tokio::process::Command::new("python3")
+            .args(["-c", script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3");
+        let running = Conn::start(
+            "kid".into(),
+            child,
+            1 << 20,
+            Arc::default(),
+            Arc::new(Metrics::new(&["kid".to_string()])),
+            Owner::Every,
+            std::time::Duration::from_secs(5),
+        );
+        // 4 MiB: far more than the pipe holds, and than the child reads within the grace.
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#,
+            "x".repeat(4 << 20)
+        );
+        running
+            .conn
+            .write(line.as_bytes(), false)
+            .await
+            .expect("queued");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let _ = running.stop.send(());
+        let why = tokio::time::timeout(std::time::Duration::from_secs(10), running.exited)
+            .await
+            .expect("ended")
+            .expect("a reason");
+        assert!(why.contains("exited after stdin closed"), "{why}");
+    }
+
+    /// A deaf child gets `SIGTERM` at once: it reads nothing, so its stdin closing is nothing it
+    /// can see, and waiting `STDIN_GRACE` for it only put its end (and its restart) 2 s later.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deaf_child_gets_sigterm_without_the_stdin_grace() {
+        let child = tokio::process::Command::new("python3")
+            .args(["-c", "import time; time.sleep(30)"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3");
+        let running = Conn::start(
+            "kid".into(),
+            child,
+            1 << 20,
+            Arc::default(),
+            Arc::new(Metrics::new(&["kid".to_string()])),
+            Owner::Every,
+            std::time::Duration::from_secs(5),
+        );
+        let started = std::time::Instant::now();
+        assert!(running.conn.deafened());
+        let why = tokio::time::timeout(std::time::Duration::from_secs(10), running.exited)
+            .await
+            .expect("ended")
+            .expect("a reason");
+        let took = started.elapsed();
+        assert!(why.contains("after SIGTERM"), "{why}");
+        assert!(
+            took < super::super::child::STDIN_GRACE,
+            "ended after {took:?}"
+        );
+    }
+
+    /// A GET stream's queue is bounded in bytes, not only in messages: 64 messages of up to
+    /// `max_message_bytes` (16 MiB) each let one slow client hold a gigabyte.
+    #[test]
+    fn a_get_streams_queue_is_bounded_in_bytes() {
+        let streams = Streams::default();
+        let mut rx = streams.open("s".into());
+        let big = Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#,
+            "x".repeat(1 << 20)
+        ));
+        let mut queued = 0usize;
+        for _ in 0..STREAM_QUEUE {
+            if streams.send("s", &big) {
+                queued += big.len();
+            }
+        }
+        assert!(queued > 0, "the first message is taken");
+        assert!(
+            queued <= 8 << 20,
+            "{queued} bytes queued for one GET stream"
+        );
+        assert!(!streams.send("s", &big), "full");
+        // What its client takes makes room again; a message larger than the whole bound
+        // still goes to an empty queue (else it could never be delivered).
+        while rx.try_recv().is_ok() {}
+        assert!(streams.send("s", &big));
+        while rx.try_recv().is_ok() {}
+        let huge = Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#,
+            "x".repeat(12 << 20)
+        ));
+        assert!(streams.send("s", &huge), "alone, any message goes");
+        assert!(!streams.send("s", &big), "but nothing after it");
+        assert_eq!(streams.broadcast(&big), 0);
+    }
+
     /// Issue 31: one lock order, `routes` before `why`. `register` holds `routes` and reads
     /// `why` (`gone`) once it sees the conn closed; `close` must not hold `why` while it
     /// waits for `routes`, or the two deadlock.
@@ -981,6 +1359,7 @@ mod tests {
             written: Arc::default(),
             deaf: Arc::default(),
             found_deaf: AtomicBool::new(false),
+            timeout: std::time::Duration::from_secs(1),
         });
         // As `register` does: `routes` held, then `is_closed`, then `why`.
         let routes = conn.routes.lock();

@@ -72,7 +72,8 @@
 //! (its pipe full all along: it stopped reading; a slow reader, which still takes bytes, is
 //! not deaf while room for the next line opens within `timeout_ms`: the kernel frees pipe room
 //! a 4 KiB page at a time and a reader buffers its input, so one taking less than a few KiB per
-//! `timeout_ms`, small lines at a slow pace, is found deaf too), logged at warn; every start after
+//! `timeout_ms`, small lines at a slow pace, is found deaf too; it gets `SIGTERM` without the
+//! wait for an exit on EOF, which it cannot see), logged at warn; every start after
 //! the first counts in `taskgate_upstream_restarts_total{upstream}`. Requests waiting on the
 //! dead child get a JSON-RPC error naming the upstream ("upstream `x` is unreachable: its
 //! child process exited (…)"); requests that arrive while no child runs get it at once (while
@@ -101,8 +102,10 @@
 //! # Bounds
 //!
 //! Requests in flight on one upstream: `max_in_flight` (default 64); more wait for a slot
-//! within `timeout_ms`, then get 504. `tasks/cancel` takes no slot and is written ahead of
-//! queued requests (its task's creating call was answered, so written, already);
+//! within `timeout_ms`, then get 504; one `timeout_ms` covers the wait for a slot, the write
+//! and the answer (a request that got its slot late has what is left of it). `tasks/cancel`
+//! takes no slot and is written ahead of queued requests (its task's creating call was
+//! answered, so written, already);
 //! `notifications/cancelled` takes none and is written in order, after the request it names
 //! (ahead of it, while that request still waited in the queue, it named an id the child did
 //! not know yet, and the request then ran); a request cancelled while it still waits for a
@@ -116,7 +119,10 @@
 //! wait is deaf: ended and restarted (see Supervision), its requests in flight answered as on
 //! a crash ("… stopped reading its stdin and was ended (…)"). A `notifications/cancelled` is not waited
 //! for: one that finds the queue full is written by a task once there is room (within
-//! 30 s), so it still reaches a child that reads again. A 2026-07-28 `subscriptions/listen` takes no
+//! 30 s), so it still reaches a child that reads again. taskgate's own answers to the child's
+//! requests (a refusal, a `pong`) are never dropped: while they find the queue full, the
+//! child's stdout waits unread (it is read at the pace the child reads its stdin; one that read
+//! nothing for `timeout_ms` meanwhile is deaf). A 2026-07-28 `subscriptions/listen` takes no
 //! slot (it stays open until its client closes it); its notifications come back on its own
 //! reply stream ([`conn`]). Processes: [`child`] (process group,
 //! parent-death signal, close stdin → `SIGTERM` → `SIGKILL`; stderr to the log, target
@@ -127,6 +133,7 @@
 pub mod child;
 pub mod conn;
 mod framing;
+pub mod queue;
 pub mod route;
 
 use self::conn::{Conn, Registered, Streams};
@@ -258,7 +265,7 @@ struct Inner {
     idle: Duration,
     /// Tasks a dead shared child took with it (bounded, [`route::MAX_NOTES`]): their
     /// `tasks/get|result|cancel` are answered here, since the new child never knew them.
-    dead: Mutex<HashMap<String, DeadTask>>,
+    dead: Mutex<route::Notes<String, DeadTask>>,
     /// `per_session`: asks the spawner task for a child (see [`Inner::spawner`]).
     spawner: Mutex<Option<tokio::sync::mpsc::Sender<Spawned>>>,
     /// `per_session`: children asked for and not yet kept as a session (starting, in
@@ -387,7 +394,7 @@ impl StdioTransport {
             stop: watch::Sender::new(false),
             keepers: Mutex::new(Vec::new()),
             idle,
-            dead: Mutex::new(HashMap::new()),
+            dead: Mutex::new(route::Notes::default()),
             spawner: Mutex::new(None),
             starting: std::sync::atomic::AtomicUsize::new(0),
             era: Mutex::new(None),
@@ -594,6 +601,9 @@ impl Inner {
         held: Option<Arc<str>>,
     ) -> Result<McpReply, GatewayError> {
         let method = msg.method().unwrap_or_default().to_string();
+        // One deadline for the wait for a slot, the write and the answer: a request that got
+        // its slot late has what is left of `timeout_ms`, not a whole one more.
+        let until = tokio::time::Instant::now() + self.timeout;
         // Only once a new child is live: by then the gateway has failed the dead child's tasks
         // with both audit facts (`ChildGone`); an answer here before that would be recorded as
         // a plain `failed`, and the death then skip the task (terminal already).
@@ -616,7 +626,7 @@ impl Inner {
             _ => None,
         };
         let permit = if needs_slot {
-            Some(self.permit().await?)
+            Some(self.permit(until).await?)
         } else {
             None
         };
@@ -640,18 +650,22 @@ impl Inner {
         // Never written (the child is gone, or its stdin queue stayed full, or the caller went
         // away while it waited for room: `reg` dropped unqueued): the child does not know it,
         // so it is not told it is cancelled either.
-        if let Err(e) = self.write(conn, &reg.bytes, urgent).await {
+        if let Err(e) = self.write_until(conn, &reg.bytes, urgent, until).await {
             conn.forget(reg.out);
             return Err(e);
         }
         conn.queued(reg.out);
         let client_id = msg.id().cloned();
-        self.reply(conn.clone(), reg, client_id, method, deadline, era)
+        self.reply(conn.clone(), reg, client_id, method, deadline, until, era)
             .await
     }
 
-    async fn permit(&self) -> Result<OwnedSemaphorePermit, GatewayError> {
-        match tokio::time::timeout(self.timeout, self.permits.clone().acquire_owned()).await {
+    /// A `max_in_flight` slot, waited for until `until` at most.
+    async fn permit(
+        &self,
+        until: tokio::time::Instant,
+    ) -> Result<OwnedSemaphorePermit, GatewayError> {
+        match tokio::time::timeout_at(until, self.permits.clone().acquire_owned()).await {
             Ok(Ok(p)) => Ok(p),
             Ok(Err(_)) => Err(GatewayError::ShuttingDown),
             Err(_) => Err(self.timeout_error()),
@@ -660,6 +674,8 @@ impl Inner {
 
     /// The reply to a written request: its answer as JSON, or, when related messages come
     /// first (progress, a server→client request), an SSE stream of them ending with it.
+    /// `until`: the request's deadline (unless [`Deadline::Unbounded`]).
+    #[allow(clippy::too_many_arguments)]
     async fn reply(
         self: &Arc<Self>,
         conn: Arc<Conn>,
@@ -667,10 +683,11 @@ impl Inner {
         client_id: Option<Id>,
         method: String,
         deadline: Deadline,
+        until: tokio::time::Instant,
         era: Era,
     ) -> Result<McpReply, GatewayError> {
         let mut timer = match deadline {
-            Deadline::Head | Deadline::Exchange => Some(Box::pin(tokio::time::sleep(self.timeout))),
+            Deadline::Head | Deadline::Exchange => Some(Box::pin(tokio::time::sleep_until(until))),
             Deadline::Unbounded => None,
         };
         // Related messages first: the child sent them before its answer (one reader, in
@@ -965,7 +982,7 @@ impl Inner {
             return session_not_found(None);
         }
         let rx = self.streams.open(s.clone());
-        McpReply::event_stream(rx, None)
+        McpReply::events(rx.into_stream(), None)
     }
 
     /// The shared child's life: start, initialize, wait for its end, back off, again.
@@ -1002,6 +1019,7 @@ impl Inner {
                 self.streams.clone(),
                 self.metrics.clone(),
                 conn::Owner::Every,
+                self.timeout,
             );
             tracing::info!(target: "taskgate::upstream::stdio", upstream = %self.name, pid = ?running.pid, "child started");
             let init = tokio::select! {
@@ -1184,6 +1202,7 @@ impl Inner {
                     self.streams.clone(),
                     self.metrics.clone(),
                     conn::Owner::NotYet,
+                    self.timeout,
                 );
                 // Shutdown waits for the child's end (the keeper), not only for the session.
                 let keeper = std::mem::replace(&mut running.keeper, tokio::spawn(async {}));
@@ -1245,9 +1264,6 @@ impl Inner {
         let tasks = conn.take_tasks();
         let ids = tasks.iter().map(|(id, _)| id.clone()).collect();
         for (task_id, note) in tasks {
-            if dead.len() >= route::MAX_NOTES {
-                dead.clear();
-            }
             dead.insert(
                 task_id,
                 DeadTask {
@@ -1364,12 +1380,28 @@ impl Inner {
     /// the module docs), the child is deaf and is ended
     /// ([`Conn::deafened`]), then restarted as after a crash.
     async fn write(&self, conn: &Conn, bytes: &[u8], urgent: bool) -> Result<(), GatewayError> {
+        let until = tokio::time::Instant::now() + self.timeout;
+        self.write_until(conn, bytes, urgent, until).await
+    }
+
+    /// [`Inner::write`], within `until` (a request's deadline, part of it spent waiting for a
+    /// slot). The liveness rule needs a whole `timeout_ms` of waiting: a shorter wait that saw
+    /// nothing written finds no child deaf.
+    async fn write_until(
+        &self,
+        conn: &Conn,
+        bytes: &[u8],
+        urgent: bool,
+        until: tokio::time::Instant,
+    ) -> Result<(), GatewayError> {
         let before = conn.written();
-        match tokio::time::timeout(self.timeout, conn.write(bytes, urgent)).await {
+        let started = tokio::time::Instant::now();
+        match tokio::time::timeout_at(until, conn.write(bytes, urgent)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(why)) => Err(self.unreachable(why)),
             Err(_) => {
-                if conn.written() == before && !conn.is_closed() && conn.deafened() {
+                let whole = started.elapsed() >= self.timeout;
+                if whole && conn.written() == before && !conn.is_closed() && conn.deafened() {
                     tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, timeout_ms = self.timeout_ms, "child read nothing from its stdin while a write waited timeout_ms for room: ending it");
                 }
                 Err(self.timeout_error())

@@ -10,14 +10,17 @@
 //!
 //! Bounds: requests in flight are bounded by the upstream's `max_in_flight` (a permit each);
 //! the notes about tokens, tasks and the child's own requests hold at most [`MAX_NOTES`]
-//! entries each, and a full table is emptied (its oldest routes are lost: a late progress or
-//! status notification for them is dropped and counted, never sent to the wrong client).
+//! entries each; a full table forgets its oldest note to take a new one (that route is lost:
+//! a late progress or status notification for it is dropped and counted, never sent to the
+//! wrong client; the others, the live tasks of every client among them, stay).
 
 use crate::jsonrpc::Id;
 use bytes::Bytes;
-use std::collections::HashMap;
+use std::borrow::Borrow;
+use std::collections::{BTreeMap, HashMap};
+use std::hash::Hash;
 use std::sync::Arc;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 /// Entries at most in each table of notes.
 pub const MAX_NOTES: usize = 65_536;
@@ -38,7 +41,7 @@ pub struct Pending {
     pub answer: oneshot::Sender<Answer>,
     /// Where messages related to the request go before its answer (bounded; a full channel
     /// drops the message, counted).
-    pub related: mpsc::Sender<Bytes>,
+    pub related: super::queue::QueueTx<Bytes>,
     /// A task-augmented call: its answer names a task whose later messages go to `session`.
     pub task_call: bool,
     /// Its in-flight slot (`max_in_flight`), freed with the entry.
@@ -89,9 +92,9 @@ pub struct Routes {
     next: u64,
     pending: HashMap<u64, Pending>,
     by_client: HashMap<(SessionKey, Id), u64>,
-    progress: HashMap<u64, Progress>,
-    tasks: HashMap<String, TaskNote>,
-    asked: HashMap<String, SessionKey>,
+    progress: Notes<u64, Progress>,
+    tasks: Notes<String, TaskNote>,
+    asked: Notes<String, SessionKey>,
 }
 
 impl Routes {
@@ -168,7 +171,7 @@ impl Routes {
 
     /// Notes that request `out` carried the caller's token `original` (replaced by `out`).
     pub fn note_progress(&mut self, out: u64, progress: Progress) {
-        bounded_insert(&mut self.progress, out, progress);
+        self.progress.insert(out, progress);
     }
 
     /// Whose token `token` (a number taskgate wrote) is.
@@ -178,7 +181,7 @@ impl Routes {
 
     /// Notes that task `task_id` was created by a request of `note.session`.
     pub fn note_task(&mut self, task_id: String, note: TaskNote) {
-        bounded_insert(&mut self.tasks, task_id, note);
+        self.tasks.insert(task_id, note);
     }
 
     /// The session that created task `task_id`, if noted.
@@ -188,12 +191,12 @@ impl Routes {
 
     /// Every task noted, removed (the child is gone, and its tasks with it).
     pub fn drain_tasks(&mut self) -> Vec<(String, TaskNote)> {
-        self.tasks.drain().collect()
+        self.tasks.drain()
     }
 
     /// Notes that the child's request `id` (JSON text) was sent to `session`.
     pub fn note_asked(&mut self, id: String, session: SessionKey) {
-        bounded_insert(&mut self.asked, id, session);
+        self.asked.insert(id, session);
     }
 
     /// The session the child's request `id` (JSON text) went to, removed once answered.
@@ -207,11 +210,70 @@ impl Routes {
     }
 }
 
-fn bounded_insert<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, k: K, v: V) {
-    if map.len() >= MAX_NOTES {
-        map.clear();
+/// A table of notes, at most [`MAX_NOTES`]: a full one forgets its oldest note (the one noted
+/// or noted again longest ago) to take a new one.
+pub struct Notes<K, V> {
+    map: HashMap<K, (u64, V)>,
+    /// The keys by when they were noted.
+    order: BTreeMap<u64, K>,
+    next: u64,
+}
+
+impl<K, V> Default for Notes<K, V> {
+    fn default() -> Self {
+        Notes {
+            map: HashMap::new(),
+            order: BTreeMap::new(),
+            next: 0,
+        }
     }
-    map.insert(k, v);
+}
+
+impl<K: Hash + Eq + Clone, V> Notes<K, V> {
+    /// Notes `v` under `k` (the newest note; the oldest goes when the table is full).
+    pub fn insert(&mut self, k: K, v: V) {
+        if let Some((seq, _)) = self.map.remove(&k) {
+            self.order.remove(&seq);
+        }
+        while self.map.len() >= MAX_NOTES {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            self.map.remove(&oldest);
+        }
+        self.next += 1;
+        self.order.insert(self.next, k.clone());
+        self.map.insert(k, (self.next, v));
+    }
+
+    /// The note under `k`.
+    pub fn get<Q: Hash + Eq + ?Sized>(&self, k: &Q) -> Option<&V>
+    where
+        K: Borrow<Q>,
+    {
+        self.map.get(k).map(|(_, v)| v)
+    }
+
+    /// The note under `k`, removed.
+    pub fn remove<Q: Hash + Eq + ?Sized>(&mut self, k: &Q) -> Option<V>
+    where
+        K: Borrow<Q>,
+    {
+        let (seq, v) = self.map.remove(k)?;
+        self.order.remove(&seq);
+        Some(v)
+    }
+
+    /// Every note, removed.
+    pub fn drain(&mut self) -> Vec<(K, V)> {
+        self.order.clear();
+        self.map.drain().map(|(k, (_, v))| (k, v)).collect()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map.len()
+    }
 }
 
 #[cfg(test)]
@@ -220,7 +282,7 @@ mod tests {
 
     fn pending(session: &str, id: &str) -> (Pending, oneshot::Receiver<Answer>) {
         let (tx, rx) = oneshot::channel();
-        let (related, _) = mpsc::channel(1);
+        let (related, _) = super::super::queue::queue(1, 1024);
         (
             Pending {
                 client_id: Id::from_json(id).expect("valid id"),
@@ -293,6 +355,31 @@ mod tests {
         assert!(
             routes.progress(out).is_some(),
             "kept for the task's lifetime"
+        );
+    }
+
+    /// A full table forgets its oldest note, not every note: it was emptied, and the live tasks
+    /// of every client lost their routes (their status notifications and requests dropped).
+    #[test]
+    fn a_full_table_forgets_its_oldest_note_only() {
+        let mut routes = Routes::default();
+        for i in 0..=MAX_NOTES {
+            routes.note_task(format!("t{i}"), TaskNote::default());
+        }
+        assert!(routes.tasks.len() <= MAX_NOTES);
+        assert!(routes.task_session("t0").is_none(), "the oldest goes");
+        assert!(routes.task_session("t1").is_some(), "the others stay");
+        assert!(routes.task_session(&format!("t{MAX_NOTES}")).is_some());
+        // One taken out of the middle is not counted twice, nor evicted in its place later.
+        routes.note_asked("a".into(), None);
+        routes.take_asked("a");
+        routes.note_asked("b".into(), None);
+        for i in 0..MAX_NOTES - 1 {
+            routes.note_asked(format!("c{i}"), None);
+        }
+        assert!(
+            routes.asked("b").is_some(),
+            "not evicted: the table was not full"
         );
     }
 

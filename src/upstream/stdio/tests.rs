@@ -29,8 +29,14 @@ impl Fixture {
             NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).expect("temp dir");
+        // 3 s unless `extra` says otherwise.
+        let timeout = if extra.contains("timeout_ms") {
+            ""
+        } else {
+            "timeout_ms = 3000"
+        };
         let config: UpstreamConfig = toml::from_str(&format!(
-            "name = \"kid\"\ncommand = [\"python3\", \"{SERVER}\"]\ntimeout_ms = 3000\n{extra}\n[env]\nSTDIO_LOG = \"{}\"\nSTDIO_PIDS = \"{}\"\n{env}\n",
+            "name = \"kid\"\ncommand = [\"python3\", \"{SERVER}\"]\n{timeout}\n{extra}\n[env]\nSTDIO_LOG = \"{}\"\nSTDIO_PIDS = \"{}\"\n{env}\n",
             dir.join("log").display(),
             dir.join("pids").display()
         ))
@@ -433,6 +439,44 @@ async fn a_client_that_goes_away_frees_its_slot_and_the_child_is_told() {
         panic!("live");
     };
     assert_eq!(conn.in_flight(), 0, "no route left behind");
+    f.handle.shutdown().await;
+}
+
+/// One `timeout_ms` covers a request's wait for a `max_in_flight` slot and its exchange: a
+/// request that got its slot late had a whole `timeout_ms` more for its answer (up to twice
+/// the bound, three times with a full stdin queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_deadline_covers_the_wait_for_a_slot_and_the_exchange() {
+    let f = Fixture::new("max_in_flight = 1\ntimeout_ms = 1000");
+    f.ready().await;
+    let (s1, _) = initialize(&f, "1").await;
+    let echo = |id: u32, delay: u32| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"hi","delay_ms":{delay}}}}}}}"#
+        )
+    };
+    // The first holds the only slot until its own deadline (1 s); the second, 200 ms later,
+    // gets the slot then and would be answered 900 ms after.
+    let (first, late) = (echo(10, 5000), echo(11, 900));
+    let holder = f.send(Some(&s1), &first);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
+        let reply = f.send(Some(&s1), &late).await;
+        (reply, started.elapsed())
+    };
+    let (held, (reply, took)) = tokio::join!(holder, second);
+    assert!(matches!(held, Err(GatewayError::UpstreamTimeout { .. })));
+    assert!(
+        took < Duration::from_millis(1300),
+        "answered after {took:?}: {:?}",
+        reply.as_ref().map(|r| r.status)
+    );
+    assert!(
+        matches!(reply, Err(GatewayError::UpstreamTimeout { .. })),
+        "{:?}",
+        reply.as_ref().map(|r| r.status)
+    );
     f.handle.shutdown().await;
 }
 
