@@ -371,13 +371,10 @@ async fn a_bridged_cancel_ends_within_one_timeout() {
     );
 }
 
-/// A task that completes upstream between the bridge's `tasks/get` and its `tasks/cancel` (the
-/// 2026 server acknowledges the cancel and keeps `completed`, as §1.6 allows) is not recorded
-/// `cancelled`: after the ack the bridge asks again, records `completed` with its result, and
-/// answers `-32602` naming it; the result stays reachable. Before: recorded `cancelled` from
-/// the ack, its result lost (`tasks/result` `-32603`).
-#[tokio::test]
-async fn a_task_that_completes_before_its_cancel_takes_effect_keeps_its_result() {
+/// A 2026 server whose task, asked about once by the bridge's cancel, is answered `working`
+/// and ends `status` (`completed`, `tool_error`, ...) right after that answer; taskgate on it, a
+/// 2025 client, and that client's task, ready for its cancel.
+async fn ends_between_check_and_cancel(status: &'static str) -> (Upstream, Tg, Client, String) {
     let flip: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =
         Default::default();
     let to_flip = flip.clone();
@@ -385,12 +382,11 @@ async fn a_task_that_completes_before_its_cancel_takes_effect_keeps_its_result()
         if !to_flip.lock().unwrap().remove(task_id) {
             return None;
         }
-        // Answered `working`, and completed right after that answer.
         state
             .lock()
             .unwrap()
             .tasks
-            .insert(task_id.to_string(), "completed".into());
+            .insert(task_id.to_string(), status.into());
         Some(detailed(task_id, "working"))
     })
     .await;
@@ -398,6 +394,17 @@ async fn a_task_that_completes_before_its_cancel_takes_effect_keeps_its_result()
     let (c, _) = legacy_client(&tg).await;
     let t = create(&c, 2).await;
     flip.lock().unwrap().insert(t.clone());
+    (up, tg, c, t)
+}
+
+/// A task that completes upstream between the bridge's `tasks/get` and its `tasks/cancel` (the
+/// 2026 server acknowledges the cancel and keeps `completed`, as §1.6 allows) is not recorded
+/// `cancelled`: after the ack the bridge asks again, records `completed` with its result, and
+/// answers `-32602` naming it; the result stays reachable. Before: recorded `cancelled` from
+/// the ack, its result lost (`tasks/result` `-32603`).
+#[tokio::test]
+async fn a_task_that_completes_before_its_cancel_takes_effect_keeps_its_result() {
+    let (up, tg, c, t) = ends_between_check_and_cancel("completed").await;
     let v = c.cancel("3", &t).await;
     assert_eq!(err_code(&v), -32602, "{v}");
     assert!(err_message(&v).contains("completed"), "{v}");
@@ -426,25 +433,7 @@ async fn a_task_that_completes_before_its_cancel_takes_effect_keeps_its_result()
 /// saw for the task.
 #[tokio::test]
 async fn a_tool_error_that_ends_before_its_cancel_takes_effect_is_named_failed() {
-    let flip: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>> =
-        Default::default();
-    let to_flip = flip.clone();
-    let (up, _state) = tasks_get_answered(std::time::Duration::ZERO, move |task_id, state| {
-        if !to_flip.lock().unwrap().remove(task_id) {
-            return None;
-        }
-        state
-            .lock()
-            .unwrap()
-            .tasks
-            .insert(task_id.to_string(), "tool_error".into());
-        Some(detailed(task_id, "working"))
-    })
-    .await;
-    let tg = TgConfig::new(&up.url()).start().await;
-    let (c, _) = legacy_client(&tg).await;
-    let t = create(&c, 2).await;
-    flip.lock().unwrap().insert(t.clone());
+    let (_up, _tg, c, t) = ends_between_check_and_cancel("tool_error").await;
     let v = c.cancel("3", &t).await;
     assert_eq!(err_code(&v), -32602, "{v}");
     assert!(err_message(&v).contains("failed"), "{v}");

@@ -304,29 +304,11 @@ async fn binary_sigterm_drains_in_flight_stream() {
     let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
     let (gw, _) = p.listening();
 
-    let r = Req::mcp_post(
-        &format!("http://{gw}/mcp"),
-        rpc("9", "tools/call", r#"{"name":"x"}"#),
-    )
-    .header("mcp-protocol-version", PROTOCOL_VERSION)
-    .send()
-    .await;
-    let mut s = r.sse();
-    s.next_event(STEP).await;
+    let mut s = stream_in_flight(gw, "9").await;
 
     p.sigterm();
     // The listener closing shows the signal was handled; the stream still holds the exit.
-    let closed = eventually(STEP, || async move {
-        tokio::net::TcpStream::connect(gw)
-            .await
-            .is_err()
-            .then_some(())
-    })
-    .await;
-    assert!(
-        closed.is_some(),
-        "still accepting connections after SIGTERM"
-    );
+    listener_closes(gw, "still accepting connections after SIGTERM").await;
     assert!(
         p.wait_exit(Duration::ZERO).is_none(),
         "exited with a stream in flight"
@@ -360,15 +342,7 @@ async fn binary_sigterm_gives_up_after_drain_timeout() {
     );
     let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
     let (gw, _) = p.listening();
-    let r = Req::mcp_post(
-        &format!("http://{gw}/mcp"),
-        rpc("1", "tools/call", r#"{"name":"x"}"#),
-    )
-    .header("mcp-protocol-version", PROTOCOL_VERSION)
-    .send()
-    .await;
-    let mut s = r.sse();
-    s.next_event(STEP).await;
+    let _held = stream_in_flight(gw, "1").await;
 
     let started = Instant::now();
     p.sigterm();
@@ -407,28 +381,10 @@ async fn binary_admin_serves_metrics_and_not_ready_through_the_drain() {
     let r = Req::get(&format!("http://{admin}/readyz")).send().await;
     assert_eq!(r.status(), 200, "ready before the stop");
 
-    let r = Req::mcp_post(
-        &format!("http://{gw}/mcp"),
-        rpc("9", "tools/call", r#"{"name":"x"}"#),
-    )
-    .header("mcp-protocol-version", PROTOCOL_VERSION)
-    .send()
-    .await;
-    let mut s = r.sse();
-    s.next_event(STEP).await;
+    let mut s = stream_in_flight(gw, "9").await;
 
     p.sigterm();
-    let closed = eventually(STEP, || async move {
-        tokio::net::TcpStream::connect(gw)
-            .await
-            .is_err()
-            .then_some(())
-    })
-    .await;
-    assert!(
-        closed.is_some(),
-        "still accepting MCP connections after SIGTERM"
-    );
+    listener_closes(gw, "still accepting MCP connections after SIGTERM").await;
     assert!(
         p.wait_exit(Duration::ZERO).is_none(),
         "exited with a stream in flight"
@@ -481,29 +437,11 @@ async fn binary_second_signal_ends_the_drain_at_once() {
     for second in [libc::SIGTERM, libc::SIGINT] {
         let mut p = TaskgateProcess::spawn(&["serve", "--config", f.path_str()], &[]);
         let (gw, _) = p.listening();
-        let r = Req::mcp_post(
-            &format!("http://{gw}/mcp"),
-            rpc("1", "tools/call", r#"{"name":"x"}"#),
-        )
-        .header("mcp-protocol-version", PROTOCOL_VERSION)
-        .send()
-        .await;
-        let mut s = r.sse();
-        s.next_event(STEP).await;
+        let _held = stream_in_flight(gw, "1").await;
 
         p.sigterm();
         // The listener closing shows the first signal was handled and the drain began.
-        let closed = eventually(STEP, || async move {
-            tokio::net::TcpStream::connect(gw)
-                .await
-                .is_err()
-                .then_some(())
-        })
-        .await;
-        assert!(
-            closed.is_some(),
-            "still accepting connections after SIGTERM"
-        );
+        listener_closes(gw, "still accepting connections after SIGTERM").await;
         assert!(
             p.wait_exit(Duration::from_millis(300)).is_none(),
             "the stream in flight holds the drain"
@@ -627,4 +565,32 @@ async fn tasks_list_and_show_read_a_postgres_store() {
         none.stderr
     );
     drop(tg);
+}
+
+/// A `tools/call` to taskgate at `gw` (JSON-RPC id `id`) whose SSE answer is open, its first
+/// event read: a stream in flight that holds a drain.
+async fn stream_in_flight(gw: std::net::SocketAddr, id: &str) -> SseReader {
+    let r = Req::mcp_post(
+        &format!("http://{gw}/mcp"),
+        rpc(id, "tools/call", r#"{"name":"x"}"#),
+    )
+    .header("mcp-protocol-version", PROTOCOL_VERSION)
+    .send()
+    .await;
+    let mut s = r.sse();
+    s.next_event(STEP).await;
+    s
+}
+
+/// Waits (at most `STEP`) for taskgate's listener at `gw` to refuse connections: the stop
+/// signal was handled. Fails with `why` otherwise.
+async fn listener_closes(gw: std::net::SocketAddr, why: &str) {
+    let closed = eventually(STEP, || async move {
+        tokio::net::TcpStream::connect(gw)
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+    assert!(closed.is_some(), "{why}");
 }
