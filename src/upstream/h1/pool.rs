@@ -627,3 +627,7 @@ impl Body for PooledBody {
 #[cfg(test)]
 #[path = "pool_tests.rs"]
 pub(crate) mod tests;
+
+#[cfg(test)]
+#[path = "pool_tls_tests.rs"]
+mod tls_tests;
