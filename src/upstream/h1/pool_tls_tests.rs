@@ -297,6 +297,31 @@ async fn a_tls_handshake_that_never_ends_fails_within_the_connect_timeout() {
     hold.abort();
 }
 
+/// A self-signed certificate made the common way (`openssl req -x509`, which marks it a CA:
+/// basicConstraints CA:TRUE) as the server's own and as `ca_file`: rustls refuses a CA
+/// certificate as a server's; the error says so and what to do, not rustls's
+/// `Other(OtherError(CaUsedAsEndEntity))`.
+#[tokio::test]
+async fn a_self_signed_ca_certificate_as_the_servers_own_is_refused_clearly() {
+    let (cert, key) = (fixture("selfsigned.pem"), fixture("selfsigned.key"));
+    let server = TlsServer::with_cert(
+        "127.0.0.1:0",
+        &cert,
+        &key,
+        Answer::Json,
+        Close::NotifyOnSignal,
+    )
+    .await;
+    let tls = Tls::new("localhost", Some(&cert)).unwrap();
+    let pool = Pool::with_tls(server.addr.to_string(), Duration::from_secs(5), tls);
+    let err = fetch(&pool).await.unwrap_err();
+    assert!(
+        err.contains("is a CA certificate (basicConstraints CA:TRUE)") && err.contains("CA:FALSE"),
+        "{err}"
+    );
+    assert!(!err.contains("OtherError"), "{err}");
+}
+
 /// A self-signed server certificate that is not a CA's (basicConstraints CA:FALSE), given as
 /// `ca_file`, is trusted: what README and config/REFERENCE.md tell users to make.
 #[tokio::test]
