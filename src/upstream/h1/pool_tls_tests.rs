@@ -19,6 +19,12 @@ enum Answer {
     Json,
     /// A chunked SSE body of three events, each a chunk of its own (taskgate's own reader).
     Sse,
+    /// `Connection: close`, no length: `ok`, ended by closing the connection.
+    UntilClose,
+    /// `Content-Length: 10` and two bytes of it.
+    ShortLength,
+    /// A chunked body cut inside its first chunk.
+    ShortChunked,
 }
 
 /// How the scripted server ends a connection after an answer.
@@ -30,6 +36,8 @@ enum Close {
     FinOnSignal,
     /// close_notify and FIN right after the answer.
     NotifyAtOnce,
+    /// FIN without close_notify right after the answer.
+    FinAtOnce,
 }
 
 struct TlsServer {
@@ -95,11 +103,11 @@ impl TlsServer {
                             more = serve_one(&mut tls, answer) => if !more { break },
                             _ = rx.changed() => break,
                         }
-                        if close == Close::NotifyAtOnce {
+                        if matches!(close, Close::NotifyAtOnce | Close::FinAtOnce) {
                             break;
                         }
                     }
-                    if close == Close::FinOnSignal {
+                    if matches!(close, Close::FinOnSignal | Close::FinAtOnce) {
                         // The TCP stream alone: FIN, no close_notify.
                         let (tcp, _) = tls.into_inner();
                         drop(tcp);
@@ -167,6 +175,11 @@ async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     let wire: &[u8] = match answer {
         Answer::Json => b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\nok",
         Answer::Sse => b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+        Answer::ShortLength => b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\nok",
+        Answer::ShortChunked => b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n9\r\ndata:",
+        Answer::UntilClose => {
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\nok"
+        }
     };
     if s.write_all(wire).await.is_err() {
         return false;
@@ -338,4 +351,33 @@ async fn a_self_signed_server_certificate_is_trusted_as_its_own_ca_file() {
     let tls = Tls::new("127.0.0.1", Some(&cert)).unwrap();
     let pool = Pool::with_tls(server.addr.to_string(), Duration::from_secs(5), tls);
     assert_eq!(&fetch(&pool).await.unwrap()[..], b"ok");
+}
+
+/// A body delimited by the end of the connection (`Connection: close`, no length), the server
+/// closing without close_notify (Python's `ssl` sockets close so; `http.server` answers
+/// HTTP/1.0 so): the body is what came, as over plain TCP, not rustls's "peer closed
+/// connection without sending TLS close_notify". A length or chunked framing still tells a
+/// truncated body from a whole one (the next test).
+#[tokio::test]
+async fn a_body_until_close_ends_cleanly_without_close_notify() {
+    let server = TlsServer::start("127.0.0.1:0", Answer::UntilClose, Close::FinAtOnce).await;
+    let pool = tls_pool(server.addr, "localhost", Duration::from_secs(5));
+    assert_eq!(&fetch(&pool).await.unwrap()[..], b"ok");
+    let server = TlsServer::start("127.0.0.1:0", Answer::UntilClose, Close::NotifyAtOnce).await;
+    let pool = tls_pool(server.addr, "localhost", Duration::from_secs(5));
+    assert_eq!(&fetch(&pool).await.unwrap()[..], b"ok");
+}
+
+/// A body with a length or chunked framing that the server cuts short by closing, with or
+/// without close_notify, is an error, never a clean end.
+#[tokio::test]
+async fn a_framed_body_cut_short_over_tls_is_an_error() {
+    for answer in [Answer::ShortLength, Answer::ShortChunked] {
+        for close in [Close::FinAtOnce, Close::NotifyAtOnce] {
+            let server = TlsServer::start("127.0.0.1:0", answer, close).await;
+            let pool = tls_pool(server.addr, "localhost", Duration::from_secs(5));
+            let got = fetch(&pool).await;
+            assert!(got.is_err(), "{answer:?} {close:?}: {got:?}");
+        }
+    }
 }
