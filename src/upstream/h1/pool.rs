@@ -190,10 +190,11 @@ fn chain(f: &mut std::fmt::Formatter<'_>, e: &dyn std::error::Error) -> std::fmt
 /// What a failed TLS handshake says: rustls's own error (e.g. "invalid peer certificate:
 /// UnknownIssuer") rather than the I/O wrapper's, when it is one.
 ///
-/// One of them is said in words: a server certificate that is a CA's (basicConstraints
-/// CA:TRUE), which webpki refuses as a server's own whatever `ca_file` holds. It is what
-/// `openssl req -x509` makes by default, the usual self-signed certificate, and rustls names it
-/// only as `Other(OtherError(CaUsedAsEndEntity))` (found by the cold review).
+/// `UnknownIssuer`, the most common, is followed by what to do about it. One is said in words
+/// instead: a server certificate that is a CA's (basicConstraints CA:TRUE), which webpki
+/// refuses as a server's own whatever `ca_file` holds. It is what `openssl req -x509` makes by
+/// default, the usual self-signed certificate, and rustls names it only as
+/// `Other(OtherError(CaUsedAsEndEntity))` (both found by the cold review).
 fn tls_error(e: &std::io::Error) -> String {
     match e
         .get_ref()
@@ -208,6 +209,12 @@ fn tls_error(e: &std::io::Error) -> String {
              basicConstraints=critical,CA:FALSE), or the server's certificate signed by that CA"
                 .to_string()
         }
+        Some(
+            rustls @ rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        ) => format!(
+            "{rustls} (the certificate does not chain to a trusted CA: set upstream.ca_file to \
+             the CA that issued it, or the server does not send its intermediate certificates)"
+        ),
         Some(rustls) => rustls.to_string(),
         None => e.to_string(),
     }

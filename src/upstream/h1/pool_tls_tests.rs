@@ -381,3 +381,19 @@ async fn a_framed_body_cut_short_over_tls_is_an_error() {
         }
     }
 }
+
+/// A certificate that chains to no trusted root (here: the test CA, with the Mozilla roots):
+/// rustls's `UnknownIssuer` is named, with what to do about it (`ca_file`, or a server that
+/// does not send its intermediate certificates).
+#[tokio::test]
+async fn an_unknown_issuer_names_ca_file() {
+    let server = TlsServer::start("127.0.0.1:0", Answer::Json, Close::NotifyOnSignal).await;
+    let tls = Tls::new("localhost", None).unwrap();
+    let pool = Pool::with_tls(server.addr.to_string(), Duration::from_secs(5), tls);
+    let err = fetch(&pool).await.unwrap_err();
+    assert!(err.contains("UnknownIssuer"), "{err}");
+    assert!(
+        err.contains("upstream.ca_file") && err.contains("intermediate"),
+        "{err}"
+    );
+}
