@@ -19,8 +19,8 @@ fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/tls/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A TLS server on 127.0.0.1 in front of a plain test upstream: it terminates TLS with the
-/// fixture certificate `cert` (`local`: localhost and 127.0.0.1; `other`: example.test only)
+/// A TLS server on 127.0.0.1 (or `bind`) in front of a plain test upstream: it terminates TLS with the
+/// fixture certificate `cert` (`local`: localhost, 127.0.0.1 and ::1; `other`: example.test only)
 /// and passes the bytes both ways. Counts the TLS connections it completed.
 struct TlsFront {
     addr: SocketAddr,
@@ -37,6 +37,11 @@ impl Drop for TlsFront {
 
 impl TlsFront {
     async fn start(upstream_url: &str, cert: &str) -> TlsFront {
+        TlsFront::start_on("127.0.0.1:0", upstream_url, cert).await
+    }
+
+    /// The front listening on `bind` (`[::1]:0`: IPv6).
+    async fn start_on(bind: &str, upstream_url: &str, cert: &str) -> TlsFront {
         use rustls_pki_types::pem::PemObject;
         use rustls_pki_types::{CertificateDer, PrivateKeyDer};
         let certs = CertificateDer::pem_file_iter(fixture(&format!("{cert}.pem")))
@@ -56,7 +61,7 @@ impl TlsFront {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let plain: http::Uri = upstream_url.parse().unwrap();
         let behind = format!("{}:{}", plain.host().unwrap(), plain.port_u16().unwrap());
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = TcpListener::bind(bind).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let handshakes = Arc::new(AtomicUsize::new(0));
         let counted = handshakes.clone();
@@ -227,4 +232,51 @@ async fn a_plain_server_at_an_https_url_fails_fast() {
         "took {:?}",
         started.elapsed()
     );
+}
+
+/// An upstream at an IPv6 literal, `https://[::1]:port/mcp` (the certificate lists the IP
+/// address ::1): POST, the standalone GET stream and DELETE go through TLS, each with the URL's
+/// authority as `Host`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_literal_upstream_gets_post_get_and_delete_over_tls() {
+    let up = Upstream::start(|req| match req.method.as_str() {
+        "GET" => ScriptedResponse::sse(vec![
+            SseStep::Raw(ev().data(&server_note(1)).wire()),
+            SseStep::HoldOpen,
+        ]),
+        _ => mcp_handler(req),
+    })
+    .await;
+    let front = TlsFront::start_on("[::1]:0", &up.url(), "local").await;
+    let url = front.url("[::1]");
+    let tg = taskgate(&url, Some("ca.pem")).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let v = c.rpc(rpc("2", "tools/list", "{}")).await;
+    assert_eq!(v["result"]["echo"], "tools/list", "{v}");
+    let mut events = c.get_stream().await;
+    let note = events.next_event(STEP).await.json();
+    assert_eq!(note["params"]["data"], "note 1", "{note}");
+    drop(events);
+    let deleted = Req::delete(&tg.mcp_url())
+        .header("mcp-session-id", c.session.as_deref().unwrap())
+        .header("mcp-protocol-version", PROTOCOL_VERSION)
+        .send()
+        .await;
+    assert_eq!(deleted.status(), 200);
+    let authority = format!("[::1]:{}", front.addr.port());
+    let methods: Vec<_> = up.requests().iter().map(|r| r.method.clone()).collect();
+    assert!(
+        methods.contains(&"GET".to_string()) && methods.contains(&"DELETE".to_string()),
+        "{methods:?}"
+    );
+    for r in up.requests() {
+        assert_eq!(
+            r.header("host").as_deref(),
+            Some(authority.as_str()),
+            "{} {}",
+            r.method,
+            r.path
+        );
+    }
 }

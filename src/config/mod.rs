@@ -307,14 +307,17 @@ pub fn upstream_authority(uri: &http::Uri) -> String {
     }
 }
 
-/// A `command` upstream (`src/upstream/stdio/`): no `url` beside it, a program that exists and
-/// is executable (a path, or a name found on `PATH`), `env` expanded, `cwd` a directory,
-/// `max_in_flight` in range.
+/// A `command` upstream (`src/upstream/stdio/`): no `url` or `ca_file` beside it, a program
+/// that exists and is executable (a path, or a name found on `PATH`), `env` expanded, `cwd` a
+/// directory, `max_in_flight` in range.
 fn validate_command(i: usize, up: &mut UpstreamConfig) -> Result<(), ConfigError> {
     let name = up.name.clone();
     let invalid = |m: String| ConfigError::Invalid(format!("upstream {name:?}: {m}"));
     if !up.url.is_empty() {
         return Err(invalid("set either url or command, not both".into()));
+    }
+    if up.ca_file.is_some() {
+        return Err(invalid("ca_file is for an https:// url".into()));
     }
     let Some(program) = up.command.as_ref().and_then(|c| c.first()) else {
         return Err(invalid(

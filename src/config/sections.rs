@@ -455,7 +455,8 @@ pub struct UpstreamConfig {
     pub url: String,
     /// For an `https://` `url`: a PEM file of the CA certificate(s) the upstream's certificate
     /// must chain to, trusted instead of the Mozilla roots (a private CA, a self-signed
-    /// server's own certificate). Absent: the Mozilla roots.
+    /// server's own certificate when it is not a CA certificate: `basicConstraints` `CA:FALSE`).
+    /// Absent: the Mozilla roots.
     #[serde(default)]
     pub ca_file: Option<std::path::PathBuf>,
     /// A stdio server: the program and its arguments (`["npx", "-y", "pkg"]`), started without

@@ -362,6 +362,10 @@ fn https_upstreams_and_their_ca_file() {
         e.contains("upstream[0].ca_file") && e.contains("no PEM certificate"),
         "{e}"
     );
+    // A stdio upstream has no TLS: its ca_file would be silently unused (found by the cold
+    // review).
+    let e = err(&format!("command = [\"sh\"]\nca_file = {ca:?}"));
+    assert!(e.contains("ca_file is for an https:// url"), "{e}");
     let e = err("url = \"ftp://h/mcp\"");
     assert!(
         e.contains("must be http://host[:port]/path or https://"),

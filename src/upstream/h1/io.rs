@@ -3,6 +3,14 @@
 //! `http/1.1` offered by ALPN). The gate, the chunked body reader and the pool see one type
 //! either way.
 //!
+//! A server that closes the TCP connection without TLS's close_notify (Python's `ssl` sockets
+//! do, many servers after `Connection: close`) ends the stream as a plain one would: rustls's
+//! `UnexpectedEof` ("peer closed connection without sending TLS close_notify") is read as the
+//! end. Otherwise a body delimited by the connection's end (no length, not chunked) failed
+//! over TLS where it ends cleanly over TCP (found by the cold review). A body with a length or
+//! chunked framing still tells a cut from an end: hyper and [`super::chunked`] take an end
+//! before it as an error. Only a connection-delimited body could be cut unseen, as over TCP.
+//!
 //! Why an enum and not a boxed `dyn AsyncRead + AsyncWrite`: a plain connection (the sidecar's
 //! case, and every benchmark's) pays one branch per read and write, no virtual call and no
 //! allocation; the TLS stream (about 1 KiB of rustls state) is boxed so a plain one stays the
@@ -70,7 +78,14 @@ impl AsyncRead for Io {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Io::Tls(s) => match Pin::new(s.as_mut()).poll_read(cx, buf) {
+                // The server closed the TCP connection without close_notify: the end of the
+                // stream, as over plain TCP (see the module docs).
+                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    Poll::Ready(Ok(()))
+                }
+                other => other,
+            },
         }
     }
 }

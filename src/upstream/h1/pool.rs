@@ -189,11 +189,32 @@ fn chain(f: &mut std::fmt::Formatter<'_>, e: &dyn std::error::Error) -> std::fmt
 
 /// What a failed TLS handshake says: rustls's own error (e.g. "invalid peer certificate:
 /// UnknownIssuer") rather than the I/O wrapper's, when it is one.
+///
+/// `UnknownIssuer`, the most common, is followed by what to do about it. One is said in words
+/// instead: a server certificate that is a CA's (basicConstraints CA:TRUE), which webpki
+/// refuses as a server's own whatever `ca_file` holds. It is what `openssl req -x509` makes by
+/// default, the usual self-signed certificate, and rustls names it only as
+/// `Other(OtherError(CaUsedAsEndEntity))` (both found by the cold review).
 fn tls_error(e: &std::io::Error) -> String {
     match e
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())
     {
+        Some(rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other)))
+            if format!("{other:?}").contains("CaUsedAsEndEntity") =>
+        {
+            "invalid peer certificate: the server's certificate is a CA certificate \
+             (basicConstraints CA:TRUE), which cannot be a server's own: a self-signed one must \
+             be made with basicConstraints CA:FALSE (openssl req -x509 ... -addext \
+             basicConstraints=critical,CA:FALSE), or the server's certificate signed by that CA"
+                .to_string()
+        }
+        Some(
+            rustls @ rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        ) => format!(
+            "{rustls} (the certificate does not chain to a trusted CA: set upstream.ca_file to \
+             the CA that issued it, or the server does not send its intermediate certificates)"
+        ),
         Some(rustls) => rustls.to_string(),
         None => e.to_string(),
     }
@@ -627,3 +648,7 @@ impl Body for PooledBody {
 #[cfg(test)]
 #[path = "pool_tests.rs"]
 pub(crate) mod tests;
+
+#[cfg(test)]
+#[path = "pool_tls_tests.rs"]
+mod tls_tests;
