@@ -62,6 +62,15 @@ pub enum StartError {
     /// `[telemetry]` or an `OTEL_*` variable is not usable, or the exporter could not be built.
     #[error("telemetry: {0}")]
     Telemetry(String),
+    /// An upstream's client could not be built (an `https://` one's `ca_file` became unreadable
+    /// after the config was checked).
+    #[error("upstream {name:?}: {why}")]
+    Upstream {
+        /// The upstream's name.
+        name: String,
+        /// What failed.
+        why: String,
+    },
 }
 
 /// A started taskgate: its bound addresses and the handle that stops it.
@@ -199,7 +208,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     let mut stdio = Vec::new();
     let mut linger = Linger::default();
     for u in &config.upstream {
-        let built = build_stack(u, &shared, &config);
+        let built = build_stack(u, &shared, &config)?;
         linger.gateway_tasks.extend(built.gateway_tasks);
         if let Some(orphans) = built.orphans {
             orphans.spawn();
@@ -364,7 +373,11 @@ struct BuiltStack {
 /// Builds the stack in front of upstream `u`: the layers, outermost first (see `layers` for
 /// why this order), over its upstream client: the session stage (`session_guard`, `session`),
 /// `upgrade`, then the rest. Each stack has its own upgrade and cancel state.
-fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltStack {
+fn build_stack(
+    u: &UpstreamConfig,
+    shared: &Shared,
+    config: &Config,
+) -> Result<BuiltStack, StartError> {
     // A `command` upstream is a supervised child process (upstream::stdio); a `url` one
     // Streamable HTTP.
     let idle = Duration::from_millis(config.gateway.session_idle_ms);
@@ -373,7 +386,15 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
             let handle = t.handle();
             (Upstream::new(t), Some(handle))
         }
-        None => (Upstream::for_config(u, shared.metrics.clone()), None),
+        None => {
+            let upstream = Upstream::for_config(u, shared.metrics.clone()).map_err(|why| {
+                StartError::Upstream {
+                    name: u.name.clone(),
+                    why,
+                }
+            })?;
+            (upstream, None)
+        }
     };
     let upstream = upstream.traced(shared.telemetry.as_ref(), u);
     let name = upstream.name().clone();
@@ -485,7 +506,7 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
         .layer(SessionLayer::new(shared.sessions.clone()).hand_down(hand_down))
         .layer(UpgradeLayer::new(upgrade_state))
         .service(inner);
-    BuiltStack {
+    Ok(BuiltStack {
         route: Route {
             name,
             stack: McpStack::new(stack),
@@ -493,7 +514,7 @@ fn build_stack(u: &UpstreamConfig, shared: &Shared, config: &Config) -> BuiltSta
         orphans,
         stdio,
         gateway_tasks: (u.tasks == TaskOwnership::Gateway).then_some(gateway_tasks),
-    }
+    })
 }
 
 /// A stdio upstream's dead child took its tasks with it: the registry fails the ones that were

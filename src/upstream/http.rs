@@ -79,7 +79,10 @@ pub struct StreamableHttp {
 impl StreamableHttp {
     /// Builds the transport for one `[[upstream]]` with a `url` (the config is already
     /// validated: its URL, header names and values).
-    pub fn new(config: &UpstreamConfig, metrics: Arc<Metrics>) -> StreamableHttp {
+    ///
+    /// Errors: an `https://` upstream's TLS settings cannot be built ([`Tls::new`]: its
+    /// `ca_file`, read again here, became unreadable after the config was checked).
+    pub fn new(config: &UpstreamConfig, metrics: Arc<Metrics>) -> Result<StreamableHttp, String> {
         let uri: Uri = config.url.parse().expect("validated upstream url");
         let authority = uri.authority().expect("validated");
         let host = HeaderValue::from_str(authority.as_str())
@@ -91,8 +94,7 @@ impl StreamableHttp {
                 let tls = Tls::new(
                     crate::config::upstream_host(&uri),
                     config.ca_file.as_deref(),
-                )
-                .expect("validated upstream TLS (config::check_upstream_tls)");
+                )?;
                 Pool::with_tls(address, connect_timeout, tls)
             }
             _ => Pool::new(address, connect_timeout),
@@ -105,7 +107,7 @@ impl StreamableHttp {
                 HeaderValue::from_str(v).expect("validated header value"),
             );
         }
-        StreamableHttp {
+        Ok(StreamableHttp {
             name: config.name.as_str().into(),
             target,
             host,
@@ -121,7 +123,7 @@ impl StreamableHttp {
                 .and_then(|h| HeaderName::from_bytes(h.as_bytes()).ok()),
             max_message_bytes: config.max_message_bytes,
             metrics,
-        }
+        })
     }
 }
 

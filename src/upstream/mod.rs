@@ -136,8 +136,11 @@ pub struct Upstream(Arc<dyn Transport>, Option<Arc<traced::Traced>>);
 impl Upstream {
     /// The transport of a `url` upstream: Streamable HTTP to its `url` (the config is
     /// validated). A `command` upstream's is [`stdio::StdioTransport::new`]'s.
-    pub fn for_config(config: &UpstreamConfig, metrics: Arc<Metrics>) -> Upstream {
-        Upstream::new(StreamableHttp::new(config, metrics))
+    ///
+    /// Errors: an `https://` upstream's TLS settings cannot be built (its `ca_file` became
+    /// unreadable after the config was checked).
+    pub fn for_config(config: &UpstreamConfig, metrics: Arc<Metrics>) -> Result<Upstream, String> {
+        StreamableHttp::new(config, metrics).map(Upstream::new)
     }
 
     /// An upstream over any `transport` (tests, embedding).

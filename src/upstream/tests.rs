@@ -64,7 +64,7 @@ async fn scripted_with_timeout(delay: Duration, answer: &'static str, timeout_ms
         "name = \"up\"\nurl = \"http://{addr}/mcp\"\ntimeout_ms = {timeout_ms}\n"
     ))
     .unwrap();
-    Upstream::for_config(&config, Arc::new(Metrics::new(&["up".to_string()])))
+    Upstream::for_config(&config, Arc::new(Metrics::new(&["up".to_string()]))).unwrap()
 }
 
 const JSON: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 36\r\n\r\n{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{}}";
@@ -177,4 +177,21 @@ async fn any_transport_is_the_stack_s_innermost_service() {
         panic!("a JSON answer");
     };
     assert_eq!(&body[..], br#"{"jsonrpc":"2.0","id":7,"result":{}}"#);
+}
+
+/// An `https://` upstream whose `ca_file` cannot be read when its client is built (it went
+/// away after the config was checked) is a start-up error naming the file, not a panic.
+#[test]
+fn an_https_upstream_whose_ca_file_went_away_is_an_error() {
+    let config: UpstreamConfig = toml::from_str(
+        "name = \"up\"\nurl = \"https://127.0.0.1:1/mcp\"\nca_file = \"/nonexistent/taskgate-ca.pem\"\n",
+    )
+    .unwrap();
+    let err = Upstream::for_config(&config, Arc::new(Metrics::new(&["up".to_string()])))
+        .err()
+        .expect("refused");
+    assert!(
+        err.contains("upstream.ca_file") && err.contains("/nonexistent/taskgate-ca.pem"),
+        "{err}"
+    );
 }
