@@ -291,16 +291,20 @@ pub fn upstream_host(uri: &http::Uri) -> &str {
         .trim_end_matches(']')
 }
 
-/// The `host:port` an upstream's `url` connects to: its port, else 443 for `https://` and 80
-/// for `http://`.
-pub fn upstream_authority(uri: &http::Uri) -> String {
-    let port = uri
-        .port_u16()
+/// The port an upstream's `url` connects to: its own, else 443 for `https://` and 80 for
+/// `http://`.
+pub fn upstream_port(uri: &http::Uri) -> u16 {
+    uri.port_u16()
         .unwrap_or(if uri.scheme_str() == Some("https") {
             443
         } else {
             80
-        });
+        })
+}
+
+/// The `host:port` an upstream's `url` connects to ([`upstream_port`]).
+pub fn upstream_authority(uri: &http::Uri) -> String {
+    let port = upstream_port(uri);
     match uri.host() {
         Some(host) => format!("{host}:{port}"),
         None => format!(":{port}"),

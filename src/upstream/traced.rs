@@ -42,21 +42,13 @@ impl Traced {
                 peer.push(KeyValue::new(semconv::NETWORK_TRANSPORT, semconv::TCP));
                 peer.push(KeyValue::new(semconv::NETWORK_PROTOCOL_NAME, "http"));
                 if let Ok(url) = config.url.parse::<http::Uri>() {
-                    if let Some(host) = url.host() {
+                    if url.host().is_some() {
                         peer.push(KeyValue::new(
                             semconv::SERVER_ADDRESS,
-                            host.trim_start_matches('[')
-                                .trim_end_matches(']')
-                                .to_string(),
+                            crate::config::upstream_host(&url).to_string(),
                         ));
                     }
-                    let port = url
-                        .port_u16()
-                        .unwrap_or(if url.scheme_str() == Some("https") {
-                            443
-                        } else {
-                            80
-                        });
+                    let port = crate::config::upstream_port(&url);
                     peer.push(KeyValue::new(semconv::SERVER_PORT, i64::from(port)));
                 }
             }

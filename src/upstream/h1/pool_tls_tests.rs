@@ -310,13 +310,13 @@ async fn a_tls_handshake_that_never_ends_fails_within_the_connect_timeout() {
     hold.abort();
 }
 
-/// A self-signed certificate made the common way (`openssl req -x509`, which marks it a CA:
-/// basicConstraints CA:TRUE) as the server's own and as `ca_file`: rustls refuses a CA
-/// certificate as a server's; the error says so and what to do, not rustls's
-/// `Other(OtherError(CaUsedAsEndEntity))`.
-#[tokio::test]
-async fn a_self_signed_ca_certificate_as_the_servers_own_is_refused_clearly() {
-    let (cert, key) = (fixture("selfsigned.pem"), fixture("selfsigned.key"));
+/// A JSON-answering server with fixture certificate `name` (`name.pem`, `name.key`), and a pool
+/// reaching it as `host` that trusts that same certificate as its `ca_file`.
+async fn own_ca_file(name: &str, host: &str) -> (TlsServer, Arc<Pool>) {
+    let (cert, key) = (
+        fixture(&format!("{name}.pem")),
+        fixture(&format!("{name}.key")),
+    );
     let server = TlsServer::with_cert(
         "127.0.0.1:0",
         &cert,
@@ -325,8 +325,18 @@ async fn a_self_signed_ca_certificate_as_the_servers_own_is_refused_clearly() {
         Close::NotifyOnSignal,
     )
     .await;
-    let tls = Tls::new("localhost", Some(&cert)).unwrap();
+    let tls = Tls::new(host, Some(&cert)).unwrap();
     let pool = Pool::with_tls(server.addr.to_string(), Duration::from_secs(5), tls);
+    (server, pool)
+}
+
+/// A self-signed certificate made the common way (`openssl req -x509`, which marks it a CA:
+/// basicConstraints CA:TRUE) as the server's own and as `ca_file`: rustls refuses a CA
+/// certificate as a server's; the error says so and what to do, not rustls's
+/// `Other(OtherError(CaUsedAsEndEntity))`.
+#[tokio::test]
+async fn a_self_signed_ca_certificate_as_the_servers_own_is_refused_clearly() {
+    let (_server, pool) = own_ca_file("selfsigned", "localhost").await;
     let err = fetch(&pool).await.unwrap_err();
     assert!(
         err.contains("is a CA certificate (basicConstraints CA:TRUE)") && err.contains("CA:FALSE"),
@@ -339,17 +349,7 @@ async fn a_self_signed_ca_certificate_as_the_servers_own_is_refused_clearly() {
 /// `ca_file`, is trusted: what README and config/REFERENCE.md tell users to make.
 #[tokio::test]
 async fn a_self_signed_server_certificate_is_trusted_as_its_own_ca_file() {
-    let (cert, key) = (fixture("selfleaf.pem"), fixture("selfleaf.key"));
-    let server = TlsServer::with_cert(
-        "127.0.0.1:0",
-        &cert,
-        &key,
-        Answer::Json,
-        Close::NotifyOnSignal,
-    )
-    .await;
-    let tls = Tls::new("127.0.0.1", Some(&cert)).unwrap();
-    let pool = Pool::with_tls(server.addr.to_string(), Duration::from_secs(5), tls);
+    let (_server, pool) = own_ca_file("selfleaf", "127.0.0.1").await;
     assert_eq!(&fetch(&pool).await.unwrap()[..], b"ok");
 }
 

@@ -1159,6 +1159,31 @@ mod tests {
         assert!(reg.related.try_recv().is_ok());
     }
 
+    /// A `python3 -c script args…` child (stdin and stdout piped, its own process group,
+    /// killed on drop) run by a [`Conn`] named `kid`: 1 MiB lines, a `timeout_ms` of 5 s.
+    fn python_conn(script: &str, args: &[&str]) -> Running {
+        let child = tokio::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3");
+        Conn::start(
+            "kid".into(),
+            child,
+            1 << 20,
+            Arc::default(),
+            Arc::new(Metrics::new(&["kid".to_string()])),
+            Owner::Every,
+            std::time::Duration::from_secs(5),
+        )
+    }
+
     /// A child that sends requests faster than it reads its stdin (here: it reads nothing for a
     /// second) gets an answer to every one taskgate refuses: past the stdin queue they were
     /// dropped, and the child waited for ever. Its stdout is read at the pace it reads its
@@ -1182,23 +1207,7 @@ with open(log, "w") as f:
         f.write(line)
         f.flush()
 "#;
-        let child = tokio::process::Command::new("python3")
-            .args(["-c", script, &N.to_string(), &log.display().to_string()])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3");
-        let running = Conn::start(
-            "kid".into(),
-            child,
-            1 << 20,
-            Arc::default(),
-            Arc::new(Metrics::new(&["kid".to_string()])),
-            Owner::Every,
-            std::time::Duration::from_secs(5),
-        );
+        let running = python_conn(script, &[&N.to_string(), &log.display().to_string()]);
         let answered = || {
             std::fs::read_to_string(&log)
                 .unwrap_or_default()
@@ -1228,24 +1237,7 @@ time.sleep(1.0)
 while os.read(0, 4096):
     time.sleep(0.01)
 "#;
-        let child = tokio::process::Command::new("python3")
-            .args(["-c", script])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3");
-        let running = Conn::start(
-            "kid".into(),
-            child,
-            1 << 20,
-            Arc::default(),
-            Arc::new(Metrics::new(&["kid".to_string()])),
-            Owner::Every,
-            std::time::Duration::from_secs(5),
-        );
+        let running = python_conn(script, &[]);
         // 4 MiB: far more than the pipe holds, and than the child reads within the grace.
         let line = format!(
             r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{}"}}}}"#,
@@ -1269,24 +1261,7 @@ while os.read(0, 4096):
     /// can see, and waiting `STDIN_GRACE` for it only put its end (and its restart) 2 s later.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_deaf_child_gets_sigterm_without_the_stdin_grace() {
-        let child = tokio::process::Command::new("python3")
-            .args(["-c", "import time; time.sleep(30)"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3");
-        let running = Conn::start(
-            "kid".into(),
-            child,
-            1 << 20,
-            Arc::default(),
-            Arc::new(Metrics::new(&["kid".to_string()])),
-            Owner::Every,
-            std::time::Duration::from_secs(5),
-        );
+        let running = python_conn("import time; time.sleep(30)", &[]);
         let started = std::time::Instant::now();
         assert!(running.conn.deafened());
         let why = tokio::time::timeout(std::time::Duration::from_secs(10), running.exited)
