@@ -213,6 +213,14 @@ impl Config {
                         up.name, up.url
                     ));
                 }
+                // `user:password@` would go up in `Host` (the authority as written) and sit in
+                // the file: credentials belong in `headers`, read from the environment.
+                if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+                    return invalid(format!(
+                        "upstream {:?}: url {:?} has credentials (user:password@) in it; send them in a header instead: [upstream.headers] Authorization = \"Basic ${{UPSTREAM_BASIC}}\" (or Bearer), read from the environment",
+                        up.name, redact_userinfo(&up.url)
+                    ));
+                }
                 if https {
                     check_upstream_tls(i, up, &uri)?;
                 } else if up.ca_file.is_some() {
@@ -262,6 +270,19 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// `url` with the user information of its authority (`user:password@`) replaced by `***@`, so an
+/// error that quotes the url does not print the password.
+fn redact_userinfo(url: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    match url[start..end].rfind('@') {
+        Some(at) => format!("{}***{}", &url[..start], &url[start + at..]),
+        None => url.to_string(),
     }
 }
 

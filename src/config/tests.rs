@@ -371,6 +371,15 @@ fn https_upstreams_and_their_ca_file() {
         e.contains("must be http://host[:port]/path or https://"),
         "{e}"
     );
+    // Credentials in the url would go up in `Host` and be printed: refused, the password not
+    // quoted back.
+    for url in ["http://u:secret@127.0.0.1:1/mcp", "https://u:secret@h/mcp"] {
+        let e = err(&format!("url = {url:?}"));
+        assert!(
+            e.contains("credentials") && e.contains("***@") && !e.contains("secret"),
+            "{e}"
+        );
+    }
     let uri = |u: &str| u.parse::<http::Uri>().unwrap();
     assert_eq!(upstream_authority(&uri("https://h/mcp")), "h:443");
     assert_eq!(upstream_authority(&uri("http://h/mcp")), "h:80");
