@@ -460,3 +460,28 @@ fn blessed(sample: &str, text: &str) -> String {
     }
     out
 }
+
+/// The forward bridge's MRTR exchanges that end because an input request cannot be relayed (the
+/// client lacks its capability, too many keys, the client answered it with an error) count in
+/// `taskgate_bridge_input_refused_total` with the same reason as a bridged task's, besides
+/// their `taskgate_bridge_mrtr_total` outcome: the README tells a user that counter is "input
+/// requests not relayed". Before: only in `taskgate_bridge_mrtr_total`.
+#[test]
+fn an_mrtr_refusal_counts_as_an_input_refusal_too() {
+    let m = Metrics::new(&["a".to_string()]);
+    for outcome in MrtrOutcome::ALL {
+        m.bridge_mrtr("a", *outcome);
+    }
+    let text = String::from_utf8(m.encode()).expect("utf-8");
+    let refused = |reason: &str| {
+        value(
+            &text,
+            "taskgate_bridge_input_refused_total",
+            &[("upstream", "a"), ("reason", reason)],
+        )
+    };
+    for reason in ["capability", "too_many_keys", "client_error"] {
+        assert_eq!(refused(reason), Some(1.0), "{reason}");
+    }
+    assert_eq!(refused("undeclared"), Some(0.0));
+}
