@@ -902,6 +902,66 @@ async fn an_error_answer_to_sampling_is_accepted_at_once_and_cancels_in_the_back
     assert_eq!(refused, 1.0, "{m}");
 }
 
+/// A background cancel (the one a client's error answer to a relayed `sampling/createMessage`
+/// causes) still in flight when taskgate is told to stop reaches its end before the process
+/// exits: the drain (`gateway.drain_timeout_ms`) waits for it as for a request in flight, so
+/// the upstream's acknowledgement is read and the task recorded `cancelled`. Before: it was
+/// dropped with its serving thread's runtime at exit (the upstream took 2 s to answer, the
+/// process was gone in less), and the store kept the task `input_required`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_cancel_in_flight_at_sigterm_ends_before_the_exit() {
+    let (up, state) = tasks_get_answered(std::time::Duration::ZERO, |task_id, state| {
+        if state.lock().unwrap().tasks.get(task_id)? != "sampling" {
+            return None;
+        }
+        let mut task = detailed(task_id, "input_required");
+        task["inputRequests"] = json!({"s1": {"method": "sampling/createMessage", "params": {
+            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+            "maxTokens": 10}}});
+        Some(task)
+    })
+    .await;
+    state.lock().unwrap().cancel_delay = std::time::Duration::from_secs(2);
+    let dir = tempfile::tempdir().unwrap();
+    // Keep-alives 50 ms apart: the stream the client closes below is seen gone at once, so
+    // only the cancel is left for the drain.
+    let cfg = TgConfig::new(&up.url())
+        .gateway("drain_timeout_ms = 20000")
+        .gateway("sse_keepalive_ms = 50")
+        .write_for_binary(dir.path());
+    let (mut p, gw, _) = spawn_binary(&cfg);
+    let c = client_with(
+        &format!("http://{gw}/mcp"),
+        json!({"sampling": {}, "tasks": {}}),
+    )
+    .await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "sampling");
+    let (mut sse, _status) = c.input_stream("3", &t).await;
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    let refusal = json!({"jsonrpc": "2.0", "id": ask["id"],
+        "error": {"code": -1, "message": "User rejected sampling request"}});
+    assert_eq!(c.send(refusal.to_string()).await.status(), 202);
+    assert!(
+        up.wait_for_method("tasks/cancel", 1, STEP).await,
+        "the background cancel is in flight"
+    );
+    drop(sse);
+    p.sigterm();
+    let status = blocking(|| p.wait_exit(STEP)).expect("exit within 10 s of SIGTERM");
+    assert_eq!(status.code(), Some(0), "stderr: {}", p.stderr());
+    let store = dir.path().join("store");
+    let records = records_in_store(store.to_str().unwrap());
+    assert_eq!(
+        records,
+        vec![(t, "cancelled".to_string())],
+        "the cancel's acknowledgement was read before the exit; stderr: {}",
+        p.stderr()
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+}
+
 /// A client that did not declare `capabilities.elicitation` gets a clear error from
 /// `tasks/result`, and the task is cancelled upstream once.
 #[tokio::test]
