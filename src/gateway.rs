@@ -96,6 +96,8 @@ pub struct Running {
     shutdown: watch::Sender<bool>,
     /// Turns true to end the drain at once ([`DrainCut`]).
     cut: Arc<watch::Sender<bool>>,
+    /// Held while the store is closed; a forced exit waits for it ([`ForcedExit`]).
+    closing: Arc<tokio::sync::Mutex<()>>,
     /// Stops the admin listener, once the drain has ended.
     admin_stop: watch::Sender<bool>,
     /// The gateway's serving threads (one handle each, done when drained).
@@ -118,11 +120,42 @@ impl DrainCut {
     }
 }
 
+/// Ends the process at once, skipping what is left of a stop (a third SIGTERM/SIGINT): the
+/// stdio children (they die with it: `PR_SET_PDEATHSIG`), the last spans' export, the store's
+/// close.
+///
+/// Why that is safe for the store: every write taskgate waited for before answering (a
+/// task's record before its `CreateTaskResult`, and every other write a request waits on) is
+/// durable already (sled: group commit + `fdatasync`; PostgreSQL: a committed transaction), so
+/// the process ending here is, for the store, `kill -9`, which sled's log recovers from (the
+/// full tier's durability tests kill taskgate mid-load over and over). What is lost is what
+/// no one waited for: a change still waiting for its group commit (at most
+/// `store::sled_store::SOON`, 10 ms, for one no request waits on: a non-terminal status, a
+/// stored result, a sweep), as with `kill -9`. The one step it never cuts is the store's close itself: once the
+/// stop has begun it (flush, committer joined), the exit waits for its end, a few ms.
+#[derive(Clone)]
+pub struct ForcedExit(Arc<tokio::sync::Mutex<()>>);
+
+impl ForcedExit {
+    /// Exits the process with `code` now, or, while the store is being closed, as soon as it
+    /// is (no close starts after this is called).
+    pub async fn exit(&self, code: i32) -> ! {
+        let _closed = self.0.lock().await;
+        std::process::exit(code)
+    }
+}
+
 impl Running {
     /// The handle that ends a stop's drain at once (see [`DrainCut`]); take it before
     /// [`Running::shutdown`].
     pub fn drain_cut(&self) -> DrainCut {
         DrainCut(self.cut.clone())
+    }
+
+    /// The handle that ends the process during a stop (see [`ForcedExit`]); take it before
+    /// [`Running::shutdown`].
+    pub fn forced_exit(&self) -> ForcedExit {
+        ForcedExit(self.closing.clone())
     }
 
     /// Stops accepting connections, lets in-flight exchanges, the held calls of gateway
@@ -156,7 +189,9 @@ impl Running {
         if let Some(telemetry) = self.telemetry {
             let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
         }
-        // Flushes and joins the committer thread: not on a runtime worker.
+        // Flushes and joins the committer thread: not on a runtime worker. A forced exit
+        // waits for it (`ForcedExit`).
+        let _closing = self.closing.lock().await;
         if let Some(store) = self.sled {
             let _ = tokio::task::spawn_blocking(move || store.close()).await;
         }
@@ -277,6 +312,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         telemetry,
         shutdown: shutdown_tx,
         cut: Arc::new(cut_tx),
+        closing: Arc::default(),
         admin_stop: admin_stop_tx,
         servers,
         admin,
