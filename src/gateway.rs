@@ -131,8 +131,9 @@ impl DrainCut {
 /// full tier's durability tests kill taskgate mid-load over and over). What is lost is what
 /// no one waited for: a change still waiting for its group commit (at most
 /// `store::sled_store::SOON`, 10 ms, for one no request waits on: a non-terminal status, a
-/// stored result, a sweep), as with `kill -9`. The one step it never cuts is the store's close itself: once the
-/// stop has begun it (flush, committer joined), the exit waits for its end, a few ms.
+/// stored result, a sweep), as with `kill -9`. The one step it never cuts is the store's
+/// close itself: once the stop has begun it (flush, committer joined), the exit waits for its
+/// end, a few ms.
 #[derive(Clone)]
 pub struct ForcedExit(Arc<tokio::sync::Mutex<()>>);
 
@@ -854,7 +855,7 @@ impl Linger {
         if background_cancels > 0 {
             tracing::warn!(
                 background_cancels,
-                "the drain ended with the bridge's background cancels still running: they are dropped (their tasks not cancelled upstream, their records as they were)"
+                "the drain ended with the bridge's background cancels still running: they are dropped (their cancels may not have reached the upstream; their records stay as they were)"
             );
         }
     }
