@@ -652,14 +652,12 @@ impl Conn {
                     created_at: field("createdAt"),
                     ttl: field("ttl").or_else(|| field("ttlMs")),
                 };
-                let mut routes = self.routes.lock();
                 let ended = ended_at(bytes, &["result", "task", "status"])
                     || ended_at(bytes, &["result", "status"]);
+                let mut routes = self.routes.lock();
+                routes.note_task(task_id.clone(), note);
                 if ended {
-                    routes.note_task(task_id.clone(), note);
                     routes.task_ended(&task_id);
-                } else {
-                    routes.note_task(task_id, note);
                 }
             }
         } else if jsonrpc::contains(msg.bytes(), b"\"taskId\"") {

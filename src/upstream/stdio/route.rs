@@ -415,6 +415,36 @@ mod tests {
         );
     }
 
+    /// A note marked ended goes before the others, oldest first; its mark goes with it when it
+    /// is removed or noted again (then it is live, and the newest).
+    #[test]
+    fn an_ended_note_goes_first() {
+        let mut notes: Notes<usize, ()> = Notes::default();
+        for i in 0..MAX_NOTES {
+            notes.insert(i, ());
+        }
+        notes.mark_ended(&5);
+        notes.remove(&5);
+        notes.mark_ended(&7);
+        notes.insert(7, ());
+        notes.insert(MAX_NOTES, ()); // into the room 5 left
+        notes.insert(MAX_NOTES + 1, ()); // full, nothing ended: the oldest goes
+        assert!(notes.get(&0).is_none());
+        assert!(notes.get(&7).is_some(), "noted again: live");
+        notes.mark_ended(&9);
+        notes.mark_ended(&8);
+        notes.mark_ended(&(MAX_NOTES + 7)); // not noted: nothing
+        notes.insert(MAX_NOTES + 2, ());
+        assert!(notes.get(&8).is_none(), "the oldest ended note goes");
+        assert!(notes.get(&9).is_some() && notes.get(&1).is_some());
+        notes.insert(MAX_NOTES + 3, ());
+        assert!(notes.get(&9).is_none());
+        notes.insert(MAX_NOTES + 4, ());
+        assert!(notes.get(&1).is_none(), "then the oldest again");
+        assert_eq!(notes.len(), MAX_NOTES);
+        assert!(notes.ended.is_empty());
+    }
+
     #[test]
     fn notes_are_bounded() {
         let mut routes = Routes::default();
