@@ -96,6 +96,8 @@ pub struct Running {
     shutdown: watch::Sender<bool>,
     /// Turns true to end the drain at once ([`DrainCut`]).
     cut: Arc<watch::Sender<bool>>,
+    /// Held while the store is closed; a forced exit waits for it ([`ForcedExit`]).
+    closing: Arc<tokio::sync::Mutex<()>>,
     /// Stops the admin listener, once the drain has ended.
     admin_stop: watch::Sender<bool>,
     /// The gateway's serving threads (one handle each, done when drained).
@@ -118,6 +120,32 @@ impl DrainCut {
     }
 }
 
+/// Ends the process at once, skipping what is left of a stop (a third SIGTERM/SIGINT): the
+/// stdio children (they die with it: `PR_SET_PDEATHSIG`), the last spans' export, the store's
+/// close.
+///
+/// Why that is safe for the store: every write taskgate waited for before answering (a
+/// task's record before its `CreateTaskResult`, and every other write a request waits on) is
+/// durable already (sled: group commit + `fdatasync`; PostgreSQL: a committed transaction), so
+/// the process ending here is, for the store, `kill -9`, which sled's log recovers from (the
+/// full tier's durability tests kill taskgate mid-load over and over). What is lost is what
+/// no one waited for: a change still waiting for its group commit (at most
+/// `store::sled_store::SOON`, 10 ms, for one no request waits on: a non-terminal status, a
+/// stored result, a sweep), as with `kill -9`. The one step it never cuts is the store's
+/// close itself: once the stop has begun it (flush, committer joined), the exit waits for its
+/// end, a few ms.
+#[derive(Clone)]
+pub struct ForcedExit(Arc<tokio::sync::Mutex<()>>);
+
+impl ForcedExit {
+    /// Exits the process with `code` now, or, while the store is being closed, as soon as it
+    /// is (no close starts after this is called).
+    pub async fn exit(&self, code: i32) -> ! {
+        let _closed = self.0.lock().await;
+        std::process::exit(code)
+    }
+}
+
 impl Running {
     /// The handle that ends a stop's drain at once (see [`DrainCut`]); take it before
     /// [`Running::shutdown`].
@@ -125,13 +153,21 @@ impl Running {
         DrainCut(self.cut.clone())
     }
 
-    /// Stops accepting connections, lets in-flight exchanges and the held calls of gateway
-    /// tasks finish within the drain timeout (`gateway.drain_timeout_ms`, counted from the
-    /// stop) or until the drain is cut ([`Running::drain_cut`]), ends GET streams, and returns
-    /// when both listeners are closed. The admin listener serves until the drain has ended
-    /// (`/readyz` answers 503 "draining" meanwhile, `/metrics` the drain's counts). A held call
-    /// still running at the drain's end stops with the process; its task is failed at the next
-    /// start ("taskgate restarted"), or in a tier by the replica that adopts its lease.
+    /// The handle that ends the process during a stop (see [`ForcedExit`]); take it before
+    /// [`Running::shutdown`].
+    pub fn forced_exit(&self) -> ForcedExit {
+        ForcedExit(self.closing.clone())
+    }
+
+    /// Stops accepting connections, lets in-flight exchanges, the held calls of gateway
+    /// tasks and the bridge's background cancels finish within the drain timeout
+    /// (`gateway.drain_timeout_ms`, counted from the stop) or until the drain is cut
+    /// ([`Running::drain_cut`]), ends GET streams, and returns when both listeners are closed.
+    /// The admin listener serves until the drain has ended (`/readyz` answers 503 "draining"
+    /// meanwhile, `/metrics` the drain's counts). A held call still running at the drain's end
+    /// stops with the process; its task is failed at the next start ("taskgate restarted"), or
+    /// in a tier by the replica that adopts its lease. A background cancel still running then is
+    /// dropped (logged at warn with their number, as the held calls are).
     pub async fn shutdown(self) {
         let _ = self
             .linger
@@ -143,12 +179,7 @@ impl Running {
         for s in self.servers {
             let _ = s.await;
         }
-        if !self.linger.held_calls_ended().await {
-            tracing::warn!(
-                held_calls = self.linger.held_calls(),
-                "the drain ended with gateway tasks' calls still held; their tasks are failed at the next start"
-            );
-        }
+        self.linger.wait().await;
         // The drain has ended: the admin listener (the probes, `/metrics`) closes now.
         let _ = self.admin_stop.send(true);
         let _ = self.admin.await;
@@ -159,7 +190,9 @@ impl Running {
         if let Some(telemetry) = self.telemetry {
             let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
         }
-        // Flushes and joins the committer thread: not on a runtime worker.
+        // Flushes and joins the committer thread: not on a runtime worker. A forced exit
+        // waits for it (`ForcedExit`).
+        let _closing = self.closing.lock().await;
         if let Some(store) = self.sled {
             let _ = tokio::task::spawn_blocking(move || store.close()).await;
         }
@@ -210,6 +243,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
     for u in &config.upstream {
         let built = build_stack(u, &shared, &config)?;
         linger.gateway_tasks.extend(built.gateway_tasks);
+        linger.bridges.push(built.bridge);
         if let Some(orphans) = built.orphans {
             orphans.spawn();
         }
@@ -279,6 +313,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         telemetry,
         shutdown: shutdown_tx,
         cut: Arc::new(cut_tx),
+        closing: Arc::default(),
         admin_stop: admin_stop_tx,
         servers,
         admin,
@@ -368,6 +403,8 @@ struct BuiltStack {
     /// The gateway tasks' state (`upstream.tasks = "gateway"`), whose held calls a graceful
     /// stop waits for.
     gateway_tasks: Option<Arc<GatewayTasksState>>,
+    /// The bridge's state, whose background cancels a graceful stop waits for.
+    bridge: Arc<BridgeState>,
 }
 
 /// Builds the stack in front of upstream `u`: the layers, outermost first (see `layers` for
@@ -414,6 +451,13 @@ fn build_stack(
         timeout,
         shared.registry.metrics().clone(),
     ));
+    let bridge = BridgeState::new(
+        shared.registry.clone(),
+        era.clone(),
+        cancel_state.clone(),
+        ids.clone(),
+        relay.clone(),
+    );
     // Below `upgrade`: what its own requests (and the orphan sweep's) go through.
     let inner = tower::ServiceBuilder::new()
         .layer(TasksLayer::new(
@@ -425,13 +469,7 @@ fn build_stack(
         .layer(HeldSessionsLayer::new(HeldSessions::new(
             shared.sessions.clone(),
         )))
-        .layer(BridgeLayer::new(BridgeState::new(
-            shared.registry.clone(),
-            era.clone(),
-            cancel_state,
-            ids.clone(),
-            relay.clone(),
-        )))
+        .layer(BridgeLayer::new(bridge.clone()))
         // Where a held session's requests go: stateless 2026-07-28 requests (issue 30).
         .layer(HeldUpstreamLayer::new(HeldUpstream::new(
             ids,
@@ -514,6 +552,7 @@ fn build_stack(
         orphans,
         stdio,
         gateway_tasks: (u.tasks == TaskOwnership::Gateway).then_some(gateway_tasks),
+        bridge,
     })
 }
 
@@ -751,18 +790,25 @@ struct Serving {
 /// page) get once the gateway's drain has ended and it stops.
 const ADMIN_DRAIN: Duration = Duration::from_secs(2);
 
-/// The held calls of gateway tasks (`upstream.tasks = "gateway"`: `layers::gateway_tasks`)
-/// that a graceful stop lets finish: a held call runs on the runtime of the serving thread
-/// whose request started it, which ends that call when it is dropped, so each serving thread
-/// waits here after its drain, until every held call ended or the drain's deadline passed.
+/// What a graceful stop lets finish beyond the requests in flight: the held calls of gateway
+/// tasks (`upstream.tasks = "gateway"`: `layers::gateway_tasks`) and the bridge's background
+/// cancels (a task cancelled because its client answered a relayed `sampling/createMessage`
+/// with an error, after that answer's 202: `layers::bridge::follow::send_update`). Each runs
+/// on the runtime of the serving thread whose request started it, which ends it when it is
+/// dropped, so each serving thread waits here after its drain, until all of them ended or the
+/// drain's deadline passed (or the drain was cut); what is left then is logged at warn.
 #[derive(Default)]
 struct Linger {
     /// Each gateway-task upstream's state.
     gateway_tasks: Vec<Arc<GatewayTasksState>>,
+    /// Each upstream's bridge state (its background cancels).
+    bridges: Vec<Arc<BridgeState>>,
     /// The drain's end: set when the stop begins (`gateway.drain_timeout_ms` from then).
     deadline: std::sync::OnceLock<tokio::time::Instant>,
     /// The drain cut short ([`DrainCut`]): set once the serving loops exist.
     cut: std::sync::OnceLock<Drain>,
+    /// What was left at the drain's end was logged ([`Linger::wait`]).
+    warned: std::sync::atomic::AtomicBool,
 }
 
 impl Linger {
@@ -772,8 +818,12 @@ impl Linger {
         let Some(deadline) = self.deadline.get() else {
             return true;
         };
-        let held =
+        let calls =
             futures_util::future::join_all(self.gateway_tasks.iter().map(|g| g.held_calls_ended()));
+        let cancels = futures_util::future::join_all(
+            self.bridges.iter().map(|b| b.background_cancels_ended()),
+        );
+        let held = futures_util::future::join(calls, cancels);
         let cut = async {
             match self.cut.get() {
                 Some(drain) => drain.cut().await,
@@ -782,8 +832,37 @@ impl Linger {
         };
         tokio::select! {
             ended = tokio::time::timeout_at(*deadline, held) => ended.is_ok(),
-            () = cut => self.held_calls() == 0,
+            () = cut => self.held_calls() == 0 && self.background_cancels() == 0,
         }
+    }
+
+    /// Waits as [`Linger::held_calls_ended`]; what is still running when the wait ends (the
+    /// drain's deadline passed, or it was cut) is dropped with its runtime: logged at warn, once
+    /// per stop (by the first waiter to see it: serving threads drop their runtimes one by one).
+    async fn wait(&self) {
+        if self.held_calls_ended().await
+            || self.warned.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        let (held_calls, background_cancels) = (self.held_calls(), self.background_cancels());
+        if held_calls > 0 {
+            tracing::warn!(
+                held_calls,
+                "the drain ended with gateway tasks' calls still held; their tasks are failed at the next start"
+            );
+        }
+        if background_cancels > 0 {
+            tracing::warn!(
+                background_cancels,
+                "the drain ended with the bridge's background cancels still running: they are dropped (their cancels may not have reached the upstream; their records stay as they were)"
+            );
+        }
+    }
+
+    /// How many of the bridge's cancels run in the background now.
+    fn background_cancels(&self) -> usize {
+        self.bridges.iter().map(|b| b.background_cancels()).sum()
     }
 
     /// How many calls of gateway tasks are held now.
@@ -855,8 +934,9 @@ impl Serving {
                         Ok(listener) => serve(listener, edge, shutdown, drain, limits).await,
                         Err(e) => tracing::error!(error = %e, "a serving thread could not listen"),
                     }
-                    // The held calls this runtime runs end with it: they get the drain.
-                    linger.held_calls_ended().await;
+                    // The held calls and background cancels this runtime runs end with it:
+                    // they get the drain.
+                    linger.wait().await;
                 });
                 // Dropping the runtime ends what its connections left running (as at exit).
                 drop(runtime);

@@ -316,16 +316,26 @@ async fn serve(config: Config) -> ExitCode {
     signals.wait().await;
     tracing::info!("shutdown signal received; draining");
     // A second signal ends the drain at once (what is still in flight is cut); the rest of
-    // the stop (stdio children, trace export, the store's flush) still runs.
+    // the stop (stdio children, trace export, the store's flush) still runs. A third ends the
+    // process at once, with 128 + its number as most servers do (`gateway::ForcedExit` says
+    // why the store is safe with it).
     let cut = running.drain_cut();
+    let forced = running.forced_exit();
     let stopping = running.shutdown();
     tokio::pin!(stopping);
     tokio::select! {
         () = &mut stopping => {}
-        () = signals.wait() => {
+        _ = signals.wait() => {
             tracing::warn!("second shutdown signal received; ending the drain now");
             cut.cut();
-            stopping.await;
+            tokio::select! {
+                () = &mut stopping => {}
+                signal = signals.wait() => {
+                    let code = 128 + signal;
+                    tracing::warn!(code, "third shutdown signal received; exiting now, without the rest of the stop (stdio children die with the process; every acknowledged task write is on disk already)");
+                    forced.exit(code).await
+                }
+            }
         }
     }
     tracing::info!("stopped");
@@ -346,10 +356,11 @@ impl Signals {
         }
     }
 
-    async fn wait(&mut self) {
+    /// The next SIGTERM or SIGINT: its number.
+    async fn wait(&mut self) -> i32 {
         tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
+            _ = self.term.recv() => libc::SIGTERM,
+            _ = self.int.recv() => libc::SIGINT,
         }
     }
 }

@@ -803,17 +803,7 @@ async fn input_required_is_asked_once_and_answered_with_tasks_update() {
 /// `ElicitResult`) as the sampling result, and the task was left waiting.
 #[tokio::test]
 async fn a_sampling_request_answered_with_an_error_cancels_the_task() {
-    let (up, state) = tasks_get_answered(std::time::Duration::ZERO, |task_id, state| {
-        if state.lock().unwrap().tasks.get(task_id)? != "sampling" {
-            return None;
-        }
-        let mut task = detailed(task_id, "input_required");
-        task["inputRequests"] = json!({"s1": {"method": "sampling/createMessage", "params": {
-            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
-            "maxTokens": 10}}});
-        Some(task)
-    })
-    .await;
+    let (up, state) = sampling_task_server().await;
     // A cooperative server: after the ack the task still asks for its input.
     state.lock().unwrap().cancel_after = Some(std::time::Duration::from_secs(3600));
     let (tg, c, t, mut sse, _status) = input_stream(&up, &state, "sampling", "sampling").await;
@@ -856,17 +846,7 @@ async fn a_sampling_request_answered_with_an_error_cancels_the_task() {
 /// Before: the 202 waited for the whole cancel (up to the upstream's `timeout_ms`).
 #[tokio::test]
 async fn an_error_answer_to_sampling_is_accepted_at_once_and_cancels_in_the_background() {
-    let (up, state) = tasks_get_answered(std::time::Duration::ZERO, |task_id, state| {
-        if state.lock().unwrap().tasks.get(task_id)? != "sampling" {
-            return None;
-        }
-        let mut task = detailed(task_id, "input_required");
-        task["inputRequests"] = json!({"s1": {"method": "sampling/createMessage", "params": {
-            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
-            "maxTokens": 10}}});
-        Some(task)
-    })
-    .await;
+    let (up, state) = sampling_task_server().await;
     state.lock().unwrap().cancel_delay = std::time::Duration::from_secs(3);
     let (tg, c, t, mut sse, _status) = input_stream(&up, &state, "sampling", "sampling").await;
     let ask = sse.next_event(STEP).await.json();
@@ -900,6 +880,88 @@ async fn an_error_answer_to_sampling_is_accepted_at_once_and_cancels_in_the_back
         &[("reason", "client_error")],
     );
     assert_eq!(refused, 1.0, "{m}");
+}
+
+/// taskgate (the real binary, `drain_timeout_ms`) in front of a sampling task server whose
+/// `tasks/cancel` answers take `cancel_delay`: a bridged task asks for sampling, the client
+/// answers with an error (202 at once; the task's cancel runs in the background, its
+/// `tasks/cancel` in flight) and closes its `tasks/result` stream, and taskgate gets SIGTERM.
+/// Returns the upstream, taskgate, its directory (the store at `store`) and the task's id.
+async fn sigterm_during_a_background_cancel(
+    cancel_delay: std::time::Duration,
+    drain_timeout_ms: u64,
+) -> (Upstream, TaskgateProcess, tempfile::TempDir, String) {
+    let (up, state) = sampling_task_server().await;
+    state.lock().unwrap().cancel_delay = cancel_delay;
+    let dir = tempfile::tempdir().unwrap();
+    // Keep-alives 50 ms apart: the stream the client closes below is seen gone at once, so
+    // only the cancel is left for the drain.
+    let cfg = TgConfig::new(&up.url())
+        .gateway(&format!("drain_timeout_ms = {drain_timeout_ms}"))
+        .gateway("sse_keepalive_ms = 50")
+        .write_for_binary(dir.path());
+    let (p, gw, _) = spawn_binary(&cfg);
+    let c = client_with(
+        &format!("http://{gw}/mcp"),
+        json!({"sampling": {}, "tasks": {}}),
+    )
+    .await;
+    let t = create(&c, 2).await;
+    set(&state, &t, "sampling");
+    let (mut sse, _status) = c.input_stream("3", &t).await;
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "sampling/createMessage", "{ask}");
+    let refusal = json!({"jsonrpc": "2.0", "id": ask["id"],
+        "error": {"code": -1, "message": "User rejected sampling request"}});
+    assert_eq!(c.send(refusal.to_string()).await.status(), 202);
+    assert!(
+        up.wait_for_method("tasks/cancel", 1, STEP).await,
+        "the background cancel is in flight"
+    );
+    drop(sse);
+    p.sigterm();
+    (up, p, dir, t)
+}
+
+/// A background cancel (the one a client's error answer to a relayed `sampling/createMessage`
+/// causes) still in flight when taskgate is told to stop reaches its end before the process
+/// exits: the drain (`gateway.drain_timeout_ms`) waits for it as for a request in flight, so
+/// the upstream's acknowledgement is read and the task recorded `cancelled`. Before: it was
+/// dropped with its serving thread's runtime at exit (the upstream took 2 s to answer, the
+/// process was gone in less), and the store kept the task `input_required`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_cancel_in_flight_at_sigterm_ends_before_the_exit() {
+    let (up, mut p, dir, t) =
+        sigterm_during_a_background_cancel(std::time::Duration::from_secs(2), 20_000).await;
+    let status = blocking(|| p.wait_exit(STEP)).expect("exit within 10 s of SIGTERM");
+    assert_eq!(status.code(), Some(0), "stderr: {}", p.stderr());
+    let store = dir.path().join("store");
+    let records = records_in_store(store.to_str().unwrap());
+    assert_eq!(
+        records,
+        vec![(t, "cancelled".to_string())],
+        "the cancel's acknowledgement was read before the exit; stderr: {}",
+        p.stderr()
+    );
+    assert_eq!(count(&up, "tasks/cancel"), 1);
+}
+
+/// The drain's deadline bounds that wait: a cancel the upstream does not answer within
+/// `drain_timeout_ms` is dropped at it, and the log says how many were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_cancel_past_the_drain_is_dropped_and_logged() {
+    let started = std::time::Instant::now();
+    let (_up, mut p, _dir, _t) =
+        sigterm_during_a_background_cancel(std::time::Duration::from_secs(30), 300).await;
+    let status = blocking(|| p.wait_exit(STEP)).expect("exit within 10 s of SIGTERM");
+    assert_eq!(status.code(), Some(0), "stderr: {}", p.stderr());
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    let stderr = p.stderr();
+    assert!(
+        stderr.contains("background cancels still running")
+            && stderr.contains("background_cancels=1"),
+        "{stderr}"
+    );
 }
 
 /// A client that did not declare `capabilities.elicitation` gets a clear error from
@@ -1074,6 +1136,22 @@ async fn scripted(
     })
     .await;
     (up, state)
+}
+
+/// A 2026 server whose tasks set to `"sampling"` ask for one `sampling/createMessage` (key
+/// `s1`) as their input.
+async fn sampling_task_server() -> (Upstream, Shared) {
+    tasks_get_answered(std::time::Duration::ZERO, |task_id, state| {
+        if state.lock().unwrap().tasks.get(task_id)? != "sampling" {
+            return None;
+        }
+        let mut task = detailed(task_id, "input_required");
+        task["inputRequests"] = json!({"s1": {"method": "sampling/createMessage", "params": {
+            "messages": [{"role": "user", "content": {"type": "text", "text": "hi"}}],
+            "maxTokens": 10}}});
+        Some(task)
+    })
+    .await
 }
 
 /// A scripted 2026 server (see [`scripted`]) whose answer to a `tasks/get` is the task `answer`

@@ -299,6 +299,16 @@ async fn a_client_without_the_capability_gets_an_error_naming_it() {
         ),
         1.0
     );
+    // An input request not relayed for want of a capability, as a bridged task's is (README:
+    // `taskgate_bridge_input_refused_total`). Before: counted in `taskgate_bridge_mrtr_total`
+    // only, so the refusals a dashboard of `bridge_input_refused_total` shows left it out.
+    assert_eq!(
+        metric(
+            &m,
+            r#"taskgate_bridge_input_refused_total{reason="capability",upstream="default"}"#
+        ),
+        1.0
+    );
 }
 
 /// The same for a client that declared no capability at all (`capabilities: {}`): the
@@ -466,6 +476,8 @@ async fn a_sampling_request_answered_with_an_error_is_not_retried() {
     );
     let calls: Vec<Value> = up.received("tools/call").iter().map(|c| c.json()).collect();
     assert_eq!(calls.len(), 1, "not retried: {calls:?}");
+    // The stream ends once the exchange is counted.
+    sse.expect_end(STEP).await;
     let m = tg.metrics_text().await;
     assert_eq!(
         metric(
@@ -473,5 +485,13 @@ async fn a_sampling_request_answered_with_an_error_is_not_retried() {
             r#"taskgate_bridge_mrtr_total{outcome="client_error",upstream="default"}"#
         ),
         1.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            r#"taskgate_bridge_input_refused_total{reason="client_error",upstream="default"}"#
+        ),
+        1.0,
+        "an input request the client refused, as a bridged task's"
     );
 }

@@ -461,6 +461,66 @@ async fn binary_second_signal_ends_the_drain_at_once() {
     }
 }
 
+/// A third SIGTERM or SIGINT, during what is left of a stop after the second ended the drain,
+/// exits at once with 128 + the signal's number (130 for SIGINT), logged at warn, as most
+/// servers do: what is left of the stop is skipped. The store is left as `kill -9` leaves it
+/// (every acknowledged write is on disk already) and opens afterwards. Here what is left is a
+/// stdio child that ignores `SIGTERM` and its stdin's end (about 5 s before its `SIGKILL`).
+/// Before: the third signal was ignored, unlogged, and the stop ran on to exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_third_signal_exits_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let config = dir.path().join("taskgate.toml");
+    let text = format!(
+        r#"[gateway]
+listen = "127.0.0.1:0"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[store]
+path = {:?}
+
+[[upstream]]
+name = "deaf"
+command = ["sh", "-c", "trap '' TERM; while :; do sleep 1; done"]
+"#,
+        store.to_str().unwrap()
+    );
+    std::fs::write(&config, text).unwrap();
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", config.to_str().unwrap()], &[]);
+    let (gw, _) = p.listening();
+
+    p.sigterm();
+    listener_closes(gw, "still accepting connections after SIGTERM").await;
+    p.sigterm();
+    let second = eventually(STEP, || {
+        let seen = p.stderr().contains("second shutdown signal received");
+        async move { seen.then_some(()) }
+    })
+    .await;
+    assert!(second.is_some(), "stderr: {}", p.stderr());
+    assert!(
+        p.wait_exit(Duration::ZERO).is_none(),
+        "the stop goes on: the child is not ended yet"
+    );
+    let started = Instant::now();
+    p.signal(libc::SIGINT);
+    let status = blocking(|| p.wait_exit(Duration::from_secs(2)))
+        .unwrap_or_else(|| panic!("no exit within 2 s of a third signal"));
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(status.code(), Some(130), "stderr: {}", p.stderr());
+    let stderr = p.stderr();
+    assert!(
+        stderr.contains("third shutdown signal received"),
+        "the forced exit is logged: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // The store opens (its lock went with the process) and reads.
+    assert!(records_in_store(store.to_str().unwrap()).is_empty());
+}
+
 /// `--log-format json` writes JSON lines to stderr, and bodies are not logged at info level.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_json_logs_without_bodies() {

@@ -276,8 +276,10 @@ label_enum! {
 }
 
 label_enum! {
-    /// `reason` of `taskgate_bridge_input_refused_total`: why a bridged task's input request was
-    /// not relayed to its 2025-11-25 client (the task is then cancelled; see `layers::bridge::input`).
+    /// `reason` of `taskgate_bridge_input_refused_total`: why an input request was not relayed
+    /// to its 2025-11-25 client: a bridged task's (the task is then cancelled; see
+    /// `layers::bridge::input`), or one of an MRTR exchange (the request is answered with an
+    /// error; its [`MrtrOutcome`] says the same, `Metrics::bridge_mrtr`).
     InputRefusal {
         /// The client did not declare the capability the request needs (or taskgate does not
         /// relay its method).

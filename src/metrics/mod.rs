@@ -172,7 +172,7 @@ const UPGRADED_CALLS_TOTAL: Spec = spec(
 );
 const BRIDGE_INPUT_REFUSED_TOTAL: Spec = spec(
     "taskgate_bridge_input_refused_total",
-    "Input requests not relayed to the client, by reason: capability, too_many_keys, client_error (a bridged task's; the task is cancelled); undeclared (a 2025-11-25 server's request during a 2026-07-28 client's call, answered -32601 upstream).",
+    "Input requests not relayed to the client, by reason: capability, too_many_keys, client_error (a bridged task's: the task is cancelled; a 2025-11-25 client's request a 2026-07-28 upstream asked input for within it, MRTR: the request is answered with an error, also counted in taskgate_bridge_mrtr_total); undeclared (a 2025-11-25 server's request during a 2026-07-28 client's call, answered -32601 upstream).",
     &["upstream", "reason"],
 );
 const BRIDGE_MRTR_TOTAL: Spec = spec(
@@ -335,8 +335,10 @@ pub struct Metrics {
     /// `taskgate_upgraded_calls_total{upstream,outcome}`: plain `tools/call` turned into tasks, by
     /// [`UpgradeOutcome`] (see `layers::upgrade`).
     pub upgraded_calls_total: IntCounterVec,
-    /// `taskgate_bridge_input_refused_total{upstream,reason}`: input requests of bridged tasks
-    /// not relayed to the 2025 client, by [`InputRefusal`] (see `layers::bridge::input`).
+    /// `taskgate_bridge_input_refused_total{upstream,reason}`: input requests not relayed to the
+    /// client, by [`InputRefusal`]: a bridged task's (see `layers::bridge::input`), an MRTR
+    /// exchange's (`layers::relay::mrtr`, counted in `bridge_mrtr_total` too), the reverse
+    /// bridge's `undeclared`.
     pub bridge_input_refused_total: IntCounterVec,
     /// `taskgate_bridge_mrtr_total{upstream,outcome}`: requests of 2025 clients answered
     /// `input_required` by a 2026 upstream (MRTR), by [`MrtrOutcome`] (see `layers::bridge::mrtr`).

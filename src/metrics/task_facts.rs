@@ -46,11 +46,27 @@ impl Metrics {
             .with_label_values(&[upstream, reason.as_str()])
             .inc();
     }
-    /// `taskgate_bridge_mrtr_total`.
+    /// `taskgate_bridge_mrtr_total`; an exchange ended because an input request could not be
+    /// relayed (the client lacks its capability, too many keys, the client answered it with an
+    /// error) counts in `taskgate_bridge_input_refused_total` too, with the reason a bridged
+    /// task's refusal has: that counter is every input request the bridge did not relay.
     pub fn bridge_mrtr(&self, upstream: &str, outcome: MrtrOutcome) {
         self.bridge_mrtr_total
             .with_label_values(&[upstream, outcome.as_str()])
             .inc();
+        let refusal = match outcome {
+            MrtrOutcome::RefusedCapability => Some(InputRefusal::Capability),
+            MrtrOutcome::TooManyKeys => Some(InputRefusal::TooManyKeys),
+            MrtrOutcome::ClientError => Some(InputRefusal::ClientError),
+            MrtrOutcome::Completed
+            | MrtrOutcome::TooManyRounds
+            | MrtrOutcome::Timeout
+            | MrtrOutcome::Disconnected
+            | MrtrOutcome::UpstreamError => None,
+        };
+        if let Some(reason) = refusal {
+            self.bridge_input_refused(upstream, reason);
+        }
     }
     /// `taskgate_bridge_mrtr_rounds_total`.
     pub fn bridge_mrtr_round(&self, upstream: &str) {

@@ -306,3 +306,182 @@ fn the_readme_lists_every_value_of_a_label_it_lists() {
         "README lists some values but not these: {missing:?}"
     );
 }
+
+/// `deploy/testdata/metrics-contract-sample.txt`, the exposition `deploy/metric_names.py`
+/// checks the alert rules and the dashboard against (`deploy/check.sh`), is what `/metrics`
+/// prints: every family's `# HELP` and `# TYPE` lines as rendered, every family there, and each
+/// of its series one the registry renders (name and labels; values aside). Its HELP texts had
+/// drifted from the registry's with nothing to notice. `TASKGATE_BLESS=1 cargo test --lib
+/// contract_sample` rewrites its HELP and TYPE lines and adds the families it lacks (their
+/// rendered series), keeping its other lines.
+#[test]
+fn the_contract_sample_is_what_metrics_prints() {
+    const SAMPLE: &str = "deploy/testdata/metrics-contract-sample.txt";
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(SAMPLE);
+    let sample = std::fs::read_to_string(&path).expect("the contract sample");
+    let text = scrape(&["default"]);
+    let (rendered, series) = (families(&text), sample_series(&text));
+    let mut problems = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for line in sample.lines() {
+        if let Some((kind, name)) = comment_family(line) {
+            seen.insert(name.to_string());
+            match rendered.get(name) {
+                None => problems.push(format!("{name}: not a metric /metrics prints")),
+                Some(f) if f.line(kind) != line => problems.push(format!(
+                    "{name}: the sample's {kind} line\n    {line}\n  is not what /metrics prints\n    {}",
+                    f.line(kind)
+                )),
+                Some(_) => {}
+            }
+        } else if !line.starts_with('#') && !line.trim().is_empty() {
+            let key = series_key(line);
+            if !series.contains(&key) {
+                problems.push(format!("a series /metrics does not print: {line}"));
+            }
+        }
+    }
+    for name in rendered.keys().filter(|n| !seen.contains(*n)) {
+        problems.push(format!("{name}: missing from the sample"));
+    }
+    if problems.is_empty() {
+        return;
+    }
+    if std::env::var("TASKGATE_BLESS").as_deref() == Ok("1") {
+        std::fs::write(&path, blessed(&sample, &text)).expect("write the sample");
+        return;
+    }
+    panic!(
+        "{SAMPLE} is not what /metrics prints (TASKGATE_BLESS=1 cargo test --lib contract_sample \
+         rewrites it):\n{}",
+        problems.join("\n")
+    );
+}
+
+/// One family of a scrape: its `# HELP` and `# TYPE` lines and its series lines, in order.
+#[derive(Default)]
+struct Family {
+    help: String,
+    ty: String,
+    series: Vec<String>,
+}
+
+impl Family {
+    fn line(&self, kind: &str) -> &str {
+        if kind == "HELP" {
+            &self.help
+        } else {
+            &self.ty
+        }
+    }
+}
+
+/// `("HELP" | "TYPE", name)` of a comment line naming a family.
+fn comment_family(line: &str) -> Option<(&'static str, &str)> {
+    for kind in ["HELP", "TYPE"] {
+        if let Some(rest) = line.strip_prefix(&format!("# {kind} ")) {
+            return rest.split(' ').next().map(|name| (kind, name));
+        }
+    }
+    None
+}
+
+/// A series line's name and sorted label pairs (its value left out).
+fn series_key(line: &str) -> String {
+    let series = line.rsplit_once(' ').map_or(line, |(s, _)| s);
+    match series.split_once('{') {
+        Some((name, labels)) => {
+            let mut pairs: Vec<&str> = labels.trim_end_matches('}').split(',').collect();
+            pairs.sort_unstable();
+            format!("{name}{{{}}}", pairs.join(","))
+        }
+        None => series.to_string(),
+    }
+}
+
+fn sample_series(text: &str) -> std::collections::BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(series_key)
+        .collect()
+}
+
+/// The families of a scrape by name (a histogram's `_bucket`/`_sum`/`_count` series in its own).
+fn families(text: &str) -> std::collections::BTreeMap<String, Family> {
+    let mut all: std::collections::BTreeMap<String, Family> = Default::default();
+    let mut current = String::new();
+    for line in text.lines() {
+        if let Some((kind, name)) = comment_family(line) {
+            current = name.to_string();
+            let f = all.entry(current.clone()).or_default();
+            if kind == "HELP" {
+                f.help = line.to_string();
+            } else {
+                f.ty = line.to_string();
+            }
+        } else if !line.trim().is_empty() {
+            all.entry(current.clone())
+                .or_default()
+                .series
+                .push(line.to_string());
+        }
+    }
+    all
+}
+
+/// `sample` with every family's HELP and TYPE lines as `text` renders them, the series lines
+/// `text` does not render left out, and the families it lacked added at the end (all their
+/// rendered series).
+fn blessed(sample: &str, text: &str) -> String {
+    let rendered = families(text);
+    let series = sample_series(text);
+    let mut out = String::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for line in sample.lines() {
+        let kept = match comment_family(line) {
+            Some((kind, name)) => rendered.get(name).map(|f| {
+                seen.insert(name.to_string());
+                f.line(kind).to_string()
+            }),
+            None if line.starts_with('#') || line.trim().is_empty() => Some(line.to_string()),
+            None => series.contains(&series_key(line)).then(|| line.to_string()),
+        };
+        if let Some(line) = kept {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    let missing = rendered.iter().filter(|(n, _)| !seen.contains(*n));
+    for (_, f) in missing {
+        for line in [&f.help, &f.ty].into_iter().chain(&f.series) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The forward bridge's MRTR exchanges that end because an input request cannot be relayed (the
+/// client lacks its capability, too many keys, the client answered it with an error) count in
+/// `taskgate_bridge_input_refused_total` with the same reason as a bridged task's, besides
+/// their `taskgate_bridge_mrtr_total` outcome: the README tells a user that counter is "input
+/// requests not relayed". Before: only in `taskgate_bridge_mrtr_total`.
+#[test]
+fn an_mrtr_refusal_counts_as_an_input_refusal_too() {
+    let m = Metrics::new(&["a".to_string()]);
+    for outcome in MrtrOutcome::ALL {
+        m.bridge_mrtr("a", *outcome);
+    }
+    let text = String::from_utf8(m.encode()).expect("utf-8");
+    let refused = |reason: &str| {
+        value(
+            &text,
+            "taskgate_bridge_input_refused_total",
+            &[("upstream", "a"), ("reason", reason)],
+        )
+    };
+    for reason in ["capability", "too_many_keys", "client_error"] {
+        assert_eq!(refused(reason), Some(1.0), "{reason}");
+    }
+    assert_eq!(refused("undeclared"), Some(0.0));
+}

@@ -457,7 +457,8 @@ async fn cancel_for_input<S: McpService>(
 /// result cannot carry it (a `sampling/createMessage`) cancels the task instead
 /// ([`refused_by_client`]): in the background, so the 202 comes at once (at most
 /// [`super::MAX_BACKGROUND_CANCELS`] such cancels run at once per upstream; past it this one
-/// runs before the 202).
+/// runs before the 202). A stop's drain waits for those still running (at most
+/// `gateway.drain_timeout_ms`; `BridgeState::background_cancels_ended`).
 pub(super) async fn send_update<S: McpService>(
     state: &Arc<BridgeState>,
     inner: S,
@@ -480,7 +481,7 @@ pub(super) async fn send_update<S: McpService>(
                 let state = state.clone();
                 tokio::spawn(async move {
                     refused_by_client(&state, &inner, &base, &pending, &answer).await;
-                    drop(permit);
+                    state.background_cancel_ended(permit);
                 });
             }
             Err(_) => refused_by_client(state, &inner, &base, &pending, &answer).await,

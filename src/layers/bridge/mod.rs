@@ -214,6 +214,9 @@ pub struct BridgeState {
     /// background after the refusal's 202 (at most [`MAX_BACKGROUND_CANCELS`] at once; past it
     /// the refusal's POST waits for its cancel, as backpressure: none is dropped).
     background_cancels: Arc<tokio::sync::Semaphore>,
+    /// Told each time a background cancel ends: a stop's drain waits for them
+    /// ([`BridgeState::background_cancels_ended`]).
+    background_ended: tokio::sync::Notify,
 }
 
 /// Most cancels of refused-input tasks running in the background at once, per upstream (see
@@ -244,7 +247,36 @@ impl BridgeState {
             relay,
             cancel: Some(cancel),
             background_cancels: Arc::new(tokio::sync::Semaphore::new(MAX_BACKGROUND_CANCELS)),
+            background_ended: tokio::sync::Notify::new(),
         })
+    }
+
+    /// How many cancels run in the background now (see the field `background_cancels`).
+    pub fn background_cancels(&self) -> usize {
+        MAX_BACKGROUND_CANCELS.saturating_sub(self.background_cancels.available_permits())
+    }
+
+    /// Returns once no cancel runs in the background. A cancel taskgate accepted (the client
+    /// got its 202) is one the client expects to reach the upstream: a graceful stop waits
+    /// here, within its drain, before the runtime those cancels run on is dropped
+    /// (`gateway::Linger`).
+    pub async fn background_cancels_ended(&self) {
+        loop {
+            let ended = self.background_ended.notified();
+            tokio::pin!(ended);
+            // Registered before the look, so an end between the two is not missed.
+            ended.as_mut().enable();
+            if self.background_cancels() == 0 {
+                return;
+            }
+            ended.await;
+        }
+    }
+
+    /// A background cancel ended (its permit given back first).
+    fn background_cancel_ended(&self, permit: tokio::sync::OwnedSemaphorePermit) {
+        drop(permit);
+        self.background_ended.notify_waiters();
     }
 
     /// Whether its 2025 sessions serve 2025 tasks themselves (see the field).

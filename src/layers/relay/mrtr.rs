@@ -41,7 +41,10 @@
 //!   2026 cancel) and unanswered input requests are forgotten.
 //!
 //! Counted in `taskgate_bridge_mrtr_total{upstream,outcome}` (one per exchange) and
-//! `taskgate_bridge_mrtr_rounds_total{upstream}` (one per round relayed).
+//! `taskgate_bridge_mrtr_rounds_total{upstream}` (one per round relayed); an exchange ended
+//! because an input request could not be relayed (`refused_capability`, `too_many_keys`,
+//! `client_error`) also in `taskgate_bridge_input_refused_total` with the same reason as a
+//! bridged task's refusal (`Metrics::bridge_mrtr`).
 
 use super::input::{capability_for, Ask, Inputs, MAX_KEYS_PER_TASK};
 use super::{read_to_answer, Client, Relay};

@@ -8,7 +8,9 @@
 //! - `notifications/progress` → the request (or, after the answer, the session) whose token it
 //!   names, with the caller's token put back;
 //! - `notifications/tasks/status` (`notifications/tasks`) → the session whose request created the
-//!   task; not known → dropped (another client's task id is never shown);
+//!   task; not known → dropped (another client's task id is never shown); a terminal status
+//!   there or in an answer (`tasks/get`, `tasks/cancel`) marks the task's route ended, the
+//!   first a full table forgets ([`super::route`]);
 //! - `notifications/cancelled` (the child gives up a request it sent) → the session it sent it
 //!   to;
 //! - a notification of a 2026-07-28 `subscriptions/listen` (its
@@ -38,6 +40,7 @@ use super::framing::{one_line, Line, Lines};
 use super::queue::{queue, QueueRx, QueueTx};
 use super::route::{Answer, Pending, Progress, Routes, SessionKey, TaskNote};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
+use crate::mcp::task::TaskStatus;
 use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
 use crate::sse;
 use bytes::Bytes;
@@ -649,7 +652,22 @@ impl Conn {
                     created_at: field("createdAt"),
                     ttl: field("ttl").or_else(|| field("ttlMs")),
                 };
-                self.routes.lock().note_task(task_id, note);
+                let ended = ended_at(bytes, &["result", "task", "status"])
+                    || ended_at(bytes, &["result", "status"]);
+                let mut routes = self.routes.lock();
+                routes.note_task(task_id.clone(), note);
+                if ended {
+                    routes.task_ended(&task_id);
+                }
+            }
+        } else if jsonrpc::contains(msg.bytes(), b"\"taskId\"") {
+            // A task's status in an answer (`tasks/get`, `tasks/cancel`): an ended one is the
+            // first its route table forgets (`Routes::task_ended`).
+            let bytes = msg.bytes();
+            if ended_at(bytes, &["result", "status"]) {
+                if let Some(task_id) = raw_string(bytes, &["result", "taskId"]) {
+                    self.routes.lock().task_ended(&task_id);
+                }
             }
         }
         let answer: Answer = splice::replace(msg.bytes(), &["id"], p.client_id.as_json())
@@ -696,7 +714,14 @@ impl Conn {
             }
             "notifications/tasks/status" | "notifications/tasks" => {
                 let task = raw_string(bytes, &["params", "taskId"]);
-                let session = task.and_then(|t| self.routes.lock().task_session(&t).cloned());
+                let ended = ended_at(bytes, &["params", "status"]);
+                let session = task.and_then(|t| {
+                    let mut routes = self.routes.lock();
+                    if ended {
+                        routes.task_ended(&t);
+                    }
+                    routes.task_session(&t).cloned()
+                });
                 match session {
                     Some(s) => {
                         self.to_session(&s, bytes);
@@ -942,6 +967,14 @@ fn raw_string(bytes: &[u8], path: &[&str]) -> Option<String> {
     serde_json::from_str::<String>(raw.get()).ok()
 }
 
+/// Whether the string at `path` is a terminal task status (`completed`, `failed`,
+/// `cancelled`).
+fn ended_at(bytes: &[u8], path: &[&str]) -> bool {
+    raw_string(bytes, path)
+        .and_then(|s| TaskStatus::parse(&s))
+        .is_some_and(TaskStatus::is_terminal)
+}
+
 /// The `taskId` of a `CreateTaskResult` (2025-11-25 `result.task.taskId`, or 2026-07-28's flat
 /// `result.taskId`).
 fn created_task_id(answer: &[u8]) -> Option<String> {
@@ -1084,6 +1117,68 @@ mod tests {
                 .unwrap_or_default()
                 .to_string(),
         )
+    }
+
+    /// A full table of task routes forgets a task the child reported ended before the oldest
+    /// live one: a terminal task's route serves only late messages about it, a live task's its
+    /// status notifications and the child's requests for its client. Before: the oldest note
+    /// went whatever its task's status (the routes did not track it), so a long-running task
+    /// lost its route to a stream of short ones that had ended.
+    #[tokio::test]
+    async fn a_full_table_forgets_an_ended_task_before_a_live_one() {
+        let (conn, _normal, _urgent) = bare(Owner::Every);
+        let max = super::super::route::MAX_NOTES;
+        for i in 0..max {
+            conn.routes.lock().note_task(
+                format!("t{i}"),
+                TaskNote {
+                    session: Some("s1".into()),
+                    ..TaskNote::default()
+                },
+            );
+        }
+        // t1 ends (a 2025 status notification), t2 too (a 2026 one); t0 is the oldest and live.
+        for (task, method) in [
+            ("t1", "notifications/tasks/status"),
+            ("t2", "notifications/tasks"),
+        ] {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","method":"{method}","params":{{"taskId":"{task}","status":"completed","createdAt":"x","lastUpdatedAt":"x","ttl":1000}}}}"#
+            );
+            assert!(feed(&conn, &line).is_none());
+        }
+        // A `working` report changes nothing.
+        let working = r#"{"jsonrpc":"2.0","method":"notifications/tasks/status","params":{"taskId":"t3","status":"working"}}"#;
+        assert!(feed(&conn, working).is_none());
+        let note = |task: &str| {
+            conn.routes
+                .lock()
+                .note_task(task.into(), TaskNote::default())
+        };
+        note("n1");
+        note("n2");
+        {
+            let routes = conn.routes.lock();
+            assert!(
+                routes.task_session("t0").is_some(),
+                "the oldest live task stays"
+            );
+            assert!(
+                routes.task_session("t1").is_none(),
+                "an ended task goes first"
+            );
+            assert!(
+                routes.task_session("t2").is_none(),
+                "an ended task goes first"
+            );
+            assert!(routes.task_session("n1").is_some() && routes.task_session("n2").is_some());
+        }
+        // No ended task left: the oldest note goes, as before.
+        note("n3");
+        let routes = conn.routes.lock();
+        assert!(routes.task_session("t0").is_none(), "then the oldest");
+        assert!(routes.task_session("t3").is_some());
+        assert!(routes.task_session("n3").is_some());
     }
 
     /// A `per_session` child's request refused because its client cannot take it now (no GET

@@ -188,7 +188,8 @@ pub struct ChildGone {
     /// `per_session`: the session whose child it was; shared: `None`.
     pub session: Option<String>,
     /// The tasks the child created, as taskgate saw their `CreateTaskResult` go by (at most
-    /// [`route::MAX_NOTES`]; a child that created more has its oldest notes forgotten).
+    /// [`route::MAX_NOTES`]; a child that created more has the notes of the tasks it reported
+    /// ended forgotten first, then its oldest: the live ones, which its death fails, stay).
     pub tasks: Vec<String>,
     /// The gateway tasks (`upstream.tasks = "gateway"`) whose held calls were in flight on the
     /// child when it went (`exchange::HeldTask`): they died with it too. Their held call may

@@ -12,7 +12,11 @@
 //! the notes about tokens, tasks and the child's own requests hold at most [`MAX_NOTES`]
 //! entries each; a full table forgets its oldest note to take a new one (that route is lost:
 //! a late progress or status notification for it is dropped and counted, never sent to the
-//! wrong client; the others, the live tasks of every client among them, stay).
+//! wrong client; the others, the live tasks of every client among them, stay). The task table
+//! forgets the tasks the child reported ended first (a terminal status in a status
+//! notification or an answer, [`Routes::task_ended`]), oldest first, and only then its oldest
+//! live one: an ended task's route serves only late messages about it, a live one's its
+//! status notifications and the child's requests for its client.
 
 use crate::jsonrpc::Id;
 use bytes::Bytes;
@@ -184,6 +188,12 @@ impl Routes {
         self.tasks.insert(task_id, note);
     }
 
+    /// Notes that task `task_id` ended (the child reported a terminal status): a full table
+    /// forgets it before any live task. Nothing when it is not noted.
+    pub fn task_ended(&mut self, task_id: &str) {
+        self.tasks.mark_ended(task_id);
+    }
+
     /// The session that created task `task_id`, if noted.
     pub fn task_session(&self, task_id: &str) -> Option<&SessionKey> {
         self.tasks.get(task_id).map(|n| &n.session)
@@ -210,12 +220,15 @@ impl Routes {
     }
 }
 
-/// A table of notes, at most [`MAX_NOTES`]: a full one forgets its oldest note (the one noted
-/// or noted again longest ago) to take a new one.
+/// A table of notes, at most [`MAX_NOTES`]: a full one forgets a note to take a new one, its
+/// oldest note marked ended ([`Notes::mark_ended`]) if there is one, else its oldest (the one
+/// noted or noted again longest ago).
 pub struct Notes<K, V> {
     map: HashMap<K, (u64, V)>,
     /// The keys by when they were noted.
     order: BTreeMap<u64, K>,
+    /// The keys marked ended by when they were noted (a subset of `order`).
+    ended: BTreeMap<u64, K>,
     next: u64,
 }
 
@@ -224,6 +237,7 @@ impl<K, V> Default for Notes<K, V> {
         Notes {
             map: HashMap::new(),
             order: BTreeMap::new(),
+            ended: BTreeMap::new(),
             next: 0,
         }
     }
@@ -234,11 +248,14 @@ impl<K: Hash + Eq + Clone, V> Notes<K, V> {
     pub fn insert(&mut self, k: K, v: V) {
         if let Some((seq, _)) = self.map.remove(&k) {
             self.order.remove(&seq);
+            self.ended.remove(&seq);
         }
         while self.map.len() >= MAX_NOTES {
-            let Some((_, oldest)) = self.order.pop_first() else {
+            let Some((seq, oldest)) = self.ended.pop_first().or_else(|| self.order.pop_first())
+            else {
                 break;
             };
+            self.order.remove(&seq);
             self.map.remove(&oldest);
         }
         self.next += 1;
@@ -254,6 +271,19 @@ impl<K: Hash + Eq + Clone, V> Notes<K, V> {
         self.map.get(k).map(|(_, v)| v)
     }
 
+    /// Marks the note under `k` ended: a full table forgets it before the notes not marked.
+    pub fn mark_ended<Q: Hash + Eq + ?Sized>(&mut self, k: &Q)
+    where
+        K: Borrow<Q>,
+    {
+        let Some(seq) = self.map.get(k).map(|(seq, _)| *seq) else {
+            return;
+        };
+        if let Some(key) = self.order.get(&seq) {
+            self.ended.insert(seq, key.clone());
+        }
+    }
+
     /// The note under `k`, removed.
     pub fn remove<Q: Hash + Eq + ?Sized>(&mut self, k: &Q) -> Option<V>
     where
@@ -261,12 +291,14 @@ impl<K: Hash + Eq + Clone, V> Notes<K, V> {
     {
         let (seq, v) = self.map.remove(k)?;
         self.order.remove(&seq);
+        self.ended.remove(&seq);
         Some(v)
     }
 
     /// Every note, removed.
     pub fn drain(&mut self) -> Vec<(K, V)> {
         self.order.clear();
+        self.ended.clear();
         self.map.drain().map(|(k, (_, v))| (k, v)).collect()
     }
 
@@ -381,6 +413,36 @@ mod tests {
             routes.asked("b").is_some(),
             "not evicted: the table was not full"
         );
+    }
+
+    /// A note marked ended goes before the others, oldest first; its mark goes with it when it
+    /// is removed or noted again (then it is live, and the newest).
+    #[test]
+    fn an_ended_note_goes_first() {
+        let mut notes: Notes<usize, ()> = Notes::default();
+        for i in 0..MAX_NOTES {
+            notes.insert(i, ());
+        }
+        notes.mark_ended(&5);
+        notes.remove(&5);
+        notes.mark_ended(&7);
+        notes.insert(7, ());
+        notes.insert(MAX_NOTES, ()); // into the room 5 left
+        notes.insert(MAX_NOTES + 1, ()); // full, nothing ended: the oldest goes
+        assert!(notes.get(&0).is_none());
+        assert!(notes.get(&7).is_some(), "noted again: live");
+        notes.mark_ended(&9);
+        notes.mark_ended(&8);
+        notes.mark_ended(&(MAX_NOTES + 7)); // not noted: nothing
+        notes.insert(MAX_NOTES + 2, ());
+        assert!(notes.get(&8).is_none(), "the oldest ended note goes");
+        assert!(notes.get(&9).is_some() && notes.get(&1).is_some());
+        notes.insert(MAX_NOTES + 3, ());
+        assert!(notes.get(&9).is_none());
+        notes.insert(MAX_NOTES + 4, ());
+        assert!(notes.get(&1).is_none(), "then the oldest again");
+        assert_eq!(notes.len(), MAX_NOTES);
+        assert!(notes.ended.is_empty());
     }
 
     #[test]
