@@ -917,12 +917,8 @@ async fn open_store(
                     path: config.store.url_env.clone().unwrap_or_default(),
                     detail: "the database URL variable is not set".into(),
                 })?;
-            let store = PgStore::open(
-                &url,
-                config.store.pool_size as usize,
-                config.store.ca_file.as_deref(),
-            )
-            .await?;
+            let store =
+                PgStore::open(&url, config.store.pool_size as usize, config.store.trust()).await?;
             // Its task writes' durations, as sled's group commits
             // (`taskgate_store_write_duration_seconds`).
             store.observe_writes(metrics.clone());

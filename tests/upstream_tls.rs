@@ -280,3 +280,98 @@ async fn an_ipv6_literal_upstream_gets_post_get_and_delete_over_tls() {
         );
     }
 }
+
+/// Writes taskgate's config for the binary into `dir`: one upstream at `url` with the extra
+/// `[[upstream]]` lines `lines`; returns its path.
+fn binary_config(dir: &std::path::Path, url: &str, lines: &str) -> String {
+    let cfg = TgConfig::new(url).gateway("threads = 1");
+    let path = cfg.write_for_binary(dir);
+    let mut toml = std::fs::read_to_string(&path).unwrap();
+    toml.push_str(lines);
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// `ca_roots = "system"` trusts the platform's store, which honours `SSL_CERT_FILE`: the
+/// binary, started with it pointing at the test CA (only the child's environment is set),
+/// reaches an upstream whose certificate that CA signed; the same upstream with the Mozilla
+/// roots is refused (`an_untrusted_certificate_is_refused_and_named`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ca_roots_system_trusts_the_ssl_cert_file() {
+    let up = TaskServer::default().await;
+    let front = TlsFront::start(&up.url(), "local").await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = binary_config(
+        dir.path(),
+        &front.url("localhost"),
+        "ca_roots = \"system\"\n",
+    );
+    let ca = fixture("ca.pem");
+    let (mut p, gw) = tokio::task::block_in_place(|| {
+        let mut p = TaskgateProcess::spawn(
+            &["serve", "--config", &cfg],
+            // Only the file: this machine's SSL_CERT_DIR (if any) would add its own CAs.
+            &[("SSL_CERT_FILE", ca.as_str()), ("SSL_CERT_DIR", "")],
+        );
+        let (gw, _) = p.listening();
+        (p, gw)
+    });
+    let mut c = Client::new(&format!("http://{gw}/mcp"));
+    c.initialize().await;
+    let t = c.create_task("2").await;
+    assert!(!t.is_empty());
+    assert_eq!(up.count("tools/call"), 1);
+    assert_eq!(front.handshakes(), 1);
+    let _ = p.stderr();
+}
+
+/// A system trust store that yields no certificate (`SSL_CERT_FILE` at a file without one, or
+/// at none) is an error of `check-config` and `serve` naming `ca_roots = "system"` and where it
+/// looked, not a gateway that trusts nothing.
+#[test]
+fn an_empty_system_trust_store_is_a_start_up_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = binary_config(
+        dir.path(),
+        "https://localhost:8443/mcp",
+        "ca_roots = \"system\"\n",
+    );
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "no certificate here\n").unwrap();
+    let missing = dir.path().join("missing.pem");
+    for bundle in [&empty, &missing] {
+        let bundle = bundle.to_str().unwrap();
+        for command in ["check-config", "serve"] {
+            let args: Vec<&str> = match command {
+                "serve" => vec!["serve", "--config", &cfg],
+                _ => vec!["check-config", &cfg],
+            };
+            let ran = run_taskgate(&args, &[("SSL_CERT_FILE", bundle), ("SSL_CERT_DIR", "")]);
+            assert!(!ran.status.success(), "{command} {bundle}: {ran:?}");
+            assert!(
+                ran.stderr
+                    .contains("upstream[0].ca_roots = \"system\": no usable CA certificate")
+                    && ran.stderr.contains(bundle),
+                "{command} {bundle}: {}",
+                ran.stderr
+            );
+        }
+    }
+}
+
+/// `ca_file` beside `ca_roots = "mozilla"`: the file's CA is trusted as well as the set (the
+/// file alone replaces the set, as before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_file_beside_a_root_set_is_trusted_too() {
+    let up = TaskServer::default().await;
+    let front = TlsFront::start(&up.url(), "local").await;
+    let cfg = TgConfig::new(&front.url("127.0.0.1")).gateway("threads = 1");
+    let extra = format!(
+        "ca_roots = \"mozilla\"\nca_file = {:?}\n",
+        fixture("ca.pem")
+    );
+    let tg = Tg::start(|store| cfg.to_toml(store) + &extra).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    assert_eq!(up.count("initialize"), 1);
+}

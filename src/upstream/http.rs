@@ -93,7 +93,8 @@ impl StreamableHttp {
             Some("https") => {
                 let tls = Tls::new(
                     crate::config::upstream_host(&uri),
-                    config.ca_file.as_deref(),
+                    config.trust(),
+                    config.client_auth(),
                 )?;
                 Pool::with_tls(address, connect_timeout, tls)
             }

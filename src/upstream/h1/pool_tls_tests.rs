@@ -200,7 +200,7 @@ async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
 }
 
 fn tls_pool(addr: SocketAddr, host: &str, connect_timeout: Duration) -> Arc<Pool> {
-    let tls = Tls::new(host, Some(&fixture("ca.pem"))).unwrap();
+    let tls = Tls::new(host, crate::tls::Trust::file(&fixture("ca.pem")), None).unwrap();
     Pool::with_tls(addr.to_string(), connect_timeout, tls)
 }
 
@@ -325,7 +325,7 @@ async fn own_ca_file(name: &str, host: &str) -> (TlsServer, Arc<Pool>) {
         Close::NotifyOnSignal,
     )
     .await;
-    let tls = Tls::new(host, Some(&cert)).unwrap();
+    let tls = Tls::new(host, crate::tls::Trust::file(&cert), None).unwrap();
     let pool = Pool::with_tls(server.addr.to_string(), Duration::from_secs(5), tls);
     (server, pool)
 }
@@ -388,7 +388,7 @@ async fn a_framed_body_cut_short_over_tls_is_an_error() {
 #[tokio::test]
 async fn an_unknown_issuer_names_ca_file() {
     let server = TlsServer::start("127.0.0.1:0", Answer::Json, Close::NotifyOnSignal).await;
-    let tls = Tls::new("localhost", None).unwrap();
+    let tls = Tls::new("localhost", crate::tls::Trust::default(), None).unwrap();
     let pool = Pool::with_tls(server.addr.to_string(), Duration::from_secs(5), tls);
     let err = fetch(&pool).await.unwrap_err();
     assert!(err.contains("UnknownIssuer"), "{err}");
