@@ -42,6 +42,15 @@ impl TlsFront {
 
     /// The front listening on `bind` (`[::1]:0`: IPv6).
     async fn start_on(bind: &str, upstream_url: &str, cert: &str) -> TlsFront {
+        TlsFront::start_with(bind, upstream_url, cert, false).await
+    }
+
+    /// The front requiring a client certificate the test CA signed (mTLS).
+    async fn start_mtls(upstream_url: &str) -> TlsFront {
+        TlsFront::start_with("127.0.0.1:0", upstream_url, "local", true).await
+    }
+
+    async fn start_with(bind: &str, upstream_url: &str, cert: &str, client_auth: bool) -> TlsFront {
         use rustls_pki_types::pem::PemObject;
         use rustls_pki_types::{CertificateDer, PrivateKeyDer};
         let certs = CertificateDer::pem_file_iter(fixture(&format!("{cert}.pem")))
@@ -49,14 +58,26 @@ impl TlsFront {
             .collect::<Result<Vec<_>, _>>()
             .unwrap();
         let key = PrivateKeyDer::from_pem_file(fixture(&format!("{cert}.key"))).unwrap();
-        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap();
+        let builder = if client_auth {
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in CertificateDer::pem_file_iter(fixture("ca.pem")).unwrap() {
+                roots.add(ca.unwrap()).unwrap();
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let mut config = builder.with_single_cert(certs, key).unwrap();
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let plain: http::Uri = upstream_url.parse().unwrap();
@@ -374,4 +395,46 @@ async fn a_ca_file_beside_a_root_set_is_trusted_too() {
     let mut c = tg.client();
     c.initialize().await;
     assert_eq!(up.count("initialize"), 1);
+}
+
+/// mTLS: an upstream that requires a client certificate of its CA is reached with
+/// `client_cert_file` and `client_key_file` (every request on one pooled connection); without
+/// them it refuses the connection and the client is told the server wanted a certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_is_presented_when_the_upstream_requires_one() {
+    let up = TaskServer::default().await;
+    let front = TlsFront::start_mtls(&up.url()).await;
+    let cfg = TgConfig::new(&front.url("localhost")).gateway("threads = 1");
+    let extra = format!(
+        "ca_file = {:?}\nclient_cert_file = {:?}\nclient_key_file = {:?}\n",
+        fixture("ca.pem"),
+        fixture("client.pem"),
+        fixture("client.key")
+    );
+    let tg = Tg::start(|store| cfg.to_toml(store) + &extra).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = c.create_task("2").await;
+    let got = c.get("3", &t).await;
+    assert_eq!(got["result"]["status"], "working", "{got}");
+    assert_eq!(front.handshakes(), 1);
+    drop(tg);
+
+    let without = taskgate(&front.url("localhost"), Some("ca.pem")).await;
+    let (status, v) = refused(&without).await;
+    assert_eq!(status, 502, "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("CertificateRequired"), "{v}");
+    let m = without.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_upstream_errors_total",
+            &[("upstream", "default"), ("kind", "connect")]
+        ),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(up.count("initialize"), 1, "only the first taskgate's");
+    assert_eq!(front.handshakes(), 1, "the second one's was refused");
 }

@@ -456,9 +456,17 @@ impl Pool {
                     // request's future (and the transport's box it is moved into) 400 bytes larger.
                     None => (Box::pin(self.connect()).await?, false),
                 };
-                // Ready to take a request (drives the connection meanwhile).
+                // Ready to take a request (drives the connection meanwhile). Why the connection
+                // ended, if it did: a new one's first error says why it was refused (an mTLS
+                // server's alert after a TLS 1.3 handshake the client saw complete).
+                let mut ended = None;
                 let ready = std::future::poll_fn(|cx| {
-                    conn.drive(cx);
+                    if !conn.closed {
+                        if let Poll::Ready(r) = conn.driver.as_mut().poll(cx) {
+                            conn.closed = true;
+                            ended = r.err();
+                        }
+                    }
                     if conn.closed {
                         return Poll::Ready(false);
                     }
@@ -469,10 +477,10 @@ impl Pool {
                     if reused {
                         continue;
                     }
-                    return Err(PoolError::Connect(format!(
-                        "{} closed the connection at once",
-                        self.authority
-                    )));
+                    return Err(PoolError::Connect(match ended {
+                        Some(e) => format!("{}: {}", self.authority, PoolError::Http(e)),
+                        None => format!("{} closed the connection at once", self.authority),
+                    }));
                 }
                 let head_only = req.method() == http::Method::HEAD;
                 conn.ctl.arm();
