@@ -653,7 +653,7 @@ fn edge_settings(config: &Config, gateway_addr: SocketAddr) -> EdgeSettings {
 }
 
 /// The upstreams `/readyz` connects to: each `url` one's name and `host:port` (port 80, or 443 for https, when
-/// the URL names none; stdio upstreams are probed instead, [`stdio_probes`]).
+/// the URL names none; its `proxy`'s `host:port` when it has one; stdio upstreams are probed instead, [`stdio_probes`]).
 fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
     config
         .upstream
@@ -661,9 +661,16 @@ fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
         .filter(|u| u.command.is_none())
         .map(|u| {
             let uri: http::Uri = u.url.parse().expect("validated url");
+            // Through a proxy, what taskgate itself connects to is the proxy.
+            let authority = match u.proxy.as_deref().map(|p| {
+                crate::upstream::h1::Proxy::new(p, &crate::config::upstream_authority(&uri))
+            }) {
+                Some(Ok(proxy)) => proxy.authority().to_string(),
+                _ => crate::config::upstream_authority(&uri),
+            };
             UpstreamTarget {
                 name: u.name.clone(),
-                authority: crate::config::upstream_authority(&uri),
+                authority,
             }
         })
         .collect()

@@ -438,3 +438,153 @@ async fn a_client_certificate_is_presented_when_the_upstream_requires_one() {
     assert_eq!(up.count("initialize"), 1, "only the first taskgate's");
     assert_eq!(front.handshakes(), 1, "the second one's was refused");
 }
+
+/// A `CONNECT` proxy on 127.0.0.1 for the tests: tunnels to the target it is asked for, or
+/// refuses every `CONNECT` with 407; counts its tunnels and keeps each request head.
+struct ConnectProxy {
+    addr: SocketAddr,
+    tunnels: Arc<AtomicUsize>,
+    heads: Arc<std::sync::Mutex<Vec<String>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ConnectProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+impl ConnectProxy {
+    async fn start(refuse: bool) -> ConnectProxy {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tunnels = Arc::new(AtomicUsize::new(0));
+        let heads = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tun, hds) = (tunnels.clone(), heads.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                let (tun, hds) = (tun.clone(), hds.clone());
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && head.len() < 16 * 1024 {
+                        match client.read(&mut byte).await {
+                            Ok(1) => head.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&head).into_owned();
+                    let target = head.split(' ').nth(1).unwrap_or_default().to_string();
+                    hds.lock().unwrap().push(head);
+                    if refuse {
+                        let _ = client
+                            .write_all(b"HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")
+                            .await;
+                        return;
+                    }
+                    let Ok(mut up) = TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    if client
+                        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                        .await
+                        .is_ok()
+                    {
+                        tun.fetch_add(1, Ordering::SeqCst);
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut up).await;
+                    }
+                });
+            }
+        });
+        ConnectProxy {
+            addr,
+            tunnels,
+            heads,
+            accept,
+        }
+    }
+}
+
+/// `upstream.proxy`: an `https://` upstream reached through the proxy's `CONNECT` tunnel (TLS
+/// inside it, verified for the upstream's name), every exchange on that one tunnel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_is_reached_through_a_connect_proxy() {
+    let up = TaskServer::default().await;
+    let front = TlsFront::start(&up.url(), "local").await;
+    let proxy = ConnectProxy::start(false).await;
+    let cfg = TgConfig::new(&front.url("localhost")).gateway("threads = 1");
+    let extra = format!(
+        "ca_file = {:?}\nproxy = \"http://{}\"\n",
+        fixture("ca.pem"),
+        proxy.addr
+    );
+    let tg = Tg::start(|store| cfg.to_toml(store) + &extra).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = c.create_task("2").await;
+    let got = c.get("3", &t).await;
+    assert_eq!(got["result"]["status"], "working", "{got}");
+    assert_eq!(proxy.tunnels.load(Ordering::SeqCst), 1);
+    assert_eq!(front.handshakes(), 1);
+    let target = format!("localhost:{}", front.addr.port());
+    assert!(
+        proxy.heads.lock().unwrap()[0]
+            .starts_with(&format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n")),
+        "{:?}",
+        proxy.heads.lock().unwrap()
+    );
+}
+
+/// A proxy that answers 407: the client gets 502 `-32603` naming the proxy's status and what to
+/// do, counted as a connect error; nothing reached the upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_refusing_with_407_is_a_connect_error_that_says_so() {
+    let up = TaskServer::default().await;
+    let front = TlsFront::start(&up.url(), "local").await;
+    let proxy = ConnectProxy::start(true).await;
+    let cfg = TgConfig::new(&front.url("localhost")).gateway("threads = 1");
+    let extra = format!(
+        "ca_file = {:?}\nproxy = \"http://{}\"\n",
+        fixture("ca.pem"),
+        proxy.addr
+    );
+    let tg = Tg::start(|store| cfg.to_toml(store) + &extra).await;
+    let (status, v) = refused(&tg).await;
+    assert_eq!(status, 502, "{v}");
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("proxy {}", proxy.addr))
+            && message.contains("407 Proxy Authentication Required")
+            && message.contains("needs authentication"),
+        "{v}"
+    );
+    assert_eq!(front.handshakes(), 0);
+    let m = tg.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "taskgate_upstream_errors_total",
+            &[("upstream", "default"), ("kind", "connect")]
+        ),
+        1.0,
+        "{m}"
+    );
+}
+
+/// `/readyz` of an upstream behind a proxy connects to the proxy (what taskgate reaches), not
+/// to the upstream's host, which only the proxy can resolve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_of_a_proxied_upstream_connects_to_the_proxy() {
+    let proxy = ConnectProxy::start(false).await;
+    let url = "https://mcp.unresolvable.invalid/mcp";
+    let cfg = TgConfig::new(url).gateway("threads = 1");
+    let extra = format!("proxy = \"http://{}\"\n", proxy.addr);
+    let tg = Tg::start(|store| cfg.to_toml(store) + &extra).await;
+    let (status, v) = tg.admin("/readyz").await;
+    assert_eq!(status, 200, "{v}");
+    let direct = Tg::start(|store| cfg.to_toml(store)).await;
+    let (status, v) = direct.admin("/readyz").await;
+    assert_eq!(status, 503, "{v}");
+}

@@ -213,6 +213,9 @@ impl Config {
                         up.name, up.url
                     ));
                 }
+                if let Some(proxy) = up.proxy.as_mut() {
+                    check_proxy(&up.name, proxy, &uri)?;
+                }
                 if https {
                     check_upstream_tls(i, up, &uri)?;
                 } else if let Some(key) = tls_key_set(up) {
@@ -263,6 +266,19 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// `upstream.proxy`: `${VAR}` expanded in place, then a usable `http://[user:password@]host:port`
+/// (`upstream::h1::Proxy`). Errors never quote the value: it may hold a password.
+fn check_proxy(name: &str, proxy: &mut String, uri: &http::Uri) -> Result<(), ConfigError> {
+    *proxy = expand_env(proxy).map_err(|var| {
+        ConfigError::Invalid(format!(
+            "upstream {name:?}: proxy uses ${{{var}}}, but environment variable {var} is not set"
+        ))
+    })?;
+    crate::upstream::h1::Proxy::new(proxy, &upstream_authority(uri))
+        .map(|_| ())
+        .map_err(|e| ConfigError::Invalid(format!("upstream {name:?}: proxy {e}")))
 }
 
 /// The first TLS key an upstream sets (`ca_file`, `ca_roots`, `client_cert_file`,
@@ -353,6 +369,11 @@ fn validate_command(i: usize, up: &mut UpstreamConfig) -> Result<(), ConfigError
     }
     if let Some(key) = tls_key_set(up) {
         return Err(invalid(format!("{key} is for an https:// url")));
+    }
+    if up.proxy.is_some() {
+        return Err(invalid(
+            "proxy is for a url upstream (a command's child makes its own connections)".into(),
+        ));
     }
     let Some(program) = up.command.as_ref().and_then(|c| c.first()) else {
         return Err(invalid(

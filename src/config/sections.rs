@@ -472,6 +472,11 @@ pub struct UpstreamConfig {
     /// The PEM private key of `client_cert_file`.
     #[serde(default)]
     pub client_key_file: Option<std::path::PathBuf>,
+    /// An HTTP proxy every connection to this `url` goes through (`http://[user:password@]host:port`;
+    /// a `CONNECT` tunnel; `${VAR}` expands from the environment). Absent: direct (the
+    /// `HTTPS_PROXY` family of variables is not read).
+    #[serde(default)]
+    pub proxy: Option<String>,
     /// A stdio server: the program and its arguments (`["npx", "-y", "pkg"]`), started without
     /// a shell; the program is a path or a name found on `PATH`.
     #[serde(default)]

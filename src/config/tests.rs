@@ -400,6 +400,49 @@ fn ca_roots_and_client_certificates_are_checked() {
     );
 }
 
+/// `upstream.proxy`: an `http://host:port` URL (with credentials, `${VAR}` expanded) accepted
+/// for `http://` and `https://` upstreams; an unusable one, an unset variable and a proxy beside
+/// a `command` refused, never quoting the value (it may hold a password).
+#[test]
+fn upstream_proxy_is_checked() {
+    let upstream = |lines: &str| format!("[[upstream]]\nname = \"a\"\n{lines}\n");
+    let ok = |lines: &str| Config::from_toml_str(&upstream(lines));
+    let err = |lines: &str| ok(lines).unwrap_err().to_string();
+    for url in ["https://mcp.example.com/mcp", "http://10.0.0.5:8000/mcp"] {
+        let c = ok(&format!(
+            "url = {url:?}\nproxy = \"http://proxy.corp:3128\""
+        ))
+        .unwrap();
+        assert_eq!(
+            c.upstream[0].proxy.as_deref(),
+            Some("http://proxy.corp:3128")
+        );
+    }
+    std::env::set_var("TASKGATE_TEST_PROXY_PASSWORD", "s3cret");
+    let c =
+        ok("url = \"https://h/mcp\"\nproxy = \"http://u:${TASKGATE_TEST_PROXY_PASSWORD}@p:3128\"")
+            .unwrap();
+    assert_eq!(
+        c.upstream[0].proxy.as_deref(),
+        Some("http://u:s3cret@p:3128")
+    );
+    let e =
+        err("url = \"https://h/mcp\"\nproxy = \"http://u:${TASKGATE_TEST_UNSET_PROXY}@p:3128\"");
+    assert!(
+        e.contains("TASKGATE_TEST_UNSET_PROXY") && e.contains("proxy"),
+        "{e}"
+    );
+    let e = err("url = \"https://h/mcp\"\nproxy = \"https://u:hidden@p:3128\"");
+    assert!(
+        e.contains("upstream \"a\": proxy https://") && !e.contains("hidden"),
+        "{e}"
+    );
+    let e = err("url = \"https://h/mcp\"\nproxy = \"http://u:hidden@p\"");
+    assert!(e.contains("host and port") && !e.contains("hidden"), "{e}");
+    let e = err("command = [\"sh\"]\nproxy = \"http://p:3128\"");
+    assert!(e.contains("proxy is for a url upstream"), "{e}");
+}
+
 /// `https://` upstreams: accepted with the Mozilla roots or a `ca_file` that holds CA
 /// certificates; `ca_file` beside an `http://` url, a file without certificates and a host no
 /// certificate can name are refused naming what is wrong. The scheme decides the default port.

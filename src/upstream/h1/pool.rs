@@ -58,6 +58,7 @@ use tokio::net::TcpStream;
 use super::chunked::{self, Chunked};
 use super::gate::{Gate, GateCtl};
 use super::io::{Io, Tls};
+use super::proxy::Proxy;
 
 /// Idle time before the first TCP keepalive probe.
 pub const KEEPALIVE_TIME: Duration = Duration::from_secs(30);
@@ -253,6 +254,8 @@ pub struct Pool {
     connect_timeout: Duration,
     /// For an `https://` upstream: the TLS of each new connection.
     tls: Option<Tls>,
+    /// `upstream.proxy`: each new connection is a `CONNECT` tunnel through it.
+    proxy: Option<Proxy>,
     /// Idle connections, per serving thread ([`pin_thread`]). A thread expires only its own
     /// list: another thread's idle connections are dropped when that thread next uses the pool.
     idle: [IdleList; IDLE_SHARDS],
@@ -278,6 +281,22 @@ impl Pool {
         Arc::new(pool)
     }
 
+    /// A pool for `authority` whose connections are made secure by `tls` when set (an
+    /// `https://` upstream) and go through `proxy`'s tunnels when set, with the default
+    /// [`PoolLimits`]. The proxy's TCP connect, its tunnel and the TLS handshake share
+    /// `connect_timeout`.
+    pub fn for_upstream(
+        authority: String,
+        connect_timeout: Duration,
+        tls: Option<Tls>,
+        proxy: Option<Proxy>,
+    ) -> Arc<Pool> {
+        let mut pool = Pool::unshared(authority, connect_timeout, PoolLimits::default());
+        pool.tls = tls;
+        pool.proxy = proxy;
+        Arc::new(pool)
+    }
+
     /// A pool for `authority` (`host:port`).
     pub fn with_limits(
         authority: String,
@@ -292,6 +311,7 @@ impl Pool {
             authority,
             connect_timeout,
             tls: None,
+            proxy: None,
             idle: std::array::from_fn(|_| IdleList::default()),
             idle_count: AtomicUsize::new(0),
             limits,
@@ -393,11 +413,14 @@ impl Pool {
         }
     }
 
-    /// Opens the stream of a new pooled connection: TCP, then for an `https://` upstream TLS,
-    /// both within the connect timeout.
+    /// Opens the stream of a new pooled connection: TCP (to the proxy and through its tunnel
+    /// when there is one), then for an `https://` upstream TLS, all within the connect timeout.
     async fn connect_io(&self) -> Result<Io, PoolError> {
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
-        let stream = self.connect_tcp(deadline).await?;
+        let stream = match &self.proxy {
+            None => self.connect_tcp(&self.authority, deadline).await?,
+            Some(proxy) => self.connect_tunnel(proxy, deadline).await?,
+        };
         let Some(tls) = &self.tls else {
             return Ok(Io::Plain(stream));
         };
@@ -415,19 +438,52 @@ impl Pool {
             })
     }
 
-    /// Opens the TCP connection of a new pooled connection by `deadline`: no Nagle delay, TCP
-    /// keepalive on.
-    async fn connect_tcp(&self, deadline: tokio::time::Instant) -> Result<TcpStream, PoolError> {
-        let stream = tokio::time::timeout_at(deadline, TcpStream::connect(self.authority.as_str()))
+    /// A TCP connection to `proxy` carrying its tunnel to the upstream, by `deadline`
+    /// (see [`super::proxy`]). Errors name the proxy by its `host:port` and the upstream.
+    async fn connect_tunnel(
+        &self,
+        proxy: &Proxy,
+        deadline: tokio::time::Instant,
+    ) -> Result<TcpStream, PoolError> {
+        let mut stream = self
+            .connect_tcp(proxy.authority(), deadline)
+            .await
+            .map_err(|e| match e {
+                PoolError::Connect(m) => PoolError::Connect(format!("proxy {m}")),
+                e => e,
+            })?;
+        match tokio::time::timeout_at(deadline, proxy.open(&mut stream)).await {
+            Err(_) => Err(PoolError::Connect(format!(
+                "proxy {} did not open a tunnel to {} within {} ms",
+                proxy.authority(),
+                self.authority,
+                self.connect_timeout.as_millis()
+            ))),
+            Ok(Err(why)) => Err(PoolError::Connect(format!(
+                "proxy {} (tunnel to {}): {why}",
+                proxy.authority(),
+                self.authority
+            ))),
+            Ok(Ok(())) => Ok(stream),
+        }
+    }
+
+    /// Opens a TCP connection to `address` (the upstream's, or its proxy's) by `deadline`: no
+    /// Nagle delay, TCP keepalive on.
+    async fn connect_tcp(
+        &self,
+        address: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<TcpStream, PoolError> {
+        let stream = tokio::time::timeout_at(deadline, TcpStream::connect(address))
             .await
             .map_err(|_| {
                 PoolError::Connect(format!(
-                    "{} did not accept a connection within {} ms",
-                    self.authority,
+                    "{address} did not accept a connection within {} ms",
                     self.connect_timeout.as_millis()
                 ))
             })?
-            .map_err(|e| PoolError::Connect(format!("{}: {e}", self.authority)))?;
+            .map_err(|e| PoolError::Connect(format!("{address}: {e}")))?;
         let _ = stream.set_nodelay(true);
         let keepalive = socket2::TcpKeepalive::new()
             .with_time(KEEPALIVE_TIME)
@@ -660,3 +716,7 @@ pub(crate) mod tests;
 #[cfg(test)]
 #[path = "pool_tls_tests.rs"]
 mod tls_tests;
+
+#[cfg(test)]
+#[path = "pool_proxy_tests.rs"]
+mod proxy_tests;
