@@ -214,7 +214,8 @@ fn tls_error(e: &std::io::Error) -> String {
             rustls @ rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
         ) => format!(
             "{rustls} (the certificate does not chain to a trusted CA: set upstream.ca_file to \
-             the CA that issued it, or the server does not send its intermediate certificates)"
+             the CA that issued it, or upstream.ca_roots = \"system\" when that CA is in the \
+             OS trust store, or the server does not send its intermediate certificates)"
         ),
         Some(rustls) => rustls.to_string(),
         None => e.to_string(),
@@ -515,21 +516,21 @@ impl Pool {
                 // Ready to take a request (drives the connection meanwhile). Why the connection
                 // ended, if it did: a new one's first error says why it was refused (an mTLS
                 // server's alert after a TLS 1.3 handshake the client saw complete).
-                let mut ended = None;
+                // (In the output, not a variable the future keeps across its await.)
                 let ready = std::future::poll_fn(|cx| {
                     if !conn.closed {
                         if let Poll::Ready(r) = conn.driver.as_mut().poll(cx) {
                             conn.closed = true;
-                            ended = r.err();
+                            return Poll::Ready(Err(r.err()));
                         }
                     }
                     if conn.closed {
-                        return Poll::Ready(false);
+                        return Poll::Ready(Err(None));
                     }
-                    conn.sender.poll_ready(cx).map(|r| r.is_ok())
+                    conn.sender.poll_ready(cx).map(|r| r.map_err(|_| None))
                 })
                 .await;
-                if !ready {
+                if let Err(ended) = ready {
                     if reused {
                         continue;
                     }

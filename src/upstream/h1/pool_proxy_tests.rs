@@ -21,6 +21,10 @@ enum Act {
     LongHead,
     /// No answer at all; stays open.
     Silent,
+    /// `200` and, in the same write, bytes past the head; stays open.
+    ExtraBytes,
+    /// Something that is not HTTP; stays open.
+    NotHttp,
 }
 
 struct TestProxy {
@@ -83,6 +87,14 @@ impl TestProxy {
                             let _ = client.read(&mut byte).await;
                         }
                         Act::Silent => {
+                            let _ = client.read(&mut byte).await;
+                        }
+                        Act::ExtraBytes => {
+                            let _ = client.write_all(b"HTTP/1.1 200 OK\r\n\r\nSURPRISE").await;
+                            let _ = client.read(&mut byte).await;
+                        }
+                        Act::NotHttp => {
+                            let _ = client.write_all(b"SSH-2.0-OpenSSH_9.6\r\n\r\n").await;
                             let _ = client.read(&mut byte).await;
                         }
                     }
@@ -186,8 +198,8 @@ async fn a_407_names_the_proxy_and_never_the_credentials() {
 }
 
 /// A proxy that closes in the middle of its answer, one whose answer head never ends within
-/// 8 KiB, and one that never answers: each fails the connection (the last within the connect
-/// timeout), naming why.
+/// 8 KiB, one that never answers, one that sends bytes past its 200 and one that does not speak
+/// HTTP: each fails the connection (the silent one within the connect timeout), naming why.
 #[tokio::test]
 async fn a_proxy_that_misbehaves_fails_the_connection_saying_how() {
     let server = super::tests::counting_server().await;
@@ -198,6 +210,14 @@ async fn a_proxy_that_misbehaves_fails_the_connection_saying_how() {
         ),
         (Act::LongHead, "no end of head within 8192 bytes"),
         (Act::Silent, "did not open a tunnel to"),
+        (
+            Act::ExtraBytes,
+            "sent 8 bytes after its 200 answer to CONNECT",
+        ),
+        (
+            Act::NotHttp,
+            "not an HTTP/1 status line: \"SSH-2.0-OpenSSH_9.6\"",
+        ),
     ] {
         let proxy = TestProxy::start(act).await;
         let pool = proxied_pool(server.addr, &proxy.url(), None, Duration::from_millis(300));

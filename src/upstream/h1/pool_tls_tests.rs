@@ -383,8 +383,8 @@ async fn a_framed_body_cut_short_over_tls_is_an_error() {
 }
 
 /// A certificate that chains to no trusted root (here: the test CA, with the Mozilla roots):
-/// rustls's `UnknownIssuer` is named, with what to do about it (`ca_file`, or a server that
-/// does not send its intermediate certificates).
+/// rustls's `UnknownIssuer` is named, with what to do about it (`ca_file`, `ca_roots =
+/// "system"`, or a server that does not send its intermediate certificates).
 #[tokio::test]
 async fn an_unknown_issuer_names_ca_file() {
     let server = TlsServer::start("127.0.0.1:0", Answer::Json, Close::NotifyOnSignal).await;
@@ -393,7 +393,9 @@ async fn an_unknown_issuer_names_ca_file() {
     let err = fetch(&pool).await.unwrap_err();
     assert!(err.contains("UnknownIssuer"), "{err}");
     assert!(
-        err.contains("upstream.ca_file") && err.contains("intermediate"),
+        err.contains("upstream.ca_file")
+            && err.contains("upstream.ca_roots = \"system\"")
+            && err.contains("intermediate"),
         "{err}"
     );
 }
