@@ -662,10 +662,8 @@ fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
         .map(|u| {
             let uri: http::Uri = u.url.parse().expect("validated url");
             // Through a proxy, what taskgate itself connects to is the proxy.
-            let authority = match u.proxy.as_deref().map(|p| {
-                crate::upstream::h1::Proxy::new(p, &crate::config::upstream_authority(&uri))
-            }) {
-                Some(Ok(proxy)) => proxy.authority().to_string(),
+            let authority = match u.proxy.as_deref().map(crate::config::ProxyUrl::parse) {
+                Some(Ok(proxy)) => proxy.authority,
                 _ => crate::config::upstream_authority(&uri),
             };
             UpstreamTarget {

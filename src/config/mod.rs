@@ -9,12 +9,14 @@ use std::path::{Path, PathBuf};
 
 mod auth;
 mod check;
+mod proxy;
 mod sections;
 mod store;
 mod telemetry;
 
 pub use auth::*;
 use check::*;
+pub use proxy::ProxyUrl;
 pub use sections::*;
 pub use store::*;
 pub use telemetry::*;
@@ -214,7 +216,7 @@ impl Config {
                     ));
                 }
                 if let Some(proxy) = up.proxy.as_mut() {
-                    check_proxy(&up.name, proxy, &uri)?;
+                    check_proxy(&up.name, proxy)?;
                 }
                 if https {
                     check_upstream_tls(i, up, &uri)?;
@@ -269,14 +271,14 @@ impl Config {
 }
 
 /// `upstream.proxy`: `${VAR}` expanded in place, then a usable `http://[user:password@]host:port`
-/// (`upstream::h1::Proxy`). Errors never quote the value: it may hold a password.
-fn check_proxy(name: &str, proxy: &mut String, uri: &http::Uri) -> Result<(), ConfigError> {
+/// ([`ProxyUrl`]). Errors never quote the value: it may hold a password.
+fn check_proxy(name: &str, proxy: &mut String) -> Result<(), ConfigError> {
     *proxy = expand_env(proxy).map_err(|var| {
         ConfigError::Invalid(format!(
             "upstream {name:?}: proxy uses ${{{var}}}, but environment variable {var} is not set"
         ))
     })?;
-    crate::upstream::h1::Proxy::new(proxy, &upstream_authority(uri))
+    ProxyUrl::parse(proxy)
         .map(|_| ())
         .map_err(|e| ConfigError::Invalid(format!("upstream {name:?}: proxy {e}")))
 }

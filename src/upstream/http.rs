@@ -98,10 +98,11 @@ impl StreamableHttp {
             _ => None,
         };
         let proxy = match &config.proxy {
-            Some(url) => Some(
-                Proxy::new(url, &address)
+            Some(url) => Some(Proxy::new(
+                &crate::config::ProxyUrl::parse(url)
                     .map_err(|e| format!("upstream {:?}: proxy {e}", config.name))?,
-            ),
+                &address,
+            )),
             None => None,
         };
         let pool = Pool::for_upstream(address, connect_timeout, tls, proxy);

@@ -123,7 +123,8 @@ fn proxied_pool(
     tls: Option<Tls>,
     connect_timeout: Duration,
 ) -> Arc<Pool> {
-    let proxy = Proxy::new(proxy_url, &target.to_string()).unwrap();
+    let url = crate::config::ProxyUrl::parse(proxy_url).unwrap();
+    let proxy = Proxy::new(&url, &target.to_string());
     Pool::for_upstream(target.to_string(), connect_timeout, tls, Some(proxy))
 }
 
