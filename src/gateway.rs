@@ -692,7 +692,7 @@ fn edge_settings(config: &Config, gateway_addr: SocketAddr) -> EdgeSettings {
 }
 
 /// The upstreams `/readyz` connects to: each `url` one's name and `host:port` (port 80, or 443 for https, when
-/// the URL names none; stdio upstreams are probed instead, [`stdio_probes`]).
+/// the URL names none; its `proxy`'s `host:port` when it has one; stdio upstreams are probed instead, [`stdio_probes`]).
 fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
     config
         .upstream
@@ -700,9 +700,14 @@ fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
         .filter(|u| u.command.is_none())
         .map(|u| {
             let uri: http::Uri = u.url.parse().expect("validated url");
+            // Through a proxy, what taskgate itself connects to is the proxy.
+            let authority = match u.proxy.as_deref().map(crate::config::ProxyUrl::parse) {
+                Some(Ok(proxy)) => proxy.authority,
+                _ => crate::config::upstream_authority(&uri),
+            };
             UpstreamTarget {
                 name: u.name.clone(),
-                authority: crate::config::upstream_authority(&uri),
+                authority,
             }
         })
         .collect()
@@ -997,12 +1002,8 @@ async fn open_store(
                     path: config.store.url_env.clone().unwrap_or_default(),
                     detail: "the database URL variable is not set".into(),
                 })?;
-            let store = PgStore::open(
-                &url,
-                config.store.pool_size as usize,
-                config.store.ca_file.as_deref(),
-            )
-            .await?;
+            let store =
+                PgStore::open(&url, config.store.pool_size as usize, config.store.trust()).await?;
             // Its task writes' durations, as sled's group commits
             // (`taskgate_store_write_duration_seconds`).
             store.observe_writes(metrics.clone());

@@ -4,79 +4,277 @@
 //! binary), TLS 1.2 and 1.3, the server's certificate chain and host name always verified.
 //! There is no "encrypt but trust anyone".
 //!
-//! The roots: the CA certificates of a PEM file (`upstream.ca_file`, `store.ca_file`: a private
-//! CA, a managed service's bundle) instead of, not beside, the Mozilla roots (`webpki-roots`)
-//! taken without one. A leaf: it names nothing of taskgate.
+//! The roots ([`Trust`]): a named set, `ca_roots` ([`CaRoots`]: the Mozilla roots of
+//! `webpki-roots`, or the platform's trust store through `rustls-native-certs`, which on Linux
+//! reads the OpenSSL bundle and directory, or `SSL_CERT_FILE` / `SSL_CERT_DIR` when set), and
+//! the CA certificates of a PEM file, `ca_file` (a private CA, a managed service's bundle).
+//! Without `ca_roots` a `ca_file` is trusted alone, instead of the Mozilla roots (as before
+//! `ca_roots` existed); with both, the file's CAs are trusted beside the set. Neither: Mozilla.
+//!
+//! An upstream may also present a client certificate (mTLS: `upstream.client_cert_file` and
+//! `upstream.client_key_file`, [`ClientAuth`]). A leaf: it names nothing else of taskgate.
 
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::CertificateDer;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Deserialize;
 use std::path::Path;
 use std::sync::Arc;
 
-/// A rustls client configuration trusting the CA certificates in `ca_file` (PEM, one or more)
-/// or, without one, the Mozilla roots, offering `alpn` (ALPN protocol ids, e.g. `http/1.1`;
-/// empty: no ALPN).
+/// `ca_roots`: a named set of trusted root CAs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaRoots {
+    /// The Mozilla roots compiled into taskgate (`webpki-roots`): the same on every machine.
+    Mozilla,
+    /// The platform's trust store (`rustls-native-certs`; on Linux `SSL_CERT_FILE` /
+    /// `SSL_CERT_DIR` when set, else the distribution's bundle and directory), read at start:
+    /// a private or TLS-inspecting CA installed in the OS is trusted.
+    System,
+}
+
+/// What a connection's server certificate must chain to (see the module docs).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Trust<'a> {
+    /// A PEM file of CA certificates (`ca_file`).
+    pub ca_file: Option<&'a Path>,
+    /// A named set (`ca_roots`); `None`: Mozilla's without `ca_file`, none beside it.
+    pub ca_roots: Option<CaRoots>,
+}
+
+impl<'a> Trust<'a> {
+    /// The CA certificates of `ca_file` alone.
+    pub fn file(ca_file: &'a Path) -> Trust<'a> {
+        Trust {
+            ca_file: Some(ca_file),
+            ca_roots: None,
+        }
+    }
+}
+
+/// The client certificate a connection presents when the server asks for one (mTLS): a PEM
+/// certificate chain (the client's own first) and its PEM private key (PKCS#8, PKCS#1 or SEC1).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAuth<'a> {
+    /// The PEM certificate chain (`client_cert_file`).
+    pub cert_file: &'a Path,
+    /// Its PEM private key (`client_key_file`).
+    pub key_file: &'a Path,
+}
+
+/// A rustls client configuration trusting `trust`, presenting `client_auth` when set, offering
+/// `alpn` (ALPN protocol ids, e.g. `http/1.1`; empty: no ALPN).
 ///
-/// Errors: a message naming `key` (the config key, e.g. `store.ca_file`) and the file when it
-/// cannot be read, holds no certificate, or holds one rustls cannot use.
+/// `section` prefixes the config keys the errors name (`upstream`, `upstream[0]`, `store`).
+///
+/// Errors: a message naming the key and the file when a file cannot be read, holds no
+/// certificate (or no key), or holds one rustls cannot use; `ca_roots = "system"` when the
+/// platform's store yields no certificate (never a silent "trust nothing").
 pub fn client_config(
-    key: &str,
-    ca_file: Option<&Path>,
+    section: &str,
+    trust: Trust<'_>,
+    client_auth: Option<ClientAuth<'_>>,
     alpn: &[&[u8]],
 ) -> Result<rustls::ClientConfig, String> {
     let mut roots = rustls::RootCertStore::empty();
-    match ca_file {
-        Some(path) => {
-            let shown = path.display();
-            let certs =
-                CertificateDer::pem_file_iter(path).map_err(|e| format!("{key} {shown}: {e}"))?;
-            for cert in certs {
-                let cert = cert.map_err(|e| format!("{key} {shown}: {e}"))?;
-                roots.add(cert).map_err(|e| format!("{key} {shown}: {e}"))?;
-            }
-            if roots.is_empty() {
-                return Err(format!("{key} {shown}: no PEM certificate in the file"));
-            }
+    match (trust.ca_roots, trust.ca_file) {
+        (Some(CaRoots::Mozilla), _) | (None, None) => {
+            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned())
         }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        (Some(CaRoots::System), _) => add_system_roots(section, &mut roots)?,
+        (None, Some(_)) => {}
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+    if let Some(path) = trust.ca_file {
+        let key = format!("{section}.ca_file");
+        let shown = path.display();
+        let before = roots.len();
+        let certs =
+            CertificateDer::pem_file_iter(path).map_err(|e| format!("{key} {shown}: {e}"))?;
+        for cert in certs {
+            let cert = cert.map_err(|e| format!("{key} {shown}: {e}"))?;
+            roots.add(cert).map_err(|e| format!("{key} {shown}: {e}"))?;
+        }
+        if roots.len() == before {
+            return Err(format!("{key} {shown}: no PEM certificate in the file"));
+        }
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    .with_root_certificates(roots);
+    let mut config = match client_auth {
+        None => builder.with_no_client_auth(),
+        Some(auth) => {
+            let (chain, key) = client_identity(section, auth)?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| {
+                format!(
+                    "{section}.client_cert_file {} / {section}.client_key_file {}: {e}",
+                    auth.cert_file.display(),
+                    auth.key_file.display()
+                )
+            })?
+        }
+    };
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(config)
+}
+
+/// The platform's trust store into `roots`. Errors: it yields no certificate rustls can use
+/// (the message says where it looked and what failed).
+fn add_system_roots(section: &str, roots: &mut rustls::RootCertStore) -> Result<(), String> {
+    let found = rustls_native_certs::load_native_certs();
+    let (added, ignored) = roots.add_parsable_certificates(found.certs);
+    let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
+    if added == 0 {
+        let env = ["SSL_CERT_FILE", "SSL_CERT_DIR"]
+            .iter()
+            .filter_map(|v| {
+                let p = std::env::var_os(v).filter(|p| !p.is_empty())?;
+                Some(format!("{v}={}", p.to_string_lossy()))
+            })
+            .collect::<Vec<_>>();
+        let looked = if env.is_empty() {
+            "the platform's trust store".to_string()
+        } else {
+            env.join(", ")
+        };
+        let why = if errors.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", errors.join("; "))
+        };
+        return Err(format!(
+            "{section}.ca_roots = \"system\": no usable CA certificate found in {looked} \
+             ({ignored} unusable){why}; install the CA certificates (e.g. the ca-certificates \
+             package), point SSL_CERT_FILE at a PEM bundle, or use ca_roots = \"mozilla\" / ca_file"
+        ));
+    }
+    if !errors.is_empty() {
+        tracing::warn!(
+            key = %format!("{section}.ca_roots"),
+            trusted = added,
+            errors = %errors.join("; "),
+            "parts of the system trust store could not be read"
+        );
+    }
+    Ok(())
+}
+
+/// The certificate chain and private key of `auth`. Errors: either file cannot be read or holds
+/// no certificate / no private key (named by key and path).
+fn client_identity(
+    section: &str,
+    auth: ClientAuth<'_>,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let (cert_key, cert_shown) = (
+        format!("{section}.client_cert_file"),
+        auth.cert_file.display(),
+    );
+    let chain = CertificateDer::pem_file_iter(auth.cert_file)
+        .map_err(|e| format!("{cert_key} {cert_shown}: {e}"))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{cert_key} {cert_shown}: {e}"))?;
+    if chain.is_empty() {
+        return Err(format!(
+            "{cert_key} {cert_shown}: no PEM certificate in the file"
+        ));
+    }
+    let (key_key, key_shown) = (
+        format!("{section}.client_key_file"),
+        auth.key_file.display(),
+    );
+    let key = PrivateKeyDer::from_pem_file(auth.key_file).map_err(|e| match e {
+        rustls_pki_types::pem::Error::NoItemsFound => {
+            format!("{key_key} {key_shown}: no PEM private key in the file")
+        }
+        e => format!("{key_key} {key_shown}: {e}"),
+    })?;
+    Ok((chain, key))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn fixture(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/tls")
+            .join(name)
+    }
+
     #[test]
     fn a_ca_file_that_cannot_be_used_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let empty = dir.path().join("ca.pem");
         std::fs::write(&empty, "not a certificate\n").unwrap();
-        let err = client_config("upstream.ca_file", Some(&empty), &[]).unwrap_err();
+        let err = client_config("upstream", Trust::file(&empty), None, &[]).unwrap_err();
         assert!(
             err.contains("upstream.ca_file") && err.contains("ca.pem"),
             "{err}"
         );
         assert!(err.contains("no PEM certificate"), "{err}");
         let missing = dir.path().join("missing.pem");
-        let err = client_config("store.ca_file", Some(&missing), &[]).unwrap_err();
+        let err = client_config("store", Trust::file(&missing), None, &[]).unwrap_err();
         assert!(
             err.contains("store.ca_file") && err.contains("missing.pem"),
             "{err}"
         );
+        // Beside a root set, a file without a certificate is refused all the same.
+        let beside = Trust {
+            ca_file: Some(&empty),
+            ca_roots: Some(CaRoots::Mozilla),
+        };
+        let err = client_config("upstream", beside, None, &[]).unwrap_err();
+        assert!(err.contains("no PEM certificate"), "{err}");
     }
 
     #[test]
     fn alpn_is_offered_as_given() {
-        let c = client_config("k", None, &[b"http/1.1"]).unwrap();
+        let c = client_config("k", Trust::default(), None, &[b"http/1.1"]).unwrap();
         assert_eq!(c.alpn_protocols, vec![b"http/1.1".to_vec()]);
+    }
+
+    /// A client certificate and key that rustls can use give a configuration that offers one;
+    /// a missing file, a file without a key, and a key of another certificate are named.
+    #[test]
+    fn a_client_identity_is_loaded_or_its_files_are_named() {
+        let cert = fixture("client.pem");
+        let key = fixture("client.key");
+        let auth = ClientAuth {
+            cert_file: &cert,
+            key_file: &key,
+        };
+        let c = client_config("upstream", Trust::default(), Some(auth), &[]).unwrap();
+        assert!(c.client_auth_cert_resolver.has_certs());
+        let plain = client_config("upstream", Trust::default(), None, &[]).unwrap();
+        assert!(!plain.client_auth_cert_resolver.has_certs());
+
+        let no_key = ClientAuth {
+            cert_file: &cert,
+            key_file: &cert,
+        };
+        let err = client_config("upstream[0]", Trust::default(), Some(no_key), &[]).unwrap_err();
+        assert!(
+            err.contains("upstream[0].client_key_file") && err.contains("no PEM private key"),
+            "{err}"
+        );
+        let other_key = fixture("other.key");
+        let mismatched = ClientAuth {
+            cert_file: &cert,
+            key_file: &other_key,
+        };
+        let err = client_config("upstream", Trust::default(), Some(mismatched), &[]).unwrap_err();
+        assert!(err.contains("upstream.client_cert_file"), "{err}");
+        let missing = fixture("missing.pem");
+        let gone = ClientAuth {
+            cert_file: &missing,
+            key_file: &key,
+        };
+        let err = client_config("upstream", Trust::default(), Some(gone), &[]).unwrap_err();
+        assert!(
+            err.contains("upstream.client_cert_file") && err.contains("missing.pem"),
+            "{err}"
+        );
     }
 }

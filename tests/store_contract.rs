@@ -325,11 +325,15 @@ async fn contract_postgres() {
     let Some(pg) = PgCluster::start("contract_postgres") else {
         return;
     };
-    let store = PgStore::open(&pg.url, 4, None).await.unwrap();
+    let store = PgStore::open(&pg.url, 4, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
     assert!(store.shared());
     contract(store.clone()).await;
     // Opening again (a second replica, or a restart) finds the schema migrated: no error.
-    PgStore::open(&pg.url, 2, None).await.unwrap();
+    PgStore::open(&pg.url, 2, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
 }
 
 /// What a shared store adds, with two replicas' stores on one database.
@@ -338,8 +342,12 @@ async fn postgres_replicas_share_one_truth() {
     let Some(pg) = PgCluster::start("postgres_replicas_share_one_truth") else {
         return;
     };
-    let a = PgStore::open(&pg.url, 4, None).await.unwrap();
-    let b = PgStore::open(&pg.url, 4, None).await.unwrap();
+    let a = PgStore::open(&pg.url, 4, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
+    let b = PgStore::open(&pg.url, 4, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
     let up = unique("tier");
     a.create(record(&up, "t1", "alice", now_ms()))
         .await
@@ -434,8 +442,12 @@ async fn postgres_sweep_lease_is_sticky_and_churns_no_connection() {
     };
     let sep = if pg.url.contains('?') { '&' } else { '?' };
     let named = |name: &str| format!("{}{sep}application_name={name}", pg.url);
-    let a = PgStore::open(&named("tg-a"), 2, None).await.unwrap();
-    let b = PgStore::open(&named("tg-b"), 2, None).await.unwrap();
+    let a = PgStore::open(&named("tg-a"), 2, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
+    let b = PgStore::open(&named("tg-b"), 2, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
     let (client, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
         .await
         .unwrap();
@@ -500,8 +512,12 @@ async fn postgres_owner_limit_holds_across_replicas() {
         return;
     };
     const LIMIT: usize = 3;
-    let a = PgStore::open(&pg.url, 4, None).await.unwrap();
-    let b = PgStore::open(&pg.url, 4, None).await.unwrap();
+    let a = PgStore::open(&pg.url, 4, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
+    let b = PgStore::open(&pg.url, 4, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
     let up = unique("limit");
     let alice = Owner::Session("alice".into());
     let start = Arc::new(std::sync::Barrier::new(16));
@@ -580,7 +596,7 @@ async fn postgres_owner_limit_holds_across_replicas() {
 async fn postgres_unreachable_is_a_clear_error() {
     let port = free_port();
     let url = format!("postgres://taskgate:secret@127.0.0.1:{port}/postgres?connect_timeout=2");
-    let err = PgStore::open(&url, 1, None)
+    let err = PgStore::open(&url, 1, taskgate::tls::Trust::default())
         .await
         .err()
         .expect("nothing listens");
@@ -689,8 +705,12 @@ async fn postgres_cancel_lease_follows_the_upstream_timeout() {
     let Some(pg) = PgCluster::start("postgres_cancel_lease_follows_the_upstream_timeout") else {
         return;
     };
-    let a = PgStore::open(&pg.url, 2, None).await.unwrap();
-    let b = PgStore::open(&pg.url, 2, None).await.unwrap();
+    let a = PgStore::open(&pg.url, 2, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
+    let b = PgStore::open(&pg.url, 2, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
     let up = unique("lease");
     for id in ["slow", "short"] {
         a.create(record(&up, id, "alice", now_ms())).await.unwrap();
@@ -765,7 +785,7 @@ async fn postgres_tls_verifies_the_server() {
         return;
     };
     let require = format!("{}?sslmode=require&application_name=tg-tls", pg.url);
-    let store = PgStore::open(&require, 2, Some(&ca))
+    let store = PgStore::open(&require, 2, taskgate::tls::Trust::file(&ca))
         .await
         .expect("TLS with the CA");
     let store: Arc<dyn TaskStore> = store;
@@ -791,7 +811,7 @@ async fn postgres_tls_verifies_the_server() {
     // `prefer` (the default) connects in plain text, as before TLS support: a server whose
     // certificate taskgate cannot verify still serves a URL that did not ask for TLS.
     let default_mode = format!("{}?application_name=tg-plain", pg.url);
-    let _plain = PgStore::open(&default_mode, 1, None)
+    let _plain = PgStore::open(&default_mode, 1, taskgate::tls::Trust::default())
         .await
         .expect("sslmode=prefer (the default) connects without TLS");
     let plain_tls: i64 = client
@@ -806,7 +826,7 @@ async fn postgres_tls_verifies_the_server() {
     assert_eq!(plain_tls, 0, "prefer must not encrypt unverified");
     driver.abort();
 
-    let err = PgStore::open(&require, 1, None)
+    let err = PgStore::open(&require, 1, taskgate::tls::Trust::default())
         .await
         .err()
         .expect("unknown CA refused");
@@ -815,7 +835,7 @@ async fn postgres_tls_verifies_the_server() {
         "{err}"
     );
     let by_name = require.replace("127.0.0.1", "localhost");
-    let err = PgStore::open(&by_name, 1, Some(&ca))
+    let err = PgStore::open(&by_name, 1, taskgate::tls::Trust::file(&ca))
         .await
         .err()
         .expect("a host name the certificate does not name is refused");
@@ -834,7 +854,9 @@ async fn postgres_reads_and_updates_a_record_in_the_old_encoding() {
     let Some(pg) = PgCluster::start("old_encoding") else {
         return;
     };
-    let store = PgStore::open(&pg.url, 2, None).await.unwrap();
+    let store = PgStore::open(&pg.url, 2, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
     let (client, conn) = tokio_postgres::connect(&pg.url, tokio_postgres::NoTls)
         .await
         .unwrap();

@@ -141,7 +141,7 @@ async fn check_config_probe_of_an_unanswering_database_fails_in_time() {
     let url = format!("{via}{sep}connect_timeout=1");
     let probed = tokio::time::timeout(
         Duration::from_secs(30),
-        taskgate::store::PgStore::probe(&url, None),
+        taskgate::store::PgStore::probe(&url, taskgate::tls::Trust::default()),
     )
     .await
     .expect("check-config's probe got no answer in 30 s");
@@ -169,7 +169,9 @@ async fn big_records_over_a_slow_link(
     let via = proxy.url(&pg.url);
     let sep = if via.contains('?') { '&' } else { '?' };
     let url = format!("{via}{sep}connect_timeout=1");
-    let slow = taskgate::store::PgStore::open(&url, 2, None).await.unwrap();
+    let slow = taskgate::store::PgStore::open(&url, 2, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
     proxy.pace(Duration::from_millis(10));
     Some((pg, proxy, slow, owner))
 }
@@ -178,7 +180,9 @@ async fn store_big_records(url: &str, owner: &taskgate::store::Owner) {
     use taskgate::mcp::era::Era;
     use taskgate::mcp::task::TaskStatus;
     use taskgate::store::{Origin, PgStore, TaskRecord, TaskStore};
-    let store = PgStore::open(url, 4, None).await.unwrap();
+    let store = PgStore::open(url, 4, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
     let result = format!(
         "{{\"content\":[{{\"type\":\"text\",\"text\":\"{}\"}}]}}",
         "x".repeat(8192)

@@ -202,9 +202,13 @@ async fn a_store_call_waits_at_most_three_connect_timeouts() {
     let proxy = BlackHole::start(&pg.url).await;
     let via = proxy.url(&pg.url);
     let sep = if via.contains('?') { '&' } else { '?' };
-    let store = PgStore::open(&format!("{via}{sep}connect_timeout=1"), 1, None)
-        .await
-        .unwrap();
+    let store = PgStore::open(
+        &format!("{via}{sep}connect_timeout=1"),
+        1,
+        taskgate::tls::Trust::default(),
+    )
+    .await
+    .unwrap();
     proxy.stop();
     let call = |n: u32| {
         let store = store.clone();

@@ -484,10 +484,16 @@ async fn a_black_holed_sweep_lease_holder_gives_the_lease_up() {
     let proxy = BlackHole::start(&pg.url).await;
     let via = proxy.url(&pg.url);
     let sep = if via.contains('?') { '&' } else { '?' };
-    let a = PgStore::open(&format!("{via}{sep}connect_timeout=1"), 1, None)
+    let a = PgStore::open(
+        &format!("{via}{sep}connect_timeout=1"),
+        1,
+        taskgate::tls::Trust::default(),
+    )
+    .await
+    .unwrap();
+    let b = PgStore::open(&pg.url, 1, taskgate::tls::Trust::default())
         .await
         .unwrap();
-    let b = PgStore::open(&pg.url, 1, None).await.unwrap();
     // Off the runtime (the store blocks), on a thread of its own: a check that never ends
     // fails the test instead of hanging it.
     let lease = |store: std::sync::Arc<PgStore>| {

@@ -9,12 +9,14 @@ use std::path::{Path, PathBuf};
 
 mod auth;
 mod check;
+mod proxy;
 mod sections;
 mod store;
 mod telemetry;
 
 pub use auth::*;
 use check::*;
+pub use proxy::ProxyUrl;
 pub use sections::*;
 pub use store::*;
 pub use telemetry::*;
@@ -221,11 +223,14 @@ impl Config {
                         up.name, redact_userinfo(&up.url)
                     ));
                 }
+                if let Some(proxy) = up.proxy.as_mut() {
+                    check_proxy(&up.name, proxy)?;
+                }
                 if https {
                     check_upstream_tls(i, up, &uri)?;
-                } else if up.ca_file.is_some() {
+                } else if let Some(key) = tls_key_set(up) {
                     return invalid(format!(
-                        "upstream {:?}: ca_file is for an https:// url",
+                        "upstream {:?}: {key} is for an https:// url",
                         up.name
                     ));
                 }
@@ -286,8 +291,36 @@ fn redact_userinfo(url: &str) -> String {
     }
 }
 
+/// `upstream.proxy`: `${VAR}` expanded in place, then a usable `http://[user:password@]host:port`
+/// ([`ProxyUrl`]). Errors never quote the value: it may hold a password.
+fn check_proxy(name: &str, proxy: &mut String) -> Result<(), ConfigError> {
+    *proxy = expand_env(proxy).map_err(|var| {
+        ConfigError::Invalid(format!(
+            "upstream {name:?}: proxy uses ${{{var}}}, but environment variable {var} is not set"
+        ))
+    })?;
+    ProxyUrl::parse(proxy)
+        .map(|_| ())
+        .map_err(|e| ConfigError::Invalid(format!("upstream {name:?}: proxy {e}")))
+}
+
+/// The first TLS key an upstream sets (`ca_file`, `ca_roots`, `client_cert_file`,
+/// `client_key_file`): none is for an `http://` url or a `command`.
+fn tls_key_set(up: &UpstreamConfig) -> Option<&'static str> {
+    [
+        ("ca_file", up.ca_file.is_some()),
+        ("ca_roots", up.ca_roots.is_some()),
+        ("client_cert_file", up.client_cert_file.is_some()),
+        ("client_key_file", up.client_key_file.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(key, set)| set.then_some(key))
+}
+
 /// An `https://` upstream's TLS settings: its host can be checked against a certificate (a DNS
-/// name or an IP address), and its `ca_file`, when set, holds CA certificates rustls can use.
+/// name or an IP address); its roots (`ca_file`, `ca_roots = "system"`: the platform's store
+/// must yield a certificate) and its client certificate, when set, load into rustls; a client
+/// certificate comes with its key and a key with its certificate.
 fn check_upstream_tls(i: usize, up: &UpstreamConfig, uri: &http::Uri) -> Result<(), ConfigError> {
     let host = upstream_host(uri);
     rustls_pki_types::ServerName::try_from(host).map_err(|e| {
@@ -296,8 +329,24 @@ fn check_upstream_tls(i: usize, up: &UpstreamConfig, uri: &http::Uri) -> Result<
             up.name
         ))
     })?;
-    if let Some(ca_file) = &up.ca_file {
-        crate::tls::client_config(&format!("upstream[{i}].ca_file"), Some(ca_file), &[])
+    match (&up.client_cert_file, &up.client_key_file) {
+        (Some(_), None) => {
+            return Err(ConfigError::Invalid(format!(
+                "upstream {:?}: client_cert_file needs client_key_file (its private key)",
+                up.name
+            )))
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::Invalid(format!(
+                "upstream {:?}: client_key_file needs client_cert_file (the certificate it is the key of)",
+                up.name
+            )))
+        }
+        _ => {}
+    }
+    // Only what reads files or the system store: the Mozilla roots alone need no check.
+    if up.ca_file.is_some() || up.ca_roots.is_some() || up.client_cert_file.is_some() {
+        crate::tls::client_config(&format!("upstream[{i}]"), up.trust(), up.client_auth(), &[])
             .map_err(ConfigError::Invalid)?;
     }
     Ok(())
@@ -332,7 +381,7 @@ pub fn upstream_authority(uri: &http::Uri) -> String {
     }
 }
 
-/// A `command` upstream (`src/upstream/stdio/`): no `url` or `ca_file` beside it, a program
+/// A `command` upstream (`src/upstream/stdio/`): no `url`, TLS key or `proxy` beside it, a program
 /// that exists and is executable (a path, or a name found on `PATH`), `env` expanded, `cwd` a
 /// directory, `max_in_flight` in range.
 fn validate_command(i: usize, up: &mut UpstreamConfig) -> Result<(), ConfigError> {
@@ -341,8 +390,13 @@ fn validate_command(i: usize, up: &mut UpstreamConfig) -> Result<(), ConfigError
     if !up.url.is_empty() {
         return Err(invalid("set either url or command, not both".into()));
     }
-    if up.ca_file.is_some() {
-        return Err(invalid("ca_file is for an https:// url".into()));
+    if let Some(key) = tls_key_set(up) {
+        return Err(invalid(format!("{key} is for an https:// url")));
+    }
+    if up.proxy.is_some() {
+        return Err(invalid(
+            "proxy is for a url upstream (a command's child makes its own connections)".into(),
+        ));
     }
     let Some(program) = up.command.as_ref().and_then(|c| c.first()) else {
         return Err(invalid(

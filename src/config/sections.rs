@@ -459,6 +459,24 @@ pub struct UpstreamConfig {
     /// Absent: the Mozilla roots.
     #[serde(default)]
     pub ca_file: Option<std::path::PathBuf>,
+    /// For an `https://` `url`: the named set of root CAs trusted (`"mozilla"`, the compiled-in
+    /// Mozilla roots, or `"system"`, the platform's trust store; see `crate::tls`). Absent:
+    /// `"mozilla"` without `ca_file`, none beside it (the file alone); with both, the file's
+    /// CAs are trusted beside the set.
+    #[serde(default)]
+    pub ca_roots: Option<crate::tls::CaRoots>,
+    /// For an `https://` `url`: the PEM certificate chain taskgate presents when the upstream
+    /// asks for a client certificate (mTLS); set with `client_key_file`.
+    #[serde(default)]
+    pub client_cert_file: Option<std::path::PathBuf>,
+    /// The PEM private key of `client_cert_file`.
+    #[serde(default)]
+    pub client_key_file: Option<std::path::PathBuf>,
+    /// An HTTP proxy every connection to this `url` goes through (`http://[user:password@]host:port`;
+    /// a `CONNECT` tunnel; `${VAR}` expands from the environment). Absent: direct (the
+    /// `HTTPS_PROXY` family of variables is not read).
+    #[serde(default)]
+    pub proxy: Option<String>,
     /// A stdio server: the program and its arguments (`["npx", "-y", "pkg"]`), started without
     /// a shell; the program is a path or a name found on `PATH`.
     #[serde(default)]
@@ -506,6 +524,28 @@ pub struct UpstreamConfig {
     /// `src/layers/gateway_tasks/mod.rs` (issue 32).
     #[serde(default)]
     pub tasks: TaskOwnership,
+}
+
+impl UpstreamConfig {
+    /// What an `https://` upstream's certificate must chain to (`ca_file`, `ca_roots`).
+    pub fn trust(&self) -> crate::tls::Trust<'_> {
+        crate::tls::Trust {
+            ca_file: self.ca_file.as_deref(),
+            ca_roots: self.ca_roots,
+        }
+    }
+
+    /// The client certificate an `https://` upstream is offered (both files set; the config
+    /// check refuses one without the other).
+    pub fn client_auth(&self) -> Option<crate::tls::ClientAuth<'_>> {
+        match (&self.client_cert_file, &self.client_key_file) {
+            (Some(cert), Some(key)) => Some(crate::tls::ClientAuth {
+                cert_file: cert,
+                key_file: key,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// `upstream.tasks`: who runs the tasks of an upstream's task-augmented `tools/call`s.

@@ -73,6 +73,10 @@ pub struct StoreConfig {
     /// the certificate and the host name are always verified.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    /// `postgres` with `sslmode=require`: the named set of root CAs trusted, `"mozilla"` or
+    /// `"system"` (the platform's trust store), as `upstream.ca_roots` (`crate::tls`).
+    #[serde(default)]
+    pub ca_roots: Option<crate::tls::CaRoots>,
     /// `postgres`: the lapse of a call lease, in ms (default 15000; see `store::lease`): a
     /// replica renews its leases every third of it, and one not renewed for this long is taken
     /// over by another replica (a gateway task's held call `failed`, an upgraded call followed).
@@ -123,6 +127,9 @@ impl StoreConfig {
             (StoreBackend::Sled, None, None) if self.ca_file.is_some() => invalid(
                 "store.ca_file is for backend = \"postgres\" (TLS to the database)".into(),
             ),
+            (StoreBackend::Sled, None, None) if self.ca_roots.is_some() => invalid(
+                "store.ca_roots is for backend = \"postgres\" (TLS to the database)".into(),
+            ),
             (StoreBackend::Sled, None, None) => Ok(()),
             (StoreBackend::Sled, _, _) => invalid(
                 "store.url_env / store.url are for backend = \"postgres\" (the sled store uses store.path)".into(),
@@ -147,6 +154,14 @@ impl StoreConfig {
         }
     }
 
+    /// What TLS to the database trusts (`ca_file`, `ca_roots`).
+    pub fn trust(&self) -> crate::tls::Trust<'_> {
+        crate::tls::Trust {
+            ca_file: self.ca_file.as_deref(),
+            ca_roots: self.ca_roots,
+        }
+    }
+
     /// `postgres`: the database URL (from `url_env` or `url`); `None` for sled or when the
     /// variable is unset.
     pub fn database_url(&self) -> Option<String> {
@@ -168,6 +183,7 @@ impl Default for StoreConfig {
             url: None,
             pool_size: default_pool_size(),
             ca_file: None,
+            ca_roots: None,
             lease_ms: default_lease_ms(),
             lease_poll_ms: default_lease_poll_ms(),
         }

@@ -335,6 +335,114 @@ fn upstream_tasks_ownership() {
     assert!(err.contains("max_stored_result_bytes = 0"), "{err}");
 }
 
+/// `upstream.ca_roots` and the client certificate keys: `"mozilla"` accepted (alone or beside
+/// a `ca_file`), another value refused naming the two; each refused beside an `http://` url or
+/// a `command` naming the key; a client certificate without its key (and the other way) refused
+/// saying what is missing; a pair that loads accepted.
+#[test]
+fn ca_roots_and_client_certificates_are_checked() {
+    let upstream = |lines: &str| format!("[[upstream]]\nname = \"a\"\n{lines}\n");
+    let ok = |lines: &str| Config::from_toml_str(&upstream(lines));
+    let err = |lines: &str| ok(lines).unwrap_err().to_string();
+    let fx = |f: &str| format!("{}/tests/fixtures/tls/{f}", env!("CARGO_MANIFEST_DIR"));
+    let (ca, cert, key) = (fx("ca.pem"), fx("client.pem"), fx("client.key"));
+    let https = "url = \"https://127.0.0.1:8443/mcp\"\n";
+    let c = ok(&format!("{https}ca_roots = \"mozilla\"\nca_file = {ca:?}")).unwrap();
+    assert_eq!(c.upstream[0].ca_roots, Some(crate::tls::CaRoots::Mozilla));
+    let e = err(&format!("{https}ca_roots = \"os\""));
+    assert!(
+        e.contains("os") && e.contains("mozilla") && e.contains("system"),
+        "{e}"
+    );
+    for (set, key_named) in [
+        ("ca_roots = \"system\"".to_string(), "ca_roots"),
+        (
+            format!("client_cert_file = {cert:?}\nclient_key_file = {key:?}"),
+            "client_cert_file",
+        ),
+    ] {
+        let e = err(&format!("url = \"http://127.0.0.1:1/mcp\"\n{set}"));
+        assert!(
+            e.contains(&format!("{key_named} is for an https:// url")),
+            "{e}"
+        );
+        let e = err(&format!("command = [\"sh\"]\n{set}"));
+        assert!(
+            e.contains(&format!("{key_named} is for an https:// url")),
+            "{e}"
+        );
+    }
+    let e = err(&format!("{https}client_cert_file = {cert:?}"));
+    assert!(e.contains("client_cert_file needs client_key_file"), "{e}");
+    let e = err(&format!("{https}client_key_file = {key:?}"));
+    assert!(e.contains("client_key_file needs client_cert_file"), "{e}");
+    let e = err(&format!(
+        "{https}client_cert_file = {cert:?}\nclient_key_file = {cert:?}"
+    ));
+    assert!(
+        e.contains("upstream[0].client_key_file") && e.contains("no PEM private key"),
+        "{e}"
+    );
+    ok(&format!(
+        "{https}client_cert_file = {cert:?}\nclient_key_file = {key:?}"
+    ))
+    .unwrap();
+    // The store's: postgres only.
+    let e = Config::from_toml_str(&format!(
+        "[store]\nca_roots = \"system\"\n{}",
+        upstream(https)
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("store.ca_roots is for backend = \"postgres\""),
+        "{e}"
+    );
+}
+
+/// `upstream.proxy`: an `http://host:port` URL (with credentials, `${VAR}` expanded) accepted
+/// for `http://` and `https://` upstreams; an unusable one, an unset variable and a proxy beside
+/// a `command` refused, never quoting the value (it may hold a password).
+#[test]
+fn upstream_proxy_is_checked() {
+    let upstream = |lines: &str| format!("[[upstream]]\nname = \"a\"\n{lines}\n");
+    let ok = |lines: &str| Config::from_toml_str(&upstream(lines));
+    let err = |lines: &str| ok(lines).unwrap_err().to_string();
+    for url in ["https://mcp.example.com/mcp", "http://10.0.0.5:8000/mcp"] {
+        let c = ok(&format!(
+            "url = {url:?}\nproxy = \"http://proxy.corp:3128\""
+        ))
+        .unwrap();
+        assert_eq!(
+            c.upstream[0].proxy.as_deref(),
+            Some("http://proxy.corp:3128")
+        );
+    }
+    std::env::set_var("TASKGATE_TEST_PROXY_PASSWORD", "s3cret");
+    let c =
+        ok("url = \"https://h/mcp\"\nproxy = \"http://u:${TASKGATE_TEST_PROXY_PASSWORD}@p:3128\"")
+            .unwrap();
+    assert_eq!(
+        c.upstream[0].proxy.as_deref(),
+        Some("http://u:s3cret@p:3128")
+    );
+    let e =
+        err("url = \"https://h/mcp\"\nproxy = \"http://u:${TASKGATE_TEST_UNSET_PROXY}@p:3128\"");
+    assert!(
+        e.contains("TASKGATE_TEST_UNSET_PROXY") && e.contains("proxy"),
+        "{e}"
+    );
+    let e = err("url = \"https://h/mcp\"\nproxy = \"https://u:hidden@p:3128\"");
+    assert!(
+        e.contains("upstream \"a\": proxy https://") && !e.contains("hidden"),
+        "{e}"
+    );
+    let e = err("url = \"https://h/mcp\"\nproxy = \"http://u:hidden@p\"");
+    assert!(e.contains("host and port") && !e.contains("hidden"), "{e}");
+    let e = err("command = [\"sh\"]\nproxy = \"http://p:3128\"");
+    assert!(e.contains("proxy is for a url upstream"), "{e}");
+}
+
 /// `https://` upstreams: accepted with the Mozilla roots or a `ca_file` that holds CA
 /// certificates; `ca_file` beside an `http://` url, a file without certificates and a host no
 /// certificate can name are refused naming what is wrong. The scheme decides the default port.

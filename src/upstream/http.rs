@@ -39,7 +39,7 @@
 //! - The answer's body becomes [`ReplyBody::Json`], [`ReplyBody::Stream`] (decoded event by event
 //!   as it arrives), [`ReplyBody::Empty`] or [`ReplyBody::Raw`].
 
-use super::h1::{Pool, PoolError, Tls};
+use super::h1::{Pool, PoolError, Proxy, Tls};
 use super::{Exchange, Transport};
 use crate::config::UpstreamConfig;
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
@@ -89,16 +89,23 @@ impl StreamableHttp {
             .expect("an authority is a valid header value");
         let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
         let address = crate::config::upstream_authority(&uri);
-        let pool = match uri.scheme_str() {
-            Some("https") => {
-                let tls = Tls::new(
-                    crate::config::upstream_host(&uri),
-                    config.ca_file.as_deref(),
-                )?;
-                Pool::with_tls(address, connect_timeout, tls)
-            }
-            _ => Pool::new(address, connect_timeout),
+        let tls = match uri.scheme_str() {
+            Some("https") => Some(Tls::new(
+                crate::config::upstream_host(&uri),
+                config.trust(),
+                config.client_auth(),
+            )?),
+            _ => None,
         };
+        let proxy = match &config.proxy {
+            Some(url) => Some(Proxy::new(
+                &crate::config::ProxyUrl::parse(url)
+                    .map_err(|e| format!("upstream {:?}: proxy {e}", config.name))?,
+                &address,
+            )),
+            None => None,
+        };
+        let pool = Pool::for_upstream(address, connect_timeout, tls, proxy);
         let target = origin_form(&uri);
         let mut headers = HeaderMap::new();
         for (k, v) in &config.headers {

@@ -114,8 +114,12 @@ async fn postgres_leases_reach_the_holder_and_are_adopted_once() {
     let Some(pg) = PgCluster::start("postgres_leases_reach_the_holder_and_are_adopted_once") else {
         return;
     };
-    let a = PgStore::open(&pg.url, 2, None).await.unwrap();
-    let b = PgStore::open(&pg.url, 2, None).await.unwrap();
+    let a = PgStore::open(&pg.url, 2, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
+    let b = PgStore::open(&pg.url, 2, taskgate::tls::Trust::default())
+        .await
+        .unwrap();
     let (la, lb) = (a.leases().unwrap(), b.leases().unwrap());
     let up = unique("tier-leases");
     la.take_lease(&up, "t1", LeaseKind::Held, Duration::from_secs(60))

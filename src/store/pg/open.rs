@@ -4,7 +4,6 @@ use super::names::{parse, redact, replica_name};
 use super::{migrations, pg_err, PgStore, POOL_TIMEOUT};
 use crate::store::StoreError;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,19 +25,19 @@ impl PgStore {
     /// Connects to the database at `url` (a libpq URL or key/value string) with a pool of
     /// `pool_size` connections, and applies the embedded migrations (one replica at a time, under
     /// an advisory lock). With `sslmode=require` in the URL the connections use TLS, trusting the
-    /// CA certificates in `ca_file` (PEM; `store.ca_file`) or, without one, the Mozilla roots
-    /// (see `tls`); otherwise `ca_file` is not read.
+    /// CA certificates of `trust` (`store.ca_file`, `store.ca_roots`; without either the
+    /// Mozilla roots, see `tls`); otherwise `trust` is not read.
     ///
     /// Errors: [`StoreError::Open`] (with `path` the URL without its password) when the URL does
     /// not parse, the database cannot be reached within the URL's `connect_timeout` (5 s by
-    /// default), its schema is newer than this taskgate knows, or (TLS) `ca_file` cannot be read or holds no certificate; a server
+    /// default), its schema is newer than this taskgate knows, or (TLS) `ca_file` cannot be read or holds no certificate, or the system trust store none; a server
     /// certificate that does not verify fails the connection.
     pub async fn open(
         url: &str,
         pool_size: usize,
-        ca_file: Option<&Path>,
+        trust: crate::tls::Trust<'_>,
     ) -> Result<Arc<PgStore>, StoreError> {
-        PgStore::connect(url, pool_size, true, ca_file).await
+        PgStore::connect(url, pool_size, true, trust).await
     }
 
     /// Connects like [`PgStore::open`] without changing the schema, for `taskgate tasks` (a
@@ -49,16 +48,16 @@ impl PgStore {
     pub async fn open_read_only(
         url: &str,
         pool_size: usize,
-        ca_file: Option<&Path>,
+        trust: crate::tls::Trust<'_>,
     ) -> Result<Arc<PgStore>, StoreError> {
-        PgStore::connect(url, pool_size, false, ca_file).await
+        PgStore::connect(url, pool_size, false, trust).await
     }
 
     async fn connect(
         url: &str,
         pool_size: usize,
         migrate: bool,
-        ca_file: Option<&Path>,
+        trust: crate::tls::Trust<'_>,
     ) -> Result<Arc<PgStore>, StoreError> {
         let shown = redact(url);
         let open_err = |detail: String| StoreError::Open {
@@ -83,7 +82,7 @@ impl PgStore {
             recycling_method: RecyclingMethod::Fast,
         };
         let manager = if super::tls::wanted(&config) {
-            let tls = super::tls::connector(ca_file).map_err(open_err)?;
+            let tls = super::tls::connector(trust).map_err(open_err)?;
             Manager::from_config(config, tls, manager_config)
         } else {
             Manager::from_config(config, tokio_postgres::NoTls, manager_config)
@@ -126,7 +125,7 @@ impl PgStore {
     /// version found (0 before taskgate's first start on it).
     ///
     /// Errors: [`StoreError::Open`] with the reason (URL, connection, authentication).
-    pub async fn probe(url: &str, ca_file: Option<&Path>) -> Result<String, StoreError> {
+    pub async fn probe(url: &str, trust: crate::tls::Trust<'_>) -> Result<String, StoreError> {
         let shown = redact(url);
         let open_err = |detail: String| StoreError::Open {
             path: shown.clone(),
@@ -138,7 +137,7 @@ impl PgStore {
         // time; the connection's start-up gets twice that (its TCP connect has the first).
         let limit = bound(&mut config);
         let (client, driver) = if super::tls::wanted(&config) {
-            let tls = super::tls::connector(ca_file).map_err(open_err)?;
+            let tls = super::tls::connector(trust).map_err(open_err)?;
             let (client, conn) =
                 within(2 * limit, "the connection's start-up", config.connect(tls))
                     .await

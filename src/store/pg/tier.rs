@@ -349,7 +349,9 @@ mod tests {
         let base = url.split('?').next().unwrap();
         let base = &base[..base.rfind('/').unwrap()];
         let url = format!("{base}/{db}?connect_timeout=2");
-        let store = runtime.block_on(PgStore::open(&url, 1, None)).unwrap();
+        let store = runtime
+            .block_on(PgStore::open(&url, 1, crate::tls::Trust::default()))
+            .unwrap();
         let store2 = store.clone();
         let took = std::thread::spawn(move || store2.sweep_lease().map(|l| l.is_some()))
             .join()
@@ -415,7 +417,9 @@ mod tests {
         );
         let open = |schema: &str| {
             let url = format!("{base}?connect_timeout=2&options=-c%20search_path%3D{schema}");
-            runtime.block_on(PgStore::open(&url, 1, None)).unwrap()
+            runtime
+                .block_on(PgStore::open(&url, 1, crate::tls::Trust::default()))
+                .unwrap()
         };
         let (a, b) = (open("tier_a"), open("tier_b"));
         // Off the runtime, as the registry calls it; each lease is held while the other is asked.

@@ -44,15 +44,20 @@ pub struct Tls {
 }
 
 impl Tls {
-    /// TLS to `host` (the URL's host, without brackets for IPv6) trusting the CA certificates
-    /// in `ca_file` (PEM) or, without one, the Mozilla roots.
+    /// TLS to `host` (the URL's host, without brackets for IPv6) trusting `trust` (see
+    /// `crate::tls`: `upstream.ca_file`, `upstream.ca_roots`), presenting `client_auth` when the
+    /// server asks for a client certificate.
     ///
-    /// Errors: `host` is not a DNS name or IP address; `ca_file` cannot be used (the message
-    /// names the file, as `upstream.ca_file`).
-    pub fn new(host: &str, ca_file: Option<&std::path::Path>) -> Result<Tls, String> {
+    /// Errors: `host` is not a DNS name or IP address; a file cannot be used, or the system
+    /// trust store holds no certificate (the message names the `upstream.` key).
+    pub fn new(
+        host: &str,
+        trust: crate::tls::Trust<'_>,
+        client_auth: Option<crate::tls::ClientAuth<'_>>,
+    ) -> Result<Tls, String> {
         let server_name = ServerName::try_from(host.to_string())
             .map_err(|e| format!("{host:?} cannot be checked against a certificate: {e}"))?;
-        let config = crate::tls::client_config("upstream.ca_file", ca_file, &[b"http/1.1"])?;
+        let config = crate::tls::client_config("upstream", trust, client_auth, &[b"http/1.1"])?;
         Ok(Tls {
             connector: TlsConnector::from(Arc::new(config)),
             server_name,

@@ -6,6 +6,7 @@
 //!
 //! - [`pool`]: the pool (limits, idle checks, TCP keepalive, the per-thread idle lists of
 //!   [`pin_thread`]). hyper writes each request and reads each response head.
+//! - [`proxy`]: a new connection through an HTTP proxy's `CONNECT` tunnel (`upstream.proxy`).
 //! - `gate`: the connection's I/O as hyper sees it, stopping at the end of each response head so
 //!   the pool can take a chunked body over at a known place in the byte stream.
 //! - `chunked`: the chunked body decoder that then reads the body (one frame per chunk, sliced
@@ -31,6 +32,8 @@ pub(crate) mod chunked;
 mod gate;
 mod io;
 pub mod pool;
+pub mod proxy;
 
 pub use io::Tls;
 pub use pool::{pin_thread, Pool, PoolError, PoolLimits, PooledBody};
+pub use proxy::Proxy;

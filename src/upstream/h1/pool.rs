@@ -58,6 +58,7 @@ use tokio::net::TcpStream;
 use super::chunked::{self, Chunked};
 use super::gate::{Gate, GateCtl};
 use super::io::{Io, Tls};
+use super::proxy::Proxy;
 
 /// Idle time before the first TCP keepalive probe.
 pub const KEEPALIVE_TIME: Duration = Duration::from_secs(30);
@@ -213,7 +214,8 @@ fn tls_error(e: &std::io::Error) -> String {
             rustls @ rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
         ) => format!(
             "{rustls} (the certificate does not chain to a trusted CA: set upstream.ca_file to \
-             the CA that issued it, or the server does not send its intermediate certificates)"
+             the CA that issued it, or upstream.ca_roots = \"system\" when that CA is in the \
+             OS trust store, or the server does not send its intermediate certificates)"
         ),
         Some(rustls) => rustls.to_string(),
         None => e.to_string(),
@@ -253,6 +255,8 @@ pub struct Pool {
     connect_timeout: Duration,
     /// For an `https://` upstream: the TLS of each new connection.
     tls: Option<Tls>,
+    /// `upstream.proxy`: each new connection is a `CONNECT` tunnel through it.
+    proxy: Option<Proxy>,
     /// Idle connections, per serving thread ([`pin_thread`]). A thread expires only its own
     /// list: another thread's idle connections are dropped when that thread next uses the pool.
     idle: [IdleList; IDLE_SHARDS],
@@ -278,6 +282,22 @@ impl Pool {
         Arc::new(pool)
     }
 
+    /// A pool for `authority` whose connections are made secure by `tls` when set (an
+    /// `https://` upstream) and go through `proxy`'s tunnels when set, with the default
+    /// [`PoolLimits`]. The proxy's TCP connect, its tunnel and the TLS handshake share
+    /// `connect_timeout`.
+    pub fn for_upstream(
+        authority: String,
+        connect_timeout: Duration,
+        tls: Option<Tls>,
+        proxy: Option<Proxy>,
+    ) -> Arc<Pool> {
+        let mut pool = Pool::unshared(authority, connect_timeout, PoolLimits::default());
+        pool.tls = tls;
+        pool.proxy = proxy;
+        Arc::new(pool)
+    }
+
     /// A pool for `authority` (`host:port`).
     pub fn with_limits(
         authority: String,
@@ -292,6 +312,7 @@ impl Pool {
             authority,
             connect_timeout,
             tls: None,
+            proxy: None,
             idle: std::array::from_fn(|_| IdleList::default()),
             idle_count: AtomicUsize::new(0),
             limits,
@@ -393,11 +414,14 @@ impl Pool {
         }
     }
 
-    /// Opens the stream of a new pooled connection: TCP, then for an `https://` upstream TLS,
-    /// both within the connect timeout.
+    /// Opens the stream of a new pooled connection: TCP (to the proxy and through its tunnel
+    /// when there is one), then for an `https://` upstream TLS, all within the connect timeout.
     async fn connect_io(&self) -> Result<Io, PoolError> {
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
-        let stream = self.connect_tcp(deadline).await?;
+        let stream = match &self.proxy {
+            None => self.connect_tcp(&self.authority, deadline).await?,
+            Some(proxy) => self.connect_tunnel(proxy, deadline).await?,
+        };
         let Some(tls) = &self.tls else {
             return Ok(Io::Plain(stream));
         };
@@ -415,19 +439,52 @@ impl Pool {
             })
     }
 
-    /// Opens the TCP connection of a new pooled connection by `deadline`: no Nagle delay, TCP
-    /// keepalive on.
-    async fn connect_tcp(&self, deadline: tokio::time::Instant) -> Result<TcpStream, PoolError> {
-        let stream = tokio::time::timeout_at(deadline, TcpStream::connect(self.authority.as_str()))
+    /// A TCP connection to `proxy` carrying its tunnel to the upstream, by `deadline`
+    /// (see [`super::proxy`]). Errors name the proxy by its `host:port` and the upstream.
+    async fn connect_tunnel(
+        &self,
+        proxy: &Proxy,
+        deadline: tokio::time::Instant,
+    ) -> Result<TcpStream, PoolError> {
+        let mut stream = self
+            .connect_tcp(proxy.authority(), deadline)
+            .await
+            .map_err(|e| match e {
+                PoolError::Connect(m) => PoolError::Connect(format!("proxy {m}")),
+                e => e,
+            })?;
+        match tokio::time::timeout_at(deadline, proxy.open(&mut stream)).await {
+            Err(_) => Err(PoolError::Connect(format!(
+                "proxy {} did not open a tunnel to {} within {} ms",
+                proxy.authority(),
+                self.authority,
+                self.connect_timeout.as_millis()
+            ))),
+            Ok(Err(why)) => Err(PoolError::Connect(format!(
+                "proxy {} (tunnel to {}): {why}",
+                proxy.authority(),
+                self.authority
+            ))),
+            Ok(Ok(())) => Ok(stream),
+        }
+    }
+
+    /// Opens a TCP connection to `address` (the upstream's, or its proxy's) by `deadline`: no
+    /// Nagle delay, TCP keepalive on.
+    async fn connect_tcp(
+        &self,
+        address: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<TcpStream, PoolError> {
+        let stream = tokio::time::timeout_at(deadline, TcpStream::connect(address))
             .await
             .map_err(|_| {
                 PoolError::Connect(format!(
-                    "{} did not accept a connection within {} ms",
-                    self.authority,
+                    "{address} did not accept a connection within {} ms",
                     self.connect_timeout.as_millis()
                 ))
             })?
-            .map_err(|e| PoolError::Connect(format!("{}: {e}", self.authority)))?;
+            .map_err(|e| PoolError::Connect(format!("{address}: {e}")))?;
         let _ = stream.set_nodelay(true);
         let keepalive = socket2::TcpKeepalive::new()
             .with_time(KEEPALIVE_TIME)
@@ -456,23 +513,31 @@ impl Pool {
                     // request's future (and the transport's box it is moved into) 400 bytes larger.
                     None => (Box::pin(self.connect()).await?, false),
                 };
-                // Ready to take a request (drives the connection meanwhile).
+                // Ready to take a request (drives the connection meanwhile). Why the connection
+                // ended, if it did: a new one's first error says why it was refused (an mTLS
+                // server's alert after a TLS 1.3 handshake the client saw complete).
+                // (In the output, not a variable the future keeps across its await.)
                 let ready = std::future::poll_fn(|cx| {
-                    conn.drive(cx);
-                    if conn.closed {
-                        return Poll::Ready(false);
+                    if !conn.closed {
+                        if let Poll::Ready(r) = conn.driver.as_mut().poll(cx) {
+                            conn.closed = true;
+                            return Poll::Ready(Err(r.err()));
+                        }
                     }
-                    conn.sender.poll_ready(cx).map(|r| r.is_ok())
+                    if conn.closed {
+                        return Poll::Ready(Err(None));
+                    }
+                    conn.sender.poll_ready(cx).map(|r| r.map_err(|_| None))
                 })
                 .await;
-                if !ready {
+                if let Err(ended) = ready {
                     if reused {
                         continue;
                     }
-                    return Err(PoolError::Connect(format!(
-                        "{} closed the connection at once",
-                        self.authority
-                    )));
+                    return Err(PoolError::Connect(match ended {
+                        Some(e) => format!("{}: {}", self.authority, PoolError::Http(e)),
+                        None => format!("{} closed the connection at once", self.authority),
+                    }));
                 }
                 let head_only = req.method() == http::Method::HEAD;
                 conn.ctl.arm();
@@ -652,3 +717,7 @@ pub(crate) mod tests;
 #[cfg(test)]
 #[path = "pool_tls_tests.rs"]
 mod tls_tests;
+
+#[cfg(test)]
+#[path = "pool_proxy_tests.rs"]
+mod proxy_tests;

@@ -235,7 +235,10 @@ async fn pooled_connection_has_tcp_keepalive() {
     let addr = listener.local_addr().unwrap();
     let pool = Pool::new(addr.to_string(), Duration::from_secs(5));
     let (stream, accepted) = tokio::join!(
-        pool.connect_tcp(tokio::time::Instant::now() + Duration::from_secs(5)),
+        pool.connect_tcp(
+            &pool.authority,
+            tokio::time::Instant::now() + Duration::from_secs(5)
+        ),
         listener.accept()
     );
     let stream = stream.expect("connect");

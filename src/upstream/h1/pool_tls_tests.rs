@@ -8,13 +8,13 @@ use http_body_util::BodyExt;
 use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-fn fixture(name: &str) -> std::path::PathBuf {
+pub(super) fn fixture(name: &str) -> std::path::PathBuf {
     format!("{}/tests/fixtures/tls/{name}", env!("CARGO_MANIFEST_DIR")).into()
 }
 
 /// What the scripted server answers.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Answer {
+pub(super) enum Answer {
     /// `Content-Length: 2`, `ok`.
     Json,
     /// A chunked SSE body of three events, each a chunk of its own (taskgate's own reader).
@@ -29,7 +29,7 @@ enum Answer {
 
 /// How the scripted server ends a connection after an answer.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Close {
+pub(super) enum Close {
     /// Keeps it open until `close` is signalled, then sends close_notify and FIN.
     NotifyOnSignal,
     /// Keeps it open until `close` is signalled, then FIN without close_notify.
@@ -40,15 +40,15 @@ enum Close {
     FinAtOnce,
 }
 
-struct TlsServer {
-    addr: SocketAddr,
+pub(super) struct TlsServer {
+    pub(super) addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
     closed: Arc<AtomicUsize>,
     close: tokio::sync::watch::Sender<u32>,
 }
 
 impl TlsServer {
-    async fn start(bind: &str, answer: Answer, close: Close) -> TlsServer {
+    pub(super) async fn start(bind: &str, answer: Answer, close: Close) -> TlsServer {
         TlsServer::with_cert(
             bind,
             &fixture("local.pem"),
@@ -126,7 +126,7 @@ impl TlsServer {
         }
     }
 
-    fn accepted(&self) -> usize {
+    pub(super) fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
     }
 
@@ -200,11 +200,11 @@ async fn serve_one<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
 }
 
 fn tls_pool(addr: SocketAddr, host: &str, connect_timeout: Duration) -> Arc<Pool> {
-    let tls = Tls::new(host, Some(&fixture("ca.pem"))).unwrap();
+    let tls = Tls::new(host, crate::tls::Trust::file(&fixture("ca.pem")), None).unwrap();
     Pool::with_tls(addr.to_string(), connect_timeout, tls)
 }
 
-fn request() -> Request<Full<Bytes>> {
+pub(super) fn request() -> Request<Full<Bytes>> {
     Request::builder()
         .method(http::Method::POST)
         .uri("/mcp")
@@ -213,7 +213,7 @@ fn request() -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-async fn fetch(pool: &Arc<Pool>) -> Result<Bytes, String> {
+pub(super) async fn fetch(pool: &Arc<Pool>) -> Result<Bytes, String> {
     let resp = pool.send(request()).await.map_err(|e| e.to_string())?;
     let body = resp
         .into_body()
@@ -223,7 +223,7 @@ async fn fetch(pool: &Arc<Pool>) -> Result<Bytes, String> {
     Ok(body.to_bytes())
 }
 
-const SSE_BODY: &[u8] = b"data: 1\n\ndata: 2\n\ndata: 3\n\n";
+pub(super) const SSE_BODY: &[u8] = b"data: 1\n\ndata: 2\n\ndata: 3\n\n";
 
 /// A chunked (SSE) body read to its end by taskgate's own reader over TLS gives its connection
 /// back: the next requests use it.
@@ -325,7 +325,7 @@ async fn own_ca_file(name: &str, host: &str) -> (TlsServer, Arc<Pool>) {
         Close::NotifyOnSignal,
     )
     .await;
-    let tls = Tls::new(host, Some(&cert)).unwrap();
+    let tls = Tls::new(host, crate::tls::Trust::file(&cert), None).unwrap();
     let pool = Pool::with_tls(server.addr.to_string(), Duration::from_secs(5), tls);
     (server, pool)
 }
@@ -383,17 +383,19 @@ async fn a_framed_body_cut_short_over_tls_is_an_error() {
 }
 
 /// A certificate that chains to no trusted root (here: the test CA, with the Mozilla roots):
-/// rustls's `UnknownIssuer` is named, with what to do about it (`ca_file`, or a server that
-/// does not send its intermediate certificates).
+/// rustls's `UnknownIssuer` is named, with what to do about it (`ca_file`, `ca_roots =
+/// "system"`, or a server that does not send its intermediate certificates).
 #[tokio::test]
 async fn an_unknown_issuer_names_ca_file() {
     let server = TlsServer::start("127.0.0.1:0", Answer::Json, Close::NotifyOnSignal).await;
-    let tls = Tls::new("localhost", None).unwrap();
+    let tls = Tls::new("localhost", crate::tls::Trust::default(), None).unwrap();
     let pool = Pool::with_tls(server.addr.to_string(), Duration::from_secs(5), tls);
     let err = fetch(&pool).await.unwrap_err();
     assert!(err.contains("UnknownIssuer"), "{err}");
     assert!(
-        err.contains("upstream.ca_file") && err.contains("intermediate"),
+        err.contains("upstream.ca_file")
+            && err.contains("upstream.ca_roots = \"system\"")
+            && err.contains("intermediate"),
         "{err}"
     );
 }
