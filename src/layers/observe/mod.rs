@@ -1422,7 +1422,7 @@ impl Watch {
         {
             return (bytes, None);
         }
-        let Some(value) = parsed.or_else(|| serde_json::from_slice::<Value>(&bytes).ok()) else {
+        let Some(value) = parsed.or_else(|| creation_value(&bytes)) else {
             return (bytes, None);
         };
         // A creation answered in the other era's `CreateTaskResult` shape: a task started
@@ -1862,6 +1862,66 @@ impl Undo {
                 .unrecorded_task_cancel(&upstream, outcome);
         });
     }
+}
+
+/// An awaited creation's answer as a `Value` ([`Watch::on_creation`]). One nested deeper than
+/// serde_json's limit (128 levels; valid JSON all the same: a deep `_meta` or extra member)
+/// is read shallowly, its envelope and `result`'s members each read on their own, a member
+/// still too deep read as `null` (a `Task`'s own members are flat): the task it names is
+/// recorded, or refused, as any other. Before, such an answer read as none and passed on
+/// unrecorded: the client held a taskId that taskgate then answered `-32602` for, never
+/// asking the upstream, whose task ran on out of reach. `None` for text that is no JSON
+/// object.
+fn creation_value(bytes: &[u8]) -> Option<Value> {
+    if let Ok(value) = serde_json::from_slice::<Value>(bytes) {
+        return Some(value);
+    }
+    type Members<'a> = Vec<(String, &'a serde_json::value::RawValue)>;
+    fn members(raw: &str) -> Option<Members<'_>> {
+        // Skipping a member (a `RawValue`) has no depth limit in serde_json; reading one does.
+        struct Object<'a>(Members<'a>);
+        impl<'de> serde::Deserialize<'de> for Object<'de> {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> serde::de::Visitor<'de> for V {
+                    type Value = Object<'de>;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str("a JSON object")
+                    }
+                    fn visit_map<A: serde::de::MapAccess<'de>>(
+                        self,
+                        mut map: A,
+                    ) -> Result<Object<'de>, A::Error> {
+                        let mut out = Vec::new();
+                        while let Some(entry) = map.next_entry()? {
+                            out.push(entry);
+                        }
+                        Ok(Object(out))
+                    }
+                }
+                d.deserialize_map(V)
+            }
+        }
+        serde_json::from_str::<Object<'_>>(raw).ok().map(|o| o.0)
+    }
+    let read = |raw: &serde_json::value::RawValue| {
+        serde_json::from_str::<Value>(raw.get()).unwrap_or(Value::Null)
+    };
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut envelope = serde_json::Map::new();
+    for (name, raw) in members(text)? {
+        let value = match (name.as_str(), members(raw.get())) {
+            ("result", Some(result)) => Value::Object(
+                result
+                    .into_iter()
+                    .map(|(name, raw)| (name, read(raw)))
+                    .collect(),
+            ),
+            _ => read(raw),
+        };
+        envelope.insert(name, value);
+    }
+    Some(Value::Object(envelope))
 }
 
 #[cfg(test)]

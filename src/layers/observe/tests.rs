@@ -935,3 +935,51 @@ async fn a_modern_result_kept_after_a_notified_status_is_on_disk_before_it_leave
         "the result kept after its status left with no sync awaited"
     );
 }
+
+/// A 2026-07-28 `CreateTaskResult` whose `result` holds a member nested deeper than serde_json's
+/// limit (128 levels; here in `_meta`, valid JSON all the same) is still recorded before it
+/// passes: before, its parse failed and the answer went to the client unrecorded, so the
+/// client held a taskId that taskgate then answered `-32602` for (`tasks/get`, `tasks/cancel`)
+/// without asking the upstream, whose task ran on unreachable. Over JSON and over SSE.
+#[tokio::test]
+async fn a_modern_creation_nested_past_serdes_limit_is_recorded() {
+    let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
+    let flat = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"result":{{"_meta":{{"x":{deep}}},"resultType":"task","taskId":"t9","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttlMs":60000}}}}"#
+    );
+    assert!(
+        serde_json::from_str::<Value>(&flat).is_err(),
+        "past the limit"
+    );
+    for streamed in [false, true] {
+        let (registry, _store) = registry();
+        let answer = flat.clone();
+        let svc = stack(&registry, move || {
+            if streamed {
+                sse(&[&answer])
+            } else {
+                McpReply::local_json(Bytes::from(answer.clone()))
+            }
+        });
+        let mut req = request(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+        );
+        req.ctx.session_id = None;
+        let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+        modern_creation(&mut req, slot);
+        let reply = svc.oneshot(req).await.unwrap();
+        let text: String = match reply.body {
+            ReplyBody::Stream(mut events) => events.next().await.unwrap().data.unwrap().to_string(),
+            ReplyBody::Json(b) => String::from_utf8(b.to_vec()).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert!(text.contains(r#""taskId":"t9""#), "{streamed}: {text:.200}");
+        let r = registry.store().get("up", "t9").unwrap();
+        assert!(r.is_some(), "streamed {streamed}: handed out unrecorded");
+        assert_eq!(
+            registry.owners_count("up", &owner()),
+            1,
+            "the slot is the task's"
+        );
+    }
+}
