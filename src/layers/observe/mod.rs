@@ -927,7 +927,14 @@ impl Watch {
         // (a tasks/get answer was parsed twice before: about 10,000 instructions each).
         let mut parsed = None;
         if is_status || is_activity {
-            if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
+            let value = serde_json::from_slice::<Value>(&bytes).ok().or_else(|| {
+                // A legacy status notification nested too deep for serde_json: its `Task`
+                // still applies (`shallow_value`; a 2026 one carries a payload: not read so).
+                (msg.method() == Some("notifications/tasks/status"))
+                    .then(|| shallow_value(&bytes, "params"))
+                    .flatten()
+            });
+            if let Some(value) = value {
                 self.registry.note_activity_in(&self.upstream, &value);
                 if msg.method() == Some("notifications/tasks/status") {
                     return Step::StatusNotification(bytes, value);
@@ -1422,7 +1429,7 @@ impl Watch {
         {
             return (bytes, None);
         }
-        let Some(value) = parsed.or_else(|| creation_value(&bytes)) else {
+        let Some(value) = parsed.or_else(|| shallow_value(&bytes, "result")) else {
             return (bytes, None);
         };
         // A creation answered in the other era's `CreateTaskResult` shape: a task started
@@ -1864,15 +1871,17 @@ impl Undo {
     }
 }
 
-/// An awaited creation's answer as a `Value` ([`Watch::on_creation`]). One nested deeper than
-/// serde_json's limit (128 levels; valid JSON all the same: a deep `_meta` or extra member)
-/// is read shallowly, its envelope and `result`'s members each read on their own, a member
-/// still too deep read as `null` (a `Task`'s own members are flat): the task it names is
-/// recorded, or refused, as any other. Before, such an answer read as none and passed on
-/// unrecorded: the client held a taskId that taskgate then answered `-32602` for, never
-/// asking the upstream, whose task ran on out of reach. `None` for text that is no JSON
-/// object.
-fn creation_value(bytes: &[u8]) -> Option<Value> {
+/// `bytes` as a `Value`, for an awaited creation's answer (`member` `result`,
+/// [`Watch::on_creation`]) or a 2025-11-25 `notifications/tasks/status` (`params`). One nested
+/// deeper than serde_json's limit (128 levels; valid JSON all the same: a deep `_meta` or extra
+/// member) is read shallowly, its envelope and `member`'s members each read on their own, a
+/// member still too deep read as `null` (a `Task`'s own members are flat; neither message
+/// carries a payload taskgate keeps): the task it names is recorded, refused or updated as any
+/// other. Before, such a message read as none and passed on unapplied: a creation unrecorded
+/// (the client held a taskId that taskgate then answered `-32602` for, never asking the
+/// upstream), a status left unrecorded (a cancelled task shown `completed`). `None` for text
+/// that is no JSON object.
+fn shallow_value(bytes: &[u8], member: &str) -> Option<Value> {
     if let Ok(value) = serde_json::from_slice::<Value>(bytes) {
         return Some(value);
     }
@@ -1910,8 +1919,8 @@ fn creation_value(bytes: &[u8]) -> Option<Value> {
     let text = std::str::from_utf8(bytes).ok()?;
     let mut envelope = serde_json::Map::new();
     for (name, raw) in members(text)? {
-        let value = match (name.as_str(), members(raw.get())) {
-            ("result", Some(result)) => Value::Object(
+        let value = match (name == member, members(raw.get())) {
+            (true, Some(result)) => Value::Object(
                 result
                     .into_iter()
                     .map(|(name, raw)| (name, read(raw)))

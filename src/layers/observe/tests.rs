@@ -983,3 +983,48 @@ async fn a_modern_creation_nested_past_serdes_limit_is_recorded() {
         );
     }
 }
+
+/// A `notifications/tasks/status` nested past serde_json's 128-level limit (a deep `_meta`) is
+/// applied as any other: a live task's completion reaches its record, and a task recorded
+/// `cancelled` is shown `cancelled` (its late `completed` recorded as such). Before, its parse
+/// failed: the record stayed `working` (its owner's slot held until the ttl), and a cancelled
+/// task reached the client as `completed`.
+#[tokio::test]
+async fn a_status_notification_nested_past_serdes_limit_is_applied() {
+    let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
+    for recorded in [TaskStatus::Working, TaskStatus::Cancelled] {
+        let (registry, _store) = registry();
+        let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+        let rec = TaskRecord {
+            status: recorded,
+            ..record("t1")
+        };
+        registry.record_creation(rec, &slot).await.unwrap();
+        let note = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/tasks/status","params":{{"_meta":{{"x":{deep}}},"taskId":"t1","status":"completed","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:01Z","ttl":60000}}}}"#
+        );
+        let notified = stack(&registry, move || sse(&[note.as_str()]));
+        let reply = notified
+            .oneshot(request(
+                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            ))
+            .await
+            .unwrap();
+        let ReplyBody::Stream(mut events) = reply.body else {
+            panic!("not a stream")
+        };
+        let shown = events.next().await.unwrap().data.unwrap().to_string();
+        let r = registry.store().get("up", "t1").unwrap().unwrap();
+        match recorded {
+            TaskStatus::Cancelled => {
+                assert!(
+                    !shown.contains(r#""status":"completed""#)
+                        && shown.contains(r#""status":"cancelled""#),
+                    "a cancelled task shown completed"
+                );
+                assert_eq!(r.status, TaskStatus::Cancelled);
+            }
+            _ => assert_eq!(r.status, TaskStatus::Completed, "not applied"),
+        }
+    }
+}
