@@ -1028,3 +1028,38 @@ async fn a_status_notification_nested_past_serdes_limit_is_applied() {
         }
     }
 }
+
+/// A 2026-07-28 `tasks/get` answer `completed` whose tool output nests past serde_json's limit
+/// ends the record (its `DetailedTask` kept byte for byte), as a shallow one does.
+/// Before, its parse failed: the record stayed `working` (the owner's slot held until the ttl,
+/// `taskgate_tasks` wrong) while the client was shown `completed`.
+#[tokio::test]
+async fn a_modern_completion_nested_past_serdes_limit_is_recorded() {
+    let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
+    let payload = format!(r#"{{"content":[],"isError":true,"structuredContent":{{"x":{deep}}}}}"#);
+    let get = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"result":{{"resultType":"complete","taskId":"t1","status":"completed","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:01Z","ttlMs":60000,"result":{payload}}}}}"#
+    );
+    let (registry, _store) = registry();
+    let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+    let live = TaskRecord {
+        era: Era::Modern,
+        ..record("t1")
+    };
+    registry.record_creation(live.clone(), &slot).await.unwrap();
+    let svc = stack(&registry, move || {
+        McpReply::local_json(Bytes::from(get.clone()))
+    });
+    let mut req =
+        request(r#"{"jsonrpc":"2.0","id":7,"method":"tasks/get","params":{"taskId":"t1"}}"#);
+    req.extensions.insert(Era::Modern);
+    req.extensions.insert(AuthorisedTask {
+        record: live.into(),
+    });
+    let _ = svc.oneshot(req).await.unwrap();
+    let r = registry.store().get("up", "t1").unwrap().unwrap();
+    assert_eq!(r.status, TaskStatus::Completed, "not recorded");
+    let kept = r.terminal_result.as_deref().unwrap_or_default();
+    assert!(kept.contains(payload.as_str()), "payload kept as it came");
+    assert_eq!(registry.owners_count("up", &owner()), 0, "slot given back");
+}
