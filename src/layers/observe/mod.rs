@@ -927,7 +927,14 @@ impl Watch {
         // (a tasks/get answer was parsed twice before: about 10,000 instructions each).
         let mut parsed = None;
         if is_status || is_activity {
-            if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
+            let value = serde_json::from_slice::<Value>(&bytes).ok().or_else(|| {
+                // A legacy status notification nested too deep for serde_json: its `Task`
+                // still applies (`lenient_value`; a 2026 one is read as before).
+                (msg.method() == Some("notifications/tasks/status"))
+                    .then(|| lenient_value(&bytes))
+                    .flatten()
+            });
+            if let Some(value) = value {
                 self.registry.note_activity_in(&self.upstream, &value);
                 if msg.method() == Some("notifications/tasks/status") {
                     return Step::StatusNotification(bytes, value);
@@ -1422,7 +1429,7 @@ impl Watch {
         {
             return (bytes, None);
         }
-        let Some(value) = parsed.or_else(|| serde_json::from_slice::<Value>(&bytes).ok()) else {
+        let Some(value) = parsed.or_else(|| lenient_value(&bytes)) else {
             return (bytes, None);
         };
         // A creation answered in the other era's `CreateTaskResult` shape: a task started
@@ -1862,6 +1869,79 @@ impl Undo {
                 .unrecorded_task_cancel(&upstream, outcome);
         });
     }
+}
+
+/// How many levels of objects [`lenient_value`] opens to reach what serde_json cannot read
+/// whole: the envelope, `result` or `params`, a `DetailedTask`'s `result`, one more.
+const LENIENT_LEVELS: usize = 4;
+
+/// `bytes` (an upstream message) as a `Value`. One nested deeper than serde_json's limit (128
+/// levels; valid JSON all the same: a deep `_meta`, extra member or tool output) is read member
+/// by member, [`LENIENT_LEVELS`] levels of objects down, a member still too deep read as
+/// `null`: what taskgate reads of a task (its flat members, `isError`) is all there, and a
+/// payload it keeps is taken from the bytes, never from this `Value`. Used where such a
+/// message read as none and passed on unapplied: an awaited creation ([`Watch::on_creation`]:
+/// the client held a taskId taskgate then answered `-32602` for, never asking the upstream), a
+/// 2025-11-25 `notifications/tasks/status` and a 2026-07-28 `tasks/get` answer (a completion
+/// never recorded, the owner's slot held until the ttl; a cancelled task shown `completed`).
+/// `None` for text that is not a JSON object.
+pub(super) fn lenient_value(bytes: &[u8]) -> Option<Value> {
+    if let Ok(value) = serde_json::from_slice::<Value>(bytes) {
+        return Some(value);
+    }
+    let text = std::str::from_utf8(bytes).ok()?;
+    members(text).map(|m| object_of(m, LENIENT_LEVELS))
+}
+
+type Members<'a> = Vec<(String, &'a serde_json::value::RawValue)>;
+
+/// The members of the JSON object `raw`, each kept raw: skipping a value (a `RawValue`) has no
+/// depth limit in serde_json, reading one into a `Value` does. `None` for anything else.
+fn members(raw: &str) -> Option<Members<'_>> {
+    struct Object<'a>(Members<'a>);
+    impl<'de> serde::Deserialize<'de> for Object<'de> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> serde::de::Visitor<'de> for V {
+                type Value = Object<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<Object<'de>, A::Error> {
+                    let mut out = Vec::new();
+                    while let Some(entry) = map.next_entry()? {
+                        out.push(entry);
+                    }
+                    Ok(Object(out))
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+    serde_json::from_str::<Object<'_>>(raw).ok().map(|o| o.0)
+}
+
+/// The object of `members`, each read whole or, too deep for that, opened `levels` more levels.
+fn object_of(members: Members<'_>, levels: usize) -> Value {
+    let read = |raw: &str| match serde_json::from_str::<Value>(raw) {
+        Ok(value) => value,
+        Err(_) if levels > 0 => {
+            self::members(raw).map_or(Value::Null, |m| object_of(m, levels - 1))
+        }
+        Err(_) => Value::Null,
+    };
+    Value::Object(
+        members
+            .into_iter()
+            .map(|(name, raw)| {
+                let value = read(raw.get());
+                (name, value)
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]

@@ -43,7 +43,9 @@ impl Watch {
             // Acks carry no status.
             return bytes;
         }
-        let Some(value) = parsed.or_else(|| serde_json::from_slice::<Value>(&bytes).ok()) else {
+        // Read leniently (a deep tool output in `result.result`): the payload kept below is
+        // taken from `bytes`.
+        let Some(value) = parsed.or_else(|| super::lenient_value(&bytes)) else {
             return bytes;
         };
         let Some(result) = value.get("result").filter(|r| r.is_object()) else {

@@ -935,3 +935,131 @@ async fn a_modern_result_kept_after_a_notified_status_is_on_disk_before_it_leave
         "the result kept after its status left with no sync awaited"
     );
 }
+
+/// A 2026-07-28 `CreateTaskResult` whose `result` holds a member nested deeper than serde_json's
+/// limit (128 levels; here in `_meta`, valid JSON all the same) is still recorded before it
+/// passes: before, its parse failed and the answer went to the client unrecorded, so the
+/// client held a taskId that taskgate then answered `-32602` for (`tasks/get`, `tasks/cancel`)
+/// without asking the upstream, whose task ran on unreachable. Over JSON and over SSE.
+#[tokio::test]
+async fn a_modern_creation_nested_past_serdes_limit_is_recorded() {
+    let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
+    let flat = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"result":{{"_meta":{{"x":{deep}}},"resultType":"task","taskId":"t9","status":"working","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:00Z","ttlMs":60000}}}}"#
+    );
+    assert!(
+        serde_json::from_str::<Value>(&flat).is_err(),
+        "past the limit"
+    );
+    for streamed in [false, true] {
+        let (registry, _store) = registry();
+        let answer = flat.clone();
+        let svc = stack(&registry, move || {
+            if streamed {
+                sse(&[&answer])
+            } else {
+                McpReply::local_json(Bytes::from(answer.clone()))
+            }
+        });
+        let mut req = request(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+        );
+        req.ctx.session_id = None;
+        let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+        modern_creation(&mut req, slot);
+        let reply = svc.oneshot(req).await.unwrap();
+        let text: String = match reply.body {
+            ReplyBody::Stream(mut events) => events.next().await.unwrap().data.unwrap().to_string(),
+            ReplyBody::Json(b) => String::from_utf8(b.to_vec()).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        assert!(text.contains(r#""taskId":"t9""#), "{streamed}: {text:.200}");
+        let r = registry.store().get("up", "t9").unwrap();
+        assert!(r.is_some(), "streamed {streamed}: handed out unrecorded");
+        assert_eq!(
+            registry.owners_count("up", &owner()),
+            1,
+            "the slot is the task's"
+        );
+    }
+}
+
+/// A `notifications/tasks/status` nested past serde_json's 128-level limit (a deep `_meta`) is
+/// applied as any other: a live task's completion reaches its record, and a task recorded
+/// `cancelled` is shown `cancelled` (its late `completed` recorded as such). Before, its parse
+/// failed: the record stayed `working` (its owner's slot held until the ttl), and a cancelled
+/// task reached the client as `completed`.
+#[tokio::test]
+async fn a_status_notification_nested_past_serdes_limit_is_applied() {
+    let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
+    for recorded in [TaskStatus::Working, TaskStatus::Cancelled] {
+        let (registry, _store) = registry();
+        let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+        let rec = TaskRecord {
+            status: recorded,
+            ..record("t1")
+        };
+        registry.record_creation(rec, &slot).await.unwrap();
+        let note = format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/tasks/status","params":{{"_meta":{{"x":{deep}}},"taskId":"t1","status":"completed","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:01Z","ttl":60000}}}}"#
+        );
+        let notified = stack(&registry, move || sse(&[note.as_str()]));
+        let reply = notified
+            .oneshot(request(
+                r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            ))
+            .await
+            .unwrap();
+        let ReplyBody::Stream(mut events) = reply.body else {
+            panic!("not a stream")
+        };
+        let shown = events.next().await.unwrap().data.unwrap().to_string();
+        let r = registry.store().get("up", "t1").unwrap().unwrap();
+        match recorded {
+            TaskStatus::Cancelled => {
+                assert!(
+                    !shown.contains(r#""status":"completed""#)
+                        && shown.contains(r#""status":"cancelled""#),
+                    "a cancelled task shown completed"
+                );
+                assert_eq!(r.status, TaskStatus::Cancelled);
+            }
+            _ => assert_eq!(r.status, TaskStatus::Completed, "not applied"),
+        }
+    }
+}
+
+/// A 2026-07-28 `tasks/get` answer `completed` whose tool output nests past serde_json's limit
+/// ends the record (its `DetailedTask` kept byte for byte), as a shallow one does.
+/// Before, its parse failed: the record stayed `working` (the owner's slot held until the ttl,
+/// `taskgate_tasks` wrong) while the client was shown `completed`.
+#[tokio::test]
+async fn a_modern_completion_nested_past_serdes_limit_is_recorded() {
+    let deep = format!("{}{}", "[".repeat(300), "]".repeat(300));
+    let payload = format!(r#"{{"content":[],"isError":true,"structuredContent":{{"x":{deep}}}}}"#);
+    let get = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"result":{{"resultType":"complete","taskId":"t1","status":"completed","createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-01T00:00:01Z","ttlMs":60000,"result":{payload}}}}}"#
+    );
+    let (registry, _store) = registry();
+    let slot = registry.reserve(&"up".into(), &owner()).unwrap();
+    let live = TaskRecord {
+        era: Era::Modern,
+        ..record("t1")
+    };
+    registry.record_creation(live.clone(), &slot).await.unwrap();
+    let svc = stack(&registry, move || {
+        McpReply::local_json(Bytes::from(get.clone()))
+    });
+    let mut req =
+        request(r#"{"jsonrpc":"2.0","id":7,"method":"tasks/get","params":{"taskId":"t1"}}"#);
+    req.extensions.insert(Era::Modern);
+    req.extensions.insert(AuthorisedTask {
+        record: live.into(),
+    });
+    let _ = svc.oneshot(req).await.unwrap();
+    let r = registry.store().get("up", "t1").unwrap().unwrap();
+    assert_eq!(r.status, TaskStatus::Completed, "not recorded");
+    let kept = r.terminal_result.as_deref().unwrap_or_default();
+    assert!(kept.contains(payload.as_str()), "payload kept as it came");
+    assert_eq!(registry.owners_count("up", &owner()), 0, "slot given back");
+}
