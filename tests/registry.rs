@@ -1471,6 +1471,31 @@ async fn upstream_reported_null_ttl_expires_after_the_cap() {
     assert_eq!(listed_task(&list, &task_id)["ttl"], 60_000, "{list}");
 }
 
+/// An upstream whose tasks have no `ttl` member (required in both eras) is recorded with the
+/// cap, and the client is told it in the `CreateTaskResult` and `tasks/get` as with `null`
+/// (before: the member stayed missing though taskgate removes the record at the cap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_without_a_ttl_member_is_told_the_cap() {
+    let up = TaskServer::start(Behaviour {
+        ttl_override: Some(json!(crate::common::task_server::NO_TTL)),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_ttl_ms = 60000")
+        .start()
+        .await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let v = c.rpc(Client::create_body("1", Some(30_000))).await;
+    assert_eq!(v["result"]["task"]["ttl"], json!(60_000), "{v}");
+    let task_id = v["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    assert_eq!(tg.record(&task_id).unwrap().ttl_ms, Some(60_000));
+    let got = c.get("2", &task_id).await;
+    assert_eq!(got["result"]["ttl"], json!(60_000), "{got}");
+    assert_eq!(got["result"]["status"], "working", "{got}");
+}
+
 /// A record expires at createdAt + the ttl the upstream reported; the sweeper removes it, then
 /// tasks/get|result|cancel get -32602 without reaching the upstream and the metric counts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

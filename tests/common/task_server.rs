@@ -43,9 +43,18 @@ impl ServerTask {
         if let Some(m) = &self.status_message {
             t["statusMessage"] = Value::from(m.clone());
         }
+        if self.ttl == Value::from(NO_TTL) {
+            if let Some(t) = t.as_object_mut() {
+                t.remove("ttl");
+            }
+        }
         t
     }
 }
+
+/// A `ttl_override` that makes the server leave `ttl` out of its tasks (a required member in
+/// both eras: a server that does not conform).
+pub const NO_TTL: &str = "(no ttl member)";
 
 /// Mutable state of the scripted server; tests lock it to change a task's status at will.
 #[derive(Default)]
@@ -99,7 +108,7 @@ pub struct Behaviour {
     pub creation_head: Option<StepsFn>,
     /// SSE steps after the `CreateTaskResult` (needs `creation_sse`); the stream ends after them.
     pub creation_tail: Option<StepsFn>,
-    /// The `ttl` the server reports (default: the requested one, or null).
+    /// The `ttl` the server reports (default: the requested one, or null; [`NO_TTL`]: none).
     pub ttl_override: Option<Value>,
     /// Delay before the `tasks/cancel` answer (the status changes when the request arrives).
     pub cancel_delay: Arc<dyn Fn(&str) -> Duration + Send + Sync>,

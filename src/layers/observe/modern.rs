@@ -340,11 +340,12 @@ pub(super) fn ttl_path(era: Era, creation: bool) -> &'static [&'static str] {
 /// `bytes` (a JSON-RPC response) with the ttl at `result` / `at` no longer than the ttl `record`
 /// holds: the upstream's, capped at `tasks.max_ttl_ms`, and the cap when the upstream gave `null`
 /// (unlimited) or none (see `Registry::creation_record`). taskgate removes the record when that
-/// ttl is over, so a `null` or a longer ttl is shown as the recorded one, in the
-/// `CreateTaskResult` and every `tasks/get` answer, as `tasks/list` shows it. Unchanged when the
-/// upstream's ttl is a number no longer than that (a shorter one is the upstream's to keep), when
-/// there is no such member, or for a record that holds no ttl (written before taskgate recorded
-/// the cap).
+/// ttl is over, so a `null`, a longer or a missing ttl is shown as the recorded one, in the
+/// `CreateTaskResult` and every `tasks/get` answer, as `tasks/list` shows it (a missing one is
+/// added to the task object, which must have it in both eras). Unchanged when the upstream's ttl
+/// is a number no longer than that (a shorter one is the upstream's to keep), when `result` at
+/// the path is not a task (no `taskId`), or for a record that holds no ttl (written before
+/// taskgate recorded the cap).
 pub(crate) fn show_recorded_ttl(bytes: Bytes, at: &[&str], record: &TaskRecord) -> Bytes {
     let Some(ttl) = record.ttl_ms else {
         return bytes;
@@ -352,12 +353,16 @@ pub(crate) fn show_recorded_ttl(bytes: Bytes, at: &[&str], record: &TaskRecord) 
     let Some(name) = at.last() else {
         return bytes;
     };
-    if no_member_longer(&bytes, name, ttl) {
-        return bytes;
-    }
     let path: Vec<&str> = std::iter::once("result")
         .chain(at.iter().copied())
         .collect();
+    match members_named(&bytes, name, ttl) {
+        Members::NoneLonger => return bytes,
+        // Both eras' task has the member (`null` when unlimited); an upstream that leaves it
+        // out is told nothing of when taskgate removes the record: shown as the record's.
+        Members::None => return with_ttl_member(bytes, &path, ttl),
+        Members::Other => {}
+    }
     let longer = match splice::raw_at(&bytes, &path) {
         // A float no longer than the record's (`1000.0`, `1e3`) is the upstream's to keep too.
         Ok(Some(raw)) => raw
@@ -375,9 +380,10 @@ pub(crate) fn show_recorded_ttl(bytes: Bytes, at: &[&str], record: &TaskRecord) 
     }
 }
 
-/// True when every member named `name` anywhere in `bytes` has a number no greater than `ttl` as
-/// its value (or there is none): then the ttl at any path is no longer than `ttl`, and
-/// [`show_recorded_ttl`] leaves the reply as it is without parsing it. Why: the exact path walk
+/// Whether every member named `name` anywhere in `bytes` has a number no greater than `ttl` as
+/// its value ([`Members::NoneLonger`]), or there is none ([`Members::None`]): then the ttl at
+/// any path is no longer than `ttl`, and [`show_recorded_ttl`] leaves the reply as it is
+/// without parsing it (or, for none, adds the member). Why: the exact path walk
 /// (`splice::raw_at`) on every `tasks/get` answer cost about 8,000 instructions per request of
 /// the lifecycle benchmark (137,035 → 145,322, `benches/RESULTS.md`), and a ttl is almost always
 /// a number the record already holds. False (take the exact path) for anything else: a `null`, a
@@ -386,7 +392,8 @@ pub(crate) fn show_recorded_ttl(bytes: Bytes, at: &[&str], record: &TaskRecord) 
 /// Sound for any JSON: the byte sequence `"name"` followed by `:` is a member name (inside a
 /// string a `"` is escaped, so it could only be the tail of a longer name such as `"a\"ttl"`,
 /// which is checked like the rest, never skipped).
-fn no_member_longer(bytes: &[u8], name: &str, ttl: u64) -> bool {
+fn members_named(bytes: &[u8], name: &str, ttl: u64) -> Members {
+    let mut seen = Members::None;
     // The name between quotes, found without building the quoted needle (this runs per poll).
     for at in memchr::memmem::find_iter(bytes, name.as_bytes()) {
         let end = at + name.len();
@@ -406,11 +413,44 @@ fn no_member_longer(bytes: &[u8], name: &str, ttl: u64) -> bool {
             .ok()
             .and_then(|d| d.parse::<u64>().ok());
         match value {
-            Some(v) if plain && v <= ttl => {}
-            _ => return false,
+            Some(v) if plain && v <= ttl => seen = Members::NoneLonger,
+            _ => return Members::Other,
         }
     }
-    true
+    seen
+}
+
+/// What [`members_named`] found of the members named `name` anywhere in a reply.
+#[derive(Debug, PartialEq)]
+enum Members {
+    /// None at all.
+    None,
+    /// Each a plain number no greater than the record's ttl.
+    NoneLonger,
+    /// Another value somewhere (`null`, a longer number, a float): the exact path decides.
+    Other,
+}
+
+/// `bytes` with `"<name>":ttl` added to the task object at `path`'s parent (the last element
+/// of `path` is the member's name), when there is such an object and it is a task (it has a
+/// `taskId`); else unchanged. Every other byte stays as it was (`splice::insert_first`).
+fn with_ttl_member(bytes: Bytes, path: &[&str], ttl: u64) -> Bytes {
+    let Some((name, parent)) = path.split_last() else {
+        return bytes;
+    };
+    let out = match splice::raw_at(&bytes, parent) {
+        Ok(Some(task)) if task.get().starts_with('{') => {
+            let is_task = matches!(
+                splice::raw_at(task.get().as_bytes(), &["taskId"]),
+                Ok(Some(_))
+            );
+            is_task
+                .then(|| splice::insert_first(&bytes, task.get(), &format!("\"{name}\":{ttl}")))
+                .flatten()
+        }
+        _ => None,
+    };
+    out.unwrap_or(bytes)
 }
 
 #[cfg(test)]
@@ -443,8 +483,9 @@ mod tests {
         req
     }
 
-    /// A `ttl` of `null` (unlimited) or above `tasks.max_ttl_ms` is shown as the recorded cap (the
-    /// record ends there); a shorter one, a missing one, or one of a record without a ttl stays.
+    /// A `ttl` of `null` (unlimited), above `tasks.max_ttl_ms` or missing is shown as the
+    /// recorded cap (the record ends there); a shorter one, or one of a record without a ttl,
+    /// stays.
     #[test]
     fn the_recorded_ttl_is_shown() {
         let capped = TaskRecord {
@@ -468,9 +509,33 @@ mod tests {
         for kept in [
             r#"{"id":1,"result":{"ttl":500}}"#,
             r#"{"id":1,"result":{"ttl":1000}}"#,
+            // Not a task: nothing added.
             r#"{"id":1,"result":{}}"#,
+            r#"{"id":1,"result":{"task":{}}}"#,
+            r#"{"id":1,"error":{"code":-32602,"message":"no ttl"}}"#,
         ] {
             assert_eq!(show(kept, &["ttl"], &capped), kept);
+            assert_eq!(show(kept, &["task", "ttl"], &capped), kept);
+        }
+        // A task without its ttl (both eras' task has the member) is told the record's.
+        for (body, at, shown) in [
+            (
+                r#"{"id":1,"result":{"taskId":"t","status":"working"}}"#,
+                &["ttl"][..],
+                r#"{"id":1,"result":{"ttl":1000,"taskId":"t","status":"working"}}"#,
+            ),
+            (
+                r#"{"id":1,"result":{"task":{ "taskId":"t"}}}"#,
+                &["task", "ttl"][..],
+                r#"{"id":1,"result":{"task":{"ttl":1000, "taskId":"t"}}}"#,
+            ),
+            (
+                r#"{"id":1,"result":{"resultType":"task","taskId":"t"}}"#,
+                &["ttlMs"][..],
+                r#"{"id":1,"result":{"ttlMs":1000,"resultType":"task","taskId":"t"}}"#,
+            ),
+        ] {
+            assert_eq!(show(body, at, &capped), shown);
         }
         let old = TaskRecord {
             ttl_ms: None,
@@ -566,29 +631,35 @@ mod tests {
 
     #[test]
     fn a_ttl_no_longer_than_the_record_is_decided_without_parsing() {
-        use super::no_member_longer;
+        use super::{members_named, Members};
         let cap = 60_000;
         for (json, fast) in [
-            (r#"{"result":{"ttl":60000,"status":"working"}}"#, true),
-            (r#"{"result":{"ttl" : 5,"status":"working"}}"#, true),
-            (r#"{"result":{"status":"working"}}"#, true),
-            (r#"{"result":{"statusMessage":"ttl","ttl":1}}"#, true),
-            (r#"{"result":{"ttl":null}}"#, false),
-            (r#"{"result":{"ttl":60001}}"#, false),
-            (r#"{"result":{"ttl":1e3}}"#, false),
-            (r#"{"result":{"ttl":1.5}}"#, false),
-            (r#"{"result":{"ttl":"5"}}"#, false),
-            (r#"{"result":{"ttl":-1}}"#, false),
+            (
+                r#"{"result":{"ttl":60000,"status":"working"}}"#,
+                Members::NoneLonger,
+            ),
+            (
+                r#"{"result":{"ttl" : 5,"status":"working"}}"#,
+                Members::NoneLonger,
+            ),
+            (r#"{"result":{"status":"working"}}"#, Members::None),
+            (r#"{"result":{"statusMessage":"ttl"}}"#, Members::None),
+            (
+                r#"{"result":{"statusMessage":"ttl","ttl":1}}"#,
+                Members::NoneLonger,
+            ),
+            (r#"{"result":{"ttl":null}}"#, Members::Other),
+            (r#"{"result":{"ttl":60001}}"#, Members::Other),
+            (r#"{"result":{"ttl":1e3}}"#, Members::Other),
+            (r#"{"result":{"ttl":1.5}}"#, Members::Other),
+            (r#"{"result":{"ttl":"5"}}"#, Members::Other),
+            (r#"{"result":{"ttl":-1}}"#, Members::Other),
             (
                 r#"{"result":{"a\"ttl":1,"ttl":99999999999999999999999}}"#,
-                false,
+                Members::Other,
             ),
         ] {
-            assert_eq!(
-                no_member_longer(json.as_bytes(), "ttl", cap),
-                fast,
-                "{json}"
-            );
+            assert_eq!(members_named(json.as_bytes(), "ttl", cap), fast, "{json}");
         }
         // Every case the fast path passes, the exact path leaves alone too.
         let record = TaskRecord {

@@ -143,13 +143,15 @@ impl<'a> TaskView<'a> {
     /// Whether `show_recorded_ttl` would leave the answer this view was read from as it is,
     /// for a record holding `recorded` as its ttl, decided from the view alone; `false` when the
     /// view cannot tell (the caller then asks `show_recorded_ttl`). True for a record without
-    /// a ttl, a `Task` without one, or a plain number no greater than the record's: the cases
-    /// in which `show_recorded_ttl` finds `result.ttl` absent or no longer than the record's.
+    /// a ttl, or a plain number no greater than the record's: the cases in which
+    /// `show_recorded_ttl` finds `result.ttl` no longer than the record's (a `Task` without one
+    /// gets the record's added).
     pub(super) fn shows_recorded_ttl(&self, recorded: Option<u64>) -> bool {
         match (recorded, self.ttl) {
-            (None, _) | (Some(_), TtlSeen::Absent) => true,
+            (None, _) => true,
             (Some(cap), TtlSeen::Plain(ttl)) => ttl <= cap,
-            (Some(_), TtlSeen::Unread | TtlSeen::Other) => false,
+            // A `Task` without its `ttl` gets the record's (`show_recorded_ttl`).
+            (Some(_), TtlSeen::Absent | TtlSeen::Unread | TtlSeen::Other) => false,
         }
     }
 }
