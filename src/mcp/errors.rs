@@ -368,8 +368,10 @@ pub enum McpError {
     },
     /// `-32603`: a bridged `tasks/result` stream ended without an answer to give.
     FollowUnanswered,
-    /// `-32603`: the 2026-07-28 upstream answered with a `CreateTaskResult` without a string
-    /// `taskId` and `status` (2026-07-28 tasks extension).
+    /// `-32603`: the upstream answered a creation with a `CreateTaskResult` without a string
+    /// `taskId`, or in the other era's shape (nothing to record or ask about). A missing or
+    /// unknown `status` is not refused: the task is recorded `working` and its answer passed on
+    /// as it came (its next `tasks/get` goes to the upstream).
     MalformedCreateTaskResult,
     /// `-32603`: the 2026-07-28 upstream did not answer `server/discover` (2026-07-28
     /// lifecycle), so taskgate cannot hold a 2025 session for it.
@@ -761,7 +763,7 @@ impl fmt::Display for McpError {
             ),
             FollowUnanswered => f.write_str("no answer"),
             MalformedCreateTaskResult => {
-                f.write_str("the upstream answered with a malformed CreateTaskResult (no string taskId, no status, or in the other protocol era's shape): not passed on, nothing recorded")
+                f.write_str("the upstream answered with a malformed CreateTaskResult (no string taskId, or in the other protocol era's shape): not passed on, nothing recorded")
             }
             DiscoverUnanswered => f.write_str(
                 "the 2026-07-28 upstream did not answer server/discover; taskgate cannot open a session for it",
