@@ -226,6 +226,13 @@ impl Config {
                 if let Some(proxy) = up.proxy.as_mut() {
                     check_proxy(&up.name, proxy)?;
                 }
+                if uri.port_u16() == Some(0) {
+                    return invalid(format!(
+                        "upstream {:?}: url {:?} has port 0, which no server listens on",
+                        up.name,
+                        redact_userinfo(&up.url)
+                    ));
+                }
                 if https {
                     check_upstream_tls(i, up, &uri)?;
                 } else if let Some(key) = tls_key_set(up) {
@@ -254,12 +261,18 @@ impl Config {
                 })?;
             }
             for (k, v) in up.headers.iter_mut() {
-                http::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
+                let name = http::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
                     ConfigError::Invalid(format!(
                         "upstream {:?}: header name {k:?} is not a valid HTTP header name",
                         up.name
                     ))
                 })?;
+                if RESERVED_UPSTREAM_HEADERS.contains(&name.as_str()) {
+                    return invalid(format!(
+                        "upstream {:?}: header {k:?} is set by taskgate itself (the message's framing, the connection, or the session it routes) and cannot be configured",
+                        up.name
+                    ));
+                }
                 *v = expand_env(v).map_err(|var| {
                     ConfigError::Invalid(format!(
                         "upstream {:?}: header {k:?} uses ${{{var}}}, but environment variable {var} is not set",
@@ -277,6 +290,21 @@ impl Config {
         Ok(())
     }
 }
+
+/// Header fields `upstream.headers` may not set: each request's own framing, the connection's
+/// (hop-by-hop, RFC 9110 §7.6.1) and the `Mcp-Session-Id` taskgate routes; one configured would
+/// be dropped or would break every exchange.
+const RESERVED_UPSTREAM_HEADERS: [&str; 9] = [
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "upgrade",
+    "te",
+    "trailer",
+    "proxy-connection",
+    "mcp-session-id",
+];
 
 /// `url` with the user information of its authority (`user:password@`) replaced by `***@`, so an
 /// error that quotes the url does not print the password.

@@ -488,6 +488,21 @@ fn https_upstreams_and_their_ca_file() {
             "{e}"
         );
     }
+    let e = err("url = \"http://127.0.0.1:0/mcp\"");
+    assert!(e.contains("port 0"), "{e}");
+    // Headers taskgate sets itself are refused; `Host` may be set (a virtual host).
+    for name in [
+        "Content-Length",
+        "transfer-encoding",
+        "Connection",
+        "Mcp-Session-Id",
+    ] {
+        let e = err(&format!(
+            "url = \"http://127.0.0.1:1/mcp\"\n[upstream.headers]\n{name:?} = \"1\""
+        ));
+        assert!(e.contains("set by taskgate itself"), "{name}: {e}");
+    }
+    ok("url = \"http://127.0.0.1:1/mcp\"\n[upstream.headers]\nHost = \"mcp.internal\"").unwrap();
     let uri = |u: &str| u.parse::<http::Uri>().unwrap();
     assert_eq!(upstream_authority(&uri("https://h/mcp")), "h:443");
     assert_eq!(upstream_authority(&uri("http://h/mcp")), "h:80");
