@@ -542,6 +542,12 @@ impl Message {
                         "`id` must not be null (MCP: request ids are strings or integers; a notification has no id)".into(),
                     ))
                 }
+                // serde_json reads it as a float: refused as such, not as "out of range".
+                None if raw_id == "-0" => {
+                    return Err(EnvelopeError::Invalid(
+                        "`id` -0 is read as a float (negative zero): send 0".into(),
+                    ))
+                }
                 None if is_integer_literal(raw_id) => {
                     return Err(EnvelopeError::Invalid(format!(
                         "`id` {raw_id} is an integer out of range: ids are taken from -9223372036854775808 to 18446744073709551615 (64 bits)"

@@ -574,6 +574,20 @@ async fn big_ids_encoded_bodies_and_a_bom_are_refused_saying_why() {
             .contains("out of range"),
         "{v}"
     );
+    // `-0` is no integer out of range: serde_json reads it as a float (cold tester, session 25).
+    let r = Req::mcp_post(
+        &gw.url("/mcp"),
+        r#"{"jsonrpc":"2.0","id":-0,"method":"ping"}"#,
+    )
+    .send()
+    .await;
+    assert_eq!(r.status(), 400);
+    let v = error_body(r).await;
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("send 0") && !message.contains("out of range"),
+        "{v}"
+    );
 
     for coding in ["gzip", "br, identity"] {
         let r = Req::mcp_post(&gw.url("/mcp"), rpc("1", "ping", "{}"))
