@@ -718,13 +718,14 @@ fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
         .map(|u| {
             let uri: http::Uri = u.url.parse().expect("validated url");
             // Through a proxy, what taskgate itself connects to is the proxy.
-            let authority = match u.proxy.as_deref().map(crate::config::ProxyUrl::parse) {
-                Some(Ok(proxy)) => proxy.authority,
-                _ => crate::config::upstream_authority(&uri),
+            let (authority, proxy) = match u.proxy.as_deref().map(crate::config::ProxyUrl::parse) {
+                Some(Ok(proxy)) => (proxy.authority, true),
+                _ => (crate::config::upstream_authority(&uri), false),
             };
             UpstreamTarget {
                 name: u.name.clone(),
                 authority,
+                proxy,
             }
         })
         .collect()
