@@ -141,9 +141,27 @@ impl ForcedExit {
     /// Exits the process with `code` now, or, while the store is being closed, as soon as it
     /// is (no close starts after this is called).
     pub async fn exit(&self, code: i32) -> ! {
-        let _closed = self.0.lock().await;
+        let _closed = self.no_close().await;
         std::process::exit(code)
     }
+
+    /// Once no store close is under way: held, none starts.
+    async fn no_close(&self) -> tokio::sync::OwnedMutexGuard<()> {
+        self.0.clone().lock_owned().await
+    }
+}
+
+/// Runs the store's `close` off the runtime (it flushes and joins the committer thread), holding
+/// `closing` ([`ForcedExit`]) until it has returned. The guard is the blocking task's, not this
+/// future's: after a third signal `main` polls the stop no more, and a guard kept here would
+/// never be released (the forced exit waiting for it forever).
+async fn close_store(closing: &Arc<tokio::sync::Mutex<()>>, close: impl FnOnce() + Send + 'static) {
+    let closing = closing.clone().lock_owned().await;
+    let _ = tokio::task::spawn_blocking(move || {
+        close();
+        drop(closing);
+    })
+    .await;
 }
 
 impl Running {
@@ -192,9 +210,8 @@ impl Running {
         }
         // Flushes and joins the committer thread: not on a runtime worker. A forced exit
         // waits for it (`ForcedExit`).
-        let _closing = self.closing.lock().await;
         if let Some(store) = self.sled {
-            let _ = tokio::task::spawn_blocking(move || store.close()).await;
+            close_store(&self.closing, move || store.close()).await;
         }
     }
 }
@@ -701,13 +718,14 @@ fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
         .map(|u| {
             let uri: http::Uri = u.url.parse().expect("validated url");
             // Through a proxy, what taskgate itself connects to is the proxy.
-            let authority = match u.proxy.as_deref().map(crate::config::ProxyUrl::parse) {
-                Some(Ok(proxy)) => proxy.authority,
-                _ => crate::config::upstream_authority(&uri),
+            let (authority, proxy) = match u.proxy.as_deref().map(crate::config::ProxyUrl::parse) {
+                Some(Ok(proxy)) => (proxy.authority, true),
+                _ => (crate::config::upstream_authority(&uri), false),
             };
             UpstreamTarget {
                 name: u.name.clone(),
                 authority,
+                proxy,
             }
         })
         .collect()
@@ -1050,4 +1068,44 @@ fn allowed_origins(extra: &[String], listen: SocketAddr) -> Option<Vec<String>> 
             .map(|o| o.trim_end_matches('/').to_ascii_lowercase()),
     );
     Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::FutureExt;
+
+    /// A third signal during the store's close: `main` stops polling the stop (the future that
+    /// runs the close) and waits in [`ForcedExit::exit`] for the close to end. That wait ends
+    /// when the close returns, though no one polls the stop any more. Before: the stop's future
+    /// held the lock across the close, so it was released only when that future was polled
+    /// again, which it never was: the process hung until `kill -9` (the signal handlers being
+    /// installed, further SIGTERMs did nothing).
+    #[tokio::test]
+    async fn a_forced_exit_sees_the_close_end_though_the_stop_is_not_polled() {
+        let closing = Arc::new(tokio::sync::Mutex::new(()));
+        let forced = ForcedExit(closing.clone());
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let stop = close_store(&closing, move || {
+            let _ = started_tx.send(());
+            let _ = release_rx.recv();
+        });
+        tokio::pin!(stop);
+        // The stop runs until its close has begun, then is polled no more (kept, not dropped).
+        tokio::select! {
+            () = &mut stop => panic!("the close returned before it was released"),
+            _ = started_rx => {}
+        }
+        let exit = forced.no_close();
+        tokio::pin!(exit);
+        assert!(
+            (&mut exit).now_or_never().is_none(),
+            "the exit waits for the close under way"
+        );
+        release_tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), exit)
+            .await
+            .expect("the forced exit still waits, 10 s after the close returned");
+    }
 }

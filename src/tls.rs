@@ -127,18 +127,10 @@ fn add_system_roots(section: &str, roots: &mut rustls::RootCertStore) -> Result<
     let (added, ignored) = roots.add_parsable_certificates(found.certs);
     let errors: Vec<String> = found.errors.iter().map(|e| e.to_string()).collect();
     if added == 0 {
-        let env = ["SSL_CERT_FILE", "SSL_CERT_DIR"]
-            .iter()
-            .filter_map(|v| {
-                let p = std::env::var_os(v).filter(|p| !p.is_empty())?;
-                Some(format!("{v}={}", p.to_string_lossy()))
-            })
-            .collect::<Vec<_>>();
-        let looked = if env.is_empty() {
-            "the platform's trust store".to_string()
-        } else {
-            env.join(", ")
-        };
+        let looked = looked_in(
+            std::env::var_os("SSL_CERT_FILE").as_deref(),
+            std::env::var_os("SSL_CERT_DIR").as_deref(),
+        );
         let why = if errors.is_empty() {
             String::new()
         } else {
@@ -159,6 +151,22 @@ fn add_system_roots(section: &str, roots: &mut rustls::RootCertStore) -> Result<
         );
     }
     Ok(())
+}
+
+/// Where `rustls-native-certs` looked, given `SSL_CERT_FILE` and `SSL_CERT_DIR`: as it does, a
+/// set `SSL_CERT_FILE` counts even when empty, an `SSL_CERT_DIR` by its non-empty entries; with
+/// either, the platform's own bundle and directory are not read.
+fn looked_in(file: Option<&std::ffi::OsStr>, dir: Option<&std::ffi::OsStr>) -> String {
+    let file = file.map(|p| format!("SSL_CERT_FILE={:?}", p.to_string_lossy()));
+    let dir = dir
+        .filter(|d| std::env::split_paths(d).any(|p| !p.as_os_str().is_empty()))
+        .map(|d| format!("SSL_CERT_DIR={:?}", d.to_string_lossy()));
+    let env: Vec<String> = file.into_iter().chain(dir).collect();
+    if env.is_empty() {
+        "the platform's trust store".to_string()
+    } else {
+        env.join(", ")
+    }
 }
 
 /// The certificate chain and private key of `auth`. Errors: either file cannot be read or holds
@@ -227,6 +235,25 @@ mod tests {
         };
         let err = client_config("upstream", beside, None, &[]).unwrap_err();
         assert!(err.contains("no PEM certificate"), "{err}");
+    }
+
+    /// The refusal of an empty system store names what `rustls-native-certs` read: a set
+    /// `SSL_CERT_FILE` is read even when empty (then nothing else is: the platform's bundle
+    /// is not), an `SSL_CERT_DIR` only for its non-empty entries. Before: an empty
+    /// `SSL_CERT_FILE` was left out and the error blamed "the platform's trust store", which
+    /// had not been read.
+    #[test]
+    fn the_system_store_refusal_names_what_was_read() {
+        use std::ffi::OsStr;
+        let os = |s: &'static str| Some(OsStr::new(s));
+        assert_eq!(looked_in(None, None), "the platform's trust store");
+        assert_eq!(looked_in(os(""), None), "SSL_CERT_FILE=\"\"");
+        assert_eq!(looked_in(None, os("")), "the platform's trust store");
+        assert_eq!(looked_in(None, os(":")), "the platform's trust store");
+        assert_eq!(
+            looked_in(os("/a.pem"), os("/d:/e")),
+            "SSL_CERT_FILE=\"/a.pem\", SSL_CERT_DIR=\"/d:/e\""
+        );
     }
 
     #[test]

@@ -587,4 +587,18 @@ async fn readyz_of_a_proxied_upstream_connects_to_the_proxy() {
     let direct = Tg::start(|store| cfg.to_toml(store)).await;
     let (status, v) = direct.admin("/readyz").await;
     assert_eq!(status, 503, "{v}");
+    // A proxy that is down: the reason names the proxy, not only "unreachable", which read as
+    // the upstream being down (found by the cold review: "unreachable: Connection refused").
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone_addr = gone.local_addr().unwrap();
+    drop(gone);
+    let extra = format!("proxy = \"http://{gone_addr}\"\n");
+    let down = Tg::start(|store| cfg.to_toml(store) + &extra).await;
+    let (status, v) = down.admin("/readyz").await;
+    assert_eq!(status, 503, "{v}");
+    let why = v["upstreams"]["default"].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with("unreachable: proxy ") && why.contains(&gone_addr.to_string()),
+        "{v}"
+    );
 }

@@ -206,13 +206,17 @@ impl Config {
                 validate_command(i, up)?;
             } else {
                 let uri: http::Uri = up.url.parse().map_err(|e| {
-                    ConfigError::Invalid(format!("upstream {:?}: url {:?}: {e}", up.name, up.url))
+                    ConfigError::Invalid(format!(
+                        "upstream {:?}: url {:?}: {e}",
+                        up.name,
+                        redact_userinfo(&up.url)
+                    ))
                 })?;
                 let https = uri.scheme_str() == Some("https");
                 if !(https || uri.scheme_str() == Some("http")) || uri.authority().is_none() {
                     return invalid(format!(
                         "upstream {:?}: url {:?} must be http://host[:port]/path or https://host[:port]/path",
-                        up.name, up.url
+                        up.name, redact_userinfo(&up.url)
                     ));
                 }
                 // `user:password@` would go up in `Host` (the authority as written) and sit in

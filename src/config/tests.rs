@@ -503,6 +503,15 @@ fn https_upstreams_and_their_ca_file() {
         assert!(e.contains("set by taskgate itself"), "{name}: {e}");
     }
     ok("url = \"http://127.0.0.1:1/mcp\"\n[upstream.headers]\nHost = \"mcp.internal\"").unwrap();
+    // Nor in the errors of a url refused for something else (its scheme, its syntax).
+    for url in [
+        "ftp://u:secret@h/mcp",
+        "http://u:secret@h:99999999/mcp",
+        "http://u:secret@h:1/m cp",
+    ] {
+        let e = err(&format!("url = {url:?}"));
+        assert!(e.contains("url") && !e.contains("secret"), "{e}");
+    }
     let uri = |u: &str| u.parse::<http::Uri>().unwrap();
     assert_eq!(upstream_authority(&uri("https://h/mcp")), "h:443");
     assert_eq!(upstream_authority(&uri("http://h/mcp")), "h:80");

@@ -36,6 +36,8 @@ pub struct UpstreamTarget {
     pub name: String,
     /// `host:port` to connect to.
     pub authority: String,
+    /// Whether `authority` is the upstream's proxy (`upstream.proxy`): its failures say so.
+    pub proxy: bool,
 }
 
 /// A readiness check that is not a TCP connect (a stdio upstream: is its child live?):
@@ -290,10 +292,15 @@ impl Admin {
                 tokio::net::TcpStream::connect(u.authority.as_str()),
             )
             .await;
+            let via = if u.proxy {
+                format!("proxy {}: ", u.authority)
+            } else {
+                String::new()
+            };
             let status = match result {
                 Ok(Ok(_)) => "ok".to_string(),
-                Ok(Err(e)) => format!("unreachable: {e}"),
-                Err(_) => "unreachable: connect timed out after 1 s".to_string(),
+                Ok(Err(e)) => format!("unreachable: {via}{e}"),
+                Err(_) => format!("unreachable: {via}connect timed out after 1 s"),
             };
             (u.name.clone(), status)
         });

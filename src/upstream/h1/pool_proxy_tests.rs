@@ -15,6 +15,8 @@ enum Act {
     Tunnel,
     /// `407 Proxy Authentication Required`, then close.
     Refuse407,
+    /// `401 Unauthorized` (tinyproxy's answer to a `CONNECT` without good credentials), then close.
+    Refuse401,
     /// The start of a 200 status line, then close.
     CloseMidHead,
     /// A status line and 9000 bytes of one header, no end of head; stays open.
@@ -74,6 +76,13 @@ impl TestProxy {
                                     b"HTTP/1.1 407 Proxy Authentication Required\r\n\
                                       Proxy-Authenticate: Basic realm=\"corp\"\r\n\
                                       Content-Length: 0\r\n\r\n",
+                                )
+                                .await;
+                        }
+                        Act::Refuse401 => {
+                            let _ = client
+                                .write_all(
+                                    b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n",
                                 )
                                 .await;
                         }
@@ -196,6 +205,30 @@ async fn a_407_names_the_proxy_and_never_the_credentials() {
     );
     assert_eq!(server.accepted(), 0);
     assert_eq!(pool.open.load(Ordering::SeqCst), 0);
+}
+
+/// tinyproxy answers a `CONNECT` without credentials, or with wrong ones, `401 Unauthorized`, not
+/// 407: the error says what a 407 says. Before: "refused CONNECT with 401 Unauthorized" alone
+/// (found against tinyproxy 1.11 with `BasicAuth`).
+#[tokio::test]
+async fn a_401_to_connect_is_about_the_credentials_too() {
+    let server = super::tests::counting_server().await;
+    let proxy = TestProxy::start(Act::Refuse401).await;
+    let pool = proxied_pool(server.addr, &proxy.url(), None, Duration::from_secs(5));
+    let err = fetch(&pool).await.unwrap_err();
+    assert!(
+        err.contains("401 Unauthorized") && err.contains("needs authentication"),
+        "{err}"
+    );
+    let with = format!("http://alice:wrong@{}", proxy.addr);
+    let pool = proxied_pool(server.addr, &with, None, Duration::from_secs(5));
+    let err = fetch(&pool).await.unwrap_err();
+    assert!(
+        err.contains("401 Unauthorized") && err.contains("did not accept the credentials"),
+        "{err}"
+    );
+    assert!(!err.contains("wrong") && !err.contains("alice"), "{err}");
+    assert_eq!(server.accepted(), 0);
 }
 
 /// A proxy that closes in the middle of its answer, one whose answer head never ends within

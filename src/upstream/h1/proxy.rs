@@ -8,9 +8,10 @@
 //! The proxy's answer head is read whole before anything else is sent, bounded by
 //! [`MAX_ANSWER_HEAD`] bytes and by the connect timeout (the pool's deadline covers the proxy's
 //! TCP connect, the tunnel and the TLS handshake). A non-2xx answer fails the connection naming
-//! the proxy's status (407: credentials needed or refused). A proxy that closes mid-answer,
-//! answers with something that is not HTTP/1, sends a head longer than the bound, or sends bytes
-//! past its 2xx answer (nothing may come before the client speaks) fails it too, naming why.
+//! the proxy's status (407, or tinyproxy's 401: credentials needed or refused). A proxy that
+//! closes mid-answer, answers with something that is not HTTP/1, sends a head longer than the
+//! bound, or sends bytes past its 2xx answer (nothing may come before the client speaks) fails
+//! it too, naming why.
 //!
 //! Credentials: the proxy URL's userinfo (percent-decoded) becomes `Proxy-Authorization: Basic`.
 //! They are never part of an error or a log line: the proxy is named by its `host:port` only.
@@ -122,11 +123,12 @@ impl Proxy {
             }
             return Ok(());
         }
+        // 407 is the standard answer; tinyproxy answers a CONNECT it wants credentials for 401.
         let hint = match code {
-            407 if self.credentials => {
+            401 | 407 if self.credentials => {
                 ": the proxy did not accept the credentials in upstream.proxy"
             }
-            407 => {
+            401 | 407 => {
                 ": the proxy needs authentication; give its credentials in upstream.proxy as http://user:password@host:port"
             }
             _ => "",
