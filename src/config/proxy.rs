@@ -57,6 +57,10 @@ impl ProxyUrl {
             Some((userinfo, _)) => {
                 let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
                 let mut pair = percent_decode(user)?;
+                // Basic's `user:password` splits at the first colon (RFC 7617 §2).
+                if pair.contains(&b':') {
+                    return Err("has a user name with a colon (%3A), which Basic authentication cannot carry".into());
+                }
                 pair.push(b':');
                 pair.extend_from_slice(&percent_decode(password)?);
                 Some(format!(
@@ -132,6 +136,7 @@ mod tests {
                 "% not followed by two hex digits",
             ),
             ("not a url at all", "is not a URL"),
+            ("http://u%3Av:secret@proxy:3128", "a user name with a colon"),
         ] {
             let err = ProxyUrl::parse(url).unwrap_err();
             assert!(err.contains(why), "{url}: {err}");
