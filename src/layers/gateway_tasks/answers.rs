@@ -106,7 +106,11 @@ fn get(state: &GatewayTasksState, record: &TaskRecord, id: &Id, era: Era) -> Mcp
         }
     }
     match (record.status, state.outcome(&record.task_id)) {
-        (TaskStatus::Completed, Some(Outcome::Result(r))) => task["result"] = (*r).clone(),
+        (TaskStatus::Completed, Some(Outcome::Result(r))) => {
+            // The result's own bytes, not read again (see `Outcome::Result`).
+            let task = super::held::with_member(&task, "result", &r);
+            return McpReply::local_json(jsonrpc::result_response(id, &task));
+        }
         (TaskStatus::Failed, Some(Outcome::Error(e))) => task["error"] = (*e).clone(),
         (TaskStatus::Completed, _) => {
             let task_id = record.task_id.clone();
@@ -155,7 +159,9 @@ async fn result(state: &Arc<GatewayTasksState>, mut record: Arc<TaskRecord>, id:
         }
     }
     match (record.status, state.outcome(&record.task_id)) {
-        (TaskStatus::Completed, Some(Outcome::Result(r))) => json_reply(id, &r),
+        (TaskStatus::Completed, Some(Outcome::Result(r))) => {
+            McpReply::local_json(jsonrpc::result_response(id, &r))
+        }
         (TaskStatus::Completed, _) => match record.terminal_result.as_deref() {
             Some(stored) => McpReply::local_json(jsonrpc::result_response(id, stored)),
             None => {
@@ -292,16 +298,6 @@ fn modern_fields(task: &Value) -> Value {
         if let Some(p) = o.remove("pollInterval") {
             o.insert("pollIntervalMs".into(), p);
         }
-    }
-    out
-}
-
-/// A `CallToolResult` with `_meta["io.modelcontextprotocol/related-task"]` naming `task_id`
-/// (2025-11-25: a `tasks/result` answer carries it), other `_meta` members kept.
-pub(super) fn with_related_task(result: &Value, task_id: &str) -> Value {
-    let mut out = result.clone();
-    if let Some(o) = out.as_object_mut() {
-        crate::mcp::task::set_related_task(o, task_id);
     }
     out
 }

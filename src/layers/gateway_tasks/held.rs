@@ -2,13 +2,14 @@
 //! record written durably, the `CreateTaskResult` answered, the plain `tools/call` sent upstream
 //! under taskgate's id and held on a task of its own until it ends, is cancelled, or expires.
 
-use super::answers::{create_result, detailed_task, id_value, with_related_task};
+use super::answers::{create_result, detailed_task, id_value};
 use super::{GatewayTasksState, Live, Outcome, POLL_INTERVAL_MS};
 use crate::exchange::{Deadline, GatewayError, HeldTask, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, splice, Id, Message};
 use crate::layers::extensions::{PendingCreation, RelaysUpstreamRequests};
-use crate::layers::relay::mrtr::{is_input_required, MAX_ROUNDS};
-use crate::layers::relay::read_to_answer;
+use crate::layers::observe::lenient_value;
+use crate::layers::relay::mrtr::MAX_ROUNDS;
+use crate::layers::relay::read_to_raw_answer;
 use crate::layers::McpService;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
@@ -219,7 +220,7 @@ async fn take_lease(
 }
 
 /// `object`'s JSON text with one more member `name`: `raw` (JSON text, not parsed again).
-fn with_member(object: &Value, name: &str, raw: &str) -> String {
+pub(super) fn with_member(object: &Value, name: &str, raw: &str) -> String {
     let mut text = object.to_string();
     if text.ends_with('}') {
         text.pop();
@@ -229,6 +230,55 @@ fn with_member(object: &Value, name: &str, raw: &str) -> String {
         text.push_str(&format!("{}:{raw}}}", Value::from(name)));
     }
     text
+}
+
+/// Whether an answer (JSON text) is a 2026-07-28 `input_required` result (MRTR).
+fn asks_for_input(answer: &[u8]) -> bool {
+    splice::raw_at(answer, &["result", "resultType"])
+        .ok()
+        .flatten()
+        .and_then(|t| serde_json::from_str::<String>(t.get()).ok())
+        .is_some_and(|t| t == "input_required")
+}
+
+/// The `CallToolResult` `result` (JSON object text) with the related-task `_meta` naming
+/// `task_id` (2025-11-25 `tasks/result`), every other byte as it came. `None` when `result` is
+/// not an object, or its `_meta` is not one that can be read.
+pub(super) fn with_related_task_raw(result: &str, task_id: &str) -> Option<String> {
+    let bytes = result.as_bytes();
+    let related = json!({ "taskId": task_id }).to_string();
+    let key = Value::from(crate::mcp::task::RELATED_TASK_META).to_string();
+    let with = match splice::raw_at(bytes, &["_meta"]).ok()? {
+        None => {
+            let inner = result.trim().strip_prefix('{')?.strip_suffix('}')?;
+            let sep = if inner.trim().is_empty() { "" } else { "," };
+            Bytes::from(format!("{{\"_meta\":{{{key}:{related}}}{sep}{inner}}}"))
+        }
+        Some(meta) if meta.get().starts_with('{') => {
+            let has_key = splice::raw_at(
+                meta.get().as_bytes(),
+                &[crate::mcp::task::RELATED_TASK_META],
+            )
+            .ok()?
+            .is_some();
+            if has_key {
+                // The server's own related-task entry is replaced: read `_meta` whole (it is
+                // metadata, shallow), set the key, put it back in its place.
+                let mut object: serde_json::Map<String, Value> =
+                    serde_json::from_str(meta.get()).ok()?;
+                object.insert(
+                    crate::mcp::task::RELATED_TASK_META.into(),
+                    json!({ "taskId": task_id }),
+                );
+                let range = splice::span_of_str(bytes, meta.get())?;
+                splice::splice(bytes, range, Value::Object(object).to_string().as_bytes())
+            } else {
+                splice::insert_first(bytes, meta.get(), &format!("{key}:{related}"))?
+            }
+        }
+        Some(_) => return None,
+    };
+    String::from_utf8(with.to_vec()).ok()
 }
 
 /// `tgt-` and 32 random hex digits: unguessable (a 2026-07-28 task without auth has no other key).
@@ -324,7 +374,7 @@ struct Held {
 
 /// How the wait on a held call ended.
 enum Ended {
-    Answer(Result<Option<Value>, GatewayError>),
+    Answer(Result<Option<Bytes>, GatewayError>),
     Cancelled,
     Expired,
 }
@@ -369,7 +419,9 @@ impl Held {
                         round_live.session.as_deref(),
                     );
                 }
-                let (answer, _rest) = read_to_answer(reply, &own_id, |ev| {
+                // Kept as the bytes that came: a result nested past serde_json's 128 levels
+                // is still the call's result (cold test, session 25).
+                let (answer, _rest) = read_to_raw_answer(reply, &own_id, |ev| {
                     let (progress, inner, out) =
                         (progress.clone(), answer_inner.clone(), out.clone());
                     async move {
@@ -381,7 +433,11 @@ impl Held {
                 // A 2026-07-28 upstream asking for input within the call (MRTR): relayed to the
                 // client as the task's input requests, then the call sent again (`input`).
                 let answer = match answer {
-                    Some(a) if is_input_required(&a) => a,
+                    Some(a) if asks_for_input(&a) => {
+                        // An `input_required` answer is read whole (its input requests and
+                        // state are relayed); one nested too deep to read has none usable.
+                        lenient_value(&a).unwrap_or(Value::Null)
+                    }
                     other => return Ok(other),
                 };
                 let why = if round > MAX_ROUNDS {
@@ -404,8 +460,11 @@ impl Held {
                         Err(why) => why,
                     }
                 };
-                return Ok(Some(json!({"jsonrpc": "2.0", "id": id_value(&own_id),
-                    "error": {"code": jsonrpc::INTERNAL_ERROR, "message": why}})));
+                return Ok(Some(Bytes::from(
+                    json!({"jsonrpc": "2.0", "id": id_value(&own_id),
+                    "error": {"code": jsonrpc::INTERNAL_ERROR, "message": why}})
+                    .to_string(),
+                )));
             }
             Ok(None)
         });
@@ -465,8 +524,10 @@ impl Held {
     }
 
     /// Applies how the call ended: a result is `completed`, a JSON-RPC error `failed`,
-    /// anything else `failed` saying why; the outcome kept for `tasks/result`.
-    async fn finish(&self, answer: Result<Option<Value>, GatewayError>) {
+    /// anything else `failed` saying why; the outcome kept for `tasks/result`. The answer is
+    /// read member by member from its bytes, and the result kept is a slice of them (never a
+    /// `Value` serialised again): a result nested past serde_json's 128 levels is kept exactly.
+    async fn finish(&self, answer: Result<Option<Bytes>, GatewayError>) {
         let task_id = &self.record.task_id;
         let answer = match answer {
             Ok(Some(a)) => a,
@@ -477,22 +538,35 @@ impl Held {
             }
             Err(e) => return self.fail(&e.to_string()).await,
         };
-        if let Some(error) = answer.get("error").filter(|e| e.is_object()) {
+        let member = |name: &str| {
+            splice::raw_at(&answer, &[name])
+                .ok()
+                .flatten()
+                .map(|r| r.get())
+                .filter(|r| r.starts_with('{'))
+        };
+        if let Some(error) = member("error") {
+            // An error object is read whole (its members too deep to read as `null`).
+            let error = lenient_value(error.as_bytes()).unwrap_or(Value::Null);
             let message = error
                 .get("message")
                 .and_then(Value::as_str)
                 .unwrap_or("the call failed")
                 .to_string();
-            let outcome = Outcome::Error(Arc::new(error.clone()));
+            let outcome = Outcome::Error(Arc::new(error));
             self.end(TaskStatus::Failed, &message, outcome).await;
             return;
         }
-        let Some(result) = answer.get("result").filter(|r| r.is_object()) else {
+        let Some(result) = member("result") else {
             return self
                 .fail("the upstream answered the call with neither a result nor an error")
                 .await;
         };
-        if result.get("resultType").and_then(Value::as_str) == Some("task") {
+        let result_type = splice::raw_at(result.as_bytes(), &["resultType"])
+            .ok()
+            .flatten()
+            .and_then(|t| serde_json::from_str::<String>(t.get()).ok());
+        if result_type.as_deref() == Some("task") {
             self.state.learn(true);
             return self
                 .fail("the upstream created a task of its own for the plain call; set upstream.tasks = \"upstream\"")
@@ -500,11 +574,18 @@ impl Held {
         }
         // 2025-11-25: a `tasks/result` answer carries the related-task `_meta`; 2026-07-28 has
         // no such key (the result sits inside the task it belongs to).
-        let result = match self.record.era {
-            Era::Legacy => with_related_task(result, task_id),
-            Era::Modern => result.clone(),
+        let result: Arc<str> = match self.record.era {
+            Era::Legacy => match with_related_task_raw(result, task_id) {
+                Some(r) => r.into(),
+                None => {
+                    return self
+                        .fail("the upstream's result could not be read to add the task's _meta")
+                        .await
+                }
+            },
+            Era::Modern => result.into(),
         };
-        self.end(TaskStatus::Completed, "", Outcome::Result(Arc::new(result)))
+        self.end(TaskStatus::Completed, "", Outcome::Result(result))
             .await;
     }
 
@@ -527,7 +608,8 @@ impl Held {
             self.record.task_id.as_str(),
         );
         let text = match &outcome {
-            Outcome::Result(v) | Outcome::Error(v) => v.to_string(),
+            Outcome::Result(raw) => raw.to_string(),
+            Outcome::Error(v) => v.to_string(),
         };
         let now = format_rfc3339_ms(now_ms());
         // What the record keeps: 2025 the outcome itself; 2026 the `DetailedTask` with the
@@ -592,9 +674,11 @@ impl Held {
     /// Awaited before the held call lets go of its task (its release follows), so whoever
     /// sees the task released sees its late result too (review 20 #8: written by a task of its
     /// own, a test had to sleep for it).
-    async fn late(&self, answer: Result<Option<Value>, GatewayError>) {
+    async fn late(&self, answer: Result<Option<Bytes>, GatewayError>) {
         let status = match &answer {
-            Ok(Some(a)) if a.get("result").is_some() => TaskStatus::Completed,
+            Ok(Some(a)) if matches!(splice::raw_at(a, &["result"]), Ok(Some(_))) => {
+                TaskStatus::Completed
+            }
             _ => return,
         };
         self.state
