@@ -2,7 +2,7 @@
 //! record written durably, the `CreateTaskResult` answered, the plain `tools/call` sent upstream
 //! under taskgate's id and held on a task of its own until it ends, is cancelled, or expires.
 
-use super::answers::{create_result, detailed_task, id_value};
+use super::answers::{create_result, detailed_task, id_value, with_member, with_related_task_raw};
 use super::{GatewayTasksState, Live, Outcome, POLL_INTERVAL_MS};
 use crate::exchange::{Deadline, GatewayError, HeldTask, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, splice, Id, Message};
@@ -219,19 +219,6 @@ async fn take_lease(
         })
 }
 
-/// `object`'s JSON text with one more member `name`: `raw` (JSON text, not parsed again).
-pub(super) fn with_member(object: &Value, name: &str, raw: &str) -> String {
-    let mut text = object.to_string();
-    if text.ends_with('}') {
-        text.pop();
-        if text.len() > 1 {
-            text.push(',');
-        }
-        text.push_str(&format!("{}:{raw}}}", Value::from(name)));
-    }
-    text
-}
-
 /// Whether an answer (JSON text) is a 2026-07-28 `input_required` result (MRTR).
 fn asks_for_input(answer: &[u8]) -> bool {
     splice::raw_at(answer, &["result", "resultType"])
@@ -239,46 +226,6 @@ fn asks_for_input(answer: &[u8]) -> bool {
         .flatten()
         .and_then(|t| serde_json::from_str::<String>(t.get()).ok())
         .is_some_and(|t| t == "input_required")
-}
-
-/// The `CallToolResult` `result` (JSON object text) with the related-task `_meta` naming
-/// `task_id` (2025-11-25 `tasks/result`), every other byte as it came. `None` when `result` is
-/// not an object, or its `_meta` is not one that can be read.
-pub(super) fn with_related_task_raw(result: &str, task_id: &str) -> Option<String> {
-    let bytes = result.as_bytes();
-    let related = json!({ "taskId": task_id }).to_string();
-    let key = Value::from(crate::mcp::task::RELATED_TASK_META).to_string();
-    let with = match splice::raw_at(bytes, &["_meta"]).ok()? {
-        None => {
-            let inner = result.trim().strip_prefix('{')?.strip_suffix('}')?;
-            let sep = if inner.trim().is_empty() { "" } else { "," };
-            Bytes::from(format!("{{\"_meta\":{{{key}:{related}}}{sep}{inner}}}"))
-        }
-        Some(meta) if meta.get().starts_with('{') => {
-            let has_key = splice::raw_at(
-                meta.get().as_bytes(),
-                &[crate::mcp::task::RELATED_TASK_META],
-            )
-            .ok()?
-            .is_some();
-            if has_key {
-                // The server's own related-task entry is replaced: read `_meta` whole (it is
-                // metadata, shallow), set the key, put it back in its place.
-                let mut object: serde_json::Map<String, Value> =
-                    serde_json::from_str(meta.get()).ok()?;
-                object.insert(
-                    crate::mcp::task::RELATED_TASK_META.into(),
-                    json!({ "taskId": task_id }),
-                );
-                let range = splice::span_of_str(bytes, meta.get())?;
-                splice::splice(bytes, range, Value::Object(object).to_string().as_bytes())
-            } else {
-                splice::insert_first(bytes, meta.get(), &format!("{key}:{related}"))?
-            }
-        }
-        Some(_) => return None,
-    };
-    String::from_utf8(with.to_vec()).ok()
 }
 
 /// `tgt-` and 32 random hex digits: unguessable (a 2026-07-28 task without auth has no other key).

@@ -231,7 +231,7 @@ async fn a_gateway_tasks_end_and_its_outcome_are_one_write() {
 fn the_related_task_meta_is_spliced_into_the_results_bytes() {
     let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
     let result = format!(r#"{{"content":[],"structuredContent":{{"v":{deep}}}}}"#);
-    let with = held::with_related_task_raw(&result, "t1").expect("spliced");
+    let with = answers::with_related_task_raw(&result, "t1").expect("spliced");
     assert_eq!(
         with,
         format!(
@@ -239,14 +239,14 @@ fn the_related_task_meta_is_spliced_into_the_results_bytes() {
         )
     );
     assert_eq!(
-        held::with_related_task_raw("{}", "t1").as_deref(),
+        answers::with_related_task_raw("{}", "t1").as_deref(),
         Some(r#"{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"t1"}}}"#)
     );
     assert_eq!(
-        held::with_related_task_raw(r#"{"_meta":{"a":1},"x":2}"#, "t1").as_deref(),
+        answers::with_related_task_raw(r#"{"_meta":{"a":1},"x":2}"#, "t1").as_deref(),
         Some(r#"{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"t1"},"a":1},"x":2}"#)
     );
-    let replaced = held::with_related_task_raw(
+    let replaced = answers::with_related_task_raw(
         r#"{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"other"}},"x":2}"#,
         "t1",
     )
@@ -257,5 +257,5 @@ fn the_related_task_meta_is_spliced_into_the_results_bytes() {
         "t1"
     );
     assert_eq!(v["x"], 2);
-    assert!(held::with_related_task_raw("[]", "t1").is_none());
+    assert!(answers::with_related_task_raw("[]", "t1").is_none());
 }
