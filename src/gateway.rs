@@ -435,7 +435,14 @@ fn build_stack(
     // A `command` upstream is a supervised child process (upstream::stdio); a `url` one
     // Streamable HTTP.
     let idle = Duration::from_millis(config.gateway.session_idle_ms);
-    let (upstream, stdio) = match StdioTransport::new(u, shared.metrics.clone(), idle) {
+    // A principal's per_session children count against its share of sessions too.
+    let caps = crate::upstream::stdio::ChildCaps {
+        max_children: crate::upstream::stdio::MAX_CHILDREN,
+        per_principal: config
+            .limits
+            .sessions_per_principal(config.gateway.max_sessions),
+    };
+    let (upstream, stdio) = match StdioTransport::with_caps(u, shared.metrics.clone(), idle, caps) {
         Some(t) => {
             let handle = t.handle();
             (Upstream::new(t), Some(handle))

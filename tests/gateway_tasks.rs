@@ -95,6 +95,8 @@ fn no_tasks_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse 
                     Some("heed") => format!(
                         r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":0,"message":"Request cancelled"}}}}"#
                     ),
+                    // A valid result nested past serde_json's 128 levels.
+                    Some("deep") => rpc_result(&id, &deep_result()),
                     _ => rpc_result(&id, r#"{"content":[{"type":"text","text":"done"}]}"#),
                 };
                 let ask = r#"{"jsonrpc":"2.0","id":"elicit-1","method":"elicitation/create","params":{"message":"ok?","requestedSchema":{"type":"object","properties":{}}}}"#;
@@ -118,6 +120,16 @@ fn no_tasks_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse 
             _ => mcp_handler(req),
         }
     }
+}
+
+/// The `deep` tool's `CallToolResult`: `structuredContent` nested 200 levels (arrays), past
+/// serde_json's 128-level limit, written with spaces a re-serialisation would drop.
+fn deep_result() -> String {
+    format!(
+        r#"{{"content":[{{"type":"text","text":"deep"}}], "structuredContent":{{"v":{}1{}}}}}"#,
+        "[ ".repeat(200),
+        " ]".repeat(200)
+    )
 }
 
 /// taskgate with `tasks = "gateway"` in front of [`no_tasks_server`] (a short quiet window).
@@ -1570,4 +1582,58 @@ async fn a_session_id_issued_again_is_not_gone() {
         "a live session's task-augmented call was answered as gone: {v}"
     );
     assert_eq!(v["result"]["task"]["status"], "working", "{v}");
+}
+
+/// Cold test: a tool result nested past serde_json's 128 levels ended the gateway task `failed`
+/// ("the upstream's answer ended without the call's result": its answer read into a `Value`),
+/// while the same call without a task passed. It completes, and `tasks/result` answers it
+/// byte for byte as the server sent it, with the related-task `_meta` spliced in.
+#[tokio::test]
+async fn a_result_nested_past_serdes_limit_completes_byte_exact() {
+    let (_up, gate, tg) = setup(false).await;
+    gate.open();
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = task_id_of(&create_call(&c, "1", "deep").await);
+    let r = c
+        .send(rpc(
+            "2",
+            "tasks/result",
+            &json!({ "taskId": t }).to_string(),
+        ))
+        .await;
+    assert_eq!(r.status(), 200);
+    let text = answer_text(&r.text().await);
+    let upstream = deep_result();
+    let expected = format!(
+        r#"{{"jsonrpc":"2.0","id":2,"result":{{"_meta":{{"io.modelcontextprotocol/related-task":{{"taskId":"{t}"}}}},{}}}"#,
+        upstream.strip_prefix('{').expect("an object")
+    );
+    assert_eq!(text, expected);
+    let g = c.get("3", &t).await;
+    assert_eq!(g["result"]["status"], "completed", "{g}");
+    // Served again, the same bytes.
+    let again = c
+        .send(rpc(
+            "2",
+            "tasks/result",
+            &json!({ "taskId": t }).to_string(),
+        ))
+        .await
+        .text()
+        .await;
+    assert_eq!(answer_text(&again), expected);
+}
+
+/// The answer (id 2) in a body: the JSON body itself, or its SSE event's data (the task's
+/// status notifications may come first).
+fn answer_text(body: &str) -> String {
+    if body.starts_with('{') {
+        return body.to_string();
+    }
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .find(|d| !d.contains(r#""method":"#) && d.contains(r#""id":2"#))
+        .unwrap_or_else(|| panic!("no answer in {body}"))
+        .to_string()
 }

@@ -27,7 +27,9 @@
 //! refusing: many clients never send `DELETE`, so a refusal would lock a principal out for
 //! `gateway.session_idle_ms` (an hour by default) after enough ordinary reconnects, while the
 //! session given up is one its own clients used least recently. So no principal can fill the
-//! table: the others' `initialize`s keep succeeding.
+//! table: the others' `initialize`s keep succeeding. (This table only forgets a session; a
+//! `per_session` stdio upstream applies the same share to its children itself, ending the
+//! child of the principal's least recently used session: `upstream::stdio`.)
 
 use crate::exchange::{McpReply, McpRequest, Operation, Principal, ReplyBody, Tenant};
 use crate::jsonrpc::Id;

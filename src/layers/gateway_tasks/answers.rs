@@ -5,7 +5,7 @@
 
 use super::{GatewayTasksState, Outcome, RESULT_POLL};
 use crate::exchange::{McpReply, McpRequest};
-use crate::jsonrpc::{self, Id};
+use crate::jsonrpc::{self, splice, Id};
 use crate::layers::cancel::MODERN_ACK;
 use crate::layers::extensions::AuthorisedTask;
 use crate::mcp::era::Era;
@@ -14,6 +14,7 @@ use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::LocalReason;
 use crate::registry::Observed;
 use crate::store::TaskRecord;
+use bytes::Bytes;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -106,7 +107,11 @@ fn get(state: &GatewayTasksState, record: &TaskRecord, id: &Id, era: Era) -> Mcp
         }
     }
     match (record.status, state.outcome(&record.task_id)) {
-        (TaskStatus::Completed, Some(Outcome::Result(r))) => task["result"] = (*r).clone(),
+        (TaskStatus::Completed, Some(Outcome::Result(r))) => {
+            // The result's own bytes, not read again (see `Outcome::Result`).
+            let task = with_member(&task, "result", &r);
+            return McpReply::local_json(jsonrpc::result_response(id, &task));
+        }
         (TaskStatus::Failed, Some(Outcome::Error(e))) => task["error"] = (*e).clone(),
         (TaskStatus::Completed, _) => {
             let task_id = record.task_id.clone();
@@ -155,7 +160,9 @@ async fn result(state: &Arc<GatewayTasksState>, mut record: Arc<TaskRecord>, id:
         }
     }
     match (record.status, state.outcome(&record.task_id)) {
-        (TaskStatus::Completed, Some(Outcome::Result(r))) => json_reply(id, &r),
+        (TaskStatus::Completed, Some(Outcome::Result(r))) => {
+            McpReply::local_json(jsonrpc::result_response(id, &r))
+        }
         (TaskStatus::Completed, _) => match record.terminal_result.as_deref() {
             Some(stored) => McpReply::local_json(jsonrpc::result_response(id, stored)),
             None => {
@@ -296,17 +303,60 @@ fn modern_fields(task: &Value) -> Value {
     out
 }
 
-/// A `CallToolResult` with `_meta["io.modelcontextprotocol/related-task"]` naming `task_id`
-/// (2025-11-25: a `tasks/result` answer carries it), other `_meta` members kept.
-pub(super) fn with_related_task(result: &Value, task_id: &str) -> Value {
-    let mut out = result.clone();
-    if let Some(o) = out.as_object_mut() {
-        crate::mcp::task::set_related_task(o, task_id);
-    }
-    out
-}
-
 /// A JSON-RPC id as a JSON value (its type kept).
 pub(super) fn id_value(id: &Id) -> Value {
     serde_json::from_str(id.as_json()).unwrap_or(Value::Null)
+}
+
+/// `object`'s JSON text with one more member `name`: `raw` (JSON text, not parsed again).
+pub(super) fn with_member(object: &Value, name: &str, raw: &str) -> String {
+    let mut text = object.to_string();
+    if text.ends_with('}') {
+        text.pop();
+        if text.len() > 1 {
+            text.push(',');
+        }
+        text.push_str(&format!("{}:{raw}}}", Value::from(name)));
+    }
+    text
+}
+
+/// The `CallToolResult` `result` (JSON object text) with the related-task `_meta` naming
+/// `task_id` (2025-11-25 `tasks/result`), every other byte as it came. `None` when `result` is
+/// not an object, or its `_meta` is not one that can be read.
+pub(super) fn with_related_task_raw(result: &str, task_id: &str) -> Option<String> {
+    let bytes = result.as_bytes();
+    let related = json!({ "taskId": task_id }).to_string();
+    let key = Value::from(crate::mcp::task::RELATED_TASK_META).to_string();
+    let with = match splice::raw_at(bytes, &["_meta"]).ok()? {
+        None => {
+            let inner = result.trim().strip_prefix('{')?.strip_suffix('}')?;
+            let sep = if inner.trim().is_empty() { "" } else { "," };
+            Bytes::from(format!("{{\"_meta\":{{{key}:{related}}}{sep}{inner}}}"))
+        }
+        Some(meta) if meta.get().starts_with('{') => {
+            let has_key = splice::raw_at(
+                meta.get().as_bytes(),
+                &[crate::mcp::task::RELATED_TASK_META],
+            )
+            .ok()?
+            .is_some();
+            if has_key {
+                // The server's own related-task entry is replaced: read `_meta` whole (it is
+                // metadata, shallow), set the key, put it back in its place.
+                let mut object: serde_json::Map<String, Value> =
+                    serde_json::from_str(meta.get()).ok()?;
+                object.insert(
+                    crate::mcp::task::RELATED_TASK_META.into(),
+                    json!({ "taskId": task_id }),
+                );
+                let range = splice::span_of_str(bytes, meta.get())?;
+                splice::splice(bytes, range, Value::Object(object).to_string().as_bytes())
+            } else {
+                splice::insert_first(bytes, meta.get(), &format!("{key}:{related}"))?
+            }
+        }
+        Some(_) => return None,
+    };
+    String::from_utf8(with.to_vec()).ok()
 }

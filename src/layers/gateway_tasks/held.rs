@@ -2,13 +2,14 @@
 //! record written durably, the `CreateTaskResult` answered, the plain `tools/call` sent upstream
 //! under taskgate's id and held on a task of its own until it ends, is cancelled, or expires.
 
-use super::answers::{create_result, detailed_task, id_value, with_related_task};
+use super::answers::{create_result, detailed_task, id_value, with_member, with_related_task_raw};
 use super::{GatewayTasksState, Live, Outcome, POLL_INTERVAL_MS};
 use crate::exchange::{Deadline, GatewayError, HeldTask, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, splice, Id, Message};
 use crate::layers::extensions::{PendingCreation, RelaysUpstreamRequests};
-use crate::layers::relay::mrtr::{is_input_required, MAX_ROUNDS};
-use crate::layers::relay::read_to_answer;
+use crate::layers::observe::lenient_value;
+use crate::layers::relay::mrtr::MAX_ROUNDS;
+use crate::layers::relay::read_to_raw_answer;
 use crate::layers::McpService;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
@@ -218,17 +219,13 @@ async fn take_lease(
         })
 }
 
-/// `object`'s JSON text with one more member `name`: `raw` (JSON text, not parsed again).
-fn with_member(object: &Value, name: &str, raw: &str) -> String {
-    let mut text = object.to_string();
-    if text.ends_with('}') {
-        text.pop();
-        if text.len() > 1 {
-            text.push(',');
-        }
-        text.push_str(&format!("{}:{raw}}}", Value::from(name)));
-    }
-    text
+/// Whether an answer (JSON text) is a 2026-07-28 `input_required` result (MRTR).
+fn asks_for_input(answer: &[u8]) -> bool {
+    splice::raw_at(answer, &["result", "resultType"])
+        .ok()
+        .flatten()
+        .and_then(|t| serde_json::from_str::<String>(t.get()).ok())
+        .is_some_and(|t| t == "input_required")
 }
 
 /// `tgt-` and 32 random hex digits: unguessable (a 2026-07-28 task without auth has no other key).
@@ -324,7 +321,7 @@ struct Held {
 
 /// How the wait on a held call ended.
 enum Ended {
-    Answer(Result<Option<Value>, GatewayError>),
+    Answer(Result<Option<Bytes>, GatewayError>),
     Cancelled,
     Expired,
 }
@@ -369,7 +366,9 @@ impl Held {
                         round_live.session.as_deref(),
                     );
                 }
-                let (answer, _rest) = read_to_answer(reply, &own_id, |ev| {
+                // Kept as the bytes that came: a result nested past serde_json's 128 levels
+                // is still the call's result (cold test, session 25).
+                let (answer, _rest) = read_to_raw_answer(reply, &own_id, |ev| {
                     let (progress, inner, out) =
                         (progress.clone(), answer_inner.clone(), out.clone());
                     async move {
@@ -381,7 +380,11 @@ impl Held {
                 // A 2026-07-28 upstream asking for input within the call (MRTR): relayed to the
                 // client as the task's input requests, then the call sent again (`input`).
                 let answer = match answer {
-                    Some(a) if is_input_required(&a) => a,
+                    Some(a) if asks_for_input(&a) => {
+                        // An `input_required` answer is read whole (its input requests and
+                        // state are relayed); one nested too deep to read has none usable.
+                        lenient_value(&a).unwrap_or(Value::Null)
+                    }
                     other => return Ok(other),
                 };
                 let why = if round > MAX_ROUNDS {
@@ -404,8 +407,11 @@ impl Held {
                         Err(why) => why,
                     }
                 };
-                return Ok(Some(json!({"jsonrpc": "2.0", "id": id_value(&own_id),
-                    "error": {"code": jsonrpc::INTERNAL_ERROR, "message": why}})));
+                return Ok(Some(Bytes::from(
+                    json!({"jsonrpc": "2.0", "id": id_value(&own_id),
+                    "error": {"code": jsonrpc::INTERNAL_ERROR, "message": why}})
+                    .to_string(),
+                )));
             }
             Ok(None)
         });
@@ -465,8 +471,10 @@ impl Held {
     }
 
     /// Applies how the call ended: a result is `completed`, a JSON-RPC error `failed`,
-    /// anything else `failed` saying why; the outcome kept for `tasks/result`.
-    async fn finish(&self, answer: Result<Option<Value>, GatewayError>) {
+    /// anything else `failed` saying why; the outcome kept for `tasks/result`. The answer is
+    /// read member by member from its bytes, and the result kept is a slice of them (never a
+    /// `Value` serialised again): a result nested past serde_json's 128 levels is kept exactly.
+    async fn finish(&self, answer: Result<Option<Bytes>, GatewayError>) {
         let task_id = &self.record.task_id;
         let answer = match answer {
             Ok(Some(a)) => a,
@@ -477,22 +485,35 @@ impl Held {
             }
             Err(e) => return self.fail(&e.to_string()).await,
         };
-        if let Some(error) = answer.get("error").filter(|e| e.is_object()) {
+        let member = |name: &str| {
+            splice::raw_at(&answer, &[name])
+                .ok()
+                .flatten()
+                .map(|r| r.get())
+                .filter(|r| r.starts_with('{'))
+        };
+        if let Some(error) = member("error") {
+            // An error object is read whole (its members too deep to read as `null`).
+            let error = lenient_value(error.as_bytes()).unwrap_or(Value::Null);
             let message = error
                 .get("message")
                 .and_then(Value::as_str)
                 .unwrap_or("the call failed")
                 .to_string();
-            let outcome = Outcome::Error(Arc::new(error.clone()));
+            let outcome = Outcome::Error(Arc::new(error));
             self.end(TaskStatus::Failed, &message, outcome).await;
             return;
         }
-        let Some(result) = answer.get("result").filter(|r| r.is_object()) else {
+        let Some(result) = member("result") else {
             return self
                 .fail("the upstream answered the call with neither a result nor an error")
                 .await;
         };
-        if result.get("resultType").and_then(Value::as_str) == Some("task") {
+        let result_type = splice::raw_at(result.as_bytes(), &["resultType"])
+            .ok()
+            .flatten()
+            .and_then(|t| serde_json::from_str::<String>(t.get()).ok());
+        if result_type.as_deref() == Some("task") {
             self.state.learn(true);
             return self
                 .fail("the upstream created a task of its own for the plain call; set upstream.tasks = \"upstream\"")
@@ -500,11 +521,18 @@ impl Held {
         }
         // 2025-11-25: a `tasks/result` answer carries the related-task `_meta`; 2026-07-28 has
         // no such key (the result sits inside the task it belongs to).
-        let result = match self.record.era {
-            Era::Legacy => with_related_task(result, task_id),
-            Era::Modern => result.clone(),
+        let result: Arc<str> = match self.record.era {
+            Era::Legacy => match with_related_task_raw(result, task_id) {
+                Some(r) => r.into(),
+                None => {
+                    return self
+                        .fail("the upstream's result could not be read to add the task's _meta")
+                        .await
+                }
+            },
+            Era::Modern => result.into(),
         };
-        self.end(TaskStatus::Completed, "", Outcome::Result(Arc::new(result)))
+        self.end(TaskStatus::Completed, "", Outcome::Result(result))
             .await;
     }
 
@@ -527,7 +555,8 @@ impl Held {
             self.record.task_id.as_str(),
         );
         let text = match &outcome {
-            Outcome::Result(v) | Outcome::Error(v) => v.to_string(),
+            Outcome::Result(raw) => raw.to_string(),
+            Outcome::Error(v) => v.to_string(),
         };
         let now = format_rfc3339_ms(now_ms());
         // What the record keeps: 2025 the outcome itself; 2026 the `DetailedTask` with the
@@ -592,9 +621,11 @@ impl Held {
     /// Awaited before the held call lets go of its task (its release follows), so whoever
     /// sees the task released sees its late result too (review 20 #8: written by a task of its
     /// own, a test had to sleep for it).
-    async fn late(&self, answer: Result<Option<Value>, GatewayError>) {
+    async fn late(&self, answer: Result<Option<Bytes>, GatewayError>) {
         let status = match &answer {
-            Ok(Some(a)) if a.get("result").is_some() => TaskStatus::Completed,
+            Ok(Some(a)) if matches!(splice::raw_at(a, &["result"]), Ok(Some(_))) => {
+                TaskStatus::Completed
+            }
             _ => return,
         };
         self.state

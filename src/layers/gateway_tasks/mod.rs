@@ -53,7 +53,12 @@
 //!   cannot relay fails the task saying why). Such a result is never taken for the call's end.
 //! - The call's end: a result is `completed` (also with `isError: true`, as the spec has it),
 //!   a JSON-RPC error `failed` (its message the `statusMessage`), no answer at all `failed`
-//!   saying why. An HTTP 404 saying the call's session is not found (the upstream restarted)
+//!   saying why. The answer is kept as the bytes that came and read member by member
+//!   (`splice::raw_at`; an error object with `observe::lenient_value`): the result kept and
+//!   served is a slice of those bytes (2025: the related-task `_meta` spliced in), never a
+//!   `Value` serialised again, so a result nested past serde_json's 128 levels completes and
+//!   is answered byte for byte (cold test, session 25: it failed "the upstream's answer ended
+//!   without the call's result"). An HTTP 404 saying the call's session is not found (the upstream restarted)
 //!   fails the task the same way, and the client session is remembered gone (`gone`,
 //!   bounded): its next task-augmented `tools/call` is answered HTTP 404 `-32001` "Session not
 //!   found", so the 2025-11-25 client initializes again instead of creating tasks that fail
@@ -157,8 +162,10 @@ const OWN_TASKS: u8 = 2;
 /// How a held call ended, kept for `tasks/result` (see [`DONE_LIMIT`]).
 #[derive(Debug, Clone)]
 pub(crate) enum Outcome {
-    /// The `CallToolResult` (2025: with the related-task `_meta`).
-    Result(Arc<Value>),
+    /// The `CallToolResult`, as JSON text taken from the upstream's answer as it came (2025:
+    /// with the related-task `_meta` spliced in), never read into a `Value`: a result nested
+    /// past serde_json's 128 levels is kept and served byte for byte.
+    Result(Arc<str>),
     /// The JSON-RPC `error` object, or one taskgate made (`-32603`) when there was no answer.
     Error(Arc<Value>),
 }

@@ -100,7 +100,7 @@ fn kept_outcomes_are_bounded_and_the_oldest_go_first() {
     let max = state.registry.config().max_stored_result_bytes as usize;
     let big = json!({"content": [{"type": "text", "text": "x".repeat(max + 1)}]});
     let size = big.to_string().len();
-    state.remember("big", Outcome::Result(Arc::new(big)), size);
+    state.remember("big", Outcome::Result(big.to_string().into()), size);
     assert!(
         state.outcome("big").is_none(),
         "larger than the record may keep"
@@ -223,4 +223,39 @@ async fn a_gateway_tasks_end_and_its_outcome_are_one_write() {
             );
         }
     }
+}
+
+/// The related-task `_meta` is spliced into a result's own bytes (a result nested past
+/// serde_json's 128 levels included), whether it has a `_meta`, one with the key, or nothing.
+#[test]
+fn the_related_task_meta_is_spliced_into_the_results_bytes() {
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    let result = format!(r#"{{"content":[],"structuredContent":{{"v":{deep}}}}}"#);
+    let with = answers::with_related_task_raw(&result, "t1").expect("spliced");
+    assert_eq!(
+        with,
+        format!(
+            r#"{{"_meta":{{"io.modelcontextprotocol/related-task":{{"taskId":"t1"}}}},"content":[],"structuredContent":{{"v":{deep}}}}}"#
+        )
+    );
+    assert_eq!(
+        answers::with_related_task_raw("{}", "t1").as_deref(),
+        Some(r#"{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"t1"}}}"#)
+    );
+    assert_eq!(
+        answers::with_related_task_raw(r#"{"_meta":{"a":1},"x":2}"#, "t1").as_deref(),
+        Some(r#"{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"t1"},"a":1},"x":2}"#)
+    );
+    let replaced = answers::with_related_task_raw(
+        r#"{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"other"}},"x":2}"#,
+        "t1",
+    )
+    .expect("spliced");
+    let v: serde_json::Value = serde_json::from_str(&replaced).expect("json");
+    assert_eq!(
+        v["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        "t1"
+    );
+    assert_eq!(v["x"], 2);
+    assert!(answers::with_related_task_raw("[]", "t1").is_none());
 }

@@ -1885,7 +1885,7 @@ const LENIENT_LEVELS: usize = 4;
 /// 2025-11-25 `notifications/tasks/status` and a 2026-07-28 `tasks/get` answer (a completion
 /// never recorded, the owner's slot held until the ttl; a cancelled task shown `completed`).
 /// `None` for text that is not a JSON object.
-pub(super) fn lenient_value(bytes: &[u8]) -> Option<Value> {
+pub(crate) fn lenient_value(bytes: &[u8]) -> Option<Value> {
     if let Ok(value) = serde_json::from_slice::<Value>(bytes) {
         return Some(value);
     }

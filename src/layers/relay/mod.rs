@@ -32,6 +32,7 @@ use crate::exchange::{GatewayError, McpReply, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::metrics::Metrics;
 use crate::sse::{Event, EventStream};
+use bytes::Bytes;
 use futures_util::StreamExt;
 use serde_json::Value;
 use std::future::Future;
@@ -165,23 +166,42 @@ impl Relay {
 pub async fn read_to_answer<F, Fut>(
     reply: McpReply,
     id: &Id,
-    mut before: F,
+    before: F,
 ) -> (Option<Value>, Option<EventStream>)
 where
     F: FnMut(Event) -> Fut,
     Fut: Future<Output = bool>,
 {
+    let (answer, rest) = read_to_raw_answer(reply, id, before).await;
+    (answer.and_then(|a| serde_json::from_slice(&a).ok()), rest)
+}
+
+/// [`read_to_answer`], the answer kept as the bytes that came (valid JSON, not read into a
+/// `Value`: one nesting past serde_json's 128 levels is still an answer, and a payload kept
+/// from it is taken from these bytes).
+pub async fn read_to_raw_answer<F, Fut>(
+    reply: McpReply,
+    id: &Id,
+    mut before: F,
+) -> (Option<Bytes>, Option<EventStream>)
+where
+    F: FnMut(Event) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    // Skipping a value (a `RawValue`) has no depth limit in serde_json.
+    let valid = |b: &[u8]| serde_json::from_slice::<&serde_json::value::RawValue>(b).is_ok();
     let mut events = match reply.body {
         ReplyBody::Stream(events) => events,
         ReplyBody::Json(bytes) | ReplyBody::Raw(bytes) => {
-            return (serde_json::from_slice(&bytes).ok(), None)
+            return (valid(&bytes).then_some(bytes), None)
         }
         ReplyBody::Empty => return (None, None),
     };
     while let Some(ev) = events.next().await {
         if let Some(data) = ev.data.as_deref() {
             if jsonrpc::is_answer_to(data.as_bytes(), id) {
-                return (serde_json::from_str(data).ok(), Some(events));
+                let answer = valid(data.as_bytes()).then(|| Bytes::from(data.to_string()));
+                return (answer, Some(events));
             }
         }
         if !before(ev).await {

@@ -97,7 +97,16 @@
 //! no request is in flight on the child: a long call or a gateway task's held call keeps it)
 //! and shutdown end it. A child that dies ends its session (later requests get 404, so the client
 //! initializes again) and its tasks fail as above. At most [`MAX_CHILDREN`] children at once,
-//! those still starting counted; past it an `initialize` gets 503 with `Retry-After`.
+//! those still starting counted ([`ChildCaps`]), and at most `limits.max_sessions_per_principal`
+//! of one principal ([`Tenant`]: without auth its client address, IPv6 by its /64), its
+//! starting ones counted: its next `initialize` past that ends its own least recently used
+//! session's child as a `DELETE` does (the session then gets 404; in flight or not, as the
+//! session table reclaims a principal's least recently used session). At [`MAX_CHILDREN`] a
+//! principal's new session ends its own least recently used **idle** child (nothing in flight
+//! on it); a principal with none (or callers not told apart: [`Tenant::Unknown`]) gets 503
+//! with `Retry-After`. So one client that never sends `DELETE` neither locks itself out nor,
+//! with a share below [`MAX_CHILDREN`], takes every child from the others (cold test, session
+//! 25). An ended child's process may take the stop's few seconds to exit; it no longer counts.
 //!
 //! # Bounds
 //!
@@ -140,7 +149,7 @@ use self::conn::{Conn, Registered, Streams};
 use self::route::{SessionKey, TaskNote};
 use super::{Exchange, Transport};
 use crate::config::{ProcessMode, UpstreamConfig};
-use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody};
+use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody, Tenant};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
@@ -241,6 +250,29 @@ struct Session {
     /// `per_session`: ends its child.
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     last_used: Instant,
+    /// Whom its child counts against (`per_session`: the principal that initialized it,
+    /// without auth its client address; see [`Tenant`]).
+    tenant: Tenant,
+}
+
+/// How many `per_session` children there may be (see [`StdioTransport::with_caps`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ChildCaps {
+    /// Children at most, those starting counted ([`MAX_CHILDREN`]).
+    pub max_children: usize,
+    /// Children one principal (without auth, one client address) holds at most
+    /// (`limits.max_sessions_per_principal`); a new one past it ends that principal's own
+    /// least recently used child. At or above `max_children`: only the cap rule holds.
+    pub per_principal: usize,
+}
+
+impl Default for ChildCaps {
+    fn default() -> Self {
+        ChildCaps {
+            max_children: MAX_CHILDREN,
+            per_principal: MAX_CHILDREN,
+        }
+    }
 }
 
 struct Inner {
@@ -272,6 +304,11 @@ struct Inner {
     /// `per_session`: children asked for and not yet kept as a session (starting, in
     /// `initialize`); counted against [`MAX_CHILDREN`] with the sessions (issue 31).
     starting: std::sync::atomic::AtomicUsize,
+    /// `per_session`: the children starting, per tenant (entries only while some are; at most
+    /// [`ChildCaps::max_children`] in all). Locked after `sessions`.
+    starting_by: Mutex<HashMap<Tenant, usize>>,
+    /// `per_session`: the bounds on children.
+    caps: ChildCaps,
     /// Shared: the era the probe found, kept for later children (`None`: probe the next one).
     era: Mutex<Option<ChildEra>>,
     /// Requests waiting for a `max_in_flight` slot (not registered yet), by session and the
@@ -335,11 +372,20 @@ enum ChildEra {
     Modern(Arc<str>),
 }
 
-/// One `per_session` child counted as starting, until dropped.
-struct StartingSlot(Arc<Inner>);
+/// One `per_session` child counted as starting (for its tenant too), until dropped.
+struct StartingSlot(Arc<Inner>, Tenant);
 
 impl Drop for StartingSlot {
     fn drop(&mut self) {
+        {
+            let mut by = self.0.starting_by.lock();
+            if let Some(n) = by.get_mut(&self.1) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    by.remove(&self.1);
+                }
+            }
+        }
         self.0
             .starting
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
@@ -375,6 +421,17 @@ impl StdioTransport {
         metrics: Arc<Metrics>,
         idle: Duration,
     ) -> Option<StdioTransport> {
+        StdioTransport::with_caps(config, metrics, idle, ChildCaps::default())
+    }
+
+    /// [`StdioTransport::new`], with `per_session` children bounded by `caps` (the gateway
+    /// passes `limits.max_sessions_per_principal`).
+    pub fn with_caps(
+        config: &UpstreamConfig,
+        metrics: Arc<Metrics>,
+        idle: Duration,
+        caps: ChildCaps,
+    ) -> Option<StdioTransport> {
         let spec = child::Spec::of(config)?;
         let (gone, gone_rx) = mpsc::channel(GONE_QUEUE);
         let inner = Arc::new(Inner {
@@ -398,6 +455,11 @@ impl StdioTransport {
             dead: Mutex::new(route::Notes::default()),
             spawner: Mutex::new(None),
             starting: std::sync::atomic::AtomicUsize::new(0),
+            starting_by: Mutex::new(HashMap::new()),
+            caps: ChildCaps {
+                max_children: caps.max_children.max(1),
+                per_principal: caps.per_principal.max(1),
+            },
             era: Mutex::new(None),
             slot_waiters: Mutex::new(HashMap::new()),
         });
@@ -495,6 +557,7 @@ impl Inner {
         let deadline = req.deadline();
         let era = req.era();
         let held = req.held_task();
+        let tenant = req.ctx.tenant();
         let session: SessionKey = req
             .ctx
             .session_id
@@ -504,7 +567,7 @@ impl Inner {
         match req.into_parts().op {
             Operation::EndSession => Ok(self.end_session(session)),
             Operation::OpenStream => Ok(self.open_stream(session)),
-            Operation::Post(msg) => self.post(msg, session, deadline, era, held).await,
+            Operation::Post(msg) => self.post(msg, session, deadline, era, held, tenant).await,
         }
     }
 
@@ -515,12 +578,13 @@ impl Inner {
         deadline: Deadline,
         era: Era,
         held: Option<Arc<str>>,
+        tenant: Tenant,
     ) -> Result<McpReply, GatewayError> {
         let kind = msg.kind();
         if kind == Kind::Request && msg.method() == Some("initialize") {
             return match self.mode {
                 ProcessMode::Shared => self.initialize_shared(msg, deadline).await,
-                ProcessMode::PerSession => self.initialize_per_session(msg, deadline).await,
+                ProcessMode::PerSession => self.initialize_per_session(msg, deadline, tenant).await,
             };
         }
         let conn = match self.conn_for(&session, msg.id()).await? {
@@ -811,7 +875,7 @@ impl Inner {
                 let Some(session) = new_session_id() else {
                     return Err(self.unreachable("no session id could be drawn".into()));
                 };
-                self.keep_session(session.clone(), None, None);
+                self.keep_session(session.clone(), None, None, Tenant::Unknown);
                 Ok(with_session(
                     McpReply::local_json(jsonrpc::result_response(id, &result)),
                     &session,
@@ -826,30 +890,34 @@ impl Inner {
     }
 
     /// A `per_session` `initialize`: a child of its own, the client's `initialize` forwarded.
+    /// `tenant`'s children are bounded first ([`Inner::make_room_for`]).
     async fn initialize_per_session(
         self: &Arc<Self>,
         msg: Message,
         deadline: Deadline,
+        tenant: Tenant,
     ) -> Result<McpReply, GatewayError> {
         if *self.stop.borrow() {
             return Err(GatewayError::ShuttingDown);
         }
         // Children starting count with the sessions' (checked and counted under one lock).
         let slot = {
-            let sessions = self.sessions.lock();
-            let starting = self.starting.load(std::sync::atomic::Ordering::Acquire);
-            if sessions.len() + starting >= MAX_CHILDREN {
-                return Ok(overloaded(
-                    msg.id(),
-                    format!(
-                        "upstream `{}` runs {MAX_CHILDREN} sessions (one child process each, those starting counted) already",
-                        self.name
-                    ),
-                ));
+            let mut sessions = self.sessions.lock();
+            match self.make_room_for(&mut sessions, &tenant) {
+                Ok(None) => {}
+                Ok(Some(key)) => {
+                    tracing::info!(
+                        upstream = %self.name,
+                        "a principal's new per_session child: its least recently used one is ended"
+                    );
+                    self.streams.close(&key);
+                }
+                Err(why) => return Ok(overloaded(msg.id(), why)),
             }
             self.starting
                 .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-            StartingSlot(self.clone())
+            *self.starting_by.lock().entry(tenant.clone()).or_default() += 1;
+            StartingSlot(self.clone(), tenant.clone())
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let asked = self.spawner.lock().as_ref().map(|s| s.try_send(tx).is_ok());
@@ -897,7 +965,7 @@ impl Inner {
         };
         let conn_for_tasks = conn.clone();
         conn.owned_by(session.clone());
-        self.keep_session(session.clone(), Some(conn), Some(running.stop));
+        self.keep_session(session.clone(), Some(conn), Some(running.stop), tenant);
         // Counted as a session now.
         drop(slot);
         let (inner, key) = (self.clone(), session.clone());
@@ -932,11 +1000,69 @@ impl Inner {
         answer.map(|reply| with_session(reply, &session))
     }
 
+    /// `per_session`, under the sessions' lock: room for one more child of `tenant`. A tenant
+    /// holding [`ChildCaps::per_principal`] children (those starting counted) has its least
+    /// recently used session ended, as a `DELETE` ends it (its child is stopped; whether or
+    /// not a request is in flight on it, as the session table reclaims a principal's least
+    /// recently used session); at [`ChildCaps::max_children`], a tenant's least recently used
+    /// idle one (nothing in flight on its child) is. Never another tenant's, nor for
+    /// [`Tenant::Unknown`] (callers not told apart). Returns the session ended, if one was
+    /// (its streams are the caller's to close), or why there is no room (the cap is reached
+    /// and the tenant has no idle child to give up, or its share is all still starting).
+    fn make_room_for(
+        &self,
+        sessions: &mut HashMap<Arc<str>, Session>,
+        tenant: &Tenant,
+    ) -> Result<Option<Arc<str>>, String> {
+        let starting = self.starting.load(std::sync::atomic::Ordering::Acquire);
+        let max = self.caps.max_children;
+        let full = sessions.len() + starting >= max;
+        let refusal = || {
+            format!(
+                "upstream `{}` runs {max} sessions (one child process each, those starting counted) already",
+                self.name
+            )
+        };
+        if *tenant == Tenant::Unknown {
+            return if full { Err(refusal()) } else { Ok(None) };
+        }
+        let own_starting = self.starting_by.lock().get(tenant).copied().unwrap_or(0);
+        let own = sessions.values().filter(|s| s.tenant == *tenant).count() + own_starting;
+        let over_share =
+            self.caps.per_principal < self.caps.max_children && own >= self.caps.per_principal;
+        if !over_share && !full {
+            return Ok(None);
+        }
+        let lru = sessions
+            .iter()
+            .filter(|(_, s)| s.tenant == *tenant)
+            .filter(|(_, s)| over_share || s.conn.as_ref().is_none_or(|c| c.in_flight() == 0))
+            .min_by_key(|(_, s)| s.last_used)
+            .map(|(k, _)| k.clone());
+        let Some(key) = lru else {
+            return Err(if full {
+                refusal()
+            } else {
+                format!(
+                    "upstream `{}`: this principal's {} sessions (one child process each) are all still starting",
+                    self.name, self.caps.per_principal
+                )
+            });
+        };
+        if let Some(mut entry) = sessions.remove(&key) {
+            if let Some(stop) = entry.stop.take() {
+                let _ = stop.send(());
+            }
+        }
+        Ok(Some(key))
+    }
+
     fn keep_session(
         &self,
         session: Arc<str>,
         conn: Option<Arc<Conn>>,
         stop: Option<tokio::sync::oneshot::Sender<()>>,
+        tenant: Tenant,
     ) {
         let mut sessions = self.sessions.lock();
         if self.mode == ProcessMode::Shared && sessions.len() >= MAX_SHARED_SESSIONS {
@@ -955,6 +1081,7 @@ impl Inner {
                 conn,
                 stop,
                 last_used: Instant::now(),
+                tenant,
             },
         );
     }

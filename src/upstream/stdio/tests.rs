@@ -950,3 +950,161 @@ async fn session_not_found_and_overloaded_use_the_shared_words() {
     assert_eq!(v[0]["error"]["code"], -32603);
     assert_eq!(v[0]["error"]["message"], "upstream `u`: too many children");
 }
+
+/// A `per_session` fixture whose children are bounded by `caps`.
+fn per_session_with(caps: ChildCaps) -> Fixture {
+    let dir = std::env::temp_dir().join(format!(
+        "tg-stdio-caps-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let config: UpstreamConfig = toml::from_str(&format!(
+        "name = \"kid\"\ncommand = [\"python3\", \"{SERVER}\"]\ntimeout_ms = 5000\nprocess = \"per_session\"\n[env]\nSTDIO_LOG = \"{}\"\nSTDIO_PIDS = \"{}\"\n",
+        dir.join("log").display(),
+        dir.join("pids").display()
+    ))
+    .expect("config");
+    let metrics = Arc::new(Metrics::new(&["kid".to_string()]));
+    let transport =
+        StdioTransport::with_caps(&config, metrics, PER_SESSION_IDLE, caps).expect("command");
+    Fixture {
+        handle: transport.handle(),
+        transport: Arc::new(transport),
+        dir,
+    }
+}
+
+/// An `initialize` from client address `addr` (no auth: the address is the principal).
+async fn initialize_from(f: &Fixture, addr: &str) -> McpReply {
+    let req = McpRequest::from(RequestParts {
+        op: Operation::Post(
+            Message::parse(Bytes::from_static(br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}"#))
+                .expect("json"),
+        ),
+        ctx: RequestContext {
+            upstream: "kid".into(),
+            client_session_id: None,
+            session_id: None,
+            principal: Principal::Anonymous,
+            client_addr: Some(addr.parse().expect("addr")),
+            headers: HeaderMap::new(),
+        },
+        extensions: http::Extensions::new(),
+        trace: None,
+    });
+    f.transport.clone().exchange(req).await.expect("answered")
+}
+
+fn session_of(reply: &McpReply) -> String {
+    assert_eq!(reply.status, StatusCode::OK, "initialize accepted");
+    reply.headers["mcp-session-id"]
+        .to_str()
+        .expect("ascii")
+        .to_string()
+}
+
+/// The `n`th child started (its pid), once it wrote its pid.
+async fn nth_pid(f: &Fixture, n: usize) -> i32 {
+    for _ in 0..400 {
+        if let Some(pid) = f.pids().get(n) {
+            return *pid;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("child {n} never wrote its pid");
+}
+
+/// Waits (at most 10 s) for process `pid` to be gone (reaped by its keeper).
+async fn gone(pid: i32) -> bool {
+    for _ in 0..1000 {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+async fn ping(f: &Fixture, session: &str) -> McpReply {
+    f.send(Some(session), r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#)
+        .await
+        .expect("answered")
+}
+
+/// Cold test: one unauthenticated address took every `per_session` child, and
+/// `limits.max_sessions_per_principal` did not bound its children. Its share is now bounded
+/// (its least recently used child ended, as a DELETE ends it), so other addresses still get
+/// children; at the cap, a principal holding children gives up its own least recently used
+/// idle one, and one holding none is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_every_per_session_child() {
+    let f = per_session_with(ChildCaps {
+        max_children: 4,
+        per_principal: 2,
+    });
+    let a1 = session_of(&initialize_from(&f, "127.0.0.1").await);
+    let a2 = session_of(&initialize_from(&f, "127.0.0.1").await);
+    let first = nth_pid(&f, 0).await;
+    // Its third: past its share, its least recently used (the first) ends.
+    let a3 = session_of(&initialize_from(&f, "127.0.0.1").await);
+    assert_eq!(ping(&f, &a1).await.status, StatusCode::NOT_FOUND);
+    assert!(
+        gone(first).await,
+        "the first address's oldest child is ended"
+    );
+    for s in [&a2, &a3] {
+        assert_eq!(ping(&f, s).await.status, StatusCode::OK);
+    }
+    // Another address (an IPv6 one: by its /64) still gets children, up to the cap.
+    let b1 = session_of(&initialize_from(&f, "2001:db8::1").await);
+    let b2 = session_of(&initialize_from(&f, "2001:db8::2").await);
+    assert_eq!(ping(&f, &b1).await.status, StatusCode::OK);
+    // At the cap, an address holding no child is refused.
+    let refused = initialize_from(&f, "127.0.0.3").await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    let v = body(refused).await;
+    assert_eq!(
+        v[0]["error"]["message"],
+        "upstream `kid` runs 4 sessions (one child process each, those starting counted) already"
+    );
+    // The /64's next session gives up its own least recently used (b2, b1 pinged since).
+    let b3 = session_of(&initialize_from(&f, "2001:db8::3").await);
+    assert_eq!(ping(&f, &b2).await.status, StatusCode::NOT_FOUND);
+    for s in [&a2, &a3, &b1, &b3] {
+        assert_eq!(ping(&f, s).await.status, StatusCode::OK);
+    }
+    f.handle.shutdown().await;
+    let _ = std::fs::remove_dir_all(&f.dir);
+}
+
+/// With no share below the cap (the default), a principal holding children at the cap gives
+/// up its own least recently used idle child for a new one instead of everyone being refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_child_cap_a_principal_gives_up_its_own_idle_child() {
+    let f = per_session_with(ChildCaps {
+        max_children: 3,
+        per_principal: 3,
+    });
+    let a: Vec<String> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(session_of(&initialize_from(&f, "127.0.0.1").await));
+        }
+        v
+    };
+    let first = nth_pid(&f, 0).await;
+    assert_eq!(
+        initialize_from(&f, "127.0.0.2").await.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "a principal holding none is refused at the cap"
+    );
+    let a4 = session_of(&initialize_from(&f, "127.0.0.1").await);
+    assert_eq!(ping(&f, &a[0]).await.status, StatusCode::NOT_FOUND);
+    assert!(gone(first).await, "its oldest idle child is ended");
+    for s in [&a[1], &a[2], &a4] {
+        assert_eq!(ping(&f, s).await.status, StatusCode::OK);
+    }
+    f.handle.shutdown().await;
+    let _ = std::fs::remove_dir_all(&f.dir);
+}
