@@ -436,12 +436,8 @@ fn build_stack(
     // Streamable HTTP.
     let idle = Duration::from_millis(config.gateway.session_idle_ms);
     // A principal's per_session children count against its share of sessions too.
-    let caps = crate::upstream::stdio::ChildCaps {
-        max_children: crate::upstream::stdio::MAX_CHILDREN,
-        per_principal: config
-            .limits
-            .sessions_per_principal(config.gateway.max_sessions),
-    };
+    let caps =
+        crate::upstream::stdio::ChildCaps::for_config(&config.limits, config.gateway.max_sessions);
     let (upstream, stdio) = match StdioTransport::with_caps(u, shared.metrics.clone(), idle, caps) {
         Some(t) => {
             let handle = t.handle();

@@ -266,6 +266,26 @@ pub struct ChildCaps {
     pub per_principal: usize,
 }
 
+impl ChildCaps {
+    /// The caps of a gateway configured with `limits` and `gateway.max_sessions` =
+    /// `max_sessions`: a principal's share is `limits.max_sessions_per_principal` when set;
+    /// unset, the session table's default share (at least 100), but at most a quarter of
+    /// [`MAX_CHILDREN`], so that without configuration one principal (one address without auth)
+    /// cannot hold every child.
+    pub fn for_config(limits: &crate::config::LimitsConfig, max_sessions: usize) -> ChildCaps {
+        let per_principal = match limits.max_sessions_per_principal {
+            Some(_) => limits.sessions_per_principal(max_sessions),
+            None => limits
+                .sessions_per_principal(max_sessions)
+                .min(MAX_CHILDREN / 4),
+        };
+        ChildCaps {
+            max_children: MAX_CHILDREN,
+            per_principal,
+        }
+    }
+}
+
 impl Default for ChildCaps {
     fn default() -> Self {
         ChildCaps {

@@ -1108,3 +1108,21 @@ async fn at_the_child_cap_a_principal_gives_up_its_own_idle_child() {
     f.handle.shutdown().await;
     let _ = std::fs::remove_dir_all(&f.dir);
 }
+
+/// Without `limits.max_sessions_per_principal`, one principal's share of `per_session`
+/// children is a quarter of the cap (the session table's default share, 1000 for 10,000
+/// sessions, was above the cap: one address could still take every child); set, it is taken
+/// as it is.
+#[test]
+fn the_default_share_of_children_is_a_quarter_of_the_cap() {
+    let unset = crate::config::LimitsConfig::default();
+    assert_eq!(
+        ChildCaps::for_config(&unset, 10_000).per_principal,
+        MAX_CHILDREN / 4
+    );
+    let set = crate::config::LimitsConfig {
+        max_sessions_per_principal: Some(200),
+        ..Default::default()
+    };
+    assert_eq!(ChildCaps::for_config(&set, 10_000).per_principal, 200);
+}
