@@ -181,6 +181,17 @@ async fn sse_answers_come_through_tls_and_their_connection_is_reused() {
 }
 
 /// The JSON-RPC error a refused upstream connection gives the client: `-32603` naming the
+/// `taskgate_upstream_errors_total{upstream="default",kind="connect"}` is `count`.
+async fn assert_connect_errors(tg: &Tg, count: f64) {
+    let m = tg.metrics_text().await;
+    let kind = [("upstream", "default"), ("kind", "connect")];
+    assert_eq!(
+        metric(&m, "taskgate_upstream_errors_total", &kind),
+        count,
+        "{m}"
+    );
+}
+
 /// upstream and why, under HTTP 502; nothing reached the upstream.
 async fn refused(tg: &Tg) -> (u16, Value) {
     let resp = Req::mcp_post(&tg.mcp_url(), initialize_body("1"))
@@ -206,16 +217,7 @@ async fn an_untrusted_certificate_is_refused_and_named() {
         "{v}"
     );
     assert_eq!(up.count("initialize"), 0);
-    let m = tg.metrics_text().await;
-    assert_eq!(
-        metric(
-            &m,
-            "taskgate_upstream_errors_total",
-            &[("upstream", "default"), ("kind", "connect")]
-        ),
-        1.0,
-        "{m}"
-    );
+    assert_connect_errors(&tg, 1.0).await;
 }
 
 /// A certificate of a trusted CA that does not name the URL's host is refused.
@@ -561,16 +563,7 @@ async fn a_proxy_refusing_with_407_is_a_connect_error_that_says_so() {
         "{v}"
     );
     assert_eq!(front.handshakes(), 0);
-    let m = tg.metrics_text().await;
-    assert_eq!(
-        metric(
-            &m,
-            "taskgate_upstream_errors_total",
-            &[("upstream", "default"), ("kind", "connect")]
-        ),
-        1.0,
-        "{m}"
-    );
+    assert_connect_errors(&tg, 1.0).await;
 }
 
 /// `/readyz` of an upstream behind a proxy connects to the proxy (what taskgate reaches), not
