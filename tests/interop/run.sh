@@ -258,6 +258,17 @@ if [[ $PYTHON_ON == 1 ]]; then
     start fastmcp "$VENV/bin/python" "$HERE/fastmcp_task_server.py" --port 0
 fi
 
+# A real HTTP proxy (tinyproxy, Debian's package) with Basic credentials, for taskgate's
+# upstream.proxy: the py-tls server reached through its CONNECT tunnel (step d.).
+PROXY_ON=0
+if [[ $PYTHON_ON == 1 ]] && command -v tinyproxy >/dev/null 2>&1; then
+    PROXY_PORT=$(INTEROP_PORT_RANGE=20000-29999 "$NODE22" "$HERE/harness.mjs" free-port)
+    printf 'Port %s\nListen 127.0.0.1\nAllow 127.0.0.1\nTimeout 60\nMaxClients 64\nLogLevel Connect\nLogFile "%s"\nBasicAuth taskgate interop-proxy-secret\n' \
+        "$PROXY_PORT" "$WORK/tinyproxy.log" >"$WORK/tinyproxy.conf"
+    start tinyproxy tinyproxy -d -c "$WORK/tinyproxy.conf"
+    PROXY_ON=1
+fi
+
 # server-everything takes its port from $PORT and does not report what it bound (PORT=0 would be
 # lost), so it gets an ephemeral port picked by binding 127.0.0.1:0; it listens on every interface.
 EVERYTHING_PORT=$(INTEROP_PORT_RANGE=10000-19999 "$NODE22" "$HERE/harness.mjs" free-port)
@@ -274,6 +285,14 @@ for name in "${UPSTREAMS[@]}"; do
     log "$name: ${DIRECT[$name]}"
 done
 wait_port everything "$EVERYTHING_PORT" 30 || exit 1
+if [[ $PROXY_ON == 1 ]]; then
+    wait_port tinyproxy "$PROXY_PORT" 30 || exit 1
+    # The same server as py-tls; through taskgate by way of the proxy.
+    DIRECT[py-tls-proxy]=${DIRECT[py-tls]}
+    # Its liveness is the server's (the proxy's shows in the tunnels it logged).
+    PID[py-tls-proxy]=${PID[py-tls]}
+    log "tinyproxy: 127.0.0.1:$PROXY_PORT (Basic credentials)"
+fi
 DIRECT[everything]="http://127.0.0.1:$EVERYTHING_PORT/mcp"
 log "everything: ${DIRECT[everything]}"
 
@@ -290,8 +309,13 @@ if [[ "$BIN" != none ]]; then
             printf '\n[[upstream]]\nname = "%s"\nurl = "%s"\n' "$name" "${DIRECT[$name]}"
             [[ "${DIRECT[$name]}" == https://* ]] && printf 'ca_file = "%s"\n' "$TLS_FIXTURES/ca.pem"
         done
+        if [[ $PROXY_ON == 1 ]]; then
+            printf '\n[[upstream]]\nname = "py-tls-proxy"\nurl = "%s"\nca_file = "%s"\n' "${DIRECT[py-tls]}" "$TLS_FIXTURES/ca.pem"
+            # The password from the environment, as a user would keep it out of the file.
+            printf 'proxy = "http://taskgate:${INTEROP_PROXY_PASSWORD}@127.0.0.1:%s"\n' "$PROXY_PORT"
+        fi
     } >"$CONFIG"
-    start taskgate "$BIN" serve --config "$CONFIG"
+    start taskgate env INTEROP_PROXY_PASSWORD=interop-proxy-secret "$BIN" serve --config "$CONFIG"
     wait_ready taskgate 60 || exit 1
     GW=$(field taskgate listening.gateway)
     ADMIN=$(field taskgate listening.admin)
@@ -299,6 +323,7 @@ if [[ "$BIN" != none ]]; then
     for name in "${UPSTREAMS[@]}"; do
         VIA[$name]="http://$GW/mcp/$name"
     done
+    [[ $PROXY_ON == 1 ]] && VIA[py-tls-proxy]="http://$GW/mcp/py-tls-proxy"
 fi
 
 # A second taskgate, with [upgrade] enabled, for the upgrade steps (e.): the first one must leave
@@ -448,6 +473,18 @@ if [[ $PYTHON_ON == 1 ]]; then
     # SSL_CERT_FILE); through taskgate, taskgate does (upstream.ca_file) and the client talks
     # plain HTTP to it.
     run_pair py-client-py-tls-server py-tls env SSL_CERT_FILE="$TLS_FIXTURES/ca.pem" "$VENV/bin/python" "$HERE/py_task_client.py"
+    # The same through a real proxy (tinyproxy, Basic credentials): taskgate's connections to
+    # the server are CONNECT tunnels (upstream.proxy), TLS inside them; the proxy's log must show
+    # them and taskgate's must not show the password.
+    if [[ $PROXY_ON == 1 ]]; then
+        run_pair py-client-py-tls-server-via-proxy py-tls-proxy env SSL_CERT_FILE="$TLS_FIXTURES/ca.pem" "$VENV/bin/python" "$HERE/py_task_client.py"
+        target=${DIRECT[py-tls]#https://}
+        tunnels=$(grep -c "CONNECT ${target%%/*} " "$WORK/tinyproxy.log" 2>/dev/null || true)
+        tunnels=${tunnels:-0}
+        leaked=$(cat "$WORK/taskgate.out" "$WORK/taskgate.err" | grep -c "interop-proxy-secret" || true)
+        log "py-tls-proxy: $tunnels CONNECT tunnel(s) in tinyproxy's log; the password in taskgate's log ${leaked:-0} time(s)"
+        result "tinyproxy carries taskgate's tunnels, no password logged" "$([[ $tunnels -ge 1 && ${leaked:-0} == 0 ]] && echo 0 || echo 1)"
+    fi
 fi
 
 # ---- e. (running since before a.): its log and results, in their place -------------------------
