@@ -28,6 +28,8 @@ compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need_apt+=(postgresq
 [[ -x /usr/sbin/nginx ]] || need_apt+=(nginx)
 # tests/tier.rs: 2025-11-25 sessions under authentication behind HAProxy's session stickiness.
 [[ -x /usr/sbin/haproxy ]] || need_apt+=(haproxy)
+# The interop suite's real HTTP proxy in front of an https:// upstream (upstream.proxy).
+command -v tinyproxy >/dev/null 2>&1 || need_apt+=(tinyproxy)
 if ((${#need_apt[@]})); then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
         echo "== installing Debian packages: ${need_apt[*]}"
