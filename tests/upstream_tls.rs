@@ -508,6 +508,17 @@ impl ConnectProxy {
     }
 }
 
+/// taskgate (one serving thread) in front of `front` by way of `proxy`, trusting the test CA.
+async fn through_proxy(front: &TlsFront, proxy: &ConnectProxy) -> Tg {
+    let cfg = TgConfig::new(&front.url("localhost")).gateway("threads = 1");
+    let extra = format!(
+        "ca_file = {:?}\nproxy = \"http://{}\"\n",
+        fixture("ca.pem"),
+        proxy.addr
+    );
+    Tg::start(|store| cfg.to_toml(store) + &extra).await
+}
+
 /// `upstream.proxy`: an `https://` upstream reached through the proxy's `CONNECT` tunnel (TLS
 /// inside it, verified for the upstream's name), every exchange on that one tunnel.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -515,13 +526,7 @@ async fn an_https_upstream_is_reached_through_a_connect_proxy() {
     let up = TaskServer::default().await;
     let front = TlsFront::start(&up.url(), "local").await;
     let proxy = ConnectProxy::start(false).await;
-    let cfg = TgConfig::new(&front.url("localhost")).gateway("threads = 1");
-    let extra = format!(
-        "ca_file = {:?}\nproxy = \"http://{}\"\n",
-        fixture("ca.pem"),
-        proxy.addr
-    );
-    let tg = Tg::start(|store| cfg.to_toml(store) + &extra).await;
+    let tg = through_proxy(&front, &proxy).await;
     let mut c = tg.client();
     c.initialize().await;
     let t = c.create_task("2").await;
@@ -545,13 +550,7 @@ async fn a_proxy_refusing_with_407_is_a_connect_error_that_says_so() {
     let up = TaskServer::default().await;
     let front = TlsFront::start(&up.url(), "local").await;
     let proxy = ConnectProxy::start(true).await;
-    let cfg = TgConfig::new(&front.url("localhost")).gateway("threads = 1");
-    let extra = format!(
-        "ca_file = {:?}\nproxy = \"http://{}\"\n",
-        fixture("ca.pem"),
-        proxy.addr
-    );
-    let tg = Tg::start(|store| cfg.to_toml(store) + &extra).await;
+    let tg = through_proxy(&front, &proxy).await;
     let (status, v) = refused(&tg).await;
     assert_eq!(status, 502, "{v}");
     assert_eq!(v["error"]["code"], -32603, "{v}");
