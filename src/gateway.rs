@@ -1024,7 +1024,7 @@ async fn open_store(
                     detail: "the database URL variable is not set".into(),
                 })?;
             let store =
-                PgStore::open(&url, config.store.pool_size as usize, config.store.trust()).await?;
+                PgStore::open(&url, config.store.pool_size as usize, config.store.tls()).await?;
             // Its task writes' durations, as sled's group commits
             // (`taskgate_store_write_duration_seconds`).
             store.observe_writes(metrics.clone());

@@ -167,7 +167,7 @@ fn check_database(config: &Config) -> Result<Option<String>, String> {
         .build()
         .map_err(|e| format!("cannot start the runtime: {e}"))?;
     runtime
-        .block_on(taskgate::store::PgStore::probe(&url, config.store.trust()))
+        .block_on(taskgate::store::PgStore::probe(&url, config.store.tls()))
         .map(Some)
         .map_err(|e| format!("the PostgreSQL database is unreachable: {e}"))
 }
@@ -269,7 +269,7 @@ fn open_store_for_cli(
                     .build()
                     .map_err(|e| e.to_string())?;
                 let store = runtime
-                    .block_on(PgStore::open_read_only(&url, 2, config.store.trust()))
+                    .block_on(PgStore::open_read_only(&url, 2, config.store.tls()))
                     .map_err(|e| e.to_string())?;
                 return Ok(store as std::sync::Arc<dyn taskgate::store::TaskStore>);
             }

@@ -11,8 +11,10 @@
 //! Without `ca_roots` a `ca_file` is trusted alone, instead of the Mozilla roots (as before
 //! `ca_roots` existed); with both, the file's CAs are trusted beside the set. Neither: Mozilla.
 //!
-//! An upstream may also present a client certificate (mTLS: `upstream.client_cert_file` and
-//! `upstream.client_key_file`, [`ClientAuth`]). A leaf: it names nothing else of taskgate.
+//! A connection may also present a client certificate (mTLS: `upstream.client_cert_file` and
+//! `upstream.client_key_file`, `store.client_cert_file` and `store.client_key_file`,
+//! [`ClientAuth`]; both halves of one connection's settings: [`ClientTls`]). A leaf: it names
+//! nothing else of taskgate.
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -59,6 +61,26 @@ pub struct ClientAuth<'a> {
     pub cert_file: &'a Path,
     /// Its PEM private key (`client_key_file`).
     pub key_file: &'a Path,
+}
+
+/// One connection's TLS settings: what the server's certificate must chain to, and the client
+/// certificate presented when the server asks for one. A bare [`Trust`] converts into it (no
+/// client certificate).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClientTls<'a> {
+    /// The roots (`ca_file`, `ca_roots`).
+    pub trust: Trust<'a>,
+    /// The client certificate and key (`client_cert_file`, `client_key_file`), if any.
+    pub client_auth: Option<ClientAuth<'a>>,
+}
+
+impl<'a> From<Trust<'a>> for ClientTls<'a> {
+    fn from(trust: Trust<'a>) -> ClientTls<'a> {
+        ClientTls {
+            trust,
+            client_auth: None,
+        }
+    }
 }
 
 /// A rustls client configuration trusting `trust`, presenting `client_auth` when set, offering

@@ -845,6 +845,96 @@ async fn postgres_tls_verifies_the_server() {
     );
 }
 
+/// mTLS to the database (`store.client_cert_file`, `store.client_key_file`): a role whose
+/// `pg_hba.conf` line is `hostssl … cert` is reached with the client certificate (the server sees
+/// its CN) and refused without it; the certificate with a URL that does not say
+/// `sslmode=require` is refused before connecting, naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_presents_the_client_certificate() {
+    let Some((pg, ca)) = PgCluster::start_tls("postgres_presents_the_client_certificate") else {
+        return;
+    };
+    let dir = ca.parent().unwrap().to_path_buf();
+    let (client, conn) = tokio_postgres::connect(
+        &format!("{}?sslmode=disable", pg.url),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    let driver = tokio::spawn(conn);
+    client
+        .batch_execute("CREATE ROLE tgcert LOGIN SUPERUSER")
+        .await
+        .unwrap();
+    // The `cert` method for the role, ahead of the cluster's `trust` lines.
+    let hba = dir.join("data").join("pg_hba.conf");
+    let before = std::fs::read_to_string(&hba).unwrap();
+    std::fs::write(
+        &hba,
+        format!(
+            "hostssl all tgcert 127.0.0.1/32 cert\nhost all tgcert 127.0.0.1/32 reject\n{before}"
+        ),
+    )
+    .unwrap();
+    client
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    let url =
+        pg.url.replacen("taskgate@", "tgcert@", 1) + "?sslmode=require&application_name=tg-mtls";
+    let (cert, key) = (dir.join("client.crt"), dir.join("client.key"));
+    let with_cert = taskgate::tls::ClientTls {
+        trust: taskgate::tls::Trust::file(&ca),
+        client_auth: Some(taskgate::tls::ClientAuth {
+            cert_file: &cert,
+            key_file: &key,
+        }),
+    };
+    // The reload is asynchronous: the first refusal without a certificate says it took effect.
+    let mut refused = None;
+    for _ in 0..100 {
+        match PgStore::open(&url, 1, taskgate::tls::Trust::file(&ca)).await {
+            Err(e) => {
+                refused = Some(e.to_string());
+                break;
+            }
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+    let refused = refused.expect("without the client certificate the role is refused");
+    assert!(
+        refused.contains("certificate") || refused.contains("tgcert"),
+        "{refused}"
+    );
+    let store: Arc<dyn TaskStore> = PgStore::open(&url, 1, with_cert)
+        .await
+        .expect("the client certificate is presented");
+    let r = record("up", &unique("mtls"), "principal:a", 1);
+    store.create(r.clone()).await.expect("create over mTLS");
+    let dn: String = client
+        .query_one(
+            "SELECT s.client_dn FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE s.ssl AND a.application_name = 'tg-mtls' LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(dn.contains("CN=tgcert"), "the server saw {dn:?}");
+    // The certificate without TLS would never be sent: refused before connecting.
+    let plain = url.replace("sslmode=require", "sslmode=prefer");
+    let err = PgStore::open(&plain, 1, with_cert)
+        .await
+        .err()
+        .expect("a client certificate without sslmode=require is refused");
+    assert!(
+        err.to_string().contains("store.client_cert_file")
+            && err.to_string().contains("sslmode=require"),
+        "{err}"
+    );
+    driver.abort();
+}
+
 /// A row an earlier taskgate wrote (its `record` text as that code wrote it: no `era`, a
 /// terminal result as an escaped JSON string) is read, updated and read back by this one, and
 /// the text written back is the record's JSON as serde writes it (issue 36: the record's JSON

@@ -77,6 +77,14 @@ pub struct StoreConfig {
     /// `"system"` (the platform's trust store), as `upstream.ca_roots` (`crate::tls`).
     #[serde(default)]
     pub ca_roots: Option<crate::tls::CaRoots>,
+    /// `postgres` with `sslmode=require`: a PEM certificate chain (the client's own first)
+    /// presented when the database asks for one (mTLS: `pg_hba.conf`'s `cert` method or
+    /// `clientcert=verify-full`); set with `client_key_file`.
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    /// The PEM private key of `client_cert_file` (PKCS#8, PKCS#1 or SEC1).
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
     /// `postgres`: the lapse of a call lease, in ms (default 15000; see `store::lease`): a
     /// replica renews its leases every third of it, and one not renewed for this long is taken
     /// over by another replica (a gateway task's held call `failed`, an upgraded call followed).
@@ -130,6 +138,14 @@ impl StoreConfig {
             (StoreBackend::Sled, None, None) if self.ca_roots.is_some() => invalid(
                 "store.ca_roots is for backend = \"postgres\" (TLS to the database)".into(),
             ),
+            (StoreBackend::Sled, None, None)
+                if self.client_cert_file.is_some() || self.client_key_file.is_some() =>
+            {
+                invalid(
+                    "store.client_cert_file / store.client_key_file are for backend = \"postgres\" (TLS to the database)"
+                        .into(),
+                )
+            }
             (StoreBackend::Sled, None, None) => Ok(()),
             (StoreBackend::Sled, _, _) => invalid(
                 "store.url_env / store.url are for backend = \"postgres\" (the sled store uses store.path)".into(),
@@ -150,7 +166,16 @@ impl StoreConfig {
                     "store.url_env: environment variable {var} is not set or empty"
                 ))
             }
-            (StoreBackend::Postgres, _, _) => Ok(()),
+            (StoreBackend::Postgres, _, _) => match (&self.client_cert_file, &self.client_key_file) {
+                (Some(_), None) => invalid(
+                    "store.client_cert_file needs store.client_key_file (its private key)".into(),
+                ),
+                (None, Some(_)) => invalid(
+                    "store.client_key_file needs store.client_cert_file (the certificate it is the key of)"
+                        .into(),
+                ),
+                _ => Ok(()),
+            },
         }
     }
 
@@ -159,6 +184,22 @@ impl StoreConfig {
         crate::tls::Trust {
             ca_file: self.ca_file.as_deref(),
             ca_roots: self.ca_roots,
+        }
+    }
+
+    /// TLS to the database: what it trusts and the client certificate it presents
+    /// (`client_cert_file`, `client_key_file`; both set, as [`StoreConfig::validate`] checks).
+    pub fn tls(&self) -> crate::tls::ClientTls<'_> {
+        let client_auth = match (&self.client_cert_file, &self.client_key_file) {
+            (Some(cert), Some(key)) => Some(crate::tls::ClientAuth {
+                cert_file: cert,
+                key_file: key,
+            }),
+            _ => None,
+        };
+        crate::tls::ClientTls {
+            trust: self.trust(),
+            client_auth,
         }
     }
 
@@ -184,6 +225,8 @@ impl Default for StoreConfig {
             pool_size: default_pool_size(),
             ca_file: None,
             ca_roots: None,
+            client_cert_file: None,
+            client_key_file: None,
             lease_ms: default_lease_ms(),
             lease_poll_ms: default_lease_poll_ms(),
         }

@@ -398,6 +398,38 @@ fn ca_roots_and_client_certificates_are_checked() {
         e.contains("store.ca_roots is for backend = \"postgres\""),
         "{e}"
     );
+    // The store's client certificate: postgres only, and with its key.
+    let store =
+        |lines: &str| Config::from_toml_str(&format!("[store]\n{lines}\n{}", upstream(https)));
+    let e = store(&format!(
+        "client_cert_file = {cert:?}\nclient_key_file = {key:?}"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("store.client_cert_file / store.client_key_file are for backend = \"postgres\""),
+        "{e}"
+    );
+    let pg = "backend = \"postgres\"\nurl = \"postgres://tg@db/tasks?sslmode=require\"";
+    let e = store(&format!("{pg}\nclient_cert_file = {cert:?}"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("store.client_cert_file needs store.client_key_file"),
+        "{e}"
+    );
+    let e = store(&format!("{pg}\nclient_key_file = {key:?}"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("store.client_key_file needs store.client_cert_file"),
+        "{e}"
+    );
+    let both = store(&format!(
+        "{pg}\nclient_cert_file = {cert:?}\nclient_key_file = {key:?}"
+    ))
+    .unwrap();
+    assert!(both.store.tls().client_auth.is_some());
 }
 
 /// `upstream.proxy`: an `http://host:port` URL (with credentials, `${VAR}` expanded) accepted

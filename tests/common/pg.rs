@@ -71,6 +71,10 @@ impl Own {
                     "ssl_cert_file=server.crt",
                     "-c",
                     "ssl_key_file=server.key",
+                    // Client certificates are checked against the test CA (a `pg_hba.conf`
+                    // `cert` line a test adds: `store.client_cert_file`).
+                    "-c",
+                    "ssl_ca_file=ca.crt",
                 ][..]
             } else {
                 &[][..]
@@ -463,7 +467,43 @@ fn make_certs(
         "-extfile",
         "san.ext",
     ])?;
-    for name in ["server.crt", "server.key"] {
+    // A client certificate for the role `tgcert` (the `cert` method matches the CN to the role);
+    // v3 with extensions (webpki refuses a v1 certificate).
+    std::fs::write(
+        dir.join("client.ext"),
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+    )
+    .map_err(|e| e.to_string())?;
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+        "-subj",
+        "/CN=tgcert",
+    ])?;
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "client.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "client.ext",
+    ])?;
+    for name in ["server.crt", "server.key", "ca.crt"] {
         let to = data.join(name);
         std::fs::copy(dir.join(name), &to).map_err(|e| e.to_string())?;
         use std::os::unix::fs::PermissionsExt;

@@ -25,19 +25,21 @@ impl PgStore {
     /// Connects to the database at `url` (a libpq URL or key/value string) with a pool of
     /// `pool_size` connections, and applies the embedded migrations (one replica at a time, under
     /// an advisory lock). With `sslmode=require` in the URL the connections use TLS, trusting the
-    /// CA certificates of `trust` (`store.ca_file`, `store.ca_roots`; without either the
-    /// Mozilla roots, see `tls`); otherwise `trust` is not read.
+    /// CA certificates of `tls` (`store.ca_file`, `store.ca_roots`; without either the
+    /// Mozilla roots, see `tls`) and presenting its client certificate when the server asks
+    /// (`store.client_cert_file`); otherwise `tls` is not read. A bare `Trust` will do.
     ///
     /// Errors: [`StoreError::Open`] (with `path` the URL without its password) when the URL does
     /// not parse, the database cannot be reached within the URL's `connect_timeout` (5 s by
-    /// default), its schema is newer than this taskgate knows, or (TLS) `ca_file` cannot be read or holds no certificate, or the system trust store none; a server
-    /// certificate that does not verify fails the connection.
-    pub async fn open(
+    /// default), its schema is newer than this taskgate knows, or (TLS) `ca_file` cannot be read or holds no certificate, the system trust store none, or
+    /// the client certificate or its key cannot be read or used; a server certificate that does
+    /// not verify fails the connection, as does a server that refuses the client certificate.
+    pub async fn open<'a>(
         url: &str,
         pool_size: usize,
-        trust: crate::tls::Trust<'_>,
+        tls: impl Into<crate::tls::ClientTls<'a>>,
     ) -> Result<Arc<PgStore>, StoreError> {
-        PgStore::connect(url, pool_size, true, trust).await
+        PgStore::connect(url, pool_size, true, tls.into()).await
     }
 
     /// Connects like [`PgStore::open`] without changing the schema, for `taskgate tasks` (a
@@ -45,19 +47,19 @@ impl PgStore {
     ///
     /// Errors: those of [`PgStore::open`], and a database whose taskgate schema is missing or
     /// of another version than this taskgate's (start `taskgate serve` on it first).
-    pub async fn open_read_only(
+    pub async fn open_read_only<'a>(
         url: &str,
         pool_size: usize,
-        trust: crate::tls::Trust<'_>,
+        tls: impl Into<crate::tls::ClientTls<'a>>,
     ) -> Result<Arc<PgStore>, StoreError> {
-        PgStore::connect(url, pool_size, false, trust).await
+        PgStore::connect(url, pool_size, false, tls.into()).await
     }
 
     async fn connect(
         url: &str,
         pool_size: usize,
         migrate: bool,
-        trust: crate::tls::Trust<'_>,
+        tls: crate::tls::ClientTls<'_>,
     ) -> Result<Arc<PgStore>, StoreError> {
         let shown = redact(url);
         let open_err = |detail: String| StoreError::Open {
@@ -65,27 +67,27 @@ impl PgStore {
             detail,
         };
         let mut config = parse(url).map_err(open_err)?;
+        super::tls::check_client_auth(&config, &tls).map_err(open_err)?;
         let query_timeout = bound(&mut config);
         if config.get_application_name().is_none() {
             // `pg_stat_activity` shows taskgate's connections; a URL's own name wins (replicas
             // can be told apart).
             config.application_name("taskgate");
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("taskgate-pg")
-            .enable_all()
-            .build()
-            .map_err(|e| open_err(e.to_string()))?;
-        let handle = runtime.handle().clone();
+        // The connector and the pool before the runtime: an error of theirs returns without
+        // dropping one (a runtime dropped in an asynchronous context panics, and `serve` opens
+        // the store in one).
+        let connector = if super::tls::wanted(&config) {
+            Some(super::tls::connector(tls).map_err(open_err)?)
+        } else {
+            None
+        };
         let manager_config = ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         };
-        let manager = if super::tls::wanted(&config) {
-            let tls = super::tls::connector(trust).map_err(open_err)?;
-            Manager::from_config(config, tls, manager_config)
-        } else {
-            Manager::from_config(config, tokio_postgres::NoTls, manager_config)
+        let manager = match connector {
+            Some(tls) => Manager::from_config(config, tls, manager_config),
+            None => Manager::from_config(config, tokio_postgres::NoTls, manager_config),
         };
         let pool = Pool::builder(manager)
             .max_size(pool_size.max(1))
@@ -96,6 +98,13 @@ impl PgStore {
             .recycle_timeout(Some(query_timeout))
             .build()
             .map_err(|e| open_err(e.to_string()))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("taskgate-pg")
+            .enable_all()
+            .build()
+            .map_err(|e| open_err(e.to_string()))?;
+        let handle = runtime.handle().clone();
         let store = Arc::new(PgStore {
             pool,
             runtime: Some(runtime),
@@ -125,19 +134,24 @@ impl PgStore {
     /// version found (0 before taskgate's first start on it).
     ///
     /// Errors: [`StoreError::Open`] with the reason (URL, connection, authentication).
-    pub async fn probe(url: &str, trust: crate::tls::Trust<'_>) -> Result<String, StoreError> {
+    pub async fn probe<'a>(
+        url: &str,
+        tls: impl Into<crate::tls::ClientTls<'a>>,
+    ) -> Result<String, StoreError> {
+        let tls = tls.into();
         let shown = redact(url);
         let open_err = |detail: String| StoreError::Open {
             path: shown.clone(),
             detail,
         };
         let mut config = parse(url).map_err(open_err)?;
+        super::tls::check_client_auth(&config, &tls).map_err(open_err)?;
         // Every step gets its answer within the query timeout (see `bounded`): a database that
         // accepts the connection but does not answer (a stopped server) fails the probe in
         // time; the connection's start-up gets twice that (its TCP connect has the first).
         let limit = bound(&mut config);
         let (client, driver) = if super::tls::wanted(&config) {
-            let tls = super::tls::connector(trust).map_err(open_err)?;
+            let tls = super::tls::connector(tls).map_err(open_err)?;
             let (client, conn) =
                 within(2 * limit, "the connection's start-up", config.connect(tls))
                     .await
