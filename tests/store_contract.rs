@@ -935,6 +935,55 @@ async fn postgres_presents_the_client_certificate() {
     driver.abort();
 }
 
+/// `store.ca_roots = "system"` against a real PostgreSQL with TLS: `check-config` (the binary,
+/// so the trust store is read from its own environment) reaches the database when the system
+/// store (`SSL_CERT_FILE`) holds the database's CA, and names the certificate when it does not.
+#[test]
+fn check_config_trusts_the_system_store_for_the_database() {
+    let Some((pg, ca)) =
+        PgCluster::start_tls("check_config_trusts_the_system_store_for_the_database")
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tls.toml");
+    std::fs::write(
+        &file,
+        "[gateway]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [store]\nbackend = \"postgres\"\nurl_env = \"TG_TEST_DB\"\nca_roots = \"system\"\n\
+         [[upstream]]\nname = \"default\"\nurl = \"http://127.0.0.1:9/mcp\"\n",
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let url = format!("{}?sslmode=require&connect_timeout=5", pg.url);
+    // Only the file: an empty directory instead of this machine's own.
+    let no_dir = dir.path().join("empty");
+    std::fs::create_dir(&no_dir).unwrap();
+    let env = |cert_file: &std::path::Path| {
+        [
+            ("TG_TEST_DB", url.clone()),
+            ("SSL_CERT_FILE", cert_file.to_str().unwrap().to_string()),
+            ("SSL_CERT_DIR", no_dir.to_str().unwrap().to_string()),
+        ]
+    };
+    let with = env(&ca);
+    let with: Vec<(&str, &str)> = with.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let ok = run_taskgate(&["check-config", f], &with);
+    assert!(ok.status.success(), "{} {}", ok.stdout, ok.stderr);
+    assert!(ok.stdout.contains("reachable"), "{}", ok.stdout);
+    // A store holding another certificate only: the database's is not trusted.
+    let other = ca.parent().unwrap().join("client.crt");
+    let without = env(&other);
+    let without: Vec<(&str, &str)> = without.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let bad = run_taskgate(&["check-config", f], &without);
+    assert!(!bad.status.success(), "{}", bad.stdout);
+    assert!(
+        bad.stderr.to_lowercase().contains("certificate"),
+        "{}",
+        bad.stderr
+    );
+}
+
 /// A row an earlier taskgate wrote (its `record` text as that code wrote it: no `era`, a
 /// terminal result as an escaped JSON string) is read, updated and read back by this one, and
 /// the text written back is the record's JSON as serde writes it (issue 36: the record's JSON

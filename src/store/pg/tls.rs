@@ -61,7 +61,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let empty = dir.path().join("ca.pem");
         std::fs::write(&empty, "not a certificate\n").unwrap();
-        let err = connector(Trust::file(&empty).into()).err().expect("refused");
+        let err = connector(Trust::file(&empty).into())
+            .err()
+            .expect("refused");
         assert!(
             err.contains("store.ca_file")
                 && err.contains("ca.pem")
@@ -69,7 +71,9 @@ mod tests {
             "{err}"
         );
         let missing = dir.path().join("missing.pem");
-        let err = connector(Trust::file(&missing).into()).err().expect("refused");
+        let err = connector(Trust::file(&missing).into())
+            .err()
+            .expect("refused");
         assert!(err.contains("missing.pem"), "{err}");
         assert!(connector(Trust::default().into()).is_ok());
     }
