@@ -1625,6 +1625,32 @@ async fn a_result_nested_past_serdes_limit_completes_byte_exact() {
     assert_eq!(answer_text(&again), expected);
 }
 
+/// The same deep result for a 2026-07-28 client: `tasks/get` of the completed gateway task
+/// carries it inline, byte for byte as the server sent it (the held answer is kept as bytes and
+/// read member by member: a `Value` could not hold it).
+#[tokio::test]
+async fn a_2026_inline_result_nested_past_serdes_limit_is_byte_exact() {
+    let (_up, gate, tg) = setup(false).await;
+    let url = tg.mcp_url();
+    let t = create(&url, None, "deep").await;
+    gate.open();
+    let upstream = deep_result();
+    let text = eventually(STEP, || {
+        let req = modern_req(&url, None, 2, "tasks/get", json!({ "taskId": t }));
+        async move {
+            let text = answer_text(&req.send().await.text().await);
+            text.contains(r#""status":"completed""#).then_some(text)
+        }
+    })
+    .await
+    .expect("completed");
+    assert!(
+        text.contains(&format!(r#""result":{upstream}"#)),
+        "the result is not the server's bytes: {}",
+        &text[..text.len().min(400)]
+    );
+}
+
 /// The answer (id 2) in a body: the JSON body itself, or its SSE event's data (the task's
 /// status notifications may come first).
 fn answer_text(body: &str) -> String {
