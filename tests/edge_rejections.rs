@@ -76,7 +76,8 @@ async fn batch_array_is_400_invalid_request() {
     assert_session_works(&gw, &up, &sid).await;
 }
 
-/// POST whose `Accept` does not list both types: 406, nothing forwarded.
+/// POST whose `Accept` does not list both types: 406, nothing forwarded. A type listed with
+/// `q=0` is "not acceptable" (RFC 9110 §12.5.1): not listed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_without_accept_both_is_406() {
     let up = Upstream::mcp().await;
@@ -84,7 +85,13 @@ async fn post_without_accept_both_is_406() {
     let sid = initialize(&gw, "/mcp").await;
     let before = up.count();
 
-    for accept in [None, Some("application/json"), Some("text/event-stream")] {
+    for accept in [
+        None,
+        Some("application/json"),
+        Some("text/event-stream"),
+        Some("application/json;q=0, text/event-stream"),
+        Some("application/json, text/event-stream;q=0"),
+    ] {
         let mut req = Req::post_raw(&gw.url("/mcp"), rpc("1", "ping", "{}"))
             .header("content-type", "application/json")
             .header("mcp-session-id", &sid);

@@ -34,9 +34,12 @@ const COMMON_ACCEPT: [(&str, &[&str]); 4] = [
 ];
 
 /// True when the `Accept` field values list every media type in `needed` (case-insensitive,
-/// parameters ignored). The 2025-11-25 transport requires the literal types, as SDK servers do.
+/// parameters ignored but the weight). The 2025-11-25 transport requires the literal types, as
+/// SDK servers do. A type listed with weight zero (`;q=0`, `;q=0.000`) is "not acceptable" (RFC
+/// 9110 §12.5.1) and does not count as listed.
 ///
-/// One pass over the listed types, whatever the number needed (at most 64; on every POST).
+/// One pass over the listed types, whatever the number needed (at most 64; on every POST); a
+/// listed type's parameters are read only when it is a needed one and has some.
 pub(super) fn accept_lists<'a>(
     values: impl IntoIterator<Item = &'a HeaderValue>,
     needed: &[&str],
@@ -47,13 +50,17 @@ pub(super) fn accept_lists<'a>(
         n => u64::MAX >> (64 - n.min(64)),
     };
     let mut found = 0u64;
-    // Marks the needed types `essence` (a listed type without its parameters) is; true when
-    // every one is found.
-    let mut mark = |essence: &[u8]| {
+    // Marks the needed types `essence` (a listed type without its parameters) is, unless its
+    // `params` (what follows the first `;`) give it weight zero; true when every one is found.
+    let mut mark = |essence: &[u8], params: &[u8]| {
+        let mut is = 0u64;
         for (i, n) in needed.iter().enumerate() {
             if essence.eq_ignore_ascii_case(n.as_bytes()) {
-                found |= 1 << i;
+                is |= 1 << i;
             }
+        }
+        if is != 0 && !weight_is_zero(params) {
+            found |= is;
         }
         found == all
     };
@@ -67,7 +74,7 @@ pub(super) fn accept_lists<'a>(
         {
             // The values MCP SDKs send, decided without the parse below (~1,000 instructions
             // per request for the common value).
-            if listed.iter().any(|l| mark(l.as_bytes())) {
+            if listed.iter().any(|l| mark(l.as_bytes(), b"")) {
                 return true;
             }
             continue;
@@ -76,17 +83,32 @@ pub(super) fn accept_lists<'a>(
             continue;
         }
         for listed in value.as_bytes().split(|&b| b == b',') {
-            let essence = listed
-                .split(|&b| b == b';')
-                .next()
-                .unwrap_or(b"")
-                .trim_ascii();
-            if mark(essence) {
+            let (essence, params) = match listed.iter().position(|&b| b == b';') {
+                Some(at) => (&listed[..at], &listed[at + 1..]),
+                None => (listed, &b""[..]),
+            };
+            if mark(essence.trim_ascii(), params) {
                 return true;
             }
         }
     }
     found == all
+}
+
+/// Whether a listed media type's parameters (`params`, the text after its first `;`) hold the
+/// weight `q=0` (RFC 9110 §12.4.2 `qvalue`: `0`, `0.`, `0.0` to `0.000`; `q` in any case).
+/// Another weight, an ill-formed one, or none is not zero. No allocation: bytes compared.
+fn weight_is_zero(params: &[u8]) -> bool {
+    params
+        .split(|&b| b == b';')
+        .any(|param| match param.trim_ascii() {
+            [q, b'=', value @ ..] if q.eq_ignore_ascii_case(&b'q') => match value {
+                [b'0'] => true,
+                [b'0', b'.', zeros @ ..] => zeros.len() <= 3 && zeros.iter().all(|&b| b == b'0'),
+                _ => false,
+            },
+            _ => false,
+        })
 }
 
 /// The request header fields the edge decides on, found in one pass over the fields present.
@@ -706,6 +728,41 @@ mod tests {
             &["text/event-stream"]
         ));
         assert!(accept_lists(&accept(&[]), &[]));
+    }
+
+    /// A type listed with weight zero (`q=0`, `q=0.000`) is "not acceptable" (RFC 9110
+    /// §12.5.1): it does not count as listed, so the request gets the same 406 as without it.
+    /// Any other weight, or a parameter that is not the weight, lists it.
+    #[test]
+    fn accept_type_with_q_zero_is_not_listed() {
+        let both = ["application/json", "text/event-stream"];
+        let sse = ["text/event-stream"];
+        for refused in [
+            "application/json;q=0, text/event-stream",
+            "application/json, text/event-stream;q=0",
+            "application/json;q=0, text/event-stream;q=0",
+            "application/json; Q=0.0, text/event-stream",
+            "application/json;charset=utf-8;q=0.000, text/event-stream",
+            "application/json ; q=0 , text/event-stream",
+        ] {
+            assert!(!accept_lists(&accept(&[refused]), &both), "{refused}");
+        }
+        assert!(!accept_lists(
+            &accept(&["application/json", "text/event-stream;q=0"]),
+            &both
+        ));
+        assert!(!accept_lists(&accept(&["text/event-stream;q=0"]), &sse));
+        assert!(!accept_lists(&accept(&["text/event-stream;q=0.00"]), &sse));
+        for listed in [
+            "application/json;q=0.001, text/event-stream;q=1",
+            "application/json;q=0.5, text/event-stream;q=1.000",
+            "application/json;level=0, text/event-stream;x=q=0",
+            "application/json;q=, text/event-stream",
+            "application/json;q=0, text/event-stream, application/json",
+        ] {
+            assert!(accept_lists(&accept(&[listed]), &both), "{listed}");
+        }
+        assert!(accept_lists(&accept(&["text/event-stream;q=0.1"]), &sse));
     }
 
     /// The one pass finds what `HeaderMap::get` would (the first value of each field) and

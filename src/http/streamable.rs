@@ -21,8 +21,8 @@
 //! | method other than POST, GET, DELETE | 405 with `Allow` |
 //! | GET or DELETE with a 2026-era `MCP-Protocol-Version` (2026-07-28 §2.2: no GET stream, no sessions) | 405 with `Allow: POST`, `-32600`, before any `[limits]` GET slot or the upstream |
 //! | POST `Content-Type` not `application/json` | 415 |
-//! | POST `Accept` not listing both `application/json` and `text/event-stream` | 406 |
-//! | GET `Accept` not listing `text/event-stream` | 406 |
+//! | POST `Accept` not listing both `application/json` and `text/event-stream` (a type listed with `q=0` is not acceptable, RFC 9110 §12.5.1: not listed) | 406 |
+//! | GET `Accept` not listing `text/event-stream` (nor with `q=0`) | 406 |
 //! | body over `gateway.max_body_bytes` | 413, `-32600` |
 //! | invalid JSON | 400, `-32700` |
 //! | a JSON array (batch) or not a JSON-RPC message | 400, `-32600` |
