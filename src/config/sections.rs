@@ -3,6 +3,7 @@
 //! `config/REFERENCE.md`). `[store]` is in `store`.
 
 use super::check::*;
+use super::redact::{Names, Redacted, Url};
 use super::ConfigError;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -236,8 +237,9 @@ pub struct AuthConfig {
     pub oauth: Option<super::OAuthConfig>,
 }
 
-/// `[[auth.token]]`: one accepted bearer token and the principal it stands for.
-#[derive(Debug, Clone, Deserialize)]
+/// `[[auth.token]]`: one accepted bearer token and the principal it stands for. `Debug` hides
+/// the hash (`super::redact`).
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenConfig {
     /// The principal name (the task owner) this token authenticates.
@@ -248,6 +250,21 @@ pub struct TokenConfig {
     /// Name of an environment variable holding the token itself.
     #[serde(default)]
     pub token_env: Option<String>,
+}
+
+impl std::fmt::Debug for TokenConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let TokenConfig {
+            principal,
+            sha256,
+            token_env,
+        } = self;
+        f.debug_struct("TokenConfig")
+            .field("principal", principal)
+            .field("sha256", &sha256.as_ref().map(|_| Redacted))
+            .field("token_env", token_env)
+            .finish()
+    }
 }
 
 pub(super) fn default_max_ttl_ms() -> u64 {
@@ -443,7 +460,8 @@ pub(super) fn default_max_message_bytes() -> usize {
 
 /// `[[upstream]]`: one MCP server reached over Streamable HTTP (`url`) or started as a
 /// supervised child process speaking JSON-RPC on its stdio (`command`; `src/upstream/stdio/`).
-#[derive(Debug, Clone, Deserialize)]
+/// `Debug` hides `proxy`'s credentials and the values of `headers` and `env` (`super::redact`).
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Route name: requests to `/mcp/<name>` go here. Letters, digits, `-`, `_`, `.`.
@@ -524,6 +542,55 @@ pub struct UpstreamConfig {
     /// `src/layers/gateway_tasks/mod.rs` (issue 32).
     #[serde(default)]
     pub tasks: TaskOwnership,
+}
+
+impl std::fmt::Debug for UpstreamConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let UpstreamConfig {
+            name,
+            url,
+            ca_file,
+            ca_roots,
+            client_cert_file,
+            client_key_file,
+            proxy,
+            command,
+            env,
+            cwd,
+            process,
+            max_in_flight,
+            timeout_ms,
+            connect_timeout_ms,
+            headers,
+            forward_authorization,
+            principal_header,
+            max_message_bytes,
+            protocol,
+            tasks,
+        } = self;
+        f.debug_struct("UpstreamConfig")
+            .field("name", name)
+            .field("url", &Url(url))
+            .field("ca_file", ca_file)
+            .field("ca_roots", ca_roots)
+            .field("client_cert_file", client_cert_file)
+            .field("client_key_file", client_key_file)
+            .field("proxy", &proxy.as_deref().map(Url))
+            .field("command", command)
+            .field("env", &Names(env))
+            .field("cwd", cwd)
+            .field("process", process)
+            .field("max_in_flight", max_in_flight)
+            .field("timeout_ms", timeout_ms)
+            .field("connect_timeout_ms", connect_timeout_ms)
+            .field("headers", &Names(headers))
+            .field("forward_authorization", forward_authorization)
+            .field("principal_header", principal_header)
+            .field("max_message_bytes", max_message_bytes)
+            .field("protocol", protocol)
+            .field("tasks", tasks)
+            .finish()
+    }
 }
 
 impl UpstreamConfig {

@@ -45,8 +45,8 @@ pub(super) fn default_lease_poll_ms() -> u64 {
     250
 }
 
-/// `[store]`.
-#[derive(Debug, Clone, Deserialize)]
+/// `[store]`. `Debug` hides a password in `url` (`super::redact`).
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
     /// `sled` (default) or `postgres`.
@@ -95,6 +95,39 @@ pub struct StoreConfig {
     /// replica waits before the holding replica acts on it.
     #[serde(default = "default_lease_poll_ms")]
     pub lease_poll_ms: u64,
+}
+
+impl std::fmt::Debug for StoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let StoreConfig {
+            backend,
+            path,
+            cache_capacity_bytes,
+            url_env,
+            url,
+            pool_size,
+            ca_file,
+            ca_roots,
+            client_cert_file,
+            client_key_file,
+            lease_ms,
+            lease_poll_ms,
+        } = self;
+        f.debug_struct("StoreConfig")
+            .field("backend", backend)
+            .field("path", path)
+            .field("cache_capacity_bytes", cache_capacity_bytes)
+            .field("url_env", url_env)
+            .field("url", &url.as_deref().map(super::redact::Url))
+            .field("pool_size", pool_size)
+            .field("ca_file", ca_file)
+            .field("ca_roots", ca_roots)
+            .field("client_cert_file", client_cert_file)
+            .field("client_key_file", client_key_file)
+            .field("lease_ms", lease_ms)
+            .field("lease_poll_ms", lease_poll_ms)
+            .finish()
+    }
 }
 
 /// Whether a PostgreSQL URL or key/value string carries a password.

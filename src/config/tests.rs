@@ -553,3 +553,66 @@ fn https_upstreams_and_their_ca_file() {
     );
     assert_eq!(upstream_host(&uri("https://[::1]:8443/mcp")), "::1");
 }
+
+/// `{:?}` of a config never prints a secret (a tester found `upstream.proxy`'s password and
+/// `upstream.headers`' `Authorization` in it): the proxy's and the store URL's credentials, the
+/// values of `upstream.headers` and `upstream.env`, and a bearer token's hash are redacted;
+/// names, hosts and the rest still show.
+#[test]
+fn debug_never_prints_secrets() {
+    let text = r#"
+[store]
+backend = "postgres"
+url = "postgres://tg:pgsecret1@db:5432/tg"
+[auth]
+mode = "bearer"
+[[auth.token]]
+principal = "alice"
+sha256 = "hashsecret2"
+[[upstream]]
+name = "a"
+url = "http://127.0.0.1:1/mcp"
+proxy = "http://user:proxysecret3@proxy:3128"
+[upstream.headers]
+Authorization = "Bearer headersecret4"
+[[upstream]]
+name = "b"
+command = ["server"]
+[upstream.env]
+API_KEY = "envsecret5"
+"#;
+    // Not validated (a store URL with a password is refused there): `Debug` must not rely on it.
+    let c: Config = toml::from_str(text).unwrap();
+    for shown in [format!("{c:?}"), format!("{c:#?}")] {
+        for secret in [
+            "pgsecret1",
+            "hashsecret2",
+            "proxysecret3",
+            "headersecret4",
+            "envsecret5",
+        ] {
+            assert!(!shown.contains(secret), "{secret} printed: {shown}");
+        }
+        for kept in [
+            "Authorization",
+            "API_KEY",
+            "proxy:3128",
+            "db:5432",
+            "alice",
+            "http://127.0.0.1:1/mcp",
+        ] {
+            assert!(shown.contains(kept), "{kept} not shown: {shown}");
+        }
+    }
+    // A proxy password taken from the environment, as validated configs hold it.
+    std::env::set_var("TASKGATE_TEST_PROXY_PW", "proxysecret6");
+    let text =
+        format!("{MINIMAL}proxy = \"http://u:${{TASKGATE_TEST_PROXY_PW}}@127.0.0.1:3128\"\n");
+    let c = Config::from_toml_str(&text).unwrap();
+    assert_eq!(
+        c.upstream[0].proxy.as_deref(),
+        Some("http://u:proxysecret6@127.0.0.1:3128")
+    );
+    let shown = format!("{:?}", c.upstream[0]);
+    assert!(!shown.contains("proxysecret6"), "{shown}");
+}
