@@ -1496,10 +1496,42 @@ async fn upstream_without_a_ttl_member_is_told_the_cap() {
     assert_eq!(got["result"]["status"], "working", "{got}");
 }
 
-/// A record expires at createdAt + the ttl the upstream reported; the sweeper removes it, then
-/// tasks/get|result|cancel get -32602 without reaching the upstream and the metric counts it.
+/// An upstream that answers `ttl: 0` (it promises no retention): the record still lives for
+/// taskgate's floor (`MIN_RETENTION_MS`, or the upstream's `pollInterval` when longer), so the
+/// client's next `tasks/get` reaches the upstream, which still has the task; the client is told
+/// the upstream's ttl as it said it (before: the record expired at its creation, and that
+/// `tasks/get` was answered `-32602` "Task not found" by taskgate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_reported_zero_ttl_keeps_the_record_for_the_floor() {
+    let up = TaskServer::start(Behaviour {
+        ttl_override: Some(json!(0)),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let v = c.rpc(Client::create_body("1", Some(30_000))).await;
+    assert_eq!(v["result"]["task"]["ttl"], json!(0), "{v}");
+    let task_id = v["result"]["task"]["taskId"].as_str().unwrap().to_string();
+    let got = c.get("2", &task_id).await;
+    assert_eq!(got["result"]["status"], "working", "{got}");
+    assert_eq!(got["result"]["ttl"], json!(0), "{got}");
+    let rec = tg.record(&task_id).unwrap();
+    assert_eq!(rec.ttl_ms, Some(0));
+    assert_eq!(
+        rec.expires_at,
+        parse_rfc3339_ms(&rec.created_at).unwrap() + taskgate::registry::MIN_RETENTION_MS
+    );
+}
+
+/// A record expires at createdAt + the ttl the upstream reported, here raised to the retention
+/// floor (`MIN_RETENTION_MS`; the upstream's 400 ms is still what the record and the client
+/// show); the sweeper removes it, then tasks/get|result|cancel get -32602 without reaching the
+/// upstream and the metric counts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_task_is_swept_and_answered_not_found() {
+    use taskgate::registry::MIN_RETENTION_MS;
     // The client asks for a minute, the upstream grants 400 ms.
     let up = TaskServer::start(Behaviour {
         ttl_override: Some(json!(400)),
@@ -1518,7 +1550,7 @@ async fn expired_task_is_swept_and_answered_not_found() {
     assert_eq!(rec.ttl_ms, Some(400));
     assert_eq!(
         rec.expires_at,
-        parse_rfc3339_ms(&rec.created_at).unwrap() + 400
+        parse_rfc3339_ms(&rec.created_at).unwrap() + MIN_RETENTION_MS
     );
 
     let v = c.get("2", &task_id).await;
@@ -1539,8 +1571,8 @@ async fn expired_task_is_swept_and_answered_not_found() {
         "the sweeper did not remove the expired record"
     );
     assert!(
-        created.elapsed() >= Duration::from_millis(350),
-        "removed before its ttl was over"
+        created.elapsed() >= Duration::from_millis(MIN_RETENTION_MS - 50),
+        "removed before its retention was over"
     );
     assert!(tg.record(&task_id).is_none());
 

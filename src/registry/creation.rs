@@ -13,7 +13,9 @@ impl Registry {
     /// The upstream's ttl is capped like a requested one (`ttl_ms` and `expires_at` use the
     /// smaller of it and `tasks.max_ttl_ms`; `null` or none means the cap, recorded as such), so
     /// no upstream can make a record outlive the cap, and the client is told the ttl taskgate
-    /// keeps the task for. `None` when `task` has no string `taskId`.
+    /// keeps the task for. A shorter ttl than the retention floor ([`MIN_RETENTION_MS`]: `0`,
+    /// a few ms) is recorded and shown as the upstream gave it, but the record expires at the
+    /// floor. `None` when `task` has no string `taskId`.
     pub fn creation_record(&self, template: &TaskRecord, task: &Value) -> Option<TaskRecord> {
         self.creation_record_of(template, &CreatedTask::of(task)?)
     }
@@ -46,7 +48,13 @@ impl Registry {
         if record.status.is_terminal() {
             record.terminal_at = Some(now);
         }
-        let ttl = record.ttl_ms.unwrap_or(cap);
+        // The record is kept at least `retention_floor` (an upstream's `ttl: 0` would have it
+        // expire at its creation: the client's next `tasks/get` refused though the upstream
+        // still answers it); the ttl recorded and shown stays the upstream's.
+        let ttl = record
+            .ttl_ms
+            .unwrap_or(cap)
+            .max(retention_floor(task.poll_interval, cap));
         // The upstream's createdAt, unless its clock is off: in the future, or so far in the
         // past that the task would be expired on arrival; then taskgate's clock.
         let created = parse_rfc3339_ms(&record.created_at)
@@ -138,6 +146,17 @@ impl Registry {
     }
 }
 
+/// The shortest time a task's record is kept from its creation, in ms, whatever ttl the
+/// upstream answered: the shortest ttl taskgate asks for (`layers::tasks::MIN_TASK_TTL_MS`,
+/// issue 29 #12), and at least the upstream's `pollInterval`, so the client's first poll at the
+/// interval it was told still finds the task; never past `tasks.max_ttl_ms` (`cap`).
+pub const MIN_RETENTION_MS: u64 = 1_000;
+
+/// The retention floor of a task created with `poll_interval` (see [`MIN_RETENTION_MS`]).
+fn retention_floor(poll_interval: Option<u64>, cap: u64) -> u64 {
+    poll_interval.unwrap_or(0).max(MIN_RETENTION_MS).min(cap)
+}
+
 /// What [`Registry::creation_record`] reads of a `CreateTaskResult`'s `Task`, borrowed: from a
 /// `Value` ([`CreatedTask::of`]), or read by hand from its text (`layers::observe`'s one-pass
 /// reader, which must make the same of it).
@@ -179,5 +198,21 @@ impl<'a> CreatedTask<'a> {
             },
             poll_interval: task.get("pollInterval").and_then(Value::as_u64),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{retention_floor, MIN_RETENTION_MS};
+
+    /// The floor is `MIN_RETENTION_MS`, or the upstream's `pollInterval` when longer, and never
+    /// past the cap.
+    #[test]
+    fn the_retention_floor_is_the_poll_interval_at_least_and_the_cap_at_most() {
+        assert_eq!(retention_floor(None, 60_000), MIN_RETENTION_MS);
+        assert_eq!(retention_floor(Some(100), 60_000), MIN_RETENTION_MS);
+        assert_eq!(retention_floor(Some(5_000), 60_000), 5_000);
+        assert_eq!(retention_floor(Some(u64::MAX), 60_000), 60_000);
+        assert_eq!(retention_floor(None, 500), 500);
     }
 }

@@ -33,7 +33,7 @@ mod status;
 pub mod sweep;
 mod tier;
 
-pub use creation::CreatedTask;
+pub use creation::{CreatedTask, MIN_RETENTION_MS};
 pub use leases::{LeaseGuard, LeaseKeeper};
 pub use offload::{ListPage, NotRun, StoreThreads};
 pub use owners::{Owners, Reservation};
