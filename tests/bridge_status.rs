@@ -332,3 +332,73 @@ async fn a_null_ttl_is_shown_as_the_cap_everywhere() {
     let r = tg.record(&t).expect("recorded");
     assert_eq!(r.ttl_ms, Some(3_600_000));
 }
+
+/// A bridged task's `lastUpdatedAt` is the upstream's in `tasks/list` as in `tasks/get` (the
+/// record keeps the time the 2026 server reported with the status), whichever request saw the
+/// task end first: a `tasks/get`, the bridge following a `tasks/result`, or a `tasks/cancel`
+/// (whose 2026 ack, which carries no time, is applied with taskgate's: before, that time stayed
+/// in the record, and `tasks/list` showed it while `tasks/get` showed the upstream's).
+#[tokio::test]
+async fn tasks_list_shows_the_upstreams_last_updated_at() {
+    for ended_by in ["tasks/get", "tasks/result", "tasks/cancel"] {
+        last_updated_at_agrees(ended_by).await;
+    }
+}
+
+async fn last_updated_at_agrees(ended_by: &str) {
+    const AT: &str = "2026-01-02T03:04:05.678Z";
+    let state: Shared = Default::default();
+    let modern = modern_handler(state.clone());
+    let seen = state.clone();
+    // The scripted server, but a terminal task's `lastUpdatedAt` is fixed (as the SDKs' task
+    // stores keep it), not the time of each answer.
+    let up = Upstream::start(move |req: &RecordedRequest| {
+        let v = req.json();
+        let task_id = v["params"]["taskId"].as_str().unwrap_or_default();
+        let status = seen.lock().unwrap().tasks.get(task_id).cloned();
+        if let (true, Some(status @ ("completed" | "cancelled"))) =
+            (v["method"] == "tasks/get", status.as_deref())
+        {
+            let mut t = detailed(task_id, status);
+            t["lastUpdatedAt"] = json!(AT);
+            return ScriptedResponse::json(rpc_result(&req.rpc_id_json(), &t.to_string()));
+        }
+        modern(req)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let t = create(&c, 2).await;
+    let status = match ended_by {
+        "tasks/cancel" => {
+            let v = c.cancel("3", &t).await;
+            assert_eq!(v["result"]["status"], "cancelled", "{v}");
+            "cancelled"
+        }
+        _ => {
+            state
+                .lock()
+                .unwrap()
+                .tasks
+                .insert(t.clone(), "completed".into());
+            if ended_by == "tasks/result" {
+                let res = c.result("3", &t).await;
+                assert!(res["result"]["content"].is_array(), "{res}");
+            }
+            "completed"
+        }
+    };
+    let got = c.get("4", &t).await;
+    assert_eq!(got["result"]["status"], status, "{ended_by}: {got}");
+    assert_eq!(got["result"]["lastUpdatedAt"], AT, "{ended_by}: {got}");
+    let list = c.list("5", None).await;
+    assert_eq!(
+        listed_task(&list, &t)["lastUpdatedAt"],
+        AT,
+        "{ended_by}: {list}"
+    );
+    let got = c.get("6", &t).await;
+    assert_eq!(got["result"]["lastUpdatedAt"], AT, "{ended_by}: {got}");
+    assert_eq!(tg.record(&t).unwrap().last_updated_at, AT, "{ended_by}");
+}

@@ -5,7 +5,7 @@
 
 use super::Registry;
 use crate::jsonrpc::splice;
-use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
+use crate::mcp::task::{format_rfc3339_ms, now_ms, parse_rfc3339_ms, TaskStatus};
 use crate::metrics::ReleaseReason;
 use crate::store::TaskRecord;
 use bytes::Bytes;
@@ -155,6 +155,21 @@ pub fn as_registry_task(task: &Value, cap: u64) -> Value {
         }
     }
     out
+}
+
+/// Whether `reported`, the `lastUpdatedAt` of a report repeating a terminal record's status,
+/// is earlier than the record's `held` one: then the record takes it. Why: a task's end can be
+/// recorded before its upstream's time of it is seen, with taskgate's time (a 2026 `tasks/cancel`
+/// ack, which carries none; a 2025 `tasks/result` payload), and the upstream's `tasks/get`
+/// then shows the upstream's (earlier) time, `tasks/list` the record's. A later time is not
+/// taken: a terminal task's time does not move (an upstream that stamps each answer with the
+/// time of the answer would otherwise cost a store write per poll). Both must parse (RFC 3339).
+fn ended_earlier(reported: &str, held: &str) -> bool {
+    reported != held
+        && match (parse_rfc3339_ms(reported), parse_rfc3339_ms(held)) {
+            (Some(r), Some(h)) => r < h,
+            _ => false,
+        }
 }
 
 /// Whether a status report (a 2026 `DetailedTask`) is a tool error: `completed` with
@@ -399,9 +414,14 @@ impl Registry {
             return true;
         };
         if record.status.is_terminal() {
-            // A tool error's `isError` may come after the `completed` status itself.
+            // A tool error's `isError` may come after the `completed` status itself; the
+            // upstream's time of the end may come after taskgate recorded it with its own.
             return status != record.status
-                || (status == TaskStatus::Completed && !record.tool_error && task.tool_error);
+                || (status == TaskStatus::Completed && !record.tool_error && task.tool_error)
+                || task
+                    .last_updated_at
+                    .flatten()
+                    .is_some_and(|u| ended_earlier(u, &record.last_updated_at));
         }
         if status != record.status {
             return true;
@@ -457,6 +477,10 @@ impl Registry {
                 r.status_message = message.clone();
             }
             match &updated_at {
+                // A terminal status reported again: the record keeps the time it ended at,
+                // unless this report says it ended earlier (see `ended_earlier`).
+                Some(u)
+                    if !moved && status.is_terminal() && !ended_earlier(u, &r.last_updated_at) => {}
                 Some(u) => r.last_updated_at = u.clone(),
                 // A new status without the upstream's time (a notification or answer that
                 // left it out): taskgate's, not the creation's (break-tasks L6: `tasks/list`

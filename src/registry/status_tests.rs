@@ -28,6 +28,43 @@ fn would_change_is_false_for_a_poll_repeating_a_terminal_status() {
     assert!(Registry::would_change(&r, &same), "working -> completed");
     let poll = serde_json::json!({"status": "working", "lastUpdatedAt": r.last_updated_at.clone()});
     assert!(!Registry::would_change(&r, &poll));
+    // The upstream's earlier time of a terminal status recorded with a later one is taken.
+    r.status = TaskStatus::Completed;
+    let earlier =
+        serde_json::json!({"status": "completed", "lastUpdatedAt": "2025-12-31T23:59:59Z"});
+    assert!(Registry::would_change(&r, &earlier));
+}
+
+/// A task's end recorded with taskgate's time (a `tasks/result` payload carries none) takes the
+/// upstream's earlier time when a report of the same status brings it, so `tasks/list` shows
+/// what `tasks/get` shows; a later time, or a time that does not parse, changes nothing.
+#[tokio::test]
+async fn a_terminal_record_takes_the_upstreams_earlier_time() {
+    let (registry, _store) = crate::layers::testing::registry();
+    let owner = crate::layers::testing::owner();
+    let reservation = registry.reserve(&"up".into(), &owner).unwrap();
+    registry
+        .record_creation(crate::layers::testing::record("t1"), &reservation)
+        .await
+        .unwrap();
+    registry.apply_result_payload("up", "t1", false).await;
+    let stamped = registry.store().get("up", "t1").unwrap().unwrap();
+    let report =
+        |at: &str| serde_json::json!({"taskId": "t1", "status": "completed", "lastUpdatedAt": at});
+    for (at, kept) in [
+        ("2099-01-01T00:00:00Z", stamped.last_updated_at.as_str()),
+        ("not a time", stamped.last_updated_at.as_str()),
+        ("2026-01-01T00:00:05Z", "2026-01-01T00:00:05Z"),
+        ("2026-01-01T00:00:09Z", "2026-01-01T00:00:05Z"),
+    ] {
+        registry.observe_task("up", report(at), "tasks/get").await;
+        let r = registry.store().get("up", "t1").unwrap().unwrap();
+        assert_eq!(
+            (r.status, r.last_updated_at.as_str()),
+            (TaskStatus::Completed, kept),
+            "{at}"
+        );
+    }
 }
 
 #[test]
