@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 mod auth;
 mod check;
 mod proxy;
-mod redact;
+pub(crate) mod redact;
 mod sections;
 mod store;
 mod telemetry;

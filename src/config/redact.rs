@@ -2,14 +2,15 @@
 //! `user:password@`, `headers` and `env` values: an `Authorization`, an API key), `[store]`
 //! (a database URL's password) and `[[auth.token]]` (a token's hash). Their `Debug` is written
 //! by hand with these helpers, so `{:?}` of a `Config` (a log line, a test's failure, a panic)
-//! never prints one; names, hosts and every other key still show. Each impl destructures its
+//! never prints one; names, hosts and every other key still show. `telemetry::Settings` (the
+//! OTLP export's headers) uses them too. Each impl destructures its
 //! struct, so a field added later cannot be forgotten: it fails to compile until it is shown.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 /// Shown in place of a secret value.
-pub(super) struct Redacted;
+pub(crate) struct Redacted;
 
 impl fmt::Debug for Redacted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -20,7 +21,7 @@ impl fmt::Debug for Redacted {
 /// A URL shown without its credentials: everything between `scheme://` and the last `@` is
 /// `***` (`http://***@proxy:3128`; the last `@`, so a password holding an unencoded `@` or
 /// `/` is hidden whole), and a key/value or query form holding `password=` is hidden whole.
-pub(super) struct Url<'a>(pub &'a str);
+pub(crate) struct Url<'a>(pub &'a str);
 
 impl fmt::Debug for Url<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -37,7 +38,7 @@ impl fmt::Debug for Url<'_> {
 }
 
 /// A map shown by its keys only (header or variable names), each value [`Redacted`].
-pub(super) struct Names<'a>(pub &'a BTreeMap<String, String>);
+pub(crate) struct Names<'a>(pub &'a BTreeMap<String, String>);
 
 impl fmt::Debug for Names<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

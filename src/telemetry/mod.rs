@@ -47,8 +47,9 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long shutdown waits for the last export.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// What `[telemetry]` and the `OTEL_*` variables resolve to when export is on.
-#[derive(Debug, Clone, PartialEq)]
+/// What `[telemetry]` and the `OTEL_*` variables resolve to when export is on. `Debug` hides
+/// the headers' values (a collector's API key) and the endpoint's credentials.
+#[derive(Clone, PartialEq)]
 pub struct Settings {
     /// Where spans are posted: the full `…/v1/traces` URL.
     pub traces_endpoint: String,
@@ -66,6 +67,29 @@ pub struct Settings {
     /// How export bodies are compressed (`OTEL_EXPORTER_OTLP_TRACES_COMPRESSION`, else
     /// `OTEL_EXPORTER_OTLP_COMPRESSION`: `gzip` or `none`; default none).
     pub compression: Compression,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::config::redact::{Redacted, Url};
+        let Settings {
+            traces_endpoint,
+            service_name,
+            sample_ratio,
+            headers,
+            timeout,
+            compression,
+        } = self;
+        let names: Vec<_> = headers.iter().map(|(name, _)| (name, Redacted)).collect();
+        f.debug_struct("Settings")
+            .field("traces_endpoint", &Url(traces_endpoint))
+            .field("service_name", service_name)
+            .field("sample_ratio", sample_ratio)
+            .field("headers", &names)
+            .field("timeout", timeout)
+            .field("compression", compression)
+            .finish()
+    }
 }
 
 /// The compression of the OTLP/HTTP export bodies (the exporter specification's `gzip` and

@@ -1167,3 +1167,24 @@ fn ids_are_random_per_thread() {
     let sampled = traces.iter().filter(|t| half.samples(**t)).count();
     assert!((4_500..5_500).contains(&sampled), "{sampled} of 10,000");
 }
+
+/// `{:?}` of the export settings never prints an OTLP header's value (collectors take their API
+/// key there: `OTEL_EXPORTER_OTLP_HEADERS=x-api-key=…`); the names still show.
+#[test]
+fn settings_debug_hides_header_values() {
+    let s = Settings {
+        traces_endpoint: "http://c:4318/v1/traces".into(),
+        service_name: "gw".into(),
+        sample_ratio: 1.0,
+        headers: vec![("x-api-key".into(), "otlpsecret1".into())],
+        timeout: Duration::from_secs(10),
+        compression: Compression::None,
+    };
+    for shown in [format!("{s:?}"), format!("{s:#?}")] {
+        assert!(!shown.contains("otlpsecret1"), "{shown}");
+        assert!(
+            shown.contains("x-api-key") && shown.contains("c:4318"),
+            "{shown}"
+        );
+    }
+}
