@@ -1525,6 +1525,32 @@ async fn upstream_reported_zero_ttl_keeps_the_record_for_the_floor() {
     );
 }
 
+/// A task the record keeps past the upstream's `ttl: 0` (the retention floor) that the upstream
+/// then forgot, as that ttl said it may: its `-32602` reaches the client as the upstream sent
+/// it, and the record is not failed as one the upstream lost (it expires at the floor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_the_upstream_forgot_after_its_ttl_is_not_failed_as_lost() {
+    let up = TaskServer::start(Behaviour {
+        ttl_override: Some(json!(0)),
+        ..Behaviour::default()
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let task_id = c.create_task("1").await;
+    up.state.lock().unwrap().tasks.remove(&task_id);
+    let got = c.get("2", &task_id).await;
+    assert_eq!(err_code(&got), -32602, "{got}");
+    assert_eq!(
+        up.count("tasks/get"),
+        1,
+        "no confirmation of taskgate's own: {got}"
+    );
+    let rec = tg.record(&task_id).unwrap();
+    assert_eq!(rec.status, TaskStatus::Working, "not failed as lost");
+}
+
 /// A record expires at createdAt + the ttl the upstream reported, here raised to the retention
 /// floor (`MIN_RETENTION_MS`; the upstream's 400 ms is still what the record and the client
 /// show); the sweeper removes it, then tasks/get|result|cancel get -32602 without reaching the

@@ -25,6 +25,7 @@ use crate::exchange::{McpReply, McpRequest, RequestContext};
 use crate::layers::extensions::AuthorisedTask;
 use crate::layers::own_request;
 use crate::mcp::needles;
+use crate::mcp::task::now_ms;
 use crate::registry::Registry;
 use crate::store::{Origin, TaskRecord};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
@@ -203,6 +204,12 @@ impl Confirm {
     where
         S: tower::Service<McpRequest, Response = McpReply>,
     {
+        if past_upstream_ttl(&self.record) {
+            // Kept past the ttl the upstream gave only by the registry's retention floor
+            // (`registry::MIN_RETENTION_MS`): the upstream forgot it as it said it would. Not
+            // lost: its `-32602` passes, and the record is left to expire.
+            return false;
+        }
         let id = own_request::own_id("lost-check");
         let (upstream, task_id) = (&self.record.upstream, &self.record.task_id);
         let era = self.record.era;
@@ -227,6 +234,14 @@ impl Confirm {
 
 /// The confirmation of one task that is running.
 type Flight = Shared<BoxFuture<'static, bool>>;
+
+/// Whether `record`'s task is past the ttl its upstream gave, counted on taskgate's clock from
+/// when it was recorded (an upstream's clock may be off).
+fn past_upstream_ttl(record: &TaskRecord) -> bool {
+    record
+        .ttl_ms
+        .is_some_and(|ttl| record.recorded_at.saturating_add(ttl) <= now_ms())
+}
 
 /// The confirmations running for one upstream's tasks, by task id: callers whose `-32602`
 /// arrives while one runs share it (one `tasks/get` per task at a time).
