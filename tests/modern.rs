@@ -142,17 +142,25 @@ async fn a_task_is_never_named_to_the_client_before_its_record_nor_when_refused(
 async fn a_create_task_result_without_a_string_task_id_is_not_handed_out() {
     let (up, _) = modern_server().await;
     let tg = TgConfig::new(&up.url()).start().await;
-    let req = modern_req(
-        &tg.mcp_url(),
-        None,
-        1,
-        "tools/call",
-        json!({"name": "bad_task", "arguments": {}}),
-    );
-    let (status, v) = send(req).await;
-    assert_eq!((status, err_code(&v)), (200, -32603), "{v}");
-    assert!(err_message(&v).contains("CreateTaskResult"), "{v}");
-    assert!(v.get("result").is_none(), "{v}");
+    // Not a string; and (cold test) an empty one, and one holding NUL, which PostgreSQL cannot
+    // store: before, they were recorded on sled and a store failure on PostgreSQL.
+    for arguments in [
+        json!({}),
+        json!({"taskId": ""}),
+        json!({"taskId": "a\u{0}b"}),
+    ] {
+        let req = modern_req(
+            &tg.mcp_url(),
+            None,
+            1,
+            "tools/call",
+            json!({"name": "bad_task", "arguments": arguments}),
+        );
+        let (status, v) = send(req).await;
+        assert_eq!((status, err_code(&v)), (200, -32603), "{arguments}: {v}");
+        assert!(err_message(&v).contains("CreateTaskResult"), "{v}");
+        assert!(v.get("result").is_none(), "{v}");
+    }
     let (_, list) = tg.admin("/admin/tasks").await;
     assert_eq!(list["tasks"], json!([]), "{list}");
 }

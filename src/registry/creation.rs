@@ -184,7 +184,8 @@ impl<'a> CreatedTask<'a> {
     pub fn of(task: &'a Value) -> Option<CreatedTask<'a>> {
         let text = |key: &str| task.get(key).and_then(Value::as_str);
         Some(CreatedTask {
-            task_id: text("taskId")?,
+            // An empty one, or one holding NUL, names no task taskgate can record.
+            task_id: text("taskId").filter(|id| crate::store::recordable_task_id(id))?,
             status: text("status"),
             status_message: text("statusMessage"),
             created_at: text("createdAt"),

@@ -347,6 +347,11 @@ impl Registry {
         upstream: &str,
         task_id: &str,
     ) -> Result<Option<Arc<TaskRecord>>, crate::store::StoreError> {
+        // Never recorded (`recordable_task_id`): not asked of the store, where PostgreSQL took
+        // a NUL for a database error.
+        if !crate::store::recordable_task_id(task_id) {
+            return Ok(None);
+        }
         if let Some(r) = self.records.get(upstream, task_id) {
             return Ok(Some(r));
         }

@@ -19,7 +19,7 @@ pub mod sled_store;
 pub use held::{HeldSessionRecord, HeldSessionStore};
 pub use lease::{Adopted, LeaseKind, LeaseStore};
 pub use pg::PgStore;
-pub use record::{AuditEvent, Origin, Owner, RecordHead, TaskRecord};
+pub use record::{recordable_task_id, AuditEvent, Origin, Owner, RecordHead, TaskRecord};
 pub use shared::{cancel_lease, CancelClaim, SharedCancelOutcome, CANCEL_LEASE_MARGIN};
 pub use sled_store::{CommitObserver, SledStore};
 

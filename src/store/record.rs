@@ -125,6 +125,14 @@ impl Origin {
     }
 }
 
+/// Whether `task_id` can name a recorded task: not empty (an empty id names nothing a client
+/// could tell apart) and without NUL (PostgreSQL's `text` cannot hold one: a lookup of such an
+/// id was a database error, counted as a store failure). A creation naming another is refused
+/// (`MalformedCreateTaskResult`); a lookup of one finds nothing (`-32602`), on either backend.
+pub fn recordable_task_id(task_id: &str) -> bool {
+    !task_id.is_empty() && !task_id.contains('\0')
+}
+
 /// One task as taskgate knows it. Times named `*_at` without a string type are milliseconds since
 /// the Unix epoch on taskgate's clock; `created_at` / `last_updated_at` are the upstream's strings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

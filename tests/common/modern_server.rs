@@ -111,9 +111,12 @@ pub fn modern_handler(
                     ),
                 )
             }
-            // A CreateTaskResult without a string taskId.
+            // A CreateTaskResult without a string taskId (or with `arguments.taskId`'s).
             "tools/call" if v["params"]["name"] == "bad_task" => {
-                result(json!({"resultType": "task", "taskId": 5, "status": "working"}))
+                let named = v["params"]["arguments"].get("taskId").cloned();
+                result(
+                    json!({"resultType": "task", "taskId": named.unwrap_or(json!(5)), "status": "working"}),
+                )
             }
             // A task whose tasks/get answer is not an object.
             "tasks/get" if s.tasks.get(&task_id).is_some_and(|st| st == "garbage") => {

@@ -1466,7 +1466,7 @@ impl Watch {
             // F5). Dropping `pending` gives the owner's slot back.
             tracing::warn!(
                 upstream = %self.upstream,
-                "the upstream answered with a CreateTaskResult whose taskId is not a string: not passed on"
+                "the upstream answered with a CreateTaskResult whose taskId is not a string, is empty or holds NUL: not passed on"
             );
             return (McpError::MalformedCreateTaskResult.body(Some(id)), None);
         }

@@ -151,7 +151,8 @@ fn cursor_parts(upstream: &str, owner: &Owner, c: &ListCursor) -> Option<(u64, S
     let mut rest = c.0.strip_prefix(prefix.as_slice())?;
     let at = read_u64(&mut rest)?;
     let id = read_str(&mut rest)?.to_string();
-    rest.is_empty().then_some((at, id))
+    // A forged cursor's id holding NUL: not a cursor (PostgreSQL took it for a database error).
+    (rest.is_empty() && !id.contains('\0')).then_some((at, id))
 }
 
 impl PgStore {

@@ -173,7 +173,8 @@ pub(super) fn created_task(raw: &str) -> Option<CreatedTask<'_>> {
     if r.i != r.b.len() || r.wide {
         return None;
     }
-    task.task_id = task_id?;
+    // An empty one (or one holding NUL, which comes escaped: serde's) is serde's to refuse.
+    task.task_id = task_id.filter(|id: &&str| crate::store::recordable_task_id(id))?;
     Some(task)
 }
 
