@@ -48,7 +48,8 @@ pub enum KeyError {
     UnknownKid(String),
     /// The token names no `kid` and the set has more than one key, or none.
     NoKid,
-    /// The set could never be fetched: the reason.
+    /// The set could never be fetched, or its last fetch failed and the key was not in the
+    /// set kept: the reason.
     Unavailable(String),
 }
 
@@ -125,7 +126,12 @@ impl KeyCache {
         let set = self.set.read().clone();
         match find(&set, kid) {
             Some(k) => Ok(k),
-            None if set.fetched_at.is_none() => Err(KeyError::Unavailable(last_error)),
+            // Never fetched; or the last fetch failed, so a key the issuer rotated in since
+            // cannot be known (cold test: a rotation during a JWKS outage was a 401
+            // `invalid_token`, telling the client to throw a valid token away): 503.
+            None if set.fetched_at.is_none() || !last_error.is_empty() => {
+                Err(KeyError::Unavailable(last_error))
+            }
             None => Err(match kid {
                 Some(k) => KeyError::UnknownKid(k.to_string()),
                 None => KeyError::NoKid,
