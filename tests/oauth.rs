@@ -151,6 +151,18 @@ async fn every_bad_token_is_refused_before_the_upstream_sees_anything() {
             "aud",
         ),
         ("no subject", sign(&k1, &no_sub), "\"sub\""),
+        // A control character (NUL: PostgreSQL cannot store it as the tasks' owner) is no
+        // principal.
+        (
+            "subject with NUL",
+            sign(&k1, &with("sub", json!("a\u{0}b"))),
+            "\"sub\"",
+        ),
+        (
+            "subject with a line feed",
+            sign(&k1, &with("sub", json!("a\nb"))),
+            "\"sub\"",
+        ),
         ("unknown kid", sign(&new_key("k9"), &good), "key id"),
         // Issue 29 #18: RFC 9068 §4 (an ID token is no access token) and RFC 7515 §4.1.11.
         (
@@ -187,7 +199,7 @@ async fn every_bad_token_is_refused_before_the_upstream_sees_anything() {
         .http_rejections_total
         .with_label_values(&["auth"])
         .get();
-    assert_eq!(refused, 13);
+    assert_eq!(refused, 15);
     assert_eq!(
         tg.metrics
             .http_rejections_total

@@ -271,10 +271,16 @@ impl OAuth {
         let subject = claims
             .get(&self.principal_claim)
             .and_then(|v| v.as_str())
-            .filter(|s| !s.is_empty() && s.len() <= MAX_PRINCIPAL_BYTES)
+            // No control character: the principal owns task records (PostgreSQL's `text`
+            // cannot hold a NUL) and goes into logs and `upstream.principal_header`.
+            .filter(|s| {
+                !s.is_empty()
+                    && s.len() <= MAX_PRINCIPAL_BYTES
+                    && !s.chars().any(|c| c.is_ascii_control())
+            })
             .ok_or_else(|| {
                 invalid(format!(
-                    "the token has no usable {:?} claim (a string of 1 to {MAX_PRINCIPAL_BYTES} bytes)",
+                    "the token has no usable {:?} claim (a string of 1 to {MAX_PRINCIPAL_BYTES} bytes without control characters)",
                     self.principal_claim
                 ))
             })?;
