@@ -709,13 +709,15 @@ mod tests {
             r#" { "taskId" : "t" , "status" : 7 , "statusMessage" : null , "ttl" : null , "pollInterval" : "100" } "#,
             r#"{"taskId":"t","ttl":"60000","pollInterval":[1],"createdAt":{},"_meta":{"x":[1,-2.5,true,null,"a\nb"],"x":{}}}"#,
             r#"{"taskId":"t","ttl":0,"pollInterval":18446744073709551615,"statusMessage":"é"}"#,
-            r#"{"taskId":"","_meta":{"n":1234567890123456789}}"#,
+            r#"{"taskId":"x","_meta":{"n":1234567890123456789}}"#,
         ];
         for raw in read {
             assert!(agrees(raw), "{raw}");
         }
         let handed_back = [
             r#"{"status":"working"}"#,
+            // An empty taskId names no task (`recordable_task_id`): serde's to refuse.
+            r#"{"taskId":"","_meta":{"n":1234567890123456789}}"#,
             r#"{"taskId":7}"#,
             r#"{"taskId":"a","taskId":"b"}"#,
             r#"{"taskId":"t","status":"working","status":"failed"}"#,
