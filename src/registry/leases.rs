@@ -41,6 +41,10 @@ use std::time::{Duration, Instant};
 /// Most lapsed leases adopted per poll.
 const ADOPT_PER_POLL: usize = 16;
 
+/// Most leases whose end the store refused kept to be ended again ([`LeaseKeeper::end`]);
+/// past it one is left as it is (renewed by this process until it stops: logged).
+const MAX_UNENDED: usize = 65_536;
+
 type Key = (String, String);
 
 /// What a lease's holder does when another replica asks it to cancel the call.
@@ -93,6 +97,9 @@ pub struct LeaseKeeper {
     hooks: Mutex<HashMap<Key, Hooked>>,
     /// `(upstream, kind)` → what adopts such a lease.
     adopters: Mutex<HashMap<(String, LeaseKind), Adopter>>,
+    /// The leases whose call has ended but whose end the store refused (an outage): ended
+    /// again at each poll, before the renewal (bounded: [`MAX_UNENDED`]).
+    unended: Mutex<std::collections::HashSet<Key>>,
 }
 
 /// A lease this process holds; dropping it ends the lease (in the background).
@@ -130,6 +137,7 @@ impl LeaseKeeper {
         on_cancel: Option<CancelHook>,
     ) -> Result<LeaseGuard, StoreError> {
         let key = (upstream.to_string(), task_id.to_string());
+        self.unended.lock().remove(&key);
         if let Some(hook) = on_cancel {
             let hooked = Hooked {
                 hook,
@@ -210,11 +218,38 @@ impl LeaseKeeper {
         }
     }
 
+    /// Ends the lease of a call that has ended. One the store refuses to end (an outage) is
+    /// kept in `unended` and ended again at each poll before the renewal: renewing every lease
+    /// of this process (one statement) would otherwise keep it for as long as the process
+    /// runs, so no replica adopts it, and its task's cleanup (failing it if it is still live)
+    /// never happens.
     async fn end(&self, upstream: &str, task_id: &str) {
         if let Err(e) = self.with_leases(|l| l.end_lease(upstream, task_id)).await {
-            // The lease lapses then; its adopter finds the task terminal (or fails it).
-            tracing::warn!(upstream, task_id, error = %e, "a call lease could not be ended");
+            let key = (upstream.to_string(), task_id.to_string());
+            let mut unended = self.unended.lock();
+            if unended.len() < MAX_UNENDED {
+                unended.insert(key);
+                tracing::warn!(upstream, task_id, error = %e, "a call lease could not be ended: ended again once the task store answers");
+            } else {
+                tracing::warn!(upstream, task_id, error = %e, max = MAX_UNENDED, "a call lease could not be ended, and too many others wait to be ended again: this one is renewed until the process stops");
+            }
         }
+    }
+
+    /// Ends again the leases whose end the store refused; those it refuses again stay.
+    /// Returns whether the store answered (or there was nothing to end).
+    async fn end_unended(&self) -> bool {
+        let keys: Vec<Key> = self.unended.lock().iter().cloned().collect();
+        for key in keys {
+            match self.with_leases(|l| l.end_lease(&key.0, &key.1)).await {
+                Ok(()) => {
+                    tracing::info!(upstream = %key.0, task_id = %key.1, "a call lease the task store could not end before is ended");
+                    self.unended.lock().remove(&key);
+                }
+                Err(_) => return false,
+            }
+        }
+        true
     }
 
     /// One poll: the cancels asked, the renewal when due, the lapsed leases adopted.
@@ -225,6 +260,10 @@ impl LeaseKeeper {
         let Some(leases) = registry.store.leases() else {
             return;
         };
+        // Before the renewal: a lease whose call has ended is not renewed once more.
+        if !self.unended.lock().is_empty() && !self.end_unended().await {
+            t.failing = true;
+        }
         let asked = leases.cancels_asked().await;
         let asked = t.note(
             asked,
@@ -357,6 +396,7 @@ impl Registry {
             poll,
             hooks: Mutex::new(HashMap::new()),
             adopters: Mutex::new(HashMap::new()),
+            unended: Mutex::default(),
         });
         if self.leases.set(keeper.clone()).is_err() {
             return;
@@ -440,6 +480,7 @@ mod tests {
             poll: Duration::from_millis(100),
             hooks: Mutex::new(HashMap::new()),
             adopters: Mutex::new(HashMap::new()),
+            unended: Mutex::default(),
         });
         let before = registry.metrics().store_write_failures_total.get();
         assert!(keeper
@@ -463,6 +504,7 @@ mod tests {
             poll: Duration::from_millis(100),
             hooks: Mutex::new(HashMap::new()),
             adopters: Mutex::new(HashMap::new()),
+            unended: Mutex::default(),
         };
         let stopped = Arc::new(Mutex::new(Vec::new()));
         let taken = Instant::now();

@@ -148,6 +148,19 @@ pub const DONE_LIMIT: usize = 4096;
 /// it is at most `tasks.max_stored_result_bytes` (the oldest forgotten past this).
 pub const DONE_BYTES: usize = 64 << 20;
 
+/// Final writes (a held call's terminal status with its outcome) the task store refused and
+/// that are retried (see `held::Held::end`), per upstream: past this many, or
+/// [`PENDING_FINAL_BYTES`], a call that ends while the store is out of reach is written
+/// `failed` instead, saying its outcome could not be kept (its outcome is not held in memory).
+pub const PENDING_FINAL_WRITES: usize = 1024;
+/// Most bytes of outcomes held in memory for final writes being retried, per upstream.
+pub const PENDING_FINAL_BYTES: usize = 64 << 20;
+/// The first wait before a refused final write is tried again; it doubles up to
+/// [`FINAL_WRITE_MAX_WAIT`].
+pub const FINAL_WRITE_FIRST_WAIT: Duration = Duration::from_millis(100);
+/// The longest wait between two tries of a refused final write.
+pub const FINAL_WRITE_MAX_WAIT: Duration = Duration::from_secs(5);
+
 /// How often a `tasks/result` of a gateway task this process does not hold reads the registry.
 pub const RESULT_POLL: Duration = Duration::from_secs(1);
 
@@ -214,7 +227,24 @@ pub struct GatewayTasksState {
     inputs: Inputs,
     /// Client sessions the upstream said are gone (bounded: see `gone`).
     lost_sessions: Mutex<gone::Lost>,
+    /// The final writes being retried: how many, and the bytes of outcome they hold
+    /// (bounded: [`PENDING_FINAL_WRITES`], [`PENDING_FINAL_BYTES`]).
+    pending_final: Mutex<(usize, usize)>,
     seq: AtomicU64,
+}
+
+/// A final write being retried, counted in [`GatewayTasksState::pending_final`] until dropped.
+pub(crate) struct PendingFinal {
+    state: Arc<GatewayTasksState>,
+    bytes: usize,
+}
+
+impl Drop for PendingFinal {
+    fn drop(&mut self) {
+        let mut pending = self.state.pending_final.lock();
+        pending.0 = pending.0.saturating_sub(1);
+        pending.1 = pending.1.saturating_sub(self.bytes);
+    }
 }
 
 impl GatewayTasksState {
@@ -240,6 +270,29 @@ impl GatewayTasksState {
         self.live.lock().len()
     }
 
+    /// How many of the held calls have ended and wait for the task store to take their final
+    /// write (their terminal status and outcome: retried, see `held`).
+    pub fn pending_final_writes(&self) -> usize {
+        self.pending_final.lock().0
+    }
+
+    /// Counts a final write of `bytes` of outcome to be retried; `None` when that would pass
+    /// [`PENDING_FINAL_WRITES`] or [`PENDING_FINAL_BYTES`].
+    fn pend_final(self: &Arc<Self>, bytes: usize) -> Option<PendingFinal> {
+        let mut pending = self.pending_final.lock();
+        if pending.0 >= PENDING_FINAL_WRITES
+            || pending.1.saturating_add(bytes) > PENDING_FINAL_BYTES
+        {
+            return None;
+        }
+        pending.0 += 1;
+        pending.1 += bytes;
+        Some(PendingFinal {
+            state: self.clone(),
+            bytes,
+        })
+    }
+
     /// The state of one upstream's layer; `enabled` is `upstream.tasks = "gateway"`.
     pub fn new(registry: Arc<Registry>, enabled: bool) -> Arc<GatewayTasksState> {
         Arc::new(GatewayTasksState {
@@ -252,6 +305,7 @@ impl GatewayTasksState {
             inputs: Inputs::default(),
             listeners: Mutex::new(HashMap::new()),
             lost_sessions: Mutex::new(gone::Lost::default()),
+            pending_final: Mutex::new((0, 0)),
             seq: AtomicU64::new(1),
         })
     }
