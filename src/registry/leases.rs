@@ -493,6 +493,29 @@ mod tests {
         );
     }
 
+    /// A lease whose end the store refused is kept to be ended again (each poll, before the
+    /// renewal), not left renewed for as long as the process runs (break B, F2: it was renewed
+    /// for ever, so no replica adopted the task); taking that lease again forgets it.
+    #[tokio::test]
+    async fn a_lease_not_ended_is_ended_again() {
+        // The counting store keeps no leases: every end fails, as with a store gone away.
+        let (registry, _store) = crate::layers::testing::registry();
+        let keeper = Arc::new(LeaseKeeper {
+            registry: Arc::downgrade(&registry),
+            lapse: Duration::from_secs(1),
+            poll: Duration::from_millis(100),
+            hooks: Mutex::new(HashMap::new()),
+            adopters: Mutex::new(HashMap::new()),
+            unended: Mutex::default(),
+        });
+        keeper.end("up", "t1").await;
+        assert!(keeper.unended.lock().contains(&key("t1")));
+        assert!(!keeper.end_unended().await, "refused again: kept");
+        assert!(keeper.unended.lock().contains(&key("t1")));
+        let _ = keeper.hold("up", "t1", LeaseKind::Held, None).await;
+        assert!(keeper.unended.lock().is_empty(), "taken again: not ended");
+    }
+
     /// A renewal that no longer returns a lease taken before it stops that call (its hook
     /// runs, once), and only that one: not a call still held, nor one whose lease was not yet
     /// in the store when the renewal began.
