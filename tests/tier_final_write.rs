@@ -5,11 +5,13 @@
 //! - a gateway task (`upstream.tasks = "gateway"`) whose held call is answered during the
 //!   outage is `completed` once the database is back: `tasks/get` says so and `tasks/result`
 //!   answers the call's result; its call lease is ended (not renewed for ever);
+//! - a graceful stop while that final write waits: the drain waits for it, and the database
+//!   back within the drain takes it before taskgate exits;
 //! - an upgraded call (`[upgrade] enabled`) whose task ends during the outage: the client gets
 //!   its result, and once the database is back the record is terminal, the lease ended, and the
 //!   owner's live-task slot (`tasks.max_live_tasks_per_owner = 1`) free for a new task.
 //!
-//! Both fail on the code before the fix (fe9c9c2): the final write was tried once, the lease
+//! Each fails on the code before the fix (fe9c9c2): the final write was tried once, the lease
 //! end too, and the lease renewed for as long as the process ran: the gateway task stayed
 //! `working` (its result lost), the upgraded call's record `working` (its slot held) until
 //! their ttl.
@@ -37,14 +39,14 @@ fn stoppable(test: &str) -> Option<PgCluster> {
 }
 
 /// taskgate in this process on `pg` (through env var `env`), one upstream `url` with
-/// `upstream_lines`, `[upgrade] enabled = upgrade`, one live task per owner.
+/// `upstream_lines`, `[upgrade] enabled = upgrade`, one live task per owner, a drain of 30 s.
 async fn start_tg(pg: &PgCluster, env: &str, url: &str, upstream_lines: &str, upgrade: bool) -> Tg {
     let sep = if pg.url.contains('?') { '&' } else { '?' };
     std::env::set_var(env, format!("{}{sep}connect_timeout=1", pg.url));
     let auth = bearer_auth(AUTH);
     Tg::start(|_| {
         format!(
-            "[gateway]\nlisten = \"127.0.0.1:0\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n\
+            "[gateway]\nlisten = \"127.0.0.1:0\"\ndrain_timeout_ms = 30000\n\n[admin]\nlisten = \"127.0.0.1:0\"\n\n\
              [store]\nbackend = \"postgres\"\nurl_env = {env:?}\npool_size = 4\n\
              lease_ms = 1500\nlease_poll_ms = 100\n\n{auth}\n\
              [tasks]\nrelease_quiet_ms = 100\nmax_live_tasks_per_owner = 1\n\n\
@@ -126,23 +128,9 @@ async fn write_refused(tg: &Tg, before: u64) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_task_whose_call_ends_while_the_database_is_down_completes_once_it_is_back() {
-    let test =
-        "a_gateway_task_whose_call_ends_while_the_database_is_down_completes_once_it_is_back";
-    let Some(mut pg) = stoppable(test) else {
-        return;
-    };
-    let gate = Gate::new();
-    let up = Upstream::start(held_call_server(gate.clone())).await;
-    let tg = start_tg(
-        &pg,
-        "TG_FINAL_WRITE_GATEWAY_DB",
-        &up.url(),
-        "tasks = \"gateway\"",
-        false,
-    )
-    .await;
+/// A gateway task created on `tg` whose held call on `up` (held by `gate`) has sent its
+/// progress (recorded); returns its id and the client.
+async fn held_gateway_task(tg: &Tg, up: &Upstream) -> (String, Client) {
     let mut c = tg.client().with_token("alice-token");
     c.initialize().await;
     let v = c
@@ -168,6 +156,27 @@ async fn a_gateway_task_whose_call_ends_while_the_database_is_down_completes_onc
     })
     .await;
     assert!(halfway.is_some(), "the progress is recorded");
+    (task, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_task_whose_call_ends_while_the_database_is_down_completes_once_it_is_back() {
+    let test =
+        "a_gateway_task_whose_call_ends_while_the_database_is_down_completes_once_it_is_back";
+    let Some(mut pg) = stoppable(test) else {
+        return;
+    };
+    let gate = Gate::new();
+    let up = Upstream::start(held_call_server(gate.clone())).await;
+    let tg = start_tg(
+        &pg,
+        "TG_FINAL_WRITE_GATEWAY_DB",
+        &up.url(),
+        "tasks = \"gateway\"",
+        false,
+    )
+    .await;
+    let (task, c) = held_gateway_task(&tg, &up).await;
 
     let before = tg.metrics.store_write_failures_total.get();
     pg.stop_server();
@@ -205,6 +214,48 @@ async fn a_gateway_task_whose_call_ends_while_the_database_is_down_completes_onc
     })
     .await;
     assert!(ended.is_some(), "the call's lease is ended");
+}
+
+/// A graceful stop while a gateway task's final write waits for the database: the drain
+/// (`gateway.drain_timeout_ms`) waits for it, and the database back within it takes it before
+/// taskgate exits. Before the fix the stop returned at once (the call was no longer held) and
+/// the record stayed `working`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_drains_a_final_write_waiting_for_the_database() {
+    let test = "a_graceful_stop_drains_a_final_write_waiting_for_the_database";
+    let Some(mut pg) = stoppable(test) else {
+        return;
+    };
+    let gate = Gate::new();
+    let up = Upstream::start(held_call_server(gate.clone())).await;
+    let mut tg = start_tg(
+        &pg,
+        "TG_FINAL_WRITE_DRAIN_DB",
+        &up.url(),
+        "tasks = \"gateway\"",
+        false,
+    )
+    .await;
+    let (task, _c) = held_gateway_task(&tg, &up).await;
+
+    let before = tg.metrics.store_write_failures_total.get();
+    pg.stop_server();
+    gate.open();
+    write_refused(&tg, before).await;
+    let running = tg.running.take().expect("running");
+    let stop = tokio::spawn(running.shutdown());
+    pg.start_server();
+    tokio::time::timeout(RECOVERY, stop)
+        .await
+        .expect("the stop ends within its drain")
+        .unwrap();
+    let db = db(&pg).await;
+    let rec = record(&db, &task).await.expect("the record");
+    assert_eq!(rec["status"], "completed", "written before the exit: {rec}");
+    assert!(
+        !rec["terminal_result"].is_null(),
+        "the result is stored: {rec}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
