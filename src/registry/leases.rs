@@ -17,7 +17,10 @@
 //!   those renewed was adopted by another replica (this one stalled or lost the store past the
 //!   lapse) and is stopped as a cancelled one is. After the store was out of reach
 //!   (a poll's store call failed), nothing is adopted for one lapse: every live replica's
-//!   renewals failed as well, and each gets that long to renew its own.
+//!   renewals failed as well, and each gets that long to renew its own. A lease whose end the
+//!   store refused (its call ended during an outage) is ended again at each poll, before the
+//!   renewal: the renewal renews every lease of this process, so it would otherwise be kept
+//!   for as long as the process runs.
 //!
 //! Why a bounded poll and not PostgreSQL `LISTEN`/`NOTIFY`: a notification reaches only a
 //! session listening when it is sent, so a replica whose listening connection broke (a

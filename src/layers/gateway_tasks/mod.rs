@@ -107,7 +107,12 @@
 //!   holder through the lease; the holder, within `store.lease_poll_ms`, sends the one
 //!   `notifications/cancelled` and records "released" once its call has ended. When the holder
 //!   is gone (its lease not renewed within `store.lease_ms`), a surviving replica marks the task
-//!   `failed`, saying its replica was lost, and released.
+//!   `failed`, saying its replica was lost, and released. A call that ends while the database
+//!   is out of reach keeps its live entry and its lease (renewed) while its final write (the
+//!   terminal status with the outcome) is tried again (`held`, `Held::retry_final`: 100 ms
+//!   doubling to 5 s, until the store takes it or the task's ttl ends; bounded by
+//!   [`PENDING_FINAL_WRITES`] and [`PENDING_FINAL_BYTES`]); `tasks/result` on this replica waits
+//!   for it, and so does a graceful stop's drain.
 //!
 //! Files: this one (the layer, the dispatch, the negotiation rewrites), `held` (creation and
 //! the held call), `gone` (client sessions the upstream said are gone), `answers` (`tasks/get|result|cancel|update` and the task shapes of both
