@@ -878,6 +878,17 @@ impl Linger {
                 "the drain ended with gateway tasks' calls still held; their tasks are failed at the next start"
             );
         }
+        let pending_final_writes: usize = self
+            .gateway_tasks
+            .iter()
+            .map(|g| g.pending_final_writes())
+            .sum();
+        if pending_final_writes > 0 {
+            tracing::warn!(
+                pending_final_writes,
+                "the drain ended with gateway tasks' final writes still refused by the task store (their calls ended, their outcomes held in memory): their outcomes are lost, and their tasks failed at the next start (or by another replica once their leases lapse)"
+            );
+        }
         if background_cancels > 0 {
             tracing::warn!(
                 background_cancels,

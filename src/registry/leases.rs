@@ -17,7 +17,10 @@
 //!   those renewed was adopted by another replica (this one stalled or lost the store past the
 //!   lapse) and is stopped as a cancelled one is. After the store was out of reach
 //!   (a poll's store call failed), nothing is adopted for one lapse: every live replica's
-//!   renewals failed as well, and each gets that long to renew its own.
+//!   renewals failed as well, and each gets that long to renew its own. A lease whose end the
+//!   store refused (its call ended during an outage) is ended again at each poll, before the
+//!   renewal: the renewal renews every lease of this process, so it would otherwise be kept
+//!   for as long as the process runs.
 //!
 //! Why a bounded poll and not PostgreSQL `LISTEN`/`NOTIFY`: a notification reaches only a
 //! session listening when it is sent, so a replica whose listening connection broke (a
@@ -40,6 +43,10 @@ use std::time::{Duration, Instant};
 
 /// Most lapsed leases adopted per poll.
 const ADOPT_PER_POLL: usize = 16;
+
+/// Most leases whose end the store refused kept to be ended again ([`LeaseKeeper::end`]);
+/// past it one is left as it is (renewed by this process until it stops: logged).
+const MAX_UNENDED: usize = 65_536;
 
 type Key = (String, String);
 
@@ -93,6 +100,9 @@ pub struct LeaseKeeper {
     hooks: Mutex<HashMap<Key, Hooked>>,
     /// `(upstream, kind)` → what adopts such a lease.
     adopters: Mutex<HashMap<(String, LeaseKind), Adopter>>,
+    /// The leases whose call has ended but whose end the store refused (an outage): ended
+    /// again at each poll, before the renewal (bounded: [`MAX_UNENDED`]).
+    unended: Mutex<std::collections::HashSet<Key>>,
 }
 
 /// A lease this process holds; dropping it ends the lease (in the background).
@@ -130,6 +140,7 @@ impl LeaseKeeper {
         on_cancel: Option<CancelHook>,
     ) -> Result<LeaseGuard, StoreError> {
         let key = (upstream.to_string(), task_id.to_string());
+        self.unended.lock().remove(&key);
         if let Some(hook) = on_cancel {
             let hooked = Hooked {
                 hook,
@@ -210,11 +221,38 @@ impl LeaseKeeper {
         }
     }
 
+    /// Ends the lease of a call that has ended. One the store refuses to end (an outage) is
+    /// kept in `unended` and ended again at each poll before the renewal: renewing every lease
+    /// of this process (one statement) would otherwise keep it for as long as the process
+    /// runs, so no replica adopts it, and its task's cleanup (failing it if it is still live)
+    /// never happens.
     async fn end(&self, upstream: &str, task_id: &str) {
         if let Err(e) = self.with_leases(|l| l.end_lease(upstream, task_id)).await {
-            // The lease lapses then; its adopter finds the task terminal (or fails it).
-            tracing::warn!(upstream, task_id, error = %e, "a call lease could not be ended");
+            let key = (upstream.to_string(), task_id.to_string());
+            let mut unended = self.unended.lock();
+            if unended.len() < MAX_UNENDED {
+                unended.insert(key);
+                tracing::warn!(upstream, task_id, error = %e, "a call lease could not be ended: ended again once the task store answers");
+            } else {
+                tracing::warn!(upstream, task_id, error = %e, max = MAX_UNENDED, "a call lease could not be ended, and too many others wait to be ended again: this one is renewed until the process stops");
+            }
         }
+    }
+
+    /// Ends again the leases whose end the store refused; those it refuses again stay.
+    /// Returns whether the store answered (or there was nothing to end).
+    async fn end_unended(&self) -> bool {
+        let keys: Vec<Key> = self.unended.lock().iter().cloned().collect();
+        for key in keys {
+            match self.with_leases(|l| l.end_lease(&key.0, &key.1)).await {
+                Ok(()) => {
+                    tracing::info!(upstream = %key.0, task_id = %key.1, "a call lease the task store could not end before is ended");
+                    self.unended.lock().remove(&key);
+                }
+                Err(_) => return false,
+            }
+        }
+        true
     }
 
     /// One poll: the cancels asked, the renewal when due, the lapsed leases adopted.
@@ -225,6 +263,10 @@ impl LeaseKeeper {
         let Some(leases) = registry.store.leases() else {
             return;
         };
+        // Before the renewal: a lease whose call has ended is not renewed once more.
+        if !self.unended.lock().is_empty() && !self.end_unended().await {
+            t.failing = true;
+        }
         let asked = leases.cancels_asked().await;
         let asked = t.note(
             asked,
@@ -357,6 +399,7 @@ impl Registry {
             poll,
             hooks: Mutex::new(HashMap::new()),
             adopters: Mutex::new(HashMap::new()),
+            unended: Mutex::default(),
         });
         if self.leases.set(keeper.clone()).is_err() {
             return;
@@ -440,6 +483,7 @@ mod tests {
             poll: Duration::from_millis(100),
             hooks: Mutex::new(HashMap::new()),
             adopters: Mutex::new(HashMap::new()),
+            unended: Mutex::default(),
         });
         let before = registry.metrics().store_write_failures_total.get();
         assert!(keeper
@@ -450,6 +494,29 @@ mod tests {
             registry.metrics().store_write_failures_total.get(),
             before + 1
         );
+    }
+
+    /// A lease whose end the store refused is kept to be ended again (each poll, before the
+    /// renewal), not left renewed for as long as the process runs (break B, F2: it was renewed
+    /// for ever, so no replica adopted the task); taking that lease again forgets it.
+    #[tokio::test]
+    async fn a_lease_not_ended_is_ended_again() {
+        // The counting store keeps no leases: every end fails, as with a store gone away.
+        let (registry, _store) = crate::layers::testing::registry();
+        let keeper = Arc::new(LeaseKeeper {
+            registry: Arc::downgrade(&registry),
+            lapse: Duration::from_secs(1),
+            poll: Duration::from_millis(100),
+            hooks: Mutex::new(HashMap::new()),
+            adopters: Mutex::new(HashMap::new()),
+            unended: Mutex::default(),
+        });
+        keeper.end("up", "t1").await;
+        assert!(keeper.unended.lock().contains(&key("t1")));
+        assert!(!keeper.end_unended().await, "refused again: kept");
+        assert!(keeper.unended.lock().contains(&key("t1")));
+        let _ = keeper.hold("up", "t1", LeaseKind::Held, None).await;
+        assert!(keeper.unended.lock().is_empty(), "taken again: not ended");
     }
 
     /// A renewal that no longer returns a lease taken before it stops that call (its hook
@@ -463,6 +530,7 @@ mod tests {
             poll: Duration::from_millis(100),
             hooks: Mutex::new(HashMap::new()),
             adopters: Mutex::new(HashMap::new()),
+            unended: Mutex::default(),
         };
         let stopped = Arc::new(Mutex::new(Vec::new()));
         let taken = Instant::now();

@@ -3,7 +3,10 @@
 //! under taskgate's id and held on a task of its own until it ends, is cancelled, or expires.
 
 use super::answers::{create_result, detailed_task, id_value, with_member, with_related_task_raw};
-use super::{GatewayTasksState, Live, Outcome, POLL_INTERVAL_MS};
+use super::{
+    GatewayTasksState, Live, Outcome, FINAL_WRITE_FIRST_WAIT, FINAL_WRITE_MAX_WAIT,
+    PENDING_FINAL_BYTES, PENDING_FINAL_WRITES, POLL_INTERVAL_MS,
+};
 use crate::exchange::{Deadline, GatewayError, HeldTask, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, splice, Id, Message};
 use crate::layers::extensions::{PendingCreation, RelaysUpstreamRequests};
@@ -15,6 +18,7 @@ use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::LocalReason;
+use crate::registry::Observed;
 use crate::sse::Event;
 use crate::store::{LeaseKind, Origin, TaskRecord};
 use bytes::Bytes;
@@ -319,6 +323,16 @@ struct Held {
     lease: Option<crate::registry::LeaseGuard>,
 }
 
+/// How a held call ended, as its final write records it.
+struct Final {
+    status: TaskStatus,
+    /// The `statusMessage` (empty: none).
+    message: String,
+    outcome: Outcome,
+    /// When the call ended (the record's `lastUpdatedAt`).
+    now: String,
+}
+
 /// How the wait on a held call ended.
 enum Ended {
     Answer(Result<Option<Bytes>, GatewayError>),
@@ -548,33 +562,23 @@ impl Held {
     /// stays so, the answer counted late) and what the record keeps (2025: the `CallToolResult`
     /// of a completed task, the JSON-RPC `error` of a failed one; 2026: the `DetailedTask` with
     /// the outcome inline). The outcome is serialized once, here.
+    ///
+    /// A write the task store refuses (a PostgreSQL outage) is retried ([`Held::retry_final`])
+    /// until the store takes it or the task's ttl ends: nobody else holds the outcome (the
+    /// upstream got a plain call), and the call's lease stays held and renewed meanwhile (it
+    /// ends after this returns), so no other replica adopts the task and fails it.
     async fn end(&self, status: TaskStatus, message: &str, outcome: Outcome) {
-        let (registry, upstream, task_id) = (
-            &self.state.registry,
-            self.record.upstream.as_str(),
-            self.record.task_id.as_str(),
-        );
-        let text = match &outcome {
-            Outcome::Result(raw) => raw.to_string(),
-            Outcome::Error(v) => v.to_string(),
+        let (registry, task_id) = (&self.state.registry, self.record.task_id.as_str());
+        let end = Final {
+            status,
+            message: message.to_string(),
+            outcome,
+            now: format_rfc3339_ms(now_ms()),
         };
-        let now = format_rfc3339_ms(now_ms());
-        // What the record keeps: 2025 the outcome itself; 2026 the `DetailedTask` with the
-        // outcome inline (a few hundred bytes more: measured whole, review 17 #8).
-        let modern_stored = (self.era == Era::Modern).then(|| {
-            let mut record = self.record.clone();
-            record.status = status;
-            record.last_updated_at = now.clone();
-            record.status_message = (!message.is_empty()).then(|| message.to_string());
-            let member = match outcome {
-                Outcome::Result(_) => "result",
-                Outcome::Error(_) => "error",
-            };
-            with_member(&detailed_task(&record), member, &text)
-        });
+        let (text, modern_stored) = self.final_texts(&end);
         let kept = modern_stored.as_ref().map_or(text.len(), String::len);
         let max = registry.config().max_stored_result_bytes;
-        if matches!(outcome, Outcome::Result(_)) && kept as u64 > max {
+        if matches!(end.outcome, Outcome::Result(_)) && kept as u64 > max {
             // Neither the record nor memory may keep it: `completed` would be a task whose
             // result nobody can fetch (a 2026 `tasks/get` could not even be answered: its
             // `DetailedTask` must carry the result; break-tasks M4). `failed`, saying why.
@@ -583,18 +587,53 @@ impl Held {
             );
             return Box::pin(self.fail(&why)).await;
         }
-        self.state.remember(task_id, outcome.clone(), text.len());
-        let mut report = json!({"status": status.as_str(), "lastUpdatedAt": now});
-        if !message.is_empty() {
-            report["statusMessage"] = json!(message);
+        self.state
+            .remember(task_id, end.outcome.clone(), text.len());
+        if self.write_final(&end, text, modern_stored).await {
+            return;
         }
-        // The status and what the record keeps in one store update, awaited: nobody else holds
-        // the outcome (the upstream got a plain call), so no crash may leave the one without
-        // the other (review 19 #2: the outcome was written after the status, unawaited).
+        self.retry_final(end, kept).await;
+    }
+
+    /// The outcome's JSON text, and (2026) the `DetailedTask` the record keeps with it inline
+    /// (a few hundred bytes more: measured whole, review 17 #8).
+    fn final_texts(&self, end: &Final) -> (String, Option<String>) {
+        let text = match &end.outcome {
+            Outcome::Result(raw) => raw.to_string(),
+            Outcome::Error(v) => v.to_string(),
+        };
+        let modern_stored = (self.era == Era::Modern).then(|| {
+            let mut record = self.record.clone();
+            record.status = end.status;
+            record.last_updated_at = end.now.clone();
+            record.status_message = (!end.message.is_empty()).then(|| end.message.clone());
+            let member = match end.outcome {
+                Outcome::Result(_) => "result",
+                Outcome::Error(_) => "error",
+            };
+            with_member(&detailed_task(&record), member, &text)
+        });
+        (text, modern_stored)
+    }
+
+    /// One try of the final write: the status and what the record keeps in one store update,
+    /// awaited (nobody else holds the outcome, so no crash may leave the one without the
+    /// other: review 19 #2). Returns whether the store holds a terminal record now (or none:
+    /// swept); `false` when the store refused it (logged and counted by the registry).
+    async fn write_final(&self, end: &Final, text: String, modern_stored: Option<String>) -> bool {
+        let (registry, upstream, task_id) = (
+            &self.state.registry,
+            self.record.upstream.as_str(),
+            self.record.task_id.as_str(),
+        );
+        let mut report = json!({"status": end.status.as_str(), "lastUpdatedAt": end.now});
+        if !end.message.is_empty() {
+            report["statusMessage"] = json!(end.message);
+        }
         const SOURCE: &str = "gateway task";
         // 2026: the `DetailedTask` (result or error inline) is what the record keeps either
         // way; 2025: the result, or the error in its own field.
-        match (modern_stored, &outcome) {
+        let observed = match (modern_stored, &end.outcome) {
             (Some(stored), _) => {
                 registry
                     .observe_task_with_result(upstream, task_id, report, stored, SOURCE)
@@ -611,6 +650,77 @@ impl Held {
                     .await
             }
         };
+        match observed {
+            Observed::Recorded(s) if s.is_terminal() => true,
+            Observed::Rewrite { .. } => true,
+            // `Unknown` is also what a refused write returns: the store says which.
+            _ => match registry.try_record_of(upstream, task_id).await {
+                Ok(None) => true,
+                Ok(Some(r)) => r.status.is_terminal(),
+                Err(_) => false,
+            },
+        }
+    }
+
+    /// The final write `end` (of `bytes` of outcome as kept), refused by the store, tried again
+    /// after [`FINAL_WRITE_FIRST_WAIT`], the wait doubling up to [`FINAL_WRITE_MAX_WAIT`],
+    /// until the store takes it or the task's ttl ends (or taskgate stops: a graceful stop's
+    /// drain waits for it as for a held call, see `GatewayTasksState::held_calls_ended`). The
+    /// outcome is served from memory meanwhile (`remember`; `tasks/result` of this replica
+    /// waits for the write, as it waits for the call). Past [`PENDING_FINAL_WRITES`] or
+    /// [`PENDING_FINAL_BYTES`] of outcomes held so, the task is written `failed` instead,
+    /// saying its outcome could not be kept. Each refused try is counted in
+    /// `taskgate_store_write_failures_total` (by the registry).
+    async fn retry_final(&self, end: Final, bytes: usize) {
+        let (upstream, task_id) = (self.record.upstream.as_str(), self.record.task_id.as_str());
+        let pending = self.state.pend_final(bytes);
+        let end = if pending.is_some() {
+            end
+        } else {
+            let why = format!(
+                "the call ended while the task store was out of reach, and {PENDING_FINAL_WRITES} outcomes ({PENDING_FINAL_BYTES} bytes at most) already waited in taskgate's memory to be written: this call's outcome was not kept"
+            );
+            tracing::warn!(upstream, task_id, "{why}");
+            let error = json!({"code": jsonrpc::INTERNAL_ERROR, "message": why});
+            let outcome = Outcome::Error(Arc::new(error));
+            let size = why.len() + 40;
+            self.state.remember(task_id, outcome.clone(), size);
+            Final {
+                status: TaskStatus::Failed,
+                message: why,
+                outcome,
+                now: end.now,
+            }
+        };
+        tracing::warn!(
+            upstream,
+            task_id,
+            status = end.status.as_str(),
+            "a gateway task's final status and outcome could not be written (the task store failed): tried again until the store takes it or the task's ttl ends; its call lease is kept meanwhile"
+        );
+        let mut wait = FINAL_WRITE_FIRST_WAIT;
+        let mut tries = 1u32;
+        loop {
+            let left = self.record.expires_at.saturating_sub(now_ms());
+            if left == 0 {
+                tracing::warn!(upstream, task_id, tries, "a gateway task's ttl ended before the task store took its final status and outcome: they are lost");
+                return;
+            }
+            tokio::time::sleep(wait.min(Duration::from_millis(left))).await;
+            wait = (wait * 2).min(FINAL_WRITE_MAX_WAIT);
+            tries += 1;
+            let (text, modern_stored) = self.final_texts(&end);
+            if self.write_final(&end, text, modern_stored).await {
+                tracing::info!(
+                    upstream,
+                    task_id,
+                    tries,
+                    "a gateway task's final status and outcome were written after the task store came back"
+                );
+                drop(pending);
+                return;
+            }
+        }
     }
 
     /// An answer that came after the task was cancelled. A result (the work ran to its end

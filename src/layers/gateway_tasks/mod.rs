@@ -107,7 +107,12 @@
 //!   holder through the lease; the holder, within `store.lease_poll_ms`, sends the one
 //!   `notifications/cancelled` and records "released" once its call has ended. When the holder
 //!   is gone (its lease not renewed within `store.lease_ms`), a surviving replica marks the task
-//!   `failed`, saying its replica was lost, and released.
+//!   `failed`, saying its replica was lost, and released. A call that ends while the database
+//!   is out of reach keeps its live entry and its lease (renewed) while its final write (the
+//!   terminal status with the outcome) is tried again (`held`, `Held::retry_final`: 100 ms
+//!   doubling to 5 s, until the store takes it or the task's ttl ends; bounded by
+//!   [`PENDING_FINAL_WRITES`] and [`PENDING_FINAL_BYTES`]); `tasks/result` on this replica waits
+//!   for it, and so does a graceful stop's drain.
 //!
 //! Files: this one (the layer, the dispatch, the negotiation rewrites), `held` (creation and
 //! the held call), `gone` (client sessions the upstream said are gone), `answers` (`tasks/get|result|cancel|update` and the task shapes of both
@@ -147,6 +152,19 @@ pub const DONE_LIMIT: usize = 4096;
 /// Most bytes (serialized JSON) of outcomes kept in memory in all; each one is kept only when
 /// it is at most `tasks.max_stored_result_bytes` (the oldest forgotten past this).
 pub const DONE_BYTES: usize = 64 << 20;
+
+/// Final writes (a held call's terminal status with its outcome) the task store refused and
+/// that are retried (see `held::Held::end`), per upstream: past this many, or
+/// [`PENDING_FINAL_BYTES`], a call that ends while the store is out of reach is written
+/// `failed` instead, saying its outcome could not be kept (its outcome is not held in memory).
+pub const PENDING_FINAL_WRITES: usize = 1024;
+/// Most bytes of outcomes held in memory for final writes being retried, per upstream.
+pub const PENDING_FINAL_BYTES: usize = 64 << 20;
+/// The first wait before a refused final write is tried again; it doubles up to
+/// [`FINAL_WRITE_MAX_WAIT`].
+pub const FINAL_WRITE_FIRST_WAIT: Duration = Duration::from_millis(100);
+/// The longest wait between two tries of a refused final write.
+pub const FINAL_WRITE_MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// How often a `tasks/result` of a gateway task this process does not hold reads the registry.
 pub const RESULT_POLL: Duration = Duration::from_secs(1);
@@ -214,7 +232,24 @@ pub struct GatewayTasksState {
     inputs: Inputs,
     /// Client sessions the upstream said are gone (bounded: see `gone`).
     lost_sessions: Mutex<gone::Lost>,
+    /// The final writes being retried: how many, and the bytes of outcome they hold
+    /// (bounded: [`PENDING_FINAL_WRITES`], [`PENDING_FINAL_BYTES`]).
+    pending_final: Mutex<(usize, usize)>,
     seq: AtomicU64,
+}
+
+/// A final write being retried, counted in [`GatewayTasksState::pending_final`] until dropped.
+pub(crate) struct PendingFinal {
+    state: Arc<GatewayTasksState>,
+    bytes: usize,
+}
+
+impl Drop for PendingFinal {
+    fn drop(&mut self) {
+        let mut pending = self.state.pending_final.lock();
+        pending.0 = pending.0.saturating_sub(1);
+        pending.1 = pending.1.saturating_sub(self.bytes);
+    }
 }
 
 impl GatewayTasksState {
@@ -240,6 +275,29 @@ impl GatewayTasksState {
         self.live.lock().len()
     }
 
+    /// How many of the held calls have ended and wait for the task store to take their final
+    /// write (their terminal status and outcome: retried, see `held`).
+    pub fn pending_final_writes(&self) -> usize {
+        self.pending_final.lock().0
+    }
+
+    /// Counts a final write of `bytes` of outcome to be retried; `None` when that would pass
+    /// [`PENDING_FINAL_WRITES`] or [`PENDING_FINAL_BYTES`].
+    fn pend_final(self: &Arc<Self>, bytes: usize) -> Option<PendingFinal> {
+        let mut pending = self.pending_final.lock();
+        if pending.0 >= PENDING_FINAL_WRITES
+            || pending.1.saturating_add(bytes) > PENDING_FINAL_BYTES
+        {
+            return None;
+        }
+        pending.0 += 1;
+        pending.1 += bytes;
+        Some(PendingFinal {
+            state: self.clone(),
+            bytes,
+        })
+    }
+
     /// The state of one upstream's layer; `enabled` is `upstream.tasks = "gateway"`.
     pub fn new(registry: Arc<Registry>, enabled: bool) -> Arc<GatewayTasksState> {
         Arc::new(GatewayTasksState {
@@ -252,6 +310,7 @@ impl GatewayTasksState {
             inputs: Inputs::default(),
             listeners: Mutex::new(HashMap::new()),
             lost_sessions: Mutex::new(gone::Lost::default()),
+            pending_final: Mutex::new((0, 0)),
             seq: AtomicU64::new(1),
         })
     }

@@ -259,3 +259,24 @@ fn the_related_task_meta_is_spliced_into_the_results_bytes() {
     assert_eq!(v["x"], 2);
     assert!(answers::with_related_task_raw("[]", "t1").is_none());
 }
+
+/// The final writes held for retry are bounded by count and by bytes (break B, F2): past
+/// either a new one is refused (its task is then written `failed`, see `held`), and one that
+/// ends gives its place back.
+#[test]
+fn final_writes_held_for_retry_are_bounded() {
+    let state = GatewayTasksState::new_for_tests();
+    let held: Vec<PendingFinal> = (0..PENDING_FINAL_WRITES)
+        .map(|_| state.pend_final(10).expect("within the bound"))
+        .collect();
+    assert_eq!(state.pending_final_writes(), PENDING_FINAL_WRITES);
+    assert!(state.pend_final(1).is_none(), "past the count");
+    drop(held);
+    assert_eq!(state.pending_final_writes(), 0);
+    let big = state
+        .pend_final(PENDING_FINAL_BYTES)
+        .expect("all the bytes");
+    assert!(state.pend_final(1).is_none(), "past the bytes");
+    drop(big);
+    assert!(state.pend_final(1).is_some());
+}

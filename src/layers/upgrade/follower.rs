@@ -7,10 +7,11 @@ use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
 use crate::config::OnDisconnect;
 use crate::exchange::{CallKey, RequestContext};
 use crate::jsonrpc::Id;
+use crate::layers::gateway_tasks::{FINAL_WRITE_FIRST_WAIT, FINAL_WRITE_MAX_WAIT};
 use crate::layers::McpService;
 use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::errors::McpError;
-use crate::mcp::task::TaskStatus;
+use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::UpgradeOutcome;
 use crate::sse::Event;
 
@@ -174,6 +175,7 @@ impl<S: McpService> Follower<S> {
     /// Follows the task to its end ([`Self::follow`]), then answers the client and counts the
     /// outcome ([`Self::finish`]).
     pub(super) async fn run(self, cancel_rx: oneshot::Receiver<()>) {
+        let started = std::time::Instant::now();
         let _hold = self
             .state
             .registry
@@ -214,7 +216,84 @@ impl<S: McpService> Follower<S> {
                 self.relay_other(ev).await;
             }
         }
+        let terminal = terminal_of(&end);
         self.finish(end).await;
+        // The lease (`_lease`) stays held until the record is terminal.
+        if let Some(terminal) = terminal {
+            self.record_terminal(terminal, started).await;
+        }
+    }
+
+    /// Makes sure the record holds the end the client was answered with: `observe` wrote it
+    /// as the upstream's answer passed, but a task store out of reach then (a PostgreSQL
+    /// outage) refused the write, and nothing else would write it (the record stayed `working`
+    /// until `upgrade.ttl_ms`, holding one of the owner's live-task slots). Reads the record;
+    /// while it is not terminal writes `terminal` again, after [`FINAL_WRITE_FIRST_WAIT`], the
+    /// wait doubling up to [`FINAL_WRITE_MAX_WAIT`], until the store takes it, the task's ttl
+    /// (`upgrade.ttl_ms` from `started`, or the record's) ends, or taskgate stops. The call's
+    /// lease stays held meanwhile (the caller's), so no other replica adopts the call.
+    /// Each refused write is counted in `taskgate_store_write_failures_total` (the registry).
+    async fn record_terminal(&self, terminal: Terminal, started: std::time::Instant) {
+        let registry = &self.state.registry;
+        let (upstream, task_id) = (&*self.ctx.upstream, self.task_id.as_str());
+        let until = started + Duration::from_millis(self.state.config.ttl_ms);
+        let mut wait = FINAL_WRITE_FIRST_WAIT;
+        let mut tries = 0u32;
+        loop {
+            match registry.try_record_of(upstream, task_id).await {
+                Ok(None) => return,
+                Ok(Some(r)) if r.status.is_terminal() || now_ms() >= r.expires_at => {
+                    if tries > 0 {
+                        tracing::info!(upstream, task_id, tries, status = r.status.as_str(), "an upgraded call's final status was written after the task store came back");
+                    }
+                    return;
+                }
+                Ok(Some(_)) => {
+                    if tries == 0 {
+                        tracing::warn!(upstream, task_id, "an upgraded call ended but its record is not terminal (the task store refused the write): written again until the store takes it; its lease is kept meanwhile");
+                    }
+                    tries += 1;
+                    match &terminal {
+                        Terminal::Payload { failed } => {
+                            registry
+                                .apply_result_payload(upstream, task_id, *failed)
+                                .await
+                        }
+                        Terminal::Status(status) => {
+                            let report = serde_json::json!({ "status": status.as_str() });
+                            registry
+                                .observe_task_as(upstream, task_id, report, "upgraded call")
+                                .await;
+                        }
+                    }
+                    // Read again at once: the write just made is seen, or the store failed.
+                    if let Ok(Some(r)) = registry.try_record_of(upstream, task_id).await {
+                        if r.status.is_terminal() {
+                            tracing::info!(upstream, task_id, tries, status = r.status.as_str(), "an upgraded call's final status was written after the task store came back");
+                            return;
+                        }
+                    }
+                }
+                Err(_) => {
+                    if tries == 0 {
+                        tracing::warn!(upstream, task_id, "an upgraded call ended but its record could not be read (the task store failed): its final status is written once the store answers; its lease is kept meanwhile");
+                        tries = 1;
+                    }
+                }
+            }
+            let now = std::time::Instant::now();
+            if now >= until {
+                tracing::warn!(
+                    upstream,
+                    task_id,
+                    tries,
+                    "an upgraded call's ttl ended before the task store took its final status"
+                );
+                return;
+            }
+            tokio::time::sleep(wait.min(until - now)).await;
+            wait = (wait * 2).min(FINAL_WRITE_MAX_WAIT);
+        }
     }
 
     /// The `select!` loop: waits for the `tasks/result` answer while polling `tasks/get` and
@@ -417,6 +496,31 @@ impl<S: McpService> Follower<S> {
 
     async fn cancel_upstream(&self) {
         send_tasks_cancel(&*self.inner, &self.state, &self.ctx, &self.task_id).await;
+    }
+}
+
+/// What the record of a followed task must hold once following ended (see
+/// [`Follower::record_terminal`]).
+enum Terminal {
+    /// The `tasks/result` answer's result came (`failed`: `isError`), as `observe` applies it.
+    Payload { failed: bool },
+    /// A `tasks/get` poll said the task ended so.
+    Status(TaskStatus),
+}
+
+/// The end the record must hold after `end`: `None` for an end that says nothing of the
+/// task's (a JSON-RPC error, a cancel, a disconnect: the record stays as the upstream makes it).
+fn terminal_of(end: &End) -> Option<Terminal> {
+    match end {
+        End::Answer(v) => {
+            let result = v.get("result")?;
+            let failed = result.get("isError").and_then(Value::as_bool) == Some(true);
+            Some(Terminal::Payload { failed })
+        }
+        End::Terminal(status, _) => TaskStatus::parse(status)
+            .filter(|s| s.is_terminal())
+            .map(Terminal::Status),
+        _ => None,
     }
 }
 
