@@ -592,7 +592,11 @@ impl Held {
         if self.write_final(&end, text, modern_stored).await {
             return;
         }
-        self.retry_final(end, kept).await;
+        // Only a shared store refuses a write for a while (a PostgreSQL outage); sled's
+        // refusal (a full disk) is logged and counted, as any failed write (review).
+        if registry.store().shared() {
+            self.retry_final(end, kept).await;
+        }
     }
 
     /// The outcome's JSON text, and (2026) the `DetailedTask` the record keeps with it inline
@@ -709,6 +713,16 @@ impl Held {
             tokio::time::sleep(wait.min(Duration::from_millis(left))).await;
             wait = (wait * 2).min(FINAL_WRITE_MAX_WAIT);
             tries += 1;
+            // Ended meanwhile (a client's `tasks/cancel` once the store was back), or gone:
+            // nothing to write, and no late result to count (review).
+            match self.state.registry.try_record_of(upstream, task_id).await {
+                Ok(Some(r)) if !r.status.is_terminal() => {}
+                Ok(_) => {
+                    drop(pending);
+                    return;
+                }
+                Err(_) => continue,
+            }
             let (text, modern_stored) = self.final_texts(&end);
             if self.write_final(&end, text, modern_stored).await {
                 tracing::info!(

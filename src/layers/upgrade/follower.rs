@@ -176,6 +176,14 @@ impl<S: McpService> Follower<S> {
     /// outcome ([`Self::finish`]).
     pub(super) async fn run(self, cancel_rx: oneshot::Receiver<()>) {
         let started = std::time::Instant::now();
+        // A refused write moves this counter: the record's end is read back only then
+        // (`record_terminal`; review: a read of the whole record at every upgraded call's end).
+        let failures_at_start = self
+            .state
+            .registry
+            .metrics()
+            .store_write_failures_total
+            .get();
         let _hold = self
             .state
             .registry
@@ -218,81 +226,21 @@ impl<S: McpService> Follower<S> {
         }
         let terminal = terminal_of(&end);
         self.finish(end).await;
-        // The lease (`_lease`) stays held until the record is terminal.
-        if let Some(terminal) = terminal {
-            self.record_terminal(terminal, started).await;
-        }
-    }
-
-    /// Makes sure the record holds the end the client was answered with: `observe` wrote it
-    /// as the upstream's answer passed, but a task store out of reach then (a PostgreSQL
-    /// outage) refused the write, and nothing else would write it (the record stayed `working`
-    /// until `upgrade.ttl_ms`, holding one of the owner's live-task slots). Reads the record;
-    /// while it is not terminal writes `terminal` again, after [`FINAL_WRITE_FIRST_WAIT`], the
-    /// wait doubling up to [`FINAL_WRITE_MAX_WAIT`], until the store takes it, the task's ttl
-    /// (`upgrade.ttl_ms` from `started`, or the record's) ends, or taskgate stops. The call's
-    /// lease stays held meanwhile (the caller's), so no other replica adopts the call.
-    /// Each refused write is counted in `taskgate_store_write_failures_total` (the registry).
-    async fn record_terminal(&self, terminal: Terminal, started: std::time::Instant) {
         let registry = &self.state.registry;
-        let (upstream, task_id) = (&*self.ctx.upstream, self.task_id.as_str());
-        let until = started + Duration::from_millis(self.state.config.ttl_ms);
-        let mut wait = FINAL_WRITE_FIRST_WAIT;
-        let mut tries = 0u32;
-        loop {
-            match registry.try_record_of(upstream, task_id).await {
-                Ok(None) => return,
-                Ok(Some(r)) if r.status.is_terminal() || now_ms() >= r.expires_at => {
-                    if tries > 0 {
-                        tracing::info!(upstream, task_id, tries, status = r.status.as_str(), "an upgraded call's final status was written after the task store came back");
-                    }
-                    return;
-                }
-                Ok(Some(_)) => {
-                    if tries == 0 {
-                        tracing::warn!(upstream, task_id, "an upgraded call ended but its record is not terminal (the task store refused the write): written again until the store takes it; its lease is kept meanwhile");
-                    }
-                    tries += 1;
-                    match &terminal {
-                        Terminal::Payload { failed } => {
-                            registry
-                                .apply_result_payload(upstream, task_id, *failed)
-                                .await
-                        }
-                        Terminal::Status(status) => {
-                            let report = serde_json::json!({ "status": status.as_str() });
-                            registry
-                                .observe_task_as(upstream, task_id, report, "upgraded call")
-                                .await;
-                        }
-                    }
-                    // Read again at once: the write just made is seen, or the store failed.
-                    if let Ok(Some(r)) = registry.try_record_of(upstream, task_id).await {
-                        if r.status.is_terminal() {
-                            tracing::info!(upstream, task_id, tries, status = r.status.as_str(), "an upgraded call's final status was written after the task store came back");
-                            return;
-                        }
-                    }
-                }
-                Err(_) => {
-                    if tries == 0 {
-                        tracing::warn!(upstream, task_id, "an upgraded call ended but its record could not be read (the task store failed): its final status is written once the store answers; its lease is kept meanwhile");
-                        tries = 1;
-                    }
-                }
-            }
-            let now = std::time::Instant::now();
-            if now >= until {
-                tracing::warn!(
-                    upstream,
-                    task_id,
-                    tries,
-                    "an upgraded call's ttl ended before the task store took its final status"
-                );
-                return;
-            }
-            tokio::time::sleep(wait.min(until - now)).await;
-            wait = (wait * 2).min(FINAL_WRITE_MAX_WAIT);
+        let refused = registry.metrics().store_write_failures_total.get() != failures_at_start;
+        // Only a shared store refuses a write for a while (a PostgreSQL outage); sled's refusal
+        // (a full disk) is no reason to hold the call.
+        if let (Some(terminal), true, true) = (terminal, refused, registry.store().shared()) {
+            let (state, upstream, task_id) = (
+                self.state.clone(),
+                self.ctx.upstream.clone(),
+                self.task_id.clone(),
+            );
+            // The client's stream ends now (`self.tx` is its only sender: held through the
+            // retry, it kept the principal's in-flight slot and the client waiting; review).
+            drop(self);
+            // The lease (`_lease`) stays held until the record is terminal.
+            record_terminal(&state, &upstream, &task_id, terminal, started).await;
         }
     }
 
@@ -563,4 +511,82 @@ pub(super) async fn poll_status<S: McpService>(
             .unwrap_or("")
             .to_string(),
     ))
+}
+
+/// Makes sure the record holds the end the client was answered with ([`Follower::run`], once
+/// the client's stream has ended): `observe` wrote it
+/// as the upstream's answer passed, but a task store out of reach then (a PostgreSQL
+/// outage) refused the write, and nothing else would write it (the record stayed `working`
+/// until `upgrade.ttl_ms`, holding one of the owner's live-task slots). Reads the record;
+/// while it is not terminal writes `terminal` again, after [`FINAL_WRITE_FIRST_WAIT`], the
+/// wait doubling up to [`FINAL_WRITE_MAX_WAIT`], until the store takes it, the task's ttl
+/// (`upgrade.ttl_ms` from `started`, or the record's) ends, or taskgate stops. The call's
+/// lease stays held meanwhile (the caller's), so no other replica adopts the call.
+/// Each refused write is counted in `taskgate_store_write_failures_total` (the registry).
+async fn record_terminal(
+    state: &UpgradeState,
+    upstream: &str,
+    task_id: &str,
+    terminal: Terminal,
+    started: std::time::Instant,
+) {
+    let registry = &state.registry;
+    let until = started + Duration::from_millis(state.config.ttl_ms);
+    let mut wait = FINAL_WRITE_FIRST_WAIT;
+    let mut tries = 0u32;
+    loop {
+        match registry.try_record_of(upstream, task_id).await {
+            Ok(None) => return,
+            Ok(Some(r)) if r.status.is_terminal() || now_ms() >= r.expires_at => {
+                if tries > 0 {
+                    tracing::info!(upstream, task_id, tries, status = r.status.as_str(), "an upgraded call's final status was written after the task store came back");
+                }
+                return;
+            }
+            Ok(Some(_)) => {
+                if tries == 0 {
+                    tracing::warn!(upstream, task_id, "an upgraded call ended but its record is not terminal (the task store refused the write): written again until the store takes it; its lease is kept meanwhile");
+                }
+                tries += 1;
+                match &terminal {
+                    Terminal::Payload { failed } => {
+                        registry
+                            .apply_result_payload(upstream, task_id, *failed)
+                            .await
+                    }
+                    Terminal::Status(status) => {
+                        let report = serde_json::json!({ "status": status.as_str() });
+                        registry
+                            .observe_task_as(upstream, task_id, report, "upgraded call")
+                            .await;
+                    }
+                }
+                // Read again at once: the write just made is seen, or the store failed.
+                if let Ok(Some(r)) = registry.try_record_of(upstream, task_id).await {
+                    if r.status.is_terminal() {
+                        tracing::info!(upstream, task_id, tries, status = r.status.as_str(), "an upgraded call's final status was written after the task store came back");
+                        return;
+                    }
+                }
+            }
+            Err(_) => {
+                if tries == 0 {
+                    tracing::warn!(upstream, task_id, "an upgraded call ended but its record could not be read (the task store failed): its final status is written once the store answers; its lease is kept meanwhile");
+                    tries = 1;
+                }
+            }
+        }
+        let now = std::time::Instant::now();
+        if now >= until {
+            tracing::warn!(
+                upstream,
+                task_id,
+                tries,
+                "an upgraded call's ttl ended before the task store took its final status"
+            );
+            return;
+        }
+        tokio::time::sleep(wait.min(until - now)).await;
+        wait = (wait * 2).min(FINAL_WRITE_MAX_WAIT);
+    }
 }
