@@ -133,22 +133,7 @@ async fn write_refused(tg: &Tg, before: u64) {
 async fn held_gateway_task(tg: &Tg, up: &Upstream) -> (String, Client) {
     let mut c = tg.client().with_token("alice-token");
     c.initialize().await;
-    let v = c
-        .rpc(rpc(
-            "1",
-            "tools/call",
-            &json!({"name": "slow", "arguments": {}, "task": {"ttl": 600000}}).to_string(),
-        ))
-        .await;
-    let task = v
-        .pointer("/result/task/taskId")
-        .and_then(Value::as_str)
-        .unwrap_or_else(|| panic!("not a CreateTaskResult: {v}"))
-        .to_string();
-    assert!(
-        up.wait_for_method("tools/call", 1, STEP).await,
-        "the call is held upstream"
-    );
+    let task = c.create_held_gateway_task(up).await;
     // The progress is written before the outage: the only write during it is the final one.
     let halfway = eventually(STEP, || async {
         let v = c.get("\"g0\"", &task).await;

@@ -170,22 +170,7 @@ fn held_call_server(gate: Gate) -> impl Fn(&RecordedRequest) -> ScriptedResponse
 async fn gateway_task(t: &LeaseTier, up: &Upstream) -> (String, String) {
     let mut c = Client::new(&t.replicas[0].url()).with_token("alice-token");
     c.initialize().await;
-    let v = c
-        .rpc(rpc(
-            "1",
-            "tools/call",
-            &json!({"name": "slow", "arguments": {}, "task": {"ttl": 600000}}).to_string(),
-        ))
-        .await;
-    let task = v
-        .pointer("/result/task/taskId")
-        .and_then(Value::as_str)
-        .unwrap_or_else(|| panic!("not a CreateTaskResult: {v}"))
-        .to_string();
-    assert!(
-        up.wait_for_method("tools/call", 1, STEP).await,
-        "the call is held upstream"
-    );
+    let task = c.create_held_gateway_task(up).await;
     (task, c.session.clone().unwrap())
 }
 

@@ -518,6 +518,28 @@ impl Client {
         )
     }
     /// Creates a task; returns its taskId (panics on anything but a CreateTaskResult).
+    /// A gateway task (`upstream.tasks = "gateway"`) of the tool `slow` (ttl 10 min) whose
+    /// call `up` holds: its taskId, once the call reached `up`.
+    pub async fn create_held_gateway_task(&self, up: &Upstream) -> String {
+        let v = self
+            .rpc(rpc(
+                "1",
+                "tools/call",
+                &json!({"name": "slow", "arguments": {}, "task": {"ttl": 600000}}).to_string(),
+            ))
+            .await;
+        let task = v
+            .pointer("/result/task/taskId")
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| panic!("not a CreateTaskResult: {v}"))
+            .to_string();
+        assert!(
+            up.wait_for_method("tools/call", 1, STEP).await,
+            "the call is held upstream"
+        );
+        task
+    }
+
     pub async fn create_task(&self, id_json: &str) -> String {
         let v = self.rpc(Client::create_body(id_json, Some(60_000))).await;
         v.pointer("/result/task/taskId")
