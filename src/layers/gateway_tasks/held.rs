@@ -710,7 +710,9 @@ impl Held {
                 tracing::warn!(upstream, task_id, tries, "a gateway task's ttl ended before the task store took its final status and outcome: they are lost");
                 return;
             }
-            tokio::time::sleep(wait.min(Duration::from_millis(left))).await;
+            // Jittered (half to all of it): calls that ended together do not retry together.
+            let jittered = wait.mul_f64(0.5 + fastrand::f64() / 2.0);
+            tokio::time::sleep(jittered.min(Duration::from_millis(left))).await;
             wait = (wait * 2).min(FINAL_WRITE_MAX_WAIT);
             tries += 1;
             // Ended meanwhile (a client's `tasks/cancel` once the store was back), or gone:

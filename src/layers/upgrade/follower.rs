@@ -586,7 +586,9 @@ async fn record_terminal(
             );
             return;
         }
-        tokio::time::sleep(wait.min(until - now)).await;
+        // Jittered (half to all of it): calls that ended together do not retry together.
+        let jittered = wait.mul_f64(0.5 + fastrand::f64() / 2.0);
+        tokio::time::sleep(jittered.min(until - now)).await;
         wait = (wait * 2).min(FINAL_WRITE_MAX_WAIT);
     }
 }
