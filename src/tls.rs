@@ -83,6 +83,17 @@ impl<'a> From<Trust<'a>> for ClientTls<'a> {
     }
 }
 
+impl<'a> ClientAuth<'a> {
+    /// The client certificate of `client_cert_file` and `client_key_file` when both are set
+    /// (`upstream.*`, `store.*`; the config check refuses one without the other).
+    pub fn of(cert_file: Option<&'a Path>, key_file: Option<&'a Path>) -> Option<ClientAuth<'a>> {
+        Some(ClientAuth {
+            cert_file: cert_file?,
+            key_file: key_file?,
+        })
+    }
+}
+
 /// A rustls client configuration trusting `trust`, presenting `client_auth` when set, offering
 /// `alpn` (ALPN protocol ids, e.g. `http/1.1`; empty: no ALPN).
 ///

@@ -605,13 +605,10 @@ impl UpstreamConfig {
     /// The client certificate an `https://` upstream is offered (both files set; the config
     /// check refuses one without the other).
     pub fn client_auth(&self) -> Option<crate::tls::ClientAuth<'_>> {
-        match (&self.client_cert_file, &self.client_key_file) {
-            (Some(cert), Some(key)) => Some(crate::tls::ClientAuth {
-                cert_file: cert,
-                key_file: key,
-            }),
-            _ => None,
-        }
+        crate::tls::ClientAuth::of(
+            self.client_cert_file.as_deref(),
+            self.client_key_file.as_deref(),
+        )
     }
 }
 

@@ -223,16 +223,12 @@ impl StoreConfig {
     /// TLS to the database: what it trusts and the client certificate it presents
     /// (`client_cert_file`, `client_key_file`; both set, as [`StoreConfig::validate`] checks).
     pub fn tls(&self) -> crate::tls::ClientTls<'_> {
-        let client_auth = match (&self.client_cert_file, &self.client_key_file) {
-            (Some(cert), Some(key)) => Some(crate::tls::ClientAuth {
-                cert_file: cert,
-                key_file: key,
-            }),
-            _ => None,
-        };
         crate::tls::ClientTls {
             trust: self.trust(),
-            client_auth,
+            client_auth: crate::tls::ClientAuth::of(
+                self.client_cert_file.as_deref(),
+                self.client_key_file.as_deref(),
+            ),
         }
     }
 

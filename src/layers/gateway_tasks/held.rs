@@ -4,8 +4,8 @@
 
 use super::answers::{create_result, detailed_task, id_value, with_member, with_related_task_raw};
 use super::{
-    GatewayTasksState, Live, Outcome, FINAL_WRITE_FIRST_WAIT, FINAL_WRITE_MAX_WAIT,
-    PENDING_FINAL_BYTES, PENDING_FINAL_WRITES, POLL_INTERVAL_MS,
+    FinalWriteBackoff, GatewayTasksState, Live, Outcome, PENDING_FINAL_BYTES, PENDING_FINAL_WRITES,
+    POLL_INTERVAL_MS,
 };
 use crate::exchange::{Deadline, GatewayError, HeldTask, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, splice, Id, Message};
@@ -702,7 +702,7 @@ impl Held {
             status = end.status.as_str(),
             "a gateway task's final status and outcome could not be written (the task store failed): tried again until the store takes it or the task's ttl ends; its call lease is kept meanwhile"
         );
-        let mut wait = FINAL_WRITE_FIRST_WAIT;
+        let mut backoff = FinalWriteBackoff::default();
         let mut tries = 1u32;
         loop {
             let left = self.record.expires_at.saturating_sub(now_ms());
@@ -710,10 +710,7 @@ impl Held {
                 tracing::warn!(upstream, task_id, tries, "a gateway task's ttl ended before the task store took its final status and outcome: they are lost");
                 return;
             }
-            // Jittered (half to all of it): calls that ended together do not retry together.
-            let jittered = wait.mul_f64(0.5 + fastrand::f64() / 2.0);
-            tokio::time::sleep(jittered.min(Duration::from_millis(left))).await;
-            wait = (wait * 2).min(FINAL_WRITE_MAX_WAIT);
+            backoff.sleep(Duration::from_millis(left)).await;
             tries += 1;
             // Ended meanwhile (a client's `tasks/cancel` once the store was back), or gone:
             // nothing to write, and no late result to count (review).

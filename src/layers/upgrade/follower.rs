@@ -7,7 +7,7 @@ use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
 use crate::config::OnDisconnect;
 use crate::exchange::{CallKey, RequestContext};
 use crate::jsonrpc::Id;
-use crate::layers::gateway_tasks::{FINAL_WRITE_FIRST_WAIT, FINAL_WRITE_MAX_WAIT};
+use crate::layers::gateway_tasks::FinalWriteBackoff;
 use crate::layers::McpService;
 use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::errors::McpError;
@@ -532,7 +532,7 @@ async fn record_terminal(
 ) {
     let registry = &state.registry;
     let until = started + Duration::from_millis(state.config.ttl_ms);
-    let mut wait = FINAL_WRITE_FIRST_WAIT;
+    let mut backoff = FinalWriteBackoff::default();
     let mut tries = 0u32;
     loop {
         match registry.try_record_of(upstream, task_id).await {
@@ -586,9 +586,6 @@ async fn record_terminal(
             );
             return;
         }
-        // Jittered (half to all of it): calls that ended together do not retry together.
-        let jittered = wait.mul_f64(0.5 + fastrand::f64() / 2.0);
-        tokio::time::sleep(jittered.min(until - now)).await;
-        wait = (wait * 2).min(FINAL_WRITE_MAX_WAIT);
+        backoff.sleep(until - now).await;
     }
 }
