@@ -261,6 +261,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         let built = build_stack(u, &shared, &config)?;
         linger.gateway_tasks.extend(built.gateway_tasks);
         linger.bridges.push(built.bridge);
+        linger.upgrades.push(built.upgrade);
         if let Some(orphans) = built.orphans {
             orphans.spawn();
         }
@@ -422,6 +423,8 @@ struct BuiltStack {
     gateway_tasks: Option<Arc<GatewayTasksState>>,
     /// The bridge's state, whose background cancels a graceful stop waits for.
     bridge: Arc<BridgeState>,
+    /// The upgrade layer's state, whose refused final writes a graceful stop waits for.
+    upgrade: Arc<UpgradeState>,
 }
 
 /// Builds the stack in front of upstream `u`: the layers, outermost first (see `layers` for
@@ -562,7 +565,7 @@ fn build_stack(
                 .hand_down(hand_down),
         )
         .layer(SessionLayer::new(shared.sessions.clone()).hand_down(hand_down))
-        .layer(UpgradeLayer::new(upgrade_state))
+        .layer(UpgradeLayer::new(upgrade_state.clone()))
         .service(inner);
     Ok(BuiltStack {
         route: Route {
@@ -573,6 +576,7 @@ fn build_stack(
         stdio,
         gateway_tasks: (u.tasks == TaskOwnership::Gateway).then_some(gateway_tasks),
         bridge,
+        upgrade: upgrade_state,
     })
 }
 
@@ -817,9 +821,10 @@ struct Serving {
 const ADMIN_DRAIN: Duration = Duration::from_secs(2);
 
 /// What a graceful stop lets finish beyond the requests in flight: the held calls of gateway
-/// tasks (`upstream.tasks = "gateway"`: `layers::gateway_tasks`) and the bridge's background
+/// tasks (`upstream.tasks = "gateway"`: `layers::gateway_tasks`), the bridge's background
 /// cancels (a task cancelled because its client answered a relayed `sampling/createMessage`
-/// with an error, after that answer's 202: `layers::bridge::follow::send_update`). Each runs
+/// with an error, after that answer's 202: `layers::bridge::follow::send_update`) and the
+/// upgraded calls' final writes the task store refused (`layers::upgrade`). Each runs
 /// on the runtime of the serving thread whose request started it, which ends it when it is
 /// dropped, so each serving thread waits here after its drain, until all of them ended or the
 /// drain's deadline passed (or the drain was cut); what is left then is logged at warn.
@@ -829,6 +834,8 @@ struct Linger {
     gateway_tasks: Vec<Arc<GatewayTasksState>>,
     /// Each upstream's bridge state (its background cancels).
     bridges: Vec<Arc<BridgeState>>,
+    /// Each upstream's upgrade state (its ended calls' final writes the task store refused).
+    upgrades: Vec<Arc<UpgradeState>>,
     /// The drain's end: set when the stop begins (`gateway.drain_timeout_ms` from then).
     deadline: std::sync::OnceLock<tokio::time::Instant>,
     /// The drain cut short ([`DrainCut`]): set once the serving loops exist.
@@ -849,7 +856,9 @@ impl Linger {
         let cancels = futures_util::future::join_all(
             self.bridges.iter().map(|b| b.background_cancels_ended()),
         );
-        let held = futures_util::future::join(calls, cancels);
+        let upgraded =
+            futures_util::future::join_all(self.upgrades.iter().map(|u| u.final_writes_ended()));
+        let held = futures_util::future::join3(calls, cancels, upgraded);
         let cut = async {
             match self.cut.get() {
                 Some(drain) => drain.cut().await,
@@ -858,7 +867,11 @@ impl Linger {
         };
         tokio::select! {
             ended = tokio::time::timeout_at(*deadline, held) => ended.is_ok(),
-            () = cut => self.held_calls() == 0 && self.background_cancels() == 0,
+            () = cut => {
+                self.held_calls() == 0
+                    && self.background_cancels() == 0
+                    && self.upgraded_final_writes() == 0
+            }
         }
     }
 
@@ -892,6 +905,13 @@ impl Linger {
                 "the drain ended with gateway tasks' final writes still refused by the task store (their calls ended, their outcomes held in memory): their outcomes are lost, and their tasks failed at the next start (or by another replica once their leases lapse)"
             );
         }
+        let upgraded_final_writes = self.upgraded_final_writes();
+        if upgraded_final_writes > 0 {
+            tracing::warn!(
+                upgraded_final_writes,
+                "the drain ended with upgraded calls' final statuses still refused by the task store (their clients were answered): their records stay working until another replica adopts them once their leases lapse, or their ttl ends"
+            );
+        }
         if background_cancels > 0 {
             tracing::warn!(
                 background_cancels,
@@ -903,6 +923,11 @@ impl Linger {
     /// How many of the bridge's cancels run in the background now.
     fn background_cancels(&self) -> usize {
         self.bridges.iter().map(|b| b.background_cancels()).sum()
+    }
+
+    /// How many ended upgraded calls wait for the task store to take their final status.
+    fn upgraded_final_writes(&self) -> usize {
+        self.upgrades.iter().map(|u| u.pending_final_writes()).sum()
     }
 
     /// How many calls of gateway tasks are held now.

@@ -16,7 +16,7 @@
 //! `working` (its result lost), the upgraded call's record `working` (its slot held) until
 //! their ttl.
 //!
-//! Skips (printed) when PostgreSQL is missing or not the test's own cluster (it is stopped).
+//! Each starts a PostgreSQL of its own (it is stopped), also under the suite's shared one.
 
 use crate::common::*;
 use serde_json::{json, Value};
@@ -28,14 +28,9 @@ const AUTH: &[(&str, &str)] = &[("alice", "alice-token")];
 /// is 5 s at most; a loaded 2-core machine is slow).
 const RECOVERY: Duration = Duration::from_secs(30);
 
-/// A database this test may stop, or `None` (printed: skipped).
+/// A database this test may stop (its own), or `None` (printed: skipped).
 fn stoppable(test: &str) -> Option<PgCluster> {
-    let pg = PgCluster::start(test)?;
-    if !pg.can_stop() {
-        eprintln!("SKIPPED {test}: the PostgreSQL is not the test's own (TASKGATE_TEST_DATABASE_URL): it cannot be stopped");
-        return None;
-    }
-    Some(pg)
+    PgCluster::start_own(test)
 }
 
 /// taskgate in this process on `pg` (through env var `env`), one upstream `url` with
@@ -331,4 +326,71 @@ async fn an_upgraded_call_that_ends_while_the_database_is_down_is_recorded_once_
         v.pointer("/result/task/taskId").is_some(),
         "a new task is admitted: {v}"
     );
+}
+
+/// A graceful stop while an upgraded call's final status waits for the database: the drain
+/// waits for it (`UpgradeState::final_writes_ended`), and the database back within the drain
+/// takes it before taskgate exits. Before (ee40333) the stop returned at once, the retry was
+/// dropped with its runtime and the record stayed `working` (another replica would adopt and
+/// follow a call that had already been answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_drains_an_upgraded_calls_final_write() {
+    let test = "a_graceful_stop_drains_an_upgraded_calls_final_write";
+    let Some(mut pg) = stoppable(test) else {
+        return;
+    };
+    let server = UpServer::start(UpBehaviour {
+        task_ms: Some(3000),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let mut tg = start_tg(
+        &pg,
+        "TG_FINAL_WRITE_UPGRADE_DRAIN_DB",
+        &server.url(),
+        "",
+        true,
+    )
+    .await;
+    let mut c = tg.client().with_token("alice-token");
+    c.initialize().await;
+    let call = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.send(rpc(
+                "1",
+                "tools/call",
+                r#"{"name":"research","arguments":{}}"#,
+            ))
+            .await
+            .text()
+            .await
+        })
+    };
+    let task = eventually(STEP, || async {
+        let state = server.state.lock().unwrap();
+        let task = state.tasks.keys().next().cloned()?;
+        (state.result_calls.get(&task).copied().unwrap_or(0) >= 1).then_some(task)
+    })
+    .await
+    .expect("the upgraded call is a task upstream, its result asked");
+
+    let before = tg.metrics.store_write_failures_total.get();
+    pg.stop_server();
+    let body = tokio::time::timeout(STEP, call)
+        .await
+        .expect("the client is answered, the database still down")
+        .unwrap();
+    assert!(body.contains("\"result\""), "the call's result: {body}");
+    write_refused(&tg, before).await;
+    let running = tg.running.take().expect("running");
+    let stop = tokio::spawn(running.shutdown());
+    pg.start_server();
+    tokio::time::timeout(RECOVERY, stop)
+        .await
+        .expect("the stop ends within its drain")
+        .unwrap();
+    let db = db(&pg).await;
+    let rec = record(&db, &task).await.expect("the record");
+    assert_eq!(rec["status"], "completed", "written before the exit: {rec}");
 }

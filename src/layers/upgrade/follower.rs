@@ -239,8 +239,10 @@ impl<S: McpService> Follower<S> {
             // The client's stream ends now (`self.tx` is its only sender: held through the
             // retry, it kept the principal's in-flight slot and the client waiting; review).
             drop(self);
-            // The lease (`_lease`) stays held until the record is terminal.
-            record_terminal(&state, &upstream, &task_id, terminal, started).await;
+            // The lease (`_lease`) stays held until the record is terminal; a graceful stop's
+            // drain waits for this (`UpgradeState::final_writes_ended`).
+            let retry = record_terminal(&state, &upstream, &task_id, terminal, started);
+            state.final_writes.track_future(retry).await;
         }
     }
 

@@ -172,6 +172,10 @@ pub struct UpgradeState {
     /// session's GET stream.
     tokens: Mutex<HashMap<TokenKey, Arc<Mutex<Option<f64>>>>>,
     seq: AtomicU64,
+    /// Ended calls whose final status the task store refused, written again until it takes it
+    /// (`follower::record_terminal`): a graceful stop waits for them within its drain
+    /// ([`UpgradeState::final_writes_ended`]).
+    final_writes: tokio_util::task::TaskTracker,
 }
 
 impl UpgradeState {
@@ -189,7 +193,24 @@ impl UpgradeState {
             tokens: Mutex::new(HashMap::new()),
             result_deadline: upstream_timeout,
             seq: AtomicU64::new(1),
+            final_writes: tokio_util::task::TaskTracker::new(),
         })
+    }
+
+    /// How many ended calls wait for the task store to take their final status (a PostgreSQL
+    /// outage; see `follower::record_terminal`).
+    pub fn pending_final_writes(&self) -> usize {
+        self.final_writes.len()
+    }
+
+    /// Returns once no ended call waits for the task store to take its final status. A
+    /// graceful stop waits here within its drain (`gateway::Linger`): a retry dropped with its
+    /// runtime leaves the record `working` until another replica adopts the call.
+    pub async fn final_writes_ended(&self) {
+        // `wait` returns only on a closed tracker; closing it does not stop it counting the
+        // retries that start later.
+        self.final_writes.close();
+        self.final_writes.wait().await;
     }
 
     fn result_deadline(&self) -> Duration {
