@@ -1,5 +1,6 @@
 //! `Debug` for the config sections that hold secrets: `[[upstream]]` (`proxy`'s
-//! `user:password@`, `headers` and `env` values: an `Authorization`, an API key), `[store]`
+//! `user:password@`, `headers` and `env` values: an `Authorization`, an API key; `command`'s
+//! arguments), `[store]`
 //! (a database URL's password) and `[[auth.token]]` (a token's hash). Their `Debug` is written
 //! by hand with these helpers, so `{:?}` of a `Config` (a log line, a test's failure, a panic)
 //! never prints one; names, hosts and every other key still show. `telemetry::Settings` (the
@@ -45,6 +46,22 @@ impl fmt::Debug for Names<'_> {
         f.debug_map()
             .entries(self.0.keys().map(|k| (k, Redacted)))
             .finish()
+    }
+}
+
+/// A `command` shown by its program only; its arguments, which may hold a key
+/// (`["server", "--api-key", "…"]`), are counted, not shown.
+pub(crate) struct Command<'a>(pub &'a [String]);
+
+impl fmt::Debug for Command<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.split_first() {
+            None => f.write_str("[]"),
+            Some((program, [])) => f.debug_list().entry(program).finish(),
+            Some((program, args)) => {
+                write!(f, "[{program:?}, <{} arguments redacted>]", args.len())
+            }
+        }
     }
 }
 

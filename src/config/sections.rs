@@ -3,7 +3,7 @@
 //! `config/REFERENCE.md`). `[store]` is in `store`.
 
 use super::check::*;
-use super::redact::{Names, Redacted, Url};
+use super::redact::{Command, Names, Redacted, Url};
 use super::ConfigError;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -576,7 +576,7 @@ impl std::fmt::Debug for UpstreamConfig {
             .field("client_cert_file", client_cert_file)
             .field("client_key_file", client_key_file)
             .field("proxy", &proxy.as_deref().map(Url))
-            .field("command", command)
+            .field("command", &command.as_deref().map(Command))
             .field("env", &Names(env))
             .field("cwd", cwd)
             .field("process", process)

@@ -577,7 +577,7 @@ proxy = "http://user:proxysecret3@proxy:3128"
 Authorization = "Bearer headersecret4"
 [[upstream]]
 name = "b"
-command = ["server"]
+command = ["server", "--api-key", "argsecret6"]
 [upstream.env]
 API_KEY = "envsecret5"
 "#;
@@ -590,6 +590,7 @@ API_KEY = "envsecret5"
             "proxysecret3",
             "headersecret4",
             "envsecret5",
+            "argsecret6",
         ] {
             assert!(!shown.contains(secret), "{secret} printed: {shown}");
         }
@@ -600,6 +601,8 @@ API_KEY = "envsecret5"
             "db:5432",
             "alice",
             "http://127.0.0.1:1/mcp",
+            "\"server\"",
+            "2 arguments redacted",
         ] {
             assert!(shown.contains(kept), "{kept} not shown: {shown}");
         }
