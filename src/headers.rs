@@ -95,7 +95,7 @@ fn visible_ascii(bytes: &[u8]) -> bool {
 }
 
 /// `value` as text when every byte is visible ASCII or a tab: what `HeaderValue::to_str`
-/// returns, checked eight bytes at a time ([`visible_ascii`]). For the values read for every
+/// returns, checked eight bytes at a time (`visible_ascii`). For the values read for every
 /// traced request (its session and protocol version): `to_str`'s loop cost ~100
 /// instructions for a 36-byte session id (callgrind, issue 34).
 #[inline]

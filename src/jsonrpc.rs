@@ -674,7 +674,7 @@ impl Message {
     /// comparisons of short keys; a message it did not index (more than four members (`PARAMS`), escapes in
     /// keys, a repeated key) is walked ([`splice::raw_at`]).
     ///
-    /// Inlined so that a literal `name` is matched to its [`Known`] member when compiled: the
+    /// Inlined so that a literal `name` is matched to its `Known` member when compiled: the
     /// comparison cost ~25 instructions a look-up, six per small `tools/call` with traces on
     /// (callgrind, issue 34).
     #[inline]
@@ -952,7 +952,7 @@ fn common_method(name: &str) -> Option<&'static str> {
 /// key and the JSON Pointer of its object, as `"taskId" in /params`; `None` when no key repeats
 /// (or `text` is not JSON: the parse that follows words that). Keys are compared as the
 /// strings they spell (`"a\/b"` is `"a/b"`). A full parse (it allocates a set per object with
-/// more than a few keys): made only for what [`envelope::read`] hands back.
+/// more than a few keys): made only for what `envelope::read` hands back.
 pub fn duplicate_key(text: &str) -> Option<String> {
     use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
     use std::borrow::Cow;

@@ -618,7 +618,7 @@ fn held_request_of(
 
 /// A held session's request (any client `body` the edge accepts) as the stateless 2026-07-28
 /// request that goes upstream (`layers::bridge::sessionless::modernize`, `add_session_meta`).
-/// `flags`: bits 0-1 pick the held session ([`held_session_of`]); bits 2, 3, 4 make the
+/// `flags`: bits 0-1 pick the held session (`held_session_of`); bits 2, 3, 4 make the
 /// client send a stale `Mcp-Name`, a wrong `Mcp-Method`, a 2025 `MCP-Protocol-Version`.
 /// - made exactly for a request (an id and a method);
 /// - the id is the client's, as the same JSON text (so of the same JSON type), the method too;

@@ -70,6 +70,9 @@ trap finish EXIT
 part "cargo test"
 cargo test --locked --no-fail-fast || status=1
 
+part "API docs (cargo doc, warnings are errors: no broken link, no public doc naming a private item)"
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --no-deps --lib --quiet || status=1
+
 part "interop with real MCP peers (the deploy checks run meanwhile)"
 cargo build --locked --quiet
 # The deploy checks start now, in the background: their container image check is a musl release

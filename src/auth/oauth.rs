@@ -5,7 +5,7 @@
 //! when, in this order:
 //! 1. its JOSE header parses and its `alg` is in `auth.oauth.algorithms` (asymmetric only: `none`
 //!    and `HS*` never are);
-//! 2. the issuer's key named by `kid` is known (see [`super::jwks`]) and of that algorithm's family
+//! 2. the issuer's key named by `kid` is known (see `super::jwks`) and of that algorithm's family
 //!    (and, if the JWK names an `alg`, exactly it);
 //!    The header's `typ` is one of `auth.oauth.token_types` (default `at+jwt`,
 //!    `application/at+jwt`: RFC 9068 §4, so an ID token is never taken for an access token)

@@ -8,7 +8,7 @@ pub(super) const UNBOUNDED: u64 = u64::MAX;
 pub(super) const HOUR_MS: u64 = 3_600_000;
 
 /// `min <= value <= max` (`max` [`UNBOUNDED`]: no upper bound), else [`ConfigError::OutOfRange`]
-/// naming `key` (the line is filled in by [`Config::from_toml_str`]).
+/// naming `key` (the line is filled in by [`Config::from_toml_str`](super::Config::from_toml_str)).
 pub(super) fn check_range(key: &str, value: u64, min: u64, max: u64) -> Result<(), ConfigError> {
     if (min..=max).contains(&value) {
         return Ok(());

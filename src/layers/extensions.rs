@@ -1,5 +1,5 @@
 //! Facts one layer hands to the others as typed extensions: down on the request
-//! ([`crate::exchange::McpRequest::extensions`]), up on the reply
+//! ([`crate::exchange::RequestParts::extensions`]), up on the reply
 //! ([`crate::exchange::McpReply::extensions`], as `http::Response` carries them), never through
 //! tables an outer layer reads back nor through private headers.
 //!

@@ -75,9 +75,9 @@ struct Threads {
 /// Why a store job did not run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NotRun {
-    /// [`STORE_QUEUE`] jobs were already queued or running.
+    /// `STORE_QUEUE` jobs were already queued or running.
     Busy,
-    /// It waited [`STORE_QUEUE_WAIT`] for a thread.
+    /// It waited `STORE_QUEUE_WAIT` for a thread.
     Late,
     /// The store threads are shutting down.
     ShuttingDown,
@@ -131,7 +131,7 @@ impl StoreThreads {
     /// Runs `work` on a store thread and waits for it (see the module doc for the bounds).
     ///
     /// Errors: [`NotRun`] when it did not run (the queue was full, it waited
-    /// [`STORE_QUEUE_WAIT`] for a thread, or the threads are shutting down). A panic in `work`
+    /// `STORE_QUEUE_WAIT` for a thread, or the threads are shutting down). A panic in `work`
     /// is resumed here.
     pub async fn run<T, F>(&self, work: F) -> Result<T, NotRun>
     where
@@ -321,7 +321,7 @@ impl Registry {
     /// [`Registry::lookup`] that tells a failed store read apart (counted in
     /// `taskgate_store_write_failures_total` and logged), so the caller answers `-32603` and not
     /// "not found". Served from the record cache when it holds the record (no blocking-pool
-    /// trip; never on a shared store); otherwise read (see [`Registry::point`]) and cached.
+    /// trip; never on a shared store); otherwise read (see `Registry::point`) and cached.
     ///
     /// The record is shared with the cache, not copied: a tasks/get hands it to the layers
     /// below and `observe` compares the answer with it (two whole-record clones per request
@@ -476,7 +476,7 @@ impl Registry {
         self.durable(applied).await
     }
 
-    /// [`Registry::observe_task_as`] of a `Task` already read into [`TaskFields`] (a typed view
+    /// [`Registry::observe_task_as`] of a `Task` already read into [`TaskFields`](super::status::TaskFields) (a typed view
     /// of the reply, no `Value` tree): the same report, applied the same way.
     pub async fn observe_fields_as(
         self: &Arc<Self>,

@@ -19,13 +19,13 @@ pub struct KeepAlive {
     sleep: Pin<Box<tokio::time::Sleep>>,
     last_sent: tokio::time::Instant,
     done: bool,
-    /// Set by [`Event::abort`]: the error this stream ends with.
+    /// Set by [`Event::abort`](super::Event::abort): the error this stream ends with.
     aborted: Option<StreamAborted>,
     /// Whether the stream has answered `Pending` once since the abort arrived (see
     /// [`KeepAlive::end`]).
     yielded: bool,
-    /// The failure the first [`Event::transport_error`] relayed reported, or the cut
-    /// ([`Event::abort`]) the stream ended with.
+    /// The failure the first [`Event::transport_error`](super::Event::transport_error) relayed reported, or the cut
+    /// ([`Event::abort`](super::Event::abort)) the stream ended with.
     failure: Option<TransportFailure>,
 }
 
@@ -50,9 +50,9 @@ impl KeepAlive {
         }
     }
 
-    /// The failure reported by the first [`Event::transport_error`] this stream relayed (an
+    /// The failure reported by the first [`Event::transport_error`](super::Event::transport_error) this stream relayed (an
     /// oversized upstream event, a deadline), else [`TransportFailure::Cut`] when the stream
-    /// ended with [`Event::abort`]: the request's outcome, for the edge's count.
+    /// ended with [`Event::abort`](super::Event::abort): the request's outcome, for the edge's count.
     pub fn transport_failure(&self) -> Option<TransportFailure> {
         self.failure
     }
@@ -73,7 +73,7 @@ impl KeepAlive {
     }
 }
 
-/// The upstream's stream was cut ([`Event::abort`]): the client's stream must end with a
+/// The upstream's stream was cut ([`Event::abort`](super::Event::abort)): the client's stream must end with a
 /// transport error, not a clean end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the upstream's event stream was cut")]

@@ -10,7 +10,7 @@
 //! Keys are length-prefixed strings and big-endian integers, so any `taskId` bytes are safe and
 //! ranges sort by time. No change runs a sled transaction (`swap` says why and argues crashes and
 //! races): a creation writes the index entries, then the record if absent (a compare-and-swap:
-//! see [`SledStore::insert_new`]); an update is a compare-and-swap against the bytes it read,
+//! see `SledStore::insert_new`); an update is a compare-and-swap against the bytes it read,
 //! retried on the record as it is now when it loses (an expiry it moves: the new entry written
 //! before, the old one removed after); a removal swaps the record to nothing, then removes its
 //! entries. So a crash may leave index entries without their record, never a record without
@@ -58,7 +58,7 @@ type IndexWritten = ((Vec<u8>, [u8; 16]), (Vec<u8>, [u8; 16]));
 pub const SOON: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// How old an index entry without its record must be before a reader takes it for what a crash
-/// left behind (see [`SledStore::insert_new`]) and removes it: far longer than a creation's two
+/// left behind (see `SledStore::insert_new`) and removes it: far longer than a creation's two
 /// index writes and its record write take, so a creation in progress is never mistaken for one.
 /// Measured in ms from the later of the entry's own time (`recorded_at` in `by_owner`,
 /// `expires_at` in `by_expiry`) and the time it was written (see `is_leftover`).

@@ -1,4 +1,4 @@
-//! W3C Trace Context in and out (https://www.w3.org/TR/trace-context/ §3): `traceparent` and
+//! W3C Trace Context in and out (<https://www.w3.org/TR/trace-context/> §3): `traceparent` and
 //! `tracestate`, read from a request's `params._meta` (SEP-414, 2026-07-28 `_meta`) or its HTTP
 //! header fields, and written for the upstream.
 //!
@@ -58,7 +58,7 @@ pub fn traceparent(context: &SpanContext) -> String {
 /// [`traceparent`] without an allocation: its 55 ASCII bytes (made for every upstream request
 /// when tracing is on: `format!` with the ids' `{:032x}` cost about 1,500 instructions,
 /// collecting the bytes as `char`s ~1,200, with `hex::encode_to_slice` ~280, a digit table ~250,
-/// four bytes at a time in a `u64` ([`hex4`]) ~150; callgrind, issue 34).
+/// four bytes at a time in a `u64` (`hex4`) ~150; callgrind, issue 34).
 pub fn traceparent_bytes(context: &SpanContext) -> [u8; 55] {
     let mut out = [0u8; 55];
     out[..3].copy_from_slice(b"00-");

@@ -48,7 +48,7 @@ pub enum Target {
 }
 
 /// `name` (a tool's or a prompt's) shared: the one this thread made last time when it is one of
-/// the last [`KEPT_NAMES`] it made (at most [`LONGEST_KEPT_NAME`] bytes), else made now and kept
+/// the last `KEPT_NAMES` it made (at most `LONGEST_KEPT_NAME` bytes), else made now and kept
 /// in place of the oldest. A span's target is then a reference count, where a `String` of its
 /// own was an allocation on the serving thread freed on the export thread (~300 instructions per
 /// small `tools/call`, callgrind, issue 34); a client naming tools at random costs what it did.
@@ -220,7 +220,7 @@ pub fn protocol_version(version: &str) -> Cow<'static, str> {
 
 /// A request's own values on its SERVER span, `jsonrpc.request.id`, `mcp.protocol.version` and
 /// `mcp.session.id`, exported in that order before the span's other attributes: the id's and
-/// the session's text in one [`Text`], in place when short (issue 34: as three `KeyValue`s in a
+/// the session's text in one `Text`, in place when short (issue 34: as three `KeyValue`s in a
 /// `Vec`, two of them owned strings, they cost a small `tools/call` three allocations on the
 /// serving thread and three frees on the export thread; in one `String`, one of each, ~250
 /// instructions with the free on the other thread).

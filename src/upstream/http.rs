@@ -5,7 +5,7 @@
 //! - `https://`: TLS on every connection ([`Tls`]: rustls, the certificate chain and host name
 //!   verified against `ca_file` or the Mozilla roots; the handshake within `connect_timeout_ms`).
 //!   A refused handshake is 502 `-32603` "upstream `x` is unreachable: connect: TLS with
-//!   host:port: <why>", counted `taskgate_upstream_errors_total{kind="connect"}`.
+//!   host:port: &lt;why&gt;", counted `taskgate_upstream_errors_total{kind="connect"}`.
 //! - POST carries the message bytes unchanged; GET opens the standalone stream; DELETE ends a session.
 //! - `Host` is the upstream's authority (SDK servers validate it against DNS rebinding);
 //!   `Mcp-Session-Id` is the one in the request context (a layer may route to a task's session);

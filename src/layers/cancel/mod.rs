@@ -33,7 +33,7 @@
 //!   (reason `task`: tasks are cancelled with `tasks/cancel` only), or already forwarded once
 //!   (reason `duplicate`); otherwise it goes to the upstream session that carries the request (a
 //!   pending `tasks/result` may have been routed to the task's session). Requests are named by
-//!   who sent them ([`Caller`] and id), so one client's cancel is never taken for another's. A
+//!   who sent them ([`Caller`](crate::exchange::Caller) and id), so one client's cancel is never taken for another's. A
 //!   caller with neither a principal nor a session cannot be told apart from another one: its
 //!   cancels are never dropped as `duplicate` (a second `notifications/cancelled` is harmless;
 //!   dropping another client's is not), while the `initialize` and `task` checks still apply
@@ -154,7 +154,7 @@ impl CancelState {
     }
 
     /// As [`CancelState::new`], with taskgate's shutdown signal (`true`: stopping), which ends
-    /// the follow-ups of acknowledged cancels ([`follow_after_ack`]) at once.
+    /// the follow-ups of acknowledged cancels (`follow_after_ack`) at once.
     pub fn stopping_with(
         registry: Arc<Registry>,
         upstream_timeout: Duration,
@@ -705,15 +705,15 @@ fn sent_by_bridge(req: &McpRequest) -> bool {
 }
 
 /// The longest the callers of a forwarded 2026-07-28 cancel wait for taskgate's own poll of
-/// the task after the upstream's ack ([`follow_after_ack`]).
+/// the task after the upstream's ack (`follow_after_ack`).
 pub const POLL_AFTER_ACK_WAIT: Duration = Duration::from_secs(2);
 
-/// How long a follow-up after the first poll lasts at most ([`follow_after_ack`]): a
+/// How long a follow-up after the first poll lasts at most (`follow_after_ack`): a
 /// worker-queue server may cancel seconds after its ack (review 18a #5: 5 polls at the task's
 /// `pollIntervalMs` gave up after about half a second).
 pub const FOLLOW_UP_FOR: Duration = Duration::from_secs(30);
 
-/// The most polls of a follow-up after the first ([`follow_after_ack`]).
+/// The most polls of a follow-up after the first (`follow_after_ack`).
 pub const FOLLOW_UP_POLLS: u32 = 12;
 
 /// The most follow-ups of one upstream's acknowledged cancels running at once; past it a task

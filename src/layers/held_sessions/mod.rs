@@ -297,7 +297,7 @@ fn not_found(req: &McpRequest) -> McpReply {
 }
 
 /// The `InitializeResult` a held session's `initialize` gets: `protocolVersion` the client's
-/// `requested` one when it is a 2025-era revision ([`LEGACY_VERSIONS`]), else `2025-11-25`;
+/// `requested` one when it is a 2025-era revision (`LEGACY_VERSIONS`), else `2025-11-25`;
 /// the 2025 `capabilities.tasks` added when the upstream has the tasks extension
 /// (`modern_tasks`).
 pub fn held_initialize_result(

@@ -1816,7 +1816,7 @@ impl Undo {
 
     /// Sends the `tasks/cancel` of `task_id` (created in `era`) in the background: the client's
     /// `-32603` does not wait for it. Its whole exchange is bounded by the upstream's
-    /// `timeout_ms` (its [`Deadline::Exchange`]: a `tasks/cancel` answer, streamed or not, always is).
+    /// `timeout_ms` (its [`Deadline::Exchange`](crate::exchange::Deadline::Exchange): a `tasks/cancel` answer, streamed or not, always is).
     fn cancel(self, registry: &Arc<Registry>, era: Era, task_id: String, why: UndoReason) {
         // The creation's context: the upstream session it went out on, its credentials.
         let id = own_request::own_id("undo");

@@ -14,7 +14,7 @@
 //! The relay reads no other stage's table and records no task fact: what the client declared
 //! (its `initialize` capabilities) is handed to it with each exchange ([`Declared`]); how the
 //! upstream's notifications are shown to the client is handed to it too
-//! ([`mrtr::Exchange::to_client`], the `bridge`'s era translation). The `bridge` owns one
+//! ([`Client::shown`], the `bridge`'s era translation). The `bridge` owns one
 //! [`Relay`] per upstream and calls it; a client's POSTed answer to an input request reaches
 //! the relay through the bridge's dispatch ([`Inputs::take`], then [`mrtr::answered`] or the
 //! bridge's `tasks/update`).

@@ -210,7 +210,7 @@ impl Sessions {
 
     /// Whether a request naming `session`, which the table does not hold, is looked up in the
     /// store: one is kept, and the store was not asked for it in the last
-    /// [`super::REVALIDATE_AFTER`] ([`Absent`]).
+    /// [`super::REVALIDATE_AFTER`] (`Absent`).
     pub fn may_look_up(&self, upstream: &Arc<str>, session: &HeaderValue) -> bool {
         if self.store.get().is_none() {
             return false;

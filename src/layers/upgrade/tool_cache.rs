@@ -156,7 +156,7 @@ where
 {
     type Response = McpReply;
     type Error = S::Error;
-    /// The inner future, with [`Learn`] applied to the reply of a known session's request.
+    /// The inner future, with `Learn` applied to the reply of a known session's request.
     type Future = Either<S::Future, AfterReply<S::Future, Learn>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {

@@ -191,7 +191,7 @@ impl PgStore {
     }
 
     /// Runs `work` on a pooled connection on the store's runtime, bounded by the query timeout
-    /// (see [`bounded`]); the future waits for it.
+    /// (see [`bounded()`](bounded::bounded)); the future waits for it.
     fn spawn<T, F, Fut>(&self, work: F) -> impl Future<Output = Result<T, StoreError>> + 'static
     where
         F: FnOnce(Conn) -> Fut + Send + 'static,

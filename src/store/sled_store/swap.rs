@@ -83,7 +83,7 @@ thread_local! {
     pub(super) static WRITES_LEFT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
-/// Called before each write of a change: in tests, the simulated crash of [`WRITES_LEFT`];
+/// Called before each write of a change: in tests, the simulated crash of `WRITES_LEFT` (test-only);
 /// nothing otherwise.
 #[inline(always)]
 pub(super) fn write_step() -> Result<(), StoreError> {

@@ -10,8 +10,8 @@
 //! (the upstream sees its stream released).
 //!
 //! A chunked answer's body is read by taskgate itself rather than hyper: the connection's I/O
-//! stops at the end of each response head ([`super::gate`]), and the pool takes a chunked
-//! body over there ([`super::chunked`]; an SSE event is a chunk, and hyper's chunk decoding
+//! stops at the end of each response head (`super::gate`), and the pool takes a chunked
+//! body over there (`super::chunked`; an SSE event is a chunk, and hyper's chunk decoding
 //! cost ~1,800 instructions a chunk). Everything else stays hyper's.
 //!
 //! An idle connection is checked before reuse (a closed one is dropped); a request that hyper
@@ -573,7 +573,7 @@ impl Pool {
 
 /// A response body that drives its connection while it is read, and gives the connection back
 /// to the pool when it ends: hyper's body, or a chunked body taskgate reads itself (see
-/// [`super::gate`] for why).
+/// `super::gate` for why).
 pub struct PooledBody(Kind);
 
 enum Kind {
@@ -585,7 +585,7 @@ enum Kind {
     Chunked(Chunked<Return>),
 }
 
-/// The error of a [`PooledBody`]: hyper's, or what [`super::chunked`] found.
+/// The error of a [`PooledBody`]: hyper's, or what `super::chunked` found.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 impl Pool {

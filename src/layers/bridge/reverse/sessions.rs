@@ -126,7 +126,7 @@ impl UpstreamSession {
         self.tools.lock().clone()
     }
 
-    /// Caches a `tools/list` result (its `tools` cut to [`MAX_TOOLS`]).
+    /// Caches a `tools/list` result (its `tools` cut to `MAX_TOOLS`).
     pub fn set_tools(&self, mut tools: Value) {
         if let Some(list) = tools.get_mut("tools").and_then(Value::as_array_mut) {
             list.truncate(MAX_TOOLS);
@@ -201,12 +201,12 @@ impl UpstreamSessions {
         table.values().cloned().collect()
     }
 
-    /// How often the held sessions are pinged ([`ping_interval`] of the idle limit).
+    /// How often the held sessions are pinged (`ping_interval` of the idle limit).
     pub fn ping_every(&self) -> Duration {
         ping_interval(self.idle)
     }
 
-    /// Keeps `session` as `tenant`'s. Errors: [`Full`] when [`MAX_UPSTREAM_SESSIONS`] are held
+    /// Keeps `session` as `tenant`'s. Errors: `Full` when [`MAX_UPSTREAM_SESSIONS`] are held
     /// and each has live tasks.
     pub fn insert(&self, tenant: Tenant, session: Arc<UpstreamSession>) -> Result<(), Full> {
         let now = Instant::now();
