@@ -27,5 +27,7 @@ pub mod registry;
 pub mod sse;
 pub mod store;
 pub mod telemetry;
+#[cfg(test)]
+mod test_log;
 pub mod tls;
 pub mod upstream;

@@ -186,36 +186,7 @@ async fn cancel_requested_is_recorded_once_per_task() {
     assert_eq!(requested, 1);
 }
 
-/// What a test's tracing events wrote, as text (a `MakeWriter` over a shared buffer).
-#[derive(Clone, Default)]
-struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    /// Every event at DEBUG and above on this thread, until the guard is dropped.
-    fn install(&self) -> tracing::subscriber::DefaultGuard {
-        let writer = self.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::set_default(subscriber)
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
+use crate::test_log::Captured;
 
 /// Work that races a graceful stop (a task turned terminal after the sled store was closed:
 /// its commit cannot be awaited any more) ends quietly: no ERROR, nothing counted as a store

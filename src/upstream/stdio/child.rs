@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::process::{Child, ChildStderr, Command};
+use tokio::process::{Child, Command};
 
 /// How long a child may take to exit after its stdin closed before it gets `SIGTERM`.
 pub const STDIN_GRACE: Duration = Duration::from_secs(2);
@@ -178,26 +178,43 @@ pub fn describe(status: std::io::Result<std::process::ExitStatus>) -> String {
 
 /// Copies the child's stderr to taskgate's log (target `taskgate::upstream::stdio`, level
 /// info), each line cut at [`STDERR_LINE_BYTES`], at most [`STDERR_LINES_PER_SECOND`] lines a
-/// second (the rest counted and reported). Ends with the pipe.
-pub async fn log_stderr(name: Arc<str>, stderr: ChildStderr) {
+/// second. The rest are counted and the count logged at warn when their one-second window ends,
+/// whether or not the child writes again (a burst followed by silence is reported within a
+/// second, not at the child's next line or exit). Ends with the pipe.
+pub async fn log_stderr(name: Arc<str>, stderr: impl tokio::io::AsyncRead + Unpin) {
+    const WINDOW: Duration = Duration::from_secs(1);
+    let dropped_lines = |dropped: u64| {
+        tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, dropped, "child stderr lines not logged (over {STDERR_LINES_PER_SECOND} a second)");
+    };
     // Lines are read at the stdout bound's order (64 KiB); what is logged is cut shorter.
     let mut lines = super::framing::Lines::new(stderr, 64 * 1024);
     let mut window = tokio::time::Instant::now();
     let (mut logged, mut dropped) = (0u32, 0u64);
     loop {
-        let line = match lines.next().await {
-            Ok(Some(line)) => line,
-            Ok(None) | Err(_) => break,
+        // With lines dropped, the read waits until the window's end at most, to report them.
+        // `Lines::next` is cancel-safe: what it read stays in its buffer.
+        let next = if dropped > 0 {
+            tokio::time::timeout_at(window + WINDOW, lines.next()).await
+        } else {
+            Ok(lines.next().await)
+        };
+        let line = match next {
+            Ok(Ok(Some(line))) => Some(line),
+            Ok(Ok(None) | Err(_)) => break,
+            Err(_window_ended) => None,
         };
         let now = tokio::time::Instant::now();
-        if now.duration_since(window) >= Duration::from_secs(1) {
+        if now.duration_since(window) >= WINDOW {
             if dropped > 0 {
-                tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, dropped, "child stderr lines not logged (over {STDERR_LINES_PER_SECOND} a second)");
+                dropped_lines(dropped);
             }
             window = now;
             logged = 0;
             dropped = 0;
         }
+        let Some(line) = line else {
+            continue;
+        };
         if logged >= STDERR_LINES_PER_SECOND {
             dropped += 1;
             continue;
@@ -211,7 +228,7 @@ pub async fn log_stderr(name: Arc<str>, stderr: ChildStderr) {
         tracing::info!(target: "taskgate::upstream::stdio", upstream = %name, stderr = %text);
     }
     if dropped > 0 {
-        tracing::warn!(target: "taskgate::upstream::stdio", upstream = %name, dropped, "child stderr lines not logged (over {STDERR_LINES_PER_SECOND} a second)");
+        dropped_lines(dropped);
     }
 }
 
@@ -232,6 +249,38 @@ pub fn cut(text: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A burst over the rate, then silence with the pipe still open: the count of the lines not
+    /// logged is reported once the second ends (before: only at the child's next stderr line
+    /// or its exit, so a child that went quiet never reported it).
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_stderr_is_reported_when_its_second_ends() {
+        use tokio::io::AsyncWriteExt;
+        let logs = crate::test_log::Captured::default();
+        let _guard = logs.install();
+        let (mut child, stderr) = tokio::io::duplex(1 << 20);
+        let burst = STDERR_LINES_PER_SECOND as usize + 150;
+        child
+            .write_all("line\n".repeat(burst).as_bytes())
+            .await
+            .unwrap();
+        let logging = tokio::spawn(log_stderr("t".into(), stderr));
+        // Paused time: the sleep ends once every task waits, the logger in its read.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let text = logs.text();
+        assert!(
+            text.contains("dropped=150"),
+            "the dropped lines are reported while the pipe is open: {text}"
+        );
+        drop(child);
+        logging.await.unwrap();
+        assert_eq!(
+            logs.text().matches("not logged").count(),
+            1,
+            "{}",
+            logs.text()
+        );
+    }
 
     #[test]
     fn cut_keeps_characters_whole() {
