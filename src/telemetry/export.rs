@@ -4,7 +4,10 @@
 //! export thread's runtime (`batch`), with the hyper and hyper-rustls (ring, webpki roots)
 //! taskgate already has: no second HTTP client, no second TLS stack, nothing on the serving
 //! threads. The spans of a batch whose export fails are counted in
-//! `taskgate_trace_export_failures_total`.
+//! `taskgate_trace_export_failures_total`, and the failure is logged at warn: the first one, then
+//! at most one line per [`FAILURE_LOG_EVERY`] while exports keep failing (with how many failed
+//! meanwhile); the first export that works again is logged at info. A wrong endpoint or a
+//! collector refusing the body shows in the log at the default level, not only in the counter.
 
 use super::Compression;
 use bytes::Bytes;
@@ -19,6 +22,9 @@ use hyper_util::rt::TokioExecutor;
 use std::io::Write as _;
 use std::time::Duration;
 
+/// While exports keep failing, at most one warn line per this long.
+pub(super) const FAILURE_LOG_EVERY: Duration = Duration::from_secs(300);
+
 /// Largest collector answer read, in bytes (an OTLP `ExportTraceServiceResponse` is a few bytes).
 const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
@@ -30,6 +36,15 @@ pub(super) struct Exporter {
     timeout: Duration,
     compression: Compression,
     failures: prometheus::IntCounter,
+    /// Since when exports fail, when that was last logged and how many failed since: `None`
+    /// while they work. Only the export thread touches it.
+    failing: std::sync::Mutex<Option<Failing>>,
+}
+
+/// A run of failed exports ([`Exporter::export`]'s log).
+struct Failing {
+    logged_at: std::time::Instant,
+    since_logged: u64,
 }
 
 impl Exporter {
@@ -76,15 +91,40 @@ impl Exporter {
             timeout,
             compression,
             failures,
+            failing: std::sync::Mutex::new(None),
         })
     }
 
     /// Posts `body` (an `ExportTraceServiceRequest` of `spans` spans); a failure (no answer
     /// within the timeout, a transport error, a non-2xx status) counts the spans.
     pub(super) async fn export(&self, body: Bytes, spans: usize) {
-        if let Err(e) = self.post(body).await {
-            self.failures.inc_by(spans as u64);
-            tracing::debug!(spans, error = %e, "trace export failed");
+        let outcome = self.post(body).await;
+        let mut failing = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        match (outcome, failing.as_mut()) {
+            (Ok(()), None) => {}
+            (Ok(()), Some(_)) => {
+                *failing = None;
+                tracing::info!(endpoint = %self.endpoint, "trace export works again");
+            }
+            (Err(e), None) => {
+                self.failures.inc_by(spans as u64);
+                *failing = Some(Failing {
+                    logged_at: std::time::Instant::now(),
+                    since_logged: 0,
+                });
+                tracing::warn!(endpoint = %self.endpoint, spans, error = %e, "trace export failed: its spans are dropped (counted in taskgate_trace_export_failures_total); logged again at most every {} s while exports fail", FAILURE_LOG_EVERY.as_secs());
+            }
+            (Err(e), Some(run)) => {
+                self.failures.inc_by(spans as u64);
+                run.since_logged += 1;
+                if run.logged_at.elapsed() >= FAILURE_LOG_EVERY {
+                    tracing::warn!(endpoint = %self.endpoint, failed_exports = run.since_logged, error = %e, "trace exports still fail");
+                    run.logged_at = std::time::Instant::now();
+                    run.since_logged = 0;
+                } else {
+                    tracing::debug!(spans, error = %e, "trace export failed");
+                }
+            }
         }
     }
 

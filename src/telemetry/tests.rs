@@ -1188,3 +1188,75 @@ fn settings_debug_hides_header_values() {
         );
     }
 }
+
+/// A failing export is logged at warn once (not at every batch), and an export that works
+/// again at info (tester 3 F9: a wrong port or a collector answering 400 was logged at debug
+/// only, invisible at the default level).
+#[tokio::test]
+async fn export_failures_are_logged_at_warn_once_and_recovery_at_info() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let logs = crate::test_log::Captured::default();
+    let _guard = logs.install();
+    // A collector answering 500 to its first two exports, then 200 (one connection each).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        for n in 0.. {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut seen = Vec::new();
+            // The head and the body (Content-Length) of one request.
+            loop {
+                let k = conn.read(&mut buf).await.unwrap();
+                seen.extend_from_slice(&buf[..k]);
+                let text = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len: usize = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    if seen.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+                if k == 0 {
+                    break;
+                }
+            }
+            let status = if n < 2 {
+                "500 Internal Server Error"
+            } else {
+                "200 OK"
+            };
+            let answer =
+                format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            conn.write_all(answer.as_bytes()).await.unwrap();
+        }
+    });
+    let failures = prometheus::IntCounter::new("failures", "failures").unwrap();
+    let exporter = export::Exporter::new(
+        &format!("http://{addr}/v1/traces"),
+        &[],
+        Duration::from_secs(5),
+        Compression::None,
+        failures.clone(),
+    )
+    .unwrap();
+    exporter.export(Bytes::from_static(b"x"), 3).await;
+    exporter.export(Bytes::from_static(b"x"), 4).await;
+    assert_eq!(failures.get(), 7, "both failed exports' spans are counted");
+    let text = logs.text();
+    assert_eq!(
+        text.matches(" WARN ").count(),
+        1,
+        "one warn for a run of failures: {text}"
+    );
+    assert!(text.contains("trace export failed"), "{text}");
+    exporter.export(Bytes::from_static(b"x"), 1).await;
+    assert_eq!(failures.get(), 7);
+    assert!(
+        logs.text().contains("trace export works again"),
+        "{}",
+        logs.text()
+    );
+}
