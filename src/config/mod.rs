@@ -278,11 +278,8 @@ impl Config {
                         up.name
                     ));
                 }
-                *v = expand_env(v).map_err(|var| {
-                    ConfigError::Invalid(format!(
-                        "upstream {:?}: header {k:?} uses ${{{var}}}, but environment variable {var} is not set",
-                        up.name
-                    ))
+                *v = expand_env(v).map_err(|e| {
+                    ConfigError::Invalid(format!("upstream {:?}: header {k:?} {e}", up.name))
                 })?;
                 http::HeaderValue::from_str(v).map_err(|_| {
                     ConfigError::Invalid(format!(
@@ -327,11 +324,8 @@ fn redact_userinfo(url: &str) -> String {
 /// `upstream.proxy`: `${VAR}` expanded in place, then a usable `http://[user:password@]host:port`
 /// ([`ProxyUrl`]). Errors never quote the value: it may hold a password.
 fn check_proxy(name: &str, proxy: &mut String) -> Result<(), ConfigError> {
-    *proxy = expand_env(proxy).map_err(|var| {
-        ConfigError::Invalid(format!(
-            "upstream {name:?}: proxy uses ${{{var}}}, but environment variable {var} is not set"
-        ))
-    })?;
+    *proxy = expand_env(proxy)
+        .map_err(|e| ConfigError::Invalid(format!("upstream {name:?}: proxy {e}")))?;
     ProxyUrl::parse(proxy)
         .map(|_| ())
         .map_err(|e| ConfigError::Invalid(format!("upstream {name:?}: proxy {e}")))
@@ -452,11 +446,7 @@ fn validate_command(i: usize, up: &mut UpstreamConfig) -> Result<(), ConfigError
                 "env name {k:?} is not a valid variable name"
             )));
         }
-        *v = expand_env(v).map_err(|var| {
-            invalid(format!(
-                "env {k:?} uses ${{{var}}}, but environment variable {var} is not set"
-            ))
-        })?;
+        *v = expand_env(v).map_err(|e| invalid(format!("env {k:?} {e}")))?;
     }
     if let Some(cwd) = &up.cwd {
         if !cwd.is_dir() {
@@ -495,8 +485,35 @@ pub fn find_program(program: &str) -> Result<PathBuf, String> {
         .ok_or_else(|| "not found on PATH (or not executable)".into())
 }
 
-/// Expands `${VAR}` from the environment. `$$` is a literal `$`. Returns the missing variable's name.
-fn expand_env(text: &str) -> Result<String, String> {
+/// Why a value's `${VAR}` could not be expanded ([`expand_env`]); shown after the key it is
+/// in ("header \"X\" uses ${A}, but …"). Never quotes the value: it may hold a secret.
+#[derive(Debug, PartialEq)]
+enum EnvError {
+    /// `${NAME}` names a variable that is not set (or not UTF-8).
+    Unset(String),
+    /// A `${` without its `}`.
+    Unterminated,
+    /// `${}`.
+    EmptyName,
+}
+
+impl std::fmt::Display for EnvError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EnvError::Unset(var) => write!(
+                f,
+                "uses ${{{var}}}, but environment variable {var} is not set"
+            ),
+            EnvError::Unterminated => {
+                f.write_str("has a `${` without its `}` (write `$$` for a literal `$`)")
+            }
+            EnvError::EmptyName => f.write_str("has `${}`: a variable name is missing"),
+        }
+    }
+}
+
+/// Expands `${VAR}` from the environment. `$$` is a literal `$`.
+fn expand_env(text: &str) -> Result<String, EnvError> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(pos) = rest.find('$') {
@@ -507,10 +524,13 @@ fn expand_env(text: &str) -> Result<String, String> {
             rest = stripped;
         } else if let Some(inner) = after.strip_prefix('{') {
             let Some(end) = inner.find('}') else {
-                return Err(format!("unterminated ${{ in {text:?}"));
+                return Err(EnvError::Unterminated);
             };
             let name = &inner[..end];
-            let value = std::env::var(name).map_err(|_| name.to_string())?;
+            if name.is_empty() {
+                return Err(EnvError::EmptyName);
+            }
+            let value = std::env::var(name).map_err(|_| EnvError::Unset(name.to_string()))?;
             out.push_str(&value);
             rest = &inner[end + 1..];
         } else {

@@ -43,6 +43,27 @@ fn env_expansion_and_missing_variable() {
     assert!(err.contains("TASKGATE_TEST_UNSET_Y"), "{err}");
 }
 
+/// A `${` without its `}` and an empty `${}` are named as what they are, and the value (which
+/// may hold a secret) is not quoted (tester 3 F11: "uses ${unterminated ${ in \"…\"}, but
+/// environment variable unterminated ${ in \"…\" is not set").
+#[test]
+fn env_expansion_syntax_errors_say_what_is_wrong() {
+    assert_eq!(expand_env("a${b"), Err(EnvError::Unterminated));
+    assert_eq!(expand_env("${}"), Err(EnvError::EmptyName));
+    let err = |value: &str| {
+        let text = format!("{MINIMAL}headers = {{ X-Key = \"{value}\" }}\n");
+        Config::from_toml_str(&text).unwrap_err().to_string()
+    };
+    let e = err("secret9${X");
+    assert!(
+        e.contains("header \"X-Key\" has a `${` without its `}`"),
+        "{e}"
+    );
+    assert!(!e.contains("secret9") && !e.contains("is not set"), "{e}");
+    let e = err("${}");
+    assert!(e.contains("a variable name is missing"), "{e}");
+}
+
 #[test]
 fn upgrade_section() {
     let text = format!("{MINIMAL}[upgrade]\nenabled = true\non_client_disconnect = \"keep\"\n");
