@@ -142,6 +142,12 @@ impl Config {
         }
         self.gateway.validate()?;
         self.admin.validate()?;
+        if listens_overlap(self.gateway.listen, self.admin.listen) {
+            return invalid(format!(
+                "admin.listen ({}) and gateway.listen ({}) are the same port on the same address: give the admin listener a port of its own",
+                self.admin.listen, self.gateway.listen
+            ));
+        }
         self.store.validate()?;
         self.tasks.validate()?;
         self.upgrade.validate()?;
@@ -483,6 +489,15 @@ pub fn find_program(program: &str) -> Result<PathBuf, String> {
         .map(|dir| dir.join(program))
         .find(|p| executable(p))
         .ok_or_else(|| "not found on PATH (or not executable)".into())
+}
+
+/// Whether two listen addresses would take the same socket: the same port (not 0: each 0 is
+/// a port of its own), on the same address or where either is the unspecified one
+/// (`0.0.0.0`, `[::]`: every address).
+fn listens_overlap(a: std::net::SocketAddr, b: std::net::SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
 /// Why a value's `${VAR}` could not be expanded ([`expand_env`]); shown after the key it is

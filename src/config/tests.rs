@@ -640,3 +640,34 @@ API_KEY = "envsecret5"
     let shown = format!("{:?}", c.upstream[0]);
     assert!(!shown.contains("proxysecret6"), "{shown}");
 }
+
+/// `check-config` refuses what `serve` cannot bind: the admin listener on the gateway's port
+/// (tester 3 F10: "valid", then serve exited "Address already in use").
+#[test]
+fn admin_and_gateway_cannot_share_a_port() {
+    let with = |gateway: &str, admin: &str| {
+        let text = format!(
+            "[gateway]\nlisten = \"{gateway}\"\n[admin]\nlisten = \"{admin}\"\n\
+             [[upstream]]\nname = \"a\"\nurl = \"http://127.0.0.1:1/mcp\"\n"
+        );
+        Config::from_toml_str(&text).map_err(|e| e.to_string())
+    };
+    for (g, a) in [
+        ("127.0.0.1:4810", "127.0.0.1:4810"),
+        ("0.0.0.0:4810", "127.0.0.1:4810"),
+        ("127.0.0.1:4810", "[::]:4810"),
+    ] {
+        let err = with(g, a).unwrap_err();
+        assert!(
+            err.contains("admin.listen") && err.contains("gateway.listen"),
+            "{err}"
+        );
+    }
+    for (g, a) in [
+        ("127.0.0.1:4810", "127.0.0.1:4811"),
+        ("127.0.0.1:0", "127.0.0.1:0"),
+        ("127.0.0.1:4810", "127.0.0.2:4810"),
+    ] {
+        assert!(with(g, a).is_ok(), "{g} {a}");
+    }
+}
