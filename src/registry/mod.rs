@@ -21,6 +21,7 @@
 //! authorise and reserves slots, `cancel` records `cancel_requested_at`, and `observe` (the
 //! innermost layer) applies everything the upstream reports.
 
+mod backoff;
 mod cache;
 mod creation;
 mod gone;
@@ -33,6 +34,7 @@ mod status;
 pub mod sweep;
 mod tier;
 
+pub use backoff::{FinalWriteBackoff, FINAL_WRITE_FIRST_WAIT, FINAL_WRITE_MAX_WAIT};
 pub use creation::{CreatedTask, MIN_RETENTION_MS};
 pub use leases::{LeaseGuard, LeaseKeeper};
 pub use offload::{ListPage, NotRun, StoreThreads};

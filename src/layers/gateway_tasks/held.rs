@@ -4,8 +4,7 @@
 
 use super::answers::{create_result, detailed_task, id_value, with_member, with_related_task_raw};
 use super::{
-    FinalWriteBackoff, GatewayTasksState, Live, Outcome, PENDING_FINAL_BYTES, PENDING_FINAL_WRITES,
-    POLL_INTERVAL_MS,
+    GatewayTasksState, Live, Outcome, PENDING_FINAL_BYTES, PENDING_FINAL_WRITES, POLL_INTERVAL_MS,
 };
 use crate::exchange::{Deadline, GatewayError, HeldTask, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, splice, Id, Message};
@@ -18,7 +17,7 @@ use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::LocalReason;
-use crate::registry::Observed;
+use crate::registry::{FinalWriteBackoff, Observed};
 use crate::sse::Event;
 use crate::store::{LeaseKind, Origin, TaskRecord};
 use bytes::Bytes;
@@ -667,7 +666,8 @@ impl Held {
     }
 
     /// The final write `end` (of `bytes` of outcome as kept), refused by the store, tried again
-    /// after [`FINAL_WRITE_FIRST_WAIT`], the wait doubling up to [`FINAL_WRITE_MAX_WAIT`],
+    /// after [`crate::registry::FINAL_WRITE_FIRST_WAIT`], the wait doubling up to
+    /// [`crate::registry::FINAL_WRITE_MAX_WAIT`],
     /// until the store takes it or the task's ttl ends (or taskgate stops: a graceful stop's
     /// drain waits for it as for a held call, see `GatewayTasksState::held_calls_ended`). The
     /// outcome is served from memory meanwhile (`remember`; `tasks/result` of this replica
