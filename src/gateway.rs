@@ -251,6 +251,8 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         Duration::from_millis(config.store.lease_ms),
         Duration::from_millis(config.store.lease_poll_ms),
     );
+    // A tier: terminal statuses the store refused (an outage) written again once it answers.
+    registry.retry_refused_reports();
     let listeners = Listeners::bind(&config).await?;
     let (gateway_addr, admin_addr) = (listeners.gateway_addr, listeners.admin_addr);
 
