@@ -9,7 +9,8 @@
 //! caller but a gateway task's final write, which retries itself), and one task of the
 //! registry ([`Registry::retry_refused_reports`]) applies it again, with backoff
 //! ([`super::FinalWriteBackoff`]), until the store takes it, the record is gone or expired, or
-//! the process stops. Applying it again is safe: a report is idempotent, and the status
+//! the process stops (a graceful stop's drain waits for them, and logs at warn how many were
+//! left at its end). Applying it again is safe: a report is idempotent, and the status
 //! machine never overwrites a terminal status; a record that ended otherwise meanwhile (a
 //! cancel) is left as it is, and no late result is counted for it (the report came first).
 //! The transition is audited and counted once, when it is written.
@@ -35,7 +36,8 @@ use std::time::Duration;
 /// Most terminal reports kept to be applied again (as many as call leases kept to be ended
 /// again, `leases::MAX_UNENDED`).
 pub const MAX_KEPT_REPORTS: usize = 65_536;
-/// Most bytes of kept reports (their results, errors and texts, with [`ENTRY_BYTES`] each).
+/// Most bytes of kept reports (their results, errors and texts, and 256 bytes each for the
+/// entry).
 pub const MAX_KEPT_BYTES: usize = 64 << 20;
 /// Kept reports applied again per round at most (two store calls each: the record read, then
 /// the update).
@@ -78,6 +80,8 @@ pub(super) struct RefusedReports {
     held: Mutex<Held>,
     /// Woken when a report is kept.
     wake: Arc<tokio::sync::Notify>,
+    /// Woken when the last kept report is done with (a graceful stop's drain waits for it).
+    emptied: tokio::sync::Notify,
     /// The retry task was started.
     started: AtomicBool,
     max_reports: usize,
@@ -123,6 +127,7 @@ impl RefusedReports {
         RefusedReports {
             held: Mutex::default(),
             wake: Arc::default(),
+            emptied: tokio::sync::Notify::new(),
             started: AtomicBool::new(false),
             max_reports,
             max_bytes,
@@ -257,6 +262,7 @@ impl RefusedReports {
         }
         if held.reports.is_empty() {
             held.full_logged = false;
+            self.emptied.notify_waiters();
         }
         tries
     }
@@ -330,6 +336,27 @@ impl Registry {
                 }
             }
         });
+    }
+
+    /// How many terminal reports the store refused wait to be applied again.
+    pub fn refused_reports_kept(&self) -> usize {
+        self.refused.len()
+    }
+
+    /// Returns once no terminal report the store refused waits to be applied again (at once
+    /// when none does): a graceful stop's drain waits for it, within `gateway.drain_timeout_ms`,
+    /// as for the final writes the layers retry.
+    pub async fn refused_reports_written(&self) {
+        loop {
+            let emptied = self.refused.emptied.notified();
+            tokio::pin!(emptied);
+            // Registered before the count is read: a set emptied in between still wakes it.
+            emptied.as_mut().enable();
+            if self.refused.len() == 0 {
+                return;
+            }
+            emptied.await;
+        }
     }
 
     /// One round: up to [`REPORTS_PER_TICK`] kept reports applied again, one store job each,

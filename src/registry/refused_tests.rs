@@ -212,3 +212,30 @@ fn a_round_is_bounded_and_a_refused_report_goes_to_the_back() {
         "the newer one stays"
     );
 }
+
+/// A graceful stop's drain waits for the kept reports (`Registry::refused_reports_written`):
+/// at once when none is kept, else until the last is done with.
+#[tokio::test]
+async fn the_wait_for_kept_reports_ends_when_they_are_written() {
+    let (registry, store) = shared().await;
+    registry.refused_reports_written().await;
+    down(&store, true);
+    registry
+        .observe_task("up", json!({"taskId": "t1", "status": "failed"}), "test")
+        .await;
+    assert_eq!(registry.refused_reports_kept(), 1);
+    let waiting = {
+        let registry = registry.clone();
+        tokio::spawn(async move { registry.refused_reports_written().await })
+    };
+    tokio::task::yield_now().await;
+    assert!(!waiting.is_finished(), "one is kept");
+    down(&store, false);
+    assert_eq!(registry.apply_kept_reports().await, Round::Took);
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the wait ends once it is written")
+        .unwrap();
+    let r = store.get("up", "t1").unwrap().unwrap();
+    assert_eq!(r.status, TaskStatus::Failed);
+}
