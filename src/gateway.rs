@@ -251,12 +251,17 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         Duration::from_millis(config.store.lease_ms),
         Duration::from_millis(config.store.lease_poll_ms),
     );
+    // A tier: terminal statuses the store refused (an outage) written again once it answers.
+    registry.retry_refused_reports();
     let listeners = Listeners::bind(&config).await?;
     let (gateway_addr, admin_addr) = (listeners.gateway_addr, listeners.admin_addr);
 
     let mut routes: Vec<Route> = Vec::with_capacity(config.upstream.len());
     let mut stdio = Vec::new();
-    let mut linger = Linger::default();
+    let mut linger = Linger {
+        registry: Some(registry.clone()),
+        ..Linger::default()
+    };
     for u in &config.upstream {
         let built = build_stack(u, &shared, &config)?;
         linger.gateway_tasks.extend(built.gateway_tasks);
@@ -823,11 +828,13 @@ const ADMIN_DRAIN: Duration = Duration::from_secs(2);
 /// What a graceful stop lets finish beyond the requests in flight: the held calls of gateway
 /// tasks (`upstream.tasks = "gateway"`: `layers::gateway_tasks`), the bridge's background
 /// cancels (a task cancelled because its client answered a relayed `sampling/createMessage`
-/// with an error, after that answer's 202: `layers::bridge::follow::send_update`) and the
-/// upgraded calls' final writes the task store refused (`layers::upgrade`). Each runs
-/// on the runtime of the serving thread whose request started it, which ends it when it is
-/// dropped, so each serving thread waits here after its drain, until all of them ended or the
-/// drain's deadline passed (or the drain was cut); what is left then is logged at warn.
+/// with an error, after that answer's 202: `layers::bridge::follow::send_update`), the
+/// upgraded calls' final writes the task store refused (`layers::upgrade`), and the terminal
+/// statuses it refused that the registry writes again (`registry::refused`: its task runs on
+/// the gateway's runtime). Each of the others runs on the runtime of the serving thread whose
+/// request started it, which ends it when it is dropped, so each serving thread waits here
+/// after its drain, until all of them ended or the drain's deadline passed (or the drain was
+/// cut); what is left then is logged at warn.
 #[derive(Default)]
 struct Linger {
     /// Each gateway-task upstream's state.
@@ -836,6 +843,8 @@ struct Linger {
     bridges: Vec<Arc<BridgeState>>,
     /// Each upstream's upgrade state (its ended calls' final writes the task store refused).
     upgrades: Vec<Arc<UpgradeState>>,
+    /// The registry (the terminal statuses the task store refused, `registry::refused`).
+    registry: Option<Arc<Registry>>,
     /// The drain's end: set when the stop begins (`gateway.drain_timeout_ms` from then).
     deadline: std::sync::OnceLock<tokio::time::Instant>,
     /// The drain cut short ([`DrainCut`]): set once the serving loops exist.
@@ -858,7 +867,12 @@ impl Linger {
         );
         let upgraded =
             futures_util::future::join_all(self.upgrades.iter().map(|u| u.final_writes_ended()));
-        let held = futures_util::future::join3(calls, cancels, upgraded);
+        let refused = async {
+            if let Some(registry) = &self.registry {
+                registry.refused_reports_written().await;
+            }
+        };
+        let held = futures_util::future::join4(calls, cancels, upgraded, refused);
         let cut = async {
             match self.cut.get() {
                 Some(drain) => drain.cut().await,
@@ -871,6 +885,7 @@ impl Linger {
                 self.held_calls() == 0
                     && self.background_cancels() == 0
                     && self.upgraded_final_writes() == 0
+                    && self.refused_reports() == 0
             }
         }
     }
@@ -912,6 +927,13 @@ impl Linger {
                 "the drain ended with upgraded calls' final statuses still refused by the task store (their clients were answered): their records stay working until another replica adopts them once their leases lapse, or their ttl ends"
             );
         }
+        let refused_reports = self.refused_reports();
+        if refused_reports > 0 {
+            tracing::warn!(
+                refused_reports,
+                "the drain ended with terminal statuses still refused by the task store (tasks their upstreams ran, whose clients were told they ended): their records stay as they were until their ttl, unless a client's poll reports the end again"
+            );
+        }
         if background_cancels > 0 {
             tracing::warn!(
                 background_cancels,
@@ -923,6 +945,13 @@ impl Linger {
     /// How many of the bridge's cancels run in the background now.
     fn background_cancels(&self) -> usize {
         self.bridges.iter().map(|b| b.background_cancels()).sum()
+    }
+
+    /// How many terminal statuses the task store refused wait to be written again.
+    fn refused_reports(&self) -> usize {
+        self.registry
+            .as_ref()
+            .map_or(0, |r| r.refused_reports_kept())
     }
 
     /// How many ended upgraded calls wait for the task store to take their final status.

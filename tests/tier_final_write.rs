@@ -9,12 +9,15 @@
 //!   back within the drain takes it before taskgate exits;
 //! - an upgraded call (`[upgrade] enabled`) whose task ends during the outage: the client gets
 //!   its result, and once the database is back the record is terminal, the lease ended, and the
-//!   owner's live-task slot (`tasks.max_live_tasks_per_owner = 1`) free for a new task.
+//!   owner's live-task slot (`tasks.max_live_tasks_per_owner = 1`) free for a new task;
+//! - a 2025-11-25 task the upstream runs whose `completed` passes through to the client during
+//!   the outage: once the database is back, with no further request, the record is `completed`
+//!   and the owner's slot free (`registry::refused`); a graceful stop meanwhile drains it.
 //!
-//! Each fails on the code before the fix (fe9c9c2): the final write was tried once, the lease
-//! end too, and the lease renewed for as long as the process ran: the gateway task stayed
-//! `working` (its result lost), the upgraded call's record `working` (its slot held) until
-//! their ttl.
+//! Each fails on the code before its fix (fe9c9c2; the last on ee40333): the final write was
+//! tried once, the lease end too, and the lease renewed for as long as the process ran: the
+//! gateway task stayed `working` (its result lost), the upgraded call's record and the
+//! upstream's task `working` (their slot held) until their ttl.
 //!
 //! Each starts a PostgreSQL of its own (it is stopped), also under the suite's shared one.
 
@@ -383,6 +386,147 @@ async fn a_graceful_stop_drains_an_upgraded_calls_final_write() {
         .unwrap();
     assert!(body.contains("\"result\""), "the call's result: {body}");
     write_refused(&tg, before).await;
+    let running = tg.running.take().expect("running");
+    let stop = tokio::spawn(running.shutdown());
+    pg.start_server();
+    tokio::time::timeout(RECOVERY, stop)
+        .await
+        .expect("the stop ends within its drain")
+        .unwrap();
+    let db = db(&pg).await;
+    let rec = record(&db, &task).await.expect("the record");
+    assert_eq!(rec["status"], "completed", "written before the exit: {rec}");
+}
+
+/// An upstream-owned 2025-11-25 task (the scripted upstream runs it) on taskgate over `pg`
+/// (through env var `env`) whose `completed` reaches the client while the database is down:
+/// its `tasks/get` is authorised (the record read) and upstream before the outage, and the
+/// upstream's answer comes during it, so the record's write is refused (counted: awaited here)
+/// and the client sees `completed`. Returns taskgate, the upstream, the client and the task's
+/// id; the database is still down.
+async fn upstream_task_completed_while_down(
+    pg: &mut PgCluster,
+    env: &str,
+) -> (Tg, UpServer, Client, String) {
+    // The first `tasks/get` of a task answers `completed` once `gate` opens; the task itself
+    // never ends upstream otherwise (no later poll could record it by chance).
+    let gate = Gate::new();
+    let held = gate.clone();
+    let hook: Hook = std::sync::Arc::new(move |method, id, task_id, n| {
+        (method == "tasks/get" && n == 1).then(|| {
+            let task = json!({
+                "taskId": task_id, "status": "completed", "statusMessage": "all done",
+                "createdAt": "2026-01-01T00:00:00Z", "lastUpdatedAt": "2026-01-01T00:00:01Z",
+                "ttl": 60000, "pollInterval": 100,
+            });
+            ScriptedResponse::json(rpc_result(id, &task.to_string())).after_gate(&held)
+        })
+    });
+    let server = UpServer::start(UpBehaviour {
+        task_ms: None,
+        hook: Some(hook),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = start_tg(pg, env, &server.url(), "", false).await;
+    let mut c = tg.client().with_token("alice-token");
+    c.initialize().await;
+    let created = c
+        .rpc(rpc(
+            "1",
+            "tools/call",
+            r#"{"name":"research","arguments":{},"task":{"ttl":60000}}"#,
+        ))
+        .await;
+    let task = created
+        .pointer("/result/task/taskId")
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("not a CreateTaskResult: {created}"))
+        .to_string();
+
+    // The client's `tasks/get` is authorised and upstream; the database stops; the upstream
+    // answers `completed`.
+    let get = {
+        let (c, task) = (c.clone(), task.clone());
+        tokio::spawn(async move { c.get("\"g1\"", &task).await })
+    };
+    assert!(
+        server.wait_count("tasks/get", 1, STEP).await,
+        "the tasks/get is upstream"
+    );
+    let before = tg.metrics.store_write_failures_total.get();
+    pg.stop_server();
+    gate.open();
+    let seen = tokio::time::timeout(STEP, get)
+        .await
+        .expect("the client is answered")
+        .unwrap();
+    assert_eq!(
+        seen["result"]["status"], "completed",
+        "passed through: {seen}"
+    );
+    write_refused(&tg, before).await;
+    (tg, server, c, task)
+}
+
+/// A 2025-11-25 task the upstream runs (taskgate only records what passes through) whose
+/// `completed` reaches the client while the database is down: its `tasks/get` was authorised
+/// (the record read) before the outage, and the upstream's answer comes during it, so the
+/// record's write is refused and the client sees `completed`. Without any further request the
+/// record is `completed` once the database is back (the registry kept the report and wrote it
+/// again), and the owner's live-task slot (`tasks.max_live_tasks_per_owner = 1`) is free for a
+/// new task. Before the fix the report was tried once: the record stayed `working` (its slot
+/// held) until its ttl, as no client polls a task it saw end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_task_that_completes_while_the_database_is_down_is_recorded_once_it_is_back() {
+    let test =
+        "an_upstream_task_that_completes_while_the_database_is_down_is_recorded_once_it_is_back";
+    let Some(mut pg) = stoppable(test) else {
+        return;
+    };
+    let (_tg, _server, c, task) =
+        upstream_task_completed_while_down(&mut pg, "TG_FINAL_WRITE_UPSTREAM_DB").await;
+    pg.start_server();
+
+    // No client request from here on: the record is written by taskgate alone.
+    let db = db(&pg).await;
+    let rec = eventually(RECOVERY, || async {
+        let r = record(&db, &task).await?;
+        (r["status"] == "completed").then_some(r)
+    })
+    .await;
+    assert!(
+        rec.is_some(),
+        "the record is completed once the database is back, without another request: {:?}",
+        record(&db, &task).await
+    );
+    let rec = rec.unwrap();
+    assert_eq!(rec["status_message"], "all done", "{rec}");
+    // The owner's one live-task slot is free again.
+    let v = c
+        .rpc(rpc(
+            "2",
+            "tools/call",
+            r#"{"name":"research","arguments":{},"task":{"ttl":60000}}"#,
+        ))
+        .await;
+    assert!(
+        v.pointer("/result/task/taskId").is_some(),
+        "a new task is admitted: {v}"
+    );
+}
+
+/// A graceful stop while the terminal status of a task its upstream ran waits for the database
+/// (kept by the registry): the drain waits for it, and the database back within the drain
+/// takes it before taskgate exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_drains_an_upstream_tasks_refused_status() {
+    let test = "a_graceful_stop_drains_an_upstream_tasks_refused_status";
+    let Some(mut pg) = stoppable(test) else {
+        return;
+    };
+    let (mut tg, _server, _c, task) =
+        upstream_task_completed_while_down(&mut pg, "TG_FINAL_WRITE_UPSTREAM_DRAIN_DB").await;
     let running = tg.running.take().expect("running");
     let stop = tokio::spawn(running.shutdown());
     pg.start_server();

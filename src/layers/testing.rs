@@ -64,6 +64,9 @@ pub struct CountingStore {
     pub fail_lists: std::sync::atomic::AtomicBool,
     /// When set, every read and write of a held session fails (`StoreError::Db`).
     pub fail_held: std::sync::atomic::AtomicBool,
+    /// When set, every `update` and `update_from` fails (`StoreError::Db`), as a database that
+    /// went away would.
+    pub fail_updates: std::sync::atomic::AtomicBool,
     /// Every `remove_held_session` counts itself in `held_removals_begun`, then takes this
     /// lock: a test holding it keeps removals waiting (a slow store).
     pub held_removals: std::sync::Mutex<()>,
@@ -112,6 +115,7 @@ impl CountingStore {
             fail_creates: Default::default(),
             fail_lists: Default::default(),
             fail_held: Default::default(),
+            fail_updates: Default::default(),
             held_removals: Default::default(),
             held_removals_begun: Default::default(),
             syncs_gate: Default::default(),
@@ -152,6 +156,9 @@ impl TaskStore for CountingStore {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
         inc(&self.counts.updates);
+        if self.fail_updates.load(Ordering::SeqCst) {
+            return Err(StoreError::Db("the store is down (test)".into()));
+        }
         let updated = self.inner.update(upstream, task_id, change);
         self.note_written(&updated);
         updated
@@ -164,6 +171,9 @@ impl TaskStore for CountingStore {
         change: &mut dyn FnMut(&mut TaskRecord) -> bool,
     ) -> Result<Option<(TaskRecord, TaskRecord)>, StoreError> {
         inc(&self.counts.updates);
+        if self.fail_updates.load(Ordering::SeqCst) {
+            return Err(StoreError::Db("the store is down (test)".into()));
+        }
         let updated = self.inner.update_from(upstream, task_id, known, change);
         self.note_written(&updated);
         updated

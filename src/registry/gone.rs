@@ -229,7 +229,13 @@ impl Registry {
                     result: None,
                     error: keeps.then(|| error.clone()),
                 };
-                self.apply_status(upstream, &task_id, report, reason.as_str());
+                self.apply_status(
+                    upstream,
+                    &task_id,
+                    report,
+                    reason.as_str(),
+                    super::OnRefusal::Keep,
+                );
             }
             let now = now_ms();
             let updated = self.update(upstream, &task_id, &mut |r| {

@@ -9,6 +9,10 @@
 //! - `gone`: the tasks of an upstream process that died, failed and released;
 //! - [`leases`]: a tier's call leases (held and followed calls, cross-replica cancel asks,
 //!   lapsed leases adopted).
+//! - [`refused`]: the terminal status reports a shared store refused (an outage), kept and
+//!   applied again until it takes them (the final writes a gateway task and an upgraded call
+//!   hold themselves are retried by their layers, with the same [`FinalWriteBackoff`]);
+//! - `backoff`: [`FinalWriteBackoff`], the waits between the tries of a refused final write.
 //!
 //! Every method that touches the store is `async` and runs the store work on the registry's
 //! own store threads (`offload`), never on the runtime's blocking pool (which resolves
@@ -21,6 +25,7 @@
 //! authorise and reserves slots, `cancel` records `cancel_requested_at`, and `observe` (the
 //! innermost layer) applies everything the upstream reports.
 
+mod backoff;
 mod cache;
 mod creation;
 mod gone;
@@ -28,17 +33,19 @@ pub mod in_flight;
 pub mod leases;
 mod offload;
 pub mod owners;
+pub mod refused;
 pub mod releases;
 mod status;
 pub mod sweep;
 mod tier;
 
+pub use backoff::{FinalWriteBackoff, FINAL_WRITE_FIRST_WAIT, FINAL_WRITE_MAX_WAIT};
 pub use creation::{CreatedTask, MIN_RETENTION_MS};
 pub use leases::{LeaseGuard, LeaseKeeper};
 pub use offload::{ListPage, NotRun, StoreThreads};
 pub use owners::{Owners, Reservation};
 pub use releases::{Releases, ResourceHold};
-pub use status::{as_registry_task, Observed, TaskFields};
+pub use status::{as_registry_task, Observed, OnRefusal, TaskFields};
 
 use crate::config::TasksConfig;
 use crate::mcp::errors::McpError;
@@ -71,6 +78,8 @@ pub struct Registry {
     /// Creations in flight and the tasks refused unrecorded, for the notifications that name
     /// a task before (or instead of) its record (see `in_flight`).
     creations: in_flight::CreationsInFlight,
+    /// Terminal status reports a shared store refused, applied again (see [`refused`]).
+    refused: refused::RefusedReports,
 }
 
 impl Registry {
@@ -150,6 +159,7 @@ impl Registry {
             telemetry: std::sync::OnceLock::new(),
             leases: std::sync::OnceLock::new(),
             creations: Default::default(),
+            refused: Default::default(),
         });
         for (up, id) in unreleased {
             registry

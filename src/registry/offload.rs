@@ -412,6 +412,9 @@ impl Registry {
     ///
     /// Why: storing the result apart was a second update of the record (read, decode, encode,
     /// write: about 48,000 instructions) and a second store call per task (issue 36).
+    ///
+    /// A terminal report a shared store refuses is written again as `on_refusal` says
+    /// ([`super::OnRefusal`]).
     pub async fn observe_task_with_result(
         self: &Arc<Self>,
         upstream: &str,
@@ -419,10 +422,12 @@ impl Registry {
         task: Value,
         result: String,
         source: &'static str,
+        on_refusal: super::OnRefusal,
     ) -> Observed {
         let applied = self
             .point_about(upstream, task_id, move |r, up, id| {
-                r.observe_task_with_result_now(up, id, &task, source, Some(result), None)
+                let result = Some(result);
+                r.observe_task_with_result_now(up, id, &task, source, result, None, on_refusal)
             })
             .await;
         self.durable(applied).await
@@ -459,6 +464,9 @@ impl Registry {
     /// Why: a gateway task's outcome is held by taskgate alone (the upstream got a plain call);
     /// written after its status, a crash between the two writes left a durable `failed` task
     /// whose error was nowhere (review 19 #2).
+    ///
+    /// A report a shared store refuses is written again as `on_refusal` says
+    /// ([`super::OnRefusal`]).
     pub async fn observe_task_with_error(
         self: &Arc<Self>,
         upstream: &str,
@@ -466,11 +474,12 @@ impl Registry {
         task: Value,
         error: String,
         source: &'static str,
+        on_refusal: super::OnRefusal,
     ) -> Observed {
         let applied = self
             .point_about(upstream, task_id, move |r, up, id| {
                 let error = r.keeps_result(&error).then_some(error);
-                r.observe_task_with_result_now(up, id, &task, source, None, error)
+                r.observe_task_with_result_now(up, id, &task, source, None, error, on_refusal)
             })
             .await;
         self.durable(applied).await
@@ -490,7 +499,7 @@ impl Registry {
         };
         let applied = self
             .point_about(upstream, task_id, move |r, up, id| {
-                r.apply_status(up, id, report, source)
+                r.apply_status(up, id, report, source, super::OnRefusal::Keep)
             })
             .await;
         self.durable(applied).await

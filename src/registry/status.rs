@@ -114,7 +114,8 @@ impl Observed {
     }
 }
 
-/// One status report about a task, as `Registry::apply_status` applies it.
+/// One status report about a task, as `Registry::apply_status` applies it (a terminal one a
+/// shared store refused is kept and applied again: [`super::refused`]).
 #[derive(Debug, Clone)]
 pub(super) struct Report {
     pub(super) status: TaskStatus,
@@ -200,6 +201,29 @@ impl Report {
 /// caller waits for [`crate::store::TaskStore::sync`] before the message that told it leaves
 /// taskgate (a terminal status a client was told about survives a crash, like a creation).
 pub(super) type Applied = (Observed, bool);
+
+/// Who writes a terminal status report again when a shared store (PostgreSQL) refused it
+/// (an outage): the registry ([`super::refused`]), or the caller, which retries the write
+/// itself (a gateway task's final write, `layers::gateway_tasks`: it holds the task's only
+/// outcome, its call lease, and its own bound).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRefusal {
+    /// The registry keeps the report and applies it again until the store takes it.
+    Keep,
+    /// The caller writes it again; the registry only counts and logs the refusal.
+    CallerRetries,
+}
+
+/// One application of a report to the store ([`Registry::apply_report`]).
+pub(super) enum Write {
+    /// The store took the update (or there was nothing to change): what it did.
+    Applied(Applied),
+    /// The store holds no such record.
+    Unknown,
+    /// The store refused the update (counted and logged): the report, given back, and whether
+    /// the store was closing (a graceful stop: nothing to try again).
+    Refused { report: Report, closed: bool },
+}
 
 impl Registry {
     /// A provisional live-task slot for a 2026-07-28 `tools/call` (the server decides whether it
@@ -338,7 +362,12 @@ impl Registry {
 
     /// Applies a status report (a `Task` object: `tasks/get` / `tasks/cancel` result,
     /// `notifications/tasks/status` params) to the record of `(upstream, taskId)`.
-    pub(super) fn observe_task_now(&self, upstream: &str, task: &Value, source: &str) -> Applied {
+    pub(super) fn observe_task_now(
+        &self,
+        upstream: &str,
+        task: &Value,
+        source: &'static str,
+    ) -> Applied {
         let Some(task_id) = task.get("taskId").and_then(Value::as_str) else {
             return (Observed::Unknown, false);
         };
@@ -352,23 +381,33 @@ impl Registry {
         upstream: &str,
         task_id: &str,
         task: &Value,
-        source: &str,
+        source: &'static str,
     ) -> Applied {
-        self.observe_task_with_result_now(upstream, task_id, task, source, None, None)
+        self.observe_task_with_result_now(
+            upstream,
+            task_id,
+            task,
+            source,
+            None,
+            None,
+            OnRefusal::Keep,
+        )
     }
 
     /// [`Registry::observe_task_as_now`] that also keeps `result` (a terminal 2026-07-28
     /// `tasks/get` answer's `result`, a gateway task's outcome, see [`Report::result`]) or
     /// `error` (a `failed` task's JSON-RPC error, see [`Report::error`]) in the same store
-    /// update.
+    /// update. A terminal report the shared store refuses is written again as `on_refusal` says.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn observe_task_with_result_now(
         &self,
         upstream: &str,
         task_id: &str,
         task: &Value,
-        source: &str,
+        source: &'static str,
         result: Option<String>,
         error: Option<String>,
+        on_refusal: OnRefusal,
     ) -> Applied {
         let Some(status) = task
             .get("status")
@@ -395,7 +434,7 @@ impl Registry {
             result,
             error,
         };
-        self.apply_status(upstream, task_id, report, source)
+        self.apply_status(upstream, task_id, report, source, on_refusal)
     }
 
     /// Whether the status report `task` (a `Task` object) needs the store: `false` for a report
@@ -438,14 +477,41 @@ impl Registry {
             }
     }
 
-    /// Records that the task reached `report.status` (see [`Registry::observe_task`]).
+    /// Records that the task reached `report.status` (see [`Registry::observe_task`]). A
+    /// terminal report a shared store refuses (a PostgreSQL outage: the client is told the
+    /// task ended, and stops polling) is kept and applied again until the store takes it, with
+    /// [`OnRefusal::Keep`] ([`super::refused`]); the refusal is counted in
+    /// `taskgate_store_write_failures_total` and logged either way.
     pub(super) fn apply_status(
         &self,
         upstream: &str,
         task_id: &str,
         report: Report,
-        source: &str,
+        source: &'static str,
+        on_refusal: OnRefusal,
     ) -> Applied {
+        match self.apply_report(upstream, task_id, report, source) {
+            Write::Applied(applied) => applied,
+            Write::Unknown => (Observed::Unknown, false),
+            Write::Refused { report, closed } => {
+                if on_refusal == OnRefusal::Keep && !closed {
+                    self.keep_refused(upstream, task_id, report, source);
+                }
+                (Observed::Unknown, false)
+            }
+        }
+    }
+
+    /// One application of `report` to the record of `(upstream, task_id)` (one store
+    /// update; the transition audited and counted when the status changed). A refused update
+    /// gives the report back ([`Write::Refused`]) only then: the common case moves it in.
+    pub(super) fn apply_report(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        report: Report,
+        source: &str,
+    ) -> Write {
         let Report {
             status,
             message,
@@ -523,10 +589,21 @@ impl Registry {
         });
         let (before, after) = match result {
             Ok(Some(pair)) => pair,
-            Ok(None) => return (Observed::Unknown, false),
+            Ok(None) => return Write::Unknown,
             Err(e) => {
                 self.write_failed(&e, "task store update failed");
-                return (Observed::Unknown, false);
+                // Given back (the closures that borrowed its parts are done with them).
+                let report = Report {
+                    status,
+                    message,
+                    updated_at,
+                    poll_interval_ms,
+                    tool_error,
+                    result: keep,
+                    error,
+                };
+                let closed = e.is_closed();
+                return Write::Refused { report, closed };
             }
         };
         if before.status != after.status {
@@ -535,10 +612,11 @@ impl Registry {
             if !terminal_now {
                 self.store.sync_soon();
             }
-            return (Observed::Recorded(after.status), terminal_now);
+            return Write::Applied((Observed::Recorded(after.status), terminal_now));
         }
         if after.status.is_terminal() && status != after.status {
-            return (self.on_stale_terminal(&after, status, source, now), false);
+            let observed = self.on_stale_terminal(&after, status, source, now);
+            return Write::Applied((observed, false));
         }
         // A result or error kept now, after its terminal status was recorded (a 2026
         // `notifications/tasks` `completed` without `result`, then the `tasks/get` that carries
@@ -549,12 +627,12 @@ impl Registry {
         if kept(&before.terminal_result, &after.terminal_result)
             || kept(&before.terminal_error, &after.terminal_error)
         {
-            return (Observed::Recorded(after.status), true);
+            return Write::Applied((Observed::Recorded(after.status), true));
         }
         if before != after {
             self.store.sync_soon();
         }
-        (Observed::Recorded(after.status), false)
+        Write::Applied((Observed::Recorded(after.status), false))
     }
 
     /// Another status was reported for a task recorded terminal: the first late terminal

@@ -306,6 +306,7 @@ async fn a_result_kept_after_its_status_waits_for_the_disk() {
             report,
             r#"{"taskId":"kept-later","status":"completed","result":{"content":[]}}"#.into(),
             "tasks/get",
+            OnRefusal::Keep,
         )
         .await;
     let waited = store.counts.syncs.load(Ordering::SeqCst) - before;
@@ -340,6 +341,7 @@ async fn the_error_of_a_task_failed_meanwhile_is_kept() {
             serde_json::json!({"status": "failed"}),
             r#"{"code":-32000,"message":"the tool broke"}"#.into(),
             "gateway task",
+            OnRefusal::CallerRetries,
         )
         .await;
     assert_eq!(

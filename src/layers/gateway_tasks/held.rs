@@ -4,8 +4,7 @@
 
 use super::answers::{create_result, detailed_task, id_value, with_member, with_related_task_raw};
 use super::{
-    FinalWriteBackoff, GatewayTasksState, Live, Outcome, PENDING_FINAL_BYTES, PENDING_FINAL_WRITES,
-    POLL_INTERVAL_MS,
+    GatewayTasksState, Live, Outcome, PENDING_FINAL_BYTES, PENDING_FINAL_WRITES, POLL_INTERVAL_MS,
 };
 use crate::exchange::{Deadline, GatewayError, HeldTask, McpReply, McpRequest, Operation};
 use crate::jsonrpc::{self, splice, Id, Message};
@@ -18,7 +17,7 @@ use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::{format_rfc3339_ms, now_ms, TaskStatus};
 use crate::metrics::LocalReason;
-use crate::registry::Observed;
+use crate::registry::{FinalWriteBackoff, Observed, OnRefusal};
 use crate::sse::Event;
 use crate::store::{LeaseKind, Origin, TaskRecord};
 use bytes::Bytes;
@@ -635,22 +634,24 @@ impl Held {
             report["statusMessage"] = json!(end.message);
         }
         const SOURCE: &str = "gateway task";
+        // `retry_final` writes a refused one again (it holds the outcome and the call's lease).
+        const OWN_RETRY: OnRefusal = OnRefusal::CallerRetries;
         // 2026: the `DetailedTask` (result or error inline) is what the record keeps either
         // way; 2025: the result, or the error in its own field.
         let observed = match (modern_stored, &end.outcome) {
             (Some(stored), _) => {
                 registry
-                    .observe_task_with_result(upstream, task_id, report, stored, SOURCE)
+                    .observe_task_with_result(upstream, task_id, report, stored, SOURCE, OWN_RETRY)
                     .await
             }
             (None, Outcome::Result(_)) => {
                 registry
-                    .observe_task_with_result(upstream, task_id, report, text, SOURCE)
+                    .observe_task_with_result(upstream, task_id, report, text, SOURCE, OWN_RETRY)
                     .await
             }
             (None, Outcome::Error(_)) => {
                 registry
-                    .observe_task_with_error(upstream, task_id, report, text, SOURCE)
+                    .observe_task_with_error(upstream, task_id, report, text, SOURCE, OWN_RETRY)
                     .await
             }
         };
@@ -667,11 +668,12 @@ impl Held {
     }
 
     /// The final write `end` (of `bytes` of outcome as kept), refused by the store, tried again
-    /// after [`FINAL_WRITE_FIRST_WAIT`], the wait doubling up to [`FINAL_WRITE_MAX_WAIT`],
-    /// until the store takes it or the task's ttl ends (or taskgate stops: a graceful stop's
-    /// drain waits for it as for a held call, see `GatewayTasksState::held_calls_ended`). The
-    /// outcome is served from memory meanwhile (`remember`; `tasks/result` of this replica
-    /// waits for the write, as it waits for the call). Past [`PENDING_FINAL_WRITES`] or
+    /// after [`crate::registry::FINAL_WRITE_FIRST_WAIT`], the wait doubling up to
+    /// [`crate::registry::FINAL_WRITE_MAX_WAIT`], until the store takes it or the task's ttl
+    /// ends (or taskgate stops: a graceful stop's drain waits for it as for a held call, see
+    /// `GatewayTasksState::held_calls_ended`). The outcome is served from memory meanwhile
+    /// (`remember`; `tasks/result` of this replica waits for the write, as it waits for the
+    /// call). The registry does not keep this write itself ([`OnRefusal::CallerRetries`]). Past [`PENDING_FINAL_WRITES`] or
     /// [`PENDING_FINAL_BYTES`] of outcomes held so, the task is written `failed` instead,
     /// saying its outcome could not be kept. Each refused try is counted in
     /// `taskgate_store_write_failures_total` (by the registry).

@@ -160,37 +160,6 @@ pub const DONE_BYTES: usize = 64 << 20;
 pub const PENDING_FINAL_WRITES: usize = 1024;
 /// Most bytes of outcomes held in memory for final writes being retried, per upstream.
 pub const PENDING_FINAL_BYTES: usize = 64 << 20;
-/// The first wait before a refused final write is tried again; it doubles up to
-/// [`FINAL_WRITE_MAX_WAIT`].
-pub const FINAL_WRITE_FIRST_WAIT: Duration = Duration::from_millis(100);
-/// The longest wait between two tries of a refused final write.
-pub const FINAL_WRITE_MAX_WAIT: Duration = Duration::from_secs(5);
-
-/// The waits between the tries of one refused final write (a gateway task's, `held`; an
-/// upgraded call's, `upgrade::follower`): [`FINAL_WRITE_FIRST_WAIT`] doubling up to
-/// [`FINAL_WRITE_MAX_WAIT`], each jittered to half to all of it, so calls that ended together
-/// do not retry together.
-pub struct FinalWriteBackoff {
-    wait: Duration,
-}
-
-impl Default for FinalWriteBackoff {
-    fn default() -> Self {
-        FinalWriteBackoff {
-            wait: FINAL_WRITE_FIRST_WAIT,
-        }
-    }
-}
-
-impl FinalWriteBackoff {
-    /// Sleeps the next wait, at most `left` (what is left of the task's ttl).
-    pub async fn sleep(&mut self, left: Duration) {
-        let jittered = self.wait.mul_f64(0.5 + fastrand::f64() / 2.0);
-        tokio::time::sleep(jittered.min(left)).await;
-        self.wait = (self.wait * 2).min(FINAL_WRITE_MAX_WAIT);
-    }
-}
-
 /// How often a `tasks/result` of a gateway task this process does not hold reads the registry.
 pub const RESULT_POLL: Duration = Duration::from_secs(1);
 

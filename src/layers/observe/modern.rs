@@ -22,7 +22,7 @@ use crate::jsonrpc::splice;
 use crate::mcp::era::Era;
 use crate::mcp::task::TaskStatus;
 use crate::registry::as_registry_task;
-use crate::registry::{Observed, Registry, TaskFields};
+use crate::registry::{Observed, OnRefusal, Registry, TaskFields};
 use crate::store::TaskRecord;
 use bytes::Bytes;
 use serde_json::Value;
@@ -82,6 +82,7 @@ impl Watch {
                 task,
                 raw,
                 "tasks/get",
+                OnRefusal::Keep,
             ))
             .await;
             // Kept with the status when it could be: nothing left for the match below.
@@ -221,6 +222,7 @@ impl Watch {
                         task,
                         payload,
                         "notifications/tasks",
+                        OnRefusal::Keep,
                     )
                     .await
             }

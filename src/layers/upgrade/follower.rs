@@ -7,12 +7,12 @@ use super::{TokenKey, UpgradeState, RELAY_CAPACITY};
 use crate::config::OnDisconnect;
 use crate::exchange::{CallKey, RequestContext};
 use crate::jsonrpc::Id;
-use crate::layers::gateway_tasks::FinalWriteBackoff;
 use crate::layers::McpService;
 use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::{now_ms, TaskStatus};
 use crate::metrics::UpgradeOutcome;
+use crate::registry::FinalWriteBackoff;
 use crate::sse::Event;
 
 use parking_lot::Mutex;
@@ -520,8 +520,9 @@ pub(super) async fn poll_status<S: McpService>(
 /// as the upstream's answer passed, but a task store out of reach then (a PostgreSQL
 /// outage) refused the write, and nothing else would write it (the record stayed `working`
 /// until `upgrade.ttl_ms`, holding one of the owner's live-task slots). Reads the record;
-/// while it is not terminal writes `terminal` again, after [`FINAL_WRITE_FIRST_WAIT`], the
-/// wait doubling up to [`FINAL_WRITE_MAX_WAIT`], until the store takes it, the task's ttl
+/// while it is not terminal writes `terminal` again, after
+/// [`crate::registry::FINAL_WRITE_FIRST_WAIT`], the wait doubling up to
+/// [`crate::registry::FINAL_WRITE_MAX_WAIT`], until the store takes it, the task's ttl
 /// (`upgrade.ttl_ms` from `started`, or the record's) ends, or taskgate stops. The call's
 /// lease stays held meanwhile (the caller's), so no other replica adopts the call.
 /// Each refused write is counted in `taskgate_store_write_failures_total` (the registry).
