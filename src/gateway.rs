@@ -8,7 +8,7 @@
 use crate::auth::Authenticator;
 use crate::config::{Config, TaskOwnership, UpgradeConfig, UpstreamConfig};
 
-use crate::http::admin::{Admin, UpstreamTarget};
+use crate::http::admin::{Admin, UpstreamCheck, UpstreamTarget};
 use crate::http::server::{connection_budget, serve, Drain, Limits};
 use crate::http::streamable::{Edge, EdgeSettings, Route};
 use crate::layers::bridge::reverse::{ReverseLayer, ReverseState};
@@ -262,11 +262,13 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         registry: Some(registry.clone()),
         ..Linger::default()
     };
+    let mut ready = Vec::new();
     for u in &config.upstream {
         let built = build_stack(u, &shared, &config)?;
         linger.gateway_tasks.extend(built.gateway_tasks);
         linger.bridges.push(built.bridge);
         linger.upgrades.push(built.upgrade);
+        ready.extend(built.ready);
         if let Some(orphans) = built.orphans {
             orphans.spawn();
         }
@@ -291,7 +293,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         .with_telemetry(telemetry.clone()),
     );
     let admin = Arc::new(
-        Admin::new(metrics.clone(), admin_targets(&config), store.clone())
+        Admin::new(metrics.clone(), ready, store.clone())
             .with_token(config.admin.token_sha256())
             .with_probes(stdio_probes(&stdio))
             .with_draining(shutdown_rx.clone()),
@@ -430,6 +432,8 @@ struct BuiltStack {
     bridge: Arc<BridgeState>,
     /// The upgrade layer's state, whose refused final writes a graceful stop waits for.
     upgrade: Arc<UpgradeState>,
+    /// An HTTP upstream's `/readyz` check.
+    ready: Option<UpstreamTarget>,
 }
 
 /// Builds the stack in front of upstream `u`: the layers, outermost first (see `layers` for
@@ -446,21 +450,33 @@ fn build_stack(
     // A principal's per_session children count against its share of sessions too.
     let caps =
         crate::upstream::stdio::ChildCaps::for_config(&config.limits, config.gateway.max_sessions);
-    let (upstream, stdio) = match StdioTransport::with_caps(u, shared.metrics.clone(), idle, caps) {
-        Some(t) => {
-            let handle = t.handle();
-            (Upstream::new(t), Some(handle))
-        }
-        None => {
-            let upstream = Upstream::for_config(u, shared.metrics.clone()).map_err(|why| {
-                StartError::Upstream {
+    // An HTTP upstream's `/readyz` check (a stdio one's is its supervisor's probe).
+    let mut ready = None;
+    let (upstream, stdio) =
+        match StdioTransport::with_caps(u, shared.metrics.clone(), idle, caps) {
+            Some(t) => {
+                let handle = t.handle();
+                (Upstream::new(t), Some(handle))
+            }
+            None => {
+                let http = crate::upstream::StreamableHttp::new(u, shared.metrics.clone())
+                    .map_err(|why| StartError::Upstream {
+                        name: u.name.clone(),
+                        why,
+                    })?;
+                let readiness = http.readiness();
+                let check: UpstreamCheck = Arc::new(move || {
+                    let readiness = readiness.clone();
+                    Box::pin(async move { readiness.check().await })
+                });
+                ready = Some(UpstreamTarget {
                     name: u.name.clone(),
-                    why,
-                }
-            })?;
-            (upstream, None)
-        }
-    };
+                    check,
+                });
+                let upstream = Upstream::new(http);
+                (upstream, None)
+            }
+        };
     let upstream = upstream.traced(shared.telemetry.as_ref(), u);
     let name = upstream.name().clone();
     let timeout = Duration::from_millis(u.timeout_ms);
@@ -582,6 +598,7 @@ fn build_stack(
         gateway_tasks: (u.tasks == TaskOwnership::Gateway).then_some(gateway_tasks),
         bridge,
         upgrade: upgrade_state,
+        ready,
     })
 }
 
@@ -718,29 +735,6 @@ fn edge_settings(config: &Config, gateway_addr: SocketAddr) -> EdgeSettings {
         sse_keepalive: Duration::from_millis(config.gateway.sse_keepalive_ms),
         limits: crate::limits::Limiter::new(&config.limits),
     }
-}
-
-/// The upstreams `/readyz` connects to: each `url` one's name and `host:port` (port 80, or 443 for https, when
-/// the URL names none; its `proxy`'s `host:port` when it has one; stdio upstreams are probed instead, [`stdio_probes`]).
-fn admin_targets(config: &Config) -> Vec<UpstreamTarget> {
-    config
-        .upstream
-        .iter()
-        .filter(|u| u.command.is_none())
-        .map(|u| {
-            let uri: http::Uri = u.url.parse().expect("validated url");
-            // Through a proxy, what taskgate itself connects to is the proxy.
-            let (authority, proxy) = match u.proxy.as_deref().map(crate::config::ProxyUrl::parse) {
-                Some(Ok(proxy)) => (proxy.authority, true),
-                _ => (crate::config::upstream_authority(&uri), false),
-            };
-            UpstreamTarget {
-                name: u.name.clone(),
-                authority,
-                proxy,
-            }
-        })
-        .collect()
 }
 
 /// Sweeps the registry (TTLs, expired held sessions) every `every`, until aborted.

@@ -594,3 +594,32 @@ async fn readyz_of_a_proxied_upstream_connects_to_the_proxy() {
         "{v}"
     );
 }
+
+/// `/readyz` of an `https://` upstream makes the TLS handshake a request would: a certificate
+/// that chains to no trusted root, or that does not name the host, is "unreachable" with the
+/// handshake's reason, and a verified one is ready (tester 3 F12: the check was a TCP connect,
+/// so a pod with a wrong CA went Ready and served only 502s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_of_an_https_upstream_makes_the_tls_handshake() {
+    let up = TaskServer::default().await;
+    let untrusted = TlsFront::start(&up.url(), "local").await;
+    let other_name = TlsFront::start(&up.url(), "other").await;
+    let good = TlsFront::start(&up.url(), "local").await;
+    for (front, ca, why) in [
+        (&untrusted, None, "UnknownIssuer"),
+        (&other_name, Some("ca.pem"), "not valid for name"),
+    ] {
+        let tg = taskgate(&front.url("127.0.0.1"), ca).await;
+        let (status, v) = tg.admin("/readyz").await;
+        assert_eq!(status, 503, "{v}");
+        let reason = v["upstreams"]["default"].as_str().unwrap_or_default();
+        assert!(
+            reason.starts_with("unreachable: ") && reason.contains("TLS") && reason.contains(why),
+            "{v}"
+        );
+    }
+    let tg = taskgate(&good.url("127.0.0.1"), Some("ca.pem")).await;
+    let (status, v) = tg.admin("/readyz").await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(up.count("initialize"), 0, "the check sends no request");
+}

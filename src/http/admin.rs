@@ -1,5 +1,6 @@
-//! The admin listener: `/healthz` (the process answers), `/readyz` (every upstream accepts TCP
-//! connections, or for a stdio upstream has a live child, and the task store answers: `"store": "ok"` or `"unreachable: <why>"`;
+//! The admin listener: `/healthz` (the process answers), `/readyz` (every upstream accepts a
+//! connection as a request's would be made, the TLS handshake of an `https://` one included, or
+//! for a stdio upstream has a live child, and the task store answers: `"store": "ok"` or `"unreachable: <why>"`;
 //! `/readyz?store=optional` reports the store without counting it, a tier's probe; `upstreams=any`: ready while one upstream is up, for a tier in front of several servers), `/metrics` (Prometheus text format 0.0.4), `/admin/tasks?owner=&status=&upstream=&limit=`
 //! (task records as JSON, newest first) and `/admin/tasks/<upstream>/<taskId>` (one record with
 //! its audit events).
@@ -29,16 +30,24 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// An upstream as the readiness check sees it: its name and `host:port`.
+/// How `/readyz` checks an HTTP upstream: a new connection made as a request's would be
+/// (`upstream::http::Readiness`: TCP, and the TLS handshake of an `https://` upstream; through
+/// a proxy, TCP to the proxy). `Ok`, or why not (naming the proxy when it is the proxy).
+pub type UpstreamCheck = Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync,
+>;
+
+/// An upstream as the readiness check sees it: its name and its check.
 #[derive(Clone)]
 pub struct UpstreamTarget {
     /// The upstream's configured name.
     pub name: String,
-    /// `host:port` to connect to.
-    pub authority: String,
-    /// Whether `authority` is the upstream's proxy (`upstream.proxy`): its failures say so.
-    pub proxy: bool,
+    /// Its check.
+    pub check: UpstreamCheck,
 }
+
+/// How long `/readyz` waits for one upstream's check (a TLS handshake included).
+const UPSTREAM_CHECK_WAIT: Duration = Duration::from_secs(2);
 
 /// A readiness check that is not a TCP connect (a stdio upstream: is its child live?):
 /// `Ok`, or why not.
@@ -287,20 +296,13 @@ impl Admin {
             );
         }
         let checks = self.upstreams.iter().map(|u| async move {
-            let result = tokio::time::timeout(
-                Duration::from_secs(1),
-                tokio::net::TcpStream::connect(u.authority.as_str()),
-            )
-            .await;
-            let via = if u.proxy {
-                format!("proxy {}: ", u.authority)
-            } else {
-                String::new()
-            };
-            let status = match result {
-                Ok(Ok(_)) => "ok".to_string(),
-                Ok(Err(e)) => format!("unreachable: {via}{e}"),
-                Err(_) => format!("unreachable: {via}connect timed out after 1 s"),
+            let status = match tokio::time::timeout(UPSTREAM_CHECK_WAIT, (u.check)()).await {
+                Ok(Ok(())) => "ok".to_string(),
+                Ok(Err(why)) => format!("unreachable: {why}"),
+                Err(_) => format!(
+                    "unreachable: no connection within {} s",
+                    UPSTREAM_CHECK_WAIT.as_secs()
+                ),
             };
             (u.name.clone(), status)
         });

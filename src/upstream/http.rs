@@ -134,6 +134,26 @@ impl StreamableHttp {
     }
 }
 
+/// What `/readyz` checks of a Streamable HTTP upstream ([`StreamableHttp::readiness`]).
+#[derive(Clone)]
+pub struct Readiness(Arc<Pool>);
+
+impl Readiness {
+    /// A new connection to the upstream, made as a request's would be (TCP, the TLS
+    /// handshake of an `https://` one; through a proxy, TCP to the proxy), then closed.
+    /// Errors: why it could not be made (`Pool::probe`).
+    pub async fn check(&self) -> Result<(), String> {
+        self.0.probe().await
+    }
+}
+
+impl StreamableHttp {
+    /// Its readiness check for `/readyz`.
+    pub fn readiness(&self) -> Readiness {
+        Readiness(self.pool.clone())
+    }
+}
+
 impl Transport for StreamableHttp {
     fn name(&self) -> &Arc<str> {
         &self.name

@@ -416,6 +416,31 @@ impl Pool {
 
     /// Opens the stream of a new pooled connection: TCP (to the proxy and through its tunnel
     /// when there is one), then for an `https://` upstream TLS, all within the connect timeout.
+    /// What `/readyz` checks of this upstream: a new connection made as a request's would be,
+    /// then closed. Direct: TCP and, for `https://`, the TLS handshake (a certificate that
+    /// cannot be verified, a name it does not carry, a server that does not speak TLS fail it:
+    /// every request would). Through a proxy: TCP to the proxy only (its tunnel would need a
+    /// request to the upstream's host, which only the proxy resolves). Within
+    /// `connect_timeout_ms`. Errors: what a request's connect would report.
+    pub async fn probe(&self) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + self.connect_timeout;
+        let outcome = match &self.proxy {
+            Some(proxy) => self
+                .connect_tcp(proxy.authority(), deadline)
+                .await
+                .map(drop)
+                .map_err(|e| match e {
+                    PoolError::Connect(m) => PoolError::Connect(format!("proxy {m}")),
+                    e => e,
+                }),
+            None => self.connect_io().await.map(drop),
+        };
+        outcome.map_err(|e| match e {
+            PoolError::Connect(m) => m,
+            e => e.to_string(),
+        })
+    }
+
     async fn connect_io(&self) -> Result<Io, PoolError> {
         let deadline = tokio::time::Instant::now() + self.connect_timeout;
         let stream = match &self.proxy {
