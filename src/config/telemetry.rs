@@ -49,6 +49,14 @@ impl TelemetryConfig {
 /// Checks that `value` (of `key`: a config key or an `OTEL_*` variable) is an `http://` or
 /// `https://` URL with a host. Errors: [`ConfigError::Invalid`] naming `key`.
 pub fn check_endpoint(key: &str, value: &str) -> Result<(), ConfigError> {
+    // Checked before the parse, whose error would quote the value: a password would be logged.
+    let authority = value.split_once("://").map_or(value, |(_, rest)| rest);
+    let authority = authority.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err(ConfigError::Invalid(format!(
+            "{key} must not carry credentials (`user:password@`): they would not be sent; give the collector's credentials as a header field in OTEL_EXPORTER_OTLP_HEADERS (for instance `Authorization=Basic …`)"
+        )));
+    }
     let uri: http::Uri = value
         .parse()
         .map_err(|e| ConfigError::Invalid(format!("{key} {value:?}: {e}")))?;

@@ -103,6 +103,21 @@ pub enum Compression {
     Gzip,
 }
 
+/// The traces URL of an OTLP base endpoint: `/v1/traces` appended to its path, its query (if
+/// any) kept after it (`http://c:4318/base?x=1` → `http://c:4318/base/v1/traces?x=1`; it was put
+/// after the query).
+fn traces_url(base: &str) -> String {
+    let (before, query) = match base.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (base, None),
+    };
+    let path = format!("{}/v1/traces", before.trim_end_matches('/'));
+    match query {
+        Some(q) => format!("{path}?{q}"),
+        None => path,
+    }
+}
+
 impl Settings {
     /// The export settings, or `None` when no endpoint is set anywhere (export off). `env`
     /// reads an environment variable (`std::env::var` in production).
@@ -128,7 +143,7 @@ impl Settings {
         if var("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
             return Ok(None);
         }
-        let traces = |base: &str| format!("{}/v1/traces", base.trim_end_matches('/'));
+        let traces = |base: &str| traces_url(base);
         let traces_endpoint = match (
             &config.otlp_endpoint,
             var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),

@@ -1260,3 +1260,39 @@ async fn export_failures_are_logged_at_warn_once_and_recovery_at_info() {
         logs.text()
     );
 }
+
+/// An endpoint with credentials is refused without quoting them (they would not be sent, and
+/// `serve` logged the endpoint), and a base endpoint's query stays after `/v1/traces` (tester 3
+/// F15: `http://user:pw@host` was accepted and logged; `…?x=1` became `…?x=1/v1/traces`).
+#[test]
+fn endpoints_carry_no_credentials_and_keep_their_query() {
+    for (file, vars) in [
+        (Some("http://user:pw9@127.0.0.1:4318"), vec![]),
+        (
+            None,
+            vec![("OTEL_EXPORTER_OTLP_ENDPOINT", "http://user:pw9@c:4318")],
+        ),
+        (
+            None,
+            vec![(
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                "https://u:pw9@c/v1/traces",
+            )],
+        ),
+    ] {
+        let err = match file {
+            Some(f) => crate::config::check_endpoint("telemetry.otlp_endpoint", f),
+            None => Settings::resolve(&config(None, None, None), env(&vars)).map(drop),
+        }
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("credentials") && !err.contains("pw9"), "{err}");
+    }
+    let s = Settings::resolve(
+        &config(Some("http://c:4318/base/?x=1"), None, None),
+        env(&[]),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(s.traces_endpoint, "http://c:4318/base/v1/traces?x=1");
+}
