@@ -158,12 +158,27 @@ impl Config {
             if self.auth.token.is_empty() {
                 return invalid("auth.mode = \"bearer\" needs at least one [[auth.token]]".into());
             }
+            let mut hashes = std::collections::HashMap::new();
             for (i, t) in self.auth.token.iter().enumerate() {
+                // The principal owns tasks and counts against limits: an empty one (or one a
+                // log line or a store key could not hold as it is) names nobody.
+                if t.principal.trim().is_empty() || t.principal.chars().any(char::is_control) {
+                    return invalid(format!(
+                        "auth.token[{i}].principal must be a non-empty name without control characters"
+                    ));
+                }
                 match (&t.sha256, &t.token_env) {
                     (Some(h), None) => {
                         if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
                             return invalid(format!(
                                 "auth.token[{i}].sha256 must be 64 hex digits (the SHA-256 of the token)"
+                            ));
+                        }
+                        // One token, two principals: which one a caller is would depend on
+                        // the order of the file.
+                        if let Some(first) = hashes.insert(h.to_ascii_lowercase(), i) {
+                            return invalid(format!(
+                                "auth.token[{i}].sha256 is auth.token[{first}]'s too: one token can name one principal only"
                             ));
                         }
                     }
@@ -195,14 +210,17 @@ impl Config {
                     up.name
                 ));
             }
+            // `.` and `..` are path segments clients' URL handling removes (`/mcp/..`), so
+            // such an upstream could not be reached at `/mcp/<name>`.
             if up.name.is_empty()
+                || up.name.bytes().all(|b| b == b'.')
                 || !up
                     .name
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
             {
                 return invalid(format!(
-                    "upstream[{i}].name {:?} must be non-empty and use only letters, digits, '-', '_', '.'",
+                    "upstream[{i}].name {:?} must use only letters, digits, '-', '_', '.', and not only dots",
                     up.name
                 ));
             }

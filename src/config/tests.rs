@@ -671,3 +671,48 @@ fn admin_and_gateway_cannot_share_a_port() {
         assert!(with(g, a).is_ok(), "{g} {a}");
     }
 }
+
+/// A bearer token names one principal, and a principal is a name (tester 3 F16: an empty
+/// principal and one hash under two principals were accepted); an upstream named only by dots
+/// could not be reached at `/mcp/<name>` (F18).
+#[test]
+fn principals_and_upstream_names_are_usable() {
+    let hash = "a".repeat(64);
+    let tokens = |a: &str, b: &str| {
+        format!(
+            "{MINIMAL}[auth]\nmode = \"bearer\"\n\
+             [[auth.token]]\nprincipal = \"{a}\"\nsha256 = \"{hash}\"\n\
+             [[auth.token]]\nprincipal = \"{b}\"\nsha256 = \"{}\"\n",
+            "b".repeat(64)
+        )
+    };
+    assert!(Config::from_toml_str(&tokens("alice", "bob")).is_ok());
+    for (a, b, what) in [
+        ("", "bob", "principal"),
+        ("al\\u0001", "bob", "principal"),
+        ("  ", "bob", "principal"),
+    ] {
+        let err = Config::from_toml_str(&tokens(a, b))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(what), "{err}");
+    }
+    let twice = format!(
+        "{MINIMAL}[auth]\nmode = \"bearer\"\n\
+         [[auth.token]]\nprincipal = \"alice\"\nsha256 = \"{hash}\"\n\
+         [[auth.token]]\nprincipal = \"bob\"\nsha256 = \"{}\"\n",
+        hash.to_uppercase()
+    );
+    let err = Config::from_toml_str(&twice).unwrap_err().to_string();
+    assert!(
+        err.contains("auth.token[1].sha256 is auth.token[0]'s"),
+        "{err}"
+    );
+    for name in [".", "..", "..."] {
+        let text = MINIMAL.replace("name = \"a\"", &format!("name = \"{name}\""));
+        let err = Config::from_toml_str(&text).unwrap_err().to_string();
+        assert!(err.contains("not only dots"), "{err}");
+    }
+    let text = MINIMAL.replace("name = \"a\"", "name = \"a.b\"");
+    assert!(Config::from_toml_str(&text).is_ok());
+}
