@@ -763,7 +763,7 @@ impl fmt::Display for McpError {
             ),
             FollowUnanswered => f.write_str("no answer"),
             MalformedCreateTaskResult => {
-                f.write_str("the upstream answered with a malformed CreateTaskResult (no string taskId, an empty one or one holding NUL, or in the other protocol era's shape): not passed on, nothing recorded")
+                f.write_str("the upstream answered with a malformed CreateTaskResult (no string taskId, an empty one, one over 1024 bytes or holding a control character, or in the other protocol era's shape): not passed on, nothing recorded")
             }
             DiscoverUnanswered => f.write_str(
                 "the 2026-07-28 upstream did not answer server/discover; taskgate cannot open a session for it",

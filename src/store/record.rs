@@ -125,12 +125,28 @@ impl Origin {
     }
 }
 
+/// Longest `taskId` taskgate records, in bytes (an upstream's choice: ids are UUIDs and the
+/// like, tens of bytes; a 2026-07-28 client repeats the id in its `Mcp-Name` header field).
+pub const MAX_TASK_ID_BYTES: usize = 1024;
+
 /// Whether `task_id` can name a recorded task: not empty (an empty id names nothing a client
-/// could tell apart) and without NUL (PostgreSQL's `text` cannot hold one: a lookup of such an
-/// id was a database error, counted as a store failure). A creation naming another is refused
-/// (`MalformedCreateTaskResult`); a lookup of one finds nothing (`-32602`), on either backend.
+/// could tell apart), at most [`MAX_TASK_ID_BYTES`] (a 100 KB id was recorded, logged whole,
+/// and answered 431 when a 2026 client sent it back in `Mcp-Name`), and without control
+/// characters (PostgreSQL's `text` cannot hold NUL: a lookup of such an id was a database
+/// error, counted as a store failure; a header field cannot carry the others). A creation
+/// naming another is refused (`MalformedCreateTaskResult`); a lookup of one finds nothing
+/// (`-32602`), on either backend.
 pub fn recordable_task_id(task_id: &str) -> bool {
-    !task_id.is_empty() && !task_id.contains('\0')
+    let bytes = task_id.as_bytes();
+    // On bytes (every lookup asks): C0 and DEL are single bytes; C1 (U+0080 to U+009F) is
+    // 0xC2 followed by 0x80 to 0x9F.
+    !bytes.is_empty()
+        && bytes.len() <= MAX_TASK_ID_BYTES
+        && !bytes.iter().enumerate().any(|(i, &b)| {
+            b < 0x20
+                || b == 0x7f
+                || (b == 0xc2 && bytes.get(i + 1).is_some_and(|n| (0x80..=0x9f).contains(n)))
+        })
 }
 
 /// One task as taskgate knows it. Times named `*_at` without a string type are milliseconds since
@@ -616,6 +632,21 @@ pub struct AuditEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Task ids taskgate records: bounded and printable (tester 3 F19: a 100 KB id and ids
+    /// with control characters were recorded).
+    #[test]
+    fn recordable_task_ids_are_bounded_and_printable() {
+        for ok in ["t1", "3f2a-é-😀", "a b", &"x".repeat(MAX_TASK_ID_BYTES)] {
+            assert!(recordable_task_id(ok), "{ok:?}");
+        }
+        let long = "x".repeat(MAX_TASK_ID_BYTES + 1);
+        for bad in [
+            "", "a\0b", "a\nb", "\u{1}", "a\u{7f}", "a\u{85}b", "\u{9f}", &long,
+        ] {
+            assert!(!recordable_task_id(bad), "{bad:?}");
+        }
+    }
 
     /// [`TaskRecord::to_json`] writes exactly what the derived `Serialize` writes, for every
     /// field set or not, strings needing escapes or not, each owner form and extreme numbers.
