@@ -152,12 +152,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// `check-config` with `[store] backend = "postgres"`: the database must answer (read only:
-/// nothing is created or migrated here). `Ok(Some(line))` says what answered, `Ok(None)` that
-/// there is no database to check (sled); `Err` why it failed.
+/// `check-config`'s store check: with `[store] backend = "postgres"` the database must answer
+/// (read only: nothing is created or migrated here); a sled store's path must be a directory
+/// taskgate can write in, or one it can create (`SledStore::check_path`: nothing is left
+/// behind). `Ok(Some(line))` says what was found; `Err` why it failed.
 fn check_database(config: &Config) -> Result<Option<String>, String> {
     if config.store.backend != taskgate::config::StoreBackend::Postgres {
-        return Ok(None);
+        return taskgate::store::SledStore::check_path(&config.store.path).map(Some);
     }
     let Some(url) = config.store.database_url() else {
         return Err("the database URL is not set".into());

@@ -29,8 +29,21 @@ fn shipped_configs_are_valid() {
         files.len() >= 4,
         "expected the default and the examples: {files:?}"
     );
+    // `check-config` checks the store's directory on this machine (it can be made, or written
+    // in): a deployment's `/var/lib/taskgate` is checked as a directory of the test's own.
+    let dir = tempfile::tempdir().unwrap();
     for f in &files {
-        let (ok, text) = check_config(f, &envs);
+        let text = std::fs::read_to_string(f).unwrap();
+        let here = dir
+            .path()
+            .join(std::path::Path::new(f).file_name().unwrap());
+        let store = dir.path().join("store");
+        std::fs::write(
+            &here,
+            text.replace("\"/var/lib/taskgate\"", &format!("{:?}", store)),
+        )
+        .unwrap();
+        let (ok, text) = check_config(here.to_str().unwrap(), &envs);
         assert!(ok, "{f}: {text}");
         assert!(text.contains("valid"), "{f}: {text}");
     }
@@ -126,4 +139,50 @@ fn out_of_range_numbers_are_refused_naming_key_and_line() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// `check-config` says what `serve` would find of a sled store's directory, and leaves nothing
+/// behind: a path that cannot be created fails it (tester 3 F10: "valid", then `serve` exited
+/// "cannot open the task store"); one that can is made and removed again.
+#[test]
+fn check_config_checks_the_store_directory_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    let a_file = dir.path().join("plain-file");
+    std::fs::write(&a_file, b"").unwrap();
+    let with_path = |path: &std::path::Path| {
+        std::fs::write(
+            &file,
+            format!(
+                "{}\n[store]\npath = {:?}\n",
+                config_with("gateway", ""),
+                path
+            ),
+        )
+        .unwrap();
+        check_config(file.to_str().unwrap(), &[])
+    };
+    let (ok, text) = with_path(&a_file.join("store"));
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("store.path") && text.contains("cannot be created"),
+        "{text}"
+    );
+    let (ok, text) = with_path(&a_file);
+    assert!(!ok && text.contains("not a directory"), "{text}");
+    let fresh = dir.path().join("a/b/store");
+    let (ok, text) = with_path(&fresh);
+    assert!(ok, "{text}");
+    assert!(
+        !dir.path().join("a").exists(),
+        "the check left {fresh:?} behind"
+    );
+    std::fs::create_dir_all(&fresh).unwrap();
+    let (ok, text) = with_path(&fresh);
+    assert!(ok && text.contains("writable"), "{text}");
+    assert_eq!(
+        std::fs::read_dir(&fresh).unwrap().count(),
+        0,
+        "nothing left in the store"
+    );
 }

@@ -189,6 +189,41 @@ fn db_err(e: impl std::fmt::Display) -> StoreError {
 }
 
 impl SledStore {
+    /// `check-config`'s check of a sled store's `path`, leaving nothing behind: an existing
+    /// directory taskgate can write in (a file made in it and removed at once), or a path whose
+    /// missing directories can be made (made, then removed). `Ok` says which; `Err` why `serve`
+    /// could not open a store there (`store.path` in the message). The store itself is not
+    /// opened: a running taskgate holds its lock.
+    pub fn check_path(path: &std::path::Path) -> Result<String, String> {
+        let shown = path.display();
+        if path.exists() {
+            if !path.is_dir() {
+                return Err(format!("store.path {shown} is not a directory"));
+            }
+            let probe = path.join(format!(".taskgate-check-{}", std::process::id()));
+            std::fs::write(&probe, b"")
+                .map_err(|e| format!("store.path {shown} cannot be written: {e}"))?;
+            let _ = std::fs::remove_file(&probe);
+            return Ok(format!("sled at {shown} (exists, writable)"));
+        }
+        // The missing directories, deepest first, to be removed again in that order.
+        let mut missing = Vec::new();
+        let mut at = path;
+        while !at.exists() {
+            missing.push(at.to_path_buf());
+            match at.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => at = parent,
+                _ => break,
+            }
+        }
+        let made = std::fs::create_dir_all(path)
+            .map_err(|e| format!("store.path {shown} cannot be created: {e}"));
+        for dir in &missing {
+            let _ = std::fs::remove_dir(dir);
+        }
+        made.map(|()| format!("sled at {shown} (created at the first start)"))
+    }
+
     /// Opens (or creates) the store at `path` with a page cache of `cache_capacity_bytes`.
     ///
     /// Errors: [`StoreError::Open`] when the directory cannot be created or another process
