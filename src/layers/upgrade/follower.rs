@@ -450,7 +450,7 @@ impl<S: McpService> Follower<S> {
 }
 
 /// What the record of a followed task must hold once following ended (see
-/// [`Follower::record_terminal`]).
+/// [`record_terminal`]).
 enum Terminal {
     /// The `tasks/result` answer's result came (`failed`: `isError`), as `observe` applies it.
     Payload { failed: bool },
