@@ -1535,3 +1535,38 @@ async fn a_per_session_childs_request_during_initialize_is_refused_at_once() {
 async fn a_shared_childs_request_during_its_initialize_is_refused_at_once() {
     a_childs_request_during_initialize_is_refused_at_once("shared").await;
 }
+
+/// Tester 3 F3: a request still in taskgate's stdin queue when its caller got 504 is not
+/// written later: the child, a slow reader behind a backlog, read it (and ran it) once it
+/// caught up, followed by a `notifications/cancelled`, after its caller was told it failed.
+#[tokio::test]
+async fn a_request_that_timed_out_in_the_stdin_queue_never_reaches_the_child() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    // One line every 500 ms for 8 s: slow, never deaf (a line reaches it well within 5 s).
+    slow_down(&mut c, 8000).await;
+    // A backlog of 20 lines of 16 KiB (more than the pipe holds; 10 s at the child's pace).
+    let body = padded_note();
+    for _ in 0..20 {
+        assert_eq!(c.send(body.clone()).await.status(), 202);
+    }
+    let call = json!({"name": "echo", "arguments": {"text": "stale"}}).to_string();
+    let stale = c.req(rpc("\"s\"", "tools/call", &call)).try_send().await;
+    assert_eq!(stale.expect("answered in time").status(), 504);
+    // The child catches up: everything still queued reaches it, then this ping.
+    let pong = c.rpc(rpc("3", "ping", "{}")).await;
+    assert!(pong.get("result").is_some(), "{pong}");
+    let stale: Vec<_> = child
+        .seen_method("tools/call")
+        .into_iter()
+        .filter(|m| m["params"]["arguments"]["text"] == "stale")
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "the timed-out call reached the child: {stale:?}"
+    );
+    let cancels = child.seen_method("notifications/cancelled");
+    assert!(cancels.is_empty(), "{cancels:?}");
+}

@@ -1,4 +1,5 @@
-//! One running child as a JSON-RPC peer: the writer (two queues: `tasks/cancel` overtakes), the reader
+//! One running child as a JSON-RPC peer: the writer (two queues: `tasks/cancel` overtakes; a
+//! request whose caller was answered while its line waited is skipped, [`Claim`]), the reader
 //! (each stdout line routed by [`super::route::Routes`]), and the keeper that owns the process
 //! and ends it.
 //!
@@ -38,7 +39,7 @@
 
 use super::framing::{one_line, Line, Lines};
 use super::queue::{queue, QueueRx, QueueTx};
-use super::route::{Answer, Pending, Progress, Routes, SessionKey, TaskNote};
+use super::route::{Answer, Claim, Pending, Progress, Routes, SessionKey, TaskNote};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
 use crate::mcp::task::TaskStatus;
 use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
@@ -141,8 +142,8 @@ pub fn event(msg: &Bytes) -> sse::Event {
 /// A running child's JSON-RPC side.
 pub struct Conn {
     name: Arc<str>,
-    normal: mpsc::Sender<Bytes>,
-    urgent: mpsc::Sender<Bytes>,
+    normal: mpsc::Sender<Outgoing>,
+    urgent: mpsc::Sender<Outgoing>,
     routes: Mutex<Routes>,
     streams: Arc<Streams>,
     metrics: Arc<Metrics>,
@@ -170,6 +171,36 @@ pub struct Conn {
     /// waits for room in a full stdin queue while nothing reaches the child before the child is
     /// found deaf ([`Conn::reply`]).
     timeout: std::time::Duration,
+}
+
+/// A line for the child's stdin, with what decides, when the writer takes it, whether it is
+/// still written.
+pub struct Outgoing {
+    line: Bytes,
+    guard: Guard,
+}
+
+impl Outgoing {
+    /// A line written whatever happens (a notification, taskgate's answer to the child).
+    fn always(line: Bytes) -> Outgoing {
+        Outgoing {
+            line,
+            guard: Guard::Always,
+        }
+    }
+}
+
+/// Whether a queued line is still for the child (tester 3 F3: a request whose caller was told
+/// it failed ran at the child once it read again).
+enum Guard {
+    /// Always written.
+    Always,
+    /// A request: written only when the writer takes its [`Claim`] first (its caller still
+    /// waits); skipped when its caller gave it up or went away while it was queued.
+    Request(Arc<Claim>),
+    /// A caller's `notifications/cancelled` for a request queued before it: written only when
+    /// that request was not withdrawn (the child would read an id it never saw).
+    CancelOf(Arc<Claim>),
 }
 
 /// Whose GET streams a child's notification for every stream (`notifications/message`, a list
@@ -392,14 +423,28 @@ impl Conn {
     /// Writes one message (a line) to the child; `urgent` ones overtake the queue.
     /// Errors: the child is gone.
     pub async fn write(&self, msg: &[u8], urgent: bool) -> Result<(), String> {
+        self.send(Outgoing::always(one_line(msg)), urgent).await
+    }
+
+    /// Writes registered request `reg` (its line) to the child, as [`Conn::write`]; the writer
+    /// skips it when its caller gave it up or went away while it waited in the queue
+    /// ([`Claim`]). Errors: the child is gone.
+    pub async fn write_request(&self, reg: &Registered, urgent: bool) -> Result<(), String> {
+        let out = Outgoing {
+            line: one_line(&reg.bytes),
+            guard: Guard::Request(reg.claim.clone()),
+        };
+        self.send(out, urgent).await
+    }
+
+    async fn send(&self, out: Outgoing, urgent: bool) -> Result<(), String> {
         if self.is_closed() {
             return Err(self.gone());
         }
-        let line = one_line(msg);
         let sent = if urgent {
-            self.urgent.send(line).await
+            self.urgent.send(out).await
         } else {
-            self.normal.send(line).await
+            self.normal.send(out).await
         };
         sent.map_err(|_| self.gone())
     }
@@ -426,6 +471,7 @@ impl Conn {
         let initialize = msg.method() == Some("initialize");
         let (answer_tx, answer) = oneshot::channel();
         let (related_tx, related) = queue(RELATED_QUEUE, RELATED_QUEUE_BYTES);
+        let claim = Arc::new(Claim::default());
         let mut routes = self.routes.lock();
         if self.is_closed() {
             return Err(self.gone());
@@ -442,6 +488,7 @@ impl Conn {
             held_cancel: None,
             before_session: initialize || own,
             held_task,
+            claim: claim.clone(),
         });
         let rewritten = rewrite_request(msg.bytes(), out);
         match rewritten {
@@ -454,6 +501,7 @@ impl Conn {
                     bytes,
                     answer,
                     related,
+                    claim,
                     conn: Arc::downgrade(self),
                     // `initialize` must not be cancelled (MCP basic/utilities/cancellation);
                     // an abandoned one's child is ended by its starter. Nor is taskgate's
@@ -470,9 +518,14 @@ impl Conn {
     }
 
     /// Gives up request `out` (its deadline passed): its slot is freed and the child is told
-    /// (`notifications/cancelled`), so it may stop the work.
+    /// (`notifications/cancelled`), so it may stop the work; when its line still waits in the
+    /// stdin queue, it is withdrawn instead (never written, so nothing to tell: [`Claim`]).
     pub fn give_up(&self, out: u64, reason: &str) {
-        let told = self.routes.lock().take(out).is_none_or(|p| p.told);
+        let told = self
+            .routes
+            .lock()
+            .take(out)
+            .is_none_or(|p| p.claim.withdraw() || p.told);
         if told || self.is_closed() {
             return;
         }
@@ -484,10 +537,10 @@ impl Conn {
     pub fn queued(&self, out: u64) {
         let held = self.routes.lock().get_mut(out).and_then(|p| {
             p.queued = true;
-            p.held_cancel.take()
+            p.held_cancel.take().map(|note| (note, p.claim.clone()))
         });
-        if let Some(note) = held {
-            self.send_cancelled(&note);
+        if let Some((note, claim)) = held {
+            self.send_cancelled(&note, Guard::CancelOf(claim));
         }
     }
 
@@ -495,14 +548,20 @@ impl Conn {
     /// [`Conn::tell_cancelled_id`]): written after the request when it is queued, else held
     /// until it is ([`Conn::queued`]; dropped with it when it never is).
     pub fn cancel_from_client(&self, out: u64, note: Bytes) {
-        {
+        let claim = {
             let mut routes = self.routes.lock();
-            if let Some(p) = routes.get_mut(out).filter(|p| !p.queued) {
-                p.held_cancel = Some(note);
-                return;
+            match routes.get_mut(out) {
+                Some(p) if !p.queued => {
+                    p.held_cancel = Some(note);
+                    return;
+                }
+                Some(p) => Some(p.claim.clone()),
+                None => None,
             }
-        }
-        self.send_cancelled(&note);
+        };
+        // After a request still queued: skipped with it when it is withdrawn.
+        let guard = claim.map_or(Guard::Always, Guard::CancelOf);
+        self.send_cancelled(&note, guard);
     }
 
     /// Request `out` was never written (the child never saw it): its route (and slot) goes,
@@ -521,7 +580,7 @@ impl Conn {
             .routes
             .lock()
             .take(out)
-            .is_none_or(|p| p.told || !p.queued);
+            .is_none_or(|p| p.claim.withdraw() || p.told || !p.queued);
         if told || !tell || self.is_closed() {
             return;
         }
@@ -537,7 +596,7 @@ impl Conn {
             "method": "notifications/cancelled",
             "params": { "requestId": out, "reason": reason },
         });
-        self.send_cancelled(note.to_string().as_bytes());
+        self.send_cancelled(note.to_string().as_bytes(), Guard::Always);
     }
 
     /// Writes a `notifications/cancelled` (`note`, naming the id the child saw) after the
@@ -547,8 +606,11 @@ impl Conn {
     ///
     /// In order, not ahead of the queue: the request it names may still wait in the queue, and
     /// a child told before it sees the request ignores the id (not known yet), then runs it.
-    pub fn send_cancelled(&self, note: &[u8]) {
-        let line = one_line(note);
+    fn send_cancelled(&self, note: &[u8], guard: Guard) {
+        let line = Outgoing {
+            line: one_line(note),
+            guard,
+        };
         // Not awaited: a full queue gets it from a task, in its turn, within CANCEL_WAIT (a
         // child that stopped reading would otherwise keep one such task per request given up,
         // for as long as it runs).
@@ -871,7 +933,7 @@ impl Conn {
     /// while not one byte reached the child, the child is deaf ([`Conn::deafened`]) and the
     /// answer is dropped (the child is ended; it reads nothing more).
     async fn reply(&self, msg: Bytes) {
-        let line = match self.urgent.try_send(one_line(&msg)) {
+        let line = match self.urgent.try_send(Outgoing::always(one_line(&msg))) {
             Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return,
             Err(mpsc::error::TrySendError::Full(line)) => line,
         };
@@ -920,6 +982,8 @@ pub struct Registered {
     pub answer: oneshot::Receiver<Answer>,
     /// Messages related to it, before its answer.
     pub related: QueueRx<Bytes>,
+    /// Whether its line is written or withdrawn ([`Conn::write_request`]).
+    claim: Arc<Claim>,
     /// Its child, for the drop guard.
     conn: std::sync::Weak<Conn>,
     /// Whether an abandoned one is cancelled at the child (not `initialize`), once its line
@@ -989,19 +1053,28 @@ fn created_task_id(answer: &[u8]) -> Option<String> {
 /// failed (the child closed its stdin).
 async fn write_lines(
     mut stdin: tokio::process::ChildStdin,
-    mut normal: mpsc::Receiver<Bytes>,
-    mut urgent: mpsc::Receiver<Bytes>,
+    mut normal: mpsc::Receiver<Outgoing>,
+    mut urgent: mpsc::Receiver<Outgoing>,
     mut close: oneshot::Receiver<()>,
     written: Arc<AtomicU64>,
 ) -> bool {
     loop {
-        let line = tokio::select! {
+        let next = tokio::select! {
             biased;
             _ = &mut close => break,
             Some(l) = urgent.recv() => l,
             Some(l) = normal.recv() => l,
             else => break,
         };
+        let still_for_the_child = match &next.guard {
+            Guard::Always => true,
+            Guard::Request(claim) => claim.write(),
+            Guard::CancelOf(claim) => !claim.withdrawn(),
+        };
+        if !still_for_the_child {
+            continue;
+        }
+        let line = next.line;
         // In pieces, each counted: a child reading a long line slowly makes progress.
         let mut rest = &line[..];
         while !rest.is_empty() {
@@ -1083,7 +1156,13 @@ mod tests {
     }
 
     /// A Conn without a child: its stdin queues are the receivers returned (urgent second).
-    fn bare(owner: Owner) -> (Arc<Conn>, mpsc::Receiver<Bytes>, mpsc::Receiver<Bytes>) {
+    fn bare(
+        owner: Owner,
+    ) -> (
+        Arc<Conn>,
+        mpsc::Receiver<Outgoing>,
+        mpsc::Receiver<Outgoing>,
+    ) {
         let (normal, normal_rx) = mpsc::channel(8);
         let (urgent, urgent_rx) = mpsc::channel(8);
         let conn = Arc::new(Conn {
@@ -1369,6 +1448,78 @@ while os.read(0, 4096):
             took < super::super::child::STDIN_GRACE,
             "ended after {took:?}"
         );
+    }
+
+    /// Registers `json` (a request) on `conn` for session `s1` and queues its line for the
+    /// child's stdin, as `Inner::call` does.
+    async fn queue_request(conn: &Arc<Conn>, json: String) -> Registered {
+        let msg = Message::parse(Bytes::from(json)).expect("json");
+        let reg = conn
+            .register(&msg, Some("s1".into()), None, false, None)
+            .expect("registered");
+        conn.write_request(&reg, false).await.expect("queued");
+        conn.queued(reg.out);
+        reg
+    }
+
+    /// Tester 3 F3: a request still in taskgate's stdin queue when its caller is told it failed
+    /// (its deadline passed: given up; or its caller went away: dropped) is never written: the
+    /// child read it, and ran it, once it read again, followed by a `notifications/cancelled`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_given_up_while_queued_is_never_written() {
+        let dir = tempfile::tempdir().expect("dir");
+        let log = dir.path().join("read");
+        // Reads nothing for 1 s (well within `timeout_ms`), then logs every line.
+        let script = r#"
+import sys, time
+time.sleep(1.0)
+with open(sys.argv[1], "w") as f:
+    for line in sys.stdin:
+        f.write(line)
+        f.flush()
+"#;
+        let running = python_conn(script, &[&log.display().to_string()]);
+        let call = |text: &str, pad: usize| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":"{text}","method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{text}","pad":"{}"}}}}}}"#,
+                "x".repeat(pad)
+            )
+        };
+        // More than the pipe holds: the writer waits in it; what follows waits in the queue.
+        let big = queue_request(&running.conn, call("big", 256 << 10)).await;
+        let late = queue_request(&running.conn, call("late", 0)).await;
+        let gone = queue_request(&running.conn, call("gone", 0)).await;
+        running
+            .conn
+            .give_up(late.out, "taskgate: the request timed out");
+        drop(gone);
+        let last = queue_request(&running.conn, call("last", 0)).await;
+        let read = || std::fs::read_to_string(&log).unwrap_or_default();
+        let start = std::time::Instant::now();
+        while !read().contains(r#""text":"last""#) {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "the child read: {}",
+                read().len()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let _ = running.stop.send(());
+        let read = read();
+        assert!(read.contains(r#""text":"big""#));
+        assert!(
+            !read.contains(r#""text":"late""#),
+            "a request given up was written"
+        );
+        assert!(
+            !read.contains(r#""text":"gone""#),
+            "a request dropped was written"
+        );
+        assert!(
+            !read.contains("notifications/cancelled"),
+            "a request never written was cancelled"
+        );
+        drop((big, last));
     }
 
     /// A GET stream's queue is bounded in bytes, not only in messages: 64 messages of up to

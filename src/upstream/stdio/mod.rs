@@ -124,7 +124,11 @@
 //! messages wait in bounded queues ([`conn`]), and so do lines for the child's stdin: a write
 //! waits at most `timeout_ms` for room (a child that stopped reading its stdin gets later
 //! requests and notifications answered 504, never held open; a request not written is not
-//! cancelled at the child, which never saw it). A child that read nothing at all during such a
+//! cancelled at the child, which never saw it). A request whose caller was answered before
+//! its line left taskgate's stdin queue (its `timeout_ms` passed: 504; or its caller went
+//! away) is skipped by the writer: never written, so never run, and not cancelled either
+//! (`route::Claim`: the writer taking the line and the caller's end decide once, so a
+//! request is either written, and then cancelled, or neither). A child that read nothing at all during such a
 //! wait is deaf: ended and restarted (see Supervision), its requests in flight answered as on
 //! a crash ("… stopped reading its stdin and was ended (…)"). A `notifications/cancelled` is not waited
 //! for: one that finds the queue full is written by a task once there is room (within
@@ -735,7 +739,10 @@ impl Inner {
         // Never written (the child is gone, or its stdin queue stayed full, or the caller went
         // away while it waited for room: `reg` dropped unqueued): the child does not know it,
         // so it is not told it is cancelled either.
-        if let Err(e) = self.write_until(conn, &reg.bytes, urgent, until).await {
+        if let Err(e) = self
+            .write_until(conn, conn.write_request(&reg, urgent), until)
+            .await
+        {
             conn.forget(reg.out);
             return Err(e);
         }
@@ -1275,7 +1282,7 @@ impl Inner {
         });
         let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
         let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false, None)?;
-        conn.write(&reg.bytes, false).await?;
+        conn.write_request(&reg, false).await?;
         match tokio::time::timeout(self.timeout, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => Ok(classify_probe(&bytes)),
             Ok(Ok(Err(why))) => Err(why),
@@ -1303,7 +1310,7 @@ impl Inner {
         });
         let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
         let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false, None)?;
-        conn.write(&reg.bytes, false).await?;
+        conn.write_request(&reg, false).await?;
         let answer = match tokio::time::timeout(self.timeout, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => bytes,
             Ok(Ok(Err(why))) => return Err(why),
@@ -1529,7 +1536,8 @@ impl Inner {
     /// ([`Conn::deafened`]), then restarted as after a crash.
     async fn write(&self, conn: &Conn, bytes: &[u8], urgent: bool) -> Result<(), GatewayError> {
         let until = tokio::time::Instant::now() + self.timeout;
-        self.write_until(conn, bytes, urgent, until).await
+        self.write_until(conn, conn.write(bytes, urgent), until)
+            .await
     }
 
     /// [`Inner::write`], within `until` (a request's deadline, part of it spent waiting for a
@@ -1538,13 +1546,12 @@ impl Inner {
     async fn write_until(
         &self,
         conn: &Conn,
-        bytes: &[u8],
-        urgent: bool,
+        write: impl std::future::Future<Output = Result<(), String>>,
         until: tokio::time::Instant,
     ) -> Result<(), GatewayError> {
         let before = conn.written();
         let started = tokio::time::Instant::now();
-        match tokio::time::timeout_at(until, conn.write(bytes, urgent)).await {
+        match tokio::time::timeout_at(until, write).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(why)) => Err(self.unreachable(why)),
             Err(_) => {

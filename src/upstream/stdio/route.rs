@@ -23,6 +23,7 @@ use bytes::Bytes;
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
@@ -67,6 +68,51 @@ pub struct Pending {
     /// The gateway task it is the held call of (`exchange::HeldTask`): named in the child's
     /// death when it is still in flight then.
     pub held_task: Option<Arc<str>>,
+    /// Whether its line is written or withdrawn (see [`Claim`]).
+    pub claim: Arc<Claim>,
+}
+
+/// Who decides first about a registered request's line: the writer (it writes it; a give-up
+/// or drop then tells the child `notifications/cancelled`), or its caller's end (its deadline
+/// passed, or it went away: the line is skipped, and the child, never seeing it, is told
+/// nothing). Decided once, atomically, so a request is either run and cancelled, or neither.
+#[derive(Debug, Default)]
+pub struct Claim(AtomicU8);
+
+impl Claim {
+    const QUEUED: u8 = 0;
+    const WRITTEN: u8 = 1;
+    const WITHDRAWN: u8 = 2;
+
+    /// The writer takes it: true when the line is to be written (not withdrawn first).
+    pub fn write(&self) -> bool {
+        self.0
+            .compare_exchange(
+                Self::QUEUED,
+                Self::WRITTEN,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    /// Its caller's end: true when the line was never written (and now never will be).
+    pub fn withdraw(&self) -> bool {
+        match self.0.compare_exchange(
+            Self::QUEUED,
+            Self::WITHDRAWN,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => true,
+            Err(now) => now == Self::WITHDRAWN,
+        }
+    }
+
+    /// Whether its caller's end came first.
+    pub fn withdrawn(&self) -> bool {
+        self.0.load(Ordering::Acquire) == Self::WITHDRAWN
+    }
 }
 
 /// A replaced `progressToken`: whose it is and what it was.
@@ -328,6 +374,7 @@ mod tests {
                 held_cancel: None,
                 before_session: false,
                 held_task: None,
+                claim: Arc::default(),
             },
             rx,
         )
