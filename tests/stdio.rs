@@ -1007,9 +1007,10 @@ async fn a_modern_only_child_is_never_initialized_and_serves_both_eras() {
 
 /// A child that stops reading its stdin (a hung server that runs on: its pipe and taskgate's
 /// write queue fill up) does not hang its clients: a notification or a request that cannot be
-/// written within `timeout_ms` is answered 504 (both waited without end, holding the
-/// request's `max_in_flight` slot). And it is not kept (the liveness rule): nothing reached its
-/// stdin while a write waited `timeout_ms`, so it is ended and restarted as a crashed child is
+/// written is answered in time, 504 past `timeout_ms` or 502 once the child is ended (both
+/// waited without end, holding the request's `max_in_flight` slot). And it is not kept (the
+/// liveness rule): its pipe took nothing while a line waited `timeout_ms` to be written, so it
+/// is ended and restarted as a crashed child is
 /// (`taskgate_upstream_restarts_total`), its request in flight ending as on a crash (502,
 /// naming why); it ran on, and every later client got 504 for as long as it lived.
 #[tokio::test]
@@ -1046,7 +1047,10 @@ async fn a_child_that_stops_reading_its_stdin_is_ended_and_restarted() {
             .take(3)
             .collect::<Vec<_>>()
     );
-    assert!(statuses.contains(&Ok(504)), "the queue was filled");
+    assert!(
+        statuses.iter().any(|s| matches!(s, Ok(502 | 504))),
+        "the queue was filled"
+    );
     let result = result.await.expect("the tasks/result is answered");
     // As on a crash: the child's death, named (HTTP 502).
     assert_eq!(result.status(), 502);
@@ -1569,4 +1573,38 @@ async fn a_request_that_timed_out_in_the_stdin_queue_never_reaches_the_child() {
     );
     let cancels = child.seen_method("notifications/cancelled");
     assert!(cancels.is_empty(), "{cancels:?}");
+}
+
+/// Tester 3 F2: a child that stops reading its stdin is found deaf under light traffic too:
+/// one request larger than the pipe, nothing more, and within about `timeout_ms` the child is
+/// ended and restarted, and the next request is answered by the new child. Before: only a
+/// write that found taskgate's 256-line queue full could find it deaf, which light traffic
+/// never fills (every call got 504 and `/readyz` stayed green).
+#[tokio::test]
+async fn a_child_that_stops_reading_is_found_deaf_without_a_full_queue() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    stall(&mut c, None).await;
+    let started = std::time::Instant::now();
+    let big = json!({"name": "echo", "arguments": {"text": "x".repeat(300 * 1024)}}).to_string();
+    let big = c.req(rpc("\"big\"", "tools/call", &big)).try_send().await;
+    let status = big.expect("answered").status();
+    assert!(matches!(status, 502 | 504), "{status}");
+    until("a second child", || child.pids().len() == 2).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(5000 + 3000),
+        "restarted after {took:?}"
+    );
+    readyz(tg.admin, 200).await;
+    let echo = json!({"name": "echo", "arguments": {"text": "hi"}}).to_string();
+    let answer = c.rpc(rpc("2", "tools/call", &echo)).await;
+    assert_eq!(answer["result"]["content"][0]["text"], "hi", "{answer}");
+    assert_eq!(
+        answer["result"]["pid"],
+        json!(child.pids()[1]),
+        "answered by the new child: {answer}"
+    );
 }

@@ -28,8 +28,8 @@
 //!   stream, else it is answered `-32603` (taskgate cannot tell which client it is for); `ping` is answered by taskgate.
 //!   Every request refused is answered: taskgate's answers go ahead of queued requests, and
 //!   when that queue is full the child's stdout is not read further until there is room (a
-//!   child that floods requests is read at the pace it reads its answers; a deaf one is ended,
-//!   as when a client's write finds it so).
+//!   child that floods requests is read at the pace it reads its answers; a deaf one, its
+//!   pipe taking nothing for `timeout_ms`, is found so by the writer and ended).
 //!
 //! A line that is not one JSON-RPC message is counted (`taskgate_upstream_errors_total
 //! {kind="protocol"}`), logged at warn (at most one line a second), never forwarded; a line
@@ -160,17 +160,12 @@ pub struct Conn {
     /// The gateway tasks whose held calls were in flight when the child went ([`Conn::close`]):
     /// they died with it. At most the requests in flight then; taken by the death's announcer.
     dead_held: Mutex<Vec<String>>,
-    /// Bytes the writer has put into the child's stdin so far (its progress: a write that
-    /// waited `timeout_ms` while this stood still found the pipe full all along).
+    /// Bytes the writer has put into the child's stdin so far (its progress).
     written: Arc<AtomicU64>,
     /// Wakes the keeper to end a child found deaf ([`Conn::deafened`]).
     deaf: Arc<tokio::sync::Notify>,
     /// Whether it was found deaf (the first finding ends it; later ones change nothing).
     found_deaf: AtomicBool,
-    /// The upstream's `timeout_ms`: how long an answer of taskgate's own (a refusal, a `pong`)
-    /// waits for room in a full stdin queue while nothing reaches the child before the child is
-    /// found deaf ([`Conn::reply`]).
-    timeout: std::time::Duration,
 }
 
 /// A line for the child's stdin, with what decides, when the writer takes it, whether it is
@@ -258,7 +253,6 @@ impl Conn {
             written: Arc::new(AtomicU64::new(0)),
             deaf: Arc::new(tokio::sync::Notify::new()),
             found_deaf: AtomicBool::new(false),
-            timeout,
         });
         let pid = child.id();
         let (close_stdin, close_rx) = oneshot::channel::<()>();
@@ -267,9 +261,14 @@ impl Conn {
         let pipe_closed = Arc::new(tokio::sync::Notify::new());
         if let Some(stdin) = child.stdin.take() {
             let pipe_closed = pipe_closed.clone();
-            let written = conn.written.clone();
+            let watch = Liveness {
+                name: name.clone(),
+                written: conn.written.clone(),
+                conn: Arc::downgrade(&conn),
+                timeout,
+            };
             tokio::spawn(async move {
-                if write_lines(stdin, normal_rx, urgent_rx, close_rx, written).await {
+                if write_lines(stdin, normal_rx, urgent_rx, close_rx, watch).await {
                     pipe_closed.notify_one();
                 }
             });
@@ -366,8 +365,8 @@ impl Conn {
         self.written.load(Ordering::Acquire)
     }
 
-    /// The child is deaf: a write waited `timeout_ms` for room while nothing reached its stdin
-    /// (the pipe full all along). The keeper ends it (close stdin and `SIGTERM` at once:
+    /// The child is deaf: a line waited `timeout_ms` for its stdin pipe to take one more byte
+    /// (the writer's liveness rule, `write_lines`). The keeper ends it (close stdin and `SIGTERM` at once:
     /// `child::end_deaf`; `SIGKILL`): its requests in flight get the reason, and supervision
     /// restarts it (or ends its `per_session` session) as after a crash.
     /// Returns whether this was the first finding.
@@ -929,31 +928,11 @@ impl Conn {
     /// The reader calls it before it reads the next line, so a full queue holds the child's
     /// stdout until there is room: every request of a child that floods them is answered, at
     /// the pace the child reads its stdin, and what waits is bounded by the queue and the
-    /// pipes. The liveness rule applies as to a client's write: when it waited `timeout_ms`
-    /// while not one byte reached the child, the child is deaf ([`Conn::deafened`]) and the
-    /// answer is dropped (the child is ended; it reads nothing more).
+    /// pipes. A full queue means the writer waits on the pipe: a child that takes nothing for
+    /// `timeout_ms` meanwhile is found deaf by the writer ([`write_lines`]) and ended, which
+    /// closes the queue, and the answer is dropped (the child reads nothing more).
     async fn reply(&self, msg: Bytes) {
-        let line = match self.urgent.try_send(Outgoing::always(one_line(&msg))) {
-            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return,
-            Err(mpsc::error::TrySendError::Full(line)) => line,
-        };
-        let mut before = self.written();
-        while !self.is_closed() && !self.found_deaf.load(Ordering::Acquire) {
-            match tokio::time::timeout(self.timeout, self.urgent.reserve()).await {
-                Ok(Ok(room)) => return room.send(line),
-                Ok(Err(_)) => return,
-                Err(_) => {
-                    let now = self.written();
-                    if now == before {
-                        if self.deafened() {
-                            tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, timeout_ms = self.timeout.as_millis() as u64, "child read nothing from its stdin while taskgate's answer to its request waited timeout_ms for room: ending it");
-                        }
-                        return;
-                    }
-                    before = now;
-                }
-            }
-        }
+        let _ = self.urgent.send(Outgoing::always(one_line(&msg))).await;
     }
 
     fn to_session(&self, session: &SessionKey, msg: &Bytes) -> bool {
@@ -1046,18 +1025,35 @@ fn created_task_id(answer: &[u8]) -> Option<String> {
         .or_else(|| raw_string(answer, &["result", "taskId"]))
 }
 
+/// What the writer needs for the liveness rule ([`write_lines`]).
+struct Liveness {
+    /// The upstream's name, for the log.
+    name: Arc<str>,
+    /// The child's progress, in bytes written ([`Conn::written`]).
+    written: Arc<AtomicU64>,
+    /// Found deaf through it ([`Conn::deafened`]); weak: the conn holds the writer's queues.
+    conn: std::sync::Weak<Conn>,
+    /// The upstream's `timeout_ms`.
+    timeout: std::time::Duration,
+}
+
 /// The writer: lines from the two queues (urgent first) to the child's stdin, until `close`
 /// fires or both queues end; dropping stdin closes it. `close` is seen also while a line waits
 /// for room in a full pipe (its rest is not written): the child gets its EOF after what the
 /// pipe holds, not after the rest of a long line it may never read. Returns true when a write
 /// failed (the child closed its stdin).
+///
+/// The liveness rule (tester 3 F2): a line that waits `timeout_ms` for the pipe to take one
+/// more byte finds the child deaf ([`Conn::deafened`]: the keeper ends it), however few lines
+/// wait behind it. A reader making progress resets the wait with every piece it takes.
 async fn write_lines(
     mut stdin: tokio::process::ChildStdin,
     mut normal: mpsc::Receiver<Outgoing>,
     mut urgent: mpsc::Receiver<Outgoing>,
     mut close: oneshot::Receiver<()>,
-    written: Arc<AtomicU64>,
+    live: Liveness,
 ) -> bool {
+    let mut found_deaf = false;
     loop {
         let next = tokio::select! {
             biased;
@@ -1082,12 +1078,19 @@ async fn write_lines(
                 biased;
                 _ = &mut close => return false,
                 wrote = stdin.write(rest) => wrote,
+                () = tokio::time::sleep(live.timeout), if !found_deaf => {
+                    found_deaf = true;
+                    if live.conn.upgrade().is_some_and(|conn| conn.deafened()) {
+                        tracing::warn!(target: "taskgate::upstream::stdio", upstream = %live.name, timeout_ms = live.timeout.as_millis() as u64, "child read nothing from its stdin while a line waited timeout_ms to be written: ending it");
+                    }
+                    continue;
+                }
             };
             match wrote {
                 Ok(0) | Err(_) => return true,
                 Ok(n) => {
                     rest = rest.get(n..).unwrap_or_default();
-                    written.fetch_add(n as u64, Ordering::AcqRel);
+                    live.written.fetch_add(n as u64, Ordering::AcqRel);
                 }
             }
         }
@@ -1180,7 +1183,6 @@ mod tests {
             written: Arc::default(),
             deaf: Arc::default(),
             found_deaf: AtomicBool::new(false),
-            timeout: std::time::Duration::from_secs(1),
         });
         (conn, normal_rx, urgent_rx)
     }
@@ -1580,7 +1582,6 @@ with open(sys.argv[1], "w") as f:
             written: Arc::default(),
             deaf: Arc::default(),
             found_deaf: AtomicBool::new(false),
-            timeout: std::time::Duration::from_secs(1),
         });
         // As `register` does: `routes` held, then `is_closed`, then `why`.
         let routes = conn.routes.lock();

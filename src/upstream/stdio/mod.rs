@@ -68,12 +68,19 @@
 //! doubling to 30 s), reset once a child has stayed up [`SUSTAINED_UPTIME`]; a child that closes
 //! its stdout or its stdin but runs on is ended first (close stdin, `SIGTERM`, `SIGKILL`, as at
 //! shutdown), then restarted likewise, and so is a **deaf** child (the liveness rule): one
-//! from which a write waited `timeout_ms` for room in its stdin while not one byte reached it
-//! (its pipe full all along: it stopped reading; a slow reader, which still takes bytes, is
-//! not deaf while room for the next line opens within `timeout_ms`: the kernel frees pipe room
-//! a 4 KiB page at a time and a reader buffers its input, so one taking less than a few KiB per
-//! `timeout_ms`, small lines at a slow pace, is found deaf too; it gets `SIGTERM` without the
-//! wait for an exit on EOF, which it cannot see), logged at warn; every start after
+//! whose stdin pipe took not one byte for `timeout_ms` while taskgate had a line to write to it
+//! (a request waiting, or a notification, or taskgate's answer to the child's own request;
+//! the writer watches its own write, so the rule holds under light traffic: one request larger
+//! than the pipe is enough). It replaces the earlier rule, "a write that found taskgate's
+//! 256-line stdin queue full for `timeout_ms`", which the writer's rule covers (a full queue
+//! means the writer waits on the pipe) and which light traffic never met: with `max_in_flight`
+//! at 64, only stale lines of timed-out requests could fill the queue, so a deaf child got
+//! every call answered 504 for hours while `/readyz` stayed green (tester 3 F2). A slow
+//! reader, which still takes bytes, is not deaf: every piece the pipe takes starts the wait
+//! again (the kernel frees pipe room a 4 KiB page at a time and a reader buffers its input, so
+//! one taking less than a few KiB per `timeout_ms`, small lines at a slow pace, is found deaf
+//! too). A deaf child gets `SIGTERM` without the wait for an exit on EOF, which it cannot see,
+//! and is logged at warn; every start after
 //! the first counts in `taskgate_upstream_restarts_total{upstream}`. Requests waiting on the
 //! dead child get a JSON-RPC error naming the upstream ("upstream `x` is unreachable: its
 //! child process exited (…)"); requests that arrive while no child runs get it at once (while
@@ -128,14 +135,15 @@
 //! its line left taskgate's stdin queue (its `timeout_ms` passed: 504; or its caller went
 //! away) is skipped by the writer: never written, so never run, and not cancelled either
 //! (`route::Claim`: the writer taking the line and the caller's end decide once, so a
-//! request is either written, and then cancelled, or neither). A child that read nothing at all during such a
-//! wait is deaf: ended and restarted (see Supervision), its requests in flight answered as on
-//! a crash ("… stopped reading its stdin and was ended (…)"). A `notifications/cancelled` is not waited
+//! request is either written, and then cancelled, or neither). A child whose pipe took
+//! nothing for `timeout_ms` is deaf, whether or not the queue is full: ended and restarted
+//! (see Supervision), its requests in flight answered as on a crash ("… stopped reading its
+//! stdin and was ended (…)"). A `notifications/cancelled` is not waited
 //! for: one that finds the queue full is written by a task once there is room (within
 //! 30 s), so it still reaches a child that reads again. taskgate's own answers to the child's
 //! requests (a refusal, a `pong`) are never dropped: while they find the queue full, the
-//! child's stdout waits unread (it is read at the pace the child reads its stdin; one that read
-//! nothing for `timeout_ms` meanwhile is deaf). A 2026-07-28 `subscriptions/listen` takes no
+//! child's stdout waits unread (it is read at the pace the child reads its stdin; one that
+//! takes nothing for `timeout_ms` meanwhile is deaf). A 2026-07-28 `subscriptions/listen` takes no
 //! slot (it stays open until its client closes it); its notifications come back on its own
 //! reply stream ([`conn`]). Processes: [`child`] (process group,
 //! parent-death signal, close stdin → `SIGTERM` → `SIGKILL`; stderr to the log, target
@@ -740,7 +748,7 @@ impl Inner {
         // away while it waited for room: `reg` dropped unqueued): the child does not know it,
         // so it is not told it is cancelled either.
         if let Err(e) = self
-            .write_until(conn, conn.write_request(&reg, urgent), until)
+            .write_until(conn.write_request(&reg, urgent), until)
             .await
         {
             conn.forget(reg.out);
@@ -1529,38 +1537,24 @@ impl Inner {
 
     /// Writes one message to `conn` within `timeout_ms`: a child that stopped reading its
     /// stdin (its pipe and taskgate's queue full) gets the request or notification refused
-    /// with the upstream's timeout (504), never waited for without end. The liveness rule:
-    /// when nothing at all reached the child's stdin while this write waited (the pipe full
-    /// all along; a reader that took less than a pipe page looks so too: see Supervision in
-    /// the module docs), the child is deaf and is ended
-    /// ([`Conn::deafened`]), then restarted as after a crash.
+    /// with the upstream's timeout (504), never waited for without end. Whether the child is
+    /// deaf is the writer's to find (see Supervision in the module docs).
     async fn write(&self, conn: &Conn, bytes: &[u8], urgent: bool) -> Result<(), GatewayError> {
         let until = tokio::time::Instant::now() + self.timeout;
-        self.write_until(conn, conn.write(bytes, urgent), until)
-            .await
+        self.write_until(conn.write(bytes, urgent), until).await
     }
 
     /// [`Inner::write`], within `until` (a request's deadline, part of it spent waiting for a
-    /// slot). The liveness rule needs a whole `timeout_ms` of waiting: a shorter wait that saw
-    /// nothing written finds no child deaf.
+    /// slot).
     async fn write_until(
         &self,
-        conn: &Conn,
         write: impl std::future::Future<Output = Result<(), String>>,
         until: tokio::time::Instant,
     ) -> Result<(), GatewayError> {
-        let before = conn.written();
-        let started = tokio::time::Instant::now();
         match tokio::time::timeout_at(until, write).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(why)) => Err(self.unreachable(why)),
-            Err(_) => {
-                let whole = started.elapsed() >= self.timeout;
-                if whole && conn.written() == before && !conn.is_closed() && conn.deafened() {
-                    tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, timeout_ms = self.timeout_ms, "child read nothing from its stdin while a write waited timeout_ms for room: ending it");
-                }
-                Err(self.timeout_error())
-            }
+            Err(_) => Err(self.timeout_error()),
         }
     }
 
