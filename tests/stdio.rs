@@ -418,8 +418,7 @@ async fn a_task_of_a_dead_child_is_answered_from_its_record_on_a_new_session() {
 async fn a_request_of_the_child_reaches_the_client_whose_call_it_serves() {
     let child = Kid::new();
     let tg = start(&child, "", "").await;
-    let mut client = tg.client();
-    client.initialize().await;
+    let client = client_with(&tg.mcp_url(), json!({"elicitation": {}})).await;
     let call = rpc(
         "\"q\"",
         "tools/call",
@@ -1275,8 +1274,7 @@ async fn a_cancel_of_a_request_still_queued_reaches_the_child_after_it() {
 async fn a_per_session_childs_request_outside_a_call_reaches_its_session() {
     let child = Kid::new();
     let tg = start(&child, "process = \"per_session\"", "").await;
-    let mut c = tg.client();
-    c.initialize().await;
+    let c = client_with(&tg.mcp_url(), json!({"roots": {}})).await;
     let mut stream = c.get_stream().await;
     let later = json!({"name": "later", "arguments": {"delay_ms": 300}}).to_string();
     let answered = c.rpc(rpc("1", "tools/call", &later)).await;
@@ -1343,8 +1341,7 @@ async fn a_request_dropped_before_it_was_written_is_not_cancelled_at_the_child()
 async fn a_per_session_childs_request_without_a_stream_is_refused_for_that_reason() {
     let child = Kid::new();
     let tg = start(&child, "process = \"per_session\"", "").await;
-    let mut c = tg.client();
-    c.initialize().await;
+    let c = client_with(&tg.mcp_url(), json!({"roots": {}})).await;
     let later = json!({"name": "later", "arguments": {"delay_ms": 100}}).to_string();
     let answered = c.rpc(rpc("1", "tools/call", &later)).await;
     assert_eq!(
@@ -1606,5 +1603,135 @@ async fn a_child_that_stops_reading_is_found_deaf_without_a_full_queue() {
         answer["result"]["pid"],
         json!(child.pids()[1]),
         "answered by the new child: {answer}"
+    );
+}
+
+/// `tools/call` of the child's `ask` (it sends `elicitation/create` and answers with what came
+/// back) as request `id` (JSON).
+fn ask_call(id: &str) -> String {
+    rpc(
+        id,
+        "tools/call",
+        &json!({"name": "ask", "arguments": {}}).to_string(),
+    )
+}
+
+/// Tester 3 F6: a client that declared no `elicitation` is never sent the child's
+/// `elicitation/create`: the child gets `-32601` at once (its tool then answers, here with
+/// `null`). Before: it was relayed on the client's POST stream, and the child waited for an
+/// answer that client would never give (504 for the call).
+#[tokio::test]
+async fn a_childs_request_is_not_sent_to_a_client_that_did_not_declare_it() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let answer = c.rpc(ask_call("1")).await;
+    assert_eq!(answer["id"], 1, "{answer}");
+    assert_eq!(answer["result"]["content"][0]["text"], "null", "{answer}");
+    let refused = child
+        .seen()
+        .into_iter()
+        .find(|m| m["id"] == "ask-1")
+        .expect("the child got an answer");
+    assert_eq!(refused["error"]["code"], -32601, "{refused}");
+}
+
+/// Tester 3 F5: on a shared child, the child's `elicitation/create` reaches the one client in
+/// flight that declared `elicitation`, while another client's call (which declared nothing) is
+/// in flight too. Before: refused `-32603` ("cannot tell which client ... shared").
+#[tokio::test]
+async fn a_childs_request_reaches_the_one_client_in_flight_that_declared_it() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let plain = client_with(&tg.mcp_url(), json!({})).await;
+    let asker = client_with(&tg.mcp_url(), json!({"elicitation": {}})).await;
+    let busy = echo_call(&plain, "b", "busy", 3000);
+    until("the child reads the other call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let r = asker.send(ask_call("\"q\"")).await;
+    assert_eq!(r.status(), 200);
+    let mut events = r.sse();
+    let asked = events.next_event(STEP).await.json();
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    let accepted = asker
+        .send(rpc_result(
+            &asked["id"].to_string(),
+            r#"{"action":"accept","content":{}}"#,
+        ))
+        .await;
+    assert_eq!(accepted.status(), 202);
+    let answer = events.next_event(STEP).await.json();
+    assert!(
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("accept")),
+        "{answer}"
+    );
+    let busy = busy.await.expect("joined").expect("answered");
+    assert_eq!(busy.status(), 200);
+}
+
+/// Tester 3 F4: a gateway task's held call (`tasks = "gateway"`) on a shared stdio child is a
+/// request in flight like any other (it was counted already): the child's `elicitation/create`
+/// during it (no related-task `_meta`: the child has no tasks) makes the task
+/// `input_required`, reaches the client on its `tasks/result` stream, and the client's answer
+/// reaches the child; also while a cancelled task's held call is still open (its grace: the
+/// child ignores the cancellation), as in the tester's run. Before: with that call in flight,
+/// it was answered `-32603` ("cannot tell which client") and the task completed with that.
+#[tokio::test]
+async fn a_childs_request_during_a_gateway_tasks_held_call_makes_it_input_required() {
+    let child = Kid::new();
+    let tg = start(&child, "tasks = \"gateway\"", "STDIO_NO_TASKS = \"1\"").await;
+    let c = client_with(&tg.mcp_url(), json!({"tasks": {}, "elicitation": {}})).await;
+    // A task whose held call the child runs on after its cancellation.
+    let slow = json!({"name": "echo", "arguments": {"text": "slow", "delay_ms": 8000}, "task": {"ttl": 60000}});
+    let slow = c.rpc(rpc("0", "tools/call", &slow.to_string())).await;
+    let slow = slow["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a task")
+        .to_string();
+    until("the child reads the slow call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let cancelled = c.cancel("9", &slow).await;
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    until("the child is told", || {
+        !child.seen_method("notifications/cancelled").is_empty()
+    })
+    .await;
+    let params = json!({"name": "ask", "arguments": {}, "task": {"ttl": 60000}});
+    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
+    let t = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a gateway task: {created}"))
+        .to_string();
+    let waiting = eventually(Duration::from_secs(10), || async {
+        let v = c.get("2", &t).await;
+        (v["result"]["status"] == "input_required" || v["result"]["status"] == "completed")
+            .then_some(v)
+    })
+    .await
+    .expect("the task moved");
+    assert_eq!(waiting["result"]["status"], "input_required", "{waiting}");
+    let (mut sse, _status) = c.input_stream("3", &t).await;
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    let answer = json!({"jsonrpc": "2.0", "id": ask["id"],
+        "result": {"action": "accept", "content": {}}});
+    assert_eq!(c.send(answer.to_string()).await.status(), 202);
+    let done = loop {
+        let v = sse.next_event(STEP).await.json();
+        if v.get("id").is_some() {
+            break v;
+        }
+    };
+    assert!(
+        done["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("accept")),
+        "{done}"
     );
 }

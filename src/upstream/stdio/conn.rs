@@ -19,13 +19,22 @@
 //!   that listen's reply stream while it is open, the caller's id put back; else dropped;
 //! - other notifications (`list_changed`, logging) → every session's GET stream (a `per_session`
 //!   child's: its own session's only, [`Owner`]);
-//! - a request (`sampling/createMessage`, `elicitation/create`, `roots/list`) → the session of
-//!   the task its `_meta["io.modelcontextprotocol/related-task"]` names, else the one request
-//!   in flight if there is exactly one (when that one is an `initialize`, a client's or
-//!   taskgate's own, or taskgate's era probe, it is answered `-32603` at once: no client has a
-//!   session to answer it on yet, and MCP lifecycle says a server SHOULD NOT send it; the
-//!   `initialize` goes on), else (a `per_session` child's) its own session's GET
-//!   stream, else it is answered `-32603` (taskgate cannot tell which client it is for); `ping` is answered by taskgate.
+//! - a request (`sampling/createMessage`, `elicitation/create`, `roots/list`) → only a client
+//!   that declared the capability it needs in its `initialize` (`sampling`, `elicitation`,
+//!   `roots`; a 2026-07-28 request's own `_meta` client capabilities): one that did not is
+//!   never sent it, the child gets `-32601` at once (as gateway tasks answer it). Whose it is:
+//!   the session of the task its `_meta["io.modelcontextprotocol/related-task"]` names, else
+//!   the one request in flight whose client declared the capability, requests the child was
+//!   told are cancelled left out ([`Routes::asked_of`]; a gateway task's held call is one
+//!   like any other, so its task goes `input_required`). When the one request in flight is an
+//!   `initialize`, a client's or taskgate's own, or taskgate's era probe, it is answered
+//!   `-32603` at once: no client has a session to answer it on yet, and MCP lifecycle says a
+//!   server SHOULD NOT send it; the `initialize` goes on. Requests in flight whose clients
+//!   declared nothing it needs: `-32601`. None in flight, or several that could answer: a
+//!   `per_session` child's own session's GET stream, else (a shared child) `-32603`, taskgate
+//!   cannot tell which client it is for (the limit of a shared process: `process =
+//!   "per_session"` is the way for tools that ask the client for input while other clients'
+//!   calls run); `ping` is answered by taskgate.
 //!   Every request refused is answered: taskgate's answers go ahead of queued requests, and
 //!   when that queue is full the child's stdout is not read further until there is room (a
 //!   child that floods requests is read at the pace it reads its answers; a deaf one, its
@@ -39,8 +48,9 @@
 
 use super::framing::{one_line, Line, Lines};
 use super::queue::{queue, QueueRx, QueueTx};
-use super::route::{Answer, Claim, Pending, Progress, Routes, SessionKey, TaskNote};
+use super::route::{Answer, Candidates, Claim, Pending, Progress, Routes, SessionKey, TaskNote};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
+use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
 use crate::sse;
@@ -75,6 +85,18 @@ const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The key of the `_meta` member naming a server→client request's task (2025-11-25 tasks).
 const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
+/// The client capability (a JSON pointer into `initialize` `capabilities`) a request of the
+/// child's needs its client to have declared (MCP 2025-11-25 client features); `None` for
+/// any other method.
+fn capability_for(method: &str) -> Option<&'static str> {
+    match method {
+        "sampling/createMessage" => Some("/sampling"),
+        "elicitation/create" => Some("/elicitation"),
+        "roots/list" => Some("/roots"),
+        _ => None,
+    }
+}
+
 /// The key of the `_meta` member naming the `subscriptions/listen` a notification belongs to
 /// (2026-07-28: the listen request's id).
 const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
@@ -206,8 +228,8 @@ pub enum Owner {
     Every,
     /// A `per_session` child's whose session is not made yet: nobody's (no stream is open).
     NotYet,
-    /// A `per_session` child's: its own session's only.
-    Session(Arc<str>),
+    /// A `per_session` child's: its own session's only, with what its client declared.
+    Session(Arc<str>, ClientCapabilities),
 }
 
 /// A started child: its connection, its end (a reason), and the switch that ends it.
@@ -356,8 +378,8 @@ impl Conn {
 
     /// A `per_session` child's session is made: its notifications for every stream go to that
     /// session's GET stream (and no other session's).
-    pub fn owned_by(&self, session: Arc<str>) {
-        *self.owner.lock() = Owner::Session(session);
+    pub fn owned_by(&self, session: Arc<str>, declared: ClientCapabilities) {
+        *self.owner.lock() = Owner::Session(session, declared);
     }
 
     /// Bytes written to the child's stdin so far.
@@ -461,6 +483,7 @@ impl Conn {
         self: &Arc<Self>,
         msg: &Message,
         session: SessionKey,
+        declared: ClientCapabilities,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
         task_call: bool,
         held_task: Option<Arc<str>>,
@@ -488,6 +511,7 @@ impl Conn {
             before_session: initialize || own,
             held_task,
             claim: claim.clone(),
+            declared,
         });
         let rewritten = rewrite_request(msg.bytes(), out);
         match rewritten {
@@ -710,6 +734,7 @@ impl Conn {
                 };
                 let note = TaskNote {
                     session: p.session.clone(),
+                    declared: p.declared,
                     created_at: field("createdAt"),
                     ttl: field("ttl").or_else(|| field("ttlMs")),
                 };
@@ -809,7 +834,7 @@ impl Conn {
                         Owner::Every => {
                             self.streams.broadcast(bytes);
                         }
-                        Owner::Session(s) => {
+                        Owner::Session(s, _) => {
                             self.to_session(&Some(s), bytes);
                         }
                         Owner::NotYet => self.dropped("a notification before its session"),
@@ -839,12 +864,21 @@ impl Conn {
     fn request(&self, msg: &Message) -> Option<Bytes> {
         let id = msg.id().cloned()?;
         let bytes = msg.bytes().clone();
-        if msg.method() == Some("ping") {
+        let method = msg.method().unwrap_or_default();
+        if method == "ping" {
             return Some(jsonrpc::result_response(&id, "{}"));
         }
+        // Tester 3 F6: a client is never sent a request it did not declare it can answer.
+        let needs = capability_for(method);
+        let declares = |c: ClientCapabilities| needs.is_none_or(|pointer| c.has(pointer));
         let task = raw_string(&bytes, &["params", "_meta", RELATED_TASK, "taskId"]);
         let mut routes = self.routes.lock();
-        if let Some(session) = task.and_then(|t| routes.task_session(&t).cloned()) {
+        if let Some(note) = task.and_then(|t| routes.task_note(&t).cloned()) {
+            if !declares(note.declared) {
+                drop(routes);
+                return Some(self.not_declared(&id, method));
+            }
+            let session = note.session;
             routes.note_asked(id.as_json().to_string(), session.clone());
             drop(routes);
             if self.to_session(&session, &bytes) {
@@ -854,59 +888,71 @@ impl Conn {
                 "the client of upstream `{}` whose task this request is about has no open GET stream for it (or it is full)",
                 self.name
             )));
-        } else if let Some(out) = routes.only_pending() {
-            let (session, related) = match routes.get(out) {
-                // During an `initialize` (a client's, or taskgate's own): no client could
-                // answer it (none has a session yet; MCP 2025-11-25 lifecycle: a server SHOULD
-                // NOT send requests but `ping` before it is initialized). Refused at once, so
-                // the child waits for nothing and the `initialize` goes on.
-                Some(p) if p.before_session => {
-                    drop(routes);
-                    return Some(self.refuse(&id, &format!(
-                        "taskgate cannot relay a request of upstream `{}` sent before its initialize was answered: no client has a session to answer it on",
-                        self.name
-                    )));
-                }
-                Some(p) => (p.session.clone(), p.related.clone()),
-                None => return None,
-            };
-            routes.note_asked(id.as_json().to_string(), session);
-            drop(routes);
-            let why = match related.try_send(bytes) {
-                Ok(()) => return None,
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    "its reply holds as many messages as it may, its client does not take them"
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => "its client went away",
-            };
-            let why = format!(
-                "the request of upstream `{}`'s client this request is about cannot take it: {why}",
-                self.name
-            );
-            return Some(self.refuse(&id, &why));
-        } else {
-            drop(routes);
-            // A `per_session` child's request outside any call (`roots/list` once initialized,
-            // for one) is its own session's: it goes to that session's GET stream.
-            let owner = self.owner.lock().clone();
-            if let Owner::Session(s) = owner {
-                let session = Some(s);
-                self.routes
-                    .lock()
-                    .note_asked(id.as_json().to_string(), session.clone());
-                if self.to_session(&session, &bytes) {
-                    return None;
-                }
+        }
+        let several = match routes.asked_of(declares) {
+            // During an `initialize` (a client's, or taskgate's own): no client could answer
+            // it (none has a session yet; MCP 2025-11-25 lifecycle: a server SHOULD NOT send
+            // requests but `ping` before it is initialized). Refused at once, so the child
+            // waits for nothing and the `initialize` goes on.
+            Candidates::BeforeSession => {
+                drop(routes);
                 return Some(self.refuse(&id, &format!(
-                    "the client of upstream `{}` has no open GET stream for this request (or it is full)",
+                    "taskgate cannot relay a request of upstream `{}` sent before its initialize was answered: no client has a session to answer it on",
                     self.name
                 )));
             }
+            Candidates::NoneDeclared => {
+                drop(routes);
+                return Some(self.not_declared(&id, method));
+            }
+            Candidates::One(out) => {
+                let p = routes.get(out)?;
+                let (session, related) = (p.session.clone(), p.related.clone());
+                routes.note_asked(id.as_json().to_string(), session);
+                drop(routes);
+                let why = match related.try_send(bytes) {
+                    Ok(()) => return None,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        "its reply holds as many messages as it may, its client does not take them"
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => "its client went away",
+                };
+                let why = format!(
+                    "the request of upstream `{}`'s client this request is about cannot take it: {why}",
+                    self.name
+                );
+                return Some(self.refuse(&id, &why));
+            }
+            Candidates::Several => true,
+            Candidates::NoRequest => false,
+        };
+        drop(routes);
+        // A `per_session` child's request outside any call (`roots/list` once initialized,
+        // for one), or while several of its calls are in flight, is its own session's: it
+        // goes to that session's GET stream.
+        let owner = self.owner.lock().clone();
+        if let Owner::Session(s, declared) = owner {
+            if !declares(declared) {
+                return Some(self.not_declared(&id, method));
+            }
+            let session = Some(s);
+            self.routes
+                .lock()
+                .note_asked(id.as_json().to_string(), session.clone());
+            if self.to_session(&session, &bytes) {
+                return None;
+            }
+            return Some(self.refuse(&id, &format!(
+                "the client of upstream `{}` has no open GET stream for this request (or it is full)",
+                self.name
+            )));
         }
-        // Not a `per_session` child's with its session made (that one returned above).
         let why = match &*self.owner.lock() {
             Owner::NotYet => "no client has a session with it yet",
-            Owner::Every | Owner::Session(_) => "its process is shared",
+            Owner::Every | Owner::Session(..) if several => {
+                "its process is shared, and several clients that declared what it needs have requests in flight: use process = \"per_session\""
+            }
+            Owner::Every | Owner::Session(..) => "its process is shared",
         };
         Some(self.refuse(
             &id,
@@ -915,6 +961,18 @@ impl Conn {
                 self.name
             ),
         ))
+    }
+
+    /// The `-32601` answer to the child's request `id` (`method`) that no client it could be
+    /// for declared the capability of (MCP 2025-11-25 client capabilities: `sampling`,
+    /// `elicitation`, `roots`), for [`Conn::reply`]; as gateway tasks answer it.
+    fn not_declared(&self, id: &Id, method: &str) -> Bytes {
+        self.routes.lock().take_asked(id.as_json());
+        jsonrpc::error_response(
+            Some(id),
+            jsonrpc::METHOD_NOT_FOUND,
+            &format!("{method}: the client did not declare the capability it needs, so taskgate cannot ask it"),
+        )
     }
 
     /// Refuses the child's request `id` (it reaches no client): its note (whom it was sent to)
@@ -1200,6 +1258,128 @@ mod tests {
         )
     }
 
+    /// A client that declared `sampling`, `elicitation` and `roots`.
+    fn every() -> ClientCapabilities {
+        ClientCapabilities::of(&serde_json::json!({"sampling": {}, "elicitation": {}, "roots": {}}))
+    }
+
+    /// Registers a `tools/call` (id `id`) of `session`, whose client declared `declared`.
+    fn call_of(
+        conn: &Arc<Conn>,
+        session: &str,
+        id: u32,
+        declared: ClientCapabilities,
+    ) -> Registered {
+        let msg = Message::parse(Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"x"}}}}"#
+        )))
+        .expect("json");
+        conn.register(&msg, Some(session.into()), declared, None, false, None)
+            .expect("registered")
+    }
+
+    /// One line of the child's through `conn`: taskgate's answer to it, as (code, message).
+    fn refusal(conn: &Conn, line: &str) -> Option<(i64, String)> {
+        let reply = conn.on_line(Line::Text(line.to_string()), 1 << 20)?;
+        let v: serde_json::Value = serde_json::from_slice(&reply).expect("json");
+        Some((
+            v["error"]["code"].as_i64().unwrap_or_default(),
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        ))
+    }
+
+    const SAMPLING: &str =
+        r#"{"jsonrpc":"2.0","id":"s1","method":"sampling/createMessage","params":{}}"#;
+    const ELICITATION: &str =
+        r#"{"jsonrpc":"2.0","id":"e1","method":"elicitation/create","params":{}}"#;
+
+    /// Tester 3 F6: a request of the child's needing a capability its client did not declare
+    /// is answered `-32601`, never sent to it (the client would never answer, the child waited
+    /// for ever): the one call in flight, a task's creator, a `per_session` child's owner.
+    #[tokio::test]
+    async fn a_childs_request_never_reaches_a_client_that_did_not_declare_it() {
+        let (conn, _normal, _urgent) = bare(Owner::Every);
+        let mut plain = call_of(&conn, "s1", 1, ClientCapabilities::default());
+        let (code, why) = refusal(&conn, SAMPLING).expect("refused");
+        assert_eq!(code, jsonrpc::METHOD_NOT_FOUND, "{why}");
+        assert!(why.contains("declare"), "{why}");
+        assert!(plain.related.try_recv().is_err(), "not sent to the client");
+        // Declared `sampling` only: an elicitation is refused, a sampling request goes.
+        let sampling = ClientCapabilities::of(&serde_json::json!({"sampling": {}}));
+        drop(plain);
+        let mut samples = call_of(&conn, "s1", 2, sampling);
+        assert_eq!(
+            refusal(&conn, ELICITATION).map(|r| r.0),
+            Some(jsonrpc::METHOD_NOT_FOUND)
+        );
+        assert!(refusal(&conn, SAMPLING).is_none());
+        assert!(samples.related.try_recv().is_ok());
+        // Another method needs no capability: as before.
+        let custom = r#"{"jsonrpc":"2.0","id":"x1","method":"x/ask","params":{}}"#;
+        assert!(refusal(&conn, custom).is_none());
+        drop(samples);
+        // A task's creator that did not declare it.
+        conn.routes.lock().note_task(
+            "t1".into(),
+            TaskNote {
+                session: Some("s1".into()),
+                ..TaskNote::default()
+            },
+        );
+        let about_t1 = r#"{"jsonrpc":"2.0","id":"e2","method":"elicitation/create","params":{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"t1"}}}}"#;
+        assert_eq!(
+            refusal(&conn, about_t1).map(|r| r.0),
+            Some(jsonrpc::METHOD_NOT_FOUND)
+        );
+        // A `per_session` child's owner that did not declare it, nothing in flight.
+        let (conn, _normal, _urgent) =
+            bare(Owner::Session("s1".into(), ClientCapabilities::default()));
+        let roots = r#"{"jsonrpc":"2.0","id":"r1","method":"roots/list","params":{}}"#;
+        assert_eq!(
+            refusal(&conn, roots).map(|r| r.0),
+            Some(jsonrpc::METHOD_NOT_FOUND)
+        );
+    }
+
+    /// Tester 3 F5: with several calls in flight on a shared child, a request of the child's
+    /// goes to the one whose client declared what it needs: it was refused `-32603` ("cannot
+    /// tell which client") whenever any other client had a request in flight.
+    #[tokio::test]
+    async fn a_childs_request_goes_to_the_one_call_whose_client_declared_it() {
+        let (conn, _normal, _urgent) = bare(Owner::Every);
+        let mut plain = call_of(&conn, "s1", 1, ClientCapabilities::default());
+        let mut asks = call_of(&conn, "s2", 1, every());
+        assert!(refusal(&conn, SAMPLING).is_none(), "routed");
+        assert!(
+            asks.related.try_recv().is_ok(),
+            "to the client that declared it"
+        );
+        assert!(plain.related.try_recv().is_err());
+        // Two that declared it: taskgate cannot tell, and says what to do.
+        let _also = call_of(&conn, "s3", 1, every());
+        let (code, why) = refusal(&conn, ELICITATION).expect("refused");
+        assert_eq!(code, jsonrpc::INTERNAL_ERROR, "{why}");
+        assert!(why.contains("per_session"), "{why}");
+    }
+
+    /// Tester 3 F4: a call whose child was told it is cancelled (a cancelled gateway task's
+    /// held call, kept open a grace period) takes no more input: a request of the child's goes
+    /// to the other call in flight. It was refused while the cancelled one stayed.
+    #[tokio::test]
+    async fn a_cancelled_call_is_not_whom_a_childs_request_is_for() {
+        let (conn, _normal, _urgent) = bare(Owner::Every);
+        let mut cancelled = call_of(&conn, "s1", 1, every());
+        let one = Id::from_json("1").expect("id");
+        assert!(conn.tell_cancelled_id(&Some("s1".into()), &one).is_some());
+        let mut live = call_of(&conn, "s1", 2, every());
+        assert!(refusal(&conn, ELICITATION).is_none(), "routed");
+        assert!(live.related.try_recv().is_ok());
+        assert!(cancelled.related.try_recv().is_err());
+    }
+
     /// A full table of task routes forgets a task the child reported ended before the oldest
     /// live one: a terminal task's route serves only late messages about it, a live task's its
     /// status notifications and the child's requests for its client. Before: the oldest note
@@ -1267,11 +1447,12 @@ mod tests {
     /// "its process is shared", which a `per_session` child's is not.
     #[tokio::test]
     async fn a_refused_request_says_the_real_reason() {
-        let (conn, _normal, _urgent) = bare(Owner::Session("s1".into()));
+        let (conn, _normal, _urgent) = bare(Owner::Session("s1".into(), every()));
         conn.routes.lock().note_task(
             "t1".into(),
             TaskNote {
                 session: Some("s1".into()),
+                declared: every(),
                 ..TaskNote::default()
             },
         );
@@ -1290,7 +1471,7 @@ mod tests {
         ))
         .expect("json");
         let mut reg = conn
-            .register(&msg, Some("s1".into()), None, true, None)
+            .register(&msg, Some("s1".into()), every(), None, true, None)
             .expect("registered");
         reg.related.close();
         let why = feed(
@@ -1314,7 +1495,7 @@ mod tests {
         ))
         .expect("json");
         let mut reg = conn
-            .register(&msg, Some("s1".into()), None, false, None)
+            .register(&msg, Some("s1".into()), every(), None, false, None)
             .expect("registered");
         let progress = format!(
             r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{},"progress":1,"message":"{}"}}}}"#,
@@ -1457,7 +1638,7 @@ while os.read(0, 4096):
     async fn queue_request(conn: &Arc<Conn>, json: String) -> Registered {
         let msg = Message::parse(Bytes::from(json)).expect("json");
         let reg = conn
-            .register(&msg, Some("s1".into()), None, false, None)
+            .register(&msg, Some("s1".into()), every(), None, false, None)
             .expect("registered");
         conn.write_request(&reg, false).await.expect("queued");
         conn.queued(reg.out);

@@ -23,8 +23,10 @@
 //!   capabilities, negotiated version), its tools and resources, and its tasks (a task lives
 //!   in the child's memory, whoever created it); the client capabilities the child saw (none:
 //!   taskgate cannot promise that every client answers sampling, elicitation or roots; a
-//!   server→client request it sends anyway is routed when taskgate can tell whose it is, else
-//!   answered `-32603`); logging level and subscriptions.
+//!   server→client request it sends anyway goes to the client it is for when taskgate can
+//!   tell, among those that declared the capability it needs, else it is answered: `-32601`
+//!   when no client it could be for declared it, `-32603` when several could: see [`conn`]);
+//!   logging level and subscriptions.
 //! - per client: its `Mcp-Session-Id` (minted by taskgate, `tgs-` + 32 hex; an `initialize`
 //!   is answered with the kept answer under the client's own id, without reaching the child;
 //!   its `notifications/initialized` is answered 202 likewise), its JSON-RPC ids and progress
@@ -163,6 +165,7 @@ use super::{Exchange, Transport};
 use crate::config::{ProcessMode, UpstreamConfig};
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody, Tenant};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
+use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::TaskStatus;
@@ -265,6 +268,9 @@ struct Session {
     /// Whom its child counts against (`per_session`: the principal that initialized it,
     /// without auth its client address; see [`Tenant`]).
     tenant: Tenant,
+    /// What its client declared in its `initialize` `capabilities`: the child's requests
+    /// needing a capability it lacks never reach it (see [`conn`]).
+    declared: ClientCapabilities,
 }
 
 /// How many `per_session` children there may be (see [`StdioTransport::with_caps`]).
@@ -741,7 +747,8 @@ impl Inner {
                 )));
             }
             // Registered under the waiters' lock: a cancellation finds it waiting or in flight.
-            conn.register(&msg, session, permit, task_call, held)
+            let declared = self.declared_by(&session, &msg);
+            conn.register(&msg, session, declared, permit, task_call, held)
                 .map_err(|why| self.unreachable(why))?
         };
         // Never written (the child is gone, or its stdin queue stayed full, or the caller went
@@ -910,7 +917,13 @@ impl Inner {
                 let Some(session) = new_session_id() else {
                     return Err(self.unreachable("no session id could be drawn".into()));
                 };
-                self.keep_session(session.clone(), None, None, Tenant::Unknown);
+                self.keep_session(
+                    session.clone(),
+                    None,
+                    None,
+                    Tenant::Unknown,
+                    initialize_declares(&msg),
+                );
                 Ok(with_session(
                     McpReply::local_json(jsonrpc::result_response(id, &result)),
                     &session,
@@ -971,6 +984,7 @@ impl Inner {
             Err(_) => return Err(GatewayError::ShuttingDown),
         };
         let conn = running.conn.clone();
+        let declared = initialize_declares(&msg);
         let answer = self
             .call(&conn, msg, None, deadline, Era::Legacy, None)
             .await;
@@ -999,8 +1013,14 @@ impl Inner {
             };
         };
         let conn_for_tasks = conn.clone();
-        conn.owned_by(session.clone());
-        self.keep_session(session.clone(), Some(conn), Some(running.stop), tenant);
+        conn.owned_by(session.clone(), declared);
+        self.keep_session(
+            session.clone(),
+            Some(conn),
+            Some(running.stop),
+            tenant,
+            declared,
+        );
         // Counted as a session now.
         drop(slot);
         let (inner, key) = (self.clone(), session.clone());
@@ -1098,6 +1118,7 @@ impl Inner {
         conn: Option<Arc<Conn>>,
         stop: Option<tokio::sync::oneshot::Sender<()>>,
         tenant: Tenant,
+        declared: ClientCapabilities,
     ) {
         let mut sessions = self.sessions.lock();
         if self.mode == ProcessMode::Shared && sessions.len() >= MAX_SHARED_SESSIONS {
@@ -1117,8 +1138,30 @@ impl Inner {
                 stop,
                 last_used: Instant::now(),
                 tenant,
+                declared,
             },
         );
+    }
+
+    /// What the client behind `msg` declared: its session's `initialize` capabilities, or a
+    /// 2026-07-28 request's own (`_meta["io.modelcontextprotocol/clientCapabilities"]`).
+    fn declared_by(&self, session: &SessionKey, msg: &Message) -> ClientCapabilities {
+        match session {
+            Some(s) => self
+                .sessions
+                .lock()
+                .get(s)
+                .map(|e| e.declared)
+                .unwrap_or_default(),
+            None => declared_at(
+                msg,
+                &[
+                    "params",
+                    "_meta",
+                    "io.modelcontextprotocol/clientCapabilities",
+                ],
+            ),
+        }
     }
 
     /// `DELETE`: the session ends (`per_session`: its child too).
@@ -1289,7 +1332,14 @@ impl Inner {
             } },
         });
         let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
-        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false, None)?;
+        let mut reg = conn.register(
+            &msg,
+            Some(OWN_SESSION.into()),
+            ClientCapabilities::default(),
+            None,
+            false,
+            None,
+        )?;
         conn.write_request(&reg, false).await?;
         match tokio::time::timeout(self.timeout, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => Ok(classify_probe(&bytes)),
@@ -1317,7 +1367,14 @@ impl Inner {
             },
         });
         let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
-        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false, None)?;
+        let mut reg = conn.register(
+            &msg,
+            Some(OWN_SESSION.into()),
+            ClientCapabilities::default(),
+            None,
+            false,
+            None,
+        )?;
         conn.write_request(&reg, false).await?;
         let answer = match tokio::time::timeout(self.timeout, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => bytes,
@@ -1619,6 +1676,21 @@ impl ReplyEvents {
     fn error(&self, message: &str) -> Bytes {
         jsonrpc::error_response(self.client_id.as_ref(), jsonrpc::INTERNAL_ERROR, message)
     }
+}
+
+/// What a client's `initialize` declared (`params.capabilities`).
+fn initialize_declares(msg: &Message) -> ClientCapabilities {
+    declared_at(msg, &["params", "capabilities"])
+}
+
+/// The client capabilities at `path` in `msg` (none when absent or not an object).
+fn declared_at(msg: &Message, path: &[&str]) -> ClientCapabilities {
+    splice::raw_at(msg.bytes(), path)
+        .ok()
+        .flatten()
+        .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).ok())
+        .map(|v| ClientCapabilities::of(&v))
+        .unwrap_or_default()
 }
 
 /// Resolves once `stop` is set (or its sender is gone); holds no borrow of it.
