@@ -594,10 +594,11 @@ impl Conn {
     }
 
     /// Request `out` was abandoned (its caller went away: hyper dropped the exchange): its
-    /// route (and slot) goes, and, when `tell` and its line is in the stdin queue
-    /// ([`Pending::queued`]), the child is told (`notifications/cancelled`) as a client's own
+    /// route (and slot) goes, and, when `tell` and its line was written (or is being
+    /// written: [`Claim`]), the child is told (`notifications/cancelled`) as a client's own
     /// cancel would. Nothing when it was answered or given up already, nor when it was never
-    /// queued (its caller went away while it waited for room: the child never sees it).
+    /// written (its caller went away while it waited for room, or while its line waited in
+    /// the stdin queue, which then skips it: the child never sees it).
     fn abandon(&self, out: u64, tell: bool) {
         let told = self
             .routes
@@ -1030,8 +1031,8 @@ pub struct Registered {
 
 /// The drop guard of a request (issue 31): dropped before its answer (the client went away,
 /// hyper dropped the exchange; no timer runs then), its route and `max_in_flight` slot are
-/// freed and the child gets `notifications/cancelled` (not when it was never queued: the
-/// child never saw it). After its answer, or once given up, its route is gone and this does
+/// freed and the child gets `notifications/cancelled` (not when it was never written: the
+/// child never saw it, and the writer skips a line still queued). After its answer, or once given up, its route is gone and this does
 /// nothing.
 impl Drop for Registered {
     fn drop(&mut self) {
