@@ -418,8 +418,7 @@ async fn a_task_of_a_dead_child_is_answered_from_its_record_on_a_new_session() {
 async fn a_request_of_the_child_reaches_the_client_whose_call_it_serves() {
     let child = Kid::new();
     let tg = start(&child, "", "").await;
-    let mut client = tg.client();
-    client.initialize().await;
+    let client = client_with(&tg.mcp_url(), json!({"elicitation": {}})).await;
     let call = rpc(
         "\"q\"",
         "tools/call",
@@ -1007,9 +1006,10 @@ async fn a_modern_only_child_is_never_initialized_and_serves_both_eras() {
 
 /// A child that stops reading its stdin (a hung server that runs on: its pipe and taskgate's
 /// write queue fill up) does not hang its clients: a notification or a request that cannot be
-/// written within `timeout_ms` is answered 504 (both waited without end, holding the
-/// request's `max_in_flight` slot). And it is not kept (the liveness rule): nothing reached its
-/// stdin while a write waited `timeout_ms`, so it is ended and restarted as a crashed child is
+/// written is answered in time, 504 past `timeout_ms` or 502 once the child is ended (both
+/// waited without end, holding the request's `max_in_flight` slot). And it is not kept (the
+/// liveness rule): its pipe took nothing while a line waited `timeout_ms` to be written, so it
+/// is ended and restarted as a crashed child is
 /// (`taskgate_upstream_restarts_total`), its request in flight ending as on a crash (502,
 /// naming why); it ran on, and every later client got 504 for as long as it lived.
 #[tokio::test]
@@ -1046,7 +1046,10 @@ async fn a_child_that_stops_reading_its_stdin_is_ended_and_restarted() {
             .take(3)
             .collect::<Vec<_>>()
     );
-    assert!(statuses.contains(&Ok(504)), "the queue was filled");
+    assert!(
+        statuses.iter().any(|s| matches!(s, Ok(502 | 504))),
+        "the queue was filled"
+    );
     let result = result.await.expect("the tasks/result is answered");
     // As on a crash: the child's death, named (HTTP 502).
     assert_eq!(result.status(), 502);
@@ -1271,8 +1274,7 @@ async fn a_cancel_of_a_request_still_queued_reaches_the_child_after_it() {
 async fn a_per_session_childs_request_outside_a_call_reaches_its_session() {
     let child = Kid::new();
     let tg = start(&child, "process = \"per_session\"", "").await;
-    let mut c = tg.client();
-    c.initialize().await;
+    let c = client_with(&tg.mcp_url(), json!({"roots": {}})).await;
     let mut stream = c.get_stream().await;
     let later = json!({"name": "later", "arguments": {"delay_ms": 300}}).to_string();
     let answered = c.rpc(rpc("1", "tools/call", &later)).await;
@@ -1339,8 +1341,7 @@ async fn a_request_dropped_before_it_was_written_is_not_cancelled_at_the_child()
 async fn a_per_session_childs_request_without_a_stream_is_refused_for_that_reason() {
     let child = Kid::new();
     let tg = start(&child, "process = \"per_session\"", "").await;
-    let mut c = tg.client();
-    c.initialize().await;
+    let c = client_with(&tg.mcp_url(), json!({"roots": {}})).await;
     let later = json!({"name": "later", "arguments": {"delay_ms": 100}}).to_string();
     let answered = c.rpc(rpc("1", "tools/call", &later)).await;
     assert_eq!(
@@ -1534,4 +1535,203 @@ async fn a_per_session_childs_request_during_initialize_is_refused_at_once() {
 #[tokio::test]
 async fn a_shared_childs_request_during_its_initialize_is_refused_at_once() {
     a_childs_request_during_initialize_is_refused_at_once("shared").await;
+}
+
+/// Tester 3 F3: a request still in taskgate's stdin queue when its caller got 504 is not
+/// written later: the child, a slow reader behind a backlog, read it (and ran it) once it
+/// caught up, followed by a `notifications/cancelled`, after its caller was told it failed.
+#[tokio::test]
+async fn a_request_that_timed_out_in_the_stdin_queue_never_reaches_the_child() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    // One line every 500 ms for 8 s: slow, never deaf (a line reaches it well within 5 s).
+    slow_down(&mut c, 8000).await;
+    // A backlog of 20 lines of 16 KiB (more than the pipe holds; 10 s at the child's pace).
+    let body = padded_note();
+    for _ in 0..20 {
+        assert_eq!(c.send(body.clone()).await.status(), 202);
+    }
+    let call = json!({"name": "echo", "arguments": {"text": "stale"}}).to_string();
+    let stale = c.req(rpc("\"s\"", "tools/call", &call)).try_send().await;
+    assert_eq!(stale.expect("answered in time").status(), 504);
+    // The child catches up: everything still queued reaches it, then this ping.
+    let pong = c.rpc(rpc("3", "ping", "{}")).await;
+    assert!(pong.get("result").is_some(), "{pong}");
+    let stale: Vec<_> = child
+        .seen_method("tools/call")
+        .into_iter()
+        .filter(|m| m["params"]["arguments"]["text"] == "stale")
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "the timed-out call reached the child: {stale:?}"
+    );
+    let cancels = child.seen_method("notifications/cancelled");
+    assert!(cancels.is_empty(), "{cancels:?}");
+}
+
+/// Tester 3 F2: a child that stops reading its stdin is found deaf under light traffic too:
+/// one request larger than the pipe, nothing more, and within about `timeout_ms` the child is
+/// ended and restarted, and the next request is answered by the new child. Before: only a
+/// write that found taskgate's 256-line queue full could find it deaf, which light traffic
+/// never fills (every call got 504 and `/readyz` stayed green).
+#[tokio::test]
+async fn a_child_that_stops_reading_is_found_deaf_without_a_full_queue() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let mut c = tg.client();
+    c.initialize().await;
+    stall(&mut c, None).await;
+    let started = std::time::Instant::now();
+    let big = json!({"name": "echo", "arguments": {"text": "x".repeat(300 * 1024)}}).to_string();
+    let big = c.req(rpc("\"big\"", "tools/call", &big)).try_send().await;
+    let status = big.expect("answered").status();
+    assert!(matches!(status, 502 | 504), "{status}");
+    until("a second child", || child.pids().len() == 2).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(5000 + 3000),
+        "restarted after {took:?}"
+    );
+    readyz(tg.admin, 200).await;
+    let echo = json!({"name": "echo", "arguments": {"text": "hi"}}).to_string();
+    let answer = c.rpc(rpc("2", "tools/call", &echo)).await;
+    assert_eq!(answer["result"]["content"][0]["text"], "hi", "{answer}");
+    assert_eq!(
+        answer["result"]["pid"],
+        json!(child.pids()[1]),
+        "answered by the new child: {answer}"
+    );
+}
+
+/// `tools/call` of the child's `ask` (it sends `elicitation/create` and answers with what came
+/// back) as request `id` (JSON).
+fn ask_call(id: &str) -> String {
+    rpc(
+        id,
+        "tools/call",
+        &json!({"name": "ask", "arguments": {}}).to_string(),
+    )
+}
+
+/// Tester 3 F6: a client that declared no `elicitation` is never sent the child's
+/// `elicitation/create`: the child gets `-32601` at once (its tool then answers, here with
+/// `null`). Before: it was relayed on the client's POST stream, and the child waited for an
+/// answer that client would never give (504 for the call).
+#[tokio::test]
+async fn a_childs_request_is_not_sent_to_a_client_that_did_not_declare_it() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let answer = c.rpc(ask_call("1")).await;
+    assert_eq!(answer["id"], 1, "{answer}");
+    assert_eq!(answer["result"]["content"][0]["text"], "null", "{answer}");
+    let refused = child
+        .seen()
+        .into_iter()
+        .find(|m| m["id"] == "ask-1")
+        .expect("the child got an answer");
+    assert_eq!(refused["error"]["code"], -32601, "{refused}");
+}
+
+/// Tester 3 F5: on a shared child, the child's `elicitation/create` reaches the one client in
+/// flight that declared `elicitation`, while another client's call (which declared nothing) is
+/// in flight too. Before: refused `-32603` ("cannot tell which client ... shared").
+#[tokio::test]
+async fn a_childs_request_reaches_the_one_client_in_flight_that_declared_it() {
+    let child = Kid::new();
+    let tg = start(&child, "", "").await;
+    let plain = client_with(&tg.mcp_url(), json!({})).await;
+    let asker = client_with(&tg.mcp_url(), json!({"elicitation": {}})).await;
+    let busy = echo_call(&plain, "b", "busy", 3000);
+    until("the child reads the other call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let r = asker.send(ask_call("\"q\"")).await;
+    assert_eq!(r.status(), 200);
+    let mut events = r.sse();
+    let asked = events.next_event(STEP).await.json();
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    let accepted = asker
+        .send(rpc_result(
+            &asked["id"].to_string(),
+            r#"{"action":"accept","content":{}}"#,
+        ))
+        .await;
+    assert_eq!(accepted.status(), 202);
+    let answer = events.next_event(STEP).await.json();
+    assert!(
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("accept")),
+        "{answer}"
+    );
+    let busy = busy.await.expect("joined").expect("answered");
+    assert_eq!(busy.status(), 200);
+}
+
+/// Tester 3 F4: a gateway task's held call (`tasks = "gateway"`) on a shared stdio child is a
+/// request in flight like any other (it was counted already): the child's `elicitation/create`
+/// during it (no related-task `_meta`: the child has no tasks) makes the task
+/// `input_required`, reaches the client on its `tasks/result` stream, and the client's answer
+/// reaches the child; also while a cancelled task's held call is still open (its grace: the
+/// child ignores the cancellation), as in the tester's run. Before: with that call in flight,
+/// it was answered `-32603` ("cannot tell which client") and the task completed with that.
+#[tokio::test]
+async fn a_childs_request_during_a_gateway_tasks_held_call_makes_it_input_required() {
+    let child = Kid::new();
+    let tg = start(&child, "tasks = \"gateway\"", "STDIO_NO_TASKS = \"1\"").await;
+    let c = client_with(&tg.mcp_url(), json!({"tasks": {}, "elicitation": {}})).await;
+    // A task whose held call the child runs on after its cancellation.
+    let slow = json!({"name": "echo", "arguments": {"text": "slow", "delay_ms": 8000}, "task": {"ttl": 60000}});
+    let slow = c.rpc(rpc("0", "tools/call", &slow.to_string())).await;
+    let slow = slow["result"]["task"]["taskId"]
+        .as_str()
+        .expect("a task")
+        .to_string();
+    until("the child reads the slow call", || {
+        !child.seen_method("tools/call").is_empty()
+    })
+    .await;
+    let cancelled = c.cancel("9", &slow).await;
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    until("the child is told", || {
+        !child.seen_method("notifications/cancelled").is_empty()
+    })
+    .await;
+    let params = json!({"name": "ask", "arguments": {}, "task": {"ttl": 60000}});
+    let created = c.rpc(rpc("1", "tools/call", &params.to_string())).await;
+    let t = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a gateway task: {created}"))
+        .to_string();
+    let waiting = eventually(Duration::from_secs(10), || async {
+        let v = c.get("2", &t).await;
+        (v["result"]["status"] == "input_required" || v["result"]["status"] == "completed")
+            .then_some(v)
+    })
+    .await
+    .expect("the task moved");
+    assert_eq!(waiting["result"]["status"], "input_required", "{waiting}");
+    let (mut sse, _status) = c.input_stream("3", &t).await;
+    let ask = sse.next_event(STEP).await.json();
+    assert_eq!(ask["method"], "elicitation/create", "{ask}");
+    let answer = json!({"jsonrpc": "2.0", "id": ask["id"],
+        "result": {"action": "accept", "content": {}}});
+    assert_eq!(c.send(answer.to_string()).await.status(), 202);
+    let done = loop {
+        let v = sse.next_event(STEP).await.json();
+        if v.get("id").is_some() {
+            break v;
+        }
+    };
+    assert!(
+        done["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("accept")),
+        "{done}"
+    );
 }

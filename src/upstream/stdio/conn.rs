@@ -1,4 +1,5 @@
-//! One running child as a JSON-RPC peer: the writer (two queues: `tasks/cancel` overtakes), the reader
+//! One running child as a JSON-RPC peer: the writer (two queues: `tasks/cancel` overtakes; a
+//! request whose caller was answered while its line waited is skipped, [`Claim`]), the reader
 //! (each stdout line routed by [`super::route::Routes`]), and the keeper that owns the process
 //! and ends it.
 //!
@@ -18,17 +19,26 @@
 //!   that listen's reply stream while it is open, the caller's id put back; else dropped;
 //! - other notifications (`list_changed`, logging) → every session's GET stream (a `per_session`
 //!   child's: its own session's only, [`Owner`]);
-//! - a request (`sampling/createMessage`, `elicitation/create`, `roots/list`) → the session of
-//!   the task its `_meta["io.modelcontextprotocol/related-task"]` names, else the one request
-//!   in flight if there is exactly one (when that one is an `initialize`, a client's or
-//!   taskgate's own, or taskgate's era probe, it is answered `-32603` at once: no client has a
-//!   session to answer it on yet, and MCP lifecycle says a server SHOULD NOT send it; the
-//!   `initialize` goes on), else (a `per_session` child's) its own session's GET
-//!   stream, else it is answered `-32603` (taskgate cannot tell which client it is for); `ping` is answered by taskgate.
+//! - a request (`sampling/createMessage`, `elicitation/create`, `roots/list`) → only a client
+//!   that declared the capability it needs in its `initialize` (`sampling`, `elicitation`,
+//!   `roots`; a 2026-07-28 request's own `_meta` client capabilities): one that did not is
+//!   never sent it, the child gets `-32601` at once (as gateway tasks answer it). Whose it is:
+//!   the session of the task its `_meta["io.modelcontextprotocol/related-task"]` names, else
+//!   the one request in flight whose client declared the capability, requests the child was
+//!   told are cancelled left out ([`Routes::asked_of`]; a gateway task's held call is one
+//!   like any other, so its task goes `input_required`). When the one request in flight is an
+//!   `initialize`, a client's or taskgate's own, or taskgate's era probe, it is answered
+//!   `-32603` at once: no client has a session to answer it on yet, and MCP lifecycle says a
+//!   server SHOULD NOT send it; the `initialize` goes on. Requests in flight whose clients
+//!   declared nothing it needs: `-32601`. None in flight, or several that could answer: a
+//!   `per_session` child's own session's GET stream, else (a shared child) `-32603`, taskgate
+//!   cannot tell which client it is for (the limit of a shared process: `process =
+//!   "per_session"` is the way for tools that ask the client for input while other clients'
+//!   calls run); `ping` is answered by taskgate.
 //!   Every request refused is answered: taskgate's answers go ahead of queued requests, and
 //!   when that queue is full the child's stdout is not read further until there is room (a
-//!   child that floods requests is read at the pace it reads its answers; a deaf one is ended,
-//!   as when a client's write finds it so).
+//!   child that floods requests is read at the pace it reads its answers; a deaf one, its
+//!   pipe taking nothing for `timeout_ms`, is found so by the writer and ended).
 //!
 //! A line that is not one JSON-RPC message is counted (`taskgate_upstream_errors_total
 //! {kind="protocol"}`), logged at warn (at most one line a second), never forwarded; a line
@@ -38,8 +48,9 @@
 
 use super::framing::{one_line, Line, Lines};
 use super::queue::{queue, QueueRx, QueueTx};
-use super::route::{Answer, Pending, Progress, Routes, SessionKey, TaskNote};
+use super::route::{Answer, Candidates, Claim, Pending, Progress, Routes, SessionKey, TaskNote};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
+use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::task::TaskStatus;
 use crate::metrics::{Metrics, OversizeKind, UpstreamErrorKind};
 use crate::sse;
@@ -74,6 +85,18 @@ const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The key of the `_meta` member naming a server→client request's task (2025-11-25 tasks).
 const RELATED_TASK: &str = "io.modelcontextprotocol/related-task";
+/// The client capability (a JSON pointer into `initialize` `capabilities`) a request of the
+/// child's needs its client to have declared (MCP 2025-11-25 client features); `None` for
+/// any other method.
+fn capability_for(method: &str) -> Option<&'static str> {
+    match method {
+        "sampling/createMessage" => Some("/sampling"),
+        "elicitation/create" => Some("/elicitation"),
+        "roots/list" => Some("/roots"),
+        _ => None,
+    }
+}
+
 /// The key of the `_meta` member naming the `subscriptions/listen` a notification belongs to
 /// (2026-07-28: the listen request's id).
 const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
@@ -141,8 +164,8 @@ pub fn event(msg: &Bytes) -> sse::Event {
 /// A running child's JSON-RPC side.
 pub struct Conn {
     name: Arc<str>,
-    normal: mpsc::Sender<Bytes>,
-    urgent: mpsc::Sender<Bytes>,
+    normal: mpsc::Sender<Outgoing>,
+    urgent: mpsc::Sender<Outgoing>,
     routes: Mutex<Routes>,
     streams: Arc<Streams>,
     metrics: Arc<Metrics>,
@@ -159,17 +182,42 @@ pub struct Conn {
     /// The gateway tasks whose held calls were in flight when the child went ([`Conn::close`]):
     /// they died with it. At most the requests in flight then; taken by the death's announcer.
     dead_held: Mutex<Vec<String>>,
-    /// Bytes the writer has put into the child's stdin so far (its progress: a write that
-    /// waited `timeout_ms` while this stood still found the pipe full all along).
+    /// Bytes the writer has put into the child's stdin so far (its progress).
     written: Arc<AtomicU64>,
     /// Wakes the keeper to end a child found deaf ([`Conn::deafened`]).
     deaf: Arc<tokio::sync::Notify>,
     /// Whether it was found deaf (the first finding ends it; later ones change nothing).
     found_deaf: AtomicBool,
-    /// The upstream's `timeout_ms`: how long an answer of taskgate's own (a refusal, a `pong`)
-    /// waits for room in a full stdin queue while nothing reaches the child before the child is
-    /// found deaf ([`Conn::reply`]).
-    timeout: std::time::Duration,
+}
+
+/// A line for the child's stdin, with what decides, when the writer takes it, whether it is
+/// still written.
+pub struct Outgoing {
+    line: Bytes,
+    guard: Guard,
+}
+
+impl Outgoing {
+    /// A line written whatever happens (a notification, taskgate's answer to the child).
+    fn always(line: Bytes) -> Outgoing {
+        Outgoing {
+            line,
+            guard: Guard::Always,
+        }
+    }
+}
+
+/// Whether a queued line is still for the child (tester 3 F3: a request whose caller was told
+/// it failed ran at the child once it read again).
+enum Guard {
+    /// Always written.
+    Always,
+    /// A request: written only when the writer takes its [`Claim`] first (its caller still
+    /// waits); skipped when its caller gave it up or went away while it was queued.
+    Request(Arc<Claim>),
+    /// A caller's `notifications/cancelled` for a request queued before it: written only when
+    /// that request was not withdrawn (the child would read an id it never saw).
+    CancelOf(Arc<Claim>),
 }
 
 /// Whose GET streams a child's notification for every stream (`notifications/message`, a list
@@ -180,8 +228,8 @@ pub enum Owner {
     Every,
     /// A `per_session` child's whose session is not made yet: nobody's (no stream is open).
     NotYet,
-    /// A `per_session` child's: its own session's only.
-    Session(Arc<str>),
+    /// A `per_session` child's: its own session's only, with what its client declared.
+    Session(Arc<str>, ClientCapabilities),
 }
 
 /// A started child: its connection, its end (a reason), and the switch that ends it.
@@ -227,7 +275,6 @@ impl Conn {
             written: Arc::new(AtomicU64::new(0)),
             deaf: Arc::new(tokio::sync::Notify::new()),
             found_deaf: AtomicBool::new(false),
-            timeout,
         });
         let pid = child.id();
         let (close_stdin, close_rx) = oneshot::channel::<()>();
@@ -236,9 +283,14 @@ impl Conn {
         let pipe_closed = Arc::new(tokio::sync::Notify::new());
         if let Some(stdin) = child.stdin.take() {
             let pipe_closed = pipe_closed.clone();
-            let written = conn.written.clone();
+            let watch = Liveness {
+                name: name.clone(),
+                written: conn.written.clone(),
+                conn: Arc::downgrade(&conn),
+                timeout,
+            };
             tokio::spawn(async move {
-                if write_lines(stdin, normal_rx, urgent_rx, close_rx, written).await {
+                if write_lines(stdin, normal_rx, urgent_rx, close_rx, watch).await {
                     pipe_closed.notify_one();
                 }
             });
@@ -326,8 +378,8 @@ impl Conn {
 
     /// A `per_session` child's session is made: its notifications for every stream go to that
     /// session's GET stream (and no other session's).
-    pub fn owned_by(&self, session: Arc<str>) {
-        *self.owner.lock() = Owner::Session(session);
+    pub fn owned_by(&self, session: Arc<str>, declared: ClientCapabilities) {
+        *self.owner.lock() = Owner::Session(session, declared);
     }
 
     /// Bytes written to the child's stdin so far.
@@ -335,8 +387,8 @@ impl Conn {
         self.written.load(Ordering::Acquire)
     }
 
-    /// The child is deaf: a write waited `timeout_ms` for room while nothing reached its stdin
-    /// (the pipe full all along). The keeper ends it (close stdin and `SIGTERM` at once:
+    /// The child is deaf: a line waited `timeout_ms` for its stdin pipe to take one more byte
+    /// (the writer's liveness rule, `write_lines`). The keeper ends it (close stdin and `SIGTERM` at once:
     /// `child::end_deaf`; `SIGKILL`): its requests in flight get the reason, and supervision
     /// restarts it (or ends its `per_session` session) as after a crash.
     /// Returns whether this was the first finding.
@@ -392,14 +444,28 @@ impl Conn {
     /// Writes one message (a line) to the child; `urgent` ones overtake the queue.
     /// Errors: the child is gone.
     pub async fn write(&self, msg: &[u8], urgent: bool) -> Result<(), String> {
+        self.send(Outgoing::always(one_line(msg)), urgent).await
+    }
+
+    /// Writes registered request `reg` (its line) to the child, as [`Conn::write`]; the writer
+    /// skips it when its caller gave it up or went away while it waited in the queue
+    /// ([`Claim`]). Errors: the child is gone.
+    pub async fn write_request(&self, reg: &Registered, urgent: bool) -> Result<(), String> {
+        let out = Outgoing {
+            line: one_line(&reg.bytes),
+            guard: Guard::Request(reg.claim.clone()),
+        };
+        self.send(out, urgent).await
+    }
+
+    async fn send(&self, out: Outgoing, urgent: bool) -> Result<(), String> {
         if self.is_closed() {
             return Err(self.gone());
         }
-        let line = one_line(msg);
         let sent = if urgent {
-            self.urgent.send(line).await
+            self.urgent.send(out).await
         } else {
-            self.normal.send(line).await
+            self.normal.send(out).await
         };
         sent.map_err(|_| self.gone())
     }
@@ -417,6 +483,7 @@ impl Conn {
         self: &Arc<Self>,
         msg: &Message,
         session: SessionKey,
+        declared: ClientCapabilities,
         permit: Option<tokio::sync::OwnedSemaphorePermit>,
         task_call: bool,
         held_task: Option<Arc<str>>,
@@ -426,6 +493,7 @@ impl Conn {
         let initialize = msg.method() == Some("initialize");
         let (answer_tx, answer) = oneshot::channel();
         let (related_tx, related) = queue(RELATED_QUEUE, RELATED_QUEUE_BYTES);
+        let claim = Arc::new(Claim::default());
         let mut routes = self.routes.lock();
         if self.is_closed() {
             return Err(self.gone());
@@ -442,6 +510,8 @@ impl Conn {
             held_cancel: None,
             before_session: initialize || own,
             held_task,
+            claim: claim.clone(),
+            declared,
         });
         let rewritten = rewrite_request(msg.bytes(), out);
         match rewritten {
@@ -454,6 +524,7 @@ impl Conn {
                     bytes,
                     answer,
                     related,
+                    claim,
                     conn: Arc::downgrade(self),
                     // `initialize` must not be cancelled (MCP basic/utilities/cancellation);
                     // an abandoned one's child is ended by its starter. Nor is taskgate's
@@ -470,9 +541,14 @@ impl Conn {
     }
 
     /// Gives up request `out` (its deadline passed): its slot is freed and the child is told
-    /// (`notifications/cancelled`), so it may stop the work.
+    /// (`notifications/cancelled`), so it may stop the work; when its line still waits in the
+    /// stdin queue, it is withdrawn instead (never written, so nothing to tell: [`Claim`]).
     pub fn give_up(&self, out: u64, reason: &str) {
-        let told = self.routes.lock().take(out).is_none_or(|p| p.told);
+        let told = self
+            .routes
+            .lock()
+            .take(out)
+            .is_none_or(|p| p.claim.withdraw() || p.told);
         if told || self.is_closed() {
             return;
         }
@@ -484,10 +560,10 @@ impl Conn {
     pub fn queued(&self, out: u64) {
         let held = self.routes.lock().get_mut(out).and_then(|p| {
             p.queued = true;
-            p.held_cancel.take()
+            p.held_cancel.take().map(|note| (note, p.claim.clone()))
         });
-        if let Some(note) = held {
-            self.send_cancelled(&note);
+        if let Some((note, claim)) = held {
+            self.send_cancelled(&note, Guard::CancelOf(claim));
         }
     }
 
@@ -495,14 +571,20 @@ impl Conn {
     /// [`Conn::tell_cancelled_id`]): written after the request when it is queued, else held
     /// until it is ([`Conn::queued`]; dropped with it when it never is).
     pub fn cancel_from_client(&self, out: u64, note: Bytes) {
-        {
+        let claim = {
             let mut routes = self.routes.lock();
-            if let Some(p) = routes.get_mut(out).filter(|p| !p.queued) {
-                p.held_cancel = Some(note);
-                return;
+            match routes.get_mut(out) {
+                Some(p) if !p.queued => {
+                    p.held_cancel = Some(note);
+                    return;
+                }
+                Some(p) => Some(p.claim.clone()),
+                None => None,
             }
-        }
-        self.send_cancelled(&note);
+        };
+        // After a request still queued: skipped with it when it is withdrawn.
+        let guard = claim.map_or(Guard::Always, Guard::CancelOf);
+        self.send_cancelled(&note, guard);
     }
 
     /// Request `out` was never written (the child never saw it): its route (and slot) goes,
@@ -512,16 +594,17 @@ impl Conn {
     }
 
     /// Request `out` was abandoned (its caller went away: hyper dropped the exchange): its
-    /// route (and slot) goes, and, when `tell` and its line is in the stdin queue
-    /// ([`Pending::queued`]), the child is told (`notifications/cancelled`) as a client's own
+    /// route (and slot) goes, and, when `tell` and its line was written (or is being
+    /// written: [`Claim`]), the child is told (`notifications/cancelled`) as a client's own
     /// cancel would. Nothing when it was answered or given up already, nor when it was never
-    /// queued (its caller went away while it waited for room: the child never sees it).
+    /// written (its caller went away while it waited for room, or while its line waited in
+    /// the stdin queue, which then skips it: the child never sees it).
     fn abandon(&self, out: u64, tell: bool) {
         let told = self
             .routes
             .lock()
             .take(out)
-            .is_none_or(|p| p.told || !p.queued);
+            .is_none_or(|p| p.claim.withdraw() || p.told || !p.queued);
         if told || !tell || self.is_closed() {
             return;
         }
@@ -537,7 +620,7 @@ impl Conn {
             "method": "notifications/cancelled",
             "params": { "requestId": out, "reason": reason },
         });
-        self.send_cancelled(note.to_string().as_bytes());
+        self.send_cancelled(note.to_string().as_bytes(), Guard::Always);
     }
 
     /// Writes a `notifications/cancelled` (`note`, naming the id the child saw) after the
@@ -547,8 +630,11 @@ impl Conn {
     ///
     /// In order, not ahead of the queue: the request it names may still wait in the queue, and
     /// a child told before it sees the request ignores the id (not known yet), then runs it.
-    pub fn send_cancelled(&self, note: &[u8]) {
-        let line = one_line(note);
+    fn send_cancelled(&self, note: &[u8], guard: Guard) {
+        let line = Outgoing {
+            line: one_line(note),
+            guard,
+        };
         // Not awaited: a full queue gets it from a task, in its turn, within CANCEL_WAIT (a
         // child that stopped reading would otherwise keep one such task per request given up,
         // for as long as it runs).
@@ -649,6 +735,7 @@ impl Conn {
                 };
                 let note = TaskNote {
                     session: p.session.clone(),
+                    declared: p.declared,
                     created_at: field("createdAt"),
                     ttl: field("ttl").or_else(|| field("ttlMs")),
                 };
@@ -748,7 +835,7 @@ impl Conn {
                         Owner::Every => {
                             self.streams.broadcast(bytes);
                         }
-                        Owner::Session(s) => {
+                        Owner::Session(s, _) => {
                             self.to_session(&Some(s), bytes);
                         }
                         Owner::NotYet => self.dropped("a notification before its session"),
@@ -778,12 +865,21 @@ impl Conn {
     fn request(&self, msg: &Message) -> Option<Bytes> {
         let id = msg.id().cloned()?;
         let bytes = msg.bytes().clone();
-        if msg.method() == Some("ping") {
+        let method = msg.method().unwrap_or_default();
+        if method == "ping" {
             return Some(jsonrpc::result_response(&id, "{}"));
         }
+        // Tester 3 F6: a client is never sent a request it did not declare it can answer.
+        let needs = capability_for(method);
+        let declares = |c: ClientCapabilities| needs.is_none_or(|pointer| c.has(pointer));
         let task = raw_string(&bytes, &["params", "_meta", RELATED_TASK, "taskId"]);
         let mut routes = self.routes.lock();
-        if let Some(session) = task.and_then(|t| routes.task_session(&t).cloned()) {
+        if let Some(note) = task.and_then(|t| routes.task_note(&t).cloned()) {
+            if !declares(note.declared) {
+                drop(routes);
+                return Some(self.not_declared(&id, method));
+            }
+            let session = note.session;
             routes.note_asked(id.as_json().to_string(), session.clone());
             drop(routes);
             if self.to_session(&session, &bytes) {
@@ -793,59 +889,71 @@ impl Conn {
                 "the client of upstream `{}` whose task this request is about has no open GET stream for it (or it is full)",
                 self.name
             )));
-        } else if let Some(out) = routes.only_pending() {
-            let (session, related) = match routes.get(out) {
-                // During an `initialize` (a client's, or taskgate's own): no client could
-                // answer it (none has a session yet; MCP 2025-11-25 lifecycle: a server SHOULD
-                // NOT send requests but `ping` before it is initialized). Refused at once, so
-                // the child waits for nothing and the `initialize` goes on.
-                Some(p) if p.before_session => {
-                    drop(routes);
-                    return Some(self.refuse(&id, &format!(
-                        "taskgate cannot relay a request of upstream `{}` sent before its initialize was answered: no client has a session to answer it on",
-                        self.name
-                    )));
-                }
-                Some(p) => (p.session.clone(), p.related.clone()),
-                None => return None,
-            };
-            routes.note_asked(id.as_json().to_string(), session);
-            drop(routes);
-            let why = match related.try_send(bytes) {
-                Ok(()) => return None,
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    "its reply holds as many messages as it may, its client does not take them"
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => "its client went away",
-            };
-            let why = format!(
-                "the request of upstream `{}`'s client this request is about cannot take it: {why}",
-                self.name
-            );
-            return Some(self.refuse(&id, &why));
-        } else {
-            drop(routes);
-            // A `per_session` child's request outside any call (`roots/list` once initialized,
-            // for one) is its own session's: it goes to that session's GET stream.
-            let owner = self.owner.lock().clone();
-            if let Owner::Session(s) = owner {
-                let session = Some(s);
-                self.routes
-                    .lock()
-                    .note_asked(id.as_json().to_string(), session.clone());
-                if self.to_session(&session, &bytes) {
-                    return None;
-                }
+        }
+        let several = match routes.asked_of(declares) {
+            // During an `initialize` (a client's, or taskgate's own): no client could answer
+            // it (none has a session yet; MCP 2025-11-25 lifecycle: a server SHOULD NOT send
+            // requests but `ping` before it is initialized). Refused at once, so the child
+            // waits for nothing and the `initialize` goes on.
+            Candidates::BeforeSession => {
+                drop(routes);
                 return Some(self.refuse(&id, &format!(
-                    "the client of upstream `{}` has no open GET stream for this request (or it is full)",
+                    "taskgate cannot relay a request of upstream `{}` sent before its initialize was answered: no client has a session to answer it on",
                     self.name
                 )));
             }
+            Candidates::NoneDeclared => {
+                drop(routes);
+                return Some(self.not_declared(&id, method));
+            }
+            Candidates::One(out) => {
+                let p = routes.get(out)?;
+                let (session, related) = (p.session.clone(), p.related.clone());
+                routes.note_asked(id.as_json().to_string(), session);
+                drop(routes);
+                let why = match related.try_send(bytes) {
+                    Ok(()) => return None,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        "its reply holds as many messages as it may, its client does not take them"
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => "its client went away",
+                };
+                let why = format!(
+                    "the request of upstream `{}`'s client this request is about cannot take it: {why}",
+                    self.name
+                );
+                return Some(self.refuse(&id, &why));
+            }
+            Candidates::Several => true,
+            Candidates::NoRequest => false,
+        };
+        drop(routes);
+        // A `per_session` child's request outside any call (`roots/list` once initialized,
+        // for one), or while several of its calls are in flight, is its own session's: it
+        // goes to that session's GET stream.
+        let owner = self.owner.lock().clone();
+        if let Owner::Session(s, declared) = owner {
+            if !declares(declared) {
+                return Some(self.not_declared(&id, method));
+            }
+            let session = Some(s);
+            self.routes
+                .lock()
+                .note_asked(id.as_json().to_string(), session.clone());
+            if self.to_session(&session, &bytes) {
+                return None;
+            }
+            return Some(self.refuse(&id, &format!(
+                "the client of upstream `{}` has no open GET stream for this request (or it is full)",
+                self.name
+            )));
         }
-        // Not a `per_session` child's with its session made (that one returned above).
         let why = match &*self.owner.lock() {
             Owner::NotYet => "no client has a session with it yet",
-            Owner::Every | Owner::Session(_) => "its process is shared",
+            Owner::Every | Owner::Session(..) if several => {
+                "its process is shared, and several clients that declared what it needs have requests in flight: use process = \"per_session\""
+            }
+            Owner::Every | Owner::Session(..) => "its process is shared",
         };
         Some(self.refuse(
             &id,
@@ -854,6 +962,18 @@ impl Conn {
                 self.name
             ),
         ))
+    }
+
+    /// The `-32601` answer to the child's request `id` (`method`) that no client it could be
+    /// for declared the capability of (MCP 2025-11-25 client capabilities: `sampling`,
+    /// `elicitation`, `roots`), for [`Conn::reply`]; as gateway tasks answer it.
+    fn not_declared(&self, id: &Id, method: &str) -> Bytes {
+        self.routes.lock().take_asked(id.as_json());
+        jsonrpc::error_response(
+            Some(id),
+            jsonrpc::METHOD_NOT_FOUND,
+            &format!("{method}: the client did not declare the capability it needs, so taskgate cannot ask it"),
+        )
     }
 
     /// Refuses the child's request `id` (it reaches no client): its note (whom it was sent to)
@@ -867,31 +987,11 @@ impl Conn {
     /// The reader calls it before it reads the next line, so a full queue holds the child's
     /// stdout until there is room: every request of a child that floods them is answered, at
     /// the pace the child reads its stdin, and what waits is bounded by the queue and the
-    /// pipes. The liveness rule applies as to a client's write: when it waited `timeout_ms`
-    /// while not one byte reached the child, the child is deaf ([`Conn::deafened`]) and the
-    /// answer is dropped (the child is ended; it reads nothing more).
+    /// pipes. A full queue means the writer waits on the pipe: a child that takes nothing for
+    /// `timeout_ms` meanwhile is found deaf by the writer ([`write_lines`]) and ended, which
+    /// closes the queue, and the answer is dropped (the child reads nothing more).
     async fn reply(&self, msg: Bytes) {
-        let line = match self.urgent.try_send(one_line(&msg)) {
-            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => return,
-            Err(mpsc::error::TrySendError::Full(line)) => line,
-        };
-        let mut before = self.written();
-        while !self.is_closed() && !self.found_deaf.load(Ordering::Acquire) {
-            match tokio::time::timeout(self.timeout, self.urgent.reserve()).await {
-                Ok(Ok(room)) => return room.send(line),
-                Ok(Err(_)) => return,
-                Err(_) => {
-                    let now = self.written();
-                    if now == before {
-                        if self.deafened() {
-                            tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, timeout_ms = self.timeout.as_millis() as u64, "child read nothing from its stdin while taskgate's answer to its request waited timeout_ms for room: ending it");
-                        }
-                        return;
-                    }
-                    before = now;
-                }
-            }
-        }
+        let _ = self.urgent.send(Outgoing::always(one_line(&msg))).await;
     }
 
     fn to_session(&self, session: &SessionKey, msg: &Bytes) -> bool {
@@ -920,6 +1020,8 @@ pub struct Registered {
     pub answer: oneshot::Receiver<Answer>,
     /// Messages related to it, before its answer.
     pub related: QueueRx<Bytes>,
+    /// Whether its line is written or withdrawn ([`Conn::write_request`]).
+    claim: Arc<Claim>,
     /// Its child, for the drop guard.
     conn: std::sync::Weak<Conn>,
     /// Whether an abandoned one is cancelled at the child (not `initialize`), once its line
@@ -929,8 +1031,8 @@ pub struct Registered {
 
 /// The drop guard of a request (issue 31): dropped before its answer (the client went away,
 /// hyper dropped the exchange; no timer runs then), its route and `max_in_flight` slot are
-/// freed and the child gets `notifications/cancelled` (not when it was never queued: the
-/// child never saw it). After its answer, or once given up, its route is gone and this does
+/// freed and the child gets `notifications/cancelled` (not when it was never written: the
+/// child never saw it, and the writer skips a line still queued). After its answer, or once given up, its route is gone and this does
 /// nothing.
 impl Drop for Registered {
     fn drop(&mut self) {
@@ -982,26 +1084,52 @@ fn created_task_id(answer: &[u8]) -> Option<String> {
         .or_else(|| raw_string(answer, &["result", "taskId"]))
 }
 
+/// What the writer needs for the liveness rule ([`write_lines`]).
+struct Liveness {
+    /// The upstream's name, for the log.
+    name: Arc<str>,
+    /// The child's progress, in bytes written ([`Conn::written`]).
+    written: Arc<AtomicU64>,
+    /// Found deaf through it ([`Conn::deafened`]); weak: the conn holds the writer's queues.
+    conn: std::sync::Weak<Conn>,
+    /// The upstream's `timeout_ms`.
+    timeout: std::time::Duration,
+}
+
 /// The writer: lines from the two queues (urgent first) to the child's stdin, until `close`
 /// fires or both queues end; dropping stdin closes it. `close` is seen also while a line waits
 /// for room in a full pipe (its rest is not written): the child gets its EOF after what the
 /// pipe holds, not after the rest of a long line it may never read. Returns true when a write
 /// failed (the child closed its stdin).
+///
+/// The liveness rule (tester 3 F2): a line that waits `timeout_ms` for the pipe to take one
+/// more byte finds the child deaf ([`Conn::deafened`]: the keeper ends it), however few lines
+/// wait behind it. A reader making progress resets the wait with every piece it takes.
 async fn write_lines(
     mut stdin: tokio::process::ChildStdin,
-    mut normal: mpsc::Receiver<Bytes>,
-    mut urgent: mpsc::Receiver<Bytes>,
+    mut normal: mpsc::Receiver<Outgoing>,
+    mut urgent: mpsc::Receiver<Outgoing>,
     mut close: oneshot::Receiver<()>,
-    written: Arc<AtomicU64>,
+    live: Liveness,
 ) -> bool {
+    let mut found_deaf = false;
     loop {
-        let line = tokio::select! {
+        let next = tokio::select! {
             biased;
             _ = &mut close => break,
             Some(l) = urgent.recv() => l,
             Some(l) = normal.recv() => l,
             else => break,
         };
+        let still_for_the_child = match &next.guard {
+            Guard::Always => true,
+            Guard::Request(claim) => claim.write(),
+            Guard::CancelOf(claim) => !claim.withdrawn(),
+        };
+        if !still_for_the_child {
+            continue;
+        }
+        let line = next.line;
         // In pieces, each counted: a child reading a long line slowly makes progress.
         let mut rest = &line[..];
         while !rest.is_empty() {
@@ -1009,12 +1137,19 @@ async fn write_lines(
                 biased;
                 _ = &mut close => return false,
                 wrote = stdin.write(rest) => wrote,
+                () = tokio::time::sleep(live.timeout), if !found_deaf => {
+                    found_deaf = true;
+                    if live.conn.upgrade().is_some_and(|conn| conn.deafened()) {
+                        tracing::warn!(target: "taskgate::upstream::stdio", upstream = %live.name, timeout_ms = live.timeout.as_millis() as u64, "child read nothing from its stdin while a line waited timeout_ms to be written: ending it");
+                    }
+                    continue;
+                }
             };
             match wrote {
                 Ok(0) | Err(_) => return true,
                 Ok(n) => {
                     rest = rest.get(n..).unwrap_or_default();
-                    written.fetch_add(n as u64, Ordering::AcqRel);
+                    live.written.fetch_add(n as u64, Ordering::AcqRel);
                 }
             }
         }
@@ -1083,7 +1218,13 @@ mod tests {
     }
 
     /// A Conn without a child: its stdin queues are the receivers returned (urgent second).
-    fn bare(owner: Owner) -> (Arc<Conn>, mpsc::Receiver<Bytes>, mpsc::Receiver<Bytes>) {
+    fn bare(
+        owner: Owner,
+    ) -> (
+        Arc<Conn>,
+        mpsc::Receiver<Outgoing>,
+        mpsc::Receiver<Outgoing>,
+    ) {
         let (normal, normal_rx) = mpsc::channel(8);
         let (urgent, urgent_rx) = mpsc::channel(8);
         let conn = Arc::new(Conn {
@@ -1101,7 +1242,6 @@ mod tests {
             written: Arc::default(),
             deaf: Arc::default(),
             found_deaf: AtomicBool::new(false),
-            timeout: std::time::Duration::from_secs(1),
         });
         (conn, normal_rx, urgent_rx)
     }
@@ -1117,6 +1257,128 @@ mod tests {
                 .unwrap_or_default()
                 .to_string(),
         )
+    }
+
+    /// A client that declared `sampling`, `elicitation` and `roots`.
+    fn every() -> ClientCapabilities {
+        ClientCapabilities::of(&serde_json::json!({"sampling": {}, "elicitation": {}, "roots": {}}))
+    }
+
+    /// Registers a `tools/call` (id `id`) of `session`, whose client declared `declared`.
+    fn call_of(
+        conn: &Arc<Conn>,
+        session: &str,
+        id: u32,
+        declared: ClientCapabilities,
+    ) -> Registered {
+        let msg = Message::parse(Bytes::from(format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"x"}}}}"#
+        )))
+        .expect("json");
+        conn.register(&msg, Some(session.into()), declared, None, false, None)
+            .expect("registered")
+    }
+
+    /// One line of the child's through `conn`: taskgate's answer to it, as (code, message).
+    fn refusal(conn: &Conn, line: &str) -> Option<(i64, String)> {
+        let reply = conn.on_line(Line::Text(line.to_string()), 1 << 20)?;
+        let v: serde_json::Value = serde_json::from_slice(&reply).expect("json");
+        Some((
+            v["error"]["code"].as_i64().unwrap_or_default(),
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        ))
+    }
+
+    const SAMPLING: &str =
+        r#"{"jsonrpc":"2.0","id":"s1","method":"sampling/createMessage","params":{}}"#;
+    const ELICITATION: &str =
+        r#"{"jsonrpc":"2.0","id":"e1","method":"elicitation/create","params":{}}"#;
+
+    /// Tester 3 F6: a request of the child's needing a capability its client did not declare
+    /// is answered `-32601`, never sent to it (the client would never answer, the child waited
+    /// for ever): the one call in flight, a task's creator, a `per_session` child's owner.
+    #[tokio::test]
+    async fn a_childs_request_never_reaches_a_client_that_did_not_declare_it() {
+        let (conn, _normal, _urgent) = bare(Owner::Every);
+        let mut plain = call_of(&conn, "s1", 1, ClientCapabilities::default());
+        let (code, why) = refusal(&conn, SAMPLING).expect("refused");
+        assert_eq!(code, jsonrpc::METHOD_NOT_FOUND, "{why}");
+        assert!(why.contains("declare"), "{why}");
+        assert!(plain.related.try_recv().is_err(), "not sent to the client");
+        // Declared `sampling` only: an elicitation is refused, a sampling request goes.
+        let sampling = ClientCapabilities::of(&serde_json::json!({"sampling": {}}));
+        drop(plain);
+        let mut samples = call_of(&conn, "s1", 2, sampling);
+        assert_eq!(
+            refusal(&conn, ELICITATION).map(|r| r.0),
+            Some(jsonrpc::METHOD_NOT_FOUND)
+        );
+        assert!(refusal(&conn, SAMPLING).is_none());
+        assert!(samples.related.try_recv().is_ok());
+        // Another method needs no capability: as before.
+        let custom = r#"{"jsonrpc":"2.0","id":"x1","method":"x/ask","params":{}}"#;
+        assert!(refusal(&conn, custom).is_none());
+        drop(samples);
+        // A task's creator that did not declare it.
+        conn.routes.lock().note_task(
+            "t1".into(),
+            TaskNote {
+                session: Some("s1".into()),
+                ..TaskNote::default()
+            },
+        );
+        let about_t1 = r#"{"jsonrpc":"2.0","id":"e2","method":"elicitation/create","params":{"_meta":{"io.modelcontextprotocol/related-task":{"taskId":"t1"}}}}"#;
+        assert_eq!(
+            refusal(&conn, about_t1).map(|r| r.0),
+            Some(jsonrpc::METHOD_NOT_FOUND)
+        );
+        // A `per_session` child's owner that did not declare it, nothing in flight.
+        let (conn, _normal, _urgent) =
+            bare(Owner::Session("s1".into(), ClientCapabilities::default()));
+        let roots = r#"{"jsonrpc":"2.0","id":"r1","method":"roots/list","params":{}}"#;
+        assert_eq!(
+            refusal(&conn, roots).map(|r| r.0),
+            Some(jsonrpc::METHOD_NOT_FOUND)
+        );
+    }
+
+    /// Tester 3 F5: with several calls in flight on a shared child, a request of the child's
+    /// goes to the one whose client declared what it needs: it was refused `-32603` ("cannot
+    /// tell which client") whenever any other client had a request in flight.
+    #[tokio::test]
+    async fn a_childs_request_goes_to_the_one_call_whose_client_declared_it() {
+        let (conn, _normal, _urgent) = bare(Owner::Every);
+        let mut plain = call_of(&conn, "s1", 1, ClientCapabilities::default());
+        let mut asks = call_of(&conn, "s2", 1, every());
+        assert!(refusal(&conn, SAMPLING).is_none(), "routed");
+        assert!(
+            asks.related.try_recv().is_ok(),
+            "to the client that declared it"
+        );
+        assert!(plain.related.try_recv().is_err());
+        // Two that declared it: taskgate cannot tell, and says what to do.
+        let _also = call_of(&conn, "s3", 1, every());
+        let (code, why) = refusal(&conn, ELICITATION).expect("refused");
+        assert_eq!(code, jsonrpc::INTERNAL_ERROR, "{why}");
+        assert!(why.contains("per_session"), "{why}");
+    }
+
+    /// Tester 3 F4: a call whose child was told it is cancelled (a cancelled gateway task's
+    /// held call, kept open a grace period) takes no more input: a request of the child's goes
+    /// to the other call in flight. It was refused while the cancelled one stayed.
+    #[tokio::test]
+    async fn a_cancelled_call_is_not_whom_a_childs_request_is_for() {
+        let (conn, _normal, _urgent) = bare(Owner::Every);
+        let mut cancelled = call_of(&conn, "s1", 1, every());
+        let one = Id::from_json("1").expect("id");
+        assert!(conn.tell_cancelled_id(&Some("s1".into()), &one).is_some());
+        let mut live = call_of(&conn, "s1", 2, every());
+        assert!(refusal(&conn, ELICITATION).is_none(), "routed");
+        assert!(live.related.try_recv().is_ok());
+        assert!(cancelled.related.try_recv().is_err());
     }
 
     /// A full table of task routes forgets a task the child reported ended before the oldest
@@ -1186,11 +1448,12 @@ mod tests {
     /// "its process is shared", which a `per_session` child's is not.
     #[tokio::test]
     async fn a_refused_request_says_the_real_reason() {
-        let (conn, _normal, _urgent) = bare(Owner::Session("s1".into()));
+        let (conn, _normal, _urgent) = bare(Owner::Session("s1".into(), every()));
         conn.routes.lock().note_task(
             "t1".into(),
             TaskNote {
                 session: Some("s1".into()),
+                declared: every(),
                 ..TaskNote::default()
             },
         );
@@ -1209,7 +1472,7 @@ mod tests {
         ))
         .expect("json");
         let mut reg = conn
-            .register(&msg, Some("s1".into()), None, true, None)
+            .register(&msg, Some("s1".into()), every(), None, true, None)
             .expect("registered");
         reg.related.close();
         let why = feed(
@@ -1233,7 +1496,7 @@ mod tests {
         ))
         .expect("json");
         let mut reg = conn
-            .register(&msg, Some("s1".into()), None, false, None)
+            .register(&msg, Some("s1".into()), every(), None, false, None)
             .expect("registered");
         let progress = format!(
             r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{},"progress":1,"message":"{}"}}}}"#,
@@ -1371,6 +1634,78 @@ while os.read(0, 4096):
         );
     }
 
+    /// Registers `json` (a request) on `conn` for session `s1` and queues its line for the
+    /// child's stdin, as `Inner::call` does.
+    async fn queue_request(conn: &Arc<Conn>, json: String) -> Registered {
+        let msg = Message::parse(Bytes::from(json)).expect("json");
+        let reg = conn
+            .register(&msg, Some("s1".into()), every(), None, false, None)
+            .expect("registered");
+        conn.write_request(&reg, false).await.expect("queued");
+        conn.queued(reg.out);
+        reg
+    }
+
+    /// Tester 3 F3: a request still in taskgate's stdin queue when its caller is told it failed
+    /// (its deadline passed: given up; or its caller went away: dropped) is never written: the
+    /// child read it, and ran it, once it read again, followed by a `notifications/cancelled`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_given_up_while_queued_is_never_written() {
+        let dir = tempfile::tempdir().expect("dir");
+        let log = dir.path().join("read");
+        // Reads nothing for 1 s (well within `timeout_ms`), then logs every line.
+        let script = r#"
+import sys, time
+time.sleep(1.0)
+with open(sys.argv[1], "w") as f:
+    for line in sys.stdin:
+        f.write(line)
+        f.flush()
+"#;
+        let running = python_conn(script, &[&log.display().to_string()]);
+        let call = |text: &str, pad: usize| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":"{text}","method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{text}","pad":"{}"}}}}}}"#,
+                "x".repeat(pad)
+            )
+        };
+        // More than the pipe holds: the writer waits in it; what follows waits in the queue.
+        let big = queue_request(&running.conn, call("big", 256 << 10)).await;
+        let late = queue_request(&running.conn, call("late", 0)).await;
+        let gone = queue_request(&running.conn, call("gone", 0)).await;
+        running
+            .conn
+            .give_up(late.out, "taskgate: the request timed out");
+        drop(gone);
+        let last = queue_request(&running.conn, call("last", 0)).await;
+        let read = || std::fs::read_to_string(&log).unwrap_or_default();
+        let start = std::time::Instant::now();
+        while !read().contains(r#""text":"last""#) {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "the child read: {}",
+                read().len()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let _ = running.stop.send(());
+        let read = read();
+        assert!(read.contains(r#""text":"big""#));
+        assert!(
+            !read.contains(r#""text":"late""#),
+            "a request given up was written"
+        );
+        assert!(
+            !read.contains(r#""text":"gone""#),
+            "a request dropped was written"
+        );
+        assert!(
+            !read.contains("notifications/cancelled"),
+            "a request never written was cancelled"
+        );
+        drop((big, last));
+    }
+
     /// A GET stream's queue is bounded in bytes, not only in messages: 64 messages of up to
     /// `max_message_bytes` (16 MiB) each let one slow client hold a gigabyte.
     #[test]
@@ -1429,7 +1764,6 @@ while os.read(0, 4096):
             written: Arc::default(),
             deaf: Arc::default(),
             found_deaf: AtomicBool::new(false),
-            timeout: std::time::Duration::from_secs(1),
         });
         // As `register` does: `routes` held, then `is_closed`, then `why`.
         let routes = conn.routes.lock();

@@ -23,8 +23,10 @@
 //!   capabilities, negotiated version), its tools and resources, and its tasks (a task lives
 //!   in the child's memory, whoever created it); the client capabilities the child saw (none:
 //!   taskgate cannot promise that every client answers sampling, elicitation or roots; a
-//!   server→client request it sends anyway is routed when taskgate can tell whose it is, else
-//!   answered `-32603`); logging level and subscriptions.
+//!   server→client request it sends anyway goes to the client it is for when taskgate can
+//!   tell, among those that declared the capability it needs, else it is answered: `-32601`
+//!   when no client it could be for declared it, `-32603` when several could: see [`conn`]);
+//!   logging level and subscriptions.
 //! - per client: its `Mcp-Session-Id` (minted by taskgate, `tgs-` + 32 hex; an `initialize`
 //!   is answered with the kept answer under the client's own id, without reaching the child;
 //!   its `notifications/initialized` is answered 202 likewise), its JSON-RPC ids and progress
@@ -68,12 +70,19 @@
 //! doubling to 30 s), reset once a child has stayed up [`SUSTAINED_UPTIME`]; a child that closes
 //! its stdout or its stdin but runs on is ended first (close stdin, `SIGTERM`, `SIGKILL`, as at
 //! shutdown), then restarted likewise, and so is a **deaf** child (the liveness rule): one
-//! from which a write waited `timeout_ms` for room in its stdin while not one byte reached it
-//! (its pipe full all along: it stopped reading; a slow reader, which still takes bytes, is
-//! not deaf while room for the next line opens within `timeout_ms`: the kernel frees pipe room
-//! a 4 KiB page at a time and a reader buffers its input, so one taking less than a few KiB per
-//! `timeout_ms`, small lines at a slow pace, is found deaf too; it gets `SIGTERM` without the
-//! wait for an exit on EOF, which it cannot see), logged at warn; every start after
+//! whose stdin pipe took not one byte for `timeout_ms` while taskgate had a line to write to it
+//! (a request waiting, or a notification, or taskgate's answer to the child's own request;
+//! the writer watches its own write, so the rule holds under light traffic: one request larger
+//! than the pipe is enough). It replaces the earlier rule, "a write that found taskgate's
+//! 256-line stdin queue full for `timeout_ms`", which the writer's rule covers (a full queue
+//! means the writer waits on the pipe) and which light traffic never met: with `max_in_flight`
+//! at 64, only stale lines of timed-out requests could fill the queue, so a deaf child got
+//! every call answered 504 for hours while `/readyz` stayed green (tester 3 F2). A slow
+//! reader, which still takes bytes, is not deaf: every piece the pipe takes starts the wait
+//! again (the kernel frees pipe room a 4 KiB page at a time and a reader buffers its input, so
+//! one taking less than a few KiB per `timeout_ms`, small lines at a slow pace, is found deaf
+//! too). A deaf child gets `SIGTERM` without the wait for an exit on EOF, which it cannot see,
+//! and is logged at warn; every start after
 //! the first counts in `taskgate_upstream_restarts_total{upstream}`. Requests waiting on the
 //! dead child get a JSON-RPC error naming the upstream ("upstream `x` is unreachable: its
 //! child process exited (…)"); requests that arrive while no child runs get it at once (while
@@ -124,14 +133,19 @@
 //! messages wait in bounded queues ([`conn`]), and so do lines for the child's stdin: a write
 //! waits at most `timeout_ms` for room (a child that stopped reading its stdin gets later
 //! requests and notifications answered 504, never held open; a request not written is not
-//! cancelled at the child, which never saw it). A child that read nothing at all during such a
-//! wait is deaf: ended and restarted (see Supervision), its requests in flight answered as on
-//! a crash ("… stopped reading its stdin and was ended (…)"). A `notifications/cancelled` is not waited
+//! cancelled at the child, which never saw it). A request whose caller was answered before
+//! its line left taskgate's stdin queue (its `timeout_ms` passed: 504; or its caller went
+//! away) is skipped by the writer: never written, so never run, and not cancelled either
+//! (`route::Claim`: the writer taking the line and the caller's end decide once, so a
+//! request is either written, and then cancelled, or neither). A child whose pipe took
+//! nothing for `timeout_ms` is deaf, whether or not the queue is full: ended and restarted
+//! (see Supervision), its requests in flight answered as on a crash ("… stopped reading its
+//! stdin and was ended (…)"). A `notifications/cancelled` is not waited
 //! for: one that finds the queue full is written by a task once there is room (within
 //! 30 s), so it still reaches a child that reads again. taskgate's own answers to the child's
 //! requests (a refusal, a `pong`) are never dropped: while they find the queue full, the
-//! child's stdout waits unread (it is read at the pace the child reads its stdin; one that read
-//! nothing for `timeout_ms` meanwhile is deaf). A 2026-07-28 `subscriptions/listen` takes no
+//! child's stdout waits unread (it is read at the pace the child reads its stdin; one that
+//! takes nothing for `timeout_ms` meanwhile is deaf). A 2026-07-28 `subscriptions/listen` takes no
 //! slot (it stays open until its client closes it); its notifications come back on its own
 //! reply stream ([`conn`]). Processes: [`child`] (process group,
 //! parent-death signal, close stdin → `SIGTERM` → `SIGKILL`; stderr to the log, target
@@ -151,6 +165,7 @@ use super::{Exchange, Transport};
 use crate::config::{ProcessMode, UpstreamConfig};
 use crate::exchange::{Deadline, GatewayError, McpReply, McpRequest, Operation, ReplyBody, Tenant};
 use crate::jsonrpc::{self, splice, Id, Kind, Message};
+use crate::mcp::capabilities::ClientCapabilities;
 use crate::mcp::era::Era;
 use crate::mcp::errors::McpError;
 use crate::mcp::task::TaskStatus;
@@ -253,6 +268,9 @@ struct Session {
     /// Whom its child counts against (`per_session`: the principal that initialized it,
     /// without auth its client address; see [`Tenant`]).
     tenant: Tenant,
+    /// What its client declared in its `initialize` `capabilities`: the child's requests
+    /// needing a capability it lacks never reach it (see [`conn`]).
+    declared: ClientCapabilities,
 }
 
 /// How many `per_session` children there may be (see [`StdioTransport::with_caps`]).
@@ -729,13 +747,17 @@ impl Inner {
                 )));
             }
             // Registered under the waiters' lock: a cancellation finds it waiting or in flight.
-            conn.register(&msg, session, permit, task_call, held)
+            let declared = self.declared_by(&session, &msg);
+            conn.register(&msg, session, declared, permit, task_call, held)
                 .map_err(|why| self.unreachable(why))?
         };
         // Never written (the child is gone, or its stdin queue stayed full, or the caller went
         // away while it waited for room: `reg` dropped unqueued): the child does not know it,
         // so it is not told it is cancelled either.
-        if let Err(e) = self.write_until(conn, &reg.bytes, urgent, until).await {
+        if let Err(e) = self
+            .write_until(conn.write_request(&reg, urgent), until)
+            .await
+        {
             conn.forget(reg.out);
             return Err(e);
         }
@@ -895,7 +917,13 @@ impl Inner {
                 let Some(session) = new_session_id() else {
                     return Err(self.unreachable("no session id could be drawn".into()));
                 };
-                self.keep_session(session.clone(), None, None, Tenant::Unknown);
+                self.keep_session(
+                    session.clone(),
+                    None,
+                    None,
+                    Tenant::Unknown,
+                    initialize_declares(&msg),
+                );
                 Ok(with_session(
                     McpReply::local_json(jsonrpc::result_response(id, &result)),
                     &session,
@@ -956,6 +984,7 @@ impl Inner {
             Err(_) => return Err(GatewayError::ShuttingDown),
         };
         let conn = running.conn.clone();
+        let declared = initialize_declares(&msg);
         let answer = self
             .call(&conn, msg, None, deadline, Era::Legacy, None)
             .await;
@@ -984,8 +1013,14 @@ impl Inner {
             };
         };
         let conn_for_tasks = conn.clone();
-        conn.owned_by(session.clone());
-        self.keep_session(session.clone(), Some(conn), Some(running.stop), tenant);
+        conn.owned_by(session.clone(), declared);
+        self.keep_session(
+            session.clone(),
+            Some(conn),
+            Some(running.stop),
+            tenant,
+            declared,
+        );
         // Counted as a session now.
         drop(slot);
         let (inner, key) = (self.clone(), session.clone());
@@ -1083,6 +1118,7 @@ impl Inner {
         conn: Option<Arc<Conn>>,
         stop: Option<tokio::sync::oneshot::Sender<()>>,
         tenant: Tenant,
+        declared: ClientCapabilities,
     ) {
         let mut sessions = self.sessions.lock();
         if self.mode == ProcessMode::Shared && sessions.len() >= MAX_SHARED_SESSIONS {
@@ -1102,8 +1138,30 @@ impl Inner {
                 stop,
                 last_used: Instant::now(),
                 tenant,
+                declared,
             },
         );
+    }
+
+    /// What the client behind `msg` declared: its session's `initialize` capabilities, or a
+    /// 2026-07-28 request's own (`_meta["io.modelcontextprotocol/clientCapabilities"]`).
+    fn declared_by(&self, session: &SessionKey, msg: &Message) -> ClientCapabilities {
+        match session {
+            Some(s) => self
+                .sessions
+                .lock()
+                .get(s)
+                .map(|e| e.declared)
+                .unwrap_or_default(),
+            None => declared_at(
+                msg,
+                &[
+                    "params",
+                    "_meta",
+                    "io.modelcontextprotocol/clientCapabilities",
+                ],
+            ),
+        }
     }
 
     /// `DELETE`: the session ends (`per_session`: its child too).
@@ -1274,8 +1332,15 @@ impl Inner {
             } },
         });
         let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
-        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false, None)?;
-        conn.write(&reg.bytes, false).await?;
+        let mut reg = conn.register(
+            &msg,
+            Some(OWN_SESSION.into()),
+            ClientCapabilities::default(),
+            None,
+            false,
+            None,
+        )?;
+        conn.write_request(&reg, false).await?;
         match tokio::time::timeout(self.timeout, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => Ok(classify_probe(&bytes)),
             Ok(Ok(Err(why))) => Err(why),
@@ -1302,8 +1367,15 @@ impl Inner {
             },
         });
         let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
-        let mut reg = conn.register(&msg, Some(OWN_SESSION.into()), None, false, None)?;
-        conn.write(&reg.bytes, false).await?;
+        let mut reg = conn.register(
+            &msg,
+            Some(OWN_SESSION.into()),
+            ClientCapabilities::default(),
+            None,
+            false,
+            None,
+        )?;
+        conn.write_request(&reg, false).await?;
         let answer = match tokio::time::timeout(self.timeout, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => bytes,
             Ok(Ok(Err(why))) => return Err(why),
@@ -1522,38 +1594,24 @@ impl Inner {
 
     /// Writes one message to `conn` within `timeout_ms`: a child that stopped reading its
     /// stdin (its pipe and taskgate's queue full) gets the request or notification refused
-    /// with the upstream's timeout (504), never waited for without end. The liveness rule:
-    /// when nothing at all reached the child's stdin while this write waited (the pipe full
-    /// all along; a reader that took less than a pipe page looks so too: see Supervision in
-    /// the module docs), the child is deaf and is ended
-    /// ([`Conn::deafened`]), then restarted as after a crash.
+    /// with the upstream's timeout (504), never waited for without end. Whether the child is
+    /// deaf is the writer's to find (see Supervision in the module docs).
     async fn write(&self, conn: &Conn, bytes: &[u8], urgent: bool) -> Result<(), GatewayError> {
         let until = tokio::time::Instant::now() + self.timeout;
-        self.write_until(conn, bytes, urgent, until).await
+        self.write_until(conn.write(bytes, urgent), until).await
     }
 
     /// [`Inner::write`], within `until` (a request's deadline, part of it spent waiting for a
-    /// slot). The liveness rule needs a whole `timeout_ms` of waiting: a shorter wait that saw
-    /// nothing written finds no child deaf.
+    /// slot).
     async fn write_until(
         &self,
-        conn: &Conn,
-        bytes: &[u8],
-        urgent: bool,
+        write: impl std::future::Future<Output = Result<(), String>>,
         until: tokio::time::Instant,
     ) -> Result<(), GatewayError> {
-        let before = conn.written();
-        let started = tokio::time::Instant::now();
-        match tokio::time::timeout_at(until, conn.write(bytes, urgent)).await {
+        match tokio::time::timeout_at(until, write).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(why)) => Err(self.unreachable(why)),
-            Err(_) => {
-                let whole = started.elapsed() >= self.timeout;
-                if whole && conn.written() == before && !conn.is_closed() && conn.deafened() {
-                    tracing::warn!(target: "taskgate::upstream::stdio", upstream = %self.name, timeout_ms = self.timeout_ms, "child read nothing from its stdin while a write waited timeout_ms for room: ending it");
-                }
-                Err(self.timeout_error())
-            }
+            Err(_) => Err(self.timeout_error()),
         }
     }
 
@@ -1618,6 +1676,21 @@ impl ReplyEvents {
     fn error(&self, message: &str) -> Bytes {
         jsonrpc::error_response(self.client_id.as_ref(), jsonrpc::INTERNAL_ERROR, message)
     }
+}
+
+/// What a client's `initialize` declared (`params.capabilities`).
+fn initialize_declares(msg: &Message) -> ClientCapabilities {
+    declared_at(msg, &["params", "capabilities"])
+}
+
+/// The client capabilities at `path` in `msg` (none when absent or not an object).
+fn declared_at(msg: &Message, path: &[&str]) -> ClientCapabilities {
+    splice::raw_at(msg.bytes(), path)
+        .ok()
+        .flatten()
+        .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).ok())
+        .map(|v| ClientCapabilities::of(&v))
+        .unwrap_or_default()
 }
 
 /// Resolves once `stop` is set (or its sender is gone); holds no borrow of it.

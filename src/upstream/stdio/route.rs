@@ -19,10 +19,12 @@
 //! status notifications and the child's requests for its client.
 
 use crate::jsonrpc::Id;
+use crate::mcp::capabilities::ClientCapabilities;
 use bytes::Bytes;
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
@@ -67,6 +69,54 @@ pub struct Pending {
     /// The gateway task it is the held call of (`exchange::HeldTask`): named in the child's
     /// death when it is still in flight then.
     pub held_task: Option<Arc<str>>,
+    /// Whether its line is written or withdrawn (see [`Claim`]).
+    pub claim: Arc<Claim>,
+    /// What its client declared in its `initialize` (`sampling`, `elicitation`, `roots`): a
+    /// request of the child's needing a capability it lacks is never sent to it.
+    pub declared: ClientCapabilities,
+}
+
+/// Who decides first about a registered request's line: the writer (it writes it; a give-up
+/// or drop then tells the child `notifications/cancelled`), or its caller's end (its deadline
+/// passed, or it went away: the line is skipped, and the child, never seeing it, is told
+/// nothing). Decided once, atomically, so a request is either run and cancelled, or neither.
+#[derive(Debug, Default)]
+pub struct Claim(AtomicU8);
+
+impl Claim {
+    const QUEUED: u8 = 0;
+    const WRITTEN: u8 = 1;
+    const WITHDRAWN: u8 = 2;
+
+    /// The writer takes it: true when the line is to be written (not withdrawn first).
+    pub fn write(&self) -> bool {
+        self.0
+            .compare_exchange(
+                Self::QUEUED,
+                Self::WRITTEN,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    /// Its caller's end: true when the line was never written (and now never will be).
+    pub fn withdraw(&self) -> bool {
+        match self.0.compare_exchange(
+            Self::QUEUED,
+            Self::WITHDRAWN,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => true,
+            Err(now) => now == Self::WITHDRAWN,
+        }
+    }
+
+    /// Whether its caller's end came first.
+    pub fn withdrawn(&self) -> bool {
+        self.0.load(Ordering::Acquire) == Self::WITHDRAWN
+    }
 }
 
 /// A replaced `progressToken`: whose it is and what it was.
@@ -88,6 +138,25 @@ pub struct TaskNote {
     pub created_at: Option<String>,
     /// Its `ttl` (JSON text), when the child gave one.
     pub ttl: Option<String>,
+    /// What the client of the request that created it declared ([`Pending::declared`]).
+    pub declared: ClientCapabilities,
+}
+
+/// Whom a request of the child's without a related task goes to, among the requests in flight
+/// ([`Routes::asked_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Candidates {
+    /// The one request in flight is an `initialize` (or taskgate's own request): no client
+    /// has a session to answer on yet.
+    BeforeSession,
+    /// No request in flight whose client could still answer (none, or each one cancelled).
+    NoRequest,
+    /// Requests in flight, but no client of theirs declared the capability it needs.
+    NoneDeclared,
+    /// Exactly one request in flight whose client declared it: this one.
+    One(u64),
+    /// Several: taskgate cannot tell which client it is for.
+    Several,
 }
 
 /// The routing tables of one child.
@@ -164,12 +233,32 @@ impl Routes {
         self.pending.len()
     }
 
-    /// The one request waiting, when exactly one is.
-    pub fn only_pending(&self) -> Option<u64> {
-        let mut keys = self.pending.keys();
-        match (keys.next(), keys.next()) {
-            (Some(&k), None) => Some(k),
-            _ => None,
+    /// The request in flight a request of the child's is for, when it names no task: the one
+    /// request whose client declared what it needs (`declares`), the requests whose child was
+    /// told they are cancelled left out (their callers take no more input). Tester 3 F5: with
+    /// another client's call in flight it was refused, whatever that client declared.
+    pub fn asked_of(&self, declares: impl Fn(ClientCapabilities) -> bool) -> Candidates {
+        let mut all = self.pending.iter();
+        if let (Some((_, p)), None) = (all.next(), all.next()) {
+            if p.before_session {
+                return Candidates::BeforeSession;
+            }
+        }
+        let mut live = self
+            .pending
+            .iter()
+            .filter(|(_, p)| !p.before_session && !p.told)
+            .peekable();
+        if live.peek().is_none() {
+            return Candidates::NoRequest;
+        }
+        let mut able = live
+            .filter(|(_, p)| declares(p.declared))
+            .map(|(&out, _)| out);
+        match (able.next(), able.next()) {
+            (None, _) => Candidates::NoneDeclared,
+            (Some(out), None) => Candidates::One(out),
+            (Some(_), Some(_)) => Candidates::Several,
         }
     }
 
@@ -197,6 +286,11 @@ impl Routes {
     /// The session that created task `task_id`, if noted.
     pub fn task_session(&self, task_id: &str) -> Option<&SessionKey> {
         self.tasks.get(task_id).map(|n| &n.session)
+    }
+
+    /// What taskgate noted of task `task_id`.
+    pub fn task_note(&self, task_id: &str) -> Option<&TaskNote> {
+        self.tasks.get(task_id)
     }
 
     /// Every task noted, removed (the child is gone, and its tasks with it).
@@ -328,6 +422,8 @@ mod tests {
                 held_cancel: None,
                 before_session: false,
                 held_task: None,
+                claim: Arc::default(),
+                declared: ClientCapabilities::default(),
             },
             rx,
         )
@@ -349,7 +445,7 @@ mod tests {
         let got = routes.take(nb).expect("pending");
         assert_eq!(got.session.as_deref(), Some("s2"));
         assert_eq!(routes.out_id(&Some("s2".into()), &one), None);
-        assert_eq!(routes.only_pending(), Some(na));
+        assert_eq!(routes.asked_of(|_| true), Candidates::One(na));
         assert_eq!(routes.drain().len(), 1);
         assert_eq!(routes.in_flight(), 0);
     }
