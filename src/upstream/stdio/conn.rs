@@ -79,6 +79,12 @@ pub const STREAM_QUEUE: usize = 64;
 pub const STREAM_QUEUE_BYTES: usize = 4 << 20;
 /// Lines that may wait for the child's stdin (past it a writer waits for room).
 const WRITE_QUEUE: usize = 256;
+/// Bytes of requests that may wait for the child's stdin (past it a writer waits for room; a
+/// line larger than this waits for an empty queue, alone). Why: lines were bounded only in
+/// count, so a child that stopped reading pinned up to 256 requests of `max_message_bytes`
+/// (16 MiB by default): 416 MB measured with 60 callers of 3 MiB (tester 3 F20). A caller
+/// waiting for room holds only its own request, and lets it go at its deadline.
+pub const WRITE_QUEUE_BYTES: usize = 64 << 20;
 /// How long a `notifications/cancelled` taskgate sends on its own (a request given up or
 /// abandoned) waits for room in a full queue before it is dropped: the child is not reading.
 const CANCEL_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -188,6 +194,9 @@ pub struct Conn {
     deaf: Arc<tokio::sync::Notify>,
     /// Whether it was found deaf (the first finding ends it; later ones change nothing).
     found_deaf: AtomicBool,
+    /// Room in the stdin queue, in bytes ([`WRITE_QUEUE_BYTES`]): a queued request holds its
+    /// line's weight until the writer has written or skipped it.
+    room: Arc<tokio::sync::Semaphore>,
 }
 
 /// A line for the child's stdin, with what decides, when the writer takes it, whether it is
@@ -195,6 +204,9 @@ pub struct Conn {
 pub struct Outgoing {
     line: Bytes,
     guard: Guard,
+    /// Its weight in the stdin queue's room ([`Conn::room`]), given back when it is dropped
+    /// (written or skipped); `None` for a line that is not counted (taskgate's own).
+    _room: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Outgoing {
@@ -203,6 +215,7 @@ impl Outgoing {
         Outgoing {
             line,
             guard: Guard::Always,
+            _room: None,
         }
     }
 }
@@ -273,6 +286,7 @@ impl Conn {
             owner: Mutex::new(owner),
             dead_held: Mutex::new(Vec::new()),
             written: Arc::new(AtomicU64::new(0)),
+            room: Arc::new(tokio::sync::Semaphore::new(WRITE_QUEUE_BYTES)),
             deaf: Arc::new(tokio::sync::Notify::new()),
             found_deaf: AtomicBool::new(false),
         });
@@ -451,9 +465,17 @@ impl Conn {
     /// skips it when its caller gave it up or went away while it waited in the queue
     /// ([`Claim`]). Errors: the child is gone.
     pub async fn write_request(&self, reg: &Registered, urgent: bool) -> Result<(), String> {
+        let line = one_line(&reg.bytes);
+        // Room for its bytes first (a line larger than the room waits for all of it).
+        let weight = line.len().min(WRITE_QUEUE_BYTES) as u32;
+        let room = match self.room.clone().acquire_many_owned(weight).await {
+            Ok(permit) => Some(permit),
+            Err(_) => return Err(self.gone()),
+        };
         let out = Outgoing {
-            line: one_line(&reg.bytes),
+            line,
             guard: Guard::Request(reg.claim.clone()),
+            _room: room,
         };
         self.send(out, urgent).await
     }
@@ -634,6 +656,7 @@ impl Conn {
         let line = Outgoing {
             line: one_line(note),
             guard,
+            _room: None,
         };
         // Not awaited: a full queue gets it from a task, in its turn, within CANCEL_WAIT (a
         // child that stopped reading would otherwise keep one such task per request given up,
@@ -1242,6 +1265,7 @@ mod tests {
             written: Arc::default(),
             deaf: Arc::default(),
             found_deaf: AtomicBool::new(false),
+            room: Arc::new(tokio::sync::Semaphore::new(WRITE_QUEUE_BYTES)),
         });
         (conn, normal_rx, urgent_rx)
     }
@@ -1646,6 +1670,41 @@ while os.read(0, 4096):
         reg
     }
 
+    /// Tester 3 F20: the stdin queue holds at most [`WRITE_QUEUE_BYTES`] of requests: a request
+    /// past it waits for room (holding only itself, until its deadline) and is queued once the
+    /// writer took enough; before, a child that stopped reading pinned 256 requests of up to
+    /// `max_message_bytes` each.
+    #[tokio::test]
+    async fn the_stdin_queue_is_bounded_in_bytes() {
+        let (conn, mut normal, _urgent) = bare(Owner::Every);
+        let call = |id: usize| {
+            let pad = "x".repeat(WRITE_QUEUE_BYTES / 3);
+            let json = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"pad":"{pad}"}}}}}}"#
+            );
+            let msg = Message::parse(Bytes::from(json)).expect("json");
+            conn.register(&msg, Some("s1".into()), every(), None, false, None)
+                .expect("registered")
+        };
+        let regs: Vec<Registered> = (0..4).map(call).collect();
+        // Three thirds (and a little) do not all fit: two are queued, the third waits.
+        for reg in &regs[..2] {
+            conn.write_request(reg, false).await.expect("queued");
+        }
+        let third = conn.write_request(&regs[2], false);
+        tokio::pin!(third);
+        assert!(
+            futures_util::poll!(third.as_mut()).is_pending(),
+            "a request past the queue's bytes waits for room"
+        );
+        // The writer takes one: room for the third.
+        drop(normal.recv().await.expect("the first line"));
+        tokio::time::timeout(std::time::Duration::from_secs(5), third)
+            .await
+            .expect("queued once there is room")
+            .expect("queued");
+    }
+
     /// Tester 3 F3: a request still in taskgate's stdin queue when its caller is told it failed
     /// (its deadline passed: given up; or its caller went away: dropped) is never written: the
     /// child read it, and ran it, once it read again, followed by a `notifications/cancelled`.
@@ -1764,6 +1823,7 @@ with open(sys.argv[1], "w") as f:
             written: Arc::default(),
             deaf: Arc::default(),
             found_deaf: AtomicBool::new(false),
+            room: Arc::new(tokio::sync::Semaphore::new(WRITE_QUEUE_BYTES)),
         });
         // As `register` does: `routes` held, then `is_closed`, then `why`.
         let routes = conn.routes.lock();
