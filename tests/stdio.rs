@@ -1735,3 +1735,116 @@ async fn a_childs_request_during_a_gateway_tasks_held_call_makes_it_input_requir
         "{done}"
     );
 }
+
+/// A task of the child's `echo` tool that the child completes after `complete_ms` (ttl 60 s).
+fn completing_task(complete_ms: u64) -> String {
+    let params = json!({
+        "name": "echo",
+        "arguments": {"text": "x", "complete_ms": complete_ms},
+        "task": {"ttl": 60000},
+    });
+    rpc("\"make\"", "tools/call", &params.to_string())
+}
+
+/// Polls `tasks/get` of `task` through `c` every `every` until it is no longer `working`;
+/// returns that status (and the record's message, for the failure).
+async fn poll_until_ended(c: &Client, task: &str, every: Duration) -> (String, Value) {
+    for i in 0..40 {
+        tokio::time::sleep(every).await;
+        let got = c.get(&format!("\"poll-{i}\""), task).await;
+        let status = got["result"]["status"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if status != "working" {
+            return (status, got);
+        }
+    }
+    panic!("task {task} still working after 40 polls");
+}
+
+/// Tester 3 F22: a `per_session` child whose task is live is not idle: a client that polls its
+/// task less often than `gateway.session_idle_ms` gets the task's result (the child was ended
+/// under the task at the idle limit, and the task `failed` "the session's process ended").
+/// Once its task has ended, the idle rule applies again.
+#[tokio::test]
+async fn a_per_session_child_with_a_live_task_outlives_the_idle_limit() {
+    let child = Kid::new();
+    let upstream = child.upstream("process = \"per_session\"", "");
+    let tg = Tg::start(|store| {
+        toml(store, &upstream).replace(
+            "listen = \"127.0.0.1:0\"\n\n[admin]",
+            "listen = \"127.0.0.1:0\"\nsession_idle_ms = 1000\n\n[admin]",
+        )
+    })
+    .await;
+    let mut c = tg.client();
+    let init = c.initialize().await;
+    let pid = init["result"]["serverInfo"]["pid"].as_i64().expect("pid") as i32;
+    let created = c.rpc(completing_task(4000)).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {created}"))
+        .to_string();
+    // Polled every 1.5 s: longer than the idle limit, within the task's ttl.
+    let (status, got) = poll_until_ended(&c, &task, Duration::from_millis(1500)).await;
+    assert_eq!(status, "completed", "{got}");
+    let result = c.result("\"result\"", &task).await;
+    assert_eq!(
+        result["result"]["content"][0]["text"],
+        format!("done {task}"),
+        "{result}"
+    );
+    until("the child, its task ended and idle now, is ended", || {
+        process_gone(pid)
+    })
+    .await;
+}
+
+/// Tester 3 F22: a principal past `limits.max_sessions_per_principal` ends its least recently
+/// used session "as a DELETE would": a `per_session` child with a live task is kept (its
+/// session ends for its client) until the task ends, and its owner reads the result from its
+/// newest session (the child was ended at once, and the task `failed`). The share still holds:
+/// the next least recently used session without a live task has its child ended.
+#[tokio::test]
+async fn a_per_session_child_with_a_live_task_outlives_its_principals_session_limit() {
+    let child = Kid::new();
+    let upstream = child.upstream("process = \"per_session\"", "");
+    let token = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"alice-token"));
+    let tg = Tg::start(|store| {
+        toml(store, &upstream).replace(
+            "[auth]\nmode = \"none\"\n",
+            &format!("[limits]\nmax_sessions_per_principal = 2\n\n[auth]\nmode = \"bearer\"\n\n[[auth.token]]\nprincipal = \"alice\"\nsha256 = {token:?}\n"),
+        )
+    })
+    .await;
+    let session = || tg.client().with_token("alice-token");
+    let pid_of = |init: &Value| init["result"]["serverInfo"]["pid"].as_i64().expect("pid") as i32;
+    let mut a = session();
+    let pa = pid_of(&a.initialize().await);
+    let created = a.rpc(completing_task(3000)).await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {created}"))
+        .to_string();
+    let (mut b, mut c, mut d) = (session(), session(), session());
+    let pb = pid_of(&b.initialize().await);
+    let pc = pid_of(&c.initialize().await);
+    let pd = pid_of(&d.initialize().await);
+    until("b's child (no live task) makes room for d's", || {
+        process_gone(pb)
+    })
+    .await;
+    assert!(!process_gone(pa), "a's child runs its live task");
+    assert!(!process_gone(pc) && !process_gone(pd));
+    let (status, got) = poll_until_ended(&d, &task, Duration::from_millis(500)).await;
+    assert_eq!(status, "completed", "{got}");
+    let result = d.result("\"result\"", &task).await;
+    assert_eq!(
+        result["result"]["content"][0]["text"],
+        format!("done {task}"),
+        "{result}"
+    );
+    until("a's child, its task ended, is ended", || process_gone(pa)).await;
+    assert!(!process_gone(pc) && !process_gone(pd));
+}

@@ -13,6 +13,8 @@ at start. Tools:
   log {text, cr}                sends notifications/message (data: text; with cr, a bare \r
                                 between its JSON tokens), then answers
   slow {}                       as a task (params.task): stays `working` until cancelled
+  any tool as a task with {complete_ms}: the task is `completed` after complete_ms (its
+                                tasks/result then has a text content naming the task)
   hush {}                       closes its stdout (no answer) and runs on
   deafen {}                     answers, then closes its stdin and runs on
   stall {resume_ms, trickle_ms} answers, then stops reading its stdin (open) and runs on; with
@@ -123,6 +125,14 @@ def handle(msg):
                 tid = "task-%d-%d" % (os.getpid(), next_task[0])
                 tasks[tid] = {"status": "working"}
                 answer(mid, {"task": task_obj(tid)})
+            if "complete_ms" in args:
+                def complete(tid=tid, delay=float(args["complete_ms"]) / 1000.0):
+                    time.sleep(delay)
+                    with tasks_lock:
+                        if tasks[tid]["status"] == "working":
+                            tasks[tid]["status"] = "completed"
+                            tasks[tid]["text"] = "done " + tid
+                threading.Thread(target=complete, daemon=True).start()
             return
         if name == "fail":
             send({"jsonrpc": "2.0", "id": mid, "error": {"code": int(args.get("code", -32603)), "message": "failed on purpose"}})
@@ -193,7 +203,8 @@ def handle(msg):
             if t is None:
                 send({"jsonrpc": "2.0", "id": mid, "error": {"code": -32602, "message": "Task not found"}})
             elif t["status"] != "working":
-                answer(mid, {"content": [], "isError": t["status"] != "completed"})
+                content = [{"type": "text", "text": t["text"]}] if "text" in t else []
+                answer(mid, {"content": content, "isError": t["status"] != "completed"})
     elif method == "subscriptions/listen":
         # 2026-07-28: acknowledged, one list_changed, then open until cancelled (never answered).
         meta = {"io.modelcontextprotocol/subscriptionId": mid}

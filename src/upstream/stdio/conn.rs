@@ -419,6 +419,12 @@ impl Conn {
         self.routes.lock().in_flight()
     }
 
+    /// Whether a task the child created is still live: not reported ended by the child, and
+    /// within its ttl ([`Routes::has_live_task`]).
+    pub fn has_live_task(&self) -> bool {
+        self.routes.lock().has_live_task(std::time::Instant::now())
+    }
+
     /// Whether the child is gone (no request can be written).
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
@@ -761,6 +767,7 @@ impl Conn {
                     declared: p.declared,
                     created_at: field("createdAt"),
                     ttl: field("ttl").or_else(|| field("ttlMs")),
+                    ..TaskNote::default()
                 };
                 let ended = ended_at(bytes, &["result", "task", "status"])
                     || ended_at(bytes, &["result", "status"]);

@@ -103,17 +103,22 @@
 //! it, `roots/list` say, is answered `-32603` by taskgate at once: the client has no session
 //! to answer it on yet; see [`conn`]). The session's requests go to its child; a
 //! `DELETE`, [`PER_SESSION_IDLE`]-style idle reclaim (`gateway.session_idle_ms`, counted while
-//! no request is in flight on the child: a long call or a gateway task's held call keeps it)
-//! and shutdown end it. A child that dies ends its session (later requests get 404, so the client
-//! initializes again) and its tasks fail as above. At most [`MAX_CHILDREN`] children at once,
-//! those still starting counted ([`ChildCaps`]), and at most `limits.max_sessions_per_principal`
-//! of one principal ([`Tenant`]: without auth its client address, IPv6 by its /64), its
-//! starting ones counted: its next `initialize` past that ends its own least recently used
-//! session's child as a `DELETE` does (the session then gets 404; in flight or not, as the
-//! session table reclaims a principal's least recently used session). At [`MAX_CHILDREN`] a
+//! no request is in flight on the child and no task of its is live: a long call, a gateway
+//! task's held call or a task the child runs keeps it; a task is live until the child reports
+//! it ended, in a status notification or an answer, or its ttl is over) and shutdown end it. A
+//! child that dies ends its session (later requests get 404, so the client initializes again)
+//! and its tasks fail as above. At most [`MAX_CHILDREN`] children at once, those still starting
+//! counted ([`ChildCaps`]), and at most `limits.max_sessions_per_principal` of one principal
+//! ([`Tenant`]: without auth its client address, IPv6 by its /64), its starting ones counted:
+//! its next `initialize` past that ends its own least recently used session as a `DELETE`
+//! does (the session then gets 404; in flight or not, as the session table reclaims a
+//! principal's least recently used session): its child is ended, unless a task of its is live
+//! (tester 3 F22): as a `DELETE` with live tasks is deferred (`layers::session_guard`), that
+//! child is kept (no longer counted in the share; `tasks/*` still reach it) until its tasks
+//! have ended, then [`RETIRED_GRACE`] with nothing in flight. At [`MAX_CHILDREN`] a
 //! principal's new session ends its own least recently used **idle** child (nothing in flight
-//! on it); a principal with none (or callers not told apart: [`Tenant::Unknown`]) gets 503
-//! with `Retry-After`. So one client that never sends `DELETE` neither locks itself out nor,
+//! on it, no live task); a principal with none (or callers not told apart:
+//! [`Tenant::Unknown`]) gets 503 with `Retry-After`. So one client that never sends `DELETE` neither locks itself out nor,
 //! with a share below [`MAX_CHILDREN`], takes every child from the others (cold test, session
 //! 25). An ended child's process may take the stop's few seconds to exit; it no longer counts.
 //!
@@ -195,6 +200,13 @@ pub const MAX_CHILDREN: usize = 256;
 /// The default idle limit of a `per_session` child (the gateway passes
 /// `gateway.session_idle_ms`).
 pub const PER_SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
+/// How long a `per_session` child given up for its principal's share while it had a live task
+/// is kept once its last task ended and nothing is in flight on it (at most the idle limit):
+/// its owner's `tasks/result` after the `tasks/get` that saw the task end still reaches it.
+pub const RETIRED_GRACE: Duration = Duration::from_secs(5);
+/// How often `per_session` children are looked at for the idle limit, at most (a shorter idle
+/// limit is looked at four times per limit).
+const RECLAIM_EVERY: Duration = Duration::from_secs(1);
 /// The session key of taskgate's own requests to a shared child.
 const OWN_SESSION: &str = "taskgate";
 
@@ -271,6 +283,22 @@ struct Session {
     /// What its client declared in its `initialize` `capabilities`: the child's requests
     /// needing a capability it lacks never reach it (see [`conn`]).
     declared: ClientCapabilities,
+    /// `per_session`: given up for its principal's share while its child had a live task
+    /// ([`Inner::make_room_for`]): no longer counted in that share, its child kept until its
+    /// tasks end, then ended after [`RETIRED_GRACE`] ([`Inner::reclaim_idle`]).
+    retired: bool,
+}
+
+impl Session {
+    /// `per_session`: whether its child has a task live (see [`Conn::has_live_task`]).
+    fn has_live_task(&self) -> bool {
+        self.conn.as_ref().is_some_and(|c| c.has_live_task())
+    }
+
+    /// `per_session`: whether a request is in flight on its child.
+    fn busy(&self) -> bool {
+        self.conn.as_ref().is_some_and(|c| c.in_flight() > 0)
+    }
 }
 
 /// How many `per_session` children there may be (see [`StdioTransport::with_caps`]).
@@ -953,13 +981,7 @@ impl Inner {
             let mut sessions = self.sessions.lock();
             match self.make_room_for(&mut sessions, &tenant) {
                 Ok(None) => {}
-                Ok(Some(key)) => {
-                    tracing::info!(
-                        upstream = %self.name,
-                        "a principal's new per_session child: its least recently used one is ended"
-                    );
-                    self.streams.close(&key);
-                }
+                Ok(Some(key)) => self.streams.close(&key),
                 Err(why) => return Ok(overloaded(msg.id(), why)),
             }
             self.starting
@@ -1082,16 +1104,31 @@ impl Inner {
             return if full { Err(refusal()) } else { Ok(None) };
         }
         let own_starting = self.starting_by.lock().get(tenant).copied().unwrap_or(0);
-        let own = sessions.values().filter(|s| s.tenant == *tenant).count() + own_starting;
+        let own = sessions
+            .values()
+            .filter(|s| s.tenant == *tenant && !s.retired)
+            .count()
+            + own_starting;
         let over_share =
             self.caps.per_principal < self.caps.max_children && own >= self.caps.per_principal;
         if !over_share && !full {
             return Ok(None);
         }
+        // At the cap a process must go: one without a live task (tester 3 F22: a DELETE keeps
+        // it), over the share a session in flight too, else an idle one. Over the share alone,
+        // the least recently used session goes from the share, its child kept while it has a
+        // live task (retired), as a DELETE with live tasks is deferred.
+        let candidate = |s: &Session| {
+            s.tenant == *tenant
+                && if full {
+                    !s.has_live_task() && ((over_share && !s.retired) || !s.busy())
+                } else {
+                    !s.retired
+                }
+        };
         let lru = sessions
             .iter()
-            .filter(|(_, s)| s.tenant == *tenant)
-            .filter(|(_, s)| over_share || s.conn.as_ref().is_none_or(|c| c.in_flight() == 0))
+            .filter(|(_, s)| candidate(s))
             .min_by_key(|(_, s)| s.last_used)
             .map(|(k, _)| k.clone());
         let Some(key) = lru else {
@@ -1104,11 +1141,25 @@ impl Inner {
                 )
             });
         };
+        if !full {
+            if let Some(entry) = sessions.get_mut(&key).filter(|s| s.has_live_task()) {
+                entry.retired = true;
+                tracing::info!(
+                    upstream = %self.name,
+                    "a principal's new per_session child: its least recently used session ends, its child kept until its live tasks end"
+                );
+                return Ok(Some(key));
+            }
+        }
         if let Some(mut entry) = sessions.remove(&key) {
             if let Some(stop) = entry.stop.take() {
                 let _ = stop.send(());
             }
         }
+        tracing::info!(
+            upstream = %self.name,
+            "a principal's new per_session child: its least recently used one is ended"
+        );
         Ok(Some(key))
     }
 
@@ -1139,6 +1190,7 @@ impl Inner {
                 last_used: Instant::now(),
                 tenant,
                 declared,
+                retired: false,
             },
         );
     }
@@ -1438,10 +1490,12 @@ impl Inner {
         }
     }
 
-    /// `per_session`: ends children idle longer than `idle`.
+    /// `per_session`: ends children idle longer than `idle` (a retired one, [`Session::retired`],
+    /// [`RETIRED_GRACE`] at most).
     async fn reclaim_idle(self: Arc<Self>) {
         let mut stop = self.stop.subscribe();
-        let every = (self.idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+        let every = (self.idle / 4).clamp(Duration::from_millis(50), RECLAIM_EVERY);
+        let retired_grace = self.idle.min(RETIRED_GRACE);
         loop {
             tokio::select! {
                 () = tokio::time::sleep(every) => {}
@@ -1454,13 +1508,16 @@ impl Inner {
                 .values_mut()
                 .filter_map(|s| {
                     // A child answering a request is not idle (a call longer than the idle
-                    // limit, a gateway task's held call, whose polls never reach the child):
-                    // its idle time starts once nothing is in flight.
-                    if s.conn.as_ref().is_some_and(|c| c.in_flight() > 0) {
+                    // limit, a gateway task's held call, whose polls never reach the child),
+                    // nor one running a task of its own (tester 3 F22: its owner may poll it
+                    // less often than the idle limit, and a DELETE keeps it too): its idle time
+                    // starts once nothing is in flight and no task is live.
+                    if s.busy() || s.has_live_task() {
                         s.last_used = now;
                         return None;
                     }
-                    if now.duration_since(s.last_used) < self.idle {
+                    let limit = if s.retired { retired_grace } else { self.idle };
+                    if now.duration_since(s.last_used) < limit {
                         return None;
                     }
                     s.stop.take()

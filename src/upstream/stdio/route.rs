@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 /// Entries at most in each table of notes.
@@ -140,6 +141,9 @@ pub struct TaskNote {
     pub ttl: Option<String>,
     /// What the client of the request that created it declared ([`Pending::declared`]).
     pub declared: ClientCapabilities,
+    /// When taskgate noted it (set by [`Routes::note_task`]): its ttl runs from then, on
+    /// taskgate's clock.
+    pub noted_at: Option<Instant>,
 }
 
 /// Whom a request of the child's without a related task goes to, among the requests in flight
@@ -158,6 +162,27 @@ pub enum Candidates {
     /// Several: taskgate cannot tell which client it is for.
     Several,
 }
+
+impl TaskNote {
+    /// Whether the task may still be live at `now`: noted, and its ttl (milliseconds; no ttl,
+    /// or `null`, counts as [`UNBOUNDED_TTL`]) not over since.
+    fn within_ttl(&self, now: Instant) -> bool {
+        let ttl = self
+            .ttl
+            .as_deref()
+            .and_then(|t| t.trim().parse::<f64>().ok())
+            .filter(|ms| ms.is_finite() && *ms >= 0.0)
+            .map_or(UNBOUNDED_TTL, |ms| {
+                Duration::from_millis(ms.min(u64::MAX as f64) as u64)
+            });
+        self.noted_at
+            .is_some_and(|at| now.saturating_duration_since(at) < ttl)
+    }
+}
+
+/// How long a task the child gave no ttl (or `null`) is taken to live: the default of
+/// `tasks.max_ttl_ms` (24 h), which taskgate's own record of it expires at.
+pub const UNBOUNDED_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The routing tables of one child.
 #[derive(Default)]
@@ -272,9 +297,17 @@ impl Routes {
         self.progress.get(&token)
     }
 
-    /// Notes that task `task_id` was created by a request of `note.session`.
-    pub fn note_task(&mut self, task_id: String, note: TaskNote) {
+    /// Notes that task `task_id` was created by a request of `note.session` (now, unless
+    /// `note.noted_at` says when).
+    pub fn note_task(&mut self, task_id: String, mut note: TaskNote) {
+        note.noted_at.get_or_insert_with(Instant::now);
         self.tasks.insert(task_id, note);
+    }
+
+    /// Whether a task the child created is live at `now`: noted, not reported ended (a
+    /// terminal status in a status notification or an answer), and within its ttl.
+    pub fn has_live_task(&self, now: Instant) -> bool {
+        self.tasks.live().any(|note| note.within_ttl(now))
     }
 
     /// Notes that task `task_id` ended (the child reported a terminal status): a full table
@@ -387,6 +420,14 @@ impl<K: Hash + Eq + Clone, V> Notes<K, V> {
         self.order.remove(&seq);
         self.ended.remove(&seq);
         Some(v)
+    }
+
+    /// The notes not marked ended.
+    pub fn live(&self) -> impl Iterator<Item = &V> {
+        self.map
+            .values()
+            .filter(|(seq, _)| !self.ended.contains_key(seq))
+            .map(|(_, v)| v)
     }
 
     /// Every note, removed.
@@ -508,6 +549,40 @@ mod tests {
         assert!(
             routes.asked("b").is_some(),
             "not evicted: the table was not full"
+        );
+    }
+
+    /// A task is live while the child did not report it ended and its ttl (from when taskgate
+    /// noted it; none or `null`: [`UNBOUNDED_TTL`]) is not over (tester 3 F22: what keeps a
+    /// `per_session` child).
+    #[test]
+    fn a_task_is_live_until_reported_ended_or_past_its_ttl() {
+        let mut routes = Routes::default();
+        let now = Instant::now();
+        assert!(!routes.has_live_task(now), "no task");
+        let note = |ttl: Option<&str>| TaskNote {
+            ttl: ttl.map(str::to_string),
+            noted_at: Some(now),
+            ..TaskNote::default()
+        };
+        routes.note_task("short".into(), note(Some("1000")));
+        assert!(routes.has_live_task(now));
+        assert!(
+            !routes.has_live_task(now + Duration::from_millis(1000)),
+            "past its ttl"
+        );
+        routes.note_task("unbounded".into(), note(Some("null")));
+        assert!(routes.has_live_task(now + Duration::from_secs(3600)));
+        assert!(!routes.has_live_task(now + UNBOUNDED_TTL));
+        routes.task_ended("unbounded");
+        assert!(
+            !routes.has_live_task(now + Duration::from_secs(3600)),
+            "reported ended"
+        );
+        routes.note_task("fresh".into(), TaskNote::default());
+        assert!(
+            routes.has_live_task(Instant::now()),
+            "noted now when no time is given"
         );
     }
 
