@@ -84,6 +84,15 @@ enum TasksCommand {
 }
 
 fn main() -> ExitCode {
+    // A stdio child's shim (`upstream::stdio::shim`), started by `serve` itself: nothing else
+    // of the command line applies to it.
+    let mut args = std::env::args_os();
+    if args
+        .nth(1)
+        .is_some_and(|a| a == taskgate::upstream::stdio::shim::MODE)
+    {
+        taskgate::upstream::stdio::shim::run(args.collect());
+    }
     limit_malloc_arenas();
     fix_mmap_threshold();
     let cli = Cli::parse();
@@ -135,6 +144,9 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            // Each stdio child starts through this binary's shim: no process of its outlives a
+            // `kill -9` of taskgate (`upstream::stdio::shim`).
+            taskgate::upstream::stdio::child::launch_through("/proc/self/exe".into());
             // The main thread serves too (with the admin listener and the sweeper); the other
             // serving threads get runtimes of their own (`gateway.threads`, `http::listen`).
             let runtime = match tokio::runtime::Builder::new_current_thread()

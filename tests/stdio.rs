@@ -1848,3 +1848,66 @@ async fn a_per_session_child_with_a_live_task_outlives_its_principals_session_li
     until("a's child, its task ended, is ended", || process_gone(pa)).await;
     assert!(!process_gone(pc) && !process_gone(pd));
 }
+
+/// The pids of the processes whose command line (`/proc/<pid>/cmdline`) starts with `marker`
+/// and that are not zombies.
+fn processes_named(marker: &str) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with(marker.as_bytes()))
+                && !process_gone(*pid)
+        })
+        .collect()
+}
+
+/// Tester 3 F23: `kill -9` of taskgate leaves no orphan when the server is started through a
+/// wrapper that forks (`bash -c "server; …"`, `npx`, `uv run`): the grandchild went on
+/// running with parent 1 (the parent-death signal reached only the wrapper, taskgate's
+/// direct child).
+#[tokio::test]
+async fn kill_9_of_taskgate_leaves_no_grandchild_of_a_wrapper() {
+    let child = Kid::new();
+    let marker = format!("tg-orphan-{}-{}", std::process::id(), rand_suffix());
+    // bash stays the direct child; the "server" (a sleep named by the marker) is its child.
+    // It never answers: taskgate waits in its start-up.
+    let script = format!("(exec -a {marker} sleep 300) & wait");
+    let upstream = format!(
+        "\n[[upstream]]\nname = \"default\"\ncommand = [\"bash\", \"-c\", {script:?}]\ntimeout_ms = 60000\n"
+    );
+    let config = child.path("taskgate.toml");
+    let store = child.path("store");
+    std::fs::write(&config, toml(store.to_str().unwrap(), &upstream)).unwrap();
+    let mut p = TaskgateProcess::spawn(&["serve", "--config", config.to_str().unwrap()], &[]);
+    p.listening();
+    until("the wrapper's child runs", || {
+        !processes_named(&marker).is_empty()
+    })
+    .await;
+    let grandchild = processes_named(&marker)[0];
+    p.signal(libc::SIGKILL);
+    p.wait_exit(Duration::from_secs(5)).expect("killed");
+    let mut gone = false;
+    for _ in 0..250 {
+        if process_gone(grandchild) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if !gone {
+        // Not left behind by the test either.
+        unsafe { libc::kill(grandchild, libc::SIGKILL) };
+    }
+    assert!(gone, "the wrapper's child outlived a kill -9 of taskgate");
+}
+
+/// A few random hex digits (a marker no other run shares).
+fn rand_suffix() -> String {
+    let mut bytes = [0u8; 4];
+    getrandom::getrandom(&mut bytes).expect("random");
+    hex::encode(bytes)
+}

@@ -8,17 +8,22 @@
 //! ending its children (`kill -9`, a crash), the kernel's parent-death signal ends each child:
 //! `prctl(PR_SET_PDEATHSIG, SIGKILL)` in the child between fork and exec, checked against a
 //! parent that died before the `prctl` (then the child exits at once). The parent-death signal
-//! reaches the child taskgate started, not that child's own children (`npx` → `node`): those
-//! read EOF on the stdin pipe they share with it (its only writer, taskgate, is gone) and MCP
-//! stdio servers exit on EOF (the spec's shutdown sequence starts with closing stdin). The
-//! signal follows the *thread* that forked, not the process: every child is spawned by a task
-//! on the runtime that built the transport (the main thread in `taskgate serve`), never on a
-//! serving thread, which ends at shutdown before the children are ended in order.
+//! reaches only the process taskgate started, not that process's own children (`bash -c
+//! "server; …"`, `npx` → `sh` → `node`, `uv run`), which may run on after a `kill -9` of
+//! taskgate (tester 3 F23). So the `taskgate` binary starts each command through itself
+//! ([`launch_through`]): `taskgate __stdio-child -- <command…>` ([`super::shim`]) gets the
+//! parent-death signal, leads the group, adopts the command's orphans and, when taskgate dies,
+//! ends them all (`SIGTERM`, then `SIGKILL` after [`TERM_GRACE`]); otherwise it is
+//! transparent (same pipes, the command's exit status, graceful stops as below). Without it
+//! (taskgate as a library, its tests), the command is started directly. The signal follows the
+//! *thread* that forked, not the process: every child is spawned by a task on the runtime that
+//! built the transport (the main thread in `taskgate serve`), never on a serving thread, which
+//! ends at shutdown before the children are ended in order.
 
 use crate::config::UpstreamConfig;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::process::{Child, Command};
 
@@ -31,6 +36,16 @@ pub const STDERR_LINE_BYTES: usize = 4096;
 /// stderr lines logged per second per child; past it lines are counted, and the count is
 /// logged once the second is over.
 pub const STDERR_LINES_PER_SECOND: u32 = 50;
+
+/// The program that starts every child's command as its shim ([`launch_through`]), once set.
+static LAUNCHER: OnceLock<PathBuf> = OnceLock::new();
+
+/// Starts every later child through `program` as `program __stdio-child -- <command…>`
+/// ([`super::shim`]): `taskgate serve` passes `/proc/self/exe` (itself, even if its file was
+/// replaced since). The first call wins; without one, commands are started directly.
+pub fn launch_through(program: PathBuf) {
+    let _ = LAUNCHER.set(program);
+}
 
 /// What starts a child: the `[[upstream]]`'s `command`, `env` and `cwd`.
 #[derive(Debug, Clone)]
@@ -73,12 +88,25 @@ impl Spec {
         })
     }
 
-    /// Starts the child: stdin, stdout and stderr piped, its own process group, the
-    /// parent-death signal set (see the module docs).
+    /// Starts the child (through the shim, when [`launch_through`] named one): stdin, stdout
+    /// and stderr piped, its own process group, the parent-death signal set (see the module
+    /// docs).
     ///
-    /// Errors: the program could not be started.
+    /// Errors: the program (or the shim) could not be started; through the shim, a command
+    /// that cannot be started is a child that exits at once (code 127 when not found, 126
+    /// otherwise; the reason on its stderr).
     pub fn spawn(&self) -> std::io::Result<Child> {
-        let mut cmd = Command::new(&self.program);
+        let mut cmd = match LAUNCHER.get() {
+            Some(launcher) => {
+                let mut cmd = Command::new(launcher);
+                cmd.arg0("taskgate")
+                    .arg(super::shim::MODE)
+                    .arg("--")
+                    .arg(&self.program);
+                cmd
+            }
+            None => Command::new(&self.program),
+        };
         cmd.args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())

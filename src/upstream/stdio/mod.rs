@@ -163,6 +163,7 @@ pub mod conn;
 mod framing;
 pub mod queue;
 pub mod route;
+pub mod shim;
 
 use self::conn::{Conn, Registered, Streams};
 use self::route::{SessionKey, TaskNote};

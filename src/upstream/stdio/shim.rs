@@ -1,0 +1,295 @@
+//! The stdio child's shim: `taskgate __stdio-child -- <command…>`, the process taskgate starts
+//! for each stdio child when it runs as the `taskgate` binary ([`super::child::launch_through`]),
+//! so that no process of the child's outlives a `kill -9` of taskgate (tester 3 F23).
+//!
+//! Why: the kernel's parent-death signal (`PR_SET_PDEATHSIG`) reaches only the process taskgate
+//! started. A server started through a wrapper that forks (`bash -c "server; …"`, `npx` → `sh`
+//! → `node`, `uv run`) is that process's child: it went on running with parent 1 when taskgate
+//! was killed, unless it happened to exit on its stdin's end. Nothing in taskgate runs after a
+//! `kill -9`, so a process of its own must stay beside the command to end it.
+//!
+//! What the shim does (Linux):
+//! - it keeps taskgate's parent-death signal as a catchable `SIGTERM` (taskgate starts it with
+//!   `SIGKILL`, which stays in force until the shim replaces it, before it starts anything), and
+//!   becomes a child subreaper (`PR_SET_CHILD_SUBREAPER`), so the command's orphans are its
+//!   children, not init's;
+//! - it starts the command with its own stdin, stdout and stderr (the pipes to taskgate, passed
+//!   on: nothing is copied), in its process group (which taskgate created for it), then lets go
+//!   of its copies of stdin and stdout (so the command closing either is seen by taskgate);
+//! - when the command exits, whatever it left behind (its process group and its orphans) gets
+//!   `SIGKILL`, as taskgate does to the group once the leader exits, and the shim exits with
+//!   the command's status (a command killed by a signal: the shim dies by the same signal), so
+//!   taskgate sees the command's own end;
+//! - when taskgate dies (the parent-death signal, or its parent is no longer taskgate), the
+//!   group and its orphans get `SIGTERM`, then `SIGKILL` after [`TERM_GRACE`];
+//! - taskgate's own stops signal the group, the shim included: it takes the signals it is sent
+//!   by taskgate as meant for the command (which got them too) and waits for the command's end,
+//!   so graceful stops work as without it; a signal from anyone else is passed on to the
+//!   command.
+//!
+//! The shim runs no runtime and allocates only at its start and when it scans `/proc` to find
+//! what the command left.
+
+use std::ffi::OsString;
+use std::time::{Duration, Instant};
+
+/// The argument that starts `taskgate` as a stdio child's shim (not a user-facing command).
+pub const MODE: &str = "__stdio-child";
+
+/// Signals the shim takes itself (blocked, and waited for): the stops it may be sent, and its
+/// children's ends.
+const TAKEN: [libc::c_int; 5] = [
+    libc::SIGTERM,
+    libc::SIGINT,
+    libc::SIGHUP,
+    libc::SIGQUIT,
+    libc::SIGCHLD,
+];
+
+/// How long what the command left may take to exit after `SIGTERM` when taskgate died, before
+/// it gets `SIGKILL` (as long as a graceful stop gives a group: `child::TERM_GRACE`).
+pub const TERM_GRACE: Duration = Duration::from_secs(3);
+
+/// How long the shim waits for a signal before it checks its parent again.
+const TICK: Duration = Duration::from_secs(1);
+
+/// Runs the shim for `args` (`--` then the command and its arguments) and never returns: the
+/// process exits as the command did. Exit code 2 without a command; 127 (126) when the command
+/// cannot be started (not found; otherwise), with the reason on stderr.
+pub fn run(args: Vec<OsString>) -> ! {
+    let mut args = args.into_iter().peekable();
+    if args.peek().is_some_and(|a| a == "--") {
+        args.next();
+    }
+    let Some(program) = args.next() else {
+        eprintln!("taskgate {MODE}: no command given");
+        std::process::exit(2);
+    };
+    // SAFETY: plain system calls on this process; no memory is shared with them.
+    let parent = unsafe { libc::getppid() };
+    let taken = taken_set();
+    // SAFETY: as above; `taken` is a valid, initialized set.
+    unsafe {
+        libc::sigprocmask(libc::SIG_BLOCK, &taken, std::ptr::null_mut());
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong);
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
+        // taskgate died before the signal was in force: nothing was started, nothing to end.
+        if libc::getppid() != parent {
+            std::process::exit(1);
+        }
+    }
+    let command = match start(&program, args) {
+        Ok(child) => child.id() as libc::pid_t,
+        Err(e) => {
+            eprintln!("taskgate: cannot start {program:?}: {e}");
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            std::process::exit(code);
+        }
+    };
+    let_go_of_stdin_and_stdout();
+    loop {
+        let (signal, sender) = wait_for(&taken, TICK);
+        if let Some(status) = reap(command) {
+            end_the_rest(Duration::ZERO);
+            exit_as(status);
+        }
+        // SAFETY: a plain system call.
+        if unsafe { libc::getppid() } != parent {
+            end_the_rest(TERM_GRACE);
+            std::process::exit(1);
+        }
+        match signal {
+            Some(libc::SIGCHLD) | None => {}
+            // taskgate's stops go to the whole group: the command has it already.
+            Some(_) if sender == parent => {}
+            Some(signal) => {
+                // SAFETY: a plain system call.
+                unsafe { libc::kill(command, signal) };
+            }
+        }
+    }
+}
+
+/// The set of [`TAKEN`] signals.
+fn taken_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset initializes the set; sigaddset only sets bits in it.
+    unsafe {
+        let mut set = std::mem::zeroed::<libc::sigset_t>();
+        libc::sigemptyset(&mut set);
+        for signal in TAKEN {
+            libc::sigaddset(&mut set, signal);
+        }
+        set
+    }
+}
+
+/// Starts the command with the shim's stdin, stdout, stderr, environment and directory, no
+/// signal blocked (the shim blocks the ones it takes) and the shim's death its own
+/// (`PR_SET_PDEATHSIG`, `SIGKILL`: should the shim itself be killed alone).
+fn start(
+    program: &OsString,
+    args: impl Iterator<Item = OsString>,
+) -> std::io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(args);
+    // SAFETY: getpid before the fork; the closure calls only async-signal-safe functions.
+    let shim = unsafe { libc::getpid() };
+    unsafe {
+        cmd.pre_exec(move || {
+            // Not the shim's blocked signals: the command starts with none blocked.
+            let mut none = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigemptyset(&mut none);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != shim {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+/// Points the shim's own stdin and stdout at `/dev/null`: the command holds the pipes now, and
+/// taskgate must see it close them.
+fn let_go_of_stdin_and_stdout() {
+    // SAFETY: plain system calls on this process's descriptors.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::dup2(null, 1);
+            libc::close(null);
+        } else {
+            libc::close(0);
+            libc::close(1);
+        }
+    }
+}
+
+/// Waits up to `within` for one of the `taken` signals: which one, and who sent it.
+fn wait_for(taken: &libc::sigset_t, within: Duration) -> (Option<libc::c_int>, libc::pid_t) {
+    let timeout = libc::timespec {
+        tv_sec: within.as_secs() as libc::time_t,
+        tv_nsec: within.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `info` is written by the kernel; `si_pid` reads the union's sender field, which
+    // every signal sent with kill (and SIGCHLD) fills.
+    unsafe {
+        let mut info = std::mem::zeroed::<libc::siginfo_t>();
+        let signal = libc::sigtimedwait(taken, &mut info, &timeout);
+        if signal <= 0 {
+            (None, 0)
+        } else {
+            (Some(signal), info.si_pid())
+        }
+    }
+}
+
+/// Reaps every child that ended (the command, and orphans the shim adopted); the command's
+/// wait status when it was among them.
+fn reap(command: libc::pid_t) -> Option<libc::c_int> {
+    let mut found = None;
+    loop {
+        let mut status = 0;
+        // SAFETY: a plain system call writing `status`.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return found;
+        }
+        if pid == command {
+            found = Some(status);
+        }
+    }
+}
+
+/// The processes the command left: in the shim's process group (when the shim leads it, as
+/// taskgate starts it: never a group it was merely started in), or adopted by it (orphans that
+/// left the group), not zombies, the shim excepted.
+fn the_rest() -> Vec<libc::pid_t> {
+    // SAFETY: plain system calls.
+    let (me, group) = unsafe { (libc::getpid(), libc::getpgrp()) };
+    let group = (group == me).then_some(group);
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|&pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            // `pid (comm) state ppid pgrp …`: the command name may hold anything but ends at
+            // the last ')'.
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let mut fields = rest.split_ascii_whitespace();
+            let state = fields.next().unwrap_or("Z");
+            let ppid = fields.next().and_then(|f| f.parse::<libc::pid_t>().ok());
+            let pgrp = fields.next().and_then(|f| f.parse::<libc::pid_t>().ok());
+            state != "Z" && ((group.is_some() && pgrp == group) || ppid == Some(me))
+        })
+        .collect()
+}
+
+/// Ends what the command left: `SIGTERM`, then `SIGKILL` once `grace` is over (at once without
+/// one), reaping what it adopted; returns when nothing is left, or 2 s after the `SIGKILL`.
+fn end_the_rest(grace: Duration) {
+    let started = Instant::now();
+    let mut termed: Vec<libc::pid_t> = Vec::new();
+    let taken = taken_set();
+    loop {
+        reap(0);
+        let rest = the_rest();
+        if rest.is_empty() {
+            return;
+        }
+        let elapsed = started.elapsed();
+        for pid in rest {
+            if elapsed >= grace {
+                // SAFETY: a plain system call.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            } else if !termed.contains(&pid) {
+                // SAFETY: a plain system call.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+                termed.push(pid);
+            }
+        }
+        if elapsed >= grace + Duration::from_secs(2) {
+            return;
+        }
+        // Woken early by a child's end.
+        wait_for(&taken, Duration::from_millis(50));
+    }
+}
+
+/// Exits as the command did: its exit code, or death by its signal (no core file).
+fn exit_as(status: libc::c_int) -> ! {
+    if libc::WIFSIGNALED(status) {
+        let signal = libc::WTERMSIG(status);
+        // SAFETY: plain system calls on this process: the signal's default action, unblocked.
+        unsafe {
+            let no_core = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+            libc::signal(signal, libc::SIG_DFL);
+            let mut set = std::mem::zeroed::<libc::sigset_t>();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, signal);
+            libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::raise(signal);
+        }
+        std::process::exit(128 + signal);
+    }
+    std::process::exit(libc::WEXITSTATUS(status));
+}
