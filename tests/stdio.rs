@@ -1911,3 +1911,32 @@ fn rand_suffix() -> String {
     getrandom::getrandom(&mut bytes).expect("random");
     hex::encode(bytes)
 }
+
+/// Tester 3 F21: a child that takes longer than `timeout_ms` to start (here 2.5 s against
+/// 1 s: a cold `npx -y`, `uv run` resolving) has `startup_timeout_ms` (default 60 s) for its
+/// first request: a shared child is started once and serves (it was killed and restarted
+/// for ever, each start given `timeout_ms`), a `per_session` client's `initialize` gets its
+/// session (it got 502).
+#[tokio::test]
+async fn a_child_slower_to_start_than_timeout_ms_is_given_its_start_up_budget() {
+    for mode in ["shared", "per_session"] {
+        let child = Kid::new();
+        let upstream = child
+            .upstream(&format!("process = {mode:?}"), "STDIO_START_MS = \"2500\"")
+            .replace("timeout_ms = 5000", "timeout_ms = 1000");
+        let tg = Tg::start(|store| toml(store, &upstream)).await;
+        let mut c = tg.client();
+        if mode == "shared" {
+            readyz(tg.admin, 200).await;
+        }
+        let init = c.initialize().await;
+        assert!(init["result"]["serverInfo"].is_object(), "{mode}: {init}");
+        let echo = json!({"name": "echo", "arguments": {"text": "up"}}).to_string();
+        let answer = c.rpc(rpc("1", "tools/call", &echo)).await;
+        assert_eq!(
+            answer["result"]["content"][0]["text"], "up",
+            "{mode}: {answer}"
+        );
+        assert_eq!(child.pids().len(), 1, "{mode}: started once");
+    }
+}

@@ -434,7 +434,7 @@ pub fn upstream_authority(uri: &http::Uri) -> String {
 
 /// A `command` upstream (`src/upstream/stdio/`): no `url`, TLS key or `proxy` beside it, a program
 /// that exists and is executable (a path, or a name found on `PATH`), `env` expanded, `cwd` a
-/// directory, `max_in_flight` in range.
+/// directory, `startup_timeout_ms` and `max_in_flight` in range.
 fn validate_command(i: usize, up: &mut UpstreamConfig) -> Result<(), ConfigError> {
     let name = up.name.clone();
     let invalid = |m: String| ConfigError::Invalid(format!("upstream {name:?}: {m}"));
@@ -477,6 +477,12 @@ fn validate_command(i: usize, up: &mut UpstreamConfig) -> Result<(), ConfigError
             return Err(invalid(format!("cwd {} is not a directory", cwd.display())));
         }
     }
+    check_range(
+        &format!("upstream[{i}].startup_timeout_ms"),
+        up.startup_timeout_ms,
+        1,
+        HOUR_MS,
+    )?;
     check_range(
         &format!("upstream[{i}].max_in_flight"),
         up.max_in_flight as u64,

@@ -454,6 +454,9 @@ pub(super) fn default_timeout_ms() -> u64 {
 pub(super) fn default_connect_timeout_ms() -> u64 {
     5_000
 }
+pub(super) fn default_startup_timeout_ms() -> u64 {
+    60_000
+}
 pub(super) fn default_max_message_bytes() -> usize {
     16 * 1024 * 1024
 }
@@ -520,6 +523,12 @@ pub struct UpstreamConfig {
     /// TCP connect timeout, in ms (default 5000).
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// A `command` child's start-up budget, in ms (default 60000): how long each new child
+    /// (first start, restart, a `per_session` child) has to answer its first request (taskgate's
+    /// era probe and `initialize`, or a client's forwarded `initialize`), instead of
+    /// `timeout_ms` (a cold `npx -y` or `uv run` resolves packages first).
+    #[serde(default = "default_startup_timeout_ms")]
+    pub startup_timeout_ms: u64,
     /// Headers added to every request sent upstream; `${VAR}` expands from the environment.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
@@ -561,6 +570,7 @@ impl std::fmt::Debug for UpstreamConfig {
             max_in_flight,
             timeout_ms,
             connect_timeout_ms,
+            startup_timeout_ms,
             headers,
             forward_authorization,
             principal_header,
@@ -583,6 +593,7 @@ impl std::fmt::Debug for UpstreamConfig {
             .field("max_in_flight", max_in_flight)
             .field("timeout_ms", timeout_ms)
             .field("connect_timeout_ms", connect_timeout_ms)
+            .field("startup_timeout_ms", startup_timeout_ms)
             .field("headers", &Names(headers))
             .field("forward_authorization", forward_authorization)
             .field("principal_header", principal_header)

@@ -310,6 +310,19 @@ fn command_upstreams() {
     assert_eq!(up.env.get("KEY").map(String::as_str), Some("k1"));
     let shared = Config::from_toml_str(&format!("{base}command = [\"sh\"]\n")).unwrap();
     assert_eq!(shared.upstream[0].process, ProcessMode::Shared);
+    // Tester 3 F21: a start-up budget apart from `timeout_ms` (default 60 s), in range.
+    assert_eq!(shared.upstream[0].startup_timeout_ms, 60_000);
+    let slow = Config::from_toml_str(&format!(
+        "{base}command = [\"sh\"]\nstartup_timeout_ms = 120000\n"
+    ))
+    .unwrap();
+    assert_eq!(slow.upstream[0].startup_timeout_ms, 120_000);
+    let zero = Config::from_toml_str(&format!(
+        "{base}command = [\"sh\"]\nstartup_timeout_ms = 0\n"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(zero.contains("startup_timeout_ms"), "{zero}");
 
     let err = |extra: &str| {
         Config::from_toml_str(&format!("{base}{extra}"))

@@ -27,7 +27,8 @@ Behaviour switches (environment): STDIO_NO_TASKS=1 declares no tasks capability 
 tasks, issue 32); STDIO_NOISE=1 prints a non-JSON line first; STDIO_CRASH_INIT=1
 exits on initialize; STDIO_ROOTS_ON_INIT=1 sends a roots/list request (id "roots-init") on
 initialize and waits for its answer (at most 4 s) before it answers the initialize; STDIO_IGNORE_EOF=1 keeps running after stdin closes (only a signal ends
-it); STDIO_CANCEL_DELAY_MS delays tasks/cancel answers; STDIO_ASK=1 sends an
+it); STDIO_CANCEL_DELAY_MS delays tasks/cancel answers; STDIO_START_MS sleeps that long before it
+reads its stdin at all (a slow start: a cold `npx -y`); STDIO_ASK=1 sends an
 elicitation request (tool `ask`) and answers with what came back.
 `server/discover` (taskgate's era probe) is answered -32601 like any unknown method, unless:
 STDIO_MODERN=only answers it as a 2026-07-28-only server (supportedVersions ["2026-07-28"]) and,
@@ -234,6 +235,7 @@ def main():
         sys.stdout.flush()
     sys.stderr.write("fake stdio server started\n")
     sys.stderr.flush()
+    time.sleep(float(os.environ.get("STDIO_START_MS", "0")) / 1000.0)
     try:
         for line in sys.stdin:
             if slow[0] is not None:

@@ -50,9 +50,10 @@
 //!   as rmcp's HTTP server answers it), so the layers above hold 2025 sessions for it as for a
 //!   2026-only HTTP upstream; 2026-07-28 requests (no session) go to it as they come.
 //! - a supported version older than 2026-07-28 (a **dual-era** child), any other error, or
-//!   no answer within the upstream's `timeout_ms` (a legacy server that ignores unknown
+//!   no answer within the upstream's `startup_timeout_ms` (a legacy server that ignores unknown
 //!   requests; the same bound as for its `initialize` answer, so a child slow to start is
-//!   not mistaken for one): `initialize` as below, on the same child. A dual-era child then
+//!   not mistaken for one; only a first start probes): `initialize` as below, on the same
+//!   child. A dual-era child then
 //!   serves 2025 clients in the session taskgate opened and 2026-07-28 requests by their own
 //!   `_meta` (the spec's "MAY serve both eras concurrently"; rmcp 3.11 does).
 //! - the child dies during the probe: a failed start; its restart is taken for a legacy
@@ -87,7 +88,10 @@
 //! dead child get a JSON-RPC error naming the upstream ("upstream `x` is unreachable: its
 //! child process exited (…)"); requests that arrive while no child runs get it at once (while
 //! one is starting, they wait for it within `timeout_ms`). A child that dies or does not
-//! answer during taskgate's `initialize` is a failed start (logged, backed off), never a hang.
+//! answer taskgate's `initialize` within `startup_timeout_ms` (a new child's budget, default
+//! 60 s, apart from `timeout_ms`: a cold `npx -y` or `uv run` resolves packages first; tester 3
+//! F21) is a failed start (logged, backed off), never a hang. A `per_session` child has the
+//! same budget for the client's `initialize` forwarded to it.
 //! Each death is announced as a [`ChildGone`] (the gateway marks the upstream's tasks that
 //! were not terminal `failed`, with both audit facts: the process is gone; so are the gateway
 //! tasks, `tasks = "gateway"`, whose held calls were in flight on it, [`ChildGone::held`],
@@ -349,6 +353,10 @@ struct Inner {
     metrics: Arc<Metrics>,
     timeout: Duration,
     timeout_ms: u64,
+    /// `startup_timeout_ms`: a new child's budget for its first request (the era probe and
+    /// `initialize`: taskgate's, or a `per_session` client's).
+    startup: Duration,
+    startup_ms: u64,
     max_message_bytes: usize,
     permits: Arc<Semaphore>,
     streams: Arc<Streams>,
@@ -508,6 +516,8 @@ impl StdioTransport {
             metrics,
             timeout: Duration::from_millis(config.timeout_ms),
             timeout_ms: config.timeout_ms,
+            startup: Duration::from_millis(config.startup_timeout_ms),
+            startup_ms: config.startup_timeout_ms,
             max_message_bytes: config.max_message_bytes,
             permits: Arc::new(Semaphore::new(config.max_in_flight.max(1))),
             streams: Arc::new(Streams::default()),
@@ -732,10 +742,27 @@ impl Inner {
         era: Era,
         held: Option<Arc<str>>,
     ) -> Result<McpReply, GatewayError> {
+        self.call_within(conn, msg, session, deadline, era, held, self.timeout)
+            .await
+    }
+
+    /// [`Inner::call`] within `budget` (`timeout_ms`, or a new child's start-up budget for
+    /// its first request).
+    #[allow(clippy::too_many_arguments)]
+    async fn call_within(
+        self: &Arc<Self>,
+        conn: &Arc<Conn>,
+        msg: Message,
+        session: SessionKey,
+        deadline: Deadline,
+        era: Era,
+        held: Option<Arc<str>>,
+        budget: Duration,
+    ) -> Result<McpReply, GatewayError> {
         let method = msg.method().unwrap_or_default().to_string();
         // One deadline for the wait for a slot, the write and the answer: a request that got
         // its slot late has what is left of `timeout_ms`, not a whole one more.
-        let until = tokio::time::Instant::now() + self.timeout;
+        let until = tokio::time::Instant::now() + budget;
         // Only once a new child is live: by then the gateway has failed the dead child's tasks
         // with both audit facts (`ChildGone`); an answer here before that would be recorded as
         // a plain `failed`, and the death then skip the task (terminal already).
@@ -1008,8 +1035,9 @@ impl Inner {
         };
         let conn = running.conn.clone();
         let declared = initialize_declares(&msg);
+        // A new child's first request: the start-up budget (tester 3 F21: a cold `npx -y`).
         let answer = self
-            .call(&conn, msg, None, deadline, Era::Legacy, None)
+            .call_within(&conn, msg, None, deadline, Era::Legacy, None, self.startup)
             .await;
         let session = match &answer {
             Ok(McpReply {
@@ -1394,15 +1422,15 @@ impl Inner {
             None,
         )?;
         conn.write_request(&reg, false).await?;
-        match tokio::time::timeout(self.timeout, &mut reg.answer).await {
+        match tokio::time::timeout(self.startup, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => Ok(classify_probe(&bytes)),
             Ok(Ok(Err(why))) => Err(why),
             Ok(Err(_)) => Err("its child process is gone".into()),
             // `reg` goes: its route is freed; the child is not told (nothing before
             // `initialize` but the probe itself).
             Err(_) => Ok(Probe::Legacy(format!(
-                "no answer within {} ms",
-                self.timeout_ms
+                "no answer within startup_timeout_ms ({} ms)",
+                self.startup_ms
             ))),
         }
     }
@@ -1429,13 +1457,16 @@ impl Inner {
             None,
         )?;
         conn.write_request(&reg, false).await?;
-        let answer = match tokio::time::timeout(self.timeout, &mut reg.answer).await {
+        let answer = match tokio::time::timeout(self.startup, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => bytes,
             Ok(Ok(Err(why))) => return Err(why),
             Ok(Err(_)) => return Err("its child process is gone".into()),
             Err(_) => {
                 conn.give_up(reg.out, "taskgate: initialize timed out");
-                return Err(format!("no answer within {} ms", self.timeout_ms));
+                return Err(format!(
+                    "no answer within startup_timeout_ms ({} ms)",
+                    self.startup_ms
+                ));
             }
         };
         let result = splice::raw_at(&answer, &["result"])
