@@ -22,6 +22,7 @@ at start. Tools:
                                 reader instead of a deaf one: reads one line every trickle_ms
                                 meanwhile (and handles it)
   fail {code}                   answers a JSON-RPC error with that code
+  both {}                       answers with both a result and an error (an invalid answer)
 tasks/result of a `working` task is never answered (its caller waits).
 Behaviour switches (environment): STDIO_NO_TASKS=1 declares no tasks capability (gateway-owned
 tasks, issue 32); STDIO_NOISE=1 prints a non-JSON line first; STDIO_CRASH_INIT=1
@@ -134,6 +135,10 @@ def handle(msg):
                             tasks[tid]["status"] = "completed"
                             tasks[tid]["text"] = "done " + tid
                 threading.Thread(target=complete, daemon=True).start()
+            return
+        if name == "both":
+            send({"jsonrpc": "2.0", "id": mid, "result": {"content": []},
+                  "error": {"code": -32000, "message": "and an error"}})
             return
         if name == "fail":
             send({"jsonrpc": "2.0", "id": mid, "error": {"code": int(args.get("code", -32603)), "message": "failed on purpose"}})

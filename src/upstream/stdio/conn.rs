@@ -725,6 +725,7 @@ impl Conn {
         let msg = match Message::parse(bytes.clone()) {
             Ok(m) => m,
             Err(e) => {
+                self.invalid_answer(&bytes, &e.to_string());
                 let shown = super::child::cut(&String::from_utf8_lossy(&bytes), 200);
                 self.noise(&format!("a line that is not JSON-RPC ({e}): {shown}"));
                 return None;
@@ -736,6 +737,33 @@ impl Conn {
             Kind::Request => return self.request(&msg),
         }
         None
+    }
+
+    /// A line that is not JSON-RPC but reads as an answer to a request taskgate wrote (a JSON
+    /// object with its numeric `id`, no `method`, and a `result` or an `error`: tester 3 F14,
+    /// both at once): that request is answered at once with `-32603` naming the invalid answer
+    /// (JSON-RPC 2.0 section 5: exactly one of the two) and `why` (the parse error), as an
+    /// HTTP upstream's invalid response is, instead of waiting out its `timeout_ms`. The
+    /// child's `error` member is not passed on: which of the two it meant cannot be told.
+    fn invalid_answer(&self, line: &[u8], why: &str) {
+        let member = |name: &str| splice::raw_at(line, &[name]).ok().flatten();
+        if member("method").is_some() || (member("result").is_none() && member("error").is_none()) {
+            return;
+        }
+        let Some(out) = member("id").and_then(|raw| raw.get().parse::<u64>().ok()) else {
+            return;
+        };
+        let Some(p) = self.routes.lock().take(out) else {
+            return;
+        };
+        let detail = if member("result").is_some() && member("error").is_some() {
+            "it carries both `result` and `error` (JSON-RPC 2.0: exactly one of them)"
+        } else {
+            why
+        };
+        let message = format!("upstream `{}` sent an invalid answer: {detail}", self.name);
+        let answer = jsonrpc::error_response(Some(&p.client_id), jsonrpc::INTERNAL_ERROR, &message);
+        let _ = p.answer.send(Ok(answer));
     }
 
     fn noise(&self, what: &str) {

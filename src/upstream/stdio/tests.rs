@@ -1126,3 +1126,45 @@ fn the_default_share_of_children_is_a_quarter_of_the_cap() {
     };
     assert_eq!(ChildCaps::for_config(&set, 10_000).per_principal, 200);
 }
+
+/// Tester 3 F14: an answer carrying both `result` and `error` (not a JSON-RPC response) to a
+/// request taskgate wrote is answered to its caller at once with `-32603` naming the invalid
+/// answer; it was dropped as noise and the caller waited its whole `timeout_ms` (3 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_with_both_result_and_error_answers_its_caller_at_once() {
+    let f = Fixture::new("");
+    f.ready().await;
+    let (session, _) = initialize(&f, "1").await;
+    let started = std::time::Instant::now();
+    let reply = f
+        .send(
+            Some(&session),
+            r#"{"jsonrpc":"2.0","id":"mine","method":"tools/call","params":{"name":"both","arguments":{}}}"#,
+        )
+        .await
+        .expect("answered");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    let answer = body(reply).await.remove(0);
+    assert_eq!(answer["id"], "mine", "{answer}");
+    assert_eq!(answer["error"]["code"], jsonrpc::INTERNAL_ERROR, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("`kid`") && message.contains("invalid answer"),
+        "{answer}"
+    );
+    assert!(message.contains("both `result` and `error`"), "{answer}");
+    // The child serves on.
+    let echo = f
+        .send(
+            Some(&session),
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"still"}}}"#,
+        )
+        .await
+        .expect("answered");
+    assert_eq!(body(echo).await[0]["result"]["content"][0]["text"], "still");
+    f.handle.shutdown().await;
+}
