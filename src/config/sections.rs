@@ -524,9 +524,9 @@ pub struct UpstreamConfig {
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
     /// A `command` child's start-up budget, in ms (default 60000): how long each new child
-    /// (first start, restart, a `per_session` child) has to answer its first request (taskgate's
-    /// era probe and `initialize`, or a client's forwarded `initialize`), instead of
-    /// `timeout_ms` (a cold `npx -y` or `uv run` resolves packages first).
+    /// (first start, restart, a `per_session` child) has to answer its `initialize` (taskgate's,
+    /// or a client's forwarded one), instead of `timeout_ms` (a cold `npx -y` or `uv run`
+    /// resolves packages first).
     #[serde(default = "default_startup_timeout_ms")]
     pub startup_timeout_ms: u64,
     /// Headers added to every request sent upstream; `${VAR}` expands from the environment.

@@ -50,10 +50,10 @@
 //!   as rmcp's HTTP server answers it), so the layers above hold 2025 sessions for it as for a
 //!   2026-only HTTP upstream; 2026-07-28 requests (no session) go to it as they come.
 //! - a supported version older than 2026-07-28 (a **dual-era** child), any other error, or
-//!   no answer within the upstream's `startup_timeout_ms` (a legacy server that ignores unknown
-//!   requests; the same bound as for its `initialize` answer, so a child slow to start is
-//!   not mistaken for one; only a first start probes): `initialize` as below, on the same
-//!   child. A dual-era child then
+//!   no answer within the upstream's `timeout_ms` (a legacy server that ignores unknown
+//!   requests; a child slower to start than that is taken for one and gets `initialize`,
+//!   which has the start-up budget, `startup_timeout_ms`; a modern-only one refuses it, and
+//!   its restart is probed again): `initialize` as below, on the same child. A dual-era child then
 //!   serves 2025 clients in the session taskgate opened and 2026-07-28 requests by their own
 //!   `_meta` (the spec's "MAY serve both eras concurrently"; rmcp 3.11 does).
 //! - the child dies during the probe: a failed start; its restart is taken for a legacy
@@ -353,8 +353,8 @@ struct Inner {
     metrics: Arc<Metrics>,
     timeout: Duration,
     timeout_ms: u64,
-    /// `startup_timeout_ms`: a new child's budget for its first request (the era probe and
-    /// `initialize`: taskgate's, or a `per_session` client's).
+    /// `startup_timeout_ms`: a new child's budget for its `initialize` (taskgate's, or a
+    /// `per_session` client's).
     startup: Duration,
     startup_ms: u64,
     max_message_bytes: usize,
@@ -1422,15 +1422,19 @@ impl Inner {
             None,
         )?;
         conn.write_request(&reg, false).await?;
-        match tokio::time::timeout(self.startup, &mut reg.answer).await {
+        // `timeout_ms`, not the start-up budget: a legacy server that ignores the probe would
+        // cost that long at every first start. A child slower than it is taken for a legacy
+        // one and gets `initialize` (within the budget); a modern-only one then refuses it,
+        // and its restart is probed again.
+        match tokio::time::timeout(self.timeout, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => Ok(classify_probe(&bytes)),
             Ok(Ok(Err(why))) => Err(why),
             Ok(Err(_)) => Err("its child process is gone".into()),
             // `reg` goes: its route is freed; the child is not told (nothing before
             // `initialize` but the probe itself).
             Err(_) => Ok(Probe::Legacy(format!(
-                "no answer within startup_timeout_ms ({} ms)",
-                self.startup_ms
+                "no answer within {} ms",
+                self.timeout_ms
             ))),
         }
     }
