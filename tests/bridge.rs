@@ -1223,6 +1223,61 @@ async fn tasks_result_ends_on_a_status_the_protocol_has_not() {
     }
 }
 
+/// Tester 3 F8: a 2026 server whose `tasks/get` says `input_required` with a malformed
+/// `inputRequests` (a string, none at all, an entry that is not an object, one without a
+/// `method`): the blocking `tasks/result` of a 2025 client ends at once with `-32603` naming
+/// what was malformed, after one poll, as for a status the protocol has not. The task is not
+/// cancelled (the upstream's answer is what is wrong, not the client's capabilities) and its
+/// record stays. Before: the string polled every `pollIntervalMs` until the task's ttl ended
+/// (about 600 polls in 60 s, then `-32602` expired, the record gone), and the entry without a
+/// method was taken for an unsupported one and the task cancelled.
+#[tokio::test]
+async fn tasks_result_ends_on_malformed_input_requests() {
+    let (up, state) = tasks_get_answered(std::time::Duration::ZERO, |task_id, state| {
+        let odd = state.lock().unwrap().tasks.get(task_id).cloned()?;
+        let requests = match odd.as_str() {
+            "input_string" => Some(json!("not an object")),
+            "input_missing" => None,
+            "input_entry_string" => Some(json!({"k1": "elicit please"})),
+            "input_entry_no_method" => Some(json!({"k1": {"params": {}}})),
+            _ => return None,
+        };
+        let mut task = detailed(task_id, "input_required");
+        match requests {
+            Some(r) => task["inputRequests"] = r,
+            None => {
+                task.as_object_mut().unwrap().remove("inputRequests");
+            }
+        }
+        Some(task)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({"elicitation": {}, "tasks": {}})).await;
+    let cases = [
+        (10u64, "input_string", "string"),
+        (20, "input_missing", "no inputRequests"),
+        (30, "input_entry_string", "k1"),
+        (40, "input_entry_no_method", "method"),
+    ];
+    for (n, odd, named) in cases {
+        let t = create(&c, n).await;
+        set(&state, &t, odd);
+        let polls = up.received("tasks/get").len();
+        let res = tokio::time::timeout(STEP, c.result(&(n + 1).to_string(), &t)).await;
+        let res =
+            res.unwrap_or_else(|_| panic!("{odd}: tasks/result not answered within {STEP:?}"));
+        assert_eq!(res["error"]["code"], -32603, "{odd}: {res}");
+        let message = err_message(&res);
+        assert!(message.contains("inputRequests"), "{odd}: {res}");
+        assert!(message.contains(named), "{odd}: {res}");
+        assert_eq!(up.received("tasks/get").len(), polls + 1, "{odd}: one poll");
+        let record = tg.record(&t).expect("the record stays");
+        assert_ne!(record.status, TaskStatus::Cancelled, "{odd}");
+    }
+    assert_eq!(up.received("tasks/cancel").len(), 0, "nothing cancelled");
+}
+
 /// An upstream that answers taskgate's own requests (the bridged `tools/call`, `tasks/get`, the
 /// polls of `tasks/result`) with an SSE stream that never carries the answer: each exchange ends
 /// at the upstream's `timeout_ms` with the upstream timeout's `-32603`, HTTP 200.
