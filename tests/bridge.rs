@@ -1088,6 +1088,96 @@ async fn a_plain_answer_with_a_task_field_is_a_completed_task() {
     );
 }
 
+/// Tester 3 F7: invalid fields of a 2026 server's `CreateTaskResult` are not passed to the 2025
+/// client, whose SDK schema would reject the whole result. A `pollIntervalMs: -1` is dropped
+/// (`pollInterval` is optional in a 2025 `Task`), a `createdAt` or `lastUpdatedAt` that is not
+/// an RFC 3339 time is shown as taskgate's clock, in the `CreateTaskResult` and in `tasks/get`
+/// alike (one normalisation). A status that is none of the five refuses the creation as
+/// malformed (`-32603`, as a missing one is): taskgate cannot tell what such a task is doing,
+/// and the task it named is cancelled upstream, so it holds no slot of its owner.
+#[tokio::test]
+async fn invalid_fields_of_a_creation_are_not_passed_to_a_2025_client() {
+    const AT: &str = "2026-12-07T00:00:00Z";
+    let (up, _) = scripted(|req, v, _| {
+        let method = v["method"].as_str()?;
+        let flat = |id: &str, status: &str| {
+            json!({"resultType": "task", "taskId": id, "status": status, "createdAt": AT,
+                "lastUpdatedAt": AT, "ttlMs": 60000, "pollIntervalMs": 100})
+        };
+        let answer = match (
+            method,
+            v["params"]["name"].as_str(),
+            v["params"]["taskId"].as_str(),
+        ) {
+            ("tools/call", Some("odd_fields"), _) | ("tasks/get", _, Some("odd-fields")) => {
+                let mut t = flat("odd-fields", "working");
+                t["pollIntervalMs"] = json!(-1);
+                t["createdAt"] = json!("yesterday");
+                t["lastUpdatedAt"] = json!(12);
+                if method == "tasks/get" {
+                    t["resultType"] = json!("complete");
+                }
+                t
+            }
+            ("tools/call", Some("odd_status"), _) => flat("exploded-1", "exploded"),
+            ("tasks/get", _, Some("exploded-1")) => {
+                let mut t = flat("exploded-1", "working");
+                t["resultType"] = json!("complete");
+                t
+            }
+            ("tasks/cancel", _, Some("exploded-1")) => json!({"resultType": "complete"}),
+            _ => return None,
+        };
+        Some(ScriptedResponse::json(rpc_result(
+            &req.rpc_id_json(),
+            &answer.to_string(),
+        )))
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let (c, _) = legacy_client(&tg).await;
+    let valid_task = |task: &Value, what: &str| {
+        for key in ["createdAt", "lastUpdatedAt"] {
+            let at = task[key].as_str().unwrap_or_default();
+            assert!(
+                taskgate::mcp::task::parse_rfc3339_ms(at).is_some(),
+                "{what}: {key} {task}"
+            );
+        }
+        assert!(
+            task.get("pollInterval").is_none_or(Value::is_u64),
+            "{what}: pollInterval {task}"
+        );
+        assert_eq!(task["status"], "working", "{what}: {task}");
+    };
+
+    let v = c.rpc(create_body(2, "odd_status")).await;
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    assert!(err_message(&v).contains("status"), "{v}");
+    assert!(
+        up.wait_for_method("tasks/cancel", 1, STEP).await,
+        "the task it named is cancelled upstream"
+    );
+    let cancel = up.received("tasks/cancel").pop().unwrap();
+    assert_eq!(cancel.json()["params"]["taskId"], "exploded-1");
+    let freed = eventually(STEP, || async {
+        let live = tg
+            .record("exploded-1")
+            .is_some_and(|r| !r.status.is_terminal());
+        (!live).then_some(())
+    })
+    .await;
+    assert!(freed.is_some(), "the refused task holds no slot");
+
+    let v = c.rpc(create_body(3, "odd_fields")).await;
+    valid_task(&v["result"]["task"], "CreateTaskResult");
+    let v = c.get("4", "odd-fields").await;
+    valid_task(&v["result"], "tasks/get");
+}
+
 /// An upstream that never answers `server/discover` is not bridged while it stays unknown:
 /// after `DISCOVER_DEADLINE` the client's `initialize` is answered (without
 /// `capabilities.tasks`) instead of waiting for the upstream timeout, and the upstream is not

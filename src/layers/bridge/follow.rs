@@ -78,8 +78,12 @@ pub(super) async fn tasks_get<S: McpService>(
                 None => legacy_reply(&id, answer, Value::clone),
             }
         }
-        Ok(answer) => legacy_reply(&id, answer, |r| {
-            translate::legacy_task(r).unwrap_or_else(|| r.clone())
+        Ok(answer) => legacy_reply(&id, answer, |r| match translate::legacy_task(r) {
+            Some(mut task) => {
+                translate::normalise_legacy_task(&mut task, now_ms());
+                task
+            }
+            None => r.clone(),
         }),
         Err(e) => failure_reply(&id, &e),
     }
@@ -402,7 +406,8 @@ async fn follow_result<S: McpService>(
         if s != known.status {
             // A status change seen while following: `notifications/tasks/status` (2025).
             backoff = MIN_POLL;
-            if let Some(t) = translate::legacy_task(task) {
+            if let Some(mut t) = translate::legacy_task(task) {
+                translate::normalise_legacy_task(&mut t, now_ms());
                 let note =
                     json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t});
                 if tx.send(Event::message(note.to_string())).await.is_err() {
@@ -486,6 +491,18 @@ async fn cancel_for_input<S: McpService>(
     req: &McpRequest,
     record: &TaskRecord,
 ) {
+    cancel_by_taskgate(state, inner, req, record, "its input cannot be asked").await;
+}
+
+/// Cancels `record`'s task for taskgate's own reason `why` (logged), as [`cancel_for_input`]
+/// says; `req` is a request of the task's owner.
+pub(super) async fn cancel_by_taskgate<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+    record: &TaskRecord,
+    why: &str,
+) {
     let id = state.next_id();
     let mut cancel = super::internal_request(req, &id, "tasks/cancel", &record.task_id);
     cancel.extensions.insert(AuthorisedTask {
@@ -509,7 +526,7 @@ async fn cancel_for_input<S: McpService>(
         ),
     };
     state.relay.inputs.forget(&record.task_id);
-    tracing::info!(task_id = %record.task_id, answer = ?answer, "task cancelled: its input cannot be asked");
+    tracing::info!(task_id = %record.task_id, answer = ?answer, "task cancelled: {why}");
 }
 
 /// Sends a client's answer to an input request upstream as `tasks/update` (bounded like every
