@@ -1088,6 +1088,96 @@ async fn a_plain_answer_with_a_task_field_is_a_completed_task() {
     );
 }
 
+/// Tester 3 F7: invalid fields of a 2026 server's `CreateTaskResult` are not passed to the 2025
+/// client, whose SDK schema would reject the whole result. A `pollIntervalMs: -1` is dropped
+/// (`pollInterval` is optional in a 2025 `Task`), a `createdAt` or `lastUpdatedAt` that is not
+/// an RFC 3339 time is shown as taskgate's clock, in the `CreateTaskResult` and in `tasks/get`
+/// alike (one normalisation). A status that is none of the five refuses the creation as
+/// malformed (`-32603`, as a missing one is): taskgate cannot tell what such a task is doing,
+/// and the task it named is cancelled upstream, so it holds no slot of its owner.
+#[tokio::test]
+async fn invalid_fields_of_a_creation_are_not_passed_to_a_2025_client() {
+    const AT: &str = "2026-12-07T00:00:00Z";
+    let (up, _) = scripted(|req, v, _| {
+        let method = v["method"].as_str()?;
+        let flat = |id: &str, status: &str| {
+            json!({"resultType": "task", "taskId": id, "status": status, "createdAt": AT,
+                "lastUpdatedAt": AT, "ttlMs": 60000, "pollIntervalMs": 100})
+        };
+        let answer = match (
+            method,
+            v["params"]["name"].as_str(),
+            v["params"]["taskId"].as_str(),
+        ) {
+            ("tools/call", Some("odd_fields"), _) | ("tasks/get", _, Some("odd-fields")) => {
+                let mut t = flat("odd-fields", "working");
+                t["pollIntervalMs"] = json!(-1);
+                t["createdAt"] = json!("yesterday");
+                t["lastUpdatedAt"] = json!(12);
+                if method == "tasks/get" {
+                    t["resultType"] = json!("complete");
+                }
+                t
+            }
+            ("tools/call", Some("odd_status"), _) => flat("exploded-1", "exploded"),
+            ("tasks/get", _, Some("exploded-1")) => {
+                let mut t = flat("exploded-1", "working");
+                t["resultType"] = json!("complete");
+                t
+            }
+            ("tasks/cancel", _, Some("exploded-1")) => json!({"resultType": "complete"}),
+            _ => return None,
+        };
+        Some(ScriptedResponse::json(rpc_result(
+            &req.rpc_id_json(),
+            &answer.to_string(),
+        )))
+    })
+    .await;
+    let tg = TgConfig::new(&up.url())
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let (c, _) = legacy_client(&tg).await;
+    let valid_task = |task: &Value, what: &str| {
+        for key in ["createdAt", "lastUpdatedAt"] {
+            let at = task[key].as_str().unwrap_or_default();
+            assert!(
+                taskgate::mcp::task::parse_rfc3339_ms(at).is_some(),
+                "{what}: {key} {task}"
+            );
+        }
+        assert!(
+            task.get("pollInterval").is_none_or(Value::is_u64),
+            "{what}: pollInterval {task}"
+        );
+        assert_eq!(task["status"], "working", "{what}: {task}");
+    };
+
+    let v = c.rpc(create_body(2, "odd_status")).await;
+    assert_eq!(v["error"]["code"], -32603, "{v}");
+    assert!(err_message(&v).contains("status"), "{v}");
+    assert!(
+        up.wait_for_method("tasks/cancel", 1, STEP).await,
+        "the task it named is cancelled upstream"
+    );
+    let cancel = up.received("tasks/cancel").pop().unwrap();
+    assert_eq!(cancel.json()["params"]["taskId"], "exploded-1");
+    let freed = eventually(STEP, || async {
+        let live = tg
+            .record("exploded-1")
+            .is_some_and(|r| !r.status.is_terminal());
+        (!live).then_some(())
+    })
+    .await;
+    assert!(freed.is_some(), "the refused task holds no slot");
+
+    let v = c.rpc(create_body(3, "odd_fields")).await;
+    valid_task(&v["result"]["task"], "CreateTaskResult");
+    let v = c.get("4", "odd-fields").await;
+    valid_task(&v["result"], "tasks/get");
+}
+
 /// An upstream that never answers `server/discover` is not bridged while it stays unknown:
 /// after `DISCOVER_DEADLINE` the client's `initialize` is answered (without
 /// `capabilities.tasks`) instead of waiting for the upstream timeout, and the upstream is not
@@ -1221,6 +1311,61 @@ async fn tasks_result_ends_on_a_status_the_protocol_has_not() {
         assert_eq!(res["error"]["code"], -32603, "{odd}: {res}");
         assert!(err_message(&res).contains("status"), "{odd}: {res}");
     }
+}
+
+/// Tester 3 F8: a 2026 server whose `tasks/get` says `input_required` with a malformed
+/// `inputRequests` (a string, none at all, an entry that is not an object, one without a
+/// `method`): the blocking `tasks/result` of a 2025 client ends at once with `-32603` naming
+/// what was malformed, after one poll, as for a status the protocol has not. The task is not
+/// cancelled (the upstream's answer is what is wrong, not the client's capabilities) and its
+/// record stays. Before: the string polled every `pollIntervalMs` until the task's ttl ended
+/// (about 600 polls in 60 s, then `-32602` expired, the record gone), and the entry without a
+/// method was taken for an unsupported one and the task cancelled.
+#[tokio::test]
+async fn tasks_result_ends_on_malformed_input_requests() {
+    let (up, state) = tasks_get_answered(std::time::Duration::ZERO, |task_id, state| {
+        let odd = state.lock().unwrap().tasks.get(task_id).cloned()?;
+        let requests = match odd.as_str() {
+            "input_string" => Some(json!("not an object")),
+            "input_missing" => None,
+            "input_entry_string" => Some(json!({"k1": "elicit please"})),
+            "input_entry_no_method" => Some(json!({"k1": {"params": {}}})),
+            _ => return None,
+        };
+        let mut task = detailed(task_id, "input_required");
+        match requests {
+            Some(r) => task["inputRequests"] = r,
+            None => {
+                task.as_object_mut().unwrap().remove("inputRequests");
+            }
+        }
+        Some(task)
+    })
+    .await;
+    let tg = TgConfig::new(&up.url()).start().await;
+    let c = client_with(&tg.mcp_url(), json!({"elicitation": {}, "tasks": {}})).await;
+    let cases = [
+        (10u64, "input_string", "string"),
+        (20, "input_missing", "no inputRequests"),
+        (30, "input_entry_string", "k1"),
+        (40, "input_entry_no_method", "method"),
+    ];
+    for (n, odd, named) in cases {
+        let t = create(&c, n).await;
+        set(&state, &t, odd);
+        let polls = up.received("tasks/get").len();
+        let res = tokio::time::timeout(STEP, c.result(&(n + 1).to_string(), &t)).await;
+        let res =
+            res.unwrap_or_else(|_| panic!("{odd}: tasks/result not answered within {STEP:?}"));
+        assert_eq!(res["error"]["code"], -32603, "{odd}: {res}");
+        let message = err_message(&res);
+        assert!(message.contains("inputRequests"), "{odd}: {res}");
+        assert!(message.contains(named), "{odd}: {res}");
+        assert_eq!(up.received("tasks/get").len(), polls + 1, "{odd}: one poll");
+        let record = tg.record(&t).expect("the record stays");
+        assert_ne!(record.status, TaskStatus::Cancelled, "{odd}");
+    }
+    assert_eq!(up.received("tasks/cancel").len(), 0, "nothing cancelled");
 }
 
 /// An upstream that answers taskgate's own requests (the bridged `tools/call`, `tasks/get`, the

@@ -1151,6 +1151,104 @@ async fn disconnect_with_keep_policy_lets_the_task_run() {
     assert_eq!(up.count("tasks/cancel"), 0);
 }
 
+/// Tester 3 F13: `on_client_disconnect = "keep"` with a client that speaks no tasks (the one
+/// upgrade exists for): once it hangs up, taskgate keeps following the task in the background,
+/// so the record ends `completed` when the task ends upstream, with no client request, and
+/// the owner's live-task slot (`max_live_tasks_per_owner = 1`) frees: the client's next call is
+/// admitted. Before the fix the record stayed `working` (for `upgrade.ttl_ms`) and the next
+/// call was refused `-32029`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_policy_follows_the_task_to_its_end_and_frees_the_owners_slot() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: Some(800),
+        ..UpBehaviour::default()
+    })
+    .await;
+    let tg = UgConfig::new(&up.url())
+        .with("on_client_disconnect = \"keep\"")
+        .with("disconnect_grace_ms = 100")
+        .gateway("sse_keepalive_ms = 50")
+        .tasks("max_live_tasks_per_owner = 1")
+        .start()
+        .await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let sse = c.send(call_body("1", "research", None)).await.sse();
+    assert!(up.wait_count("tasks/result", 1, STEP).await);
+    let task_id = up.only_task();
+    drop(sse);
+    let disconnected = eventually(STEP, || async {
+        let m = tg.metrics_text().await;
+        (upgraded(&m, "disconnected") == 1.0).then_some(())
+    })
+    .await;
+    assert!(
+        disconnected.is_some(),
+        "the disconnect is noticed and counted"
+    );
+    let ended = eventually(STEP, || async {
+        let r = tg.record(&task_id)?;
+        r.status.is_terminal().then_some(r.status)
+    })
+    .await;
+    assert_eq!(
+        ended,
+        Some(TaskStatus::Completed),
+        "the kept task's record ends when the task does, with no client request"
+    );
+    assert_eq!(up.count("tasks/cancel"), 0, "kept, not cancelled");
+    let o = call(&c, &call_body("2", "research", None), &json!(2)).await;
+    assert!(
+        o.answer.get("result").is_some(),
+        "the owner's slot is free again: {:?}",
+        o.answer
+    );
+}
+
+/// The background follower of a kept call (F13) never holds a graceful stop back (its task may
+/// run for `upgrade.ttl_ms`), and sends nothing upstream once the stop has returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_ends_the_followers_of_kept_calls() {
+    let up = UpServer::start(UpBehaviour {
+        task_ms: None,
+        ..UpBehaviour::default()
+    })
+    .await;
+    let mut tg = UgConfig::new(&up.url())
+        .with("on_client_disconnect = \"keep\"")
+        .gateway("sse_keepalive_ms = 50")
+        .gateway("drain_timeout_ms = 30000")
+        .start()
+        .await;
+    let c = client_with(&tg.mcp_url(), json!({})).await;
+    let sse = c.send(call_body("1", "research", None)).await.sse();
+    assert!(up.wait_count("tasks/result", 1, STEP).await);
+    drop(sse);
+    let disconnected = eventually(STEP, || async {
+        let m = tg.metrics_text().await;
+        (upgraded(&m, "disconnected") == 1.0).then_some(())
+    })
+    .await;
+    assert!(disconnected.is_some());
+    // Followed in the background: it polls on.
+    let polls = up.count("tasks/get");
+    assert!(up.wait_count("tasks/get", polls + 2, STEP).await);
+    let running = tg.running.take().unwrap();
+    let stopping = Instant::now();
+    tokio::time::timeout(STEP, running.shutdown())
+        .await
+        .expect("the stop returns");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        stopping.elapsed()
+    );
+    let polls = up.count("tasks/get");
+    // Five poll intervals (100 ms): a follower left running would have polled.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(up.count("tasks/get"), polls, "no poll after the stop");
+    assert_eq!(up.count("tasks/cancel"), 0);
+}
+
 // =============================================================================================
 // Restart
 // =============================================================================================

@@ -370,8 +370,10 @@ pub enum McpError {
     FollowUnanswered,
     /// `-32603`: the upstream answered a creation with a `CreateTaskResult` without a string
     /// `taskId`, or in the other era's shape (nothing to record or ask about). A missing or
-    /// unknown `status` is not refused: the task is recorded `working` and its answer passed on
-    /// as it came (its next `tasks/get` goes to the upstream).
+    /// unknown `status` is not refused from a 2025-11-25 upstream: the task is recorded
+    /// `working` and its answer passed on as it came (its next `tasks/get` goes to the
+    /// upstream). The `bridge` refuses it from a 2026-07-28 upstream (its 2025 client's schema
+    /// would reject the translated result) and cancels the task it names.
     MalformedCreateTaskResult,
     /// `-32603`: the 2026-07-28 upstream did not answer `server/discover` (2026-07-28
     /// lifecycle), so taskgate cannot hold a 2025 session for it.
@@ -763,7 +765,7 @@ impl fmt::Display for McpError {
             ),
             FollowUnanswered => f.write_str("no answer"),
             MalformedCreateTaskResult => {
-                f.write_str("the upstream answered with a malformed CreateTaskResult (no string taskId, an empty one, one over 1024 bytes or holding a control character, or in the other protocol era's shape): not passed on, nothing recorded")
+                f.write_str("the upstream answered with a malformed CreateTaskResult (no string taskId, an empty one, one over 1024 bytes or holding a control character, no valid task status, or in the other protocol era's shape): not passed on; a task it names is cancelled upstream")
             }
             DiscoverUnanswered => f.write_str(
                 "the 2026-07-28 upstream did not answer server/discover; taskgate cannot open a session for it",

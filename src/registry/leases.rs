@@ -112,11 +112,25 @@ pub struct LeaseKeeper {
 pub struct LeaseGuard {
     keeper: Arc<LeaseKeeper>,
     key: Key,
+    /// Dropping ends the lease (false after [`LeaseGuard::leave`]).
+    end_on_drop: bool,
+}
+
+impl LeaseGuard {
+    /// Leaves the lease in the store, not ended: this process renews it while it runs, then
+    /// it lapses and another replica adopts the call (a graceful stop with a call still
+    /// followed).
+    pub fn leave(mut self) {
+        self.end_on_drop = false;
+    }
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
         self.keeper.hooks.lock().remove(&self.key);
+        if !self.end_on_drop {
+            return;
+        }
         let (keeper, key) = (self.keeper.clone(), self.key.clone());
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move { keeper.end(&key.0, &key.1).await });
@@ -154,6 +168,7 @@ impl LeaseKeeper {
         let guard = LeaseGuard {
             keeper: self.clone(),
             key,
+            end_on_drop: true,
         };
         let taken = self
             .with_leases(|l| l.take_lease(upstream, task_id, kind, self.lapse))

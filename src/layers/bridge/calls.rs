@@ -5,7 +5,7 @@ use super::{
     ask_with, errors, failure_reply, legacy_reply, modern_request, tasks_bridged, BridgeState,
     UpstreamEra, MAX_EARLY_BYTES, MAX_EARLY_EVENTS, MAX_TASK_ONLY_TOOLS,
 };
-use super::{sessionless, translate};
+use super::{follow, sessionless, translate};
 use crate::exchange::{GatewayError, McpReply, McpRequest, Operation, ReplyBody};
 use crate::jsonrpc::{self, Id};
 use crate::layers::extensions::{
@@ -285,12 +285,57 @@ pub(super) async fn task_call<S: McpService>(
             client_id: id.clone(),
             send: |inner: S, out| inner.oneshot(out),
         };
+        let (state, inner) = (state.clone(), exchange.inner.clone());
         let finish = move |answer, rest| async move {
+            cancel_refused_creation(&state, &inner, &req, Some(&answer)).await;
             creation_reply(&id, Some(answer), Vec::new(), rest, &recorded)
         };
         return Ok(exchange.spawn(first, early, finish));
     }
+    cancel_refused_creation(&state, &inner, &req, answer.as_ref()).await;
     Ok(creation_reply(&id, answer, early, rest, &recorded))
+}
+
+/// The taskId of the 2026 `CreateTaskResult` in `answer` when [`creation_reply`] refuses it as
+/// malformed (a status none of the five, or none: see [`translate::has_task_status`]) and it
+/// names one.
+fn refused_creation(answer: Option<&Value>) -> Option<&str> {
+    let result = answer?.get("result")?;
+    if result.get("resultType").and_then(Value::as_str) != Some("task")
+        || (translate::legacy_create_result(result).is_some() && translate::has_task_status(result))
+    {
+        return None;
+    }
+    result.get("taskId")?.as_str()
+}
+
+/// Cancels upstream the task of a creation refused as malformed ([`refused_creation`]) while
+/// its record is live (`observe` recorded it as the answer passed): the 2025 client, answered
+/// `-32603`, never learns its id, and the record would hold one of its owner's live-task slots
+/// until its ttl (tester 3 F7). `req`: the client's call.
+async fn cancel_refused_creation<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+    answer: Option<&Value>,
+) {
+    let Some(task_id) = refused_creation(answer) else {
+        return;
+    };
+    match state
+        .registry
+        .record_cached(&req.ctx.upstream, task_id)
+        .await
+    {
+        Ok(Some(record)) if !record.status.is_terminal() => {
+            let why = "the upstream's CreateTaskResult names no valid task status";
+            follow::cancel_by_taskgate(state, inner, req, &record, why).await;
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(task_id, error = %e, "the task of a malformed CreateTaskResult could not be read; not cancelled");
+        }
+    }
 }
 
 /// The 2025 answer to a bridged task-augmented `tools/call` from the upstream's `answer` (the
@@ -306,8 +351,9 @@ fn creation_reply(
     let result = answer.as_ref().and_then(|a| a.get("result"));
     if let Some(r) = result.filter(|r| r.get("resultType").and_then(Value::as_str) == Some("task"))
     {
-        if translate::legacy_create_result(r).is_none() {
-            // A CreateTaskResult without a string taskId and status: nothing to stand behind.
+        if translate::legacy_create_result(r).is_none() || !translate::has_task_status(r) {
+            // A CreateTaskResult without a string taskId and a valid status: nothing to stand
+            // behind (its task is cancelled: `cancel_refused_creation`).
             return McpReply::error(Era::Legacy, Some(id), &McpError::MalformedCreateTaskResult);
         }
     }
@@ -319,7 +365,13 @@ fn creation_reply(
     }
     let created = result.and_then(translate::legacy_create_result);
     let reply = legacy_reply(id, answer, |result| {
-        translate::legacy_create_result(result).unwrap_or_else(|| result.clone())
+        match translate::legacy_create_result(result) {
+            Some(mut created) => {
+                translate::normalise_legacy_task(&mut created["task"], crate::mcp::task::now_ms());
+                created
+            }
+            None => result.clone(),
+        }
     });
     match (created, rest) {
         // The creation's own stream goes on after the answer: its notifications (a

@@ -78,8 +78,12 @@ pub(super) async fn tasks_get<S: McpService>(
                 None => legacy_reply(&id, answer, Value::clone),
             }
         }
-        Ok(answer) => legacy_reply(&id, answer, |r| {
-            translate::legacy_task(r).unwrap_or_else(|| r.clone())
+        Ok(answer) => legacy_reply(&id, answer, |r| match translate::legacy_task(r) {
+            Some(mut task) => {
+                translate::normalise_legacy_task(&mut task, now_ms());
+                task
+            }
+            None => r.clone(),
         }),
         Err(e) => failure_reply(&id, &e),
     }
@@ -168,6 +172,53 @@ fn poll_wait(task: &Value, record: &TaskRecord, backoff: &mut Duration) -> Durat
             wait
         }
     }
+}
+
+/// What is malformed in the `inputRequests` of `task`, a `DetailedTask` with status `status`
+/// (2026-07-28 tasks: an `input_required` task MUST carry every outstanding input request, an
+/// object of key → `{"method": string, "params"?: object}`); `None` when nothing is. Checked
+/// when the status is `input_required` or the member is an object (its entries are relayed
+/// whatever the status); an empty object is no error (nothing outstanding).
+fn malformed_input_requests(task: &Value, status: TaskStatus) -> Option<String> {
+    let kind = |v: &Value| match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    };
+    let requests = match task.get("inputRequests") {
+        Some(Value::Object(requests)) => requests,
+        None if status == TaskStatus::InputRequired => {
+            return Some("status input_required with no inputRequests".into())
+        }
+        Some(other) if status == TaskStatus::InputRequired => {
+            return Some(format!("{}, not an object of input requests", kind(other)))
+        }
+        _ => return None,
+    };
+    requests.iter().find_map(|(key, request)| {
+        let shown: String = key.chars().take(64).collect();
+        let Some(request) = request.as_object() else {
+            return Some(format!(
+                "entry `{shown}` is {}, not a request",
+                kind(request)
+            ));
+        };
+        match (request.get("method"), request.get("params")) {
+            (Some(Value::String(_)), None | Some(Value::Object(_))) => None,
+            (Some(Value::String(_)), Some(params)) => Some(format!(
+                "entry `{shown}` has params that are {}, not an object",
+                kind(params)
+            )),
+            (Some(method), _) => Some(format!(
+                "entry `{shown}` has a method that is {}, not a string",
+                kind(method)
+            )),
+            (None, _) => Some(format!("entry `{shown}` has no method")),
+        }
+    })
 }
 
 /// The 2025 answer to `tasks/result` for a terminal `DetailedTask`.
@@ -339,10 +390,24 @@ async fn follow_result<S: McpService>(
             };
             return McpReply::error(Era::Legacy, Some(id), &error);
         };
+        if let Some(what) = malformed_input_requests(task, s) {
+            // As for a status the protocol has not: the same answer would only come back until
+            // the ttl ends (tester 3 F8: 600 polls in a minute, then the record was gone). The
+            // task is not cancelled: the upstream's answer is wrong, not the client.
+            state.relay.inputs.forget(&task_id);
+            let error = McpError::Upstream {
+                detail: format!(
+                    "upstream `{}` answered tasks/get for task {task_id} with a malformed inputRequests: {what}",
+                    req.ctx.upstream
+                ),
+            };
+            return McpReply::error(Era::Legacy, Some(id), &error);
+        }
         if s != known.status {
             // A status change seen while following: `notifications/tasks/status` (2025).
             backoff = MIN_POLL;
-            if let Some(t) = translate::legacy_task(task) {
+            if let Some(mut t) = translate::legacy_task(task) {
+                translate::normalise_legacy_task(&mut t, now_ms());
                 let note =
                     json!({"jsonrpc": "2.0", "method": "notifications/tasks/status", "params": t});
                 if tx.send(Event::message(note.to_string())).await.is_err() {
@@ -426,6 +491,18 @@ async fn cancel_for_input<S: McpService>(
     req: &McpRequest,
     record: &TaskRecord,
 ) {
+    cancel_by_taskgate(state, inner, req, record, "its input cannot be asked").await;
+}
+
+/// Cancels `record`'s task for taskgate's own reason `why` (logged), as [`cancel_for_input`]
+/// says; `req` is a request of the task's owner.
+pub(super) async fn cancel_by_taskgate<S: McpService>(
+    state: &Arc<BridgeState>,
+    inner: &S,
+    req: &McpRequest,
+    record: &TaskRecord,
+    why: &str,
+) {
     let id = state.next_id();
     let mut cancel = super::internal_request(req, &id, "tasks/cancel", &record.task_id);
     cancel.extensions.insert(AuthorisedTask {
@@ -449,7 +526,7 @@ async fn cancel_for_input<S: McpService>(
         ),
     };
     state.relay.inputs.forget(&record.task_id);
-    tracing::info!(task_id = %record.task_id, answer = ?answer, "task cancelled: its input cannot be asked");
+    tracing::info!(task_id = %record.task_id, answer = ?answer, "task cancelled: {why}");
 }
 
 /// Sends a client's answer to an input request upstream as `tasks/update` (bounded like every

@@ -62,6 +62,51 @@ pub fn legacy_task(task: &Value) -> Option<Value> {
     Some(Value::Object(out))
 }
 
+/// Makes the members of `task`, a 2025 `Task` from [`legacy_task`], that a 2025 client's schema
+/// checks valid, where the 2026 upstream sent invalid ones (tester 3 F7; the SDKs' schemas
+/// reject the whole result over one of them): a `pollInterval` that is not a whole number of
+/// ms ≥ 0 (`-1`) is dropped (it is optional); a `createdAt` or `lastUpdatedAt` that is not an
+/// RFC 3339 time (`"yesterday"`, `12`) or is missing is shown as `now_ms` (`lastUpdatedAt`: the
+/// upstream's `createdAt` when that one is valid). `ttl` is `observe`'s (the recorded one), and
+/// a status none of the five is refused, not mended ([`has_task_status`]). Applied to the
+/// bridged `CreateTaskResult` and `tasks/get` answers and the status notifications of a
+/// bridged `tasks/result`.
+pub fn normalise_legacy_task(task: &mut Value, now_ms: u64) {
+    let Some(o) = task.as_object_mut() else {
+        return;
+    };
+    if o.get("pollInterval").is_some_and(|p| !p.is_u64()) {
+        o.remove("pollInterval");
+    }
+    let time = |o: &Map<String, Value>, key: &str| {
+        o.get(key)
+            .and_then(Value::as_str)
+            .filter(|t| crate::mcp::task::parse_rfc3339_ms(t).is_some())
+            .map(str::to_string)
+    };
+    let created = time(o, "createdAt");
+    let updated = time(o, "lastUpdatedAt").or_else(|| created.clone());
+    let now = || crate::mcp::task::format_rfc3339_ms(now_ms);
+    o.insert("createdAt".into(), Value::from(created.unwrap_or_else(now)));
+    o.insert(
+        "lastUpdatedAt".into(),
+        Value::from(updated.unwrap_or_else(now)),
+    );
+}
+
+/// Whether `task` (2026 flat or 2025) has a `status` that is one of the five task statuses.
+///
+/// A bridged `CreateTaskResult` without one is refused (`-32603` malformed, and its task
+/// cancelled), not mended as [`normalise_legacy_task`] mends other members: taskgate cannot
+/// tell what such a task is doing (`"exploded"` may mean failed as well as working), and a
+/// 2025 client's schema rejects the whole result.
+pub fn has_task_status(task: &Value) -> bool {
+    task.get("status")
+        .and_then(Value::as_str)
+        .and_then(crate::mcp::task::TaskStatus::parse)
+        .is_some()
+}
+
 /// The 2025 `notifications/tasks/status` (params: a 2025 `Task`, see [`legacy_task`]) for a
 /// 2026 `notifications/tasks` message (params: a `DetailedTask`), as JSON text; `None` for any
 /// other message, or one whose params are not a task. A tool error (`completed` with
@@ -337,5 +382,34 @@ mod tests {
         let err: Value =
             serde_json::from_slice(&crate::mcp::errors::missing_tasks_extension(None)).unwrap();
         assert!(is_missing_tasks_extension(&err["error"]));
+    }
+
+    /// Tester 3 F7: what a 2025 client's schema checks is made valid; valid values are kept.
+    #[test]
+    fn invalid_task_members_are_made_valid_for_2025_clients() {
+        let now = 1_796_601_600_000; // 2026-12-07T00:00:00Z
+        let mut odd = legacy_task(&json!({"taskId":"a","status":"working","pollIntervalMs":-1,
+            "createdAt":"yesterday","lastUpdatedAt":12,"ttlMs":1000}))
+        .unwrap();
+        normalise_legacy_task(&mut odd, now);
+        assert_eq!(
+            odd,
+            json!({"taskId":"a","status":"working","ttl":1000,
+                "createdAt":"2026-12-07T00:00:00Z","lastUpdatedAt":"2026-12-07T00:00:00Z"})
+        );
+        let valid = json!({"taskId":"a","status":"working","pollInterval":250,"ttl":null,
+            "createdAt":"2026-01-01T00:00:00Z","lastUpdatedAt":"2026-01-02T00:00:00.5+01:00"});
+        let mut kept = valid.clone();
+        normalise_legacy_task(&mut kept, now);
+        assert_eq!(kept, valid);
+        let mut half = json!({"taskId":"a","status":"working","createdAt":"2026-01-01T00:00:00Z",
+            "lastUpdatedAt":"soon","pollInterval":0.5});
+        normalise_legacy_task(&mut half, now);
+        assert_eq!(half["lastUpdatedAt"], "2026-01-01T00:00:00Z");
+        assert!(half.get("pollInterval").is_none());
+        assert!(has_task_status(&json!({"status":"input_required"})));
+        for odd in [json!({"status":"exploded"}), json!({"status":5}), json!({})] {
+            assert!(!has_task_status(&odd), "{odd}");
+        }
     }
 }

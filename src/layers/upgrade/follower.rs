@@ -191,7 +191,7 @@ impl<S: McpService> Follower<S> {
             .hold(&self.ctx.upstream, &self.task_id);
         // A tier: the call's lease, so another replica adopts it if this one is lost
         // (`adopt`); ended when this follower is done.
-        let _lease = match self.state.registry.leases() {
+        let lease = match self.state.registry.leases() {
             Some(keeper) => match keeper
                 .hold(
                     &self.ctx.upstream,
@@ -224,8 +224,24 @@ impl<S: McpService> Follower<S> {
                 self.relay_other(ev).await;
             }
         }
-        let terminal = terminal_of(&end);
+        let kept = matches!(end, End::Disconnected)
+            && self.state.config.on_client_disconnect == OnDisconnect::Keep;
+        let mut terminal = terminal_of(&end);
         self.finish(end).await;
+        if kept {
+            match self.follow_kept(started).await {
+                Kept::Ended(end) => terminal = end,
+                Kept::NotFollowed => {}
+                Kept::Stopped => {
+                    // Not ended: it lapses once this process is gone, and another replica
+                    // adopts the call (`adopt`).
+                    if let Some(lease) = lease {
+                        lease.leave();
+                    }
+                    return;
+                }
+            }
+        }
         let registry = &self.state.registry;
         let refused = registry.metrics().store_write_failures_total.get() != failures_at_start;
         // Only a shared store refuses a write for a while (a PostgreSQL outage); sled's refusal
@@ -239,11 +255,96 @@ impl<S: McpService> Follower<S> {
             // The client's stream ends now (`self.tx` is its only sender: held through the
             // retry, it kept the principal's in-flight slot and the client waiting; review).
             drop(self);
-            // The lease (`_lease`) stays held until the record is terminal; a graceful stop's
+            // The lease (`lease`) stays held until the record is terminal; a graceful stop's
             // drain waits for this (`UpgradeState::final_writes_ended`).
             let retry = record_terminal(&state, &upstream, &task_id, terminal, started);
             state.final_writes.track_future(retry).await;
         }
+    }
+
+    /// `on_client_disconnect = "keep"`, the client gone (tester 3 F13): follows the task in the
+    /// background, with no client stream, so its record ends when the task does and stops
+    /// holding one of its owner's live-task slots (a client that speaks no tasks never polls
+    /// it). Takes one of [`super::MAX_KEPT_FOLLOWERS`] permits (none left: not followed,
+    /// logged); ends at a graceful stop (`UpgradeState::stop_kept`).
+    async fn follow_kept(&self, started: std::time::Instant) -> Kept {
+        let Ok(_permit) = self.state.kept.try_acquire() else {
+            tracing::warn!(task_id = %self.task_id, max = super::MAX_KEPT_FOLLOWERS, "the client of an upgraded call went away and too many kept calls are followed already: this one is not followed (its record stays as it is until something polls it or its ttl ends)");
+            return Kept::NotFollowed;
+        };
+        tracing::info!(task_id = %self.task_id, "the client of an upgraded call went away: the task is kept, followed in the background until it ends");
+        tokio::select! {
+            () = self.state.stop_kept.cancelled() => Kept::Stopped,
+            end = self.poll_to_end(started) => Kept::Ended(end),
+        }
+    }
+
+    /// Polls `tasks/get` at the task's poll interval until it reports a terminal status, then
+    /// asks `tasks/result` once (bounded by the upstream's `timeout_ms`), whose answer `observe`
+    /// keeps in the record, as for an adopted call (`adopt`). Returns what the record must hold
+    /// ([`record_terminal`]); `None` once the record is gone, terminal or expired (seen when a
+    /// poll gets no status), or `upgrade.ttl_ms` from `started` has passed.
+    async fn poll_to_end(&self, started: std::time::Instant) -> Option<Terminal> {
+        let until = tokio::time::Instant::from_std(started)
+            + Duration::from_millis(self.state.config.ttl_ms);
+        let mut ticker = tokio::time::interval(self.poll);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {
+                    tracing::warn!(task_id = %self.task_id, "a kept upgraded call's ttl ended before its task did: no longer followed");
+                    return None;
+                }
+                _ = ticker.tick() => {}
+            }
+            let polled = poll_status(
+                (*self.inner).clone(),
+                self.state.clone(),
+                self.ctx.clone(),
+                self.task_id.clone(),
+            )
+            .await;
+            match polled.and_then(|(status, _)| TaskStatus::parse(&status)) {
+                Some(status) if status.is_terminal() => {
+                    let answer = tokio::time::timeout(self.state.result_deadline(), self.result())
+                        .await
+                        .ok()
+                        .flatten();
+                    let paid = answer.and_then(|v| terminal_of(&End::Answer(v)));
+                    return Some(paid.unwrap_or(Terminal::Status(status)));
+                }
+                Some(_) => {}
+                // An error, or no valid status: the record says whether there is anything
+                // left to follow (`observe` fails it as lost on a "not found").
+                None => {
+                    let registry = &self.state.registry;
+                    match registry
+                        .try_record_of(&self.ctx.upstream, &self.task_id)
+                        .await
+                    {
+                        Ok(None) => return None,
+                        Ok(Some(r)) if r.status.is_terminal() || now_ms() >= r.expires_at => {
+                            return None
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// One `tasks/result` for an ended task, what the upstream sends before its answer
+    /// discarded (no client to take it). `None`: no answer.
+    async fn result(&self) -> Option<Value> {
+        let id = self.state.next_id();
+        let req = internal_request(
+            &self.ctx,
+            &id,
+            "tasks/result",
+            serde_json::json!({ "taskId": self.task_id }),
+        );
+        let reply = (*self.inner).clone().oneshot(req).await.ok()?;
+        answer_of(reply, &id, Others::Discard).await
     }
 
     /// The `select!` loop: waits for the `tasks/result` answer while polling `tasks/get` and
@@ -447,6 +548,16 @@ impl<S: McpService> Follower<S> {
     async fn cancel_upstream(&self) {
         send_tasks_cancel(&*self.inner, &self.state, &self.ctx, &self.task_id).await;
     }
+}
+
+/// How following a kept call (`on_client_disconnect = "keep"`, client gone) ended.
+enum Kept {
+    /// Followed to its end: what the record must hold (`None`: nothing more to write).
+    Ended(Option<Terminal>),
+    /// Not followed: [`super::MAX_KEPT_FOLLOWERS`] are already.
+    NotFollowed,
+    /// A graceful stop.
+    Stopped,
 }
 
 /// What the record of a followed task must hold once following ended (see

@@ -32,8 +32,16 @@
 //! - `notifications/cancelled` naming an upgraded call's id: becomes one `tasks/cancel` through the
 //!   `cancel` layer (single-flight, audit facts); the client gets no further message for that id.
 //! - The client's stream closing early (disconnect): `on_client_disconnect = "cancel"` cancels the
-//!   task after `disconnect_grace_ms`; `"keep"` lets it run upstream (taskgate stops following it;
-//!   the record stays and the client's principal can still reach it with `tasks/*`).
+//!   task after `disconnect_grace_ms`; `"keep"` lets it run upstream, and taskgate keeps following
+//!   it in the background (`tasks/get` at its `pollInterval`, no client stream, at most
+//!   `upgrade.ttl_ms` from the call) until it ends, so its record ends too and stops holding one
+//!   of the owner's `tasks.max_live_tasks_per_owner` slots (a client without the tasks
+//!   capability never polls it itself); the client's principal can still reach it with
+//!   `tasks/*`. At most [`MAX_KEPT_FOLLOWERS`] such followers per upstream: past it a kept task
+//!   is not followed (logged), and its record stays as it was until something polls it or its
+//!   ttl ends. A graceful stop ends them (their leases in a tier are left to lapse, so another
+//!   replica adopts and follows the calls; after a restart on a store not shared they are
+//!   cancelled as orphans).
 //! - `tools/list` answers to a client that did not declare `capabilities.tasks`, from an upstream
 //!   that declares `tasks.requests.tools.call`: `required` tools are shown as `"optional"`, so such
 //!   clients call them. Task-capable clients see the upstream's values.
@@ -147,6 +155,9 @@ type TokenKey = (Caller, String);
 pub const EARLY_LIMIT: usize = 1024;
 /// Capacity of the channels that relay the task's messages to the client.
 pub const RELAY_CAPACITY: usize = 256;
+/// Kept upgraded calls (`on_client_disconnect = "keep"`) followed in the background at once,
+/// per upstream: each polls its upstream at least every 5 s (`mcp::task::MAX_POLL`).
+pub const MAX_KEPT_FOLLOWERS: usize = 1024;
 /// Deadline of the `tasks/result` asked again after a terminal poll, when the upstream's own
 /// `timeout_ms` is not known.
 const DEFAULT_RESULT_DEADLINE: Duration = Duration::from_secs(30);
@@ -176,6 +187,11 @@ pub struct UpgradeState {
     /// (`follower::record_terminal`): a graceful stop waits for them within its drain
     /// ([`UpgradeState::final_writes_ended`]).
     final_writes: tokio_util::task::TaskTracker,
+    /// Followers of kept calls whose client is gone (`follower::Follower::follow_kept`): a
+    /// permit each, [`MAX_KEPT_FOLLOWERS`] in all.
+    kept: tokio::sync::Semaphore,
+    /// Ends the followers of kept calls: a graceful stop ([`UpgradeState::final_writes_ended`]).
+    stop_kept: tokio_util::sync::CancellationToken,
 }
 
 impl UpgradeState {
@@ -194,6 +210,8 @@ impl UpgradeState {
             result_deadline: upstream_timeout,
             seq: AtomicU64::new(1),
             final_writes: tokio_util::task::TaskTracker::new(),
+            kept: tokio::sync::Semaphore::new(MAX_KEPT_FOLLOWERS),
+            stop_kept: tokio_util::sync::CancellationToken::new(),
         })
     }
 
@@ -203,10 +221,28 @@ impl UpgradeState {
         self.final_writes.len()
     }
 
+    /// How many kept calls (`on_client_disconnect = "keep"`, client gone) are followed in the
+    /// background now.
+    pub fn kept_followers(&self) -> usize {
+        MAX_KEPT_FOLLOWERS - self.kept.available_permits()
+    }
+
     /// Returns once no ended call waits for the task store to take its final status. A
     /// graceful stop waits here within its drain (`gateway::Linger`): a retry dropped with its
-    /// runtime leaves the record `working` until another replica adopts the call.
+    /// runtime leaves the record `working` until another replica adopts the call. The
+    /// followers of kept calls end first, at once: a kept task may run for the whole
+    /// `upgrade.ttl_ms`, longer than any drain (in a tier their leases are left to lapse and
+    /// another replica adopts the calls; on a store not shared the next start cancels them
+    /// as orphans).
     pub async fn final_writes_ended(&self) {
+        let kept = self.kept_followers();
+        if kept > 0 && !self.stop_kept.is_cancelled() {
+            tracing::info!(
+                kept,
+                "a graceful stop: kept upgraded calls whose clients are gone are no longer followed here"
+            );
+        }
+        self.stop_kept.cancel();
         // `wait` returns only on a closed tracker; closing it does not stop it counting the
         // retries that start later.
         self.final_writes.close();
