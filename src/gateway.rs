@@ -274,6 +274,7 @@ pub async fn start(config: Config) -> Result<Running, StartError> {
         }
         if let Some(handle) = built.stdio {
             spawn_fail_dead_tasks(handle.clone(), registry.clone());
+            spawn_observe_unseen_statuses(&handle, registry.clone());
             stdio.push(handle);
         }
         routes.push(built.route);
@@ -600,6 +601,28 @@ fn build_stack(
         upgrade: upgrade_state,
         ready,
     })
+}
+
+/// A stdio upstream's task status notifications that no client's GET stream took (none open:
+/// a client that never polls) are applied to the registry here, as the `observe` layer applies
+/// those it passes: the record ends, and its owner's live-task slot is freed (tester 3 F17).
+fn spawn_observe_unseen_statuses(handle: &StdioHandle, registry: Arc<Registry>) {
+    let Some(mut statuses) = handle.unseen_statuses() else {
+        return;
+    };
+    let upstream = handle.name().clone();
+    tokio::spawn(async move {
+        while let Some(bytes) = statuses.recv().await {
+            let params = serde_json::from_slice::<serde_json::Value>(&bytes)
+                .ok()
+                .and_then(|mut v| v.get_mut("params").map(serde_json::Value::take));
+            if let Some(task) = params.filter(serde_json::Value::is_object) {
+                registry
+                    .observe_task(&upstream, task, "notifications/tasks/status")
+                    .await;
+            }
+        }
+    });
 }
 
 /// A stdio upstream's dead child took its tasks with it: the registry fails the ones that were

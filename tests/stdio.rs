@@ -1940,3 +1940,35 @@ async fn a_child_slower_to_start_than_timeout_ms_is_given_its_start_up_budget() 
         assert_eq!(child.pids().len(), 1, "{mode}: started once");
     }
 }
+
+/// Tester 3 F17: a task status notification of the child's that no GET stream takes (the
+/// client holds none and never polls) still ends the record, so the owner's live-task slot is
+/// freed; before, the record stayed `working` until its ttl (the tester's 101st task refused).
+#[tokio::test]
+async fn a_childs_task_status_ends_the_record_without_a_get_stream() {
+    let child = Kid::new();
+    let upstream = child.upstream("", "");
+    let tg = Tg::start(|store| toml(store, &upstream)).await;
+    let mut c = tg.client();
+    c.initialize().await;
+    let params = json!({
+        "name": "echo",
+        "arguments": {"text": "x", "complete_ms": 200, "notify": true},
+        "task": {"ttl": 60000},
+    });
+    let created = c
+        .rpc(rpc("\"make\"", "tools/call", &params.to_string()))
+        .await;
+    let task = created["result"]["task"]["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a task: {created}"))
+        .to_string();
+    until(
+        "the record is completed with no request after the creation",
+        || {
+            tg.record(&task)
+                .is_some_and(|r| r.status == taskgate::mcp::task::TaskStatus::Completed)
+        },
+    )
+    .await;
+}

@@ -126,6 +126,36 @@ async fn write_refused(tg: &Tg, before: u64) {
     );
 }
 
+/// Waits until the task's record is `completed` (the database back, the final write landed);
+/// returns it. Panics with `what` and the record as it is when it does not become so.
+async fn completed_once_back(db: &tokio_postgres::Client, task: &str, what: &str) -> Value {
+    let rec = eventually(RECOVERY, || async {
+        let r = record(db, task).await?;
+        (r["status"] == "completed").then_some(r)
+    })
+    .await;
+    match rec {
+        Some(rec) => rec,
+        None => panic!("{what}: {:?}", record(db, task).await),
+    }
+}
+
+/// The owner's one live-task slot (`tasks.max_live_tasks_per_owner = 1`) is free: a new task
+/// of its is admitted.
+async fn slot_is_free(c: &Client) {
+    let v = c
+        .rpc(rpc(
+            "2",
+            "tools/call",
+            r#"{"name":"research","arguments":{},"task":{"ttl":60000}}"#,
+        ))
+        .await;
+    assert!(
+        v.pointer("/result/task/taskId").is_some(),
+        "the owner's slot is free: a new task is admitted: {v}"
+    );
+}
+
 /// A gateway task created on `tg` whose held call on `up` (held by `gate`) has sent its
 /// progress (recorded); returns its id and the client.
 async fn held_gateway_task(tg: &Tg, up: &Upstream) -> (String, Client) {
@@ -302,33 +332,18 @@ async fn an_upgraded_call_that_ends_while_the_database_is_down_is_recorded_once_
     pg.start_server();
 
     let db = db(&pg).await;
-    let rec = eventually(RECOVERY, || async {
-        let r = record(&db, &task).await?;
-        (r["status"] == "completed").then_some(r)
-    })
+    completed_once_back(
+        &db,
+        &task,
+        "the record is terminal once the database is back",
+    )
     .await;
-    assert!(
-        rec.is_some(),
-        "the record is terminal once the database is back: {:?}",
-        record(&db, &task).await
-    );
     let ended = eventually(STEP, || async {
         (leases(&db, &task).await == 0).then_some(())
     })
     .await;
     assert!(ended.is_some(), "the follower's lease is ended");
-    // The owner's one live-task slot is free again.
-    let v = c
-        .rpc(rpc(
-            "2",
-            "tools/call",
-            r#"{"name":"research","arguments":{},"task":{"ttl":60000}}"#,
-        ))
-        .await;
-    assert!(
-        v.pointer("/result/task/taskId").is_some(),
-        "a new task is admitted: {v}"
-    );
+    slot_is_free(&c).await;
 }
 
 /// A graceful stop while an upgraded call's final status waits for the database: the drain
@@ -490,30 +505,14 @@ async fn an_upstream_task_that_completes_while_the_database_is_down_is_recorded_
 
     // No client request from here on: the record is written by taskgate alone.
     let db = db(&pg).await;
-    let rec = eventually(RECOVERY, || async {
-        let r = record(&db, &task).await?;
-        (r["status"] == "completed").then_some(r)
-    })
+    let rec = completed_once_back(
+        &db,
+        &task,
+        "the record is completed once the database is back, without another request",
+    )
     .await;
-    assert!(
-        rec.is_some(),
-        "the record is completed once the database is back, without another request: {:?}",
-        record(&db, &task).await
-    );
-    let rec = rec.unwrap();
     assert_eq!(rec["status_message"], "all done", "{rec}");
-    // The owner's one live-task slot is free again.
-    let v = c
-        .rpc(rpc(
-            "2",
-            "tools/call",
-            r#"{"name":"research","arguments":{},"task":{"ttl":60000}}"#,
-        ))
-        .await;
-    assert!(
-        v.pointer("/result/task/taskId").is_some(),
-        "a new task is admitted: {v}"
-    );
+    slot_is_free(&c).await;
 }
 
 /// A graceful stop while the terminal status of a task its upstream ran waits for the database

@@ -13,7 +13,8 @@ at start. Tools:
   log {text, cr}                sends notifications/message (data: text; with cr, a bare \r
                                 between its JSON tokens), then answers
   slow {}                       as a task (params.task): stays `working` until cancelled
-  any tool as a task with {complete_ms}: the task is `completed` after complete_ms (its
+  any tool as a task with {complete_ms}: the task is `completed` after complete_ms (with
+  {"notify": true} also a notifications/tasks/status saying so; its
                                 tasks/result then has a text content naming the task)
   hush {}                       closes its stdout (no answer) and runs on
   deafen {}                     answers, then closes its stdin and runs on
@@ -134,6 +135,9 @@ def handle(msg):
                         if tasks[tid]["status"] == "working":
                             tasks[tid]["status"] = "completed"
                             tasks[tid]["text"] = "done " + tid
+                            if args.get("notify"):
+                                send({"jsonrpc": "2.0", "method": "notifications/tasks/status",
+                                      "params": task_obj(tid)})
                 threading.Thread(target=complete, daemon=True).start()
             return
         if name == "both":

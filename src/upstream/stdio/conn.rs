@@ -9,7 +9,9 @@
 //! - `notifications/progress` → the request (or, after the answer, the session) whose token it
 //!   names, with the caller's token put back;
 //! - `notifications/tasks/status` (`notifications/tasks`) → the session whose request created the
-//!   task; not known → dropped (another client's task id is never shown); a terminal status
+//!   task (its GET stream; none open, or full: to the registry instead, which applies it as
+//!   `observe` would, [`Streams::unseen_status`]); not known → dropped (another client's task id
+//!   is never shown, nor its record moved); a terminal status
 //!   there or in an answer (`tasks/get`, `tasks/cancel`) marks the task's route ended, the
 //!   first a full table forgets ([`super::route`]);
 //! - `notifications/cancelled` (the child gives up a request it sent) → the session it sent it
@@ -107,14 +109,41 @@ fn capability_for(method: &str) -> Option<&'static str> {
 /// (2026-07-28: the listen request's id).
 const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 
-/// The GET streams of an upstream's sessions (they outlive a restarted child).
+/// The GET streams of an upstream's sessions (they outlive a restarted child), and where a
+/// task status notification goes that none of them could take ([`Streams::unseen_status`]).
 #[derive(Default)]
-pub struct Streams(Mutex<HashMap<Arc<str>, QueueTx<sse::Event>>>);
+pub struct Streams(
+    Mutex<HashMap<Arc<str>, QueueTx<sse::Event>>>,
+    std::sync::OnceLock<mpsc::Sender<Bytes>>,
+);
+
+/// Task status notifications no GET stream took, waiting for the registry (`gateway`
+/// observes them); past it they are dropped (the next `tasks/get` still learns the status).
+pub const UNSEEN_STATUS_QUEUE: usize = 1024;
 
 /// The client's end of a GET stream ([`Streams::open`]).
 pub type StreamRx = QueueRx<sse::Event>;
 
 impl Streams {
+    /// Where [`Streams::unseen_status`] sends; the receiver is the registry's (once: later
+    /// calls return `None`).
+    pub fn unseen_statuses(&self) -> Option<mpsc::Receiver<Bytes>> {
+        let (tx, rx) = mpsc::channel(UNSEEN_STATUS_QUEUE);
+        self.1.set(tx).ok().map(|()| rx)
+    }
+
+    /// A task status notification of the child's (`notifications/tasks/status`,
+    /// `notifications/tasks`) for a task of a session whose GET stream could not take it (none
+    /// open, or full): handed to the registry, so the record ends though no client saw it
+    /// (tester 3 F17: a client that never polls and holds no GET stream left its finished tasks
+    /// `working`, holding its live-task slots). Dropped when nobody takes them or the queue is
+    /// full.
+    pub fn unseen_status(&self, msg: &Bytes) {
+        if let Some(tx) = self.1.get() {
+            let _ = tx.try_send(msg.clone());
+        }
+    }
+
     /// Opens `session`'s GET stream (a second one replaces the first, which ends).
     pub fn open(&self, session: Arc<str>) -> StreamRx {
         let (tx, rx) = queue(STREAM_QUEUE, STREAM_QUEUE_BYTES);
@@ -869,8 +898,12 @@ impl Conn {
                 });
                 match session {
                     Some(s) => {
-                        self.to_session(&s, bytes);
+                        if !self.to_session(&s, bytes) {
+                            self.streams.unseen_status(bytes);
+                        }
                     }
+                    // Not observed either: this child did not create it (a `per_session`
+                    // child must not move another session's record of the same upstream).
                     None => self.dropped("a task status for a task taskgate did not see created"),
                 }
             }

@@ -584,6 +584,13 @@ impl StdioHandle {
         self.inner.gone_rx.lock().take()
     }
 
+    /// The child's task status notifications that no client's GET stream took, for the
+    /// registry to observe (`conn::Streams::unseen_status`). Taken once: `None` after the
+    /// first call.
+    pub fn unseen_statuses(&self) -> Option<mpsc::Receiver<Bytes>> {
+        self.inner.streams.unseen_statuses()
+    }
+
     /// The upstream's name.
     pub fn name(&self) -> &Arc<str> {
         &self.inner.name
@@ -1412,16 +1419,7 @@ impl Inner {
                 "io.modelcontextprotocol/clientInfo": { "name": "taskgate", "version": env!("CARGO_PKG_VERSION") },
             } },
         });
-        let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
-        let mut reg = conn.register(
-            &msg,
-            Some(OWN_SESSION.into()),
-            ClientCapabilities::default(),
-            None,
-            false,
-            None,
-        )?;
-        conn.write_request(&reg, false).await?;
+        let mut reg = write_own_request(conn, &request).await?;
         // `timeout_ms`, not the start-up budget: a legacy server that ignores the probe would
         // cost that long at every first start. A child slower than it is taken for a legacy
         // one and gets `initialize` (within the budget); a modern-only one then refuses it,
@@ -1451,16 +1449,7 @@ impl Inner {
                 "clientInfo": { "name": "taskgate", "version": env!("CARGO_PKG_VERSION") },
             },
         });
-        let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
-        let mut reg = conn.register(
-            &msg,
-            Some(OWN_SESSION.into()),
-            ClientCapabilities::default(),
-            None,
-            false,
-            None,
-        )?;
-        conn.write_request(&reg, false).await?;
+        let mut reg = write_own_request(conn, &request).await?;
         let answer = match tokio::time::timeout(self.startup, &mut reg.answer).await {
             Ok(Ok(Ok(bytes))) => bytes,
             Ok(Ok(Err(why))) => return Err(why),
@@ -1933,6 +1922,26 @@ fn answered(bytes: Bytes, era: Era) -> McpReply {
 
 fn status_reply(status: StatusCode) -> McpReply {
     McpReply::new(status, HeaderMap::new(), ReplyBody::Empty)
+}
+
+/// Registers taskgate's own request `request` (the era probe, `initialize`) on `conn` under its
+/// own session, declaring no client capability, and queues it for the child. Errors: the
+/// message cannot be registered, or the child is gone.
+async fn write_own_request(
+    conn: &Arc<Conn>,
+    request: &serde_json::Value,
+) -> Result<Registered, String> {
+    let msg = Message::parse(Bytes::from(request.to_string())).map_err(|e| e.to_string())?;
+    let reg = conn.register(
+        &msg,
+        Some(OWN_SESSION.into()),
+        ClientCapabilities::default(),
+        None,
+        false,
+        None,
+    )?;
+    conn.write_request(&reg, false).await?;
+    Ok(reg)
 }
 
 #[cfg(test)]
